@@ -1,0 +1,353 @@
+"""Bit-exact integer path of every op the nano-KPU hardware runs.
+
+Integer-only: every array is ``np.int64`` and no Python float enters a result (floats
+appear only when a table is *built* from its formula at elaboration time). The RTL must
+equal these functions bit for bit; ``tests/test_intops.py`` bounds their error against
+the float formulas of :mod:`golden.k3`.
+
+Formats follow :mod:`nanokpu.config`: ``Q<width>.<frac>`` is a ``width``-bit two's
+complement integer worth ``int / 2**frac``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from nanokpu.config import ROUNDING_MODES, KpuConfig
+
+__all__ = [
+    "wrap", "saturate", "round_shift", "div_round", "requantize", "matmul_int",
+    "PwlTable", "fit_pwl", "sigmoid_table", "gate_table", "up_table",
+    "sigmoid_q", "gate_q", "up_q", "situ_q", "topk_int", "route_weights_int",
+    "route_int", "combine_int", "rmsnorm_int", "isqrt", "add_sat",
+]
+
+
+def _i64(x) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"integer path takes integer arrays, not {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def wrap(x, width: int) -> np.ndarray:
+    """Two's complement wrap of ``x`` to ``width`` bits (what a ``width``-bit adder does)."""
+    x = _i64(x)
+    half = np.int64(1) << (width - 1)
+    return ((x + half) & ((np.int64(1) << width) - 1)) - half
+
+
+def saturate(x, width: int, signed: bool = True) -> np.ndarray:
+    """Clamp ``x`` to the range of a ``width``-bit signed (or unsigned) integer."""
+    x = _i64(x)
+    if signed:
+        return np.clip(x, -(1 << (width - 1)), (1 << (width - 1)) - 1)
+    return np.clip(x, 0, (1 << width) - 1)
+
+
+def round_shift(x, shift: int, mode: str = "half_even") -> np.ndarray:
+    """``x / 2**shift`` rounded by ``mode`` (one of ``half_even``, ``half_up``, ``floor``).
+
+    ``half_even`` rounds ties to the even neighbour (Gemmini's rounding right shift),
+    ``half_up`` rounds ties toward +infinity, ``floor`` is the arithmetic shift.
+    """
+    if mode not in ROUNDING_MODES:
+        raise ValueError(f"rounding mode {mode!r}: must be one of {ROUNDING_MODES}")
+    if shift < 0:
+        raise ValueError(f"shift = {shift}: must be >= 0")
+    x = _i64(x)
+    if shift == 0:
+        return x
+    q = x >> shift
+    if mode == "floor":
+        return q
+    r = x - (q << shift)
+    half = np.int64(1) << (shift - 1)
+    if mode == "half_up":
+        return q + (r >= half)
+    return q + ((r > half) | ((r == half) & ((q & 1) == 1)))
+
+
+def div_round(num, den, mode: str = "half_even") -> np.ndarray:
+    """``num / den`` for ``den > 0``, rounded to an integer by ``mode`` (exact, no floats)."""
+    num, den = _i64(num), _i64(den)
+    if np.any(den <= 0):
+        raise ValueError("div_round needs a positive denominator")
+    q, r = np.divmod(num, den)  # floor division, 0 <= r < den
+    if mode == "floor":
+        return q
+    twice = 2 * r
+    if mode == "half_up":
+        return q + (twice >= den)
+    return q + ((twice > den) | ((twice == den) & ((q & 1) == 1)))
+
+
+def requantize(acc, mult, shift: int, out_width: int, mode: str = "half_even") -> np.ndarray:
+    """The requantiser: ``saturate(round_shift(acc * mult, shift), out_width)``.
+
+    ``acc`` is a signed accumulator, ``mult`` an unsigned integer multiplier (scalar or per
+    output column, broadcast on the last axis), ``shift`` a right shift in ``[0, 63]``.
+    """
+    mult = _i64(mult)
+    if np.any(mult < 0):
+        raise ValueError("requantiser multiplier must be non-negative")
+    return saturate(round_shift(_i64(acc) * mult, shift, mode), out_width)
+
+
+def matmul_int(a, b, acc_width: int = 32) -> np.ndarray:
+    """``a @ b`` of integer matrices, accumulated in a ``acc_width``-bit wrapping register.
+
+    Shapes ``[M, K] @ [K, N] -> [M, N]``. The wrap is explicit: the array's adders are
+    ``acc_width`` bits and do not saturate; :class:`~nanokpu.config.KpuConfig` keeps
+    ``acc_width`` wide enough that real K3 shapes never wrap.
+    """
+    a, b = _i64(a), _i64(b)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"matmul_int shapes {a.shape} @ {b.shape} do not chain")
+    return wrap(a @ b, acc_width)
+
+
+def add_sat(a, b, width: int) -> np.ndarray:
+    """Saturating ``width``-bit signed add (the vector unit's residual add)."""
+    return saturate(_i64(a) + _i64(b), width)
+
+
+def isqrt(x) -> np.ndarray:
+    """Floor square root of non-negative integers, exact (bit-by-bit, as the hardware)."""
+    x = _i64(x)
+    if np.any(x < 0):
+        raise ValueError("isqrt of a negative number")
+    return np.array([math.isqrt(int(v)) for v in x.ravel()], dtype=np.int64).reshape(x.shape)
+
+
+# ----------------------------------------------------------------------------------------
+# Piecewise-linear function tables
+# ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PwlTable:
+    """A piecewise-linear approximation with uniform segments, evaluated bit-exactly.
+
+    Input: a signed ``in_width``-bit integer ``x`` (any format: the table is built for one).
+    Breakpoints sit at ``x0 + i * 2**seg_shift`` for ``i = 0 .. n_seg``; ``values[i]`` is the
+    function there in units of ``2**-(out_frac + guard)``. Evaluation::
+
+        t = clip(x - x0, 0, n_seg << seg_shift)
+        i = min(t >> seg_shift, n_seg - 1);  f = t - (i << seg_shift)   # 0 <= f <= 2**seg_shift
+        y = values[i] + floor((values[i+1] - values[i]) * f / 2**seg_shift)
+        out = round_shift(y, guard, rounding)
+
+    so inputs below the first breakpoint give ``values[0]`` and above the last give
+    ``values[n_seg]`` (the function's flat tails). Hardware cost: one table of ``n_seg + 1``
+    words (or value/slope pairs), one multiplier of ``(slope width) x (seg_shift + 1)``.
+    """
+
+    in_width: int
+    out_frac: int
+    guard: int
+    rounding: str
+    x0: int
+    seg_shift: int
+    values: tuple
+
+    @property
+    def n_seg(self) -> int:
+        return len(self.values) - 1
+
+    @property
+    def slopes(self) -> tuple:
+        """``values[i+1] - values[i]`` for each segment (a hardware table stores these)."""
+        v = self.values
+        return tuple(v[i + 1] - v[i] for i in range(self.n_seg))
+
+    def __call__(self, x) -> np.ndarray:
+        x = _i64(x)
+        table = np.asarray(self.values, dtype=np.int64)
+        t = np.clip(x - self.x0, 0, self.n_seg << self.seg_shift)
+        i = np.minimum(t >> self.seg_shift, self.n_seg - 1)
+        f = t - (i << self.seg_shift)
+        y = table[i] + (((table[i + 1] - table[i]) * f) >> self.seg_shift)
+        return round_shift(y, self.guard, self.rounding)
+
+
+def _all_inputs(in_width: int) -> np.ndarray:
+    return np.arange(-(1 << (in_width - 1)), 1 << (in_width - 1), dtype=np.int64)
+
+
+def fit_pwl(func, in_width: int, in_frac: int, out_frac: int, guard: int,
+            rounding: str, max_err_lsb: int = 1) -> PwlTable:
+    """The smallest :class:`PwlTable` of ``func`` whose every output is within
+    ``max_err_lsb`` output LSBs of the correctly rounded value ``round(func(x) * 2**out_frac)``,
+    checked exhaustively over all ``2**in_width`` inputs.
+
+    ``func`` maps float64 reals to float64 reals. The search takes the narrowest domain
+    ``[-2**a, 2**b)`` (in input LSBs) whose flat tails already meet the bound, then the
+    widest segments that meet it inside.
+    """
+    xs = _all_inputs(in_width)
+    real = func(xs / 2.0 ** in_frac)
+    ref = np.round(real * 2.0 ** out_frac).astype(np.int64)
+    top = in_width - 1
+    scale = 2.0 ** (out_frac + guard)
+
+    def build(lo: int, hi: int, s: int) -> PwlTable:
+        points = np.arange(lo, hi + 1, 1 << s, dtype=np.int64)
+        vals = np.round(func(points / 2.0 ** in_frac) * scale).astype(np.int64)
+        return PwlTable(in_width, out_frac, guard, rounding, int(lo), s,
+                        tuple(int(v) for v in vals))
+
+    def tail_ok(edge: int, side: str) -> bool:
+        mask = xs <= edge if side == "lo" else xs >= edge
+        edge_val = np.round(func(np.array([edge / 2.0 ** in_frac])) * scale).astype(np.int64)
+        value = round_shift(edge_val, guard, rounding)[0]
+        return bool(np.all(np.abs(ref[mask] - value) <= max_err_lsb))
+
+    a = next((e for e in range(top + 1) if e == top or tail_ok(-(1 << e), "lo")), top)
+    b = next((e for e in range(top + 1) if e == top or tail_ok((1 << e) - 1, "hi")), top)
+    lo, hi = -(1 << a), 1 << b  # hi may lie one past the largest input: it is never reached
+    span = hi - lo
+    for s in range(span.bit_length(), -1, -1):
+        if span % (1 << s):
+            continue
+        table = build(lo, hi, s)
+        if np.max(np.abs(table(xs) - ref)) <= max_err_lsb:
+            return table
+    raise ValueError(f"no PWL table of {func} meets {max_err_lsb} LSB")  # s = 0 is exact
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_table(kind: str, in_width: int, in_frac: int, out_frac: int, guard: int,
+                  rounding: str, beta: float) -> PwlTable:
+    if kind == "sigmoid":
+        func = _sigmoid
+    elif kind == "gate":
+        def func(g):
+            return beta * np.tanh(g / beta) * _sigmoid(g)
+    else:
+        def func(u):
+            return beta * np.tanh(u / beta)
+    return fit_pwl(func, in_width, in_frac, out_frac, guard, rounding)
+
+
+def _sigmoid(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(x, dtype=np.float64)))
+
+
+def sigmoid_table(cfg: KpuConfig) -> PwlTable:
+    """Sigmoid: ``Q<act_width>.<act_frac>`` logits -> unsigned scores, ``score_frac`` bits."""
+    return _cached_table("sigmoid", cfg.act_width, cfg.act_frac, cfg.score_frac,
+                         cfg.pwl_guard, cfg.rounding, 0.0)
+
+
+def gate_table(cfg: KpuConfig) -> PwlTable:
+    """SiTU gate ``beta1 tanh(g/beta1) sigmoid(g)``: act format -> ``situ_frac`` bits."""
+    return _cached_table("gate", cfg.act_width, cfg.act_frac, cfg.situ_frac,
+                         cfg.pwl_guard, cfg.rounding, float(cfg.beta1))
+
+
+def up_table(cfg: KpuConfig) -> PwlTable:
+    """SiTU up ``beta2 tanh(u/beta2)``: act format -> ``situ_frac`` bits."""
+    return _cached_table("up", cfg.act_width, cfg.act_frac, cfg.situ_frac,
+                         cfg.pwl_guard, cfg.rounding, float(cfg.beta2))
+
+
+def sigmoid_q(x, cfg: KpuConfig) -> np.ndarray:
+    """Fixed-point sigmoid of act-format logits; scores in ``[0, 2**score_frac]``."""
+    return sigmoid_table(cfg)(x)
+
+
+def gate_q(g, cfg: KpuConfig) -> np.ndarray:
+    return gate_table(cfg)(g)
+
+
+def up_q(u, cfg: KpuConfig) -> np.ndarray:
+    return up_table(cfg)(u)
+
+
+def situ_q(g, u, cfg: KpuConfig) -> np.ndarray:
+    """Fixed-point SiTU-GLU ``h = gate(g) * up(u)``: act-format ``g``, ``u`` -> ``Q<h_width>.<h_frac>``.
+
+    The product of the two ``situ_frac`` factors is rounded by ``2*situ_frac - h_frac`` bits.
+    Since ``|gate_q| <= beta1 * 2**situ_frac`` and ``|up_q| <= beta2 * 2**situ_frac``,
+    ``|h| <= beta1*beta2 * 2**h_frac``, which the config guarantees fits ``h_width``: no
+    saturation logic exists or is needed.
+    """
+    prod = gate_q(g, cfg) * up_q(u, cfg)
+    return round_shift(prod, 2 * cfg.situ_frac - cfg.h_frac, cfg.rounding)
+
+
+# ----------------------------------------------------------------------------------------
+# Routing
+# ----------------------------------------------------------------------------------------
+def topk_int(keys, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest ``keys`` per row, in rank order; ties: lower index wins.
+
+    ``keys``: ``[T, E]`` integers -> ``[T, k]`` int64 indices.
+    """
+    keys = _i64(keys)
+    if not 1 <= k <= keys.shape[-1]:
+        raise ValueError(f"top_k = {k}: must be in [1, {keys.shape[-1]}]")
+    return np.argsort(-keys, axis=-1, kind="stable")[..., :k].astype(np.int64)
+
+
+def route_weights_int(sel_scores, cfg: KpuConfig) -> np.ndarray:
+    """Renormalised routing weights of the selected (unbiased) scores, ``weight_frac`` bits.
+
+    ``sel_scores``: ``[T, k]`` unsigned scores (``score_frac`` bits). With ``S`` the row sum
+    and ``R = weight_frac + score_frac + 1``::
+
+        recip = floor(2**R / S)            (0 when S == 0: all weights are 0)
+        w_i   = round_shift(s_i * recip, R - weight_frac, rounding)
+
+    One reciprocal per token (a sequential divider), then one multiply per weight. The
+    truncated reciprocal costs less than ``s_i / 2**(score_frac+1) <= 0.5`` LSB, the final
+    rounding at most 0.5 LSB: each weight is within 1 LSB of ``s_i / S * 2**weight_frac``.
+    ``routed_scaling`` is not applied here; the compiler folds it into the combine scale.
+    """
+    s = _i64(sel_scores)
+    total = s.sum(axis=-1, keepdims=True)
+    r_bits = cfg.weight_frac + cfg.score_frac + 1
+    recip = np.where(total > 0, (np.int64(1) << r_bits) // np.maximum(total, 1), 0)
+    return round_shift(s * recip, r_bits - cfg.weight_frac, cfg.rounding)
+
+
+def route_int(scores, bias, cfg: KpuConfig):
+    """The routing engine: ``(idx [T, k], weights [T, k], loads [E])``.
+
+    Selection on ``scores + bias`` (stable ties), weights from the unbiased ``scores``,
+    ``loads[j]`` the number of tokens that chose expert ``j``.
+    """
+    scores = _i64(scores)
+    idx = topk_int(scores + _i64(bias)[None, :], cfg.top_k)
+    weights = route_weights_int(np.take_along_axis(scores, idx, axis=-1), cfg)
+    loads = np.bincount(idx.ravel(), minlength=scores.shape[-1]).astype(np.int64)
+    return idx, weights, loads
+
+
+def combine_int(expert_out, weights, cfg: KpuConfig) -> np.ndarray:
+    """Weighted combine ``u = sum_j w_j e_j``: ``[T, k, n]`` expert outputs (act format) and
+    ``[T, k]`` weights -> ``[T, n]`` in act format, rounded once and saturated to ``act_width``."""
+    acc = np.einsum("tk,tkn->tn", _i64(weights), _i64(expert_out))
+    return saturate(round_shift(acc, cfg.weight_frac, cfg.rounding), cfg.act_width)
+
+
+def rmsnorm_int(u, cfg: KpuConfig) -> np.ndarray:
+    """Fixed-point RMSNorm without weight (the compiler folds the weight into the next GEMM).
+
+    ``u``: ``[T, n]`` act format -> ``[T, n]`` in ``Q<out_width>.<norm_frac>``::
+
+        ms = floor(sum(u**2) / n);  r = isqrt(ms + eps_q),  eps_q = round(rms_eps * 4**act_frac)
+        y  = saturate(div_round(u * 2**norm_frac, r), out_width)     (r == 0 -> y = 0)
+
+    ``r`` is the RMS in act format (floor), the division rounds by ``rounding``.
+    """
+    u = _i64(u)
+    n = u.shape[-1]
+    eps_q = int(round(cfg.rms_eps * 4 ** cfg.act_frac))
+    ms = (u * u).sum(axis=-1, keepdims=True) // n
+    r = isqrt(ms + eps_q)
+    y = div_round(u << cfg.norm_frac, np.maximum(r, 1), cfg.rounding)
+    return saturate(np.where(r > 0, y, 0), cfg.out_width)

