@@ -1,0 +1,43 @@
+"""The ``nanokpu`` command line.
+
+Each subcommand lives in its own module that exposes ``add_arguments(parser)`` and
+``run(args) -> int``; :data:`COMMANDS` maps the subcommand name to that module's import path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: subcommand -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("nanokpu.demo", "run a K3 LatentMoE block through the golden model and summarise it"),
+    "generate": ("nanokpu.generate", "write the generated Verilog of a profile"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nanokpu",
+        description="nano-KPU: generate, simulate and synthesize a Kimi K3 inference accelerator.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, (module, help_text) in COMMANDS.items():
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        mod = importlib.import_module(module)
+        mod.add_arguments(cmd)
+        cmd.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except ValueError as exc:  # invalid configs and inputs: one clear line, no traceback
+        print(f"nanokpu {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
