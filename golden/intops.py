@@ -22,7 +22,7 @@ from nanokpu.config import ROUNDING_MODES, KpuConfig
 __all__ = [
     "wrap", "saturate", "round_shift", "div_round", "requantize", "matmul_int",
     "PwlTable", "fit_pwl", "sigmoid_table", "gate_table", "up_table",
-    "sigmoid_q", "gate_q", "up_q", "situ_q", "topk_int", "route_weights_int",
+    "sigmoid_q", "gate_q", "up_q", "situ_q", "topk_int", "route_weights_int", "quantize_bias",
     "route_int", "combine_int", "rmsnorm_int", "isqrt", "add_sat",
 ]
 
@@ -184,8 +184,9 @@ def fit_pwl(func, in_width: int, in_frac: int, out_frac: int, guard: int,
     checked exhaustively over all ``2**in_width`` inputs.
 
     ``func`` maps float64 reals to float64 reals. The search takes the narrowest domain
-    ``[-2**a, 2**b)`` (in input LSBs) whose flat tails already meet the bound, then the
-    widest segments that meet it inside.
+    ``[-2**a, 2**b)`` (in input LSBs) outside which the correctly rounded function is
+    constant and equal to the table's end value (so saturated outputs are exact), then the
+    widest segments that meet the bound inside.
     """
     xs = _all_inputs(in_width)
     real = func(xs / 2.0 ** in_frac)
@@ -203,7 +204,7 @@ def fit_pwl(func, in_width: int, in_frac: int, out_frac: int, guard: int,
         mask = xs <= edge if side == "lo" else xs >= edge
         edge_val = np.round(func(np.array([edge / 2.0 ** in_frac])) * scale).astype(np.int64)
         value = round_shift(edge_val, guard, rounding)[0]
-        return bool(np.all(np.abs(ref[mask] - value) <= max_err_lsb))
+        return bool(np.all(ref[mask] == value))  # the flat tails are exact
 
     a = next((e for e in range(top + 1) if e == top or tail_ok(-(1 << e), "lo")), top)
     b = next((e for e in range(top + 1) if e == top or tail_ok((1 << e) - 1, "hi")), top)
@@ -312,6 +313,13 @@ def route_weights_int(sel_scores, cfg: KpuConfig) -> np.ndarray:
     r_bits = cfg.weight_frac + cfg.score_frac + 1
     recip = np.where(total > 0, (np.int64(1) << r_bits) // np.maximum(total, 1), 0)
     return round_shift(s * recip, r_bits - cfg.weight_frac, cfg.rounding)
+
+
+def quantize_bias(b, cfg: KpuConfig) -> np.ndarray:
+    """A real-valued routing bias ``[E]`` in the score format: ``round(b * 2**score_frac)``
+    (half-even, the host-side conversion), saturated to ``bias_width`` bits."""
+    scaled = np.round(np.asarray(b, dtype=np.float64) * 2.0 ** cfg.score_frac)
+    return saturate(scaled.astype(np.int64), cfg.bias_width)
 
 
 def route_int(scores, bias, cfg: KpuConfig):

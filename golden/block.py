@@ -1,0 +1,203 @@
+"""The integer LatentMoE block: what the nano-KPU computes, op by op, in :mod:`golden.intops`.
+
+:func:`quantize_latent_moe` turns a float block (:class:`golden.k3.LatentMoEParams`) and a
+calibration batch into int8 weights and requantiser constants (:class:`QuantLatentMoE`);
+:func:`latent_moe_int` runs it with integers only. The dataflow, with every tensor's format::
+
+    x_q   int8  [T, d]                     (scale x_scale, calibrated)
+    z     = requant(x_q @ W_down_lat^T)    int8  [T, l]
+    logit = requant(x_q @ W_r^T)           Q<act_width>.<act_frac>   [T, E]
+    s     = sigmoid_q(logit)               unsigned, score_frac      [T, E]
+    idx, w, loads = route_int(s, bias)     w: unsigned, weight_frac  [T, k]
+    per selected expert j (tokens grouped per expert):
+      g, u = requant(z @ W_gate_j^T), requant(z @ W_up_j^T)      act format [., d_expert]
+      h    = situ_q(g, u)                                        Q<h_width>.<h_frac>
+      e_j  = requant(requant(h -> int8) @ W_down_j^T)            act format [., l]
+    u     = combine_int(e, w)              act format [T, l]
+    n     = rmsnorm_int(u)                 Q<out_width>.<norm_frac>   [T, l]
+    y_r   = requant(n @ (W_up_lat diag(norm_weight))^T)          act format [T, d]
+    y_s   = shared expert on x_q, same steps as a routed expert  act format [T, d]
+    y     = add_sat(y_r, y_s)              act format [T, d]
+
+``routed_scaling`` is folded into each expert's output multiplier; the latent RMSNorm's
+weight is folded into ``W_up_lat``. Every requantiser constant is ``(mult, shift)`` with
+``mult < 2**mult_width`` (see :func:`quant_multiplier`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from golden import intops as I
+from golden import k3
+from nanokpu.config import KpuConfig
+
+__all__ = ["Requant", "QuantExpert", "QuantLatentMoE", "quant_multiplier", "quantize_tensor",
+           "quantize_latent_moe", "latent_moe_int", "expert_int", "block_error"]
+
+
+@dataclass(frozen=True)
+class Requant:
+    """One requantiser setting: ``out = saturate(round_shift(acc * mult, shift), width)``."""
+
+    mult: int
+    shift: int
+    width: int
+
+    def __call__(self, acc, cfg: KpuConfig) -> np.ndarray:
+        return I.requantize(acc, self.mult, self.shift, self.width, cfg.rounding)
+
+
+def quant_multiplier(scale: float, width: int, cfg: KpuConfig) -> Requant:
+    """The ``(mult, shift)`` pair closest to a positive real ``scale``, ``mult`` in
+    ``[2**(mult_width-1), 2**mult_width)`` (or smaller when ``shift`` would exceed 63)."""
+    if not scale > 0 or not math.isfinite(scale):
+        raise ValueError(f"requantiser scale must be positive and finite, not {scale!r}")
+    shift = cfg.mult_width - 1 - math.floor(math.log2(scale))
+    shift = min(max(shift, 0), 63)
+    mult = round(scale * 2.0 ** shift)
+    if mult >= 1 << cfg.mult_width:
+        raise ValueError(f"requantiser scale {scale:g} too large for mult_width={cfg.mult_width}")
+    return Requant(max(mult, 1), shift, width)
+
+
+def quantize_tensor(w, width: int = 8):
+    """Symmetric per-tensor quantisation: ``(w_q int64, scale)`` with ``w ~ w_q * scale``."""
+    w = np.asarray(w, dtype=np.float64)
+    qmax = (1 << (width - 1)) - 1
+    scale = float(np.max(np.abs(w))) / qmax or 1.0
+    return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int64), scale
+
+
+@dataclass(frozen=True)
+class QuantExpert:
+    """One SiTU-GLU expert in integers: ``W_gate``, ``W_up`` ``[hidden, n_in]`` and
+    ``W_down`` ``[n_out, hidden]`` int8, with their four requantisers."""
+
+    W_gate: np.ndarray
+    W_up: np.ndarray
+    W_down: np.ndarray
+    rq_gate: Requant   # acc -> act format
+    rq_up: Requant     # acc -> act format
+    rq_h: Requant      # h (Q<h_width>.<h_frac>) -> int8
+    rq_out: Requant    # acc -> act format
+
+
+@dataclass(frozen=True)
+class QuantLatentMoE:
+    """A quantised LatentMoE block (see the module docstring for the dataflow)."""
+
+    x_scale: float
+    W_down_lat: np.ndarray     # [l, d] int8
+    rq_down_lat: Requant       # -> int8 z
+    W_r: np.ndarray            # [E, d] int8
+    rq_router: Requant         # -> act-format logits
+    bias: np.ndarray           # [E] signed, bias_width, score format
+    experts: tuple             # E x QuantExpert on z (n_in = l, n_out = l)
+    W_up_lat: np.ndarray       # [d, l] int8, norm weight folded in
+    rq_up_lat: Requant         # -> act format
+    shared: QuantExpert        # on x (n_in = d, n_out = d)
+
+
+def _act(cfg: KpuConfig) -> float:
+    return 2.0 ** cfg.act_frac
+
+
+def _quant_expert(W_gate, W_up, W_down, in_scale, h_absmax, out_gain, cfg):
+    wg, sg = quantize_tensor(W_gate, cfg.in_width)
+    wu, su = quantize_tensor(W_up, cfg.in_width)
+    wd, sd = quantize_tensor(W_down, cfg.in_width)
+    h_scale = max(h_absmax, 2.0 ** -cfg.h_frac) / ((1 << (cfg.out_width - 1)) - 1)
+    return QuantExpert(
+        wg, wu, wd,
+        quant_multiplier(in_scale * sg * _act(cfg), cfg.act_width, cfg),
+        quant_multiplier(in_scale * su * _act(cfg), cfg.act_width, cfg),
+        quant_multiplier(2.0 ** -cfg.h_frac / h_scale, cfg.in_width, cfg),
+        quant_multiplier(h_scale * sd * _act(cfg) * out_gain, cfg.act_width, cfg),
+    )
+
+
+def quantize_latent_moe(P: k3.LatentMoEParams, x, cfg: KpuConfig):
+    """Quantise a float block, calibrating activation scales on the float batch ``x [T, d]``.
+
+    Returns ``(Q, x_q)``: the :class:`QuantLatentMoE` and the int8 input batch.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    x_q, x_scale = quantize_tensor(x, cfg.in_width)
+    qmax = (1 << (cfg.out_width - 1)) - 1
+    wdl, s_dl = quantize_tensor(P.W_down_lat, cfg.in_width)
+    z = x @ P.W_down_lat.T
+    z_scale = float(np.max(np.abs(z))) / qmax or 1.0
+    wr, s_r = quantize_tensor(P.W_r, cfg.in_width)
+    bias = I.quantize_bias(P.bias, cfg)
+
+    idx, _, _ = k3.router(x, P.W_r, P.bias, cfg)
+    experts = []
+    for j in range(cfg.n_experts):
+        rows = np.flatnonzero((idx == j).any(axis=1))
+        zj = z[rows] if rows.size else z[:1]
+        h = k3.situ_glu(zj @ P.W_gate[j].T, zj @ P.W_up[j].T, cfg)
+        experts.append(_quant_expert(P.W_gate[j], P.W_up[j], P.W_down[j], z_scale,
+                                     float(np.max(np.abs(h))), cfg.routed_scaling, cfg))
+    h_s = k3.situ_glu(x @ P.Ws_gate.T, x @ P.Ws_up.T, cfg)
+    shared = _quant_expert(P.Ws_gate, P.Ws_up, P.Ws_down, x_scale,
+                           float(np.max(np.abs(h_s))), 1.0, cfg)
+    wul, s_ul = quantize_tensor(P.W_up_lat * P.norm[None, :], cfg.in_width)
+    Q = QuantLatentMoE(
+        x_scale=x_scale,
+        W_down_lat=wdl, rq_down_lat=quant_multiplier(x_scale * s_dl / z_scale, cfg.in_width, cfg),
+        W_r=wr, rq_router=quant_multiplier(x_scale * s_r * _act(cfg), cfg.act_width, cfg),
+        bias=bias, experts=tuple(experts),
+        W_up_lat=wul,
+        rq_up_lat=quant_multiplier(2.0 ** -cfg.norm_frac * s_ul * _act(cfg), cfg.act_width, cfg),
+        shared=shared,
+    )
+    return Q, x_q
+
+
+def expert_int(a_q, E: QuantExpert, cfg: KpuConfig) -> np.ndarray:
+    """One SiTU-GLU expert on int8 rows ``a_q [n, n_in]`` -> act format ``[n, n_out]``."""
+    g = E.rq_gate(I.matmul_int(a_q, E.W_gate.T, cfg.acc_width), cfg)
+    u = E.rq_up(I.matmul_int(a_q, E.W_up.T, cfg.acc_width), cfg)
+    h8 = E.rq_h(I.situ_q(g, u, cfg), cfg)
+    return E.rq_out(I.matmul_int(h8, E.W_down.T, cfg.acc_width), cfg)
+
+
+def latent_moe_int(x_q, Q: QuantLatentMoE, cfg: KpuConfig) -> dict:
+    """Run the integer block on ``x_q [T, d]`` int8.
+
+    Returns a dict: ``y`` act format ``[T, d]``; ``idx``, ``weights`` ``[T, k]``; ``loads``
+    ``[E]``; ``scores`` ``[T, E]``; ``z`` ``[T, l]``; ``u`` (combined) and ``n`` (normalised)
+    ``[T, l]``.
+    """
+    x_q = np.asarray(x_q, dtype=np.int64)
+    acc = cfg.acc_width
+    z = Q.rq_down_lat(I.matmul_int(x_q, Q.W_down_lat.T, acc), cfg)
+    scores = I.sigmoid_q(Q.rq_router(I.matmul_int(x_q, Q.W_r.T, acc), cfg), cfg)
+    idx, weights, loads = I.route_int(scores, Q.bias, cfg)
+    e = np.zeros(idx.shape + (cfg.d_latent,), dtype=np.int64)
+    for j in np.unique(idx):
+        tok, slot = np.nonzero(idx == j)  # tokens grouped per expert; unselected ones skipped
+        e[tok, slot] = expert_int(z[tok], Q.experts[j], cfg)
+    u = I.combine_int(e, weights, cfg)
+    n = I.rmsnorm_int(u, cfg)
+    y_r = Q.rq_up_lat(I.matmul_int(n, Q.W_up_lat.T, acc), cfg)
+    y_s = expert_int(x_q, Q.shared, cfg)
+    y = I.add_sat(y_r, y_s, cfg.act_width)
+    return {"y": y, "idx": idx, "weights": weights, "loads": loads, "scores": scores,
+            "z": z, "u": u, "n": n}
+
+
+def block_error(y_int, y_float, cfg: KpuConfig) -> dict:
+    """Error of the integer block's output (act format) against the float block's."""
+    y = np.asarray(y_int, dtype=np.float64) / _act(cfg)
+    ref = np.asarray(y_float, dtype=np.float64)
+    cos = float(np.sum(y * ref) / (np.linalg.norm(y) * np.linalg.norm(ref) + 1e-300))
+    err = np.abs(y - ref)
+    return {"cosine": cos,
+            "max_abs": float(err.max()),
+            "max_rel": float(err.max() / (np.abs(ref).max() + 1e-300)),
+            "rms_rel": float(np.sqrt(np.mean(err ** 2)) / (np.sqrt(np.mean(ref ** 2)) + 1e-300))}

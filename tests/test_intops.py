@@ -1,0 +1,210 @@
+"""The integer golden path: exact arithmetic checks and documented error bounds vs float."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from golden import intops as I
+from golden import k3
+from nanokpu.config import ROUNDING_MODES, profile
+
+TINY = profile("tiny")
+
+
+def exact_round(num: int, den: int, mode: str) -> int:
+    """Reference rounding of the rational num/den, written independently with Fractions."""
+    q = Fraction(num, den)
+    fl = q.numerator // q.denominator
+    rem = q - fl
+    if mode == "floor" or rem == 0:
+        return fl
+    if rem > Fraction(1, 2):
+        return fl + 1
+    if rem < Fraction(1, 2):
+        return fl
+    return fl + 1 if mode == "half_up" else fl + (fl % 2)
+
+
+@pytest.mark.parametrize("mode", ROUNDING_MODES)
+@given(x=st.integers(-(1 << 40), 1 << 40), shift=st.integers(0, 20))
+@settings(max_examples=300, deadline=None)
+def test_round_shift_matches_exact_rounding(mode, x, shift):
+    assert int(I.round_shift(np.array([x]), shift, mode)[0]) == exact_round(x, 1 << shift, mode)
+
+
+@pytest.mark.parametrize("mode", ROUNDING_MODES)
+def test_round_shift_ties(mode):
+    # +-0.5, +-1.5, +-2.5 at shift 1: the corners where the modes differ
+    x = np.array([1, 3, 5, -1, -3, -5])
+    expect = {"half_even": [0, 2, 2, 0, -2, -2], "half_up": [1, 2, 3, 0, -1, -2],
+              "floor": [0, 1, 2, -1, -2, -3]}[mode]
+    assert I.round_shift(x, 1, mode).tolist() == expect
+
+
+@pytest.mark.parametrize("mode", ROUNDING_MODES)
+@given(num=st.integers(-(1 << 40), 1 << 40), den=st.integers(1, 1 << 20))
+@settings(max_examples=200, deadline=None)
+def test_div_round_matches_exact_rounding(mode, num, den):
+    assert int(I.div_round(np.array([num]), np.array([den]), mode)[0]) == exact_round(num, den, mode)
+
+
+def test_round_shift_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="rounding mode"):
+        I.round_shift(np.array([1]), 1, "nearest")
+    with pytest.raises(ValueError, match="shift"):
+        I.round_shift(np.array([1]), -1)
+    with pytest.raises(TypeError, match="integer"):
+        I.round_shift(np.array([1.5]), 1)
+
+
+@given(acc=st.integers(-(1 << 31), (1 << 31) - 1), mult=st.integers(0, (1 << 16) - 1),
+       shift=st.integers(0, 40))
+@settings(max_examples=300, deadline=None)
+def test_requantize_is_round_then_saturate(acc, mult, shift):
+    got = int(I.requantize(np.array([acc]), mult, shift, 8, "half_even")[0])
+    assert got == max(-128, min(127, exact_round(acc * mult, 1 << shift, "half_even")))
+
+
+def test_requantize_saturates_both_ends():
+    acc = np.array([1 << 30, -(1 << 30), 127, -128, 128, -129])
+    assert I.requantize(acc, 1, 0, 8).tolist() == [127, -128, 127, -128, 127, -128]
+
+
+def test_matmul_int_extremes_and_wrap():
+    k = 1 << 17  # (-128)(-128) * 2**17 = 2**31: one past the int32 maximum
+    a = np.full((1, k), -128)
+    b = np.full((k, 1), -128)
+    assert I.matmul_int(a, b, 32)[0, 0] == -(1 << 31)  # wraps, explicitly
+    assert I.matmul_int(a[:, :-1], b[:-1], 32)[0, 0] == (1 << 31) - (1 << 14)
+    rng = np.random.default_rng(1)
+    x = rng.integers(-128, 128, (5, 7))
+    w = rng.integers(-128, 128, (7, 3))
+    assert np.array_equal(I.matmul_int(x, w), x @ w)
+    with pytest.raises(ValueError, match="chain"):
+        I.matmul_int(x, w.T)
+
+
+# ---------------------------------------------------------------------------------------
+# Activation tables: every factor within 1 LSB of the correctly rounded value, exhaustively
+# ---------------------------------------------------------------------------------------
+BETAS = [(4.0, 25.0), (2.0, 8.0)]
+ALL_ACT = np.arange(-(1 << 15), 1 << 15)
+
+
+def _funcs(cfg):
+    return {
+        "sigmoid": (I.sigmoid_q, k3.sigmoid, cfg.score_frac),
+        "gate": (I.gate_q, lambda x: k3.situ_gate(x, cfg.beta1), cfg.situ_frac),
+        "up": (I.up_q, lambda x: k3.situ_up(x, cfg.beta2), cfg.situ_frac),
+    }
+
+
+@pytest.mark.parametrize("betas", BETAS)
+@pytest.mark.parametrize("which", ["sigmoid", "gate", "up"])
+def test_activation_factor_within_one_lsb(betas, which):
+    cfg = TINY.replace(beta1=betas[0], beta2=betas[1])
+    fq, f, frac = _funcs(cfg)[which]
+    real = f(ALL_ACT / 2.0 ** cfg.act_frac) * 2.0 ** frac
+    got = fq(ALL_ACT, cfg)
+    assert np.max(np.abs(got - np.round(real))) <= 1           # vs correctly rounded
+    assert np.max(np.abs(got - real)) <= 1.5                    # vs the real value, documented
+
+
+def test_sigmoid_range_and_monotone():
+    s = I.sigmoid_q(ALL_ACT, TINY)
+    assert s.min() == 0 and s.max() == 1 << TINY.score_frac
+    assert np.all(np.diff(s) >= 0)
+
+
+@pytest.mark.parametrize("betas", BETAS)
+def test_situ_q_bound_sign_and_zero(betas):
+    cfg = TINY.replace(beta1=betas[0], beta2=betas[1])
+    g = np.repeat(ALL_ACT[::97], len(ALL_ACT[::89]))
+    u = np.tile(ALL_ACT[::89], len(ALL_ACT[::97]))
+    edge = np.array([-(1 << 15), (1 << 15) - 1])
+    g = np.concatenate([g, np.repeat(edge, 2)])
+    u = np.concatenate([u, np.tile(edge, 2)])
+    h = I.situ_q(g, u, cfg)
+    bound = int(cfg.situ_bound * 2 ** cfg.h_frac)
+    assert np.max(np.abs(h)) <= bound
+    # Both factors saturate inside the input range for (2, 8): the bound is then reached exactly.
+    # For K3's beta2 = 25, up(128) = 24.998 and the largest |h| is 99.99.
+    assert (np.max(np.abs(h)) == bound) == (betas == (2.0, 8.0))
+    assert np.max(np.abs(h)) < 1 << (cfg.h_width - 1)
+    gate, up = I.gate_q(g, cfg), I.up_q(u, cfg)
+    assert np.all(np.sign(h) * np.sign(gate) * np.sign(up) >= 0)
+    assert np.all(I.situ_q(np.zeros_like(u), u, cfg) == 0)
+
+
+@pytest.mark.parametrize("betas", BETAS)
+def test_situ_q_error_bound(betas):
+    """|h_q - h| <= beta2*e + beta1*e + e**2 + 0.5 LSB(h), e = 1.5 * 2**-situ_frac."""
+    cfg = TINY.replace(beta1=betas[0], beta2=betas[1])
+    rng = np.random.default_rng(7)
+    g = rng.integers(-(1 << 15), 1 << 15, 200_000)
+    u = rng.integers(-(1 << 15), 1 << 15, 200_000)
+    real = k3.situ_glu(g / 256.0, u / 256.0, cfg)
+    got = I.situ_q(g, u, cfg) / 2.0 ** cfg.h_frac
+    e = 1.5 * 2.0 ** -cfg.situ_frac
+    bound = cfg.beta2 * e + cfg.beta1 * e + e * e + 2.0 ** -(cfg.h_frac + 1)
+    assert np.max(np.abs(got - real)) <= bound
+
+
+# ---------------------------------------------------------------------------------------
+# Routing
+# ---------------------------------------------------------------------------------------
+def test_topk_int_stable_ties():
+    keys = np.array([[5, 7, 7, 1, 7], [3, 3, 3, 3, 3]])
+    assert I.topk_int(keys, 3).tolist() == [[1, 2, 4], [0, 1, 2]]
+    with pytest.raises(ValueError, match="top_k"):
+        I.topk_int(keys, 6)
+
+
+@given(st.lists(st.integers(0, 1 << 12), min_size=1, max_size=16))
+@settings(max_examples=300, deadline=None)
+def test_route_weights_within_one_lsb(scores):
+    cfg = TINY
+    s = np.array([scores])
+    w = I.route_weights_int(s, cfg)
+    total = s.sum()
+    if total == 0:
+        assert np.all(w == 0)
+        return
+    exact = s * 2.0 ** cfg.weight_frac / total
+    assert np.max(np.abs(w - exact)) <= 1
+    assert abs(int(w.sum()) - (1 << cfg.weight_frac)) <= len(scores)
+
+
+def test_route_int_selection_uses_bias_weights_do_not():
+    cfg = profile("tiny", n_experts=4, top_k=2)
+    s = np.array([[100, 200, 300, 400]])
+    idx, w, loads = I.route_int(s, np.array([0, 0, 0, 0]), cfg)
+    assert idx.tolist() == [[3, 2]]
+    idx_b, w_b, loads_b = I.route_int(s, np.array([1000, 0, 0, 0]), cfg)
+    assert idx_b.tolist() == [[0, 3]] and loads_b.tolist() == [1, 0, 0, 1]
+    assert w_b[0, 1] == I.route_weights_int(np.array([[100, 400]]), cfg)[0, 1]
+
+
+def test_combine_int_matches_float_within_half_lsb():
+    cfg = TINY
+    rng = np.random.default_rng(3)
+    e = rng.integers(-(1 << 15), 1 << 15, (6, 2, 16))
+    w = I.route_weights_int(rng.integers(0, 1 << 12, (6, 2)), cfg)
+    got = I.combine_int(e, w, cfg)
+    exact = np.einsum("tk,tkn->tn", w / 2.0 ** cfg.weight_frac, e)
+    assert np.max(np.abs(got - exact)) <= 0.5
+
+
+def test_rmsnorm_int_error_bound():
+    cfg = TINY
+    rng = np.random.default_rng(5)
+    u = rng.integers(-3000, 3000, (32, 16))
+    got = I.rmsnorm_int(u, cfg) / 2.0 ** cfg.norm_frac
+    ref = k3.rmsnorm(u / 2.0 ** cfg.act_frac, np.ones(16), cfg.rms_eps)
+    ref = np.clip(ref, -128 / 2.0 ** cfg.norm_frac, 127 / 2.0 ** cfg.norm_frac)
+    # half an output LSB of rounding plus the floor sqrt's relative error (r >= 100 here)
+    assert np.max(np.abs(got - ref)) <= 0.5 / 2 ** cfg.norm_frac + np.max(np.abs(ref)) * 0.02
+    assert np.all(I.rmsnorm_int(np.zeros((2, 16), dtype=np.int64), cfg) == 0)
