@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("nanokpu.demo", "run a K3 LatentMoE block through the golden model and summarise it"),
     "generate": ("nanokpu.generate", "write the generated Verilog of a profile"),
+    "synth": ("nanokpu.synth", "synthesize, place and route units for iCE40/ECP5; reports and bitstreams"),
     "report-errors": ("nanokpu.report_errors", "regenerate docs/errors.md, the integer-vs-float error table"),
 }
 

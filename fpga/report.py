@@ -1,0 +1,106 @@
+"""Synthesis reports as data (JSON), as a table (Markdown) and as a picture (bar chart PNG).
+
+Input: the report dicts of :func:`fpga.flow.synthesize`, one per unit and target.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["total_row", "markdown_table", "write_reports", "write_chart"]
+
+_KINDS = ("lut", "ff", "dsp", "bram")
+
+
+def total_row(reports: list[dict]) -> dict:
+    """Sum of the units' resources on one target (the design until a single top level exists)."""
+    first = reports[0]
+    keys = sorted({k for r in reports for k in r["resources"]})
+    return {"name": "all units (sum)", "target": first["target"], "family": first["family"],
+            "totals": first["totals"],
+            "resources": {k: sum(r["resources"].get(k, 0) for r in reports) for k in keys},
+            "latches": sum(r["latches"] for r in reports),
+            "unmapped": {t: n for r in reports for t, n in r["unmapped"].items()}}
+
+
+def _frac(used: int, total: int) -> str:
+    return f"{used}/{total} ({100 * used / total:.0f}%)" if total else str(used)
+
+
+def _path(p: dict | None) -> str:
+    if not p:
+        return ""
+    return (f"`{p['start']}` → `{p['end']}` ({p['delay_ns']:.1f} ns: "
+            f"{p['logic_ns']:.1f} logic, {p['routing_ns']:.1f} routing)")
+
+
+def markdown_table(reports: list[dict]) -> str:
+    """One row per report: resources against the part, Fmax against the goal, critical path."""
+    lines = ["| unit | target | LUT4 | FF | DSP | BRAM | SPRAM | latches | unmapped | Fmax (MHz) "
+             "| goal | timing flow | critical path |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in reports:
+        res, tot = r["resources"], r["totals"]
+        pnr = r.get("pnr") or {}
+        fmax = pnr.get("fmax_mhz")
+        met = "" if not pnr else ("met" if pnr.get("met") else "**missed**")
+        spram = _frac(res.get("spram", 0), tot["spram"]) if tot.get("spram") else "-"
+        lines.append(
+            f"| {r['name']} | {r['target']} | {_frac(res['lut'], tot['lut'])} | "
+            f"{_frac(res['ff'], tot['ff'])} | {_frac(res['dsp'], tot['dsp'])} | "
+            f"{_frac(res['bram'], tot['bram'])} | {spram} | {r['latches']} | "
+            f"{sum(r['unmapped'].values())} | {fmax if fmax is not None else '-'} | "
+            f"{pnr.get('goal_mhz', '-')} {met} | {pnr.get('flow', '-')} | "
+            f"{_path(pnr.get('critical_path'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_chart(reports: list[dict], path: Path, title: str) -> Path:
+    """Horizontal bars: each unit's LUT/FF/DSP/BRAM use as a percentage of the part."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [f"{r['name']} ({r['target']})" for r in reports]
+    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.55 * len(reports) * len(_KINDS) / 2))
+    height = 0.8 / len(_KINDS)
+    for k, kind in enumerate(_KINDS):
+        pct = [100 * r["resources"][kind] / r["totals"][kind] if r["totals"][kind] else 0 for r in reports]
+        ys = [i + k * height for i in range(len(reports))]
+        bars = ax.barh(ys, pct, height=height, label=kind.upper())
+        for bar, r in zip(bars, reports, strict=True):
+            ax.text(bar.get_width() + 0.5, bar.get_y() + height / 2,
+                    f"{r['resources'][kind]}/{r['totals'][kind]}", va="center", fontsize=7)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(reports))], names, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 115)
+    ax.axvline(100, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("% of the device")
+    ax.set_title(title, fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str) -> list[Path]:
+    """``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` in ``out_dir``; returns the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by_target: dict[str, list[dict]] = {}
+    for r in reports:
+        by_target.setdefault(r["target"], []).append(r)
+    rows = []
+    for group in by_target.values():
+        rows += group
+        if len(group) > 1:
+            rows.append(total_row(group))
+    js = out_dir / f"{stem}.json"
+    js.write_text(json.dumps({"command": command, "reports": reports}, indent=1) + "\n")
+    md = out_dir / f"{stem}.md"
+    png = write_chart(rows, out_dir / f"{stem}.png", stem)
+    md.write_text(f"# Synthesis: {stem}\n\nMade by `{command}`.\n\n" + markdown_table(rows)
+                  + f"\n![resource use]({png.name})\n\nLogs: `fpga/build/<unit>-<target>/`"
+                  " (Yosys `*.yosys.log`, nextpnr `*.nextpnr.log`, `report.json`).\n")
+    return [js, md, png]

@@ -1,0 +1,108 @@
+"""``nanokpu synth``: Yosys + nextpnr runs of a profile's units, with reports and bitstreams.
+
+Examples
+--------
+``nanokpu synth --profile tiny --target up5k --unit gemm``
+    Synthesis and core-only place and route of one unit; the tables land in ``fpga/reports/``.
+``nanokpu synth --all``
+    The benchmark: every unit of ``tiny`` on the UP5K and of ``small`` on the ECP5-85F; the
+    table lands in ``fpga/reports/summary.md``.
+``nanokpu synth --board icebreaker``
+    A bitstream of the board build (the UART register bridge around a unit).
+
+A unit is a name of :data:`nanokpu.generate.UNITS` or a ``module:factory`` path whose factory
+takes a :class:`~nanokpu.config.KpuConfig`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from nanokpu.config import PROFILES, profile
+
+#: The benchmark of ``--all``: profile -> targets.
+BENCHMARK = {"tiny": ("up5k",), "small": ("ecp5-85f",)}
+
+#: Default target of each profile.
+DEFAULT_TARGET = {"tiny": "up5k", "small": "ecp5-85f", "k3": "ecp5-85f"}
+
+
+def resolve_unit(unit: str):
+    """The factory ``KpuConfig -> Component`` of a registered unit name or a ``module:attr`` path."""
+    from nanokpu.generate import UNITS
+    spec = UNITS.get(unit, unit)
+    if ":" not in spec:
+        raise ValueError(f"unit = {unit!r}: must be one of {sorted(UNITS)} or 'module:factory'")
+    module, attr = spec.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = True,
+              freq: float | None = None, seed: int = 1) -> list[dict]:
+    """Synthesize each unit of ``profile_name`` on ``target``; returns the report dicts."""
+    from fpga.flow import BUILD_DIR, synthesize
+    cfg = profile(profile_name)
+    reports = []
+    for unit in units:
+        name = unit.split(":")[-1].lower()
+        component = resolve_unit(unit)(cfg)
+        report = synthesize(component, f"nanokpu_{name}", target, pnr=pnr, freq=freq, seed=seed,
+                            build_dir=BUILD_DIR / f"{profile_name}-{target}-{name}",
+                            progress=lambda line: print(line, flush=True))
+        report["name"] = name
+        report["profile"] = profile_name
+        reports.append(report)
+    return reports
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--profile", default="tiny", choices=sorted(PROFILES))
+    parser.add_argument("--target", default=None,
+                        help="up5k, ecp5-25f or ecp5-85f (default: up5k for tiny, else ecp5-85f)")
+    parser.add_argument("--unit", action="append", default=None,
+                        help="unit name or module:factory (repeatable; default: all registered units)")
+    parser.add_argument("--all", action="store_true",
+                        help="benchmark: all units of tiny on up5k and small on ecp5-85f -> summary.md")
+    parser.add_argument("--board", default=None, help="board build with a bitstream (icebreaker, ulx3s)")
+    parser.add_argument("--no-pnr", action="store_true", help="Yosys only (resource counts, no Fmax)")
+    parser.add_argument("--freq", type=float, default=None, help="nextpnr target in MHz (default: the goal)")
+    parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
+    parser.add_argument("--out", type=Path, default=None, help="report directory (default: fpga/reports)")
+
+
+def run(args) -> int:
+    from fpga.flow import REPORT_DIR, TARGETS
+    from fpga.report import write_reports
+    from nanokpu.generate import UNITS
+
+    out = args.out or REPORT_DIR
+    command = "nanokpu synth " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "nanokpu synth"
+    if args.board:
+        from fpga.boards import build_board
+        build_board(args.board, profile_name=args.profile, unit=(args.unit or [None])[0],
+                    progress=lambda line: print(line, flush=True))
+        return 0
+    if args.all:
+        jobs = [(p, t) for p, targets in BENCHMARK.items() for t in targets]
+    else:
+        target = args.target or DEFAULT_TARGET.get(args.profile, "ecp5-85f")
+        if target not in TARGETS:
+            raise ValueError(f"target = {target!r}: must be one of {sorted(TARGETS)}")
+        jobs = [(args.profile, target)]
+    units = args.unit or sorted(UNITS)
+    if not units:
+        raise ValueError("unit: no unit is registered in nanokpu.generate.UNITS; name one with --unit")
+    reports = []
+    for profile_name, target in jobs:
+        reports += run_units(profile_name, target, units, pnr=not args.no_pnr, freq=args.freq,
+                             seed=args.seed)
+    stem = "summary" if args.all else f"{args.profile}-{jobs[0][1]}"
+    for path in write_reports(reports, out, stem, command):
+        print(f"wrote {path}")
+    bad = [r["name"] for r in reports if r["latches"] or r["unmapped"]]
+    if bad:
+        print(f"latches or unmapped cells in: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,137 @@
+"""The FPGA flow: synthesis, core-only place and route, reports (fpga/flow.py, fpga/report.py,
+nanokpu/synth.py).
+
+The default suite synthesizes one small registered MAC (a test component) on each family in a
+few seconds and checks that the reports parse, that the multiply lands in a DSP block, that the
+design has no latches and no unmapped cells, and that a latch is caught when there is one. The
+full benchmark (every registered unit, tiny on the UP5K and small on the ECP5-85F) is ``slow``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from amaranth import Module, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from fpga.flow import BUILD_DIR, TARGETS, ToolError, has_toolchain, synthesize
+from fpga.report import markdown_table, total_row
+
+pytestmark = pytest.mark.skipif(not (has_toolchain("ice40") and has_toolchain("ecp5")),
+                                reason="YoWASP Yosys/nextpnr not installed")
+
+
+class RegisteredMac(wiring.Component):
+    """acc <= acc + a*b with registered operands (test component only)."""
+
+    def __init__(self, width: int = 8, acc_width: int = 32):
+        super().__init__({"a": In(signed(width)), "b": In(signed(width)), "acc": Out(signed(acc_width))})
+        self.width = width
+
+    def elaborate(self, platform):
+        m = Module()
+        ra, rb = Signal(signed(self.width)), Signal(signed(self.width))
+        m.d.sync += [ra.eq(self.a), rb.eq(self.b), self.acc.eq(self.acc + ra * rb)]
+        return m
+
+
+#: RTLIL of a deliberate latch (Amaranth never makes one), to prove the check can fail.
+LATCH_RTLIL = """
+module \\test_latch
+  wire input 1 \\en
+  wire input 2 \\d
+  wire output 3 \\q
+  cell $dlatch $latch
+    parameter \\WIDTH 1
+    parameter \\EN_POLARITY 1'1
+    connect \\EN \\en
+    connect \\D \\d
+    connect \\Q \\q
+  end
+end
+"""
+
+
+def mac_unit(cfg):
+    """Factory in the style of nanokpu.generate.UNITS (for the CLI test)."""
+    return RegisteredMac(cfg.in_width, cfg.acc_width)
+
+
+def _check_clean(report):
+    assert report["latches"] == 0, report["cells"]
+    assert report["unmapped"] == {}, report["unmapped"]
+    assert report["check_warnings"] == [], report["check_warnings"]
+    on_disk = json.loads((BUILD_DIR.parent.parent / report["build_dir"] / "report.json").read_text())
+    assert on_disk["resources"] == report["resources"]
+
+
+@pytest.mark.parametrize("target", ["up5k", "ecp5-25f"])
+def test_mac_maps_to_one_dsp_and_closes_timing(target):
+    report = synthesize(RegisteredMac(), "test_mac", target, pnr=True, seed=1,
+                        build_dir=BUILD_DIR / f"test-{target}-mac")
+    _check_clean(report)
+    assert report["inferred"].get("$mul") == 1
+    assert report["resources"]["dsp"] == 1
+    assert report["totals"] == TARGETS[target].totals
+    pnr = report["pnr"]
+    assert pnr["flow"] == ("register-wrapper" if target == "up5k" else "out-of-context")
+    assert pnr["fmax_mhz"] > TARGETS[target].goal_mhz, pnr
+    assert pnr["met"]
+    path = pnr["critical_path"]
+    assert path["start"] and path["end"] and path["delay_ns"] > 0
+    assert abs(path["logic_ns"] + path["routing_ns"] - path["delay_ns"]) < 0.01
+    if target == "up5k":  # the wrapper: 16 input bits + 32 output bits of flip-flops, 5 pins
+        assert pnr["extra_ffs"] == 48
+        assert pnr["utilization"]["SB_IO"]["used"] == 5
+    else:
+        assert "TRELLIS_IO" not in pnr["utilization"]
+
+
+def test_latch_is_reported():
+    with pytest.raises(ToolError, match=r"latches after proc: \{'\$dlatch': 1\}"):
+        synthesize(LATCH_RTLIL, "test_latch", "up5k", build_dir=BUILD_DIR / "test-up5k-latch")
+
+
+def test_bad_target_names_the_field():
+    with pytest.raises(ValueError, match="target"):
+        synthesize(LATCH_RTLIL, "test_latch", "xc7a35t")
+
+
+def test_cli_writes_json_markdown_and_chart():
+    from nanokpu.cli import main
+    out = BUILD_DIR / "test-cli-reports"
+    rc = main(["synth", "--profile", "tiny", "--target", "ecp5-25f", "--no-pnr",
+               "--unit", "tests.test_synth:mac_unit", "--out", str(out)])
+    assert rc == 0
+    data = json.loads((out / "tiny-ecp5-25f.json").read_text())
+    (report,) = data["reports"]
+    assert report["name"] == "mac_unit" and report["resources"]["dsp"] == 1
+    table = (out / "tiny-ecp5-25f.md").read_text()
+    assert "| mac_unit | ecp5-25f |" in table and "1/28 (4%)" in table
+    assert (out / "tiny-ecp5-25f.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_total_row_sums_units():
+    rows = [{"name": n, "target": "up5k", "family": "ice40", "totals": TARGETS["up5k"].totals,
+             "resources": {"lut": lut, "ff": 1, "dsp": 2, "bram": 0}, "latches": 0, "unmapped": {}}
+            for n, lut in (("a", 10), ("b", 32))]
+    total = total_row(rows)
+    assert total["resources"] == {"bram": 0, "dsp": 4, "ff": 2, "lut": 42}
+    assert "| all units (sum) | up5k | 42/5280 (1%) |" in markdown_table([total])
+
+
+def test_unknown_unit_names_the_field():
+    from nanokpu.cli import main
+    assert main(["synth", "--unit", "no_such_unit", "--no-pnr"]) == 2
+
+
+@pytest.mark.slow
+def test_benchmark_all_units():
+    """The full benchmark: writes fpga/reports/summary.md (minutes)."""
+    from nanokpu.cli import main
+    from nanokpu.generate import UNITS
+    if not UNITS:
+        pytest.skip("no unit registered yet")
+    assert main(["synth", "--all"]) == 0
