@@ -97,8 +97,27 @@ class KpuConfig:
         Results per cycle of the activation units.
     route_lanes : int
         Scores per cycle taken by the top-k routing engine.
+    load_width : int
+        Width of the routing engine's per-expert load counters (tokens that chose an expert
+        since the last clear; they saturate at ``2**load_width - 1``).
     pwl_guard : int
         Guard bits of the piecewise-linear tables below the output LSB.
+    spad_a_depth : int
+        Words of the GEMM engine's A scratchpad; a word is one column of an A tile
+        (``rows`` operands of ``in_width`` bits). An ``M x K`` operand takes
+        ``ceil(M/rows) * K`` words.
+    spad_b_depth : int
+        Words of the B scratchpad (a word: ``cols`` operands, one row of a B panel); even,
+        split into two halves that double-buffer one ``K x cols`` panel each, so ``K <=
+        spad_b_depth / 2``.
+    spad_c_depth : int
+        Words of the result scratchpad (a word: ``rows`` accumulators of ``acc_width`` bits,
+        one column of a result tile). An ``M x N`` result takes ``ceil(M/rows) * N`` words.
+    dmem_depth : int
+        Words of the top level's data scratchpad (one element per word, see :mod:`nanokpu.isa`);
+        at most ``2**24`` (the instruction address fields).
+    imem_depth : int
+        Instructions held by the top level's instruction memory; at most ``2**12``.
     """
 
     name: str = "custom"
@@ -147,7 +166,13 @@ class KpuConfig:
     norm_frac: int = 5
     act_lanes: int = 1
     route_lanes: int = 1
+    load_width: int = 16
     pwl_guard: int = 4
+    spad_a_depth: int = 256
+    spad_b_depth: int = 128
+    spad_c_depth: int = 256
+    dmem_depth: int = 8192
+    imem_depth: int = 64
 
     def __post_init__(self):
         self._validate()
@@ -163,7 +188,8 @@ class KpuConfig:
             "d_model d_latent n_experts top_k d_expert d_shared d_dense n_heads q_lora_rank "
             "kv_lora_rank qk_nope_dim v_head_dim kda_head_dim kda_conv n_layers mla_period "
             "attnres_block rows cols in_width acc_width out_width mult_width act_width "
-            "h_width bias_width act_lanes route_lanes"
+            "h_width bias_width act_lanes route_lanes spad_a_depth spad_b_depth spad_c_depth "
+            "dmem_depth imem_depth"
         ).split()
         for name in positive:
             value = getattr(self, name)
@@ -194,14 +220,23 @@ class KpuConfig:
         need(bound * 2 ** self.h_frac <= 2 ** (self.h_width - 1) - 1, "h_width",
              f"wide enough for +-beta1*beta2 = +-{bound:g} in Q{self.h_width}.{self.h_frac} "
              f"(needs {bound * 2 ** self.h_frac:.0f} <= 2**(h_width-1)-1)")
+        need(self.h_frac <= 2 * self.situ_frac, "h_frac",
+             f"at most 2*situ_frac = {2 * self.situ_frac} (h is the product of two situ_frac factors)")
         need(self.score_frac <= 30, "score_frac", "in [0, 30]")
         need(self.weight_frac <= 30, "weight_frac", "in [0, 30]")
         need(self.bias_width >= self.score_frac + 2, "bias_width",
              f"at least score_frac + 2 = {self.score_frac + 2} (a sign and one integer bit)")
         need(self.norm_frac < self.out_width, "norm_frac", f"less than out_width={self.out_width}")
         need(self.act_lanes <= 64, "act_lanes", "in [1, 64]")
+        need(self.spad_b_depth % 2 == 0, "spad_b_depth", "even (two double-buffered B panels)")
+        for name in ("spad_a_depth", "spad_b_depth", "spad_c_depth"):
+            need(getattr(self, name) <= 1 << 20, name, "at most 2**20 words")
+        need(self.dmem_depth <= 1 << 24, "dmem_depth", "at most 2**24 words")
+        need(self.imem_depth <= 1 << 12, "imem_depth", "at most 2**12 instructions")
         need(self.route_lanes <= self.n_experts, "route_lanes",
              f"in [1, n_experts={self.n_experts}]")
+        need(isinstance(self.load_width, int) and 1 <= self.load_width <= 32, "load_width",
+             "an integer in [1, 32]")
 
     # -- derived quantities ---------------------------------------------------------------
     @property
@@ -244,6 +279,7 @@ PROFILES: dict[str, KpuConfig] = {
         d_shared=256, d_dense=512, n_heads=4, q_lora_rank=64, kv_lora_rank=32,
         qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16, kda_head_dim=16, n_layers=12,
         attnres_block=4, rows=8, cols=8, act_lanes=4, route_lanes=4,
+        spad_a_depth=4096, spad_b_depth=1024, spad_c_depth=2048, dmem_depth=1 << 17,
     ),
     # The real K3 shapes (the full layer does not fit in memory; the router, top-k,
     # Quantile Balancing and one expert do).
@@ -253,6 +289,7 @@ PROFILES: dict[str, KpuConfig] = {
         qk_nope_dim=128, qk_rope_dim=64, v_head_dim=128, kda_head_dim=128, kda_conv=4,
         n_layers=93, mla_period=4, dense_layers=1, attnres_block=12,
         rows=8, cols=8, act_lanes=4, route_lanes=16,
+        spad_a_depth=4096, spad_b_depth=1024, spad_c_depth=2048,
     ),
 }
 

@@ -1,0 +1,257 @@
+"""Compile a quantised LatentMoE block and its input batch into a nano-KPU program and memory images.
+
+:func:`compile_block` lowers :class:`golden.block.QuantLatentMoE` and an int8 batch ``x_q [T, d]``
+to a :class:`Program`: the instructions (:mod:`nanokpu.isa`), the host memory image the
+nano-KPU reads through its AXI4 master port (inputs, weights, constants; room for the outputs)
+and the scratchpad map. The program follows the dataflow of :mod:`golden.block` step by step::
+
+    LOAD x; LOAD W_down_lat; GEMM; REQUANT -> z
+    LOAD W_r; GEMM; REQUANT; SIGMOID -> scores; LOAD bias, rq tables; ROUTE
+    loop: EXPERT (next expert with tokens, else exit)
+          GATHER z rows of its tokens; per weight: LOAD W_j (host + j*stride); GEMM (m = count);
+          REQUANT (per-expert constants); SITU; REQUANT h; ...; SCATTER into e [T, k, l]; JUMP loop
+    COMBINE; NORM; LOAD W_up_lat; GEMM; REQUANT -> y_r
+    shared expert on x (constants in the instructions); ADD -> y; STORE y, route table; HALT
+
+Routing is data-dependent and done on chip: the compiler never looks at the scores. Experts no
+token chose are skipped by ``EXPERT``; tokens are grouped per expert by ``ROUTE``'s lists.
+
+Host image layout (byte offsets in :attr:`Program.symbols`, every buffer 4-byte aligned): ``x``
+int8, ``w_down_lat``, ``w_r``, ``experts`` (per expert: gate, up, down, ``expert_stride`` bytes
+apart), ``w_up_lat``, shared ``ws_gate``/``ws_up``/``ws_down`` (int8), ``bias`` and ``rq`` (int32
+words), then the outputs ``y`` [T, d] and ``route`` (the route table, :func:`nanokpu.isa.route_table`)
+as int32 words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from golden.block import QuantExpert, QuantLatentMoE, Requant
+from nanokpu.config import KpuConfig
+from nanokpu.isa import F_HOST_EXPERT, F_M_COUNT, F_RQ_EXPERT, Instr, Op, route_table
+
+__all__ = ["Program", "compile_block"]
+
+
+@dataclass
+class Program:
+    """A compiled block.
+
+    Members
+    -------
+    instrs : list of Instr
+    image : bytearray
+        Host memory image (inputs and weights filled in, outputs zero).
+    symbols : dict
+        Byte offset of every host buffer.
+    spad : dict
+        Word address of every scratchpad buffer; ``spad["end"]`` words are used.
+    T : int
+        Tokens of the batch.
+    cfg : KpuConfig
+    """
+
+    instrs: list
+    image: bytearray
+    symbols: dict
+    spad: dict
+    T: int
+    cfg: KpuConfig
+    notes: list = field(default_factory=list)
+
+    def outputs(self, host) -> dict:
+        """Decode the outputs from a host memory (``bytes``-like): ``y [T, d]``, ``idx``,
+        ``weights [T, k]``, ``loads [E]`` (the per-expert counts of the route table)."""
+        cfg, T = self.cfg, self.T
+        buf = np.frombuffer(bytes(host), dtype="<i4")
+        y = buf[self.symbols["y"] // 4:][:T * cfg.d_model].astype(np.int64).reshape(T, cfg.d_model)
+        rt = route_table(0, T, cfg)
+        table = buf[self.symbols["route"] // 4:][:rt["end"]].astype(np.int64)
+        tk = T * cfg.top_k
+        return {"y": y, "idx": table[:tk].reshape(T, -1), "weights": table[tk:2 * tk].reshape(T, -1),
+                "loads": table[rt["counts"]:rt["offsets"]]}
+
+
+class _Host:
+    """Host image builder: 4-byte aligned buffers."""
+
+    def __init__(self):
+        self.image = bytearray()
+        self.symbols = {}
+
+    def put(self, name: str, data: bytes) -> int:
+        offset = len(self.image)
+        self.symbols[name] = offset
+        self.image += data + bytes(-len(data) % 4)
+        return offset
+
+    def int8(self, name: str, arr) -> int:
+        return self.put(name, np.asarray(arr, dtype=np.int64).astype(np.int8).tobytes())
+
+    def int32(self, name: str, arr) -> int:
+        return self.put(name, np.asarray(arr, dtype=np.int64).astype("<i4").tobytes())
+
+
+class _Spad:
+    def __init__(self, depth: int):
+        self.depth = depth
+        self.map = {}
+        self.top = 0
+
+    def alloc(self, name: str, words: int) -> int:
+        self.map[name] = self.top
+        self.top += words
+        return self.map[name]
+
+
+def _check_requant(rq: Requant, cfg: KpuConfig, what: str):
+    if not 0 <= rq.mult < 1 << 31 or not 0 <= rq.shift < 64:
+        raise ValueError(f"{what}: requantiser mult={rq.mult} shift={rq.shift} out of range")
+
+
+def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
+    """Lower the block ``Q`` on the batch ``x_q [T, d]`` (int8) to a :class:`Program`.
+
+    Raises
+    ------
+    ValueError
+        If the batch has the wrong shape, a constant does not fit its field, or the buffers
+        need more than ``cfg.dmem_depth`` scratchpad words (the message gives the need).
+    """
+    x_q = np.asarray(x_q, dtype=np.int64)
+    d, lat, E, k = cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k
+    dx, ds = cfg.d_expert, cfg.d_shared
+    if x_q.ndim != 2 or x_q.shape[1] != d or x_q.shape[0] < 1:
+        raise ValueError(f"x_q: shape {x_q.shape} must be [T, d_model={d}] with T >= 1")
+    T = x_q.shape[0]
+    lim = 1 << (cfg.in_width - 1)
+    if x_q.min() < -lim or x_q.max() >= lim:
+        raise ValueError(f"x_q: values must fit int{cfg.in_width}")
+    if len(Q.experts) != E:
+        raise ValueError(f"Q.experts: {len(Q.experts)} experts, config has n_experts={E}")
+
+    host = _Host()
+    h_x = host.int8("x", x_q)
+    h_dl = host.int8("w_down_lat", Q.W_down_lat)
+    h_r = host.int8("w_r", Q.W_r)
+    offs = {}
+    for j, ex in enumerate(Q.experts):
+        start = len(host.image)
+        for part in ("W_gate", "W_up", "W_down"):
+            off = host.int8(f"e{j}_{part}", getattr(ex, part))
+            offs[part] = off - start
+        if j == 0:
+            h_e = start
+        stride = len(host.image) - start
+    host.symbols["experts"] = h_e
+    host.symbols["expert_stride"] = stride
+    h_ul = host.int8("w_up_lat", Q.W_up_lat)
+    h_sg = host.int8("ws_gate", Q.shared.W_gate)
+    h_su = host.int8("ws_up", Q.shared.W_up)
+    h_sd = host.int8("ws_down", Q.shared.W_down)
+    h_b = host.int32("bias", Q.bias)
+    for j, ex in enumerate(Q.experts):
+        for part in ("rq_gate", "rq_up", "rq_h", "rq_out"):
+            _check_requant(getattr(ex, part), cfg, f"expert {j} {part}")
+    rq_tab = [[v for ex in Q.experts for v in (getattr(ex, p).mult, getattr(ex, p).shift)]
+              for p in ("rq_gate", "rq_up", "rq_h", "rq_out")]
+    h_rq = host.int32("rq", np.array(rq_tab).ravel())
+    rt = route_table(0, T, cfg)
+    h_y = host.int32("y", np.zeros(T * d))
+    h_route = host.int32("route", np.zeros(rt["end"]))
+
+    sp = _Spad(cfg.dmem_depth)
+    hid = max(dx, ds)
+    wmax = max(lat * d, E * d, dx * lat, d * lat, ds * d)
+    s_x = sp.alloc("x", T * d)
+    s_w = sp.alloc("w", wmax)
+    s_acc = sp.alloc("acc", T * max(d, lat, E, hid))
+    s_z = sp.alloc("z", T * lat)
+    s_logit = sp.alloc("logit", T * E)
+    s_score = sp.alloc("scores", T * E)
+    s_bias = sp.alloc("bias", E)
+    s_rq = sp.alloc("rq", 8 * E)
+    s_rt = sp.alloc("route", rt["end"])
+    s_zg = sp.alloc("zg", T * lat)
+    s_g = sp.alloc("g", T * hid)
+    s_u = sp.alloc("u", T * hid)
+    s_h = sp.alloc("h", T * hid)
+    s_h8 = sp.alloc("h8", T * hid)
+    s_eo = sp.alloc("eo", T * lat)
+    s_e = sp.alloc("e", T * k * lat)
+    s_uc = sp.alloc("combined", T * lat)
+    s_n = sp.alloc("norm", T * lat)
+    s_yr = sp.alloc("y_r", T * d)
+    s_ys = sp.alloc("y_s", T * d)
+    s_y = sp.alloc("y", T * d)
+    sp.map["end"] = sp.top
+    if sp.top > cfg.dmem_depth:
+        raise ValueError(f"dmem_depth = {cfg.dmem_depth}: the block with T={T} tokens needs "
+                         f"{sp.top} scratchpad words")
+    rts = route_table(s_rt, T, cfg)
+
+    def rq(a, c, m, n, r: Requant, flags=0, b=0):
+        if not flags:
+            _check_requant(r, cfg, "requantiser")
+        return Instr(Op.REQUANT, flags=flags, m=m, n=n, a=a, b=b, c=c,
+                     mult=0 if flags else r.mult, shift=0 if flags else r.shift, width=r.width)
+
+    def load8(c, host_addr, m, n, flags=0):
+        return Instr(Op.LOAD, flags=flags, m=m, n=n, c=c, host=host_addr,
+                     stride=stride if flags & F_HOST_EXPERT else 0, width=1)
+
+    def gemm(a, b, c, m, kk, n, flags=0):
+        return Instr(Op.GEMM, flags=flags, m=m, k=kk, n=n, a=a, b=b, c=c)
+
+    def shared_expert(ex: QuantExpert, out):
+        return [
+            load8(s_w, h_sg, ds, d), gemm(s_x, s_w, s_acc, T, d, ds), rq(s_acc, s_g, T, ds, ex.rq_gate),
+            load8(s_w, h_su, ds, d), gemm(s_x, s_w, s_acc, T, d, ds), rq(s_acc, s_u, T, ds, ex.rq_up),
+            Instr(Op.SITU, m=T, n=ds, a=s_g, b=s_u, c=s_h), rq(s_h, s_h8, T, ds, ex.rq_h),
+            load8(s_w, h_sd, d, ds), gemm(s_h8, s_w, s_acc, T, ds, d), rq(s_acc, out, T, d, ex.rq_out),
+        ]
+
+    ex0 = Q.experts[0]  # the widths of the per-expert requantisers (constants come from the table)
+    cnt, rqx = F_M_COUNT, F_M_COUNT | F_RQ_EXPERT
+    hx = F_HOST_EXPERT
+    prog = [
+        load8(s_x, h_x, T, d),
+        load8(s_w, h_dl, lat, d), gemm(s_x, s_w, s_acc, T, d, lat), rq(s_acc, s_z, T, lat, Q.rq_down_lat),
+        load8(s_w, h_r, E, d), gemm(s_x, s_w, s_acc, T, d, E), rq(s_acc, s_logit, T, E, Q.rq_router),
+        Instr(Op.SIGMOID, m=T, n=E, a=s_logit, c=s_score),
+        Instr(Op.LOAD, m=1, n=E, c=s_bias, host=h_b, width=4),
+        Instr(Op.LOAD, m=1, n=8 * E, c=s_rq, host=h_rq, width=4),
+        Instr(Op.ROUTE, m=T, n=E, k=k, a=s_score, b=s_bias, c=s_rt),
+    ]
+    loop = len(prog)
+    body = [
+        Instr(Op.GATHER, m=T, n=lat, a=s_z, b=rts["list_t"], c=s_zg),
+        load8(s_w, h_e + offs["W_gate"], dx, lat, hx), gemm(s_zg, s_w, s_acc, 0, lat, dx, cnt),
+        rq(s_acc, s_g, 0, dx, ex0.rq_gate, rqx, s_rq),
+        load8(s_w, h_e + offs["W_up"], dx, lat, hx), gemm(s_zg, s_w, s_acc, 0, lat, dx, cnt),
+        rq(s_acc, s_u, 0, dx, ex0.rq_up, rqx, s_rq + 2 * E),
+        Instr(Op.SITU, flags=cnt, n=dx, a=s_g, b=s_u, c=s_h),
+        rq(s_h, s_h8, 0, dx, ex0.rq_h, rqx, s_rq + 4 * E),
+        load8(s_w, h_e + offs["W_down"], lat, dx, hx), gemm(s_h8, s_w, s_acc, 0, dx, lat, cnt),
+        rq(s_acc, s_eo, 0, lat, ex0.rq_out, rqx, s_rq + 6 * E),
+        Instr(Op.SCATTER, m=T * k, n=lat, a=s_eo, b=rts["list_p"], c=s_e),
+        Instr(Op.JUMP, target=loop),
+    ]
+    end = loop + 1 + len(body)
+    prog += [Instr(Op.EXPERT, n=E, a=rts["counts"], target=end)] + body
+    prog += [
+        Instr(Op.COMBINE, m=T, k=k, n=lat, a=s_e, b=rts["weights"], c=s_uc),
+        Instr(Op.NORM, m=T, n=lat, a=s_uc, c=s_n),
+        load8(s_w, h_ul, d, lat), gemm(s_n, s_w, s_acc, T, lat, d), rq(s_acc, s_yr, T, d, Q.rq_up_lat),
+        *shared_expert(Q.shared, s_ys),
+        Instr(Op.ADD, m=T, n=d, a=s_yr, b=s_ys, c=s_y),
+        Instr(Op.STORE, m=T, n=d, a=s_y, host=h_y, width=4),
+        Instr(Op.STORE, m=1, n=rt["end"], a=s_rt, host=h_route, width=4),
+        Instr(Op.HALT),
+    ]
+    if len(prog) > cfg.imem_depth:
+        raise ValueError(f"imem_depth = {cfg.imem_depth}: the program needs {len(prog)} instructions")
+    return Program(prog, host.image, host.symbols, sp.map, T, cfg)

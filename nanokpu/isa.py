@@ -1,0 +1,220 @@
+"""The nano-KPU instruction set and host interface: the ONE place both the compiler and the RTL read.
+
+Machine model
+-------------
+* **Scratchpad** (``spad``): ``cfg.dmem_depth`` words of :func:`word_width` bits (signed, one
+  element per word, whatever its format). Every compute instruction reads its operands from
+  the scratchpad and writes its result back to it; addresses are word indices.
+* **Host memory**: byte addressed, reached through the AXI4 master port (``m_axi``), only
+  inside the window ``[HOST_BASE, HOST_BASE + HOST_SIZE)`` set by the host. ``LOAD``/``STORE``
+  move elements of ``width`` bytes (little endian, 4-byte aligned rows, sign-extended on load).
+* **Expert iterator**: ``ROUTE`` resets it; ``EXPERT`` advances it to the next expert chosen by at
+  least one token and sets the registers ``expert`` (index), ``count`` (its tokens) and
+  ``offset`` (where its tokens start in the dispatch lists). Instructions flagged
+  :data:`F_M_COUNT` take ``m = count``; :data:`F_HOST_EXPERT` adds ``expert * stride`` to the host
+  address; :data:`F_RQ_EXPERT` reads the requantiser constants from a per-expert table.
+
+Encoding
+--------
+An instruction is :data:`INSTR_BITS` = 256 bits, the :data:`INSTR_LAYOUT` structure (first field
+in the least significant bits), written to the instruction memory as 8 little-endian 32-bit words
+(word ``w`` of instruction ``i`` at byte offset ``IMEM_BASE + 32 * i + 4 * w`` of the register
+bank). Fields::
+
+    op 6 | flags 10 | m 16 | k 16 | n 16 | a 24 | b 24 | c 24 | host 32 | stride 32 | mult 32
+    | shift 6 | width 6 | target 12
+
+Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
+
+==========  ==============================================================================
+``HALT``    stop; status ``done``.
+``LOAD``    ``c[i] = sext(host element i)`` for ``i < len``; element ``width`` in {1, 2, 4} bytes,
+            host byte address ``host (+ expert * stride)``, 4-byte aligned.
+``STORE``   host element ``i = a[i]`` for ``i < len``; ``width`` must be 4.
+``GEMM``    ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * b[j*k + kk])``, ``i < m``, ``j < n``
+            (``A [m, k] @ B[n, k]^T``, :func:`golden.intops.matmul_int`).
+``REQUANT`` ``c[i] = requantize(a[i], mult, shift, width)``; with :data:`F_RQ_EXPERT`,
+            ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
+``SIGMOID`` ``c[i] = sigmoid_q(a[i])``; records ``(c, len)`` as the scores region.
+``SITU``    ``c[i] = situ_q(a[i], b[i])``.
+``ADD``     ``c[i] = add_sat(a[i], b[i], act_width)``.
+``ROUTE``   scores ``a [m=T, n=E]`` (must be the region the last ``SIGMOID`` wrote), bias
+            ``b [E]``, ``k = top_k``. Writes the route table at ``c`` (see :func:`route_table`):
+            ``idx [T*k]``, ``weights [T*k]``, ``counts [E]``, ``offsets [E]``, ``list_p [T*k]``
+            (slot ``t*k + s`` of each choice, grouped per expert in expert order, tokens
+            ascending) and ``list_t [T*k]`` (its token ``t``). Resets the expert iterator.
+``EXPERT``  counts at ``a`` (``n = E`` experts, offsets at ``a + n``): advance to the next expert
+            with a non-zero count, else jump to ``target``.
+``GATHER``  ``c[i*n + j] = a[t*n + j]``, ``t = b[offset + i]``, ``i < count``; ``t < m`` checked.
+``SCATTER`` ``c[p*n + j] = a[i*n + j]``, ``p = b[offset + i]``, ``i < count``; ``p < m`` checked.
+``COMBINE`` ``c[t*n + j] = combine_int`` of ``e = a [m, k, n]`` and ``w = b [m, k]``.
+``NORM``    ``c[t*n:(t+1)*n] = rmsnorm_int(a[t*n:(t+1)*n])``, ``t < m``.
+``JUMP``    continue at ``target``.
+==========  ==============================================================================
+
+Every range is checked before an instruction starts (gather/scatter indices as they are read);
+a failed check stops the controller with an :class:`Err` code and nothing of that instruction
+is written.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+
+from amaranth.lib import data
+
+from nanokpu.config import KpuConfig
+
+__all__ = ["Op", "Err", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT", "FIELDS", "INSTR_BITS",
+           "INSTR_WORDS", "INSTR_LAYOUT", "IMEM_BASE", "LOADS_BASE", "UNITS", "Instr", "word_width",
+           "route_table", "encode_program"]
+
+
+class Op(enum.IntEnum):
+    """Opcodes (6 bits)."""
+
+    HALT = 0
+    LOAD = 1
+    STORE = 2
+    GEMM = 3
+    REQUANT = 4
+    SIGMOID = 5
+    SITU = 6
+    ADD = 7
+    ROUTE = 8
+    EXPERT = 9
+    GATHER = 10
+    SCATTER = 11
+    COMBINE = 12
+    NORM = 13
+    JUMP = 14
+
+
+class Err(enum.IntEnum):
+    """Error codes in ``STATUS[15:8]``; the controller stops on the first."""
+
+    NONE = 0
+    BAD_OPCODE = 1      # opcode not in :class:`Op`
+    SPAD_RANGE = 2      # a scratchpad region (or a gathered/scattered row) out of range
+    BAD_SHAPE = 3       # a zero or inconsistent dimension, bad width, k != top_k, n != n_experts
+    NO_SCORES = 4       # ROUTE before a SIGMOID wrote its scores region
+    HOST_RANGE = 5      # host address outside the window or not 4-byte aligned
+    PC_RANGE = 6        # program counter or jump target beyond the instruction memory
+    BUS_ERROR = 7       # the AXI4 slave answered SLVERR/DECERR
+    NO_ROUTE = 8        # EXPERT/GATHER/SCATTER or an expert-indexed operand without a ROUTE
+
+
+#: Flag bits.
+F_M_COUNT = 1 << 0
+F_HOST_EXPERT = 1 << 1
+F_RQ_EXPERT = 1 << 2
+
+#: (name, width) of every instruction field, least significant first.
+FIELDS = (("op", 6), ("flags", 10), ("m", 16), ("k", 16), ("n", 16), ("a", 24), ("b", 24),
+          ("c", 24), ("host", 32), ("stride", 32), ("mult", 32), ("shift", 6), ("width", 6),
+          ("target", 12))
+INSTR_BITS = sum(w for _, w in FIELDS)
+INSTR_WORDS = INSTR_BITS // 32
+assert INSTR_BITS == 256
+INSTR_LAYOUT = data.StructLayout({name: width for name, width in FIELDS})
+
+
+class Reg(enum.IntEnum):
+    """AXI4-Lite register byte offsets (32-bit registers)."""
+
+    CTRL = 0x00         # W: bit0 start, bit1 soft reset, bit2 clear routing load counters
+    STATUS = 0x04       # R: bit0 busy, bit1 done, bit2 error, [15:8] Err code, [31:16] pc
+    CYCLES = 0x08       # R: cycles of the current/last run
+    HOST_BASE = 0x0C    # RW: host window base (bytes)
+    HOST_SIZE = 0x10    # RW: host window size (bytes)
+    INSTRS = 0x14       # R: instructions retired in the current/last run
+    BUSY = 0x20         # R: BUSY + 4*u: busy cycles of unit UNITS[u]
+    INFO = 0x40         # R: dmem_depth
+    INFO_IMEM = 0x44    # R: imem_depth
+
+
+#: Busy counters, in register order.
+UNITS = ("dma", "gemm", "act", "route", "vector", "move")
+
+#: Instruction memory window and routing load counters (expert j at LOADS_BASE + 4*j).
+IMEM_BASE = 0x8000
+LOADS_BASE = 0x4000
+
+#: The unit whose busy counter an opcode increments.
+OP_UNIT = {Op.LOAD: "dma", Op.STORE: "dma", Op.GEMM: "gemm", Op.REQUANT: "act", Op.SIGMOID: "act",
+           Op.SITU: "act", Op.ROUTE: "route", Op.ADD: "vector", Op.COMBINE: "vector",
+           Op.NORM: "vector", Op.GATHER: "move", Op.SCATTER: "move"}
+
+
+def word_width(cfg: KpuConfig) -> int:
+    """Bits of a scratchpad word: ``max(32, acc_width)``."""
+    return max(32, cfg.acc_width)
+
+
+def route_table(c: int, T: int, cfg: KpuConfig) -> dict:
+    """Word addresses of the parts of a ``ROUTE`` table written at ``c`` for ``T`` tokens."""
+    tk, E = T * cfg.top_k, cfg.n_experts
+    return {"idx": c, "weights": c + tk, "counts": c + 2 * tk, "offsets": c + 2 * tk + E,
+            "list_p": c + 2 * tk + 2 * E, "list_t": c + 3 * tk + 2 * E, "end": c + 4 * tk + 2 * E}
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One instruction; unused fields stay 0. ``encode()`` packs it into :data:`INSTR_LAYOUT`."""
+
+    op: int
+    flags: int = 0
+    m: int = 0
+    k: int = 0
+    n: int = 0
+    a: int = 0
+    b: int = 0
+    c: int = 0
+    host: int = 0
+    stride: int = 0
+    mult: int = 0
+    shift: int = 0
+    width: int = 0
+    target: int = 0
+
+    def __post_init__(self):
+        widths = dict(FIELDS)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, int) or not 0 <= value < 1 << widths[f.name]:
+                raise ValueError(f"Instr.{f.name} = {value!r}: must be an integer in "
+                                 f"[0, 2**{widths[f.name]})")
+
+    def encode(self) -> int:
+        word, pos = 0, 0
+        for name, width in FIELDS:
+            word |= getattr(self, name) << pos
+            pos += width
+        return word
+
+    def words(self) -> list[int]:
+        """The 8 little-endian 32-bit words of :meth:`encode`."""
+        v = self.encode()
+        return [(v >> (32 * i)) & 0xFFFF_FFFF for i in range(INSTR_WORDS)]
+
+    @classmethod
+    def decode(cls, word: int) -> Instr:
+        values, pos = {}, 0
+        for name, width in FIELDS:
+            values[name] = (word >> pos) & ((1 << width) - 1)
+            pos += width
+        return cls(**values)
+
+    def __str__(self) -> str:
+        try:
+            name = Op(self.op).name
+        except ValueError:
+            name = f"op{self.op}"
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)[1:] if getattr(self, f.name)]
+        return f"{name:8s} " + " ".join(parts)
+
+
+def encode_program(instrs) -> bytes:
+    """The instruction memory image: :data:`INSTR_WORDS` little-endian words per instruction."""
+    return b"".join(w.to_bytes(4, "little") for ins in instrs for w in ins.words())

@@ -1,0 +1,78 @@
+"""The functional simulator: bit-exact to golden.block.latent_moe_int; every error code."""
+
+import numpy as np
+import pytest
+
+from golden import k3
+from golden.block import latent_moe_int, quantize_latent_moe
+from nanokpu.compiler import compile_block
+from nanokpu.config import profile
+from nanokpu.funcsim import FuncSim
+from nanokpu.isa import F_M_COUNT, Err, Instr, Op
+
+
+def _compiled(name, T, seed):
+    cfg = profile(name)
+    rng = np.random.default_rng(seed)
+    P = k3.init_latent_moe(cfg, rng)
+    x = rng.standard_normal((T, cfg.d_model)) * rng.uniform(0.1, 3.0)
+    Q, xq = quantize_latent_moe(P, x, cfg)
+    return cfg, Q, xq, compile_block(Q, xq, cfg)
+
+
+def _check_block(name, T, seed):
+    cfg, Q, xq, prog = _compiled(name, T, seed)
+    sim = FuncSim(cfg, prog.image)
+    res = sim.run(prog.instrs)
+    assert res.error == Err.NONE, f"seed {seed}: {res}"
+    out, ref = prog.outputs(sim.host), latent_moe_int(xq, Q, cfg)
+    for key in ("y", "idx", "weights", "loads"):
+        assert np.array_equal(out[key], ref[key]), f"{name} seed {seed}: {key} differs"
+    assert np.array_equal(sim.loads, ref["loads"])
+    # experts nobody chose are skipped
+    assert res.op_counts["GATHER"] == int(np.count_nonzero(ref["loads"]))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tiny_block_bit_exact(seed):
+    _check_block("tiny", 1 + seed % 9, seed)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_small_block_bit_exact(seed):
+    _check_block("small", 16, 100 + seed)
+
+
+# -- bad programs ------------------------------------------------------------------------
+def _run(instrs, cfg=None, host=bytes(64)):
+    cfg = cfg or profile("tiny")
+    sim = FuncSim(cfg, host)
+    before = sim.spad.copy()
+    return sim.run(instrs), sim, before
+
+
+@pytest.mark.parametrize("instrs,code", [
+    ([Instr(63)], Err.BAD_OPCODE),
+    ([Instr(Op.GEMM, m=2, k=2, n=2, c=8191)], Err.SPAD_RANGE),
+    ([Instr(Op.GEMM, m=0, k=2, n=2)], Err.BAD_SHAPE),
+    ([Instr(Op.LOAD, m=1, n=4, width=3)], Err.BAD_SHAPE),
+    ([Instr(Op.ROUTE, m=2, n=8, k=2, a=0, b=100, c=200)], Err.NO_SCORES),
+    ([Instr(Op.SIGMOID, m=2, n=8, a=0, c=16), Instr(Op.ROUTE, m=2, n=8, k=2, a=0, b=100, c=200)],
+     Err.NO_SCORES),
+    ([Instr(Op.LOAD, m=1, n=128, width=1)], Err.HOST_RANGE),
+    ([Instr(Op.LOAD, m=1, n=4, width=1, host=2)], Err.HOST_RANGE),
+    ([Instr(Op.JUMP, target=64)], Err.PC_RANGE),
+    ([Instr(Op.GEMM, flags=F_M_COUNT, k=2, n=2)], Err.NO_ROUTE),
+    ([Instr(Op.GATHER, m=2, n=2)], Err.NO_ROUTE),
+])
+def test_bad_program_stops_with_code(instrs, code):
+    res, sim, before = _run(instrs)
+    assert res.error == code
+    assert res.pc == len(instrs) - 1
+    if len(instrs) == 1:
+        assert np.array_equal(sim.spad, before)  # nothing written
+
+
+def test_running_off_the_end_of_imem():
+    res, _, _ = _run([Instr(Op.JUMP, target=63)] + [Instr(Op.ADD, m=1, n=1)] * 63)
+    assert res.error == Err.PC_RANGE and res.pc == 64
