@@ -403,6 +403,17 @@ def test_kda_prepare_gate_beta_and_normalisation():
     np.testing.assert_allclose(g0, cfg.kda_gate_min / (1.0 + np.exp(-2.0)), rtol=1e-14)
 
 
+def test_kda_mixer_output_stage_is_per_head_rmsnorm_and_sigmoid_gate():
+    cfg = TINY.replace(n_heads=3)
+    rng = np.random.default_rng(34)
+    x = rng.standard_normal((5, cfg.d_model))
+    p = init_kda(cfg, rng)
+    o, _ = kda_recurrent(*kda_prepare(x, p, cfg))                      # [T, H, K]
+    normed = o / np.sqrt((o ** 2).mean(axis=2, keepdims=True) + cfg.rms_eps) * p.o_norm
+    gate = 1.0 / (1.0 + np.exp(-(x @ p.W_gate.T)))
+    np.testing.assert_allclose(kda(x, p, cfg), (normed.reshape(5, -1) * gate) @ p.W_o.T, rtol=1e-12)
+
+
 def test_kda_mixer_is_causal_and_chunked_form_agrees():
     cfg = TINY
     rng = np.random.default_rng(28)
