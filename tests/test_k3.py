@@ -3,6 +3,7 @@ KDA, the layer and the memory guard (the router and Quantile Balancing are in
 ``test_k3_router.py``). Every test names its k3-spec invariant; seeds are fixed.
 """
 
+import dataclasses
 import re
 
 import numpy as np
@@ -164,7 +165,7 @@ def test_latent_moe_routing_weight_scale_invariance_with_eps_0(c, seed):
 def test_latent_moe_eps_breaks_scale_invariance_when_u_is_small():
     # with eps = 1e-5 the change is about eps / (c^2 mean(u^2)): large when u is small
     x, P = _moe(seed=12)
-    tiny_experts = type(P)(**{**P.__dict__, "W_down": 1e-4 * P.W_down})
+    tiny_experts = dataclasses.replace(P, W_down=1e-4 * P.W_down)
     y1, _, _ = latent_moe(x, tiny_experts, TINY)
     yc, _, _ = latent_moe(x, tiny_experts, TINY.replace(routed_scaling=0.1))
     assert np.abs(yc - y1).max() > 1e-2
@@ -178,7 +179,7 @@ def test_latent_moe_evaluates_only_selected_experts():
     poisoned = {name: getattr(P, name).copy() for name in ("W_gate", "W_up", "W_down")}
     for arr in poisoned.values():
         arr[unused] = np.nan
-    y_poisoned, _, _ = latent_moe(x, type(P)(**{**P.__dict__, **poisoned}), TINY)
+    y_poisoned, _, _ = latent_moe(x, dataclasses.replace(P, **poisoned), TINY)
     np.testing.assert_array_equal(y_poisoned, y)
 
 
@@ -397,8 +398,8 @@ def test_kda_prepare_gate_beta_and_normalisation():
     assert np.all(np.linalg.norm(k, axis=-1) <= 1.0)
     np.testing.assert_allclose(np.linalg.norm(q, axis=-1), 1.0, atol=1e-3)
     # W_f = 0: g = kda_gate_min * sigmoid(exp(A_log) * dt_bias), the same for every token
-    fixed = type(p)(**{**p.__dict__, "W_f": np.zeros_like(p.W_f), "A_log": np.full(cfg.n_heads, np.log(2.0)),
-                       "dt_bias": np.full_like(p.dt_bias, 1.0)})
+    fixed = dataclasses.replace(p, W_f=np.zeros_like(p.W_f), A_log=np.full(cfg.n_heads, np.log(2.0)),
+                                dt_bias=np.full_like(p.dt_bias, 1.0))
     _, _, _, g0, _ = kda_prepare(x, fixed, cfg)
     np.testing.assert_allclose(g0, cfg.kda_gate_min / (1.0 + np.exp(-2.0)), rtol=1e-14)
 
