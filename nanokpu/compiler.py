@@ -5,22 +5,25 @@ to a :class:`Program`: the instructions (:mod:`nanokpu.isa`), the host memory im
 nano-KPU reads through its AXI4 master port (inputs, weights, constants; room for the outputs)
 and the scratchpad map. The program follows the dataflow of :mod:`golden.block` step by step::
 
-    LOAD x; LOAD W_down_lat; GEMM; REQUANT -> z
-    LOAD W_r; GEMM; REQUANT; SIGMOID -> scores; LOAD bias, rq tables; ROUTE
+    LOAD x; GEMM W_down_lat; REQUANT -> z
+    GEMM W_r; REQUANT; SIGMOID -> scores; LOAD bias, rq tables; ROUTE
     loop: EXPERT (next expert with tokens, else exit)
-          GATHER z rows of its tokens; per weight: LOAD W_j (host + j*stride); GEMM (m = count);
-          REQUANT (per-expert constants); SITU; REQUANT h; ...; SCATTER into e [T, k, l]; JUMP loop
-    COMBINE; NORM; LOAD W_up_lat; GEMM; REQUANT -> y_r
+          GATHER z rows of its tokens; GEMM W_gate_j (host + j*stride, m = count); REQUANT
+          (per-expert constants); GEMM W_up_j; REQUANT; SITU; REQUANT h; GEMM W_down_j; REQUANT;
+          SCATTER into e [T, k, l]; JUMP loop
+    COMBINE; NORM; GEMM W_up_lat; REQUANT -> y_r
     shared expert on x (constants in the instructions); ADD -> y; STORE y, route table; HALT
 
 Routing is data-dependent and done on chip: the compiler never looks at the scores. Experts no
 token chose are skipped by ``EXPERT``; tokens are grouped per expert by ``ROUTE``'s lists.
 
-Host image layout (byte offsets in :attr:`Program.symbols`, every buffer 4-byte aligned): ``x``
-int8, ``w_down_lat``, ``w_r``, ``experts`` (per expert: gate, up, down, ``expert_stride`` bytes
-apart), ``w_up_lat``, shared ``ws_gate``/``ws_up``/``ws_down`` (int8), ``bias`` and ``rq`` (int32
-words), then the outputs ``y`` [T, d] and ``route`` (the route table, :func:`nanokpu.isa.route_table`)
-as int32 words.
+Host image layout (byte offsets in :attr:`Program.symbols`, every buffer aligned to
+:func:`~nanokpu.isa.bus_bytes`): ``x`` int8, then the weights as GEMM panels
+(:func:`~nanokpu.isa.weight_panels`): ``w_down_lat``, ``w_r``, ``experts`` (per expert: gate, up,
+down, ``expert_stride`` bytes apart), ``w_up_lat``, shared ``ws_gate``/``ws_up``/``ws_down``; then
+``bias`` and ``rq`` (int32 words; ``rq`` holds the per-expert ``(mult, shift)`` tables of gate,
+up, h and out, ``[4, E, 2]``), then the outputs ``y`` [T, d] and ``route`` (the route table,
+:func:`nanokpu.isa.route_table`) as int32 words.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import numpy as np
 
 from golden.block import QuantExpert, QuantLatentMoE, Requant
 from nanokpu.config import KpuConfig
-from nanokpu.isa import F_HOST_EXPERT, F_M_COUNT, F_RQ_EXPERT, Instr, Op, route_table
+from nanokpu.isa import F_HOST_EXPERT, F_M_COUNT, F_RQ_EXPERT, Instr, Op, bus_bytes, route_table, weight_panels
 
 __all__ = ["Program", "compile_block"]
 
@@ -76,16 +79,17 @@ class Program:
 
 
 class _Host:
-    """Host image builder: 4-byte aligned buffers."""
+    """Host image builder: buffers aligned to ``align`` bytes."""
 
-    def __init__(self):
+    def __init__(self, align: int):
         self.image = bytearray()
         self.symbols = {}
+        self.align = align
 
     def put(self, name: str, data: bytes) -> int:
         offset = len(self.image)
         self.symbols[name] = offset
-        self.image += data + bytes(-len(data) % 4)
+        self.image += data + bytes(-len(data) % self.align)
         return offset
 
     def int8(self, name: str, arr) -> int:
@@ -133,25 +137,32 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     if len(Q.experts) != E:
         raise ValueError(f"Q.experts: {len(Q.experts)} experts, config has n_experts={E}")
 
-    host = _Host()
+    if cfg.in_width != 8 or bus_bytes(cfg) % 4:
+        raise ValueError(f"in_width = {cfg.in_width}, cols = {cfg.cols}: the compiler needs int8 "
+                         "operands and cols a multiple of 4 (whole 32-bit bus words)")
+    host = _Host(bus_bytes(cfg))
+
+    def panels(name, W):
+        return host.int8(name, weight_panels(W, cfg))
+
     h_x = host.int8("x", x_q)
-    h_dl = host.int8("w_down_lat", Q.W_down_lat)
-    h_r = host.int8("w_r", Q.W_r)
+    h_dl = panels("w_down_lat", Q.W_down_lat)
+    h_r = panels("w_r", Q.W_r)
     offs = {}
     for j, ex in enumerate(Q.experts):
         start = len(host.image)
         for part in ("W_gate", "W_up", "W_down"):
-            off = host.int8(f"e{j}_{part}", getattr(ex, part))
+            off = panels(f"e{j}_{part}", getattr(ex, part))
             offs[part] = off - start
         if j == 0:
             h_e = start
         stride = len(host.image) - start
     host.symbols["experts"] = h_e
     host.symbols["expert_stride"] = stride
-    h_ul = host.int8("w_up_lat", Q.W_up_lat)
-    h_sg = host.int8("ws_gate", Q.shared.W_gate)
-    h_su = host.int8("ws_up", Q.shared.W_up)
-    h_sd = host.int8("ws_down", Q.shared.W_down)
+    h_ul = panels("w_up_lat", Q.W_up_lat)
+    h_sg = panels("ws_gate", Q.shared.W_gate)
+    h_su = panels("ws_up", Q.shared.W_up)
+    h_sd = panels("ws_down", Q.shared.W_down)
     h_b = host.int32("bias", Q.bias)
     for j, ex in enumerate(Q.experts):
         for part in ("rq_gate", "rq_up", "rq_h", "rq_out"):
@@ -165,9 +176,7 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
 
     sp = _Spad(cfg.dmem_depth)
     hid = max(dx, ds)
-    wmax = max(lat * d, E * d, dx * lat, d * lat, ds * d)
     s_x = sp.alloc("x", T * d)
-    s_w = sp.alloc("w", wmax)
     s_acc = sp.alloc("acc", T * max(d, lat, E, hid))
     s_z = sp.alloc("z", T * lat)
     s_logit = sp.alloc("logit", T * E)
@@ -199,28 +208,25 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
         return Instr(Op.REQUANT, flags=flags, m=m, n=n, a=a, b=b, c=c,
                      mult=0 if flags else r.mult, shift=0 if flags else r.shift, width=r.width)
 
-    def load8(c, host_addr, m, n, flags=0):
-        return Instr(Op.LOAD, flags=flags, m=m, n=n, c=c, host=host_addr,
-                     stride=stride if flags & F_HOST_EXPERT else 0, width=1)
-
-    def gemm(a, b, c, m, kk, n, flags=0):
-        return Instr(Op.GEMM, flags=flags, m=m, k=kk, n=n, a=a, b=b, c=c)
+    def gemm(a, host_addr, c, m, kk, n, flags=0):
+        return Instr(Op.GEMM, flags=flags, m=m, k=kk, n=n, a=a, c=c, host=host_addr,
+                     stride=stride if flags & F_HOST_EXPERT else 0)
 
     def shared_expert(ex: QuantExpert, out):
         return [
-            load8(s_w, h_sg, ds, d), gemm(s_x, s_w, s_acc, T, d, ds), rq(s_acc, s_g, T, ds, ex.rq_gate),
-            load8(s_w, h_su, ds, d), gemm(s_x, s_w, s_acc, T, d, ds), rq(s_acc, s_u, T, ds, ex.rq_up),
+            gemm(s_x, h_sg, s_acc, T, d, ds), rq(s_acc, s_g, T, ds, ex.rq_gate),
+            gemm(s_x, h_su, s_acc, T, d, ds), rq(s_acc, s_u, T, ds, ex.rq_up),
             Instr(Op.SITU, m=T, n=ds, a=s_g, b=s_u, c=s_h), rq(s_h, s_h8, T, ds, ex.rq_h),
-            load8(s_w, h_sd, d, ds), gemm(s_h8, s_w, s_acc, T, ds, d), rq(s_acc, out, T, d, ex.rq_out),
+            gemm(s_h8, h_sd, s_acc, T, ds, d), rq(s_acc, out, T, d, ex.rq_out),
         ]
 
     ex0 = Q.experts[0]  # the widths of the per-expert requantisers (constants come from the table)
     cnt, rqx = F_M_COUNT, F_M_COUNT | F_RQ_EXPERT
-    hx = F_HOST_EXPERT
+    hx = F_M_COUNT | F_HOST_EXPERT
     prog = [
-        load8(s_x, h_x, T, d),
-        load8(s_w, h_dl, lat, d), gemm(s_x, s_w, s_acc, T, d, lat), rq(s_acc, s_z, T, lat, Q.rq_down_lat),
-        load8(s_w, h_r, E, d), gemm(s_x, s_w, s_acc, T, d, E), rq(s_acc, s_logit, T, E, Q.rq_router),
+        Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=1),
+        gemm(s_x, h_dl, s_acc, T, d, lat), rq(s_acc, s_z, T, lat, Q.rq_down_lat),
+        gemm(s_x, h_r, s_acc, T, d, E), rq(s_acc, s_logit, T, E, Q.rq_router),
         Instr(Op.SIGMOID, m=T, n=E, a=s_logit, c=s_score),
         Instr(Op.LOAD, m=1, n=E, c=s_bias, host=h_b, width=4),
         Instr(Op.LOAD, m=1, n=8 * E, c=s_rq, host=h_rq, width=4),
@@ -229,13 +235,13 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     loop = len(prog)
     body = [
         Instr(Op.GATHER, m=T, n=lat, a=s_z, b=rts["list_t"], c=s_zg),
-        load8(s_w, h_e + offs["W_gate"], dx, lat, hx), gemm(s_zg, s_w, s_acc, 0, lat, dx, cnt),
+        gemm(s_zg, h_e + offs["W_gate"], s_acc, 0, lat, dx, hx),
         rq(s_acc, s_g, 0, dx, ex0.rq_gate, rqx, s_rq),
-        load8(s_w, h_e + offs["W_up"], dx, lat, hx), gemm(s_zg, s_w, s_acc, 0, lat, dx, cnt),
+        gemm(s_zg, h_e + offs["W_up"], s_acc, 0, lat, dx, hx),
         rq(s_acc, s_u, 0, dx, ex0.rq_up, rqx, s_rq + 2 * E),
         Instr(Op.SITU, flags=cnt, n=dx, a=s_g, b=s_u, c=s_h),
         rq(s_h, s_h8, 0, dx, ex0.rq_h, rqx, s_rq + 4 * E),
-        load8(s_w, h_e + offs["W_down"], lat, dx, hx), gemm(s_h8, s_w, s_acc, 0, dx, lat, cnt),
+        gemm(s_h8, h_e + offs["W_down"], s_acc, 0, dx, lat, hx),
         rq(s_acc, s_eo, 0, lat, ex0.rq_out, rqx, s_rq + 6 * E),
         Instr(Op.SCATTER, m=T * k, n=lat, a=s_eo, b=rts["list_p"], c=s_e),
         Instr(Op.JUMP, target=loop),
@@ -245,7 +251,7 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     prog += [
         Instr(Op.COMBINE, m=T, k=k, n=lat, a=s_e, b=rts["weights"], c=s_uc),
         Instr(Op.NORM, m=T, n=lat, a=s_uc, c=s_n),
-        load8(s_w, h_ul, d, lat), gemm(s_n, s_w, s_acc, T, lat, d), rq(s_acc, s_yr, T, d, Q.rq_up_lat),
+        gemm(s_n, h_ul, s_acc, T, lat, d), rq(s_acc, s_yr, T, d, Q.rq_up_lat),
         *shared_expert(Q.shared, s_ys),
         Instr(Op.ADD, m=T, n=d, a=s_yr, b=s_ys, c=s_y),
         Instr(Op.STORE, m=T, n=d, a=s_y, host=h_y, width=4),

@@ -15,7 +15,7 @@ import numpy as np
 
 from golden import intops as I
 from nanokpu.config import KpuConfig
-from nanokpu.isa import F_HOST_EXPERT, F_M_COUNT, F_RQ_EXPERT, Err, Instr, Op, route_table, word_width
+from nanokpu.isa import F_HOST_EXPERT, F_M_COUNT, F_RQ_EXPERT, Err, Instr, Op, bus_bytes, route_table, word_width
 
 __all__ = ["FuncSim", "RunResult", "KpuError", "check"]
 
@@ -144,12 +144,16 @@ class FuncSim:
             check(ins.width == 4, Err.BAD_SHAPE, "STORE width must be 4")
         if op == Op.REQUANT:
             check(2 <= ins.width <= self.ww, Err.BAD_SHAPE, "REQUANT width out of range")
+        if op == Op.GEMM:
+            mb = -(-m // cfg.rows)
+            check(k <= cfg.spad_b_depth // 2 and mb * k <= cfg.spad_a_depth
+                  and mb * n <= cfg.spad_c_depth, Err.BAD_SHAPE, "GEMM beyond the engine's scratchpads")
         if op == Op.ROUTE:
             check(self.scores == (a, ln), Err.NO_SCORES, "ROUTE before SIGMOID wrote its scores")
         # -- scratchpad regions
         regions = {
             Op.LOAD: [(c, ln)], Op.STORE: [(a, ln)],
-            Op.GEMM: [(a, m * k), (b, n * k), (c, m * n)],
+            Op.GEMM: [(a, m * k), (c, m * n)],
             Op.REQUANT: [(a, ln), (c, ln)] + ([(b, 2 * E)] if ins.flags & F_RQ_EXPERT else []),
             Op.SIGMOID: [(a, ln), (c, ln)], Op.SITU: [(a, ln), (b, ln), (c, ln)],
             Op.ADD: [(a, ln), (b, ln), (c, ln)], Op.NORM: [(a, ln), (c, ln)],
@@ -162,10 +166,10 @@ class FuncSim:
         for addr, words in regions:
             self._region(addr, words)
         # -- host window
-        if op in (Op.LOAD, Op.STORE):
+        if op in (Op.LOAD, Op.STORE, Op.GEMM):
             addr = ins.host + (self.expert * ins.stride if ins.flags & F_HOST_EXPERT else 0)
-            nbytes = ln * ins.width
-            check(addr % 4 == 0 and self.host_base <= addr
+            nbytes = -(-n // cfg.cols) * k * bus_bytes(cfg) if op == Op.GEMM else ln * ins.width
+            check(addr % bus_bytes(cfg) == 0 and self.host_base <= addr
                   and addr + nbytes <= self.host_base + self.host_size
                   and addr + nbytes <= len(self.host), Err.HOST_RANGE,
                   f"host [{addr:#x}, {addr + nbytes:#x}) outside the window")
@@ -177,10 +181,10 @@ class FuncSim:
         elif op == Op.STORE:
             self.host[addr:addr + nbytes] = I.wrap(self._read(a, ln), 32).astype("<i4").tobytes()
         elif op == Op.GEMM:
-            A = self._read(a, m * k).reshape(m, k)
-            B = self._read(b, n * k).reshape(n, k)
-            self._write(c, I.matmul_int(I.wrap(A, cfg.in_width), I.wrap(B, cfg.in_width).T,
-                                        cfg.acc_width))
+            A = self._read(a, m * k, cfg.in_width).reshape(m, k)
+            panels = np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=np.int8)
+            B = panels.reshape(-1, k, cfg.cols).transpose(1, 0, 2).reshape(k, -1)[:, :n]
+            self._write(c, I.matmul_int(A, B, cfg.acc_width))
         elif op == Op.REQUANT:
             if ins.flags & F_RQ_EXPERT:
                 mult, shift = (int(v) for v in self._read(b + 2 * self.expert, 2))

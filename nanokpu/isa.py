@@ -5,9 +5,13 @@ Machine model
 * **Scratchpad** (``spad``): ``cfg.dmem_depth`` words of :func:`word_width` bits (signed, one
   element per word, whatever its format). Every compute instruction reads its operands from
   the scratchpad and writes its result back to it; addresses are word indices.
-* **Host memory**: byte addressed, reached through the AXI4 master port (``m_axi``), only
-  inside the window ``[HOST_BASE, HOST_BASE + HOST_SIZE)`` set by the host. ``LOAD``/``STORE``
-  move elements of ``width`` bytes (little endian, 4-byte aligned rows, sign-extended on load).
+* **Host memory**: byte addressed, reached through the AXI4 master port (``m_axi``, data
+  :func:`bus_bytes` wide), only inside the window ``[HOST_BASE, HOST_BASE + HOST_SIZE)`` set by
+  the host. ``LOAD``/``STORE`` move elements of ``width`` bytes (little endian, sign-extended on
+  load); every host address must be a multiple of :func:`bus_bytes`.
+* **Weights are never resident**: ``GEMM`` streams its B operand (a weight matrix ``W [n, k]``,
+  ``in_width = 8``) from host memory straight into the GEMM engine, pre-tiled by the compiler
+  into ``cols``-wide panels (:func:`weight_panels`): one bus beat is one panel word.
 * **Expert iterator**: ``ROUTE`` resets it; ``EXPERT`` advances it to the next expert chosen by at
   least one token and sets the registers ``expert`` (index), ``count`` (its tokens) and
   ``offset`` (where its tokens start in the dispatch lists). Instructions flagged
@@ -31,8 +35,11 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 ``LOAD``    ``c[i] = sext(host element i)`` for ``i < len``; element ``width`` in {1, 2, 4} bytes,
             host byte address ``host (+ expert * stride)``, 4-byte aligned.
 ``STORE``   host element ``i = a[i]`` for ``i < len``; ``width`` must be 4.
-``GEMM``    ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * b[j*k + kk])``, ``i < m``, ``j < n``
-            (``A [m, k] @ B[n, k]^T``, :func:`golden.intops.matmul_int`).
+``GEMM``    ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * W[j, kk])``, ``i < m``, ``j < n``
+            (``A [m, k] @ W[n, k]^T``, :func:`golden.intops.matmul_int`); ``W`` from host
+            ``host (+ expert * stride)`` in :func:`weight_panels` layout. Limits of the GEMM
+            engine (else ``BAD_SHAPE``): ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
+            spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
 ``REQUANT`` ``c[i] = requantize(a[i], mult, shift, width)``; with :data:`F_RQ_EXPERT`,
             ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
 ``SIGMOID`` ``c[i] = sigmoid_q(a[i])``; records ``(c, len)`` as the scores region.
@@ -62,12 +69,14 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, fields
 
+import numpy as np
 from amaranth.lib import data
 
 from nanokpu.config import KpuConfig
 
 __all__ = ["Op", "Err", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT", "FIELDS", "INSTR_BITS",
            "INSTR_WORDS", "INSTR_LAYOUT", "IMEM_BASE", "LOADS_BASE", "UNITS", "Instr", "word_width",
+           "bus_bytes", "weight_panels",
            "route_table", "encode_program"]
 
 
@@ -97,9 +106,10 @@ class Err(enum.IntEnum):
     NONE = 0
     BAD_OPCODE = 1      # opcode not in :class:`Op`
     SPAD_RANGE = 2      # a scratchpad region (or a gathered/scattered row) out of range
-    BAD_SHAPE = 3       # a zero or inconsistent dimension, bad width, k != top_k, n != n_experts
+    BAD_SHAPE = 3       # a zero or inconsistent dimension, bad width, k != top_k, n != n_experts,
+    #                     a GEMM beyond the GEMM engine's scratchpads
     NO_SCORES = 4       # ROUTE before a SIGMOID wrote its scores region
-    HOST_RANGE = 5      # host address outside the window or not 4-byte aligned
+    HOST_RANGE = 5      # host address outside the window or not bus_bytes aligned
     PC_RANGE = 6        # program counter or jump target beyond the instruction memory
     BUS_ERROR = 7       # the AXI4 slave answered SLVERR/DECERR
     NO_ROUTE = 8        # EXPERT/GATHER/SCATTER or an expert-indexed operand without a ROUTE
@@ -145,6 +155,22 @@ LOADS_BASE = 0x4000
 OP_UNIT = {Op.LOAD: "dma", Op.STORE: "dma", Op.GEMM: "gemm", Op.REQUANT: "act", Op.SIGMOID: "act",
            Op.SITU: "act", Op.ROUTE: "route", Op.ADD: "vector", Op.COMBINE: "vector",
            Op.NORM: "vector", Op.GATHER: "move", Op.SCATTER: "move"}
+
+
+def bus_bytes(cfg: KpuConfig) -> int:
+    """Bytes of an AXI4 data beat: one weight panel word, ``cols * in_width / 8``."""
+    return cfg.cols * cfg.in_width // 8
+
+
+def weight_panels(W, cfg: KpuConfig):
+    """A weight matrix ``W [n, k]`` (int8) as the GEMM engine's B panels: ``[ceil(n/cols), k,
+    cols]`` int8, panel ``nb`` word ``kk`` lane ``j`` = ``W[nb*cols + j, kk]`` (0 past ``n``)."""
+    W = np.asarray(W, dtype=np.int64)
+    n, k = W.shape
+    nb = -(-n // cfg.cols)
+    padded = np.zeros((nb * cfg.cols, k), dtype=np.int64)
+    padded[:n] = W
+    return padded.reshape(nb, cfg.cols, k).transpose(0, 2, 1)
 
 
 def word_width(cfg: KpuConfig) -> int:

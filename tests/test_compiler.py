@@ -7,7 +7,7 @@ from golden import k3
 from golden.block import quantize_latent_moe
 from nanokpu.compiler import compile_block
 from nanokpu.config import profile
-from nanokpu.isa import Op
+from nanokpu.isa import Op, weight_panels
 
 
 def _block(cfg, T, seed=0):
@@ -29,8 +29,12 @@ def test_program_shape_tiny():
     x = np.frombuffer(bytes(prog.image[:xq.size]), dtype=np.int8).reshape(xq.shape)
     assert np.array_equal(x, xq)
     off = prog.symbols["e0_W_gate"]
-    w = np.frombuffer(bytes(prog.image[off:off + Q.experts[0].W_gate.size]), dtype=np.int8)
-    assert np.array_equal(w.reshape(Q.experts[0].W_gate.shape), Q.experts[0].W_gate)
+    W = Q.experts[0].W_gate
+    panels = weight_panels(W, cfg)
+    w = np.frombuffer(bytes(prog.image[off:off + panels.size]), dtype=np.int8).reshape(panels.shape)
+    assert np.array_equal(w, panels)
+    # panel nb, word kk, lane j holds W[nb*cols + j, kk]
+    assert w[1, 3, 2] == W[cfg.cols + 2, 3]
     assert prog.symbols["e1_W_gate"] - prog.symbols["e0_W_gate"] == prog.symbols["expert_stride"]
 
 

@@ -54,6 +54,8 @@ def _run(instrs, cfg=None, host=bytes(64)):
 @pytest.mark.parametrize("instrs,code", [
     ([Instr(63)], Err.BAD_OPCODE),
     ([Instr(Op.GEMM, m=2, k=2, n=2, c=8191)], Err.SPAD_RANGE),
+    ([Instr(Op.GEMM, m=1, k=65, n=2)], Err.BAD_SHAPE),
+    ([Instr(Op.GEMM, m=1, k=8, n=2, host=60)], Err.HOST_RANGE),
     ([Instr(Op.GEMM, m=0, k=2, n=2)], Err.BAD_SHAPE),
     ([Instr(Op.LOAD, m=1, n=4, width=3)], Err.BAD_SHAPE),
     ([Instr(Op.ROUTE, m=2, n=8, k=2, a=0, b=100, c=200)], Err.NO_SCORES),
