@@ -1,0 +1,390 @@
+"""The tiling GEMM engine: scratchpads, double-buffered B panels, systolic array, requantiser."""
+
+from __future__ import annotations
+
+import enum
+
+from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from nanokpu.config import KpuConfig
+from nanokpu.requant import SHIFT_WIDTH, Requantiser
+from nanokpu.systolic import SystolicArray
+
+__all__ = ["GemmEngine", "GemmError", "command_layout"]
+
+
+class GemmError(enum.IntEnum):
+    """Why a command was refused (``error_code``); nothing is read, written or streamed."""
+
+    NONE = 0
+    NO_PHASE = 1      #: none of load_a, compute, store is set
+    ZERO_SHAPE = 2    #: M = 0, or K = 0 with load_a/compute, or N = 0 with compute/store
+    K_TOO_LARGE = 3   #: compute with K > spad_b_depth / 2 (a B panel must fit one half)
+    A_RANGE = 4       #: a_addr + ceil(M/rows) * K > spad_a_depth (load_a or compute)
+    C_RANGE = 5       #: c_addr + ceil(M/rows) * N > spad_c_depth (compute or store)
+
+
+def _dim_width(cfg: KpuConfig) -> int:
+    depth = max(cfg.spad_a_depth, cfg.spad_b_depth, cfg.spad_c_depth)
+    return depth.bit_length() + max(cfg.rows, cfg.cols).bit_length()
+
+
+def command_layout(cfg: KpuConfig) -> data.StructLayout:
+    """The command word of :class:`GemmEngine` (fields in this order from bit 0).
+
+    ``m, k, n``: the GEMM shape ``[M, K] @ [K, N]``, ``dim_width`` bits each (enough for
+    any shape the scratchpads can hold, and for shapes they cannot, which are refused);
+    ``a_addr``, ``c_addr``: first word of A and of the result in their scratchpads
+    (``depth.bit_length()`` bits, so an address past the end is representable and refused);
+    ``mult``, ``shift``: the requantiser's unsigned multiplier and right shift (0..63);
+    ``load_a``, ``compute``, ``accumulate``, ``store``: the phases and the accumulate flag.
+    """
+    dim = _dim_width(cfg)
+    return data.StructLayout({
+        "m": unsigned(dim), "k": unsigned(dim), "n": unsigned(dim),
+        "a_addr": unsigned(cfg.spad_a_depth.bit_length()),
+        "c_addr": unsigned(cfg.spad_c_depth.bit_length()),
+        "mult": unsigned(cfg.mult_width), "shift": unsigned(SHIFT_WIDTH),
+        "load_a": 1, "compute": 1, "accumulate": 1, "store": 1,
+    })
+
+
+class GemmEngine(wiring.Component):
+    """``C (+)= A @ B`` on a ``rows x cols`` output-stationary array, tiled over scratchpads.
+
+    Data layout (R = ``rows``, C = ``cols``, ``MB = ceil(M/R)``, ``NB = ceil(N/C)``):
+
+    * A (``[M, K]``, the activations) lives in scratchpad A in *row blocks*: word
+      ``a_addr + mb*K + k`` holds ``A[mb*R + i, k]`` in lane ``i`` (``R`` int8 lanes). Lanes
+      of rows ``>= M`` are don't-care: the engine feeds zeros for them.
+    * B (``[K, N]``, the weights) is never resident: it streams in as ``NB`` *panels* of
+      ``K`` words, panel ``nb`` word ``k`` holding ``B[k, nb*C + j]`` in lane ``j`` (lanes
+      of columns ``>= N`` are don't-care). Scratchpad B holds two panels (ping-pong): panel
+      ``nb + 1`` streams in while panel ``nb`` is multiplied with every A row block.
+    * Results (``[M, N]``, ``acc_width`` bits) live in scratchpad C in the A layout: word
+      ``c_addr + mb*N + n`` holds ``C[mb*R + i, n]`` in lane ``i``, so a stored result is
+      the next GEMM's A operand as is.
+
+    A command runs up to three phases: ``load_a`` streams ``MB*K`` words from ``a_in``
+    into scratchpad A from ``a_addr`` on; ``compute`` streams ``NB*K`` words from ``b_in``
+    and writes every result tile (column by column, through the array's drain chain) into
+    scratchpad C, adding to the old contents (wrapping at ``acc_width``) when
+    ``accumulate`` is set; ``store`` then streams the ``MB*N`` result words of ``c_addr``
+    on through the requantiser (``mult``, ``shift``, ``cfg.rounding``, saturation to
+    ``out_width``: :func:`golden.intops.requantize`) out of ``c_out``, lanes of rows
+    ``>= M`` as 0. A and B loading overlap the compute: a tile step waits only for its A
+    word and its B panel, so the array stays busy while operands stream in.
+
+    Tiles run panel by panel (``nb`` outer, ``mb`` inner, ``k`` innermost), one K step per
+    cycle. A tile takes ``max(K, tile_gap)`` cycles (``tile_gap = rows + 2*cols - 1``, the
+    drain rule of :class:`~nanokpu.systolic.SystolicArray`); its drain overlaps the next
+    tile.
+
+    Latency of the phases, with sources that never idle and a sink that never stalls,
+    from the cycle the command is accepted to the ``done`` pulse (exact, asserted by the
+    benches; see :meth:`ideal_cycles`), ``T = MB * NB`` tiles:
+
+    * check: ``MB + 2`` cycles (validation; the ranges are walked one row block a cycle);
+    * first B panel: ``K`` cycles (A streams in at the same time, and the compute follows
+      A's words, never waiting for them, since a tile needs only its own row block);
+    * compute: ``K + (T - 1) * max(K, tile_gap)`` cycles; later panels stream in under the
+      compute of the previous ones;
+    * tail: ``rows + 2*cols + 1`` (last step -> array -> drain -> scratchpad C write);
+    * store: ``MB * N + Requantiser.latency + 3`` cycles, or 1 cycle without ``store``.
+
+    Parameters
+    ----------
+    cfg : KpuConfig
+        Reads ``rows``, ``cols``, ``in_width``, ``acc_width``, ``mult_width``,
+        ``rounding``, ``spad_a_depth``, ``spad_b_depth``, ``spad_c_depth``.
+    out_width : int, optional
+        Width of the requantised results (default ``cfg.out_width``).
+
+    Members
+    -------
+    cmd : In(stream.Signature(command_layout(cfg)))
+        One command; accepted (``ready``) only when idle.
+    a_in : In(stream.Signature(ArrayLayout(signed(in_width), rows)))
+    b_in : In(stream.Signature(ArrayLayout(signed(in_width), cols)))
+    c_out : Out(stream.Signature(ArrayLayout(signed(out_width), rows)))
+    busy : Out(1)
+        High from the accepted command to its ``done``.
+    done : Out(1)
+        One-cycle pulse when a command finishes or is refused.
+    error : Out(1)
+        Set with ``done`` when the command was refused (see :class:`GemmError`), cleared
+        when the next command is accepted. A refused command reads, writes and streams
+        nothing.
+    error_code : Out(GemmError)
+    """
+
+    def __init__(self, cfg: KpuConfig, out_width: int | None = None):
+        if not isinstance(cfg, KpuConfig):
+            raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
+        self.cfg = cfg
+        self.out_width = cfg.out_width if out_width is None else out_width
+        self._requant = Requantiser(cfg, cfg.rows, self.out_width)  # validates out_width
+        self._array = SystolicArray(cfg)
+        op = signed(cfg.in_width)
+        super().__init__({
+            "cmd": In(stream.Signature(command_layout(cfg))),
+            "a_in": In(stream.Signature(data.ArrayLayout(op, cfg.rows))),
+            "b_in": In(stream.Signature(data.ArrayLayout(op, cfg.cols))),
+            "c_out": Out(stream.Signature(data.ArrayLayout(signed(self.out_width), cfg.rows))),
+            "busy": Out(1), "done": Out(1), "error": Out(1),
+            "error_code": Out(GemmError),
+        })
+
+    @property
+    def tile_gap(self) -> int:
+        """Minimum cycles per tile: the array's drain rule, and room to hand over the tile."""
+        return max(self._array.min_tile_cycles, self._array.done_latency + 2)
+
+    def ideal_cycles(self, m: int, k: int, n: int, *, store: bool = True) -> int:
+        """Exact cycles from accepting a valid ``compute`` command to ``done`` (with or without
+        ``load_a``), streams never stalling: the sum of the phases above."""
+        cfg = self.cfg
+        mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
+        cycles = (mb + 2) + k + k + (mb * nb - 1) * max(k, self.tile_gap) + cfg.rows + 2 * cfg.cols + 1
+        return cycles + (mb * n + Requantiser.latency + 3 if store else 1)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        R, C = cfg.rows, cfg.cols
+        half = cfg.spad_b_depth // 2
+        dim = _dim_width(cfg)
+        wide = max(dim, cfg.spad_a_depth.bit_length(), cfg.spad_c_depth.bit_length()) + 2
+
+        m.submodules.array = array = self._array
+        m.submodules.requant = requant = self._requant
+        m.submodules.spad_a = spad_a = Memory(
+            shape=data.ArrayLayout(signed(cfg.in_width), R), depth=cfg.spad_a_depth, init=[])
+        m.submodules.spad_b = spad_b = Memory(
+            shape=data.ArrayLayout(signed(cfg.in_width), C), depth=cfg.spad_b_depth, init=[])
+        m.submodules.spad_c = spad_c = Memory(
+            shape=data.ArrayLayout(signed(cfg.acc_width), R), depth=cfg.spad_c_depth, init=[])
+        a_wr, a_rd = spad_a.write_port(), spad_a.read_port()
+        b_wr, b_rd = spad_b.write_port(), spad_b.read_port()
+        c_wr, c_rd = spad_c.write_port(), spad_c.read_port()
+
+        # -- the latched command -------------------------------------------------------
+        cmd = Signal(command_layout(cfg))
+        uses_a = cmd.load_a | cmd.compute
+        uses_c = cmd.compute | cmd.store
+        rows_left = Signal(dim)     # check walk: rows of the blocks not yet counted
+        a_lim = Signal(wide)        # a_addr + MB*K once the walk ends
+        c_lim = Signal(wide)        # c_addr + MB*N
+
+        def lane_mask(rows):
+            """Lanes of a row block that hold real rows (``rows`` left from this block on)."""
+            return Cat(*(rows > i for i in range(R)))
+
+        # -- phase activity (set when a checked command starts) --------------------------
+        start = Signal()
+        a_loading, b_loading, issuing = Signal(), Signal(), Signal()
+        pending = Signal(range(4))  # tiles issued whose drain has not finished
+        drain_busy = Signal()
+        w_valid = Signal()          # the scratchpad C write stage holds a word to write
+        w_busy = Signal()           # the write stage holds a drained column (written or not)
+        storing = Signal()
+        store_start = Signal()
+
+        # -- A loader ---------------------------------------------------------------------
+        a_wptr = Signal(wide)
+        m.d.comb += [self.a_in.ready.eq(a_loading), a_wr.addr.eq(a_wptr),
+                     a_wr.data.eq(self.a_in.payload), a_wr.en.eq(self.a_in.valid & a_loading)]
+        with m.If(start):
+            m.d.sync += [a_wptr.eq(cmd.a_addr), a_loading.eq(cmd.load_a)]
+        with m.Elif(self.a_in.valid & a_loading):
+            m.d.sync += a_wptr.eq(a_wptr + 1)
+            with m.If(a_wptr + 1 == a_lim):
+                m.d.sync += a_loading.eq(0)
+
+        # -- B loader: K-word panels into the free half of scratchpad B -----------------
+        full = Signal(2)
+        full_set, full_clr = Signal(2), Signal(2)
+        m.d.sync += full.eq((full | full_set) & ~full_clr)
+        wbuf = Signal()
+        b_k = Signal(dim)
+        b_cols_left = Signal(dim)
+        b_take = Signal()
+        m.d.comb += [b_take.eq(b_loading & ~full.bit_select(wbuf, 1)),
+                     self.b_in.ready.eq(b_take),
+                     b_wr.addr.eq(Mux(wbuf, half, 0) + b_k), b_wr.data.eq(self.b_in.payload),
+                     b_wr.en.eq(self.b_in.valid & b_take)]
+        with m.If(start):
+            m.d.sync += [b_loading.eq(cmd.compute), wbuf.eq(0), b_k.eq(0), b_cols_left.eq(cmd.n)]
+        with m.Elif(self.b_in.valid & b_take):
+            m.d.sync += b_k.eq(b_k + 1)
+            with m.If(b_k == cmd.k - 1):
+                m.d.comb += full_set.bit_select(wbuf, 1).eq(1)
+                m.d.sync += [b_k.eq(0), wbuf.eq(~wbuf), b_cols_left.eq(b_cols_left - C)]
+                with m.If(b_cols_left <= C):
+                    m.d.sync += b_loading.eq(0)
+
+        # -- compute issue: one K step per cycle into the array ---------------------------
+        rbuf = Signal()
+        k = Signal(dim)
+        a_ptr = Signal(wide)
+        rows_c = Signal(dim)        # M - mb*R: rows from the current block on
+        cols_c = Signal(dim)        # N - nb*C
+        c_panel = Signal(wide)      # c_addr + nb*C
+        c_tile = Signal(wide)       # c_addr + mb*N + nb*C
+        gap = Signal(range(self.tile_gap + 1))
+        last_k = k == cmd.k - 1
+        step = Signal()
+        m.d.comb += step.eq(issuing & full.bit_select(rbuf, 1)
+                            & (~cmd.load_a | (a_ptr < a_wptr))
+                            & (~last_k | (gap >= self.tile_gap - 1)))
+        m.d.comb += [a_rd.addr.eq(a_ptr), b_rd.addr.eq(Mux(rbuf, half, 0) + k)]
+        with m.If(gap < self.tile_gap):
+            m.d.sync += gap.eq(gap + 1)
+        # the array sees the step one cycle later, with the scratchpads' read data
+        s_valid, s_first, s_last = Signal(), Signal(), Signal()
+        s_mask = Signal(R)
+        m.d.sync += [s_valid.eq(step), s_first.eq(k == 0), s_last.eq(last_k),
+                     s_mask.eq(lane_mask(rows_c))]
+        m.d.comb += [array.valid.eq(s_valid), array.first.eq(s_first), array.last.eq(s_last),
+                     array.b.eq(b_rd.data)]
+        for i in range(R):
+            m.d.comb += array.a[i].eq(Mux(s_mask[i], a_rd.data[i], 0))
+        # tile metadata, handed to the drain when the array reports the tile done
+        t_base = Signal(wide)
+        t_cols = Signal(range(C + 1))
+        tile_issued = Signal()
+        with m.If(start):
+            m.d.sync += [issuing.eq(cmd.compute), rbuf.eq(0), k.eq(0), a_ptr.eq(cmd.a_addr),
+                         rows_c.eq(cmd.m), cols_c.eq(cmd.n), c_panel.eq(cmd.c_addr),
+                         c_tile.eq(cmd.c_addr), gap.eq(self.tile_gap)]
+        with m.Elif(step):
+            m.d.sync += [k.eq(k + 1), a_ptr.eq(a_ptr + 1)]
+            with m.If(last_k):
+                m.d.comb += tile_issued.eq(1)
+                m.d.sync += [k.eq(0), gap.eq(0), t_base.eq(c_tile),
+                             t_cols.eq(Mux(cols_c < C, cols_c, C)),
+                             rows_c.eq(rows_c - R), c_tile.eq(c_tile + cmd.n)]
+                with m.If(rows_c <= R):  # last row block: the panel is done
+                    m.d.comb += full_clr.bit_select(rbuf, 1).eq(1)
+                    m.d.sync += [rbuf.eq(~rbuf), a_ptr.eq(cmd.a_addr), rows_c.eq(cmd.m),
+                                 cols_c.eq(cols_c - C), c_panel.eq(c_panel + C),
+                                 c_tile.eq(c_panel + C)]
+                    with m.If(cols_c <= C):
+                        m.d.sync += issuing.eq(0)
+
+        # -- drain: the array's columns into scratchpad C (read-add-write) -----------------
+        d_col = Signal(range(C + 1))
+        d_base = Signal(wide)
+        d_cols = Signal(range(C + 1))
+        w_addr = Signal(wide)
+        w_word = Signal(data.ArrayLayout(signed(cfg.acc_width), R))
+        tile_drained = Signal()
+        with m.If(array.done):  # column 0 is on array.out now
+            m.d.sync += [d_col.eq(1), d_base.eq(t_base), d_cols.eq(t_cols)]
+            if C > 1:
+                m.d.sync += drain_busy.eq(1)
+            else:
+                m.d.comb += tile_drained.eq(1)
+        with m.Elif(drain_busy):
+            m.d.sync += d_col.eq(d_col + 1)
+            with m.If(d_col == C - 1):
+                m.d.sync += drain_busy.eq(0)
+                m.d.comb += tile_drained.eq(1)
+        cur_base = Mux(array.done, t_base, d_base)
+        cur_cols = Mux(array.done, t_cols, d_cols)
+        cur_col = Mux(array.done, 0, d_col)
+        draining = array.done | drain_busy
+        m.d.comb += array.shift.eq(draining)
+        m.d.sync += [w_valid.eq(draining & (cur_col < cur_cols)), w_busy.eq(draining),
+                     w_addr.eq(cur_base + cur_col),
+                     w_word.eq(array.out)]
+        for i in range(R):
+            old = Mux(cmd.accumulate, c_rd.data[i], 0)
+            m.d.comb += c_wr.data[i].eq(w_word[i] + old)
+        m.d.comb += [c_wr.addr.eq(w_addr), c_wr.en.eq(w_valid)]
+        m.d.sync += pending.eq(pending + tile_issued - tile_drained)
+
+        # -- store: scratchpad C -> requantiser -> c_out ----------------------------------
+        s_addr = Signal(wide)
+        s_n = Signal(dim)
+        s_rows = Signal(dim)
+        s_left = Signal(wide)       # words not yet read
+        r_valid = Signal()
+        r_mask = Signal(R)
+        out_left = Signal(wide)     # words not yet sent
+        advance = ~r_valid | requant.i.ready
+        m.d.comb += [requant.mult.eq(cmd.mult), requant.shift.eq(cmd.shift),
+                     requant.i.valid.eq(r_valid)]
+        for i in range(R):
+            m.d.comb += requant.i.payload[i].eq(Mux(r_mask[i], c_rd.data[i], 0))
+        wiring.connect(m, requant.o, wiring.flipped(self.c_out))
+        m.d.comb += [c_rd.addr.eq(Mux(storing, s_addr, cur_base + cur_col)),
+                     c_rd.en.eq(~storing | advance)]
+        with m.If(store_start):
+            m.d.sync += [storing.eq(1), s_addr.eq(cmd.c_addr), s_n.eq(0), s_rows.eq(cmd.m),
+                         s_left.eq(c_lim - cmd.c_addr), out_left.eq(c_lim - cmd.c_addr)]
+        with m.Elif(storing & advance):
+            m.d.sync += r_valid.eq(s_left != 0)
+            with m.If(s_left != 0):
+                m.d.sync += [s_addr.eq(s_addr + 1), s_left.eq(s_left - 1), s_n.eq(s_n + 1),
+                             r_mask.eq(lane_mask(s_rows))]
+                with m.If(s_n == cmd.n - 1):
+                    m.d.sync += [s_n.eq(0), s_rows.eq(s_rows - R)]
+        with m.If(self.c_out.valid & self.c_out.ready):
+            m.d.sync += out_left.eq(out_left - 1)
+
+        # -- command FSM ------------------------------------------------------------------
+        m.d.comb += self.busy.eq(~self.cmd.ready)
+        m.d.sync += self.done.eq(0)
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(self.cmd.valid):
+                    m.d.sync += [cmd.eq(self.cmd.payload), self.error.eq(0),
+                                 self.error_code.eq(GemmError.NONE)]
+                    m.next = "CHECK"
+            with m.State("CHECK"):
+                code = Signal(GemmError)
+                with m.If(~(cmd.load_a | cmd.compute | cmd.store)):
+                    m.d.comb += code.eq(GemmError.NO_PHASE)
+                with m.Elif((cmd.m == 0) | (uses_a & (cmd.k == 0)) | (uses_c & (cmd.n == 0))):
+                    m.d.comb += code.eq(GemmError.ZERO_SHAPE)
+                with m.Elif(cmd.compute & (cmd.k > half)):
+                    m.d.comb += code.eq(GemmError.K_TOO_LARGE)
+                with m.If(code != GemmError.NONE):
+                    m.d.sync += [self.error.eq(1), self.error_code.eq(code), self.done.eq(1)]
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += [rows_left.eq(cmd.m), a_lim.eq(cmd.a_addr + cmd.k),
+                                 c_lim.eq(cmd.c_addr + cmd.n)]
+                    m.next = "WALK"
+            with m.State("WALK"):  # one row block per cycle: a_lim, c_lim and their ranges
+                a_over = uses_a & (a_lim > cfg.spad_a_depth)
+                c_over = uses_c & (c_lim > cfg.spad_c_depth)
+                with m.If(a_over | c_over):
+                    m.d.sync += [self.error.eq(1), self.done.eq(1),
+                                 self.error_code.eq(Mux(a_over, GemmError.A_RANGE, GemmError.C_RANGE))]
+                    m.next = "IDLE"
+                with m.Elif(rows_left <= R):
+                    m.d.comb += start.eq(1)
+                    m.next = "RUN"
+                with m.Else():
+                    m.d.sync += [rows_left.eq(rows_left - R), a_lim.eq(a_lim + cmd.k),
+                                 c_lim.eq(c_lim + cmd.n)]
+            with m.State("RUN"):
+                quiet = ~(a_loading | b_loading | issuing | drain_busy | w_busy) & (pending == 0)
+                with m.If(quiet):
+                    with m.If(cmd.store):
+                        m.d.comb += store_start.eq(1)
+                        m.next = "STORE"
+                    with m.Else():
+                        m.d.sync += self.done.eq(1)
+                        m.next = "IDLE"
+            with m.State("STORE"):
+                with m.If(out_left == 0):
+                    m.d.sync += [storing.eq(0), r_valid.eq(0), self.done.eq(1)]
+                    m.next = "IDLE"
+        return m

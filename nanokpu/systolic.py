@@ -1,0 +1,123 @@
+"""The R x C output-stationary systolic array with skewed feed and a shift-chain drain."""
+
+from __future__ import annotations
+
+from amaranth import Module, Signal, signed
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from nanokpu.config import KpuConfig
+from nanokpu.pe import ProcessingElement
+
+__all__ = ["SystolicArray"]
+
+
+class SystolicArray(wiring.Component):
+    """A ``rows x cols`` grid of :class:`~nanokpu.pe.ProcessingElement`, output-stationary.
+
+    Dataflow: output-stationary. PE ``(i, j)`` owns the result ``C[i, j]`` of one tile and
+    accumulates ``A[i, k] * B[k, j]`` over the whole reduction ``K`` without moving partial
+    sums. K3's GEMMs are reductions over long axes (``d = 7168``, ``l = 3584``, expert width
+    3072) with few tokens per call, so a tile stays in the array for ``K >> rows + cols``
+    cycles: the partial sums never leave the PEs (no int32 read-modify-write traffic per K
+    step, unlike weight-stationary, whose utilisation also depends on the number of
+    tokens streamed per preloaded weight tile), and the ``cols``-cycle drain of one tile
+    hides under the next tile's ``K`` cycles.
+
+    Feed: one unskewed K step per cycle, ``a`` = column ``k`` of the A tile (``rows``
+    operands), ``b`` = row ``k`` of the B tile (``cols`` operands), with ``valid``,
+    ``first`` (k = 0) and ``last`` (k = K-1) tags. The array skews them internally (row
+    ``i`` and column ``j`` are delayed by ``i`` and ``j`` registers). Steps may have
+    bubbles (``valid`` low) anywhere; tiles may follow each other back to back as long as
+    the drain rule below holds.
+
+    Drain: every PE copies its sum into a result register on ``last``; the result
+    registers of a row form a left-going shift chain. ``done`` rises when the whole tile
+    sits in the result registers; ``out`` is then column 0 of the tile, and each cycle with
+    ``shift`` high moves the next column in, so ``cols`` cycles of ``shift`` read the tile
+    column by column with no read-out multiplexer.
+
+    Parameters
+    ----------
+    cfg : KpuConfig
+        Reads ``rows``, ``cols``, ``in_width``, ``acc_width``.
+
+    Members
+    -------
+    a : In(ArrayLayout(signed(in_width), rows))
+    b : In(ArrayLayout(signed(in_width), cols))
+    valid, first, last : In(1)
+    shift : In(1)
+        Drain the result registers by one column.
+    out : Out(ArrayLayout(signed(acc_width), rows))
+        Column 0 of the result registers.
+    done : Out(1)
+        One-cycle pulse, :attr:`done_latency` cycles after a ``last`` step entered.
+
+    Timing: with the ``last`` step of a tile at the inputs in cycle ``t``, ``done`` is high
+    in cycle ``t + rows + cols`` and ``out`` shows column ``s`` in cycle
+    ``t + rows + cols + s`` if ``shift`` is held high from ``done`` on. The result
+    registers must not be written while draining: the ``last`` step of the next tile may
+    enter no earlier than ``t + rows + 2*cols - 1`` (:attr:`min_tile_cycles` after ``t``).
+    """
+
+    def __init__(self, cfg: KpuConfig):
+        if not isinstance(cfg, KpuConfig):
+            raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
+        self.cfg = cfg
+        op = signed(cfg.in_width)
+        super().__init__({
+            "a": In(data.ArrayLayout(op, cfg.rows)),
+            "b": In(data.ArrayLayout(op, cfg.cols)),
+            "valid": In(1), "first": In(1), "last": In(1),
+            "shift": In(1),
+            "out": Out(data.ArrayLayout(signed(cfg.acc_width), cfg.rows)),
+            "done": Out(1),
+        })
+
+    @property
+    def done_latency(self) -> int:
+        """Cycles from a ``last`` step at the inputs to ``done``."""
+        return self.cfg.rows + self.cfg.cols
+
+    @property
+    def min_tile_cycles(self) -> int:
+        """Minimum cycles between the ``last`` steps of two consecutive tiles."""
+        return self.cfg.rows + 2 * self.cfg.cols - 1
+
+    def elaborate(self, platform):
+        m = Module()
+        rows, cols = self.cfg.rows, self.cfg.cols
+
+        def delayed(sig, n, name):
+            for stage in range(n):
+                reg = Signal.like(sig, name=f"{name}_d{stage}")
+                m.d.sync += reg.eq(sig)
+                sig = reg
+            return sig
+
+        pes = [[ProcessingElement(self.cfg) for _ in range(cols)] for _ in range(rows)]
+        for i in range(rows):
+            for j in range(cols):
+                pe = pes[i][j]
+                m.submodules[f"pe_{i}_{j}"] = pe
+                if j == 0:
+                    m.d.comb += [
+                        pe.a_in.eq(delayed(self.a[i], i, f"a{i}")),
+                        pe.valid_in.eq(delayed(self.valid, i, f"valid{i}")),
+                        pe.first_in.eq(delayed(self.first, i, f"first{i}")),
+                        pe.last_in.eq(delayed(self.last, i, f"last{i}")),
+                    ]
+                else:
+                    left = pes[i][j - 1]
+                    m.d.comb += [pe.a_in.eq(left.a_out), pe.valid_in.eq(left.valid_out),
+                                 pe.first_in.eq(left.first_out), pe.last_in.eq(left.last_out),
+                                 left.res_in.eq(pe.res)]
+                if i == 0:
+                    m.d.comb += pe.b_in.eq(delayed(self.b[j], j, f"b{j}"))
+                else:
+                    m.d.comb += pe.b_in.eq(pes[i - 1][j].b_out)
+                m.d.comb += pe.shift.eq(self.shift)
+            m.d.comb += self.out[i].eq(pes[i][0].res)
+        m.d.comb += self.done.eq(pes[rows - 1][cols - 1].done)
+        return m
