@@ -1,0 +1,181 @@
+"""The piecewise-linear function evaluator shared by the activation units.
+
+:class:`PwlEvaluator` is the RTL of :class:`golden.intops.PwlTable`: ``lanes`` independent
+inputs per cycle through one table of ``n_seg + 1`` (value, slope) words, bit-exact to
+``PwlTable.__call__``. It is a stallable datapath without handshake (an ``en`` input
+advances every stage); :func:`stall_pipeline` wraps such a datapath in stream handshakes,
+and :func:`round_shift` is the RTL of :func:`golden.intops.round_shift`.
+
+Evaluation (``s = seg_shift``, ``t`` the input's offset from the first breakpoint)::
+
+    t = clip(x - x0, 0, n_seg << s);  i = t >> s;  f = t & (2**s - 1)
+    y = value[i] + ((slope[i] * f) >> s);  out = round_shift(y, guard, rounding)
+
+Word ``n_seg`` of the table holds ``values[n_seg]`` with slope 0, so the last breakpoint
+(``t = n_seg << s``, where the golden uses segment ``n_seg - 1`` with ``f = 2**s``) reads
+it directly: the same result, one multiplier bit and one comparator fewer.
+"""
+
+from __future__ import annotations
+
+from amaranth import Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from golden import intops
+from nanokpu.config import ROUNDING_MODES
+
+__all__ = ["PwlEvaluator", "error_bound", "out_range", "round_shift", "range_shape", "stall_pipeline"]
+
+
+def range_shape(lo: int, hi: int) -> Shape:
+    """The narrowest shape holding every integer in ``[lo, hi]`` (unsigned when ``lo >= 0``)."""
+    if lo >= 0:
+        return unsigned(max(hi.bit_length(), 1))
+    width = max((-lo - 1).bit_length(), hi.bit_length()) + 1
+    return signed(width)
+
+
+def out_range(table: intops.PwlTable) -> tuple[int, int]:
+    """``(min, max)`` of ``table(x)`` over all inputs, exact: every ``y`` lies between two
+    neighbouring values and the rounding shift is monotone."""
+    lo, hi = intops.round_shift([min(table.values), max(table.values)], table.guard, table.rounding)
+    return int(lo), int(hi)
+
+
+def error_bound(table: intops.PwlTable) -> float:
+    """Largest ``|table(x) * 2**-out_frac - func(x * 2**-in_frac)|`` over all inputs, in real
+    units: 1 LSB from the correctly rounded value (``fit_pwl`` checks it exhaustively) plus
+    the 0.5 LSB of that rounding."""
+    return 1.5 * 2.0 ** -table.out_frac
+
+
+def round_shift(x, shift: int, mode: str):
+    """RTL of :func:`golden.intops.round_shift`: ``x / 2**shift`` rounded by ``mode``.
+
+    ``x`` is a signed or unsigned Amaranth value; the result is one bit wider than
+    ``x >> shift`` (the round-up carry) unless ``mode`` is ``floor`` or ``shift`` is 0.
+    """
+    if mode not in ROUNDING_MODES:
+        raise ValueError(f"rounding mode {mode!r}: must be one of {ROUNDING_MODES}")
+    if shift < 0:
+        raise ValueError(f"shift = {shift}: must be >= 0")
+    if shift == 0:
+        return x
+    q = x >> shift
+    if mode == "floor":
+        return q
+    half_bit = x[shift - 1]
+    if mode == "half_up":
+        return q + half_bit
+    below_half = x[:shift - 1] != 0 if shift > 1 else Const(0, 1)
+    return q + (half_bit & (below_half | q[0]))
+
+
+def stall_pipeline(m: Module, i, o, latency: int):
+    """Stream handshakes around a ``latency``-stage datapath that advances on one enable.
+
+    ``i`` and ``o`` are the (flipped-in and out) stream interfaces of the enclosing
+    component; the caller drives ``o.payload`` from the datapath's last register. Returns
+    the enable ``advance``: every stage moves when the output is empty or being taken, so
+    the pipeline accepts one transfer per cycle without backpressure, stalls as a whole
+    under it, and ``o.valid`` never depends on ``o.ready``.
+    """
+    advance = Signal()
+    valid = Signal(latency)
+    m.d.comb += [
+        advance.eq(~o.valid | o.ready),
+        i.ready.eq(advance),
+        o.valid.eq(valid[-1]),
+    ]
+    with m.If(advance):
+        m.d.sync += valid.eq((valid << 1) | i.valid)
+    return advance
+
+
+class PwlEvaluator(wiring.Component):
+    """``lanes`` piecewise-linear evaluations per cycle of one :class:`~golden.intops.PwlTable`.
+
+    Parameters
+    ----------
+    table : PwlTable
+        The golden table (built at elaboration time, e.g. by :func:`golden.intops.gate_table`).
+    lanes : int
+        Inputs evaluated per cycle; all lanes read one table through their own read port.
+
+    Members
+    -------
+    x : In(ArrayLayout(signed(table.in_width), lanes))
+        Inputs, sampled when ``en`` is high.
+    en : In(1)
+        Advances every pipeline stage (the table read included); low holds them.
+    y : Out(ArrayLayout(out_shape, lanes))
+        ``table(x)`` of the inputs sampled :attr:`latency` enabled cycles earlier.
+
+    Pipeline: address and fraction (1), table read and ``slope * f`` product (2), sum
+    and rounding (3). Error against the real function: :attr:`error_bound`. Costs one table of ``n_seg + 1`` words of
+    ``value_width + slope_width`` bits and one ``slope_width x seg_shift`` multiplier per lane.
+    """
+
+    #: Enabled cycles from ``x`` to ``y``.
+    latency = 3
+
+    def __init__(self, table: intops.PwlTable, lanes: int):
+        if not isinstance(table, intops.PwlTable):
+            raise TypeError(f"table must be a PwlTable, not {table!r}")
+        if not isinstance(lanes, int) or lanes <= 0:
+            raise ValueError(f"lanes = {lanes!r}: must be a positive integer")
+        self.table = table
+        self.lanes = lanes
+        self.value_shape = range_shape(min(table.values), max(table.values))
+        self.slope_shape = range_shape(min(0, *table.slopes), max(0, *table.slopes))
+        self.out_shape = range_shape(*out_range(table))
+        super().__init__({
+            "x": In(data.ArrayLayout(signed(table.in_width), lanes)),
+            "en": In(1),
+            "y": Out(data.ArrayLayout(self.out_shape, lanes)),
+        })
+
+    @property
+    def error_bound(self) -> float:
+        """:func:`error_bound` of the table."""
+        return error_bound(self.table)
+
+    @property
+    def words(self) -> list[dict]:
+        """The table as stored: ``{"value", "slope"}`` per segment, then the last breakpoint."""
+        t = self.table
+        return ([{"value": v, "slope": s} for v, s in zip(t.values, t.slopes, strict=False)]
+                + [{"value": t.values[-1], "slope": 0}])
+
+    def elaborate(self, platform):
+        t = self.table
+        m = Module()
+        word = data.StructLayout({"value": self.value_shape, "slope": self.slope_shape})
+        m.submodules.table = table = Memory(shape=word, depth=t.n_seg + 1, init=self.words)
+        top = t.n_seg << t.seg_shift
+        for lane in range(self.lanes):
+            port = table.read_port()
+            m.d.comb += port.en.eq(self.en)
+            # Stage 1: offset, clip, segment index (the table address) and fraction.
+            offset = Signal(signed(t.in_width + 2))
+            clipped = Signal(range(top + 1))
+            m.d.comb += [
+                offset.eq(self.x[lane] - t.x0),
+                clipped.eq(Mux(offset < 0, 0, Mux(offset > top, top, offset))),
+                port.addr.eq(clipped >> t.seg_shift),
+            ]
+            frac = Signal(t.seg_shift)
+            # Stage 2: the table word arrives; interpolate.
+            value = Signal(self.value_shape)
+            product = Signal(signed(self.slope_shape.width + t.seg_shift + 1))
+            with m.If(self.en):
+                m.d.sync += [
+                    frac.eq(clipped[:t.seg_shift]),
+                    value.eq(port.data.value),
+                    product.eq(port.data.slope * frac),
+                    # Stage 3: sum and round into the output register.
+                    self.y[lane].eq(round_shift(value + (product >> t.seg_shift), t.guard, t.rounding)),
+                ]
+        return m

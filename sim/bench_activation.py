@@ -1,0 +1,309 @@
+"""cocotb benches of the activation units (SiTU-GLU, sigmoid and their PWL factor tables).
+
+:class:`ActivationBench` puts the units of several configs side by side in one Verilog top
+(one Verilator build serves every bench here).
+
+Benches (``testcase``), all checked bit for bit against :mod:`golden.intops`:
+
+- ``factors_exhaustive``: every ``act_width``-bit input through the gate and up tables,
+  with random stalls of ``en`` (probability ``1 - p_en``).
+- ``sigmoid_exhaustive``: every input through the sigmoid stream.
+- ``situ_random``: the SiTU stream on the corner grid of the input format, ``n_random``
+  random pairs and, with ``sweep``, every ``g`` with a random ``u`` and every ``u`` with a
+  random ``g``.
+
+Stream benches run their inputs in two halves: at full rate, then with random idle on the
+source (``p_valid``) and backpressure on the sink (``p_ready``). Parameters come from
+``NANOKPU_PARAMS``: ``key`` (the units under test), ``cfg`` (their ``KpuConfig.as_dict()``),
+``seed`` and the names above. Per
+cycle, Python only writes prepacked integers and reads raw words; packing, unpacking and
+the golden comparison are bulk NumPy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import cocotb
+import numpy as np
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from cocotb.clock import Clock
+from cocotb.triggers import RisingEdge
+
+from golden.intops import gate_q, gate_table, sigmoid_q, situ_q, up_q, up_table
+from nanokpu.config import KpuConfig, profile
+from nanokpu.pwl import PwlEvaluator, out_range, range_shape
+from nanokpu.sigmoid import Sigmoid
+from nanokpu.situ import Situ
+
+__all__ = ["ActivationBench", "pack", "unpack"]
+
+
+class ActivationBench(wiring.Component):
+    """The activation units of several configs in one simulation top (no logic of its own).
+
+    Parameters
+    ----------
+    cfgs : dict[str, KpuConfig]
+        Configs by key (a Verilog identifier); every port below exists once per key, named
+        ``<key>_<port>``. One top for all configs means one Verilator build for all benches.
+
+    Members
+    -------
+    <key>_situ_i, <key>_situ_o : the :class:`~nanokpu.situ.Situ` streams.
+    <key>_sig_i, <key>_sig_o : the :class:`~nanokpu.sigmoid.Sigmoid` streams.
+    <key>_x, <key>_en : In; <key>_gate_y, <key>_up_y : Out
+        A gate and an up :class:`~nanokpu.pwl.PwlEvaluator` built from the same tables as
+        the SiTU unit's, sharing ``x`` and ``en``.
+    """
+
+    def __init__(self, cfgs: dict[str, KpuConfig]):
+        self.units = {}
+        members = {}
+        for key, cfg in cfgs.items():
+            situ, sigmoid = Situ(cfg), Sigmoid(cfg)
+            gate = PwlEvaluator(situ.gate_table, cfg.act_lanes)
+            up = PwlEvaluator(situ.up_table, cfg.act_lanes)
+            self.units[key] = (situ, sigmoid, gate, up)
+            members.update({
+                f"{key}_situ_i": situ.signature.members["i"],
+                f"{key}_situ_o": situ.signature.members["o"],
+                f"{key}_sig_i": sigmoid.signature.members["i"],
+                f"{key}_sig_o": sigmoid.signature.members["o"],
+                f"{key}_x": In(gate.x.shape()),
+                f"{key}_en": In(1),
+                f"{key}_gate_y": Out(gate.y.shape()),
+                f"{key}_up_y": Out(up.y.shape()),
+            })
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        for key, (situ, sigmoid, gate, up) in self.units.items():
+            def port(name, key=key):
+                return getattr(self, f"{key}_{name}")
+            m.submodules[f"{key}_situ"] = situ
+            m.submodules[f"{key}_sigmoid"] = sigmoid
+            m.submodules[f"{key}_gate"] = gate
+            m.submodules[f"{key}_up"] = up
+            wiring.connect(m, wiring.flipped(port("situ_i")), situ.i)
+            wiring.connect(m, situ.o, wiring.flipped(port("situ_o")))
+            wiring.connect(m, wiring.flipped(port("sig_i")), sigmoid.i)
+            wiring.connect(m, sigmoid.o, wiring.flipped(port("sig_o")))
+            for unit in (gate, up):
+                m.d.comb += [unit.x.eq(port("x")), unit.en.eq(port("en"))]
+            m.d.comb += [port("gate_y").eq(gate.y), port("up_y").eq(up.y)]
+        return m
+
+
+# ----------------------------------------------------------------------------------------
+# Bulk packing
+# ----------------------------------------------------------------------------------------
+def pack(fields, width: int) -> list[int]:
+    """Rows of ``fields`` (``[n, k]`` integers) as words of ``k`` ``width``-bit fields, field 0 low."""
+    fields = np.asarray(fields, dtype=np.int64)
+    words = np.zeros(fields.shape[0], dtype=object)
+    for j in range(fields.shape[1]):
+        words += np.asarray(fields[:, j] & ((1 << width) - 1), dtype=object) << (width * j)
+    return [int(w) for w in words]
+
+
+def unpack(words, width: int, k: int, is_signed: bool) -> np.ndarray:
+    """Inverse of :func:`pack`: ``[n, k]`` int64 fields of ``words``."""
+    words = np.asarray(words, dtype=object)
+    out = np.empty((len(words), k), dtype=np.int64)
+    for j in range(k):
+        out[:, j] = ((words >> (width * j)) & ((1 << width) - 1)).astype(np.int64)
+    if is_signed:
+        out -= (out >> (width - 1)) << width
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Drivers
+# ----------------------------------------------------------------------------------------
+def _params():
+    """``(key, cfg, seed, params)`` of this run."""
+    params = json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
+    return params["key"], KpuConfig(**params["cfg"]), int(params.get("seed", 0)), params
+
+
+def _all_inputs(cfg: KpuConfig) -> np.ndarray:
+    return np.arange(-(1 << (cfg.act_width - 1)), 1 << (cfg.act_width - 1), dtype=np.int64)
+
+
+def _lanes(values: np.ndarray, lanes: int) -> np.ndarray:
+    """``values`` padded (with their first element) to a multiple of ``lanes``, as ``[n, lanes]``."""
+    pad = (-len(values)) % lanes
+    return np.concatenate([values, np.repeat(values[:1], pad, axis=0)]).reshape(-1, lanes, *values.shape[1:])
+
+
+async def _start(dut, key: str):
+    """Start the clock, idle the ports of ``key`` and reset."""
+    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    for name in ("situ_i__valid", "sig_i__valid", "en", "situ_o__ready", "sig_o__ready"):
+        getattr(dut, f"{key}_{name}").value = 0
+    dut.rst.value = 1
+    for _ in range(2):
+        await RisingEdge(dut.clk)
+    dut.rst.value = 0
+
+
+async def _stream(dut, prefix: str, words: list[int], p_valid: float, p_ready: float,
+                  rand: random.Random, latency: int) -> list[int]:
+    """Send ``words`` on ``<prefix>_i`` and collect as many words from ``<prefix>_o``.
+
+    Values read right after a rising edge are those the edge sampled, so the handshakes
+    decided at that edge are read back directly. Checks that the first result arrives
+    ``latency`` cycles after its input at full rate.
+    """
+    i_valid, i_ready, i_payload = (getattr(dut, f"{prefix}_i__{s}") for s in ("valid", "ready", "payload"))
+    o_valid, o_ready, o_payload = (getattr(dut, f"{prefix}_o__{s}") for s in ("valid", "ready", "payload"))
+    edge = RisingEdge(dut.clk)
+    outs: list[int] = []
+    n, k, holding, cycle, first_in, first_out = len(words), 0, False, 0, None, None
+    limit = 20 * n + 100 * latency + 1000
+    while len(outs) < n:
+        if not holding and k < n and (p_valid >= 1 or rand.random() < p_valid):
+            i_payload.value = words[k]
+            i_valid.value = 1
+            holding = True
+        ready = p_ready >= 1 or rand.random() < p_ready
+        o_ready.value = ready
+        await edge
+        cycle += 1
+        if holding and int(i_ready.value):
+            first_in = cycle if first_in is None else first_in
+            k += 1
+            holding = False
+            i_valid.value = 0
+        if ready and int(o_valid.value):
+            first_out = cycle if first_out is None else first_out
+            outs.append(int(o_payload.value))
+        assert cycle < limit, f"{prefix}: {len(outs)} of {n} results after {cycle} cycles (hang)"
+    o_ready.value = 0
+    if p_valid >= 1 and p_ready >= 1:
+        assert first_out - first_in == latency, \
+            f"{prefix}: first result {first_out - first_in} cycles after its input, expected {latency}"
+    return outs
+
+
+async def _stream_both_ways(dut, prefix, words, params, rand, latency) -> list[int]:
+    """First half at full rate, second half with random idle and backpressure."""
+    half = len(words) // 2
+    outs = await _stream(dut, prefix, words[:half], 1.0, 1.0, rand, latency)
+    outs += await _stream(dut, prefix, words[half:], params.get("p_valid", 0.7),
+                          params.get("p_ready", 0.7), rand, latency)
+    return outs
+
+
+def _check(name: str, inputs, got, expected, seed: int):
+    bad = np.flatnonzero(np.any(np.asarray(got) != np.asarray(expected),
+                                axis=tuple(range(1, np.ndim(got)))))
+    assert bad.size == 0, (f"{name}: {bad.size} of {len(got)} words differ from the golden model "
+                           f"(seed {seed}); first: "
+                           + "; ".join(f"in {inputs[b].tolist()} got {np.asarray(got)[b].tolist()} "
+                                       f"expected {np.asarray(expected)[b].tolist()}" for b in bad[:4]))
+
+
+# ----------------------------------------------------------------------------------------
+# Benches
+# ----------------------------------------------------------------------------------------
+@cocotb.test()
+async def factors_exhaustive(dut):
+    """Every input through the gate and up tables, random stalls on ``en``."""
+    key, cfg, seed, params = _params()
+    rand = random.Random(seed)
+    lanes, latency = cfg.act_lanes, PwlEvaluator.latency
+    x, en_port, gate_y, up_y = (getattr(dut, f"{key}_{name}") for name in ("x", "en", "gate_y", "up_y"))
+    xs = _lanes(_all_inputs(cfg), lanes)
+    words = pack(xs, cfg.act_width)
+    p_en = params.get("p_en", 0.8)
+    await _start(dut, key)
+    edge = RisingEdge(dut.clk)
+    gate_words, up_words = [], []
+    issued = 0
+    while len(gate_words) < len(words):
+        en = issued >= len(words) or rand.random() < p_en
+        if en and issued < len(words):
+            x.value = words[issued]
+        en_port.value = en
+        await edge
+        if en:
+            # The j-th enabled edge (1-based) shows the result of input j - latency - 1.
+            if issued >= latency:
+                gate_words.append(int(gate_y.value))
+                up_words.append(int(up_y.value))
+            issued += 1
+    en_port.value = 0
+    gate_w, up_w = (range_shape(*out_range(table(cfg))) for table in (gate_table, up_table))
+    gate = unpack(gate_words, gate_w.width, lanes, gate_w.signed)
+    up = unpack(up_words, up_w.width, lanes, up_w.signed)
+    _check("gate", xs, gate, gate_q(xs, cfg), seed)
+    _check("up", xs, up, up_q(xs, cfg), seed)
+    dut._log.info("gate and up: %d inputs bit-exact (seed %d)", xs.size, seed)
+
+
+@cocotb.test()
+async def sigmoid_exhaustive(dut):
+    """Every input through the sigmoid stream, shuffled, with and without idle/backpressure."""
+    key, cfg, seed, params = _params()
+    rand = random.Random(seed)
+    rng = np.random.default_rng(seed)
+    xs = _lanes(rng.permutation(_all_inputs(cfg)), cfg.act_lanes)
+    await _start(dut, key)
+    outs = await _stream_both_ways(dut, f"{key}_sig", pack(xs, cfg.act_width), params, rand, Sigmoid.latency)
+    got = unpack(outs, cfg.score_width, cfg.act_lanes, False)
+    _check("sigmoid", xs, got, sigmoid_q(xs, cfg), seed)
+    dut._log.info("sigmoid: %d inputs bit-exact (seed %d)", xs.size, seed)
+
+
+def situ_pairs(cfg: KpuConfig, seed: int, n_random: int, sweep: bool) -> np.ndarray:
+    """``[n, 2]`` ``(g, u)`` pairs: the corner grid, ``n_random`` random pairs, the sweeps."""
+    rng = np.random.default_rng(seed)
+    lo, hi = -(1 << (cfg.act_width - 1)), (1 << (cfg.act_width - 1)) - 1
+    corners = np.array([lo, lo + 1, -(1 << cfg.act_frac), -1, 0, 1, 1 << cfg.act_frac, hi - 1, hi])
+    grid = np.stack(np.meshgrid(corners, corners), axis=-1).reshape(-1, 2)
+    parts = [grid, rng.integers(lo, hi + 1, size=(n_random, 2))]
+    if sweep:
+        everything = _all_inputs(cfg)
+        partner = rng.integers(lo, hi + 1, size=everything.size)
+        parts += [np.stack([everything, partner], axis=1), np.stack([partner, everything], axis=1)]
+    return rng.permutation(np.concatenate(parts))
+
+
+@cocotb.test()
+async def situ_random(dut):
+    """Corner grid, random pairs and (optionally) sweeps through the SiTU stream."""
+    key, cfg, seed, params = _params()
+    rand = random.Random(seed)
+    pairs = _lanes(situ_pairs(cfg, seed, int(params.get("n_random", 4096)), bool(params.get("sweep"))),
+                   cfg.act_lanes)                     # [n, lanes, 2]
+    words = pack(pairs.reshape(len(pairs), -1), cfg.act_width)  # g low, u high in each lane
+    await _start(dut, key)
+    outs = await _stream_both_ways(dut, f"{key}_situ", words, params, rand, Situ.latency)
+    got = unpack(outs, cfg.h_width, cfg.act_lanes, True)
+    _check("situ", pairs, got, situ_q(pairs[..., 0], pairs[..., 1], cfg), seed)
+    dut._log.info("situ: %d pairs bit-exact (seed %d)", pairs.shape[0] * cfg.act_lanes, seed)
+
+
+# ----------------------------------------------------------------------------------------
+# pytest side
+# ----------------------------------------------------------------------------------------
+#: The configs the default suite runs on Verilator: K3's betas and 2/8, one and four lanes.
+BENCH_CONFIGS: dict[str, KpuConfig] = {
+    f"b{b1}x{b2}_l{lanes}": profile("tiny", beta1=float(b1), beta2=float(b2), act_lanes=lanes)
+    for b1, b2 in ((4, 25), (2, 8)) for lanes in (1, 4)
+}
+
+
+def run(key: str, testcase: str, seed: int, **params):
+    """Run one bench of this module on the ``key`` units of ``ActivationBench(BENCH_CONFIGS)``."""
+    from sim.runner import run_bench
+
+    return run_bench(ActivationBench(BENCH_CONFIGS), "activation", "bench_activation", testcase=testcase,
+                     seed=seed, params={"key": key, "cfg": BENCH_CONFIGS[key].as_dict(), "seed": seed, **params})
