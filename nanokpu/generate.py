@@ -14,7 +14,10 @@ from pathlib import Path
 from nanokpu.config import PROFILES, profile
 
 #: unit name -> "module:factory"; the factory takes a KpuConfig and returns a Component.
-UNITS: dict[str, str] = {}
+UNITS: dict[str, str] = {
+    "router": "nanokpu.router:TopKRouter",
+    "gemm": "nanokpu.gemm:GemmEngine",
+}
 
 #: The profiles whose Verilog is committed under rtl/.
 COMMITTED_PROFILES = ("tiny", "small")

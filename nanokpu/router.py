@@ -41,19 +41,9 @@ from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
 from nanokpu.divider import SeqDivider
+from nanokpu.pwl import round_shift
 
-__all__ = ["TopKRouter", "cycles_per_token", "latency", "round_shift_rtl"]
-
-
-def round_shift_rtl(value, shift: int, mode: str):
-    """``value / 2**shift`` for an unsigned ``value``, rounded as :func:`golden.intops.round_shift`."""
-    q = value >> shift
-    if mode == "floor" or shift == 0:
-        return q
-    r = value[:shift]
-    half = 1 << (shift - 1)
-    up = (r >= half) if mode == "half_up" else ((r > half) | ((r == half) & q[0]))
-    return q + up
+__all__ = ["TopKRouter", "cycles_per_token", "latency"]
 
 
 def cycles_per_token(cfg: KpuConfig) -> int:
@@ -324,7 +314,7 @@ class TopKRouter(wiring.Component):
             self.routes.valid.eq(emitting),
             self.routes.payload.index.eq(out_index[0]),
             self.routes.payload.weight.eq(
-                round_shift_rtl(out_score[0] * div.quot, cfg.score_frac + 1, cfg.rounding)),
+                round_shift(out_score[0] * div.quot, cfg.score_frac + 1, cfg.rounding)),
             self.routes.payload.last.eq(out_last),
         ]
         with m.If(c_take):
