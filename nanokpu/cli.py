@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("nanokpu.generate", "write the generated Verilog of a profile"),
     "synth": ("nanokpu.synth", "synthesize, place and route units for iCE40/ECP5; reports and bitstreams"),
     "report-errors": ("nanokpu.report_errors", "regenerate docs/errors.md, the integer-vs-float error table"),
+    "report-activation": ("nanokpu.report_activation", "regenerate docs/activation.md and its gate plot"),
 }
 
 

@@ -17,6 +17,8 @@ from nanokpu.config import PROFILES, profile
 UNITS: dict[str, str] = {
     "router": "nanokpu.router:TopKRouter",
     "gemm": "nanokpu.gemm:GemmEngine",
+    "sigmoid": "nanokpu.sigmoid:Sigmoid",
+    "situ": "nanokpu.situ:Situ",
 }
 
 #: The profiles whose Verilog is committed under rtl/.

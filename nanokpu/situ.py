@@ -10,12 +10,34 @@ from golden import intops
 from nanokpu.config import KpuConfig
 from nanokpu.pwl import PwlEvaluator, error_bound, out_range, round_shift, stall_pipeline
 
-__all__ = ["Situ", "situ_pair_layout"]
+__all__ = ["Situ", "situ_error_bound", "situ_h_range", "situ_pair_layout"]
 
 
 def situ_pair_layout(cfg: KpuConfig) -> data.StructLayout:
     """One ``(g, u)`` input pair: two ``Q<act_width>.<act_frac>`` fields, ``g`` in the low bits."""
     return data.StructLayout({"g": signed(cfg.act_width), "u": signed(cfg.act_width)})
+
+
+def situ_h_range(cfg: KpuConfig) -> tuple[int, int]:
+    """``(min, max)`` of :func:`golden.intops.situ_q` over all input pairs, exact: the rounded
+    product is monotone in the product, whose extremes are products of the factors' extremes."""
+    gate, up = intops.gate_table(cfg), intops.up_table(cfg)
+    corners = [a * b for a in out_range(gate) for b in out_range(up)]
+    lo, hi = intops.round_shift([min(corners), max(corners)], 2 * cfg.situ_frac - cfg.h_frac, cfg.rounding)
+    return int(lo), int(hi)
+
+
+def situ_error_bound(cfg: KpuConfig) -> float:
+    """Largest ``|h * 2**-h_frac - gate(g) up(u)|`` over all inputs, in real units.
+
+    Each factor is within ``e = 1.5 * 2**-situ_frac`` of its real value
+    (:func:`nanokpu.pwl.error_bound`), so ``|gq*uq - G*U| <= |gq| e + |U| e <=
+    (beta1 + e) e + beta2 e``; the output rounding adds ``r * 2**-h_frac`` (``r`` = 0.5, or
+    1 for ``floor``).
+    """
+    e = error_bound(intops.up_table(cfg))
+    r = 1.0 if cfg.rounding == "floor" else 0.5
+    return (cfg.beta1 + e) * e + cfg.beta2 * e + r * 2.0 ** -cfg.h_frac
 
 
 class Situ(wiring.Component):
@@ -37,17 +59,16 @@ class Situ(wiring.Component):
     i : In(stream.Signature(ArrayLayout(situ_pair_layout(cfg), act_lanes)))
         ``(g, u)`` pairs in ``Q<act_width>.<act_frac>``.
     o : Out(stream.Signature(ArrayLayout(signed(h_width), act_lanes)))
-        ``h`` in ``Q<h_width>.<h_frac>``, ``|h| <= beta1*beta2`` (plus rounding, see
-        :attr:`h_range`).
+        ``h`` in ``Q<h_width>.<h_frac>``; ``|h| <= beta1*beta2`` exactly when
+        ``beta1 * 2**situ_frac``, ``beta2 * 2**situ_frac`` and ``beta1*beta2 * 2**h_frac`` are
+        integers (else rounding may add a few LSB; :attr:`h_range` is exact either way).
 
     One transfer per cycle; :attr:`latency` cycles from an ``i`` transfer to its result on
     ``o`` when ``o`` is not stalled (factor tables 3, product 1, rounding 1). Backpressure
     on ``o`` stalls the whole pipeline.
 
-    Error against the real ``gate(g) * up(u)`` (``g``, ``u`` the inputs' real values): each
-    factor is within ``e = 1.5 * 2**-situ_frac`` (:func:`nanokpu.pwl.error_bound`), so
-    ``|gq*uq - G*U| <= |gq| e + |U| e <= (beta1 + e) e + beta2 e``; the output rounding adds
-    ``r * 2**-h_frac`` (``r`` = 0.5, or 1 for ``floor``). That sum is :attr:`error_bound`.
+    Attributes: :attr:`h_range` (:func:`situ_h_range`, checked against ``h_width``) and
+    :attr:`error_bound` (:func:`situ_error_bound`, against the real ``gate(g) * up(u)``).
 
     Raises
     ------
@@ -64,12 +85,8 @@ class Situ(wiring.Component):
         self.gate_table = intops.gate_table(cfg)
         self.up_table = intops.up_table(cfg)
         self.shift = 2 * cfg.situ_frac - cfg.h_frac
-        self.h_range = self._h_range()
-        factor = error_bound(self.up_table)
-        rounding = 1.0 if cfg.rounding == "floor" else 0.5
-        #: Largest error of ``h`` against the real formula, in real units.
-        self.error_bound = ((cfg.beta1 + factor) * factor + cfg.beta2 * factor
-                            + rounding * 2.0 ** -cfg.h_frac)
+        self.h_range = situ_h_range(cfg)
+        self.error_bound = situ_error_bound(cfg)
         lo, hi = self.h_range
         limit = 1 << (cfg.h_width - 1)
         if lo < -limit or hi >= limit:
@@ -80,13 +97,6 @@ class Situ(wiring.Component):
             "i": In(stream.Signature(data.ArrayLayout(situ_pair_layout(cfg), lanes))),
             "o": Out(stream.Signature(data.ArrayLayout(signed(cfg.h_width), lanes))),
         })
-
-    def _h_range(self) -> tuple[int, int]:
-        """``(min, max)`` of ``h`` over all input pairs, exact: the rounded product is monotone
-        in the product, whose extremes are products of the factors' extremes."""
-        corners = [a * b for a in out_range(self.gate_table) for b in out_range(self.up_table)]
-        lo, hi = intops.round_shift([min(corners), max(corners)], self.shift, self.cfg.rounding)
-        return int(lo), int(hi)
 
     def elaborate(self, platform):
         cfg = self.cfg
