@@ -14,6 +14,8 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("nanokpu.demo", "run a K3 LatentMoE block through the golden model and summarise it"),
     "generate": ("nanokpu.generate", "write the generated Verilog of a profile"),
+    "bench-router": ("nanokpu.bench_router", "router cycles/token (Verilator) and ECP5 size at the k3 shape"),
+    "qb-demo": ("nanokpu.qb_demo", "Quantile Balancing in closed loop with the router RTL; docs/qb_loop.*"),
     "bench-gemm": ("nanokpu.bench_gemm", "time LatentMoE GEMMs on the RTL GEMM engine, write docs/bench/gemm.md"),
     "synth": ("nanokpu.synth", "synthesize, place and route units for iCE40/ECP5; reports and bitstreams"),
     "report-errors": ("nanokpu.report_errors", "regenerate docs/errors.md, the integer-vs-float error table"),

@@ -2,8 +2,9 @@
 
 Parameters (``NANOKPU_PARAMS``): ``profile`` and ``overrides`` (the KpuConfig), ``seed``,
 ``tokens`` (batch size of the random tests), ``cycles_per_token`` and ``latency`` (the
-component's timing contract, checked by ``throughput``), and for ``qb_loop``: ``steps``,
-``fresh`` and ``out`` (a JSON file receiving the per-step loads).
+component's timing contract, checked by ``throughput``), ``out`` (a JSON file receiving the
+measured timing of ``throughput`` or the per-step loads of ``qb_loop``), and for ``qb_loop``:
+``steps`` and ``fresh``. Run through :func:`nanokpu.bench_router.run_router_bench`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from golden.intops import quantize_bias, route_int
+from golden.k3 import quantile_balance
 from nanokpu.config import profile
+from nanokpu.qb_demo import skewed_scores
 
 PARAMS = json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
 
@@ -266,6 +269,10 @@ async def throughput(dut):
     # outputs are periodic from the first token; inputs once the buffers have filled
     periods = sorted(set(np.diff(first_out).tolist()) | set(np.diff(first_in[tokens // 2:]).tolist()))
     cocotb.log.info(f"cycles/token {periods}, latency {latency}")
+    if "out" in PARAMS:
+        with open(PARAMS["out"], "w") as f:
+            json.dump({"periods": periods, "latency": latency, "tokens": tokens,
+                       "first_out": first_out.tolist()}, f)
     if periods != [int(PARAMS["cycles_per_token"])] or latency != int(PARAMS["latency"]):
         tb.fail(f"periods {periods} and latency {latency}: expected {PARAMS['cycles_per_token']} "
                 f"and {PARAMS['latency']}")
@@ -276,10 +283,6 @@ async def throughput(dut):
 async def qb_loop(dut):
     """Closed loop: route a skewed batch, read the counters (checked against golden), run
     the golden Quantile Balancing step, quantise and write the new biases, repeat."""
-    from nanokpu.qb_demo import skewed_scores
-
-    from golden.k3 import quantile_balance
-
     tb = await _setup(dut, "qb_loop")
     cfg, scale = tb.cfg, float(tb.full)
     rng = np.random.default_rng(int(PARAMS["seed"]))

@@ -5,27 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from nanokpu.config import PROFILES, profile
-from nanokpu.router import TopKRouter, cycles_per_token, latency
-from sim.runner import FAST_BUILD, run_bench
+from nanokpu.bench_router import run_router_bench
+from nanokpu.config import profile
+from nanokpu.router import cycles_per_token, latency
+from sim.runner import FAST_BUILD
 
 SEED = 20261202
-
-
-def _overrides(cfg) -> dict:
-    base = PROFILES[cfg.name]
-    return {k: v for k, v in cfg.as_dict().items() if v != getattr(base, k)}
-
-
-def run_router_bench(cfg, testcase=None, tokens=16, seed=SEED, build_args=(), **extra):
-    """Run sim/bench_router.py on the router of ``cfg`` (a named profile plus overrides)."""
-    dut = TopKRouter(cfg)
-    overrides = _overrides(cfg)
-    params = {"profile": cfg.name, "overrides": overrides, "seed": seed, "tokens": tokens,
-              "cycles_per_token": dut.cycles_per_token, "latency": dut.latency, **extra}
-    tag = "".join(f"_{k}{v}" for k, v in sorted(overrides.items()))
-    return run_bench(dut, f"router_{cfg.name}{tag}", "bench_router", params=params,
-                     testcase=testcase, seed=seed, build_args=build_args)
 
 
 @pytest.mark.parametrize("cfg", [
@@ -35,14 +20,14 @@ def run_router_bench(cfg, testcase=None, tokens=16, seed=SEED, build_args=(), **
     profile("tiny", top_k=8, route_lanes=8),                 # k = E, one beat per token
 ], ids=["tiny", "small", "tiny-k1-lanes3", "tiny-kE-lanes8"])
 def test_bench(cfg):
-    run_router_bench(cfg, tokens=20)
+    run_router_bench(cfg, tokens=20, seed=SEED)
 
 
 def test_bench_k3():
     """The full K3 shape (896 experts, top-16, 16 lanes): a random multi-token batch with
     idle and backpressure, and the cycle-exact throughput of 56 = 896/16 cycles per token."""
     run_router_bench(profile("k3"), testcase=["random_tokens", "throughput"], tokens=6,
-                     build_args=FAST_BUILD)
+                     seed=SEED, build_args=FAST_BUILD)
 
 
 @pytest.mark.parametrize("name,lanes,expected", [
