@@ -83,7 +83,8 @@ class TB:
         word = 0
         for name, field in self.layout:
             value = int(fields.get(name, 0))
-            word |= (value & ((1 << field.width) - 1)) << field.offset
+            assert 0 <= value < 1 << field.width, f"{name} = {value} does not fit its {field.width} bits"
+            word |= value << field.offset
         return word
 
     async def send(self, valid, ready, payload, words, idle):
