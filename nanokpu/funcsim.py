@@ -168,7 +168,9 @@ class FuncSim:
         # -- host window
         if op in (Op.LOAD, Op.STORE, Op.GEMM):
             addr = ins.host + (self.expert * ins.stride if ins.flags & F_HOST_EXPERT else 0)
-            nbytes = -(-n // cfg.cols) * k * bus_bytes(cfg) if op == Op.GEMM else ln * ins.width
+            bb = bus_bytes(cfg)
+            nbytes = -(-n // cfg.cols) * k * bb if op == Op.GEMM else ln * ins.width
+            nbytes = -(-nbytes // bb) * bb  # whole bus beats
             check(addr % bus_bytes(cfg) == 0 and self.host_base <= addr
                   and addr + nbytes <= self.host_base + self.host_size
                   and addr + nbytes <= len(self.host), Err.HOST_RANGE,
@@ -177,9 +179,9 @@ class FuncSim:
         act, ww = cfg.act_width, self.ww
         if op == Op.LOAD:
             dtype = {1: "<i1", 2: "<i2", 4: "<i4"}[ins.width]
-            self._write(c, np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=dtype))
+            self._write(c, np.frombuffer(bytes(self.host[addr:addr + ln * ins.width]), dtype=dtype))
         elif op == Op.STORE:
-            self.host[addr:addr + nbytes] = I.wrap(self._read(a, ln), 32).astype("<i4").tobytes()
+            self.host[addr:addr + ln * 4] = I.wrap(self._read(a, ln), 32).astype("<i4").tobytes()
         elif op == Op.GEMM:
             A = self._read(a, m * k, cfg.in_width).reshape(m, k)
             panels = np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=np.int8)

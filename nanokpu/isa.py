@@ -75,9 +75,8 @@ from amaranth.lib import data
 from nanokpu.config import KpuConfig
 
 __all__ = ["Op", "Err", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT", "FIELDS", "INSTR_BITS",
-           "INSTR_WORDS", "INSTR_LAYOUT", "IMEM_BASE", "LOADS_BASE", "UNITS", "Instr", "word_width",
-           "bus_bytes", "weight_panels",
-           "route_table", "encode_program"]
+           "INSTR_WORDS", "INSTR_LAYOUT", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH", "OP_UNIT", "UNITS",
+           "Instr", "word_width", "bus_bytes", "weight_panels", "route_table", "encode_program"]
 
 
 class Op(enum.IntEnum):
@@ -147,9 +146,11 @@ class Reg(enum.IntEnum):
 #: Busy counters, in register order.
 UNITS = ("dma", "gemm", "act", "route", "vector", "move")
 
-#: Instruction memory window and routing load counters (expert j at LOADS_BASE + 4*j).
-IMEM_BASE = 0x8000
-LOADS_BASE = 0x4000
+#: Instruction memory window and routing load counters (expert j at LOADS_BASE + 4*j); the
+#: register bank decodes ADDR_WIDTH address bits.
+ADDR_WIDTH = 20
+IMEM_BASE = 0x80000
+LOADS_BASE = 0x40000
 
 #: The unit whose busy counter an opcode increments.
 OP_UNIT = {Op.LOAD: "dma", Op.STORE: "dma", Op.GEMM: "gemm", Op.REQUANT: "act", Op.SIGMOID: "act",

@@ -1,0 +1,764 @@
+"""The nano-KPU top level: registers, instruction memory, controller, scratchpad and the units.
+
+Host interfaces
+---------------
+* ``s_axil`` (AXI4-Lite slave, 32-bit, :data:`~nanokpu.isa.ADDR_WIDTH` address bits): the
+  registers of :class:`~nanokpu.isa.Reg`, the instruction memory at
+  :data:`~nanokpu.isa.IMEM_BASE` (write-only, ignored while running) and the routing engine's
+  per-expert load counters at :data:`~nanokpu.isa.LOADS_BASE` (read-only).
+* ``m_axi`` (AXI4 master, :func:`~nanokpu.isa.bus_bytes` data): the nano-KPU fetches its inputs
+  and weights from host memory and writes its results back itself. Why a memory port and not
+  AXI4-Stream: routing is decided on chip, so only the nano-KPU knows which experts' weights
+  it needs, and when; with a master port it fetches exactly those (a ``small`` batch touches
+  ~60 % of the experts) instead of the host pushing all of them, and weights stream straight
+  from the bus into the GEMM engine without ever being stored (one beat = one B panel word).
+
+Datapath
+--------
+One scratchpad (``dmem_depth`` words, 2 read ports, 1 write port) holds every activation;
+instructions run one at a time (:mod:`nanokpu.isa` gives the semantics):
+
+* ``GEMM``: :class:`~nanokpu.gemm.GemmEngine` (raw accumulators: ``mult = 1``, ``shift = 0``,
+  ``out_width = acc_width``); A is packed from the scratchpad (``rows`` reads per word), B comes
+  from ``m_axi``, the results are unpacked into the scratchpad (``rows`` writes per word).
+* ``REQUANT`` (:class:`~nanokpu.requant.Requantiser` + saturation to ``width``), ``SIGMOID``
+  (:class:`~nanokpu.sigmoid.Sigmoid`), ``SITU`` (:class:`~nanokpu.situ.Situ`), ``ADD``/``COMBINE``/
+  ``NORM`` (:class:`~nanokpu.vector.VectorUnit`): a streaming engine reads operands along a
+  3-level affine walk, one element per cycle, and writes results back as they come.
+* ``ROUTE``: :class:`~nanokpu.router.TopKRouter` (bias loaded from the scratchpad, scores
+  streamed, routes written back), then a dispatch pass builds per-expert token lists.
+* ``LOAD``/``STORE``: :class:`~nanokpu.axi_master.AxiMaster`; ``GATHER``/``SCATTER``/``EXPERT``:
+  small sequencers.
+
+Errors stop the controller (``STATUS.error``, code in ``STATUS[15:8]``, the pc in ``[31:16]``);
+a stop or a soft reset (``CTRL.bit1``) drains outstanding AXI bursts, resets the units and
+returns to idle; the register bank answers throughout.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal, signed, unsigned
+from amaranth.lib import data, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from nanokpu.axi_lite import AxiLiteRegisters, axi_lite_signature
+from nanokpu.axi_master import AxiMaster, axi4_signature
+from nanokpu.config import KpuConfig
+from nanokpu.gemm import GemmEngine
+from nanokpu.isa import (
+    ADDR_WIDTH,
+    F_HOST_EXPERT,
+    F_M_COUNT,
+    F_RQ_EXPERT,
+    IMEM_BASE,
+    INSTR_LAYOUT,
+    INSTR_WORDS,
+    LOADS_BASE,
+    OP_UNIT,
+    UNITS,
+    Err,
+    Op,
+    Reg,
+    bus_bytes,
+    word_width,
+)
+from nanokpu.requant import Requantiser
+from nanokpu.router import TopKRouter
+from nanokpu.sigmoid import Sigmoid
+from nanokpu.situ import Situ
+from nanokpu.vector import VecOp, VectorUnit
+
+__all__ = ["NanoKPU"]
+
+
+class NanoKPU(wiring.Component):
+    """The nano-KPU: runs a compiled LatentMoE block (:mod:`nanokpu.compiler`) from its
+    instruction memory, bit-exact to :class:`~nanokpu.funcsim.FuncSim`.
+
+    Parameters
+    ----------
+    cfg : KpuConfig
+        Every unit's config; the top level reads ``dmem_depth``, ``imem_depth``, ``rows``,
+        ``cols`` (bus width ``cols * in_width``; ``in_width`` must be 8), ``n_experts``,
+        ``top_k``, ``route_lanes``, ``act_width``, ``acc_width``, ``weight_width``.
+
+    Members
+    -------
+    s_axil : In(axi_lite_signature(ADDR_WIDTH))
+    m_axi : Out(axi4_signature(32, 8 * bus_bytes(cfg)))
+    irq : Out(1)
+        High while the controller is stopped with ``done`` or ``error`` set.
+    """
+
+    def __init__(self, cfg: KpuConfig):
+        if not isinstance(cfg, KpuConfig):
+            raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
+        bits = cfg.cols * cfg.in_width
+        if cfg.in_width != 8:
+            raise ValueError(f"KpuConfig.in_width = {cfg.in_width}: the nano-KPU top level needs 8 "
+                             "(weights stream as bytes)")
+        if bits < 32 or bits & (bits - 1):
+            raise ValueError(f"KpuConfig.cols = {cfg.cols}: cols * in_width must be a power of two "
+                             ">= 32 (the AXI data width)")
+        self.cfg = cfg
+        super().__init__({
+            "s_axil": In(axi_lite_signature(ADDR_WIDTH)),
+            "m_axi": Out(axi4_signature(32, bits)),
+            "irq": Out(1),
+        })
+
+    # ------------------------------------------------------------------------------------
+    def elaborate(self, platform):  # noqa: C901 - one controller, one place
+        m = Module()
+        cfg = self.cfg
+        E, K, R, C, L = cfg.n_experts, cfg.top_k, cfg.rows, cfg.cols, cfg.route_lanes
+        BW = bus_bytes(cfg)
+        ww, act, accw = word_width(cfg), cfg.act_width, cfg.acc_width
+        D = cfg.dmem_depth
+
+        # -- units --------------------------------------------------------------------------
+        unit_rst = Signal()
+
+        def unit(name, u):
+            m.submodules[name] = ResetInserter(unit_rst)(u)
+            return u
+
+        regs = m.submodules.regs = AxiLiteRegisters(ADDR_WIDTH)
+        wiring.connect(m, wiring.flipped(self.s_axil), regs.bus)
+        dma = m.submodules.dma = AxiMaster(32, 8 * BW)
+        wiring.connect(m, wiring.flipped(self.m_axi), dma.bus)
+        gemm = unit("gemm", GemmEngine(cfg, out_width=accw))
+        rq = unit("requant", Requantiser(cfg, 1, accw))
+        sig = unit("sigmoid", Sigmoid(cfg))
+        situ = unit("situ", Situ(cfg))
+        vec = unit("vector", VectorUnit(cfg))
+        router = unit("router", TopKRouter(cfg))
+
+        m.submodules.spad = spad = Memory(shape=signed(ww), depth=D, init=[])
+        rd0, rd1, wr = spad.read_port(), spad.read_port(), spad.write_port()
+        m.submodules.imem = imem = Memory(shape=unsigned(32 * INSTR_WORDS), depth=cfg.imem_depth,
+                                          init=[])
+        im_rd, im_wr = imem.read_port(), imem.write_port(granularity=32)
+
+        # -- architectural state ------------------------------------------------------------
+        running, done, err = Signal(), Signal(), Signal(8)
+        pc = Signal(13)
+        cycles, retired = Signal(32), Signal(32)
+        busy_cnt = [Signal(32, name=f"busy_{u}") for u in UNITS]
+        cur_unit = Signal(len(UNITS))
+        host_base, host_size = Signal(32), Signal(32)
+        ins = Signal(INSTR_LAYOUT)
+        route_done, exp_active = Signal(), Signal()
+        expert, scan = Signal(range(E + 1)), Signal(range(E + 2))
+        count, offset = Signal(16), Signal(24)
+        scores_ok, scores_a, scores_len = Signal(), Signal(24), Signal(32)
+        start_req, soft_req = Signal(), Signal()
+
+        # -- register bank ------------------------------------------------------------------
+        ctrl_write = regs.wr_en & (regs.wr_addr == Reg.CTRL)
+        m.d.comb += [
+            start_req.eq(ctrl_write & regs.wr_data[0]),
+            soft_req.eq(ctrl_write & regs.wr_data[1]),
+            router.load_clear.eq(ctrl_write & regs.wr_data[2]),
+            im_wr.data.eq(Cat(*([regs.wr_data] * INSTR_WORDS))),
+            router.load_addr.eq((regs.rd_addr - LOADS_BASE)[2:]),
+            self.irq.eq(~running & (done | (err != 0))),
+        ]
+        in_imem = regs.wr_addr >= IMEM_BASE
+        with m.If(regs.wr_en & in_imem & ~running & (regs.wr_addr[5:] - (IMEM_BASE >> 5) < cfg.imem_depth)):
+            m.d.comb += [im_wr.addr.eq(regs.wr_addr[5:] - (IMEM_BASE >> 5)),
+                         im_wr.en.eq(Const(1, INSTR_WORDS) << regs.wr_addr[2:5])]
+        with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_BASE)):
+            m.d.sync += host_base.eq(regs.wr_data)
+        with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_SIZE)):
+            m.d.sync += host_size.eq(regs.wr_data)
+        rsel = Signal(ADDR_WIDTH)
+        with m.If(regs.rd_en):
+            m.d.sync += rsel.eq(regs.rd_addr)
+        status = Signal(32)
+        m.d.comb += status.eq(running | (done << 1) | ((err != 0) << 2) | (err << 8) | (pc << 16))
+        readable = {Reg.STATUS: status, Reg.CYCLES: cycles, Reg.HOST_BASE: host_base,
+                    Reg.HOST_SIZE: host_size, Reg.INSTRS: retired, Reg.INFO: D,
+                    Reg.INFO_IMEM: cfg.imem_depth}
+        readable.update({Reg.BUSY + 4 * i: c for i, c in enumerate(busy_cnt)})
+        with m.If((rsel >= LOADS_BASE) & (rsel < LOADS_BASE + 4 * E)):
+            m.d.comb += regs.rd_data.eq(router.load_data)
+        with m.Else():
+            with m.Switch(rsel):
+                for addr, value in readable.items():
+                    with m.Case(int(addr)):
+                        m.d.comb += regs.rd_data.eq(value)
+
+        # -- decode (combinational, from the latched instruction) ----------------------------
+        op = ins.op
+        m_eff = Signal(16)
+        m.d.comb += m_eff.eq(Mux(ins.flags & F_M_COUNT, count, ins.m))
+        ln = Signal(32)
+        m.d.comb += ln.eq(m_eff * ins.n)
+        host_eff = Signal(64)
+        m.d.comb += host_eff.eq(ins.host + Mux(ins.flags & F_HOST_EXPERT, expert * ins.stride, 0))
+        nb = Signal(16)
+        mb = Signal(16)
+        m.d.comb += [nb.eq((ins.n + C - 1) // C), mb.eq((m_eff + R - 1) // R)]
+        beats = Signal(40)
+        nbytes = Signal(48)
+        with m.Switch(op):
+            with m.Case(Op.GEMM):
+                m.d.comb += beats.eq(nb * ins.k)
+            with m.Case(Op.LOAD):
+                m.d.comb += beats.eq((ln * ins.width + BW - 1) // BW)
+            with m.Default():
+                m.d.comb += beats.eq((ln * 4 + BW - 1) // BW)
+        m.d.comb += nbytes.eq(beats * BW)
+
+        needs_expert = ((ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT)) != 0) | \
+            (op == Op.GATHER) | (op == Op.SCATTER)
+        valid_op = op <= max(Op)
+        shape_ok = Signal()
+        with m.Switch(op):
+            with m.Case(Op.ROUTE):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n == E) & (ins.k == K))
+            with m.Case(Op.EXPERT):
+                m.d.comb += shape_ok.eq(ins.n == E)
+            with m.Case(Op.GEMM):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.k >= 1)
+                                        & (ins.k <= cfg.spad_b_depth // 2)
+                                        & (mb * ins.k <= cfg.spad_a_depth)
+                                        & (mb * ins.n <= cfg.spad_c_depth))
+            with m.Case(Op.COMBINE):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.k >= 1))
+            with m.Case(Op.LOAD):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1)
+                                        & ((ins.width == 1) | (ins.width == 2) | (ins.width == 4)))
+            with m.Case(Op.STORE):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.width == 4))
+            with m.Case(Op.REQUANT):
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.width >= 2)
+                                        & (ins.width <= ww))
+            with m.Default():
+                m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1))
+        # scratchpad regions: (base, words) for the a, b and c operands, words = 0 when unused
+        wa, wb, wc = Signal(48), Signal(48), Signal(48)
+        cnt_n = count * ins.n
+        with m.Switch(op):
+            with m.Case(Op.LOAD):
+                m.d.comb += wc.eq(ln)
+            with m.Case(Op.STORE):
+                m.d.comb += wa.eq(ln)
+            with m.Case(Op.GEMM):
+                m.d.comb += [wa.eq(m_eff * ins.k), wc.eq(ln)]
+            with m.Case(Op.REQUANT):
+                m.d.comb += [wa.eq(ln), wc.eq(ln), wb.eq(Mux(ins.flags & F_RQ_EXPERT, 2 * E, 0))]
+            with m.Case(Op.SIGMOID, Op.NORM):
+                m.d.comb += [wa.eq(ln), wc.eq(ln)]
+            with m.Case(Op.SITU, Op.ADD):
+                m.d.comb += [wa.eq(ln), wb.eq(ln), wc.eq(ln)]
+            with m.Case(Op.ROUTE):
+                m.d.comb += [wa.eq(ln), wb.eq(ins.n), wc.eq(4 * m_eff * K + 2 * E)]
+            with m.Case(Op.EXPERT):
+                m.d.comb += wa.eq(2 * ins.n)
+            with m.Case(Op.GATHER):
+                m.d.comb += [wa.eq(ln), wb.eq(offset + count), wc.eq(cnt_n)]
+            with m.Case(Op.SCATTER):
+                m.d.comb += [wa.eq(cnt_n), wb.eq(offset + count), wc.eq(ln)]
+            with m.Case(Op.COMBINE):
+                m.d.comb += [wa.eq(ln * ins.k), wb.eq(m_eff * ins.k), wc.eq(ln)]
+        spad_ok = ((wa == 0) | (ins.a + wa <= D)) & ((wb == 0) | (ins.b + wb <= D)) & \
+            ((wc == 0) | (ins.c + wc <= D))
+        uses_host = (op == Op.LOAD) | (op == Op.STORE) | (op == Op.GEMM)
+        host_ok = ((host_eff & (BW - 1)) == 0) & (host_eff >= host_base) & \
+            (host_eff + nbytes <= host_base + host_size)
+        target_ok = ins.target < cfg.imem_depth
+        decode_err = Signal(8)
+        with m.If(~valid_op):
+            m.d.comb += decode_err.eq(Err.BAD_OPCODE)
+        with m.Elif(needs_expert & ~(route_done & exp_active)):
+            m.d.comb += decode_err.eq(Err.NO_ROUTE)
+        with m.Elif(((op == Op.JUMP) | (op == Op.EXPERT)) & ~target_ok):
+            m.d.comb += decode_err.eq(Err.PC_RANGE)
+        with m.Elif((op != Op.JUMP) & ~shape_ok):
+            m.d.comb += decode_err.eq(Err.BAD_SHAPE)
+        with m.Elif((op == Op.ROUTE) & ~(scores_ok & (scores_a == ins.a) & (scores_len == ln))):
+            m.d.comb += decode_err.eq(Err.NO_SCORES)
+        with m.Elif((op != Op.JUMP) & ~spad_ok):
+            m.d.comb += decode_err.eq(Err.SPAD_RANGE)
+        with m.Elif(uses_host & ~host_ok):
+            m.d.comb += decode_err.eq(Err.HOST_RANGE)
+
+        # -- streaming engine for element-wise ops --------------------------------------------
+        # a 3-level walk (i0 innermost) over the a and b operands; one element per cycle
+        cnt = [Signal(16, name=f"cnt{j}") for j in range(3)]
+        idx = [Signal(16, name=f"idx{j}") for j in range(3)]
+        sa = [Signal(32, name=f"sa{j}") for j in range(3)]
+        sb = [Signal(32, name=f"sb{j}") for j in range(3)]
+        pa, ra1, ra2 = Signal(32), Signal(32), Signal(32)
+        pb, rb1, rb2 = Signal(32), Signal(32), Signal(32)
+        issuing, g_valid, g_last = Signal(), Signal(), Signal()
+        n_out, out_cnt = Signal(32), Signal(32)
+        eng_ready = Signal()         # the selected unit takes the current beat
+        eng_run = Signal()
+        advance = ~g_valid | eng_ready
+        a_word, b_word = rd0.data, rd1.data
+
+        def engine_setup(c0, c1, c2, a0, a1, a2, b0, b1, b2, outs):
+            return [cnt[0].eq(c0), cnt[1].eq(c1), cnt[2].eq(c2), sa[0].eq(a0), sa[1].eq(a1),
+                    sa[2].eq(a2), sb[0].eq(b0), sb[1].eq(b1), sb[2].eq(b2),
+                    idx[0].eq(0), idx[1].eq(0), idx[2].eq(0),
+                    pa.eq(ins.a), ra1.eq(ins.a), ra2.eq(ins.a),
+                    pb.eq(ins.b), rb1.eq(ins.b), rb2.eq(ins.b),
+                    issuing.eq(1), g_valid.eq(0), n_out.eq(outs), out_cnt.eq(0)]
+
+        with m.If(eng_run):
+            m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(pb), rd0.en.eq(advance), rd1.en.eq(advance)]
+            with m.If(advance):
+                m.d.sync += [g_valid.eq(issuing), g_last.eq(idx[0] == cnt[0] - 1)]
+                with m.If(issuing):
+                    with m.If(idx[0] + 1 < cnt[0]):
+                        m.d.sync += [idx[0].eq(idx[0] + 1), pa.eq(pa + sa[0]), pb.eq(pb + sb[0])]
+                    with m.Elif(idx[1] + 1 < cnt[1]):
+                        m.d.sync += [idx[0].eq(0), idx[1].eq(idx[1] + 1),
+                                     ra1.eq(ra1 + sa[1]), pa.eq(ra1 + sa[1]),
+                                     rb1.eq(rb1 + sb[1]), pb.eq(rb1 + sb[1])]
+                    with m.Else():
+                        m.d.sync += [idx[0].eq(0), idx[1].eq(0), idx[2].eq(idx[2] + 1),
+                                     ra2.eq(ra2 + sa[2]), ra1.eq(ra2 + sa[2]), pa.eq(ra2 + sa[2]),
+                                     rb2.eq(rb2 + sb[2]), rb1.eq(rb2 + sb[2]), pb.eq(rb2 + sb[2])]
+                        with m.If(idx[2] + 1 >= cnt[2]):
+                            m.d.sync += issuing.eq(0)
+
+        # unit inputs and outputs of the engine
+        rq_mult, rq_shift, rq_width = Signal(32), Signal(6), Signal(6)
+        out_valid, out_data = Signal(), Signal(signed(ww))
+        m.d.comb += [
+            rq.mult.eq(rq_mult), rq.shift.eq(rq_shift),
+            rq.i.payload[0].eq(a_word[:accw].as_signed()),
+            sig.i.payload[0].eq(a_word[:act].as_signed()),
+            situ.i.payload[0].g.eq(a_word[:act].as_signed()),
+            situ.i.payload[0].u.eq(b_word[:act].as_signed()),
+            vec.i.payload.a.eq(a_word[:act].as_signed()),
+            vec.i.payload.b.eq(Mux(op == Op.COMBINE, b_word[:cfg.weight_width],
+                                   b_word[:act].as_signed())),
+            vec.i.payload.last.eq(g_last),
+            vec.n.eq(ins.n),
+            vec.op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
+            rq.o.ready.eq(1), sig.o.ready.eq(1), situ.o.ready.eq(1), vec.o.ready.eq(1),
+        ]
+        hi_sat = Signal(signed(66))   # 2**(width-1) - 1 of the instruction's output width
+        m.d.comb += hi_sat.eq(((Const(1, 65) << rq_width) >> 1) - 1)
+        rq_out = rq.o.payload[0]
+        rq_sat = Mux(rq_out > hi_sat, hi_sat, Mux(rq_out < -hi_sat - 1, -hi_sat - 1, rq_out))
+        with m.If(eng_run):
+            with m.Switch(op):
+                with m.Case(Op.REQUANT):
+                    m.d.comb += [rq.i.valid.eq(g_valid), eng_ready.eq(rq.i.ready),
+                                 out_valid.eq(rq.o.valid), out_data.eq(rq_sat)]
+                with m.Case(Op.SIGMOID):
+                    m.d.comb += [sig.i.valid.eq(g_valid), eng_ready.eq(sig.i.ready),
+                                 out_valid.eq(sig.o.valid), out_data.eq(sig.o.payload[0])]
+                with m.Case(Op.SITU):
+                    m.d.comb += [situ.i.valid.eq(g_valid), eng_ready.eq(situ.i.ready),
+                                 out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
+                with m.Default():
+                    m.d.comb += [vec.i.valid.eq(g_valid), eng_ready.eq(vec.i.ready),
+                                 out_valid.eq(vec.o.valid), out_data.eq(vec.o.payload)]
+        eng_done = eng_run & (out_cnt == n_out)
+
+        # -- GEMM operand packing ----------------------------------------------------------------
+        gm_mb, gm_k, gm_lane = Signal(16), Signal(16), Signal(range(R + 1))
+        gm_word = Signal(data.ArrayLayout(signed(8), R))
+        gm_cap, gm_cap_lane, gm_cap_ok = Signal(), Signal(range(R)), Signal()
+        gm_wvalid, gm_afeed_done = Signal(), Signal()
+        gc_mb, gc_n, gc_lane = Signal(16), Signal(16), Signal(range(R))
+        gemm_run = Signal()
+        m.d.comb += [
+            gemm.cmd.payload.m.eq(m_eff), gemm.cmd.payload.k.eq(ins.k), gemm.cmd.payload.n.eq(ins.n),
+            gemm.cmd.payload.a_addr.eq(0), gemm.cmd.payload.c_addr.eq(0),
+            gemm.cmd.payload.mult.eq(1), gemm.cmd.payload.shift.eq(0),
+            gemm.cmd.payload.load_a.eq(1), gemm.cmd.payload.compute.eq(1),
+            gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
+            gemm.a_in.payload.eq(gm_word), gemm.a_in.valid.eq(gm_wvalid),
+            gemm.b_in.payload.eq(dma.rd_data.payload),
+        ]
+        with m.If(gemm_run):
+            m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
+            # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
+            row = gm_mb * R + gm_lane
+            with m.If(~gm_wvalid & ~gm_afeed_done & (gm_lane < R)):
+                m.d.comb += [rd0.addr.eq(ins.a + row * ins.k + gm_k), rd0.en.eq(1)]
+                m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_cap_ok.eq(row < m_eff),
+                             gm_lane.eq(gm_lane + 1)]
+            with m.Else():
+                m.d.sync += gm_cap.eq(0)
+            with m.If(gm_cap):
+                m.d.sync += gm_word[gm_cap_lane].eq(Mux(gm_cap_ok, rd0.data[:8].as_signed(), 0))
+                with m.If(gm_cap_lane == R - 1):
+                    m.d.sync += gm_wvalid.eq(1)
+            with m.If(gemm.a_in.valid & gemm.a_in.ready):
+                m.d.sync += [gm_wvalid.eq(0), gm_lane.eq(0)]
+                with m.If(gm_k + 1 < ins.k):
+                    m.d.sync += gm_k.eq(gm_k + 1)
+                with m.Else():
+                    m.d.sync += [gm_k.eq(0), gm_mb.eq(gm_mb + 1)]
+                    with m.If(gm_mb + 1 >= mb):
+                        m.d.sync += gm_afeed_done.eq(1)
+            # C: word (mb, n) -> rows mb*R + i of column n, one write per lane
+            crow = gc_mb * R + gc_lane
+            with m.If(gemm.c_out.valid):
+                m.d.comb += [wr.addr.eq(ins.c + crow * ins.n + gc_n),
+                             wr.data.eq(gemm.c_out.payload[gc_lane]), wr.en.eq(crow < m_eff)]
+                m.d.sync += gc_lane.eq(gc_lane + 1)
+                with m.If(gc_lane == R - 1):
+                    m.d.comb += gemm.c_out.ready.eq(1)
+                    m.d.sync += gc_lane.eq(0)
+                    with m.If(gc_n + 1 < ins.n):
+                        m.d.sync += gc_n.eq(gc_n + 1)
+                    with m.Else():
+                        m.d.sync += [gc_n.eq(0), gc_mb.eq(gc_mb + 1)]
+
+        # -- LOAD / STORE -------------------------------------------------------------------------
+        ld_beat, ld_full, ld_e, ld_i = Signal(8 * BW), Signal(), Signal(range(BW + 1)), Signal(32)
+        st_beat = Signal(dma.wr_layout)
+        st_full, st_e, st_i, st_rd, st_rd_e = Signal(), Signal(range(BW + 1)), Signal(32), Signal(), \
+            Signal(range(BW))
+        per_beat = Mux(ins.width == 1, BW, Mux(ins.width == 2, BW // 2, BW // 4))
+        m.d.comb += dma.wr_data.payload.eq(st_beat)
+
+        # -- controller -----------------------------------------------------------------------------
+        stop_code = Signal(8)
+        m.d.comb += dma.rd_addr.eq(host_eff), dma.wr_addr.eq(host_eff)
+        m.d.comb += [dma.rd_beats.eq(beats), dma.wr_beats.eq(beats)]
+        with m.If(running):
+            m.d.sync += cycles.eq(cycles + 1)
+            for i, c in enumerate(busy_cnt):
+                with m.If(cur_unit[i]):
+                    m.d.sync += c.eq(c + 1)
+
+        def goto_next(target=None):
+            m.d.sync += [pc.eq(pc + 1 if target is None else target), retired.eq(retired + 1),
+                         cur_unit.eq(0)]
+            m.next = "FETCH"
+
+        def stop(code):
+            m.d.sync += [stop_code.eq(code), cur_unit.eq(0)]
+            m.next = "DRAIN"
+
+        # route / dispatch / expert / gather / scatter registers
+        rt_j, rt_t, rt_s = Signal(range(E + 1)), Signal(16), Signal(range(K + 1))
+        rt_tb, rt_beat, rt_lane = Signal(16), Signal(16), Signal(range(L + 1))
+        rt_word = Signal(data.ArrayLayout(unsigned(cfg.score_width), L))
+        rt_cap, rt_cap_lane, rt_cap_ok, rt_wvalid, rt_feed_done = Signal(), Signal(range(L)), \
+            Signal(), Signal(), Signal()
+        rt_hold, rt_held, rt_wphase = Signal(), Signal(router.route_layout), Signal()
+        rt_p, rt_pt, rt_ps, rt_pos, rt_off = Signal(32), Signal(16), Signal(range(K + 1)), Signal(32), \
+            Signal(32)
+        tk = Signal(32)
+        m.d.comb += tk.eq(m_eff * K)
+        g_i, g_j, g_r, g_wv, g_wa = Signal(16), Signal(17), Signal(16), Signal(), Signal(32)
+
+        @contextmanager
+        def state(name):
+            """An FSM state; a soft reset request overrides its transition (except when idle)."""
+            with m.State(name):
+                yield
+                if name not in ("IDLE", "DRAIN"):
+                    with m.If(soft_req):
+                        stop(Err.NONE)
+
+        with m.FSM(name="ctrl"):
+            with state("IDLE"):
+                with m.If(start_req):
+                    m.d.sync += [running.eq(1), done.eq(0), err.eq(0), pc.eq(0), cycles.eq(0),
+                                 retired.eq(0), route_done.eq(0), exp_active.eq(0), scores_ok.eq(0)]
+                    m.d.sync += [c.eq(0) for c in busy_cnt]
+                    m.next = "FETCH"
+            with state("FETCH"):
+                with m.If(pc >= cfg.imem_depth):
+                    stop(Err.PC_RANGE)
+                with m.Else():
+                    m.d.comb += [im_rd.addr.eq(pc), im_rd.en.eq(1)]
+                    m.next = "FETCH2"
+            with state("FETCH2"):
+                m.d.sync += ins.eq(im_rd.data)
+                m.next = "DECODE"
+            with state("DECODE"):
+                with m.If(op == Op.HALT):
+                    m.d.sync += [running.eq(0), done.eq(1)]
+                    m.next = "IDLE"
+                with m.Elif(decode_err != 0):
+                    stop(decode_err)
+                with m.Else():
+                    for o, u in OP_UNIT.items():
+                        with m.If(op == o):
+                            m.d.sync += cur_unit.eq(1 << UNITS.index(u))
+                    with m.Switch(op):
+                        with m.Case(Op.JUMP):
+                            goto_next(ins.target)
+                        with m.Case(Op.REQUANT):
+                            m.d.sync += [rq_width.eq(ins.width), rq_mult.eq(ins.mult),
+                                         rq_shift.eq(ins.shift)]
+                            m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 0, 0, 0, ln)
+                            with m.If(ins.flags & F_RQ_EXPERT):
+                                m.next = "RQ_TABLE"
+                            with m.Else():
+                                m.next = "ENGINE"
+                        with m.Case(Op.SIGMOID, Op.SITU, Op.ADD):
+                            m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 1, 0, 0, ln)
+                            m.next = "ENGINE"
+                        with m.Case(Op.COMBINE):
+                            m.d.sync += engine_setup(ins.k, ins.n, m_eff, ins.n, 1, ins.k * ins.n,
+                                                     1, 0, ins.k, ln)
+                            m.next = "ENGINE"
+                        with m.Case(Op.NORM):
+                            m.d.sync += engine_setup(ins.n, 2, m_eff, 1, 0, ins.n, 0, 0, 0, ln)
+                            m.next = "ENGINE"
+                        with m.Case(Op.GEMM):
+                            m.d.sync += [gm_mb.eq(0), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
+                                         gm_afeed_done.eq(0), gc_mb.eq(0), gc_n.eq(0), gc_lane.eq(0)]
+                            m.next = "GEMM_CMD"
+                        with m.Case(Op.LOAD):
+                            m.d.comb += dma.rd_start.eq(1)
+                            m.d.sync += [ld_full.eq(0), ld_e.eq(0), ld_i.eq(0)]
+                            m.next = "LOAD"
+                        with m.Case(Op.STORE):
+                            m.d.comb += dma.wr_start.eq(1)
+                            m.d.sync += [st_full.eq(0), st_e.eq(0), st_i.eq(0), st_rd.eq(0),
+                                         st_beat.strb.eq(0)]
+                            m.next = "STORE"
+                        with m.Case(Op.ROUTE):
+                            m.d.sync += [rt_j.eq(0)]
+                            m.next = "RT_BIAS"
+                        with m.Case(Op.EXPERT):
+                            m.next = "EXP_READ"
+                        with m.Case(Op.GATHER, Op.SCATTER):
+                            m.d.sync += g_i.eq(0)
+                            m.next = "MOVE_LIST"
+
+            # ---- element-wise ops through the streaming engine
+            with state("RQ_TABLE"):
+                m.d.comb += [rd0.addr.eq(ins.b + 2 * expert), rd1.addr.eq(ins.b + 2 * expert + 1),
+                             rd0.en.eq(1), rd1.en.eq(1)]
+                m.next = "RQ_TABLE2"
+            with state("RQ_TABLE2"):
+                m.d.sync += [rq_mult.eq(rd0.data[:cfg.mult_width]), rq_shift.eq(rd1.data[:6])]
+                m.next = "ENGINE"
+            with state("ENGINE"):
+                m.d.comb += eng_run.eq(1)
+                with m.If(out_valid):
+                    m.d.comb += [wr.addr.eq(ins.c + out_cnt), wr.data.eq(out_data), wr.en.eq(1)]
+                    m.d.sync += out_cnt.eq(out_cnt + 1)
+                with m.If(eng_done):
+                    with m.If(op == Op.SIGMOID):
+                        m.d.sync += [scores_ok.eq(1), scores_a.eq(ins.c), scores_len.eq(ln)]
+                    goto_next()
+
+            # ---- GEMM
+            with state("GEMM_CMD"):
+                m.d.comb += gemm.cmd.valid.eq(1)
+                with m.If(gemm.cmd.ready):
+                    m.d.comb += dma.rd_start.eq(1)
+                    m.next = "GEMM_RUN"
+            with state("GEMM_RUN"):
+                m.d.comb += gemm_run.eq(1)
+                with m.If(dma.error):
+                    stop(Err.BUS_ERROR)
+                with m.Elif(gemm.done):
+                    with m.If(gemm.error):
+                        stop(Err.BAD_SHAPE)
+                    with m.Else():
+                        m.next = "GEMM_END"
+            with state("GEMM_END"):
+                with m.If(~dma.rd_busy):
+                    goto_next()
+
+            # ---- LOAD: unpack each beat into width-byte elements
+            with state("LOAD"):
+                m.d.comb += dma.rd_data.ready.eq(~ld_full)
+                with m.If(dma.rd_data.valid & ~ld_full):
+                    m.d.sync += [ld_beat.eq(dma.rd_data.payload), ld_full.eq(1), ld_e.eq(0)]
+                with m.If(ld_full):
+                    elem = Mux(ins.width == 1, ld_beat.word_select(ld_e, 8).as_signed(),
+                               Mux(ins.width == 2, ld_beat.word_select(ld_e, 16).as_signed(),
+                                   ld_beat.word_select(ld_e, 32).as_signed()))
+                    with m.If(ld_i < ln):
+                        m.d.comb += [wr.addr.eq(ins.c + ld_i), wr.data.eq(elem), wr.en.eq(1)]
+                        m.d.sync += ld_i.eq(ld_i + 1)
+                    m.d.sync += ld_e.eq(ld_e + 1)
+                    with m.If(ld_e + 1 >= per_beat):
+                        m.d.sync += ld_full.eq(0)
+                with m.If(dma.error):
+                    stop(Err.BUS_ERROR)
+                with m.Elif(~dma.rd_busy & ~ld_full & (ld_i >= ln)):
+                    goto_next()
+
+            # ---- STORE: pack 4-byte elements into beats
+            with state("STORE"):
+                epb = BW // 4
+                # read element st_i (one per cycle), place it in the next cycle
+                with m.If(~st_full & (st_e < epb) & (st_i < ln) & ~st_rd):
+                    m.d.comb += [rd0.addr.eq(ins.a + st_i), rd0.en.eq(1)]
+                    m.d.sync += [st_rd.eq(1), st_rd_e.eq(st_e), st_i.eq(st_i + 1), st_e.eq(st_e + 1)]
+                with m.If(st_rd):
+                    m.d.sync += [st_beat.data.word_select(st_rd_e, 32).eq(rd0.data[:32]),
+                                 st_beat.strb.word_select(st_rd_e, 4).eq(0xF), st_rd.eq(0)]
+                with m.If(~st_full & ~st_rd & (st_e != 0) & ((st_e == epb) | (st_i >= ln))):
+                    m.d.sync += st_full.eq(1)
+                m.d.comb += dma.wr_data.valid.eq(st_full)
+                with m.If(dma.wr_data.valid & dma.wr_data.ready):
+                    m.d.sync += [st_full.eq(0), st_e.eq(0), st_beat.strb.eq(0)]
+                with m.If(dma.error):
+                    stop(Err.BUS_ERROR)
+                with m.Elif(~dma.wr_busy & (st_i >= ln) & ~st_full & ~st_rd):
+                    goto_next()
+
+            # ---- ROUTE: bias, scores -> routes, dispatch lists
+            with state("RT_BIAS"):
+                m.d.comb += [rd0.addr.eq(ins.b + rt_j), rd0.en.eq(1)]
+                m.d.sync += rt_j.eq(rt_j + 1)
+                with m.If(rt_j != 0):
+                    m.d.comb += [router.bias_we.eq(1), router.bias_addr.eq(rt_j - 1),
+                                 router.bias_data.eq(rd0.data[:cfg.bias_width])]
+                with m.If(rt_j == E):
+                    m.d.sync += [rt_tb.eq(0), rt_beat.eq(0), rt_lane.eq(0), rt_wvalid.eq(0),
+                                 rt_feed_done.eq(0), rt_cap.eq(0), rt_t.eq(0), rt_s.eq(0),
+                                 rt_hold.eq(0), rt_wphase.eq(0)]
+                    m.next = "RT_SCORES"
+            with state("RT_SCORES"):
+                # scores: beat (t, b), lane l = expert b*L + l of token t
+                expert_l = rt_beat * L + rt_lane
+                with m.If(~rt_wvalid & ~rt_feed_done & (rt_lane < L)):
+                    m.d.comb += [rd0.addr.eq(ins.a + rt_tb * E + expert_l), rd0.en.eq(1)]
+                    m.d.sync += [rt_cap.eq(1), rt_cap_lane.eq(rt_lane), rt_cap_ok.eq(expert_l < E),
+                                 rt_lane.eq(rt_lane + 1)]
+                with m.Else():
+                    m.d.sync += rt_cap.eq(0)
+                with m.If(rt_cap):
+                    m.d.sync += rt_word[rt_cap_lane].eq(Mux(rt_cap_ok, rd0.data[:cfg.score_width], 0))
+                    with m.If(rt_cap_lane == L - 1):
+                        m.d.sync += rt_wvalid.eq(1)
+                m.d.comb += [router.scores.payload.eq(rt_word), router.scores.valid.eq(rt_wvalid)]
+                with m.If(router.scores.valid & router.scores.ready):
+                    m.d.sync += [rt_wvalid.eq(0), rt_lane.eq(0)]
+                    with m.If((rt_beat + 1) * L < E):
+                        m.d.sync += rt_beat.eq(rt_beat + 1)
+                    with m.Else():
+                        m.d.sync += [rt_beat.eq(0), rt_tb.eq(rt_tb + 1)]
+                        with m.If(rt_tb + 1 >= m_eff):
+                            m.d.sync += rt_feed_done.eq(1)
+                # routes: idx then weight, two writes per route
+                m.d.comb += router.routes.ready.eq(~rt_hold)
+                with m.If(router.routes.valid & ~rt_hold):
+                    m.d.sync += [rt_hold.eq(1), rt_held.eq(router.routes.payload)]
+                slot = ins.c + rt_t * K + rt_s
+                with m.If(rt_hold & ~rt_wphase):
+                    m.d.comb += [wr.addr.eq(slot), wr.data.eq(rt_held.index), wr.en.eq(1)]
+                    m.d.sync += rt_wphase.eq(1)
+                with m.If(rt_hold & rt_wphase):
+                    m.d.comb += [wr.addr.eq(slot + tk), wr.data.eq(rt_held.weight), wr.en.eq(1)]
+                    m.d.sync += [rt_hold.eq(0), rt_wphase.eq(0)]
+                    with m.If(rt_held.last | (rt_s == K - 1)):
+                        m.d.sync += [rt_s.eq(0), rt_t.eq(rt_t + 1)]
+                    with m.Else():
+                        m.d.sync += rt_s.eq(rt_s + 1)
+                with m.If(rt_t >= m_eff):
+                    m.d.sync += [rt_j.eq(0), rt_p.eq(0), rt_pt.eq(0), rt_ps.eq(0), rt_pos.eq(0),
+                                 rt_off.eq(0)]
+                    m.next = "RT_DREAD"
+            # dispatch: for each expert j, scan the idx table for its slots
+            with state("RT_DREAD"):
+                m.d.comb += [rd0.addr.eq(ins.c + rt_p), rd0.en.eq(1)]
+                m.next = "RT_DCMP"
+            with state("RT_DCMP"):
+                with m.If(rd0.data == rt_j):
+                    m.d.comb += [wr.addr.eq(ins.c + 2 * tk + 2 * E + rt_pos), wr.data.eq(rt_p),
+                                 wr.en.eq(1)]
+                    m.next = "RT_DLIST_T"
+                with m.Else():
+                    m.next = "RT_DSTEP"
+            with state("RT_DLIST_T"):
+                m.d.comb += [wr.addr.eq(ins.c + 3 * tk + 2 * E + rt_pos), wr.data.eq(rt_pt),
+                             wr.en.eq(1)]
+                m.d.sync += rt_pos.eq(rt_pos + 1)
+                m.next = "RT_DSTEP"
+            with state("RT_DSTEP"):
+                with m.If(rt_p + 1 < tk):
+                    m.d.sync += rt_p.eq(rt_p + 1)
+                    with m.If(rt_ps == K - 1):
+                        m.d.sync += [rt_ps.eq(0), rt_pt.eq(rt_pt + 1)]
+                    with m.Else():
+                        m.d.sync += rt_ps.eq(rt_ps + 1)
+                    m.next = "RT_DREAD"
+                with m.Else():
+                    m.d.comb += [wr.addr.eq(ins.c + 2 * tk + rt_j), wr.data.eq(rt_pos - rt_off),
+                                 wr.en.eq(1)]
+                    m.next = "RT_DOFF"
+            with state("RT_DOFF"):
+                m.d.comb += [wr.addr.eq(ins.c + 2 * tk + E + rt_j), wr.data.eq(rt_off), wr.en.eq(1)]
+                m.d.sync += [rt_off.eq(rt_pos), rt_j.eq(rt_j + 1), rt_p.eq(0), rt_pt.eq(0),
+                             rt_ps.eq(0)]
+                with m.If(rt_j + 1 < E):
+                    m.next = "RT_DREAD"
+                with m.Else():
+                    m.d.sync += [route_done.eq(1), exp_active.eq(0), scan.eq(0)]
+                    goto_next()
+
+            # ---- EXPERT: next expert with tokens
+            with state("EXP_READ"):
+                with m.If(scan >= E):
+                    m.d.sync += [exp_active.eq(0), scan.eq(E)]
+                    goto_next(ins.target)
+                with m.Else():
+                    m.d.comb += [rd0.addr.eq(ins.a + scan), rd1.addr.eq(ins.a + E + scan),
+                                 rd0.en.eq(1), rd1.en.eq(1)]
+                    m.next = "EXP_CHECK"
+            with state("EXP_CHECK"):
+                m.d.sync += scan.eq(scan + 1)
+                with m.If(rd0.data != 0):
+                    m.d.sync += [expert.eq(scan), count.eq(rd0.data), offset.eq(rd1.data),
+                                 exp_active.eq(1)]
+                    goto_next()
+                with m.Else():
+                    m.next = "EXP_READ"
+
+            # ---- GATHER / SCATTER: one row per listed token
+            gather = op == Op.GATHER
+            with state("MOVE_LIST"):
+                with m.If(g_i >= count):
+                    goto_next()
+                with m.Else():
+                    m.d.comb += [rd0.addr.eq(ins.b + offset + g_i), rd0.en.eq(1)]
+                    m.next = "MOVE_CHECK"
+            with state("MOVE_CHECK"):
+                r = rd0.data
+                with m.If((r < 0) | (r >= m_eff)):
+                    stop(Err.SPAD_RANGE)
+                with m.Else():
+                    m.d.sync += [g_r.eq(r[:16]), g_j.eq(0), g_wv.eq(0)]
+                    m.next = "MOVE_COPY"
+            with state("MOVE_COPY"):
+                src = Mux(gather, ins.a + g_r * ins.n, ins.a + g_i * ins.n)
+                dst = Mux(gather, ins.c + g_i * ins.n, ins.c + g_r * ins.n)
+                with m.If(g_j < ins.n):
+                    m.d.comb += [rd0.addr.eq(src + g_j), rd0.en.eq(1)]
+                    m.d.sync += [g_j.eq(g_j + 1), g_wv.eq(1), g_wa.eq(dst + g_j)]
+                with m.Else():
+                    m.d.sync += g_wv.eq(0)
+                with m.If(g_wv):
+                    m.d.comb += [wr.addr.eq(g_wa), wr.data.eq(rd0.data), wr.en.eq(1)]
+                with m.If((g_j >= ins.n) & g_wv):
+                    m.d.sync += g_i.eq(g_i + 1)
+                    m.next = "MOVE_LIST"
+
+            # ---- stop: drain the bus, reset the units, report
+            with state("DRAIN"):
+                m.d.comb += [dma.abort.eq(1), unit_rst.eq(1)]
+                with m.If(~dma.rd_busy & ~dma.wr_busy):
+                    m.d.sync += [running.eq(0), err.eq(stop_code), done.eq(0)]
+                    m.next = "IDLE"
+        with m.If(soft_req & ~running):
+            m.d.sync += [err.eq(0), done.eq(0)]
+            m.d.comb += unit_rst.eq(1)
+        return m
+

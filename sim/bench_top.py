@@ -1,0 +1,225 @@
+"""cocotb bench of the whole nano-KPU (nanokpu.top.NanoKPU) on Verilator, through its buses only.
+
+The host side is cocotbext-axi: an ``AxiLiteMaster`` on ``s_axil`` (registers, instruction
+memory, load counters) and an ``AxiRam`` on ``m_axi`` (host memory holding the compiled image).
+Random idle on the master's channels and random backpressure/idle on the RAM's. Amaranth's
+flattened names (``s_axil__awaddr``) are matched with ``bus_separator="__"``.
+
+Parameters (``NANOKPU_PARAMS``): ``profile``, ``tokens``, ``seed``, ``seeds`` (blocks to run in
+``test_block``), ``pause`` (probability of an idle/backpressure cycle on every AXI channel),
+``summary`` (a JSON path: cycles, busy counters and errors are written there).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import cocotb
+import numpy as np
+from cocotb.clock import Clock
+from cocotb.triggers import ClockCycles, RisingEdge
+from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
+
+from golden import k3
+from golden.block import block_error, latent_moe_int, quantize_latent_moe
+from nanokpu.compiler import compile_block
+from nanokpu.config import profile
+from nanokpu.funcsim import FuncSim
+from nanokpu.isa import IMEM_BASE, LOADS_BASE, UNITS, Err, Instr, Op, Reg, encode_program
+
+#: Accuracy of the integer block against the float block (tests/test_errors.py bounds it so).
+COSINE_MIN = 0.95
+
+
+def params() -> dict:
+    return json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
+
+
+def make_block(cfg, tokens: int, seed: int):
+    """Float block, its quantised form, the int8 batch and the float output."""
+    rng = np.random.default_rng(seed)
+    P = k3.init_latent_moe(cfg, rng)
+    x = rng.standard_normal((tokens, cfg.d_model))
+    Q, xq = quantize_latent_moe(P, x, cfg)
+    y_float, _, _ = k3.latent_moe(x, P, cfg)
+    return Q, xq, y_float
+
+
+class TB:
+    def __init__(self, dut):
+        p = params()
+        self.dut = dut
+        self.p = p
+        self.cfg = profile(p.get("profile", "tiny"))
+        self.seed = int(p.get("seed", 1))
+        self.pause = float(p.get("pause", 0.2))
+        random.seed(self.seed)
+        dut._log.info(f"profile {self.cfg.name}, seed {self.seed}, pause {self.pause}")
+        cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+        self.axil = AxiLiteMaster(AxiLiteBus.from_prefix(dut, "s_axil", bus_separator="__"),
+                                  dut.clk, dut.rst)
+        self.ram_size = 1 << 24
+        self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi", bus_separator="__"), dut.clk, dut.rst,
+                          size=self.ram_size)
+        if self.pause:
+            for ch in (self.axil.write_if.aw_channel, self.axil.write_if.w_channel,
+                       self.axil.read_if.ar_channel, self.axil.write_if.b_channel,
+                       self.axil.read_if.r_channel,
+                       self.ram.write_if.aw_channel, self.ram.write_if.w_channel,
+                       self.ram.write_if.b_channel, self.ram.read_if.ar_channel,
+                       self.ram.read_if.r_channel):
+                ch.set_pause_generator(self._pauses())
+
+    def _pauses(self):
+        while True:
+            yield random.random() < self.pause
+
+    async def reset(self):
+        self.dut.rst.value = 1
+        await ClockCycles(self.dut.clk, 4)
+        self.dut.rst.value = 0
+        await ClockCycles(self.dut.clk, 2)
+
+    async def rd(self, addr: int) -> int:
+        return (await self.axil.read_dword(addr))
+
+    async def wr(self, addr: int, value: int):
+        await self.axil.write_dword(addr, value)
+
+    async def load(self, instrs, image: bytes, window=None):
+        self.ram.write(0, bytes(image))
+        await self.axil.write(IMEM_BASE, encode_program(instrs))
+        base, size = window or (0, len(image))
+        await self.wr(Reg.HOST_BASE, base)
+        await self.wr(Reg.HOST_SIZE, size)
+
+    async def run(self, poll: int = 2000, limit: int = 20_000_000):
+        """Start and poll STATUS until the controller stops; returns (error code, pc)."""
+        await self.wr(Reg.CTRL, 1)
+        waited = 0
+        while True:
+            status = await self.rd(Reg.STATUS)
+            if not status & 1:
+                return (status >> 8) & 0xFF, status >> 16, bool(status & 2)
+            await ClockCycles(self.dut.clk, poll)
+            waited += poll
+            assert waited < limit, f"seed {self.seed}: no stop within {limit} cycles"
+
+    async def counters(self) -> dict:
+        out = {"cycles": await self.rd(Reg.CYCLES), "instrs": await self.rd(Reg.INSTRS)}
+        for i, u in enumerate(UNITS):
+            out[u] = await self.rd(Reg.BUSY + 4 * i)
+        return out
+
+    async def loads(self) -> np.ndarray:
+        return np.array([await self.rd(LOADS_BASE + 4 * j) for j in range(self.cfg.n_experts)])
+
+
+async def run_block(tb: TB, seed: int, tokens: int) -> dict:
+    cfg = tb.cfg
+    Q, xq, y_float = make_block(cfg, tokens, seed)
+    prog = compile_block(Q, xq, cfg)
+    ref = latent_moe_int(xq, Q, cfg)
+    await tb.wr(Reg.CTRL, 4)                     # clear the routing load counters
+    await tb.load(prog.instrs, prog.image)
+    err, pc, done = await tb.run()
+    assert err == Err.NONE and done, f"seed {seed}: stopped with {Err(err).name} at pc {pc}"
+    out = prog.outputs(tb.ram.read(0, len(prog.image)))
+    for key in ("y", "idx", "weights", "loads"):
+        assert np.array_equal(out[key], ref[key]), f"seed {seed}: {key} differs from latent_moe_int"
+    sim = FuncSim(cfg, prog.image)
+    res = sim.run(prog.instrs)
+    assert res.error == Err.NONE and np.array_equal(prog.outputs(sim.host)["y"], out["y"])
+    loads = await tb.loads()
+    assert np.array_equal(loads, np.minimum(ref["loads"], (1 << cfg.load_width) - 1)), \
+        f"seed {seed}: load counters {loads} != {ref['loads']}"
+    e = block_error(out["y"], y_float, cfg)
+    assert e["cosine"] > COSINE_MIN, f"seed {seed}: cosine {e['cosine']} vs the float block"
+    counters = await tb.counters()
+    counters.update(error=e, instructions=res.retired, seed=seed, tokens=tokens,
+                    op_counts=res.op_counts)
+    tb.dut._log.info(f"seed {seed}: bit-exact, {counters}")
+    return counters
+
+
+@cocotb.test()
+async def test_block(dut):
+    """Whole blocks end to end, bit-exact against golden.block.latent_moe_int and FuncSim."""
+    tb = TB(dut)
+    await tb.reset()
+    p = tb.p
+    tokens = int(p.get("tokens", 8))
+    results = []
+    for i in range(int(p.get("seeds", 1))):
+        results.append(await run_block(tb, tb.seed + i, tokens))
+    if p.get("summary"):
+        with open(p["summary"], "w") as f:
+            json.dump(results, f)
+
+
+# -- bad programs ------------------------------------------------------------------------------
+def _bad_programs(cfg):
+    D = cfg.dmem_depth
+    return {
+        "bad_opcode": ([Instr(63)], Err.BAD_OPCODE),
+        "spad_range": ([Instr(Op.LOAD, m=1, n=8, c=D - 4, host=0, width=1)], Err.SPAD_RANGE),
+        "shape": ([Instr(Op.GEMM, m=1, k=cfg.spad_b_depth, n=4)], Err.BAD_SHAPE),
+        "route_before_scores": ([Instr(Op.ROUTE, m=2, n=cfg.n_experts, k=cfg.top_k, a=0, b=64,
+                                       c=128)], Err.NO_SCORES),
+        "host_range": ([Instr(Op.STORE, m=1, n=64, a=0, host=4096, width=4)], Err.HOST_RANGE),
+        "pc_range": ([Instr(Op.JUMP, target=cfg.imem_depth)], Err.PC_RANGE),
+        "no_route": ([Instr(Op.GATHER, m=2, n=2)], Err.NO_ROUTE),
+    }
+
+
+@cocotb.test()
+async def test_bad_programs(dut):
+    """Each bad program stops with its code, writes no host byte, keeps the bus alive; a soft
+    reset recovers and a good program then runs."""
+    tb = TB(dut)
+    await tb.reset()
+    cfg = tb.cfg
+    image = bytes(random.randrange(256) for _ in range(1024))
+    for name, (instrs, code) in _bad_programs(cfg).items():
+        prog = instrs + [Instr(Op.STORE, m=1, n=4, a=0, host=0, width=4), Instr(Op.HALT)]
+        await tb.load(prog, image, window=(0, 1024))
+        err, pc, done = await tb.run(poll=10)
+        assert err == code and pc == len(instrs) - 1 and not done, \
+            f"{name}: got {Err(err).name} at pc {pc}, expected {code.name}"
+        assert tb.ram.read(0, 1024) == image, f"{name}: host memory written"
+        assert await tb.rd(Reg.HOST_SIZE) == 1024       # the bus answers
+        await tb.wr(Reg.CTRL, 2)                          # soft reset clears the error
+        assert (await tb.rd(Reg.STATUS)) & 0xFF04 == 0, f"{name}: error survives a soft reset"
+    # a good program after all that: LOAD 16 words, STORE them elsewhere
+    prog = [Instr(Op.LOAD, m=1, n=16, c=5, host=0, width=4),
+            Instr(Op.STORE, m=1, n=16, a=5, host=512, width=4), Instr(Op.HALT)]
+    await tb.load(prog, image, window=(0, 1024))
+    err, pc, done = await tb.run(poll=10)
+    assert err == Err.NONE and done
+    assert tb.ram.read(512, 64) == image[:64]
+
+
+@cocotb.test()
+async def test_soft_reset_mid_run(dut):
+    """A soft reset in the middle of a block drains the bus and the block then reruns exactly."""
+    tb = TB(dut)
+    await tb.reset()
+    cfg = tb.cfg
+    Q, xq, _ = make_block(cfg, 4, tb.seed)
+    prog = compile_block(Q, xq, cfg)
+    await tb.load(prog.instrs, prog.image)
+    await tb.wr(Reg.CTRL, 1)
+    await ClockCycles(dut.clk, 3000)
+    assert (await tb.rd(Reg.STATUS)) & 1, "the block should still be running"
+    await tb.wr(Reg.CTRL, 2)
+    for _ in range(100):
+        await RisingEdge(dut.clk)
+    status = await tb.rd(Reg.STATUS)
+    assert status & 0xFF07 == 0, f"status {status:#x} after a soft reset"
+    await tb.wr(Reg.CTRL, 4)
+    err, pc, done = await tb.run()
+    assert err == Err.NONE and done
+    ref = latent_moe_int(xq, Q, cfg)
+    assert np.array_equal(prog.outputs(tb.ram.read(0, len(prog.image)))["y"], ref["y"])

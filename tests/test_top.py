@@ -1,0 +1,35 @@
+"""The nano-KPU top level on Verilator through its AXI interfaces (sim/bench_top.py)."""
+
+import pytest
+
+from nanokpu.config import profile
+from nanokpu.top import NanoKPU
+from sim.runner import run_bench
+
+
+def _bench(name, testcase, **params):
+    cfg = profile(name)
+    run_bench(NanoKPU(cfg), f"kpu_{name}", "bench_top", testcase=testcase,
+              params={"profile": name, **params}, seed=params.get("seed", 1))
+
+
+def test_tiny_block_end_to_end():
+    _bench("tiny", "test_block", tokens=8, seed=1, seeds=2)
+
+
+def test_bad_programs_stop_with_codes():
+    _bench("tiny", "test_bad_programs", seed=3)
+
+
+def test_soft_reset_mid_run():
+    _bench("tiny", "test_soft_reset_mid_run", seed=4)
+
+
+@pytest.mark.slow
+def test_tiny_blocks_20_seeds():
+    _bench("tiny", "test_block", tokens=8, seed=100, seeds=20, pause=0.3)
+
+
+@pytest.mark.slow
+def test_small_block_end_to_end():
+    _bench("small", "test_block", tokens=16, seed=5, seeds=1, pause=0.1)
