@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from amaranth import Cat, Module, Signal
+from amaranth import Cat, Module, Signal, Value
 from amaranth.back import rtlil
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -102,6 +102,8 @@ _CELLS = {
         "bram": ("DP16KD",), "lutram": ("TRELLIS_DPR16X4",),
     },
 }
+#: Yosys cells that are no logic (flatten's record of the hierarchy).
+_BOOKKEEPING = ("$scopeinfo",)
 _LATCHES = ("$dlatch", "$adlatch", "$dlatchsr", "$sr", "$_DLATCH_P_", "$_DLATCH_N_")
 
 
@@ -188,9 +190,11 @@ class RegisterWrapper(wiring.Component):
 
     def __init__(self, dut: wiring.Component):
         self.dut = dut
-        ports = list(dut.signature.flatten(dut))
-        self.in_bits = sum(len(v) for _, m, v in ports if m.flow == In)
-        self.out_bits = sum(len(v) for _, m, v in ports if m.flow == Out)
+        ports = [(m.flow, Value.cast(v)) for _, m, v in dut.signature.flatten(dut)]
+        self.ins = [v for flow, v in ports if flow == In]
+        self.outs = [v for flow, v in ports if flow == Out]
+        self.in_bits = sum(len(v) for v in self.ins)
+        self.out_bits = sum(len(v) for v in self.outs)
         super().__init__({"sin": In(1), "load": In(1), "sout": Out(1)})
 
     @property
@@ -201,17 +205,15 @@ class RegisterWrapper(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.dut = self.dut
-        ins = [v for _, mem, v in self.dut.signature.flatten(self.dut) if mem.flow == In]
-        outs = [v for _, mem, v in self.dut.signature.flatten(self.dut) if mem.flow == Out]
         chain = Signal(max(self.in_bits, 1))
         m.d.sync += chain.eq(Cat(self.sin, chain[:-1]))
         pos = 0
-        for value in ins:
+        for value in self.ins:
             m.d.comb += value.eq(chain[pos:pos + len(value)])
             pos += len(value)
         capture = Signal(max(self.out_bits, 1))
         with m.If(self.load):
-            m.d.sync += capture.eq(Cat(*outs))
+            m.d.sync += capture.eq(Cat(*self.outs))
         with m.Else():
             m.d.sync += capture.eq(capture[1:])
         m.d.comb += self.sout.eq(capture[0])
@@ -235,7 +237,8 @@ def _yosys_script(top: str, target: Target) -> str:
     ])
 
 
-def _cells(stat_path: Path) -> dict[str, int]:
+def read_stat_cells(stat_path: Path) -> dict[str, int]:
+    """Cell counts by type of a Yosys ``stat -json`` file."""
     stat = json.loads(stat_path.read_text())
     return {k: int(v) for k, v in stat["design"].get("num_cells_by_type", {}).items()}
 
@@ -250,13 +253,13 @@ def _yosys(component, top: str, target: Target, cwd: Path, progress, t0) -> dict
         run_tool(["yosys", "-q", "-l", f"{top}.yosys.log", f"{top}.ys"], cwd, f"{top}.yosys.out",
                  f"yosys {target.synth_command.split()[0]} ({top})", progress, t0)
     except ToolError as exc:  # synth_* stops on a latch (check -assert): say so first
-        latches = _cells(cwd / "pre_stat.json") if (cwd / "pre_stat.json").exists() else {}
+        latches = read_stat_cells(cwd / "pre_stat.json") if (cwd / "pre_stat.json").exists() else {}
         found = {t: n for t, n in latches.items() if t in _LATCHES}
         if found:
             raise ToolError(f"{top}: latches after proc: {found}\n{exc}") from exc
         raise
-    pre = _cells(cwd / "pre_stat.json")
-    post = _cells(cwd / "stat.json")
+    pre = read_stat_cells(cwd / "pre_stat.json")
+    post = read_stat_cells(cwd / "stat.json")
     warnings = [ln for ln in (cwd / "check.txt").read_text().splitlines() if "Warning" in ln]
     families = _CELLS[target.family]
     resources = {kind: sum(post.get(t, 0) for t in types) for kind, types in families.items()}
@@ -270,7 +273,7 @@ def _yosys(component, top: str, target: Target, cwd: Path, progress, t0) -> dict
         "cells": post,
         "inferred": {t: n for t, n in pre.items() if t in ("$mul", "$mem_v2", "$macc", "$alu")},
         "latches": sum(pre.get(t, 0) + post.get(t, 0) for t in _LATCHES),
-        "unmapped": {t: n for t, n in post.items() if t.startswith("$")},
+        "unmapped": {t: n for t, n in post.items() if t.startswith("$") and t not in _BOOKKEEPING},
         "check_warnings": warnings,
     }
 
@@ -367,15 +370,20 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
               if cwd.resolve().is_relative_to(ROOT) else str(cwd)}
     report.update(_yosys(component, name, target, cwd, progress, t0))
     if pnr:
-        if wrapper is not None:
-            _yosys(wrapper, f"{name}_wrap", target, cwd, progress, t0)
-            timing = _nextpnr(f"{name}_wrap", target, cwd, goal, seed, progress, t0, ooc=False)
-            timing["flow"] = "register-wrapper"
-            timing["extra_ffs"] = wrapper.extra_ffs
-        else:
-            timing = _nextpnr(name, target, cwd, goal, seed, progress, t0, ooc=True)
-            timing["flow"] = "out-of-context"
-            timing["extra_ffs"] = 0
+        flow = "register-wrapper" if wrapper is not None else "out-of-context"
+        try:
+            if wrapper is not None:
+                _yosys(wrapper, f"{name}_wrap", target, cwd, progress, t0)
+                timing = _nextpnr(f"{name}_wrap", target, cwd, goal, seed, progress, t0, ooc=False)
+            else:
+                timing = _nextpnr(name, target, cwd, goal, seed, progress, t0, ooc=True)
+        except ToolError as exc:  # typically: does not fit; keep the synthesis report
+            errors = [ln for ln in str(exc).splitlines() if ln.startswith("ERROR")]
+            timing = {"fmax_mhz": None, "error": (errors or [str(exc).splitlines()[0]])[-1]}
+            if progress:
+                progress(f"{_stamp(t0)} place and route failed: {timing['error']}")
+        timing["flow"] = flow
+        timing["extra_ffs"] = wrapper.extra_ffs if wrapper is not None else 0
         timing["goal_mhz"] = goal
         timing["met"] = timing["fmax_mhz"] is not None and timing["fmax_mhz"] >= goal
         report["pnr"] = timing
@@ -393,7 +401,9 @@ def summary_line(report: dict) -> str:
              f"BRAM {r['bram']}/{t['bram']}"]
     if t.get("spram"):
         parts.append(f"SPRAM {r.get('spram', 0)}/{t['spram']}")
-    if "pnr" in report:
+    if "pnr" in report and report["pnr"].get("error"):
+        parts.append(f"place and route failed: {report['pnr']['error']}")
+    elif "pnr" in report:
         p = report["pnr"]
         parts.append(f"Fmax {p['fmax_mhz']} MHz (goal {p['goal_mhz']:g}: {'met' if p['met'] else 'MISSED'})")
     return ", ".join(parts)

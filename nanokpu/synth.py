@@ -73,7 +73,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from fpga.flow import REPORT_DIR, TARGETS
+    from fpga.flow import REPORT_DIR, TARGETS, ToolError
     from fpga.report import write_reports
     from nanokpu.generate import UNITS
 
@@ -95,9 +95,13 @@ def run(args) -> int:
     if not units:
         raise ValueError("unit: no unit is registered in nanokpu.generate.UNITS; name one with --unit")
     reports = []
-    for profile_name, target in jobs:
-        reports += run_units(profile_name, target, units, pnr=not args.no_pnr, freq=args.freq,
-                             seed=args.seed)
+    try:
+        for profile_name, target in jobs:
+            reports += run_units(profile_name, target, units, pnr=not args.no_pnr, freq=args.freq,
+                                 seed=args.seed)
+    except ToolError as exc:
+        print(f"nanokpu synth: {exc}", file=sys.stderr)
+        return 1
     stem = "summary" if args.all else f"{args.profile}-{jobs[0][1]}"
     for path in write_reports(reports, out, stem, command):
         print(f"wrote {path}")

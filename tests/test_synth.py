@@ -135,3 +135,13 @@ def test_benchmark_all_units():
     if not UNITS:
         pytest.skip("no unit registered yet")
     assert main(["synth", "--all"]) == 0
+
+
+@pytest.mark.slow
+def test_board_build_icebreaker():
+    """The iCEBreaker bitstream: the UART bridge around the tiny sigmoid (about 30 s)."""
+    from fpga.boards import build_board
+    report = build_board("icebreaker")
+    assert report["bitstream_bytes"] > 100_000  # an UP5K image is 104090 bytes
+    assert report["fmax_mhz"] > report["clock_mhz"]
+    assert report["utilization"]["SB_IO"]["used"] == 3  # clk, rx, tx

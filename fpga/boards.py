@@ -1,0 +1,125 @@
+"""Board builds: a unit behind the UART register bridge, through an amaranth-boards platform.
+
+``nanokpu synth --board icebreaker`` (iCE40 UP5K, 12 MHz) or ``--board ulx3s`` (ECP5-85F,
+25 MHz) writes ``fpga/build/board-<board>/`` with the platform's files, the tools' logs and the
+bitstream (``top.bin`` / ``top.bit``), and ``fpga/reports/board-<board>.{json,md}``. The
+board's FTDI UART reaches :class:`nanokpu.uart_bridge.UartBridge`, which exposes the unit's
+ports as byte registers (until the nano-KPU top level exists, the board build wraps one unit).
+Programming is left to the user (no board here): see ``fpga/README.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from amaranth import Elaboratable, Module
+
+from fpga.flow import BUILD_DIR, REPORT_DIR, TARGETS, parse_nextpnr_report, read_stat_cells, run_tool
+from nanokpu.uart_bridge import UartBridge
+
+__all__ = ["BOARDS", "Board", "BoardTop", "build_board"]
+
+
+@dataclass(frozen=True)
+class Board:
+    """An amaranth-boards platform, the flow target it matches and the default unit it carries."""
+
+    platform: str          #: ``module:class`` in amaranth_boards
+    target: str            #: key of :data:`fpga.flow.TARGETS`
+    profile: str           #: default profile
+    unit: str              #: default unit (a name of nanokpu.generate.UNITS)
+    bitstream: str         #: file name of the bitstream
+
+
+BOARDS: dict[str, Board] = {
+    "icebreaker": Board("amaranth_boards.icebreaker:ICEBreakerPlatform", "up5k", "tiny", "sigmoid",
+                        "top.bin"),
+    "ulx3s": Board("amaranth_boards.ulx3s:ULX3S_85F_Platform", "ecp5-85f", "small", "gemm", "top.bit"),
+}
+
+
+class BoardTop(Elaboratable):
+    """The board's UART (``uart`` resource 0) wired to a :class:`UartBridge` around ``unit``."""
+
+    def __init__(self, unit, baud: int = 115200):
+        self.unit, self.baud = unit, baud
+
+    def elaborate(self, platform):
+        m = Module()
+        uart = platform.request("uart", 0)
+        m.submodules.bridge = bridge = UartBridge(self.unit, int(platform.default_clk_frequency), self.baud)
+        m.d.comb += [bridge.rx.eq(uart.rx.i), uart.tx.o.eq(bridge.tx)]
+        if "uart_tx_enable" in {r.name for r in platform.resources.values()}:
+            m.d.comb += platform.request("uart_tx_enable", 0).o.eq(1)  # ULX3S: FTDI TX buffer
+        return m
+
+
+def build_board(board: str, *, profile_name: str | None = None, unit: str | None = None,
+                seed: int = 1, progress: Callable[[str], None] | None = None) -> dict:
+    """Synthesize, place, route and pack ``unit`` (behind the UART bridge) for ``board``.
+
+    Returns the report dict (also written to ``fpga/reports/board-<board>.json`` and ``.md``):
+    resources, Fmax against the board clock, and the bitstream path. Raises ``ValueError`` on
+    an unknown board and :class:`fpga.flow.ToolError` when a tool fails (e.g. timing missed).
+    """
+    from nanokpu.config import profile
+    from nanokpu.synth import resolve_unit
+
+    if board not in BOARDS:
+        raise ValueError(f"board = {board!r}: must be one of {sorted(BOARDS)}")
+    spec = BOARDS[board]
+    target = TARGETS[spec.target]
+    profile_name = profile_name or spec.profile
+    unit = unit or spec.unit
+    module, cls = spec.platform.split(":")
+    platform = getattr(importlib.import_module(module), cls)()
+    clk_mhz = platform.default_clk_frequency / 1e6
+    top = BoardTop(resolve_unit(unit)(profile(profile_name)))
+    cwd = BUILD_DIR / f"board-{board}"
+    t0 = time.monotonic()
+    synth_opts = "-dsp -device u -spram" if target.family == "ice40" else ""
+    plan = platform.prepare(top, name="top", synth_opts=synth_opts,
+                            script_after_read="proc; flatten; splitnets",
+                            script_after_synth="tee -q -o stat.json stat -json")
+    plan.extract(cwd)
+    run_tool(["yosys", "-q", "-l", "top.yosys.log", "top.ys"], cwd, "top.yosys.out",
+             f"yosys ({board}: {profile_name}/{unit} behind the UART bridge)", progress, t0)
+    common = ["--json", "top.json", "--report", "top.nextpnr.json", "--freq", f"{clk_mhz:g}",
+              "--seed", str(seed), "-l", "top.nextpnr.log", "-q", *target.nextpnr_args]
+    if target.family == "ice40":
+        run_tool(["nextpnr-ice40", *common, "--pcf", "top.pcf", "--asc", "top.asc"], cwd,
+                 "top.nextpnr.out", f"nextpnr-ice40 ({clk_mhz:g} MHz board clock)", progress, t0)
+        run_tool(["icepack", "top.asc", spec.bitstream], cwd, "top.pack.log", "icepack", progress, t0)
+    else:
+        run_tool(["nextpnr-ecp5", *common, "--lpf", "top.lpf", "--textcfg", "top.config"], cwd,
+                 "top.nextpnr.out", f"nextpnr-ecp5 ({clk_mhz:g} MHz board clock)", progress, t0)
+        run_tool(["ecppack", "--compress", "--input", "top.config", "--bit", spec.bitstream], cwd,
+                 "top.pack.log", "ecppack", progress, t0)
+    timing = parse_nextpnr_report(cwd / "top.nextpnr.json")
+    cells = read_stat_cells(cwd / "stat.json")
+    bitstream = cwd / spec.bitstream
+    report = {"board": board, "platform": spec.platform, "target": target.name, "profile": profile_name,
+              "unit": unit, "clock_mhz": clk_mhz, "fmax_mhz": timing["fmax_mhz"],
+              "utilization": timing["utilization"], "critical_path": timing["critical_path"],
+              "cells": cells, "bitstream": str(bitstream.relative_to(BUILD_DIR.parent.parent)),
+              "bitstream_bytes": bitstream.stat().st_size, "elapsed_s": round(time.monotonic() - t0, 1)}
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    (REPORT_DIR / f"board-{board}.json").write_text(json.dumps(report, indent=1) + "\n")
+    util = "\n".join(f"| {k} | {v['used']} | {v['available']} |" for k, v in sorted(timing["utilization"].items()))
+    (REPORT_DIR / f"board-{board}.md").write_text(
+        f"# Board build: {board}\n\nMade by `nanokpu synth --board {board}`"
+        f"{'' if unit == spec.unit else f' --unit {unit}'}"
+        f"{'' if profile_name == spec.profile else f' --profile {profile_name}'}.\n\n"
+        f"Unit `{unit}` of profile `{profile_name}` behind the UART register bridge "
+        f"(`nanokpu/uart_bridge.py`, 115200 baud 8N1) on {spec.platform.split(':')[1]}.\n\n"
+        f"Clock {clk_mhz:g} MHz, Fmax {timing['fmax_mhz']} MHz. Bitstream `{report['bitstream']}` "
+        f"({report['bitstream_bytes']} bytes, not committed: rebuild it with the command above).\n\n"
+        f"| resource | used | available |\n|---|---|---|\n{util}\n")
+    if progress:
+        progress(f"[{time.monotonic() - t0:7.1f}s] {board}: wrote {report['bitstream']} "
+                 f"(Fmax {timing['fmax_mhz']} MHz at a {clk_mhz:g} MHz clock)")
+    return report

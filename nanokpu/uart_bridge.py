@@ -1,0 +1,160 @@
+"""A UART-to-register bridge: a PC reaches a unit's ports over a serial line (8N1).
+
+Every input port bit of the wrapped unit comes from a writable byte register, every output
+port bit is readable. The flattened input ports (in signature order, least significant bit
+first) form the byte-addressed space ``IN``; the output ports form ``OUT``.
+
+Protocol (host -> bridge; unknown command bytes are ignored):
+
+==========  ==================  =========================================================
+bytes       reply               effect
+==========  ==================  =========================================================
+``W a d``   none                ``IN[a] = d``
+``P a d``   none                ``IN[a] = d`` for exactly one clock cycle, then back: a
+                                stream ``valid`` pulse moves one beat if ``ready`` was high
+``R a``     ``OUT[a]``          read one output byte (0 beyond the end)
+==========  ==================  =========================================================
+
+``W``, ``P`` and ``R`` are the ASCII bytes 0x57, 0x50 and 0x52; ``a`` is one byte.
+"""
+
+from __future__ import annotations
+
+from amaranth import Array, Cat, Const, Module, Signal, Value
+from amaranth.lib import wiring
+from amaranth.lib.cdc import FFSynchronizer
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["UartBridge", "CMD_WRITE", "CMD_PULSE", "CMD_READ"]
+
+CMD_WRITE, CMD_PULSE, CMD_READ = ord("W"), ord("P"), ord("R")
+
+
+class UartBridge(wiring.Component):
+    """UART (8N1, ``clk_freq / baud`` cycles a bit) register access to the ports of ``unit``.
+
+    Parameters
+    ----------
+    unit : wiring.Component
+        The wrapped unit, in the bridge's ``sync`` domain; at most 256 bytes of inputs and
+        256 bytes of outputs.
+    clk_freq : int
+        Clock frequency in Hz.
+    baud : int
+        Bit rate; ``clk_freq / baud`` must be at least 4.
+
+    Members
+    -------
+    rx : In(1, init=1)
+        Serial input (idle high), synchronised by two flip-flops inside.
+    tx : Out(1, init=1)
+        Serial output.
+
+    Latency: a ``W``/``P`` takes effect on the cycle after the stop bit of ``d`` is sampled;
+    the ``R`` reply starts one cycle after the stop bit of ``a``.
+    """
+
+    def __init__(self, unit: wiring.Component, clk_freq: int, baud: int = 115200):
+        divisor = int(clk_freq) // int(baud)
+        if divisor < 4:
+            raise ValueError(f"baud = {baud!r}: must be at most clk_freq / 4 = {int(clk_freq) // 4}")
+        ports = [(m.flow, Value.cast(v)) for _, m, v in unit.signature.flatten(unit)]
+        self.ins = [v for flow, v in ports if flow == In]
+        self.outs = [v for flow, v in ports if flow == Out]
+        self.in_bytes = -(-sum(len(v) for v in self.ins) // 8)
+        self.out_bytes = -(-sum(len(v) for v in self.outs) // 8)
+        if self.in_bytes > 256 or self.out_bytes > 256:
+            raise ValueError(f"unit: {self.in_bytes} input / {self.out_bytes} output bytes; "
+                             "the bridge addresses at most 256 of each")
+        self.unit, self.divisor = unit, divisor
+        super().__init__({"rx": In(1, init=1), "tx": Out(1, init=1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.unit = self.unit
+        div = self.divisor
+
+        # -- receiver: start bit, 8 data bits (LSB first) sampled mid-bit, stop bit ----------
+        rx = Signal(init=1)
+        m.submodules.rx_sync = FFSynchronizer(self.rx, rx, init=1)
+        rx_timer = Signal(range(div + div // 2 + 1))
+        rx_bits = Signal(range(10))
+        rx_shift = Signal(8)
+        rx_byte = Signal(8)
+        rx_strobe = Signal()
+        m.d.sync += rx_strobe.eq(0)
+        with m.FSM(name="uart_rx"):
+            with m.State("IDLE"):
+                with m.If(~rx):
+                    m.d.sync += [rx_timer.eq(div + div // 2 - 1), rx_bits.eq(0)]
+                    m.next = "DATA"
+            with m.State("DATA"):
+                m.d.sync += rx_timer.eq(rx_timer - 1)
+                with m.If(rx_timer == 0):
+                    m.d.sync += [rx_timer.eq(div - 1), rx_bits.eq(rx_bits + 1),
+                                 rx_shift.eq(Cat(rx_shift[1:], rx))]
+                    with m.If(rx_bits == 7):
+                        m.next = "STOP"
+            with m.State("STOP"):
+                m.d.sync += rx_timer.eq(rx_timer - 1)
+                with m.If(rx_timer == 0):
+                    with m.If(rx):  # a framing error drops the byte
+                        m.d.sync += [rx_byte.eq(rx_shift), rx_strobe.eq(1)]
+                    m.next = "IDLE"
+
+        # -- transmitter ----------------------------------------------------------------------
+        tx_start = Signal()
+        tx_data = Signal(8)
+        tx_shift = Signal(10, init=0x3FF)
+        tx_timer = Signal(range(div))
+        tx_bits = Signal(range(11))
+        m.d.comb += self.tx.eq(tx_shift[0])
+        with m.If(tx_bits == 0):
+            with m.If(tx_start):
+                m.d.sync += [tx_shift.eq(Cat(Const(0, 1), tx_data, Const(1, 1))),
+                             tx_bits.eq(10), tx_timer.eq(div - 1)]
+        with m.Elif(tx_timer == 0):
+            m.d.sync += [tx_shift.eq(Cat(tx_shift[1:], Const(1, 1))), tx_bits.eq(tx_bits - 1),
+                         tx_timer.eq(div - 1)]
+        with m.Else():
+            m.d.sync += tx_timer.eq(tx_timer - 1)
+
+        # -- register file and command decoder ------------------------------------------------
+        in_regs = Array(Signal(8, name=f"in{i}") for i in range(self.in_bytes))
+        in_bits = Cat(*in_regs)
+        pos = 0
+        for value in self.ins:
+            m.d.comb += value.eq(in_bits[pos:pos + len(value)])
+            pos += len(value)
+        out_bits = Cat(*self.outs)
+        out_regs = Array(out_bits[8 * i:8 * i + 8] for i in range(self.out_bytes))
+        cmd, addr = Signal(8), Signal(8)
+        restore, restore_addr, restore_data = Signal(), Signal(8), Signal(8)
+        m.d.sync += [tx_start.eq(0), restore.eq(0)]
+        with m.If(restore):
+            m.d.sync += in_regs[restore_addr].eq(restore_data)
+        with m.FSM(name="bridge"):
+            with m.State("CMD"):
+                with m.If(rx_strobe & ((rx_byte == CMD_WRITE) | (rx_byte == CMD_PULSE) |
+                                       (rx_byte == CMD_READ))):
+                    m.d.sync += cmd.eq(rx_byte)
+                    m.next = "ADDR"
+            with m.State("ADDR"):
+                with m.If(rx_strobe):
+                    m.d.sync += addr.eq(rx_byte)
+                    with m.If(cmd == CMD_READ):
+                        m.d.sync += [tx_data.eq(0), tx_start.eq(1)]
+                        with m.If(rx_byte < self.out_bytes):
+                            m.d.sync += tx_data.eq(out_regs[rx_byte])
+                        m.next = "CMD"
+                    with m.Else():
+                        m.next = "DATA"
+            with m.State("DATA"):
+                with m.If(rx_strobe):
+                    with m.If(addr < self.in_bytes):
+                        m.d.sync += in_regs[addr].eq(rx_byte)
+                        with m.If(cmd == CMD_PULSE):
+                            m.d.sync += [restore.eq(1), restore_addr.eq(addr),
+                                         restore_data.eq(in_regs[addr])]
+                    m.next = "CMD"
+        return m
