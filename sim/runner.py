@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import sys
+import weakref
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -60,10 +61,18 @@ def verilator_env() -> None:
     os.environ.setdefault("MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include")
 
 
+#: Verilog already converted, per component object and top name (benches that run several
+#: testcases on one large component convert it once; a component is not changed once built).
+_VERILOG: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def to_verilog(component, name: str) -> str:
     """Verilog text of an Amaranth component, reproducible (no source locations)."""
     from amaranth.back import verilog
-    return verilog.convert(component, name=name, emit_src=False)
+    texts = _VERILOG.setdefault(component, {})
+    if name not in texts:
+        texts[name] = verilog.convert(component, name=name, emit_src=False)
+    return texts[name]
 
 
 @contextlib.contextmanager
