@@ -113,13 +113,13 @@ class PwlEvaluator(wiring.Component):
     y : Out(ArrayLayout(out_shape, lanes))
         ``table(x)`` of the inputs sampled :attr:`latency` enabled cycles earlier.
 
-    Pipeline: address and fraction (1), table read and ``slope * f`` product (2), sum
-    and rounding (3). Error against the real function: :attr:`error_bound`. Costs one table of ``n_seg + 1`` words of
+    Pipeline: address and fraction (1), table read into a register (2), ``slope * f``
+    product (3), sum and rounding (4). Error against the real function: :attr:`error_bound`. Costs one table of ``n_seg + 1`` words of
     ``value_width + slope_width`` bits and one ``slope_width x seg_shift`` multiplier per lane.
     """
 
     #: Enabled cycles from ``x`` to ``y``.
-    latency = 3
+    latency = 4
 
     def __init__(self, table: intops.PwlTable, lanes: int):
         if not isinstance(table, intops.PwlTable):
@@ -153,7 +153,9 @@ class PwlEvaluator(wiring.Component):
         t = self.table
         m = Module()
         word = data.StructLayout({"value": self.value_shape, "slope": self.slope_shape})
-        m.submodules.table = table = Memory(shape=word, depth=t.n_seg + 1, init=self.words)
+        # Block RAM even when Yosys would rather spend LUTs on a small many-ported ROM.
+        m.submodules.table = table = Memory(shape=word, depth=t.n_seg + 1, init=self.words,
+                                            attrs={"rom_style": "block"})
         top = t.n_seg << t.seg_shift
         for lane in range(self.lanes):
             port = table.read_port()
@@ -166,16 +168,25 @@ class PwlEvaluator(wiring.Component):
                 clipped.eq(Mux(offset < 0, 0, Mux(offset > top, top, offset))),
                 port.addr.eq(clipped >> t.seg_shift),
             ]
-            frac = Signal(t.seg_shift)
-            # Stage 2: the table word arrives; interpolate.
-            value = Signal(self.value_shape)
-            product = Signal(signed(self.slope_shape.width + t.seg_shift + 1))
+            # Data registers have no reset (only the valid bits of the stream wrapper do).
+            def reg(shape, name):
+                return Signal(shape, name=f"{name}_{lane}", reset_less=True)
+            frac1, frac2 = reg(t.seg_shift, "frac1"), reg(t.seg_shift, "frac2")
+            word2 = reg(word, "word2")
+            value3 = reg(self.value_shape, "value3")
+            product3 = reg(signed(self.slope_shape.width + t.seg_shift + 1), "product3")
+            y4 = reg(self.out_shape, "y4")
+            m.d.comb += self.y[lane].eq(y4)
             with m.If(self.en):
                 m.d.sync += [
-                    frac.eq(clipped[:t.seg_shift]),
-                    value.eq(port.data.value),
-                    product.eq(port.data.slope * frac),
-                    # Stage 3: sum and round into the output register.
-                    self.y[lane].eq(round_shift(value + (product >> t.seg_shift), t.guard, t.rounding)),
+                    frac1.eq(clipped[:t.seg_shift]),
+                    # Stage 2: the table word arrives (registered: block RAM outputs are slow).
+                    word2.eq(port.data),
+                    frac2.eq(frac1),
+                    # Stage 3: the interpolation product.
+                    value3.eq(word2.value),
+                    product3.eq(word2.slope * frac2),
+                    # Stage 4: sum and round into the output register.
+                    y4.eq(round_shift(value3 + (product3 >> t.seg_shift), t.guard, t.rounding)),
                 ]
         return m

@@ -178,7 +178,7 @@ def plot_gate(cfg: KpuConfig, path: Path) -> Path:
     return path
 
 
-def render(synth: bool = True, pnr: bool = False, progress=None) -> str:
+def render(synth: bool = True, pnr: bool = True, progress=None) -> str:
     """The Markdown text of docs/activation.md."""
     parts = [
         "# Activation units: SiTU-GLU and sigmoid", "",
@@ -194,8 +194,9 @@ def render(synth: bool = True, pnr: bool = False, progress=None) -> str:
         "rounded value (checked exhaustively by `fit_pwl`). The RTL stores one (value, slope) word per "
         "breakpoint, the last with slope 0, so the top breakpoint needs no special case: "
         "`t = clip(x - x0)`, `i = t >> s`, `y = value[i] + (slope[i] * (t mod 2**s) >> s)`, then one "
-        "rounding shift by `pwl_guard` bits. Pipeline: address (1), table read and product (2), sum "
-        "and rounding (3); SiTU adds the factor product (4) and its rounding to `h_frac` (5). All "
+        "rounding shift by `pwl_guard` bits. Pipeline: address (1), table read into a register (2, "
+        "block RAM outputs are slow), interpolation product (3), sum and rounding (4); SiTU adds "
+        "the factor product (5) and its rounding to `h_frac` (6). Data registers have no reset. All "
         "lanes share one table through their own read ports. A stalled output stalls the whole "
         "pipeline (`ready = !valid_out | ready_out`), so full throughput needs no skid buffer.", "",
         f"Latency: SiTU {Situ.latency} cycles, sigmoid {Sigmoid.latency} cycles; one transfer of "
@@ -221,7 +222,8 @@ def render(synth: bool = True, pnr: bool = False, progress=None) -> str:
     if synth:
         parts += ["## ECP5 cost (Yosys `synth_ecp5`, LFE5U-85F)", "",
                   "`fpga.flow.synthesize` on the bare unit (`proc; flatten; splitnets; synth_ecp5`)"
-                  + ("; Fmax from nextpnr-ecp5 out of context." if pnr else "."), "",
+                  + ("; Fmax from nextpnr-ecp5 out of context (speed grade 6, goal 100 MHz; the clock on "
+                     "general routing, slightly pessimistic)." if pnr else "."), "",
                   *_synthesis(list(REPORT_CONFIGS), pnr, progress)]
     return "\n".join(parts)
 
@@ -229,12 +231,12 @@ def render(synth: bool = True, pnr: bool = False, progress=None) -> str:
 def add_arguments(parser) -> None:
     parser.add_argument("--out", type=Path, default=DOCS, help="output directory (default: docs/)")
     parser.add_argument("--no-synth", action="store_true", help="skip the Yosys synthesis section")
-    parser.add_argument("--pnr", action="store_true", help="also place and route for Fmax (slow)")
+    parser.add_argument("--no-pnr", action="store_true", help="skip nextpnr (no Fmax column)")
 
 
 def run(args) -> int:
     plot = plot_gate(REPORT_CONFIGS["tiny"], args.out / "activation_gate.png")
-    text = render(synth=not args.no_synth, pnr=args.pnr, progress=print)
+    text = render(synth=not args.no_synth, pnr=not args.no_pnr, progress=print)
     doc = args.out / "activation.md"
     doc.write_text(text)
     print(f"wrote {doc} and {plot}")

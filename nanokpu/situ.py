@@ -64,7 +64,7 @@ class Situ(wiring.Component):
         integers (else rounding may add a few LSB; :attr:`h_range` is exact either way).
 
     One transfer per cycle; :attr:`latency` cycles from an ``i`` transfer to its result on
-    ``o`` when ``o`` is not stalled (factor tables 3, product 1, rounding 1). Backpressure
+    ``o`` when ``o`` is not stalled (factor tables 4, product 1, rounding 1). Backpressure
     on ``o`` stalls the whole pipeline.
 
     Attributes: :attr:`h_range` (:func:`situ_h_range`, checked against ``h_width``) and
@@ -111,10 +111,12 @@ class Situ(wiring.Component):
                 gate.x[lane].eq(self.i.payload[lane].g),
                 up.x[lane].eq(self.i.payload[lane].u),
             ]
-            product = Signal(signed(gate.out_shape.width + up.out_shape.width))
+            product = Signal(signed(gate.out_shape.width + up.out_shape.width), reset_less=True)
+            h = Signal(signed(cfg.h_width), reset_less=True)
+            m.d.comb += self.o.payload[lane].eq(h)
             with m.If(advance):
                 m.d.sync += [
                     product.eq(gate.y[lane] * up.y[lane]),
-                    self.o.payload[lane].eq(round_shift(product, self.shift, cfg.rounding)),
+                    h.eq(round_shift(product, self.shift, cfg.rounding)),
                 ]
         return m

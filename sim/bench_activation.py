@@ -22,6 +22,7 @@ the golden comparison are bulk NumPy.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -301,11 +302,17 @@ BENCH_CONFIGS: dict[str, KpuConfig] = {
 }
 
 
+@functools.cache
+def _bench() -> ActivationBench:
+    """One bench top per process: the runner converts it to Verilog once."""
+    return ActivationBench(BENCH_CONFIGS)
+
+
 def run(key: str, testcase: str, seed: int, **params):
     """Run one bench of this module on the ``key`` units of ``ActivationBench(BENCH_CONFIGS)``."""
     from sim.runner import run_bench
 
-    return run_bench(ActivationBench(BENCH_CONFIGS), "activation", "bench_activation", testcase=testcase,
+    return run_bench(_bench(), "activation", "bench_activation", testcase=testcase,
                      seed=seed, params={"key": key, "cfg": BENCH_CONFIGS[key].as_dict(), "seed": seed, **params})
 
 

@@ -73,7 +73,7 @@ def test_error_against_float(beta1, beta2):
 def test_latency_and_ports():
     cfg = profile("small")
     dut = Situ(cfg)
-    assert dut.latency == 5
+    assert dut.latency == 6
     assert dut.i.payload.shape().length == dut.o.payload.shape().length == cfg.act_lanes
     assert dut.i.payload.shape().elem_shape.size == 2 * cfg.act_width
 
