@@ -17,6 +17,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-router": ("nanokpu.bench_router", "router cycles/token (Verilator) and ECP5 size at the k3 shape"),
     "qb-demo": ("nanokpu.qb_demo", "Quantile Balancing in closed loop with the router RTL; docs/qb_loop.*"),
     "bench-gemm": ("nanokpu.bench_gemm", "time LatentMoE GEMMs on the RTL GEMM engine, write docs/bench/gemm.md"),
+    "sim": ("nanokpu.simulate", "run a LatentMoE block on the nano-KPU RTL (Verilator) via its AXI buses"),
+    "bench-block": ("nanokpu.bench_block", "block cycles, utilization, busy shares on the RTL; docs/bench/block.md"),
     "synth": ("nanokpu.synth", "synthesize, place and route units for iCE40/ECP5; reports and bitstreams"),
     "report-errors": ("nanokpu.report_errors", "regenerate docs/errors.md, the integer-vs-float error table"),
     "report-activation": ("nanokpu.report_activation", "regenerate docs/activation.md and its gate plot"),

@@ -31,12 +31,14 @@ class KpuError(Exception):
 @dataclass
 class RunResult:
     """Outcome of :meth:`FuncSim.run`: ``error`` (:class:`Err`), ``pc`` where it stopped,
-    ``retired`` instructions and ``op_counts`` (executions per opcode)."""
+    ``retired`` instructions, ``op_counts`` (executions per opcode) and ``macs`` (multiply-
+    accumulates of the executed GEMMs, ``sum m*k*n``)."""
 
     error: Err
     pc: int
     retired: int
     op_counts: dict
+    macs: int = 0
 
 
 def check(cond: bool, code: Err, msg: str = ""):
@@ -98,6 +100,7 @@ class FuncSim:
         self.route_done, self.expert, self.count, self.offset = False, -1, 0, 0
         self.scores = None
         pc, retired, counts = 0, 0, {}
+        self.macs = 0
         for _ in range(max_steps):
             try:
                 check(pc < self.cfg.imem_depth, Err.PC_RANGE, f"pc {pc}")
@@ -107,10 +110,10 @@ class FuncSim:
                 except ValueError:
                     raise KpuError(Err.BAD_OPCODE, f"opcode {ins.op} at pc {pc}") from None
                 if op == Op.HALT:
-                    return RunResult(Err.NONE, pc, retired, counts)
+                    return RunResult(Err.NONE, pc, retired, counts, self.macs)
                 nxt = self.step(ins, op, pc)
             except KpuError as exc:
-                return RunResult(exc.code, pc, retired, counts)
+                return RunResult(exc.code, pc, retired, counts, self.macs)
             counts[op.name] = counts.get(op.name, 0) + 1
             retired += 1
             pc = nxt
@@ -187,6 +190,7 @@ class FuncSim:
             panels = np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=np.int8)
             B = panels.reshape(-1, k, cfg.cols).transpose(1, 0, 2).reshape(k, -1)[:, :n]
             self._write(c, I.matmul_int(A, B, cfg.acc_width))
+            self.macs += m * k * n
         elif op == Op.REQUANT:
             if ins.flags & F_RQ_EXPERT:
                 mult, shift = (int(v) for v in self._read(b + 2 * self.expert, 2))

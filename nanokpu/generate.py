@@ -19,6 +19,7 @@ UNITS: dict[str, str] = {
     "gemm": "nanokpu.gemm:GemmEngine",
     "sigmoid": "nanokpu.sigmoid:Sigmoid",
     "situ": "nanokpu.situ:Situ",
+    "kpu": "nanokpu.top:NanoKPU",
 }
 
 #: The profiles whose Verilog is committed under rtl/.

@@ -95,14 +95,18 @@ class TB:
         await self.wr(Reg.HOST_BASE, base)
         await self.wr(Reg.HOST_SIZE, size)
 
-    async def run(self, poll: int = 2000, limit: int = 20_000_000):
-        """Start and poll STATUS until the controller stops; returns (error code, pc)."""
+    async def run(self, poll: int = 2000, limit: int = 20_000_000, n_instrs: int = 0):
+        """Start and poll STATUS until the controller stops; returns (error code, pc, done).
+        With ``progress`` set in the parameters, prints the pc and cycles every 25 polls."""
         await self.wr(Reg.CTRL, 1)
         waited = 0
         while True:
             status = await self.rd(Reg.STATUS)
             if not status & 1:
                 return (status >> 8) & 0xFF, status >> 16, bool(status & 2)
+            if self.p.get("progress") and waited % (25 * poll) == 0:
+                print(f"[nanokpu sim] running: pc {status >> 16:3d}/{n_instrs}, "
+                      f"{await self.rd(Reg.INSTRS)} instructions, {waited} cycles", flush=True)
             await ClockCycles(self.dut.clk, poll)
             waited += poll
             assert waited < limit, f"seed {self.seed}: no stop within {limit} cycles"
@@ -124,7 +128,7 @@ async def run_block(tb: TB, seed: int, tokens: int) -> dict:
     ref = latent_moe_int(xq, Q, cfg)
     await tb.wr(Reg.CTRL, 4)                     # clear the routing load counters
     await tb.load(prog.instrs, prog.image)
-    err, pc, done = await tb.run()
+    err, pc, done = await tb.run(n_instrs=len(prog.instrs))
     assert err == Err.NONE and done, f"seed {seed}: stopped with {Err(err).name} at pc {pc}"
     out = prog.outputs(tb.ram.read(0, len(prog.image)))
     for key in ("y", "idx", "weights", "loads"):
@@ -139,7 +143,7 @@ async def run_block(tb: TB, seed: int, tokens: int) -> dict:
     assert e["cosine"] > COSINE_MIN, f"seed {seed}: cosine {e['cosine']} vs the float block"
     counters = await tb.counters()
     counters.update(error=e, instructions=res.retired, seed=seed, tokens=tokens,
-                    op_counts=res.op_counts)
+                    op_counts=res.op_counts, macs=res.macs, bit_exact=True)
     tb.dut._log.info(f"seed {seed}: bit-exact, {counters}")
     return counters
 
