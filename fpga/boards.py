@@ -38,7 +38,7 @@ class Board:
 BOARDS: dict[str, Board] = {
     "icebreaker": Board("amaranth_boards.icebreaker:ICEBreakerPlatform", "up5k", "tiny", "sigmoid",
                         "top.bin"),
-    "ulx3s": Board("amaranth_boards.ulx3s:ULX3S_85F_Platform", "ecp5-85f", "small", "gemm", "top.bit"),
+    "ulx3s": Board("amaranth_boards.ulx3s:ULX3S_85F_Platform", "ecp5-85f", "tiny", "gemm", "top.bit"),
 }
 
 

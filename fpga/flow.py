@@ -147,6 +147,18 @@ def vendor_sim_model(cell: str, family: str = "ice40") -> Path:
     return path
 
 
+#: Seconds between the "still running" lines of a long tool run.
+HEARTBEAT_S = 60
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:100] if lines else ""
+
+
 def _stamp(t0: float) -> str:
     return f"[{time.monotonic() - t0:7.1f}s]"
 
@@ -156,9 +168,17 @@ def run_tool(argv: list[str], cwd: Path, log: str, stage: str, progress: Callabl
     """Run a YoWASP tool in ``cwd``; its output goes to ``cwd/log``. Raises :class:`ToolError`."""
     if progress:
         progress(f"{_stamp(t0)} {stage} ...")
+    watch = cwd / argv[argv.index("-l") + 1] if "-l" in argv else cwd / log
     with open(cwd / log, "w") as out:
-        proc = subprocess.run([_tool(argv[0]), *argv[1:]], cwd=cwd, stdout=out,
-                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen([_tool(argv[0]), *argv[1:]], cwd=cwd, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        while True:
+            try:
+                proc.wait(timeout=HEARTBEAT_S)
+                break
+            except subprocess.TimeoutExpired:
+                if progress:
+                    progress(f"{_stamp(t0)} {stage} still running: {_last_line(watch)}")
     if proc.returncode != 0:
         tail = (cwd / log).read_text(errors="replace").splitlines()[-15:]
         raise ToolError(f"{stage} failed (exit {proc.returncode}); log: {cwd / log}\n" + "\n".join(tail))
