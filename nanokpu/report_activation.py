@@ -190,8 +190,9 @@ def render(synth: bool = True, pnr: bool = True, progress=None) -> str:
         "## Design", "",
         "Each factor is a `PwlTable` fitted at elaboration time from the config (betas, formats, "
         "guard bits): uniform segments of `2**seg_shift` input LSB over the narrowest power-of-two "
-        "domain whose flat tails already meet the bound, every output within 1 LSB of the correctly "
-        "rounded value (checked exhaustively by `fit_pwl`). The RTL stores one (value, slope) word per "
+        "domain outside which the correctly rounded function is constant (exact flat tails), every "
+        "output within 1 LSB of the correctly rounded value (checked exhaustively by `fit_pwl`). "
+        "The RTL stores one (value, slope) word per "
         "breakpoint, the last with slope 0, so the top breakpoint needs no special case: "
         "`t = clip(x - x0)`, `i = t >> s`, `y = value[i] + (slope[i] * (t mod 2**s) >> s)`, then one "
         "rounding shift by `pwl_guard` bits. Pipeline: address (1), table read into a register (2, "
@@ -218,7 +219,20 @@ def render(synth: bool = True, pnr: bool = True, progress=None) -> str:
     for key, cfg in REPORT_CONFIGS.items():
         if key != "small":
             parts += [f"### `{key}`", "", *_errors(cfg)]
-    parts += ["![fixed-point gate and its error](activation_gate.png)", ""]
+    parts += ["![fixed-point gate and its error](activation_gate.png)", "",
+              "## Notes", "",
+              "- The bound `|h| <= beta1*beta2` holds exactly when `beta1 * 2**situ_frac`, "
+              "`beta2 * 2**situ_frac` and `beta1*beta2 * 2**h_frac` are integers (K3's 4/25 and 2/8 "
+              "are). Otherwise the factors' rounding can push `|h|` a few LSB past it, which the "
+              "config's analytic `h_width` check does not see: `Situ` computes the exact range of `h` "
+              "from its tables (`situ_h_range`) and refuses an `h_width` that cannot hold it "
+              "(`tests/test_situ.py` has such a config).",
+              "- The sigmoid takes `act_lanes` logits per cycle; a router wanting `route_lanes` can "
+              "build it from `cfg.replace(act_lanes=cfg.route_lanes)`.",
+              "- Not done: odd symmetry (`up`, and `sigmoid(-x) = 1 - sigmoid(x)`) would halve those "
+              "tables, but needs a sign-magnitude evaluation in the golden `PwlTable`; the `up` "
+              "table's last word (slope 0) is unreachable when the domain is the whole input range.",
+              ""]
     if synth:
         parts += ["## ECP5 cost (Yosys `synth_ecp5`, LFE5U-85F)", "",
                   "`fpga.flow.synthesize` on the bare unit (`proc; flatten; splitnets; synth_ecp5`)"
