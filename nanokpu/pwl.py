@@ -114,8 +114,9 @@ class PwlEvaluator(wiring.Component):
         ``table(x)`` of the inputs sampled :attr:`latency` enabled cycles earlier.
 
     Pipeline: address and fraction (1), table read into a register (2), ``slope * f``
-    product (3), sum and rounding (4). Error against the real function: :attr:`error_bound`. Costs one table of ``n_seg + 1`` words of
-    ``value_width + slope_width`` bits and one ``slope_width x seg_shift`` multiplier per lane.
+    product (3), sum and rounding (4). Error against the real function: :attr:`error_bound`.
+    Costs one table of ``n_seg + 1`` words of ``value_width + slope_width`` bits (one read
+    port per lane) and one ``slope_width x seg_shift`` multiplier per lane.
     """
 
     #: Enabled cycles from ``x`` to ``y``.
@@ -169,7 +170,7 @@ class PwlEvaluator(wiring.Component):
                 port.addr.eq(clipped >> t.seg_shift),
             ]
             # Data registers have no reset (only the valid bits of the stream wrapper do).
-            def reg(shape, name):
+            def reg(shape, name, lane=lane):
                 return Signal(shape, name=f"{name}_{lane}", reset_less=True)
             frac1, frac2 = reg(t.seg_shift, "frac1"), reg(t.seg_shift, "frac2")
             word2 = reg(word, "word2")
