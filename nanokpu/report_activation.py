@@ -19,7 +19,7 @@ from nanokpu.pwl import error_bound, out_range, range_shape
 from nanokpu.sigmoid import Sigmoid
 from nanokpu.situ import Situ, situ_error_bound, situ_h_range
 
-__all__ = ["REPORT_CONFIGS", "error_stats", "factor_errors", "situ_errors", "render", "plot_gate"]
+__all__ = ["REPORT_CONFIGS", "SYNTH_RUNS", "error_stats", "factor_errors", "situ_errors", "render", "plot_gate"]
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -124,21 +124,25 @@ def _errors(cfg: KpuConfig) -> list[str]:
     return rows + [""]
 
 
-def _synthesis(keys: list[str], pnr: bool, progress) -> list[str]:
+#: (report config, fpga.flow target) pairs synthesized for the cost table.
+SYNTH_RUNS = [(key, "ecp5-85f") for key in REPORT_CONFIGS] + [("tiny", "up5k")]
+
+
+def _synthesis(pnr: bool, progress) -> list[str]:
     from fpga.flow import synthesize
 
-    rows = ["| config | unit | lanes | latency (cycles) | LUT4 | FF | DSP (MULT18X18D) | BRAM (DP16KD) "
+    rows = ["| config | target | unit | lanes | latency (cycles) | LUT4 | FF | DSP | BRAM "
             + ("| Fmax (MHz) |" if pnr else "|"),
-            "|---|---|---|---|---|---|---|---" + ("|---|" if pnr else "|")]
-    for key in keys:
+            "|---|---|---|---|---|---|---|---|---" + ("|---|" if pnr else "|")]
+    for key, target in SYNTH_RUNS:
         cfg = REPORT_CONFIGS[key]
         slug = key.replace(", ", "_").replace(" ", "").replace("/", "x")
         for unit in (Situ(cfg), Sigmoid(cfg)):
             name = f"act_{type(unit).__name__.lower()}_{slug}"
-            rep = synthesize(unit, name, "ecp5-85f", pnr=pnr, progress=progress)
+            rep = synthesize(unit, name, target, pnr=pnr, progress=progress)
             r = rep["resources"]
-            row = (f"| {key} | {type(unit).__name__} | {cfg.act_lanes} | {unit.latency} | {r['lut']} "
-                   f"| {r['ff']} | {r['dsp']} | {r['bram']} |")
+            row = (f"| {key} | {target} | {type(unit).__name__} | {cfg.act_lanes} | {unit.latency} "
+                   f"| {r['lut']} | {r['ff']} | {r['dsp']} | {r['bram']} |")
             rows.append(row + (f" {rep['pnr']['fmax_mhz']} |" if pnr else ""))
     return rows + [""]
 
@@ -234,11 +238,13 @@ def render(synth: bool = True, pnr: bool = True, progress=None) -> str:
               "table's last word (slope 0) is unreachable when the domain is the whole input range.",
               ""]
     if synth:
-        parts += ["## ECP5 cost (Yosys `synth_ecp5`, LFE5U-85F)", "",
-                  "`fpga.flow.synthesize` on the bare unit (`proc; flatten; splitnets; synth_ecp5`)"
-                  + ("; Fmax from nextpnr-ecp5 out of context (speed grade 6, goal 100 MHz; the clock on "
-                     "general routing, slightly pessimistic)." if pnr else "."), "",
-                  *_synthesis(list(REPORT_CONFIGS), pnr, progress)]
+        parts += ["## FPGA cost", "",
+                  "`fpga.flow.synthesize` on the bare unit (`proc; flatten; splitnets; synth_ecp5` for the "
+                  "LFE5U-85F: DSP = MULT18X18D, BRAM = DP16KD (18 Kbit); `synth_ice40 -dsp` for the "
+                  "UP5K: DSP = SB_MAC16, BRAM = SB_RAM40_4K (4 Kbit), 30 on the part)"
+                  + ("; Fmax from nextpnr (ECP5 out of context, speed grade 6, goal 100 MHz; iCE40 "
+                     "with register-wrapped ports, goal 30 MHz)." if pnr else "."), "",
+                  *_synthesis(pnr, progress)]
     return "\n".join(parts)
 
 
