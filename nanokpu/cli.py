@@ -12,6 +12,7 @@ import sys
 
 #: subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "flow": ("nanokpu.flow", "the main job: golden model, generate, simulate and synthesize a nano-KPU"),
     "demo": ("nanokpu.demo", "run a K3 LatentMoE block through the golden model and summarise it"),
     "generate": ("nanokpu.generate", "write the generated Verilog of a profile"),
     "bench-router": ("nanokpu.bench_router", "router cycles/token (Verilator) and ECP5 size at the k3 shape"),

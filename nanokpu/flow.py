@@ -1,0 +1,88 @@
+"""``nanokpu flow``: the main job. It generates, simulates and synthesizes one nano-KPU.
+
+The steps, each printed as it runs:
+
+1. golden: one LatentMoE block on the float and the integer path (:mod:`nanokpu.demo`);
+2. generate: the Verilog of every unit into ``rtl/<profile>/`` (:mod:`nanokpu.generate`);
+3. simulate: a block on the nano-KPU RTL on Verilator through its AXI interfaces, checked bit
+   for bit against the golden integer block (:mod:`nanokpu.simulate`);
+4. synthesize: the whole nano-KPU with Yosys and nextpnr for the profile's FPGA
+   (:mod:`nanokpu.synth`); the reports land in ``fpga/reports/``.
+
+It ends with a summary of what it did and where the outputs are. It exits non-zero if the RTL
+is not bit-exact or the design has latches or unmapped cells.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from nanokpu.config import profile
+
+
+def _step(n: int, title: str) -> float:
+    print(f"\n== [{n}/4] {title}", flush=True)
+    return time.perf_counter()
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--profile", default="tiny", choices=["tiny", "small"])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--target", default=None, help="FPGA target (default: the profile's own)")
+    parser.add_argument("--no-synth", action="store_true", help="skip step 4 (Yosys and nextpnr)")
+
+
+def run(args) -> int:
+    from fpga.flow import REPORT_DIR, summary_line
+    from fpga.report import write_reports
+    from nanokpu import demo, generate, simulate, synth
+
+    cfg = profile(args.profile)
+    done: list[str] = []
+    t_all = time.perf_counter()
+
+    t0 = _step(1, f"golden model: one LatentMoE block of profile '{cfg.name}'")
+    for line in demo.block_summary(cfg, 32, np.random.default_rng(args.seed)):
+        print(line)
+    done.append(f"golden block ran on the float and integer paths ({time.perf_counter() - t0:.1f} s)")
+
+    t0 = _step(2, "generate Verilog")
+    paths = generate.generate(cfg.name, generate.RTL_DIR / cfg.name)
+    for path in paths:
+        print(f"  wrote {path.relative_to(generate.RTL_DIR.parent)} ({path.stat().st_size:,} bytes)")
+    done.append(f"generated {len(paths)} Verilog files in rtl/{cfg.name}/ ({time.perf_counter() - t0:.1f} s)")
+
+    t0 = _step(3, "simulate a block on the RTL (Verilator, cocotb, AXI)")
+    tokens = simulate.DEFAULT_TOKENS.get(cfg.name, 8)
+    result = simulate.simulate(cfg, tokens, args.seed, pause=0.2)
+    print(simulate.format_summary(cfg, result))
+    exact = bool(result.get("bit_exact"))
+    done.append(f"simulated {tokens} tokens on the RTL: "
+                + (f"{result['cycles']:,} cycles, bit-exact with the golden integer block"
+                   if exact else "NOT bit-exact"))
+
+    status = 0 if exact else 1
+    if args.no_synth:
+        done.append("synthesis skipped (--no-synth)")
+    else:
+        target = args.target or synth.DEFAULT_TARGET[cfg.name]
+        t0 = _step(4, f"synthesize the nano-KPU for {target} (Yosys, nextpnr; takes minutes)")
+        reports = synth.run_units(cfg.name, target, ["kpu"], pnr=True, seed=args.seed)
+        written = write_reports(reports, REPORT_DIR, f"flow-{cfg.name}-{target}",
+                                f"nanokpu flow --profile {cfg.name}")
+        r = reports[0]
+        print("  " + summary_line(r))
+        for path in written:
+            print(f"  wrote {path}")
+        if r["latches"] or r["unmapped"]:
+            status = 1
+        done.append(f"synthesized for {target}: {summary_line(r)} ({time.perf_counter() - t0:.0f} s); "
+                    f"report {written[0]}")
+
+    print(f"\n== nanokpu flow, profile '{cfg.name}': done in {time.perf_counter() - t_all:.0f} s")
+    for line in done:
+        print(f"  - {line}")
+    return status
+
