@@ -4,7 +4,7 @@ For each profile the GEMMs of one LatentMoE block (``T`` tokens; the routed expe
 with the average ``T * top_k / n_experts`` tokens per expert) run through
 ``sim/bench_gemm.py::test_exact_cycles``: sources never idle, the sink never stalls, every
 result is checked bit for bit against :mod:`golden.intops` and every cycle count against
-:meth:`nanokpu.gemm.GemmEngine.ideal_cycles`. Per shape it reports cycles (command accepted
+:func:`nanokpu.gemm.gemm_cycles`. Per shape it reports cycles (command accepted
 to ``done``, loading A and B and storing the results included), ideal cycles
 ``M*K*N / (rows*cols)``, utilisation = ideal / cycles (Gemmini's definition) and the
 simulation speed in cycles per wall-clock second, and writes ``docs/bench/gemm.md``.
@@ -40,8 +40,11 @@ def block_gemms(cfg: KpuConfig, tokens: int) -> list[tuple[str, int, int, int]]:
     ]
 
 
-def breakdown(cfg: KpuConfig, tile_gap: int, m: int, k: int, n: int) -> dict[str, int]:
-    """Where the cycles of :meth:`GemmEngine.ideal_cycles` go (they sum to it)."""
+def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
+    """Where the cycles of :func:`nanokpu.gemm.gemm_cycles` go (they sum to it)."""
+    from nanokpu.gemm import tile_gap
+
+    gap = tile_gap(cfg)
     mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
     tiles = mb * nb
     steps = tiles * k
@@ -49,23 +52,22 @@ def breakdown(cfg: KpuConfig, tile_gap: int, m: int, k: int, n: int) -> dict[str
     return {
         "useful": useful,
         "edge": steps - useful,                          # padded rows/columns of edge tiles
-        "gap": (tiles - 1) * (max(k, tile_gap) - k),     # tiles shorter than the drain rule
-        "fill": (mb + 2) + k,                            # command check + first B panel
+        "gap": (tiles - 1) * (max(k, gap) - k),          # tiles shorter than the drain rule
+        "fill": (mb + 2) + 1,                            # command check + first words
         "drain": cfg.rows + 2 * cfg.cols + 1,            # last step through array and drain
         "store": mb * n + 6,                             # requantised results out
     }
 
 
-def run_profile(name: str, seed: int) -> tuple[KpuConfig, int, list[dict]]:
+def run_profile(name: str, seed: int) -> tuple[KpuConfig, list[dict]]:
     from nanokpu.gemm import GemmEngine
     from sim.runner import run_bench
 
     cfg = profile(name)
-    engine = GemmEngine(cfg)
     gemms = block_gemms(cfg, TOKENS[name])
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
-        run_bench(engine, "gemm", "bench_gemm", testcase="test_exact_cycles", seed=seed,
+        run_bench(GemmEngine(cfg), "gemm", "bench_gemm", testcase="test_exact_cycles", seed=seed,
                   params={"profile": name, "seed": seed, "report": str(report),
                           "timing": [[m, k, n] for _, m, k, n in gemms]})
         rows = json.loads(report.read_text())
@@ -74,8 +76,8 @@ def run_profile(name: str, seed: int) -> tuple[KpuConfig, int, list[dict]]:
         row["ideal"] = row["m"] * row["k"] * row["n"] / (cfg.rows * cfg.cols)
         row["util"] = row["ideal"] / row["cycles"]
         row["rate"] = row["cycles"] / row["wall"]
-        row["parts"] = breakdown(cfg, engine.tile_gap, row["m"], row["k"], row["n"])
-    return cfg, engine.tile_gap, rows
+        row["parts"] = breakdown(cfg, row["m"], row["k"], row["n"])
+    return cfg, rows
 
 
 def table(name: str, cfg: KpuConfig, rows: list[dict]) -> str:
@@ -101,26 +103,26 @@ panel and storing the requantised results; the engine overlaps all loading with 
 compute (A streams in while the first B panel does; panel `nb + 1` streams into the other
 half of scratchpad B while panel `nb` is multiplied with every A row block), so the
 losses are only these, each column above in cycles (`useful + edge + gap + fill + drain +
-store = cycles`, exactly; the bench asserts the total against `GemmEngine.ideal_cycles`):
+store = cycles`, exactly; the bench asserts the total against `nanokpu.gemm.gemm_cycles`):
 
 * **edge**: K steps spent on padded rows or columns of edge tiles (`M` not a multiple of
   `rows`, `N` not a multiple of `cols`): the array computes `rows x cols` MACs per step
   whatever the shape. The expert GEMMs of a block have only `T * top_k / n_experts`
   tokens, so most of their array sits idle: a property of routed experts at small batch,
   not of the engine (batching more tokens per expert is the fix).
-* **gap**: a tile lasts at least `tile_gap = rows + 2*cols - 1` cycles, the time the
+* **gap**: a tile lasts at least `tile_gap = rows + 2*cols - 1` cycles (cols >= 3), the time the
   array needs to drain the previous tile's results through its shift chains before the
   result registers are written again. It costs only when `K < tile_gap`.
-* **fill**: the command check (`ceil(M/rows) + 2` cycles) and the first B panel (`K`
-  cycles), which must be complete before its first tile starts.
+* **fill**: the command check (`ceil(M/rows) + 2` cycles) and one cycle for the first A
+  and B words to land in the scratchpads; from then on a K step waits only for its own
+  words, so the first tile follows the first B panel and A as they stream in.
 * **drain**: after the last K step, `rows + cols` cycles through the skewed array and
   `cols + 1` to drain the last tile into scratchpad C.
 * **store**: `ceil(M/rows) * N` result words through the 3-stage requantiser, after the
   compute (the results of a GEMM that accumulates over several commands are stored once,
   by the last one).
 
-{headline}Next steps if more is needed: start a panel's first tile before its last
-B word arrives (saves `K` of fill), and store row blocks of the last panel while the
+{headline}The next step if more is needed: store the row blocks of the last panel while the
 compute still runs (saves most of `store`).
 """
 
@@ -159,7 +161,7 @@ def run(args) -> int:
     results = []
     for name in args.profile or sorted(TOKENS, key=list(TOKENS).index):
         start = time.perf_counter()
-        cfg, _, rows = run_profile(name, args.seed)
+        cfg, rows = run_profile(name, args.seed)
         results.append((name, cfg, rows))
         print(f"{name}: {cfg.rows}x{cfg.cols} array ({time.perf_counter() - start:.0f} s with the build)")
         for r in rows:

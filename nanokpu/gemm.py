@@ -11,9 +11,9 @@ from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
 from nanokpu.requant import SHIFT_WIDTH, Requantiser
-from nanokpu.systolic import SystolicArray
+from nanokpu.systolic import SystolicArray, done_latency, min_tile_cycles
 
-__all__ = ["GemmEngine", "GemmError", "command_layout"]
+__all__ = ["GemmEngine", "GemmError", "command_layout", "tile_gap", "gemm_cycles"]
 
 
 class GemmError(enum.IntEnum):
@@ -52,6 +52,20 @@ def command_layout(cfg: KpuConfig) -> data.StructLayout:
     })
 
 
+def tile_gap(cfg: KpuConfig) -> int:
+    """Minimum cycles per tile: the array's drain rule, and room to hand a finished tile's
+    address over to the drain before the next tile's is recorded."""
+    return max(min_tile_cycles(cfg), done_latency(cfg) + 2)
+
+
+def gemm_cycles(cfg: KpuConfig, m: int, k: int, n: int, *, store: bool = True) -> int:
+    """Exact cycles of :class:`GemmEngine` from accepting a valid ``compute`` command to
+    ``done`` (with or without ``load_a``), streams never stalling: the phases' sum."""
+    mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
+    cycles = (mb + 2) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + cfg.rows + 2 * cfg.cols + 1
+    return cycles + (mb * n + Requantiser.latency + 3 if store else 1)
+
+
 class GemmEngine(wiring.Component):
     """``C (+)= A @ B`` on a ``rows x cols`` output-stationary array, tiled over scratchpads.
 
@@ -79,17 +93,17 @@ class GemmEngine(wiring.Component):
     word and its B panel, so the array stays busy while operands stream in.
 
     Tiles run panel by panel (``nb`` outer, ``mb`` inner, ``k`` innermost), one K step per
-    cycle. A tile takes ``max(K, tile_gap)`` cycles (``tile_gap = rows + 2*cols - 1``, the
-    drain rule of :class:`~nanokpu.systolic.SystolicArray`); its drain overlaps the next
+    cycle. A tile takes ``max(K, tile_gap)`` cycles (:func:`tile_gap`, ``rows + 2*cols - 1``
+    when ``cols >= 3``: the drain rule of :class:`~nanokpu.systolic.SystolicArray`); its drain overlaps the next
     tile.
 
     Latency of the phases, with sources that never idle and a sink that never stalls,
     from the cycle the command is accepted to the ``done`` pulse (exact, asserted by the
-    benches; see :meth:`ideal_cycles`), ``T = MB * NB`` tiles:
+    benches; see :func:`gemm_cycles`), ``T = MB * NB`` tiles:
 
     * check: ``MB + 2`` cycles (validation; the ranges are walked one row block a cycle);
-    * first B panel: ``K`` cycles (A streams in at the same time, and the compute follows
-      A's words, never waiting for them, since a tile needs only its own row block);
+    * first words: 1 cycle (the compute follows the first B panel and A one word behind
+      while they stream in: a K step needs only its own A and B words);
     * compute: ``K + (T - 1) * max(K, tile_gap)`` cycles; later panels stream in under the
       compute of the previous ones;
     * tail: ``rows + 2*cols + 1`` (last step -> array -> drain -> scratchpad C write);
@@ -140,16 +154,8 @@ class GemmEngine(wiring.Component):
 
     @property
     def tile_gap(self) -> int:
-        """Minimum cycles per tile: the array's drain rule, and room to hand over the tile."""
-        return max(self._array.min_tile_cycles, self._array.done_latency + 2)
-
-    def ideal_cycles(self, m: int, k: int, n: int, *, store: bool = True) -> int:
-        """Exact cycles from accepting a valid ``compute`` command to ``done`` (with or without
-        ``load_a``), streams never stalling: the sum of the phases above."""
-        cfg = self.cfg
-        mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
-        cycles = (mb + 2) + k + k + (mb * nb - 1) * max(k, self.tile_gap) + cfg.rows + 2 * cfg.cols + 1
-        return cycles + (mb * n + Requantiser.latency + 3 if store else 1)
+        """:func:`tile_gap` of this engine's config."""
+        return tile_gap(self.cfg)
 
     def elaborate(self, platform):
         m = Module()
@@ -237,7 +243,9 @@ class GemmEngine(wiring.Component):
         gap = Signal(range(self.tile_gap + 1))
         last_k = k == cmd.k - 1
         step = Signal()
-        m.d.comb += step.eq(issuing & full.bit_select(rbuf, 1)
+        panel_ready = Signal()  # B word k of the panel is in: the panel is full, or loading past k
+        m.d.comb += panel_ready.eq(full.bit_select(rbuf, 1) | (b_take & (wbuf == rbuf) & (b_k > k)))
+        m.d.comb += step.eq(issuing & panel_ready
                             & (~cmd.load_a | (a_ptr < a_wptr))
                             & (~last_k | (gap >= self.tile_gap - 1)))
         m.d.comb += [a_rd.addr.eq(a_ptr), b_rd.addr.eq(Mux(rbuf, half, 0) + k)]

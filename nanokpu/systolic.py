@@ -9,7 +9,17 @@ from amaranth.lib.wiring import In, Out
 from nanokpu.config import KpuConfig
 from nanokpu.pe import ProcessingElement
 
-__all__ = ["SystolicArray"]
+__all__ = ["SystolicArray", "done_latency", "min_tile_cycles"]
+
+
+def done_latency(cfg: KpuConfig) -> int:
+    """Cycles from a ``last`` step at the array's inputs to its ``done`` pulse."""
+    return cfg.rows + cfg.cols
+
+
+def min_tile_cycles(cfg: KpuConfig) -> int:
+    """Minimum cycles between the ``last`` steps of two consecutive tiles (the drain rule)."""
+    return cfg.rows + 2 * cfg.cols - 1
 
 
 class SystolicArray(wiring.Component):
@@ -78,12 +88,12 @@ class SystolicArray(wiring.Component):
     @property
     def done_latency(self) -> int:
         """Cycles from a ``last`` step at the inputs to ``done``."""
-        return self.cfg.rows + self.cfg.cols
+        return done_latency(self.cfg)
 
     @property
     def min_tile_cycles(self) -> int:
         """Minimum cycles between the ``last`` steps of two consecutive tiles."""
-        return self.cfg.rows + 2 * self.cfg.cols - 1
+        return min_tile_cycles(self.cfg)
 
     def elaborate(self, platform):
         m = Module()
