@@ -233,9 +233,11 @@ def render(synth: bool = True, pnr: bool = True, progress=None) -> str:
               "(`tests/test_situ.py` has such a config).",
               "- The sigmoid takes `act_lanes` logits per cycle; a router wanting `route_lanes` can "
               "build it from `cfg.replace(act_lanes=cfg.route_lanes)`.",
-              "- Not done: odd symmetry (`up`, and `sigmoid(-x) = 1 - sigmoid(x)`) would halve those "
-              "tables, but needs a sign-magnitude evaluation in the golden `PwlTable`; the `up` "
-              "table's last word (slope 0) is unreachable when the domain is the whole input range.",
+              "- Considered, not done: odd symmetry (`up`, and `sigmoid(-x) = 1 - sigmoid(x)`) halves "
+              "those tables in words, but `|x|` of the most negative input reaches the last breakpoint, "
+              "so the `up` table keeps 513 words: just past the 512-word modes of both block RAMs, it "
+              "would save no BRAM on these formats without a special case for that input (and it "
+              "needs a sign-magnitude evaluation in the golden `PwlTable`).",
               ""]
     if synth:
         parts += ["## FPGA cost", "",
