@@ -134,7 +134,7 @@ def run(args) -> int:
         "",
         f"Profile `{cfg.name}`: {cfg.n_experts} experts, top-{cfg.top_k}, {args.tokens} tokens "
         f"per batch, target load q = m k / E = {q:g}. Scores: logits N(mu_j, 1) with mu_j "
-        f"evenly spaced in [-{SKEW}, {SKEW}] (expert 63 is the most popular), through the "
+        f"evenly spaced in [-{SKEW}, {SKEW}] (expert {cfg.n_experts - 1} is the most popular), through the "
         "fixed-point sigmoid. Each step: the TopKRouter RTL (Verilator) routes the batch with "
         "the current bias (every route and the load counters are checked bit for bit against "
         "`golden.intops.route_int`), the host reads the load counters, "

@@ -6,7 +6,7 @@ Bit-exact to :func:`golden.intops.route_int`. Design (``E = n_experts``, ``L = r
     scores (L per beat) --> [P1] --> L sorted insertion lists --> snapshot --> k-cycle merge
        bias banks (L x B) --/         (lane j: experts j, j+L, ...)    (ties: lower index)
                                                                               |
-    routes (index, weight, last) <-- k multiplies <-- divider floor(2**R / S) <--/
+    routes (index, weight, last) <-- 1 multiplier <-- divider floor(2**R / S) <--/
                                                     load counters (RAM, E words) <-- merge
 
 1. **Insertion.** Lane ``j`` of beat ``b`` carries expert ``b*L + j``. Its bias comes from bank
@@ -23,6 +23,14 @@ Bit-exact to :func:`golden.intops.route_int`. Design (``E = n_experts``, ``L = r
    (``R + 1`` cycles), then one multiplier emits ``w_i = round_shift(s_i * recip,
    score_frac + 1, rounding)`` per output beat. ``S = 0`` means every selected score is 0, so
    every weight is 0 whatever the divider returns: no special case.
+
+Widths (``k3`` values in brackets): scores ``score_frac + 1`` bits unsigned [13]; bias
+``bias_width`` signed [16]; key ``max(score_frac + 2, bias_width) + 1`` signed [17]; expert
+index ``ceil(log2 E)`` [10]; a list entry stores valid, key, beat number ``ceil(log2 B)`` [6]
+and score [13]; ``S`` ``bit_length(k * (2**(score_frac+1) - 1))`` [17]; reciprocal
+``R + 1`` [29]; product ``score x reciprocal`` [42]; weight ``weight_frac + 1`` [16]; load
+counters ``load_width`` [16]. Storage: ``2 * L * D`` list entries in flip-flops
+(16 x 16 x 2 at ``k3``), ``L`` bias banks of ``B`` words, one counter RAM of ``E`` words.
 
 The three stages run concurrently on consecutive tokens, so a token costs
 :attr:`TopKRouter.cycles_per_token` = ``max(B, k + 1, R + k + 2)`` cycles in steady state
@@ -97,8 +105,9 @@ class TopKRouter(wiring.Component):
         selection is merged, before its weights leave.
     load_clear : In(1)
         Zeroes every counter: the merge pauses, pending increments land, then a sweep
-        writes ``n_experts`` zeros. Selections merged up to the cycle of the request are
-        cleared; later ones count.
+        writes ``n_experts`` zeros (``n_experts + 2`` cycles). Selections merged up to the
+        cycle of the request are cleared; later ones count. The counters start at zero
+        (RAM initial value) and ``rst`` does not clear them.
     load_clearing : Out(1)
         High from the cycle after ``load_clear`` until the sweep is done.
     idle : Out(1)

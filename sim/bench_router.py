@@ -109,16 +109,20 @@ class TB:
             beats.append(word)
         return beats
 
-    async def stream(self, scores, idle: float = 0.0, backpressure: float = 0.0):
+    async def stream(self, scores, idle: float = 0.0, backpressure: float = 0.0,
+                     clear_at: int | None = None):
         """Route a batch; returns ``(beats, in_cycles, out_cycles)``. One loop drives the
-        score source (random idle) and the route sink (random backpressure)."""
+        score source (random idle) and the route sink (random backpressure); ``clear_at``
+        pulses ``load_clear`` in that cycle (counted from the start of the batch)."""
         dut, rng = self.dut, self.rng
         words = self.pack(scores)
         total = scores.shape[0] * self.k
         outs, in_cycles, out_cycles = [], [], []
         pos, holding = 0, False
+        start = self.cycle
         limit = self.cycle + 200 + 4 * (len(words) + total) * max(1, self.beats) * 40
         while len(outs) < total:
+            dut.load_clear.value = int(clear_at is not None and self.cycle - start == clear_at)
             if not holding and pos < len(words) and rng.random() >= idle:
                 dut.scores__payload.value = words[pos]
                 holding = True
@@ -138,6 +142,7 @@ class TB:
                 self.fail(f"timeout: {pos}/{len(words)} beats in, {len(outs)}/{total} routes out")
         dut.scores__valid.value = 0
         dut.routes__ready.value = 0
+        dut.load_clear.value = 0
         return outs, in_cycles, out_cycles
 
     def check(self, scores, outs):
@@ -251,6 +256,29 @@ async def extremes(dut):
     await tb.route_and_check(scores, np.full(n, tb.bias_hi))
     await tb.route_and_check(scores, np.full(n, tb.bias_lo))
     await tb.check_loads()
+
+
+@cocotb.test()
+async def clear_midstream(dut):
+    """``load_clear`` while tokens flow: routing is undisturbed, and the counters hold exactly
+    the selections merged after the clear, i.e. a suffix of the (token, rank) sequence."""
+    tb = await _setup(dut, "clear_midstream")
+    for _ in range(3):
+        tokens = 12
+        scores = tb.random_scores(tokens)
+        await tb.write_bias(tb.random_bias(tb.full // 2))
+        clear_at = int(tb.rng.integers(0, tokens * max(tb.beats, 30)))
+        outs, _, _ = await tb.stream(scores, 0.2, 0.2, clear_at=clear_at)
+        tb.check(scores, outs)
+        await tb.wait_idle()
+        got = await tb.read_loads()
+        flat = route_int(scores, tb.bias, tb.cfg)[0].ravel()
+        suffixes = [p for p in range(flat.size + 1)
+                    if np.array_equal(np.bincount(flat[p:], minlength=tb.n), got)]
+        if not suffixes:
+            tb.fail(f"counters after a clear in cycle {clear_at} are no suffix of the selections: "
+                    f"{got.tolist()}")
+        await tb.clear_loads()
 
 
 @cocotb.test()
