@@ -369,7 +369,7 @@ class NanoKPU(wiring.Component):
         # -- GEMM operand packing ----------------------------------------------------------------
         gm_mb, gm_k, gm_lane = Signal(16), Signal(16), Signal(range(R + 1))
         gm_word = Signal(data.ArrayLayout(signed(8), R))
-        gm_cap, gm_cap_lane, gm_cap_ok = Signal(), Signal(range(R)), Signal()
+        gm_cap, gm_cap_lane = Signal(), Signal(range(R))
         gm_wvalid, gm_afeed_done = Signal(), Signal()
         gc_mb, gc_n, gc_lane = Signal(16), Signal(16), Signal(range(R))
         gemm_run = Signal()
@@ -385,19 +385,20 @@ class NanoKPU(wiring.Component):
         with m.If(gemm_run):
             m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
             # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
+            # (lanes of rows >= M are not read: the word was cleared, they stay 0)
             row = gm_mb * R + gm_lane
-            with m.If(~gm_wvalid & ~gm_afeed_done & (gm_lane < R)):
+            word_full = (gm_lane == R) | (row >= m_eff)
+            with m.If(~gm_wvalid & ~gm_afeed_done & ~word_full):
                 m.d.comb += [rd0.addr.eq(ins.a + row * ins.k + gm_k), rd0.en.eq(1)]
-                m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_cap_ok.eq(row < m_eff),
-                             gm_lane.eq(gm_lane + 1)]
+                m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_lane.eq(gm_lane + 1)]
             with m.Else():
                 m.d.sync += gm_cap.eq(0)
             with m.If(gm_cap):
-                m.d.sync += gm_word[gm_cap_lane].eq(Mux(gm_cap_ok, rd0.data[:8].as_signed(), 0))
-                with m.If(gm_cap_lane == R - 1):
-                    m.d.sync += gm_wvalid.eq(1)
+                m.d.sync += gm_word[gm_cap_lane].eq(rd0.data[:8].as_signed())
+            with m.If(~gm_wvalid & ~gm_afeed_done & word_full):
+                m.d.sync += gm_wvalid.eq(1)  # the capture in flight (if any) lands on this edge
             with m.If(gemm.a_in.valid & gemm.a_in.ready):
-                m.d.sync += [gm_wvalid.eq(0), gm_lane.eq(0)]
+                m.d.sync += [gm_wvalid.eq(0), gm_lane.eq(0), gm_word.eq(0)]
                 with m.If(gm_k + 1 < ins.k):
                     m.d.sync += gm_k.eq(gm_k + 1)
                 with m.Else():
@@ -405,12 +406,13 @@ class NanoKPU(wiring.Component):
                     with m.If(gm_mb + 1 >= mb):
                         m.d.sync += gm_afeed_done.eq(1)
             # C: word (mb, n) -> rows mb*R + i of column n, one write per lane
+            # (rows >= M are skipped: the word is taken after its last real row)
             crow = gc_mb * R + gc_lane
             with m.If(gemm.c_out.valid):
                 m.d.comb += [wr.addr.eq(ins.c + crow * ins.n + gc_n),
-                             wr.data.eq(gemm.c_out.payload[gc_lane]), wr.en.eq(crow < m_eff)]
+                             wr.data.eq(gemm.c_out.payload[gc_lane]), wr.en.eq(1)]
                 m.d.sync += gc_lane.eq(gc_lane + 1)
-                with m.If(gc_lane == R - 1):
+                with m.If((gc_lane == R - 1) | (crow + 1 >= m_eff)):
                     m.d.comb += gemm.c_out.ready.eq(1)
                     m.d.sync += gc_lane.eq(0)
                     with m.If(gc_n + 1 < ins.n):
@@ -516,6 +518,7 @@ class NanoKPU(wiring.Component):
                             m.next = "ENGINE"
                         with m.Case(Op.GEMM):
                             m.d.sync += [gm_mb.eq(0), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
+                                         gm_word.eq(0),
                                          gm_afeed_done.eq(0), gc_mb.eq(0), gc_n.eq(0), gc_lane.eq(0)]
                             m.next = "GEMM_CMD"
                         with m.Case(Op.LOAD):

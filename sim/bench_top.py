@@ -6,13 +6,15 @@ Random idle on the master's channels and random backpressure/idle on the RAM's. 
 flattened names (``s_axil__awaddr``) are matched with ``bus_separator="__"``.
 
 Parameters (``NANOKPU_PARAMS``): ``profile``, ``tokens``, ``seed``, ``seeds`` (blocks to run in
-``test_block``), ``pause`` (probability of an idle/backpressure cycle on every AXI channel),
-``summary`` (a JSON path: cycles, busy counters and errors are written there).
+``test_block``, seeds ``seed .. seed + seeds - 1``), ``vary_tokens`` (batches of 1 .. tokens),
+``progress`` (print the pc while running), ``pause`` (probability of an idle/backpressure cycle
+on every AXI channel), ``summary`` (a JSON path: cycles, busy counters and errors are written there).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 
@@ -29,8 +31,9 @@ from nanokpu.config import profile
 from nanokpu.funcsim import FuncSim
 from nanokpu.isa import IMEM_BASE, LOADS_BASE, UNITS, Err, Instr, Op, Reg, encode_program
 
-#: Accuracy of the integer block against the float block (tests/test_errors.py bounds it so).
-COSINE_MIN = 0.95
+#: Accuracy of the integer block against the float block on the tokens routed alike
+#: (``cosine_same_routing``, bounded so by tests/test_errors.py).
+COSINE_SAME_ROUTING_MIN = 0.998
 
 
 def params() -> dict:
@@ -38,13 +41,13 @@ def params() -> dict:
 
 
 def make_block(cfg, tokens: int, seed: int):
-    """Float block, its quantised form, the int8 batch and the float output."""
+    """Quantised block, int8 batch, the float block's output and expert choices."""
     rng = np.random.default_rng(seed)
     P = k3.init_latent_moe(cfg, rng)
     x = rng.standard_normal((tokens, cfg.d_model))
     Q, xq = quantize_latent_moe(P, x, cfg)
-    y_float, _, _ = k3.latent_moe(x, P, cfg)
-    return Q, xq, y_float
+    y_float, idx_float, _ = k3.latent_moe(x, P, cfg)
+    return Q, xq, y_float, idx_float
 
 
 class TB:
@@ -63,6 +66,8 @@ class TB:
         self.ram_size = 1 << 24
         self.ram = AxiRam(AxiBus.from_prefix(dut, "m_axi", bus_separator="__"), dut.clk, dut.rst,
                           size=self.ram_size)
+        for bus in ("s_axil", "m_axi"):  # one log line per burst would dominate the run time
+            logging.getLogger(f"{dut._log.name}.{bus}").setLevel(logging.WARNING)
         if self.pause:
             for ch in (self.axil.write_if.aw_channel, self.axil.write_if.w_channel,
                        self.axil.read_if.ar_channel, self.axil.write_if.b_channel,
@@ -123,7 +128,7 @@ class TB:
 
 async def run_block(tb: TB, seed: int, tokens: int) -> dict:
     cfg = tb.cfg
-    Q, xq, y_float = make_block(cfg, tokens, seed)
+    Q, xq, y_float, idx_float = make_block(cfg, tokens, seed)
     prog = compile_block(Q, xq, cfg)
     ref = latent_moe_int(xq, Q, cfg)
     await tb.wr(Reg.CTRL, 4)                     # clear the routing load counters
@@ -140,7 +145,14 @@ async def run_block(tb: TB, seed: int, tokens: int) -> dict:
     assert np.array_equal(loads, np.minimum(ref["loads"], (1 << cfg.load_width) - 1)), \
         f"seed {seed}: load counters {loads} != {ref['loads']}"
     e = block_error(out["y"], y_float, cfg)
-    assert e["cosine"] > COSINE_MIN, f"seed {seed}: cosine {e['cosine']} vs the float block"
+    # tokens whose integer routing picked the float path's expert set (golden/errors.py): a
+    # token routed differently is a different function, so the bound is stated on the others
+    same = np.all(np.sort(out["idx"], 1) == np.sort(idx_float, 1), axis=1)
+    e["routing_agreement"] = float(np.mean(same))
+    if same.any():
+        e["cosine_same_routing"] = block_error(out["y"][same], y_float[same], cfg)["cosine"]
+        assert e["cosine_same_routing"] > COSINE_SAME_ROUTING_MIN, \
+            f"seed {seed}: cosine {e['cosine_same_routing']} vs the float block"
     counters = await tb.counters()
     counters.update(error=e, instructions=res.retired, seed=seed, tokens=tokens,
                     op_counts=res.op_counts, macs=res.macs, bit_exact=True)
@@ -157,7 +169,9 @@ async def test_block(dut):
     tokens = int(p.get("tokens", 8))
     results = []
     for i in range(int(p.get("seeds", 1))):
-        results.append(await run_block(tb, tb.seed + i, tokens))
+        # with ``vary_tokens`` the batch cycles through 1 .. tokens tokens (edge case: 1 token)
+        t = 1 + i % tokens if p.get("vary_tokens") else tokens
+        results.append(await run_block(tb, tb.seed + i, t))
     if p.get("summary"):
         with open(p["summary"], "w") as f:
             json.dump(results, f)
@@ -211,7 +225,7 @@ async def test_soft_reset_mid_run(dut):
     tb = TB(dut)
     await tb.reset()
     cfg = tb.cfg
-    Q, xq, _ = make_block(cfg, 4, tb.seed)
+    Q, xq, _, _ = make_block(cfg, 4, tb.seed)
     prog = compile_block(Q, xq, cfg)
     await tb.load(prog.instrs, prog.image)
     await tb.wr(Reg.CTRL, 1)
