@@ -159,8 +159,8 @@ async def _stream(dut, prefix: str, words: list[int], p_valid: float, p_ready: f
     """Send ``words`` on ``<prefix>_i`` and collect as many words from ``<prefix>_o``.
 
     Values read right after a rising edge are those the edge sampled, so the handshakes
-    decided at that edge are read back directly. Checks that the first result arrives
-    ``latency`` cycles after its input at full rate.
+    decided at that edge are read back directly. At full rate, checks that the first result
+    arrives ``latency`` cycles after its input and that the unit takes one transfer per cycle.
     """
     i_valid, i_ready, i_payload = (getattr(dut, f"{prefix}_i__{s}") for s in ("valid", "ready", "payload"))
     o_valid, o_ready, o_payload = (getattr(dut, f"{prefix}_o__{s}") for s in ("valid", "ready", "payload"))
@@ -190,6 +190,7 @@ async def _stream(dut, prefix: str, words: list[int], p_valid: float, p_ready: f
     if p_valid >= 1 and p_ready >= 1:
         assert first_out - first_in == latency, \
             f"{prefix}: first result {first_out - first_in} cycles after its input, expected {latency}"
+        assert cycle == n + latency, f"{prefix}: {n} transfers took {cycle} cycles at full rate"
     return outs
 
 
