@@ -11,9 +11,10 @@ from nanokpu.sigmoid import Sigmoid
 from sim import bench_activation
 
 
-def test_sigmoid_narrow_format_with_idle_and_backpressure():
+@pytest.mark.parametrize("rounding", ["half_even", "half_up", "floor"])
+def test_sigmoid_narrow_format_with_idle_and_backpressure(rounding):
     """Every input of a Q8.4 format, three lanes, random idle and backpressure."""
-    cfg = profile("tiny", act_width=8, act_frac=4, score_frac=7, act_lanes=3)
+    cfg = profile("tiny", act_width=8, act_frac=4, score_frac=7, act_lanes=3, rounding=rounding)
     seed = 21
     xs = np.random.default_rng(seed).permutation(np.arange(-128, 130) % 256 - 128).reshape(-1, 3)
     got = bench_activation.amaranth_stream(Sigmoid(cfg), [[int(v) for v in row] for row in xs], seed)

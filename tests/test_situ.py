@@ -19,10 +19,10 @@ def _narrow(**overrides) -> KpuConfig:
     return profile("tiny", act_width=8, act_frac=4, situ_frac=6, h_width=12, h_frac=4, **overrides)
 
 
-@pytest.mark.parametrize("lanes", [1, 3])
-def test_situ_narrow_format_with_idle_and_backpressure(lanes):
-    """Every g with a random u and every u with a random g, Amaranth simulator."""
-    cfg = _narrow(act_lanes=lanes)
+@pytest.mark.parametrize("lanes, rounding, guard", [(1, "half_even", 4), (3, "floor", 0), (2, "half_up", 2)])
+def test_situ_narrow_format_with_idle_and_backpressure(lanes, rounding, guard):
+    """Every g with a random u and every u with a random g, every rounding mode, Amaranth simulator."""
+    cfg = _narrow(act_lanes=lanes, rounding=rounding, pwl_guard=guard)
     seed = 40 + lanes
     pairs = bench_activation.situ_pairs(cfg, seed, n_random=64, sweep=True)
     pairs = pairs[: len(pairs) - len(pairs) % lanes].reshape(-1, lanes, 2)
