@@ -43,3 +43,12 @@ def test_cycles_per_token(name, lanes, expected):
     if name == "k3":
         assert cycles_per_token(cfg) <= cfg.n_experts / lanes + 32
     assert latency(cfg) == cfg.top_k + cfg.weight_frac + cfg.score_frac + 1 + 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_bench_k3_lanes(lanes):
+    """The other lane counts of the benchmark at the K3 shape: bit-exact and cycle-exact
+    (896 / lanes cycles per token)."""
+    run_router_bench(profile("k3", route_lanes=lanes), testcase=["random_tokens", "throughput"],
+                     tokens=4, seed=SEED, build_args=FAST_BUILD)
