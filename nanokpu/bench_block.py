@@ -25,10 +25,26 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", type=Path, default=DOC, help=f"Markdown report (default {DOC})")
 
 
+def gemm_tiles(cfg, tokens: int, seed: int) -> dict:
+    """The block's GEMMs as the functional simulator runs them: ``tile_cycles`` = sum of
+    ``ceil(m/rows) * ceil(n/cols) * k`` (the GEMM engine's compute steps, one per cycle),
+    ``rows_used`` = the share of array rows holding a real token in those steps."""
+    from nanokpu.compiler import compile_block
+    from nanokpu.funcsim import FuncSim
+    from nanokpu.simulate import make_block
+    Q, xq, _, _ = make_block(cfg, tokens, seed)
+    prog = compile_block(Q, xq, cfg)
+    res = FuncSim(cfg, prog.image).run(prog.instrs)
+    tiles = sum(-(-m // cfg.rows) * -(-n // cfg.cols) * k for m, k, n in res.gemms)
+    return {"tile_cycles": tiles, "rows_used": res.macs / (tiles * cfg.rows * cfg.cols),
+            "gemms": len(res.gemms), "expert_rows": [m for m, k, n in res.gemms]}
+
+
 def table(rows: list[tuple]) -> str:
     head = ("| profile | tokens | array | instructions | cycles | MACs | ideal cycles | utilization | "
-            + " | ".join(f"{u} busy" for u in UNITS) + " | bit-exact | cosine vs float |")
-    sep = "|" + "---|" * (10 + len(UNITS))
+            + " | ".join(f"{u} busy" for u in UNITS)
+            + " | GEMM tile steps | array rows used in them | bit-exact | cosine vs float |")
+    sep = "|" + "---|" * (12 + len(UNITS))
     lines = [head, sep]
     for cfg, r in rows:
         ideal = r["macs"] / (cfg.rows * cfg.cols)
@@ -36,35 +52,51 @@ def table(rows: list[tuple]) -> str:
             f"| {cfg.name} | {r['tokens']} | {cfg.rows}x{cfg.cols} | {r['instructions']} | {r['cycles']} | "
             f"{r['macs']} | {ideal:.0f} | {ideal / r['cycles']:.1%} | "
             + " | ".join(f"{r[u] / r['cycles']:.1%}" for u in UNITS)
+            + f" | {r['tile_cycles']} | {r['rows_used']:.1%}"
             + f" | {'yes' if r['bit_exact'] else 'NO'} | {r['error']['cosine']:.4f} |")
     return "\n".join(lines)
 
 
 EXPLANATION = """
-Where the cycles go (measured by the busy counters of the top level, ``STATUS`` registers
-``BUSY+4u``; one instruction runs at a time, so the shares add up to about 100 % minus the
-fetch/decode overhead of 3 cycles per instruction):
+## Where the cycles go
 
-* **gemm** is the largest share but far from the array's peak. The GEMM engine overlaps B
-  panels with the compute, but the top level feeds it from a scratchpad with one element per
-  word: packing an A word costs ``rows`` reads and unpacking a result word ``rows`` writes, so a
-  GEMM costs about ``M*K + M*N`` extra cycles next to its ``ceil(N/cols)*ceil(M/rows)*K``
-  compute cycles; with few tokens per expert (``M`` of 1-4 after grouping) the array computes
-  one row block with most lanes idle (``M < rows``), and every weight beat comes over the bus
-  (one B panel word per beat, AXI4 bursts of 16). MoE experts at small batch are bound by
-  weight bandwidth, as on real hardware.
+One instruction runs at a time; the busy counters (registers ``BUSY+4u``) count the cycles of
+each unit's instructions, the rest (about 3 %) is fetch and decode, 3 cycles per instruction.
+Utilization factors exactly into three measured terms:
+
+    utilization = MACs / (rows*cols * cycles)
+                = (GEMM busy / cycles) * (tile steps / GEMM busy) * (rows used in the tile steps)
+
+{decomposition}
+
+* **Rows used** is the big loss on `small`: after grouping, an expert sees 1-3 of the 16 tokens
+  (64 slots over ~40 experts), so its GEMMs fill 1-3 of the 8 array rows while every weight
+  beat is streamed in. This is the weight-bandwidth bound of MoE at small batch, the same on
+  real hardware; more tokens per batch (or per expert) raise it directly.
+* **Tile steps / GEMM busy** is the top level's packing overhead: the scratchpad holds one
+  element per word, so an A word takes one read per real row and a result word one write per
+  real row (about ``M*K + M*N`` cycles per GEMM besides its ``ceil(M/rows)*ceil(N/cols)*K``
+  steps); on `tiny` (K = 16-32) this overhead is as large as the compute.
 * **act** (requantiser, sigmoid, SiTU) and **vector** (combine, RMSNorm, add) stream one element
-  per cycle through the scratchpad; RMSNorm divides each element with a sequential divider
-  (``act_width + norm_frac`` cycles per element), which dominates **vector**.
-* **route** is the bias load, ``T*E`` scores at ``route_lanes`` per beat (one scratchpad read
-  per score) and the dispatch pass (``E * T * top_k`` compare steps); **move** is gather/scatter
-  of token rows (``~n`` cycles per row); **dma** is the input load and the two stores.
+  per cycle through the scratchpad; RMSNorm's sequential divider (``act_width + norm_frac + 3``
+  cycles per element) dominates **vector**. **route** is the bias load, the scores (one read
+  per score) and the dispatch pass (``E * T * top_k`` compare steps); **move** is gather/scatter.
 
-What would raise utilization, in order: a scratchpad ``rows`` elements wide (A words and result
-words in one access: removes ``M*K + M*N`` per GEMM), fusing REQUANT into the GEMM engine's
-store phase (its requantiser exists; one pass fewer over every result), batching more tokens
-per expert (``M >= rows``) and a wider bus for the weights.
+What would raise it, in order: a scratchpad ``rows`` elements wide (one access per A or result
+word instead of ``rows``), fusing REQUANT into the GEMM engine's store phase (its requantiser is
+there; one pass fewer over every result), larger batches per expert, a wider weight bus.
 """
+
+
+def decomposition(rows: list[tuple]) -> str:
+    lines = []
+    for cfg, r in rows:
+        g = r["gemm"] / r["cycles"]
+        t = r["tile_cycles"] / r["gemm"]
+        u = r["macs"] / (cfg.rows * cfg.cols * r["cycles"])
+        lines.append(f"* `{cfg.name}`: {u:.1%} = {g:.1%} (GEMM busy) x {t:.1%} (tile steps) x "
+                     f"{r['rows_used']:.1%} (rows used)")
+    return "\n".join(lines)
 
 
 def run(args) -> int:
@@ -80,12 +112,15 @@ def run(args) -> int:
         if not r.get("bit_exact"):
             print(f"[bench-block] {name}: NOT bit-exact: {r.get('failure')}")
             return 1
+        r.update(gemm_tiles(cfg, tokens, args.seed))
         rows.append((cfg, r))
     text = table(rows)
     print(text)
+    print(decomposition(rows))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("# A whole LatentMoE block on the nano-KPU RTL\n\n"
                         "Generated by `nanokpu bench-block` (Verilator, through the AXI buses, "
-                        f"seed {args.seed}, no bus stalls).\n\n" + text + "\n" + EXPLANATION)
+                        f"seed {args.seed}, no bus stalls).\n\n" + text + "\n"
+                        + EXPLANATION.format(decomposition=decomposition(rows)))
     print(f"wrote {args.out}")
     return 0

@@ -9,7 +9,7 @@ hardware's wires do). Each instruction is one vectorised call of :mod:`golden.in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,13 +32,14 @@ class KpuError(Exception):
 class RunResult:
     """Outcome of :meth:`FuncSim.run`: ``error`` (:class:`Err`), ``pc`` where it stopped,
     ``retired`` instructions, ``op_counts`` (executions per opcode) and ``macs`` (multiply-
-    accumulates of the executed GEMMs, ``sum m*k*n``)."""
+    accumulates of the executed GEMMs, ``sum m*k*n``), ``gemms`` (their ``(m, k, n)``)."""
 
     error: Err
     pc: int
     retired: int
     op_counts: dict
     macs: int = 0
+    gemms: list = field(default_factory=list)
 
 
 def check(cond: bool, code: Err, msg: str = ""):
@@ -100,7 +101,7 @@ class FuncSim:
         self.route_done, self.expert, self.count, self.offset = False, -1, 0, 0
         self.scores = None
         pc, retired, counts = 0, 0, {}
-        self.macs = 0
+        self.macs, self.gemms = 0, []
         for _ in range(max_steps):
             try:
                 check(pc < self.cfg.imem_depth, Err.PC_RANGE, f"pc {pc}")
@@ -110,10 +111,10 @@ class FuncSim:
                 except ValueError:
                     raise KpuError(Err.BAD_OPCODE, f"opcode {ins.op} at pc {pc}") from None
                 if op == Op.HALT:
-                    return RunResult(Err.NONE, pc, retired, counts, self.macs)
+                    return RunResult(Err.NONE, pc, retired, counts, self.macs, self.gemms)
                 nxt = self.step(ins, op, pc)
             except KpuError as exc:
-                return RunResult(exc.code, pc, retired, counts, self.macs)
+                return RunResult(exc.code, pc, retired, counts, self.macs, self.gemms)
             counts[op.name] = counts.get(op.name, 0) + 1
             retired += 1
             pc = nxt
@@ -191,6 +192,7 @@ class FuncSim:
             B = panels.reshape(-1, k, cfg.cols).transpose(1, 0, 2).reshape(k, -1)[:, :n]
             self._write(c, I.matmul_int(A, B, cfg.acc_width))
             self.macs += m * k * n
+            self.gemms.append((m, k, n))
         elif op == Op.REQUANT:
             if ins.flags & F_RQ_EXPERT:
                 mult, shift = (int(v) for v in self._read(b + 2 * self.expert, 2))

@@ -59,9 +59,13 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 ``JUMP``    continue at ``target``.
 ==========  ==============================================================================
 
-Every range is checked before an instruction starts (gather/scatter indices as they are read);
-a failed check stops the controller with an :class:`Err` code and nothing of that instruction
-is written.
+Every range is checked before an instruction starts; a failed check stops the controller with
+an :class:`Err` code and nothing of that instruction is written. Gather/scatter indices are
+checked as they are read: the rows before a bad one are written, inside the checked region.
+Operands enter units at the units' port widths (``act_width`` for activations, ``acc_width`` for
+``REQUANT``, ``in_width`` for ``GEMM`` A, unsigned ``score_width``/``weight_width`` for scores and
+routing weights): the upper bits of a wider word are ignored, in the RTL and in
+:class:`~nanokpu.funcsim.FuncSim` alike.
 """
 
 from __future__ import annotations

@@ -24,12 +24,12 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, RisingEdge
 from cocotbext.axi import AxiBus, AxiLiteBus, AxiLiteMaster, AxiRam
 
-from golden import k3
-from golden.block import block_error, latent_moe_int, quantize_latent_moe
+from golden.block import block_error, latent_moe_int
 from nanokpu.compiler import compile_block
 from nanokpu.config import profile
 from nanokpu.funcsim import FuncSim
 from nanokpu.isa import IMEM_BASE, LOADS_BASE, UNITS, Err, Instr, Op, Reg, encode_program
+from nanokpu.simulate import make_block
 
 #: Accuracy of the integer block against the float block on the tokens routed alike
 #: (``cosine_same_routing``, bounded so by tests/test_errors.py).
@@ -38,16 +38,6 @@ COSINE_SAME_ROUTING_MIN = 0.998
 
 def params() -> dict:
     return json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
-
-
-def make_block(cfg, tokens: int, seed: int):
-    """Quantised block, int8 batch, the float block's output and expert choices."""
-    rng = np.random.default_rng(seed)
-    P = k3.init_latent_moe(cfg, rng)
-    x = rng.standard_normal((tokens, cfg.d_model))
-    Q, xq = quantize_latent_moe(P, x, cfg)
-    y_float, idx_float, _ = k3.latent_moe(x, P, cfg)
-    return Q, xq, y_float, idx_float
 
 
 class TB:
