@@ -183,10 +183,8 @@ class TopKRouter(wiring.Component):
             self.scores.ready.eq(~p1_valid | advance),
         ]
         with m.If(in_xfer):
-            m.d.sync += [p1_scores.eq(self.scores.payload), p1_beat.eq(beat),
+            m.d.sync += [p1_scores.eq(self.scores.payload), p1_beat.eq(beat), p1_valid.eq(1),
                          beat.eq(Mux(beat == self.beats - 1, 0, beat + 1))]
-        with m.If(in_xfer):
-            m.d.sync += p1_valid.eq(1)
         with m.Elif(advance):
             m.d.sync += p1_valid.eq(0)
         last_insert = advance & (p1_beat == self.beats - 1)

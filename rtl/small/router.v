@@ -352,28 +352,28 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$41 ;
   wire \$410 ;
   wire \$411 ;
-  wire \$412 ;
-  wire [15:0] \$413 ;
-  wire [2:0] \$414 ;
+  wire [15:0] \$412 ;
+  wire [2:0] \$413 ;
+  wire \$414 ;
   wire \$415 ;
   wire \$416 ;
   wire \$417 ;
   wire \$418 ;
-  wire \$419 ;
+  wire [6:0] \$419 ;
   wire \$42 ;
-  wire [6:0] \$420 ;
+  wire \$420 ;
   wire \$421 ;
   wire \$422 ;
   wire \$423 ;
-  wire \$424 ;
-  wire [2:0] \$425 ;
-  wire \$426 ;
-  reg [51:0] \$427 ;
-  reg [3:0] \$428 ;
+  wire [2:0] \$424 ;
+  wire \$425 ;
+  reg [51:0] \$426 ;
+  reg [3:0] \$427 ;
+  reg \$428 ;
   reg [3:0] \$429 ;
   wire \$43 ;
   reg \$430 ;
-  reg \$431 ;
+  reg [34:0] \$431 ;
   reg [34:0] \$432 ;
   reg [34:0] \$433 ;
   reg [34:0] \$434 ;
@@ -390,9 +390,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg [34:0] \$444 ;
   reg [34:0] \$445 ;
   reg [34:0] \$446 ;
-  reg [34:0] \$447 ;
-  reg \$448 ;
-  reg [5:0] \$449 ;
+  reg \$447 ;
+  reg [5:0] \$448 ;
+  reg [34:0] \$449 ;
   wire \$45 ;
   reg [34:0] \$450 ;
   reg [34:0] \$451 ;
@@ -410,37 +410,36 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg [34:0] \$462 ;
   reg [34:0] \$463 ;
   reg [34:0] \$464 ;
-  reg [34:0] \$465 ;
+  reg \$465 ;
   reg \$466 ;
-  reg \$467 ;
-  reg [1:0] \$468 ;
-  reg [14:0] \$469 ;
+  reg [1:0] \$467 ;
+  reg [14:0] \$468 ;
+  reg [5:0] \$469 ;
   wire \$47 ;
-  reg [5:0] \$470 ;
-  reg [12:0] \$471 ;
+  reg [12:0] \$470 ;
+  reg [5:0] \$471 ;
   reg [5:0] \$472 ;
   reg [5:0] \$473 ;
-  reg [5:0] \$474 ;
+  reg [12:0] \$474 ;
   reg [12:0] \$475 ;
   reg [12:0] \$476 ;
-  reg [12:0] \$477 ;
-  reg \$478 ;
-  reg [5:0] \$479 ;
+  reg \$477 ;
+  reg [5:0] \$478 ;
+  reg \$479 ;
   wire \$48 ;
-  reg \$480 ;
-  reg [5:0] \$481 ;
+  reg [5:0] \$480 ;
+  reg \$481 ;
   reg \$482 ;
-  reg \$483 ;
-  reg [1:0] \$484 ;
+  reg [1:0] \$483 ;
+  reg [5:0] \$484 ;
   reg [5:0] \$485 ;
   reg [5:0] \$486 ;
   reg [5:0] \$487 ;
-  reg [5:0] \$488 ;
+  reg [12:0] \$488 ;
   reg [12:0] \$489 ;
   wire \$49 ;
   reg [12:0] \$490 ;
   reg [12:0] \$491 ;
-  reg [12:0] \$492 ;
   wire [5:0] \$5 ;
   wire \$50 ;
   wire \$51 ;
@@ -1042,101 +1041,99 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign load_data = _4_;
   assign lr__data = loads[_5_];
   always @(posedge clk)
-    l3_1 <= \$445 ;
+    l3_2 <= \$445 ;
   always @(posedge clk)
-    l3_2 <= \$446 ;
+    l3_3 <= \$446 ;
   always @(posedge clk)
-    l3_3 <= \$447 ;
+    \$signal$71  <= \$447 ;
   always @(posedge clk)
-    \$signal$71  <= \$448 ;
+    lr__addr <= \$448 ;
   always @(posedge clk)
-    lr__addr <= \$449 ;
+    s0_0 <= \$449 ;
   always @(posedge clk)
-    s0_0 <= \$450 ;
+    s0_1 <= \$450 ;
   always @(posedge clk)
-    s0_1 <= \$451 ;
+    s0_2 <= \$451 ;
   always @(posedge clk)
-    s0_2 <= \$452 ;
+    s0_3 <= \$452 ;
   always @(posedge clk)
-    s0_3 <= \$453 ;
+    s1_0 <= \$453 ;
   always @(posedge clk)
-    s1_0 <= \$454 ;
+    s1_1 <= \$454 ;
   always @(posedge clk)
-    s1_1 <= \$455 ;
+    s1_2 <= \$455 ;
   always @(posedge clk)
-    s1_2 <= \$456 ;
+    s1_3 <= \$456 ;
   always @(posedge clk)
-    s1_3 <= \$457 ;
+    s2_0 <= \$457 ;
   always @(posedge clk)
-    s2_0 <= \$458 ;
+    s2_1 <= \$458 ;
   always @(posedge clk)
-    s2_1 <= \$459 ;
+    s2_2 <= \$459 ;
   always @(posedge clk)
-    s2_2 <= \$460 ;
+    s2_3 <= \$460 ;
   always @(posedge clk)
-    s2_3 <= \$461 ;
+    s3_0 <= \$461 ;
   always @(posedge clk)
-    s3_0 <= \$462 ;
+    s3_1 <= \$462 ;
   always @(posedge clk)
-    s3_1 <= \$463 ;
+    s3_2 <= \$463 ;
   always @(posedge clk)
-    s3_2 <= \$464 ;
+    s3_3 <= \$464 ;
   always @(posedge clk)
-    s3_3 <= \$465 ;
+    merging <= \$465 ;
   always @(posedge clk)
-    merging <= \$466 ;
+    merge_done <= \$466 ;
   always @(posedge clk)
-    merge_done <= \$467 ;
+    merge_count <= \$467 ;
   always @(posedge clk)
-    merge_count <= \$468 ;
+    den <= \$468 ;
   always @(posedge clk)
-    den <= \$469 ;
+    res_index3 <= \$469 ;
   always @(posedge clk)
-    res_index3 <= \$470 ;
+    res_score3 <= \$470 ;
   always @(posedge clk)
-    res_score3 <= \$471 ;
+    res_index0 <= \$471 ;
   always @(posedge clk)
-    res_index0 <= \$472 ;
+    res_index1 <= \$472 ;
   always @(posedge clk)
-    res_index1 <= \$473 ;
+    res_index2 <= \$473 ;
   always @(posedge clk)
-    res_index2 <= \$474 ;
+    res_score0 <= \$474 ;
   always @(posedge clk)
-    res_score0 <= \$475 ;
+    res_score1 <= \$475 ;
   always @(posedge clk)
-    res_score1 <= \$476 ;
+    res_score2 <= \$476 ;
   always @(posedge clk)
-    res_score2 <= \$477 ;
+    \$signal  <= \$477 ;
   always @(posedge clk)
-    \$signal  <= \$478 ;
+    inc2_index <= \$478 ;
   always @(posedge clk)
-    inc2_index <= \$479 ;
+    load_clearing <= \$479 ;
   always @(posedge clk)
-    load_clearing <= \$480 ;
+    sweep <= \$480 ;
   always @(posedge clk)
-    sweep <= \$481 ;
+    dividing <= \$481 ;
   always @(posedge clk)
-    dividing <= \$482 ;
+    routes__valid <= \$482 ;
   always @(posedge clk)
-    routes__valid <= \$483 ;
+    out_count <= \$483 ;
   always @(posedge clk)
-    out_count <= \$484 ;
+    out_index0 <= \$484 ;
   always @(posedge clk)
-    out_index0 <= \$485 ;
+    out_index1 <= \$485 ;
   always @(posedge clk)
-    out_index1 <= \$486 ;
+    out_index2 <= \$486 ;
   always @(posedge clk)
-    out_index2 <= \$487 ;
+    out_index3 <= \$487 ;
   always @(posedge clk)
-    out_index3 <= \$488 ;
+    out_score0 <= \$488 ;
   always @(posedge clk)
-    out_score0 <= \$489 ;
+    out_score1 <= \$489 ;
   always @(posedge clk)
-    out_score1 <= \$490 ;
+    out_score2 <= \$490 ;
   always @(posedge clk)
-    out_score2 <= \$491 ;
-  always @(posedge clk)
-    out_score3 <= \$492 ;
+    out_score3 <= \$491 ;
   assign \$1  = ~ take;
   assign \$2  = lists_full & \$1 ;
   assign \$3  = ~ \$2 ;
@@ -1253,358 +1250,359 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$104  = rp__addr == 4'hf;
   assign \$105  = rp__addr + 1'h1;
   assign \$106  = \$104  ? 5'h00 : \$105 ;
-  assign \$107  = scores__valid & scores__ready;
-  assign \$108  = p1_beat == 4'hf;
-  assign \$109  = advance & \$108 ;
-  assign \$110  = ~ take;
-  assign \$111  = lists_full & \$110 ;
-  assign \$112  = \$109  | \$111 ;
-  assign \$114  = ! p1_beat;
-  assign \$115  = ~ \$114 ;
-  assign \$116  = l0_0[0] & \$115 ;
-  assign \$117  = ~ \$116 ;
-  assign \$118  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$119  = \$117  | \$118 ;
-  assign \$120  = ! p1_beat;
-  assign \$121  = ~ \$120 ;
-  assign \$122  = l0_1[0] & \$121 ;
-  assign \$123  = ~ \$122 ;
-  assign \$124  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$125  = \$123  | \$124 ;
-  assign \$126  = ! p1_beat;
-  assign \$127  = ~ \$126 ;
-  assign \$128  = l0_0[0] & \$127 ;
-  assign \$129  = ~ \$128 ;
-  assign \$130  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$131  = \$129  | \$130 ;
-  assign \$132  = \$125  & \$131 ;
-  assign \$133  = ! p1_beat;
-  assign \$134  = ~ \$133 ;
-  assign \$135  = l0_1[0] & \$134 ;
-  assign \$136  = ~ \$135 ;
-  assign \$137  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$138  = \$136  | \$137 ;
-  assign \$139  = ! p1_beat;
-  assign \$140  = ~ \$139 ;
-  assign \$141  = l0_0[0] & \$140 ;
-  assign \$142  = ! p1_beat;
-  assign \$143  = ~ \$142 ;
-  assign \$144  = l0_2[0] & \$143 ;
-  assign \$145  = ~ \$144 ;
-  assign \$146  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
-  assign \$147  = \$145  | \$146 ;
-  assign \$148  = ! p1_beat;
-  assign \$149  = ~ \$148 ;
-  assign \$150  = l0_1[0] & \$149 ;
-  assign \$151  = ~ \$150 ;
-  assign \$152  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$153  = \$151  | \$152 ;
-  assign \$154  = \$147  & \$153 ;
-  assign \$155  = ! p1_beat;
-  assign \$156  = ~ \$155 ;
-  assign \$157  = l0_2[0] & \$156 ;
-  assign \$158  = ~ \$157 ;
-  assign \$159  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
-  assign \$160  = \$158  | \$159 ;
-  assign \$161  = ! p1_beat;
-  assign \$162  = ~ \$161 ;
-  assign \$163  = l0_1[0] & \$162 ;
-  assign \$164  = ! p1_beat;
-  assign \$165  = ~ \$164 ;
-  assign \$166  = l0_3[0] & \$165 ;
-  assign \$167  = ~ \$166 ;
-  assign \$168  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
-  assign \$169  = \$167  | \$168 ;
-  assign \$170  = ! p1_beat;
-  assign \$171  = ~ \$170 ;
-  assign \$172  = l0_2[0] & \$171 ;
-  assign \$173  = ~ \$172 ;
-  assign \$174  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
-  assign \$175  = \$173  | \$174 ;
-  assign \$176  = \$169  & \$175 ;
-  assign \$177  = ! p1_beat;
-  assign \$178  = ~ \$177 ;
-  assign \$179  = l0_3[0] & \$178 ;
-  assign \$180  = ~ \$179 ;
-  assign \$181  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
-  assign \$182  = \$180  | \$181 ;
-  assign \$183  = ! p1_beat;
-  assign \$184  = ~ \$183 ;
-  assign \$185  = l0_2[0] & \$184 ;
-  assign \$187  = ! p1_beat;
-  assign \$188  = ~ \$187 ;
-  assign \$189  = l1_0[0] & \$188 ;
-  assign \$190  = ~ \$189 ;
-  assign \$191  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
-  assign \$192  = \$190  | \$191 ;
-  assign \$193  = ! p1_beat;
-  assign \$194  = ~ \$193 ;
-  assign \$195  = l1_1[0] & \$194 ;
-  assign \$196  = ~ \$195 ;
-  assign \$197  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
-  assign \$198  = \$196  | \$197 ;
-  assign \$199  = ! p1_beat;
-  assign \$200  = ~ \$199 ;
-  assign \$201  = l1_0[0] & \$200 ;
-  assign \$202  = ~ \$201 ;
-  assign \$203  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
-  assign \$204  = \$202  | \$203 ;
-  assign \$205  = \$198  & \$204 ;
-  assign \$206  = ! p1_beat;
-  assign \$207  = ~ \$206 ;
-  assign \$208  = l1_1[0] & \$207 ;
-  assign \$209  = ~ \$208 ;
-  assign \$210  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
-  assign \$211  = \$209  | \$210 ;
-  assign \$212  = ! p1_beat;
-  assign \$213  = ~ \$212 ;
-  assign \$214  = l1_0[0] & \$213 ;
-  assign \$215  = ! p1_beat;
-  assign \$216  = ~ \$215 ;
-  assign \$217  = l1_2[0] & \$216 ;
-  assign \$218  = ~ \$217 ;
-  assign \$219  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
-  assign \$220  = \$218  | \$219 ;
-  assign \$221  = ! p1_beat;
-  assign \$222  = ~ \$221 ;
-  assign \$223  = l1_1[0] & \$222 ;
-  assign \$224  = ~ \$223 ;
-  assign \$225  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
-  assign \$226  = \$224  | \$225 ;
-  assign \$227  = \$220  & \$226 ;
-  assign \$228  = ! p1_beat;
-  assign \$229  = ~ \$228 ;
-  assign \$230  = l1_2[0] & \$229 ;
-  assign \$231  = ~ \$230 ;
-  assign \$232  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
-  assign \$233  = \$231  | \$232 ;
-  assign \$234  = ! p1_beat;
-  assign \$235  = ~ \$234 ;
-  assign \$236  = l1_1[0] & \$235 ;
-  assign \$237  = ! p1_beat;
-  assign \$238  = ~ \$237 ;
-  assign \$239  = l1_3[0] & \$238 ;
-  assign \$240  = ~ \$239 ;
-  assign \$241  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
-  assign \$242  = \$240  | \$241 ;
-  assign \$243  = ! p1_beat;
-  assign \$244  = ~ \$243 ;
-  assign \$245  = l1_2[0] & \$244 ;
-  assign \$246  = ~ \$245 ;
-  assign \$247  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
-  assign \$248  = \$246  | \$247 ;
-  assign \$249  = \$242  & \$248 ;
-  assign \$250  = ! p1_beat;
-  assign \$251  = ~ \$250 ;
-  assign \$252  = l1_3[0] & \$251 ;
-  assign \$253  = ~ \$252 ;
-  assign \$254  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
-  assign \$255  = \$253  | \$254 ;
-  assign \$256  = ! p1_beat;
-  assign \$257  = ~ \$256 ;
-  assign \$258  = l1_2[0] & \$257 ;
-  assign \$260  = ! p1_beat;
-  assign \$261  = ~ \$260 ;
-  assign \$262  = l2_0[0] & \$261 ;
-  assign \$263  = ~ \$262 ;
-  assign \$264  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
-  assign \$265  = \$263  | \$264 ;
-  assign \$266  = ! p1_beat;
-  assign \$267  = ~ \$266 ;
-  assign \$268  = l2_1[0] & \$267 ;
-  assign \$269  = ~ \$268 ;
-  assign \$270  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
-  assign \$271  = \$269  | \$270 ;
-  assign \$272  = ! p1_beat;
-  assign \$273  = ~ \$272 ;
-  assign \$274  = l2_0[0] & \$273 ;
-  assign \$275  = ~ \$274 ;
-  assign \$276  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
-  assign \$277  = \$275  | \$276 ;
-  assign \$278  = \$271  & \$277 ;
-  assign \$279  = ! p1_beat;
-  assign \$280  = ~ \$279 ;
-  assign \$281  = l2_1[0] & \$280 ;
-  assign \$282  = ~ \$281 ;
-  assign \$283  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
-  assign \$284  = \$282  | \$283 ;
-  assign \$285  = ! p1_beat;
-  assign \$286  = ~ \$285 ;
-  assign \$287  = l2_0[0] & \$286 ;
-  assign \$288  = ! p1_beat;
-  assign \$289  = ~ \$288 ;
-  assign \$290  = l2_2[0] & \$289 ;
-  assign \$291  = ~ \$290 ;
-  assign \$292  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
-  assign \$293  = \$291  | \$292 ;
-  assign \$294  = ! p1_beat;
-  assign \$295  = ~ \$294 ;
-  assign \$296  = l2_1[0] & \$295 ;
-  assign \$297  = ~ \$296 ;
-  assign \$298  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
-  assign \$299  = \$297  | \$298 ;
-  assign \$300  = \$293  & \$299 ;
-  assign \$301  = ! p1_beat;
-  assign \$302  = ~ \$301 ;
-  assign \$303  = l2_2[0] & \$302 ;
-  assign \$304  = ~ \$303 ;
-  assign \$305  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
-  assign \$306  = \$304  | \$305 ;
-  assign \$307  = ! p1_beat;
-  assign \$308  = ~ \$307 ;
-  assign \$309  = l2_1[0] & \$308 ;
-  assign \$310  = ! p1_beat;
-  assign \$311  = ~ \$310 ;
-  assign \$312  = l2_3[0] & \$311 ;
-  assign \$313  = ~ \$312 ;
-  assign \$314  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
-  assign \$315  = \$313  | \$314 ;
-  assign \$316  = ! p1_beat;
-  assign \$317  = ~ \$316 ;
-  assign \$318  = l2_2[0] & \$317 ;
-  assign \$319  = ~ \$318 ;
-  assign \$320  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
-  assign \$321  = \$319  | \$320 ;
-  assign \$322  = \$315  & \$321 ;
-  assign \$323  = ! p1_beat;
-  assign \$324  = ~ \$323 ;
-  assign \$325  = l2_3[0] & \$324 ;
-  assign \$326  = ~ \$325 ;
-  assign \$327  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
-  assign \$328  = \$326  | \$327 ;
-  assign \$329  = ! p1_beat;
-  assign \$330  = ~ \$329 ;
-  assign \$331  = l2_2[0] & \$330 ;
-  assign \$333  = ! p1_beat;
-  assign \$334  = ~ \$333 ;
-  assign \$335  = l3_0[0] & \$334 ;
-  assign \$336  = ~ \$335 ;
-  assign \$337  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
-  assign \$338  = \$336  | \$337 ;
-  assign \$339  = ! p1_beat;
-  assign \$340  = ~ \$339 ;
-  assign \$341  = l3_1[0] & \$340 ;
-  assign \$342  = ~ \$341 ;
-  assign \$343  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
-  assign \$344  = \$342  | \$343 ;
-  assign \$345  = ! p1_beat;
-  assign \$346  = ~ \$345 ;
-  assign \$347  = l3_0[0] & \$346 ;
-  assign \$348  = ~ \$347 ;
-  assign \$349  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
-  assign \$350  = \$348  | \$349 ;
-  assign \$351  = \$344  & \$350 ;
-  assign \$352  = ! p1_beat;
-  assign \$353  = ~ \$352 ;
-  assign \$354  = l3_1[0] & \$353 ;
-  assign \$355  = ~ \$354 ;
-  assign \$356  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
-  assign \$357  = \$355  | \$356 ;
-  assign \$358  = ! p1_beat;
-  assign \$359  = ~ \$358 ;
-  assign \$360  = l3_0[0] & \$359 ;
-  assign \$361  = ! p1_beat;
-  assign \$362  = ~ \$361 ;
-  assign \$363  = l3_2[0] & \$362 ;
-  assign \$364  = ~ \$363 ;
-  assign \$365  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
-  assign \$366  = \$364  | \$365 ;
-  assign \$367  = ! p1_beat;
-  assign \$368  = ~ \$367 ;
-  assign \$369  = l3_1[0] & \$368 ;
-  assign \$370  = ~ \$369 ;
-  assign \$371  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
-  assign \$372  = \$370  | \$371 ;
-  assign \$373  = \$366  & \$372 ;
-  assign \$374  = ! p1_beat;
-  assign \$375  = ~ \$374 ;
-  assign \$376  = l3_2[0] & \$375 ;
-  assign \$377  = ~ \$376 ;
-  assign \$378  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
-  assign \$379  = \$377  | \$378 ;
-  assign \$380  = ! p1_beat;
-  assign \$381  = ~ \$380 ;
-  assign \$382  = l3_1[0] & \$381 ;
-  assign \$383  = ! p1_beat;
-  assign \$384  = ~ \$383 ;
-  assign \$385  = l3_3[0] & \$384 ;
-  assign \$386  = ~ \$385 ;
-  assign \$387  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
-  assign \$388  = \$386  | \$387 ;
-  assign \$389  = ! p1_beat;
-  assign \$390  = ~ \$389 ;
-  assign \$391  = l3_2[0] & \$390 ;
-  assign \$392  = ~ \$391 ;
-  assign \$393  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
-  assign \$394  = \$392  | \$393 ;
-  assign \$395  = \$388  & \$394 ;
-  assign \$396  = ! p1_beat;
-  assign \$397  = ~ \$396 ;
-  assign \$398  = l3_3[0] & \$397 ;
-  assign \$399  = ~ \$398 ;
-  assign \$400  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
-  assign \$401  = \$399  | \$400 ;
-  assign \$402  = ! p1_beat;
-  assign \$403  = ~ \$402 ;
-  assign \$404  = l3_2[0] & \$403 ;
-  assign \$405  = ~ load_clearing;
-  assign \$406  = merging & \$405 ;
-  assign \$407  = ~ load_clearing;
-  assign \$408  = merging & \$407 ;
-  assign \$409  = ! tree1_0[38:37];
-  assign \$410  = tree1_0[38:37] == 1'h1;
-  assign \$411  = tree1_0[38:37] == 2'h2;
-  assign \$412  = tree1_0[38:37] == 2'h3;
-  assign \$413  = den + tree1_0[36:24];
-  assign \$414  = merge_count + 1'h1;
-  assign \$415  = merge_count == 2'h3;
-  assign \$416  = ~ \$signal$71 ;
-  assign \$417  = load_clearing & \$416 ;
-  assign \$418  = ~ \$signal ;
-  assign \$419  = \$417  & \$418 ;
-  assign \$420  = sweep + 1'h1;
-  assign \$421  = sweep == 6'h3f;
-  assign \$422  = ~ busy;
-  assign \$423  = dividing & \$422 ;
-  assign \$424  = routes__valid & routes__ready;
-  assign \$425  = out_count + 1'h1;
-  assign \$426  = out_count == 2'h3;
+  assign \$107  = p1_beat == 4'hf;
+  assign \$108  = advance & \$107 ;
+  assign \$109  = ~ take;
+  assign \$110  = lists_full & \$109 ;
+  assign \$111  = \$108  | \$110 ;
+  assign \$113  = ! p1_beat;
+  assign \$114  = ~ \$113 ;
+  assign \$115  = l0_0[0] & \$114 ;
+  assign \$116  = ~ \$115 ;
+  assign \$117  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$118  = \$116  | \$117 ;
+  assign \$119  = ! p1_beat;
+  assign \$120  = ~ \$119 ;
+  assign \$121  = l0_1[0] & \$120 ;
+  assign \$122  = ~ \$121 ;
+  assign \$123  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$124  = \$122  | \$123 ;
+  assign \$125  = ! p1_beat;
+  assign \$126  = ~ \$125 ;
+  assign \$127  = l0_0[0] & \$126 ;
+  assign \$128  = ~ \$127 ;
+  assign \$129  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$130  = \$128  | \$129 ;
+  assign \$131  = \$124  & \$130 ;
+  assign \$132  = ! p1_beat;
+  assign \$133  = ~ \$132 ;
+  assign \$134  = l0_1[0] & \$133 ;
+  assign \$135  = ~ \$134 ;
+  assign \$136  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$137  = \$135  | \$136 ;
+  assign \$138  = ! p1_beat;
+  assign \$139  = ~ \$138 ;
+  assign \$140  = l0_0[0] & \$139 ;
+  assign \$141  = ! p1_beat;
+  assign \$142  = ~ \$141 ;
+  assign \$143  = l0_2[0] & \$142 ;
+  assign \$144  = ~ \$143 ;
+  assign \$145  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
+  assign \$146  = \$144  | \$145 ;
+  assign \$147  = ! p1_beat;
+  assign \$148  = ~ \$147 ;
+  assign \$149  = l0_1[0] & \$148 ;
+  assign \$150  = ~ \$149 ;
+  assign \$151  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$152  = \$150  | \$151 ;
+  assign \$153  = \$146  & \$152 ;
+  assign \$154  = ! p1_beat;
+  assign \$155  = ~ \$154 ;
+  assign \$156  = l0_2[0] & \$155 ;
+  assign \$157  = ~ \$156 ;
+  assign \$158  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
+  assign \$159  = \$157  | \$158 ;
+  assign \$160  = ! p1_beat;
+  assign \$161  = ~ \$160 ;
+  assign \$162  = l0_1[0] & \$161 ;
+  assign \$163  = ! p1_beat;
+  assign \$164  = ~ \$163 ;
+  assign \$165  = l0_3[0] & \$164 ;
+  assign \$166  = ~ \$165 ;
+  assign \$167  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
+  assign \$168  = \$166  | \$167 ;
+  assign \$169  = ! p1_beat;
+  assign \$170  = ~ \$169 ;
+  assign \$171  = l0_2[0] & \$170 ;
+  assign \$172  = ~ \$171 ;
+  assign \$173  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
+  assign \$174  = \$172  | \$173 ;
+  assign \$175  = \$168  & \$174 ;
+  assign \$176  = ! p1_beat;
+  assign \$177  = ~ \$176 ;
+  assign \$178  = l0_3[0] & \$177 ;
+  assign \$179  = ~ \$178 ;
+  assign \$180  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
+  assign \$181  = \$179  | \$180 ;
+  assign \$182  = ! p1_beat;
+  assign \$183  = ~ \$182 ;
+  assign \$184  = l0_2[0] & \$183 ;
+  assign \$186  = ! p1_beat;
+  assign \$187  = ~ \$186 ;
+  assign \$188  = l1_0[0] & \$187 ;
+  assign \$189  = ~ \$188 ;
+  assign \$190  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
+  assign \$191  = \$189  | \$190 ;
+  assign \$192  = ! p1_beat;
+  assign \$193  = ~ \$192 ;
+  assign \$194  = l1_1[0] & \$193 ;
+  assign \$195  = ~ \$194 ;
+  assign \$196  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
+  assign \$197  = \$195  | \$196 ;
+  assign \$198  = ! p1_beat;
+  assign \$199  = ~ \$198 ;
+  assign \$200  = l1_0[0] & \$199 ;
+  assign \$201  = ~ \$200 ;
+  assign \$202  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
+  assign \$203  = \$201  | \$202 ;
+  assign \$204  = \$197  & \$203 ;
+  assign \$205  = ! p1_beat;
+  assign \$206  = ~ \$205 ;
+  assign \$207  = l1_1[0] & \$206 ;
+  assign \$208  = ~ \$207 ;
+  assign \$209  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
+  assign \$210  = \$208  | \$209 ;
+  assign \$211  = ! p1_beat;
+  assign \$212  = ~ \$211 ;
+  assign \$213  = l1_0[0] & \$212 ;
+  assign \$214  = ! p1_beat;
+  assign \$215  = ~ \$214 ;
+  assign \$216  = l1_2[0] & \$215 ;
+  assign \$217  = ~ \$216 ;
+  assign \$218  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
+  assign \$219  = \$217  | \$218 ;
+  assign \$220  = ! p1_beat;
+  assign \$221  = ~ \$220 ;
+  assign \$222  = l1_1[0] & \$221 ;
+  assign \$223  = ~ \$222 ;
+  assign \$224  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
+  assign \$225  = \$223  | \$224 ;
+  assign \$226  = \$219  & \$225 ;
+  assign \$227  = ! p1_beat;
+  assign \$228  = ~ \$227 ;
+  assign \$229  = l1_2[0] & \$228 ;
+  assign \$230  = ~ \$229 ;
+  assign \$231  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
+  assign \$232  = \$230  | \$231 ;
+  assign \$233  = ! p1_beat;
+  assign \$234  = ~ \$233 ;
+  assign \$235  = l1_1[0] & \$234 ;
+  assign \$236  = ! p1_beat;
+  assign \$237  = ~ \$236 ;
+  assign \$238  = l1_3[0] & \$237 ;
+  assign \$239  = ~ \$238 ;
+  assign \$240  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
+  assign \$241  = \$239  | \$240 ;
+  assign \$242  = ! p1_beat;
+  assign \$243  = ~ \$242 ;
+  assign \$244  = l1_2[0] & \$243 ;
+  assign \$245  = ~ \$244 ;
+  assign \$246  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
+  assign \$247  = \$245  | \$246 ;
+  assign \$248  = \$241  & \$247 ;
+  assign \$249  = ! p1_beat;
+  assign \$250  = ~ \$249 ;
+  assign \$251  = l1_3[0] & \$250 ;
+  assign \$252  = ~ \$251 ;
+  assign \$253  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
+  assign \$254  = \$252  | \$253 ;
+  assign \$255  = ! p1_beat;
+  assign \$256  = ~ \$255 ;
+  assign \$257  = l1_2[0] & \$256 ;
+  assign \$259  = ! p1_beat;
+  assign \$260  = ~ \$259 ;
+  assign \$261  = l2_0[0] & \$260 ;
+  assign \$262  = ~ \$261 ;
+  assign \$263  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
+  assign \$264  = \$262  | \$263 ;
+  assign \$265  = ! p1_beat;
+  assign \$266  = ~ \$265 ;
+  assign \$267  = l2_1[0] & \$266 ;
+  assign \$268  = ~ \$267 ;
+  assign \$269  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
+  assign \$270  = \$268  | \$269 ;
+  assign \$271  = ! p1_beat;
+  assign \$272  = ~ \$271 ;
+  assign \$273  = l2_0[0] & \$272 ;
+  assign \$274  = ~ \$273 ;
+  assign \$275  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
+  assign \$276  = \$274  | \$275 ;
+  assign \$277  = \$270  & \$276 ;
+  assign \$278  = ! p1_beat;
+  assign \$279  = ~ \$278 ;
+  assign \$280  = l2_1[0] & \$279 ;
+  assign \$281  = ~ \$280 ;
+  assign \$282  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
+  assign \$283  = \$281  | \$282 ;
+  assign \$284  = ! p1_beat;
+  assign \$285  = ~ \$284 ;
+  assign \$286  = l2_0[0] & \$285 ;
+  assign \$287  = ! p1_beat;
+  assign \$288  = ~ \$287 ;
+  assign \$289  = l2_2[0] & \$288 ;
+  assign \$290  = ~ \$289 ;
+  assign \$291  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
+  assign \$292  = \$290  | \$291 ;
+  assign \$293  = ! p1_beat;
+  assign \$294  = ~ \$293 ;
+  assign \$295  = l2_1[0] & \$294 ;
+  assign \$296  = ~ \$295 ;
+  assign \$297  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
+  assign \$298  = \$296  | \$297 ;
+  assign \$299  = \$292  & \$298 ;
+  assign \$300  = ! p1_beat;
+  assign \$301  = ~ \$300 ;
+  assign \$302  = l2_2[0] & \$301 ;
+  assign \$303  = ~ \$302 ;
+  assign \$304  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
+  assign \$305  = \$303  | \$304 ;
+  assign \$306  = ! p1_beat;
+  assign \$307  = ~ \$306 ;
+  assign \$308  = l2_1[0] & \$307 ;
+  assign \$309  = ! p1_beat;
+  assign \$310  = ~ \$309 ;
+  assign \$311  = l2_3[0] & \$310 ;
+  assign \$312  = ~ \$311 ;
+  assign \$313  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
+  assign \$314  = \$312  | \$313 ;
+  assign \$315  = ! p1_beat;
+  assign \$316  = ~ \$315 ;
+  assign \$317  = l2_2[0] & \$316 ;
+  assign \$318  = ~ \$317 ;
+  assign \$319  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
+  assign \$320  = \$318  | \$319 ;
+  assign \$321  = \$314  & \$320 ;
+  assign \$322  = ! p1_beat;
+  assign \$323  = ~ \$322 ;
+  assign \$324  = l2_3[0] & \$323 ;
+  assign \$325  = ~ \$324 ;
+  assign \$326  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
+  assign \$327  = \$325  | \$326 ;
+  assign \$328  = ! p1_beat;
+  assign \$329  = ~ \$328 ;
+  assign \$330  = l2_2[0] & \$329 ;
+  assign \$332  = ! p1_beat;
+  assign \$333  = ~ \$332 ;
+  assign \$334  = l3_0[0] & \$333 ;
+  assign \$335  = ~ \$334 ;
+  assign \$336  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
+  assign \$337  = \$335  | \$336 ;
+  assign \$338  = ! p1_beat;
+  assign \$339  = ~ \$338 ;
+  assign \$340  = l3_1[0] & \$339 ;
+  assign \$341  = ~ \$340 ;
+  assign \$342  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
+  assign \$343  = \$341  | \$342 ;
+  assign \$344  = ! p1_beat;
+  assign \$345  = ~ \$344 ;
+  assign \$346  = l3_0[0] & \$345 ;
+  assign \$347  = ~ \$346 ;
+  assign \$348  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
+  assign \$349  = \$347  | \$348 ;
+  assign \$350  = \$343  & \$349 ;
+  assign \$351  = ! p1_beat;
+  assign \$352  = ~ \$351 ;
+  assign \$353  = l3_1[0] & \$352 ;
+  assign \$354  = ~ \$353 ;
+  assign \$355  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
+  assign \$356  = \$354  | \$355 ;
+  assign \$357  = ! p1_beat;
+  assign \$358  = ~ \$357 ;
+  assign \$359  = l3_0[0] & \$358 ;
+  assign \$360  = ! p1_beat;
+  assign \$361  = ~ \$360 ;
+  assign \$362  = l3_2[0] & \$361 ;
+  assign \$363  = ~ \$362 ;
+  assign \$364  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
+  assign \$365  = \$363  | \$364 ;
+  assign \$366  = ! p1_beat;
+  assign \$367  = ~ \$366 ;
+  assign \$368  = l3_1[0] & \$367 ;
+  assign \$369  = ~ \$368 ;
+  assign \$370  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
+  assign \$371  = \$369  | \$370 ;
+  assign \$372  = \$365  & \$371 ;
+  assign \$373  = ! p1_beat;
+  assign \$374  = ~ \$373 ;
+  assign \$375  = l3_2[0] & \$374 ;
+  assign \$376  = ~ \$375 ;
+  assign \$377  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
+  assign \$378  = \$376  | \$377 ;
+  assign \$379  = ! p1_beat;
+  assign \$380  = ~ \$379 ;
+  assign \$381  = l3_1[0] & \$380 ;
+  assign \$382  = ! p1_beat;
+  assign \$383  = ~ \$382 ;
+  assign \$384  = l3_3[0] & \$383 ;
+  assign \$385  = ~ \$384 ;
+  assign \$386  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
+  assign \$387  = \$385  | \$386 ;
+  assign \$388  = ! p1_beat;
+  assign \$389  = ~ \$388 ;
+  assign \$390  = l3_2[0] & \$389 ;
+  assign \$391  = ~ \$390 ;
+  assign \$392  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
+  assign \$393  = \$391  | \$392 ;
+  assign \$394  = \$387  & \$393 ;
+  assign \$395  = ! p1_beat;
+  assign \$396  = ~ \$395 ;
+  assign \$397  = l3_3[0] & \$396 ;
+  assign \$398  = ~ \$397 ;
+  assign \$399  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
+  assign \$400  = \$398  | \$399 ;
+  assign \$401  = ! p1_beat;
+  assign \$402  = ~ \$401 ;
+  assign \$403  = l3_2[0] & \$402 ;
+  assign \$404  = ~ load_clearing;
+  assign \$405  = merging & \$404 ;
+  assign \$406  = ~ load_clearing;
+  assign \$407  = merging & \$406 ;
+  assign \$408  = ! tree1_0[38:37];
+  assign \$409  = tree1_0[38:37] == 1'h1;
+  assign \$410  = tree1_0[38:37] == 2'h2;
+  assign \$411  = tree1_0[38:37] == 2'h3;
+  assign \$412  = den + tree1_0[36:24];
+  assign \$413  = merge_count + 1'h1;
+  assign \$414  = merge_count == 2'h3;
+  assign \$415  = ~ \$signal$71 ;
+  assign \$416  = load_clearing & \$415 ;
+  assign \$417  = ~ \$signal ;
+  assign \$418  = \$416  & \$417 ;
+  assign \$419  = sweep + 1'h1;
+  assign \$420  = sweep == 6'h3f;
+  assign \$421  = ~ busy;
+  assign \$422  = dividing & \$421 ;
+  assign \$423  = routes__valid & routes__ready;
+  assign \$424  = out_count + 1'h1;
+  assign \$425  = out_count == 2'h3;
   always @(posedge clk)
-    p1_scores <= \$427 ;
+    p1_scores <= \$426 ;
   always @(posedge clk)
-    p1_beat <= \$428 ;
+    p1_beat <= \$427 ;
+  always @(posedge clk)
+    p1_valid <= \$428 ;
   always @(posedge clk)
     rp__addr <= \$429 ;
   always @(posedge clk)
-    p1_valid <= \$430 ;
+    lists_full <= \$430 ;
   always @(posedge clk)
-    lists_full <= \$431 ;
+    l0_0 <= \$431 ;
   always @(posedge clk)
-    l0_0 <= \$432 ;
+    l0_1 <= \$432 ;
   always @(posedge clk)
-    l0_1 <= \$433 ;
+    l0_2 <= \$433 ;
   always @(posedge clk)
-    l0_2 <= \$434 ;
+    l0_3 <= \$434 ;
   always @(posedge clk)
-    l0_3 <= \$435 ;
+    l1_0 <= \$435 ;
   always @(posedge clk)
-    l1_0 <= \$436 ;
+    l1_1 <= \$436 ;
   always @(posedge clk)
-    l1_1 <= \$437 ;
+    l1_2 <= \$437 ;
   always @(posedge clk)
-    l1_2 <= \$438 ;
+    l1_3 <= \$438 ;
   always @(posedge clk)
-    l1_3 <= \$439 ;
+    l2_0 <= \$439 ;
   always @(posedge clk)
-    l2_0 <= \$440 ;
+    l2_1 <= \$440 ;
   always @(posedge clk)
-    l2_1 <= \$441 ;
+    l2_2 <= \$441 ;
   always @(posedge clk)
-    l2_2 <= \$442 ;
+    l2_3 <= \$442 ;
   always @(posedge clk)
-    l2_3 <= \$443 ;
+    l3_0 <= \$443 ;
   always @(posedge clk)
-    l3_0 <= \$444 ;
+    l3_1 <= \$444 ;
   \nanokpu_router.divider  divider (
     .busy(busy),
     .clk(clk),
@@ -1615,12 +1613,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$446  = l3_2;
-    if (\$332 ) begin
-      if (\$373 ) begin
-        \$446 [34:1] = l3_1[34:1];
-        \$446 [0] = \$382 ;
-      end else if (\$379 ) begin
+    \$446  = l3_3;
+    if (\$331 ) begin
+      if (\$394 ) begin
+        \$446 [34:1] = l3_2[34:1];
+        \$446 [0] = \$403 ;
+      end else if (\$400 ) begin
         \$446  = new3;
       end
     end
@@ -1630,41 +1628,40 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$447  = l3_3;
-    if (\$332 ) begin
-      if (\$395 ) begin
-        \$447 [34:1] = l3_2[34:1];
-        \$447 [0] = \$404 ;
-      end else if (\$401 ) begin
-        \$447  = new3;
+    \$447  = \$405 ;
+    if (rst) begin
+      \$447  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$448  = tree1_0[23:18];
+    if (rst) begin
+      \$448  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$449  = s0_0;
+    if (take) begin
+      \$449  = l0_0;
+    end else if (\$407 ) begin
+      if (\$408 ) begin
+        \$449  = s0_1;
       end
     end
     if (rst) begin
-      \$447  = 35'h000000000;
+      \$449  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$448  = \$406 ;
-    if (rst) begin
-      \$448  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$449  = tree1_0[23:18];
-    if (rst) begin
-      \$449  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$450  = s0_0;
+    \$450  = s0_1;
     if (take) begin
-      \$450  = l0_0;
-    end else if (\$408 ) begin
-      if (\$409 ) begin
-        \$450  = s0_1;
+      \$450  = l0_1;
+    end else if (\$407 ) begin
+      if (\$408 ) begin
+        \$450  = s0_2;
       end
     end
     if (rst) begin
@@ -1673,12 +1670,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$451  = s0_1;
+    \$451  = s0_2;
     if (take) begin
-      \$451  = l0_1;
-    end else if (\$408 ) begin
-      if (\$409 ) begin
-        \$451  = s0_2;
+      \$451  = l0_2;
+    end else if (\$407 ) begin
+      if (\$408 ) begin
+        \$451  = s0_3;
       end
     end
     if (rst) begin
@@ -1687,12 +1684,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$452  = s0_2;
+    \$452  = s0_3;
     if (take) begin
-      \$452  = l0_2;
-    end else if (\$408 ) begin
-      if (\$409 ) begin
-        \$452  = s0_3;
+      \$452  = l0_3;
+    end else if (\$407 ) begin
+      if (\$408 ) begin
+        \$452  = 35'h000000000;
       end
     end
     if (rst) begin
@@ -1701,12 +1698,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$453  = s0_3;
+    \$453  = s1_0;
     if (take) begin
-      \$453  = l0_3;
-    end else if (\$408 ) begin
+      \$453  = l1_0;
+    end else if (\$407 ) begin
       if (\$409 ) begin
-        \$453  = 35'h000000000;
+        \$453  = s1_1;
       end
     end
     if (rst) begin
@@ -1715,12 +1712,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$454  = s1_0;
+    \$454  = s1_1;
     if (take) begin
-      \$454  = l1_0;
-    end else if (\$408 ) begin
-      if (\$410 ) begin
-        \$454  = s1_1;
+      \$454  = l1_1;
+    end else if (\$407 ) begin
+      if (\$409 ) begin
+        \$454  = s1_2;
       end
     end
     if (rst) begin
@@ -1729,12 +1726,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$455  = s1_1;
+    \$455  = s1_2;
     if (take) begin
-      \$455  = l1_1;
-    end else if (\$408 ) begin
-      if (\$410 ) begin
-        \$455  = s1_2;
+      \$455  = l1_2;
+    end else if (\$407 ) begin
+      if (\$409 ) begin
+        \$455  = s1_3;
       end
     end
     if (rst) begin
@@ -1743,12 +1740,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$456  = s1_2;
+    \$456  = s1_3;
     if (take) begin
-      \$456  = l1_2;
-    end else if (\$408 ) begin
-      if (\$410 ) begin
-        \$456  = s1_3;
+      \$456  = l1_3;
+    end else if (\$407 ) begin
+      if (\$409 ) begin
+        \$456  = 35'h000000000;
       end
     end
     if (rst) begin
@@ -1757,12 +1754,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$457  = s1_3;
+    \$457  = s2_0;
     if (take) begin
-      \$457  = l1_3;
-    end else if (\$408 ) begin
+      \$457  = l2_0;
+    end else if (\$407 ) begin
       if (\$410 ) begin
-        \$457  = 35'h000000000;
+        \$457  = s2_1;
       end
     end
     if (rst) begin
@@ -1771,12 +1768,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$458  = s2_0;
+    \$458  = s2_1;
     if (take) begin
-      \$458  = l2_0;
-    end else if (\$408 ) begin
-      if (\$411 ) begin
-        \$458  = s2_1;
+      \$458  = l2_1;
+    end else if (\$407 ) begin
+      if (\$410 ) begin
+        \$458  = s2_2;
       end
     end
     if (rst) begin
@@ -1785,12 +1782,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$459  = s2_1;
+    \$459  = s2_2;
     if (take) begin
-      \$459  = l2_1;
-    end else if (\$408 ) begin
-      if (\$411 ) begin
-        \$459  = s2_2;
+      \$459  = l2_2;
+    end else if (\$407 ) begin
+      if (\$410 ) begin
+        \$459  = s2_3;
       end
     end
     if (rst) begin
@@ -1799,12 +1796,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$460  = s2_2;
+    \$460  = s2_3;
     if (take) begin
-      \$460  = l2_2;
-    end else if (\$408 ) begin
-      if (\$411 ) begin
-        \$460  = s2_3;
+      \$460  = l2_3;
+    end else if (\$407 ) begin
+      if (\$410 ) begin
+        \$460  = 35'h000000000;
       end
     end
     if (rst) begin
@@ -1813,12 +1810,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$461  = s2_3;
+    \$461  = s3_0;
     if (take) begin
-      \$461  = l2_3;
-    end else if (\$408 ) begin
+      \$461  = l3_0;
+    end else if (\$407 ) begin
       if (\$411 ) begin
-        \$461  = 35'h000000000;
+        \$461  = s3_1;
       end
     end
     if (rst) begin
@@ -1827,12 +1824,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$462  = s3_0;
+    \$462  = s3_1;
     if (take) begin
-      \$462  = l3_0;
-    end else if (\$408 ) begin
-      if (\$412 ) begin
-        \$462  = s3_1;
+      \$462  = l3_1;
+    end else if (\$407 ) begin
+      if (\$411 ) begin
+        \$462  = s3_2;
       end
     end
     if (rst) begin
@@ -1841,12 +1838,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$463  = s3_1;
+    \$463  = s3_2;
     if (take) begin
-      \$463  = l3_1;
-    end else if (\$408 ) begin
-      if (\$412 ) begin
-        \$463  = s3_2;
+      \$463  = l3_2;
+    end else if (\$407 ) begin
+      if (\$411 ) begin
+        \$463  = s3_3;
       end
     end
     if (rst) begin
@@ -1855,12 +1852,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$464  = s3_2;
+    \$464  = s3_3;
     if (take) begin
-      \$464  = l3_2;
-    end else if (\$408 ) begin
-      if (\$412 ) begin
-        \$464  = s3_3;
+      \$464  = l3_3;
+    end else if (\$407 ) begin
+      if (\$411 ) begin
+        \$464  = 35'h000000000;
       end
     end
     if (rst) begin
@@ -1869,27 +1866,29 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$465  = s3_3;
+    \$465  = merging;
     if (take) begin
-      \$465  = l3_3;
-    end else if (\$408 ) begin
-      if (\$412 ) begin
-        \$465  = 35'h000000000;
+      \$465  = 1'h1;
+    end else if (\$407 ) begin
+      if (\$414 ) begin
+        \$465  = 1'h0;
       end
     end
     if (rst) begin
-      \$465  = 35'h000000000;
+      \$465  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$466  = merging;
+    \$466  = merge_done;
     if (take) begin
-      \$466  = 1'h1;
-    end else if (\$408 ) begin
-      if (\$415 ) begin
-        \$466  = 1'h0;
+      \$466  = 1'h0;
+    end else if (\$407 ) begin
+      if (\$414 ) begin
+        \$466  = 1'h1;
       end
+    end else if (c_take) begin
+      \$466  = 1'h0;
     end
     if (rst) begin
       \$466  = 1'h0;
@@ -1897,72 +1896,67 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$467  = merge_done;
+    \$467  = merge_count;
     if (take) begin
-      \$467  = 1'h0;
-    end else if (\$408 ) begin
-      if (\$415 ) begin
-        \$467  = 1'h1;
-      end
-    end else if (c_take) begin
-      \$467  = 1'h0;
+      \$467  = 2'h0;
+    end else if (\$407 ) begin
+      \$467  = \$413 [1:0];
     end
     if (rst) begin
-      \$467  = 1'h0;
+      \$467  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$468  = merge_count;
+    \$468  = den;
     if (take) begin
-      \$468  = 2'h0;
-    end else if (\$408 ) begin
-      \$468  = \$414 [1:0];
+      \$468  = 15'h0000;
+    end else if (\$407 ) begin
+      \$468  = \$412 [14:0];
     end
     if (rst) begin
-      \$468  = 2'h0;
+      \$468  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$469  = den;
+    \$469  = res_index3;
     if (take) begin
-      \$469  = 15'h0000;
-    end else if (\$408 ) begin
-      \$469  = \$413 [14:0];
+    end else if (\$407 ) begin
+      \$469  = tree1_0[23:18];
     end
     if (rst) begin
-      \$469  = 15'h0000;
+      \$469  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$470  = res_index3;
+    \$470  = res_score3;
     if (take) begin
-    end else if (\$408 ) begin
-      \$470  = tree1_0[23:18];
+    end else if (\$407 ) begin
+      \$470  = tree1_0[36:24];
     end
     if (rst) begin
-      \$470  = 6'h00;
+      \$470  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$471  = res_score3;
+    \$471  = res_index0;
     if (take) begin
-    end else if (\$408 ) begin
-      \$471  = tree1_0[36:24];
+    end else if (\$407 ) begin
+      \$471  = res_index1;
     end
     if (rst) begin
-      \$471  = 13'h0000;
+      \$471  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$472  = res_index0;
+    \$472  = res_index1;
     if (take) begin
-    end else if (\$408 ) begin
-      \$472  = res_index1;
+    end else if (\$407 ) begin
+      \$472  = res_index2;
     end
     if (rst) begin
       \$472  = 6'h00;
@@ -1970,10 +1964,10 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$473  = res_index1;
+    \$473  = res_index2;
     if (take) begin
-    end else if (\$408 ) begin
-      \$473  = res_index2;
+    end else if (\$407 ) begin
+      \$473  = res_index3;
     end
     if (rst) begin
       \$473  = 6'h00;
@@ -1981,21 +1975,21 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$474  = res_index2;
+    \$474  = res_score0;
     if (take) begin
-    end else if (\$408 ) begin
-      \$474  = res_index3;
+    end else if (\$407 ) begin
+      \$474  = res_score1;
     end
     if (rst) begin
-      \$474  = 6'h00;
+      \$474  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$475  = res_score0;
+    \$475  = res_score1;
     if (take) begin
-    end else if (\$408 ) begin
-      \$475  = res_score1;
+    end else if (\$407 ) begin
+      \$475  = res_score2;
     end
     if (rst) begin
       \$475  = 13'h0000;
@@ -2003,10 +1997,10 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$476  = res_score1;
+    \$476  = res_score2;
     if (take) begin
-    end else if (\$408 ) begin
-      \$476  = res_score2;
+    end else if (\$407 ) begin
+      \$476  = res_score3;
     end
     if (rst) begin
       \$476  = 13'h0000;
@@ -2014,104 +2008,106 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$477  = res_score2;
-    if (take) begin
-    end else if (\$408 ) begin
-      \$477  = res_score3;
-    end
+    \$477  = \$signal$71 ;
     if (rst) begin
-      \$477  = 13'h0000;
+      \$477  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$478  = \$signal$71 ;
+    \$478  = lr__addr;
     if (rst) begin
-      \$478  = 1'h0;
+      \$478  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$479  = lr__addr;
-    if (rst) begin
-      \$479  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$480  = load_clearing;
+    \$479  = load_clearing;
     if (load_clear) begin
-      \$480  = 1'h1;
-    end else if (\$419 ) begin
-      if (\$421 ) begin
-        \$480  = 1'h0;
+      \$479  = 1'h1;
+    end else if (\$418 ) begin
+      if (\$420 ) begin
+        \$479  = 1'h0;
       end
     end
     if (rst) begin
-      \$480  = 1'h0;
+      \$479  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$481  = sweep;
+    \$480  = sweep;
     if (load_clear) begin
-      \$481  = 6'h00;
-    end else if (\$419 ) begin
-      \$481  = \$420 [5:0];
+      \$480  = 6'h00;
+    end else if (\$418 ) begin
+      \$480  = \$419 [5:0];
     end
     if (rst) begin
-      \$481  = 6'h00;
+      \$480  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$482  = dividing;
+    \$481  = dividing;
     if (c_take) begin
+      \$481  = 1'h1;
+    end else if (\$422 ) begin
+      \$481  = 1'h0;
+    end
+    if (rst) begin
+      \$481  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$482  = routes__valid;
+    if (c_take) begin
+      \$482  = 1'h0;
+    end else if (\$422 ) begin
       \$482  = 1'h1;
     end else if (\$423 ) begin
-      \$482  = 1'h0;
-    end
-    if (rst) begin
-      \$482  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$483  = routes__valid;
-    if (c_take) begin
-      \$483  = 1'h0;
-    end else if (\$423 ) begin
-      \$483  = 1'h1;
-    end else if (\$424 ) begin
-      if (\$426 ) begin
-        \$483  = 1'h0;
+      if (\$425 ) begin
+        \$482  = 1'h0;
       end
     end
     if (rst) begin
-      \$483  = 1'h0;
+      \$482  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$484  = out_count;
+    \$483  = out_count;
     if (c_take) begin
-      \$484  = 2'h0;
+      \$483  = 2'h0;
+    end else if (\$422 ) begin
     end else if (\$423 ) begin
-    end else if (\$424 ) begin
-      \$484  = \$425 [1:0];
+      \$483  = \$424 [1:0];
     end
     if (rst) begin
-      \$484  = 2'h0;
+      \$483  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$485  = out_index0;
+    \$484  = out_index0;
     if (c_take) begin
-      \$485  = res_index0;
+      \$484  = res_index0;
+    end else if (\$422 ) begin
     end else if (\$423 ) begin
-    end else if (\$424 ) begin
-      \$485  = out_index1;
+      \$484  = out_index1;
+    end
+    if (rst) begin
+      \$484  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$485  = out_index1;
+    if (c_take) begin
+      \$485  = res_index1;
+    end else if (\$422 ) begin
+    end else if (\$423 ) begin
+      \$485  = out_index2;
     end
     if (rst) begin
       \$485  = 6'h00;
@@ -2119,12 +2115,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$486  = out_index1;
+    \$486  = out_index2;
     if (c_take) begin
-      \$486  = res_index1;
+      \$486  = res_index2;
+    end else if (\$422 ) begin
     end else if (\$423 ) begin
-    end else if (\$424 ) begin
-      \$486  = out_index2;
+      \$486  = out_index3;
     end
     if (rst) begin
       \$486  = 6'h00;
@@ -2132,12 +2128,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$487  = out_index2;
+    \$487  = out_index3;
     if (c_take) begin
-      \$487  = res_index2;
-    end else if (\$423 ) begin
-    end else if (\$424 ) begin
-      \$487  = out_index3;
+      \$487  = res_index3;
     end
     if (rst) begin
       \$487  = 6'h00;
@@ -2145,22 +2138,25 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$488  = out_index3;
+    \$488  = out_score0;
     if (c_take) begin
-      \$488  = res_index3;
+      \$488  = res_score0;
+    end else if (\$422 ) begin
+    end else if (\$423 ) begin
+      \$488  = out_score1;
     end
     if (rst) begin
-      \$488  = 6'h00;
+      \$488  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$489  = out_score0;
+    \$489  = out_score1;
     if (c_take) begin
-      \$489  = res_score0;
+      \$489  = res_score1;
+    end else if (\$422 ) begin
     end else if (\$423 ) begin
-    end else if (\$424 ) begin
-      \$489  = out_score1;
+      \$489  = out_score2;
     end
     if (rst) begin
       \$489  = 13'h0000;
@@ -2168,12 +2164,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$490  = out_score1;
+    \$490  = out_score2;
     if (c_take) begin
-      \$490  = res_score1;
+      \$490  = res_score2;
+    end else if (\$422 ) begin
     end else if (\$423 ) begin
-    end else if (\$424 ) begin
-      \$490  = out_score2;
+      \$490  = out_score3;
     end
     if (rst) begin
       \$490  = 13'h0000;
@@ -2181,25 +2177,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$491  = out_score2;
+    \$491  = out_score3;
     if (c_take) begin
-      \$491  = res_score2;
-    end else if (\$423 ) begin
-    end else if (\$424 ) begin
-      \$491  = out_score3;
+      \$491  = res_score3;
     end
     if (rst) begin
       \$491  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$492  = out_score3;
-    if (c_take) begin
-      \$492  = res_score3;
-    end
-    if (rst) begin
-      \$492  = 13'h0000;
     end
   end
   always @* begin
@@ -2231,22 +2214,34 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$427  = p1_scores;
+    \$426  = p1_scores;
     if (\$103 ) begin
-      \$427  = scores__payload;
+      \$426  = scores__payload;
     end
     if (rst) begin
-      \$427  = 52'h0000000000000;
+      \$426  = 52'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$428  = p1_beat;
+    \$427  = p1_beat;
     if (\$103 ) begin
-      \$428  = rp__addr;
+      \$427  = rp__addr;
     end
     if (rst) begin
-      \$428  = 4'h0;
+      \$427  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$428  = p1_valid;
+    if (\$103 ) begin
+      \$428  = 1'h1;
+    end else if (advance) begin
+      \$428  = 1'h0;
+    end
+    if (rst) begin
+      \$428  = 1'h0;
     end
   end
   always @* begin
@@ -2261,28 +2256,31 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$430  = p1_valid;
-    if (\$107 ) begin
-      \$430  = 1'h1;
-    end else if (advance) begin
-      \$430  = 1'h0;
-    end
+    \$430  = \$111 ;
     if (rst) begin
       \$430  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$431  = \$112 ;
+    \$431  = l0_0;
+    if (\$112 ) begin
+      if (\$118 ) begin
+        \$431  = new0;
+      end
+    end
     if (rst) begin
-      \$431  = 1'h0;
+      \$431  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$432  = l0_0;
-    if (\$113 ) begin
-      if (\$119 ) begin
+    \$432  = l0_1;
+    if (\$112 ) begin
+      if (\$131 ) begin
+        \$432 [34:1] = l0_0[34:1];
+        \$432 [0] = \$140 ;
+      end else if (\$137 ) begin
         \$432  = new0;
       end
     end
@@ -2292,12 +2290,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$433  = l0_1;
-    if (\$113 ) begin
-      if (\$132 ) begin
-        \$433 [34:1] = l0_0[34:1];
-        \$433 [0] = \$141 ;
-      end else if (\$138 ) begin
+    \$433  = l0_2;
+    if (\$112 ) begin
+      if (\$153 ) begin
+        \$433 [34:1] = l0_1[34:1];
+        \$433 [0] = \$162 ;
+      end else if (\$159 ) begin
         \$433  = new0;
       end
     end
@@ -2307,12 +2305,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$434  = l0_2;
-    if (\$113 ) begin
-      if (\$154 ) begin
-        \$434 [34:1] = l0_1[34:1];
-        \$434 [0] = \$163 ;
-      end else if (\$160 ) begin
+    \$434  = l0_3;
+    if (\$112 ) begin
+      if (\$175 ) begin
+        \$434 [34:1] = l0_2[34:1];
+        \$434 [0] = \$184 ;
+      end else if (\$181 ) begin
         \$434  = new0;
       end
     end
@@ -2322,13 +2320,10 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$435  = l0_3;
-    if (\$113 ) begin
-      if (\$176 ) begin
-        \$435 [34:1] = l0_2[34:1];
-        \$435 [0] = \$185 ;
-      end else if (\$182 ) begin
-        \$435  = new0;
+    \$435  = l1_0;
+    if (\$185 ) begin
+      if (\$191 ) begin
+        \$435  = new1;
       end
     end
     if (rst) begin
@@ -2337,9 +2332,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$436  = l1_0;
-    if (\$186 ) begin
-      if (\$192 ) begin
+    \$436  = l1_1;
+    if (\$185 ) begin
+      if (\$204 ) begin
+        \$436 [34:1] = l1_0[34:1];
+        \$436 [0] = \$213 ;
+      end else if (\$210 ) begin
         \$436  = new1;
       end
     end
@@ -2349,12 +2347,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$437  = l1_1;
-    if (\$186 ) begin
-      if (\$205 ) begin
-        \$437 [34:1] = l1_0[34:1];
-        \$437 [0] = \$214 ;
-      end else if (\$211 ) begin
+    \$437  = l1_2;
+    if (\$185 ) begin
+      if (\$226 ) begin
+        \$437 [34:1] = l1_1[34:1];
+        \$437 [0] = \$235 ;
+      end else if (\$232 ) begin
         \$437  = new1;
       end
     end
@@ -2364,12 +2362,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$438  = l1_2;
-    if (\$186 ) begin
-      if (\$227 ) begin
-        \$438 [34:1] = l1_1[34:1];
-        \$438 [0] = \$236 ;
-      end else if (\$233 ) begin
+    \$438  = l1_3;
+    if (\$185 ) begin
+      if (\$248 ) begin
+        \$438 [34:1] = l1_2[34:1];
+        \$438 [0] = \$257 ;
+      end else if (\$254 ) begin
         \$438  = new1;
       end
     end
@@ -2379,13 +2377,10 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$439  = l1_3;
-    if (\$186 ) begin
-      if (\$249 ) begin
-        \$439 [34:1] = l1_2[34:1];
-        \$439 [0] = \$258 ;
-      end else if (\$255 ) begin
-        \$439  = new1;
+    \$439  = l2_0;
+    if (\$258 ) begin
+      if (\$264 ) begin
+        \$439  = new2;
       end
     end
     if (rst) begin
@@ -2394,9 +2389,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$440  = l2_0;
-    if (\$259 ) begin
-      if (\$265 ) begin
+    \$440  = l2_1;
+    if (\$258 ) begin
+      if (\$277 ) begin
+        \$440 [34:1] = l2_0[34:1];
+        \$440 [0] = \$286 ;
+      end else if (\$283 ) begin
         \$440  = new2;
       end
     end
@@ -2406,12 +2404,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$441  = l2_1;
-    if (\$259 ) begin
-      if (\$278 ) begin
-        \$441 [34:1] = l2_0[34:1];
-        \$441 [0] = \$287 ;
-      end else if (\$284 ) begin
+    \$441  = l2_2;
+    if (\$258 ) begin
+      if (\$299 ) begin
+        \$441 [34:1] = l2_1[34:1];
+        \$441 [0] = \$308 ;
+      end else if (\$305 ) begin
         \$441  = new2;
       end
     end
@@ -2421,12 +2419,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$442  = l2_2;
-    if (\$259 ) begin
-      if (\$300 ) begin
-        \$442 [34:1] = l2_1[34:1];
-        \$442 [0] = \$309 ;
-      end else if (\$306 ) begin
+    \$442  = l2_3;
+    if (\$258 ) begin
+      if (\$321 ) begin
+        \$442 [34:1] = l2_2[34:1];
+        \$442 [0] = \$330 ;
+      end else if (\$327 ) begin
         \$442  = new2;
       end
     end
@@ -2436,13 +2434,10 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$443  = l2_3;
-    if (\$259 ) begin
-      if (\$322 ) begin
-        \$443 [34:1] = l2_2[34:1];
-        \$443 [0] = \$331 ;
-      end else if (\$328 ) begin
-        \$443  = new2;
+    \$443  = l3_0;
+    if (\$331 ) begin
+      if (\$337 ) begin
+        \$443  = new3;
       end
     end
     if (rst) begin
@@ -2451,9 +2446,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$444  = l3_0;
-    if (\$332 ) begin
-      if (\$338 ) begin
+    \$444  = l3_1;
+    if (\$331 ) begin
+      if (\$350 ) begin
+        \$444 [34:1] = l3_0[34:1];
+        \$444 [0] = \$359 ;
+      end else if (\$356 ) begin
         \$444  = new3;
       end
     end
@@ -2463,12 +2461,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$445  = l3_1;
-    if (\$332 ) begin
-      if (\$351 ) begin
-        \$445 [34:1] = l3_0[34:1];
-        \$445 [0] = \$360 ;
-      end else if (\$357 ) begin
+    \$445  = l3_2;
+    if (\$331 ) begin
+      if (\$372 ) begin
+        \$445 [34:1] = l3_1[34:1];
+        \$445 [0] = \$381 ;
+      end else if (\$378 ) begin
         \$445  = new3;
       end
     end
@@ -2731,10 +2729,10 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$20  = { 2'h0, bias_addr[5:2] };
   assign \$75  = { 13'h0000, \$74 [41:13] };
   assign \$80  = { 13'h0000, \$79 [41:13] };
-  assign \$113  = advance;
-  assign \$186  = advance;
-  assign \$259  = advance;
-  assign \$332  = advance;
+  assign \$112  = advance;
+  assign \$185  = advance;
+  assign \$258  = advance;
+  assign \$331  = advance;
 endmodule
 
 (* generator = "Amaranth" *)

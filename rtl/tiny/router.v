@@ -6,55 +6,54 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire \$100 ;
-  wire [14:0] \$101 ;
-  wire [1:0] \$102 ;
+  wire [14:0] \$100 ;
+  wire [1:0] \$101 ;
+  wire \$102 ;
   wire \$103 ;
   wire \$104 ;
   wire \$105 ;
   wire \$106 ;
-  wire \$107 ;
-  wire [3:0] \$108 ;
+  wire [3:0] \$107 ;
+  wire \$108 ;
   wire \$109 ;
   wire \$11 ;
   wire \$110 ;
   wire \$111 ;
-  wire \$112 ;
-  wire [1:0] \$113 ;
-  wire \$114 ;
-  reg [12:0] \$115 ;
-  reg [2:0] \$116 ;
+  wire [1:0] \$112 ;
+  wire \$113 ;
+  reg [12:0] \$114 ;
+  reg [2:0] \$115 ;
+  reg \$116 ;
   reg [2:0] \$117 ;
   reg \$118 ;
-  reg \$119 ;
+  reg [33:0] \$119 ;
   wire \$12 ;
   reg [33:0] \$120 ;
-  reg [33:0] \$121 ;
-  reg \$122 ;
-  reg [2:0] \$123 ;
+  reg \$121 ;
+  reg [2:0] \$122 ;
+  reg [33:0] \$123 ;
   reg [33:0] \$124 ;
-  reg [33:0] \$125 ;
+  reg \$125 ;
   reg \$126 ;
   reg \$127 ;
-  reg \$128 ;
-  reg [13:0] \$129 ;
+  reg [13:0] \$128 ;
+  reg [2:0] \$129 ;
   wire [3:0] \$13 ;
-  reg [2:0] \$130 ;
-  reg [12:0] \$131 ;
-  reg [2:0] \$132 ;
-  reg [12:0] \$133 ;
-  reg \$134 ;
-  reg [2:0] \$135 ;
-  reg \$136 ;
-  reg [2:0] \$137 ;
+  reg [12:0] \$130 ;
+  reg [2:0] \$131 ;
+  reg [12:0] \$132 ;
+  reg \$133 ;
+  reg [2:0] \$134 ;
+  reg \$135 ;
+  reg [2:0] \$136 ;
+  reg \$137 ;
   reg \$138 ;
   reg \$139 ;
   wire [4:0] \$14 ;
-  reg \$140 ;
+  reg [2:0] \$140 ;
   reg [2:0] \$141 ;
-  reg [2:0] \$142 ;
+  reg [12:0] \$142 ;
   reg [12:0] \$143 ;
-  reg [12:0] \$144 ;
   wire \$15 ;
   wire \$16 ;
   wire \$17 ;
@@ -374,116 +373,115 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$58  = rp__addr == 3'h7;
   assign \$59  = rp__addr + 1'h1;
   assign \$60  = \$58  ? 4'h0 : \$59 ;
-  assign \$61  = scores__valid & scores__ready;
-  assign \$62  = p1_beat == 3'h7;
-  assign \$63  = advance & \$62 ;
-  assign \$64  = ~ take;
-  assign \$65  = lists_full & \$64 ;
-  assign \$66  = \$63  | \$65 ;
-  assign \$68  = ! p1_beat;
-  assign \$69  = ~ \$68 ;
-  assign \$70  = l0_0[0] & \$69 ;
-  assign \$71  = ~ \$70 ;
-  assign \$72  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$73  = \$71  | \$72 ;
-  assign \$74  = ! p1_beat;
-  assign \$75  = ~ \$74 ;
-  assign \$76  = l0_1[0] & \$75 ;
-  assign \$77  = ~ \$76 ;
-  assign \$78  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$79  = \$77  | \$78 ;
-  assign \$80  = ! p1_beat;
-  assign \$81  = ~ \$80 ;
-  assign \$82  = l0_0[0] & \$81 ;
-  assign \$83  = ~ \$82 ;
-  assign \$84  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$85  = \$83  | \$84 ;
-  assign \$86  = \$79  & \$85 ;
-  assign \$87  = ! p1_beat;
-  assign \$88  = ~ \$87 ;
-  assign \$89  = l0_1[0] & \$88 ;
-  assign \$90  = ~ \$89 ;
-  assign \$91  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$92  = \$90  | \$91 ;
-  assign \$93  = ! p1_beat;
-  assign \$94  = ~ \$93 ;
-  assign \$95  = l0_0[0] & \$94 ;
-  assign \$96  = ~ load_clearing;
-  assign \$97  = merging & \$96 ;
-  assign \$98  = ~ load_clearing;
-  assign \$99  = merging & \$98 ;
-  assign \$101  = den + head0[33:21];
-  assign \$102  = merge_count + 1'h1;
-  assign \$104  = ~ \$signal$41 ;
-  assign \$105  = load_clearing & \$104 ;
-  assign \$106  = ~ \$signal ;
-  assign \$107  = \$105  & \$106 ;
-  assign \$108  = sweep + 1'h1;
-  assign \$109  = sweep == 3'h7;
-  assign \$110  = ~ busy;
-  assign \$111  = dividing & \$110 ;
-  assign \$112  = routes__valid & routes__ready;
-  assign \$113  = out_count + 1'h1;
+  assign \$61  = p1_beat == 3'h7;
+  assign \$62  = advance & \$61 ;
+  assign \$63  = ~ take;
+  assign \$64  = lists_full & \$63 ;
+  assign \$65  = \$62  | \$64 ;
+  assign \$67  = ! p1_beat;
+  assign \$68  = ~ \$67 ;
+  assign \$69  = l0_0[0] & \$68 ;
+  assign \$70  = ~ \$69 ;
+  assign \$71  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$72  = \$70  | \$71 ;
+  assign \$73  = ! p1_beat;
+  assign \$74  = ~ \$73 ;
+  assign \$75  = l0_1[0] & \$74 ;
+  assign \$76  = ~ \$75 ;
+  assign \$77  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$78  = \$76  | \$77 ;
+  assign \$79  = ! p1_beat;
+  assign \$80  = ~ \$79 ;
+  assign \$81  = l0_0[0] & \$80 ;
+  assign \$82  = ~ \$81 ;
+  assign \$83  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$84  = \$82  | \$83 ;
+  assign \$85  = \$78  & \$84 ;
+  assign \$86  = ! p1_beat;
+  assign \$87  = ~ \$86 ;
+  assign \$88  = l0_1[0] & \$87 ;
+  assign \$89  = ~ \$88 ;
+  assign \$90  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$91  = \$89  | \$90 ;
+  assign \$92  = ! p1_beat;
+  assign \$93  = ~ \$92 ;
+  assign \$94  = l0_0[0] & \$93 ;
+  assign \$95  = ~ load_clearing;
+  assign \$96  = merging & \$95 ;
+  assign \$97  = ~ load_clearing;
+  assign \$98  = merging & \$97 ;
+  assign \$100  = den + head0[33:21];
+  assign \$101  = merge_count + 1'h1;
+  assign \$103  = ~ \$signal$41 ;
+  assign \$104  = load_clearing & \$103 ;
+  assign \$105  = ~ \$signal ;
+  assign \$106  = \$104  & \$105 ;
+  assign \$107  = sweep + 1'h1;
+  assign \$108  = sweep == 3'h7;
+  assign \$109  = ~ busy;
+  assign \$110  = dividing & \$109 ;
+  assign \$111  = routes__valid & routes__ready;
+  assign \$112  = out_count + 1'h1;
   always @(posedge clk)
-    p1_scores <= \$115 ;
+    p1_scores <= \$114 ;
   always @(posedge clk)
-    p1_beat <= \$116 ;
+    p1_beat <= \$115 ;
+  always @(posedge clk)
+    p1_valid <= \$116 ;
   always @(posedge clk)
     rp__addr <= \$117 ;
   always @(posedge clk)
-    p1_valid <= \$118 ;
+    lists_full <= \$118 ;
   always @(posedge clk)
-    lists_full <= \$119 ;
+    l0_0 <= \$119 ;
   always @(posedge clk)
-    l0_0 <= \$120 ;
+    l0_1 <= \$120 ;
   always @(posedge clk)
-    l0_1 <= \$121 ;
+    \$signal$41  <= \$121 ;
   always @(posedge clk)
-    \$signal$41  <= \$122 ;
+    lr__addr <= \$122 ;
   always @(posedge clk)
-    lr__addr <= \$123 ;
+    s0_0 <= \$123 ;
   always @(posedge clk)
-    s0_0 <= \$124 ;
+    s0_1 <= \$124 ;
   always @(posedge clk)
-    s0_1 <= \$125 ;
+    merging <= \$125 ;
   always @(posedge clk)
-    merging <= \$126 ;
+    merge_done <= \$126 ;
   always @(posedge clk)
-    merge_done <= \$127 ;
+    merge_count <= \$127 ;
   always @(posedge clk)
-    merge_count <= \$128 ;
+    den <= \$128 ;
   always @(posedge clk)
-    den <= \$129 ;
+    res_index1 <= \$129 ;
   always @(posedge clk)
-    res_index1 <= \$130 ;
+    res_score1 <= \$130 ;
   always @(posedge clk)
-    res_score1 <= \$131 ;
+    res_index0 <= \$131 ;
   always @(posedge clk)
-    res_index0 <= \$132 ;
+    res_score0 <= \$132 ;
   always @(posedge clk)
-    res_score0 <= \$133 ;
+    \$signal  <= \$133 ;
   always @(posedge clk)
-    \$signal  <= \$134 ;
+    inc2_index <= \$134 ;
   always @(posedge clk)
-    inc2_index <= \$135 ;
+    load_clearing <= \$135 ;
   always @(posedge clk)
-    load_clearing <= \$136 ;
+    sweep <= \$136 ;
   always @(posedge clk)
-    sweep <= \$137 ;
+    dividing <= \$137 ;
   always @(posedge clk)
-    dividing <= \$138 ;
+    routes__valid <= \$138 ;
   always @(posedge clk)
-    routes__valid <= \$139 ;
+    out_count <= \$139 ;
   always @(posedge clk)
-    out_count <= \$140 ;
+    out_index0 <= \$140 ;
   always @(posedge clk)
-    out_index0 <= \$141 ;
+    out_index1 <= \$141 ;
   always @(posedge clk)
-    out_index1 <= \$142 ;
+    out_score0 <= \$142 ;
   always @(posedge clk)
-    out_score0 <= \$143 ;
-  always @(posedge clk)
-    out_score1 <= \$144 ;
+    out_score1 <= \$143 ;
   \nanokpu_router.divider  divider (
     .busy(busy),
     .clk(clk),
@@ -521,22 +519,34 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$115  = p1_scores;
+    \$114  = p1_scores;
     if (\$57 ) begin
-      \$115  = scores__payload;
+      \$114  = scores__payload;
     end
     if (rst) begin
-      \$115  = 13'h0000;
+      \$114  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$116  = p1_beat;
+    \$115  = p1_beat;
     if (\$57 ) begin
-      \$116  = rp__addr;
+      \$115  = rp__addr;
     end
     if (rst) begin
-      \$116  = 3'h0;
+      \$115  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$116  = p1_valid;
+    if (\$57 ) begin
+      \$116  = 1'h1;
+    end else if (advance) begin
+      \$116  = 1'h0;
+    end
+    if (rst) begin
+      \$116  = 1'h0;
     end
   end
   always @* begin
@@ -551,28 +561,31 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$118  = p1_valid;
-    if (\$61 ) begin
-      \$118  = 1'h1;
-    end else if (advance) begin
-      \$118  = 1'h0;
-    end
+    \$118  = \$65 ;
     if (rst) begin
       \$118  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$119  = \$66 ;
+    \$119  = l0_0;
+    if (\$66 ) begin
+      if (\$72 ) begin
+        \$119  = new0;
+      end
+    end
     if (rst) begin
-      \$119  = 1'h0;
+      \$119  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$120  = l0_0;
-    if (\$67 ) begin
-      if (\$73 ) begin
+    \$120  = l0_1;
+    if (\$66 ) begin
+      if (\$85 ) begin
+        \$120 [33:1] = l0_0[33:1];
+        \$120 [0] = \$94 ;
+      end else if (\$91 ) begin
         \$120  = new0;
       end
     end
@@ -582,41 +595,40 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$121  = l0_1;
-    if (\$67 ) begin
-      if (\$86 ) begin
-        \$121 [33:1] = l0_0[33:1];
-        \$121 [0] = \$95 ;
-      end else if (\$92 ) begin
-        \$121  = new0;
+    \$121  = \$96 ;
+    if (rst) begin
+      \$121  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$122  = head0[20:18];
+    if (rst) begin
+      \$122  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$123  = s0_0;
+    if (take) begin
+      \$123  = l0_0;
+    end else if (\$98 ) begin
+      if (\$99 ) begin
+        \$123  = s0_1;
       end
     end
     if (rst) begin
-      \$121  = 34'h000000000;
+      \$123  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$122  = \$97 ;
-    if (rst) begin
-      \$122  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$123  = head0[20:18];
-    if (rst) begin
-      \$123  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$124  = s0_0;
+    \$124  = s0_1;
     if (take) begin
-      \$124  = l0_0;
-    end else if (\$99 ) begin
-      if (\$100 ) begin
-        \$124  = s0_1;
+      \$124  = l0_1;
+    end else if (\$98 ) begin
+      if (\$99 ) begin
+        \$124  = 34'h000000000;
       end
     end
     if (rst) begin
@@ -625,27 +637,29 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$125  = s0_1;
+    \$125  = merging;
     if (take) begin
-      \$125  = l0_1;
-    end else if (\$99 ) begin
-      if (\$100 ) begin
-        \$125  = 34'h000000000;
+      \$125  = 1'h1;
+    end else if (\$98 ) begin
+      if (\$102 ) begin
+        \$125  = 1'h0;
       end
     end
     if (rst) begin
-      \$125  = 34'h000000000;
+      \$125  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$126  = merging;
+    \$126  = merge_done;
     if (take) begin
-      \$126  = 1'h1;
-    end else if (\$99 ) begin
-      if (\$103 ) begin
-        \$126  = 1'h0;
+      \$126  = 1'h0;
+    end else if (\$98 ) begin
+      if (\$102 ) begin
+        \$126  = 1'h1;
       end
+    end else if (c_take) begin
+      \$126  = 1'h0;
     end
     if (rst) begin
       \$126  = 1'h0;
@@ -653,15 +667,11 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$127  = merge_done;
+    \$127  = merge_count;
     if (take) begin
       \$127  = 1'h0;
-    end else if (\$99 ) begin
-      if (\$103 ) begin
-        \$127  = 1'h1;
-      end
-    end else if (c_take) begin
-      \$127  = 1'h0;
+    end else if (\$98 ) begin
+      \$127  = \$101 [0];
     end
     if (rst) begin
       \$127  = 1'h0;
@@ -669,161 +679,159 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$128  = merge_count;
+    \$128  = den;
     if (take) begin
-      \$128  = 1'h0;
-    end else if (\$99 ) begin
-      \$128  = \$102 [0];
+      \$128  = 14'h0000;
+    end else if (\$98 ) begin
+      \$128  = \$100 [13:0];
     end
     if (rst) begin
-      \$128  = 1'h0;
+      \$128  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$129  = den;
+    \$129  = res_index1;
     if (take) begin
-      \$129  = 14'h0000;
-    end else if (\$99 ) begin
-      \$129  = \$101 [13:0];
+    end else if (\$98 ) begin
+      \$129  = head0[20:18];
     end
     if (rst) begin
-      \$129  = 14'h0000;
+      \$129  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$130  = res_index1;
+    \$130  = res_score1;
     if (take) begin
-    end else if (\$99 ) begin
-      \$130  = head0[20:18];
+    end else if (\$98 ) begin
+      \$130  = head0[33:21];
     end
     if (rst) begin
-      \$130  = 3'h0;
+      \$130  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$131  = res_score1;
+    \$131  = res_index0;
     if (take) begin
-    end else if (\$99 ) begin
-      \$131  = head0[33:21];
+    end else if (\$98 ) begin
+      \$131  = res_index1;
     end
     if (rst) begin
-      \$131  = 13'h0000;
+      \$131  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$132  = res_index0;
+    \$132  = res_score0;
     if (take) begin
-    end else if (\$99 ) begin
-      \$132  = res_index1;
+    end else if (\$98 ) begin
+      \$132  = res_score1;
     end
     if (rst) begin
-      \$132  = 3'h0;
+      \$132  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$133  = res_score0;
-    if (take) begin
-    end else if (\$99 ) begin
-      \$133  = res_score1;
-    end
+    \$133  = \$signal$41 ;
     if (rst) begin
-      \$133  = 13'h0000;
+      \$133  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$134  = \$signal$41 ;
+    \$134  = lr__addr;
     if (rst) begin
-      \$134  = 1'h0;
+      \$134  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$135  = lr__addr;
-    if (rst) begin
-      \$135  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$136  = load_clearing;
+    \$135  = load_clearing;
     if (load_clear) begin
-      \$136  = 1'h1;
-    end else if (\$107 ) begin
-      if (\$109 ) begin
-        \$136  = 1'h0;
+      \$135  = 1'h1;
+    end else if (\$106 ) begin
+      if (\$108 ) begin
+        \$135  = 1'h0;
       end
     end
     if (rst) begin
-      \$136  = 1'h0;
+      \$135  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$137  = sweep;
+    \$136  = sweep;
     if (load_clear) begin
-      \$137  = 3'h0;
-    end else if (\$107 ) begin
-      \$137  = \$108 [2:0];
+      \$136  = 3'h0;
+    end else if (\$106 ) begin
+      \$136  = \$107 [2:0];
     end
     if (rst) begin
-      \$137  = 3'h0;
+      \$136  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$138  = dividing;
+    \$137  = dividing;
     if (c_take) begin
+      \$137  = 1'h1;
+    end else if (\$110 ) begin
+      \$137  = 1'h0;
+    end
+    if (rst) begin
+      \$137  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$138  = routes__valid;
+    if (c_take) begin
+      \$138  = 1'h0;
+    end else if (\$110 ) begin
       \$138  = 1'h1;
     end else if (\$111 ) begin
-      \$138  = 1'h0;
-    end
-    if (rst) begin
-      \$138  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$139  = routes__valid;
-    if (c_take) begin
-      \$139  = 1'h0;
-    end else if (\$111 ) begin
-      \$139  = 1'h1;
-    end else if (\$112 ) begin
-      if (\$114 ) begin
-        \$139  = 1'h0;
+      if (\$113 ) begin
+        \$138  = 1'h0;
       end
     end
     if (rst) begin
+      \$138  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$139  = out_count;
+    if (c_take) begin
+      \$139  = 1'h0;
+    end else if (\$110 ) begin
+    end else if (\$111 ) begin
+      \$139  = \$112 [0];
+    end
+    if (rst) begin
       \$139  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$140  = out_count;
+    \$140  = out_index0;
     if (c_take) begin
-      \$140  = 1'h0;
+      \$140  = res_index0;
+    end else if (\$110 ) begin
     end else if (\$111 ) begin
-    end else if (\$112 ) begin
-      \$140  = \$113 [0];
+      \$140  = out_index1;
     end
     if (rst) begin
-      \$140  = 1'h0;
+      \$140  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$141  = out_index0;
+    \$141  = out_index1;
     if (c_take) begin
-      \$141  = res_index0;
-    end else if (\$111 ) begin
-    end else if (\$112 ) begin
-      \$141  = out_index1;
+      \$141  = res_index1;
     end
     if (rst) begin
       \$141  = 3'h0;
@@ -831,35 +839,25 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$142  = out_index1;
+    \$142  = out_score0;
     if (c_take) begin
-      \$142  = res_index1;
+      \$142  = res_score0;
+    end else if (\$110 ) begin
+    end else if (\$111 ) begin
+      \$142  = out_score1;
     end
     if (rst) begin
-      \$142  = 3'h0;
+      \$142  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$143  = out_score0;
+    \$143  = out_score1;
     if (c_take) begin
-      \$143  = res_score0;
-    end else if (\$111 ) begin
-    end else if (\$112 ) begin
-      \$143  = out_score1;
+      \$143  = res_score1;
     end
     if (rst) begin
       \$143  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$144  = out_score1;
-    if (c_take) begin
-      \$144  = res_score1;
-    end
-    if (rst) begin
-      \$144  = 13'h0000;
     end
   end
   assign wp__data = bias_data;
@@ -919,10 +917,10 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$29  = { 13'h0000, \$28 [41:13] };
   assign \$34  = { 13'h0000, \$33 [41:13] };
   assign \$38  = out_count;
-  assign \$67  = advance;
-  assign \$100  = 1'h1;
-  assign \$103  = merge_count;
-  assign \$114  = out_count;
+  assign \$66  = advance;
+  assign \$99  = 1'h1;
+  assign \$102  = merge_count;
+  assign \$113  = out_count;
 endmodule
 
 (* generator = "Amaranth" *)
