@@ -23,6 +23,7 @@ with relative paths, and the tools' own logs stay there next to the report.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -341,7 +342,7 @@ def _nextpnr(top: str, target: Target, cwd: Path, freq: float, seed: int, progre
 
 def synthesize(component: wiring.Component | str, name: str, target: str | Target, *, pnr: bool = False,
                freq: float | None = None, build_dir: Path | None = None, seed: int = 1,
-               progress: Callable[[str], None] | None = None) -> dict:
+               progress: Callable[[str], None] | None = None, reuse: bool = False) -> dict:
     """Synthesize ``component`` for ``target``; optionally place and route it for timing.
 
     Parameters
@@ -364,6 +365,9 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
         nextpnr placer seed.
     progress : callable, optional
         Called with one line per stage (elapsed time included), e.g. ``print``.
+    reuse : bool
+        Return the ``report.json`` of ``build_dir`` instead of running the tools when it was
+        made from the same RTLIL with the same options (its ``key``).
 
     Returns
     -------
@@ -371,8 +375,9 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
         ``name``, ``target``, ``family``, ``resources`` (lut, ff, carry, dsp, bram, ...),
         ``totals`` (the part's), ``cells`` (Yosys cell types), ``inferred`` (``$mul``,
         ``$mem_v2``... before mapping), ``latches``, ``unmapped``, ``check_warnings``,
-        ``build_dir``, ``elapsed_s`` and, with ``pnr``, ``pnr`` = {``flow``, ``fmax_mhz``,
-        ``goal_mhz``, ``met``, ``clocks``, ``utilization``, ``critical_path``, ``extra_ffs``}.
+        ``build_dir``, ``elapsed_s``, ``key`` (hash of the RTLIL and options) and, with
+        ``pnr``, ``pnr`` = {``flow``, ``fmax_mhz``, ``goal_mhz``, ``met``, ``clocks``,
+        ``utilization``, ``critical_path``, ``extra_ffs``} (or ``error`` when it failed).
     """
     if isinstance(target, str):
         if target not in TARGETS:
@@ -384,11 +389,19 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
     goal = freq or target.goal_mhz
     if isinstance(component, str) and pnr and target.family == "ice40":
         raise ValueError("component: RTLIL text cannot be register-wrapped for iCE40 timing")
+    text = component if isinstance(component, str) else rtlil.convert(component, name=name, emit_src=False)
+    key = hashlib.sha256(json.dumps([text, target.name, pnr, goal, seed]).encode()).hexdigest()[:16]
+    if reuse and (cwd / "report.json").exists():
+        cached = json.loads((cwd / "report.json").read_text())
+        if cached.get("key") == key:
+            if progress:
+                progress(f"{_stamp(t0)} {name} on {target.name} (unchanged, reused): {summary_line(cached)}")
+            return cached
     wrapper = RegisterWrapper(component) if pnr and target.family == "ice40" else None
     report = {"name": name, "target": target.name, "family": target.family,
               "totals": dict(target.totals), "build_dir": str(cwd.relative_to(ROOT))
-              if cwd.resolve().is_relative_to(ROOT) else str(cwd)}
-    report.update(_yosys(component, name, target, cwd, progress, t0))
+              if cwd.resolve().is_relative_to(ROOT) else str(cwd), "key": key}
+    report.update(_yosys(text, name, target, cwd, progress, t0))
     if pnr:
         flow = "register-wrapper" if wrapper is not None else "out-of-context"
         try:

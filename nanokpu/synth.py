@@ -40,7 +40,7 @@ def resolve_unit(unit: str):
 
 
 def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = True,
-              freq: float | None = None, seed: int = 1) -> list[dict]:
+              freq: float | None = None, seed: int = 1, reuse: bool = False) -> list[dict]:
     """Synthesize each unit of ``profile_name`` on ``target``; returns the report dicts."""
     from fpga.flow import BUILD_DIR, synthesize
     cfg = profile(profile_name)
@@ -49,7 +49,7 @@ def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = T
         name = unit.split(":")[-1].lower()
         component = resolve_unit(unit)(cfg)
         report = synthesize(component, f"nanokpu_{name}", target, pnr=pnr, freq=freq, seed=seed,
-                            build_dir=BUILD_DIR / f"{profile_name}-{target}-{name}",
+                            build_dir=BUILD_DIR / f"{profile_name}-{target}-{name}", reuse=reuse,
                             progress=lambda line: print(line, flush=True))
         report["name"] = name
         report["profile"] = profile_name
@@ -69,6 +69,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-pnr", action="store_true", help="Yosys only (resource counts, no Fmax)")
     parser.add_argument("--freq", type=float, default=None, help="nextpnr target in MHz (default: the goal)")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse a unit's last report when its RTLIL and the options are unchanged")
     parser.add_argument("--out", type=Path, default=None, help="report directory (default: fpga/reports)")
 
 
@@ -98,7 +100,7 @@ def run(args) -> int:
     try:
         for profile_name, target in jobs:
             reports += run_units(profile_name, target, units, pnr=not args.no_pnr, freq=args.freq,
-                                 seed=args.seed)
+                                 seed=args.seed, reuse=args.reuse)
     except ToolError as exc:
         print(f"nanokpu synth: {exc}", file=sys.stderr)
         return 1

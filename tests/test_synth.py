@@ -145,3 +145,14 @@ def test_board_build_icebreaker():
     assert report["bitstream_bytes"] > 100_000  # an UP5K image is 104090 bytes
     assert report["fmax_mhz"] > report["clock_mhz"]
     assert report["utilization"]["SB_IO"]["used"] == 3  # clk, rx, tx
+
+
+def test_reuse_returns_the_same_report_without_running():
+    first = synthesize(RegisteredMac(), "test_reuse", "ecp5-25f", build_dir=BUILD_DIR / "test-reuse")
+    (BUILD_DIR / "test-reuse" / "stat.json").unlink()  # a real run would need Yosys to write it again
+    again = synthesize(RegisteredMac(), "test_reuse", "ecp5-25f", build_dir=BUILD_DIR / "test-reuse",
+                       reuse=True)
+    assert again == first
+    other = synthesize(RegisteredMac(4), "test_reuse", "ecp5-25f", build_dir=BUILD_DIR / "test-reuse",
+                       reuse=True)  # different RTLIL: runs
+    assert other["key"] != first["key"] and (BUILD_DIR / "test-reuse" / "stat.json").exists()
