@@ -61,7 +61,7 @@ EXPLANATION = """
 ## Where the cycles go
 
 One instruction runs at a time; the busy counters (registers ``BUSY+4u``) count the cycles of
-each unit's instructions, the rest (about 3 %) is fetch and decode, 3 cycles per instruction.
+each unit's instructions, the rest (under 2 %) is fetch and decode, 3 cycles per instruction.
 Utilization factors exactly into three measured terms:
 
     utilization = MACs / (rows*cols * cycles)
