@@ -11,6 +11,7 @@ from pathlib import Path
 __all__ = ["total_row", "markdown_table", "write_reports", "write_chart"]
 
 _KINDS = ("lut", "ff", "dsp", "bram")
+_XMAX = 125  # % of the device shown; longer bars are cut
 
 
 def total_row(reports: list[dict]) -> dict:
@@ -63,30 +64,35 @@ def write_chart(reports: list[dict], path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
 
     names = [f"{r['name']} ({r['target']})" for r in reports]
-    fig, ax = plt.subplots(figsize=(8, 1.0 + 0.55 * len(reports) * len(_KINDS) / 2))
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(reports) * len(_KINDS) / 2), layout="constrained")
     height = 0.8 / len(_KINDS)
     for k, kind in enumerate(_KINDS):
         pct = [100 * r["resources"][kind] / r["totals"][kind] if r["totals"][kind] else 0 for r in reports]
         ys = [i + k * height for i in range(len(reports))]
-        bars = ax.barh(ys, pct, height=height, label=kind.upper())
-        for bar, r in zip(bars, reports, strict=True):
-            ax.text(bar.get_width() + 0.5, bar.get_y() + height / 2,
-                    f"{r['resources'][kind]}/{r['totals'][kind]}", va="center", fontsize=7)
+        bars = ax.barh(ys, [min(p, _XMAX) for p in pct], height=height, label=kind.upper())
+        for bar, r, p in zip(bars, reports, pct, strict=True):  # over the device: bar cut, text bold
+            ax.text(min(bar.get_width(), _XMAX - 12) + 0.5, bar.get_y() + height / 2,
+                    f"{r['resources'][kind]}/{r['totals'][kind]}", va="center", fontsize=7,
+                    fontweight="bold" if p > 100 else "normal", in_layout=False)
     ax.set_yticks([i + 0.4 - height / 2 for i in range(len(reports))], names, fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, 115)
+    ax.set_xlim(0, _XMAX)
     ax.axvline(100, color="grey", lw=0.8, ls="--")
     ax.set_xlabel("% of the device")
     ax.set_title(title, fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str) -> list[Path]:
-    """``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` in ``out_dir``; returns the paths."""
+def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str,
+                  whole: str | None = "kpu") -> list[Path]:
+    """``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` in ``out_dir``; returns the paths.
+
+    Each target's group of units gets a :func:`total_row` unless it holds the unit named
+    ``whole`` (the top level, which is the whole design itself).
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     by_target: dict[str, list[dict]] = {}
     for r in reports:
@@ -94,7 +100,7 @@ def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str) -
     rows = []
     for group in by_target.values():
         rows += group
-        if len(group) > 1:
+        if len(group) > 1 and not any(r["name"] == whole for r in group):
             rows.append(total_row(group))
     js = out_dir / f"{stem}.json"
     js.write_text(json.dumps({"command": command, "reports": reports}, indent=1) + "\n")

@@ -25,6 +25,9 @@ from nanokpu.config import PROFILES, profile
 #: The benchmark of ``--all``: profile -> targets.
 BENCHMARK = {"tiny": ("up5k",), "small": ("ecp5-85f",)}
 
+#: The unit that is the whole design (the nano-KPU top level).
+TOP_UNIT = "kpu"
+
 #: Default target of each profile.
 DEFAULT_TARGET = {"tiny": "up5k", "small": "ecp5-85f", "k3": "ecp5-85f"}
 
@@ -93,19 +96,23 @@ def run(args) -> int:
         if target not in TARGETS:
             raise ValueError(f"target = {target!r}: must be one of {sorted(TARGETS)}")
         jobs = [(args.profile, target)]
-    units = args.unit or sorted(UNITS)
+    units = args.unit or sorted(UNITS, key=lambda u: (u == TOP_UNIT, u))  # the whole design last
     if not units:
         raise ValueError("unit: no unit is registered in nanokpu.generate.UNITS; name one with --unit")
+    stem = "summary" if args.all else f"{args.profile}-{jobs[0][1]}"
     reports = []
     try:
-        for profile_name, target in jobs:
-            reports += run_units(profile_name, target, units, pnr=not args.no_pnr, freq=args.freq,
-                                 seed=args.seed, reuse=args.reuse)
+        # Unit by unit across the targets, the tables rewritten after each: an interrupted
+        # benchmark still leaves a consistent (partial) table.
+        for unit in units:
+            for profile_name, target in jobs:
+                reports += run_units(profile_name, target, [unit], pnr=not args.no_pnr, freq=args.freq,
+                                     seed=args.seed, reuse=args.reuse)
+                paths = write_reports(reports, out, stem, command)
     except ToolError as exc:
         print(f"nanokpu synth: {exc}", file=sys.stderr)
         return 1
-    stem = "summary" if args.all else f"{args.profile}-{jobs[0][1]}"
-    for path in write_reports(reports, out, stem, command):
+    for path in paths:
         print(f"wrote {path}")
     bad = [r["name"] for r in reports if r["latches"] or r["unmapped"]]
     if bad:
