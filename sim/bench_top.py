@@ -28,7 +28,7 @@ from golden.block import block_error, latent_moe_int
 from nanokpu.compiler import compile_block
 from nanokpu.config import profile
 from nanokpu.funcsim import FuncSim
-from nanokpu.isa import IMEM_BASE, LOADS_BASE, UNITS, Err, Instr, Op, Reg, encode_program
+from nanokpu.isa import IMEM_BASE, LOADS_BASE, UNITS, Err, Instr, Op, Reg, encode_program, route_table
 from nanokpu.simulate import make_block
 
 #: Accuracy of the integer block against the float block on the tokens routed alike
@@ -92,14 +92,14 @@ class TB:
 
     async def run(self, poll: int = 2000, limit: int = 20_000_000, n_instrs: int = 0):
         """Start and poll STATUS until the controller stops; returns (error code, pc, done).
-        With ``progress`` set in the parameters, prints the pc and cycles every 25 polls."""
+        With ``progress`` set in the parameters, prints the pc and cycles every 10 polls."""
         await self.wr(Reg.CTRL, 1)
         waited = 0
         while True:
             status = await self.rd(Reg.STATUS)
             if not status & 1:
                 return (status >> 8) & 0xFF, status >> 16, bool(status & 2)
-            if self.p.get("progress") and waited % (25 * poll) == 0:
+            if self.p.get("progress") and waited % (10 * poll) == 0:
                 print(f"[nanokpu sim] running: pc {status >> 16:3d}/{n_instrs}, "
                       f"{await self.rd(Reg.INSTRS)} instructions, {waited} cycles", flush=True)
             await ClockCycles(self.dut.clk, poll)
@@ -179,7 +179,20 @@ def _bad_programs(cfg):
         "host_range": ([Instr(Op.STORE, m=1, n=64, a=0, host=4096, width=4)], Err.HOST_RANGE),
         "pc_range": ([Instr(Op.JUMP, target=cfg.imem_depth)], Err.PC_RANGE),
         "no_route": ([Instr(Op.GATHER, m=2, n=2)], Err.NO_ROUTE),
+        "gather_row_range": (gather_out_of_range(cfg), Err.SPAD_RANGE),
     }
+
+
+def gather_out_of_range(cfg):
+    """A real route, then token list entry 0 overwritten with host word 0 (1000 >= T = 2):
+    GATHER stops with SPAD_RANGE when it reads that entry."""
+    E, T = cfg.n_experts, 2
+    rt = route_table(300, T, cfg)
+    return [Instr(Op.SIGMOID, m=T, n=E, a=0, c=100), Instr(Op.ROUTE, m=T, n=E, k=cfg.top_k, a=100,
+                                                          b=200, c=300),
+            Instr(Op.EXPERT, n=E, a=rt["counts"], target=0),
+            Instr(Op.LOAD, m=1, n=1, c=rt["list_t"], host=0, width=4),
+            Instr(Op.GATHER, m=T, n=4, a=0, b=rt["list_t"], c=1000)]
 
 
 @cocotb.test()
@@ -189,7 +202,7 @@ async def test_bad_programs(dut):
     tb = TB(dut)
     await tb.reset()
     cfg = tb.cfg
-    image = bytes(random.randrange(256) for _ in range(1024))
+    image = (1000).to_bytes(4, "little") + bytes(random.randrange(256) for _ in range(1020))
     for name, (instrs, code) in _bad_programs(cfg).items():
         prog = instrs + [Instr(Op.STORE, m=1, n=4, a=0, host=0, width=4), Instr(Op.HALT)]
         await tb.load(prog, image, window=(0, 1024))

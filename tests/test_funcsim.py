@@ -78,3 +78,12 @@ def test_bad_program_stops_with_code(instrs, code):
 def test_running_off_the_end_of_imem():
     res, _, _ = _run([Instr(Op.JUMP, target=63)] + [Instr(Op.ADD, m=1, n=1)] * 63)
     assert res.error == Err.PC_RANGE and res.pc == 64
+
+
+def test_gather_index_out_of_range_stops_midway():
+    from sim.bench_top import gather_out_of_range
+    cfg = profile("tiny")
+    instrs = gather_out_of_range(cfg)
+    res, sim, _ = _run(instrs, cfg, host=(1000).to_bytes(4, "little") + bytes(60))
+    assert res.error == Err.SPAD_RANGE and res.pc == len(instrs) - 1
+    assert not sim.spad[1000:1008].any()  # the bad row was not copied
