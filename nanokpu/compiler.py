@@ -5,13 +5,13 @@ to a :class:`Program`: the instructions (:mod:`nanokpu.isa`), the host memory im
 nano-KPU reads through its AXI4 master port (inputs, weights, constants; room for the outputs)
 and the scratchpad map. The program follows the dataflow of :mod:`golden.block` step by step::
 
-    LOAD x; GEMM W_down_lat; REQUANT -> z
-    GEMM W_r; REQUANT; SIGMOID -> scores; LOAD bias, rq tables; ROUTE
+    LOAD x; GEMM W_down_lat (+ requantiser) -> z
+    GEMM W_r (+ requantiser); SIGMOID -> scores; LOAD bias, rq tables; ROUTE
     loop: EXPERT (next expert with tokens, else exit)
-          GATHER z rows of its tokens; GEMM W_gate_j (host + j*stride, m = count); REQUANT
-          (per-expert constants); GEMM W_up_j; REQUANT; SITU; REQUANT h; GEMM W_down_j; REQUANT;
+          GATHER z rows of its tokens; GEMM W_gate_j (host + j*stride, m = count, per-expert
+          requantiser constants); GEMM W_up_j; SITU; REQUANT h; GEMM W_down_j;
           SCATTER into e [T, k, l]; JUMP loop
-    COMBINE; NORM; GEMM W_up_lat; REQUANT -> y_r
+    COMBINE; NORM; GEMM W_up_lat -> y_r
     shared expert on x (constants in the instructions); ADD -> y; STORE y, route table; HALT
 
 Routing is data-dependent and done on chip: the compiler never looks at the scores. Experts no
@@ -177,7 +177,6 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     sp = _Spad(cfg.dmem_depth)
     hid = max(dx, ds)
     s_x = sp.alloc("x", T * d)
-    s_acc = sp.alloc("acc", T * max(d, lat, E, hid))
     s_z = sp.alloc("z", T * lat)
     s_logit = sp.alloc("logit", T * E)
     s_score = sp.alloc("scores", T * E)
@@ -208,16 +207,20 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
         return Instr(Op.REQUANT, flags=flags, m=m, n=n, a=a, b=b, c=c,
                      mult=0 if flags else r.mult, shift=0 if flags else r.shift, width=r.width)
 
-    def gemm(a, host_addr, c, m, kk, n, flags=0):
-        return Instr(Op.GEMM, flags=flags, m=m, k=kk, n=n, a=a, c=c, host=host_addr,
-                     stride=stride if flags & F_HOST_EXPERT else 0)
+    def gemm(a, host_addr, c, m, kk, n, r: Requant, flags=0, b=0):
+        """A GEMM with its requantiser fused (constants from the table at ``b`` with F_RQ_EXPERT)."""
+        if not flags & F_RQ_EXPERT:
+            _check_requant(r, cfg, "requantiser")
+        fixed = not flags & F_RQ_EXPERT
+        return Instr(Op.GEMM, flags=flags, m=m, k=kk, n=n, a=a, b=b, c=c, host=host_addr,
+                     stride=stride if flags & F_HOST_EXPERT else 0, mult=r.mult if fixed else 0,
+                     shift=r.shift if fixed else 0, width=r.width)
 
     def shared_expert(ex: QuantExpert, out):
         return [
-            gemm(s_x, h_sg, s_acc, T, d, ds), rq(s_acc, s_g, T, ds, ex.rq_gate),
-            gemm(s_x, h_su, s_acc, T, d, ds), rq(s_acc, s_u, T, ds, ex.rq_up),
+            gemm(s_x, h_sg, s_g, T, d, ds, ex.rq_gate), gemm(s_x, h_su, s_u, T, d, ds, ex.rq_up),
             Instr(Op.SITU, m=T, n=ds, a=s_g, b=s_u, c=s_h), rq(s_h, s_h8, T, ds, ex.rq_h),
-            gemm(s_h8, h_sd, s_acc, T, ds, d), rq(s_acc, out, T, d, ex.rq_out),
+            gemm(s_h8, h_sd, out, T, ds, d, ex.rq_out),
         ]
 
     ex0 = Q.experts[0]  # the widths of the per-expert requantisers (constants come from the table)
@@ -225,8 +228,8 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     hx = F_M_COUNT | F_HOST_EXPERT
     prog = [
         Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=1),
-        gemm(s_x, h_dl, s_acc, T, d, lat), rq(s_acc, s_z, T, lat, Q.rq_down_lat),
-        gemm(s_x, h_r, s_acc, T, d, E), rq(s_acc, s_logit, T, E, Q.rq_router),
+        gemm(s_x, h_dl, s_z, T, d, lat, Q.rq_down_lat),
+        gemm(s_x, h_r, s_logit, T, d, E, Q.rq_router),
         Instr(Op.SIGMOID, m=T, n=E, a=s_logit, c=s_score),
         Instr(Op.LOAD, m=1, n=E, c=s_bias, host=h_b, width=4),
         Instr(Op.LOAD, m=1, n=8 * E, c=s_rq, host=h_rq, width=4),
@@ -235,14 +238,11 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     loop = len(prog)
     body = [
         Instr(Op.GATHER, m=T, n=lat, a=s_z, b=rts["list_t"], c=s_zg),
-        gemm(s_zg, h_e + offs["W_gate"], s_acc, 0, lat, dx, hx),
-        rq(s_acc, s_g, 0, dx, ex0.rq_gate, rqx, s_rq),
-        gemm(s_zg, h_e + offs["W_up"], s_acc, 0, lat, dx, hx),
-        rq(s_acc, s_u, 0, dx, ex0.rq_up, rqx, s_rq + 2 * E),
+        gemm(s_zg, h_e + offs["W_gate"], s_g, 0, lat, dx, ex0.rq_gate, hx | F_RQ_EXPERT, s_rq),
+        gemm(s_zg, h_e + offs["W_up"], s_u, 0, lat, dx, ex0.rq_up, hx | F_RQ_EXPERT, s_rq + 2 * E),
         Instr(Op.SITU, flags=cnt, n=dx, a=s_g, b=s_u, c=s_h),
         rq(s_h, s_h8, 0, dx, ex0.rq_h, rqx, s_rq + 4 * E),
-        gemm(s_h8, h_e + offs["W_down"], s_acc, 0, dx, lat, hx),
-        rq(s_acc, s_eo, 0, lat, ex0.rq_out, rqx, s_rq + 6 * E),
+        gemm(s_h8, h_e + offs["W_down"], s_eo, 0, dx, lat, ex0.rq_out, hx | F_RQ_EXPERT, s_rq + 6 * E),
         Instr(Op.SCATTER, m=T * k, n=lat, a=s_eo, b=rts["list_p"], c=s_e),
         Instr(Op.JUMP, target=loop),
     ]
@@ -251,7 +251,7 @@ def compile_block(Q: QuantLatentMoE, x_q, cfg: KpuConfig) -> Program:
     prog += [
         Instr(Op.COMBINE, m=T, k=k, n=lat, a=s_e, b=rts["weights"], c=s_uc),
         Instr(Op.NORM, m=T, n=lat, a=s_uc, c=s_n),
-        gemm(s_n, h_ul, s_acc, T, lat, d), rq(s_acc, s_yr, T, d, Q.rq_up_lat),
+        gemm(s_n, h_ul, s_yr, T, lat, d, Q.rq_up_lat),
         *shared_expert(Q.shared, s_ys),
         Instr(Op.ADD, m=T, n=d, a=s_yr, b=s_ys, c=s_y),
         Instr(Op.STORE, m=T, n=d, a=s_y, host=h_y, width=4),

@@ -146,8 +146,8 @@ class FuncSim:
             check(ins.width in (1, 2, 4), Err.BAD_SHAPE, "LOAD width must be 1, 2 or 4")
         if op == Op.STORE:
             check(ins.width == 4, Err.BAD_SHAPE, "STORE width must be 4")
-        if op == Op.REQUANT:
-            check(2 <= ins.width <= self.ww, Err.BAD_SHAPE, "REQUANT width out of range")
+        if op == Op.REQUANT or (op == Op.GEMM and ins.width):
+            check(2 <= ins.width <= self.ww, Err.BAD_SHAPE, "requantiser width out of range")
         if op == Op.GEMM:
             mb = -(-m // cfg.rows)
             check(k <= cfg.spad_b_depth // 2 and mb * k <= cfg.spad_a_depth
@@ -157,7 +157,7 @@ class FuncSim:
         # -- scratchpad regions
         regions = {
             Op.LOAD: [(c, ln)], Op.STORE: [(a, ln)],
-            Op.GEMM: [(a, m * k), (c, m * n)],
+            Op.GEMM: [(a, m * k), (c, m * n)] + ([(b, 2 * E)] if ins.flags & F_RQ_EXPERT else []),
             Op.REQUANT: [(a, ln), (c, ln)] + ([(b, 2 * E)] if ins.flags & F_RQ_EXPERT else []),
             Op.SIGMOID: [(a, ln), (c, ln)], Op.SITU: [(a, ln), (b, ln), (c, ln)],
             Op.ADD: [(a, ln), (b, ln), (c, ln)], Op.NORM: [(a, ln), (c, ln)],
@@ -190,17 +190,15 @@ class FuncSim:
             A = self._read(a, m * k, cfg.in_width).reshape(m, k)
             panels = np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=np.int8)
             B = panels.reshape(-1, k, cfg.cols).transpose(1, 0, 2).reshape(k, -1)[:, :n]
-            self._write(c, I.matmul_int(A, B, cfg.acc_width))
+            acc = I.matmul_int(A, B, cfg.acc_width)
+            if ins.width:
+                acc = I.requantize(acc, *self._rq_consts(ins), ins.width, cfg.rounding)
+            self._write(c, acc)
             self.macs += m * k * n
             self.gemms.append((m, k, n))
         elif op == Op.REQUANT:
-            if ins.flags & F_RQ_EXPERT:
-                mult, shift = (int(v) for v in self._read(b + 2 * self.expert, 2))
-                mult, shift = mult & ((1 << cfg.mult_width) - 1), shift & 63
-            else:
-                mult, shift = ins.mult & ((1 << cfg.mult_width) - 1), ins.shift
-            self._write(c, I.requantize(self._read(a, ln, cfg.acc_width), mult, shift, ins.width,
-                                        cfg.rounding))
+            self._write(c, I.requantize(self._read(a, ln, cfg.acc_width), *self._rq_consts(ins),
+                                        ins.width, cfg.rounding))
         elif op == Op.SIGMOID:
             self._write(c, I.sigmoid_q(self._read(a, ln, act), cfg))
             self.scores = (c, ln)
@@ -234,6 +232,15 @@ class FuncSim:
                 else:
                     self._write(c + int(r) * n, self._read(a + i * n, n))
         return pc + 1
+
+    def _rq_consts(self, ins: Instr) -> tuple[int, int]:
+        """``(mult, shift)`` of a requantiser: the instruction's, or with :data:`F_RQ_EXPERT` the
+        current expert's from the table at ``b`` (``mult_width`` and 6 bits taken)."""
+        if ins.flags & F_RQ_EXPERT:
+            mult, shift = (int(v) for v in self._read(ins.b + 2 * self.expert, 2))
+        else:
+            mult, shift = ins.mult, ins.shift
+        return mult & ((1 << self.cfg.mult_width) - 1), shift & 63
 
     def _route(self, a: int, b: int, c: int, T: int):
         cfg = self.cfg

@@ -36,7 +36,9 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
             host byte address ``host (+ expert * stride)``, 4-byte aligned.
 ``STORE``   host element ``i = a[i]`` for ``i < len``; ``width`` must be 4.
 ``GEMM``    ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * W[j, kk])``, ``i < m``, ``j < n``
-            (``A [m, k] @ W[n, k]^T``, :func:`golden.intops.matmul_int`); ``W`` from host
+            (``A [m, k] @ W[n, k]^T``, :func:`golden.intops.matmul_int`), requantised like
+            ``REQUANT`` when ``width != 0`` (fused: the GEMM engine's requantiser, then
+            saturation to ``width``; :data:`F_RQ_EXPERT` as for ``REQUANT``); ``W`` from host
             ``host (+ expert * stride)`` in :func:`weight_panels` layout. Limits of the GEMM
             engine (else ``BAD_SHAPE``): ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
             spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.

@@ -18,9 +18,11 @@ Datapath
 One scratchpad (``dmem_depth`` words, 2 read ports, 1 write port) holds every activation;
 instructions run one at a time (:mod:`nanokpu.isa` gives the semantics):
 
-* ``GEMM``: :class:`~nanokpu.gemm.GemmEngine` (raw accumulators: ``mult = 1``, ``shift = 0``,
-  ``out_width = acc_width``); A is packed from the scratchpad (``rows`` reads per word), B comes
-  from ``m_axi``, the results are unpacked into the scratchpad (``rows`` writes per word).
+* ``GEMM``: :class:`~nanokpu.gemm.GemmEngine` (``out_width = acc_width``; its requantiser
+  applies the instruction's ``mult``/``shift``, then the top level saturates to ``width``, or
+  ``mult = 1``, ``shift = 0`` for raw accumulators when ``width = 0``); A is packed from the
+  scratchpad (one read per real row of a word), B comes from ``m_axi``, the results are
+  unpacked into the scratchpad (one write per real row).
 * ``REQUANT`` (:class:`~nanokpu.requant.Requantiser` + saturation to ``width``), ``SIGMOID``
   (:class:`~nanokpu.sigmoid.Sigmoid`), ``SITU`` (:class:`~nanokpu.situ.Situ`), ``ADD``/``COMBINE``/
   ``NORM`` (:class:`~nanokpu.vector.VectorUnit`): a streaming engine reads operands along a
@@ -225,6 +227,7 @@ class NanoKPU(wiring.Component):
                 m.d.comb += shape_ok.eq(ins.n == E)
             with m.Case(Op.GEMM):
                 m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.k >= 1)
+                                        & ((ins.width == 0) | ((ins.width >= 2) & (ins.width <= ww)))
                                         & (ins.k <= cfg.spad_b_depth // 2)
                                         & (mb * ins.k <= cfg.spad_a_depth)
                                         & (mb * ins.n <= cfg.spad_c_depth))
@@ -249,7 +252,8 @@ class NanoKPU(wiring.Component):
             with m.Case(Op.STORE):
                 m.d.comb += wa.eq(ln)
             with m.Case(Op.GEMM):
-                m.d.comb += [wa.eq(m_eff * ins.k), wc.eq(ln)]
+                m.d.comb += [wa.eq(m_eff * ins.k), wc.eq(ln),
+                             wb.eq(Mux(ins.flags & F_RQ_EXPERT, 2 * E, 0))]
             with m.Case(Op.REQUANT):
                 m.d.comb += [wa.eq(ln), wc.eq(ln), wb.eq(Mux(ins.flags & F_RQ_EXPERT, 2 * E, 0))]
             with m.Case(Op.SIGMOID, Op.NORM):
@@ -348,8 +352,12 @@ class NanoKPU(wiring.Component):
         ]
         hi_sat = Signal(signed(66))   # 2**(width-1) - 1 of the instruction's output width
         m.d.comb += hi_sat.eq(((Const(1, 65) << rq_width) >> 1) - 1)
-        rq_out = rq.o.payload[0]
-        rq_sat = Mux(rq_out > hi_sat, hi_sat, Mux(rq_out < -hi_sat - 1, -hi_sat - 1, rq_out))
+
+        def saturate(value):
+            """``value`` (already saturated to acc_width) saturated to ``rq_width`` bits."""
+            return Mux(value > hi_sat, hi_sat, Mux(value < -hi_sat - 1, -hi_sat - 1, value))
+
+        rq_sat = saturate(rq.o.payload[0])
         with m.If(eng_run):
             with m.Switch(op):
                 with m.Case(Op.REQUANT):
@@ -376,7 +384,8 @@ class NanoKPU(wiring.Component):
         m.d.comb += [
             gemm.cmd.payload.m.eq(m_eff), gemm.cmd.payload.k.eq(ins.k), gemm.cmd.payload.n.eq(ins.n),
             gemm.cmd.payload.a_addr.eq(0), gemm.cmd.payload.c_addr.eq(0),
-            gemm.cmd.payload.mult.eq(1), gemm.cmd.payload.shift.eq(0),
+            gemm.cmd.payload.mult.eq(Mux(rq_width != 0, rq_mult, 1)),
+            gemm.cmd.payload.shift.eq(Mux(rq_width != 0, rq_shift, 0)),
             gemm.cmd.payload.load_a.eq(1), gemm.cmd.payload.compute.eq(1),
             gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
             gemm.a_in.payload.eq(gm_word), gemm.a_in.valid.eq(gm_wvalid),
@@ -410,7 +419,8 @@ class NanoKPU(wiring.Component):
             crow = gc_mb * R + gc_lane
             with m.If(gemm.c_out.valid):
                 m.d.comb += [wr.addr.eq(ins.c + crow * ins.n + gc_n),
-                             wr.data.eq(gemm.c_out.payload[gc_lane]), wr.en.eq(1)]
+                             wr.data.eq(Mux(rq_width != 0, saturate(gemm.c_out.payload[gc_lane]),
+                                            gemm.c_out.payload[gc_lane])), wr.en.eq(1)]
                 m.d.sync += gc_lane.eq(gc_lane + 1)
                 with m.If((gc_lane == R - 1) | (crow + 1 >= m_eff)):
                     m.d.comb += gemm.c_out.ready.eq(1)
@@ -520,7 +530,12 @@ class NanoKPU(wiring.Component):
                             m.d.sync += [gm_mb.eq(0), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
                                          gm_word.eq(0),
                                          gm_afeed_done.eq(0), gc_mb.eq(0), gc_n.eq(0), gc_lane.eq(0)]
-                            m.next = "GEMM_CMD"
+                            m.d.sync += [rq_width.eq(ins.width), rq_mult.eq(ins.mult),
+                                         rq_shift.eq(ins.shift)]
+                            with m.If(ins.flags & F_RQ_EXPERT):
+                                m.next = "RQ_TABLE"
+                            with m.Else():
+                                m.next = "GEMM_CMD"
                         with m.Case(Op.LOAD):
                             m.d.comb += dma.rd_start.eq(1)
                             m.d.sync += [ld_full.eq(0), ld_e.eq(0), ld_i.eq(0)]
@@ -546,7 +561,10 @@ class NanoKPU(wiring.Component):
                 m.next = "RQ_TABLE2"
             with state("RQ_TABLE2"):
                 m.d.sync += [rq_mult.eq(rd0.data[:cfg.mult_width]), rq_shift.eq(rd1.data[:6])]
-                m.next = "ENGINE"
+                with m.If(op == Op.GEMM):
+                    m.next = "GEMM_CMD"
+                with m.Else():
+                    m.next = "ENGINE"
             with state("ENGINE"):
                 m.d.comb += eng_run.eq(1)
                 with m.If(out_valid):
