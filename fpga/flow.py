@@ -397,15 +397,22 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
             if progress:
                 progress(f"{_stamp(t0)} {name} on {target.name} (unchanged, reused): {summary_line(cached)}")
             return cached
-    wrapper = RegisterWrapper(component) if pnr and target.family == "ice40" else None
+    wrapped = pnr and target.family == "ice40"
     report = {"name": name, "target": target.name, "family": target.family,
               "totals": dict(target.totals), "build_dir": str(cwd.relative_to(ROOT))
               if cwd.resolve().is_relative_to(ROOT) else str(cwd), "key": key}
     report.update(_yosys(text, name, target, cwd, progress, t0))
+    over = [f"{kind.upper()} {report['resources'].get(kind, 0)}/{total}"
+            for kind, total in target.totals.items() if report["resources"].get(kind, 0) > total]
     if pnr:
-        flow = "register-wrapper" if wrapper is not None else "out-of-context"
+        flow = "register-wrapper" if wrapped else "out-of-context"
+        extra_ffs = 0
         try:
-            if wrapper is not None:
+            if over:  # nextpnr would only say the same after minutes
+                raise ToolError(f"ERROR: does not fit {target.name}: {', '.join(over)}")
+            if wrapped:
+                wrapper = RegisterWrapper(component)
+                extra_ffs = wrapper.extra_ffs
                 _yosys(wrapper, f"{name}_wrap", target, cwd, progress, t0)
                 timing = _nextpnr(f"{name}_wrap", target, cwd, goal, seed, progress, t0, ooc=False)
             else:
@@ -416,7 +423,7 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
             if progress:
                 progress(f"{_stamp(t0)} place and route failed: {timing['error']}")
         timing["flow"] = flow
-        timing["extra_ffs"] = wrapper.extra_ffs if wrapper is not None else 0
+        timing["extra_ffs"] = extra_ffs
         timing["goal_mhz"] = goal
         timing["met"] = timing["fmax_mhz"] is not None and timing["fmax_mhz"] >= goal
         report["pnr"] = timing

@@ -127,9 +127,17 @@ def test_unknown_unit_names_the_field():
     assert main(["synth", "--unit", "no_such_unit", "--no-pnr"]) == 2
 
 
+def _only_when_asked(request):
+    """The full runs take tens of minutes: they run with ``-m slow`` only, even when the
+    default command selects every test."""
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("full synthesis run: select it with -m slow")
+
+
 @pytest.mark.slow
-def test_benchmark_all_units():
-    """The full benchmark: writes fpga/reports/summary.md (minutes)."""
+def test_benchmark_all_units(request):
+    """The full benchmark: writes fpga/reports/summary.md (tens of minutes)."""
+    _only_when_asked(request)
     from nanokpu.cli import main
     from nanokpu.generate import UNITS
     if not UNITS:
@@ -138,8 +146,9 @@ def test_benchmark_all_units():
 
 
 @pytest.mark.slow
-def test_board_build_icebreaker():
+def test_board_build_icebreaker(request):
     """The iCEBreaker bitstream: the UART bridge around the tiny sigmoid (about 30 s)."""
+    _only_when_asked(request)
     from fpga.boards import build_board
     report = build_board("icebreaker")
     assert report["bitstream_bytes"] > 100_000  # an UP5K image is 104090 bytes
@@ -156,3 +165,20 @@ def test_reuse_returns_the_same_report_without_running():
     other = synthesize(RegisteredMac(4), "test_reuse", "ecp5-25f", build_dir=BUILD_DIR / "test-reuse",
                        reuse=True)  # different RTLIL: runs
     assert other["key"] != first["key"] and (BUILD_DIR / "test-reuse" / "stat.json").exists()
+
+
+def test_design_too_big_is_reported_without_place_and_route():
+    class NineMacs(wiring.Component):  # nine 16x16 multipliers: one more than the UP5K's 8 DSPs
+        def __init__(self):
+            super().__init__({"a": In(signed(16)).array(9), "p": Out(signed(32)).array(9)})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.d.sync += [self.p[i].eq(self.a[i] * self.a[(i + 1) % 9]) for i in range(9)]
+            return m
+
+    report = synthesize(NineMacs(), "test_nine", "up5k", pnr=True, build_dir=BUILD_DIR / "test-up5k-nine")
+    assert report["resources"]["dsp"] == 9
+    assert report["pnr"]["error"] == "ERROR: does not fit up5k: DSP 9/8"
+    assert report["pnr"]["met"] is False and report["pnr"]["fmax_mhz"] is None
+    assert "does not fit" in markdown_table([report])
