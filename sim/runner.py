@@ -18,13 +18,14 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import weakref
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-__all__ = ["BenchFailure", "verilator_env", "to_verilog", "build", "run_bench", "SIM_BUILD", "FAST_BUILD"]
+__all__ = ["BenchFailure", "SIMULATORS", "verilator_env", "to_verilog", "build", "run_bench", "SIM_BUILD", "FAST_BUILD"]
 
 #: Root of all simulator builds (ignored by git).
 SIM_BUILD = Path(os.environ.get("NANOKPU_SIM_BUILD", Path(__file__).resolve().parent.parent / "sim_build"))
@@ -86,30 +87,58 @@ def _build_lock():
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def build(component, name: str, *, waves: bool = False, build_args: tuple[str, ...] = ()) -> Path:
-    """Convert ``component`` and build it with Verilator; returns the build directory.
+#: Simulators :func:`run_bench` drives: Verilator (the default) and Icarus Verilog (``iverilog``,
+#: a second opinion for the small configurations; far slower than Verilator).
+SIMULATORS = ("verilator", "icarus")
 
-    ``build_args`` are extra Verilator arguments (part of the build hash), e.g.
-    :data:`FAST_BUILD` for large designs that run few cycles.
+
+def _icarus_time_zero(text: str) -> str:
+    """Make Icarus evaluate every ``always @*`` block at time 0.
+
+    Icarus runs such a block only after an event on its inputs, so a block whose inputs keep
+    their initial values (a FSM's ``ready`` in its first state) reads X until they change.
+    Yosys makes each block read a dummy register initialised to 0; changing it once at time
+    0 (after every process has started) triggers them all, with no effect on the logic.
+    """
+    return re.sub(r"(reg (\\\S+dump_module\$\d+) += 0;)", r"\1\n  initial #0 \2 = 1'h1;", text)
+
+
+def build(component, name: str, *, waves: bool = False, build_args: tuple[str, ...] = (),
+          simulator: str = "verilator") -> Path:
+    """Convert ``component`` and build it with ``simulator``; returns the build directory.
+
+    ``build_args`` are extra simulator arguments (part of the build hash), e.g.
+    :data:`FAST_BUILD` for large designs that run few cycles on Verilator. Icarus builds
+    live in ``sim_build/<name>-icarus-<hash>`` with a 1 ns / 1 ps timescale.
     """
     from cocotb_tools.runner import get_runner
 
-    verilator_env()
+    if simulator not in SIMULATORS:
+        raise ValueError(f"simulator = {simulator!r}: must be one of {SIMULATORS}")
+    if simulator == "verilator":
+        verilator_env()
+    elif shutil.which("iverilog") is None:
+        raise RuntimeError("Icarus Verilog is not installed: apt-get install iverilog")
     text = to_verilog(component, name)
     digest = hashlib.sha256((text + str(waves) + " ".join(build_args)).encode()).hexdigest()[:12]
-    build_dir = SIM_BUILD / f"{name}-{digest}"
-    if (build_dir / name).exists():
+    build_dir = SIM_BUILD / (f"{name}-{digest}" if simulator == "verilator" else f"{name}-icarus-{digest}")
+    product = build_dir / (name if simulator == "verilator" else "sim.vvp")
+    if product.exists():
         return build_dir
     with _build_lock():
-        if (build_dir / name).exists():
+        if product.exists():
             return build_dir
         build_dir.mkdir(parents=True, exist_ok=True)
         source = build_dir / f"{name}.v"
-        source.write_text(text)
+        source.write_text(text if simulator == "verilator" else _icarus_time_zero(text))
+        runner = get_runner(simulator)
+        if simulator == "icarus":
+            runner.build(sources=[source], hdl_toplevel=name, build_dir=build_dir, build_args=list(build_args),
+                         timescale=("1ns", "1ps"), waves=waves, log_file=build_dir / "build.log")
+            return build_dir
         args = list(VERILATOR_WARNINGS) + list(build_args)
         if waves:
             args += ["--trace-fst", "--trace-structs"]
-        runner = get_runner("verilator")
         runner.build(sources=[source], hdl_toplevel=name, build_dir=build_dir,
                      build_args=args, waves=waves, log_file=build_dir / "build.log")
     return build_dir
@@ -118,15 +147,16 @@ def build(component, name: str, *, waves: bool = False, build_args: tuple[str, .
 def run_bench(component, name: str, test_module: str, *, params: dict | None = None,
               testcase: str | list[str] | None = None, seed: int | None = None,
               waves: bool = False, test_dir: Path | None = None,
-              build_args: tuple[str, ...] = ()) -> Path:
+              build_args: tuple[str, ...] = (), simulator: str = "verilator") -> Path:
     """Build ``component`` as ``name`` and run the cocotb module ``test_module`` on it.
 
     ``params`` reach the bench as ``NANOKPU_PARAMS`` (JSON). Raises :class:`BenchFailure`
     naming the failed tests and the seed if any test fails; returns the results XML path.
+    ``simulator`` is one of :data:`SIMULATORS` (Verilator by default).
     """
     from cocotb_tools.runner import get_runner
 
-    build_dir = build(component, name, waves=waves, build_args=build_args)
+    build_dir = build(component, name, waves=waves, build_args=build_args, simulator=simulator)
     test_dir = Path(test_dir or build_dir / "run")
     test_dir.mkdir(parents=True, exist_ok=True)
     # cocotbext-axi 0.1.28 emits DeprecationWarnings under cocotb 2.1: not ours to fix, not errors.
@@ -135,7 +165,7 @@ def run_bench(component, name: str, test_module: str, *, params: dict | None = N
     for path in (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent):
         if str(path) not in sys.path:
             sys.path.append(str(path))
-    runner = get_runner("verilator")
+    runner = get_runner(simulator)
     runner.build_dir = build_dir  # reuse the build made under the lock
     results = runner.test(test_module=test_module, hdl_toplevel=name, hdl_toplevel_lang="verilog",
                           testcase=testcase, seed=seed, extra_env=env, waves=waves,
