@@ -77,14 +77,16 @@ Utilization factors exactly into three measured terms:
   element per word, so an A word takes one read per real row and a result word one write per
   real row (about ``M*K + M*N`` cycles per GEMM besides its ``ceil(M/rows)*ceil(N/cols)*K``
   steps); on `tiny` (K = 16-32) this overhead is as large as the compute.
-* **act** (requantiser, sigmoid, SiTU) and **vector** (combine, RMSNorm, add) stream one element
-  per cycle through the scratchpad; RMSNorm's sequential divider (``act_width + norm_frac + 3``
+* **act** (sigmoid, SiTU, the requantiser of ``h``; the GEMMs' requantisers are fused into the
+  GEMM engine's store phase) and **vector** (combine, RMSNorm, add) stream one element per cycle
+  through the scratchpad; RMSNorm's sequential divider (``act_width + norm_frac + 3``
   cycles per element) dominates **vector**. **route** is the bias load, the scores (one read
   per score) and the dispatch pass (``E * T * top_k`` compare steps); **move** is gather/scatter.
 
 What would raise it, in order: a scratchpad ``rows`` elements wide (one access per A or result
-word instead of ``rows``), fusing REQUANT into the GEMM engine's store phase (its requantiser is
-there; one pass fewer over every result), larger batches per expert, a wider weight bus.
+word instead of one per row), larger batches per expert, overlapping the GEMM of one expert with
+the gather/activation work of the next (today one instruction runs at a time), a wider weight
+bus.
 """
 
 
