@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench-block": ("nanokpu.bench_block", "block cycles, utilization, busy shares on the RTL; docs/bench/block.md"),
     "synth": ("nanokpu.synth", "synthesize, place and route units for iCE40/ECP5; reports and bitstreams"),
     "report-errors": ("nanokpu.report_errors", "regenerate docs/errors.md, the integer-vs-float error table"),
+    "fault-campaign": ("nanokpu.fault_campaign", "soak and fault-inject the nano-KPU RTL; docs/fault_campaign.md"),
     "report-activation": ("nanokpu.report_activation", "regenerate docs/activation.md and its gate plot"),
 }
 
