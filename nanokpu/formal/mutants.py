@@ -9,6 +9,10 @@ never fires); ``tests/test_formal_*.py`` run each proof on its twin and require 
   stage is busy (caught by the conservation check).
 * :class:`RetractingValid` - the output ``valid`` of any stream unit drops every other cycle,
   also while the sink stalls (caught by the handshake rules).
+* :func:`silent_status` / :func:`hanging_bus_after_error` - a nano-KPU whose STATUS reads lose
+  the error bits / whose AXI4-Lite reads stop answering after an error (caught by the
+  controller proof). These and :class:`RetractingValid` are :class:`PortMutant` s: one output
+  port of an unchanged unit replaced by a broken value.
 * :class:`SignBugRouter` - the router compares keys as unsigned (negative biased keys rank
   above positive ones: a flipped comparison) (caught by the top-k proof).
 * :class:`OvershootSitu` - the up-branch table's top breakpoint overshoots ``beta2`` by 1/8
@@ -29,8 +33,8 @@ from nanokpu.router import TopKRouter
 from nanokpu.sigmoid import Sigmoid
 from nanokpu.situ import Situ
 
-__all__ = ["DroppedReadySigmoid", "DroppedReadyRouter", "RetractingValid", "SignBugRouter",
-           "OvershootSitu", "StuckQuotientDivider"]
+__all__ = ["DroppedReadySigmoid", "DroppedReadyRouter", "PortMutant", "RetractingValid", "SignBugRouter",
+           "OvershootSitu", "StuckQuotientDivider", "silent_status", "hanging_bus_after_error"]
 
 
 class DroppedReadySigmoid(Sigmoid):
@@ -82,33 +86,59 @@ class StuckQuotientDivider(SeqDivider):
         return m
 
 
-class RetractingValid(wiring.Component):
-    """``unit`` with the ``valid`` of its output stream ``port`` dropped every other cycle.
+class PortMutant(wiring.Component):
+    """``unit`` with one output port replaced by ``mutate(m, value, unit)`` (same ports as ``unit``).
 
     Parameters
     ----------
     unit : wiring.Component
-        The unit (a fresh instance); this twin has the same ports.
-    port : str
-        Name of the output stream to break.
+        The unit (a fresh instance).
+    path : tuple
+        Path of the output port in ``unit.signature.flatten`` (e.g. ``("o", "valid")``).
+    mutate : callable
+        ``mutate(m, value, unit) -> value``: the broken value, built in module ``m``.
     """
 
-    def __init__(self, unit: wiring.Component, port: str):
+    def __init__(self, unit: wiring.Component, path: tuple, mutate):
         self.unit = unit
-        self.port = port
+        self.path = tuple(path)
+        self.mutate = mutate
         super().__init__(dict(unit.signature.members))
+        if not any(p == self.path and mem.flow == wiring.Out for p, mem, _ in self.signature.flatten(self)):
+            raise ValueError(f"{self.path} is not an output port of {type(unit).__name__}")
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.unit = unit = self.unit
-        phase = Signal()
-        m.d.sync += phase.eq(~phase)
         for (path, member, outer), (_, _, inner) in zip(self.signature.flatten(self),
                                                         unit.signature.flatten(unit), strict=True):
             if member.flow == wiring.In:
                 m.d.comb += inner.eq(outer)
-            elif path == (self.port, "valid"):
-                m.d.comb += outer.eq(inner & phase)
+            elif path == self.path:
+                m.d.comb += outer.eq(self.mutate(m, inner, unit))
             else:
                 m.d.comb += outer.eq(inner)
         return m
+
+
+def _every_other_cycle(m, value, unit):
+    phase = Signal()
+    m.d.sync += phase.eq(~phase)
+    return value & phase
+
+
+class RetractingValid(PortMutant):
+    """``unit`` with the ``valid`` of its output stream ``port`` dropped every other cycle."""
+
+    def __init__(self, unit: wiring.Component, port: str):
+        super().__init__(unit, (port, "valid"), _every_other_cycle)
+
+
+def silent_status(kpu) -> PortMutant:
+    """A nano-KPU whose register reads lose bits 2..15 (STATUS never shows an error)."""
+    return PortMutant(kpu, ("s_axil", "rdata"), lambda m, value, unit: value & ~0xFFFC)
+
+
+def hanging_bus_after_error(kpu) -> PortMutant:
+    """A nano-KPU whose AXI4-Lite read responses stop once ``irq`` is high (the bus hangs)."""
+    return PortMutant(kpu, ("s_axil", "rvalid"), lambda m, value, unit: value & ~unit.irq)

@@ -129,13 +129,15 @@ class ProofResult:
         return f"{self.name}: {self.status} ({self.mode}, depth {self.depth}) in {self.workdir}\n{tail}"
 
 
-def run_sby(design, name: str, *, mode: str = "prove", depth: int = 20, timeout: float = 600) -> ProofResult:
+def run_sby(design, name: str, *, mode: str = "prove", depth: int = 20, timeout: float = 600,
+            memory_map: bool = True) -> ProofResult:
     """Prove (``mode='prove'``, k-induction of depth ``depth``) or bounded-check (``'bmc'``) ``design``.
 
     ``design`` is an Amaranth component whose ``Assert``/``Assume``/``Cover`` statements state
     the property; it is converted to RTLIL (``emit_src=False``) and flattened as ``top``. Every
     register starts at its reset value (the initial state is the reset state); inputs are free
-    in every cycle unless assumed otherwise.
+    in every cycle unless assumed otherwise. ``memory_map`` turns memories into registers
+    (faster for small ones); large ones (the top level's scratchpad) stay arrays for the solver.
     """
     from amaranth.back import rtlil
 
@@ -152,7 +154,8 @@ def run_sby(design, name: str, *, mode: str = "prove", depth: int = 20, timeout:
     (workdir / "proof.sby").write_text(
         f"[options]\nmode {mode}\ndepth {depth}\n\n"
         f"[engines]\nsmtbmc {SOLVER}\n\n"
-        "[script]\nread_rtlil design.il\nprep -flatten -top top\nmemory_map\nopt -fast\n\n"
+        "[script]\nread_rtlil design.il\nprep -flatten -top top\n"
+        + ("memory_map\nopt -fast\n" if memory_map else "") + "\n"
         "[files]\ndesign.il\n")
     env = dict(os.environ, PATH=tool_path())
     proc = subprocess.Popen([str(FORMAL_BUILD / "bin" / "sby"), "-f", "proof.sby"], cwd=workdir, env=env,
