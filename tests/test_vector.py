@@ -7,7 +7,7 @@ from amaranth.sim import Simulator
 from golden import intops as I
 from nanokpu.config import profile
 from nanokpu.vector import VecOp, VectorUnit
-from sim.runner import run_bench
+from sim.runner import FAST_BUILD, run_bench
 
 
 def beats_for(op, cfg, a, b=None):
@@ -98,4 +98,4 @@ def test_vector_unit_amaranth(seed):
 def test_vector_unit_verilator(rounding):
     cfg = profile("tiny", rounding=rounding)
     run_bench(VectorUnit(cfg), f"vector_{rounding}", "bench_vector",
-              params={"profile": "tiny", "rounding": rounding}, seed=7)
+              params={"profile": "tiny", "rounding": rounding}, seed=7, build_args=FAST_BUILD)
