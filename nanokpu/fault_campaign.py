@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ROWS = (
     ("episodes", "episodes"),
     ("valid_programs", "valid programs run (bit-exact checks)"),
+    ("compiler_refusals", "random blocks the quantiser refused (not run)"),
     ("fuzz_programs", "fuzzed programs"),
     ("fuzz_instructions", "fuzzed instructions"),
     ("fuzz_errors", "fuzzed programs that must stop with an error"),

@@ -80,7 +80,7 @@ class Campaign:
         self.counts = {k: 0 for k in (
             "episodes", "valid_programs", "fuzz_programs", "fuzz_instructions", "fuzz_errors", "fuzz_nonterminating",
             "bus_bursts", "bus_writes", "hard_resets", "soft_resets", "failures", "hangs", "bus_hangs",
-            "wrong_outputs", "writes_outside", "status_mismatches")}
+            "wrong_outputs", "writes_outside", "status_mismatches", "compiler_refusals")}
         self.failures: list[str] = []
 
     # -- bus access with a watchdog ------------------------------------------------------------
@@ -128,12 +128,24 @@ class Campaign:
             raise AssertionError(f"host memory written outside the window (at {self.canary_at:#x}+)")
 
     # -- episodes ------------------------------------------------------------------------------
+    def block(self):
+        """A random block that the compiler accepts: ``(seed, tokens, Q, xq, program)``.
+
+        The quantiser refuses some random blocks (a requantiser scale beyond ``mult_width``):
+        those are counted and another seed is drawn."""
+        while True:
+            seed = self.rng.randrange(1 << 30)
+            tokens = self.rng.randint(1, int(self.tb.p.get("tokens", 4)))
+            try:
+                Q, xq, _, _ = make_block(self.cfg, tokens, seed)
+                return seed, tokens, Q, xq, compile_block(Q, xq, self.cfg)
+            except ValueError as exc:
+                self.counts["compiler_refusals"] += 1
+                self.tb.dut._log.info(f"block seed {seed} refused by the compiler: {exc}")
+
     async def valid(self):
         tb, cfg = self.tb, self.cfg
-        seed = self.rng.randrange(1 << 30)
-        tokens = self.rng.randint(1, int(tb.p.get("tokens", 4)))
-        Q, xq, _, _ = make_block(cfg, tokens, seed)
-        prog = compile_block(Q, xq, cfg)
+        seed, tokens, Q, xq, prog = self.block()
         ref = latent_moe_int(xq, Q, cfg)
         self.set_canary(len(prog.image))
         await self.wr(Reg.CTRL, 4)                                      # clear the load counters
@@ -245,10 +257,8 @@ class Campaign:
         await self.soft_reset()
 
     async def reset(self):
-        r, tb, cfg = self.rng, self.tb, self.cfg
-        seed = r.randrange(1 << 30)
-        Q, xq, _, _ = make_block(cfg, r.randint(1, int(tb.p.get("tokens", 4))), seed)
-        prog = compile_block(Q, xq, cfg)
+        r, tb = self.rng, self.tb
+        prog = self.block()[-1]
         self.set_canary(len(prog.image))
         await tb.load(prog.instrs, prog.image)
         await self.wr(Reg.CTRL, 1)

@@ -35,7 +35,7 @@ def stream_rules(m: Module, port, check, tag: str):
     """
     xfer = Signal(name=f"{tag}_xfer")
     held = Signal(name=f"{tag}_held")            # last cycle: valid & ~ready
-    payload = Value.cast(port.payload)
+    payload = Value.cast(port.payload).as_unsigned()   # a signed payload compares as bits
     past_payload = Signal(len(payload), name=f"{tag}_past_payload")
     m.d.comb += xfer.eq(port.valid & port.ready)
     m.d.sync += [held.eq(port.valid & ~port.ready), past_payload.eq(payload)]
