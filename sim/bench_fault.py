@@ -6,8 +6,9 @@ random idle and backpressure on every AXI channel (bench_top's ``TB``):
 * ``valid`` - a random LatentMoE block (1..``tokens`` tokens) compiled and run end to end;
   it must stop with ``done`` at its ``HALT``, and its outputs, routes, weights and the load
   counters must be bit-exact to ``golden.block.latent_moe_int``.
-* ``fuzz`` - a random program of random instructions (bad opcodes, random shapes, addresses,
-  widths, flags, jump targets), after a prologue that loads the first ``SPAD_WORDS`` scratchpad
+* ``fuzz`` - a random program mixing well-formed instructions (every field in range, so both
+  models execute them) and random ones (bad opcodes, random shapes, addresses, widths, flags,
+  jump targets), after a prologue that loads the first ``SPAD_WORDS`` scratchpad
   words from host memory so that the state is known. :class:`nanokpu.funcsim.FuncSim` runs the
   same program: when it stops (``HALT`` or an error) the RTL must stop with the same error code,
   pc and done flag, and leave the host window byte for byte as FuncSim does; when it does not
@@ -185,9 +186,41 @@ class Campaign:
                      shift=r.randrange(64), width=r.choice([0, 1, 2, 3, 4, 4, 8, r.randrange(64)]),
                      target=r.choice([r.randrange(cfg.imem_depth), r.randrange(cfg.imem_depth, 1 << 12)]))
 
+    def wellformed_instr(self) -> list[Instr]:
+        """One instruction (or a SIGMOID + ROUTE pair) whose every field is in range, so that
+        FuncSim and the RTL both execute it; operands within the first SPAD_WORDS words."""
+        r, cfg = self.rng, self.cfg
+        m, n, k = r.randint(1, 4), r.randint(1, 16), r.randint(1, 4)
+        a, b, c = (r.randrange(256) for _ in range(3))
+
+        def host(nbytes):
+            return 4 * r.randrange((WINDOW - nbytes) // 4 + 1)
+
+        op = r.choice([Op.LOAD, Op.STORE, Op.GEMM, Op.REQUANT, Op.SIGMOID, Op.SITU, Op.ADD, Op.COMBINE,
+                       Op.NORM, Op.ROUTE])
+        if op == Op.LOAD:
+            width = r.choice([1, 2, 4])
+            return [Instr(op, m=m, n=n, c=c, host=host(m * n * width), width=width)]
+        if op == Op.STORE:
+            return [Instr(op, m=m, n=n, a=a, host=host(m * n * 4), width=4)]
+        if op == Op.GEMM:
+            panel_bytes = -(-n // cfg.cols) * k * cfg.cols * cfg.in_width // 8
+            return [Instr(op, m=m, k=k, n=n, a=a, c=c, host=host(panel_bytes), width=r.choice([0, 8, 16]),
+                          mult=r.randrange(1 << cfg.mult_width), shift=r.randrange(32))]
+        if op == Op.REQUANT:
+            return [Instr(op, m=m, n=n, a=a, c=c, width=r.choice([8, 16]), mult=r.randrange(1 << cfg.mult_width),
+                          shift=r.randrange(32))]
+        if op == Op.ROUTE:
+            t, e = r.randint(1, 4), cfg.n_experts
+            return [Instr(Op.SIGMOID, m=t, n=e, a=a, c=c),
+                    Instr(Op.ROUTE, m=t, n=e, k=cfg.top_k, a=c, b=b, c=r.randrange(256))]
+        return [Instr(op, m=m, k=k, n=n, a=a, b=b, c=c)]
+
     async def fuzz(self):
         r, tb = self.rng, self.tb
-        body = [self.fuzz_instr() for _ in range(r.randint(1, 6))]
+        body = []
+        for _ in range(r.randint(1, 6)):
+            body += self.wellformed_instr() if r.random() < 0.6 else [self.fuzz_instr()]
         prog = [Instr(Op.LOAD, m=1, n=SPAD_WORDS, c=0, host=0, width=4), *body]
         prog += [Instr(Op.HALT)] * (self.cfg.imem_depth - len(prog))    # no stale instruction left
         image = bytes(r.randrange(256) for _ in range(WINDOW))
