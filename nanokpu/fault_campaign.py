@@ -81,8 +81,9 @@ def summary_markdown(result: dict, command: str, profile_name: str) -> str:
     lines = [
         "# Fault campaign",
         "",
-        f"Made by `{command}` (profile `{profile_name}`, seeds {result['seeds'][0]}.."
-        f"{result['seeds'][-1]}). The episodes are described in `sim/bench_fault.py`: valid blocks",
+        f"Made by `{command}`",
+        f"(profile `{profile_name}`, seeds {result['seeds'][0]}..{result['seeds'][-1]}).",
+        "The episodes are described in `sim/bench_fault.py`: valid blocks",
         "bit-exact to `golden.block.latent_moe_int`, fuzzed programs whose stop (error code, pc,",
         "done) and host memory must equal `FuncSim`'s, random register/instruction-memory writes,",
         "hard and soft resets at random points mid-run; random idle and backpressure on every AXI",
@@ -99,6 +100,12 @@ def summary_markdown(result: dict, command: str, profile_name: str) -> str:
         "",
         "Lost or duplicated stream beats would show as wrong outputs here; the stream proofs of",
         "`docs/formal.md` rule them out for every unit.",
+        "",
+        "Not fuzzed: `EXPERT` (`sim/bench_fault.py`, `FUZZ_OPS`). Before any `ROUTE` the RTL's expert",
+        "iterator starts exhausted (`EXPERT` jumps to its target: a program `LOAD; EXPERT target=0`",
+        "loops), `FuncSim`'s starts before expert 0 (`EXPERT` selects the first expert with a",
+        "non-zero count and the program ends), and the ISA says such an `EXPERT` stops with",
+        "`NO_ROUTE`; until the three agree, fuzzing it would only report that disagreement.",
     ]
     if result["failures"]:
         lines += ["", "## Failures", "", *[f"- {f}" for f in result["failures"]]]
