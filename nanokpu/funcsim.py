@@ -126,6 +126,8 @@ class FuncSim:
         E, K = cfg.n_experts, cfg.top_k
         if ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT) or op in (Op.GATHER, Op.SCATTER):
             self._need_expert()
+        if op == Op.EXPERT:
+            check(self.route_done, Err.NO_ROUTE, "EXPERT without a ROUTE before")
         m = self.count if ins.flags & F_M_COUNT else ins.m
         n, k, a, b, c = ins.n, ins.k, ins.a, ins.b, ins.c
         ln = m * n

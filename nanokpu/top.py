@@ -218,6 +218,7 @@ class NanoKPU(wiring.Component):
 
         needs_expert = ((ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT)) != 0) | \
             (op == Op.GATHER) | (op == Op.SCATTER)
+        needs_route = needs_expert | (op == Op.EXPERT)
         valid_op = op <= max(Op)
         shape_ok = Signal()
         with m.Switch(op):
@@ -279,7 +280,7 @@ class NanoKPU(wiring.Component):
         decode_err = Signal(8)
         with m.If(~valid_op):
             m.d.comb += decode_err.eq(Err.BAD_OPCODE)
-        with m.Elif(needs_expert & ~(route_done & exp_active)):
+        with m.Elif((needs_route & ~route_done) | (needs_expert & ~exp_active)):
             m.d.comb += decode_err.eq(Err.NO_ROUTE)
         with m.Elif(((op == Op.JUMP) | (op == Op.EXPERT)) & ~target_ok):
             m.d.comb += decode_err.eq(Err.PC_RANGE)

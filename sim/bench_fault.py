@@ -45,7 +45,7 @@ from cocotb.utils import get_sim_time
 from golden.block import latent_moe_int
 from nanokpu.compiler import compile_block
 from nanokpu.funcsim import FuncSim
-from nanokpu.isa import IMEM_BASE, INSTR_WORDS, LOADS_BASE, Err, Instr, Op, Reg, encode_program
+from nanokpu.isa import IMEM_BASE, INSTR_WORDS, LOADS_BASE, Err, Instr, Op, Reg, encode_program, route_table
 from nanokpu.simulate import make_block
 
 #: Cycles any single AXI4-Lite access may take before the bus counts as hung.
@@ -60,11 +60,8 @@ CANARY = 4096
 #: Scratchpad words loaded by the fuzz prologue; fuzz addresses stay below SPAD_WORDS - 64 or
 #: are out of range, so every word a fuzz program can read is known.
 SPAD_WORDS = 512
-#: Opcodes of fuzzed instructions: never HALT (it ends the program), never EXPERT: before a
-#: ROUTE the RTL's expert iterator starts exhausted (EXPERT jumps to its target) while FuncSim's
-#: starts before expert 0 (EXPERT selects the first expert with a non-zero count), and the ISA
-#: says NO_ROUTE; reported to the top level's owner, excluded here until they agree.
-FUZZ_OPS = [op for op in Op if op not in (Op.HALT, Op.EXPERT)]
+#: Opcodes of fuzzed instructions: all but HALT (it ends the program).
+FUZZ_OPS = [op for op in Op if op != Op.HALT]
 #: FuncSim steps after which a fuzz program counts as non-terminating (a jump loop).
 FUZZ_STEPS = 64
 
@@ -187,7 +184,7 @@ class Campaign:
                      target=r.choice([r.randrange(cfg.imem_depth), r.randrange(cfg.imem_depth, 1 << 12)]))
 
     def wellformed_instr(self) -> list[Instr]:
-        """One instruction (or a SIGMOID + ROUTE pair) whose every field is in range, so that
+        """One instruction (or SIGMOID + ROUTE, maybe + EXPERT) whose every field is in range, so that
         FuncSim and the RTL both execute it; operands within the first SPAD_WORDS words."""
         r, cfg = self.rng, self.cfg
         m, n, k = r.randint(1, 4), r.randint(1, 16), r.randint(1, 4)
@@ -211,9 +208,12 @@ class Campaign:
             return [Instr(op, m=m, n=n, a=a, c=c, width=r.choice([8, 16]), mult=r.randrange(1 << cfg.mult_width),
                           shift=r.randrange(32))]
         if op == Op.ROUTE:
-            t, e = r.randint(1, 4), cfg.n_experts
-            return [Instr(Op.SIGMOID, m=t, n=e, a=a, c=c),
-                    Instr(Op.ROUTE, m=t, n=e, k=cfg.top_k, a=c, b=b, c=r.randrange(256))]
+            t, e, table = r.randint(1, 4), cfg.n_experts, r.randrange(256)
+            route = [Instr(Op.SIGMOID, m=t, n=e, a=a, c=c), Instr(Op.ROUTE, m=t, n=e, k=cfg.top_k, a=c, b=b, c=table)]
+            if r.random() < 0.5:     # then step the expert iterator over the table just written
+                route.append(Instr(Op.EXPERT, n=e, a=route_table(table, t, cfg)["counts"],
+                                   target=r.randrange(cfg.imem_depth)))
+            return route
         return [Instr(op, m=m, k=k, n=n, a=a, b=b, c=c)]
 
     async def fuzz(self):

@@ -179,6 +179,7 @@ def _bad_programs(cfg):
         "host_range": ([Instr(Op.STORE, m=1, n=64, a=0, host=4096, width=4)], Err.HOST_RANGE),
         "pc_range": ([Instr(Op.JUMP, target=cfg.imem_depth)], Err.PC_RANGE),
         "no_route": ([Instr(Op.GATHER, m=2, n=2)], Err.NO_ROUTE),
+        "expert_before_route": ([Instr(Op.EXPERT, n=cfg.n_experts, a=0, target=0)], Err.NO_ROUTE),
         "gather_row_range": (gather_out_of_range(cfg), Err.SPAD_RANGE),
     }
 

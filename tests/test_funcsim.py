@@ -66,6 +66,7 @@ def _run(instrs, cfg=None, host=bytes(64)):
     ([Instr(Op.JUMP, target=64)], Err.PC_RANGE),
     ([Instr(Op.GEMM, flags=F_M_COUNT, k=2, n=2)], Err.NO_ROUTE),
     ([Instr(Op.GATHER, m=2, n=2)], Err.NO_ROUTE),
+    ([Instr(Op.EXPERT, n=8, a=0, target=0)], Err.NO_ROUTE),
 ])
 def test_bad_program_stops_with_code(instrs, code):
     res, sim, before = _run(instrs)

@@ -9,6 +9,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
+  wire [6:0] \$1001 ;
+  wire [7:0] \$1005 ;
+  wire [8:0] \$1008 ;
   wire \$101 ;
   wire \$102 ;
   wire \$103 ;
@@ -49,7 +52,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$135 ;
   wire \$136 ;
   wire \$137 ;
-  wire \$138 ;
+  wire [9:0] \$138 ;
   wire \$139 ;
   wire \$14 ;
   wire \$140 ;
@@ -68,218 +71,218 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$152 ;
   wire \$153 ;
   wire \$154 ;
-  wire [48:0] \$155 ;
+  wire \$155 ;
   wire \$156 ;
   wire \$157 ;
   wire \$158 ;
-  wire [48:0] \$159 ;
+  wire \$159 ;
   wire \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
   wire \$163 ;
-  wire [48:0] \$164 ;
-  wire \$165 ;
+  wire \$164 ;
+  wire [48:0] \$165 ;
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
-  wire \$169 ;
+  wire [48:0] \$169 ;
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
-  wire \$174 ;
-  wire [63:0] \$175 ;
+  wire [48:0] \$174 ;
+  wire \$175 ;
   wire \$176 ;
   wire \$177 ;
   wire \$178 ;
-  wire [64:0] \$179 ;
+  wire \$179 ;
   wire [15:0] \$18 ;
-  wire [32:0] \$180 ;
+  wire \$180 ;
   wire \$181 ;
   wire \$182 ;
   wire \$183 ;
   wire \$184 ;
-  wire \$185 ;
+  wire [63:0] \$185 ;
   wire \$186 ;
   wire \$187 ;
   wire \$188 ;
-  wire \$189 ;
+  wire [64:0] \$189 ;
   wire [14:0] \$19 ;
-  wire [16:0] \$190 ;
+  wire [32:0] \$190 ;
   wire \$191 ;
   wire \$192 ;
-  wire [1:0] \$193 ;
-  wire [127:0] \$194 ;
-  wire [127:0] \$195 ;
-  wire [128:0] \$196 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire \$196 ;
   wire \$197 ;
-  wire [66:0] \$198 ;
-  wire [67:0] \$199 ;
+  wire \$198 ;
+  wire \$199 ;
   wire \$2 ;
   wire [1:0] \$20 ;
-  wire \$200 ;
-  wire [66:0] \$201 ;
-  wire [67:0] \$202 ;
-  wire [67:0] \$203 ;
-  wire [67:0] \$204 ;
-  wire \$205 ;
-  wire [31:0] \$206 ;
+  wire [16:0] \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire [1:0] \$203 ;
+  wire [127:0] \$204 ;
+  wire [127:0] \$205 ;
+  wire [128:0] \$206 ;
   wire \$207 ;
-  wire [5:0] \$208 ;
-  wire \$209 ;
+  wire [66:0] \$208 ;
+  wire [67:0] \$209 ;
   wire [1:0] \$21 ;
   wire \$210 ;
-  wire \$211 ;
-  wire \$212 ;
-  wire [18:0] \$213 ;
-  wire [19:0] \$214 ;
+  wire [66:0] \$211 ;
+  wire [67:0] \$212 ;
+  wire [67:0] \$213 ;
+  wire [67:0] \$214 ;
   wire \$215 ;
-  wire \$216 ;
+  wire [31:0] \$216 ;
   wire \$217 ;
-  wire \$218 ;
-  wire [18:0] \$219 ;
+  wire [5:0] \$218 ;
+  wire \$219 ;
   wire \$22 ;
-  wire [19:0] \$220 ;
-  wire [35:0] \$221 ;
-  wire [36:0] \$222 ;
-  wire [37:0] \$223 ;
-  wire [18:0] \$224 ;
-  wire [19:0] \$225 ;
-  wire [35:0] \$226 ;
-  wire [36:0] \$227 ;
-  wire [37:0] \$228 ;
-  wire \$229 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire [18:0] \$223 ;
+  wire [19:0] \$224 ;
+  wire \$225 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire [18:0] \$229 ;
   wire [3:0] \$23 ;
-  wire [31:0] \$230 ;
-  wire \$231 ;
-  wire [31:0] \$232 ;
-  wire [66:0] \$233 ;
-  wire [67:0] \$234 ;
-  wire \$235 ;
-  wire [66:0] \$236 ;
-  wire [67:0] \$237 ;
-  wire [31:0] \$238 ;
-  wire [67:0] \$239 ;
+  wire [19:0] \$230 ;
+  wire [35:0] \$231 ;
+  wire [36:0] \$232 ;
+  wire [37:0] \$233 ;
+  wire [18:0] \$234 ;
+  wire [19:0] \$235 ;
+  wire [35:0] \$236 ;
+  wire [36:0] \$237 ;
+  wire [37:0] \$238 ;
+  wire \$239 ;
   wire [3:0] \$24 ;
-  wire [67:0] \$240 ;
-  wire [31:0] \$241 ;
-  wire [67:0] \$242 ;
-  wire \$243 ;
-  wire [18:0] \$244 ;
-  wire [19:0] \$245 ;
-  wire [20:0] \$246 ;
-  wire \$247 ;
-  wire \$248 ;
-  wire [17:0] \$249 ;
+  wire [31:0] \$240 ;
+  wire \$241 ;
+  wire [31:0] \$242 ;
+  wire [66:0] \$243 ;
+  wire [67:0] \$244 ;
+  wire \$245 ;
+  wire [66:0] \$246 ;
+  wire [67:0] \$247 ;
+  wire [31:0] \$248 ;
+  wire [67:0] \$249 ;
   wire [22:0] \$25 ;
-  wire \$250 ;
-  wire \$251 ;
-  wire \$252 ;
-  wire [5:0] \$253 ;
-  wire [24:0] \$254 ;
-  wire [5:0] \$255 ;
-  wire [24:0] \$256 ;
-  wire [25:0] \$257 ;
-  wire [32:0] \$258 ;
-  wire \$259 ;
+  wire [67:0] \$250 ;
+  wire [31:0] \$251 ;
+  wire [67:0] \$252 ;
+  wire \$253 ;
+  wire [18:0] \$254 ;
+  wire [19:0] \$255 ;
+  wire [20:0] \$256 ;
+  wire \$257 ;
+  wire \$258 ;
+  wire [17:0] \$259 ;
   wire [22:0] \$26 ;
   wire \$260 ;
-  wire [32:0] \$261 ;
+  wire \$261 ;
   wire \$262 ;
-  wire [7:0] \$263 ;
-  wire \$264 ;
-  wire [15:0] \$265 ;
-  wire [31:0] \$266 ;
-  wire [31:0] \$267 ;
-  wire [31:0] \$268 ;
+  wire [5:0] \$263 ;
+  wire [24:0] \$264 ;
+  wire [5:0] \$265 ;
+  wire [24:0] \$266 ;
+  wire [25:0] \$267 ;
+  wire [32:0] \$268 ;
   wire \$269 ;
   wire [43:0] \$27 ;
   wire \$270 ;
-  wire \$271 ;
+  wire [32:0] \$271 ;
   wire \$272 ;
-  wire \$273 ;
+  wire [7:0] \$273 ;
   wire \$274 ;
-  wire \$275 ;
-  wire [32:0] \$276 ;
-  wire [24:0] \$277 ;
-  wire \$278 ;
-  wire [4:0] \$279 ;
+  wire [15:0] \$275 ;
+  wire [31:0] \$276 ;
+  wire [31:0] \$277 ;
+  wire [31:0] \$278 ;
+  wire \$279 ;
   wire [43:0] \$28 ;
   wire \$280 ;
   wire \$281 ;
   wire \$282 ;
   wire \$283 ;
   wire \$284 ;
-  wire [19:0] \$285 ;
-  wire [24:0] \$286 ;
-  wire [16:0] \$287 ;
-  wire [17:0] \$288 ;
-  wire [25:0] \$289 ;
+  wire \$285 ;
+  wire [32:0] \$286 ;
+  wire [24:0] \$287 ;
+  wire \$288 ;
+  wire [4:0] \$289 ;
   wire \$29 ;
   wire \$290 ;
   wire \$291 ;
   wire \$292 ;
-  wire [17:0] \$293 ;
-  wire [24:0] \$294 ;
-  wire [25:0] \$295 ;
-  wire \$296 ;
-  wire [17:0] \$297 ;
-  wire [24:0] \$298 ;
+  wire \$293 ;
+  wire \$294 ;
+  wire [19:0] \$295 ;
+  wire [24:0] \$296 ;
+  wire [16:0] \$297 ;
+  wire [17:0] \$298 ;
   wire [25:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [32:0] \$300 ;
-  wire [32:0] \$301 ;
+  wire \$300 ;
+  wire \$301 ;
   wire \$302 ;
-  wire [33:0] \$303 ;
-  wire [34:0] \$304 ;
-  wire [35:0] \$305 ;
-  wire [36:0] \$306 ;
-  wire [33:0] \$307 ;
-  wire [34:0] \$308 ;
-  wire [35:0] \$309 ;
+  wire [17:0] \$303 ;
+  wire [24:0] \$304 ;
+  wire [25:0] \$305 ;
+  wire \$306 ;
+  wire [17:0] \$307 ;
+  wire [24:0] \$308 ;
+  wire [25:0] \$309 ;
   wire \$31 ;
-  wire [36:0] \$310 ;
+  wire [32:0] \$310 ;
   wire [32:0] \$311 ;
   wire \$312 ;
   wire [33:0] \$313 ;
   wire [34:0] \$314 ;
   wire [35:0] \$315 ;
-  wire [32:0] \$316 ;
+  wire [36:0] \$316 ;
   wire [33:0] \$317 ;
   wire [34:0] \$318 ;
   wire [35:0] \$319 ;
   wire [9:0] \$32 ;
   wire [36:0] \$320 ;
-  wire \$321 ;
-  wire [24:0] \$322 ;
-  wire [24:0] \$323 ;
-  wire [25:0] \$324 ;
-  wire \$325 ;
-  wire [24:0] \$326 ;
-  wire [25:0] \$327 ;
-  wire \$328 ;
-  wire \$329 ;
+  wire [32:0] \$321 ;
+  wire \$322 ;
+  wire [33:0] \$323 ;
+  wire [34:0] \$324 ;
+  wire [35:0] \$325 ;
+  wire [32:0] \$326 ;
+  wire [33:0] \$327 ;
+  wire [34:0] \$328 ;
+  wire [35:0] \$329 ;
   wire \$33 ;
-  wire [31:0] \$330 ;
-  wire [32:0] \$331 ;
-  wire [31:0] \$332 ;
-  wire [32:0] \$333 ;
-  wire [32:0] \$334 ;
-  wire [33:0] \$335 ;
-  wire \$336 ;
-  wire \$337 ;
+  wire [36:0] \$330 ;
+  wire \$331 ;
+  wire [24:0] \$332 ;
+  wire [24:0] \$333 ;
+  wire [25:0] \$334 ;
+  wire \$335 ;
+  wire [24:0] \$336 ;
+  wire [25:0] \$337 ;
   wire \$338 ;
   wire \$339 ;
   wire [9:0] \$34 ;
-  wire \$340 ;
-  wire \$341 ;
-  wire \$342 ;
-  wire \$343 ;
-  wire \$344 ;
-  wire \$345 ;
+  wire [31:0] \$340 ;
+  wire [32:0] \$341 ;
+  wire [31:0] \$342 ;
+  wire [32:0] \$343 ;
+  wire [32:0] \$344 ;
+  wire [33:0] \$345 ;
   wire \$346 ;
   wire \$347 ;
   wire \$348 ;
@@ -305,147 +308,147 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$366 ;
   wire \$367 ;
   wire \$368 ;
-  wire [16:0] \$369 ;
+  wire \$369 ;
   wire [35:0] \$37 ;
   wire \$370 ;
-  wire [16:0] \$371 ;
+  wire \$371 ;
   wire \$372 ;
-  wire [16:0] \$373 ;
+  wire \$373 ;
   wire \$374 ;
-  wire [16:0] \$375 ;
-  wire [32:0] \$376 ;
-  wire [32:0] \$377 ;
-  wire [16:0] \$378 ;
-  wire [32:0] \$379 ;
+  wire \$375 ;
+  wire \$376 ;
+  wire \$377 ;
+  wire \$378 ;
+  wire [16:0] \$379 ;
   wire [36:0] \$38 ;
-  wire [32:0] \$380 ;
-  wire [32:0] \$381 ;
-  wire [32:0] \$382 ;
+  wire \$380 ;
+  wire [16:0] \$381 ;
+  wire \$382 ;
   wire [16:0] \$383 ;
-  wire [32:0] \$384 ;
-  wire [32:0] \$385 ;
+  wire \$384 ;
+  wire [16:0] \$385 ;
   wire [32:0] \$386 ;
   wire [32:0] \$387 ;
-  wire [32:0] \$388 ;
+  wire [16:0] \$388 ;
   wire [32:0] \$389 ;
   wire [16:0] \$39 ;
-  wire [16:0] \$390 ;
-  wire \$391 ;
-  wire \$392 ;
-  wire \$393 ;
-  wire \$394 ;
-  wire \$395 ;
-  wire [18:0] \$396 ;
-  wire [19:0] \$397 ;
-  wire \$398 ;
-  wire \$399 ;
+  wire [32:0] \$390 ;
+  wire [32:0] \$391 ;
+  wire [32:0] \$392 ;
+  wire [16:0] \$393 ;
+  wire [32:0] \$394 ;
+  wire [32:0] \$395 ;
+  wire [32:0] \$396 ;
+  wire [32:0] \$397 ;
+  wire [32:0] \$398 ;
+  wire [32:0] \$399 ;
   wire \$4 ;
   wire [17:0] \$40 ;
-  wire \$400 ;
+  wire [16:0] \$400 ;
   wire \$401 ;
-  wire [3:0] \$402 ;
+  wire \$402 ;
   wire \$403 ;
   wire \$404 ;
   wire \$405 ;
-  wire \$406 ;
-  wire [18:0] \$407 ;
-  wire [19:0] \$408 ;
+  wire [18:0] \$406 ;
+  wire [19:0] \$407 ;
+  wire \$408 ;
   wire \$409 ;
   wire [17:0] \$41 ;
   wire \$410 ;
   wire \$411 ;
-  wire \$412 ;
-  wire [16:0] \$413 ;
+  wire [3:0] \$412 ;
+  wire \$413 ;
   wire \$414 ;
-  wire [16:0] \$415 ;
-  wire [16:0] \$416 ;
-  wire [16:0] \$417 ;
-  wire \$418 ;
-  wire [2:0] \$419 ;
+  wire \$415 ;
+  wire \$416 ;
+  wire [18:0] \$417 ;
+  wire [19:0] \$418 ;
+  wire \$419 ;
   wire [16:0] \$42 ;
   wire \$420 ;
-  wire [18:0] \$421 ;
-  wire [19:0] \$422 ;
-  wire [20:0] \$423 ;
+  wire \$421 ;
+  wire \$422 ;
+  wire [16:0] \$423 ;
   wire \$424 ;
-  wire \$425 ;
+  wire [16:0] \$425 ;
   wire [16:0] \$426 ;
-  wire \$427 ;
-  wire [16:0] \$428 ;
-  wire [16:0] \$429 ;
+  wire [16:0] \$427 ;
+  wire \$428 ;
+  wire [2:0] \$429 ;
   wire [17:0] \$43 ;
-  wire [32:0] \$430 ;
-  wire [32:0] \$431 ;
-  wire [32:0] \$432 ;
-  wire [32:0] \$433 ;
-  wire [32:0] \$434 ;
-  wire [32:0] \$435 ;
-  wire [32:0] \$436 ;
+  wire \$430 ;
+  wire [18:0] \$431 ;
+  wire [19:0] \$432 ;
+  wire [20:0] \$433 ;
+  wire \$434 ;
+  wire \$435 ;
+  wire [16:0] \$436 ;
   wire \$437 ;
-  wire \$438 ;
-  wire \$439 ;
+  wire [16:0] \$438 ;
+  wire [16:0] \$439 ;
   wire [17:0] \$44 ;
-  wire \$440 ;
-  wire \$441 ;
-  wire \$442 ;
-  wire \$443 ;
-  wire \$444 ;
-  wire \$445 ;
-  wire \$446 ;
+  wire [32:0] \$440 ;
+  wire [32:0] \$441 ;
+  wire [32:0] \$442 ;
+  wire [32:0] \$443 ;
+  wire [32:0] \$444 ;
+  wire [32:0] \$445 ;
+  wire [32:0] \$446 ;
   wire \$447 ;
   wire \$448 ;
   wire \$449 ;
   wire [31:0] \$45 ;
   wire \$450 ;
   wire \$451 ;
-  wire [32:0] \$452 ;
-  wire [9:0] \$453 ;
+  wire \$452 ;
+  wire \$453 ;
   wire \$454 ;
-  wire [31:0] \$455 ;
-  wire [9:0] \$456 ;
+  wire \$455 ;
+  wire \$456 ;
   wire \$457 ;
   wire \$458 ;
-  wire [32:0] \$459 ;
+  wire \$459 ;
   wire [37:0] \$46 ;
   wire \$460 ;
   wire \$461 ;
-  wire \$462 ;
-  wire [13:0] \$463 ;
-  wire [32:0] \$464 ;
-  wire \$465 ;
-  wire [13:0] \$466 ;
-  wire [32:0] \$467 ;
+  wire [32:0] \$462 ;
+  wire [9:0] \$463 ;
+  wire \$464 ;
+  wire [31:0] \$465 ;
+  wire [9:0] \$466 ;
+  wire \$467 ;
   wire \$468 ;
-  wire \$469 ;
+  wire [32:0] \$469 ;
   wire [38:0] \$47 ;
   wire \$470 ;
-  wire [32:0] \$471 ;
-  wire [3:0] \$472 ;
-  wire [3:0] \$473 ;
-  wire \$474 ;
+  wire \$471 ;
+  wire \$472 ;
+  wire [13:0] \$473 ;
+  wire [32:0] \$474 ;
   wire \$475 ;
-  wire [1:0] \$476 ;
-  wire [2:0] \$477 ;
+  wire [13:0] \$476 ;
+  wire [32:0] \$477 ;
   wire \$478 ;
   wire \$479 ;
   wire [39:0] \$48 ;
   wire \$480 ;
-  wire \$481 ;
-  wire \$482 ;
-  wire \$483 ;
-  wire [13:0] \$484 ;
-  wire [32:0] \$485 ;
-  wire \$486 ;
-  wire \$487 ;
+  wire [32:0] \$481 ;
+  wire [3:0] \$482 ;
+  wire [3:0] \$483 ;
+  wire \$484 ;
+  wire \$485 ;
+  wire [1:0] \$486 ;
+  wire [2:0] \$487 ;
   wire \$488 ;
   wire \$489 ;
   wire [39:0] \$49 ;
   wire \$490 ;
   wire \$491 ;
   wire \$492 ;
-  wire [32:0] \$493 ;
-  wire [3:0] \$494 ;
-  wire \$495 ;
+  wire \$493 ;
+  wire [13:0] \$494 ;
+  wire [32:0] \$495 ;
   wire \$496 ;
   wire \$497 ;
   wire \$498 ;
@@ -455,8 +458,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$500 ;
   wire \$501 ;
   wire \$502 ;
-  wire \$503 ;
-  wire \$504 ;
+  wire [32:0] \$503 ;
+  wire [3:0] \$504 ;
   wire \$505 ;
   wire \$506 ;
   wire \$507 ;
@@ -465,9 +468,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [35:0] \$51 ;
   wire \$510 ;
   wire \$511 ;
-  wire [13:0] \$512 ;
-  wire [32:0] \$513 ;
-  wire [4:0] \$514 ;
+  wire \$512 ;
+  wire \$513 ;
+  wire \$514 ;
   wire \$515 ;
   wire \$516 ;
   wire \$517 ;
@@ -475,208 +478,218 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$519 ;
   wire [36:0] \$52 ;
   wire \$520 ;
-  wire [16:0] \$521 ;
-  wire [17:0] \$522 ;
-  wire \$523 ;
-  wire [1:0] \$524 ;
-  wire [12:0] \$525 ;
+  wire \$521 ;
+  wire [13:0] \$522 ;
+  wire [32:0] \$523 ;
+  wire [4:0] \$524 ;
+  wire \$525 ;
   wire \$526 ;
   wire \$527 ;
-  wire [16:0] \$528 ;
-  wire [17:0] \$529 ;
+  wire \$528 ;
+  wire \$529 ;
   wire [36:0] \$53 ;
   wire \$530 ;
   wire [16:0] \$531 ;
-  wire [16:0] \$532 ;
-  wire [16:0] \$533 ;
-  wire \$534 ;
-  wire \$535 ;
+  wire [17:0] \$532 ;
+  wire \$533 ;
+  wire [1:0] \$534 ;
+  wire [12:0] \$535 ;
   wire \$536 ;
   wire \$537 ;
-  wire \$538 ;
-  wire \$539 ;
+  wire [16:0] \$538 ;
+  wire [17:0] \$539 ;
   wire [42:0] \$54 ;
   wire \$540 ;
-  wire \$541 ;
+  wire [16:0] \$541 ;
   wire [16:0] \$542 ;
-  wire [2:0] \$543 ;
+  wire [16:0] \$543 ;
   wire \$544 ;
   wire \$545 ;
-  wire [32:0] \$546 ;
-  wire [32:0] \$547 ;
+  wire \$546 ;
+  wire \$547 ;
   wire \$548 ;
-  wire [32:0] \$549 ;
+  wire \$549 ;
   wire \$55 ;
   wire \$550 ;
-  wire [16:0] \$551 ;
-  wire [2:0] \$552 ;
-  wire [4:0] \$553 ;
-  wire [4:0] \$554 ;
+  wire \$551 ;
+  wire [16:0] \$552 ;
+  wire [2:0] \$553 ;
+  wire \$554 ;
   wire \$555 ;
-  wire [13:0] \$556 ;
+  wire [32:0] \$556 ;
   wire [32:0] \$557 ;
   wire \$558 ;
   wire [32:0] \$559 ;
   wire \$56 ;
-  wire [4:0] \$560 ;
-  wire \$561 ;
-  wire [13:0] \$562 ;
-  wire [32:0] \$563 ;
-  wire \$564 ;
-  wire [13:0] \$565 ;
-  wire [32:0] \$566 ;
-  wire \$567 ;
+  wire \$560 ;
+  wire [16:0] \$561 ;
+  wire [2:0] \$562 ;
+  wire [4:0] \$563 ;
+  wire [4:0] \$564 ;
+  wire \$565 ;
+  wire [13:0] \$566 ;
+  wire [32:0] \$567 ;
   wire \$568 ;
-  wire \$569 ;
+  wire [32:0] \$569 ;
   wire \$57 ;
-  wire \$570 ;
-  wire [17:0] \$571 ;
-  wire \$572 ;
-  wire [31:0] \$573 ;
-  wire [32:0] \$574 ;
-  wire [31:0] \$575 ;
+  wire [4:0] \$570 ;
+  wire \$571 ;
+  wire [13:0] \$572 ;
+  wire [32:0] \$573 ;
+  wire \$574 ;
+  wire [13:0] \$575 ;
   wire [32:0] \$576 ;
-  wire [32:0] \$577 ;
-  wire [33:0] \$578 ;
+  wire \$577 ;
+  wire \$578 ;
   wire \$579 ;
   wire \$58 ;
   wire \$580 ;
-  wire [16:0] \$581 ;
+  wire [17:0] \$581 ;
   wire \$582 ;
-  wire \$583 ;
-  wire \$584 ;
-  wire \$585 ;
-  wire \$586 ;
-  reg [31:0] \$587 ;
-  reg [31:0] \$588 ;
-  reg [19:0] \$589 ;
+  wire [31:0] \$583 ;
+  wire [32:0] \$584 ;
+  wire [31:0] \$585 ;
+  wire [32:0] \$586 ;
+  wire [32:0] \$587 ;
+  wire [33:0] \$588 ;
+  wire \$589 ;
   wire \$59 ;
-  reg \$590 ;
-  reg \$591 ;
-  reg [15:0] \$592 ;
-  reg [31:0] \$593 ;
-  reg [31:0] \$594 ;
-  reg [15:0] \$595 ;
-  reg [31:0] \$596 ;
+  wire \$590 ;
+  wire [16:0] \$591 ;
+  wire \$592 ;
+  wire \$593 ;
+  wire \$594 ;
+  wire \$595 ;
+  wire \$596 ;
   reg [31:0] \$597 ;
-  reg [15:0] \$598 ;
-  reg [31:0] \$599 ;
+  reg [31:0] \$598 ;
+  reg [19:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  reg [31:0] \$600 ;
+  reg \$600 ;
   reg \$601 ;
-  reg \$602 ;
-  reg [1:0] \$603 ;
-  reg [2:0] \$604 ;
-  reg [31:0] \$605 ;
-  reg \$606 ;
-  reg [15:0] \$607 ;
+  reg [15:0] \$602 ;
+  reg [31:0] \$603 ;
+  reg [31:0] \$604 ;
+  reg [15:0] \$605 ;
+  reg [31:0] \$606 ;
+  reg [31:0] \$607 ;
   reg [15:0] \$608 ;
-  reg \$609 ;
+  reg [31:0] \$609 ;
   wire \$61 ;
-  reg [1:0] \$610 ;
-  reg [15:0] \$611 ;
-  reg [15:0] \$612 ;
-  reg [31:0] \$613 ;
-  reg [31:0] \$614 ;
+  reg [31:0] \$610 ;
+  reg \$611 ;
+  reg \$612 ;
+  reg [1:0] \$613 ;
+  reg [2:0] \$614 ;
   reg [31:0] \$615 ;
-  reg [31:0] \$616 ;
-  reg [31:0] \$617 ;
-  reg [31:0] \$618 ;
-  reg [31:0] \$619 ;
+  reg \$616 ;
+  reg [15:0] \$617 ;
+  reg [15:0] \$618 ;
+  reg \$619 ;
   wire \$62 ;
-  reg \$620 ;
-  reg \$621 ;
-  reg [7:0] \$622 ;
-  reg [12:0] \$623 ;
+  reg [1:0] \$620 ;
+  reg [15:0] \$621 ;
+  reg [15:0] \$622 ;
+  reg [31:0] \$623 ;
   reg [31:0] \$624 ;
-  reg \$625 ;
-  reg \$626 ;
-  reg \$627 ;
-  reg [4:0] \$628 ;
-  reg [7:0] \$629 ;
+  reg [31:0] \$625 ;
+  reg [31:0] \$626 ;
+  reg [31:0] \$627 ;
+  reg [31:0] \$628 ;
+  reg [31:0] \$629 ;
   wire \$63 ;
-  reg [5:0] \$630 ;
-  reg [255:0] \$631 ;
-  reg [5:0] \$632 ;
-  reg [31:0] \$633 ;
-  reg [5:0] \$634 ;
-  reg [15:0] \$635 ;
-  reg [15:0] \$636 ;
-  reg [15:0] \$637 ;
-  reg [31:0] \$638 ;
-  reg [31:0] \$639 ;
+  reg \$630 ;
+  reg \$631 ;
+  reg [7:0] \$632 ;
+  reg [12:0] \$633 ;
+  reg [31:0] \$634 ;
+  reg \$635 ;
+  reg \$636 ;
+  reg \$637 ;
+  reg [4:0] \$638 ;
+  reg [7:0] \$639 ;
   wire \$64 ;
-  reg [31:0] \$640 ;
-  reg [31:0] \$641 ;
-  reg [31:0] \$642 ;
+  reg [5:0] \$640 ;
+  reg [255:0] \$641 ;
+  reg [5:0] \$642 ;
   reg [31:0] \$643 ;
-  reg [31:0] \$644 ;
-  reg [31:0] \$645 ;
-  reg \$646 ;
-  reg [2:0] \$647 ;
+  reg [5:0] \$644 ;
+  reg [15:0] \$645 ;
+  reg [15:0] \$646 ;
+  reg [15:0] \$647 ;
   reg [31:0] \$648 ;
-  reg \$649 ;
+  reg [31:0] \$649 ;
   wire \$65 ;
-  reg [2:0] \$650 ;
+  reg [31:0] \$650 ;
   reg [31:0] \$651 ;
-  reg \$652 ;
-  reg [35:0] \$653 ;
-  reg [3:0] \$654 ;
-  reg [15:0] \$655 ;
-  reg [23:0] \$656 ;
-  reg [31:0] \$657 ;
+  reg [31:0] \$652 ;
+  reg [31:0] \$653 ;
+  reg [31:0] \$654 ;
+  reg [31:0] \$655 ;
+  reg \$656 ;
+  reg [2:0] \$657 ;
   reg [31:0] \$658 ;
-  reg [1:0] \$659 ;
+  reg \$659 ;
   wire \$66 ;
-  reg [15:0] \$660 ;
-  reg [15:0] \$661 ;
+  reg [2:0] \$660 ;
+  reg [31:0] \$661 ;
   reg \$662 ;
-  reg \$663 ;
-  reg \$664 ;
-  reg \$665 ;
-  reg [15:0] \$666 ;
-  reg [1:0] \$667 ;
-  reg \$668 ;
-  reg \$669 ;
+  reg [35:0] \$663 ;
+  reg [3:0] \$664 ;
+  reg [15:0] \$665 ;
+  reg [23:0] \$666 ;
+  reg [31:0] \$667 ;
+  reg [31:0] \$668 ;
+  reg [1:0] \$669 ;
   wire \$67 ;
-  reg \$670 ;
-  reg [12:0] \$671 ;
-  reg [19:0] \$672 ;
-  reg [31:0] \$673 ;
-  reg [15:0] \$674 ;
-  reg [1:0] \$675 ;
-  reg [31:0] \$676 ;
-  reg [31:0] \$677 ;
-  reg [3:0] \$678 ;
-  reg [3:0] \$679 ;
+  reg [15:0] \$670 ;
+  reg [15:0] \$671 ;
+  reg \$672 ;
+  reg \$673 ;
+  reg \$674 ;
+  reg \$675 ;
+  reg [15:0] \$676 ;
+  reg [1:0] \$677 ;
+  reg \$678 ;
+  reg \$679 ;
   wire \$68 ;
-  reg [15:0] \$680 ;
-  reg [23:0] \$681 ;
-  reg [15:0] \$682 ;
-  reg [16:0] \$683 ;
-  reg \$684 ;
-  reg [31:0] \$685 ;
-  wire [5:0] \$686 ;
-  wire [5:0] \$687 ;
+  reg \$680 ;
+  reg [12:0] \$681 ;
+  reg [19:0] \$682 ;
+  reg [31:0] \$683 ;
+  reg [15:0] \$684 ;
+  reg [1:0] \$685 ;
+  reg [31:0] \$686 ;
+  reg [31:0] \$687 ;
+  reg [3:0] \$688 ;
+  reg [3:0] \$689 ;
   wire \$69 ;
+  reg [15:0] \$690 ;
+  reg [23:0] \$691 ;
+  reg [15:0] \$692 ;
+  reg [16:0] \$693 ;
+  reg \$694 ;
+  reg [31:0] \$695 ;
+  wire [5:0] \$696 ;
+  wire [5:0] \$697 ;
   wire [20:0] \$7 ;
   wire \$70 ;
   wire \$71 ;
   wire \$72 ;
   wire \$73 ;
-  wire [17:0] \$734 ;
-  wire \$736 ;
   wire [31:0] \$74 ;
-  wire [17:0] \$741 ;
-  wire \$743 ;
+  wire [17:0] \$744 ;
+  wire \$746 ;
   wire \$75 ;
-  wire [39:0] \$750 ;
-  wire \$752 ;
-  wire [36:0] \$758 ;
+  wire [17:0] \$751 ;
+  wire \$753 ;
   wire \$76 ;
-  wire \$760 ;
+  wire [39:0] \$760 ;
+  wire \$762 ;
+  wire [36:0] \$768 ;
   wire [31:0] \$77 ;
+  wire \$770 ;
   wire \$78 ;
   wire \$79 ;
   wire \$8 ;
@@ -696,17 +709,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$92 ;
   wire \$93 ;
   wire \$94 ;
-  wire [7:0] \$940 ;
-  wire [7:0] \$944 ;
   wire \$95 ;
-  wire [7:0] \$952 ;
-  wire [7:0] \$957 ;
   wire \$96 ;
+  wire [7:0] \$960 ;
+  wire [7:0] \$964 ;
   wire \$97 ;
+  wire [7:0] \$972 ;
+  wire [7:0] \$977 ;
   wire \$98 ;
-  wire [6:0] \$981 ;
-  wire [7:0] \$985 ;
-  wire [8:0] \$988 ;
   wire \$99 ;
   wire \$signal ;
   wire \$signal$103 ;
@@ -9447,510 +9457,527 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   assign \$signature__data$166  = _1_;
   assign i__payload = _2_;
-  assign \$276  = ins[87:64] + \$signal$241 ;
-  assign \$277  = ins[111:88] + \$signal$244 ;
-  assign \$278  = | \$signal$244 ;
-  assign \$279  = \$signal$244  - 1'h1;
-  assign \$280  = ~ \$signal$248 ;
-  assign \$281  = ~ \$signal$249 ;
-  assign \$282  = \$280  & \$281 ;
-  assign \$283  = rt_lane < 1'h1;
-  assign \$284  = \$282  & \$283 ;
-  assign \$285  = \$signal$251  * 4'h8;
-  assign \$286  = ins[87:64] + \$285 ;
-  assign \$287  = \$signal$252  * 1'h1;
-  assign \$288  = \$287  + rt_lane;
-  assign \$289  = \$286  + \$288 ;
-  assign \$290  = ~ \$signal$257 ;
-  assign \$291  = ~ rt_wphase;
-  assign \$292  = \$signal$257  & \$291 ;
-  assign \$293  = \$signal$259  * 2'h2;
-  assign \$294  = ins[135:112] + \$293 ;
-  assign \$295  = \$294  + rt_s;
-  assign \$296  = \$signal$257  & rt_wphase;
-  assign \$297  = \$signal$259  * 2'h2;
-  assign \$298  = ins[135:112] + \$297 ;
-  assign \$299  = \$298  + rt_s;
-  assign \$300  = \$299  + \$249 ;
-  assign \$301  = ins[135:112] + \$signal$262 ;
-  assign \$302  = i__payload == \$signal$244 ;
-  assign \$303  = 2'h2 * \$249 ;
+  assign \$272  = ins[243:238] == 1'h1;
+  assign \$1001  = \$signal$238  * 4'h8;
+  assign \$273  = \$signal$237  >> \$1001 ;
+  assign \$274  = ins[243:238] == 2'h2;
+  assign \$1005  = \$signal$238  * 5'h10;
+  assign \$275  = \$signal$237  >> \$1005 ;
+  assign \$1008  = \$signal$238  * 6'h20;
+  assign \$276  = \$signal$237  >> \$1008 ;
+  assign \$277  = \$274  ? { \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275  } : \$276 ;
+  assign \$278  = \$272  ? { \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273  } : \$277 ;
+  assign \$279  = ~ \$signal$239 ;
+  assign \$280  = \$signal$240  < 1'h1;
+  assign \$281  = \$279  & \$280 ;
+  assign \$282  = \$signal$241  < ln;
+  assign \$283  = \$281  & \$282 ;
+  assign \$284  = ~ \$signal$242 ;
+  assign \$285  = \$283  & \$284 ;
+  assign \$286  = ins[87:64] + \$signal$241 ;
+  assign \$287  = ins[111:88] + \$signal$244 ;
+  assign \$288  = | \$signal$244 ;
+  assign \$289  = \$signal$244  - 1'h1;
+  assign \$290  = ~ \$signal$248 ;
+  assign \$291  = ~ \$signal$249 ;
+  assign \$292  = \$290  & \$291 ;
+  assign \$293  = rt_lane < 1'h1;
+  assign \$294  = \$292  & \$293 ;
+  assign \$295  = \$signal$251  * 4'h8;
+  assign \$296  = ins[87:64] + \$295 ;
+  assign \$297  = \$signal$252  * 1'h1;
+  assign \$298  = \$297  + rt_lane;
+  assign \$299  = \$296  + \$298 ;
+  assign \$300  = ~ \$signal$257 ;
+  assign \$301  = ~ rt_wphase;
+  assign \$302  = \$signal$257  & \$301 ;
+  assign \$303  = \$signal$259  * 2'h2;
   assign \$304  = ins[135:112] + \$303 ;
-  assign \$305  = \$304  + 5'h10;
-  assign \$306  = \$305  + \$signal$263 ;
-  assign \$307  = 2'h3 * \$249 ;
+  assign \$305  = \$304  + rt_s;
+  assign \$306  = \$signal$257  & rt_wphase;
+  assign \$307  = \$signal$259  * 2'h2;
   assign \$308  = ins[135:112] + \$307 ;
-  assign \$309  = \$308  + 5'h10;
-  assign \$310  = \$309  + \$signal$263 ;
-  assign \$311  = \$signal$262  + 1'h1;
-  assign \$312  = \$311  < \$249 ;
-  assign \$313  = 2'h2 * \$249 ;
+  assign \$309  = \$308  + rt_s;
+  assign \$310  = \$309  + \$259 ;
+  assign \$311  = ins[135:112] + \$signal$262 ;
+  assign \$312  = i__payload == \$signal$244 ;
+  assign \$313  = 2'h2 * \$259 ;
   assign \$314  = ins[135:112] + \$313 ;
-  assign \$315  = \$314  + \$signal$244 ;
-  assign \$316  = \$signal$263  - \$signal$265 ;
-  assign \$317  = 2'h2 * \$249 ;
+  assign \$315  = \$314  + 5'h10;
+  assign \$316  = \$315  + \$signal$263 ;
+  assign \$317  = 2'h3 * \$259 ;
   assign \$318  = ins[135:112] + \$317 ;
-  assign \$319  = \$318  + 4'h8;
-  assign \$320  = \$319  + \$signal$244 ;
-  assign \$321  = scan >= 4'h8;
-  assign \$322  = ins[87:64] + scan;
-  assign \$323  = ins[87:64] + 4'h8;
-  assign \$324  = \$323  + scan;
-  assign \$325  = \$signal$267  >= \$signal$130 ;
-  assign \$326  = ins[111:88] + offset;
-  assign \$327  = \$326  + \$signal$267 ;
-  assign \$328  = \$signal$268  < ins[63:48];
-  assign \$329  = ins[5:0] == 4'ha;
-  assign \$330  = \$signal$269  * ins[63:48];
-  assign \$331  = ins[87:64] + \$330 ;
-  assign \$332  = \$signal$267  * ins[63:48];
-  assign \$333  = ins[87:64] + \$332 ;
-  assign \$334  = \$329  ? \$331  : \$333 ;
-  assign \$335  = \$334  + \$signal$268 ;
-  assign \$336  = ~ \$signal$108 ;
-  assign \$337  = \$signal$103  & \$336 ;
-  assign \$338  = ! ctrl_state;
-  assign \$339  = ctrl_state == 1'h1;
-  assign \$340  = ctrl_state == 2'h2;
-  assign \$341  = ctrl_state == 2'h3;
-  assign \$342  = ctrl_state == 3'h4;
-  assign \$343  = ctrl_state == 3'h5;
-  assign \$344  = ctrl_state == 3'h6;
-  assign \$345  = ctrl_state == 3'h7;
-  assign \$346  = ctrl_state == 4'h8;
-  assign \$347  = ctrl_state == 4'h9;
-  assign \$348  = ctrl_state == 4'ha;
-  assign \$349  = ctrl_state == 4'hb;
-  assign \$350  = ctrl_state == 4'hc;
-  assign \$351  = ctrl_state == 4'hd;
-  assign \$352  = ctrl_state == 4'he;
-  assign \$353  = ctrl_state == 4'hf;
-  assign \$354  = ctrl_state == 5'h10;
-  assign \$355  = ctrl_state == 5'h11;
-  assign \$356  = ctrl_state == 5'h12;
-  assign \$357  = ctrl_state == 5'h13;
-  assign \$358  = ctrl_state == 5'h14;
-  assign \$359  = ctrl_state == 5'h15;
-  assign \$360  = ctrl_state == 5'h16;
-  assign \$361  = ctrl_state == 5'h17;
-  assign \$362  = ctrl_state == 5'h18;
-  assign \$363  = wr_addr == 4'hc;
-  assign \$364  = wr_en & \$363 ;
-  assign \$365  = wr_addr == 5'h10;
-  assign \$366  = wr_en & \$365 ;
-  assign \$367  = ~ \$signal$155 ;
-  assign \$368  = \$367  | eng_ready;
-  assign \$369  = cnt0 - 1'h1;
-  assign \$370  = idx0 == \$369 ;
-  assign \$371  = idx0 + 1'h1;
-  assign \$372  = \$371  < cnt0;
-  assign \$373  = idx1 + 1'h1;
-  assign \$374  = \$373  < cnt1;
-  assign \$375  = idx0 + 1'h1;
-  assign \$376  = \$signal$151  + sa0;
-  assign \$377  = \$signal$153  + sb0;
-  assign \$378  = idx1 + 1'h1;
-  assign \$379  = \$signal$282  + sa1;
-  assign \$380  = \$signal$282  + sa1;
-  assign \$381  = \$signal$284  + sb1;
-  assign \$382  = \$signal$284  + sb1;
-  assign \$383  = idx2 + 1'h1;
-  assign \$384  = \$signal$287  + sa2;
-  assign \$385  = \$signal$287  + sa2;
-  assign \$386  = \$signal$287  + sa2;
-  assign \$387  = \$signal$289  + sb2;
-  assign \$388  = \$signal$289  + sb2;
-  assign \$389  = \$signal$289  + sb2;
-  assign \$390  = idx2 + 1'h1;
-  assign \$391  = \$390  >= cnt2;
-  assign \$392  = ~ a_in__valid;
-  assign \$393  = ~ gm_afeed_done;
-  assign \$394  = \$392  & \$393 ;
-  assign \$395  = gm_lane == 3'h4;
-  assign \$396  = \$signal$209  * 3'h4;
-  assign \$397  = \$396  + gm_lane;
-  assign \$398  = \$397  >= m_eff;
-  assign \$399  = \$395  | \$398 ;
-  assign \$400  = ~ \$399 ;
-  assign \$401  = \$394  & \$400 ;
-  assign \$402  = gm_lane + 1'h1;
-  assign \$403  = ~ a_in__valid;
-  assign \$404  = ~ gm_afeed_done;
-  assign \$405  = \$403  & \$404 ;
-  assign \$406  = gm_lane == 3'h4;
-  assign \$407  = \$signal$209  * 3'h4;
-  assign \$408  = \$407  + gm_lane;
-  assign \$409  = \$408  >= m_eff;
-  assign \$410  = \$406  | \$409 ;
-  assign \$411  = \$405  & \$410 ;
-  assign \$412  = a_in__valid & a_in__ready;
-  assign \$413  = \$signal$210  + 1'h1;
-  assign \$414  = \$413  < ins[47:32];
-  assign \$415  = \$signal$210  + 1'h1;
-  assign \$416  = \$signal$209  + 1'h1;
-  assign \$417  = \$signal$209  + 1'h1;
-  assign \$418  = \$417  >= \$44 [15:0];
-  assign \$419  = gc_lane + 1'h1;
-  assign \$420  = gc_lane == 2'h3;
-  assign \$421  = \$signal$213  * 3'h4;
-  assign \$422  = \$421  + gc_lane;
-  assign \$423  = \$422  + 1'h1;
-  assign \$424  = \$423  >= m_eff;
-  assign \$425  = \$420  | \$424 ;
-  assign \$426  = \$signal$215  + 1'h1;
-  assign \$427  = \$426  < ins[63:48];
-  assign \$428  = \$signal$215  + 1'h1;
-  assign \$429  = \$signal$213  + 1'h1;
-  assign \$430  = \$signal$118  + 1'h1;
-  assign \$431  = busy_dma + 1'h1;
-  assign \$432  = busy_gemm + 1'h1;
-  assign \$433  = busy_act + 1'h1;
-  assign \$434  = busy_route + 1'h1;
-  assign \$435  = busy_vector + 1'h1;
-  assign \$436  = busy_move + 1'h1;
-  assign \$437  = pc >= 7'h40;
-  assign \$438  = ! ins[5:0];
-  assign \$439  = | decode_err;
-  assign \$440  = ins[5:0] == 1'h1;
-  assign \$441  = ins[5:0] == 2'h2;
-  assign \$442  = ins[5:0] == 2'h3;
-  assign \$443  = ins[5:0] == 3'h4;
-  assign \$444  = ins[5:0] == 3'h5;
-  assign \$445  = ins[5:0] == 3'h6;
-  assign \$446  = ins[5:0] == 4'h8;
-  assign \$447  = ins[5:0] == 3'h7;
-  assign \$448  = ins[5:0] == 4'hc;
-  assign \$449  = ins[5:0] == 4'hd;
-  assign \$450  = ins[5:0] == 4'ha;
-  assign \$451  = ins[5:0] == 4'hb;
-  assign \$452  = \$signal$121  + 1'h1;
-  assign \$455  = ins[47:32] * ins[63:48];
-  assign \$458  = ins[5:0] == 2'h3;
-  assign \$459  = \$signal$232  + 1'h1;
-  assign \$460  = \$signal$232  == \$signal$298 ;
-  assign \$461  = eng_run & \$460 ;
-  assign \$462  = ins[5:0] == 3'h5;
-  assign \$463  = pc + 1'h1;
-  assign \$464  = \$signal$121  + 1'h1;
-  assign \$465  = ~ rd_busy;
-  assign \$466  = pc + 1'h1;
-  assign \$467  = \$signal$121  + 1'h1;
-  assign \$468  = ~ \$signal$235 ;
-  assign \$469  = rd_data__valid & \$468 ;
-  assign \$470  = \$signal$236  < ln;
-  assign \$471  = \$signal$236  + 1'h1;
-  assign \$472  = \$signal$238  + 1'h1;
-  assign \$473  = \$signal$238  + 1'h1;
-  assign \$474  = ins[243:238] == 1'h1;
-  assign \$475  = ins[243:238] == 2'h2;
-  assign \$476  = \$475  ? 2'h2 : 2'h1;
-  assign \$477  = \$474  ? 3'h4 : { 1'h0, \$476  };
-  assign \$478  = \$473  >= \$477 ;
-  assign \$479  = ~ rd_busy;
-  assign \$480  = ~ \$signal$235 ;
-  assign \$481  = \$479  & \$480 ;
-  assign \$482  = \$signal$236  >= ln;
-  assign \$483  = \$481  & \$482 ;
-  assign \$484  = pc + 1'h1;
-  assign \$485  = \$signal$121  + 1'h1;
-  assign \$486  = ~ \$signal$239 ;
-  assign \$487  = \$signal$240  < 1'h1;
-  assign \$488  = \$486  & \$487 ;
-  assign \$489  = \$signal$241  < ln;
-  assign \$490  = \$488  & \$489 ;
-  assign \$491  = ~ \$signal$242 ;
-  assign \$492  = \$490  & \$491 ;
-  assign \$493  = \$signal$241  + 1'h1;
-  assign \$494  = \$signal$240  + 1'h1;
-  assign \$495  = ~ \$signal$239 ;
-  assign \$496  = ~ \$signal$242 ;
-  assign \$497  = \$495  & \$496 ;
-  assign \$498  = | \$signal$240 ;
-  assign \$499  = \$497  & \$498 ;
-  assign \$500  = \$signal$240  == 1'h1;
-  assign \$501  = \$signal$241  >= ln;
-  assign \$502  = \$500  | \$501 ;
-  assign \$503  = \$499  & \$502 ;
-  assign \$504  = wr_data__valid & wr_data__ready;
-  assign \$505  = ~ wr_busy;
-  assign \$506  = \$signal$241  >= ln;
+  assign \$319  = \$318  + 5'h10;
+  assign \$320  = \$319  + \$signal$263 ;
+  assign \$321  = \$signal$262  + 1'h1;
+  assign \$322  = \$321  < \$259 ;
+  assign \$323  = 2'h2 * \$259 ;
+  assign \$324  = ins[135:112] + \$323 ;
+  assign \$325  = \$324  + \$signal$244 ;
+  assign \$326  = \$signal$263  - \$signal$265 ;
+  assign \$327  = 2'h2 * \$259 ;
+  assign \$328  = ins[135:112] + \$327 ;
+  assign \$329  = \$328  + 4'h8;
+  assign \$330  = \$329  + \$signal$244 ;
+  assign \$331  = scan >= 4'h8;
+  assign \$332  = ins[87:64] + scan;
+  assign \$333  = ins[87:64] + 4'h8;
+  assign \$334  = \$333  + scan;
+  assign \$335  = \$signal$267  >= \$signal$130 ;
+  assign \$336  = ins[111:88] + offset;
+  assign \$337  = \$336  + \$signal$267 ;
+  assign \$338  = \$signal$268  < ins[63:48];
+  assign \$339  = ins[5:0] == 4'ha;
+  assign \$340  = \$signal$269  * ins[63:48];
+  assign \$341  = ins[87:64] + \$340 ;
+  assign \$342  = \$signal$267  * ins[63:48];
+  assign \$343  = ins[87:64] + \$342 ;
+  assign \$344  = \$339  ? \$341  : \$343 ;
+  assign \$345  = \$344  + \$signal$268 ;
+  assign \$346  = ~ \$signal$108 ;
+  assign \$347  = \$signal$103  & \$346 ;
+  assign \$348  = ! ctrl_state;
+  assign \$349  = ctrl_state == 1'h1;
+  assign \$350  = ctrl_state == 2'h2;
+  assign \$351  = ctrl_state == 2'h3;
+  assign \$352  = ctrl_state == 3'h4;
+  assign \$353  = ctrl_state == 3'h5;
+  assign \$354  = ctrl_state == 3'h6;
+  assign \$355  = ctrl_state == 3'h7;
+  assign \$356  = ctrl_state == 4'h8;
+  assign \$357  = ctrl_state == 4'h9;
+  assign \$358  = ctrl_state == 4'ha;
+  assign \$359  = ctrl_state == 4'hb;
+  assign \$360  = ctrl_state == 4'hc;
+  assign \$361  = ctrl_state == 4'hd;
+  assign \$362  = ctrl_state == 4'he;
+  assign \$363  = ctrl_state == 4'hf;
+  assign \$364  = ctrl_state == 5'h10;
+  assign \$365  = ctrl_state == 5'h11;
+  assign \$366  = ctrl_state == 5'h12;
+  assign \$367  = ctrl_state == 5'h13;
+  assign \$368  = ctrl_state == 5'h14;
+  assign \$369  = ctrl_state == 5'h15;
+  assign \$370  = ctrl_state == 5'h16;
+  assign \$371  = ctrl_state == 5'h17;
+  assign \$372  = ctrl_state == 5'h18;
+  assign \$373  = wr_addr == 4'hc;
+  assign \$374  = wr_en & \$373 ;
+  assign \$375  = wr_addr == 5'h10;
+  assign \$376  = wr_en & \$375 ;
+  assign \$377  = ~ \$signal$155 ;
+  assign \$378  = \$377  | eng_ready;
+  assign \$379  = cnt0 - 1'h1;
+  assign \$380  = idx0 == \$379 ;
+  assign \$381  = idx0 + 1'h1;
+  assign \$382  = \$381  < cnt0;
+  assign \$383  = idx1 + 1'h1;
+  assign \$384  = \$383  < cnt1;
+  assign \$385  = idx0 + 1'h1;
+  assign \$386  = \$signal$151  + sa0;
+  assign \$387  = \$signal$153  + sb0;
+  assign \$388  = idx1 + 1'h1;
+  assign \$389  = \$signal$282  + sa1;
+  assign \$390  = \$signal$282  + sa1;
+  assign \$391  = \$signal$284  + sb1;
+  assign \$392  = \$signal$284  + sb1;
+  assign \$393  = idx2 + 1'h1;
+  assign \$394  = \$signal$287  + sa2;
+  assign \$395  = \$signal$287  + sa2;
+  assign \$396  = \$signal$287  + sa2;
+  assign \$397  = \$signal$289  + sb2;
+  assign \$398  = \$signal$289  + sb2;
+  assign \$399  = \$signal$289  + sb2;
+  assign \$400  = idx2 + 1'h1;
+  assign \$401  = \$400  >= cnt2;
+  assign \$402  = ~ a_in__valid;
+  assign \$403  = ~ gm_afeed_done;
+  assign \$404  = \$402  & \$403 ;
+  assign \$405  = gm_lane == 3'h4;
+  assign \$406  = \$signal$209  * 3'h4;
+  assign \$407  = \$406  + gm_lane;
+  assign \$408  = \$407  >= m_eff;
+  assign \$409  = \$405  | \$408 ;
+  assign \$410  = ~ \$409 ;
+  assign \$411  = \$404  & \$410 ;
+  assign \$412  = gm_lane + 1'h1;
+  assign \$413  = ~ a_in__valid;
+  assign \$414  = ~ gm_afeed_done;
+  assign \$415  = \$413  & \$414 ;
+  assign \$416  = gm_lane == 3'h4;
+  assign \$417  = \$signal$209  * 3'h4;
+  assign \$418  = \$417  + gm_lane;
+  assign \$419  = \$418  >= m_eff;
+  assign \$420  = \$416  | \$419 ;
+  assign \$421  = \$415  & \$420 ;
+  assign \$422  = a_in__valid & a_in__ready;
+  assign \$423  = \$signal$210  + 1'h1;
+  assign \$424  = \$423  < ins[47:32];
+  assign \$425  = \$signal$210  + 1'h1;
+  assign \$426  = \$signal$209  + 1'h1;
+  assign \$427  = \$signal$209  + 1'h1;
+  assign \$428  = \$427  >= \$44 [15:0];
+  assign \$429  = gc_lane + 1'h1;
+  assign \$430  = gc_lane == 2'h3;
+  assign \$431  = \$signal$213  * 3'h4;
+  assign \$432  = \$431  + gc_lane;
+  assign \$433  = \$432  + 1'h1;
+  assign \$434  = \$433  >= m_eff;
+  assign \$435  = \$430  | \$434 ;
+  assign \$436  = \$signal$215  + 1'h1;
+  assign \$437  = \$436  < ins[63:48];
+  assign \$438  = \$signal$215  + 1'h1;
+  assign \$439  = \$signal$213  + 1'h1;
+  assign \$440  = \$signal$118  + 1'h1;
+  assign \$441  = busy_dma + 1'h1;
+  assign \$442  = busy_gemm + 1'h1;
+  assign \$443  = busy_act + 1'h1;
+  assign \$444  = busy_route + 1'h1;
+  assign \$445  = busy_vector + 1'h1;
+  assign \$446  = busy_move + 1'h1;
+  assign \$447  = pc >= 7'h40;
+  assign \$448  = ! ins[5:0];
+  assign \$449  = | decode_err;
+  assign \$450  = ins[5:0] == 1'h1;
+  assign \$451  = ins[5:0] == 2'h2;
+  assign \$452  = ins[5:0] == 2'h3;
+  assign \$453  = ins[5:0] == 3'h4;
+  assign \$454  = ins[5:0] == 3'h5;
+  assign \$455  = ins[5:0] == 3'h6;
+  assign \$456  = ins[5:0] == 4'h8;
+  assign \$457  = ins[5:0] == 3'h7;
+  assign \$458  = ins[5:0] == 4'hc;
+  assign \$459  = ins[5:0] == 4'hd;
+  assign \$460  = ins[5:0] == 4'ha;
+  assign \$461  = ins[5:0] == 4'hb;
+  assign \$462  = \$signal$121  + 1'h1;
+  assign \$465  = ins[47:32] * ins[63:48];
+  assign \$468  = ins[5:0] == 2'h3;
+  assign \$469  = \$signal$232  + 1'h1;
+  assign \$470  = \$signal$232  == \$signal$298 ;
+  assign \$471  = eng_run & \$470 ;
+  assign \$472  = ins[5:0] == 3'h5;
+  assign \$473  = pc + 1'h1;
+  assign \$474  = \$signal$121  + 1'h1;
+  assign \$475  = ~ rd_busy;
+  assign \$476  = pc + 1'h1;
+  assign \$477  = \$signal$121  + 1'h1;
+  assign \$478  = ~ \$signal$235 ;
+  assign \$479  = rd_data__valid & \$478 ;
+  assign \$480  = \$signal$236  < ln;
+  assign \$481  = \$signal$236  + 1'h1;
+  assign \$482  = \$signal$238  + 1'h1;
+  assign \$483  = \$signal$238  + 1'h1;
+  assign \$484  = ins[243:238] == 1'h1;
+  assign \$485  = ins[243:238] == 2'h2;
+  assign \$486  = \$485  ? 2'h2 : 2'h1;
+  assign \$487  = \$484  ? 3'h4 : { 1'h0, \$486  };
+  assign \$488  = \$483  >= \$487 ;
+  assign \$489  = ~ rd_busy;
+  assign \$490  = ~ \$signal$235 ;
+  assign \$491  = \$489  & \$490 ;
+  assign \$492  = \$signal$236  >= ln;
+  assign \$493  = \$491  & \$492 ;
+  assign \$494  = pc + 1'h1;
+  assign \$495  = \$signal$121  + 1'h1;
+  assign \$496  = ~ \$signal$239 ;
+  assign \$497  = \$signal$240  < 1'h1;
+  assign \$498  = \$496  & \$497 ;
+  assign \$499  = \$signal$241  < ln;
+  assign \$500  = \$498  & \$499 ;
+  assign \$501  = ~ \$signal$242 ;
+  assign \$502  = \$500  & \$501 ;
+  assign \$503  = \$signal$241  + 1'h1;
+  assign \$504  = \$signal$240  + 1'h1;
+  assign \$505  = ~ \$signal$239 ;
+  assign \$506  = ~ \$signal$242 ;
   assign \$507  = \$505  & \$506 ;
-  assign \$508  = ~ \$signal$239 ;
+  assign \$508  = | \$signal$240 ;
   assign \$509  = \$507  & \$508 ;
-  assign \$510  = ~ \$signal$242 ;
-  assign \$511  = \$509  & \$510 ;
-  assign \$512  = pc + 1'h1;
-  assign \$513  = \$signal$121  + 1'h1;
-  assign \$514  = \$signal$244  + 1'h1;
-  assign \$515  = \$signal$244  == 4'h8;
-  assign \$516  = ~ \$signal$248 ;
-  assign \$517  = ~ \$signal$249 ;
-  assign \$518  = \$516  & \$517 ;
-  assign \$519  = rt_lane < 1'h1;
-  assign \$520  = \$518  & \$519 ;
-  assign \$521  = \$signal$252  * 1'h1;
-  assign \$522  = \$521  + rt_lane;
-  assign \$523  = \$522  < 4'h8;
-  assign \$524  = rt_lane + 1'h1;
-  assign \$525  = \$signal$308  ? i__payload[12:0] : 13'h0000;
-  assign \$527  = scores__valid & scores__ready;
-  assign \$528  = \$signal$252  + 1'h1;
-  assign \$529  = \$528  * 1'h1;
-  assign \$530  = \$529  < 4'h8;
-  assign \$531  = \$signal$252  + 1'h1;
-  assign \$532  = \$signal$251  + 1'h1;
-  assign \$533  = \$signal$251  + 1'h1;
-  assign \$534  = \$533  >= m_eff;
-  assign \$535  = ~ \$signal$257 ;
-  assign \$536  = routes__valid & \$535 ;
-  assign \$537  = ~ rt_wphase;
-  assign \$538  = \$signal$257  & \$537 ;
-  assign \$539  = \$signal$257  & rt_wphase;
-  assign \$540  = rt_s == 1'h1;
-  assign \$541  = \$signal$261 [19] | \$540 ;
-  assign \$542  = \$signal$259  + 1'h1;
-  assign \$543  = rt_s + 1'h1;
-  assign \$544  = \$signal$259  >= m_eff;
-  assign \$545  = i__payload == \$signal$244 ;
-  assign \$546  = \$signal$263  + 1'h1;
-  assign \$547  = \$signal$262  + 1'h1;
-  assign \$548  = \$547  < \$249 ;
-  assign \$549  = \$signal$262  + 1'h1;
-  assign \$550  = \$signal$312  == 1'h1;
-  assign \$551  = \$signal$264  + 1'h1;
-  assign \$552  = \$signal$312  + 1'h1;
-  assign \$553  = \$signal$244  + 1'h1;
-  assign \$554  = \$signal$244  + 1'h1;
-  assign \$555  = \$554  < 4'h8;
-  assign \$556  = pc + 1'h1;
-  assign \$557  = \$signal$121  + 1'h1;
-  assign \$558  = scan >= 4'h8;
-  assign \$559  = \$signal$121  + 1'h1;
-  assign \$560  = scan + 1'h1;
-  assign \$561  = | i__payload;
-  assign \$562  = pc + 1'h1;
-  assign \$563  = \$signal$121  + 1'h1;
-  assign \$564  = \$signal$267  >= \$signal$130 ;
-  assign \$565  = pc + 1'h1;
-  assign \$566  = \$signal$121  + 1'h1;
-  assign \$567  = $signed(i__payload) < $signed(1'h0);
-  assign \$568  = $signed(i__payload) >= $signed({ 1'h0, m_eff });
-  assign \$569  = \$567  | \$568 ;
-  assign \$570  = \$signal$268  < ins[63:48];
-  assign \$571  = \$signal$268  + 1'h1;
-  assign \$572  = ins[5:0] == 4'ha;
-  assign \$573  = \$signal$267  * ins[63:48];
-  assign \$574  = ins[135:112] + \$573 ;
-  assign \$575  = \$signal$269  * ins[63:48];
-  assign \$576  = ins[135:112] + \$575 ;
-  assign \$577  = \$572  ? \$574  : \$576 ;
-  assign \$578  = \$577  + \$signal$268 ;
-  assign \$579  = \$signal$268  >= ins[63:48];
-  assign \$580  = \$579  & \$signal$270 ;
-  assign \$581  = \$signal$267  + 1'h1;
-  assign \$582  = ~ rd_busy;
-  assign \$583  = ~ wr_busy;
-  assign \$584  = \$582  & \$583 ;
-  assign \$585  = ~ \$signal$108 ;
-  assign \$586  = \$signal$103  & \$585 ;
+  assign \$510  = \$signal$240  == 1'h1;
+  assign \$511  = \$signal$241  >= ln;
+  assign \$512  = \$510  | \$511 ;
+  assign \$513  = \$509  & \$512 ;
+  assign \$514  = wr_data__valid & wr_data__ready;
+  assign \$515  = ~ wr_busy;
+  assign \$516  = \$signal$241  >= ln;
+  assign \$517  = \$515  & \$516 ;
+  assign \$518  = ~ \$signal$239 ;
+  assign \$519  = \$517  & \$518 ;
+  assign \$520  = ~ \$signal$242 ;
+  assign \$521  = \$519  & \$520 ;
+  assign \$522  = pc + 1'h1;
+  assign \$523  = \$signal$121  + 1'h1;
+  assign \$524  = \$signal$244  + 1'h1;
+  assign \$525  = \$signal$244  == 4'h8;
+  assign \$526  = ~ \$signal$248 ;
+  assign \$527  = ~ \$signal$249 ;
+  assign \$528  = \$526  & \$527 ;
+  assign \$529  = rt_lane < 1'h1;
+  assign \$530  = \$528  & \$529 ;
+  assign \$531  = \$signal$252  * 1'h1;
+  assign \$532  = \$531  + rt_lane;
+  assign \$533  = \$532  < 4'h8;
+  assign \$534  = rt_lane + 1'h1;
+  assign \$535  = \$signal$308  ? i__payload[12:0] : 13'h0000;
+  assign \$537  = scores__valid & scores__ready;
+  assign \$538  = \$signal$252  + 1'h1;
+  assign \$539  = \$538  * 1'h1;
+  assign \$540  = \$539  < 4'h8;
+  assign \$541  = \$signal$252  + 1'h1;
+  assign \$542  = \$signal$251  + 1'h1;
+  assign \$543  = \$signal$251  + 1'h1;
+  assign \$544  = \$543  >= m_eff;
+  assign \$545  = ~ \$signal$257 ;
+  assign \$546  = routes__valid & \$545 ;
+  assign \$547  = ~ rt_wphase;
+  assign \$548  = \$signal$257  & \$547 ;
+  assign \$549  = \$signal$257  & rt_wphase;
+  assign \$550  = rt_s == 1'h1;
+  assign \$551  = \$signal$261 [19] | \$550 ;
+  assign \$552  = \$signal$259  + 1'h1;
+  assign \$553  = rt_s + 1'h1;
+  assign \$554  = \$signal$259  >= m_eff;
+  assign \$555  = i__payload == \$signal$244 ;
+  assign \$556  = \$signal$263  + 1'h1;
+  assign \$557  = \$signal$262  + 1'h1;
+  assign \$558  = \$557  < \$259 ;
+  assign \$559  = \$signal$262  + 1'h1;
+  assign \$560  = \$signal$312  == 1'h1;
+  assign \$561  = \$signal$264  + 1'h1;
+  assign \$562  = \$signal$312  + 1'h1;
+  assign \$563  = \$signal$244  + 1'h1;
+  assign \$564  = \$signal$244  + 1'h1;
+  assign \$565  = \$564  < 4'h8;
+  assign \$566  = pc + 1'h1;
+  assign \$567  = \$signal$121  + 1'h1;
+  assign \$568  = scan >= 4'h8;
+  assign \$569  = \$signal$121  + 1'h1;
+  assign \$570  = scan + 1'h1;
+  assign \$571  = | i__payload;
+  assign \$572  = pc + 1'h1;
+  assign \$573  = \$signal$121  + 1'h1;
+  assign \$574  = \$signal$267  >= \$signal$130 ;
+  assign \$575  = pc + 1'h1;
+  assign \$576  = \$signal$121  + 1'h1;
+  assign \$577  = $signed(i__payload) < $signed(1'h0);
+  assign \$578  = $signed(i__payload) >= $signed({ 1'h0, m_eff });
+  assign \$579  = \$577  | \$578 ;
+  assign \$580  = \$signal$268  < ins[63:48];
+  assign \$581  = \$signal$268  + 1'h1;
+  assign \$582  = ins[5:0] == 4'ha;
+  assign \$583  = \$signal$267  * ins[63:48];
+  assign \$584  = ins[135:112] + \$583 ;
+  assign \$585  = \$signal$269  * ins[63:48];
+  assign \$586  = ins[135:112] + \$585 ;
+  assign \$587  = \$582  ? \$584  : \$586 ;
+  assign \$588  = \$587  + \$signal$268 ;
+  assign \$589  = \$signal$268  >= ins[63:48];
+  assign \$590  = \$589  & \$signal$270 ;
+  assign \$591  = \$signal$267  + 1'h1;
+  assign \$592  = ~ rd_busy;
+  assign \$593  = ~ wr_busy;
+  assign \$594  = \$592  & \$593 ;
+  assign \$595  = ~ \$signal$108 ;
+  assign \$596  = \$signal$103  & \$595 ;
   always @(posedge clk)
-    \$signal$119  <= \$587 ;
+    \$signal$119  <= \$597 ;
   always @(posedge clk)
-    host_size <= \$588 ;
+    host_size <= \$598 ;
   always @(posedge clk)
-    rsel <= \$589 ;
+    rsel <= \$599 ;
   always @(posedge clk)
-    \$signal$155  <= \$590 ;
+    \$signal$155  <= \$600 ;
   always @(posedge clk)
-    \$signal$168  <= \$591 ;
+    \$signal$168  <= \$601 ;
   always @(posedge clk)
-    idx0 <= \$592 ;
+    idx0 <= \$602 ;
   always @(posedge clk)
-    \$signal$151  <= \$593 ;
+    \$signal$151  <= \$603 ;
   always @(posedge clk)
-    \$signal$153  <= \$594 ;
+    \$signal$153  <= \$604 ;
   always @(posedge clk)
-    idx1 <= \$595 ;
+    idx1 <= \$605 ;
   always @(posedge clk)
-    \$signal$282  <= \$596 ;
+    \$signal$282  <= \$606 ;
   always @(posedge clk)
-    \$signal$284  <= \$597 ;
+    \$signal$284  <= \$607 ;
   always @(posedge clk)
-    idx2 <= \$598 ;
+    idx2 <= \$608 ;
   always @(posedge clk)
-    \$signal$287  <= \$599 ;
+    \$signal$287  <= \$609 ;
   always @(posedge clk)
-    \$signal$289  <= \$600 ;
+    \$signal$289  <= \$610 ;
   always @(posedge clk)
-    \$signal$275  <= \$601 ;
+    \$signal$275  <= \$611 ;
   always @(posedge clk)
-    \$signal$292  <= \$602 ;
+    \$signal$292  <= \$612 ;
   always @(posedge clk)
-    gm_cap_lane <= \$603 ;
+    gm_cap_lane <= \$613 ;
   always @(posedge clk)
-    gm_lane <= \$604 ;
+    gm_lane <= \$614 ;
   always @(posedge clk)
-    a_in__payload <= \$605 ;
+    a_in__payload <= \$615 ;
   always @(posedge clk)
-    a_in__valid <= \$606 ;
+    a_in__valid <= \$616 ;
   always @(posedge clk)
-    \$signal$210  <= \$607 ;
+    \$signal$210  <= \$617 ;
   always @(posedge clk)
-    \$signal$209  <= \$608 ;
+    \$signal$209  <= \$618 ;
   always @(posedge clk)
-    gm_afeed_done <= \$609 ;
+    gm_afeed_done <= \$619 ;
   always @(posedge clk)
-    gc_lane <= \$610 ;
+    gc_lane <= \$620 ;
   always @(posedge clk)
-    \$signal$215  <= \$611 ;
+    \$signal$215  <= \$621 ;
   always @(posedge clk)
-    \$signal$213  <= \$612 ;
+    \$signal$213  <= \$622 ;
   always @(posedge clk)
-    \$signal$118  <= \$613 ;
+    \$signal$118  <= \$623 ;
   always @(posedge clk)
-    busy_dma <= \$614 ;
+    busy_dma <= \$624 ;
   always @(posedge clk)
-    busy_gemm <= \$615 ;
+    busy_gemm <= \$625 ;
   always @(posedge clk)
-    busy_act <= \$616 ;
+    busy_act <= \$626 ;
   always @(posedge clk)
-    busy_route <= \$617 ;
+    busy_route <= \$627 ;
   always @(posedge clk)
-    busy_vector <= \$618 ;
+    busy_vector <= \$628 ;
   always @(posedge clk)
-    busy_move <= \$619 ;
+    busy_move <= \$629 ;
   always @(posedge clk)
-    \$signal$108  <= \$620 ;
+    \$signal$108  <= \$630 ;
   always @(posedge clk)
-    \$signal$109  <= \$621 ;
+    \$signal$109  <= \$631 ;
   always @(posedge clk)
-    err <= \$622 ;
+    err <= \$632 ;
   always @(posedge clk)
-    pc <= \$623 ;
+    pc <= \$633 ;
   always @(posedge clk)
-    \$signal$121  <= \$624 ;
+    \$signal$121  <= \$634 ;
   always @(posedge clk)
-    \$signal$143  <= \$625 ;
+    \$signal$143  <= \$635 ;
   always @(posedge clk)
-    exp_active <= \$626 ;
+    exp_active <= \$636 ;
   always @(posedge clk)
-    \$signal$145  <= \$627 ;
+    \$signal$145  <= \$637 ;
   always @(posedge clk)
-    ctrl_state <= \$628 ;
+    ctrl_state <= \$638 ;
   always @(posedge clk)
-    stop_code <= \$629 ;
+    stop_code <= \$639 ;
   always @(posedge clk)
-    cur_unit <= \$630 ;
+    cur_unit <= \$640 ;
   always @(posedge clk)
-    ins <= \$631 ;
+    ins <= \$641 ;
   always @(posedge clk)
-    rq_width <= \$632 ;
+    rq_width <= \$642 ;
   always @(posedge clk)
-    \$signal$159  <= \$633 ;
+    \$signal$159  <= \$643 ;
   always @(posedge clk)
-    shift <= \$634 ;
+    shift <= \$644 ;
   always @(posedge clk)
-    cnt0 <= \$635 ;
+    cnt0 <= \$645 ;
   always @(posedge clk)
-    cnt1 <= \$636 ;
+    cnt1 <= \$646 ;
   always @(posedge clk)
-    cnt2 <= \$637 ;
+    cnt2 <= \$647 ;
   always @(posedge clk)
-    sa0 <= \$638 ;
+    sa0 <= \$648 ;
   always @(posedge clk)
-    sa1 <= \$639 ;
+    sa1 <= \$649 ;
   always @(posedge clk)
-    sa2 <= \$640 ;
+    sa2 <= \$650 ;
   always @(posedge clk)
-    sb0 <= \$641 ;
+    sb0 <= \$651 ;
   always @(posedge clk)
-    sb1 <= \$642 ;
+    sb1 <= \$652 ;
   always @(posedge clk)
-    sb2 <= \$643 ;
+    sb2 <= \$653 ;
   always @(posedge clk)
-    \$signal$298  <= \$644 ;
+    \$signal$298  <= \$654 ;
   always @(posedge clk)
-    \$signal$232  <= \$645 ;
+    \$signal$232  <= \$655 ;
   always @(posedge clk)
-    \$signal$235  <= \$646 ;
+    \$signal$235  <= \$656 ;
   always @(posedge clk)
-    \$signal$238  <= \$647 ;
+    \$signal$238  <= \$657 ;
   always @(posedge clk)
-    \$signal$236  <= \$648 ;
+    \$signal$236  <= \$658 ;
   always @(posedge clk)
-    \$signal$239  <= \$649 ;
+    \$signal$239  <= \$659 ;
   always @(posedge clk)
-    \$signal$240  <= \$650 ;
+    \$signal$240  <= \$660 ;
   always @(posedge clk)
-    \$signal$241  <= \$651 ;
+    \$signal$241  <= \$661 ;
   always @(posedge clk)
-    \$signal$242  <= \$652 ;
+    \$signal$242  <= \$662 ;
   always @(posedge clk)
-    wr_data__payload <= \$653 ;
+    wr_data__payload <= \$663 ;
   always @(posedge clk)
-    \$signal$244  <= \$654 ;
+    \$signal$244  <= \$664 ;
   always @(posedge clk)
-    \$signal$267  <= \$655 ;
+    \$signal$267  <= \$665 ;
   always @(posedge clk)
-    \$signal$146  <= \$656 ;
+    \$signal$146  <= \$666 ;
   always @(posedge clk)
-    scores_len <= \$657 ;
+    scores_len <= \$667 ;
   always @(posedge clk)
-    \$signal$237  <= \$658 ;
+    \$signal$237  <= \$668 ;
   always @(posedge clk)
-    \$signal$303  <= \$659 ;
+    \$signal$303  <= \$669 ;
   always @(posedge clk)
-    \$signal$251  <= \$660 ;
+    \$signal$251  <= \$670 ;
   always @(posedge clk)
-    \$signal$252  <= \$661 ;
+    \$signal$252  <= \$671 ;
   always @(posedge clk)
-    rt_lane <= \$662 ;
+    rt_lane <= \$672 ;
   always @(posedge clk)
-    \$signal$248  <= \$663 ;
+    \$signal$248  <= \$673 ;
   always @(posedge clk)
-    \$signal$249  <= \$664 ;
+    \$signal$249  <= \$674 ;
   always @(posedge clk)
-    \$signal$306  <= \$665 ;
+    \$signal$306  <= \$675 ;
   always @(posedge clk)
-    \$signal$259  <= \$666 ;
+    \$signal$259  <= \$676 ;
   always @(posedge clk)
-    rt_s <= \$667 ;
+    rt_s <= \$677 ;
   always @(posedge clk)
-    \$signal$257  <= \$668 ;
+    \$signal$257  <= \$678 ;
   always @(posedge clk)
-    rt_wphase <= \$669 ;
+    rt_wphase <= \$679 ;
   always @(posedge clk)
-    \$signal$308  <= \$670 ;
+    \$signal$308  <= \$680 ;
   always @(posedge clk)
-    rt_word <= \$671 ;
+    rt_word <= \$681 ;
   always @(posedge clk)
-    \$signal$261  <= \$672 ;
+    \$signal$261  <= \$682 ;
   always @(posedge clk)
-    \$signal$262  <= \$673 ;
+    \$signal$262  <= \$683 ;
   always @(posedge clk)
-    \$signal$264  <= \$674 ;
+    \$signal$264  <= \$684 ;
   always @(posedge clk)
-    \$signal$312  <= \$675 ;
+    \$signal$312  <= \$685 ;
   always @(posedge clk)
-    \$signal$263  <= \$676 ;
+    \$signal$263  <= \$686 ;
   always @(posedge clk)
-    \$signal$265  <= \$677 ;
+    \$signal$265  <= \$687 ;
   always @(posedge clk)
-    scan <= \$678 ;
+    scan <= \$688 ;
   always @(posedge clk)
-    \$signal$133  <= \$679 ;
+    \$signal$133  <= \$689 ;
   always @(posedge clk)
-    \$signal$130  <= \$680 ;
+    \$signal$130  <= \$690 ;
   always @(posedge clk)
-    offset <= \$681 ;
+    offset <= \$691 ;
   always @(posedge clk)
-    \$signal$269  <= \$682 ;
+    \$signal$269  <= \$692 ;
   always @(posedge clk)
-    \$signal$268  <= \$683 ;
+    \$signal$268  <= \$693 ;
   always @(posedge clk)
-    \$signal$270  <= \$684 ;
+    \$signal$270  <= \$694 ;
   always @(posedge clk)
-    \$signal$271  <= \$685 ;
+    \$signal$271  <= \$695 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -9993,14 +10020,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign _3_ = $signed(\$40 );
   assign _4_ = $signed(4'h4);
   assign _5_ = (\$40 [17] == 1'h0) || \$40  == 0 ? _3_ : $signed(_3_ - (1'h0 ? _4_ + 1 : _4_ - 1));
-  assign \$734  = $signed(_5_) / $signed(_4_);
+  assign \$744  = $signed(_5_) / $signed(_4_);
   assign \$42  = m_eff + 3'h4;
   assign \$43  = \$42  - 1'h1;
   wire [18:0] _6_, _7_, _8_;
   assign _6_ = $signed(\$43 );
   assign _7_ = $signed(4'h4);
   assign _8_ = (\$43 [17] == 1'h0) || \$43  == 0 ? _6_ : $signed(_6_ - (1'h0 ? _7_ + 1 : _7_ - 1));
-  assign \$741  = $signed(_8_) / $signed(_7_);
+  assign \$751  = $signed(_8_) / $signed(_7_);
   assign \$45  = \$41 [15:0] * ins[47:32];
   assign \$46  = ln * ins[243:238];
   assign \$47  = \$46  + 3'h4;
@@ -10009,7 +10036,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign _9_ = $signed(\$48 );
   assign _10_ = $signed(4'h4);
   assign _11_ = (\$48 [39] == 1'h0) || \$48  == 0 ? _9_ : $signed(_9_ - (1'h0 ? _10_ + 1 : _10_ - 1));
-  assign \$750  = $signed(_11_) / $signed(_10_);
+  assign \$760  = $signed(_11_) / $signed(_10_);
   assign \$50  = ln * 3'h4;
   assign \$51  = \$50  + 3'h4;
   assign \$52  = \$51  - 1'h1;
@@ -10017,7 +10044,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign _12_ = $signed(\$52 );
   assign _13_ = $signed(4'h4);
   assign _14_ = (\$52 [36] == 1'h0) || \$52  == 0 ? _12_ : $signed(_12_ - (1'h0 ? _13_ + 1 : _13_ - 1));
-  assign \$758  = $signed(_14_) / $signed(_13_);
+  assign \$768  = $signed(_14_) / $signed(_13_);
   assign \$54  = beats * 3'h4;
   assign \$55  = m_eff >= 1'h1;
   assign \$56  = ins[63:48] == 4'h8;
@@ -10093,154 +10120,146 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$131  = \$129  | \$130 ;
   assign \$132  = ins[5:0] == 4'hb;
   assign \$133  = \$131  | \$132 ;
-  assign \$134  = \$signal$143  & exp_active;
-  assign \$135  = ~ \$134 ;
-  assign \$136  = \$133  & \$135 ;
-  assign \$137  = ins[5:0] == 4'he;
-  assign \$138  = ins[5:0] == 4'h9;
-  assign \$139  = \$137  | \$138 ;
-  assign \$140  = ins[255:244] < 7'h40;
-  assign \$141  = ~ \$140 ;
-  assign \$142  = \$139  & \$141 ;
-  assign \$143  = ins[5:0] != 4'he;
-  assign \$144  = ~ shape_ok;
+  assign \$134  = ins[5:0] == 4'h9;
+  assign \$135  = \$133  | \$134 ;
+  assign \$136  = ~ \$signal$143 ;
+  assign \$137  = \$135  & \$136 ;
+  assign \$139  = | \$138 ;
+  assign \$140  = ins[5:0] == 4'ha;
+  assign \$141  = \$139  | \$140 ;
+  assign \$142  = ins[5:0] == 4'hb;
+  assign \$143  = \$141  | \$142 ;
+  assign \$144  = ~ exp_active;
   assign \$145  = \$143  & \$144 ;
-  assign \$146  = ins[5:0] == 4'h8;
-  assign \$147  = \$signal$146  == ins[87:64];
-  assign \$148  = \$signal$145  & \$147 ;
-  assign \$149  = scores_len == ln;
-  assign \$150  = \$148  & \$149 ;
+  assign \$146  = \$137  | \$145 ;
+  assign \$147  = ins[5:0] == 4'he;
+  assign \$148  = ins[5:0] == 4'h9;
+  assign \$149  = \$147  | \$148 ;
+  assign \$150  = ins[255:244] < 7'h40;
   assign \$151  = ~ \$150 ;
-  assign \$152  = \$146  & \$151 ;
+  assign \$152  = \$149  & \$151 ;
   assign \$153  = ins[5:0] != 4'he;
-  assign \$154  = ! \$signal$140 ;
-  assign \$155  = ins[87:64] + \$signal$140 ;
-  assign \$156  = \$155  <= 14'h2000;
-  assign \$157  = \$154  | \$156 ;
-  assign \$158  = ! \$signal$141 ;
-  assign \$159  = ins[111:88] + \$signal$141 ;
-  assign \$160  = \$159  <= 14'h2000;
-  assign \$161  = \$158  | \$160 ;
-  assign \$162  = \$157  & \$161 ;
-  assign \$163  = ! wc;
-  assign \$164  = ins[135:112] + wc;
-  assign \$165  = \$164  <= 14'h2000;
-  assign \$166  = \$163  | \$165 ;
-  assign \$167  = \$162  & \$166 ;
-  assign \$168  = ~ \$167 ;
-  assign \$169  = \$153  & \$168 ;
-  assign \$170  = ins[5:0] == 1'h1;
-  assign \$171  = ins[5:0] == 2'h2;
-  assign \$172  = \$170  | \$171 ;
-  assign \$173  = ins[5:0] == 2'h3;
-  assign \$174  = \$172  | \$173 ;
-  assign \$176  = ! \$175 ;
-  assign \$177  = \$38  >= \$signal$119 ;
-  assign \$178  = \$176  & \$177 ;
-  assign \$179  = \$38  + \$54 ;
-  assign \$180  = \$signal$119  + host_size;
-  assign \$181  = \$179  <= \$180 ;
-  assign \$182  = \$178  & \$181 ;
-  assign \$183  = ~ \$182 ;
-  assign \$184  = \$174  & \$183 ;
-  assign \$185  = ~ \$signal$155 ;
-  assign \$186  = \$185  | eng_ready;
-  assign \$187  = ~ \$signal$155 ;
-  assign \$188  = \$187  | eng_ready;
-  assign \$189  = ins[5:0] == 4'hc;
-  assign \$190  = \$189  ? { 1'h0, \$signature__data$166 [15:0] } : { \$signature__data$166 [15], \$signature__data$166 [15:0] };
-  assign \$191  = ins[5:0] == 4'hd;
-  assign \$192  = ins[5:0] == 4'hc;
-  assign \$193  = \$192  ? 2'h1 : 2'h0;
-  assign op = \$191  ? 2'h2 : \$193 ;
-  assign \$194  = 1'h1 << rq_width;
-  assign \$196  = \$195  - 1'h1;
-  assign \$197  = $signed(o__payload) > $signed(\$196 [65:0]);
-  assign \$198  = - $signed(\$196 [65:0]);
-  assign \$199  = $signed(\$198 ) - $signed(2'h1);
-  assign \$200  = $signed(o__payload) < $signed(\$199 );
-  assign \$201  = - $signed(\$196 [65:0]);
-  assign \$202  = $signed(\$201 ) - $signed(2'h1);
-  assign \$203  = \$200  ? \$202  : { o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload };
-  assign \$204  = \$197  ? { \$196 [65], \$196 [65], \$196 [65:0] } : \$203 ;
-  assign \$205  = | rq_width;
-  assign \$206  = \$205  ? \$signal$159  : 32'd1;
-  assign \$207  = | rq_width;
-  assign \$208  = \$207  ? shift : 6'h00;
-  assign \$209  = ~ a_in__valid;
-  assign \$210  = ~ gm_afeed_done;
-  assign \$211  = \$209  & \$210 ;
-  assign \$212  = gm_lane == 3'h4;
-  assign \$213  = \$signal$209  * 3'h4;
-  assign \$214  = \$213  + gm_lane;
-  assign \$215  = \$214  >= m_eff;
-  assign \$216  = \$212  | \$215 ;
-  assign \$217  = ~ \$216 ;
-  assign \$218  = \$211  & \$217 ;
-  assign \$219  = \$signal$209  * 3'h4;
-  assign \$220  = \$219  + gm_lane;
-  assign \$221  = \$220  * ins[47:32];
-  assign \$222  = ins[87:64] + \$221 ;
-  assign \$223  = \$222  + \$signal$210 ;
-  assign \$224  = \$signal$213  * 3'h4;
-  assign \$225  = \$224  + gc_lane;
-  assign \$226  = \$225  * ins[63:48];
-  assign \$227  = ins[135:112] + \$226 ;
-  assign \$228  = \$227  + \$signal$215 ;
-  assign \$229  = | rq_width;
-  assign \$940  = gc_lane * 6'h20;
-  assign \$230  = c_out__payload >> \$940 ;
-  assign \$231  = $signed(\$230 ) > $signed(\$196 [65:0]);
-  assign \$944  = gc_lane * 6'h20;
-  assign \$232  = c_out__payload >> \$944 ;
-  assign \$233  = - $signed(\$196 [65:0]);
-  assign \$234  = $signed(\$233 ) - $signed(2'h1);
-  assign \$235  = $signed(\$232 ) < $signed(\$234 );
-  assign \$236  = - $signed(\$196 [65:0]);
-  assign \$237  = $signed(\$236 ) - $signed(2'h1);
-  assign \$952  = gc_lane * 6'h20;
-  assign \$238  = c_out__payload >> \$952 ;
-  assign \$239  = \$235  ? \$237  : { \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238 [31], \$238  };
-  assign \$240  = \$231  ? { \$196 [65], \$196 [65], \$196 [65:0] } : \$239 ;
-  assign \$957  = gc_lane * 6'h20;
-  assign \$241  = c_out__payload >> \$957 ;
-  assign \$242  = \$229  ? \$240  : { \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241 [31], \$241  };
-  assign \$243  = gc_lane == 2'h3;
-  assign \$244  = \$signal$213  * 3'h4;
-  assign \$245  = \$244  + gc_lane;
-  assign \$246  = \$245  + 1'h1;
-  assign \$247  = \$246  >= m_eff;
-  assign \$248  = \$243  | \$247 ;
-  assign \$249  = m_eff * 2'h2;
-  assign \$250  = pc >= 7'h40;
-  assign \$251  = ! ins[5:0];
-  assign \$252  = | decode_err;
-  assign \$253  = 2'h2 * \$signal$133 ;
-  assign \$254  = ins[111:88] + \$253 ;
-  assign \$255  = 2'h2 * \$signal$133 ;
-  assign \$256  = ins[111:88] + \$255 ;
-  assign \$257  = \$256  + 1'h1;
-  assign \$258  = ins[135:112] + \$signal$232 ;
-  assign \$259  = ~ \$signal$235 ;
-  assign \$260  = \$signal$236  < ln;
-  assign \$261  = ins[135:112] + \$signal$236 ;
-  assign \$262  = ins[243:238] == 1'h1;
-  assign \$981  = \$signal$238  * 4'h8;
-  assign \$263  = \$signal$237  >> \$981 ;
-  assign \$264  = ins[243:238] == 2'h2;
-  assign \$985  = \$signal$238  * 5'h10;
-  assign \$265  = \$signal$237  >> \$985 ;
-  assign \$988  = \$signal$238  * 6'h20;
-  assign \$266  = \$signal$237  >> \$988 ;
-  assign \$267  = \$264  ? { \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265 [15], \$265  } : \$266 ;
-  assign \$268  = \$262  ? { \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263 [7], \$263  } : \$267 ;
-  assign \$269  = ~ \$signal$239 ;
-  assign \$270  = \$signal$240  < 1'h1;
-  assign \$271  = \$269  & \$270 ;
-  assign \$272  = \$signal$241  < ln;
-  assign \$273  = \$271  & \$272 ;
-  assign \$274  = ~ \$signal$242 ;
-  assign \$275  = \$273  & \$274 ;
+  assign \$154  = ~ shape_ok;
+  assign \$155  = \$153  & \$154 ;
+  assign \$156  = ins[5:0] == 4'h8;
+  assign \$157  = \$signal$146  == ins[87:64];
+  assign \$158  = \$signal$145  & \$157 ;
+  assign \$159  = scores_len == ln;
+  assign \$160  = \$158  & \$159 ;
+  assign \$161  = ~ \$160 ;
+  assign \$162  = \$156  & \$161 ;
+  assign \$163  = ins[5:0] != 4'he;
+  assign \$164  = ! \$signal$140 ;
+  assign \$165  = ins[87:64] + \$signal$140 ;
+  assign \$166  = \$165  <= 14'h2000;
+  assign \$167  = \$164  | \$166 ;
+  assign \$168  = ! \$signal$141 ;
+  assign \$169  = ins[111:88] + \$signal$141 ;
+  assign \$170  = \$169  <= 14'h2000;
+  assign \$171  = \$168  | \$170 ;
+  assign \$172  = \$167  & \$171 ;
+  assign \$173  = ! wc;
+  assign \$174  = ins[135:112] + wc;
+  assign \$175  = \$174  <= 14'h2000;
+  assign \$176  = \$173  | \$175 ;
+  assign \$177  = \$172  & \$176 ;
+  assign \$178  = ~ \$177 ;
+  assign \$179  = \$163  & \$178 ;
+  assign \$180  = ins[5:0] == 1'h1;
+  assign \$181  = ins[5:0] == 2'h2;
+  assign \$182  = \$180  | \$181 ;
+  assign \$183  = ins[5:0] == 2'h3;
+  assign \$184  = \$182  | \$183 ;
+  assign \$186  = ! \$185 ;
+  assign \$187  = \$38  >= \$signal$119 ;
+  assign \$188  = \$186  & \$187 ;
+  assign \$189  = \$38  + \$54 ;
+  assign \$190  = \$signal$119  + host_size;
+  assign \$191  = \$189  <= \$190 ;
+  assign \$192  = \$188  & \$191 ;
+  assign \$193  = ~ \$192 ;
+  assign \$194  = \$184  & \$193 ;
+  assign \$195  = ~ \$signal$155 ;
+  assign \$196  = \$195  | eng_ready;
+  assign \$197  = ~ \$signal$155 ;
+  assign \$198  = \$197  | eng_ready;
+  assign \$199  = ins[5:0] == 4'hc;
+  assign \$200  = \$199  ? { 1'h0, \$signature__data$166 [15:0] } : { \$signature__data$166 [15], \$signature__data$166 [15:0] };
+  assign \$201  = ins[5:0] == 4'hd;
+  assign \$202  = ins[5:0] == 4'hc;
+  assign \$203  = \$202  ? 2'h1 : 2'h0;
+  assign op = \$201  ? 2'h2 : \$203 ;
+  assign \$204  = 1'h1 << rq_width;
+  assign \$206  = \$205  - 1'h1;
+  assign \$207  = $signed(o__payload) > $signed(\$206 [65:0]);
+  assign \$208  = - $signed(\$206 [65:0]);
+  assign \$209  = $signed(\$208 ) - $signed(2'h1);
+  assign \$210  = $signed(o__payload) < $signed(\$209 );
+  assign \$211  = - $signed(\$206 [65:0]);
+  assign \$212  = $signed(\$211 ) - $signed(2'h1);
+  assign \$213  = \$210  ? \$212  : { o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload };
+  assign \$214  = \$207  ? { \$206 [65], \$206 [65], \$206 [65:0] } : \$213 ;
+  assign \$215  = | rq_width;
+  assign \$216  = \$215  ? \$signal$159  : 32'd1;
+  assign \$217  = | rq_width;
+  assign \$218  = \$217  ? shift : 6'h00;
+  assign \$219  = ~ a_in__valid;
+  assign \$220  = ~ gm_afeed_done;
+  assign \$221  = \$219  & \$220 ;
+  assign \$222  = gm_lane == 3'h4;
+  assign \$223  = \$signal$209  * 3'h4;
+  assign \$224  = \$223  + gm_lane;
+  assign \$225  = \$224  >= m_eff;
+  assign \$226  = \$222  | \$225 ;
+  assign \$227  = ~ \$226 ;
+  assign \$228  = \$221  & \$227 ;
+  assign \$229  = \$signal$209  * 3'h4;
+  assign \$230  = \$229  + gm_lane;
+  assign \$231  = \$230  * ins[47:32];
+  assign \$232  = ins[87:64] + \$231 ;
+  assign \$233  = \$232  + \$signal$210 ;
+  assign \$234  = \$signal$213  * 3'h4;
+  assign \$235  = \$234  + gc_lane;
+  assign \$236  = \$235  * ins[63:48];
+  assign \$237  = ins[135:112] + \$236 ;
+  assign \$238  = \$237  + \$signal$215 ;
+  assign \$239  = | rq_width;
+  assign \$960  = gc_lane * 6'h20;
+  assign \$240  = c_out__payload >> \$960 ;
+  assign \$241  = $signed(\$240 ) > $signed(\$206 [65:0]);
+  assign \$964  = gc_lane * 6'h20;
+  assign \$242  = c_out__payload >> \$964 ;
+  assign \$243  = - $signed(\$206 [65:0]);
+  assign \$244  = $signed(\$243 ) - $signed(2'h1);
+  assign \$245  = $signed(\$242 ) < $signed(\$244 );
+  assign \$246  = - $signed(\$206 [65:0]);
+  assign \$247  = $signed(\$246 ) - $signed(2'h1);
+  assign \$972  = gc_lane * 6'h20;
+  assign \$248  = c_out__payload >> \$972 ;
+  assign \$249  = \$245  ? \$247  : { \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248  };
+  assign \$250  = \$241  ? { \$206 [65], \$206 [65], \$206 [65:0] } : \$249 ;
+  assign \$977  = gc_lane * 6'h20;
+  assign \$251  = c_out__payload >> \$977 ;
+  assign \$252  = \$239  ? \$250  : { \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251  };
+  assign \$253  = gc_lane == 2'h3;
+  assign \$254  = \$signal$213  * 3'h4;
+  assign \$255  = \$254  + gc_lane;
+  assign \$256  = \$255  + 1'h1;
+  assign \$257  = \$256  >= m_eff;
+  assign \$258  = \$253  | \$257 ;
+  assign \$259  = m_eff * 2'h2;
+  assign \$260  = pc >= 7'h40;
+  assign \$261  = ! ins[5:0];
+  assign \$262  = | decode_err;
+  assign \$263  = 2'h2 * \$signal$133 ;
+  assign \$264  = ins[111:88] + \$263 ;
+  assign \$265  = 2'h2 * \$signal$133 ;
+  assign \$266  = ins[111:88] + \$265 ;
+  assign \$267  = \$266  + 1'h1;
+  assign \$268  = ins[135:112] + \$signal$232 ;
+  assign \$269  = ~ \$signal$235 ;
+  assign \$270  = \$signal$236  < ln;
+  assign \$271  = ins[135:112] + \$signal$236 ;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -10260,8 +10279,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$966$0 (\$686 ),
-    .\port$984$0 (\$687 ),
+    .\port$976$0 (\$696 ),
+    .\port$994$0 (\$697 ),
     .rd_addr(\$38 [31:0]),
     .rd_beats(beats[23:0]),
     .rd_busy(rd_busy),
@@ -10554,17 +10573,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     decode_err = 8'h00;
     if (\$127 ) begin
       decode_err = 8'h01;
-    end else if (\$136 ) begin
+    end else if (\$146 ) begin
       decode_err = 8'h08;
-    end else if (\$142 ) begin
-      decode_err = 8'h06;
-    end else if (\$145 ) begin
-      decode_err = 8'h03;
     end else if (\$152 ) begin
+      decode_err = 8'h06;
+    end else if (\$155 ) begin
+      decode_err = 8'h03;
+    end else if (\$162 ) begin
       decode_err = 8'h04;
-    end else if (\$169 ) begin
+    end else if (\$179 ) begin
       decode_err = 8'h02;
-    end else if (\$184 ) begin
+    end else if (\$194 ) begin
       decode_err = 8'h05;
     end
   end
@@ -10575,8 +10594,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       \$signature__addr  = \$signal$151 [12:0];
     end
     if (gemm_run) begin
-      if (\$218 ) begin
-        \$signature__addr  = \$223 [12:0];
+      if (\$228 ) begin
+        \$signature__addr  = \$233 [12:0];
       end
     end
     casez (ctrl_state)
@@ -10589,7 +10608,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr  = \$254 [12:0];
+          \$signature__addr  = \$264 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10603,17 +10622,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$275 ) begin
-            \$signature__addr  = \$276 [12:0];
+          if (\$285 ) begin
+            \$signature__addr  = \$286 [12:0];
           end
       5'h0a:
-          \$signature__addr  = \$277 [12:0];
+          \$signature__addr  = \$287 [12:0];
       5'h10:
-          if (\$284 ) begin
-            \$signature__addr  = \$289 [12:0];
+          if (\$294 ) begin
+            \$signature__addr  = \$299 [12:0];
           end
       5'h11:
-          \$signature__addr  = \$301 [12:0];
+          \$signature__addr  = \$311 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -10624,23 +10643,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$321 ) begin
+          if (\$331 ) begin
           end else begin
-            \$signature__addr  = \$322 [12:0];
+            \$signature__addr  = \$332 [12:0];
           end
       5'h16:
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$325 ) begin
+          if (\$335 ) begin
           end else begin
-            \$signature__addr  = \$327 [12:0];
+            \$signature__addr  = \$337 [12:0];
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$328 ) begin
-            \$signature__addr  = \$335 [12:0];
+          if (\$338 ) begin
+            \$signature__addr  = \$345 [12:0];
           end
     endcase
   end
@@ -10660,7 +10679,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr$152  = \$257 [12:0];
+          \$signature__addr$152  = \$267 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10691,9 +10710,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$321 ) begin
+          if (\$331 ) begin
           end else begin
-            \$signature__addr$152  = \$324 [12:0];
+            \$signature__addr$152  = \$334 [12:0];
           end
     endcase
   end
@@ -10701,10 +10720,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__en  = 1'h1;
     if (eng_run) begin
-      \$signature__en  = \$186 ;
+      \$signature__en  = \$196 ;
     end
     if (gemm_run) begin
-      if (\$218 ) begin
+      if (\$228 ) begin
         \$signature__en  = 1'h1;
       end
     end
@@ -10732,13 +10751,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$275 ) begin
+          if (\$285 ) begin
             \$signature__en  = 1'h1;
           end
       5'h0a:
           \$signature__en  = 1'h1;
       5'h10:
-          if (\$284 ) begin
+          if (\$294 ) begin
             \$signature__en  = 1'h1;
           end
       5'h11:
@@ -10753,7 +10772,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$321 ) begin
+          if (\$331 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -10761,14 +10780,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$325 ) begin
+          if (\$335 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$328 ) begin
+          if (\$338 ) begin
             \$signature__en  = 1'h1;
           end
     endcase
@@ -10777,7 +10796,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__en$157  = 1'h1;
     if (eng_run) begin
-      \$signature__en$157  = \$188 ;
+      \$signature__en$157  = \$198 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -10820,7 +10839,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$321 ) begin
+          if (\$331 ) begin
           end else begin
             \$signature__en$157  = 1'h1;
           end
@@ -10877,7 +10896,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            out_data = \$204 [31:0];
+            out_data = \$214 [31:0];
         6'h05:
             out_data = { 19'h00000, \o__payload$186  };
         6'h06:
@@ -10965,7 +10984,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$259 ;
+          rd_data__ready = \$269 ;
     endcase
   end
   always @* begin
@@ -10973,7 +10992,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$228 [12:0];
+        wr__addr = \$238 [12:0];
       end
     end
     casez (ctrl_state)
@@ -10991,7 +11010,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h06:
           if (\$signal$179 ) begin
-            wr__addr = \$258 [12:0];
+            wr__addr = \$268 [12:0];
           end
       5'h07:
           /* empty */;
@@ -11001,8 +11020,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (\$signal$235 ) begin
-            if (\$260 ) begin
-              wr__addr = \$261 [12:0];
+            if (\$270 ) begin
+              wr__addr = \$271 [12:0];
             end
           end
       5'h09:
@@ -11011,29 +11030,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$292 ) begin
-            wr__addr = \$295 [12:0];
+          if (\$302 ) begin
+            wr__addr = \$305 [12:0];
           end
-          if (\$296 ) begin
-            wr__addr = \$300 [12:0];
+          if (\$306 ) begin
+            wr__addr = \$310 [12:0];
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$302 ) begin
-            wr__addr = \$306 [12:0];
+          if (\$312 ) begin
+            wr__addr = \$316 [12:0];
           end
       5'h13:
-          wr__addr = \$310 [12:0];
+          wr__addr = \$320 [12:0];
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$312 ) begin
+          if (\$322 ) begin
           end else begin
-            wr__addr = \$315 [12:0];
+            wr__addr = \$325 [12:0];
           end
       5'h15:
-          wr__addr = \$320 [12:0];
+          wr__addr = \$330 [12:0];
       5'h0b:
           /* empty */;
       5'h16:
@@ -11053,7 +11072,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = \$242 [31:0];
+        wr__data = \$252 [31:0];
       end
     end
     casez (ctrl_state)
@@ -11081,8 +11100,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (\$signal$235 ) begin
-            if (\$260 ) begin
-              wr__data = \$268 ;
+            if (\$270 ) begin
+              wr__data = \$278 ;
             end
           end
       5'h09:
@@ -11091,26 +11110,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$292 ) begin
+          if (\$302 ) begin
             wr__data = { 29'h00000000, \$signal$261 [2:0] };
           end
-          if (\$296 ) begin
+          if (\$306 ) begin
             wr__data = { 16'h0000, \$signal$261 [18:3] };
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$302 ) begin
+          if (\$312 ) begin
             wr__data = \$signal$262 ;
           end
       5'h13:
           wr__data = { 16'h0000, \$signal$264  };
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$312 ) begin
+          if (\$322 ) begin
           end else begin
-            wr__data = \$316 [31:0];
+            wr__data = \$326 [31:0];
           end
       5'h15:
           wr__data = \$signal$265 ;
@@ -11161,7 +11180,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (\$signal$235 ) begin
-            if (\$260 ) begin
+            if (\$270 ) begin
               wr__en = 1'h1;
             end
           end
@@ -11171,24 +11190,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$292 ) begin
+          if (\$302 ) begin
             wr__en = 1'h1;
           end
-          if (\$296 ) begin
+          if (\$306 ) begin
             wr__en = 1'h1;
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$302 ) begin
+          if (\$312 ) begin
             wr__en = 1'h1;
           end
       5'h13:
           wr__en = 1'h1;
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$312 ) begin
+          if (\$322 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -11213,7 +11232,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     c_out__ready = 1'h0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$248 ) begin
+        if (\$258 ) begin
           c_out__ready = 1'h1;
         end
       end
@@ -11227,7 +11246,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$250 ) begin
+          if (\$260 ) begin
           end else begin
             \$signature__addr$228  = pc[5:0];
           end
@@ -11241,7 +11260,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$250 ) begin
+          if (\$260 ) begin
           end else begin
             \$signature__en$229  = 1'h1;
           end
@@ -11259,8 +11278,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$251 ) begin
-          end else if (\$252 ) begin
+          if (\$261 ) begin
+          end else if (\$262 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11303,8 +11322,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$251 ) begin
-          end else if (\$252 ) begin
+          if (\$261 ) begin
+          end else if (\$262 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11452,7 +11471,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$278 ) begin
+          if (\$288 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -11486,8 +11505,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$278 ) begin
-            bias_addr = \$279 [2:0];
+          if (\$288 ) begin
+            bias_addr = \$289 [2:0];
           end
     endcase
   end
@@ -11520,7 +11539,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$278 ) begin
+          if (\$288 ) begin
             bias_data = i__payload[15:0];
           end
     endcase
@@ -11624,7 +11643,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$290 ;
+          routes__ready = \$300 ;
     endcase
   end
   always @* begin
@@ -11738,472 +11757,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$337 ) begin
+    if (\$347 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$587  = \$signal$119 ;
-    if (\$364 ) begin
-      \$587  = wr_data;
+    \$597  = \$signal$119 ;
+    if (\$374 ) begin
+      \$597  = wr_data;
     end
-    if (rst) begin
-      \$587  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$588  = host_size;
-    if (\$366 ) begin
-      \$588  = wr_data;
-    end
-    if (rst) begin
-      \$588  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$589  = rsel;
-    if (rd_en) begin
-      \$589  = s_axil__araddr;
-    end
-    if (rst) begin
-      \$589  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$590  = \$signal$155 ;
-    if (eng_run) begin
-      if (\$368 ) begin
-        \$590  = \$signal$275 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$590  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$590  = 1'h0;
-              6'h0c:
-                  \$590  = 1'h0;
-              6'h0d:
-                  \$590  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$590  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$591  = \$signal$168 ;
-    if (eng_run) begin
-      if (\$368 ) begin
-        \$591  = \$370 ;
-      end
-    end
-    if (rst) begin
-      \$591  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$592  = idx0;
-    if (eng_run) begin
-      if (\$368 ) begin
-        if (\$signal$275 ) begin
-          (* full_case = 32'd1 *)
-          if (\$372 ) begin
-            \$592  = \$375 [15:0];
-          end else if (\$374 ) begin
-            \$592  = 16'h0000;
-          end else begin
-            \$592  = 16'h0000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$592  = 16'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$592  = 16'h0000;
-              6'h0c:
-                  \$592  = 16'h0000;
-              6'h0d:
-                  \$592  = 16'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$592  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$593  = \$signal$151 ;
-    if (eng_run) begin
-      if (\$368 ) begin
-        if (\$signal$275 ) begin
-          (* full_case = 32'd1 *)
-          if (\$372 ) begin
-            \$593  = \$376 [31:0];
-          end else if (\$374 ) begin
-            \$593  = \$380 [31:0];
-          end else begin
-            \$593  = \$386 [31:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$593  = { 8'h00, ins[87:64] };
-              6'h05, 6'h06, 6'h07:
-                  \$593  = { 8'h00, ins[87:64] };
-              6'h0c:
-                  \$593  = { 8'h00, ins[87:64] };
-              6'h0d:
-                  \$593  = { 8'h00, ins[87:64] };
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$593  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$594  = \$signal$153 ;
-    if (eng_run) begin
-      if (\$368 ) begin
-        if (\$signal$275 ) begin
-          (* full_case = 32'd1 *)
-          if (\$372 ) begin
-            \$594  = \$377 [31:0];
-          end else if (\$374 ) begin
-            \$594  = \$382 [31:0];
-          end else begin
-            \$594  = \$389 [31:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$594  = { 8'h00, ins[111:88] };
-              6'h05, 6'h06, 6'h07:
-                  \$594  = { 8'h00, ins[111:88] };
-              6'h0c:
-                  \$594  = { 8'h00, ins[111:88] };
-              6'h0d:
-                  \$594  = { 8'h00, ins[111:88] };
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$594  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$595  = idx1;
-    if (eng_run) begin
-      if (\$368 ) begin
-        if (\$signal$275 ) begin
-          (* full_case = 32'd1 *)
-          if (\$372 ) begin
-          end else if (\$374 ) begin
-            \$595  = \$378 [15:0];
-          end else begin
-            \$595  = 16'h0000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$595  = 16'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$595  = 16'h0000;
-              6'h0c:
-                  \$595  = 16'h0000;
-              6'h0d:
-                  \$595  = 16'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$595  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$596  = \$signal$282 ;
-    if (eng_run) begin
-      if (\$368 ) begin
-        if (\$signal$275 ) begin
-          (* full_case = 32'd1 *)
-          if (\$372 ) begin
-          end else if (\$374 ) begin
-            \$596  = \$379 [31:0];
-          end else begin
-            \$596  = \$385 [31:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$596  = { 8'h00, ins[87:64] };
-              6'h05, 6'h06, 6'h07:
-                  \$596  = { 8'h00, ins[87:64] };
-              6'h0c:
-                  \$596  = { 8'h00, ins[87:64] };
-              6'h0d:
-                  \$596  = { 8'h00, ins[87:64] };
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$596  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$597  = \$signal$284 ;
-    if (eng_run) begin
-      if (\$368 ) begin
-        if (\$signal$275 ) begin
-          (* full_case = 32'd1 *)
-          if (\$372 ) begin
-          end else if (\$374 ) begin
-            \$597  = \$381 [31:0];
-          end else begin
-            \$597  = \$388 [31:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$597  = { 8'h00, ins[111:88] };
-              6'h05, 6'h06, 6'h07:
-                  \$597  = { 8'h00, ins[111:88] };
-              6'h0c:
-                  \$597  = { 8'h00, ins[111:88] };
-              6'h0d:
-                  \$597  = { 8'h00, ins[111:88] };
-            endcase
-          end
-    endcase
     if (rst) begin
       \$597  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$598  = idx2;
-    if (eng_run) begin
-      if (\$368 ) begin
-        if (\$signal$275 ) begin
-          (* full_case = 32'd1 *)
-          if (\$372 ) begin
-          end else if (\$374 ) begin
-          end else begin
-            \$598  = \$383 [15:0];
-          end
-        end
-      end
+    \$598  = host_size;
+    if (\$376 ) begin
+      \$598  = wr_data;
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$598  = 16'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$598  = 16'h0000;
-              6'h0c:
-                  \$598  = 16'h0000;
-              6'h0d:
-                  \$598  = 16'h0000;
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$598  = 16'h0000;
+      \$598  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$599  = \$signal$287 ;
-    if (eng_run) begin
-      if (\$368 ) begin
-        if (\$signal$275 ) begin
-          (* full_case = 32'd1 *)
-          if (\$372 ) begin
-          end else if (\$374 ) begin
-          end else begin
-            \$599  = \$384 [31:0];
-          end
-        end
-      end
+    \$599  = rsel;
+    if (rd_en) begin
+      \$599  = s_axil__araddr;
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$599  = { 8'h00, ins[87:64] };
-              6'h05, 6'h06, 6'h07:
-                  \$599  = { 8'h00, ins[87:64] };
-              6'h0c:
-                  \$599  = { 8'h00, ins[87:64] };
-              6'h0d:
-                  \$599  = { 8'h00, ins[87:64] };
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$599  = 32'd0;
+      \$599  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$600  = \$signal$289 ;
+    \$600  = \$signal$155 ;
     if (eng_run) begin
-      if (\$368 ) begin
-        if (\$signal$275 ) begin
-          (* full_case = 32'd1 *)
-          if (\$372 ) begin
-          end else if (\$374 ) begin
-          end else begin
-            \$600  = \$387 [31:0];
-          end
-        end
+      if (\$378 ) begin
+        \$600  = \$signal$275 ;
       end
     end
     casez (ctrl_state)
@@ -12215,250 +11808,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$600  = { 8'h00, ins[111:88] };
+                  \$600  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$600  = { 8'h00, ins[111:88] };
+                  \$600  = 1'h0;
               6'h0c:
-                  \$600  = { 8'h00, ins[111:88] };
+                  \$600  = 1'h0;
               6'h0d:
-                  \$600  = { 8'h00, ins[111:88] };
+                  \$600  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$600  = 32'd0;
+      \$600  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$601  = \$signal$275 ;
+    \$601  = \$signal$168 ;
     if (eng_run) begin
-      if (\$368 ) begin
-        if (\$signal$275 ) begin
-          (* full_case = 32'd1 *)
-          if (\$372 ) begin
-          end else if (\$374 ) begin
-          end else begin
-            if (\$391 ) begin
-              \$601  = 1'h0;
-            end
-          end
-        end
+      if (\$378 ) begin
+        \$601  = \$380 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$601  = 1'h1;
-              6'h05, 6'h06, 6'h07:
-                  \$601  = 1'h1;
-              6'h0c:
-                  \$601  = 1'h1;
-              6'h0d:
-                  \$601  = 1'h1;
-            endcase
-          end
-    endcase
     if (rst) begin
       \$601  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$602  = \$signal$292 ;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$401 ) begin
-        \$602  = 1'h1;
-      end else begin
-        \$602  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$602  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$603  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$401 ) begin
-        \$603  = gm_lane[1:0];
-      end
-    end
-    if (rst) begin
-      \$603  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$604  = gm_lane;
-    if (gemm_run) begin
-      if (\$401 ) begin
-        \$604  = \$402 [2:0];
-      end
-      if (\$412 ) begin
-        \$604  = 3'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
+    \$602  = idx0;
+    if (eng_run) begin
+      if (\$378 ) begin
+        if (\$signal$275 ) begin
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$382 ) begin
+            \$602  = \$385 [15:0];
+          end else if (\$384 ) begin
+            \$602  = 16'h0000;
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$604  = 3'h0;
-            endcase
+            \$602  = 16'h0000;
           end
-    endcase
-    if (rst) begin
-      \$604  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$605  = a_in__payload;
-    if (gemm_run) begin
-      if (\$signal$292 ) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$605 [7:0] = i__payload[7:0];
-          2'h1:
-              \$605 [15:8] = i__payload[7:0];
-          2'h2:
-              \$605 [23:16] = i__payload[7:0];
-          2'h3:
-              \$605 [31:24] = i__payload[7:0];
-        endcase
-      end
-      if (\$412 ) begin
-        \$605  = 32'd0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$605  = 32'd0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$605  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$606  = a_in__valid;
-    if (gemm_run) begin
-      if (\$411 ) begin
-        \$606  = 1'h1;
-      end
-      if (\$412 ) begin
-        \$606  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$606  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$606  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$607  = \$signal$210 ;
-    if (gemm_run) begin
-      if (\$412 ) begin
-        (* full_case = 32'd1 *)
-        if (\$414 ) begin
-          \$607  = \$415 [15:0];
-        end else begin
-          \$607  = 16'h0000;
         end
       end
     end
@@ -12471,38 +11867,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$602  = 16'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$602  = 16'h0000;
               6'h0c:
-                  /* empty */;
+                  \$602  = 16'h0000;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$607  = 16'h0000;
+                  \$602  = 16'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$607  = 16'h0000;
+      \$602  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$608  = \$signal$209 ;
-    if (gemm_run) begin
-      if (\$412 ) begin
-        (* full_case = 32'd1 *)
-        if (\$414 ) begin
-        end else begin
-          \$608  = \$416 [15:0];
+    \$603  = \$signal$151 ;
+    if (eng_run) begin
+      if (\$378 ) begin
+        if (\$signal$275 ) begin
+          (* full_case = 32'd1 *)
+          if (\$382 ) begin
+            \$603  = \$386 [31:0];
+          end else if (\$384 ) begin
+            \$603  = \$390 [31:0];
+          end else begin
+            \$603  = \$396 [31:0];
+          end
         end
       end
     end
@@ -12515,21 +11914,249 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$603  = { 8'h00, ins[87:64] };
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$603  = { 8'h00, ins[87:64] };
               6'h0c:
-                  /* empty */;
+                  \$603  = { 8'h00, ins[87:64] };
               6'h0d:
+                  \$603  = { 8'h00, ins[87:64] };
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$603  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$604  = \$signal$153 ;
+    if (eng_run) begin
+      if (\$378 ) begin
+        if (\$signal$275 ) begin
+          (* full_case = 32'd1 *)
+          if (\$382 ) begin
+            \$604  = \$387 [31:0];
+          end else if (\$384 ) begin
+            \$604  = \$392 [31:0];
+          end else begin
+            \$604  = \$399 [31:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
                   /* empty */;
-              6'h03:
+              6'h04:
+                  \$604  = { 8'h00, ins[111:88] };
+              6'h05, 6'h06, 6'h07:
+                  \$604  = { 8'h00, ins[111:88] };
+              6'h0c:
+                  \$604  = { 8'h00, ins[111:88] };
+              6'h0d:
+                  \$604  = { 8'h00, ins[111:88] };
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$604  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$605  = idx1;
+    if (eng_run) begin
+      if (\$378 ) begin
+        if (\$signal$275 ) begin
+          (* full_case = 32'd1 *)
+          if (\$382 ) begin
+          end else if (\$384 ) begin
+            \$605  = \$388 [15:0];
+          end else begin
+            \$605  = 16'h0000;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$605  = 16'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$605  = 16'h0000;
+              6'h0c:
+                  \$605  = 16'h0000;
+              6'h0d:
+                  \$605  = 16'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$605  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$606  = \$signal$282 ;
+    if (eng_run) begin
+      if (\$378 ) begin
+        if (\$signal$275 ) begin
+          (* full_case = 32'd1 *)
+          if (\$382 ) begin
+          end else if (\$384 ) begin
+            \$606  = \$389 [31:0];
+          end else begin
+            \$606  = \$395 [31:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$606  = { 8'h00, ins[87:64] };
+              6'h05, 6'h06, 6'h07:
+                  \$606  = { 8'h00, ins[87:64] };
+              6'h0c:
+                  \$606  = { 8'h00, ins[87:64] };
+              6'h0d:
+                  \$606  = { 8'h00, ins[87:64] };
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$606  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$607  = \$signal$284 ;
+    if (eng_run) begin
+      if (\$378 ) begin
+        if (\$signal$275 ) begin
+          (* full_case = 32'd1 *)
+          if (\$382 ) begin
+          end else if (\$384 ) begin
+            \$607  = \$391 [31:0];
+          end else begin
+            \$607  = \$398 [31:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$607  = { 8'h00, ins[111:88] };
+              6'h05, 6'h06, 6'h07:
+                  \$607  = { 8'h00, ins[111:88] };
+              6'h0c:
+                  \$607  = { 8'h00, ins[111:88] };
+              6'h0d:
+                  \$607  = { 8'h00, ins[111:88] };
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$607  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$608  = idx2;
+    if (eng_run) begin
+      if (\$378 ) begin
+        if (\$signal$275 ) begin
+          (* full_case = 32'd1 *)
+          if (\$382 ) begin
+          end else if (\$384 ) begin
+          end else begin
+            \$608  = \$393 [15:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$608  = 16'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$608  = 16'h0000;
+              6'h0c:
+                  \$608  = 16'h0000;
+              6'h0d:
                   \$608  = 16'h0000;
             endcase
           end
@@ -12540,16 +12167,230 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$609  = gm_afeed_done;
+    \$609  = \$signal$287 ;
+    if (eng_run) begin
+      if (\$378 ) begin
+        if (\$signal$275 ) begin
+          (* full_case = 32'd1 *)
+          if (\$382 ) begin
+          end else if (\$384 ) begin
+          end else begin
+            \$609  = \$394 [31:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$609  = { 8'h00, ins[87:64] };
+              6'h05, 6'h06, 6'h07:
+                  \$609  = { 8'h00, ins[87:64] };
+              6'h0c:
+                  \$609  = { 8'h00, ins[87:64] };
+              6'h0d:
+                  \$609  = { 8'h00, ins[87:64] };
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$609  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$610  = \$signal$289 ;
+    if (eng_run) begin
+      if (\$378 ) begin
+        if (\$signal$275 ) begin
+          (* full_case = 32'd1 *)
+          if (\$382 ) begin
+          end else if (\$384 ) begin
+          end else begin
+            \$610  = \$397 [31:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$610  = { 8'h00, ins[111:88] };
+              6'h05, 6'h06, 6'h07:
+                  \$610  = { 8'h00, ins[111:88] };
+              6'h0c:
+                  \$610  = { 8'h00, ins[111:88] };
+              6'h0d:
+                  \$610  = { 8'h00, ins[111:88] };
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$610  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$611  = \$signal$275 ;
+    if (eng_run) begin
+      if (\$378 ) begin
+        if (\$signal$275 ) begin
+          (* full_case = 32'd1 *)
+          if (\$382 ) begin
+          end else if (\$384 ) begin
+          end else begin
+            if (\$401 ) begin
+              \$611  = 1'h0;
+            end
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$611  = 1'h1;
+              6'h05, 6'h06, 6'h07:
+                  \$611  = 1'h1;
+              6'h0c:
+                  \$611  = 1'h1;
+              6'h0d:
+                  \$611  = 1'h1;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$611  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$612  = \$signal$292 ;
     if (gemm_run) begin
-      if (\$412 ) begin
+      (* full_case = 32'd1 *)
+      if (\$411 ) begin
+        \$612  = 1'h1;
+      end else begin
+        \$612  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$612  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$613  = gm_cap_lane;
+    if (gemm_run) begin
+      if (\$411 ) begin
+        \$613  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$613  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$614  = gm_lane;
+    if (gemm_run) begin
+      if (\$411 ) begin
+        \$614  = \$412 [2:0];
+      end
+      if (\$422 ) begin
+        \$614  = 3'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$614  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$614  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$615  = a_in__payload;
+    if (gemm_run) begin
+      if (\$signal$292 ) begin
         (* full_case = 32'd1 *)
-        if (\$414 ) begin
-        end else begin
-          if (\$418 ) begin
-            \$609  = 1'h1;
-          end
-        end
+        casez (gm_cap_lane)
+          2'h0:
+              \$615 [7:0] = i__payload[7:0];
+          2'h1:
+              \$615 [15:8] = i__payload[7:0];
+          2'h2:
+              \$615 [23:16] = i__payload[7:0];
+          2'h3:
+              \$615 [31:24] = i__payload[7:0];
+        endcase
+      end
+      if (\$422 ) begin
+        \$615  = 32'd0;
       end
     end
     casez (ctrl_state)
@@ -12561,8 +12402,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12576,196 +12417,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$609  = 1'h0;
+                  \$615  = 32'd0;
             endcase
-          end
-    endcase
-    if (rst) begin
-      \$609  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$610  = gc_lane;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$610  = \$419 [1:0];
-        if (\$425 ) begin
-          \$610  = 2'h0;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$610  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$610  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$611  = \$signal$215 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (\$425 ) begin
-          (* full_case = 32'd1 *)
-          if (\$427 ) begin
-            \$611  = \$428 [15:0];
-          end else begin
-            \$611  = 16'h0000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$611  = 16'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$611  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$612  = \$signal$213 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (\$425 ) begin
-          (* full_case = 32'd1 *)
-          if (\$427 ) begin
-          end else begin
-            \$612  = \$429 [15:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$612  = 16'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$612  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$613  = \$signal$118 ;
-    if (\$signal$108 ) begin
-      \$613  = \$430 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$613  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$613  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$614  = busy_dma;
-    if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$614  = \$431 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$614  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$614  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$615  = busy_gemm;
-    if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$615  = \$432 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$615  = 32'd0;
           end
     endcase
     if (rst) begin
@@ -12774,435 +12427,346 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$616  = busy_act;
-    if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$616  = \$433 [31:0];
+    \$616  = a_in__valid;
+    if (gemm_run) begin
+      if (\$421 ) begin
+        \$616  = 1'h1;
+      end
+      if (\$422 ) begin
+        \$616  = 1'h0;
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$616  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$616  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$617  = busy_route;
-    if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$617  = \$434 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$617  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$617  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$618  = busy_vector;
-    if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$618  = \$435 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$618  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$618  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$619  = busy_move;
-    if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$619  = \$436 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$619  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$619  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$620  = \$signal$108 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$620  = 1'h1;
-          end
-      5'h01:
           /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$438 ) begin
-            \$620  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h02:
-          if (\$584 ) begin
-            \$620  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$620  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$621  = \$signal$109 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$621  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$438 ) begin
-            \$621  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h02:
-          if (\$584 ) begin
-            \$621  = 1'h0;
-          end
-    endcase
-    if (\$586 ) begin
-      \$621  = 1'h0;
-    end
-    if (rst) begin
-      \$621  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$622  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$622  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h02:
-          if (\$584 ) begin
-            \$622  = stop_code;
-          end
-    endcase
-    if (\$586 ) begin
-      \$622  = 8'h00;
-    end
-    if (rst) begin
-      \$622  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$623  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$623  = 13'h0000;
-          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$623  = { 1'h0, ins[255:244] };
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$616  = 1'h0;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$461 ) begin
-            \$623  = \$463 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$465 ) begin
-            \$623  = \$466 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$483 ) begin
-            \$623  = \$484 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$511 ) begin
-            \$623  = \$512 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else begin
-            \$623  = \$556 [12:0];
-          end
-      5'h0b:
-          if (\$558 ) begin
-            \$623  = { 1'h0, ins[255:244] };
-          end
-      5'h16:
-          if (\$561 ) begin
-            \$623  = \$562 [12:0];
-          end
-      5'h0c:
-          if (\$564 ) begin
-            \$623  = \$565 [12:0];
           end
     endcase
     if (rst) begin
-      \$623  = 13'h0000;
+      \$616  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$624  = \$signal$121 ;
+    \$617  = \$signal$210 ;
+    if (gemm_run) begin
+      if (\$422 ) begin
+        (* full_case = 32'd1 *)
+        if (\$424 ) begin
+          \$617  = \$425 [15:0];
+        end else begin
+          \$617  = 16'h0000;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$617  = 16'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$617  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$618  = \$signal$209 ;
+    if (gemm_run) begin
+      if (\$422 ) begin
+        (* full_case = 32'd1 *)
+        if (\$424 ) begin
+        end else begin
+          \$618  = \$426 [15:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$618  = 16'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$618  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$619  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$422 ) begin
+        (* full_case = 32'd1 *)
+        if (\$424 ) begin
+        end else begin
+          if (\$428 ) begin
+            \$619  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$619  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$619  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$620  = gc_lane;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$620  = \$429 [1:0];
+        if (\$435 ) begin
+          \$620  = 2'h0;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$620  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$620  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$621  = \$signal$215 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$437 ) begin
+            \$621  = \$438 [15:0];
+          end else begin
+            \$621  = 16'h0000;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$621  = 16'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$621  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$622  = \$signal$213 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (\$435 ) begin
+          (* full_case = 32'd1 *)
+          if (\$437 ) begin
+          end else begin
+            \$622  = \$439 [15:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$622  = 16'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$622  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$623  = \$signal$118 ;
+    if (\$signal$108 ) begin
+      \$623  = \$440 [31:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$623  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$623  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$624  = busy_dma;
+    if (\$signal$108 ) begin
+      if (cur_unit[0]) begin
+        \$624  = \$441 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
             \$624  = 32'd0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$624  = \$452 [31:0];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$461 ) begin
-            \$624  = \$464 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$465 ) begin
-            \$624  = \$467 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$483 ) begin
-            \$624  = \$485 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$511 ) begin
-            \$624  = \$513 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else begin
-            \$624  = \$557 [31:0];
-          end
-      5'h0b:
-          if (\$558 ) begin
-            \$624  = \$559 [31:0];
-          end
-      5'h16:
-          if (\$561 ) begin
-            \$624  = \$563 [31:0];
-          end
-      5'h0c:
-          if (\$564 ) begin
-            \$624  = \$566 [31:0];
           end
     endcase
     if (rst) begin
@@ -13211,64 +12775,234 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$625  = \$signal$143 ;
+    \$625  = busy_gemm;
+    if (\$signal$108 ) begin
+      if (cur_unit[1]) begin
+        \$625  = \$442 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$625  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else begin
-            \$625  = 1'h1;
+            \$625  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$625  = 1'h0;
+      \$625  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$626  = exp_active;
+    \$626  = busy_act;
+    if (\$signal$108 ) begin
+      if (cur_unit[2]) begin
+        \$626  = \$443 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$626  = 1'h0;
+            \$626  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$626  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$627  = busy_route;
+    if (\$signal$108 ) begin
+      if (cur_unit[3]) begin
+        \$627  = \$444 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$627  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$627  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$628  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$628  = \$445 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$628  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$628  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$629  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$629  = \$446 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$629  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$629  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$630  = \$signal$108 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$630  = 1'h1;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$448 ) begin
+            \$630  = 1'h0;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h02:
+          if (\$594 ) begin
+            \$630  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$630  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$631  = \$signal$109 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$631  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$448 ) begin
+            \$631  = 1'h1;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h02:
+          if (\$594 ) begin
+            \$631  = 1'h0;
+          end
+    endcase
+    if (\$596 ) begin
+      \$631  = 1'h0;
+    end
+    if (rst) begin
+      \$631  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$632  = err;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$632  = 8'h00;
           end
       5'h01:
           /* empty */;
@@ -13305,31 +13039,202 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h02:
+          if (\$594 ) begin
+            \$632  = stop_code;
+          end
+    endcase
+    if (\$596 ) begin
+      \$632  = 8'h00;
+    end
+    if (rst) begin
+      \$632  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$633  = pc;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$633  = 13'h0000;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
-            \$626  = 1'h0;
+            casez (ins[5:0])
+              6'h0e:
+                  \$633  = { 1'h0, ins[255:244] };
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$471 ) begin
+            \$633  = \$473 [12:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$475 ) begin
+            \$633  = \$476 [12:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$493 ) begin
+            \$633  = \$494 [12:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$521 ) begin
+            \$633  = \$522 [12:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else begin
+            \$633  = \$566 [12:0];
           end
       5'h0b:
-          if (\$558 ) begin
-            \$626  = 1'h0;
+          if (\$568 ) begin
+            \$633  = { 1'h0, ins[255:244] };
           end
       5'h16:
-          if (\$561 ) begin
-            \$626  = 1'h1;
+          if (\$571 ) begin
+            \$633  = \$572 [12:0];
+          end
+      5'h0c:
+          if (\$574 ) begin
+            \$633  = \$575 [12:0];
           end
     endcase
     if (rst) begin
-      \$626  = 1'h0;
+      \$633  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$627  = \$signal$145 ;
+    \$634  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$627  = 1'h0;
+            \$634  = 32'd0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$634  = \$462 [31:0];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$471 ) begin
+            \$634  = \$474 [31:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$475 ) begin
+            \$634  = \$477 [31:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$493 ) begin
+            \$634  = \$495 [31:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$521 ) begin
+            \$634  = \$523 [31:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else begin
+            \$634  = \$567 [31:0];
+          end
+      5'h0b:
+          if (\$568 ) begin
+            \$634  = \$569 [31:0];
+          end
+      5'h16:
+          if (\$571 ) begin
+            \$634  = \$573 [31:0];
+          end
+      5'h0c:
+          if (\$574 ) begin
+            \$634  = \$576 [31:0];
+          end
+    endcase
+    if (rst) begin
+      \$634  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$635  = \$signal$143 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$635  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -13342,680 +13247,794 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$461 ) begin
-            if (\$462 ) begin
-              \$627  = 1'h1;
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else begin
+            \$635  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$635  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$636  = exp_active;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$636  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else begin
+            \$636  = 1'h0;
+          end
+      5'h0b:
+          if (\$568 ) begin
+            \$636  = 1'h0;
+          end
+      5'h16:
+          if (\$571 ) begin
+            \$636  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$636  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$637  = \$signal$145 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$637  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$471 ) begin
+            if (\$472 ) begin
+              \$637  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$627  = 1'h0;
+      \$637  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$628  = ctrl_state;
+    \$638  = ctrl_state;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$628  = 5'h01;
+            \$638  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
-          if (\$437 ) begin
-            \$628  = 5'h02;
+          if (\$447 ) begin
+            \$638  = 5'h02;
           end else begin
-            \$628  = 5'h03;
+            \$638  = 5'h03;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h03:
         begin
-          \$628  = 5'h04;
+          \$638  = 5'h04;
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-            \$628  = 5'h00;
-          end else if (\$439 ) begin
-            \$628  = 5'h02;
+          if (\$448 ) begin
+            \$638  = 5'h00;
+          end else if (\$449 ) begin
+            \$638  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$628  = 5'h01;
+                  \$638  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$454 ) begin
-                    \$628  = 5'h05;
+                  if (\$464 ) begin
+                    \$638  = 5'h05;
                   end else begin
-                    \$628  = 5'h06;
+                    \$638  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$628  = 5'h06;
+                  \$638  = 5'h06;
               6'h0c:
-                  \$628  = 5'h06;
+                  \$638  = 5'h06;
               6'h0d:
-                  \$628  = 5'h06;
+                  \$638  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$457 ) begin
-                    \$628  = 5'h05;
+                  if (\$467 ) begin
+                    \$638  = 5'h05;
                   end else begin
-                    \$628  = 5'h07;
+                    \$638  = 5'h07;
                   end
               6'h01:
-                  \$628  = 5'h08;
+                  \$638  = 5'h08;
               6'h02:
-                  \$628  = 5'h09;
+                  \$638  = 5'h09;
               6'h08:
-                  \$628  = 5'h0a;
+                  \$638  = 5'h0a;
               6'h09:
-                  \$628  = 5'h0b;
+                  \$638  = 5'h0b;
               6'h0a, 6'h0b:
-                  \$628  = 5'h0c;
+                  \$638  = 5'h0c;
             endcase
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$628  = 5'h0d;
+          \$638  = 5'h0d;
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h0d:
         begin
           (* full_case = 32'd1 *)
-          if (\$458 ) begin
-            \$628  = 5'h07;
+          if (\$468 ) begin
+            \$638  = 5'h07;
           end else begin
-            \$628  = 5'h06;
+            \$638  = 5'h06;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$461 ) begin
-            \$628  = 5'h01;
+          if (\$471 ) begin
+            \$638  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$628  = 5'h0e;
+            \$638  = 5'h0e;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h0e:
         begin
           if (error) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end else if (done) begin
             (* full_case = 32'd1 *)
             if (\error$301 ) begin
-              \$628  = 5'h02;
+              \$638  = 5'h02;
             end else begin
-              \$628  = 5'h0f;
+              \$638  = 5'h0f;
             end
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h0f:
         begin
-          if (\$465 ) begin
-            \$628  = 5'h01;
+          if (\$475 ) begin
+            \$638  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$628  = 5'h02;
-          end else if (\$483 ) begin
-            \$628  = 5'h01;
+            \$638  = 5'h02;
+          end else if (\$493 ) begin
+            \$638  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$628  = 5'h02;
-          end else if (\$511 ) begin
-            \$628  = 5'h01;
+            \$638  = 5'h02;
+          end else if (\$521 ) begin
+            \$638  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h0a:
         begin
-          if (\$515 ) begin
-            \$628  = 5'h10;
+          if (\$525 ) begin
+            \$638  = 5'h10;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h10:
         begin
-          if (\$544 ) begin
-            \$628  = 5'h11;
+          if (\$554 ) begin
+            \$638  = 5'h11;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h11:
         begin
-          \$628  = 5'h12;
+          \$638  = 5'h12;
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h12:
         begin
           (* full_case = 32'd1 *)
-          if (\$545 ) begin
-            \$628  = 5'h13;
+          if (\$555 ) begin
+            \$638  = 5'h13;
           end else begin
-            \$628  = 5'h14;
+            \$638  = 5'h14;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h13:
         begin
-          \$628  = 5'h14;
+          \$638  = 5'h14;
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h14:
         begin
           (* full_case = 32'd1 *)
-          if (\$548 ) begin
-            \$628  = 5'h11;
+          if (\$558 ) begin
+            \$638  = 5'h11;
           end else begin
-            \$628  = 5'h15;
+            \$638  = 5'h15;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-            \$628  = 5'h11;
+          if (\$565 ) begin
+            \$638  = 5'h11;
           end else begin
-            \$628  = 5'h01;
+            \$638  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h0b:
         begin
           (* full_case = 32'd1 *)
-          if (\$558 ) begin
-            \$628  = 5'h01;
+          if (\$568 ) begin
+            \$638  = 5'h01;
           end else begin
-            \$628  = 5'h16;
+            \$638  = 5'h16;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-            \$628  = 5'h01;
+          if (\$571 ) begin
+            \$638  = 5'h01;
           end else begin
-            \$628  = 5'h0b;
+            \$638  = 5'h0b;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h0c:
         begin
           (* full_case = 32'd1 *)
-          if (\$564 ) begin
-            \$628  = 5'h01;
+          if (\$574 ) begin
+            \$638  = 5'h01;
           end else begin
-            \$628  = 5'h17;
+            \$638  = 5'h17;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h17:
         begin
           (* full_case = 32'd1 *)
-          if (\$569 ) begin
-            \$628  = 5'h02;
+          if (\$579 ) begin
+            \$638  = 5'h02;
           end else begin
-            \$628  = 5'h18;
+            \$638  = 5'h18;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h18:
         begin
-          if (\$580 ) begin
-            \$628  = 5'h0c;
+          if (\$590 ) begin
+            \$638  = 5'h0c;
           end
           if (\$signal$103 ) begin
-            \$628  = 5'h02;
+            \$638  = 5'h02;
           end
         end
       5'h02:
-          if (\$584 ) begin
-            \$628  = 5'h00;
+          if (\$594 ) begin
+            \$638  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$628  = 5'h00;
+      \$638  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$629  = stop_code;
+    \$639  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$437 ) begin
-            \$629  = 8'h06;
+          if (\$447 ) begin
+            \$639  = 8'h06;
           end
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h04:
         begin
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-            \$629  = decode_err;
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+            \$639  = decode_err;
           end
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h06:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h07:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$629  = 8'h07;
+            \$639  = 8'h07;
           end else if (done) begin
             if (\error$301 ) begin
-              \$629  = 8'h03;
+              \$639  = 8'h03;
             end
           end
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
         end
       5'h0f:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h08:
         begin
           if (error) begin
-            \$629  = 8'h07;
+            \$639  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$629  = 8'h07;
+            \$639  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h0b:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h16:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h0c:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
       5'h17:
         begin
-          if (\$569 ) begin
-            \$629  = 8'h02;
+          if (\$579 ) begin
+            \$639  = 8'h02;
           end
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
         end
       5'h18:
           if (\$signal$103 ) begin
-            \$629  = 8'h00;
+            \$639  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$629  = 8'h00;
+      \$639  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$630  = cur_unit;
+    \$640  = cur_unit;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$437 ) begin
-            \$630  = 6'h00;
+          if (\$447 ) begin
+            \$640  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-            \$630  = 6'h00;
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+            \$640  = 6'h00;
           end else begin
-            if (\$440 ) begin
-              \$630  = 6'h01;
-            end
-            if (\$441 ) begin
-              \$630  = 6'h01;
-            end
-            if (\$442 ) begin
-              \$630  = 6'h02;
-            end
-            if (\$443 ) begin
-              \$630  = 6'h04;
-            end
-            if (\$444 ) begin
-              \$630  = 6'h04;
-            end
-            if (\$445 ) begin
-              \$630  = 6'h04;
-            end
-            if (\$446 ) begin
-              \$630  = 6'h08;
-            end
-            if (\$447 ) begin
-              \$630  = 6'h10;
-            end
-            if (\$448 ) begin
-              \$630  = 6'h10;
-            end
-            if (\$449 ) begin
-              \$630  = 6'h10;
-            end
             if (\$450 ) begin
-              \$630  = 6'h20;
+              \$640  = 6'h01;
             end
             if (\$451 ) begin
-              \$630  = 6'h20;
+              \$640  = 6'h01;
+            end
+            if (\$452 ) begin
+              \$640  = 6'h02;
+            end
+            if (\$453 ) begin
+              \$640  = 6'h04;
+            end
+            if (\$454 ) begin
+              \$640  = 6'h04;
+            end
+            if (\$455 ) begin
+              \$640  = 6'h04;
+            end
+            if (\$456 ) begin
+              \$640  = 6'h08;
+            end
+            if (\$457 ) begin
+              \$640  = 6'h10;
+            end
+            if (\$458 ) begin
+              \$640  = 6'h10;
+            end
+            if (\$459 ) begin
+              \$640  = 6'h10;
+            end
+            if (\$460 ) begin
+              \$640  = 6'h20;
+            end
+            if (\$461 ) begin
+              \$640  = 6'h20;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$630  = 6'h00;
+                  \$640  = 6'h00;
             endcase
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
       5'h06:
         begin
-          if (\$461 ) begin
-            \$630  = 6'h00;
+          if (\$471 ) begin
+            \$640  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h07:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end else if (done) begin
             if (\error$301 ) begin
-              \$630  = 6'h00;
+              \$640  = 6'h00;
             end
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h0f:
         begin
-          if (\$465 ) begin
-            \$630  = 6'h00;
+          if (\$475 ) begin
+            \$640  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$630  = 6'h00;
-          end else if (\$483 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
+          end else if (\$493 ) begin
+            \$640  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$630  = 6'h00;
-          end else if (\$511 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
+          end else if (\$521 ) begin
+            \$640  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
+          if (\$565 ) begin
           end else begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h0b:
         begin
-          if (\$558 ) begin
-            \$630  = 6'h00;
+          if (\$568 ) begin
+            \$640  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h16:
         begin
-          if (\$561 ) begin
-            \$630  = 6'h00;
+          if (\$571 ) begin
+            \$640  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h0c:
         begin
-          if (\$564 ) begin
-            \$630  = 6'h00;
+          if (\$574 ) begin
+            \$640  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h17:
         begin
-          if (\$569 ) begin
-            \$630  = 6'h00;
+          if (\$579 ) begin
+            \$640  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
         end
       5'h18:
           if (\$signal$103 ) begin
-            \$630  = 6'h00;
+            \$640  = 6'h00;
           end
     endcase
     if (rst) begin
-      \$630  = 6'h00;
+      \$640  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$631  = ins;
+    \$641  = ins;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$631  = \$signature__data$297 ;
+          \$641  = \$signature__data$297 ;
     endcase
     if (rst) begin
-      \$631  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$641  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$632  = rq_width;
+    \$642  = rq_width;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14025,14 +14044,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$632  = ins[243:238];
+                  \$642  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -14040,17 +14059,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$632  = ins[243:238];
+                  \$642  = ins[243:238];
             endcase
           end
     endcase
     if (rst) begin
-      \$632  = 6'h00;
+      \$642  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$633  = \$signal$159 ;
+    \$643  = \$signal$159 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14060,14 +14079,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$633  = ins[231:200];
+                  \$643  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -14075,349 +14094,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$633  = ins[231:200];
+                  \$643  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$633  = { 16'h0000, i__payload[15:0] };
-    endcase
-    if (rst) begin
-      \$633  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$634  = shift;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$634  = ins[237:232];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$634  = ins[237:232];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$634  = \$signature__data$166 [5:0];
-    endcase
-    if (rst) begin
-      \$634  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$635  = cnt0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$635  = ln[15:0];
-              6'h05, 6'h06, 6'h07:
-                  \$635  = ln[15:0];
-              6'h0c:
-                  \$635  = ins[47:32];
-              6'h0d:
-                  \$635  = ins[63:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$635  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$636  = cnt1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$636  = 16'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$636  = 16'h0001;
-              6'h0c:
-                  \$636  = ins[63:48];
-              6'h0d:
-                  \$636  = 16'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$636  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$637  = cnt2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$637  = 16'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$637  = 16'h0001;
-              6'h0c:
-                  \$637  = m_eff;
-              6'h0d:
-                  \$637  = m_eff;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$637  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$638  = sa0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$638  = 32'd1;
-              6'h05, 6'h06, 6'h07:
-                  \$638  = 32'd1;
-              6'h0c:
-                  \$638  = { 16'h0000, ins[63:48] };
-              6'h0d:
-                  \$638  = 32'd1;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$638  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$639  = sa1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$639  = 32'd0;
-              6'h05, 6'h06, 6'h07:
-                  \$639  = 32'd0;
-              6'h0c:
-                  \$639  = 32'd1;
-              6'h0d:
-                  \$639  = 32'd0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$639  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$640  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$640  = 32'd0;
-              6'h05, 6'h06, 6'h07:
-                  \$640  = 32'd0;
-              6'h0c:
-                  \$640  = \$455 ;
-              6'h0d:
-                  \$640  = { 16'h0000, ins[63:48] };
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$640  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$641  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$641  = 32'd0;
-              6'h05, 6'h06, 6'h07:
-                  \$641  = 32'd1;
-              6'h0c:
-                  \$641  = 32'd1;
-              6'h0d:
-                  \$641  = 32'd0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$641  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$642  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$642  = 32'd0;
-              6'h05, 6'h06, 6'h07:
-                  \$642  = 32'd0;
-              6'h0c:
-                  \$642  = 32'd0;
-              6'h0d:
-                  \$642  = 32'd0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$642  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$643  = sb2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$643  = 32'd0;
-              6'h05, 6'h06, 6'h07:
-                  \$643  = 32'd0;
-              6'h0c:
-                  \$643  = { 16'h0000, ins[47:32] };
-              6'h0d:
-                  \$643  = 32'd0;
-            endcase
-          end
+          \$643  = { 16'h0000, i__payload[15:0] };
     endcase
     if (rst) begin
       \$643  = 32'd0;
@@ -14425,7 +14108,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$644  = \$signal$298 ;
+    \$644  = shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14435,88 +14118,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$644  = ln;
-              6'h05, 6'h06, 6'h07:
-                  \$644  = ln;
-              6'h0c:
-                  \$644  = ln;
-              6'h0d:
-                  \$644  = ln;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$644  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$645  = \$signal$232 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$645  = 32'd0;
-              6'h05, 6'h06, 6'h07:
-                  \$645  = 32'd0;
-              6'h0c:
-                  \$645  = 32'd0;
-              6'h0d:
-                  \$645  = 32'd0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$signal$179 ) begin
-            \$645  = \$459 [31:0];
-          end
-    endcase
-    if (rst) begin
-      \$645  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$646  = \$signal$235 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
+                  \$644  = ins[237:232];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -14524,42 +14133,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  /* empty */;
-              6'h01:
-                  \$646  = 1'h0;
+                  \$644  = ins[237:232];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$469 ) begin
-            \$646  = 1'h1;
-          end
-          if (\$signal$235 ) begin
-            if (\$478 ) begin
-              \$646  = 1'h0;
-            end
-          end
-        end
+          \$644  = \$signature__data$166 [5:0];
     endcase
     if (rst) begin
-      \$646  = 1'h0;
+      \$644  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$647  = \$signal$238 ;
+    \$645  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14569,55 +14157,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$645  = ln[15:0];
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$645  = ln[15:0];
               6'h0c:
-                  /* empty */;
+                  \$645  = ins[47:32];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$647  = 3'h0;
+                  \$645  = ins[63:48];
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$469 ) begin
-            \$647  = 3'h0;
-          end
-          if (\$signal$235 ) begin
-            \$647  = \$472 [2:0];
-          end
-        end
     endcase
     if (rst) begin
-      \$647  = 3'h0;
+      \$645  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$648  = \$signal$236 ;
+    \$646  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14627,43 +14190,87 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$646  = 16'h0001;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$646  = 16'h0001;
               6'h0c:
-                  /* empty */;
+                  \$646  = ins[63:48];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$648  = 32'd0;
+                  \$646  = 16'h0002;
             endcase
           end
-      5'h05:
+    endcase
+    if (rst) begin
+      \$646  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$647  = cnt2;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h0d:
+      5'h01:
           /* empty */;
-      5'h06:
+      5'h03:
           /* empty */;
-      5'h07:
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$647  = 16'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$647  = 16'h0001;
+              6'h0c:
+                  \$647  = m_eff;
+              6'h0d:
+                  \$647  = m_eff;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$647  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$648  = sa0;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h0e:
+      5'h01:
           /* empty */;
-      5'h0f:
+      5'h03:
           /* empty */;
-      5'h08:
-          if (\$signal$235 ) begin
-            if (\$470 ) begin
-              \$648  = \$471 [31:0];
-            end
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$648  = 32'd1;
+              6'h05, 6'h06, 6'h07:
+                  \$648  = 32'd1;
+              6'h0c:
+                  \$648  = { 16'h0000, ins[63:48] };
+              6'h0d:
+                  \$648  = 32'd1;
+            endcase
           end
     endcase
     if (rst) begin
@@ -14672,7 +14279,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$649  = \$signal$239 ;
+    \$649  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14682,59 +14289,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$649  = 32'd0;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$649  = 32'd0;
               6'h0c:
-                  /* empty */;
+                  \$649  = 32'd1;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$649  = 1'h0;
+                  \$649  = 32'd0;
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$503 ) begin
-            \$649  = 1'h1;
-          end
-          if (\$504 ) begin
-            \$649  = 1'h0;
-          end
-        end
     endcase
     if (rst) begin
-      \$649  = 1'h0;
+      \$649  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$650  = \$signal$240 ;
+    \$650  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14744,59 +14322,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$650  = 32'd0;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$650  = 32'd0;
               6'h0c:
-                  /* empty */;
+                  \$650  = \$465 ;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$650  = 3'h0;
+                  \$650  = { 16'h0000, ins[63:48] };
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$492 ) begin
-            \$650  = \$494 [2:0];
-          end
-          if (\$504 ) begin
-            \$650  = 3'h0;
-          end
-        end
     endcase
     if (rst) begin
-      \$650  = 3'h0;
+      \$650  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$651  = \$signal$241 ;
+    \$651  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14806,45 +14355,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$651  = 32'd0;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$651  = 32'd1;
               6'h0c:
-                  /* empty */;
+                  \$651  = 32'd1;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
                   \$651  = 32'd0;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$492 ) begin
-            \$651  = \$493 [31:0];
           end
     endcase
     if (rst) begin
@@ -14853,7 +14378,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$652  = \$signal$242 ;
+    \$652  = sb1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14863,8 +14388,148 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$652  = 32'd0;
+              6'h05, 6'h06, 6'h07:
+                  \$652  = 32'd0;
+              6'h0c:
+                  \$652  = 32'd0;
+              6'h0d:
+                  \$652  = 32'd0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$652  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$653  = sb2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$653  = 32'd0;
+              6'h05, 6'h06, 6'h07:
+                  \$653  = 32'd0;
+              6'h0c:
+                  \$653  = { 16'h0000, ins[47:32] };
+              6'h0d:
+                  \$653  = 32'd0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$653  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$654  = \$signal$298 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$654  = ln;
+              6'h05, 6'h06, 6'h07:
+                  \$654  = ln;
+              6'h0c:
+                  \$654  = ln;
+              6'h0d:
+                  \$654  = ln;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$654  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$655  = \$signal$232 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$655  = 32'd0;
+              6'h05, 6'h06, 6'h07:
+                  \$655  = 32'd0;
+              6'h0c:
+                  \$655  = 32'd0;
+              6'h0d:
+                  \$655  = 32'd0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$signal$179 ) begin
+            \$655  = \$469 [31:0];
+          end
+    endcase
+    if (rst) begin
+      \$655  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$656  = \$signal$235 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14880,9 +14545,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  /* empty */;
-              6'h02:
-                  \$652  = 1'h0;
+                  \$656  = 1'h0;
             endcase
           end
       5'h05:
@@ -14898,24 +14561,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
         begin
-          if (\$492 ) begin
-            \$652  = 1'h1;
+          if (\$479 ) begin
+            \$656  = 1'h1;
           end
-          if (\$signal$242 ) begin
-            \$652  = 1'h0;
+          if (\$signal$235 ) begin
+            if (\$488 ) begin
+              \$656  = 1'h0;
+            end
           end
         end
     endcase
     if (rst) begin
-      \$652  = 1'h0;
+      \$656  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$653  = wr_data__payload;
+    \$657  = \$signal$238 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14925,8 +14588,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14942,9 +14605,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  /* empty */;
-              6'h02:
-                  \$653 [35:32] = 4'h0;
+                  \$657  = 3'h0;
             endcase
           end
       5'h05:
@@ -14960,31 +14621,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
         begin
-          if (\$signal$242 ) begin
-            casez (\$signal$303 )
-              2'h0:
-                  \$653 [31:0] = i__payload;
-            endcase
-            casez (\$signal$303 )
-              2'h0:
-                  \$653 [35:32] = 4'hf;
-            endcase
+          if (\$479 ) begin
+            \$657  = 3'h0;
           end
-          if (\$504 ) begin
-            \$653 [35:32] = 4'h0;
+          if (\$signal$235 ) begin
+            \$657  = \$482 [2:0];
           end
         end
     endcase
     if (rst) begin
-      \$653  = 36'h000000000;
+      \$657  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$654  = \$signal$244 ;
+    \$658  = \$signal$236 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14994,8 +14646,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
+          if (\$448 ) begin
+          end else if (\$449 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15011,11 +14663,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$654  = 4'h0;
+                  \$658  = 32'd0;
             endcase
           end
       5'h05:
@@ -15031,198 +14679,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          \$654  = \$514 [3:0];
-      5'h10:
-          if (\$544 ) begin
-            \$654  = 4'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          \$654  = \$553 [3:0];
-    endcase
-    if (rst) begin
-      \$654  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$655  = \$signal$267 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$438 ) begin
-          end else if (\$439 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$655  = 16'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$580 ) begin
-            \$655  = \$581 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$655  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$656  = \$signal$146 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$461 ) begin
-            if (\$462 ) begin
-              \$656  = ins[135:112];
+          if (\$signal$235 ) begin
+            if (\$480 ) begin
+              \$658  = \$481 [31:0];
             end
-          end
-    endcase
-    if (rst) begin
-      \$656  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$657  = scores_len;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$461 ) begin
-            if (\$462 ) begin
-              \$657  = ln;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$657  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$658  = \$signal$237 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$469 ) begin
-            \$658  = m_axi__rdata;
           end
     endcase
     if (rst) begin
@@ -15231,7 +14691,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$659  = \$signal$303 ;
+    \$659  = \$signal$239 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15240,7 +14700,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$659  = 1'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -15256,143 +14738,192 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$492 ) begin
-            \$659  = \$signal$240 [1:0];
-          end
-    endcase
-    if (rst) begin
-      \$659  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$660  = \$signal$251 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$515 ) begin
-            \$660  = 16'h0000;
-          end
-      5'h10:
-          if (\$527 ) begin
-            (* full_case = 32'd1 *)
-            if (\$530 ) begin
-            end else begin
-              \$660  = \$532 [15:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$660  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$661  = \$signal$252 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$515 ) begin
-            \$661  = 16'h0000;
-          end
-      5'h10:
-          if (\$527 ) begin
-            (* full_case = 32'd1 *)
-            if (\$530 ) begin
-              \$661  = \$531 [15:0];
-            end else begin
-              \$661  = 16'h0000;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$661  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$662  = rt_lane;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$515 ) begin
-            \$662  = 1'h0;
-          end
-      5'h10:
         begin
-          if (\$520 ) begin
-            \$662  = \$524 [0];
+          if (\$513 ) begin
+            \$659  = 1'h1;
           end
-          if (\$527 ) begin
+          if (\$514 ) begin
+            \$659  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$659  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$660  = \$signal$240 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$660  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$502 ) begin
+            \$660  = \$504 [2:0];
+          end
+          if (\$514 ) begin
+            \$660  = 3'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$660  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$661  = \$signal$241 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$661  = 32'd0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$502 ) begin
+            \$661  = \$503 [31:0];
+          end
+    endcase
+    if (rst) begin
+      \$661  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$662  = \$signal$242 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$662  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$502 ) begin
+            \$662  = 1'h1;
+          end
+          if (\$signal$242 ) begin
             \$662  = 1'h0;
           end
         end
@@ -15403,7 +14934,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$663  = \$signal$248 ;
+    \$663  = wr_data__payload;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15412,7 +14943,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$663 [35:32] = 4'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -15428,30 +14981,311 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$515 ) begin
-            \$663  = 1'h0;
-          end
-      5'h10:
         begin
-          if (\$signal$306 ) begin
-            if (\$526 ) begin
-              \$663  = 1'h1;
-            end
+          if (\$signal$242 ) begin
+            casez (\$signal$303 )
+              2'h0:
+                  \$663 [31:0] = i__payload;
+            endcase
+            casez (\$signal$303 )
+              2'h0:
+                  \$663 [35:32] = 4'hf;
+            endcase
           end
-          if (\$527 ) begin
-            \$663  = 1'h0;
+          if (\$514 ) begin
+            \$663 [35:32] = 4'h0;
           end
         end
     endcase
     if (rst) begin
-      \$663  = 1'h0;
+      \$663  = 36'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$664  = \$signal$249 ;
+    \$664  = \$signal$244 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$664  = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          \$664  = \$524 [3:0];
+      5'h10:
+          if (\$554 ) begin
+            \$664  = 4'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          \$664  = \$563 [3:0];
+    endcase
+    if (rst) begin
+      \$664  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$665  = \$signal$267 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$448 ) begin
+          end else if (\$449 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$665  = 16'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$590 ) begin
+            \$665  = \$591 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$665  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$666  = \$signal$146 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$471 ) begin
+            if (\$472 ) begin
+              \$666  = ins[135:112];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$666  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$667  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$471 ) begin
+            if (\$472 ) begin
+              \$667  = ln;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$667  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$668  = \$signal$237 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$479 ) begin
+            \$668  = m_axi__rdata;
+          end
+    endcase
+    if (rst) begin
+      \$668  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$669  = \$signal$303 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$502 ) begin
+            \$669  = \$signal$240 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$669  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$670  = \$signal$251 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15478,27 +15312,212 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$515 ) begin
-            \$664  = 1'h0;
+          if (\$525 ) begin
+            \$670  = 16'h0000;
           end
       5'h10:
-          if (\$527 ) begin
+          if (\$537 ) begin
             (* full_case = 32'd1 *)
-            if (\$530 ) begin
+            if (\$540 ) begin
             end else begin
-              if (\$534 ) begin
-                \$664  = 1'h1;
+              \$670  = \$542 [15:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$670  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$671  = \$signal$252 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$525 ) begin
+            \$671  = 16'h0000;
+          end
+      5'h10:
+          if (\$537 ) begin
+            (* full_case = 32'd1 *)
+            if (\$540 ) begin
+              \$671  = \$541 [15:0];
+            end else begin
+              \$671  = 16'h0000;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$671  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$672  = rt_lane;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$525 ) begin
+            \$672  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$530 ) begin
+            \$672  = \$534 [0];
+          end
+          if (\$537 ) begin
+            \$672  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$672  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$673  = \$signal$248 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$525 ) begin
+            \$673  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$signal$306 ) begin
+            if (\$536 ) begin
+              \$673  = 1'h1;
+            end
+          end
+          if (\$537 ) begin
+            \$673  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$673  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$674  = \$signal$249 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$525 ) begin
+            \$674  = 1'h0;
+          end
+      5'h10:
+          if (\$537 ) begin
+            (* full_case = 32'd1 *)
+            if (\$540 ) begin
+            end else begin
+              if (\$544 ) begin
+                \$674  = 1'h1;
               end
             end
           end
     endcase
     if (rst) begin
-      \$664  = 1'h0;
+      \$674  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$665  = \$signal$306 ;
+    \$675  = \$signal$306 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15525,24 +15544,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$515 ) begin
-            \$665  = 1'h0;
+          if (\$525 ) begin
+            \$675  = 1'h0;
           end
       5'h10:
           (* full_case = 32'd1 *)
-          if (\$520 ) begin
-            \$665  = 1'h1;
+          if (\$530 ) begin
+            \$675  = 1'h1;
           end else begin
-            \$665  = 1'h0;
+            \$675  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$665  = 1'h0;
+      \$675  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$666  = \$signal$259 ;
+    \$676  = \$signal$259 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15569,23 +15588,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$515 ) begin
-            \$666  = 16'h0000;
+          if (\$525 ) begin
+            \$676  = 16'h0000;
           end
       5'h10:
-          if (\$539 ) begin
-            if (\$541 ) begin
-              \$666  = \$542 [15:0];
+          if (\$549 ) begin
+            if (\$551 ) begin
+              \$676  = \$552 [15:0];
             end
           end
     endcase
     if (rst) begin
-      \$666  = 16'h0000;
+      \$676  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$667  = rt_s;
+    \$677  = rt_s;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15612,26 +15631,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$515 ) begin
-            \$667  = 2'h0;
+          if (\$525 ) begin
+            \$677  = 2'h0;
           end
       5'h10:
-          if (\$539 ) begin
+          if (\$549 ) begin
             (* full_case = 32'd1 *)
-            if (\$541 ) begin
-              \$667  = 2'h0;
+            if (\$551 ) begin
+              \$677  = 2'h0;
             end else begin
-              \$667  = \$543 [1:0];
+              \$677  = \$553 [1:0];
             end
           end
     endcase
     if (rst) begin
-      \$667  = 2'h0;
+      \$677  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$668  = \$signal$257 ;
+    \$678  = \$signal$257 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15658,26 +15677,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$515 ) begin
-            \$668  = 1'h0;
+          if (\$525 ) begin
+            \$678  = 1'h0;
           end
       5'h10:
         begin
-          if (\$536 ) begin
-            \$668  = 1'h1;
+          if (\$546 ) begin
+            \$678  = 1'h1;
           end
-          if (\$539 ) begin
-            \$668  = 1'h0;
+          if (\$549 ) begin
+            \$678  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$668  = 1'h0;
+      \$678  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$669  = rt_wphase;
+    \$679  = rt_wphase;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15704,26 +15723,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$515 ) begin
-            \$669  = 1'h0;
+          if (\$525 ) begin
+            \$679  = 1'h0;
           end
       5'h10:
         begin
-          if (\$538 ) begin
-            \$669  = 1'h1;
+          if (\$548 ) begin
+            \$679  = 1'h1;
           end
-          if (\$539 ) begin
-            \$669  = 1'h0;
+          if (\$549 ) begin
+            \$679  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$669  = 1'h0;
+      \$679  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$670  = \$signal$308 ;
+    \$680  = \$signal$308 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15752,17 +15771,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$520 ) begin
-            \$670  = \$523 ;
+          if (\$530 ) begin
+            \$680  = \$533 ;
           end
     endcase
     if (rst) begin
-      \$670  = 1'h0;
+      \$680  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$671  = rt_word;
+    \$681  = rt_word;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15792,16 +15811,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
           if (\$signal$306 ) begin
-            \$671  = \$525 ;
+            \$681  = \$535 ;
           end
     endcase
     if (rst) begin
-      \$671  = 13'h0000;
+      \$681  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$672  = \$signal$261 ;
+    \$682  = \$signal$261 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15830,17 +15849,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$536 ) begin
-            \$672  = routes__payload;
+          if (\$546 ) begin
+            \$682  = routes__payload;
           end
     endcase
     if (rst) begin
-      \$672  = 20'h00000;
+      \$682  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$673  = \$signal$262 ;
+    \$683  = \$signal$262 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15869,8 +15888,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$544 ) begin
-            \$673  = 32'd0;
+          if (\$554 ) begin
+            \$683  = 32'd0;
           end
       5'h11:
           /* empty */;
@@ -15879,279 +15898,279 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          if (\$548 ) begin
-            \$673  = \$549 [31:0];
-          end
-      5'h15:
-          \$673  = 32'd0;
-    endcase
-    if (rst) begin
-      \$673  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$674  = \$signal$264 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$544 ) begin
-            \$674  = 16'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          if (\$548 ) begin
-            if (\$550 ) begin
-              \$674  = \$551 [15:0];
-            end
-          end
-      5'h15:
-          \$674  = 16'h0000;
-    endcase
-    if (rst) begin
-      \$674  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$675  = \$signal$312 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$544 ) begin
-            \$675  = 2'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          if (\$548 ) begin
-            (* full_case = 32'd1 *)
-            if (\$550 ) begin
-              \$675  = 2'h0;
-            end else begin
-              \$675  = \$552 [1:0];
-            end
-          end
-      5'h15:
-          \$675  = 2'h0;
-    endcase
-    if (rst) begin
-      \$675  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$676  = \$signal$263 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$544 ) begin
-            \$676  = 32'd0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          \$676  = \$546 [31:0];
-    endcase
-    if (rst) begin
-      \$676  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$677  = \$signal$265 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$544 ) begin
-            \$677  = 32'd0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          \$677  = \$signal$263 ;
-    endcase
-    if (rst) begin
-      \$677  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$678  = scan;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else begin
-            \$678  = 4'h0;
-          end
-      5'h0b:
           if (\$558 ) begin
-            \$678  = 4'h8;
+            \$683  = \$559 [31:0];
           end
-      5'h16:
-          \$678  = \$560 [3:0];
+      5'h15:
+          \$683  = 32'd0;
     endcase
     if (rst) begin
-      \$678  = 4'h0;
+      \$683  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$679  = \$signal$133 ;
+    \$684  = \$signal$264 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$554 ) begin
+            \$684  = 16'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          if (\$558 ) begin
+            if (\$560 ) begin
+              \$684  = \$561 [15:0];
+            end
+          end
+      5'h15:
+          \$684  = 16'h0000;
+    endcase
+    if (rst) begin
+      \$684  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$685  = \$signal$312 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$554 ) begin
+            \$685  = 2'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          if (\$558 ) begin
+            (* full_case = 32'd1 *)
+            if (\$560 ) begin
+              \$685  = 2'h0;
+            end else begin
+              \$685  = \$562 [1:0];
+            end
+          end
+      5'h15:
+          \$685  = 2'h0;
+    endcase
+    if (rst) begin
+      \$685  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$686  = \$signal$263 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$554 ) begin
+            \$686  = 32'd0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          \$686  = \$556 [31:0];
+    endcase
+    if (rst) begin
+      \$686  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$687  = \$signal$265 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$554 ) begin
+            \$687  = 32'd0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          \$687  = \$signal$263 ;
+    endcase
+    if (rst) begin
+      \$687  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$688  = scan;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$565 ) begin
+          end else begin
+            \$688  = 4'h0;
+          end
+      5'h0b:
+          if (\$568 ) begin
+            \$688  = 4'h8;
+          end
+      5'h16:
+          \$688  = \$570 [3:0];
+    endcase
+    if (rst) begin
+      \$688  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$689  = \$signal$133 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16194,17 +16213,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0b:
           /* empty */;
       5'h16:
-          if (\$561 ) begin
-            \$679  = scan;
+          if (\$571 ) begin
+            \$689  = scan;
           end
     endcase
     if (rst) begin
-      \$679  = 4'h0;
+      \$689  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$680  = \$signal$130 ;
+    \$690  = \$signal$130 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16247,17 +16266,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0b:
           /* empty */;
       5'h16:
-          if (\$561 ) begin
-            \$680  = i__payload[15:0];
+          if (\$571 ) begin
+            \$690  = i__payload[15:0];
           end
     endcase
     if (rst) begin
-      \$680  = 16'h0000;
+      \$690  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$681  = offset;
+    \$691  = offset;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16300,17 +16319,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0b:
           /* empty */;
       5'h16:
-          if (\$561 ) begin
-            \$681  = \$signature__data$166 [23:0];
+          if (\$571 ) begin
+            \$691  = \$signature__data$166 [23:0];
           end
     endcase
     if (rst) begin
-      \$681  = 24'h000000;
+      \$691  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$682  = \$signal$269 ;
+    \$692  = \$signal$269 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16358,18 +16377,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h17:
           (* full_case = 32'd1 *)
-          if (\$569 ) begin
+          if (\$579 ) begin
           end else begin
-            \$682  = i__payload[15:0];
+            \$692  = i__payload[15:0];
           end
     endcase
     if (rst) begin
-      \$682  = 16'h0000;
+      \$692  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$683  = \$signal$268 ;
+    \$693  = \$signal$268 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16417,22 +16436,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h17:
           (* full_case = 32'd1 *)
-          if (\$569 ) begin
+          if (\$579 ) begin
           end else begin
-            \$683  = 17'h00000;
+            \$693  = 17'h00000;
           end
       5'h18:
-          if (\$570 ) begin
-            \$683  = \$571 [16:0];
+          if (\$580 ) begin
+            \$693  = \$581 [16:0];
           end
     endcase
     if (rst) begin
-      \$683  = 17'h00000;
+      \$693  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$684  = \$signal$270 ;
+    \$694  = \$signal$270 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16480,25 +16499,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h17:
           (* full_case = 32'd1 *)
-          if (\$569 ) begin
+          if (\$579 ) begin
           end else begin
-            \$684  = 1'h0;
+            \$694  = 1'h0;
           end
       5'h18:
           (* full_case = 32'd1 *)
-          if (\$570 ) begin
-            \$684  = 1'h1;
+          if (\$580 ) begin
+            \$694  = 1'h1;
           end else begin
-            \$684  = 1'h0;
+            \$694  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$684  = 1'h0;
+      \$694  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$685  = \$signal$271 ;
+    \$695  = \$signal$271 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16547,12 +16566,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$570 ) begin
-            \$685  = \$578 [31:0];
+          if (\$580 ) begin
+            \$695  = \$588 [31:0];
           end
     endcase
     if (rst) begin
-      \$685  = 32'd0;
+      \$695  = 32'd0;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -16577,14 +16596,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$686 [5], \$686 [5], \$686  };
+  assign bus__arlen = { \$696 [5], \$696 [5], \$696  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$687 [5], \$687 [5], \$687  };
+  assign bus__awlen = { \$697 [5], \$697 [5], \$697  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -16620,7 +16639,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \o__ready$172  = 1'h1;
   assign \o__ready$173  = 1'h1;
   assign \o__ready$174  = 1'h1;
-  assign hi_sat = \$196 [65:0];
+  assign hi_sat = \$206 [65:0];
   assign gm_word = a_in__payload;
   assign \$signal$199  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
@@ -16630,17 +16649,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \wr_addr$223  = \$38 [31:0];
   assign rd_beats = beats[23:0];
   assign wr_beats = beats[23:0];
-  assign tk = { 14'h0000, \$249  };
+  assign tk = { 14'h0000, \$259  };
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$687 [5], \$687 [5], \$687  };
+  assign m_axi__awlen = { \$697 [5], \$697 [5], \$697  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$686 [5], \$686 [5], \$686  };
+  assign m_axi__arlen = { \$696 [5], \$696 [5], \$696  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -16711,15 +16730,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$208 ;
-  assign cmd__payload[69:54] = \$206 [15:0];
+  assign cmd__payload[75:70] = \$218 ;
+  assign cmd__payload[69:54] = \$216 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
   assign \i__payload$167 [33] = \$signal$168 ;
-  assign \i__payload$167 [32:16] = \$190 ;
+  assign \i__payload$167 [32:16] = \$200 ;
   assign \i__payload$167 [15:0] = i__payload[15:0];
   assign \i__payload$165 [31:16] = \$signature__data$166 [15:0];
   assign \i__payload$165 [15:0] = i__payload[15:0];
@@ -16733,14 +16752,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign { \$34 [9:2], \$34 [0] } = 9'h000;
   assign \$34 [1] = ins[7];
   assign \$36  = ins[7];
-  assign \$736  = 1'h1;
-  assign \$41  = \$734 ;
-  assign \$743  = 1'h1;
-  assign \$44  = \$741 ;
-  assign \$752  = 1'h1;
-  assign \$49  = \$750 ;
-  assign \$760  = 1'h1;
-  assign \$53  = \$758 ;
+  assign \$746  = 1'h1;
+  assign \$41  = \$744 ;
+  assign \$753  = 1'h1;
+  assign \$44  = \$751 ;
+  assign \$762  = 1'h1;
+  assign \$49  = \$760 ;
+  assign \$770  = 1'h1;
+  assign \$53  = \$768 ;
   assign { \$110 [9:3], \$110 [1:0] } = 9'h000;
   assign \$110 [2] = ins[8];
   assign \$111  = ins[8];
@@ -16749,20 +16768,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$114  = ins[8];
   assign \$128 [9:3] = 7'h00;
   assign \$128 [2:0] = ins[8:6];
-  assign \$175 [63:2] = 62'h0000000000000000;
-  assign \$175 [1:0] = \$38 [1:0];
-  assign \$195  = { 1'h0, \$194 [127:1] };
-  assign { \$453 [9:3], \$453 [1:0] } = 9'h000;
-  assign \$453 [2] = ins[8];
-  assign \$454  = ins[8];
-  assign { \$456 [9:3], \$456 [1:0] } = 9'h000;
-  assign \$456 [2] = ins[8];
-  assign \$457  = ins[8];
-  assign \$526  = 1'h1;
+  assign \$138 [9:3] = 7'h00;
+  assign \$138 [2:0] = ins[8:6];
+  assign \$185 [63:2] = 62'h0000000000000000;
+  assign \$185 [1:0] = \$38 [1:0];
+  assign \$205  = { 1'h0, \$204 [127:1] };
+  assign { \$463 [9:3], \$463 [1:0] } = 9'h000;
+  assign \$463 [2] = ins[8];
+  assign \$464  = ins[8];
+  assign { \$466 [9:3], \$466 [1:0] } = 9'h000;
+  assign \$466 [2] = ins[8];
+  assign \$467  = ins[8];
+  assign \$536  = 1'h1;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_addr, \port$966$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$984$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_addr, \port$976$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$994$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready
 , wr_busy, rd_beats, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
@@ -16902,10 +16923,10 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$966$0 ;
-  wire [5:0] \port$966$0 ;
-  output [5:0] \port$984$0 ;
-  wire [5:0] \port$984$0 ;
+  output [5:0] \port$976$0 ;
+  wire [5:0] \port$976$0 ;
+  output [5:0] \port$994$0 ;
+  wire [5:0] \port$994$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -17154,8 +17175,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__bready = 1'h1;
   assign wr_addr = rd_addr;
   assign wr_beats = rd_beats;
-  assign \port$966$0  = \$9 ;
-  assign \port$984$0  = \$23 ;
+  assign \port$976$0  = \$9 ;
+  assign \port$994$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -18603,7 +18624,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
     .o__payload(c_out__payload),
     .o__ready(o__ready),
     .o__valid(c_out__valid),
-    .\port$2639$54 (cmd[75:54]),
+    .\port$2649$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -24220,7 +24241,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, b_in, a_in, valid_i
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, i__valid, \port$2639$54 , o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, i__valid, \port$2649$54 , o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -24394,8 +24415,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   wire o__ready;
   output o__valid;
   reg o__valid = 1'h0;
-  input [21:0] \port$2639$54 ;
-  wire [21:0] \port$2639$54 ;
+  input [21:0] \port$2649$54 ;
+  wire [21:0] \port$2649$54 ;
   reg [63:0] prod0 = 64'h0000000000000000;
   reg [63:0] prod1 = 64'h0000000000000000;
   reg [63:0] prod2 = 64'h0000000000000000;
@@ -24425,7 +24446,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   reg [63:0] y3 = 64'h0000000000000000;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
-  assign \$2  = \port$2639$54 [21:16] - 1'h1;
+  assign \$2  = \port$2649$54 [21:16] - 1'h1;
   assign \$3  = \$2 [5:0] > 1'h0;
   assign \$4  = \$2 [5:0] > 1'h1;
   assign \$5  = \$2 [5:0] > 2'h2;
@@ -24490,36 +24511,36 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$64  = \$2 [5:0] > 6'h3d;
   assign \$65  = \$2 [5:0] > 6'h3e;
   assign \$66  = \$2 [5:0] > 6'h3f;
-  assign \$67  = ! \port$2639$54 [21:16];
+  assign \$67  = ! \port$2649$54 [21:16];
   assign q0 = \$67  ? y0 : \$68 ;
-  assign \$69  = | \port$2639$54 [21:16];
+  assign \$69  = | \port$2649$54 [21:16];
   assign \$70  = y0[0] & \$69 ;
   assign \$71  = sticky0 | q0[0];
   assign \$72  = \$70  & \$71 ;
   assign rounded0 = $signed(q0) + $signed({ 1'h0, \$72  });
-  assign \$73  = ! \port$2639$54 [21:16];
+  assign \$73  = ! \port$2649$54 [21:16];
   assign q1 = \$73  ? y1 : \$74 ;
-  assign \$75  = | \port$2639$54 [21:16];
+  assign \$75  = | \port$2649$54 [21:16];
   assign \$76  = y1[0] & \$75 ;
   assign \$77  = sticky1 | q1[0];
   assign \$78  = \$76  & \$77 ;
   assign rounded1 = $signed(q1) + $signed({ 1'h0, \$78  });
-  assign \$79  = ! \port$2639$54 [21:16];
+  assign \$79  = ! \port$2649$54 [21:16];
   assign q2 = \$79  ? y2 : \$80 ;
-  assign \$81  = | \port$2639$54 [21:16];
+  assign \$81  = | \port$2649$54 [21:16];
   assign \$82  = y2[0] & \$81 ;
   assign \$83  = sticky2 | q2[0];
   assign \$84  = \$82  & \$83 ;
   assign rounded2 = $signed(q2) + $signed({ 1'h0, \$84  });
-  assign \$85  = ! \port$2639$54 [21:16];
+  assign \$85  = ! \port$2649$54 [21:16];
   assign q3 = \$85  ? y3 : \$86 ;
-  assign \$87  = | \port$2639$54 [21:16];
+  assign \$87  = | \port$2649$54 [21:16];
   assign \$88  = y3[0] & \$87 ;
   assign \$89  = sticky3 | q3[0];
   assign \$90  = \$88  & \$89 ;
   assign rounded3 = $signed(q3) + $signed({ 1'h0, \$90  });
-  assign \$91  = $signed(i__payload[31:0]) * $signed({ 1'h0, \port$2639$54 [15:0] });
-  assign \$92  = ! \port$2639$54 [21:16];
+  assign \$91  = $signed(i__payload[31:0]) * $signed({ 1'h0, \port$2649$54 [15:0] });
+  assign \$92  = ! \port$2649$54 [21:16];
   assign \$93  = $signed(prod0) >>> \$2 [5:0];
   assign \$94  = \$92  ? prod0 : \$93 ;
   assign \$95  = prod0 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
@@ -24528,8 +24549,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$98  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$99  = \$98  ? 65'h0000000007fffffff : rounded0;
   assign \$100  = \$97  ? 65'h1ffffffff80000000 : \$99 ;
-  assign \$101  = $signed(i__payload[63:32]) * $signed({ 1'h0, \port$2639$54 [15:0] });
-  assign \$102  = ! \port$2639$54 [21:16];
+  assign \$101  = $signed(i__payload[63:32]) * $signed({ 1'h0, \port$2649$54 [15:0] });
+  assign \$102  = ! \port$2649$54 [21:16];
   assign \$103  = $signed(prod1) >>> \$2 [5:0];
   assign \$104  = \$102  ? prod1 : \$103 ;
   assign \$105  = prod1 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
@@ -24538,8 +24559,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$108  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$109  = \$108  ? 65'h0000000007fffffff : rounded1;
   assign \$110  = \$107  ? 65'h1ffffffff80000000 : \$109 ;
-  assign \$111  = $signed(i__payload[95:64]) * $signed({ 1'h0, \port$2639$54 [15:0] });
-  assign \$112  = ! \port$2639$54 [21:16];
+  assign \$111  = $signed(i__payload[95:64]) * $signed({ 1'h0, \port$2649$54 [15:0] });
+  assign \$112  = ! \port$2649$54 [21:16];
   assign \$113  = $signed(prod2) >>> \$2 [5:0];
   assign \$114  = \$112  ? prod2 : \$113 ;
   assign \$115  = prod2 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
@@ -24548,8 +24569,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$118  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$119  = \$118  ? 65'h0000000007fffffff : rounded2;
   assign \$120  = \$117  ? 65'h1ffffffff80000000 : \$119 ;
-  assign \$121  = $signed(i__payload[127:96]) * $signed({ 1'h0, \port$2639$54 [15:0] });
-  assign \$122  = ! \port$2639$54 [21:16];
+  assign \$121  = $signed(i__payload[127:96]) * $signed({ 1'h0, \port$2649$54 [15:0] });
+  assign \$122  = ! \port$2649$54 [21:16];
   assign \$123  = $signed(prod3) >>> \$2 [5:0];
   assign \$124  = \$122  ? prod3 : \$123 ;
   assign \$125  = prod3 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
@@ -24803,9 +24824,9 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   end
   assign i__ready = advance;
   assign shift_m1 = \$2 [5:0];
-  assign shift = \port$2639$54 [21:16];
+  assign shift = \port$2649$54 [21:16];
   assign below_half = { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign mult = \port$2639$54 [15:0];
+  assign mult = \port$2649$54 [15:0];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
