@@ -101,11 +101,8 @@ def summary_markdown(result: dict, command: str, profile_name: str) -> str:
         "Lost or duplicated stream beats would show as wrong outputs here; the stream proofs of",
         "`docs/formal.md` rule them out for every unit.",
         "",
-        "Not fuzzed: `EXPERT` (`sim/bench_fault.py`, `FUZZ_OPS`). Before any `ROUTE` the RTL's expert",
-        "iterator starts exhausted (`EXPERT` jumps to its target: a program `LOAD; EXPERT target=0`",
-        "loops), `FuncSim`'s starts before expert 0 (`EXPERT` selects the first expert with a",
-        "non-zero count and the program ends), and the ISA says such an `EXPERT` stops with",
-        "`NO_ROUTE`; until the three agree, fuzzing it would only report that disagreement.",
+        "Every opcode is fuzzed (`sim/bench_fault.py`, `FUZZ_OPS`); well-formed `EXPERT`s also step the",
+        "expert iterator over the route table a `ROUTE` just wrote.",
     ]
     if result["failures"]:
         lines += ["", "## Failures", "", *[f"- {f}" for f in result["failures"]]]
