@@ -53,7 +53,7 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
             (slot ``t*k + s`` of each choice, grouped per expert in expert order, tokens
             ascending) and ``list_t [T*k]`` (its token ``t``). Resets the expert iterator.
 ``EXPERT``  counts at ``a`` (``n = E`` experts, offsets at ``a + n``): advance to the next expert
-            with a non-zero count, else jump to ``target``.
+            with a non-zero count, else jump to ``target``; ``NO_ROUTE`` before any ``ROUTE``.
 ``GATHER``  ``c[i*n + j] = a[t*n + j]``, ``t = b[offset + i]``, ``i < count``; ``t < m`` checked.
 ``SCATTER`` ``c[p*n + j] = a[i*n + j]``, ``p = b[offset + i]``, ``i < count``; ``p < m`` checked.
 ``COMBINE`` ``c[t*n + j] = combine_int`` of ``e = a [m, k, n]`` and ``w = b [m, k]``.

@@ -5,7 +5,8 @@ Compiles a random block (:mod:`nanokpu.compiler`), builds the top level on Veril
 program in through AXI4-Lite, the block runs, the results come back and are compared bit for
 bit with :func:`golden.block.latent_moe_int` (and the functional simulator) and against the
 float block. Prints progress while it runs and a summary: cycles, each unit's busy share,
-bit-exact yes/no, the error against the float block. ``--waves`` writes an FST file.
+bit-exact yes/no, the error against the float block. ``--waves`` writes an FST file (VCD where
+``lz4.h``, Debian's ``liblz4-dev``, is missing: Verilator's FST writer needs it).
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=1, help="random block and batch")
     parser.add_argument("--pause", type=float, default=0.0,
                         help="probability of an idle/backpressure cycle on every AXI channel")
-    parser.add_argument("--waves", action="store_true", help="write an FST waveform")
+    parser.add_argument("--waves", action="store_true", help="write a waveform (FST, or VCD without lz4.h)")
 
 
 def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = False,
              progress: bool = True) -> dict:
     """Run one block on the RTL; returns the bench's summary (cycles, busy counters, error,
-    ``bit_exact``, ``macs``) plus ``waves`` (the FST path or None) and ``seconds``."""
+    ``bit_exact``, ``macs``) plus ``waves`` (the FST/VCD path or None) and ``seconds``."""
     from nanokpu.top import NanoKPU
     from sim.runner import BenchFailure, build, run_bench, waves_file
 
