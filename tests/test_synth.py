@@ -127,28 +127,16 @@ def test_unknown_unit_names_the_field():
     assert main(["synth", "--unit", "no_such_unit", "--no-pnr"]) == 2
 
 
-def _only_when_asked(request):
-    """The full runs take tens of minutes: they run with ``-m slow`` only, even when the
-    default command selects every test."""
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("full synthesis run: select it with -m slow")
-
-
 @pytest.mark.slow
-def test_benchmark_all_units(request):
+def test_benchmark_all_units():
     """The full benchmark: writes fpga/reports/summary.md (tens of minutes)."""
-    _only_when_asked(request)
     from nanokpu.cli import main
-    from nanokpu.generate import UNITS
-    if not UNITS:
-        pytest.skip("no unit registered yet")
     assert main(["synth", "--all"]) == 0
 
 
 @pytest.mark.slow
-def test_board_build_icebreaker(request):
+def test_board_build_icebreaker():
     """The iCEBreaker bitstream: the UART bridge around the tiny sigmoid (about 30 s)."""
-    _only_when_asked(request)
     from fpga.boards import build_board
     report = build_board("icebreaker")
     assert report["bitstream_bytes"] > 100_000  # an UP5K image is 104090 bytes
