@@ -32,8 +32,10 @@ from nanokpu.isa import IMEM_BASE, LOADS_BASE, UNITS, Err, Instr, Op, Reg, encod
 from nanokpu.simulate import make_block
 
 #: Accuracy of the integer block against the float block on the tokens routed alike
-#: (``cosine_same_routing``, bounded so by tests/test_errors.py).
-COSINE_SAME_ROUTING_MIN = 0.998
+#: (``cosine_same_routing``): a sanity floor that holds for any seed (tiny, 8 tokens: 400 seeds
+#: gave a minimum of 0.9984, one seed of a wider search 0.9979). The tight bound, 0.998 on fixed
+#: seeds, is tests/test_errors.py's; bit-exactness to latent_moe_int is what this bench checks.
+COSINE_SAME_ROUTING_MIN = 0.99
 
 
 def params() -> dict:
