@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,7 +37,8 @@ from golden import k3
 from nanokpu.config import KpuConfig
 
 __all__ = ["Requant", "QuantExpert", "QuantLatentMoE", "quant_multiplier", "quantize_tensor",
-           "quantize_latent_moe", "latent_moe_int", "expert_int", "block_error"]
+           "quantize_latent_moe", "latent_moe_int", "expert_int", "block_error", "RandomBlock", "random_block",
+           "same_routing"]
 
 
 @dataclass(frozen=True)
@@ -201,3 +203,28 @@ def block_error(y_int, y_float, cfg: KpuConfig) -> dict:
             "max_abs": float(err.max()),
             "max_rel": float(err.max() / (np.abs(ref).max() + 1e-300)),
             "rms_rel": float(np.sqrt(np.mean(err ** 2)) / (np.sqrt(np.mean(ref ** 2)) + 1e-300))}
+
+
+class RandomBlock(NamedTuple):
+    """A random LatentMoE block and batch on both paths (see :func:`random_block`)."""
+
+    Q: QuantLatentMoE   #: the quantised block
+    x_q: np.ndarray     #: the int8 batch ``[tokens, d_model]``
+    y: np.ndarray       #: the float block's output ``[tokens, d_model]``
+    idx: np.ndarray     #: the float router's experts ``[tokens, top_k]``
+
+
+def random_block(cfg: KpuConfig, tokens: int, rng: np.random.Generator) -> RandomBlock:
+    """Weights from :func:`golden.k3.init_latent_moe`, then ``x ~ N(0, 1)`` of shape
+    ``[tokens, d_model]``, both drawn from ``rng`` in that order; quantised by
+    :func:`quantize_latent_moe` and run through the float block."""
+    P = k3.init_latent_moe(cfg, rng)
+    x = rng.standard_normal((tokens, cfg.d_model))
+    y, idx, _ = k3.latent_moe(x, P, cfg)
+    Q, x_q = quantize_latent_moe(P, x, cfg)
+    return RandomBlock(Q, x_q, y, idx)
+
+
+def same_routing(idx_a, idx_b) -> np.ndarray:
+    """Per token (bool ``[T]``): whether two ``[T, top_k]`` expert choices pick the same set."""
+    return np.all(np.sort(idx_a, 1) == np.sort(idx_b, 1), axis=1)

@@ -108,14 +108,10 @@ def block_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 32) -> dict:
     whose integer path picked the same expert set as the float path) and
     ``cosine_same_routing`` (the cosine over those tokens only).
     """
-    rng = np.random.default_rng(seed)
-    P = k3.init_latent_moe(cfg, rng)
-    x = rng.standard_normal((tokens, cfg.d_model))
-    y, idx, _ = k3.latent_moe(x, P, cfg)
-    Q, x_q = block.quantize_latent_moe(P, x, cfg)
+    Q, x_q, y, idx = block.random_block(cfg, tokens, np.random.default_rng(seed))
     out = block.latent_moe_int(x_q, Q, cfg)
     err = block.block_error(out["y"], y, cfg)
-    same = np.all(np.sort(out["idx"], 1) == np.sort(idx, 1), axis=1)
+    same = block.same_routing(out["idx"], idx)
     err["routing_agreement"] = float(np.mean(same))
     err["cosine_same_routing"] = block.block_error(out["y"][same], y[same], cfg)["cosine"]
     return err

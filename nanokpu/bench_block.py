@@ -29,10 +29,12 @@ def gemm_tiles(cfg, tokens: int, seed: int) -> dict:
     """The block's GEMMs as the functional simulator runs them: ``tile_cycles`` = sum of
     ``ceil(m/rows) * ceil(n/cols) * k`` (the GEMM engine's compute steps, one per cycle),
     ``rows_used`` = the share of array rows holding a real token in those steps."""
+    import numpy as np
+
+    from golden.block import random_block
     from nanokpu.compiler import compile_block
     from nanokpu.funcsim import FuncSim
-    from nanokpu.simulate import make_block
-    Q, xq, _, _ = make_block(cfg, tokens, seed)
+    Q, xq, _, _ = random_block(cfg, tokens, np.random.default_rng(seed))
     prog = compile_block(Q, xq, cfg)
     res = FuncSim(cfg, prog.image).run(prog.instrs)
     tiles = sum(-(-m // cfg.rows) * -(-n // cfg.cols) * k for m, k, n in res.gemms)

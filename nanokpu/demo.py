@@ -32,15 +32,12 @@ def layer_stack(cfg: KpuConfig, tokens: int, rng) -> list[str]:
 
 
 def block_summary(cfg: KpuConfig, tokens: int, rng) -> list[str]:
-    P = k3.init_latent_moe(cfg, rng)
-    x = rng.standard_normal((tokens, cfg.d_model))
-    y, idx, _ = k3.latent_moe(x, P, cfg)
-    Q, x_q = block.quantize_latent_moe(P, x, cfg)
+    Q, x_q, y, idx = block.random_block(cfg, tokens, rng)
     out = block.latent_moe_int(x_q, Q, cfg)
     err = block.block_error(out["y"], y, cfg)
     loads = out["loads"]
     target = tokens * cfg.top_k / cfg.n_experts
-    same = np.mean(np.all(np.sort(out["idx"], 1) == np.sort(idx, 1), axis=1))
+    same = np.mean(block.same_routing(out["idx"], idx))
     g = np.arange(-(1 << (cfg.act_width - 1)), 1 << (cfg.act_width - 1))
     h_max = int(np.max(np.abs(I.gate_q(g, cfg))) * np.max(np.abs(I.up_q(g, cfg))))
     h_max >>= 2 * cfg.situ_frac - cfg.h_frac

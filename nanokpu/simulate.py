@@ -16,25 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from nanokpu.config import PROFILES, profile
 
 #: Default batch size per profile.
 DEFAULT_TOKENS = {"tiny": 8, "small": 16}
-
-
-def make_block(cfg, tokens: int, seed: int):
-    """A random block and batch of ``seed``: ``(Q, x_q, y_float, idx_float)`` (the quantised
-    block, the int8 batch, the float block's output and expert choices)."""
-    from golden import k3
-    from golden.block import quantize_latent_moe
-    rng = np.random.default_rng(seed)
-    P = k3.init_latent_moe(cfg, rng)
-    x = rng.standard_normal((tokens, cfg.d_model))
-    Q, xq = quantize_latent_moe(P, x, cfg)
-    y_float, idx_float, _ = k3.latent_moe(x, P, cfg)
-    return Q, xq, y_float, idx_float
 
 
 def add_arguments(parser) -> None:

@@ -42,11 +42,10 @@ from bench_top import TB, params
 from cocotb.triggers import ClockCycles, with_timeout
 from cocotb.utils import get_sim_time
 
-from golden.block import latent_moe_int
+from golden.block import latent_moe_int, random_block
 from nanokpu.compiler import compile_block
 from nanokpu.funcsim import FuncSim
 from nanokpu.isa import IMEM_BASE, INSTR_WORDS, LOADS_BASE, Err, Instr, Op, Reg, encode_program, route_table
-from nanokpu.simulate import make_block
 
 #: Cycles any single AXI4-Lite access may take before the bus counts as hung.
 BUS_TIMEOUT = 20_000
@@ -135,7 +134,7 @@ class Campaign:
             seed = self.rng.randrange(1 << 30)
             tokens = self.rng.randint(1, int(self.tb.p.get("tokens", 4)))
             try:
-                Q, xq, _, _ = make_block(self.cfg, tokens, seed)
+                Q, xq, _, _ = random_block(self.cfg, tokens, np.random.default_rng(seed))
                 return seed, tokens, Q, xq, compile_block(Q, xq, self.cfg)
             except ValueError as exc:
                 self.counts["compiler_refusals"] += 1

@@ -2,17 +2,18 @@
 
 import numpy as np
 
+from golden.block import random_block
 from nanokpu.bench_block import decomposition, gemm_tiles
 from nanokpu.compiler import compile_block
 from nanokpu.config import profile
 from nanokpu.funcsim import FuncSim
-from nanokpu.simulate import format_summary, make_block
+from nanokpu.simulate import format_summary
 
 
 def test_gemm_tiles_bound_the_macs():
     cfg = profile("tiny")
     g = gemm_tiles(cfg, 5, 3)
-    Q, xq, _, _ = make_block(cfg, 5, 3)
+    Q, xq, _, _ = random_block(cfg, 5, np.random.default_rng(3))
     prog = compile_block(Q, xq, cfg)
     res = FuncSim(cfg, prog.image).run(prog.instrs)
     assert g["gemms"] == res.op_counts["GEMM"]
