@@ -78,7 +78,7 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
     module, cls = spec.platform.split(":")
     platform = getattr(importlib.import_module(module), cls)()
     clk_mhz = platform.default_clk_frequency / 1e6
-    top = BoardTop(resolve_unit(unit)(profile(profile_name)))
+    top = BoardTop(resolve_unit(unit)(profile(profile_name, dsp=target.family)))
     cwd = BUILD_DIR / f"board-{board}"
     t0 = time.monotonic()
     synth_opts = "-dsp -device u -spram" if target.family == "ice40" else ""

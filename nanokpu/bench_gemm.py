@@ -42,7 +42,7 @@ def block_gemms(cfg: KpuConfig, tokens: int) -> list[tuple[str, int, int, int]]:
 
 def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
     """Where the cycles of :func:`nanokpu.gemm.gemm_cycles` go (they sum to it)."""
-    from nanokpu.gemm import tile_gap
+    from nanokpu.gemm import store_cycles, tile_gap
 
     gap = tile_gap(cfg)
     mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
@@ -54,8 +54,8 @@ def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
         "edge": steps - useful,                          # padded rows/columns of edge tiles
         "gap": (tiles - 1) * (max(k, gap) - k),          # tiles shorter than the drain rule
         "fill": (mb + 2) + 1,                            # command check + first words
-        "drain": cfg.rows + 2 * cfg.cols + 1,            # last step through array and drain
-        "store": mb * n + 6,                             # requantised results out
+        "drain": cfg.rows + 2 * cfg.cols + 2,            # last step through array and drain
+        "store": store_cycles(cfg, mb * n),              # requantised results out
     }
 
 
@@ -117,8 +117,8 @@ store = cycles`, exactly; the bench asserts the total against `nanokpu.gemm.gemm
   and B words to land in the scratchpads; from then on a K step waits only for its own
   words, so the first tile follows the first B panel and A as they stream in.
 * **drain**: after the last K step, `rows + cols` cycles through the skewed array and
-  `cols + 1` to drain the last tile into scratchpad C.
-* **store**: `ceil(M/rows) * N` result words through the 3-stage requantiser, after the
+  `cols + 2` to drain the last tile into scratchpad C (read, registered, added, written).
+* **store**: `ceil(M/rows) * N` result words through the 6-stage requantiser, after the
   compute (the results of a GEMM that accumulates over several commands are stored once,
   by the last one).
 

@@ -13,10 +13,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["KpuConfig", "PROFILES", "ROUNDING_MODES", "profile"]
+__all__ = ["DSP_TARGETS", "KpuConfig", "PROFILES", "ROUNDING_MODES", "profile"]
 
 #: Rounding modes understood by :func:`golden.intops.round_shift` and the RTL requantiser.
 ROUNDING_MODES = ("half_even", "half_up", "floor")
+
+#: Multiplier mappings of :class:`nanokpu.dsp.Multiplier`: inferred ``a*b`` (simulation, any
+#: FPGA), SB_MAC16 dual 8x8 (iCE40 UP), registered MULT18X18D (ECP5).
+DSP_TARGETS = ("generic", "ice40", "ecp5")
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,12 @@ class KpuConfig:
         Width of the requantiser's unsigned integer multiplier.
     rounding : str
         Rounding mode of every right shift, one of :data:`ROUNDING_MODES`.
+    dsp : str
+        How the GEMM engine's multipliers are built, one of :data:`DSP_TARGETS`:
+        ``generic`` (``a * b``, for simulation and the committed Verilog), ``ice40`` or
+        ``ecp5`` (vendor DSP blocks instantiated by :class:`nanokpu.dsp.Multiplier`; the
+        synthesis flow selects the target's family). On ``ice40`` the requantiser's product
+        is bit-serial in the fabric (:class:`nanokpu.requant.Requantiser`).
     act_width, act_frac : int
         Format ``Q<act_width>.<act_frac>`` of the activation inputs: SiTU ``g`` and ``u``,
         and the router logits fed to the sigmoid.
@@ -155,6 +165,7 @@ class KpuConfig:
     out_width: int = 8
     mult_width: int = 16
     rounding: str = "half_even"
+    dsp: str = "generic"
     act_width: int = 16
     act_frac: int = 8
     situ_frac: int = 10
@@ -209,6 +220,9 @@ class KpuConfig:
              f"a divisor of d_model={self.d_model}")
         need(self.dense_layers <= self.n_layers, "dense_layers", f"in [0, n_layers={self.n_layers}]")
         need(self.rounding in ROUNDING_MODES, "rounding", f"one of {ROUNDING_MODES}")
+        need(self.dsp in DSP_TARGETS, "dsp", f"one of {DSP_TARGETS}")
+        need(self.dsp != "ice40" or self.in_width <= 8, "dsp",
+             f"not 'ice40' with in_width = {self.in_width} (SB_MAC16 8x8 products take at most 8 bits)")
         need(2 <= self.in_width <= 18, "in_width", "in [2, 18] (one DSP multiplier operand)")
         need(2 * self.in_width <= self.acc_width <= 64, "acc_width",
              f"in [2*in_width={2 * self.in_width}, 64]")

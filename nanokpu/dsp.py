@@ -13,11 +13,9 @@ from amaranth import Cat, ClockSignal, Const, Instance, Module, ResetSignal, Sig
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["DSP_TARGETS", "Multiplier"]
+from nanokpu.config import DSP_TARGETS
 
-#: Mappings of :class:`Multiplier`: inferred ``a*b`` (simulation, any FPGA), SB_MAC16 dual
-#: 8x8 (iCE40 UP), registered MULT18X18D (ECP5).
-DSP_TARGETS = ("generic", "ice40", "ecp5")
+__all__ = ["DSP_TARGETS", "Multiplier"]
 
 #: Widest operand of each mapping.
 _MAX_WIDTH = {"generic": 18, "ice40": 8, "ecp5": 18}

@@ -10,10 +10,10 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
-from nanokpu.requant import SHIFT_WIDTH, Requantiser
+from nanokpu.requant import SHIFT_WIDTH, Requantiser, requant_interval, requant_latency
 from nanokpu.systolic import SystolicArray, done_latency, min_tile_cycles
 
-__all__ = ["GemmEngine", "GemmError", "command_layout", "tile_gap", "gemm_cycles"]
+__all__ = ["GemmEngine", "GemmError", "command_layout", "tile_gap", "gemm_cycles", "store_cycles"]
 
 
 class GemmError(enum.IntEnum):
@@ -62,8 +62,14 @@ def gemm_cycles(cfg: KpuConfig, m: int, k: int, n: int, *, store: bool = True) -
     """Exact cycles of :class:`GemmEngine` from accepting a valid ``compute`` command to
     ``done`` (with or without ``load_a``), streams never stalling: the phases' sum."""
     mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
-    cycles = (mb + 2) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + cfg.rows + 2 * cfg.cols + 1
-    return cycles + (mb * n + Requantiser.latency + 3 if store else 1)
+    cycles = (mb + 2) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + cfg.rows + 2 * cfg.cols + 2
+    return cycles + (store_cycles(cfg, mb * n) if store else 1)
+
+
+def store_cycles(cfg: KpuConfig, words: int) -> int:
+    """Cycles of the store phase of ``words`` result words (the sink never stalls): the
+    requantiser's interval per word, its latency, the scratchpad read and its register."""
+    return (words - 1) * requant_interval(cfg) + requant_latency(cfg) + 5
 
 
 class GemmEngine(wiring.Component):
@@ -106,8 +112,10 @@ class GemmEngine(wiring.Component):
       while they stream in: a K step needs only its own A and B words);
     * compute: ``K + (T - 1) * max(K, tile_gap)`` cycles; later panels stream in under the
       compute of the previous ones;
-    * tail: ``rows + 2*cols + 1`` (last step -> array -> drain -> scratchpad C write);
-    * store: ``MB * N + Requantiser.latency + 3`` cycles, or 1 cycle without ``store``.
+    * tail: ``rows + 2*cols + 2`` (last step -> array -> drain -> scratchpad C read,
+      registered -> write);
+    * store: :func:`store_cycles` of ``MB * N`` words (``MB * N + 10`` with the pipelined
+      requantiser), or 1 cycle without ``store``.
 
     Parameters
     ----------
@@ -289,6 +297,7 @@ class GemmEngine(wiring.Component):
         d_cols = Signal(range(C + 1))
         w_addr = Signal(wide)
         w_word = Signal(data.ArrayLayout(signed(cfg.acc_width), R))
+        c_q = Signal(data.ArrayLayout(signed(cfg.acc_width), R))  # scratchpad C read data, registered
         tile_drained = Signal()
         with m.If(array.done):  # column 0 is on array.out now
             m.d.sync += [d_col.eq(1), d_base.eq(t_base), d_cols.eq(t_cols)]
@@ -306,11 +315,16 @@ class GemmEngine(wiring.Component):
         cur_col = Mux(array.done, 0, d_col)
         draining = array.done | drain_busy
         m.d.comb += array.shift.eq(draining)
-        m.d.sync += [w_valid.eq(draining & (cur_col < cur_cols)), w_busy.eq(draining),
-                     w_addr.eq(cur_base + cur_col),
-                     w_word.eq(array.out)]
+        # read stage (the scratchpad C read of the old word), then the write stage (its
+        # registered copy c_q plus the drained column)
+        r_col_valid, r_col_busy = Signal(), Signal()
+        r_addr = Signal(wide)
+        r_word = Signal(data.ArrayLayout(signed(cfg.acc_width), R))
+        m.d.sync += [r_col_valid.eq(draining & (cur_col < cur_cols)), r_col_busy.eq(draining),
+                     r_addr.eq(cur_base + cur_col), r_word.eq(array.out),
+                     w_valid.eq(r_col_valid), w_busy.eq(r_col_busy), w_addr.eq(r_addr), w_word.eq(r_word)]
         for i in range(R):
-            old = Mux(cmd.accumulate, c_rd.data[i], 0)
+            old = Mux(cmd.accumulate, c_q[i], 0)
             m.d.comb += c_wr.data[i].eq(w_word[i] + old)
         m.d.comb += [c_wr.addr.eq(w_addr), c_wr.en.eq(w_valid)]
         m.d.sync += pending.eq(pending + tile_issued - tile_drained)
@@ -320,17 +334,21 @@ class GemmEngine(wiring.Component):
         s_n = Signal(dim)
         s_rows = Signal(dim)
         s_left = Signal(wide)       # words not yet read
-        r_valid = Signal()
+        r_valid = Signal()          # c_rd.data holds a word read for the store
         r_mask = Signal(R)
+        q_valid = Signal()          # c_q holds it
+        q_mask = Signal(R)
         out_left = Signal(wide)     # words not yet sent
-        advance = ~r_valid | requant.i.ready
+        advance = ~q_valid | requant.i.ready
         m.d.comb += [requant.mult.eq(cmd.mult), requant.shift.eq(cmd.shift),
-                     requant.i.valid.eq(r_valid)]
+                     requant.i.valid.eq(q_valid)]
         for i in range(R):
-            m.d.comb += requant.i.payload[i].eq(Mux(r_mask[i], c_rd.data[i], 0))
+            m.d.comb += requant.i.payload[i].eq(Mux(q_mask[i], c_q[i], 0))
         wiring.connect(m, requant.o, wiring.flipped(self.c_out))
         m.d.comb += [c_rd.addr.eq(Mux(storing, s_addr, cur_base + cur_col)),
                      c_rd.en.eq(~storing | advance)]
+        with m.If(advance):
+            m.d.sync += [c_q.eq(c_rd.data), q_valid.eq(r_valid), q_mask.eq(r_mask)]
         with m.If(store_start):
             m.d.sync += [storing.eq(1), s_addr.eq(cmd.c_addr), s_n.eq(0), s_rows.eq(cmd.m),
                          s_left.eq(c_lim - cmd.c_addr), out_left.eq(c_lim - cmd.c_addr)]
@@ -383,7 +401,7 @@ class GemmEngine(wiring.Component):
                     m.d.sync += [rows_left.eq(rows_left - R), a_lim.eq(a_lim + cmd.k),
                                  c_lim.eq(c_lim + cmd.n)]
             with m.State("RUN"):
-                quiet = ~(a_loading | b_loading | issuing | drain_busy | w_busy) & (pending == 0)
+                quiet = ~(a_loading | b_loading | issuing | drain_busy | r_col_busy | w_busy) & (pending == 0)
                 with m.If(quiet):
                     with m.If(cmd.store):
                         m.d.comb += store_start.eq(1)
@@ -393,6 +411,6 @@ class GemmEngine(wiring.Component):
                         m.next = "IDLE"
             with m.State("STORE"):
                 with m.If(out_left == 0):
-                    m.d.sync += [storing.eq(0), r_valid.eq(0), self.done.eq(1)]
+                    m.d.sync += [storing.eq(0), r_valid.eq(0), q_valid.eq(0), self.done.eq(1)]
                     m.next = "IDLE"
         return m

@@ -16,8 +16,9 @@ class ProcessingElement(wiring.Component):
 
     Operands flow through: ``a`` (with the ``valid``/``first``/``last`` tags of its K step)
     enters on the left and leaves registered on the right; ``b`` enters on top and leaves
-    registered below. The product is registered before the adder (one DSP with its output
-    register on an FPGA). On a ``valid`` step tagged ``first`` the accumulator restarts
+    registered below. The product comes in registered on ``prod`` from a multiplier outside
+    the PE (the PE's lane of the array's :class:`~nanokpu.dsp.Multiplier`, a DSP block with
+    its output register on an FPGA). On a ``valid`` step tagged ``first`` the accumulator restarts
     from the product; on ``last`` the finished sum is copied into ``res``, which belongs to
     a left-going shift chain (``res <- res_in`` while ``shift``) used to drain the tile
     while the next one accumulates.
@@ -33,6 +34,8 @@ class ProcessingElement(wiring.Component):
         Operands of this K step.
     valid_in, first_in, last_in : In(1)
         Tags of the K step travelling with ``a``.
+    prod : In(signed(2 * in_width))
+        ``a_in * b_in`` of the previous cycle (a multiplier of latency 1).
     a_out, b_out, valid_out, first_out, last_out : Out
         The inputs, registered (1 cycle), for the right (``a``, tags) and lower (``b``)
         neighbours.
@@ -58,7 +61,7 @@ class ProcessingElement(wiring.Component):
         self.cfg = cfg
         op, acc = signed(cfg.in_width), signed(cfg.acc_width)
         super().__init__({
-            "a_in": In(op), "b_in": In(op),
+            "a_in": In(op), "b_in": In(op), "prod": In(signed(2 * cfg.in_width)),
             "valid_in": In(1), "first_in": In(1), "last_in": In(1),
             "a_out": Out(op), "b_out": Out(op),
             "valid_out": Out(1), "first_out": Out(1), "last_out": Out(1),
@@ -73,15 +76,13 @@ class ProcessingElement(wiring.Component):
             self.valid_out.eq(self.valid_in), self.first_out.eq(self.first_in),
             self.last_out.eq(self.last_in),
         ]
-        # Stage 1: the registered product and its tags.
-        prod = Signal(signed(2 * cfg.in_width))
+        # Stage 1: the tags of the product registered outside (``prod``).
         p_valid, p_first, p_last = Signal(), Signal(), Signal()
-        m.d.sync += [prod.eq(self.a_in * self.b_in), p_valid.eq(self.valid_in),
-                     p_first.eq(self.first_in), p_last.eq(self.last_in)]
+        m.d.sync += [p_valid.eq(self.valid_in), p_first.eq(self.first_in), p_last.eq(self.last_in)]
         # Stage 2: accumulate (wrapping), hand the finished sum to the drain chain.
         acc = Signal(signed(cfg.acc_width))
         total = Signal(signed(cfg.acc_width))
-        m.d.comb += total.eq(Mux(p_first, 0, acc) + prod)
+        m.d.comb += total.eq(Mux(p_first, 0, acc) + self.prod)
         with m.If(p_valid):
             m.d.sync += acc.eq(total)
         with m.If(p_valid & p_last):

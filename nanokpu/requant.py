@@ -7,30 +7,69 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
+from nanokpu.dsp import Multiplier
 
-__all__ = ["Requantiser", "SHIFT_WIDTH"]
+__all__ = ["Requantiser", "SHIFT_WIDTH", "requant_interval", "requant_latency"]
 
 #: Width of the shift amount: shifts lie in ``[0, 63]`` like :func:`golden.intops.requantize`.
 SHIFT_WIDTH = 6
 
-# The barrel shifter works on 64-bit values, the width of the golden integer path.
-_WORD = 64
+#: Width of an unsigned operand chunk of the 18x18 signed multipliers (the top chunk of the
+#: signed accumulator may take 18 bits).
+_CHUNK = 17
+
+#: Cycles from a transfer on ``i`` to ``o.valid`` when the product is pipelined (``dsp``
+#: ``generic`` or ``ecp5``): 2 (multiplier input and output registers) + 1 (partial products
+#: summed) + 3 (shift, round, saturate).
+PIPELINED_LATENCY = 6
+
+
+def requant_latency(cfg: KpuConfig) -> int:
+    """Cycles from a transfer on ``i`` to ``o.valid`` of :class:`Requantiser` (``o`` ready):
+    :data:`PIPELINED_LATENCY`, or ``mult_width + 3`` with the bit-serial product of ``ice40``."""
+    return cfg.mult_width + 3 if cfg.dsp == "ice40" else PIPELINED_LATENCY
+
+
+def requant_interval(cfg: KpuConfig) -> int:
+    """Cycles per word of :class:`Requantiser`: 1, or ``mult_width`` on ``ice40``."""
+    return cfg.mult_width if cfg.dsp == "ice40" else 1
+
+
+def _chunks(width: int, signed_top: bool) -> list[tuple[int, int]]:
+    """``(lsb, width)`` of the chunks an operand is cut into for 18x18 signed multipliers."""
+    limit = _CHUNK + 1 if signed_top else _CHUNK
+    out, lsb = [], 0
+    while width - lsb > limit:
+        out.append((lsb, _CHUNK))
+        lsb += _CHUNK
+    return out + [(lsb, width - lsb)]
 
 
 class Requantiser(wiring.Component):
     """``o = saturate(round_shift(i * mult, shift, cfg.rounding), out_width)`` on ``lanes`` lanes.
 
     Bit-exact to :func:`golden.intops.requantize` with the scalar ``mult`` and ``shift``
-    and ``mode = cfg.rounding`` (fixed at elaboration). A 3-stage pipeline, one word per
-    cycle: (1) the registered product (``acc_width x mult_width``, a DSP), (2) the
-    arithmetic shift by ``shift - 1`` and the sticky bit of the bits shifted out below the
-    half bit, (3) the rounding increment and the saturation.
+    and ``mode = cfg.rounding`` (fixed at elaboration). The product ``i * mult``
+    (``acc_width + mult_width`` bits) comes from one of two product stages, by ``cfg.dsp``:
+
+    * ``generic`` and ``ecp5``: pipelined, one word per cycle. The accumulator is cut into
+      17-bit unsigned chunks and a signed top chunk, ``mult`` into 17-bit chunks; their
+      partial products come from a :class:`~nanokpu.dsp.Multiplier` (18 bits, latency 2:
+      input and output registers inside the MULT18X18D on ``ecp5``; 2 blocks per lane for
+      32 x 16 bits) and are summed in a third stage.
+    * ``ice40``: bit-serial in the fabric (no SB_MAC16: the array takes all of the UP5K's),
+      one word every ``mult_width`` cycles: ``p = 2p + (mult[j] ? i : 0)`` from the top bit of
+      ``mult`` down, one adder of ``acc_width + mult_width`` bits per lane.
+
+    Then three registered stages: (1) the arithmetic shift by ``shift - 1`` and the sticky
+    bit of the bits shifted out below the half bit, (2) the rounding increment, (3) the
+    saturation.
 
     Parameters
     ----------
     cfg : KpuConfig
-        Reads ``acc_width``, ``mult_width`` and ``rounding``; ``acc_width + mult_width``
-        must be at most 63 (the product fits the golden model's int64).
+        Reads ``acc_width``, ``mult_width``, ``rounding`` and ``dsp``; ``acc_width +
+        mult_width`` must be at most 63 (the product fits the golden model's int64).
     lanes : int
         Accumulators per word.
     out_width : int, optional
@@ -44,11 +83,12 @@ class Requantiser(wiring.Component):
     shift : In(unsigned(6))
         Held stable while words are in flight (the GEMM engine latches them per command).
 
-    Latency: :attr:`latency` = 3 cycles from a transfer on ``i`` to ``o.valid``; the
-    pipeline stalls as a whole while ``o`` is not ready (``i.ready = ~o.valid | o.ready``).
+    Latency: :attr:`latency` cycles (:func:`requant_latency`: 6, or ``mult_width + 3`` on
+    ``ice40``) from a transfer on ``i`` to ``o.valid``, one word per :attr:`interval`
+    cycles. The pipeline after the product stalls as a whole while ``o`` is not ready
+    (``i.ready = ~o.valid | o.ready`` when pipelined; on ``ice40`` ``i.ready`` is high
+    when the serial multiplier is free or hands its product on in this cycle).
     """
-
-    latency = 3
 
     def __init__(self, cfg: KpuConfig, lanes: int, out_width: int | None = None):
         if not isinstance(cfg, KpuConfig):
@@ -69,41 +109,103 @@ class Requantiser(wiring.Component):
             "shift": In(unsigned(SHIFT_WIDTH)),
         })
 
+    @property
+    def latency(self) -> int:
+        """:func:`requant_latency` of this requantiser's config."""
+        return requant_latency(self.cfg)
+
+    @property
+    def interval(self) -> int:
+        """:func:`requant_interval` of this requantiser's config."""
+        return requant_interval(self.cfg)
+
     def elaborate(self, platform):
         m = Module()
         cfg, lanes = self.cfg, self.lanes
+        width = cfg.acc_width + cfg.mult_width  # the product, signed
         advance = Signal()
-        m.d.comb += [advance.eq(~self.o.valid | self.o.ready), self.i.ready.eq(advance)]
+        m.d.comb += advance.eq(~self.o.valid | self.o.ready)
 
-        v1, v2 = Signal(), Signal()
-        with m.If(advance):
-            m.d.sync += [v1.eq(self.i.valid), v2.eq(v1), self.o.valid.eq(v2)]
+        x = [Signal(signed(width), name=f"x{lane}") for lane in range(lanes)]
+        x_valid = Signal()
+        if cfg.dsp == "ice40":
+            self._serial_product(m, x, x_valid, advance)
+        else:
+            self._pipelined_product(m, x, x_valid, advance)
 
+        # Per-command constants of the shift, registered (shift is stable while words are in flight).
+        shift_nz = Signal()
         shift_m1 = Signal(SHIFT_WIDTH)  # shift - 1 (don't care when shift == 0)
-        m.d.comb += shift_m1.eq(self.shift - 1)
-        below_half = Signal(_WORD)  # bit b set when b < shift - 1: the sticky bits' mask
-        m.d.comb += below_half.eq(Cat(*(shift_m1 > b for b in range(_WORD))))
+        below_half = Signal(width)      # bit b set when b < shift - 1: the sticky bits' mask
+        m.d.sync += [shift_nz.eq(self.shift != 0), shift_m1.eq(self.shift - 1),
+                     below_half.eq(Cat(*((self.shift - 1)[:SHIFT_WIDTH] > b for b in range(width))))]
         lo, hi = -(1 << (self.out_width - 1)), (1 << (self.out_width - 1)) - 1
 
+        v_shift, v_round = Signal(), Signal()
+        with m.If(advance):
+            m.d.sync += [v_shift.eq(x_valid), v_round.eq(v_shift), self.o.valid.eq(v_round)]
         for lane in range(lanes):
-            prod = Signal(signed(_WORD), name=f"prod{lane}")
-            y = Signal(signed(_WORD), name=f"y{lane}")      # prod >> (shift - 1), or prod
+            y = Signal(signed(width), name=f"y{lane}")  # x >> (shift - 1), or x
             sticky = Signal(name=f"sticky{lane}")
-            with m.If(advance):
-                m.d.sync += prod.eq(self.i.payload[lane] * self.mult)
-                m.d.sync += [y.eq(Mux(self.shift == 0, prod, prod >> shift_m1)),
-                             sticky.eq((prod.as_unsigned() & below_half).any())]
-            q = Signal(signed(_WORD), name=f"q{lane}")
-            rounded = Signal(signed(_WORD + 1), name=f"rounded{lane}")
-            m.d.comb += q.eq(Mux(self.shift == 0, y, y >> 1))
-            half = y[0] & (self.shift != 0)
+            q = Signal(signed(width), name=f"q{lane}")
+            rounded = Signal(signed(width + 1), name=f"rounded{lane}")
+            m.d.comb += q.eq(Mux(shift_nz, y >> 1, y))
+            half = y[0] & shift_nz
             if cfg.rounding == "floor":
-                m.d.comb += rounded.eq(q)
+                inc = 0
             elif cfg.rounding == "half_up":
-                m.d.comb += rounded.eq(q + half)
+                inc = half
             else:  # half_even
-                m.d.comb += rounded.eq(q + (half & (sticky | q[0])))
+                inc = half & (sticky | q[0])
             with m.If(advance):
-                m.d.sync += self.o.payload[lane].eq(
-                    Mux(rounded < lo, lo, Mux(rounded > hi, hi, rounded)))
+                m.d.sync += [y.eq(Mux(shift_nz, x[lane] >> shift_m1, x[lane])),
+                             sticky.eq((x[lane].as_unsigned() & below_half).any()),
+                             rounded.eq(q + inc),
+                             self.o.payload[lane].eq(Mux(rounded < lo, lo, Mux(rounded > hi, hi, rounded)))]
         return m
+
+    def _pipelined_product(self, m, x, x_valid, advance):
+        """``x = i * mult`` from DSP partial products, 3 stages, one word per cycle."""
+        cfg, lanes = self.cfg, self.lanes
+        a_chunks = _chunks(cfg.acc_width, signed_top=True)
+        m_chunks = _chunks(cfg.mult_width, signed_top=False)
+        pairs = [(ac, mc) for ac in range(len(a_chunks)) for mc in range(len(m_chunks))]
+        m.submodules.mul = mul = Multiplier(_CHUNK + 1, lanes * len(pairs), latency=2, target=cfg.dsp)
+        m.d.comb += [mul.en.eq(advance), self.i.ready.eq(advance)]
+        v1, v2 = Signal(), Signal()
+        with m.If(advance):
+            m.d.sync += [v1.eq(self.i.valid), v2.eq(v1), x_valid.eq(v2)]
+        for lane in range(lanes):
+            acc = self.i.payload[lane]
+            terms = []
+            for n, (ac, mc) in enumerate(pairs):
+                (a_lsb, a_w), (m_lsb, m_w) = a_chunks[ac], m_chunks[mc]
+                a_part = acc[a_lsb:a_lsb + a_w]
+                a_part = a_part.as_signed() if ac == len(a_chunks) - 1 else a_part  # the sign is on top
+                lane_n = lane * len(pairs) + n
+                m.d.comb += [mul.a[lane_n].eq(a_part), mul.b[lane_n].eq(self.mult[m_lsb:m_lsb + m_w])]
+                terms.append(mul.p[lane_n] << (a_lsb + m_lsb))
+            with m.If(advance):
+                m.d.sync += x[lane].eq(sum(terms[1:], terms[0]))
+
+    def _serial_product(self, m, x, x_valid, advance):
+        """``x = i * mult`` bit-serially, one word per ``mult_width`` cycles, no DSP."""
+        cfg, lanes = self.cfg, self.lanes
+        w = cfg.mult_width
+        busy = Signal()
+        count = Signal(range(w))  # product bits still to add in
+        held = Signal(data.ArrayLayout(signed(cfg.acc_width), lanes))
+        take = Signal()
+        m.d.comb += [x_valid.eq(busy & (count == 0)), take.eq(x_valid & advance),
+                     self.i.ready.eq(~busy | take)]
+        with m.If(self.i.valid & self.i.ready):  # the top bit of mult at once
+            m.d.sync += [busy.eq(1), count.eq(w - 1), held.eq(self.i.payload)]
+            for lane in range(lanes):
+                m.d.sync += x[lane].eq(Mux(self.mult[w - 1], self.i.payload[lane], 0))
+        with m.Elif(take):
+            m.d.sync += busy.eq(0)
+        with m.Elif(busy & (count != 0)):
+            bit = self.mult.bit_select((count - 1)[:len(count)], 1)
+            m.d.sync += count.eq(count - 1)
+            for lane in range(lanes):
+                m.d.sync += x[lane].eq((x[lane] << 1) + Mux(bit, held[lane], 0))

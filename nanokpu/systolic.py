@@ -7,6 +7,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
+from nanokpu.dsp import Multiplier
 from nanokpu.pe import ProcessingElement
 
 __all__ = ["SystolicArray", "done_latency", "min_tile_cycles"]
@@ -47,10 +48,16 @@ class SystolicArray(wiring.Component):
     ``shift`` high moves the next column in, so ``cols`` cycles of ``shift`` read the tile
     column by column with no read-out multiplexer.
 
+    Multipliers: one :class:`~nanokpu.dsp.Multiplier` of ``rows * cols`` lanes (latency 1,
+    ``target = cfg.dsp``), lane ``i * cols + j`` feeding PE ``(i, j)``: on ``ice40`` lanes
+    ``2q`` and ``2q + 1`` (neighbours in a row when ``cols`` is even) share one SB_MAC16,
+    ``ceil(rows * cols / 2)`` blocks; on ``ecp5`` each PE has a MULT18X18D with its output
+    register.
+
     Parameters
     ----------
     cfg : KpuConfig
-        Reads ``rows``, ``cols``, ``in_width``, ``acc_width``.
+        Reads ``rows``, ``cols``, ``in_width``, ``acc_width``, ``dsp``.
 
     Members
     -------
@@ -107,10 +114,13 @@ class SystolicArray(wiring.Component):
             return sig
 
         pes = [[ProcessingElement(self.cfg) for _ in range(cols)] for _ in range(rows)]
+        m.submodules.mul = mul = Multiplier(self.cfg.in_width, rows * cols, target=self.cfg.dsp)
         for i in range(rows):
             for j in range(cols):
                 pe = pes[i][j]
                 m.submodules[f"pe_{i}_{j}"] = pe
+                lane = i * cols + j
+                m.d.comb += [mul.a[lane].eq(pe.a_in), mul.b[lane].eq(pe.b_in), pe.prod.eq(mul.p[lane])]
                 if j == 0:
                     m.d.comb += [
                         pe.a_in.eq(delayed(self.a[i], i, f"a{i}")),

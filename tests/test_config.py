@@ -40,6 +40,7 @@ def test_profiles_are_frozen_and_valid(name):
     ("beta1", 0.0, "beta1 = 0.0: must be a positive number"),
     ("beta2", -25.0, "beta2"),
     ("rounding", "nearest", "rounding = 'nearest': must be one of"),
+    ("dsp", "xilinx", r"dsp = 'xilinx': must be one of \('generic', 'ice40', 'ecp5'\)"),
     ("h_width", 15, r"h_width = 15: must be wide enough for \+-beta1\*beta2 = \+-100"),
     ("acc_width", 12, r"acc_width = 12: must be in \[2\*in_width=16, 64\]"),
     ("act_lanes", 0, "act_lanes"),

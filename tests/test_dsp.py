@@ -9,6 +9,10 @@
 * ``ecp5``: MULT18X18D is a black box in Yosys (no simulation model), so the check is
   structural: one block per lane, its registers packed (no fabric flip-flop, no LUT), and
   nextpnr places it.
+* The GEMM engine with ``KpuConfig.dsp = "ice40"``: the tiny engine (its array on SB_MAC16
+  dual 8x8 blocks, its requantiser bit-serial) runs the whole GEMM bench (sim/bench_gemm.py:
+  random and extreme operands, bit-exact to the golden model, exact cycles) on Verilator
+  with Yosys' SB_MAC16 model, and synthesizes into the UP5K's 8 SB_MAC16.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from amaranth.sim import Simulator
 
 from fpga.flow import BUILD_DIR, has_toolchain, synthesize, vendor_sim_model
 from golden.intops import matmul_int
+from nanokpu.config import profile
 from nanokpu.dsp import Multiplier
+from nanokpu.gemm import GemmEngine
 from sim.runner import run_bench
 
 toolchain = pytest.mark.skipif(not (has_toolchain("ice40") and has_toolchain("ecp5")),
@@ -115,3 +121,20 @@ def test_bad_parameters_name_the_field(kwargs, field):
     width = kwargs.pop("width")
     with pytest.raises(ValueError, match=f"^{field} = "):
         Multiplier(width, **kwargs)
+
+
+def test_tiny_gemm_on_ice40_blocks_is_bit_exact():
+    model = vendor_sim_model("SB_MAC16", "ice40")
+    cfg = profile("tiny", dsp="ice40")
+    run_bench(GemmEngine(cfg), "gemm", "bench_gemm", seed=31,
+              params={"profile": "tiny", "overrides": {"dsp": "ice40"}, "seed": 31},
+              build_args=(str(model), "-Wno-MULTIDRIVEN", "-Wno-PINMISSING"))
+
+
+@toolchain
+def test_tiny_gemm_on_ice40_fits_the_up5k_dsp_blocks():
+    """Yosys only: the 16 PE products in 8 SB_MAC16, the requantiser in the fabric."""
+    report = synthesize(GemmEngine(profile("tiny", dsp="ice40")), "gemm_ice40", "up5k",
+                        build_dir=BUILD_DIR / "test-up5k-gemm-ice40")
+    assert report["resources"]["dsp"] == 8, report["cells"]
+    assert report["latches"] == 0 and report["unmapped"] == {}

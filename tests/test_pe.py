@@ -2,11 +2,22 @@
 
 import numpy as np
 import pytest
+from amaranth import Module
 from amaranth.sim import Simulator
 
 from golden.intops import wrap
 from nanokpu.config import profile
+from nanokpu.dsp import Multiplier
 from nanokpu.pe import ProcessingElement
+
+
+def with_multiplier(dut):
+    """The PE and its product register (a one-lane generic Multiplier), as in the array."""
+    m = Module()
+    m.submodules.pe = dut
+    m.submodules.mul = mul = Multiplier(dut.cfg.in_width)
+    m.d.comb += [mul.a[0].eq(dut.a_in), mul.b[0].eq(dut.b_in), dut.prod.eq(mul.p[0])]
+    return m
 
 
 def run_pe(cfg, tiles, seed):
@@ -51,7 +62,7 @@ def run_pe(cfg, tiles, seed):
                 cycle += 1
                 check(ctx, cycle)
 
-    sim = Simulator(dut)
+    sim = Simulator(with_multiplier(dut))
     sim.add_clock(1e-6)
     sim.add_testbench(tb)
     sim.run()

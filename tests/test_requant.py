@@ -79,11 +79,13 @@ def run_requant(cfg, out_width, cases, seed):
     return groups, results
 
 
+@pytest.mark.parametrize("dsp", ["generic", "ice40"])
 @pytest.mark.parametrize("rounding", ROUNDING_MODES)
 @pytest.mark.parametrize("out_width", [8, 16])
-def test_requant_matches_golden(rounding, out_width):
+def test_requant_matches_golden(rounding, out_width, dsp):
+    """``ice40``: the bit-serial product (fabric only, so the Amaranth simulator runs it)."""
     seed = 1000 + ROUNDING_MODES.index(rounding) * 10 + out_width
-    cfg = profile("tiny", rounding=rounding)
+    cfg = profile("tiny", rounding=rounding, dsp=dsp)
     rng = np.random.default_rng(seed)
     cases = corner_cases(cfg, out_width)
     for _ in range(60):  # random (acc, mult, shift) too
@@ -96,21 +98,30 @@ def test_requant_matches_golden(rounding, out_width):
             f"seed {seed}: mult={mult} shift={shift} acc={accs}")
 
 
-def test_requant_latency_is_three_cycles():
-    cfg = profile("tiny")
+@pytest.mark.parametrize("dsp, latency, interval", [("generic", 6, 1), ("ice40", 19, 16)])
+def test_requant_latency_and_interval(dsp, latency, interval):
+    """Three words offered back to back: the first ``o.valid`` after ``latency`` cycles, the
+    words ``interval`` cycles apart."""
+    cfg = profile("tiny", dsp=dsp, mult_width=16)
     dut = Requantiser(cfg, 1)
+    assert (dut.latency, dut.interval) == (latency, interval)
 
     async def tb(ctx):
         ctx.set(dut.o.ready, 1)
         ctx.set(dut.mult, 3)
-        ctx.set(dut.i.payload, [5])
         ctx.set(dut.i.valid, 1)
-        await ctx.tick()
-        ctx.set(dut.i.valid, 0)
-        for _ in range(Requantiser.latency - 1):
-            assert not ctx.get(dut.o.valid)
+        taken, outs = [], []
+        for cycle in range(latency + 3 * interval + 2):
+            ctx.set(dut.i.payload, [5 + len(taken)])
+            ctx.set(dut.i.valid, len(taken) < 3)
+            await ctx.delay(1e-9)
+            if ctx.get(dut.i.valid) and ctx.get(dut.i.ready):
+                taken.append(cycle)
+            if ctx.get(dut.o.valid):
+                outs.append((cycle, int(ctx.get(dut.o.payload)[0])))
             await ctx.tick()
-        assert ctx.get(dut.o.valid) and int(ctx.get(dut.o.payload)[0]) == 15
+        assert taken == [0, interval, 2 * interval]
+        assert outs == [(latency + t, 3 * (5 + n)) for n, t in enumerate(taken)]
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)

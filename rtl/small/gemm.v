@@ -9,26 +9,26 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$100 ;
   wire \$101 ;
   wire \$102 ;
-  wire [19:0] \$103 ;
+  wire \$103 ;
   wire [19:0] \$104 ;
-  wire \$105 ;
-  wire [1:0] \$106 ;
+  wire [19:0] \$105 ;
+  wire \$106 ;
   wire [1:0] \$107 ;
   wire [1:0] \$108 ;
-  wire \$109 ;
+  wire [1:0] \$109 ;
   wire \$11 ;
-  wire [17:0] \$110 ;
+  wire \$110 ;
   wire [17:0] \$111 ;
-  wire \$112 ;
+  wire [17:0] \$112 ;
   wire \$113 ;
-  wire [17:0] \$114 ;
-  wire \$115 ;
+  wire \$114 ;
+  wire [17:0] \$115 ;
   wire \$116 ;
-  wire [5:0] \$117 ;
-  wire \$118 ;
-  wire [17:0] \$119 ;
+  wire \$117 ;
+  wire [5:0] \$118 ;
+  wire \$119 ;
   wire \$12 ;
-  wire \$120 ;
+  wire [17:0] \$120 ;
   wire \$121 ;
   wire \$122 ;
   wire \$123 ;
@@ -37,68 +37,68 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$126 ;
   wire \$127 ;
   wire \$128 ;
-  wire [17:0] \$129 ;
+  wire \$129 ;
   wire \$13 ;
-  wire [19:0] \$130 ;
-  wire [17:0] \$131 ;
-  wire \$132 ;
+  wire [17:0] \$130 ;
+  wire [19:0] \$131 ;
+  wire [17:0] \$132 ;
   wire \$133 ;
-  wire [16:0] \$134 ;
-  wire [17:0] \$135 ;
-  wire [19:0] \$136 ;
-  wire \$137 ;
+  wire \$134 ;
+  wire [16:0] \$135 ;
+  wire [17:0] \$136 ;
+  wire [19:0] \$137 ;
   wire \$138 ;
-  wire [17:0] \$139 ;
+  wire \$139 ;
   wire \$14 ;
-  wire [19:0] \$140 ;
+  wire [17:0] \$140 ;
   wire [19:0] \$141 ;
-  wire \$142 ;
-  wire [4:0] \$143 ;
-  wire \$144 ;
+  wire [19:0] \$142 ;
+  wire \$143 ;
+  wire [4:0] \$144 ;
   wire \$145 ;
-  wire [3:0] \$146 ;
+  wire \$146 ;
   wire [3:0] \$147 ;
-  wire \$148 ;
+  wire [3:0] \$148 ;
   wire \$149 ;
   wire \$15 ;
   wire \$150 ;
-  wire [18:0] \$151 ;
-  wire [3:0] \$152 ;
-  wire [19:0] \$153 ;
-  wire [2:0] \$154 ;
-  wire [3:0] \$155 ;
-  wire \$156 ;
+  wire \$151 ;
+  wire [18:0] \$152 ;
+  wire [3:0] \$153 ;
+  wire [19:0] \$154 ;
+  wire [2:0] \$155 ;
+  wire [3:0] \$156 ;
   wire \$157 ;
   wire \$158 ;
-  wire [19:0] \$159 ;
+  wire \$159 ;
   wire \$16 ;
-  wire [19:0] \$160 ;
+  wire \$160 ;
   wire \$161 ;
-  wire \$162 ;
+  wire [19:0] \$162 ;
   wire [19:0] \$163 ;
-  wire [19:0] \$164 ;
-  wire [17:0] \$165 ;
-  wire \$166 ;
-  wire \$167 ;
-  wire \$168 ;
+  wire \$164 ;
+  wire \$165 ;
+  wire [19:0] \$166 ;
+  wire [19:0] \$167 ;
+  wire [17:0] \$168 ;
   wire \$169 ;
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
-  wire [17:0] \$174 ;
+  wire \$174 ;
   wire \$175 ;
-  wire [17:0] \$176 ;
-  wire \$177 ;
-  wire [19:0] \$178 ;
-  wire \$179 ;
+  wire \$176 ;
+  wire [17:0] \$177 ;
+  wire \$178 ;
+  wire [17:0] \$179 ;
   wire [17:0] \$18 ;
-  wire [17:0] \$180 ;
-  wire [17:0] \$181 ;
+  wire \$180 ;
+  wire [19:0] \$181 ;
   wire \$182 ;
-  wire \$183 ;
-  wire \$184 ;
+  wire [17:0] \$183 ;
+  wire [17:0] \$184 ;
   wire \$185 ;
   wire \$186 ;
   wire \$187 ;
@@ -108,13 +108,13 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
-  wire [2:0] \$193 ;
-  wire [17:0] \$194 ;
-  wire [19:0] \$195 ;
-  wire [19:0] \$196 ;
-  wire \$197 ;
-  wire \$198 ;
-  wire \$199 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire [2:0] \$196 ;
+  wire [17:0] \$197 ;
+  wire [19:0] \$198 ;
+  wire [19:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
   wire \$200 ;
@@ -122,59 +122,70 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$202 ;
   wire \$203 ;
   wire \$204 ;
-  reg [18:0] \$205 ;
-  reg \$206 ;
-  reg [1:0] \$207 ;
-  reg \$208 ;
-  reg \$209 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  reg [18:0] \$209 ;
   wire \$21 ;
-  reg [16:0] \$210 ;
-  reg [16:0] \$211 ;
-  reg [4:0] \$212 ;
+  reg \$210 ;
+  reg [1:0] \$211 ;
+  reg \$212 ;
   reg \$213 ;
-  reg \$214 ;
-  reg \$215 ;
-  reg [7:0] \$216 ;
+  reg [16:0] \$214 ;
+  reg [16:0] \$215 ;
+  reg [4:0] \$216 ;
   reg \$217 ;
   reg \$218 ;
-  reg [16:0] \$219 ;
+  reg \$219 ;
   wire \$22 ;
-  reg [18:0] \$220 ;
-  reg [16:0] \$221 ;
-  reg [16:0] \$222 ;
-  reg [18:0] \$223 ;
+  reg [7:0] \$220 ;
+  reg \$221 ;
+  reg \$222 ;
+  reg [16:0] \$223 ;
   reg [18:0] \$224 ;
-  reg [18:0] \$225 ;
-  reg [3:0] \$226 ;
-  reg [3:0] \$227 ;
+  reg [16:0] \$225 ;
+  reg [16:0] \$226 ;
+  reg [18:0] \$227 ;
   reg [18:0] \$228 ;
-  reg [3:0] \$229 ;
+  reg [18:0] \$229 ;
   wire [9:0] \$23 ;
-  reg \$230 ;
-  reg \$231 ;
-  reg \$232 ;
-  reg [18:0] \$233 ;
-  reg [255:0] \$234 ;
-  reg [1:0] \$235 ;
+  reg [3:0] \$230 ;
+  reg [3:0] \$231 ;
+  reg [18:0] \$232 ;
+  reg [3:0] \$233 ;
+  reg \$234 ;
+  reg \$235 ;
   reg \$236 ;
   reg [18:0] \$237 ;
-  reg [16:0] \$238 ;
-  reg [16:0] \$239 ;
+  reg [255:0] \$238 ;
+  reg \$239 ;
   wire [17:0] \$24 ;
-  reg [18:0] \$240 ;
+  reg \$240 ;
   reg [18:0] \$241 ;
-  reg \$242 ;
-  reg [7:0] \$243 ;
-  reg \$244 ;
-  reg [101:0] \$245 ;
-  reg \$246 ;
-  reg [2:0] \$247 ;
-  reg [2:0] \$248 ;
+  reg [255:0] \$242 ;
+  reg [1:0] \$243 ;
+  reg [255:0] \$244 ;
+  reg \$245 ;
+  reg [7:0] \$246 ;
+  reg \$247 ;
+  reg [18:0] \$248 ;
   reg [16:0] \$249 ;
   wire [7:0] \$25 ;
-  reg [18:0] \$250 ;
+  reg [16:0] \$250 ;
   reg [18:0] \$251 ;
+  reg [18:0] \$252 ;
+  reg \$253 ;
+  reg [7:0] \$254 ;
+  reg \$255 ;
+  reg [101:0] \$256 ;
+  reg \$257 ;
+  reg [2:0] \$258 ;
+  reg [2:0] \$259 ;
   wire [7:0] \$26 ;
+  reg [16:0] \$260 ;
+  reg [18:0] \$261 ;
+  reg [18:0] \$262 ;
   wire [7:0] \$27 ;
   wire [7:0] \$28 ;
   wire [7:0] \$29 ;
@@ -257,6 +268,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$99 ;
   (* init = 1'h0 *)
   wire \$signal ;
+  reg \$signal$100  = 1'h0;
   reg \$signal$24  = 1'h0;
   reg [1:0] \$signal$33 ;
   (* init = 1'h0 *)
@@ -386,6 +398,15 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   output c_out__valid;
   wire c_out__valid;
   reg [18:0] c_panel = 19'h00000;
+  reg [255:0] c_q = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+  wire [31:0] \c_q[0] ;
+  wire [31:0] \c_q[1] ;
+  wire [31:0] \c_q[2] ;
+  wire [31:0] \c_q[3] ;
+  wire [31:0] \c_q[4] ;
+  wire [31:0] \c_q[5] ;
+  wire [31:0] \c_q[6] ;
+  wire [31:0] \c_q[7] ;
   wire [10:0] c_rd__addr;
   wire [255:0] c_rd__data;
   wire [31:0] \c_rd__data[0] ;
@@ -499,9 +520,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [18:0] out_left = 19'h00000;
   wire panel_ready;
   reg [1:0] pending = 2'h0;
-  reg [7:0] r_mask = 8'h00;
+  reg [7:0] q_mask = 8'h00;
   (* init = 1'h0 *)
-  wire r_valid;
+  wire q_valid;
+  reg [18:0] r_addr = 19'h00000;
+  reg r_col_busy = 1'h0;
+  reg [7:0] r_mask = 8'h00;
+  reg r_valid = 1'h0;
+  reg [255:0] r_word = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+  wire [31:0] \r_word[0] ;
+  wire [31:0] \r_word[1] ;
+  wire [31:0] \r_word[2] ;
+  wire [31:0] \r_word[3] ;
+  wire [31:0] \r_word[4] ;
+  wire [31:0] \r_word[5] ;
+  wire [31:0] \r_word[6] ;
+  wire [31:0] \r_word[7] ;
   reg rbuf = 1'h0;
   reg [16:0] rows_c = 17'h00000;
   reg [16:0] rows_left = 17'h00000;
@@ -7787,30 +7821,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$35  = rows_c <= 4'h8;
   assign \$36  = d_col == 3'h7;
   assign shift = \done$57  | drain_busy;
-  assign \$37  = cmd[100] ? c_rd__data[31:0] : 32'd0;
+  assign \$37  = cmd[100] ? c_q[31:0] : 32'd0;
   assign \$38  = $signed(w_word[31:0]) + $signed(\$37 );
-  assign \$39  = cmd[100] ? c_rd__data[63:32] : 32'd0;
+  assign \$39  = cmd[100] ? c_q[63:32] : 32'd0;
   assign \$40  = $signed(w_word[63:32]) + $signed(\$39 );
-  assign \$41  = cmd[100] ? c_rd__data[95:64] : 32'd0;
+  assign \$41  = cmd[100] ? c_q[95:64] : 32'd0;
   assign \$42  = $signed(w_word[95:64]) + $signed(\$41 );
-  assign \$43  = cmd[100] ? c_rd__data[127:96] : 32'd0;
+  assign \$43  = cmd[100] ? c_q[127:96] : 32'd0;
   assign \$44  = $signed(w_word[127:96]) + $signed(\$43 );
-  assign \$45  = cmd[100] ? c_rd__data[159:128] : 32'd0;
+  assign \$45  = cmd[100] ? c_q[159:128] : 32'd0;
   assign \$46  = $signed(w_word[159:128]) + $signed(\$45 );
-  assign \$47  = cmd[100] ? c_rd__data[191:160] : 32'd0;
+  assign \$47  = cmd[100] ? c_q[191:160] : 32'd0;
   assign \$48  = $signed(w_word[191:160]) + $signed(\$47 );
-  assign \$49  = cmd[100] ? c_rd__data[223:192] : 32'd0;
+  assign \$49  = cmd[100] ? c_q[223:192] : 32'd0;
   assign \$50  = $signed(w_word[223:192]) + $signed(\$49 );
-  assign \$51  = cmd[100] ? c_rd__data[255:224] : 32'd0;
+  assign \$51  = cmd[100] ? c_q[255:224] : 32'd0;
   assign \$52  = $signed(w_word[255:224]) + $signed(\$51 );
-  assign \$53  = r_mask[0] ? c_rd__data[31:0] : 32'd0;
-  assign \$54  = r_mask[1] ? c_rd__data[63:32] : 32'd0;
-  assign \$55  = r_mask[2] ? c_rd__data[95:64] : 32'd0;
-  assign \$56  = r_mask[3] ? c_rd__data[127:96] : 32'd0;
-  assign \$57  = r_mask[4] ? c_rd__data[159:128] : 32'd0;
-  assign \$58  = r_mask[5] ? c_rd__data[191:160] : 32'd0;
-  assign \$59  = r_mask[6] ? c_rd__data[223:192] : 32'd0;
-  assign \$60  = r_mask[7] ? c_rd__data[255:224] : 32'd0;
+  assign \$53  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$54  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$55  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$56  = q_mask[3] ? c_q[127:96] : 32'd0;
+  assign \$57  = q_mask[4] ? c_q[159:128] : 32'd0;
+  assign \$58  = q_mask[5] ? c_q[191:160] : 32'd0;
+  assign \$59  = q_mask[6] ? c_q[223:192] : 32'd0;
+  assign \$60  = q_mask[7] ? c_q[255:224] : 32'd0;
   assign \$61  = \done$57  ? t_base : d_base;
   assign \$62  = \done$57  ? 4'h0 : d_col;
   assign \$63  = \$61  + \$62 ;
@@ -7845,212 +7879,230 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$90  = a_in__ready | \$signal$24 ;
   assign \$91  = \$90  | issuing;
   assign \$92  = \$91  | drain_busy;
-  assign \$93  = \$92  | w_busy;
-  assign \$94  = ~ \$93 ;
-  assign \$95  = ! pending;
-  assign \$96  = \$94  & \$95 ;
-  assign \$97  = ! fsm_state;
-  assign \$98  = fsm_state == 1'h1;
-  assign \$99  = fsm_state == 2'h2;
-  assign \$100  = fsm_state == 2'h3;
-  assign \$101  = fsm_state == 3'h4;
-  assign \$102  = a_in__valid & a_in__ready;
-  assign \$103  = a_wptr + 1'h1;
+  assign \$93  = \$92  | r_col_busy;
+  assign \$94  = \$93  | w_busy;
+  assign \$95  = ~ \$94 ;
+  assign \$96  = ! pending;
+  assign \$97  = \$95  & \$96 ;
+  assign \$98  = ! fsm_state;
+  assign \$99  = fsm_state == 1'h1;
+  assign \$100  = fsm_state == 2'h2;
+  assign \$101  = fsm_state == 2'h3;
+  assign \$102  = fsm_state == 3'h4;
+  assign \$103  = a_in__valid & a_in__ready;
   assign \$104  = a_wptr + 1'h1;
-  assign \$105  = \$104  == a_lim;
-  assign \$106  = full | \$signal$33 ;
-  assign \$107  = ~ full_clr;
-  assign \$108  = \$106  & \$107 ;
-  assign \$109  = b_in__valid & b_in__ready;
-  assign \$110  = b_k + 1'h1;
-  assign \$111  = cmd[33:17] - 1'h1;
-  assign \$112  = b_k == \$111 ;
-  assign \$113  = ~ wbuf;
-  assign \$114  = b_cols_left - 4'h8;
-  assign \$115  = b_cols_left <= 4'h8;
-  assign \$116  = gap < 5'h17;
-  assign \$117  = gap + 1'h1;
-  assign \$118  = ! k;
-  assign \$119  = cmd[33:17] - 1'h1;
-  assign \$120  = k == \$119 ;
-  assign \$121  = rows_c > 1'h0;
-  assign \$122  = rows_c > 1'h1;
-  assign \$123  = rows_c > 2'h2;
-  assign \$124  = rows_c > 2'h3;
-  assign \$125  = rows_c > 3'h4;
-  assign \$126  = rows_c > 3'h5;
-  assign \$127  = rows_c > 3'h6;
-  assign \$128  = rows_c > 3'h7;
-  assign \$129  = k + 1'h1;
-  assign \$130  = a_ptr + 1'h1;
-  assign \$131  = cmd[33:17] - 1'h1;
-  assign \$132  = k == \$131 ;
-  assign \$133  = cols_c < 4'h8;
-  assign \$134  = \$133  ? cols_c : 17'h00008;
-  assign \$135  = rows_c - 4'h8;
-  assign \$136  = c_tile + cmd[50:34];
-  assign \$137  = rows_c <= 4'h8;
-  assign \$138  = ~ rbuf;
-  assign \$139  = cols_c - 4'h8;
-  assign \$140  = c_panel + 4'h8;
+  assign \$105  = a_wptr + 1'h1;
+  assign \$106  = \$105  == a_lim;
+  assign \$107  = full | \$signal$33 ;
+  assign \$108  = ~ full_clr;
+  assign \$109  = \$107  & \$108 ;
+  assign \$110  = b_in__valid & b_in__ready;
+  assign \$111  = b_k + 1'h1;
+  assign \$112  = cmd[33:17] - 1'h1;
+  assign \$113  = b_k == \$112 ;
+  assign \$114  = ~ wbuf;
+  assign \$115  = b_cols_left - 4'h8;
+  assign \$116  = b_cols_left <= 4'h8;
+  assign \$117  = gap < 5'h17;
+  assign \$118  = gap + 1'h1;
+  assign \$119  = ! k;
+  assign \$120  = cmd[33:17] - 1'h1;
+  assign \$121  = k == \$120 ;
+  assign \$122  = rows_c > 1'h0;
+  assign \$123  = rows_c > 1'h1;
+  assign \$124  = rows_c > 2'h2;
+  assign \$125  = rows_c > 2'h3;
+  assign \$126  = rows_c > 3'h4;
+  assign \$127  = rows_c > 3'h5;
+  assign \$128  = rows_c > 3'h6;
+  assign \$129  = rows_c > 3'h7;
+  assign \$130  = k + 1'h1;
+  assign \$131  = a_ptr + 1'h1;
+  assign \$132  = cmd[33:17] - 1'h1;
+  assign \$133  = k == \$132 ;
+  assign \$134  = cols_c < 4'h8;
+  assign \$135  = \$134  ? cols_c : 17'h00008;
+  assign \$136  = rows_c - 4'h8;
+  assign \$137  = c_tile + cmd[50:34];
+  assign \$138  = rows_c <= 4'h8;
+  assign \$139  = ~ rbuf;
+  assign \$140  = cols_c - 4'h8;
   assign \$141  = c_panel + 4'h8;
-  assign \$142  = cols_c <= 4'h8;
-  assign \$143  = d_col + 1'h1;
-  assign \$144  = d_col == 3'h7;
-  assign \$145  = \done$57  | drain_busy;
-  assign \$146  = \done$57  ? 4'h0 : d_col;
-  assign \$147  = \done$57  ? t_cols : d_cols;
-  assign \$148  = \$146  < \$147 ;
-  assign \$149  = \$145  & \$148 ;
-  assign \$150  = \done$57  | drain_busy;
-  assign \$151  = \done$57  ? t_base : d_base;
-  assign \$152  = \done$57  ? 4'h0 : d_col;
-  assign \$153  = \$151  + \$152 ;
-  assign \$154  = pending + tile_issued;
-  assign \$155  = \$154  - tile_drained;
-  assign \$156  = ~ i__valid;
-  assign \$157  = \$156  | i__ready;
-  assign \$158  = storing & \$157 ;
-  assign \$159  = c_lim - cmd[75:64];
-  assign \$160  = c_lim - cmd[75:64];
-  assign \$161  = | s_left;
-  assign \$162  = | s_left;
-  assign \$163  = s_addr + 1'h1;
-  assign \$164  = s_left - 1'h1;
-  assign \$165  = s_n + 1'h1;
-  assign \$166  = s_rows > 1'h0;
-  assign \$167  = s_rows > 1'h1;
-  assign \$168  = s_rows > 2'h2;
-  assign \$169  = s_rows > 2'h3;
-  assign \$170  = s_rows > 3'h4;
-  assign \$171  = s_rows > 3'h5;
-  assign \$172  = s_rows > 3'h6;
-  assign \$173  = s_rows > 3'h7;
-  assign \$174  = cmd[50:34] - 1'h1;
-  assign \$175  = s_n == \$174 ;
-  assign \$176  = s_rows - 4'h8;
-  assign \$177  = c_out__valid & c_out__ready;
-  assign \$178  = out_left - 1'h1;
-  assign \$179  = | code;
-  assign \$180  = cmd[63:51] + cmd[33:17];
-  assign \$181  = cmd[75:64] + cmd[50:34];
-  assign \$182  = cmd[98] | cmd[99];
-  assign \$183  = a_lim > 13'h1000;
-  assign \$184  = \$182  & \$183 ;
-  assign \$185  = cmd[99] | cmd[101];
-  assign \$186  = c_lim > 12'h800;
+  assign \$142  = c_panel + 4'h8;
+  assign \$143  = cols_c <= 4'h8;
+  assign \$144  = d_col + 1'h1;
+  assign \$145  = d_col == 3'h7;
+  assign \$146  = \done$57  | drain_busy;
+  assign \$147  = \done$57  ? 4'h0 : d_col;
+  assign \$148  = \done$57  ? t_cols : d_cols;
+  assign \$149  = \$147  < \$148 ;
+  assign \$150  = \$146  & \$149 ;
+  assign \$151  = \done$57  | drain_busy;
+  assign \$152  = \done$57  ? t_base : d_base;
+  assign \$153  = \done$57  ? 4'h0 : d_col;
+  assign \$154  = \$152  + \$153 ;
+  assign \$155  = pending + tile_issued;
+  assign \$156  = \$155  - tile_drained;
+  assign \$157  = ~ i__valid;
+  assign \$158  = \$157  | i__ready;
+  assign \$159  = ~ i__valid;
+  assign \$160  = \$159  | i__ready;
+  assign \$161  = storing & \$160 ;
+  assign \$162  = c_lim - cmd[75:64];
+  assign \$163  = c_lim - cmd[75:64];
+  assign \$164  = | s_left;
+  assign \$165  = | s_left;
+  assign \$166  = s_addr + 1'h1;
+  assign \$167  = s_left - 1'h1;
+  assign \$168  = s_n + 1'h1;
+  assign \$169  = s_rows > 1'h0;
+  assign \$170  = s_rows > 1'h1;
+  assign \$171  = s_rows > 2'h2;
+  assign \$172  = s_rows > 2'h3;
+  assign \$173  = s_rows > 3'h4;
+  assign \$174  = s_rows > 3'h5;
+  assign \$175  = s_rows > 3'h6;
+  assign \$176  = s_rows > 3'h7;
+  assign \$177  = cmd[50:34] - 1'h1;
+  assign \$178  = s_n == \$177 ;
+  assign \$179  = s_rows - 4'h8;
+  assign \$180  = c_out__valid & c_out__ready;
+  assign \$181  = out_left - 1'h1;
+  assign \$182  = | code;
+  assign \$183  = cmd[63:51] + cmd[33:17];
+  assign \$184  = cmd[75:64] + cmd[50:34];
+  assign \$185  = cmd[98] | cmd[99];
+  assign \$186  = a_lim > 13'h1000;
   assign \$187  = \$185  & \$186 ;
-  assign \$188  = \$184  | \$187 ;
-  assign \$189  = rows_left <= 4'h8;
-  assign \$190  = cmd[98] | cmd[99];
-  assign \$191  = a_lim > 13'h1000;
-  assign \$192  = \$190  & \$191 ;
-  assign \$193  = \$192  ? 3'h4 : 3'h5;
-  assign \$194  = rows_left - 4'h8;
-  assign \$195  = a_lim + cmd[33:17];
-  assign \$196  = c_lim + cmd[50:34];
-  assign \$197  = a_in__ready | \$signal$24 ;
-  assign \$198  = \$197  | issuing;
-  assign \$199  = \$198  | drain_busy;
-  assign \$200  = \$199  | w_busy;
-  assign \$201  = ~ \$200 ;
-  assign \$202  = ! pending;
-  assign \$203  = \$201  & \$202 ;
-  assign \$204  = ! out_left;
+  assign \$188  = cmd[99] | cmd[101];
+  assign \$189  = c_lim > 12'h800;
+  assign \$190  = \$188  & \$189 ;
+  assign \$191  = \$187  | \$190 ;
+  assign \$192  = rows_left <= 4'h8;
+  assign \$193  = cmd[98] | cmd[99];
+  assign \$194  = a_lim > 13'h1000;
+  assign \$195  = \$193  & \$194 ;
+  assign \$196  = \$195  ? 3'h4 : 3'h5;
+  assign \$197  = rows_left - 4'h8;
+  assign \$198  = a_lim + cmd[33:17];
+  assign \$199  = c_lim + cmd[50:34];
+  assign \$200  = a_in__ready | \$signal$24 ;
+  assign \$201  = \$200  | issuing;
+  assign \$202  = \$201  | drain_busy;
+  assign \$203  = \$202  | r_col_busy;
+  assign \$204  = \$203  | w_busy;
+  assign \$205  = ~ \$204 ;
+  assign \$206  = ! pending;
+  assign \$207  = \$205  & \$206 ;
+  assign \$208  = ! out_left;
   always @(posedge clk)
-    a_wptr <= \$205 ;
+    a_wptr <= \$209 ;
   always @(posedge clk)
-    a_in__ready <= \$206 ;
+    a_in__ready <= \$210 ;
   always @(posedge clk)
-    full <= \$207 ;
+    full <= \$211 ;
   always @(posedge clk)
-    \$signal$24  <= \$208 ;
+    \$signal$24  <= \$212 ;
   always @(posedge clk)
-    wbuf <= \$209 ;
+    wbuf <= \$213 ;
   always @(posedge clk)
-    b_k <= \$210 ;
+    b_k <= \$214 ;
   always @(posedge clk)
-    b_cols_left <= \$211 ;
+    b_cols_left <= \$215 ;
   always @(posedge clk)
-    gap <= \$212 ;
+    gap <= \$216 ;
   always @(posedge clk)
-    valid <= \$213 ;
+    valid <= \$217 ;
   always @(posedge clk)
-    first <= \$214 ;
+    first <= \$218 ;
   always @(posedge clk)
-    last <= \$215 ;
+    last <= \$219 ;
   always @(posedge clk)
-    s_mask <= \$216 ;
+    s_mask <= \$220 ;
   always @(posedge clk)
-    issuing <= \$217 ;
+    issuing <= \$221 ;
   always @(posedge clk)
-    rbuf <= \$218 ;
+    rbuf <= \$222 ;
   always @(posedge clk)
-    k <= \$219 ;
+    k <= \$223 ;
   always @(posedge clk)
-    a_ptr <= \$220 ;
+    a_ptr <= \$224 ;
   always @(posedge clk)
-    rows_c <= \$221 ;
+    rows_c <= \$225 ;
   always @(posedge clk)
-    cols_c <= \$222 ;
+    cols_c <= \$226 ;
   always @(posedge clk)
-    c_panel <= \$223 ;
+    c_panel <= \$227 ;
   always @(posedge clk)
-    c_tile <= \$224 ;
+    c_tile <= \$228 ;
   always @(posedge clk)
-    t_base <= \$225 ;
+    t_base <= \$229 ;
   always @(posedge clk)
-    t_cols <= \$226 ;
+    t_cols <= \$230 ;
   always @(posedge clk)
-    d_col <= \$227 ;
+    d_col <= \$231 ;
   always @(posedge clk)
-    d_base <= \$228 ;
+    d_base <= \$232 ;
   always @(posedge clk)
-    d_cols <= \$229 ;
+    d_cols <= \$233 ;
   always @(posedge clk)
-    drain_busy <= \$230 ;
+    drain_busy <= \$234 ;
   always @(posedge clk)
-    \$signature__en$67  <= \$231 ;
+    \$signal$100  <= \$235 ;
   always @(posedge clk)
-    w_busy <= \$232 ;
+    r_col_busy <= \$236 ;
   always @(posedge clk)
-    w_addr <= \$233 ;
+    r_addr <= \$237 ;
   always @(posedge clk)
-    w_word <= \$234 ;
+    r_word <= \$238 ;
   always @(posedge clk)
-    pending <= \$235 ;
+    \$signature__en$67  <= \$239 ;
   always @(posedge clk)
-    storing <= \$236 ;
+    w_busy <= \$240 ;
   always @(posedge clk)
-    s_addr <= \$237 ;
+    w_addr <= \$241 ;
   always @(posedge clk)
-    s_n <= \$238 ;
+    w_word <= \$242 ;
   always @(posedge clk)
-    s_rows <= \$239 ;
+    pending <= \$243 ;
   always @(posedge clk)
-    s_left <= \$240 ;
+    c_q <= \$244 ;
   always @(posedge clk)
-    out_left <= \$241 ;
+    i__valid <= \$245 ;
   always @(posedge clk)
-    i__valid <= \$242 ;
+    q_mask <= \$246 ;
   always @(posedge clk)
-    r_mask <= \$243 ;
+    storing <= \$247 ;
   always @(posedge clk)
-    done <= \$244 ;
+    s_addr <= \$248 ;
   always @(posedge clk)
-    cmd <= \$245 ;
+    s_n <= \$249 ;
   always @(posedge clk)
-    error <= \$246 ;
+    s_rows <= \$250 ;
   always @(posedge clk)
-    error_code <= \$247 ;
+    s_left <= \$251 ;
   always @(posedge clk)
-    fsm_state <= \$248 ;
+    out_left <= \$252 ;
   always @(posedge clk)
-    rows_left <= \$249 ;
+    r_valid <= \$253 ;
   always @(posedge clk)
-    a_lim <= \$250 ;
+    r_mask <= \$254 ;
   always @(posedge clk)
-    c_lim <= \$251 ;
+    done <= \$255 ;
+  always @(posedge clk)
+    cmd <= \$256 ;
+  always @(posedge clk)
+    error <= \$257 ;
+  always @(posedge clk)
+    error_code <= \$258 ;
+  always @(posedge clk)
+    fsm_state <= \$259 ;
+  always @(posedge clk)
+    rows_left <= \$260 ;
+  always @(posedge clk)
+    a_lim <= \$261 ;
+  always @(posedge clk)
+    c_lim <= \$262 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -8071,7 +8123,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$1256$76 (cmd[97:76]),
+    .\port$1325$76 (cmd[97:76]),
     .rst(rst)
   );
   always @* begin
@@ -8178,7 +8230,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$96 ) begin
+          if (\$97 ) begin
             if (cmd[101]) begin
               store_start = 1'h1;
             end
@@ -8187,266 +8239,200 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = a_wptr;
+    \$209  = a_wptr;
     if (start) begin
-      \$205  = { 6'h00, cmd[63:51] };
-    end else if (\$102 ) begin
-      \$205  = \$103 [18:0];
+      \$209  = { 6'h00, cmd[63:51] };
+    end else if (\$103 ) begin
+      \$209  = \$104 [18:0];
     end
     if (rst) begin
-      \$205  = 19'h00000;
+      \$209  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = a_in__ready;
+    \$210  = a_in__ready;
     if (start) begin
-      \$206  = cmd[98];
-    end else if (\$102 ) begin
-      if (\$105 ) begin
-        \$206  = 1'h0;
+      \$210  = cmd[98];
+    end else if (\$103 ) begin
+      if (\$106 ) begin
+        \$210  = 1'h0;
       end
     end
     if (rst) begin
-      \$206  = 1'h0;
+      \$210  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = \$108 ;
+    \$211  = \$109 ;
     if (rst) begin
-      \$207  = 2'h0;
+      \$211  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = \$signal$24 ;
+    \$212  = \$signal$24 ;
     if (start) begin
-      \$208  = cmd[99];
-    end else if (\$109 ) begin
-      if (\$112 ) begin
-        if (\$115 ) begin
-          \$208  = 1'h0;
+      \$212  = cmd[99];
+    end else if (\$110 ) begin
+      if (\$113 ) begin
+        if (\$116 ) begin
+          \$212  = 1'h0;
         end
       end
     end
     if (rst) begin
-      \$208  = 1'h0;
+      \$212  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = wbuf;
+    \$213  = wbuf;
     if (start) begin
-      \$209  = 1'h0;
-    end else if (\$109 ) begin
-      if (\$112 ) begin
-        \$209  = \$113 ;
+      \$213  = 1'h0;
+    end else if (\$110 ) begin
+      if (\$113 ) begin
+        \$213  = \$114 ;
       end
     end
-    if (rst) begin
-      \$209  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = b_k;
-    if (start) begin
-      \$210  = 17'h00000;
-    end else if (\$109 ) begin
-      \$210  = \$110 [16:0];
-      if (\$112 ) begin
-        \$210  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$210  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = b_cols_left;
-    if (start) begin
-      \$211  = cmd[50:34];
-    end else if (\$109 ) begin
-      if (\$112 ) begin
-        \$211  = \$114 [16:0];
-      end
-    end
-    if (rst) begin
-      \$211  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = gap;
-    if (\$116 ) begin
-      \$212  = \$117 [4:0];
-    end
-    if (start) begin
-      \$212  = 5'h17;
-    end else if (step) begin
-      if (\$132 ) begin
-        \$212  = 5'h00;
-      end
-    end
-    if (rst) begin
-      \$212  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = step;
     if (rst) begin
       \$213  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = \$118 ;
-    if (rst) begin
-      \$214  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = \$120 ;
-    if (rst) begin
-      \$215  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = { \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121  };
-    if (rst) begin
-      \$216  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = issuing;
+    \$214  = b_k;
     if (start) begin
-      \$217  = cmd[99];
-    end else if (step) begin
-      if (\$132 ) begin
-        if (\$137 ) begin
-          if (\$142 ) begin
-            \$217  = 1'h0;
-          end
-        end
+      \$214  = 17'h00000;
+    end else if (\$110 ) begin
+      \$214  = \$111 [16:0];
+      if (\$113 ) begin
+        \$214  = 17'h00000;
       end
     end
+    if (rst) begin
+      \$214  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$215  = b_cols_left;
+    if (start) begin
+      \$215  = cmd[50:34];
+    end else if (\$110 ) begin
+      if (\$113 ) begin
+        \$215  = \$115 [16:0];
+      end
+    end
+    if (rst) begin
+      \$215  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$216  = gap;
+    if (\$117 ) begin
+      \$216  = \$118 [4:0];
+    end
+    if (start) begin
+      \$216  = 5'h17;
+    end else if (step) begin
+      if (\$133 ) begin
+        \$216  = 5'h00;
+      end
+    end
+    if (rst) begin
+      \$216  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$217  = step;
     if (rst) begin
       \$217  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = rbuf;
-    if (start) begin
-      \$218  = 1'h0;
-    end else if (step) begin
-      if (\$132 ) begin
-        if (\$137 ) begin
-          \$218  = \$138 ;
-        end
-      end
-    end
+    \$218  = \$119 ;
     if (rst) begin
       \$218  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = k;
-    if (start) begin
-      \$219  = 17'h00000;
-    end else if (step) begin
-      \$219  = \$129 [16:0];
-      if (\$132 ) begin
-        \$219  = 17'h00000;
-      end
-    end
+    \$219  = \$121 ;
     if (rst) begin
-      \$219  = 17'h00000;
+      \$219  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = a_ptr;
+    \$220  = { \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122  };
+    if (rst) begin
+      \$220  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$221  = issuing;
     if (start) begin
-      \$220  = { 6'h00, cmd[63:51] };
+      \$221  = cmd[99];
     end else if (step) begin
-      \$220  = \$130 [18:0];
-      if (\$132 ) begin
-        if (\$137 ) begin
-          \$220  = { 6'h00, cmd[63:51] };
+      if (\$133 ) begin
+        if (\$138 ) begin
+          if (\$143 ) begin
+            \$221  = 1'h0;
+          end
         end
       end
     end
     if (rst) begin
-      \$220  = 19'h00000;
+      \$221  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = rows_c;
+    \$222  = rbuf;
     if (start) begin
-      \$221  = cmd[16:0];
+      \$222  = 1'h0;
     end else if (step) begin
-      if (\$132 ) begin
-        \$221  = \$135 [16:0];
-        if (\$137 ) begin
-          \$221  = cmd[16:0];
+      if (\$133 ) begin
+        if (\$138 ) begin
+          \$222  = \$139 ;
         end
       end
     end
     if (rst) begin
-      \$221  = 17'h00000;
+      \$222  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = cols_c;
+    \$223  = k;
     if (start) begin
-      \$222  = cmd[50:34];
+      \$223  = 17'h00000;
     end else if (step) begin
-      if (\$132 ) begin
-        if (\$137 ) begin
-          \$222  = \$139 [16:0];
-        end
+      \$223  = \$130 [16:0];
+      if (\$133 ) begin
+        \$223  = 17'h00000;
       end
     end
     if (rst) begin
-      \$222  = 17'h00000;
+      \$223  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = c_panel;
+    \$224  = a_ptr;
     if (start) begin
-      \$223  = { 7'h00, cmd[75:64] };
+      \$224  = { 6'h00, cmd[63:51] };
     end else if (step) begin
-      if (\$132 ) begin
-        if (\$137 ) begin
-          \$223  = \$140 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$223  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = c_tile;
-    if (start) begin
-      \$224  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (\$132 ) begin
-        \$224  = \$136 [18:0];
-        if (\$137 ) begin
-          \$224  = \$141 [18:0];
+      \$224  = \$131 [18:0];
+      if (\$133 ) begin
+        if (\$138 ) begin
+          \$224  = { 6'h00, cmd[63:51] };
         end
       end
     end
@@ -8456,47 +8442,65 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = t_base;
+    \$225  = rows_c;
     if (start) begin
+      \$225  = cmd[16:0];
     end else if (step) begin
-      if (\$132 ) begin
-        \$225  = c_tile;
+      if (\$133 ) begin
+        \$225  = \$136 [16:0];
+        if (\$138 ) begin
+          \$225  = cmd[16:0];
+        end
       end
     end
     if (rst) begin
-      \$225  = 19'h00000;
+      \$225  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = t_cols;
+    \$226  = cols_c;
     if (start) begin
+      \$226  = cmd[50:34];
     end else if (step) begin
-      if (\$132 ) begin
-        \$226  = \$134 [3:0];
+      if (\$133 ) begin
+        if (\$138 ) begin
+          \$226  = \$140 [16:0];
+        end
       end
     end
     if (rst) begin
-      \$226  = 4'h0;
+      \$226  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = d_col;
-    if (\done$57 ) begin
-      \$227  = 4'h1;
-    end else if (drain_busy) begin
-      \$227  = \$143 [3:0];
+    \$227  = c_panel;
+    if (start) begin
+      \$227  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (\$133 ) begin
+        if (\$138 ) begin
+          \$227  = \$141 [18:0];
+        end
+      end
     end
     if (rst) begin
-      \$227  = 4'h0;
+      \$227  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = d_base;
-    if (\done$57 ) begin
-      \$228  = t_base;
+    \$228  = c_tile;
+    if (start) begin
+      \$228  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (\$133 ) begin
+        \$228  = \$137 [18:0];
+        if (\$138 ) begin
+          \$228  = \$142 [18:0];
+        end
+      end
     end
     if (rst) begin
       \$228  = 19'h00000;
@@ -8504,167 +8508,154 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = d_cols;
-    if (\done$57 ) begin
-      \$229  = t_cols;
-    end
-    if (rst) begin
-      \$229  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = drain_busy;
-    if (\done$57 ) begin
-      \$230  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$144 ) begin
-        \$230  = 1'h0;
+    \$229  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (\$133 ) begin
+        \$229  = c_tile;
       end
     end
     if (rst) begin
-      \$230  = 1'h0;
+      \$229  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = \$149 ;
+    \$230  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (\$133 ) begin
+        \$230  = \$135 [3:0];
+      end
+    end
     if (rst) begin
-      \$231  = 1'h0;
+      \$230  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = \$150 ;
+    \$231  = d_col;
+    if (\done$57 ) begin
+      \$231  = 4'h1;
+    end else if (drain_busy) begin
+      \$231  = \$144 [3:0];
+    end
     if (rst) begin
-      \$232  = 1'h0;
+      \$231  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = \$153 [18:0];
+    \$232  = d_base;
+    if (\done$57 ) begin
+      \$232  = t_base;
+    end
     if (rst) begin
-      \$233  = 19'h00000;
+      \$232  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = out;
+    \$233  = d_cols;
+    if (\done$57 ) begin
+      \$233  = t_cols;
+    end
     if (rst) begin
-      \$234  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$233  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = \$155 [1:0];
+    \$234  = drain_busy;
+    if (\done$57 ) begin
+      \$234  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$145 ) begin
+        \$234  = 1'h0;
+      end
+    end
     if (rst) begin
-      \$235  = 2'h0;
+      \$234  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = storing;
-    if (store_start) begin
-      \$236  = 1'h1;
+    \$235  = \$150 ;
+    if (rst) begin
+      \$235  = 1'h0;
     end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$204 ) begin
-            \$236  = 1'h0;
-          end
-    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$236  = \$151 ;
     if (rst) begin
       \$236  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = s_addr;
-    if (store_start) begin
-      \$237  = { 7'h00, cmd[75:64] };
-    end else if (\$158 ) begin
-      if (\$162 ) begin
-        \$237  = \$163 [18:0];
-      end
-    end
+    \$237  = \$154 [18:0];
     if (rst) begin
       \$237  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = s_n;
-    if (store_start) begin
-      \$238  = 17'h00000;
-    end else if (\$158 ) begin
-      if (\$162 ) begin
-        \$238  = \$165 [16:0];
-        if (\$175 ) begin
-          \$238  = 17'h00000;
-        end
-      end
-    end
+    \$238  = out;
     if (rst) begin
-      \$238  = 17'h00000;
+      \$238  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = s_rows;
-    if (store_start) begin
-      \$239  = cmd[16:0];
-    end else if (\$158 ) begin
-      if (\$162 ) begin
-        if (\$175 ) begin
-          \$239  = \$176 [16:0];
-        end
-      end
-    end
+    \$239  = \$signal$100 ;
     if (rst) begin
-      \$239  = 17'h00000;
+      \$239  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = s_left;
-    if (store_start) begin
-      \$240  = \$159 [18:0];
-    end else if (\$158 ) begin
-      if (\$162 ) begin
-        \$240  = \$164 [18:0];
-      end
-    end
+    \$240  = r_col_busy;
     if (rst) begin
-      \$240  = 19'h00000;
+      \$240  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = out_left;
-    if (store_start) begin
-      \$241  = \$160 [18:0];
-    end
-    if (\$177 ) begin
-      \$241  = \$178 [18:0];
-    end
+    \$241  = r_addr;
     if (rst) begin
       \$241  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = i__valid;
-    if (store_start) begin
-    end else if (\$158 ) begin
-      \$242  = \$161 ;
+    \$242  = r_word;
+    if (rst) begin
+      \$242  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$243  = \$156 [1:0];
+    if (rst) begin
+      \$243  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$244  = c_q;
+    if (\$158 ) begin
+      \$244  = c_rd__data;
+    end
+    if (rst) begin
+      \$244  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$245  = i__valid;
+    if (\$158 ) begin
+      \$245  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -8676,222 +8667,355 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$204 ) begin
-            \$242  = 1'h0;
+          if (\$208 ) begin
+            \$245  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$242  = 1'h0;
+      \$245  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = r_mask;
+    \$246  = q_mask;
+    if (\$158 ) begin
+      \$246  = r_mask;
+    end
+    if (rst) begin
+      \$246  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$247  = storing;
     if (store_start) begin
-    end else if (\$158 ) begin
-      if (\$162 ) begin
-        \$243  = { \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166  };
+      \$247  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$208 ) begin
+            \$247  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$247  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$248  = s_addr;
+    if (store_start) begin
+      \$248  = { 7'h00, cmd[75:64] };
+    end else if (\$161 ) begin
+      if (\$165 ) begin
+        \$248  = \$166 [18:0];
       end
     end
     if (rst) begin
-      \$243  = 8'h00;
+      \$248  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$179 ) begin
-            \$244  = 1'h1;
-          end
-      3'h2:
-          if (\$188 ) begin
-            \$244  = 1'h1;
-          end
-      3'h3:
-          if (\$203 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-            end else begin
-              \$244  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$204 ) begin
-            \$244  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$244  = 1'h0;
+    \$249  = s_n;
+    if (store_start) begin
+      \$249  = 17'h00000;
+    end else if (\$161 ) begin
+      if (\$165 ) begin
+        \$249  = \$168 [16:0];
+        if (\$178 ) begin
+          \$249  = 17'h00000;
+        end
+      end
     end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$245  = cmd__payload;
-          end
-    endcase
-    if (rst) begin
-      \$245  = 102'h00000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$246  = 1'h0;
-          end
-      3'h1:
-          if (\$179 ) begin
-            \$246  = 1'h1;
-          end
-      3'h2:
-          if (\$188 ) begin
-            \$246  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$246  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$247  = 3'h0;
-          end
-      3'h1:
-          if (\$179 ) begin
-            \$247  = code;
-          end
-      3'h2:
-          if (\$188 ) begin
-            \$247  = \$193 ;
-          end
-    endcase
-    if (rst) begin
-      \$247  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$248  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$179 ) begin
-            \$248  = 3'h0;
-          end else begin
-            \$248  = 3'h2;
-          end
-      3'h2:
-          if (\$188 ) begin
-            \$248  = 3'h0;
-          end else if (\$189 ) begin
-            \$248  = 3'h3;
-          end
-      3'h3:
-          if (\$203 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-              \$248  = 3'h4;
-            end else begin
-              \$248  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$204 ) begin
-            \$248  = 3'h0;
-          end
-    endcase
-    if (rst) begin
-      \$248  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$179 ) begin
-          end else begin
-            \$249  = cmd[16:0];
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$188 ) begin
-          end else if (\$189 ) begin
-          end else begin
-            \$249  = \$194 [16:0];
-          end
-    endcase
     if (rst) begin
       \$249  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$179 ) begin
-          end else begin
-            \$250  = { 1'h0, \$180  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$188 ) begin
-          end else if (\$189 ) begin
-          end else begin
-            \$250  = \$195 [18:0];
-          end
-    endcase
+    \$250  = s_rows;
+    if (store_start) begin
+      \$250  = cmd[16:0];
+    end else if (\$161 ) begin
+      if (\$165 ) begin
+        if (\$178 ) begin
+          \$250  = \$179 [16:0];
+        end
+      end
+    end
     if (rst) begin
-      \$250  = 19'h00000;
+      \$250  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = c_lim;
+    \$251  = s_left;
+    if (store_start) begin
+      \$251  = \$162 [18:0];
+    end else if (\$161 ) begin
+      if (\$165 ) begin
+        \$251  = \$167 [18:0];
+      end
+    end
+    if (rst) begin
+      \$251  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$252  = out_left;
+    if (store_start) begin
+      \$252  = \$163 [18:0];
+    end
+    if (\$180 ) begin
+      \$252  = \$181 [18:0];
+    end
+    if (rst) begin
+      \$252  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$253  = r_valid;
+    if (store_start) begin
+    end else if (\$161 ) begin
+      \$253  = \$164 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$208 ) begin
+            \$253  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$253  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$254  = r_mask;
+    if (store_start) begin
+    end else if (\$161 ) begin
+      if (\$165 ) begin
+        \$254  = { \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
+      end
+    end
+    if (rst) begin
+      \$254  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$255  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$182 ) begin
+            \$255  = 1'h1;
+          end
+      3'h2:
+          if (\$191 ) begin
+            \$255  = 1'h1;
+          end
+      3'h3:
+          if (\$207 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+            end else begin
+              \$255  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$208 ) begin
+            \$255  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$255  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$256  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$256  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$256  = 102'h00000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$257  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$257  = 1'h0;
+          end
+      3'h1:
+          if (\$182 ) begin
+            \$257  = 1'h1;
+          end
+      3'h2:
+          if (\$191 ) begin
+            \$257  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$257  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$258  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$258  = 3'h0;
+          end
+      3'h1:
+          if (\$182 ) begin
+            \$258  = code;
+          end
+      3'h2:
+          if (\$191 ) begin
+            \$258  = \$196 ;
+          end
+    endcase
+    if (rst) begin
+      \$258  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$259  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$259  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$182 ) begin
+            \$259  = 3'h0;
+          end else begin
+            \$259  = 3'h2;
+          end
+      3'h2:
+          if (\$191 ) begin
+            \$259  = 3'h0;
+          end else if (\$192 ) begin
+            \$259  = 3'h3;
+          end
+      3'h3:
+          if (\$207 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+              \$259  = 3'h4;
+            end else begin
+              \$259  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$208 ) begin
+            \$259  = 3'h0;
+          end
+    endcase
+    if (rst) begin
+      \$259  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$260  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$179 ) begin
+          if (\$182 ) begin
           end else begin
-            \$251  = { 1'h0, \$181  };
+            \$260  = cmd[16:0];
           end
       3'h2:
           (* full_case = 32'd1 *)
-          if (\$188 ) begin
-          end else if (\$189 ) begin
+          if (\$191 ) begin
+          end else if (\$192 ) begin
           end else begin
-            \$251  = \$196 [18:0];
+            \$260  = \$197 [16:0];
           end
     endcase
     if (rst) begin
-      \$251  = 19'h00000;
+      \$260  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$261  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$182 ) begin
+          end else begin
+            \$261  = { 1'h0, \$183  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$191 ) begin
+          end else if (\$192 ) begin
+          end else begin
+            \$261  = \$198 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$261  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$262  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$182 ) begin
+          end else begin
+            \$262  = { 1'h0, \$184  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$191 ) begin
+          end else if (\$192 ) begin
+          end else begin
+            \$262  = \$199 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$262  = 19'h00000;
     end
   end
   assign \$signal  = a_in__ready;
@@ -8910,7 +9034,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign w_valid = \$signature__en$67 ;
   assign mult = cmd[91:76];
   assign \shift$70  = cmd[97:92];
-  assign r_valid = i__valid;
+  assign q_valid = i__valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
@@ -9025,14 +9149,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \w_word[5]  = w_word[191:160];
   assign \w_word[6]  = w_word[223:192];
   assign \w_word[7]  = w_word[255:224];
-  assign \c_rd__data[0]  = c_rd__data[31:0];
-  assign \c_rd__data[1]  = c_rd__data[63:32];
-  assign \c_rd__data[2]  = c_rd__data[95:64];
-  assign \c_rd__data[3]  = c_rd__data[127:96];
-  assign \c_rd__data[4]  = c_rd__data[159:128];
-  assign \c_rd__data[5]  = c_rd__data[191:160];
-  assign \c_rd__data[6]  = c_rd__data[223:192];
-  assign \c_rd__data[7]  = c_rd__data[255:224];
+  assign \c_q[0]  = c_q[31:0];
+  assign \c_q[1]  = c_q[63:32];
+  assign \c_q[2]  = c_q[95:64];
+  assign \c_q[3]  = c_q[127:96];
+  assign \c_q[4]  = c_q[159:128];
+  assign \c_q[5]  = c_q[191:160];
+  assign \c_q[6]  = c_q[223:192];
+  assign \c_q[7]  = c_q[255:224];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -9049,6 +9173,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[5]  = c_out__payload[47:40];
   assign \o__payload[6]  = c_out__payload[55:48];
   assign \o__payload[7]  = c_out__payload[63:56];
+  assign \r_word[0]  = r_word[31:0];
+  assign \r_word[1]  = r_word[63:32];
+  assign \r_word[2]  = r_word[95:64];
+  assign \r_word[3]  = r_word[127:96];
+  assign \r_word[4]  = r_word[159:128];
+  assign \r_word[5]  = r_word[191:160];
+  assign \r_word[6]  = r_word[223:192];
+  assign \r_word[7]  = r_word[255:224];
   assign \out[0]  = out[31:0];
   assign \out[1]  = out[63:32];
   assign \out[2]  = out[95:64];
@@ -9057,6 +9189,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \out[5]  = out[191:160];
   assign \out[6]  = out[223:192];
   assign \out[7]  = out[255:224];
+  assign \c_rd__data[0]  = c_rd__data[31:0];
+  assign \c_rd__data[1]  = c_rd__data[63:32];
+  assign \c_rd__data[2]  = c_rd__data[95:64];
+  assign \c_rd__data[3]  = c_rd__data[127:96];
+  assign \c_rd__data[4]  = c_rd__data[159:128];
+  assign \c_rd__data[5]  = c_rd__data[191:160];
+  assign \c_rd__data[6]  = c_rd__data[223:192];
+  assign \c_rd__data[7]  = c_rd__data[255:224];
   assign i__payload[255:224] = \$60 ;
   assign i__payload[223:192] = \$59 ;
   assign i__payload[191:160] = \$58 ;
@@ -9271,126 +9411,197 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire [7:0] \a[5] ;
   wire [7:0] \a[6] ;
   wire [7:0] \a[7] ;
+  wire [7:0] a__0;
+  wire [7:0] a__1;
+  wire [7:0] a__10;
+  wire [7:0] a__11;
+  wire [7:0] a__12;
+  wire [7:0] a__13;
+  wire [7:0] a__14;
+  wire [7:0] a__15;
+  reg [7:0] a__16 = 8'h00;
+  wire [7:0] a__17;
+  wire [7:0] a__18;
+  wire [7:0] a__19;
+  wire [7:0] a__2;
+  wire [7:0] a__20;
+  wire [7:0] a__21;
+  wire [7:0] a__22;
+  wire [7:0] a__23;
+  reg [7:0] a__24 = 8'h00;
+  wire [7:0] a__25;
+  wire [7:0] a__26;
+  wire [7:0] a__27;
+  wire [7:0] a__28;
+  wire [7:0] a__29;
+  wire [7:0] a__3;
+  wire [7:0] a__30;
+  wire [7:0] a__31;
+  reg [7:0] a__32 = 8'h00;
+  wire [7:0] a__33;
+  wire [7:0] a__34;
+  wire [7:0] a__35;
+  wire [7:0] a__36;
+  wire [7:0] a__37;
+  wire [7:0] a__38;
+  wire [7:0] a__39;
+  wire [7:0] a__4;
+  reg [7:0] a__40 = 8'h00;
+  wire [7:0] a__41;
+  wire [7:0] a__42;
+  wire [7:0] a__43;
+  wire [7:0] a__44;
+  wire [7:0] a__45;
+  wire [7:0] a__46;
+  wire [7:0] a__47;
+  reg [7:0] a__48 = 8'h00;
+  wire [7:0] a__49;
+  wire [7:0] a__5;
+  wire [7:0] a__50;
+  wire [7:0] a__51;
+  wire [7:0] a__52;
+  wire [7:0] a__53;
+  wire [7:0] a__54;
+  wire [7:0] a__55;
+  reg [7:0] a__56 = 8'h00;
+  wire [7:0] a__57;
+  wire [7:0] a__58;
+  wire [7:0] a__59;
+  wire [7:0] a__6;
+  wire [7:0] a__60;
+  wire [7:0] a__61;
+  wire [7:0] a__62;
+  wire [7:0] a__63;
+  wire [7:0] a__7;
+  reg [7:0] a__8 = 8'h00;
+  wire [7:0] a__9;
   wire [7:0] a_in;
-  reg [7:0] \a_in$105  = 8'h00;
-  wire [7:0] \a_in$116 ;
-  wire [7:0] \a_in$12 ;
-  wire [7:0] \a_in$129 ;
-  wire [7:0] \a_in$142 ;
-  wire [7:0] \a_in$155 ;
-  wire [7:0] \a_in$168 ;
-  wire [7:0] \a_in$181 ;
-  wire [7:0] \a_in$194 ;
-  reg [7:0] \a_in$208  = 8'h00;
-  wire [7:0] \a_in$219 ;
-  wire [7:0] \a_in$232 ;
-  wire [7:0] \a_in$245 ;
-  wire [7:0] \a_in$25 ;
-  wire [7:0] \a_in$258 ;
-  wire [7:0] \a_in$271 ;
-  wire [7:0] \a_in$284 ;
-  wire [7:0] \a_in$297 ;
-  reg [7:0] \a_in$311  = 8'h00;
+  wire [7:0] \a_in$1014 ;
+  wire [7:0] \a_in$102 ;
+  wire [7:0] \a_in$1031 ;
+  wire [7:0] \a_in$1048 ;
+  wire [7:0] \a_in$1065 ;
+  wire [7:0] \a_in$119 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$138 ;
+  wire [7:0] \a_in$153 ;
+  wire [7:0] \a_in$17 ;
+  wire [7:0] \a_in$170 ;
+  wire [7:0] \a_in$187 ;
+  wire [7:0] \a_in$204 ;
+  wire [7:0] \a_in$221 ;
+  wire [7:0] \a_in$238 ;
+  wire [7:0] \a_in$255 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$273 ;
+  wire [7:0] \a_in$288 ;
+  wire [7:0] \a_in$305 ;
   wire [7:0] \a_in$322 ;
-  wire [7:0] \a_in$335 ;
-  wire [7:0] \a_in$348 ;
-  wire [7:0] \a_in$361 ;
-  wire [7:0] \a_in$374 ;
-  wire [7:0] \a_in$38 ;
-  wire [7:0] \a_in$387 ;
-  wire [7:0] \a_in$400 ;
-  reg [7:0] \a_in$414  = 8'h00;
-  wire [7:0] \a_in$425 ;
-  wire [7:0] \a_in$438 ;
-  wire [7:0] \a_in$451 ;
-  wire [7:0] \a_in$464 ;
-  wire [7:0] \a_in$477 ;
-  wire [7:0] \a_in$490 ;
-  wire [7:0] \a_in$503 ;
+  wire [7:0] \a_in$339 ;
+  wire [7:0] \a_in$34 ;
+  wire [7:0] \a_in$356 ;
+  wire [7:0] \a_in$373 ;
+  wire [7:0] \a_in$390 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$408 ;
+  wire [7:0] \a_in$423 ;
+  wire [7:0] \a_in$440 ;
+  wire [7:0] \a_in$457 ;
+  wire [7:0] \a_in$474 ;
+  wire [7:0] \a_in$491 ;
+  wire [7:0] \a_in$508 ;
   wire [7:0] \a_in$51 ;
-  reg [7:0] \a_in$517  = 8'h00;
-  wire [7:0] \a_in$528 ;
-  wire [7:0] \a_in$541 ;
-  wire [7:0] \a_in$554 ;
-  wire [7:0] \a_in$567 ;
-  wire [7:0] \a_in$580 ;
-  wire [7:0] \a_in$593 ;
-  wire [7:0] \a_in$606 ;
-  reg [7:0] \a_in$620  = 8'h00;
-  wire [7:0] \a_in$631 ;
-  wire [7:0] \a_in$64 ;
-  wire [7:0] \a_in$644 ;
-  wire [7:0] \a_in$657 ;
-  wire [7:0] \a_in$670 ;
-  wire [7:0] \a_in$683 ;
-  wire [7:0] \a_in$696 ;
-  wire [7:0] \a_in$709 ;
-  reg [7:0] \a_in$723  = 8'h00;
-  wire [7:0] \a_in$734 ;
-  wire [7:0] \a_in$747 ;
-  wire [7:0] \a_in$760 ;
-  wire [7:0] \a_in$77 ;
-  wire [7:0] \a_in$773 ;
-  wire [7:0] \a_in$786 ;
-  wire [7:0] \a_in$799 ;
-  wire [7:0] \a_in$812 ;
-  wire [7:0] \a_in$90 ;
+  wire [7:0] \a_in$525 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$543 ;
+  wire [7:0] \a_in$558 ;
+  wire [7:0] \a_in$575 ;
+  wire [7:0] \a_in$592 ;
+  wire [7:0] \a_in$609 ;
+  wire [7:0] \a_in$626 ;
+  wire [7:0] \a_in$643 ;
+  wire [7:0] \a_in$660 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$678 ;
+  wire [7:0] \a_in$68 ;
+  wire [7:0] \a_in$693 ;
+  wire [7:0] \a_in$710 ;
+  wire [7:0] \a_in$727 ;
+  wire [7:0] \a_in$744 ;
+  wire [7:0] \a_in$761 ;
+  wire [7:0] \a_in$778 ;
+  wire [7:0] \a_in$795 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$813 ;
+  wire [7:0] \a_in$828 ;
+  wire [7:0] \a_in$845 ;
+  wire [7:0] \a_in$85 ;
+  wire [7:0] \a_in$862 ;
+  wire [7:0] \a_in$879 ;
+  wire [7:0] \a_in$896 ;
+  wire [7:0] \a_in$913 ;
+  wire [7:0] \a_in$930 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$948 ;
+  wire [7:0] \a_in$963 ;
+  wire [7:0] \a_in$980 ;
+  wire [7:0] \a_in$997 ;
   wire [7:0] a_out;
-  wire [7:0] \a_out$117 ;
-  wire [7:0] \a_out$130 ;
-  wire [7:0] \a_out$143 ;
-  wire [7:0] \a_out$156 ;
-  wire [7:0] \a_out$169 ;
-  wire [7:0] \a_out$182 ;
-  wire [7:0] \a_out$195 ;
-  wire [7:0] \a_out$220 ;
-  wire [7:0] \a_out$233 ;
-  wire [7:0] \a_out$246 ;
-  wire [7:0] \a_out$259 ;
-  wire [7:0] \a_out$26 ;
-  wire [7:0] \a_out$272 ;
-  wire [7:0] \a_out$285 ;
-  wire [7:0] \a_out$298 ;
-  wire [7:0] \a_out$323 ;
-  wire [7:0] \a_out$336 ;
-  wire [7:0] \a_out$349 ;
-  wire [7:0] \a_out$362 ;
-  wire [7:0] \a_out$375 ;
-  wire [7:0] \a_out$388 ;
+  wire [7:0] \a_out$1002 ;
+  wire [7:0] \a_out$1019 ;
+  wire [7:0] \a_out$1036 ;
+  wire [7:0] \a_out$1053 ;
+  wire [7:0] \a_out$107 ;
+  wire [7:0] \a_out$1070 ;
+  wire [7:0] \a_out$124 ;
+  wire [7:0] \a_out$158 ;
+  wire [7:0] \a_out$175 ;
+  wire [7:0] \a_out$192 ;
+  wire [7:0] \a_out$209 ;
+  wire [7:0] \a_out$226 ;
+  wire [7:0] \a_out$243 ;
+  wire [7:0] \a_out$260 ;
+  wire [7:0] \a_out$293 ;
+  wire [7:0] \a_out$310 ;
+  wire [7:0] \a_out$327 ;
+  wire [7:0] \a_out$344 ;
+  wire [7:0] \a_out$361 ;
+  wire [7:0] \a_out$378 ;
   wire [7:0] \a_out$39 ;
-  wire [7:0] \a_out$401 ;
-  wire [7:0] \a_out$426 ;
-  wire [7:0] \a_out$439 ;
-  wire [7:0] \a_out$452 ;
-  wire [7:0] \a_out$465 ;
-  wire [7:0] \a_out$478 ;
-  wire [7:0] \a_out$491 ;
-  wire [7:0] \a_out$504 ;
-  wire [7:0] \a_out$52 ;
-  wire [7:0] \a_out$529 ;
-  wire [7:0] \a_out$542 ;
-  wire [7:0] \a_out$555 ;
-  wire [7:0] \a_out$568 ;
-  wire [7:0] \a_out$581 ;
-  wire [7:0] \a_out$594 ;
-  wire [7:0] \a_out$607 ;
-  wire [7:0] \a_out$632 ;
-  wire [7:0] \a_out$645 ;
-  wire [7:0] \a_out$65 ;
-  wire [7:0] \a_out$658 ;
-  wire [7:0] \a_out$671 ;
-  wire [7:0] \a_out$684 ;
-  wire [7:0] \a_out$697 ;
-  wire [7:0] \a_out$710 ;
-  wire [7:0] \a_out$735 ;
-  wire [7:0] \a_out$748 ;
-  wire [7:0] \a_out$761 ;
-  wire [7:0] \a_out$774 ;
-  wire [7:0] \a_out$78 ;
-  wire [7:0] \a_out$787 ;
+  wire [7:0] \a_out$395 ;
+  wire [7:0] \a_out$428 ;
+  wire [7:0] \a_out$445 ;
+  wire [7:0] \a_out$462 ;
+  wire [7:0] \a_out$479 ;
+  wire [7:0] \a_out$496 ;
+  wire [7:0] \a_out$513 ;
+  wire [7:0] \a_out$530 ;
+  wire [7:0] \a_out$56 ;
+  wire [7:0] \a_out$563 ;
+  wire [7:0] \a_out$580 ;
+  wire [7:0] \a_out$597 ;
+  wire [7:0] \a_out$614 ;
+  wire [7:0] \a_out$631 ;
+  wire [7:0] \a_out$648 ;
+  wire [7:0] \a_out$665 ;
+  wire [7:0] \a_out$698 ;
+  wire [7:0] \a_out$715 ;
+  wire [7:0] \a_out$73 ;
+  wire [7:0] \a_out$732 ;
+  wire [7:0] \a_out$749 ;
+  wire [7:0] \a_out$766 ;
+  wire [7:0] \a_out$783 ;
   wire [7:0] \a_out$800 ;
-  wire [7:0] \a_out$813 ;
-  wire [7:0] \a_out$91 ;
+  wire [7:0] \a_out$833 ;
+  wire [7:0] \a_out$850 ;
+  wire [7:0] \a_out$867 ;
+  wire [7:0] \a_out$884 ;
+  wire [7:0] \a_out$90 ;
+  wire [7:0] \a_out$901 ;
+  wire [7:0] \a_out$918 ;
+  wire [7:0] \a_out$935 ;
+  wire [7:0] \a_out$968 ;
+  wire [7:0] \a_out$985 ;
   input [63:0] b;
   wire [63:0] b;
   (* init = 8'h00 *)
@@ -9436,131 +9647,202 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire [7:0] \b[5] ;
   wire [7:0] \b[6] ;
   wire [7:0] \b[7] ;
+  wire [7:0] b__0;
+  reg [7:0] b__1 = 8'h00;
+  wire [7:0] b__10;
+  wire [7:0] b__11;
+  wire [7:0] b__12;
+  wire [7:0] b__13;
+  wire [7:0] b__14;
+  wire [7:0] b__15;
+  wire [7:0] b__16;
+  wire [7:0] b__17;
+  wire [7:0] b__18;
+  wire [7:0] b__19;
+  reg [7:0] b__2 = 8'h00;
+  wire [7:0] b__20;
+  wire [7:0] b__21;
+  wire [7:0] b__22;
+  wire [7:0] b__23;
+  wire [7:0] b__24;
+  wire [7:0] b__25;
+  wire [7:0] b__26;
+  wire [7:0] b__27;
+  wire [7:0] b__28;
+  wire [7:0] b__29;
+  reg [7:0] b__3 = 8'h00;
+  wire [7:0] b__30;
+  wire [7:0] b__31;
+  wire [7:0] b__32;
+  wire [7:0] b__33;
+  wire [7:0] b__34;
+  wire [7:0] b__35;
+  wire [7:0] b__36;
+  wire [7:0] b__37;
+  wire [7:0] b__38;
+  wire [7:0] b__39;
+  reg [7:0] b__4 = 8'h00;
+  wire [7:0] b__40;
+  wire [7:0] b__41;
+  wire [7:0] b__42;
+  wire [7:0] b__43;
+  wire [7:0] b__44;
+  wire [7:0] b__45;
+  wire [7:0] b__46;
+  wire [7:0] b__47;
+  wire [7:0] b__48;
+  wire [7:0] b__49;
+  reg [7:0] b__5 = 8'h00;
+  wire [7:0] b__50;
+  wire [7:0] b__51;
+  wire [7:0] b__52;
+  wire [7:0] b__53;
+  wire [7:0] b__54;
+  wire [7:0] b__55;
+  wire [7:0] b__56;
+  wire [7:0] b__57;
+  wire [7:0] b__58;
+  wire [7:0] b__59;
+  reg [7:0] b__6 = 8'h00;
+  wire [7:0] b__60;
+  wire [7:0] b__61;
+  wire [7:0] b__62;
+  wire [7:0] b__63;
+  reg [7:0] b__7 = 8'h00;
+  wire [7:0] b__8;
+  wire [7:0] b__9;
   wire [7:0] b_in;
-  reg [7:0] \b_in$100  = 8'h00;
-  wire [7:0] \b_in$113 ;
-  wire [7:0] \b_in$126 ;
-  wire [7:0] \b_in$139 ;
-  wire [7:0] \b_in$152 ;
-  wire [7:0] \b_in$165 ;
-  wire [7:0] \b_in$178 ;
-  wire [7:0] \b_in$191 ;
-  wire [7:0] \b_in$204 ;
-  wire [7:0] \b_in$216 ;
-  reg [7:0] \b_in$22  = 8'h00;
-  wire [7:0] \b_in$229 ;
-  wire [7:0] \b_in$242 ;
-  wire [7:0] \b_in$255 ;
-  wire [7:0] \b_in$268 ;
-  wire [7:0] \b_in$281 ;
-  wire [7:0] \b_in$294 ;
+  wire [7:0] \b_in$1016 ;
+  wire [7:0] \b_in$1033 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$104 ;
+  wire [7:0] \b_in$1050 ;
+  wire [7:0] \b_in$1067 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$121 ;
+  wire [7:0] \b_in$140 ;
+  wire [7:0] \b_in$155 ;
+  wire [7:0] \b_in$172 ;
+  wire [7:0] \b_in$189 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$19 ;
+  wire [7:0] \b_in$206 ;
+  wire [7:0] \b_in$223 ;
+  wire [7:0] \b_in$240 ;
+  wire [7:0] \b_in$257 ;
+  wire [7:0] \b_in$275 ;
+  wire [7:0] \b_in$290 ;
   wire [7:0] \b_in$307 ;
-  wire [7:0] \b_in$319 ;
-  wire [7:0] \b_in$332 ;
-  wire [7:0] \b_in$345 ;
-  reg [7:0] \b_in$35  = 8'h00;
+  wire [7:0] \b_in$324 ;
+  wire [7:0] \b_in$341 ;
   wire [7:0] \b_in$358 ;
-  wire [7:0] \b_in$371 ;
-  wire [7:0] \b_in$384 ;
-  wire [7:0] \b_in$397 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$36 ;
+  wire [7:0] \b_in$375 ;
+  wire [7:0] \b_in$392 ;
   wire [7:0] \b_in$410 ;
-  wire [7:0] \b_in$422 ;
-  wire [7:0] \b_in$435 ;
-  wire [7:0] \b_in$448 ;
-  wire [7:0] \b_in$461 ;
-  wire [7:0] \b_in$474 ;
-  reg [7:0] \b_in$48  = 8'h00;
-  wire [7:0] \b_in$487 ;
-  wire [7:0] \b_in$500 ;
-  wire [7:0] \b_in$513 ;
-  wire [7:0] \b_in$525 ;
-  wire [7:0] \b_in$538 ;
-  wire [7:0] \b_in$551 ;
-  wire [7:0] \b_in$564 ;
+  wire [7:0] \b_in$425 ;
+  wire [7:0] \b_in$442 ;
+  wire [7:0] \b_in$459 ;
+  wire [7:0] \b_in$476 ;
+  wire [7:0] \b_in$493 ;
+  wire [7:0] \b_in$510 ;
+  wire [7:0] \b_in$527 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$53 ;
+  wire [7:0] \b_in$545 ;
+  wire [7:0] \b_in$560 ;
   wire [7:0] \b_in$577 ;
-  wire [7:0] \b_in$590 ;
-  wire [7:0] \b_in$603 ;
-  reg [7:0] \b_in$61  = 8'h00;
-  wire [7:0] \b_in$616 ;
+  wire [7:0] \b_in$594 ;
+  wire [7:0] \b_in$611 ;
   wire [7:0] \b_in$628 ;
-  wire [7:0] \b_in$641 ;
-  wire [7:0] \b_in$654 ;
-  wire [7:0] \b_in$667 ;
+  wire [7:0] \b_in$645 ;
+  wire [7:0] \b_in$662 ;
   wire [7:0] \b_in$680 ;
-  wire [7:0] \b_in$693 ;
-  wire [7:0] \b_in$706 ;
-  wire [7:0] \b_in$719 ;
-  wire [7:0] \b_in$731 ;
-  reg [7:0] \b_in$74  = 8'h00;
-  wire [7:0] \b_in$744 ;
-  wire [7:0] \b_in$757 ;
-  wire [7:0] \b_in$770 ;
-  wire [7:0] \b_in$783 ;
-  wire [7:0] \b_in$796 ;
-  wire [7:0] \b_in$809 ;
-  wire [7:0] \b_in$822 ;
-  reg [7:0] \b_in$87  = 8'h00;
+  wire [7:0] \b_in$695 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$70 ;
+  wire [7:0] \b_in$712 ;
+  wire [7:0] \b_in$729 ;
+  wire [7:0] \b_in$746 ;
+  wire [7:0] \b_in$763 ;
+  wire [7:0] \b_in$780 ;
+  wire [7:0] \b_in$797 ;
+  wire [7:0] \b_in$815 ;
+  wire [7:0] \b_in$830 ;
+  wire [7:0] \b_in$847 ;
+  wire [7:0] \b_in$864 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$87 ;
+  wire [7:0] \b_in$881 ;
+  wire [7:0] \b_in$898 ;
+  wire [7:0] \b_in$915 ;
+  wire [7:0] \b_in$932 ;
+  wire [7:0] \b_in$950 ;
+  wire [7:0] \b_in$965 ;
+  wire [7:0] \b_in$982 ;
+  wire [7:0] \b_in$999 ;
   wire [7:0] b_out;
-  wire [7:0] \b_out$127 ;
-  wire [7:0] \b_out$140 ;
-  wire [7:0] \b_out$153 ;
-  wire [7:0] \b_out$166 ;
-  wire [7:0] \b_out$179 ;
-  wire [7:0] \b_out$192 ;
-  wire [7:0] \b_out$205 ;
-  wire [7:0] \b_out$217 ;
-  wire [7:0] \b_out$230 ;
-  wire [7:0] \b_out$243 ;
-  wire [7:0] \b_out$256 ;
+  wire [7:0] \b_out$1011 ;
+  wire [7:0] \b_out$1028 ;
+  wire [7:0] \b_out$1045 ;
+  wire [7:0] \b_out$1062 ;
+  wire [7:0] \b_out$1079 ;
+  wire [7:0] \b_out$167 ;
+  wire [7:0] \b_out$184 ;
+  wire [7:0] \b_out$201 ;
+  wire [7:0] \b_out$218 ;
+  wire [7:0] \b_out$235 ;
+  wire [7:0] \b_out$252 ;
   wire [7:0] \b_out$269 ;
-  wire [7:0] \b_out$282 ;
-  wire [7:0] \b_out$295 ;
-  wire [7:0] \b_out$308 ;
-  wire [7:0] \b_out$320 ;
-  wire [7:0] \b_out$333 ;
-  wire [7:0] \b_out$346 ;
-  wire [7:0] \b_out$359 ;
-  wire [7:0] \b_out$372 ;
-  wire [7:0] \b_out$385 ;
-  wire [7:0] \b_out$398 ;
-  wire [7:0] \b_out$411 ;
-  wire [7:0] \b_out$423 ;
-  wire [7:0] \b_out$436 ;
-  wire [7:0] \b_out$449 ;
-  wire [7:0] \b_out$462 ;
-  wire [7:0] \b_out$475 ;
+  wire [7:0] \b_out$285 ;
+  wire [7:0] \b_out$302 ;
+  wire [7:0] \b_out$319 ;
+  wire [7:0] \b_out$336 ;
+  wire [7:0] \b_out$353 ;
+  wire [7:0] \b_out$370 ;
+  wire [7:0] \b_out$387 ;
+  wire [7:0] \b_out$404 ;
+  wire [7:0] \b_out$420 ;
+  wire [7:0] \b_out$437 ;
+  wire [7:0] \b_out$454 ;
+  wire [7:0] \b_out$471 ;
   wire [7:0] \b_out$488 ;
-  wire [7:0] \b_out$501 ;
-  wire [7:0] \b_out$514 ;
-  wire [7:0] \b_out$526 ;
+  wire [7:0] \b_out$505 ;
+  wire [7:0] \b_out$522 ;
   wire [7:0] \b_out$539 ;
-  wire [7:0] \b_out$552 ;
-  wire [7:0] \b_out$565 ;
-  wire [7:0] \b_out$578 ;
-  wire [7:0] \b_out$591 ;
-  wire [7:0] \b_out$604 ;
-  wire [7:0] \b_out$617 ;
-  wire [7:0] \b_out$629 ;
-  wire [7:0] \b_out$642 ;
-  wire [7:0] \b_out$655 ;
-  wire [7:0] \b_out$668 ;
-  wire [7:0] \b_out$681 ;
-  wire [7:0] \b_out$694 ;
+  wire [7:0] \b_out$555 ;
+  wire [7:0] \b_out$572 ;
+  wire [7:0] \b_out$589 ;
+  wire [7:0] \b_out$606 ;
+  wire [7:0] \b_out$623 ;
+  wire [7:0] \b_out$640 ;
+  wire [7:0] \b_out$657 ;
+  wire [7:0] \b_out$674 ;
+  wire [7:0] \b_out$690 ;
   wire [7:0] \b_out$707 ;
-  wire [7:0] \b_out$720 ;
-  wire [7:0] \b_out$732 ;
-  wire [7:0] \b_out$745 ;
+  wire [7:0] \b_out$724 ;
+  wire [7:0] \b_out$741 ;
   wire [7:0] \b_out$758 ;
-  wire [7:0] \b_out$771 ;
-  wire [7:0] \b_out$784 ;
-  wire [7:0] \b_out$797 ;
-  wire [7:0] \b_out$810 ;
-  wire [7:0] \b_out$823 ;
+  wire [7:0] \b_out$775 ;
+  wire [7:0] \b_out$792 ;
+  wire [7:0] \b_out$809 ;
+  wire [7:0] \b_out$825 ;
+  wire [7:0] \b_out$842 ;
+  wire [7:0] \b_out$859 ;
+  wire [7:0] \b_out$876 ;
+  wire [7:0] \b_out$893 ;
+  wire [7:0] \b_out$910 ;
+  wire [7:0] \b_out$927 ;
+  wire [7:0] \b_out$944 ;
+  wire [7:0] \b_out$960 ;
+  wire [7:0] \b_out$977 ;
+  wire [7:0] \b_out$994 ;
   input clk;
   wire clk;
   output done;
   wire done;
-  wire \done$827 ;
+  wire \done$1083 ;
   wire first;
   (* init = 1'h0 *)
   wire first1_d0;
@@ -9599,125 +9881,125 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire first7_d6;
   input first_in;
   wire first_in;
-  reg \first_in$109  = 1'h0;
-  wire \first_in$120 ;
-  wire \first_in$133 ;
-  wire \first_in$146 ;
-  wire \first_in$159 ;
-  wire \first_in$16 ;
-  wire \first_in$172 ;
-  wire \first_in$185 ;
-  wire \first_in$198 ;
-  reg \first_in$212  = 1'h0;
-  wire \first_in$223 ;
-  wire \first_in$236 ;
-  wire \first_in$249 ;
-  wire \first_in$262 ;
-  wire \first_in$275 ;
-  wire \first_in$288 ;
-  wire \first_in$29 ;
-  wire \first_in$301 ;
-  reg \first_in$315  = 1'h0;
-  wire \first_in$326 ;
-  wire \first_in$339 ;
-  wire \first_in$352 ;
-  wire \first_in$365 ;
-  wire \first_in$378 ;
-  wire \first_in$391 ;
-  wire \first_in$404 ;
-  reg \first_in$418  = 1'h0;
+  wire \first_in$1005 ;
+  wire \first_in$1022 ;
+  wire \first_in$1039 ;
+  wire \first_in$1056 ;
+  wire \first_in$1073 ;
+  wire \first_in$110 ;
+  wire \first_in$127 ;
+  reg \first_in$146  = 1'h0;
+  wire \first_in$161 ;
+  wire \first_in$178 ;
+  wire \first_in$195 ;
+  wire \first_in$212 ;
+  wire \first_in$229 ;
+  wire \first_in$246 ;
+  wire \first_in$25 ;
+  wire \first_in$263 ;
+  reg \first_in$281  = 1'h0;
+  wire \first_in$296 ;
+  wire \first_in$313 ;
+  wire \first_in$330 ;
+  wire \first_in$347 ;
+  wire \first_in$364 ;
+  wire \first_in$381 ;
+  wire \first_in$398 ;
+  reg \first_in$416  = 1'h0;
   wire \first_in$42 ;
-  wire \first_in$429 ;
-  wire \first_in$442 ;
-  wire \first_in$455 ;
-  wire \first_in$468 ;
-  wire \first_in$481 ;
-  wire \first_in$494 ;
-  wire \first_in$507 ;
-  reg \first_in$521  = 1'h0;
-  wire \first_in$532 ;
-  wire \first_in$545 ;
-  wire \first_in$55 ;
-  wire \first_in$558 ;
-  wire \first_in$571 ;
-  wire \first_in$584 ;
-  wire \first_in$597 ;
-  wire \first_in$610 ;
-  reg \first_in$624  = 1'h0;
-  wire \first_in$635 ;
-  wire \first_in$648 ;
-  wire \first_in$661 ;
-  wire \first_in$674 ;
-  wire \first_in$68 ;
-  wire \first_in$687 ;
-  wire \first_in$700 ;
-  wire \first_in$713 ;
-  reg \first_in$727  = 1'h0;
-  wire \first_in$738 ;
-  wire \first_in$751 ;
-  wire \first_in$764 ;
-  wire \first_in$777 ;
-  wire \first_in$790 ;
+  wire \first_in$431 ;
+  wire \first_in$448 ;
+  wire \first_in$465 ;
+  wire \first_in$482 ;
+  wire \first_in$499 ;
+  wire \first_in$516 ;
+  wire \first_in$533 ;
+  reg \first_in$551  = 1'h0;
+  wire \first_in$566 ;
+  wire \first_in$583 ;
+  wire \first_in$59 ;
+  wire \first_in$600 ;
+  wire \first_in$617 ;
+  wire \first_in$634 ;
+  wire \first_in$651 ;
+  wire \first_in$668 ;
+  reg \first_in$686  = 1'h0;
+  wire \first_in$701 ;
+  wire \first_in$718 ;
+  wire \first_in$735 ;
+  wire \first_in$752 ;
+  wire \first_in$76 ;
+  wire \first_in$769 ;
+  wire \first_in$786 ;
   wire \first_in$803 ;
-  wire \first_in$81 ;
-  wire \first_in$816 ;
-  wire \first_in$94 ;
+  reg \first_in$821  = 1'h0;
+  wire \first_in$836 ;
+  wire \first_in$853 ;
+  wire \first_in$870 ;
+  wire \first_in$887 ;
+  wire \first_in$904 ;
+  wire \first_in$921 ;
+  wire \first_in$93 ;
+  wire \first_in$938 ;
+  reg \first_in$956  = 1'h0;
+  wire \first_in$971 ;
+  wire \first_in$988 ;
   wire first_out;
-  wire \first_out$121 ;
-  wire \first_out$134 ;
-  wire \first_out$147 ;
-  wire \first_out$160 ;
-  wire \first_out$173 ;
-  wire \first_out$186 ;
-  wire \first_out$199 ;
-  wire \first_out$224 ;
-  wire \first_out$237 ;
-  wire \first_out$250 ;
-  wire \first_out$263 ;
-  wire \first_out$276 ;
-  wire \first_out$289 ;
-  wire \first_out$30 ;
-  wire \first_out$302 ;
-  wire \first_out$327 ;
-  wire \first_out$340 ;
-  wire \first_out$353 ;
-  wire \first_out$366 ;
-  wire \first_out$379 ;
-  wire \first_out$392 ;
-  wire \first_out$405 ;
+  wire \first_out$1006 ;
+  wire \first_out$1023 ;
+  wire \first_out$1040 ;
+  wire \first_out$1057 ;
+  wire \first_out$1074 ;
+  wire \first_out$111 ;
+  wire \first_out$128 ;
+  wire \first_out$162 ;
+  wire \first_out$179 ;
+  wire \first_out$196 ;
+  wire \first_out$213 ;
+  wire \first_out$230 ;
+  wire \first_out$247 ;
+  wire \first_out$264 ;
+  wire \first_out$297 ;
+  wire \first_out$314 ;
+  wire \first_out$331 ;
+  wire \first_out$348 ;
+  wire \first_out$365 ;
+  wire \first_out$382 ;
+  wire \first_out$399 ;
   wire \first_out$43 ;
-  wire \first_out$430 ;
-  wire \first_out$443 ;
-  wire \first_out$456 ;
-  wire \first_out$469 ;
-  wire \first_out$482 ;
-  wire \first_out$495 ;
-  wire \first_out$508 ;
-  wire \first_out$533 ;
-  wire \first_out$546 ;
-  wire \first_out$559 ;
-  wire \first_out$56 ;
-  wire \first_out$572 ;
-  wire \first_out$585 ;
-  wire \first_out$598 ;
-  wire \first_out$611 ;
-  wire \first_out$636 ;
-  wire \first_out$649 ;
-  wire \first_out$662 ;
-  wire \first_out$675 ;
-  wire \first_out$688 ;
-  wire \first_out$69 ;
-  wire \first_out$701 ;
-  wire \first_out$714 ;
-  wire \first_out$739 ;
-  wire \first_out$752 ;
-  wire \first_out$765 ;
-  wire \first_out$778 ;
-  wire \first_out$791 ;
+  wire \first_out$432 ;
+  wire \first_out$449 ;
+  wire \first_out$466 ;
+  wire \first_out$483 ;
+  wire \first_out$500 ;
+  wire \first_out$517 ;
+  wire \first_out$534 ;
+  wire \first_out$567 ;
+  wire \first_out$584 ;
+  wire \first_out$60 ;
+  wire \first_out$601 ;
+  wire \first_out$618 ;
+  wire \first_out$635 ;
+  wire \first_out$652 ;
+  wire \first_out$669 ;
+  wire \first_out$702 ;
+  wire \first_out$719 ;
+  wire \first_out$736 ;
+  wire \first_out$753 ;
+  wire \first_out$77 ;
+  wire \first_out$770 ;
+  wire \first_out$787 ;
   wire \first_out$804 ;
-  wire \first_out$817 ;
-  wire \first_out$82 ;
-  wire \first_out$95 ;
+  wire \first_out$837 ;
+  wire \first_out$854 ;
+  wire \first_out$871 ;
+  wire \first_out$888 ;
+  wire \first_out$905 ;
+  wire \first_out$922 ;
+  wire \first_out$939 ;
+  wire \first_out$94 ;
+  wire \first_out$972 ;
+  wire \first_out$989 ;
   wire last;
   (* init = 1'h0 *)
   wire last1_d0;
@@ -9756,125 +10038,125 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire last7_d6;
   input last_in;
   wire last_in;
-  reg \last_in$111  = 1'h0;
-  wire \last_in$122 ;
-  wire \last_in$135 ;
-  wire \last_in$148 ;
-  wire \last_in$161 ;
-  wire \last_in$174 ;
-  wire \last_in$18 ;
-  wire \last_in$187 ;
-  wire \last_in$200 ;
-  reg \last_in$214  = 1'h0;
-  wire \last_in$225 ;
-  wire \last_in$238 ;
-  wire \last_in$251 ;
-  wire \last_in$264 ;
-  wire \last_in$277 ;
-  wire \last_in$290 ;
-  wire \last_in$303 ;
-  wire \last_in$31 ;
-  reg \last_in$317  = 1'h0;
-  wire \last_in$328 ;
-  wire \last_in$341 ;
-  wire \last_in$354 ;
-  wire \last_in$367 ;
-  wire \last_in$380 ;
-  wire \last_in$393 ;
-  wire \last_in$406 ;
-  reg \last_in$420  = 1'h0;
-  wire \last_in$431 ;
+  wire \last_in$1007 ;
+  wire \last_in$1024 ;
+  wire \last_in$1041 ;
+  wire \last_in$1058 ;
+  wire \last_in$1075 ;
+  wire \last_in$112 ;
+  wire \last_in$129 ;
+  reg \last_in$148  = 1'h0;
+  wire \last_in$163 ;
+  wire \last_in$180 ;
+  wire \last_in$197 ;
+  wire \last_in$214 ;
+  wire \last_in$231 ;
+  wire \last_in$248 ;
+  wire \last_in$265 ;
+  wire \last_in$27 ;
+  reg \last_in$283  = 1'h0;
+  wire \last_in$298 ;
+  wire \last_in$315 ;
+  wire \last_in$332 ;
+  wire \last_in$349 ;
+  wire \last_in$366 ;
+  wire \last_in$383 ;
+  wire \last_in$400 ;
+  reg \last_in$418  = 1'h0;
+  wire \last_in$433 ;
   wire \last_in$44 ;
-  wire \last_in$444 ;
-  wire \last_in$457 ;
-  wire \last_in$470 ;
-  wire \last_in$483 ;
-  wire \last_in$496 ;
-  wire \last_in$509 ;
-  reg \last_in$523  = 1'h0;
-  wire \last_in$534 ;
-  wire \last_in$547 ;
-  wire \last_in$560 ;
-  wire \last_in$57 ;
-  wire \last_in$573 ;
-  wire \last_in$586 ;
-  wire \last_in$599 ;
-  wire \last_in$612 ;
-  reg \last_in$626  = 1'h0;
-  wire \last_in$637 ;
-  wire \last_in$650 ;
-  wire \last_in$663 ;
-  wire \last_in$676 ;
-  wire \last_in$689 ;
-  wire \last_in$70 ;
-  wire \last_in$702 ;
-  wire \last_in$715 ;
-  reg \last_in$729  = 1'h0;
-  wire \last_in$740 ;
-  wire \last_in$753 ;
-  wire \last_in$766 ;
-  wire \last_in$779 ;
-  wire \last_in$792 ;
+  wire \last_in$450 ;
+  wire \last_in$467 ;
+  wire \last_in$484 ;
+  wire \last_in$501 ;
+  wire \last_in$518 ;
+  wire \last_in$535 ;
+  reg \last_in$553  = 1'h0;
+  wire \last_in$568 ;
+  wire \last_in$585 ;
+  wire \last_in$602 ;
+  wire \last_in$61 ;
+  wire \last_in$619 ;
+  wire \last_in$636 ;
+  wire \last_in$653 ;
+  wire \last_in$670 ;
+  reg \last_in$688  = 1'h0;
+  wire \last_in$703 ;
+  wire \last_in$720 ;
+  wire \last_in$737 ;
+  wire \last_in$754 ;
+  wire \last_in$771 ;
+  wire \last_in$78 ;
+  wire \last_in$788 ;
   wire \last_in$805 ;
-  wire \last_in$818 ;
-  wire \last_in$83 ;
-  wire \last_in$96 ;
+  reg \last_in$823  = 1'h0;
+  wire \last_in$838 ;
+  wire \last_in$855 ;
+  wire \last_in$872 ;
+  wire \last_in$889 ;
+  wire \last_in$906 ;
+  wire \last_in$923 ;
+  wire \last_in$940 ;
+  wire \last_in$95 ;
+  reg \last_in$958  = 1'h0;
+  wire \last_in$973 ;
+  wire \last_in$990 ;
   wire last_out;
-  wire \last_out$123 ;
-  wire \last_out$136 ;
-  wire \last_out$149 ;
-  wire \last_out$162 ;
-  wire \last_out$175 ;
-  wire \last_out$188 ;
-  wire \last_out$201 ;
-  wire \last_out$226 ;
-  wire \last_out$239 ;
-  wire \last_out$252 ;
-  wire \last_out$265 ;
-  wire \last_out$278 ;
-  wire \last_out$291 ;
-  wire \last_out$304 ;
-  wire \last_out$32 ;
-  wire \last_out$329 ;
-  wire \last_out$342 ;
-  wire \last_out$355 ;
-  wire \last_out$368 ;
-  wire \last_out$381 ;
-  wire \last_out$394 ;
-  wire \last_out$407 ;
-  wire \last_out$432 ;
-  wire \last_out$445 ;
+  wire \last_out$1008 ;
+  wire \last_out$1025 ;
+  wire \last_out$1042 ;
+  wire \last_out$1059 ;
+  wire \last_out$1076 ;
+  wire \last_out$113 ;
+  wire \last_out$130 ;
+  wire \last_out$164 ;
+  wire \last_out$181 ;
+  wire \last_out$198 ;
+  wire \last_out$215 ;
+  wire \last_out$232 ;
+  wire \last_out$249 ;
+  wire \last_out$266 ;
+  wire \last_out$299 ;
+  wire \last_out$316 ;
+  wire \last_out$333 ;
+  wire \last_out$350 ;
+  wire \last_out$367 ;
+  wire \last_out$384 ;
+  wire \last_out$401 ;
+  wire \last_out$434 ;
   wire \last_out$45 ;
-  wire \last_out$458 ;
-  wire \last_out$471 ;
-  wire \last_out$484 ;
-  wire \last_out$497 ;
-  wire \last_out$510 ;
-  wire \last_out$535 ;
-  wire \last_out$548 ;
-  wire \last_out$561 ;
-  wire \last_out$574 ;
-  wire \last_out$58 ;
-  wire \last_out$587 ;
-  wire \last_out$600 ;
-  wire \last_out$613 ;
-  wire \last_out$638 ;
-  wire \last_out$651 ;
-  wire \last_out$664 ;
-  wire \last_out$677 ;
-  wire \last_out$690 ;
-  wire \last_out$703 ;
-  wire \last_out$71 ;
-  wire \last_out$716 ;
-  wire \last_out$741 ;
-  wire \last_out$754 ;
-  wire \last_out$767 ;
-  wire \last_out$780 ;
-  wire \last_out$793 ;
+  wire \last_out$451 ;
+  wire \last_out$468 ;
+  wire \last_out$485 ;
+  wire \last_out$502 ;
+  wire \last_out$519 ;
+  wire \last_out$536 ;
+  wire \last_out$569 ;
+  wire \last_out$586 ;
+  wire \last_out$603 ;
+  wire \last_out$62 ;
+  wire \last_out$620 ;
+  wire \last_out$637 ;
+  wire \last_out$654 ;
+  wire \last_out$671 ;
+  wire \last_out$704 ;
+  wire \last_out$721 ;
+  wire \last_out$738 ;
+  wire \last_out$755 ;
+  wire \last_out$772 ;
+  wire \last_out$789 ;
+  wire \last_out$79 ;
   wire \last_out$806 ;
-  wire \last_out$819 ;
-  wire \last_out$84 ;
-  wire \last_out$97 ;
+  wire \last_out$839 ;
+  wire \last_out$856 ;
+  wire \last_out$873 ;
+  wire \last_out$890 ;
+  wire \last_out$907 ;
+  wire \last_out$924 ;
+  wire \last_out$941 ;
+  wire \last_out$96 ;
+  wire \last_out$974 ;
+  wire \last_out$991 ;
   output [255:0] out;
   wire [255:0] out;
   wire [31:0] \out[0] ;
@@ -9885,194 +10167,322 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire [31:0] \out[5] ;
   wire [31:0] \out[6] ;
   wire [31:0] \out[7] ;
+  wire [15:0] p__0;
+  wire [15:0] p__1;
+  wire [15:0] p__10;
+  wire [15:0] p__11;
+  wire [15:0] p__12;
+  wire [15:0] p__13;
+  wire [15:0] p__14;
+  wire [15:0] p__15;
+  wire [15:0] p__16;
+  wire [15:0] p__17;
+  wire [15:0] p__18;
+  wire [15:0] p__19;
+  wire [15:0] p__2;
+  wire [15:0] p__20;
+  wire [15:0] p__21;
+  wire [15:0] p__22;
+  wire [15:0] p__23;
+  wire [15:0] p__24;
+  wire [15:0] p__25;
+  wire [15:0] p__26;
+  wire [15:0] p__27;
+  wire [15:0] p__28;
+  wire [15:0] p__29;
+  wire [15:0] p__3;
+  wire [15:0] p__30;
+  wire [15:0] p__31;
+  wire [15:0] p__32;
+  wire [15:0] p__33;
+  wire [15:0] p__34;
+  wire [15:0] p__35;
+  wire [15:0] p__36;
+  wire [15:0] p__37;
+  wire [15:0] p__38;
+  wire [15:0] p__39;
+  wire [15:0] p__4;
+  wire [15:0] p__40;
+  wire [15:0] p__41;
+  wire [15:0] p__42;
+  wire [15:0] p__43;
+  wire [15:0] p__44;
+  wire [15:0] p__45;
+  wire [15:0] p__46;
+  wire [15:0] p__47;
+  wire [15:0] p__48;
+  wire [15:0] p__49;
+  wire [15:0] p__5;
+  wire [15:0] p__50;
+  wire [15:0] p__51;
+  wire [15:0] p__52;
+  wire [15:0] p__53;
+  wire [15:0] p__54;
+  wire [15:0] p__55;
+  wire [15:0] p__56;
+  wire [15:0] p__57;
+  wire [15:0] p__58;
+  wire [15:0] p__59;
+  wire [15:0] p__6;
+  wire [15:0] p__60;
+  wire [15:0] p__61;
+  wire [15:0] p__62;
+  wire [15:0] p__63;
+  wire [15:0] p__7;
+  wire [15:0] p__8;
+  wire [15:0] p__9;
+  wire [15:0] prod;
+  wire [15:0] \prod$1000 ;
+  wire [15:0] \prod$1017 ;
+  wire [15:0] \prod$1034 ;
+  wire [15:0] \prod$105 ;
+  wire [15:0] \prod$1051 ;
+  wire [15:0] \prod$1068 ;
+  wire [15:0] \prod$122 ;
+  wire [15:0] \prod$141 ;
+  wire [15:0] \prod$156 ;
+  wire [15:0] \prod$173 ;
+  wire [15:0] \prod$190 ;
+  wire [15:0] \prod$20 ;
+  wire [15:0] \prod$207 ;
+  wire [15:0] \prod$224 ;
+  wire [15:0] \prod$241 ;
+  wire [15:0] \prod$258 ;
+  wire [15:0] \prod$276 ;
+  wire [15:0] \prod$291 ;
+  wire [15:0] \prod$308 ;
+  wire [15:0] \prod$325 ;
+  wire [15:0] \prod$342 ;
+  wire [15:0] \prod$359 ;
+  wire [15:0] \prod$37 ;
+  wire [15:0] \prod$376 ;
+  wire [15:0] \prod$393 ;
+  wire [15:0] \prod$411 ;
+  wire [15:0] \prod$426 ;
+  wire [15:0] \prod$443 ;
+  wire [15:0] \prod$460 ;
+  wire [15:0] \prod$477 ;
+  wire [15:0] \prod$494 ;
+  wire [15:0] \prod$511 ;
+  wire [15:0] \prod$528 ;
+  wire [15:0] \prod$54 ;
+  wire [15:0] \prod$546 ;
+  wire [15:0] \prod$561 ;
+  wire [15:0] \prod$578 ;
+  wire [15:0] \prod$595 ;
+  wire [15:0] \prod$612 ;
+  wire [15:0] \prod$629 ;
+  wire [15:0] \prod$646 ;
+  wire [15:0] \prod$663 ;
+  wire [15:0] \prod$681 ;
+  wire [15:0] \prod$696 ;
+  wire [15:0] \prod$71 ;
+  wire [15:0] \prod$713 ;
+  wire [15:0] \prod$730 ;
+  wire [15:0] \prod$747 ;
+  wire [15:0] \prod$764 ;
+  wire [15:0] \prod$781 ;
+  wire [15:0] \prod$798 ;
+  wire [15:0] \prod$816 ;
+  wire [15:0] \prod$831 ;
+  wire [15:0] \prod$848 ;
+  wire [15:0] \prod$865 ;
+  wire [15:0] \prod$88 ;
+  wire [15:0] \prod$882 ;
+  wire [15:0] \prod$899 ;
+  wire [15:0] \prod$916 ;
+  wire [15:0] \prod$933 ;
+  wire [15:0] \prod$951 ;
+  wire [15:0] \prod$966 ;
+  wire [15:0] \prod$983 ;
   wire [31:0] res;
-  wire [31:0] \res$104 ;
-  wire [31:0] \res$125 ;
-  wire [31:0] \res$138 ;
-  wire [31:0] \res$151 ;
-  wire [31:0] \res$164 ;
-  wire [31:0] \res$177 ;
-  wire [31:0] \res$190 ;
-  wire [31:0] \res$203 ;
-  wire [31:0] \res$207 ;
-  wire [31:0] \res$228 ;
-  wire [31:0] \res$241 ;
-  wire [31:0] \res$254 ;
-  wire [31:0] \res$267 ;
-  wire [31:0] \res$280 ;
-  wire [31:0] \res$293 ;
-  wire [31:0] \res$306 ;
-  wire [31:0] \res$310 ;
-  wire [31:0] \res$331 ;
-  wire [31:0] \res$34 ;
-  wire [31:0] \res$344 ;
-  wire [31:0] \res$357 ;
-  wire [31:0] \res$370 ;
-  wire [31:0] \res$383 ;
-  wire [31:0] \res$396 ;
-  wire [31:0] \res$409 ;
-  wire [31:0] \res$413 ;
-  wire [31:0] \res$434 ;
-  wire [31:0] \res$447 ;
-  wire [31:0] \res$460 ;
+  wire [31:0] \res$1010 ;
+  wire [31:0] \res$1027 ;
+  wire [31:0] \res$1044 ;
+  wire [31:0] \res$1061 ;
+  wire [31:0] \res$1078 ;
+  wire [31:0] \res$1081 ;
+  wire [31:0] \res$115 ;
+  wire [31:0] \res$132 ;
+  wire [31:0] \res$136 ;
+  wire [31:0] \res$166 ;
+  wire [31:0] \res$183 ;
+  wire [31:0] \res$200 ;
+  wire [31:0] \res$217 ;
+  wire [31:0] \res$234 ;
+  wire [31:0] \res$251 ;
+  wire [31:0] \res$268 ;
+  wire [31:0] \res$271 ;
+  wire [31:0] \res$301 ;
+  wire [31:0] \res$318 ;
+  wire [31:0] \res$335 ;
+  wire [31:0] \res$352 ;
+  wire [31:0] \res$369 ;
+  wire [31:0] \res$386 ;
+  wire [31:0] \res$403 ;
+  wire [31:0] \res$406 ;
+  wire [31:0] \res$436 ;
+  wire [31:0] \res$453 ;
   wire [31:0] \res$47 ;
-  wire [31:0] \res$473 ;
-  wire [31:0] \res$486 ;
-  wire [31:0] \res$499 ;
-  wire [31:0] \res$512 ;
-  wire [31:0] \res$516 ;
-  wire [31:0] \res$537 ;
-  wire [31:0] \res$550 ;
-  wire [31:0] \res$563 ;
-  wire [31:0] \res$576 ;
-  wire [31:0] \res$589 ;
-  wire [31:0] \res$60 ;
-  wire [31:0] \res$602 ;
-  wire [31:0] \res$615 ;
-  wire [31:0] \res$619 ;
-  wire [31:0] \res$640 ;
-  wire [31:0] \res$653 ;
-  wire [31:0] \res$666 ;
-  wire [31:0] \res$679 ;
-  wire [31:0] \res$692 ;
-  wire [31:0] \res$705 ;
-  wire [31:0] \res$718 ;
-  wire [31:0] \res$722 ;
-  wire [31:0] \res$73 ;
-  wire [31:0] \res$743 ;
-  wire [31:0] \res$756 ;
-  wire [31:0] \res$769 ;
-  wire [31:0] \res$782 ;
-  wire [31:0] \res$795 ;
+  wire [31:0] \res$470 ;
+  wire [31:0] \res$487 ;
+  wire [31:0] \res$504 ;
+  wire [31:0] \res$521 ;
+  wire [31:0] \res$538 ;
+  wire [31:0] \res$541 ;
+  wire [31:0] \res$571 ;
+  wire [31:0] \res$588 ;
+  wire [31:0] \res$605 ;
+  wire [31:0] \res$622 ;
+  wire [31:0] \res$639 ;
+  wire [31:0] \res$64 ;
+  wire [31:0] \res$656 ;
+  wire [31:0] \res$673 ;
+  wire [31:0] \res$676 ;
+  wire [31:0] \res$706 ;
+  wire [31:0] \res$723 ;
+  wire [31:0] \res$740 ;
+  wire [31:0] \res$757 ;
+  wire [31:0] \res$774 ;
+  wire [31:0] \res$791 ;
   wire [31:0] \res$808 ;
-  wire [31:0] \res$821 ;
-  wire [31:0] \res$825 ;
-  wire [31:0] \res$86 ;
-  wire [31:0] \res$99 ;
+  wire [31:0] \res$81 ;
+  wire [31:0] \res$811 ;
+  wire [31:0] \res$841 ;
+  wire [31:0] \res$858 ;
+  wire [31:0] \res$875 ;
+  wire [31:0] \res$892 ;
+  wire [31:0] \res$909 ;
+  wire [31:0] \res$926 ;
+  wire [31:0] \res$943 ;
+  wire [31:0] \res$946 ;
+  wire [31:0] \res$976 ;
+  wire [31:0] \res$98 ;
+  wire [31:0] \res$993 ;
   wire [31:0] res_in;
-  wire [31:0] \res_in$124 ;
-  wire [31:0] \res_in$137 ;
-  wire [31:0] \res_in$150 ;
-  wire [31:0] \res_in$163 ;
-  wire [31:0] \res_in$176 ;
-  wire [31:0] \res_in$189 ;
-  wire [31:0] \res_in$202 ;
-  wire [31:0] \res_in$227 ;
-  wire [31:0] \res_in$240 ;
-  wire [31:0] \res_in$253 ;
-  wire [31:0] \res_in$266 ;
-  wire [31:0] \res_in$279 ;
-  wire [31:0] \res_in$292 ;
-  wire [31:0] \res_in$305 ;
-  wire [31:0] \res_in$33 ;
-  wire [31:0] \res_in$330 ;
-  wire [31:0] \res_in$343 ;
-  wire [31:0] \res_in$356 ;
-  wire [31:0] \res_in$369 ;
-  wire [31:0] \res_in$382 ;
-  wire [31:0] \res_in$395 ;
-  wire [31:0] \res_in$408 ;
-  wire [31:0] \res_in$433 ;
-  wire [31:0] \res_in$446 ;
-  wire [31:0] \res_in$459 ;
+  wire [31:0] \res_in$1009 ;
+  wire [31:0] \res_in$1026 ;
+  wire [31:0] \res_in$1043 ;
+  wire [31:0] \res_in$1060 ;
+  wire [31:0] \res_in$1077 ;
+  wire [31:0] \res_in$114 ;
+  wire [31:0] \res_in$131 ;
+  wire [31:0] \res_in$165 ;
+  wire [31:0] \res_in$182 ;
+  wire [31:0] \res_in$199 ;
+  wire [31:0] \res_in$216 ;
+  wire [31:0] \res_in$233 ;
+  wire [31:0] \res_in$250 ;
+  wire [31:0] \res_in$267 ;
+  wire [31:0] \res_in$300 ;
+  wire [31:0] \res_in$317 ;
+  wire [31:0] \res_in$334 ;
+  wire [31:0] \res_in$351 ;
+  wire [31:0] \res_in$368 ;
+  wire [31:0] \res_in$385 ;
+  wire [31:0] \res_in$402 ;
+  wire [31:0] \res_in$435 ;
+  wire [31:0] \res_in$452 ;
   wire [31:0] \res_in$46 ;
-  wire [31:0] \res_in$472 ;
-  wire [31:0] \res_in$485 ;
-  wire [31:0] \res_in$498 ;
-  wire [31:0] \res_in$511 ;
-  wire [31:0] \res_in$536 ;
-  wire [31:0] \res_in$549 ;
-  wire [31:0] \res_in$562 ;
-  wire [31:0] \res_in$575 ;
-  wire [31:0] \res_in$588 ;
-  wire [31:0] \res_in$59 ;
-  wire [31:0] \res_in$601 ;
-  wire [31:0] \res_in$614 ;
-  wire [31:0] \res_in$639 ;
-  wire [31:0] \res_in$652 ;
-  wire [31:0] \res_in$665 ;
-  wire [31:0] \res_in$678 ;
-  wire [31:0] \res_in$691 ;
-  wire [31:0] \res_in$704 ;
-  wire [31:0] \res_in$717 ;
-  wire [31:0] \res_in$72 ;
-  wire [31:0] \res_in$742 ;
-  wire [31:0] \res_in$755 ;
-  wire [31:0] \res_in$768 ;
-  wire [31:0] \res_in$781 ;
-  wire [31:0] \res_in$794 ;
+  wire [31:0] \res_in$469 ;
+  wire [31:0] \res_in$486 ;
+  wire [31:0] \res_in$503 ;
+  wire [31:0] \res_in$520 ;
+  wire [31:0] \res_in$537 ;
+  wire [31:0] \res_in$570 ;
+  wire [31:0] \res_in$587 ;
+  wire [31:0] \res_in$604 ;
+  wire [31:0] \res_in$621 ;
+  wire [31:0] \res_in$63 ;
+  wire [31:0] \res_in$638 ;
+  wire [31:0] \res_in$655 ;
+  wire [31:0] \res_in$672 ;
+  wire [31:0] \res_in$705 ;
+  wire [31:0] \res_in$722 ;
+  wire [31:0] \res_in$739 ;
+  wire [31:0] \res_in$756 ;
+  wire [31:0] \res_in$773 ;
+  wire [31:0] \res_in$790 ;
+  wire [31:0] \res_in$80 ;
   wire [31:0] \res_in$807 ;
-  wire [31:0] \res_in$820 ;
-  wire [31:0] \res_in$85 ;
-  wire [31:0] \res_in$98 ;
+  wire [31:0] \res_in$840 ;
+  wire [31:0] \res_in$857 ;
+  wire [31:0] \res_in$874 ;
+  wire [31:0] \res_in$891 ;
+  wire [31:0] \res_in$908 ;
+  wire [31:0] \res_in$925 ;
+  wire [31:0] \res_in$942 ;
+  wire [31:0] \res_in$97 ;
+  wire [31:0] \res_in$975 ;
+  wire [31:0] \res_in$992 ;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire \shift$102 ;
-  wire \shift$11 ;
-  wire \shift$115 ;
-  wire \shift$128 ;
-  wire \shift$141 ;
-  wire \shift$154 ;
-  wire \shift$167 ;
-  wire \shift$180 ;
-  wire \shift$193 ;
-  wire \shift$206 ;
-  wire \shift$218 ;
-  wire \shift$231 ;
-  wire \shift$24 ;
-  wire \shift$244 ;
-  wire \shift$257 ;
+  wire \shift$100 ;
+  wire \shift$1012 ;
+  wire \shift$1029 ;
+  wire \shift$1046 ;
+  wire \shift$1063 ;
+  wire \shift$1080 ;
+  wire \shift$117 ;
+  wire \shift$134 ;
+  wire \shift$15 ;
+  wire \shift$151 ;
+  wire \shift$168 ;
+  wire \shift$185 ;
+  wire \shift$202 ;
+  wire \shift$219 ;
+  wire \shift$236 ;
+  wire \shift$253 ;
   wire \shift$270 ;
-  wire \shift$283 ;
-  wire \shift$296 ;
-  wire \shift$309 ;
-  wire \shift$321 ;
-  wire \shift$334 ;
-  wire \shift$347 ;
-  wire \shift$360 ;
-  wire \shift$37 ;
-  wire \shift$373 ;
-  wire \shift$386 ;
-  wire \shift$399 ;
-  wire \shift$412 ;
-  wire \shift$424 ;
-  wire \shift$437 ;
-  wire \shift$450 ;
-  wire \shift$463 ;
-  wire \shift$476 ;
+  wire \shift$286 ;
+  wire \shift$303 ;
+  wire \shift$32 ;
+  wire \shift$320 ;
+  wire \shift$337 ;
+  wire \shift$354 ;
+  wire \shift$371 ;
+  wire \shift$388 ;
+  wire \shift$405 ;
+  wire \shift$421 ;
+  wire \shift$438 ;
+  wire \shift$455 ;
+  wire \shift$472 ;
   wire \shift$489 ;
-  wire \shift$50 ;
-  wire \shift$502 ;
-  wire \shift$515 ;
-  wire \shift$527 ;
+  wire \shift$49 ;
+  wire \shift$506 ;
+  wire \shift$523 ;
   wire \shift$540 ;
-  wire \shift$553 ;
-  wire \shift$566 ;
-  wire \shift$579 ;
-  wire \shift$592 ;
-  wire \shift$605 ;
-  wire \shift$618 ;
-  wire \shift$63 ;
-  wire \shift$630 ;
-  wire \shift$643 ;
-  wire \shift$656 ;
-  wire \shift$669 ;
-  wire \shift$682 ;
-  wire \shift$695 ;
+  wire \shift$556 ;
+  wire \shift$573 ;
+  wire \shift$590 ;
+  wire \shift$607 ;
+  wire \shift$624 ;
+  wire \shift$641 ;
+  wire \shift$658 ;
+  wire \shift$66 ;
+  wire \shift$675 ;
+  wire \shift$691 ;
   wire \shift$708 ;
-  wire \shift$721 ;
-  wire \shift$733 ;
-  wire \shift$746 ;
+  wire \shift$725 ;
+  wire \shift$742 ;
   wire \shift$759 ;
-  wire \shift$76 ;
-  wire \shift$772 ;
-  wire \shift$785 ;
-  wire \shift$798 ;
-  wire \shift$811 ;
-  wire \shift$824 ;
-  wire \shift$89 ;
+  wire \shift$776 ;
+  wire \shift$793 ;
+  wire \shift$810 ;
+  wire \shift$826 ;
+  wire \shift$83 ;
+  wire \shift$843 ;
+  wire \shift$860 ;
+  wire \shift$877 ;
+  wire \shift$894 ;
+  wire \shift$911 ;
+  wire \shift$928 ;
+  wire \shift$945 ;
+  wire \shift$961 ;
+  wire \shift$978 ;
+  wire \shift$995 ;
   wire valid;
   (* init = 1'h0 *)
   wire valid1_d0;
@@ -10111,137 +10521,137 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire valid7_d6;
   input valid_in;
   wire valid_in;
-  reg \valid_in$107  = 1'h0;
-  wire \valid_in$118 ;
-  wire \valid_in$131 ;
-  wire \valid_in$14 ;
-  wire \valid_in$144 ;
-  wire \valid_in$157 ;
-  wire \valid_in$170 ;
-  wire \valid_in$183 ;
-  wire \valid_in$196 ;
-  reg \valid_in$210  = 1'h0;
-  wire \valid_in$221 ;
-  wire \valid_in$234 ;
-  wire \valid_in$247 ;
-  wire \valid_in$260 ;
-  wire \valid_in$27 ;
-  wire \valid_in$273 ;
-  wire \valid_in$286 ;
-  wire \valid_in$299 ;
-  reg \valid_in$313  = 1'h0;
-  wire \valid_in$324 ;
-  wire \valid_in$337 ;
-  wire \valid_in$350 ;
-  wire \valid_in$363 ;
-  wire \valid_in$376 ;
-  wire \valid_in$389 ;
+  wire \valid_in$1003 ;
+  wire \valid_in$1020 ;
+  wire \valid_in$1037 ;
+  wire \valid_in$1054 ;
+  wire \valid_in$1071 ;
+  wire \valid_in$108 ;
+  wire \valid_in$125 ;
+  reg \valid_in$144  = 1'h0;
+  wire \valid_in$159 ;
+  wire \valid_in$176 ;
+  wire \valid_in$193 ;
+  wire \valid_in$210 ;
+  wire \valid_in$227 ;
+  wire \valid_in$23 ;
+  wire \valid_in$244 ;
+  wire \valid_in$261 ;
+  reg \valid_in$279  = 1'h0;
+  wire \valid_in$294 ;
+  wire \valid_in$311 ;
+  wire \valid_in$328 ;
+  wire \valid_in$345 ;
+  wire \valid_in$362 ;
+  wire \valid_in$379 ;
+  wire \valid_in$396 ;
   wire \valid_in$40 ;
-  wire \valid_in$402 ;
-  reg \valid_in$416  = 1'h0;
-  wire \valid_in$427 ;
-  wire \valid_in$440 ;
-  wire \valid_in$453 ;
-  wire \valid_in$466 ;
-  wire \valid_in$479 ;
-  wire \valid_in$492 ;
-  wire \valid_in$505 ;
-  reg \valid_in$519  = 1'h0;
-  wire \valid_in$53 ;
-  wire \valid_in$530 ;
-  wire \valid_in$543 ;
-  wire \valid_in$556 ;
-  wire \valid_in$569 ;
-  wire \valid_in$582 ;
-  wire \valid_in$595 ;
-  wire \valid_in$608 ;
-  reg \valid_in$622  = 1'h0;
-  wire \valid_in$633 ;
-  wire \valid_in$646 ;
-  wire \valid_in$659 ;
-  wire \valid_in$66 ;
-  wire \valid_in$672 ;
-  wire \valid_in$685 ;
-  wire \valid_in$698 ;
-  wire \valid_in$711 ;
-  reg \valid_in$725  = 1'h0;
-  wire \valid_in$736 ;
-  wire \valid_in$749 ;
-  wire \valid_in$762 ;
-  wire \valid_in$775 ;
-  wire \valid_in$788 ;
-  wire \valid_in$79 ;
+  reg \valid_in$414  = 1'h0;
+  wire \valid_in$429 ;
+  wire \valid_in$446 ;
+  wire \valid_in$463 ;
+  wire \valid_in$480 ;
+  wire \valid_in$497 ;
+  wire \valid_in$514 ;
+  wire \valid_in$531 ;
+  reg \valid_in$549  = 1'h0;
+  wire \valid_in$564 ;
+  wire \valid_in$57 ;
+  wire \valid_in$581 ;
+  wire \valid_in$598 ;
+  wire \valid_in$615 ;
+  wire \valid_in$632 ;
+  wire \valid_in$649 ;
+  wire \valid_in$666 ;
+  reg \valid_in$684  = 1'h0;
+  wire \valid_in$699 ;
+  wire \valid_in$716 ;
+  wire \valid_in$733 ;
+  wire \valid_in$74 ;
+  wire \valid_in$750 ;
+  wire \valid_in$767 ;
+  wire \valid_in$784 ;
   wire \valid_in$801 ;
-  wire \valid_in$814 ;
-  wire \valid_in$92 ;
+  reg \valid_in$819  = 1'h0;
+  wire \valid_in$834 ;
+  wire \valid_in$851 ;
+  wire \valid_in$868 ;
+  wire \valid_in$885 ;
+  wire \valid_in$902 ;
+  wire \valid_in$91 ;
+  wire \valid_in$919 ;
+  wire \valid_in$936 ;
+  reg \valid_in$954  = 1'h0;
+  wire \valid_in$969 ;
+  wire \valid_in$986 ;
   wire valid_out;
-  wire \valid_out$119 ;
-  wire \valid_out$132 ;
-  wire \valid_out$145 ;
-  wire \valid_out$158 ;
-  wire \valid_out$171 ;
-  wire \valid_out$184 ;
-  wire \valid_out$197 ;
-  wire \valid_out$222 ;
-  wire \valid_out$235 ;
-  wire \valid_out$248 ;
-  wire \valid_out$261 ;
-  wire \valid_out$274 ;
-  wire \valid_out$28 ;
-  wire \valid_out$287 ;
-  wire \valid_out$300 ;
-  wire \valid_out$325 ;
-  wire \valid_out$338 ;
-  wire \valid_out$351 ;
-  wire \valid_out$364 ;
-  wire \valid_out$377 ;
-  wire \valid_out$390 ;
-  wire \valid_out$403 ;
+  wire \valid_out$1004 ;
+  wire \valid_out$1021 ;
+  wire \valid_out$1038 ;
+  wire \valid_out$1055 ;
+  wire \valid_out$1072 ;
+  wire \valid_out$109 ;
+  wire \valid_out$126 ;
+  wire \valid_out$160 ;
+  wire \valid_out$177 ;
+  wire \valid_out$194 ;
+  wire \valid_out$211 ;
+  wire \valid_out$228 ;
+  wire \valid_out$245 ;
+  wire \valid_out$262 ;
+  wire \valid_out$295 ;
+  wire \valid_out$312 ;
+  wire \valid_out$329 ;
+  wire \valid_out$346 ;
+  wire \valid_out$363 ;
+  wire \valid_out$380 ;
+  wire \valid_out$397 ;
   wire \valid_out$41 ;
-  wire \valid_out$428 ;
-  wire \valid_out$441 ;
-  wire \valid_out$454 ;
-  wire \valid_out$467 ;
-  wire \valid_out$480 ;
-  wire \valid_out$493 ;
-  wire \valid_out$506 ;
-  wire \valid_out$531 ;
-  wire \valid_out$54 ;
-  wire \valid_out$544 ;
-  wire \valid_out$557 ;
-  wire \valid_out$570 ;
-  wire \valid_out$583 ;
-  wire \valid_out$596 ;
-  wire \valid_out$609 ;
-  wire \valid_out$634 ;
-  wire \valid_out$647 ;
-  wire \valid_out$660 ;
-  wire \valid_out$67 ;
-  wire \valid_out$673 ;
-  wire \valid_out$686 ;
-  wire \valid_out$699 ;
-  wire \valid_out$712 ;
-  wire \valid_out$737 ;
-  wire \valid_out$750 ;
-  wire \valid_out$763 ;
-  wire \valid_out$776 ;
-  wire \valid_out$789 ;
-  wire \valid_out$80 ;
+  wire \valid_out$430 ;
+  wire \valid_out$447 ;
+  wire \valid_out$464 ;
+  wire \valid_out$481 ;
+  wire \valid_out$498 ;
+  wire \valid_out$515 ;
+  wire \valid_out$532 ;
+  wire \valid_out$565 ;
+  wire \valid_out$58 ;
+  wire \valid_out$582 ;
+  wire \valid_out$599 ;
+  wire \valid_out$616 ;
+  wire \valid_out$633 ;
+  wire \valid_out$650 ;
+  wire \valid_out$667 ;
+  wire \valid_out$700 ;
+  wire \valid_out$717 ;
+  wire \valid_out$734 ;
+  wire \valid_out$75 ;
+  wire \valid_out$751 ;
+  wire \valid_out$768 ;
+  wire \valid_out$785 ;
   wire \valid_out$802 ;
-  wire \valid_out$815 ;
-  wire \valid_out$93 ;
+  wire \valid_out$835 ;
+  wire \valid_out$852 ;
+  wire \valid_out$869 ;
+  wire \valid_out$886 ;
+  wire \valid_out$903 ;
+  wire \valid_out$92 ;
+  wire \valid_out$920 ;
+  wire \valid_out$937 ;
+  wire \valid_out$970 ;
+  wire \valid_out$987 ;
   always @(posedge clk)
-    \b_in$22  <= \$1 ;
+    b__1 <= \$1 ;
   always @(posedge clk)
     b2_d0 <= \$2 ;
   always @(posedge clk)
-    \b_in$35  <= \$3 ;
+    b__2 <= \$3 ;
   always @(posedge clk)
     b3_d0 <= \$4 ;
   always @(posedge clk)
     b3_d1 <= \$5 ;
   always @(posedge clk)
-    \b_in$48  <= \$6 ;
+    b__3 <= \$6 ;
   always @(posedge clk)
     b4_d0 <= \$7 ;
   always @(posedge clk)
@@ -10249,7 +10659,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     b4_d2 <= \$9 ;
   always @(posedge clk)
-    \b_in$61  <= \$10 ;
+    b__4 <= \$10 ;
   always @(posedge clk)
     b5_d0 <= \$11 ;
   always @(posedge clk)
@@ -10259,7 +10669,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     b5_d3 <= \$14 ;
   always @(posedge clk)
-    \b_in$74  <= \$15 ;
+    b__5 <= \$15 ;
   always @(posedge clk)
     b6_d0 <= \$16 ;
   always @(posedge clk)
@@ -10271,7 +10681,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     b6_d4 <= \$20 ;
   always @(posedge clk)
-    \b_in$87  <= \$21 ;
+    b__6 <= \$21 ;
   always @(posedge clk)
     b7_d0 <= \$22 ;
   always @(posedge clk)
@@ -10285,55 +10695,55 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     b7_d5 <= \$27 ;
   always @(posedge clk)
-    \b_in$100  <= \$28 ;
+    b__7 <= \$28 ;
   always @(posedge clk)
-    \a_in$105  <= \$29 ;
+    a__8 <= \$29 ;
   always @(posedge clk)
-    \valid_in$107  <= \$30 ;
+    \valid_in$144  <= \$30 ;
   always @(posedge clk)
-    \first_in$109  <= \$31 ;
+    \first_in$146  <= \$31 ;
   always @(posedge clk)
-    \last_in$111  <= \$32 ;
+    \last_in$148  <= \$32 ;
   always @(posedge clk)
     a2_d0 <= \$33 ;
   always @(posedge clk)
-    \a_in$208  <= \$34 ;
+    a__16 <= \$34 ;
   always @(posedge clk)
     valid2_d0 <= \$35 ;
   always @(posedge clk)
-    \valid_in$210  <= \$36 ;
+    \valid_in$279  <= \$36 ;
   always @(posedge clk)
     first2_d0 <= \$37 ;
   always @(posedge clk)
-    \first_in$212  <= \$38 ;
+    \first_in$281  <= \$38 ;
   always @(posedge clk)
     last2_d0 <= \$39 ;
   always @(posedge clk)
-    \last_in$214  <= \$40 ;
+    \last_in$283  <= \$40 ;
   always @(posedge clk)
     a3_d0 <= \$41 ;
   always @(posedge clk)
     a3_d1 <= \$42 ;
   always @(posedge clk)
-    \a_in$311  <= \$43 ;
+    a__24 <= \$43 ;
   always @(posedge clk)
     valid3_d0 <= \$44 ;
   always @(posedge clk)
     valid3_d1 <= \$45 ;
   always @(posedge clk)
-    \valid_in$313  <= \$46 ;
+    \valid_in$414  <= \$46 ;
   always @(posedge clk)
     first3_d0 <= \$47 ;
   always @(posedge clk)
     first3_d1 <= \$48 ;
   always @(posedge clk)
-    \first_in$315  <= \$49 ;
+    \first_in$416  <= \$49 ;
   always @(posedge clk)
     last3_d0 <= \$50 ;
   always @(posedge clk)
     last3_d1 <= \$51 ;
   always @(posedge clk)
-    \last_in$317  <= \$52 ;
+    \last_in$418  <= \$52 ;
   always @(posedge clk)
     a4_d0 <= \$53 ;
   always @(posedge clk)
@@ -10341,7 +10751,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     a4_d2 <= \$55 ;
   always @(posedge clk)
-    \a_in$414  <= \$56 ;
+    a__32 <= \$56 ;
   always @(posedge clk)
     valid4_d0 <= \$57 ;
   always @(posedge clk)
@@ -10349,7 +10759,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     valid4_d2 <= \$59 ;
   always @(posedge clk)
-    \valid_in$416  <= \$60 ;
+    \valid_in$549  <= \$60 ;
   always @(posedge clk)
     first4_d0 <= \$61 ;
   always @(posedge clk)
@@ -10357,7 +10767,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     first4_d2 <= \$63 ;
   always @(posedge clk)
-    \first_in$418  <= \$64 ;
+    \first_in$551  <= \$64 ;
   always @(posedge clk)
     last4_d0 <= \$65 ;
   always @(posedge clk)
@@ -10365,7 +10775,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     last4_d2 <= \$67 ;
   always @(posedge clk)
-    \last_in$420  <= \$68 ;
+    \last_in$553  <= \$68 ;
   always @(posedge clk)
     a5_d0 <= \$69 ;
   always @(posedge clk)
@@ -10375,7 +10785,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     a5_d3 <= \$72 ;
   always @(posedge clk)
-    \a_in$517  <= \$73 ;
+    a__40 <= \$73 ;
   always @(posedge clk)
     valid5_d0 <= \$74 ;
   always @(posedge clk)
@@ -10385,7 +10795,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     valid5_d3 <= \$77 ;
   always @(posedge clk)
-    \valid_in$519  <= \$78 ;
+    \valid_in$684  <= \$78 ;
   always @(posedge clk)
     first5_d0 <= \$79 ;
   always @(posedge clk)
@@ -10395,7 +10805,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     first5_d3 <= \$82 ;
   always @(posedge clk)
-    \first_in$521  <= \$83 ;
+    \first_in$686  <= \$83 ;
   always @(posedge clk)
     last5_d0 <= \$84 ;
   always @(posedge clk)
@@ -10405,7 +10815,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     last5_d3 <= \$87 ;
   always @(posedge clk)
-    \last_in$523  <= \$88 ;
+    \last_in$688  <= \$88 ;
   always @(posedge clk)
     a6_d0 <= \$89 ;
   always @(posedge clk)
@@ -10417,7 +10827,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     a6_d4 <= \$93 ;
   always @(posedge clk)
-    \a_in$620  <= \$94 ;
+    a__48 <= \$94 ;
   always @(posedge clk)
     valid6_d0 <= \$95 ;
   always @(posedge clk)
@@ -10429,7 +10839,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     valid6_d4 <= \$99 ;
   always @(posedge clk)
-    \valid_in$622  <= \$100 ;
+    \valid_in$819  <= \$100 ;
   always @(posedge clk)
     first6_d0 <= \$101 ;
   always @(posedge clk)
@@ -10441,7 +10851,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     first6_d4 <= \$105 ;
   always @(posedge clk)
-    \first_in$624  <= \$106 ;
+    \first_in$821  <= \$106 ;
   always @(posedge clk)
     last6_d0 <= \$107 ;
   always @(posedge clk)
@@ -10453,7 +10863,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     last6_d4 <= \$111 ;
   always @(posedge clk)
-    \last_in$626  <= \$112 ;
+    \last_in$823  <= \$112 ;
   always @(posedge clk)
     a7_d0 <= \$113 ;
   always @(posedge clk)
@@ -10467,7 +10877,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     a7_d5 <= \$118 ;
   always @(posedge clk)
-    \a_in$723  <= \$119 ;
+    a__56 <= \$119 ;
   always @(posedge clk)
     valid7_d0 <= \$120 ;
   always @(posedge clk)
@@ -10481,7 +10891,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     valid7_d5 <= \$125 ;
   always @(posedge clk)
-    \valid_in$725  <= \$126 ;
+    \valid_in$954  <= \$126 ;
   always @(posedge clk)
     first7_d0 <= \$127 ;
   always @(posedge clk)
@@ -10495,7 +10905,7 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     first7_d5 <= \$132 ;
   always @(posedge clk)
-    \first_in$727  <= \$133 ;
+    \first_in$956  <= \$133 ;
   always @(posedge clk)
     last7_d0 <= \$134 ;
   always @(posedge clk)
@@ -10509,1047 +10919,1307 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   always @(posedge clk)
     last7_d5 <= \$139 ;
   always @(posedge clk)
-    \last_in$729  <= \$140 ;
+    \last_in$958  <= \$140 ;
+  \nanokpu_gemm.array.mul  mul (
+    .a__0(a[7:0]),
+    .a__1(a__1),
+    .a__10(a__10),
+    .a__11(a__11),
+    .a__12(a__12),
+    .a__13(a__13),
+    .a__14(a__14),
+    .a__15(a__15),
+    .a__16(a__16),
+    .a__17(a__17),
+    .a__18(a__18),
+    .a__19(a__19),
+    .a__2(a__2),
+    .a__20(a__20),
+    .a__21(a__21),
+    .a__22(a__22),
+    .a__23(a__23),
+    .a__24(a__24),
+    .a__25(a__25),
+    .a__26(a__26),
+    .a__27(a__27),
+    .a__28(a__28),
+    .a__29(a__29),
+    .a__3(a__3),
+    .a__30(a__30),
+    .a__31(a__31),
+    .a__32(a__32),
+    .a__33(a__33),
+    .a__34(a__34),
+    .a__35(a__35),
+    .a__36(a__36),
+    .a__37(a__37),
+    .a__38(a__38),
+    .a__39(a__39),
+    .a__4(a__4),
+    .a__40(a__40),
+    .a__41(a__41),
+    .a__42(a__42),
+    .a__43(a__43),
+    .a__44(a__44),
+    .a__45(a__45),
+    .a__46(a__46),
+    .a__47(a__47),
+    .a__48(a__48),
+    .a__49(a__49),
+    .a__5(a__5),
+    .a__50(a__50),
+    .a__51(a__51),
+    .a__52(a__52),
+    .a__53(a__53),
+    .a__54(a__54),
+    .a__55(a__55),
+    .a__56(a__56),
+    .a__57(a__57),
+    .a__58(a__58),
+    .a__59(a__59),
+    .a__6(a__6),
+    .a__60(a__60),
+    .a__61(a__61),
+    .a__62(a__62),
+    .a__63(a__63),
+    .a__7(a__7),
+    .a__8(a__8),
+    .a__9(a__9),
+    .b__0(b[7:0]),
+    .b__1(b__1),
+    .b__10(b__10),
+    .b__11(b__11),
+    .b__12(b__12),
+    .b__13(b__13),
+    .b__14(b__14),
+    .b__15(b__15),
+    .b__16(b__16),
+    .b__17(b__17),
+    .b__18(b__18),
+    .b__19(b__19),
+    .b__2(b__2),
+    .b__20(b__20),
+    .b__21(b__21),
+    .b__22(b__22),
+    .b__23(b__23),
+    .b__24(b__24),
+    .b__25(b__25),
+    .b__26(b__26),
+    .b__27(b__27),
+    .b__28(b__28),
+    .b__29(b__29),
+    .b__3(b__3),
+    .b__30(b__30),
+    .b__31(b__31),
+    .b__32(b__32),
+    .b__33(b__33),
+    .b__34(b__34),
+    .b__35(b__35),
+    .b__36(b__36),
+    .b__37(b__37),
+    .b__38(b__38),
+    .b__39(b__39),
+    .b__4(b__4),
+    .b__40(b__40),
+    .b__41(b__41),
+    .b__42(b__42),
+    .b__43(b__43),
+    .b__44(b__44),
+    .b__45(b__45),
+    .b__46(b__46),
+    .b__47(b__47),
+    .b__48(b__48),
+    .b__49(b__49),
+    .b__5(b__5),
+    .b__50(b__50),
+    .b__51(b__51),
+    .b__52(b__52),
+    .b__53(b__53),
+    .b__54(b__54),
+    .b__55(b__55),
+    .b__56(b__56),
+    .b__57(b__57),
+    .b__58(b__58),
+    .b__59(b__59),
+    .b__6(b__6),
+    .b__60(b__60),
+    .b__61(b__61),
+    .b__62(b__62),
+    .b__63(b__63),
+    .b__7(b__7),
+    .b__8(b__8),
+    .b__9(b__9),
+    .clk(clk),
+    .p__0(prod),
+    .p__1(\prod$20 ),
+    .p__10(\prod$173 ),
+    .p__11(\prod$190 ),
+    .p__12(\prod$207 ),
+    .p__13(\prod$224 ),
+    .p__14(\prod$241 ),
+    .p__15(\prod$258 ),
+    .p__16(\prod$276 ),
+    .p__17(\prod$291 ),
+    .p__18(\prod$308 ),
+    .p__19(\prod$325 ),
+    .p__2(\prod$37 ),
+    .p__20(\prod$342 ),
+    .p__21(\prod$359 ),
+    .p__22(\prod$376 ),
+    .p__23(\prod$393 ),
+    .p__24(\prod$411 ),
+    .p__25(\prod$426 ),
+    .p__26(\prod$443 ),
+    .p__27(\prod$460 ),
+    .p__28(\prod$477 ),
+    .p__29(\prod$494 ),
+    .p__3(\prod$54 ),
+    .p__30(\prod$511 ),
+    .p__31(\prod$528 ),
+    .p__32(\prod$546 ),
+    .p__33(\prod$561 ),
+    .p__34(\prod$578 ),
+    .p__35(\prod$595 ),
+    .p__36(\prod$612 ),
+    .p__37(\prod$629 ),
+    .p__38(\prod$646 ),
+    .p__39(\prod$663 ),
+    .p__4(\prod$71 ),
+    .p__40(\prod$681 ),
+    .p__41(\prod$696 ),
+    .p__42(\prod$713 ),
+    .p__43(\prod$730 ),
+    .p__44(\prod$747 ),
+    .p__45(\prod$764 ),
+    .p__46(\prod$781 ),
+    .p__47(\prod$798 ),
+    .p__48(\prod$816 ),
+    .p__49(\prod$831 ),
+    .p__5(\prod$88 ),
+    .p__50(\prod$848 ),
+    .p__51(\prod$865 ),
+    .p__52(\prod$882 ),
+    .p__53(\prod$899 ),
+    .p__54(\prod$916 ),
+    .p__55(\prod$933 ),
+    .p__56(\prod$951 ),
+    .p__57(\prod$966 ),
+    .p__58(\prod$983 ),
+    .p__59(\prod$1000 ),
+    .p__6(\prod$105 ),
+    .p__60(\prod$1017 ),
+    .p__61(\prod$1034 ),
+    .p__62(\prod$1051 ),
+    .p__63(\prod$1068 ),
+    .p__7(\prod$122 ),
+    .p__8(\prod$141 ),
+    .p__9(\prod$156 ),
+    .rst(rst)
+  );
   \nanokpu_gemm.array.pe_0_0  pe_0_0 (
     .a_in(a[7:0]),
-    .a_out(\a_in$12 ),
+    .a_out(a__1),
     .b_in(b[7:0]),
-    .b_out(\b_in$113 ),
+    .b_out(b__8),
     .clk(clk),
     .first_in(first_in),
-    .first_out(\first_in$16 ),
+    .first_out(\first_in$25 ),
     .last_in(last_in),
-    .last_out(\last_in$18 ),
-    .res(\res$104 ),
+    .last_out(\last_in$27 ),
+    .prod(prod),
+    .res(\res$136 ),
     .res_in(res_in),
     .rst(rst),
     .shift(shift),
     .valid_in(valid_in),
-    .valid_out(\valid_in$14 )
+    .valid_out(\valid_in$23 )
   );
   \nanokpu_gemm.array.pe_0_1  pe_0_1 (
-    .a_in(\a_in$12 ),
-    .a_out(\a_in$25 ),
-    .b_in(\b_in$22 ),
-    .b_out(\b_in$126 ),
+    .a_in(a__1),
+    .a_out(a__2),
+    .b_in(b__1),
+    .b_out(b__9),
     .clk(clk),
-    .first_in(\first_in$16 ),
-    .first_out(\first_in$29 ),
-    .last_in(\last_in$18 ),
-    .last_out(\last_in$31 ),
-    .res(res_in),
-    .res_in(\res_in$33 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$14 ),
-    .valid_out(\valid_in$27 )
-  );
-  \nanokpu_gemm.array.pe_0_2  pe_0_2 (
-    .a_in(\a_in$25 ),
-    .a_out(\a_in$38 ),
-    .b_in(\b_in$35 ),
-    .b_out(\b_in$139 ),
-    .clk(clk),
-    .first_in(\first_in$29 ),
+    .first_in(\first_in$25 ),
     .first_out(\first_in$42 ),
-    .last_in(\last_in$31 ),
+    .last_in(\last_in$27 ),
     .last_out(\last_in$44 ),
-    .res(\res_in$33 ),
+    .prod(\prod$20 ),
+    .res(res_in),
     .res_in(\res_in$46 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$27 ),
+    .valid_in(\valid_in$23 ),
     .valid_out(\valid_in$40 )
   );
-  \nanokpu_gemm.array.pe_0_3  pe_0_3 (
-    .a_in(\a_in$38 ),
-    .a_out(\a_in$51 ),
-    .b_in(\b_in$48 ),
-    .b_out(\b_in$152 ),
+  \nanokpu_gemm.array.pe_0_2  pe_0_2 (
+    .a_in(a__2),
+    .a_out(a__3),
+    .b_in(b__2),
+    .b_out(b__10),
     .clk(clk),
     .first_in(\first_in$42 ),
-    .first_out(\first_in$55 ),
+    .first_out(\first_in$59 ),
     .last_in(\last_in$44 ),
-    .last_out(\last_in$57 ),
+    .last_out(\last_in$61 ),
+    .prod(\prod$37 ),
     .res(\res_in$46 ),
-    .res_in(\res_in$59 ),
+    .res_in(\res_in$63 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$40 ),
-    .valid_out(\valid_in$53 )
+    .valid_out(\valid_in$57 )
+  );
+  \nanokpu_gemm.array.pe_0_3  pe_0_3 (
+    .a_in(a__3),
+    .a_out(a__4),
+    .b_in(b__3),
+    .b_out(b__11),
+    .clk(clk),
+    .first_in(\first_in$59 ),
+    .first_out(\first_in$76 ),
+    .last_in(\last_in$61 ),
+    .last_out(\last_in$78 ),
+    .prod(\prod$54 ),
+    .res(\res_in$63 ),
+    .res_in(\res_in$80 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$57 ),
+    .valid_out(\valid_in$74 )
   );
   \nanokpu_gemm.array.pe_0_4  pe_0_4 (
-    .a_in(\a_in$51 ),
-    .a_out(\a_in$64 ),
-    .b_in(\b_in$61 ),
-    .b_out(\b_in$165 ),
+    .a_in(a__4),
+    .a_out(a__5),
+    .b_in(b__4),
+    .b_out(b__12),
     .clk(clk),
-    .first_in(\first_in$55 ),
-    .first_out(\first_in$68 ),
-    .last_in(\last_in$57 ),
-    .last_out(\last_in$70 ),
-    .res(\res_in$59 ),
-    .res_in(\res_in$72 ),
+    .first_in(\first_in$76 ),
+    .first_out(\first_in$93 ),
+    .last_in(\last_in$78 ),
+    .last_out(\last_in$95 ),
+    .prod(\prod$71 ),
+    .res(\res_in$80 ),
+    .res_in(\res_in$97 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$53 ),
-    .valid_out(\valid_in$66 )
+    .valid_in(\valid_in$74 ),
+    .valid_out(\valid_in$91 )
   );
   \nanokpu_gemm.array.pe_0_5  pe_0_5 (
-    .a_in(\a_in$64 ),
-    .a_out(\a_in$77 ),
-    .b_in(\b_in$74 ),
-    .b_out(\b_in$178 ),
+    .a_in(a__5),
+    .a_out(a__6),
+    .b_in(b__5),
+    .b_out(b__13),
     .clk(clk),
-    .first_in(\first_in$68 ),
-    .first_out(\first_in$81 ),
-    .last_in(\last_in$70 ),
-    .last_out(\last_in$83 ),
-    .res(\res_in$72 ),
-    .res_in(\res_in$85 ),
+    .first_in(\first_in$93 ),
+    .first_out(\first_in$110 ),
+    .last_in(\last_in$95 ),
+    .last_out(\last_in$112 ),
+    .prod(\prod$88 ),
+    .res(\res_in$97 ),
+    .res_in(\res_in$114 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$66 ),
-    .valid_out(\valid_in$79 )
+    .valid_in(\valid_in$91 ),
+    .valid_out(\valid_in$108 )
   );
   \nanokpu_gemm.array.pe_0_6  pe_0_6 (
-    .a_in(\a_in$77 ),
-    .a_out(\a_in$90 ),
-    .b_in(\b_in$87 ),
-    .b_out(\b_in$191 ),
+    .a_in(a__6),
+    .a_out(a__7),
+    .b_in(b__6),
+    .b_out(b__14),
     .clk(clk),
-    .first_in(\first_in$81 ),
-    .first_out(\first_in$94 ),
-    .last_in(\last_in$83 ),
-    .last_out(\last_in$96 ),
-    .res(\res_in$85 ),
-    .res_in(\res_in$98 ),
+    .first_in(\first_in$110 ),
+    .first_out(\first_in$127 ),
+    .last_in(\last_in$112 ),
+    .last_out(\last_in$129 ),
+    .prod(\prod$105 ),
+    .res(\res_in$114 ),
+    .res_in(\res_in$131 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$79 ),
-    .valid_out(\valid_in$92 )
+    .valid_in(\valid_in$108 ),
+    .valid_out(\valid_in$125 )
   );
   \nanokpu_gemm.array.pe_0_7  pe_0_7 (
-    .a_in(\a_in$90 ),
-    .b_in(\b_in$100 ),
-    .b_out(\b_in$204 ),
+    .a_in(a__7),
+    .b_in(b__7),
+    .b_out(b__15),
     .clk(clk),
-    .first_in(\first_in$94 ),
-    .last_in(\last_in$96 ),
-    .res(\res_in$98 ),
+    .first_in(\first_in$127 ),
+    .last_in(\last_in$129 ),
+    .prod(\prod$122 ),
+    .res(\res_in$131 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$92 )
+    .valid_in(\valid_in$125 )
   );
   \nanokpu_gemm.array.pe_1_0  pe_1_0 (
-    .a_in(\a_in$105 ),
-    .a_out(\a_in$116 ),
-    .b_in(\b_in$113 ),
-    .b_out(\b_in$216 ),
-    .clk(clk),
-    .first_in(\first_in$109 ),
-    .first_out(\first_in$120 ),
-    .last_in(\last_in$111 ),
-    .last_out(\last_in$122 ),
-    .res(\res$207 ),
-    .res_in(\res_in$124 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$107 ),
-    .valid_out(\valid_in$118 )
-  );
-  \nanokpu_gemm.array.pe_1_1  pe_1_1 (
-    .a_in(\a_in$116 ),
-    .a_out(\a_in$129 ),
-    .b_in(\b_in$126 ),
-    .b_out(\b_in$229 ),
-    .clk(clk),
-    .first_in(\first_in$120 ),
-    .first_out(\first_in$133 ),
-    .last_in(\last_in$122 ),
-    .last_out(\last_in$135 ),
-    .res(\res_in$124 ),
-    .res_in(\res_in$137 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$118 ),
-    .valid_out(\valid_in$131 )
-  );
-  \nanokpu_gemm.array.pe_1_2  pe_1_2 (
-    .a_in(\a_in$129 ),
-    .a_out(\a_in$142 ),
-    .b_in(\b_in$139 ),
-    .b_out(\b_in$242 ),
-    .clk(clk),
-    .first_in(\first_in$133 ),
-    .first_out(\first_in$146 ),
-    .last_in(\last_in$135 ),
-    .last_out(\last_in$148 ),
-    .res(\res_in$137 ),
-    .res_in(\res_in$150 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$131 ),
-    .valid_out(\valid_in$144 )
-  );
-  \nanokpu_gemm.array.pe_1_3  pe_1_3 (
-    .a_in(\a_in$142 ),
-    .a_out(\a_in$155 ),
-    .b_in(\b_in$152 ),
-    .b_out(\b_in$255 ),
+    .a_in(a__8),
+    .a_out(a__9),
+    .b_in(b__8),
+    .b_out(b__16),
     .clk(clk),
     .first_in(\first_in$146 ),
-    .first_out(\first_in$159 ),
+    .first_out(\first_in$161 ),
     .last_in(\last_in$148 ),
-    .last_out(\last_in$161 ),
-    .res(\res_in$150 ),
-    .res_in(\res_in$163 ),
+    .last_out(\last_in$163 ),
+    .prod(\prod$141 ),
+    .res(\res$271 ),
+    .res_in(\res_in$165 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$144 ),
-    .valid_out(\valid_in$157 )
+    .valid_out(\valid_in$159 )
+  );
+  \nanokpu_gemm.array.pe_1_1  pe_1_1 (
+    .a_in(a__9),
+    .a_out(a__10),
+    .b_in(b__9),
+    .b_out(b__17),
+    .clk(clk),
+    .first_in(\first_in$161 ),
+    .first_out(\first_in$178 ),
+    .last_in(\last_in$163 ),
+    .last_out(\last_in$180 ),
+    .prod(\prod$156 ),
+    .res(\res_in$165 ),
+    .res_in(\res_in$182 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$159 ),
+    .valid_out(\valid_in$176 )
+  );
+  \nanokpu_gemm.array.pe_1_2  pe_1_2 (
+    .a_in(a__10),
+    .a_out(a__11),
+    .b_in(b__10),
+    .b_out(b__18),
+    .clk(clk),
+    .first_in(\first_in$178 ),
+    .first_out(\first_in$195 ),
+    .last_in(\last_in$180 ),
+    .last_out(\last_in$197 ),
+    .prod(\prod$173 ),
+    .res(\res_in$182 ),
+    .res_in(\res_in$199 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$176 ),
+    .valid_out(\valid_in$193 )
+  );
+  \nanokpu_gemm.array.pe_1_3  pe_1_3 (
+    .a_in(a__11),
+    .a_out(a__12),
+    .b_in(b__11),
+    .b_out(b__19),
+    .clk(clk),
+    .first_in(\first_in$195 ),
+    .first_out(\first_in$212 ),
+    .last_in(\last_in$197 ),
+    .last_out(\last_in$214 ),
+    .prod(\prod$190 ),
+    .res(\res_in$199 ),
+    .res_in(\res_in$216 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$193 ),
+    .valid_out(\valid_in$210 )
   );
   \nanokpu_gemm.array.pe_1_4  pe_1_4 (
-    .a_in(\a_in$155 ),
-    .a_out(\a_in$168 ),
-    .b_in(\b_in$165 ),
-    .b_out(\b_in$268 ),
-    .clk(clk),
-    .first_in(\first_in$159 ),
-    .first_out(\first_in$172 ),
-    .last_in(\last_in$161 ),
-    .last_out(\last_in$174 ),
-    .res(\res_in$163 ),
-    .res_in(\res_in$176 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$157 ),
-    .valid_out(\valid_in$170 )
-  );
-  \nanokpu_gemm.array.pe_1_5  pe_1_5 (
-    .a_in(\a_in$168 ),
-    .a_out(\a_in$181 ),
-    .b_in(\b_in$178 ),
-    .b_out(\b_in$281 ),
-    .clk(clk),
-    .first_in(\first_in$172 ),
-    .first_out(\first_in$185 ),
-    .last_in(\last_in$174 ),
-    .last_out(\last_in$187 ),
-    .res(\res_in$176 ),
-    .res_in(\res_in$189 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$170 ),
-    .valid_out(\valid_in$183 )
-  );
-  \nanokpu_gemm.array.pe_1_6  pe_1_6 (
-    .a_in(\a_in$181 ),
-    .a_out(\a_in$194 ),
-    .b_in(\b_in$191 ),
-    .b_out(\b_in$294 ),
-    .clk(clk),
-    .first_in(\first_in$185 ),
-    .first_out(\first_in$198 ),
-    .last_in(\last_in$187 ),
-    .last_out(\last_in$200 ),
-    .res(\res_in$189 ),
-    .res_in(\res_in$202 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$183 ),
-    .valid_out(\valid_in$196 )
-  );
-  \nanokpu_gemm.array.pe_1_7  pe_1_7 (
-    .a_in(\a_in$194 ),
-    .b_in(\b_in$204 ),
-    .b_out(\b_in$307 ),
-    .clk(clk),
-    .first_in(\first_in$198 ),
-    .last_in(\last_in$200 ),
-    .res(\res_in$202 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$196 )
-  );
-  \nanokpu_gemm.array.pe_2_0  pe_2_0 (
-    .a_in(\a_in$208 ),
-    .a_out(\a_in$219 ),
-    .b_in(\b_in$216 ),
-    .b_out(\b_in$319 ),
+    .a_in(a__12),
+    .a_out(a__13),
+    .b_in(b__12),
+    .b_out(b__20),
     .clk(clk),
     .first_in(\first_in$212 ),
-    .first_out(\first_in$223 ),
+    .first_out(\first_in$229 ),
     .last_in(\last_in$214 ),
-    .last_out(\last_in$225 ),
-    .res(\res$310 ),
-    .res_in(\res_in$227 ),
+    .last_out(\last_in$231 ),
+    .prod(\prod$207 ),
+    .res(\res_in$216 ),
+    .res_in(\res_in$233 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$210 ),
-    .valid_out(\valid_in$221 )
+    .valid_out(\valid_in$227 )
+  );
+  \nanokpu_gemm.array.pe_1_5  pe_1_5 (
+    .a_in(a__13),
+    .a_out(a__14),
+    .b_in(b__13),
+    .b_out(b__21),
+    .clk(clk),
+    .first_in(\first_in$229 ),
+    .first_out(\first_in$246 ),
+    .last_in(\last_in$231 ),
+    .last_out(\last_in$248 ),
+    .prod(\prod$224 ),
+    .res(\res_in$233 ),
+    .res_in(\res_in$250 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$227 ),
+    .valid_out(\valid_in$244 )
+  );
+  \nanokpu_gemm.array.pe_1_6  pe_1_6 (
+    .a_in(a__14),
+    .a_out(a__15),
+    .b_in(b__14),
+    .b_out(b__22),
+    .clk(clk),
+    .first_in(\first_in$246 ),
+    .first_out(\first_in$263 ),
+    .last_in(\last_in$248 ),
+    .last_out(\last_in$265 ),
+    .prod(\prod$241 ),
+    .res(\res_in$250 ),
+    .res_in(\res_in$267 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$244 ),
+    .valid_out(\valid_in$261 )
+  );
+  \nanokpu_gemm.array.pe_1_7  pe_1_7 (
+    .a_in(a__15),
+    .b_in(b__15),
+    .b_out(b__23),
+    .clk(clk),
+    .first_in(\first_in$263 ),
+    .last_in(\last_in$265 ),
+    .prod(\prod$258 ),
+    .res(\res_in$267 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$261 )
+  );
+  \nanokpu_gemm.array.pe_2_0  pe_2_0 (
+    .a_in(a__16),
+    .a_out(a__17),
+    .b_in(b__16),
+    .b_out(b__24),
+    .clk(clk),
+    .first_in(\first_in$281 ),
+    .first_out(\first_in$296 ),
+    .last_in(\last_in$283 ),
+    .last_out(\last_in$298 ),
+    .prod(\prod$276 ),
+    .res(\res$406 ),
+    .res_in(\res_in$300 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$279 ),
+    .valid_out(\valid_in$294 )
   );
   \nanokpu_gemm.array.pe_2_1  pe_2_1 (
-    .a_in(\a_in$219 ),
-    .a_out(\a_in$232 ),
-    .b_in(\b_in$229 ),
-    .b_out(\b_in$332 ),
+    .a_in(a__17),
+    .a_out(a__18),
+    .b_in(b__17),
+    .b_out(b__25),
     .clk(clk),
-    .first_in(\first_in$223 ),
-    .first_out(\first_in$236 ),
-    .last_in(\last_in$225 ),
-    .last_out(\last_in$238 ),
-    .res(\res_in$227 ),
-    .res_in(\res_in$240 ),
+    .first_in(\first_in$296 ),
+    .first_out(\first_in$313 ),
+    .last_in(\last_in$298 ),
+    .last_out(\last_in$315 ),
+    .prod(\prod$291 ),
+    .res(\res_in$300 ),
+    .res_in(\res_in$317 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$221 ),
-    .valid_out(\valid_in$234 )
+    .valid_in(\valid_in$294 ),
+    .valid_out(\valid_in$311 )
   );
   \nanokpu_gemm.array.pe_2_2  pe_2_2 (
-    .a_in(\a_in$232 ),
-    .a_out(\a_in$245 ),
-    .b_in(\b_in$242 ),
-    .b_out(\b_in$345 ),
+    .a_in(a__18),
+    .a_out(a__19),
+    .b_in(b__18),
+    .b_out(b__26),
     .clk(clk),
-    .first_in(\first_in$236 ),
-    .first_out(\first_in$249 ),
-    .last_in(\last_in$238 ),
-    .last_out(\last_in$251 ),
-    .res(\res_in$240 ),
-    .res_in(\res_in$253 ),
+    .first_in(\first_in$313 ),
+    .first_out(\first_in$330 ),
+    .last_in(\last_in$315 ),
+    .last_out(\last_in$332 ),
+    .prod(\prod$308 ),
+    .res(\res_in$317 ),
+    .res_in(\res_in$334 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$234 ),
-    .valid_out(\valid_in$247 )
+    .valid_in(\valid_in$311 ),
+    .valid_out(\valid_in$328 )
   );
   \nanokpu_gemm.array.pe_2_3  pe_2_3 (
-    .a_in(\a_in$245 ),
-    .a_out(\a_in$258 ),
-    .b_in(\b_in$255 ),
-    .b_out(\b_in$358 ),
+    .a_in(a__19),
+    .a_out(a__20),
+    .b_in(b__19),
+    .b_out(b__27),
     .clk(clk),
-    .first_in(\first_in$249 ),
-    .first_out(\first_in$262 ),
-    .last_in(\last_in$251 ),
-    .last_out(\last_in$264 ),
-    .res(\res_in$253 ),
-    .res_in(\res_in$266 ),
+    .first_in(\first_in$330 ),
+    .first_out(\first_in$347 ),
+    .last_in(\last_in$332 ),
+    .last_out(\last_in$349 ),
+    .prod(\prod$325 ),
+    .res(\res_in$334 ),
+    .res_in(\res_in$351 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$247 ),
-    .valid_out(\valid_in$260 )
+    .valid_in(\valid_in$328 ),
+    .valid_out(\valid_in$345 )
   );
   \nanokpu_gemm.array.pe_2_4  pe_2_4 (
-    .a_in(\a_in$258 ),
-    .a_out(\a_in$271 ),
-    .b_in(\b_in$268 ),
-    .b_out(\b_in$371 ),
+    .a_in(a__20),
+    .a_out(a__21),
+    .b_in(b__20),
+    .b_out(b__28),
     .clk(clk),
-    .first_in(\first_in$262 ),
-    .first_out(\first_in$275 ),
-    .last_in(\last_in$264 ),
-    .last_out(\last_in$277 ),
-    .res(\res_in$266 ),
-    .res_in(\res_in$279 ),
+    .first_in(\first_in$347 ),
+    .first_out(\first_in$364 ),
+    .last_in(\last_in$349 ),
+    .last_out(\last_in$366 ),
+    .prod(\prod$342 ),
+    .res(\res_in$351 ),
+    .res_in(\res_in$368 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$260 ),
-    .valid_out(\valid_in$273 )
+    .valid_in(\valid_in$345 ),
+    .valid_out(\valid_in$362 )
   );
   \nanokpu_gemm.array.pe_2_5  pe_2_5 (
-    .a_in(\a_in$271 ),
-    .a_out(\a_in$284 ),
-    .b_in(\b_in$281 ),
-    .b_out(\b_in$384 ),
+    .a_in(a__21),
+    .a_out(a__22),
+    .b_in(b__21),
+    .b_out(b__29),
     .clk(clk),
-    .first_in(\first_in$275 ),
-    .first_out(\first_in$288 ),
-    .last_in(\last_in$277 ),
-    .last_out(\last_in$290 ),
-    .res(\res_in$279 ),
-    .res_in(\res_in$292 ),
+    .first_in(\first_in$364 ),
+    .first_out(\first_in$381 ),
+    .last_in(\last_in$366 ),
+    .last_out(\last_in$383 ),
+    .prod(\prod$359 ),
+    .res(\res_in$368 ),
+    .res_in(\res_in$385 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$273 ),
-    .valid_out(\valid_in$286 )
+    .valid_in(\valid_in$362 ),
+    .valid_out(\valid_in$379 )
   );
   \nanokpu_gemm.array.pe_2_6  pe_2_6 (
-    .a_in(\a_in$284 ),
-    .a_out(\a_in$297 ),
-    .b_in(\b_in$294 ),
-    .b_out(\b_in$397 ),
+    .a_in(a__22),
+    .a_out(a__23),
+    .b_in(b__22),
+    .b_out(b__30),
     .clk(clk),
-    .first_in(\first_in$288 ),
-    .first_out(\first_in$301 ),
-    .last_in(\last_in$290 ),
-    .last_out(\last_in$303 ),
-    .res(\res_in$292 ),
-    .res_in(\res_in$305 ),
+    .first_in(\first_in$381 ),
+    .first_out(\first_in$398 ),
+    .last_in(\last_in$383 ),
+    .last_out(\last_in$400 ),
+    .prod(\prod$376 ),
+    .res(\res_in$385 ),
+    .res_in(\res_in$402 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$286 ),
-    .valid_out(\valid_in$299 )
+    .valid_in(\valid_in$379 ),
+    .valid_out(\valid_in$396 )
   );
   \nanokpu_gemm.array.pe_2_7  pe_2_7 (
-    .a_in(\a_in$297 ),
-    .b_in(\b_in$307 ),
-    .b_out(\b_in$410 ),
+    .a_in(a__23),
+    .b_in(b__23),
+    .b_out(b__31),
     .clk(clk),
-    .first_in(\first_in$301 ),
-    .last_in(\last_in$303 ),
-    .res(\res_in$305 ),
+    .first_in(\first_in$398 ),
+    .last_in(\last_in$400 ),
+    .prod(\prod$393 ),
+    .res(\res_in$402 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$299 )
+    .valid_in(\valid_in$396 )
   );
   \nanokpu_gemm.array.pe_3_0  pe_3_0 (
-    .a_in(\a_in$311 ),
-    .a_out(\a_in$322 ),
-    .b_in(\b_in$319 ),
-    .b_out(\b_in$422 ),
+    .a_in(a__24),
+    .a_out(a__25),
+    .b_in(b__24),
+    .b_out(b__32),
     .clk(clk),
-    .first_in(\first_in$315 ),
-    .first_out(\first_in$326 ),
-    .last_in(\last_in$317 ),
-    .last_out(\last_in$328 ),
-    .res(\res$413 ),
-    .res_in(\res_in$330 ),
+    .first_in(\first_in$416 ),
+    .first_out(\first_in$431 ),
+    .last_in(\last_in$418 ),
+    .last_out(\last_in$433 ),
+    .prod(\prod$411 ),
+    .res(\res$541 ),
+    .res_in(\res_in$435 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$313 ),
-    .valid_out(\valid_in$324 )
+    .valid_in(\valid_in$414 ),
+    .valid_out(\valid_in$429 )
   );
   \nanokpu_gemm.array.pe_3_1  pe_3_1 (
-    .a_in(\a_in$322 ),
-    .a_out(\a_in$335 ),
-    .b_in(\b_in$332 ),
-    .b_out(\b_in$435 ),
+    .a_in(a__25),
+    .a_out(a__26),
+    .b_in(b__25),
+    .b_out(b__33),
     .clk(clk),
-    .first_in(\first_in$326 ),
-    .first_out(\first_in$339 ),
-    .last_in(\last_in$328 ),
-    .last_out(\last_in$341 ),
-    .res(\res_in$330 ),
-    .res_in(\res_in$343 ),
+    .first_in(\first_in$431 ),
+    .first_out(\first_in$448 ),
+    .last_in(\last_in$433 ),
+    .last_out(\last_in$450 ),
+    .prod(\prod$426 ),
+    .res(\res_in$435 ),
+    .res_in(\res_in$452 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$324 ),
-    .valid_out(\valid_in$337 )
+    .valid_in(\valid_in$429 ),
+    .valid_out(\valid_in$446 )
   );
   \nanokpu_gemm.array.pe_3_2  pe_3_2 (
-    .a_in(\a_in$335 ),
-    .a_out(\a_in$348 ),
-    .b_in(\b_in$345 ),
-    .b_out(\b_in$448 ),
+    .a_in(a__26),
+    .a_out(a__27),
+    .b_in(b__26),
+    .b_out(b__34),
     .clk(clk),
-    .first_in(\first_in$339 ),
-    .first_out(\first_in$352 ),
-    .last_in(\last_in$341 ),
-    .last_out(\last_in$354 ),
-    .res(\res_in$343 ),
-    .res_in(\res_in$356 ),
+    .first_in(\first_in$448 ),
+    .first_out(\first_in$465 ),
+    .last_in(\last_in$450 ),
+    .last_out(\last_in$467 ),
+    .prod(\prod$443 ),
+    .res(\res_in$452 ),
+    .res_in(\res_in$469 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$337 ),
-    .valid_out(\valid_in$350 )
+    .valid_in(\valid_in$446 ),
+    .valid_out(\valid_in$463 )
   );
   \nanokpu_gemm.array.pe_3_3  pe_3_3 (
-    .a_in(\a_in$348 ),
-    .a_out(\a_in$361 ),
-    .b_in(\b_in$358 ),
-    .b_out(\b_in$461 ),
+    .a_in(a__27),
+    .a_out(a__28),
+    .b_in(b__27),
+    .b_out(b__35),
     .clk(clk),
-    .first_in(\first_in$352 ),
-    .first_out(\first_in$365 ),
-    .last_in(\last_in$354 ),
-    .last_out(\last_in$367 ),
-    .res(\res_in$356 ),
-    .res_in(\res_in$369 ),
+    .first_in(\first_in$465 ),
+    .first_out(\first_in$482 ),
+    .last_in(\last_in$467 ),
+    .last_out(\last_in$484 ),
+    .prod(\prod$460 ),
+    .res(\res_in$469 ),
+    .res_in(\res_in$486 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$350 ),
-    .valid_out(\valid_in$363 )
+    .valid_in(\valid_in$463 ),
+    .valid_out(\valid_in$480 )
   );
   \nanokpu_gemm.array.pe_3_4  pe_3_4 (
-    .a_in(\a_in$361 ),
-    .a_out(\a_in$374 ),
-    .b_in(\b_in$371 ),
-    .b_out(\b_in$474 ),
+    .a_in(a__28),
+    .a_out(a__29),
+    .b_in(b__28),
+    .b_out(b__36),
     .clk(clk),
-    .first_in(\first_in$365 ),
-    .first_out(\first_in$378 ),
-    .last_in(\last_in$367 ),
-    .last_out(\last_in$380 ),
-    .res(\res_in$369 ),
-    .res_in(\res_in$382 ),
+    .first_in(\first_in$482 ),
+    .first_out(\first_in$499 ),
+    .last_in(\last_in$484 ),
+    .last_out(\last_in$501 ),
+    .prod(\prod$477 ),
+    .res(\res_in$486 ),
+    .res_in(\res_in$503 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$363 ),
-    .valid_out(\valid_in$376 )
+    .valid_in(\valid_in$480 ),
+    .valid_out(\valid_in$497 )
   );
   \nanokpu_gemm.array.pe_3_5  pe_3_5 (
-    .a_in(\a_in$374 ),
-    .a_out(\a_in$387 ),
-    .b_in(\b_in$384 ),
-    .b_out(\b_in$487 ),
+    .a_in(a__29),
+    .a_out(a__30),
+    .b_in(b__29),
+    .b_out(b__37),
     .clk(clk),
-    .first_in(\first_in$378 ),
-    .first_out(\first_in$391 ),
-    .last_in(\last_in$380 ),
-    .last_out(\last_in$393 ),
-    .res(\res_in$382 ),
-    .res_in(\res_in$395 ),
+    .first_in(\first_in$499 ),
+    .first_out(\first_in$516 ),
+    .last_in(\last_in$501 ),
+    .last_out(\last_in$518 ),
+    .prod(\prod$494 ),
+    .res(\res_in$503 ),
+    .res_in(\res_in$520 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$376 ),
-    .valid_out(\valid_in$389 )
+    .valid_in(\valid_in$497 ),
+    .valid_out(\valid_in$514 )
   );
   \nanokpu_gemm.array.pe_3_6  pe_3_6 (
-    .a_in(\a_in$387 ),
-    .a_out(\a_in$400 ),
-    .b_in(\b_in$397 ),
-    .b_out(\b_in$500 ),
+    .a_in(a__30),
+    .a_out(a__31),
+    .b_in(b__30),
+    .b_out(b__38),
     .clk(clk),
-    .first_in(\first_in$391 ),
-    .first_out(\first_in$404 ),
-    .last_in(\last_in$393 ),
-    .last_out(\last_in$406 ),
-    .res(\res_in$395 ),
-    .res_in(\res_in$408 ),
+    .first_in(\first_in$516 ),
+    .first_out(\first_in$533 ),
+    .last_in(\last_in$518 ),
+    .last_out(\last_in$535 ),
+    .prod(\prod$511 ),
+    .res(\res_in$520 ),
+    .res_in(\res_in$537 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$389 ),
-    .valid_out(\valid_in$402 )
+    .valid_in(\valid_in$514 ),
+    .valid_out(\valid_in$531 )
   );
   \nanokpu_gemm.array.pe_3_7  pe_3_7 (
-    .a_in(\a_in$400 ),
-    .b_in(\b_in$410 ),
-    .b_out(\b_in$513 ),
+    .a_in(a__31),
+    .b_in(b__31),
+    .b_out(b__39),
     .clk(clk),
-    .first_in(\first_in$404 ),
-    .last_in(\last_in$406 ),
-    .res(\res_in$408 ),
+    .first_in(\first_in$533 ),
+    .last_in(\last_in$535 ),
+    .prod(\prod$528 ),
+    .res(\res_in$537 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$402 )
+    .valid_in(\valid_in$531 )
   );
   \nanokpu_gemm.array.pe_4_0  pe_4_0 (
-    .a_in(\a_in$414 ),
-    .a_out(\a_in$425 ),
-    .b_in(\b_in$422 ),
-    .b_out(\b_in$525 ),
+    .a_in(a__32),
+    .a_out(a__33),
+    .b_in(b__32),
+    .b_out(b__40),
     .clk(clk),
-    .first_in(\first_in$418 ),
-    .first_out(\first_in$429 ),
-    .last_in(\last_in$420 ),
-    .last_out(\last_in$431 ),
-    .res(\res$516 ),
-    .res_in(\res_in$433 ),
+    .first_in(\first_in$551 ),
+    .first_out(\first_in$566 ),
+    .last_in(\last_in$553 ),
+    .last_out(\last_in$568 ),
+    .prod(\prod$546 ),
+    .res(\res$676 ),
+    .res_in(\res_in$570 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$416 ),
-    .valid_out(\valid_in$427 )
+    .valid_in(\valid_in$549 ),
+    .valid_out(\valid_in$564 )
   );
   \nanokpu_gemm.array.pe_4_1  pe_4_1 (
-    .a_in(\a_in$425 ),
-    .a_out(\a_in$438 ),
-    .b_in(\b_in$435 ),
-    .b_out(\b_in$538 ),
+    .a_in(a__33),
+    .a_out(a__34),
+    .b_in(b__33),
+    .b_out(b__41),
     .clk(clk),
-    .first_in(\first_in$429 ),
-    .first_out(\first_in$442 ),
-    .last_in(\last_in$431 ),
-    .last_out(\last_in$444 ),
-    .res(\res_in$433 ),
-    .res_in(\res_in$446 ),
+    .first_in(\first_in$566 ),
+    .first_out(\first_in$583 ),
+    .last_in(\last_in$568 ),
+    .last_out(\last_in$585 ),
+    .prod(\prod$561 ),
+    .res(\res_in$570 ),
+    .res_in(\res_in$587 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$427 ),
-    .valid_out(\valid_in$440 )
+    .valid_in(\valid_in$564 ),
+    .valid_out(\valid_in$581 )
   );
   \nanokpu_gemm.array.pe_4_2  pe_4_2 (
-    .a_in(\a_in$438 ),
-    .a_out(\a_in$451 ),
-    .b_in(\b_in$448 ),
-    .b_out(\b_in$551 ),
+    .a_in(a__34),
+    .a_out(a__35),
+    .b_in(b__34),
+    .b_out(b__42),
     .clk(clk),
-    .first_in(\first_in$442 ),
-    .first_out(\first_in$455 ),
-    .last_in(\last_in$444 ),
-    .last_out(\last_in$457 ),
-    .res(\res_in$446 ),
-    .res_in(\res_in$459 ),
+    .first_in(\first_in$583 ),
+    .first_out(\first_in$600 ),
+    .last_in(\last_in$585 ),
+    .last_out(\last_in$602 ),
+    .prod(\prod$578 ),
+    .res(\res_in$587 ),
+    .res_in(\res_in$604 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$440 ),
-    .valid_out(\valid_in$453 )
+    .valid_in(\valid_in$581 ),
+    .valid_out(\valid_in$598 )
   );
   \nanokpu_gemm.array.pe_4_3  pe_4_3 (
-    .a_in(\a_in$451 ),
-    .a_out(\a_in$464 ),
-    .b_in(\b_in$461 ),
-    .b_out(\b_in$564 ),
+    .a_in(a__35),
+    .a_out(a__36),
+    .b_in(b__35),
+    .b_out(b__43),
     .clk(clk),
-    .first_in(\first_in$455 ),
-    .first_out(\first_in$468 ),
-    .last_in(\last_in$457 ),
-    .last_out(\last_in$470 ),
-    .res(\res_in$459 ),
-    .res_in(\res_in$472 ),
+    .first_in(\first_in$600 ),
+    .first_out(\first_in$617 ),
+    .last_in(\last_in$602 ),
+    .last_out(\last_in$619 ),
+    .prod(\prod$595 ),
+    .res(\res_in$604 ),
+    .res_in(\res_in$621 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$453 ),
-    .valid_out(\valid_in$466 )
+    .valid_in(\valid_in$598 ),
+    .valid_out(\valid_in$615 )
   );
   \nanokpu_gemm.array.pe_4_4  pe_4_4 (
-    .a_in(\a_in$464 ),
-    .a_out(\a_in$477 ),
-    .b_in(\b_in$474 ),
-    .b_out(\b_in$577 ),
+    .a_in(a__36),
+    .a_out(a__37),
+    .b_in(b__36),
+    .b_out(b__44),
     .clk(clk),
-    .first_in(\first_in$468 ),
-    .first_out(\first_in$481 ),
-    .last_in(\last_in$470 ),
-    .last_out(\last_in$483 ),
-    .res(\res_in$472 ),
-    .res_in(\res_in$485 ),
+    .first_in(\first_in$617 ),
+    .first_out(\first_in$634 ),
+    .last_in(\last_in$619 ),
+    .last_out(\last_in$636 ),
+    .prod(\prod$612 ),
+    .res(\res_in$621 ),
+    .res_in(\res_in$638 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$466 ),
-    .valid_out(\valid_in$479 )
+    .valid_in(\valid_in$615 ),
+    .valid_out(\valid_in$632 )
   );
   \nanokpu_gemm.array.pe_4_5  pe_4_5 (
-    .a_in(\a_in$477 ),
-    .a_out(\a_in$490 ),
-    .b_in(\b_in$487 ),
-    .b_out(\b_in$590 ),
+    .a_in(a__37),
+    .a_out(a__38),
+    .b_in(b__37),
+    .b_out(b__45),
     .clk(clk),
-    .first_in(\first_in$481 ),
-    .first_out(\first_in$494 ),
-    .last_in(\last_in$483 ),
-    .last_out(\last_in$496 ),
-    .res(\res_in$485 ),
-    .res_in(\res_in$498 ),
+    .first_in(\first_in$634 ),
+    .first_out(\first_in$651 ),
+    .last_in(\last_in$636 ),
+    .last_out(\last_in$653 ),
+    .prod(\prod$629 ),
+    .res(\res_in$638 ),
+    .res_in(\res_in$655 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$479 ),
-    .valid_out(\valid_in$492 )
+    .valid_in(\valid_in$632 ),
+    .valid_out(\valid_in$649 )
   );
   \nanokpu_gemm.array.pe_4_6  pe_4_6 (
-    .a_in(\a_in$490 ),
-    .a_out(\a_in$503 ),
-    .b_in(\b_in$500 ),
-    .b_out(\b_in$603 ),
+    .a_in(a__38),
+    .a_out(a__39),
+    .b_in(b__38),
+    .b_out(b__46),
     .clk(clk),
-    .first_in(\first_in$494 ),
-    .first_out(\first_in$507 ),
-    .last_in(\last_in$496 ),
-    .last_out(\last_in$509 ),
-    .res(\res_in$498 ),
-    .res_in(\res_in$511 ),
+    .first_in(\first_in$651 ),
+    .first_out(\first_in$668 ),
+    .last_in(\last_in$653 ),
+    .last_out(\last_in$670 ),
+    .prod(\prod$646 ),
+    .res(\res_in$655 ),
+    .res_in(\res_in$672 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$492 ),
-    .valid_out(\valid_in$505 )
+    .valid_in(\valid_in$649 ),
+    .valid_out(\valid_in$666 )
   );
   \nanokpu_gemm.array.pe_4_7  pe_4_7 (
-    .a_in(\a_in$503 ),
-    .b_in(\b_in$513 ),
-    .b_out(\b_in$616 ),
+    .a_in(a__39),
+    .b_in(b__39),
+    .b_out(b__47),
     .clk(clk),
-    .first_in(\first_in$507 ),
-    .last_in(\last_in$509 ),
-    .res(\res_in$511 ),
+    .first_in(\first_in$668 ),
+    .last_in(\last_in$670 ),
+    .prod(\prod$663 ),
+    .res(\res_in$672 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$505 )
+    .valid_in(\valid_in$666 )
   );
   \nanokpu_gemm.array.pe_5_0  pe_5_0 (
-    .a_in(\a_in$517 ),
-    .a_out(\a_in$528 ),
-    .b_in(\b_in$525 ),
-    .b_out(\b_in$628 ),
+    .a_in(a__40),
+    .a_out(a__41),
+    .b_in(b__40),
+    .b_out(b__48),
     .clk(clk),
-    .first_in(\first_in$521 ),
-    .first_out(\first_in$532 ),
-    .last_in(\last_in$523 ),
-    .last_out(\last_in$534 ),
-    .res(\res$619 ),
-    .res_in(\res_in$536 ),
+    .first_in(\first_in$686 ),
+    .first_out(\first_in$701 ),
+    .last_in(\last_in$688 ),
+    .last_out(\last_in$703 ),
+    .prod(\prod$681 ),
+    .res(\res$811 ),
+    .res_in(\res_in$705 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$519 ),
-    .valid_out(\valid_in$530 )
+    .valid_in(\valid_in$684 ),
+    .valid_out(\valid_in$699 )
   );
   \nanokpu_gemm.array.pe_5_1  pe_5_1 (
-    .a_in(\a_in$528 ),
-    .a_out(\a_in$541 ),
-    .b_in(\b_in$538 ),
-    .b_out(\b_in$641 ),
+    .a_in(a__41),
+    .a_out(a__42),
+    .b_in(b__41),
+    .b_out(b__49),
     .clk(clk),
-    .first_in(\first_in$532 ),
-    .first_out(\first_in$545 ),
-    .last_in(\last_in$534 ),
-    .last_out(\last_in$547 ),
-    .res(\res_in$536 ),
-    .res_in(\res_in$549 ),
+    .first_in(\first_in$701 ),
+    .first_out(\first_in$718 ),
+    .last_in(\last_in$703 ),
+    .last_out(\last_in$720 ),
+    .prod(\prod$696 ),
+    .res(\res_in$705 ),
+    .res_in(\res_in$722 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$530 ),
-    .valid_out(\valid_in$543 )
+    .valid_in(\valid_in$699 ),
+    .valid_out(\valid_in$716 )
   );
   \nanokpu_gemm.array.pe_5_2  pe_5_2 (
-    .a_in(\a_in$541 ),
-    .a_out(\a_in$554 ),
-    .b_in(\b_in$551 ),
-    .b_out(\b_in$654 ),
+    .a_in(a__42),
+    .a_out(a__43),
+    .b_in(b__42),
+    .b_out(b__50),
     .clk(clk),
-    .first_in(\first_in$545 ),
-    .first_out(\first_in$558 ),
-    .last_in(\last_in$547 ),
-    .last_out(\last_in$560 ),
-    .res(\res_in$549 ),
-    .res_in(\res_in$562 ),
+    .first_in(\first_in$718 ),
+    .first_out(\first_in$735 ),
+    .last_in(\last_in$720 ),
+    .last_out(\last_in$737 ),
+    .prod(\prod$713 ),
+    .res(\res_in$722 ),
+    .res_in(\res_in$739 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$543 ),
-    .valid_out(\valid_in$556 )
+    .valid_in(\valid_in$716 ),
+    .valid_out(\valid_in$733 )
   );
   \nanokpu_gemm.array.pe_5_3  pe_5_3 (
-    .a_in(\a_in$554 ),
-    .a_out(\a_in$567 ),
-    .b_in(\b_in$564 ),
-    .b_out(\b_in$667 ),
+    .a_in(a__43),
+    .a_out(a__44),
+    .b_in(b__43),
+    .b_out(b__51),
     .clk(clk),
-    .first_in(\first_in$558 ),
-    .first_out(\first_in$571 ),
-    .last_in(\last_in$560 ),
-    .last_out(\last_in$573 ),
-    .res(\res_in$562 ),
-    .res_in(\res_in$575 ),
+    .first_in(\first_in$735 ),
+    .first_out(\first_in$752 ),
+    .last_in(\last_in$737 ),
+    .last_out(\last_in$754 ),
+    .prod(\prod$730 ),
+    .res(\res_in$739 ),
+    .res_in(\res_in$756 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$556 ),
-    .valid_out(\valid_in$569 )
+    .valid_in(\valid_in$733 ),
+    .valid_out(\valid_in$750 )
   );
   \nanokpu_gemm.array.pe_5_4  pe_5_4 (
-    .a_in(\a_in$567 ),
-    .a_out(\a_in$580 ),
-    .b_in(\b_in$577 ),
-    .b_out(\b_in$680 ),
+    .a_in(a__44),
+    .a_out(a__45),
+    .b_in(b__44),
+    .b_out(b__52),
     .clk(clk),
-    .first_in(\first_in$571 ),
-    .first_out(\first_in$584 ),
-    .last_in(\last_in$573 ),
-    .last_out(\last_in$586 ),
-    .res(\res_in$575 ),
-    .res_in(\res_in$588 ),
+    .first_in(\first_in$752 ),
+    .first_out(\first_in$769 ),
+    .last_in(\last_in$754 ),
+    .last_out(\last_in$771 ),
+    .prod(\prod$747 ),
+    .res(\res_in$756 ),
+    .res_in(\res_in$773 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$569 ),
-    .valid_out(\valid_in$582 )
+    .valid_in(\valid_in$750 ),
+    .valid_out(\valid_in$767 )
   );
   \nanokpu_gemm.array.pe_5_5  pe_5_5 (
-    .a_in(\a_in$580 ),
-    .a_out(\a_in$593 ),
-    .b_in(\b_in$590 ),
-    .b_out(\b_in$693 ),
+    .a_in(a__45),
+    .a_out(a__46),
+    .b_in(b__45),
+    .b_out(b__53),
     .clk(clk),
-    .first_in(\first_in$584 ),
-    .first_out(\first_in$597 ),
-    .last_in(\last_in$586 ),
-    .last_out(\last_in$599 ),
-    .res(\res_in$588 ),
-    .res_in(\res_in$601 ),
+    .first_in(\first_in$769 ),
+    .first_out(\first_in$786 ),
+    .last_in(\last_in$771 ),
+    .last_out(\last_in$788 ),
+    .prod(\prod$764 ),
+    .res(\res_in$773 ),
+    .res_in(\res_in$790 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$582 ),
-    .valid_out(\valid_in$595 )
+    .valid_in(\valid_in$767 ),
+    .valid_out(\valid_in$784 )
   );
   \nanokpu_gemm.array.pe_5_6  pe_5_6 (
-    .a_in(\a_in$593 ),
-    .a_out(\a_in$606 ),
-    .b_in(\b_in$603 ),
-    .b_out(\b_in$706 ),
+    .a_in(a__46),
+    .a_out(a__47),
+    .b_in(b__46),
+    .b_out(b__54),
     .clk(clk),
-    .first_in(\first_in$597 ),
-    .first_out(\first_in$610 ),
-    .last_in(\last_in$599 ),
-    .last_out(\last_in$612 ),
-    .res(\res_in$601 ),
-    .res_in(\res_in$614 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$595 ),
-    .valid_out(\valid_in$608 )
-  );
-  \nanokpu_gemm.array.pe_5_7  pe_5_7 (
-    .a_in(\a_in$606 ),
-    .b_in(\b_in$616 ),
-    .b_out(\b_in$719 ),
-    .clk(clk),
-    .first_in(\first_in$610 ),
-    .last_in(\last_in$612 ),
-    .res(\res_in$614 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$608 )
-  );
-  \nanokpu_gemm.array.pe_6_0  pe_6_0 (
-    .a_in(\a_in$620 ),
-    .a_out(\a_in$631 ),
-    .b_in(\b_in$628 ),
-    .b_out(\b_in$731 ),
-    .clk(clk),
-    .first_in(\first_in$624 ),
-    .first_out(\first_in$635 ),
-    .last_in(\last_in$626 ),
-    .last_out(\last_in$637 ),
-    .res(\res$722 ),
-    .res_in(\res_in$639 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$622 ),
-    .valid_out(\valid_in$633 )
-  );
-  \nanokpu_gemm.array.pe_6_1  pe_6_1 (
-    .a_in(\a_in$631 ),
-    .a_out(\a_in$644 ),
-    .b_in(\b_in$641 ),
-    .b_out(\b_in$744 ),
-    .clk(clk),
-    .first_in(\first_in$635 ),
-    .first_out(\first_in$648 ),
-    .last_in(\last_in$637 ),
-    .last_out(\last_in$650 ),
-    .res(\res_in$639 ),
-    .res_in(\res_in$652 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$633 ),
-    .valid_out(\valid_in$646 )
-  );
-  \nanokpu_gemm.array.pe_6_2  pe_6_2 (
-    .a_in(\a_in$644 ),
-    .a_out(\a_in$657 ),
-    .b_in(\b_in$654 ),
-    .b_out(\b_in$757 ),
-    .clk(clk),
-    .first_in(\first_in$648 ),
-    .first_out(\first_in$661 ),
-    .last_in(\last_in$650 ),
-    .last_out(\last_in$663 ),
-    .res(\res_in$652 ),
-    .res_in(\res_in$665 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$646 ),
-    .valid_out(\valid_in$659 )
-  );
-  \nanokpu_gemm.array.pe_6_3  pe_6_3 (
-    .a_in(\a_in$657 ),
-    .a_out(\a_in$670 ),
-    .b_in(\b_in$667 ),
-    .b_out(\b_in$770 ),
-    .clk(clk),
-    .first_in(\first_in$661 ),
-    .first_out(\first_in$674 ),
-    .last_in(\last_in$663 ),
-    .last_out(\last_in$676 ),
-    .res(\res_in$665 ),
-    .res_in(\res_in$678 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$659 ),
-    .valid_out(\valid_in$672 )
-  );
-  \nanokpu_gemm.array.pe_6_4  pe_6_4 (
-    .a_in(\a_in$670 ),
-    .a_out(\a_in$683 ),
-    .b_in(\b_in$680 ),
-    .b_out(\b_in$783 ),
-    .clk(clk),
-    .first_in(\first_in$674 ),
-    .first_out(\first_in$687 ),
-    .last_in(\last_in$676 ),
-    .last_out(\last_in$689 ),
-    .res(\res_in$678 ),
-    .res_in(\res_in$691 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$672 ),
-    .valid_out(\valid_in$685 )
-  );
-  \nanokpu_gemm.array.pe_6_5  pe_6_5 (
-    .a_in(\a_in$683 ),
-    .a_out(\a_in$696 ),
-    .b_in(\b_in$693 ),
-    .b_out(\b_in$796 ),
-    .clk(clk),
-    .first_in(\first_in$687 ),
-    .first_out(\first_in$700 ),
-    .last_in(\last_in$689 ),
-    .last_out(\last_in$702 ),
-    .res(\res_in$691 ),
-    .res_in(\res_in$704 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$685 ),
-    .valid_out(\valid_in$698 )
-  );
-  \nanokpu_gemm.array.pe_6_6  pe_6_6 (
-    .a_in(\a_in$696 ),
-    .a_out(\a_in$709 ),
-    .b_in(\b_in$706 ),
-    .b_out(\b_in$809 ),
-    .clk(clk),
-    .first_in(\first_in$700 ),
-    .first_out(\first_in$713 ),
-    .last_in(\last_in$702 ),
-    .last_out(\last_in$715 ),
-    .res(\res_in$704 ),
-    .res_in(\res_in$717 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$698 ),
-    .valid_out(\valid_in$711 )
-  );
-  \nanokpu_gemm.array.pe_6_7  pe_6_7 (
-    .a_in(\a_in$709 ),
-    .b_in(\b_in$719 ),
-    .b_out(\b_in$822 ),
-    .clk(clk),
-    .first_in(\first_in$713 ),
-    .last_in(\last_in$715 ),
-    .res(\res_in$717 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$711 )
-  );
-  \nanokpu_gemm.array.pe_7_0  pe_7_0 (
-    .a_in(\a_in$723 ),
-    .a_out(\a_in$734 ),
-    .b_in(\b_in$731 ),
-    .clk(clk),
-    .first_in(\first_in$727 ),
-    .first_out(\first_in$738 ),
-    .last_in(\last_in$729 ),
-    .last_out(\last_in$740 ),
-    .res(\res$825 ),
-    .res_in(\res_in$742 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$725 ),
-    .valid_out(\valid_in$736 )
-  );
-  \nanokpu_gemm.array.pe_7_1  pe_7_1 (
-    .a_in(\a_in$734 ),
-    .a_out(\a_in$747 ),
-    .b_in(\b_in$744 ),
-    .clk(clk),
-    .first_in(\first_in$738 ),
-    .first_out(\first_in$751 ),
-    .last_in(\last_in$740 ),
-    .last_out(\last_in$753 ),
-    .res(\res_in$742 ),
-    .res_in(\res_in$755 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$736 ),
-    .valid_out(\valid_in$749 )
-  );
-  \nanokpu_gemm.array.pe_7_2  pe_7_2 (
-    .a_in(\a_in$747 ),
-    .a_out(\a_in$760 ),
-    .b_in(\b_in$757 ),
-    .clk(clk),
-    .first_in(\first_in$751 ),
-    .first_out(\first_in$764 ),
-    .last_in(\last_in$753 ),
-    .last_out(\last_in$766 ),
-    .res(\res_in$755 ),
-    .res_in(\res_in$768 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$749 ),
-    .valid_out(\valid_in$762 )
-  );
-  \nanokpu_gemm.array.pe_7_3  pe_7_3 (
-    .a_in(\a_in$760 ),
-    .a_out(\a_in$773 ),
-    .b_in(\b_in$770 ),
-    .clk(clk),
-    .first_in(\first_in$764 ),
-    .first_out(\first_in$777 ),
-    .last_in(\last_in$766 ),
-    .last_out(\last_in$779 ),
-    .res(\res_in$768 ),
-    .res_in(\res_in$781 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$762 ),
-    .valid_out(\valid_in$775 )
-  );
-  \nanokpu_gemm.array.pe_7_4  pe_7_4 (
-    .a_in(\a_in$773 ),
-    .a_out(\a_in$786 ),
-    .b_in(\b_in$783 ),
-    .clk(clk),
-    .first_in(\first_in$777 ),
-    .first_out(\first_in$790 ),
-    .last_in(\last_in$779 ),
-    .last_out(\last_in$792 ),
-    .res(\res_in$781 ),
-    .res_in(\res_in$794 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$775 ),
-    .valid_out(\valid_in$788 )
-  );
-  \nanokpu_gemm.array.pe_7_5  pe_7_5 (
-    .a_in(\a_in$786 ),
-    .a_out(\a_in$799 ),
-    .b_in(\b_in$796 ),
-    .clk(clk),
-    .first_in(\first_in$790 ),
+    .first_in(\first_in$786 ),
     .first_out(\first_in$803 ),
-    .last_in(\last_in$792 ),
+    .last_in(\last_in$788 ),
     .last_out(\last_in$805 ),
-    .res(\res_in$794 ),
+    .prod(\prod$781 ),
+    .res(\res_in$790 ),
     .res_in(\res_in$807 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$788 ),
+    .valid_in(\valid_in$784 ),
     .valid_out(\valid_in$801 )
   );
-  \nanokpu_gemm.array.pe_7_6  pe_7_6 (
-    .a_in(\a_in$799 ),
-    .a_out(\a_in$812 ),
-    .b_in(\b_in$809 ),
+  \nanokpu_gemm.array.pe_5_7  pe_5_7 (
+    .a_in(a__47),
+    .b_in(b__47),
+    .b_out(b__55),
     .clk(clk),
     .first_in(\first_in$803 ),
-    .first_out(\first_in$816 ),
     .last_in(\last_in$805 ),
-    .last_out(\last_in$818 ),
+    .prod(\prod$798 ),
     .res(\res_in$807 ),
-    .res_in(\res_in$820 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$801 ),
-    .valid_out(\valid_in$814 )
+    .valid_in(\valid_in$801 )
+  );
+  \nanokpu_gemm.array.pe_6_0  pe_6_0 (
+    .a_in(a__48),
+    .a_out(a__49),
+    .b_in(b__48),
+    .b_out(b__56),
+    .clk(clk),
+    .first_in(\first_in$821 ),
+    .first_out(\first_in$836 ),
+    .last_in(\last_in$823 ),
+    .last_out(\last_in$838 ),
+    .prod(\prod$816 ),
+    .res(\res$946 ),
+    .res_in(\res_in$840 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$819 ),
+    .valid_out(\valid_in$834 )
+  );
+  \nanokpu_gemm.array.pe_6_1  pe_6_1 (
+    .a_in(a__49),
+    .a_out(a__50),
+    .b_in(b__49),
+    .b_out(b__57),
+    .clk(clk),
+    .first_in(\first_in$836 ),
+    .first_out(\first_in$853 ),
+    .last_in(\last_in$838 ),
+    .last_out(\last_in$855 ),
+    .prod(\prod$831 ),
+    .res(\res_in$840 ),
+    .res_in(\res_in$857 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$834 ),
+    .valid_out(\valid_in$851 )
+  );
+  \nanokpu_gemm.array.pe_6_2  pe_6_2 (
+    .a_in(a__50),
+    .a_out(a__51),
+    .b_in(b__50),
+    .b_out(b__58),
+    .clk(clk),
+    .first_in(\first_in$853 ),
+    .first_out(\first_in$870 ),
+    .last_in(\last_in$855 ),
+    .last_out(\last_in$872 ),
+    .prod(\prod$848 ),
+    .res(\res_in$857 ),
+    .res_in(\res_in$874 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$851 ),
+    .valid_out(\valid_in$868 )
+  );
+  \nanokpu_gemm.array.pe_6_3  pe_6_3 (
+    .a_in(a__51),
+    .a_out(a__52),
+    .b_in(b__51),
+    .b_out(b__59),
+    .clk(clk),
+    .first_in(\first_in$870 ),
+    .first_out(\first_in$887 ),
+    .last_in(\last_in$872 ),
+    .last_out(\last_in$889 ),
+    .prod(\prod$865 ),
+    .res(\res_in$874 ),
+    .res_in(\res_in$891 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$868 ),
+    .valid_out(\valid_in$885 )
+  );
+  \nanokpu_gemm.array.pe_6_4  pe_6_4 (
+    .a_in(a__52),
+    .a_out(a__53),
+    .b_in(b__52),
+    .b_out(b__60),
+    .clk(clk),
+    .first_in(\first_in$887 ),
+    .first_out(\first_in$904 ),
+    .last_in(\last_in$889 ),
+    .last_out(\last_in$906 ),
+    .prod(\prod$882 ),
+    .res(\res_in$891 ),
+    .res_in(\res_in$908 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$885 ),
+    .valid_out(\valid_in$902 )
+  );
+  \nanokpu_gemm.array.pe_6_5  pe_6_5 (
+    .a_in(a__53),
+    .a_out(a__54),
+    .b_in(b__53),
+    .b_out(b__61),
+    .clk(clk),
+    .first_in(\first_in$904 ),
+    .first_out(\first_in$921 ),
+    .last_in(\last_in$906 ),
+    .last_out(\last_in$923 ),
+    .prod(\prod$899 ),
+    .res(\res_in$908 ),
+    .res_in(\res_in$925 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$902 ),
+    .valid_out(\valid_in$919 )
+  );
+  \nanokpu_gemm.array.pe_6_6  pe_6_6 (
+    .a_in(a__54),
+    .a_out(a__55),
+    .b_in(b__54),
+    .b_out(b__62),
+    .clk(clk),
+    .first_in(\first_in$921 ),
+    .first_out(\first_in$938 ),
+    .last_in(\last_in$923 ),
+    .last_out(\last_in$940 ),
+    .prod(\prod$916 ),
+    .res(\res_in$925 ),
+    .res_in(\res_in$942 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$919 ),
+    .valid_out(\valid_in$936 )
+  );
+  \nanokpu_gemm.array.pe_6_7  pe_6_7 (
+    .a_in(a__55),
+    .b_in(b__55),
+    .b_out(b__63),
+    .clk(clk),
+    .first_in(\first_in$938 ),
+    .last_in(\last_in$940 ),
+    .prod(\prod$933 ),
+    .res(\res_in$942 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$936 )
+  );
+  \nanokpu_gemm.array.pe_7_0  pe_7_0 (
+    .a_in(a__56),
+    .a_out(a__57),
+    .b_in(b__56),
+    .clk(clk),
+    .first_in(\first_in$956 ),
+    .first_out(\first_in$971 ),
+    .last_in(\last_in$958 ),
+    .last_out(\last_in$973 ),
+    .prod(\prod$951 ),
+    .res(\res$1081 ),
+    .res_in(\res_in$975 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$954 ),
+    .valid_out(\valid_in$969 )
+  );
+  \nanokpu_gemm.array.pe_7_1  pe_7_1 (
+    .a_in(a__57),
+    .a_out(a__58),
+    .b_in(b__57),
+    .clk(clk),
+    .first_in(\first_in$971 ),
+    .first_out(\first_in$988 ),
+    .last_in(\last_in$973 ),
+    .last_out(\last_in$990 ),
+    .prod(\prod$966 ),
+    .res(\res_in$975 ),
+    .res_in(\res_in$992 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$969 ),
+    .valid_out(\valid_in$986 )
+  );
+  \nanokpu_gemm.array.pe_7_2  pe_7_2 (
+    .a_in(a__58),
+    .a_out(a__59),
+    .b_in(b__58),
+    .clk(clk),
+    .first_in(\first_in$988 ),
+    .first_out(\first_in$1005 ),
+    .last_in(\last_in$990 ),
+    .last_out(\last_in$1007 ),
+    .prod(\prod$983 ),
+    .res(\res_in$992 ),
+    .res_in(\res_in$1009 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$986 ),
+    .valid_out(\valid_in$1003 )
+  );
+  \nanokpu_gemm.array.pe_7_3  pe_7_3 (
+    .a_in(a__59),
+    .a_out(a__60),
+    .b_in(b__59),
+    .clk(clk),
+    .first_in(\first_in$1005 ),
+    .first_out(\first_in$1022 ),
+    .last_in(\last_in$1007 ),
+    .last_out(\last_in$1024 ),
+    .prod(\prod$1000 ),
+    .res(\res_in$1009 ),
+    .res_in(\res_in$1026 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$1003 ),
+    .valid_out(\valid_in$1020 )
+  );
+  \nanokpu_gemm.array.pe_7_4  pe_7_4 (
+    .a_in(a__60),
+    .a_out(a__61),
+    .b_in(b__60),
+    .clk(clk),
+    .first_in(\first_in$1022 ),
+    .first_out(\first_in$1039 ),
+    .last_in(\last_in$1024 ),
+    .last_out(\last_in$1041 ),
+    .prod(\prod$1017 ),
+    .res(\res_in$1026 ),
+    .res_in(\res_in$1043 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$1020 ),
+    .valid_out(\valid_in$1037 )
+  );
+  \nanokpu_gemm.array.pe_7_5  pe_7_5 (
+    .a_in(a__61),
+    .a_out(a__62),
+    .b_in(b__61),
+    .clk(clk),
+    .first_in(\first_in$1039 ),
+    .first_out(\first_in$1056 ),
+    .last_in(\last_in$1041 ),
+    .last_out(\last_in$1058 ),
+    .prod(\prod$1034 ),
+    .res(\res_in$1043 ),
+    .res_in(\res_in$1060 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$1037 ),
+    .valid_out(\valid_in$1054 )
+  );
+  \nanokpu_gemm.array.pe_7_6  pe_7_6 (
+    .a_in(a__62),
+    .a_out(a__63),
+    .b_in(b__62),
+    .clk(clk),
+    .first_in(\first_in$1056 ),
+    .first_out(\first_in$1073 ),
+    .last_in(\last_in$1058 ),
+    .last_out(\last_in$1075 ),
+    .prod(\prod$1051 ),
+    .res(\res_in$1060 ),
+    .res_in(\res_in$1077 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$1054 ),
+    .valid_out(\valid_in$1071 )
   );
   \nanokpu_gemm.array.pe_7_7  pe_7_7 (
-    .a_in(\a_in$812 ),
-    .b_in(\b_in$822 ),
+    .a_in(a__63),
+    .b_in(b__63),
     .clk(clk),
     .done(done),
-    .first_in(\first_in$816 ),
-    .last_in(\last_in$818 ),
-    .res(\res_in$820 ),
+    .first_in(\first_in$1073 ),
+    .last_in(\last_in$1075 ),
+    .prod(\prod$1068 ),
+    .res(\res_in$1077 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$814 )
+    .valid_in(\valid_in$1071 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
@@ -12531,447 +13201,639 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
       \$140  = 1'h0;
     end
   end
+  assign a__0 = a[7:0];
   assign a_in = a[7:0];
+  assign b__0 = b[7:0];
+  assign b_in = b[7:0];
+  assign p__0 = prod;
   assign valid = valid_in;
   assign first = first_in;
   assign last = last_in;
-  assign b_in = b[7:0];
-  assign \shift$11  = shift;
-  assign a_out = \a_in$12 ;
-  assign valid_out = \valid_in$14 ;
-  assign first_out = \first_in$16 ;
-  assign last_out = \last_in$18 ;
+  assign \shift$15  = shift;
+  assign \a_in$17  = a__1;
+  assign \b_in$19  = b__1;
+  assign p__1 = \prod$20 ;
+  assign a_out = a__1;
+  assign valid_out = \valid_in$23 ;
+  assign first_out = \first_in$25 ;
+  assign last_out = \last_in$27 ;
   assign res = res_in;
-  assign b1_d0 = \b_in$22 ;
-  assign \shift$24  = shift;
-  assign \a_out$26  = \a_in$25 ;
-  assign \valid_out$28  = \valid_in$27 ;
-  assign \first_out$30  = \first_in$29 ;
-  assign \last_out$32  = \last_in$31 ;
-  assign \res$34  = \res_in$33 ;
-  assign b2_d1 = \b_in$35 ;
-  assign \shift$37  = shift;
-  assign \a_out$39  = \a_in$38 ;
+  assign b1_d0 = b__1;
+  assign \shift$32  = shift;
+  assign \a_in$34  = a__2;
+  assign \b_in$36  = b__2;
+  assign p__2 = \prod$37 ;
+  assign \a_out$39  = a__2;
   assign \valid_out$41  = \valid_in$40 ;
   assign \first_out$43  = \first_in$42 ;
   assign \last_out$45  = \last_in$44 ;
   assign \res$47  = \res_in$46 ;
-  assign b3_d2 = \b_in$48 ;
-  assign \shift$50  = shift;
-  assign \a_out$52  = \a_in$51 ;
-  assign \valid_out$54  = \valid_in$53 ;
-  assign \first_out$56  = \first_in$55 ;
-  assign \last_out$58  = \last_in$57 ;
-  assign \res$60  = \res_in$59 ;
-  assign b4_d3 = \b_in$61 ;
-  assign \shift$63  = shift;
-  assign \a_out$65  = \a_in$64 ;
-  assign \valid_out$67  = \valid_in$66 ;
-  assign \first_out$69  = \first_in$68 ;
-  assign \last_out$71  = \last_in$70 ;
-  assign \res$73  = \res_in$72 ;
-  assign b5_d4 = \b_in$74 ;
-  assign \shift$76  = shift;
-  assign \a_out$78  = \a_in$77 ;
-  assign \valid_out$80  = \valid_in$79 ;
-  assign \first_out$82  = \first_in$81 ;
-  assign \last_out$84  = \last_in$83 ;
-  assign \res$86  = \res_in$85 ;
-  assign b6_d5 = \b_in$87 ;
-  assign \shift$89  = shift;
-  assign \a_out$91  = \a_in$90 ;
-  assign \valid_out$93  = \valid_in$92 ;
-  assign \first_out$95  = \first_in$94 ;
-  assign \last_out$97  = \last_in$96 ;
-  assign \res$99  = \res_in$98 ;
-  assign b7_d6 = \b_in$100 ;
-  assign \shift$102  = shift;
-  assign a1_d0 = \a_in$105 ;
-  assign valid1_d0 = \valid_in$107 ;
-  assign first1_d0 = \first_in$109 ;
-  assign last1_d0 = \last_in$111 ;
-  assign b_out = \b_in$113 ;
-  assign \shift$115  = shift;
-  assign \a_out$117  = \a_in$116 ;
-  assign \valid_out$119  = \valid_in$118 ;
-  assign \first_out$121  = \first_in$120 ;
-  assign \last_out$123  = \last_in$122 ;
-  assign \res$125  = \res_in$124 ;
-  assign \b_out$127  = \b_in$126 ;
-  assign \shift$128  = shift;
-  assign \a_out$130  = \a_in$129 ;
-  assign \valid_out$132  = \valid_in$131 ;
-  assign \first_out$134  = \first_in$133 ;
-  assign \last_out$136  = \last_in$135 ;
-  assign \res$138  = \res_in$137 ;
-  assign \b_out$140  = \b_in$139 ;
-  assign \shift$141  = shift;
-  assign \a_out$143  = \a_in$142 ;
-  assign \valid_out$145  = \valid_in$144 ;
-  assign \first_out$147  = \first_in$146 ;
-  assign \last_out$149  = \last_in$148 ;
-  assign \res$151  = \res_in$150 ;
-  assign \b_out$153  = \b_in$152 ;
-  assign \shift$154  = shift;
-  assign \a_out$156  = \a_in$155 ;
-  assign \valid_out$158  = \valid_in$157 ;
-  assign \first_out$160  = \first_in$159 ;
-  assign \last_out$162  = \last_in$161 ;
-  assign \res$164  = \res_in$163 ;
-  assign \b_out$166  = \b_in$165 ;
-  assign \shift$167  = shift;
-  assign \a_out$169  = \a_in$168 ;
-  assign \valid_out$171  = \valid_in$170 ;
-  assign \first_out$173  = \first_in$172 ;
-  assign \last_out$175  = \last_in$174 ;
-  assign \res$177  = \res_in$176 ;
-  assign \b_out$179  = \b_in$178 ;
-  assign \shift$180  = shift;
-  assign \a_out$182  = \a_in$181 ;
-  assign \valid_out$184  = \valid_in$183 ;
-  assign \first_out$186  = \first_in$185 ;
-  assign \last_out$188  = \last_in$187 ;
-  assign \res$190  = \res_in$189 ;
-  assign \b_out$192  = \b_in$191 ;
-  assign \shift$193  = shift;
-  assign \a_out$195  = \a_in$194 ;
-  assign \valid_out$197  = \valid_in$196 ;
-  assign \first_out$199  = \first_in$198 ;
-  assign \last_out$201  = \last_in$200 ;
-  assign \res$203  = \res_in$202 ;
-  assign \b_out$205  = \b_in$204 ;
-  assign \shift$206  = shift;
-  assign a2_d1 = \a_in$208 ;
-  assign valid2_d1 = \valid_in$210 ;
-  assign first2_d1 = \first_in$212 ;
-  assign last2_d1 = \last_in$214 ;
-  assign \b_out$217  = \b_in$216 ;
-  assign \shift$218  = shift;
-  assign \a_out$220  = \a_in$219 ;
-  assign \valid_out$222  = \valid_in$221 ;
-  assign \first_out$224  = \first_in$223 ;
-  assign \last_out$226  = \last_in$225 ;
-  assign \res$228  = \res_in$227 ;
-  assign \b_out$230  = \b_in$229 ;
-  assign \shift$231  = shift;
-  assign \a_out$233  = \a_in$232 ;
-  assign \valid_out$235  = \valid_in$234 ;
-  assign \first_out$237  = \first_in$236 ;
-  assign \last_out$239  = \last_in$238 ;
-  assign \res$241  = \res_in$240 ;
-  assign \b_out$243  = \b_in$242 ;
-  assign \shift$244  = shift;
-  assign \a_out$246  = \a_in$245 ;
-  assign \valid_out$248  = \valid_in$247 ;
-  assign \first_out$250  = \first_in$249 ;
-  assign \last_out$252  = \last_in$251 ;
-  assign \res$254  = \res_in$253 ;
-  assign \b_out$256  = \b_in$255 ;
-  assign \shift$257  = shift;
-  assign \a_out$259  = \a_in$258 ;
-  assign \valid_out$261  = \valid_in$260 ;
-  assign \first_out$263  = \first_in$262 ;
-  assign \last_out$265  = \last_in$264 ;
-  assign \res$267  = \res_in$266 ;
-  assign \b_out$269  = \b_in$268 ;
+  assign b2_d1 = b__2;
+  assign \shift$49  = shift;
+  assign \a_in$51  = a__3;
+  assign \b_in$53  = b__3;
+  assign p__3 = \prod$54 ;
+  assign \a_out$56  = a__3;
+  assign \valid_out$58  = \valid_in$57 ;
+  assign \first_out$60  = \first_in$59 ;
+  assign \last_out$62  = \last_in$61 ;
+  assign \res$64  = \res_in$63 ;
+  assign b3_d2 = b__3;
+  assign \shift$66  = shift;
+  assign \a_in$68  = a__4;
+  assign \b_in$70  = b__4;
+  assign p__4 = \prod$71 ;
+  assign \a_out$73  = a__4;
+  assign \valid_out$75  = \valid_in$74 ;
+  assign \first_out$77  = \first_in$76 ;
+  assign \last_out$79  = \last_in$78 ;
+  assign \res$81  = \res_in$80 ;
+  assign b4_d3 = b__4;
+  assign \shift$83  = shift;
+  assign \a_in$85  = a__5;
+  assign \b_in$87  = b__5;
+  assign p__5 = \prod$88 ;
+  assign \a_out$90  = a__5;
+  assign \valid_out$92  = \valid_in$91 ;
+  assign \first_out$94  = \first_in$93 ;
+  assign \last_out$96  = \last_in$95 ;
+  assign \res$98  = \res_in$97 ;
+  assign b5_d4 = b__5;
+  assign \shift$100  = shift;
+  assign \a_in$102  = a__6;
+  assign \b_in$104  = b__6;
+  assign p__6 = \prod$105 ;
+  assign \a_out$107  = a__6;
+  assign \valid_out$109  = \valid_in$108 ;
+  assign \first_out$111  = \first_in$110 ;
+  assign \last_out$113  = \last_in$112 ;
+  assign \res$115  = \res_in$114 ;
+  assign b6_d5 = b__6;
+  assign \shift$117  = shift;
+  assign \a_in$119  = a__7;
+  assign \b_in$121  = b__7;
+  assign p__7 = \prod$122 ;
+  assign \a_out$124  = a__7;
+  assign \valid_out$126  = \valid_in$125 ;
+  assign \first_out$128  = \first_in$127 ;
+  assign \last_out$130  = \last_in$129 ;
+  assign \res$132  = \res_in$131 ;
+  assign b7_d6 = b__7;
+  assign \shift$134  = shift;
+  assign \a_in$138  = a__8;
+  assign \b_in$140  = b__8;
+  assign p__8 = \prod$141 ;
+  assign a1_d0 = a__8;
+  assign valid1_d0 = \valid_in$144 ;
+  assign first1_d0 = \first_in$146 ;
+  assign last1_d0 = \last_in$148 ;
+  assign b_out = b__8;
+  assign \shift$151  = shift;
+  assign \a_in$153  = a__9;
+  assign \b_in$155  = b__9;
+  assign p__9 = \prod$156 ;
+  assign \a_out$158  = a__9;
+  assign \valid_out$160  = \valid_in$159 ;
+  assign \first_out$162  = \first_in$161 ;
+  assign \last_out$164  = \last_in$163 ;
+  assign \res$166  = \res_in$165 ;
+  assign \b_out$167  = b__9;
+  assign \shift$168  = shift;
+  assign \a_in$170  = a__10;
+  assign \b_in$172  = b__10;
+  assign p__10 = \prod$173 ;
+  assign \a_out$175  = a__10;
+  assign \valid_out$177  = \valid_in$176 ;
+  assign \first_out$179  = \first_in$178 ;
+  assign \last_out$181  = \last_in$180 ;
+  assign \res$183  = \res_in$182 ;
+  assign \b_out$184  = b__10;
+  assign \shift$185  = shift;
+  assign \a_in$187  = a__11;
+  assign \b_in$189  = b__11;
+  assign p__11 = \prod$190 ;
+  assign \a_out$192  = a__11;
+  assign \valid_out$194  = \valid_in$193 ;
+  assign \first_out$196  = \first_in$195 ;
+  assign \last_out$198  = \last_in$197 ;
+  assign \res$200  = \res_in$199 ;
+  assign \b_out$201  = b__11;
+  assign \shift$202  = shift;
+  assign \a_in$204  = a__12;
+  assign \b_in$206  = b__12;
+  assign p__12 = \prod$207 ;
+  assign \a_out$209  = a__12;
+  assign \valid_out$211  = \valid_in$210 ;
+  assign \first_out$213  = \first_in$212 ;
+  assign \last_out$215  = \last_in$214 ;
+  assign \res$217  = \res_in$216 ;
+  assign \b_out$218  = b__12;
+  assign \shift$219  = shift;
+  assign \a_in$221  = a__13;
+  assign \b_in$223  = b__13;
+  assign p__13 = \prod$224 ;
+  assign \a_out$226  = a__13;
+  assign \valid_out$228  = \valid_in$227 ;
+  assign \first_out$230  = \first_in$229 ;
+  assign \last_out$232  = \last_in$231 ;
+  assign \res$234  = \res_in$233 ;
+  assign \b_out$235  = b__13;
+  assign \shift$236  = shift;
+  assign \a_in$238  = a__14;
+  assign \b_in$240  = b__14;
+  assign p__14 = \prod$241 ;
+  assign \a_out$243  = a__14;
+  assign \valid_out$245  = \valid_in$244 ;
+  assign \first_out$247  = \first_in$246 ;
+  assign \last_out$249  = \last_in$248 ;
+  assign \res$251  = \res_in$250 ;
+  assign \b_out$252  = b__14;
+  assign \shift$253  = shift;
+  assign \a_in$255  = a__15;
+  assign \b_in$257  = b__15;
+  assign p__15 = \prod$258 ;
+  assign \a_out$260  = a__15;
+  assign \valid_out$262  = \valid_in$261 ;
+  assign \first_out$264  = \first_in$263 ;
+  assign \last_out$266  = \last_in$265 ;
+  assign \res$268  = \res_in$267 ;
+  assign \b_out$269  = b__15;
   assign \shift$270  = shift;
-  assign \a_out$272  = \a_in$271 ;
-  assign \valid_out$274  = \valid_in$273 ;
-  assign \first_out$276  = \first_in$275 ;
-  assign \last_out$278  = \last_in$277 ;
-  assign \res$280  = \res_in$279 ;
-  assign \b_out$282  = \b_in$281 ;
-  assign \shift$283  = shift;
-  assign \a_out$285  = \a_in$284 ;
-  assign \valid_out$287  = \valid_in$286 ;
-  assign \first_out$289  = \first_in$288 ;
-  assign \last_out$291  = \last_in$290 ;
-  assign \res$293  = \res_in$292 ;
-  assign \b_out$295  = \b_in$294 ;
-  assign \shift$296  = shift;
-  assign \a_out$298  = \a_in$297 ;
-  assign \valid_out$300  = \valid_in$299 ;
-  assign \first_out$302  = \first_in$301 ;
-  assign \last_out$304  = \last_in$303 ;
-  assign \res$306  = \res_in$305 ;
-  assign \b_out$308  = \b_in$307 ;
-  assign \shift$309  = shift;
-  assign a3_d2 = \a_in$311 ;
-  assign valid3_d2 = \valid_in$313 ;
-  assign first3_d2 = \first_in$315 ;
-  assign last3_d2 = \last_in$317 ;
-  assign \b_out$320  = \b_in$319 ;
-  assign \shift$321  = shift;
-  assign \a_out$323  = \a_in$322 ;
-  assign \valid_out$325  = \valid_in$324 ;
-  assign \first_out$327  = \first_in$326 ;
-  assign \last_out$329  = \last_in$328 ;
-  assign \res$331  = \res_in$330 ;
-  assign \b_out$333  = \b_in$332 ;
-  assign \shift$334  = shift;
-  assign \a_out$336  = \a_in$335 ;
-  assign \valid_out$338  = \valid_in$337 ;
-  assign \first_out$340  = \first_in$339 ;
-  assign \last_out$342  = \last_in$341 ;
-  assign \res$344  = \res_in$343 ;
-  assign \b_out$346  = \b_in$345 ;
-  assign \shift$347  = shift;
-  assign \a_out$349  = \a_in$348 ;
-  assign \valid_out$351  = \valid_in$350 ;
-  assign \first_out$353  = \first_in$352 ;
-  assign \last_out$355  = \last_in$354 ;
-  assign \res$357  = \res_in$356 ;
-  assign \b_out$359  = \b_in$358 ;
-  assign \shift$360  = shift;
-  assign \a_out$362  = \a_in$361 ;
-  assign \valid_out$364  = \valid_in$363 ;
-  assign \first_out$366  = \first_in$365 ;
-  assign \last_out$368  = \last_in$367 ;
-  assign \res$370  = \res_in$369 ;
-  assign \b_out$372  = \b_in$371 ;
-  assign \shift$373  = shift;
-  assign \a_out$375  = \a_in$374 ;
-  assign \valid_out$377  = \valid_in$376 ;
-  assign \first_out$379  = \first_in$378 ;
-  assign \last_out$381  = \last_in$380 ;
-  assign \res$383  = \res_in$382 ;
-  assign \b_out$385  = \b_in$384 ;
-  assign \shift$386  = shift;
-  assign \a_out$388  = \a_in$387 ;
-  assign \valid_out$390  = \valid_in$389 ;
-  assign \first_out$392  = \first_in$391 ;
-  assign \last_out$394  = \last_in$393 ;
-  assign \res$396  = \res_in$395 ;
-  assign \b_out$398  = \b_in$397 ;
-  assign \shift$399  = shift;
-  assign \a_out$401  = \a_in$400 ;
-  assign \valid_out$403  = \valid_in$402 ;
-  assign \first_out$405  = \first_in$404 ;
-  assign \last_out$407  = \last_in$406 ;
-  assign \res$409  = \res_in$408 ;
-  assign \b_out$411  = \b_in$410 ;
-  assign \shift$412  = shift;
-  assign a4_d3 = \a_in$414 ;
-  assign valid4_d3 = \valid_in$416 ;
-  assign first4_d3 = \first_in$418 ;
-  assign last4_d3 = \last_in$420 ;
-  assign \b_out$423  = \b_in$422 ;
-  assign \shift$424  = shift;
-  assign \a_out$426  = \a_in$425 ;
-  assign \valid_out$428  = \valid_in$427 ;
-  assign \first_out$430  = \first_in$429 ;
-  assign \last_out$432  = \last_in$431 ;
-  assign \res$434  = \res_in$433 ;
-  assign \b_out$436  = \b_in$435 ;
-  assign \shift$437  = shift;
-  assign \a_out$439  = \a_in$438 ;
-  assign \valid_out$441  = \valid_in$440 ;
-  assign \first_out$443  = \first_in$442 ;
-  assign \last_out$445  = \last_in$444 ;
-  assign \res$447  = \res_in$446 ;
-  assign \b_out$449  = \b_in$448 ;
-  assign \shift$450  = shift;
-  assign \a_out$452  = \a_in$451 ;
-  assign \valid_out$454  = \valid_in$453 ;
-  assign \first_out$456  = \first_in$455 ;
-  assign \last_out$458  = \last_in$457 ;
-  assign \res$460  = \res_in$459 ;
-  assign \b_out$462  = \b_in$461 ;
-  assign \shift$463  = shift;
-  assign \a_out$465  = \a_in$464 ;
-  assign \valid_out$467  = \valid_in$466 ;
-  assign \first_out$469  = \first_in$468 ;
-  assign \last_out$471  = \last_in$470 ;
-  assign \res$473  = \res_in$472 ;
-  assign \b_out$475  = \b_in$474 ;
-  assign \shift$476  = shift;
-  assign \a_out$478  = \a_in$477 ;
-  assign \valid_out$480  = \valid_in$479 ;
-  assign \first_out$482  = \first_in$481 ;
-  assign \last_out$484  = \last_in$483 ;
-  assign \res$486  = \res_in$485 ;
-  assign \b_out$488  = \b_in$487 ;
+  assign \a_in$273  = a__16;
+  assign \b_in$275  = b__16;
+  assign p__16 = \prod$276 ;
+  assign a2_d1 = a__16;
+  assign valid2_d1 = \valid_in$279 ;
+  assign first2_d1 = \first_in$281 ;
+  assign last2_d1 = \last_in$283 ;
+  assign \b_out$285  = b__16;
+  assign \shift$286  = shift;
+  assign \a_in$288  = a__17;
+  assign \b_in$290  = b__17;
+  assign p__17 = \prod$291 ;
+  assign \a_out$293  = a__17;
+  assign \valid_out$295  = \valid_in$294 ;
+  assign \first_out$297  = \first_in$296 ;
+  assign \last_out$299  = \last_in$298 ;
+  assign \res$301  = \res_in$300 ;
+  assign \b_out$302  = b__17;
+  assign \shift$303  = shift;
+  assign \a_in$305  = a__18;
+  assign \b_in$307  = b__18;
+  assign p__18 = \prod$308 ;
+  assign \a_out$310  = a__18;
+  assign \valid_out$312  = \valid_in$311 ;
+  assign \first_out$314  = \first_in$313 ;
+  assign \last_out$316  = \last_in$315 ;
+  assign \res$318  = \res_in$317 ;
+  assign \b_out$319  = b__18;
+  assign \shift$320  = shift;
+  assign \a_in$322  = a__19;
+  assign \b_in$324  = b__19;
+  assign p__19 = \prod$325 ;
+  assign \a_out$327  = a__19;
+  assign \valid_out$329  = \valid_in$328 ;
+  assign \first_out$331  = \first_in$330 ;
+  assign \last_out$333  = \last_in$332 ;
+  assign \res$335  = \res_in$334 ;
+  assign \b_out$336  = b__19;
+  assign \shift$337  = shift;
+  assign \a_in$339  = a__20;
+  assign \b_in$341  = b__20;
+  assign p__20 = \prod$342 ;
+  assign \a_out$344  = a__20;
+  assign \valid_out$346  = \valid_in$345 ;
+  assign \first_out$348  = \first_in$347 ;
+  assign \last_out$350  = \last_in$349 ;
+  assign \res$352  = \res_in$351 ;
+  assign \b_out$353  = b__20;
+  assign \shift$354  = shift;
+  assign \a_in$356  = a__21;
+  assign \b_in$358  = b__21;
+  assign p__21 = \prod$359 ;
+  assign \a_out$361  = a__21;
+  assign \valid_out$363  = \valid_in$362 ;
+  assign \first_out$365  = \first_in$364 ;
+  assign \last_out$367  = \last_in$366 ;
+  assign \res$369  = \res_in$368 ;
+  assign \b_out$370  = b__21;
+  assign \shift$371  = shift;
+  assign \a_in$373  = a__22;
+  assign \b_in$375  = b__22;
+  assign p__22 = \prod$376 ;
+  assign \a_out$378  = a__22;
+  assign \valid_out$380  = \valid_in$379 ;
+  assign \first_out$382  = \first_in$381 ;
+  assign \last_out$384  = \last_in$383 ;
+  assign \res$386  = \res_in$385 ;
+  assign \b_out$387  = b__22;
+  assign \shift$388  = shift;
+  assign \a_in$390  = a__23;
+  assign \b_in$392  = b__23;
+  assign p__23 = \prod$393 ;
+  assign \a_out$395  = a__23;
+  assign \valid_out$397  = \valid_in$396 ;
+  assign \first_out$399  = \first_in$398 ;
+  assign \last_out$401  = \last_in$400 ;
+  assign \res$403  = \res_in$402 ;
+  assign \b_out$404  = b__23;
+  assign \shift$405  = shift;
+  assign \a_in$408  = a__24;
+  assign \b_in$410  = b__24;
+  assign p__24 = \prod$411 ;
+  assign a3_d2 = a__24;
+  assign valid3_d2 = \valid_in$414 ;
+  assign first3_d2 = \first_in$416 ;
+  assign last3_d2 = \last_in$418 ;
+  assign \b_out$420  = b__24;
+  assign \shift$421  = shift;
+  assign \a_in$423  = a__25;
+  assign \b_in$425  = b__25;
+  assign p__25 = \prod$426 ;
+  assign \a_out$428  = a__25;
+  assign \valid_out$430  = \valid_in$429 ;
+  assign \first_out$432  = \first_in$431 ;
+  assign \last_out$434  = \last_in$433 ;
+  assign \res$436  = \res_in$435 ;
+  assign \b_out$437  = b__25;
+  assign \shift$438  = shift;
+  assign \a_in$440  = a__26;
+  assign \b_in$442  = b__26;
+  assign p__26 = \prod$443 ;
+  assign \a_out$445  = a__26;
+  assign \valid_out$447  = \valid_in$446 ;
+  assign \first_out$449  = \first_in$448 ;
+  assign \last_out$451  = \last_in$450 ;
+  assign \res$453  = \res_in$452 ;
+  assign \b_out$454  = b__26;
+  assign \shift$455  = shift;
+  assign \a_in$457  = a__27;
+  assign \b_in$459  = b__27;
+  assign p__27 = \prod$460 ;
+  assign \a_out$462  = a__27;
+  assign \valid_out$464  = \valid_in$463 ;
+  assign \first_out$466  = \first_in$465 ;
+  assign \last_out$468  = \last_in$467 ;
+  assign \res$470  = \res_in$469 ;
+  assign \b_out$471  = b__27;
+  assign \shift$472  = shift;
+  assign \a_in$474  = a__28;
+  assign \b_in$476  = b__28;
+  assign p__28 = \prod$477 ;
+  assign \a_out$479  = a__28;
+  assign \valid_out$481  = \valid_in$480 ;
+  assign \first_out$483  = \first_in$482 ;
+  assign \last_out$485  = \last_in$484 ;
+  assign \res$487  = \res_in$486 ;
+  assign \b_out$488  = b__28;
   assign \shift$489  = shift;
-  assign \a_out$491  = \a_in$490 ;
-  assign \valid_out$493  = \valid_in$492 ;
-  assign \first_out$495  = \first_in$494 ;
-  assign \last_out$497  = \last_in$496 ;
-  assign \res$499  = \res_in$498 ;
-  assign \b_out$501  = \b_in$500 ;
-  assign \shift$502  = shift;
-  assign \a_out$504  = \a_in$503 ;
-  assign \valid_out$506  = \valid_in$505 ;
-  assign \first_out$508  = \first_in$507 ;
-  assign \last_out$510  = \last_in$509 ;
-  assign \res$512  = \res_in$511 ;
-  assign \b_out$514  = \b_in$513 ;
-  assign \shift$515  = shift;
-  assign a5_d4 = \a_in$517 ;
-  assign valid5_d4 = \valid_in$519 ;
-  assign first5_d4 = \first_in$521 ;
-  assign last5_d4 = \last_in$523 ;
-  assign \b_out$526  = \b_in$525 ;
-  assign \shift$527  = shift;
-  assign \a_out$529  = \a_in$528 ;
-  assign \valid_out$531  = \valid_in$530 ;
-  assign \first_out$533  = \first_in$532 ;
-  assign \last_out$535  = \last_in$534 ;
-  assign \res$537  = \res_in$536 ;
-  assign \b_out$539  = \b_in$538 ;
+  assign \a_in$491  = a__29;
+  assign \b_in$493  = b__29;
+  assign p__29 = \prod$494 ;
+  assign \a_out$496  = a__29;
+  assign \valid_out$498  = \valid_in$497 ;
+  assign \first_out$500  = \first_in$499 ;
+  assign \last_out$502  = \last_in$501 ;
+  assign \res$504  = \res_in$503 ;
+  assign \b_out$505  = b__29;
+  assign \shift$506  = shift;
+  assign \a_in$508  = a__30;
+  assign \b_in$510  = b__30;
+  assign p__30 = \prod$511 ;
+  assign \a_out$513  = a__30;
+  assign \valid_out$515  = \valid_in$514 ;
+  assign \first_out$517  = \first_in$516 ;
+  assign \last_out$519  = \last_in$518 ;
+  assign \res$521  = \res_in$520 ;
+  assign \b_out$522  = b__30;
+  assign \shift$523  = shift;
+  assign \a_in$525  = a__31;
+  assign \b_in$527  = b__31;
+  assign p__31 = \prod$528 ;
+  assign \a_out$530  = a__31;
+  assign \valid_out$532  = \valid_in$531 ;
+  assign \first_out$534  = \first_in$533 ;
+  assign \last_out$536  = \last_in$535 ;
+  assign \res$538  = \res_in$537 ;
+  assign \b_out$539  = b__31;
   assign \shift$540  = shift;
-  assign \a_out$542  = \a_in$541 ;
-  assign \valid_out$544  = \valid_in$543 ;
-  assign \first_out$546  = \first_in$545 ;
-  assign \last_out$548  = \last_in$547 ;
-  assign \res$550  = \res_in$549 ;
-  assign \b_out$552  = \b_in$551 ;
-  assign \shift$553  = shift;
-  assign \a_out$555  = \a_in$554 ;
-  assign \valid_out$557  = \valid_in$556 ;
-  assign \first_out$559  = \first_in$558 ;
-  assign \last_out$561  = \last_in$560 ;
-  assign \res$563  = \res_in$562 ;
-  assign \b_out$565  = \b_in$564 ;
-  assign \shift$566  = shift;
-  assign \a_out$568  = \a_in$567 ;
-  assign \valid_out$570  = \valid_in$569 ;
-  assign \first_out$572  = \first_in$571 ;
-  assign \last_out$574  = \last_in$573 ;
-  assign \res$576  = \res_in$575 ;
-  assign \b_out$578  = \b_in$577 ;
-  assign \shift$579  = shift;
-  assign \a_out$581  = \a_in$580 ;
-  assign \valid_out$583  = \valid_in$582 ;
-  assign \first_out$585  = \first_in$584 ;
-  assign \last_out$587  = \last_in$586 ;
-  assign \res$589  = \res_in$588 ;
-  assign \b_out$591  = \b_in$590 ;
-  assign \shift$592  = shift;
-  assign \a_out$594  = \a_in$593 ;
-  assign \valid_out$596  = \valid_in$595 ;
-  assign \first_out$598  = \first_in$597 ;
-  assign \last_out$600  = \last_in$599 ;
-  assign \res$602  = \res_in$601 ;
-  assign \b_out$604  = \b_in$603 ;
-  assign \shift$605  = shift;
-  assign \a_out$607  = \a_in$606 ;
-  assign \valid_out$609  = \valid_in$608 ;
-  assign \first_out$611  = \first_in$610 ;
-  assign \last_out$613  = \last_in$612 ;
-  assign \res$615  = \res_in$614 ;
-  assign \b_out$617  = \b_in$616 ;
-  assign \shift$618  = shift;
-  assign a6_d5 = \a_in$620 ;
-  assign valid6_d5 = \valid_in$622 ;
-  assign first6_d5 = \first_in$624 ;
-  assign last6_d5 = \last_in$626 ;
-  assign \b_out$629  = \b_in$628 ;
-  assign \shift$630  = shift;
-  assign \a_out$632  = \a_in$631 ;
-  assign \valid_out$634  = \valid_in$633 ;
-  assign \first_out$636  = \first_in$635 ;
-  assign \last_out$638  = \last_in$637 ;
-  assign \res$640  = \res_in$639 ;
-  assign \b_out$642  = \b_in$641 ;
-  assign \shift$643  = shift;
-  assign \a_out$645  = \a_in$644 ;
-  assign \valid_out$647  = \valid_in$646 ;
-  assign \first_out$649  = \first_in$648 ;
-  assign \last_out$651  = \last_in$650 ;
-  assign \res$653  = \res_in$652 ;
-  assign \b_out$655  = \b_in$654 ;
-  assign \shift$656  = shift;
-  assign \a_out$658  = \a_in$657 ;
-  assign \valid_out$660  = \valid_in$659 ;
-  assign \first_out$662  = \first_in$661 ;
-  assign \last_out$664  = \last_in$663 ;
-  assign \res$666  = \res_in$665 ;
-  assign \b_out$668  = \b_in$667 ;
-  assign \shift$669  = shift;
-  assign \a_out$671  = \a_in$670 ;
-  assign \valid_out$673  = \valid_in$672 ;
-  assign \first_out$675  = \first_in$674 ;
-  assign \last_out$677  = \last_in$676 ;
-  assign \res$679  = \res_in$678 ;
-  assign \b_out$681  = \b_in$680 ;
-  assign \shift$682  = shift;
-  assign \a_out$684  = \a_in$683 ;
-  assign \valid_out$686  = \valid_in$685 ;
-  assign \first_out$688  = \first_in$687 ;
-  assign \last_out$690  = \last_in$689 ;
-  assign \res$692  = \res_in$691 ;
-  assign \b_out$694  = \b_in$693 ;
-  assign \shift$695  = shift;
-  assign \a_out$697  = \a_in$696 ;
-  assign \valid_out$699  = \valid_in$698 ;
-  assign \first_out$701  = \first_in$700 ;
-  assign \last_out$703  = \last_in$702 ;
-  assign \res$705  = \res_in$704 ;
-  assign \b_out$707  = \b_in$706 ;
+  assign \a_in$543  = a__32;
+  assign \b_in$545  = b__32;
+  assign p__32 = \prod$546 ;
+  assign a4_d3 = a__32;
+  assign valid4_d3 = \valid_in$549 ;
+  assign first4_d3 = \first_in$551 ;
+  assign last4_d3 = \last_in$553 ;
+  assign \b_out$555  = b__32;
+  assign \shift$556  = shift;
+  assign \a_in$558  = a__33;
+  assign \b_in$560  = b__33;
+  assign p__33 = \prod$561 ;
+  assign \a_out$563  = a__33;
+  assign \valid_out$565  = \valid_in$564 ;
+  assign \first_out$567  = \first_in$566 ;
+  assign \last_out$569  = \last_in$568 ;
+  assign \res$571  = \res_in$570 ;
+  assign \b_out$572  = b__33;
+  assign \shift$573  = shift;
+  assign \a_in$575  = a__34;
+  assign \b_in$577  = b__34;
+  assign p__34 = \prod$578 ;
+  assign \a_out$580  = a__34;
+  assign \valid_out$582  = \valid_in$581 ;
+  assign \first_out$584  = \first_in$583 ;
+  assign \last_out$586  = \last_in$585 ;
+  assign \res$588  = \res_in$587 ;
+  assign \b_out$589  = b__34;
+  assign \shift$590  = shift;
+  assign \a_in$592  = a__35;
+  assign \b_in$594  = b__35;
+  assign p__35 = \prod$595 ;
+  assign \a_out$597  = a__35;
+  assign \valid_out$599  = \valid_in$598 ;
+  assign \first_out$601  = \first_in$600 ;
+  assign \last_out$603  = \last_in$602 ;
+  assign \res$605  = \res_in$604 ;
+  assign \b_out$606  = b__35;
+  assign \shift$607  = shift;
+  assign \a_in$609  = a__36;
+  assign \b_in$611  = b__36;
+  assign p__36 = \prod$612 ;
+  assign \a_out$614  = a__36;
+  assign \valid_out$616  = \valid_in$615 ;
+  assign \first_out$618  = \first_in$617 ;
+  assign \last_out$620  = \last_in$619 ;
+  assign \res$622  = \res_in$621 ;
+  assign \b_out$623  = b__36;
+  assign \shift$624  = shift;
+  assign \a_in$626  = a__37;
+  assign \b_in$628  = b__37;
+  assign p__37 = \prod$629 ;
+  assign \a_out$631  = a__37;
+  assign \valid_out$633  = \valid_in$632 ;
+  assign \first_out$635  = \first_in$634 ;
+  assign \last_out$637  = \last_in$636 ;
+  assign \res$639  = \res_in$638 ;
+  assign \b_out$640  = b__37;
+  assign \shift$641  = shift;
+  assign \a_in$643  = a__38;
+  assign \b_in$645  = b__38;
+  assign p__38 = \prod$646 ;
+  assign \a_out$648  = a__38;
+  assign \valid_out$650  = \valid_in$649 ;
+  assign \first_out$652  = \first_in$651 ;
+  assign \last_out$654  = \last_in$653 ;
+  assign \res$656  = \res_in$655 ;
+  assign \b_out$657  = b__38;
+  assign \shift$658  = shift;
+  assign \a_in$660  = a__39;
+  assign \b_in$662  = b__39;
+  assign p__39 = \prod$663 ;
+  assign \a_out$665  = a__39;
+  assign \valid_out$667  = \valid_in$666 ;
+  assign \first_out$669  = \first_in$668 ;
+  assign \last_out$671  = \last_in$670 ;
+  assign \res$673  = \res_in$672 ;
+  assign \b_out$674  = b__39;
+  assign \shift$675  = shift;
+  assign \a_in$678  = a__40;
+  assign \b_in$680  = b__40;
+  assign p__40 = \prod$681 ;
+  assign a5_d4 = a__40;
+  assign valid5_d4 = \valid_in$684 ;
+  assign first5_d4 = \first_in$686 ;
+  assign last5_d4 = \last_in$688 ;
+  assign \b_out$690  = b__40;
+  assign \shift$691  = shift;
+  assign \a_in$693  = a__41;
+  assign \b_in$695  = b__41;
+  assign p__41 = \prod$696 ;
+  assign \a_out$698  = a__41;
+  assign \valid_out$700  = \valid_in$699 ;
+  assign \first_out$702  = \first_in$701 ;
+  assign \last_out$704  = \last_in$703 ;
+  assign \res$706  = \res_in$705 ;
+  assign \b_out$707  = b__41;
   assign \shift$708  = shift;
-  assign \a_out$710  = \a_in$709 ;
-  assign \valid_out$712  = \valid_in$711 ;
-  assign \first_out$714  = \first_in$713 ;
-  assign \last_out$716  = \last_in$715 ;
-  assign \res$718  = \res_in$717 ;
-  assign \b_out$720  = \b_in$719 ;
-  assign \shift$721  = shift;
-  assign a7_d6 = \a_in$723 ;
-  assign valid7_d6 = \valid_in$725 ;
-  assign first7_d6 = \first_in$727 ;
-  assign last7_d6 = \last_in$729 ;
-  assign \b_out$732  = \b_in$731 ;
-  assign \shift$733  = shift;
-  assign \a_out$735  = \a_in$734 ;
-  assign \valid_out$737  = \valid_in$736 ;
-  assign \first_out$739  = \first_in$738 ;
-  assign \last_out$741  = \last_in$740 ;
-  assign \res$743  = \res_in$742 ;
-  assign \b_out$745  = \b_in$744 ;
-  assign \shift$746  = shift;
-  assign \a_out$748  = \a_in$747 ;
-  assign \valid_out$750  = \valid_in$749 ;
-  assign \first_out$752  = \first_in$751 ;
-  assign \last_out$754  = \last_in$753 ;
-  assign \res$756  = \res_in$755 ;
-  assign \b_out$758  = \b_in$757 ;
+  assign \a_in$710  = a__42;
+  assign \b_in$712  = b__42;
+  assign p__42 = \prod$713 ;
+  assign \a_out$715  = a__42;
+  assign \valid_out$717  = \valid_in$716 ;
+  assign \first_out$719  = \first_in$718 ;
+  assign \last_out$721  = \last_in$720 ;
+  assign \res$723  = \res_in$722 ;
+  assign \b_out$724  = b__42;
+  assign \shift$725  = shift;
+  assign \a_in$727  = a__43;
+  assign \b_in$729  = b__43;
+  assign p__43 = \prod$730 ;
+  assign \a_out$732  = a__43;
+  assign \valid_out$734  = \valid_in$733 ;
+  assign \first_out$736  = \first_in$735 ;
+  assign \last_out$738  = \last_in$737 ;
+  assign \res$740  = \res_in$739 ;
+  assign \b_out$741  = b__43;
+  assign \shift$742  = shift;
+  assign \a_in$744  = a__44;
+  assign \b_in$746  = b__44;
+  assign p__44 = \prod$747 ;
+  assign \a_out$749  = a__44;
+  assign \valid_out$751  = \valid_in$750 ;
+  assign \first_out$753  = \first_in$752 ;
+  assign \last_out$755  = \last_in$754 ;
+  assign \res$757  = \res_in$756 ;
+  assign \b_out$758  = b__44;
   assign \shift$759  = shift;
-  assign \a_out$761  = \a_in$760 ;
-  assign \valid_out$763  = \valid_in$762 ;
-  assign \first_out$765  = \first_in$764 ;
-  assign \last_out$767  = \last_in$766 ;
-  assign \res$769  = \res_in$768 ;
-  assign \b_out$771  = \b_in$770 ;
-  assign \shift$772  = shift;
-  assign \a_out$774  = \a_in$773 ;
-  assign \valid_out$776  = \valid_in$775 ;
-  assign \first_out$778  = \first_in$777 ;
-  assign \last_out$780  = \last_in$779 ;
-  assign \res$782  = \res_in$781 ;
-  assign \b_out$784  = \b_in$783 ;
-  assign \shift$785  = shift;
-  assign \a_out$787  = \a_in$786 ;
-  assign \valid_out$789  = \valid_in$788 ;
-  assign \first_out$791  = \first_in$790 ;
-  assign \last_out$793  = \last_in$792 ;
-  assign \res$795  = \res_in$794 ;
-  assign \b_out$797  = \b_in$796 ;
-  assign \shift$798  = shift;
-  assign \a_out$800  = \a_in$799 ;
+  assign \a_in$761  = a__45;
+  assign \b_in$763  = b__45;
+  assign p__45 = \prod$764 ;
+  assign \a_out$766  = a__45;
+  assign \valid_out$768  = \valid_in$767 ;
+  assign \first_out$770  = \first_in$769 ;
+  assign \last_out$772  = \last_in$771 ;
+  assign \res$774  = \res_in$773 ;
+  assign \b_out$775  = b__45;
+  assign \shift$776  = shift;
+  assign \a_in$778  = a__46;
+  assign \b_in$780  = b__46;
+  assign p__46 = \prod$781 ;
+  assign \a_out$783  = a__46;
+  assign \valid_out$785  = \valid_in$784 ;
+  assign \first_out$787  = \first_in$786 ;
+  assign \last_out$789  = \last_in$788 ;
+  assign \res$791  = \res_in$790 ;
+  assign \b_out$792  = b__46;
+  assign \shift$793  = shift;
+  assign \a_in$795  = a__47;
+  assign \b_in$797  = b__47;
+  assign p__47 = \prod$798 ;
+  assign \a_out$800  = a__47;
   assign \valid_out$802  = \valid_in$801 ;
   assign \first_out$804  = \first_in$803 ;
   assign \last_out$806  = \last_in$805 ;
   assign \res$808  = \res_in$807 ;
-  assign \b_out$810  = \b_in$809 ;
-  assign \shift$811  = shift;
-  assign \a_out$813  = \a_in$812 ;
-  assign \valid_out$815  = \valid_in$814 ;
-  assign \first_out$817  = \first_in$816 ;
-  assign \last_out$819  = \last_in$818 ;
-  assign \res$821  = \res_in$820 ;
-  assign \b_out$823  = \b_in$822 ;
-  assign \shift$824  = shift;
-  assign \done$827  = done;
+  assign \b_out$809  = b__47;
+  assign \shift$810  = shift;
+  assign \a_in$813  = a__48;
+  assign \b_in$815  = b__48;
+  assign p__48 = \prod$816 ;
+  assign a6_d5 = a__48;
+  assign valid6_d5 = \valid_in$819 ;
+  assign first6_d5 = \first_in$821 ;
+  assign last6_d5 = \last_in$823 ;
+  assign \b_out$825  = b__48;
+  assign \shift$826  = shift;
+  assign \a_in$828  = a__49;
+  assign \b_in$830  = b__49;
+  assign p__49 = \prod$831 ;
+  assign \a_out$833  = a__49;
+  assign \valid_out$835  = \valid_in$834 ;
+  assign \first_out$837  = \first_in$836 ;
+  assign \last_out$839  = \last_in$838 ;
+  assign \res$841  = \res_in$840 ;
+  assign \b_out$842  = b__49;
+  assign \shift$843  = shift;
+  assign \a_in$845  = a__50;
+  assign \b_in$847  = b__50;
+  assign p__50 = \prod$848 ;
+  assign \a_out$850  = a__50;
+  assign \valid_out$852  = \valid_in$851 ;
+  assign \first_out$854  = \first_in$853 ;
+  assign \last_out$856  = \last_in$855 ;
+  assign \res$858  = \res_in$857 ;
+  assign \b_out$859  = b__50;
+  assign \shift$860  = shift;
+  assign \a_in$862  = a__51;
+  assign \b_in$864  = b__51;
+  assign p__51 = \prod$865 ;
+  assign \a_out$867  = a__51;
+  assign \valid_out$869  = \valid_in$868 ;
+  assign \first_out$871  = \first_in$870 ;
+  assign \last_out$873  = \last_in$872 ;
+  assign \res$875  = \res_in$874 ;
+  assign \b_out$876  = b__51;
+  assign \shift$877  = shift;
+  assign \a_in$879  = a__52;
+  assign \b_in$881  = b__52;
+  assign p__52 = \prod$882 ;
+  assign \a_out$884  = a__52;
+  assign \valid_out$886  = \valid_in$885 ;
+  assign \first_out$888  = \first_in$887 ;
+  assign \last_out$890  = \last_in$889 ;
+  assign \res$892  = \res_in$891 ;
+  assign \b_out$893  = b__52;
+  assign \shift$894  = shift;
+  assign \a_in$896  = a__53;
+  assign \b_in$898  = b__53;
+  assign p__53 = \prod$899 ;
+  assign \a_out$901  = a__53;
+  assign \valid_out$903  = \valid_in$902 ;
+  assign \first_out$905  = \first_in$904 ;
+  assign \last_out$907  = \last_in$906 ;
+  assign \res$909  = \res_in$908 ;
+  assign \b_out$910  = b__53;
+  assign \shift$911  = shift;
+  assign \a_in$913  = a__54;
+  assign \b_in$915  = b__54;
+  assign p__54 = \prod$916 ;
+  assign \a_out$918  = a__54;
+  assign \valid_out$920  = \valid_in$919 ;
+  assign \first_out$922  = \first_in$921 ;
+  assign \last_out$924  = \last_in$923 ;
+  assign \res$926  = \res_in$925 ;
+  assign \b_out$927  = b__54;
+  assign \shift$928  = shift;
+  assign \a_in$930  = a__55;
+  assign \b_in$932  = b__55;
+  assign p__55 = \prod$933 ;
+  assign \a_out$935  = a__55;
+  assign \valid_out$937  = \valid_in$936 ;
+  assign \first_out$939  = \first_in$938 ;
+  assign \last_out$941  = \last_in$940 ;
+  assign \res$943  = \res_in$942 ;
+  assign \b_out$944  = b__55;
+  assign \shift$945  = shift;
+  assign \a_in$948  = a__56;
+  assign \b_in$950  = b__56;
+  assign p__56 = \prod$951 ;
+  assign a7_d6 = a__56;
+  assign valid7_d6 = \valid_in$954 ;
+  assign first7_d6 = \first_in$956 ;
+  assign last7_d6 = \last_in$958 ;
+  assign \b_out$960  = b__56;
+  assign \shift$961  = shift;
+  assign \a_in$963  = a__57;
+  assign \b_in$965  = b__57;
+  assign p__57 = \prod$966 ;
+  assign \a_out$968  = a__57;
+  assign \valid_out$970  = \valid_in$969 ;
+  assign \first_out$972  = \first_in$971 ;
+  assign \last_out$974  = \last_in$973 ;
+  assign \res$976  = \res_in$975 ;
+  assign \b_out$977  = b__57;
+  assign \shift$978  = shift;
+  assign \a_in$980  = a__58;
+  assign \b_in$982  = b__58;
+  assign p__58 = \prod$983 ;
+  assign \a_out$985  = a__58;
+  assign \valid_out$987  = \valid_in$986 ;
+  assign \first_out$989  = \first_in$988 ;
+  assign \last_out$991  = \last_in$990 ;
+  assign \res$993  = \res_in$992 ;
+  assign \b_out$994  = b__58;
+  assign \shift$995  = shift;
+  assign \a_in$997  = a__59;
+  assign \b_in$999  = b__59;
+  assign p__59 = \prod$1000 ;
+  assign \a_out$1002  = a__59;
+  assign \valid_out$1004  = \valid_in$1003 ;
+  assign \first_out$1006  = \first_in$1005 ;
+  assign \last_out$1008  = \last_in$1007 ;
+  assign \res$1010  = \res_in$1009 ;
+  assign \b_out$1011  = b__59;
+  assign \shift$1012  = shift;
+  assign \a_in$1014  = a__60;
+  assign \b_in$1016  = b__60;
+  assign p__60 = \prod$1017 ;
+  assign \a_out$1019  = a__60;
+  assign \valid_out$1021  = \valid_in$1020 ;
+  assign \first_out$1023  = \first_in$1022 ;
+  assign \last_out$1025  = \last_in$1024 ;
+  assign \res$1027  = \res_in$1026 ;
+  assign \b_out$1028  = b__60;
+  assign \shift$1029  = shift;
+  assign \a_in$1031  = a__61;
+  assign \b_in$1033  = b__61;
+  assign p__61 = \prod$1034 ;
+  assign \a_out$1036  = a__61;
+  assign \valid_out$1038  = \valid_in$1037 ;
+  assign \first_out$1040  = \first_in$1039 ;
+  assign \last_out$1042  = \last_in$1041 ;
+  assign \res$1044  = \res_in$1043 ;
+  assign \b_out$1045  = b__61;
+  assign \shift$1046  = shift;
+  assign \a_in$1048  = a__62;
+  assign \b_in$1050  = b__62;
+  assign p__62 = \prod$1051 ;
+  assign \a_out$1053  = a__62;
+  assign \valid_out$1055  = \valid_in$1054 ;
+  assign \first_out$1057  = \first_in$1056 ;
+  assign \last_out$1059  = \last_in$1058 ;
+  assign \res$1061  = \res_in$1060 ;
+  assign \b_out$1062  = b__62;
+  assign \shift$1063  = shift;
+  assign \a_in$1065  = a__63;
+  assign \b_in$1067  = b__63;
+  assign p__63 = \prod$1068 ;
+  assign \a_out$1070  = a__63;
+  assign \valid_out$1072  = \valid_in$1071 ;
+  assign \first_out$1074  = \first_in$1073 ;
+  assign \last_out$1076  = \last_in$1075 ;
+  assign \res$1078  = \res_in$1077 ;
+  assign \b_out$1079  = b__63;
+  assign \shift$1080  = shift;
+  assign \done$1083  = done;
   assign \a[0]  = a[7:0];
   assign \a[1]  = a[15:8];
   assign \a[2]  = a[23:16];
@@ -12996,219 +13858,1208 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   assign \out[5]  = out[191:160];
   assign \out[6]  = out[223:192];
   assign \out[7]  = out[255:224];
-  assign out[255:224] = \res$825 ;
-  assign out[223:192] = \res$722 ;
-  assign out[191:160] = \res$619 ;
-  assign out[159:128] = \res$516 ;
-  assign out[127:96] = \res$413 ;
-  assign out[95:64] = \res$310 ;
-  assign out[63:32] = \res$207 ;
-  assign out[31:0] = \res$104 ;
+  assign out[255:224] = \res$1081 ;
+  assign out[223:192] = \res$946 ;
+  assign out[191:160] = \res$811 ;
+  assign out[159:128] = \res$676 ;
+  assign out[127:96] = \res$541 ;
+  assign out[95:64] = \res$406 ;
+  assign out[63:32] = \res$271 ;
+  assign out[31:0] = \res$136 ;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_0 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.mul (rst, b__0, a__0, b__1, b__2, b__3, b__4, b__5, b__6, b__7, a__8, a__16, a__24, a__32, a__40, a__48, a__56, p__0, p__1, p__2, p__3
+, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, p__16, p__17, p__18, p__19, p__20, p__21, p__22, p__23, p__24
+, p__25, p__26, p__27, p__28, p__29, p__30, p__31, p__32, p__33, p__34, p__35, p__36, p__37, p__38, p__39, p__40, p__41, p__42, p__43, p__44, p__45
+, p__46, p__47, p__48, p__49, p__50, p__51, p__52, p__53, p__54, p__55, p__56, p__57, p__58, p__59, p__60, p__61, p__62, p__63, a__1, b__8, a__2
+, b__9, a__3, b__10, a__4, b__11, a__5, b__12, a__6, b__13, a__7, b__14, b__15, a__9, b__16, a__10, b__17, a__11, b__18, a__12, b__19, a__13
+, b__20, a__14, b__21, a__15, b__22, b__23, a__17, b__24, a__18, b__25, a__19, b__26, a__20, b__27, a__21, b__28, a__22, b__29, a__23, b__30, b__31
+, a__25, b__32, a__26, b__33, a__27, b__34, a__28, b__35, a__29, b__36, a__30, b__37, a__31, b__38, b__39, a__33, b__40, a__34, b__41, a__35, b__42
+, a__36, b__43, a__37, b__44, a__38, b__45, a__39, b__46, b__47, a__41, b__48, a__42, b__49, a__43, b__50, a__44, b__51, a__45, b__52, a__46, b__53
+, a__47, b__54, b__55, a__49, b__56, a__50, b__57, a__51, b__58, a__52, b__59, a__53, b__60, a__54, b__61, a__55, b__62, b__63, a__57, a__58, a__59
+, a__60, a__61, a__62, a__63, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
   wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
+  wire [15:0] \$10 ;
+  reg [15:0] \$100 ;
+  reg [15:0] \$101 ;
+  reg [15:0] \$102 ;
+  reg [15:0] \$103 ;
+  reg [15:0] \$104 ;
+  reg [15:0] \$105 ;
+  reg [15:0] \$106 ;
+  reg [15:0] \$107 ;
+  reg [15:0] \$108 ;
+  reg [15:0] \$109 ;
+  wire [15:0] \$11 ;
+  reg [15:0] \$110 ;
+  reg [15:0] \$111 ;
+  reg [15:0] \$112 ;
+  reg [15:0] \$113 ;
+  reg [15:0] \$114 ;
+  reg [15:0] \$115 ;
+  reg [15:0] \$116 ;
+  reg [15:0] \$117 ;
+  reg [15:0] \$118 ;
+  reg [15:0] \$119 ;
+  wire [15:0] \$12 ;
+  reg [15:0] \$120 ;
+  reg [15:0] \$121 ;
+  reg [15:0] \$122 ;
+  reg [15:0] \$123 ;
+  reg [15:0] \$124 ;
+  reg [15:0] \$125 ;
+  reg [15:0] \$126 ;
+  reg [15:0] \$127 ;
+  reg [15:0] \$128 ;
+  wire [15:0] \$13 ;
+  wire [15:0] \$14 ;
+  wire [15:0] \$15 ;
+  wire [15:0] \$16 ;
+  wire [15:0] \$17 ;
+  wire [15:0] \$18 ;
+  wire [15:0] \$19 ;
+  wire [15:0] \$2 ;
+  wire [15:0] \$20 ;
+  wire [15:0] \$21 ;
+  wire [15:0] \$22 ;
+  wire [15:0] \$23 ;
+  wire [15:0] \$24 ;
+  wire [15:0] \$25 ;
+  wire [15:0] \$26 ;
+  wire [15:0] \$27 ;
+  wire [15:0] \$28 ;
+  wire [15:0] \$29 ;
+  wire [15:0] \$3 ;
+  wire [15:0] \$30 ;
+  wire [15:0] \$31 ;
+  wire [15:0] \$32 ;
+  wire [15:0] \$33 ;
+  wire [15:0] \$34 ;
+  wire [15:0] \$35 ;
+  wire [15:0] \$36 ;
+  wire [15:0] \$37 ;
+  wire [15:0] \$38 ;
+  wire [15:0] \$39 ;
+  wire [15:0] \$4 ;
+  wire [15:0] \$40 ;
+  wire [15:0] \$41 ;
+  wire [15:0] \$42 ;
+  wire [15:0] \$43 ;
+  wire [15:0] \$44 ;
+  wire [15:0] \$45 ;
+  wire [15:0] \$46 ;
+  wire [15:0] \$47 ;
+  wire [15:0] \$48 ;
+  wire [15:0] \$49 ;
+  wire [15:0] \$5 ;
+  wire [15:0] \$50 ;
+  wire [15:0] \$51 ;
+  wire [15:0] \$52 ;
+  wire [15:0] \$53 ;
+  wire [15:0] \$54 ;
+  wire [15:0] \$55 ;
+  wire [15:0] \$56 ;
+  wire [15:0] \$57 ;
+  wire [15:0] \$58 ;
+  wire [15:0] \$59 ;
+  wire [15:0] \$6 ;
+  wire [15:0] \$60 ;
+  wire [15:0] \$61 ;
+  wire [15:0] \$62 ;
+  wire [15:0] \$63 ;
+  wire [15:0] \$64 ;
+  reg [15:0] \$65 ;
+  reg [15:0] \$66 ;
+  reg [15:0] \$67 ;
+  reg [15:0] \$68 ;
+  reg [15:0] \$69 ;
+  wire [15:0] \$7 ;
+  reg [15:0] \$70 ;
+  reg [15:0] \$71 ;
+  reg [15:0] \$72 ;
+  reg [15:0] \$73 ;
+  reg [15:0] \$74 ;
+  reg [15:0] \$75 ;
+  reg [15:0] \$76 ;
+  reg [15:0] \$77 ;
+  reg [15:0] \$78 ;
+  reg [15:0] \$79 ;
+  wire [15:0] \$8 ;
+  reg [15:0] \$80 ;
+  reg [15:0] \$81 ;
+  reg [15:0] \$82 ;
+  reg [15:0] \$83 ;
+  reg [15:0] \$84 ;
+  reg [15:0] \$85 ;
+  reg [15:0] \$86 ;
+  reg [15:0] \$87 ;
+  reg [15:0] \$88 ;
+  reg [15:0] \$89 ;
+  wire [15:0] \$9 ;
+  reg [15:0] \$90 ;
+  reg [15:0] \$91 ;
+  reg [15:0] \$92 ;
+  reg [15:0] \$93 ;
+  reg [15:0] \$94 ;
+  reg [15:0] \$95 ;
+  reg [15:0] \$96 ;
+  reg [15:0] \$97 ;
+  reg [15:0] \$98 ;
+  reg [15:0] \$99 ;
+  input [7:0] a__0;
+  wire [7:0] a__0;
+  input [7:0] a__1;
+  wire [7:0] a__1;
+  input [7:0] a__10;
+  wire [7:0] a__10;
+  input [7:0] a__11;
+  wire [7:0] a__11;
+  input [7:0] a__12;
+  wire [7:0] a__12;
+  input [7:0] a__13;
+  wire [7:0] a__13;
+  input [7:0] a__14;
+  wire [7:0] a__14;
+  input [7:0] a__15;
+  wire [7:0] a__15;
+  input [7:0] a__16;
+  wire [7:0] a__16;
+  input [7:0] a__17;
+  wire [7:0] a__17;
+  input [7:0] a__18;
+  wire [7:0] a__18;
+  input [7:0] a__19;
+  wire [7:0] a__19;
+  input [7:0] a__2;
+  wire [7:0] a__2;
+  input [7:0] a__20;
+  wire [7:0] a__20;
+  input [7:0] a__21;
+  wire [7:0] a__21;
+  input [7:0] a__22;
+  wire [7:0] a__22;
+  input [7:0] a__23;
+  wire [7:0] a__23;
+  input [7:0] a__24;
+  wire [7:0] a__24;
+  input [7:0] a__25;
+  wire [7:0] a__25;
+  input [7:0] a__26;
+  wire [7:0] a__26;
+  input [7:0] a__27;
+  wire [7:0] a__27;
+  input [7:0] a__28;
+  wire [7:0] a__28;
+  input [7:0] a__29;
+  wire [7:0] a__29;
+  input [7:0] a__3;
+  wire [7:0] a__3;
+  input [7:0] a__30;
+  wire [7:0] a__30;
+  input [7:0] a__31;
+  wire [7:0] a__31;
+  input [7:0] a__32;
+  wire [7:0] a__32;
+  input [7:0] a__33;
+  wire [7:0] a__33;
+  input [7:0] a__34;
+  wire [7:0] a__34;
+  input [7:0] a__35;
+  wire [7:0] a__35;
+  input [7:0] a__36;
+  wire [7:0] a__36;
+  input [7:0] a__37;
+  wire [7:0] a__37;
+  input [7:0] a__38;
+  wire [7:0] a__38;
+  input [7:0] a__39;
+  wire [7:0] a__39;
+  input [7:0] a__4;
+  wire [7:0] a__4;
+  input [7:0] a__40;
+  wire [7:0] a__40;
+  input [7:0] a__41;
+  wire [7:0] a__41;
+  input [7:0] a__42;
+  wire [7:0] a__42;
+  input [7:0] a__43;
+  wire [7:0] a__43;
+  input [7:0] a__44;
+  wire [7:0] a__44;
+  input [7:0] a__45;
+  wire [7:0] a__45;
+  input [7:0] a__46;
+  wire [7:0] a__46;
+  input [7:0] a__47;
+  wire [7:0] a__47;
+  input [7:0] a__48;
+  wire [7:0] a__48;
+  input [7:0] a__49;
+  wire [7:0] a__49;
+  input [7:0] a__5;
+  wire [7:0] a__5;
+  input [7:0] a__50;
+  wire [7:0] a__50;
+  input [7:0] a__51;
+  wire [7:0] a__51;
+  input [7:0] a__52;
+  wire [7:0] a__52;
+  input [7:0] a__53;
+  wire [7:0] a__53;
+  input [7:0] a__54;
+  wire [7:0] a__54;
+  input [7:0] a__55;
+  wire [7:0] a__55;
+  input [7:0] a__56;
+  wire [7:0] a__56;
+  input [7:0] a__57;
+  wire [7:0] a__57;
+  input [7:0] a__58;
+  wire [7:0] a__58;
+  input [7:0] a__59;
+  wire [7:0] a__59;
+  input [7:0] a__6;
+  wire [7:0] a__6;
+  input [7:0] a__60;
+  wire [7:0] a__60;
+  input [7:0] a__61;
+  wire [7:0] a__61;
+  input [7:0] a__62;
+  wire [7:0] a__62;
+  input [7:0] a__63;
+  wire [7:0] a__63;
+  input [7:0] a__7;
+  wire [7:0] a__7;
+  input [7:0] a__8;
+  wire [7:0] a__8;
+  input [7:0] a__9;
+  wire [7:0] a__9;
+  input [7:0] b__0;
+  wire [7:0] b__0;
+  input [7:0] b__1;
+  wire [7:0] b__1;
+  input [7:0] b__10;
+  wire [7:0] b__10;
+  input [7:0] b__11;
+  wire [7:0] b__11;
+  input [7:0] b__12;
+  wire [7:0] b__12;
+  input [7:0] b__13;
+  wire [7:0] b__13;
+  input [7:0] b__14;
+  wire [7:0] b__14;
+  input [7:0] b__15;
+  wire [7:0] b__15;
+  input [7:0] b__16;
+  wire [7:0] b__16;
+  input [7:0] b__17;
+  wire [7:0] b__17;
+  input [7:0] b__18;
+  wire [7:0] b__18;
+  input [7:0] b__19;
+  wire [7:0] b__19;
+  input [7:0] b__2;
+  wire [7:0] b__2;
+  input [7:0] b__20;
+  wire [7:0] b__20;
+  input [7:0] b__21;
+  wire [7:0] b__21;
+  input [7:0] b__22;
+  wire [7:0] b__22;
+  input [7:0] b__23;
+  wire [7:0] b__23;
+  input [7:0] b__24;
+  wire [7:0] b__24;
+  input [7:0] b__25;
+  wire [7:0] b__25;
+  input [7:0] b__26;
+  wire [7:0] b__26;
+  input [7:0] b__27;
+  wire [7:0] b__27;
+  input [7:0] b__28;
+  wire [7:0] b__28;
+  input [7:0] b__29;
+  wire [7:0] b__29;
+  input [7:0] b__3;
+  wire [7:0] b__3;
+  input [7:0] b__30;
+  wire [7:0] b__30;
+  input [7:0] b__31;
+  wire [7:0] b__31;
+  input [7:0] b__32;
+  wire [7:0] b__32;
+  input [7:0] b__33;
+  wire [7:0] b__33;
+  input [7:0] b__34;
+  wire [7:0] b__34;
+  input [7:0] b__35;
+  wire [7:0] b__35;
+  input [7:0] b__36;
+  wire [7:0] b__36;
+  input [7:0] b__37;
+  wire [7:0] b__37;
+  input [7:0] b__38;
+  wire [7:0] b__38;
+  input [7:0] b__39;
+  wire [7:0] b__39;
+  input [7:0] b__4;
+  wire [7:0] b__4;
+  input [7:0] b__40;
+  wire [7:0] b__40;
+  input [7:0] b__41;
+  wire [7:0] b__41;
+  input [7:0] b__42;
+  wire [7:0] b__42;
+  input [7:0] b__43;
+  wire [7:0] b__43;
+  input [7:0] b__44;
+  wire [7:0] b__44;
+  input [7:0] b__45;
+  wire [7:0] b__45;
+  input [7:0] b__46;
+  wire [7:0] b__46;
+  input [7:0] b__47;
+  wire [7:0] b__47;
+  input [7:0] b__48;
+  wire [7:0] b__48;
+  input [7:0] b__49;
+  wire [7:0] b__49;
+  input [7:0] b__5;
+  wire [7:0] b__5;
+  input [7:0] b__50;
+  wire [7:0] b__50;
+  input [7:0] b__51;
+  wire [7:0] b__51;
+  input [7:0] b__52;
+  wire [7:0] b__52;
+  input [7:0] b__53;
+  wire [7:0] b__53;
+  input [7:0] b__54;
+  wire [7:0] b__54;
+  input [7:0] b__55;
+  wire [7:0] b__55;
+  input [7:0] b__56;
+  wire [7:0] b__56;
+  input [7:0] b__57;
+  wire [7:0] b__57;
+  input [7:0] b__58;
+  wire [7:0] b__58;
+  input [7:0] b__59;
+  wire [7:0] b__59;
+  input [7:0] b__6;
+  wire [7:0] b__6;
+  input [7:0] b__60;
+  wire [7:0] b__60;
+  input [7:0] b__61;
+  wire [7:0] b__61;
+  input [7:0] b__62;
+  wire [7:0] b__62;
+  input [7:0] b__63;
+  wire [7:0] b__63;
+  input [7:0] b__7;
+  wire [7:0] b__7;
+  input [7:0] b__8;
+  wire [7:0] b__8;
+  input [7:0] b__9;
+  wire [7:0] b__9;
   input clk;
   wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  wire en;
+  output [15:0] p__0;
+  reg [15:0] p__0 = 16'h0000;
+  output [15:0] p__1;
+  reg [15:0] p__1 = 16'h0000;
+  output [15:0] p__10;
+  reg [15:0] p__10 = 16'h0000;
+  output [15:0] p__11;
+  reg [15:0] p__11 = 16'h0000;
+  output [15:0] p__12;
+  reg [15:0] p__12 = 16'h0000;
+  output [15:0] p__13;
+  reg [15:0] p__13 = 16'h0000;
+  output [15:0] p__14;
+  reg [15:0] p__14 = 16'h0000;
+  output [15:0] p__15;
+  reg [15:0] p__15 = 16'h0000;
+  output [15:0] p__16;
+  reg [15:0] p__16 = 16'h0000;
+  output [15:0] p__17;
+  reg [15:0] p__17 = 16'h0000;
+  output [15:0] p__18;
+  reg [15:0] p__18 = 16'h0000;
+  output [15:0] p__19;
+  reg [15:0] p__19 = 16'h0000;
+  output [15:0] p__2;
+  reg [15:0] p__2 = 16'h0000;
+  output [15:0] p__20;
+  reg [15:0] p__20 = 16'h0000;
+  output [15:0] p__21;
+  reg [15:0] p__21 = 16'h0000;
+  output [15:0] p__22;
+  reg [15:0] p__22 = 16'h0000;
+  output [15:0] p__23;
+  reg [15:0] p__23 = 16'h0000;
+  output [15:0] p__24;
+  reg [15:0] p__24 = 16'h0000;
+  output [15:0] p__25;
+  reg [15:0] p__25 = 16'h0000;
+  output [15:0] p__26;
+  reg [15:0] p__26 = 16'h0000;
+  output [15:0] p__27;
+  reg [15:0] p__27 = 16'h0000;
+  output [15:0] p__28;
+  reg [15:0] p__28 = 16'h0000;
+  output [15:0] p__29;
+  reg [15:0] p__29 = 16'h0000;
+  output [15:0] p__3;
+  reg [15:0] p__3 = 16'h0000;
+  output [15:0] p__30;
+  reg [15:0] p__30 = 16'h0000;
+  output [15:0] p__31;
+  reg [15:0] p__31 = 16'h0000;
+  output [15:0] p__32;
+  reg [15:0] p__32 = 16'h0000;
+  output [15:0] p__33;
+  reg [15:0] p__33 = 16'h0000;
+  output [15:0] p__34;
+  reg [15:0] p__34 = 16'h0000;
+  output [15:0] p__35;
+  reg [15:0] p__35 = 16'h0000;
+  output [15:0] p__36;
+  reg [15:0] p__36 = 16'h0000;
+  output [15:0] p__37;
+  reg [15:0] p__37 = 16'h0000;
+  output [15:0] p__38;
+  reg [15:0] p__38 = 16'h0000;
+  output [15:0] p__39;
+  reg [15:0] p__39 = 16'h0000;
+  output [15:0] p__4;
+  reg [15:0] p__4 = 16'h0000;
+  output [15:0] p__40;
+  reg [15:0] p__40 = 16'h0000;
+  output [15:0] p__41;
+  reg [15:0] p__41 = 16'h0000;
+  output [15:0] p__42;
+  reg [15:0] p__42 = 16'h0000;
+  output [15:0] p__43;
+  reg [15:0] p__43 = 16'h0000;
+  output [15:0] p__44;
+  reg [15:0] p__44 = 16'h0000;
+  output [15:0] p__45;
+  reg [15:0] p__45 = 16'h0000;
+  output [15:0] p__46;
+  reg [15:0] p__46 = 16'h0000;
+  output [15:0] p__47;
+  reg [15:0] p__47 = 16'h0000;
+  output [15:0] p__48;
+  reg [15:0] p__48 = 16'h0000;
+  output [15:0] p__49;
+  reg [15:0] p__49 = 16'h0000;
+  output [15:0] p__5;
+  reg [15:0] p__5 = 16'h0000;
+  output [15:0] p__50;
+  reg [15:0] p__50 = 16'h0000;
+  output [15:0] p__51;
+  reg [15:0] p__51 = 16'h0000;
+  output [15:0] p__52;
+  reg [15:0] p__52 = 16'h0000;
+  output [15:0] p__53;
+  reg [15:0] p__53 = 16'h0000;
+  output [15:0] p__54;
+  reg [15:0] p__54 = 16'h0000;
+  output [15:0] p__55;
+  reg [15:0] p__55 = 16'h0000;
+  output [15:0] p__56;
+  reg [15:0] p__56 = 16'h0000;
+  output [15:0] p__57;
+  reg [15:0] p__57 = 16'h0000;
+  output [15:0] p__58;
+  reg [15:0] p__58 = 16'h0000;
+  output [15:0] p__59;
+  reg [15:0] p__59 = 16'h0000;
+  output [15:0] p__6;
+  reg [15:0] p__6 = 16'h0000;
+  output [15:0] p__60;
+  reg [15:0] p__60 = 16'h0000;
+  output [15:0] p__61;
+  reg [15:0] p__61 = 16'h0000;
+  output [15:0] p__62;
+  reg [15:0] p__62 = 16'h0000;
+  output [15:0] p__63;
+  reg [15:0] p__63 = 16'h0000;
+  output [15:0] p__7;
+  reg [15:0] p__7 = 16'h0000;
+  output [15:0] p__8;
+  reg [15:0] p__8 = 16'h0000;
+  output [15:0] p__9;
+  reg [15:0] p__9 = 16'h0000;
   input rst;
   wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$1  = $signed(a__0) * $signed(b__0);
+  assign \$2  = $signed(a__1) * $signed(b__1);
+  assign \$3  = $signed(a__2) * $signed(b__2);
+  assign \$4  = $signed(a__3) * $signed(b__3);
+  assign \$5  = $signed(a__4) * $signed(b__4);
+  assign \$6  = $signed(a__5) * $signed(b__5);
+  assign \$7  = $signed(a__6) * $signed(b__6);
+  assign \$8  = $signed(a__7) * $signed(b__7);
+  assign \$9  = $signed(a__8) * $signed(b__8);
+  assign \$10  = $signed(a__9) * $signed(b__9);
+  assign \$11  = $signed(a__10) * $signed(b__10);
+  assign \$12  = $signed(a__11) * $signed(b__11);
+  assign \$13  = $signed(a__12) * $signed(b__12);
+  assign \$14  = $signed(a__13) * $signed(b__13);
+  assign \$15  = $signed(a__14) * $signed(b__14);
+  assign \$16  = $signed(a__15) * $signed(b__15);
+  assign \$17  = $signed(a__16) * $signed(b__16);
+  assign \$18  = $signed(a__17) * $signed(b__17);
+  assign \$19  = $signed(a__18) * $signed(b__18);
+  assign \$20  = $signed(a__19) * $signed(b__19);
+  assign \$21  = $signed(a__20) * $signed(b__20);
+  assign \$22  = $signed(a__21) * $signed(b__21);
+  assign \$23  = $signed(a__22) * $signed(b__22);
+  assign \$24  = $signed(a__23) * $signed(b__23);
+  assign \$25  = $signed(a__24) * $signed(b__24);
+  assign \$26  = $signed(a__25) * $signed(b__25);
+  assign \$27  = $signed(a__26) * $signed(b__26);
+  assign \$28  = $signed(a__27) * $signed(b__27);
+  assign \$29  = $signed(a__28) * $signed(b__28);
+  assign \$30  = $signed(a__29) * $signed(b__29);
+  assign \$31  = $signed(a__30) * $signed(b__30);
+  assign \$32  = $signed(a__31) * $signed(b__31);
+  assign \$33  = $signed(a__32) * $signed(b__32);
+  assign \$34  = $signed(a__33) * $signed(b__33);
+  assign \$35  = $signed(a__34) * $signed(b__34);
+  assign \$36  = $signed(a__35) * $signed(b__35);
+  assign \$37  = $signed(a__36) * $signed(b__36);
+  assign \$38  = $signed(a__37) * $signed(b__37);
+  assign \$39  = $signed(a__38) * $signed(b__38);
+  assign \$40  = $signed(a__39) * $signed(b__39);
+  assign \$41  = $signed(a__40) * $signed(b__40);
+  assign \$42  = $signed(a__41) * $signed(b__41);
+  assign \$43  = $signed(a__42) * $signed(b__42);
+  assign \$44  = $signed(a__43) * $signed(b__43);
+  assign \$45  = $signed(a__44) * $signed(b__44);
+  assign \$46  = $signed(a__45) * $signed(b__45);
+  assign \$47  = $signed(a__46) * $signed(b__46);
+  assign \$48  = $signed(a__47) * $signed(b__47);
+  assign \$49  = $signed(a__48) * $signed(b__48);
+  assign \$50  = $signed(a__49) * $signed(b__49);
+  assign \$51  = $signed(a__50) * $signed(b__50);
+  assign \$52  = $signed(a__51) * $signed(b__51);
+  assign \$53  = $signed(a__52) * $signed(b__52);
+  assign \$54  = $signed(a__53) * $signed(b__53);
+  assign \$55  = $signed(a__54) * $signed(b__54);
+  assign \$56  = $signed(a__55) * $signed(b__55);
+  assign \$57  = $signed(a__56) * $signed(b__56);
+  assign \$58  = $signed(a__57) * $signed(b__57);
+  assign \$59  = $signed(a__58) * $signed(b__58);
+  assign \$60  = $signed(a__59) * $signed(b__59);
+  assign \$61  = $signed(a__60) * $signed(b__60);
+  assign \$62  = $signed(a__61) * $signed(b__61);
+  assign \$63  = $signed(a__62) * $signed(b__62);
+  assign \$64  = $signed(a__63) * $signed(b__63);
   always @(posedge clk)
-    a_out <= \$6 ;
+    p__0 <= \$65 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    p__1 <= \$66 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    p__2 <= \$67 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    p__3 <= \$68 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    p__4 <= \$69 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    p__5 <= \$70 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    p__6 <= \$71 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p__7 <= \$72 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    p__8 <= \$73 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    p__9 <= \$74 ;
   always @(posedge clk)
-    res <= \$16 ;
+    p__10 <= \$75 ;
   always @(posedge clk)
-    done <= \$17 ;
+    p__11 <= \$76 ;
+  always @(posedge clk)
+    p__12 <= \$77 ;
+  always @(posedge clk)
+    p__13 <= \$78 ;
+  always @(posedge clk)
+    p__14 <= \$79 ;
+  always @(posedge clk)
+    p__15 <= \$80 ;
+  always @(posedge clk)
+    p__16 <= \$81 ;
+  always @(posedge clk)
+    p__17 <= \$82 ;
+  always @(posedge clk)
+    p__18 <= \$83 ;
+  always @(posedge clk)
+    p__19 <= \$84 ;
+  always @(posedge clk)
+    p__20 <= \$85 ;
+  always @(posedge clk)
+    p__21 <= \$86 ;
+  always @(posedge clk)
+    p__22 <= \$87 ;
+  always @(posedge clk)
+    p__23 <= \$88 ;
+  always @(posedge clk)
+    p__24 <= \$89 ;
+  always @(posedge clk)
+    p__25 <= \$90 ;
+  always @(posedge clk)
+    p__26 <= \$91 ;
+  always @(posedge clk)
+    p__27 <= \$92 ;
+  always @(posedge clk)
+    p__28 <= \$93 ;
+  always @(posedge clk)
+    p__29 <= \$94 ;
+  always @(posedge clk)
+    p__30 <= \$95 ;
+  always @(posedge clk)
+    p__31 <= \$96 ;
+  always @(posedge clk)
+    p__32 <= \$97 ;
+  always @(posedge clk)
+    p__33 <= \$98 ;
+  always @(posedge clk)
+    p__34 <= \$99 ;
+  always @(posedge clk)
+    p__35 <= \$100 ;
+  always @(posedge clk)
+    p__36 <= \$101 ;
+  always @(posedge clk)
+    p__37 <= \$102 ;
+  always @(posedge clk)
+    p__38 <= \$103 ;
+  always @(posedge clk)
+    p__39 <= \$104 ;
+  always @(posedge clk)
+    p__40 <= \$105 ;
+  always @(posedge clk)
+    p__41 <= \$106 ;
+  always @(posedge clk)
+    p__42 <= \$107 ;
+  always @(posedge clk)
+    p__43 <= \$108 ;
+  always @(posedge clk)
+    p__44 <= \$109 ;
+  always @(posedge clk)
+    p__45 <= \$110 ;
+  always @(posedge clk)
+    p__46 <= \$111 ;
+  always @(posedge clk)
+    p__47 <= \$112 ;
+  always @(posedge clk)
+    p__48 <= \$113 ;
+  always @(posedge clk)
+    p__49 <= \$114 ;
+  always @(posedge clk)
+    p__50 <= \$115 ;
+  always @(posedge clk)
+    p__51 <= \$116 ;
+  always @(posedge clk)
+    p__52 <= \$117 ;
+  always @(posedge clk)
+    p__53 <= \$118 ;
+  always @(posedge clk)
+    p__54 <= \$119 ;
+  always @(posedge clk)
+    p__55 <= \$120 ;
+  always @(posedge clk)
+    p__56 <= \$121 ;
+  always @(posedge clk)
+    p__57 <= \$122 ;
+  always @(posedge clk)
+    p__58 <= \$123 ;
+  always @(posedge clk)
+    p__59 <= \$124 ;
+  always @(posedge clk)
+    p__60 <= \$125 ;
+  always @(posedge clk)
+    p__61 <= \$126 ;
+  always @(posedge clk)
+    p__62 <= \$127 ;
+  always @(posedge clk)
+    p__63 <= \$128 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$6  = a_in;
+    \$65  = \$1 ;
     if (rst) begin
-      \$6  = 8'h00;
+      \$65  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$7  = b_in;
+    \$66  = \$2 ;
     if (rst) begin
-      \$7  = 8'h00;
+      \$66  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$8  = valid_in;
+    \$67  = \$3 ;
     if (rst) begin
-      \$8  = 1'h0;
+      \$67  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$9  = first_in;
+    \$68  = \$4 ;
     if (rst) begin
-      \$9  = 1'h0;
+      \$68  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$10  = last_in;
+    \$69  = \$5 ;
     if (rst) begin
-      \$10  = 1'h0;
+      \$69  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$11  = \$1 ;
+    \$70  = \$6 ;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$70  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$12  = valid_in;
+    \$71  = \$7 ;
     if (rst) begin
-      \$12  = 1'h0;
+      \$71  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$13  = first_in;
+    \$72  = \$8 ;
     if (rst) begin
-      \$13  = 1'h0;
+      \$72  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$14  = last_in;
+    \$73  = \$9 ;
     if (rst) begin
-      \$14  = 1'h0;
+      \$73  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
+    \$74  = \$10 ;
     if (rst) begin
-      \$15  = 32'd0;
+      \$74  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
+    \$75  = \$11 ;
     if (rst) begin
-      \$16  = 32'd0;
+      \$75  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$17  = \$3 ;
+    \$76  = \$12 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$76  = 16'h0000;
     end
   end
-  assign total = \$5 [31:0];
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$77  = \$13 ;
+    if (rst) begin
+      \$77  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$78  = \$14 ;
+    if (rst) begin
+      \$78  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$79  = \$15 ;
+    if (rst) begin
+      \$79  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$80  = \$16 ;
+    if (rst) begin
+      \$80  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$81  = \$17 ;
+    if (rst) begin
+      \$81  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$82  = \$18 ;
+    if (rst) begin
+      \$82  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$83  = \$19 ;
+    if (rst) begin
+      \$83  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$84  = \$20 ;
+    if (rst) begin
+      \$84  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$85  = \$21 ;
+    if (rst) begin
+      \$85  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$86  = \$22 ;
+    if (rst) begin
+      \$86  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$87  = \$23 ;
+    if (rst) begin
+      \$87  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$88  = \$24 ;
+    if (rst) begin
+      \$88  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$89  = \$25 ;
+    if (rst) begin
+      \$89  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$90  = \$26 ;
+    if (rst) begin
+      \$90  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$91  = \$27 ;
+    if (rst) begin
+      \$91  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$92  = \$28 ;
+    if (rst) begin
+      \$92  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$93  = \$29 ;
+    if (rst) begin
+      \$93  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$94  = \$30 ;
+    if (rst) begin
+      \$94  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$95  = \$31 ;
+    if (rst) begin
+      \$95  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$96  = \$32 ;
+    if (rst) begin
+      \$96  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$97  = \$33 ;
+    if (rst) begin
+      \$97  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$98  = \$34 ;
+    if (rst) begin
+      \$98  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$99  = \$35 ;
+    if (rst) begin
+      \$99  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$100  = \$36 ;
+    if (rst) begin
+      \$100  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$101  = \$37 ;
+    if (rst) begin
+      \$101  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$102  = \$38 ;
+    if (rst) begin
+      \$102  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$103  = \$39 ;
+    if (rst) begin
+      \$103  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$104  = \$40 ;
+    if (rst) begin
+      \$104  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$105  = \$41 ;
+    if (rst) begin
+      \$105  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$106  = \$42 ;
+    if (rst) begin
+      \$106  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$107  = \$43 ;
+    if (rst) begin
+      \$107  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$108  = \$44 ;
+    if (rst) begin
+      \$108  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$109  = \$45 ;
+    if (rst) begin
+      \$109  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$110  = \$46 ;
+    if (rst) begin
+      \$110  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$111  = \$47 ;
+    if (rst) begin
+      \$111  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$112  = \$48 ;
+    if (rst) begin
+      \$112  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$113  = \$49 ;
+    if (rst) begin
+      \$113  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$114  = \$50 ;
+    if (rst) begin
+      \$114  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$115  = \$51 ;
+    if (rst) begin
+      \$115  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$116  = \$52 ;
+    if (rst) begin
+      \$116  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$117  = \$53 ;
+    if (rst) begin
+      \$117  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$118  = \$54 ;
+    if (rst) begin
+      \$118  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$119  = \$55 ;
+    if (rst) begin
+      \$119  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$120  = \$56 ;
+    if (rst) begin
+      \$120  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$121  = \$57 ;
+    if (rst) begin
+      \$121  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$122  = \$58 ;
+    if (rst) begin
+      \$122  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$123  = \$59 ;
+    if (rst) begin
+      \$123  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$124  = \$60 ;
+    if (rst) begin
+      \$124  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$125  = \$61 ;
+    if (rst) begin
+      \$125  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$126  = \$62 ;
+    if (rst) begin
+      \$126  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$127  = \$63 ;
+    if (rst) begin
+      \$127  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$128  = \$64 ;
+    if (rst) begin
+      \$128  = 16'h0000;
+    end
+  end
+  assign en = 1'h1;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_0 (rst, shift, b_in, a_in, valid_in, first_in, last_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -13230,7 +15081,8 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -13244,152 +15096,140 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$5  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -13411,7 +15251,8 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -13425,152 +15266,140 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -13592,7 +15421,8 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -13606,152 +15436,140 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -13773,7 +15591,8 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -13787,152 +15606,140 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$8  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -13954,7 +15761,8 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -13968,152 +15776,140 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$9  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -14135,7 +15931,8 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -14149,154 +15946,143 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$10  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -14308,14 +16094,18 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
+  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -14324,157 +16114,144 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire [31:0] total;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$11  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -14486,17 +16263,15 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
-  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -14505,154 +16280,142 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire [31:0] total;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
+  assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$12  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -14674,7 +16437,8 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -14688,152 +16452,140 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -14855,7 +16607,8 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -14869,152 +16622,140 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15036,7 +16777,8 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -15050,152 +16792,140 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_4 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$15  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15217,7 +16947,8 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -15231,152 +16962,140 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_5 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15398,7 +17117,8 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -15412,152 +17132,140 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_6 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15579,7 +17287,8 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -15593,154 +17302,143 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_7 (rst, shift, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -15752,14 +17450,18 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
+  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -15768,157 +17470,144 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire [31:0] total;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -15930,17 +17619,15 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
-  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -15949,154 +17636,142 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire [31:0] total;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
+  assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16118,7 +17793,8 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -16132,152 +17808,140 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16299,7 +17963,8 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -16313,152 +17978,140 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16480,7 +18133,8 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -16494,152 +18148,140 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_4 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16661,7 +18303,8 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -16675,152 +18318,140 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_5 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16842,7 +18473,8 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -16856,152 +18488,140 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_6 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17023,7 +18643,8 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -17037,154 +18658,143 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_7 (rst, shift, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -17196,14 +18806,18 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
+  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -17212,157 +18826,144 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire [31:0] total;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -17374,17 +18975,15 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
-  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -17393,154 +18992,142 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire [31:0] total;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
+  assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17562,7 +19149,8 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -17576,152 +19164,140 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17743,7 +19319,8 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -17757,152 +19334,140 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17924,7 +19489,8 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -17938,152 +19504,140 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_4 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18105,7 +19659,8 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -18119,152 +19674,140 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_5 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18286,7 +19829,8 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -18300,152 +19844,140 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_6 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18467,7 +19999,8 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -18481,154 +20014,143 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_7 (rst, shift, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -18640,14 +20162,18 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
+  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -18656,157 +20182,144 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire [31:0] total;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -18818,17 +20331,15 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
-  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -18837,154 +20348,142 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire [31:0] total;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
+  assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_4_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19006,7 +20505,8 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -19020,152 +20520,140 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_4_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19187,7 +20675,8 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -19201,152 +20690,140 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_4_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19368,7 +20845,8 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -19382,152 +20860,140 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_4_4 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19549,7 +21015,8 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -19563,152 +21030,140 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_4_5 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19730,7 +21185,8 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -19744,152 +21200,140 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_4_6 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19911,7 +21355,8 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -19925,154 +21370,143 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_4_7 (rst, shift, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -20084,14 +21518,18 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
+  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -20100,157 +21538,144 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire [31:0] total;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -20262,17 +21687,15 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
-  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -20281,154 +21704,142 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire [31:0] total;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
+  assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_5_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20450,7 +21861,8 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -20464,152 +21876,140 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_5_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$45  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20631,7 +22031,8 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -20645,152 +22046,140 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_5_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$46  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20812,7 +22201,8 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -20826,152 +22216,140 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_5_4 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$47  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20993,7 +22371,8 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -21007,152 +22386,140 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_5_5 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$48  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21174,7 +22541,8 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -21188,152 +22556,140 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_5_6 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$49  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21355,7 +22711,8 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -21369,154 +22726,143 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_5_7 (rst, shift, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$50  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -21528,14 +22874,18 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
+  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -21544,1421 +22894,142 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire [31:0] total;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$51  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$6  = a_in;
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$7  = b_in;
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$8  = valid_in;
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$9  = first_in;
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$10  = last_in;
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$11  = \$1 ;
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$12  = valid_in;
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$17  = \$3 ;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_6_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$52  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$6  = a_in;
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$7  = b_in;
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$8  = valid_in;
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$9  = first_in;
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$10  = last_in;
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$11  = \$1 ;
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$12  = valid_in;
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$17  = \$3 ;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_6_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$53  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$6  = a_in;
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$7  = b_in;
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$8  = valid_in;
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$9  = first_in;
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$10  = last_in;
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$11  = \$1 ;
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$12  = valid_in;
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$17  = \$3 ;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_6_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$54  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$6  = a_in;
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$7  = b_in;
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$8  = valid_in;
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$9  = first_in;
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$10  = last_in;
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$11  = \$1 ;
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$12  = valid_in;
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$17  = \$3 ;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_6_4 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$55  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$6  = a_in;
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$7  = b_in;
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$8  = valid_in;
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$9  = first_in;
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$10  = last_in;
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$11  = \$1 ;
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$12  = valid_in;
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$17  = \$3 ;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_6_5 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$56  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$6  = a_in;
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$7  = b_in;
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$8  = valid_in;
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$9  = first_in;
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$10  = last_in;
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$11  = \$1 ;
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$12  = valid_in;
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$17  = \$3 ;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_6_6 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$57  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$6  = a_in;
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$7  = b_in;
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$8  = valid_in;
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$9  = first_in;
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$10  = last_in;
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$11  = \$1 ;
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$12  = valid_in;
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$17  = \$3 ;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_6_7 (rst, shift, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$58  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -22977,7 +23048,8 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   wire [31:0] res_in;
@@ -22989,177 +23061,1353 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$6  = a_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$7  = b_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$8  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$9  = first_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$10  = last_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$11  = \$1 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$12  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$15  = acc;
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$17  = \$3 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
   assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$52  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$53  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$54  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$55  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$56  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$57  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$58  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$59  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
   wire [7:0] b_in;
+  output [7:0] b_out;
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
-  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -23168,154 +24416,142 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire [31:0] total;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
+  assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_7_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$60  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23336,7 +24572,8 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -23350,152 +24587,140 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_7_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$61  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23516,7 +24741,8 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -23530,152 +24756,140 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_7_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$62  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23696,7 +24910,8 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -23710,152 +24925,140 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_7_4 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$63  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23876,7 +25079,8 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -23890,152 +25094,140 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_7_5 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$64  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24056,7 +25248,8 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -24070,152 +25263,140 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_7_6 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$65  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24236,7 +25417,8 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -24250,152 +25432,309 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_7_7 (rst, shift, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$66  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$67  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -24414,7 +25753,8 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   wire [31:0] res_in;
@@ -24426,362 +25766,433 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, b_in, a_in, valid_in, first_in, l
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$6  = a_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$7  = b_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$8  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$9  = first_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$10  = last_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$11  = \$1 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$12  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$15  = acc;
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$17  = \$3 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
   assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$1256$76 , o__valid, o__payload, o__ready);
-  reg \$auto$verilog_backend.cc:2355:dump_module$67  = 0;
+module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$1325$76 , o__valid, o__payload, o__ready);
+  reg \$auto$verilog_backend.cc:2355:dump_module$68  = 0;
   wire \$1 ;
-  wire \$10 ;
-  wire \$100 ;
+  wire [36:0] \$10 ;
+  wire [6:0] \$100 ;
   wire \$101 ;
-  wire \$102 ;
+  wire [6:0] \$102 ;
   wire \$103 ;
-  wire [63:0] \$104 ;
+  wire [6:0] \$104 ;
   wire \$105 ;
-  wire \$106 ;
+  wire [6:0] \$106 ;
   wire \$107 ;
-  wire \$108 ;
+  wire [6:0] \$108 ;
   wire \$109 ;
-  wire \$11 ;
-  wire [63:0] \$110 ;
+  wire [66:0] \$11 ;
+  wire [6:0] \$110 ;
   wire \$111 ;
-  wire \$112 ;
+  wire [6:0] \$112 ;
   wire \$113 ;
-  wire \$114 ;
-  wire [47:0] \$115 ;
-  wire \$116 ;
-  wire [63:0] \$117 ;
-  wire [63:0] \$118 ;
-  wire [63:0] \$119 ;
-  wire \$12 ;
-  wire \$120 ;
+  wire [6:0] \$114 ;
+  wire \$115 ;
+  wire [6:0] \$116 ;
+  wire \$117 ;
+  wire [6:0] \$118 ;
+  wire \$119 ;
+  wire [67:0] \$12 ;
+  wire [6:0] \$120 ;
   wire \$121 ;
-  wire \$122 ;
-  wire [64:0] \$123 ;
-  wire [64:0] \$124 ;
-  wire [47:0] \$125 ;
-  wire \$126 ;
-  wire [63:0] \$127 ;
-  wire [63:0] \$128 ;
-  wire [63:0] \$129 ;
-  wire \$13 ;
-  wire \$130 ;
+  wire [6:0] \$122 ;
+  wire \$123 ;
+  wire [6:0] \$124 ;
+  wire \$125 ;
+  wire [6:0] \$126 ;
+  wire \$127 ;
+  wire [6:0] \$128 ;
+  wire \$129 ;
+  wire [36:0] \$13 ;
+  wire [6:0] \$130 ;
   wire \$131 ;
-  wire \$132 ;
-  wire [64:0] \$133 ;
-  wire [64:0] \$134 ;
-  wire [47:0] \$135 ;
+  wire [47:0] \$132 ;
+  wire [47:0] \$133 ;
+  wire [47:0] \$134 ;
+  wire \$135 ;
   wire \$136 ;
-  wire [63:0] \$137 ;
-  wire [63:0] \$138 ;
-  wire [63:0] \$139 ;
-  wire \$14 ;
+  wire \$137 ;
+  wire \$138 ;
+  wire [48:0] \$139 ;
+  wire [66:0] \$14 ;
   wire \$140 ;
   wire \$141 ;
-  wire \$142 ;
-  wire [64:0] \$143 ;
-  wire [64:0] \$144 ;
+  wire [48:0] \$142 ;
+  wire [48:0] \$143 ;
+  wire [47:0] \$144 ;
   wire [47:0] \$145 ;
-  wire \$146 ;
-  wire [63:0] \$147 ;
-  wire [63:0] \$148 ;
-  wire [63:0] \$149 ;
-  wire \$15 ;
+  wire [47:0] \$146 ;
+  wire \$147 ;
+  wire \$148 ;
+  wire \$149 ;
+  wire [67:0] \$15 ;
   wire \$150 ;
-  wire \$151 ;
+  wire [48:0] \$151 ;
   wire \$152 ;
-  wire [64:0] \$153 ;
-  wire [64:0] \$154 ;
-  wire [47:0] \$155 ;
-  wire \$156 ;
-  wire [63:0] \$157 ;
-  wire [63:0] \$158 ;
-  wire [63:0] \$159 ;
-  wire \$16 ;
+  wire \$153 ;
+  wire [48:0] \$154 ;
+  wire [48:0] \$155 ;
+  wire [47:0] \$156 ;
+  wire [47:0] \$157 ;
+  wire [47:0] \$158 ;
+  wire \$159 ;
+  wire [36:0] \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
-  wire [64:0] \$163 ;
-  wire [64:0] \$164 ;
-  wire [47:0] \$165 ;
-  wire \$166 ;
-  wire [63:0] \$167 ;
-  wire [63:0] \$168 ;
-  wire [63:0] \$169 ;
-  wire \$17 ;
-  wire \$170 ;
+  wire [48:0] \$163 ;
+  wire \$164 ;
+  wire \$165 ;
+  wire [48:0] \$166 ;
+  wire [48:0] \$167 ;
+  wire [47:0] \$168 ;
+  wire [47:0] \$169 ;
+  wire [66:0] \$17 ;
+  wire [47:0] \$170 ;
   wire \$171 ;
   wire \$172 ;
-  wire [64:0] \$173 ;
-  wire [64:0] \$174 ;
-  wire [47:0] \$175 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire [48:0] \$175 ;
   wire \$176 ;
-  wire [63:0] \$177 ;
-  wire [63:0] \$178 ;
-  wire [63:0] \$179 ;
-  wire \$18 ;
-  wire \$180 ;
-  wire \$181 ;
-  wire \$182 ;
-  wire [64:0] \$183 ;
-  wire [64:0] \$184 ;
-  wire [47:0] \$185 ;
+  wire \$177 ;
+  wire [48:0] \$178 ;
+  wire [48:0] \$179 ;
+  wire [67:0] \$18 ;
+  wire [47:0] \$180 ;
+  wire [47:0] \$181 ;
+  wire [47:0] \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire \$185 ;
   wire \$186 ;
-  wire [63:0] \$187 ;
-  wire [63:0] \$188 ;
-  wire [63:0] \$189 ;
-  wire \$19 ;
-  wire \$190 ;
-  wire \$191 ;
-  wire \$192 ;
-  wire [64:0] \$193 ;
-  wire [64:0] \$194 ;
-  reg \$195 ;
-  reg \$196 ;
-  reg \$197 ;
-  reg [63:0] \$198 ;
-  reg [63:0] \$199 ;
-  wire [6:0] \$2 ;
-  wire \$20 ;
-  reg \$200 ;
-  reg [63:0] \$201 ;
-  reg [63:0] \$202 ;
-  reg [63:0] \$203 ;
-  reg \$204 ;
-  reg [63:0] \$205 ;
-  reg [63:0] \$206 ;
-  reg \$207 ;
-  reg [63:0] \$208 ;
-  reg [63:0] \$209 ;
-  wire \$21 ;
-  reg \$210 ;
-  reg [63:0] \$211 ;
-  reg [63:0] \$212 ;
-  reg \$213 ;
-  reg [63:0] \$214 ;
-  reg [63:0] \$215 ;
-  reg \$216 ;
-  reg [63:0] \$217 ;
-  reg [63:0] \$218 ;
-  reg \$219 ;
-  wire \$22 ;
-  reg [63:0] \$220 ;
-  reg [63:0] \$221 ;
-  reg \$222 ;
-  wire \$23 ;
-  wire \$24 ;
-  wire \$25 ;
-  wire \$26 ;
-  wire \$27 ;
-  wire \$28 ;
-  wire \$29 ;
-  wire \$3 ;
-  wire \$30 ;
-  wire \$31 ;
-  wire \$32 ;
-  wire \$33 ;
+  wire [48:0] \$187 ;
+  wire \$188 ;
+  wire \$189 ;
+  wire [36:0] \$19 ;
+  wire [48:0] \$190 ;
+  wire [48:0] \$191 ;
+  wire [47:0] \$192 ;
+  wire [47:0] \$193 ;
+  wire [47:0] \$194 ;
+  wire \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire [48:0] \$199 ;
+  wire [47:0] \$2 ;
+  wire [66:0] \$20 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire [48:0] \$202 ;
+  wire [48:0] \$203 ;
+  wire [47:0] \$204 ;
+  wire [47:0] \$205 ;
+  wire [47:0] \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
+  wire [67:0] \$21 ;
+  wire \$210 ;
+  wire [48:0] \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire [48:0] \$214 ;
+  wire [48:0] \$215 ;
+  wire [47:0] \$216 ;
+  wire [47:0] \$217 ;
+  wire [47:0] \$218 ;
+  wire \$219 ;
+  wire [36:0] \$22 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire [48:0] \$223 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire [48:0] \$226 ;
+  wire [48:0] \$227 ;
+  reg \$228 ;
+  reg \$229 ;
+  wire [66:0] \$23 ;
+  reg \$230 ;
+  reg [47:0] \$231 ;
+  reg [47:0] \$232 ;
+  reg [47:0] \$233 ;
+  reg [47:0] \$234 ;
+  reg [47:0] \$235 ;
+  reg [47:0] \$236 ;
+  reg [47:0] \$237 ;
+  reg [47:0] \$238 ;
+  reg \$239 ;
+  wire [67:0] \$24 ;
+  reg [5:0] \$240 ;
+  reg [47:0] \$241 ;
+  reg \$242 ;
+  reg \$243 ;
+  reg \$244 ;
+  reg [47:0] \$245 ;
+  reg \$246 ;
+  reg [48:0] \$247 ;
+  reg [63:0] \$248 ;
+  reg [47:0] \$249 ;
+  wire [36:0] \$25 ;
+  reg \$250 ;
+  reg [48:0] \$251 ;
+  reg [47:0] \$252 ;
+  reg \$253 ;
+  reg [48:0] \$254 ;
+  reg [47:0] \$255 ;
+  reg \$256 ;
+  reg [48:0] \$257 ;
+  reg [47:0] \$258 ;
+  reg \$259 ;
+  wire [66:0] \$26 ;
+  reg [48:0] \$260 ;
+  reg [47:0] \$261 ;
+  reg \$262 ;
+  reg [48:0] \$263 ;
+  reg [47:0] \$264 ;
+  reg \$265 ;
+  reg [48:0] \$266 ;
+  reg [47:0] \$267 ;
+  reg \$268 ;
+  reg [48:0] \$269 ;
+  wire [67:0] \$27 ;
+  wire [36:0] \$28 ;
+  wire [66:0] \$29 ;
+  wire [47:0] \$3 ;
+  wire [67:0] \$30 ;
+  wire [36:0] \$31 ;
+  wire [66:0] \$32 ;
+  wire [67:0] \$33 ;
   wire \$34 ;
-  wire \$35 ;
-  wire \$36 ;
+  wire [6:0] \$35 ;
+  wire [6:0] \$36 ;
   wire \$37 ;
-  wire \$38 ;
+  wire [6:0] \$38 ;
   wire \$39 ;
-  wire \$4 ;
-  wire \$40 ;
+  wire [47:0] \$4 ;
+  wire [6:0] \$40 ;
   wire \$41 ;
-  wire \$42 ;
+  wire [6:0] \$42 ;
   wire \$43 ;
-  wire \$44 ;
+  wire [6:0] \$44 ;
   wire \$45 ;
-  wire \$46 ;
+  wire [6:0] \$46 ;
   wire \$47 ;
-  wire \$48 ;
+  wire [6:0] \$48 ;
   wire \$49 ;
-  wire \$5 ;
-  wire \$50 ;
+  wire [47:0] \$5 ;
+  wire [6:0] \$50 ;
   wire \$51 ;
-  wire \$52 ;
+  wire [6:0] \$52 ;
   wire \$53 ;
-  wire \$54 ;
+  wire [6:0] \$54 ;
   wire \$55 ;
-  wire \$56 ;
+  wire [6:0] \$56 ;
   wire \$57 ;
-  wire \$58 ;
+  wire [6:0] \$58 ;
   wire \$59 ;
-  wire \$6 ;
-  wire \$60 ;
+  wire [47:0] \$6 ;
+  wire [6:0] \$60 ;
   wire \$61 ;
-  wire \$62 ;
+  wire [6:0] \$62 ;
   wire \$63 ;
-  wire \$64 ;
+  wire [6:0] \$64 ;
   wire \$65 ;
-  wire \$66 ;
+  wire [6:0] \$66 ;
   wire \$67 ;
-  wire [63:0] \$68 ;
+  wire [6:0] \$68 ;
   wire \$69 ;
-  wire \$7 ;
-  wire \$70 ;
+  wire [47:0] \$7 ;
+  wire [6:0] \$70 ;
   wire \$71 ;
-  wire \$72 ;
+  wire [6:0] \$72 ;
   wire \$73 ;
-  wire [63:0] \$74 ;
+  wire [6:0] \$74 ;
   wire \$75 ;
-  wire \$76 ;
+  wire [6:0] \$76 ;
   wire \$77 ;
-  wire \$78 ;
+  wire [6:0] \$78 ;
   wire \$79 ;
-  wire \$8 ;
-  wire [63:0] \$80 ;
+  wire [47:0] \$8 ;
+  wire [6:0] \$80 ;
   wire \$81 ;
-  wire \$82 ;
+  wire [6:0] \$82 ;
   wire \$83 ;
-  wire \$84 ;
+  wire [6:0] \$84 ;
   wire \$85 ;
-  wire [63:0] \$86 ;
+  wire [6:0] \$86 ;
   wire \$87 ;
-  wire \$88 ;
+  wire [6:0] \$88 ;
   wire \$89 ;
-  wire \$9 ;
-  wire \$90 ;
+  wire [47:0] \$9 ;
+  wire [6:0] \$90 ;
   wire \$91 ;
-  wire [63:0] \$92 ;
+  wire [6:0] \$92 ;
   wire \$93 ;
-  wire \$94 ;
+  wire [6:0] \$94 ;
   wire \$95 ;
-  wire \$96 ;
+  wire [6:0] \$96 ;
   wire \$97 ;
-  wire [63:0] \$98 ;
+  wire [6:0] \$98 ;
   wire \$99 ;
   reg \$signal  = 1'h0;
+  reg \$signal$89  = 1'h0;
+  wire [17:0] a__0;
+  wire [17:0] a__1;
+  wire [17:0] a__10;
+  wire [17:0] a__11;
+  wire [17:0] a__12;
+  wire [17:0] a__13;
+  wire [17:0] a__14;
+  wire [17:0] a__15;
+  wire [17:0] a__2;
+  wire [17:0] a__3;
+  wire [17:0] a__4;
+  wire [17:0] a__5;
+  wire [17:0] a__6;
+  wire [17:0] a__7;
+  wire [17:0] a__8;
+  wire [17:0] a__9;
   output advance;
   wire advance;
-  wire [63:0] below_half;
+  wire [17:0] b__0;
+  wire [17:0] b__1;
+  wire [17:0] b__10;
+  wire [17:0] b__11;
+  wire [17:0] b__12;
+  wire [17:0] b__13;
+  wire [17:0] b__14;
+  wire [17:0] b__15;
+  wire [17:0] b__2;
+  wire [17:0] b__3;
+  wire [17:0] b__4;
+  wire [17:0] b__5;
+  wire [17:0] b__6;
+  wire [17:0] b__7;
+  wire [17:0] b__8;
+  wire [17:0] b__9;
+  reg [47:0] below_half = 48'h000000000000;
   input clk;
   wire clk;
+  wire en;
   input [255:0] i__payload;
   wire [255:0] i__payload;
   wire [31:0] \i__payload[0] ;
@@ -24810,36 +26221,45 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$125
   wire o__ready;
   output o__valid;
   reg o__valid = 1'h0;
-  input [21:0] \port$1256$76 ;
-  wire [21:0] \port$1256$76 ;
-  reg [63:0] prod0 = 64'h0000000000000000;
-  reg [63:0] prod1 = 64'h0000000000000000;
-  reg [63:0] prod2 = 64'h0000000000000000;
-  reg [63:0] prod3 = 64'h0000000000000000;
-  reg [63:0] prod4 = 64'h0000000000000000;
-  reg [63:0] prod5 = 64'h0000000000000000;
-  reg [63:0] prod6 = 64'h0000000000000000;
-  reg [63:0] prod7 = 64'h0000000000000000;
-  wire [63:0] q0;
-  wire [63:0] q1;
-  wire [63:0] q2;
-  wire [63:0] q3;
-  wire [63:0] q4;
-  wire [63:0] q5;
-  wire [63:0] q6;
-  wire [63:0] q7;
-  wire [64:0] rounded0;
-  wire [64:0] rounded1;
-  wire [64:0] rounded2;
-  wire [64:0] rounded3;
-  wire [64:0] rounded4;
-  wire [64:0] rounded5;
-  wire [64:0] rounded6;
-  wire [64:0] rounded7;
+  wire [35:0] p__0;
+  wire [35:0] p__1;
+  wire [35:0] p__10;
+  wire [35:0] p__11;
+  wire [35:0] p__12;
+  wire [35:0] p__13;
+  wire [35:0] p__14;
+  wire [35:0] p__15;
+  wire [35:0] p__2;
+  wire [35:0] p__3;
+  wire [35:0] p__4;
+  wire [35:0] p__5;
+  wire [35:0] p__6;
+  wire [35:0] p__7;
+  wire [35:0] p__8;
+  wire [35:0] p__9;
+  input [21:0] \port$1325$76 ;
+  wire [21:0] \port$1325$76 ;
+  wire [47:0] q0;
+  wire [47:0] q1;
+  wire [47:0] q2;
+  wire [47:0] q3;
+  wire [47:0] q4;
+  wire [47:0] q5;
+  wire [47:0] q6;
+  wire [47:0] q7;
+  reg [48:0] rounded0 = 49'h0000000000000;
+  reg [48:0] rounded1 = 49'h0000000000000;
+  reg [48:0] rounded2 = 49'h0000000000000;
+  reg [48:0] rounded3 = 49'h0000000000000;
+  reg [48:0] rounded4 = 49'h0000000000000;
+  reg [48:0] rounded5 = 49'h0000000000000;
+  reg [48:0] rounded6 = 49'h0000000000000;
+  reg [48:0] rounded7 = 49'h0000000000000;
   input rst;
   wire rst;
   wire [5:0] shift;
-  wire [5:0] shift_m1;
+  reg [5:0] shift_m1 = 6'h00;
+  reg shift_nz = 1'h0;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
   reg sticky2 = 1'h0;
@@ -24849,565 +26269,797 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$125
   reg sticky6 = 1'h0;
   reg sticky7 = 1'h0;
   reg v2 = 1'h0;
-  reg [63:0] y0 = 64'h0000000000000000;
-  reg [63:0] y1 = 64'h0000000000000000;
-  reg [63:0] y2 = 64'h0000000000000000;
-  reg [63:0] y3 = 64'h0000000000000000;
-  reg [63:0] y4 = 64'h0000000000000000;
-  reg [63:0] y5 = 64'h0000000000000000;
-  reg [63:0] y6 = 64'h0000000000000000;
-  reg [63:0] y7 = 64'h0000000000000000;
+  reg v_round = 1'h0;
+  reg [47:0] x0 = 48'h000000000000;
+  reg [47:0] x1 = 48'h000000000000;
+  reg [47:0] x2 = 48'h000000000000;
+  reg [47:0] x3 = 48'h000000000000;
+  reg [47:0] x4 = 48'h000000000000;
+  reg [47:0] x5 = 48'h000000000000;
+  reg [47:0] x6 = 48'h000000000000;
+  reg [47:0] x7 = 48'h000000000000;
+  reg x_valid = 1'h0;
+  reg [47:0] y0 = 48'h000000000000;
+  reg [47:0] y1 = 48'h000000000000;
+  reg [47:0] y2 = 48'h000000000000;
+  reg [47:0] y3 = 48'h000000000000;
+  reg [47:0] y4 = 48'h000000000000;
+  reg [47:0] y5 = 48'h000000000000;
+  reg [47:0] y6 = 48'h000000000000;
+  reg [47:0] y7 = 48'h000000000000;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
-  assign \$2  = \port$1256$76 [21:16] - 1'h1;
-  assign \$3  = \$2 [5:0] > 1'h0;
-  assign \$4  = \$2 [5:0] > 1'h1;
-  assign \$5  = \$2 [5:0] > 2'h2;
-  assign \$6  = \$2 [5:0] > 2'h3;
-  assign \$7  = \$2 [5:0] > 3'h4;
-  assign \$8  = \$2 [5:0] > 3'h5;
-  assign \$9  = \$2 [5:0] > 3'h6;
-  assign \$10  = \$2 [5:0] > 3'h7;
-  assign \$11  = \$2 [5:0] > 4'h8;
-  assign \$12  = \$2 [5:0] > 4'h9;
-  assign \$13  = \$2 [5:0] > 4'ha;
-  assign \$14  = \$2 [5:0] > 4'hb;
-  assign \$15  = \$2 [5:0] > 4'hc;
-  assign \$16  = \$2 [5:0] > 4'hd;
-  assign \$17  = \$2 [5:0] > 4'he;
-  assign \$18  = \$2 [5:0] > 4'hf;
-  assign \$19  = \$2 [5:0] > 5'h10;
-  assign \$20  = \$2 [5:0] > 5'h11;
-  assign \$21  = \$2 [5:0] > 5'h12;
-  assign \$22  = \$2 [5:0] > 5'h13;
-  assign \$23  = \$2 [5:0] > 5'h14;
-  assign \$24  = \$2 [5:0] > 5'h15;
-  assign \$25  = \$2 [5:0] > 5'h16;
-  assign \$26  = \$2 [5:0] > 5'h17;
-  assign \$27  = \$2 [5:0] > 5'h18;
-  assign \$28  = \$2 [5:0] > 5'h19;
-  assign \$29  = \$2 [5:0] > 5'h1a;
-  assign \$30  = \$2 [5:0] > 5'h1b;
-  assign \$31  = \$2 [5:0] > 5'h1c;
-  assign \$32  = \$2 [5:0] > 5'h1d;
-  assign \$33  = \$2 [5:0] > 5'h1e;
-  assign \$34  = \$2 [5:0] > 5'h1f;
-  assign \$35  = \$2 [5:0] > 6'h20;
-  assign \$36  = \$2 [5:0] > 6'h21;
-  assign \$37  = \$2 [5:0] > 6'h22;
-  assign \$38  = \$2 [5:0] > 6'h23;
-  assign \$39  = \$2 [5:0] > 6'h24;
-  assign \$40  = \$2 [5:0] > 6'h25;
-  assign \$41  = \$2 [5:0] > 6'h26;
-  assign \$42  = \$2 [5:0] > 6'h27;
-  assign \$43  = \$2 [5:0] > 6'h28;
-  assign \$44  = \$2 [5:0] > 6'h29;
-  assign \$45  = \$2 [5:0] > 6'h2a;
-  assign \$46  = \$2 [5:0] > 6'h2b;
-  assign \$47  = \$2 [5:0] > 6'h2c;
-  assign \$48  = \$2 [5:0] > 6'h2d;
-  assign \$49  = \$2 [5:0] > 6'h2e;
-  assign \$50  = \$2 [5:0] > 6'h2f;
-  assign \$51  = \$2 [5:0] > 6'h30;
-  assign \$52  = \$2 [5:0] > 6'h31;
-  assign \$53  = \$2 [5:0] > 6'h32;
-  assign \$54  = \$2 [5:0] > 6'h33;
-  assign \$55  = \$2 [5:0] > 6'h34;
-  assign \$56  = \$2 [5:0] > 6'h35;
-  assign \$57  = \$2 [5:0] > 6'h36;
-  assign \$58  = \$2 [5:0] > 6'h37;
-  assign \$59  = \$2 [5:0] > 6'h38;
-  assign \$60  = \$2 [5:0] > 6'h39;
-  assign \$61  = \$2 [5:0] > 6'h3a;
-  assign \$62  = \$2 [5:0] > 6'h3b;
-  assign \$63  = \$2 [5:0] > 6'h3c;
-  assign \$64  = \$2 [5:0] > 6'h3d;
-  assign \$65  = \$2 [5:0] > 6'h3e;
-  assign \$66  = \$2 [5:0] > 6'h3f;
-  assign \$67  = ! \port$1256$76 [21:16];
-  assign q0 = \$67  ? y0 : \$68 ;
-  assign \$69  = | \port$1256$76 [21:16];
-  assign \$70  = y0[0] & \$69 ;
-  assign \$71  = sticky0 | q0[0];
-  assign \$72  = \$70  & \$71 ;
-  assign rounded0 = $signed(q0) + $signed({ 1'h0, \$72  });
-  assign \$73  = ! \port$1256$76 [21:16];
-  assign q1 = \$73  ? y1 : \$74 ;
-  assign \$75  = | \port$1256$76 [21:16];
-  assign \$76  = y1[0] & \$75 ;
-  assign \$77  = sticky1 | q1[0];
-  assign \$78  = \$76  & \$77 ;
-  assign rounded1 = $signed(q1) + $signed({ 1'h0, \$78  });
-  assign \$79  = ! \port$1256$76 [21:16];
-  assign q2 = \$79  ? y2 : \$80 ;
-  assign \$81  = | \port$1256$76 [21:16];
-  assign \$82  = y2[0] & \$81 ;
-  assign \$83  = sticky2 | q2[0];
-  assign \$84  = \$82  & \$83 ;
-  assign rounded2 = $signed(q2) + $signed({ 1'h0, \$84  });
-  assign \$85  = ! \port$1256$76 [21:16];
-  assign q3 = \$85  ? y3 : \$86 ;
-  assign \$87  = | \port$1256$76 [21:16];
-  assign \$88  = y3[0] & \$87 ;
-  assign \$89  = sticky3 | q3[0];
-  assign \$90  = \$88  & \$89 ;
-  assign rounded3 = $signed(q3) + $signed({ 1'h0, \$90  });
-  assign \$91  = ! \port$1256$76 [21:16];
-  assign q4 = \$91  ? y4 : \$92 ;
-  assign \$93  = | \port$1256$76 [21:16];
-  assign \$94  = y4[0] & \$93 ;
-  assign \$95  = sticky4 | q4[0];
-  assign \$96  = \$94  & \$95 ;
-  assign rounded4 = $signed(q4) + $signed({ 1'h0, \$96  });
-  assign \$97  = ! \port$1256$76 [21:16];
-  assign q5 = \$97  ? y5 : \$98 ;
-  assign \$99  = | \port$1256$76 [21:16];
-  assign \$100  = y5[0] & \$99 ;
-  assign \$101  = sticky5 | q5[0];
-  assign \$102  = \$100  & \$101 ;
-  assign rounded5 = $signed(q5) + $signed({ 1'h0, \$102  });
-  assign \$103  = ! \port$1256$76 [21:16];
-  assign q6 = \$103  ? y6 : \$104 ;
-  assign \$105  = | \port$1256$76 [21:16];
-  assign \$106  = y6[0] & \$105 ;
-  assign \$107  = sticky6 | q6[0];
-  assign \$108  = \$106  & \$107 ;
-  assign rounded6 = $signed(q6) + $signed({ 1'h0, \$108  });
-  assign \$109  = ! \port$1256$76 [21:16];
-  assign q7 = \$109  ? y7 : \$110 ;
-  assign \$111  = | \port$1256$76 [21:16];
-  assign \$112  = y7[0] & \$111 ;
-  assign \$113  = sticky7 | q7[0];
-  assign \$114  = \$112  & \$113 ;
-  assign rounded7 = $signed(q7) + $signed({ 1'h0, \$114  });
-  assign \$115  = $signed(i__payload[31:0]) * $signed({ 1'h0, \port$1256$76 [15:0] });
-  assign \$116  = ! \port$1256$76 [21:16];
-  assign \$117  = $signed(prod0) >>> \$2 [5:0];
-  assign \$118  = \$116  ? prod0 : \$117 ;
-  assign \$119  = prod0 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$120  = | \$119 ;
-  assign \$121  = $signed(rounded0) < $signed(8'h80);
-  assign \$122  = $signed(rounded0) > $signed(8'h7f);
-  assign \$123  = \$122  ? 65'h0000000000000007f : rounded0;
-  assign \$124  = \$121  ? 65'h1ffffffffffffff80 : \$123 ;
-  assign \$125  = $signed(i__payload[63:32]) * $signed({ 1'h0, \port$1256$76 [15:0] });
-  assign \$126  = ! \port$1256$76 [21:16];
-  assign \$127  = $signed(prod1) >>> \$2 [5:0];
-  assign \$128  = \$126  ? prod1 : \$127 ;
-  assign \$129  = prod1 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$130  = | \$129 ;
-  assign \$131  = $signed(rounded1) < $signed(8'h80);
-  assign \$132  = $signed(rounded1) > $signed(8'h7f);
-  assign \$133  = \$132  ? 65'h0000000000000007f : rounded1;
-  assign \$134  = \$131  ? 65'h1ffffffffffffff80 : \$133 ;
-  assign \$135  = $signed(i__payload[95:64]) * $signed({ 1'h0, \port$1256$76 [15:0] });
-  assign \$136  = ! \port$1256$76 [21:16];
-  assign \$137  = $signed(prod2) >>> \$2 [5:0];
-  assign \$138  = \$136  ? prod2 : \$137 ;
-  assign \$139  = prod2 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$140  = | \$139 ;
-  assign \$141  = $signed(rounded2) < $signed(8'h80);
-  assign \$142  = $signed(rounded2) > $signed(8'h7f);
-  assign \$143  = \$142  ? 65'h0000000000000007f : rounded2;
-  assign \$144  = \$141  ? 65'h1ffffffffffffff80 : \$143 ;
-  assign \$145  = $signed(i__payload[127:96]) * $signed({ 1'h0, \port$1256$76 [15:0] });
-  assign \$146  = ! \port$1256$76 [21:16];
-  assign \$147  = $signed(prod3) >>> \$2 [5:0];
-  assign \$148  = \$146  ? prod3 : \$147 ;
-  assign \$149  = prod3 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$150  = | \$149 ;
-  assign \$151  = $signed(rounded3) < $signed(8'h80);
-  assign \$152  = $signed(rounded3) > $signed(8'h7f);
-  assign \$153  = \$152  ? 65'h0000000000000007f : rounded3;
-  assign \$154  = \$151  ? 65'h1ffffffffffffff80 : \$153 ;
-  assign \$155  = $signed(i__payload[159:128]) * $signed({ 1'h0, \port$1256$76 [15:0] });
-  assign \$156  = ! \port$1256$76 [21:16];
-  assign \$157  = $signed(prod4) >>> \$2 [5:0];
-  assign \$158  = \$156  ? prod4 : \$157 ;
-  assign \$159  = prod4 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$160  = | \$159 ;
-  assign \$161  = $signed(rounded4) < $signed(8'h80);
-  assign \$162  = $signed(rounded4) > $signed(8'h7f);
-  assign \$163  = \$162  ? 65'h0000000000000007f : rounded4;
-  assign \$164  = \$161  ? 65'h1ffffffffffffff80 : \$163 ;
-  assign \$165  = $signed(i__payload[191:160]) * $signed({ 1'h0, \port$1256$76 [15:0] });
-  assign \$166  = ! \port$1256$76 [21:16];
-  assign \$167  = $signed(prod5) >>> \$2 [5:0];
-  assign \$168  = \$166  ? prod5 : \$167 ;
-  assign \$169  = prod5 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$170  = | \$169 ;
-  assign \$171  = $signed(rounded5) < $signed(8'h80);
-  assign \$172  = $signed(rounded5) > $signed(8'h7f);
-  assign \$173  = \$172  ? 65'h0000000000000007f : rounded5;
-  assign \$174  = \$171  ? 65'h1ffffffffffffff80 : \$173 ;
-  assign \$175  = $signed(i__payload[223:192]) * $signed({ 1'h0, \port$1256$76 [15:0] });
-  assign \$176  = ! \port$1256$76 [21:16];
-  assign \$177  = $signed(prod6) >>> \$2 [5:0];
-  assign \$178  = \$176  ? prod6 : \$177 ;
-  assign \$179  = prod6 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$180  = | \$179 ;
-  assign \$181  = $signed(rounded6) < $signed(8'h80);
-  assign \$182  = $signed(rounded6) > $signed(8'h7f);
-  assign \$183  = \$182  ? 65'h0000000000000007f : rounded6;
-  assign \$184  = \$181  ? 65'h1ffffffffffffff80 : \$183 ;
-  assign \$185  = $signed(i__payload[255:224]) * $signed({ 1'h0, \port$1256$76 [15:0] });
-  assign \$186  = ! \port$1256$76 [21:16];
-  assign \$187  = $signed(prod7) >>> \$2 [5:0];
-  assign \$188  = \$186  ? prod7 : \$187 ;
-  assign \$189  = prod7 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$190  = | \$189 ;
-  assign \$191  = $signed(rounded7) < $signed(8'h80);
-  assign \$192  = $signed(rounded7) > $signed(8'h7f);
-  assign \$193  = \$192  ? 65'h0000000000000007f : rounded7;
-  assign \$194  = \$191  ? 65'h1ffffffffffffff80 : \$193 ;
+  assign q0 = shift_nz ? \$2  : y0;
+  assign q1 = shift_nz ? \$3  : y1;
+  assign q2 = shift_nz ? \$4  : y2;
+  assign q3 = shift_nz ? \$5  : y3;
+  assign q4 = shift_nz ? \$6  : y4;
+  assign q5 = shift_nz ? \$7  : y5;
+  assign q6 = shift_nz ? \$8  : y6;
+  assign q7 = shift_nz ? \$9  : y7;
+  assign \$12  = $signed(\$10 ) + $signed(\$11 );
+  assign \$15  = $signed(\$13 ) + $signed(\$14 );
+  assign \$18  = $signed(\$16 ) + $signed(\$17 );
+  assign \$21  = $signed(\$19 ) + $signed(\$20 );
+  assign \$24  = $signed(\$22 ) + $signed(\$23 );
+  assign \$27  = $signed(\$25 ) + $signed(\$26 );
+  assign \$30  = $signed(\$28 ) + $signed(\$29 );
+  assign \$33  = $signed(\$31 ) + $signed(\$32 );
+  assign \$34  = | \port$1325$76 [21:16];
+  assign \$35  = \port$1325$76 [21:16] - 1'h1;
+  assign \$36  = \port$1325$76 [21:16] - 1'h1;
+  assign \$37  = \$36 [5:0] > 1'h0;
+  assign \$38  = \port$1325$76 [21:16] - 1'h1;
+  assign \$39  = \$38 [5:0] > 1'h1;
+  assign \$40  = \port$1325$76 [21:16] - 1'h1;
+  assign \$41  = \$40 [5:0] > 2'h2;
+  assign \$42  = \port$1325$76 [21:16] - 1'h1;
+  assign \$43  = \$42 [5:0] > 2'h3;
+  assign \$44  = \port$1325$76 [21:16] - 1'h1;
+  assign \$45  = \$44 [5:0] > 3'h4;
+  assign \$46  = \port$1325$76 [21:16] - 1'h1;
+  assign \$47  = \$46 [5:0] > 3'h5;
+  assign \$48  = \port$1325$76 [21:16] - 1'h1;
+  assign \$49  = \$48 [5:0] > 3'h6;
+  assign \$50  = \port$1325$76 [21:16] - 1'h1;
+  assign \$51  = \$50 [5:0] > 3'h7;
+  assign \$52  = \port$1325$76 [21:16] - 1'h1;
+  assign \$53  = \$52 [5:0] > 4'h8;
+  assign \$54  = \port$1325$76 [21:16] - 1'h1;
+  assign \$55  = \$54 [5:0] > 4'h9;
+  assign \$56  = \port$1325$76 [21:16] - 1'h1;
+  assign \$57  = \$56 [5:0] > 4'ha;
+  assign \$58  = \port$1325$76 [21:16] - 1'h1;
+  assign \$59  = \$58 [5:0] > 4'hb;
+  assign \$60  = \port$1325$76 [21:16] - 1'h1;
+  assign \$61  = \$60 [5:0] > 4'hc;
+  assign \$62  = \port$1325$76 [21:16] - 1'h1;
+  assign \$63  = \$62 [5:0] > 4'hd;
+  assign \$64  = \port$1325$76 [21:16] - 1'h1;
+  assign \$65  = \$64 [5:0] > 4'he;
+  assign \$66  = \port$1325$76 [21:16] - 1'h1;
+  assign \$67  = \$66 [5:0] > 4'hf;
+  assign \$68  = \port$1325$76 [21:16] - 1'h1;
+  assign \$69  = \$68 [5:0] > 5'h10;
+  assign \$70  = \port$1325$76 [21:16] - 1'h1;
+  assign \$71  = \$70 [5:0] > 5'h11;
+  assign \$72  = \port$1325$76 [21:16] - 1'h1;
+  assign \$73  = \$72 [5:0] > 5'h12;
+  assign \$74  = \port$1325$76 [21:16] - 1'h1;
+  assign \$75  = \$74 [5:0] > 5'h13;
+  assign \$76  = \port$1325$76 [21:16] - 1'h1;
+  assign \$77  = \$76 [5:0] > 5'h14;
+  assign \$78  = \port$1325$76 [21:16] - 1'h1;
+  assign \$79  = \$78 [5:0] > 5'h15;
+  assign \$80  = \port$1325$76 [21:16] - 1'h1;
+  assign \$81  = \$80 [5:0] > 5'h16;
+  assign \$82  = \port$1325$76 [21:16] - 1'h1;
+  assign \$83  = \$82 [5:0] > 5'h17;
+  assign \$84  = \port$1325$76 [21:16] - 1'h1;
+  assign \$85  = \$84 [5:0] > 5'h18;
+  assign \$86  = \port$1325$76 [21:16] - 1'h1;
+  assign \$87  = \$86 [5:0] > 5'h19;
+  assign \$88  = \port$1325$76 [21:16] - 1'h1;
+  assign \$89  = \$88 [5:0] > 5'h1a;
+  assign \$90  = \port$1325$76 [21:16] - 1'h1;
+  assign \$91  = \$90 [5:0] > 5'h1b;
+  assign \$92  = \port$1325$76 [21:16] - 1'h1;
+  assign \$93  = \$92 [5:0] > 5'h1c;
+  assign \$94  = \port$1325$76 [21:16] - 1'h1;
+  assign \$95  = \$94 [5:0] > 5'h1d;
+  assign \$96  = \port$1325$76 [21:16] - 1'h1;
+  assign \$97  = \$96 [5:0] > 5'h1e;
+  assign \$98  = \port$1325$76 [21:16] - 1'h1;
+  assign \$99  = \$98 [5:0] > 5'h1f;
+  assign \$100  = \port$1325$76 [21:16] - 1'h1;
+  assign \$101  = \$100 [5:0] > 6'h20;
+  assign \$102  = \port$1325$76 [21:16] - 1'h1;
+  assign \$103  = \$102 [5:0] > 6'h21;
+  assign \$104  = \port$1325$76 [21:16] - 1'h1;
+  assign \$105  = \$104 [5:0] > 6'h22;
+  assign \$106  = \port$1325$76 [21:16] - 1'h1;
+  assign \$107  = \$106 [5:0] > 6'h23;
+  assign \$108  = \port$1325$76 [21:16] - 1'h1;
+  assign \$109  = \$108 [5:0] > 6'h24;
+  assign \$110  = \port$1325$76 [21:16] - 1'h1;
+  assign \$111  = \$110 [5:0] > 6'h25;
+  assign \$112  = \port$1325$76 [21:16] - 1'h1;
+  assign \$113  = \$112 [5:0] > 6'h26;
+  assign \$114  = \port$1325$76 [21:16] - 1'h1;
+  assign \$115  = \$114 [5:0] > 6'h27;
+  assign \$116  = \port$1325$76 [21:16] - 1'h1;
+  assign \$117  = \$116 [5:0] > 6'h28;
+  assign \$118  = \port$1325$76 [21:16] - 1'h1;
+  assign \$119  = \$118 [5:0] > 6'h29;
+  assign \$120  = \port$1325$76 [21:16] - 1'h1;
+  assign \$121  = \$120 [5:0] > 6'h2a;
+  assign \$122  = \port$1325$76 [21:16] - 1'h1;
+  assign \$123  = \$122 [5:0] > 6'h2b;
+  assign \$124  = \port$1325$76 [21:16] - 1'h1;
+  assign \$125  = \$124 [5:0] > 6'h2c;
+  assign \$126  = \port$1325$76 [21:16] - 1'h1;
+  assign \$127  = \$126 [5:0] > 6'h2d;
+  assign \$128  = \port$1325$76 [21:16] - 1'h1;
+  assign \$129  = \$128 [5:0] > 6'h2e;
+  assign \$130  = \port$1325$76 [21:16] - 1'h1;
+  assign \$131  = \$130 [5:0] > 6'h2f;
+  assign \$132  = $signed(x0) >>> shift_m1;
+  assign \$133  = shift_nz ? \$132  : x0;
+  assign \$134  = x0 & below_half;
+  assign \$135  = | \$134 ;
+  assign \$136  = y0[0] & shift_nz;
+  assign \$137  = sticky0 | q0[0];
+  assign \$138  = \$136  & \$137 ;
+  assign \$139  = $signed(q0) + $signed({ 1'h0, \$138  });
+  assign \$140  = $signed(rounded0) < $signed(8'h80);
+  assign \$141  = $signed(rounded0) > $signed(8'h7f);
+  assign \$142  = \$141  ? 49'h000000000007f : rounded0;
+  assign \$143  = \$140  ? 49'h1ffffffffff80 : \$142 ;
+  assign \$144  = $signed(x1) >>> shift_m1;
+  assign \$145  = shift_nz ? \$144  : x1;
+  assign \$146  = x1 & below_half;
+  assign \$147  = | \$146 ;
+  assign \$148  = y1[0] & shift_nz;
+  assign \$149  = sticky1 | q1[0];
+  assign \$150  = \$148  & \$149 ;
+  assign \$151  = $signed(q1) + $signed({ 1'h0, \$150  });
+  assign \$152  = $signed(rounded1) < $signed(8'h80);
+  assign \$153  = $signed(rounded1) > $signed(8'h7f);
+  assign \$154  = \$153  ? 49'h000000000007f : rounded1;
+  assign \$155  = \$152  ? 49'h1ffffffffff80 : \$154 ;
+  assign \$156  = $signed(x2) >>> shift_m1;
+  assign \$157  = shift_nz ? \$156  : x2;
+  assign \$158  = x2 & below_half;
+  assign \$159  = | \$158 ;
+  assign \$160  = y2[0] & shift_nz;
+  assign \$161  = sticky2 | q2[0];
+  assign \$162  = \$160  & \$161 ;
+  assign \$163  = $signed(q2) + $signed({ 1'h0, \$162  });
+  assign \$164  = $signed(rounded2) < $signed(8'h80);
+  assign \$165  = $signed(rounded2) > $signed(8'h7f);
+  assign \$166  = \$165  ? 49'h000000000007f : rounded2;
+  assign \$167  = \$164  ? 49'h1ffffffffff80 : \$166 ;
+  assign \$168  = $signed(x3) >>> shift_m1;
+  assign \$169  = shift_nz ? \$168  : x3;
+  assign \$170  = x3 & below_half;
+  assign \$171  = | \$170 ;
+  assign \$172  = y3[0] & shift_nz;
+  assign \$173  = sticky3 | q3[0];
+  assign \$174  = \$172  & \$173 ;
+  assign \$175  = $signed(q3) + $signed({ 1'h0, \$174  });
+  assign \$176  = $signed(rounded3) < $signed(8'h80);
+  assign \$177  = $signed(rounded3) > $signed(8'h7f);
+  assign \$178  = \$177  ? 49'h000000000007f : rounded3;
+  assign \$179  = \$176  ? 49'h1ffffffffff80 : \$178 ;
+  assign \$180  = $signed(x4) >>> shift_m1;
+  assign \$181  = shift_nz ? \$180  : x4;
+  assign \$182  = x4 & below_half;
+  assign \$183  = | \$182 ;
+  assign \$184  = y4[0] & shift_nz;
+  assign \$185  = sticky4 | q4[0];
+  assign \$186  = \$184  & \$185 ;
+  assign \$187  = $signed(q4) + $signed({ 1'h0, \$186  });
+  assign \$188  = $signed(rounded4) < $signed(8'h80);
+  assign \$189  = $signed(rounded4) > $signed(8'h7f);
+  assign \$190  = \$189  ? 49'h000000000007f : rounded4;
+  assign \$191  = \$188  ? 49'h1ffffffffff80 : \$190 ;
+  assign \$192  = $signed(x5) >>> shift_m1;
+  assign \$193  = shift_nz ? \$192  : x5;
+  assign \$194  = x5 & below_half;
+  assign \$195  = | \$194 ;
+  assign \$196  = y5[0] & shift_nz;
+  assign \$197  = sticky5 | q5[0];
+  assign \$198  = \$196  & \$197 ;
+  assign \$199  = $signed(q5) + $signed({ 1'h0, \$198  });
+  assign \$200  = $signed(rounded5) < $signed(8'h80);
+  assign \$201  = $signed(rounded5) > $signed(8'h7f);
+  assign \$202  = \$201  ? 49'h000000000007f : rounded5;
+  assign \$203  = \$200  ? 49'h1ffffffffff80 : \$202 ;
+  assign \$204  = $signed(x6) >>> shift_m1;
+  assign \$205  = shift_nz ? \$204  : x6;
+  assign \$206  = x6 & below_half;
+  assign \$207  = | \$206 ;
+  assign \$208  = y6[0] & shift_nz;
+  assign \$209  = sticky6 | q6[0];
+  assign \$210  = \$208  & \$209 ;
+  assign \$211  = $signed(q6) + $signed({ 1'h0, \$210  });
+  assign \$212  = $signed(rounded6) < $signed(8'h80);
+  assign \$213  = $signed(rounded6) > $signed(8'h7f);
+  assign \$214  = \$213  ? 49'h000000000007f : rounded6;
+  assign \$215  = \$212  ? 49'h1ffffffffff80 : \$214 ;
+  assign \$216  = $signed(x7) >>> shift_m1;
+  assign \$217  = shift_nz ? \$216  : x7;
+  assign \$218  = x7 & below_half;
+  assign \$219  = | \$218 ;
+  assign \$220  = y7[0] & shift_nz;
+  assign \$221  = sticky7 | q7[0];
+  assign \$222  = \$220  & \$221 ;
+  assign \$223  = $signed(q7) + $signed({ 1'h0, \$222  });
+  assign \$224  = $signed(rounded7) < $signed(8'h80);
+  assign \$225  = $signed(rounded7) > $signed(8'h7f);
+  assign \$226  = \$225  ? 49'h000000000007f : rounded7;
+  assign \$227  = \$224  ? 49'h1ffffffffff80 : \$226 ;
   always @(posedge clk)
-    \$signal  <= \$195 ;
+    \$signal  <= \$228 ;
   always @(posedge clk)
-    v2 <= \$196 ;
+    v2 <= \$229 ;
   always @(posedge clk)
-    o__valid <= \$197 ;
+    x_valid <= \$230 ;
   always @(posedge clk)
-    prod0 <= \$198 ;
+    x0 <= \$231 ;
   always @(posedge clk)
-    y0 <= \$199 ;
+    x1 <= \$232 ;
   always @(posedge clk)
-    sticky0 <= \$200 ;
+    x2 <= \$233 ;
   always @(posedge clk)
-    o__payload <= \$201 ;
+    x3 <= \$234 ;
   always @(posedge clk)
-    prod1 <= \$202 ;
+    x4 <= \$235 ;
   always @(posedge clk)
-    y1 <= \$203 ;
+    x5 <= \$236 ;
   always @(posedge clk)
-    sticky1 <= \$204 ;
+    x6 <= \$237 ;
   always @(posedge clk)
-    prod2 <= \$205 ;
+    x7 <= \$238 ;
   always @(posedge clk)
-    y2 <= \$206 ;
+    shift_nz <= \$239 ;
   always @(posedge clk)
-    sticky2 <= \$207 ;
+    shift_m1 <= \$240 ;
   always @(posedge clk)
-    prod3 <= \$208 ;
+    below_half <= \$241 ;
   always @(posedge clk)
-    y3 <= \$209 ;
+    \$signal$89  <= \$242 ;
   always @(posedge clk)
-    sticky3 <= \$210 ;
+    v_round <= \$243 ;
   always @(posedge clk)
-    prod4 <= \$211 ;
+    o__valid <= \$244 ;
   always @(posedge clk)
-    y4 <= \$212 ;
+    y0 <= \$245 ;
   always @(posedge clk)
-    sticky4 <= \$213 ;
+    sticky0 <= \$246 ;
   always @(posedge clk)
-    prod5 <= \$214 ;
+    rounded0 <= \$247 ;
   always @(posedge clk)
-    y5 <= \$215 ;
+    o__payload <= \$248 ;
   always @(posedge clk)
-    sticky5 <= \$216 ;
+    y1 <= \$249 ;
   always @(posedge clk)
-    prod6 <= \$217 ;
+    sticky1 <= \$250 ;
   always @(posedge clk)
-    y6 <= \$218 ;
+    rounded1 <= \$251 ;
   always @(posedge clk)
-    sticky6 <= \$219 ;
+    y2 <= \$252 ;
   always @(posedge clk)
-    prod7 <= \$220 ;
+    sticky2 <= \$253 ;
   always @(posedge clk)
-    y7 <= \$221 ;
+    rounded2 <= \$254 ;
   always @(posedge clk)
-    sticky7 <= \$222 ;
+    y3 <= \$255 ;
+  always @(posedge clk)
+    sticky3 <= \$256 ;
+  always @(posedge clk)
+    rounded3 <= \$257 ;
+  always @(posedge clk)
+    y4 <= \$258 ;
+  always @(posedge clk)
+    sticky4 <= \$259 ;
+  always @(posedge clk)
+    rounded4 <= \$260 ;
+  always @(posedge clk)
+    y5 <= \$261 ;
+  always @(posedge clk)
+    sticky5 <= \$262 ;
+  always @(posedge clk)
+    rounded5 <= \$263 ;
+  always @(posedge clk)
+    y6 <= \$264 ;
+  always @(posedge clk)
+    sticky6 <= \$265 ;
+  always @(posedge clk)
+    rounded6 <= \$266 ;
+  always @(posedge clk)
+    y7 <= \$267 ;
+  always @(posedge clk)
+    sticky7 <= \$268 ;
+  always @(posedge clk)
+    rounded7 <= \$269 ;
+  \nanokpu_gemm.requant.mul  mul (
+    .clk(clk),
+    .en(advance),
+    .p__0(p__0),
+    .p__1(p__1),
+    .p__10(p__10),
+    .p__11(p__11),
+    .p__12(p__12),
+    .p__13(p__13),
+    .p__14(p__14),
+    .p__15(p__15),
+    .p__2(p__2),
+    .p__3(p__3),
+    .p__4(p__4),
+    .p__5(p__5),
+    .p__6(p__6),
+    .p__7(p__7),
+    .p__8(p__8),
+    .p__9(p__9),
+    .\port$1223$0 (i__payload),
+    .\port$1325$76 (\port$1325$76 [15:0]),
+    .rst(rst)
+  );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$195  = \$signal ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$228  = \$signal ;
     if (advance) begin
-      \$195  = i__valid;
+      \$228  = i__valid;
     end
     if (rst) begin
-      \$195  = 1'h0;
+      \$228  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$196  = v2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$229  = v2;
     if (advance) begin
-      \$196  = \$signal ;
+      \$229  = \$signal ;
     end
     if (rst) begin
-      \$196  = 1'h0;
+      \$229  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$197  = o__valid;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$230  = x_valid;
     if (advance) begin
-      \$197  = v2;
+      \$230  = v2;
     end
     if (rst) begin
-      \$197  = 1'h0;
+      \$230  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$198  = prod0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$231  = x0;
     if (advance) begin
-      \$198  = { \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115 [47], \$115  };
+      \$231  = \$12 [47:0];
     end
     if (rst) begin
-      \$198  = 64'h0000000000000000;
+      \$231  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$199  = y0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$232  = x1;
     if (advance) begin
-      \$199  = \$118 ;
+      \$232  = \$15 [47:0];
     end
     if (rst) begin
-      \$199  = 64'h0000000000000000;
+      \$232  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$200  = sticky0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$233  = x2;
     if (advance) begin
-      \$200  = \$120 ;
+      \$233  = \$18 [47:0];
     end
     if (rst) begin
-      \$200  = 1'h0;
+      \$233  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$201  = o__payload;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$234  = x3;
     if (advance) begin
-      \$201 [7:0] = \$124 [7:0];
-      \$201 [15:8] = \$134 [7:0];
-      \$201 [23:16] = \$144 [7:0];
-      \$201 [31:24] = \$154 [7:0];
-      \$201 [39:32] = \$164 [7:0];
-      \$201 [47:40] = \$174 [7:0];
-      \$201 [55:48] = \$184 [7:0];
-      \$201 [63:56] = \$194 [7:0];
+      \$234  = \$21 [47:0];
     end
     if (rst) begin
-      \$201  = 64'h0000000000000000;
+      \$234  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$202  = prod1;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$235  = x4;
     if (advance) begin
-      \$202  = { \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125 [47], \$125  };
+      \$235  = \$24 [47:0];
     end
     if (rst) begin
-      \$202  = 64'h0000000000000000;
+      \$235  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$203  = y1;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$236  = x5;
     if (advance) begin
-      \$203  = \$128 ;
+      \$236  = \$27 [47:0];
     end
     if (rst) begin
-      \$203  = 64'h0000000000000000;
+      \$236  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$204  = sticky1;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$237  = x6;
     if (advance) begin
-      \$204  = \$130 ;
+      \$237  = \$30 [47:0];
     end
     if (rst) begin
-      \$204  = 1'h0;
+      \$237  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$205  = prod2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$238  = x7;
     if (advance) begin
-      \$205  = { \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135 [47], \$135  };
+      \$238  = \$33 [47:0];
     end
     if (rst) begin
-      \$205  = 64'h0000000000000000;
+      \$238  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$206  = y2;
-    if (advance) begin
-      \$206  = \$138 ;
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$239  = \$34 ;
     if (rst) begin
-      \$206  = 64'h0000000000000000;
+      \$239  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$207  = sticky2;
-    if (advance) begin
-      \$207  = \$140 ;
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$240  = \$35 [5:0];
     if (rst) begin
-      \$207  = 1'h0;
+      \$240  = 6'h00;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$208  = prod3;
-    if (advance) begin
-      \$208  = { \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145 [47], \$145  };
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$241  = { \$131 , \$129 , \$127 , \$125 , \$123 , \$121 , \$119 , \$117 , \$115 , \$113 , \$111 , \$109 , \$107 , \$105 , \$103 , \$101 , \$99 , \$97 , \$95 , \$93 , \$91 , \$89 , \$87 , \$85 , \$83 , \$81 , \$79 , \$77 , \$75 , \$73 , \$71 , \$69 , \$67 , \$65 , \$63 , \$61 , \$59 , \$57 , \$55 , \$53 , \$51 , \$49 , \$47 , \$45 , \$43 , \$41 , \$39 , \$37  };
     if (rst) begin
-      \$208  = 64'h0000000000000000;
+      \$241  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$209  = y3;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$242  = \$signal$89 ;
     if (advance) begin
-      \$209  = \$148 ;
+      \$242  = x_valid;
     end
     if (rst) begin
-      \$209  = 64'h0000000000000000;
+      \$242  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$210  = sticky3;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$243  = v_round;
     if (advance) begin
-      \$210  = \$150 ;
+      \$243  = \$signal$89 ;
     end
     if (rst) begin
-      \$210  = 1'h0;
+      \$243  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$211  = prod4;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$244  = o__valid;
     if (advance) begin
-      \$211  = { \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155 [47], \$155  };
+      \$244  = v_round;
     end
     if (rst) begin
-      \$211  = 64'h0000000000000000;
+      \$244  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$212  = y4;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$245  = y0;
     if (advance) begin
-      \$212  = \$158 ;
+      \$245  = \$133 ;
     end
     if (rst) begin
-      \$212  = 64'h0000000000000000;
+      \$245  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$213  = sticky4;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$246  = sticky0;
     if (advance) begin
-      \$213  = \$160 ;
+      \$246  = \$135 ;
     end
     if (rst) begin
-      \$213  = 1'h0;
+      \$246  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$214  = prod5;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$247  = rounded0;
     if (advance) begin
-      \$214  = { \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165 [47], \$165  };
+      \$247  = \$139 ;
     end
     if (rst) begin
-      \$214  = 64'h0000000000000000;
+      \$247  = 49'h0000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$215  = y5;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$248  = o__payload;
     if (advance) begin
-      \$215  = \$168 ;
+      \$248 [7:0] = \$143 [7:0];
+      \$248 [15:8] = \$155 [7:0];
+      \$248 [23:16] = \$167 [7:0];
+      \$248 [31:24] = \$179 [7:0];
+      \$248 [39:32] = \$191 [7:0];
+      \$248 [47:40] = \$203 [7:0];
+      \$248 [55:48] = \$215 [7:0];
+      \$248 [63:56] = \$227 [7:0];
     end
     if (rst) begin
-      \$215  = 64'h0000000000000000;
+      \$248  = 64'h0000000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$216  = sticky5;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$249  = y1;
     if (advance) begin
-      \$216  = \$170 ;
+      \$249  = \$145 ;
     end
     if (rst) begin
-      \$216  = 1'h0;
+      \$249  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$217  = prod6;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$250  = sticky1;
     if (advance) begin
-      \$217  = { \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175 [47], \$175  };
+      \$250  = \$147 ;
     end
     if (rst) begin
-      \$217  = 64'h0000000000000000;
+      \$250  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$218  = y6;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$251  = rounded1;
     if (advance) begin
-      \$218  = \$178 ;
+      \$251  = \$151 ;
     end
     if (rst) begin
-      \$218  = 64'h0000000000000000;
+      \$251  = 49'h0000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$219  = sticky6;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$252  = y2;
     if (advance) begin
-      \$219  = \$180 ;
+      \$252  = \$157 ;
     end
     if (rst) begin
-      \$219  = 1'h0;
+      \$252  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$220  = prod7;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$253  = sticky2;
     if (advance) begin
-      \$220  = { \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185 [47], \$185  };
+      \$253  = \$159 ;
     end
     if (rst) begin
-      \$220  = 64'h0000000000000000;
+      \$253  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$221  = y7;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$254  = rounded2;
     if (advance) begin
-      \$221  = \$188 ;
+      \$254  = \$163 ;
     end
     if (rst) begin
-      \$221  = 64'h0000000000000000;
+      \$254  = 49'h0000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$222  = sticky7;
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$255  = y3;
     if (advance) begin
-      \$222  = \$190 ;
+      \$255  = \$169 ;
     end
     if (rst) begin
-      \$222  = 1'h0;
+      \$255  = 48'h000000000000;
     end
   end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$256  = sticky3;
+    if (advance) begin
+      \$256  = \$171 ;
+    end
+    if (rst) begin
+      \$256  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$257  = rounded3;
+    if (advance) begin
+      \$257  = \$175 ;
+    end
+    if (rst) begin
+      \$257  = 49'h0000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$258  = y4;
+    if (advance) begin
+      \$258  = \$181 ;
+    end
+    if (rst) begin
+      \$258  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$259  = sticky4;
+    if (advance) begin
+      \$259  = \$183 ;
+    end
+    if (rst) begin
+      \$259  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$260  = rounded4;
+    if (advance) begin
+      \$260  = \$187 ;
+    end
+    if (rst) begin
+      \$260  = 49'h0000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$261  = y5;
+    if (advance) begin
+      \$261  = \$193 ;
+    end
+    if (rst) begin
+      \$261  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$262  = sticky5;
+    if (advance) begin
+      \$262  = \$195 ;
+    end
+    if (rst) begin
+      \$262  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$263  = rounded5;
+    if (advance) begin
+      \$263  = \$199 ;
+    end
+    if (rst) begin
+      \$263  = 49'h0000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$264  = y6;
+    if (advance) begin
+      \$264  = \$205 ;
+    end
+    if (rst) begin
+      \$264  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$265  = sticky6;
+    if (advance) begin
+      \$265  = \$207 ;
+    end
+    if (rst) begin
+      \$265  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$266  = rounded6;
+    if (advance) begin
+      \$266  = \$211 ;
+    end
+    if (rst) begin
+      \$266  = 49'h0000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$267  = y7;
+    if (advance) begin
+      \$267  = \$217 ;
+    end
+    if (rst) begin
+      \$267  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$268  = sticky7;
+    if (advance) begin
+      \$268  = \$219 ;
+    end
+    if (rst) begin
+      \$268  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$269  = rounded7;
+    if (advance) begin
+      \$269  = \$223 ;
+    end
+    if (rst) begin
+      \$269  = 49'h0000000000000;
+    end
+  end
+  assign en = advance;
   assign i__ready = advance;
-  assign shift_m1 = \$2 [5:0];
-  assign shift = \port$1256$76 [21:16];
-  assign below_half = { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign mult = \port$1256$76 [15:0];
+  assign a__0 = { 1'h0, i__payload[16:0] };
+  assign b__0 = { 2'h0, \port$1325$76 [15:0] };
+  assign mult = \port$1325$76 [15:0];
+  assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
+  assign b__1 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__2 = { 1'h0, i__payload[48:32] };
+  assign b__2 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
+  assign b__3 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__4 = { 1'h0, i__payload[80:64] };
+  assign b__4 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
+  assign b__5 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__6 = { 1'h0, i__payload[112:96] };
+  assign b__6 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
+  assign b__7 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__8 = { 1'h0, i__payload[144:128] };
+  assign b__8 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__9 = { i__payload[159], i__payload[159], i__payload[159], i__payload[159:145] };
+  assign b__9 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__10 = { 1'h0, i__payload[176:160] };
+  assign b__10 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__11 = { i__payload[191], i__payload[191], i__payload[191], i__payload[191:177] };
+  assign b__11 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__12 = { 1'h0, i__payload[208:192] };
+  assign b__12 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__13 = { i__payload[223], i__payload[223], i__payload[223], i__payload[223:209] };
+  assign b__13 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__14 = { 1'h0, i__payload[240:224] };
+  assign b__14 = { 2'h0, \port$1325$76 [15:0] };
+  assign a__15 = { i__payload[255], i__payload[255], i__payload[255], i__payload[255:241] };
+  assign b__15 = { 2'h0, \port$1325$76 [15:0] };
+  assign shift = \port$1325$76 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -25424,12 +27076,828 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$125
   assign \o__payload[5]  = o__payload[47:40];
   assign \o__payload[6]  = o__payload[55:48];
   assign \o__payload[7]  = o__payload[63:56];
-  assign \$68  = { y0[63], y0[63:1] };
-  assign \$74  = { y1[63], y1[63:1] };
-  assign \$80  = { y2[63], y2[63:1] };
-  assign \$86  = { y3[63], y3[63:1] };
-  assign \$92  = { y4[63], y4[63:1] };
-  assign \$98  = { y5[63], y5[63:1] };
-  assign \$104  = { y6[63], y6[63:1] };
-  assign \$110  = { y7[63], y7[63:1] };
+  assign \$2  = { y0[47], y0[47:1] };
+  assign \$3  = { y1[47], y1[47:1] };
+  assign \$4  = { y2[47], y2[47:1] };
+  assign \$5  = { y3[47], y3[47:1] };
+  assign \$6  = { y4[47], y4[47:1] };
+  assign \$7  = { y5[47], y5[47:1] };
+  assign \$8  = { y6[47], y6[47:1] };
+  assign \$9  = { y7[47], y7[47:1] };
+  assign \$10  = { p__0[35], p__0 };
+  assign \$11  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$13  = { p__2[35], p__2 };
+  assign \$14  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$16  = { p__4[35], p__4 };
+  assign \$17  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$19  = { p__6[35], p__6 };
+  assign \$20  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$22  = { p__8[35], p__8 };
+  assign \$23  = { p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9, 17'h00000 };
+  assign \$25  = { p__10[35], p__10 };
+  assign \$26  = { p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11, 17'h00000 };
+  assign \$28  = { p__12[35], p__12 };
+  assign \$29  = { p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13, 17'h00000 };
+  assign \$31  = { p__14[35], p__14 };
+  assign \$32  = { p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15, 17'h00000 };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
+);
+  reg \$auto$verilog_backend.cc:2355:dump_module$69  = 0;
+  wire [35:0] \$1 ;
+  wire [35:0] \$10 ;
+  wire [35:0] \$11 ;
+  wire [35:0] \$12 ;
+  wire [35:0] \$13 ;
+  wire [35:0] \$14 ;
+  wire [35:0] \$15 ;
+  wire [35:0] \$16 ;
+  reg [17:0] \$17 ;
+  reg [17:0] \$18 ;
+  reg [35:0] \$19 ;
+  wire [35:0] \$2 ;
+  reg [17:0] \$20 ;
+  reg [17:0] \$21 ;
+  reg [35:0] \$22 ;
+  reg [17:0] \$23 ;
+  reg [17:0] \$24 ;
+  reg [35:0] \$25 ;
+  reg [17:0] \$26 ;
+  reg [17:0] \$27 ;
+  reg [35:0] \$28 ;
+  reg [17:0] \$29 ;
+  wire [35:0] \$3 ;
+  reg [17:0] \$30 ;
+  reg [35:0] \$31 ;
+  reg [17:0] \$32 ;
+  reg [17:0] \$33 ;
+  reg [35:0] \$34 ;
+  reg [17:0] \$35 ;
+  reg [17:0] \$36 ;
+  reg [35:0] \$37 ;
+  reg [17:0] \$38 ;
+  reg [17:0] \$39 ;
+  wire [35:0] \$4 ;
+  reg [35:0] \$40 ;
+  reg [17:0] \$41 ;
+  reg [17:0] \$42 ;
+  reg [35:0] \$43 ;
+  reg [17:0] \$44 ;
+  reg [17:0] \$45 ;
+  reg [35:0] \$46 ;
+  reg [17:0] \$47 ;
+  reg [17:0] \$48 ;
+  reg [35:0] \$49 ;
+  wire [35:0] \$5 ;
+  reg [17:0] \$50 ;
+  reg [17:0] \$51 ;
+  reg [35:0] \$52 ;
+  reg [17:0] \$53 ;
+  reg [17:0] \$54 ;
+  reg [35:0] \$55 ;
+  reg [17:0] \$56 ;
+  reg [17:0] \$57 ;
+  reg [35:0] \$58 ;
+  reg [17:0] \$59 ;
+  wire [35:0] \$6 ;
+  reg [17:0] \$60 ;
+  reg [35:0] \$61 ;
+  reg [17:0] \$62 ;
+  reg [17:0] \$63 ;
+  reg [35:0] \$64 ;
+  wire [35:0] \$7 ;
+  wire [35:0] \$8 ;
+  wire [35:0] \$9 ;
+  reg [17:0] a0_r = 18'h00000;
+  reg [17:0] a10_r = 18'h00000;
+  reg [17:0] a11_r = 18'h00000;
+  reg [17:0] a12_r = 18'h00000;
+  reg [17:0] a13_r = 18'h00000;
+  reg [17:0] a14_r = 18'h00000;
+  reg [17:0] a15_r = 18'h00000;
+  reg [17:0] a1_r = 18'h00000;
+  reg [17:0] a2_r = 18'h00000;
+  reg [17:0] a3_r = 18'h00000;
+  reg [17:0] a4_r = 18'h00000;
+  reg [17:0] a5_r = 18'h00000;
+  reg [17:0] a6_r = 18'h00000;
+  reg [17:0] a7_r = 18'h00000;
+  reg [17:0] a8_r = 18'h00000;
+  reg [17:0] a9_r = 18'h00000;
+  wire [17:0] a__0;
+  wire [17:0] a__1;
+  wire [17:0] a__10;
+  wire [17:0] a__11;
+  wire [17:0] a__12;
+  wire [17:0] a__13;
+  wire [17:0] a__14;
+  wire [17:0] a__15;
+  wire [17:0] a__2;
+  wire [17:0] a__3;
+  wire [17:0] a__4;
+  wire [17:0] a__5;
+  wire [17:0] a__6;
+  wire [17:0] a__7;
+  wire [17:0] a__8;
+  wire [17:0] a__9;
+  reg [17:0] b0_r = 18'h00000;
+  reg [17:0] b10_r = 18'h00000;
+  reg [17:0] b11_r = 18'h00000;
+  reg [17:0] b12_r = 18'h00000;
+  reg [17:0] b13_r = 18'h00000;
+  reg [17:0] b14_r = 18'h00000;
+  reg [17:0] b15_r = 18'h00000;
+  reg [17:0] b1_r = 18'h00000;
+  reg [17:0] b2_r = 18'h00000;
+  reg [17:0] b3_r = 18'h00000;
+  reg [17:0] b4_r = 18'h00000;
+  reg [17:0] b5_r = 18'h00000;
+  reg [17:0] b6_r = 18'h00000;
+  reg [17:0] b7_r = 18'h00000;
+  reg [17:0] b8_r = 18'h00000;
+  reg [17:0] b9_r = 18'h00000;
+  wire [17:0] b__0;
+  wire [17:0] b__1;
+  wire [17:0] b__10;
+  wire [17:0] b__11;
+  wire [17:0] b__12;
+  wire [17:0] b__13;
+  wire [17:0] b__14;
+  wire [17:0] b__15;
+  wire [17:0] b__2;
+  wire [17:0] b__3;
+  wire [17:0] b__4;
+  wire [17:0] b__5;
+  wire [17:0] b__6;
+  wire [17:0] b__7;
+  wire [17:0] b__8;
+  wire [17:0] b__9;
+  input clk;
+  wire clk;
+  input en;
+  wire en;
+  output [35:0] p__0;
+  reg [35:0] p__0 = 36'h000000000;
+  output [35:0] p__1;
+  reg [35:0] p__1 = 36'h000000000;
+  output [35:0] p__10;
+  reg [35:0] p__10 = 36'h000000000;
+  output [35:0] p__11;
+  reg [35:0] p__11 = 36'h000000000;
+  output [35:0] p__12;
+  reg [35:0] p__12 = 36'h000000000;
+  output [35:0] p__13;
+  reg [35:0] p__13 = 36'h000000000;
+  output [35:0] p__14;
+  reg [35:0] p__14 = 36'h000000000;
+  output [35:0] p__15;
+  reg [35:0] p__15 = 36'h000000000;
+  output [35:0] p__2;
+  reg [35:0] p__2 = 36'h000000000;
+  output [35:0] p__3;
+  reg [35:0] p__3 = 36'h000000000;
+  output [35:0] p__4;
+  reg [35:0] p__4 = 36'h000000000;
+  output [35:0] p__5;
+  reg [35:0] p__5 = 36'h000000000;
+  output [35:0] p__6;
+  reg [35:0] p__6 = 36'h000000000;
+  output [35:0] p__7;
+  reg [35:0] p__7 = 36'h000000000;
+  output [35:0] p__8;
+  reg [35:0] p__8 = 36'h000000000;
+  output [35:0] p__9;
+  reg [35:0] p__9 = 36'h000000000;
+  input [255:0] \port$1223$0 ;
+  wire [255:0] \port$1223$0 ;
+  input [15:0] \port$1325$76 ;
+  wire [15:0] \port$1325$76 ;
+  input rst;
+  wire rst;
+  always @(posedge clk)
+    a3_r <= \$26 ;
+  always @(posedge clk)
+    b3_r <= \$27 ;
+  always @(posedge clk)
+    p__3 <= \$28 ;
+  always @(posedge clk)
+    a4_r <= \$29 ;
+  always @(posedge clk)
+    b4_r <= \$30 ;
+  always @(posedge clk)
+    p__4 <= \$31 ;
+  always @(posedge clk)
+    a5_r <= \$32 ;
+  always @(posedge clk)
+    b5_r <= \$33 ;
+  always @(posedge clk)
+    p__5 <= \$34 ;
+  always @(posedge clk)
+    a6_r <= \$35 ;
+  always @(posedge clk)
+    b6_r <= \$36 ;
+  always @(posedge clk)
+    p__6 <= \$37 ;
+  always @(posedge clk)
+    a7_r <= \$38 ;
+  always @(posedge clk)
+    b7_r <= \$39 ;
+  always @(posedge clk)
+    p__7 <= \$40 ;
+  always @(posedge clk)
+    a8_r <= \$41 ;
+  always @(posedge clk)
+    b8_r <= \$42 ;
+  always @(posedge clk)
+    p__8 <= \$43 ;
+  always @(posedge clk)
+    a9_r <= \$44 ;
+  always @(posedge clk)
+    b9_r <= \$45 ;
+  always @(posedge clk)
+    p__9 <= \$46 ;
+  always @(posedge clk)
+    a10_r <= \$47 ;
+  always @(posedge clk)
+    b10_r <= \$48 ;
+  always @(posedge clk)
+    p__10 <= \$49 ;
+  always @(posedge clk)
+    a11_r <= \$50 ;
+  always @(posedge clk)
+    b11_r <= \$51 ;
+  always @(posedge clk)
+    p__11 <= \$52 ;
+  always @(posedge clk)
+    a12_r <= \$53 ;
+  always @(posedge clk)
+    b12_r <= \$54 ;
+  always @(posedge clk)
+    p__12 <= \$55 ;
+  always @(posedge clk)
+    a13_r <= \$56 ;
+  always @(posedge clk)
+    b13_r <= \$57 ;
+  always @(posedge clk)
+    p__13 <= \$58 ;
+  always @(posedge clk)
+    a14_r <= \$59 ;
+  always @(posedge clk)
+    b14_r <= \$60 ;
+  always @(posedge clk)
+    p__14 <= \$61 ;
+  always @(posedge clk)
+    a15_r <= \$62 ;
+  always @(posedge clk)
+    b15_r <= \$63 ;
+  always @(posedge clk)
+    p__15 <= \$64 ;
+  assign \$1  = $signed(a0_r) * $signed(b0_r);
+  assign \$2  = $signed(a1_r) * $signed(b1_r);
+  assign \$3  = $signed(a2_r) * $signed(b2_r);
+  assign \$4  = $signed(a3_r) * $signed(b3_r);
+  assign \$5  = $signed(a4_r) * $signed(b4_r);
+  assign \$6  = $signed(a5_r) * $signed(b5_r);
+  assign \$7  = $signed(a6_r) * $signed(b6_r);
+  assign \$8  = $signed(a7_r) * $signed(b7_r);
+  assign \$9  = $signed(a8_r) * $signed(b8_r);
+  assign \$10  = $signed(a9_r) * $signed(b9_r);
+  assign \$11  = $signed(a10_r) * $signed(b10_r);
+  assign \$12  = $signed(a11_r) * $signed(b11_r);
+  assign \$13  = $signed(a12_r) * $signed(b12_r);
+  assign \$14  = $signed(a13_r) * $signed(b13_r);
+  assign \$15  = $signed(a14_r) * $signed(b14_r);
+  assign \$16  = $signed(a15_r) * $signed(b15_r);
+  always @(posedge clk)
+    a0_r <= \$17 ;
+  always @(posedge clk)
+    b0_r <= \$18 ;
+  always @(posedge clk)
+    p__0 <= \$19 ;
+  always @(posedge clk)
+    a1_r <= \$20 ;
+  always @(posedge clk)
+    b1_r <= \$21 ;
+  always @(posedge clk)
+    p__1 <= \$22 ;
+  always @(posedge clk)
+    a2_r <= \$23 ;
+  always @(posedge clk)
+    b2_r <= \$24 ;
+  always @(posedge clk)
+    p__2 <= \$25 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$27  = b3_r;
+    if (en) begin
+      \$27  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$27  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$28  = p__3;
+    if (en) begin
+      \$28  = \$4 ;
+    end
+    if (rst) begin
+      \$28  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$29  = a4_r;
+    if (en) begin
+      \$29  = { 1'h0, \port$1223$0 [80:64] };
+    end
+    if (rst) begin
+      \$29  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$30  = b4_r;
+    if (en) begin
+      \$30  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$30  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$31  = p__4;
+    if (en) begin
+      \$31  = \$5 ;
+    end
+    if (rst) begin
+      \$31  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$32  = a5_r;
+    if (en) begin
+      \$32  = { \port$1223$0 [95], \port$1223$0 [95], \port$1223$0 [95], \port$1223$0 [95:81] };
+    end
+    if (rst) begin
+      \$32  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$33  = b5_r;
+    if (en) begin
+      \$33  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$33  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$34  = p__5;
+    if (en) begin
+      \$34  = \$6 ;
+    end
+    if (rst) begin
+      \$34  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$35  = a6_r;
+    if (en) begin
+      \$35  = { 1'h0, \port$1223$0 [112:96] };
+    end
+    if (rst) begin
+      \$35  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$36  = b6_r;
+    if (en) begin
+      \$36  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$36  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$37  = p__6;
+    if (en) begin
+      \$37  = \$7 ;
+    end
+    if (rst) begin
+      \$37  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$38  = a7_r;
+    if (en) begin
+      \$38  = { \port$1223$0 [127], \port$1223$0 [127], \port$1223$0 [127], \port$1223$0 [127:113] };
+    end
+    if (rst) begin
+      \$38  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$39  = b7_r;
+    if (en) begin
+      \$39  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$39  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$40  = p__7;
+    if (en) begin
+      \$40  = \$8 ;
+    end
+    if (rst) begin
+      \$40  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$41  = a8_r;
+    if (en) begin
+      \$41  = { 1'h0, \port$1223$0 [144:128] };
+    end
+    if (rst) begin
+      \$41  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$42  = b8_r;
+    if (en) begin
+      \$42  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$42  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$43  = p__8;
+    if (en) begin
+      \$43  = \$9 ;
+    end
+    if (rst) begin
+      \$43  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$44  = a9_r;
+    if (en) begin
+      \$44  = { \port$1223$0 [159], \port$1223$0 [159], \port$1223$0 [159], \port$1223$0 [159:145] };
+    end
+    if (rst) begin
+      \$44  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$45  = b9_r;
+    if (en) begin
+      \$45  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$45  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$46  = p__9;
+    if (en) begin
+      \$46  = \$10 ;
+    end
+    if (rst) begin
+      \$46  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$47  = a10_r;
+    if (en) begin
+      \$47  = { 1'h0, \port$1223$0 [176:160] };
+    end
+    if (rst) begin
+      \$47  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$48  = b10_r;
+    if (en) begin
+      \$48  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$48  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$49  = p__10;
+    if (en) begin
+      \$49  = \$11 ;
+    end
+    if (rst) begin
+      \$49  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$50  = a11_r;
+    if (en) begin
+      \$50  = { \port$1223$0 [191], \port$1223$0 [191], \port$1223$0 [191], \port$1223$0 [191:177] };
+    end
+    if (rst) begin
+      \$50  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$51  = b11_r;
+    if (en) begin
+      \$51  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$51  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$52  = p__11;
+    if (en) begin
+      \$52  = \$12 ;
+    end
+    if (rst) begin
+      \$52  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$53  = a12_r;
+    if (en) begin
+      \$53  = { 1'h0, \port$1223$0 [208:192] };
+    end
+    if (rst) begin
+      \$53  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$54  = b12_r;
+    if (en) begin
+      \$54  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$54  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$55  = p__12;
+    if (en) begin
+      \$55  = \$13 ;
+    end
+    if (rst) begin
+      \$55  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$56  = a13_r;
+    if (en) begin
+      \$56  = { \port$1223$0 [223], \port$1223$0 [223], \port$1223$0 [223], \port$1223$0 [223:209] };
+    end
+    if (rst) begin
+      \$56  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$57  = b13_r;
+    if (en) begin
+      \$57  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$57  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$58  = p__13;
+    if (en) begin
+      \$58  = \$14 ;
+    end
+    if (rst) begin
+      \$58  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$59  = a14_r;
+    if (en) begin
+      \$59  = { 1'h0, \port$1223$0 [240:224] };
+    end
+    if (rst) begin
+      \$59  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$60  = b14_r;
+    if (en) begin
+      \$60  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$60  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$61  = p__14;
+    if (en) begin
+      \$61  = \$15 ;
+    end
+    if (rst) begin
+      \$61  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$62  = a15_r;
+    if (en) begin
+      \$62  = { \port$1223$0 [255], \port$1223$0 [255], \port$1223$0 [255], \port$1223$0 [255:241] };
+    end
+    if (rst) begin
+      \$62  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$63  = b15_r;
+    if (en) begin
+      \$63  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$63  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$64  = p__15;
+    if (en) begin
+      \$64  = \$16 ;
+    end
+    if (rst) begin
+      \$64  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$17  = a0_r;
+    if (en) begin
+      \$17  = { 1'h0, \port$1223$0 [16:0] };
+    end
+    if (rst) begin
+      \$17  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$18  = b0_r;
+    if (en) begin
+      \$18  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$18  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$19  = p__0;
+    if (en) begin
+      \$19  = \$1 ;
+    end
+    if (rst) begin
+      \$19  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$20  = a1_r;
+    if (en) begin
+      \$20  = { \port$1223$0 [31], \port$1223$0 [31], \port$1223$0 [31], \port$1223$0 [31:17] };
+    end
+    if (rst) begin
+      \$20  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$21  = b1_r;
+    if (en) begin
+      \$21  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$21  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$22  = p__1;
+    if (en) begin
+      \$22  = \$2 ;
+    end
+    if (rst) begin
+      \$22  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$23  = a2_r;
+    if (en) begin
+      \$23  = { 1'h0, \port$1223$0 [48:32] };
+    end
+    if (rst) begin
+      \$23  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$24  = b2_r;
+    if (en) begin
+      \$24  = { 2'h0, \port$1325$76  };
+    end
+    if (rst) begin
+      \$24  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$25  = p__2;
+    if (en) begin
+      \$25  = \$3 ;
+    end
+    if (rst) begin
+      \$25  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
+    \$26  = a3_r;
+    if (en) begin
+      \$26  = { \port$1223$0 [63], \port$1223$0 [63], \port$1223$0 [63], \port$1223$0 [63:49] };
+    end
+    if (rst) begin
+      \$26  = 18'h00000;
+    end
+  end
+  assign a__0 = { 1'h0, \port$1223$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1325$76  };
+  assign a__1 = { \port$1223$0 [31], \port$1223$0 [31], \port$1223$0 [31], \port$1223$0 [31:17] };
+  assign b__1 = { 2'h0, \port$1325$76  };
+  assign a__2 = { 1'h0, \port$1223$0 [48:32] };
+  assign b__2 = { 2'h0, \port$1325$76  };
+  assign a__3 = { \port$1223$0 [63], \port$1223$0 [63], \port$1223$0 [63], \port$1223$0 [63:49] };
+  assign b__3 = { 2'h0, \port$1325$76  };
+  assign a__4 = { 1'h0, \port$1223$0 [80:64] };
+  assign b__4 = { 2'h0, \port$1325$76  };
+  assign a__5 = { \port$1223$0 [95], \port$1223$0 [95], \port$1223$0 [95], \port$1223$0 [95:81] };
+  assign b__5 = { 2'h0, \port$1325$76  };
+  assign a__6 = { 1'h0, \port$1223$0 [112:96] };
+  assign b__6 = { 2'h0, \port$1325$76  };
+  assign a__7 = { \port$1223$0 [127], \port$1223$0 [127], \port$1223$0 [127], \port$1223$0 [127:113] };
+  assign b__7 = { 2'h0, \port$1325$76  };
+  assign a__8 = { 1'h0, \port$1223$0 [144:128] };
+  assign b__8 = { 2'h0, \port$1325$76  };
+  assign a__9 = { \port$1223$0 [159], \port$1223$0 [159], \port$1223$0 [159], \port$1223$0 [159:145] };
+  assign b__9 = { 2'h0, \port$1325$76  };
+  assign a__10 = { 1'h0, \port$1223$0 [176:160] };
+  assign b__10 = { 2'h0, \port$1325$76  };
+  assign a__11 = { \port$1223$0 [191], \port$1223$0 [191], \port$1223$0 [191], \port$1223$0 [191:177] };
+  assign b__11 = { 2'h0, \port$1325$76  };
+  assign a__12 = { 1'h0, \port$1223$0 [208:192] };
+  assign b__12 = { 2'h0, \port$1325$76  };
+  assign a__13 = { \port$1223$0 [223], \port$1223$0 [223], \port$1223$0 [223], \port$1223$0 [223:209] };
+  assign b__13 = { 2'h0, \port$1325$76  };
+  assign a__14 = { 1'h0, \port$1223$0 [240:224] };
+  assign b__14 = { 2'h0, \port$1325$76  };
+  assign a__15 = { \port$1223$0 [255], \port$1223$0 [255], \port$1223$0 [255], \port$1223$0 [255:241] };
+  assign b__15 = { 2'h0, \port$1325$76  };
 endmodule

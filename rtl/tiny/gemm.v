@@ -7,72 +7,72 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
-  wire [4:0] \$101 ;
-  wire \$102 ;
-  wire [12:0] \$103 ;
-  wire \$104 ;
+  wire \$101 ;
+  wire [4:0] \$102 ;
+  wire \$103 ;
+  wire [12:0] \$104 ;
   wire \$105 ;
   wire \$106 ;
   wire \$107 ;
   wire \$108 ;
-  wire [12:0] \$109 ;
+  wire \$109 ;
   wire \$11 ;
-  wire [14:0] \$110 ;
-  wire [12:0] \$111 ;
-  wire \$112 ;
+  wire [12:0] \$110 ;
+  wire [14:0] \$111 ;
+  wire [12:0] \$112 ;
   wire \$113 ;
-  wire [11:0] \$114 ;
-  wire [12:0] \$115 ;
-  wire [14:0] \$116 ;
-  wire \$117 ;
+  wire \$114 ;
+  wire [11:0] \$115 ;
+  wire [12:0] \$116 ;
+  wire [14:0] \$117 ;
   wire \$118 ;
-  wire [12:0] \$119 ;
+  wire \$119 ;
   wire \$12 ;
-  wire [14:0] \$120 ;
+  wire [12:0] \$120 ;
   wire [14:0] \$121 ;
-  wire \$122 ;
-  wire [3:0] \$123 ;
-  wire \$124 ;
+  wire [14:0] \$122 ;
+  wire \$123 ;
+  wire [3:0] \$124 ;
   wire \$125 ;
-  wire [2:0] \$126 ;
+  wire \$126 ;
   wire [2:0] \$127 ;
-  wire \$128 ;
+  wire [2:0] \$128 ;
   wire \$129 ;
   wire \$13 ;
   wire \$130 ;
-  wire [13:0] \$131 ;
-  wire [2:0] \$132 ;
-  wire [14:0] \$133 ;
-  wire [2:0] \$134 ;
-  wire [3:0] \$135 ;
-  wire \$136 ;
+  wire \$131 ;
+  wire [13:0] \$132 ;
+  wire [2:0] \$133 ;
+  wire [14:0] \$134 ;
+  wire [2:0] \$135 ;
+  wire [3:0] \$136 ;
   wire \$137 ;
   wire \$138 ;
-  wire [14:0] \$139 ;
+  wire \$139 ;
   wire \$14 ;
-  wire [14:0] \$140 ;
+  wire \$140 ;
   wire \$141 ;
-  wire \$142 ;
+  wire [14:0] \$142 ;
   wire [14:0] \$143 ;
-  wire [14:0] \$144 ;
-  wire [12:0] \$145 ;
-  wire \$146 ;
-  wire \$147 ;
-  wire \$148 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire [14:0] \$146 ;
+  wire [14:0] \$147 ;
+  wire [12:0] \$148 ;
   wire \$149 ;
   wire \$15 ;
-  wire [12:0] \$150 ;
+  wire \$150 ;
   wire \$151 ;
-  wire [12:0] \$152 ;
-  wire \$153 ;
-  wire [14:0] \$154 ;
-  wire \$155 ;
-  wire [12:0] \$156 ;
-  wire [12:0] \$157 ;
+  wire \$152 ;
+  wire [12:0] \$153 ;
+  wire \$154 ;
+  wire [12:0] \$155 ;
+  wire \$156 ;
+  wire [14:0] \$157 ;
   wire \$158 ;
-  wire \$159 ;
+  wire [12:0] \$159 ;
   wire \$16 ;
-  wire \$160 ;
+  wire [12:0] \$160 ;
   wire \$161 ;
   wire \$162 ;
   wire \$163 ;
@@ -81,73 +81,84 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
-  wire [2:0] \$169 ;
+  wire \$169 ;
   wire \$17 ;
-  wire [12:0] \$170 ;
-  wire [14:0] \$171 ;
-  wire [14:0] \$172 ;
-  wire \$173 ;
-  wire \$174 ;
-  wire \$175 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire [2:0] \$172 ;
+  wire [12:0] \$173 ;
+  wire [14:0] \$174 ;
+  wire [14:0] \$175 ;
   wire \$176 ;
   wire \$177 ;
   wire \$178 ;
   wire \$179 ;
   wire [12:0] \$18 ;
   wire \$180 ;
-  reg [13:0] \$181 ;
-  reg \$182 ;
-  reg [1:0] \$183 ;
-  reg \$184 ;
-  reg \$185 ;
-  reg [11:0] \$186 ;
-  reg [11:0] \$187 ;
-  reg [3:0] \$188 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  reg [13:0] \$185 ;
+  reg \$186 ;
+  reg [1:0] \$187 ;
+  reg \$188 ;
   reg \$189 ;
   wire \$19 ;
-  reg \$190 ;
-  reg \$191 ;
+  reg [11:0] \$190 ;
+  reg [11:0] \$191 ;
   reg [3:0] \$192 ;
   reg \$193 ;
   reg \$194 ;
-  reg [11:0] \$195 ;
-  reg [13:0] \$196 ;
-  reg [11:0] \$197 ;
-  reg [11:0] \$198 ;
-  reg [13:0] \$199 ;
+  reg \$195 ;
+  reg [3:0] \$196 ;
+  reg \$197 ;
+  reg \$198 ;
+  reg [11:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
   reg [13:0] \$200 ;
-  reg [13:0] \$201 ;
-  reg [2:0] \$202 ;
-  reg [2:0] \$203 ;
+  reg [11:0] \$201 ;
+  reg [11:0] \$202 ;
+  reg [13:0] \$203 ;
   reg [13:0] \$204 ;
-  reg [2:0] \$205 ;
-  reg \$206 ;
-  reg \$207 ;
-  reg \$208 ;
-  reg [13:0] \$209 ;
+  reg [13:0] \$205 ;
+  reg [2:0] \$206 ;
+  reg [2:0] \$207 ;
+  reg [13:0] \$208 ;
+  reg [2:0] \$209 ;
   wire \$21 ;
-  reg [127:0] \$210 ;
-  reg [1:0] \$211 ;
+  reg \$210 ;
+  reg \$211 ;
   reg \$212 ;
   reg [13:0] \$213 ;
-  reg [11:0] \$214 ;
-  reg [11:0] \$215 ;
-  reg [13:0] \$216 ;
+  reg [127:0] \$214 ;
+  reg \$215 ;
+  reg \$216 ;
   reg [13:0] \$217 ;
-  reg \$218 ;
-  reg [3:0] \$219 ;
+  reg [127:0] \$218 ;
+  reg [1:0] \$219 ;
   wire \$22 ;
-  reg \$220 ;
-  reg [79:0] \$221 ;
-  reg \$222 ;
-  reg [2:0] \$223 ;
-  reg [2:0] \$224 ;
+  reg [127:0] \$220 ;
+  reg \$221 ;
+  reg [3:0] \$222 ;
+  reg \$223 ;
+  reg [13:0] \$224 ;
   reg [11:0] \$225 ;
-  reg [13:0] \$226 ;
+  reg [11:0] \$226 ;
   reg [13:0] \$227 ;
+  reg [13:0] \$228 ;
+  reg \$229 ;
   wire [6:0] \$23 ;
+  reg [3:0] \$230 ;
+  reg \$231 ;
+  reg [79:0] \$232 ;
+  reg \$233 ;
+  reg [2:0] \$234 ;
+  reg [2:0] \$235 ;
+  reg [11:0] \$236 ;
+  reg [13:0] \$237 ;
+  reg [13:0] \$238 ;
   wire [12:0] \$24 ;
   wire [7:0] \$25 ;
   wire [7:0] \$26 ;
@@ -217,22 +228,23 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$84 ;
   wire \$85 ;
   wire \$86 ;
-  wire [14:0] \$87 ;
+  wire \$87 ;
   wire [14:0] \$88 ;
-  wire \$89 ;
+  wire [14:0] \$89 ;
   wire \$9 ;
-  wire [1:0] \$90 ;
+  wire \$90 ;
   wire [1:0] \$91 ;
   wire [1:0] \$92 ;
-  wire \$93 ;
-  wire [12:0] \$94 ;
+  wire [1:0] \$93 ;
+  wire \$94 ;
   wire [12:0] \$95 ;
-  wire \$96 ;
+  wire [12:0] \$96 ;
   wire \$97 ;
-  wire [12:0] \$98 ;
-  wire \$99 ;
+  wire \$98 ;
+  wire [12:0] \$99 ;
   (* init = 1'h0 *)
   wire \$signal ;
+  reg \$signal$100  = 1'h0;
   reg \$signal$24  = 1'h0;
   reg [1:0] \$signal$33 ;
   (* init = 1'h0 *)
@@ -322,6 +334,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   output c_out__valid;
   wire c_out__valid;
   reg [13:0] c_panel = 14'h0000;
+  reg [127:0] c_q = 128'h00000000000000000000000000000000;
+  wire [31:0] \c_q[0] ;
+  wire [31:0] \c_q[1] ;
+  wire [31:0] \c_q[2] ;
+  wire [31:0] \c_q[3] ;
   wire [7:0] c_rd__addr;
   wire [127:0] c_rd__data;
   wire [31:0] \c_rd__data[0] ;
@@ -419,9 +436,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [13:0] out_left = 14'h0000;
   wire panel_ready;
   reg [1:0] pending = 2'h0;
-  reg [3:0] r_mask = 4'h0;
+  reg [3:0] q_mask = 4'h0;
   (* init = 1'h0 *)
-  wire r_valid;
+  wire q_valid;
+  reg [13:0] r_addr = 14'h0000;
+  reg r_col_busy = 1'h0;
+  reg [3:0] r_mask = 4'h0;
+  reg r_valid = 1'h0;
+  reg [127:0] r_word = 128'h00000000000000000000000000000000;
+  wire [31:0] \r_word[0] ;
+  wire [31:0] \r_word[1] ;
+  wire [31:0] \r_word[2] ;
+  wire [31:0] \r_word[3] ;
   reg rbuf = 1'h0;
   reg [11:0] rows_c = 12'h000;
   reg [11:0] rows_left = 12'h000;
@@ -1171,18 +1197,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$31  = rows_c <= 3'h4;
   assign \$32  = d_col == 2'h3;
   assign shift = \done$57  | drain_busy;
-  assign \$33  = cmd[78] ? c_rd__data[31:0] : 32'd0;
+  assign \$33  = cmd[78] ? c_q[31:0] : 32'd0;
   assign \$34  = $signed(w_word[31:0]) + $signed(\$33 );
-  assign \$35  = cmd[78] ? c_rd__data[63:32] : 32'd0;
+  assign \$35  = cmd[78] ? c_q[63:32] : 32'd0;
   assign \$36  = $signed(w_word[63:32]) + $signed(\$35 );
-  assign \$37  = cmd[78] ? c_rd__data[95:64] : 32'd0;
+  assign \$37  = cmd[78] ? c_q[95:64] : 32'd0;
   assign \$38  = $signed(w_word[95:64]) + $signed(\$37 );
-  assign \$39  = cmd[78] ? c_rd__data[127:96] : 32'd0;
+  assign \$39  = cmd[78] ? c_q[127:96] : 32'd0;
   assign \$40  = $signed(w_word[127:96]) + $signed(\$39 );
-  assign \$41  = r_mask[0] ? c_rd__data[31:0] : 32'd0;
-  assign \$42  = r_mask[1] ? c_rd__data[63:32] : 32'd0;
-  assign \$43  = r_mask[2] ? c_rd__data[95:64] : 32'd0;
-  assign \$44  = r_mask[3] ? c_rd__data[127:96] : 32'd0;
+  assign \$41  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$42  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$43  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$44  = q_mask[3] ? c_q[127:96] : 32'd0;
   assign \$45  = \done$57  ? t_base : d_base;
   assign \$46  = \done$57  ? 3'h0 : d_col;
   assign \$47  = \$45  + \$46 ;
@@ -1217,204 +1243,222 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$74  = a_in__ready | \$signal$24 ;
   assign \$75  = \$74  | issuing;
   assign \$76  = \$75  | drain_busy;
-  assign \$77  = \$76  | w_busy;
-  assign \$78  = ~ \$77 ;
-  assign \$79  = ! pending;
-  assign \$80  = \$78  & \$79 ;
-  assign \$81  = ! fsm_state;
-  assign \$82  = fsm_state == 1'h1;
-  assign \$83  = fsm_state == 2'h2;
-  assign \$84  = fsm_state == 2'h3;
-  assign \$85  = fsm_state == 3'h4;
-  assign \$86  = a_in__valid & a_in__ready;
-  assign \$87  = a_wptr + 1'h1;
+  assign \$77  = \$76  | r_col_busy;
+  assign \$78  = \$77  | w_busy;
+  assign \$79  = ~ \$78 ;
+  assign \$80  = ! pending;
+  assign \$81  = \$79  & \$80 ;
+  assign \$82  = ! fsm_state;
+  assign \$83  = fsm_state == 1'h1;
+  assign \$84  = fsm_state == 2'h2;
+  assign \$85  = fsm_state == 2'h3;
+  assign \$86  = fsm_state == 3'h4;
+  assign \$87  = a_in__valid & a_in__ready;
   assign \$88  = a_wptr + 1'h1;
-  assign \$89  = \$88  == a_lim;
-  assign \$90  = full | \$signal$33 ;
-  assign \$91  = ~ full_clr;
-  assign \$92  = \$90  & \$91 ;
-  assign \$93  = b_in__valid & b_in__ready;
-  assign \$94  = b_k + 1'h1;
-  assign \$95  = cmd[23:12] - 1'h1;
-  assign \$96  = b_k == \$95 ;
-  assign \$97  = ~ wbuf;
-  assign \$98  = b_cols_left - 3'h4;
-  assign \$99  = b_cols_left <= 3'h4;
-  assign \$100  = gap < 4'hb;
-  assign \$101  = gap + 1'h1;
-  assign \$102  = ! k;
-  assign \$103  = cmd[23:12] - 1'h1;
-  assign \$104  = k == \$103 ;
-  assign \$105  = rows_c > 1'h0;
-  assign \$106  = rows_c > 1'h1;
-  assign \$107  = rows_c > 2'h2;
-  assign \$108  = rows_c > 2'h3;
-  assign \$109  = k + 1'h1;
-  assign \$110  = a_ptr + 1'h1;
-  assign \$111  = cmd[23:12] - 1'h1;
-  assign \$112  = k == \$111 ;
-  assign \$113  = cols_c < 3'h4;
-  assign \$114  = \$113  ? cols_c : 12'h004;
-  assign \$115  = rows_c - 3'h4;
-  assign \$116  = c_tile + cmd[35:24];
-  assign \$117  = rows_c <= 3'h4;
-  assign \$118  = ~ rbuf;
-  assign \$119  = cols_c - 3'h4;
-  assign \$120  = c_panel + 3'h4;
+  assign \$89  = a_wptr + 1'h1;
+  assign \$90  = \$89  == a_lim;
+  assign \$91  = full | \$signal$33 ;
+  assign \$92  = ~ full_clr;
+  assign \$93  = \$91  & \$92 ;
+  assign \$94  = b_in__valid & b_in__ready;
+  assign \$95  = b_k + 1'h1;
+  assign \$96  = cmd[23:12] - 1'h1;
+  assign \$97  = b_k == \$96 ;
+  assign \$98  = ~ wbuf;
+  assign \$99  = b_cols_left - 3'h4;
+  assign \$100  = b_cols_left <= 3'h4;
+  assign \$101  = gap < 4'hb;
+  assign \$102  = gap + 1'h1;
+  assign \$103  = ! k;
+  assign \$104  = cmd[23:12] - 1'h1;
+  assign \$105  = k == \$104 ;
+  assign \$106  = rows_c > 1'h0;
+  assign \$107  = rows_c > 1'h1;
+  assign \$108  = rows_c > 2'h2;
+  assign \$109  = rows_c > 2'h3;
+  assign \$110  = k + 1'h1;
+  assign \$111  = a_ptr + 1'h1;
+  assign \$112  = cmd[23:12] - 1'h1;
+  assign \$113  = k == \$112 ;
+  assign \$114  = cols_c < 3'h4;
+  assign \$115  = \$114  ? cols_c : 12'h004;
+  assign \$116  = rows_c - 3'h4;
+  assign \$117  = c_tile + cmd[35:24];
+  assign \$118  = rows_c <= 3'h4;
+  assign \$119  = ~ rbuf;
+  assign \$120  = cols_c - 3'h4;
   assign \$121  = c_panel + 3'h4;
-  assign \$122  = cols_c <= 3'h4;
-  assign \$123  = d_col + 1'h1;
-  assign \$124  = d_col == 2'h3;
-  assign \$125  = \done$57  | drain_busy;
-  assign \$126  = \done$57  ? 3'h0 : d_col;
-  assign \$127  = \done$57  ? t_cols : d_cols;
-  assign \$128  = \$126  < \$127 ;
-  assign \$129  = \$125  & \$128 ;
-  assign \$130  = \done$57  | drain_busy;
-  assign \$131  = \done$57  ? t_base : d_base;
-  assign \$132  = \done$57  ? 3'h0 : d_col;
-  assign \$133  = \$131  + \$132 ;
-  assign \$134  = pending + tile_issued;
-  assign \$135  = \$134  - tile_drained;
-  assign \$136  = ~ i__valid;
-  assign \$137  = \$136  | i__ready;
-  assign \$138  = storing & \$137 ;
-  assign \$139  = c_lim - cmd[53:45];
-  assign \$140  = c_lim - cmd[53:45];
-  assign \$141  = | s_left;
-  assign \$142  = | s_left;
-  assign \$143  = s_addr + 1'h1;
-  assign \$144  = s_left - 1'h1;
-  assign \$145  = s_n + 1'h1;
-  assign \$146  = s_rows > 1'h0;
-  assign \$147  = s_rows > 1'h1;
-  assign \$148  = s_rows > 2'h2;
-  assign \$149  = s_rows > 2'h3;
-  assign \$150  = cmd[35:24] - 1'h1;
-  assign \$151  = s_n == \$150 ;
-  assign \$152  = s_rows - 3'h4;
-  assign \$153  = c_out__valid & c_out__ready;
-  assign \$154  = out_left - 1'h1;
-  assign \$155  = | code;
-  assign \$156  = cmd[44:36] + cmd[23:12];
-  assign \$157  = cmd[53:45] + cmd[35:24];
-  assign \$158  = cmd[76] | cmd[77];
-  assign \$159  = a_lim > 9'h100;
-  assign \$160  = \$158  & \$159 ;
-  assign \$161  = cmd[77] | cmd[79];
-  assign \$162  = c_lim > 9'h100;
+  assign \$122  = c_panel + 3'h4;
+  assign \$123  = cols_c <= 3'h4;
+  assign \$124  = d_col + 1'h1;
+  assign \$125  = d_col == 2'h3;
+  assign \$126  = \done$57  | drain_busy;
+  assign \$127  = \done$57  ? 3'h0 : d_col;
+  assign \$128  = \done$57  ? t_cols : d_cols;
+  assign \$129  = \$127  < \$128 ;
+  assign \$130  = \$126  & \$129 ;
+  assign \$131  = \done$57  | drain_busy;
+  assign \$132  = \done$57  ? t_base : d_base;
+  assign \$133  = \done$57  ? 3'h0 : d_col;
+  assign \$134  = \$132  + \$133 ;
+  assign \$135  = pending + tile_issued;
+  assign \$136  = \$135  - tile_drained;
+  assign \$137  = ~ i__valid;
+  assign \$138  = \$137  | i__ready;
+  assign \$139  = ~ i__valid;
+  assign \$140  = \$139  | i__ready;
+  assign \$141  = storing & \$140 ;
+  assign \$142  = c_lim - cmd[53:45];
+  assign \$143  = c_lim - cmd[53:45];
+  assign \$144  = | s_left;
+  assign \$145  = | s_left;
+  assign \$146  = s_addr + 1'h1;
+  assign \$147  = s_left - 1'h1;
+  assign \$148  = s_n + 1'h1;
+  assign \$149  = s_rows > 1'h0;
+  assign \$150  = s_rows > 1'h1;
+  assign \$151  = s_rows > 2'h2;
+  assign \$152  = s_rows > 2'h3;
+  assign \$153  = cmd[35:24] - 1'h1;
+  assign \$154  = s_n == \$153 ;
+  assign \$155  = s_rows - 3'h4;
+  assign \$156  = c_out__valid & c_out__ready;
+  assign \$157  = out_left - 1'h1;
+  assign \$158  = | code;
+  assign \$159  = cmd[44:36] + cmd[23:12];
+  assign \$160  = cmd[53:45] + cmd[35:24];
+  assign \$161  = cmd[76] | cmd[77];
+  assign \$162  = a_lim > 9'h100;
   assign \$163  = \$161  & \$162 ;
-  assign \$164  = \$160  | \$163 ;
-  assign \$165  = rows_left <= 3'h4;
-  assign \$166  = cmd[76] | cmd[77];
-  assign \$167  = a_lim > 9'h100;
-  assign \$168  = \$166  & \$167 ;
-  assign \$169  = \$168  ? 3'h4 : 3'h5;
-  assign \$170  = rows_left - 3'h4;
-  assign \$171  = a_lim + cmd[23:12];
-  assign \$172  = c_lim + cmd[35:24];
-  assign \$173  = a_in__ready | \$signal$24 ;
-  assign \$174  = \$173  | issuing;
-  assign \$175  = \$174  | drain_busy;
-  assign \$176  = \$175  | w_busy;
-  assign \$177  = ~ \$176 ;
-  assign \$178  = ! pending;
-  assign \$179  = \$177  & \$178 ;
-  assign \$180  = ! out_left;
+  assign \$164  = cmd[77] | cmd[79];
+  assign \$165  = c_lim > 9'h100;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = \$163  | \$166 ;
+  assign \$168  = rows_left <= 3'h4;
+  assign \$169  = cmd[76] | cmd[77];
+  assign \$170  = a_lim > 9'h100;
+  assign \$171  = \$169  & \$170 ;
+  assign \$172  = \$171  ? 3'h4 : 3'h5;
+  assign \$173  = rows_left - 3'h4;
+  assign \$174  = a_lim + cmd[23:12];
+  assign \$175  = c_lim + cmd[35:24];
+  assign \$176  = a_in__ready | \$signal$24 ;
+  assign \$177  = \$176  | issuing;
+  assign \$178  = \$177  | drain_busy;
+  assign \$179  = \$178  | r_col_busy;
+  assign \$180  = \$179  | w_busy;
+  assign \$181  = ~ \$180 ;
+  assign \$182  = ! pending;
+  assign \$183  = \$181  & \$182 ;
+  assign \$184  = ! out_left;
   always @(posedge clk)
-    a_wptr <= \$181 ;
+    a_wptr <= \$185 ;
   always @(posedge clk)
-    a_in__ready <= \$182 ;
+    a_in__ready <= \$186 ;
   always @(posedge clk)
-    full <= \$183 ;
+    full <= \$187 ;
   always @(posedge clk)
-    \$signal$24  <= \$184 ;
+    \$signal$24  <= \$188 ;
   always @(posedge clk)
-    wbuf <= \$185 ;
+    wbuf <= \$189 ;
   always @(posedge clk)
-    b_k <= \$186 ;
+    b_k <= \$190 ;
   always @(posedge clk)
-    b_cols_left <= \$187 ;
+    b_cols_left <= \$191 ;
   always @(posedge clk)
-    gap <= \$188 ;
+    gap <= \$192 ;
   always @(posedge clk)
-    valid <= \$189 ;
+    valid <= \$193 ;
   always @(posedge clk)
-    first <= \$190 ;
+    first <= \$194 ;
   always @(posedge clk)
-    last <= \$191 ;
+    last <= \$195 ;
   always @(posedge clk)
-    s_mask <= \$192 ;
+    s_mask <= \$196 ;
   always @(posedge clk)
-    issuing <= \$193 ;
+    issuing <= \$197 ;
   always @(posedge clk)
-    rbuf <= \$194 ;
+    rbuf <= \$198 ;
   always @(posedge clk)
-    k <= \$195 ;
+    k <= \$199 ;
   always @(posedge clk)
-    a_ptr <= \$196 ;
+    a_ptr <= \$200 ;
   always @(posedge clk)
-    rows_c <= \$197 ;
+    rows_c <= \$201 ;
   always @(posedge clk)
-    cols_c <= \$198 ;
+    cols_c <= \$202 ;
   always @(posedge clk)
-    c_panel <= \$199 ;
+    c_panel <= \$203 ;
   always @(posedge clk)
-    c_tile <= \$200 ;
+    c_tile <= \$204 ;
   always @(posedge clk)
-    t_base <= \$201 ;
+    t_base <= \$205 ;
   always @(posedge clk)
-    t_cols <= \$202 ;
+    t_cols <= \$206 ;
   always @(posedge clk)
-    d_col <= \$203 ;
+    d_col <= \$207 ;
   always @(posedge clk)
-    d_base <= \$204 ;
+    d_base <= \$208 ;
   always @(posedge clk)
-    d_cols <= \$205 ;
+    d_cols <= \$209 ;
   always @(posedge clk)
-    drain_busy <= \$206 ;
+    drain_busy <= \$210 ;
   always @(posedge clk)
-    \$signature__en$67  <= \$207 ;
+    \$signal$100  <= \$211 ;
   always @(posedge clk)
-    w_busy <= \$208 ;
+    r_col_busy <= \$212 ;
   always @(posedge clk)
-    w_addr <= \$209 ;
+    r_addr <= \$213 ;
   always @(posedge clk)
-    w_word <= \$210 ;
+    r_word <= \$214 ;
   always @(posedge clk)
-    pending <= \$211 ;
+    \$signature__en$67  <= \$215 ;
   always @(posedge clk)
-    storing <= \$212 ;
+    w_busy <= \$216 ;
   always @(posedge clk)
-    s_addr <= \$213 ;
+    w_addr <= \$217 ;
   always @(posedge clk)
-    s_n <= \$214 ;
+    w_word <= \$218 ;
   always @(posedge clk)
-    s_rows <= \$215 ;
+    pending <= \$219 ;
   always @(posedge clk)
-    s_left <= \$216 ;
+    c_q <= \$220 ;
   always @(posedge clk)
-    out_left <= \$217 ;
+    i__valid <= \$221 ;
   always @(posedge clk)
-    i__valid <= \$218 ;
+    q_mask <= \$222 ;
   always @(posedge clk)
-    r_mask <= \$219 ;
+    storing <= \$223 ;
   always @(posedge clk)
-    done <= \$220 ;
+    s_addr <= \$224 ;
   always @(posedge clk)
-    cmd <= \$221 ;
+    s_n <= \$225 ;
   always @(posedge clk)
-    error <= \$222 ;
+    s_rows <= \$226 ;
   always @(posedge clk)
-    error_code <= \$223 ;
+    s_left <= \$227 ;
   always @(posedge clk)
-    fsm_state <= \$224 ;
+    out_left <= \$228 ;
   always @(posedge clk)
-    rows_left <= \$225 ;
+    r_valid <= \$229 ;
   always @(posedge clk)
-    a_lim <= \$226 ;
+    r_mask <= \$230 ;
   always @(posedge clk)
-    c_lim <= \$227 ;
+    done <= \$231 ;
+  always @(posedge clk)
+    cmd <= \$232 ;
+  always @(posedge clk)
+    error <= \$233 ;
+  always @(posedge clk)
+    error_code <= \$234 ;
+  always @(posedge clk)
+    fsm_state <= \$235 ;
+  always @(posedge clk)
+    rows_left <= \$236 ;
+  always @(posedge clk)
+    a_lim <= \$237 ;
+  always @(posedge clk)
+    c_lim <= \$238 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -1435,7 +1479,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$680$54 (cmd[75:54]),
+    .\port$745$54 (cmd[75:54]),
     .rst(rst)
   );
   always @* begin
@@ -1542,7 +1586,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$80 ) begin
+          if (\$81 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -1551,266 +1595,200 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$181  = a_wptr;
+    \$185  = a_wptr;
     if (start) begin
-      \$181  = { 5'h00, cmd[44:36] };
-    end else if (\$86 ) begin
-      \$181  = \$87 [13:0];
+      \$185  = { 5'h00, cmd[44:36] };
+    end else if (\$87 ) begin
+      \$185  = \$88 [13:0];
     end
     if (rst) begin
-      \$181  = 14'h0000;
+      \$185  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$182  = a_in__ready;
+    \$186  = a_in__ready;
     if (start) begin
-      \$182  = cmd[76];
-    end else if (\$86 ) begin
-      if (\$89 ) begin
-        \$182  = 1'h0;
+      \$186  = cmd[76];
+    end else if (\$87 ) begin
+      if (\$90 ) begin
+        \$186  = 1'h0;
       end
     end
     if (rst) begin
-      \$182  = 1'h0;
+      \$186  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$183  = \$92 ;
+    \$187  = \$93 ;
     if (rst) begin
-      \$183  = 2'h0;
+      \$187  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$184  = \$signal$24 ;
+    \$188  = \$signal$24 ;
     if (start) begin
-      \$184  = cmd[77];
-    end else if (\$93 ) begin
-      if (\$96 ) begin
-        if (\$99 ) begin
-          \$184  = 1'h0;
+      \$188  = cmd[77];
+    end else if (\$94 ) begin
+      if (\$97 ) begin
+        if (\$100 ) begin
+          \$188  = 1'h0;
         end
       end
     end
     if (rst) begin
-      \$184  = 1'h0;
+      \$188  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$185  = wbuf;
+    \$189  = wbuf;
     if (start) begin
-      \$185  = 1'h0;
-    end else if (\$93 ) begin
-      if (\$96 ) begin
-        \$185  = \$97 ;
+      \$189  = 1'h0;
+    end else if (\$94 ) begin
+      if (\$97 ) begin
+        \$189  = \$98 ;
       end
     end
-    if (rst) begin
-      \$185  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$186  = b_k;
-    if (start) begin
-      \$186  = 12'h000;
-    end else if (\$93 ) begin
-      \$186  = \$94 [11:0];
-      if (\$96 ) begin
-        \$186  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$186  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$187  = b_cols_left;
-    if (start) begin
-      \$187  = cmd[35:24];
-    end else if (\$93 ) begin
-      if (\$96 ) begin
-        \$187  = \$98 [11:0];
-      end
-    end
-    if (rst) begin
-      \$187  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$188  = gap;
-    if (\$100 ) begin
-      \$188  = \$101 [3:0];
-    end
-    if (start) begin
-      \$188  = 4'hb;
-    end else if (step) begin
-      if (\$112 ) begin
-        \$188  = 4'h0;
-      end
-    end
-    if (rst) begin
-      \$188  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$189  = step;
     if (rst) begin
       \$189  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$190  = \$102 ;
+    \$190  = b_k;
+    if (start) begin
+      \$190  = 12'h000;
+    end else if (\$94 ) begin
+      \$190  = \$95 [11:0];
+      if (\$97 ) begin
+        \$190  = 12'h000;
+      end
+    end
     if (rst) begin
-      \$190  = 1'h0;
+      \$190  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$191  = \$104 ;
+    \$191  = b_cols_left;
+    if (start) begin
+      \$191  = cmd[35:24];
+    end else if (\$94 ) begin
+      if (\$97 ) begin
+        \$191  = \$99 [11:0];
+      end
+    end
     if (rst) begin
-      \$191  = 1'h0;
+      \$191  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$192  = { \$108 , \$107 , \$106 , \$105  };
+    \$192  = gap;
+    if (\$101 ) begin
+      \$192  = \$102 [3:0];
+    end
+    if (start) begin
+      \$192  = 4'hb;
+    end else if (step) begin
+      if (\$113 ) begin
+        \$192  = 4'h0;
+      end
+    end
     if (rst) begin
       \$192  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$193  = issuing;
-    if (start) begin
-      \$193  = cmd[77];
-    end else if (step) begin
-      if (\$112 ) begin
-        if (\$117 ) begin
-          if (\$122 ) begin
-            \$193  = 1'h0;
-          end
-        end
-      end
-    end
+    \$193  = step;
     if (rst) begin
       \$193  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$194  = rbuf;
-    if (start) begin
-      \$194  = 1'h0;
-    end else if (step) begin
-      if (\$112 ) begin
-        if (\$117 ) begin
-          \$194  = \$118 ;
-        end
-      end
-    end
+    \$194  = \$103 ;
     if (rst) begin
       \$194  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$195  = k;
-    if (start) begin
-      \$195  = 12'h000;
-    end else if (step) begin
-      \$195  = \$109 [11:0];
-      if (\$112 ) begin
-        \$195  = 12'h000;
-      end
-    end
+    \$195  = \$105 ;
     if (rst) begin
-      \$195  = 12'h000;
+      \$195  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$196  = a_ptr;
+    \$196  = { \$109 , \$108 , \$107 , \$106  };
+    if (rst) begin
+      \$196  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$197  = issuing;
     if (start) begin
-      \$196  = { 5'h00, cmd[44:36] };
+      \$197  = cmd[77];
     end else if (step) begin
-      \$196  = \$110 [13:0];
-      if (\$112 ) begin
-        if (\$117 ) begin
-          \$196  = { 5'h00, cmd[44:36] };
+      if (\$113 ) begin
+        if (\$118 ) begin
+          if (\$123 ) begin
+            \$197  = 1'h0;
+          end
         end
       end
     end
     if (rst) begin
-      \$196  = 14'h0000;
+      \$197  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$197  = rows_c;
+    \$198  = rbuf;
     if (start) begin
-      \$197  = cmd[11:0];
+      \$198  = 1'h0;
     end else if (step) begin
-      if (\$112 ) begin
-        \$197  = \$115 [11:0];
-        if (\$117 ) begin
-          \$197  = cmd[11:0];
+      if (\$113 ) begin
+        if (\$118 ) begin
+          \$198  = \$119 ;
         end
       end
     end
     if (rst) begin
-      \$197  = 12'h000;
+      \$198  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$198  = cols_c;
+    \$199  = k;
     if (start) begin
-      \$198  = cmd[35:24];
+      \$199  = 12'h000;
     end else if (step) begin
-      if (\$112 ) begin
-        if (\$117 ) begin
-          \$198  = \$119 [11:0];
-        end
+      \$199  = \$110 [11:0];
+      if (\$113 ) begin
+        \$199  = 12'h000;
       end
     end
     if (rst) begin
-      \$198  = 12'h000;
+      \$199  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$199  = c_panel;
+    \$200  = a_ptr;
     if (start) begin
-      \$199  = { 5'h00, cmd[53:45] };
+      \$200  = { 5'h00, cmd[44:36] };
     end else if (step) begin
-      if (\$112 ) begin
-        if (\$117 ) begin
-          \$199  = \$120 [13:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$199  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$200  = c_tile;
-    if (start) begin
-      \$200  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (\$112 ) begin
-        \$200  = \$116 [13:0];
-        if (\$117 ) begin
-          \$200  = \$121 [13:0];
+      \$200  = \$111 [13:0];
+      if (\$113 ) begin
+        if (\$118 ) begin
+          \$200  = { 5'h00, cmd[44:36] };
         end
       end
     end
@@ -1820,47 +1798,65 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$201  = t_base;
+    \$201  = rows_c;
     if (start) begin
+      \$201  = cmd[11:0];
     end else if (step) begin
-      if (\$112 ) begin
-        \$201  = c_tile;
+      if (\$113 ) begin
+        \$201  = \$116 [11:0];
+        if (\$118 ) begin
+          \$201  = cmd[11:0];
+        end
       end
     end
     if (rst) begin
-      \$201  = 14'h0000;
+      \$201  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = t_cols;
+    \$202  = cols_c;
     if (start) begin
+      \$202  = cmd[35:24];
     end else if (step) begin
-      if (\$112 ) begin
-        \$202  = \$114 [2:0];
+      if (\$113 ) begin
+        if (\$118 ) begin
+          \$202  = \$120 [11:0];
+        end
       end
     end
     if (rst) begin
-      \$202  = 3'h0;
+      \$202  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = d_col;
-    if (\done$57 ) begin
-      \$203  = 3'h1;
-    end else if (drain_busy) begin
-      \$203  = \$123 [2:0];
+    \$203  = c_panel;
+    if (start) begin
+      \$203  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (\$113 ) begin
+        if (\$118 ) begin
+          \$203  = \$121 [13:0];
+        end
+      end
     end
     if (rst) begin
-      \$203  = 3'h0;
+      \$203  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = d_base;
-    if (\done$57 ) begin
-      \$204  = t_base;
+    \$204  = c_tile;
+    if (start) begin
+      \$204  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (\$113 ) begin
+        \$204  = \$117 [13:0];
+        if (\$118 ) begin
+          \$204  = \$122 [13:0];
+        end
+      end
     end
     if (rst) begin
       \$204  = 14'h0000;
@@ -1868,167 +1864,154 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = d_cols;
-    if (\done$57 ) begin
-      \$205  = t_cols;
-    end
-    if (rst) begin
-      \$205  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = drain_busy;
-    if (\done$57 ) begin
-      \$206  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$124 ) begin
-        \$206  = 1'h0;
+    \$205  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (\$113 ) begin
+        \$205  = c_tile;
       end
     end
     if (rst) begin
-      \$206  = 1'h0;
+      \$205  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = \$129 ;
+    \$206  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (\$113 ) begin
+        \$206  = \$115 [2:0];
+      end
+    end
     if (rst) begin
-      \$207  = 1'h0;
+      \$206  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = \$130 ;
+    \$207  = d_col;
+    if (\done$57 ) begin
+      \$207  = 3'h1;
+    end else if (drain_busy) begin
+      \$207  = \$124 [2:0];
+    end
     if (rst) begin
-      \$208  = 1'h0;
+      \$207  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = \$133 [13:0];
+    \$208  = d_base;
+    if (\done$57 ) begin
+      \$208  = t_base;
+    end
     if (rst) begin
-      \$209  = 14'h0000;
+      \$208  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = out;
+    \$209  = d_cols;
+    if (\done$57 ) begin
+      \$209  = t_cols;
+    end
     if (rst) begin
-      \$210  = 128'h00000000000000000000000000000000;
+      \$209  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = \$135 [1:0];
+    \$210  = drain_busy;
+    if (\done$57 ) begin
+      \$210  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$125 ) begin
+        \$210  = 1'h0;
+      end
+    end
     if (rst) begin
-      \$211  = 2'h0;
+      \$210  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = storing;
-    if (store_start) begin
-      \$212  = 1'h1;
+    \$211  = \$130 ;
+    if (rst) begin
+      \$211  = 1'h0;
     end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$180 ) begin
-            \$212  = 1'h0;
-          end
-    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$212  = \$131 ;
     if (rst) begin
       \$212  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = s_addr;
-    if (store_start) begin
-      \$213  = { 5'h00, cmd[53:45] };
-    end else if (\$138 ) begin
-      if (\$142 ) begin
-        \$213  = \$143 [13:0];
-      end
-    end
+    \$213  = \$134 [13:0];
     if (rst) begin
       \$213  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = s_n;
-    if (store_start) begin
-      \$214  = 12'h000;
-    end else if (\$138 ) begin
-      if (\$142 ) begin
-        \$214  = \$145 [11:0];
-        if (\$151 ) begin
-          \$214  = 12'h000;
-        end
-      end
-    end
+    \$214  = out;
     if (rst) begin
-      \$214  = 12'h000;
+      \$214  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = s_rows;
-    if (store_start) begin
-      \$215  = cmd[11:0];
-    end else if (\$138 ) begin
-      if (\$142 ) begin
-        if (\$151 ) begin
-          \$215  = \$152 [11:0];
-        end
-      end
-    end
+    \$215  = \$signal$100 ;
     if (rst) begin
-      \$215  = 12'h000;
+      \$215  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = s_left;
-    if (store_start) begin
-      \$216  = \$139 [13:0];
-    end else if (\$138 ) begin
-      if (\$142 ) begin
-        \$216  = \$144 [13:0];
-      end
-    end
+    \$216  = r_col_busy;
     if (rst) begin
-      \$216  = 14'h0000;
+      \$216  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = out_left;
-    if (store_start) begin
-      \$217  = \$140 [13:0];
-    end
-    if (\$153 ) begin
-      \$217  = \$154 [13:0];
-    end
+    \$217  = r_addr;
     if (rst) begin
       \$217  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = i__valid;
-    if (store_start) begin
-    end else if (\$138 ) begin
-      \$218  = \$141 ;
+    \$218  = r_word;
+    if (rst) begin
+      \$218  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$219  = \$136 [1:0];
+    if (rst) begin
+      \$219  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$220  = c_q;
+    if (\$138 ) begin
+      \$220  = c_rd__data;
+    end
+    if (rst) begin
+      \$220  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$221  = i__valid;
+    if (\$138 ) begin
+      \$221  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -2040,222 +2023,355 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$180 ) begin
-            \$218  = 1'h0;
+          if (\$184 ) begin
+            \$221  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$218  = 1'h0;
+      \$221  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = r_mask;
+    \$222  = q_mask;
+    if (\$138 ) begin
+      \$222  = r_mask;
+    end
+    if (rst) begin
+      \$222  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$223  = storing;
     if (store_start) begin
-    end else if (\$138 ) begin
-      if (\$142 ) begin
-        \$219  = { \$149 , \$148 , \$147 , \$146  };
+      \$223  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$184 ) begin
+            \$223  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$223  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$224  = s_addr;
+    if (store_start) begin
+      \$224  = { 5'h00, cmd[53:45] };
+    end else if (\$141 ) begin
+      if (\$145 ) begin
+        \$224  = \$146 [13:0];
       end
     end
     if (rst) begin
-      \$219  = 4'h0;
+      \$224  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$155 ) begin
-            \$220  = 1'h1;
-          end
-      3'h2:
-          if (\$164 ) begin
-            \$220  = 1'h1;
-          end
-      3'h3:
-          if (\$179 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-            end else begin
-              \$220  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$180 ) begin
-            \$220  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$220  = 1'h0;
+    \$225  = s_n;
+    if (store_start) begin
+      \$225  = 12'h000;
+    end else if (\$141 ) begin
+      if (\$145 ) begin
+        \$225  = \$148 [11:0];
+        if (\$154 ) begin
+          \$225  = 12'h000;
+        end
+      end
     end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$221  = cmd__payload;
-          end
-    endcase
-    if (rst) begin
-      \$221  = 80'h00000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$222  = 1'h0;
-          end
-      3'h1:
-          if (\$155 ) begin
-            \$222  = 1'h1;
-          end
-      3'h2:
-          if (\$164 ) begin
-            \$222  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$222  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$223  = 3'h0;
-          end
-      3'h1:
-          if (\$155 ) begin
-            \$223  = code;
-          end
-      3'h2:
-          if (\$164 ) begin
-            \$223  = \$169 ;
-          end
-    endcase
-    if (rst) begin
-      \$223  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$224  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$155 ) begin
-            \$224  = 3'h0;
-          end else begin
-            \$224  = 3'h2;
-          end
-      3'h2:
-          if (\$164 ) begin
-            \$224  = 3'h0;
-          end else if (\$165 ) begin
-            \$224  = 3'h3;
-          end
-      3'h3:
-          if (\$179 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-              \$224  = 3'h4;
-            end else begin
-              \$224  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$180 ) begin
-            \$224  = 3'h0;
-          end
-    endcase
-    if (rst) begin
-      \$224  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$155 ) begin
-          end else begin
-            \$225  = cmd[11:0];
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$164 ) begin
-          end else if (\$165 ) begin
-          end else begin
-            \$225  = \$170 [11:0];
-          end
-    endcase
     if (rst) begin
       \$225  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$155 ) begin
-          end else begin
-            \$226  = { 1'h0, \$156  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$164 ) begin
-          end else if (\$165 ) begin
-          end else begin
-            \$226  = \$171 [13:0];
-          end
-    endcase
+    \$226  = s_rows;
+    if (store_start) begin
+      \$226  = cmd[11:0];
+    end else if (\$141 ) begin
+      if (\$145 ) begin
+        if (\$154 ) begin
+          \$226  = \$155 [11:0];
+        end
+      end
+    end
     if (rst) begin
-      \$226  = 14'h0000;
+      \$226  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = c_lim;
+    \$227  = s_left;
+    if (store_start) begin
+      \$227  = \$142 [13:0];
+    end else if (\$141 ) begin
+      if (\$145 ) begin
+        \$227  = \$147 [13:0];
+      end
+    end
+    if (rst) begin
+      \$227  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$228  = out_left;
+    if (store_start) begin
+      \$228  = \$143 [13:0];
+    end
+    if (\$156 ) begin
+      \$228  = \$157 [13:0];
+    end
+    if (rst) begin
+      \$228  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$229  = r_valid;
+    if (store_start) begin
+    end else if (\$141 ) begin
+      \$229  = \$144 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$184 ) begin
+            \$229  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$229  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$230  = r_mask;
+    if (store_start) begin
+    end else if (\$141 ) begin
+      if (\$145 ) begin
+        \$230  = { \$152 , \$151 , \$150 , \$149  };
+      end
+    end
+    if (rst) begin
+      \$230  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$231  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$158 ) begin
+            \$231  = 1'h1;
+          end
+      3'h2:
+          if (\$167 ) begin
+            \$231  = 1'h1;
+          end
+      3'h3:
+          if (\$183 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+            end else begin
+              \$231  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$184 ) begin
+            \$231  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$231  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$232  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$232  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$232  = 80'h00000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$233  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$233  = 1'h0;
+          end
+      3'h1:
+          if (\$158 ) begin
+            \$233  = 1'h1;
+          end
+      3'h2:
+          if (\$167 ) begin
+            \$233  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$233  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$234  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$234  = 3'h0;
+          end
+      3'h1:
+          if (\$158 ) begin
+            \$234  = code;
+          end
+      3'h2:
+          if (\$167 ) begin
+            \$234  = \$172 ;
+          end
+    endcase
+    if (rst) begin
+      \$234  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$235  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$235  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$158 ) begin
+            \$235  = 3'h0;
+          end else begin
+            \$235  = 3'h2;
+          end
+      3'h2:
+          if (\$167 ) begin
+            \$235  = 3'h0;
+          end else if (\$168 ) begin
+            \$235  = 3'h3;
+          end
+      3'h3:
+          if (\$183 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+              \$235  = 3'h4;
+            end else begin
+              \$235  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$184 ) begin
+            \$235  = 3'h0;
+          end
+    endcase
+    if (rst) begin
+      \$235  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$236  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$155 ) begin
+          if (\$158 ) begin
           end else begin
-            \$227  = { 1'h0, \$157  };
+            \$236  = cmd[11:0];
           end
       3'h2:
           (* full_case = 32'd1 *)
-          if (\$164 ) begin
-          end else if (\$165 ) begin
+          if (\$167 ) begin
+          end else if (\$168 ) begin
           end else begin
-            \$227  = \$172 [13:0];
+            \$236  = \$173 [11:0];
           end
     endcase
     if (rst) begin
-      \$227  = 14'h0000;
+      \$236  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$237  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$158 ) begin
+          end else begin
+            \$237  = { 1'h0, \$159  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$167 ) begin
+          end else if (\$168 ) begin
+          end else begin
+            \$237  = \$174 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$237  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$238  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$158 ) begin
+          end else begin
+            \$238  = { 1'h0, \$160  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$167 ) begin
+          end else if (\$168 ) begin
+          end else begin
+            \$238  = \$175 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$238  = 14'h0000;
     end
   end
   assign \$signal  = a_in__ready;
@@ -2274,7 +2390,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign w_valid = \$signature__en$67 ;
   assign mult = cmd[69:54];
   assign \shift$70  = cmd[75:70];
-  assign r_valid = i__valid;
+  assign q_valid = i__valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
@@ -2345,10 +2461,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \w_word[1]  = w_word[63:32];
   assign \w_word[2]  = w_word[95:64];
   assign \w_word[3]  = w_word[127:96];
-  assign \c_rd__data[0]  = c_rd__data[31:0];
-  assign \c_rd__data[1]  = c_rd__data[63:32];
-  assign \c_rd__data[2]  = c_rd__data[95:64];
-  assign \c_rd__data[3]  = c_rd__data[127:96];
+  assign \c_q[0]  = c_q[31:0];
+  assign \c_q[1]  = c_q[63:32];
+  assign \c_q[2]  = c_q[95:64];
+  assign \c_q[3]  = c_q[127:96];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -2357,10 +2473,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[1]  = c_out__payload[15:8];
   assign \o__payload[2]  = c_out__payload[23:16];
   assign \o__payload[3]  = c_out__payload[31:24];
+  assign \r_word[0]  = r_word[31:0];
+  assign \r_word[1]  = r_word[63:32];
+  assign \r_word[2]  = r_word[95:64];
+  assign \r_word[3]  = r_word[127:96];
   assign \out[0]  = out[31:0];
   assign \out[1]  = out[63:32];
   assign \out[2]  = out[95:64];
   assign \out[3]  = out[127:96];
+  assign \c_rd__data[0]  = c_rd__data[31:0];
+  assign \c_rd__data[1]  = c_rd__data[63:32];
+  assign \c_rd__data[2]  = c_rd__data[95:64];
+  assign \c_rd__data[3]  = c_rd__data[127:96];
   assign i__payload[127:96] = \$44 ;
   assign i__payload[95:64] = \$43 ;
   assign i__payload[63:32] = \$42 ;
@@ -2423,34 +2547,53 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire [7:0] \a[1] ;
   wire [7:0] \a[2] ;
   wire [7:0] \a[3] ;
+  wire [7:0] a__0;
+  wire [7:0] a__1;
+  wire [7:0] a__10;
+  wire [7:0] a__11;
+  reg [7:0] a__12 = 8'h00;
+  wire [7:0] a__13;
+  wire [7:0] a__14;
+  wire [7:0] a__15;
+  wire [7:0] a__2;
+  wire [7:0] a__3;
+  reg [7:0] a__4 = 8'h00;
+  wire [7:0] a__5;
+  wire [7:0] a__6;
+  wire [7:0] a__7;
+  reg [7:0] a__8 = 8'h00;
+  wire [7:0] a__9;
   wire [7:0] a_in;
-  reg [7:0] \a_in$104  = 8'h00;
-  wire [7:0] \a_in$115 ;
-  wire [7:0] \a_in$12 ;
-  wire [7:0] \a_in$128 ;
-  wire [7:0] \a_in$141 ;
-  reg [7:0] \a_in$155  = 8'h00;
-  wire [7:0] \a_in$166 ;
-  wire [7:0] \a_in$179 ;
-  wire [7:0] \a_in$192 ;
-  wire [7:0] \a_in$25 ;
-  wire [7:0] \a_in$38 ;
-  reg [7:0] \a_in$53  = 8'h00;
-  wire [7:0] \a_in$64 ;
-  wire [7:0] \a_in$77 ;
-  wire [7:0] \a_in$90 ;
+  wire [7:0] \a_in$102 ;
+  wire [7:0] \a_in$119 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$137 ;
+  wire [7:0] \a_in$152 ;
+  wire [7:0] \a_in$169 ;
+  wire [7:0] \a_in$17 ;
+  wire [7:0] \a_in$186 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$204 ;
+  wire [7:0] \a_in$219 ;
+  wire [7:0] \a_in$236 ;
+  wire [7:0] \a_in$253 ;
+  wire [7:0] \a_in$34 ;
+  wire [7:0] \a_in$51 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$70 ;
+  wire [7:0] \a_in$85 ;
   wire [7:0] a_out;
-  wire [7:0] \a_out$116 ;
-  wire [7:0] \a_out$129 ;
-  wire [7:0] \a_out$142 ;
-  wire [7:0] \a_out$167 ;
-  wire [7:0] \a_out$180 ;
-  wire [7:0] \a_out$193 ;
-  wire [7:0] \a_out$26 ;
+  wire [7:0] \a_out$107 ;
+  wire [7:0] \a_out$124 ;
+  wire [7:0] \a_out$157 ;
+  wire [7:0] \a_out$174 ;
+  wire [7:0] \a_out$191 ;
+  wire [7:0] \a_out$224 ;
+  wire [7:0] \a_out$241 ;
+  wire [7:0] \a_out$258 ;
   wire [7:0] \a_out$39 ;
-  wire [7:0] \a_out$65 ;
-  wire [7:0] \a_out$78 ;
-  wire [7:0] \a_out$91 ;
+  wire [7:0] \a_out$56 ;
+  wire [7:0] \a_out$90 ;
   input [31:0] b;
   wire [31:0] b;
   (* init = 8'h00 *)
@@ -2466,39 +2609,58 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire [7:0] \b[1] ;
   wire [7:0] \b[2] ;
   wire [7:0] \b[3] ;
+  wire [7:0] b__0;
+  reg [7:0] b__1 = 8'h00;
+  wire [7:0] b__10;
+  wire [7:0] b__11;
+  wire [7:0] b__12;
+  wire [7:0] b__13;
+  wire [7:0] b__14;
+  wire [7:0] b__15;
+  reg [7:0] b__2 = 8'h00;
+  reg [7:0] b__3 = 8'h00;
+  wire [7:0] b__4;
+  wire [7:0] b__5;
+  wire [7:0] b__6;
+  wire [7:0] b__7;
+  wire [7:0] b__8;
+  wire [7:0] b__9;
   wire [7:0] b_in;
-  wire [7:0] \b_in$100 ;
-  wire [7:0] \b_in$112 ;
-  wire [7:0] \b_in$125 ;
-  wire [7:0] \b_in$138 ;
-  wire [7:0] \b_in$151 ;
-  wire [7:0] \b_in$163 ;
-  wire [7:0] \b_in$176 ;
-  wire [7:0] \b_in$189 ;
-  wire [7:0] \b_in$202 ;
-  reg [7:0] \b_in$22  = 8'h00;
-  reg [7:0] \b_in$35  = 8'h00;
-  reg [7:0] \b_in$48  = 8'h00;
-  wire [7:0] \b_in$61 ;
-  wire [7:0] \b_in$74 ;
+  wire [7:0] \b_in$104 ;
+  wire [7:0] \b_in$121 ;
+  wire [7:0] \b_in$139 ;
+  wire [7:0] \b_in$154 ;
+  wire [7:0] \b_in$171 ;
+  wire [7:0] \b_in$188 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$19 ;
+  wire [7:0] \b_in$206 ;
+  wire [7:0] \b_in$221 ;
+  wire [7:0] \b_in$238 ;
+  wire [7:0] \b_in$255 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$36 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$53 ;
+  wire [7:0] \b_in$72 ;
   wire [7:0] \b_in$87 ;
   wire [7:0] b_out;
-  wire [7:0] \b_out$101 ;
-  wire [7:0] \b_out$113 ;
-  wire [7:0] \b_out$126 ;
-  wire [7:0] \b_out$139 ;
-  wire [7:0] \b_out$152 ;
-  wire [7:0] \b_out$164 ;
-  wire [7:0] \b_out$177 ;
-  wire [7:0] \b_out$190 ;
-  wire [7:0] \b_out$203 ;
-  wire [7:0] \b_out$75 ;
-  wire [7:0] \b_out$88 ;
+  wire [7:0] \b_out$116 ;
+  wire [7:0] \b_out$133 ;
+  wire [7:0] \b_out$149 ;
+  wire [7:0] \b_out$166 ;
+  wire [7:0] \b_out$183 ;
+  wire [7:0] \b_out$200 ;
+  wire [7:0] \b_out$216 ;
+  wire [7:0] \b_out$233 ;
+  wire [7:0] \b_out$250 ;
+  wire [7:0] \b_out$267 ;
+  wire [7:0] \b_out$99 ;
   input clk;
   wire clk;
   output done;
   wire done;
-  wire \done$207 ;
+  wire \done$271 ;
   wire first;
   (* init = 1'h0 *)
   wire first1_d0;
@@ -2511,33 +2673,33 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire first3_d2;
   input first_in;
   wire first_in;
-  reg \first_in$108  = 1'h0;
-  wire \first_in$119 ;
-  wire \first_in$132 ;
-  wire \first_in$145 ;
-  reg \first_in$159  = 1'h0;
-  wire \first_in$16 ;
-  wire \first_in$170 ;
-  wire \first_in$183 ;
-  wire \first_in$196 ;
-  wire \first_in$29 ;
+  wire \first_in$110 ;
+  wire \first_in$127 ;
+  reg \first_in$145  = 1'h0;
+  wire \first_in$160 ;
+  wire \first_in$177 ;
+  wire \first_in$194 ;
+  reg \first_in$212  = 1'h0;
+  wire \first_in$227 ;
+  wire \first_in$244 ;
+  wire \first_in$25 ;
+  wire \first_in$261 ;
   wire \first_in$42 ;
-  reg \first_in$57  = 1'h0;
-  wire \first_in$68 ;
-  wire \first_in$81 ;
-  wire \first_in$94 ;
+  wire \first_in$59 ;
+  reg \first_in$78  = 1'h0;
+  wire \first_in$93 ;
   wire first_out;
-  wire \first_out$120 ;
-  wire \first_out$133 ;
-  wire \first_out$146 ;
-  wire \first_out$171 ;
-  wire \first_out$184 ;
-  wire \first_out$197 ;
-  wire \first_out$30 ;
+  wire \first_out$111 ;
+  wire \first_out$128 ;
+  wire \first_out$161 ;
+  wire \first_out$178 ;
+  wire \first_out$195 ;
+  wire \first_out$228 ;
+  wire \first_out$245 ;
+  wire \first_out$262 ;
   wire \first_out$43 ;
-  wire \first_out$69 ;
-  wire \first_out$82 ;
-  wire \first_out$95 ;
+  wire \first_out$60 ;
+  wire \first_out$94 ;
   wire last;
   (* init = 1'h0 *)
   wire last1_d0;
@@ -2550,87 +2712,119 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire last3_d2;
   input last_in;
   wire last_in;
-  reg \last_in$110  = 1'h0;
-  wire \last_in$121 ;
-  wire \last_in$134 ;
-  wire \last_in$147 ;
-  reg \last_in$161  = 1'h0;
-  wire \last_in$172 ;
-  wire \last_in$18 ;
-  wire \last_in$185 ;
-  wire \last_in$198 ;
-  wire \last_in$31 ;
+  wire \last_in$112 ;
+  wire \last_in$129 ;
+  reg \last_in$147  = 1'h0;
+  wire \last_in$162 ;
+  wire \last_in$179 ;
+  wire \last_in$196 ;
+  reg \last_in$214  = 1'h0;
+  wire \last_in$229 ;
+  wire \last_in$246 ;
+  wire \last_in$263 ;
+  wire \last_in$27 ;
   wire \last_in$44 ;
-  reg \last_in$59  = 1'h0;
-  wire \last_in$70 ;
-  wire \last_in$83 ;
-  wire \last_in$96 ;
+  wire \last_in$61 ;
+  reg \last_in$80  = 1'h0;
+  wire \last_in$95 ;
   wire last_out;
-  wire \last_out$122 ;
-  wire \last_out$135 ;
-  wire \last_out$148 ;
-  wire \last_out$173 ;
-  wire \last_out$186 ;
-  wire \last_out$199 ;
-  wire \last_out$32 ;
+  wire \last_out$113 ;
+  wire \last_out$130 ;
+  wire \last_out$163 ;
+  wire \last_out$180 ;
+  wire \last_out$197 ;
+  wire \last_out$230 ;
+  wire \last_out$247 ;
+  wire \last_out$264 ;
   wire \last_out$45 ;
-  wire \last_out$71 ;
-  wire \last_out$84 ;
-  wire \last_out$97 ;
+  wire \last_out$62 ;
+  wire \last_out$96 ;
   output [127:0] out;
   wire [127:0] out;
   wire [31:0] \out[0] ;
   wire [31:0] \out[1] ;
   wire [31:0] \out[2] ;
   wire [31:0] \out[3] ;
+  wire [15:0] p__0;
+  wire [15:0] p__1;
+  wire [15:0] p__10;
+  wire [15:0] p__11;
+  wire [15:0] p__12;
+  wire [15:0] p__13;
+  wire [15:0] p__14;
+  wire [15:0] p__15;
+  wire [15:0] p__2;
+  wire [15:0] p__3;
+  wire [15:0] p__4;
+  wire [15:0] p__5;
+  wire [15:0] p__6;
+  wire [15:0] p__7;
+  wire [15:0] p__8;
+  wire [15:0] p__9;
+  wire [15:0] prod;
+  wire [15:0] \prod$105 ;
+  wire [15:0] \prod$122 ;
+  wire [15:0] \prod$140 ;
+  wire [15:0] \prod$155 ;
+  wire [15:0] \prod$172 ;
+  wire [15:0] \prod$189 ;
+  wire [15:0] \prod$20 ;
+  wire [15:0] \prod$207 ;
+  wire [15:0] \prod$222 ;
+  wire [15:0] \prod$239 ;
+  wire [15:0] \prod$256 ;
+  wire [15:0] \prod$37 ;
+  wire [15:0] \prod$54 ;
+  wire [15:0] \prod$73 ;
+  wire [15:0] \prod$88 ;
   wire [31:0] res;
-  wire [31:0] \res$103 ;
-  wire [31:0] \res$124 ;
-  wire [31:0] \res$137 ;
-  wire [31:0] \res$150 ;
-  wire [31:0] \res$154 ;
-  wire [31:0] \res$175 ;
-  wire [31:0] \res$188 ;
-  wire [31:0] \res$201 ;
-  wire [31:0] \res$205 ;
-  wire [31:0] \res$34 ;
+  wire [31:0] \res$115 ;
+  wire [31:0] \res$132 ;
+  wire [31:0] \res$135 ;
+  wire [31:0] \res$165 ;
+  wire [31:0] \res$182 ;
+  wire [31:0] \res$199 ;
+  wire [31:0] \res$202 ;
+  wire [31:0] \res$232 ;
+  wire [31:0] \res$249 ;
+  wire [31:0] \res$266 ;
+  wire [31:0] \res$269 ;
   wire [31:0] \res$47 ;
-  wire [31:0] \res$52 ;
-  wire [31:0] \res$73 ;
-  wire [31:0] \res$86 ;
-  wire [31:0] \res$99 ;
+  wire [31:0] \res$64 ;
+  wire [31:0] \res$68 ;
+  wire [31:0] \res$98 ;
   wire [31:0] res_in;
-  wire [31:0] \res_in$123 ;
-  wire [31:0] \res_in$136 ;
-  wire [31:0] \res_in$149 ;
-  wire [31:0] \res_in$174 ;
-  wire [31:0] \res_in$187 ;
-  wire [31:0] \res_in$200 ;
-  wire [31:0] \res_in$33 ;
+  wire [31:0] \res_in$114 ;
+  wire [31:0] \res_in$131 ;
+  wire [31:0] \res_in$164 ;
+  wire [31:0] \res_in$181 ;
+  wire [31:0] \res_in$198 ;
+  wire [31:0] \res_in$231 ;
+  wire [31:0] \res_in$248 ;
+  wire [31:0] \res_in$265 ;
   wire [31:0] \res_in$46 ;
-  wire [31:0] \res_in$72 ;
-  wire [31:0] \res_in$85 ;
-  wire [31:0] \res_in$98 ;
+  wire [31:0] \res_in$63 ;
+  wire [31:0] \res_in$97 ;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire \shift$102 ;
-  wire \shift$11 ;
-  wire \shift$114 ;
-  wire \shift$127 ;
-  wire \shift$140 ;
-  wire \shift$153 ;
-  wire \shift$165 ;
-  wire \shift$178 ;
-  wire \shift$191 ;
-  wire \shift$204 ;
-  wire \shift$24 ;
-  wire \shift$37 ;
-  wire \shift$50 ;
-  wire \shift$63 ;
-  wire \shift$76 ;
-  wire \shift$89 ;
+  wire \shift$100 ;
+  wire \shift$117 ;
+  wire \shift$134 ;
+  wire \shift$15 ;
+  wire \shift$150 ;
+  wire \shift$167 ;
+  wire \shift$184 ;
+  wire \shift$201 ;
+  wire \shift$217 ;
+  wire \shift$234 ;
+  wire \shift$251 ;
+  wire \shift$268 ;
+  wire \shift$32 ;
+  wire \shift$49 ;
+  wire \shift$66 ;
+  wire \shift$83 ;
   wire valid;
   (* init = 1'h0 *)
   wire valid1_d0;
@@ -2643,341 +2837,409 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   wire valid3_d2;
   input valid_in;
   wire valid_in;
-  reg \valid_in$106  = 1'h0;
-  wire \valid_in$117 ;
-  wire \valid_in$130 ;
-  wire \valid_in$14 ;
-  wire \valid_in$143 ;
-  reg \valid_in$157  = 1'h0;
-  wire \valid_in$168 ;
-  wire \valid_in$181 ;
-  wire \valid_in$194 ;
-  wire \valid_in$27 ;
+  wire \valid_in$108 ;
+  wire \valid_in$125 ;
+  reg \valid_in$143  = 1'h0;
+  wire \valid_in$158 ;
+  wire \valid_in$175 ;
+  wire \valid_in$192 ;
+  reg \valid_in$210  = 1'h0;
+  wire \valid_in$225 ;
+  wire \valid_in$23 ;
+  wire \valid_in$242 ;
+  wire \valid_in$259 ;
   wire \valid_in$40 ;
-  reg \valid_in$55  = 1'h0;
-  wire \valid_in$66 ;
-  wire \valid_in$79 ;
-  wire \valid_in$92 ;
+  wire \valid_in$57 ;
+  reg \valid_in$76  = 1'h0;
+  wire \valid_in$91 ;
   wire valid_out;
-  wire \valid_out$118 ;
-  wire \valid_out$131 ;
-  wire \valid_out$144 ;
-  wire \valid_out$169 ;
-  wire \valid_out$182 ;
-  wire \valid_out$195 ;
-  wire \valid_out$28 ;
+  wire \valid_out$109 ;
+  wire \valid_out$126 ;
+  wire \valid_out$159 ;
+  wire \valid_out$176 ;
+  wire \valid_out$193 ;
+  wire \valid_out$226 ;
+  wire \valid_out$243 ;
+  wire \valid_out$260 ;
   wire \valid_out$41 ;
-  wire \valid_out$67 ;
-  wire \valid_out$80 ;
-  wire \valid_out$93 ;
+  wire \valid_out$58 ;
+  wire \valid_out$92 ;
   always @(posedge clk)
-    \b_in$22  <= \$1 ;
+    b__1 <= \$1 ;
   always @(posedge clk)
     b2_d0 <= \$2 ;
   always @(posedge clk)
-    \b_in$35  <= \$3 ;
+    b__2 <= \$3 ;
   always @(posedge clk)
     b3_d0 <= \$4 ;
   always @(posedge clk)
     b3_d1 <= \$5 ;
   always @(posedge clk)
-    \b_in$48  <= \$6 ;
+    b__3 <= \$6 ;
   always @(posedge clk)
-    \a_in$53  <= \$7 ;
+    a__4 <= \$7 ;
   always @(posedge clk)
-    \valid_in$55  <= \$8 ;
+    \valid_in$76  <= \$8 ;
   always @(posedge clk)
-    \first_in$57  <= \$9 ;
+    \first_in$78  <= \$9 ;
   always @(posedge clk)
-    \last_in$59  <= \$10 ;
+    \last_in$80  <= \$10 ;
   always @(posedge clk)
     a2_d0 <= \$11 ;
   always @(posedge clk)
-    \a_in$104  <= \$12 ;
+    a__8 <= \$12 ;
   always @(posedge clk)
     valid2_d0 <= \$13 ;
   always @(posedge clk)
-    \valid_in$106  <= \$14 ;
+    \valid_in$143  <= \$14 ;
   always @(posedge clk)
     first2_d0 <= \$15 ;
   always @(posedge clk)
-    \first_in$108  <= \$16 ;
+    \first_in$145  <= \$16 ;
   always @(posedge clk)
     last2_d0 <= \$17 ;
   always @(posedge clk)
-    \last_in$110  <= \$18 ;
+    \last_in$147  <= \$18 ;
   always @(posedge clk)
     a3_d0 <= \$19 ;
   always @(posedge clk)
     a3_d1 <= \$20 ;
   always @(posedge clk)
-    \a_in$155  <= \$21 ;
+    a__12 <= \$21 ;
   always @(posedge clk)
     valid3_d0 <= \$22 ;
   always @(posedge clk)
     valid3_d1 <= \$23 ;
   always @(posedge clk)
-    \valid_in$157  <= \$24 ;
+    \valid_in$210  <= \$24 ;
   always @(posedge clk)
     first3_d0 <= \$25 ;
   always @(posedge clk)
     first3_d1 <= \$26 ;
   always @(posedge clk)
-    \first_in$159  <= \$27 ;
+    \first_in$212  <= \$27 ;
   always @(posedge clk)
     last3_d0 <= \$28 ;
   always @(posedge clk)
     last3_d1 <= \$29 ;
   always @(posedge clk)
-    \last_in$161  <= \$30 ;
+    \last_in$214  <= \$30 ;
+  \nanokpu_gemm.array.mul  mul (
+    .a__0(a[7:0]),
+    .a__1(a__1),
+    .a__10(a__10),
+    .a__11(a__11),
+    .a__12(a__12),
+    .a__13(a__13),
+    .a__14(a__14),
+    .a__15(a__15),
+    .a__2(a__2),
+    .a__3(a__3),
+    .a__4(a__4),
+    .a__5(a__5),
+    .a__6(a__6),
+    .a__7(a__7),
+    .a__8(a__8),
+    .a__9(a__9),
+    .b__0(b[7:0]),
+    .b__1(b__1),
+    .b__10(b__10),
+    .b__11(b__11),
+    .b__12(b__12),
+    .b__13(b__13),
+    .b__14(b__14),
+    .b__15(b__15),
+    .b__2(b__2),
+    .b__3(b__3),
+    .b__4(b__4),
+    .b__5(b__5),
+    .b__6(b__6),
+    .b__7(b__7),
+    .b__8(b__8),
+    .b__9(b__9),
+    .clk(clk),
+    .p__0(prod),
+    .p__1(\prod$20 ),
+    .p__10(\prod$172 ),
+    .p__11(\prod$189 ),
+    .p__12(\prod$207 ),
+    .p__13(\prod$222 ),
+    .p__14(\prod$239 ),
+    .p__15(\prod$256 ),
+    .p__2(\prod$37 ),
+    .p__3(\prod$54 ),
+    .p__4(\prod$73 ),
+    .p__5(\prod$88 ),
+    .p__6(\prod$105 ),
+    .p__7(\prod$122 ),
+    .p__8(\prod$140 ),
+    .p__9(\prod$155 ),
+    .rst(rst)
+  );
   \nanokpu_gemm.array.pe_0_0  pe_0_0 (
     .a_in(a[7:0]),
-    .a_out(\a_in$12 ),
+    .a_out(a__1),
     .b_in(b[7:0]),
-    .b_out(\b_in$61 ),
+    .b_out(b__4),
     .clk(clk),
     .first_in(first_in),
-    .first_out(\first_in$16 ),
+    .first_out(\first_in$25 ),
     .last_in(last_in),
-    .last_out(\last_in$18 ),
-    .res(\res$52 ),
+    .last_out(\last_in$27 ),
+    .prod(prod),
+    .res(\res$68 ),
     .res_in(res_in),
     .rst(rst),
     .shift(shift),
     .valid_in(valid_in),
-    .valid_out(\valid_in$14 )
+    .valid_out(\valid_in$23 )
   );
   \nanokpu_gemm.array.pe_0_1  pe_0_1 (
-    .a_in(\a_in$12 ),
-    .a_out(\a_in$25 ),
-    .b_in(\b_in$22 ),
-    .b_out(\b_in$74 ),
+    .a_in(a__1),
+    .a_out(a__2),
+    .b_in(b__1),
+    .b_out(b__5),
     .clk(clk),
-    .first_in(\first_in$16 ),
-    .first_out(\first_in$29 ),
-    .last_in(\last_in$18 ),
-    .last_out(\last_in$31 ),
-    .res(res_in),
-    .res_in(\res_in$33 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$14 ),
-    .valid_out(\valid_in$27 )
-  );
-  \nanokpu_gemm.array.pe_0_2  pe_0_2 (
-    .a_in(\a_in$25 ),
-    .a_out(\a_in$38 ),
-    .b_in(\b_in$35 ),
-    .b_out(\b_in$87 ),
-    .clk(clk),
-    .first_in(\first_in$29 ),
+    .first_in(\first_in$25 ),
     .first_out(\first_in$42 ),
-    .last_in(\last_in$31 ),
+    .last_in(\last_in$27 ),
     .last_out(\last_in$44 ),
-    .res(\res_in$33 ),
+    .prod(\prod$20 ),
+    .res(res_in),
     .res_in(\res_in$46 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$27 ),
+    .valid_in(\valid_in$23 ),
     .valid_out(\valid_in$40 )
   );
-  \nanokpu_gemm.array.pe_0_3  pe_0_3 (
-    .a_in(\a_in$38 ),
-    .b_in(\b_in$48 ),
-    .b_out(\b_in$100 ),
+  \nanokpu_gemm.array.pe_0_2  pe_0_2 (
+    .a_in(a__2),
+    .a_out(a__3),
+    .b_in(b__2),
+    .b_out(b__6),
     .clk(clk),
     .first_in(\first_in$42 ),
+    .first_out(\first_in$59 ),
     .last_in(\last_in$44 ),
+    .last_out(\last_in$61 ),
+    .prod(\prod$37 ),
     .res(\res_in$46 ),
+    .res_in(\res_in$63 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$40 )
+    .valid_in(\valid_in$40 ),
+    .valid_out(\valid_in$57 )
+  );
+  \nanokpu_gemm.array.pe_0_3  pe_0_3 (
+    .a_in(a__3),
+    .b_in(b__3),
+    .b_out(b__7),
+    .clk(clk),
+    .first_in(\first_in$59 ),
+    .last_in(\last_in$61 ),
+    .prod(\prod$54 ),
+    .res(\res_in$63 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$57 )
   );
   \nanokpu_gemm.array.pe_1_0  pe_1_0 (
-    .a_in(\a_in$53 ),
-    .a_out(\a_in$64 ),
-    .b_in(\b_in$61 ),
-    .b_out(\b_in$112 ),
+    .a_in(a__4),
+    .a_out(a__5),
+    .b_in(b__4),
+    .b_out(b__8),
     .clk(clk),
-    .first_in(\first_in$57 ),
-    .first_out(\first_in$68 ),
-    .last_in(\last_in$59 ),
-    .last_out(\last_in$70 ),
-    .res(\res$103 ),
-    .res_in(\res_in$72 ),
+    .first_in(\first_in$78 ),
+    .first_out(\first_in$93 ),
+    .last_in(\last_in$80 ),
+    .last_out(\last_in$95 ),
+    .prod(\prod$73 ),
+    .res(\res$135 ),
+    .res_in(\res_in$97 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$55 ),
-    .valid_out(\valid_in$66 )
+    .valid_in(\valid_in$76 ),
+    .valid_out(\valid_in$91 )
   );
   \nanokpu_gemm.array.pe_1_1  pe_1_1 (
-    .a_in(\a_in$64 ),
-    .a_out(\a_in$77 ),
-    .b_in(\b_in$74 ),
-    .b_out(\b_in$125 ),
+    .a_in(a__5),
+    .a_out(a__6),
+    .b_in(b__5),
+    .b_out(b__9),
     .clk(clk),
-    .first_in(\first_in$68 ),
-    .first_out(\first_in$81 ),
-    .last_in(\last_in$70 ),
-    .last_out(\last_in$83 ),
-    .res(\res_in$72 ),
-    .res_in(\res_in$85 ),
+    .first_in(\first_in$93 ),
+    .first_out(\first_in$110 ),
+    .last_in(\last_in$95 ),
+    .last_out(\last_in$112 ),
+    .prod(\prod$88 ),
+    .res(\res_in$97 ),
+    .res_in(\res_in$114 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$66 ),
-    .valid_out(\valid_in$79 )
+    .valid_in(\valid_in$91 ),
+    .valid_out(\valid_in$108 )
   );
   \nanokpu_gemm.array.pe_1_2  pe_1_2 (
-    .a_in(\a_in$77 ),
-    .a_out(\a_in$90 ),
-    .b_in(\b_in$87 ),
-    .b_out(\b_in$138 ),
+    .a_in(a__6),
+    .a_out(a__7),
+    .b_in(b__6),
+    .b_out(b__10),
     .clk(clk),
-    .first_in(\first_in$81 ),
-    .first_out(\first_in$94 ),
-    .last_in(\last_in$83 ),
-    .last_out(\last_in$96 ),
-    .res(\res_in$85 ),
-    .res_in(\res_in$98 ),
+    .first_in(\first_in$110 ),
+    .first_out(\first_in$127 ),
+    .last_in(\last_in$112 ),
+    .last_out(\last_in$129 ),
+    .prod(\prod$105 ),
+    .res(\res_in$114 ),
+    .res_in(\res_in$131 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$79 ),
-    .valid_out(\valid_in$92 )
+    .valid_in(\valid_in$108 ),
+    .valid_out(\valid_in$125 )
   );
   \nanokpu_gemm.array.pe_1_3  pe_1_3 (
-    .a_in(\a_in$90 ),
-    .b_in(\b_in$100 ),
-    .b_out(\b_in$151 ),
+    .a_in(a__7),
+    .b_in(b__7),
+    .b_out(b__11),
     .clk(clk),
-    .first_in(\first_in$94 ),
-    .last_in(\last_in$96 ),
-    .res(\res_in$98 ),
+    .first_in(\first_in$127 ),
+    .last_in(\last_in$129 ),
+    .prod(\prod$122 ),
+    .res(\res_in$131 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$92 )
+    .valid_in(\valid_in$125 )
   );
   \nanokpu_gemm.array.pe_2_0  pe_2_0 (
-    .a_in(\a_in$104 ),
-    .a_out(\a_in$115 ),
-    .b_in(\b_in$112 ),
-    .b_out(\b_in$163 ),
-    .clk(clk),
-    .first_in(\first_in$108 ),
-    .first_out(\first_in$119 ),
-    .last_in(\last_in$110 ),
-    .last_out(\last_in$121 ),
-    .res(\res$154 ),
-    .res_in(\res_in$123 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$106 ),
-    .valid_out(\valid_in$117 )
-  );
-  \nanokpu_gemm.array.pe_2_1  pe_2_1 (
-    .a_in(\a_in$115 ),
-    .a_out(\a_in$128 ),
-    .b_in(\b_in$125 ),
-    .b_out(\b_in$176 ),
-    .clk(clk),
-    .first_in(\first_in$119 ),
-    .first_out(\first_in$132 ),
-    .last_in(\last_in$121 ),
-    .last_out(\last_in$134 ),
-    .res(\res_in$123 ),
-    .res_in(\res_in$136 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$117 ),
-    .valid_out(\valid_in$130 )
-  );
-  \nanokpu_gemm.array.pe_2_2  pe_2_2 (
-    .a_in(\a_in$128 ),
-    .a_out(\a_in$141 ),
-    .b_in(\b_in$138 ),
-    .b_out(\b_in$189 ),
-    .clk(clk),
-    .first_in(\first_in$132 ),
-    .first_out(\first_in$145 ),
-    .last_in(\last_in$134 ),
-    .last_out(\last_in$147 ),
-    .res(\res_in$136 ),
-    .res_in(\res_in$149 ),
-    .rst(rst),
-    .shift(shift),
-    .valid_in(\valid_in$130 ),
-    .valid_out(\valid_in$143 )
-  );
-  \nanokpu_gemm.array.pe_2_3  pe_2_3 (
-    .a_in(\a_in$141 ),
-    .b_in(\b_in$151 ),
-    .b_out(\b_in$202 ),
+    .a_in(a__8),
+    .a_out(a__9),
+    .b_in(b__8),
+    .b_out(b__12),
     .clk(clk),
     .first_in(\first_in$145 ),
+    .first_out(\first_in$160 ),
     .last_in(\last_in$147 ),
-    .res(\res_in$149 ),
+    .last_out(\last_in$162 ),
+    .prod(\prod$140 ),
+    .res(\res$202 ),
+    .res_in(\res_in$164 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$143 )
+    .valid_in(\valid_in$143 ),
+    .valid_out(\valid_in$158 )
+  );
+  \nanokpu_gemm.array.pe_2_1  pe_2_1 (
+    .a_in(a__9),
+    .a_out(a__10),
+    .b_in(b__9),
+    .b_out(b__13),
+    .clk(clk),
+    .first_in(\first_in$160 ),
+    .first_out(\first_in$177 ),
+    .last_in(\last_in$162 ),
+    .last_out(\last_in$179 ),
+    .prod(\prod$155 ),
+    .res(\res_in$164 ),
+    .res_in(\res_in$181 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$158 ),
+    .valid_out(\valid_in$175 )
+  );
+  \nanokpu_gemm.array.pe_2_2  pe_2_2 (
+    .a_in(a__10),
+    .a_out(a__11),
+    .b_in(b__10),
+    .b_out(b__14),
+    .clk(clk),
+    .first_in(\first_in$177 ),
+    .first_out(\first_in$194 ),
+    .last_in(\last_in$179 ),
+    .last_out(\last_in$196 ),
+    .prod(\prod$172 ),
+    .res(\res_in$181 ),
+    .res_in(\res_in$198 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$175 ),
+    .valid_out(\valid_in$192 )
+  );
+  \nanokpu_gemm.array.pe_2_3  pe_2_3 (
+    .a_in(a__11),
+    .b_in(b__11),
+    .b_out(b__15),
+    .clk(clk),
+    .first_in(\first_in$194 ),
+    .last_in(\last_in$196 ),
+    .prod(\prod$189 ),
+    .res(\res_in$198 ),
+    .rst(rst),
+    .shift(shift),
+    .valid_in(\valid_in$192 )
   );
   \nanokpu_gemm.array.pe_3_0  pe_3_0 (
-    .a_in(\a_in$155 ),
-    .a_out(\a_in$166 ),
-    .b_in(\b_in$163 ),
+    .a_in(a__12),
+    .a_out(a__13),
+    .b_in(b__12),
     .clk(clk),
-    .first_in(\first_in$159 ),
-    .first_out(\first_in$170 ),
-    .last_in(\last_in$161 ),
-    .last_out(\last_in$172 ),
-    .res(\res$205 ),
-    .res_in(\res_in$174 ),
+    .first_in(\first_in$212 ),
+    .first_out(\first_in$227 ),
+    .last_in(\last_in$214 ),
+    .last_out(\last_in$229 ),
+    .prod(\prod$207 ),
+    .res(\res$269 ),
+    .res_in(\res_in$231 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$157 ),
-    .valid_out(\valid_in$168 )
+    .valid_in(\valid_in$210 ),
+    .valid_out(\valid_in$225 )
   );
   \nanokpu_gemm.array.pe_3_1  pe_3_1 (
-    .a_in(\a_in$166 ),
-    .a_out(\a_in$179 ),
-    .b_in(\b_in$176 ),
+    .a_in(a__13),
+    .a_out(a__14),
+    .b_in(b__13),
     .clk(clk),
-    .first_in(\first_in$170 ),
-    .first_out(\first_in$183 ),
-    .last_in(\last_in$172 ),
-    .last_out(\last_in$185 ),
-    .res(\res_in$174 ),
-    .res_in(\res_in$187 ),
+    .first_in(\first_in$227 ),
+    .first_out(\first_in$244 ),
+    .last_in(\last_in$229 ),
+    .last_out(\last_in$246 ),
+    .prod(\prod$222 ),
+    .res(\res_in$231 ),
+    .res_in(\res_in$248 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$168 ),
-    .valid_out(\valid_in$181 )
+    .valid_in(\valid_in$225 ),
+    .valid_out(\valid_in$242 )
   );
   \nanokpu_gemm.array.pe_3_2  pe_3_2 (
-    .a_in(\a_in$179 ),
-    .a_out(\a_in$192 ),
-    .b_in(\b_in$189 ),
+    .a_in(a__14),
+    .a_out(a__15),
+    .b_in(b__14),
     .clk(clk),
-    .first_in(\first_in$183 ),
-    .first_out(\first_in$196 ),
-    .last_in(\last_in$185 ),
-    .last_out(\last_in$198 ),
-    .res(\res_in$187 ),
-    .res_in(\res_in$200 ),
+    .first_in(\first_in$244 ),
+    .first_out(\first_in$261 ),
+    .last_in(\last_in$246 ),
+    .last_out(\last_in$263 ),
+    .prod(\prod$239 ),
+    .res(\res_in$248 ),
+    .res_in(\res_in$265 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$181 ),
-    .valid_out(\valid_in$194 )
+    .valid_in(\valid_in$242 ),
+    .valid_out(\valid_in$259 )
   );
   \nanokpu_gemm.array.pe_3_3  pe_3_3 (
-    .a_in(\a_in$192 ),
-    .b_in(\b_in$202 ),
+    .a_in(a__15),
+    .b_in(b__15),
     .clk(clk),
     .done(done),
-    .first_in(\first_in$196 ),
-    .last_in(\last_in$198 ),
-    .res(\res_in$200 ),
+    .first_in(\first_in$261 ),
+    .last_in(\last_in$263 ),
+    .prod(\prod$256 ),
+    .res(\res_in$265 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$194 )
+    .valid_in(\valid_in$259 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
@@ -3189,115 +3451,163 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
       \$30  = 1'h0;
     end
   end
+  assign a__0 = a[7:0];
   assign a_in = a[7:0];
+  assign b__0 = b[7:0];
+  assign b_in = b[7:0];
+  assign p__0 = prod;
   assign valid = valid_in;
   assign first = first_in;
   assign last = last_in;
-  assign b_in = b[7:0];
-  assign \shift$11  = shift;
-  assign a_out = \a_in$12 ;
-  assign valid_out = \valid_in$14 ;
-  assign first_out = \first_in$16 ;
-  assign last_out = \last_in$18 ;
+  assign \shift$15  = shift;
+  assign \a_in$17  = a__1;
+  assign \b_in$19  = b__1;
+  assign p__1 = \prod$20 ;
+  assign a_out = a__1;
+  assign valid_out = \valid_in$23 ;
+  assign first_out = \first_in$25 ;
+  assign last_out = \last_in$27 ;
   assign res = res_in;
-  assign b1_d0 = \b_in$22 ;
-  assign \shift$24  = shift;
-  assign \a_out$26  = \a_in$25 ;
-  assign \valid_out$28  = \valid_in$27 ;
-  assign \first_out$30  = \first_in$29 ;
-  assign \last_out$32  = \last_in$31 ;
-  assign \res$34  = \res_in$33 ;
-  assign b2_d1 = \b_in$35 ;
-  assign \shift$37  = shift;
-  assign \a_out$39  = \a_in$38 ;
+  assign b1_d0 = b__1;
+  assign \shift$32  = shift;
+  assign \a_in$34  = a__2;
+  assign \b_in$36  = b__2;
+  assign p__2 = \prod$37 ;
+  assign \a_out$39  = a__2;
   assign \valid_out$41  = \valid_in$40 ;
   assign \first_out$43  = \first_in$42 ;
   assign \last_out$45  = \last_in$44 ;
   assign \res$47  = \res_in$46 ;
-  assign b3_d2 = \b_in$48 ;
-  assign \shift$50  = shift;
-  assign a1_d0 = \a_in$53 ;
-  assign valid1_d0 = \valid_in$55 ;
-  assign first1_d0 = \first_in$57 ;
-  assign last1_d0 = \last_in$59 ;
-  assign b_out = \b_in$61 ;
-  assign \shift$63  = shift;
-  assign \a_out$65  = \a_in$64 ;
-  assign \valid_out$67  = \valid_in$66 ;
-  assign \first_out$69  = \first_in$68 ;
-  assign \last_out$71  = \last_in$70 ;
-  assign \res$73  = \res_in$72 ;
-  assign \b_out$75  = \b_in$74 ;
-  assign \shift$76  = shift;
-  assign \a_out$78  = \a_in$77 ;
-  assign \valid_out$80  = \valid_in$79 ;
-  assign \first_out$82  = \first_in$81 ;
-  assign \last_out$84  = \last_in$83 ;
-  assign \res$86  = \res_in$85 ;
-  assign \b_out$88  = \b_in$87 ;
-  assign \shift$89  = shift;
-  assign \a_out$91  = \a_in$90 ;
-  assign \valid_out$93  = \valid_in$92 ;
-  assign \first_out$95  = \first_in$94 ;
-  assign \last_out$97  = \last_in$96 ;
-  assign \res$99  = \res_in$98 ;
-  assign \b_out$101  = \b_in$100 ;
-  assign \shift$102  = shift;
-  assign a2_d1 = \a_in$104 ;
-  assign valid2_d1 = \valid_in$106 ;
-  assign first2_d1 = \first_in$108 ;
-  assign last2_d1 = \last_in$110 ;
-  assign \b_out$113  = \b_in$112 ;
-  assign \shift$114  = shift;
-  assign \a_out$116  = \a_in$115 ;
-  assign \valid_out$118  = \valid_in$117 ;
-  assign \first_out$120  = \first_in$119 ;
-  assign \last_out$122  = \last_in$121 ;
-  assign \res$124  = \res_in$123 ;
-  assign \b_out$126  = \b_in$125 ;
-  assign \shift$127  = shift;
-  assign \a_out$129  = \a_in$128 ;
-  assign \valid_out$131  = \valid_in$130 ;
-  assign \first_out$133  = \first_in$132 ;
-  assign \last_out$135  = \last_in$134 ;
-  assign \res$137  = \res_in$136 ;
-  assign \b_out$139  = \b_in$138 ;
-  assign \shift$140  = shift;
-  assign \a_out$142  = \a_in$141 ;
-  assign \valid_out$144  = \valid_in$143 ;
-  assign \first_out$146  = \first_in$145 ;
-  assign \last_out$148  = \last_in$147 ;
-  assign \res$150  = \res_in$149 ;
-  assign \b_out$152  = \b_in$151 ;
-  assign \shift$153  = shift;
-  assign a3_d2 = \a_in$155 ;
-  assign valid3_d2 = \valid_in$157 ;
-  assign first3_d2 = \first_in$159 ;
-  assign last3_d2 = \last_in$161 ;
-  assign \b_out$164  = \b_in$163 ;
-  assign \shift$165  = shift;
-  assign \a_out$167  = \a_in$166 ;
-  assign \valid_out$169  = \valid_in$168 ;
-  assign \first_out$171  = \first_in$170 ;
-  assign \last_out$173  = \last_in$172 ;
-  assign \res$175  = \res_in$174 ;
-  assign \b_out$177  = \b_in$176 ;
-  assign \shift$178  = shift;
-  assign \a_out$180  = \a_in$179 ;
-  assign \valid_out$182  = \valid_in$181 ;
-  assign \first_out$184  = \first_in$183 ;
-  assign \last_out$186  = \last_in$185 ;
-  assign \res$188  = \res_in$187 ;
-  assign \b_out$190  = \b_in$189 ;
-  assign \shift$191  = shift;
-  assign \a_out$193  = \a_in$192 ;
-  assign \valid_out$195  = \valid_in$194 ;
-  assign \first_out$197  = \first_in$196 ;
-  assign \last_out$199  = \last_in$198 ;
-  assign \res$201  = \res_in$200 ;
-  assign \b_out$203  = \b_in$202 ;
-  assign \shift$204  = shift;
-  assign \done$207  = done;
+  assign b2_d1 = b__2;
+  assign \shift$49  = shift;
+  assign \a_in$51  = a__3;
+  assign \b_in$53  = b__3;
+  assign p__3 = \prod$54 ;
+  assign \a_out$56  = a__3;
+  assign \valid_out$58  = \valid_in$57 ;
+  assign \first_out$60  = \first_in$59 ;
+  assign \last_out$62  = \last_in$61 ;
+  assign \res$64  = \res_in$63 ;
+  assign b3_d2 = b__3;
+  assign \shift$66  = shift;
+  assign \a_in$70  = a__4;
+  assign \b_in$72  = b__4;
+  assign p__4 = \prod$73 ;
+  assign a1_d0 = a__4;
+  assign valid1_d0 = \valid_in$76 ;
+  assign first1_d0 = \first_in$78 ;
+  assign last1_d0 = \last_in$80 ;
+  assign b_out = b__4;
+  assign \shift$83  = shift;
+  assign \a_in$85  = a__5;
+  assign \b_in$87  = b__5;
+  assign p__5 = \prod$88 ;
+  assign \a_out$90  = a__5;
+  assign \valid_out$92  = \valid_in$91 ;
+  assign \first_out$94  = \first_in$93 ;
+  assign \last_out$96  = \last_in$95 ;
+  assign \res$98  = \res_in$97 ;
+  assign \b_out$99  = b__5;
+  assign \shift$100  = shift;
+  assign \a_in$102  = a__6;
+  assign \b_in$104  = b__6;
+  assign p__6 = \prod$105 ;
+  assign \a_out$107  = a__6;
+  assign \valid_out$109  = \valid_in$108 ;
+  assign \first_out$111  = \first_in$110 ;
+  assign \last_out$113  = \last_in$112 ;
+  assign \res$115  = \res_in$114 ;
+  assign \b_out$116  = b__6;
+  assign \shift$117  = shift;
+  assign \a_in$119  = a__7;
+  assign \b_in$121  = b__7;
+  assign p__7 = \prod$122 ;
+  assign \a_out$124  = a__7;
+  assign \valid_out$126  = \valid_in$125 ;
+  assign \first_out$128  = \first_in$127 ;
+  assign \last_out$130  = \last_in$129 ;
+  assign \res$132  = \res_in$131 ;
+  assign \b_out$133  = b__7;
+  assign \shift$134  = shift;
+  assign \a_in$137  = a__8;
+  assign \b_in$139  = b__8;
+  assign p__8 = \prod$140 ;
+  assign a2_d1 = a__8;
+  assign valid2_d1 = \valid_in$143 ;
+  assign first2_d1 = \first_in$145 ;
+  assign last2_d1 = \last_in$147 ;
+  assign \b_out$149  = b__8;
+  assign \shift$150  = shift;
+  assign \a_in$152  = a__9;
+  assign \b_in$154  = b__9;
+  assign p__9 = \prod$155 ;
+  assign \a_out$157  = a__9;
+  assign \valid_out$159  = \valid_in$158 ;
+  assign \first_out$161  = \first_in$160 ;
+  assign \last_out$163  = \last_in$162 ;
+  assign \res$165  = \res_in$164 ;
+  assign \b_out$166  = b__9;
+  assign \shift$167  = shift;
+  assign \a_in$169  = a__10;
+  assign \b_in$171  = b__10;
+  assign p__10 = \prod$172 ;
+  assign \a_out$174  = a__10;
+  assign \valid_out$176  = \valid_in$175 ;
+  assign \first_out$178  = \first_in$177 ;
+  assign \last_out$180  = \last_in$179 ;
+  assign \res$182  = \res_in$181 ;
+  assign \b_out$183  = b__10;
+  assign \shift$184  = shift;
+  assign \a_in$186  = a__11;
+  assign \b_in$188  = b__11;
+  assign p__11 = \prod$189 ;
+  assign \a_out$191  = a__11;
+  assign \valid_out$193  = \valid_in$192 ;
+  assign \first_out$195  = \first_in$194 ;
+  assign \last_out$197  = \last_in$196 ;
+  assign \res$199  = \res_in$198 ;
+  assign \b_out$200  = b__11;
+  assign \shift$201  = shift;
+  assign \a_in$204  = a__12;
+  assign \b_in$206  = b__12;
+  assign p__12 = \prod$207 ;
+  assign a3_d2 = a__12;
+  assign valid3_d2 = \valid_in$210 ;
+  assign first3_d2 = \first_in$212 ;
+  assign last3_d2 = \last_in$214 ;
+  assign \b_out$216  = b__12;
+  assign \shift$217  = shift;
+  assign \a_in$219  = a__13;
+  assign \b_in$221  = b__13;
+  assign p__13 = \prod$222 ;
+  assign \a_out$224  = a__13;
+  assign \valid_out$226  = \valid_in$225 ;
+  assign \first_out$228  = \first_in$227 ;
+  assign \last_out$230  = \last_in$229 ;
+  assign \res$232  = \res_in$231 ;
+  assign \b_out$233  = b__13;
+  assign \shift$234  = shift;
+  assign \a_in$236  = a__14;
+  assign \b_in$238  = b__14;
+  assign p__14 = \prod$239 ;
+  assign \a_out$241  = a__14;
+  assign \valid_out$243  = \valid_in$242 ;
+  assign \first_out$245  = \first_in$244 ;
+  assign \last_out$247  = \last_in$246 ;
+  assign \res$249  = \res_in$248 ;
+  assign \b_out$250  = b__14;
+  assign \shift$251  = shift;
+  assign \a_in$253  = a__15;
+  assign \b_in$255  = b__15;
+  assign p__15 = \prod$256 ;
+  assign \a_out$258  = a__15;
+  assign \valid_out$260  = \valid_in$259 ;
+  assign \first_out$262  = \first_in$261 ;
+  assign \last_out$264  = \last_in$263 ;
+  assign \res$266  = \res_in$265 ;
+  assign \b_out$267  = b__15;
+  assign \shift$268  = shift;
+  assign \done$271  = done;
   assign \a[0]  = a[7:0];
   assign \a[1]  = a[15:8];
   assign \a[2]  = a[23:16];
@@ -3310,215 +3620,333 @@ module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, 
   assign \out[1]  = out[63:32];
   assign \out[2]  = out[95:64];
   assign \out[3]  = out[127:96];
-  assign out[127:96] = \res$205 ;
-  assign out[95:64] = \res$154 ;
-  assign out[63:32] = \res$103 ;
-  assign out[31:0] = \res$52 ;
+  assign out[127:96] = \res$269 ;
+  assign out[95:64] = \res$202 ;
+  assign out[63:32] = \res$135 ;
+  assign out[31:0] = \res$68 ;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_0 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.mul (rst, b__0, a__0, b__1, b__2, b__3, a__4, a__8, a__12, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11
+, p__12, p__13, p__14, p__15, a__1, b__4, a__2, b__5, a__3, b__6, b__7, a__5, b__8, a__6, b__9, a__7, b__10, b__11, a__9, b__12, a__10
+, b__13, a__11, b__14, b__15, a__13, a__14, a__15, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
   wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
+  wire [15:0] \$10 ;
+  wire [15:0] \$11 ;
+  wire [15:0] \$12 ;
+  wire [15:0] \$13 ;
+  wire [15:0] \$14 ;
+  wire [15:0] \$15 ;
+  wire [15:0] \$16 ;
+  reg [15:0] \$17 ;
+  reg [15:0] \$18 ;
+  reg [15:0] \$19 ;
+  wire [15:0] \$2 ;
+  reg [15:0] \$20 ;
+  reg [15:0] \$21 ;
+  reg [15:0] \$22 ;
+  reg [15:0] \$23 ;
+  reg [15:0] \$24 ;
+  reg [15:0] \$25 ;
+  reg [15:0] \$26 ;
+  reg [15:0] \$27 ;
+  reg [15:0] \$28 ;
+  reg [15:0] \$29 ;
+  wire [15:0] \$3 ;
+  reg [15:0] \$30 ;
+  reg [15:0] \$31 ;
+  reg [15:0] \$32 ;
+  wire [15:0] \$4 ;
+  wire [15:0] \$5 ;
+  wire [15:0] \$6 ;
+  wire [15:0] \$7 ;
+  wire [15:0] \$8 ;
+  wire [15:0] \$9 ;
+  input [7:0] a__0;
+  wire [7:0] a__0;
+  input [7:0] a__1;
+  wire [7:0] a__1;
+  input [7:0] a__10;
+  wire [7:0] a__10;
+  input [7:0] a__11;
+  wire [7:0] a__11;
+  input [7:0] a__12;
+  wire [7:0] a__12;
+  input [7:0] a__13;
+  wire [7:0] a__13;
+  input [7:0] a__14;
+  wire [7:0] a__14;
+  input [7:0] a__15;
+  wire [7:0] a__15;
+  input [7:0] a__2;
+  wire [7:0] a__2;
+  input [7:0] a__3;
+  wire [7:0] a__3;
+  input [7:0] a__4;
+  wire [7:0] a__4;
+  input [7:0] a__5;
+  wire [7:0] a__5;
+  input [7:0] a__6;
+  wire [7:0] a__6;
+  input [7:0] a__7;
+  wire [7:0] a__7;
+  input [7:0] a__8;
+  wire [7:0] a__8;
+  input [7:0] a__9;
+  wire [7:0] a__9;
+  input [7:0] b__0;
+  wire [7:0] b__0;
+  input [7:0] b__1;
+  wire [7:0] b__1;
+  input [7:0] b__10;
+  wire [7:0] b__10;
+  input [7:0] b__11;
+  wire [7:0] b__11;
+  input [7:0] b__12;
+  wire [7:0] b__12;
+  input [7:0] b__13;
+  wire [7:0] b__13;
+  input [7:0] b__14;
+  wire [7:0] b__14;
+  input [7:0] b__15;
+  wire [7:0] b__15;
+  input [7:0] b__2;
+  wire [7:0] b__2;
+  input [7:0] b__3;
+  wire [7:0] b__3;
+  input [7:0] b__4;
+  wire [7:0] b__4;
+  input [7:0] b__5;
+  wire [7:0] b__5;
+  input [7:0] b__6;
+  wire [7:0] b__6;
+  input [7:0] b__7;
+  wire [7:0] b__7;
+  input [7:0] b__8;
+  wire [7:0] b__8;
+  input [7:0] b__9;
+  wire [7:0] b__9;
   input clk;
   wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  wire en;
+  output [15:0] p__0;
+  reg [15:0] p__0 = 16'h0000;
+  output [15:0] p__1;
+  reg [15:0] p__1 = 16'h0000;
+  output [15:0] p__10;
+  reg [15:0] p__10 = 16'h0000;
+  output [15:0] p__11;
+  reg [15:0] p__11 = 16'h0000;
+  output [15:0] p__12;
+  reg [15:0] p__12 = 16'h0000;
+  output [15:0] p__13;
+  reg [15:0] p__13 = 16'h0000;
+  output [15:0] p__14;
+  reg [15:0] p__14 = 16'h0000;
+  output [15:0] p__15;
+  reg [15:0] p__15 = 16'h0000;
+  output [15:0] p__2;
+  reg [15:0] p__2 = 16'h0000;
+  output [15:0] p__3;
+  reg [15:0] p__3 = 16'h0000;
+  output [15:0] p__4;
+  reg [15:0] p__4 = 16'h0000;
+  output [15:0] p__5;
+  reg [15:0] p__5 = 16'h0000;
+  output [15:0] p__6;
+  reg [15:0] p__6 = 16'h0000;
+  output [15:0] p__7;
+  reg [15:0] p__7 = 16'h0000;
+  output [15:0] p__8;
+  reg [15:0] p__8 = 16'h0000;
+  output [15:0] p__9;
+  reg [15:0] p__9 = 16'h0000;
   input rst;
   wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$1  = $signed(a__0) * $signed(b__0);
+  assign \$2  = $signed(a__1) * $signed(b__1);
+  assign \$3  = $signed(a__2) * $signed(b__2);
+  assign \$4  = $signed(a__3) * $signed(b__3);
+  assign \$5  = $signed(a__4) * $signed(b__4);
+  assign \$6  = $signed(a__5) * $signed(b__5);
+  assign \$7  = $signed(a__6) * $signed(b__6);
+  assign \$8  = $signed(a__7) * $signed(b__7);
+  assign \$9  = $signed(a__8) * $signed(b__8);
+  assign \$10  = $signed(a__9) * $signed(b__9);
+  assign \$11  = $signed(a__10) * $signed(b__10);
+  assign \$12  = $signed(a__11) * $signed(b__11);
+  assign \$13  = $signed(a__12) * $signed(b__12);
+  assign \$14  = $signed(a__13) * $signed(b__13);
+  assign \$15  = $signed(a__14) * $signed(b__14);
+  assign \$16  = $signed(a__15) * $signed(b__15);
   always @(posedge clk)
-    a_out <= \$6 ;
+    p__0 <= \$17 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    p__1 <= \$18 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    p__2 <= \$19 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    p__3 <= \$20 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    p__4 <= \$21 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    p__5 <= \$22 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    p__6 <= \$23 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p__7 <= \$24 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    p__8 <= \$25 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    p__9 <= \$26 ;
   always @(posedge clk)
-    res <= \$16 ;
+    p__10 <= \$27 ;
   always @(posedge clk)
-    done <= \$17 ;
+    p__11 <= \$28 ;
+  always @(posedge clk)
+    p__12 <= \$29 ;
+  always @(posedge clk)
+    p__13 <= \$30 ;
+  always @(posedge clk)
+    p__14 <= \$31 ;
+  always @(posedge clk)
+    p__15 <= \$32 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$6  = a_in;
+    \$17  = \$1 ;
     if (rst) begin
-      \$6  = 8'h00;
+      \$17  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$7  = b_in;
+    \$18  = \$2 ;
     if (rst) begin
-      \$7  = 8'h00;
+      \$18  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$8  = valid_in;
+    \$19  = \$3 ;
     if (rst) begin
-      \$8  = 1'h0;
+      \$19  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$9  = first_in;
+    \$20  = \$4 ;
     if (rst) begin
-      \$9  = 1'h0;
+      \$20  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$10  = last_in;
+    \$21  = \$5 ;
     if (rst) begin
-      \$10  = 1'h0;
+      \$21  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$11  = \$1 ;
+    \$22  = \$6 ;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$22  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$12  = valid_in;
+    \$23  = \$7 ;
     if (rst) begin
-      \$12  = 1'h0;
+      \$23  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$13  = first_in;
+    \$24  = \$8 ;
     if (rst) begin
-      \$13  = 1'h0;
+      \$24  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$14  = last_in;
+    \$25  = \$9 ;
     if (rst) begin
-      \$14  = 1'h0;
+      \$25  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
+    \$26  = \$10 ;
     if (rst) begin
-      \$15  = 32'd0;
+      \$26  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
+    \$27  = \$11 ;
     if (rst) begin
-      \$16  = 32'd0;
+      \$27  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$17  = \$3 ;
+    \$28  = \$12 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$28  = 16'h0000;
     end
   end
-  assign total = \$5 [31:0];
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$29  = \$13 ;
+    if (rst) begin
+      \$29  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$30  = \$14 ;
+    if (rst) begin
+      \$30  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$31  = \$15 ;
+    if (rst) begin
+      \$31  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$32  = \$16 ;
+    if (rst) begin
+      \$32  = 16'h0000;
+    end
+  end
+  assign en = 1'h1;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_0 (rst, shift, b_in, a_in, valid_in, first_in, last_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -3540,7 +3968,8 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -3554,152 +3983,140 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$5  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -3721,7 +4138,8 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -3735,154 +4153,143 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -3894,14 +4301,18 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
+  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -3910,157 +4321,144 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire [31:0] total;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -4072,17 +4470,15 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
-  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -4091,154 +4487,142 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire [31:0] total;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
+  assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$8  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4260,7 +4644,8 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -4274,152 +4659,140 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$9  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4441,7 +4814,8 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -4455,154 +4829,143 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_1_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$10  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -4614,14 +4977,18 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
+  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -4630,697 +4997,142 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire [31:0] total;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$11  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$6  = a_in;
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$7  = b_in;
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$8  = valid_in;
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$9  = first_in;
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$10  = last_in;
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$11  = \$1 ;
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$12  = valid_in;
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$17  = \$3 ;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$12  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$6  = a_in;
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$7  = b_in;
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$8  = valid_in;
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$9  = first_in;
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$10  = last_in;
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$11  = \$1 ;
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$12  = valid_in;
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$17  = \$3 ;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$6  = a_in;
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$7  = b_in;
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$8  = valid_in;
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$9  = first_in;
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$10  = last_in;
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$11  = \$1 ;
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$12  = valid_in;
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$17  = \$3 ;
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_2_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -5339,7 +5151,8 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   wire [31:0] res_in;
@@ -5351,177 +5164,673 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$6  = a_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$7  = b_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$8  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$9  = first_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$10  = last_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$11  = \$1 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$12  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$15  = acc;
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$17  = \$3 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
   assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$12  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$15  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
   wire [7:0] b_in;
+  output [7:0] b_out;
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
-  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -5530,154 +5839,142 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire [31:0] total;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
+  assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_1 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5698,7 +5995,8 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -5712,152 +6010,140 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_2 (rst, shift, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5878,7 +6164,8 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -5892,152 +6179,309 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_3_3 (rst, shift, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$6  = b_in;
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$7  = valid_in;
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$8  = first_in;
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$9  = last_in;
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$10  = valid_in;
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$11  = first_in;
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$12  = last_in;
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$15  = \$2 ;
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -6056,7 +6500,8 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   wire [31:0] res_in;
@@ -6068,286 +6513,337 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, b_in, a_in, valid_in, first_in, l
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$6  = a_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$5  = a_in;
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$6  = b_in;
     if (rst) begin
       \$6  = 8'h00;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$7  = b_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$7  = valid_in;
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$8  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$8  = first_in;
     if (rst) begin
       \$8  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$9  = first_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$9  = last_in;
     if (rst) begin
       \$9  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$10  = last_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$10  = valid_in;
     if (rst) begin
       \$10  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$11  = \$1 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$11  = first_in;
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$12  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$12  = last_in;
     if (rst) begin
       \$12  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$13  = first_in;
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$14  = last_in;
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$15  = acc;
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$17  = \$3 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$15  = \$2 ;
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
   assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$680$54 , o__valid, o__payload, o__ready);
-  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
+module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$745$54 , o__valid, o__payload, o__ready);
+  reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire \$1 ;
-  wire \$10 ;
-  wire [64:0] \$100 ;
-  wire [47:0] \$101 ;
-  wire \$102 ;
-  wire [63:0] \$103 ;
-  wire [63:0] \$104 ;
-  wire [63:0] \$105 ;
-  wire \$106 ;
+  wire [66:0] \$10 ;
+  wire [6:0] \$100 ;
+  wire \$101 ;
+  wire [6:0] \$102 ;
+  wire \$103 ;
+  wire [6:0] \$104 ;
+  wire \$105 ;
+  wire [6:0] \$106 ;
   wire \$107 ;
-  wire \$108 ;
-  wire [64:0] \$109 ;
-  wire \$11 ;
-  wire [64:0] \$110 ;
-  wire [47:0] \$111 ;
-  wire \$112 ;
-  wire [63:0] \$113 ;
-  wire [63:0] \$114 ;
-  wire [63:0] \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
-  wire [64:0] \$119 ;
-  wire \$12 ;
-  wire [64:0] \$120 ;
-  wire [47:0] \$121 ;
+  wire [6:0] \$108 ;
+  wire \$109 ;
+  wire [67:0] \$11 ;
+  wire [6:0] \$110 ;
+  wire \$111 ;
+  wire [6:0] \$112 ;
+  wire \$113 ;
+  wire [6:0] \$114 ;
+  wire \$115 ;
+  wire [47:0] \$116 ;
+  wire [47:0] \$117 ;
+  wire [47:0] \$118 ;
+  wire \$119 ;
+  wire [36:0] \$12 ;
+  wire \$120 ;
+  wire \$121 ;
   wire \$122 ;
-  wire [63:0] \$123 ;
-  wire [63:0] \$124 ;
-  wire [63:0] \$125 ;
-  wire \$126 ;
-  wire \$127 ;
-  wire \$128 ;
-  wire [64:0] \$129 ;
-  wire \$13 ;
-  wire [64:0] \$130 ;
-  reg \$131 ;
-  reg \$132 ;
-  reg \$133 ;
-  reg [63:0] \$134 ;
-  reg [63:0] \$135 ;
-  reg \$136 ;
-  reg [31:0] \$137 ;
-  reg [63:0] \$138 ;
-  reg [63:0] \$139 ;
-  wire \$14 ;
-  reg \$140 ;
-  reg [63:0] \$141 ;
-  reg [63:0] \$142 ;
-  reg \$143 ;
-  reg [63:0] \$144 ;
-  reg [63:0] \$145 ;
-  reg \$146 ;
-  wire \$15 ;
-  wire \$16 ;
-  wire \$17 ;
+  wire [48:0] \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire [48:0] \$126 ;
+  wire [48:0] \$127 ;
+  wire [47:0] \$128 ;
+  wire [47:0] \$129 ;
+  wire [66:0] \$13 ;
+  wire [47:0] \$130 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire [48:0] \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire [48:0] \$138 ;
+  wire [48:0] \$139 ;
+  wire [67:0] \$14 ;
+  wire [47:0] \$140 ;
+  wire [47:0] \$141 ;
+  wire [47:0] \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire \$146 ;
+  wire [48:0] \$147 ;
+  wire \$148 ;
+  wire \$149 ;
+  wire [36:0] \$15 ;
+  wire [48:0] \$150 ;
+  wire [48:0] \$151 ;
+  wire [47:0] \$152 ;
+  wire [47:0] \$153 ;
+  wire [47:0] \$154 ;
+  wire \$155 ;
+  wire \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire [48:0] \$159 ;
+  wire [66:0] \$16 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire [48:0] \$162 ;
+  wire [48:0] \$163 ;
+  reg \$164 ;
+  reg \$165 ;
+  reg \$166 ;
+  reg [47:0] \$167 ;
+  reg [47:0] \$168 ;
+  reg [47:0] \$169 ;
+  wire [67:0] \$17 ;
+  reg [47:0] \$170 ;
+  reg \$171 ;
+  reg [5:0] \$172 ;
+  reg [47:0] \$173 ;
+  reg \$174 ;
+  reg \$175 ;
+  reg \$176 ;
+  reg [47:0] \$177 ;
+  reg \$178 ;
+  reg [48:0] \$179 ;
   wire \$18 ;
-  wire \$19 ;
-  wire [6:0] \$2 ;
-  wire \$20 ;
+  reg [31:0] \$180 ;
+  reg [47:0] \$181 ;
+  reg \$182 ;
+  reg [48:0] \$183 ;
+  reg [47:0] \$184 ;
+  reg \$185 ;
+  reg [48:0] \$186 ;
+  reg [47:0] \$187 ;
+  reg \$188 ;
+  reg [48:0] \$189 ;
+  wire [6:0] \$19 ;
+  wire [47:0] \$2 ;
+  wire [6:0] \$20 ;
   wire \$21 ;
-  wire \$22 ;
+  wire [6:0] \$22 ;
   wire \$23 ;
-  wire \$24 ;
+  wire [6:0] \$24 ;
   wire \$25 ;
-  wire \$26 ;
+  wire [6:0] \$26 ;
   wire \$27 ;
-  wire \$28 ;
+  wire [6:0] \$28 ;
   wire \$29 ;
-  wire \$3 ;
-  wire \$30 ;
+  wire [47:0] \$3 ;
+  wire [6:0] \$30 ;
   wire \$31 ;
-  wire \$32 ;
+  wire [6:0] \$32 ;
   wire \$33 ;
-  wire \$34 ;
+  wire [6:0] \$34 ;
   wire \$35 ;
-  wire \$36 ;
+  wire [6:0] \$36 ;
   wire \$37 ;
-  wire \$38 ;
+  wire [6:0] \$38 ;
   wire \$39 ;
-  wire \$4 ;
-  wire \$40 ;
+  wire [47:0] \$4 ;
+  wire [6:0] \$40 ;
   wire \$41 ;
-  wire \$42 ;
+  wire [6:0] \$42 ;
   wire \$43 ;
-  wire \$44 ;
+  wire [6:0] \$44 ;
   wire \$45 ;
-  wire \$46 ;
+  wire [6:0] \$46 ;
   wire \$47 ;
-  wire \$48 ;
+  wire [6:0] \$48 ;
   wire \$49 ;
-  wire \$5 ;
-  wire \$50 ;
+  wire [47:0] \$5 ;
+  wire [6:0] \$50 ;
   wire \$51 ;
-  wire \$52 ;
+  wire [6:0] \$52 ;
   wire \$53 ;
-  wire \$54 ;
+  wire [6:0] \$54 ;
   wire \$55 ;
-  wire \$56 ;
+  wire [6:0] \$56 ;
   wire \$57 ;
-  wire \$58 ;
+  wire [6:0] \$58 ;
   wire \$59 ;
-  wire \$6 ;
-  wire \$60 ;
+  wire [36:0] \$6 ;
+  wire [6:0] \$60 ;
   wire \$61 ;
-  wire \$62 ;
+  wire [6:0] \$62 ;
   wire \$63 ;
-  wire \$64 ;
+  wire [6:0] \$64 ;
   wire \$65 ;
-  wire \$66 ;
+  wire [6:0] \$66 ;
   wire \$67 ;
-  wire [63:0] \$68 ;
+  wire [6:0] \$68 ;
   wire \$69 ;
-  wire \$7 ;
-  wire \$70 ;
+  wire [66:0] \$7 ;
+  wire [6:0] \$70 ;
   wire \$71 ;
-  wire \$72 ;
+  wire [6:0] \$72 ;
   wire \$73 ;
-  wire [63:0] \$74 ;
+  wire [6:0] \$74 ;
   wire \$75 ;
-  wire \$76 ;
+  wire [6:0] \$76 ;
   wire \$77 ;
-  wire \$78 ;
+  wire [6:0] \$78 ;
   wire \$79 ;
-  wire \$8 ;
-  wire [63:0] \$80 ;
+  wire [67:0] \$8 ;
+  wire [6:0] \$80 ;
   wire \$81 ;
-  wire \$82 ;
+  wire [6:0] \$82 ;
   wire \$83 ;
-  wire \$84 ;
+  wire [6:0] \$84 ;
   wire \$85 ;
-  wire [63:0] \$86 ;
+  wire [6:0] \$86 ;
   wire \$87 ;
-  wire \$88 ;
+  wire [6:0] \$88 ;
   wire \$89 ;
-  wire \$9 ;
-  wire \$90 ;
-  wire [47:0] \$91 ;
-  wire \$92 ;
-  wire [63:0] \$93 ;
-  wire [63:0] \$94 ;
-  wire [63:0] \$95 ;
-  wire \$96 ;
+  wire [36:0] \$9 ;
+  wire [6:0] \$90 ;
+  wire \$91 ;
+  wire [6:0] \$92 ;
+  wire \$93 ;
+  wire [6:0] \$94 ;
+  wire \$95 ;
+  wire [6:0] \$96 ;
   wire \$97 ;
-  wire \$98 ;
-  wire [64:0] \$99 ;
+  wire [6:0] \$98 ;
+  wire \$99 ;
   reg \$signal  = 1'h0;
+  reg \$signal$53  = 1'h0;
+  wire [17:0] a__0;
+  wire [17:0] a__1;
+  wire [17:0] a__2;
+  wire [17:0] a__3;
+  wire [17:0] a__4;
+  wire [17:0] a__5;
+  wire [17:0] a__6;
+  wire [17:0] a__7;
   output advance;
   wire advance;
-  wire [63:0] below_half;
+  wire [17:0] b__0;
+  wire [17:0] b__1;
+  wire [17:0] b__2;
+  wire [17:0] b__3;
+  wire [17:0] b__4;
+  wire [17:0] b__5;
+  wire [17:0] b__6;
+  wire [17:0] b__7;
+  reg [47:0] below_half = 48'h000000000000;
   input clk;
   wire clk;
+  wire en;
   input [127:0] i__payload;
   wire [127:0] i__payload;
   wire [31:0] \i__payload[0] ;
@@ -6368,368 +6864,541 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$680
   wire o__ready;
   output o__valid;
   reg o__valid = 1'h0;
-  input [21:0] \port$680$54 ;
-  wire [21:0] \port$680$54 ;
-  reg [63:0] prod0 = 64'h0000000000000000;
-  reg [63:0] prod1 = 64'h0000000000000000;
-  reg [63:0] prod2 = 64'h0000000000000000;
-  reg [63:0] prod3 = 64'h0000000000000000;
-  wire [63:0] q0;
-  wire [63:0] q1;
-  wire [63:0] q2;
-  wire [63:0] q3;
-  wire [64:0] rounded0;
-  wire [64:0] rounded1;
-  wire [64:0] rounded2;
-  wire [64:0] rounded3;
+  wire [35:0] p__0;
+  wire [35:0] p__1;
+  wire [35:0] p__2;
+  wire [35:0] p__3;
+  wire [35:0] p__4;
+  wire [35:0] p__5;
+  wire [35:0] p__6;
+  wire [35:0] p__7;
+  input [21:0] \port$745$54 ;
+  wire [21:0] \port$745$54 ;
+  wire [47:0] q0;
+  wire [47:0] q1;
+  wire [47:0] q2;
+  wire [47:0] q3;
+  reg [48:0] rounded0 = 49'h0000000000000;
+  reg [48:0] rounded1 = 49'h0000000000000;
+  reg [48:0] rounded2 = 49'h0000000000000;
+  reg [48:0] rounded3 = 49'h0000000000000;
   input rst;
   wire rst;
   wire [5:0] shift;
-  wire [5:0] shift_m1;
+  reg [5:0] shift_m1 = 6'h00;
+  reg shift_nz = 1'h0;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
   reg sticky2 = 1'h0;
   reg sticky3 = 1'h0;
   reg v2 = 1'h0;
-  reg [63:0] y0 = 64'h0000000000000000;
-  reg [63:0] y1 = 64'h0000000000000000;
-  reg [63:0] y2 = 64'h0000000000000000;
-  reg [63:0] y3 = 64'h0000000000000000;
+  reg v_round = 1'h0;
+  reg [47:0] x0 = 48'h000000000000;
+  reg [47:0] x1 = 48'h000000000000;
+  reg [47:0] x2 = 48'h000000000000;
+  reg [47:0] x3 = 48'h000000000000;
+  reg x_valid = 1'h0;
+  reg [47:0] y0 = 48'h000000000000;
+  reg [47:0] y1 = 48'h000000000000;
+  reg [47:0] y2 = 48'h000000000000;
+  reg [47:0] y3 = 48'h000000000000;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
-  assign \$2  = \port$680$54 [21:16] - 1'h1;
-  assign \$3  = \$2 [5:0] > 1'h0;
-  assign \$4  = \$2 [5:0] > 1'h1;
-  assign \$5  = \$2 [5:0] > 2'h2;
-  assign \$6  = \$2 [5:0] > 2'h3;
-  assign \$7  = \$2 [5:0] > 3'h4;
-  assign \$8  = \$2 [5:0] > 3'h5;
-  assign \$9  = \$2 [5:0] > 3'h6;
-  assign \$10  = \$2 [5:0] > 3'h7;
-  assign \$11  = \$2 [5:0] > 4'h8;
-  assign \$12  = \$2 [5:0] > 4'h9;
-  assign \$13  = \$2 [5:0] > 4'ha;
-  assign \$14  = \$2 [5:0] > 4'hb;
-  assign \$15  = \$2 [5:0] > 4'hc;
-  assign \$16  = \$2 [5:0] > 4'hd;
-  assign \$17  = \$2 [5:0] > 4'he;
-  assign \$18  = \$2 [5:0] > 4'hf;
-  assign \$19  = \$2 [5:0] > 5'h10;
-  assign \$20  = \$2 [5:0] > 5'h11;
-  assign \$21  = \$2 [5:0] > 5'h12;
-  assign \$22  = \$2 [5:0] > 5'h13;
-  assign \$23  = \$2 [5:0] > 5'h14;
-  assign \$24  = \$2 [5:0] > 5'h15;
-  assign \$25  = \$2 [5:0] > 5'h16;
-  assign \$26  = \$2 [5:0] > 5'h17;
-  assign \$27  = \$2 [5:0] > 5'h18;
-  assign \$28  = \$2 [5:0] > 5'h19;
-  assign \$29  = \$2 [5:0] > 5'h1a;
-  assign \$30  = \$2 [5:0] > 5'h1b;
-  assign \$31  = \$2 [5:0] > 5'h1c;
-  assign \$32  = \$2 [5:0] > 5'h1d;
-  assign \$33  = \$2 [5:0] > 5'h1e;
-  assign \$34  = \$2 [5:0] > 5'h1f;
-  assign \$35  = \$2 [5:0] > 6'h20;
-  assign \$36  = \$2 [5:0] > 6'h21;
-  assign \$37  = \$2 [5:0] > 6'h22;
-  assign \$38  = \$2 [5:0] > 6'h23;
-  assign \$39  = \$2 [5:0] > 6'h24;
-  assign \$40  = \$2 [5:0] > 6'h25;
-  assign \$41  = \$2 [5:0] > 6'h26;
-  assign \$42  = \$2 [5:0] > 6'h27;
-  assign \$43  = \$2 [5:0] > 6'h28;
-  assign \$44  = \$2 [5:0] > 6'h29;
-  assign \$45  = \$2 [5:0] > 6'h2a;
-  assign \$46  = \$2 [5:0] > 6'h2b;
-  assign \$47  = \$2 [5:0] > 6'h2c;
-  assign \$48  = \$2 [5:0] > 6'h2d;
-  assign \$49  = \$2 [5:0] > 6'h2e;
-  assign \$50  = \$2 [5:0] > 6'h2f;
-  assign \$51  = \$2 [5:0] > 6'h30;
-  assign \$52  = \$2 [5:0] > 6'h31;
-  assign \$53  = \$2 [5:0] > 6'h32;
-  assign \$54  = \$2 [5:0] > 6'h33;
-  assign \$55  = \$2 [5:0] > 6'h34;
-  assign \$56  = \$2 [5:0] > 6'h35;
-  assign \$57  = \$2 [5:0] > 6'h36;
-  assign \$58  = \$2 [5:0] > 6'h37;
-  assign \$59  = \$2 [5:0] > 6'h38;
-  assign \$60  = \$2 [5:0] > 6'h39;
-  assign \$61  = \$2 [5:0] > 6'h3a;
-  assign \$62  = \$2 [5:0] > 6'h3b;
-  assign \$63  = \$2 [5:0] > 6'h3c;
-  assign \$64  = \$2 [5:0] > 6'h3d;
-  assign \$65  = \$2 [5:0] > 6'h3e;
-  assign \$66  = \$2 [5:0] > 6'h3f;
-  assign \$67  = ! \port$680$54 [21:16];
-  assign q0 = \$67  ? y0 : \$68 ;
-  assign \$69  = | \port$680$54 [21:16];
-  assign \$70  = y0[0] & \$69 ;
-  assign \$71  = sticky0 | q0[0];
-  assign \$72  = \$70  & \$71 ;
-  assign rounded0 = $signed(q0) + $signed({ 1'h0, \$72  });
-  assign \$73  = ! \port$680$54 [21:16];
-  assign q1 = \$73  ? y1 : \$74 ;
-  assign \$75  = | \port$680$54 [21:16];
-  assign \$76  = y1[0] & \$75 ;
-  assign \$77  = sticky1 | q1[0];
-  assign \$78  = \$76  & \$77 ;
-  assign rounded1 = $signed(q1) + $signed({ 1'h0, \$78  });
-  assign \$79  = ! \port$680$54 [21:16];
-  assign q2 = \$79  ? y2 : \$80 ;
-  assign \$81  = | \port$680$54 [21:16];
-  assign \$82  = y2[0] & \$81 ;
-  assign \$83  = sticky2 | q2[0];
-  assign \$84  = \$82  & \$83 ;
-  assign rounded2 = $signed(q2) + $signed({ 1'h0, \$84  });
-  assign \$85  = ! \port$680$54 [21:16];
-  assign q3 = \$85  ? y3 : \$86 ;
-  assign \$87  = | \port$680$54 [21:16];
-  assign \$88  = y3[0] & \$87 ;
-  assign \$89  = sticky3 | q3[0];
-  assign \$90  = \$88  & \$89 ;
-  assign rounded3 = $signed(q3) + $signed({ 1'h0, \$90  });
-  assign \$91  = $signed(i__payload[31:0]) * $signed({ 1'h0, \port$680$54 [15:0] });
-  assign \$92  = ! \port$680$54 [21:16];
-  assign \$93  = $signed(prod0) >>> \$2 [5:0];
-  assign \$94  = \$92  ? prod0 : \$93 ;
-  assign \$95  = prod0 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$96  = | \$95 ;
-  assign \$97  = $signed(rounded0) < $signed(8'h80);
-  assign \$98  = $signed(rounded0) > $signed(8'h7f);
-  assign \$99  = \$98  ? 65'h0000000000000007f : rounded0;
-  assign \$100  = \$97  ? 65'h1ffffffffffffff80 : \$99 ;
-  assign \$101  = $signed(i__payload[63:32]) * $signed({ 1'h0, \port$680$54 [15:0] });
-  assign \$102  = ! \port$680$54 [21:16];
-  assign \$103  = $signed(prod1) >>> \$2 [5:0];
-  assign \$104  = \$102  ? prod1 : \$103 ;
-  assign \$105  = prod1 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$106  = | \$105 ;
-  assign \$107  = $signed(rounded1) < $signed(8'h80);
-  assign \$108  = $signed(rounded1) > $signed(8'h7f);
-  assign \$109  = \$108  ? 65'h0000000000000007f : rounded1;
-  assign \$110  = \$107  ? 65'h1ffffffffffffff80 : \$109 ;
-  assign \$111  = $signed(i__payload[95:64]) * $signed({ 1'h0, \port$680$54 [15:0] });
-  assign \$112  = ! \port$680$54 [21:16];
-  assign \$113  = $signed(prod2) >>> \$2 [5:0];
-  assign \$114  = \$112  ? prod2 : \$113 ;
-  assign \$115  = prod2 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$116  = | \$115 ;
-  assign \$117  = $signed(rounded2) < $signed(8'h80);
-  assign \$118  = $signed(rounded2) > $signed(8'h7f);
-  assign \$119  = \$118  ? 65'h0000000000000007f : rounded2;
-  assign \$120  = \$117  ? 65'h1ffffffffffffff80 : \$119 ;
-  assign \$121  = $signed(i__payload[127:96]) * $signed({ 1'h0, \port$680$54 [15:0] });
-  assign \$122  = ! \port$680$54 [21:16];
-  assign \$123  = $signed(prod3) >>> \$2 [5:0];
-  assign \$124  = \$122  ? prod3 : \$123 ;
-  assign \$125  = prod3 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$126  = | \$125 ;
-  assign \$127  = $signed(rounded3) < $signed(8'h80);
-  assign \$128  = $signed(rounded3) > $signed(8'h7f);
-  assign \$129  = \$128  ? 65'h0000000000000007f : rounded3;
-  assign \$130  = \$127  ? 65'h1ffffffffffffff80 : \$129 ;
+  assign q0 = shift_nz ? \$2  : y0;
+  assign q1 = shift_nz ? \$3  : y1;
+  assign q2 = shift_nz ? \$4  : y2;
+  assign q3 = shift_nz ? \$5  : y3;
+  assign \$8  = $signed(\$6 ) + $signed(\$7 );
+  assign \$11  = $signed(\$9 ) + $signed(\$10 );
+  assign \$14  = $signed(\$12 ) + $signed(\$13 );
+  assign \$17  = $signed(\$15 ) + $signed(\$16 );
+  assign \$18  = | \port$745$54 [21:16];
+  assign \$19  = \port$745$54 [21:16] - 1'h1;
+  assign \$20  = \port$745$54 [21:16] - 1'h1;
+  assign \$21  = \$20 [5:0] > 1'h0;
+  assign \$22  = \port$745$54 [21:16] - 1'h1;
+  assign \$23  = \$22 [5:0] > 1'h1;
+  assign \$24  = \port$745$54 [21:16] - 1'h1;
+  assign \$25  = \$24 [5:0] > 2'h2;
+  assign \$26  = \port$745$54 [21:16] - 1'h1;
+  assign \$27  = \$26 [5:0] > 2'h3;
+  assign \$28  = \port$745$54 [21:16] - 1'h1;
+  assign \$29  = \$28 [5:0] > 3'h4;
+  assign \$30  = \port$745$54 [21:16] - 1'h1;
+  assign \$31  = \$30 [5:0] > 3'h5;
+  assign \$32  = \port$745$54 [21:16] - 1'h1;
+  assign \$33  = \$32 [5:0] > 3'h6;
+  assign \$34  = \port$745$54 [21:16] - 1'h1;
+  assign \$35  = \$34 [5:0] > 3'h7;
+  assign \$36  = \port$745$54 [21:16] - 1'h1;
+  assign \$37  = \$36 [5:0] > 4'h8;
+  assign \$38  = \port$745$54 [21:16] - 1'h1;
+  assign \$39  = \$38 [5:0] > 4'h9;
+  assign \$40  = \port$745$54 [21:16] - 1'h1;
+  assign \$41  = \$40 [5:0] > 4'ha;
+  assign \$42  = \port$745$54 [21:16] - 1'h1;
+  assign \$43  = \$42 [5:0] > 4'hb;
+  assign \$44  = \port$745$54 [21:16] - 1'h1;
+  assign \$45  = \$44 [5:0] > 4'hc;
+  assign \$46  = \port$745$54 [21:16] - 1'h1;
+  assign \$47  = \$46 [5:0] > 4'hd;
+  assign \$48  = \port$745$54 [21:16] - 1'h1;
+  assign \$49  = \$48 [5:0] > 4'he;
+  assign \$50  = \port$745$54 [21:16] - 1'h1;
+  assign \$51  = \$50 [5:0] > 4'hf;
+  assign \$52  = \port$745$54 [21:16] - 1'h1;
+  assign \$53  = \$52 [5:0] > 5'h10;
+  assign \$54  = \port$745$54 [21:16] - 1'h1;
+  assign \$55  = \$54 [5:0] > 5'h11;
+  assign \$56  = \port$745$54 [21:16] - 1'h1;
+  assign \$57  = \$56 [5:0] > 5'h12;
+  assign \$58  = \port$745$54 [21:16] - 1'h1;
+  assign \$59  = \$58 [5:0] > 5'h13;
+  assign \$60  = \port$745$54 [21:16] - 1'h1;
+  assign \$61  = \$60 [5:0] > 5'h14;
+  assign \$62  = \port$745$54 [21:16] - 1'h1;
+  assign \$63  = \$62 [5:0] > 5'h15;
+  assign \$64  = \port$745$54 [21:16] - 1'h1;
+  assign \$65  = \$64 [5:0] > 5'h16;
+  assign \$66  = \port$745$54 [21:16] - 1'h1;
+  assign \$67  = \$66 [5:0] > 5'h17;
+  assign \$68  = \port$745$54 [21:16] - 1'h1;
+  assign \$69  = \$68 [5:0] > 5'h18;
+  assign \$70  = \port$745$54 [21:16] - 1'h1;
+  assign \$71  = \$70 [5:0] > 5'h19;
+  assign \$72  = \port$745$54 [21:16] - 1'h1;
+  assign \$73  = \$72 [5:0] > 5'h1a;
+  assign \$74  = \port$745$54 [21:16] - 1'h1;
+  assign \$75  = \$74 [5:0] > 5'h1b;
+  assign \$76  = \port$745$54 [21:16] - 1'h1;
+  assign \$77  = \$76 [5:0] > 5'h1c;
+  assign \$78  = \port$745$54 [21:16] - 1'h1;
+  assign \$79  = \$78 [5:0] > 5'h1d;
+  assign \$80  = \port$745$54 [21:16] - 1'h1;
+  assign \$81  = \$80 [5:0] > 5'h1e;
+  assign \$82  = \port$745$54 [21:16] - 1'h1;
+  assign \$83  = \$82 [5:0] > 5'h1f;
+  assign \$84  = \port$745$54 [21:16] - 1'h1;
+  assign \$85  = \$84 [5:0] > 6'h20;
+  assign \$86  = \port$745$54 [21:16] - 1'h1;
+  assign \$87  = \$86 [5:0] > 6'h21;
+  assign \$88  = \port$745$54 [21:16] - 1'h1;
+  assign \$89  = \$88 [5:0] > 6'h22;
+  assign \$90  = \port$745$54 [21:16] - 1'h1;
+  assign \$91  = \$90 [5:0] > 6'h23;
+  assign \$92  = \port$745$54 [21:16] - 1'h1;
+  assign \$93  = \$92 [5:0] > 6'h24;
+  assign \$94  = \port$745$54 [21:16] - 1'h1;
+  assign \$95  = \$94 [5:0] > 6'h25;
+  assign \$96  = \port$745$54 [21:16] - 1'h1;
+  assign \$97  = \$96 [5:0] > 6'h26;
+  assign \$98  = \port$745$54 [21:16] - 1'h1;
+  assign \$99  = \$98 [5:0] > 6'h27;
+  assign \$100  = \port$745$54 [21:16] - 1'h1;
+  assign \$101  = \$100 [5:0] > 6'h28;
+  assign \$102  = \port$745$54 [21:16] - 1'h1;
+  assign \$103  = \$102 [5:0] > 6'h29;
+  assign \$104  = \port$745$54 [21:16] - 1'h1;
+  assign \$105  = \$104 [5:0] > 6'h2a;
+  assign \$106  = \port$745$54 [21:16] - 1'h1;
+  assign \$107  = \$106 [5:0] > 6'h2b;
+  assign \$108  = \port$745$54 [21:16] - 1'h1;
+  assign \$109  = \$108 [5:0] > 6'h2c;
+  assign \$110  = \port$745$54 [21:16] - 1'h1;
+  assign \$111  = \$110 [5:0] > 6'h2d;
+  assign \$112  = \port$745$54 [21:16] - 1'h1;
+  assign \$113  = \$112 [5:0] > 6'h2e;
+  assign \$114  = \port$745$54 [21:16] - 1'h1;
+  assign \$115  = \$114 [5:0] > 6'h2f;
+  assign \$116  = $signed(x0) >>> shift_m1;
+  assign \$117  = shift_nz ? \$116  : x0;
+  assign \$118  = x0 & below_half;
+  assign \$119  = | \$118 ;
+  assign \$120  = y0[0] & shift_nz;
+  assign \$121  = sticky0 | q0[0];
+  assign \$122  = \$120  & \$121 ;
+  assign \$123  = $signed(q0) + $signed({ 1'h0, \$122  });
+  assign \$124  = $signed(rounded0) < $signed(8'h80);
+  assign \$125  = $signed(rounded0) > $signed(8'h7f);
+  assign \$126  = \$125  ? 49'h000000000007f : rounded0;
+  assign \$127  = \$124  ? 49'h1ffffffffff80 : \$126 ;
+  assign \$128  = $signed(x1) >>> shift_m1;
+  assign \$129  = shift_nz ? \$128  : x1;
+  assign \$130  = x1 & below_half;
+  assign \$131  = | \$130 ;
+  assign \$132  = y1[0] & shift_nz;
+  assign \$133  = sticky1 | q1[0];
+  assign \$134  = \$132  & \$133 ;
+  assign \$135  = $signed(q1) + $signed({ 1'h0, \$134  });
+  assign \$136  = $signed(rounded1) < $signed(8'h80);
+  assign \$137  = $signed(rounded1) > $signed(8'h7f);
+  assign \$138  = \$137  ? 49'h000000000007f : rounded1;
+  assign \$139  = \$136  ? 49'h1ffffffffff80 : \$138 ;
+  assign \$140  = $signed(x2) >>> shift_m1;
+  assign \$141  = shift_nz ? \$140  : x2;
+  assign \$142  = x2 & below_half;
+  assign \$143  = | \$142 ;
+  assign \$144  = y2[0] & shift_nz;
+  assign \$145  = sticky2 | q2[0];
+  assign \$146  = \$144  & \$145 ;
+  assign \$147  = $signed(q2) + $signed({ 1'h0, \$146  });
+  assign \$148  = $signed(rounded2) < $signed(8'h80);
+  assign \$149  = $signed(rounded2) > $signed(8'h7f);
+  assign \$150  = \$149  ? 49'h000000000007f : rounded2;
+  assign \$151  = \$148  ? 49'h1ffffffffff80 : \$150 ;
+  assign \$152  = $signed(x3) >>> shift_m1;
+  assign \$153  = shift_nz ? \$152  : x3;
+  assign \$154  = x3 & below_half;
+  assign \$155  = | \$154 ;
+  assign \$156  = y3[0] & shift_nz;
+  assign \$157  = sticky3 | q3[0];
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = $signed(q3) + $signed({ 1'h0, \$158  });
+  assign \$160  = $signed(rounded3) < $signed(8'h80);
+  assign \$161  = $signed(rounded3) > $signed(8'h7f);
+  assign \$162  = \$161  ? 49'h000000000007f : rounded3;
+  assign \$163  = \$160  ? 49'h1ffffffffff80 : \$162 ;
   always @(posedge clk)
-    \$signal  <= \$131 ;
+    \$signal  <= \$164 ;
   always @(posedge clk)
-    v2 <= \$132 ;
+    v2 <= \$165 ;
   always @(posedge clk)
-    o__valid <= \$133 ;
+    x_valid <= \$166 ;
   always @(posedge clk)
-    prod0 <= \$134 ;
+    x0 <= \$167 ;
   always @(posedge clk)
-    y0 <= \$135 ;
+    x1 <= \$168 ;
   always @(posedge clk)
-    sticky0 <= \$136 ;
+    x2 <= \$169 ;
   always @(posedge clk)
-    o__payload <= \$137 ;
+    x3 <= \$170 ;
   always @(posedge clk)
-    prod1 <= \$138 ;
+    shift_nz <= \$171 ;
   always @(posedge clk)
-    y1 <= \$139 ;
+    shift_m1 <= \$172 ;
   always @(posedge clk)
-    sticky1 <= \$140 ;
+    below_half <= \$173 ;
   always @(posedge clk)
-    prod2 <= \$141 ;
+    \$signal$53  <= \$174 ;
   always @(posedge clk)
-    y2 <= \$142 ;
+    v_round <= \$175 ;
   always @(posedge clk)
-    sticky2 <= \$143 ;
+    o__valid <= \$176 ;
   always @(posedge clk)
-    prod3 <= \$144 ;
+    y0 <= \$177 ;
   always @(posedge clk)
-    y3 <= \$145 ;
+    sticky0 <= \$178 ;
   always @(posedge clk)
-    sticky3 <= \$146 ;
+    rounded0 <= \$179 ;
+  always @(posedge clk)
+    o__payload <= \$180 ;
+  always @(posedge clk)
+    y1 <= \$181 ;
+  always @(posedge clk)
+    sticky1 <= \$182 ;
+  always @(posedge clk)
+    rounded1 <= \$183 ;
+  always @(posedge clk)
+    y2 <= \$184 ;
+  always @(posedge clk)
+    sticky2 <= \$185 ;
+  always @(posedge clk)
+    rounded2 <= \$186 ;
+  always @(posedge clk)
+    y3 <= \$187 ;
+  always @(posedge clk)
+    sticky3 <= \$188 ;
+  always @(posedge clk)
+    rounded3 <= \$189 ;
+  \nanokpu_gemm.requant.mul  mul (
+    .clk(clk),
+    .en(advance),
+    .p__0(p__0),
+    .p__1(p__1),
+    .p__2(p__2),
+    .p__3(p__3),
+    .p__4(p__4),
+    .p__5(p__5),
+    .p__6(p__6),
+    .p__7(p__7),
+    .\port$643$0 (i__payload),
+    .\port$745$54 (\port$745$54 [15:0]),
+    .rst(rst)
+  );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$131  = \$signal ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$164  = \$signal ;
     if (advance) begin
-      \$131  = i__valid;
+      \$164  = i__valid;
     end
     if (rst) begin
-      \$131  = 1'h0;
+      \$164  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$132  = v2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$165  = v2;
     if (advance) begin
-      \$132  = \$signal ;
+      \$165  = \$signal ;
     end
     if (rst) begin
-      \$132  = 1'h0;
+      \$165  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$133  = o__valid;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$166  = x_valid;
     if (advance) begin
-      \$133  = v2;
+      \$166  = v2;
     end
     if (rst) begin
-      \$133  = 1'h0;
+      \$166  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$134  = prod0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$167  = x0;
     if (advance) begin
-      \$134  = { \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91  };
+      \$167  = \$8 [47:0];
     end
     if (rst) begin
-      \$134  = 64'h0000000000000000;
+      \$167  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$135  = y0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$168  = x1;
     if (advance) begin
-      \$135  = \$94 ;
+      \$168  = \$11 [47:0];
     end
     if (rst) begin
-      \$135  = 64'h0000000000000000;
+      \$168  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$136  = sticky0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$169  = x2;
     if (advance) begin
-      \$136  = \$96 ;
+      \$169  = \$14 [47:0];
     end
     if (rst) begin
-      \$136  = 1'h0;
+      \$169  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$137  = o__payload;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$170  = x3;
     if (advance) begin
-      \$137 [7:0] = \$100 [7:0];
-      \$137 [15:8] = \$110 [7:0];
-      \$137 [23:16] = \$120 [7:0];
-      \$137 [31:24] = \$130 [7:0];
+      \$170  = \$17 [47:0];
     end
     if (rst) begin
-      \$137  = 32'd0;
+      \$170  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$138  = prod1;
-    if (advance) begin
-      \$138  = { \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101  };
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$171  = \$18 ;
     if (rst) begin
-      \$138  = 64'h0000000000000000;
+      \$171  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$139  = y1;
-    if (advance) begin
-      \$139  = \$104 ;
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$172  = \$19 [5:0];
     if (rst) begin
-      \$139  = 64'h0000000000000000;
+      \$172  = 6'h00;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$140  = sticky1;
-    if (advance) begin
-      \$140  = \$106 ;
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$173  = { \$115 , \$113 , \$111 , \$109 , \$107 , \$105 , \$103 , \$101 , \$99 , \$97 , \$95 , \$93 , \$91 , \$89 , \$87 , \$85 , \$83 , \$81 , \$79 , \$77 , \$75 , \$73 , \$71 , \$69 , \$67 , \$65 , \$63 , \$61 , \$59 , \$57 , \$55 , \$53 , \$51 , \$49 , \$47 , \$45 , \$43 , \$41 , \$39 , \$37 , \$35 , \$33 , \$31 , \$29 , \$27 , \$25 , \$23 , \$21  };
     if (rst) begin
-      \$140  = 1'h0;
+      \$173  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$141  = prod2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$174  = \$signal$53 ;
     if (advance) begin
-      \$141  = { \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111  };
+      \$174  = x_valid;
     end
     if (rst) begin
-      \$141  = 64'h0000000000000000;
+      \$174  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$142  = y2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$175  = v_round;
     if (advance) begin
-      \$142  = \$114 ;
+      \$175  = \$signal$53 ;
     end
     if (rst) begin
-      \$142  = 64'h0000000000000000;
+      \$175  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$143  = sticky2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$176  = o__valid;
     if (advance) begin
-      \$143  = \$116 ;
+      \$176  = v_round;
     end
     if (rst) begin
-      \$143  = 1'h0;
+      \$176  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$144  = prod3;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$177  = y0;
     if (advance) begin
-      \$144  = { \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121  };
+      \$177  = \$117 ;
     end
     if (rst) begin
-      \$144  = 64'h0000000000000000;
+      \$177  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$145  = y3;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$178  = sticky0;
     if (advance) begin
-      \$145  = \$124 ;
+      \$178  = \$119 ;
     end
     if (rst) begin
-      \$145  = 64'h0000000000000000;
+      \$178  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$146  = sticky3;
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$179  = rounded0;
     if (advance) begin
-      \$146  = \$126 ;
+      \$179  = \$123 ;
     end
     if (rst) begin
-      \$146  = 1'h0;
+      \$179  = 49'h0000000000000;
     end
   end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$180  = o__payload;
+    if (advance) begin
+      \$180 [7:0] = \$127 [7:0];
+      \$180 [15:8] = \$139 [7:0];
+      \$180 [23:16] = \$151 [7:0];
+      \$180 [31:24] = \$163 [7:0];
+    end
+    if (rst) begin
+      \$180  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$181  = y1;
+    if (advance) begin
+      \$181  = \$129 ;
+    end
+    if (rst) begin
+      \$181  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$182  = sticky1;
+    if (advance) begin
+      \$182  = \$131 ;
+    end
+    if (rst) begin
+      \$182  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$183  = rounded1;
+    if (advance) begin
+      \$183  = \$135 ;
+    end
+    if (rst) begin
+      \$183  = 49'h0000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$184  = y2;
+    if (advance) begin
+      \$184  = \$141 ;
+    end
+    if (rst) begin
+      \$184  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$185  = sticky2;
+    if (advance) begin
+      \$185  = \$143 ;
+    end
+    if (rst) begin
+      \$185  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$186  = rounded2;
+    if (advance) begin
+      \$186  = \$147 ;
+    end
+    if (rst) begin
+      \$186  = 49'h0000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$187  = y3;
+    if (advance) begin
+      \$187  = \$153 ;
+    end
+    if (rst) begin
+      \$187  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$188  = sticky3;
+    if (advance) begin
+      \$188  = \$155 ;
+    end
+    if (rst) begin
+      \$188  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$189  = rounded3;
+    if (advance) begin
+      \$189  = \$159 ;
+    end
+    if (rst) begin
+      \$189  = 49'h0000000000000;
+    end
+  end
+  assign en = advance;
   assign i__ready = advance;
-  assign shift_m1 = \$2 [5:0];
-  assign shift = \port$680$54 [21:16];
-  assign below_half = { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign mult = \port$680$54 [15:0];
+  assign a__0 = { 1'h0, i__payload[16:0] };
+  assign b__0 = { 2'h0, \port$745$54 [15:0] };
+  assign mult = \port$745$54 [15:0];
+  assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
+  assign b__1 = { 2'h0, \port$745$54 [15:0] };
+  assign a__2 = { 1'h0, i__payload[48:32] };
+  assign b__2 = { 2'h0, \port$745$54 [15:0] };
+  assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
+  assign b__3 = { 2'h0, \port$745$54 [15:0] };
+  assign a__4 = { 1'h0, i__payload[80:64] };
+  assign b__4 = { 2'h0, \port$745$54 [15:0] };
+  assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
+  assign b__5 = { 2'h0, \port$745$54 [15:0] };
+  assign a__6 = { 1'h0, i__payload[112:96] };
+  assign b__6 = { 2'h0, \port$745$54 [15:0] };
+  assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
+  assign b__7 = { 2'h0, \port$745$54 [15:0] };
+  assign shift = \port$745$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -6738,8 +7407,423 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$680
   assign \o__payload[1]  = o__payload[15:8];
   assign \o__payload[2]  = o__payload[23:16];
   assign \o__payload[3]  = o__payload[31:24];
-  assign \$68  = { y0[63], y0[63:1] };
-  assign \$74  = { y1[63], y1[63:1] };
-  assign \$80  = { y2[63], y2[63:1] };
-  assign \$86  = { y3[63], y3[63:1] };
+  assign \$2  = { y0[47], y0[47:1] };
+  assign \$3  = { y1[47], y1[47:1] };
+  assign \$4  = { y2[47], y2[47:1] };
+  assign \$5  = { y3[47], y3[47:1] };
+  assign \$6  = { p__0[35], p__0 };
+  assign \$7  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$9  = { p__2[35], p__2 };
+  assign \$10  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$12  = { p__4[35], p__4 };
+  assign \$13  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$15  = { p__6[35], p__6 };
+  assign \$16  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
+  wire [35:0] \$1 ;
+  reg [17:0] \$10 ;
+  reg [35:0] \$11 ;
+  reg [17:0] \$12 ;
+  reg [17:0] \$13 ;
+  reg [35:0] \$14 ;
+  reg [17:0] \$15 ;
+  reg [17:0] \$16 ;
+  reg [35:0] \$17 ;
+  reg [17:0] \$18 ;
+  reg [17:0] \$19 ;
+  wire [35:0] \$2 ;
+  reg [35:0] \$20 ;
+  reg [17:0] \$21 ;
+  reg [17:0] \$22 ;
+  reg [35:0] \$23 ;
+  reg [17:0] \$24 ;
+  reg [17:0] \$25 ;
+  reg [35:0] \$26 ;
+  reg [17:0] \$27 ;
+  reg [17:0] \$28 ;
+  reg [35:0] \$29 ;
+  wire [35:0] \$3 ;
+  reg [17:0] \$30 ;
+  reg [17:0] \$31 ;
+  reg [35:0] \$32 ;
+  wire [35:0] \$4 ;
+  wire [35:0] \$5 ;
+  wire [35:0] \$6 ;
+  wire [35:0] \$7 ;
+  wire [35:0] \$8 ;
+  reg [17:0] \$9 ;
+  reg [17:0] a0_r = 18'h00000;
+  reg [17:0] a1_r = 18'h00000;
+  reg [17:0] a2_r = 18'h00000;
+  reg [17:0] a3_r = 18'h00000;
+  reg [17:0] a4_r = 18'h00000;
+  reg [17:0] a5_r = 18'h00000;
+  reg [17:0] a6_r = 18'h00000;
+  reg [17:0] a7_r = 18'h00000;
+  wire [17:0] a__0;
+  wire [17:0] a__1;
+  wire [17:0] a__2;
+  wire [17:0] a__3;
+  wire [17:0] a__4;
+  wire [17:0] a__5;
+  wire [17:0] a__6;
+  wire [17:0] a__7;
+  reg [17:0] b0_r = 18'h00000;
+  reg [17:0] b1_r = 18'h00000;
+  reg [17:0] b2_r = 18'h00000;
+  reg [17:0] b3_r = 18'h00000;
+  reg [17:0] b4_r = 18'h00000;
+  reg [17:0] b5_r = 18'h00000;
+  reg [17:0] b6_r = 18'h00000;
+  reg [17:0] b7_r = 18'h00000;
+  wire [17:0] b__0;
+  wire [17:0] b__1;
+  wire [17:0] b__2;
+  wire [17:0] b__3;
+  wire [17:0] b__4;
+  wire [17:0] b__5;
+  wire [17:0] b__6;
+  wire [17:0] b__7;
+  input clk;
+  wire clk;
+  input en;
+  wire en;
+  output [35:0] p__0;
+  reg [35:0] p__0 = 36'h000000000;
+  output [35:0] p__1;
+  reg [35:0] p__1 = 36'h000000000;
+  output [35:0] p__2;
+  reg [35:0] p__2 = 36'h000000000;
+  output [35:0] p__3;
+  reg [35:0] p__3 = 36'h000000000;
+  output [35:0] p__4;
+  reg [35:0] p__4 = 36'h000000000;
+  output [35:0] p__5;
+  reg [35:0] p__5 = 36'h000000000;
+  output [35:0] p__6;
+  reg [35:0] p__6 = 36'h000000000;
+  output [35:0] p__7;
+  reg [35:0] p__7 = 36'h000000000;
+  input [127:0] \port$643$0 ;
+  wire [127:0] \port$643$0 ;
+  input [15:0] \port$745$54 ;
+  wire [15:0] \port$745$54 ;
+  input rst;
+  wire rst;
+  assign \$1  = $signed(a0_r) * $signed(b0_r);
+  assign \$2  = $signed(a1_r) * $signed(b1_r);
+  assign \$3  = $signed(a2_r) * $signed(b2_r);
+  assign \$4  = $signed(a3_r) * $signed(b3_r);
+  assign \$5  = $signed(a4_r) * $signed(b4_r);
+  assign \$6  = $signed(a5_r) * $signed(b5_r);
+  assign \$7  = $signed(a6_r) * $signed(b6_r);
+  assign \$8  = $signed(a7_r) * $signed(b7_r);
+  always @(posedge clk)
+    a0_r <= \$9 ;
+  always @(posedge clk)
+    b0_r <= \$10 ;
+  always @(posedge clk)
+    p__0 <= \$11 ;
+  always @(posedge clk)
+    a1_r <= \$12 ;
+  always @(posedge clk)
+    b1_r <= \$13 ;
+  always @(posedge clk)
+    p__1 <= \$14 ;
+  always @(posedge clk)
+    a2_r <= \$15 ;
+  always @(posedge clk)
+    b2_r <= \$16 ;
+  always @(posedge clk)
+    p__2 <= \$17 ;
+  always @(posedge clk)
+    a3_r <= \$18 ;
+  always @(posedge clk)
+    b3_r <= \$19 ;
+  always @(posedge clk)
+    p__3 <= \$20 ;
+  always @(posedge clk)
+    a4_r <= \$21 ;
+  always @(posedge clk)
+    b4_r <= \$22 ;
+  always @(posedge clk)
+    p__4 <= \$23 ;
+  always @(posedge clk)
+    a5_r <= \$24 ;
+  always @(posedge clk)
+    b5_r <= \$25 ;
+  always @(posedge clk)
+    p__5 <= \$26 ;
+  always @(posedge clk)
+    a6_r <= \$27 ;
+  always @(posedge clk)
+    b6_r <= \$28 ;
+  always @(posedge clk)
+    p__6 <= \$29 ;
+  always @(posedge clk)
+    a7_r <= \$30 ;
+  always @(posedge clk)
+    b7_r <= \$31 ;
+  always @(posedge clk)
+    p__7 <= \$32 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$9  = a0_r;
+    if (en) begin
+      \$9  = { 1'h0, \port$643$0 [16:0] };
+    end
+    if (rst) begin
+      \$9  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$10  = b0_r;
+    if (en) begin
+      \$10  = { 2'h0, \port$745$54  };
+    end
+    if (rst) begin
+      \$10  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$11  = p__0;
+    if (en) begin
+      \$11  = \$1 ;
+    end
+    if (rst) begin
+      \$11  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$12  = a1_r;
+    if (en) begin
+      \$12  = { \port$643$0 [31], \port$643$0 [31], \port$643$0 [31], \port$643$0 [31:17] };
+    end
+    if (rst) begin
+      \$12  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$13  = b1_r;
+    if (en) begin
+      \$13  = { 2'h0, \port$745$54  };
+    end
+    if (rst) begin
+      \$13  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$14  = p__1;
+    if (en) begin
+      \$14  = \$2 ;
+    end
+    if (rst) begin
+      \$14  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$15  = a2_r;
+    if (en) begin
+      \$15  = { 1'h0, \port$643$0 [48:32] };
+    end
+    if (rst) begin
+      \$15  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$16  = b2_r;
+    if (en) begin
+      \$16  = { 2'h0, \port$745$54  };
+    end
+    if (rst) begin
+      \$16  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$17  = p__2;
+    if (en) begin
+      \$17  = \$3 ;
+    end
+    if (rst) begin
+      \$17  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$18  = a3_r;
+    if (en) begin
+      \$18  = { \port$643$0 [63], \port$643$0 [63], \port$643$0 [63], \port$643$0 [63:49] };
+    end
+    if (rst) begin
+      \$18  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$19  = b3_r;
+    if (en) begin
+      \$19  = { 2'h0, \port$745$54  };
+    end
+    if (rst) begin
+      \$19  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$20  = p__3;
+    if (en) begin
+      \$20  = \$4 ;
+    end
+    if (rst) begin
+      \$20  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$21  = a4_r;
+    if (en) begin
+      \$21  = { 1'h0, \port$643$0 [80:64] };
+    end
+    if (rst) begin
+      \$21  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$22  = b4_r;
+    if (en) begin
+      \$22  = { 2'h0, \port$745$54  };
+    end
+    if (rst) begin
+      \$22  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$23  = p__4;
+    if (en) begin
+      \$23  = \$5 ;
+    end
+    if (rst) begin
+      \$23  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$24  = a5_r;
+    if (en) begin
+      \$24  = { \port$643$0 [95], \port$643$0 [95], \port$643$0 [95], \port$643$0 [95:81] };
+    end
+    if (rst) begin
+      \$24  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$25  = b5_r;
+    if (en) begin
+      \$25  = { 2'h0, \port$745$54  };
+    end
+    if (rst) begin
+      \$25  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$26  = p__5;
+    if (en) begin
+      \$26  = \$6 ;
+    end
+    if (rst) begin
+      \$26  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$27  = a6_r;
+    if (en) begin
+      \$27  = { 1'h0, \port$643$0 [112:96] };
+    end
+    if (rst) begin
+      \$27  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$28  = b6_r;
+    if (en) begin
+      \$28  = { 2'h0, \port$745$54  };
+    end
+    if (rst) begin
+      \$28  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$29  = p__6;
+    if (en) begin
+      \$29  = \$7 ;
+    end
+    if (rst) begin
+      \$29  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$30  = a7_r;
+    if (en) begin
+      \$30  = { \port$643$0 [127], \port$643$0 [127], \port$643$0 [127], \port$643$0 [127:113] };
+    end
+    if (rst) begin
+      \$30  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$31  = b7_r;
+    if (en) begin
+      \$31  = { 2'h0, \port$745$54  };
+    end
+    if (rst) begin
+      \$31  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$32  = p__7;
+    if (en) begin
+      \$32  = \$8 ;
+    end
+    if (rst) begin
+      \$32  = 36'h000000000;
+    end
+  end
+  assign a__0 = { 1'h0, \port$643$0 [16:0] };
+  assign b__0 = { 2'h0, \port$745$54  };
+  assign a__1 = { \port$643$0 [31], \port$643$0 [31], \port$643$0 [31], \port$643$0 [31:17] };
+  assign b__1 = { 2'h0, \port$745$54  };
+  assign a__2 = { 1'h0, \port$643$0 [48:32] };
+  assign b__2 = { 2'h0, \port$745$54  };
+  assign a__3 = { \port$643$0 [63], \port$643$0 [63], \port$643$0 [63], \port$643$0 [63:49] };
+  assign b__3 = { 2'h0, \port$745$54  };
+  assign a__4 = { 1'h0, \port$643$0 [80:64] };
+  assign b__4 = { 2'h0, \port$745$54  };
+  assign a__5 = { \port$643$0 [95], \port$643$0 [95], \port$643$0 [95], \port$643$0 [95:81] };
+  assign b__5 = { 2'h0, \port$745$54  };
+  assign a__6 = { 1'h0, \port$643$0 [112:96] };
+  assign b__6 = { 2'h0, \port$745$54  };
+  assign a__7 = { \port$643$0 [127], \port$643$0 [127], \port$643$0 [127], \port$643$0 [127:113] };
+  assign b__7 = { 2'h0, \port$745$54  };
 endmodule

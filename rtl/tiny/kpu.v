@@ -10308,7 +10308,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__payload(cmd__payload),
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
-    .\done$99 (done),
+    .\done$106 (done),
     .error(\error$301 ),
     .o__ready(c_out__ready),
     .rst(rst),
@@ -17190,77 +17190,77 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready, cmd__valid, unit_rst, a_in__payload, a_in__valid, cmd__ready, a_in__ready, \done$99 , error, c_out__valid, c_out__payload, b_in__payload);
+module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready, cmd__valid, unit_rst, a_in__payload, a_in__valid, cmd__ready, a_in__ready, \done$106 , error, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
-  wire [4:0] \$101 ;
-  wire \$102 ;
-  wire [12:0] \$103 ;
-  wire \$104 ;
+  wire \$101 ;
+  wire [4:0] \$102 ;
+  wire \$103 ;
+  wire [12:0] \$104 ;
   wire \$105 ;
   wire \$106 ;
   wire \$107 ;
   wire \$108 ;
-  wire [12:0] \$109 ;
+  wire \$109 ;
   wire \$11 ;
-  wire [14:0] \$110 ;
-  wire [12:0] \$111 ;
-  wire \$112 ;
+  wire [12:0] \$110 ;
+  wire [14:0] \$111 ;
+  wire [12:0] \$112 ;
   wire \$113 ;
-  wire [11:0] \$114 ;
-  wire [12:0] \$115 ;
-  wire [14:0] \$116 ;
-  wire \$117 ;
+  wire \$114 ;
+  wire [11:0] \$115 ;
+  wire [12:0] \$116 ;
+  wire [14:0] \$117 ;
   wire \$118 ;
-  wire [12:0] \$119 ;
+  wire \$119 ;
   wire \$12 ;
-  wire [14:0] \$120 ;
+  wire [12:0] \$120 ;
   wire [14:0] \$121 ;
-  wire \$122 ;
-  wire [3:0] \$123 ;
-  wire \$124 ;
+  wire [14:0] \$122 ;
+  wire \$123 ;
+  wire [3:0] \$124 ;
   wire \$125 ;
-  wire [2:0] \$126 ;
+  wire \$126 ;
   wire [2:0] \$127 ;
-  wire \$128 ;
+  wire [2:0] \$128 ;
   wire \$129 ;
   wire \$13 ;
   wire \$130 ;
-  wire [13:0] \$131 ;
-  wire [2:0] \$132 ;
-  wire [14:0] \$133 ;
-  wire [2:0] \$134 ;
-  wire [3:0] \$135 ;
-  wire \$136 ;
+  wire \$131 ;
+  wire [13:0] \$132 ;
+  wire [2:0] \$133 ;
+  wire [14:0] \$134 ;
+  wire [2:0] \$135 ;
+  wire [3:0] \$136 ;
   wire \$137 ;
   wire \$138 ;
-  wire [14:0] \$139 ;
+  wire \$139 ;
   wire \$14 ;
-  wire [14:0] \$140 ;
+  wire \$140 ;
   wire \$141 ;
-  wire \$142 ;
+  wire [14:0] \$142 ;
   wire [14:0] \$143 ;
-  wire [14:0] \$144 ;
-  wire [12:0] \$145 ;
-  wire \$146 ;
-  wire \$147 ;
-  wire \$148 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire [14:0] \$146 ;
+  wire [14:0] \$147 ;
+  wire [12:0] \$148 ;
   wire \$149 ;
   wire \$15 ;
-  wire [12:0] \$150 ;
+  wire \$150 ;
   wire \$151 ;
-  wire [12:0] \$152 ;
-  wire \$153 ;
-  wire [14:0] \$154 ;
-  wire \$155 ;
-  wire [12:0] \$156 ;
-  wire [12:0] \$157 ;
+  wire \$152 ;
+  wire [12:0] \$153 ;
+  wire \$154 ;
+  wire [12:0] \$155 ;
+  wire \$156 ;
+  wire [14:0] \$157 ;
   wire \$158 ;
-  wire \$159 ;
+  wire [12:0] \$159 ;
   wire \$16 ;
-  wire \$160 ;
+  wire [12:0] \$160 ;
   wire \$161 ;
   wire \$162 ;
   wire \$163 ;
@@ -17269,73 +17269,84 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
-  wire [2:0] \$169 ;
+  wire \$169 ;
   wire \$17 ;
-  wire [12:0] \$170 ;
-  wire [14:0] \$171 ;
-  wire [14:0] \$172 ;
-  wire \$173 ;
-  wire \$174 ;
-  wire \$175 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire [2:0] \$172 ;
+  wire [12:0] \$173 ;
+  wire [14:0] \$174 ;
+  wire [14:0] \$175 ;
   wire \$176 ;
   wire \$177 ;
   wire \$178 ;
   wire \$179 ;
   wire [12:0] \$18 ;
   wire \$180 ;
-  reg [13:0] \$181 ;
-  reg \$182 ;
-  reg [1:0] \$183 ;
-  reg \$184 ;
-  reg \$185 ;
-  reg [11:0] \$186 ;
-  reg [11:0] \$187 ;
-  reg [3:0] \$188 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  reg [13:0] \$185 ;
+  reg \$186 ;
+  reg [1:0] \$187 ;
+  reg \$188 ;
   reg \$189 ;
   wire \$19 ;
-  reg \$190 ;
-  reg \$191 ;
+  reg [11:0] \$190 ;
+  reg [11:0] \$191 ;
   reg [3:0] \$192 ;
   reg \$193 ;
   reg \$194 ;
-  reg [11:0] \$195 ;
-  reg [13:0] \$196 ;
-  reg [11:0] \$197 ;
-  reg [11:0] \$198 ;
-  reg [13:0] \$199 ;
+  reg \$195 ;
+  reg [3:0] \$196 ;
+  reg \$197 ;
+  reg \$198 ;
+  reg [11:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
   reg [13:0] \$200 ;
-  reg [13:0] \$201 ;
-  reg [2:0] \$202 ;
-  reg [2:0] \$203 ;
+  reg [11:0] \$201 ;
+  reg [11:0] \$202 ;
+  reg [13:0] \$203 ;
   reg [13:0] \$204 ;
-  reg [2:0] \$205 ;
-  reg \$206 ;
-  reg \$207 ;
-  reg \$208 ;
-  reg [13:0] \$209 ;
+  reg [13:0] \$205 ;
+  reg [2:0] \$206 ;
+  reg [2:0] \$207 ;
+  reg [13:0] \$208 ;
+  reg [2:0] \$209 ;
   wire \$21 ;
-  reg [127:0] \$210 ;
-  reg [1:0] \$211 ;
+  reg \$210 ;
+  reg \$211 ;
   reg \$212 ;
   reg [13:0] \$213 ;
-  reg [11:0] \$214 ;
-  reg [11:0] \$215 ;
-  reg [13:0] \$216 ;
+  reg [127:0] \$214 ;
+  reg \$215 ;
+  reg \$216 ;
   reg [13:0] \$217 ;
-  reg \$218 ;
-  reg [3:0] \$219 ;
+  reg [127:0] \$218 ;
+  reg [1:0] \$219 ;
   wire \$22 ;
-  reg \$220 ;
-  reg [79:0] \$221 ;
-  reg \$222 ;
-  reg [2:0] \$223 ;
-  reg [2:0] \$224 ;
+  reg [127:0] \$220 ;
+  reg \$221 ;
+  reg [3:0] \$222 ;
+  reg \$223 ;
+  reg [13:0] \$224 ;
   reg [11:0] \$225 ;
-  reg [13:0] \$226 ;
+  reg [11:0] \$226 ;
   reg [13:0] \$227 ;
+  reg [13:0] \$228 ;
+  reg \$229 ;
   wire [6:0] \$23 ;
+  reg [3:0] \$230 ;
+  reg \$231 ;
+  reg [79:0] \$232 ;
+  reg \$233 ;
+  reg [2:0] \$234 ;
+  reg [2:0] \$235 ;
+  reg [11:0] \$236 ;
+  reg [13:0] \$237 ;
+  reg [13:0] \$238 ;
   wire [12:0] \$24 ;
   wire [7:0] \$25 ;
   wire [7:0] \$26 ;
@@ -17405,20 +17416,20 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   wire \$84 ;
   wire \$85 ;
   wire \$86 ;
-  wire [14:0] \$87 ;
+  wire \$87 ;
   wire [14:0] \$88 ;
-  wire \$89 ;
+  wire [14:0] \$89 ;
   wire \$9 ;
-  wire [1:0] \$90 ;
+  wire \$90 ;
   wire [1:0] \$91 ;
   wire [1:0] \$92 ;
-  wire \$93 ;
-  wire [12:0] \$94 ;
+  wire [1:0] \$93 ;
+  wire \$94 ;
   wire [12:0] \$95 ;
-  wire \$96 ;
+  wire [12:0] \$96 ;
   wire \$97 ;
-  wire [12:0] \$98 ;
-  wire \$99 ;
+  wire \$98 ;
+  wire [12:0] \$99 ;
   (* init = 1'h0 *)
   wire \$signal ;
   reg [1:0] \$signal$21 ;
@@ -17427,6 +17438,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   (* init = 1'h0 *)
   wire \$signal$34 ;
   reg \$signal$9  = 1'h0;
+  reg \$signal$95  = 1'h0;
   wire [7:0] \$signature__addr ;
   wire [6:0] \$signature__addr$13 ;
   wire [7:0] \$signature__addr$53 ;
@@ -17508,6 +17520,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   output c_out__valid;
   wire c_out__valid;
   reg [13:0] c_panel = 14'h0000;
+  reg [127:0] c_q = 128'h00000000000000000000000000000000;
+  wire [31:0] \c_q[0] ;
+  wire [31:0] \c_q[1] ;
+  wire [31:0] \c_q[2] ;
+  wire [31:0] \c_q[3] ;
   wire [7:0] c_rd__addr;
   wire [127:0] c_rd__data;
   wire [31:0] \c_rd__data[0] ;
@@ -17560,8 +17577,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   reg [2:0] d_col = 3'h0;
   reg [2:0] d_cols = 3'h0;
   wire done;
-  output \done$99 ;
-  reg \done$99  = 1'h0;
+  output \done$106 ;
+  reg \done$106  = 1'h0;
   reg drain_busy = 1'h0;
   output error;
   reg error = 1'h0;
@@ -17605,9 +17622,18 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   reg [13:0] out_left = 14'h0000;
   wire panel_ready;
   reg [1:0] pending = 2'h0;
-  reg [3:0] r_mask = 4'h0;
+  reg [3:0] q_mask = 4'h0;
   (* init = 1'h0 *)
-  wire r_valid;
+  wire q_valid;
+  reg [13:0] r_addr = 14'h0000;
+  reg r_col_busy = 1'h0;
+  reg [3:0] r_mask = 4'h0;
+  reg r_valid = 1'h0;
+  reg [127:0] r_word = 128'h00000000000000000000000000000000;
+  wire [31:0] \r_word[0] ;
+  wire [31:0] \r_word[1] ;
+  wire [31:0] \r_word[2] ;
+  wire [31:0] \r_word[3] ;
   reg rbuf = 1'h0;
   reg [11:0] rows_c = 12'h000;
   reg [11:0] rows_left = 12'h000;
@@ -18359,18 +18385,18 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   assign \$31  = rows_c <= 3'h4;
   assign \$32  = d_col == 2'h3;
   assign shift = done | drain_busy;
-  assign \$33  = cmd[78] ? c_rd__data[31:0] : 32'd0;
+  assign \$33  = cmd[78] ? c_q[31:0] : 32'd0;
   assign \$34  = $signed(w_word[31:0]) + $signed(\$33 );
-  assign \$35  = cmd[78] ? c_rd__data[63:32] : 32'd0;
+  assign \$35  = cmd[78] ? c_q[63:32] : 32'd0;
   assign \$36  = $signed(w_word[63:32]) + $signed(\$35 );
-  assign \$37  = cmd[78] ? c_rd__data[95:64] : 32'd0;
+  assign \$37  = cmd[78] ? c_q[95:64] : 32'd0;
   assign \$38  = $signed(w_word[95:64]) + $signed(\$37 );
-  assign \$39  = cmd[78] ? c_rd__data[127:96] : 32'd0;
+  assign \$39  = cmd[78] ? c_q[127:96] : 32'd0;
   assign \$40  = $signed(w_word[127:96]) + $signed(\$39 );
-  assign \$41  = r_mask[0] ? c_rd__data[31:0] : 32'd0;
-  assign \$42  = r_mask[1] ? c_rd__data[63:32] : 32'd0;
-  assign \$43  = r_mask[2] ? c_rd__data[95:64] : 32'd0;
-  assign \$44  = r_mask[3] ? c_rd__data[127:96] : 32'd0;
+  assign \$41  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$42  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$43  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$44  = q_mask[3] ? c_q[127:96] : 32'd0;
   assign \$45  = done ? t_base : d_base;
   assign \$46  = done ? 3'h0 : d_col;
   assign \$47  = \$45  + \$46 ;
@@ -18405,204 +18431,222 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   assign \$74  = a_in__ready | \$signal$9 ;
   assign \$75  = \$74  | issuing;
   assign \$76  = \$75  | drain_busy;
-  assign \$77  = \$76  | w_busy;
-  assign \$78  = ~ \$77 ;
-  assign \$79  = ! pending;
-  assign \$80  = \$78  & \$79 ;
-  assign \$81  = ! fsm_state;
-  assign \$82  = fsm_state == 1'h1;
-  assign \$83  = fsm_state == 2'h2;
-  assign \$84  = fsm_state == 2'h3;
-  assign \$85  = fsm_state == 3'h4;
-  assign \$86  = a_in__valid & a_in__ready;
-  assign \$87  = a_wptr + 1'h1;
+  assign \$77  = \$76  | r_col_busy;
+  assign \$78  = \$77  | w_busy;
+  assign \$79  = ~ \$78 ;
+  assign \$80  = ! pending;
+  assign \$81  = \$79  & \$80 ;
+  assign \$82  = ! fsm_state;
+  assign \$83  = fsm_state == 1'h1;
+  assign \$84  = fsm_state == 2'h2;
+  assign \$85  = fsm_state == 2'h3;
+  assign \$86  = fsm_state == 3'h4;
+  assign \$87  = a_in__valid & a_in__ready;
   assign \$88  = a_wptr + 1'h1;
-  assign \$89  = \$88  == a_lim;
-  assign \$90  = full | \$signal$21 ;
-  assign \$91  = ~ full_clr;
-  assign \$92  = \$90  & \$91 ;
-  assign \$93  = b_in__valid & b_take;
-  assign \$94  = b_k + 1'h1;
-  assign \$95  = cmd[23:12] - 1'h1;
-  assign \$96  = b_k == \$95 ;
-  assign \$97  = ~ wbuf;
-  assign \$98  = b_cols_left - 3'h4;
-  assign \$99  = b_cols_left <= 3'h4;
-  assign \$100  = gap < 4'hb;
-  assign \$101  = gap + 1'h1;
-  assign \$102  = ! k;
-  assign \$103  = cmd[23:12] - 1'h1;
-  assign \$104  = k == \$103 ;
-  assign \$105  = rows_c > 1'h0;
-  assign \$106  = rows_c > 1'h1;
-  assign \$107  = rows_c > 2'h2;
-  assign \$108  = rows_c > 2'h3;
-  assign \$109  = k + 1'h1;
-  assign \$110  = a_ptr + 1'h1;
-  assign \$111  = cmd[23:12] - 1'h1;
-  assign \$112  = k == \$111 ;
-  assign \$113  = cols_c < 3'h4;
-  assign \$114  = \$113  ? cols_c : 12'h004;
-  assign \$115  = rows_c - 3'h4;
-  assign \$116  = c_tile + cmd[35:24];
-  assign \$117  = rows_c <= 3'h4;
-  assign \$118  = ~ rbuf;
-  assign \$119  = cols_c - 3'h4;
-  assign \$120  = c_panel + 3'h4;
+  assign \$89  = a_wptr + 1'h1;
+  assign \$90  = \$89  == a_lim;
+  assign \$91  = full | \$signal$21 ;
+  assign \$92  = ~ full_clr;
+  assign \$93  = \$91  & \$92 ;
+  assign \$94  = b_in__valid & b_take;
+  assign \$95  = b_k + 1'h1;
+  assign \$96  = cmd[23:12] - 1'h1;
+  assign \$97  = b_k == \$96 ;
+  assign \$98  = ~ wbuf;
+  assign \$99  = b_cols_left - 3'h4;
+  assign \$100  = b_cols_left <= 3'h4;
+  assign \$101  = gap < 4'hb;
+  assign \$102  = gap + 1'h1;
+  assign \$103  = ! k;
+  assign \$104  = cmd[23:12] - 1'h1;
+  assign \$105  = k == \$104 ;
+  assign \$106  = rows_c > 1'h0;
+  assign \$107  = rows_c > 1'h1;
+  assign \$108  = rows_c > 2'h2;
+  assign \$109  = rows_c > 2'h3;
+  assign \$110  = k + 1'h1;
+  assign \$111  = a_ptr + 1'h1;
+  assign \$112  = cmd[23:12] - 1'h1;
+  assign \$113  = k == \$112 ;
+  assign \$114  = cols_c < 3'h4;
+  assign \$115  = \$114  ? cols_c : 12'h004;
+  assign \$116  = rows_c - 3'h4;
+  assign \$117  = c_tile + cmd[35:24];
+  assign \$118  = rows_c <= 3'h4;
+  assign \$119  = ~ rbuf;
+  assign \$120  = cols_c - 3'h4;
   assign \$121  = c_panel + 3'h4;
-  assign \$122  = cols_c <= 3'h4;
-  assign \$123  = d_col + 1'h1;
-  assign \$124  = d_col == 2'h3;
-  assign \$125  = done | drain_busy;
-  assign \$126  = done ? 3'h0 : d_col;
-  assign \$127  = done ? t_cols : d_cols;
-  assign \$128  = \$126  < \$127 ;
-  assign \$129  = \$125  & \$128 ;
-  assign \$130  = done | drain_busy;
-  assign \$131  = done ? t_base : d_base;
-  assign \$132  = done ? 3'h0 : d_col;
-  assign \$133  = \$131  + \$132 ;
-  assign \$134  = pending + tile_issued;
-  assign \$135  = \$134  - tile_drained;
-  assign \$136  = ~ i__valid;
-  assign \$137  = \$136  | i__ready;
-  assign \$138  = storing & \$137 ;
-  assign \$139  = c_lim - cmd[53:45];
-  assign \$140  = c_lim - cmd[53:45];
-  assign \$141  = | s_left;
-  assign \$142  = | s_left;
-  assign \$143  = s_addr + 1'h1;
-  assign \$144  = s_left - 1'h1;
-  assign \$145  = s_n + 1'h1;
-  assign \$146  = s_rows > 1'h0;
-  assign \$147  = s_rows > 1'h1;
-  assign \$148  = s_rows > 2'h2;
-  assign \$149  = s_rows > 2'h3;
-  assign \$150  = cmd[35:24] - 1'h1;
-  assign \$151  = s_n == \$150 ;
-  assign \$152  = s_rows - 3'h4;
-  assign \$153  = c_out__valid & o__ready;
-  assign \$154  = out_left - 1'h1;
-  assign \$155  = | code;
-  assign \$156  = cmd[44:36] + cmd[23:12];
-  assign \$157  = cmd[53:45] + cmd[35:24];
-  assign \$158  = cmd[76] | cmd[77];
-  assign \$159  = a_lim > 9'h100;
-  assign \$160  = \$158  & \$159 ;
-  assign \$161  = cmd[77] | cmd[79];
-  assign \$162  = c_lim > 9'h100;
+  assign \$122  = c_panel + 3'h4;
+  assign \$123  = cols_c <= 3'h4;
+  assign \$124  = d_col + 1'h1;
+  assign \$125  = d_col == 2'h3;
+  assign \$126  = done | drain_busy;
+  assign \$127  = done ? 3'h0 : d_col;
+  assign \$128  = done ? t_cols : d_cols;
+  assign \$129  = \$127  < \$128 ;
+  assign \$130  = \$126  & \$129 ;
+  assign \$131  = done | drain_busy;
+  assign \$132  = done ? t_base : d_base;
+  assign \$133  = done ? 3'h0 : d_col;
+  assign \$134  = \$132  + \$133 ;
+  assign \$135  = pending + tile_issued;
+  assign \$136  = \$135  - tile_drained;
+  assign \$137  = ~ i__valid;
+  assign \$138  = \$137  | i__ready;
+  assign \$139  = ~ i__valid;
+  assign \$140  = \$139  | i__ready;
+  assign \$141  = storing & \$140 ;
+  assign \$142  = c_lim - cmd[53:45];
+  assign \$143  = c_lim - cmd[53:45];
+  assign \$144  = | s_left;
+  assign \$145  = | s_left;
+  assign \$146  = s_addr + 1'h1;
+  assign \$147  = s_left - 1'h1;
+  assign \$148  = s_n + 1'h1;
+  assign \$149  = s_rows > 1'h0;
+  assign \$150  = s_rows > 1'h1;
+  assign \$151  = s_rows > 2'h2;
+  assign \$152  = s_rows > 2'h3;
+  assign \$153  = cmd[35:24] - 1'h1;
+  assign \$154  = s_n == \$153 ;
+  assign \$155  = s_rows - 3'h4;
+  assign \$156  = c_out__valid & o__ready;
+  assign \$157  = out_left - 1'h1;
+  assign \$158  = | code;
+  assign \$159  = cmd[44:36] + cmd[23:12];
+  assign \$160  = cmd[53:45] + cmd[35:24];
+  assign \$161  = cmd[76] | cmd[77];
+  assign \$162  = a_lim > 9'h100;
   assign \$163  = \$161  & \$162 ;
-  assign \$164  = \$160  | \$163 ;
-  assign \$165  = rows_left <= 3'h4;
-  assign \$166  = cmd[76] | cmd[77];
-  assign \$167  = a_lim > 9'h100;
-  assign \$168  = \$166  & \$167 ;
-  assign \$169  = \$168  ? 3'h4 : 3'h5;
-  assign \$170  = rows_left - 3'h4;
-  assign \$171  = a_lim + cmd[23:12];
-  assign \$172  = c_lim + cmd[35:24];
-  assign \$173  = a_in__ready | \$signal$9 ;
-  assign \$174  = \$173  | issuing;
-  assign \$175  = \$174  | drain_busy;
-  assign \$176  = \$175  | w_busy;
-  assign \$177  = ~ \$176 ;
-  assign \$178  = ! pending;
-  assign \$179  = \$177  & \$178 ;
-  assign \$180  = ! out_left;
+  assign \$164  = cmd[77] | cmd[79];
+  assign \$165  = c_lim > 9'h100;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = \$163  | \$166 ;
+  assign \$168  = rows_left <= 3'h4;
+  assign \$169  = cmd[76] | cmd[77];
+  assign \$170  = a_lim > 9'h100;
+  assign \$171  = \$169  & \$170 ;
+  assign \$172  = \$171  ? 3'h4 : 3'h5;
+  assign \$173  = rows_left - 3'h4;
+  assign \$174  = a_lim + cmd[23:12];
+  assign \$175  = c_lim + cmd[35:24];
+  assign \$176  = a_in__ready | \$signal$9 ;
+  assign \$177  = \$176  | issuing;
+  assign \$178  = \$177  | drain_busy;
+  assign \$179  = \$178  | r_col_busy;
+  assign \$180  = \$179  | w_busy;
+  assign \$181  = ~ \$180 ;
+  assign \$182  = ! pending;
+  assign \$183  = \$181  & \$182 ;
+  assign \$184  = ! out_left;
   always @(posedge clk)
-    a_wptr <= \$181 ;
+    a_wptr <= \$185 ;
   always @(posedge clk)
-    a_in__ready <= \$182 ;
+    a_in__ready <= \$186 ;
   always @(posedge clk)
-    full <= \$183 ;
+    full <= \$187 ;
   always @(posedge clk)
-    \$signal$9  <= \$184 ;
+    \$signal$9  <= \$188 ;
   always @(posedge clk)
-    wbuf <= \$185 ;
+    wbuf <= \$189 ;
   always @(posedge clk)
-    b_k <= \$186 ;
+    b_k <= \$190 ;
   always @(posedge clk)
-    b_cols_left <= \$187 ;
+    b_cols_left <= \$191 ;
   always @(posedge clk)
-    gap <= \$188 ;
+    gap <= \$192 ;
   always @(posedge clk)
-    valid <= \$189 ;
+    valid <= \$193 ;
   always @(posedge clk)
-    first <= \$190 ;
+    first <= \$194 ;
   always @(posedge clk)
-    last <= \$191 ;
+    last <= \$195 ;
   always @(posedge clk)
-    s_mask <= \$192 ;
+    s_mask <= \$196 ;
   always @(posedge clk)
-    issuing <= \$193 ;
+    issuing <= \$197 ;
   always @(posedge clk)
-    rbuf <= \$194 ;
+    rbuf <= \$198 ;
   always @(posedge clk)
-    k <= \$195 ;
+    k <= \$199 ;
   always @(posedge clk)
-    a_ptr <= \$196 ;
+    a_ptr <= \$200 ;
   always @(posedge clk)
-    rows_c <= \$197 ;
+    rows_c <= \$201 ;
   always @(posedge clk)
-    cols_c <= \$198 ;
+    cols_c <= \$202 ;
   always @(posedge clk)
-    c_panel <= \$199 ;
+    c_panel <= \$203 ;
   always @(posedge clk)
-    c_tile <= \$200 ;
+    c_tile <= \$204 ;
   always @(posedge clk)
-    t_base <= \$201 ;
+    t_base <= \$205 ;
   always @(posedge clk)
-    t_cols <= \$202 ;
+    t_cols <= \$206 ;
   always @(posedge clk)
-    d_col <= \$203 ;
+    d_col <= \$207 ;
   always @(posedge clk)
-    d_base <= \$204 ;
+    d_base <= \$208 ;
   always @(posedge clk)
-    d_cols <= \$205 ;
+    d_cols <= \$209 ;
   always @(posedge clk)
-    drain_busy <= \$206 ;
+    drain_busy <= \$210 ;
   always @(posedge clk)
-    \$signature__en$55  <= \$207 ;
+    \$signal$95  <= \$211 ;
   always @(posedge clk)
-    w_busy <= \$208 ;
+    r_col_busy <= \$212 ;
   always @(posedge clk)
-    w_addr <= \$209 ;
+    r_addr <= \$213 ;
   always @(posedge clk)
-    w_word <= \$210 ;
+    r_word <= \$214 ;
   always @(posedge clk)
-    pending <= \$211 ;
+    \$signature__en$55  <= \$215 ;
   always @(posedge clk)
-    storing <= \$212 ;
+    w_busy <= \$216 ;
   always @(posedge clk)
-    s_addr <= \$213 ;
+    w_addr <= \$217 ;
   always @(posedge clk)
-    s_n <= \$214 ;
+    w_word <= \$218 ;
   always @(posedge clk)
-    s_rows <= \$215 ;
+    pending <= \$219 ;
   always @(posedge clk)
-    s_left <= \$216 ;
+    c_q <= \$220 ;
   always @(posedge clk)
-    out_left <= \$217 ;
+    i__valid <= \$221 ;
   always @(posedge clk)
-    i__valid <= \$218 ;
+    q_mask <= \$222 ;
   always @(posedge clk)
-    r_mask <= \$219 ;
+    storing <= \$223 ;
   always @(posedge clk)
-    \done$99  <= \$220 ;
+    s_addr <= \$224 ;
   always @(posedge clk)
-    cmd <= \$221 ;
+    s_n <= \$225 ;
   always @(posedge clk)
-    error <= \$222 ;
+    s_rows <= \$226 ;
   always @(posedge clk)
-    error_code <= \$223 ;
+    s_left <= \$227 ;
   always @(posedge clk)
-    fsm_state <= \$224 ;
+    out_left <= \$228 ;
   always @(posedge clk)
-    rows_left <= \$225 ;
+    r_valid <= \$229 ;
   always @(posedge clk)
-    a_lim <= \$226 ;
+    r_mask <= \$230 ;
   always @(posedge clk)
-    c_lim <= \$227 ;
+    \done$106  <= \$231 ;
+  always @(posedge clk)
+    cmd <= \$232 ;
+  always @(posedge clk)
+    error <= \$233 ;
+  always @(posedge clk)
+    error_code <= \$234 ;
+  always @(posedge clk)
+    fsm_state <= \$235 ;
+  always @(posedge clk)
+    rows_left <= \$236 ;
+  always @(posedge clk)
+    a_lim <= \$237 ;
+  always @(posedge clk)
+    c_lim <= \$238 ;
   \nanokpu_kpu.gemm.array  array (
     .a(a),
     .b(b),
@@ -18624,7 +18668,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
     .o__payload(c_out__payload),
     .o__ready(o__ready),
     .o__valid(c_out__valid),
-    .\port$2649$54 (cmd[75:54]),
+    .\port$2760$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -18732,7 +18776,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
       3'h2:
           /* empty */;
       3'h3:
-          if (\$80 ) begin
+          if (\$81 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -18741,140 +18785,75 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$181  = a_wptr;
+    \$185  = a_wptr;
     if (start) begin
-      \$181  = { 5'h00, cmd[44:36] };
-    end else if (\$86 ) begin
-      \$181  = \$87 [13:0];
+      \$185  = { 5'h00, cmd[44:36] };
+    end else if (\$87 ) begin
+      \$185  = \$88 [13:0];
     end
     if (unit_rst) begin
-      \$181  = 14'h0000;
+      \$185  = 14'h0000;
     end
     if (rst) begin
-      \$181  = 14'h0000;
+      \$185  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$182  = a_in__ready;
+    \$186  = a_in__ready;
     if (start) begin
-      \$182  = cmd[76];
-    end else if (\$86 ) begin
-      if (\$89 ) begin
-        \$182  = 1'h0;
+      \$186  = cmd[76];
+    end else if (\$87 ) begin
+      if (\$90 ) begin
+        \$186  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$182  = 1'h0;
+      \$186  = 1'h0;
     end
     if (rst) begin
-      \$182  = 1'h0;
+      \$186  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$183  = \$92 ;
+    \$187  = \$93 ;
     if (unit_rst) begin
-      \$183  = 2'h0;
+      \$187  = 2'h0;
     end
     if (rst) begin
-      \$183  = 2'h0;
+      \$187  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$184  = \$signal$9 ;
+    \$188  = \$signal$9 ;
     if (start) begin
-      \$184  = cmd[77];
-    end else if (\$93 ) begin
-      if (\$96 ) begin
-        if (\$99 ) begin
-          \$184  = 1'h0;
+      \$188  = cmd[77];
+    end else if (\$94 ) begin
+      if (\$97 ) begin
+        if (\$100 ) begin
+          \$188  = 1'h0;
         end
       end
     end
     if (unit_rst) begin
-      \$184  = 1'h0;
+      \$188  = 1'h0;
     end
     if (rst) begin
-      \$184  = 1'h0;
+      \$188  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$185  = wbuf;
+    \$189  = wbuf;
     if (start) begin
-      \$185  = 1'h0;
-    end else if (\$93 ) begin
-      if (\$96 ) begin
-        \$185  = \$97 ;
+      \$189  = 1'h0;
+    end else if (\$94 ) begin
+      if (\$97 ) begin
+        \$189  = \$98 ;
       end
     end
-    if (unit_rst) begin
-      \$185  = 1'h0;
-    end
-    if (rst) begin
-      \$185  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$186  = b_k;
-    if (start) begin
-      \$186  = 12'h000;
-    end else if (\$93 ) begin
-      \$186  = \$94 [11:0];
-      if (\$96 ) begin
-        \$186  = 12'h000;
-      end
-    end
-    if (unit_rst) begin
-      \$186  = 12'h000;
-    end
-    if (rst) begin
-      \$186  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$187  = b_cols_left;
-    if (start) begin
-      \$187  = cmd[35:24];
-    end else if (\$93 ) begin
-      if (\$96 ) begin
-        \$187  = \$98 [11:0];
-      end
-    end
-    if (unit_rst) begin
-      \$187  = 12'h000;
-    end
-    if (rst) begin
-      \$187  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$188  = gap;
-    if (\$100 ) begin
-      \$188  = \$101 [3:0];
-    end
-    if (start) begin
-      \$188  = 4'hb;
-    end else if (step) begin
-      if (\$112 ) begin
-        \$188  = 4'h0;
-      end
-    end
-    if (unit_rst) begin
-      \$188  = 4'h0;
-    end
-    if (rst) begin
-      \$188  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$189  = step;
     if (unit_rst) begin
       \$189  = 1'h0;
     end
@@ -18884,180 +18863,167 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$190  = \$102 ;
-    if (unit_rst) begin
-      \$190  = 1'h0;
-    end
-    if (rst) begin
-      \$190  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$191  = \$104 ;
-    if (unit_rst) begin
-      \$191  = 1'h0;
-    end
-    if (rst) begin
-      \$191  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$192  = { \$108 , \$107 , \$106 , \$105  };
-    if (unit_rst) begin
-      \$192  = 4'h0;
-    end
-    if (rst) begin
-      \$192  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$193  = issuing;
+    \$190  = b_k;
     if (start) begin
-      \$193  = cmd[77];
+      \$190  = 12'h000;
+    end else if (\$94 ) begin
+      \$190  = \$95 [11:0];
+      if (\$97 ) begin
+        \$190  = 12'h000;
+      end
+    end
+    if (unit_rst) begin
+      \$190  = 12'h000;
+    end
+    if (rst) begin
+      \$190  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$191  = b_cols_left;
+    if (start) begin
+      \$191  = cmd[35:24];
+    end else if (\$94 ) begin
+      if (\$97 ) begin
+        \$191  = \$99 [11:0];
+      end
+    end
+    if (unit_rst) begin
+      \$191  = 12'h000;
+    end
+    if (rst) begin
+      \$191  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$192  = gap;
+    if (\$101 ) begin
+      \$192  = \$102 [3:0];
+    end
+    if (start) begin
+      \$192  = 4'hb;
     end else if (step) begin
-      if (\$112 ) begin
-        if (\$117 ) begin
-          if (\$122 ) begin
-            \$193  = 1'h0;
+      if (\$113 ) begin
+        \$192  = 4'h0;
+      end
+    end
+    if (unit_rst) begin
+      \$192  = 4'h0;
+    end
+    if (rst) begin
+      \$192  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$193  = step;
+    if (unit_rst) begin
+      \$193  = 1'h0;
+    end
+    if (rst) begin
+      \$193  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$194  = \$103 ;
+    if (unit_rst) begin
+      \$194  = 1'h0;
+    end
+    if (rst) begin
+      \$194  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$195  = \$105 ;
+    if (unit_rst) begin
+      \$195  = 1'h0;
+    end
+    if (rst) begin
+      \$195  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$196  = { \$109 , \$108 , \$107 , \$106  };
+    if (unit_rst) begin
+      \$196  = 4'h0;
+    end
+    if (rst) begin
+      \$196  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$197  = issuing;
+    if (start) begin
+      \$197  = cmd[77];
+    end else if (step) begin
+      if (\$113 ) begin
+        if (\$118 ) begin
+          if (\$123 ) begin
+            \$197  = 1'h0;
           end
         end
       end
     end
     if (unit_rst) begin
-      \$193  = 1'h0;
+      \$197  = 1'h0;
     end
     if (rst) begin
-      \$193  = 1'h0;
+      \$197  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$194  = rbuf;
+    \$198  = rbuf;
     if (start) begin
-      \$194  = 1'h0;
+      \$198  = 1'h0;
     end else if (step) begin
-      if (\$112 ) begin
-        if (\$117 ) begin
-          \$194  = \$118 ;
+      if (\$113 ) begin
+        if (\$118 ) begin
+          \$198  = \$119 ;
         end
       end
     end
     if (unit_rst) begin
-      \$194  = 1'h0;
+      \$198  = 1'h0;
     end
     if (rst) begin
-      \$194  = 1'h0;
+      \$198  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$195  = k;
+    \$199  = k;
     if (start) begin
-      \$195  = 12'h000;
+      \$199  = 12'h000;
     end else if (step) begin
-      \$195  = \$109 [11:0];
-      if (\$112 ) begin
-        \$195  = 12'h000;
+      \$199  = \$110 [11:0];
+      if (\$113 ) begin
+        \$199  = 12'h000;
       end
     end
     if (unit_rst) begin
-      \$195  = 12'h000;
+      \$199  = 12'h000;
     end
     if (rst) begin
-      \$195  = 12'h000;
+      \$199  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$196  = a_ptr;
+    \$200  = a_ptr;
     if (start) begin
-      \$196  = { 5'h00, cmd[44:36] };
+      \$200  = { 5'h00, cmd[44:36] };
     end else if (step) begin
-      \$196  = \$110 [13:0];
-      if (\$112 ) begin
-        if (\$117 ) begin
-          \$196  = { 5'h00, cmd[44:36] };
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$196  = 14'h0000;
-    end
-    if (rst) begin
-      \$196  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$197  = rows_c;
-    if (start) begin
-      \$197  = cmd[11:0];
-    end else if (step) begin
-      if (\$112 ) begin
-        \$197  = \$115 [11:0];
-        if (\$117 ) begin
-          \$197  = cmd[11:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$197  = 12'h000;
-    end
-    if (rst) begin
-      \$197  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$198  = cols_c;
-    if (start) begin
-      \$198  = cmd[35:24];
-    end else if (step) begin
-      if (\$112 ) begin
-        if (\$117 ) begin
-          \$198  = \$119 [11:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$198  = 12'h000;
-    end
-    if (rst) begin
-      \$198  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$199  = c_panel;
-    if (start) begin
-      \$199  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (\$112 ) begin
-        if (\$117 ) begin
-          \$199  = \$120 [13:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$199  = 14'h0000;
-    end
-    if (rst) begin
-      \$199  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$200  = c_tile;
-    if (start) begin
-      \$200  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (\$112 ) begin
-        \$200  = \$116 [13:0];
-        if (\$117 ) begin
-          \$200  = \$121 [13:0];
+      \$200  = \$111 [13:0];
+      if (\$113 ) begin
+        if (\$118 ) begin
+          \$200  = { 5'h00, cmd[44:36] };
         end
       end
     end
@@ -19070,56 +19036,74 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$201  = t_base;
+    \$201  = rows_c;
     if (start) begin
+      \$201  = cmd[11:0];
     end else if (step) begin
-      if (\$112 ) begin
-        \$201  = c_tile;
+      if (\$113 ) begin
+        \$201  = \$116 [11:0];
+        if (\$118 ) begin
+          \$201  = cmd[11:0];
+        end
       end
     end
     if (unit_rst) begin
-      \$201  = 14'h0000;
+      \$201  = 12'h000;
     end
     if (rst) begin
-      \$201  = 14'h0000;
+      \$201  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$202  = t_cols;
+    \$202  = cols_c;
     if (start) begin
+      \$202  = cmd[35:24];
     end else if (step) begin
-      if (\$112 ) begin
-        \$202  = \$114 [2:0];
+      if (\$113 ) begin
+        if (\$118 ) begin
+          \$202  = \$120 [11:0];
+        end
       end
     end
     if (unit_rst) begin
-      \$202  = 3'h0;
+      \$202  = 12'h000;
     end
     if (rst) begin
-      \$202  = 3'h0;
+      \$202  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$203  = d_col;
-    if (done) begin
-      \$203  = 3'h1;
-    end else if (drain_busy) begin
-      \$203  = \$123 [2:0];
+    \$203  = c_panel;
+    if (start) begin
+      \$203  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (\$113 ) begin
+        if (\$118 ) begin
+          \$203  = \$121 [13:0];
+        end
+      end
     end
     if (unit_rst) begin
-      \$203  = 3'h0;
+      \$203  = 14'h0000;
     end
     if (rst) begin
-      \$203  = 3'h0;
+      \$203  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$204  = d_base;
-    if (done) begin
-      \$204  = t_base;
+    \$204  = c_tile;
+    if (start) begin
+      \$204  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (\$113 ) begin
+        \$204  = \$117 [13:0];
+        if (\$118 ) begin
+          \$204  = \$122 [13:0];
+        end
+      end
     end
     if (unit_rst) begin
       \$204  = 14'h0000;
@@ -19130,104 +19114,107 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$205  = d_cols;
-    if (done) begin
-      \$205  = t_cols;
+    \$205  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (\$113 ) begin
+        \$205  = c_tile;
+      end
     end
     if (unit_rst) begin
-      \$205  = 3'h0;
+      \$205  = 14'h0000;
     end
     if (rst) begin
-      \$205  = 3'h0;
+      \$205  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$206  = drain_busy;
+    \$206  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (\$113 ) begin
+        \$206  = \$115 [2:0];
+      end
+    end
+    if (unit_rst) begin
+      \$206  = 3'h0;
+    end
+    if (rst) begin
+      \$206  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$207  = d_col;
     if (done) begin
-      \$206  = 1'h1;
+      \$207  = 3'h1;
     end else if (drain_busy) begin
-      if (\$124 ) begin
-        \$206  = 1'h0;
+      \$207  = \$124 [2:0];
+    end
+    if (unit_rst) begin
+      \$207  = 3'h0;
+    end
+    if (rst) begin
+      \$207  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$208  = d_base;
+    if (done) begin
+      \$208  = t_base;
+    end
+    if (unit_rst) begin
+      \$208  = 14'h0000;
+    end
+    if (rst) begin
+      \$208  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$209  = d_cols;
+    if (done) begin
+      \$209  = t_cols;
+    end
+    if (unit_rst) begin
+      \$209  = 3'h0;
+    end
+    if (rst) begin
+      \$209  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$210  = drain_busy;
+    if (done) begin
+      \$210  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$125 ) begin
+        \$210  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$206  = 1'h0;
+      \$210  = 1'h0;
     end
     if (rst) begin
-      \$206  = 1'h0;
+      \$210  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$207  = \$129 ;
+    \$211  = \$130 ;
     if (unit_rst) begin
-      \$207  = 1'h0;
+      \$211  = 1'h0;
     end
     if (rst) begin
-      \$207  = 1'h0;
+      \$211  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$208  = \$130 ;
-    if (unit_rst) begin
-      \$208  = 1'h0;
-    end
-    if (rst) begin
-      \$208  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$209  = \$133 [13:0];
-    if (unit_rst) begin
-      \$209  = 14'h0000;
-    end
-    if (rst) begin
-      \$209  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$210  = out;
-    if (unit_rst) begin
-      \$210  = 128'h00000000000000000000000000000000;
-    end
-    if (rst) begin
-      \$210  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$211  = \$135 [1:0];
-    if (unit_rst) begin
-      \$211  = 2'h0;
-    end
-    if (rst) begin
-      \$211  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$212  = storing;
-    if (store_start) begin
-      \$212  = 1'h1;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$180 ) begin
-            \$212  = 1'h0;
-          end
-    endcase
+    \$212  = \$131 ;
     if (unit_rst) begin
       \$212  = 1'h0;
     end
@@ -19237,14 +19224,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$213  = s_addr;
-    if (store_start) begin
-      \$213  = { 5'h00, cmd[53:45] };
-    end else if (\$138 ) begin
-      if (\$142 ) begin
-        \$213  = \$143 [13:0];
-      end
-    end
+    \$213  = \$134 [13:0];
     if (unit_rst) begin
       \$213  = 14'h0000;
     end
@@ -19254,69 +19234,37 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$214  = s_n;
-    if (store_start) begin
-      \$214  = 12'h000;
-    end else if (\$138 ) begin
-      if (\$142 ) begin
-        \$214  = \$145 [11:0];
-        if (\$151 ) begin
-          \$214  = 12'h000;
-        end
-      end
-    end
+    \$214  = out;
     if (unit_rst) begin
-      \$214  = 12'h000;
+      \$214  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$214  = 12'h000;
+      \$214  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$215  = s_rows;
-    if (store_start) begin
-      \$215  = cmd[11:0];
-    end else if (\$138 ) begin
-      if (\$142 ) begin
-        if (\$151 ) begin
-          \$215  = \$152 [11:0];
-        end
-      end
-    end
+    \$215  = \$signal$95 ;
     if (unit_rst) begin
-      \$215  = 12'h000;
+      \$215  = 1'h0;
     end
     if (rst) begin
-      \$215  = 12'h000;
+      \$215  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$216  = s_left;
-    if (store_start) begin
-      \$216  = \$139 [13:0];
-    end else if (\$138 ) begin
-      if (\$142 ) begin
-        \$216  = \$144 [13:0];
-      end
-    end
+    \$216  = r_col_busy;
     if (unit_rst) begin
-      \$216  = 14'h0000;
+      \$216  = 1'h0;
     end
     if (rst) begin
-      \$216  = 14'h0000;
+      \$216  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$217  = out_left;
-    if (store_start) begin
-      \$217  = \$140 [13:0];
-    end
-    if (\$153 ) begin
-      \$217  = \$154 [13:0];
-    end
+    \$217  = r_addr;
     if (unit_rst) begin
       \$217  = 14'h0000;
     end
@@ -19326,10 +19274,42 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$218  = i__valid;
-    if (store_start) begin
-    end else if (\$138 ) begin
-      \$218  = \$141 ;
+    \$218  = r_word;
+    if (unit_rst) begin
+      \$218  = 128'h00000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$218  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$219  = \$136 [1:0];
+    if (unit_rst) begin
+      \$219  = 2'h0;
+    end
+    if (rst) begin
+      \$219  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$220  = c_q;
+    if (\$138 ) begin
+      \$220  = c_rd__data;
+    end
+    if (unit_rst) begin
+      \$220  = 128'h00000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$220  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$221  = i__valid;
+    if (\$138 ) begin
+      \$221  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -19341,193 +19321,87 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
       3'h3:
           /* empty */;
       3'h4:
-          if (\$180 ) begin
-            \$218  = 1'h0;
+          if (\$184 ) begin
+            \$221  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$218  = 1'h0;
+      \$221  = 1'h0;
     end
     if (rst) begin
-      \$218  = 1'h0;
+      \$221  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$219  = r_mask;
+    \$222  = q_mask;
+    if (\$138 ) begin
+      \$222  = r_mask;
+    end
+    if (unit_rst) begin
+      \$222  = 4'h0;
+    end
+    if (rst) begin
+      \$222  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$223  = storing;
     if (store_start) begin
-    end else if (\$138 ) begin
-      if (\$142 ) begin
-        \$219  = { \$149 , \$148 , \$147 , \$146  };
+      \$223  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$184 ) begin
+            \$223  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$223  = 1'h0;
+    end
+    if (rst) begin
+      \$223  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$224  = s_addr;
+    if (store_start) begin
+      \$224  = { 5'h00, cmd[53:45] };
+    end else if (\$141 ) begin
+      if (\$145 ) begin
+        \$224  = \$146 [13:0];
       end
     end
     if (unit_rst) begin
-      \$219  = 4'h0;
+      \$224  = 14'h0000;
     end
     if (rst) begin
-      \$219  = 4'h0;
+      \$224  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$220  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$155 ) begin
-            \$220  = 1'h1;
-          end
-      3'h2:
-          if (\$164 ) begin
-            \$220  = 1'h1;
-          end
-      3'h3:
-          if (\$179 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-            end else begin
-              \$220  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$180 ) begin
-            \$220  = 1'h1;
-          end
-    endcase
-    if (unit_rst) begin
-      \$220  = 1'h0;
+    \$225  = s_n;
+    if (store_start) begin
+      \$225  = 12'h000;
+    end else if (\$141 ) begin
+      if (\$145 ) begin
+        \$225  = \$148 [11:0];
+        if (\$154 ) begin
+          \$225  = 12'h000;
+        end
+      end
     end
-    if (rst) begin
-      \$220  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$221  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$221  = cmd__payload;
-          end
-    endcase
-    if (unit_rst) begin
-      \$221  = 80'h00000000000000000000;
-    end
-    if (rst) begin
-      \$221  = 80'h00000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$222  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$222  = 1'h0;
-          end
-      3'h1:
-          if (\$155 ) begin
-            \$222  = 1'h1;
-          end
-      3'h2:
-          if (\$164 ) begin
-            \$222  = 1'h1;
-          end
-    endcase
-    if (unit_rst) begin
-      \$222  = 1'h0;
-    end
-    if (rst) begin
-      \$222  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$223  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$223  = 3'h0;
-          end
-      3'h1:
-          if (\$155 ) begin
-            \$223  = code;
-          end
-      3'h2:
-          if (\$164 ) begin
-            \$223  = \$169 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$223  = 3'h0;
-    end
-    if (rst) begin
-      \$223  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$224  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$224  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$155 ) begin
-            \$224  = 3'h0;
-          end else begin
-            \$224  = 3'h2;
-          end
-      3'h2:
-          if (\$164 ) begin
-            \$224  = 3'h0;
-          end else if (\$165 ) begin
-            \$224  = 3'h3;
-          end
-      3'h3:
-          if (\$179 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-              \$224  = 3'h4;
-            end else begin
-              \$224  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$180 ) begin
-            \$224  = 3'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$224  = 3'h0;
-    end
-    if (rst) begin
-      \$224  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$225  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$155 ) begin
-          end else begin
-            \$225  = cmd[11:0];
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$164 ) begin
-          end else if (\$165 ) begin
-          end else begin
-            \$225  = \$170 [11:0];
-          end
-    endcase
     if (unit_rst) begin
       \$225  = 12'h000;
     end
@@ -19537,56 +19411,319 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$226  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$155 ) begin
-          end else begin
-            \$226  = { 1'h0, \$156  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$164 ) begin
-          end else if (\$165 ) begin
-          end else begin
-            \$226  = \$171 [13:0];
-          end
-    endcase
+    \$226  = s_rows;
+    if (store_start) begin
+      \$226  = cmd[11:0];
+    end else if (\$141 ) begin
+      if (\$145 ) begin
+        if (\$154 ) begin
+          \$226  = \$155 [11:0];
+        end
+      end
+    end
     if (unit_rst) begin
-      \$226  = 14'h0000;
+      \$226  = 12'h000;
     end
     if (rst) begin
-      \$226  = 14'h0000;
+      \$226  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$227  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$155 ) begin
-          end else begin
-            \$227  = { 1'h0, \$157  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$164 ) begin
-          end else if (\$165 ) begin
-          end else begin
-            \$227  = \$172 [13:0];
-          end
-    endcase
+    \$227  = s_left;
+    if (store_start) begin
+      \$227  = \$142 [13:0];
+    end else if (\$141 ) begin
+      if (\$145 ) begin
+        \$227  = \$147 [13:0];
+      end
+    end
     if (unit_rst) begin
       \$227  = 14'h0000;
     end
     if (rst) begin
       \$227  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$228  = out_left;
+    if (store_start) begin
+      \$228  = \$143 [13:0];
+    end
+    if (\$156 ) begin
+      \$228  = \$157 [13:0];
+    end
+    if (unit_rst) begin
+      \$228  = 14'h0000;
+    end
+    if (rst) begin
+      \$228  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$229  = r_valid;
+    if (store_start) begin
+    end else if (\$141 ) begin
+      \$229  = \$144 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$184 ) begin
+            \$229  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$229  = 1'h0;
+    end
+    if (rst) begin
+      \$229  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$230  = r_mask;
+    if (store_start) begin
+    end else if (\$141 ) begin
+      if (\$145 ) begin
+        \$230  = { \$152 , \$151 , \$150 , \$149  };
+      end
+    end
+    if (unit_rst) begin
+      \$230  = 4'h0;
+    end
+    if (rst) begin
+      \$230  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$231  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$158 ) begin
+            \$231  = 1'h1;
+          end
+      3'h2:
+          if (\$167 ) begin
+            \$231  = 1'h1;
+          end
+      3'h3:
+          if (\$183 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+            end else begin
+              \$231  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$184 ) begin
+            \$231  = 1'h1;
+          end
+    endcase
+    if (unit_rst) begin
+      \$231  = 1'h0;
+    end
+    if (rst) begin
+      \$231  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$232  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$232  = cmd__payload;
+          end
+    endcase
+    if (unit_rst) begin
+      \$232  = 80'h00000000000000000000;
+    end
+    if (rst) begin
+      \$232  = 80'h00000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$233  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$233  = 1'h0;
+          end
+      3'h1:
+          if (\$158 ) begin
+            \$233  = 1'h1;
+          end
+      3'h2:
+          if (\$167 ) begin
+            \$233  = 1'h1;
+          end
+    endcase
+    if (unit_rst) begin
+      \$233  = 1'h0;
+    end
+    if (rst) begin
+      \$233  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$234  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$234  = 3'h0;
+          end
+      3'h1:
+          if (\$158 ) begin
+            \$234  = code;
+          end
+      3'h2:
+          if (\$167 ) begin
+            \$234  = \$172 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$234  = 3'h0;
+    end
+    if (rst) begin
+      \$234  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$235  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$235  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$158 ) begin
+            \$235  = 3'h0;
+          end else begin
+            \$235  = 3'h2;
+          end
+      3'h2:
+          if (\$167 ) begin
+            \$235  = 3'h0;
+          end else if (\$168 ) begin
+            \$235  = 3'h3;
+          end
+      3'h3:
+          if (\$183 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+              \$235  = 3'h4;
+            end else begin
+              \$235  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$184 ) begin
+            \$235  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$235  = 3'h0;
+    end
+    if (rst) begin
+      \$235  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$236  = rows_left;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$158 ) begin
+          end else begin
+            \$236  = cmd[11:0];
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$167 ) begin
+          end else if (\$168 ) begin
+          end else begin
+            \$236  = \$173 [11:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$236  = 12'h000;
+    end
+    if (rst) begin
+      \$236  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$237  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$158 ) begin
+          end else begin
+            \$237  = { 1'h0, \$159  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$167 ) begin
+          end else if (\$168 ) begin
+          end else begin
+            \$237  = \$174 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$237  = 14'h0000;
+    end
+    if (rst) begin
+      \$237  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$238  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$158 ) begin
+          end else begin
+            \$238  = { 1'h0, \$160  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$167 ) begin
+          end else if (\$168 ) begin
+          end else begin
+            \$238  = \$175 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$238  = 14'h0000;
+    end
+    if (rst) begin
+      \$238  = 14'h0000;
     end
   end
   assign \$signal  = a_in__ready;
@@ -19605,7 +19742,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   assign w_valid = \$signature__en$55 ;
   assign mult = cmd[69:54];
   assign \shift$58  = cmd[75:70];
-  assign r_valid = i__valid;
+  assign q_valid = i__valid;
   assign o__payload = c_out__payload;
   assign c_out__ready = o__ready;
   assign o__valid = c_out__valid;
@@ -19661,10 +19798,10 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   assign \w_word[1]  = w_word[63:32];
   assign \w_word[2]  = w_word[95:64];
   assign \w_word[3]  = w_word[127:96];
-  assign \c_rd__data[0]  = c_rd__data[31:0];
-  assign \c_rd__data[1]  = c_rd__data[63:32];
-  assign \c_rd__data[2]  = c_rd__data[95:64];
-  assign \c_rd__data[3]  = c_rd__data[127:96];
+  assign \c_q[0]  = c_q[31:0];
+  assign \c_q[1]  = c_q[63:32];
+  assign \c_q[2]  = c_q[95:64];
+  assign \c_q[3]  = c_q[127:96];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -19677,10 +19814,18 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
   assign \o__payload[1]  = c_out__payload[63:32];
   assign \o__payload[2]  = c_out__payload[95:64];
   assign \o__payload[3]  = c_out__payload[127:96];
+  assign \r_word[0]  = r_word[31:0];
+  assign \r_word[1]  = r_word[63:32];
+  assign \r_word[2]  = r_word[95:64];
+  assign \r_word[3]  = r_word[127:96];
   assign \out[0]  = out[31:0];
   assign \out[1]  = out[63:32];
   assign \out[2]  = out[95:64];
   assign \out[3]  = out[127:96];
+  assign \c_rd__data[0]  = c_rd__data[31:0];
+  assign \c_rd__data[1]  = c_rd__data[63:32];
+  assign \c_rd__data[2]  = c_rd__data[95:64];
+  assign \c_rd__data[3]  = c_rd__data[127:96];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -19754,34 +19899,53 @@ module \nanokpu_kpu.gemm.array (rst, shift, b, unit_rst, a, valid_in, first_in, 
   wire [7:0] \a[1] ;
   wire [7:0] \a[2] ;
   wire [7:0] \a[3] ;
+  wire [7:0] a__0;
+  wire [7:0] a__1;
+  wire [7:0] a__10;
+  wire [7:0] a__11;
+  reg [7:0] a__12 = 8'h00;
+  wire [7:0] a__13;
+  wire [7:0] a__14;
+  wire [7:0] a__15;
+  wire [7:0] a__2;
+  wire [7:0] a__3;
+  reg [7:0] a__4 = 8'h00;
+  wire [7:0] a__5;
+  wire [7:0] a__6;
+  wire [7:0] a__7;
+  reg [7:0] a__8 = 8'h00;
+  wire [7:0] a__9;
   wire [7:0] a_in;
-  reg [7:0] \a_in$104  = 8'h00;
-  wire [7:0] \a_in$115 ;
-  wire [7:0] \a_in$12 ;
-  wire [7:0] \a_in$128 ;
-  wire [7:0] \a_in$141 ;
-  reg [7:0] \a_in$155  = 8'h00;
-  wire [7:0] \a_in$166 ;
-  wire [7:0] \a_in$179 ;
-  wire [7:0] \a_in$192 ;
-  wire [7:0] \a_in$25 ;
-  wire [7:0] \a_in$38 ;
-  reg [7:0] \a_in$53  = 8'h00;
-  wire [7:0] \a_in$64 ;
-  wire [7:0] \a_in$77 ;
-  wire [7:0] \a_in$90 ;
+  wire [7:0] \a_in$102 ;
+  wire [7:0] \a_in$119 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$137 ;
+  wire [7:0] \a_in$152 ;
+  wire [7:0] \a_in$169 ;
+  wire [7:0] \a_in$17 ;
+  wire [7:0] \a_in$186 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$204 ;
+  wire [7:0] \a_in$219 ;
+  wire [7:0] \a_in$236 ;
+  wire [7:0] \a_in$253 ;
+  wire [7:0] \a_in$34 ;
+  wire [7:0] \a_in$51 ;
+  (* init = 8'h00 *)
+  wire [7:0] \a_in$70 ;
+  wire [7:0] \a_in$85 ;
   wire [7:0] a_out;
-  wire [7:0] \a_out$116 ;
-  wire [7:0] \a_out$129 ;
-  wire [7:0] \a_out$142 ;
-  wire [7:0] \a_out$167 ;
-  wire [7:0] \a_out$180 ;
-  wire [7:0] \a_out$193 ;
-  wire [7:0] \a_out$26 ;
+  wire [7:0] \a_out$107 ;
+  wire [7:0] \a_out$124 ;
+  wire [7:0] \a_out$157 ;
+  wire [7:0] \a_out$174 ;
+  wire [7:0] \a_out$191 ;
+  wire [7:0] \a_out$224 ;
+  wire [7:0] \a_out$241 ;
+  wire [7:0] \a_out$258 ;
   wire [7:0] \a_out$39 ;
-  wire [7:0] \a_out$65 ;
-  wire [7:0] \a_out$78 ;
-  wire [7:0] \a_out$91 ;
+  wire [7:0] \a_out$56 ;
+  wire [7:0] \a_out$90 ;
   input [31:0] b;
   wire [31:0] b;
   (* init = 8'h00 *)
@@ -19797,39 +19961,58 @@ module \nanokpu_kpu.gemm.array (rst, shift, b, unit_rst, a, valid_in, first_in, 
   wire [7:0] \b[1] ;
   wire [7:0] \b[2] ;
   wire [7:0] \b[3] ;
+  wire [7:0] b__0;
+  reg [7:0] b__1 = 8'h00;
+  wire [7:0] b__10;
+  wire [7:0] b__11;
+  wire [7:0] b__12;
+  wire [7:0] b__13;
+  wire [7:0] b__14;
+  wire [7:0] b__15;
+  reg [7:0] b__2 = 8'h00;
+  reg [7:0] b__3 = 8'h00;
+  wire [7:0] b__4;
+  wire [7:0] b__5;
+  wire [7:0] b__6;
+  wire [7:0] b__7;
+  wire [7:0] b__8;
+  wire [7:0] b__9;
   wire [7:0] b_in;
-  wire [7:0] \b_in$100 ;
-  wire [7:0] \b_in$112 ;
-  wire [7:0] \b_in$125 ;
-  wire [7:0] \b_in$138 ;
-  wire [7:0] \b_in$151 ;
-  wire [7:0] \b_in$163 ;
-  wire [7:0] \b_in$176 ;
-  wire [7:0] \b_in$189 ;
-  wire [7:0] \b_in$202 ;
-  reg [7:0] \b_in$22  = 8'h00;
-  reg [7:0] \b_in$35  = 8'h00;
-  reg [7:0] \b_in$48  = 8'h00;
-  wire [7:0] \b_in$61 ;
-  wire [7:0] \b_in$74 ;
+  wire [7:0] \b_in$104 ;
+  wire [7:0] \b_in$121 ;
+  wire [7:0] \b_in$139 ;
+  wire [7:0] \b_in$154 ;
+  wire [7:0] \b_in$171 ;
+  wire [7:0] \b_in$188 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$19 ;
+  wire [7:0] \b_in$206 ;
+  wire [7:0] \b_in$221 ;
+  wire [7:0] \b_in$238 ;
+  wire [7:0] \b_in$255 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$36 ;
+  (* init = 8'h00 *)
+  wire [7:0] \b_in$53 ;
+  wire [7:0] \b_in$72 ;
   wire [7:0] \b_in$87 ;
   wire [7:0] b_out;
-  wire [7:0] \b_out$101 ;
-  wire [7:0] \b_out$113 ;
-  wire [7:0] \b_out$126 ;
-  wire [7:0] \b_out$139 ;
-  wire [7:0] \b_out$152 ;
-  wire [7:0] \b_out$164 ;
-  wire [7:0] \b_out$177 ;
-  wire [7:0] \b_out$190 ;
-  wire [7:0] \b_out$203 ;
-  wire [7:0] \b_out$75 ;
-  wire [7:0] \b_out$88 ;
+  wire [7:0] \b_out$116 ;
+  wire [7:0] \b_out$133 ;
+  wire [7:0] \b_out$149 ;
+  wire [7:0] \b_out$166 ;
+  wire [7:0] \b_out$183 ;
+  wire [7:0] \b_out$200 ;
+  wire [7:0] \b_out$216 ;
+  wire [7:0] \b_out$233 ;
+  wire [7:0] \b_out$250 ;
+  wire [7:0] \b_out$267 ;
+  wire [7:0] \b_out$99 ;
   input clk;
   wire clk;
   output done;
   wire done;
-  wire \done$207 ;
+  wire \done$271 ;
   wire first;
   (* init = 1'h0 *)
   wire first1_d0;
@@ -19842,33 +20025,33 @@ module \nanokpu_kpu.gemm.array (rst, shift, b, unit_rst, a, valid_in, first_in, 
   wire first3_d2;
   input first_in;
   wire first_in;
-  reg \first_in$108  = 1'h0;
-  wire \first_in$119 ;
-  wire \first_in$132 ;
-  wire \first_in$145 ;
-  reg \first_in$159  = 1'h0;
-  wire \first_in$16 ;
-  wire \first_in$170 ;
-  wire \first_in$183 ;
-  wire \first_in$196 ;
-  wire \first_in$29 ;
+  wire \first_in$110 ;
+  wire \first_in$127 ;
+  reg \first_in$145  = 1'h0;
+  wire \first_in$160 ;
+  wire \first_in$177 ;
+  wire \first_in$194 ;
+  reg \first_in$212  = 1'h0;
+  wire \first_in$227 ;
+  wire \first_in$244 ;
+  wire \first_in$25 ;
+  wire \first_in$261 ;
   wire \first_in$42 ;
-  reg \first_in$57  = 1'h0;
-  wire \first_in$68 ;
-  wire \first_in$81 ;
-  wire \first_in$94 ;
+  wire \first_in$59 ;
+  reg \first_in$78  = 1'h0;
+  wire \first_in$93 ;
   wire first_out;
-  wire \first_out$120 ;
-  wire \first_out$133 ;
-  wire \first_out$146 ;
-  wire \first_out$171 ;
-  wire \first_out$184 ;
-  wire \first_out$197 ;
-  wire \first_out$30 ;
+  wire \first_out$111 ;
+  wire \first_out$128 ;
+  wire \first_out$161 ;
+  wire \first_out$178 ;
+  wire \first_out$195 ;
+  wire \first_out$228 ;
+  wire \first_out$245 ;
+  wire \first_out$262 ;
   wire \first_out$43 ;
-  wire \first_out$69 ;
-  wire \first_out$82 ;
-  wire \first_out$95 ;
+  wire \first_out$60 ;
+  wire \first_out$94 ;
   wire last;
   (* init = 1'h0 *)
   wire last1_d0;
@@ -19881,87 +20064,119 @@ module \nanokpu_kpu.gemm.array (rst, shift, b, unit_rst, a, valid_in, first_in, 
   wire last3_d2;
   input last_in;
   wire last_in;
-  reg \last_in$110  = 1'h0;
-  wire \last_in$121 ;
-  wire \last_in$134 ;
-  wire \last_in$147 ;
-  reg \last_in$161  = 1'h0;
-  wire \last_in$172 ;
-  wire \last_in$18 ;
-  wire \last_in$185 ;
-  wire \last_in$198 ;
-  wire \last_in$31 ;
+  wire \last_in$112 ;
+  wire \last_in$129 ;
+  reg \last_in$147  = 1'h0;
+  wire \last_in$162 ;
+  wire \last_in$179 ;
+  wire \last_in$196 ;
+  reg \last_in$214  = 1'h0;
+  wire \last_in$229 ;
+  wire \last_in$246 ;
+  wire \last_in$263 ;
+  wire \last_in$27 ;
   wire \last_in$44 ;
-  reg \last_in$59  = 1'h0;
-  wire \last_in$70 ;
-  wire \last_in$83 ;
-  wire \last_in$96 ;
+  wire \last_in$61 ;
+  reg \last_in$80  = 1'h0;
+  wire \last_in$95 ;
   wire last_out;
-  wire \last_out$122 ;
-  wire \last_out$135 ;
-  wire \last_out$148 ;
-  wire \last_out$173 ;
-  wire \last_out$186 ;
-  wire \last_out$199 ;
-  wire \last_out$32 ;
+  wire \last_out$113 ;
+  wire \last_out$130 ;
+  wire \last_out$163 ;
+  wire \last_out$180 ;
+  wire \last_out$197 ;
+  wire \last_out$230 ;
+  wire \last_out$247 ;
+  wire \last_out$264 ;
   wire \last_out$45 ;
-  wire \last_out$71 ;
-  wire \last_out$84 ;
-  wire \last_out$97 ;
+  wire \last_out$62 ;
+  wire \last_out$96 ;
   output [127:0] out;
   wire [127:0] out;
   wire [31:0] \out[0] ;
   wire [31:0] \out[1] ;
   wire [31:0] \out[2] ;
   wire [31:0] \out[3] ;
+  wire [15:0] p__0;
+  wire [15:0] p__1;
+  wire [15:0] p__10;
+  wire [15:0] p__11;
+  wire [15:0] p__12;
+  wire [15:0] p__13;
+  wire [15:0] p__14;
+  wire [15:0] p__15;
+  wire [15:0] p__2;
+  wire [15:0] p__3;
+  wire [15:0] p__4;
+  wire [15:0] p__5;
+  wire [15:0] p__6;
+  wire [15:0] p__7;
+  wire [15:0] p__8;
+  wire [15:0] p__9;
+  wire [15:0] prod;
+  wire [15:0] \prod$105 ;
+  wire [15:0] \prod$122 ;
+  wire [15:0] \prod$140 ;
+  wire [15:0] \prod$155 ;
+  wire [15:0] \prod$172 ;
+  wire [15:0] \prod$189 ;
+  wire [15:0] \prod$20 ;
+  wire [15:0] \prod$207 ;
+  wire [15:0] \prod$222 ;
+  wire [15:0] \prod$239 ;
+  wire [15:0] \prod$256 ;
+  wire [15:0] \prod$37 ;
+  wire [15:0] \prod$54 ;
+  wire [15:0] \prod$73 ;
+  wire [15:0] \prod$88 ;
   wire [31:0] res;
-  wire [31:0] \res$103 ;
-  wire [31:0] \res$124 ;
-  wire [31:0] \res$137 ;
-  wire [31:0] \res$150 ;
-  wire [31:0] \res$154 ;
-  wire [31:0] \res$175 ;
-  wire [31:0] \res$188 ;
-  wire [31:0] \res$201 ;
-  wire [31:0] \res$205 ;
-  wire [31:0] \res$34 ;
+  wire [31:0] \res$115 ;
+  wire [31:0] \res$132 ;
+  wire [31:0] \res$135 ;
+  wire [31:0] \res$165 ;
+  wire [31:0] \res$182 ;
+  wire [31:0] \res$199 ;
+  wire [31:0] \res$202 ;
+  wire [31:0] \res$232 ;
+  wire [31:0] \res$249 ;
+  wire [31:0] \res$266 ;
+  wire [31:0] \res$269 ;
   wire [31:0] \res$47 ;
-  wire [31:0] \res$52 ;
-  wire [31:0] \res$73 ;
-  wire [31:0] \res$86 ;
-  wire [31:0] \res$99 ;
+  wire [31:0] \res$64 ;
+  wire [31:0] \res$68 ;
+  wire [31:0] \res$98 ;
   wire [31:0] res_in;
-  wire [31:0] \res_in$123 ;
-  wire [31:0] \res_in$136 ;
-  wire [31:0] \res_in$149 ;
-  wire [31:0] \res_in$174 ;
-  wire [31:0] \res_in$187 ;
-  wire [31:0] \res_in$200 ;
-  wire [31:0] \res_in$33 ;
+  wire [31:0] \res_in$114 ;
+  wire [31:0] \res_in$131 ;
+  wire [31:0] \res_in$164 ;
+  wire [31:0] \res_in$181 ;
+  wire [31:0] \res_in$198 ;
+  wire [31:0] \res_in$231 ;
+  wire [31:0] \res_in$248 ;
+  wire [31:0] \res_in$265 ;
   wire [31:0] \res_in$46 ;
-  wire [31:0] \res_in$72 ;
-  wire [31:0] \res_in$85 ;
-  wire [31:0] \res_in$98 ;
+  wire [31:0] \res_in$63 ;
+  wire [31:0] \res_in$97 ;
   input rst;
   wire rst;
   input shift;
   wire shift;
-  wire \shift$102 ;
-  wire \shift$11 ;
-  wire \shift$114 ;
-  wire \shift$127 ;
-  wire \shift$140 ;
-  wire \shift$153 ;
-  wire \shift$165 ;
-  wire \shift$178 ;
-  wire \shift$191 ;
-  wire \shift$204 ;
-  wire \shift$24 ;
-  wire \shift$37 ;
-  wire \shift$50 ;
-  wire \shift$63 ;
-  wire \shift$76 ;
-  wire \shift$89 ;
+  wire \shift$100 ;
+  wire \shift$117 ;
+  wire \shift$134 ;
+  wire \shift$15 ;
+  wire \shift$150 ;
+  wire \shift$167 ;
+  wire \shift$184 ;
+  wire \shift$201 ;
+  wire \shift$217 ;
+  wire \shift$234 ;
+  wire \shift$251 ;
+  wire \shift$268 ;
+  wire \shift$32 ;
+  wire \shift$49 ;
+  wire \shift$66 ;
+  wire \shift$83 ;
   input unit_rst;
   wire unit_rst;
   wire valid;
@@ -19976,357 +20191,426 @@ module \nanokpu_kpu.gemm.array (rst, shift, b, unit_rst, a, valid_in, first_in, 
   wire valid3_d2;
   input valid_in;
   wire valid_in;
-  reg \valid_in$106  = 1'h0;
-  wire \valid_in$117 ;
-  wire \valid_in$130 ;
-  wire \valid_in$14 ;
-  wire \valid_in$143 ;
-  reg \valid_in$157  = 1'h0;
-  wire \valid_in$168 ;
-  wire \valid_in$181 ;
-  wire \valid_in$194 ;
-  wire \valid_in$27 ;
+  wire \valid_in$108 ;
+  wire \valid_in$125 ;
+  reg \valid_in$143  = 1'h0;
+  wire \valid_in$158 ;
+  wire \valid_in$175 ;
+  wire \valid_in$192 ;
+  reg \valid_in$210  = 1'h0;
+  wire \valid_in$225 ;
+  wire \valid_in$23 ;
+  wire \valid_in$242 ;
+  wire \valid_in$259 ;
   wire \valid_in$40 ;
-  reg \valid_in$55  = 1'h0;
-  wire \valid_in$66 ;
-  wire \valid_in$79 ;
-  wire \valid_in$92 ;
+  wire \valid_in$57 ;
+  reg \valid_in$76  = 1'h0;
+  wire \valid_in$91 ;
   wire valid_out;
-  wire \valid_out$118 ;
-  wire \valid_out$131 ;
-  wire \valid_out$144 ;
-  wire \valid_out$169 ;
-  wire \valid_out$182 ;
-  wire \valid_out$195 ;
-  wire \valid_out$28 ;
+  wire \valid_out$109 ;
+  wire \valid_out$126 ;
+  wire \valid_out$159 ;
+  wire \valid_out$176 ;
+  wire \valid_out$193 ;
+  wire \valid_out$226 ;
+  wire \valid_out$243 ;
+  wire \valid_out$260 ;
   wire \valid_out$41 ;
-  wire \valid_out$67 ;
-  wire \valid_out$80 ;
-  wire \valid_out$93 ;
+  wire \valid_out$58 ;
+  wire \valid_out$92 ;
   always @(posedge clk)
-    \b_in$22  <= \$1 ;
+    b__1 <= \$1 ;
   always @(posedge clk)
     b2_d0 <= \$2 ;
   always @(posedge clk)
-    \b_in$35  <= \$3 ;
+    b__2 <= \$3 ;
   always @(posedge clk)
     b3_d0 <= \$4 ;
   always @(posedge clk)
     b3_d1 <= \$5 ;
   always @(posedge clk)
-    \b_in$48  <= \$6 ;
+    b__3 <= \$6 ;
   always @(posedge clk)
-    \a_in$53  <= \$7 ;
+    a__4 <= \$7 ;
   always @(posedge clk)
-    \valid_in$55  <= \$8 ;
+    \valid_in$76  <= \$8 ;
   always @(posedge clk)
-    \first_in$57  <= \$9 ;
+    \first_in$78  <= \$9 ;
   always @(posedge clk)
-    \last_in$59  <= \$10 ;
+    \last_in$80  <= \$10 ;
   always @(posedge clk)
     a2_d0 <= \$11 ;
   always @(posedge clk)
-    \a_in$104  <= \$12 ;
+    a__8 <= \$12 ;
   always @(posedge clk)
     valid2_d0 <= \$13 ;
   always @(posedge clk)
-    \valid_in$106  <= \$14 ;
+    \valid_in$143  <= \$14 ;
   always @(posedge clk)
     first2_d0 <= \$15 ;
   always @(posedge clk)
-    \first_in$108  <= \$16 ;
+    \first_in$145  <= \$16 ;
   always @(posedge clk)
     last2_d0 <= \$17 ;
   always @(posedge clk)
-    \last_in$110  <= \$18 ;
+    \last_in$147  <= \$18 ;
   always @(posedge clk)
     a3_d0 <= \$19 ;
   always @(posedge clk)
     a3_d1 <= \$20 ;
   always @(posedge clk)
-    \a_in$155  <= \$21 ;
+    a__12 <= \$21 ;
   always @(posedge clk)
     valid3_d0 <= \$22 ;
   always @(posedge clk)
     valid3_d1 <= \$23 ;
   always @(posedge clk)
-    \valid_in$157  <= \$24 ;
+    \valid_in$210  <= \$24 ;
   always @(posedge clk)
     first3_d0 <= \$25 ;
   always @(posedge clk)
     first3_d1 <= \$26 ;
   always @(posedge clk)
-    \first_in$159  <= \$27 ;
+    \first_in$212  <= \$27 ;
   always @(posedge clk)
     last3_d0 <= \$28 ;
   always @(posedge clk)
     last3_d1 <= \$29 ;
   always @(posedge clk)
-    \last_in$161  <= \$30 ;
+    \last_in$214  <= \$30 ;
+  \nanokpu_kpu.gemm.array.mul  mul (
+    .a__0(a[7:0]),
+    .a__1(a__1),
+    .a__10(a__10),
+    .a__11(a__11),
+    .a__12(a__12),
+    .a__13(a__13),
+    .a__14(a__14),
+    .a__15(a__15),
+    .a__2(a__2),
+    .a__3(a__3),
+    .a__4(a__4),
+    .a__5(a__5),
+    .a__6(a__6),
+    .a__7(a__7),
+    .a__8(a__8),
+    .a__9(a__9),
+    .b__0(b[7:0]),
+    .b__1(b__1),
+    .b__10(b__10),
+    .b__11(b__11),
+    .b__12(b__12),
+    .b__13(b__13),
+    .b__14(b__14),
+    .b__15(b__15),
+    .b__2(b__2),
+    .b__3(b__3),
+    .b__4(b__4),
+    .b__5(b__5),
+    .b__6(b__6),
+    .b__7(b__7),
+    .b__8(b__8),
+    .b__9(b__9),
+    .clk(clk),
+    .p__0(prod),
+    .p__1(\prod$20 ),
+    .p__10(\prod$172 ),
+    .p__11(\prod$189 ),
+    .p__12(\prod$207 ),
+    .p__13(\prod$222 ),
+    .p__14(\prod$239 ),
+    .p__15(\prod$256 ),
+    .p__2(\prod$37 ),
+    .p__3(\prod$54 ),
+    .p__4(\prod$73 ),
+    .p__5(\prod$88 ),
+    .p__6(\prod$105 ),
+    .p__7(\prod$122 ),
+    .p__8(\prod$140 ),
+    .p__9(\prod$155 ),
+    .rst(rst),
+    .unit_rst(unit_rst)
+  );
   \nanokpu_kpu.gemm.array.pe_0_0  pe_0_0 (
     .a_in(a[7:0]),
-    .a_out(\a_in$12 ),
+    .a_out(a__1),
     .b_in(b[7:0]),
-    .b_out(\b_in$61 ),
+    .b_out(b__4),
     .clk(clk),
     .first_in(first_in),
-    .first_out(\first_in$16 ),
+    .first_out(\first_in$25 ),
     .last_in(last_in),
-    .last_out(\last_in$18 ),
-    .res(\res$52 ),
+    .last_out(\last_in$27 ),
+    .prod(prod),
+    .res(\res$68 ),
     .res_in(res_in),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
     .valid_in(valid_in),
-    .valid_out(\valid_in$14 )
+    .valid_out(\valid_in$23 )
   );
   \nanokpu_kpu.gemm.array.pe_0_1  pe_0_1 (
-    .a_in(\a_in$12 ),
-    .a_out(\a_in$25 ),
-    .b_in(\b_in$22 ),
-    .b_out(\b_in$74 ),
+    .a_in(a__1),
+    .a_out(a__2),
+    .b_in(b__1),
+    .b_out(b__5),
     .clk(clk),
-    .first_in(\first_in$16 ),
-    .first_out(\first_in$29 ),
-    .last_in(\last_in$18 ),
-    .last_out(\last_in$31 ),
-    .res(res_in),
-    .res_in(\res_in$33 ),
-    .rst(rst),
-    .shift(shift),
-    .unit_rst(unit_rst),
-    .valid_in(\valid_in$14 ),
-    .valid_out(\valid_in$27 )
-  );
-  \nanokpu_kpu.gemm.array.pe_0_2  pe_0_2 (
-    .a_in(\a_in$25 ),
-    .a_out(\a_in$38 ),
-    .b_in(\b_in$35 ),
-    .b_out(\b_in$87 ),
-    .clk(clk),
-    .first_in(\first_in$29 ),
+    .first_in(\first_in$25 ),
     .first_out(\first_in$42 ),
-    .last_in(\last_in$31 ),
+    .last_in(\last_in$27 ),
     .last_out(\last_in$44 ),
-    .res(\res_in$33 ),
+    .prod(\prod$20 ),
+    .res(res_in),
     .res_in(\res_in$46 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$27 ),
+    .valid_in(\valid_in$23 ),
     .valid_out(\valid_in$40 )
   );
-  \nanokpu_kpu.gemm.array.pe_0_3  pe_0_3 (
-    .a_in(\a_in$38 ),
-    .b_in(\b_in$48 ),
-    .b_out(\b_in$100 ),
+  \nanokpu_kpu.gemm.array.pe_0_2  pe_0_2 (
+    .a_in(a__2),
+    .a_out(a__3),
+    .b_in(b__2),
+    .b_out(b__6),
     .clk(clk),
     .first_in(\first_in$42 ),
+    .first_out(\first_in$59 ),
     .last_in(\last_in$44 ),
+    .last_out(\last_in$61 ),
+    .prod(\prod$37 ),
     .res(\res_in$46 ),
+    .res_in(\res_in$63 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$40 )
+    .valid_in(\valid_in$40 ),
+    .valid_out(\valid_in$57 )
+  );
+  \nanokpu_kpu.gemm.array.pe_0_3  pe_0_3 (
+    .a_in(a__3),
+    .b_in(b__3),
+    .b_out(b__7),
+    .clk(clk),
+    .first_in(\first_in$59 ),
+    .last_in(\last_in$61 ),
+    .prod(\prod$54 ),
+    .res(\res_in$63 ),
+    .rst(rst),
+    .shift(shift),
+    .unit_rst(unit_rst),
+    .valid_in(\valid_in$57 )
   );
   \nanokpu_kpu.gemm.array.pe_1_0  pe_1_0 (
-    .a_in(\a_in$53 ),
-    .a_out(\a_in$64 ),
-    .b_in(\b_in$61 ),
-    .b_out(\b_in$112 ),
+    .a_in(a__4),
+    .a_out(a__5),
+    .b_in(b__4),
+    .b_out(b__8),
     .clk(clk),
-    .first_in(\first_in$57 ),
-    .first_out(\first_in$68 ),
-    .last_in(\last_in$59 ),
-    .last_out(\last_in$70 ),
-    .res(\res$103 ),
-    .res_in(\res_in$72 ),
+    .first_in(\first_in$78 ),
+    .first_out(\first_in$93 ),
+    .last_in(\last_in$80 ),
+    .last_out(\last_in$95 ),
+    .prod(\prod$73 ),
+    .res(\res$135 ),
+    .res_in(\res_in$97 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$55 ),
-    .valid_out(\valid_in$66 )
+    .valid_in(\valid_in$76 ),
+    .valid_out(\valid_in$91 )
   );
   \nanokpu_kpu.gemm.array.pe_1_1  pe_1_1 (
-    .a_in(\a_in$64 ),
-    .a_out(\a_in$77 ),
-    .b_in(\b_in$74 ),
-    .b_out(\b_in$125 ),
+    .a_in(a__5),
+    .a_out(a__6),
+    .b_in(b__5),
+    .b_out(b__9),
     .clk(clk),
-    .first_in(\first_in$68 ),
-    .first_out(\first_in$81 ),
-    .last_in(\last_in$70 ),
-    .last_out(\last_in$83 ),
-    .res(\res_in$72 ),
-    .res_in(\res_in$85 ),
+    .first_in(\first_in$93 ),
+    .first_out(\first_in$110 ),
+    .last_in(\last_in$95 ),
+    .last_out(\last_in$112 ),
+    .prod(\prod$88 ),
+    .res(\res_in$97 ),
+    .res_in(\res_in$114 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$66 ),
-    .valid_out(\valid_in$79 )
+    .valid_in(\valid_in$91 ),
+    .valid_out(\valid_in$108 )
   );
   \nanokpu_kpu.gemm.array.pe_1_2  pe_1_2 (
-    .a_in(\a_in$77 ),
-    .a_out(\a_in$90 ),
-    .b_in(\b_in$87 ),
-    .b_out(\b_in$138 ),
+    .a_in(a__6),
+    .a_out(a__7),
+    .b_in(b__6),
+    .b_out(b__10),
     .clk(clk),
-    .first_in(\first_in$81 ),
-    .first_out(\first_in$94 ),
-    .last_in(\last_in$83 ),
-    .last_out(\last_in$96 ),
-    .res(\res_in$85 ),
-    .res_in(\res_in$98 ),
+    .first_in(\first_in$110 ),
+    .first_out(\first_in$127 ),
+    .last_in(\last_in$112 ),
+    .last_out(\last_in$129 ),
+    .prod(\prod$105 ),
+    .res(\res_in$114 ),
+    .res_in(\res_in$131 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$79 ),
-    .valid_out(\valid_in$92 )
+    .valid_in(\valid_in$108 ),
+    .valid_out(\valid_in$125 )
   );
   \nanokpu_kpu.gemm.array.pe_1_3  pe_1_3 (
-    .a_in(\a_in$90 ),
-    .b_in(\b_in$100 ),
-    .b_out(\b_in$151 ),
+    .a_in(a__7),
+    .b_in(b__7),
+    .b_out(b__11),
     .clk(clk),
-    .first_in(\first_in$94 ),
-    .last_in(\last_in$96 ),
-    .res(\res_in$98 ),
+    .first_in(\first_in$127 ),
+    .last_in(\last_in$129 ),
+    .prod(\prod$122 ),
+    .res(\res_in$131 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$92 )
+    .valid_in(\valid_in$125 )
   );
   \nanokpu_kpu.gemm.array.pe_2_0  pe_2_0 (
-    .a_in(\a_in$104 ),
-    .a_out(\a_in$115 ),
-    .b_in(\b_in$112 ),
-    .b_out(\b_in$163 ),
-    .clk(clk),
-    .first_in(\first_in$108 ),
-    .first_out(\first_in$119 ),
-    .last_in(\last_in$110 ),
-    .last_out(\last_in$121 ),
-    .res(\res$154 ),
-    .res_in(\res_in$123 ),
-    .rst(rst),
-    .shift(shift),
-    .unit_rst(unit_rst),
-    .valid_in(\valid_in$106 ),
-    .valid_out(\valid_in$117 )
-  );
-  \nanokpu_kpu.gemm.array.pe_2_1  pe_2_1 (
-    .a_in(\a_in$115 ),
-    .a_out(\a_in$128 ),
-    .b_in(\b_in$125 ),
-    .b_out(\b_in$176 ),
-    .clk(clk),
-    .first_in(\first_in$119 ),
-    .first_out(\first_in$132 ),
-    .last_in(\last_in$121 ),
-    .last_out(\last_in$134 ),
-    .res(\res_in$123 ),
-    .res_in(\res_in$136 ),
-    .rst(rst),
-    .shift(shift),
-    .unit_rst(unit_rst),
-    .valid_in(\valid_in$117 ),
-    .valid_out(\valid_in$130 )
-  );
-  \nanokpu_kpu.gemm.array.pe_2_2  pe_2_2 (
-    .a_in(\a_in$128 ),
-    .a_out(\a_in$141 ),
-    .b_in(\b_in$138 ),
-    .b_out(\b_in$189 ),
-    .clk(clk),
-    .first_in(\first_in$132 ),
-    .first_out(\first_in$145 ),
-    .last_in(\last_in$134 ),
-    .last_out(\last_in$147 ),
-    .res(\res_in$136 ),
-    .res_in(\res_in$149 ),
-    .rst(rst),
-    .shift(shift),
-    .unit_rst(unit_rst),
-    .valid_in(\valid_in$130 ),
-    .valid_out(\valid_in$143 )
-  );
-  \nanokpu_kpu.gemm.array.pe_2_3  pe_2_3 (
-    .a_in(\a_in$141 ),
-    .b_in(\b_in$151 ),
-    .b_out(\b_in$202 ),
+    .a_in(a__8),
+    .a_out(a__9),
+    .b_in(b__8),
+    .b_out(b__12),
     .clk(clk),
     .first_in(\first_in$145 ),
+    .first_out(\first_in$160 ),
     .last_in(\last_in$147 ),
-    .res(\res_in$149 ),
+    .last_out(\last_in$162 ),
+    .prod(\prod$140 ),
+    .res(\res$202 ),
+    .res_in(\res_in$164 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$143 )
+    .valid_in(\valid_in$143 ),
+    .valid_out(\valid_in$158 )
+  );
+  \nanokpu_kpu.gemm.array.pe_2_1  pe_2_1 (
+    .a_in(a__9),
+    .a_out(a__10),
+    .b_in(b__9),
+    .b_out(b__13),
+    .clk(clk),
+    .first_in(\first_in$160 ),
+    .first_out(\first_in$177 ),
+    .last_in(\last_in$162 ),
+    .last_out(\last_in$179 ),
+    .prod(\prod$155 ),
+    .res(\res_in$164 ),
+    .res_in(\res_in$181 ),
+    .rst(rst),
+    .shift(shift),
+    .unit_rst(unit_rst),
+    .valid_in(\valid_in$158 ),
+    .valid_out(\valid_in$175 )
+  );
+  \nanokpu_kpu.gemm.array.pe_2_2  pe_2_2 (
+    .a_in(a__10),
+    .a_out(a__11),
+    .b_in(b__10),
+    .b_out(b__14),
+    .clk(clk),
+    .first_in(\first_in$177 ),
+    .first_out(\first_in$194 ),
+    .last_in(\last_in$179 ),
+    .last_out(\last_in$196 ),
+    .prod(\prod$172 ),
+    .res(\res_in$181 ),
+    .res_in(\res_in$198 ),
+    .rst(rst),
+    .shift(shift),
+    .unit_rst(unit_rst),
+    .valid_in(\valid_in$175 ),
+    .valid_out(\valid_in$192 )
+  );
+  \nanokpu_kpu.gemm.array.pe_2_3  pe_2_3 (
+    .a_in(a__11),
+    .b_in(b__11),
+    .b_out(b__15),
+    .clk(clk),
+    .first_in(\first_in$194 ),
+    .last_in(\last_in$196 ),
+    .prod(\prod$189 ),
+    .res(\res_in$198 ),
+    .rst(rst),
+    .shift(shift),
+    .unit_rst(unit_rst),
+    .valid_in(\valid_in$192 )
   );
   \nanokpu_kpu.gemm.array.pe_3_0  pe_3_0 (
-    .a_in(\a_in$155 ),
-    .a_out(\a_in$166 ),
-    .b_in(\b_in$163 ),
+    .a_in(a__12),
+    .a_out(a__13),
+    .b_in(b__12),
     .clk(clk),
-    .first_in(\first_in$159 ),
-    .first_out(\first_in$170 ),
-    .last_in(\last_in$161 ),
-    .last_out(\last_in$172 ),
-    .res(\res$205 ),
-    .res_in(\res_in$174 ),
+    .first_in(\first_in$212 ),
+    .first_out(\first_in$227 ),
+    .last_in(\last_in$214 ),
+    .last_out(\last_in$229 ),
+    .prod(\prod$207 ),
+    .res(\res$269 ),
+    .res_in(\res_in$231 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$157 ),
-    .valid_out(\valid_in$168 )
+    .valid_in(\valid_in$210 ),
+    .valid_out(\valid_in$225 )
   );
   \nanokpu_kpu.gemm.array.pe_3_1  pe_3_1 (
-    .a_in(\a_in$166 ),
-    .a_out(\a_in$179 ),
-    .b_in(\b_in$176 ),
+    .a_in(a__13),
+    .a_out(a__14),
+    .b_in(b__13),
     .clk(clk),
-    .first_in(\first_in$170 ),
-    .first_out(\first_in$183 ),
-    .last_in(\last_in$172 ),
-    .last_out(\last_in$185 ),
-    .res(\res_in$174 ),
-    .res_in(\res_in$187 ),
+    .first_in(\first_in$227 ),
+    .first_out(\first_in$244 ),
+    .last_in(\last_in$229 ),
+    .last_out(\last_in$246 ),
+    .prod(\prod$222 ),
+    .res(\res_in$231 ),
+    .res_in(\res_in$248 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$168 ),
-    .valid_out(\valid_in$181 )
+    .valid_in(\valid_in$225 ),
+    .valid_out(\valid_in$242 )
   );
   \nanokpu_kpu.gemm.array.pe_3_2  pe_3_2 (
-    .a_in(\a_in$179 ),
-    .a_out(\a_in$192 ),
-    .b_in(\b_in$189 ),
+    .a_in(a__14),
+    .a_out(a__15),
+    .b_in(b__14),
     .clk(clk),
-    .first_in(\first_in$183 ),
-    .first_out(\first_in$196 ),
-    .last_in(\last_in$185 ),
-    .last_out(\last_in$198 ),
-    .res(\res_in$187 ),
-    .res_in(\res_in$200 ),
+    .first_in(\first_in$244 ),
+    .first_out(\first_in$261 ),
+    .last_in(\last_in$246 ),
+    .last_out(\last_in$263 ),
+    .prod(\prod$239 ),
+    .res(\res_in$248 ),
+    .res_in(\res_in$265 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$181 ),
-    .valid_out(\valid_in$194 )
+    .valid_in(\valid_in$242 ),
+    .valid_out(\valid_in$259 )
   );
   \nanokpu_kpu.gemm.array.pe_3_3  pe_3_3 (
-    .a_in(\a_in$192 ),
-    .b_in(\b_in$202 ),
+    .a_in(a__15),
+    .b_in(b__15),
     .clk(clk),
     .done(done),
-    .first_in(\first_in$196 ),
-    .last_in(\last_in$198 ),
-    .res(\res_in$200 ),
+    .first_in(\first_in$261 ),
+    .last_in(\last_in$263 ),
+    .prod(\prod$256 ),
+    .res(\res_in$265 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$194 )
+    .valid_in(\valid_in$259 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
@@ -20628,115 +20912,163 @@ module \nanokpu_kpu.gemm.array (rst, shift, b, unit_rst, a, valid_in, first_in, 
       \$30  = 1'h0;
     end
   end
+  assign a__0 = a[7:0];
   assign a_in = a[7:0];
+  assign b__0 = b[7:0];
+  assign b_in = b[7:0];
+  assign p__0 = prod;
   assign valid = valid_in;
   assign first = first_in;
   assign last = last_in;
-  assign b_in = b[7:0];
-  assign \shift$11  = shift;
-  assign a_out = \a_in$12 ;
-  assign valid_out = \valid_in$14 ;
-  assign first_out = \first_in$16 ;
-  assign last_out = \last_in$18 ;
+  assign \shift$15  = shift;
+  assign \a_in$17  = a__1;
+  assign \b_in$19  = b__1;
+  assign p__1 = \prod$20 ;
+  assign a_out = a__1;
+  assign valid_out = \valid_in$23 ;
+  assign first_out = \first_in$25 ;
+  assign last_out = \last_in$27 ;
   assign res = res_in;
-  assign b1_d0 = \b_in$22 ;
-  assign \shift$24  = shift;
-  assign \a_out$26  = \a_in$25 ;
-  assign \valid_out$28  = \valid_in$27 ;
-  assign \first_out$30  = \first_in$29 ;
-  assign \last_out$32  = \last_in$31 ;
-  assign \res$34  = \res_in$33 ;
-  assign b2_d1 = \b_in$35 ;
-  assign \shift$37  = shift;
-  assign \a_out$39  = \a_in$38 ;
+  assign b1_d0 = b__1;
+  assign \shift$32  = shift;
+  assign \a_in$34  = a__2;
+  assign \b_in$36  = b__2;
+  assign p__2 = \prod$37 ;
+  assign \a_out$39  = a__2;
   assign \valid_out$41  = \valid_in$40 ;
   assign \first_out$43  = \first_in$42 ;
   assign \last_out$45  = \last_in$44 ;
   assign \res$47  = \res_in$46 ;
-  assign b3_d2 = \b_in$48 ;
-  assign \shift$50  = shift;
-  assign a1_d0 = \a_in$53 ;
-  assign valid1_d0 = \valid_in$55 ;
-  assign first1_d0 = \first_in$57 ;
-  assign last1_d0 = \last_in$59 ;
-  assign b_out = \b_in$61 ;
-  assign \shift$63  = shift;
-  assign \a_out$65  = \a_in$64 ;
-  assign \valid_out$67  = \valid_in$66 ;
-  assign \first_out$69  = \first_in$68 ;
-  assign \last_out$71  = \last_in$70 ;
-  assign \res$73  = \res_in$72 ;
-  assign \b_out$75  = \b_in$74 ;
-  assign \shift$76  = shift;
-  assign \a_out$78  = \a_in$77 ;
-  assign \valid_out$80  = \valid_in$79 ;
-  assign \first_out$82  = \first_in$81 ;
-  assign \last_out$84  = \last_in$83 ;
-  assign \res$86  = \res_in$85 ;
-  assign \b_out$88  = \b_in$87 ;
-  assign \shift$89  = shift;
-  assign \a_out$91  = \a_in$90 ;
-  assign \valid_out$93  = \valid_in$92 ;
-  assign \first_out$95  = \first_in$94 ;
-  assign \last_out$97  = \last_in$96 ;
-  assign \res$99  = \res_in$98 ;
-  assign \b_out$101  = \b_in$100 ;
-  assign \shift$102  = shift;
-  assign a2_d1 = \a_in$104 ;
-  assign valid2_d1 = \valid_in$106 ;
-  assign first2_d1 = \first_in$108 ;
-  assign last2_d1 = \last_in$110 ;
-  assign \b_out$113  = \b_in$112 ;
-  assign \shift$114  = shift;
-  assign \a_out$116  = \a_in$115 ;
-  assign \valid_out$118  = \valid_in$117 ;
-  assign \first_out$120  = \first_in$119 ;
-  assign \last_out$122  = \last_in$121 ;
-  assign \res$124  = \res_in$123 ;
-  assign \b_out$126  = \b_in$125 ;
-  assign \shift$127  = shift;
-  assign \a_out$129  = \a_in$128 ;
-  assign \valid_out$131  = \valid_in$130 ;
-  assign \first_out$133  = \first_in$132 ;
-  assign \last_out$135  = \last_in$134 ;
-  assign \res$137  = \res_in$136 ;
-  assign \b_out$139  = \b_in$138 ;
-  assign \shift$140  = shift;
-  assign \a_out$142  = \a_in$141 ;
-  assign \valid_out$144  = \valid_in$143 ;
-  assign \first_out$146  = \first_in$145 ;
-  assign \last_out$148  = \last_in$147 ;
-  assign \res$150  = \res_in$149 ;
-  assign \b_out$152  = \b_in$151 ;
-  assign \shift$153  = shift;
-  assign a3_d2 = \a_in$155 ;
-  assign valid3_d2 = \valid_in$157 ;
-  assign first3_d2 = \first_in$159 ;
-  assign last3_d2 = \last_in$161 ;
-  assign \b_out$164  = \b_in$163 ;
-  assign \shift$165  = shift;
-  assign \a_out$167  = \a_in$166 ;
-  assign \valid_out$169  = \valid_in$168 ;
-  assign \first_out$171  = \first_in$170 ;
-  assign \last_out$173  = \last_in$172 ;
-  assign \res$175  = \res_in$174 ;
-  assign \b_out$177  = \b_in$176 ;
-  assign \shift$178  = shift;
-  assign \a_out$180  = \a_in$179 ;
-  assign \valid_out$182  = \valid_in$181 ;
-  assign \first_out$184  = \first_in$183 ;
-  assign \last_out$186  = \last_in$185 ;
-  assign \res$188  = \res_in$187 ;
-  assign \b_out$190  = \b_in$189 ;
-  assign \shift$191  = shift;
-  assign \a_out$193  = \a_in$192 ;
-  assign \valid_out$195  = \valid_in$194 ;
-  assign \first_out$197  = \first_in$196 ;
-  assign \last_out$199  = \last_in$198 ;
-  assign \res$201  = \res_in$200 ;
-  assign \b_out$203  = \b_in$202 ;
-  assign \shift$204  = shift;
-  assign \done$207  = done;
+  assign b2_d1 = b__2;
+  assign \shift$49  = shift;
+  assign \a_in$51  = a__3;
+  assign \b_in$53  = b__3;
+  assign p__3 = \prod$54 ;
+  assign \a_out$56  = a__3;
+  assign \valid_out$58  = \valid_in$57 ;
+  assign \first_out$60  = \first_in$59 ;
+  assign \last_out$62  = \last_in$61 ;
+  assign \res$64  = \res_in$63 ;
+  assign b3_d2 = b__3;
+  assign \shift$66  = shift;
+  assign \a_in$70  = a__4;
+  assign \b_in$72  = b__4;
+  assign p__4 = \prod$73 ;
+  assign a1_d0 = a__4;
+  assign valid1_d0 = \valid_in$76 ;
+  assign first1_d0 = \first_in$78 ;
+  assign last1_d0 = \last_in$80 ;
+  assign b_out = b__4;
+  assign \shift$83  = shift;
+  assign \a_in$85  = a__5;
+  assign \b_in$87  = b__5;
+  assign p__5 = \prod$88 ;
+  assign \a_out$90  = a__5;
+  assign \valid_out$92  = \valid_in$91 ;
+  assign \first_out$94  = \first_in$93 ;
+  assign \last_out$96  = \last_in$95 ;
+  assign \res$98  = \res_in$97 ;
+  assign \b_out$99  = b__5;
+  assign \shift$100  = shift;
+  assign \a_in$102  = a__6;
+  assign \b_in$104  = b__6;
+  assign p__6 = \prod$105 ;
+  assign \a_out$107  = a__6;
+  assign \valid_out$109  = \valid_in$108 ;
+  assign \first_out$111  = \first_in$110 ;
+  assign \last_out$113  = \last_in$112 ;
+  assign \res$115  = \res_in$114 ;
+  assign \b_out$116  = b__6;
+  assign \shift$117  = shift;
+  assign \a_in$119  = a__7;
+  assign \b_in$121  = b__7;
+  assign p__7 = \prod$122 ;
+  assign \a_out$124  = a__7;
+  assign \valid_out$126  = \valid_in$125 ;
+  assign \first_out$128  = \first_in$127 ;
+  assign \last_out$130  = \last_in$129 ;
+  assign \res$132  = \res_in$131 ;
+  assign \b_out$133  = b__7;
+  assign \shift$134  = shift;
+  assign \a_in$137  = a__8;
+  assign \b_in$139  = b__8;
+  assign p__8 = \prod$140 ;
+  assign a2_d1 = a__8;
+  assign valid2_d1 = \valid_in$143 ;
+  assign first2_d1 = \first_in$145 ;
+  assign last2_d1 = \last_in$147 ;
+  assign \b_out$149  = b__8;
+  assign \shift$150  = shift;
+  assign \a_in$152  = a__9;
+  assign \b_in$154  = b__9;
+  assign p__9 = \prod$155 ;
+  assign \a_out$157  = a__9;
+  assign \valid_out$159  = \valid_in$158 ;
+  assign \first_out$161  = \first_in$160 ;
+  assign \last_out$163  = \last_in$162 ;
+  assign \res$165  = \res_in$164 ;
+  assign \b_out$166  = b__9;
+  assign \shift$167  = shift;
+  assign \a_in$169  = a__10;
+  assign \b_in$171  = b__10;
+  assign p__10 = \prod$172 ;
+  assign \a_out$174  = a__10;
+  assign \valid_out$176  = \valid_in$175 ;
+  assign \first_out$178  = \first_in$177 ;
+  assign \last_out$180  = \last_in$179 ;
+  assign \res$182  = \res_in$181 ;
+  assign \b_out$183  = b__10;
+  assign \shift$184  = shift;
+  assign \a_in$186  = a__11;
+  assign \b_in$188  = b__11;
+  assign p__11 = \prod$189 ;
+  assign \a_out$191  = a__11;
+  assign \valid_out$193  = \valid_in$192 ;
+  assign \first_out$195  = \first_in$194 ;
+  assign \last_out$197  = \last_in$196 ;
+  assign \res$199  = \res_in$198 ;
+  assign \b_out$200  = b__11;
+  assign \shift$201  = shift;
+  assign \a_in$204  = a__12;
+  assign \b_in$206  = b__12;
+  assign p__12 = \prod$207 ;
+  assign a3_d2 = a__12;
+  assign valid3_d2 = \valid_in$210 ;
+  assign first3_d2 = \first_in$212 ;
+  assign last3_d2 = \last_in$214 ;
+  assign \b_out$216  = b__12;
+  assign \shift$217  = shift;
+  assign \a_in$219  = a__13;
+  assign \b_in$221  = b__13;
+  assign p__13 = \prod$222 ;
+  assign \a_out$224  = a__13;
+  assign \valid_out$226  = \valid_in$225 ;
+  assign \first_out$228  = \first_in$227 ;
+  assign \last_out$230  = \last_in$229 ;
+  assign \res$232  = \res_in$231 ;
+  assign \b_out$233  = b__13;
+  assign \shift$234  = shift;
+  assign \a_in$236  = a__14;
+  assign \b_in$238  = b__14;
+  assign p__14 = \prod$239 ;
+  assign \a_out$241  = a__14;
+  assign \valid_out$243  = \valid_in$242 ;
+  assign \first_out$245  = \first_in$244 ;
+  assign \last_out$247  = \last_in$246 ;
+  assign \res$249  = \res_in$248 ;
+  assign \b_out$250  = b__14;
+  assign \shift$251  = shift;
+  assign \a_in$253  = a__15;
+  assign \b_in$255  = b__15;
+  assign p__15 = \prod$256 ;
+  assign \a_out$258  = a__15;
+  assign \valid_out$260  = \valid_in$259 ;
+  assign \first_out$262  = \first_in$261 ;
+  assign \last_out$264  = \last_in$263 ;
+  assign \res$266  = \res_in$265 ;
+  assign \b_out$267  = b__15;
+  assign \shift$268  = shift;
+  assign \done$271  = done;
   assign \a[0]  = a[7:0];
   assign \a[1]  = a[15:8];
   assign \a[2]  = a[23:16];
@@ -20749,253 +21081,383 @@ module \nanokpu_kpu.gemm.array (rst, shift, b, unit_rst, a, valid_in, first_in, 
   assign \out[1]  = out[63:32];
   assign \out[2]  = out[95:64];
   assign \out[3]  = out[127:96];
-  assign out[127:96] = \res$205 ;
-  assign out[95:64] = \res$154 ;
-  assign out[63:32] = \res$103 ;
-  assign out[31:0] = \res$52 ;
+  assign out[127:96] = \res$269 ;
+  assign out[95:64] = \res$202 ;
+  assign out[63:32] = \res$135 ;
+  assign out[31:0] = \res$68 ;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, b_in, unit_rst, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.mul (rst, b__0, unit_rst, a__0, b__1, b__2, b__3, a__4, a__8, a__12, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10
+, p__11, p__12, p__13, p__14, p__15, a__1, b__4, a__2, b__5, a__3, b__6, b__7, a__5, b__8, a__6, b__9, a__7, b__10, b__11, a__9, b__12
+, a__10, b__13, a__11, b__14, b__15, a__13, a__14, a__15, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$5  = 0;
   wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
+  wire [15:0] \$10 ;
+  wire [15:0] \$11 ;
+  wire [15:0] \$12 ;
+  wire [15:0] \$13 ;
+  wire [15:0] \$14 ;
+  wire [15:0] \$15 ;
+  wire [15:0] \$16 ;
+  reg [15:0] \$17 ;
+  reg [15:0] \$18 ;
+  reg [15:0] \$19 ;
+  wire [15:0] \$2 ;
+  reg [15:0] \$20 ;
+  reg [15:0] \$21 ;
+  reg [15:0] \$22 ;
+  reg [15:0] \$23 ;
+  reg [15:0] \$24 ;
+  reg [15:0] \$25 ;
+  reg [15:0] \$26 ;
+  reg [15:0] \$27 ;
+  reg [15:0] \$28 ;
+  reg [15:0] \$29 ;
+  wire [15:0] \$3 ;
+  reg [15:0] \$30 ;
+  reg [15:0] \$31 ;
+  reg [15:0] \$32 ;
+  wire [15:0] \$4 ;
+  wire [15:0] \$5 ;
+  wire [15:0] \$6 ;
+  wire [15:0] \$7 ;
+  wire [15:0] \$8 ;
+  wire [15:0] \$9 ;
+  input [7:0] a__0;
+  wire [7:0] a__0;
+  input [7:0] a__1;
+  wire [7:0] a__1;
+  input [7:0] a__10;
+  wire [7:0] a__10;
+  input [7:0] a__11;
+  wire [7:0] a__11;
+  input [7:0] a__12;
+  wire [7:0] a__12;
+  input [7:0] a__13;
+  wire [7:0] a__13;
+  input [7:0] a__14;
+  wire [7:0] a__14;
+  input [7:0] a__15;
+  wire [7:0] a__15;
+  input [7:0] a__2;
+  wire [7:0] a__2;
+  input [7:0] a__3;
+  wire [7:0] a__3;
+  input [7:0] a__4;
+  wire [7:0] a__4;
+  input [7:0] a__5;
+  wire [7:0] a__5;
+  input [7:0] a__6;
+  wire [7:0] a__6;
+  input [7:0] a__7;
+  wire [7:0] a__7;
+  input [7:0] a__8;
+  wire [7:0] a__8;
+  input [7:0] a__9;
+  wire [7:0] a__9;
+  input [7:0] b__0;
+  wire [7:0] b__0;
+  input [7:0] b__1;
+  wire [7:0] b__1;
+  input [7:0] b__10;
+  wire [7:0] b__10;
+  input [7:0] b__11;
+  wire [7:0] b__11;
+  input [7:0] b__12;
+  wire [7:0] b__12;
+  input [7:0] b__13;
+  wire [7:0] b__13;
+  input [7:0] b__14;
+  wire [7:0] b__14;
+  input [7:0] b__15;
+  wire [7:0] b__15;
+  input [7:0] b__2;
+  wire [7:0] b__2;
+  input [7:0] b__3;
+  wire [7:0] b__3;
+  input [7:0] b__4;
+  wire [7:0] b__4;
+  input [7:0] b__5;
+  wire [7:0] b__5;
+  input [7:0] b__6;
+  wire [7:0] b__6;
+  input [7:0] b__7;
+  wire [7:0] b__7;
+  input [7:0] b__8;
+  wire [7:0] b__8;
+  input [7:0] b__9;
+  wire [7:0] b__9;
   input clk;
   wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
+  wire en;
+  output [15:0] p__0;
+  reg [15:0] p__0 = 16'h0000;
+  output [15:0] p__1;
+  reg [15:0] p__1 = 16'h0000;
+  output [15:0] p__10;
+  reg [15:0] p__10 = 16'h0000;
+  output [15:0] p__11;
+  reg [15:0] p__11 = 16'h0000;
+  output [15:0] p__12;
+  reg [15:0] p__12 = 16'h0000;
+  output [15:0] p__13;
+  reg [15:0] p__13 = 16'h0000;
+  output [15:0] p__14;
+  reg [15:0] p__14 = 16'h0000;
+  output [15:0] p__15;
+  reg [15:0] p__15 = 16'h0000;
+  output [15:0] p__2;
+  reg [15:0] p__2 = 16'h0000;
+  output [15:0] p__3;
+  reg [15:0] p__3 = 16'h0000;
+  output [15:0] p__4;
+  reg [15:0] p__4 = 16'h0000;
+  output [15:0] p__5;
+  reg [15:0] p__5 = 16'h0000;
+  output [15:0] p__6;
+  reg [15:0] p__6 = 16'h0000;
+  output [15:0] p__7;
+  reg [15:0] p__7 = 16'h0000;
+  output [15:0] p__8;
+  reg [15:0] p__8 = 16'h0000;
+  output [15:0] p__9;
+  reg [15:0] p__9 = 16'h0000;
   input rst;
   wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
   input unit_rst;
   wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$1  = $signed(a__0) * $signed(b__0);
+  assign \$2  = $signed(a__1) * $signed(b__1);
+  assign \$3  = $signed(a__2) * $signed(b__2);
+  assign \$4  = $signed(a__3) * $signed(b__3);
+  assign \$5  = $signed(a__4) * $signed(b__4);
+  assign \$6  = $signed(a__5) * $signed(b__5);
+  assign \$7  = $signed(a__6) * $signed(b__6);
+  assign \$8  = $signed(a__7) * $signed(b__7);
+  assign \$9  = $signed(a__8) * $signed(b__8);
+  assign \$10  = $signed(a__9) * $signed(b__9);
+  assign \$11  = $signed(a__10) * $signed(b__10);
+  assign \$12  = $signed(a__11) * $signed(b__11);
+  assign \$13  = $signed(a__12) * $signed(b__12);
+  assign \$14  = $signed(a__13) * $signed(b__13);
+  assign \$15  = $signed(a__14) * $signed(b__14);
+  assign \$16  = $signed(a__15) * $signed(b__15);
   always @(posedge clk)
-    a_out <= \$6 ;
+    p__0 <= \$17 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    p__1 <= \$18 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    p__2 <= \$19 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    p__3 <= \$20 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    p__4 <= \$21 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    p__5 <= \$22 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    p__6 <= \$23 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p__7 <= \$24 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    p__8 <= \$25 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    p__9 <= \$26 ;
   always @(posedge clk)
-    res <= \$16 ;
+    p__10 <= \$27 ;
   always @(posedge clk)
-    done <= \$17 ;
+    p__11 <= \$28 ;
+  always @(posedge clk)
+    p__12 <= \$29 ;
+  always @(posedge clk)
+    p__13 <= \$30 ;
+  always @(posedge clk)
+    p__14 <= \$31 ;
+  always @(posedge clk)
+    p__15 <= \$32 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$6  = a_in;
+    \$17  = \$1 ;
     if (unit_rst) begin
-      \$6  = 8'h00;
+      \$17  = 16'h0000;
     end
     if (rst) begin
-      \$6  = 8'h00;
+      \$17  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$7  = b_in;
+    \$18  = \$2 ;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$18  = 16'h0000;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$18  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$8  = valid_in;
+    \$19  = \$3 ;
     if (unit_rst) begin
-      \$8  = 1'h0;
+      \$19  = 16'h0000;
     end
     if (rst) begin
-      \$8  = 1'h0;
+      \$19  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$9  = first_in;
+    \$20  = \$4 ;
     if (unit_rst) begin
-      \$9  = 1'h0;
+      \$20  = 16'h0000;
     end
     if (rst) begin
-      \$9  = 1'h0;
+      \$20  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$10  = last_in;
+    \$21  = \$5 ;
     if (unit_rst) begin
-      \$10  = 1'h0;
+      \$21  = 16'h0000;
     end
     if (rst) begin
-      \$10  = 1'h0;
+      \$21  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$11  = \$1 ;
+    \$22  = \$6 ;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$22  = 16'h0000;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$22  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$12  = valid_in;
+    \$23  = \$7 ;
     if (unit_rst) begin
-      \$12  = 1'h0;
+      \$23  = 16'h0000;
     end
     if (rst) begin
-      \$12  = 1'h0;
+      \$23  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$13  = first_in;
+    \$24  = \$8 ;
     if (unit_rst) begin
-      \$13  = 1'h0;
+      \$24  = 16'h0000;
     end
     if (rst) begin
-      \$13  = 1'h0;
+      \$24  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$14  = last_in;
+    \$25  = \$9 ;
     if (unit_rst) begin
-      \$14  = 1'h0;
+      \$25  = 16'h0000;
     end
     if (rst) begin
-      \$14  = 1'h0;
+      \$25  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
+    \$26  = \$10 ;
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$26  = 16'h0000;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$26  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
+    \$27  = \$11 ;
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$27  = 16'h0000;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$27  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$17  = \$3 ;
+    \$28  = \$12 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$28  = 16'h0000;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$28  = 16'h0000;
     end
   end
-  assign total = \$5 [31:0];
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$29  = \$13 ;
+    if (unit_rst) begin
+      \$29  = 16'h0000;
+    end
+    if (rst) begin
+      \$29  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$30  = \$14 ;
+    if (unit_rst) begin
+      \$30  = 16'h0000;
+    end
+    if (rst) begin
+      \$30  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$31  = \$15 ;
+    if (unit_rst) begin
+      \$31  = 16'h0000;
+    end
+    if (rst) begin
+      \$31  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
+    \$32  = \$16 ;
+    if (unit_rst) begin
+      \$32  = 16'h0000;
+    end
+    if (rst) begin
+      \$32  = 16'h0000;
+    end
+  end
+  assign en = 1'h1;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, b_in, unit_rst, a_in, valid_in, first_in, last_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21017,7 +21479,8 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -21033,38 +21496,45 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -21074,17 +21544,17 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -21094,7 +21564,7 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -21104,7 +21574,7 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -21114,17 +21584,17 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -21134,87 +21604,65 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21236,7 +21684,8 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -21252,38 +21701,45 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -21293,17 +21749,17 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -21313,7 +21769,7 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -21323,7 +21779,7 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -21333,17 +21789,17 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -21353,89 +21809,68 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$8  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -21447,14 +21882,18 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
+  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -21465,39 +21904,47 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -21507,17 +21954,17 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -21527,7 +21974,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -21537,7 +21984,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -21547,17 +21994,17 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -21567,91 +22014,67 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = res_in;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$9  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -21663,17 +22086,15 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
-  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -21684,40 +22105,46 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire unit_rst;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -21727,17 +22154,17 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -21747,7 +22174,7 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -21757,7 +22184,7 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -21767,17 +22194,17 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -21787,87 +22214,66 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = 32'd0;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
+  assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$10  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21889,7 +22295,8 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -21905,38 +22312,45 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -21946,17 +22360,17 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -21966,7 +22380,7 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -21976,7 +22390,7 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -21986,17 +22400,17 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -22006,87 +22420,65 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$11  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22108,7 +22500,8 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -22124,38 +22517,45 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -22165,17 +22565,17 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -22185,7 +22585,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -22195,7 +22595,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -22205,17 +22605,17 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -22225,89 +22625,68 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$12  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
@@ -22319,14 +22698,18 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
+  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -22337,39 +22720,47 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -22379,17 +22770,17 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -22399,7 +22790,7 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -22409,7 +22800,7 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -22419,17 +22810,17 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -22439,745 +22830,65 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = res_in;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
-  assign res_in = 32'd0;
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$6  = a_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$7  = b_in;
-    if (unit_rst) begin
-      \$7  = 8'h00;
-    end
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$8  = valid_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$9  = first_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$10  = last_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$11  = \$1 ;
-    if (unit_rst) begin
-      \$11  = 16'h0000;
-    end
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$12  = valid_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (unit_rst) begin
-      \$15  = 32'd0;
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (unit_rst) begin
-      \$16  = 32'd0;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$17  = \$3 ;
-    if (unit_rst) begin
-      \$17  = 1'h0;
-    end
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$6  = a_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$7  = b_in;
-    if (unit_rst) begin
-      \$7  = 8'h00;
-    end
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$8  = valid_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$9  = first_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$10  = last_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$11  = \$1 ;
-    if (unit_rst) begin
-      \$11  = 16'h0000;
-    end
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$12  = valid_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (unit_rst) begin
-      \$15  = 32'd0;
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (unit_rst) begin
-      \$16  = 32'd0;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$17  = \$3 ;
-    if (unit_rst) begin
-      \$17  = 1'h0;
-    end
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$15  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [31:0] acc = 32'd0;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
-  output [31:0] res;
-  reg [31:0] res = 32'd0;
-  input [31:0] res_in;
-  wire [31:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [31:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
-  assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$6 ;
-  always @(posedge clk)
-    b_out <= \$7 ;
-  always @(posedge clk)
-    valid_out <= \$8 ;
-  always @(posedge clk)
-    first_out <= \$9 ;
-  always @(posedge clk)
-    last_out <= \$10 ;
-  always @(posedge clk)
-    prod <= \$11 ;
-  always @(posedge clk)
-    \$signal  <= \$12 ;
-  always @(posedge clk)
-    \$signal$14  <= \$13 ;
-  always @(posedge clk)
-    p_last <= \$14 ;
-  always @(posedge clk)
-    acc <= \$15 ;
-  always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$6  = a_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$7  = b_in;
-    if (unit_rst) begin
-      \$7  = 8'h00;
-    end
-    if (rst) begin
-      \$7  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$8  = valid_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$9  = first_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$10  = last_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$11  = \$1 ;
-    if (unit_rst) begin
-      \$11  = 16'h0000;
-    end
-    if (rst) begin
-      \$11  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$12  = valid_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$15  = acc;
-    if (\$signal ) begin
-      \$15  = \$5 [31:0];
-    end
-    if (unit_rst) begin
-      \$15  = 32'd0;
-    end
-    if (rst) begin
-      \$15  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
-    end else if (shift) begin
-      \$16  = res_in;
-    end
-    if (unit_rst) begin
-      \$16  = 32'd0;
-    end
-    if (rst) begin
-      \$16  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$17  = \$3 ;
-    if (unit_rst) begin
-      \$17  = 1'h0;
-    end
-    if (rst) begin
-      \$17  = 1'h0;
-    end
-  end
-  assign total = \$5 [31:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
-  wire [15:0] \$1 ;
-  reg \$10 ;
-  reg [15:0] \$11 ;
-  reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -23196,7 +22907,8 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   wire [31:0] res_in;
@@ -23210,38 +22922,45 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$6  = a_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -23250,18 +22969,18 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, b_in, a_in, valid_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$7  = b_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$8  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -23270,8 +22989,8 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, b_in, a_in, valid_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$9  = first_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -23280,8 +22999,8 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, b_in, a_in, valid_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$10  = last_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -23290,18 +23009,18 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, b_in, a_in, valid_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$11  = \$1 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$12  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -23310,113 +23029,704 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, b_in, a_in, valid_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$15  = acc;
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$17  = \$3 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
   assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$11  = first_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$12  = last_in;
+    if (unit_rst) begin
+      \$12  = 1'h0;
+    end
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (unit_rst) begin
+      \$13  = 32'd0;
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (unit_rst) begin
+      \$14  = 32'd0;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$15  = \$2 ;
+    if (unit_rst) begin
+      \$15  = 1'h0;
+    end
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$15  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$11  = first_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$12  = last_in;
+    if (unit_rst) begin
+      \$12  = 1'h0;
+    end
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (unit_rst) begin
+      \$13  = 32'd0;
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (unit_rst) begin
+      \$14  = 32'd0;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$15  = \$2 ;
+    if (unit_rst) begin
+      \$15  = 1'h0;
+    end
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$11  = first_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$12  = last_in;
+    if (unit_rst) begin
+      \$12  = 1'h0;
+    end
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (unit_rst) begin
+      \$13  = 32'd0;
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (unit_rst) begin
+      \$14  = 32'd0;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$15  = \$2 ;
+    if (unit_rst) begin
+      \$15  = 1'h0;
+    end
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [31:0] acc = 32'd0;
   input [7:0] b_in;
   wire [7:0] b_in;
+  output [7:0] b_out;
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
-  input [31:0] res_in;
   wire [31:0] res_in;
   input rst;
   wire rst;
@@ -23427,40 +23737,46 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire unit_rst;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -23470,17 +23786,17 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -23490,7 +23806,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -23500,7 +23816,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -23510,17 +23826,17 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -23530,87 +23846,66 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = 32'd0;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
+  assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23631,7 +23926,8 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -23647,38 +23943,45 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -23688,17 +23991,17 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -23708,7 +24011,7 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -23718,7 +24021,7 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -23728,17 +24031,17 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -23748,87 +24051,65 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23849,7 +24130,8 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   input [31:0] res_in;
@@ -23865,38 +24147,45 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$6  = a_in;
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -23906,17 +24195,17 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$7  = b_in;
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$8  = valid_in;
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -23926,7 +24215,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$9  = first_in;
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -23936,7 +24225,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$10  = last_in;
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -23946,17 +24235,17 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$11  = \$1 ;
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$12  = valid_in;
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -23966,87 +24255,269 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, b_in, a_in, valid_i
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$15  = acc;
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = res_in;
+      \$14  = res_in;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$17  = \$3 ;
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
-  wire [15:0] \$1 ;
+  wire \$1 ;
   reg \$10 ;
-  reg [15:0] \$11 ;
+  reg \$11 ;
   reg \$12 ;
-  reg \$13 ;
-  reg \$14 ;
-  reg [31:0] \$15 ;
-  reg [31:0] \$16 ;
-  reg \$17 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
   wire \$2 ;
-  wire \$3 ;
-  wire [31:0] \$4 ;
-  wire [32:0] \$5 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
   reg [7:0] \$6 ;
-  reg [7:0] \$7 ;
+  reg \$7 ;
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$14  = 1'h0;
+  reg \$signal$13  = 1'h0;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [31:0] acc = 32'd0;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [31:0] res;
+  reg [31:0] res = 32'd0;
+  input [31:0] res_in;
+  wire [31:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [31:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = \$signal  & p_last;
+  assign \$2  = \$signal  & p_last;
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    \$signal  <= \$10 ;
+  always @(posedge clk)
+    \$signal$13  <= \$11 ;
+  always @(posedge clk)
+    p_last <= \$12 ;
+  always @(posedge clk)
+    acc <= \$13 ;
+  always @(posedge clk)
+    res <= \$14 ;
+  always @(posedge clk)
+    done <= \$15 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$11  = first_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$12  = last_in;
+    if (unit_rst) begin
+      \$12  = 1'h0;
+    end
+    if (rst) begin
+      \$12  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$13  = acc;
+    if (\$signal ) begin
+      \$13  = \$4 [31:0];
+    end
+    if (unit_rst) begin
+      \$13  = 32'd0;
+    end
+    if (rst) begin
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
+    end else if (shift) begin
+      \$14  = res_in;
+    end
+    if (unit_rst) begin
+      \$14  = 32'd0;
+    end
+    if (rst) begin
+      \$14  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$15  = \$2 ;
+    if (unit_rst) begin
+      \$15  = 1'h0;
+    end
+    if (rst) begin
+      \$15  = 1'h0;
+    end
+  end
+  assign total = \$4 [31:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg \$12 ;
+  reg [31:0] \$13 ;
+  reg [31:0] \$14 ;
+  reg \$15 ;
+  wire \$2 ;
+  wire [31:0] \$3 ;
+  wire [32:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  reg \$signal  = 1'h0;
+  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -24065,7 +24536,8 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   wire last_in;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
-  reg [15:0] prod = 16'h0000;
+  input [15:0] prod;
+  wire [15:0] prod;
   output [31:0] res;
   reg [31:0] res = 32'd0;
   wire [31:0] res_in;
@@ -24079,38 +24551,45 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, b_in, a_in, valid_i
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = $signed(a_in) * $signed(b_in);
+  assign \$1  = \$signal  & p_last;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal  & p_last;
-  assign \$4  = \$signal$14  ? 32'd0 : acc;
-  assign \$5  = $signed(\$4 ) + $signed(prod);
+  assign \$3  = \$signal$13  ? 32'd0 : acc;
+  assign \$4  = $signed(\$3 ) + $signed(prod);
   always @(posedge clk)
-    a_out <= \$6 ;
+    a_out <= \$5 ;
   always @(posedge clk)
-    b_out <= \$7 ;
+    b_out <= \$6 ;
   always @(posedge clk)
-    valid_out <= \$8 ;
+    valid_out <= \$7 ;
   always @(posedge clk)
-    first_out <= \$9 ;
+    first_out <= \$8 ;
   always @(posedge clk)
-    last_out <= \$10 ;
+    last_out <= \$9 ;
   always @(posedge clk)
-    prod <= \$11 ;
+    \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal  <= \$12 ;
+    \$signal$13  <= \$11 ;
   always @(posedge clk)
-    \$signal$14  <= \$13 ;
+    p_last <= \$12 ;
   always @(posedge clk)
-    p_last <= \$14 ;
+    acc <= \$13 ;
   always @(posedge clk)
-    acc <= \$15 ;
+    res <= \$14 ;
   always @(posedge clk)
-    res <= \$16 ;
-  always @(posedge clk)
-    done <= \$17 ;
+    done <= \$15 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$6  = a_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
     end
@@ -24119,18 +24598,18 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, b_in, a_in, valid_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$7  = b_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$7  = valid_in;
     if (unit_rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
     if (rst) begin
-      \$7  = 8'h00;
+      \$7  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$8  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
     end
@@ -24139,8 +24618,8 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, b_in, a_in, valid_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$9  = first_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
     end
@@ -24149,8 +24628,8 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, b_in, a_in, valid_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$10  = last_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
     end
@@ -24159,18 +24638,18 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, b_in, a_in, valid_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$11  = \$1 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$11  = first_in;
     if (unit_rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
     if (rst) begin
-      \$11  = 16'h0000;
+      \$11  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$12  = valid_in;
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$12  = last_in;
     if (unit_rst) begin
       \$12  = 1'h0;
     end
@@ -24179,222 +24658,263 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, b_in, a_in, valid_i
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$13  = first_in;
-    if (unit_rst) begin
-      \$13  = 1'h0;
-    end
-    if (rst) begin
-      \$13  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$14  = last_in;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$15  = acc;
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$13  = acc;
     if (\$signal ) begin
-      \$15  = \$5 [31:0];
+      \$13  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 32'd0;
+      \$13  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$16  = res;
-    if (\$2 ) begin
-      \$16  = \$5 [31:0];
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$14  = res;
+    if (\$1 ) begin
+      \$14  = \$4 [31:0];
     end else if (shift) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (unit_rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
     if (rst) begin
-      \$16  = 32'd0;
+      \$14  = 32'd0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$17  = \$3 ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$15  = \$2 ;
     if (unit_rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
     if (rst) begin
-      \$17  = 1'h0;
+      \$15  = 1'h0;
     end
   end
-  assign total = \$5 [31:0];
+  assign total = \$4 [31:0];
   assign res_in = 32'd0;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, i__valid, \port$2649$54 , o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, i__valid, \port$2760$54 , o__valid, o__payload, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
-  wire \$10 ;
-  wire [64:0] \$100 ;
-  wire [47:0] \$101 ;
-  wire \$102 ;
-  wire [63:0] \$103 ;
-  wire [63:0] \$104 ;
-  wire [63:0] \$105 ;
-  wire \$106 ;
+  wire [66:0] \$10 ;
+  wire [6:0] \$100 ;
+  wire \$101 ;
+  wire [6:0] \$102 ;
+  wire \$103 ;
+  wire [6:0] \$104 ;
+  wire \$105 ;
+  wire [6:0] \$106 ;
   wire \$107 ;
-  wire \$108 ;
-  wire [64:0] \$109 ;
-  wire \$11 ;
-  wire [64:0] \$110 ;
-  wire [47:0] \$111 ;
-  wire \$112 ;
-  wire [63:0] \$113 ;
-  wire [63:0] \$114 ;
-  wire [63:0] \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
-  wire [64:0] \$119 ;
-  wire \$12 ;
-  wire [64:0] \$120 ;
-  wire [47:0] \$121 ;
+  wire [6:0] \$108 ;
+  wire \$109 ;
+  wire [67:0] \$11 ;
+  wire [6:0] \$110 ;
+  wire \$111 ;
+  wire [6:0] \$112 ;
+  wire \$113 ;
+  wire [6:0] \$114 ;
+  wire \$115 ;
+  wire [47:0] \$116 ;
+  wire [47:0] \$117 ;
+  wire [47:0] \$118 ;
+  wire \$119 ;
+  wire [36:0] \$12 ;
+  wire \$120 ;
+  wire \$121 ;
   wire \$122 ;
-  wire [63:0] \$123 ;
-  wire [63:0] \$124 ;
-  wire [63:0] \$125 ;
-  wire \$126 ;
-  wire \$127 ;
-  wire \$128 ;
-  wire [64:0] \$129 ;
-  wire \$13 ;
-  wire [64:0] \$130 ;
-  reg \$131 ;
-  reg \$132 ;
-  reg \$133 ;
-  reg [63:0] \$134 ;
-  reg [63:0] \$135 ;
-  reg \$136 ;
-  reg [127:0] \$137 ;
-  reg [63:0] \$138 ;
-  reg [63:0] \$139 ;
-  wire \$14 ;
-  reg \$140 ;
-  reg [63:0] \$141 ;
-  reg [63:0] \$142 ;
-  reg \$143 ;
-  reg [63:0] \$144 ;
-  reg [63:0] \$145 ;
-  reg \$146 ;
-  wire \$15 ;
-  wire \$16 ;
-  wire \$17 ;
+  wire [48:0] \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire [48:0] \$126 ;
+  wire [48:0] \$127 ;
+  wire [47:0] \$128 ;
+  wire [47:0] \$129 ;
+  wire [66:0] \$13 ;
+  wire [47:0] \$130 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire [48:0] \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire [48:0] \$138 ;
+  wire [48:0] \$139 ;
+  wire [67:0] \$14 ;
+  wire [47:0] \$140 ;
+  wire [47:0] \$141 ;
+  wire [47:0] \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire \$146 ;
+  wire [48:0] \$147 ;
+  wire \$148 ;
+  wire \$149 ;
+  wire [36:0] \$15 ;
+  wire [48:0] \$150 ;
+  wire [48:0] \$151 ;
+  wire [47:0] \$152 ;
+  wire [47:0] \$153 ;
+  wire [47:0] \$154 ;
+  wire \$155 ;
+  wire \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire [48:0] \$159 ;
+  wire [66:0] \$16 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire [48:0] \$162 ;
+  wire [48:0] \$163 ;
+  reg \$164 ;
+  reg \$165 ;
+  reg \$166 ;
+  reg [47:0] \$167 ;
+  reg [47:0] \$168 ;
+  reg [47:0] \$169 ;
+  wire [67:0] \$17 ;
+  reg [47:0] \$170 ;
+  reg \$171 ;
+  reg [5:0] \$172 ;
+  reg [47:0] \$173 ;
+  reg \$174 ;
+  reg \$175 ;
+  reg \$176 ;
+  reg [47:0] \$177 ;
+  reg \$178 ;
+  reg [48:0] \$179 ;
   wire \$18 ;
-  wire \$19 ;
-  wire [6:0] \$2 ;
-  wire \$20 ;
+  reg [127:0] \$180 ;
+  reg [47:0] \$181 ;
+  reg \$182 ;
+  reg [48:0] \$183 ;
+  reg [47:0] \$184 ;
+  reg \$185 ;
+  reg [48:0] \$186 ;
+  reg [47:0] \$187 ;
+  reg \$188 ;
+  reg [48:0] \$189 ;
+  wire [6:0] \$19 ;
+  wire [47:0] \$2 ;
+  wire [6:0] \$20 ;
   wire \$21 ;
-  wire \$22 ;
+  wire [6:0] \$22 ;
   wire \$23 ;
-  wire \$24 ;
+  wire [6:0] \$24 ;
   wire \$25 ;
-  wire \$26 ;
+  wire [6:0] \$26 ;
   wire \$27 ;
-  wire \$28 ;
+  wire [6:0] \$28 ;
   wire \$29 ;
-  wire \$3 ;
-  wire \$30 ;
+  wire [47:0] \$3 ;
+  wire [6:0] \$30 ;
   wire \$31 ;
-  wire \$32 ;
+  wire [6:0] \$32 ;
   wire \$33 ;
-  wire \$34 ;
+  wire [6:0] \$34 ;
   wire \$35 ;
-  wire \$36 ;
+  wire [6:0] \$36 ;
   wire \$37 ;
-  wire \$38 ;
+  wire [6:0] \$38 ;
   wire \$39 ;
-  wire \$4 ;
-  wire \$40 ;
+  wire [47:0] \$4 ;
+  wire [6:0] \$40 ;
   wire \$41 ;
-  wire \$42 ;
+  wire [6:0] \$42 ;
   wire \$43 ;
-  wire \$44 ;
+  wire [6:0] \$44 ;
   wire \$45 ;
-  wire \$46 ;
+  wire [6:0] \$46 ;
   wire \$47 ;
-  wire \$48 ;
+  wire [6:0] \$48 ;
   wire \$49 ;
-  wire \$5 ;
-  wire \$50 ;
+  wire [47:0] \$5 ;
+  wire [6:0] \$50 ;
   wire \$51 ;
-  wire \$52 ;
+  wire [6:0] \$52 ;
   wire \$53 ;
-  wire \$54 ;
+  wire [6:0] \$54 ;
   wire \$55 ;
-  wire \$56 ;
+  wire [6:0] \$56 ;
   wire \$57 ;
-  wire \$58 ;
+  wire [6:0] \$58 ;
   wire \$59 ;
-  wire \$6 ;
-  wire \$60 ;
+  wire [36:0] \$6 ;
+  wire [6:0] \$60 ;
   wire \$61 ;
-  wire \$62 ;
+  wire [6:0] \$62 ;
   wire \$63 ;
-  wire \$64 ;
+  wire [6:0] \$64 ;
   wire \$65 ;
-  wire \$66 ;
+  wire [6:0] \$66 ;
   wire \$67 ;
-  wire [63:0] \$68 ;
+  wire [6:0] \$68 ;
   wire \$69 ;
-  wire \$7 ;
-  wire \$70 ;
+  wire [66:0] \$7 ;
+  wire [6:0] \$70 ;
   wire \$71 ;
-  wire \$72 ;
+  wire [6:0] \$72 ;
   wire \$73 ;
-  wire [63:0] \$74 ;
+  wire [6:0] \$74 ;
   wire \$75 ;
-  wire \$76 ;
+  wire [6:0] \$76 ;
   wire \$77 ;
-  wire \$78 ;
+  wire [6:0] \$78 ;
   wire \$79 ;
-  wire \$8 ;
-  wire [63:0] \$80 ;
+  wire [67:0] \$8 ;
+  wire [6:0] \$80 ;
   wire \$81 ;
-  wire \$82 ;
+  wire [6:0] \$82 ;
   wire \$83 ;
-  wire \$84 ;
+  wire [6:0] \$84 ;
   wire \$85 ;
-  wire [63:0] \$86 ;
+  wire [6:0] \$86 ;
   wire \$87 ;
-  wire \$88 ;
+  wire [6:0] \$88 ;
   wire \$89 ;
-  wire \$9 ;
-  wire \$90 ;
-  wire [47:0] \$91 ;
-  wire \$92 ;
-  wire [63:0] \$93 ;
-  wire [63:0] \$94 ;
-  wire [63:0] \$95 ;
-  wire \$96 ;
+  wire [36:0] \$9 ;
+  wire [6:0] \$90 ;
+  wire \$91 ;
+  wire [6:0] \$92 ;
+  wire \$93 ;
+  wire [6:0] \$94 ;
+  wire \$95 ;
+  wire [6:0] \$96 ;
   wire \$97 ;
-  wire \$98 ;
-  wire [64:0] \$99 ;
+  wire [6:0] \$98 ;
+  wire \$99 ;
   reg \$signal  = 1'h0;
+  reg \$signal$53  = 1'h0;
+  wire [17:0] a__0;
+  wire [17:0] a__1;
+  wire [17:0] a__2;
+  wire [17:0] a__3;
+  wire [17:0] a__4;
+  wire [17:0] a__5;
+  wire [17:0] a__6;
+  wire [17:0] a__7;
   output advance;
   wire advance;
-  wire [63:0] below_half;
+  wire [17:0] b__0;
+  wire [17:0] b__1;
+  wire [17:0] b__2;
+  wire [17:0] b__3;
+  wire [17:0] b__4;
+  wire [17:0] b__5;
+  wire [17:0] b__6;
+  wire [17:0] b__7;
+  reg [47:0] below_half = 48'h000000000000;
   input clk;
   wire clk;
+  wire en;
   input [127:0] i__payload;
   wire [127:0] i__payload;
   wire [31:0] \i__payload[0] ;
@@ -24415,24 +24935,29 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   wire o__ready;
   output o__valid;
   reg o__valid = 1'h0;
-  input [21:0] \port$2649$54 ;
-  wire [21:0] \port$2649$54 ;
-  reg [63:0] prod0 = 64'h0000000000000000;
-  reg [63:0] prod1 = 64'h0000000000000000;
-  reg [63:0] prod2 = 64'h0000000000000000;
-  reg [63:0] prod3 = 64'h0000000000000000;
-  wire [63:0] q0;
-  wire [63:0] q1;
-  wire [63:0] q2;
-  wire [63:0] q3;
-  wire [64:0] rounded0;
-  wire [64:0] rounded1;
-  wire [64:0] rounded2;
-  wire [64:0] rounded3;
+  wire [35:0] p__0;
+  wire [35:0] p__1;
+  wire [35:0] p__2;
+  wire [35:0] p__3;
+  wire [35:0] p__4;
+  wire [35:0] p__5;
+  wire [35:0] p__6;
+  wire [35:0] p__7;
+  input [21:0] \port$2760$54 ;
+  wire [21:0] \port$2760$54 ;
+  wire [47:0] q0;
+  wire [47:0] q1;
+  wire [47:0] q2;
+  wire [47:0] q3;
+  reg [48:0] rounded0 = 49'h0000000000000;
+  reg [48:0] rounded1 = 49'h0000000000000;
+  reg [48:0] rounded2 = 49'h0000000000000;
+  reg [48:0] rounded3 = 49'h0000000000000;
   input rst;
   wire rst;
   wire [5:0] shift;
-  wire [5:0] shift_m1;
+  reg [5:0] shift_m1 = 6'h00;
+  reg shift_nz = 1'h0;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
   reg sticky2 = 1'h0;
@@ -24440,393 +24965,592 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   input unit_rst;
   wire unit_rst;
   reg v2 = 1'h0;
-  reg [63:0] y0 = 64'h0000000000000000;
-  reg [63:0] y1 = 64'h0000000000000000;
-  reg [63:0] y2 = 64'h0000000000000000;
-  reg [63:0] y3 = 64'h0000000000000000;
+  reg v_round = 1'h0;
+  reg [47:0] x0 = 48'h000000000000;
+  reg [47:0] x1 = 48'h000000000000;
+  reg [47:0] x2 = 48'h000000000000;
+  reg [47:0] x3 = 48'h000000000000;
+  reg x_valid = 1'h0;
+  reg [47:0] y0 = 48'h000000000000;
+  reg [47:0] y1 = 48'h000000000000;
+  reg [47:0] y2 = 48'h000000000000;
+  reg [47:0] y3 = 48'h000000000000;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
-  assign \$2  = \port$2649$54 [21:16] - 1'h1;
-  assign \$3  = \$2 [5:0] > 1'h0;
-  assign \$4  = \$2 [5:0] > 1'h1;
-  assign \$5  = \$2 [5:0] > 2'h2;
-  assign \$6  = \$2 [5:0] > 2'h3;
-  assign \$7  = \$2 [5:0] > 3'h4;
-  assign \$8  = \$2 [5:0] > 3'h5;
-  assign \$9  = \$2 [5:0] > 3'h6;
-  assign \$10  = \$2 [5:0] > 3'h7;
-  assign \$11  = \$2 [5:0] > 4'h8;
-  assign \$12  = \$2 [5:0] > 4'h9;
-  assign \$13  = \$2 [5:0] > 4'ha;
-  assign \$14  = \$2 [5:0] > 4'hb;
-  assign \$15  = \$2 [5:0] > 4'hc;
-  assign \$16  = \$2 [5:0] > 4'hd;
-  assign \$17  = \$2 [5:0] > 4'he;
-  assign \$18  = \$2 [5:0] > 4'hf;
-  assign \$19  = \$2 [5:0] > 5'h10;
-  assign \$20  = \$2 [5:0] > 5'h11;
-  assign \$21  = \$2 [5:0] > 5'h12;
-  assign \$22  = \$2 [5:0] > 5'h13;
-  assign \$23  = \$2 [5:0] > 5'h14;
-  assign \$24  = \$2 [5:0] > 5'h15;
-  assign \$25  = \$2 [5:0] > 5'h16;
-  assign \$26  = \$2 [5:0] > 5'h17;
-  assign \$27  = \$2 [5:0] > 5'h18;
-  assign \$28  = \$2 [5:0] > 5'h19;
-  assign \$29  = \$2 [5:0] > 5'h1a;
-  assign \$30  = \$2 [5:0] > 5'h1b;
-  assign \$31  = \$2 [5:0] > 5'h1c;
-  assign \$32  = \$2 [5:0] > 5'h1d;
-  assign \$33  = \$2 [5:0] > 5'h1e;
-  assign \$34  = \$2 [5:0] > 5'h1f;
-  assign \$35  = \$2 [5:0] > 6'h20;
-  assign \$36  = \$2 [5:0] > 6'h21;
-  assign \$37  = \$2 [5:0] > 6'h22;
-  assign \$38  = \$2 [5:0] > 6'h23;
-  assign \$39  = \$2 [5:0] > 6'h24;
-  assign \$40  = \$2 [5:0] > 6'h25;
-  assign \$41  = \$2 [5:0] > 6'h26;
-  assign \$42  = \$2 [5:0] > 6'h27;
-  assign \$43  = \$2 [5:0] > 6'h28;
-  assign \$44  = \$2 [5:0] > 6'h29;
-  assign \$45  = \$2 [5:0] > 6'h2a;
-  assign \$46  = \$2 [5:0] > 6'h2b;
-  assign \$47  = \$2 [5:0] > 6'h2c;
-  assign \$48  = \$2 [5:0] > 6'h2d;
-  assign \$49  = \$2 [5:0] > 6'h2e;
-  assign \$50  = \$2 [5:0] > 6'h2f;
-  assign \$51  = \$2 [5:0] > 6'h30;
-  assign \$52  = \$2 [5:0] > 6'h31;
-  assign \$53  = \$2 [5:0] > 6'h32;
-  assign \$54  = \$2 [5:0] > 6'h33;
-  assign \$55  = \$2 [5:0] > 6'h34;
-  assign \$56  = \$2 [5:0] > 6'h35;
-  assign \$57  = \$2 [5:0] > 6'h36;
-  assign \$58  = \$2 [5:0] > 6'h37;
-  assign \$59  = \$2 [5:0] > 6'h38;
-  assign \$60  = \$2 [5:0] > 6'h39;
-  assign \$61  = \$2 [5:0] > 6'h3a;
-  assign \$62  = \$2 [5:0] > 6'h3b;
-  assign \$63  = \$2 [5:0] > 6'h3c;
-  assign \$64  = \$2 [5:0] > 6'h3d;
-  assign \$65  = \$2 [5:0] > 6'h3e;
-  assign \$66  = \$2 [5:0] > 6'h3f;
-  assign \$67  = ! \port$2649$54 [21:16];
-  assign q0 = \$67  ? y0 : \$68 ;
-  assign \$69  = | \port$2649$54 [21:16];
-  assign \$70  = y0[0] & \$69 ;
-  assign \$71  = sticky0 | q0[0];
-  assign \$72  = \$70  & \$71 ;
-  assign rounded0 = $signed(q0) + $signed({ 1'h0, \$72  });
-  assign \$73  = ! \port$2649$54 [21:16];
-  assign q1 = \$73  ? y1 : \$74 ;
-  assign \$75  = | \port$2649$54 [21:16];
-  assign \$76  = y1[0] & \$75 ;
-  assign \$77  = sticky1 | q1[0];
-  assign \$78  = \$76  & \$77 ;
-  assign rounded1 = $signed(q1) + $signed({ 1'h0, \$78  });
-  assign \$79  = ! \port$2649$54 [21:16];
-  assign q2 = \$79  ? y2 : \$80 ;
-  assign \$81  = | \port$2649$54 [21:16];
-  assign \$82  = y2[0] & \$81 ;
-  assign \$83  = sticky2 | q2[0];
-  assign \$84  = \$82  & \$83 ;
-  assign rounded2 = $signed(q2) + $signed({ 1'h0, \$84  });
-  assign \$85  = ! \port$2649$54 [21:16];
-  assign q3 = \$85  ? y3 : \$86 ;
-  assign \$87  = | \port$2649$54 [21:16];
-  assign \$88  = y3[0] & \$87 ;
-  assign \$89  = sticky3 | q3[0];
-  assign \$90  = \$88  & \$89 ;
-  assign rounded3 = $signed(q3) + $signed({ 1'h0, \$90  });
-  assign \$91  = $signed(i__payload[31:0]) * $signed({ 1'h0, \port$2649$54 [15:0] });
-  assign \$92  = ! \port$2649$54 [21:16];
-  assign \$93  = $signed(prod0) >>> \$2 [5:0];
-  assign \$94  = \$92  ? prod0 : \$93 ;
-  assign \$95  = prod0 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$96  = | \$95 ;
-  assign \$97  = $signed(rounded0) < $signed(32'd2147483648);
-  assign \$98  = $signed(rounded0) > $signed(32'd2147483647);
-  assign \$99  = \$98  ? 65'h0000000007fffffff : rounded0;
-  assign \$100  = \$97  ? 65'h1ffffffff80000000 : \$99 ;
-  assign \$101  = $signed(i__payload[63:32]) * $signed({ 1'h0, \port$2649$54 [15:0] });
-  assign \$102  = ! \port$2649$54 [21:16];
-  assign \$103  = $signed(prod1) >>> \$2 [5:0];
-  assign \$104  = \$102  ? prod1 : \$103 ;
-  assign \$105  = prod1 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$106  = | \$105 ;
-  assign \$107  = $signed(rounded1) < $signed(32'd2147483648);
-  assign \$108  = $signed(rounded1) > $signed(32'd2147483647);
-  assign \$109  = \$108  ? 65'h0000000007fffffff : rounded1;
-  assign \$110  = \$107  ? 65'h1ffffffff80000000 : \$109 ;
-  assign \$111  = $signed(i__payload[95:64]) * $signed({ 1'h0, \port$2649$54 [15:0] });
-  assign \$112  = ! \port$2649$54 [21:16];
-  assign \$113  = $signed(prod2) >>> \$2 [5:0];
-  assign \$114  = \$112  ? prod2 : \$113 ;
-  assign \$115  = prod2 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$116  = | \$115 ;
-  assign \$117  = $signed(rounded2) < $signed(32'd2147483648);
-  assign \$118  = $signed(rounded2) > $signed(32'd2147483647);
-  assign \$119  = \$118  ? 65'h0000000007fffffff : rounded2;
-  assign \$120  = \$117  ? 65'h1ffffffff80000000 : \$119 ;
-  assign \$121  = $signed(i__payload[127:96]) * $signed({ 1'h0, \port$2649$54 [15:0] });
-  assign \$122  = ! \port$2649$54 [21:16];
-  assign \$123  = $signed(prod3) >>> \$2 [5:0];
-  assign \$124  = \$122  ? prod3 : \$123 ;
-  assign \$125  = prod3 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$126  = | \$125 ;
-  assign \$127  = $signed(rounded3) < $signed(32'd2147483648);
-  assign \$128  = $signed(rounded3) > $signed(32'd2147483647);
-  assign \$129  = \$128  ? 65'h0000000007fffffff : rounded3;
-  assign \$130  = \$127  ? 65'h1ffffffff80000000 : \$129 ;
+  assign q0 = shift_nz ? \$2  : y0;
+  assign q1 = shift_nz ? \$3  : y1;
+  assign q2 = shift_nz ? \$4  : y2;
+  assign q3 = shift_nz ? \$5  : y3;
+  assign \$8  = $signed(\$6 ) + $signed(\$7 );
+  assign \$11  = $signed(\$9 ) + $signed(\$10 );
+  assign \$14  = $signed(\$12 ) + $signed(\$13 );
+  assign \$17  = $signed(\$15 ) + $signed(\$16 );
+  assign \$18  = | \port$2760$54 [21:16];
+  assign \$19  = \port$2760$54 [21:16] - 1'h1;
+  assign \$20  = \port$2760$54 [21:16] - 1'h1;
+  assign \$21  = \$20 [5:0] > 1'h0;
+  assign \$22  = \port$2760$54 [21:16] - 1'h1;
+  assign \$23  = \$22 [5:0] > 1'h1;
+  assign \$24  = \port$2760$54 [21:16] - 1'h1;
+  assign \$25  = \$24 [5:0] > 2'h2;
+  assign \$26  = \port$2760$54 [21:16] - 1'h1;
+  assign \$27  = \$26 [5:0] > 2'h3;
+  assign \$28  = \port$2760$54 [21:16] - 1'h1;
+  assign \$29  = \$28 [5:0] > 3'h4;
+  assign \$30  = \port$2760$54 [21:16] - 1'h1;
+  assign \$31  = \$30 [5:0] > 3'h5;
+  assign \$32  = \port$2760$54 [21:16] - 1'h1;
+  assign \$33  = \$32 [5:0] > 3'h6;
+  assign \$34  = \port$2760$54 [21:16] - 1'h1;
+  assign \$35  = \$34 [5:0] > 3'h7;
+  assign \$36  = \port$2760$54 [21:16] - 1'h1;
+  assign \$37  = \$36 [5:0] > 4'h8;
+  assign \$38  = \port$2760$54 [21:16] - 1'h1;
+  assign \$39  = \$38 [5:0] > 4'h9;
+  assign \$40  = \port$2760$54 [21:16] - 1'h1;
+  assign \$41  = \$40 [5:0] > 4'ha;
+  assign \$42  = \port$2760$54 [21:16] - 1'h1;
+  assign \$43  = \$42 [5:0] > 4'hb;
+  assign \$44  = \port$2760$54 [21:16] - 1'h1;
+  assign \$45  = \$44 [5:0] > 4'hc;
+  assign \$46  = \port$2760$54 [21:16] - 1'h1;
+  assign \$47  = \$46 [5:0] > 4'hd;
+  assign \$48  = \port$2760$54 [21:16] - 1'h1;
+  assign \$49  = \$48 [5:0] > 4'he;
+  assign \$50  = \port$2760$54 [21:16] - 1'h1;
+  assign \$51  = \$50 [5:0] > 4'hf;
+  assign \$52  = \port$2760$54 [21:16] - 1'h1;
+  assign \$53  = \$52 [5:0] > 5'h10;
+  assign \$54  = \port$2760$54 [21:16] - 1'h1;
+  assign \$55  = \$54 [5:0] > 5'h11;
+  assign \$56  = \port$2760$54 [21:16] - 1'h1;
+  assign \$57  = \$56 [5:0] > 5'h12;
+  assign \$58  = \port$2760$54 [21:16] - 1'h1;
+  assign \$59  = \$58 [5:0] > 5'h13;
+  assign \$60  = \port$2760$54 [21:16] - 1'h1;
+  assign \$61  = \$60 [5:0] > 5'h14;
+  assign \$62  = \port$2760$54 [21:16] - 1'h1;
+  assign \$63  = \$62 [5:0] > 5'h15;
+  assign \$64  = \port$2760$54 [21:16] - 1'h1;
+  assign \$65  = \$64 [5:0] > 5'h16;
+  assign \$66  = \port$2760$54 [21:16] - 1'h1;
+  assign \$67  = \$66 [5:0] > 5'h17;
+  assign \$68  = \port$2760$54 [21:16] - 1'h1;
+  assign \$69  = \$68 [5:0] > 5'h18;
+  assign \$70  = \port$2760$54 [21:16] - 1'h1;
+  assign \$71  = \$70 [5:0] > 5'h19;
+  assign \$72  = \port$2760$54 [21:16] - 1'h1;
+  assign \$73  = \$72 [5:0] > 5'h1a;
+  assign \$74  = \port$2760$54 [21:16] - 1'h1;
+  assign \$75  = \$74 [5:0] > 5'h1b;
+  assign \$76  = \port$2760$54 [21:16] - 1'h1;
+  assign \$77  = \$76 [5:0] > 5'h1c;
+  assign \$78  = \port$2760$54 [21:16] - 1'h1;
+  assign \$79  = \$78 [5:0] > 5'h1d;
+  assign \$80  = \port$2760$54 [21:16] - 1'h1;
+  assign \$81  = \$80 [5:0] > 5'h1e;
+  assign \$82  = \port$2760$54 [21:16] - 1'h1;
+  assign \$83  = \$82 [5:0] > 5'h1f;
+  assign \$84  = \port$2760$54 [21:16] - 1'h1;
+  assign \$85  = \$84 [5:0] > 6'h20;
+  assign \$86  = \port$2760$54 [21:16] - 1'h1;
+  assign \$87  = \$86 [5:0] > 6'h21;
+  assign \$88  = \port$2760$54 [21:16] - 1'h1;
+  assign \$89  = \$88 [5:0] > 6'h22;
+  assign \$90  = \port$2760$54 [21:16] - 1'h1;
+  assign \$91  = \$90 [5:0] > 6'h23;
+  assign \$92  = \port$2760$54 [21:16] - 1'h1;
+  assign \$93  = \$92 [5:0] > 6'h24;
+  assign \$94  = \port$2760$54 [21:16] - 1'h1;
+  assign \$95  = \$94 [5:0] > 6'h25;
+  assign \$96  = \port$2760$54 [21:16] - 1'h1;
+  assign \$97  = \$96 [5:0] > 6'h26;
+  assign \$98  = \port$2760$54 [21:16] - 1'h1;
+  assign \$99  = \$98 [5:0] > 6'h27;
+  assign \$100  = \port$2760$54 [21:16] - 1'h1;
+  assign \$101  = \$100 [5:0] > 6'h28;
+  assign \$102  = \port$2760$54 [21:16] - 1'h1;
+  assign \$103  = \$102 [5:0] > 6'h29;
+  assign \$104  = \port$2760$54 [21:16] - 1'h1;
+  assign \$105  = \$104 [5:0] > 6'h2a;
+  assign \$106  = \port$2760$54 [21:16] - 1'h1;
+  assign \$107  = \$106 [5:0] > 6'h2b;
+  assign \$108  = \port$2760$54 [21:16] - 1'h1;
+  assign \$109  = \$108 [5:0] > 6'h2c;
+  assign \$110  = \port$2760$54 [21:16] - 1'h1;
+  assign \$111  = \$110 [5:0] > 6'h2d;
+  assign \$112  = \port$2760$54 [21:16] - 1'h1;
+  assign \$113  = \$112 [5:0] > 6'h2e;
+  assign \$114  = \port$2760$54 [21:16] - 1'h1;
+  assign \$115  = \$114 [5:0] > 6'h2f;
+  assign \$116  = $signed(x0) >>> shift_m1;
+  assign \$117  = shift_nz ? \$116  : x0;
+  assign \$118  = x0 & below_half;
+  assign \$119  = | \$118 ;
+  assign \$120  = y0[0] & shift_nz;
+  assign \$121  = sticky0 | q0[0];
+  assign \$122  = \$120  & \$121 ;
+  assign \$123  = $signed(q0) + $signed({ 1'h0, \$122  });
+  assign \$124  = $signed(rounded0) < $signed(32'd2147483648);
+  assign \$125  = $signed(rounded0) > $signed(32'd2147483647);
+  assign \$126  = \$125  ? 49'h000007fffffff : rounded0;
+  assign \$127  = \$124  ? 49'h1ffff80000000 : \$126 ;
+  assign \$128  = $signed(x1) >>> shift_m1;
+  assign \$129  = shift_nz ? \$128  : x1;
+  assign \$130  = x1 & below_half;
+  assign \$131  = | \$130 ;
+  assign \$132  = y1[0] & shift_nz;
+  assign \$133  = sticky1 | q1[0];
+  assign \$134  = \$132  & \$133 ;
+  assign \$135  = $signed(q1) + $signed({ 1'h0, \$134  });
+  assign \$136  = $signed(rounded1) < $signed(32'd2147483648);
+  assign \$137  = $signed(rounded1) > $signed(32'd2147483647);
+  assign \$138  = \$137  ? 49'h000007fffffff : rounded1;
+  assign \$139  = \$136  ? 49'h1ffff80000000 : \$138 ;
+  assign \$140  = $signed(x2) >>> shift_m1;
+  assign \$141  = shift_nz ? \$140  : x2;
+  assign \$142  = x2 & below_half;
+  assign \$143  = | \$142 ;
+  assign \$144  = y2[0] & shift_nz;
+  assign \$145  = sticky2 | q2[0];
+  assign \$146  = \$144  & \$145 ;
+  assign \$147  = $signed(q2) + $signed({ 1'h0, \$146  });
+  assign \$148  = $signed(rounded2) < $signed(32'd2147483648);
+  assign \$149  = $signed(rounded2) > $signed(32'd2147483647);
+  assign \$150  = \$149  ? 49'h000007fffffff : rounded2;
+  assign \$151  = \$148  ? 49'h1ffff80000000 : \$150 ;
+  assign \$152  = $signed(x3) >>> shift_m1;
+  assign \$153  = shift_nz ? \$152  : x3;
+  assign \$154  = x3 & below_half;
+  assign \$155  = | \$154 ;
+  assign \$156  = y3[0] & shift_nz;
+  assign \$157  = sticky3 | q3[0];
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = $signed(q3) + $signed({ 1'h0, \$158  });
+  assign \$160  = $signed(rounded3) < $signed(32'd2147483648);
+  assign \$161  = $signed(rounded3) > $signed(32'd2147483647);
+  assign \$162  = \$161  ? 49'h000007fffffff : rounded3;
+  assign \$163  = \$160  ? 49'h1ffff80000000 : \$162 ;
   always @(posedge clk)
-    \$signal  <= \$131 ;
+    \$signal  <= \$164 ;
   always @(posedge clk)
-    v2 <= \$132 ;
+    v2 <= \$165 ;
   always @(posedge clk)
-    o__valid <= \$133 ;
+    x_valid <= \$166 ;
   always @(posedge clk)
-    prod0 <= \$134 ;
+    x0 <= \$167 ;
   always @(posedge clk)
-    y0 <= \$135 ;
+    x1 <= \$168 ;
   always @(posedge clk)
-    sticky0 <= \$136 ;
+    x2 <= \$169 ;
   always @(posedge clk)
-    o__payload <= \$137 ;
+    x3 <= \$170 ;
   always @(posedge clk)
-    prod1 <= \$138 ;
+    shift_nz <= \$171 ;
   always @(posedge clk)
-    y1 <= \$139 ;
+    shift_m1 <= \$172 ;
   always @(posedge clk)
-    sticky1 <= \$140 ;
+    below_half <= \$173 ;
   always @(posedge clk)
-    prod2 <= \$141 ;
+    \$signal$53  <= \$174 ;
   always @(posedge clk)
-    y2 <= \$142 ;
+    v_round <= \$175 ;
   always @(posedge clk)
-    sticky2 <= \$143 ;
+    o__valid <= \$176 ;
   always @(posedge clk)
-    prod3 <= \$144 ;
+    y0 <= \$177 ;
   always @(posedge clk)
-    y3 <= \$145 ;
+    sticky0 <= \$178 ;
   always @(posedge clk)
-    sticky3 <= \$146 ;
+    rounded0 <= \$179 ;
+  always @(posedge clk)
+    o__payload <= \$180 ;
+  always @(posedge clk)
+    y1 <= \$181 ;
+  always @(posedge clk)
+    sticky1 <= \$182 ;
+  always @(posedge clk)
+    rounded1 <= \$183 ;
+  always @(posedge clk)
+    y2 <= \$184 ;
+  always @(posedge clk)
+    sticky2 <= \$185 ;
+  always @(posedge clk)
+    rounded2 <= \$186 ;
+  always @(posedge clk)
+    y3 <= \$187 ;
+  always @(posedge clk)
+    sticky3 <= \$188 ;
+  always @(posedge clk)
+    rounded3 <= \$189 ;
+  \nanokpu_kpu.gemm.requant.mul  mul (
+    .clk(clk),
+    .en(advance),
+    .p__0(p__0),
+    .p__1(p__1),
+    .p__2(p__2),
+    .p__3(p__3),
+    .p__4(p__4),
+    .p__5(p__5),
+    .p__6(p__6),
+    .p__7(p__7),
+    .\port$2658$0 (i__payload),
+    .\port$2760$54 (\port$2760$54 [15:0]),
+    .rst(rst),
+    .unit_rst(unit_rst)
+  );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$131  = \$signal ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$164  = \$signal ;
     if (advance) begin
-      \$131  = i__valid;
+      \$164  = i__valid;
     end
     if (unit_rst) begin
-      \$131  = 1'h0;
+      \$164  = 1'h0;
     end
     if (rst) begin
-      \$131  = 1'h0;
+      \$164  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$132  = v2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$165  = v2;
     if (advance) begin
-      \$132  = \$signal ;
+      \$165  = \$signal ;
     end
     if (unit_rst) begin
-      \$132  = 1'h0;
+      \$165  = 1'h0;
     end
     if (rst) begin
-      \$132  = 1'h0;
+      \$165  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$133  = o__valid;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$166  = x_valid;
     if (advance) begin
-      \$133  = v2;
+      \$166  = v2;
     end
     if (unit_rst) begin
-      \$133  = 1'h0;
+      \$166  = 1'h0;
     end
     if (rst) begin
-      \$133  = 1'h0;
+      \$166  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$134  = prod0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$167  = x0;
     if (advance) begin
-      \$134  = { \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91 [47], \$91  };
+      \$167  = \$8 [47:0];
     end
     if (unit_rst) begin
-      \$134  = 64'h0000000000000000;
+      \$167  = 48'h000000000000;
     end
     if (rst) begin
-      \$134  = 64'h0000000000000000;
+      \$167  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$135  = y0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$168  = x1;
     if (advance) begin
-      \$135  = \$94 ;
+      \$168  = \$11 [47:0];
     end
     if (unit_rst) begin
-      \$135  = 64'h0000000000000000;
+      \$168  = 48'h000000000000;
     end
     if (rst) begin
-      \$135  = 64'h0000000000000000;
+      \$168  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$136  = sticky0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$169  = x2;
     if (advance) begin
-      \$136  = \$96 ;
+      \$169  = \$14 [47:0];
     end
     if (unit_rst) begin
-      \$136  = 1'h0;
+      \$169  = 48'h000000000000;
     end
     if (rst) begin
-      \$136  = 1'h0;
+      \$169  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$137  = o__payload;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$170  = x3;
     if (advance) begin
-      \$137 [31:0] = \$100 [31:0];
-      \$137 [63:32] = \$110 [31:0];
-      \$137 [95:64] = \$120 [31:0];
-      \$137 [127:96] = \$130 [31:0];
+      \$170  = \$17 [47:0];
     end
     if (unit_rst) begin
-      \$137  = 128'h00000000000000000000000000000000;
+      \$170  = 48'h000000000000;
     end
     if (rst) begin
-      \$137  = 128'h00000000000000000000000000000000;
+      \$170  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$138  = prod1;
-    if (advance) begin
-      \$138  = { \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101 [47], \$101  };
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$171  = \$18 ;
     if (unit_rst) begin
-      \$138  = 64'h0000000000000000;
+      \$171  = 1'h0;
     end
     if (rst) begin
-      \$138  = 64'h0000000000000000;
+      \$171  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$139  = y1;
-    if (advance) begin
-      \$139  = \$104 ;
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$172  = \$19 [5:0];
     if (unit_rst) begin
-      \$139  = 64'h0000000000000000;
+      \$172  = 6'h00;
     end
     if (rst) begin
-      \$139  = 64'h0000000000000000;
+      \$172  = 6'h00;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$140  = sticky1;
-    if (advance) begin
-      \$140  = \$106 ;
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$173  = { \$115 , \$113 , \$111 , \$109 , \$107 , \$105 , \$103 , \$101 , \$99 , \$97 , \$95 , \$93 , \$91 , \$89 , \$87 , \$85 , \$83 , \$81 , \$79 , \$77 , \$75 , \$73 , \$71 , \$69 , \$67 , \$65 , \$63 , \$61 , \$59 , \$57 , \$55 , \$53 , \$51 , \$49 , \$47 , \$45 , \$43 , \$41 , \$39 , \$37 , \$35 , \$33 , \$31 , \$29 , \$27 , \$25 , \$23 , \$21  };
     if (unit_rst) begin
-      \$140  = 1'h0;
+      \$173  = 48'h000000000000;
     end
     if (rst) begin
-      \$140  = 1'h0;
+      \$173  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$141  = prod2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$174  = \$signal$53 ;
     if (advance) begin
-      \$141  = { \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111 [47], \$111  };
+      \$174  = x_valid;
     end
     if (unit_rst) begin
-      \$141  = 64'h0000000000000000;
+      \$174  = 1'h0;
     end
     if (rst) begin
-      \$141  = 64'h0000000000000000;
+      \$174  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$142  = y2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$175  = v_round;
     if (advance) begin
-      \$142  = \$114 ;
+      \$175  = \$signal$53 ;
     end
     if (unit_rst) begin
-      \$142  = 64'h0000000000000000;
+      \$175  = 1'h0;
     end
     if (rst) begin
-      \$142  = 64'h0000000000000000;
+      \$175  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$143  = sticky2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$176  = o__valid;
     if (advance) begin
-      \$143  = \$116 ;
+      \$176  = v_round;
     end
     if (unit_rst) begin
-      \$143  = 1'h0;
+      \$176  = 1'h0;
     end
     if (rst) begin
-      \$143  = 1'h0;
+      \$176  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$144  = prod3;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$177  = y0;
     if (advance) begin
-      \$144  = { \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121 [47], \$121  };
+      \$177  = \$117 ;
     end
     if (unit_rst) begin
-      \$144  = 64'h0000000000000000;
+      \$177  = 48'h000000000000;
     end
     if (rst) begin
-      \$144  = 64'h0000000000000000;
+      \$177  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$145  = y3;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$178  = sticky0;
     if (advance) begin
-      \$145  = \$124 ;
+      \$178  = \$119 ;
     end
     if (unit_rst) begin
-      \$145  = 64'h0000000000000000;
+      \$178  = 1'h0;
     end
     if (rst) begin
-      \$145  = 64'h0000000000000000;
+      \$178  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$146  = sticky3;
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$179  = rounded0;
     if (advance) begin
-      \$146  = \$126 ;
+      \$179  = \$123 ;
     end
     if (unit_rst) begin
-      \$146  = 1'h0;
+      \$179  = 49'h0000000000000;
     end
     if (rst) begin
-      \$146  = 1'h0;
+      \$179  = 49'h0000000000000;
     end
   end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$180  = o__payload;
+    if (advance) begin
+      \$180 [31:0] = \$127 [31:0];
+      \$180 [63:32] = \$139 [31:0];
+      \$180 [95:64] = \$151 [31:0];
+      \$180 [127:96] = \$163 [31:0];
+    end
+    if (unit_rst) begin
+      \$180  = 128'h00000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$180  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$181  = y1;
+    if (advance) begin
+      \$181  = \$129 ;
+    end
+    if (unit_rst) begin
+      \$181  = 48'h000000000000;
+    end
+    if (rst) begin
+      \$181  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$182  = sticky1;
+    if (advance) begin
+      \$182  = \$131 ;
+    end
+    if (unit_rst) begin
+      \$182  = 1'h0;
+    end
+    if (rst) begin
+      \$182  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$183  = rounded1;
+    if (advance) begin
+      \$183  = \$135 ;
+    end
+    if (unit_rst) begin
+      \$183  = 49'h0000000000000;
+    end
+    if (rst) begin
+      \$183  = 49'h0000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$184  = y2;
+    if (advance) begin
+      \$184  = \$141 ;
+    end
+    if (unit_rst) begin
+      \$184  = 48'h000000000000;
+    end
+    if (rst) begin
+      \$184  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$185  = sticky2;
+    if (advance) begin
+      \$185  = \$143 ;
+    end
+    if (unit_rst) begin
+      \$185  = 1'h0;
+    end
+    if (rst) begin
+      \$185  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$186  = rounded2;
+    if (advance) begin
+      \$186  = \$147 ;
+    end
+    if (unit_rst) begin
+      \$186  = 49'h0000000000000;
+    end
+    if (rst) begin
+      \$186  = 49'h0000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$187  = y3;
+    if (advance) begin
+      \$187  = \$153 ;
+    end
+    if (unit_rst) begin
+      \$187  = 48'h000000000000;
+    end
+    if (rst) begin
+      \$187  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$188  = sticky3;
+    if (advance) begin
+      \$188  = \$155 ;
+    end
+    if (unit_rst) begin
+      \$188  = 1'h0;
+    end
+    if (rst) begin
+      \$188  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$189  = rounded3;
+    if (advance) begin
+      \$189  = \$159 ;
+    end
+    if (unit_rst) begin
+      \$189  = 49'h0000000000000;
+    end
+    if (rst) begin
+      \$189  = 49'h0000000000000;
+    end
+  end
+  assign en = advance;
   assign i__ready = advance;
-  assign shift_m1 = \$2 [5:0];
-  assign shift = \port$2649$54 [21:16];
-  assign below_half = { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign mult = \port$2649$54 [15:0];
+  assign a__0 = { 1'h0, i__payload[16:0] };
+  assign b__0 = { 2'h0, \port$2760$54 [15:0] };
+  assign mult = \port$2760$54 [15:0];
+  assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
+  assign b__1 = { 2'h0, \port$2760$54 [15:0] };
+  assign a__2 = { 1'h0, i__payload[48:32] };
+  assign b__2 = { 2'h0, \port$2760$54 [15:0] };
+  assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
+  assign b__3 = { 2'h0, \port$2760$54 [15:0] };
+  assign a__4 = { 1'h0, i__payload[80:64] };
+  assign b__4 = { 2'h0, \port$2760$54 [15:0] };
+  assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
+  assign b__5 = { 2'h0, \port$2760$54 [15:0] };
+  assign a__6 = { 1'h0, i__payload[112:96] };
+  assign b__6 = { 2'h0, \port$2760$54 [15:0] };
+  assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
+  assign b__7 = { 2'h0, \port$2760$54 [15:0] };
+  assign shift = \port$2760$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -24835,16 +25559,505 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \o__payload[1]  = o__payload[63:32];
   assign \o__payload[2]  = o__payload[95:64];
   assign \o__payload[3]  = o__payload[127:96];
-  assign \$68  = { y0[63], y0[63:1] };
-  assign \$74  = { y1[63], y1[63:1] };
-  assign \$80  = { y2[63], y2[63:1] };
-  assign \$86  = { y3[63], y3[63:1] };
+  assign \$2  = { y0[47], y0[47:1] };
+  assign \$3  = { y1[47], y1[47:1] };
+  assign \$4  = { y2[47], y2[47:1] };
+  assign \$5  = { y3[47], y3[47:1] };
+  assign \$6  = { p__0[35], p__0 };
+  assign \$7  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$9  = { p__2[35], p__2 };
+  assign \$10  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$12  = { p__4[35], p__4 };
+  assign \$13  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$15  = { p__6[35], p__6 };
+  assign \$16  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$2760$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
+  wire [35:0] \$1 ;
+  reg [17:0] \$10 ;
+  reg [35:0] \$11 ;
+  reg [17:0] \$12 ;
+  reg [17:0] \$13 ;
+  reg [35:0] \$14 ;
+  reg [17:0] \$15 ;
+  reg [17:0] \$16 ;
+  reg [35:0] \$17 ;
+  reg [17:0] \$18 ;
+  reg [17:0] \$19 ;
+  wire [35:0] \$2 ;
+  reg [35:0] \$20 ;
+  reg [17:0] \$21 ;
+  reg [17:0] \$22 ;
+  reg [35:0] \$23 ;
+  reg [17:0] \$24 ;
+  reg [17:0] \$25 ;
+  reg [35:0] \$26 ;
+  reg [17:0] \$27 ;
+  reg [17:0] \$28 ;
+  reg [35:0] \$29 ;
+  wire [35:0] \$3 ;
+  reg [17:0] \$30 ;
+  reg [17:0] \$31 ;
+  reg [35:0] \$32 ;
+  wire [35:0] \$4 ;
+  wire [35:0] \$5 ;
+  wire [35:0] \$6 ;
+  wire [35:0] \$7 ;
+  wire [35:0] \$8 ;
+  reg [17:0] \$9 ;
+  reg [17:0] a0_r = 18'h00000;
+  reg [17:0] a1_r = 18'h00000;
+  reg [17:0] a2_r = 18'h00000;
+  reg [17:0] a3_r = 18'h00000;
+  reg [17:0] a4_r = 18'h00000;
+  reg [17:0] a5_r = 18'h00000;
+  reg [17:0] a6_r = 18'h00000;
+  reg [17:0] a7_r = 18'h00000;
+  wire [17:0] a__0;
+  wire [17:0] a__1;
+  wire [17:0] a__2;
+  wire [17:0] a__3;
+  wire [17:0] a__4;
+  wire [17:0] a__5;
+  wire [17:0] a__6;
+  wire [17:0] a__7;
+  reg [17:0] b0_r = 18'h00000;
+  reg [17:0] b1_r = 18'h00000;
+  reg [17:0] b2_r = 18'h00000;
+  reg [17:0] b3_r = 18'h00000;
+  reg [17:0] b4_r = 18'h00000;
+  reg [17:0] b5_r = 18'h00000;
+  reg [17:0] b6_r = 18'h00000;
+  reg [17:0] b7_r = 18'h00000;
+  wire [17:0] b__0;
+  wire [17:0] b__1;
+  wire [17:0] b__2;
+  wire [17:0] b__3;
+  wire [17:0] b__4;
+  wire [17:0] b__5;
+  wire [17:0] b__6;
+  wire [17:0] b__7;
+  input clk;
+  wire clk;
+  input en;
+  wire en;
+  output [35:0] p__0;
+  reg [35:0] p__0 = 36'h000000000;
+  output [35:0] p__1;
+  reg [35:0] p__1 = 36'h000000000;
+  output [35:0] p__2;
+  reg [35:0] p__2 = 36'h000000000;
+  output [35:0] p__3;
+  reg [35:0] p__3 = 36'h000000000;
+  output [35:0] p__4;
+  reg [35:0] p__4 = 36'h000000000;
+  output [35:0] p__5;
+  reg [35:0] p__5 = 36'h000000000;
+  output [35:0] p__6;
+  reg [35:0] p__6 = 36'h000000000;
+  output [35:0] p__7;
+  reg [35:0] p__7 = 36'h000000000;
+  input [127:0] \port$2658$0 ;
+  wire [127:0] \port$2658$0 ;
+  input [15:0] \port$2760$54 ;
+  wire [15:0] \port$2760$54 ;
+  input rst;
+  wire rst;
+  input unit_rst;
+  wire unit_rst;
+  assign \$1  = $signed(a0_r) * $signed(b0_r);
+  assign \$2  = $signed(a1_r) * $signed(b1_r);
+  assign \$3  = $signed(a2_r) * $signed(b2_r);
+  assign \$4  = $signed(a3_r) * $signed(b3_r);
+  assign \$5  = $signed(a4_r) * $signed(b4_r);
+  assign \$6  = $signed(a5_r) * $signed(b5_r);
+  assign \$7  = $signed(a6_r) * $signed(b6_r);
+  assign \$8  = $signed(a7_r) * $signed(b7_r);
+  always @(posedge clk)
+    a0_r <= \$9 ;
+  always @(posedge clk)
+    b0_r <= \$10 ;
+  always @(posedge clk)
+    p__0 <= \$11 ;
+  always @(posedge clk)
+    a1_r <= \$12 ;
+  always @(posedge clk)
+    b1_r <= \$13 ;
+  always @(posedge clk)
+    p__1 <= \$14 ;
+  always @(posedge clk)
+    a2_r <= \$15 ;
+  always @(posedge clk)
+    b2_r <= \$16 ;
+  always @(posedge clk)
+    p__2 <= \$17 ;
+  always @(posedge clk)
+    a3_r <= \$18 ;
+  always @(posedge clk)
+    b3_r <= \$19 ;
+  always @(posedge clk)
+    p__3 <= \$20 ;
+  always @(posedge clk)
+    a4_r <= \$21 ;
+  always @(posedge clk)
+    b4_r <= \$22 ;
+  always @(posedge clk)
+    p__4 <= \$23 ;
+  always @(posedge clk)
+    a5_r <= \$24 ;
+  always @(posedge clk)
+    b5_r <= \$25 ;
+  always @(posedge clk)
+    p__5 <= \$26 ;
+  always @(posedge clk)
+    a6_r <= \$27 ;
+  always @(posedge clk)
+    b6_r <= \$28 ;
+  always @(posedge clk)
+    p__6 <= \$29 ;
+  always @(posedge clk)
+    a7_r <= \$30 ;
+  always @(posedge clk)
+    b7_r <= \$31 ;
+  always @(posedge clk)
+    p__7 <= \$32 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$9  = a0_r;
+    if (en) begin
+      \$9  = { 1'h0, \port$2658$0 [16:0] };
+    end
+    if (unit_rst) begin
+      \$9  = 18'h00000;
+    end
+    if (rst) begin
+      \$9  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$10  = b0_r;
+    if (en) begin
+      \$10  = { 2'h0, \port$2760$54  };
+    end
+    if (unit_rst) begin
+      \$10  = 18'h00000;
+    end
+    if (rst) begin
+      \$10  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$11  = p__0;
+    if (en) begin
+      \$11  = \$1 ;
+    end
+    if (unit_rst) begin
+      \$11  = 36'h000000000;
+    end
+    if (rst) begin
+      \$11  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$12  = a1_r;
+    if (en) begin
+      \$12  = { \port$2658$0 [31], \port$2658$0 [31], \port$2658$0 [31], \port$2658$0 [31:17] };
+    end
+    if (unit_rst) begin
+      \$12  = 18'h00000;
+    end
+    if (rst) begin
+      \$12  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$13  = b1_r;
+    if (en) begin
+      \$13  = { 2'h0, \port$2760$54  };
+    end
+    if (unit_rst) begin
+      \$13  = 18'h00000;
+    end
+    if (rst) begin
+      \$13  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$14  = p__1;
+    if (en) begin
+      \$14  = \$2 ;
+    end
+    if (unit_rst) begin
+      \$14  = 36'h000000000;
+    end
+    if (rst) begin
+      \$14  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$15  = a2_r;
+    if (en) begin
+      \$15  = { 1'h0, \port$2658$0 [48:32] };
+    end
+    if (unit_rst) begin
+      \$15  = 18'h00000;
+    end
+    if (rst) begin
+      \$15  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$16  = b2_r;
+    if (en) begin
+      \$16  = { 2'h0, \port$2760$54  };
+    end
+    if (unit_rst) begin
+      \$16  = 18'h00000;
+    end
+    if (rst) begin
+      \$16  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$17  = p__2;
+    if (en) begin
+      \$17  = \$3 ;
+    end
+    if (unit_rst) begin
+      \$17  = 36'h000000000;
+    end
+    if (rst) begin
+      \$17  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$18  = a3_r;
+    if (en) begin
+      \$18  = { \port$2658$0 [63], \port$2658$0 [63], \port$2658$0 [63], \port$2658$0 [63:49] };
+    end
+    if (unit_rst) begin
+      \$18  = 18'h00000;
+    end
+    if (rst) begin
+      \$18  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$19  = b3_r;
+    if (en) begin
+      \$19  = { 2'h0, \port$2760$54  };
+    end
+    if (unit_rst) begin
+      \$19  = 18'h00000;
+    end
+    if (rst) begin
+      \$19  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$20  = p__3;
+    if (en) begin
+      \$20  = \$4 ;
+    end
+    if (unit_rst) begin
+      \$20  = 36'h000000000;
+    end
+    if (rst) begin
+      \$20  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$21  = a4_r;
+    if (en) begin
+      \$21  = { 1'h0, \port$2658$0 [80:64] };
+    end
+    if (unit_rst) begin
+      \$21  = 18'h00000;
+    end
+    if (rst) begin
+      \$21  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$22  = b4_r;
+    if (en) begin
+      \$22  = { 2'h0, \port$2760$54  };
+    end
+    if (unit_rst) begin
+      \$22  = 18'h00000;
+    end
+    if (rst) begin
+      \$22  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$23  = p__4;
+    if (en) begin
+      \$23  = \$5 ;
+    end
+    if (unit_rst) begin
+      \$23  = 36'h000000000;
+    end
+    if (rst) begin
+      \$23  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$24  = a5_r;
+    if (en) begin
+      \$24  = { \port$2658$0 [95], \port$2658$0 [95], \port$2658$0 [95], \port$2658$0 [95:81] };
+    end
+    if (unit_rst) begin
+      \$24  = 18'h00000;
+    end
+    if (rst) begin
+      \$24  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$25  = b5_r;
+    if (en) begin
+      \$25  = { 2'h0, \port$2760$54  };
+    end
+    if (unit_rst) begin
+      \$25  = 18'h00000;
+    end
+    if (rst) begin
+      \$25  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$26  = p__5;
+    if (en) begin
+      \$26  = \$6 ;
+    end
+    if (unit_rst) begin
+      \$26  = 36'h000000000;
+    end
+    if (rst) begin
+      \$26  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$27  = a6_r;
+    if (en) begin
+      \$27  = { 1'h0, \port$2658$0 [112:96] };
+    end
+    if (unit_rst) begin
+      \$27  = 18'h00000;
+    end
+    if (rst) begin
+      \$27  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$28  = b6_r;
+    if (en) begin
+      \$28  = { 2'h0, \port$2760$54  };
+    end
+    if (unit_rst) begin
+      \$28  = 18'h00000;
+    end
+    if (rst) begin
+      \$28  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$29  = p__6;
+    if (en) begin
+      \$29  = \$7 ;
+    end
+    if (unit_rst) begin
+      \$29  = 36'h000000000;
+    end
+    if (rst) begin
+      \$29  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$30  = a7_r;
+    if (en) begin
+      \$30  = { \port$2658$0 [127], \port$2658$0 [127], \port$2658$0 [127], \port$2658$0 [127:113] };
+    end
+    if (unit_rst) begin
+      \$30  = 18'h00000;
+    end
+    if (rst) begin
+      \$30  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$31  = b7_r;
+    if (en) begin
+      \$31  = { 2'h0, \port$2760$54  };
+    end
+    if (unit_rst) begin
+      \$31  = 18'h00000;
+    end
+    if (rst) begin
+      \$31  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$32  = p__7;
+    if (en) begin
+      \$32  = \$8 ;
+    end
+    if (unit_rst) begin
+      \$32  = 36'h000000000;
+    end
+    if (rst) begin
+      \$32  = 36'h000000000;
+    end
+  end
+  assign a__0 = { 1'h0, \port$2658$0 [16:0] };
+  assign b__0 = { 2'h0, \port$2760$54  };
+  assign a__1 = { \port$2658$0 [31], \port$2658$0 [31], \port$2658$0 [31], \port$2658$0 [31:17] };
+  assign b__1 = { 2'h0, \port$2760$54  };
+  assign a__2 = { 1'h0, \port$2658$0 [48:32] };
+  assign b__2 = { 2'h0, \port$2760$54  };
+  assign a__3 = { \port$2658$0 [63], \port$2658$0 [63], \port$2658$0 [63], \port$2658$0 [63:49] };
+  assign b__3 = { 2'h0, \port$2760$54  };
+  assign a__4 = { 1'h0, \port$2658$0 [80:64] };
+  assign b__4 = { 2'h0, \port$2760$54  };
+  assign a__5 = { \port$2658$0 [95], \port$2658$0 [95], \port$2658$0 [95], \port$2658$0 [95:81] };
+  assign b__5 = { 2'h0, \port$2760$54  };
+  assign a__6 = { 1'h0, \port$2658$0 [112:96] };
+  assign b__6 = { 2'h0, \port$2760$54  };
+  assign a__7 = { \port$2658$0 [127], \port$2658$0 [127], \port$2658$0 [127], \port$2658$0 [127:113] };
+  assign b__7 = { 2'h0, \port$2760$54  };
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, rd_addr, bus__arvalid, bus__rready, clk, rst, bus__awready, bus__wready, wr_en, bus__arready, rd_en, rd_data, wr_addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata
 , bus__awaddr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
   wire \$1 ;
   wire \$10 ;
   reg \$11 ;
@@ -24951,7 +26164,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
   always @(posedge clk)
     bus__rdata <= \$19 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$11  = \$signal ;
     if (\$7 ) begin
       \$11  = 1'h1;
@@ -24964,7 +26177,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$12  = wr_addr;
     if (\$7 ) begin
       \$12  = bus__awaddr;
@@ -24974,7 +26187,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$13  = w_ok;
     if (\$8 ) begin
       \$13  = 1'h1;
@@ -24987,7 +26200,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$14  = wr_data;
     if (\$8 ) begin
       \$14  = bus__wdata;
@@ -24997,7 +26210,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$15  = wr_strb;
     if (\$8 ) begin
       \$15  = bus__wstrb;
@@ -25007,7 +26220,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$16  = bus__bvalid;
     if (wr_en) begin
       \$16  = 1'h1;
@@ -25020,14 +26233,14 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$17  = rd_en;
     if (rst) begin
       \$17  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$18  = bus__rvalid;
     if (pending) begin
       \$18  = 1'h1;
@@ -25040,7 +26253,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$19  = bus__rdata;
     if (pending) begin
       \$19  = rd_data;
@@ -25057,102 +26270,148 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult, shift, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
-  wire \$10 ;
+  wire [6:0] \$10 ;
+  wire [6:0] \$100 ;
+  wire \$101 ;
+  wire [6:0] \$102 ;
+  wire \$103 ;
+  wire [47:0] \$104 ;
+  wire [47:0] \$105 ;
+  wire [47:0] \$106 ;
+  wire \$107 ;
+  wire \$108 ;
+  wire \$109 ;
   wire \$11 ;
-  wire \$12 ;
+  wire \$110 ;
+  wire [48:0] \$111 ;
+  wire \$112 ;
+  wire \$113 ;
+  wire [48:0] \$114 ;
+  wire [48:0] \$115 ;
+  reg \$116 ;
+  reg \$117 ;
+  reg \$118 ;
+  reg [47:0] \$119 ;
+  wire [6:0] \$12 ;
+  reg \$120 ;
+  reg [5:0] \$121 ;
+  reg [47:0] \$122 ;
+  reg \$123 ;
+  reg \$124 ;
+  reg \$125 ;
+  reg [47:0] \$126 ;
+  reg \$127 ;
+  reg [48:0] \$128 ;
+  reg [31:0] \$129 ;
   wire \$13 ;
-  wire \$14 ;
+  wire [6:0] \$14 ;
   wire \$15 ;
-  wire \$16 ;
+  wire [6:0] \$16 ;
   wire \$17 ;
-  wire \$18 ;
+  wire [6:0] \$18 ;
   wire \$19 ;
-  wire [6:0] \$2 ;
-  wire \$20 ;
+  wire [47:0] \$2 ;
+  wire [6:0] \$20 ;
   wire \$21 ;
-  wire \$22 ;
+  wire [6:0] \$22 ;
   wire \$23 ;
-  wire \$24 ;
+  wire [6:0] \$24 ;
   wire \$25 ;
-  wire \$26 ;
+  wire [6:0] \$26 ;
   wire \$27 ;
-  wire \$28 ;
+  wire [6:0] \$28 ;
   wire \$29 ;
-  wire \$3 ;
-  wire \$30 ;
+  wire [36:0] \$3 ;
+  wire [6:0] \$30 ;
   wire \$31 ;
-  wire \$32 ;
+  wire [6:0] \$32 ;
   wire \$33 ;
-  wire \$34 ;
+  wire [6:0] \$34 ;
   wire \$35 ;
-  wire \$36 ;
+  wire [6:0] \$36 ;
   wire \$37 ;
-  wire \$38 ;
+  wire [6:0] \$38 ;
   wire \$39 ;
-  wire \$4 ;
-  wire \$40 ;
+  wire [66:0] \$4 ;
+  wire [6:0] \$40 ;
   wire \$41 ;
-  wire \$42 ;
+  wire [6:0] \$42 ;
   wire \$43 ;
-  wire \$44 ;
+  wire [6:0] \$44 ;
   wire \$45 ;
-  wire \$46 ;
+  wire [6:0] \$46 ;
   wire \$47 ;
-  wire \$48 ;
+  wire [6:0] \$48 ;
   wire \$49 ;
-  wire \$5 ;
-  wire \$50 ;
+  wire [67:0] \$5 ;
+  wire [6:0] \$50 ;
   wire \$51 ;
-  wire \$52 ;
+  wire [6:0] \$52 ;
   wire \$53 ;
-  wire \$54 ;
+  wire [6:0] \$54 ;
   wire \$55 ;
-  wire \$56 ;
+  wire [6:0] \$56 ;
   wire \$57 ;
-  wire \$58 ;
+  wire [6:0] \$58 ;
   wire \$59 ;
   wire \$6 ;
-  wire \$60 ;
+  wire [6:0] \$60 ;
   wire \$61 ;
-  wire \$62 ;
+  wire [6:0] \$62 ;
   wire \$63 ;
-  wire \$64 ;
+  wire [6:0] \$64 ;
   wire \$65 ;
-  wire \$66 ;
+  wire [6:0] \$66 ;
   wire \$67 ;
-  wire [63:0] \$68 ;
+  wire [6:0] \$68 ;
   wire \$69 ;
-  wire \$7 ;
-  wire \$70 ;
+  wire [6:0] \$7 ;
+  wire [6:0] \$70 ;
   wire \$71 ;
-  wire \$72 ;
-  wire [47:0] \$73 ;
-  wire \$74 ;
-  wire [63:0] \$75 ;
-  wire [63:0] \$76 ;
-  wire [63:0] \$77 ;
-  wire \$78 ;
+  wire [6:0] \$72 ;
+  wire \$73 ;
+  wire [6:0] \$74 ;
+  wire \$75 ;
+  wire [6:0] \$76 ;
+  wire \$77 ;
+  wire [6:0] \$78 ;
   wire \$79 ;
-  wire \$8 ;
-  wire \$80 ;
-  wire [64:0] \$81 ;
-  wire [64:0] \$82 ;
-  reg \$83 ;
-  reg \$84 ;
-  reg \$85 ;
-  reg [63:0] \$86 ;
-  reg [63:0] \$87 ;
-  reg \$88 ;
-  reg [31:0] \$89 ;
+  wire [6:0] \$8 ;
+  wire [6:0] \$80 ;
+  wire \$81 ;
+  wire [6:0] \$82 ;
+  wire \$83 ;
+  wire [6:0] \$84 ;
+  wire \$85 ;
+  wire [6:0] \$86 ;
+  wire \$87 ;
+  wire [6:0] \$88 ;
+  wire \$89 ;
   wire \$9 ;
+  wire [6:0] \$90 ;
+  wire \$91 ;
+  wire [6:0] \$92 ;
+  wire \$93 ;
+  wire [6:0] \$94 ;
+  wire \$95 ;
+  wire [6:0] \$96 ;
+  wire \$97 ;
+  wire [6:0] \$98 ;
+  wire \$99 ;
   reg \$signal  = 1'h0;
+  reg \$signal$26  = 1'h0;
+  wire [17:0] a__0;
+  wire [17:0] a__1;
   output advance;
   wire advance;
-  wire [63:0] below_half;
+  wire [17:0] b__0;
+  wire [17:0] b__1;
+  reg [47:0] below_half = 48'h000000000000;
   input clk;
   wire clk;
+  wire en;
   input [31:0] i__payload;
   wire [31:0] i__payload;
   wire [31:0] \i__payload[0] ;
@@ -25167,220 +26426,499 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
   wire o__ready;
   output o__valid;
   reg o__valid = 1'h0;
-  reg [63:0] prod0 = 64'h0000000000000000;
-  wire [63:0] q0;
-  wire [64:0] rounded0;
+  wire [35:0] p__0;
+  wire [35:0] p__1;
+  wire [47:0] q0;
+  reg [48:0] rounded0 = 49'h0000000000000;
   input rst;
   wire rst;
   input [5:0] shift;
   wire [5:0] shift;
-  wire [5:0] shift_m1;
+  reg [5:0] shift_m1 = 6'h00;
+  reg shift_nz = 1'h0;
   reg sticky0 = 1'h0;
   input unit_rst;
   wire unit_rst;
   reg v2 = 1'h0;
-  reg [63:0] y0 = 64'h0000000000000000;
-  assign \$10  = \$2 [5:0] > 3'h7;
-  assign \$11  = \$2 [5:0] > 4'h8;
-  assign \$12  = \$2 [5:0] > 4'h9;
-  assign \$13  = \$2 [5:0] > 4'ha;
-  assign \$14  = \$2 [5:0] > 4'hb;
-  assign \$15  = \$2 [5:0] > 4'hc;
-  assign \$16  = \$2 [5:0] > 4'hd;
-  assign \$17  = \$2 [5:0] > 4'he;
-  assign \$18  = \$2 [5:0] > 4'hf;
-  assign \$19  = \$2 [5:0] > 5'h10;
-  assign \$20  = \$2 [5:0] > 5'h11;
-  assign \$21  = \$2 [5:0] > 5'h12;
-  assign \$22  = \$2 [5:0] > 5'h13;
-  assign \$23  = \$2 [5:0] > 5'h14;
-  assign \$24  = \$2 [5:0] > 5'h15;
-  assign \$25  = \$2 [5:0] > 5'h16;
-  assign \$26  = \$2 [5:0] > 5'h17;
-  assign \$27  = \$2 [5:0] > 5'h18;
-  assign \$28  = \$2 [5:0] > 5'h19;
-  assign \$29  = \$2 [5:0] > 5'h1a;
-  assign \$30  = \$2 [5:0] > 5'h1b;
-  assign \$31  = \$2 [5:0] > 5'h1c;
-  assign \$32  = \$2 [5:0] > 5'h1d;
-  assign \$33  = \$2 [5:0] > 5'h1e;
-  assign \$34  = \$2 [5:0] > 5'h1f;
-  assign \$35  = \$2 [5:0] > 6'h20;
-  assign \$36  = \$2 [5:0] > 6'h21;
-  assign \$37  = \$2 [5:0] > 6'h22;
-  assign \$38  = \$2 [5:0] > 6'h23;
-  assign \$39  = \$2 [5:0] > 6'h24;
-  assign \$40  = \$2 [5:0] > 6'h25;
-  assign \$41  = \$2 [5:0] > 6'h26;
-  assign \$42  = \$2 [5:0] > 6'h27;
-  assign \$43  = \$2 [5:0] > 6'h28;
-  assign \$44  = \$2 [5:0] > 6'h29;
-  assign \$45  = \$2 [5:0] > 6'h2a;
-  assign \$46  = \$2 [5:0] > 6'h2b;
-  assign \$47  = \$2 [5:0] > 6'h2c;
-  assign \$48  = \$2 [5:0] > 6'h2d;
-  assign \$49  = \$2 [5:0] > 6'h2e;
-  assign \$50  = \$2 [5:0] > 6'h2f;
-  assign \$51  = \$2 [5:0] > 6'h30;
-  assign \$52  = \$2 [5:0] > 6'h31;
-  assign \$53  = \$2 [5:0] > 6'h32;
-  assign \$54  = \$2 [5:0] > 6'h33;
-  assign \$55  = \$2 [5:0] > 6'h34;
-  assign \$56  = \$2 [5:0] > 6'h35;
-  assign \$57  = \$2 [5:0] > 6'h36;
-  assign \$58  = \$2 [5:0] > 6'h37;
-  assign \$59  = \$2 [5:0] > 6'h38;
-  assign \$60  = \$2 [5:0] > 6'h39;
-  assign \$61  = \$2 [5:0] > 6'h3a;
-  assign \$62  = \$2 [5:0] > 6'h3b;
-  assign \$63  = \$2 [5:0] > 6'h3c;
-  assign \$64  = \$2 [5:0] > 6'h3d;
-  assign \$65  = \$2 [5:0] > 6'h3e;
-  assign \$66  = \$2 [5:0] > 6'h3f;
-  assign \$67  = ! shift;
-  assign q0 = \$67  ? y0 : \$68 ;
-  assign \$69  = | shift;
-  assign \$70  = y0[0] & \$69 ;
-  assign \$71  = sticky0 | q0[0];
-  assign \$72  = \$70  & \$71 ;
-  assign rounded0 = $signed(q0) + $signed({ 1'h0, \$72  });
-  assign \$73  = $signed(i__payload) * $signed({ 1'h0, mult });
-  assign \$74  = ! shift;
-  assign \$75  = $signed(prod0) >>> \$2 [5:0];
-  assign \$76  = \$74  ? prod0 : \$75 ;
-  assign \$77  = prod0 & { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
-  assign \$78  = | \$77 ;
-  assign \$79  = $signed(rounded0) < $signed(32'd2147483648);
-  assign \$80  = $signed(rounded0) > $signed(32'd2147483647);
-  assign \$81  = \$80  ? 65'h0000000007fffffff : rounded0;
-  assign \$82  = \$79  ? 65'h1ffffffff80000000 : \$81 ;
-  always @(posedge clk)
-    \$signal  <= \$83 ;
-  always @(posedge clk)
-    v2 <= \$84 ;
-  always @(posedge clk)
-    o__valid <= \$85 ;
-  always @(posedge clk)
-    prod0 <= \$86 ;
-  always @(posedge clk)
-    y0 <= \$87 ;
-  always @(posedge clk)
-    sticky0 <= \$88 ;
-  always @(posedge clk)
-    o__payload <= \$89 ;
+  reg v_round = 1'h0;
+  reg [47:0] x0 = 48'h000000000000;
+  reg x_valid = 1'h0;
+  reg [47:0] y0 = 48'h000000000000;
   assign \$1  = ~ o__valid;
-  assign \$2  = shift - 1'h1;
-  assign \$3  = \$2 [5:0] > 1'h0;
-  assign \$4  = \$2 [5:0] > 1'h1;
-  assign \$5  = \$2 [5:0] > 2'h2;
-  assign \$6  = \$2 [5:0] > 2'h3;
-  assign \$7  = \$2 [5:0] > 3'h4;
-  assign \$8  = \$2 [5:0] > 3'h5;
-  assign \$9  = \$2 [5:0] > 3'h6;
+  assign q0 = shift_nz ? \$2  : y0;
+  assign \$5  = $signed(\$3 ) + $signed(\$4 );
+  assign \$6  = | shift;
+  assign \$7  = shift - 1'h1;
+  assign \$8  = shift - 1'h1;
+  assign \$9  = \$8 [5:0] > 1'h0;
+  assign \$10  = shift - 1'h1;
+  assign \$11  = \$10 [5:0] > 1'h1;
+  assign \$12  = shift - 1'h1;
+  assign \$13  = \$12 [5:0] > 2'h2;
+  assign \$14  = shift - 1'h1;
+  assign \$15  = \$14 [5:0] > 2'h3;
+  assign \$16  = shift - 1'h1;
+  assign \$17  = \$16 [5:0] > 3'h4;
+  assign \$18  = shift - 1'h1;
+  assign \$19  = \$18 [5:0] > 3'h5;
+  assign \$20  = shift - 1'h1;
+  assign \$21  = \$20 [5:0] > 3'h6;
+  assign \$22  = shift - 1'h1;
+  assign \$23  = \$22 [5:0] > 3'h7;
+  assign \$24  = shift - 1'h1;
+  assign \$25  = \$24 [5:0] > 4'h8;
+  assign \$26  = shift - 1'h1;
+  assign \$27  = \$26 [5:0] > 4'h9;
+  assign \$28  = shift - 1'h1;
+  assign \$29  = \$28 [5:0] > 4'ha;
+  assign \$30  = shift - 1'h1;
+  assign \$31  = \$30 [5:0] > 4'hb;
+  assign \$32  = shift - 1'h1;
+  assign \$33  = \$32 [5:0] > 4'hc;
+  assign \$34  = shift - 1'h1;
+  assign \$35  = \$34 [5:0] > 4'hd;
+  assign \$36  = shift - 1'h1;
+  assign \$37  = \$36 [5:0] > 4'he;
+  assign \$38  = shift - 1'h1;
+  assign \$39  = \$38 [5:0] > 4'hf;
+  assign \$40  = shift - 1'h1;
+  assign \$41  = \$40 [5:0] > 5'h10;
+  assign \$42  = shift - 1'h1;
+  assign \$43  = \$42 [5:0] > 5'h11;
+  assign \$44  = shift - 1'h1;
+  assign \$45  = \$44 [5:0] > 5'h12;
+  assign \$46  = shift - 1'h1;
+  assign \$47  = \$46 [5:0] > 5'h13;
+  assign \$48  = shift - 1'h1;
+  assign \$49  = \$48 [5:0] > 5'h14;
+  assign \$50  = shift - 1'h1;
+  assign \$51  = \$50 [5:0] > 5'h15;
+  assign \$52  = shift - 1'h1;
+  assign \$53  = \$52 [5:0] > 5'h16;
+  assign \$54  = shift - 1'h1;
+  assign \$55  = \$54 [5:0] > 5'h17;
+  assign \$56  = shift - 1'h1;
+  assign \$57  = \$56 [5:0] > 5'h18;
+  assign \$58  = shift - 1'h1;
+  assign \$59  = \$58 [5:0] > 5'h19;
+  assign \$60  = shift - 1'h1;
+  assign \$61  = \$60 [5:0] > 5'h1a;
+  assign \$62  = shift - 1'h1;
+  assign \$63  = \$62 [5:0] > 5'h1b;
+  assign \$64  = shift - 1'h1;
+  assign \$65  = \$64 [5:0] > 5'h1c;
+  assign \$66  = shift - 1'h1;
+  assign \$67  = \$66 [5:0] > 5'h1d;
+  assign \$68  = shift - 1'h1;
+  assign \$69  = \$68 [5:0] > 5'h1e;
+  assign \$70  = shift - 1'h1;
+  assign \$71  = \$70 [5:0] > 5'h1f;
+  assign \$72  = shift - 1'h1;
+  assign \$73  = \$72 [5:0] > 6'h20;
+  assign \$74  = shift - 1'h1;
+  assign \$75  = \$74 [5:0] > 6'h21;
+  assign \$76  = shift - 1'h1;
+  assign \$77  = \$76 [5:0] > 6'h22;
+  assign \$78  = shift - 1'h1;
+  assign \$79  = \$78 [5:0] > 6'h23;
+  assign \$80  = shift - 1'h1;
+  assign \$81  = \$80 [5:0] > 6'h24;
+  assign \$82  = shift - 1'h1;
+  assign \$83  = \$82 [5:0] > 6'h25;
+  assign \$84  = shift - 1'h1;
+  assign \$85  = \$84 [5:0] > 6'h26;
+  assign \$86  = shift - 1'h1;
+  assign \$87  = \$86 [5:0] > 6'h27;
+  assign \$88  = shift - 1'h1;
+  assign \$89  = \$88 [5:0] > 6'h28;
+  assign \$90  = shift - 1'h1;
+  assign \$91  = \$90 [5:0] > 6'h29;
+  assign \$92  = shift - 1'h1;
+  assign \$93  = \$92 [5:0] > 6'h2a;
+  assign \$94  = shift - 1'h1;
+  assign \$95  = \$94 [5:0] > 6'h2b;
+  assign \$96  = shift - 1'h1;
+  assign \$97  = \$96 [5:0] > 6'h2c;
+  assign \$98  = shift - 1'h1;
+  assign \$99  = \$98 [5:0] > 6'h2d;
+  assign \$100  = shift - 1'h1;
+  assign \$101  = \$100 [5:0] > 6'h2e;
+  assign \$102  = shift - 1'h1;
+  assign \$103  = \$102 [5:0] > 6'h2f;
+  assign \$104  = $signed(x0) >>> shift_m1;
+  assign \$105  = shift_nz ? \$104  : x0;
+  assign \$106  = x0 & below_half;
+  assign \$107  = | \$106 ;
+  assign \$108  = y0[0] & shift_nz;
+  assign \$109  = sticky0 | q0[0];
+  assign \$110  = \$108  & \$109 ;
+  assign \$111  = $signed(q0) + $signed({ 1'h0, \$110  });
+  assign \$112  = $signed(rounded0) < $signed(32'd2147483648);
+  assign \$113  = $signed(rounded0) > $signed(32'd2147483647);
+  assign \$114  = \$113  ? 49'h000007fffffff : rounded0;
+  assign \$115  = \$112  ? 49'h1ffff80000000 : \$114 ;
+  always @(posedge clk)
+    \$signal  <= \$116 ;
+  always @(posedge clk)
+    v2 <= \$117 ;
+  always @(posedge clk)
+    x_valid <= \$118 ;
+  always @(posedge clk)
+    x0 <= \$119 ;
+  always @(posedge clk)
+    shift_nz <= \$120 ;
+  always @(posedge clk)
+    shift_m1 <= \$121 ;
+  always @(posedge clk)
+    below_half <= \$122 ;
+  always @(posedge clk)
+    \$signal$26  <= \$123 ;
+  always @(posedge clk)
+    v_round <= \$124 ;
+  always @(posedge clk)
+    o__valid <= \$125 ;
+  always @(posedge clk)
+    y0 <= \$126 ;
+  always @(posedge clk)
+    sticky0 <= \$127 ;
+  always @(posedge clk)
+    rounded0 <= \$128 ;
+  always @(posedge clk)
+    o__payload <= \$129 ;
+  \nanokpu_kpu.requant.mul  mul (
+    .clk(clk),
+    .en(1'h1),
+    .p__0(p__0),
+    .p__1(p__1),
+    .\port$2364$0 (i__payload),
+    .\port$2509$0 (mult),
+    .rst(rst),
+    .unit_rst(unit_rst)
+  );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$83  = \$signal ;
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$116  = \$signal ;
     if (advance) begin
-      \$83  = i__valid;
+      \$116  = i__valid;
     end
     if (unit_rst) begin
-      \$83  = 1'h0;
+      \$116  = 1'h0;
     end
     if (rst) begin
-      \$83  = 1'h0;
+      \$116  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$84  = v2;
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$117  = v2;
     if (advance) begin
-      \$84  = \$signal ;
+      \$117  = \$signal ;
     end
     if (unit_rst) begin
-      \$84  = 1'h0;
+      \$117  = 1'h0;
     end
     if (rst) begin
-      \$84  = 1'h0;
+      \$117  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$85  = o__valid;
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$118  = x_valid;
     if (advance) begin
-      \$85  = v2;
+      \$118  = v2;
     end
     if (unit_rst) begin
-      \$85  = 1'h0;
+      \$118  = 1'h0;
     end
     if (rst) begin
-      \$85  = 1'h0;
+      \$118  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$86  = prod0;
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$119  = x0;
     if (advance) begin
-      \$86  = { \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73 [47], \$73  };
+      \$119  = \$5 [47:0];
     end
     if (unit_rst) begin
-      \$86  = 64'h0000000000000000;
+      \$119  = 48'h000000000000;
     end
     if (rst) begin
-      \$86  = 64'h0000000000000000;
+      \$119  = 48'h000000000000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$87  = y0;
-    if (advance) begin
-      \$87  = \$76 ;
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$120  = \$6 ;
     if (unit_rst) begin
-      \$87  = 64'h0000000000000000;
+      \$120  = 1'h0;
     end
     if (rst) begin
-      \$87  = 64'h0000000000000000;
+      \$120  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$88  = sticky0;
-    if (advance) begin
-      \$88  = \$78 ;
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$121  = \$7 [5:0];
     if (unit_rst) begin
-      \$88  = 1'h0;
+      \$121  = 6'h00;
     end
     if (rst) begin
-      \$88  = 1'h0;
+      \$121  = 6'h00;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$89  = o__payload;
-    if (advance) begin
-      \$89  = \$82 [31:0];
-    end
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$122  = { \$103 , \$101 , \$99 , \$97 , \$95 , \$93 , \$91 , \$89 , \$87 , \$85 , \$83 , \$81 , \$79 , \$77 , \$75 , \$73 , \$71 , \$69 , \$67 , \$65 , \$63 , \$61 , \$59 , \$57 , \$55 , \$53 , \$51 , \$49 , \$47 , \$45 , \$43 , \$41 , \$39 , \$37 , \$35 , \$33 , \$31 , \$29 , \$27 , \$25 , \$23 , \$21 , \$19 , \$17 , \$15 , \$13 , \$11 , \$9  };
     if (unit_rst) begin
-      \$89  = 32'd0;
+      \$122  = 48'h000000000000;
     end
     if (rst) begin
-      \$89  = 32'd0;
+      \$122  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$123  = \$signal$26 ;
+    if (advance) begin
+      \$123  = x_valid;
+    end
+    if (unit_rst) begin
+      \$123  = 1'h0;
+    end
+    if (rst) begin
+      \$123  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$124  = v_round;
+    if (advance) begin
+      \$124  = \$signal$26 ;
+    end
+    if (unit_rst) begin
+      \$124  = 1'h0;
+    end
+    if (rst) begin
+      \$124  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$125  = o__valid;
+    if (advance) begin
+      \$125  = v_round;
+    end
+    if (unit_rst) begin
+      \$125  = 1'h0;
+    end
+    if (rst) begin
+      \$125  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$126  = y0;
+    if (advance) begin
+      \$126  = \$105 ;
+    end
+    if (unit_rst) begin
+      \$126  = 48'h000000000000;
+    end
+    if (rst) begin
+      \$126  = 48'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$127  = sticky0;
+    if (advance) begin
+      \$127  = \$107 ;
+    end
+    if (unit_rst) begin
+      \$127  = 1'h0;
+    end
+    if (rst) begin
+      \$127  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$128  = rounded0;
+    if (advance) begin
+      \$128  = \$111 ;
+    end
+    if (unit_rst) begin
+      \$128  = 49'h0000000000000;
+    end
+    if (rst) begin
+      \$128  = 49'h0000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$129  = o__payload;
+    if (advance) begin
+      \$129  = \$115 [31:0];
+    end
+    if (unit_rst) begin
+      \$129  = 32'd0;
+    end
+    if (rst) begin
+      \$129  = 32'd0;
     end
   end
   assign o__ready = 1'h1;
+  assign en = advance;
   assign i__ready = advance;
-  assign shift_m1 = \$2 [5:0];
-  assign below_half = { \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5 , \$4 , \$3  };
+  assign a__0 = { 1'h0, i__payload[16:0] };
+  assign b__0 = { 2'h0, mult };
+  assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
+  assign b__1 = { 2'h0, mult };
   assign \i__payload[0]  = i__payload;
   assign \o__payload[0]  = o__payload;
   assign advance = 1'h1;
-  assign \$68  = { y0[63], y0[63:1] };
+  assign \$2  = { y0[47], y0[47:1] };
+  assign \$3  = { p__0[35], p__0 };
+  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.requant.mul (rst, en, \port$2364$0 , unit_rst, \port$2509$0 , p__0, p__1, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
+  wire [35:0] \$1 ;
+  wire [35:0] \$2 ;
+  reg [17:0] \$3 ;
+  reg [17:0] \$4 ;
+  reg [35:0] \$5 ;
+  reg [17:0] \$6 ;
+  reg [17:0] \$7 ;
+  reg [35:0] \$8 ;
+  reg [17:0] a0_r = 18'h00000;
+  reg [17:0] a1_r = 18'h00000;
+  wire [17:0] a__0;
+  wire [17:0] a__1;
+  reg [17:0] b0_r = 18'h00000;
+  reg [17:0] b1_r = 18'h00000;
+  wire [17:0] b__0;
+  wire [17:0] b__1;
+  input clk;
+  wire clk;
+  input en;
+  wire en;
+  output [35:0] p__0;
+  reg [35:0] p__0 = 36'h000000000;
+  output [35:0] p__1;
+  reg [35:0] p__1 = 36'h000000000;
+  input [31:0] \port$2364$0 ;
+  wire [31:0] \port$2364$0 ;
+  input [15:0] \port$2509$0 ;
+  wire [15:0] \port$2509$0 ;
+  input rst;
+  wire rst;
+  input unit_rst;
+  wire unit_rst;
+  assign \$2  = $signed(a1_r) * $signed(b1_r);
+  always @(posedge clk)
+    a0_r <= \$3 ;
+  always @(posedge clk)
+    b0_r <= \$4 ;
+  always @(posedge clk)
+    p__0 <= \$5 ;
+  always @(posedge clk)
+    a1_r <= \$6 ;
+  always @(posedge clk)
+    b1_r <= \$7 ;
+  always @(posedge clk)
+    p__1 <= \$8 ;
+  assign \$1  = $signed(a0_r) * $signed(b0_r);
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$3  = a0_r;
+    if (en) begin
+      \$3  = { 1'h0, \port$2364$0 [16:0] };
+    end
+    if (unit_rst) begin
+      \$3  = 18'h00000;
+    end
+    if (rst) begin
+      \$3  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$4  = b0_r;
+    if (en) begin
+      \$4  = { 2'h0, \port$2509$0  };
+    end
+    if (unit_rst) begin
+      \$4  = 18'h00000;
+    end
+    if (rst) begin
+      \$4  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$5  = p__0;
+    if (en) begin
+      \$5  = \$1 ;
+    end
+    if (unit_rst) begin
+      \$5  = 36'h000000000;
+    end
+    if (rst) begin
+      \$5  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$6  = a1_r;
+    if (en) begin
+      \$6  = { \port$2364$0 [31], \port$2364$0 [31], \port$2364$0 [31], \port$2364$0 [31:17] };
+    end
+    if (unit_rst) begin
+      \$6  = 18'h00000;
+    end
+    if (rst) begin
+      \$6  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$7  = b1_r;
+    if (en) begin
+      \$7  = { 2'h0, \port$2509$0  };
+    end
+    if (unit_rst) begin
+      \$7  = 18'h00000;
+    end
+    if (rst) begin
+      \$7  = 18'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$8  = p__1;
+    if (en) begin
+      \$8  = \$2 ;
+    end
+    if (unit_rst) begin
+      \$8  = 36'h000000000;
+    end
+    if (rst) begin
+      \$8  = 36'h000000000;
+    end
+  end
+  assign a__0 = { 1'h0, \port$2364$0 [16:0] };
+  assign b__0 = { 2'h0, \port$2509$0  };
+  assign a__1 = { \port$2364$0 [31], \port$2364$0 [31], \port$2364$0 [31], \port$2364$0 [31:17] };
+  assign b__1 = { 2'h0, \port$2509$0  };
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data, bias_we, bias_addr, wp__data, scores__payload, scores__valid, routes__ready, unit_rst, routes__payload, emitting, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
   wire \$1 ;
   wire \$10 ;
   wire [14:0] \$100 ;
@@ -25869,7 +27407,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     lw__addr = 3'h0;
     if (\$signal ) begin
       lw__addr = inc2_index;
@@ -25878,7 +27416,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     lw__en = 1'h0;
     if (\$signal ) begin
       lw__en = 1'h1;
@@ -25887,7 +27425,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     lw__data = 16'h0000;
     if (\$signal ) begin
       lw__data = \$21 [15:0];
@@ -25896,7 +27434,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$114  = p1_scores;
     if (\$57 ) begin
       \$114  = scores__payload;
@@ -25909,7 +27447,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$115  = p1_beat;
     if (\$57 ) begin
       \$115  = rp__addr;
@@ -25922,7 +27460,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$116  = p1_valid;
     if (\$57 ) begin
       \$116  = 1'h1;
@@ -25937,7 +27475,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$117  = rp__addr;
     if (\$57 ) begin
       \$117  = \$60 [2:0];
@@ -25950,7 +27488,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$118  = \$65 ;
     if (unit_rst) begin
       \$118  = 1'h0;
@@ -25960,7 +27498,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$119  = l0_0;
     if (\$66 ) begin
       if (\$72 ) begin
@@ -25975,7 +27513,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$120  = l0_1;
     if (\$66 ) begin
       if (\$85 ) begin
@@ -25993,7 +27531,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$121  = \$96 ;
     if (unit_rst) begin
       \$121  = 1'h0;
@@ -26003,7 +27541,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$122  = head0[20:18];
     if (unit_rst) begin
       \$122  = 3'h0;
@@ -26013,7 +27551,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$123  = s0_0;
     if (take) begin
       \$123  = l0_0;
@@ -26030,7 +27568,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$124  = s0_1;
     if (take) begin
       \$124  = l0_1;
@@ -26047,7 +27585,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$125  = merging;
     if (take) begin
       \$125  = 1'h1;
@@ -26064,7 +27602,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$126  = merge_done;
     if (take) begin
       \$126  = 1'h0;
@@ -26083,7 +27621,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$127  = merge_count;
     if (take) begin
       \$127  = 1'h0;
@@ -26098,7 +27636,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$128  = den;
     if (take) begin
       \$128  = 14'h0000;
@@ -26113,7 +27651,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$129  = res_index1;
     if (take) begin
     end else if (\$98 ) begin
@@ -26127,7 +27665,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$130  = res_score1;
     if (take) begin
     end else if (\$98 ) begin
@@ -26141,7 +27679,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$131  = res_index0;
     if (take) begin
     end else if (\$98 ) begin
@@ -26155,7 +27693,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$132  = res_score0;
     if (take) begin
     end else if (\$98 ) begin
@@ -26169,7 +27707,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$133  = \$signal$33 ;
     if (unit_rst) begin
       \$133  = 1'h0;
@@ -26179,7 +27717,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$134  = lr__addr;
     if (unit_rst) begin
       \$134  = 3'h0;
@@ -26189,7 +27727,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$135  = load_clearing;
     if (load_clear) begin
       \$135  = 1'h1;
@@ -26206,7 +27744,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$136  = sweep;
     if (load_clear) begin
       \$136  = 3'h0;
@@ -26221,7 +27759,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$137  = dividing;
     if (c_take) begin
       \$137  = 1'h1;
@@ -26236,7 +27774,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$138  = emitting;
     if (c_take) begin
       \$138  = 1'h0;
@@ -26255,7 +27793,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$139  = out_count;
     if (c_take) begin
       \$139  = 1'h0;
@@ -26271,7 +27809,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$140  = out_index0;
     if (c_take) begin
       \$140  = res_index0;
@@ -26287,7 +27825,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$141  = out_index1;
     if (c_take) begin
       \$141  = res_index1;
@@ -26300,7 +27838,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$142  = out_score0;
     if (c_take) begin
       \$142  = res_score0;
@@ -26316,7 +27854,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$143  = out_score1;
     if (c_take) begin
       \$143  = res_score1;
@@ -26393,7 +27931,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -26441,7 +27979,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -26456,7 +27994,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -26471,7 +28009,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -26486,7 +28024,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -26506,7 +28044,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.sigmoid (rst, advance, x, i__valid, unit_rst, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
   wire \$1 ;
   wire [4:0] \$2 ;
   wire [4:0] \$3 ;
@@ -26550,7 +28088,7 @@ module \nanokpu_kpu.sigmoid (rst, advance, x, i__valid, unit_rst, o__valid, o__p
     .y(o__payload)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$4  = valid;
     if (advance) begin
       \$4  = \$3 [3:0];
@@ -26578,7 +28116,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.sigmoid.pwl (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
   wire [16:0] \$11 ;
@@ -26931,42 +28469,42 @@ module \nanokpu_kpu.sigmoid.pwl (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$27 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$22  = frac1_0;
     if (port__en) begin
       \$22  = \$5 [4:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$23  = word2_0;
     if (port__en) begin
       \$23  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$24  = frac2_0;
     if (port__en) begin
       \$24  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$25  = value3_0;
     if (port__en) begin
       \$25  = word2_0[16:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$26  = product3_0;
     if (port__en) begin
       \$26  = { 1'h0, \$7  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$27  = y;
     if (port__en) begin
       \$27  = \$21 [12:0];
@@ -26994,7 +28532,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
   wire \$1 ;
   wire [30:0] \$10 ;
   reg [5:0] \$11 ;
@@ -27074,7 +28612,7 @@ module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid
     .y(\y$17 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$11  = valid;
     if (advance) begin
       \$11  = \$3 [5:0];
@@ -27087,14 +28625,14 @@ module \nanokpu_kpu.situ (rst, advance, i__payload, i__valid, unit_rst, o__valid
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$12  = product;
     if (advance) begin
       \$12  = \$4 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$13  = o__payload;
     if (advance) begin
       \$13  = \$10 [15:0];
@@ -27124,7 +28662,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
   wire [17:0] \$11 ;
@@ -27605,42 +29143,42 @@ module \nanokpu_kpu.situ.gate (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$27 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$22  = frac1_0;
     if (port__en) begin
       \$22  = \$5 [4:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$23  = word2_0;
     if (port__en) begin
       \$23  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$24  = frac2_0;
     if (port__en) begin
       \$24  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$25  = value3_0;
     if (port__en) begin
       \$25  = word2_0[17:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$26  = product3_0;
     if (port__en) begin
       \$26  = { \$7 [16], \$7  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$27  = y;
     if (port__en) begin
       \$27  = \$21 [13:0];
@@ -27668,7 +29206,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire [16:0] \$1 ;
   wire [20:0] \$10 ;
   wire [19:0] \$11 ;
@@ -28789,42 +30327,42 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   always @(posedge clk)
     y <= \$27 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$22  = frac1_0;
     if (port__en) begin
       \$22  = \$5 [5:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$23  = word2_0;
     if (port__en) begin
       \$23  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$24  = frac2_0;
     if (port__en) begin
       \$24  = frac1_0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$25  = value3_0;
     if (port__en) begin
       \$25  = word2_0[19:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$26  = product3_0;
     if (port__en) begin
       \$26  = { 1'h0, \$7  };
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$27  = y;
     if (port__en) begin
       \$27  = \$21 [15:0];
@@ -28852,7 +30390,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire \$1 ;
   wire [23:0] \$10 ;
   wire \$100 ;
@@ -29213,7 +30751,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     i__ready = 1'h0;
     casez (op)
       2'h0:
@@ -29238,7 +30776,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     start = 1'h0;
     casez (op)
       2'h0:
@@ -29255,7 +30793,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     num = 48'h000000000000;
     casez (op)
       2'h0:
@@ -29272,7 +30810,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     den = 16'h0000;
     casez (op)
       2'h0:
@@ -29289,7 +30827,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \num$13  = 21'h000000;
     casez (op)
       2'h0:
@@ -29314,7 +30852,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \den$15  = 17'h00000;
     casez (op)
       2'h0:
@@ -29339,7 +30877,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \start$18  = 1'h0;
     casez (op)
       2'h0:
@@ -29366,7 +30904,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     q = 23'h000000;
     casez (op)
       2'h0:
@@ -29395,7 +30933,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     rm = 18'h00000;
     casez (op)
       2'h0:
@@ -29424,7 +30962,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$140  = 1'h0;
     casez (op)
       2'h0:
@@ -29465,7 +31003,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$141  = o__payload;
     casez (op)
       2'h0:
@@ -29506,7 +31044,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$142  = acc;
     casez (op)
       2'h0:
@@ -29529,7 +31067,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$143  = sumsq;
     casez (op)
       2'h0:
@@ -29558,7 +31096,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$144  = fsm_state;
     casez (op)
       2'h0:
@@ -29611,7 +31149,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$145  = \rem$29 ;
     casez (op)
       2'h0:
@@ -29642,7 +31180,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$146  = root;
     casez (op)
       2'h0:
@@ -29676,7 +31214,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$147  = \bit ;
     casez (op)
       2'h0:
@@ -29705,7 +31243,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$148  = r;
     casez (op)
       2'h0:
@@ -29734,7 +31272,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$149  = neg;
     casez (op)
       2'h0:
@@ -29767,7 +31305,7 @@ module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$150  = row_end;
     casez (op)
       2'h0:
@@ -29836,7 +31374,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire \$1 ;
   reg [16:0] \$10 ;
   wire \$2 ;
@@ -29886,7 +31424,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [17:0];
@@ -29901,7 +31439,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[19:0], \$5  };
@@ -29916,7 +31454,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -29931,7 +31469,7 @@ module \nanokpu_kpu.vector.div (rst, busy, unit_rst, num, \den$11 , start, rem, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -29950,7 +31488,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
   wire \$1 ;
   reg [15:0] \$10 ;
   wire \$2 ;
@@ -29999,7 +31537,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [16:0];
@@ -30014,7 +31552,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[46:0], \$5  };
@@ -30029,7 +31567,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [5:0];
@@ -30044,7 +31582,7 @@ module \nanokpu_kpu.vector.div_ms (rst, busy, unit_rst, start, num, \den$11 , qu
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
