@@ -118,17 +118,18 @@ def run(args) -> int:
         "## Why these numbers",
         "",
         "The engine is three concurrent stages (nanokpu/router.py): insertion of "
-        "`route_lanes` scores per cycle into per-lane sorted lists, a k-cycle merge of the "
-        "lane heads into the top-k, and a divide-and-emit stage (one sequential reciprocal "
+        "`route_lanes` scores per cycle into per-lane sorted lists, a merge of the lane heads "
+        "into the top-k (two cycles per pop: the comparison tree over the lane heads is split "
+        "over two pipeline stages), and a divide-and-emit stage (one sequential reciprocal "
         f"of R + 1 = {recip + 1} cycles, then one weight per cycle). A token costs "
-        "`max(ceil(E / lanes), k + 1, R + k + 2)` cycles in steady state "
+        "`max(ceil(E / lanes), 2k + 1, R + k + 2)` cycles in steady state "
         f"(R = weight_frac + score_frac + 1 = {recip}). At the K3 shape the score input is "
         f"the bottleneck for every lane count measured: ceil({cfg.n_experts} / lanes) beats, "
-        f"against k + 1 = {cfg.top_k + 1} for the merge and R + k + 2 = {recip + cfg.top_k + 2} "
+        f"against 2k + 1 = {2 * cfg.top_k + 1} for the merge and R + k + 2 = {recip + cfg.top_k + 2} "
         "for the weights, so the cycles per token equal 896 / lanes exactly, with no "
         "constant (the merge and the division of one token overlap the scoring of the next). "
         "The latency of a token, from its last score beat to its first route beat, is "
-        f"k + R + 6 = {cfg.top_k + recip + 6} cycles. The bench behind every row asserts "
+        f"2k + R + 6 = {2 * cfg.top_k + recip + 6} cycles. The bench behind every row asserts "
         "that the measured cycles equal this model (`nanokpu.router.cycles_per_token`); "
         "tests/test_router.py does so on the RTL for the default k3 row in the default suite.",
         "",

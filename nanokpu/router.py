@@ -10,15 +10,19 @@ Bit-exact to :func:`golden.intops.route_int`. Design (``E = n_experts``, ``L = r
                                                     load counters (RAM, E words) <-- merge
 
 1. **Insertion.** Lane ``j`` of beat ``b`` carries expert ``b*L + j``. Its bias comes from bank
-   ``j`` (a RAM of ``B`` words, read one cycle ahead, written by the host). ``key = score + bias``
-   enters a sorted list of depth ``D = min(k, B)`` per lane; a newcomer passes an entry only on a
+   ``j`` (a RAM of ``B`` words written by the host, read ahead at the beat of the next
+   transfer), and ``key = score + bias`` is registered with the scores ([P1]). The key enters
+   a sorted list of depth ``D = min(k, B)`` per lane; a newcomer passes an entry only on a
    strictly larger key, so equal keys keep index order (the lane sees its experts in
    ascending order). One beat per cycle.
 2. **Merge.** When a token's last beat is inserted, the ``L`` lists are copied to a snapshot
    in one cycle and the lists take the next token at once. The merge pops, ``k`` times, the
    best lane head (larger key; on equal keys the lower expert index), records ``(index,
    score)`` and sums the unbiased score into ``S``; each pop increments that expert's load
-   counter (a read-modify-write pipeline on a RAM with a transparent read port).
+   counter (a read-modify-write pipeline on a RAM with a transparent read port). A pop takes
+   two cycles, the comparison tree over the lane heads split in halves: the lower half runs
+   in the pop cycle on the heads left by the pop (registered), the upper half in the next
+   cycle (its winner registered, popped in the cycle after).
 3. **Weights.** A :class:`~nanokpu.divider.SeqDivider` computes ``recip = floor(2**R / S)``
    (``R + 1`` cycles), then one multiplier emits ``w_i = round_shift(s_i * recip,
    score_frac + 1, rounding)`` per output beat. ``S = 0`` means every selected score is 0, so
@@ -33,7 +37,7 @@ counters ``load_width`` [16]. Storage: ``2 * L * D`` list entries in flip-flops
 (16 x 16 x 2 at ``k3``), ``L`` bias banks of ``B`` words, one counter RAM of ``E`` words.
 
 The three stages run concurrently on consecutive tokens, so a token costs
-:attr:`TopKRouter.cycles_per_token` = ``max(B, k + 1, R + k + 2)`` cycles in steady state
+:attr:`TopKRouter.cycles_per_token` = ``max(B, 2 * k + 1, R + k + 2)`` cycles in steady state
 (``B`` when the scores are the bottleneck: 56 at the ``k3`` shape with 16 lanes). Host
 interface: the bias write port (``bias_we``, ``bias_addr`` = expert index, ``bias_data``),
 load counter reads (``load_addr`` -> ``load_data`` one cycle later) and clear
@@ -42,7 +46,7 @@ load counter reads (``load_addr`` -> ``load_data`` one cycle later) and clear
 
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -56,18 +60,19 @@ __all__ = ["TopKRouter", "cycles_per_token", "latency"]
 
 def cycles_per_token(cfg: KpuConfig) -> int:
     """Steady-state cycles per token of :class:`TopKRouter` without idle or backpressure:
-    ``max(B, top_k + 1, R + top_k + 2)`` for the input (``B = ceil(n_experts / route_lanes)``
-    beats), the merge and the divide-and-emit stage (``R = weight_frac + score_frac + 1``)."""
+    ``max(B, 2 * top_k + 1, R + top_k + 2)`` for the input (``B = ceil(n_experts / route_lanes)``
+    beats), the merge (hand-over, then two cycles per pop) and the divide-and-emit stage
+    (``R = weight_frac + score_frac + 1``)."""
     beats = -(-cfg.n_experts // cfg.route_lanes)
     recip_bits = cfg.weight_frac + cfg.score_frac + 1
-    return max(beats, cfg.top_k + 1, recip_bits + cfg.top_k + 2)
+    return max(beats, 2 * cfg.top_k + 1, recip_bits + cfg.top_k + 2)
 
 
 def latency(cfg: KpuConfig) -> int:
     """Cycles from the transfer of a token's last score beat to its first route beat being
-    valid, in an otherwise empty :class:`TopKRouter`: ``top_k + R + 6`` (insert 1, hand-over
-    1, merge ``top_k``, hand-over 1, divide ``R + 1``, start 2)."""
-    return cfg.top_k + cfg.weight_frac + cfg.score_frac + 1 + 6
+    valid, in an otherwise empty :class:`TopKRouter`: ``2 * top_k + R + 6`` (insert 1,
+    hand-over 1, merge ``2 * top_k``, hand-over 1, divide ``R + 1``, start 2)."""
+    return 2 * cfg.top_k + cfg.weight_frac + cfg.score_frac + 1 + 6
 
 
 def _bits(n: int) -> int:
@@ -172,6 +177,7 @@ class TopKRouter(wiring.Component):
         p1_valid = Signal()
         p1_beat = Signal(beat_w)
         p1_scores = Signal(data.ArrayLayout(unsigned(cfg.score_width), lanes))
+        p1_keys = Signal(data.ArrayLayout(self.key_shape, lanes))
         lists = [[entry(f"l{j}_{i}") for i in range(depth)] for j in range(lanes)]
         lists_full = Signal()                     # the lists hold a complete token
         take = Signal()                           # the merge copies the lists this cycle
@@ -182,9 +188,10 @@ class TopKRouter(wiring.Component):
             advance.eq(p1_valid & ~(lists_full & ~take)),
             self.scores.ready.eq(~p1_valid | advance),
         ]
+        next_beat = Mux(beat == self.beats - 1, 0, beat + 1)
         with m.If(in_xfer):
             m.d.sync += [p1_scores.eq(self.scores.payload), p1_beat.eq(beat), p1_valid.eq(1),
-                         beat.eq(Mux(beat == self.beats - 1, 0, beat + 1))]
+                         beat.eq(next_beat)]
         with m.Elif(advance):
             m.d.sync += p1_valid.eq(0)
         last_insert = advance & (p1_beat == self.beats - 1)
@@ -198,14 +205,19 @@ class TopKRouter(wiring.Component):
             bank = Memory(shape=signed(cfg.bias_width), depth=self.beats, init=[])
             m.submodules[f"bias{j}"] = bank
             wp = bank.write_port()
-            rp = bank.read_port(domain="sync")
+            # the read port follows the beat of the next transfer (the bias is ready when the
+            # scores arrive, and the key is registered with them); it sees a write of the
+            # previous cycle
+            rp = bank.read_port(domain="sync", transparent_for=(wp,))
             m.d.comb += [
                 wp.addr.eq(bank_row), wp.data.eq(self.bias_data),
                 wp.en.eq(self.bias_we & (bank_sel == j) & (self.bias_addr < n)),
-                rp.addr.eq(beat), rp.en.eq(in_xfer),
+                rp.addr.eq(Mux(in_xfer, next_beat, beat)),
             ]
+            with m.If(in_xfer):
+                m.d.sync += p1_keys[j].eq(self.scores.payload[j] + rp.data)
             new = Signal(entry_layout, name=f"new{j}")
-            m.d.comb += [new.valid.eq(1), new.key.eq(p1_scores[j] + rp.data), new.beat.eq(p1_beat),
+            m.d.comb += [new.valid.eq(1), new.key.eq(p1_keys[j]), new.beat.eq(p1_beat),
                          new.score.eq(p1_scores[j])]
             # lanes past the last expert exist only in the last beat (never the fresh one)
             lane_ok = (p1_beat != self.beats - 1) if j >= n - (self.beats - 1) * lanes else Const(1)
@@ -235,33 +247,61 @@ class TopKRouter(wiring.Component):
         clearing = Signal()
         m.d.comb += take.eq(lists_full & (~(merging | merge_done) | (merge_done & c_take)))
 
-        # comparison tree over the lane heads: larger key, then lower expert index
-        cand_layout = data.StructLayout({"valid": 1, "key": self.key_shape,
+        # comparison tree over the lane heads: valid first, then the larger key, then the
+        # lower expert index, i.e. the lower (beat, lane). One unsigned comparison of ``rank``
+        # (valid, key in unsigned order, ~beat, ~lane; MSB first) decides a node.
+        lane_w = Shape.cast(range(lanes)).width
+        cand_layout = data.StructLayout({"rank": 1 + self.key_shape.width + beat_w + lane_w,
                                          "index": self.index_width, "score": cfg.score_width,
-                                         "lane": range(lanes)})
-        cands = []
-        for j in range(lanes):
-            head = snap[j][0]
-            cand = Signal(cand_layout, name=f"head{j}")
-            m.d.comb += [cand.valid.eq(head.valid), cand.key.eq(head.key),
-                         cand.index.eq(head.beat * lanes + j), cand.score.eq(head.score),
-                         cand.lane.eq(j)]
-            cands.append(cand)
-        level = 0
-        while len(cands) > 1:
-            nxt = []
-            for p in range(0, len(cands) - 1, 2):
-                a, b = cands[p], cands[p + 1]
-                a_wins = a.valid & (~b.valid | (a.key > b.key) | ((a.key == b.key) & (a.index < b.index)))
-                win = Signal(cand_layout, name=f"tree{level}_{p // 2}")
-                m.d.comb += win.eq(Mux(a_wins, a, b))
-                nxt.append(win)
-            if len(cands) % 2:
-                nxt.append(cands[-1])
-            cands, level = nxt, level + 1
-        best = cands[0]
+                                         "sel": lanes})  # one-hot lane
 
-        pop = merging & ~clearing
+        def reduce(cands, levels, tag):
+            for level in range(levels):
+                nxt = []
+                for p in range(0, len(cands) - 1, 2):
+                    a, b = cands[p], cands[p + 1]
+                    win = Signal(cand_layout, name=f"{tag}{level}_{p // 2}")
+                    m.d.comb += win.eq(Mux(a.rank > b.rank, a, b))
+                    nxt.append(win)
+                if len(cands) % 2:
+                    nxt.append(cands[-1])
+                cands = nxt
+            return cands
+
+        # A pop takes two cycles, the tree split over them: in the pop cycle the lower half of
+        # the tree runs on the next cycle's lane heads (``nhead``: the popped lane's second
+        # entry, or the lists on a hand-over) into ``mid``; in the next cycle the upper half
+        # picks the winner into ``best`` (valid when ``picked``), popped in the cycle after.
+        best = Signal(cand_layout)
+        picked = Signal()
+        pop = picked & ~clearing  # picked implies merging
+        leaves = []
+        for j in range(lanes):
+            nhead = entry(f"nhead{j}")
+            with m.If(take):
+                m.d.comb += nhead.eq(lists[j][0])
+            with m.Elif(pop & best.sel[j]):
+                if depth > 1:  # else the lane is empty after its pop
+                    m.d.comb += nhead.eq(snap[j][1])
+            with m.Else():
+                m.d.comb += nhead.eq(snap[j][0])
+            cand = Signal(cand_layout, name=f"head{j}")
+            key = nhead.key
+            ordered = Cat(key[:-1], ~key[-1]) if self.key_shape.signed else key  # as unsigned
+            m.d.comb += [cand.rank.eq(Cat(Const(lanes - 1 - j, lane_w), ~nhead.beat, ordered, nhead.valid)),
+                         cand.index.eq(nhead.beat * lanes + j), cand.score.eq(nhead.score),
+                         cand.sel.eq(1 << j)]
+            leaves.append(cand)
+        levels = (lanes - 1).bit_length()
+        mid = []
+        for i, cand in enumerate(reduce(leaves, levels // 2, "low")):
+            mid.append(Signal(cand_layout, name=f"mid{i}"))
+            m.d.sync += mid[-1].eq(cand)
+        with m.If(merging & ~picked):
+            m.d.sync += [best.eq(reduce(mid, levels - levels // 2, "high")[0]), picked.eq(1)]
+        with m.If(pop):
+            m.d.sync += picked.eq(0)
+
         inc1_valid, inc1_index = Signal(), Signal(self.index_width)
         m.d.sync += [inc1_valid.eq(pop), inc1_index.eq(best.index)]
         with m.If(take):
@@ -270,7 +310,7 @@ class TopKRouter(wiring.Component):
             m.d.sync += [merging.eq(1), merge_done.eq(0), merge_count.eq(0), res_sum.eq(0)]
         with m.Elif(pop):
             for j in range(lanes):
-                with m.If(best.lane == j):
+                with m.If(best.sel[j]):
                     m.d.sync += [dst.eq(src) for dst, src in zip(snap[j], snap[j][1:] + [0], strict=True)]
             m.d.sync += [res_index[-1].eq(best.index), res_score[-1].eq(best.score),
                          res_sum.eq(res_sum + best.score), merge_count.eq(merge_count + 1)]

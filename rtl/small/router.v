@@ -5,18 +5,18 @@
 module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_data, load_addr, load_clear, clk, rst, scores__ready, routes__payload, routes__valid, load_data, load_clearing, idle, scores__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
-  wire [5:0] \$10 ;
+  wire \$10 ;
   wire \$100 ;
-  wire \$101 ;
+  wire [42:0] \$101 ;
   wire \$102 ;
   wire \$103 ;
   wire \$104 ;
-  wire [4:0] \$105 ;
-  wire [4:0] \$106 ;
+  wire \$105 ;
+  wire \$106 ;
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
-  wire \$11 ;
+  wire [4:0] \$11 ;
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
@@ -27,20 +27,20 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$117 ;
   wire \$118 ;
   wire \$119 ;
-  wire \$12 ;
+  wire [4:0] \$12 ;
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
-  wire \$123 ;
-  wire \$124 ;
+  wire [4:0] \$123 ;
+  wire [4:0] \$124 ;
   wire \$125 ;
   wire \$126 ;
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
-  wire \$13 ;
+  wire [4:0] \$13 ;
   wire \$130 ;
-  wire \$131 ;
+  wire [16:0] \$131 ;
   wire \$132 ;
   wire \$133 ;
   wire \$134 ;
@@ -49,7 +49,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire [16:0] \$14 ;
+  wire [5:0] \$14 ;
   wire \$140 ;
   wire \$141 ;
   wire \$142 ;
@@ -60,7 +60,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$147 ;
   wire \$148 ;
   wire \$149 ;
-  wire [5:0] \$15 ;
+  wire \$15 ;
   wire \$150 ;
   wire \$151 ;
   wire \$152 ;
@@ -104,7 +104,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$187 ;
   wire \$188 ;
   wire \$189 ;
-  wire [16:0] \$19 ;
+  wire \$19 ;
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
@@ -116,18 +116,18 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$198 ;
   wire \$199 ;
   wire \$2 ;
-  wire [5:0] \$20 ;
+  wire [4:0] \$20 ;
   wire \$200 ;
   wire \$201 ;
   wire \$202 ;
   wire \$203 ;
   wire \$204 ;
   wire \$205 ;
-  wire \$206 ;
+  wire [16:0] \$206 ;
   wire \$207 ;
   wire \$208 ;
   wire \$209 ;
-  wire \$21 ;
+  wire [4:0] \$21 ;
   wire \$210 ;
   wire \$211 ;
   wire \$212 ;
@@ -138,7 +138,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$217 ;
   wire \$218 ;
   wire \$219 ;
-  wire \$22 ;
+  wire [4:0] \$22 ;
   wire \$220 ;
   wire \$221 ;
   wire \$222 ;
@@ -149,7 +149,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$227 ;
   wire \$228 ;
   wire \$229 ;
-  wire \$23 ;
+  wire [5:0] \$23 ;
   wire \$230 ;
   wire \$231 ;
   wire \$232 ;
@@ -160,7 +160,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$237 ;
   wire \$238 ;
   wire \$239 ;
-  wire [16:0] \$24 ;
+  wire \$24 ;
   wire \$240 ;
   wire \$241 ;
   wire \$242 ;
@@ -206,7 +206,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$279 ;
   wire \$28 ;
   wire \$280 ;
-  wire \$281 ;
+  wire [16:0] \$281 ;
   wire \$282 ;
   wire \$283 ;
   wire \$284 ;
@@ -215,7 +215,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$287 ;
   wire \$288 ;
   wire \$289 ;
-  wire [6:0] \$29 ;
+  wire [4:0] \$29 ;
   wire \$290 ;
   wire \$291 ;
   wire \$292 ;
@@ -227,7 +227,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$298 ;
   wire \$299 ;
   wire \$3 ;
-  wire [7:0] \$30 ;
+  wire [4:0] \$30 ;
   wire \$300 ;
   wire \$301 ;
   wire \$302 ;
@@ -238,7 +238,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$307 ;
   wire \$308 ;
   wire \$309 ;
-  wire [6:0] \$31 ;
+  wire [4:0] \$31 ;
   wire \$310 ;
   wire \$311 ;
   wire \$312 ;
@@ -249,7 +249,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$317 ;
   wire \$318 ;
   wire \$319 ;
-  wire [7:0] \$32 ;
+  wire [5:0] \$32 ;
   wire \$320 ;
   wire \$321 ;
   wire \$322 ;
@@ -260,7 +260,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$327 ;
   wire \$328 ;
   wire \$329 ;
-  wire [6:0] \$33 ;
+  wire \$33 ;
   wire \$330 ;
   wire \$331 ;
   wire \$332 ;
@@ -271,7 +271,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$337 ;
   wire \$338 ;
   wire \$339 ;
-  wire [7:0] \$34 ;
+  wire \$34 ;
   wire \$340 ;
   wire \$341 ;
   wire \$342 ;
@@ -282,18 +282,18 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$347 ;
   wire \$348 ;
   wire \$349 ;
-  wire [6:0] \$35 ;
+  wire \$35 ;
   wire \$350 ;
   wire \$351 ;
   wire \$352 ;
   wire \$353 ;
   wire \$354 ;
   wire \$355 ;
-  wire \$356 ;
+  wire [16:0] \$356 ;
   wire \$357 ;
   wire \$358 ;
   wire \$359 ;
-  wire [7:0] \$36 ;
+  wire \$36 ;
   wire \$360 ;
   wire \$361 ;
   wire \$362 ;
@@ -315,7 +315,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$377 ;
   wire \$378 ;
   wire \$379 ;
-  wire \$38 ;
+  wire [4:0] \$38 ;
   wire \$380 ;
   wire \$381 ;
   wire \$382 ;
@@ -326,7 +326,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$387 ;
   wire \$388 ;
   wire \$389 ;
-  wire \$39 ;
+  wire [4:0] \$39 ;
   wire \$390 ;
   wire \$391 ;
   wire \$392 ;
@@ -338,7 +338,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$398 ;
   wire \$399 ;
   wire \$4 ;
-  wire \$40 ;
+  wire [4:0] \$40 ;
   wire \$400 ;
   wire \$401 ;
   wire \$402 ;
@@ -352,56 +352,56 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$41 ;
   wire \$410 ;
   wire \$411 ;
-  wire [15:0] \$412 ;
-  wire [2:0] \$413 ;
+  wire \$412 ;
+  wire \$413 ;
   wire \$414 ;
   wire \$415 ;
   wire \$416 ;
   wire \$417 ;
   wire \$418 ;
-  wire [6:0] \$419 ;
+  wire \$419 ;
   wire \$42 ;
   wire \$420 ;
   wire \$421 ;
   wire \$422 ;
   wire \$423 ;
-  wire [2:0] \$424 ;
+  wire \$424 ;
   wire \$425 ;
-  reg [51:0] \$426 ;
-  reg [3:0] \$427 ;
-  reg \$428 ;
-  reg [3:0] \$429 ;
+  wire \$426 ;
+  wire \$427 ;
+  wire \$428 ;
+  wire \$429 ;
   wire \$43 ;
-  reg \$430 ;
-  reg [34:0] \$431 ;
-  reg [34:0] \$432 ;
-  reg [34:0] \$433 ;
-  reg [34:0] \$434 ;
-  reg [34:0] \$435 ;
-  reg [34:0] \$436 ;
-  reg [34:0] \$437 ;
-  reg [34:0] \$438 ;
-  reg [34:0] \$439 ;
+  wire \$430 ;
+  wire \$431 ;
+  wire \$432 ;
+  wire \$433 ;
+  wire \$434 ;
+  wire \$435 ;
+  wire \$436 ;
+  wire \$437 ;
+  wire [15:0] \$438 ;
+  wire [2:0] \$439 ;
   wire \$44 ;
-  reg [34:0] \$440 ;
-  reg [34:0] \$441 ;
-  reg [34:0] \$442 ;
-  reg [34:0] \$443 ;
-  reg [34:0] \$444 ;
-  reg [34:0] \$445 ;
-  reg [34:0] \$446 ;
-  reg \$447 ;
-  reg [5:0] \$448 ;
-  reg [34:0] \$449 ;
+  wire \$440 ;
+  wire \$441 ;
+  wire \$442 ;
+  wire \$443 ;
+  wire \$444 ;
+  wire [6:0] \$445 ;
+  wire \$446 ;
+  wire \$447 ;
+  wire \$448 ;
+  wire \$449 ;
   wire \$45 ;
-  reg [34:0] \$450 ;
-  reg [34:0] \$451 ;
-  reg [34:0] \$452 ;
-  reg [34:0] \$453 ;
-  reg [34:0] \$454 ;
-  reg [34:0] \$455 ;
-  reg [34:0] \$456 ;
-  reg [34:0] \$457 ;
+  wire [2:0] \$450 ;
+  wire \$451 ;
+  reg [51:0] \$452 ;
+  reg [3:0] \$453 ;
+  reg \$454 ;
+  reg [3:0] \$455 ;
+  reg \$456 ;
+  reg [67:0] \$457 ;
   reg [34:0] \$458 ;
   reg [34:0] \$459 ;
   wire \$46 ;
@@ -410,96 +410,131 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg [34:0] \$462 ;
   reg [34:0] \$463 ;
   reg [34:0] \$464 ;
-  reg \$465 ;
-  reg \$466 ;
-  reg [1:0] \$467 ;
-  reg [14:0] \$468 ;
-  reg [5:0] \$469 ;
+  reg [34:0] \$465 ;
+  reg [34:0] \$466 ;
+  reg [34:0] \$467 ;
+  reg [34:0] \$468 ;
+  reg [34:0] \$469 ;
   wire \$47 ;
-  reg [12:0] \$470 ;
-  reg [5:0] \$471 ;
-  reg [5:0] \$472 ;
-  reg [5:0] \$473 ;
-  reg [12:0] \$474 ;
-  reg [12:0] \$475 ;
-  reg [12:0] \$476 ;
+  reg [34:0] \$470 ;
+  reg [34:0] \$471 ;
+  reg [34:0] \$472 ;
+  reg [34:0] \$473 ;
+  reg [46:0] \$474 ;
+  reg [46:0] \$475 ;
+  reg [46:0] \$476 ;
   reg \$477 ;
-  reg [5:0] \$478 ;
-  reg \$479 ;
-  wire \$48 ;
-  reg [5:0] \$480 ;
-  reg \$481 ;
-  reg \$482 ;
-  reg [1:0] \$483 ;
-  reg [5:0] \$484 ;
-  reg [5:0] \$485 ;
-  reg [5:0] \$486 ;
-  reg [5:0] \$487 ;
-  reg [12:0] \$488 ;
-  reg [12:0] \$489 ;
+  reg \$478 ;
+  reg [5:0] \$479 ;
+  wire [3:0] \$48 ;
+  reg [34:0] \$480 ;
+  reg [34:0] \$481 ;
+  reg [34:0] \$482 ;
+  reg [34:0] \$483 ;
+  reg [34:0] \$484 ;
+  reg [34:0] \$485 ;
+  reg [34:0] \$486 ;
+  reg [34:0] \$487 ;
+  reg [34:0] \$488 ;
+  reg [34:0] \$489 ;
   wire \$49 ;
-  reg [12:0] \$490 ;
-  reg [12:0] \$491 ;
+  reg [34:0] \$490 ;
+  reg [34:0] \$491 ;
+  reg [34:0] \$492 ;
+  reg [34:0] \$493 ;
+  reg [34:0] \$494 ;
+  reg [34:0] \$495 ;
+  reg \$496 ;
+  reg \$497 ;
+  reg [1:0] \$498 ;
+  reg [14:0] \$499 ;
   wire [5:0] \$5 ;
-  wire \$50 ;
-  wire \$51 ;
+  wire [6:0] \$50 ;
+  reg [5:0] \$500 ;
+  reg [12:0] \$501 ;
+  reg [5:0] \$502 ;
+  reg [5:0] \$503 ;
+  reg [5:0] \$504 ;
+  reg [12:0] \$505 ;
+  reg [12:0] \$506 ;
+  reg [12:0] \$507 ;
+  reg \$508 ;
+  reg [5:0] \$509 ;
+  wire [7:0] \$51 ;
+  reg \$510 ;
+  reg [5:0] \$511 ;
+  reg \$512 ;
+  reg \$513 ;
+  reg [1:0] \$514 ;
+  reg [5:0] \$515 ;
+  reg [5:0] \$516 ;
+  reg [5:0] \$517 ;
+  reg [5:0] \$518 ;
+  reg [12:0] \$519 ;
   wire \$52 ;
+  reg [12:0] \$520 ;
+  reg [12:0] \$521 ;
+  reg [12:0] \$522 ;
   wire \$53 ;
   wire \$54 ;
-  wire \$55 ;
+  wire [3:0] \$55 ;
   wire \$56 ;
-  wire \$57 ;
-  wire \$58 ;
+  wire [6:0] \$57 ;
+  wire [7:0] \$58 ;
   wire \$59 ;
   wire \$6 ;
   wire \$60 ;
   wire \$61 ;
-  wire \$62 ;
+  wire [3:0] \$62 ;
   wire \$63 ;
-  wire \$64 ;
-  wire \$65 ;
-  wire [16:0] \$66 ;
-  wire [16:0] \$67 ;
+  wire [6:0] \$64 ;
+  wire [7:0] \$65 ;
+  wire \$66 ;
+  wire \$67 ;
   wire \$68 ;
-  wire \$69 ;
+  wire [3:0] \$69 ;
   wire \$7 ;
   wire \$70 ;
-  wire \$71 ;
-  wire \$72 ;
+  wire [6:0] \$71 ;
+  wire [7:0] \$72 ;
   wire \$73 ;
-  wire [41:0] \$74 ;
-  wire [41:0] \$75 ;
-  wire [41:0] \$76 ;
-  wire [41:0] \$77 ;
-  wire \$78 ;
-  wire [41:0] \$79 ;
+  wire \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  wire [46:0] \$78 ;
+  wire \$79 ;
   wire \$8 ;
-  wire [41:0] \$80 ;
+  wire \$80 ;
   wire \$81 ;
   wire \$82 ;
-  wire [42:0] \$83 ;
-  wire \$84 ;
-  wire \$85 ;
+  wire \$83 ;
+  wire [16:0] \$84 ;
+  wire [16:0] \$85 ;
   wire \$86 ;
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
-  wire [16:0] \$9 ;
+  wire \$9 ;
   wire \$90 ;
   wire \$91 ;
-  wire \$92 ;
-  wire \$93 ;
-  wire \$94 ;
-  wire \$95 ;
+  wire [41:0] \$92 ;
+  wire [41:0] \$93 ;
+  wire [41:0] \$94 ;
+  wire [41:0] \$95 ;
   wire \$96 ;
-  wire \$97 ;
-  wire \$98 ;
+  wire [41:0] \$97 ;
+  wire [41:0] \$98 ;
   wire \$99 ;
   reg \$signal  = 1'h0;
-  reg \$signal$71  = 1'h0;
+  reg \$signal$80  = 1'h0;
   wire advance;
-  (* init = 4'h0 *)
-  wire [3:0] beat;
+  reg [3:0] beat = 4'h0;
+  reg [46:0] best = 47'h000000000000;
+  wire [5:0] \best.index ;
+  wire [23:0] \best.rank ;
+  wire [12:0] \best.score ;
+  wire [3:0] \best.sel ;
   input [5:0] bias_addr;
   wire [5:0] bias_addr;
   input [15:0] bias_data;
@@ -516,30 +551,31 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg dividing = 1'h0;
   (* init = 1'h0 *)
   wire emitting;
-  wire [38:0] head0;
+  wire [46:0] head0;
   wire [5:0] \head0.index ;
-  wire [16:0] \head0.key ;
-  wire [1:0] \head0.lane ;
+  wire [23:0] \head0.rank ;
   wire [12:0] \head0.score ;
-  wire \head0.valid ;
-  wire [38:0] head1;
+  wire [3:0] \head0.sel ;
+  wire [46:0] head1;
   wire [5:0] \head1.index ;
-  wire [16:0] \head1.key ;
-  wire [1:0] \head1.lane ;
+  wire [23:0] \head1.rank ;
   wire [12:0] \head1.score ;
-  wire \head1.valid ;
-  wire [38:0] head2;
+  wire [3:0] \head1.sel ;
+  wire [46:0] head2;
   wire [5:0] \head2.index ;
-  wire [16:0] \head2.key ;
-  wire [1:0] \head2.lane ;
+  wire [23:0] \head2.rank ;
   wire [12:0] \head2.score ;
-  wire \head2.valid ;
-  wire [38:0] head3;
+  wire [3:0] \head2.sel ;
+  wire [46:0] head3;
   wire [5:0] \head3.index ;
-  wire [16:0] \head3.key ;
-  wire [1:0] \head3.lane ;
+  wire [23:0] \head3.rank ;
   wire [12:0] \head3.score ;
-  wire \head3.valid ;
+  wire [3:0] \head3.sel ;
+  reg [46:0] high0_0;
+  wire [5:0] \high0_0.index ;
+  wire [23:0] \high0_0.rank ;
+  wire [12:0] \high0_0.score ;
+  wire [3:0] \high0_0.sel ;
   output idle;
   wire idle;
   (* init = 6'h00 *)
@@ -636,6 +672,16 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg load_clearing = 1'h0;
   output [15:0] load_data;
   wire [15:0] load_data;
+  wire [46:0] low0_0;
+  wire [5:0] \low0_0.index ;
+  wire [23:0] \low0_0.rank ;
+  wire [12:0] \low0_0.score ;
+  wire [3:0] \low0_0.sel ;
+  wire [46:0] low0_1;
+  wire [5:0] \low0_1.index ;
+  wire [23:0] \low0_1.rank ;
+  wire [12:0] \low0_1.score ;
+  wire [3:0] \low0_1.sel ;
   reg [5:0] lr__addr = 6'h00;
   wire [15:0] lr__data;
   reg [5:0] lw__addr;
@@ -644,6 +690,16 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg [1:0] merge_count = 2'h0;
   reg merge_done = 1'h0;
   reg merging = 1'h0;
+  reg [46:0] mid0 = 47'h000000000000;
+  wire [5:0] \mid0.index ;
+  wire [23:0] \mid0.rank ;
+  wire [12:0] \mid0.score ;
+  wire [3:0] \mid0.sel ;
+  reg [46:0] mid1 = 47'h000000000000;
+  wire [5:0] \mid1.index ;
+  wire [23:0] \mid1.rank ;
+  wire [12:0] \mid1.score ;
+  wire [3:0] \mid1.sel ;
   wire [34:0] new0;
   wire [3:0] \new0.beat ;
   wire [16:0] \new0.key ;
@@ -664,6 +720,26 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire [16:0] \new3.key ;
   wire [12:0] \new3.score ;
   wire \new3.valid ;
+  reg [34:0] nhead0;
+  wire [3:0] \nhead0.beat ;
+  wire [16:0] \nhead0.key ;
+  wire [12:0] \nhead0.score ;
+  wire \nhead0.valid ;
+  reg [34:0] nhead1;
+  wire [3:0] \nhead1.beat ;
+  wire [16:0] \nhead1.key ;
+  wire [12:0] \nhead1.score ;
+  wire \nhead1.valid ;
+  reg [34:0] nhead2;
+  wire [3:0] \nhead2.beat ;
+  wire [16:0] \nhead2.key ;
+  wire [12:0] \nhead2.score ;
+  wire \nhead2.valid ;
+  reg [34:0] nhead3;
+  wire [3:0] \nhead3.beat ;
+  wire [16:0] \nhead3.key ;
+  wire [12:0] \nhead3.score ;
+  wire \nhead3.valid ;
   wire [28:0] num;
   reg [1:0] out_count = 2'h0;
   reg [5:0] out_index0 = 6'h00;
@@ -675,12 +751,18 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg [12:0] out_score2 = 13'h0000;
   reg [12:0] out_score3 = 13'h0000;
   reg [3:0] p1_beat = 4'h0;
+  reg [67:0] p1_keys = 68'h00000000000000000;
+  wire [16:0] \p1_keys[0] ;
+  wire [16:0] \p1_keys[1] ;
+  wire [16:0] \p1_keys[2] ;
+  wire [16:0] \p1_keys[3] ;
   reg [51:0] p1_scores = 52'h0000000000000;
   wire [12:0] \p1_scores[0] ;
   wire [12:0] \p1_scores[1] ;
   wire [12:0] \p1_scores[2] ;
   wire [12:0] \p1_scores[3] ;
   reg p1_valid = 1'h0;
+  reg picked = 1'h0;
   wire [28:0] quot;
   reg [5:0] res_index0 = 6'h00;
   reg [5:0] res_index1 = 6'h00;
@@ -701,21 +783,14 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire routes__ready;
   output routes__valid;
   reg routes__valid = 1'h0;
-  reg [3:0] rp__addr = 4'h0;
-  (* init = 4'h0 *)
-  wire [3:0] \rp__addr$33 ;
-  (* init = 4'h0 *)
-  wire [3:0] \rp__addr$40 ;
-  (* init = 4'h0 *)
-  wire [3:0] \rp__addr$47 ;
+  wire [3:0] rp__addr;
+  wire [3:0] \rp__addr$32 ;
+  wire [3:0] \rp__addr$37 ;
+  wire [3:0] \rp__addr$42 ;
   wire [15:0] rp__data;
-  wire [15:0] \rp__data$36 ;
-  wire [15:0] \rp__data$43 ;
-  wire [15:0] \rp__data$50 ;
-  wire rp__en;
-  wire \rp__en$34 ;
-  wire \rp__en$41 ;
-  wire \rp__en$48 ;
+  wire [15:0] \rp__data$101 ;
+  wire [15:0] \rp__data$105 ;
+  wire [15:0] \rp__data$109 ;
   input rst;
   wire rst;
   reg [34:0] s0_0 = 35'h000000000;
@@ -811,36 +886,18 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire start;
   reg [5:0] sweep = 6'h00;
   wire take;
-  wire [38:0] tree0_0;
-  wire [5:0] \tree0_0.index ;
-  wire [16:0] \tree0_0.key ;
-  wire [1:0] \tree0_0.lane ;
-  wire [12:0] \tree0_0.score ;
-  wire \tree0_0.valid ;
-  wire [38:0] tree0_1;
-  wire [5:0] \tree0_1.index ;
-  wire [16:0] \tree0_1.key ;
-  wire [1:0] \tree0_1.lane ;
-  wire [12:0] \tree0_1.score ;
-  wire \tree0_1.valid ;
-  wire [38:0] tree1_0;
-  wire [5:0] \tree1_0.index ;
-  wire [16:0] \tree1_0.key ;
-  wire [1:0] \tree1_0.lane ;
-  wire [12:0] \tree1_0.score ;
-  wire \tree1_0.valid ;
   wire [3:0] wp__addr;
-  wire [3:0] \wp__addr$30 ;
-  wire [3:0] \wp__addr$37 ;
-  wire [3:0] \wp__addr$44 ;
+  wire [3:0] \wp__addr$29 ;
+  wire [3:0] \wp__addr$34 ;
+  wire [3:0] \wp__addr$39 ;
   wire [15:0] wp__data;
-  wire [15:0] \wp__data$31 ;
-  wire [15:0] \wp__data$38 ;
-  wire [15:0] \wp__data$45 ;
+  wire [15:0] \wp__data$30 ;
+  wire [15:0] \wp__data$35 ;
+  wire [15:0] \wp__data$40 ;
   wire wp__en;
-  wire \wp__en$32 ;
-  wire \wp__en$39 ;
-  wire \wp__en$46 ;
+  wire \wp__en$31 ;
+  wire \wp__en$36 ;
+  wire \wp__en$41 ;
   reg [15:0] bias0 [15:0];
   initial begin
     bias0[0] = 16'h0000;
@@ -864,13 +921,11 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     if (wp__en)
       bias0[\$5 [3:0]] <= bias_data;
   end
-  reg [15:0] _0_;
+  reg [3:0] _0_;
   always @(posedge clk) begin
-    if (rp__en) begin
-      _0_ <= bias0[rp__addr];
-    end
+    _0_ <= \$13 [3:0];
   end
-  assign rp__data = _0_;
+  assign rp__data = bias0[_0_];
   reg [15:0] bias1 [15:0];
   initial begin
     bias1[0] = 16'h0000;
@@ -891,16 +946,14 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     bias1[15] = 16'h0000;
   end
   always @(posedge clk) begin
-    if (\wp__en$32 )
-      bias1[\$10 [3:0]] <= bias_data;
+    if (\wp__en$31 )
+      bias1[\$14 [3:0]] <= bias_data;
   end
-  reg [15:0] _1_;
+  reg [3:0] _1_;
   always @(posedge clk) begin
-    if (\rp__en$34 ) begin
-      _1_ <= bias1[rp__addr];
-    end
+    _1_ <= \$22 [3:0];
   end
-  assign \rp__data$36  = _1_;
+  assign \rp__data$101  = bias1[_1_];
   reg [15:0] bias2 [15:0];
   initial begin
     bias2[0] = 16'h0000;
@@ -921,16 +974,14 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     bias2[15] = 16'h0000;
   end
   always @(posedge clk) begin
-    if (\wp__en$39 )
-      bias2[\$15 [3:0]] <= bias_data;
+    if (\wp__en$36 )
+      bias2[\$23 [3:0]] <= bias_data;
   end
-  reg [15:0] _2_;
+  reg [3:0] _2_;
   always @(posedge clk) begin
-    if (\rp__en$41 ) begin
-      _2_ <= bias2[rp__addr];
-    end
+    _2_ <= \$31 [3:0];
   end
-  assign \rp__data$43  = _2_;
+  assign \rp__data$105  = bias2[_2_];
   reg [15:0] bias3 [15:0];
   initial begin
     bias3[0] = 16'h0000;
@@ -951,16 +1002,14 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     bias3[15] = 16'h0000;
   end
   always @(posedge clk) begin
-    if (\wp__en$46 )
-      bias3[\$20 [3:0]] <= bias_data;
+    if (\wp__en$41 )
+      bias3[\$32 [3:0]] <= bias_data;
   end
-  reg [15:0] _3_;
+  reg [3:0] _3_;
   always @(posedge clk) begin
-    if (\rp__en$48 ) begin
-      _3_ <= bias3[rp__addr];
-    end
+    _3_ <= \$40 [3:0];
   end
-  assign \rp__data$50  = _3_;
+  assign \rp__data$109  = bias3[_3_];
   reg [15:0] loads [63:0];
   initial begin
     loads[0] = 16'h0000;
@@ -1032,108 +1081,156 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     if (lw__en)
       loads[lw__addr] <= lw__data;
   end
-  reg [15:0] _4_;
-  reg [5:0] _5_;
+  reg [5:0] _4_;
+  reg [15:0] _5_;
   always @(posedge clk) begin
-    _4_ <= loads[load_addr];
-    _5_ <= lr__addr;
+    _4_ <= lr__addr;
+    _5_ <= loads[load_addr];
   end
-  assign load_data = _4_;
-  assign lr__data = loads[_5_];
+  assign lr__data = loads[_4_];
+  assign load_data = _5_;
   always @(posedge clk)
-    l3_2 <= \$445 ;
+    p1_scores <= \$452 ;
   always @(posedge clk)
-    l3_3 <= \$446 ;
+    p1_beat <= \$453 ;
   always @(posedge clk)
-    \$signal$71  <= \$447 ;
+    p1_valid <= \$454 ;
   always @(posedge clk)
-    lr__addr <= \$448 ;
+    beat <= \$455 ;
   always @(posedge clk)
-    s0_0 <= \$449 ;
+    lists_full <= \$456 ;
   always @(posedge clk)
-    s0_1 <= \$450 ;
+    p1_keys <= \$457 ;
   always @(posedge clk)
-    s0_2 <= \$451 ;
+    l0_0 <= \$458 ;
   always @(posedge clk)
-    s0_3 <= \$452 ;
+    l0_1 <= \$459 ;
   always @(posedge clk)
-    s1_0 <= \$453 ;
+    l0_2 <= \$460 ;
   always @(posedge clk)
-    s1_1 <= \$454 ;
+    l0_3 <= \$461 ;
   always @(posedge clk)
-    s1_2 <= \$455 ;
+    l1_0 <= \$462 ;
   always @(posedge clk)
-    s1_3 <= \$456 ;
+    l1_1 <= \$463 ;
   always @(posedge clk)
-    s2_0 <= \$457 ;
+    l1_2 <= \$464 ;
   always @(posedge clk)
-    s2_1 <= \$458 ;
+    l1_3 <= \$465 ;
   always @(posedge clk)
-    s2_2 <= \$459 ;
+    l2_0 <= \$466 ;
   always @(posedge clk)
-    s2_3 <= \$460 ;
+    l2_1 <= \$467 ;
   always @(posedge clk)
-    s3_0 <= \$461 ;
+    l2_2 <= \$468 ;
   always @(posedge clk)
-    s3_1 <= \$462 ;
+    l2_3 <= \$469 ;
   always @(posedge clk)
-    s3_2 <= \$463 ;
+    l3_0 <= \$470 ;
   always @(posedge clk)
-    s3_3 <= \$464 ;
+    l3_1 <= \$471 ;
   always @(posedge clk)
-    merging <= \$465 ;
+    l3_2 <= \$472 ;
   always @(posedge clk)
-    merge_done <= \$466 ;
+    l3_3 <= \$473 ;
   always @(posedge clk)
-    merge_count <= \$467 ;
+    mid0 <= \$474 ;
   always @(posedge clk)
-    den <= \$468 ;
+    mid1 <= \$475 ;
   always @(posedge clk)
-    res_index3 <= \$469 ;
+    best <= \$476 ;
   always @(posedge clk)
-    res_score3 <= \$470 ;
+    picked <= \$477 ;
   always @(posedge clk)
-    res_index0 <= \$471 ;
+    \$signal$80  <= \$478 ;
   always @(posedge clk)
-    res_index1 <= \$472 ;
+    lr__addr <= \$479 ;
   always @(posedge clk)
-    res_index2 <= \$473 ;
+    s0_0 <= \$480 ;
   always @(posedge clk)
-    res_score0 <= \$474 ;
+    s0_1 <= \$481 ;
   always @(posedge clk)
-    res_score1 <= \$475 ;
+    s0_2 <= \$482 ;
   always @(posedge clk)
-    res_score2 <= \$476 ;
+    s0_3 <= \$483 ;
   always @(posedge clk)
-    \$signal  <= \$477 ;
+    s1_0 <= \$484 ;
   always @(posedge clk)
-    inc2_index <= \$478 ;
+    s1_1 <= \$485 ;
   always @(posedge clk)
-    load_clearing <= \$479 ;
+    s1_2 <= \$486 ;
   always @(posedge clk)
-    sweep <= \$480 ;
+    s1_3 <= \$487 ;
   always @(posedge clk)
-    dividing <= \$481 ;
+    s2_0 <= \$488 ;
   always @(posedge clk)
-    routes__valid <= \$482 ;
+    s2_1 <= \$489 ;
   always @(posedge clk)
-    out_count <= \$483 ;
+    s2_2 <= \$490 ;
   always @(posedge clk)
-    out_index0 <= \$484 ;
+    s2_3 <= \$491 ;
   always @(posedge clk)
-    out_index1 <= \$485 ;
+    s3_0 <= \$492 ;
   always @(posedge clk)
-    out_index2 <= \$486 ;
+    s3_1 <= \$493 ;
   always @(posedge clk)
-    out_index3 <= \$487 ;
+    s3_2 <= \$494 ;
   always @(posedge clk)
-    out_score0 <= \$488 ;
+    s3_3 <= \$495 ;
   always @(posedge clk)
-    out_score1 <= \$489 ;
+    merging <= \$496 ;
   always @(posedge clk)
-    out_score2 <= \$490 ;
+    merge_done <= \$497 ;
   always @(posedge clk)
-    out_score3 <= \$491 ;
+    merge_count <= \$498 ;
+  always @(posedge clk)
+    den <= \$499 ;
+  always @(posedge clk)
+    res_index3 <= \$500 ;
+  always @(posedge clk)
+    res_score3 <= \$501 ;
+  always @(posedge clk)
+    res_index0 <= \$502 ;
+  always @(posedge clk)
+    res_index1 <= \$503 ;
+  always @(posedge clk)
+    res_index2 <= \$504 ;
+  always @(posedge clk)
+    res_score0 <= \$505 ;
+  always @(posedge clk)
+    res_score1 <= \$506 ;
+  always @(posedge clk)
+    res_score2 <= \$507 ;
+  always @(posedge clk)
+    \$signal  <= \$508 ;
+  always @(posedge clk)
+    inc2_index <= \$509 ;
+  always @(posedge clk)
+    load_clearing <= \$510 ;
+  always @(posedge clk)
+    sweep <= \$511 ;
+  always @(posedge clk)
+    dividing <= \$512 ;
+  always @(posedge clk)
+    routes__valid <= \$513 ;
+  always @(posedge clk)
+    out_count <= \$514 ;
+  always @(posedge clk)
+    out_index0 <= \$515 ;
+  always @(posedge clk)
+    out_index1 <= \$516 ;
+  always @(posedge clk)
+    out_index2 <= \$517 ;
+  always @(posedge clk)
+    out_index3 <= \$518 ;
+  always @(posedge clk)
+    out_score0 <= \$519 ;
+  always @(posedge clk)
+    out_score1 <= \$520 ;
+  always @(posedge clk)
+    out_score2 <= \$521 ;
+  always @(posedge clk)
+    out_score3 <= \$522 ;
   assign \$1  = ~ take;
   assign \$2  = lists_full & \$1 ;
   assign \$3  = ~ \$2 ;
@@ -1144,465 +1241,448 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$7  = bias_we & \$6 ;
   assign \$8  = bias_addr < 7'h40;
   assign wp__en = \$7  & \$8 ;
-  assign rp__en = scores__valid & scores__ready;
-  assign \$9  = $signed({ 1'h0, p1_scores[12:0] }) + $signed(rp__data);
-  assign \$11  = bias_addr[1:0] == 1'h1;
-  assign \$12  = bias_we & \$11 ;
-  assign \$13  = bias_addr < 7'h40;
-  assign \wp__en$32  = \$12  & \$13 ;
-  assign \rp__en$34  = scores__valid & scores__ready;
-  assign \$14  = $signed({ 1'h0, p1_scores[25:13] }) + $signed(\rp__data$36 );
-  assign \$16  = bias_addr[1:0] == 2'h2;
-  assign \$17  = bias_we & \$16 ;
-  assign \$18  = bias_addr < 7'h40;
-  assign \wp__en$39  = \$17  & \$18 ;
-  assign \rp__en$41  = scores__valid & scores__ready;
-  assign \$19  = $signed({ 1'h0, p1_scores[38:26] }) + $signed(\rp__data$43 );
-  assign \$21  = bias_addr[1:0] == 2'h3;
-  assign \$22  = bias_we & \$21 ;
-  assign \$23  = bias_addr < 7'h40;
-  assign \wp__en$46  = \$22  & \$23 ;
-  assign \rp__en$48  = scores__valid & scores__ready;
-  assign \$24  = $signed({ 1'h0, p1_scores[51:39] }) + $signed(\rp__data$50 );
-  assign \$25  = merging | merge_done;
-  assign \$26  = ~ \$25 ;
-  assign \$27  = merge_done & c_take;
-  assign \$28  = \$26  | \$27 ;
-  assign take = lists_full & \$28 ;
-  assign \$29  = s0_0[21:18] * 3'h4;
-  assign \$30  = \$29  + 1'h0;
-  assign \$31  = s1_0[21:18] * 3'h4;
-  assign \$32  = \$31  + 1'h1;
-  assign \$33  = s2_0[21:18] * 3'h4;
-  assign \$34  = \$33  + 2'h2;
-  assign \$35  = s3_0[21:18] * 3'h4;
-  assign \$36  = \$35  + 2'h3;
-  assign \$37  = ~ head1[0];
-  assign \$38  = $signed(head0[17:1]) > $signed(head1[17:1]);
-  assign \$39  = \$37  | \$38 ;
-  assign \$40  = head0[17:1] == head1[17:1];
-  assign \$41  = head0[23:18] < head1[23:18];
-  assign \$42  = \$40  & \$41 ;
-  assign \$43  = \$39  | \$42 ;
-  assign \$44  = head0[0] & \$43 ;
-  assign tree0_0 = \$44  ? head0 : head1;
-  assign \$45  = ~ head3[0];
-  assign \$46  = $signed(head2[17:1]) > $signed(head3[17:1]);
-  assign \$47  = \$45  | \$46 ;
-  assign \$48  = head2[17:1] == head3[17:1];
-  assign \$49  = head2[23:18] < head3[23:18];
-  assign \$50  = \$48  & \$49 ;
-  assign \$51  = \$47  | \$50 ;
-  assign \$52  = head2[0] & \$51 ;
-  assign tree0_1 = \$52  ? head2 : head3;
-  assign \$53  = ~ tree0_1[0];
-  assign \$54  = $signed(tree0_0[17:1]) > $signed(tree0_1[17:1]);
-  assign \$55  = \$53  | \$54 ;
-  assign \$56  = tree0_0[17:1] == tree0_1[17:1];
-  assign \$57  = tree0_0[23:18] < tree0_1[23:18];
-  assign \$58  = \$56  & \$57 ;
-  assign \$59  = \$55  | \$58 ;
-  assign \$60  = tree0_0[0] & \$59 ;
-  assign tree1_0 = \$60  ? tree0_0 : tree0_1;
-  assign \$61  = ~ \$signal$71 ;
-  assign \$62  = load_clearing & \$61 ;
-  assign \$63  = ~ \$signal ;
-  assign \$64  = \$62  & \$63 ;
-  assign \$65  = lr__data == 16'hffff;
-  assign \$66  = lr__data + 1'h1;
-  assign \$67  = \$65  ? 17'h0ffff : \$66 ;
-  assign \$68  = dividing | routes__valid;
-  assign \$69  = ~ \$68 ;
-  assign \$70  = routes__valid & routes__ready;
-  assign \$71  = out_count == 2'h3;
-  assign \$72  = \$70  & \$71 ;
-  assign \$73  = \$69  | \$72 ;
-  assign c_take = merge_done & \$73 ;
-  assign \$74  = out_score0 * quot;
-  assign \$76  = out_score0 * quot;
-  assign \$77  = out_score0 * quot;
-  assign \$78  = | \$77 [11:0];
-  assign \$79  = out_score0 * quot;
-  assign \$81  = \$78  | \$80 [0];
-  assign \$82  = \$76 [12] & \$81 ;
-  assign \$83  = \$75  + \$82 ;
-  assign \$84  = out_count == 2'h3;
-  assign \$85  = ~ p1_valid;
-  assign \$86  = ! rp__addr;
-  assign \$87  = \$85  & \$86 ;
-  assign \$88  = ~ lists_full;
-  assign \$89  = \$87  & \$88 ;
-  assign \$90  = ~ merging;
-  assign \$91  = \$89  & \$90 ;
-  assign \$92  = ~ merge_done;
-  assign \$93  = \$91  & \$92 ;
-  assign \$94  = ~ dividing;
-  assign \$95  = \$93  & \$94 ;
-  assign \$96  = ~ routes__valid;
-  assign \$97  = \$95  & \$96 ;
-  assign \$98  = ~ \$signal$71 ;
-  assign \$99  = \$97  & \$98 ;
-  assign \$100  = ~ \$signal ;
-  assign \$101  = \$99  & \$100 ;
-  assign \$102  = ~ load_clearing;
-  assign idle = \$101  & \$102 ;
-  assign \$103  = scores__valid & scores__ready;
-  assign \$104  = rp__addr == 4'hf;
-  assign \$105  = rp__addr + 1'h1;
-  assign \$106  = \$104  ? 5'h00 : \$105 ;
-  assign \$107  = p1_beat == 4'hf;
-  assign \$108  = advance & \$107 ;
-  assign \$109  = ~ take;
-  assign \$110  = lists_full & \$109 ;
-  assign \$111  = \$108  | \$110 ;
-  assign \$113  = ! p1_beat;
-  assign \$114  = ~ \$113 ;
-  assign \$115  = l0_0[0] & \$114 ;
-  assign \$116  = ~ \$115 ;
-  assign \$117  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$118  = \$116  | \$117 ;
-  assign \$119  = ! p1_beat;
-  assign \$120  = ~ \$119 ;
-  assign \$121  = l0_1[0] & \$120 ;
-  assign \$122  = ~ \$121 ;
-  assign \$123  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$124  = \$122  | \$123 ;
-  assign \$125  = ! p1_beat;
-  assign \$126  = ~ \$125 ;
-  assign \$127  = l0_0[0] & \$126 ;
-  assign \$128  = ~ \$127 ;
-  assign \$129  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$130  = \$128  | \$129 ;
-  assign \$131  = \$124  & \$130 ;
-  assign \$132  = ! p1_beat;
-  assign \$133  = ~ \$132 ;
-  assign \$134  = l0_1[0] & \$133 ;
-  assign \$135  = ~ \$134 ;
-  assign \$136  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$137  = \$135  | \$136 ;
-  assign \$138  = ! p1_beat;
-  assign \$139  = ~ \$138 ;
-  assign \$140  = l0_0[0] & \$139 ;
-  assign \$141  = ! p1_beat;
+  assign \$9  = scores__valid & scores__ready;
+  assign \$10  = beat == 4'hf;
+  assign \$11  = beat + 1'h1;
+  assign \$12  = \$10  ? 5'h00 : \$11 ;
+  assign \$13  = \$9  ? \$12  : { 1'h0, beat };
+  assign \$15  = bias_addr[1:0] == 1'h1;
+  assign \$16  = bias_we & \$15 ;
+  assign \$17  = bias_addr < 7'h40;
+  assign \wp__en$31  = \$16  & \$17 ;
+  assign \$18  = scores__valid & scores__ready;
+  assign \$19  = beat == 4'hf;
+  assign \$20  = beat + 1'h1;
+  assign \$21  = \$19  ? 5'h00 : \$20 ;
+  assign \$22  = \$18  ? \$21  : { 1'h0, beat };
+  assign \$24  = bias_addr[1:0] == 2'h2;
+  assign \$25  = bias_we & \$24 ;
+  assign \$26  = bias_addr < 7'h40;
+  assign \wp__en$36  = \$25  & \$26 ;
+  assign \$27  = scores__valid & scores__ready;
+  assign \$28  = beat == 4'hf;
+  assign \$29  = beat + 1'h1;
+  assign \$30  = \$28  ? 5'h00 : \$29 ;
+  assign \$31  = \$27  ? \$30  : { 1'h0, beat };
+  assign \$33  = bias_addr[1:0] == 2'h3;
+  assign \$34  = bias_we & \$33 ;
+  assign \$35  = bias_addr < 7'h40;
+  assign \wp__en$41  = \$34  & \$35 ;
+  assign \$36  = scores__valid & scores__ready;
+  assign \$37  = beat == 4'hf;
+  assign \$38  = beat + 1'h1;
+  assign \$39  = \$37  ? 5'h00 : \$38 ;
+  assign \$40  = \$36  ? \$39  : { 1'h0, beat };
+  assign \$41  = merging | merge_done;
+  assign \$42  = ~ \$41 ;
+  assign \$43  = merge_done & c_take;
+  assign \$44  = \$42  | \$43 ;
+  assign take = lists_full & \$44 ;
+  assign \$45  = ~ load_clearing;
+  assign \$46  = picked & \$45 ;
+  assign \$47  = \$46  & best[43];
+  assign \$48  = ~ nhead0[21:18];
+  assign \$49  = ~ nhead0[17];
+  assign \$50  = nhead0[21:18] * 3'h4;
+  assign \$51  = \$50  + 1'h0;
+  assign \$52  = ~ load_clearing;
+  assign \$53  = picked & \$52 ;
+  assign \$54  = \$53  & best[44];
+  assign \$55  = ~ nhead1[21:18];
+  assign \$56  = ~ nhead1[17];
+  assign \$57  = nhead1[21:18] * 3'h4;
+  assign \$58  = \$57  + 1'h1;
+  assign \$59  = ~ load_clearing;
+  assign \$60  = picked & \$59 ;
+  assign \$61  = \$60  & best[45];
+  assign \$62  = ~ nhead2[21:18];
+  assign \$63  = ~ nhead2[17];
+  assign \$64  = nhead2[21:18] * 3'h4;
+  assign \$65  = \$64  + 2'h2;
+  assign \$66  = ~ load_clearing;
+  assign \$67  = picked & \$66 ;
+  assign \$68  = \$67  & best[46];
+  assign \$69  = ~ nhead3[21:18];
+  assign \$70  = ~ nhead3[17];
+  assign \$71  = nhead3[21:18] * 3'h4;
+  assign \$72  = \$71  + 2'h3;
+  assign \$73  = head0[23:0] > head1[23:0];
+  assign low0_0 = \$73  ? head0 : head1;
+  assign \$74  = head2[23:0] > head3[23:0];
+  assign low0_1 = \$74  ? head2 : head3;
+  assign \$75  = ~ picked;
+  assign \$76  = merging & \$75 ;
+  assign \$77  = mid0[23:0] > mid1[23:0];
+  assign \$78  = \$77  ? mid0 : mid1;
+  assign \$79  = ~ \$signal$80 ;
+  assign \$80  = load_clearing & \$79 ;
+  assign \$81  = ~ \$signal ;
+  assign \$82  = \$80  & \$81 ;
+  assign \$83  = lr__data == 16'hffff;
+  assign \$84  = lr__data + 1'h1;
+  assign \$85  = \$83  ? 17'h0ffff : \$84 ;
+  assign \$86  = dividing | routes__valid;
+  assign \$87  = ~ \$86 ;
+  assign \$88  = routes__valid & routes__ready;
+  assign \$89  = out_count == 2'h3;
+  assign \$90  = \$88  & \$89 ;
+  assign \$91  = \$87  | \$90 ;
+  assign c_take = merge_done & \$91 ;
+  assign \$92  = out_score0 * quot;
+  assign \$94  = out_score0 * quot;
+  assign \$95  = out_score0 * quot;
+  assign \$96  = | \$95 [11:0];
+  assign \$97  = out_score0 * quot;
+  assign \$99  = \$96  | \$98 [0];
+  assign \$100  = \$94 [12] & \$99 ;
+  assign \$101  = \$93  + \$100 ;
+  assign \$102  = out_count == 2'h3;
+  assign \$103  = ~ p1_valid;
+  assign \$104  = ! beat;
+  assign \$105  = \$103  & \$104 ;
+  assign \$106  = ~ lists_full;
+  assign \$107  = \$105  & \$106 ;
+  assign \$108  = ~ merging;
+  assign \$109  = \$107  & \$108 ;
+  assign \$110  = ~ merge_done;
+  assign \$111  = \$109  & \$110 ;
+  assign \$112  = ~ dividing;
+  assign \$113  = \$111  & \$112 ;
+  assign \$114  = ~ routes__valid;
+  assign \$115  = \$113  & \$114 ;
+  assign \$116  = ~ \$signal$80 ;
+  assign \$117  = \$115  & \$116 ;
+  assign \$118  = ~ \$signal ;
+  assign \$119  = \$117  & \$118 ;
+  assign \$120  = ~ load_clearing;
+  assign idle = \$119  & \$120 ;
+  assign \$121  = scores__valid & scores__ready;
+  assign \$122  = beat == 4'hf;
+  assign \$123  = beat + 1'h1;
+  assign \$124  = \$122  ? 5'h00 : \$123 ;
+  assign \$125  = p1_beat == 4'hf;
+  assign \$126  = advance & \$125 ;
+  assign \$127  = ~ take;
+  assign \$128  = lists_full & \$127 ;
+  assign \$129  = \$126  | \$128 ;
+  assign \$130  = scores__valid & scores__ready;
+  assign \$131  = $signed({ 1'h0, scores__payload[12:0] }) + $signed(rp__data);
+  assign \$133  = ! p1_beat;
+  assign \$134  = ~ \$133 ;
+  assign \$135  = l0_0[0] & \$134 ;
+  assign \$136  = ~ \$135 ;
+  assign \$137  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$138  = \$136  | \$137 ;
+  assign \$139  = ! p1_beat;
+  assign \$140  = ~ \$139 ;
+  assign \$141  = l0_1[0] & \$140 ;
   assign \$142  = ~ \$141 ;
-  assign \$143  = l0_2[0] & \$142 ;
-  assign \$144  = ~ \$143 ;
-  assign \$145  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
-  assign \$146  = \$144  | \$145 ;
-  assign \$147  = ! p1_beat;
+  assign \$143  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$144  = \$142  | \$143 ;
+  assign \$145  = ! p1_beat;
+  assign \$146  = ~ \$145 ;
+  assign \$147  = l0_0[0] & \$146 ;
   assign \$148  = ~ \$147 ;
-  assign \$149  = l0_1[0] & \$148 ;
-  assign \$150  = ~ \$149 ;
-  assign \$151  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$152  = \$150  | \$151 ;
-  assign \$153  = \$146  & \$152 ;
-  assign \$154  = ! p1_beat;
+  assign \$149  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$150  = \$148  | \$149 ;
+  assign \$151  = \$144  & \$150 ;
+  assign \$152  = ! p1_beat;
+  assign \$153  = ~ \$152 ;
+  assign \$154  = l0_1[0] & \$153 ;
   assign \$155  = ~ \$154 ;
-  assign \$156  = l0_2[0] & \$155 ;
-  assign \$157  = ~ \$156 ;
-  assign \$158  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
-  assign \$159  = \$157  | \$158 ;
-  assign \$160  = ! p1_beat;
-  assign \$161  = ~ \$160 ;
-  assign \$162  = l0_1[0] & \$161 ;
-  assign \$163  = ! p1_beat;
+  assign \$156  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$157  = \$155  | \$156 ;
+  assign \$158  = ! p1_beat;
+  assign \$159  = ~ \$158 ;
+  assign \$160  = l0_0[0] & \$159 ;
+  assign \$161  = ! p1_beat;
+  assign \$162  = ~ \$161 ;
+  assign \$163  = l0_2[0] & \$162 ;
   assign \$164  = ~ \$163 ;
-  assign \$165  = l0_3[0] & \$164 ;
-  assign \$166  = ~ \$165 ;
-  assign \$167  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
-  assign \$168  = \$166  | \$167 ;
-  assign \$169  = ! p1_beat;
+  assign \$165  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
+  assign \$166  = \$164  | \$165 ;
+  assign \$167  = ! p1_beat;
+  assign \$168  = ~ \$167 ;
+  assign \$169  = l0_1[0] & \$168 ;
   assign \$170  = ~ \$169 ;
-  assign \$171  = l0_2[0] & \$170 ;
-  assign \$172  = ~ \$171 ;
-  assign \$173  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
-  assign \$174  = \$172  | \$173 ;
-  assign \$175  = \$168  & \$174 ;
-  assign \$176  = ! p1_beat;
+  assign \$171  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$172  = \$170  | \$171 ;
+  assign \$173  = \$166  & \$172 ;
+  assign \$174  = ! p1_beat;
+  assign \$175  = ~ \$174 ;
+  assign \$176  = l0_2[0] & \$175 ;
   assign \$177  = ~ \$176 ;
-  assign \$178  = l0_3[0] & \$177 ;
-  assign \$179  = ~ \$178 ;
-  assign \$180  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
-  assign \$181  = \$179  | \$180 ;
-  assign \$182  = ! p1_beat;
-  assign \$183  = ~ \$182 ;
-  assign \$184  = l0_2[0] & \$183 ;
-  assign \$186  = ! p1_beat;
-  assign \$187  = ~ \$186 ;
-  assign \$188  = l1_0[0] & \$187 ;
-  assign \$189  = ~ \$188 ;
-  assign \$190  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
-  assign \$191  = \$189  | \$190 ;
-  assign \$192  = ! p1_beat;
-  assign \$193  = ~ \$192 ;
-  assign \$194  = l1_1[0] & \$193 ;
-  assign \$195  = ~ \$194 ;
-  assign \$196  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
-  assign \$197  = \$195  | \$196 ;
-  assign \$198  = ! p1_beat;
+  assign \$178  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
+  assign \$179  = \$177  | \$178 ;
+  assign \$180  = ! p1_beat;
+  assign \$181  = ~ \$180 ;
+  assign \$182  = l0_1[0] & \$181 ;
+  assign \$183  = ! p1_beat;
+  assign \$184  = ~ \$183 ;
+  assign \$185  = l0_3[0] & \$184 ;
+  assign \$186  = ~ \$185 ;
+  assign \$187  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
+  assign \$188  = \$186  | \$187 ;
+  assign \$189  = ! p1_beat;
+  assign \$190  = ~ \$189 ;
+  assign \$191  = l0_2[0] & \$190 ;
+  assign \$192  = ~ \$191 ;
+  assign \$193  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
+  assign \$194  = \$192  | \$193 ;
+  assign \$195  = \$188  & \$194 ;
+  assign \$196  = ! p1_beat;
+  assign \$197  = ~ \$196 ;
+  assign \$198  = l0_3[0] & \$197 ;
   assign \$199  = ~ \$198 ;
-  assign \$200  = l1_0[0] & \$199 ;
-  assign \$201  = ~ \$200 ;
-  assign \$202  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
-  assign \$203  = \$201  | \$202 ;
-  assign \$204  = \$197  & \$203 ;
-  assign \$205  = ! p1_beat;
-  assign \$206  = ~ \$205 ;
-  assign \$207  = l1_1[0] & \$206 ;
-  assign \$208  = ~ \$207 ;
-  assign \$209  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
-  assign \$210  = \$208  | \$209 ;
-  assign \$211  = ! p1_beat;
-  assign \$212  = ~ \$211 ;
-  assign \$213  = l1_0[0] & \$212 ;
+  assign \$200  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
+  assign \$201  = \$199  | \$200 ;
+  assign \$202  = ! p1_beat;
+  assign \$203  = ~ \$202 ;
+  assign \$204  = l0_2[0] & \$203 ;
+  assign \$205  = scores__valid & scores__ready;
+  assign \$206  = $signed({ 1'h0, scores__payload[25:13] }) + $signed(\rp__data$101 );
+  assign \$208  = ! p1_beat;
+  assign \$209  = ~ \$208 ;
+  assign \$210  = l1_0[0] & \$209 ;
+  assign \$211  = ~ \$210 ;
+  assign \$212  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
+  assign \$213  = \$211  | \$212 ;
   assign \$214  = ! p1_beat;
   assign \$215  = ~ \$214 ;
-  assign \$216  = l1_2[0] & \$215 ;
+  assign \$216  = l1_1[0] & \$215 ;
   assign \$217  = ~ \$216 ;
-  assign \$218  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
+  assign \$218  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
   assign \$219  = \$217  | \$218 ;
   assign \$220  = ! p1_beat;
   assign \$221  = ~ \$220 ;
-  assign \$222  = l1_1[0] & \$221 ;
+  assign \$222  = l1_0[0] & \$221 ;
   assign \$223  = ~ \$222 ;
-  assign \$224  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
+  assign \$224  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
   assign \$225  = \$223  | \$224 ;
   assign \$226  = \$219  & \$225 ;
   assign \$227  = ! p1_beat;
   assign \$228  = ~ \$227 ;
-  assign \$229  = l1_2[0] & \$228 ;
+  assign \$229  = l1_1[0] & \$228 ;
   assign \$230  = ~ \$229 ;
-  assign \$231  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
+  assign \$231  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
   assign \$232  = \$230  | \$231 ;
   assign \$233  = ! p1_beat;
   assign \$234  = ~ \$233 ;
-  assign \$235  = l1_1[0] & \$234 ;
+  assign \$235  = l1_0[0] & \$234 ;
   assign \$236  = ! p1_beat;
   assign \$237  = ~ \$236 ;
-  assign \$238  = l1_3[0] & \$237 ;
+  assign \$238  = l1_2[0] & \$237 ;
   assign \$239  = ~ \$238 ;
-  assign \$240  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
+  assign \$240  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
   assign \$241  = \$239  | \$240 ;
   assign \$242  = ! p1_beat;
   assign \$243  = ~ \$242 ;
-  assign \$244  = l1_2[0] & \$243 ;
+  assign \$244  = l1_1[0] & \$243 ;
   assign \$245  = ~ \$244 ;
-  assign \$246  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
+  assign \$246  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
   assign \$247  = \$245  | \$246 ;
   assign \$248  = \$241  & \$247 ;
   assign \$249  = ! p1_beat;
   assign \$250  = ~ \$249 ;
-  assign \$251  = l1_3[0] & \$250 ;
+  assign \$251  = l1_2[0] & \$250 ;
   assign \$252  = ~ \$251 ;
-  assign \$253  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
+  assign \$253  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
   assign \$254  = \$252  | \$253 ;
   assign \$255  = ! p1_beat;
   assign \$256  = ~ \$255 ;
-  assign \$257  = l1_2[0] & \$256 ;
-  assign \$259  = ! p1_beat;
-  assign \$260  = ~ \$259 ;
-  assign \$261  = l2_0[0] & \$260 ;
-  assign \$262  = ~ \$261 ;
-  assign \$263  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
-  assign \$264  = \$262  | \$263 ;
-  assign \$265  = ! p1_beat;
-  assign \$266  = ~ \$265 ;
-  assign \$267  = l2_1[0] & \$266 ;
-  assign \$268  = ~ \$267 ;
-  assign \$269  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
-  assign \$270  = \$268  | \$269 ;
+  assign \$257  = l1_1[0] & \$256 ;
+  assign \$258  = ! p1_beat;
+  assign \$259  = ~ \$258 ;
+  assign \$260  = l1_3[0] & \$259 ;
+  assign \$261  = ~ \$260 ;
+  assign \$262  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
+  assign \$263  = \$261  | \$262 ;
+  assign \$264  = ! p1_beat;
+  assign \$265  = ~ \$264 ;
+  assign \$266  = l1_2[0] & \$265 ;
+  assign \$267  = ~ \$266 ;
+  assign \$268  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
+  assign \$269  = \$267  | \$268 ;
+  assign \$270  = \$263  & \$269 ;
   assign \$271  = ! p1_beat;
   assign \$272  = ~ \$271 ;
-  assign \$273  = l2_0[0] & \$272 ;
+  assign \$273  = l1_3[0] & \$272 ;
   assign \$274  = ~ \$273 ;
-  assign \$275  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
+  assign \$275  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
   assign \$276  = \$274  | \$275 ;
-  assign \$277  = \$270  & \$276 ;
-  assign \$278  = ! p1_beat;
-  assign \$279  = ~ \$278 ;
-  assign \$280  = l2_1[0] & \$279 ;
-  assign \$281  = ~ \$280 ;
-  assign \$282  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
-  assign \$283  = \$281  | \$282 ;
-  assign \$284  = ! p1_beat;
-  assign \$285  = ~ \$284 ;
-  assign \$286  = l2_0[0] & \$285 ;
-  assign \$287  = ! p1_beat;
-  assign \$288  = ~ \$287 ;
-  assign \$289  = l2_2[0] & \$288 ;
+  assign \$277  = ! p1_beat;
+  assign \$278  = ~ \$277 ;
+  assign \$279  = l1_2[0] & \$278 ;
+  assign \$280  = scores__valid & scores__ready;
+  assign \$281  = $signed({ 1'h0, scores__payload[38:26] }) + $signed(\rp__data$105 );
+  assign \$283  = ! p1_beat;
+  assign \$284  = ~ \$283 ;
+  assign \$285  = l2_0[0] & \$284 ;
+  assign \$286  = ~ \$285 ;
+  assign \$287  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
+  assign \$288  = \$286  | \$287 ;
+  assign \$289  = ! p1_beat;
   assign \$290  = ~ \$289 ;
-  assign \$291  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
-  assign \$292  = \$290  | \$291 ;
-  assign \$293  = ! p1_beat;
-  assign \$294  = ~ \$293 ;
-  assign \$295  = l2_1[0] & \$294 ;
+  assign \$291  = l2_1[0] & \$290 ;
+  assign \$292  = ~ \$291 ;
+  assign \$293  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
+  assign \$294  = \$292  | \$293 ;
+  assign \$295  = ! p1_beat;
   assign \$296  = ~ \$295 ;
-  assign \$297  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
-  assign \$298  = \$296  | \$297 ;
-  assign \$299  = \$292  & \$298 ;
-  assign \$300  = ! p1_beat;
-  assign \$301  = ~ \$300 ;
-  assign \$302  = l2_2[0] & \$301 ;
+  assign \$297  = l2_0[0] & \$296 ;
+  assign \$298  = ~ \$297 ;
+  assign \$299  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
+  assign \$300  = \$298  | \$299 ;
+  assign \$301  = \$294  & \$300 ;
+  assign \$302  = ! p1_beat;
   assign \$303  = ~ \$302 ;
-  assign \$304  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
-  assign \$305  = \$303  | \$304 ;
-  assign \$306  = ! p1_beat;
-  assign \$307  = ~ \$306 ;
-  assign \$308  = l2_1[0] & \$307 ;
-  assign \$309  = ! p1_beat;
-  assign \$310  = ~ \$309 ;
-  assign \$311  = l2_3[0] & \$310 ;
+  assign \$304  = l2_1[0] & \$303 ;
+  assign \$305  = ~ \$304 ;
+  assign \$306  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
+  assign \$307  = \$305  | \$306 ;
+  assign \$308  = ! p1_beat;
+  assign \$309  = ~ \$308 ;
+  assign \$310  = l2_0[0] & \$309 ;
+  assign \$311  = ! p1_beat;
   assign \$312  = ~ \$311 ;
-  assign \$313  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
-  assign \$314  = \$312  | \$313 ;
-  assign \$315  = ! p1_beat;
-  assign \$316  = ~ \$315 ;
-  assign \$317  = l2_2[0] & \$316 ;
+  assign \$313  = l2_2[0] & \$312 ;
+  assign \$314  = ~ \$313 ;
+  assign \$315  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
+  assign \$316  = \$314  | \$315 ;
+  assign \$317  = ! p1_beat;
   assign \$318  = ~ \$317 ;
-  assign \$319  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
-  assign \$320  = \$318  | \$319 ;
-  assign \$321  = \$314  & \$320 ;
-  assign \$322  = ! p1_beat;
-  assign \$323  = ~ \$322 ;
-  assign \$324  = l2_3[0] & \$323 ;
+  assign \$319  = l2_1[0] & \$318 ;
+  assign \$320  = ~ \$319 ;
+  assign \$321  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
+  assign \$322  = \$320  | \$321 ;
+  assign \$323  = \$316  & \$322 ;
+  assign \$324  = ! p1_beat;
   assign \$325  = ~ \$324 ;
-  assign \$326  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
-  assign \$327  = \$325  | \$326 ;
-  assign \$328  = ! p1_beat;
-  assign \$329  = ~ \$328 ;
-  assign \$330  = l2_2[0] & \$329 ;
-  assign \$332  = ! p1_beat;
-  assign \$333  = ~ \$332 ;
-  assign \$334  = l3_0[0] & \$333 ;
-  assign \$335  = ~ \$334 ;
-  assign \$336  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
-  assign \$337  = \$335  | \$336 ;
-  assign \$338  = ! p1_beat;
-  assign \$339  = ~ \$338 ;
-  assign \$340  = l3_1[0] & \$339 ;
-  assign \$341  = ~ \$340 ;
-  assign \$342  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
-  assign \$343  = \$341  | \$342 ;
-  assign \$344  = ! p1_beat;
-  assign \$345  = ~ \$344 ;
-  assign \$346  = l3_0[0] & \$345 ;
+  assign \$326  = l2_2[0] & \$325 ;
+  assign \$327  = ~ \$326 ;
+  assign \$328  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
+  assign \$329  = \$327  | \$328 ;
+  assign \$330  = ! p1_beat;
+  assign \$331  = ~ \$330 ;
+  assign \$332  = l2_1[0] & \$331 ;
+  assign \$333  = ! p1_beat;
+  assign \$334  = ~ \$333 ;
+  assign \$335  = l2_3[0] & \$334 ;
+  assign \$336  = ~ \$335 ;
+  assign \$337  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
+  assign \$338  = \$336  | \$337 ;
+  assign \$339  = ! p1_beat;
+  assign \$340  = ~ \$339 ;
+  assign \$341  = l2_2[0] & \$340 ;
+  assign \$342  = ~ \$341 ;
+  assign \$343  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
+  assign \$344  = \$342  | \$343 ;
+  assign \$345  = \$338  & \$344 ;
+  assign \$346  = ! p1_beat;
   assign \$347  = ~ \$346 ;
-  assign \$348  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
-  assign \$349  = \$347  | \$348 ;
-  assign \$350  = \$343  & \$349 ;
-  assign \$351  = ! p1_beat;
-  assign \$352  = ~ \$351 ;
-  assign \$353  = l3_1[0] & \$352 ;
-  assign \$354  = ~ \$353 ;
-  assign \$355  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
-  assign \$356  = \$354  | \$355 ;
-  assign \$357  = ! p1_beat;
-  assign \$358  = ~ \$357 ;
-  assign \$359  = l3_0[0] & \$358 ;
-  assign \$360  = ! p1_beat;
+  assign \$348  = l2_3[0] & \$347 ;
+  assign \$349  = ~ \$348 ;
+  assign \$350  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
+  assign \$351  = \$349  | \$350 ;
+  assign \$352  = ! p1_beat;
+  assign \$353  = ~ \$352 ;
+  assign \$354  = l2_2[0] & \$353 ;
+  assign \$355  = scores__valid & scores__ready;
+  assign \$356  = $signed({ 1'h0, scores__payload[51:39] }) + $signed(\rp__data$109 );
+  assign \$358  = ! p1_beat;
+  assign \$359  = ~ \$358 ;
+  assign \$360  = l3_0[0] & \$359 ;
   assign \$361  = ~ \$360 ;
-  assign \$362  = l3_2[0] & \$361 ;
-  assign \$363  = ~ \$362 ;
-  assign \$364  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
-  assign \$365  = \$363  | \$364 ;
-  assign \$366  = ! p1_beat;
+  assign \$362  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
+  assign \$363  = \$361  | \$362 ;
+  assign \$364  = ! p1_beat;
+  assign \$365  = ~ \$364 ;
+  assign \$366  = l3_1[0] & \$365 ;
   assign \$367  = ~ \$366 ;
-  assign \$368  = l3_1[0] & \$367 ;
-  assign \$369  = ~ \$368 ;
-  assign \$370  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
-  assign \$371  = \$369  | \$370 ;
-  assign \$372  = \$365  & \$371 ;
-  assign \$373  = ! p1_beat;
-  assign \$374  = ~ \$373 ;
-  assign \$375  = l3_2[0] & \$374 ;
-  assign \$376  = ~ \$375 ;
-  assign \$377  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
-  assign \$378  = \$376  | \$377 ;
-  assign \$379  = ! p1_beat;
+  assign \$368  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
+  assign \$369  = \$367  | \$368 ;
+  assign \$370  = ! p1_beat;
+  assign \$371  = ~ \$370 ;
+  assign \$372  = l3_0[0] & \$371 ;
+  assign \$373  = ~ \$372 ;
+  assign \$374  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
+  assign \$375  = \$373  | \$374 ;
+  assign \$376  = \$369  & \$375 ;
+  assign \$377  = ! p1_beat;
+  assign \$378  = ~ \$377 ;
+  assign \$379  = l3_1[0] & \$378 ;
   assign \$380  = ~ \$379 ;
-  assign \$381  = l3_1[0] & \$380 ;
-  assign \$382  = ! p1_beat;
-  assign \$383  = ~ \$382 ;
-  assign \$384  = l3_3[0] & \$383 ;
-  assign \$385  = ~ \$384 ;
-  assign \$386  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
-  assign \$387  = \$385  | \$386 ;
-  assign \$388  = ! p1_beat;
+  assign \$381  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
+  assign \$382  = \$380  | \$381 ;
+  assign \$383  = ! p1_beat;
+  assign \$384  = ~ \$383 ;
+  assign \$385  = l3_0[0] & \$384 ;
+  assign \$386  = ! p1_beat;
+  assign \$387  = ~ \$386 ;
+  assign \$388  = l3_2[0] & \$387 ;
   assign \$389  = ~ \$388 ;
-  assign \$390  = l3_2[0] & \$389 ;
-  assign \$391  = ~ \$390 ;
-  assign \$392  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
-  assign \$393  = \$391  | \$392 ;
-  assign \$394  = \$387  & \$393 ;
-  assign \$395  = ! p1_beat;
-  assign \$396  = ~ \$395 ;
-  assign \$397  = l3_3[0] & \$396 ;
-  assign \$398  = ~ \$397 ;
-  assign \$399  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
-  assign \$400  = \$398  | \$399 ;
-  assign \$401  = ! p1_beat;
+  assign \$390  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
+  assign \$391  = \$389  | \$390 ;
+  assign \$392  = ! p1_beat;
+  assign \$393  = ~ \$392 ;
+  assign \$394  = l3_1[0] & \$393 ;
+  assign \$395  = ~ \$394 ;
+  assign \$396  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
+  assign \$397  = \$395  | \$396 ;
+  assign \$398  = \$391  & \$397 ;
+  assign \$399  = ! p1_beat;
+  assign \$400  = ~ \$399 ;
+  assign \$401  = l3_2[0] & \$400 ;
   assign \$402  = ~ \$401 ;
-  assign \$403  = l3_2[0] & \$402 ;
-  assign \$404  = ~ load_clearing;
-  assign \$405  = merging & \$404 ;
-  assign \$406  = ~ load_clearing;
-  assign \$407  = merging & \$406 ;
-  assign \$408  = ! tree1_0[38:37];
-  assign \$409  = tree1_0[38:37] == 1'h1;
-  assign \$410  = tree1_0[38:37] == 2'h2;
-  assign \$411  = tree1_0[38:37] == 2'h3;
-  assign \$412  = den + tree1_0[36:24];
-  assign \$413  = merge_count + 1'h1;
-  assign \$414  = merge_count == 2'h3;
-  assign \$415  = ~ \$signal$71 ;
-  assign \$416  = load_clearing & \$415 ;
-  assign \$417  = ~ \$signal ;
-  assign \$418  = \$416  & \$417 ;
-  assign \$419  = sweep + 1'h1;
-  assign \$420  = sweep == 6'h3f;
-  assign \$421  = ~ busy;
-  assign \$422  = dividing & \$421 ;
-  assign \$423  = routes__valid & routes__ready;
-  assign \$424  = out_count + 1'h1;
-  assign \$425  = out_count == 2'h3;
-  always @(posedge clk)
-    p1_scores <= \$426 ;
-  always @(posedge clk)
-    p1_beat <= \$427 ;
-  always @(posedge clk)
-    p1_valid <= \$428 ;
-  always @(posedge clk)
-    rp__addr <= \$429 ;
-  always @(posedge clk)
-    lists_full <= \$430 ;
-  always @(posedge clk)
-    l0_0 <= \$431 ;
-  always @(posedge clk)
-    l0_1 <= \$432 ;
-  always @(posedge clk)
-    l0_2 <= \$433 ;
-  always @(posedge clk)
-    l0_3 <= \$434 ;
-  always @(posedge clk)
-    l1_0 <= \$435 ;
-  always @(posedge clk)
-    l1_1 <= \$436 ;
-  always @(posedge clk)
-    l1_2 <= \$437 ;
-  always @(posedge clk)
-    l1_3 <= \$438 ;
-  always @(posedge clk)
-    l2_0 <= \$439 ;
-  always @(posedge clk)
-    l2_1 <= \$440 ;
-  always @(posedge clk)
-    l2_2 <= \$441 ;
-  always @(posedge clk)
-    l2_3 <= \$442 ;
-  always @(posedge clk)
-    l3_0 <= \$443 ;
-  always @(posedge clk)
-    l3_1 <= \$444 ;
+  assign \$403  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
+  assign \$404  = \$402  | \$403 ;
+  assign \$405  = ! p1_beat;
+  assign \$406  = ~ \$405 ;
+  assign \$407  = l3_1[0] & \$406 ;
+  assign \$408  = ! p1_beat;
+  assign \$409  = ~ \$408 ;
+  assign \$410  = l3_3[0] & \$409 ;
+  assign \$411  = ~ \$410 ;
+  assign \$412  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
+  assign \$413  = \$411  | \$412 ;
+  assign \$414  = ! p1_beat;
+  assign \$415  = ~ \$414 ;
+  assign \$416  = l3_2[0] & \$415 ;
+  assign \$417  = ~ \$416 ;
+  assign \$418  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
+  assign \$419  = \$417  | \$418 ;
+  assign \$420  = \$413  & \$419 ;
+  assign \$421  = ! p1_beat;
+  assign \$422  = ~ \$421 ;
+  assign \$423  = l3_3[0] & \$422 ;
+  assign \$424  = ~ \$423 ;
+  assign \$425  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
+  assign \$426  = \$424  | \$425 ;
+  assign \$427  = ! p1_beat;
+  assign \$428  = ~ \$427 ;
+  assign \$429  = l3_2[0] & \$428 ;
+  assign \$430  = ~ picked;
+  assign \$431  = merging & \$430 ;
+  assign \$432  = ~ load_clearing;
+  assign \$433  = picked & \$432 ;
+  assign \$434  = ~ load_clearing;
+  assign \$435  = picked & \$434 ;
+  assign \$436  = ~ load_clearing;
+  assign \$437  = picked & \$436 ;
+  assign \$438  = den + best[42:30];
+  assign \$439  = merge_count + 1'h1;
+  assign \$440  = merge_count == 2'h3;
+  assign \$441  = ~ \$signal$80 ;
+  assign \$442  = load_clearing & \$441 ;
+  assign \$443  = ~ \$signal ;
+  assign \$444  = \$442  & \$443 ;
+  assign \$445  = sweep + 1'h1;
+  assign \$446  = sweep == 6'h3f;
+  assign \$447  = ~ busy;
+  assign \$448  = dividing & \$447 ;
+  assign \$449  = routes__valid & routes__ready;
+  assign \$450  = out_count + 1'h1;
+  assign \$451  = out_count == 2'h3;
   \nanokpu_router.divider  divider (
     .busy(busy),
     .clk(clk),
@@ -1613,576 +1693,53 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$446  = l3_3;
-    if (\$331 ) begin
-      if (\$394 ) begin
-        \$446 [34:1] = l3_2[34:1];
-        \$446 [0] = \$403 ;
-      end else if (\$400 ) begin
-        \$446  = new3;
-      end
-    end
-    if (rst) begin
-      \$446  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$447  = \$405 ;
-    if (rst) begin
-      \$447  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$448  = tree1_0[23:18];
-    if (rst) begin
-      \$448  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$449  = s0_0;
+    (* full_case = 32'd1 *)
     if (take) begin
-      \$449  = l0_0;
-    end else if (\$407 ) begin
-      if (\$408 ) begin
-        \$449  = s0_1;
-      end
-    end
-    if (rst) begin
-      \$449  = 35'h000000000;
+      nhead0 = l0_0;
+    end else if (\$47 ) begin
+      nhead0 = s0_1;
+    end else begin
+      nhead0 = s0_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$450  = s0_1;
+    (* full_case = 32'd1 *)
     if (take) begin
-      \$450  = l0_1;
-    end else if (\$407 ) begin
-      if (\$408 ) begin
-        \$450  = s0_2;
-      end
-    end
-    if (rst) begin
-      \$450  = 35'h000000000;
+      nhead1 = l1_0;
+    end else if (\$54 ) begin
+      nhead1 = s1_1;
+    end else begin
+      nhead1 = s1_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$451  = s0_2;
+    (* full_case = 32'd1 *)
     if (take) begin
-      \$451  = l0_2;
-    end else if (\$407 ) begin
-      if (\$408 ) begin
-        \$451  = s0_3;
-      end
-    end
-    if (rst) begin
-      \$451  = 35'h000000000;
+      nhead2 = l2_0;
+    end else if (\$61 ) begin
+      nhead2 = s2_1;
+    end else begin
+      nhead2 = s2_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$452  = s0_3;
+    (* full_case = 32'd1 *)
     if (take) begin
-      \$452  = l0_3;
-    end else if (\$407 ) begin
-      if (\$408 ) begin
-        \$452  = 35'h000000000;
-      end
-    end
-    if (rst) begin
-      \$452  = 35'h000000000;
+      nhead3 = l3_0;
+    end else if (\$68 ) begin
+      nhead3 = s3_1;
+    end else begin
+      nhead3 = s3_0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$453  = s1_0;
-    if (take) begin
-      \$453  = l1_0;
-    end else if (\$407 ) begin
-      if (\$409 ) begin
-        \$453  = s1_1;
-      end
-    end
-    if (rst) begin
-      \$453  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$454  = s1_1;
-    if (take) begin
-      \$454  = l1_1;
-    end else if (\$407 ) begin
-      if (\$409 ) begin
-        \$454  = s1_2;
-      end
-    end
-    if (rst) begin
-      \$454  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$455  = s1_2;
-    if (take) begin
-      \$455  = l1_2;
-    end else if (\$407 ) begin
-      if (\$409 ) begin
-        \$455  = s1_3;
-      end
-    end
-    if (rst) begin
-      \$455  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$456  = s1_3;
-    if (take) begin
-      \$456  = l1_3;
-    end else if (\$407 ) begin
-      if (\$409 ) begin
-        \$456  = 35'h000000000;
-      end
-    end
-    if (rst) begin
-      \$456  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$457  = s2_0;
-    if (take) begin
-      \$457  = l2_0;
-    end else if (\$407 ) begin
-      if (\$410 ) begin
-        \$457  = s2_1;
-      end
-    end
-    if (rst) begin
-      \$457  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$458  = s2_1;
-    if (take) begin
-      \$458  = l2_1;
-    end else if (\$407 ) begin
-      if (\$410 ) begin
-        \$458  = s2_2;
-      end
-    end
-    if (rst) begin
-      \$458  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$459  = s2_2;
-    if (take) begin
-      \$459  = l2_2;
-    end else if (\$407 ) begin
-      if (\$410 ) begin
-        \$459  = s2_3;
-      end
-    end
-    if (rst) begin
-      \$459  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$460  = s2_3;
-    if (take) begin
-      \$460  = l2_3;
-    end else if (\$407 ) begin
-      if (\$410 ) begin
-        \$460  = 35'h000000000;
-      end
-    end
-    if (rst) begin
-      \$460  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$461  = s3_0;
-    if (take) begin
-      \$461  = l3_0;
-    end else if (\$407 ) begin
-      if (\$411 ) begin
-        \$461  = s3_1;
-      end
-    end
-    if (rst) begin
-      \$461  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$462  = s3_1;
-    if (take) begin
-      \$462  = l3_1;
-    end else if (\$407 ) begin
-      if (\$411 ) begin
-        \$462  = s3_2;
-      end
-    end
-    if (rst) begin
-      \$462  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$463  = s3_2;
-    if (take) begin
-      \$463  = l3_2;
-    end else if (\$407 ) begin
-      if (\$411 ) begin
-        \$463  = s3_3;
-      end
-    end
-    if (rst) begin
-      \$463  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$464  = s3_3;
-    if (take) begin
-      \$464  = l3_3;
-    end else if (\$407 ) begin
-      if (\$411 ) begin
-        \$464  = 35'h000000000;
-      end
-    end
-    if (rst) begin
-      \$464  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$465  = merging;
-    if (take) begin
-      \$465  = 1'h1;
-    end else if (\$407 ) begin
-      if (\$414 ) begin
-        \$465  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$465  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$466  = merge_done;
-    if (take) begin
-      \$466  = 1'h0;
-    end else if (\$407 ) begin
-      if (\$414 ) begin
-        \$466  = 1'h1;
-      end
-    end else if (c_take) begin
-      \$466  = 1'h0;
-    end
-    if (rst) begin
-      \$466  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$467  = merge_count;
-    if (take) begin
-      \$467  = 2'h0;
-    end else if (\$407 ) begin
-      \$467  = \$413 [1:0];
-    end
-    if (rst) begin
-      \$467  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$468  = den;
-    if (take) begin
-      \$468  = 15'h0000;
-    end else if (\$407 ) begin
-      \$468  = \$412 [14:0];
-    end
-    if (rst) begin
-      \$468  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$469  = res_index3;
-    if (take) begin
-    end else if (\$407 ) begin
-      \$469  = tree1_0[23:18];
-    end
-    if (rst) begin
-      \$469  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$470  = res_score3;
-    if (take) begin
-    end else if (\$407 ) begin
-      \$470  = tree1_0[36:24];
-    end
-    if (rst) begin
-      \$470  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$471  = res_index0;
-    if (take) begin
-    end else if (\$407 ) begin
-      \$471  = res_index1;
-    end
-    if (rst) begin
-      \$471  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$472  = res_index1;
-    if (take) begin
-    end else if (\$407 ) begin
-      \$472  = res_index2;
-    end
-    if (rst) begin
-      \$472  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$473  = res_index2;
-    if (take) begin
-    end else if (\$407 ) begin
-      \$473  = res_index3;
-    end
-    if (rst) begin
-      \$473  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$474  = res_score0;
-    if (take) begin
-    end else if (\$407 ) begin
-      \$474  = res_score1;
-    end
-    if (rst) begin
-      \$474  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$475  = res_score1;
-    if (take) begin
-    end else if (\$407 ) begin
-      \$475  = res_score2;
-    end
-    if (rst) begin
-      \$475  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$476  = res_score2;
-    if (take) begin
-    end else if (\$407 ) begin
-      \$476  = res_score3;
-    end
-    if (rst) begin
-      \$476  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$477  = \$signal$71 ;
-    if (rst) begin
-      \$477  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$478  = lr__addr;
-    if (rst) begin
-      \$478  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$479  = load_clearing;
-    if (load_clear) begin
-      \$479  = 1'h1;
-    end else if (\$418 ) begin
-      if (\$420 ) begin
-        \$479  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$479  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$480  = sweep;
-    if (load_clear) begin
-      \$480  = 6'h00;
-    end else if (\$418 ) begin
-      \$480  = \$419 [5:0];
-    end
-    if (rst) begin
-      \$480  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$481  = dividing;
-    if (c_take) begin
-      \$481  = 1'h1;
-    end else if (\$422 ) begin
-      \$481  = 1'h0;
-    end
-    if (rst) begin
-      \$481  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$482  = routes__valid;
-    if (c_take) begin
-      \$482  = 1'h0;
-    end else if (\$422 ) begin
-      \$482  = 1'h1;
-    end else if (\$423 ) begin
-      if (\$425 ) begin
-        \$482  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$482  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$483  = out_count;
-    if (c_take) begin
-      \$483  = 2'h0;
-    end else if (\$422 ) begin
-    end else if (\$423 ) begin
-      \$483  = \$424 [1:0];
-    end
-    if (rst) begin
-      \$483  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$484  = out_index0;
-    if (c_take) begin
-      \$484  = res_index0;
-    end else if (\$422 ) begin
-    end else if (\$423 ) begin
-      \$484  = out_index1;
-    end
-    if (rst) begin
-      \$484  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$485  = out_index1;
-    if (c_take) begin
-      \$485  = res_index1;
-    end else if (\$422 ) begin
-    end else if (\$423 ) begin
-      \$485  = out_index2;
-    end
-    if (rst) begin
-      \$485  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$486  = out_index2;
-    if (c_take) begin
-      \$486  = res_index2;
-    end else if (\$422 ) begin
-    end else if (\$423 ) begin
-      \$486  = out_index3;
-    end
-    if (rst) begin
-      \$486  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$487  = out_index3;
-    if (c_take) begin
-      \$487  = res_index3;
-    end
-    if (rst) begin
-      \$487  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$488  = out_score0;
-    if (c_take) begin
-      \$488  = res_score0;
-    end else if (\$422 ) begin
-    end else if (\$423 ) begin
-      \$488  = out_score1;
-    end
-    if (rst) begin
-      \$488  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$489  = out_score1;
-    if (c_take) begin
-      \$489  = res_score1;
-    end else if (\$422 ) begin
-    end else if (\$423 ) begin
-      \$489  = out_score2;
-    end
-    if (rst) begin
-      \$489  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$490  = out_score2;
-    if (c_take) begin
-      \$490  = res_score2;
-    end else if (\$422 ) begin
-    end else if (\$423 ) begin
-      \$490  = out_score3;
-    end
-    if (rst) begin
-      \$490  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$491  = out_score3;
-    if (c_take) begin
-      \$491  = res_score3;
-    end
-    if (rst) begin
-      \$491  = 13'h0000;
+    high0_0 = 47'h000000000000;
+    if (\$76 ) begin
+      high0_0 = \$78 ;
     end
   end
   always @* begin
@@ -2190,7 +1747,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     lw__addr = 6'h00;
     if (\$signal ) begin
       lw__addr = inc2_index;
-    end else if (\$64 ) begin
+    end else if (\$82 ) begin
       lw__addr = sweep;
     end
   end
@@ -2199,7 +1756,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     lw__en = 1'h0;
     if (\$signal ) begin
       lw__en = 1'h1;
-    end else if (\$64 ) begin
+    end else if (\$82 ) begin
       lw__en = 1'h1;
     end
   end
@@ -2207,289 +1764,919 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     lw__data = 16'h0000;
     if (\$signal ) begin
-      lw__data = \$67 [15:0];
-    end else if (\$64 ) begin
+      lw__data = \$85 [15:0];
+    end else if (\$82 ) begin
       lw__data = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$426  = p1_scores;
-    if (\$103 ) begin
-      \$426  = scores__payload;
+    \$452  = p1_scores;
+    if (\$121 ) begin
+      \$452  = scores__payload;
     end
     if (rst) begin
-      \$426  = 52'h0000000000000;
+      \$452  = 52'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$427  = p1_beat;
-    if (\$103 ) begin
-      \$427  = rp__addr;
+    \$453  = p1_beat;
+    if (\$121 ) begin
+      \$453  = beat;
     end
     if (rst) begin
-      \$427  = 4'h0;
+      \$453  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$428  = p1_valid;
-    if (\$103 ) begin
-      \$428  = 1'h1;
+    \$454  = p1_valid;
+    if (\$121 ) begin
+      \$454  = 1'h1;
     end else if (advance) begin
-      \$428  = 1'h0;
+      \$454  = 1'h0;
     end
     if (rst) begin
-      \$428  = 1'h0;
+      \$454  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$429  = rp__addr;
-    if (\$103 ) begin
-      \$429  = \$106 [3:0];
+    \$455  = beat;
+    if (\$121 ) begin
+      \$455  = \$124 [3:0];
     end
     if (rst) begin
-      \$429  = 4'h0;
+      \$455  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$430  = \$111 ;
+    \$456  = \$129 ;
     if (rst) begin
-      \$430  = 1'h0;
+      \$456  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$431  = l0_0;
-    if (\$112 ) begin
-      if (\$118 ) begin
-        \$431  = new0;
+    \$457  = p1_keys;
+    if (\$130 ) begin
+      \$457 [16:0] = \$131 ;
+    end
+    if (\$205 ) begin
+      \$457 [33:17] = \$206 ;
+    end
+    if (\$280 ) begin
+      \$457 [50:34] = \$281 ;
+    end
+    if (\$355 ) begin
+      \$457 [67:51] = \$356 ;
+    end
+    if (rst) begin
+      \$457  = 68'h00000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$458  = l0_0;
+    if (\$132 ) begin
+      if (\$138 ) begin
+        \$458  = new0;
       end
     end
     if (rst) begin
-      \$431  = 35'h000000000;
+      \$458  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$432  = l0_1;
-    if (\$112 ) begin
-      if (\$131 ) begin
-        \$432 [34:1] = l0_0[34:1];
-        \$432 [0] = \$140 ;
-      end else if (\$137 ) begin
-        \$432  = new0;
+    \$459  = l0_1;
+    if (\$132 ) begin
+      if (\$151 ) begin
+        \$459 [34:1] = l0_0[34:1];
+        \$459 [0] = \$160 ;
+      end else if (\$157 ) begin
+        \$459  = new0;
       end
     end
     if (rst) begin
-      \$432  = 35'h000000000;
+      \$459  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$433  = l0_2;
-    if (\$112 ) begin
-      if (\$153 ) begin
-        \$433 [34:1] = l0_1[34:1];
-        \$433 [0] = \$162 ;
-      end else if (\$159 ) begin
-        \$433  = new0;
+    \$460  = l0_2;
+    if (\$132 ) begin
+      if (\$173 ) begin
+        \$460 [34:1] = l0_1[34:1];
+        \$460 [0] = \$182 ;
+      end else if (\$179 ) begin
+        \$460  = new0;
       end
     end
     if (rst) begin
-      \$433  = 35'h000000000;
+      \$460  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$434  = l0_3;
-    if (\$112 ) begin
-      if (\$175 ) begin
-        \$434 [34:1] = l0_2[34:1];
-        \$434 [0] = \$184 ;
-      end else if (\$181 ) begin
-        \$434  = new0;
+    \$461  = l0_3;
+    if (\$132 ) begin
+      if (\$195 ) begin
+        \$461 [34:1] = l0_2[34:1];
+        \$461 [0] = \$204 ;
+      end else if (\$201 ) begin
+        \$461  = new0;
       end
     end
     if (rst) begin
-      \$434  = 35'h000000000;
+      \$461  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$435  = l1_0;
-    if (\$185 ) begin
-      if (\$191 ) begin
-        \$435  = new1;
+    \$462  = l1_0;
+    if (\$207 ) begin
+      if (\$213 ) begin
+        \$462  = new1;
       end
     end
     if (rst) begin
-      \$435  = 35'h000000000;
+      \$462  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$436  = l1_1;
-    if (\$185 ) begin
-      if (\$204 ) begin
-        \$436 [34:1] = l1_0[34:1];
-        \$436 [0] = \$213 ;
-      end else if (\$210 ) begin
-        \$436  = new1;
-      end
-    end
-    if (rst) begin
-      \$436  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$437  = l1_2;
-    if (\$185 ) begin
+    \$463  = l1_1;
+    if (\$207 ) begin
       if (\$226 ) begin
-        \$437 [34:1] = l1_1[34:1];
-        \$437 [0] = \$235 ;
+        \$463 [34:1] = l1_0[34:1];
+        \$463 [0] = \$235 ;
       end else if (\$232 ) begin
-        \$437  = new1;
+        \$463  = new1;
       end
     end
     if (rst) begin
-      \$437  = 35'h000000000;
+      \$463  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$438  = l1_3;
-    if (\$185 ) begin
+    \$464  = l1_2;
+    if (\$207 ) begin
       if (\$248 ) begin
-        \$438 [34:1] = l1_2[34:1];
-        \$438 [0] = \$257 ;
+        \$464 [34:1] = l1_1[34:1];
+        \$464 [0] = \$257 ;
       end else if (\$254 ) begin
-        \$438  = new1;
+        \$464  = new1;
       end
     end
     if (rst) begin
-      \$438  = 35'h000000000;
+      \$464  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$439  = l2_0;
-    if (\$258 ) begin
-      if (\$264 ) begin
-        \$439  = new2;
+    \$465  = l1_3;
+    if (\$207 ) begin
+      if (\$270 ) begin
+        \$465 [34:1] = l1_2[34:1];
+        \$465 [0] = \$279 ;
+      end else if (\$276 ) begin
+        \$465  = new1;
       end
     end
     if (rst) begin
-      \$439  = 35'h000000000;
+      \$465  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$440  = l2_1;
-    if (\$258 ) begin
-      if (\$277 ) begin
-        \$440 [34:1] = l2_0[34:1];
-        \$440 [0] = \$286 ;
-      end else if (\$283 ) begin
-        \$440  = new2;
+    \$466  = l2_0;
+    if (\$282 ) begin
+      if (\$288 ) begin
+        \$466  = new2;
       end
     end
     if (rst) begin
-      \$440  = 35'h000000000;
+      \$466  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$441  = l2_2;
-    if (\$258 ) begin
-      if (\$299 ) begin
-        \$441 [34:1] = l2_1[34:1];
-        \$441 [0] = \$308 ;
-      end else if (\$305 ) begin
-        \$441  = new2;
+    \$467  = l2_1;
+    if (\$282 ) begin
+      if (\$301 ) begin
+        \$467 [34:1] = l2_0[34:1];
+        \$467 [0] = \$310 ;
+      end else if (\$307 ) begin
+        \$467  = new2;
       end
     end
     if (rst) begin
-      \$441  = 35'h000000000;
+      \$467  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$442  = l2_3;
-    if (\$258 ) begin
-      if (\$321 ) begin
-        \$442 [34:1] = l2_2[34:1];
-        \$442 [0] = \$330 ;
-      end else if (\$327 ) begin
-        \$442  = new2;
+    \$468  = l2_2;
+    if (\$282 ) begin
+      if (\$323 ) begin
+        \$468 [34:1] = l2_1[34:1];
+        \$468 [0] = \$332 ;
+      end else if (\$329 ) begin
+        \$468  = new2;
       end
     end
     if (rst) begin
-      \$442  = 35'h000000000;
+      \$468  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$443  = l3_0;
-    if (\$331 ) begin
-      if (\$337 ) begin
-        \$443  = new3;
+    \$469  = l2_3;
+    if (\$282 ) begin
+      if (\$345 ) begin
+        \$469 [34:1] = l2_2[34:1];
+        \$469 [0] = \$354 ;
+      end else if (\$351 ) begin
+        \$469  = new2;
       end
     end
     if (rst) begin
-      \$443  = 35'h000000000;
+      \$469  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$444  = l3_1;
-    if (\$331 ) begin
-      if (\$350 ) begin
-        \$444 [34:1] = l3_0[34:1];
-        \$444 [0] = \$359 ;
-      end else if (\$356 ) begin
-        \$444  = new3;
+    \$470  = l3_0;
+    if (\$357 ) begin
+      if (\$363 ) begin
+        \$470  = new3;
       end
     end
     if (rst) begin
-      \$444  = 35'h000000000;
+      \$470  = 35'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$445  = l3_2;
-    if (\$331 ) begin
-      if (\$372 ) begin
-        \$445 [34:1] = l3_1[34:1];
-        \$445 [0] = \$381 ;
-      end else if (\$378 ) begin
-        \$445  = new3;
+    \$471  = l3_1;
+    if (\$357 ) begin
+      if (\$376 ) begin
+        \$471 [34:1] = l3_0[34:1];
+        \$471 [0] = \$385 ;
+      end else if (\$382 ) begin
+        \$471  = new3;
       end
     end
     if (rst) begin
-      \$445  = 35'h000000000;
+      \$471  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$472  = l3_2;
+    if (\$357 ) begin
+      if (\$398 ) begin
+        \$472 [34:1] = l3_1[34:1];
+        \$472 [0] = \$407 ;
+      end else if (\$404 ) begin
+        \$472  = new3;
+      end
+    end
+    if (rst) begin
+      \$472  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$473  = l3_3;
+    if (\$357 ) begin
+      if (\$420 ) begin
+        \$473 [34:1] = l3_2[34:1];
+        \$473 [0] = \$429 ;
+      end else if (\$426 ) begin
+        \$473  = new3;
+      end
+    end
+    if (rst) begin
+      \$473  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$474  = low0_0;
+    if (rst) begin
+      \$474  = 47'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$475  = low0_1;
+    if (rst) begin
+      \$475  = 47'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$476  = best;
+    if (\$431 ) begin
+      \$476  = high0_0;
+    end
+    if (rst) begin
+      \$476  = 47'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$477  = picked;
+    if (\$431 ) begin
+      \$477  = 1'h1;
+    end
+    if (\$433 ) begin
+      \$477  = 1'h0;
+    end
+    if (rst) begin
+      \$477  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$478  = \$435 ;
+    if (rst) begin
+      \$478  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$479  = best[29:24];
+    if (rst) begin
+      \$479  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$480  = s0_0;
+    if (take) begin
+      \$480  = l0_0;
+    end else if (\$437 ) begin
+      if (best[43]) begin
+        \$480  = s0_1;
+      end
+    end
+    if (rst) begin
+      \$480  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$481  = s0_1;
+    if (take) begin
+      \$481  = l0_1;
+    end else if (\$437 ) begin
+      if (best[43]) begin
+        \$481  = s0_2;
+      end
+    end
+    if (rst) begin
+      \$481  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$482  = s0_2;
+    if (take) begin
+      \$482  = l0_2;
+    end else if (\$437 ) begin
+      if (best[43]) begin
+        \$482  = s0_3;
+      end
+    end
+    if (rst) begin
+      \$482  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$483  = s0_3;
+    if (take) begin
+      \$483  = l0_3;
+    end else if (\$437 ) begin
+      if (best[43]) begin
+        \$483  = 35'h000000000;
+      end
+    end
+    if (rst) begin
+      \$483  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$484  = s1_0;
+    if (take) begin
+      \$484  = l1_0;
+    end else if (\$437 ) begin
+      if (best[44]) begin
+        \$484  = s1_1;
+      end
+    end
+    if (rst) begin
+      \$484  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$485  = s1_1;
+    if (take) begin
+      \$485  = l1_1;
+    end else if (\$437 ) begin
+      if (best[44]) begin
+        \$485  = s1_2;
+      end
+    end
+    if (rst) begin
+      \$485  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$486  = s1_2;
+    if (take) begin
+      \$486  = l1_2;
+    end else if (\$437 ) begin
+      if (best[44]) begin
+        \$486  = s1_3;
+      end
+    end
+    if (rst) begin
+      \$486  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$487  = s1_3;
+    if (take) begin
+      \$487  = l1_3;
+    end else if (\$437 ) begin
+      if (best[44]) begin
+        \$487  = 35'h000000000;
+      end
+    end
+    if (rst) begin
+      \$487  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$488  = s2_0;
+    if (take) begin
+      \$488  = l2_0;
+    end else if (\$437 ) begin
+      if (best[45]) begin
+        \$488  = s2_1;
+      end
+    end
+    if (rst) begin
+      \$488  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$489  = s2_1;
+    if (take) begin
+      \$489  = l2_1;
+    end else if (\$437 ) begin
+      if (best[45]) begin
+        \$489  = s2_2;
+      end
+    end
+    if (rst) begin
+      \$489  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$490  = s2_2;
+    if (take) begin
+      \$490  = l2_2;
+    end else if (\$437 ) begin
+      if (best[45]) begin
+        \$490  = s2_3;
+      end
+    end
+    if (rst) begin
+      \$490  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$491  = s2_3;
+    if (take) begin
+      \$491  = l2_3;
+    end else if (\$437 ) begin
+      if (best[45]) begin
+        \$491  = 35'h000000000;
+      end
+    end
+    if (rst) begin
+      \$491  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$492  = s3_0;
+    if (take) begin
+      \$492  = l3_0;
+    end else if (\$437 ) begin
+      if (best[46]) begin
+        \$492  = s3_1;
+      end
+    end
+    if (rst) begin
+      \$492  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$493  = s3_1;
+    if (take) begin
+      \$493  = l3_1;
+    end else if (\$437 ) begin
+      if (best[46]) begin
+        \$493  = s3_2;
+      end
+    end
+    if (rst) begin
+      \$493  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$494  = s3_2;
+    if (take) begin
+      \$494  = l3_2;
+    end else if (\$437 ) begin
+      if (best[46]) begin
+        \$494  = s3_3;
+      end
+    end
+    if (rst) begin
+      \$494  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$495  = s3_3;
+    if (take) begin
+      \$495  = l3_3;
+    end else if (\$437 ) begin
+      if (best[46]) begin
+        \$495  = 35'h000000000;
+      end
+    end
+    if (rst) begin
+      \$495  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$496  = merging;
+    if (take) begin
+      \$496  = 1'h1;
+    end else if (\$437 ) begin
+      if (\$440 ) begin
+        \$496  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$496  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$497  = merge_done;
+    if (take) begin
+      \$497  = 1'h0;
+    end else if (\$437 ) begin
+      if (\$440 ) begin
+        \$497  = 1'h1;
+      end
+    end else if (c_take) begin
+      \$497  = 1'h0;
+    end
+    if (rst) begin
+      \$497  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$498  = merge_count;
+    if (take) begin
+      \$498  = 2'h0;
+    end else if (\$437 ) begin
+      \$498  = \$439 [1:0];
+    end
+    if (rst) begin
+      \$498  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$499  = den;
+    if (take) begin
+      \$499  = 15'h0000;
+    end else if (\$437 ) begin
+      \$499  = \$438 [14:0];
+    end
+    if (rst) begin
+      \$499  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$500  = res_index3;
+    if (take) begin
+    end else if (\$437 ) begin
+      \$500  = best[29:24];
+    end
+    if (rst) begin
+      \$500  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$501  = res_score3;
+    if (take) begin
+    end else if (\$437 ) begin
+      \$501  = best[42:30];
+    end
+    if (rst) begin
+      \$501  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$502  = res_index0;
+    if (take) begin
+    end else if (\$437 ) begin
+      \$502  = res_index1;
+    end
+    if (rst) begin
+      \$502  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$503  = res_index1;
+    if (take) begin
+    end else if (\$437 ) begin
+      \$503  = res_index2;
+    end
+    if (rst) begin
+      \$503  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$504  = res_index2;
+    if (take) begin
+    end else if (\$437 ) begin
+      \$504  = res_index3;
+    end
+    if (rst) begin
+      \$504  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$505  = res_score0;
+    if (take) begin
+    end else if (\$437 ) begin
+      \$505  = res_score1;
+    end
+    if (rst) begin
+      \$505  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$506  = res_score1;
+    if (take) begin
+    end else if (\$437 ) begin
+      \$506  = res_score2;
+    end
+    if (rst) begin
+      \$506  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$507  = res_score2;
+    if (take) begin
+    end else if (\$437 ) begin
+      \$507  = res_score3;
+    end
+    if (rst) begin
+      \$507  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$508  = \$signal$80 ;
+    if (rst) begin
+      \$508  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$509  = lr__addr;
+    if (rst) begin
+      \$509  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$510  = load_clearing;
+    if (load_clear) begin
+      \$510  = 1'h1;
+    end else if (\$444 ) begin
+      if (\$446 ) begin
+        \$510  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$510  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$511  = sweep;
+    if (load_clear) begin
+      \$511  = 6'h00;
+    end else if (\$444 ) begin
+      \$511  = \$445 [5:0];
+    end
+    if (rst) begin
+      \$511  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$512  = dividing;
+    if (c_take) begin
+      \$512  = 1'h1;
+    end else if (\$448 ) begin
+      \$512  = 1'h0;
+    end
+    if (rst) begin
+      \$512  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$513  = routes__valid;
+    if (c_take) begin
+      \$513  = 1'h0;
+    end else if (\$448 ) begin
+      \$513  = 1'h1;
+    end else if (\$449 ) begin
+      if (\$451 ) begin
+        \$513  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$513  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$514  = out_count;
+    if (c_take) begin
+      \$514  = 2'h0;
+    end else if (\$448 ) begin
+    end else if (\$449 ) begin
+      \$514  = \$450 [1:0];
+    end
+    if (rst) begin
+      \$514  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$515  = out_index0;
+    if (c_take) begin
+      \$515  = res_index0;
+    end else if (\$448 ) begin
+    end else if (\$449 ) begin
+      \$515  = out_index1;
+    end
+    if (rst) begin
+      \$515  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$516  = out_index1;
+    if (c_take) begin
+      \$516  = res_index1;
+    end else if (\$448 ) begin
+    end else if (\$449 ) begin
+      \$516  = out_index2;
+    end
+    if (rst) begin
+      \$516  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$517  = out_index2;
+    if (c_take) begin
+      \$517  = res_index2;
+    end else if (\$448 ) begin
+    end else if (\$449 ) begin
+      \$517  = out_index3;
+    end
+    if (rst) begin
+      \$517  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$518  = out_index3;
+    if (c_take) begin
+      \$518  = res_index3;
+    end
+    if (rst) begin
+      \$518  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$519  = out_score0;
+    if (c_take) begin
+      \$519  = res_score0;
+    end else if (\$448 ) begin
+    end else if (\$449 ) begin
+      \$519  = out_score1;
+    end
+    if (rst) begin
+      \$519  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$520  = out_score1;
+    if (c_take) begin
+      \$520  = res_score1;
+    end else if (\$448 ) begin
+    end else if (\$449 ) begin
+      \$520  = out_score2;
+    end
+    if (rst) begin
+      \$520  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$521  = out_score2;
+    if (c_take) begin
+      \$521  = res_score2;
+    end else if (\$448 ) begin
+    end else if (\$449 ) begin
+      \$521  = out_score3;
+    end
+    if (rst) begin
+      \$521  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$522  = out_score3;
+    if (c_take) begin
+      \$522  = res_score3;
+    end
+    if (rst) begin
+      \$522  = 13'h0000;
     end
   end
   assign wp__addr = \$5 [3:0];
   assign wp__data = bias_data;
-  assign beat = rp__addr;
-  assign \wp__addr$30  = \$10 [3:0];
-  assign \wp__data$31  = bias_data;
-  assign \rp__addr$33  = rp__addr;
-  assign \wp__addr$37  = \$15 [3:0];
-  assign \wp__data$38  = bias_data;
-  assign \rp__addr$40  = rp__addr;
-  assign \wp__addr$44  = \$20 [3:0];
-  assign \wp__data$45  = bias_data;
-  assign \rp__addr$47  = rp__addr;
+  assign rp__addr = \$13 [3:0];
+  assign \wp__addr$29  = \$14 [3:0];
+  assign \wp__data$30  = bias_data;
+  assign \rp__addr$32  = \$22 [3:0];
+  assign \wp__addr$34  = \$23 [3:0];
+  assign \wp__data$35  = bias_data;
+  assign \rp__addr$37  = \$31 [3:0];
+  assign \wp__addr$39  = \$32 [3:0];
+  assign \wp__data$40  = bias_data;
+  assign \rp__addr$42  = \$40 [3:0];
+  assign clearing = load_clearing;
   assign inc1_index = lr__addr;
   assign lh__addr = load_addr;
   assign lh__data = load_data;
-  assign clearing = load_clearing;
   assign emitting = routes__valid;
   assign num = 29'h10000000;
   assign res_sum = den;
@@ -2505,6 +2692,10 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \new0.key  = new0[17:1];
   assign \new0.beat  = new0[21:18];
   assign \new0.score  = new0[34:22];
+  assign \p1_keys[0]  = p1_keys[16:0];
+  assign \p1_keys[1]  = p1_keys[33:17];
+  assign \p1_keys[2]  = p1_keys[50:34];
+  assign \p1_keys[3]  = p1_keys[67:51];
   assign \p1_scores[0]  = p1_scores[12:0];
   assign \p1_scores[1]  = p1_scores[25:13];
   assign \p1_scores[2]  = p1_scores[38:26];
@@ -2521,61 +2712,110 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \new3.key  = new3[17:1];
   assign \new3.beat  = new3[21:18];
   assign \new3.score  = new3[34:22];
-  assign \head0.valid  = head0[0];
-  assign \head0.key  = head0[17:1];
-  assign \head0.index  = head0[23:18];
-  assign \head0.score  = head0[36:24];
-  assign \head0.lane  = head0[38:37];
-  assign \s0_0.valid  = s0_0[0];
-  assign \s0_0.key  = s0_0[17:1];
-  assign \s0_0.beat  = s0_0[21:18];
-  assign \s0_0.score  = s0_0[34:22];
-  assign \head1.valid  = head1[0];
-  assign \head1.key  = head1[17:1];
-  assign \head1.index  = head1[23:18];
-  assign \head1.score  = head1[36:24];
-  assign \head1.lane  = head1[38:37];
-  assign \s1_0.valid  = s1_0[0];
-  assign \s1_0.key  = s1_0[17:1];
-  assign \s1_0.beat  = s1_0[21:18];
-  assign \s1_0.score  = s1_0[34:22];
-  assign \head2.valid  = head2[0];
-  assign \head2.key  = head2[17:1];
-  assign \head2.index  = head2[23:18];
-  assign \head2.score  = head2[36:24];
-  assign \head2.lane  = head2[38:37];
-  assign \s2_0.valid  = s2_0[0];
-  assign \s2_0.key  = s2_0[17:1];
-  assign \s2_0.beat  = s2_0[21:18];
-  assign \s2_0.score  = s2_0[34:22];
-  assign \head3.valid  = head3[0];
-  assign \head3.key  = head3[17:1];
-  assign \head3.index  = head3[23:18];
-  assign \head3.score  = head3[36:24];
-  assign \head3.lane  = head3[38:37];
-  assign \s3_0.valid  = s3_0[0];
-  assign \s3_0.key  = s3_0[17:1];
-  assign \s3_0.beat  = s3_0[21:18];
-  assign \s3_0.score  = s3_0[34:22];
-  assign \tree0_0.valid  = tree0_0[0];
-  assign \tree0_0.key  = tree0_0[17:1];
-  assign \tree0_0.index  = tree0_0[23:18];
-  assign \tree0_0.score  = tree0_0[36:24];
-  assign \tree0_0.lane  = tree0_0[38:37];
-  assign \tree0_1.valid  = tree0_1[0];
-  assign \tree0_1.key  = tree0_1[17:1];
-  assign \tree0_1.index  = tree0_1[23:18];
-  assign \tree0_1.score  = tree0_1[36:24];
-  assign \tree0_1.lane  = tree0_1[38:37];
-  assign \tree1_0.valid  = tree1_0[0];
-  assign \tree1_0.key  = tree1_0[17:1];
-  assign \tree1_0.index  = tree1_0[23:18];
-  assign \tree1_0.score  = tree1_0[36:24];
-  assign \tree1_0.lane  = tree1_0[38:37];
+  assign \best.rank  = best[23:0];
+  assign \best.index  = best[29:24];
+  assign \best.score  = best[42:30];
+  assign \best.sel  = best[46:43];
+  assign \nhead0.valid  = nhead0[0];
+  assign \nhead0.key  = nhead0[17:1];
+  assign \nhead0.beat  = nhead0[21:18];
+  assign \nhead0.score  = nhead0[34:22];
   assign \l0_0.valid  = l0_0[0];
   assign \l0_0.key  = l0_0[17:1];
   assign \l0_0.beat  = l0_0[21:18];
   assign \l0_0.score  = l0_0[34:22];
+  assign \s0_1.valid  = s0_1[0];
+  assign \s0_1.key  = s0_1[17:1];
+  assign \s0_1.beat  = s0_1[21:18];
+  assign \s0_1.score  = s0_1[34:22];
+  assign \s0_0.valid  = s0_0[0];
+  assign \s0_0.key  = s0_0[17:1];
+  assign \s0_0.beat  = s0_0[21:18];
+  assign \s0_0.score  = s0_0[34:22];
+  assign \head0.rank  = head0[23:0];
+  assign \head0.index  = head0[29:24];
+  assign \head0.score  = head0[42:30];
+  assign \head0.sel  = head0[46:43];
+  assign \nhead1.valid  = nhead1[0];
+  assign \nhead1.key  = nhead1[17:1];
+  assign \nhead1.beat  = nhead1[21:18];
+  assign \nhead1.score  = nhead1[34:22];
+  assign \l1_0.valid  = l1_0[0];
+  assign \l1_0.key  = l1_0[17:1];
+  assign \l1_0.beat  = l1_0[21:18];
+  assign \l1_0.score  = l1_0[34:22];
+  assign \s1_1.valid  = s1_1[0];
+  assign \s1_1.key  = s1_1[17:1];
+  assign \s1_1.beat  = s1_1[21:18];
+  assign \s1_1.score  = s1_1[34:22];
+  assign \s1_0.valid  = s1_0[0];
+  assign \s1_0.key  = s1_0[17:1];
+  assign \s1_0.beat  = s1_0[21:18];
+  assign \s1_0.score  = s1_0[34:22];
+  assign \head1.rank  = head1[23:0];
+  assign \head1.index  = head1[29:24];
+  assign \head1.score  = head1[42:30];
+  assign \head1.sel  = head1[46:43];
+  assign \nhead2.valid  = nhead2[0];
+  assign \nhead2.key  = nhead2[17:1];
+  assign \nhead2.beat  = nhead2[21:18];
+  assign \nhead2.score  = nhead2[34:22];
+  assign \l2_0.valid  = l2_0[0];
+  assign \l2_0.key  = l2_0[17:1];
+  assign \l2_0.beat  = l2_0[21:18];
+  assign \l2_0.score  = l2_0[34:22];
+  assign \s2_1.valid  = s2_1[0];
+  assign \s2_1.key  = s2_1[17:1];
+  assign \s2_1.beat  = s2_1[21:18];
+  assign \s2_1.score  = s2_1[34:22];
+  assign \s2_0.valid  = s2_0[0];
+  assign \s2_0.key  = s2_0[17:1];
+  assign \s2_0.beat  = s2_0[21:18];
+  assign \s2_0.score  = s2_0[34:22];
+  assign \head2.rank  = head2[23:0];
+  assign \head2.index  = head2[29:24];
+  assign \head2.score  = head2[42:30];
+  assign \head2.sel  = head2[46:43];
+  assign \nhead3.valid  = nhead3[0];
+  assign \nhead3.key  = nhead3[17:1];
+  assign \nhead3.beat  = nhead3[21:18];
+  assign \nhead3.score  = nhead3[34:22];
+  assign \l3_0.valid  = l3_0[0];
+  assign \l3_0.key  = l3_0[17:1];
+  assign \l3_0.beat  = l3_0[21:18];
+  assign \l3_0.score  = l3_0[34:22];
+  assign \s3_1.valid  = s3_1[0];
+  assign \s3_1.key  = s3_1[17:1];
+  assign \s3_1.beat  = s3_1[21:18];
+  assign \s3_1.score  = s3_1[34:22];
+  assign \s3_0.valid  = s3_0[0];
+  assign \s3_0.key  = s3_0[17:1];
+  assign \s3_0.beat  = s3_0[21:18];
+  assign \s3_0.score  = s3_0[34:22];
+  assign \head3.rank  = head3[23:0];
+  assign \head3.index  = head3[29:24];
+  assign \head3.score  = head3[42:30];
+  assign \head3.sel  = head3[46:43];
+  assign \low0_0.rank  = low0_0[23:0];
+  assign \low0_0.index  = low0_0[29:24];
+  assign \low0_0.score  = low0_0[42:30];
+  assign \low0_0.sel  = low0_0[46:43];
+  assign \low0_1.rank  = low0_1[23:0];
+  assign \low0_1.index  = low0_1[29:24];
+  assign \low0_1.score  = low0_1[42:30];
+  assign \low0_1.sel  = low0_1[46:43];
+  assign \high0_0.rank  = high0_0[23:0];
+  assign \high0_0.index  = high0_0[29:24];
+  assign \high0_0.score  = high0_0[42:30];
+  assign \high0_0.sel  = high0_0[46:43];
+  assign \mid0.rank  = mid0[23:0];
+  assign \mid0.index  = mid0[29:24];
+  assign \mid0.score  = mid0[42:30];
+  assign \mid0.sel  = mid0[46:43];
+  assign \mid1.rank  = mid1[23:0];
+  assign \mid1.index  = mid1[29:24];
+  assign \mid1.score  = mid1[42:30];
+  assign \mid1.sel  = mid1[46:43];
   assign \l0_1.valid  = l0_1[0];
   assign \l0_1.key  = l0_1[17:1];
   assign \l0_1.beat  = l0_1[21:18];
@@ -2588,10 +2828,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \l0_3.key  = l0_3[17:1];
   assign \l0_3.beat  = l0_3[21:18];
   assign \l0_3.score  = l0_3[34:22];
-  assign \l1_0.valid  = l1_0[0];
-  assign \l1_0.key  = l1_0[17:1];
-  assign \l1_0.beat  = l1_0[21:18];
-  assign \l1_0.score  = l1_0[34:22];
   assign \l1_1.valid  = l1_1[0];
   assign \l1_1.key  = l1_1[17:1];
   assign \l1_1.beat  = l1_1[21:18];
@@ -2604,10 +2840,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \l1_3.key  = l1_3[17:1];
   assign \l1_3.beat  = l1_3[21:18];
   assign \l1_3.score  = l1_3[34:22];
-  assign \l2_0.valid  = l2_0[0];
-  assign \l2_0.key  = l2_0[17:1];
-  assign \l2_0.beat  = l2_0[21:18];
-  assign \l2_0.score  = l2_0[34:22];
   assign \l2_1.valid  = l2_1[0];
   assign \l2_1.key  = l2_1[17:1];
   assign \l2_1.beat  = l2_1[21:18];
@@ -2620,10 +2852,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \l2_3.key  = l2_3[17:1];
   assign \l2_3.beat  = l2_3[21:18];
   assign \l2_3.score  = l2_3[34:22];
-  assign \l3_0.valid  = l3_0[0];
-  assign \l3_0.key  = l3_0[17:1];
-  assign \l3_0.beat  = l3_0[21:18];
-  assign \l3_0.score  = l3_0[34:22];
   assign \l3_1.valid  = l3_1[0];
   assign \l3_1.key  = l3_1[17:1];
   assign \l3_1.beat  = l3_1[21:18];
@@ -2636,10 +2864,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \l3_3.key  = l3_3[17:1];
   assign \l3_3.beat  = l3_3[21:18];
   assign \l3_3.score  = l3_3[34:22];
-  assign \s0_1.valid  = s0_1[0];
-  assign \s0_1.key  = s0_1[17:1];
-  assign \s0_1.beat  = s0_1[21:18];
-  assign \s0_1.score  = s0_1[34:22];
   assign \s0_2.valid  = s0_2[0];
   assign \s0_2.key  = s0_2[17:1];
   assign \s0_2.beat  = s0_2[21:18];
@@ -2648,10 +2872,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \s0_3.key  = s0_3[17:1];
   assign \s0_3.beat  = s0_3[21:18];
   assign \s0_3.score  = s0_3[34:22];
-  assign \s1_1.valid  = s1_1[0];
-  assign \s1_1.key  = s1_1[17:1];
-  assign \s1_1.beat  = s1_1[21:18];
-  assign \s1_1.score  = s1_1[34:22];
   assign \s1_2.valid  = s1_2[0];
   assign \s1_2.key  = s1_2[17:1];
   assign \s1_2.beat  = s1_2[21:18];
@@ -2660,10 +2880,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \s1_3.key  = s1_3[17:1];
   assign \s1_3.beat  = s1_3[21:18];
   assign \s1_3.score  = s1_3[34:22];
-  assign \s2_1.valid  = s2_1[0];
-  assign \s2_1.key  = s2_1[17:1];
-  assign \s2_1.beat  = s2_1[21:18];
-  assign \s2_1.score  = s2_1[34:22];
   assign \s2_2.valid  = s2_2[0];
   assign \s2_2.key  = s2_2[17:1];
   assign \s2_2.beat  = s2_2[21:18];
@@ -2672,10 +2888,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \s2_3.key  = s2_3[17:1];
   assign \s2_3.beat  = s2_3[21:18];
   assign \s2_3.score  = s2_3[34:22];
-  assign \s3_1.valid  = s3_1[0];
-  assign \s3_1.key  = s3_1[17:1];
-  assign \s3_1.beat  = s3_1[21:18];
-  assign \s3_1.score  = s3_1[34:22];
   assign \s3_2.valid  = s3_2[0];
   assign \s3_2.key  = s3_2[17:1];
   assign \s3_2.beat  = s3_2[21:18];
@@ -2684,55 +2896,51 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \s3_3.key  = s3_3[17:1];
   assign \s3_3.beat  = s3_3[21:18];
   assign \s3_3.score  = s3_3[34:22];
-  assign routes__payload[22] = \$84 ;
-  assign routes__payload[21:6] = \$83 [15:0];
+  assign routes__payload[22] = \$102 ;
+  assign routes__payload[21:6] = \$101 [15:0];
   assign routes__payload[5:0] = out_index0;
-  assign head3[38:37] = 2'h3;
-  assign head3[36:24] = s3_0[34:22];
-  assign head3[23:18] = \$36 [5:0];
-  assign head3[17:1] = s3_0[17:1];
-  assign head3[0] = s3_0[0];
-  assign head2[38:37] = 2'h2;
-  assign head2[36:24] = s2_0[34:22];
-  assign head2[23:18] = \$34 [5:0];
-  assign head2[17:1] = s2_0[17:1];
-  assign head2[0] = s2_0[0];
-  assign head1[38:37] = 2'h1;
-  assign head1[36:24] = s1_0[34:22];
-  assign head1[23:18] = \$32 [5:0];
-  assign head1[17:1] = s1_0[17:1];
-  assign head1[0] = s1_0[0];
-  assign head0[38:37] = 2'h0;
-  assign head0[36:24] = s0_0[34:22];
-  assign head0[23:18] = \$30 [5:0];
-  assign head0[17:1] = s0_0[17:1];
-  assign head0[0] = s0_0[0];
+  assign head3[46:43] = 4'h8;
+  assign head3[42:30] = nhead3[34:22];
+  assign head3[29:24] = \$72 [5:0];
+  assign head3[23:0] = { nhead3[0], \$70 , nhead3[16:1], \$69 , 2'h0 };
+  assign head2[46:43] = 4'h4;
+  assign head2[42:30] = nhead2[34:22];
+  assign head2[29:24] = \$65 [5:0];
+  assign head2[23:0] = { nhead2[0], \$63 , nhead2[16:1], \$62 , 2'h1 };
+  assign head1[46:43] = 4'h2;
+  assign head1[42:30] = nhead1[34:22];
+  assign head1[29:24] = \$58 [5:0];
+  assign head1[23:0] = { nhead1[0], \$56 , nhead1[16:1], \$55 , 2'h2 };
+  assign head0[46:43] = 4'h1;
+  assign head0[42:30] = nhead0[34:22];
+  assign head0[29:24] = \$51 [5:0];
+  assign head0[23:0] = { nhead0[0], \$49 , nhead0[16:1], \$48 , 2'h3 };
   assign new3[34:22] = p1_scores[51:39];
   assign new3[21:18] = p1_beat;
-  assign new3[17:1] = \$24 ;
+  assign new3[17:1] = p1_keys[67:51];
   assign new3[0] = 1'h1;
   assign new2[34:22] = p1_scores[38:26];
   assign new2[21:18] = p1_beat;
-  assign new2[17:1] = \$19 ;
+  assign new2[17:1] = p1_keys[50:34];
   assign new2[0] = 1'h1;
   assign new1[34:22] = p1_scores[25:13];
   assign new1[21:18] = p1_beat;
-  assign new1[17:1] = \$14 ;
+  assign new1[17:1] = p1_keys[33:17];
   assign new1[0] = 1'h1;
   assign new0[34:22] = p1_scores[12:0];
   assign new0[21:18] = p1_beat;
-  assign new0[17:1] = \$9 ;
+  assign new0[17:1] = p1_keys[16:0];
   assign new0[0] = 1'h1;
   assign \$5  = { 2'h0, bias_addr[5:2] };
-  assign \$10  = { 2'h0, bias_addr[5:2] };
-  assign \$15  = { 2'h0, bias_addr[5:2] };
-  assign \$20  = { 2'h0, bias_addr[5:2] };
-  assign \$75  = { 13'h0000, \$74 [41:13] };
-  assign \$80  = { 13'h0000, \$79 [41:13] };
-  assign \$112  = advance;
-  assign \$185  = advance;
-  assign \$258  = advance;
-  assign \$331  = advance;
+  assign \$14  = { 2'h0, bias_addr[5:2] };
+  assign \$23  = { 2'h0, bias_addr[5:2] };
+  assign \$32  = { 2'h0, bias_addr[5:2] };
+  assign \$93  = { 13'h0000, \$92 [41:13] };
+  assign \$98  = { 13'h0000, \$97 [41:13] };
+  assign \$132  = advance;
+  assign \$207  = advance;
+  assign \$282  = advance;
+  assign \$357  = advance;
 endmodule
 
 (* generator = "Amaranth" *)

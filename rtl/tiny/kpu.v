@@ -18668,7 +18668,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, o__ready,
     .o__payload(c_out__payload),
     .o__ready(o__ready),
     .o__valid(c_out__valid),
-    .\port$2760$54 (cmd[75:54]),
+    .\port$2782$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -24700,7 +24700,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, i__valid, \port$2760$54 , o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, i__valid, \port$2782$54 , o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire [66:0] \$10 ;
@@ -24943,8 +24943,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$2760$54 ;
-  wire [21:0] \port$2760$54 ;
+  input [21:0] \port$2782$54 ;
+  wire [21:0] \port$2782$54 ;
   wire [47:0] q0;
   wire [47:0] q1;
   wire [47:0] q2;
@@ -24985,103 +24985,103 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$11  = $signed(\$9 ) + $signed(\$10 );
   assign \$14  = $signed(\$12 ) + $signed(\$13 );
   assign \$17  = $signed(\$15 ) + $signed(\$16 );
-  assign \$18  = | \port$2760$54 [21:16];
-  assign \$19  = \port$2760$54 [21:16] - 1'h1;
-  assign \$20  = \port$2760$54 [21:16] - 1'h1;
+  assign \$18  = | \port$2782$54 [21:16];
+  assign \$19  = \port$2782$54 [21:16] - 1'h1;
+  assign \$20  = \port$2782$54 [21:16] - 1'h1;
   assign \$21  = \$20 [5:0] > 1'h0;
-  assign \$22  = \port$2760$54 [21:16] - 1'h1;
+  assign \$22  = \port$2782$54 [21:16] - 1'h1;
   assign \$23  = \$22 [5:0] > 1'h1;
-  assign \$24  = \port$2760$54 [21:16] - 1'h1;
+  assign \$24  = \port$2782$54 [21:16] - 1'h1;
   assign \$25  = \$24 [5:0] > 2'h2;
-  assign \$26  = \port$2760$54 [21:16] - 1'h1;
+  assign \$26  = \port$2782$54 [21:16] - 1'h1;
   assign \$27  = \$26 [5:0] > 2'h3;
-  assign \$28  = \port$2760$54 [21:16] - 1'h1;
+  assign \$28  = \port$2782$54 [21:16] - 1'h1;
   assign \$29  = \$28 [5:0] > 3'h4;
-  assign \$30  = \port$2760$54 [21:16] - 1'h1;
+  assign \$30  = \port$2782$54 [21:16] - 1'h1;
   assign \$31  = \$30 [5:0] > 3'h5;
-  assign \$32  = \port$2760$54 [21:16] - 1'h1;
+  assign \$32  = \port$2782$54 [21:16] - 1'h1;
   assign \$33  = \$32 [5:0] > 3'h6;
-  assign \$34  = \port$2760$54 [21:16] - 1'h1;
+  assign \$34  = \port$2782$54 [21:16] - 1'h1;
   assign \$35  = \$34 [5:0] > 3'h7;
-  assign \$36  = \port$2760$54 [21:16] - 1'h1;
+  assign \$36  = \port$2782$54 [21:16] - 1'h1;
   assign \$37  = \$36 [5:0] > 4'h8;
-  assign \$38  = \port$2760$54 [21:16] - 1'h1;
+  assign \$38  = \port$2782$54 [21:16] - 1'h1;
   assign \$39  = \$38 [5:0] > 4'h9;
-  assign \$40  = \port$2760$54 [21:16] - 1'h1;
+  assign \$40  = \port$2782$54 [21:16] - 1'h1;
   assign \$41  = \$40 [5:0] > 4'ha;
-  assign \$42  = \port$2760$54 [21:16] - 1'h1;
+  assign \$42  = \port$2782$54 [21:16] - 1'h1;
   assign \$43  = \$42 [5:0] > 4'hb;
-  assign \$44  = \port$2760$54 [21:16] - 1'h1;
+  assign \$44  = \port$2782$54 [21:16] - 1'h1;
   assign \$45  = \$44 [5:0] > 4'hc;
-  assign \$46  = \port$2760$54 [21:16] - 1'h1;
+  assign \$46  = \port$2782$54 [21:16] - 1'h1;
   assign \$47  = \$46 [5:0] > 4'hd;
-  assign \$48  = \port$2760$54 [21:16] - 1'h1;
+  assign \$48  = \port$2782$54 [21:16] - 1'h1;
   assign \$49  = \$48 [5:0] > 4'he;
-  assign \$50  = \port$2760$54 [21:16] - 1'h1;
+  assign \$50  = \port$2782$54 [21:16] - 1'h1;
   assign \$51  = \$50 [5:0] > 4'hf;
-  assign \$52  = \port$2760$54 [21:16] - 1'h1;
+  assign \$52  = \port$2782$54 [21:16] - 1'h1;
   assign \$53  = \$52 [5:0] > 5'h10;
-  assign \$54  = \port$2760$54 [21:16] - 1'h1;
+  assign \$54  = \port$2782$54 [21:16] - 1'h1;
   assign \$55  = \$54 [5:0] > 5'h11;
-  assign \$56  = \port$2760$54 [21:16] - 1'h1;
+  assign \$56  = \port$2782$54 [21:16] - 1'h1;
   assign \$57  = \$56 [5:0] > 5'h12;
-  assign \$58  = \port$2760$54 [21:16] - 1'h1;
+  assign \$58  = \port$2782$54 [21:16] - 1'h1;
   assign \$59  = \$58 [5:0] > 5'h13;
-  assign \$60  = \port$2760$54 [21:16] - 1'h1;
+  assign \$60  = \port$2782$54 [21:16] - 1'h1;
   assign \$61  = \$60 [5:0] > 5'h14;
-  assign \$62  = \port$2760$54 [21:16] - 1'h1;
+  assign \$62  = \port$2782$54 [21:16] - 1'h1;
   assign \$63  = \$62 [5:0] > 5'h15;
-  assign \$64  = \port$2760$54 [21:16] - 1'h1;
+  assign \$64  = \port$2782$54 [21:16] - 1'h1;
   assign \$65  = \$64 [5:0] > 5'h16;
-  assign \$66  = \port$2760$54 [21:16] - 1'h1;
+  assign \$66  = \port$2782$54 [21:16] - 1'h1;
   assign \$67  = \$66 [5:0] > 5'h17;
-  assign \$68  = \port$2760$54 [21:16] - 1'h1;
+  assign \$68  = \port$2782$54 [21:16] - 1'h1;
   assign \$69  = \$68 [5:0] > 5'h18;
-  assign \$70  = \port$2760$54 [21:16] - 1'h1;
+  assign \$70  = \port$2782$54 [21:16] - 1'h1;
   assign \$71  = \$70 [5:0] > 5'h19;
-  assign \$72  = \port$2760$54 [21:16] - 1'h1;
+  assign \$72  = \port$2782$54 [21:16] - 1'h1;
   assign \$73  = \$72 [5:0] > 5'h1a;
-  assign \$74  = \port$2760$54 [21:16] - 1'h1;
+  assign \$74  = \port$2782$54 [21:16] - 1'h1;
   assign \$75  = \$74 [5:0] > 5'h1b;
-  assign \$76  = \port$2760$54 [21:16] - 1'h1;
+  assign \$76  = \port$2782$54 [21:16] - 1'h1;
   assign \$77  = \$76 [5:0] > 5'h1c;
-  assign \$78  = \port$2760$54 [21:16] - 1'h1;
+  assign \$78  = \port$2782$54 [21:16] - 1'h1;
   assign \$79  = \$78 [5:0] > 5'h1d;
-  assign \$80  = \port$2760$54 [21:16] - 1'h1;
+  assign \$80  = \port$2782$54 [21:16] - 1'h1;
   assign \$81  = \$80 [5:0] > 5'h1e;
-  assign \$82  = \port$2760$54 [21:16] - 1'h1;
+  assign \$82  = \port$2782$54 [21:16] - 1'h1;
   assign \$83  = \$82 [5:0] > 5'h1f;
-  assign \$84  = \port$2760$54 [21:16] - 1'h1;
+  assign \$84  = \port$2782$54 [21:16] - 1'h1;
   assign \$85  = \$84 [5:0] > 6'h20;
-  assign \$86  = \port$2760$54 [21:16] - 1'h1;
+  assign \$86  = \port$2782$54 [21:16] - 1'h1;
   assign \$87  = \$86 [5:0] > 6'h21;
-  assign \$88  = \port$2760$54 [21:16] - 1'h1;
+  assign \$88  = \port$2782$54 [21:16] - 1'h1;
   assign \$89  = \$88 [5:0] > 6'h22;
-  assign \$90  = \port$2760$54 [21:16] - 1'h1;
+  assign \$90  = \port$2782$54 [21:16] - 1'h1;
   assign \$91  = \$90 [5:0] > 6'h23;
-  assign \$92  = \port$2760$54 [21:16] - 1'h1;
+  assign \$92  = \port$2782$54 [21:16] - 1'h1;
   assign \$93  = \$92 [5:0] > 6'h24;
-  assign \$94  = \port$2760$54 [21:16] - 1'h1;
+  assign \$94  = \port$2782$54 [21:16] - 1'h1;
   assign \$95  = \$94 [5:0] > 6'h25;
-  assign \$96  = \port$2760$54 [21:16] - 1'h1;
+  assign \$96  = \port$2782$54 [21:16] - 1'h1;
   assign \$97  = \$96 [5:0] > 6'h26;
-  assign \$98  = \port$2760$54 [21:16] - 1'h1;
+  assign \$98  = \port$2782$54 [21:16] - 1'h1;
   assign \$99  = \$98 [5:0] > 6'h27;
-  assign \$100  = \port$2760$54 [21:16] - 1'h1;
+  assign \$100  = \port$2782$54 [21:16] - 1'h1;
   assign \$101  = \$100 [5:0] > 6'h28;
-  assign \$102  = \port$2760$54 [21:16] - 1'h1;
+  assign \$102  = \port$2782$54 [21:16] - 1'h1;
   assign \$103  = \$102 [5:0] > 6'h29;
-  assign \$104  = \port$2760$54 [21:16] - 1'h1;
+  assign \$104  = \port$2782$54 [21:16] - 1'h1;
   assign \$105  = \$104 [5:0] > 6'h2a;
-  assign \$106  = \port$2760$54 [21:16] - 1'h1;
+  assign \$106  = \port$2782$54 [21:16] - 1'h1;
   assign \$107  = \$106 [5:0] > 6'h2b;
-  assign \$108  = \port$2760$54 [21:16] - 1'h1;
+  assign \$108  = \port$2782$54 [21:16] - 1'h1;
   assign \$109  = \$108 [5:0] > 6'h2c;
-  assign \$110  = \port$2760$54 [21:16] - 1'h1;
+  assign \$110  = \port$2782$54 [21:16] - 1'h1;
   assign \$111  = \$110 [5:0] > 6'h2d;
-  assign \$112  = \port$2760$54 [21:16] - 1'h1;
+  assign \$112  = \port$2782$54 [21:16] - 1'h1;
   assign \$113  = \$112 [5:0] > 6'h2e;
-  assign \$114  = \port$2760$54 [21:16] - 1'h1;
+  assign \$114  = \port$2782$54 [21:16] - 1'h1;
   assign \$115  = \$114 [5:0] > 6'h2f;
   assign \$116  = $signed(x0) >>> shift_m1;
   assign \$117  = shift_nz ? \$116  : x0;
@@ -25194,8 +25194,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$2658$0 (i__payload),
-    .\port$2760$54 (\port$2760$54 [15:0]),
+    .\port$2680$0 (i__payload),
+    .\port$2782$54 (\port$2782$54 [15:0]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -25534,23 +25534,23 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$2760$54 [15:0] };
-  assign mult = \port$2760$54 [15:0];
+  assign b__0 = { 2'h0, \port$2782$54 [15:0] };
+  assign mult = \port$2782$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$2760$54 [15:0] };
+  assign b__1 = { 2'h0, \port$2782$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$2760$54 [15:0] };
+  assign b__2 = { 2'h0, \port$2782$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$2760$54 [15:0] };
+  assign b__3 = { 2'h0, \port$2782$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$2760$54 [15:0] };
+  assign b__4 = { 2'h0, \port$2782$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$2760$54 [15:0] };
+  assign b__5 = { 2'h0, \port$2782$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$2760$54 [15:0] };
+  assign b__6 = { 2'h0, \port$2782$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$2760$54 [15:0] };
-  assign shift = \port$2760$54 [21:16];
+  assign b__7 = { 2'h0, \port$2782$54 [15:0] };
+  assign shift = \port$2782$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -25574,7 +25574,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$2760$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2680$0 , \port$2782$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -25660,10 +25660,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [127:0] \port$2658$0 ;
-  wire [127:0] \port$2658$0 ;
-  input [15:0] \port$2760$54 ;
-  wire [15:0] \port$2760$54 ;
+  input [127:0] \port$2680$0 ;
+  wire [127:0] \port$2680$0 ;
+  input [15:0] \port$2782$54 ;
+  wire [15:0] \port$2782$54 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -25728,7 +25728,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$2658$0 [16:0] };
+      \$9  = { 1'h0, \port$2680$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -25741,7 +25741,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$2760$54  };
+      \$10  = { 2'h0, \port$2782$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -25767,7 +25767,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$2658$0 [31], \port$2658$0 [31], \port$2658$0 [31], \port$2658$0 [31:17] };
+      \$12  = { \port$2680$0 [31], \port$2680$0 [31], \port$2680$0 [31], \port$2680$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -25780,7 +25780,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$2760$54  };
+      \$13  = { 2'h0, \port$2782$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -25806,7 +25806,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$2658$0 [48:32] };
+      \$15  = { 1'h0, \port$2680$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -25819,7 +25819,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$2760$54  };
+      \$16  = { 2'h0, \port$2782$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -25845,7 +25845,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$2658$0 [63], \port$2658$0 [63], \port$2658$0 [63], \port$2658$0 [63:49] };
+      \$18  = { \port$2680$0 [63], \port$2680$0 [63], \port$2680$0 [63], \port$2680$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -25858,7 +25858,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$2760$54  };
+      \$19  = { 2'h0, \port$2782$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -25884,7 +25884,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$2658$0 [80:64] };
+      \$21  = { 1'h0, \port$2680$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -25897,7 +25897,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$2760$54  };
+      \$22  = { 2'h0, \port$2782$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -25923,7 +25923,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$2658$0 [95], \port$2658$0 [95], \port$2658$0 [95], \port$2658$0 [95:81] };
+      \$24  = { \port$2680$0 [95], \port$2680$0 [95], \port$2680$0 [95], \port$2680$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -25936,7 +25936,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$2760$54  };
+      \$25  = { 2'h0, \port$2782$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -25962,7 +25962,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$2658$0 [112:96] };
+      \$27  = { 1'h0, \port$2680$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -25975,7 +25975,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$2760$54  };
+      \$28  = { 2'h0, \port$2782$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -26001,7 +26001,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$2658$0 [127], \port$2658$0 [127], \port$2658$0 [127], \port$2658$0 [127:113] };
+      \$30  = { \port$2680$0 [127], \port$2680$0 [127], \port$2680$0 [127], \port$2680$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -26014,7 +26014,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$2760$54  };
+      \$31  = { 2'h0, \port$2782$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -26036,22 +26036,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2658$0 , \port$27
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$2658$0 [16:0] };
-  assign b__0 = { 2'h0, \port$2760$54  };
-  assign a__1 = { \port$2658$0 [31], \port$2658$0 [31], \port$2658$0 [31], \port$2658$0 [31:17] };
-  assign b__1 = { 2'h0, \port$2760$54  };
-  assign a__2 = { 1'h0, \port$2658$0 [48:32] };
-  assign b__2 = { 2'h0, \port$2760$54  };
-  assign a__3 = { \port$2658$0 [63], \port$2658$0 [63], \port$2658$0 [63], \port$2658$0 [63:49] };
-  assign b__3 = { 2'h0, \port$2760$54  };
-  assign a__4 = { 1'h0, \port$2658$0 [80:64] };
-  assign b__4 = { 2'h0, \port$2760$54  };
-  assign a__5 = { \port$2658$0 [95], \port$2658$0 [95], \port$2658$0 [95], \port$2658$0 [95:81] };
-  assign b__5 = { 2'h0, \port$2760$54  };
-  assign a__6 = { 1'h0, \port$2658$0 [112:96] };
-  assign b__6 = { 2'h0, \port$2760$54  };
-  assign a__7 = { \port$2658$0 [127], \port$2658$0 [127], \port$2658$0 [127], \port$2658$0 [127:113] };
-  assign b__7 = { 2'h0, \port$2760$54  };
+  assign a__0 = { 1'h0, \port$2680$0 [16:0] };
+  assign b__0 = { 2'h0, \port$2782$54  };
+  assign a__1 = { \port$2680$0 [31], \port$2680$0 [31], \port$2680$0 [31], \port$2680$0 [31:17] };
+  assign b__1 = { 2'h0, \port$2782$54  };
+  assign a__2 = { 1'h0, \port$2680$0 [48:32] };
+  assign b__2 = { 2'h0, \port$2782$54  };
+  assign a__3 = { \port$2680$0 [63], \port$2680$0 [63], \port$2680$0 [63], \port$2680$0 [63:49] };
+  assign b__3 = { 2'h0, \port$2782$54  };
+  assign a__4 = { 1'h0, \port$2680$0 [80:64] };
+  assign b__4 = { 2'h0, \port$2782$54  };
+  assign a__5 = { \port$2680$0 [95], \port$2680$0 [95], \port$2680$0 [95], \port$2680$0 [95:81] };
+  assign b__5 = { 2'h0, \port$2782$54  };
+  assign a__6 = { 1'h0, \port$2680$0 [112:96] };
+  assign b__6 = { 2'h0, \port$2782$54  };
+  assign a__7 = { \port$2680$0 [127], \port$2680$0 [127], \port$2680$0 [127], \port$2680$0 [127:113] };
+  assign b__7 = { 2'h0, \port$2782$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -26590,8 +26590,8 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$2364$0 (i__payload),
-    .\port$2509$0 (mult),
+    .\port$2386$0 (i__payload),
+    .\port$2531$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -26784,7 +26784,7 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, \port$2364$0 , unit_rst, \port$2509$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, \port$2386$0 , unit_rst, \port$2531$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -26810,10 +26810,10 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2364$0 , unit_rst, \port$2509$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$2364$0 ;
-  wire [31:0] \port$2364$0 ;
-  input [15:0] \port$2509$0 ;
-  wire [15:0] \port$2509$0 ;
+  input [31:0] \port$2386$0 ;
+  wire [31:0] \port$2386$0 ;
+  input [15:0] \port$2531$0 ;
+  wire [15:0] \port$2531$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -26836,7 +26836,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2364$0 , unit_rst, \port$2509$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$2364$0 [16:0] };
+      \$3  = { 1'h0, \port$2386$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -26849,7 +26849,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2364$0 , unit_rst, \port$2509$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$2509$0  };
+      \$4  = { 2'h0, \port$2531$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -26875,7 +26875,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2364$0 , unit_rst, \port$2509$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$2364$0 [31], \port$2364$0 [31], \port$2364$0 [31], \port$2364$0 [31:17] };
+      \$6  = { \port$2386$0 [31], \port$2386$0 [31], \port$2386$0 [31], \port$2386$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -26888,7 +26888,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2364$0 , unit_rst, \port$2509$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$2509$0  };
+      \$7  = { 2'h0, \port$2531$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -26910,100 +26910,118 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2364$0 , unit_rst, \port$2509$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$2364$0 [16:0] };
-  assign b__0 = { 2'h0, \port$2509$0  };
-  assign a__1 = { \port$2364$0 [31], \port$2364$0 [31], \port$2364$0 [31], \port$2364$0 [31:17] };
-  assign b__1 = { 2'h0, \port$2509$0  };
+  assign a__0 = { 1'h0, \port$2386$0 [16:0] };
+  assign b__0 = { 2'h0, \port$2531$0  };
+  assign a__1 = { \port$2386$0 [31], \port$2386$0 [31], \port$2386$0 [31], \port$2386$0 [31:17] };
+  assign b__1 = { 2'h0, \port$2531$0  };
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data, bias_we, bias_addr, wp__data, scores__payload, scores__valid, routes__ready, unit_rst, routes__payload, emitting, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
   wire \$1 ;
-  wire \$10 ;
-  wire [14:0] \$100 ;
-  wire [1:0] \$101 ;
+  wire [3:0] \$10 ;
+  wire \$100 ;
+  wire \$101 ;
   wire \$102 ;
   wire \$103 ;
   wire \$104 ;
   wire \$105 ;
   wire \$106 ;
-  wire [3:0] \$107 ;
+  wire \$107 ;
   wire \$108 ;
   wire \$109 ;
-  wire \$11 ;
+  wire [3:0] \$11 ;
   wire \$110 ;
   wire \$111 ;
-  wire [1:0] \$112 ;
+  wire \$112 ;
   wire \$113 ;
-  reg [12:0] \$114 ;
-  reg [2:0] \$115 ;
-  reg \$116 ;
-  reg [2:0] \$117 ;
-  reg \$118 ;
-  reg [33:0] \$119 ;
-  wire \$12 ;
-  reg [33:0] \$120 ;
-  reg \$121 ;
-  reg [2:0] \$122 ;
-  reg [33:0] \$123 ;
-  reg [33:0] \$124 ;
-  reg \$125 ;
-  reg \$126 ;
-  reg \$127 ;
-  reg [13:0] \$128 ;
+  wire [14:0] \$114 ;
+  wire [1:0] \$115 ;
+  wire \$116 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire \$119 ;
+  wire [3:0] \$12 ;
+  wire \$120 ;
+  wire [3:0] \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire [1:0] \$126 ;
+  wire \$127 ;
+  reg [12:0] \$128 ;
   reg [2:0] \$129 ;
-  wire [3:0] \$13 ;
-  reg [12:0] \$130 ;
+  wire \$13 ;
+  reg \$130 ;
   reg [2:0] \$131 ;
-  reg [12:0] \$132 ;
-  reg \$133 ;
-  reg [2:0] \$134 ;
-  reg \$135 ;
-  reg [2:0] \$136 ;
-  reg \$137 ;
+  reg \$132 ;
+  reg [16:0] \$133 ;
+  reg [33:0] \$134 ;
+  reg [33:0] \$135 ;
+  reg [37:0] \$136 ;
+  reg [37:0] \$137 ;
   reg \$138 ;
   reg \$139 ;
-  wire [4:0] \$14 ;
+  wire \$14 ;
   reg [2:0] \$140 ;
-  reg [2:0] \$141 ;
-  reg [12:0] \$142 ;
-  reg [12:0] \$143 ;
+  reg [33:0] \$141 ;
+  reg [33:0] \$142 ;
+  reg \$143 ;
+  reg \$144 ;
+  reg \$145 ;
+  reg [13:0] \$146 ;
+  reg [2:0] \$147 ;
+  reg [12:0] \$148 ;
+  reg [2:0] \$149 ;
   wire \$15 ;
+  reg [12:0] \$150 ;
+  reg \$151 ;
+  reg [2:0] \$152 ;
+  reg \$153 ;
+  reg [2:0] \$154 ;
+  reg \$155 ;
+  reg \$156 ;
+  reg \$157 ;
+  reg [2:0] \$158 ;
+  reg [2:0] \$159 ;
   wire \$16 ;
+  reg [12:0] \$160 ;
+  reg [12:0] \$161 ;
   wire \$17 ;
   wire \$18 ;
   wire \$19 ;
   wire \$2 ;
-  wire [16:0] \$20 ;
-  wire [16:0] \$21 ;
-  wire \$22 ;
-  wire \$23 ;
+  wire [2:0] \$20 ;
+  wire \$21 ;
+  wire [3:0] \$22 ;
+  wire [4:0] \$23 ;
   wire \$24 ;
   wire \$25 ;
   wire \$26 ;
   wire \$27 ;
-  wire [41:0] \$28 ;
-  wire [41:0] \$29 ;
+  wire \$28 ;
+  wire [16:0] \$29 ;
   wire \$3 ;
-  wire [41:0] \$30 ;
-  wire [41:0] \$31 ;
+  wire [16:0] \$30 ;
+  wire \$31 ;
   wire \$32 ;
-  wire [41:0] \$33 ;
-  wire [41:0] \$34 ;
+  wire \$33 ;
+  wire \$34 ;
   wire \$35 ;
   wire \$36 ;
-  wire [42:0] \$37 ;
-  wire \$38 ;
-  wire \$39 ;
+  wire [41:0] \$37 ;
+  wire [41:0] \$38 ;
+  wire [41:0] \$39 ;
   wire \$4 ;
-  wire \$40 ;
+  wire [41:0] \$40 ;
   wire \$41 ;
-  wire \$42 ;
-  wire \$43 ;
+  wire [41:0] \$42 ;
+  wire [41:0] \$43 ;
   wire \$44 ;
   wire \$45 ;
-  wire \$46 ;
+  wire [42:0] \$46 ;
   wire \$47 ;
   wire \$48 ;
   wire \$49 ;
@@ -27017,9 +27035,9 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   wire \$56 ;
   wire \$57 ;
   wire \$58 ;
-  wire [3:0] \$59 ;
+  wire \$59 ;
   wire \$6 ;
-  wire [3:0] \$60 ;
+  wire \$60 ;
   wire \$61 ;
   wire \$62 ;
   wire \$63 ;
@@ -27027,8 +27045,8 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   wire \$65 ;
   wire \$66 ;
   wire \$67 ;
-  wire \$68 ;
-  wire \$69 ;
+  wire [3:0] \$68 ;
+  wire [3:0] \$69 ;
   wire \$7 ;
   wire \$70 ;
   wire \$71 ;
@@ -27036,11 +27054,11 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   wire \$73 ;
   wire \$74 ;
   wire \$75 ;
-  wire \$76 ;
+  wire [16:0] \$76 ;
   wire \$77 ;
   wire \$78 ;
   wire \$79 ;
-  wire [16:0] \$8 ;
+  wire \$8 ;
   wire \$80 ;
   wire \$81 ;
   wire \$82 ;
@@ -27063,10 +27081,14 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   wire \$98 ;
   wire \$99 ;
   reg \$signal  = 1'h0;
-  reg \$signal$33  = 1'h0;
+  reg \$signal$37  = 1'h0;
   wire advance;
-  (* init = 3'h0 *)
-  wire [2:0] beat;
+  reg [2:0] beat = 3'h0;
+  reg [37:0] best = 38'h0000000000;
+  wire [2:0] \best.index ;
+  wire [20:0] \best.rank ;
+  wire [12:0] \best.score ;
+  wire \best.sel ;
   input [2:0] bias_addr;
   wire [2:0] bias_addr;
   wire [15:0] bias_data;
@@ -27074,20 +27096,18 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   wire bias_we;
   wire busy;
   wire c_take;
-  (* init = 1'h0 *)
-  wire clearing;
+  reg clearing = 1'h0;
   input clk;
   wire clk;
   reg [13:0] den = 14'h0000;
   reg dividing = 1'h0;
   output emitting;
   reg emitting = 1'h0;
-  wire [33:0] head0;
+  wire [37:0] head0;
   wire [2:0] \head0.index ;
-  wire [16:0] \head0.key ;
-  wire [-1:0] \head0.lane ;
+  wire [20:0] \head0.rank ;
   wire [12:0] \head0.score ;
-  wire \head0.valid ;
+  wire \head0.sel ;
   wire idle;
   (* init = 3'h0 *)
   wire [2:0] inc1_index;
@@ -27109,7 +27129,8 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   wire [2:0] load_addr;
   input load_clear;
   wire load_clear;
-  reg load_clearing = 1'h0;
+  (* init = 1'h0 *)
+  wire load_clearing;
   output [15:0] load_data;
   wire [15:0] load_data;
   reg [2:0] lr__addr = 3'h0;
@@ -27120,11 +27141,21 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   reg merge_count = 1'h0;
   reg merge_done = 1'h0;
   reg merging = 1'h0;
+  reg [37:0] mid0 = 38'h0000000000;
+  wire [2:0] \mid0.index ;
+  wire [20:0] \mid0.rank ;
+  wire [12:0] \mid0.score ;
+  wire \mid0.sel ;
   wire [33:0] new0;
   wire [2:0] \new0.beat ;
   wire [16:0] \new0.key ;
   wire [12:0] \new0.score ;
   wire \new0.valid ;
+  reg [33:0] nhead0;
+  wire [2:0] \nhead0.beat ;
+  wire [16:0] \nhead0.key ;
+  wire [12:0] \nhead0.score ;
+  wire \nhead0.valid ;
   wire [28:0] num;
   reg out_count = 1'h0;
   reg [2:0] out_index0 = 3'h0;
@@ -27132,9 +27163,12 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   reg [12:0] out_score0 = 13'h0000;
   reg [12:0] out_score1 = 13'h0000;
   reg [2:0] p1_beat = 3'h0;
+  reg [16:0] p1_keys = 17'h00000;
+  wire [16:0] \p1_keys[0] ;
   reg [12:0] p1_scores = 13'h0000;
   wire [12:0] \p1_scores[0] ;
   reg p1_valid = 1'h0;
+  reg picked = 1'h0;
   wire [28:0] quot;
   reg [2:0] res_index0 = 3'h0;
   reg [2:0] res_index1 = 3'h0;
@@ -27151,9 +27185,8 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   wire routes__ready;
   (* init = 1'h0 *)
   wire routes__valid;
-  reg [2:0] rp__addr = 3'h0;
+  wire [2:0] rp__addr;
   wire [15:0] rp__data;
-  wire rp__en;
   input rst;
   wire rst;
   reg [33:0] s0_0 = 34'h000000000;
@@ -27197,13 +27230,11 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     if (wp__en)
       bias0[wp__addr] <= wp__data;
   end
-  reg [15:0] _0_;
+  reg [2:0] _0_;
   always @(posedge clk) begin
-    if (rp__en) begin
-      _0_ <= bias0[rp__addr];
-    end
+    _0_ <= \$12 [2:0];
   end
-  assign rp__data = _0_;
+  assign rp__data = bias0[_0_];
   reg [15:0] loads [7:0];
   initial begin
     loads[0] = 16'h0000;
@@ -27235,168 +27266,190 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   assign scores__ready = \$4  | advance;
   assign \$7  = bias_addr < 4'h8;
   assign wp__en = \$6  & \$7 ;
-  assign rp__en = scores__valid & scores__ready;
-  assign \$8  = $signed({ 1'h0, p1_scores }) + $signed(rp__data);
-  assign \$9  = merging | merge_done;
-  assign \$10  = ~ \$9 ;
-  assign \$11  = merge_done & c_take;
-  assign \$12  = \$10  | \$11 ;
-  assign take = lists_full & \$12 ;
-  assign \$13  = s0_0[20:18] * 1'h1;
-  assign \$14  = \$13  + 1'h0;
-  assign \$15  = ~ \$signal$33 ;
-  assign \$16  = load_clearing & \$15 ;
-  assign \$17  = ~ \$signal ;
-  assign \$18  = \$16  & \$17 ;
-  assign \$19  = lr__data == 16'hffff;
-  assign \$20  = lr__data + 1'h1;
-  assign \$21  = \$19  ? 17'h0ffff : \$20 ;
-  assign \$22  = dividing | emitting;
-  assign \$23  = ~ \$22 ;
-  assign \$24  = emitting & routes__ready;
-  assign \$26  = \$24  & \$25 ;
-  assign \$27  = \$23  | \$26 ;
-  assign c_take = merge_done & \$27 ;
-  assign \$28  = out_score0 * quot;
-  assign \$30  = out_score0 * quot;
-  assign \$31  = out_score0 * quot;
-  assign \$32  = | \$31 [11:0];
-  assign \$33  = out_score0 * quot;
-  assign \$35  = \$32  | \$34 [0];
-  assign \$36  = \$30 [12] & \$35 ;
-  assign \$37  = \$29  + \$36 ;
-  assign \$39  = ~ p1_valid;
-  assign \$40  = ! rp__addr;
-  assign \$41  = \$39  & \$40 ;
-  assign \$42  = ~ lists_full;
-  assign \$43  = \$41  & \$42 ;
-  assign \$44  = ~ merging;
-  assign \$45  = \$43  & \$44 ;
-  assign \$46  = ~ merge_done;
-  assign \$47  = \$45  & \$46 ;
-  assign \$48  = ~ dividing;
-  assign \$49  = \$47  & \$48 ;
-  assign \$50  = ~ emitting;
-  assign \$51  = \$49  & \$50 ;
-  assign \$52  = ~ \$signal$33 ;
-  assign \$53  = \$51  & \$52 ;
-  assign \$54  = ~ \$signal ;
-  assign \$55  = \$53  & \$54 ;
-  assign \$56  = ~ load_clearing;
-  assign idle = \$55  & \$56 ;
-  assign \$57  = scores__valid & scores__ready;
-  assign \$58  = rp__addr == 3'h7;
-  assign \$59  = rp__addr + 1'h1;
-  assign \$60  = \$58  ? 4'h0 : \$59 ;
-  assign \$61  = p1_beat == 3'h7;
-  assign \$62  = advance & \$61 ;
-  assign \$63  = ~ take;
-  assign \$64  = lists_full & \$63 ;
-  assign \$65  = \$62  | \$64 ;
-  assign \$67  = ! p1_beat;
-  assign \$68  = ~ \$67 ;
-  assign \$69  = l0_0[0] & \$68 ;
-  assign \$70  = ~ \$69 ;
-  assign \$71  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$72  = \$70  | \$71 ;
-  assign \$73  = ! p1_beat;
-  assign \$74  = ~ \$73 ;
-  assign \$75  = l0_1[0] & \$74 ;
-  assign \$76  = ~ \$75 ;
-  assign \$77  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$78  = \$76  | \$77 ;
-  assign \$79  = ! p1_beat;
-  assign \$80  = ~ \$79 ;
-  assign \$81  = l0_0[0] & \$80 ;
-  assign \$82  = ~ \$81 ;
-  assign \$83  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$84  = \$82  | \$83 ;
-  assign \$85  = \$78  & \$84 ;
-  assign \$86  = ! p1_beat;
+  assign \$8  = scores__valid & scores__ready;
+  assign \$9  = beat == 3'h7;
+  assign \$10  = beat + 1'h1;
+  assign \$11  = \$9  ? 4'h0 : \$10 ;
+  assign \$12  = \$8  ? \$11  : { 1'h0, beat };
+  assign \$13  = merging | merge_done;
+  assign \$14  = ~ \$13 ;
+  assign \$15  = merge_done & c_take;
+  assign \$16  = \$14  | \$15 ;
+  assign take = lists_full & \$16 ;
+  assign \$17  = ~ clearing;
+  assign \$18  = picked & \$17 ;
+  assign \$19  = \$18  & best[37];
+  assign \$20  = ~ nhead0[20:18];
+  assign \$21  = ~ nhead0[17];
+  assign \$22  = nhead0[20:18] * 1'h1;
+  assign \$23  = \$22  + 1'h0;
+  assign \$24  = ~ \$signal$37 ;
+  assign \$25  = clearing & \$24 ;
+  assign \$26  = ~ \$signal ;
+  assign \$27  = \$25  & \$26 ;
+  assign \$28  = lr__data == 16'hffff;
+  assign \$29  = lr__data + 1'h1;
+  assign \$30  = \$28  ? 17'h0ffff : \$29 ;
+  assign \$31  = dividing | emitting;
+  assign \$32  = ~ \$31 ;
+  assign \$33  = emitting & routes__ready;
+  assign \$35  = \$33  & \$34 ;
+  assign \$36  = \$32  | \$35 ;
+  assign c_take = merge_done & \$36 ;
+  assign \$37  = out_score0 * quot;
+  assign \$39  = out_score0 * quot;
+  assign \$40  = out_score0 * quot;
+  assign \$41  = | \$40 [11:0];
+  assign \$42  = out_score0 * quot;
+  assign \$44  = \$41  | \$43 [0];
+  assign \$45  = \$39 [12] & \$44 ;
+  assign \$46  = \$38  + \$45 ;
+  assign \$48  = ~ p1_valid;
+  assign \$49  = ! beat;
+  assign \$50  = \$48  & \$49 ;
+  assign \$51  = ~ lists_full;
+  assign \$52  = \$50  & \$51 ;
+  assign \$53  = ~ merging;
+  assign \$54  = \$52  & \$53 ;
+  assign \$55  = ~ merge_done;
+  assign \$56  = \$54  & \$55 ;
+  assign \$57  = ~ dividing;
+  assign \$58  = \$56  & \$57 ;
+  assign \$59  = ~ emitting;
+  assign \$60  = \$58  & \$59 ;
+  assign \$61  = ~ \$signal$37 ;
+  assign \$62  = \$60  & \$61 ;
+  assign \$63  = ~ \$signal ;
+  assign \$64  = \$62  & \$63 ;
+  assign \$65  = ~ clearing;
+  assign idle = \$64  & \$65 ;
+  assign \$66  = scores__valid & scores__ready;
+  assign \$67  = beat == 3'h7;
+  assign \$68  = beat + 1'h1;
+  assign \$69  = \$67  ? 4'h0 : \$68 ;
+  assign \$70  = p1_beat == 3'h7;
+  assign \$71  = advance & \$70 ;
+  assign \$72  = ~ take;
+  assign \$73  = lists_full & \$72 ;
+  assign \$74  = \$71  | \$73 ;
+  assign \$75  = scores__valid & scores__ready;
+  assign \$76  = $signed({ 1'h0, scores__payload }) + $signed(rp__data);
+  assign \$78  = ! p1_beat;
+  assign \$79  = ~ \$78 ;
+  assign \$80  = l0_0[0] & \$79 ;
+  assign \$81  = ~ \$80 ;
+  assign \$82  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$83  = \$81  | \$82 ;
+  assign \$84  = ! p1_beat;
+  assign \$85  = ~ \$84 ;
+  assign \$86  = l0_1[0] & \$85 ;
   assign \$87  = ~ \$86 ;
-  assign \$88  = l0_1[0] & \$87 ;
-  assign \$89  = ~ \$88 ;
-  assign \$90  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$91  = \$89  | \$90 ;
-  assign \$92  = ! p1_beat;
+  assign \$88  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$89  = \$87  | \$88 ;
+  assign \$90  = ! p1_beat;
+  assign \$91  = ~ \$90 ;
+  assign \$92  = l0_0[0] & \$91 ;
   assign \$93  = ~ \$92 ;
-  assign \$94  = l0_0[0] & \$93 ;
-  assign \$95  = ~ load_clearing;
-  assign \$96  = merging & \$95 ;
-  assign \$97  = ~ load_clearing;
-  assign \$98  = merging & \$97 ;
-  assign \$100  = den + head0[33:21];
-  assign \$101  = merge_count + 1'h1;
-  assign \$103  = ~ \$signal$33 ;
-  assign \$104  = load_clearing & \$103 ;
-  assign \$105  = ~ \$signal ;
-  assign \$106  = \$104  & \$105 ;
-  assign \$107  = sweep + 1'h1;
-  assign \$108  = sweep == 3'h7;
-  assign \$109  = ~ busy;
-  assign \$110  = dividing & \$109 ;
-  assign \$111  = emitting & routes__ready;
-  assign \$112  = out_count + 1'h1;
+  assign \$94  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$95  = \$93  | \$94 ;
+  assign \$96  = \$89  & \$95 ;
+  assign \$97  = ! p1_beat;
+  assign \$98  = ~ \$97 ;
+  assign \$99  = l0_1[0] & \$98 ;
+  assign \$100  = ~ \$99 ;
+  assign \$101  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$102  = \$100  | \$101 ;
+  assign \$103  = ! p1_beat;
+  assign \$104  = ~ \$103 ;
+  assign \$105  = l0_0[0] & \$104 ;
+  assign \$106  = ~ picked;
+  assign \$107  = merging & \$106 ;
+  assign \$108  = ~ clearing;
+  assign \$109  = picked & \$108 ;
+  assign \$110  = ~ clearing;
+  assign \$111  = picked & \$110 ;
+  assign \$112  = ~ clearing;
+  assign \$113  = picked & \$112 ;
+  assign \$114  = den + best[36:24];
+  assign \$115  = merge_count + 1'h1;
+  assign \$117  = ~ \$signal$37 ;
+  assign \$118  = clearing & \$117 ;
+  assign \$119  = ~ \$signal ;
+  assign \$120  = \$118  & \$119 ;
+  assign \$121  = sweep + 1'h1;
+  assign \$122  = sweep == 3'h7;
+  assign \$123  = ~ busy;
+  assign \$124  = dividing & \$123 ;
+  assign \$125  = emitting & routes__ready;
+  assign \$126  = out_count + 1'h1;
   always @(posedge clk)
-    p1_scores <= \$114 ;
+    p1_scores <= \$128 ;
   always @(posedge clk)
-    p1_beat <= \$115 ;
+    p1_beat <= \$129 ;
   always @(posedge clk)
-    p1_valid <= \$116 ;
+    p1_valid <= \$130 ;
   always @(posedge clk)
-    rp__addr <= \$117 ;
+    beat <= \$131 ;
   always @(posedge clk)
-    lists_full <= \$118 ;
+    lists_full <= \$132 ;
   always @(posedge clk)
-    l0_0 <= \$119 ;
+    p1_keys <= \$133 ;
   always @(posedge clk)
-    l0_1 <= \$120 ;
+    l0_0 <= \$134 ;
   always @(posedge clk)
-    \$signal$33  <= \$121 ;
+    l0_1 <= \$135 ;
   always @(posedge clk)
-    lr__addr <= \$122 ;
+    mid0 <= \$136 ;
   always @(posedge clk)
-    s0_0 <= \$123 ;
+    best <= \$137 ;
   always @(posedge clk)
-    s0_1 <= \$124 ;
+    picked <= \$138 ;
   always @(posedge clk)
-    merging <= \$125 ;
+    \$signal$37  <= \$139 ;
   always @(posedge clk)
-    merge_done <= \$126 ;
+    lr__addr <= \$140 ;
   always @(posedge clk)
-    merge_count <= \$127 ;
+    s0_0 <= \$141 ;
   always @(posedge clk)
-    den <= \$128 ;
+    s0_1 <= \$142 ;
   always @(posedge clk)
-    res_index1 <= \$129 ;
+    merging <= \$143 ;
   always @(posedge clk)
-    res_score1 <= \$130 ;
+    merge_done <= \$144 ;
   always @(posedge clk)
-    res_index0 <= \$131 ;
+    merge_count <= \$145 ;
   always @(posedge clk)
-    res_score0 <= \$132 ;
+    den <= \$146 ;
   always @(posedge clk)
-    \$signal  <= \$133 ;
+    res_index1 <= \$147 ;
   always @(posedge clk)
-    inc2_index <= \$134 ;
+    res_score1 <= \$148 ;
   always @(posedge clk)
-    load_clearing <= \$135 ;
+    res_index0 <= \$149 ;
   always @(posedge clk)
-    sweep <= \$136 ;
+    res_score0 <= \$150 ;
   always @(posedge clk)
-    dividing <= \$137 ;
+    \$signal  <= \$151 ;
   always @(posedge clk)
-    emitting <= \$138 ;
+    inc2_index <= \$152 ;
   always @(posedge clk)
-    out_count <= \$139 ;
+    clearing <= \$153 ;
   always @(posedge clk)
-    out_index0 <= \$140 ;
+    sweep <= \$154 ;
   always @(posedge clk)
-    out_index1 <= \$141 ;
+    dividing <= \$155 ;
   always @(posedge clk)
-    out_score0 <= \$142 ;
+    emitting <= \$156 ;
   always @(posedge clk)
-    out_score1 <= \$143 ;
+    out_count <= \$157 ;
+  always @(posedge clk)
+    out_index0 <= \$158 ;
+  always @(posedge clk)
+    out_index1 <= \$159 ;
+  always @(posedge clk)
+    out_score0 <= \$160 ;
+  always @(posedge clk)
+    out_score1 <= \$161 ;
   \nanokpu_kpu.router.divider  divider (
     .busy(busy),
     .clk(clk),
@@ -27408,10 +27461,21 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    (* full_case = 32'd1 *)
+    if (take) begin
+      nhead0 = l0_0;
+    end else if (\$19 ) begin
+      nhead0 = s0_1;
+    end else begin
+      nhead0 = s0_0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     lw__addr = 3'h0;
     if (\$signal ) begin
       lw__addr = inc2_index;
-    end else if (\$18 ) begin
+    end else if (\$27 ) begin
       lw__addr = sweep;
     end
   end
@@ -27420,7 +27484,7 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     lw__en = 1'h0;
     if (\$signal ) begin
       lw__en = 1'h1;
-    end else if (\$18 ) begin
+    end else if (\$27 ) begin
       lw__en = 1'h1;
     end
   end
@@ -27428,450 +27492,502 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     lw__data = 16'h0000;
     if (\$signal ) begin
-      lw__data = \$21 [15:0];
-    end else if (\$18 ) begin
+      lw__data = \$30 [15:0];
+    end else if (\$27 ) begin
       lw__data = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$114  = p1_scores;
-    if (\$57 ) begin
-      \$114  = scores__payload;
+    \$128  = p1_scores;
+    if (\$66 ) begin
+      \$128  = scores__payload;
     end
     if (unit_rst) begin
-      \$114  = 13'h0000;
+      \$128  = 13'h0000;
     end
     if (rst) begin
-      \$114  = 13'h0000;
+      \$128  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$115  = p1_beat;
-    if (\$57 ) begin
-      \$115  = rp__addr;
+    \$129  = p1_beat;
+    if (\$66 ) begin
+      \$129  = beat;
     end
     if (unit_rst) begin
-      \$115  = 3'h0;
+      \$129  = 3'h0;
     end
     if (rst) begin
-      \$115  = 3'h0;
+      \$129  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$116  = p1_valid;
-    if (\$57 ) begin
-      \$116  = 1'h1;
+    \$130  = p1_valid;
+    if (\$66 ) begin
+      \$130  = 1'h1;
     end else if (advance) begin
-      \$116  = 1'h0;
+      \$130  = 1'h0;
     end
     if (unit_rst) begin
-      \$116  = 1'h0;
+      \$130  = 1'h0;
     end
     if (rst) begin
-      \$116  = 1'h0;
+      \$130  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$117  = rp__addr;
-    if (\$57 ) begin
-      \$117  = \$60 [2:0];
-    end
-    if (unit_rst) begin
-      \$117  = 3'h0;
-    end
-    if (rst) begin
-      \$117  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$118  = \$65 ;
-    if (unit_rst) begin
-      \$118  = 1'h0;
-    end
-    if (rst) begin
-      \$118  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$119  = l0_0;
+    \$131  = beat;
     if (\$66 ) begin
-      if (\$72 ) begin
-        \$119  = new0;
+      \$131  = \$69 [2:0];
+    end
+    if (unit_rst) begin
+      \$131  = 3'h0;
+    end
+    if (rst) begin
+      \$131  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$132  = \$74 ;
+    if (unit_rst) begin
+      \$132  = 1'h0;
+    end
+    if (rst) begin
+      \$132  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$133  = p1_keys;
+    if (\$75 ) begin
+      \$133  = \$76 ;
+    end
+    if (unit_rst) begin
+      \$133  = 17'h00000;
+    end
+    if (rst) begin
+      \$133  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$134  = l0_0;
+    if (\$77 ) begin
+      if (\$83 ) begin
+        \$134  = new0;
       end
     end
     if (unit_rst) begin
-      \$119  = 34'h000000000;
+      \$134  = 34'h000000000;
     end
     if (rst) begin
-      \$119  = 34'h000000000;
+      \$134  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$120  = l0_1;
-    if (\$66 ) begin
-      if (\$85 ) begin
-        \$120 [33:1] = l0_0[33:1];
-        \$120 [0] = \$94 ;
-      end else if (\$91 ) begin
-        \$120  = new0;
+    \$135  = l0_1;
+    if (\$77 ) begin
+      if (\$96 ) begin
+        \$135 [33:1] = l0_0[33:1];
+        \$135 [0] = \$105 ;
+      end else if (\$102 ) begin
+        \$135  = new0;
       end
     end
     if (unit_rst) begin
-      \$120  = 34'h000000000;
+      \$135  = 34'h000000000;
     end
     if (rst) begin
-      \$120  = 34'h000000000;
+      \$135  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$121  = \$96 ;
+    \$136  = head0;
     if (unit_rst) begin
-      \$121  = 1'h0;
+      \$136  = 38'h0000000000;
     end
     if (rst) begin
-      \$121  = 1'h0;
+      \$136  = 38'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$122  = head0[20:18];
+    \$137  = best;
+    if (\$107 ) begin
+      \$137  = mid0;
+    end
     if (unit_rst) begin
-      \$122  = 3'h0;
+      \$137  = 38'h0000000000;
     end
     if (rst) begin
-      \$122  = 3'h0;
+      \$137  = 38'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$123  = s0_0;
+    \$138  = picked;
+    if (\$107 ) begin
+      \$138  = 1'h1;
+    end
+    if (\$109 ) begin
+      \$138  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$138  = 1'h0;
+    end
+    if (rst) begin
+      \$138  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$139  = \$111 ;
+    if (unit_rst) begin
+      \$139  = 1'h0;
+    end
+    if (rst) begin
+      \$139  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$140  = best[23:21];
+    if (unit_rst) begin
+      \$140  = 3'h0;
+    end
+    if (rst) begin
+      \$140  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
+    \$141  = s0_0;
     if (take) begin
-      \$123  = l0_0;
-    end else if (\$98 ) begin
-      if (\$99 ) begin
-        \$123  = s0_1;
+      \$141  = l0_0;
+    end else if (\$113 ) begin
+      if (best[37]) begin
+        \$141  = s0_1;
       end
     end
     if (unit_rst) begin
-      \$123  = 34'h000000000;
+      \$141  = 34'h000000000;
     end
     if (rst) begin
-      \$123  = 34'h000000000;
+      \$141  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$124  = s0_1;
+    \$142  = s0_1;
     if (take) begin
-      \$124  = l0_1;
-    end else if (\$98 ) begin
-      if (\$99 ) begin
-        \$124  = 34'h000000000;
+      \$142  = l0_1;
+    end else if (\$113 ) begin
+      if (best[37]) begin
+        \$142  = 34'h000000000;
       end
     end
     if (unit_rst) begin
-      \$124  = 34'h000000000;
+      \$142  = 34'h000000000;
     end
     if (rst) begin
-      \$124  = 34'h000000000;
+      \$142  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$125  = merging;
+    \$143  = merging;
     if (take) begin
-      \$125  = 1'h1;
-    end else if (\$98 ) begin
-      if (\$102 ) begin
-        \$125  = 1'h0;
+      \$143  = 1'h1;
+    end else if (\$113 ) begin
+      if (\$116 ) begin
+        \$143  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$125  = 1'h0;
+      \$143  = 1'h0;
     end
     if (rst) begin
-      \$125  = 1'h0;
+      \$143  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$126  = merge_done;
+    \$144  = merge_done;
     if (take) begin
-      \$126  = 1'h0;
-    end else if (\$98 ) begin
-      if (\$102 ) begin
-        \$126  = 1'h1;
+      \$144  = 1'h0;
+    end else if (\$113 ) begin
+      if (\$116 ) begin
+        \$144  = 1'h1;
       end
     end else if (c_take) begin
-      \$126  = 1'h0;
+      \$144  = 1'h0;
     end
     if (unit_rst) begin
-      \$126  = 1'h0;
+      \$144  = 1'h0;
     end
     if (rst) begin
-      \$126  = 1'h0;
+      \$144  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$127  = merge_count;
+    \$145  = merge_count;
     if (take) begin
-      \$127  = 1'h0;
-    end else if (\$98 ) begin
-      \$127  = \$101 [0];
+      \$145  = 1'h0;
+    end else if (\$113 ) begin
+      \$145  = \$115 [0];
     end
     if (unit_rst) begin
-      \$127  = 1'h0;
+      \$145  = 1'h0;
     end
     if (rst) begin
-      \$127  = 1'h0;
+      \$145  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$128  = den;
+    \$146  = den;
     if (take) begin
-      \$128  = 14'h0000;
-    end else if (\$98 ) begin
-      \$128  = \$100 [13:0];
+      \$146  = 14'h0000;
+    end else if (\$113 ) begin
+      \$146  = \$114 [13:0];
     end
     if (unit_rst) begin
-      \$128  = 14'h0000;
+      \$146  = 14'h0000;
     end
     if (rst) begin
-      \$128  = 14'h0000;
+      \$146  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$129  = res_index1;
+    \$147  = res_index1;
     if (take) begin
-    end else if (\$98 ) begin
-      \$129  = head0[20:18];
+    end else if (\$113 ) begin
+      \$147  = best[23:21];
     end
     if (unit_rst) begin
-      \$129  = 3'h0;
+      \$147  = 3'h0;
     end
     if (rst) begin
-      \$129  = 3'h0;
+      \$147  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$130  = res_score1;
+    \$148  = res_score1;
     if (take) begin
-    end else if (\$98 ) begin
-      \$130  = head0[33:21];
+    end else if (\$113 ) begin
+      \$148  = best[36:24];
     end
     if (unit_rst) begin
-      \$130  = 13'h0000;
+      \$148  = 13'h0000;
     end
     if (rst) begin
-      \$130  = 13'h0000;
+      \$148  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$131  = res_index0;
+    \$149  = res_index0;
     if (take) begin
-    end else if (\$98 ) begin
-      \$131  = res_index1;
+    end else if (\$113 ) begin
+      \$149  = res_index1;
     end
     if (unit_rst) begin
-      \$131  = 3'h0;
+      \$149  = 3'h0;
     end
     if (rst) begin
-      \$131  = 3'h0;
+      \$149  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$132  = res_score0;
+    \$150  = res_score0;
     if (take) begin
-    end else if (\$98 ) begin
-      \$132  = res_score1;
+    end else if (\$113 ) begin
+      \$150  = res_score1;
     end
     if (unit_rst) begin
-      \$132  = 13'h0000;
+      \$150  = 13'h0000;
     end
     if (rst) begin
-      \$132  = 13'h0000;
+      \$150  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$133  = \$signal$33 ;
+    \$151  = \$signal$37 ;
     if (unit_rst) begin
-      \$133  = 1'h0;
+      \$151  = 1'h0;
     end
     if (rst) begin
-      \$133  = 1'h0;
+      \$151  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$134  = lr__addr;
+    \$152  = lr__addr;
     if (unit_rst) begin
-      \$134  = 3'h0;
+      \$152  = 3'h0;
     end
     if (rst) begin
-      \$134  = 3'h0;
+      \$152  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$135  = load_clearing;
+    \$153  = clearing;
     if (load_clear) begin
-      \$135  = 1'h1;
-    end else if (\$106 ) begin
-      if (\$108 ) begin
-        \$135  = 1'h0;
+      \$153  = 1'h1;
+    end else if (\$120 ) begin
+      if (\$122 ) begin
+        \$153  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$135  = 1'h0;
+      \$153  = 1'h0;
     end
     if (rst) begin
-      \$135  = 1'h0;
+      \$153  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$136  = sweep;
+    \$154  = sweep;
     if (load_clear) begin
-      \$136  = 3'h0;
-    end else if (\$106 ) begin
-      \$136  = \$107 [2:0];
+      \$154  = 3'h0;
+    end else if (\$120 ) begin
+      \$154  = \$121 [2:0];
     end
     if (unit_rst) begin
-      \$136  = 3'h0;
+      \$154  = 3'h0;
     end
     if (rst) begin
-      \$136  = 3'h0;
+      \$154  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$137  = dividing;
+    \$155  = dividing;
     if (c_take) begin
-      \$137  = 1'h1;
-    end else if (\$110 ) begin
-      \$137  = 1'h0;
+      \$155  = 1'h1;
+    end else if (\$124 ) begin
+      \$155  = 1'h0;
     end
     if (unit_rst) begin
-      \$137  = 1'h0;
+      \$155  = 1'h0;
     end
     if (rst) begin
-      \$137  = 1'h0;
+      \$155  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$138  = emitting;
+    \$156  = emitting;
     if (c_take) begin
-      \$138  = 1'h0;
-    end else if (\$110 ) begin
-      \$138  = 1'h1;
-    end else if (\$111 ) begin
-      if (\$113 ) begin
-        \$138  = 1'h0;
+      \$156  = 1'h0;
+    end else if (\$124 ) begin
+      \$156  = 1'h1;
+    end else if (\$125 ) begin
+      if (\$127 ) begin
+        \$156  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$138  = 1'h0;
+      \$156  = 1'h0;
     end
     if (rst) begin
-      \$138  = 1'h0;
+      \$156  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$139  = out_count;
+    \$157  = out_count;
     if (c_take) begin
-      \$139  = 1'h0;
-    end else if (\$110 ) begin
-    end else if (\$111 ) begin
-      \$139  = \$112 [0];
+      \$157  = 1'h0;
+    end else if (\$124 ) begin
+    end else if (\$125 ) begin
+      \$157  = \$126 [0];
     end
     if (unit_rst) begin
-      \$139  = 1'h0;
+      \$157  = 1'h0;
     end
     if (rst) begin
-      \$139  = 1'h0;
+      \$157  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$140  = out_index0;
+    \$158  = out_index0;
     if (c_take) begin
-      \$140  = res_index0;
-    end else if (\$110 ) begin
-    end else if (\$111 ) begin
-      \$140  = out_index1;
+      \$158  = res_index0;
+    end else if (\$124 ) begin
+    end else if (\$125 ) begin
+      \$158  = out_index1;
     end
     if (unit_rst) begin
-      \$140  = 3'h0;
+      \$158  = 3'h0;
     end
     if (rst) begin
-      \$140  = 3'h0;
+      \$158  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$141  = out_index1;
+    \$159  = out_index1;
     if (c_take) begin
-      \$141  = res_index1;
+      \$159  = res_index1;
     end
     if (unit_rst) begin
-      \$141  = 3'h0;
+      \$159  = 3'h0;
     end
     if (rst) begin
-      \$141  = 3'h0;
+      \$159  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$142  = out_score0;
+    \$160  = out_score0;
     if (c_take) begin
-      \$142  = res_score0;
-    end else if (\$110 ) begin
-    end else if (\$111 ) begin
-      \$142  = out_score1;
+      \$160  = res_score0;
+    end else if (\$124 ) begin
+    end else if (\$125 ) begin
+      \$160  = out_score1;
     end
     if (unit_rst) begin
-      \$142  = 13'h0000;
+      \$160  = 13'h0000;
     end
     if (rst) begin
-      \$142  = 13'h0000;
+      \$160  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$143  = out_score1;
+    \$161  = out_score1;
     if (c_take) begin
-      \$143  = res_score1;
+      \$161  = res_score1;
     end
     if (unit_rst) begin
-      \$143  = 13'h0000;
+      \$161  = 13'h0000;
     end
     if (rst) begin
-      \$143  = 13'h0000;
+      \$161  = 13'h0000;
     end
   end
   assign bias_data = wp__data;
-  assign beat = rp__addr;
+  assign rp__addr = \$12 [2:0];
   assign inc1_index = lr__addr;
   assign load_addr = lh__addr;
   assign lh__data = load_data;
-  assign clearing = load_clearing;
+  assign load_clearing = clearing;
   assign routes__valid = emitting;
   assign num = 29'h10000000;
   assign res_sum = den;
@@ -27880,53 +27996,65 @@ module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data,
   assign \new0.key  = new0[17:1];
   assign \new0.beat  = new0[20:18];
   assign \new0.score  = new0[33:21];
+  assign \p1_keys[0]  = p1_keys;
   assign \p1_scores[0]  = p1_scores;
-  assign \head0.valid  = head0[0];
-  assign \head0.key  = head0[17:1];
-  assign \head0.index  = head0[20:18];
-  assign \head0.score  = head0[33:21];
-  assign \s0_0.valid  = s0_0[0];
-  assign \s0_0.key  = s0_0[17:1];
-  assign \s0_0.beat  = s0_0[20:18];
-  assign \s0_0.score  = s0_0[33:21];
-  assign \routes__payload.index  = routes__payload[2:0];
-  assign \routes__payload.weight  = routes__payload[18:3];
-  assign \routes__payload.last  = routes__payload[19];
-  assign \scores__payload[0]  = scores__payload;
+  assign \best.rank  = best[20:0];
+  assign \best.index  = best[23:21];
+  assign \best.score  = best[36:24];
+  assign \best.sel  = best[37];
+  assign \nhead0.valid  = nhead0[0];
+  assign \nhead0.key  = nhead0[17:1];
+  assign \nhead0.beat  = nhead0[20:18];
+  assign \nhead0.score  = nhead0[33:21];
   assign \l0_0.valid  = l0_0[0];
   assign \l0_0.key  = l0_0[17:1];
   assign \l0_0.beat  = l0_0[20:18];
   assign \l0_0.score  = l0_0[33:21];
-  assign \l0_1.valid  = l0_1[0];
-  assign \l0_1.key  = l0_1[17:1];
-  assign \l0_1.beat  = l0_1[20:18];
-  assign \l0_1.score  = l0_1[33:21];
   assign \s0_1.valid  = s0_1[0];
   assign \s0_1.key  = s0_1[17:1];
   assign \s0_1.beat  = s0_1[20:18];
   assign \s0_1.score  = s0_1[33:21];
-  assign routes__payload[19] = \$38 ;
-  assign routes__payload[18:3] = \$37 [15:0];
+  assign \s0_0.valid  = s0_0[0];
+  assign \s0_0.key  = s0_0[17:1];
+  assign \s0_0.beat  = s0_0[20:18];
+  assign \s0_0.score  = s0_0[33:21];
+  assign \head0.rank  = head0[20:0];
+  assign \head0.index  = head0[23:21];
+  assign \head0.score  = head0[36:24];
+  assign \head0.sel  = head0[37];
+  assign \routes__payload.index  = routes__payload[2:0];
+  assign \routes__payload.weight  = routes__payload[18:3];
+  assign \routes__payload.last  = routes__payload[19];
+  assign \scores__payload[0]  = scores__payload;
+  assign \l0_1.valid  = l0_1[0];
+  assign \l0_1.key  = l0_1[17:1];
+  assign \l0_1.beat  = l0_1[20:18];
+  assign \l0_1.score  = l0_1[33:21];
+  assign \mid0.rank  = mid0[20:0];
+  assign \mid0.index  = mid0[23:21];
+  assign \mid0.score  = mid0[36:24];
+  assign \mid0.sel  = mid0[37];
+  assign routes__payload[19] = \$47 ;
+  assign routes__payload[18:3] = \$46 [15:0];
   assign routes__payload[2:0] = out_index0;
-  assign head0[33:21] = s0_0[33:21];
-  assign head0[20:18] = \$14 [2:0];
-  assign head0[17:1] = s0_0[17:1];
-  assign head0[0] = s0_0[0];
+  assign head0[37] = 1'h1;
+  assign head0[36:24] = nhead0[33:21];
+  assign head0[23:21] = \$23 [2:0];
+  assign head0[20:0] = { nhead0[0], \$21 , nhead0[16:1], \$20  };
   assign new0[33:21] = p1_scores;
   assign new0[20:18] = p1_beat;
-  assign new0[17:1] = \$8 ;
+  assign new0[17:1] = p1_keys;
   assign new0[0] = 1'h1;
-  assign \$25  = out_count;
+  assign \$34  = out_count;
   assign wp__addr = bias_addr;
   assign \$5  = 1'h1;
   assign \$6  = bias_we;
-  assign \$29  = { 13'h0000, \$28 [41:13] };
-  assign \$34  = { 13'h0000, \$33 [41:13] };
-  assign \$38  = out_count;
-  assign \$66  = advance;
-  assign \$99  = 1'h1;
-  assign \$102  = merge_count;
-  assign \$113  = out_count;
+  assign \$38  = { 13'h0000, \$37 [41:13] };
+  assign \$43  = { 13'h0000, \$42 [41:13] };
+  assign \$47  = out_count;
+  assign \$77  = advance;
+  assign \$116  = merge_count;
+  assign \$127  = out_count;
 endmodule
 
 (* generator = "Amaranth" *)

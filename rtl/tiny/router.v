@@ -5,90 +5,108 @@
 module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_data, load_addr, load_clear, clk, rst, scores__ready, routes__payload, routes__valid, load_data, load_clearing, idle, scores__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
-  wire \$10 ;
-  wire [14:0] \$100 ;
-  wire [1:0] \$101 ;
+  wire [3:0] \$10 ;
+  wire \$100 ;
+  wire \$101 ;
   wire \$102 ;
   wire \$103 ;
   wire \$104 ;
   wire \$105 ;
   wire \$106 ;
-  wire [3:0] \$107 ;
+  wire \$107 ;
   wire \$108 ;
   wire \$109 ;
-  wire \$11 ;
+  wire [3:0] \$11 ;
   wire \$110 ;
   wire \$111 ;
-  wire [1:0] \$112 ;
+  wire \$112 ;
   wire \$113 ;
-  reg [12:0] \$114 ;
-  reg [2:0] \$115 ;
-  reg \$116 ;
-  reg [2:0] \$117 ;
-  reg \$118 ;
-  reg [33:0] \$119 ;
-  wire \$12 ;
-  reg [33:0] \$120 ;
-  reg \$121 ;
-  reg [2:0] \$122 ;
-  reg [33:0] \$123 ;
-  reg [33:0] \$124 ;
-  reg \$125 ;
-  reg \$126 ;
-  reg \$127 ;
-  reg [13:0] \$128 ;
+  wire [14:0] \$114 ;
+  wire [1:0] \$115 ;
+  wire \$116 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire \$119 ;
+  wire [3:0] \$12 ;
+  wire \$120 ;
+  wire [3:0] \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire [1:0] \$126 ;
+  wire \$127 ;
+  reg [12:0] \$128 ;
   reg [2:0] \$129 ;
-  wire [3:0] \$13 ;
-  reg [12:0] \$130 ;
+  wire \$13 ;
+  reg \$130 ;
   reg [2:0] \$131 ;
-  reg [12:0] \$132 ;
-  reg \$133 ;
-  reg [2:0] \$134 ;
-  reg \$135 ;
-  reg [2:0] \$136 ;
-  reg \$137 ;
+  reg \$132 ;
+  reg [16:0] \$133 ;
+  reg [33:0] \$134 ;
+  reg [33:0] \$135 ;
+  reg [37:0] \$136 ;
+  reg [37:0] \$137 ;
   reg \$138 ;
   reg \$139 ;
-  wire [4:0] \$14 ;
+  wire \$14 ;
   reg [2:0] \$140 ;
-  reg [2:0] \$141 ;
-  reg [12:0] \$142 ;
-  reg [12:0] \$143 ;
+  reg [33:0] \$141 ;
+  reg [33:0] \$142 ;
+  reg \$143 ;
+  reg \$144 ;
+  reg \$145 ;
+  reg [13:0] \$146 ;
+  reg [2:0] \$147 ;
+  reg [12:0] \$148 ;
+  reg [2:0] \$149 ;
   wire \$15 ;
+  reg [12:0] \$150 ;
+  reg \$151 ;
+  reg [2:0] \$152 ;
+  reg \$153 ;
+  reg [2:0] \$154 ;
+  reg \$155 ;
+  reg \$156 ;
+  reg \$157 ;
+  reg [2:0] \$158 ;
+  reg [2:0] \$159 ;
   wire \$16 ;
+  reg [12:0] \$160 ;
+  reg [12:0] \$161 ;
   wire \$17 ;
   wire \$18 ;
   wire \$19 ;
   wire \$2 ;
-  wire [16:0] \$20 ;
-  wire [16:0] \$21 ;
-  wire \$22 ;
-  wire \$23 ;
+  wire [2:0] \$20 ;
+  wire \$21 ;
+  wire [3:0] \$22 ;
+  wire [4:0] \$23 ;
   wire \$24 ;
   wire \$25 ;
   wire \$26 ;
   wire \$27 ;
-  wire [41:0] \$28 ;
-  wire [41:0] \$29 ;
+  wire \$28 ;
+  wire [16:0] \$29 ;
   wire \$3 ;
-  wire [41:0] \$30 ;
-  wire [41:0] \$31 ;
+  wire [16:0] \$30 ;
+  wire \$31 ;
   wire \$32 ;
-  wire [41:0] \$33 ;
-  wire [41:0] \$34 ;
+  wire \$33 ;
+  wire \$34 ;
   wire \$35 ;
   wire \$36 ;
-  wire [42:0] \$37 ;
-  wire \$38 ;
-  wire \$39 ;
+  wire [41:0] \$37 ;
+  wire [41:0] \$38 ;
+  wire [41:0] \$39 ;
   wire \$4 ;
-  wire \$40 ;
+  wire [41:0] \$40 ;
   wire \$41 ;
-  wire \$42 ;
-  wire \$43 ;
+  wire [41:0] \$42 ;
+  wire [41:0] \$43 ;
   wire \$44 ;
   wire \$45 ;
-  wire \$46 ;
+  wire [42:0] \$46 ;
   wire \$47 ;
   wire \$48 ;
   wire \$49 ;
@@ -102,9 +120,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$56 ;
   wire \$57 ;
   wire \$58 ;
-  wire [3:0] \$59 ;
+  wire \$59 ;
   wire \$6 ;
-  wire [3:0] \$60 ;
+  wire \$60 ;
   wire \$61 ;
   wire \$62 ;
   wire \$63 ;
@@ -112,8 +130,8 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$65 ;
   wire \$66 ;
   wire \$67 ;
-  wire \$68 ;
-  wire \$69 ;
+  wire [3:0] \$68 ;
+  wire [3:0] \$69 ;
   wire \$7 ;
   wire \$70 ;
   wire \$71 ;
@@ -121,11 +139,11 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$73 ;
   wire \$74 ;
   wire \$75 ;
-  wire \$76 ;
+  wire [16:0] \$76 ;
   wire \$77 ;
   wire \$78 ;
   wire \$79 ;
-  wire [16:0] \$8 ;
+  wire \$8 ;
   wire \$80 ;
   wire \$81 ;
   wire \$82 ;
@@ -148,10 +166,14 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$98 ;
   wire \$99 ;
   reg \$signal  = 1'h0;
-  reg \$signal$41  = 1'h0;
+  reg \$signal$45  = 1'h0;
   wire advance;
-  (* init = 3'h0 *)
-  wire [2:0] beat;
+  reg [2:0] beat = 3'h0;
+  reg [37:0] best = 38'h0000000000;
+  wire [2:0] \best.index ;
+  wire [20:0] \best.rank ;
+  wire [12:0] \best.score ;
+  wire \best.sel ;
   input [2:0] bias_addr;
   wire [2:0] bias_addr;
   input [15:0] bias_data;
@@ -168,12 +190,11 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg dividing = 1'h0;
   (* init = 1'h0 *)
   wire emitting;
-  wire [33:0] head0;
+  wire [37:0] head0;
   wire [2:0] \head0.index ;
-  wire [16:0] \head0.key ;
-  wire [-1:0] \head0.lane ;
+  wire [20:0] \head0.rank ;
   wire [12:0] \head0.score ;
-  wire \head0.valid ;
+  wire \head0.sel ;
   output idle;
   wire idle;
   (* init = 3'h0 *)
@@ -208,11 +229,21 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg merge_count = 1'h0;
   reg merge_done = 1'h0;
   reg merging = 1'h0;
+  reg [37:0] mid0 = 38'h0000000000;
+  wire [2:0] \mid0.index ;
+  wire [20:0] \mid0.rank ;
+  wire [12:0] \mid0.score ;
+  wire \mid0.sel ;
   wire [33:0] new0;
   wire [2:0] \new0.beat ;
   wire [16:0] \new0.key ;
   wire [12:0] \new0.score ;
   wire \new0.valid ;
+  reg [33:0] nhead0;
+  wire [2:0] \nhead0.beat ;
+  wire [16:0] \nhead0.key ;
+  wire [12:0] \nhead0.score ;
+  wire \nhead0.valid ;
   wire [28:0] num;
   reg out_count = 1'h0;
   reg [2:0] out_index0 = 3'h0;
@@ -220,9 +251,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg [12:0] out_score0 = 13'h0000;
   reg [12:0] out_score1 = 13'h0000;
   reg [2:0] p1_beat = 3'h0;
+  reg [16:0] p1_keys = 17'h00000;
+  wire [16:0] \p1_keys[0] ;
   reg [12:0] p1_scores = 13'h0000;
   wire [12:0] \p1_scores[0] ;
   reg p1_valid = 1'h0;
+  reg picked = 1'h0;
   wire [28:0] quot;
   reg [2:0] res_index0 = 3'h0;
   reg [2:0] res_index1 = 3'h0;
@@ -239,9 +273,8 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire routes__ready;
   output routes__valid;
   reg routes__valid = 1'h0;
-  reg [2:0] rp__addr = 3'h0;
+  wire [2:0] rp__addr;
   wire [15:0] rp__data;
-  wire rp__en;
   input rst;
   wire rst;
   reg [33:0] s0_0 = 34'h000000000;
@@ -282,13 +315,11 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     if (wp__en)
       bias0[wp__addr] <= bias_data;
   end
-  reg [15:0] _0_;
+  reg [2:0] _0_;
   always @(posedge clk) begin
-    if (rp__en) begin
-      _0_ <= bias0[rp__addr];
-    end
+    _0_ <= \$12 [2:0];
   end
-  assign rp__data = _0_;
+  assign rp__data = bias0[_0_];
   reg [15:0] loads [7:0];
   initial begin
     loads[0] = 16'h0000;
@@ -320,168 +351,190 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign scores__ready = \$4  | advance;
   assign \$7  = bias_addr < 4'h8;
   assign wp__en = \$6  & \$7 ;
-  assign rp__en = scores__valid & scores__ready;
-  assign \$8  = $signed({ 1'h0, p1_scores }) + $signed(rp__data);
-  assign \$9  = merging | merge_done;
-  assign \$10  = ~ \$9 ;
-  assign \$11  = merge_done & c_take;
-  assign \$12  = \$10  | \$11 ;
-  assign take = lists_full & \$12 ;
-  assign \$13  = s0_0[20:18] * 1'h1;
-  assign \$14  = \$13  + 1'h0;
-  assign \$15  = ~ \$signal$41 ;
-  assign \$16  = load_clearing & \$15 ;
-  assign \$17  = ~ \$signal ;
-  assign \$18  = \$16  & \$17 ;
-  assign \$19  = lr__data == 16'hffff;
-  assign \$20  = lr__data + 1'h1;
-  assign \$21  = \$19  ? 17'h0ffff : \$20 ;
-  assign \$22  = dividing | routes__valid;
-  assign \$23  = ~ \$22 ;
-  assign \$24  = routes__valid & routes__ready;
-  assign \$26  = \$24  & \$25 ;
-  assign \$27  = \$23  | \$26 ;
-  assign c_take = merge_done & \$27 ;
-  assign \$28  = out_score0 * quot;
-  assign \$30  = out_score0 * quot;
-  assign \$31  = out_score0 * quot;
-  assign \$32  = | \$31 [11:0];
-  assign \$33  = out_score0 * quot;
-  assign \$35  = \$32  | \$34 [0];
-  assign \$36  = \$30 [12] & \$35 ;
-  assign \$37  = \$29  + \$36 ;
-  assign \$39  = ~ p1_valid;
-  assign \$40  = ! rp__addr;
-  assign \$41  = \$39  & \$40 ;
-  assign \$42  = ~ lists_full;
-  assign \$43  = \$41  & \$42 ;
-  assign \$44  = ~ merging;
-  assign \$45  = \$43  & \$44 ;
-  assign \$46  = ~ merge_done;
-  assign \$47  = \$45  & \$46 ;
-  assign \$48  = ~ dividing;
-  assign \$49  = \$47  & \$48 ;
-  assign \$50  = ~ routes__valid;
-  assign \$51  = \$49  & \$50 ;
-  assign \$52  = ~ \$signal$41 ;
-  assign \$53  = \$51  & \$52 ;
-  assign \$54  = ~ \$signal ;
-  assign \$55  = \$53  & \$54 ;
-  assign \$56  = ~ load_clearing;
-  assign idle = \$55  & \$56 ;
-  assign \$57  = scores__valid & scores__ready;
-  assign \$58  = rp__addr == 3'h7;
-  assign \$59  = rp__addr + 1'h1;
-  assign \$60  = \$58  ? 4'h0 : \$59 ;
-  assign \$61  = p1_beat == 3'h7;
-  assign \$62  = advance & \$61 ;
-  assign \$63  = ~ take;
-  assign \$64  = lists_full & \$63 ;
-  assign \$65  = \$62  | \$64 ;
-  assign \$67  = ! p1_beat;
-  assign \$68  = ~ \$67 ;
-  assign \$69  = l0_0[0] & \$68 ;
-  assign \$70  = ~ \$69 ;
-  assign \$71  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$72  = \$70  | \$71 ;
-  assign \$73  = ! p1_beat;
-  assign \$74  = ~ \$73 ;
-  assign \$75  = l0_1[0] & \$74 ;
-  assign \$76  = ~ \$75 ;
-  assign \$77  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$78  = \$76  | \$77 ;
-  assign \$79  = ! p1_beat;
-  assign \$80  = ~ \$79 ;
-  assign \$81  = l0_0[0] & \$80 ;
-  assign \$82  = ~ \$81 ;
-  assign \$83  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$84  = \$82  | \$83 ;
-  assign \$85  = \$78  & \$84 ;
-  assign \$86  = ! p1_beat;
+  assign \$8  = scores__valid & scores__ready;
+  assign \$9  = beat == 3'h7;
+  assign \$10  = beat + 1'h1;
+  assign \$11  = \$9  ? 4'h0 : \$10 ;
+  assign \$12  = \$8  ? \$11  : { 1'h0, beat };
+  assign \$13  = merging | merge_done;
+  assign \$14  = ~ \$13 ;
+  assign \$15  = merge_done & c_take;
+  assign \$16  = \$14  | \$15 ;
+  assign take = lists_full & \$16 ;
+  assign \$17  = ~ load_clearing;
+  assign \$18  = picked & \$17 ;
+  assign \$19  = \$18  & best[37];
+  assign \$20  = ~ nhead0[20:18];
+  assign \$21  = ~ nhead0[17];
+  assign \$22  = nhead0[20:18] * 1'h1;
+  assign \$23  = \$22  + 1'h0;
+  assign \$24  = ~ \$signal$45 ;
+  assign \$25  = load_clearing & \$24 ;
+  assign \$26  = ~ \$signal ;
+  assign \$27  = \$25  & \$26 ;
+  assign \$28  = lr__data == 16'hffff;
+  assign \$29  = lr__data + 1'h1;
+  assign \$30  = \$28  ? 17'h0ffff : \$29 ;
+  assign \$31  = dividing | routes__valid;
+  assign \$32  = ~ \$31 ;
+  assign \$33  = routes__valid & routes__ready;
+  assign \$35  = \$33  & \$34 ;
+  assign \$36  = \$32  | \$35 ;
+  assign c_take = merge_done & \$36 ;
+  assign \$37  = out_score0 * quot;
+  assign \$39  = out_score0 * quot;
+  assign \$40  = out_score0 * quot;
+  assign \$41  = | \$40 [11:0];
+  assign \$42  = out_score0 * quot;
+  assign \$44  = \$41  | \$43 [0];
+  assign \$45  = \$39 [12] & \$44 ;
+  assign \$46  = \$38  + \$45 ;
+  assign \$48  = ~ p1_valid;
+  assign \$49  = ! beat;
+  assign \$50  = \$48  & \$49 ;
+  assign \$51  = ~ lists_full;
+  assign \$52  = \$50  & \$51 ;
+  assign \$53  = ~ merging;
+  assign \$54  = \$52  & \$53 ;
+  assign \$55  = ~ merge_done;
+  assign \$56  = \$54  & \$55 ;
+  assign \$57  = ~ dividing;
+  assign \$58  = \$56  & \$57 ;
+  assign \$59  = ~ routes__valid;
+  assign \$60  = \$58  & \$59 ;
+  assign \$61  = ~ \$signal$45 ;
+  assign \$62  = \$60  & \$61 ;
+  assign \$63  = ~ \$signal ;
+  assign \$64  = \$62  & \$63 ;
+  assign \$65  = ~ load_clearing;
+  assign idle = \$64  & \$65 ;
+  assign \$66  = scores__valid & scores__ready;
+  assign \$67  = beat == 3'h7;
+  assign \$68  = beat + 1'h1;
+  assign \$69  = \$67  ? 4'h0 : \$68 ;
+  assign \$70  = p1_beat == 3'h7;
+  assign \$71  = advance & \$70 ;
+  assign \$72  = ~ take;
+  assign \$73  = lists_full & \$72 ;
+  assign \$74  = \$71  | \$73 ;
+  assign \$75  = scores__valid & scores__ready;
+  assign \$76  = $signed({ 1'h0, scores__payload }) + $signed(rp__data);
+  assign \$78  = ! p1_beat;
+  assign \$79  = ~ \$78 ;
+  assign \$80  = l0_0[0] & \$79 ;
+  assign \$81  = ~ \$80 ;
+  assign \$82  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$83  = \$81  | \$82 ;
+  assign \$84  = ! p1_beat;
+  assign \$85  = ~ \$84 ;
+  assign \$86  = l0_1[0] & \$85 ;
   assign \$87  = ~ \$86 ;
-  assign \$88  = l0_1[0] & \$87 ;
-  assign \$89  = ~ \$88 ;
-  assign \$90  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$91  = \$89  | \$90 ;
-  assign \$92  = ! p1_beat;
+  assign \$88  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$89  = \$87  | \$88 ;
+  assign \$90  = ! p1_beat;
+  assign \$91  = ~ \$90 ;
+  assign \$92  = l0_0[0] & \$91 ;
   assign \$93  = ~ \$92 ;
-  assign \$94  = l0_0[0] & \$93 ;
-  assign \$95  = ~ load_clearing;
-  assign \$96  = merging & \$95 ;
-  assign \$97  = ~ load_clearing;
-  assign \$98  = merging & \$97 ;
-  assign \$100  = den + head0[33:21];
-  assign \$101  = merge_count + 1'h1;
-  assign \$103  = ~ \$signal$41 ;
-  assign \$104  = load_clearing & \$103 ;
-  assign \$105  = ~ \$signal ;
-  assign \$106  = \$104  & \$105 ;
-  assign \$107  = sweep + 1'h1;
-  assign \$108  = sweep == 3'h7;
-  assign \$109  = ~ busy;
-  assign \$110  = dividing & \$109 ;
-  assign \$111  = routes__valid & routes__ready;
-  assign \$112  = out_count + 1'h1;
+  assign \$94  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$95  = \$93  | \$94 ;
+  assign \$96  = \$89  & \$95 ;
+  assign \$97  = ! p1_beat;
+  assign \$98  = ~ \$97 ;
+  assign \$99  = l0_1[0] & \$98 ;
+  assign \$100  = ~ \$99 ;
+  assign \$101  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$102  = \$100  | \$101 ;
+  assign \$103  = ! p1_beat;
+  assign \$104  = ~ \$103 ;
+  assign \$105  = l0_0[0] & \$104 ;
+  assign \$106  = ~ picked;
+  assign \$107  = merging & \$106 ;
+  assign \$108  = ~ load_clearing;
+  assign \$109  = picked & \$108 ;
+  assign \$110  = ~ load_clearing;
+  assign \$111  = picked & \$110 ;
+  assign \$112  = ~ load_clearing;
+  assign \$113  = picked & \$112 ;
+  assign \$114  = den + best[36:24];
+  assign \$115  = merge_count + 1'h1;
+  assign \$117  = ~ \$signal$45 ;
+  assign \$118  = load_clearing & \$117 ;
+  assign \$119  = ~ \$signal ;
+  assign \$120  = \$118  & \$119 ;
+  assign \$121  = sweep + 1'h1;
+  assign \$122  = sweep == 3'h7;
+  assign \$123  = ~ busy;
+  assign \$124  = dividing & \$123 ;
+  assign \$125  = routes__valid & routes__ready;
+  assign \$126  = out_count + 1'h1;
   always @(posedge clk)
-    p1_scores <= \$114 ;
+    p1_scores <= \$128 ;
   always @(posedge clk)
-    p1_beat <= \$115 ;
+    p1_beat <= \$129 ;
   always @(posedge clk)
-    p1_valid <= \$116 ;
+    p1_valid <= \$130 ;
   always @(posedge clk)
-    rp__addr <= \$117 ;
+    beat <= \$131 ;
   always @(posedge clk)
-    lists_full <= \$118 ;
+    lists_full <= \$132 ;
   always @(posedge clk)
-    l0_0 <= \$119 ;
+    p1_keys <= \$133 ;
   always @(posedge clk)
-    l0_1 <= \$120 ;
+    l0_0 <= \$134 ;
   always @(posedge clk)
-    \$signal$41  <= \$121 ;
+    l0_1 <= \$135 ;
   always @(posedge clk)
-    lr__addr <= \$122 ;
+    mid0 <= \$136 ;
   always @(posedge clk)
-    s0_0 <= \$123 ;
+    best <= \$137 ;
   always @(posedge clk)
-    s0_1 <= \$124 ;
+    picked <= \$138 ;
   always @(posedge clk)
-    merging <= \$125 ;
+    \$signal$45  <= \$139 ;
   always @(posedge clk)
-    merge_done <= \$126 ;
+    lr__addr <= \$140 ;
   always @(posedge clk)
-    merge_count <= \$127 ;
+    s0_0 <= \$141 ;
   always @(posedge clk)
-    den <= \$128 ;
+    s0_1 <= \$142 ;
   always @(posedge clk)
-    res_index1 <= \$129 ;
+    merging <= \$143 ;
   always @(posedge clk)
-    res_score1 <= \$130 ;
+    merge_done <= \$144 ;
   always @(posedge clk)
-    res_index0 <= \$131 ;
+    merge_count <= \$145 ;
   always @(posedge clk)
-    res_score0 <= \$132 ;
+    den <= \$146 ;
   always @(posedge clk)
-    \$signal  <= \$133 ;
+    res_index1 <= \$147 ;
   always @(posedge clk)
-    inc2_index <= \$134 ;
+    res_score1 <= \$148 ;
   always @(posedge clk)
-    load_clearing <= \$135 ;
+    res_index0 <= \$149 ;
   always @(posedge clk)
-    sweep <= \$136 ;
+    res_score0 <= \$150 ;
   always @(posedge clk)
-    dividing <= \$137 ;
+    \$signal  <= \$151 ;
   always @(posedge clk)
-    routes__valid <= \$138 ;
+    inc2_index <= \$152 ;
   always @(posedge clk)
-    out_count <= \$139 ;
+    load_clearing <= \$153 ;
   always @(posedge clk)
-    out_index0 <= \$140 ;
+    sweep <= \$154 ;
   always @(posedge clk)
-    out_index1 <= \$141 ;
+    dividing <= \$155 ;
   always @(posedge clk)
-    out_score0 <= \$142 ;
+    routes__valid <= \$156 ;
   always @(posedge clk)
-    out_score1 <= \$143 ;
+    out_count <= \$157 ;
+  always @(posedge clk)
+    out_index0 <= \$158 ;
+  always @(posedge clk)
+    out_index1 <= \$159 ;
+  always @(posedge clk)
+    out_score0 <= \$160 ;
+  always @(posedge clk)
+    out_score1 <= \$161 ;
   \nanokpu_router.divider  divider (
     .busy(busy),
     .clk(clk),
@@ -492,10 +545,21 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    (* full_case = 32'd1 *)
+    if (take) begin
+      nhead0 = l0_0;
+    end else if (\$19 ) begin
+      nhead0 = s0_1;
+    end else begin
+      nhead0 = s0_0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     lw__addr = 3'h0;
     if (\$signal ) begin
       lw__addr = inc2_index;
-    end else if (\$18 ) begin
+    end else if (\$27 ) begin
       lw__addr = sweep;
     end
   end
@@ -504,7 +568,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     lw__en = 1'h0;
     if (\$signal ) begin
       lw__en = 1'h1;
-    end else if (\$18 ) begin
+    end else if (\$27 ) begin
       lw__en = 1'h1;
     end
   end
@@ -512,189 +576,26 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     lw__data = 16'h0000;
     if (\$signal ) begin
-      lw__data = \$21 [15:0];
-    end else if (\$18 ) begin
+      lw__data = \$30 [15:0];
+    end else if (\$27 ) begin
       lw__data = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$114  = p1_scores;
-    if (\$57 ) begin
-      \$114  = scores__payload;
-    end
-    if (rst) begin
-      \$114  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$115  = p1_beat;
-    if (\$57 ) begin
-      \$115  = rp__addr;
-    end
-    if (rst) begin
-      \$115  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$116  = p1_valid;
-    if (\$57 ) begin
-      \$116  = 1'h1;
-    end else if (advance) begin
-      \$116  = 1'h0;
-    end
-    if (rst) begin
-      \$116  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$117  = rp__addr;
-    if (\$57 ) begin
-      \$117  = \$60 [2:0];
-    end
-    if (rst) begin
-      \$117  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$118  = \$65 ;
-    if (rst) begin
-      \$118  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$119  = l0_0;
+    \$128  = p1_scores;
     if (\$66 ) begin
-      if (\$72 ) begin
-        \$119  = new0;
-      end
+      \$128  = scores__payload;
     end
     if (rst) begin
-      \$119  = 34'h000000000;
+      \$128  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$120  = l0_1;
+    \$129  = p1_beat;
     if (\$66 ) begin
-      if (\$85 ) begin
-        \$120 [33:1] = l0_0[33:1];
-        \$120 [0] = \$94 ;
-      end else if (\$91 ) begin
-        \$120  = new0;
-      end
-    end
-    if (rst) begin
-      \$120  = 34'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$121  = \$96 ;
-    if (rst) begin
-      \$121  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$122  = head0[20:18];
-    if (rst) begin
-      \$122  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$123  = s0_0;
-    if (take) begin
-      \$123  = l0_0;
-    end else if (\$98 ) begin
-      if (\$99 ) begin
-        \$123  = s0_1;
-      end
-    end
-    if (rst) begin
-      \$123  = 34'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$124  = s0_1;
-    if (take) begin
-      \$124  = l0_1;
-    end else if (\$98 ) begin
-      if (\$99 ) begin
-        \$124  = 34'h000000000;
-      end
-    end
-    if (rst) begin
-      \$124  = 34'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$125  = merging;
-    if (take) begin
-      \$125  = 1'h1;
-    end else if (\$98 ) begin
-      if (\$102 ) begin
-        \$125  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$125  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$126  = merge_done;
-    if (take) begin
-      \$126  = 1'h0;
-    end else if (\$98 ) begin
-      if (\$102 ) begin
-        \$126  = 1'h1;
-      end
-    end else if (c_take) begin
-      \$126  = 1'h0;
-    end
-    if (rst) begin
-      \$126  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$127  = merge_count;
-    if (take) begin
-      \$127  = 1'h0;
-    end else if (\$98 ) begin
-      \$127  = \$101 [0];
-    end
-    if (rst) begin
-      \$127  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$128  = den;
-    if (take) begin
-      \$128  = 14'h0000;
-    end else if (\$98 ) begin
-      \$128  = \$100 [13:0];
-    end
-    if (rst) begin
-      \$128  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$129  = res_index1;
-    if (take) begin
-    end else if (\$98 ) begin
-      \$129  = head0[20:18];
+      \$129  = beat;
     end
     if (rst) begin
       \$129  = 3'h0;
@@ -702,21 +603,21 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$130  = res_score1;
-    if (take) begin
-    end else if (\$98 ) begin
-      \$130  = head0[33:21];
+    \$130  = p1_valid;
+    if (\$66 ) begin
+      \$130  = 1'h1;
+    end else if (advance) begin
+      \$130  = 1'h0;
     end
     if (rst) begin
-      \$130  = 13'h0000;
+      \$130  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$131  = res_index0;
-    if (take) begin
-    end else if (\$98 ) begin
-      \$131  = res_index1;
+    \$131  = beat;
+    if (\$66 ) begin
+      \$131  = \$69 [2:0];
     end
     if (rst) begin
       \$131  = 3'h0;
@@ -724,78 +625,73 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$132  = res_score0;
-    if (take) begin
-    end else if (\$98 ) begin
-      \$132  = res_score1;
-    end
+    \$132  = \$74 ;
     if (rst) begin
-      \$132  = 13'h0000;
+      \$132  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$133  = \$signal$41 ;
+    \$133  = p1_keys;
+    if (\$75 ) begin
+      \$133  = \$76 ;
+    end
     if (rst) begin
-      \$133  = 1'h0;
+      \$133  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$134  = lr__addr;
-    if (rst) begin
-      \$134  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$135  = load_clearing;
-    if (load_clear) begin
-      \$135  = 1'h1;
-    end else if (\$106 ) begin
-      if (\$108 ) begin
-        \$135  = 1'h0;
+    \$134  = l0_0;
+    if (\$77 ) begin
+      if (\$83 ) begin
+        \$134  = new0;
       end
     end
     if (rst) begin
-      \$135  = 1'h0;
+      \$134  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$136  = sweep;
-    if (load_clear) begin
-      \$136  = 3'h0;
-    end else if (\$106 ) begin
-      \$136  = \$107 [2:0];
+    \$135  = l0_1;
+    if (\$77 ) begin
+      if (\$96 ) begin
+        \$135 [33:1] = l0_0[33:1];
+        \$135 [0] = \$105 ;
+      end else if (\$102 ) begin
+        \$135  = new0;
+      end
     end
     if (rst) begin
-      \$136  = 3'h0;
+      \$135  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$137  = dividing;
-    if (c_take) begin
-      \$137  = 1'h1;
-    end else if (\$110 ) begin
-      \$137  = 1'h0;
+    \$136  = head0;
+    if (rst) begin
+      \$136  = 38'h0000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$137  = best;
+    if (\$107 ) begin
+      \$137  = mid0;
     end
     if (rst) begin
-      \$137  = 1'h0;
+      \$137  = 38'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$138  = routes__valid;
-    if (c_take) begin
-      \$138  = 1'h0;
-    end else if (\$110 ) begin
+    \$138  = picked;
+    if (\$107 ) begin
       \$138  = 1'h1;
-    end else if (\$111 ) begin
-      if (\$113 ) begin
-        \$138  = 1'h0;
-      end
+    end
+    if (\$109 ) begin
+      \$138  = 1'h0;
     end
     if (rst) begin
       \$138  = 1'h0;
@@ -803,69 +699,277 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$139  = out_count;
-    if (c_take) begin
-      \$139  = 1'h0;
-    end else if (\$110 ) begin
-    end else if (\$111 ) begin
-      \$139  = \$112 [0];
-    end
+    \$139  = \$111 ;
     if (rst) begin
       \$139  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$140  = out_index0;
-    if (c_take) begin
-      \$140  = res_index0;
-    end else if (\$110 ) begin
-    end else if (\$111 ) begin
-      \$140  = out_index1;
-    end
+    \$140  = best[23:21];
     if (rst) begin
       \$140  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$141  = out_index1;
-    if (c_take) begin
-      \$141  = res_index1;
+    \$141  = s0_0;
+    if (take) begin
+      \$141  = l0_0;
+    end else if (\$113 ) begin
+      if (best[37]) begin
+        \$141  = s0_1;
+      end
     end
     if (rst) begin
-      \$141  = 3'h0;
+      \$141  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$142  = out_score0;
-    if (c_take) begin
-      \$142  = res_score0;
-    end else if (\$110 ) begin
-    end else if (\$111 ) begin
-      \$142  = out_score1;
+    \$142  = s0_1;
+    if (take) begin
+      \$142  = l0_1;
+    end else if (\$113 ) begin
+      if (best[37]) begin
+        \$142  = 34'h000000000;
+      end
     end
     if (rst) begin
-      \$142  = 13'h0000;
+      \$142  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$143  = out_score1;
-    if (c_take) begin
-      \$143  = res_score1;
+    \$143  = merging;
+    if (take) begin
+      \$143  = 1'h1;
+    end else if (\$113 ) begin
+      if (\$116 ) begin
+        \$143  = 1'h0;
+      end
     end
     if (rst) begin
-      \$143  = 13'h0000;
+      \$143  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$144  = merge_done;
+    if (take) begin
+      \$144  = 1'h0;
+    end else if (\$113 ) begin
+      if (\$116 ) begin
+        \$144  = 1'h1;
+      end
+    end else if (c_take) begin
+      \$144  = 1'h0;
+    end
+    if (rst) begin
+      \$144  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$145  = merge_count;
+    if (take) begin
+      \$145  = 1'h0;
+    end else if (\$113 ) begin
+      \$145  = \$115 [0];
+    end
+    if (rst) begin
+      \$145  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$146  = den;
+    if (take) begin
+      \$146  = 14'h0000;
+    end else if (\$113 ) begin
+      \$146  = \$114 [13:0];
+    end
+    if (rst) begin
+      \$146  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$147  = res_index1;
+    if (take) begin
+    end else if (\$113 ) begin
+      \$147  = best[23:21];
+    end
+    if (rst) begin
+      \$147  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$148  = res_score1;
+    if (take) begin
+    end else if (\$113 ) begin
+      \$148  = best[36:24];
+    end
+    if (rst) begin
+      \$148  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$149  = res_index0;
+    if (take) begin
+    end else if (\$113 ) begin
+      \$149  = res_index1;
+    end
+    if (rst) begin
+      \$149  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$150  = res_score0;
+    if (take) begin
+    end else if (\$113 ) begin
+      \$150  = res_score1;
+    end
+    if (rst) begin
+      \$150  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$151  = \$signal$45 ;
+    if (rst) begin
+      \$151  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$152  = lr__addr;
+    if (rst) begin
+      \$152  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$153  = load_clearing;
+    if (load_clear) begin
+      \$153  = 1'h1;
+    end else if (\$120 ) begin
+      if (\$122 ) begin
+        \$153  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$153  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$154  = sweep;
+    if (load_clear) begin
+      \$154  = 3'h0;
+    end else if (\$120 ) begin
+      \$154  = \$121 [2:0];
+    end
+    if (rst) begin
+      \$154  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$155  = dividing;
+    if (c_take) begin
+      \$155  = 1'h1;
+    end else if (\$124 ) begin
+      \$155  = 1'h0;
+    end
+    if (rst) begin
+      \$155  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$156  = routes__valid;
+    if (c_take) begin
+      \$156  = 1'h0;
+    end else if (\$124 ) begin
+      \$156  = 1'h1;
+    end else if (\$125 ) begin
+      if (\$127 ) begin
+        \$156  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$156  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$157  = out_count;
+    if (c_take) begin
+      \$157  = 1'h0;
+    end else if (\$124 ) begin
+    end else if (\$125 ) begin
+      \$157  = \$126 [0];
+    end
+    if (rst) begin
+      \$157  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$158  = out_index0;
+    if (c_take) begin
+      \$158  = res_index0;
+    end else if (\$124 ) begin
+    end else if (\$125 ) begin
+      \$158  = out_index1;
+    end
+    if (rst) begin
+      \$158  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$159  = out_index1;
+    if (c_take) begin
+      \$159  = res_index1;
+    end
+    if (rst) begin
+      \$159  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$160  = out_score0;
+    if (c_take) begin
+      \$160  = res_score0;
+    end else if (\$124 ) begin
+    end else if (\$125 ) begin
+      \$160  = out_score1;
+    end
+    if (rst) begin
+      \$160  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$161  = out_score1;
+    if (c_take) begin
+      \$161  = res_score1;
+    end
+    if (rst) begin
+      \$161  = 13'h0000;
     end
   end
   assign wp__data = bias_data;
-  assign beat = rp__addr;
+  assign rp__addr = \$12 [2:0];
+  assign clearing = load_clearing;
   assign inc1_index = lr__addr;
   assign lh__addr = load_addr;
   assign lh__data = load_data;
-  assign clearing = load_clearing;
   assign emitting = routes__valid;
   assign num = 29'h10000000;
   assign res_sum = den;
@@ -878,49 +982,61 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \new0.key  = new0[17:1];
   assign \new0.beat  = new0[20:18];
   assign \new0.score  = new0[33:21];
+  assign \p1_keys[0]  = p1_keys;
   assign \p1_scores[0]  = p1_scores;
-  assign \head0.valid  = head0[0];
-  assign \head0.key  = head0[17:1];
-  assign \head0.index  = head0[20:18];
-  assign \head0.score  = head0[33:21];
-  assign \s0_0.valid  = s0_0[0];
-  assign \s0_0.key  = s0_0[17:1];
-  assign \s0_0.beat  = s0_0[20:18];
-  assign \s0_0.score  = s0_0[33:21];
+  assign \best.rank  = best[20:0];
+  assign \best.index  = best[23:21];
+  assign \best.score  = best[36:24];
+  assign \best.sel  = best[37];
+  assign \nhead0.valid  = nhead0[0];
+  assign \nhead0.key  = nhead0[17:1];
+  assign \nhead0.beat  = nhead0[20:18];
+  assign \nhead0.score  = nhead0[33:21];
   assign \l0_0.valid  = l0_0[0];
   assign \l0_0.key  = l0_0[17:1];
   assign \l0_0.beat  = l0_0[20:18];
   assign \l0_0.score  = l0_0[33:21];
-  assign \l0_1.valid  = l0_1[0];
-  assign \l0_1.key  = l0_1[17:1];
-  assign \l0_1.beat  = l0_1[20:18];
-  assign \l0_1.score  = l0_1[33:21];
   assign \s0_1.valid  = s0_1[0];
   assign \s0_1.key  = s0_1[17:1];
   assign \s0_1.beat  = s0_1[20:18];
   assign \s0_1.score  = s0_1[33:21];
-  assign routes__payload[19] = \$38 ;
-  assign routes__payload[18:3] = \$37 [15:0];
+  assign \s0_0.valid  = s0_0[0];
+  assign \s0_0.key  = s0_0[17:1];
+  assign \s0_0.beat  = s0_0[20:18];
+  assign \s0_0.score  = s0_0[33:21];
+  assign \head0.rank  = head0[20:0];
+  assign \head0.index  = head0[23:21];
+  assign \head0.score  = head0[36:24];
+  assign \head0.sel  = head0[37];
+  assign \l0_1.valid  = l0_1[0];
+  assign \l0_1.key  = l0_1[17:1];
+  assign \l0_1.beat  = l0_1[20:18];
+  assign \l0_1.score  = l0_1[33:21];
+  assign \mid0.rank  = mid0[20:0];
+  assign \mid0.index  = mid0[23:21];
+  assign \mid0.score  = mid0[36:24];
+  assign \mid0.sel  = mid0[37];
+  assign routes__payload[19] = \$47 ;
+  assign routes__payload[18:3] = \$46 [15:0];
   assign routes__payload[2:0] = out_index0;
-  assign head0[33:21] = s0_0[33:21];
-  assign head0[20:18] = \$14 [2:0];
-  assign head0[17:1] = s0_0[17:1];
-  assign head0[0] = s0_0[0];
+  assign head0[37] = 1'h1;
+  assign head0[36:24] = nhead0[33:21];
+  assign head0[23:21] = \$23 [2:0];
+  assign head0[20:0] = { nhead0[0], \$21 , nhead0[16:1], \$20  };
   assign new0[33:21] = p1_scores;
   assign new0[20:18] = p1_beat;
-  assign new0[17:1] = \$8 ;
+  assign new0[17:1] = p1_keys;
   assign new0[0] = 1'h1;
-  assign \$25  = out_count;
+  assign \$34  = out_count;
   assign wp__addr = bias_addr;
   assign \$5  = 1'h1;
   assign \$6  = bias_we;
-  assign \$29  = { 13'h0000, \$28 [41:13] };
-  assign \$34  = { 13'h0000, \$33 [41:13] };
-  assign \$38  = out_count;
-  assign \$66  = advance;
-  assign \$99  = 1'h1;
-  assign \$102  = merge_count;
-  assign \$113  = out_count;
+  assign \$38  = { 13'h0000, \$37 [41:13] };
+  assign \$43  = { 13'h0000, \$42 [41:13] };
+  assign \$47  = out_count;
+  assign \$77  = advance;
+  assign \$116  = merge_count;
+  assign \$127  = out_count;
 endmodule
 
 (* generator = "Amaranth" *)
