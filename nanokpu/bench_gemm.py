@@ -53,8 +53,8 @@ def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
         "useful": useful,
         "edge": steps - useful,                          # padded rows/columns of edge tiles
         "gap": (tiles - 1) * (max(k, gap) - k),          # tiles shorter than the drain rule
-        "fill": (mb + 2) + 1,                            # command check + first words
-        "drain": cfg.rows + 2 * cfg.cols + 2,            # last step through array and drain
+        "fill": (mb + 3) + 1,                            # command check + first words
+        "drain": cfg.rows + 2 * cfg.cols + 3,            # last step through array and drain
         "store": store_cycles(cfg, mb * n),              # requantised results out
     }
 
@@ -110,14 +110,15 @@ store = cycles`, exactly; the bench asserts the total against `nanokpu.gemm.gemm
   whatever the shape. The expert GEMMs of a block have only `T * top_k / n_experts`
   tokens, so most of their array sits idle: a property of routed experts at small batch,
   not of the engine (batching more tokens per expert is the fix).
-* **gap**: a tile lasts at least `tile_gap = rows + 2*cols - 1` cycles (cols >= 3), the time the
+* **gap**: a tile lasts at least `tile_gap = rows + 2*cols - 1` cycles (cols >= 4), the time the
   array needs to drain the previous tile's results through its shift chains before the
   result registers are written again. It costs only when `K < tile_gap`.
-* **fill**: the command check (`ceil(M/rows) + 2` cycles) and one cycle for the first A
+* **fill**: the command check (`ceil(M/rows) + 3` cycles) and one cycle for the first A
   and B words to land in the scratchpads; from then on a K step waits only for its own
   words, so the first tile follows the first B panel and A as they stream in.
-* **drain**: after the last K step, `rows + cols` cycles through the skewed array and
-  `cols + 2` to drain the last tile into scratchpad C (read, registered, added, written).
+* **drain**: after the last K step, 1 cycle into the feed register, `rows + cols` cycles
+  through the skewed array and `cols + 2` to drain the last tile into scratchpad C (read,
+  registered, added, written).
 * **store**: `ceil(M/rows) * N` result words through the 6-stage requantiser, after the
   compute (the results of a GEMM that accumulates over several commands are stored once,
   by the last one).

@@ -54,15 +54,16 @@ def command_layout(cfg: KpuConfig) -> data.StructLayout:
 
 def tile_gap(cfg: KpuConfig) -> int:
     """Minimum cycles per tile: the array's drain rule, and room to hand a finished tile's
-    address over to the drain before the next tile's is recorded."""
-    return max(min_tile_cycles(cfg), done_latency(cfg) + 2)
+    address over to the drain before the next tile's is recorded (the step reaches the array
+    2 cycles after its issue)."""
+    return max(min_tile_cycles(cfg), done_latency(cfg) + 3)
 
 
 def gemm_cycles(cfg: KpuConfig, m: int, k: int, n: int, *, store: bool = True) -> int:
     """Exact cycles of :class:`GemmEngine` from accepting a valid ``compute`` command to
     ``done`` (with or without ``load_a``), streams never stalling: the phases' sum."""
     mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
-    cycles = (mb + 2) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + cfg.rows + 2 * cfg.cols + 2
+    cycles = (mb + 3) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + cfg.rows + 2 * cfg.cols + 3
     return cycles + (store_cycles(cfg, mb * n) if store else 1)
 
 
@@ -100,20 +101,20 @@ class GemmEngine(wiring.Component):
 
     Tiles run panel by panel (``nb`` outer, ``mb`` inner, ``k`` innermost), one K step per
     cycle. A tile takes ``max(K, tile_gap)`` cycles (:func:`tile_gap`, ``rows + 2*cols - 1``
-    when ``cols >= 3``: the drain rule of :class:`~nanokpu.systolic.SystolicArray`); its drain overlaps the next
+    when ``cols >= 4``: the drain rule of :class:`~nanokpu.systolic.SystolicArray`); its drain overlaps the next
     tile.
 
     Latency of the phases, with sources that never idle and a sink that never stalls,
     from the cycle the command is accepted to the ``done`` pulse (exact, asserted by the
     benches; see :func:`gemm_cycles`), ``T = MB * NB`` tiles:
 
-    * check: ``MB + 2`` cycles (validation; the ranges are walked one row block a cycle);
+    * check: ``MB + 3`` cycles (validation; the ranges are walked one row block a cycle);
     * first words: 1 cycle (the compute follows the first B panel and A one word behind
       while they stream in: a K step needs only its own A and B words);
     * compute: ``K + (T - 1) * max(K, tile_gap)`` cycles; later panels stream in under the
       compute of the previous ones;
-    * tail: ``rows + 2*cols + 2`` (last step -> array -> drain -> scratchpad C read,
-      registered -> write);
+    * tail: ``rows + 2*cols + 3`` (last step -> feed register -> array -> drain ->
+      scratchpad C read, registered -> write);
     * store: :func:`store_cycles` of ``MB * N`` words (``MB * N + 10`` with the pipelined
       requantiser), or 1 cycle without ``store``.
 
@@ -187,6 +188,8 @@ class GemmEngine(wiring.Component):
 
         # -- the latched command -------------------------------------------------------
         cmd = Signal(command_layout(cfg))
+        k_m1 = Signal(dim)          # cmd.k - 1, registered (cmd is held from CHECK on)
+        m.d.sync += k_m1.eq(cmd.k - 1)
         uses_a = cmd.load_a | cmd.compute
         uses_c = cmd.compute | cmd.store
         rows_left = Signal(dim)     # check walk: rows of the blocks not yet counted
@@ -198,7 +201,8 @@ class GemmEngine(wiring.Component):
             return Cat(*(rows > i for i in range(R)))
 
         # -- phase activity (set when a checked command starts) --------------------------
-        start = Signal()
+        start = Signal()            # registered pulse, the first cycle of RUN
+        m.d.sync += start.eq(0)
         a_loading, b_loading, issuing = Signal(), Signal(), Signal()
         pending = Signal(range(4))  # tiles issued whose drain has not finished
         drain_busy = Signal()
@@ -234,7 +238,7 @@ class GemmEngine(wiring.Component):
             m.d.sync += [b_loading.eq(cmd.compute), wbuf.eq(0), b_k.eq(0), b_cols_left.eq(cmd.n)]
         with m.Elif(self.b_in.valid & b_take):
             m.d.sync += b_k.eq(b_k + 1)
-            with m.If(b_k == cmd.k - 1):
+            with m.If(b_k == k_m1):
                 m.d.comb += full_set.bit_select(wbuf, 1).eq(1)
                 m.d.sync += [b_k.eq(0), wbuf.eq(~wbuf), b_cols_left.eq(b_cols_left - C)]
                 with m.If(b_cols_left <= C):
@@ -249,7 +253,7 @@ class GemmEngine(wiring.Component):
         c_panel = Signal(wide)      # c_addr + nb*C
         c_tile = Signal(wide)       # c_addr + mb*N + nb*C
         gap = Signal(range(self.tile_gap + 1))
-        last_k = k == cmd.k - 1
+        last_k = k == k_m1
         step = Signal()
         panel_ready = Signal()  # B word k of the panel is in: the panel is full, or loading past k
         m.d.comb += panel_ready.eq(full.bit_select(rbuf, 1) | (b_take & (wbuf == rbuf) & (b_k > k)))
@@ -259,15 +263,16 @@ class GemmEngine(wiring.Component):
         m.d.comb += [a_rd.addr.eq(a_ptr), b_rd.addr.eq(Mux(rbuf, half, 0) + k)]
         with m.If(gap < self.tile_gap):
             m.d.sync += gap.eq(gap + 1)
-        # the array sees the step one cycle later, with the scratchpads' read data
+        # the scratchpads' read data comes one cycle after the step, and is registered (the
+        # feed stage) before the array: the array sees the step two cycles after its issue
         s_valid, s_first, s_last = Signal(), Signal(), Signal()
         s_mask = Signal(R)
         m.d.sync += [s_valid.eq(step), s_first.eq(k == 0), s_last.eq(last_k),
                      s_mask.eq(lane_mask(rows_c))]
-        m.d.comb += [array.valid.eq(s_valid), array.first.eq(s_first), array.last.eq(s_last),
+        m.d.sync += [array.valid.eq(s_valid), array.first.eq(s_first), array.last.eq(s_last),
                      array.b.eq(b_rd.data)]
         for i in range(R):
-            m.d.comb += array.a[i].eq(Mux(s_mask[i], a_rd.data[i], 0))
+            m.d.sync += array.a[i].eq(Mux(s_mask[i], a_rd.data[i], 0))
         # tile metadata, handed to the drain when the array reports the tile done
         t_base = Signal(wide)
         t_cols = Signal(range(C + 1))
@@ -395,13 +400,13 @@ class GemmEngine(wiring.Component):
                                  self.error_code.eq(Mux(a_over, GemmError.A_RANGE, GemmError.C_RANGE))]
                     m.next = "IDLE"
                 with m.Elif(rows_left <= R):
-                    m.d.comb += start.eq(1)
+                    m.d.sync += start.eq(1)
                     m.next = "RUN"
                 with m.Else():
                     m.d.sync += [rows_left.eq(rows_left - R), a_lim.eq(a_lim + cmd.k),
                                  c_lim.eq(c_lim + cmd.n)]
             with m.State("RUN"):
-                quiet = ~(a_loading | b_loading | issuing | drain_busy | r_col_busy | w_busy) & (pending == 0)
+                quiet = ~(start | a_loading | b_loading | issuing | drain_busy | r_col_busy | w_busy) & (pending == 0)
                 with m.If(quiet):
                     with m.If(cmd.store):
                         m.d.comb += store_start.eq(1)
