@@ -4,31 +4,31 @@
 (* generator = "Amaranth" *)
 module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in__valid, c_out__ready, clk, rst, cmd__ready, a_in__ready, b_in__ready, c_out__payload, c_out__valid, busy, done, error, error_code, cmd__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
-  wire \$1 ;
-  wire \$10 ;
-  wire \$100 ;
-  wire \$101 ;
-  wire \$102 ;
-  wire \$103 ;
-  wire [19:0] \$104 ;
-  wire [19:0] \$105 ;
+  wire [17:0] \$1 ;
+  wire [17:0] \$10 ;
+  wire [2:0] \$100 ;
+  wire [17:0] \$101 ;
+  wire [19:0] \$102 ;
+  wire [19:0] \$103 ;
+  wire \$104 ;
+  wire \$105 ;
   wire \$106 ;
-  wire [1:0] \$107 ;
-  wire [1:0] \$108 ;
-  wire [1:0] \$109 ;
+  wire \$107 ;
+  wire \$108 ;
+  wire \$109 ;
   wire \$11 ;
   wire \$110 ;
-  wire [17:0] \$111 ;
-  wire [17:0] \$112 ;
+  wire \$111 ;
+  wire \$112 ;
   wire \$113 ;
   wire \$114 ;
-  wire [17:0] \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire [5:0] \$118 ;
+  wire \$115 ;
+  wire [9:0] \$116 ;
+  wire [17:0] \$117 ;
+  wire \$118 ;
   wire \$119 ;
   wire \$12 ;
-  wire [17:0] \$120 ;
+  wire \$120 ;
   wire \$121 ;
   wire \$122 ;
   wire \$123 ;
@@ -38,49 +38,49 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
-  wire \$13 ;
-  wire [17:0] \$130 ;
-  wire [19:0] \$131 ;
-  wire [17:0] \$132 ;
+  wire [17:0] \$13 ;
+  wire \$130 ;
+  wire \$131 ;
+  wire \$132 ;
   wire \$133 ;
-  wire \$134 ;
-  wire [16:0] \$135 ;
-  wire [17:0] \$136 ;
-  wire [19:0] \$137 ;
+  wire [9:0] \$134 ;
+  wire [17:0] \$135 ;
+  wire \$136 ;
+  wire \$137 ;
   wire \$138 ;
-  wire \$139 ;
+  wire [31:0] \$139 ;
   wire \$14 ;
-  wire [17:0] \$140 ;
-  wire [19:0] \$141 ;
-  wire [19:0] \$142 ;
-  wire \$143 ;
-  wire [4:0] \$144 ;
-  wire \$145 ;
-  wire \$146 ;
-  wire [3:0] \$147 ;
-  wire [3:0] \$148 ;
-  wire \$149 ;
+  wire [32:0] \$140 ;
+  wire [31:0] \$141 ;
+  wire [32:0] \$142 ;
+  wire [31:0] \$143 ;
+  wire [32:0] \$144 ;
+  wire [31:0] \$145 ;
+  wire [32:0] \$146 ;
+  wire [31:0] \$147 ;
+  wire [32:0] \$148 ;
+  wire [31:0] \$149 ;
   wire \$15 ;
-  wire \$150 ;
-  wire \$151 ;
-  wire [18:0] \$152 ;
-  wire [3:0] \$153 ;
-  wire [19:0] \$154 ;
-  wire [2:0] \$155 ;
-  wire [3:0] \$156 ;
-  wire \$157 ;
-  wire \$158 ;
-  wire \$159 ;
-  wire \$16 ;
-  wire \$160 ;
-  wire \$161 ;
-  wire [19:0] \$162 ;
-  wire [19:0] \$163 ;
-  wire \$164 ;
-  wire \$165 ;
+  wire [32:0] \$150 ;
+  wire [31:0] \$151 ;
+  wire [32:0] \$152 ;
+  wire [31:0] \$153 ;
+  wire [32:0] \$154 ;
+  wire [31:0] \$155 ;
+  wire [31:0] \$156 ;
+  wire [31:0] \$157 ;
+  wire [31:0] \$158 ;
+  wire [31:0] \$159 ;
+  wire [5:0] \$16 ;
+  wire [31:0] \$160 ;
+  wire [31:0] \$161 ;
+  wire [31:0] \$162 ;
+  wire [18:0] \$163 ;
+  wire [3:0] \$164 ;
+  wire [19:0] \$165 ;
   wire [19:0] \$166 ;
-  wire [19:0] \$167 ;
-  wire [17:0] \$168 ;
+  wire \$167 ;
+  wire \$168 ;
   wire \$169 ;
   wire \$17 ;
   wire \$170 ;
@@ -90,15 +90,15 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$174 ;
   wire \$175 ;
   wire \$176 ;
-  wire [17:0] \$177 ;
+  wire \$177 ;
   wire \$178 ;
-  wire [17:0] \$179 ;
-  wire [17:0] \$18 ;
+  wire \$179 ;
+  wire \$18 ;
   wire \$180 ;
-  wire [19:0] \$181 ;
+  wire \$181 ;
   wire \$182 ;
-  wire [17:0] \$183 ;
-  wire [17:0] \$184 ;
+  wire \$183 ;
+  wire \$184 ;
   wire \$185 ;
   wire \$186 ;
   wire \$187 ;
@@ -111,132 +111,128 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$193 ;
   wire \$194 ;
   wire \$195 ;
-  wire [2:0] \$196 ;
-  wire [17:0] \$197 ;
-  wire [19:0] \$198 ;
-  wire [19:0] \$199 ;
+  wire \$196 ;
+  wire \$197 ;
+  reg [16:0] \$198 ;
+  reg \$199 ;
   wire \$2 ;
   wire \$20 ;
-  wire \$200 ;
-  wire \$201 ;
-  wire \$202 ;
-  wire \$203 ;
-  wire \$204 ;
-  wire \$205 ;
-  wire \$206 ;
-  wire \$207 ;
-  wire \$208 ;
-  reg [18:0] \$209 ;
+  reg [18:0] \$200 ;
+  reg \$201 ;
+  reg [1:0] \$202 ;
+  reg \$203 ;
+  reg \$204 ;
+  reg [16:0] \$205 ;
+  reg [16:0] \$206 ;
+  reg [4:0] \$207 ;
+  reg \$208 ;
+  reg \$209 ;
   wire \$21 ;
   reg \$210 ;
-  reg [1:0] \$211 ;
+  reg [7:0] \$211 ;
   reg \$212 ;
   reg \$213 ;
-  reg [16:0] \$214 ;
-  reg [16:0] \$215 ;
-  reg [4:0] \$216 ;
+  reg \$214 ;
+  reg [63:0] \$215 ;
+  reg [63:0] \$216 ;
   reg \$217 ;
   reg \$218 ;
-  reg \$219 ;
+  reg [16:0] \$219 ;
   wire \$22 ;
-  reg [7:0] \$220 ;
-  reg \$221 ;
-  reg \$222 ;
-  reg [16:0] \$223 ;
+  reg [18:0] \$220 ;
+  reg [16:0] \$221 ;
+  reg [16:0] \$222 ;
+  reg [18:0] \$223 ;
   reg [18:0] \$224 ;
-  reg [16:0] \$225 ;
-  reg [16:0] \$226 ;
-  reg [18:0] \$227 ;
+  reg [18:0] \$225 ;
+  reg [3:0] \$226 ;
+  reg [3:0] \$227 ;
   reg [18:0] \$228 ;
-  reg [18:0] \$229 ;
-  wire [9:0] \$23 ;
-  reg [3:0] \$230 ;
-  reg [3:0] \$231 ;
-  reg [18:0] \$232 ;
-  reg [3:0] \$233 ;
-  reg \$234 ;
+  reg [3:0] \$229 ;
+  wire \$23 ;
+  reg \$230 ;
+  reg \$231 ;
+  reg \$232 ;
+  reg [18:0] \$233 ;
+  reg [255:0] \$234 ;
   reg \$235 ;
   reg \$236 ;
   reg [18:0] \$237 ;
   reg [255:0] \$238 ;
-  reg \$239 ;
-  wire [17:0] \$24 ;
-  reg \$240 ;
-  reg [18:0] \$241 ;
-  reg [255:0] \$242 ;
-  reg [1:0] \$243 ;
-  reg [255:0] \$244 ;
-  reg \$245 ;
-  reg [7:0] \$246 ;
-  reg \$247 ;
+  reg [1:0] \$239 ;
+  wire \$24 ;
+  reg [255:0] \$240 ;
+  reg \$241 ;
+  reg [7:0] \$242 ;
+  reg \$243 ;
+  reg [18:0] \$244 ;
+  reg [16:0] \$245 ;
+  reg [16:0] \$246 ;
+  reg [18:0] \$247 ;
   reg [18:0] \$248 ;
-  reg [16:0] \$249 ;
-  wire [7:0] \$25 ;
-  reg [16:0] \$250 ;
-  reg [18:0] \$251 ;
-  reg [18:0] \$252 ;
+  reg \$249 ;
+  wire \$25 ;
+  reg [7:0] \$250 ;
+  reg \$251 ;
+  reg [101:0] \$252 ;
   reg \$253 ;
-  reg [7:0] \$254 ;
-  reg \$255 ;
-  reg [101:0] \$256 ;
-  reg \$257 ;
-  reg [2:0] \$258 ;
-  reg [2:0] \$259 ;
-  wire [7:0] \$26 ;
-  reg [16:0] \$260 ;
-  reg [18:0] \$261 ;
-  reg [18:0] \$262 ;
+  reg [2:0] \$254 ;
+  reg [2:0] \$255 ;
+  reg [16:0] \$256 ;
+  reg [18:0] \$257 ;
+  reg [18:0] \$258 ;
+  wire \$26 ;
   wire [7:0] \$27 ;
   wire [7:0] \$28 ;
   wire [7:0] \$29 ;
-  wire [9:0] \$3 ;
+  wire [19:0] \$3 ;
   wire [7:0] \$30 ;
   wire [7:0] \$31 ;
   wire [7:0] \$32 ;
-  wire [17:0] \$33 ;
-  wire \$34 ;
-  wire \$35 ;
-  wire \$36 ;
-  wire [31:0] \$37 ;
-  wire [32:0] \$38 ;
-  wire [31:0] \$39 ;
-  wire [17:0] \$4 ;
-  wire [32:0] \$40 ;
-  wire [31:0] \$41 ;
-  wire [32:0] \$42 ;
-  wire [31:0] \$43 ;
-  wire [32:0] \$44 ;
-  wire [31:0] \$45 ;
-  wire [32:0] \$46 ;
-  wire [31:0] \$47 ;
-  wire [32:0] \$48 ;
-  wire [31:0] \$49 ;
+  wire [7:0] \$33 ;
+  wire [7:0] \$34 ;
+  wire [17:0] \$35 ;
+  wire [19:0] \$36 ;
+  wire \$37 ;
+  wire \$38 ;
+  wire [16:0] \$39 ;
+  wire [19:0] \$4 ;
+  wire [17:0] \$40 ;
+  wire [19:0] \$41 ;
+  wire \$42 ;
+  wire \$43 ;
+  wire [17:0] \$44 ;
+  wire [19:0] \$45 ;
+  wire [19:0] \$46 ;
+  wire \$47 ;
+  wire [4:0] \$48 ;
+  wire \$49 ;
   wire \$5 ;
-  wire [32:0] \$50 ;
-  wire [31:0] \$51 ;
-  wire [32:0] \$52 ;
-  wire [31:0] \$53 ;
-  wire [31:0] \$54 ;
-  wire [31:0] \$55 ;
-  wire [31:0] \$56 ;
-  wire [31:0] \$57 ;
-  wire [31:0] \$58 ;
-  wire [31:0] \$59 ;
-  wire [17:0] \$6 ;
-  wire [31:0] \$60 ;
-  wire [18:0] \$61 ;
-  wire [3:0] \$62 ;
-  wire [19:0] \$63 ;
-  wire [19:0] \$64 ;
+  wire \$50 ;
+  wire [3:0] \$51 ;
+  wire [3:0] \$52 ;
+  wire \$53 ;
+  wire \$54 ;
+  wire \$55 ;
+  wire [18:0] \$56 ;
+  wire [3:0] \$57 ;
+  wire [19:0] \$58 ;
+  wire [2:0] \$59 ;
+  wire [1:0] \$6 ;
+  wire [3:0] \$60 ;
+  wire \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire \$64 ;
   wire \$65 ;
-  wire \$66 ;
-  wire \$67 ;
+  wire [19:0] \$66 ;
+  wire [19:0] \$67 ;
   wire \$68 ;
   wire \$69 ;
-  wire \$7 ;
-  wire \$70 ;
-  wire \$71 ;
-  wire \$72 ;
+  wire [1:0] \$7 ;
+  wire [19:0] \$70 ;
+  wire [19:0] \$71 ;
+  wire [17:0] \$72 ;
   wire \$73 ;
   wire \$74 ;
   wire \$75 ;
@@ -244,16 +240,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$77 ;
   wire \$78 ;
   wire \$79 ;
-  wire \$8 ;
+  wire [1:0] \$8 ;
   wire \$80 ;
-  wire \$81 ;
+  wire [17:0] \$81 ;
   wire \$82 ;
-  wire \$83 ;
+  wire [17:0] \$83 ;
   wire \$84 ;
-  wire \$85 ;
+  wire [19:0] \$85 ;
   wire \$86 ;
-  wire \$87 ;
-  wire \$88 ;
+  wire [17:0] \$87 ;
+  wire [17:0] \$88 ;
   wire \$89 ;
   wire \$9 ;
   wire \$90 ;
@@ -268,35 +264,33 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$99 ;
   (* init = 1'h0 *)
   wire \$signal ;
-  reg \$signal$100  = 1'h0;
-  reg \$signal$24  = 1'h0;
-  reg [1:0] \$signal$33 ;
-  (* init = 1'h0 *)
-  wire \$signal$44 ;
-  (* init = 1'h0 *)
-  wire \$signal$46 ;
+  reg [1:0] \$signal$25 ;
+  reg \$signal$28  = 1'h0;
+  reg \$signal$33  = 1'h0;
+  reg \$signal$35  = 1'h0;
+  reg \$signal$60  = 1'h0;
   wire [11:0] \$signature__addr ;
-  wire [9:0] \$signature__addr$27 ;
-  wire [10:0] \$signature__addr$65 ;
+  wire [10:0] \$signature__addr$101 ;
+  wire [9:0] \$signature__addr$93 ;
   wire [63:0] \$signature__data ;
-  wire [63:0] \$signature__data$29 ;
-  wire [7:0] \$signature__data$29[0] ;
-  wire [7:0] \$signature__data$29[1] ;
-  wire [7:0] \$signature__data$29[2] ;
-  wire [7:0] \$signature__data$29[3] ;
-  wire [7:0] \$signature__data$29[4] ;
-  wire [7:0] \$signature__data$29[5] ;
-  wire [7:0] \$signature__data$29[6] ;
-  wire [7:0] \$signature__data$29[7] ;
-  wire [255:0] \$signature__data$62 ;
-  wire [31:0] \$signature__data$62[0] ;
-  wire [31:0] \$signature__data$62[1] ;
-  wire [31:0] \$signature__data$62[2] ;
-  wire [31:0] \$signature__data$62[3] ;
-  wire [31:0] \$signature__data$62[4] ;
-  wire [31:0] \$signature__data$62[5] ;
-  wire [31:0] \$signature__data$62[6] ;
-  wire [31:0] \$signature__data$62[7] ;
+  wire [255:0] \$signature__data$100 ;
+  wire [31:0] \$signature__data$100[0] ;
+  wire [31:0] \$signature__data$100[1] ;
+  wire [31:0] \$signature__data$100[2] ;
+  wire [31:0] \$signature__data$100[3] ;
+  wire [31:0] \$signature__data$100[4] ;
+  wire [31:0] \$signature__data$100[5] ;
+  wire [31:0] \$signature__data$100[6] ;
+  wire [31:0] \$signature__data$100[7] ;
+  wire [63:0] \$signature__data$94 ;
+  wire [7:0] \$signature__data$94[0] ;
+  wire [7:0] \$signature__data$94[1] ;
+  wire [7:0] \$signature__data$94[2] ;
+  wire [7:0] \$signature__data$94[3] ;
+  wire [7:0] \$signature__data$94[4] ;
+  wire [7:0] \$signature__data$94[5] ;
+  wire [7:0] \$signature__data$94[6] ;
+  wire [7:0] \$signature__data$94[7] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
@@ -306,9 +300,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [7:0] \$signature__data[6] ;
   wire [7:0] \$signature__data[7] ;
   wire \$signature__en ;
-  wire \$signature__en$30 ;
-  reg \$signature__en$67  = 1'h0;
-  wire [63:0] a;
+  (* init = 1'h0 *)
+  wire \$signature__en$102 ;
+  wire \$signature__en$95 ;
+  reg [63:0] a = 64'h0000000000000000;
   wire [7:0] \a[0] ;
   wire [7:0] \a[1] ;
   wire [7:0] \a[2] ;
@@ -344,7 +339,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [7:0] \a_rd__data[6] ;
   wire [7:0] \a_rd__data[7] ;
   reg [18:0] a_wptr = 19'h00000;
-  wire [63:0] b;
+  reg [63:0] b = 64'h0000000000000000;
   wire [7:0] \b[0] ;
   wire [7:0] \b[1] ;
   wire [7:0] \b[2] ;
@@ -464,7 +459,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [3:0] d_cols = 4'h0;
   output done;
   reg done = 1'h0;
-  wire \done$57 ;
+  wire \done$55 ;
   reg drain_busy = 1'h0;
   output error;
   reg error = 1'h0;
@@ -492,9 +487,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [31:0] \i__payload[6] ;
   wire [31:0] \i__payload[7] ;
   wire i__ready;
-  reg i__valid = 1'h0;
+  (* init = 1'h0 *)
+  wire i__valid;
   reg issuing = 1'h0;
   reg [16:0] k = 17'h00000;
+  reg [16:0] k_m1 = 17'h00000;
   reg last = 1'h0;
   wire [15:0] mult;
   wire [63:0] o__payload;
@@ -521,8 +518,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire panel_ready;
   reg [1:0] pending = 2'h0;
   reg [7:0] q_mask = 8'h00;
-  (* init = 1'h0 *)
-  wire q_valid;
+  reg q_valid = 1'h0;
   reg [18:0] r_addr = 19'h00000;
   reg r_col_busy = 1'h0;
   reg [7:0] r_mask = 8'h00;
@@ -542,15 +538,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input rst;
   wire rst;
   reg [18:0] s_addr = 19'h00000;
-  (* init = 1'h0 *)
-  wire s_last;
+  reg s_last = 1'h0;
   reg [18:0] s_left = 19'h00000;
   reg [7:0] s_mask = 8'h00;
   reg [16:0] s_n = 17'h00000;
   reg [16:0] s_rows = 17'h00000;
   wire shift;
-  wire [5:0] \shift$70 ;
-  reg start;
+  wire [5:0] \shift$104 ;
+  reg start = 1'h0;
   wire step;
   reg store_start;
   reg storing = 1'h0;
@@ -561,8 +556,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg valid = 1'h0;
   reg [18:0] w_addr = 19'h00000;
   reg w_busy = 1'h0;
-  (* init = 1'h0 *)
-  wire w_valid;
+  reg w_valid = 1'h0;
   reg [255:0] w_word = 256'h0000000000000000000000000000000000000000000000000000000000000000;
   wire [31:0] \w_word[0] ;
   wire [31:0] \w_word[1] ;
@@ -5709,14 +5703,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     spad_b[1023] = 64'h0000000000000000;
   end
   always @(posedge clk) begin
-    if (\$signature__en$30 )
-      spad_b[\$4 [9:0]] <= b_in__payload;
+    if (\$signature__en$95 )
+      spad_b[\$117 [9:0]] <= b_in__payload;
   end
   reg [63:0] _1_;
   always @(posedge clk) begin
-    _1_ <= spad_b[\$24 [9:0]];
+    _1_ <= spad_b[\$135 [9:0]];
   end
-  assign b = _1_;
+  assign b_rd__data = _1_;
   reg [255:0] spad_c [2047:0];
   initial begin
     spad_c[0] = 256'h0000000000000000000000000000000000000000000000000000000000000000;
@@ -7769,345 +7763,348 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     spad_c[2047] = 256'h0000000000000000000000000000000000000000000000000000000000000000;
   end
   always @(posedge clk) begin
-    if (\$signature__en$67 )
-      spad_c[w_addr[10:0]] <= \$signature__data$62 ;
+    if (w_valid)
+      spad_c[w_addr[10:0]] <= \$signature__data$100 ;
   end
   reg [255:0] _2_;
   always @(posedge clk) begin
     if (c_rd__en) begin
-      _2_ <= spad_c[\$64 [10:0]];
+      _2_ <= spad_c[\$166 [10:0]];
     end
   end
   assign c_rd__data = _2_;
+  assign \$1  = cmd[33:17] - 1'h1;
+  assign \$2  = a_in__valid & a_in__ready;
+  assign \$3  = a_wptr + 1'h1;
+  assign \$4  = a_wptr + 1'h1;
+  assign \$5  = \$4  == a_lim;
+  assign \$6  = full | \$signal$25 ;
+  assign \$7  = ~ full_clr;
+  assign \$8  = \$6  & \$7 ;
+  assign \$9  = b_in__valid & b_in__ready;
+  assign \$10  = b_k + 1'h1;
+  assign \$11  = b_k == k_m1;
+  assign \$12  = ~ wbuf;
+  assign \$13  = b_cols_left - 4'h8;
+  assign \$14  = b_cols_left <= 4'h8;
+  assign \$15  = gap < 5'h17;
+  assign \$16  = gap + 1'h1;
+  assign \$17  = ! k;
+  assign \$18  = k == k_m1;
+  assign \$19  = rows_c > 1'h0;
+  assign \$20  = rows_c > 1'h1;
+  assign \$21  = rows_c > 2'h2;
+  assign \$22  = rows_c > 2'h3;
+  assign \$23  = rows_c > 3'h4;
+  assign \$24  = rows_c > 3'h5;
+  assign \$25  = rows_c > 3'h6;
+  assign \$26  = rows_c > 3'h7;
+  assign \$27  = s_mask[0] ? a_rd__data[7:0] : 8'h00;
+  assign \$28  = s_mask[1] ? a_rd__data[15:8] : 8'h00;
+  assign \$29  = s_mask[2] ? a_rd__data[23:16] : 8'h00;
+  assign \$30  = s_mask[3] ? a_rd__data[31:24] : 8'h00;
+  assign \$31  = s_mask[4] ? a_rd__data[39:32] : 8'h00;
+  assign \$32  = s_mask[5] ? a_rd__data[47:40] : 8'h00;
+  assign \$33  = s_mask[6] ? a_rd__data[55:48] : 8'h00;
+  assign \$34  = s_mask[7] ? a_rd__data[63:56] : 8'h00;
+  assign \$35  = k + 1'h1;
+  assign \$36  = a_ptr + 1'h1;
+  assign \$37  = k == k_m1;
+  assign \$38  = cols_c < 4'h8;
+  assign \$39  = \$38  ? cols_c : 17'h00008;
+  assign \$40  = rows_c - 4'h8;
+  assign \$41  = c_tile + cmd[50:34];
+  assign \$42  = rows_c <= 4'h8;
+  assign \$43  = ~ rbuf;
+  assign \$44  = cols_c - 4'h8;
+  assign \$45  = c_panel + 4'h8;
+  assign \$46  = c_panel + 4'h8;
+  assign \$47  = cols_c <= 4'h8;
+  assign \$48  = d_col + 1'h1;
+  assign \$49  = d_col == 3'h7;
+  assign \$50  = \done$55  | drain_busy;
+  assign \$51  = \done$55  ? 4'h0 : d_col;
+  assign \$52  = \done$55  ? t_cols : d_cols;
+  assign \$53  = \$51  < \$52 ;
+  assign \$54  = \$50  & \$53 ;
+  assign \$55  = \done$55  | drain_busy;
+  assign \$56  = \done$55  ? t_base : d_base;
+  assign \$57  = \done$55  ? 4'h0 : d_col;
+  assign \$58  = \$56  + \$57 ;
+  assign \$59  = pending + tile_issued;
+  assign \$60  = \$59  - tile_drained;
+  assign \$61  = ~ q_valid;
+  assign \$62  = \$61  | i__ready;
+  assign \$63  = ~ q_valid;
+  assign \$64  = \$63  | i__ready;
+  assign \$65  = storing & \$64 ;
+  assign \$66  = c_lim - cmd[75:64];
+  assign \$67  = c_lim - cmd[75:64];
+  assign \$68  = | s_left;
+  assign \$69  = | s_left;
+  assign \$70  = s_addr + 1'h1;
+  assign \$71  = s_left - 1'h1;
+  assign \$72  = s_n + 1'h1;
+  assign \$73  = s_rows > 1'h0;
+  assign \$74  = s_rows > 1'h1;
+  assign \$75  = s_rows > 2'h2;
+  assign \$76  = s_rows > 2'h3;
+  assign \$77  = s_rows > 3'h4;
+  assign \$78  = s_rows > 3'h5;
+  assign \$79  = s_rows > 3'h6;
+  assign \$80  = s_rows > 3'h7;
+  assign \$81  = cmd[50:34] - 1'h1;
+  assign \$82  = s_n == \$81 ;
+  assign \$83  = s_rows - 4'h8;
+  assign \$84  = c_out__valid & c_out__ready;
+  assign \$85  = out_left - 1'h1;
+  assign \$86  = | code;
+  assign \$87  = cmd[63:51] + cmd[33:17];
+  assign \$88  = cmd[75:64] + cmd[50:34];
+  assign \$89  = cmd[98] | cmd[99];
+  assign \$90  = a_lim > 13'h1000;
+  assign \$91  = \$89  & \$90 ;
+  assign \$92  = cmd[99] | cmd[101];
+  assign \$93  = c_lim > 12'h800;
+  assign \$94  = \$92  & \$93 ;
+  assign \$95  = \$91  | \$94 ;
+  assign \$96  = rows_left <= 4'h8;
+  assign \$97  = cmd[98] | cmd[99];
+  assign \$98  = a_lim > 13'h1000;
+  assign \$99  = \$97  & \$98 ;
+  assign \$100  = \$99  ? 3'h4 : 3'h5;
+  assign \$101  = rows_left - 4'h8;
+  assign \$102  = a_lim + cmd[33:17];
+  assign \$103  = c_lim + cmd[50:34];
+  assign \$104  = start | a_in__ready;
+  assign \$105  = \$104  | \$signal$28 ;
+  assign \$106  = \$105  | issuing;
+  assign \$107  = \$106  | drain_busy;
+  assign \$108  = \$107  | r_col_busy;
+  assign \$109  = \$108  | w_busy;
+  assign \$110  = ~ \$109 ;
+  assign \$111  = ! pending;
+  assign \$112  = \$110  & \$111 ;
+  assign \$113  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$1  = full >> wbuf;
-  assign \$2  = ~ \$1 ;
-  assign b_in__ready = \$signal$24  & \$2 ;
-  assign \$3  = wbuf ? 10'h200 : 10'h000;
-  assign \$4  = \$3  + b_k;
-  assign \$signature__en$30  = b_in__valid & b_in__ready;
-  assign \$5  = b_in__valid & b_in__ready;
-  assign \$6  = cmd[33:17] - 1'h1;
-  assign \$7  = b_k == \$6 ;
-  assign \$8  = full >> rbuf;
-  assign \$9  = wbuf == rbuf;
-  assign \$10  = b_in__ready & \$9 ;
-  assign \$11  = b_k > k;
-  assign \$12  = \$10  & \$11 ;
-  assign panel_ready = \$8  | \$12 ;
-  assign \$13  = issuing & panel_ready;
-  assign \$14  = ~ cmd[98];
-  assign \$15  = a_ptr < a_wptr;
-  assign \$16  = \$14  | \$15 ;
-  assign \$17  = \$13  & \$16 ;
-  assign \$18  = cmd[33:17] - 1'h1;
-  assign \$19  = k == \$18 ;
-  assign \$20  = ~ \$19 ;
-  assign \$21  = gap >= 5'h16;
-  assign \$22  = \$20  | \$21 ;
-  assign step = \$17  & \$22 ;
-  assign \$23  = rbuf ? 10'h200 : 10'h000;
-  assign \$24  = \$23  + k;
-  assign \$25  = s_mask[0] ? a_rd__data[7:0] : 8'h00;
-  assign \$26  = s_mask[1] ? a_rd__data[15:8] : 8'h00;
-  assign \$27  = s_mask[2] ? a_rd__data[23:16] : 8'h00;
-  assign \$28  = s_mask[3] ? a_rd__data[31:24] : 8'h00;
-  assign \$29  = s_mask[4] ? a_rd__data[39:32] : 8'h00;
-  assign \$30  = s_mask[5] ? a_rd__data[47:40] : 8'h00;
-  assign \$31  = s_mask[6] ? a_rd__data[55:48] : 8'h00;
-  assign \$32  = s_mask[7] ? a_rd__data[63:56] : 8'h00;
-  assign \$33  = cmd[33:17] - 1'h1;
-  assign \$34  = k == \$33 ;
-  assign \$35  = rows_c <= 4'h8;
-  assign \$36  = d_col == 3'h7;
-  assign shift = \done$57  | drain_busy;
-  assign \$37  = cmd[100] ? c_q[31:0] : 32'd0;
-  assign \$38  = $signed(w_word[31:0]) + $signed(\$37 );
-  assign \$39  = cmd[100] ? c_q[63:32] : 32'd0;
-  assign \$40  = $signed(w_word[63:32]) + $signed(\$39 );
-  assign \$41  = cmd[100] ? c_q[95:64] : 32'd0;
-  assign \$42  = $signed(w_word[95:64]) + $signed(\$41 );
-  assign \$43  = cmd[100] ? c_q[127:96] : 32'd0;
-  assign \$44  = $signed(w_word[127:96]) + $signed(\$43 );
-  assign \$45  = cmd[100] ? c_q[159:128] : 32'd0;
-  assign \$46  = $signed(w_word[159:128]) + $signed(\$45 );
-  assign \$47  = cmd[100] ? c_q[191:160] : 32'd0;
-  assign \$48  = $signed(w_word[191:160]) + $signed(\$47 );
-  assign \$49  = cmd[100] ? c_q[223:192] : 32'd0;
-  assign \$50  = $signed(w_word[223:192]) + $signed(\$49 );
-  assign \$51  = cmd[100] ? c_q[255:224] : 32'd0;
-  assign \$52  = $signed(w_word[255:224]) + $signed(\$51 );
-  assign \$53  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$54  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$55  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$56  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$57  = q_mask[4] ? c_q[159:128] : 32'd0;
-  assign \$58  = q_mask[5] ? c_q[191:160] : 32'd0;
-  assign \$59  = q_mask[6] ? c_q[223:192] : 32'd0;
-  assign \$60  = q_mask[7] ? c_q[255:224] : 32'd0;
-  assign \$61  = \done$57  ? t_base : d_base;
-  assign \$62  = \done$57  ? 4'h0 : d_col;
-  assign \$63  = \$61  + \$62 ;
-  assign \$64  = storing ? { 1'h0, s_addr } : \$63 ;
-  assign \$65  = ~ storing;
-  assign \$66  = ~ i__valid;
-  assign \$67  = \$66  | i__ready;
-  assign c_rd__en = \$65  | \$67 ;
+  assign \$114  = full >> wbuf;
+  assign \$115  = ~ \$114 ;
+  assign b_in__ready = \$signal$28  & \$115 ;
+  assign \$116  = wbuf ? 10'h200 : 10'h000;
+  assign \$117  = \$116  + b_k;
+  assign \$signature__en$95  = b_in__valid & b_in__ready;
+  assign \$118  = b_in__valid & b_in__ready;
+  assign \$119  = b_k == k_m1;
+  assign \$120  = full >> rbuf;
+  assign \$121  = wbuf == rbuf;
+  assign \$122  = b_in__ready & \$121 ;
+  assign \$123  = b_k > k;
+  assign \$124  = \$122  & \$123 ;
+  assign panel_ready = \$120  | \$124 ;
+  assign \$125  = issuing & panel_ready;
+  assign \$126  = ~ cmd[98];
+  assign \$127  = a_ptr < a_wptr;
+  assign \$128  = \$126  | \$127 ;
+  assign \$129  = \$125  & \$128 ;
+  assign \$130  = k == k_m1;
+  assign \$131  = ~ \$130 ;
+  assign \$132  = gap >= 5'h16;
+  assign \$133  = \$131  | \$132 ;
+  assign step = \$129  & \$133 ;
+  assign \$134  = rbuf ? 10'h200 : 10'h000;
+  assign \$135  = \$134  + k;
+  assign \$136  = k == k_m1;
+  assign \$137  = rows_c <= 4'h8;
+  assign \$138  = d_col == 3'h7;
+  assign shift = \done$55  | drain_busy;
+  assign \$139  = cmd[100] ? c_q[31:0] : 32'd0;
+  assign \$140  = $signed(w_word[31:0]) + $signed(\$139 );
+  assign \$141  = cmd[100] ? c_q[63:32] : 32'd0;
+  assign \$142  = $signed(w_word[63:32]) + $signed(\$141 );
+  assign \$143  = cmd[100] ? c_q[95:64] : 32'd0;
+  assign \$144  = $signed(w_word[95:64]) + $signed(\$143 );
+  assign \$145  = cmd[100] ? c_q[127:96] : 32'd0;
+  assign \$146  = $signed(w_word[127:96]) + $signed(\$145 );
+  assign \$147  = cmd[100] ? c_q[159:128] : 32'd0;
+  assign \$148  = $signed(w_word[159:128]) + $signed(\$147 );
+  assign \$149  = cmd[100] ? c_q[191:160] : 32'd0;
+  assign \$150  = $signed(w_word[191:160]) + $signed(\$149 );
+  assign \$151  = cmd[100] ? c_q[223:192] : 32'd0;
+  assign \$152  = $signed(w_word[223:192]) + $signed(\$151 );
+  assign \$153  = cmd[100] ? c_q[255:224] : 32'd0;
+  assign \$154  = $signed(w_word[255:224]) + $signed(\$153 );
+  assign \$155  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$156  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$157  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$158  = q_mask[3] ? c_q[127:96] : 32'd0;
+  assign \$159  = q_mask[4] ? c_q[159:128] : 32'd0;
+  assign \$160  = q_mask[5] ? c_q[191:160] : 32'd0;
+  assign \$161  = q_mask[6] ? c_q[223:192] : 32'd0;
+  assign \$162  = q_mask[7] ? c_q[255:224] : 32'd0;
+  assign \$163  = \done$55  ? t_base : d_base;
+  assign \$164  = \done$55  ? 4'h0 : d_col;
+  assign \$165  = \$163  + \$164 ;
+  assign \$166  = storing ? { 1'h0, s_addr } : \$165 ;
+  assign \$167  = ~ storing;
+  assign \$168  = ~ q_valid;
+  assign \$169  = \$168  | i__ready;
+  assign c_rd__en = \$167  | \$169 ;
   assign busy = ~ cmd__ready;
-  assign \$68  = cmd[98] | cmd[99];
-  assign \$69  = \$68  | cmd[101];
-  assign \$70  = ~ \$69 ;
-  assign \$71  = ! cmd[16:0];
-  assign \$72  = cmd[98] | cmd[99];
-  assign \$73  = ! cmd[33:17];
-  assign \$74  = \$72  & \$73 ;
-  assign \$75  = \$71  | \$74 ;
-  assign \$76  = cmd[99] | cmd[101];
-  assign \$77  = ! cmd[50:34];
-  assign \$78  = \$76  & \$77 ;
-  assign \$79  = \$75  | \$78 ;
-  assign \$80  = cmd[33:17] > 10'h200;
-  assign \$81  = cmd[99] & \$80 ;
-  assign \$82  = cmd[98] | cmd[99];
-  assign \$83  = a_lim > 13'h1000;
-  assign \$84  = \$82  & \$83 ;
-  assign \$85  = cmd[99] | cmd[101];
-  assign \$86  = c_lim > 12'h800;
-  assign \$87  = \$85  & \$86 ;
-  assign \$88  = \$84  | \$87 ;
-  assign \$89  = rows_left <= 4'h8;
-  assign \$90  = a_in__ready | \$signal$24 ;
-  assign \$91  = \$90  | issuing;
-  assign \$92  = \$91  | drain_busy;
-  assign \$93  = \$92  | r_col_busy;
-  assign \$94  = \$93  | w_busy;
-  assign \$95  = ~ \$94 ;
-  assign \$96  = ! pending;
-  assign \$97  = \$95  & \$96 ;
-  assign \$98  = ! fsm_state;
-  assign \$99  = fsm_state == 1'h1;
-  assign \$100  = fsm_state == 2'h2;
-  assign \$101  = fsm_state == 2'h3;
-  assign \$102  = fsm_state == 3'h4;
-  assign \$103  = a_in__valid & a_in__ready;
-  assign \$104  = a_wptr + 1'h1;
-  assign \$105  = a_wptr + 1'h1;
-  assign \$106  = \$105  == a_lim;
-  assign \$107  = full | \$signal$33 ;
-  assign \$108  = ~ full_clr;
-  assign \$109  = \$107  & \$108 ;
-  assign \$110  = b_in__valid & b_in__ready;
-  assign \$111  = b_k + 1'h1;
-  assign \$112  = cmd[33:17] - 1'h1;
-  assign \$113  = b_k == \$112 ;
-  assign \$114  = ~ wbuf;
-  assign \$115  = b_cols_left - 4'h8;
-  assign \$116  = b_cols_left <= 4'h8;
-  assign \$117  = gap < 5'h17;
-  assign \$118  = gap + 1'h1;
-  assign \$119  = ! k;
-  assign \$120  = cmd[33:17] - 1'h1;
-  assign \$121  = k == \$120 ;
-  assign \$122  = rows_c > 1'h0;
-  assign \$123  = rows_c > 1'h1;
-  assign \$124  = rows_c > 2'h2;
-  assign \$125  = rows_c > 2'h3;
-  assign \$126  = rows_c > 3'h4;
-  assign \$127  = rows_c > 3'h5;
-  assign \$128  = rows_c > 3'h6;
-  assign \$129  = rows_c > 3'h7;
-  assign \$130  = k + 1'h1;
-  assign \$131  = a_ptr + 1'h1;
-  assign \$132  = cmd[33:17] - 1'h1;
-  assign \$133  = k == \$132 ;
-  assign \$134  = cols_c < 4'h8;
-  assign \$135  = \$134  ? cols_c : 17'h00008;
-  assign \$136  = rows_c - 4'h8;
-  assign \$137  = c_tile + cmd[50:34];
-  assign \$138  = rows_c <= 4'h8;
-  assign \$139  = ~ rbuf;
-  assign \$140  = cols_c - 4'h8;
-  assign \$141  = c_panel + 4'h8;
-  assign \$142  = c_panel + 4'h8;
-  assign \$143  = cols_c <= 4'h8;
-  assign \$144  = d_col + 1'h1;
-  assign \$145  = d_col == 3'h7;
-  assign \$146  = \done$57  | drain_busy;
-  assign \$147  = \done$57  ? 4'h0 : d_col;
-  assign \$148  = \done$57  ? t_cols : d_cols;
-  assign \$149  = \$147  < \$148 ;
-  assign \$150  = \$146  & \$149 ;
-  assign \$151  = \done$57  | drain_busy;
-  assign \$152  = \done$57  ? t_base : d_base;
-  assign \$153  = \done$57  ? 4'h0 : d_col;
-  assign \$154  = \$152  + \$153 ;
-  assign \$155  = pending + tile_issued;
-  assign \$156  = \$155  - tile_drained;
-  assign \$157  = ~ i__valid;
-  assign \$158  = \$157  | i__ready;
-  assign \$159  = ~ i__valid;
-  assign \$160  = \$159  | i__ready;
-  assign \$161  = storing & \$160 ;
-  assign \$162  = c_lim - cmd[75:64];
-  assign \$163  = c_lim - cmd[75:64];
-  assign \$164  = | s_left;
-  assign \$165  = | s_left;
-  assign \$166  = s_addr + 1'h1;
-  assign \$167  = s_left - 1'h1;
-  assign \$168  = s_n + 1'h1;
-  assign \$169  = s_rows > 1'h0;
-  assign \$170  = s_rows > 1'h1;
-  assign \$171  = s_rows > 2'h2;
-  assign \$172  = s_rows > 2'h3;
-  assign \$173  = s_rows > 3'h4;
-  assign \$174  = s_rows > 3'h5;
-  assign \$175  = s_rows > 3'h6;
-  assign \$176  = s_rows > 3'h7;
-  assign \$177  = cmd[50:34] - 1'h1;
-  assign \$178  = s_n == \$177 ;
-  assign \$179  = s_rows - 4'h8;
-  assign \$180  = c_out__valid & c_out__ready;
-  assign \$181  = out_left - 1'h1;
-  assign \$182  = | code;
-  assign \$183  = cmd[63:51] + cmd[33:17];
-  assign \$184  = cmd[75:64] + cmd[50:34];
-  assign \$185  = cmd[98] | cmd[99];
-  assign \$186  = a_lim > 13'h1000;
-  assign \$187  = \$185  & \$186 ;
-  assign \$188  = cmd[99] | cmd[101];
-  assign \$189  = c_lim > 12'h800;
-  assign \$190  = \$188  & \$189 ;
-  assign \$191  = \$187  | \$190 ;
-  assign \$192  = rows_left <= 4'h8;
-  assign \$193  = cmd[98] | cmd[99];
-  assign \$194  = a_lim > 13'h1000;
-  assign \$195  = \$193  & \$194 ;
-  assign \$196  = \$195  ? 3'h4 : 3'h5;
-  assign \$197  = rows_left - 4'h8;
-  assign \$198  = a_lim + cmd[33:17];
-  assign \$199  = c_lim + cmd[50:34];
-  assign \$200  = a_in__ready | \$signal$24 ;
-  assign \$201  = \$200  | issuing;
-  assign \$202  = \$201  | drain_busy;
-  assign \$203  = \$202  | r_col_busy;
-  assign \$204  = \$203  | w_busy;
-  assign \$205  = ~ \$204 ;
-  assign \$206  = ! pending;
-  assign \$207  = \$205  & \$206 ;
-  assign \$208  = ! out_left;
+  assign \$170  = cmd[98] | cmd[99];
+  assign \$171  = \$170  | cmd[101];
+  assign \$172  = ~ \$171 ;
+  assign \$173  = ! cmd[16:0];
+  assign \$174  = cmd[98] | cmd[99];
+  assign \$175  = ! cmd[33:17];
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = \$173  | \$176 ;
+  assign \$178  = cmd[99] | cmd[101];
+  assign \$179  = ! cmd[50:34];
+  assign \$180  = \$178  & \$179 ;
+  assign \$181  = \$177  | \$180 ;
+  assign \$182  = cmd[33:17] > 10'h200;
+  assign \$183  = cmd[99] & \$182 ;
+  assign \$184  = start | a_in__ready;
+  assign \$185  = \$184  | \$signal$28 ;
+  assign \$186  = \$185  | issuing;
+  assign \$187  = \$186  | drain_busy;
+  assign \$188  = \$187  | r_col_busy;
+  assign \$189  = \$188  | w_busy;
+  assign \$190  = ~ \$189 ;
+  assign \$191  = ! pending;
+  assign \$192  = \$190  & \$191 ;
+  assign \$193  = ! fsm_state;
+  assign \$194  = fsm_state == 1'h1;
+  assign \$195  = fsm_state == 2'h2;
+  assign \$196  = fsm_state == 2'h3;
+  assign \$197  = fsm_state == 3'h4;
   always @(posedge clk)
-    a_wptr <= \$209 ;
+    k_m1 <= \$198 ;
   always @(posedge clk)
-    a_in__ready <= \$210 ;
+    start <= \$199 ;
   always @(posedge clk)
-    full <= \$211 ;
+    a_wptr <= \$200 ;
   always @(posedge clk)
-    \$signal$24  <= \$212 ;
+    a_in__ready <= \$201 ;
   always @(posedge clk)
-    wbuf <= \$213 ;
+    full <= \$202 ;
   always @(posedge clk)
-    b_k <= \$214 ;
+    \$signal$28  <= \$203 ;
   always @(posedge clk)
-    b_cols_left <= \$215 ;
+    wbuf <= \$204 ;
   always @(posedge clk)
-    gap <= \$216 ;
+    b_k <= \$205 ;
   always @(posedge clk)
-    valid <= \$217 ;
+    b_cols_left <= \$206 ;
   always @(posedge clk)
-    first <= \$218 ;
+    gap <= \$207 ;
   always @(posedge clk)
-    last <= \$219 ;
+    \$signal$33  <= \$208 ;
   always @(posedge clk)
-    s_mask <= \$220 ;
+    \$signal$35  <= \$209 ;
   always @(posedge clk)
-    issuing <= \$221 ;
+    s_last <= \$210 ;
   always @(posedge clk)
-    rbuf <= \$222 ;
+    s_mask <= \$211 ;
   always @(posedge clk)
-    k <= \$223 ;
+    valid <= \$212 ;
   always @(posedge clk)
-    a_ptr <= \$224 ;
+    first <= \$213 ;
   always @(posedge clk)
-    rows_c <= \$225 ;
+    last <= \$214 ;
   always @(posedge clk)
-    cols_c <= \$226 ;
+    b <= \$215 ;
   always @(posedge clk)
-    c_panel <= \$227 ;
+    a <= \$216 ;
   always @(posedge clk)
-    c_tile <= \$228 ;
+    issuing <= \$217 ;
   always @(posedge clk)
-    t_base <= \$229 ;
+    rbuf <= \$218 ;
   always @(posedge clk)
-    t_cols <= \$230 ;
+    k <= \$219 ;
   always @(posedge clk)
-    d_col <= \$231 ;
+    a_ptr <= \$220 ;
   always @(posedge clk)
-    d_base <= \$232 ;
+    rows_c <= \$221 ;
   always @(posedge clk)
-    d_cols <= \$233 ;
+    cols_c <= \$222 ;
   always @(posedge clk)
-    drain_busy <= \$234 ;
+    c_panel <= \$223 ;
   always @(posedge clk)
-    \$signal$100  <= \$235 ;
+    c_tile <= \$224 ;
   always @(posedge clk)
-    r_col_busy <= \$236 ;
+    t_base <= \$225 ;
   always @(posedge clk)
-    r_addr <= \$237 ;
+    t_cols <= \$226 ;
   always @(posedge clk)
-    r_word <= \$238 ;
+    d_col <= \$227 ;
   always @(posedge clk)
-    \$signature__en$67  <= \$239 ;
+    d_base <= \$228 ;
   always @(posedge clk)
-    w_busy <= \$240 ;
+    d_cols <= \$229 ;
   always @(posedge clk)
-    w_addr <= \$241 ;
+    drain_busy <= \$230 ;
   always @(posedge clk)
-    w_word <= \$242 ;
+    \$signal$60  <= \$231 ;
   always @(posedge clk)
-    pending <= \$243 ;
+    r_col_busy <= \$232 ;
   always @(posedge clk)
-    c_q <= \$244 ;
+    r_addr <= \$233 ;
   always @(posedge clk)
-    i__valid <= \$245 ;
+    r_word <= \$234 ;
   always @(posedge clk)
-    q_mask <= \$246 ;
+    w_valid <= \$235 ;
   always @(posedge clk)
-    storing <= \$247 ;
+    w_busy <= \$236 ;
   always @(posedge clk)
-    s_addr <= \$248 ;
+    w_addr <= \$237 ;
   always @(posedge clk)
-    s_n <= \$249 ;
+    w_word <= \$238 ;
   always @(posedge clk)
-    s_rows <= \$250 ;
+    pending <= \$239 ;
   always @(posedge clk)
-    s_left <= \$251 ;
+    c_q <= \$240 ;
   always @(posedge clk)
-    out_left <= \$252 ;
+    q_valid <= \$241 ;
   always @(posedge clk)
-    r_valid <= \$253 ;
+    q_mask <= \$242 ;
   always @(posedge clk)
-    r_mask <= \$254 ;
+    storing <= \$243 ;
   always @(posedge clk)
-    done <= \$255 ;
+    s_addr <= \$244 ;
   always @(posedge clk)
-    cmd <= \$256 ;
+    s_n <= \$245 ;
   always @(posedge clk)
-    error <= \$257 ;
+    s_rows <= \$246 ;
   always @(posedge clk)
-    error_code <= \$258 ;
+    s_left <= \$247 ;
   always @(posedge clk)
-    fsm_state <= \$259 ;
+    out_left <= \$248 ;
   always @(posedge clk)
-    rows_left <= \$260 ;
+    r_valid <= \$249 ;
   always @(posedge clk)
-    a_lim <= \$261 ;
+    r_mask <= \$250 ;
   always @(posedge clk)
-    c_lim <= \$262 ;
+    done <= \$251 ;
+  always @(posedge clk)
+    cmd <= \$252 ;
+  always @(posedge clk)
+    error <= \$253 ;
+  always @(posedge clk)
+    error_code <= \$254 ;
+  always @(posedge clk)
+    fsm_state <= \$255 ;
+  always @(posedge clk)
+    rows_left <= \$256 ;
+  always @(posedge clk)
+    a_lim <= \$257 ;
+  always @(posedge clk)
+    c_lim <= \$258 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
     .clk(clk),
-    .done(\done$57 ),
+    .done(\done$55 ),
     .first_in(first),
     .last_in(last),
     .out(out),
@@ -8119,25 +8116,873 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .advance(i__ready),
     .clk(clk),
     .i__payload(i__payload),
-    .i__valid(i__valid),
+    .i__valid(q_valid),
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$1325$76 (cmd[97:76]),
+    .\port$1314$76 (cmd[97:76]),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$33  = 2'h0;
+    \$198  = \$1 [16:0];
+    if (rst) begin
+      \$198  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$199  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          if (\$95 ) begin
+          end else if (\$96 ) begin
+            \$199  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$199  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$200  = a_wptr;
     if (start) begin
-    end else if (\$5 ) begin
-      if (\$7 ) begin
+      \$200  = { 6'h00, cmd[63:51] };
+    end else if (\$2 ) begin
+      \$200  = \$3 [18:0];
+    end
+    if (rst) begin
+      \$200  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$201  = a_in__ready;
+    if (start) begin
+      \$201  = cmd[98];
+    end else if (\$2 ) begin
+      if (\$5 ) begin
+        \$201  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$201  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$202  = \$8 ;
+    if (rst) begin
+      \$202  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$203  = \$signal$28 ;
+    if (start) begin
+      \$203  = cmd[99];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        if (\$14 ) begin
+          \$203  = 1'h0;
+        end
+      end
+    end
+    if (rst) begin
+      \$203  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$204  = wbuf;
+    if (start) begin
+      \$204  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$204  = \$12 ;
+      end
+    end
+    if (rst) begin
+      \$204  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$205  = b_k;
+    if (start) begin
+      \$205  = 17'h00000;
+    end else if (\$9 ) begin
+      \$205  = \$10 [16:0];
+      if (\$11 ) begin
+        \$205  = 17'h00000;
+      end
+    end
+    if (rst) begin
+      \$205  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$206  = b_cols_left;
+    if (start) begin
+      \$206  = cmd[50:34];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$206  = \$13 [16:0];
+      end
+    end
+    if (rst) begin
+      \$206  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$207  = gap;
+    if (\$15 ) begin
+      \$207  = \$16 [4:0];
+    end
+    if (start) begin
+      \$207  = 5'h17;
+    end else if (step) begin
+      if (\$37 ) begin
+        \$207  = 5'h00;
+      end
+    end
+    if (rst) begin
+      \$207  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$208  = step;
+    if (rst) begin
+      \$208  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$209  = \$17 ;
+    if (rst) begin
+      \$209  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$210  = \$18 ;
+    if (rst) begin
+      \$210  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$211  = { \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19  };
+    if (rst) begin
+      \$211  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$212  = \$signal$33 ;
+    if (rst) begin
+      \$212  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$213  = \$signal$35 ;
+    if (rst) begin
+      \$213  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$214  = s_last;
+    if (rst) begin
+      \$214  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$215  = b_rd__data;
+    if (rst) begin
+      \$215  = 64'h0000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$216 [7:0] = \$27 ;
+    \$216 [15:8] = \$28 ;
+    \$216 [23:16] = \$29 ;
+    \$216 [31:24] = \$30 ;
+    \$216 [39:32] = \$31 ;
+    \$216 [47:40] = \$32 ;
+    \$216 [55:48] = \$33 ;
+    \$216 [63:56] = \$34 ;
+    if (rst) begin
+      \$216  = 64'h0000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$217  = issuing;
+    if (start) begin
+      \$217  = cmd[99];
+    end else if (step) begin
+      if (\$37 ) begin
+        if (\$42 ) begin
+          if (\$47 ) begin
+            \$217  = 1'h0;
+          end
+        end
+      end
+    end
+    if (rst) begin
+      \$217  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$218  = rbuf;
+    if (start) begin
+      \$218  = 1'h0;
+    end else if (step) begin
+      if (\$37 ) begin
+        if (\$42 ) begin
+          \$218  = \$43 ;
+        end
+      end
+    end
+    if (rst) begin
+      \$218  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$219  = k;
+    if (start) begin
+      \$219  = 17'h00000;
+    end else if (step) begin
+      \$219  = \$35 [16:0];
+      if (\$37 ) begin
+        \$219  = 17'h00000;
+      end
+    end
+    if (rst) begin
+      \$219  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$220  = a_ptr;
+    if (start) begin
+      \$220  = { 6'h00, cmd[63:51] };
+    end else if (step) begin
+      \$220  = \$36 [18:0];
+      if (\$37 ) begin
+        if (\$42 ) begin
+          \$220  = { 6'h00, cmd[63:51] };
+        end
+      end
+    end
+    if (rst) begin
+      \$220  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$221  = rows_c;
+    if (start) begin
+      \$221  = cmd[16:0];
+    end else if (step) begin
+      if (\$37 ) begin
+        \$221  = \$40 [16:0];
+        if (\$42 ) begin
+          \$221  = cmd[16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$221  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$222  = cols_c;
+    if (start) begin
+      \$222  = cmd[50:34];
+    end else if (step) begin
+      if (\$37 ) begin
+        if (\$42 ) begin
+          \$222  = \$44 [16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$222  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$223  = c_panel;
+    if (start) begin
+      \$223  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (\$37 ) begin
+        if (\$42 ) begin
+          \$223  = \$45 [18:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$223  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$224  = c_tile;
+    if (start) begin
+      \$224  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (\$37 ) begin
+        \$224  = \$41 [18:0];
+        if (\$42 ) begin
+          \$224  = \$46 [18:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$224  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$225  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (\$37 ) begin
+        \$225  = c_tile;
+      end
+    end
+    if (rst) begin
+      \$225  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$226  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (\$37 ) begin
+        \$226  = \$39 [3:0];
+      end
+    end
+    if (rst) begin
+      \$226  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$227  = d_col;
+    if (\done$55 ) begin
+      \$227  = 4'h1;
+    end else if (drain_busy) begin
+      \$227  = \$48 [3:0];
+    end
+    if (rst) begin
+      \$227  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$228  = d_base;
+    if (\done$55 ) begin
+      \$228  = t_base;
+    end
+    if (rst) begin
+      \$228  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$229  = d_cols;
+    if (\done$55 ) begin
+      \$229  = t_cols;
+    end
+    if (rst) begin
+      \$229  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$230  = drain_busy;
+    if (\done$55 ) begin
+      \$230  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$49 ) begin
+        \$230  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$230  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$231  = \$54 ;
+    if (rst) begin
+      \$231  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$232  = \$55 ;
+    if (rst) begin
+      \$232  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$233  = \$58 [18:0];
+    if (rst) begin
+      \$233  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$234  = out;
+    if (rst) begin
+      \$234  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$235  = \$signal$60 ;
+    if (rst) begin
+      \$235  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$236  = r_col_busy;
+    if (rst) begin
+      \$236  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$237  = r_addr;
+    if (rst) begin
+      \$237  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$238  = r_word;
+    if (rst) begin
+      \$238  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$239  = \$60 [1:0];
+    if (rst) begin
+      \$239  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$240  = c_q;
+    if (\$62 ) begin
+      \$240  = c_rd__data;
+    end
+    if (rst) begin
+      \$240  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$241  = q_valid;
+    if (\$62 ) begin
+      \$241  = r_valid;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$113 ) begin
+            \$241  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$241  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$242  = q_mask;
+    if (\$62 ) begin
+      \$242  = r_mask;
+    end
+    if (rst) begin
+      \$242  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$243  = storing;
+    if (store_start) begin
+      \$243  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$113 ) begin
+            \$243  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$243  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$244  = s_addr;
+    if (store_start) begin
+      \$244  = { 7'h00, cmd[75:64] };
+    end else if (\$65 ) begin
+      if (\$69 ) begin
+        \$244  = \$70 [18:0];
+      end
+    end
+    if (rst) begin
+      \$244  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$245  = s_n;
+    if (store_start) begin
+      \$245  = 17'h00000;
+    end else if (\$65 ) begin
+      if (\$69 ) begin
+        \$245  = \$72 [16:0];
+        if (\$82 ) begin
+          \$245  = 17'h00000;
+        end
+      end
+    end
+    if (rst) begin
+      \$245  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$246  = s_rows;
+    if (store_start) begin
+      \$246  = cmd[16:0];
+    end else if (\$65 ) begin
+      if (\$69 ) begin
+        if (\$82 ) begin
+          \$246  = \$83 [16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$246  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$247  = s_left;
+    if (store_start) begin
+      \$247  = \$66 [18:0];
+    end else if (\$65 ) begin
+      if (\$69 ) begin
+        \$247  = \$71 [18:0];
+      end
+    end
+    if (rst) begin
+      \$247  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$248  = out_left;
+    if (store_start) begin
+      \$248  = \$67 [18:0];
+    end
+    if (\$84 ) begin
+      \$248  = \$85 [18:0];
+    end
+    if (rst) begin
+      \$248  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$249  = r_valid;
+    if (store_start) begin
+    end else if (\$65 ) begin
+      \$249  = \$68 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$113 ) begin
+            \$249  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$249  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$250  = r_mask;
+    if (store_start) begin
+    end else if (\$65 ) begin
+      if (\$69 ) begin
+        \$250  = { \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73  };
+      end
+    end
+    if (rst) begin
+      \$250  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$251  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$86 ) begin
+            \$251  = 1'h1;
+          end
+      3'h2:
+          if (\$95 ) begin
+            \$251  = 1'h1;
+          end
+      3'h3:
+          if (\$112 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+            end else begin
+              \$251  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$113 ) begin
+            \$251  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$251  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$252  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$252  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$252  = 102'h00000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$253  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$253  = 1'h0;
+          end
+      3'h1:
+          if (\$86 ) begin
+            \$253  = 1'h1;
+          end
+      3'h2:
+          if (\$95 ) begin
+            \$253  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$253  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$254  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$254  = 3'h0;
+          end
+      3'h1:
+          if (\$86 ) begin
+            \$254  = code;
+          end
+      3'h2:
+          if (\$95 ) begin
+            \$254  = \$100 ;
+          end
+    endcase
+    if (rst) begin
+      \$254  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$255  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$255  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$86 ) begin
+            \$255  = 3'h0;
+          end else begin
+            \$255  = 3'h2;
+          end
+      3'h2:
+          if (\$95 ) begin
+            \$255  = 3'h0;
+          end else if (\$96 ) begin
+            \$255  = 3'h3;
+          end
+      3'h3:
+          if (\$112 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+              \$255  = 3'h4;
+            end else begin
+              \$255  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$113 ) begin
+            \$255  = 3'h0;
+          end
+    endcase
+    if (rst) begin
+      \$255  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$256  = rows_left;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$86 ) begin
+          end else begin
+            \$256  = cmd[16:0];
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$95 ) begin
+          end else if (\$96 ) begin
+          end else begin
+            \$256  = \$101 [16:0];
+          end
+    endcase
+    if (rst) begin
+      \$256  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$257  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$86 ) begin
+          end else begin
+            \$257  = { 1'h0, \$87  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$95 ) begin
+          end else if (\$96 ) begin
+          end else begin
+            \$257  = \$102 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$257  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$258  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$86 ) begin
+          end else begin
+            \$258  = { 1'h0, \$88  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$95 ) begin
+          end else if (\$96 ) begin
+          end else begin
+            \$258  = \$103 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$258  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$signal$25  = 2'h0;
+    if (start) begin
+    end else if (\$118 ) begin
+      if (\$119 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
-              \$signal$33 [0] = 1'h1;
+              \$signal$25 [0] = 1'h1;
           1'h1:
-              \$signal$33 [1] = 1'h1;
+              \$signal$25 [1] = 1'h1;
         endcase
       end
     end
@@ -8147,7 +8992,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$34 ) begin
+      if (\$136 ) begin
         tile_issued = 1'h1;
       end
     end
@@ -8157,8 +9002,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$34 ) begin
-        if (\$35 ) begin
+      if (\$136 ) begin
+        if (\$137 ) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -8173,9 +9018,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     tile_drained = 1'h0;
-    if (\done$57 ) begin
+    if (\done$55 ) begin
     end else if (drain_busy) begin
-      if (\$36 ) begin
+      if (\$138 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -8195,27 +9040,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$70 ) begin
+          if (\$172 ) begin
             code = 3'h1;
-          end else if (\$79 ) begin
+          end else if (\$181 ) begin
             code = 3'h2;
-          end else if (\$81 ) begin
+          end else if (\$183 ) begin
             code = 3'h3;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    start = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          if (\$88 ) begin
-          end else if (\$89 ) begin
-            start = 1'h1;
           end
     endcase
   end
@@ -8230,815 +9060,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$97 ) begin
+          if (\$192 ) begin
             if (cmd[101]) begin
               store_start = 1'h1;
             end
           end
     endcase
   end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = a_wptr;
-    if (start) begin
-      \$209  = { 6'h00, cmd[63:51] };
-    end else if (\$103 ) begin
-      \$209  = \$104 [18:0];
-    end
-    if (rst) begin
-      \$209  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = a_in__ready;
-    if (start) begin
-      \$210  = cmd[98];
-    end else if (\$103 ) begin
-      if (\$106 ) begin
-        \$210  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$210  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = \$109 ;
-    if (rst) begin
-      \$211  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = \$signal$24 ;
-    if (start) begin
-      \$212  = cmd[99];
-    end else if (\$110 ) begin
-      if (\$113 ) begin
-        if (\$116 ) begin
-          \$212  = 1'h0;
-        end
-      end
-    end
-    if (rst) begin
-      \$212  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = wbuf;
-    if (start) begin
-      \$213  = 1'h0;
-    end else if (\$110 ) begin
-      if (\$113 ) begin
-        \$213  = \$114 ;
-      end
-    end
-    if (rst) begin
-      \$213  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = b_k;
-    if (start) begin
-      \$214  = 17'h00000;
-    end else if (\$110 ) begin
-      \$214  = \$111 [16:0];
-      if (\$113 ) begin
-        \$214  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$214  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = b_cols_left;
-    if (start) begin
-      \$215  = cmd[50:34];
-    end else if (\$110 ) begin
-      if (\$113 ) begin
-        \$215  = \$115 [16:0];
-      end
-    end
-    if (rst) begin
-      \$215  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = gap;
-    if (\$117 ) begin
-      \$216  = \$118 [4:0];
-    end
-    if (start) begin
-      \$216  = 5'h17;
-    end else if (step) begin
-      if (\$133 ) begin
-        \$216  = 5'h00;
-      end
-    end
-    if (rst) begin
-      \$216  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = step;
-    if (rst) begin
-      \$217  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = \$119 ;
-    if (rst) begin
-      \$218  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = \$121 ;
-    if (rst) begin
-      \$219  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = { \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122  };
-    if (rst) begin
-      \$220  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = issuing;
-    if (start) begin
-      \$221  = cmd[99];
-    end else if (step) begin
-      if (\$133 ) begin
-        if (\$138 ) begin
-          if (\$143 ) begin
-            \$221  = 1'h0;
-          end
-        end
-      end
-    end
-    if (rst) begin
-      \$221  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = rbuf;
-    if (start) begin
-      \$222  = 1'h0;
-    end else if (step) begin
-      if (\$133 ) begin
-        if (\$138 ) begin
-          \$222  = \$139 ;
-        end
-      end
-    end
-    if (rst) begin
-      \$222  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = k;
-    if (start) begin
-      \$223  = 17'h00000;
-    end else if (step) begin
-      \$223  = \$130 [16:0];
-      if (\$133 ) begin
-        \$223  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$223  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = a_ptr;
-    if (start) begin
-      \$224  = { 6'h00, cmd[63:51] };
-    end else if (step) begin
-      \$224  = \$131 [18:0];
-      if (\$133 ) begin
-        if (\$138 ) begin
-          \$224  = { 6'h00, cmd[63:51] };
-        end
-      end
-    end
-    if (rst) begin
-      \$224  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = rows_c;
-    if (start) begin
-      \$225  = cmd[16:0];
-    end else if (step) begin
-      if (\$133 ) begin
-        \$225  = \$136 [16:0];
-        if (\$138 ) begin
-          \$225  = cmd[16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$225  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = cols_c;
-    if (start) begin
-      \$226  = cmd[50:34];
-    end else if (step) begin
-      if (\$133 ) begin
-        if (\$138 ) begin
-          \$226  = \$140 [16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$226  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = c_panel;
-    if (start) begin
-      \$227  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (\$133 ) begin
-        if (\$138 ) begin
-          \$227  = \$141 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$227  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = c_tile;
-    if (start) begin
-      \$228  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (\$133 ) begin
-        \$228  = \$137 [18:0];
-        if (\$138 ) begin
-          \$228  = \$142 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$228  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = t_base;
-    if (start) begin
-    end else if (step) begin
-      if (\$133 ) begin
-        \$229  = c_tile;
-      end
-    end
-    if (rst) begin
-      \$229  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$133 ) begin
-        \$230  = \$135 [3:0];
-      end
-    end
-    if (rst) begin
-      \$230  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = d_col;
-    if (\done$57 ) begin
-      \$231  = 4'h1;
-    end else if (drain_busy) begin
-      \$231  = \$144 [3:0];
-    end
-    if (rst) begin
-      \$231  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = d_base;
-    if (\done$57 ) begin
-      \$232  = t_base;
-    end
-    if (rst) begin
-      \$232  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = d_cols;
-    if (\done$57 ) begin
-      \$233  = t_cols;
-    end
-    if (rst) begin
-      \$233  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = drain_busy;
-    if (\done$57 ) begin
-      \$234  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$145 ) begin
-        \$234  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$234  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = \$150 ;
-    if (rst) begin
-      \$235  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = \$151 ;
-    if (rst) begin
-      \$236  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = \$154 [18:0];
-    if (rst) begin
-      \$237  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = out;
-    if (rst) begin
-      \$238  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = \$signal$100 ;
-    if (rst) begin
-      \$239  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = r_col_busy;
-    if (rst) begin
-      \$240  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = r_addr;
-    if (rst) begin
-      \$241  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = r_word;
-    if (rst) begin
-      \$242  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = \$156 [1:0];
-    if (rst) begin
-      \$243  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = c_q;
-    if (\$158 ) begin
-      \$244  = c_rd__data;
-    end
-    if (rst) begin
-      \$244  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = i__valid;
-    if (\$158 ) begin
-      \$245  = r_valid;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$208 ) begin
-            \$245  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$245  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = q_mask;
-    if (\$158 ) begin
-      \$246  = r_mask;
-    end
-    if (rst) begin
-      \$246  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = storing;
-    if (store_start) begin
-      \$247  = 1'h1;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$208 ) begin
-            \$247  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$247  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = s_addr;
-    if (store_start) begin
-      \$248  = { 7'h00, cmd[75:64] };
-    end else if (\$161 ) begin
-      if (\$165 ) begin
-        \$248  = \$166 [18:0];
-      end
-    end
-    if (rst) begin
-      \$248  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = s_n;
-    if (store_start) begin
-      \$249  = 17'h00000;
-    end else if (\$161 ) begin
-      if (\$165 ) begin
-        \$249  = \$168 [16:0];
-        if (\$178 ) begin
-          \$249  = 17'h00000;
-        end
-      end
-    end
-    if (rst) begin
-      \$249  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = s_rows;
-    if (store_start) begin
-      \$250  = cmd[16:0];
-    end else if (\$161 ) begin
-      if (\$165 ) begin
-        if (\$178 ) begin
-          \$250  = \$179 [16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$250  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = s_left;
-    if (store_start) begin
-      \$251  = \$162 [18:0];
-    end else if (\$161 ) begin
-      if (\$165 ) begin
-        \$251  = \$167 [18:0];
-      end
-    end
-    if (rst) begin
-      \$251  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = out_left;
-    if (store_start) begin
-      \$252  = \$163 [18:0];
-    end
-    if (\$180 ) begin
-      \$252  = \$181 [18:0];
-    end
-    if (rst) begin
-      \$252  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = r_valid;
-    if (store_start) begin
-    end else if (\$161 ) begin
-      \$253  = \$164 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$208 ) begin
-            \$253  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$253  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = r_mask;
-    if (store_start) begin
-    end else if (\$161 ) begin
-      if (\$165 ) begin
-        \$254  = { \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
-      end
-    end
-    if (rst) begin
-      \$254  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$182 ) begin
-            \$255  = 1'h1;
-          end
-      3'h2:
-          if (\$191 ) begin
-            \$255  = 1'h1;
-          end
-      3'h3:
-          if (\$207 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-            end else begin
-              \$255  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$208 ) begin
-            \$255  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$255  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$256  = cmd__payload;
-          end
-    endcase
-    if (rst) begin
-      \$256  = 102'h00000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$257  = 1'h0;
-          end
-      3'h1:
-          if (\$182 ) begin
-            \$257  = 1'h1;
-          end
-      3'h2:
-          if (\$191 ) begin
-            \$257  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$257  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$258  = 3'h0;
-          end
-      3'h1:
-          if (\$182 ) begin
-            \$258  = code;
-          end
-      3'h2:
-          if (\$191 ) begin
-            \$258  = \$196 ;
-          end
-    endcase
-    if (rst) begin
-      \$258  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$259  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$182 ) begin
-            \$259  = 3'h0;
-          end else begin
-            \$259  = 3'h2;
-          end
-      3'h2:
-          if (\$191 ) begin
-            \$259  = 3'h0;
-          end else if (\$192 ) begin
-            \$259  = 3'h3;
-          end
-      3'h3:
-          if (\$207 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-              \$259  = 3'h4;
-            end else begin
-              \$259  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$208 ) begin
-            \$259  = 3'h0;
-          end
-    endcase
-    if (rst) begin
-      \$259  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$182 ) begin
-          end else begin
-            \$260  = cmd[16:0];
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$191 ) begin
-          end else if (\$192 ) begin
-          end else begin
-            \$260  = \$197 [16:0];
-          end
-    endcase
-    if (rst) begin
-      \$260  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$182 ) begin
-          end else begin
-            \$261  = { 1'h0, \$183  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$191 ) begin
-          end else if (\$192 ) begin
-          end else begin
-            \$261  = \$198 [18:0];
-          end
-    endcase
-    if (rst) begin
-      \$261  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$182 ) begin
-          end else begin
-            \$262  = { 1'h0, \$184  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$191 ) begin
-          end else if (\$192 ) begin
-          end else begin
-            \$262  = \$199 [18:0];
-          end
-    endcase
-    if (rst) begin
-      \$262  = 19'h00000;
-    end
-  end
   assign \$signal  = a_in__ready;
+  assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[11:0];
   assign \$signature__data  = a_in__payload;
-  assign b_take = b_in__ready;
-  assign \$signature__addr$27  = \$4 [9:0];
-  assign \$signature__data$29  = b_in__payload;
+  assign \$signature__addr$93  = \$117 [9:0];
+  assign \$signature__data$94  = b_in__payload;
   assign a_rd__addr = a_ptr[11:0];
-  assign b_rd__addr = \$24 [9:0];
-  assign \$signal$44  = valid;
-  assign \$signal$46  = first;
-  assign s_last = last;
-  assign b_rd__data = b;
-  assign \$signature__addr$65  = w_addr[10:0];
-  assign w_valid = \$signature__en$67 ;
+  assign b_rd__addr = \$135 [9:0];
+  assign \$signature__addr$101  = w_addr[10:0];
+  assign \$signature__en$102  = w_valid;
   assign mult = cmd[91:76];
-  assign \shift$70  = cmd[97:92];
-  assign q_valid = i__valid;
+  assign \shift$104  = cmd[97:92];
+  assign i__valid = q_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$64 [10:0];
+  assign c_rd__addr = \$166 [10:0];
   assign \cmd__payload.m  = cmd__payload[16:0];
   assign \cmd__payload.k  = cmd__payload[33:17];
   assign \cmd__payload.n  = cmd__payload[50:34];
@@ -9074,22 +9119,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \c_out__payload[5]  = c_out__payload[47:40];
   assign \c_out__payload[6]  = c_out__payload[55:48];
   assign \c_out__payload[7]  = c_out__payload[63:56];
-  assign \$signature__data[0]  = a_in__payload[7:0];
-  assign \$signature__data[1]  = a_in__payload[15:8];
-  assign \$signature__data[2]  = a_in__payload[23:16];
-  assign \$signature__data[3]  = a_in__payload[31:24];
-  assign \$signature__data[4]  = a_in__payload[39:32];
-  assign \$signature__data[5]  = a_in__payload[47:40];
-  assign \$signature__data[6]  = a_in__payload[55:48];
-  assign \$signature__data[7]  = a_in__payload[63:56];
-  assign \$signature__data$29[0]  = b_in__payload[7:0];
-  assign \$signature__data$29[1]  = b_in__payload[15:8];
-  assign \$signature__data$29[2]  = b_in__payload[23:16];
-  assign \$signature__data$29[3]  = b_in__payload[31:24];
-  assign \$signature__data$29[4]  = b_in__payload[39:32];
-  assign \$signature__data$29[5]  = b_in__payload[47:40];
-  assign \$signature__data$29[6]  = b_in__payload[55:48];
-  assign \$signature__data$29[7]  = b_in__payload[63:56];
   assign \cmd.m  = cmd[16:0];
   assign \cmd.k  = cmd[33:17];
   assign \cmd.n  = cmd[50:34];
@@ -9109,14 +9138,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \b[5]  = b[47:40];
   assign \b[6]  = b[55:48];
   assign \b[7]  = b[63:56];
-  assign \b_rd__data[0]  = b[7:0];
-  assign \b_rd__data[1]  = b[15:8];
-  assign \b_rd__data[2]  = b[23:16];
-  assign \b_rd__data[3]  = b[31:24];
-  assign \b_rd__data[4]  = b[39:32];
-  assign \b_rd__data[5]  = b[47:40];
-  assign \b_rd__data[6]  = b[55:48];
-  assign \b_rd__data[7]  = b[63:56];
+  assign \b_rd__data[0]  = b_rd__data[7:0];
+  assign \b_rd__data[1]  = b_rd__data[15:8];
+  assign \b_rd__data[2]  = b_rd__data[23:16];
+  assign \b_rd__data[3]  = b_rd__data[31:24];
+  assign \b_rd__data[4]  = b_rd__data[39:32];
+  assign \b_rd__data[5]  = b_rd__data[47:40];
+  assign \b_rd__data[6]  = b_rd__data[55:48];
+  assign \b_rd__data[7]  = b_rd__data[63:56];
   assign \a[0]  = a[7:0];
   assign \a[1]  = a[15:8];
   assign \a[2]  = a[23:16];
@@ -9133,46 +9162,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \a_rd__data[5]  = a_rd__data[47:40];
   assign \a_rd__data[6]  = a_rd__data[55:48];
   assign \a_rd__data[7]  = a_rd__data[63:56];
-  assign \$signature__data$62[0]  = \$signature__data$62 [31:0];
-  assign \$signature__data$62[1]  = \$signature__data$62 [63:32];
-  assign \$signature__data$62[2]  = \$signature__data$62 [95:64];
-  assign \$signature__data$62[3]  = \$signature__data$62 [127:96];
-  assign \$signature__data$62[4]  = \$signature__data$62 [159:128];
-  assign \$signature__data$62[5]  = \$signature__data$62 [191:160];
-  assign \$signature__data$62[6]  = \$signature__data$62 [223:192];
-  assign \$signature__data$62[7]  = \$signature__data$62 [255:224];
-  assign \w_word[0]  = w_word[31:0];
-  assign \w_word[1]  = w_word[63:32];
-  assign \w_word[2]  = w_word[95:64];
-  assign \w_word[3]  = w_word[127:96];
-  assign \w_word[4]  = w_word[159:128];
-  assign \w_word[5]  = w_word[191:160];
-  assign \w_word[6]  = w_word[223:192];
-  assign \w_word[7]  = w_word[255:224];
-  assign \c_q[0]  = c_q[31:0];
-  assign \c_q[1]  = c_q[63:32];
-  assign \c_q[2]  = c_q[95:64];
-  assign \c_q[3]  = c_q[127:96];
-  assign \c_q[4]  = c_q[159:128];
-  assign \c_q[5]  = c_q[191:160];
-  assign \c_q[6]  = c_q[223:192];
-  assign \c_q[7]  = c_q[255:224];
-  assign \i__payload[0]  = i__payload[31:0];
-  assign \i__payload[1]  = i__payload[63:32];
-  assign \i__payload[2]  = i__payload[95:64];
-  assign \i__payload[3]  = i__payload[127:96];
-  assign \i__payload[4]  = i__payload[159:128];
-  assign \i__payload[5]  = i__payload[191:160];
-  assign \i__payload[6]  = i__payload[223:192];
-  assign \i__payload[7]  = i__payload[255:224];
-  assign \o__payload[0]  = c_out__payload[7:0];
-  assign \o__payload[1]  = c_out__payload[15:8];
-  assign \o__payload[2]  = c_out__payload[23:16];
-  assign \o__payload[3]  = c_out__payload[31:24];
-  assign \o__payload[4]  = c_out__payload[39:32];
-  assign \o__payload[5]  = c_out__payload[47:40];
-  assign \o__payload[6]  = c_out__payload[55:48];
-  assign \o__payload[7]  = c_out__payload[63:56];
   assign \r_word[0]  = r_word[31:0];
   assign \r_word[1]  = r_word[63:32];
   assign \r_word[2]  = r_word[95:64];
@@ -9189,6 +9178,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \out[5]  = out[191:160];
   assign \out[6]  = out[223:192];
   assign \out[7]  = out[255:224];
+  assign \w_word[0]  = w_word[31:0];
+  assign \w_word[1]  = w_word[63:32];
+  assign \w_word[2]  = w_word[95:64];
+  assign \w_word[3]  = w_word[127:96];
+  assign \w_word[4]  = w_word[159:128];
+  assign \w_word[5]  = w_word[191:160];
+  assign \w_word[6]  = w_word[223:192];
+  assign \w_word[7]  = w_word[255:224];
+  assign \c_q[0]  = c_q[31:0];
+  assign \c_q[1]  = c_q[63:32];
+  assign \c_q[2]  = c_q[95:64];
+  assign \c_q[3]  = c_q[127:96];
+  assign \c_q[4]  = c_q[159:128];
+  assign \c_q[5]  = c_q[191:160];
+  assign \c_q[6]  = c_q[223:192];
+  assign \c_q[7]  = c_q[255:224];
   assign \c_rd__data[0]  = c_rd__data[31:0];
   assign \c_rd__data[1]  = c_rd__data[63:32];
   assign \c_rd__data[2]  = c_rd__data[95:64];
@@ -9197,34 +9202,66 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \c_rd__data[5]  = c_rd__data[191:160];
   assign \c_rd__data[6]  = c_rd__data[223:192];
   assign \c_rd__data[7]  = c_rd__data[255:224];
-  assign i__payload[255:224] = \$60 ;
-  assign i__payload[223:192] = \$59 ;
-  assign i__payload[191:160] = \$58 ;
-  assign i__payload[159:128] = \$57 ;
-  assign i__payload[127:96] = \$56 ;
-  assign i__payload[95:64] = \$55 ;
-  assign i__payload[63:32] = \$54 ;
-  assign i__payload[31:0] = \$53 ;
-  assign \$signature__data$62 [255:224] = \$52 [31:0];
-  assign \$signature__data$62 [223:192] = \$50 [31:0];
-  assign \$signature__data$62 [191:160] = \$48 [31:0];
-  assign \$signature__data$62 [159:128] = \$46 [31:0];
-  assign \$signature__data$62 [127:96] = \$44 [31:0];
-  assign \$signature__data$62 [95:64] = \$42 [31:0];
-  assign \$signature__data$62 [63:32] = \$40 [31:0];
-  assign \$signature__data$62 [31:0] = \$38 [31:0];
-  assign a[63:56] = \$32 ;
-  assign a[55:48] = \$31 ;
-  assign a[47:40] = \$30 ;
-  assign a[39:32] = \$29 ;
-  assign a[31:24] = \$28 ;
-  assign a[23:16] = \$27 ;
-  assign a[15:8] = \$26 ;
-  assign a[7:0] = \$25 ;
+  assign \$signature__data[0]  = a_in__payload[7:0];
+  assign \$signature__data[1]  = a_in__payload[15:8];
+  assign \$signature__data[2]  = a_in__payload[23:16];
+  assign \$signature__data[3]  = a_in__payload[31:24];
+  assign \$signature__data[4]  = a_in__payload[39:32];
+  assign \$signature__data[5]  = a_in__payload[47:40];
+  assign \$signature__data[6]  = a_in__payload[55:48];
+  assign \$signature__data[7]  = a_in__payload[63:56];
+  assign \$signature__data$94[0]  = b_in__payload[7:0];
+  assign \$signature__data$94[1]  = b_in__payload[15:8];
+  assign \$signature__data$94[2]  = b_in__payload[23:16];
+  assign \$signature__data$94[3]  = b_in__payload[31:24];
+  assign \$signature__data$94[4]  = b_in__payload[39:32];
+  assign \$signature__data$94[5]  = b_in__payload[47:40];
+  assign \$signature__data$94[6]  = b_in__payload[55:48];
+  assign \$signature__data$94[7]  = b_in__payload[63:56];
+  assign \$signature__data$100[0]  = \$signature__data$100 [31:0];
+  assign \$signature__data$100[1]  = \$signature__data$100 [63:32];
+  assign \$signature__data$100[2]  = \$signature__data$100 [95:64];
+  assign \$signature__data$100[3]  = \$signature__data$100 [127:96];
+  assign \$signature__data$100[4]  = \$signature__data$100 [159:128];
+  assign \$signature__data$100[5]  = \$signature__data$100 [191:160];
+  assign \$signature__data$100[6]  = \$signature__data$100 [223:192];
+  assign \$signature__data$100[7]  = \$signature__data$100 [255:224];
+  assign \i__payload[0]  = i__payload[31:0];
+  assign \i__payload[1]  = i__payload[63:32];
+  assign \i__payload[2]  = i__payload[95:64];
+  assign \i__payload[3]  = i__payload[127:96];
+  assign \i__payload[4]  = i__payload[159:128];
+  assign \i__payload[5]  = i__payload[191:160];
+  assign \i__payload[6]  = i__payload[223:192];
+  assign \i__payload[7]  = i__payload[255:224];
+  assign \o__payload[0]  = c_out__payload[7:0];
+  assign \o__payload[1]  = c_out__payload[15:8];
+  assign \o__payload[2]  = c_out__payload[23:16];
+  assign \o__payload[3]  = c_out__payload[31:24];
+  assign \o__payload[4]  = c_out__payload[39:32];
+  assign \o__payload[5]  = c_out__payload[47:40];
+  assign \o__payload[6]  = c_out__payload[55:48];
+  assign \o__payload[7]  = c_out__payload[63:56];
+  assign i__payload[255:224] = \$162 ;
+  assign i__payload[223:192] = \$161 ;
+  assign i__payload[191:160] = \$160 ;
+  assign i__payload[159:128] = \$159 ;
+  assign i__payload[127:96] = \$158 ;
+  assign i__payload[95:64] = \$157 ;
+  assign i__payload[63:32] = \$156 ;
+  assign i__payload[31:0] = \$155 ;
+  assign \$signature__data$100 [255:224] = \$154 [31:0];
+  assign \$signature__data$100 [223:192] = \$152 [31:0];
+  assign \$signature__data$100 [191:160] = \$150 [31:0];
+  assign \$signature__data$100 [159:128] = \$148 [31:0];
+  assign \$signature__data$100 [127:96] = \$146 [31:0];
+  assign \$signature__data$100 [95:64] = \$144 [31:0];
+  assign \$signature__data$100 [63:32] = \$142 [31:0];
+  assign \$signature__data$100 [31:0] = \$140 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, done, clk);
+module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, done, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   reg [7:0] \$1 ;
   reg [7:0] \$10 ;
@@ -15041,7 +15078,7 @@ module \nanokpu_gemm.array.mul (rst, b__0, a__0, b__1, b__2, b__3, b__4, b__5, b
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_0 (rst, shift, b_in, a_in, valid_in, first_in, last_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in, a_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -25882,7 +25919,7 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$1325$76 , o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1314$76 , i__payload, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$68  = 0;
   wire \$1 ;
   wire [36:0] \$10 ;
@@ -26237,8 +26274,8 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$132
   wire [35:0] p__7;
   wire [35:0] p__8;
   wire [35:0] p__9;
-  input [21:0] \port$1325$76 ;
-  wire [21:0] \port$1325$76 ;
+  input [21:0] \port$1314$76 ;
+  wire [21:0] \port$1314$76 ;
   wire [47:0] q0;
   wire [47:0] q1;
   wire [47:0] q2;
@@ -26305,103 +26342,103 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$132
   assign \$27  = $signed(\$25 ) + $signed(\$26 );
   assign \$30  = $signed(\$28 ) + $signed(\$29 );
   assign \$33  = $signed(\$31 ) + $signed(\$32 );
-  assign \$34  = | \port$1325$76 [21:16];
-  assign \$35  = \port$1325$76 [21:16] - 1'h1;
-  assign \$36  = \port$1325$76 [21:16] - 1'h1;
+  assign \$34  = | \port$1314$76 [21:16];
+  assign \$35  = \port$1314$76 [21:16] - 1'h1;
+  assign \$36  = \port$1314$76 [21:16] - 1'h1;
   assign \$37  = \$36 [5:0] > 1'h0;
-  assign \$38  = \port$1325$76 [21:16] - 1'h1;
+  assign \$38  = \port$1314$76 [21:16] - 1'h1;
   assign \$39  = \$38 [5:0] > 1'h1;
-  assign \$40  = \port$1325$76 [21:16] - 1'h1;
+  assign \$40  = \port$1314$76 [21:16] - 1'h1;
   assign \$41  = \$40 [5:0] > 2'h2;
-  assign \$42  = \port$1325$76 [21:16] - 1'h1;
+  assign \$42  = \port$1314$76 [21:16] - 1'h1;
   assign \$43  = \$42 [5:0] > 2'h3;
-  assign \$44  = \port$1325$76 [21:16] - 1'h1;
+  assign \$44  = \port$1314$76 [21:16] - 1'h1;
   assign \$45  = \$44 [5:0] > 3'h4;
-  assign \$46  = \port$1325$76 [21:16] - 1'h1;
+  assign \$46  = \port$1314$76 [21:16] - 1'h1;
   assign \$47  = \$46 [5:0] > 3'h5;
-  assign \$48  = \port$1325$76 [21:16] - 1'h1;
+  assign \$48  = \port$1314$76 [21:16] - 1'h1;
   assign \$49  = \$48 [5:0] > 3'h6;
-  assign \$50  = \port$1325$76 [21:16] - 1'h1;
+  assign \$50  = \port$1314$76 [21:16] - 1'h1;
   assign \$51  = \$50 [5:0] > 3'h7;
-  assign \$52  = \port$1325$76 [21:16] - 1'h1;
+  assign \$52  = \port$1314$76 [21:16] - 1'h1;
   assign \$53  = \$52 [5:0] > 4'h8;
-  assign \$54  = \port$1325$76 [21:16] - 1'h1;
+  assign \$54  = \port$1314$76 [21:16] - 1'h1;
   assign \$55  = \$54 [5:0] > 4'h9;
-  assign \$56  = \port$1325$76 [21:16] - 1'h1;
+  assign \$56  = \port$1314$76 [21:16] - 1'h1;
   assign \$57  = \$56 [5:0] > 4'ha;
-  assign \$58  = \port$1325$76 [21:16] - 1'h1;
+  assign \$58  = \port$1314$76 [21:16] - 1'h1;
   assign \$59  = \$58 [5:0] > 4'hb;
-  assign \$60  = \port$1325$76 [21:16] - 1'h1;
+  assign \$60  = \port$1314$76 [21:16] - 1'h1;
   assign \$61  = \$60 [5:0] > 4'hc;
-  assign \$62  = \port$1325$76 [21:16] - 1'h1;
+  assign \$62  = \port$1314$76 [21:16] - 1'h1;
   assign \$63  = \$62 [5:0] > 4'hd;
-  assign \$64  = \port$1325$76 [21:16] - 1'h1;
+  assign \$64  = \port$1314$76 [21:16] - 1'h1;
   assign \$65  = \$64 [5:0] > 4'he;
-  assign \$66  = \port$1325$76 [21:16] - 1'h1;
+  assign \$66  = \port$1314$76 [21:16] - 1'h1;
   assign \$67  = \$66 [5:0] > 4'hf;
-  assign \$68  = \port$1325$76 [21:16] - 1'h1;
+  assign \$68  = \port$1314$76 [21:16] - 1'h1;
   assign \$69  = \$68 [5:0] > 5'h10;
-  assign \$70  = \port$1325$76 [21:16] - 1'h1;
+  assign \$70  = \port$1314$76 [21:16] - 1'h1;
   assign \$71  = \$70 [5:0] > 5'h11;
-  assign \$72  = \port$1325$76 [21:16] - 1'h1;
+  assign \$72  = \port$1314$76 [21:16] - 1'h1;
   assign \$73  = \$72 [5:0] > 5'h12;
-  assign \$74  = \port$1325$76 [21:16] - 1'h1;
+  assign \$74  = \port$1314$76 [21:16] - 1'h1;
   assign \$75  = \$74 [5:0] > 5'h13;
-  assign \$76  = \port$1325$76 [21:16] - 1'h1;
+  assign \$76  = \port$1314$76 [21:16] - 1'h1;
   assign \$77  = \$76 [5:0] > 5'h14;
-  assign \$78  = \port$1325$76 [21:16] - 1'h1;
+  assign \$78  = \port$1314$76 [21:16] - 1'h1;
   assign \$79  = \$78 [5:0] > 5'h15;
-  assign \$80  = \port$1325$76 [21:16] - 1'h1;
+  assign \$80  = \port$1314$76 [21:16] - 1'h1;
   assign \$81  = \$80 [5:0] > 5'h16;
-  assign \$82  = \port$1325$76 [21:16] - 1'h1;
+  assign \$82  = \port$1314$76 [21:16] - 1'h1;
   assign \$83  = \$82 [5:0] > 5'h17;
-  assign \$84  = \port$1325$76 [21:16] - 1'h1;
+  assign \$84  = \port$1314$76 [21:16] - 1'h1;
   assign \$85  = \$84 [5:0] > 5'h18;
-  assign \$86  = \port$1325$76 [21:16] - 1'h1;
+  assign \$86  = \port$1314$76 [21:16] - 1'h1;
   assign \$87  = \$86 [5:0] > 5'h19;
-  assign \$88  = \port$1325$76 [21:16] - 1'h1;
+  assign \$88  = \port$1314$76 [21:16] - 1'h1;
   assign \$89  = \$88 [5:0] > 5'h1a;
-  assign \$90  = \port$1325$76 [21:16] - 1'h1;
+  assign \$90  = \port$1314$76 [21:16] - 1'h1;
   assign \$91  = \$90 [5:0] > 5'h1b;
-  assign \$92  = \port$1325$76 [21:16] - 1'h1;
+  assign \$92  = \port$1314$76 [21:16] - 1'h1;
   assign \$93  = \$92 [5:0] > 5'h1c;
-  assign \$94  = \port$1325$76 [21:16] - 1'h1;
+  assign \$94  = \port$1314$76 [21:16] - 1'h1;
   assign \$95  = \$94 [5:0] > 5'h1d;
-  assign \$96  = \port$1325$76 [21:16] - 1'h1;
+  assign \$96  = \port$1314$76 [21:16] - 1'h1;
   assign \$97  = \$96 [5:0] > 5'h1e;
-  assign \$98  = \port$1325$76 [21:16] - 1'h1;
+  assign \$98  = \port$1314$76 [21:16] - 1'h1;
   assign \$99  = \$98 [5:0] > 5'h1f;
-  assign \$100  = \port$1325$76 [21:16] - 1'h1;
+  assign \$100  = \port$1314$76 [21:16] - 1'h1;
   assign \$101  = \$100 [5:0] > 6'h20;
-  assign \$102  = \port$1325$76 [21:16] - 1'h1;
+  assign \$102  = \port$1314$76 [21:16] - 1'h1;
   assign \$103  = \$102 [5:0] > 6'h21;
-  assign \$104  = \port$1325$76 [21:16] - 1'h1;
+  assign \$104  = \port$1314$76 [21:16] - 1'h1;
   assign \$105  = \$104 [5:0] > 6'h22;
-  assign \$106  = \port$1325$76 [21:16] - 1'h1;
+  assign \$106  = \port$1314$76 [21:16] - 1'h1;
   assign \$107  = \$106 [5:0] > 6'h23;
-  assign \$108  = \port$1325$76 [21:16] - 1'h1;
+  assign \$108  = \port$1314$76 [21:16] - 1'h1;
   assign \$109  = \$108 [5:0] > 6'h24;
-  assign \$110  = \port$1325$76 [21:16] - 1'h1;
+  assign \$110  = \port$1314$76 [21:16] - 1'h1;
   assign \$111  = \$110 [5:0] > 6'h25;
-  assign \$112  = \port$1325$76 [21:16] - 1'h1;
+  assign \$112  = \port$1314$76 [21:16] - 1'h1;
   assign \$113  = \$112 [5:0] > 6'h26;
-  assign \$114  = \port$1325$76 [21:16] - 1'h1;
+  assign \$114  = \port$1314$76 [21:16] - 1'h1;
   assign \$115  = \$114 [5:0] > 6'h27;
-  assign \$116  = \port$1325$76 [21:16] - 1'h1;
+  assign \$116  = \port$1314$76 [21:16] - 1'h1;
   assign \$117  = \$116 [5:0] > 6'h28;
-  assign \$118  = \port$1325$76 [21:16] - 1'h1;
+  assign \$118  = \port$1314$76 [21:16] - 1'h1;
   assign \$119  = \$118 [5:0] > 6'h29;
-  assign \$120  = \port$1325$76 [21:16] - 1'h1;
+  assign \$120  = \port$1314$76 [21:16] - 1'h1;
   assign \$121  = \$120 [5:0] > 6'h2a;
-  assign \$122  = \port$1325$76 [21:16] - 1'h1;
+  assign \$122  = \port$1314$76 [21:16] - 1'h1;
   assign \$123  = \$122 [5:0] > 6'h2b;
-  assign \$124  = \port$1325$76 [21:16] - 1'h1;
+  assign \$124  = \port$1314$76 [21:16] - 1'h1;
   assign \$125  = \$124 [5:0] > 6'h2c;
-  assign \$126  = \port$1325$76 [21:16] - 1'h1;
+  assign \$126  = \port$1314$76 [21:16] - 1'h1;
   assign \$127  = \$126 [5:0] > 6'h2d;
-  assign \$128  = \port$1325$76 [21:16] - 1'h1;
+  assign \$128  = \port$1314$76 [21:16] - 1'h1;
   assign \$129  = \$128 [5:0] > 6'h2e;
-  assign \$130  = \port$1325$76 [21:16] - 1'h1;
+  assign \$130  = \port$1314$76 [21:16] - 1'h1;
   assign \$131  = \$130 [5:0] > 6'h2f;
   assign \$132  = $signed(x0) >>> shift_m1;
   assign \$133  = shift_nz ? \$132  : x0;
@@ -26602,8 +26639,8 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$132
     .p__7(p__7),
     .p__8(p__8),
     .p__9(p__9),
-    .\port$1223$0 (i__payload),
-    .\port$1325$76 (\port$1325$76 [15:0]),
+    .\port$1314$76 (\port$1314$76 [15:0]),
+    .\port$1332$0 (i__payload),
     .rst(rst)
   );
   always @* begin
@@ -27027,39 +27064,39 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$132
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$1325$76 [15:0] };
-  assign mult = \port$1325$76 [15:0];
+  assign b__0 = { 2'h0, \port$1314$76 [15:0] };
+  assign mult = \port$1314$76 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__1 = { 2'h0, \port$1314$76 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__2 = { 2'h0, \port$1314$76 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__3 = { 2'h0, \port$1314$76 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__4 = { 2'h0, \port$1314$76 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__5 = { 2'h0, \port$1314$76 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__6 = { 2'h0, \port$1314$76 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__7 = { 2'h0, \port$1314$76 [15:0] };
   assign a__8 = { 1'h0, i__payload[144:128] };
-  assign b__8 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__8 = { 2'h0, \port$1314$76 [15:0] };
   assign a__9 = { i__payload[159], i__payload[159], i__payload[159], i__payload[159:145] };
-  assign b__9 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__9 = { 2'h0, \port$1314$76 [15:0] };
   assign a__10 = { 1'h0, i__payload[176:160] };
-  assign b__10 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__10 = { 2'h0, \port$1314$76 [15:0] };
   assign a__11 = { i__payload[191], i__payload[191], i__payload[191], i__payload[191:177] };
-  assign b__11 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__11 = { 2'h0, \port$1314$76 [15:0] };
   assign a__12 = { 1'h0, i__payload[208:192] };
-  assign b__12 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__12 = { 2'h0, \port$1314$76 [15:0] };
   assign a__13 = { i__payload[223], i__payload[223], i__payload[223], i__payload[223:209] };
-  assign b__13 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__13 = { 2'h0, \port$1314$76 [15:0] };
   assign a__14 = { 1'h0, i__payload[240:224] };
-  assign b__14 = { 2'h0, \port$1325$76 [15:0] };
+  assign b__14 = { 2'h0, \port$1314$76 [15:0] };
   assign a__15 = { i__payload[255], i__payload[255], i__payload[255], i__payload[255:241] };
-  assign b__15 = { 2'h0, \port$1325$76 [15:0] };
-  assign shift = \port$1325$76 [21:16];
+  assign b__15 = { 2'h0, \port$1314$76 [15:0] };
+  assign shift = \port$1314$76 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -27103,7 +27140,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$132
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
+module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
 );
   reg \$auto$verilog_backend.cc:2355:dump_module$69  = 0;
   wire [35:0] \$1 ;
@@ -27270,10 +27307,10 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
   reg [35:0] p__8 = 36'h000000000;
   output [35:0] p__9;
   reg [35:0] p__9 = 36'h000000000;
-  input [255:0] \port$1223$0 ;
-  wire [255:0] \port$1223$0 ;
-  input [15:0] \port$1325$76 ;
-  wire [15:0] \port$1325$76 ;
+  input [15:0] \port$1314$76 ;
+  wire [15:0] \port$1314$76 ;
+  input [255:0] \port$1332$0 ;
+  wire [255:0] \port$1332$0 ;
   input rst;
   wire rst;
   always @(posedge clk)
@@ -27392,7 +27429,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$27  = b3_r;
     if (en) begin
-      \$27  = { 2'h0, \port$1325$76  };
+      \$27  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -27412,7 +27449,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$29  = a4_r;
     if (en) begin
-      \$29  = { 1'h0, \port$1223$0 [80:64] };
+      \$29  = { 1'h0, \port$1332$0 [80:64] };
     end
     if (rst) begin
       \$29  = 18'h00000;
@@ -27422,7 +27459,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$30  = b4_r;
     if (en) begin
-      \$30  = { 2'h0, \port$1325$76  };
+      \$30  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -27442,7 +27479,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$32  = a5_r;
     if (en) begin
-      \$32  = { \port$1223$0 [95], \port$1223$0 [95], \port$1223$0 [95], \port$1223$0 [95:81] };
+      \$32  = { \port$1332$0 [95], \port$1332$0 [95], \port$1332$0 [95], \port$1332$0 [95:81] };
     end
     if (rst) begin
       \$32  = 18'h00000;
@@ -27452,7 +27489,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$33  = b5_r;
     if (en) begin
-      \$33  = { 2'h0, \port$1325$76  };
+      \$33  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$33  = 18'h00000;
@@ -27472,7 +27509,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$35  = a6_r;
     if (en) begin
-      \$35  = { 1'h0, \port$1223$0 [112:96] };
+      \$35  = { 1'h0, \port$1332$0 [112:96] };
     end
     if (rst) begin
       \$35  = 18'h00000;
@@ -27482,7 +27519,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$36  = b6_r;
     if (en) begin
-      \$36  = { 2'h0, \port$1325$76  };
+      \$36  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$36  = 18'h00000;
@@ -27502,7 +27539,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$38  = a7_r;
     if (en) begin
-      \$38  = { \port$1223$0 [127], \port$1223$0 [127], \port$1223$0 [127], \port$1223$0 [127:113] };
+      \$38  = { \port$1332$0 [127], \port$1332$0 [127], \port$1332$0 [127], \port$1332$0 [127:113] };
     end
     if (rst) begin
       \$38  = 18'h00000;
@@ -27512,7 +27549,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$39  = b7_r;
     if (en) begin
-      \$39  = { 2'h0, \port$1325$76  };
+      \$39  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$39  = 18'h00000;
@@ -27532,7 +27569,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$41  = a8_r;
     if (en) begin
-      \$41  = { 1'h0, \port$1223$0 [144:128] };
+      \$41  = { 1'h0, \port$1332$0 [144:128] };
     end
     if (rst) begin
       \$41  = 18'h00000;
@@ -27542,7 +27579,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$42  = b8_r;
     if (en) begin
-      \$42  = { 2'h0, \port$1325$76  };
+      \$42  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$42  = 18'h00000;
@@ -27562,7 +27599,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$44  = a9_r;
     if (en) begin
-      \$44  = { \port$1223$0 [159], \port$1223$0 [159], \port$1223$0 [159], \port$1223$0 [159:145] };
+      \$44  = { \port$1332$0 [159], \port$1332$0 [159], \port$1332$0 [159], \port$1332$0 [159:145] };
     end
     if (rst) begin
       \$44  = 18'h00000;
@@ -27572,7 +27609,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$45  = b9_r;
     if (en) begin
-      \$45  = { 2'h0, \port$1325$76  };
+      \$45  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$45  = 18'h00000;
@@ -27592,7 +27629,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$47  = a10_r;
     if (en) begin
-      \$47  = { 1'h0, \port$1223$0 [176:160] };
+      \$47  = { 1'h0, \port$1332$0 [176:160] };
     end
     if (rst) begin
       \$47  = 18'h00000;
@@ -27602,7 +27639,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$48  = b10_r;
     if (en) begin
-      \$48  = { 2'h0, \port$1325$76  };
+      \$48  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$48  = 18'h00000;
@@ -27622,7 +27659,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$50  = a11_r;
     if (en) begin
-      \$50  = { \port$1223$0 [191], \port$1223$0 [191], \port$1223$0 [191], \port$1223$0 [191:177] };
+      \$50  = { \port$1332$0 [191], \port$1332$0 [191], \port$1332$0 [191], \port$1332$0 [191:177] };
     end
     if (rst) begin
       \$50  = 18'h00000;
@@ -27632,7 +27669,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$51  = b11_r;
     if (en) begin
-      \$51  = { 2'h0, \port$1325$76  };
+      \$51  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$51  = 18'h00000;
@@ -27652,7 +27689,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$53  = a12_r;
     if (en) begin
-      \$53  = { 1'h0, \port$1223$0 [208:192] };
+      \$53  = { 1'h0, \port$1332$0 [208:192] };
     end
     if (rst) begin
       \$53  = 18'h00000;
@@ -27662,7 +27699,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$54  = b12_r;
     if (en) begin
-      \$54  = { 2'h0, \port$1325$76  };
+      \$54  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$54  = 18'h00000;
@@ -27682,7 +27719,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$56  = a13_r;
     if (en) begin
-      \$56  = { \port$1223$0 [223], \port$1223$0 [223], \port$1223$0 [223], \port$1223$0 [223:209] };
+      \$56  = { \port$1332$0 [223], \port$1332$0 [223], \port$1332$0 [223], \port$1332$0 [223:209] };
     end
     if (rst) begin
       \$56  = 18'h00000;
@@ -27692,7 +27729,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$57  = b13_r;
     if (en) begin
-      \$57  = { 2'h0, \port$1325$76  };
+      \$57  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$57  = 18'h00000;
@@ -27712,7 +27749,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$59  = a14_r;
     if (en) begin
-      \$59  = { 1'h0, \port$1223$0 [240:224] };
+      \$59  = { 1'h0, \port$1332$0 [240:224] };
     end
     if (rst) begin
       \$59  = 18'h00000;
@@ -27722,7 +27759,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$60  = b14_r;
     if (en) begin
-      \$60  = { 2'h0, \port$1325$76  };
+      \$60  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$60  = 18'h00000;
@@ -27742,7 +27779,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$62  = a15_r;
     if (en) begin
-      \$62  = { \port$1223$0 [255], \port$1223$0 [255], \port$1223$0 [255], \port$1223$0 [255:241] };
+      \$62  = { \port$1332$0 [255], \port$1332$0 [255], \port$1332$0 [255], \port$1332$0 [255:241] };
     end
     if (rst) begin
       \$62  = 18'h00000;
@@ -27752,7 +27789,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$63  = b15_r;
     if (en) begin
-      \$63  = { 2'h0, \port$1325$76  };
+      \$63  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$63  = 18'h00000;
@@ -27772,7 +27809,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$17  = a0_r;
     if (en) begin
-      \$17  = { 1'h0, \port$1223$0 [16:0] };
+      \$17  = { 1'h0, \port$1332$0 [16:0] };
     end
     if (rst) begin
       \$17  = 18'h00000;
@@ -27782,7 +27819,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$18  = b0_r;
     if (en) begin
-      \$18  = { 2'h0, \port$1325$76  };
+      \$18  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -27802,7 +27839,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$20  = a1_r;
     if (en) begin
-      \$20  = { \port$1223$0 [31], \port$1223$0 [31], \port$1223$0 [31], \port$1223$0 [31:17] };
+      \$20  = { \port$1332$0 [31], \port$1332$0 [31], \port$1332$0 [31], \port$1332$0 [31:17] };
     end
     if (rst) begin
       \$20  = 18'h00000;
@@ -27812,7 +27849,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$21  = b1_r;
     if (en) begin
-      \$21  = { 2'h0, \port$1325$76  };
+      \$21  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -27832,7 +27869,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$23  = a2_r;
     if (en) begin
-      \$23  = { 1'h0, \port$1223$0 [48:32] };
+      \$23  = { 1'h0, \port$1332$0 [48:32] };
     end
     if (rst) begin
       \$23  = 18'h00000;
@@ -27842,7 +27879,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$24  = b2_r;
     if (en) begin
-      \$24  = { 2'h0, \port$1325$76  };
+      \$24  = { 2'h0, \port$1314$76  };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -27862,42 +27899,42 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1223$0 , \port$1325$76 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$26  = a3_r;
     if (en) begin
-      \$26  = { \port$1223$0 [63], \port$1223$0 [63], \port$1223$0 [63], \port$1223$0 [63:49] };
+      \$26  = { \port$1332$0 [63], \port$1332$0 [63], \port$1332$0 [63], \port$1332$0 [63:49] };
     end
     if (rst) begin
       \$26  = 18'h00000;
     end
   end
-  assign a__0 = { 1'h0, \port$1223$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1325$76  };
-  assign a__1 = { \port$1223$0 [31], \port$1223$0 [31], \port$1223$0 [31], \port$1223$0 [31:17] };
-  assign b__1 = { 2'h0, \port$1325$76  };
-  assign a__2 = { 1'h0, \port$1223$0 [48:32] };
-  assign b__2 = { 2'h0, \port$1325$76  };
-  assign a__3 = { \port$1223$0 [63], \port$1223$0 [63], \port$1223$0 [63], \port$1223$0 [63:49] };
-  assign b__3 = { 2'h0, \port$1325$76  };
-  assign a__4 = { 1'h0, \port$1223$0 [80:64] };
-  assign b__4 = { 2'h0, \port$1325$76  };
-  assign a__5 = { \port$1223$0 [95], \port$1223$0 [95], \port$1223$0 [95], \port$1223$0 [95:81] };
-  assign b__5 = { 2'h0, \port$1325$76  };
-  assign a__6 = { 1'h0, \port$1223$0 [112:96] };
-  assign b__6 = { 2'h0, \port$1325$76  };
-  assign a__7 = { \port$1223$0 [127], \port$1223$0 [127], \port$1223$0 [127], \port$1223$0 [127:113] };
-  assign b__7 = { 2'h0, \port$1325$76  };
-  assign a__8 = { 1'h0, \port$1223$0 [144:128] };
-  assign b__8 = { 2'h0, \port$1325$76  };
-  assign a__9 = { \port$1223$0 [159], \port$1223$0 [159], \port$1223$0 [159], \port$1223$0 [159:145] };
-  assign b__9 = { 2'h0, \port$1325$76  };
-  assign a__10 = { 1'h0, \port$1223$0 [176:160] };
-  assign b__10 = { 2'h0, \port$1325$76  };
-  assign a__11 = { \port$1223$0 [191], \port$1223$0 [191], \port$1223$0 [191], \port$1223$0 [191:177] };
-  assign b__11 = { 2'h0, \port$1325$76  };
-  assign a__12 = { 1'h0, \port$1223$0 [208:192] };
-  assign b__12 = { 2'h0, \port$1325$76  };
-  assign a__13 = { \port$1223$0 [223], \port$1223$0 [223], \port$1223$0 [223], \port$1223$0 [223:209] };
-  assign b__13 = { 2'h0, \port$1325$76  };
-  assign a__14 = { 1'h0, \port$1223$0 [240:224] };
-  assign b__14 = { 2'h0, \port$1325$76  };
-  assign a__15 = { \port$1223$0 [255], \port$1223$0 [255], \port$1223$0 [255], \port$1223$0 [255:241] };
-  assign b__15 = { 2'h0, \port$1325$76  };
+  assign a__0 = { 1'h0, \port$1332$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1314$76  };
+  assign a__1 = { \port$1332$0 [31], \port$1332$0 [31], \port$1332$0 [31], \port$1332$0 [31:17] };
+  assign b__1 = { 2'h0, \port$1314$76  };
+  assign a__2 = { 1'h0, \port$1332$0 [48:32] };
+  assign b__2 = { 2'h0, \port$1314$76  };
+  assign a__3 = { \port$1332$0 [63], \port$1332$0 [63], \port$1332$0 [63], \port$1332$0 [63:49] };
+  assign b__3 = { 2'h0, \port$1314$76  };
+  assign a__4 = { 1'h0, \port$1332$0 [80:64] };
+  assign b__4 = { 2'h0, \port$1314$76  };
+  assign a__5 = { \port$1332$0 [95], \port$1332$0 [95], \port$1332$0 [95], \port$1332$0 [95:81] };
+  assign b__5 = { 2'h0, \port$1314$76  };
+  assign a__6 = { 1'h0, \port$1332$0 [112:96] };
+  assign b__6 = { 2'h0, \port$1314$76  };
+  assign a__7 = { \port$1332$0 [127], \port$1332$0 [127], \port$1332$0 [127], \port$1332$0 [127:113] };
+  assign b__7 = { 2'h0, \port$1314$76  };
+  assign a__8 = { 1'h0, \port$1332$0 [144:128] };
+  assign b__8 = { 2'h0, \port$1314$76  };
+  assign a__9 = { \port$1332$0 [159], \port$1332$0 [159], \port$1332$0 [159], \port$1332$0 [159:145] };
+  assign b__9 = { 2'h0, \port$1314$76  };
+  assign a__10 = { 1'h0, \port$1332$0 [176:160] };
+  assign b__10 = { 2'h0, \port$1314$76  };
+  assign a__11 = { \port$1332$0 [191], \port$1332$0 [191], \port$1332$0 [191], \port$1332$0 [191:177] };
+  assign b__11 = { 2'h0, \port$1314$76  };
+  assign a__12 = { 1'h0, \port$1332$0 [208:192] };
+  assign b__12 = { 2'h0, \port$1314$76  };
+  assign a__13 = { \port$1332$0 [223], \port$1332$0 [223], \port$1332$0 [223], \port$1332$0 [223:209] };
+  assign b__13 = { 2'h0, \port$1314$76  };
+  assign a__14 = { 1'h0, \port$1332$0 [240:224] };
+  assign b__14 = { 2'h0, \port$1314$76  };
+  assign a__15 = { \port$1332$0 [255], \port$1332$0 [255], \port$1332$0 [255], \port$1332$0 [255:241] };
+  assign b__15 = { 2'h0, \port$1314$76  };
 endmodule

@@ -4,75 +4,75 @@
 (* generator = "Amaranth" *)
 module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in__valid, c_out__ready, clk, rst, cmd__ready, a_in__ready, b_in__ready, c_out__payload, c_out__valid, busy, done, error, error_code, cmd__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
-  wire \$1 ;
-  wire \$10 ;
+  wire [12:0] \$1 ;
+  wire [12:0] \$10 ;
   wire \$100 ;
   wire \$101 ;
-  wire [4:0] \$102 ;
+  wire \$102 ;
   wire \$103 ;
-  wire [12:0] \$104 ;
-  wire \$105 ;
+  wire [6:0] \$104 ;
+  wire [12:0] \$105 ;
   wire \$106 ;
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
   wire \$11 ;
-  wire [12:0] \$110 ;
-  wire [14:0] \$111 ;
-  wire [12:0] \$112 ;
+  wire \$110 ;
+  wire \$111 ;
+  wire \$112 ;
   wire \$113 ;
   wire \$114 ;
-  wire [11:0] \$115 ;
-  wire [12:0] \$116 ;
-  wire [14:0] \$117 ;
+  wire \$115 ;
+  wire \$116 ;
+  wire \$117 ;
   wire \$118 ;
   wire \$119 ;
   wire \$12 ;
-  wire [12:0] \$120 ;
-  wire [14:0] \$121 ;
-  wire [14:0] \$122 ;
-  wire \$123 ;
-  wire [3:0] \$124 ;
+  wire \$120 ;
+  wire \$121 ;
+  wire [6:0] \$122 ;
+  wire [12:0] \$123 ;
+  wire \$124 ;
   wire \$125 ;
   wire \$126 ;
-  wire [2:0] \$127 ;
-  wire [2:0] \$128 ;
-  wire \$129 ;
-  wire \$13 ;
-  wire \$130 ;
-  wire \$131 ;
-  wire [13:0] \$132 ;
-  wire [2:0] \$133 ;
-  wire [14:0] \$134 ;
-  wire [2:0] \$135 ;
-  wire [3:0] \$136 ;
-  wire \$137 ;
-  wire \$138 ;
-  wire \$139 ;
+  wire [31:0] \$127 ;
+  wire [32:0] \$128 ;
+  wire [31:0] \$129 ;
+  wire [12:0] \$13 ;
+  wire [32:0] \$130 ;
+  wire [31:0] \$131 ;
+  wire [32:0] \$132 ;
+  wire [31:0] \$133 ;
+  wire [32:0] \$134 ;
+  wire [31:0] \$135 ;
+  wire [31:0] \$136 ;
+  wire [31:0] \$137 ;
+  wire [31:0] \$138 ;
+  wire [13:0] \$139 ;
   wire \$14 ;
-  wire \$140 ;
-  wire \$141 ;
+  wire [2:0] \$140 ;
+  wire [14:0] \$141 ;
   wire [14:0] \$142 ;
-  wire [14:0] \$143 ;
+  wire \$143 ;
   wire \$144 ;
   wire \$145 ;
-  wire [14:0] \$146 ;
-  wire [14:0] \$147 ;
-  wire [12:0] \$148 ;
+  wire \$146 ;
+  wire \$147 ;
+  wire \$148 ;
   wire \$149 ;
   wire \$15 ;
   wire \$150 ;
   wire \$151 ;
   wire \$152 ;
-  wire [12:0] \$153 ;
+  wire \$153 ;
   wire \$154 ;
-  wire [12:0] \$155 ;
+  wire \$155 ;
   wire \$156 ;
-  wire [14:0] \$157 ;
+  wire \$157 ;
   wire \$158 ;
-  wire [12:0] \$159 ;
-  wire \$16 ;
-  wire [12:0] \$160 ;
+  wire \$159 ;
+  wire [4:0] \$16 ;
+  wire \$160 ;
   wire \$161 ;
   wire \$162 ;
   wire \$163 ;
@@ -85,142 +85,138 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
-  wire [2:0] \$172 ;
-  wire [12:0] \$173 ;
-  wire [14:0] \$174 ;
-  wire [14:0] \$175 ;
-  wire \$176 ;
-  wire \$177 ;
-  wire \$178 ;
-  wire \$179 ;
-  wire [12:0] \$18 ;
-  wire \$180 ;
-  wire \$181 ;
-  wire \$182 ;
-  wire \$183 ;
-  wire \$184 ;
-  reg [13:0] \$185 ;
+  wire \$172 ;
+  wire \$173 ;
+  reg [11:0] \$174 ;
+  reg \$175 ;
+  reg [13:0] \$176 ;
+  reg \$177 ;
+  reg [1:0] \$178 ;
+  reg \$179 ;
+  wire \$18 ;
+  reg \$180 ;
+  reg [11:0] \$181 ;
+  reg [11:0] \$182 ;
+  reg [3:0] \$183 ;
+  reg \$184 ;
+  reg \$185 ;
   reg \$186 ;
-  reg [1:0] \$187 ;
+  reg [3:0] \$187 ;
   reg \$188 ;
   reg \$189 ;
   wire \$19 ;
-  reg [11:0] \$190 ;
-  reg [11:0] \$191 ;
-  reg [3:0] \$192 ;
+  reg \$190 ;
+  reg [31:0] \$191 ;
+  reg [31:0] \$192 ;
   reg \$193 ;
   reg \$194 ;
-  reg \$195 ;
-  reg [3:0] \$196 ;
-  reg \$197 ;
-  reg \$198 ;
-  reg [11:0] \$199 ;
+  reg [11:0] \$195 ;
+  reg [13:0] \$196 ;
+  reg [11:0] \$197 ;
+  reg [11:0] \$198 ;
+  reg [13:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
   reg [13:0] \$200 ;
-  reg [11:0] \$201 ;
-  reg [11:0] \$202 ;
-  reg [13:0] \$203 ;
+  reg [13:0] \$201 ;
+  reg [2:0] \$202 ;
+  reg [2:0] \$203 ;
   reg [13:0] \$204 ;
-  reg [13:0] \$205 ;
-  reg [2:0] \$206 ;
-  reg [2:0] \$207 ;
-  reg [13:0] \$208 ;
-  reg [2:0] \$209 ;
+  reg [2:0] \$205 ;
+  reg \$206 ;
+  reg \$207 ;
+  reg \$208 ;
+  reg [13:0] \$209 ;
   wire \$21 ;
-  reg \$210 ;
+  reg [127:0] \$210 ;
   reg \$211 ;
   reg \$212 ;
   reg [13:0] \$213 ;
   reg [127:0] \$214 ;
-  reg \$215 ;
-  reg \$216 ;
-  reg [13:0] \$217 ;
-  reg [127:0] \$218 ;
-  reg [1:0] \$219 ;
+  reg [1:0] \$215 ;
+  reg [127:0] \$216 ;
+  reg \$217 ;
+  reg [3:0] \$218 ;
+  reg \$219 ;
   wire \$22 ;
-  reg [127:0] \$220 ;
-  reg \$221 ;
-  reg [3:0] \$222 ;
-  reg \$223 ;
+  reg [13:0] \$220 ;
+  reg [11:0] \$221 ;
+  reg [11:0] \$222 ;
+  reg [13:0] \$223 ;
   reg [13:0] \$224 ;
-  reg [11:0] \$225 ;
-  reg [11:0] \$226 ;
-  reg [13:0] \$227 ;
-  reg [13:0] \$228 ;
+  reg \$225 ;
+  reg [3:0] \$226 ;
+  reg \$227 ;
+  reg [79:0] \$228 ;
   reg \$229 ;
-  wire [6:0] \$23 ;
-  reg [3:0] \$230 ;
-  reg \$231 ;
-  reg [79:0] \$232 ;
-  reg \$233 ;
-  reg [2:0] \$234 ;
-  reg [2:0] \$235 ;
-  reg [11:0] \$236 ;
-  reg [13:0] \$237 ;
-  reg [13:0] \$238 ;
-  wire [12:0] \$24 ;
+  wire [7:0] \$23 ;
+  reg [2:0] \$230 ;
+  reg [2:0] \$231 ;
+  reg [11:0] \$232 ;
+  reg [13:0] \$233 ;
+  reg [13:0] \$234 ;
+  wire [7:0] \$24 ;
   wire [7:0] \$25 ;
   wire [7:0] \$26 ;
-  wire [7:0] \$27 ;
-  wire [7:0] \$28 ;
-  wire [12:0] \$29 ;
-  wire [6:0] \$3 ;
+  wire [12:0] \$27 ;
+  wire [14:0] \$28 ;
+  wire \$29 ;
+  wire [14:0] \$3 ;
   wire \$30 ;
-  wire \$31 ;
-  wire \$32 ;
-  wire [31:0] \$33 ;
-  wire [32:0] \$34 ;
-  wire [31:0] \$35 ;
-  wire [32:0] \$36 ;
-  wire [31:0] \$37 ;
-  wire [32:0] \$38 ;
-  wire [31:0] \$39 ;
-  wire [12:0] \$4 ;
-  wire [32:0] \$40 ;
-  wire [31:0] \$41 ;
-  wire [31:0] \$42 ;
-  wire [31:0] \$43 ;
-  wire [31:0] \$44 ;
-  wire [13:0] \$45 ;
-  wire [2:0] \$46 ;
-  wire [14:0] \$47 ;
-  wire [14:0] \$48 ;
-  wire \$49 ;
+  wire [11:0] \$31 ;
+  wire [12:0] \$32 ;
+  wire [14:0] \$33 ;
+  wire \$34 ;
+  wire \$35 ;
+  wire [12:0] \$36 ;
+  wire [14:0] \$37 ;
+  wire [14:0] \$38 ;
+  wire \$39 ;
+  wire [14:0] \$4 ;
+  wire [3:0] \$40 ;
+  wire \$41 ;
+  wire \$42 ;
+  wire [2:0] \$43 ;
+  wire [2:0] \$44 ;
+  wire \$45 ;
+  wire \$46 ;
+  wire \$47 ;
+  wire [13:0] \$48 ;
+  wire [2:0] \$49 ;
   wire \$5 ;
-  wire \$50 ;
-  wire \$51 ;
-  wire \$52 ;
+  wire [14:0] \$50 ;
+  wire [2:0] \$51 ;
+  wire [3:0] \$52 ;
   wire \$53 ;
   wire \$54 ;
   wire \$55 ;
   wire \$56 ;
   wire \$57 ;
-  wire \$58 ;
-  wire \$59 ;
-  wire [12:0] \$6 ;
+  wire [14:0] \$58 ;
+  wire [14:0] \$59 ;
+  wire [1:0] \$6 ;
   wire \$60 ;
   wire \$61 ;
-  wire \$62 ;
-  wire \$63 ;
-  wire \$64 ;
+  wire [14:0] \$62 ;
+  wire [14:0] \$63 ;
+  wire [12:0] \$64 ;
   wire \$65 ;
   wire \$66 ;
   wire \$67 ;
   wire \$68 ;
-  wire \$69 ;
-  wire \$7 ;
+  wire [12:0] \$69 ;
+  wire [1:0] \$7 ;
   wire \$70 ;
-  wire \$71 ;
+  wire [12:0] \$71 ;
   wire \$72 ;
-  wire \$73 ;
+  wire [14:0] \$73 ;
   wire \$74 ;
-  wire \$75 ;
-  wire \$76 ;
+  wire [12:0] \$75 ;
+  wire [12:0] \$76 ;
   wire \$77 ;
   wire \$78 ;
   wire \$79 ;
-  wire \$8 ;
+  wire [1:0] \$8 ;
   wire \$80 ;
   wire \$81 ;
   wire \$82 ;
@@ -229,50 +225,49 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$85 ;
   wire \$86 ;
   wire \$87 ;
-  wire [14:0] \$88 ;
-  wire [14:0] \$89 ;
+  wire [2:0] \$88 ;
+  wire [12:0] \$89 ;
   wire \$9 ;
-  wire \$90 ;
-  wire [1:0] \$91 ;
-  wire [1:0] \$92 ;
-  wire [1:0] \$93 ;
+  wire [14:0] \$90 ;
+  wire [14:0] \$91 ;
+  wire \$92 ;
+  wire \$93 ;
   wire \$94 ;
-  wire [12:0] \$95 ;
-  wire [12:0] \$96 ;
+  wire \$95 ;
+  wire \$96 ;
   wire \$97 ;
   wire \$98 ;
-  wire [12:0] \$99 ;
+  wire \$99 ;
   (* init = 1'h0 *)
   wire \$signal ;
-  reg \$signal$100  = 1'h0;
-  reg \$signal$24  = 1'h0;
-  reg [1:0] \$signal$33 ;
-  (* init = 1'h0 *)
-  wire \$signal$44 ;
-  (* init = 1'h0 *)
-  wire \$signal$46 ;
+  reg [1:0] \$signal$25 ;
+  reg \$signal$28  = 1'h0;
+  reg \$signal$33  = 1'h0;
+  reg \$signal$35  = 1'h0;
+  reg \$signal$60  = 1'h0;
   wire [7:0] \$signature__addr ;
-  wire [6:0] \$signature__addr$27 ;
-  wire [7:0] \$signature__addr$65 ;
+  wire [7:0] \$signature__addr$101 ;
+  wire [6:0] \$signature__addr$93 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$29 ;
-  wire [7:0] \$signature__data$29[0] ;
-  wire [7:0] \$signature__data$29[1] ;
-  wire [7:0] \$signature__data$29[2] ;
-  wire [7:0] \$signature__data$29[3] ;
-  wire [127:0] \$signature__data$62 ;
-  wire [31:0] \$signature__data$62[0] ;
-  wire [31:0] \$signature__data$62[1] ;
-  wire [31:0] \$signature__data$62[2] ;
-  wire [31:0] \$signature__data$62[3] ;
+  wire [127:0] \$signature__data$100 ;
+  wire [31:0] \$signature__data$100[0] ;
+  wire [31:0] \$signature__data$100[1] ;
+  wire [31:0] \$signature__data$100[2] ;
+  wire [31:0] \$signature__data$100[3] ;
+  wire [31:0] \$signature__data$94 ;
+  wire [7:0] \$signature__data$94[0] ;
+  wire [7:0] \$signature__data$94[1] ;
+  wire [7:0] \$signature__data$94[2] ;
+  wire [7:0] \$signature__data$94[3] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
   wire [7:0] \$signature__data[3] ;
   wire \$signature__en ;
-  wire \$signature__en$30 ;
-  reg \$signature__en$67  = 1'h0;
-  wire [31:0] a;
+  (* init = 1'h0 *)
+  wire \$signature__en$102 ;
+  wire \$signature__en$95 ;
+  reg [31:0] a = 32'd0;
   wire [7:0] \a[0] ;
   wire [7:0] \a[1] ;
   wire [7:0] \a[2] ;
@@ -296,7 +291,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [7:0] \a_rd__data[2] ;
   wire [7:0] \a_rd__data[3] ;
   reg [13:0] a_wptr = 14'h0000;
-  wire [31:0] b;
+  reg [31:0] b = 32'd0;
   wire [7:0] \b[0] ;
   wire [7:0] \b[1] ;
   wire [7:0] \b[2] ;
@@ -392,7 +387,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [2:0] d_cols = 3'h0;
   output done;
   reg done = 1'h0;
-  wire \done$57 ;
+  wire \done$55 ;
   reg drain_busy = 1'h0;
   output error;
   reg error = 1'h0;
@@ -416,9 +411,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [31:0] \i__payload[2] ;
   wire [31:0] \i__payload[3] ;
   wire i__ready;
-  reg i__valid = 1'h0;
+  (* init = 1'h0 *)
+  wire i__valid;
   reg issuing = 1'h0;
   reg [11:0] k = 12'h000;
+  reg [11:0] k_m1 = 12'h000;
   reg last = 1'h0;
   wire [15:0] mult;
   wire [31:0] o__payload;
@@ -437,8 +434,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire panel_ready;
   reg [1:0] pending = 2'h0;
   reg [3:0] q_mask = 4'h0;
-  (* init = 1'h0 *)
-  wire q_valid;
+  reg q_valid = 1'h0;
   reg [13:0] r_addr = 14'h0000;
   reg r_col_busy = 1'h0;
   reg [3:0] r_mask = 4'h0;
@@ -454,15 +450,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input rst;
   wire rst;
   reg [13:0] s_addr = 14'h0000;
-  (* init = 1'h0 *)
-  wire s_last;
+  reg s_last = 1'h0;
   reg [13:0] s_left = 14'h0000;
   reg [3:0] s_mask = 4'h0;
   reg [11:0] s_n = 12'h000;
   reg [11:0] s_rows = 12'h000;
   wire shift;
-  wire [5:0] \shift$70 ;
-  reg start;
+  wire [5:0] \shift$104 ;
+  reg start = 1'h0;
   wire step;
   reg store_start;
   reg storing = 1'h0;
@@ -473,8 +468,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg valid = 1'h0;
   reg [13:0] w_addr = 14'h0000;
   reg w_busy = 1'h0;
-  (* init = 1'h0 *)
-  wire w_valid;
+  reg w_valid = 1'h0;
   reg [127:0] w_word = 128'h00000000000000000000000000000000;
   wire [31:0] \w_word[0] ;
   wire [31:0] \w_word[1] ;
@@ -881,14 +875,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     spad_b[127] = 32'd0;
   end
   always @(posedge clk) begin
-    if (\$signature__en$30 )
-      spad_b[\$4 [6:0]] <= b_in__payload;
+    if (\$signature__en$95 )
+      spad_b[\$105 [6:0]] <= b_in__payload;
   end
   reg [31:0] _1_;
   always @(posedge clk) begin
-    _1_ <= spad_b[\$24 [6:0]];
+    _1_ <= spad_b[\$123 [6:0]];
   end
-  assign b = _1_;
+  assign b_rd__data = _1_;
   reg [127:0] spad_c [255:0];
   initial begin
     spad_c[0] = 128'h00000000000000000000000000000000;
@@ -1149,321 +1143,324 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     spad_c[255] = 128'h00000000000000000000000000000000;
   end
   always @(posedge clk) begin
-    if (\$signature__en$67 )
-      spad_c[w_addr[7:0]] <= \$signature__data$62 ;
+    if (w_valid)
+      spad_c[w_addr[7:0]] <= \$signature__data$100 ;
   end
   reg [127:0] _2_;
   always @(posedge clk) begin
     if (c_rd__en) begin
-      _2_ <= spad_c[\$48 [7:0]];
+      _2_ <= spad_c[\$142 [7:0]];
     end
   end
   assign c_rd__data = _2_;
+  assign \$1  = cmd[23:12] - 1'h1;
+  assign \$2  = a_in__valid & a_in__ready;
+  assign \$3  = a_wptr + 1'h1;
+  assign \$4  = a_wptr + 1'h1;
+  assign \$5  = \$4  == a_lim;
+  assign \$6  = full | \$signal$25 ;
+  assign \$7  = ~ full_clr;
+  assign \$8  = \$6  & \$7 ;
+  assign \$9  = b_in__valid & b_in__ready;
+  assign \$10  = b_k + 1'h1;
+  assign \$11  = b_k == k_m1;
+  assign \$12  = ~ wbuf;
+  assign \$13  = b_cols_left - 3'h4;
+  assign \$14  = b_cols_left <= 3'h4;
+  assign \$15  = gap < 4'hb;
+  assign \$16  = gap + 1'h1;
+  assign \$17  = ! k;
+  assign \$18  = k == k_m1;
+  assign \$19  = rows_c > 1'h0;
+  assign \$20  = rows_c > 1'h1;
+  assign \$21  = rows_c > 2'h2;
+  assign \$22  = rows_c > 2'h3;
+  assign \$23  = s_mask[0] ? a_rd__data[7:0] : 8'h00;
+  assign \$24  = s_mask[1] ? a_rd__data[15:8] : 8'h00;
+  assign \$25  = s_mask[2] ? a_rd__data[23:16] : 8'h00;
+  assign \$26  = s_mask[3] ? a_rd__data[31:24] : 8'h00;
+  assign \$27  = k + 1'h1;
+  assign \$28  = a_ptr + 1'h1;
+  assign \$29  = k == k_m1;
+  assign \$30  = cols_c < 3'h4;
+  assign \$31  = \$30  ? cols_c : 12'h004;
+  assign \$32  = rows_c - 3'h4;
+  assign \$33  = c_tile + cmd[35:24];
+  assign \$34  = rows_c <= 3'h4;
+  assign \$35  = ~ rbuf;
+  assign \$36  = cols_c - 3'h4;
+  assign \$37  = c_panel + 3'h4;
+  assign \$38  = c_panel + 3'h4;
+  assign \$39  = cols_c <= 3'h4;
+  assign \$40  = d_col + 1'h1;
+  assign \$41  = d_col == 2'h3;
+  assign \$42  = \done$55  | drain_busy;
+  assign \$43  = \done$55  ? 3'h0 : d_col;
+  assign \$44  = \done$55  ? t_cols : d_cols;
+  assign \$45  = \$43  < \$44 ;
+  assign \$46  = \$42  & \$45 ;
+  assign \$47  = \done$55  | drain_busy;
+  assign \$48  = \done$55  ? t_base : d_base;
+  assign \$49  = \done$55  ? 3'h0 : d_col;
+  assign \$50  = \$48  + \$49 ;
+  assign \$51  = pending + tile_issued;
+  assign \$52  = \$51  - tile_drained;
+  assign \$53  = ~ q_valid;
+  assign \$54  = \$53  | i__ready;
+  assign \$55  = ~ q_valid;
+  assign \$56  = \$55  | i__ready;
+  assign \$57  = storing & \$56 ;
+  assign \$58  = c_lim - cmd[53:45];
+  assign \$59  = c_lim - cmd[53:45];
+  assign \$60  = | s_left;
+  assign \$61  = | s_left;
+  assign \$62  = s_addr + 1'h1;
+  assign \$63  = s_left - 1'h1;
+  assign \$64  = s_n + 1'h1;
+  assign \$65  = s_rows > 1'h0;
+  assign \$66  = s_rows > 1'h1;
+  assign \$67  = s_rows > 2'h2;
+  assign \$68  = s_rows > 2'h3;
+  assign \$69  = cmd[35:24] - 1'h1;
+  assign \$70  = s_n == \$69 ;
+  assign \$71  = s_rows - 3'h4;
+  assign \$72  = c_out__valid & c_out__ready;
+  assign \$73  = out_left - 1'h1;
+  assign \$74  = | code;
+  assign \$75  = cmd[44:36] + cmd[23:12];
+  assign \$76  = cmd[53:45] + cmd[35:24];
+  assign \$77  = cmd[76] | cmd[77];
+  assign \$78  = a_lim > 9'h100;
+  assign \$79  = \$77  & \$78 ;
+  assign \$80  = cmd[77] | cmd[79];
+  assign \$81  = c_lim > 9'h100;
+  assign \$82  = \$80  & \$81 ;
+  assign \$83  = \$79  | \$82 ;
+  assign \$84  = rows_left <= 3'h4;
+  assign \$85  = cmd[76] | cmd[77];
+  assign \$86  = a_lim > 9'h100;
+  assign \$87  = \$85  & \$86 ;
+  assign \$88  = \$87  ? 3'h4 : 3'h5;
+  assign \$89  = rows_left - 3'h4;
+  assign \$90  = a_lim + cmd[23:12];
+  assign \$91  = c_lim + cmd[35:24];
+  assign \$92  = start | a_in__ready;
+  assign \$93  = \$92  | \$signal$28 ;
+  assign \$94  = \$93  | issuing;
+  assign \$95  = \$94  | drain_busy;
+  assign \$96  = \$95  | r_col_busy;
+  assign \$97  = \$96  | w_busy;
+  assign \$98  = ~ \$97 ;
+  assign \$99  = ! pending;
+  assign \$100  = \$98  & \$99 ;
+  assign \$101  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$1  = full >> wbuf;
-  assign \$2  = ~ \$1 ;
-  assign b_in__ready = \$signal$24  & \$2 ;
-  assign \$3  = wbuf ? 7'h40 : 7'h00;
-  assign \$4  = \$3  + b_k;
-  assign \$signature__en$30  = b_in__valid & b_in__ready;
-  assign \$5  = b_in__valid & b_in__ready;
-  assign \$6  = cmd[23:12] - 1'h1;
-  assign \$7  = b_k == \$6 ;
-  assign \$8  = full >> rbuf;
-  assign \$9  = wbuf == rbuf;
-  assign \$10  = b_in__ready & \$9 ;
-  assign \$11  = b_k > k;
-  assign \$12  = \$10  & \$11 ;
-  assign panel_ready = \$8  | \$12 ;
-  assign \$13  = issuing & panel_ready;
-  assign \$14  = ~ cmd[76];
-  assign \$15  = a_ptr < a_wptr;
-  assign \$16  = \$14  | \$15 ;
-  assign \$17  = \$13  & \$16 ;
-  assign \$18  = cmd[23:12] - 1'h1;
-  assign \$19  = k == \$18 ;
-  assign \$20  = ~ \$19 ;
-  assign \$21  = gap >= 4'ha;
-  assign \$22  = \$20  | \$21 ;
-  assign step = \$17  & \$22 ;
-  assign \$23  = rbuf ? 7'h40 : 7'h00;
-  assign \$24  = \$23  + k;
-  assign \$25  = s_mask[0] ? a_rd__data[7:0] : 8'h00;
-  assign \$26  = s_mask[1] ? a_rd__data[15:8] : 8'h00;
-  assign \$27  = s_mask[2] ? a_rd__data[23:16] : 8'h00;
-  assign \$28  = s_mask[3] ? a_rd__data[31:24] : 8'h00;
-  assign \$29  = cmd[23:12] - 1'h1;
-  assign \$30  = k == \$29 ;
-  assign \$31  = rows_c <= 3'h4;
-  assign \$32  = d_col == 2'h3;
-  assign shift = \done$57  | drain_busy;
-  assign \$33  = cmd[78] ? c_q[31:0] : 32'd0;
-  assign \$34  = $signed(w_word[31:0]) + $signed(\$33 );
-  assign \$35  = cmd[78] ? c_q[63:32] : 32'd0;
-  assign \$36  = $signed(w_word[63:32]) + $signed(\$35 );
-  assign \$37  = cmd[78] ? c_q[95:64] : 32'd0;
-  assign \$38  = $signed(w_word[95:64]) + $signed(\$37 );
-  assign \$39  = cmd[78] ? c_q[127:96] : 32'd0;
-  assign \$40  = $signed(w_word[127:96]) + $signed(\$39 );
-  assign \$41  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$42  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$43  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$44  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$45  = \done$57  ? t_base : d_base;
-  assign \$46  = \done$57  ? 3'h0 : d_col;
-  assign \$47  = \$45  + \$46 ;
-  assign \$48  = storing ? { 1'h0, s_addr } : \$47 ;
-  assign \$49  = ~ storing;
-  assign \$50  = ~ i__valid;
-  assign \$51  = \$50  | i__ready;
-  assign c_rd__en = \$49  | \$51 ;
+  assign \$102  = full >> wbuf;
+  assign \$103  = ~ \$102 ;
+  assign b_in__ready = \$signal$28  & \$103 ;
+  assign \$104  = wbuf ? 7'h40 : 7'h00;
+  assign \$105  = \$104  + b_k;
+  assign \$signature__en$95  = b_in__valid & b_in__ready;
+  assign \$106  = b_in__valid & b_in__ready;
+  assign \$107  = b_k == k_m1;
+  assign \$108  = full >> rbuf;
+  assign \$109  = wbuf == rbuf;
+  assign \$110  = b_in__ready & \$109 ;
+  assign \$111  = b_k > k;
+  assign \$112  = \$110  & \$111 ;
+  assign panel_ready = \$108  | \$112 ;
+  assign \$113  = issuing & panel_ready;
+  assign \$114  = ~ cmd[76];
+  assign \$115  = a_ptr < a_wptr;
+  assign \$116  = \$114  | \$115 ;
+  assign \$117  = \$113  & \$116 ;
+  assign \$118  = k == k_m1;
+  assign \$119  = ~ \$118 ;
+  assign \$120  = gap >= 4'ha;
+  assign \$121  = \$119  | \$120 ;
+  assign step = \$117  & \$121 ;
+  assign \$122  = rbuf ? 7'h40 : 7'h00;
+  assign \$123  = \$122  + k;
+  assign \$124  = k == k_m1;
+  assign \$125  = rows_c <= 3'h4;
+  assign \$126  = d_col == 2'h3;
+  assign shift = \done$55  | drain_busy;
+  assign \$127  = cmd[78] ? c_q[31:0] : 32'd0;
+  assign \$128  = $signed(w_word[31:0]) + $signed(\$127 );
+  assign \$129  = cmd[78] ? c_q[63:32] : 32'd0;
+  assign \$130  = $signed(w_word[63:32]) + $signed(\$129 );
+  assign \$131  = cmd[78] ? c_q[95:64] : 32'd0;
+  assign \$132  = $signed(w_word[95:64]) + $signed(\$131 );
+  assign \$133  = cmd[78] ? c_q[127:96] : 32'd0;
+  assign \$134  = $signed(w_word[127:96]) + $signed(\$133 );
+  assign \$135  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$136  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$137  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$138  = q_mask[3] ? c_q[127:96] : 32'd0;
+  assign \$139  = \done$55  ? t_base : d_base;
+  assign \$140  = \done$55  ? 3'h0 : d_col;
+  assign \$141  = \$139  + \$140 ;
+  assign \$142  = storing ? { 1'h0, s_addr } : \$141 ;
+  assign \$143  = ~ storing;
+  assign \$144  = ~ q_valid;
+  assign \$145  = \$144  | i__ready;
+  assign c_rd__en = \$143  | \$145 ;
   assign busy = ~ cmd__ready;
-  assign \$52  = cmd[76] | cmd[77];
-  assign \$53  = \$52  | cmd[79];
-  assign \$54  = ~ \$53 ;
-  assign \$55  = ! cmd[11:0];
-  assign \$56  = cmd[76] | cmd[77];
-  assign \$57  = ! cmd[23:12];
-  assign \$58  = \$56  & \$57 ;
-  assign \$59  = \$55  | \$58 ;
-  assign \$60  = cmd[77] | cmd[79];
-  assign \$61  = ! cmd[35:24];
-  assign \$62  = \$60  & \$61 ;
-  assign \$63  = \$59  | \$62 ;
-  assign \$64  = cmd[23:12] > 7'h40;
-  assign \$65  = cmd[77] & \$64 ;
-  assign \$66  = cmd[76] | cmd[77];
-  assign \$67  = a_lim > 9'h100;
-  assign \$68  = \$66  & \$67 ;
-  assign \$69  = cmd[77] | cmd[79];
-  assign \$70  = c_lim > 9'h100;
-  assign \$71  = \$69  & \$70 ;
-  assign \$72  = \$68  | \$71 ;
-  assign \$73  = rows_left <= 3'h4;
-  assign \$74  = a_in__ready | \$signal$24 ;
-  assign \$75  = \$74  | issuing;
-  assign \$76  = \$75  | drain_busy;
-  assign \$77  = \$76  | r_col_busy;
-  assign \$78  = \$77  | w_busy;
-  assign \$79  = ~ \$78 ;
-  assign \$80  = ! pending;
-  assign \$81  = \$79  & \$80 ;
-  assign \$82  = ! fsm_state;
-  assign \$83  = fsm_state == 1'h1;
-  assign \$84  = fsm_state == 2'h2;
-  assign \$85  = fsm_state == 2'h3;
-  assign \$86  = fsm_state == 3'h4;
-  assign \$87  = a_in__valid & a_in__ready;
-  assign \$88  = a_wptr + 1'h1;
-  assign \$89  = a_wptr + 1'h1;
-  assign \$90  = \$89  == a_lim;
-  assign \$91  = full | \$signal$33 ;
-  assign \$92  = ~ full_clr;
-  assign \$93  = \$91  & \$92 ;
-  assign \$94  = b_in__valid & b_in__ready;
-  assign \$95  = b_k + 1'h1;
-  assign \$96  = cmd[23:12] - 1'h1;
-  assign \$97  = b_k == \$96 ;
-  assign \$98  = ~ wbuf;
-  assign \$99  = b_cols_left - 3'h4;
-  assign \$100  = b_cols_left <= 3'h4;
-  assign \$101  = gap < 4'hb;
-  assign \$102  = gap + 1'h1;
-  assign \$103  = ! k;
-  assign \$104  = cmd[23:12] - 1'h1;
-  assign \$105  = k == \$104 ;
-  assign \$106  = rows_c > 1'h0;
-  assign \$107  = rows_c > 1'h1;
-  assign \$108  = rows_c > 2'h2;
-  assign \$109  = rows_c > 2'h3;
-  assign \$110  = k + 1'h1;
-  assign \$111  = a_ptr + 1'h1;
-  assign \$112  = cmd[23:12] - 1'h1;
-  assign \$113  = k == \$112 ;
-  assign \$114  = cols_c < 3'h4;
-  assign \$115  = \$114  ? cols_c : 12'h004;
-  assign \$116  = rows_c - 3'h4;
-  assign \$117  = c_tile + cmd[35:24];
-  assign \$118  = rows_c <= 3'h4;
-  assign \$119  = ~ rbuf;
-  assign \$120  = cols_c - 3'h4;
-  assign \$121  = c_panel + 3'h4;
-  assign \$122  = c_panel + 3'h4;
-  assign \$123  = cols_c <= 3'h4;
-  assign \$124  = d_col + 1'h1;
-  assign \$125  = d_col == 2'h3;
-  assign \$126  = \done$57  | drain_busy;
-  assign \$127  = \done$57  ? 3'h0 : d_col;
-  assign \$128  = \done$57  ? t_cols : d_cols;
-  assign \$129  = \$127  < \$128 ;
-  assign \$130  = \$126  & \$129 ;
-  assign \$131  = \done$57  | drain_busy;
-  assign \$132  = \done$57  ? t_base : d_base;
-  assign \$133  = \done$57  ? 3'h0 : d_col;
-  assign \$134  = \$132  + \$133 ;
-  assign \$135  = pending + tile_issued;
-  assign \$136  = \$135  - tile_drained;
-  assign \$137  = ~ i__valid;
-  assign \$138  = \$137  | i__ready;
-  assign \$139  = ~ i__valid;
-  assign \$140  = \$139  | i__ready;
-  assign \$141  = storing & \$140 ;
-  assign \$142  = c_lim - cmd[53:45];
-  assign \$143  = c_lim - cmd[53:45];
-  assign \$144  = | s_left;
-  assign \$145  = | s_left;
-  assign \$146  = s_addr + 1'h1;
-  assign \$147  = s_left - 1'h1;
-  assign \$148  = s_n + 1'h1;
-  assign \$149  = s_rows > 1'h0;
-  assign \$150  = s_rows > 1'h1;
-  assign \$151  = s_rows > 2'h2;
-  assign \$152  = s_rows > 2'h3;
-  assign \$153  = cmd[35:24] - 1'h1;
-  assign \$154  = s_n == \$153 ;
-  assign \$155  = s_rows - 3'h4;
-  assign \$156  = c_out__valid & c_out__ready;
-  assign \$157  = out_left - 1'h1;
-  assign \$158  = | code;
-  assign \$159  = cmd[44:36] + cmd[23:12];
-  assign \$160  = cmd[53:45] + cmd[35:24];
-  assign \$161  = cmd[76] | cmd[77];
-  assign \$162  = a_lim > 9'h100;
-  assign \$163  = \$161  & \$162 ;
-  assign \$164  = cmd[77] | cmd[79];
-  assign \$165  = c_lim > 9'h100;
-  assign \$166  = \$164  & \$165 ;
-  assign \$167  = \$163  | \$166 ;
-  assign \$168  = rows_left <= 3'h4;
-  assign \$169  = cmd[76] | cmd[77];
-  assign \$170  = a_lim > 9'h100;
-  assign \$171  = \$169  & \$170 ;
-  assign \$172  = \$171  ? 3'h4 : 3'h5;
-  assign \$173  = rows_left - 3'h4;
-  assign \$174  = a_lim + cmd[23:12];
-  assign \$175  = c_lim + cmd[35:24];
-  assign \$176  = a_in__ready | \$signal$24 ;
-  assign \$177  = \$176  | issuing;
-  assign \$178  = \$177  | drain_busy;
-  assign \$179  = \$178  | r_col_busy;
-  assign \$180  = \$179  | w_busy;
-  assign \$181  = ~ \$180 ;
-  assign \$182  = ! pending;
-  assign \$183  = \$181  & \$182 ;
-  assign \$184  = ! out_left;
+  assign \$146  = cmd[76] | cmd[77];
+  assign \$147  = \$146  | cmd[79];
+  assign \$148  = ~ \$147 ;
+  assign \$149  = ! cmd[11:0];
+  assign \$150  = cmd[76] | cmd[77];
+  assign \$151  = ! cmd[23:12];
+  assign \$152  = \$150  & \$151 ;
+  assign \$153  = \$149  | \$152 ;
+  assign \$154  = cmd[77] | cmd[79];
+  assign \$155  = ! cmd[35:24];
+  assign \$156  = \$154  & \$155 ;
+  assign \$157  = \$153  | \$156 ;
+  assign \$158  = cmd[23:12] > 7'h40;
+  assign \$159  = cmd[77] & \$158 ;
+  assign \$160  = start | a_in__ready;
+  assign \$161  = \$160  | \$signal$28 ;
+  assign \$162  = \$161  | issuing;
+  assign \$163  = \$162  | drain_busy;
+  assign \$164  = \$163  | r_col_busy;
+  assign \$165  = \$164  | w_busy;
+  assign \$166  = ~ \$165 ;
+  assign \$167  = ! pending;
+  assign \$168  = \$166  & \$167 ;
+  assign \$169  = ! fsm_state;
+  assign \$170  = fsm_state == 1'h1;
+  assign \$171  = fsm_state == 2'h2;
+  assign \$172  = fsm_state == 2'h3;
+  assign \$173  = fsm_state == 3'h4;
   always @(posedge clk)
-    a_wptr <= \$185 ;
+    k_m1 <= \$174 ;
   always @(posedge clk)
-    a_in__ready <= \$186 ;
+    start <= \$175 ;
   always @(posedge clk)
-    full <= \$187 ;
+    a_wptr <= \$176 ;
   always @(posedge clk)
-    \$signal$24  <= \$188 ;
+    a_in__ready <= \$177 ;
   always @(posedge clk)
-    wbuf <= \$189 ;
+    full <= \$178 ;
   always @(posedge clk)
-    b_k <= \$190 ;
+    \$signal$28  <= \$179 ;
   always @(posedge clk)
-    b_cols_left <= \$191 ;
+    wbuf <= \$180 ;
   always @(posedge clk)
-    gap <= \$192 ;
+    b_k <= \$181 ;
   always @(posedge clk)
-    valid <= \$193 ;
+    b_cols_left <= \$182 ;
   always @(posedge clk)
-    first <= \$194 ;
+    gap <= \$183 ;
   always @(posedge clk)
-    last <= \$195 ;
+    \$signal$33  <= \$184 ;
   always @(posedge clk)
-    s_mask <= \$196 ;
+    \$signal$35  <= \$185 ;
   always @(posedge clk)
-    issuing <= \$197 ;
+    s_last <= \$186 ;
   always @(posedge clk)
-    rbuf <= \$198 ;
+    s_mask <= \$187 ;
   always @(posedge clk)
-    k <= \$199 ;
+    valid <= \$188 ;
   always @(posedge clk)
-    a_ptr <= \$200 ;
+    first <= \$189 ;
   always @(posedge clk)
-    rows_c <= \$201 ;
+    last <= \$190 ;
   always @(posedge clk)
-    cols_c <= \$202 ;
+    b <= \$191 ;
   always @(posedge clk)
-    c_panel <= \$203 ;
+    a <= \$192 ;
   always @(posedge clk)
-    c_tile <= \$204 ;
+    issuing <= \$193 ;
   always @(posedge clk)
-    t_base <= \$205 ;
+    rbuf <= \$194 ;
   always @(posedge clk)
-    t_cols <= \$206 ;
+    k <= \$195 ;
   always @(posedge clk)
-    d_col <= \$207 ;
+    a_ptr <= \$196 ;
   always @(posedge clk)
-    d_base <= \$208 ;
+    rows_c <= \$197 ;
   always @(posedge clk)
-    d_cols <= \$209 ;
+    cols_c <= \$198 ;
   always @(posedge clk)
-    drain_busy <= \$210 ;
+    c_panel <= \$199 ;
   always @(posedge clk)
-    \$signal$100  <= \$211 ;
+    c_tile <= \$200 ;
   always @(posedge clk)
-    r_col_busy <= \$212 ;
+    t_base <= \$201 ;
   always @(posedge clk)
-    r_addr <= \$213 ;
+    t_cols <= \$202 ;
   always @(posedge clk)
-    r_word <= \$214 ;
+    d_col <= \$203 ;
   always @(posedge clk)
-    \$signature__en$67  <= \$215 ;
+    d_base <= \$204 ;
   always @(posedge clk)
-    w_busy <= \$216 ;
+    d_cols <= \$205 ;
   always @(posedge clk)
-    w_addr <= \$217 ;
+    drain_busy <= \$206 ;
   always @(posedge clk)
-    w_word <= \$218 ;
+    \$signal$60  <= \$207 ;
   always @(posedge clk)
-    pending <= \$219 ;
+    r_col_busy <= \$208 ;
   always @(posedge clk)
-    c_q <= \$220 ;
+    r_addr <= \$209 ;
   always @(posedge clk)
-    i__valid <= \$221 ;
+    r_word <= \$210 ;
   always @(posedge clk)
-    q_mask <= \$222 ;
+    w_valid <= \$211 ;
   always @(posedge clk)
-    storing <= \$223 ;
+    w_busy <= \$212 ;
   always @(posedge clk)
-    s_addr <= \$224 ;
+    w_addr <= \$213 ;
   always @(posedge clk)
-    s_n <= \$225 ;
+    w_word <= \$214 ;
   always @(posedge clk)
-    s_rows <= \$226 ;
+    pending <= \$215 ;
   always @(posedge clk)
-    s_left <= \$227 ;
+    c_q <= \$216 ;
   always @(posedge clk)
-    out_left <= \$228 ;
+    q_valid <= \$217 ;
   always @(posedge clk)
-    r_valid <= \$229 ;
+    q_mask <= \$218 ;
   always @(posedge clk)
-    r_mask <= \$230 ;
+    storing <= \$219 ;
   always @(posedge clk)
-    done <= \$231 ;
+    s_addr <= \$220 ;
   always @(posedge clk)
-    cmd <= \$232 ;
+    s_n <= \$221 ;
   always @(posedge clk)
-    error <= \$233 ;
+    s_rows <= \$222 ;
   always @(posedge clk)
-    error_code <= \$234 ;
+    s_left <= \$223 ;
   always @(posedge clk)
-    fsm_state <= \$235 ;
+    out_left <= \$224 ;
   always @(posedge clk)
-    rows_left <= \$236 ;
+    r_valid <= \$225 ;
   always @(posedge clk)
-    a_lim <= \$237 ;
+    r_mask <= \$226 ;
   always @(posedge clk)
-    c_lim <= \$238 ;
+    done <= \$227 ;
+  always @(posedge clk)
+    cmd <= \$228 ;
+  always @(posedge clk)
+    error <= \$229 ;
+  always @(posedge clk)
+    error_code <= \$230 ;
+  always @(posedge clk)
+    fsm_state <= \$231 ;
+  always @(posedge clk)
+    rows_left <= \$232 ;
+  always @(posedge clk)
+    a_lim <= \$233 ;
+  always @(posedge clk)
+    c_lim <= \$234 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
     .clk(clk),
-    .done(\done$57 ),
+    .done(\done$55 ),
     .first_in(first),
     .last_in(last),
     .out(out),
@@ -1475,25 +1472,869 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .advance(i__ready),
     .clk(clk),
     .i__payload(i__payload),
-    .i__valid(i__valid),
+    .i__valid(q_valid),
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$745$54 (cmd[75:54]),
+    .\port$734$54 (cmd[75:54]),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$33  = 2'h0;
+    \$174  = \$1 [11:0];
+    if (rst) begin
+      \$174  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$175  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          if (\$83 ) begin
+          end else if (\$84 ) begin
+            \$175  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$175  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$176  = a_wptr;
     if (start) begin
-    end else if (\$5 ) begin
-      if (\$7 ) begin
+      \$176  = { 5'h00, cmd[44:36] };
+    end else if (\$2 ) begin
+      \$176  = \$3 [13:0];
+    end
+    if (rst) begin
+      \$176  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$177  = a_in__ready;
+    if (start) begin
+      \$177  = cmd[76];
+    end else if (\$2 ) begin
+      if (\$5 ) begin
+        \$177  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$177  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$178  = \$8 ;
+    if (rst) begin
+      \$178  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$179  = \$signal$28 ;
+    if (start) begin
+      \$179  = cmd[77];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        if (\$14 ) begin
+          \$179  = 1'h0;
+        end
+      end
+    end
+    if (rst) begin
+      \$179  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$180  = wbuf;
+    if (start) begin
+      \$180  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$180  = \$12 ;
+      end
+    end
+    if (rst) begin
+      \$180  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$181  = b_k;
+    if (start) begin
+      \$181  = 12'h000;
+    end else if (\$9 ) begin
+      \$181  = \$10 [11:0];
+      if (\$11 ) begin
+        \$181  = 12'h000;
+      end
+    end
+    if (rst) begin
+      \$181  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$182  = b_cols_left;
+    if (start) begin
+      \$182  = cmd[35:24];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$182  = \$13 [11:0];
+      end
+    end
+    if (rst) begin
+      \$182  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$183  = gap;
+    if (\$15 ) begin
+      \$183  = \$16 [3:0];
+    end
+    if (start) begin
+      \$183  = 4'hb;
+    end else if (step) begin
+      if (\$29 ) begin
+        \$183  = 4'h0;
+      end
+    end
+    if (rst) begin
+      \$183  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$184  = step;
+    if (rst) begin
+      \$184  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$185  = \$17 ;
+    if (rst) begin
+      \$185  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$186  = \$18 ;
+    if (rst) begin
+      \$186  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$187  = { \$22 , \$21 , \$20 , \$19  };
+    if (rst) begin
+      \$187  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$188  = \$signal$33 ;
+    if (rst) begin
+      \$188  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$189  = \$signal$35 ;
+    if (rst) begin
+      \$189  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$190  = s_last;
+    if (rst) begin
+      \$190  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$191  = b_rd__data;
+    if (rst) begin
+      \$191  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$192 [7:0] = \$23 ;
+    \$192 [15:8] = \$24 ;
+    \$192 [23:16] = \$25 ;
+    \$192 [31:24] = \$26 ;
+    if (rst) begin
+      \$192  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$193  = issuing;
+    if (start) begin
+      \$193  = cmd[77];
+    end else if (step) begin
+      if (\$29 ) begin
+        if (\$34 ) begin
+          if (\$39 ) begin
+            \$193  = 1'h0;
+          end
+        end
+      end
+    end
+    if (rst) begin
+      \$193  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$194  = rbuf;
+    if (start) begin
+      \$194  = 1'h0;
+    end else if (step) begin
+      if (\$29 ) begin
+        if (\$34 ) begin
+          \$194  = \$35 ;
+        end
+      end
+    end
+    if (rst) begin
+      \$194  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$195  = k;
+    if (start) begin
+      \$195  = 12'h000;
+    end else if (step) begin
+      \$195  = \$27 [11:0];
+      if (\$29 ) begin
+        \$195  = 12'h000;
+      end
+    end
+    if (rst) begin
+      \$195  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$196  = a_ptr;
+    if (start) begin
+      \$196  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$196  = \$28 [13:0];
+      if (\$29 ) begin
+        if (\$34 ) begin
+          \$196  = { 5'h00, cmd[44:36] };
+        end
+      end
+    end
+    if (rst) begin
+      \$196  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$197  = rows_c;
+    if (start) begin
+      \$197  = cmd[11:0];
+    end else if (step) begin
+      if (\$29 ) begin
+        \$197  = \$32 [11:0];
+        if (\$34 ) begin
+          \$197  = cmd[11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$197  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$198  = cols_c;
+    if (start) begin
+      \$198  = cmd[35:24];
+    end else if (step) begin
+      if (\$29 ) begin
+        if (\$34 ) begin
+          \$198  = \$36 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$198  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$199  = c_panel;
+    if (start) begin
+      \$199  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (\$29 ) begin
+        if (\$34 ) begin
+          \$199  = \$37 [13:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$199  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$200  = c_tile;
+    if (start) begin
+      \$200  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (\$29 ) begin
+        \$200  = \$33 [13:0];
+        if (\$34 ) begin
+          \$200  = \$38 [13:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$200  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$201  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (\$29 ) begin
+        \$201  = c_tile;
+      end
+    end
+    if (rst) begin
+      \$201  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$202  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (\$29 ) begin
+        \$202  = \$31 [2:0];
+      end
+    end
+    if (rst) begin
+      \$202  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$203  = d_col;
+    if (\done$55 ) begin
+      \$203  = 3'h1;
+    end else if (drain_busy) begin
+      \$203  = \$40 [2:0];
+    end
+    if (rst) begin
+      \$203  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$204  = d_base;
+    if (\done$55 ) begin
+      \$204  = t_base;
+    end
+    if (rst) begin
+      \$204  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$205  = d_cols;
+    if (\done$55 ) begin
+      \$205  = t_cols;
+    end
+    if (rst) begin
+      \$205  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$206  = drain_busy;
+    if (\done$55 ) begin
+      \$206  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$41 ) begin
+        \$206  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$206  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$207  = \$46 ;
+    if (rst) begin
+      \$207  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$208  = \$47 ;
+    if (rst) begin
+      \$208  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$209  = \$50 [13:0];
+    if (rst) begin
+      \$209  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$210  = out;
+    if (rst) begin
+      \$210  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$211  = \$signal$60 ;
+    if (rst) begin
+      \$211  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$212  = r_col_busy;
+    if (rst) begin
+      \$212  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$213  = r_addr;
+    if (rst) begin
+      \$213  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$214  = r_word;
+    if (rst) begin
+      \$214  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$215  = \$52 [1:0];
+    if (rst) begin
+      \$215  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$216  = c_q;
+    if (\$54 ) begin
+      \$216  = c_rd__data;
+    end
+    if (rst) begin
+      \$216  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$217  = q_valid;
+    if (\$54 ) begin
+      \$217  = r_valid;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$101 ) begin
+            \$217  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$217  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$218  = q_mask;
+    if (\$54 ) begin
+      \$218  = r_mask;
+    end
+    if (rst) begin
+      \$218  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$219  = storing;
+    if (store_start) begin
+      \$219  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$101 ) begin
+            \$219  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$219  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$220  = s_addr;
+    if (store_start) begin
+      \$220  = { 5'h00, cmd[53:45] };
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        \$220  = \$62 [13:0];
+      end
+    end
+    if (rst) begin
+      \$220  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$221  = s_n;
+    if (store_start) begin
+      \$221  = 12'h000;
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        \$221  = \$64 [11:0];
+        if (\$70 ) begin
+          \$221  = 12'h000;
+        end
+      end
+    end
+    if (rst) begin
+      \$221  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$222  = s_rows;
+    if (store_start) begin
+      \$222  = cmd[11:0];
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        if (\$70 ) begin
+          \$222  = \$71 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$222  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$223  = s_left;
+    if (store_start) begin
+      \$223  = \$58 [13:0];
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        \$223  = \$63 [13:0];
+      end
+    end
+    if (rst) begin
+      \$223  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$224  = out_left;
+    if (store_start) begin
+      \$224  = \$59 [13:0];
+    end
+    if (\$72 ) begin
+      \$224  = \$73 [13:0];
+    end
+    if (rst) begin
+      \$224  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$225  = r_valid;
+    if (store_start) begin
+    end else if (\$57 ) begin
+      \$225  = \$60 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$101 ) begin
+            \$225  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$225  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$226  = r_mask;
+    if (store_start) begin
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        \$226  = { \$68 , \$67 , \$66 , \$65  };
+      end
+    end
+    if (rst) begin
+      \$226  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$227  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$74 ) begin
+            \$227  = 1'h1;
+          end
+      3'h2:
+          if (\$83 ) begin
+            \$227  = 1'h1;
+          end
+      3'h3:
+          if (\$100 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+            end else begin
+              \$227  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$101 ) begin
+            \$227  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$227  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$228  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$228  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$228  = 80'h00000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$229  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$229  = 1'h0;
+          end
+      3'h1:
+          if (\$74 ) begin
+            \$229  = 1'h1;
+          end
+      3'h2:
+          if (\$83 ) begin
+            \$229  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$229  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$230  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$230  = 3'h0;
+          end
+      3'h1:
+          if (\$74 ) begin
+            \$230  = code;
+          end
+      3'h2:
+          if (\$83 ) begin
+            \$230  = \$88 ;
+          end
+    endcase
+    if (rst) begin
+      \$230  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$231  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$231  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$74 ) begin
+            \$231  = 3'h0;
+          end else begin
+            \$231  = 3'h2;
+          end
+      3'h2:
+          if (\$83 ) begin
+            \$231  = 3'h0;
+          end else if (\$84 ) begin
+            \$231  = 3'h3;
+          end
+      3'h3:
+          if (\$100 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+              \$231  = 3'h4;
+            end else begin
+              \$231  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$101 ) begin
+            \$231  = 3'h0;
+          end
+    endcase
+    if (rst) begin
+      \$231  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$232  = rows_left;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$74 ) begin
+          end else begin
+            \$232  = cmd[11:0];
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$83 ) begin
+          end else if (\$84 ) begin
+          end else begin
+            \$232  = \$89 [11:0];
+          end
+    endcase
+    if (rst) begin
+      \$232  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$233  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$74 ) begin
+          end else begin
+            \$233  = { 1'h0, \$75  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$83 ) begin
+          end else if (\$84 ) begin
+          end else begin
+            \$233  = \$90 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$233  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$234  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$74 ) begin
+          end else begin
+            \$234  = { 1'h0, \$76  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$83 ) begin
+          end else if (\$84 ) begin
+          end else begin
+            \$234  = \$91 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$234  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$signal$25  = 2'h0;
+    if (start) begin
+    end else if (\$106 ) begin
+      if (\$107 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
-              \$signal$33 [0] = 1'h1;
+              \$signal$25 [0] = 1'h1;
           1'h1:
-              \$signal$33 [1] = 1'h1;
+              \$signal$25 [1] = 1'h1;
         endcase
       end
     end
@@ -1503,7 +2344,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$30 ) begin
+      if (\$124 ) begin
         tile_issued = 1'h1;
       end
     end
@@ -1513,8 +2354,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$30 ) begin
-        if (\$31 ) begin
+      if (\$124 ) begin
+        if (\$125 ) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -1529,9 +2370,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     tile_drained = 1'h0;
-    if (\done$57 ) begin
+    if (\done$55 ) begin
     end else if (drain_busy) begin
-      if (\$32 ) begin
+      if (\$126 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -1551,27 +2392,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$54 ) begin
+          if (\$148 ) begin
             code = 3'h1;
-          end else if (\$63 ) begin
+          end else if (\$157 ) begin
             code = 3'h2;
-          end else if (\$65 ) begin
+          end else if (\$159 ) begin
             code = 3'h3;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    start = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          if (\$72 ) begin
-          end else if (\$73 ) begin
-            start = 1'h1;
           end
     endcase
   end
@@ -1586,815 +2412,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$81 ) begin
+          if (\$168 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
           end
     endcase
   end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$185  = a_wptr;
-    if (start) begin
-      \$185  = { 5'h00, cmd[44:36] };
-    end else if (\$87 ) begin
-      \$185  = \$88 [13:0];
-    end
-    if (rst) begin
-      \$185  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$186  = a_in__ready;
-    if (start) begin
-      \$186  = cmd[76];
-    end else if (\$87 ) begin
-      if (\$90 ) begin
-        \$186  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$186  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$187  = \$93 ;
-    if (rst) begin
-      \$187  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$188  = \$signal$24 ;
-    if (start) begin
-      \$188  = cmd[77];
-    end else if (\$94 ) begin
-      if (\$97 ) begin
-        if (\$100 ) begin
-          \$188  = 1'h0;
-        end
-      end
-    end
-    if (rst) begin
-      \$188  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$189  = wbuf;
-    if (start) begin
-      \$189  = 1'h0;
-    end else if (\$94 ) begin
-      if (\$97 ) begin
-        \$189  = \$98 ;
-      end
-    end
-    if (rst) begin
-      \$189  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$190  = b_k;
-    if (start) begin
-      \$190  = 12'h000;
-    end else if (\$94 ) begin
-      \$190  = \$95 [11:0];
-      if (\$97 ) begin
-        \$190  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$190  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$191  = b_cols_left;
-    if (start) begin
-      \$191  = cmd[35:24];
-    end else if (\$94 ) begin
-      if (\$97 ) begin
-        \$191  = \$99 [11:0];
-      end
-    end
-    if (rst) begin
-      \$191  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$192  = gap;
-    if (\$101 ) begin
-      \$192  = \$102 [3:0];
-    end
-    if (start) begin
-      \$192  = 4'hb;
-    end else if (step) begin
-      if (\$113 ) begin
-        \$192  = 4'h0;
-      end
-    end
-    if (rst) begin
-      \$192  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$193  = step;
-    if (rst) begin
-      \$193  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$194  = \$103 ;
-    if (rst) begin
-      \$194  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$195  = \$105 ;
-    if (rst) begin
-      \$195  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$196  = { \$109 , \$108 , \$107 , \$106  };
-    if (rst) begin
-      \$196  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$197  = issuing;
-    if (start) begin
-      \$197  = cmd[77];
-    end else if (step) begin
-      if (\$113 ) begin
-        if (\$118 ) begin
-          if (\$123 ) begin
-            \$197  = 1'h0;
-          end
-        end
-      end
-    end
-    if (rst) begin
-      \$197  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$198  = rbuf;
-    if (start) begin
-      \$198  = 1'h0;
-    end else if (step) begin
-      if (\$113 ) begin
-        if (\$118 ) begin
-          \$198  = \$119 ;
-        end
-      end
-    end
-    if (rst) begin
-      \$198  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$199  = k;
-    if (start) begin
-      \$199  = 12'h000;
-    end else if (step) begin
-      \$199  = \$110 [11:0];
-      if (\$113 ) begin
-        \$199  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$199  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$200  = a_ptr;
-    if (start) begin
-      \$200  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$200  = \$111 [13:0];
-      if (\$113 ) begin
-        if (\$118 ) begin
-          \$200  = { 5'h00, cmd[44:36] };
-        end
-      end
-    end
-    if (rst) begin
-      \$200  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$201  = rows_c;
-    if (start) begin
-      \$201  = cmd[11:0];
-    end else if (step) begin
-      if (\$113 ) begin
-        \$201  = \$116 [11:0];
-        if (\$118 ) begin
-          \$201  = cmd[11:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$201  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = cols_c;
-    if (start) begin
-      \$202  = cmd[35:24];
-    end else if (step) begin
-      if (\$113 ) begin
-        if (\$118 ) begin
-          \$202  = \$120 [11:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$202  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = c_panel;
-    if (start) begin
-      \$203  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (\$113 ) begin
-        if (\$118 ) begin
-          \$203  = \$121 [13:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$203  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = c_tile;
-    if (start) begin
-      \$204  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (\$113 ) begin
-        \$204  = \$117 [13:0];
-        if (\$118 ) begin
-          \$204  = \$122 [13:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$204  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = t_base;
-    if (start) begin
-    end else if (step) begin
-      if (\$113 ) begin
-        \$205  = c_tile;
-      end
-    end
-    if (rst) begin
-      \$205  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$113 ) begin
-        \$206  = \$115 [2:0];
-      end
-    end
-    if (rst) begin
-      \$206  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = d_col;
-    if (\done$57 ) begin
-      \$207  = 3'h1;
-    end else if (drain_busy) begin
-      \$207  = \$124 [2:0];
-    end
-    if (rst) begin
-      \$207  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = d_base;
-    if (\done$57 ) begin
-      \$208  = t_base;
-    end
-    if (rst) begin
-      \$208  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = d_cols;
-    if (\done$57 ) begin
-      \$209  = t_cols;
-    end
-    if (rst) begin
-      \$209  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = drain_busy;
-    if (\done$57 ) begin
-      \$210  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$125 ) begin
-        \$210  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$210  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = \$130 ;
-    if (rst) begin
-      \$211  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = \$131 ;
-    if (rst) begin
-      \$212  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = \$134 [13:0];
-    if (rst) begin
-      \$213  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = out;
-    if (rst) begin
-      \$214  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = \$signal$100 ;
-    if (rst) begin
-      \$215  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = r_col_busy;
-    if (rst) begin
-      \$216  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = r_addr;
-    if (rst) begin
-      \$217  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = r_word;
-    if (rst) begin
-      \$218  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = \$136 [1:0];
-    if (rst) begin
-      \$219  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = c_q;
-    if (\$138 ) begin
-      \$220  = c_rd__data;
-    end
-    if (rst) begin
-      \$220  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = i__valid;
-    if (\$138 ) begin
-      \$221  = r_valid;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$184 ) begin
-            \$221  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$221  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = q_mask;
-    if (\$138 ) begin
-      \$222  = r_mask;
-    end
-    if (rst) begin
-      \$222  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = storing;
-    if (store_start) begin
-      \$223  = 1'h1;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$184 ) begin
-            \$223  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$223  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = s_addr;
-    if (store_start) begin
-      \$224  = { 5'h00, cmd[53:45] };
-    end else if (\$141 ) begin
-      if (\$145 ) begin
-        \$224  = \$146 [13:0];
-      end
-    end
-    if (rst) begin
-      \$224  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = s_n;
-    if (store_start) begin
-      \$225  = 12'h000;
-    end else if (\$141 ) begin
-      if (\$145 ) begin
-        \$225  = \$148 [11:0];
-        if (\$154 ) begin
-          \$225  = 12'h000;
-        end
-      end
-    end
-    if (rst) begin
-      \$225  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = s_rows;
-    if (store_start) begin
-      \$226  = cmd[11:0];
-    end else if (\$141 ) begin
-      if (\$145 ) begin
-        if (\$154 ) begin
-          \$226  = \$155 [11:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$226  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = s_left;
-    if (store_start) begin
-      \$227  = \$142 [13:0];
-    end else if (\$141 ) begin
-      if (\$145 ) begin
-        \$227  = \$147 [13:0];
-      end
-    end
-    if (rst) begin
-      \$227  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = out_left;
-    if (store_start) begin
-      \$228  = \$143 [13:0];
-    end
-    if (\$156 ) begin
-      \$228  = \$157 [13:0];
-    end
-    if (rst) begin
-      \$228  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = r_valid;
-    if (store_start) begin
-    end else if (\$141 ) begin
-      \$229  = \$144 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$184 ) begin
-            \$229  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$229  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = r_mask;
-    if (store_start) begin
-    end else if (\$141 ) begin
-      if (\$145 ) begin
-        \$230  = { \$152 , \$151 , \$150 , \$149  };
-      end
-    end
-    if (rst) begin
-      \$230  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$158 ) begin
-            \$231  = 1'h1;
-          end
-      3'h2:
-          if (\$167 ) begin
-            \$231  = 1'h1;
-          end
-      3'h3:
-          if (\$183 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-            end else begin
-              \$231  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$184 ) begin
-            \$231  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$231  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$232  = cmd__payload;
-          end
-    endcase
-    if (rst) begin
-      \$232  = 80'h00000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$233  = 1'h0;
-          end
-      3'h1:
-          if (\$158 ) begin
-            \$233  = 1'h1;
-          end
-      3'h2:
-          if (\$167 ) begin
-            \$233  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$233  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$234  = 3'h0;
-          end
-      3'h1:
-          if (\$158 ) begin
-            \$234  = code;
-          end
-      3'h2:
-          if (\$167 ) begin
-            \$234  = \$172 ;
-          end
-    endcase
-    if (rst) begin
-      \$234  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$235  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$158 ) begin
-            \$235  = 3'h0;
-          end else begin
-            \$235  = 3'h2;
-          end
-      3'h2:
-          if (\$167 ) begin
-            \$235  = 3'h0;
-          end else if (\$168 ) begin
-            \$235  = 3'h3;
-          end
-      3'h3:
-          if (\$183 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-              \$235  = 3'h4;
-            end else begin
-              \$235  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$184 ) begin
-            \$235  = 3'h0;
-          end
-    endcase
-    if (rst) begin
-      \$235  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$158 ) begin
-          end else begin
-            \$236  = cmd[11:0];
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$167 ) begin
-          end else if (\$168 ) begin
-          end else begin
-            \$236  = \$173 [11:0];
-          end
-    endcase
-    if (rst) begin
-      \$236  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$158 ) begin
-          end else begin
-            \$237  = { 1'h0, \$159  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$167 ) begin
-          end else if (\$168 ) begin
-          end else begin
-            \$237  = \$174 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$237  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$158 ) begin
-          end else begin
-            \$238  = { 1'h0, \$160  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$167 ) begin
-          end else if (\$168 ) begin
-          end else begin
-            \$238  = \$175 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$238  = 14'h0000;
-    end
-  end
   assign \$signal  = a_in__ready;
+  assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
-  assign b_take = b_in__ready;
-  assign \$signature__addr$27  = \$4 [6:0];
-  assign \$signature__data$29  = b_in__payload;
+  assign \$signature__addr$93  = \$105 [6:0];
+  assign \$signature__data$94  = b_in__payload;
   assign a_rd__addr = a_ptr[7:0];
-  assign b_rd__addr = \$24 [6:0];
-  assign \$signal$44  = valid;
-  assign \$signal$46  = first;
-  assign s_last = last;
-  assign b_rd__data = b;
-  assign \$signature__addr$65  = w_addr[7:0];
-  assign w_valid = \$signature__en$67 ;
+  assign b_rd__addr = \$123 [6:0];
+  assign \$signature__addr$101  = w_addr[7:0];
+  assign \$signature__en$102  = w_valid;
   assign mult = cmd[69:54];
-  assign \shift$70  = cmd[75:70];
-  assign q_valid = i__valid;
+  assign \shift$104  = cmd[75:70];
+  assign i__valid = q_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$48 [7:0];
+  assign c_rd__addr = \$142 [7:0];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -2418,14 +2459,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \c_out__payload[1]  = c_out__payload[15:8];
   assign \c_out__payload[2]  = c_out__payload[23:16];
   assign \c_out__payload[3]  = c_out__payload[31:24];
-  assign \$signature__data[0]  = a_in__payload[7:0];
-  assign \$signature__data[1]  = a_in__payload[15:8];
-  assign \$signature__data[2]  = a_in__payload[23:16];
-  assign \$signature__data[3]  = a_in__payload[31:24];
-  assign \$signature__data$29[0]  = b_in__payload[7:0];
-  assign \$signature__data$29[1]  = b_in__payload[15:8];
-  assign \$signature__data$29[2]  = b_in__payload[23:16];
-  assign \$signature__data$29[3]  = b_in__payload[31:24];
   assign \cmd.m  = cmd[11:0];
   assign \cmd.k  = cmd[23:12];
   assign \cmd.n  = cmd[35:24];
@@ -2441,10 +2474,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \b[1]  = b[15:8];
   assign \b[2]  = b[23:16];
   assign \b[3]  = b[31:24];
-  assign \b_rd__data[0]  = b[7:0];
-  assign \b_rd__data[1]  = b[15:8];
-  assign \b_rd__data[2]  = b[23:16];
-  assign \b_rd__data[3]  = b[31:24];
+  assign \b_rd__data[0]  = b_rd__data[7:0];
+  assign \b_rd__data[1]  = b_rd__data[15:8];
+  assign \b_rd__data[2]  = b_rd__data[23:16];
+  assign \b_rd__data[3]  = b_rd__data[31:24];
   assign \a[0]  = a[7:0];
   assign \a[1]  = a[15:8];
   assign \a[2]  = a[23:16];
@@ -2453,26 +2486,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \a_rd__data[1]  = a_rd__data[15:8];
   assign \a_rd__data[2]  = a_rd__data[23:16];
   assign \a_rd__data[3]  = a_rd__data[31:24];
-  assign \$signature__data$62[0]  = \$signature__data$62 [31:0];
-  assign \$signature__data$62[1]  = \$signature__data$62 [63:32];
-  assign \$signature__data$62[2]  = \$signature__data$62 [95:64];
-  assign \$signature__data$62[3]  = \$signature__data$62 [127:96];
-  assign \w_word[0]  = w_word[31:0];
-  assign \w_word[1]  = w_word[63:32];
-  assign \w_word[2]  = w_word[95:64];
-  assign \w_word[3]  = w_word[127:96];
-  assign \c_q[0]  = c_q[31:0];
-  assign \c_q[1]  = c_q[63:32];
-  assign \c_q[2]  = c_q[95:64];
-  assign \c_q[3]  = c_q[127:96];
-  assign \i__payload[0]  = i__payload[31:0];
-  assign \i__payload[1]  = i__payload[63:32];
-  assign \i__payload[2]  = i__payload[95:64];
-  assign \i__payload[3]  = i__payload[127:96];
-  assign \o__payload[0]  = c_out__payload[7:0];
-  assign \o__payload[1]  = c_out__payload[15:8];
-  assign \o__payload[2]  = c_out__payload[23:16];
-  assign \o__payload[3]  = c_out__payload[31:24];
   assign \r_word[0]  = r_word[31:0];
   assign \r_word[1]  = r_word[63:32];
   assign \r_word[2]  = r_word[95:64];
@@ -2481,26 +2494,50 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \out[1]  = out[63:32];
   assign \out[2]  = out[95:64];
   assign \out[3]  = out[127:96];
+  assign \w_word[0]  = w_word[31:0];
+  assign \w_word[1]  = w_word[63:32];
+  assign \w_word[2]  = w_word[95:64];
+  assign \w_word[3]  = w_word[127:96];
+  assign \c_q[0]  = c_q[31:0];
+  assign \c_q[1]  = c_q[63:32];
+  assign \c_q[2]  = c_q[95:64];
+  assign \c_q[3]  = c_q[127:96];
   assign \c_rd__data[0]  = c_rd__data[31:0];
   assign \c_rd__data[1]  = c_rd__data[63:32];
   assign \c_rd__data[2]  = c_rd__data[95:64];
   assign \c_rd__data[3]  = c_rd__data[127:96];
-  assign i__payload[127:96] = \$44 ;
-  assign i__payload[95:64] = \$43 ;
-  assign i__payload[63:32] = \$42 ;
-  assign i__payload[31:0] = \$41 ;
-  assign \$signature__data$62 [127:96] = \$40 [31:0];
-  assign \$signature__data$62 [95:64] = \$38 [31:0];
-  assign \$signature__data$62 [63:32] = \$36 [31:0];
-  assign \$signature__data$62 [31:0] = \$34 [31:0];
-  assign a[31:24] = \$28 ;
-  assign a[23:16] = \$27 ;
-  assign a[15:8] = \$26 ;
-  assign a[7:0] = \$25 ;
+  assign \$signature__data[0]  = a_in__payload[7:0];
+  assign \$signature__data[1]  = a_in__payload[15:8];
+  assign \$signature__data[2]  = a_in__payload[23:16];
+  assign \$signature__data[3]  = a_in__payload[31:24];
+  assign \$signature__data$94[0]  = b_in__payload[7:0];
+  assign \$signature__data$94[1]  = b_in__payload[15:8];
+  assign \$signature__data$94[2]  = b_in__payload[23:16];
+  assign \$signature__data$94[3]  = b_in__payload[31:24];
+  assign \$signature__data$100[0]  = \$signature__data$100 [31:0];
+  assign \$signature__data$100[1]  = \$signature__data$100 [63:32];
+  assign \$signature__data$100[2]  = \$signature__data$100 [95:64];
+  assign \$signature__data$100[3]  = \$signature__data$100 [127:96];
+  assign \i__payload[0]  = i__payload[31:0];
+  assign \i__payload[1]  = i__payload[63:32];
+  assign \i__payload[2]  = i__payload[95:64];
+  assign \i__payload[3]  = i__payload[127:96];
+  assign \o__payload[0]  = c_out__payload[7:0];
+  assign \o__payload[1]  = c_out__payload[15:8];
+  assign \o__payload[2]  = c_out__payload[23:16];
+  assign \o__payload[3]  = c_out__payload[31:24];
+  assign i__payload[127:96] = \$138 ;
+  assign i__payload[95:64] = \$137 ;
+  assign i__payload[63:32] = \$136 ;
+  assign i__payload[31:0] = \$135 ;
+  assign \$signature__data$100 [127:96] = \$134 [31:0];
+  assign \$signature__data$100 [95:64] = \$132 [31:0];
+  assign \$signature__data$100 [63:32] = \$130 [31:0];
+  assign \$signature__data$100 [31:0] = \$128 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array (rst, shift, b, a, valid_in, first_in, last_in, out, done, clk);
+module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, done, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   reg [7:0] \$1 ;
   reg \$10 ;
@@ -3928,7 +3965,7 @@ module \nanokpu_gemm.array.mul (rst, b__0, a__0, b__1, b__2, b__3, a__4, a__8, a
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.array.pe_0_0 (rst, shift, b_in, a_in, valid_in, first_in, last_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in, a_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -6629,7 +6666,7 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$745$54 , o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$734$54 , i__payload, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire \$1 ;
   wire [66:0] \$10 ;
@@ -6872,8 +6909,8 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$745
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$745$54 ;
-  wire [21:0] \port$745$54 ;
+  input [21:0] \port$734$54 ;
+  wire [21:0] \port$734$54 ;
   wire [47:0] q0;
   wire [47:0] q1;
   wire [47:0] q2;
@@ -6912,103 +6949,103 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$745
   assign \$11  = $signed(\$9 ) + $signed(\$10 );
   assign \$14  = $signed(\$12 ) + $signed(\$13 );
   assign \$17  = $signed(\$15 ) + $signed(\$16 );
-  assign \$18  = | \port$745$54 [21:16];
-  assign \$19  = \port$745$54 [21:16] - 1'h1;
-  assign \$20  = \port$745$54 [21:16] - 1'h1;
+  assign \$18  = | \port$734$54 [21:16];
+  assign \$19  = \port$734$54 [21:16] - 1'h1;
+  assign \$20  = \port$734$54 [21:16] - 1'h1;
   assign \$21  = \$20 [5:0] > 1'h0;
-  assign \$22  = \port$745$54 [21:16] - 1'h1;
+  assign \$22  = \port$734$54 [21:16] - 1'h1;
   assign \$23  = \$22 [5:0] > 1'h1;
-  assign \$24  = \port$745$54 [21:16] - 1'h1;
+  assign \$24  = \port$734$54 [21:16] - 1'h1;
   assign \$25  = \$24 [5:0] > 2'h2;
-  assign \$26  = \port$745$54 [21:16] - 1'h1;
+  assign \$26  = \port$734$54 [21:16] - 1'h1;
   assign \$27  = \$26 [5:0] > 2'h3;
-  assign \$28  = \port$745$54 [21:16] - 1'h1;
+  assign \$28  = \port$734$54 [21:16] - 1'h1;
   assign \$29  = \$28 [5:0] > 3'h4;
-  assign \$30  = \port$745$54 [21:16] - 1'h1;
+  assign \$30  = \port$734$54 [21:16] - 1'h1;
   assign \$31  = \$30 [5:0] > 3'h5;
-  assign \$32  = \port$745$54 [21:16] - 1'h1;
+  assign \$32  = \port$734$54 [21:16] - 1'h1;
   assign \$33  = \$32 [5:0] > 3'h6;
-  assign \$34  = \port$745$54 [21:16] - 1'h1;
+  assign \$34  = \port$734$54 [21:16] - 1'h1;
   assign \$35  = \$34 [5:0] > 3'h7;
-  assign \$36  = \port$745$54 [21:16] - 1'h1;
+  assign \$36  = \port$734$54 [21:16] - 1'h1;
   assign \$37  = \$36 [5:0] > 4'h8;
-  assign \$38  = \port$745$54 [21:16] - 1'h1;
+  assign \$38  = \port$734$54 [21:16] - 1'h1;
   assign \$39  = \$38 [5:0] > 4'h9;
-  assign \$40  = \port$745$54 [21:16] - 1'h1;
+  assign \$40  = \port$734$54 [21:16] - 1'h1;
   assign \$41  = \$40 [5:0] > 4'ha;
-  assign \$42  = \port$745$54 [21:16] - 1'h1;
+  assign \$42  = \port$734$54 [21:16] - 1'h1;
   assign \$43  = \$42 [5:0] > 4'hb;
-  assign \$44  = \port$745$54 [21:16] - 1'h1;
+  assign \$44  = \port$734$54 [21:16] - 1'h1;
   assign \$45  = \$44 [5:0] > 4'hc;
-  assign \$46  = \port$745$54 [21:16] - 1'h1;
+  assign \$46  = \port$734$54 [21:16] - 1'h1;
   assign \$47  = \$46 [5:0] > 4'hd;
-  assign \$48  = \port$745$54 [21:16] - 1'h1;
+  assign \$48  = \port$734$54 [21:16] - 1'h1;
   assign \$49  = \$48 [5:0] > 4'he;
-  assign \$50  = \port$745$54 [21:16] - 1'h1;
+  assign \$50  = \port$734$54 [21:16] - 1'h1;
   assign \$51  = \$50 [5:0] > 4'hf;
-  assign \$52  = \port$745$54 [21:16] - 1'h1;
+  assign \$52  = \port$734$54 [21:16] - 1'h1;
   assign \$53  = \$52 [5:0] > 5'h10;
-  assign \$54  = \port$745$54 [21:16] - 1'h1;
+  assign \$54  = \port$734$54 [21:16] - 1'h1;
   assign \$55  = \$54 [5:0] > 5'h11;
-  assign \$56  = \port$745$54 [21:16] - 1'h1;
+  assign \$56  = \port$734$54 [21:16] - 1'h1;
   assign \$57  = \$56 [5:0] > 5'h12;
-  assign \$58  = \port$745$54 [21:16] - 1'h1;
+  assign \$58  = \port$734$54 [21:16] - 1'h1;
   assign \$59  = \$58 [5:0] > 5'h13;
-  assign \$60  = \port$745$54 [21:16] - 1'h1;
+  assign \$60  = \port$734$54 [21:16] - 1'h1;
   assign \$61  = \$60 [5:0] > 5'h14;
-  assign \$62  = \port$745$54 [21:16] - 1'h1;
+  assign \$62  = \port$734$54 [21:16] - 1'h1;
   assign \$63  = \$62 [5:0] > 5'h15;
-  assign \$64  = \port$745$54 [21:16] - 1'h1;
+  assign \$64  = \port$734$54 [21:16] - 1'h1;
   assign \$65  = \$64 [5:0] > 5'h16;
-  assign \$66  = \port$745$54 [21:16] - 1'h1;
+  assign \$66  = \port$734$54 [21:16] - 1'h1;
   assign \$67  = \$66 [5:0] > 5'h17;
-  assign \$68  = \port$745$54 [21:16] - 1'h1;
+  assign \$68  = \port$734$54 [21:16] - 1'h1;
   assign \$69  = \$68 [5:0] > 5'h18;
-  assign \$70  = \port$745$54 [21:16] - 1'h1;
+  assign \$70  = \port$734$54 [21:16] - 1'h1;
   assign \$71  = \$70 [5:0] > 5'h19;
-  assign \$72  = \port$745$54 [21:16] - 1'h1;
+  assign \$72  = \port$734$54 [21:16] - 1'h1;
   assign \$73  = \$72 [5:0] > 5'h1a;
-  assign \$74  = \port$745$54 [21:16] - 1'h1;
+  assign \$74  = \port$734$54 [21:16] - 1'h1;
   assign \$75  = \$74 [5:0] > 5'h1b;
-  assign \$76  = \port$745$54 [21:16] - 1'h1;
+  assign \$76  = \port$734$54 [21:16] - 1'h1;
   assign \$77  = \$76 [5:0] > 5'h1c;
-  assign \$78  = \port$745$54 [21:16] - 1'h1;
+  assign \$78  = \port$734$54 [21:16] - 1'h1;
   assign \$79  = \$78 [5:0] > 5'h1d;
-  assign \$80  = \port$745$54 [21:16] - 1'h1;
+  assign \$80  = \port$734$54 [21:16] - 1'h1;
   assign \$81  = \$80 [5:0] > 5'h1e;
-  assign \$82  = \port$745$54 [21:16] - 1'h1;
+  assign \$82  = \port$734$54 [21:16] - 1'h1;
   assign \$83  = \$82 [5:0] > 5'h1f;
-  assign \$84  = \port$745$54 [21:16] - 1'h1;
+  assign \$84  = \port$734$54 [21:16] - 1'h1;
   assign \$85  = \$84 [5:0] > 6'h20;
-  assign \$86  = \port$745$54 [21:16] - 1'h1;
+  assign \$86  = \port$734$54 [21:16] - 1'h1;
   assign \$87  = \$86 [5:0] > 6'h21;
-  assign \$88  = \port$745$54 [21:16] - 1'h1;
+  assign \$88  = \port$734$54 [21:16] - 1'h1;
   assign \$89  = \$88 [5:0] > 6'h22;
-  assign \$90  = \port$745$54 [21:16] - 1'h1;
+  assign \$90  = \port$734$54 [21:16] - 1'h1;
   assign \$91  = \$90 [5:0] > 6'h23;
-  assign \$92  = \port$745$54 [21:16] - 1'h1;
+  assign \$92  = \port$734$54 [21:16] - 1'h1;
   assign \$93  = \$92 [5:0] > 6'h24;
-  assign \$94  = \port$745$54 [21:16] - 1'h1;
+  assign \$94  = \port$734$54 [21:16] - 1'h1;
   assign \$95  = \$94 [5:0] > 6'h25;
-  assign \$96  = \port$745$54 [21:16] - 1'h1;
+  assign \$96  = \port$734$54 [21:16] - 1'h1;
   assign \$97  = \$96 [5:0] > 6'h26;
-  assign \$98  = \port$745$54 [21:16] - 1'h1;
+  assign \$98  = \port$734$54 [21:16] - 1'h1;
   assign \$99  = \$98 [5:0] > 6'h27;
-  assign \$100  = \port$745$54 [21:16] - 1'h1;
+  assign \$100  = \port$734$54 [21:16] - 1'h1;
   assign \$101  = \$100 [5:0] > 6'h28;
-  assign \$102  = \port$745$54 [21:16] - 1'h1;
+  assign \$102  = \port$734$54 [21:16] - 1'h1;
   assign \$103  = \$102 [5:0] > 6'h29;
-  assign \$104  = \port$745$54 [21:16] - 1'h1;
+  assign \$104  = \port$734$54 [21:16] - 1'h1;
   assign \$105  = \$104 [5:0] > 6'h2a;
-  assign \$106  = \port$745$54 [21:16] - 1'h1;
+  assign \$106  = \port$734$54 [21:16] - 1'h1;
   assign \$107  = \$106 [5:0] > 6'h2b;
-  assign \$108  = \port$745$54 [21:16] - 1'h1;
+  assign \$108  = \port$734$54 [21:16] - 1'h1;
   assign \$109  = \$108 [5:0] > 6'h2c;
-  assign \$110  = \port$745$54 [21:16] - 1'h1;
+  assign \$110  = \port$734$54 [21:16] - 1'h1;
   assign \$111  = \$110 [5:0] > 6'h2d;
-  assign \$112  = \port$745$54 [21:16] - 1'h1;
+  assign \$112  = \port$734$54 [21:16] - 1'h1;
   assign \$113  = \$112 [5:0] > 6'h2e;
-  assign \$114  = \port$745$54 [21:16] - 1'h1;
+  assign \$114  = \port$734$54 [21:16] - 1'h1;
   assign \$115  = \$114 [5:0] > 6'h2f;
   assign \$116  = $signed(x0) >>> shift_m1;
   assign \$117  = shift_nz ? \$116  : x0;
@@ -7121,8 +7158,8 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$745
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$643$0 (i__payload),
-    .\port$745$54 (\port$745$54 [15:0]),
+    .\port$734$54 (\port$734$54 [15:0]),
+    .\port$752$0 (i__payload),
     .rst(rst)
   );
   always @* begin
@@ -7382,23 +7419,23 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$745
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$745$54 [15:0] };
-  assign mult = \port$745$54 [15:0];
+  assign b__0 = { 2'h0, \port$734$54 [15:0] };
+  assign mult = \port$734$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$745$54 [15:0] };
+  assign b__1 = { 2'h0, \port$734$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$745$54 [15:0] };
+  assign b__2 = { 2'h0, \port$734$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$745$54 [15:0] };
+  assign b__3 = { 2'h0, \port$734$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$745$54 [15:0] };
+  assign b__4 = { 2'h0, \port$734$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$745$54 [15:0] };
+  assign b__5 = { 2'h0, \port$734$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$745$54 [15:0] };
+  assign b__6 = { 2'h0, \port$734$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$745$54 [15:0] };
-  assign shift = \port$745$54 [21:16];
+  assign b__7 = { 2'h0, \port$734$54 [15:0] };
+  assign shift = \port$734$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -7422,7 +7459,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$745
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -7508,10 +7545,10 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [127:0] \port$643$0 ;
-  wire [127:0] \port$643$0 ;
-  input [15:0] \port$745$54 ;
-  wire [15:0] \port$745$54 ;
+  input [15:0] \port$734$54 ;
+  wire [15:0] \port$734$54 ;
+  input [127:0] \port$752$0 ;
+  wire [127:0] \port$752$0 ;
   input rst;
   wire rst;
   assign \$1  = $signed(a0_r) * $signed(b0_r);
@@ -7574,7 +7611,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$643$0 [16:0] };
+      \$9  = { 1'h0, \port$752$0 [16:0] };
     end
     if (rst) begin
       \$9  = 18'h00000;
@@ -7584,7 +7621,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$745$54  };
+      \$10  = { 2'h0, \port$734$54  };
     end
     if (rst) begin
       \$10  = 18'h00000;
@@ -7604,7 +7641,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$643$0 [31], \port$643$0 [31], \port$643$0 [31], \port$643$0 [31:17] };
+      \$12  = { \port$752$0 [31], \port$752$0 [31], \port$752$0 [31], \port$752$0 [31:17] };
     end
     if (rst) begin
       \$12  = 18'h00000;
@@ -7614,7 +7651,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$745$54  };
+      \$13  = { 2'h0, \port$734$54  };
     end
     if (rst) begin
       \$13  = 18'h00000;
@@ -7634,7 +7671,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$643$0 [48:32] };
+      \$15  = { 1'h0, \port$752$0 [48:32] };
     end
     if (rst) begin
       \$15  = 18'h00000;
@@ -7644,7 +7681,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$745$54  };
+      \$16  = { 2'h0, \port$734$54  };
     end
     if (rst) begin
       \$16  = 18'h00000;
@@ -7664,7 +7701,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$643$0 [63], \port$643$0 [63], \port$643$0 [63], \port$643$0 [63:49] };
+      \$18  = { \port$752$0 [63], \port$752$0 [63], \port$752$0 [63], \port$752$0 [63:49] };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -7674,7 +7711,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$745$54  };
+      \$19  = { 2'h0, \port$734$54  };
     end
     if (rst) begin
       \$19  = 18'h00000;
@@ -7694,7 +7731,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$643$0 [80:64] };
+      \$21  = { 1'h0, \port$752$0 [80:64] };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -7704,7 +7741,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$745$54  };
+      \$22  = { 2'h0, \port$734$54  };
     end
     if (rst) begin
       \$22  = 18'h00000;
@@ -7724,7 +7761,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$643$0 [95], \port$643$0 [95], \port$643$0 [95], \port$643$0 [95:81] };
+      \$24  = { \port$752$0 [95], \port$752$0 [95], \port$752$0 [95], \port$752$0 [95:81] };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -7734,7 +7771,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$745$54  };
+      \$25  = { 2'h0, \port$734$54  };
     end
     if (rst) begin
       \$25  = 18'h00000;
@@ -7754,7 +7791,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$643$0 [112:96] };
+      \$27  = { 1'h0, \port$752$0 [112:96] };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -7764,7 +7801,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$745$54  };
+      \$28  = { 2'h0, \port$734$54  };
     end
     if (rst) begin
       \$28  = 18'h00000;
@@ -7784,7 +7821,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$643$0 [127], \port$643$0 [127], \port$643$0 [127], \port$643$0 [127:113] };
+      \$30  = { \port$752$0 [127], \port$752$0 [127], \port$752$0 [127], \port$752$0 [127:113] };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -7794,7 +7831,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$745$54  };
+      \$31  = { 2'h0, \port$734$54  };
     end
     if (rst) begin
       \$31  = 18'h00000;
@@ -7810,20 +7847,20 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$643$0 , \port$745$54 , p__0, p_
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$643$0 [16:0] };
-  assign b__0 = { 2'h0, \port$745$54  };
-  assign a__1 = { \port$643$0 [31], \port$643$0 [31], \port$643$0 [31], \port$643$0 [31:17] };
-  assign b__1 = { 2'h0, \port$745$54  };
-  assign a__2 = { 1'h0, \port$643$0 [48:32] };
-  assign b__2 = { 2'h0, \port$745$54  };
-  assign a__3 = { \port$643$0 [63], \port$643$0 [63], \port$643$0 [63], \port$643$0 [63:49] };
-  assign b__3 = { 2'h0, \port$745$54  };
-  assign a__4 = { 1'h0, \port$643$0 [80:64] };
-  assign b__4 = { 2'h0, \port$745$54  };
-  assign a__5 = { \port$643$0 [95], \port$643$0 [95], \port$643$0 [95], \port$643$0 [95:81] };
-  assign b__5 = { 2'h0, \port$745$54  };
-  assign a__6 = { 1'h0, \port$643$0 [112:96] };
-  assign b__6 = { 2'h0, \port$745$54  };
-  assign a__7 = { \port$643$0 [127], \port$643$0 [127], \port$643$0 [127], \port$643$0 [127:113] };
-  assign b__7 = { 2'h0, \port$745$54  };
+  assign a__0 = { 1'h0, \port$752$0 [16:0] };
+  assign b__0 = { 2'h0, \port$734$54  };
+  assign a__1 = { \port$752$0 [31], \port$752$0 [31], \port$752$0 [31], \port$752$0 [31:17] };
+  assign b__1 = { 2'h0, \port$734$54  };
+  assign a__2 = { 1'h0, \port$752$0 [48:32] };
+  assign b__2 = { 2'h0, \port$734$54  };
+  assign a__3 = { \port$752$0 [63], \port$752$0 [63], \port$752$0 [63], \port$752$0 [63:49] };
+  assign b__3 = { 2'h0, \port$734$54  };
+  assign a__4 = { 1'h0, \port$752$0 [80:64] };
+  assign b__4 = { 2'h0, \port$734$54  };
+  assign a__5 = { \port$752$0 [95], \port$752$0 [95], \port$752$0 [95], \port$752$0 [95:81] };
+  assign b__5 = { 2'h0, \port$734$54  };
+  assign a__6 = { 1'h0, \port$752$0 [112:96] };
+  assign b__6 = { 2'h0, \port$734$54  };
+  assign a__7 = { \port$752$0 [127], \port$752$0 [127], \port$752$0 [127], \port$752$0 [127:113] };
+  assign b__7 = { 2'h0, \port$734$54  };
 endmodule
