@@ -54,7 +54,7 @@ def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
         "edge": steps - useful,                          # padded rows/columns of edge tiles
         "gap": (tiles - 1) * (max(k, gap) - k),          # tiles shorter than the drain rule
         "fill": (mb + 3) + 1,                            # command check + first words
-        "drain": cfg.rows + 2 * cfg.cols + 3,            # last step through array and drain
+        "drain": cfg.rows + 2 * cfg.cols + 4,            # last step through array and drain
         "store": store_cycles(cfg, mb * n),              # requantised results out
     }
 
@@ -117,8 +117,8 @@ store = cycles`, exactly; the bench asserts the total against `nanokpu.gemm.gemm
   and B words to land in the scratchpads; from then on a K step waits only for its own
   words, so the first tile follows the first B panel and A as they stream in.
 * **drain**: after the last K step, 1 cycle into the feed register, `rows + cols` cycles
-  through the skewed array and `cols + 2` to drain the last tile into scratchpad C (read,
-  registered, added, written).
+  through the skewed array and `cols + 3` to drain the last tile into scratchpad C (column
+  registered, old word read and registered, added, written).
 * **store**: `ceil(M/rows) * N` result words through the 6-stage requantiser, after the
   compute (the results of a GEMM that accumulates over several commands are stored once,
   by the last one).

@@ -63,7 +63,7 @@ def gemm_cycles(cfg: KpuConfig, m: int, k: int, n: int, *, store: bool = True) -
     """Exact cycles of :class:`GemmEngine` from accepting a valid ``compute`` command to
     ``done`` (with or without ``load_a``), streams never stalling: the phases' sum."""
     mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
-    cycles = (mb + 3) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + cfg.rows + 2 * cfg.cols + 3
+    cycles = (mb + 3) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + cfg.rows + 2 * cfg.cols + 4
     return cycles + (store_cycles(cfg, mb * n) if store else 1)
 
 
@@ -113,8 +113,8 @@ class GemmEngine(wiring.Component):
       while they stream in: a K step needs only its own A and B words);
     * compute: ``K + (T - 1) * max(K, tile_gap)`` cycles; later panels stream in under the
       compute of the previous ones;
-    * tail: ``rows + 2*cols + 3`` (last step -> feed register -> array -> drain ->
-      scratchpad C read, registered -> write);
+    * tail: ``rows + 2*cols + 4`` (last step -> feed register -> array -> drain ->
+      column register -> scratchpad C read, registered -> write);
     * store: :func:`store_cycles` of ``MB * N`` words (``MB * N + 10`` with the pipelined
       requantiser), or 1 cycle without ``store``.
 
@@ -258,7 +258,7 @@ class GemmEngine(wiring.Component):
         panel_ready = Signal()  # B word k of the panel is in: the panel is full, or loading past k
         m.d.comb += panel_ready.eq(full.bit_select(rbuf, 1) | (b_take & (wbuf == rbuf) & (b_k > k)))
         m.d.comb += step.eq(issuing & panel_ready
-                            & (~cmd.load_a | (a_ptr < a_wptr))
+                            & (~cmd.load_a | (a_ptr != a_wptr))  # a_ptr <= a_wptr while A streams in
                             & (~last_k | (gap >= self.tile_gap - 1)))
         m.d.comb += [a_rd.addr.eq(a_ptr), b_rd.addr.eq(Mux(rbuf, half, 0) + k)]
         with m.If(gap < self.tile_gap):
@@ -320,14 +320,19 @@ class GemmEngine(wiring.Component):
         cur_col = Mux(array.done, 0, d_col)
         draining = array.done | drain_busy
         m.d.comb += array.shift.eq(draining)
-        # read stage (the scratchpad C read of the old word), then the write stage (its
-        # registered copy c_q plus the drained column)
-        r_col_valid, r_col_busy = Signal(), Signal()
-        r_addr = Signal(wide)
-        r_word = Signal(data.ArrayLayout(signed(cfg.acc_width), R))
-        m.d.sync += [r_col_valid.eq(draining & (cur_col < cur_cols)), r_col_busy.eq(draining),
-                     r_addr.eq(cur_base + cur_col), r_word.eq(array.out),
-                     w_valid.eq(r_col_valid), w_busy.eq(r_col_busy), w_addr.eq(r_addr), w_word.eq(r_word)]
+        # three stages: the drained column and its address registered (the scratchpad C read
+        # of the old word starts from it), the read, the write (the old word's registered
+        # copy c_q plus the column)
+        col_valid = [Signal(name=f"col_valid{n}") for n in range(2)]
+        col_busy = [Signal(name=f"col_busy{n}") for n in range(2)]
+        col_addr = [Signal(wide, name=f"col_addr{n}") for n in range(2)]
+        col_word = [Signal(data.ArrayLayout(signed(cfg.acc_width), R), name=f"col_word{n}") for n in range(2)]
+        m.d.sync += [col_valid[0].eq(draining & (cur_col < cur_cols)), col_busy[0].eq(draining),
+                     col_addr[0].eq(cur_base + cur_col), col_word[0].eq(array.out),
+                     col_valid[1].eq(col_valid[0]), col_busy[1].eq(col_busy[0]),
+                     col_addr[1].eq(col_addr[0]), col_word[1].eq(col_word[0]),
+                     w_valid.eq(col_valid[1]), w_busy.eq(col_busy[1]), w_addr.eq(col_addr[1]),
+                     w_word.eq(col_word[1])]
         for i in range(R):
             old = Mux(cmd.accumulate, c_q[i], 0)
             m.d.comb += c_wr.data[i].eq(w_word[i] + old)
@@ -350,7 +355,7 @@ class GemmEngine(wiring.Component):
         for i in range(R):
             m.d.comb += requant.i.payload[i].eq(Mux(q_mask[i], c_q[i], 0))
         wiring.connect(m, requant.o, wiring.flipped(self.c_out))
-        m.d.comb += [c_rd.addr.eq(Mux(storing, s_addr, cur_base + cur_col)),
+        m.d.comb += [c_rd.addr.eq(Mux(storing, s_addr, col_addr[0])),
                      c_rd.en.eq(~storing | advance)]
         with m.If(advance):
             m.d.sync += [c_q.eq(c_rd.data), q_valid.eq(r_valid), q_mask.eq(r_mask)]
@@ -406,7 +411,8 @@ class GemmEngine(wiring.Component):
                     m.d.sync += [rows_left.eq(rows_left - R), a_lim.eq(a_lim + cmd.k),
                                  c_lim.eq(c_lim + cmd.n)]
             with m.State("RUN"):
-                quiet = ~(start | a_loading | b_loading | issuing | drain_busy | r_col_busy | w_busy) & (pending == 0)
+                quiet = (~(start | a_loading | b_loading | issuing | drain_busy | col_busy[0] | col_busy[1]
+                           | w_busy) & (pending == 0))
                 with m.If(quiet):
                     with m.If(cmd.store):
                         m.d.comb += store_start.eq(1)

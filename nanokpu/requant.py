@@ -61,9 +61,11 @@ class Requantiser(wiring.Component):
       one word every ``mult_width`` cycles: ``p = 2p + (mult[j] ? i : 0)`` from the top bit of
       ``mult`` down, one adder of ``acc_width + mult_width`` bits per lane.
 
-    Then three registered stages: (1) the arithmetic shift by ``shift - 1`` and the sticky
-    bit of the bits shifted out below the half bit, (2) the rounding increment, (3) the
-    saturation.
+    Then three registered stages: (1) the low ``out_width + 1`` bits of ``2 * product >>
+    shift`` (the half bit and ``product >> shift``, from a barrel shifter that keeps only
+    the bits it needs), the sticky bit of the bits below the half bit, and whether
+    ``product >> shift`` overflows ``out_width`` bits (per-command masks of ``shift``), (2)
+    the rounding increment, (3) the saturation.
 
     Parameters
     ----------
@@ -133,35 +135,49 @@ class Requantiser(wiring.Component):
         else:
             self._pipelined_product(m, x, x_valid, advance)
 
-        # Per-command constants of the shift, registered (shift is stable while words are in flight).
-        shift_nz = Signal()
-        shift_m1 = Signal(SHIFT_WIDTH)  # shift - 1 (don't care when shift == 0)
-        below_half = Signal(width)      # bit b set when b < shift - 1: the sticky bits' mask
-        m.d.sync += [shift_nz.eq(self.shift != 0), shift_m1.eq(self.shift - 1),
-                     below_half.eq(Cat(*((self.shift - 1)[:SHIFT_WIDTH] > b for b in range(width))))]
-        lo, hi = -(1 << (self.out_width - 1)), (1 << (self.out_width - 1)) - 1
+        # Per-command masks of the shift, registered (shift is stable while words are in flight).
+        # x2 = 2x: x2 >> shift holds the half bit (bit 0, 0 when shift = 0) and x >> shift above.
+        ow = self.out_width
+        below = Signal(width + 1)  # bit b set when b < shift: the sticky bits of x2
+        above = Signal(width + 1)  # bit b set when b >= shift + out_width: must all equal the sign
+        m.d.sync += [below.eq(Cat(*(self.shift > b for b in range(width + 1)))),
+                     above.eq(Cat(*(self.shift + ow <= b for b in range(width + 1))))]
+        hi = (1 << (ow - 1)) - 1
 
         v_shift, v_round = Signal(), Signal()
         with m.If(advance):
             m.d.sync += [v_shift.eq(x_valid), v_round.eq(v_shift), self.o.valid.eq(v_round)]
         for lane in range(lanes):
-            y = Signal(signed(width), name=f"y{lane}")  # x >> (shift - 1), or x
-            sticky = Signal(name=f"sticky{lane}")
-            q = Signal(signed(width), name=f"q{lane}")
-            rounded = Signal(signed(width + 1), name=f"rounded{lane}")
-            m.d.comb += q.eq(Mux(shift_nz, y >> 1, y))
-            half = y[0] & shift_nz
+            x2 = Cat(0, x[lane]).as_signed()
+            # Stage 1: the out_width + 1 low bits of x2 >> shift only (a barrel shifter that
+            # shifts by 32 first keeps out_width + 2**k bits after the shift by 2**k), the
+            # sticky bit, and whether x >> shift overflows out_width bits (from the masks).
+            y = Signal(ow + 1, name=f"y{lane}")
+            v = x2
+            for k in reversed(range(SHIFT_WIDTH)):
+                v = Mux(self.shift[k], v >> (1 << k), v)
+                if ow + (1 << k) < len(v):  # the bits above are never needed (and not the sign)
+                    v = v[:ow + (1 << k)].as_signed()
+            sticky, over, neg = Signal(name=f"sticky{lane}"), Signal(name=f"over{lane}"), Signal(name=f"neg{lane}")
+            # Stage 2: x >> shift (out_width bits when it does not overflow) plus the increment.
+            rounded = Signal(signed(ow + 1), name=f"rounded{lane}")
+            q = y[1:].as_signed()
+            half = y[0]
             if cfg.rounding == "floor":
                 inc = 0
             elif cfg.rounding == "half_up":
                 inc = half
             else:  # half_even
                 inc = half & (sticky | q[0])
+            over2, neg2 = Signal(name=f"over2_{lane}"), Signal(name=f"neg2_{lane}")
             with m.If(advance):
-                m.d.sync += [y.eq(Mux(shift_nz, x[lane] >> shift_m1, x[lane])),
-                             sticky.eq((x[lane].as_unsigned() & below_half).any()),
-                             rounded.eq(q + inc),
-                             self.o.payload[lane].eq(Mux(rounded < lo, lo, Mux(rounded > hi, hi, rounded)))]
+                m.d.sync += [y.eq(v), sticky.eq((x2.as_unsigned() & below).any()),
+                             over.eq(((x2.as_unsigned() ^ x2[-1].replicate(width + 1)) & above).any()),
+                             neg.eq(x2[-1]),
+                             rounded.eq(q + inc), over2.eq(over), neg2.eq(neg)]
+                # Stage 3: saturation (q + inc exceeds hi only by one).
+                m.d.sync += self.o.payload[lane].eq(
+                    Mux(over2, Mux(neg2, -hi - 1, hi), Mux(rounded > hi, hi, rounded)))
         return m
 
     def _pipelined_product(self, m, x, x_valid, advance):

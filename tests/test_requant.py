@@ -81,7 +81,7 @@ def run_requant(cfg, out_width, cases, seed):
 
 @pytest.mark.parametrize("dsp", ["generic", "ice40"])
 @pytest.mark.parametrize("rounding", ROUNDING_MODES)
-@pytest.mark.parametrize("out_width", [8, 16])
+@pytest.mark.parametrize("out_width", [8, 16, 32])
 def test_requant_matches_golden(rounding, out_width, dsp):
     """``ice40``: the bit-serial product (fabric only, so the Amaranth simulator runs it)."""
     seed = 1000 + ROUNDING_MODES.index(rounding) * 10 + out_width
