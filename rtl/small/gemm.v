@@ -23,9 +23,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$113 ;
   wire \$114 ;
   wire \$115 ;
-  wire [9:0] \$116 ;
-  wire [17:0] \$117 ;
-  wire \$118 ;
+  wire \$116 ;
+  wire [9:0] \$117 ;
+  wire [17:0] \$118 ;
   wire \$119 ;
   wire \$12 ;
   wire \$120 ;
@@ -43,30 +43,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$131 ;
   wire \$132 ;
   wire \$133 ;
-  wire [9:0] \$134 ;
-  wire [17:0] \$135 ;
-  wire \$136 ;
+  wire \$134 ;
+  wire [9:0] \$135 ;
+  wire [17:0] \$136 ;
   wire \$137 ;
   wire \$138 ;
-  wire [31:0] \$139 ;
+  wire \$139 ;
   wire \$14 ;
-  wire [32:0] \$140 ;
-  wire [31:0] \$141 ;
-  wire [32:0] \$142 ;
-  wire [31:0] \$143 ;
-  wire [32:0] \$144 ;
-  wire [31:0] \$145 ;
-  wire [32:0] \$146 ;
-  wire [31:0] \$147 ;
-  wire [32:0] \$148 ;
-  wire [31:0] \$149 ;
+  wire [31:0] \$140 ;
+  wire [32:0] \$141 ;
+  wire [31:0] \$142 ;
+  wire [32:0] \$143 ;
+  wire [31:0] \$144 ;
+  wire [32:0] \$145 ;
+  wire [31:0] \$146 ;
+  wire [32:0] \$147 ;
+  wire [31:0] \$148 ;
+  wire [32:0] \$149 ;
   wire \$15 ;
-  wire [32:0] \$150 ;
-  wire [31:0] \$151 ;
-  wire [32:0] \$152 ;
-  wire [31:0] \$153 ;
-  wire [32:0] \$154 ;
-  wire [31:0] \$155 ;
+  wire [31:0] \$150 ;
+  wire [32:0] \$151 ;
+  wire [31:0] \$152 ;
+  wire [32:0] \$153 ;
+  wire [31:0] \$154 ;
+  wire [32:0] \$155 ;
   wire [31:0] \$156 ;
   wire [31:0] \$157 ;
   wire [31:0] \$158 ;
@@ -75,10 +75,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [31:0] \$160 ;
   wire [31:0] \$161 ;
   wire [31:0] \$162 ;
-  wire [18:0] \$163 ;
-  wire [3:0] \$164 ;
-  wire [19:0] \$165 ;
-  wire [19:0] \$166 ;
+  wire [31:0] \$163 ;
+  wire [18:0] \$164 ;
+  wire \$165 ;
+  wire \$166 ;
   wire \$167 ;
   wire \$168 ;
   wire \$169 ;
@@ -112,76 +112,79 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$194 ;
   wire \$195 ;
   wire \$196 ;
-  wire \$197 ;
-  reg [16:0] \$198 ;
-  reg \$199 ;
+  reg [16:0] \$197 ;
+  reg \$198 ;
+  reg [18:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg [18:0] \$200 ;
-  reg \$201 ;
-  reg [1:0] \$202 ;
+  reg \$200 ;
+  reg [1:0] \$201 ;
+  reg \$202 ;
   reg \$203 ;
-  reg \$204 ;
+  reg [16:0] \$204 ;
   reg [16:0] \$205 ;
-  reg [16:0] \$206 ;
-  reg [4:0] \$207 ;
+  reg [4:0] \$206 ;
+  reg \$207 ;
   reg \$208 ;
   reg \$209 ;
   wire \$21 ;
-  reg \$210 ;
-  reg [7:0] \$211 ;
+  reg [7:0] \$210 ;
+  reg \$211 ;
   reg \$212 ;
   reg \$213 ;
-  reg \$214 ;
+  reg [63:0] \$214 ;
   reg [63:0] \$215 ;
-  reg [63:0] \$216 ;
+  reg \$216 ;
   reg \$217 ;
-  reg \$218 ;
-  reg [16:0] \$219 ;
+  reg [16:0] \$218 ;
+  reg [18:0] \$219 ;
   wire \$22 ;
-  reg [18:0] \$220 ;
+  reg [16:0] \$220 ;
   reg [16:0] \$221 ;
-  reg [16:0] \$222 ;
+  reg [18:0] \$222 ;
   reg [18:0] \$223 ;
   reg [18:0] \$224 ;
-  reg [18:0] \$225 ;
+  reg [3:0] \$225 ;
   reg [3:0] \$226 ;
-  reg [3:0] \$227 ;
-  reg [18:0] \$228 ;
-  reg [3:0] \$229 ;
+  reg [18:0] \$227 ;
+  reg [3:0] \$228 ;
+  reg \$229 ;
   wire \$23 ;
   reg \$230 ;
   reg \$231 ;
-  reg \$232 ;
-  reg [18:0] \$233 ;
-  reg [255:0] \$234 ;
+  reg [18:0] \$232 ;
+  reg [255:0] \$233 ;
+  reg \$234 ;
   reg \$235 ;
-  reg \$236 ;
-  reg [18:0] \$237 ;
-  reg [255:0] \$238 ;
-  reg [1:0] \$239 ;
+  reg [18:0] \$236 ;
+  reg [255:0] \$237 ;
+  reg \$238 ;
+  reg \$239 ;
   wire \$24 ;
-  reg [255:0] \$240 ;
-  reg \$241 ;
-  reg [7:0] \$242 ;
-  reg \$243 ;
-  reg [18:0] \$244 ;
-  reg [16:0] \$245 ;
-  reg [16:0] \$246 ;
+  reg [18:0] \$240 ;
+  reg [255:0] \$241 ;
+  reg [1:0] \$242 ;
+  reg [255:0] \$243 ;
+  reg \$244 ;
+  reg [7:0] \$245 ;
+  reg \$246 ;
   reg [18:0] \$247 ;
-  reg [18:0] \$248 ;
-  reg \$249 ;
+  reg [16:0] \$248 ;
+  reg [16:0] \$249 ;
   wire \$25 ;
-  reg [7:0] \$250 ;
-  reg \$251 ;
-  reg [101:0] \$252 ;
-  reg \$253 ;
-  reg [2:0] \$254 ;
-  reg [2:0] \$255 ;
-  reg [16:0] \$256 ;
-  reg [18:0] \$257 ;
-  reg [18:0] \$258 ;
+  reg [18:0] \$250 ;
+  reg [18:0] \$251 ;
+  reg \$252 ;
+  reg [7:0] \$253 ;
+  reg \$254 ;
+  reg [101:0] \$255 ;
+  reg \$256 ;
+  reg [2:0] \$257 ;
+  reg [2:0] \$258 ;
+  reg [16:0] \$259 ;
   wire \$26 ;
+  reg [18:0] \$260 ;
+  reg [18:0] \$261 ;
   wire [7:0] \$27 ;
   wire [7:0] \$28 ;
   wire [7:0] \$29 ;
@@ -268,29 +271,28 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg \$signal$28  = 1'h0;
   reg \$signal$33  = 1'h0;
   reg \$signal$35  = 1'h0;
-  reg \$signal$60  = 1'h0;
   wire [11:0] \$signature__addr ;
-  wire [10:0] \$signature__addr$101 ;
-  wire [9:0] \$signature__addr$93 ;
+  wire [10:0] \$signature__addr$105 ;
+  wire [9:0] \$signature__addr$97 ;
   wire [63:0] \$signature__data ;
-  wire [255:0] \$signature__data$100 ;
-  wire [31:0] \$signature__data$100[0] ;
-  wire [31:0] \$signature__data$100[1] ;
-  wire [31:0] \$signature__data$100[2] ;
-  wire [31:0] \$signature__data$100[3] ;
-  wire [31:0] \$signature__data$100[4] ;
-  wire [31:0] \$signature__data$100[5] ;
-  wire [31:0] \$signature__data$100[6] ;
-  wire [31:0] \$signature__data$100[7] ;
-  wire [63:0] \$signature__data$94 ;
-  wire [7:0] \$signature__data$94[0] ;
-  wire [7:0] \$signature__data$94[1] ;
-  wire [7:0] \$signature__data$94[2] ;
-  wire [7:0] \$signature__data$94[3] ;
-  wire [7:0] \$signature__data$94[4] ;
-  wire [7:0] \$signature__data$94[5] ;
-  wire [7:0] \$signature__data$94[6] ;
-  wire [7:0] \$signature__data$94[7] ;
+  wire [255:0] \$signature__data$104 ;
+  wire [31:0] \$signature__data$104[0] ;
+  wire [31:0] \$signature__data$104[1] ;
+  wire [31:0] \$signature__data$104[2] ;
+  wire [31:0] \$signature__data$104[3] ;
+  wire [31:0] \$signature__data$104[4] ;
+  wire [31:0] \$signature__data$104[5] ;
+  wire [31:0] \$signature__data$104[6] ;
+  wire [31:0] \$signature__data$104[7] ;
+  wire [63:0] \$signature__data$98 ;
+  wire [7:0] \$signature__data$98[0] ;
+  wire [7:0] \$signature__data$98[1] ;
+  wire [7:0] \$signature__data$98[2] ;
+  wire [7:0] \$signature__data$98[3] ;
+  wire [7:0] \$signature__data$98[4] ;
+  wire [7:0] \$signature__data$98[5] ;
+  wire [7:0] \$signature__data$98[6] ;
+  wire [7:0] \$signature__data$98[7] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
@@ -301,8 +303,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [7:0] \$signature__data[7] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$102 ;
-  wire \$signature__en$95 ;
+  wire \$signature__en$106 ;
+  wire \$signature__en$99 ;
   reg [63:0] a = 64'h0000000000000000;
   wire [7:0] \a[0] ;
   wire [7:0] \a[1] ;
@@ -453,6 +455,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   (* enum_value_100 = "A_RANGE" *)
   (* enum_value_101 = "C_RANGE" *)
   reg [2:0] code;
+  reg [18:0] col_addr0 = 19'h00000;
+  reg [18:0] col_addr1 = 19'h00000;
+  reg col_busy0 = 1'h0;
+  reg col_busy1 = 1'h0;
+  reg col_valid0 = 1'h0;
+  reg col_valid1 = 1'h0;
+  reg [255:0] col_word0 = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+  wire [31:0] \col_word0[0] ;
+  wire [31:0] \col_word0[1] ;
+  wire [31:0] \col_word0[2] ;
+  wire [31:0] \col_word0[3] ;
+  wire [31:0] \col_word0[4] ;
+  wire [31:0] \col_word0[5] ;
+  wire [31:0] \col_word0[6] ;
+  wire [31:0] \col_word0[7] ;
+  reg [255:0] col_word1 = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+  wire [31:0] \col_word1[0] ;
+  wire [31:0] \col_word1[1] ;
+  wire [31:0] \col_word1[2] ;
+  wire [31:0] \col_word1[3] ;
+  wire [31:0] \col_word1[4] ;
+  wire [31:0] \col_word1[5] ;
+  wire [31:0] \col_word1[6] ;
+  wire [31:0] \col_word1[7] ;
   reg [16:0] cols_c = 17'h00000;
   reg [18:0] d_base = 19'h00000;
   reg [3:0] d_col = 4'h0;
@@ -519,19 +545,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [1:0] pending = 2'h0;
   reg [7:0] q_mask = 8'h00;
   reg q_valid = 1'h0;
-  reg [18:0] r_addr = 19'h00000;
-  reg r_col_busy = 1'h0;
   reg [7:0] r_mask = 8'h00;
   reg r_valid = 1'h0;
-  reg [255:0] r_word = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-  wire [31:0] \r_word[0] ;
-  wire [31:0] \r_word[1] ;
-  wire [31:0] \r_word[2] ;
-  wire [31:0] \r_word[3] ;
-  wire [31:0] \r_word[4] ;
-  wire [31:0] \r_word[5] ;
-  wire [31:0] \r_word[6] ;
-  wire [31:0] \r_word[7] ;
   reg rbuf = 1'h0;
   reg [16:0] rows_c = 17'h00000;
   reg [16:0] rows_left = 17'h00000;
@@ -544,7 +559,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [16:0] s_n = 17'h00000;
   reg [16:0] s_rows = 17'h00000;
   wire shift;
-  wire [5:0] \shift$104 ;
+  wire [5:0] \shift$108 ;
   reg start = 1'h0;
   wire step;
   reg store_start;
@@ -5703,12 +5718,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     spad_b[1023] = 64'h0000000000000000;
   end
   always @(posedge clk) begin
-    if (\$signature__en$95 )
-      spad_b[\$117 [9:0]] <= b_in__payload;
+    if (\$signature__en$99 )
+      spad_b[\$118 [9:0]] <= b_in__payload;
   end
   reg [63:0] _1_;
   always @(posedge clk) begin
-    _1_ <= spad_b[\$135 [9:0]];
+    _1_ <= spad_b[\$136 [9:0]];
   end
   assign b_rd__data = _1_;
   reg [255:0] spad_c [2047:0];
@@ -7764,12 +7779,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[10:0]] <= \$signature__data$100 ;
+      spad_c[w_addr[10:0]] <= \$signature__data$104 ;
   end
   reg [255:0] _2_;
   always @(posedge clk) begin
     if (c_rd__en) begin
-      _2_ <= spad_c[\$166 [10:0]];
+      _2_ <= spad_c[\$164 [10:0]];
     end
   end
   assign c_rd__data = _2_;
@@ -7880,226 +7895,233 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$105  = \$104  | \$signal$28 ;
   assign \$106  = \$105  | issuing;
   assign \$107  = \$106  | drain_busy;
-  assign \$108  = \$107  | r_col_busy;
-  assign \$109  = \$108  | w_busy;
-  assign \$110  = ~ \$109 ;
-  assign \$111  = ! pending;
-  assign \$112  = \$110  & \$111 ;
-  assign \$113  = ! out_left;
+  assign \$108  = \$107  | col_busy0;
+  assign \$109  = \$108  | col_busy1;
+  assign \$110  = \$109  | w_busy;
+  assign \$111  = ~ \$110 ;
+  assign \$112  = ! pending;
+  assign \$113  = \$111  & \$112 ;
+  assign \$114  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$114  = full >> wbuf;
-  assign \$115  = ~ \$114 ;
-  assign b_in__ready = \$signal$28  & \$115 ;
-  assign \$116  = wbuf ? 10'h200 : 10'h000;
-  assign \$117  = \$116  + b_k;
-  assign \$signature__en$95  = b_in__valid & b_in__ready;
-  assign \$118  = b_in__valid & b_in__ready;
-  assign \$119  = b_k == k_m1;
-  assign \$120  = full >> rbuf;
-  assign \$121  = wbuf == rbuf;
-  assign \$122  = b_in__ready & \$121 ;
-  assign \$123  = b_k > k;
-  assign \$124  = \$122  & \$123 ;
-  assign panel_ready = \$120  | \$124 ;
-  assign \$125  = issuing & panel_ready;
-  assign \$126  = ~ cmd[98];
-  assign \$127  = a_ptr < a_wptr;
-  assign \$128  = \$126  | \$127 ;
-  assign \$129  = \$125  & \$128 ;
-  assign \$130  = k == k_m1;
-  assign \$131  = ~ \$130 ;
-  assign \$132  = gap >= 5'h16;
-  assign \$133  = \$131  | \$132 ;
-  assign step = \$129  & \$133 ;
-  assign \$134  = rbuf ? 10'h200 : 10'h000;
-  assign \$135  = \$134  + k;
-  assign \$136  = k == k_m1;
-  assign \$137  = rows_c <= 4'h8;
-  assign \$138  = d_col == 3'h7;
+  assign \$115  = full >> wbuf;
+  assign \$116  = ~ \$115 ;
+  assign b_in__ready = \$signal$28  & \$116 ;
+  assign \$117  = wbuf ? 10'h200 : 10'h000;
+  assign \$118  = \$117  + b_k;
+  assign \$signature__en$99  = b_in__valid & b_in__ready;
+  assign \$119  = b_in__valid & b_in__ready;
+  assign \$120  = b_k == k_m1;
+  assign \$121  = full >> rbuf;
+  assign \$122  = wbuf == rbuf;
+  assign \$123  = b_in__ready & \$122 ;
+  assign \$124  = b_k > k;
+  assign \$125  = \$123  & \$124 ;
+  assign panel_ready = \$121  | \$125 ;
+  assign \$126  = issuing & panel_ready;
+  assign \$127  = ~ cmd[98];
+  assign \$128  = a_ptr != a_wptr;
+  assign \$129  = \$127  | \$128 ;
+  assign \$130  = \$126  & \$129 ;
+  assign \$131  = k == k_m1;
+  assign \$132  = ~ \$131 ;
+  assign \$133  = gap >= 5'h16;
+  assign \$134  = \$132  | \$133 ;
+  assign step = \$130  & \$134 ;
+  assign \$135  = rbuf ? 10'h200 : 10'h000;
+  assign \$136  = \$135  + k;
+  assign \$137  = k == k_m1;
+  assign \$138  = rows_c <= 4'h8;
+  assign \$139  = d_col == 3'h7;
   assign shift = \done$55  | drain_busy;
-  assign \$139  = cmd[100] ? c_q[31:0] : 32'd0;
-  assign \$140  = $signed(w_word[31:0]) + $signed(\$139 );
-  assign \$141  = cmd[100] ? c_q[63:32] : 32'd0;
-  assign \$142  = $signed(w_word[63:32]) + $signed(\$141 );
-  assign \$143  = cmd[100] ? c_q[95:64] : 32'd0;
-  assign \$144  = $signed(w_word[95:64]) + $signed(\$143 );
-  assign \$145  = cmd[100] ? c_q[127:96] : 32'd0;
-  assign \$146  = $signed(w_word[127:96]) + $signed(\$145 );
-  assign \$147  = cmd[100] ? c_q[159:128] : 32'd0;
-  assign \$148  = $signed(w_word[159:128]) + $signed(\$147 );
-  assign \$149  = cmd[100] ? c_q[191:160] : 32'd0;
-  assign \$150  = $signed(w_word[191:160]) + $signed(\$149 );
-  assign \$151  = cmd[100] ? c_q[223:192] : 32'd0;
-  assign \$152  = $signed(w_word[223:192]) + $signed(\$151 );
-  assign \$153  = cmd[100] ? c_q[255:224] : 32'd0;
-  assign \$154  = $signed(w_word[255:224]) + $signed(\$153 );
-  assign \$155  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$156  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$157  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$158  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$159  = q_mask[4] ? c_q[159:128] : 32'd0;
-  assign \$160  = q_mask[5] ? c_q[191:160] : 32'd0;
-  assign \$161  = q_mask[6] ? c_q[223:192] : 32'd0;
-  assign \$162  = q_mask[7] ? c_q[255:224] : 32'd0;
-  assign \$163  = \done$55  ? t_base : d_base;
-  assign \$164  = \done$55  ? 4'h0 : d_col;
-  assign \$165  = \$163  + \$164 ;
-  assign \$166  = storing ? { 1'h0, s_addr } : \$165 ;
-  assign \$167  = ~ storing;
-  assign \$168  = ~ q_valid;
-  assign \$169  = \$168  | i__ready;
-  assign c_rd__en = \$167  | \$169 ;
+  assign \$140  = cmd[100] ? c_q[31:0] : 32'd0;
+  assign \$141  = $signed(w_word[31:0]) + $signed(\$140 );
+  assign \$142  = cmd[100] ? c_q[63:32] : 32'd0;
+  assign \$143  = $signed(w_word[63:32]) + $signed(\$142 );
+  assign \$144  = cmd[100] ? c_q[95:64] : 32'd0;
+  assign \$145  = $signed(w_word[95:64]) + $signed(\$144 );
+  assign \$146  = cmd[100] ? c_q[127:96] : 32'd0;
+  assign \$147  = $signed(w_word[127:96]) + $signed(\$146 );
+  assign \$148  = cmd[100] ? c_q[159:128] : 32'd0;
+  assign \$149  = $signed(w_word[159:128]) + $signed(\$148 );
+  assign \$150  = cmd[100] ? c_q[191:160] : 32'd0;
+  assign \$151  = $signed(w_word[191:160]) + $signed(\$150 );
+  assign \$152  = cmd[100] ? c_q[223:192] : 32'd0;
+  assign \$153  = $signed(w_word[223:192]) + $signed(\$152 );
+  assign \$154  = cmd[100] ? c_q[255:224] : 32'd0;
+  assign \$155  = $signed(w_word[255:224]) + $signed(\$154 );
+  assign \$156  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$157  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$158  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$159  = q_mask[3] ? c_q[127:96] : 32'd0;
+  assign \$160  = q_mask[4] ? c_q[159:128] : 32'd0;
+  assign \$161  = q_mask[5] ? c_q[191:160] : 32'd0;
+  assign \$162  = q_mask[6] ? c_q[223:192] : 32'd0;
+  assign \$163  = q_mask[7] ? c_q[255:224] : 32'd0;
+  assign \$164  = storing ? s_addr : col_addr0;
+  assign \$165  = ~ storing;
+  assign \$166  = ~ q_valid;
+  assign \$167  = \$166  | i__ready;
+  assign c_rd__en = \$165  | \$167 ;
   assign busy = ~ cmd__ready;
-  assign \$170  = cmd[98] | cmd[99];
-  assign \$171  = \$170  | cmd[101];
-  assign \$172  = ~ \$171 ;
-  assign \$173  = ! cmd[16:0];
-  assign \$174  = cmd[98] | cmd[99];
-  assign \$175  = ! cmd[33:17];
-  assign \$176  = \$174  & \$175 ;
-  assign \$177  = \$173  | \$176 ;
-  assign \$178  = cmd[99] | cmd[101];
-  assign \$179  = ! cmd[50:34];
-  assign \$180  = \$178  & \$179 ;
-  assign \$181  = \$177  | \$180 ;
-  assign \$182  = cmd[33:17] > 10'h200;
-  assign \$183  = cmd[99] & \$182 ;
-  assign \$184  = start | a_in__ready;
-  assign \$185  = \$184  | \$signal$28 ;
-  assign \$186  = \$185  | issuing;
-  assign \$187  = \$186  | drain_busy;
-  assign \$188  = \$187  | r_col_busy;
-  assign \$189  = \$188  | w_busy;
-  assign \$190  = ~ \$189 ;
-  assign \$191  = ! pending;
-  assign \$192  = \$190  & \$191 ;
-  assign \$193  = ! fsm_state;
-  assign \$194  = fsm_state == 1'h1;
-  assign \$195  = fsm_state == 2'h2;
-  assign \$196  = fsm_state == 2'h3;
-  assign \$197  = fsm_state == 3'h4;
+  assign \$168  = cmd[98] | cmd[99];
+  assign \$169  = \$168  | cmd[101];
+  assign \$170  = ~ \$169 ;
+  assign \$171  = ! cmd[16:0];
+  assign \$172  = cmd[98] | cmd[99];
+  assign \$173  = ! cmd[33:17];
+  assign \$174  = \$172  & \$173 ;
+  assign \$175  = \$171  | \$174 ;
+  assign \$176  = cmd[99] | cmd[101];
+  assign \$177  = ! cmd[50:34];
+  assign \$178  = \$176  & \$177 ;
+  assign \$179  = \$175  | \$178 ;
+  assign \$180  = cmd[33:17] > 10'h200;
+  assign \$181  = cmd[99] & \$180 ;
+  assign \$182  = start | a_in__ready;
+  assign \$183  = \$182  | \$signal$28 ;
+  assign \$184  = \$183  | issuing;
+  assign \$185  = \$184  | drain_busy;
+  assign \$186  = \$185  | col_busy0;
+  assign \$187  = \$186  | col_busy1;
+  assign \$188  = \$187  | w_busy;
+  assign \$189  = ~ \$188 ;
+  assign \$190  = ! pending;
+  assign \$191  = \$189  & \$190 ;
+  assign \$192  = ! fsm_state;
+  assign \$193  = fsm_state == 1'h1;
+  assign \$194  = fsm_state == 2'h2;
+  assign \$195  = fsm_state == 2'h3;
+  assign \$196  = fsm_state == 3'h4;
   always @(posedge clk)
-    k_m1 <= \$198 ;
+    k_m1 <= \$197 ;
   always @(posedge clk)
-    start <= \$199 ;
+    start <= \$198 ;
   always @(posedge clk)
-    a_wptr <= \$200 ;
+    a_wptr <= \$199 ;
   always @(posedge clk)
-    a_in__ready <= \$201 ;
+    a_in__ready <= \$200 ;
   always @(posedge clk)
-    full <= \$202 ;
+    full <= \$201 ;
   always @(posedge clk)
-    \$signal$28  <= \$203 ;
+    \$signal$28  <= \$202 ;
   always @(posedge clk)
-    wbuf <= \$204 ;
+    wbuf <= \$203 ;
   always @(posedge clk)
-    b_k <= \$205 ;
+    b_k <= \$204 ;
   always @(posedge clk)
-    b_cols_left <= \$206 ;
+    b_cols_left <= \$205 ;
   always @(posedge clk)
-    gap <= \$207 ;
+    gap <= \$206 ;
   always @(posedge clk)
-    \$signal$33  <= \$208 ;
+    \$signal$33  <= \$207 ;
   always @(posedge clk)
-    \$signal$35  <= \$209 ;
+    \$signal$35  <= \$208 ;
   always @(posedge clk)
-    s_last <= \$210 ;
+    s_last <= \$209 ;
   always @(posedge clk)
-    s_mask <= \$211 ;
+    s_mask <= \$210 ;
   always @(posedge clk)
-    valid <= \$212 ;
+    valid <= \$211 ;
   always @(posedge clk)
-    first <= \$213 ;
+    first <= \$212 ;
   always @(posedge clk)
-    last <= \$214 ;
+    last <= \$213 ;
   always @(posedge clk)
-    b <= \$215 ;
+    b <= \$214 ;
   always @(posedge clk)
-    a <= \$216 ;
+    a <= \$215 ;
   always @(posedge clk)
-    issuing <= \$217 ;
+    issuing <= \$216 ;
   always @(posedge clk)
-    rbuf <= \$218 ;
+    rbuf <= \$217 ;
   always @(posedge clk)
-    k <= \$219 ;
+    k <= \$218 ;
   always @(posedge clk)
-    a_ptr <= \$220 ;
+    a_ptr <= \$219 ;
   always @(posedge clk)
-    rows_c <= \$221 ;
+    rows_c <= \$220 ;
   always @(posedge clk)
-    cols_c <= \$222 ;
+    cols_c <= \$221 ;
   always @(posedge clk)
-    c_panel <= \$223 ;
+    c_panel <= \$222 ;
   always @(posedge clk)
-    c_tile <= \$224 ;
+    c_tile <= \$223 ;
   always @(posedge clk)
-    t_base <= \$225 ;
+    t_base <= \$224 ;
   always @(posedge clk)
-    t_cols <= \$226 ;
+    t_cols <= \$225 ;
   always @(posedge clk)
-    d_col <= \$227 ;
+    d_col <= \$226 ;
   always @(posedge clk)
-    d_base <= \$228 ;
+    d_base <= \$227 ;
   always @(posedge clk)
-    d_cols <= \$229 ;
+    d_cols <= \$228 ;
   always @(posedge clk)
-    drain_busy <= \$230 ;
+    drain_busy <= \$229 ;
   always @(posedge clk)
-    \$signal$60  <= \$231 ;
+    col_valid0 <= \$230 ;
   always @(posedge clk)
-    r_col_busy <= \$232 ;
+    col_busy0 <= \$231 ;
   always @(posedge clk)
-    r_addr <= \$233 ;
+    col_addr0 <= \$232 ;
   always @(posedge clk)
-    r_word <= \$234 ;
+    col_word0 <= \$233 ;
   always @(posedge clk)
-    w_valid <= \$235 ;
+    col_valid1 <= \$234 ;
   always @(posedge clk)
-    w_busy <= \$236 ;
+    col_busy1 <= \$235 ;
   always @(posedge clk)
-    w_addr <= \$237 ;
+    col_addr1 <= \$236 ;
   always @(posedge clk)
-    w_word <= \$238 ;
+    col_word1 <= \$237 ;
   always @(posedge clk)
-    pending <= \$239 ;
+    w_valid <= \$238 ;
   always @(posedge clk)
-    c_q <= \$240 ;
+    w_busy <= \$239 ;
   always @(posedge clk)
-    q_valid <= \$241 ;
+    w_addr <= \$240 ;
   always @(posedge clk)
-    q_mask <= \$242 ;
+    w_word <= \$241 ;
   always @(posedge clk)
-    storing <= \$243 ;
+    pending <= \$242 ;
   always @(posedge clk)
-    s_addr <= \$244 ;
+    c_q <= \$243 ;
   always @(posedge clk)
-    s_n <= \$245 ;
+    q_valid <= \$244 ;
   always @(posedge clk)
-    s_rows <= \$246 ;
+    q_mask <= \$245 ;
   always @(posedge clk)
-    s_left <= \$247 ;
+    storing <= \$246 ;
   always @(posedge clk)
-    out_left <= \$248 ;
+    s_addr <= \$247 ;
   always @(posedge clk)
-    r_valid <= \$249 ;
+    s_n <= \$248 ;
   always @(posedge clk)
-    r_mask <= \$250 ;
+    s_rows <= \$249 ;
   always @(posedge clk)
-    done <= \$251 ;
+    s_left <= \$250 ;
   always @(posedge clk)
-    cmd <= \$252 ;
+    out_left <= \$251 ;
   always @(posedge clk)
-    error <= \$253 ;
+    r_valid <= \$252 ;
   always @(posedge clk)
-    error_code <= \$254 ;
+    r_mask <= \$253 ;
   always @(posedge clk)
-    fsm_state <= \$255 ;
+    done <= \$254 ;
   always @(posedge clk)
-    rows_left <= \$256 ;
+    cmd <= \$255 ;
   always @(posedge clk)
-    a_lim <= \$257 ;
+    error <= \$256 ;
   always @(posedge clk)
-    c_lim <= \$258 ;
+    error_code <= \$257 ;
+  always @(posedge clk)
+    fsm_state <= \$258 ;
+  always @(posedge clk)
+    rows_left <= \$259 ;
+  always @(posedge clk)
+    a_lim <= \$260 ;
+  always @(posedge clk)
+    c_lim <= \$261 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -8120,19 +8142,19 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$1314$76 (cmd[97:76]),
+    .\port$2362$76 (cmd[97:76]),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$198  = \$1 [16:0];
+    \$197  = \$1 [16:0];
     if (rst) begin
-      \$198  = 17'h00000;
+      \$197  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$199  = 1'h0;
+    \$198  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -8141,56 +8163,70 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           if (\$95 ) begin
           end else if (\$96 ) begin
-            \$199  = 1'h1;
+            \$198  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$199  = 1'h0;
+      \$198  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$200  = a_wptr;
+    \$199  = a_wptr;
     if (start) begin
-      \$200  = { 6'h00, cmd[63:51] };
+      \$199  = { 6'h00, cmd[63:51] };
     end else if (\$2 ) begin
-      \$200  = \$3 [18:0];
+      \$199  = \$3 [18:0];
     end
     if (rst) begin
-      \$200  = 19'h00000;
+      \$199  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$201  = a_in__ready;
+    \$200  = a_in__ready;
     if (start) begin
-      \$201  = cmd[98];
+      \$200  = cmd[98];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$201  = 1'h0;
+        \$200  = 1'h0;
       end
     end
     if (rst) begin
-      \$201  = 1'h0;
+      \$200  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = \$8 ;
+    \$201  = \$8 ;
     if (rst) begin
-      \$202  = 2'h0;
+      \$201  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = \$signal$28 ;
+    \$202  = \$signal$28 ;
     if (start) begin
-      \$203  = cmd[99];
+      \$202  = cmd[99];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$203  = 1'h0;
+          \$202  = 1'h0;
         end
+      end
+    end
+    if (rst) begin
+      \$202  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$203  = wbuf;
+    if (start) begin
+      \$203  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$203  = \$12 ;
       end
     end
     if (rst) begin
@@ -8199,145 +8235,147 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = wbuf;
+    \$204  = b_k;
     if (start) begin
-      \$204  = 1'h0;
+      \$204  = 17'h00000;
     end else if (\$9 ) begin
+      \$204  = \$10 [16:0];
       if (\$11 ) begin
-        \$204  = \$12 ;
+        \$204  = 17'h00000;
       end
     end
     if (rst) begin
-      \$204  = 1'h0;
+      \$204  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = b_k;
+    \$205  = b_cols_left;
     if (start) begin
+      \$205  = cmd[50:34];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$205  = \$13 [16:0];
+      end
+    end
+    if (rst) begin
       \$205  = 17'h00000;
-    end else if (\$9 ) begin
-      \$205  = \$10 [16:0];
-      if (\$11 ) begin
-        \$205  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$205  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = b_cols_left;
-    if (start) begin
-      \$206  = cmd[50:34];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$206  = \$13 [16:0];
-      end
-    end
-    if (rst) begin
-      \$206  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = gap;
+    \$206  = gap;
     if (\$15 ) begin
-      \$207  = \$16 [4:0];
+      \$206  = \$16 [4:0];
     end
     if (start) begin
-      \$207  = 5'h17;
+      \$206  = 5'h17;
     end else if (step) begin
       if (\$37 ) begin
-        \$207  = 5'h00;
+        \$206  = 5'h00;
       end
     end
     if (rst) begin
-      \$207  = 5'h00;
+      \$206  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = step;
+    \$207  = step;
+    if (rst) begin
+      \$207  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$208  = \$17 ;
     if (rst) begin
       \$208  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = \$17 ;
+    \$209  = \$18 ;
     if (rst) begin
       \$209  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = \$18 ;
+    \$210  = { \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19  };
     if (rst) begin
-      \$210  = 1'h0;
+      \$210  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = { \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19  };
+    \$211  = \$signal$33 ;
     if (rst) begin
-      \$211  = 8'h00;
+      \$211  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = \$signal$33 ;
+    \$212  = \$signal$35 ;
     if (rst) begin
       \$212  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = \$signal$35 ;
+    \$213  = s_last;
     if (rst) begin
       \$213  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = s_last;
+    \$214  = b_rd__data;
     if (rst) begin
-      \$214  = 1'h0;
+      \$214  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = b_rd__data;
+    \$215 [7:0] = \$27 ;
+    \$215 [15:8] = \$28 ;
+    \$215 [23:16] = \$29 ;
+    \$215 [31:24] = \$30 ;
+    \$215 [39:32] = \$31 ;
+    \$215 [47:40] = \$32 ;
+    \$215 [55:48] = \$33 ;
+    \$215 [63:56] = \$34 ;
     if (rst) begin
       \$215  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216 [7:0] = \$27 ;
-    \$216 [15:8] = \$28 ;
-    \$216 [23:16] = \$29 ;
-    \$216 [31:24] = \$30 ;
-    \$216 [39:32] = \$31 ;
-    \$216 [47:40] = \$32 ;
-    \$216 [55:48] = \$33 ;
-    \$216 [63:56] = \$34 ;
-    if (rst) begin
-      \$216  = 64'h0000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = issuing;
+    \$216  = issuing;
     if (start) begin
-      \$217  = cmd[99];
+      \$216  = cmd[99];
     end else if (step) begin
       if (\$37 ) begin
         if (\$42 ) begin
           if (\$47 ) begin
-            \$217  = 1'h0;
+            \$216  = 1'h0;
           end
+        end
+      end
+    end
+    if (rst) begin
+      \$216  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$217  = rbuf;
+    if (start) begin
+      \$217  = 1'h0;
+    end else if (step) begin
+      if (\$37 ) begin
+        if (\$42 ) begin
+          \$217  = \$43 ;
         end
       end
     end
@@ -8347,62 +8385,62 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = rbuf;
+    \$218  = k;
     if (start) begin
-      \$218  = 1'h0;
+      \$218  = 17'h00000;
     end else if (step) begin
+      \$218  = \$35 [16:0];
+      if (\$37 ) begin
+        \$218  = 17'h00000;
+      end
+    end
+    if (rst) begin
+      \$218  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$219  = a_ptr;
+    if (start) begin
+      \$219  = { 6'h00, cmd[63:51] };
+    end else if (step) begin
+      \$219  = \$36 [18:0];
       if (\$37 ) begin
         if (\$42 ) begin
-          \$218  = \$43 ;
+          \$219  = { 6'h00, cmd[63:51] };
         end
       end
     end
     if (rst) begin
-      \$218  = 1'h0;
+      \$219  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = k;
+    \$220  = rows_c;
     if (start) begin
-      \$219  = 17'h00000;
+      \$220  = cmd[16:0];
     end else if (step) begin
-      \$219  = \$35 [16:0];
       if (\$37 ) begin
-        \$219  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$219  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = a_ptr;
-    if (start) begin
-      \$220  = { 6'h00, cmd[63:51] };
-    end else if (step) begin
-      \$220  = \$36 [18:0];
-      if (\$37 ) begin
+        \$220  = \$40 [16:0];
         if (\$42 ) begin
-          \$220  = { 6'h00, cmd[63:51] };
+          \$220  = cmd[16:0];
         end
       end
     end
     if (rst) begin
-      \$220  = 19'h00000;
+      \$220  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = rows_c;
+    \$221  = cols_c;
     if (start) begin
-      \$221  = cmd[16:0];
+      \$221  = cmd[50:34];
     end else if (step) begin
       if (\$37 ) begin
-        \$221  = \$40 [16:0];
         if (\$42 ) begin
-          \$221  = cmd[16:0];
+          \$221  = \$44 [16:0];
         end
       end
     end
@@ -8412,29 +8450,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = cols_c;
+    \$222  = c_panel;
     if (start) begin
-      \$222  = cmd[50:34];
+      \$222  = { 7'h00, cmd[75:64] };
     end else if (step) begin
       if (\$37 ) begin
         if (\$42 ) begin
-          \$222  = \$44 [16:0];
+          \$222  = \$45 [18:0];
         end
       end
     end
     if (rst) begin
-      \$222  = 17'h00000;
+      \$222  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = c_panel;
+    \$223  = c_tile;
     if (start) begin
       \$223  = { 7'h00, cmd[75:64] };
     end else if (step) begin
       if (\$37 ) begin
+        \$223  = \$41 [18:0];
         if (\$42 ) begin
-          \$223  = \$45 [18:0];
+          \$223  = \$46 [18:0];
         end
       end
     end
@@ -8444,15 +8483,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = c_tile;
+    \$224  = t_base;
     if (start) begin
-      \$224  = { 7'h00, cmd[75:64] };
     end else if (step) begin
       if (\$37 ) begin
-        \$224  = \$41 [18:0];
-        if (\$42 ) begin
-          \$224  = \$46 [18:0];
-        end
+        \$224  = c_tile;
       end
     end
     if (rst) begin
@@ -8461,25 +8496,24 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = t_base;
+    \$225  = t_cols;
     if (start) begin
     end else if (step) begin
       if (\$37 ) begin
-        \$225  = c_tile;
+        \$225  = \$39 [3:0];
       end
     end
     if (rst) begin
-      \$225  = 19'h00000;
+      \$225  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$37 ) begin
-        \$226  = \$39 [3:0];
-      end
+    \$226  = d_col;
+    if (\done$55 ) begin
+      \$226  = 4'h1;
+    end else if (drain_busy) begin
+      \$226  = \$48 [3:0];
     end
     if (rst) begin
       \$226  = 4'h0;
@@ -8487,128 +8521,144 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = d_col;
+    \$227  = d_base;
     if (\done$55 ) begin
-      \$227  = 4'h1;
-    end else if (drain_busy) begin
-      \$227  = \$48 [3:0];
+      \$227  = t_base;
     end
     if (rst) begin
-      \$227  = 4'h0;
+      \$227  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = d_base;
+    \$228  = d_cols;
     if (\done$55 ) begin
-      \$228  = t_base;
+      \$228  = t_cols;
     end
     if (rst) begin
-      \$228  = 19'h00000;
+      \$228  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = d_cols;
+    \$229  = drain_busy;
     if (\done$55 ) begin
-      \$229  = t_cols;
-    end
-    if (rst) begin
-      \$229  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = drain_busy;
-    if (\done$55 ) begin
-      \$230  = 1'h1;
+      \$229  = 1'h1;
     end else if (drain_busy) begin
       if (\$49 ) begin
-        \$230  = 1'h0;
+        \$229  = 1'h0;
       end
     end
+    if (rst) begin
+      \$229  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$230  = \$54 ;
     if (rst) begin
       \$230  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = \$54 ;
+    \$231  = \$55 ;
     if (rst) begin
       \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = \$55 ;
+    \$232  = \$58 [18:0];
     if (rst) begin
-      \$232  = 1'h0;
+      \$232  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = \$58 [18:0];
+    \$233  = out;
     if (rst) begin
-      \$233  = 19'h00000;
+      \$233  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = out;
+    \$234  = col_valid0;
     if (rst) begin
-      \$234  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$234  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = \$signal$60 ;
+    \$235  = col_busy0;
     if (rst) begin
       \$235  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = r_col_busy;
+    \$236  = col_addr0;
     if (rst) begin
-      \$236  = 1'h0;
+      \$236  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = r_addr;
+    \$237  = col_word0;
     if (rst) begin
-      \$237  = 19'h00000;
+      \$237  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = r_word;
+    \$238  = col_valid1;
     if (rst) begin
-      \$238  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$238  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = \$60 [1:0];
+    \$239  = col_busy1;
     if (rst) begin
-      \$239  = 2'h0;
+      \$239  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = c_q;
+    \$240  = col_addr1;
+    if (rst) begin
+      \$240  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$241  = col_word1;
+    if (rst) begin
+      \$241  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$242  = \$60 [1:0];
+    if (rst) begin
+      \$242  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$243  = c_q;
     if (\$62 ) begin
-      \$240  = c_rd__data;
+      \$243  = c_rd__data;
     end
     if (rst) begin
-      \$240  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$243  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = q_valid;
+    \$244  = q_valid;
     if (\$62 ) begin
-      \$241  = r_valid;
+      \$244  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -8620,29 +8670,29 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$113 ) begin
-            \$241  = 1'h0;
+          if (\$114 ) begin
+            \$244  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$241  = 1'h0;
+      \$244  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = q_mask;
+    \$245  = q_mask;
     if (\$62 ) begin
-      \$242  = r_mask;
+      \$245  = r_mask;
     end
     if (rst) begin
-      \$242  = 8'h00;
+      \$245  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = storing;
+    \$246  = storing;
     if (store_start) begin
-      \$243  = 1'h1;
+      \$246  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -8654,69 +8704,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$113 ) begin
-            \$243  = 1'h0;
+          if (\$114 ) begin
+            \$246  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$243  = 1'h0;
+      \$246  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = s_addr;
+    \$247  = s_addr;
     if (store_start) begin
-      \$244  = { 7'h00, cmd[75:64] };
+      \$247  = { 7'h00, cmd[75:64] };
     end else if (\$65 ) begin
       if (\$69 ) begin
-        \$244  = \$70 [18:0];
-      end
-    end
-    if (rst) begin
-      \$244  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = s_n;
-    if (store_start) begin
-      \$245  = 17'h00000;
-    end else if (\$65 ) begin
-      if (\$69 ) begin
-        \$245  = \$72 [16:0];
-        if (\$82 ) begin
-          \$245  = 17'h00000;
-        end
-      end
-    end
-    if (rst) begin
-      \$245  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = s_rows;
-    if (store_start) begin
-      \$246  = cmd[16:0];
-    end else if (\$65 ) begin
-      if (\$69 ) begin
-        if (\$82 ) begin
-          \$246  = \$83 [16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$246  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = s_left;
-    if (store_start) begin
-      \$247  = \$66 [18:0];
-    end else if (\$65 ) begin
-      if (\$69 ) begin
-        \$247  = \$71 [18:0];
+        \$247  = \$70 [18:0];
       end
     end
     if (rst) begin
@@ -8725,183 +8728,230 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = out_left;
+    \$248  = s_n;
     if (store_start) begin
-      \$248  = \$67 [18:0];
-    end
-    if (\$84 ) begin
-      \$248  = \$85 [18:0];
-    end
-    if (rst) begin
-      \$248  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = r_valid;
-    if (store_start) begin
-    end else if (\$65 ) begin
-      \$249  = \$68 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$113 ) begin
-            \$249  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$249  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = r_mask;
-    if (store_start) begin
+      \$248  = 17'h00000;
     end else if (\$65 ) begin
       if (\$69 ) begin
-        \$250  = { \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73  };
+        \$248  = \$72 [16:0];
+        if (\$82 ) begin
+          \$248  = 17'h00000;
+        end
       end
     end
     if (rst) begin
-      \$250  = 8'h00;
+      \$248  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = 1'h0;
+    \$249  = s_rows;
+    if (store_start) begin
+      \$249  = cmd[16:0];
+    end else if (\$65 ) begin
+      if (\$69 ) begin
+        if (\$82 ) begin
+          \$249  = \$83 [16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$249  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$250  = s_left;
+    if (store_start) begin
+      \$250  = \$66 [18:0];
+    end else if (\$65 ) begin
+      if (\$69 ) begin
+        \$250  = \$71 [18:0];
+      end
+    end
+    if (rst) begin
+      \$250  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$251  = out_left;
+    if (store_start) begin
+      \$251  = \$67 [18:0];
+    end
+    if (\$84 ) begin
+      \$251  = \$85 [18:0];
+    end
+    if (rst) begin
+      \$251  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$252  = r_valid;
+    if (store_start) begin
+    end else if (\$65 ) begin
+      \$252  = \$68 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$114 ) begin
+            \$252  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$252  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$253  = r_mask;
+    if (store_start) begin
+    end else if (\$65 ) begin
+      if (\$69 ) begin
+        \$253  = { \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73  };
+      end
+    end
+    if (rst) begin
+      \$253  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$254  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           if (\$86 ) begin
-            \$251  = 1'h1;
+            \$254  = 1'h1;
           end
       3'h2:
           if (\$95 ) begin
-            \$251  = 1'h1;
+            \$254  = 1'h1;
           end
       3'h3:
-          if (\$112 ) begin
+          if (\$113 ) begin
             (* full_case = 32'd1 *)
             if (cmd[101]) begin
             end else begin
-              \$251  = 1'h1;
+              \$254  = 1'h1;
             end
           end
       3'h4:
-          if (\$113 ) begin
-            \$251  = 1'h1;
+          if (\$114 ) begin
+            \$254  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$251  = 1'h0;
+      \$254  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = cmd;
+    \$255  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$252  = cmd__payload;
+            \$255  = cmd__payload;
           end
     endcase
     if (rst) begin
-      \$252  = 102'h00000000000000000000000000;
+      \$255  = 102'h00000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = error;
+    \$256  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$253  = 1'h0;
+            \$256  = 1'h0;
           end
       3'h1:
           if (\$86 ) begin
-            \$253  = 1'h1;
+            \$256  = 1'h1;
           end
       3'h2:
           if (\$95 ) begin
-            \$253  = 1'h1;
+            \$256  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$253  = 1'h0;
+      \$256  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = error_code;
+    \$257  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$254  = 3'h0;
+            \$257  = 3'h0;
           end
       3'h1:
           if (\$86 ) begin
-            \$254  = code;
+            \$257  = code;
           end
       3'h2:
           if (\$95 ) begin
-            \$254  = \$100 ;
+            \$257  = \$100 ;
           end
     endcase
     if (rst) begin
-      \$254  = 3'h0;
+      \$257  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = fsm_state;
+    \$258  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$255  = 3'h1;
+            \$258  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
           if (\$86 ) begin
-            \$255  = 3'h0;
+            \$258  = 3'h0;
           end else begin
-            \$255  = 3'h2;
+            \$258  = 3'h2;
           end
       3'h2:
           if (\$95 ) begin
-            \$255  = 3'h0;
+            \$258  = 3'h0;
           end else if (\$96 ) begin
-            \$255  = 3'h3;
+            \$258  = 3'h3;
           end
       3'h3:
-          if (\$112 ) begin
+          if (\$113 ) begin
             (* full_case = 32'd1 *)
             if (cmd[101]) begin
-              \$255  = 3'h4;
+              \$258  = 3'h4;
             end else begin
-              \$255  = 3'h0;
+              \$258  = 3'h0;
             end
           end
       3'h4:
-          if (\$113 ) begin
-            \$255  = 3'h0;
+          if (\$114 ) begin
+            \$258  = 3'h0;
           end
     endcase
     if (rst) begin
-      \$255  = 3'h0;
+      \$258  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = rows_left;
+    \$259  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -8909,23 +8959,23 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           (* full_case = 32'd1 *)
           if (\$86 ) begin
           end else begin
-            \$256  = cmd[16:0];
+            \$259  = cmd[16:0];
           end
       3'h2:
           (* full_case = 32'd1 *)
           if (\$95 ) begin
           end else if (\$96 ) begin
           end else begin
-            \$256  = \$101 [16:0];
+            \$259  = \$101 [16:0];
           end
     endcase
     if (rst) begin
-      \$256  = 17'h00000;
+      \$259  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = a_lim;
+    \$260  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -8933,23 +8983,23 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           (* full_case = 32'd1 *)
           if (\$86 ) begin
           end else begin
-            \$257  = { 1'h0, \$87  };
+            \$260  = { 1'h0, \$87  };
           end
       3'h2:
           (* full_case = 32'd1 *)
           if (\$95 ) begin
           end else if (\$96 ) begin
           end else begin
-            \$257  = \$102 [18:0];
+            \$260  = \$102 [18:0];
           end
     endcase
     if (rst) begin
-      \$257  = 19'h00000;
+      \$260  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = c_lim;
+    \$261  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -8957,26 +9007,26 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           (* full_case = 32'd1 *)
           if (\$86 ) begin
           end else begin
-            \$258  = { 1'h0, \$88  };
+            \$261  = { 1'h0, \$88  };
           end
       3'h2:
           (* full_case = 32'd1 *)
           if (\$95 ) begin
           end else if (\$96 ) begin
           end else begin
-            \$258  = \$103 [18:0];
+            \$261  = \$103 [18:0];
           end
     endcase
     if (rst) begin
-      \$258  = 19'h00000;
+      \$261  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signal$25  = 2'h0;
     if (start) begin
-    end else if (\$118 ) begin
-      if (\$119 ) begin
+    end else if (\$119 ) begin
+      if (\$120 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -8992,7 +9042,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$136 ) begin
+      if (\$137 ) begin
         tile_issued = 1'h1;
       end
     end
@@ -9002,8 +9052,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$136 ) begin
-        if (\$137 ) begin
+      if (\$137 ) begin
+        if (\$138 ) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -9020,7 +9070,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_drained = 1'h0;
     if (\done$55 ) begin
     end else if (drain_busy) begin
-      if (\$138 ) begin
+      if (\$139 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -9040,11 +9090,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$172 ) begin
+          if (\$170 ) begin
             code = 3'h1;
-          end else if (\$181 ) begin
+          end else if (\$179 ) begin
             code = 3'h2;
-          end else if (\$183 ) begin
+          end else if (\$181 ) begin
             code = 3'h3;
           end
     endcase
@@ -9060,7 +9110,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$192 ) begin
+          if (\$191 ) begin
             if (cmd[101]) begin
               store_start = 1'h1;
             end
@@ -9071,19 +9121,19 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[11:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$93  = \$117 [9:0];
-  assign \$signature__data$94  = b_in__payload;
+  assign \$signature__addr$97  = \$118 [9:0];
+  assign \$signature__data$98  = b_in__payload;
   assign a_rd__addr = a_ptr[11:0];
-  assign b_rd__addr = \$135 [9:0];
-  assign \$signature__addr$101  = w_addr[10:0];
-  assign \$signature__en$102  = w_valid;
+  assign b_rd__addr = \$136 [9:0];
+  assign \$signature__addr$105  = w_addr[10:0];
+  assign \$signature__en$106  = w_valid;
   assign mult = cmd[91:76];
-  assign \shift$104  = cmd[97:92];
+  assign \shift$108  = cmd[97:92];
   assign i__valid = q_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$166 [10:0];
+  assign c_rd__addr = \$164 [10:0];
   assign \cmd__payload.m  = cmd__payload[16:0];
   assign \cmd__payload.k  = cmd__payload[33:17];
   assign \cmd__payload.n  = cmd__payload[50:34];
@@ -9162,14 +9212,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \a_rd__data[5]  = a_rd__data[47:40];
   assign \a_rd__data[6]  = a_rd__data[55:48];
   assign \a_rd__data[7]  = a_rd__data[63:56];
-  assign \r_word[0]  = r_word[31:0];
-  assign \r_word[1]  = r_word[63:32];
-  assign \r_word[2]  = r_word[95:64];
-  assign \r_word[3]  = r_word[127:96];
-  assign \r_word[4]  = r_word[159:128];
-  assign \r_word[5]  = r_word[191:160];
-  assign \r_word[6]  = r_word[223:192];
-  assign \r_word[7]  = r_word[255:224];
+  assign \col_word0[0]  = col_word0[31:0];
+  assign \col_word0[1]  = col_word0[63:32];
+  assign \col_word0[2]  = col_word0[95:64];
+  assign \col_word0[3]  = col_word0[127:96];
+  assign \col_word0[4]  = col_word0[159:128];
+  assign \col_word0[5]  = col_word0[191:160];
+  assign \col_word0[6]  = col_word0[223:192];
+  assign \col_word0[7]  = col_word0[255:224];
   assign \out[0]  = out[31:0];
   assign \out[1]  = out[63:32];
   assign \out[2]  = out[95:64];
@@ -9178,6 +9228,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \out[5]  = out[191:160];
   assign \out[6]  = out[223:192];
   assign \out[7]  = out[255:224];
+  assign \col_word1[0]  = col_word1[31:0];
+  assign \col_word1[1]  = col_word1[63:32];
+  assign \col_word1[2]  = col_word1[95:64];
+  assign \col_word1[3]  = col_word1[127:96];
+  assign \col_word1[4]  = col_word1[159:128];
+  assign \col_word1[5]  = col_word1[191:160];
+  assign \col_word1[6]  = col_word1[223:192];
+  assign \col_word1[7]  = col_word1[255:224];
   assign \w_word[0]  = w_word[31:0];
   assign \w_word[1]  = w_word[63:32];
   assign \w_word[2]  = w_word[95:64];
@@ -9210,22 +9268,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__data[5]  = a_in__payload[47:40];
   assign \$signature__data[6]  = a_in__payload[55:48];
   assign \$signature__data[7]  = a_in__payload[63:56];
-  assign \$signature__data$94[0]  = b_in__payload[7:0];
-  assign \$signature__data$94[1]  = b_in__payload[15:8];
-  assign \$signature__data$94[2]  = b_in__payload[23:16];
-  assign \$signature__data$94[3]  = b_in__payload[31:24];
-  assign \$signature__data$94[4]  = b_in__payload[39:32];
-  assign \$signature__data$94[5]  = b_in__payload[47:40];
-  assign \$signature__data$94[6]  = b_in__payload[55:48];
-  assign \$signature__data$94[7]  = b_in__payload[63:56];
-  assign \$signature__data$100[0]  = \$signature__data$100 [31:0];
-  assign \$signature__data$100[1]  = \$signature__data$100 [63:32];
-  assign \$signature__data$100[2]  = \$signature__data$100 [95:64];
-  assign \$signature__data$100[3]  = \$signature__data$100 [127:96];
-  assign \$signature__data$100[4]  = \$signature__data$100 [159:128];
-  assign \$signature__data$100[5]  = \$signature__data$100 [191:160];
-  assign \$signature__data$100[6]  = \$signature__data$100 [223:192];
-  assign \$signature__data$100[7]  = \$signature__data$100 [255:224];
+  assign \$signature__data$98[0]  = b_in__payload[7:0];
+  assign \$signature__data$98[1]  = b_in__payload[15:8];
+  assign \$signature__data$98[2]  = b_in__payload[23:16];
+  assign \$signature__data$98[3]  = b_in__payload[31:24];
+  assign \$signature__data$98[4]  = b_in__payload[39:32];
+  assign \$signature__data$98[5]  = b_in__payload[47:40];
+  assign \$signature__data$98[6]  = b_in__payload[55:48];
+  assign \$signature__data$98[7]  = b_in__payload[63:56];
+  assign \$signature__data$104[0]  = \$signature__data$104 [31:0];
+  assign \$signature__data$104[1]  = \$signature__data$104 [63:32];
+  assign \$signature__data$104[2]  = \$signature__data$104 [95:64];
+  assign \$signature__data$104[3]  = \$signature__data$104 [127:96];
+  assign \$signature__data$104[4]  = \$signature__data$104 [159:128];
+  assign \$signature__data$104[5]  = \$signature__data$104 [191:160];
+  assign \$signature__data$104[6]  = \$signature__data$104 [223:192];
+  assign \$signature__data$104[7]  = \$signature__data$104 [255:224];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -9242,22 +9300,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[5]  = c_out__payload[47:40];
   assign \o__payload[6]  = c_out__payload[55:48];
   assign \o__payload[7]  = c_out__payload[63:56];
-  assign i__payload[255:224] = \$162 ;
-  assign i__payload[223:192] = \$161 ;
-  assign i__payload[191:160] = \$160 ;
-  assign i__payload[159:128] = \$159 ;
-  assign i__payload[127:96] = \$158 ;
-  assign i__payload[95:64] = \$157 ;
-  assign i__payload[63:32] = \$156 ;
-  assign i__payload[31:0] = \$155 ;
-  assign \$signature__data$100 [255:224] = \$154 [31:0];
-  assign \$signature__data$100 [223:192] = \$152 [31:0];
-  assign \$signature__data$100 [191:160] = \$150 [31:0];
-  assign \$signature__data$100 [159:128] = \$148 [31:0];
-  assign \$signature__data$100 [127:96] = \$146 [31:0];
-  assign \$signature__data$100 [95:64] = \$144 [31:0];
-  assign \$signature__data$100 [63:32] = \$142 [31:0];
-  assign \$signature__data$100 [31:0] = \$140 [31:0];
+  assign i__payload[255:224] = \$163 ;
+  assign i__payload[223:192] = \$162 ;
+  assign i__payload[191:160] = \$161 ;
+  assign i__payload[159:128] = \$160 ;
+  assign i__payload[127:96] = \$159 ;
+  assign i__payload[95:64] = \$158 ;
+  assign i__payload[63:32] = \$157 ;
+  assign i__payload[31:0] = \$156 ;
+  assign \$signature__data$104 [255:224] = \$155 [31:0];
+  assign \$signature__data$104 [223:192] = \$153 [31:0];
+  assign \$signature__data$104 [191:160] = \$151 [31:0];
+  assign \$signature__data$104 [159:128] = \$149 [31:0];
+  assign \$signature__data$104 [127:96] = \$147 [31:0];
+  assign \$signature__data$104 [95:64] = \$145 [31:0];
+  assign \$signature__data$104 [63:32] = \$143 [31:0];
+  assign \$signature__data$104 [31:0] = \$141 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -25919,279 +25977,1359 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1314$76 , i__payload, o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__payload, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$68  = 0;
   wire \$1 ;
-  wire [36:0] \$10 ;
-  wire [6:0] \$100 ;
-  wire \$101 ;
-  wire [6:0] \$102 ;
-  wire \$103 ;
-  wire [6:0] \$104 ;
-  wire \$105 ;
-  wire [6:0] \$106 ;
-  wire \$107 ;
-  wire [6:0] \$108 ;
-  wire \$109 ;
-  wire [66:0] \$11 ;
-  wire [6:0] \$110 ;
-  wire \$111 ;
-  wire [6:0] \$112 ;
-  wire \$113 ;
-  wire [6:0] \$114 ;
-  wire \$115 ;
-  wire [6:0] \$116 ;
-  wire \$117 ;
-  wire [6:0] \$118 ;
-  wire \$119 ;
-  wire [67:0] \$12 ;
-  wire [6:0] \$120 ;
-  wire \$121 ;
-  wire [6:0] \$122 ;
-  wire \$123 ;
-  wire [6:0] \$124 ;
-  wire \$125 ;
-  wire [6:0] \$126 ;
-  wire \$127 ;
-  wire [6:0] \$128 ;
-  wire \$129 ;
-  wire [36:0] \$13 ;
-  wire [6:0] \$130 ;
-  wire \$131 ;
-  wire [47:0] \$132 ;
-  wire [47:0] \$133 ;
-  wire [47:0] \$134 ;
-  wire \$135 ;
+  wire [67:0] \$10 ;
+  wire \$100 ;
+  wire [8:0] \$1000 ;
+  wire [48:0] \$1001 ;
+  wire [48:0] \$1002 ;
+  wire [39:0] \$1003 ;
+  wire [48:0] \$1004 ;
+  wire [48:0] \$1005 ;
+  wire [39:0] \$1006 ;
+  wire [23:0] \$1007 ;
+  wire [48:0] \$1008 ;
+  wire [48:0] \$1009 ;
+  wire [6:0] \$101 ;
+  wire [39:0] \$1010 ;
+  wire [48:0] \$1011 ;
+  wire [48:0] \$1012 ;
+  wire [39:0] \$1013 ;
+  wire [23:0] \$1014 ;
+  wire [15:0] \$1015 ;
+  wire [48:0] \$1016 ;
+  wire [48:0] \$1017 ;
+  wire [39:0] \$1018 ;
+  wire [48:0] \$1019 ;
+  wire \$102 ;
+  wire [48:0] \$1020 ;
+  wire [39:0] \$1021 ;
+  wire [23:0] \$1022 ;
+  wire [48:0] \$1023 ;
+  wire [48:0] \$1024 ;
+  wire [39:0] \$1025 ;
+  wire [48:0] \$1026 ;
+  wire [48:0] \$1027 ;
+  wire [39:0] \$1028 ;
+  wire [23:0] \$1029 ;
+  wire [6:0] \$103 ;
+  wire [15:0] \$1030 ;
+  wire [11:0] \$1031 ;
+  wire [48:0] \$1032 ;
+  wire [48:0] \$1033 ;
+  wire [39:0] \$1034 ;
+  wire [48:0] \$1035 ;
+  wire [48:0] \$1036 ;
+  wire [39:0] \$1037 ;
+  wire [23:0] \$1038 ;
+  wire [48:0] \$1039 ;
+  wire \$104 ;
+  wire [48:0] \$1040 ;
+  wire [39:0] \$1041 ;
+  wire [48:0] \$1042 ;
+  wire [48:0] \$1043 ;
+  wire [39:0] \$1044 ;
+  wire [23:0] \$1045 ;
+  wire [15:0] \$1046 ;
+  wire [48:0] \$1047 ;
+  wire [48:0] \$1048 ;
+  wire [39:0] \$1049 ;
+  wire [6:0] \$105 ;
+  wire [48:0] \$1050 ;
+  wire [48:0] \$1051 ;
+  wire [39:0] \$1052 ;
+  wire [23:0] \$1053 ;
+  wire [48:0] \$1054 ;
+  wire [48:0] \$1055 ;
+  wire [39:0] \$1056 ;
+  wire [48:0] \$1057 ;
+  wire [48:0] \$1058 ;
+  wire [39:0] \$1059 ;
+  wire \$106 ;
+  wire [23:0] \$1060 ;
+  wire [15:0] \$1061 ;
+  wire [11:0] \$1062 ;
+  wire [9:0] \$1063 ;
+  wire [48:0] \$1064 ;
+  wire [48:0] \$1065 ;
+  wire [39:0] \$1066 ;
+  wire [48:0] \$1067 ;
+  wire [48:0] \$1068 ;
+  wire [39:0] \$1069 ;
+  wire [6:0] \$107 ;
+  wire [23:0] \$1070 ;
+  wire [48:0] \$1071 ;
+  wire [48:0] \$1072 ;
+  wire [39:0] \$1073 ;
+  wire [48:0] \$1074 ;
+  wire [48:0] \$1075 ;
+  wire [39:0] \$1076 ;
+  wire [23:0] \$1077 ;
+  wire [15:0] \$1078 ;
+  wire [48:0] \$1079 ;
+  wire \$108 ;
+  wire [48:0] \$1080 ;
+  wire [39:0] \$1081 ;
+  wire [48:0] \$1082 ;
+  wire [48:0] \$1083 ;
+  wire [39:0] \$1084 ;
+  wire [23:0] \$1085 ;
+  wire [48:0] \$1086 ;
+  wire [48:0] \$1087 ;
+  wire [39:0] \$1088 ;
+  wire [48:0] \$1089 ;
+  wire [6:0] \$109 ;
+  wire [48:0] \$1090 ;
+  wire [39:0] \$1091 ;
+  wire [23:0] \$1092 ;
+  wire [15:0] \$1093 ;
+  wire [11:0] \$1094 ;
+  wire [48:0] \$1095 ;
+  wire [48:0] \$1096 ;
+  wire [39:0] \$1097 ;
+  wire [48:0] \$1098 ;
+  wire [48:0] \$1099 ;
+  wire [36:0] \$11 ;
+  wire \$110 ;
+  wire [39:0] \$1100 ;
+  wire [23:0] \$1101 ;
+  wire [48:0] \$1102 ;
+  wire [48:0] \$1103 ;
+  wire [39:0] \$1104 ;
+  wire [48:0] \$1105 ;
+  wire [48:0] \$1106 ;
+  wire [39:0] \$1107 ;
+  wire [23:0] \$1108 ;
+  wire [15:0] \$1109 ;
+  wire [6:0] \$111 ;
+  wire [48:0] \$1110 ;
+  wire [48:0] \$1111 ;
+  wire [39:0] \$1112 ;
+  wire [48:0] \$1113 ;
+  wire [48:0] \$1114 ;
+  wire [39:0] \$1115 ;
+  wire [23:0] \$1116 ;
+  wire [48:0] \$1117 ;
+  wire [48:0] \$1118 ;
+  wire [39:0] \$1119 ;
+  wire \$112 ;
+  wire [48:0] \$1120 ;
+  wire [48:0] \$1121 ;
+  wire [39:0] \$1122 ;
+  wire [23:0] \$1123 ;
+  wire [15:0] \$1124 ;
+  wire [11:0] \$1125 ;
+  wire [9:0] \$1126 ;
+  wire [48:0] \$1127 ;
+  wire \$1128 ;
+  wire [48:0] \$1129 ;
+  wire [6:0] \$113 ;
+  wire [48:0] \$1130 ;
+  wire \$1131 ;
+  wire \$1132 ;
+  wire \$1133 ;
+  wire [8:0] \$1134 ;
+  wire [7:0] \$1135 ;
+  wire \$1136 ;
+  wire [8:0] \$1137 ;
+  wire [8:0] \$1138 ;
+  wire [48:0] \$1139 ;
+  wire \$114 ;
+  wire [48:0] \$1140 ;
+  wire [39:0] \$1141 ;
+  wire [48:0] \$1142 ;
+  wire [48:0] \$1143 ;
+  wire [39:0] \$1144 ;
+  wire [23:0] \$1145 ;
+  wire [48:0] \$1146 ;
+  wire [48:0] \$1147 ;
+  wire [39:0] \$1148 ;
+  wire [48:0] \$1149 ;
+  wire [6:0] \$115 ;
+  wire [48:0] \$1150 ;
+  wire [39:0] \$1151 ;
+  wire [23:0] \$1152 ;
+  wire [15:0] \$1153 ;
+  wire [48:0] \$1154 ;
+  wire [48:0] \$1155 ;
+  wire [39:0] \$1156 ;
+  wire [48:0] \$1157 ;
+  wire [48:0] \$1158 ;
+  wire [39:0] \$1159 ;
+  wire \$116 ;
+  wire [23:0] \$1160 ;
+  wire [48:0] \$1161 ;
+  wire [48:0] \$1162 ;
+  wire [39:0] \$1163 ;
+  wire [48:0] \$1164 ;
+  wire [48:0] \$1165 ;
+  wire [39:0] \$1166 ;
+  wire [23:0] \$1167 ;
+  wire [15:0] \$1168 ;
+  wire [11:0] \$1169 ;
+  wire [6:0] \$117 ;
+  wire [48:0] \$1170 ;
+  wire [48:0] \$1171 ;
+  wire [39:0] \$1172 ;
+  wire [48:0] \$1173 ;
+  wire [48:0] \$1174 ;
+  wire [39:0] \$1175 ;
+  wire [23:0] \$1176 ;
+  wire [48:0] \$1177 ;
+  wire [48:0] \$1178 ;
+  wire [39:0] \$1179 ;
+  wire \$118 ;
+  wire [48:0] \$1180 ;
+  wire [48:0] \$1181 ;
+  wire [39:0] \$1182 ;
+  wire [23:0] \$1183 ;
+  wire [15:0] \$1184 ;
+  wire [48:0] \$1185 ;
+  wire [48:0] \$1186 ;
+  wire [39:0] \$1187 ;
+  wire [48:0] \$1188 ;
+  wire [48:0] \$1189 ;
+  wire [6:0] \$119 ;
+  wire [39:0] \$1190 ;
+  wire [23:0] \$1191 ;
+  wire [48:0] \$1192 ;
+  wire [48:0] \$1193 ;
+  wire [39:0] \$1194 ;
+  wire [48:0] \$1195 ;
+  wire [48:0] \$1196 ;
+  wire [39:0] \$1197 ;
+  wire [23:0] \$1198 ;
+  wire [15:0] \$1199 ;
+  wire [66:0] \$12 ;
+  wire \$120 ;
+  wire [11:0] \$1200 ;
+  wire [9:0] \$1201 ;
+  wire [48:0] \$1202 ;
+  wire [48:0] \$1203 ;
+  wire [39:0] \$1204 ;
+  wire [48:0] \$1205 ;
+  wire [48:0] \$1206 ;
+  wire [39:0] \$1207 ;
+  wire [23:0] \$1208 ;
+  wire [48:0] \$1209 ;
+  wire [6:0] \$121 ;
+  wire [48:0] \$1210 ;
+  wire [39:0] \$1211 ;
+  wire [48:0] \$1212 ;
+  wire [48:0] \$1213 ;
+  wire [39:0] \$1214 ;
+  wire [23:0] \$1215 ;
+  wire [15:0] \$1216 ;
+  wire [48:0] \$1217 ;
+  wire [48:0] \$1218 ;
+  wire [39:0] \$1219 ;
+  wire \$122 ;
+  wire [48:0] \$1220 ;
+  wire [48:0] \$1221 ;
+  wire [39:0] \$1222 ;
+  wire [23:0] \$1223 ;
+  wire [48:0] \$1224 ;
+  wire [48:0] \$1225 ;
+  wire [39:0] \$1226 ;
+  wire [48:0] \$1227 ;
+  wire [48:0] \$1228 ;
+  wire [39:0] \$1229 ;
+  wire [6:0] \$123 ;
+  wire [23:0] \$1230 ;
+  wire [15:0] \$1231 ;
+  wire [11:0] \$1232 ;
+  wire [48:0] \$1233 ;
+  wire [48:0] \$1234 ;
+  wire [39:0] \$1235 ;
+  wire [48:0] \$1236 ;
+  wire [48:0] \$1237 ;
+  wire [39:0] \$1238 ;
+  wire [23:0] \$1239 ;
+  wire \$124 ;
+  wire [48:0] \$1240 ;
+  wire [48:0] \$1241 ;
+  wire [39:0] \$1242 ;
+  wire [48:0] \$1243 ;
+  wire [48:0] \$1244 ;
+  wire [39:0] \$1245 ;
+  wire [23:0] \$1246 ;
+  wire [15:0] \$1247 ;
+  wire [48:0] \$1248 ;
+  wire [48:0] \$1249 ;
+  wire [6:0] \$125 ;
+  wire [39:0] \$1250 ;
+  wire [48:0] \$1251 ;
+  wire [48:0] \$1252 ;
+  wire [39:0] \$1253 ;
+  wire [23:0] \$1254 ;
+  wire [48:0] \$1255 ;
+  wire [48:0] \$1256 ;
+  wire [39:0] \$1257 ;
+  wire [48:0] \$1258 ;
+  wire [48:0] \$1259 ;
+  wire \$126 ;
+  wire [39:0] \$1260 ;
+  wire [23:0] \$1261 ;
+  wire [15:0] \$1262 ;
+  wire [11:0] \$1263 ;
+  wire [9:0] \$1264 ;
+  wire [48:0] \$1265 ;
+  wire \$1266 ;
+  wire [48:0] \$1267 ;
+  wire [48:0] \$1268 ;
+  wire \$1269 ;
+  wire [6:0] \$127 ;
+  wire \$1270 ;
+  wire \$1271 ;
+  wire [8:0] \$1272 ;
+  wire [7:0] \$1273 ;
+  wire \$1274 ;
+  wire [8:0] \$1275 ;
+  wire [8:0] \$1276 ;
+  reg \$1277 ;
+  reg \$1278 ;
+  reg \$1279 ;
+  wire \$128 ;
+  reg [47:0] \$1280 ;
+  reg [47:0] \$1281 ;
+  reg [47:0] \$1282 ;
+  reg [47:0] \$1283 ;
+  reg [47:0] \$1284 ;
+  reg [47:0] \$1285 ;
+  reg [47:0] \$1286 ;
+  reg [47:0] \$1287 ;
+  reg [48:0] \$1288 ;
+  reg [48:0] \$1289 ;
+  wire [6:0] \$129 ;
+  reg \$1290 ;
+  reg \$1291 ;
+  reg \$1292 ;
+  reg [8:0] \$1293 ;
+  reg \$1294 ;
+  reg \$1295 ;
+  reg \$1296 ;
+  reg [8:0] \$1297 ;
+  reg \$1298 ;
+  reg \$1299 ;
+  wire [67:0] \$13 ;
+  wire \$130 ;
+  reg [63:0] \$1300 ;
+  reg [8:0] \$1301 ;
+  reg \$1302 ;
+  reg \$1303 ;
+  reg \$1304 ;
+  reg [8:0] \$1305 ;
+  reg \$1306 ;
+  reg \$1307 ;
+  reg [8:0] \$1308 ;
+  reg \$1309 ;
+  wire [6:0] \$131 ;
+  reg \$1310 ;
+  reg \$1311 ;
+  reg [8:0] \$1312 ;
+  reg \$1313 ;
+  reg \$1314 ;
+  reg [8:0] \$1315 ;
+  reg \$1316 ;
+  reg \$1317 ;
+  reg \$1318 ;
+  reg [8:0] \$1319 ;
+  wire \$132 ;
+  reg \$1320 ;
+  reg \$1321 ;
+  reg [8:0] \$1322 ;
+  reg \$1323 ;
+  reg \$1324 ;
+  reg \$1325 ;
+  reg [8:0] \$1326 ;
+  reg \$1327 ;
+  reg \$1328 ;
+  reg [8:0] \$1329 ;
+  wire [6:0] \$133 ;
+  reg \$1330 ;
+  reg \$1331 ;
+  reg \$1332 ;
+  reg [8:0] \$1333 ;
+  reg \$1334 ;
+  reg \$1335 ;
+  reg [8:0] \$1336 ;
+  reg \$1337 ;
+  reg \$1338 ;
+  reg \$1339 ;
+  wire \$134 ;
+  reg [8:0] \$1340 ;
+  reg \$1341 ;
+  reg \$1342 ;
+  reg [8:0] \$1343 ;
+  reg \$1344 ;
+  reg \$1345 ;
+  reg \$1346 ;
+  reg [8:0] \$1347 ;
+  reg \$1348 ;
+  reg \$1349 ;
+  wire [6:0] \$135 ;
   wire \$136 ;
-  wire \$137 ;
+  wire [6:0] \$137 ;
   wire \$138 ;
-  wire [48:0] \$139 ;
-  wire [66:0] \$14 ;
+  wire [6:0] \$139 ;
+  wire [36:0] \$14 ;
   wire \$140 ;
-  wire \$141 ;
-  wire [48:0] \$142 ;
-  wire [48:0] \$143 ;
-  wire [47:0] \$144 ;
-  wire [47:0] \$145 ;
-  wire [47:0] \$146 ;
-  wire \$147 ;
+  wire [6:0] \$141 ;
+  wire \$142 ;
+  wire [6:0] \$143 ;
+  wire \$144 ;
+  wire [6:0] \$145 ;
+  wire \$146 ;
+  wire [6:0] \$147 ;
   wire \$148 ;
-  wire \$149 ;
-  wire [67:0] \$15 ;
+  wire [6:0] \$149 ;
+  wire [66:0] \$15 ;
   wire \$150 ;
-  wire [48:0] \$151 ;
+  wire [6:0] \$151 ;
   wire \$152 ;
-  wire \$153 ;
-  wire [48:0] \$154 ;
-  wire [48:0] \$155 ;
-  wire [47:0] \$156 ;
-  wire [47:0] \$157 ;
-  wire [47:0] \$158 ;
-  wire \$159 ;
-  wire [36:0] \$16 ;
+  wire [6:0] \$153 ;
+  wire \$154 ;
+  wire [6:0] \$155 ;
+  wire \$156 ;
+  wire [6:0] \$157 ;
+  wire \$158 ;
+  wire [6:0] \$159 ;
+  wire [67:0] \$16 ;
   wire \$160 ;
-  wire \$161 ;
+  wire [6:0] \$161 ;
   wire \$162 ;
-  wire [48:0] \$163 ;
+  wire [6:0] \$163 ;
   wire \$164 ;
-  wire \$165 ;
-  wire [48:0] \$166 ;
-  wire [48:0] \$167 ;
-  wire [47:0] \$168 ;
-  wire [47:0] \$169 ;
-  wire [66:0] \$17 ;
-  wire [47:0] \$170 ;
-  wire \$171 ;
+  wire [6:0] \$165 ;
+  wire \$166 ;
+  wire [6:0] \$167 ;
+  wire \$168 ;
+  wire [6:0] \$169 ;
+  wire [36:0] \$17 ;
+  wire \$170 ;
+  wire [6:0] \$171 ;
   wire \$172 ;
-  wire \$173 ;
-  wire \$174 ;
-  wire [48:0] \$175 ;
-  wire \$176 ;
-  wire \$177 ;
-  wire [48:0] \$178 ;
-  wire [48:0] \$179 ;
-  wire [67:0] \$18 ;
-  wire [47:0] \$180 ;
-  wire [47:0] \$181 ;
-  wire [47:0] \$182 ;
-  wire \$183 ;
-  wire \$184 ;
-  wire \$185 ;
-  wire \$186 ;
-  wire [48:0] \$187 ;
-  wire \$188 ;
-  wire \$189 ;
-  wire [36:0] \$19 ;
-  wire [48:0] \$190 ;
+  wire [48:0] \$173 ;
+  wire [48:0] \$174 ;
+  wire [39:0] \$175 ;
+  wire [48:0] \$176 ;
+  wire [48:0] \$177 ;
+  wire [39:0] \$178 ;
+  wire [23:0] \$179 ;
+  wire [66:0] \$18 ;
+  wire [48:0] \$180 ;
+  wire [48:0] \$181 ;
+  wire [39:0] \$182 ;
+  wire [48:0] \$183 ;
+  wire [48:0] \$184 ;
+  wire [39:0] \$185 ;
+  wire [23:0] \$186 ;
+  wire [15:0] \$187 ;
+  wire [48:0] \$188 ;
+  wire [48:0] \$189 ;
+  wire [67:0] \$19 ;
+  wire [39:0] \$190 ;
   wire [48:0] \$191 ;
-  wire [47:0] \$192 ;
-  wire [47:0] \$193 ;
-  wire [47:0] \$194 ;
-  wire \$195 ;
-  wire \$196 ;
-  wire \$197 ;
-  wire \$198 ;
+  wire [48:0] \$192 ;
+  wire [39:0] \$193 ;
+  wire [23:0] \$194 ;
+  wire [48:0] \$195 ;
+  wire [48:0] \$196 ;
+  wire [39:0] \$197 ;
+  wire [48:0] \$198 ;
   wire [48:0] \$199 ;
-  wire [47:0] \$2 ;
-  wire [66:0] \$20 ;
-  wire \$200 ;
-  wire \$201 ;
-  wire [48:0] \$202 ;
-  wire [48:0] \$203 ;
-  wire [47:0] \$204 ;
-  wire [47:0] \$205 ;
-  wire [47:0] \$206 ;
-  wire \$207 ;
-  wire \$208 ;
-  wire \$209 ;
-  wire [67:0] \$21 ;
-  wire \$210 ;
+  wire [36:0] \$2 ;
+  wire [36:0] \$20 ;
+  wire [39:0] \$200 ;
+  wire [23:0] \$201 ;
+  wire [15:0] \$202 ;
+  wire [11:0] \$203 ;
+  wire [48:0] \$204 ;
+  wire [48:0] \$205 ;
+  wire [39:0] \$206 ;
+  wire [48:0] \$207 ;
+  wire [48:0] \$208 ;
+  wire [39:0] \$209 ;
+  wire [66:0] \$21 ;
+  wire [23:0] \$210 ;
   wire [48:0] \$211 ;
-  wire \$212 ;
-  wire \$213 ;
+  wire [48:0] \$212 ;
+  wire [39:0] \$213 ;
   wire [48:0] \$214 ;
   wire [48:0] \$215 ;
-  wire [47:0] \$216 ;
-  wire [47:0] \$217 ;
-  wire [47:0] \$218 ;
-  wire \$219 ;
-  wire [36:0] \$22 ;
-  wire \$220 ;
-  wire \$221 ;
-  wire \$222 ;
+  wire [39:0] \$216 ;
+  wire [23:0] \$217 ;
+  wire [15:0] \$218 ;
+  wire [48:0] \$219 ;
+  wire [67:0] \$22 ;
+  wire [48:0] \$220 ;
+  wire [39:0] \$221 ;
+  wire [48:0] \$222 ;
   wire [48:0] \$223 ;
-  wire \$224 ;
-  wire \$225 ;
+  wire [39:0] \$224 ;
+  wire [23:0] \$225 ;
   wire [48:0] \$226 ;
   wire [48:0] \$227 ;
-  reg \$228 ;
-  reg \$229 ;
-  wire [66:0] \$23 ;
-  reg \$230 ;
-  reg [47:0] \$231 ;
-  reg [47:0] \$232 ;
-  reg [47:0] \$233 ;
-  reg [47:0] \$234 ;
-  reg [47:0] \$235 ;
-  reg [47:0] \$236 ;
-  reg [47:0] \$237 ;
-  reg [47:0] \$238 ;
-  reg \$239 ;
-  wire [67:0] \$24 ;
-  reg [5:0] \$240 ;
-  reg [47:0] \$241 ;
-  reg \$242 ;
-  reg \$243 ;
-  reg \$244 ;
-  reg [47:0] \$245 ;
-  reg \$246 ;
-  reg [48:0] \$247 ;
-  reg [63:0] \$248 ;
-  reg [47:0] \$249 ;
-  wire [36:0] \$25 ;
-  reg \$250 ;
-  reg [48:0] \$251 ;
-  reg [47:0] \$252 ;
-  reg \$253 ;
-  reg [48:0] \$254 ;
-  reg [47:0] \$255 ;
-  reg \$256 ;
-  reg [48:0] \$257 ;
-  reg [47:0] \$258 ;
-  reg \$259 ;
-  wire [66:0] \$26 ;
-  reg [48:0] \$260 ;
-  reg [47:0] \$261 ;
-  reg \$262 ;
-  reg [48:0] \$263 ;
-  reg [47:0] \$264 ;
-  reg \$265 ;
-  reg [48:0] \$266 ;
-  reg [47:0] \$267 ;
-  reg \$268 ;
-  reg [48:0] \$269 ;
-  wire [67:0] \$27 ;
-  wire [36:0] \$28 ;
-  wire [66:0] \$29 ;
-  wire [47:0] \$3 ;
-  wire [67:0] \$30 ;
-  wire [36:0] \$31 ;
-  wire [66:0] \$32 ;
-  wire [67:0] \$33 ;
+  wire [39:0] \$228 ;
+  wire [48:0] \$229 ;
+  wire [36:0] \$23 ;
+  wire [48:0] \$230 ;
+  wire [39:0] \$231 ;
+  wire [23:0] \$232 ;
+  wire [15:0] \$233 ;
+  wire [11:0] \$234 ;
+  wire [9:0] \$235 ;
+  wire [48:0] \$236 ;
+  wire [48:0] \$237 ;
+  wire [39:0] \$238 ;
+  wire [48:0] \$239 ;
+  wire [66:0] \$24 ;
+  wire [48:0] \$240 ;
+  wire [39:0] \$241 ;
+  wire [23:0] \$242 ;
+  wire [48:0] \$243 ;
+  wire [48:0] \$244 ;
+  wire [39:0] \$245 ;
+  wire [48:0] \$246 ;
+  wire [48:0] \$247 ;
+  wire [39:0] \$248 ;
+  wire [23:0] \$249 ;
+  wire [67:0] \$25 ;
+  wire [15:0] \$250 ;
+  wire [48:0] \$251 ;
+  wire [48:0] \$252 ;
+  wire [39:0] \$253 ;
+  wire [48:0] \$254 ;
+  wire [48:0] \$255 ;
+  wire [39:0] \$256 ;
+  wire [23:0] \$257 ;
+  wire [48:0] \$258 ;
+  wire [48:0] \$259 ;
+  wire \$26 ;
+  wire [39:0] \$260 ;
+  wire [48:0] \$261 ;
+  wire [48:0] \$262 ;
+  wire [39:0] \$263 ;
+  wire [23:0] \$264 ;
+  wire [15:0] \$265 ;
+  wire [11:0] \$266 ;
+  wire [48:0] \$267 ;
+  wire [48:0] \$268 ;
+  wire [39:0] \$269 ;
+  wire \$27 ;
+  wire [48:0] \$270 ;
+  wire [48:0] \$271 ;
+  wire [39:0] \$272 ;
+  wire [23:0] \$273 ;
+  wire [48:0] \$274 ;
+  wire [48:0] \$275 ;
+  wire [39:0] \$276 ;
+  wire [48:0] \$277 ;
+  wire [48:0] \$278 ;
+  wire [39:0] \$279 ;
+  wire \$28 ;
+  wire [23:0] \$280 ;
+  wire [15:0] \$281 ;
+  wire [48:0] \$282 ;
+  wire [48:0] \$283 ;
+  wire [39:0] \$284 ;
+  wire [48:0] \$285 ;
+  wire [48:0] \$286 ;
+  wire [39:0] \$287 ;
+  wire [23:0] \$288 ;
+  wire [48:0] \$289 ;
+  wire \$29 ;
+  wire [48:0] \$290 ;
+  wire [39:0] \$291 ;
+  wire [48:0] \$292 ;
+  wire [48:0] \$293 ;
+  wire [39:0] \$294 ;
+  wire [23:0] \$295 ;
+  wire [15:0] \$296 ;
+  wire [11:0] \$297 ;
+  wire [9:0] \$298 ;
+  wire [48:0] \$299 ;
+  wire [66:0] \$3 ;
+  wire \$30 ;
+  wire \$300 ;
+  wire [48:0] \$301 ;
+  wire [48:0] \$302 ;
+  wire \$303 ;
+  wire \$304 ;
+  wire \$305 ;
+  wire [8:0] \$306 ;
+  wire [7:0] \$307 ;
+  wire \$308 ;
+  wire [8:0] \$309 ;
+  wire \$31 ;
+  wire [8:0] \$310 ;
+  wire [48:0] \$311 ;
+  wire [48:0] \$312 ;
+  wire [39:0] \$313 ;
+  wire [48:0] \$314 ;
+  wire [48:0] \$315 ;
+  wire [39:0] \$316 ;
+  wire [23:0] \$317 ;
+  wire [48:0] \$318 ;
+  wire [48:0] \$319 ;
+  wire \$32 ;
+  wire [39:0] \$320 ;
+  wire [48:0] \$321 ;
+  wire [48:0] \$322 ;
+  wire [39:0] \$323 ;
+  wire [23:0] \$324 ;
+  wire [15:0] \$325 ;
+  wire [48:0] \$326 ;
+  wire [48:0] \$327 ;
+  wire [39:0] \$328 ;
+  wire [48:0] \$329 ;
+  wire \$33 ;
+  wire [48:0] \$330 ;
+  wire [39:0] \$331 ;
+  wire [23:0] \$332 ;
+  wire [48:0] \$333 ;
+  wire [48:0] \$334 ;
+  wire [39:0] \$335 ;
+  wire [48:0] \$336 ;
+  wire [48:0] \$337 ;
+  wire [39:0] \$338 ;
+  wire [23:0] \$339 ;
   wire \$34 ;
-  wire [6:0] \$35 ;
-  wire [6:0] \$36 ;
+  wire [15:0] \$340 ;
+  wire [11:0] \$341 ;
+  wire [48:0] \$342 ;
+  wire [48:0] \$343 ;
+  wire [39:0] \$344 ;
+  wire [48:0] \$345 ;
+  wire [48:0] \$346 ;
+  wire [39:0] \$347 ;
+  wire [23:0] \$348 ;
+  wire [48:0] \$349 ;
+  wire \$35 ;
+  wire [48:0] \$350 ;
+  wire [39:0] \$351 ;
+  wire [48:0] \$352 ;
+  wire [48:0] \$353 ;
+  wire [39:0] \$354 ;
+  wire [23:0] \$355 ;
+  wire [15:0] \$356 ;
+  wire [48:0] \$357 ;
+  wire [48:0] \$358 ;
+  wire [39:0] \$359 ;
+  wire \$36 ;
+  wire [48:0] \$360 ;
+  wire [48:0] \$361 ;
+  wire [39:0] \$362 ;
+  wire [23:0] \$363 ;
+  wire [48:0] \$364 ;
+  wire [48:0] \$365 ;
+  wire [39:0] \$366 ;
+  wire [48:0] \$367 ;
+  wire [48:0] \$368 ;
+  wire [39:0] \$369 ;
   wire \$37 ;
-  wire [6:0] \$38 ;
+  wire [23:0] \$370 ;
+  wire [15:0] \$371 ;
+  wire [11:0] \$372 ;
+  wire [9:0] \$373 ;
+  wire [48:0] \$374 ;
+  wire [48:0] \$375 ;
+  wire [39:0] \$376 ;
+  wire [48:0] \$377 ;
+  wire [48:0] \$378 ;
+  wire [39:0] \$379 ;
+  wire \$38 ;
+  wire [23:0] \$380 ;
+  wire [48:0] \$381 ;
+  wire [48:0] \$382 ;
+  wire [39:0] \$383 ;
+  wire [48:0] \$384 ;
+  wire [48:0] \$385 ;
+  wire [39:0] \$386 ;
+  wire [23:0] \$387 ;
+  wire [15:0] \$388 ;
+  wire [48:0] \$389 ;
   wire \$39 ;
-  wire [47:0] \$4 ;
-  wire [6:0] \$40 ;
+  wire [48:0] \$390 ;
+  wire [39:0] \$391 ;
+  wire [48:0] \$392 ;
+  wire [48:0] \$393 ;
+  wire [39:0] \$394 ;
+  wire [23:0] \$395 ;
+  wire [48:0] \$396 ;
+  wire [48:0] \$397 ;
+  wire [39:0] \$398 ;
+  wire [48:0] \$399 ;
+  wire [67:0] \$4 ;
+  wire \$40 ;
+  wire [48:0] \$400 ;
+  wire [39:0] \$401 ;
+  wire [23:0] \$402 ;
+  wire [15:0] \$403 ;
+  wire [11:0] \$404 ;
+  wire [48:0] \$405 ;
+  wire [48:0] \$406 ;
+  wire [39:0] \$407 ;
+  wire [48:0] \$408 ;
+  wire [48:0] \$409 ;
   wire \$41 ;
-  wire [6:0] \$42 ;
+  wire [39:0] \$410 ;
+  wire [23:0] \$411 ;
+  wire [48:0] \$412 ;
+  wire [48:0] \$413 ;
+  wire [39:0] \$414 ;
+  wire [48:0] \$415 ;
+  wire [48:0] \$416 ;
+  wire [39:0] \$417 ;
+  wire [23:0] \$418 ;
+  wire [15:0] \$419 ;
+  wire \$42 ;
+  wire [48:0] \$420 ;
+  wire [48:0] \$421 ;
+  wire [39:0] \$422 ;
+  wire [48:0] \$423 ;
+  wire [48:0] \$424 ;
+  wire [39:0] \$425 ;
+  wire [23:0] \$426 ;
+  wire [48:0] \$427 ;
+  wire [48:0] \$428 ;
+  wire [39:0] \$429 ;
   wire \$43 ;
-  wire [6:0] \$44 ;
+  wire [48:0] \$430 ;
+  wire [48:0] \$431 ;
+  wire [39:0] \$432 ;
+  wire [23:0] \$433 ;
+  wire [15:0] \$434 ;
+  wire [11:0] \$435 ;
+  wire [9:0] \$436 ;
+  wire [48:0] \$437 ;
+  wire \$438 ;
+  wire [48:0] \$439 ;
+  wire \$44 ;
+  wire [48:0] \$440 ;
+  wire \$441 ;
+  wire \$442 ;
+  wire \$443 ;
+  wire [8:0] \$444 ;
+  wire [7:0] \$445 ;
+  wire \$446 ;
+  wire [8:0] \$447 ;
+  wire [8:0] \$448 ;
+  wire [48:0] \$449 ;
   wire \$45 ;
-  wire [6:0] \$46 ;
+  wire [48:0] \$450 ;
+  wire [39:0] \$451 ;
+  wire [48:0] \$452 ;
+  wire [48:0] \$453 ;
+  wire [39:0] \$454 ;
+  wire [23:0] \$455 ;
+  wire [48:0] \$456 ;
+  wire [48:0] \$457 ;
+  wire [39:0] \$458 ;
+  wire [48:0] \$459 ;
+  wire \$46 ;
+  wire [48:0] \$460 ;
+  wire [39:0] \$461 ;
+  wire [23:0] \$462 ;
+  wire [15:0] \$463 ;
+  wire [48:0] \$464 ;
+  wire [48:0] \$465 ;
+  wire [39:0] \$466 ;
+  wire [48:0] \$467 ;
+  wire [48:0] \$468 ;
+  wire [39:0] \$469 ;
   wire \$47 ;
-  wire [6:0] \$48 ;
+  wire [23:0] \$470 ;
+  wire [48:0] \$471 ;
+  wire [48:0] \$472 ;
+  wire [39:0] \$473 ;
+  wire [48:0] \$474 ;
+  wire [48:0] \$475 ;
+  wire [39:0] \$476 ;
+  wire [23:0] \$477 ;
+  wire [15:0] \$478 ;
+  wire [11:0] \$479 ;
+  wire \$48 ;
+  wire [48:0] \$480 ;
+  wire [48:0] \$481 ;
+  wire [39:0] \$482 ;
+  wire [48:0] \$483 ;
+  wire [48:0] \$484 ;
+  wire [39:0] \$485 ;
+  wire [23:0] \$486 ;
+  wire [48:0] \$487 ;
+  wire [48:0] \$488 ;
+  wire [39:0] \$489 ;
   wire \$49 ;
-  wire [47:0] \$5 ;
-  wire [6:0] \$50 ;
+  wire [48:0] \$490 ;
+  wire [48:0] \$491 ;
+  wire [39:0] \$492 ;
+  wire [23:0] \$493 ;
+  wire [15:0] \$494 ;
+  wire [48:0] \$495 ;
+  wire [48:0] \$496 ;
+  wire [39:0] \$497 ;
+  wire [48:0] \$498 ;
+  wire [48:0] \$499 ;
+  wire [36:0] \$5 ;
+  wire \$50 ;
+  wire [39:0] \$500 ;
+  wire [23:0] \$501 ;
+  wire [48:0] \$502 ;
+  wire [48:0] \$503 ;
+  wire [39:0] \$504 ;
+  wire [48:0] \$505 ;
+  wire [48:0] \$506 ;
+  wire [39:0] \$507 ;
+  wire [23:0] \$508 ;
+  wire [15:0] \$509 ;
   wire \$51 ;
-  wire [6:0] \$52 ;
+  wire [11:0] \$510 ;
+  wire [9:0] \$511 ;
+  wire [48:0] \$512 ;
+  wire [48:0] \$513 ;
+  wire [39:0] \$514 ;
+  wire [48:0] \$515 ;
+  wire [48:0] \$516 ;
+  wire [39:0] \$517 ;
+  wire [23:0] \$518 ;
+  wire [48:0] \$519 ;
+  wire \$52 ;
+  wire [48:0] \$520 ;
+  wire [39:0] \$521 ;
+  wire [48:0] \$522 ;
+  wire [48:0] \$523 ;
+  wire [39:0] \$524 ;
+  wire [23:0] \$525 ;
+  wire [15:0] \$526 ;
+  wire [48:0] \$527 ;
+  wire [48:0] \$528 ;
+  wire [39:0] \$529 ;
   wire \$53 ;
-  wire [6:0] \$54 ;
+  wire [48:0] \$530 ;
+  wire [48:0] \$531 ;
+  wire [39:0] \$532 ;
+  wire [23:0] \$533 ;
+  wire [48:0] \$534 ;
+  wire [48:0] \$535 ;
+  wire [39:0] \$536 ;
+  wire [48:0] \$537 ;
+  wire [48:0] \$538 ;
+  wire [39:0] \$539 ;
+  wire \$54 ;
+  wire [23:0] \$540 ;
+  wire [15:0] \$541 ;
+  wire [11:0] \$542 ;
+  wire [48:0] \$543 ;
+  wire [48:0] \$544 ;
+  wire [39:0] \$545 ;
+  wire [48:0] \$546 ;
+  wire [48:0] \$547 ;
+  wire [39:0] \$548 ;
+  wire [23:0] \$549 ;
   wire \$55 ;
-  wire [6:0] \$56 ;
+  wire [48:0] \$550 ;
+  wire [48:0] \$551 ;
+  wire [39:0] \$552 ;
+  wire [48:0] \$553 ;
+  wire [48:0] \$554 ;
+  wire [39:0] \$555 ;
+  wire [23:0] \$556 ;
+  wire [15:0] \$557 ;
+  wire [48:0] \$558 ;
+  wire [48:0] \$559 ;
+  wire \$56 ;
+  wire [39:0] \$560 ;
+  wire [48:0] \$561 ;
+  wire [48:0] \$562 ;
+  wire [39:0] \$563 ;
+  wire [23:0] \$564 ;
+  wire [48:0] \$565 ;
+  wire [48:0] \$566 ;
+  wire [39:0] \$567 ;
+  wire [48:0] \$568 ;
+  wire [48:0] \$569 ;
   wire \$57 ;
-  wire [6:0] \$58 ;
+  wire [39:0] \$570 ;
+  wire [23:0] \$571 ;
+  wire [15:0] \$572 ;
+  wire [11:0] \$573 ;
+  wire [9:0] \$574 ;
+  wire [48:0] \$575 ;
+  wire \$576 ;
+  wire [48:0] \$577 ;
+  wire [48:0] \$578 ;
+  wire \$579 ;
+  wire \$58 ;
+  wire \$580 ;
+  wire \$581 ;
+  wire [8:0] \$582 ;
+  wire [7:0] \$583 ;
+  wire \$584 ;
+  wire [8:0] \$585 ;
+  wire [8:0] \$586 ;
+  wire [48:0] \$587 ;
+  wire [48:0] \$588 ;
+  wire [39:0] \$589 ;
   wire \$59 ;
-  wire [47:0] \$6 ;
-  wire [6:0] \$60 ;
+  wire [48:0] \$590 ;
+  wire [48:0] \$591 ;
+  wire [39:0] \$592 ;
+  wire [23:0] \$593 ;
+  wire [48:0] \$594 ;
+  wire [48:0] \$595 ;
+  wire [39:0] \$596 ;
+  wire [48:0] \$597 ;
+  wire [48:0] \$598 ;
+  wire [39:0] \$599 ;
+  wire [66:0] \$6 ;
+  wire \$60 ;
+  wire [23:0] \$600 ;
+  wire [15:0] \$601 ;
+  wire [48:0] \$602 ;
+  wire [48:0] \$603 ;
+  wire [39:0] \$604 ;
+  wire [48:0] \$605 ;
+  wire [48:0] \$606 ;
+  wire [39:0] \$607 ;
+  wire [23:0] \$608 ;
+  wire [48:0] \$609 ;
   wire \$61 ;
-  wire [6:0] \$62 ;
+  wire [48:0] \$610 ;
+  wire [39:0] \$611 ;
+  wire [48:0] \$612 ;
+  wire [48:0] \$613 ;
+  wire [39:0] \$614 ;
+  wire [23:0] \$615 ;
+  wire [15:0] \$616 ;
+  wire [11:0] \$617 ;
+  wire [48:0] \$618 ;
+  wire [48:0] \$619 ;
+  wire \$62 ;
+  wire [39:0] \$620 ;
+  wire [48:0] \$621 ;
+  wire [48:0] \$622 ;
+  wire [39:0] \$623 ;
+  wire [23:0] \$624 ;
+  wire [48:0] \$625 ;
+  wire [48:0] \$626 ;
+  wire [39:0] \$627 ;
+  wire [48:0] \$628 ;
+  wire [48:0] \$629 ;
   wire \$63 ;
-  wire [6:0] \$64 ;
+  wire [39:0] \$630 ;
+  wire [23:0] \$631 ;
+  wire [15:0] \$632 ;
+  wire [48:0] \$633 ;
+  wire [48:0] \$634 ;
+  wire [39:0] \$635 ;
+  wire [48:0] \$636 ;
+  wire [48:0] \$637 ;
+  wire [39:0] \$638 ;
+  wire [23:0] \$639 ;
+  wire \$64 ;
+  wire [48:0] \$640 ;
+  wire [48:0] \$641 ;
+  wire [39:0] \$642 ;
+  wire [48:0] \$643 ;
+  wire [48:0] \$644 ;
+  wire [39:0] \$645 ;
+  wire [23:0] \$646 ;
+  wire [15:0] \$647 ;
+  wire [11:0] \$648 ;
+  wire [9:0] \$649 ;
   wire \$65 ;
-  wire [6:0] \$66 ;
+  wire [48:0] \$650 ;
+  wire [48:0] \$651 ;
+  wire [39:0] \$652 ;
+  wire [48:0] \$653 ;
+  wire [48:0] \$654 ;
+  wire [39:0] \$655 ;
+  wire [23:0] \$656 ;
+  wire [48:0] \$657 ;
+  wire [48:0] \$658 ;
+  wire [39:0] \$659 ;
+  wire \$66 ;
+  wire [48:0] \$660 ;
+  wire [48:0] \$661 ;
+  wire [39:0] \$662 ;
+  wire [23:0] \$663 ;
+  wire [15:0] \$664 ;
+  wire [48:0] \$665 ;
+  wire [48:0] \$666 ;
+  wire [39:0] \$667 ;
+  wire [48:0] \$668 ;
+  wire [48:0] \$669 ;
   wire \$67 ;
-  wire [6:0] \$68 ;
+  wire [39:0] \$670 ;
+  wire [23:0] \$671 ;
+  wire [48:0] \$672 ;
+  wire [48:0] \$673 ;
+  wire [39:0] \$674 ;
+  wire [48:0] \$675 ;
+  wire [48:0] \$676 ;
+  wire [39:0] \$677 ;
+  wire [23:0] \$678 ;
+  wire [15:0] \$679 ;
+  wire \$68 ;
+  wire [11:0] \$680 ;
+  wire [48:0] \$681 ;
+  wire [48:0] \$682 ;
+  wire [39:0] \$683 ;
+  wire [48:0] \$684 ;
+  wire [48:0] \$685 ;
+  wire [39:0] \$686 ;
+  wire [23:0] \$687 ;
+  wire [48:0] \$688 ;
+  wire [48:0] \$689 ;
   wire \$69 ;
-  wire [47:0] \$7 ;
-  wire [6:0] \$70 ;
+  wire [39:0] \$690 ;
+  wire [48:0] \$691 ;
+  wire [48:0] \$692 ;
+  wire [39:0] \$693 ;
+  wire [23:0] \$694 ;
+  wire [15:0] \$695 ;
+  wire [48:0] \$696 ;
+  wire [48:0] \$697 ;
+  wire [39:0] \$698 ;
+  wire [48:0] \$699 ;
+  wire [67:0] \$7 ;
+  wire \$70 ;
+  wire [48:0] \$700 ;
+  wire [39:0] \$701 ;
+  wire [23:0] \$702 ;
+  wire [48:0] \$703 ;
+  wire [48:0] \$704 ;
+  wire [39:0] \$705 ;
+  wire [48:0] \$706 ;
+  wire [48:0] \$707 ;
+  wire [39:0] \$708 ;
+  wire [23:0] \$709 ;
   wire \$71 ;
-  wire [6:0] \$72 ;
+  wire [15:0] \$710 ;
+  wire [11:0] \$711 ;
+  wire [9:0] \$712 ;
+  wire [48:0] \$713 ;
+  wire \$714 ;
+  wire [48:0] \$715 ;
+  wire [48:0] \$716 ;
+  wire \$717 ;
+  wire \$718 ;
+  wire \$719 ;
+  wire \$72 ;
+  wire [8:0] \$720 ;
+  wire [7:0] \$721 ;
+  wire \$722 ;
+  wire [8:0] \$723 ;
+  wire [8:0] \$724 ;
+  wire [48:0] \$725 ;
+  wire [48:0] \$726 ;
+  wire [39:0] \$727 ;
+  wire [48:0] \$728 ;
+  wire [48:0] \$729 ;
   wire \$73 ;
-  wire [6:0] \$74 ;
-  wire \$75 ;
-  wire [6:0] \$76 ;
-  wire \$77 ;
-  wire [6:0] \$78 ;
-  wire \$79 ;
-  wire [47:0] \$8 ;
-  wire [6:0] \$80 ;
-  wire \$81 ;
-  wire [6:0] \$82 ;
-  wire \$83 ;
-  wire [6:0] \$84 ;
-  wire \$85 ;
-  wire [6:0] \$86 ;
-  wire \$87 ;
-  wire [6:0] \$88 ;
-  wire \$89 ;
-  wire [47:0] \$9 ;
-  wire [6:0] \$90 ;
-  wire \$91 ;
-  wire [6:0] \$92 ;
-  wire \$93 ;
-  wire [6:0] \$94 ;
-  wire \$95 ;
-  wire [6:0] \$96 ;
-  wire \$97 ;
-  wire [6:0] \$98 ;
-  wire \$99 ;
+  wire [39:0] \$730 ;
+  wire [23:0] \$731 ;
+  wire [48:0] \$732 ;
+  wire [48:0] \$733 ;
+  wire [39:0] \$734 ;
+  wire [48:0] \$735 ;
+  wire [48:0] \$736 ;
+  wire [39:0] \$737 ;
+  wire [23:0] \$738 ;
+  wire [15:0] \$739 ;
+  wire \$74 ;
+  wire [48:0] \$740 ;
+  wire [48:0] \$741 ;
+  wire [39:0] \$742 ;
+  wire [48:0] \$743 ;
+  wire [48:0] \$744 ;
+  wire [39:0] \$745 ;
+  wire [23:0] \$746 ;
+  wire [48:0] \$747 ;
+  wire [48:0] \$748 ;
+  wire [39:0] \$749 ;
+  wire [6:0] \$75 ;
+  wire [48:0] \$750 ;
+  wire [48:0] \$751 ;
+  wire [39:0] \$752 ;
+  wire [23:0] \$753 ;
+  wire [15:0] \$754 ;
+  wire [11:0] \$755 ;
+  wire [48:0] \$756 ;
+  wire [48:0] \$757 ;
+  wire [39:0] \$758 ;
+  wire [48:0] \$759 ;
+  wire \$76 ;
+  wire [48:0] \$760 ;
+  wire [39:0] \$761 ;
+  wire [23:0] \$762 ;
+  wire [48:0] \$763 ;
+  wire [48:0] \$764 ;
+  wire [39:0] \$765 ;
+  wire [48:0] \$766 ;
+  wire [48:0] \$767 ;
+  wire [39:0] \$768 ;
+  wire [23:0] \$769 ;
+  wire [6:0] \$77 ;
+  wire [15:0] \$770 ;
+  wire [48:0] \$771 ;
+  wire [48:0] \$772 ;
+  wire [39:0] \$773 ;
+  wire [48:0] \$774 ;
+  wire [48:0] \$775 ;
+  wire [39:0] \$776 ;
+  wire [23:0] \$777 ;
+  wire [48:0] \$778 ;
+  wire [48:0] \$779 ;
+  wire \$78 ;
+  wire [39:0] \$780 ;
+  wire [48:0] \$781 ;
+  wire [48:0] \$782 ;
+  wire [39:0] \$783 ;
+  wire [23:0] \$784 ;
+  wire [15:0] \$785 ;
+  wire [11:0] \$786 ;
+  wire [9:0] \$787 ;
+  wire [48:0] \$788 ;
+  wire [48:0] \$789 ;
+  wire [6:0] \$79 ;
+  wire [39:0] \$790 ;
+  wire [48:0] \$791 ;
+  wire [48:0] \$792 ;
+  wire [39:0] \$793 ;
+  wire [23:0] \$794 ;
+  wire [48:0] \$795 ;
+  wire [48:0] \$796 ;
+  wire [39:0] \$797 ;
+  wire [48:0] \$798 ;
+  wire [48:0] \$799 ;
+  wire [36:0] \$8 ;
+  wire \$80 ;
+  wire [39:0] \$800 ;
+  wire [23:0] \$801 ;
+  wire [15:0] \$802 ;
+  wire [48:0] \$803 ;
+  wire [48:0] \$804 ;
+  wire [39:0] \$805 ;
+  wire [48:0] \$806 ;
+  wire [48:0] \$807 ;
+  wire [39:0] \$808 ;
+  wire [23:0] \$809 ;
+  wire [6:0] \$81 ;
+  wire [48:0] \$810 ;
+  wire [48:0] \$811 ;
+  wire [39:0] \$812 ;
+  wire [48:0] \$813 ;
+  wire [48:0] \$814 ;
+  wire [39:0] \$815 ;
+  wire [23:0] \$816 ;
+  wire [15:0] \$817 ;
+  wire [11:0] \$818 ;
+  wire [48:0] \$819 ;
+  wire \$82 ;
+  wire [48:0] \$820 ;
+  wire [39:0] \$821 ;
+  wire [48:0] \$822 ;
+  wire [48:0] \$823 ;
+  wire [39:0] \$824 ;
+  wire [23:0] \$825 ;
+  wire [48:0] \$826 ;
+  wire [48:0] \$827 ;
+  wire [39:0] \$828 ;
+  wire [48:0] \$829 ;
+  wire [6:0] \$83 ;
+  wire [48:0] \$830 ;
+  wire [39:0] \$831 ;
+  wire [23:0] \$832 ;
+  wire [15:0] \$833 ;
+  wire [48:0] \$834 ;
+  wire [48:0] \$835 ;
+  wire [39:0] \$836 ;
+  wire [48:0] \$837 ;
+  wire [48:0] \$838 ;
+  wire [39:0] \$839 ;
+  wire \$84 ;
+  wire [23:0] \$840 ;
+  wire [48:0] \$841 ;
+  wire [48:0] \$842 ;
+  wire [39:0] \$843 ;
+  wire [48:0] \$844 ;
+  wire [48:0] \$845 ;
+  wire [39:0] \$846 ;
+  wire [23:0] \$847 ;
+  wire [15:0] \$848 ;
+  wire [11:0] \$849 ;
+  wire [6:0] \$85 ;
+  wire [9:0] \$850 ;
+  wire [48:0] \$851 ;
+  wire \$852 ;
+  wire [48:0] \$853 ;
+  wire [48:0] \$854 ;
+  wire \$855 ;
+  wire \$856 ;
+  wire \$857 ;
+  wire [8:0] \$858 ;
+  wire [7:0] \$859 ;
+  wire \$86 ;
+  wire \$860 ;
+  wire [8:0] \$861 ;
+  wire [8:0] \$862 ;
+  wire [48:0] \$863 ;
+  wire [48:0] \$864 ;
+  wire [39:0] \$865 ;
+  wire [48:0] \$866 ;
+  wire [48:0] \$867 ;
+  wire [39:0] \$868 ;
+  wire [23:0] \$869 ;
+  wire [6:0] \$87 ;
+  wire [48:0] \$870 ;
+  wire [48:0] \$871 ;
+  wire [39:0] \$872 ;
+  wire [48:0] \$873 ;
+  wire [48:0] \$874 ;
+  wire [39:0] \$875 ;
+  wire [23:0] \$876 ;
+  wire [15:0] \$877 ;
+  wire [48:0] \$878 ;
+  wire [48:0] \$879 ;
+  wire \$88 ;
+  wire [39:0] \$880 ;
+  wire [48:0] \$881 ;
+  wire [48:0] \$882 ;
+  wire [39:0] \$883 ;
+  wire [23:0] \$884 ;
+  wire [48:0] \$885 ;
+  wire [48:0] \$886 ;
+  wire [39:0] \$887 ;
+  wire [48:0] \$888 ;
+  wire [48:0] \$889 ;
+  wire [6:0] \$89 ;
+  wire [39:0] \$890 ;
+  wire [23:0] \$891 ;
+  wire [15:0] \$892 ;
+  wire [11:0] \$893 ;
+  wire [48:0] \$894 ;
+  wire [48:0] \$895 ;
+  wire [39:0] \$896 ;
+  wire [48:0] \$897 ;
+  wire [48:0] \$898 ;
+  wire [39:0] \$899 ;
+  wire [66:0] \$9 ;
+  wire \$90 ;
+  wire [23:0] \$900 ;
+  wire [48:0] \$901 ;
+  wire [48:0] \$902 ;
+  wire [39:0] \$903 ;
+  wire [48:0] \$904 ;
+  wire [48:0] \$905 ;
+  wire [39:0] \$906 ;
+  wire [23:0] \$907 ;
+  wire [15:0] \$908 ;
+  wire [48:0] \$909 ;
+  wire [6:0] \$91 ;
+  wire [48:0] \$910 ;
+  wire [39:0] \$911 ;
+  wire [48:0] \$912 ;
+  wire [48:0] \$913 ;
+  wire [39:0] \$914 ;
+  wire [23:0] \$915 ;
+  wire [48:0] \$916 ;
+  wire [48:0] \$917 ;
+  wire [39:0] \$918 ;
+  wire [48:0] \$919 ;
+  wire \$92 ;
+  wire [48:0] \$920 ;
+  wire [39:0] \$921 ;
+  wire [23:0] \$922 ;
+  wire [15:0] \$923 ;
+  wire [11:0] \$924 ;
+  wire [9:0] \$925 ;
+  wire [48:0] \$926 ;
+  wire [48:0] \$927 ;
+  wire [39:0] \$928 ;
+  wire [48:0] \$929 ;
+  wire [6:0] \$93 ;
+  wire [48:0] \$930 ;
+  wire [39:0] \$931 ;
+  wire [23:0] \$932 ;
+  wire [48:0] \$933 ;
+  wire [48:0] \$934 ;
+  wire [39:0] \$935 ;
+  wire [48:0] \$936 ;
+  wire [48:0] \$937 ;
+  wire [39:0] \$938 ;
+  wire [23:0] \$939 ;
+  wire \$94 ;
+  wire [15:0] \$940 ;
+  wire [48:0] \$941 ;
+  wire [48:0] \$942 ;
+  wire [39:0] \$943 ;
+  wire [48:0] \$944 ;
+  wire [48:0] \$945 ;
+  wire [39:0] \$946 ;
+  wire [23:0] \$947 ;
+  wire [48:0] \$948 ;
+  wire [48:0] \$949 ;
+  wire [6:0] \$95 ;
+  wire [39:0] \$950 ;
+  wire [48:0] \$951 ;
+  wire [48:0] \$952 ;
+  wire [39:0] \$953 ;
+  wire [23:0] \$954 ;
+  wire [15:0] \$955 ;
+  wire [11:0] \$956 ;
+  wire [48:0] \$957 ;
+  wire [48:0] \$958 ;
+  wire [39:0] \$959 ;
+  wire \$96 ;
+  wire [48:0] \$960 ;
+  wire [48:0] \$961 ;
+  wire [39:0] \$962 ;
+  wire [23:0] \$963 ;
+  wire [48:0] \$964 ;
+  wire [48:0] \$965 ;
+  wire [39:0] \$966 ;
+  wire [48:0] \$967 ;
+  wire [48:0] \$968 ;
+  wire [39:0] \$969 ;
+  wire [6:0] \$97 ;
+  wire [23:0] \$970 ;
+  wire [15:0] \$971 ;
+  wire [48:0] \$972 ;
+  wire [48:0] \$973 ;
+  wire [39:0] \$974 ;
+  wire [48:0] \$975 ;
+  wire [48:0] \$976 ;
+  wire [39:0] \$977 ;
+  wire [23:0] \$978 ;
+  wire [48:0] \$979 ;
+  wire \$98 ;
+  wire [48:0] \$980 ;
+  wire [39:0] \$981 ;
+  wire [48:0] \$982 ;
+  wire [48:0] \$983 ;
+  wire [39:0] \$984 ;
+  wire [23:0] \$985 ;
+  wire [15:0] \$986 ;
+  wire [11:0] \$987 ;
+  wire [9:0] \$988 ;
+  wire [48:0] \$989 ;
+  wire [6:0] \$99 ;
+  wire \$990 ;
+  wire [48:0] \$991 ;
+  wire [48:0] \$992 ;
+  wire \$993 ;
+  wire \$994 ;
+  wire \$995 ;
+  wire [8:0] \$996 ;
+  wire [7:0] \$997 ;
+  wire \$998 ;
+  wire [8:0] \$999 ;
   reg \$signal  = 1'h0;
-  reg \$signal$89  = 1'h0;
+  reg \$signal$72  = 1'h0;
   wire [17:0] a__0;
   wire [17:0] a__1;
   wire [17:0] a__10;
@@ -26208,6 +27346,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1314$76 , i__pa
   wire [17:0] a__7;
   wire [17:0] a__8;
   wire [17:0] a__9;
+  reg [48:0] above = 49'h0000000000000;
   output advance;
   wire advance;
   wire [17:0] b__0;
@@ -26226,7 +27365,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1314$76 , i__pa
   wire [17:0] b__7;
   wire [17:0] b__8;
   wire [17:0] b__9;
-  reg [47:0] below_half = 48'h000000000000;
+  reg [48:0] below = 49'h0000000000000;
   input clk;
   wire clk;
   wire en;
@@ -26244,6 +27383,22 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1314$76 , i__pa
   input i__valid;
   wire i__valid;
   wire [15:0] mult;
+  reg neg0 = 1'h0;
+  reg neg1 = 1'h0;
+  reg neg2 = 1'h0;
+  reg neg2_0 = 1'h0;
+  reg neg2_1 = 1'h0;
+  reg neg2_2 = 1'h0;
+  reg neg2_3 = 1'h0;
+  reg neg2_4 = 1'h0;
+  reg neg2_5 = 1'h0;
+  reg neg2_6 = 1'h0;
+  reg neg2_7 = 1'h0;
+  reg neg3 = 1'h0;
+  reg neg4 = 1'h0;
+  reg neg5 = 1'h0;
+  reg neg6 = 1'h0;
+  reg neg7 = 1'h0;
   output [63:0] o__payload;
   reg [63:0] o__payload = 64'h0000000000000000;
   wire [7:0] \o__payload[0] ;
@@ -26258,6 +27413,22 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1314$76 , i__pa
   wire o__ready;
   output o__valid;
   reg o__valid = 1'h0;
+  reg over0 = 1'h0;
+  reg over1 = 1'h0;
+  reg over2 = 1'h0;
+  reg over2_0 = 1'h0;
+  reg over2_1 = 1'h0;
+  reg over2_2 = 1'h0;
+  reg over2_3 = 1'h0;
+  reg over2_4 = 1'h0;
+  reg over2_5 = 1'h0;
+  reg over2_6 = 1'h0;
+  reg over2_7 = 1'h0;
+  reg over3 = 1'h0;
+  reg over4 = 1'h0;
+  reg over5 = 1'h0;
+  reg over6 = 1'h0;
+  reg over7 = 1'h0;
   wire [35:0] p__0;
   wire [35:0] p__1;
   wire [35:0] p__10;
@@ -26274,29 +27445,19 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1314$76 , i__pa
   wire [35:0] p__7;
   wire [35:0] p__8;
   wire [35:0] p__9;
-  input [21:0] \port$1314$76 ;
-  wire [21:0] \port$1314$76 ;
-  wire [47:0] q0;
-  wire [47:0] q1;
-  wire [47:0] q2;
-  wire [47:0] q3;
-  wire [47:0] q4;
-  wire [47:0] q5;
-  wire [47:0] q6;
-  wire [47:0] q7;
-  reg [48:0] rounded0 = 49'h0000000000000;
-  reg [48:0] rounded1 = 49'h0000000000000;
-  reg [48:0] rounded2 = 49'h0000000000000;
-  reg [48:0] rounded3 = 49'h0000000000000;
-  reg [48:0] rounded4 = 49'h0000000000000;
-  reg [48:0] rounded5 = 49'h0000000000000;
-  reg [48:0] rounded6 = 49'h0000000000000;
-  reg [48:0] rounded7 = 49'h0000000000000;
+  input [21:0] \port$2362$76 ;
+  wire [21:0] \port$2362$76 ;
+  reg [8:0] rounded0 = 9'h000;
+  reg [8:0] rounded1 = 9'h000;
+  reg [8:0] rounded2 = 9'h000;
+  reg [8:0] rounded3 = 9'h000;
+  reg [8:0] rounded4 = 9'h000;
+  reg [8:0] rounded5 = 9'h000;
+  reg [8:0] rounded6 = 9'h000;
+  reg [8:0] rounded7 = 9'h000;
   input rst;
   wire rst;
   wire [5:0] shift;
-  reg [5:0] shift_m1 = 6'h00;
-  reg shift_nz = 1'h0;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
   reg sticky2 = 1'h0;
@@ -26316,310 +27477,917 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1314$76 , i__pa
   reg [47:0] x6 = 48'h000000000000;
   reg [47:0] x7 = 48'h000000000000;
   reg x_valid = 1'h0;
-  reg [47:0] y0 = 48'h000000000000;
-  reg [47:0] y1 = 48'h000000000000;
-  reg [47:0] y2 = 48'h000000000000;
-  reg [47:0] y3 = 48'h000000000000;
-  reg [47:0] y4 = 48'h000000000000;
-  reg [47:0] y5 = 48'h000000000000;
-  reg [47:0] y6 = 48'h000000000000;
-  reg [47:0] y7 = 48'h000000000000;
+  reg [8:0] y0 = 9'h000;
+  reg [8:0] y1 = 9'h000;
+  reg [8:0] y2 = 9'h000;
+  reg [8:0] y3 = 9'h000;
+  reg [8:0] y4 = 9'h000;
+  reg [8:0] y5 = 9'h000;
+  reg [8:0] y6 = 9'h000;
+  reg [8:0] y7 = 9'h000;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
-  assign q0 = shift_nz ? \$2  : y0;
-  assign q1 = shift_nz ? \$3  : y1;
-  assign q2 = shift_nz ? \$4  : y2;
-  assign q3 = shift_nz ? \$5  : y3;
-  assign q4 = shift_nz ? \$6  : y4;
-  assign q5 = shift_nz ? \$7  : y5;
-  assign q6 = shift_nz ? \$8  : y6;
-  assign q7 = shift_nz ? \$9  : y7;
-  assign \$12  = $signed(\$10 ) + $signed(\$11 );
-  assign \$15  = $signed(\$13 ) + $signed(\$14 );
-  assign \$18  = $signed(\$16 ) + $signed(\$17 );
-  assign \$21  = $signed(\$19 ) + $signed(\$20 );
-  assign \$24  = $signed(\$22 ) + $signed(\$23 );
-  assign \$27  = $signed(\$25 ) + $signed(\$26 );
-  assign \$30  = $signed(\$28 ) + $signed(\$29 );
-  assign \$33  = $signed(\$31 ) + $signed(\$32 );
-  assign \$34  = | \port$1314$76 [21:16];
-  assign \$35  = \port$1314$76 [21:16] - 1'h1;
-  assign \$36  = \port$1314$76 [21:16] - 1'h1;
-  assign \$37  = \$36 [5:0] > 1'h0;
-  assign \$38  = \port$1314$76 [21:16] - 1'h1;
-  assign \$39  = \$38 [5:0] > 1'h1;
-  assign \$40  = \port$1314$76 [21:16] - 1'h1;
-  assign \$41  = \$40 [5:0] > 2'h2;
-  assign \$42  = \port$1314$76 [21:16] - 1'h1;
-  assign \$43  = \$42 [5:0] > 2'h3;
-  assign \$44  = \port$1314$76 [21:16] - 1'h1;
-  assign \$45  = \$44 [5:0] > 3'h4;
-  assign \$46  = \port$1314$76 [21:16] - 1'h1;
-  assign \$47  = \$46 [5:0] > 3'h5;
-  assign \$48  = \port$1314$76 [21:16] - 1'h1;
-  assign \$49  = \$48 [5:0] > 3'h6;
-  assign \$50  = \port$1314$76 [21:16] - 1'h1;
-  assign \$51  = \$50 [5:0] > 3'h7;
-  assign \$52  = \port$1314$76 [21:16] - 1'h1;
-  assign \$53  = \$52 [5:0] > 4'h8;
-  assign \$54  = \port$1314$76 [21:16] - 1'h1;
-  assign \$55  = \$54 [5:0] > 4'h9;
-  assign \$56  = \port$1314$76 [21:16] - 1'h1;
-  assign \$57  = \$56 [5:0] > 4'ha;
-  assign \$58  = \port$1314$76 [21:16] - 1'h1;
-  assign \$59  = \$58 [5:0] > 4'hb;
-  assign \$60  = \port$1314$76 [21:16] - 1'h1;
-  assign \$61  = \$60 [5:0] > 4'hc;
-  assign \$62  = \port$1314$76 [21:16] - 1'h1;
-  assign \$63  = \$62 [5:0] > 4'hd;
-  assign \$64  = \port$1314$76 [21:16] - 1'h1;
-  assign \$65  = \$64 [5:0] > 4'he;
-  assign \$66  = \port$1314$76 [21:16] - 1'h1;
-  assign \$67  = \$66 [5:0] > 4'hf;
-  assign \$68  = \port$1314$76 [21:16] - 1'h1;
-  assign \$69  = \$68 [5:0] > 5'h10;
-  assign \$70  = \port$1314$76 [21:16] - 1'h1;
-  assign \$71  = \$70 [5:0] > 5'h11;
-  assign \$72  = \port$1314$76 [21:16] - 1'h1;
-  assign \$73  = \$72 [5:0] > 5'h12;
-  assign \$74  = \port$1314$76 [21:16] - 1'h1;
-  assign \$75  = \$74 [5:0] > 5'h13;
-  assign \$76  = \port$1314$76 [21:16] - 1'h1;
-  assign \$77  = \$76 [5:0] > 5'h14;
-  assign \$78  = \port$1314$76 [21:16] - 1'h1;
-  assign \$79  = \$78 [5:0] > 5'h15;
-  assign \$80  = \port$1314$76 [21:16] - 1'h1;
-  assign \$81  = \$80 [5:0] > 5'h16;
-  assign \$82  = \port$1314$76 [21:16] - 1'h1;
-  assign \$83  = \$82 [5:0] > 5'h17;
-  assign \$84  = \port$1314$76 [21:16] - 1'h1;
-  assign \$85  = \$84 [5:0] > 5'h18;
-  assign \$86  = \port$1314$76 [21:16] - 1'h1;
-  assign \$87  = \$86 [5:0] > 5'h19;
-  assign \$88  = \port$1314$76 [21:16] - 1'h1;
-  assign \$89  = \$88 [5:0] > 5'h1a;
-  assign \$90  = \port$1314$76 [21:16] - 1'h1;
-  assign \$91  = \$90 [5:0] > 5'h1b;
-  assign \$92  = \port$1314$76 [21:16] - 1'h1;
-  assign \$93  = \$92 [5:0] > 5'h1c;
-  assign \$94  = \port$1314$76 [21:16] - 1'h1;
-  assign \$95  = \$94 [5:0] > 5'h1d;
-  assign \$96  = \port$1314$76 [21:16] - 1'h1;
-  assign \$97  = \$96 [5:0] > 5'h1e;
-  assign \$98  = \port$1314$76 [21:16] - 1'h1;
-  assign \$99  = \$98 [5:0] > 5'h1f;
-  assign \$100  = \port$1314$76 [21:16] - 1'h1;
-  assign \$101  = \$100 [5:0] > 6'h20;
-  assign \$102  = \port$1314$76 [21:16] - 1'h1;
-  assign \$103  = \$102 [5:0] > 6'h21;
-  assign \$104  = \port$1314$76 [21:16] - 1'h1;
-  assign \$105  = \$104 [5:0] > 6'h22;
-  assign \$106  = \port$1314$76 [21:16] - 1'h1;
-  assign \$107  = \$106 [5:0] > 6'h23;
-  assign \$108  = \port$1314$76 [21:16] - 1'h1;
-  assign \$109  = \$108 [5:0] > 6'h24;
-  assign \$110  = \port$1314$76 [21:16] - 1'h1;
-  assign \$111  = \$110 [5:0] > 6'h25;
-  assign \$112  = \port$1314$76 [21:16] - 1'h1;
-  assign \$113  = \$112 [5:0] > 6'h26;
-  assign \$114  = \port$1314$76 [21:16] - 1'h1;
-  assign \$115  = \$114 [5:0] > 6'h27;
-  assign \$116  = \port$1314$76 [21:16] - 1'h1;
-  assign \$117  = \$116 [5:0] > 6'h28;
-  assign \$118  = \port$1314$76 [21:16] - 1'h1;
-  assign \$119  = \$118 [5:0] > 6'h29;
-  assign \$120  = \port$1314$76 [21:16] - 1'h1;
-  assign \$121  = \$120 [5:0] > 6'h2a;
-  assign \$122  = \port$1314$76 [21:16] - 1'h1;
-  assign \$123  = \$122 [5:0] > 6'h2b;
-  assign \$124  = \port$1314$76 [21:16] - 1'h1;
-  assign \$125  = \$124 [5:0] > 6'h2c;
-  assign \$126  = \port$1314$76 [21:16] - 1'h1;
-  assign \$127  = \$126 [5:0] > 6'h2d;
-  assign \$128  = \port$1314$76 [21:16] - 1'h1;
-  assign \$129  = \$128 [5:0] > 6'h2e;
-  assign \$130  = \port$1314$76 [21:16] - 1'h1;
-  assign \$131  = \$130 [5:0] > 6'h2f;
-  assign \$132  = $signed(x0) >>> shift_m1;
-  assign \$133  = shift_nz ? \$132  : x0;
-  assign \$134  = x0 & below_half;
-  assign \$135  = | \$134 ;
-  assign \$136  = y0[0] & shift_nz;
-  assign \$137  = sticky0 | q0[0];
-  assign \$138  = \$136  & \$137 ;
-  assign \$139  = $signed(q0) + $signed({ 1'h0, \$138  });
-  assign \$140  = $signed(rounded0) < $signed(8'h80);
-  assign \$141  = $signed(rounded0) > $signed(8'h7f);
-  assign \$142  = \$141  ? 49'h000000000007f : rounded0;
-  assign \$143  = \$140  ? 49'h1ffffffffff80 : \$142 ;
-  assign \$144  = $signed(x1) >>> shift_m1;
-  assign \$145  = shift_nz ? \$144  : x1;
-  assign \$146  = x1 & below_half;
-  assign \$147  = | \$146 ;
-  assign \$148  = y1[0] & shift_nz;
-  assign \$149  = sticky1 | q1[0];
-  assign \$150  = \$148  & \$149 ;
-  assign \$151  = $signed(q1) + $signed({ 1'h0, \$150  });
-  assign \$152  = $signed(rounded1) < $signed(8'h80);
-  assign \$153  = $signed(rounded1) > $signed(8'h7f);
-  assign \$154  = \$153  ? 49'h000000000007f : rounded1;
-  assign \$155  = \$152  ? 49'h1ffffffffff80 : \$154 ;
-  assign \$156  = $signed(x2) >>> shift_m1;
-  assign \$157  = shift_nz ? \$156  : x2;
-  assign \$158  = x2 & below_half;
-  assign \$159  = | \$158 ;
-  assign \$160  = y2[0] & shift_nz;
-  assign \$161  = sticky2 | q2[0];
-  assign \$162  = \$160  & \$161 ;
-  assign \$163  = $signed(q2) + $signed({ 1'h0, \$162  });
-  assign \$164  = $signed(rounded2) < $signed(8'h80);
-  assign \$165  = $signed(rounded2) > $signed(8'h7f);
-  assign \$166  = \$165  ? 49'h000000000007f : rounded2;
-  assign \$167  = \$164  ? 49'h1ffffffffff80 : \$166 ;
-  assign \$168  = $signed(x3) >>> shift_m1;
-  assign \$169  = shift_nz ? \$168  : x3;
-  assign \$170  = x3 & below_half;
-  assign \$171  = | \$170 ;
-  assign \$172  = y3[0] & shift_nz;
-  assign \$173  = sticky3 | q3[0];
-  assign \$174  = \$172  & \$173 ;
-  assign \$175  = $signed(q3) + $signed({ 1'h0, \$174  });
-  assign \$176  = $signed(rounded3) < $signed(8'h80);
-  assign \$177  = $signed(rounded3) > $signed(8'h7f);
-  assign \$178  = \$177  ? 49'h000000000007f : rounded3;
-  assign \$179  = \$176  ? 49'h1ffffffffff80 : \$178 ;
-  assign \$180  = $signed(x4) >>> shift_m1;
-  assign \$181  = shift_nz ? \$180  : x4;
-  assign \$182  = x4 & below_half;
-  assign \$183  = | \$182 ;
-  assign \$184  = y4[0] & shift_nz;
-  assign \$185  = sticky4 | q4[0];
-  assign \$186  = \$184  & \$185 ;
-  assign \$187  = $signed(q4) + $signed({ 1'h0, \$186  });
-  assign \$188  = $signed(rounded4) < $signed(8'h80);
-  assign \$189  = $signed(rounded4) > $signed(8'h7f);
-  assign \$190  = \$189  ? 49'h000000000007f : rounded4;
-  assign \$191  = \$188  ? 49'h1ffffffffff80 : \$190 ;
-  assign \$192  = $signed(x5) >>> shift_m1;
-  assign \$193  = shift_nz ? \$192  : x5;
-  assign \$194  = x5 & below_half;
-  assign \$195  = | \$194 ;
-  assign \$196  = y5[0] & shift_nz;
-  assign \$197  = sticky5 | q5[0];
-  assign \$198  = \$196  & \$197 ;
-  assign \$199  = $signed(q5) + $signed({ 1'h0, \$198  });
-  assign \$200  = $signed(rounded5) < $signed(8'h80);
-  assign \$201  = $signed(rounded5) > $signed(8'h7f);
-  assign \$202  = \$201  ? 49'h000000000007f : rounded5;
-  assign \$203  = \$200  ? 49'h1ffffffffff80 : \$202 ;
-  assign \$204  = $signed(x6) >>> shift_m1;
-  assign \$205  = shift_nz ? \$204  : x6;
-  assign \$206  = x6 & below_half;
-  assign \$207  = | \$206 ;
-  assign \$208  = y6[0] & shift_nz;
-  assign \$209  = sticky6 | q6[0];
-  assign \$210  = \$208  & \$209 ;
-  assign \$211  = $signed(q6) + $signed({ 1'h0, \$210  });
-  assign \$212  = $signed(rounded6) < $signed(8'h80);
-  assign \$213  = $signed(rounded6) > $signed(8'h7f);
-  assign \$214  = \$213  ? 49'h000000000007f : rounded6;
-  assign \$215  = \$212  ? 49'h1ffffffffff80 : \$214 ;
-  assign \$216  = $signed(x7) >>> shift_m1;
-  assign \$217  = shift_nz ? \$216  : x7;
-  assign \$218  = x7 & below_half;
-  assign \$219  = | \$218 ;
-  assign \$220  = y7[0] & shift_nz;
-  assign \$221  = sticky7 | q7[0];
-  assign \$222  = \$220  & \$221 ;
-  assign \$223  = $signed(q7) + $signed({ 1'h0, \$222  });
-  assign \$224  = $signed(rounded7) < $signed(8'h80);
-  assign \$225  = $signed(rounded7) > $signed(8'h7f);
-  assign \$226  = \$225  ? 49'h000000000007f : rounded7;
-  assign \$227  = \$224  ? 49'h1ffffffffff80 : \$226 ;
+  assign \$4  = $signed(\$2 ) + $signed(\$3 );
+  assign \$7  = $signed(\$5 ) + $signed(\$6 );
+  assign \$10  = $signed(\$8 ) + $signed(\$9 );
+  assign \$13  = $signed(\$11 ) + $signed(\$12 );
+  assign \$16  = $signed(\$14 ) + $signed(\$15 );
+  assign \$19  = $signed(\$17 ) + $signed(\$18 );
+  assign \$22  = $signed(\$20 ) + $signed(\$21 );
+  assign \$25  = $signed(\$23 ) + $signed(\$24 );
+  assign \$26  = \port$2362$76 [21:16] > 1'h0;
+  assign \$27  = \port$2362$76 [21:16] > 1'h1;
+  assign \$28  = \port$2362$76 [21:16] > 2'h2;
+  assign \$29  = \port$2362$76 [21:16] > 2'h3;
+  assign \$30  = \port$2362$76 [21:16] > 3'h4;
+  assign \$31  = \port$2362$76 [21:16] > 3'h5;
+  assign \$32  = \port$2362$76 [21:16] > 3'h6;
+  assign \$33  = \port$2362$76 [21:16] > 3'h7;
+  assign \$34  = \port$2362$76 [21:16] > 4'h8;
+  assign \$35  = \port$2362$76 [21:16] > 4'h9;
+  assign \$36  = \port$2362$76 [21:16] > 4'ha;
+  assign \$37  = \port$2362$76 [21:16] > 4'hb;
+  assign \$38  = \port$2362$76 [21:16] > 4'hc;
+  assign \$39  = \port$2362$76 [21:16] > 4'hd;
+  assign \$40  = \port$2362$76 [21:16] > 4'he;
+  assign \$41  = \port$2362$76 [21:16] > 4'hf;
+  assign \$42  = \port$2362$76 [21:16] > 5'h10;
+  assign \$43  = \port$2362$76 [21:16] > 5'h11;
+  assign \$44  = \port$2362$76 [21:16] > 5'h12;
+  assign \$45  = \port$2362$76 [21:16] > 5'h13;
+  assign \$46  = \port$2362$76 [21:16] > 5'h14;
+  assign \$47  = \port$2362$76 [21:16] > 5'h15;
+  assign \$48  = \port$2362$76 [21:16] > 5'h16;
+  assign \$49  = \port$2362$76 [21:16] > 5'h17;
+  assign \$50  = \port$2362$76 [21:16] > 5'h18;
+  assign \$51  = \port$2362$76 [21:16] > 5'h19;
+  assign \$52  = \port$2362$76 [21:16] > 5'h1a;
+  assign \$53  = \port$2362$76 [21:16] > 5'h1b;
+  assign \$54  = \port$2362$76 [21:16] > 5'h1c;
+  assign \$55  = \port$2362$76 [21:16] > 5'h1d;
+  assign \$56  = \port$2362$76 [21:16] > 5'h1e;
+  assign \$57  = \port$2362$76 [21:16] > 5'h1f;
+  assign \$58  = \port$2362$76 [21:16] > 6'h20;
+  assign \$59  = \port$2362$76 [21:16] > 6'h21;
+  assign \$60  = \port$2362$76 [21:16] > 6'h22;
+  assign \$61  = \port$2362$76 [21:16] > 6'h23;
+  assign \$62  = \port$2362$76 [21:16] > 6'h24;
+  assign \$63  = \port$2362$76 [21:16] > 6'h25;
+  assign \$64  = \port$2362$76 [21:16] > 6'h26;
+  assign \$65  = \port$2362$76 [21:16] > 6'h27;
+  assign \$66  = \port$2362$76 [21:16] > 6'h28;
+  assign \$67  = \port$2362$76 [21:16] > 6'h29;
+  assign \$68  = \port$2362$76 [21:16] > 6'h2a;
+  assign \$69  = \port$2362$76 [21:16] > 6'h2b;
+  assign \$70  = \port$2362$76 [21:16] > 6'h2c;
+  assign \$71  = \port$2362$76 [21:16] > 6'h2d;
+  assign \$72  = \port$2362$76 [21:16] > 6'h2e;
+  assign \$73  = \port$2362$76 [21:16] > 6'h2f;
+  assign \$74  = \port$2362$76 [21:16] > 6'h30;
+  assign \$75  = \port$2362$76 [21:16] + 4'h8;
+  assign \$76  = \$75  <= 1'h0;
+  assign \$77  = \port$2362$76 [21:16] + 4'h8;
+  assign \$78  = \$77  <= 1'h1;
+  assign \$79  = \port$2362$76 [21:16] + 4'h8;
+  assign \$80  = \$79  <= 2'h2;
+  assign \$81  = \port$2362$76 [21:16] + 4'h8;
+  assign \$82  = \$81  <= 2'h3;
+  assign \$83  = \port$2362$76 [21:16] + 4'h8;
+  assign \$84  = \$83  <= 3'h4;
+  assign \$85  = \port$2362$76 [21:16] + 4'h8;
+  assign \$86  = \$85  <= 3'h5;
+  assign \$87  = \port$2362$76 [21:16] + 4'h8;
+  assign \$88  = \$87  <= 3'h6;
+  assign \$89  = \port$2362$76 [21:16] + 4'h8;
+  assign \$90  = \$89  <= 3'h7;
+  assign \$91  = \port$2362$76 [21:16] + 4'h8;
+  assign \$92  = \$91  <= 4'h8;
+  assign \$93  = \port$2362$76 [21:16] + 4'h8;
+  assign \$94  = \$93  <= 4'h9;
+  assign \$95  = \port$2362$76 [21:16] + 4'h8;
+  assign \$96  = \$95  <= 4'ha;
+  assign \$97  = \port$2362$76 [21:16] + 4'h8;
+  assign \$98  = \$97  <= 4'hb;
+  assign \$99  = \port$2362$76 [21:16] + 4'h8;
+  assign \$100  = \$99  <= 4'hc;
+  assign \$101  = \port$2362$76 [21:16] + 4'h8;
+  assign \$102  = \$101  <= 4'hd;
+  assign \$103  = \port$2362$76 [21:16] + 4'h8;
+  assign \$104  = \$103  <= 4'he;
+  assign \$105  = \port$2362$76 [21:16] + 4'h8;
+  assign \$106  = \$105  <= 4'hf;
+  assign \$107  = \port$2362$76 [21:16] + 4'h8;
+  assign \$108  = \$107  <= 5'h10;
+  assign \$109  = \port$2362$76 [21:16] + 4'h8;
+  assign \$110  = \$109  <= 5'h11;
+  assign \$111  = \port$2362$76 [21:16] + 4'h8;
+  assign \$112  = \$111  <= 5'h12;
+  assign \$113  = \port$2362$76 [21:16] + 4'h8;
+  assign \$114  = \$113  <= 5'h13;
+  assign \$115  = \port$2362$76 [21:16] + 4'h8;
+  assign \$116  = \$115  <= 5'h14;
+  assign \$117  = \port$2362$76 [21:16] + 4'h8;
+  assign \$118  = \$117  <= 5'h15;
+  assign \$119  = \port$2362$76 [21:16] + 4'h8;
+  assign \$120  = \$119  <= 5'h16;
+  assign \$121  = \port$2362$76 [21:16] + 4'h8;
+  assign \$122  = \$121  <= 5'h17;
+  assign \$123  = \port$2362$76 [21:16] + 4'h8;
+  assign \$124  = \$123  <= 5'h18;
+  assign \$125  = \port$2362$76 [21:16] + 4'h8;
+  assign \$126  = \$125  <= 5'h19;
+  assign \$127  = \port$2362$76 [21:16] + 4'h8;
+  assign \$128  = \$127  <= 5'h1a;
+  assign \$129  = \port$2362$76 [21:16] + 4'h8;
+  assign \$130  = \$129  <= 5'h1b;
+  assign \$131  = \port$2362$76 [21:16] + 4'h8;
+  assign \$132  = \$131  <= 5'h1c;
+  assign \$133  = \port$2362$76 [21:16] + 4'h8;
+  assign \$134  = \$133  <= 5'h1d;
+  assign \$135  = \port$2362$76 [21:16] + 4'h8;
+  assign \$136  = \$135  <= 5'h1e;
+  assign \$137  = \port$2362$76 [21:16] + 4'h8;
+  assign \$138  = \$137  <= 5'h1f;
+  assign \$139  = \port$2362$76 [21:16] + 4'h8;
+  assign \$140  = \$139  <= 6'h20;
+  assign \$141  = \port$2362$76 [21:16] + 4'h8;
+  assign \$142  = \$141  <= 6'h21;
+  assign \$143  = \port$2362$76 [21:16] + 4'h8;
+  assign \$144  = \$143  <= 6'h22;
+  assign \$145  = \port$2362$76 [21:16] + 4'h8;
+  assign \$146  = \$145  <= 6'h23;
+  assign \$147  = \port$2362$76 [21:16] + 4'h8;
+  assign \$148  = \$147  <= 6'h24;
+  assign \$149  = \port$2362$76 [21:16] + 4'h8;
+  assign \$150  = \$149  <= 6'h25;
+  assign \$151  = \port$2362$76 [21:16] + 4'h8;
+  assign \$152  = \$151  <= 6'h26;
+  assign \$153  = \port$2362$76 [21:16] + 4'h8;
+  assign \$154  = \$153  <= 6'h27;
+  assign \$155  = \port$2362$76 [21:16] + 4'h8;
+  assign \$156  = \$155  <= 6'h28;
+  assign \$157  = \port$2362$76 [21:16] + 4'h8;
+  assign \$158  = \$157  <= 6'h29;
+  assign \$159  = \port$2362$76 [21:16] + 4'h8;
+  assign \$160  = \$159  <= 6'h2a;
+  assign \$161  = \port$2362$76 [21:16] + 4'h8;
+  assign \$162  = \$161  <= 6'h2b;
+  assign \$163  = \port$2362$76 [21:16] + 4'h8;
+  assign \$164  = \$163  <= 6'h2c;
+  assign \$165  = \port$2362$76 [21:16] + 4'h8;
+  assign \$166  = \$165  <= 6'h2d;
+  assign \$167  = \port$2362$76 [21:16] + 4'h8;
+  assign \$168  = \$167  <= 6'h2e;
+  assign \$169  = \port$2362$76 [21:16] + 4'h8;
+  assign \$170  = \$169  <= 6'h2f;
+  assign \$171  = \port$2362$76 [21:16] + 4'h8;
+  assign \$172  = \$171  <= 6'h30;
+  assign \$174  = \port$2362$76 [21] ? \$173  : { x0, 1'h0 };
+  assign \$177  = \port$2362$76 [21] ? \$176  : { x0, 1'h0 };
+  assign \$178  = \port$2362$76 [20] ? \$175  : \$177 [39:0];
+  assign \$181  = \port$2362$76 [21] ? \$180  : { x0, 1'h0 };
+  assign \$184  = \port$2362$76 [21] ? \$183  : { x0, 1'h0 };
+  assign \$185  = \port$2362$76 [20] ? \$182  : \$184 [39:0];
+  assign \$186  = \port$2362$76 [19] ? \$179  : \$185 [23:0];
+  assign \$189  = \port$2362$76 [21] ? \$188  : { x0, 1'h0 };
+  assign \$192  = \port$2362$76 [21] ? \$191  : { x0, 1'h0 };
+  assign \$193  = \port$2362$76 [20] ? \$190  : \$192 [39:0];
+  assign \$196  = \port$2362$76 [21] ? \$195  : { x0, 1'h0 };
+  assign \$199  = \port$2362$76 [21] ? \$198  : { x0, 1'h0 };
+  assign \$200  = \port$2362$76 [20] ? \$197  : \$199 [39:0];
+  assign \$201  = \port$2362$76 [19] ? \$194  : \$200 [23:0];
+  assign \$202  = \port$2362$76 [18] ? \$187  : \$201 [15:0];
+  assign \$205  = \port$2362$76 [21] ? \$204  : { x0, 1'h0 };
+  assign \$208  = \port$2362$76 [21] ? \$207  : { x0, 1'h0 };
+  assign \$209  = \port$2362$76 [20] ? \$206  : \$208 [39:0];
+  assign \$212  = \port$2362$76 [21] ? \$211  : { x0, 1'h0 };
+  assign \$215  = \port$2362$76 [21] ? \$214  : { x0, 1'h0 };
+  assign \$216  = \port$2362$76 [20] ? \$213  : \$215 [39:0];
+  assign \$217  = \port$2362$76 [19] ? \$210  : \$216 [23:0];
+  assign \$220  = \port$2362$76 [21] ? \$219  : { x0, 1'h0 };
+  assign \$223  = \port$2362$76 [21] ? \$222  : { x0, 1'h0 };
+  assign \$224  = \port$2362$76 [20] ? \$221  : \$223 [39:0];
+  assign \$227  = \port$2362$76 [21] ? \$226  : { x0, 1'h0 };
+  assign \$230  = \port$2362$76 [21] ? \$229  : { x0, 1'h0 };
+  assign \$231  = \port$2362$76 [20] ? \$228  : \$230 [39:0];
+  assign \$232  = \port$2362$76 [19] ? \$225  : \$231 [23:0];
+  assign \$233  = \port$2362$76 [18] ? \$218  : \$232 [15:0];
+  assign \$234  = \port$2362$76 [17] ? \$203  : \$233 [11:0];
+  assign \$237  = \port$2362$76 [21] ? \$236  : { x0, 1'h0 };
+  assign \$240  = \port$2362$76 [21] ? \$239  : { x0, 1'h0 };
+  assign \$241  = \port$2362$76 [20] ? \$238  : \$240 [39:0];
+  assign \$244  = \port$2362$76 [21] ? \$243  : { x0, 1'h0 };
+  assign \$247  = \port$2362$76 [21] ? \$246  : { x0, 1'h0 };
+  assign \$248  = \port$2362$76 [20] ? \$245  : \$247 [39:0];
+  assign \$249  = \port$2362$76 [19] ? \$242  : \$248 [23:0];
+  assign \$252  = \port$2362$76 [21] ? \$251  : { x0, 1'h0 };
+  assign \$255  = \port$2362$76 [21] ? \$254  : { x0, 1'h0 };
+  assign \$256  = \port$2362$76 [20] ? \$253  : \$255 [39:0];
+  assign \$259  = \port$2362$76 [21] ? \$258  : { x0, 1'h0 };
+  assign \$262  = \port$2362$76 [21] ? \$261  : { x0, 1'h0 };
+  assign \$263  = \port$2362$76 [20] ? \$260  : \$262 [39:0];
+  assign \$264  = \port$2362$76 [19] ? \$257  : \$263 [23:0];
+  assign \$265  = \port$2362$76 [18] ? \$250  : \$264 [15:0];
+  assign \$268  = \port$2362$76 [21] ? \$267  : { x0, 1'h0 };
+  assign \$271  = \port$2362$76 [21] ? \$270  : { x0, 1'h0 };
+  assign \$272  = \port$2362$76 [20] ? \$269  : \$271 [39:0];
+  assign \$275  = \port$2362$76 [21] ? \$274  : { x0, 1'h0 };
+  assign \$278  = \port$2362$76 [21] ? \$277  : { x0, 1'h0 };
+  assign \$279  = \port$2362$76 [20] ? \$276  : \$278 [39:0];
+  assign \$280  = \port$2362$76 [19] ? \$273  : \$279 [23:0];
+  assign \$283  = \port$2362$76 [21] ? \$282  : { x0, 1'h0 };
+  assign \$286  = \port$2362$76 [21] ? \$285  : { x0, 1'h0 };
+  assign \$287  = \port$2362$76 [20] ? \$284  : \$286 [39:0];
+  assign \$290  = \port$2362$76 [21] ? \$289  : { x0, 1'h0 };
+  assign \$293  = \port$2362$76 [21] ? \$292  : { x0, 1'h0 };
+  assign \$294  = \port$2362$76 [20] ? \$291  : \$293 [39:0];
+  assign \$295  = \port$2362$76 [19] ? \$288  : \$294 [23:0];
+  assign \$296  = \port$2362$76 [18] ? \$281  : \$295 [15:0];
+  assign \$297  = \port$2362$76 [17] ? \$266  : \$296 [11:0];
+  assign \$298  = \port$2362$76 [16] ? \$235  : \$297 [9:0];
+  assign \$299  = { x0, 1'h0 } & below;
+  assign \$300  = | \$299 ;
+  assign \$301  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
+  assign \$302  = \$301  & above;
+  assign \$303  = | \$302 ;
+  assign \$304  = sticky0 | y0[1];
+  assign \$305  = y0[0] & \$304 ;
+  assign \$306  = $signed(y0[8:1]) + $signed({ 1'h0, \$305  });
+  assign \$307  = neg2_0 ? 8'h80 : 8'h7f;
+  assign \$308  = $signed(rounded0) > $signed(8'h7f);
+  assign \$309  = \$308  ? 9'h07f : rounded0;
+  assign \$310  = over2_0 ? { \$307 [7], \$307  } : \$309 ;
+  assign \$312  = \port$2362$76 [21] ? \$311  : { x1, 1'h0 };
+  assign \$315  = \port$2362$76 [21] ? \$314  : { x1, 1'h0 };
+  assign \$316  = \port$2362$76 [20] ? \$313  : \$315 [39:0];
+  assign \$319  = \port$2362$76 [21] ? \$318  : { x1, 1'h0 };
+  assign \$322  = \port$2362$76 [21] ? \$321  : { x1, 1'h0 };
+  assign \$323  = \port$2362$76 [20] ? \$320  : \$322 [39:0];
+  assign \$324  = \port$2362$76 [19] ? \$317  : \$323 [23:0];
+  assign \$327  = \port$2362$76 [21] ? \$326  : { x1, 1'h0 };
+  assign \$330  = \port$2362$76 [21] ? \$329  : { x1, 1'h0 };
+  assign \$331  = \port$2362$76 [20] ? \$328  : \$330 [39:0];
+  assign \$334  = \port$2362$76 [21] ? \$333  : { x1, 1'h0 };
+  assign \$337  = \port$2362$76 [21] ? \$336  : { x1, 1'h0 };
+  assign \$338  = \port$2362$76 [20] ? \$335  : \$337 [39:0];
+  assign \$339  = \port$2362$76 [19] ? \$332  : \$338 [23:0];
+  assign \$340  = \port$2362$76 [18] ? \$325  : \$339 [15:0];
+  assign \$343  = \port$2362$76 [21] ? \$342  : { x1, 1'h0 };
+  assign \$346  = \port$2362$76 [21] ? \$345  : { x1, 1'h0 };
+  assign \$347  = \port$2362$76 [20] ? \$344  : \$346 [39:0];
+  assign \$350  = \port$2362$76 [21] ? \$349  : { x1, 1'h0 };
+  assign \$353  = \port$2362$76 [21] ? \$352  : { x1, 1'h0 };
+  assign \$354  = \port$2362$76 [20] ? \$351  : \$353 [39:0];
+  assign \$355  = \port$2362$76 [19] ? \$348  : \$354 [23:0];
+  assign \$358  = \port$2362$76 [21] ? \$357  : { x1, 1'h0 };
+  assign \$361  = \port$2362$76 [21] ? \$360  : { x1, 1'h0 };
+  assign \$362  = \port$2362$76 [20] ? \$359  : \$361 [39:0];
+  assign \$365  = \port$2362$76 [21] ? \$364  : { x1, 1'h0 };
+  assign \$368  = \port$2362$76 [21] ? \$367  : { x1, 1'h0 };
+  assign \$369  = \port$2362$76 [20] ? \$366  : \$368 [39:0];
+  assign \$370  = \port$2362$76 [19] ? \$363  : \$369 [23:0];
+  assign \$371  = \port$2362$76 [18] ? \$356  : \$370 [15:0];
+  assign \$372  = \port$2362$76 [17] ? \$341  : \$371 [11:0];
+  assign \$375  = \port$2362$76 [21] ? \$374  : { x1, 1'h0 };
+  assign \$378  = \port$2362$76 [21] ? \$377  : { x1, 1'h0 };
+  assign \$379  = \port$2362$76 [20] ? \$376  : \$378 [39:0];
+  assign \$382  = \port$2362$76 [21] ? \$381  : { x1, 1'h0 };
+  assign \$385  = \port$2362$76 [21] ? \$384  : { x1, 1'h0 };
+  assign \$386  = \port$2362$76 [20] ? \$383  : \$385 [39:0];
+  assign \$387  = \port$2362$76 [19] ? \$380  : \$386 [23:0];
+  assign \$390  = \port$2362$76 [21] ? \$389  : { x1, 1'h0 };
+  assign \$393  = \port$2362$76 [21] ? \$392  : { x1, 1'h0 };
+  assign \$394  = \port$2362$76 [20] ? \$391  : \$393 [39:0];
+  assign \$397  = \port$2362$76 [21] ? \$396  : { x1, 1'h0 };
+  assign \$400  = \port$2362$76 [21] ? \$399  : { x1, 1'h0 };
+  assign \$401  = \port$2362$76 [20] ? \$398  : \$400 [39:0];
+  assign \$402  = \port$2362$76 [19] ? \$395  : \$401 [23:0];
+  assign \$403  = \port$2362$76 [18] ? \$388  : \$402 [15:0];
+  assign \$406  = \port$2362$76 [21] ? \$405  : { x1, 1'h0 };
+  assign \$409  = \port$2362$76 [21] ? \$408  : { x1, 1'h0 };
+  assign \$410  = \port$2362$76 [20] ? \$407  : \$409 [39:0];
+  assign \$413  = \port$2362$76 [21] ? \$412  : { x1, 1'h0 };
+  assign \$416  = \port$2362$76 [21] ? \$415  : { x1, 1'h0 };
+  assign \$417  = \port$2362$76 [20] ? \$414  : \$416 [39:0];
+  assign \$418  = \port$2362$76 [19] ? \$411  : \$417 [23:0];
+  assign \$421  = \port$2362$76 [21] ? \$420  : { x1, 1'h0 };
+  assign \$424  = \port$2362$76 [21] ? \$423  : { x1, 1'h0 };
+  assign \$425  = \port$2362$76 [20] ? \$422  : \$424 [39:0];
+  assign \$428  = \port$2362$76 [21] ? \$427  : { x1, 1'h0 };
+  assign \$431  = \port$2362$76 [21] ? \$430  : { x1, 1'h0 };
+  assign \$432  = \port$2362$76 [20] ? \$429  : \$431 [39:0];
+  assign \$433  = \port$2362$76 [19] ? \$426  : \$432 [23:0];
+  assign \$434  = \port$2362$76 [18] ? \$419  : \$433 [15:0];
+  assign \$435  = \port$2362$76 [17] ? \$404  : \$434 [11:0];
+  assign \$436  = \port$2362$76 [16] ? \$373  : \$435 [9:0];
+  assign \$437  = { x1, 1'h0 } & below;
+  assign \$438  = | \$437 ;
+  assign \$439  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
+  assign \$440  = \$439  & above;
+  assign \$441  = | \$440 ;
+  assign \$442  = sticky1 | y1[1];
+  assign \$443  = y1[0] & \$442 ;
+  assign \$444  = $signed(y1[8:1]) + $signed({ 1'h0, \$443  });
+  assign \$445  = neg2_1 ? 8'h80 : 8'h7f;
+  assign \$446  = $signed(rounded1) > $signed(8'h7f);
+  assign \$447  = \$446  ? 9'h07f : rounded1;
+  assign \$448  = over2_1 ? { \$445 [7], \$445  } : \$447 ;
+  assign \$450  = \port$2362$76 [21] ? \$449  : { x2, 1'h0 };
+  assign \$453  = \port$2362$76 [21] ? \$452  : { x2, 1'h0 };
+  assign \$454  = \port$2362$76 [20] ? \$451  : \$453 [39:0];
+  assign \$457  = \port$2362$76 [21] ? \$456  : { x2, 1'h0 };
+  assign \$460  = \port$2362$76 [21] ? \$459  : { x2, 1'h0 };
+  assign \$461  = \port$2362$76 [20] ? \$458  : \$460 [39:0];
+  assign \$462  = \port$2362$76 [19] ? \$455  : \$461 [23:0];
+  assign \$465  = \port$2362$76 [21] ? \$464  : { x2, 1'h0 };
+  assign \$468  = \port$2362$76 [21] ? \$467  : { x2, 1'h0 };
+  assign \$469  = \port$2362$76 [20] ? \$466  : \$468 [39:0];
+  assign \$472  = \port$2362$76 [21] ? \$471  : { x2, 1'h0 };
+  assign \$475  = \port$2362$76 [21] ? \$474  : { x2, 1'h0 };
+  assign \$476  = \port$2362$76 [20] ? \$473  : \$475 [39:0];
+  assign \$477  = \port$2362$76 [19] ? \$470  : \$476 [23:0];
+  assign \$478  = \port$2362$76 [18] ? \$463  : \$477 [15:0];
+  assign \$481  = \port$2362$76 [21] ? \$480  : { x2, 1'h0 };
+  assign \$484  = \port$2362$76 [21] ? \$483  : { x2, 1'h0 };
+  assign \$485  = \port$2362$76 [20] ? \$482  : \$484 [39:0];
+  assign \$488  = \port$2362$76 [21] ? \$487  : { x2, 1'h0 };
+  assign \$491  = \port$2362$76 [21] ? \$490  : { x2, 1'h0 };
+  assign \$492  = \port$2362$76 [20] ? \$489  : \$491 [39:0];
+  assign \$493  = \port$2362$76 [19] ? \$486  : \$492 [23:0];
+  assign \$496  = \port$2362$76 [21] ? \$495  : { x2, 1'h0 };
+  assign \$499  = \port$2362$76 [21] ? \$498  : { x2, 1'h0 };
+  assign \$500  = \port$2362$76 [20] ? \$497  : \$499 [39:0];
+  assign \$503  = \port$2362$76 [21] ? \$502  : { x2, 1'h0 };
+  assign \$506  = \port$2362$76 [21] ? \$505  : { x2, 1'h0 };
+  assign \$507  = \port$2362$76 [20] ? \$504  : \$506 [39:0];
+  assign \$508  = \port$2362$76 [19] ? \$501  : \$507 [23:0];
+  assign \$509  = \port$2362$76 [18] ? \$494  : \$508 [15:0];
+  assign \$510  = \port$2362$76 [17] ? \$479  : \$509 [11:0];
+  assign \$513  = \port$2362$76 [21] ? \$512  : { x2, 1'h0 };
+  assign \$516  = \port$2362$76 [21] ? \$515  : { x2, 1'h0 };
+  assign \$517  = \port$2362$76 [20] ? \$514  : \$516 [39:0];
+  assign \$520  = \port$2362$76 [21] ? \$519  : { x2, 1'h0 };
+  assign \$523  = \port$2362$76 [21] ? \$522  : { x2, 1'h0 };
+  assign \$524  = \port$2362$76 [20] ? \$521  : \$523 [39:0];
+  assign \$525  = \port$2362$76 [19] ? \$518  : \$524 [23:0];
+  assign \$528  = \port$2362$76 [21] ? \$527  : { x2, 1'h0 };
+  assign \$531  = \port$2362$76 [21] ? \$530  : { x2, 1'h0 };
+  assign \$532  = \port$2362$76 [20] ? \$529  : \$531 [39:0];
+  assign \$535  = \port$2362$76 [21] ? \$534  : { x2, 1'h0 };
+  assign \$538  = \port$2362$76 [21] ? \$537  : { x2, 1'h0 };
+  assign \$539  = \port$2362$76 [20] ? \$536  : \$538 [39:0];
+  assign \$540  = \port$2362$76 [19] ? \$533  : \$539 [23:0];
+  assign \$541  = \port$2362$76 [18] ? \$526  : \$540 [15:0];
+  assign \$544  = \port$2362$76 [21] ? \$543  : { x2, 1'h0 };
+  assign \$547  = \port$2362$76 [21] ? \$546  : { x2, 1'h0 };
+  assign \$548  = \port$2362$76 [20] ? \$545  : \$547 [39:0];
+  assign \$551  = \port$2362$76 [21] ? \$550  : { x2, 1'h0 };
+  assign \$554  = \port$2362$76 [21] ? \$553  : { x2, 1'h0 };
+  assign \$555  = \port$2362$76 [20] ? \$552  : \$554 [39:0];
+  assign \$556  = \port$2362$76 [19] ? \$549  : \$555 [23:0];
+  assign \$559  = \port$2362$76 [21] ? \$558  : { x2, 1'h0 };
+  assign \$562  = \port$2362$76 [21] ? \$561  : { x2, 1'h0 };
+  assign \$563  = \port$2362$76 [20] ? \$560  : \$562 [39:0];
+  assign \$566  = \port$2362$76 [21] ? \$565  : { x2, 1'h0 };
+  assign \$569  = \port$2362$76 [21] ? \$568  : { x2, 1'h0 };
+  assign \$570  = \port$2362$76 [20] ? \$567  : \$569 [39:0];
+  assign \$571  = \port$2362$76 [19] ? \$564  : \$570 [23:0];
+  assign \$572  = \port$2362$76 [18] ? \$557  : \$571 [15:0];
+  assign \$573  = \port$2362$76 [17] ? \$542  : \$572 [11:0];
+  assign \$574  = \port$2362$76 [16] ? \$511  : \$573 [9:0];
+  assign \$575  = { x2, 1'h0 } & below;
+  assign \$576  = | \$575 ;
+  assign \$577  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
+  assign \$578  = \$577  & above;
+  assign \$579  = | \$578 ;
+  assign \$580  = sticky2 | y2[1];
+  assign \$581  = y2[0] & \$580 ;
+  assign \$582  = $signed(y2[8:1]) + $signed({ 1'h0, \$581  });
+  assign \$583  = neg2_2 ? 8'h80 : 8'h7f;
+  assign \$584  = $signed(rounded2) > $signed(8'h7f);
+  assign \$585  = \$584  ? 9'h07f : rounded2;
+  assign \$586  = over2_2 ? { \$583 [7], \$583  } : \$585 ;
+  assign \$588  = \port$2362$76 [21] ? \$587  : { x3, 1'h0 };
+  assign \$591  = \port$2362$76 [21] ? \$590  : { x3, 1'h0 };
+  assign \$592  = \port$2362$76 [20] ? \$589  : \$591 [39:0];
+  assign \$595  = \port$2362$76 [21] ? \$594  : { x3, 1'h0 };
+  assign \$598  = \port$2362$76 [21] ? \$597  : { x3, 1'h0 };
+  assign \$599  = \port$2362$76 [20] ? \$596  : \$598 [39:0];
+  assign \$600  = \port$2362$76 [19] ? \$593  : \$599 [23:0];
+  assign \$603  = \port$2362$76 [21] ? \$602  : { x3, 1'h0 };
+  assign \$606  = \port$2362$76 [21] ? \$605  : { x3, 1'h0 };
+  assign \$607  = \port$2362$76 [20] ? \$604  : \$606 [39:0];
+  assign \$610  = \port$2362$76 [21] ? \$609  : { x3, 1'h0 };
+  assign \$613  = \port$2362$76 [21] ? \$612  : { x3, 1'h0 };
+  assign \$614  = \port$2362$76 [20] ? \$611  : \$613 [39:0];
+  assign \$615  = \port$2362$76 [19] ? \$608  : \$614 [23:0];
+  assign \$616  = \port$2362$76 [18] ? \$601  : \$615 [15:0];
+  assign \$619  = \port$2362$76 [21] ? \$618  : { x3, 1'h0 };
+  assign \$622  = \port$2362$76 [21] ? \$621  : { x3, 1'h0 };
+  assign \$623  = \port$2362$76 [20] ? \$620  : \$622 [39:0];
+  assign \$626  = \port$2362$76 [21] ? \$625  : { x3, 1'h0 };
+  assign \$629  = \port$2362$76 [21] ? \$628  : { x3, 1'h0 };
+  assign \$630  = \port$2362$76 [20] ? \$627  : \$629 [39:0];
+  assign \$631  = \port$2362$76 [19] ? \$624  : \$630 [23:0];
+  assign \$634  = \port$2362$76 [21] ? \$633  : { x3, 1'h0 };
+  assign \$637  = \port$2362$76 [21] ? \$636  : { x3, 1'h0 };
+  assign \$638  = \port$2362$76 [20] ? \$635  : \$637 [39:0];
+  assign \$641  = \port$2362$76 [21] ? \$640  : { x3, 1'h0 };
+  assign \$644  = \port$2362$76 [21] ? \$643  : { x3, 1'h0 };
+  assign \$645  = \port$2362$76 [20] ? \$642  : \$644 [39:0];
+  assign \$646  = \port$2362$76 [19] ? \$639  : \$645 [23:0];
+  assign \$647  = \port$2362$76 [18] ? \$632  : \$646 [15:0];
+  assign \$648  = \port$2362$76 [17] ? \$617  : \$647 [11:0];
+  assign \$651  = \port$2362$76 [21] ? \$650  : { x3, 1'h0 };
+  assign \$654  = \port$2362$76 [21] ? \$653  : { x3, 1'h0 };
+  assign \$655  = \port$2362$76 [20] ? \$652  : \$654 [39:0];
+  assign \$658  = \port$2362$76 [21] ? \$657  : { x3, 1'h0 };
+  assign \$661  = \port$2362$76 [21] ? \$660  : { x3, 1'h0 };
+  assign \$662  = \port$2362$76 [20] ? \$659  : \$661 [39:0];
+  assign \$663  = \port$2362$76 [19] ? \$656  : \$662 [23:0];
+  assign \$666  = \port$2362$76 [21] ? \$665  : { x3, 1'h0 };
+  assign \$669  = \port$2362$76 [21] ? \$668  : { x3, 1'h0 };
+  assign \$670  = \port$2362$76 [20] ? \$667  : \$669 [39:0];
+  assign \$673  = \port$2362$76 [21] ? \$672  : { x3, 1'h0 };
+  assign \$676  = \port$2362$76 [21] ? \$675  : { x3, 1'h0 };
+  assign \$677  = \port$2362$76 [20] ? \$674  : \$676 [39:0];
+  assign \$678  = \port$2362$76 [19] ? \$671  : \$677 [23:0];
+  assign \$679  = \port$2362$76 [18] ? \$664  : \$678 [15:0];
+  assign \$682  = \port$2362$76 [21] ? \$681  : { x3, 1'h0 };
+  assign \$685  = \port$2362$76 [21] ? \$684  : { x3, 1'h0 };
+  assign \$686  = \port$2362$76 [20] ? \$683  : \$685 [39:0];
+  assign \$689  = \port$2362$76 [21] ? \$688  : { x3, 1'h0 };
+  assign \$692  = \port$2362$76 [21] ? \$691  : { x3, 1'h0 };
+  assign \$693  = \port$2362$76 [20] ? \$690  : \$692 [39:0];
+  assign \$694  = \port$2362$76 [19] ? \$687  : \$693 [23:0];
+  assign \$697  = \port$2362$76 [21] ? \$696  : { x3, 1'h0 };
+  assign \$700  = \port$2362$76 [21] ? \$699  : { x3, 1'h0 };
+  assign \$701  = \port$2362$76 [20] ? \$698  : \$700 [39:0];
+  assign \$704  = \port$2362$76 [21] ? \$703  : { x3, 1'h0 };
+  assign \$707  = \port$2362$76 [21] ? \$706  : { x3, 1'h0 };
+  assign \$708  = \port$2362$76 [20] ? \$705  : \$707 [39:0];
+  assign \$709  = \port$2362$76 [19] ? \$702  : \$708 [23:0];
+  assign \$710  = \port$2362$76 [18] ? \$695  : \$709 [15:0];
+  assign \$711  = \port$2362$76 [17] ? \$680  : \$710 [11:0];
+  assign \$712  = \port$2362$76 [16] ? \$649  : \$711 [9:0];
+  assign \$713  = { x3, 1'h0 } & below;
+  assign \$714  = | \$713 ;
+  assign \$715  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
+  assign \$716  = \$715  & above;
+  assign \$717  = | \$716 ;
+  assign \$718  = sticky3 | y3[1];
+  assign \$719  = y3[0] & \$718 ;
+  assign \$720  = $signed(y3[8:1]) + $signed({ 1'h0, \$719  });
+  assign \$721  = neg2_3 ? 8'h80 : 8'h7f;
+  assign \$722  = $signed(rounded3) > $signed(8'h7f);
+  assign \$723  = \$722  ? 9'h07f : rounded3;
+  assign \$724  = over2_3 ? { \$721 [7], \$721  } : \$723 ;
+  assign \$726  = \port$2362$76 [21] ? \$725  : { x4, 1'h0 };
+  assign \$729  = \port$2362$76 [21] ? \$728  : { x4, 1'h0 };
+  assign \$730  = \port$2362$76 [20] ? \$727  : \$729 [39:0];
+  assign \$733  = \port$2362$76 [21] ? \$732  : { x4, 1'h0 };
+  assign \$736  = \port$2362$76 [21] ? \$735  : { x4, 1'h0 };
+  assign \$737  = \port$2362$76 [20] ? \$734  : \$736 [39:0];
+  assign \$738  = \port$2362$76 [19] ? \$731  : \$737 [23:0];
+  assign \$741  = \port$2362$76 [21] ? \$740  : { x4, 1'h0 };
+  assign \$744  = \port$2362$76 [21] ? \$743  : { x4, 1'h0 };
+  assign \$745  = \port$2362$76 [20] ? \$742  : \$744 [39:0];
+  assign \$748  = \port$2362$76 [21] ? \$747  : { x4, 1'h0 };
+  assign \$751  = \port$2362$76 [21] ? \$750  : { x4, 1'h0 };
+  assign \$752  = \port$2362$76 [20] ? \$749  : \$751 [39:0];
+  assign \$753  = \port$2362$76 [19] ? \$746  : \$752 [23:0];
+  assign \$754  = \port$2362$76 [18] ? \$739  : \$753 [15:0];
+  assign \$757  = \port$2362$76 [21] ? \$756  : { x4, 1'h0 };
+  assign \$760  = \port$2362$76 [21] ? \$759  : { x4, 1'h0 };
+  assign \$761  = \port$2362$76 [20] ? \$758  : \$760 [39:0];
+  assign \$764  = \port$2362$76 [21] ? \$763  : { x4, 1'h0 };
+  assign \$767  = \port$2362$76 [21] ? \$766  : { x4, 1'h0 };
+  assign \$768  = \port$2362$76 [20] ? \$765  : \$767 [39:0];
+  assign \$769  = \port$2362$76 [19] ? \$762  : \$768 [23:0];
+  assign \$772  = \port$2362$76 [21] ? \$771  : { x4, 1'h0 };
+  assign \$775  = \port$2362$76 [21] ? \$774  : { x4, 1'h0 };
+  assign \$776  = \port$2362$76 [20] ? \$773  : \$775 [39:0];
+  assign \$779  = \port$2362$76 [21] ? \$778  : { x4, 1'h0 };
+  assign \$782  = \port$2362$76 [21] ? \$781  : { x4, 1'h0 };
+  assign \$783  = \port$2362$76 [20] ? \$780  : \$782 [39:0];
+  assign \$784  = \port$2362$76 [19] ? \$777  : \$783 [23:0];
+  assign \$785  = \port$2362$76 [18] ? \$770  : \$784 [15:0];
+  assign \$786  = \port$2362$76 [17] ? \$755  : \$785 [11:0];
+  assign \$789  = \port$2362$76 [21] ? \$788  : { x4, 1'h0 };
+  assign \$792  = \port$2362$76 [21] ? \$791  : { x4, 1'h0 };
+  assign \$793  = \port$2362$76 [20] ? \$790  : \$792 [39:0];
+  assign \$796  = \port$2362$76 [21] ? \$795  : { x4, 1'h0 };
+  assign \$799  = \port$2362$76 [21] ? \$798  : { x4, 1'h0 };
+  assign \$800  = \port$2362$76 [20] ? \$797  : \$799 [39:0];
+  assign \$801  = \port$2362$76 [19] ? \$794  : \$800 [23:0];
+  assign \$804  = \port$2362$76 [21] ? \$803  : { x4, 1'h0 };
+  assign \$807  = \port$2362$76 [21] ? \$806  : { x4, 1'h0 };
+  assign \$808  = \port$2362$76 [20] ? \$805  : \$807 [39:0];
+  assign \$811  = \port$2362$76 [21] ? \$810  : { x4, 1'h0 };
+  assign \$814  = \port$2362$76 [21] ? \$813  : { x4, 1'h0 };
+  assign \$815  = \port$2362$76 [20] ? \$812  : \$814 [39:0];
+  assign \$816  = \port$2362$76 [19] ? \$809  : \$815 [23:0];
+  assign \$817  = \port$2362$76 [18] ? \$802  : \$816 [15:0];
+  assign \$820  = \port$2362$76 [21] ? \$819  : { x4, 1'h0 };
+  assign \$823  = \port$2362$76 [21] ? \$822  : { x4, 1'h0 };
+  assign \$824  = \port$2362$76 [20] ? \$821  : \$823 [39:0];
+  assign \$827  = \port$2362$76 [21] ? \$826  : { x4, 1'h0 };
+  assign \$830  = \port$2362$76 [21] ? \$829  : { x4, 1'h0 };
+  assign \$831  = \port$2362$76 [20] ? \$828  : \$830 [39:0];
+  assign \$832  = \port$2362$76 [19] ? \$825  : \$831 [23:0];
+  assign \$835  = \port$2362$76 [21] ? \$834  : { x4, 1'h0 };
+  assign \$838  = \port$2362$76 [21] ? \$837  : { x4, 1'h0 };
+  assign \$839  = \port$2362$76 [20] ? \$836  : \$838 [39:0];
+  assign \$842  = \port$2362$76 [21] ? \$841  : { x4, 1'h0 };
+  assign \$845  = \port$2362$76 [21] ? \$844  : { x4, 1'h0 };
+  assign \$846  = \port$2362$76 [20] ? \$843  : \$845 [39:0];
+  assign \$847  = \port$2362$76 [19] ? \$840  : \$846 [23:0];
+  assign \$848  = \port$2362$76 [18] ? \$833  : \$847 [15:0];
+  assign \$849  = \port$2362$76 [17] ? \$818  : \$848 [11:0];
+  assign \$850  = \port$2362$76 [16] ? \$787  : \$849 [9:0];
+  assign \$851  = { x4, 1'h0 } & below;
+  assign \$852  = | \$851 ;
+  assign \$853  = { x4, 1'h0 } ^ { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47] };
+  assign \$854  = \$853  & above;
+  assign \$855  = | \$854 ;
+  assign \$856  = sticky4 | y4[1];
+  assign \$857  = y4[0] & \$856 ;
+  assign \$858  = $signed(y4[8:1]) + $signed({ 1'h0, \$857  });
+  assign \$859  = neg2_4 ? 8'h80 : 8'h7f;
+  assign \$860  = $signed(rounded4) > $signed(8'h7f);
+  assign \$861  = \$860  ? 9'h07f : rounded4;
+  assign \$862  = over2_4 ? { \$859 [7], \$859  } : \$861 ;
+  assign \$864  = \port$2362$76 [21] ? \$863  : { x5, 1'h0 };
+  assign \$867  = \port$2362$76 [21] ? \$866  : { x5, 1'h0 };
+  assign \$868  = \port$2362$76 [20] ? \$865  : \$867 [39:0];
+  assign \$871  = \port$2362$76 [21] ? \$870  : { x5, 1'h0 };
+  assign \$874  = \port$2362$76 [21] ? \$873  : { x5, 1'h0 };
+  assign \$875  = \port$2362$76 [20] ? \$872  : \$874 [39:0];
+  assign \$876  = \port$2362$76 [19] ? \$869  : \$875 [23:0];
+  assign \$879  = \port$2362$76 [21] ? \$878  : { x5, 1'h0 };
+  assign \$882  = \port$2362$76 [21] ? \$881  : { x5, 1'h0 };
+  assign \$883  = \port$2362$76 [20] ? \$880  : \$882 [39:0];
+  assign \$886  = \port$2362$76 [21] ? \$885  : { x5, 1'h0 };
+  assign \$889  = \port$2362$76 [21] ? \$888  : { x5, 1'h0 };
+  assign \$890  = \port$2362$76 [20] ? \$887  : \$889 [39:0];
+  assign \$891  = \port$2362$76 [19] ? \$884  : \$890 [23:0];
+  assign \$892  = \port$2362$76 [18] ? \$877  : \$891 [15:0];
+  assign \$895  = \port$2362$76 [21] ? \$894  : { x5, 1'h0 };
+  assign \$898  = \port$2362$76 [21] ? \$897  : { x5, 1'h0 };
+  assign \$899  = \port$2362$76 [20] ? \$896  : \$898 [39:0];
+  assign \$902  = \port$2362$76 [21] ? \$901  : { x5, 1'h0 };
+  assign \$905  = \port$2362$76 [21] ? \$904  : { x5, 1'h0 };
+  assign \$906  = \port$2362$76 [20] ? \$903  : \$905 [39:0];
+  assign \$907  = \port$2362$76 [19] ? \$900  : \$906 [23:0];
+  assign \$910  = \port$2362$76 [21] ? \$909  : { x5, 1'h0 };
+  assign \$913  = \port$2362$76 [21] ? \$912  : { x5, 1'h0 };
+  assign \$914  = \port$2362$76 [20] ? \$911  : \$913 [39:0];
+  assign \$917  = \port$2362$76 [21] ? \$916  : { x5, 1'h0 };
+  assign \$920  = \port$2362$76 [21] ? \$919  : { x5, 1'h0 };
+  assign \$921  = \port$2362$76 [20] ? \$918  : \$920 [39:0];
+  assign \$922  = \port$2362$76 [19] ? \$915  : \$921 [23:0];
+  assign \$923  = \port$2362$76 [18] ? \$908  : \$922 [15:0];
+  assign \$924  = \port$2362$76 [17] ? \$893  : \$923 [11:0];
+  assign \$927  = \port$2362$76 [21] ? \$926  : { x5, 1'h0 };
+  assign \$930  = \port$2362$76 [21] ? \$929  : { x5, 1'h0 };
+  assign \$931  = \port$2362$76 [20] ? \$928  : \$930 [39:0];
+  assign \$934  = \port$2362$76 [21] ? \$933  : { x5, 1'h0 };
+  assign \$937  = \port$2362$76 [21] ? \$936  : { x5, 1'h0 };
+  assign \$938  = \port$2362$76 [20] ? \$935  : \$937 [39:0];
+  assign \$939  = \port$2362$76 [19] ? \$932  : \$938 [23:0];
+  assign \$942  = \port$2362$76 [21] ? \$941  : { x5, 1'h0 };
+  assign \$945  = \port$2362$76 [21] ? \$944  : { x5, 1'h0 };
+  assign \$946  = \port$2362$76 [20] ? \$943  : \$945 [39:0];
+  assign \$949  = \port$2362$76 [21] ? \$948  : { x5, 1'h0 };
+  assign \$952  = \port$2362$76 [21] ? \$951  : { x5, 1'h0 };
+  assign \$953  = \port$2362$76 [20] ? \$950  : \$952 [39:0];
+  assign \$954  = \port$2362$76 [19] ? \$947  : \$953 [23:0];
+  assign \$955  = \port$2362$76 [18] ? \$940  : \$954 [15:0];
+  assign \$958  = \port$2362$76 [21] ? \$957  : { x5, 1'h0 };
+  assign \$961  = \port$2362$76 [21] ? \$960  : { x5, 1'h0 };
+  assign \$962  = \port$2362$76 [20] ? \$959  : \$961 [39:0];
+  assign \$965  = \port$2362$76 [21] ? \$964  : { x5, 1'h0 };
+  assign \$968  = \port$2362$76 [21] ? \$967  : { x5, 1'h0 };
+  assign \$969  = \port$2362$76 [20] ? \$966  : \$968 [39:0];
+  assign \$970  = \port$2362$76 [19] ? \$963  : \$969 [23:0];
+  assign \$973  = \port$2362$76 [21] ? \$972  : { x5, 1'h0 };
+  assign \$976  = \port$2362$76 [21] ? \$975  : { x5, 1'h0 };
+  assign \$977  = \port$2362$76 [20] ? \$974  : \$976 [39:0];
+  assign \$980  = \port$2362$76 [21] ? \$979  : { x5, 1'h0 };
+  assign \$983  = \port$2362$76 [21] ? \$982  : { x5, 1'h0 };
+  assign \$984  = \port$2362$76 [20] ? \$981  : \$983 [39:0];
+  assign \$985  = \port$2362$76 [19] ? \$978  : \$984 [23:0];
+  assign \$986  = \port$2362$76 [18] ? \$971  : \$985 [15:0];
+  assign \$987  = \port$2362$76 [17] ? \$956  : \$986 [11:0];
+  assign \$988  = \port$2362$76 [16] ? \$925  : \$987 [9:0];
+  assign \$989  = { x5, 1'h0 } & below;
+  assign \$990  = | \$989 ;
+  assign \$991  = { x5, 1'h0 } ^ { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47] };
+  assign \$992  = \$991  & above;
+  assign \$993  = | \$992 ;
+  assign \$994  = sticky5 | y5[1];
+  assign \$995  = y5[0] & \$994 ;
+  assign \$996  = $signed(y5[8:1]) + $signed({ 1'h0, \$995  });
+  assign \$997  = neg2_5 ? 8'h80 : 8'h7f;
+  assign \$998  = $signed(rounded5) > $signed(8'h7f);
+  assign \$999  = \$998  ? 9'h07f : rounded5;
+  assign \$1000  = over2_5 ? { \$997 [7], \$997  } : \$999 ;
+  assign \$1002  = \port$2362$76 [21] ? \$1001  : { x6, 1'h0 };
+  assign \$1005  = \port$2362$76 [21] ? \$1004  : { x6, 1'h0 };
+  assign \$1006  = \port$2362$76 [20] ? \$1003  : \$1005 [39:0];
+  assign \$1009  = \port$2362$76 [21] ? \$1008  : { x6, 1'h0 };
+  assign \$1012  = \port$2362$76 [21] ? \$1011  : { x6, 1'h0 };
+  assign \$1013  = \port$2362$76 [20] ? \$1010  : \$1012 [39:0];
+  assign \$1014  = \port$2362$76 [19] ? \$1007  : \$1013 [23:0];
+  assign \$1017  = \port$2362$76 [21] ? \$1016  : { x6, 1'h0 };
+  assign \$1020  = \port$2362$76 [21] ? \$1019  : { x6, 1'h0 };
+  assign \$1021  = \port$2362$76 [20] ? \$1018  : \$1020 [39:0];
+  assign \$1024  = \port$2362$76 [21] ? \$1023  : { x6, 1'h0 };
+  assign \$1027  = \port$2362$76 [21] ? \$1026  : { x6, 1'h0 };
+  assign \$1028  = \port$2362$76 [20] ? \$1025  : \$1027 [39:0];
+  assign \$1029  = \port$2362$76 [19] ? \$1022  : \$1028 [23:0];
+  assign \$1030  = \port$2362$76 [18] ? \$1015  : \$1029 [15:0];
+  assign \$1033  = \port$2362$76 [21] ? \$1032  : { x6, 1'h0 };
+  assign \$1036  = \port$2362$76 [21] ? \$1035  : { x6, 1'h0 };
+  assign \$1037  = \port$2362$76 [20] ? \$1034  : \$1036 [39:0];
+  assign \$1040  = \port$2362$76 [21] ? \$1039  : { x6, 1'h0 };
+  assign \$1043  = \port$2362$76 [21] ? \$1042  : { x6, 1'h0 };
+  assign \$1044  = \port$2362$76 [20] ? \$1041  : \$1043 [39:0];
+  assign \$1045  = \port$2362$76 [19] ? \$1038  : \$1044 [23:0];
+  assign \$1048  = \port$2362$76 [21] ? \$1047  : { x6, 1'h0 };
+  assign \$1051  = \port$2362$76 [21] ? \$1050  : { x6, 1'h0 };
+  assign \$1052  = \port$2362$76 [20] ? \$1049  : \$1051 [39:0];
+  assign \$1055  = \port$2362$76 [21] ? \$1054  : { x6, 1'h0 };
+  assign \$1058  = \port$2362$76 [21] ? \$1057  : { x6, 1'h0 };
+  assign \$1059  = \port$2362$76 [20] ? \$1056  : \$1058 [39:0];
+  assign \$1060  = \port$2362$76 [19] ? \$1053  : \$1059 [23:0];
+  assign \$1061  = \port$2362$76 [18] ? \$1046  : \$1060 [15:0];
+  assign \$1062  = \port$2362$76 [17] ? \$1031  : \$1061 [11:0];
+  assign \$1065  = \port$2362$76 [21] ? \$1064  : { x6, 1'h0 };
+  assign \$1068  = \port$2362$76 [21] ? \$1067  : { x6, 1'h0 };
+  assign \$1069  = \port$2362$76 [20] ? \$1066  : \$1068 [39:0];
+  assign \$1072  = \port$2362$76 [21] ? \$1071  : { x6, 1'h0 };
+  assign \$1075  = \port$2362$76 [21] ? \$1074  : { x6, 1'h0 };
+  assign \$1076  = \port$2362$76 [20] ? \$1073  : \$1075 [39:0];
+  assign \$1077  = \port$2362$76 [19] ? \$1070  : \$1076 [23:0];
+  assign \$1080  = \port$2362$76 [21] ? \$1079  : { x6, 1'h0 };
+  assign \$1083  = \port$2362$76 [21] ? \$1082  : { x6, 1'h0 };
+  assign \$1084  = \port$2362$76 [20] ? \$1081  : \$1083 [39:0];
+  assign \$1087  = \port$2362$76 [21] ? \$1086  : { x6, 1'h0 };
+  assign \$1090  = \port$2362$76 [21] ? \$1089  : { x6, 1'h0 };
+  assign \$1091  = \port$2362$76 [20] ? \$1088  : \$1090 [39:0];
+  assign \$1092  = \port$2362$76 [19] ? \$1085  : \$1091 [23:0];
+  assign \$1093  = \port$2362$76 [18] ? \$1078  : \$1092 [15:0];
+  assign \$1096  = \port$2362$76 [21] ? \$1095  : { x6, 1'h0 };
+  assign \$1099  = \port$2362$76 [21] ? \$1098  : { x6, 1'h0 };
+  assign \$1100  = \port$2362$76 [20] ? \$1097  : \$1099 [39:0];
+  assign \$1103  = \port$2362$76 [21] ? \$1102  : { x6, 1'h0 };
+  assign \$1106  = \port$2362$76 [21] ? \$1105  : { x6, 1'h0 };
+  assign \$1107  = \port$2362$76 [20] ? \$1104  : \$1106 [39:0];
+  assign \$1108  = \port$2362$76 [19] ? \$1101  : \$1107 [23:0];
+  assign \$1111  = \port$2362$76 [21] ? \$1110  : { x6, 1'h0 };
+  assign \$1114  = \port$2362$76 [21] ? \$1113  : { x6, 1'h0 };
+  assign \$1115  = \port$2362$76 [20] ? \$1112  : \$1114 [39:0];
+  assign \$1118  = \port$2362$76 [21] ? \$1117  : { x6, 1'h0 };
+  assign \$1121  = \port$2362$76 [21] ? \$1120  : { x6, 1'h0 };
+  assign \$1122  = \port$2362$76 [20] ? \$1119  : \$1121 [39:0];
+  assign \$1123  = \port$2362$76 [19] ? \$1116  : \$1122 [23:0];
+  assign \$1124  = \port$2362$76 [18] ? \$1109  : \$1123 [15:0];
+  assign \$1125  = \port$2362$76 [17] ? \$1094  : \$1124 [11:0];
+  assign \$1126  = \port$2362$76 [16] ? \$1063  : \$1125 [9:0];
+  assign \$1127  = { x6, 1'h0 } & below;
+  assign \$1128  = | \$1127 ;
+  assign \$1129  = { x6, 1'h0 } ^ { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47] };
+  assign \$1130  = \$1129  & above;
+  assign \$1131  = | \$1130 ;
+  assign \$1132  = sticky6 | y6[1];
+  assign \$1133  = y6[0] & \$1132 ;
+  assign \$1134  = $signed(y6[8:1]) + $signed({ 1'h0, \$1133  });
+  assign \$1135  = neg2_6 ? 8'h80 : 8'h7f;
+  assign \$1136  = $signed(rounded6) > $signed(8'h7f);
+  assign \$1137  = \$1136  ? 9'h07f : rounded6;
+  assign \$1138  = over2_6 ? { \$1135 [7], \$1135  } : \$1137 ;
+  assign \$1140  = \port$2362$76 [21] ? \$1139  : { x7, 1'h0 };
+  assign \$1143  = \port$2362$76 [21] ? \$1142  : { x7, 1'h0 };
+  assign \$1144  = \port$2362$76 [20] ? \$1141  : \$1143 [39:0];
+  assign \$1147  = \port$2362$76 [21] ? \$1146  : { x7, 1'h0 };
+  assign \$1150  = \port$2362$76 [21] ? \$1149  : { x7, 1'h0 };
+  assign \$1151  = \port$2362$76 [20] ? \$1148  : \$1150 [39:0];
+  assign \$1152  = \port$2362$76 [19] ? \$1145  : \$1151 [23:0];
+  assign \$1155  = \port$2362$76 [21] ? \$1154  : { x7, 1'h0 };
+  assign \$1158  = \port$2362$76 [21] ? \$1157  : { x7, 1'h0 };
+  assign \$1159  = \port$2362$76 [20] ? \$1156  : \$1158 [39:0];
+  assign \$1162  = \port$2362$76 [21] ? \$1161  : { x7, 1'h0 };
+  assign \$1165  = \port$2362$76 [21] ? \$1164  : { x7, 1'h0 };
+  assign \$1166  = \port$2362$76 [20] ? \$1163  : \$1165 [39:0];
+  assign \$1167  = \port$2362$76 [19] ? \$1160  : \$1166 [23:0];
+  assign \$1168  = \port$2362$76 [18] ? \$1153  : \$1167 [15:0];
+  assign \$1171  = \port$2362$76 [21] ? \$1170  : { x7, 1'h0 };
+  assign \$1174  = \port$2362$76 [21] ? \$1173  : { x7, 1'h0 };
+  assign \$1175  = \port$2362$76 [20] ? \$1172  : \$1174 [39:0];
+  assign \$1178  = \port$2362$76 [21] ? \$1177  : { x7, 1'h0 };
+  assign \$1181  = \port$2362$76 [21] ? \$1180  : { x7, 1'h0 };
+  assign \$1182  = \port$2362$76 [20] ? \$1179  : \$1181 [39:0];
+  assign \$1183  = \port$2362$76 [19] ? \$1176  : \$1182 [23:0];
+  assign \$1186  = \port$2362$76 [21] ? \$1185  : { x7, 1'h0 };
+  assign \$1189  = \port$2362$76 [21] ? \$1188  : { x7, 1'h0 };
+  assign \$1190  = \port$2362$76 [20] ? \$1187  : \$1189 [39:0];
+  assign \$1193  = \port$2362$76 [21] ? \$1192  : { x7, 1'h0 };
+  assign \$1196  = \port$2362$76 [21] ? \$1195  : { x7, 1'h0 };
+  assign \$1197  = \port$2362$76 [20] ? \$1194  : \$1196 [39:0];
+  assign \$1198  = \port$2362$76 [19] ? \$1191  : \$1197 [23:0];
+  assign \$1199  = \port$2362$76 [18] ? \$1184  : \$1198 [15:0];
+  assign \$1200  = \port$2362$76 [17] ? \$1169  : \$1199 [11:0];
+  assign \$1203  = \port$2362$76 [21] ? \$1202  : { x7, 1'h0 };
+  assign \$1206  = \port$2362$76 [21] ? \$1205  : { x7, 1'h0 };
+  assign \$1207  = \port$2362$76 [20] ? \$1204  : \$1206 [39:0];
+  assign \$1210  = \port$2362$76 [21] ? \$1209  : { x7, 1'h0 };
+  assign \$1213  = \port$2362$76 [21] ? \$1212  : { x7, 1'h0 };
+  assign \$1214  = \port$2362$76 [20] ? \$1211  : \$1213 [39:0];
+  assign \$1215  = \port$2362$76 [19] ? \$1208  : \$1214 [23:0];
+  assign \$1218  = \port$2362$76 [21] ? \$1217  : { x7, 1'h0 };
+  assign \$1221  = \port$2362$76 [21] ? \$1220  : { x7, 1'h0 };
+  assign \$1222  = \port$2362$76 [20] ? \$1219  : \$1221 [39:0];
+  assign \$1225  = \port$2362$76 [21] ? \$1224  : { x7, 1'h0 };
+  assign \$1228  = \port$2362$76 [21] ? \$1227  : { x7, 1'h0 };
+  assign \$1229  = \port$2362$76 [20] ? \$1226  : \$1228 [39:0];
+  assign \$1230  = \port$2362$76 [19] ? \$1223  : \$1229 [23:0];
+  assign \$1231  = \port$2362$76 [18] ? \$1216  : \$1230 [15:0];
+  assign \$1234  = \port$2362$76 [21] ? \$1233  : { x7, 1'h0 };
+  assign \$1237  = \port$2362$76 [21] ? \$1236  : { x7, 1'h0 };
+  assign \$1238  = \port$2362$76 [20] ? \$1235  : \$1237 [39:0];
+  assign \$1241  = \port$2362$76 [21] ? \$1240  : { x7, 1'h0 };
+  assign \$1244  = \port$2362$76 [21] ? \$1243  : { x7, 1'h0 };
+  assign \$1245  = \port$2362$76 [20] ? \$1242  : \$1244 [39:0];
+  assign \$1246  = \port$2362$76 [19] ? \$1239  : \$1245 [23:0];
+  assign \$1249  = \port$2362$76 [21] ? \$1248  : { x7, 1'h0 };
+  assign \$1252  = \port$2362$76 [21] ? \$1251  : { x7, 1'h0 };
+  assign \$1253  = \port$2362$76 [20] ? \$1250  : \$1252 [39:0];
+  assign \$1256  = \port$2362$76 [21] ? \$1255  : { x7, 1'h0 };
+  assign \$1259  = \port$2362$76 [21] ? \$1258  : { x7, 1'h0 };
+  assign \$1260  = \port$2362$76 [20] ? \$1257  : \$1259 [39:0];
+  assign \$1261  = \port$2362$76 [19] ? \$1254  : \$1260 [23:0];
+  assign \$1262  = \port$2362$76 [18] ? \$1247  : \$1261 [15:0];
+  assign \$1263  = \port$2362$76 [17] ? \$1232  : \$1262 [11:0];
+  assign \$1264  = \port$2362$76 [16] ? \$1201  : \$1263 [9:0];
+  assign \$1265  = { x7, 1'h0 } & below;
+  assign \$1266  = | \$1265 ;
+  assign \$1267  = { x7, 1'h0 } ^ { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47] };
+  assign \$1268  = \$1267  & above;
+  assign \$1269  = | \$1268 ;
+  assign \$1270  = sticky7 | y7[1];
+  assign \$1271  = y7[0] & \$1270 ;
+  assign \$1272  = $signed(y7[8:1]) + $signed({ 1'h0, \$1271  });
+  assign \$1273  = neg2_7 ? 8'h80 : 8'h7f;
+  assign \$1274  = $signed(rounded7) > $signed(8'h7f);
+  assign \$1275  = \$1274  ? 9'h07f : rounded7;
+  assign \$1276  = over2_7 ? { \$1273 [7], \$1273  } : \$1275 ;
   always @(posedge clk)
-    \$signal  <= \$228 ;
+    \$signal  <= \$1277 ;
   always @(posedge clk)
-    v2 <= \$229 ;
+    v2 <= \$1278 ;
   always @(posedge clk)
-    x_valid <= \$230 ;
+    x_valid <= \$1279 ;
   always @(posedge clk)
-    x0 <= \$231 ;
+    x0 <= \$1280 ;
   always @(posedge clk)
-    x1 <= \$232 ;
+    x1 <= \$1281 ;
   always @(posedge clk)
-    x2 <= \$233 ;
+    x2 <= \$1282 ;
   always @(posedge clk)
-    x3 <= \$234 ;
+    x3 <= \$1283 ;
   always @(posedge clk)
-    x4 <= \$235 ;
+    x4 <= \$1284 ;
   always @(posedge clk)
-    x5 <= \$236 ;
+    x5 <= \$1285 ;
   always @(posedge clk)
-    x6 <= \$237 ;
+    x6 <= \$1286 ;
   always @(posedge clk)
-    x7 <= \$238 ;
+    x7 <= \$1287 ;
   always @(posedge clk)
-    shift_nz <= \$239 ;
+    below <= \$1288 ;
   always @(posedge clk)
-    shift_m1 <= \$240 ;
+    above <= \$1289 ;
   always @(posedge clk)
-    below_half <= \$241 ;
+    \$signal$72  <= \$1290 ;
   always @(posedge clk)
-    \$signal$89  <= \$242 ;
+    v_round <= \$1291 ;
   always @(posedge clk)
-    v_round <= \$243 ;
+    o__valid <= \$1292 ;
   always @(posedge clk)
-    o__valid <= \$244 ;
+    y0 <= \$1293 ;
   always @(posedge clk)
-    y0 <= \$245 ;
+    sticky0 <= \$1294 ;
   always @(posedge clk)
-    sticky0 <= \$246 ;
+    over0 <= \$1295 ;
   always @(posedge clk)
-    rounded0 <= \$247 ;
+    neg0 <= \$1296 ;
   always @(posedge clk)
-    o__payload <= \$248 ;
+    rounded0 <= \$1297 ;
   always @(posedge clk)
-    y1 <= \$249 ;
+    over2_0 <= \$1298 ;
   always @(posedge clk)
-    sticky1 <= \$250 ;
+    neg2_0 <= \$1299 ;
   always @(posedge clk)
-    rounded1 <= \$251 ;
+    o__payload <= \$1300 ;
   always @(posedge clk)
-    y2 <= \$252 ;
+    y1 <= \$1301 ;
   always @(posedge clk)
-    sticky2 <= \$253 ;
+    sticky1 <= \$1302 ;
   always @(posedge clk)
-    rounded2 <= \$254 ;
+    over1 <= \$1303 ;
   always @(posedge clk)
-    y3 <= \$255 ;
+    neg1 <= \$1304 ;
   always @(posedge clk)
-    sticky3 <= \$256 ;
+    rounded1 <= \$1305 ;
   always @(posedge clk)
-    rounded3 <= \$257 ;
+    over2_1 <= \$1306 ;
   always @(posedge clk)
-    y4 <= \$258 ;
+    neg2_1 <= \$1307 ;
   always @(posedge clk)
-    sticky4 <= \$259 ;
+    y2 <= \$1308 ;
   always @(posedge clk)
-    rounded4 <= \$260 ;
+    sticky2 <= \$1309 ;
   always @(posedge clk)
-    y5 <= \$261 ;
+    over2 <= \$1310 ;
   always @(posedge clk)
-    sticky5 <= \$262 ;
+    neg2 <= \$1311 ;
   always @(posedge clk)
-    rounded5 <= \$263 ;
+    rounded2 <= \$1312 ;
   always @(posedge clk)
-    y6 <= \$264 ;
+    over2_2 <= \$1313 ;
   always @(posedge clk)
-    sticky6 <= \$265 ;
+    neg2_2 <= \$1314 ;
   always @(posedge clk)
-    rounded6 <= \$266 ;
+    y3 <= \$1315 ;
   always @(posedge clk)
-    y7 <= \$267 ;
+    sticky3 <= \$1316 ;
   always @(posedge clk)
-    sticky7 <= \$268 ;
+    over3 <= \$1317 ;
   always @(posedge clk)
-    rounded7 <= \$269 ;
+    neg3 <= \$1318 ;
+  always @(posedge clk)
+    rounded3 <= \$1319 ;
+  always @(posedge clk)
+    over2_3 <= \$1320 ;
+  always @(posedge clk)
+    neg2_3 <= \$1321 ;
+  always @(posedge clk)
+    y4 <= \$1322 ;
+  always @(posedge clk)
+    sticky4 <= \$1323 ;
+  always @(posedge clk)
+    over4 <= \$1324 ;
+  always @(posedge clk)
+    neg4 <= \$1325 ;
+  always @(posedge clk)
+    rounded4 <= \$1326 ;
+  always @(posedge clk)
+    over2_4 <= \$1327 ;
+  always @(posedge clk)
+    neg2_4 <= \$1328 ;
+  always @(posedge clk)
+    y5 <= \$1329 ;
+  always @(posedge clk)
+    sticky5 <= \$1330 ;
+  always @(posedge clk)
+    over5 <= \$1331 ;
+  always @(posedge clk)
+    neg5 <= \$1332 ;
+  always @(posedge clk)
+    rounded5 <= \$1333 ;
+  always @(posedge clk)
+    over2_5 <= \$1334 ;
+  always @(posedge clk)
+    neg2_5 <= \$1335 ;
+  always @(posedge clk)
+    y6 <= \$1336 ;
+  always @(posedge clk)
+    sticky6 <= \$1337 ;
+  always @(posedge clk)
+    over6 <= \$1338 ;
+  always @(posedge clk)
+    neg6 <= \$1339 ;
+  always @(posedge clk)
+    rounded6 <= \$1340 ;
+  always @(posedge clk)
+    over2_6 <= \$1341 ;
+  always @(posedge clk)
+    neg2_6 <= \$1342 ;
+  always @(posedge clk)
+    y7 <= \$1343 ;
+  always @(posedge clk)
+    sticky7 <= \$1344 ;
+  always @(posedge clk)
+    over7 <= \$1345 ;
+  always @(posedge clk)
+    neg7 <= \$1346 ;
+  always @(posedge clk)
+    rounded7 <= \$1347 ;
+  always @(posedge clk)
+    over2_7 <= \$1348 ;
+  always @(posedge clk)
+    neg2_7 <= \$1349 ;
   \nanokpu_gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -26639,464 +28407,777 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1314$76 , i__pa
     .p__7(p__7),
     .p__8(p__8),
     .p__9(p__9),
-    .\port$1314$76 (\port$1314$76 [15:0]),
-    .\port$1332$0 (i__payload),
+    .\port$2362$76 (\port$2362$76 [15:0]),
+    .\port$2380$0 (i__payload),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$228  = \$signal ;
+    \$1277  = \$signal ;
     if (advance) begin
-      \$228  = i__valid;
+      \$1277  = i__valid;
     end
     if (rst) begin
-      \$228  = 1'h0;
+      \$1277  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$229  = v2;
+    \$1278  = v2;
     if (advance) begin
-      \$229  = \$signal ;
+      \$1278  = \$signal ;
     end
     if (rst) begin
-      \$229  = 1'h0;
+      \$1278  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$230  = x_valid;
+    \$1279  = x_valid;
     if (advance) begin
-      \$230  = v2;
+      \$1279  = v2;
     end
     if (rst) begin
-      \$230  = 1'h0;
+      \$1279  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$231  = x0;
+    \$1280  = x0;
     if (advance) begin
-      \$231  = \$12 [47:0];
+      \$1280  = \$4 [47:0];
     end
     if (rst) begin
-      \$231  = 48'h000000000000;
+      \$1280  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$232  = x1;
+    \$1281  = x1;
     if (advance) begin
-      \$232  = \$15 [47:0];
+      \$1281  = \$7 [47:0];
     end
     if (rst) begin
-      \$232  = 48'h000000000000;
+      \$1281  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$233  = x2;
+    \$1282  = x2;
     if (advance) begin
-      \$233  = \$18 [47:0];
+      \$1282  = \$10 [47:0];
     end
     if (rst) begin
-      \$233  = 48'h000000000000;
+      \$1282  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$234  = x3;
+    \$1283  = x3;
     if (advance) begin
-      \$234  = \$21 [47:0];
+      \$1283  = \$13 [47:0];
     end
     if (rst) begin
-      \$234  = 48'h000000000000;
+      \$1283  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$235  = x4;
+    \$1284  = x4;
     if (advance) begin
-      \$235  = \$24 [47:0];
+      \$1284  = \$16 [47:0];
     end
     if (rst) begin
-      \$235  = 48'h000000000000;
+      \$1284  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$236  = x5;
+    \$1285  = x5;
     if (advance) begin
-      \$236  = \$27 [47:0];
+      \$1285  = \$19 [47:0];
     end
     if (rst) begin
-      \$236  = 48'h000000000000;
+      \$1285  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$237  = x6;
+    \$1286  = x6;
     if (advance) begin
-      \$237  = \$30 [47:0];
+      \$1286  = \$22 [47:0];
     end
     if (rst) begin
-      \$237  = 48'h000000000000;
+      \$1286  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$238  = x7;
+    \$1287  = x7;
     if (advance) begin
-      \$238  = \$33 [47:0];
+      \$1287  = \$25 [47:0];
     end
     if (rst) begin
-      \$238  = 48'h000000000000;
+      \$1287  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$239  = \$34 ;
+    \$1288  = { \$74 , \$73 , \$72 , \$71 , \$70 , \$69 , \$68 , \$67 , \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26  };
     if (rst) begin
-      \$239  = 1'h0;
+      \$1288  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$240  = \$35 [5:0];
+    \$1289  = { \$172 , \$170 , \$168 , \$166 , \$164 , \$162 , \$160 , \$158 , \$156 , \$154 , \$152 , \$150 , \$148 , \$146 , \$144 , \$142 , \$140 , \$138 , \$136 , \$134 , \$132 , \$130 , \$128 , \$126 , \$124 , \$122 , \$120 , \$118 , \$116 , \$114 , \$112 , \$110 , \$108 , \$106 , \$104 , \$102 , \$100 , \$98 , \$96 , \$94 , \$92 , \$90 , \$88 , \$86 , \$84 , \$82 , \$80 , \$78 , \$76  };
     if (rst) begin
-      \$240  = 6'h00;
+      \$1289  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$241  = { \$131 , \$129 , \$127 , \$125 , \$123 , \$121 , \$119 , \$117 , \$115 , \$113 , \$111 , \$109 , \$107 , \$105 , \$103 , \$101 , \$99 , \$97 , \$95 , \$93 , \$91 , \$89 , \$87 , \$85 , \$83 , \$81 , \$79 , \$77 , \$75 , \$73 , \$71 , \$69 , \$67 , \$65 , \$63 , \$61 , \$59 , \$57 , \$55 , \$53 , \$51 , \$49 , \$47 , \$45 , \$43 , \$41 , \$39 , \$37  };
-    if (rst) begin
-      \$241  = 48'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$242  = \$signal$89 ;
+    \$1290  = \$signal$72 ;
     if (advance) begin
-      \$242  = x_valid;
+      \$1290  = x_valid;
     end
     if (rst) begin
-      \$242  = 1'h0;
+      \$1290  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$243  = v_round;
+    \$1291  = v_round;
     if (advance) begin
-      \$243  = \$signal$89 ;
+      \$1291  = \$signal$72 ;
     end
     if (rst) begin
-      \$243  = 1'h0;
+      \$1291  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$244  = o__valid;
+    \$1292  = o__valid;
     if (advance) begin
-      \$244  = v_round;
+      \$1292  = v_round;
     end
     if (rst) begin
-      \$244  = 1'h0;
+      \$1292  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$245  = y0;
+    \$1293  = y0;
     if (advance) begin
-      \$245  = \$133 ;
+      \$1293  = \$298 [8:0];
     end
     if (rst) begin
-      \$245  = 48'h000000000000;
+      \$1293  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$246  = sticky0;
+    \$1294  = sticky0;
     if (advance) begin
-      \$246  = \$135 ;
+      \$1294  = \$300 ;
     end
     if (rst) begin
-      \$246  = 1'h0;
+      \$1294  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$247  = rounded0;
+    \$1295  = over0;
     if (advance) begin
-      \$247  = \$139 ;
+      \$1295  = \$303 ;
     end
     if (rst) begin
-      \$247  = 49'h0000000000000;
+      \$1295  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$248  = o__payload;
+    \$1296  = neg0;
     if (advance) begin
-      \$248 [7:0] = \$143 [7:0];
-      \$248 [15:8] = \$155 [7:0];
-      \$248 [23:16] = \$167 [7:0];
-      \$248 [31:24] = \$179 [7:0];
-      \$248 [39:32] = \$191 [7:0];
-      \$248 [47:40] = \$203 [7:0];
-      \$248 [55:48] = \$215 [7:0];
-      \$248 [63:56] = \$227 [7:0];
+      \$1296  = x0[47];
     end
     if (rst) begin
-      \$248  = 64'h0000000000000000;
+      \$1296  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$249  = y1;
+    \$1297  = rounded0;
     if (advance) begin
-      \$249  = \$145 ;
+      \$1297  = \$306 ;
     end
     if (rst) begin
-      \$249  = 48'h000000000000;
+      \$1297  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$250  = sticky1;
+    \$1298  = over2_0;
     if (advance) begin
-      \$250  = \$147 ;
+      \$1298  = over0;
     end
     if (rst) begin
-      \$250  = 1'h0;
+      \$1298  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$251  = rounded1;
+    \$1299  = neg2_0;
     if (advance) begin
-      \$251  = \$151 ;
+      \$1299  = neg0;
     end
     if (rst) begin
-      \$251  = 49'h0000000000000;
+      \$1299  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$252  = y2;
+    \$1300  = o__payload;
     if (advance) begin
-      \$252  = \$157 ;
+      \$1300 [7:0] = \$310 [7:0];
+      \$1300 [15:8] = \$448 [7:0];
+      \$1300 [23:16] = \$586 [7:0];
+      \$1300 [31:24] = \$724 [7:0];
+      \$1300 [39:32] = \$862 [7:0];
+      \$1300 [47:40] = \$1000 [7:0];
+      \$1300 [55:48] = \$1138 [7:0];
+      \$1300 [63:56] = \$1276 [7:0];
     end
     if (rst) begin
-      \$252  = 48'h000000000000;
+      \$1300  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$253  = sticky2;
+    \$1301  = y1;
     if (advance) begin
-      \$253  = \$159 ;
+      \$1301  = \$436 [8:0];
     end
     if (rst) begin
-      \$253  = 1'h0;
+      \$1301  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$254  = rounded2;
+    \$1302  = sticky1;
     if (advance) begin
-      \$254  = \$163 ;
+      \$1302  = \$438 ;
     end
     if (rst) begin
-      \$254  = 49'h0000000000000;
+      \$1302  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$255  = y3;
+    \$1303  = over1;
     if (advance) begin
-      \$255  = \$169 ;
+      \$1303  = \$441 ;
     end
     if (rst) begin
-      \$255  = 48'h000000000000;
+      \$1303  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$256  = sticky3;
+    \$1304  = neg1;
     if (advance) begin
-      \$256  = \$171 ;
+      \$1304  = x1[47];
     end
     if (rst) begin
-      \$256  = 1'h0;
+      \$1304  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$257  = rounded3;
+    \$1305  = rounded1;
     if (advance) begin
-      \$257  = \$175 ;
+      \$1305  = \$444 ;
     end
     if (rst) begin
-      \$257  = 49'h0000000000000;
+      \$1305  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$258  = y4;
+    \$1306  = over2_1;
     if (advance) begin
-      \$258  = \$181 ;
+      \$1306  = over1;
     end
     if (rst) begin
-      \$258  = 48'h000000000000;
+      \$1306  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$259  = sticky4;
+    \$1307  = neg2_1;
     if (advance) begin
-      \$259  = \$183 ;
+      \$1307  = neg1;
     end
     if (rst) begin
-      \$259  = 1'h0;
+      \$1307  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$260  = rounded4;
+    \$1308  = y2;
     if (advance) begin
-      \$260  = \$187 ;
+      \$1308  = \$574 [8:0];
     end
     if (rst) begin
-      \$260  = 49'h0000000000000;
+      \$1308  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$261  = y5;
+    \$1309  = sticky2;
     if (advance) begin
-      \$261  = \$193 ;
+      \$1309  = \$576 ;
     end
     if (rst) begin
-      \$261  = 48'h000000000000;
+      \$1309  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$262  = sticky5;
+    \$1310  = over2;
     if (advance) begin
-      \$262  = \$195 ;
+      \$1310  = \$579 ;
     end
     if (rst) begin
-      \$262  = 1'h0;
+      \$1310  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$263  = rounded5;
+    \$1311  = neg2;
     if (advance) begin
-      \$263  = \$199 ;
+      \$1311  = x2[47];
     end
     if (rst) begin
-      \$263  = 49'h0000000000000;
+      \$1311  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$264  = y6;
+    \$1312  = rounded2;
     if (advance) begin
-      \$264  = \$205 ;
+      \$1312  = \$582 ;
     end
     if (rst) begin
-      \$264  = 48'h000000000000;
+      \$1312  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$265  = sticky6;
+    \$1313  = over2_2;
     if (advance) begin
-      \$265  = \$207 ;
+      \$1313  = over2;
     end
     if (rst) begin
-      \$265  = 1'h0;
+      \$1313  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$266  = rounded6;
+    \$1314  = neg2_2;
     if (advance) begin
-      \$266  = \$211 ;
+      \$1314  = neg2;
     end
     if (rst) begin
-      \$266  = 49'h0000000000000;
+      \$1314  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$267  = y7;
+    \$1315  = y3;
     if (advance) begin
-      \$267  = \$217 ;
+      \$1315  = \$712 [8:0];
     end
     if (rst) begin
-      \$267  = 48'h000000000000;
+      \$1315  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$268  = sticky7;
+    \$1316  = sticky3;
     if (advance) begin
-      \$268  = \$219 ;
+      \$1316  = \$714 ;
     end
     if (rst) begin
-      \$268  = 1'h0;
+      \$1316  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$269  = rounded7;
+    \$1317  = over3;
     if (advance) begin
-      \$269  = \$223 ;
+      \$1317  = \$717 ;
     end
     if (rst) begin
-      \$269  = 49'h0000000000000;
+      \$1317  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1318  = neg3;
+    if (advance) begin
+      \$1318  = x3[47];
+    end
+    if (rst) begin
+      \$1318  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1319  = rounded3;
+    if (advance) begin
+      \$1319  = \$720 ;
+    end
+    if (rst) begin
+      \$1319  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1320  = over2_3;
+    if (advance) begin
+      \$1320  = over3;
+    end
+    if (rst) begin
+      \$1320  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1321  = neg2_3;
+    if (advance) begin
+      \$1321  = neg3;
+    end
+    if (rst) begin
+      \$1321  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1322  = y4;
+    if (advance) begin
+      \$1322  = \$850 [8:0];
+    end
+    if (rst) begin
+      \$1322  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1323  = sticky4;
+    if (advance) begin
+      \$1323  = \$852 ;
+    end
+    if (rst) begin
+      \$1323  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1324  = over4;
+    if (advance) begin
+      \$1324  = \$855 ;
+    end
+    if (rst) begin
+      \$1324  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1325  = neg4;
+    if (advance) begin
+      \$1325  = x4[47];
+    end
+    if (rst) begin
+      \$1325  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1326  = rounded4;
+    if (advance) begin
+      \$1326  = \$858 ;
+    end
+    if (rst) begin
+      \$1326  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1327  = over2_4;
+    if (advance) begin
+      \$1327  = over4;
+    end
+    if (rst) begin
+      \$1327  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1328  = neg2_4;
+    if (advance) begin
+      \$1328  = neg4;
+    end
+    if (rst) begin
+      \$1328  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1329  = y5;
+    if (advance) begin
+      \$1329  = \$988 [8:0];
+    end
+    if (rst) begin
+      \$1329  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1330  = sticky5;
+    if (advance) begin
+      \$1330  = \$990 ;
+    end
+    if (rst) begin
+      \$1330  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1331  = over5;
+    if (advance) begin
+      \$1331  = \$993 ;
+    end
+    if (rst) begin
+      \$1331  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1332  = neg5;
+    if (advance) begin
+      \$1332  = x5[47];
+    end
+    if (rst) begin
+      \$1332  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1333  = rounded5;
+    if (advance) begin
+      \$1333  = \$996 ;
+    end
+    if (rst) begin
+      \$1333  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1334  = over2_5;
+    if (advance) begin
+      \$1334  = over5;
+    end
+    if (rst) begin
+      \$1334  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1335  = neg2_5;
+    if (advance) begin
+      \$1335  = neg5;
+    end
+    if (rst) begin
+      \$1335  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1336  = y6;
+    if (advance) begin
+      \$1336  = \$1126 [8:0];
+    end
+    if (rst) begin
+      \$1336  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1337  = sticky6;
+    if (advance) begin
+      \$1337  = \$1128 ;
+    end
+    if (rst) begin
+      \$1337  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1338  = over6;
+    if (advance) begin
+      \$1338  = \$1131 ;
+    end
+    if (rst) begin
+      \$1338  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1339  = neg6;
+    if (advance) begin
+      \$1339  = x6[47];
+    end
+    if (rst) begin
+      \$1339  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1340  = rounded6;
+    if (advance) begin
+      \$1340  = \$1134 ;
+    end
+    if (rst) begin
+      \$1340  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1341  = over2_6;
+    if (advance) begin
+      \$1341  = over6;
+    end
+    if (rst) begin
+      \$1341  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1342  = neg2_6;
+    if (advance) begin
+      \$1342  = neg6;
+    end
+    if (rst) begin
+      \$1342  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1343  = y7;
+    if (advance) begin
+      \$1343  = \$1264 [8:0];
+    end
+    if (rst) begin
+      \$1343  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1344  = sticky7;
+    if (advance) begin
+      \$1344  = \$1266 ;
+    end
+    if (rst) begin
+      \$1344  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1345  = over7;
+    if (advance) begin
+      \$1345  = \$1269 ;
+    end
+    if (rst) begin
+      \$1345  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1346  = neg7;
+    if (advance) begin
+      \$1346  = x7[47];
+    end
+    if (rst) begin
+      \$1346  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1347  = rounded7;
+    if (advance) begin
+      \$1347  = \$1272 ;
+    end
+    if (rst) begin
+      \$1347  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1348  = over2_7;
+    if (advance) begin
+      \$1348  = over7;
+    end
+    if (rst) begin
+      \$1348  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
+    \$1349  = neg2_7;
+    if (advance) begin
+      \$1349  = neg7;
+    end
+    if (rst) begin
+      \$1349  = 1'h0;
     end
   end
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$1314$76 [15:0] };
-  assign mult = \port$1314$76 [15:0];
+  assign b__0 = { 2'h0, \port$2362$76 [15:0] };
+  assign mult = \port$2362$76 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__1 = { 2'h0, \port$2362$76 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__2 = { 2'h0, \port$2362$76 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__3 = { 2'h0, \port$2362$76 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__4 = { 2'h0, \port$2362$76 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__5 = { 2'h0, \port$2362$76 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__6 = { 2'h0, \port$2362$76 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__7 = { 2'h0, \port$2362$76 [15:0] };
   assign a__8 = { 1'h0, i__payload[144:128] };
-  assign b__8 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__8 = { 2'h0, \port$2362$76 [15:0] };
   assign a__9 = { i__payload[159], i__payload[159], i__payload[159], i__payload[159:145] };
-  assign b__9 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__9 = { 2'h0, \port$2362$76 [15:0] };
   assign a__10 = { 1'h0, i__payload[176:160] };
-  assign b__10 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__10 = { 2'h0, \port$2362$76 [15:0] };
   assign a__11 = { i__payload[191], i__payload[191], i__payload[191], i__payload[191:177] };
-  assign b__11 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__11 = { 2'h0, \port$2362$76 [15:0] };
   assign a__12 = { 1'h0, i__payload[208:192] };
-  assign b__12 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__12 = { 2'h0, \port$2362$76 [15:0] };
   assign a__13 = { i__payload[223], i__payload[223], i__payload[223], i__payload[223:209] };
-  assign b__13 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__13 = { 2'h0, \port$2362$76 [15:0] };
   assign a__14 = { 1'h0, i__payload[240:224] };
-  assign b__14 = { 2'h0, \port$1314$76 [15:0] };
+  assign b__14 = { 2'h0, \port$2362$76 [15:0] };
   assign a__15 = { i__payload[255], i__payload[255], i__payload[255], i__payload[255:241] };
-  assign b__15 = { 2'h0, \port$1314$76 [15:0] };
-  assign shift = \port$1314$76 [21:16];
+  assign b__15 = { 2'h0, \port$2362$76 [15:0] };
+  assign shift = \port$2362$76 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -27113,34 +29194,530 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1314$76 , i__pa
   assign \o__payload[5]  = o__payload[47:40];
   assign \o__payload[6]  = o__payload[55:48];
   assign \o__payload[7]  = o__payload[63:56];
-  assign \$2  = { y0[47], y0[47:1] };
-  assign \$3  = { y1[47], y1[47:1] };
-  assign \$4  = { y2[47], y2[47:1] };
-  assign \$5  = { y3[47], y3[47:1] };
-  assign \$6  = { y4[47], y4[47:1] };
-  assign \$7  = { y5[47], y5[47:1] };
-  assign \$8  = { y6[47], y6[47:1] };
-  assign \$9  = { y7[47], y7[47:1] };
-  assign \$10  = { p__0[35], p__0 };
-  assign \$11  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$13  = { p__2[35], p__2 };
-  assign \$14  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$16  = { p__4[35], p__4 };
-  assign \$17  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$19  = { p__6[35], p__6 };
-  assign \$20  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
-  assign \$22  = { p__8[35], p__8 };
-  assign \$23  = { p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9, 17'h00000 };
-  assign \$25  = { p__10[35], p__10 };
-  assign \$26  = { p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11, 17'h00000 };
-  assign \$28  = { p__12[35], p__12 };
-  assign \$29  = { p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13, 17'h00000 };
-  assign \$31  = { p__14[35], p__14 };
-  assign \$32  = { p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15, 17'h00000 };
+  assign \$2  = { p__0[35], p__0 };
+  assign \$3  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$5  = { p__2[35], p__2 };
+  assign \$6  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$8  = { p__4[35], p__4 };
+  assign \$9  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$11  = { p__6[35], p__6 };
+  assign \$12  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$14  = { p__8[35], p__8 };
+  assign \$15  = { p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9, 17'h00000 };
+  assign \$17  = { p__10[35], p__10 };
+  assign \$18  = { p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11, 17'h00000 };
+  assign \$20  = { p__12[35], p__12 };
+  assign \$21  = { p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13, 17'h00000 };
+  assign \$23  = { p__14[35], p__14 };
+  assign \$24  = { p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15, 17'h00000 };
+  assign \$173  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$175  = { \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39:16] };
+  assign \$176  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$179  = { \$178 [23], \$178 [23], \$178 [23], \$178 [23], \$178 [23], \$178 [23], \$178 [23], \$178 [23], \$178 [23:8] };
+  assign \$180  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$182  = { \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39:16] };
+  assign \$183  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$187  = { \$186 [15], \$186 [15], \$186 [15], \$186 [15], \$186 [15:4] };
+  assign \$188  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$190  = { \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39:16] };
+  assign \$191  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$194  = { \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23:8] };
+  assign \$195  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$197  = { \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39:16] };
+  assign \$198  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$203  = { \$202 [11], \$202 [11], \$202 [11:2] };
+  assign \$204  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$206  = { \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39:16] };
+  assign \$207  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$210  = { \$209 [23], \$209 [23], \$209 [23], \$209 [23], \$209 [23], \$209 [23], \$209 [23], \$209 [23], \$209 [23:8] };
+  assign \$211  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$213  = { \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39:16] };
+  assign \$214  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$218  = { \$217 [15], \$217 [15], \$217 [15], \$217 [15], \$217 [15:4] };
+  assign \$219  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$221  = { \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39:16] };
+  assign \$222  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$225  = { \$224 [23], \$224 [23], \$224 [23], \$224 [23], \$224 [23], \$224 [23], \$224 [23], \$224 [23], \$224 [23:8] };
+  assign \$226  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$228  = { \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39:16] };
+  assign \$229  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$235  = { \$234 [9], \$234 [9:1] };
+  assign \$236  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$238  = { \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39:16] };
+  assign \$239  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$242  = { \$241 [23], \$241 [23], \$241 [23], \$241 [23], \$241 [23], \$241 [23], \$241 [23], \$241 [23], \$241 [23:8] };
+  assign \$243  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$245  = { \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39:16] };
+  assign \$246  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$250  = { \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15:4] };
+  assign \$251  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$253  = { \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39:16] };
+  assign \$254  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$257  = { \$256 [23], \$256 [23], \$256 [23], \$256 [23], \$256 [23], \$256 [23], \$256 [23], \$256 [23], \$256 [23:8] };
+  assign \$258  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$260  = { \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39:16] };
+  assign \$261  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$266  = { \$265 [11], \$265 [11], \$265 [11:2] };
+  assign \$267  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$269  = { \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39:16] };
+  assign \$270  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$273  = { \$272 [23], \$272 [23], \$272 [23], \$272 [23], \$272 [23], \$272 [23], \$272 [23], \$272 [23], \$272 [23:8] };
+  assign \$274  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$276  = { \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39:16] };
+  assign \$277  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$281  = { \$280 [15], \$280 [15], \$280 [15], \$280 [15], \$280 [15:4] };
+  assign \$282  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$284  = { \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39:16] };
+  assign \$285  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$288  = { \$287 [23], \$287 [23], \$287 [23], \$287 [23], \$287 [23], \$287 [23], \$287 [23], \$287 [23], \$287 [23:8] };
+  assign \$289  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$291  = { \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39:16] };
+  assign \$292  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$311  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$313  = { \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39:16] };
+  assign \$314  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$317  = { \$316 [23], \$316 [23], \$316 [23], \$316 [23], \$316 [23], \$316 [23], \$316 [23], \$316 [23], \$316 [23:8] };
+  assign \$318  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$320  = { \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39:16] };
+  assign \$321  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$325  = { \$324 [15], \$324 [15], \$324 [15], \$324 [15], \$324 [15:4] };
+  assign \$326  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$328  = { \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39:16] };
+  assign \$329  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$332  = { \$331 [23], \$331 [23], \$331 [23], \$331 [23], \$331 [23], \$331 [23], \$331 [23], \$331 [23], \$331 [23:8] };
+  assign \$333  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$335  = { \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39:16] };
+  assign \$336  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$341  = { \$340 [11], \$340 [11], \$340 [11:2] };
+  assign \$342  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$344  = { \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39:16] };
+  assign \$345  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$348  = { \$347 [23], \$347 [23], \$347 [23], \$347 [23], \$347 [23], \$347 [23], \$347 [23], \$347 [23], \$347 [23:8] };
+  assign \$349  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$351  = { \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39:16] };
+  assign \$352  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$356  = { \$355 [15], \$355 [15], \$355 [15], \$355 [15], \$355 [15:4] };
+  assign \$357  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$359  = { \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39:16] };
+  assign \$360  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$363  = { \$362 [23], \$362 [23], \$362 [23], \$362 [23], \$362 [23], \$362 [23], \$362 [23], \$362 [23], \$362 [23:8] };
+  assign \$364  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$366  = { \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39:16] };
+  assign \$367  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$373  = { \$372 [9], \$372 [9:1] };
+  assign \$374  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$376  = { \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39:16] };
+  assign \$377  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$380  = { \$379 [23], \$379 [23], \$379 [23], \$379 [23], \$379 [23], \$379 [23], \$379 [23], \$379 [23], \$379 [23:8] };
+  assign \$381  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$383  = { \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39:16] };
+  assign \$384  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$388  = { \$387 [15], \$387 [15], \$387 [15], \$387 [15], \$387 [15:4] };
+  assign \$389  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$391  = { \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39:16] };
+  assign \$392  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$395  = { \$394 [23], \$394 [23], \$394 [23], \$394 [23], \$394 [23], \$394 [23], \$394 [23], \$394 [23], \$394 [23:8] };
+  assign \$396  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$398  = { \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39:16] };
+  assign \$399  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$404  = { \$403 [11], \$403 [11], \$403 [11:2] };
+  assign \$405  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$407  = { \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39:16] };
+  assign \$408  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$411  = { \$410 [23], \$410 [23], \$410 [23], \$410 [23], \$410 [23], \$410 [23], \$410 [23], \$410 [23], \$410 [23:8] };
+  assign \$412  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$414  = { \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39:16] };
+  assign \$415  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$419  = { \$418 [15], \$418 [15], \$418 [15], \$418 [15], \$418 [15:4] };
+  assign \$420  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$422  = { \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39:16] };
+  assign \$423  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$426  = { \$425 [23], \$425 [23], \$425 [23], \$425 [23], \$425 [23], \$425 [23], \$425 [23], \$425 [23], \$425 [23:8] };
+  assign \$427  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$429  = { \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39:16] };
+  assign \$430  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$449  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$451  = { \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39:16] };
+  assign \$452  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$455  = { \$454 [23], \$454 [23], \$454 [23], \$454 [23], \$454 [23], \$454 [23], \$454 [23], \$454 [23], \$454 [23:8] };
+  assign \$456  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$458  = { \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39:16] };
+  assign \$459  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$463  = { \$462 [15], \$462 [15], \$462 [15], \$462 [15], \$462 [15:4] };
+  assign \$464  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$466  = { \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39:16] };
+  assign \$467  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$470  = { \$469 [23], \$469 [23], \$469 [23], \$469 [23], \$469 [23], \$469 [23], \$469 [23], \$469 [23], \$469 [23:8] };
+  assign \$471  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$473  = { \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39:16] };
+  assign \$474  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$479  = { \$478 [11], \$478 [11], \$478 [11:2] };
+  assign \$480  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$482  = { \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39:16] };
+  assign \$483  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$486  = { \$485 [23], \$485 [23], \$485 [23], \$485 [23], \$485 [23], \$485 [23], \$485 [23], \$485 [23], \$485 [23:8] };
+  assign \$487  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$489  = { \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39:16] };
+  assign \$490  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$494  = { \$493 [15], \$493 [15], \$493 [15], \$493 [15], \$493 [15:4] };
+  assign \$495  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$497  = { \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39:16] };
+  assign \$498  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$501  = { \$500 [23], \$500 [23], \$500 [23], \$500 [23], \$500 [23], \$500 [23], \$500 [23], \$500 [23], \$500 [23:8] };
+  assign \$502  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$504  = { \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39:16] };
+  assign \$505  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$511  = { \$510 [9], \$510 [9:1] };
+  assign \$512  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$514  = { \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39:16] };
+  assign \$515  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$518  = { \$517 [23], \$517 [23], \$517 [23], \$517 [23], \$517 [23], \$517 [23], \$517 [23], \$517 [23], \$517 [23:8] };
+  assign \$519  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$521  = { \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39:16] };
+  assign \$522  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$526  = { \$525 [15], \$525 [15], \$525 [15], \$525 [15], \$525 [15:4] };
+  assign \$527  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$529  = { \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39:16] };
+  assign \$530  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$533  = { \$532 [23], \$532 [23], \$532 [23], \$532 [23], \$532 [23], \$532 [23], \$532 [23], \$532 [23], \$532 [23:8] };
+  assign \$534  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$536  = { \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39:16] };
+  assign \$537  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$542  = { \$541 [11], \$541 [11], \$541 [11:2] };
+  assign \$543  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$545  = { \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39:16] };
+  assign \$546  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$549  = { \$548 [23], \$548 [23], \$548 [23], \$548 [23], \$548 [23], \$548 [23], \$548 [23], \$548 [23], \$548 [23:8] };
+  assign \$550  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$552  = { \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39:16] };
+  assign \$553  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$557  = { \$556 [15], \$556 [15], \$556 [15], \$556 [15], \$556 [15:4] };
+  assign \$558  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$560  = { \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39:16] };
+  assign \$561  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$564  = { \$563 [23], \$563 [23], \$563 [23], \$563 [23], \$563 [23], \$563 [23], \$563 [23], \$563 [23], \$563 [23:8] };
+  assign \$565  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$567  = { \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39:16] };
+  assign \$568  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$587  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$589  = { \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39:16] };
+  assign \$590  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$593  = { \$592 [23], \$592 [23], \$592 [23], \$592 [23], \$592 [23], \$592 [23], \$592 [23], \$592 [23], \$592 [23:8] };
+  assign \$594  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$596  = { \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39:16] };
+  assign \$597  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$601  = { \$600 [15], \$600 [15], \$600 [15], \$600 [15], \$600 [15:4] };
+  assign \$602  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$604  = { \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39:16] };
+  assign \$605  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$608  = { \$607 [23], \$607 [23], \$607 [23], \$607 [23], \$607 [23], \$607 [23], \$607 [23], \$607 [23], \$607 [23:8] };
+  assign \$609  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$611  = { \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39:16] };
+  assign \$612  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$617  = { \$616 [11], \$616 [11], \$616 [11:2] };
+  assign \$618  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$620  = { \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39:16] };
+  assign \$621  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$624  = { \$623 [23], \$623 [23], \$623 [23], \$623 [23], \$623 [23], \$623 [23], \$623 [23], \$623 [23], \$623 [23:8] };
+  assign \$625  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$627  = { \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39:16] };
+  assign \$628  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$632  = { \$631 [15], \$631 [15], \$631 [15], \$631 [15], \$631 [15:4] };
+  assign \$633  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$635  = { \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39:16] };
+  assign \$636  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$639  = { \$638 [23], \$638 [23], \$638 [23], \$638 [23], \$638 [23], \$638 [23], \$638 [23], \$638 [23], \$638 [23:8] };
+  assign \$640  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$642  = { \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39:16] };
+  assign \$643  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$649  = { \$648 [9], \$648 [9:1] };
+  assign \$650  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$652  = { \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39:16] };
+  assign \$653  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$656  = { \$655 [23], \$655 [23], \$655 [23], \$655 [23], \$655 [23], \$655 [23], \$655 [23], \$655 [23], \$655 [23:8] };
+  assign \$657  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$659  = { \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39:16] };
+  assign \$660  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$664  = { \$663 [15], \$663 [15], \$663 [15], \$663 [15], \$663 [15:4] };
+  assign \$665  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$667  = { \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39:16] };
+  assign \$668  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$671  = { \$670 [23], \$670 [23], \$670 [23], \$670 [23], \$670 [23], \$670 [23], \$670 [23], \$670 [23], \$670 [23:8] };
+  assign \$672  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$674  = { \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39:16] };
+  assign \$675  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$680  = { \$679 [11], \$679 [11], \$679 [11:2] };
+  assign \$681  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$683  = { \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39:16] };
+  assign \$684  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$687  = { \$686 [23], \$686 [23], \$686 [23], \$686 [23], \$686 [23], \$686 [23], \$686 [23], \$686 [23], \$686 [23:8] };
+  assign \$688  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$690  = { \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39:16] };
+  assign \$691  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$695  = { \$694 [15], \$694 [15], \$694 [15], \$694 [15], \$694 [15:4] };
+  assign \$696  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$698  = { \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39:16] };
+  assign \$699  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$702  = { \$701 [23], \$701 [23], \$701 [23], \$701 [23], \$701 [23], \$701 [23], \$701 [23], \$701 [23], \$701 [23:8] };
+  assign \$703  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$705  = { \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39:16] };
+  assign \$706  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$725  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$727  = { \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39:16] };
+  assign \$728  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$731  = { \$730 [23], \$730 [23], \$730 [23], \$730 [23], \$730 [23], \$730 [23], \$730 [23], \$730 [23], \$730 [23:8] };
+  assign \$732  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$734  = { \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39:16] };
+  assign \$735  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$739  = { \$738 [15], \$738 [15], \$738 [15], \$738 [15], \$738 [15:4] };
+  assign \$740  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$742  = { \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39:16] };
+  assign \$743  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$746  = { \$745 [23], \$745 [23], \$745 [23], \$745 [23], \$745 [23], \$745 [23], \$745 [23], \$745 [23], \$745 [23:8] };
+  assign \$747  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$749  = { \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39:16] };
+  assign \$750  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$755  = { \$754 [11], \$754 [11], \$754 [11:2] };
+  assign \$756  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$758  = { \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39:16] };
+  assign \$759  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$762  = { \$761 [23], \$761 [23], \$761 [23], \$761 [23], \$761 [23], \$761 [23], \$761 [23], \$761 [23], \$761 [23:8] };
+  assign \$763  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$765  = { \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39:16] };
+  assign \$766  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$770  = { \$769 [15], \$769 [15], \$769 [15], \$769 [15], \$769 [15:4] };
+  assign \$771  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$773  = { \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39:16] };
+  assign \$774  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$777  = { \$776 [23], \$776 [23], \$776 [23], \$776 [23], \$776 [23], \$776 [23], \$776 [23], \$776 [23], \$776 [23:8] };
+  assign \$778  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$780  = { \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39:16] };
+  assign \$781  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$787  = { \$786 [9], \$786 [9:1] };
+  assign \$788  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$790  = { \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39:16] };
+  assign \$791  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$794  = { \$793 [23], \$793 [23], \$793 [23], \$793 [23], \$793 [23], \$793 [23], \$793 [23], \$793 [23], \$793 [23:8] };
+  assign \$795  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$797  = { \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39:16] };
+  assign \$798  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$802  = { \$801 [15], \$801 [15], \$801 [15], \$801 [15], \$801 [15:4] };
+  assign \$803  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$805  = { \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39:16] };
+  assign \$806  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$809  = { \$808 [23], \$808 [23], \$808 [23], \$808 [23], \$808 [23], \$808 [23], \$808 [23], \$808 [23], \$808 [23:8] };
+  assign \$810  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$812  = { \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39:16] };
+  assign \$813  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$818  = { \$817 [11], \$817 [11], \$817 [11:2] };
+  assign \$819  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$821  = { \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39:16] };
+  assign \$822  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$825  = { \$824 [23], \$824 [23], \$824 [23], \$824 [23], \$824 [23], \$824 [23], \$824 [23], \$824 [23], \$824 [23:8] };
+  assign \$826  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$828  = { \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39:16] };
+  assign \$829  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$833  = { \$832 [15], \$832 [15], \$832 [15], \$832 [15], \$832 [15:4] };
+  assign \$834  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$836  = { \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39:16] };
+  assign \$837  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$840  = { \$839 [23], \$839 [23], \$839 [23], \$839 [23], \$839 [23], \$839 [23], \$839 [23], \$839 [23], \$839 [23:8] };
+  assign \$841  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$843  = { \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39:16] };
+  assign \$844  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$863  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$865  = { \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39:16] };
+  assign \$866  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$869  = { \$868 [23], \$868 [23], \$868 [23], \$868 [23], \$868 [23], \$868 [23], \$868 [23], \$868 [23], \$868 [23:8] };
+  assign \$870  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$872  = { \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39:16] };
+  assign \$873  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$877  = { \$876 [15], \$876 [15], \$876 [15], \$876 [15], \$876 [15:4] };
+  assign \$878  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$880  = { \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39:16] };
+  assign \$881  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$884  = { \$883 [23], \$883 [23], \$883 [23], \$883 [23], \$883 [23], \$883 [23], \$883 [23], \$883 [23], \$883 [23:8] };
+  assign \$885  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$887  = { \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39:16] };
+  assign \$888  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$893  = { \$892 [11], \$892 [11], \$892 [11:2] };
+  assign \$894  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$896  = { \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39:16] };
+  assign \$897  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$900  = { \$899 [23], \$899 [23], \$899 [23], \$899 [23], \$899 [23], \$899 [23], \$899 [23], \$899 [23], \$899 [23:8] };
+  assign \$901  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$903  = { \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39:16] };
+  assign \$904  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$908  = { \$907 [15], \$907 [15], \$907 [15], \$907 [15], \$907 [15:4] };
+  assign \$909  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$911  = { \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39:16] };
+  assign \$912  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$915  = { \$914 [23], \$914 [23], \$914 [23], \$914 [23], \$914 [23], \$914 [23], \$914 [23], \$914 [23], \$914 [23:8] };
+  assign \$916  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$918  = { \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39:16] };
+  assign \$919  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$925  = { \$924 [9], \$924 [9:1] };
+  assign \$926  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$928  = { \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39:16] };
+  assign \$929  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$932  = { \$931 [23], \$931 [23], \$931 [23], \$931 [23], \$931 [23], \$931 [23], \$931 [23], \$931 [23], \$931 [23:8] };
+  assign \$933  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$935  = { \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39:16] };
+  assign \$936  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$940  = { \$939 [15], \$939 [15], \$939 [15], \$939 [15], \$939 [15:4] };
+  assign \$941  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$943  = { \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39:16] };
+  assign \$944  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$947  = { \$946 [23], \$946 [23], \$946 [23], \$946 [23], \$946 [23], \$946 [23], \$946 [23], \$946 [23], \$946 [23:8] };
+  assign \$948  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$950  = { \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39:16] };
+  assign \$951  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$956  = { \$955 [11], \$955 [11], \$955 [11:2] };
+  assign \$957  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$959  = { \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39:16] };
+  assign \$960  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$963  = { \$962 [23], \$962 [23], \$962 [23], \$962 [23], \$962 [23], \$962 [23], \$962 [23], \$962 [23], \$962 [23:8] };
+  assign \$964  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$966  = { \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39:16] };
+  assign \$967  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$971  = { \$970 [15], \$970 [15], \$970 [15], \$970 [15], \$970 [15:4] };
+  assign \$972  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$974  = { \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39:16] };
+  assign \$975  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$978  = { \$977 [23], \$977 [23], \$977 [23], \$977 [23], \$977 [23], \$977 [23], \$977 [23], \$977 [23], \$977 [23:8] };
+  assign \$979  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$981  = { \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39:16] };
+  assign \$982  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1001  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1003  = { \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39:16] };
+  assign \$1004  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1007  = { \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23:8] };
+  assign \$1008  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1010  = { \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39:16] };
+  assign \$1011  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1015  = { \$1014 [15], \$1014 [15], \$1014 [15], \$1014 [15], \$1014 [15:4] };
+  assign \$1016  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1018  = { \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39:16] };
+  assign \$1019  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1022  = { \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23:8] };
+  assign \$1023  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1025  = { \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39:16] };
+  assign \$1026  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1031  = { \$1030 [11], \$1030 [11], \$1030 [11:2] };
+  assign \$1032  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1034  = { \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39:16] };
+  assign \$1035  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1038  = { \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23:8] };
+  assign \$1039  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1041  = { \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39:16] };
+  assign \$1042  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1046  = { \$1045 [15], \$1045 [15], \$1045 [15], \$1045 [15], \$1045 [15:4] };
+  assign \$1047  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1049  = { \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39:16] };
+  assign \$1050  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1053  = { \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23:8] };
+  assign \$1054  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1056  = { \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39:16] };
+  assign \$1057  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1063  = { \$1062 [9], \$1062 [9:1] };
+  assign \$1064  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1066  = { \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39:16] };
+  assign \$1067  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1070  = { \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23:8] };
+  assign \$1071  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1073  = { \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39:16] };
+  assign \$1074  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1078  = { \$1077 [15], \$1077 [15], \$1077 [15], \$1077 [15], \$1077 [15:4] };
+  assign \$1079  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1081  = { \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39:16] };
+  assign \$1082  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1085  = { \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23:8] };
+  assign \$1086  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1088  = { \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39:16] };
+  assign \$1089  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1094  = { \$1093 [11], \$1093 [11], \$1093 [11:2] };
+  assign \$1095  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1097  = { \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39:16] };
+  assign \$1098  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1101  = { \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23:8] };
+  assign \$1102  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1104  = { \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39:16] };
+  assign \$1105  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1109  = { \$1108 [15], \$1108 [15], \$1108 [15], \$1108 [15], \$1108 [15:4] };
+  assign \$1110  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1112  = { \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39:16] };
+  assign \$1113  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1116  = { \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23:8] };
+  assign \$1117  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1119  = { \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39:16] };
+  assign \$1120  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1139  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1141  = { \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39:16] };
+  assign \$1142  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1145  = { \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23:8] };
+  assign \$1146  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1148  = { \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39:16] };
+  assign \$1149  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1153  = { \$1152 [15], \$1152 [15], \$1152 [15], \$1152 [15], \$1152 [15:4] };
+  assign \$1154  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1156  = { \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39:16] };
+  assign \$1157  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1160  = { \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23:8] };
+  assign \$1161  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1163  = { \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39:16] };
+  assign \$1164  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1169  = { \$1168 [11], \$1168 [11], \$1168 [11:2] };
+  assign \$1170  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1172  = { \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39:16] };
+  assign \$1173  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1176  = { \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23:8] };
+  assign \$1177  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1179  = { \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39:16] };
+  assign \$1180  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1184  = { \$1183 [15], \$1183 [15], \$1183 [15], \$1183 [15], \$1183 [15:4] };
+  assign \$1185  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1187  = { \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39:16] };
+  assign \$1188  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1191  = { \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23:8] };
+  assign \$1192  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1194  = { \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39:16] };
+  assign \$1195  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1201  = { \$1200 [9], \$1200 [9:1] };
+  assign \$1202  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1204  = { \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39:16] };
+  assign \$1205  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1208  = { \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23:8] };
+  assign \$1209  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1211  = { \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39:16] };
+  assign \$1212  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1216  = { \$1215 [15], \$1215 [15], \$1215 [15], \$1215 [15], \$1215 [15:4] };
+  assign \$1217  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1219  = { \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39:16] };
+  assign \$1220  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1223  = { \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23:8] };
+  assign \$1224  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1226  = { \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39:16] };
+  assign \$1227  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1232  = { \$1231 [11], \$1231 [11], \$1231 [11:2] };
+  assign \$1233  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1235  = { \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39:16] };
+  assign \$1236  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1239  = { \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23:8] };
+  assign \$1240  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1242  = { \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39:16] };
+  assign \$1243  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1247  = { \$1246 [15], \$1246 [15], \$1246 [15], \$1246 [15], \$1246 [15:4] };
+  assign \$1248  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1250  = { \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39:16] };
+  assign \$1251  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1254  = { \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23:8] };
+  assign \$1255  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1257  = { \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39:16] };
+  assign \$1258  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
+module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
 );
   reg \$auto$verilog_backend.cc:2355:dump_module$69  = 0;
   wire [35:0] \$1 ;
@@ -27307,10 +29884,10 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
   reg [35:0] p__8 = 36'h000000000;
   output [35:0] p__9;
   reg [35:0] p__9 = 36'h000000000;
-  input [15:0] \port$1314$76 ;
-  wire [15:0] \port$1314$76 ;
-  input [255:0] \port$1332$0 ;
-  wire [255:0] \port$1332$0 ;
+  input [15:0] \port$2362$76 ;
+  wire [15:0] \port$2362$76 ;
+  input [255:0] \port$2380$0 ;
+  wire [255:0] \port$2380$0 ;
   input rst;
   wire rst;
   always @(posedge clk)
@@ -27429,7 +30006,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$27  = b3_r;
     if (en) begin
-      \$27  = { 2'h0, \port$1314$76  };
+      \$27  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -27449,7 +30026,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$29  = a4_r;
     if (en) begin
-      \$29  = { 1'h0, \port$1332$0 [80:64] };
+      \$29  = { 1'h0, \port$2380$0 [80:64] };
     end
     if (rst) begin
       \$29  = 18'h00000;
@@ -27459,7 +30036,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$30  = b4_r;
     if (en) begin
-      \$30  = { 2'h0, \port$1314$76  };
+      \$30  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -27479,7 +30056,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$32  = a5_r;
     if (en) begin
-      \$32  = { \port$1332$0 [95], \port$1332$0 [95], \port$1332$0 [95], \port$1332$0 [95:81] };
+      \$32  = { \port$2380$0 [95], \port$2380$0 [95], \port$2380$0 [95], \port$2380$0 [95:81] };
     end
     if (rst) begin
       \$32  = 18'h00000;
@@ -27489,7 +30066,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$33  = b5_r;
     if (en) begin
-      \$33  = { 2'h0, \port$1314$76  };
+      \$33  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$33  = 18'h00000;
@@ -27509,7 +30086,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$35  = a6_r;
     if (en) begin
-      \$35  = { 1'h0, \port$1332$0 [112:96] };
+      \$35  = { 1'h0, \port$2380$0 [112:96] };
     end
     if (rst) begin
       \$35  = 18'h00000;
@@ -27519,7 +30096,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$36  = b6_r;
     if (en) begin
-      \$36  = { 2'h0, \port$1314$76  };
+      \$36  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$36  = 18'h00000;
@@ -27539,7 +30116,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$38  = a7_r;
     if (en) begin
-      \$38  = { \port$1332$0 [127], \port$1332$0 [127], \port$1332$0 [127], \port$1332$0 [127:113] };
+      \$38  = { \port$2380$0 [127], \port$2380$0 [127], \port$2380$0 [127], \port$2380$0 [127:113] };
     end
     if (rst) begin
       \$38  = 18'h00000;
@@ -27549,7 +30126,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$39  = b7_r;
     if (en) begin
-      \$39  = { 2'h0, \port$1314$76  };
+      \$39  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$39  = 18'h00000;
@@ -27569,7 +30146,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$41  = a8_r;
     if (en) begin
-      \$41  = { 1'h0, \port$1332$0 [144:128] };
+      \$41  = { 1'h0, \port$2380$0 [144:128] };
     end
     if (rst) begin
       \$41  = 18'h00000;
@@ -27579,7 +30156,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$42  = b8_r;
     if (en) begin
-      \$42  = { 2'h0, \port$1314$76  };
+      \$42  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$42  = 18'h00000;
@@ -27599,7 +30176,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$44  = a9_r;
     if (en) begin
-      \$44  = { \port$1332$0 [159], \port$1332$0 [159], \port$1332$0 [159], \port$1332$0 [159:145] };
+      \$44  = { \port$2380$0 [159], \port$2380$0 [159], \port$2380$0 [159], \port$2380$0 [159:145] };
     end
     if (rst) begin
       \$44  = 18'h00000;
@@ -27609,7 +30186,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$45  = b9_r;
     if (en) begin
-      \$45  = { 2'h0, \port$1314$76  };
+      \$45  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$45  = 18'h00000;
@@ -27629,7 +30206,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$47  = a10_r;
     if (en) begin
-      \$47  = { 1'h0, \port$1332$0 [176:160] };
+      \$47  = { 1'h0, \port$2380$0 [176:160] };
     end
     if (rst) begin
       \$47  = 18'h00000;
@@ -27639,7 +30216,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$48  = b10_r;
     if (en) begin
-      \$48  = { 2'h0, \port$1314$76  };
+      \$48  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$48  = 18'h00000;
@@ -27659,7 +30236,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$50  = a11_r;
     if (en) begin
-      \$50  = { \port$1332$0 [191], \port$1332$0 [191], \port$1332$0 [191], \port$1332$0 [191:177] };
+      \$50  = { \port$2380$0 [191], \port$2380$0 [191], \port$2380$0 [191], \port$2380$0 [191:177] };
     end
     if (rst) begin
       \$50  = 18'h00000;
@@ -27669,7 +30246,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$51  = b11_r;
     if (en) begin
-      \$51  = { 2'h0, \port$1314$76  };
+      \$51  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$51  = 18'h00000;
@@ -27689,7 +30266,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$53  = a12_r;
     if (en) begin
-      \$53  = { 1'h0, \port$1332$0 [208:192] };
+      \$53  = { 1'h0, \port$2380$0 [208:192] };
     end
     if (rst) begin
       \$53  = 18'h00000;
@@ -27699,7 +30276,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$54  = b12_r;
     if (en) begin
-      \$54  = { 2'h0, \port$1314$76  };
+      \$54  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$54  = 18'h00000;
@@ -27719,7 +30296,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$56  = a13_r;
     if (en) begin
-      \$56  = { \port$1332$0 [223], \port$1332$0 [223], \port$1332$0 [223], \port$1332$0 [223:209] };
+      \$56  = { \port$2380$0 [223], \port$2380$0 [223], \port$2380$0 [223], \port$2380$0 [223:209] };
     end
     if (rst) begin
       \$56  = 18'h00000;
@@ -27729,7 +30306,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$57  = b13_r;
     if (en) begin
-      \$57  = { 2'h0, \port$1314$76  };
+      \$57  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$57  = 18'h00000;
@@ -27749,7 +30326,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$59  = a14_r;
     if (en) begin
-      \$59  = { 1'h0, \port$1332$0 [240:224] };
+      \$59  = { 1'h0, \port$2380$0 [240:224] };
     end
     if (rst) begin
       \$59  = 18'h00000;
@@ -27759,7 +30336,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$60  = b14_r;
     if (en) begin
-      \$60  = { 2'h0, \port$1314$76  };
+      \$60  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$60  = 18'h00000;
@@ -27779,7 +30356,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$62  = a15_r;
     if (en) begin
-      \$62  = { \port$1332$0 [255], \port$1332$0 [255], \port$1332$0 [255], \port$1332$0 [255:241] };
+      \$62  = { \port$2380$0 [255], \port$2380$0 [255], \port$2380$0 [255], \port$2380$0 [255:241] };
     end
     if (rst) begin
       \$62  = 18'h00000;
@@ -27789,7 +30366,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$63  = b15_r;
     if (en) begin
-      \$63  = { 2'h0, \port$1314$76  };
+      \$63  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$63  = 18'h00000;
@@ -27809,7 +30386,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$17  = a0_r;
     if (en) begin
-      \$17  = { 1'h0, \port$1332$0 [16:0] };
+      \$17  = { 1'h0, \port$2380$0 [16:0] };
     end
     if (rst) begin
       \$17  = 18'h00000;
@@ -27819,7 +30396,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$18  = b0_r;
     if (en) begin
-      \$18  = { 2'h0, \port$1314$76  };
+      \$18  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -27839,7 +30416,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$20  = a1_r;
     if (en) begin
-      \$20  = { \port$1332$0 [31], \port$1332$0 [31], \port$1332$0 [31], \port$1332$0 [31:17] };
+      \$20  = { \port$2380$0 [31], \port$2380$0 [31], \port$2380$0 [31], \port$2380$0 [31:17] };
     end
     if (rst) begin
       \$20  = 18'h00000;
@@ -27849,7 +30426,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$21  = b1_r;
     if (en) begin
-      \$21  = { 2'h0, \port$1314$76  };
+      \$21  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -27869,7 +30446,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$23  = a2_r;
     if (en) begin
-      \$23  = { 1'h0, \port$1332$0 [48:32] };
+      \$23  = { 1'h0, \port$2380$0 [48:32] };
     end
     if (rst) begin
       \$23  = 18'h00000;
@@ -27879,7 +30456,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$24  = b2_r;
     if (en) begin
-      \$24  = { 2'h0, \port$1314$76  };
+      \$24  = { 2'h0, \port$2362$76  };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -27899,42 +30476,42 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1314$76 , \port$1332$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$26  = a3_r;
     if (en) begin
-      \$26  = { \port$1332$0 [63], \port$1332$0 [63], \port$1332$0 [63], \port$1332$0 [63:49] };
+      \$26  = { \port$2380$0 [63], \port$2380$0 [63], \port$2380$0 [63], \port$2380$0 [63:49] };
     end
     if (rst) begin
       \$26  = 18'h00000;
     end
   end
-  assign a__0 = { 1'h0, \port$1332$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1314$76  };
-  assign a__1 = { \port$1332$0 [31], \port$1332$0 [31], \port$1332$0 [31], \port$1332$0 [31:17] };
-  assign b__1 = { 2'h0, \port$1314$76  };
-  assign a__2 = { 1'h0, \port$1332$0 [48:32] };
-  assign b__2 = { 2'h0, \port$1314$76  };
-  assign a__3 = { \port$1332$0 [63], \port$1332$0 [63], \port$1332$0 [63], \port$1332$0 [63:49] };
-  assign b__3 = { 2'h0, \port$1314$76  };
-  assign a__4 = { 1'h0, \port$1332$0 [80:64] };
-  assign b__4 = { 2'h0, \port$1314$76  };
-  assign a__5 = { \port$1332$0 [95], \port$1332$0 [95], \port$1332$0 [95], \port$1332$0 [95:81] };
-  assign b__5 = { 2'h0, \port$1314$76  };
-  assign a__6 = { 1'h0, \port$1332$0 [112:96] };
-  assign b__6 = { 2'h0, \port$1314$76  };
-  assign a__7 = { \port$1332$0 [127], \port$1332$0 [127], \port$1332$0 [127], \port$1332$0 [127:113] };
-  assign b__7 = { 2'h0, \port$1314$76  };
-  assign a__8 = { 1'h0, \port$1332$0 [144:128] };
-  assign b__8 = { 2'h0, \port$1314$76  };
-  assign a__9 = { \port$1332$0 [159], \port$1332$0 [159], \port$1332$0 [159], \port$1332$0 [159:145] };
-  assign b__9 = { 2'h0, \port$1314$76  };
-  assign a__10 = { 1'h0, \port$1332$0 [176:160] };
-  assign b__10 = { 2'h0, \port$1314$76  };
-  assign a__11 = { \port$1332$0 [191], \port$1332$0 [191], \port$1332$0 [191], \port$1332$0 [191:177] };
-  assign b__11 = { 2'h0, \port$1314$76  };
-  assign a__12 = { 1'h0, \port$1332$0 [208:192] };
-  assign b__12 = { 2'h0, \port$1314$76  };
-  assign a__13 = { \port$1332$0 [223], \port$1332$0 [223], \port$1332$0 [223], \port$1332$0 [223:209] };
-  assign b__13 = { 2'h0, \port$1314$76  };
-  assign a__14 = { 1'h0, \port$1332$0 [240:224] };
-  assign b__14 = { 2'h0, \port$1314$76  };
-  assign a__15 = { \port$1332$0 [255], \port$1332$0 [255], \port$1332$0 [255], \port$1332$0 [255:241] };
-  assign b__15 = { 2'h0, \port$1314$76  };
+  assign a__0 = { 1'h0, \port$2380$0 [16:0] };
+  assign b__0 = { 2'h0, \port$2362$76  };
+  assign a__1 = { \port$2380$0 [31], \port$2380$0 [31], \port$2380$0 [31], \port$2380$0 [31:17] };
+  assign b__1 = { 2'h0, \port$2362$76  };
+  assign a__2 = { 1'h0, \port$2380$0 [48:32] };
+  assign b__2 = { 2'h0, \port$2362$76  };
+  assign a__3 = { \port$2380$0 [63], \port$2380$0 [63], \port$2380$0 [63], \port$2380$0 [63:49] };
+  assign b__3 = { 2'h0, \port$2362$76  };
+  assign a__4 = { 1'h0, \port$2380$0 [80:64] };
+  assign b__4 = { 2'h0, \port$2362$76  };
+  assign a__5 = { \port$2380$0 [95], \port$2380$0 [95], \port$2380$0 [95], \port$2380$0 [95:81] };
+  assign b__5 = { 2'h0, \port$2362$76  };
+  assign a__6 = { 1'h0, \port$2380$0 [112:96] };
+  assign b__6 = { 2'h0, \port$2362$76  };
+  assign a__7 = { \port$2380$0 [127], \port$2380$0 [127], \port$2380$0 [127], \port$2380$0 [127:113] };
+  assign b__7 = { 2'h0, \port$2362$76  };
+  assign a__8 = { 1'h0, \port$2380$0 [144:128] };
+  assign b__8 = { 2'h0, \port$2362$76  };
+  assign a__9 = { \port$2380$0 [159], \port$2380$0 [159], \port$2380$0 [159], \port$2380$0 [159:145] };
+  assign b__9 = { 2'h0, \port$2362$76  };
+  assign a__10 = { 1'h0, \port$2380$0 [176:160] };
+  assign b__10 = { 2'h0, \port$2362$76  };
+  assign a__11 = { \port$2380$0 [191], \port$2380$0 [191], \port$2380$0 [191], \port$2380$0 [191:177] };
+  assign b__11 = { 2'h0, \port$2362$76  };
+  assign a__12 = { 1'h0, \port$2380$0 [208:192] };
+  assign b__12 = { 2'h0, \port$2362$76  };
+  assign a__13 = { \port$2380$0 [223], \port$2380$0 [223], \port$2380$0 [223], \port$2380$0 [223:209] };
+  assign b__13 = { 2'h0, \port$2362$76  };
+  assign a__14 = { 1'h0, \port$2380$0 [240:224] };
+  assign b__14 = { 2'h0, \port$2362$76  };
+  assign a__15 = { \port$2380$0 [255], \port$2380$0 [255], \port$2380$0 [255], \port$2380$0 [255:241] };
+  assign b__15 = { 2'h0, \port$2362$76  };
 endmodule

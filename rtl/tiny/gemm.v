@@ -10,9 +10,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$101 ;
   wire \$102 ;
   wire \$103 ;
-  wire [6:0] \$104 ;
-  wire [12:0] \$105 ;
-  wire \$106 ;
+  wire \$104 ;
+  wire [6:0] \$105 ;
+  wire [12:0] \$106 ;
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
@@ -30,29 +30,29 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$12 ;
   wire \$120 ;
   wire \$121 ;
-  wire [6:0] \$122 ;
-  wire [12:0] \$123 ;
-  wire \$124 ;
+  wire \$122 ;
+  wire [6:0] \$123 ;
+  wire [12:0] \$124 ;
   wire \$125 ;
   wire \$126 ;
-  wire [31:0] \$127 ;
-  wire [32:0] \$128 ;
-  wire [31:0] \$129 ;
+  wire \$127 ;
+  wire [31:0] \$128 ;
+  wire [32:0] \$129 ;
   wire [12:0] \$13 ;
-  wire [32:0] \$130 ;
-  wire [31:0] \$131 ;
-  wire [32:0] \$132 ;
-  wire [31:0] \$133 ;
-  wire [32:0] \$134 ;
-  wire [31:0] \$135 ;
+  wire [31:0] \$130 ;
+  wire [32:0] \$131 ;
+  wire [31:0] \$132 ;
+  wire [32:0] \$133 ;
+  wire [31:0] \$134 ;
+  wire [32:0] \$135 ;
   wire [31:0] \$136 ;
   wire [31:0] \$137 ;
   wire [31:0] \$138 ;
-  wire [13:0] \$139 ;
+  wire [31:0] \$139 ;
   wire \$14 ;
-  wire [2:0] \$140 ;
-  wire [14:0] \$141 ;
-  wire [14:0] \$142 ;
+  wire [13:0] \$140 ;
+  wire \$141 ;
+  wire \$142 ;
   wire \$143 ;
   wire \$144 ;
   wire \$145 ;
@@ -86,75 +86,78 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
-  wire \$173 ;
-  reg [11:0] \$174 ;
-  reg \$175 ;
-  reg [13:0] \$176 ;
-  reg \$177 ;
-  reg [1:0] \$178 ;
+  reg [11:0] \$173 ;
+  reg \$174 ;
+  reg [13:0] \$175 ;
+  reg \$176 ;
+  reg [1:0] \$177 ;
+  reg \$178 ;
   reg \$179 ;
   wire \$18 ;
-  reg \$180 ;
+  reg [11:0] \$180 ;
   reg [11:0] \$181 ;
-  reg [11:0] \$182 ;
-  reg [3:0] \$183 ;
+  reg [3:0] \$182 ;
+  reg \$183 ;
   reg \$184 ;
   reg \$185 ;
-  reg \$186 ;
-  reg [3:0] \$187 ;
+  reg [3:0] \$186 ;
+  reg \$187 ;
   reg \$188 ;
   reg \$189 ;
   wire \$19 ;
-  reg \$190 ;
+  reg [31:0] \$190 ;
   reg [31:0] \$191 ;
-  reg [31:0] \$192 ;
+  reg \$192 ;
   reg \$193 ;
-  reg \$194 ;
-  reg [11:0] \$195 ;
-  reg [13:0] \$196 ;
+  reg [11:0] \$194 ;
+  reg [13:0] \$195 ;
+  reg [11:0] \$196 ;
   reg [11:0] \$197 ;
-  reg [11:0] \$198 ;
+  reg [13:0] \$198 ;
   reg [13:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
   reg [13:0] \$200 ;
-  reg [13:0] \$201 ;
+  reg [2:0] \$201 ;
   reg [2:0] \$202 ;
-  reg [2:0] \$203 ;
-  reg [13:0] \$204 ;
-  reg [2:0] \$205 ;
+  reg [13:0] \$203 ;
+  reg [2:0] \$204 ;
+  reg \$205 ;
   reg \$206 ;
   reg \$207 ;
-  reg \$208 ;
-  reg [13:0] \$209 ;
+  reg [13:0] \$208 ;
+  reg [127:0] \$209 ;
   wire \$21 ;
-  reg [127:0] \$210 ;
+  reg \$210 ;
   reg \$211 ;
-  reg \$212 ;
-  reg [13:0] \$213 ;
-  reg [127:0] \$214 ;
-  reg [1:0] \$215 ;
-  reg [127:0] \$216 ;
-  reg \$217 ;
-  reg [3:0] \$218 ;
-  reg \$219 ;
+  reg [13:0] \$212 ;
+  reg [127:0] \$213 ;
+  reg \$214 ;
+  reg \$215 ;
+  reg [13:0] \$216 ;
+  reg [127:0] \$217 ;
+  reg [1:0] \$218 ;
+  reg [127:0] \$219 ;
   wire \$22 ;
-  reg [13:0] \$220 ;
-  reg [11:0] \$221 ;
-  reg [11:0] \$222 ;
+  reg \$220 ;
+  reg [3:0] \$221 ;
+  reg \$222 ;
   reg [13:0] \$223 ;
-  reg [13:0] \$224 ;
-  reg \$225 ;
-  reg [3:0] \$226 ;
-  reg \$227 ;
-  reg [79:0] \$228 ;
-  reg \$229 ;
+  reg [11:0] \$224 ;
+  reg [11:0] \$225 ;
+  reg [13:0] \$226 ;
+  reg [13:0] \$227 ;
+  reg \$228 ;
+  reg [3:0] \$229 ;
   wire [7:0] \$23 ;
-  reg [2:0] \$230 ;
-  reg [2:0] \$231 ;
-  reg [11:0] \$232 ;
-  reg [13:0] \$233 ;
-  reg [13:0] \$234 ;
+  reg \$230 ;
+  reg [79:0] \$231 ;
+  reg \$232 ;
+  reg [2:0] \$233 ;
+  reg [2:0] \$234 ;
+  reg [11:0] \$235 ;
+  reg [13:0] \$236 ;
+  reg [13:0] \$237 ;
   wire [7:0] \$24 ;
   wire [7:0] \$25 ;
   wire [7:0] \$26 ;
@@ -244,29 +247,28 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg \$signal$28  = 1'h0;
   reg \$signal$33  = 1'h0;
   reg \$signal$35  = 1'h0;
-  reg \$signal$60  = 1'h0;
   wire [7:0] \$signature__addr ;
-  wire [7:0] \$signature__addr$101 ;
-  wire [6:0] \$signature__addr$93 ;
+  wire [7:0] \$signature__addr$105 ;
+  wire [6:0] \$signature__addr$97 ;
   wire [31:0] \$signature__data ;
-  wire [127:0] \$signature__data$100 ;
-  wire [31:0] \$signature__data$100[0] ;
-  wire [31:0] \$signature__data$100[1] ;
-  wire [31:0] \$signature__data$100[2] ;
-  wire [31:0] \$signature__data$100[3] ;
-  wire [31:0] \$signature__data$94 ;
-  wire [7:0] \$signature__data$94[0] ;
-  wire [7:0] \$signature__data$94[1] ;
-  wire [7:0] \$signature__data$94[2] ;
-  wire [7:0] \$signature__data$94[3] ;
+  wire [127:0] \$signature__data$104 ;
+  wire [31:0] \$signature__data$104[0] ;
+  wire [31:0] \$signature__data$104[1] ;
+  wire [31:0] \$signature__data$104[2] ;
+  wire [31:0] \$signature__data$104[3] ;
+  wire [31:0] \$signature__data$98 ;
+  wire [7:0] \$signature__data$98[0] ;
+  wire [7:0] \$signature__data$98[1] ;
+  wire [7:0] \$signature__data$98[2] ;
+  wire [7:0] \$signature__data$98[3] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
   wire [7:0] \$signature__data[3] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$102 ;
-  wire \$signature__en$95 ;
+  wire \$signature__en$106 ;
+  wire \$signature__en$99 ;
   reg [31:0] a = 32'd0;
   wire [7:0] \a[0] ;
   wire [7:0] \a[1] ;
@@ -381,6 +383,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   (* enum_value_100 = "A_RANGE" *)
   (* enum_value_101 = "C_RANGE" *)
   reg [2:0] code;
+  reg [13:0] col_addr0 = 14'h0000;
+  reg [13:0] col_addr1 = 14'h0000;
+  reg col_busy0 = 1'h0;
+  reg col_busy1 = 1'h0;
+  reg col_valid0 = 1'h0;
+  reg col_valid1 = 1'h0;
+  reg [127:0] col_word0 = 128'h00000000000000000000000000000000;
+  wire [31:0] \col_word0[0] ;
+  wire [31:0] \col_word0[1] ;
+  wire [31:0] \col_word0[2] ;
+  wire [31:0] \col_word0[3] ;
+  reg [127:0] col_word1 = 128'h00000000000000000000000000000000;
+  wire [31:0] \col_word1[0] ;
+  wire [31:0] \col_word1[1] ;
+  wire [31:0] \col_word1[2] ;
+  wire [31:0] \col_word1[3] ;
   reg [11:0] cols_c = 12'h000;
   reg [13:0] d_base = 14'h0000;
   reg [2:0] d_col = 3'h0;
@@ -435,15 +453,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [1:0] pending = 2'h0;
   reg [3:0] q_mask = 4'h0;
   reg q_valid = 1'h0;
-  reg [13:0] r_addr = 14'h0000;
-  reg r_col_busy = 1'h0;
   reg [3:0] r_mask = 4'h0;
   reg r_valid = 1'h0;
-  reg [127:0] r_word = 128'h00000000000000000000000000000000;
-  wire [31:0] \r_word[0] ;
-  wire [31:0] \r_word[1] ;
-  wire [31:0] \r_word[2] ;
-  wire [31:0] \r_word[3] ;
   reg rbuf = 1'h0;
   reg [11:0] rows_c = 12'h000;
   reg [11:0] rows_left = 12'h000;
@@ -456,7 +467,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [11:0] s_n = 12'h000;
   reg [11:0] s_rows = 12'h000;
   wire shift;
-  wire [5:0] \shift$104 ;
+  wire [5:0] \shift$108 ;
   reg start = 1'h0;
   wire step;
   reg store_start;
@@ -875,12 +886,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     spad_b[127] = 32'd0;
   end
   always @(posedge clk) begin
-    if (\$signature__en$95 )
-      spad_b[\$105 [6:0]] <= b_in__payload;
+    if (\$signature__en$99 )
+      spad_b[\$106 [6:0]] <= b_in__payload;
   end
   reg [31:0] _1_;
   always @(posedge clk) begin
-    _1_ <= spad_b[\$123 [6:0]];
+    _1_ <= spad_b[\$124 [6:0]];
   end
   assign b_rd__data = _1_;
   reg [127:0] spad_c [255:0];
@@ -1144,12 +1155,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[7:0]] <= \$signature__data$100 ;
+      spad_c[w_addr[7:0]] <= \$signature__data$104 ;
   end
   reg [127:0] _2_;
   always @(posedge clk) begin
     if (c_rd__en) begin
-      _2_ <= spad_c[\$142 [7:0]];
+      _2_ <= spad_c[\$140 [7:0]];
     end
   end
   assign c_rd__data = _2_;
@@ -1248,214 +1259,221 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$93  = \$92  | \$signal$28 ;
   assign \$94  = \$93  | issuing;
   assign \$95  = \$94  | drain_busy;
-  assign \$96  = \$95  | r_col_busy;
-  assign \$97  = \$96  | w_busy;
-  assign \$98  = ~ \$97 ;
-  assign \$99  = ! pending;
-  assign \$100  = \$98  & \$99 ;
-  assign \$101  = ! out_left;
+  assign \$96  = \$95  | col_busy0;
+  assign \$97  = \$96  | col_busy1;
+  assign \$98  = \$97  | w_busy;
+  assign \$99  = ~ \$98 ;
+  assign \$100  = ! pending;
+  assign \$101  = \$99  & \$100 ;
+  assign \$102  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$102  = full >> wbuf;
-  assign \$103  = ~ \$102 ;
-  assign b_in__ready = \$signal$28  & \$103 ;
-  assign \$104  = wbuf ? 7'h40 : 7'h00;
-  assign \$105  = \$104  + b_k;
-  assign \$signature__en$95  = b_in__valid & b_in__ready;
-  assign \$106  = b_in__valid & b_in__ready;
-  assign \$107  = b_k == k_m1;
-  assign \$108  = full >> rbuf;
-  assign \$109  = wbuf == rbuf;
-  assign \$110  = b_in__ready & \$109 ;
-  assign \$111  = b_k > k;
-  assign \$112  = \$110  & \$111 ;
-  assign panel_ready = \$108  | \$112 ;
-  assign \$113  = issuing & panel_ready;
-  assign \$114  = ~ cmd[76];
-  assign \$115  = a_ptr < a_wptr;
-  assign \$116  = \$114  | \$115 ;
-  assign \$117  = \$113  & \$116 ;
-  assign \$118  = k == k_m1;
-  assign \$119  = ~ \$118 ;
-  assign \$120  = gap >= 4'ha;
-  assign \$121  = \$119  | \$120 ;
-  assign step = \$117  & \$121 ;
-  assign \$122  = rbuf ? 7'h40 : 7'h00;
-  assign \$123  = \$122  + k;
-  assign \$124  = k == k_m1;
-  assign \$125  = rows_c <= 3'h4;
-  assign \$126  = d_col == 2'h3;
+  assign \$103  = full >> wbuf;
+  assign \$104  = ~ \$103 ;
+  assign b_in__ready = \$signal$28  & \$104 ;
+  assign \$105  = wbuf ? 7'h40 : 7'h00;
+  assign \$106  = \$105  + b_k;
+  assign \$signature__en$99  = b_in__valid & b_in__ready;
+  assign \$107  = b_in__valid & b_in__ready;
+  assign \$108  = b_k == k_m1;
+  assign \$109  = full >> rbuf;
+  assign \$110  = wbuf == rbuf;
+  assign \$111  = b_in__ready & \$110 ;
+  assign \$112  = b_k > k;
+  assign \$113  = \$111  & \$112 ;
+  assign panel_ready = \$109  | \$113 ;
+  assign \$114  = issuing & panel_ready;
+  assign \$115  = ~ cmd[76];
+  assign \$116  = a_ptr != a_wptr;
+  assign \$117  = \$115  | \$116 ;
+  assign \$118  = \$114  & \$117 ;
+  assign \$119  = k == k_m1;
+  assign \$120  = ~ \$119 ;
+  assign \$121  = gap >= 4'ha;
+  assign \$122  = \$120  | \$121 ;
+  assign step = \$118  & \$122 ;
+  assign \$123  = rbuf ? 7'h40 : 7'h00;
+  assign \$124  = \$123  + k;
+  assign \$125  = k == k_m1;
+  assign \$126  = rows_c <= 3'h4;
+  assign \$127  = d_col == 2'h3;
   assign shift = \done$55  | drain_busy;
-  assign \$127  = cmd[78] ? c_q[31:0] : 32'd0;
-  assign \$128  = $signed(w_word[31:0]) + $signed(\$127 );
-  assign \$129  = cmd[78] ? c_q[63:32] : 32'd0;
-  assign \$130  = $signed(w_word[63:32]) + $signed(\$129 );
-  assign \$131  = cmd[78] ? c_q[95:64] : 32'd0;
-  assign \$132  = $signed(w_word[95:64]) + $signed(\$131 );
-  assign \$133  = cmd[78] ? c_q[127:96] : 32'd0;
-  assign \$134  = $signed(w_word[127:96]) + $signed(\$133 );
-  assign \$135  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$136  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$137  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$138  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$139  = \done$55  ? t_base : d_base;
-  assign \$140  = \done$55  ? 3'h0 : d_col;
-  assign \$141  = \$139  + \$140 ;
-  assign \$142  = storing ? { 1'h0, s_addr } : \$141 ;
-  assign \$143  = ~ storing;
-  assign \$144  = ~ q_valid;
-  assign \$145  = \$144  | i__ready;
-  assign c_rd__en = \$143  | \$145 ;
+  assign \$128  = cmd[78] ? c_q[31:0] : 32'd0;
+  assign \$129  = $signed(w_word[31:0]) + $signed(\$128 );
+  assign \$130  = cmd[78] ? c_q[63:32] : 32'd0;
+  assign \$131  = $signed(w_word[63:32]) + $signed(\$130 );
+  assign \$132  = cmd[78] ? c_q[95:64] : 32'd0;
+  assign \$133  = $signed(w_word[95:64]) + $signed(\$132 );
+  assign \$134  = cmd[78] ? c_q[127:96] : 32'd0;
+  assign \$135  = $signed(w_word[127:96]) + $signed(\$134 );
+  assign \$136  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$137  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$138  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$139  = q_mask[3] ? c_q[127:96] : 32'd0;
+  assign \$140  = storing ? s_addr : col_addr0;
+  assign \$141  = ~ storing;
+  assign \$142  = ~ q_valid;
+  assign \$143  = \$142  | i__ready;
+  assign c_rd__en = \$141  | \$143 ;
   assign busy = ~ cmd__ready;
-  assign \$146  = cmd[76] | cmd[77];
-  assign \$147  = \$146  | cmd[79];
-  assign \$148  = ~ \$147 ;
-  assign \$149  = ! cmd[11:0];
-  assign \$150  = cmd[76] | cmd[77];
-  assign \$151  = ! cmd[23:12];
-  assign \$152  = \$150  & \$151 ;
-  assign \$153  = \$149  | \$152 ;
-  assign \$154  = cmd[77] | cmd[79];
-  assign \$155  = ! cmd[35:24];
-  assign \$156  = \$154  & \$155 ;
-  assign \$157  = \$153  | \$156 ;
-  assign \$158  = cmd[23:12] > 7'h40;
-  assign \$159  = cmd[77] & \$158 ;
-  assign \$160  = start | a_in__ready;
-  assign \$161  = \$160  | \$signal$28 ;
-  assign \$162  = \$161  | issuing;
-  assign \$163  = \$162  | drain_busy;
-  assign \$164  = \$163  | r_col_busy;
-  assign \$165  = \$164  | w_busy;
-  assign \$166  = ~ \$165 ;
-  assign \$167  = ! pending;
-  assign \$168  = \$166  & \$167 ;
-  assign \$169  = ! fsm_state;
-  assign \$170  = fsm_state == 1'h1;
-  assign \$171  = fsm_state == 2'h2;
-  assign \$172  = fsm_state == 2'h3;
-  assign \$173  = fsm_state == 3'h4;
+  assign \$144  = cmd[76] | cmd[77];
+  assign \$145  = \$144  | cmd[79];
+  assign \$146  = ~ \$145 ;
+  assign \$147  = ! cmd[11:0];
+  assign \$148  = cmd[76] | cmd[77];
+  assign \$149  = ! cmd[23:12];
+  assign \$150  = \$148  & \$149 ;
+  assign \$151  = \$147  | \$150 ;
+  assign \$152  = cmd[77] | cmd[79];
+  assign \$153  = ! cmd[35:24];
+  assign \$154  = \$152  & \$153 ;
+  assign \$155  = \$151  | \$154 ;
+  assign \$156  = cmd[23:12] > 7'h40;
+  assign \$157  = cmd[77] & \$156 ;
+  assign \$158  = start | a_in__ready;
+  assign \$159  = \$158  | \$signal$28 ;
+  assign \$160  = \$159  | issuing;
+  assign \$161  = \$160  | drain_busy;
+  assign \$162  = \$161  | col_busy0;
+  assign \$163  = \$162  | col_busy1;
+  assign \$164  = \$163  | w_busy;
+  assign \$165  = ~ \$164 ;
+  assign \$166  = ! pending;
+  assign \$167  = \$165  & \$166 ;
+  assign \$168  = ! fsm_state;
+  assign \$169  = fsm_state == 1'h1;
+  assign \$170  = fsm_state == 2'h2;
+  assign \$171  = fsm_state == 2'h3;
+  assign \$172  = fsm_state == 3'h4;
   always @(posedge clk)
-    k_m1 <= \$174 ;
+    k_m1 <= \$173 ;
   always @(posedge clk)
-    start <= \$175 ;
+    start <= \$174 ;
   always @(posedge clk)
-    a_wptr <= \$176 ;
+    a_wptr <= \$175 ;
   always @(posedge clk)
-    a_in__ready <= \$177 ;
+    a_in__ready <= \$176 ;
   always @(posedge clk)
-    full <= \$178 ;
+    full <= \$177 ;
   always @(posedge clk)
-    \$signal$28  <= \$179 ;
+    \$signal$28  <= \$178 ;
   always @(posedge clk)
-    wbuf <= \$180 ;
+    wbuf <= \$179 ;
   always @(posedge clk)
-    b_k <= \$181 ;
+    b_k <= \$180 ;
   always @(posedge clk)
-    b_cols_left <= \$182 ;
+    b_cols_left <= \$181 ;
   always @(posedge clk)
-    gap <= \$183 ;
+    gap <= \$182 ;
   always @(posedge clk)
-    \$signal$33  <= \$184 ;
+    \$signal$33  <= \$183 ;
   always @(posedge clk)
-    \$signal$35  <= \$185 ;
+    \$signal$35  <= \$184 ;
   always @(posedge clk)
-    s_last <= \$186 ;
+    s_last <= \$185 ;
   always @(posedge clk)
-    s_mask <= \$187 ;
+    s_mask <= \$186 ;
   always @(posedge clk)
-    valid <= \$188 ;
+    valid <= \$187 ;
   always @(posedge clk)
-    first <= \$189 ;
+    first <= \$188 ;
   always @(posedge clk)
-    last <= \$190 ;
+    last <= \$189 ;
   always @(posedge clk)
-    b <= \$191 ;
+    b <= \$190 ;
   always @(posedge clk)
-    a <= \$192 ;
+    a <= \$191 ;
   always @(posedge clk)
-    issuing <= \$193 ;
+    issuing <= \$192 ;
   always @(posedge clk)
-    rbuf <= \$194 ;
+    rbuf <= \$193 ;
   always @(posedge clk)
-    k <= \$195 ;
+    k <= \$194 ;
   always @(posedge clk)
-    a_ptr <= \$196 ;
+    a_ptr <= \$195 ;
   always @(posedge clk)
-    rows_c <= \$197 ;
+    rows_c <= \$196 ;
   always @(posedge clk)
-    cols_c <= \$198 ;
+    cols_c <= \$197 ;
   always @(posedge clk)
-    c_panel <= \$199 ;
+    c_panel <= \$198 ;
   always @(posedge clk)
-    c_tile <= \$200 ;
+    c_tile <= \$199 ;
   always @(posedge clk)
-    t_base <= \$201 ;
+    t_base <= \$200 ;
   always @(posedge clk)
-    t_cols <= \$202 ;
+    t_cols <= \$201 ;
   always @(posedge clk)
-    d_col <= \$203 ;
+    d_col <= \$202 ;
   always @(posedge clk)
-    d_base <= \$204 ;
+    d_base <= \$203 ;
   always @(posedge clk)
-    d_cols <= \$205 ;
+    d_cols <= \$204 ;
   always @(posedge clk)
-    drain_busy <= \$206 ;
+    drain_busy <= \$205 ;
   always @(posedge clk)
-    \$signal$60  <= \$207 ;
+    col_valid0 <= \$206 ;
   always @(posedge clk)
-    r_col_busy <= \$208 ;
+    col_busy0 <= \$207 ;
   always @(posedge clk)
-    r_addr <= \$209 ;
+    col_addr0 <= \$208 ;
   always @(posedge clk)
-    r_word <= \$210 ;
+    col_word0 <= \$209 ;
   always @(posedge clk)
-    w_valid <= \$211 ;
+    col_valid1 <= \$210 ;
   always @(posedge clk)
-    w_busy <= \$212 ;
+    col_busy1 <= \$211 ;
   always @(posedge clk)
-    w_addr <= \$213 ;
+    col_addr1 <= \$212 ;
   always @(posedge clk)
-    w_word <= \$214 ;
+    col_word1 <= \$213 ;
   always @(posedge clk)
-    pending <= \$215 ;
+    w_valid <= \$214 ;
   always @(posedge clk)
-    c_q <= \$216 ;
+    w_busy <= \$215 ;
   always @(posedge clk)
-    q_valid <= \$217 ;
+    w_addr <= \$216 ;
   always @(posedge clk)
-    q_mask <= \$218 ;
+    w_word <= \$217 ;
   always @(posedge clk)
-    storing <= \$219 ;
+    pending <= \$218 ;
   always @(posedge clk)
-    s_addr <= \$220 ;
+    c_q <= \$219 ;
   always @(posedge clk)
-    s_n <= \$221 ;
+    q_valid <= \$220 ;
   always @(posedge clk)
-    s_rows <= \$222 ;
+    q_mask <= \$221 ;
   always @(posedge clk)
-    s_left <= \$223 ;
+    storing <= \$222 ;
   always @(posedge clk)
-    out_left <= \$224 ;
+    s_addr <= \$223 ;
   always @(posedge clk)
-    r_valid <= \$225 ;
+    s_n <= \$224 ;
   always @(posedge clk)
-    r_mask <= \$226 ;
+    s_rows <= \$225 ;
   always @(posedge clk)
-    done <= \$227 ;
+    s_left <= \$226 ;
   always @(posedge clk)
-    cmd <= \$228 ;
+    out_left <= \$227 ;
   always @(posedge clk)
-    error <= \$229 ;
+    r_valid <= \$228 ;
   always @(posedge clk)
-    error_code <= \$230 ;
+    r_mask <= \$229 ;
   always @(posedge clk)
-    fsm_state <= \$231 ;
+    done <= \$230 ;
   always @(posedge clk)
-    rows_left <= \$232 ;
+    cmd <= \$231 ;
   always @(posedge clk)
-    a_lim <= \$233 ;
+    error <= \$232 ;
   always @(posedge clk)
-    c_lim <= \$234 ;
+    error_code <= \$233 ;
+  always @(posedge clk)
+    fsm_state <= \$234 ;
+  always @(posedge clk)
+    rows_left <= \$235 ;
+  always @(posedge clk)
+    a_lim <= \$236 ;
+  always @(posedge clk)
+    c_lim <= \$237 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -1476,19 +1494,19 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$734$54 (cmd[75:54]),
+    .\port$1286$54 (cmd[75:54]),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$174  = \$1 [11:0];
+    \$173  = \$1 [11:0];
     if (rst) begin
-      \$174  = 12'h000;
+      \$173  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$175  = 1'h0;
+    \$174  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -1497,56 +1515,70 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           if (\$83 ) begin
           end else if (\$84 ) begin
-            \$175  = 1'h1;
+            \$174  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$175  = 1'h0;
+      \$174  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$176  = a_wptr;
+    \$175  = a_wptr;
     if (start) begin
-      \$176  = { 5'h00, cmd[44:36] };
+      \$175  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$176  = \$3 [13:0];
+      \$175  = \$3 [13:0];
     end
     if (rst) begin
-      \$176  = 14'h0000;
+      \$175  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$177  = a_in__ready;
+    \$176  = a_in__ready;
     if (start) begin
-      \$177  = cmd[76];
+      \$176  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$177  = 1'h0;
+        \$176  = 1'h0;
       end
     end
     if (rst) begin
-      \$177  = 1'h0;
+      \$176  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$178  = \$8 ;
+    \$177  = \$8 ;
     if (rst) begin
-      \$178  = 2'h0;
+      \$177  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$179  = \$signal$28 ;
+    \$178  = \$signal$28 ;
     if (start) begin
-      \$179  = cmd[77];
+      \$178  = cmd[77];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$179  = 1'h0;
+          \$178  = 1'h0;
         end
+      end
+    end
+    if (rst) begin
+      \$178  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$179  = wbuf;
+    if (start) begin
+      \$179  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$179  = \$12 ;
       end
     end
     if (rst) begin
@@ -1555,141 +1587,143 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$180  = wbuf;
+    \$180  = b_k;
     if (start) begin
-      \$180  = 1'h0;
+      \$180  = 12'h000;
     end else if (\$9 ) begin
+      \$180  = \$10 [11:0];
       if (\$11 ) begin
-        \$180  = \$12 ;
+        \$180  = 12'h000;
       end
     end
     if (rst) begin
-      \$180  = 1'h0;
+      \$180  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$181  = b_k;
+    \$181  = b_cols_left;
     if (start) begin
+      \$181  = cmd[35:24];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$181  = \$13 [11:0];
+      end
+    end
+    if (rst) begin
       \$181  = 12'h000;
-    end else if (\$9 ) begin
-      \$181  = \$10 [11:0];
-      if (\$11 ) begin
-        \$181  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$181  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$182  = b_cols_left;
-    if (start) begin
-      \$182  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$182  = \$13 [11:0];
-      end
-    end
-    if (rst) begin
-      \$182  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$183  = gap;
+    \$182  = gap;
     if (\$15 ) begin
-      \$183  = \$16 [3:0];
+      \$182  = \$16 [3:0];
     end
     if (start) begin
-      \$183  = 4'hb;
+      \$182  = 4'hb;
     end else if (step) begin
       if (\$29 ) begin
-        \$183  = 4'h0;
+        \$182  = 4'h0;
       end
     end
     if (rst) begin
-      \$183  = 4'h0;
+      \$182  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$184  = step;
+    \$183  = step;
+    if (rst) begin
+      \$183  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$184  = \$17 ;
     if (rst) begin
       \$184  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$185  = \$17 ;
+    \$185  = \$18 ;
     if (rst) begin
       \$185  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$186  = \$18 ;
+    \$186  = { \$22 , \$21 , \$20 , \$19  };
     if (rst) begin
-      \$186  = 1'h0;
+      \$186  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$187  = { \$22 , \$21 , \$20 , \$19  };
+    \$187  = \$signal$33 ;
     if (rst) begin
-      \$187  = 4'h0;
+      \$187  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$188  = \$signal$33 ;
+    \$188  = \$signal$35 ;
     if (rst) begin
       \$188  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$189  = \$signal$35 ;
+    \$189  = s_last;
     if (rst) begin
       \$189  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$190  = s_last;
+    \$190  = b_rd__data;
     if (rst) begin
-      \$190  = 1'h0;
+      \$190  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$191  = b_rd__data;
+    \$191 [7:0] = \$23 ;
+    \$191 [15:8] = \$24 ;
+    \$191 [23:16] = \$25 ;
+    \$191 [31:24] = \$26 ;
     if (rst) begin
       \$191  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$192 [7:0] = \$23 ;
-    \$192 [15:8] = \$24 ;
-    \$192 [23:16] = \$25 ;
-    \$192 [31:24] = \$26 ;
-    if (rst) begin
-      \$192  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$193  = issuing;
+    \$192  = issuing;
     if (start) begin
-      \$193  = cmd[77];
+      \$192  = cmd[77];
     end else if (step) begin
       if (\$29 ) begin
         if (\$34 ) begin
           if (\$39 ) begin
-            \$193  = 1'h0;
+            \$192  = 1'h0;
           end
+        end
+      end
+    end
+    if (rst) begin
+      \$192  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$193  = rbuf;
+    if (start) begin
+      \$193  = 1'h0;
+    end else if (step) begin
+      if (\$29 ) begin
+        if (\$34 ) begin
+          \$193  = \$35 ;
         end
       end
     end
@@ -1699,62 +1733,62 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$194  = rbuf;
+    \$194  = k;
     if (start) begin
-      \$194  = 1'h0;
+      \$194  = 12'h000;
     end else if (step) begin
+      \$194  = \$27 [11:0];
+      if (\$29 ) begin
+        \$194  = 12'h000;
+      end
+    end
+    if (rst) begin
+      \$194  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$195  = a_ptr;
+    if (start) begin
+      \$195  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$195  = \$28 [13:0];
       if (\$29 ) begin
         if (\$34 ) begin
-          \$194  = \$35 ;
+          \$195  = { 5'h00, cmd[44:36] };
         end
       end
     end
     if (rst) begin
-      \$194  = 1'h0;
+      \$195  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$195  = k;
+    \$196  = rows_c;
     if (start) begin
-      \$195  = 12'h000;
+      \$196  = cmd[11:0];
     end else if (step) begin
-      \$195  = \$27 [11:0];
       if (\$29 ) begin
-        \$195  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$195  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$196  = a_ptr;
-    if (start) begin
-      \$196  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$196  = \$28 [13:0];
-      if (\$29 ) begin
+        \$196  = \$32 [11:0];
         if (\$34 ) begin
-          \$196  = { 5'h00, cmd[44:36] };
+          \$196  = cmd[11:0];
         end
       end
     end
     if (rst) begin
-      \$196  = 14'h0000;
+      \$196  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$197  = rows_c;
+    \$197  = cols_c;
     if (start) begin
-      \$197  = cmd[11:0];
+      \$197  = cmd[35:24];
     end else if (step) begin
       if (\$29 ) begin
-        \$197  = \$32 [11:0];
         if (\$34 ) begin
-          \$197  = cmd[11:0];
+          \$197  = \$36 [11:0];
         end
       end
     end
@@ -1764,29 +1798,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$198  = cols_c;
+    \$198  = c_panel;
     if (start) begin
-      \$198  = cmd[35:24];
+      \$198  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
         if (\$34 ) begin
-          \$198  = \$36 [11:0];
+          \$198  = \$37 [13:0];
         end
       end
     end
     if (rst) begin
-      \$198  = 12'h000;
+      \$198  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$199  = c_panel;
+    \$199  = c_tile;
     if (start) begin
       \$199  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
+        \$199  = \$33 [13:0];
         if (\$34 ) begin
-          \$199  = \$37 [13:0];
+          \$199  = \$38 [13:0];
         end
       end
     end
@@ -1796,15 +1831,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$200  = c_tile;
+    \$200  = t_base;
     if (start) begin
-      \$200  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
-        \$200  = \$33 [13:0];
-        if (\$34 ) begin
-          \$200  = \$38 [13:0];
-        end
+        \$200  = c_tile;
       end
     end
     if (rst) begin
@@ -1813,25 +1844,24 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$201  = t_base;
+    \$201  = t_cols;
     if (start) begin
     end else if (step) begin
       if (\$29 ) begin
-        \$201  = c_tile;
+        \$201  = \$31 [2:0];
       end
     end
     if (rst) begin
-      \$201  = 14'h0000;
+      \$201  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$29 ) begin
-        \$202  = \$31 [2:0];
-      end
+    \$202  = d_col;
+    if (\done$55 ) begin
+      \$202  = 3'h1;
+    end else if (drain_busy) begin
+      \$202  = \$40 [2:0];
     end
     if (rst) begin
       \$202  = 3'h0;
@@ -1839,128 +1869,144 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = d_col;
+    \$203  = d_base;
     if (\done$55 ) begin
-      \$203  = 3'h1;
-    end else if (drain_busy) begin
-      \$203  = \$40 [2:0];
+      \$203  = t_base;
     end
     if (rst) begin
-      \$203  = 3'h0;
+      \$203  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = d_base;
+    \$204  = d_cols;
     if (\done$55 ) begin
-      \$204  = t_base;
+      \$204  = t_cols;
     end
     if (rst) begin
-      \$204  = 14'h0000;
+      \$204  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = d_cols;
+    \$205  = drain_busy;
     if (\done$55 ) begin
-      \$205  = t_cols;
-    end
-    if (rst) begin
-      \$205  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = drain_busy;
-    if (\done$55 ) begin
-      \$206  = 1'h1;
+      \$205  = 1'h1;
     end else if (drain_busy) begin
       if (\$41 ) begin
-        \$206  = 1'h0;
+        \$205  = 1'h0;
       end
     end
+    if (rst) begin
+      \$205  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$206  = \$46 ;
     if (rst) begin
       \$206  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = \$46 ;
+    \$207  = \$47 ;
     if (rst) begin
       \$207  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = \$47 ;
+    \$208  = \$50 [13:0];
     if (rst) begin
-      \$208  = 1'h0;
+      \$208  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = \$50 [13:0];
+    \$209  = out;
     if (rst) begin
-      \$209  = 14'h0000;
+      \$209  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = out;
+    \$210  = col_valid0;
     if (rst) begin
-      \$210  = 128'h00000000000000000000000000000000;
+      \$210  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = \$signal$60 ;
+    \$211  = col_busy0;
     if (rst) begin
       \$211  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = r_col_busy;
+    \$212  = col_addr0;
     if (rst) begin
-      \$212  = 1'h0;
+      \$212  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = r_addr;
+    \$213  = col_word0;
     if (rst) begin
-      \$213  = 14'h0000;
+      \$213  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = r_word;
+    \$214  = col_valid1;
     if (rst) begin
-      \$214  = 128'h00000000000000000000000000000000;
+      \$214  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = \$52 [1:0];
+    \$215  = col_busy1;
     if (rst) begin
-      \$215  = 2'h0;
+      \$215  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = c_q;
+    \$216  = col_addr1;
+    if (rst) begin
+      \$216  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$217  = col_word1;
+    if (rst) begin
+      \$217  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$218  = \$52 [1:0];
+    if (rst) begin
+      \$218  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$219  = c_q;
     if (\$54 ) begin
-      \$216  = c_rd__data;
+      \$219  = c_rd__data;
     end
     if (rst) begin
-      \$216  = 128'h00000000000000000000000000000000;
+      \$219  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = q_valid;
+    \$220  = q_valid;
     if (\$54 ) begin
-      \$217  = r_valid;
+      \$220  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -1972,29 +2018,29 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$101 ) begin
-            \$217  = 1'h0;
+          if (\$102 ) begin
+            \$220  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$217  = 1'h0;
+      \$220  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = q_mask;
+    \$221  = q_mask;
     if (\$54 ) begin
-      \$218  = r_mask;
+      \$221  = r_mask;
     end
     if (rst) begin
-      \$218  = 4'h0;
+      \$221  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = storing;
+    \$222  = storing;
     if (store_start) begin
-      \$219  = 1'h1;
+      \$222  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -2006,69 +2052,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$101 ) begin
-            \$219  = 1'h0;
+          if (\$102 ) begin
+            \$222  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$219  = 1'h0;
+      \$222  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = s_addr;
+    \$223  = s_addr;
     if (store_start) begin
-      \$220  = { 5'h00, cmd[53:45] };
+      \$223  = { 5'h00, cmd[53:45] };
     end else if (\$57 ) begin
       if (\$61 ) begin
-        \$220  = \$62 [13:0];
-      end
-    end
-    if (rst) begin
-      \$220  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = s_n;
-    if (store_start) begin
-      \$221  = 12'h000;
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$221  = \$64 [11:0];
-        if (\$70 ) begin
-          \$221  = 12'h000;
-        end
-      end
-    end
-    if (rst) begin
-      \$221  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = s_rows;
-    if (store_start) begin
-      \$222  = cmd[11:0];
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        if (\$70 ) begin
-          \$222  = \$71 [11:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$222  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = s_left;
-    if (store_start) begin
-      \$223  = \$58 [13:0];
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$223  = \$63 [13:0];
+        \$223  = \$62 [13:0];
       end
     end
     if (rst) begin
@@ -2077,183 +2076,230 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = out_left;
+    \$224  = s_n;
     if (store_start) begin
-      \$224  = \$59 [13:0];
-    end
-    if (\$72 ) begin
-      \$224  = \$73 [13:0];
-    end
-    if (rst) begin
-      \$224  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = r_valid;
-    if (store_start) begin
-    end else if (\$57 ) begin
-      \$225  = \$60 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$101 ) begin
-            \$225  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$225  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = r_mask;
-    if (store_start) begin
+      \$224  = 12'h000;
     end else if (\$57 ) begin
       if (\$61 ) begin
-        \$226  = { \$68 , \$67 , \$66 , \$65  };
+        \$224  = \$64 [11:0];
+        if (\$70 ) begin
+          \$224  = 12'h000;
+        end
       end
     end
     if (rst) begin
-      \$226  = 4'h0;
+      \$224  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = 1'h0;
+    \$225  = s_rows;
+    if (store_start) begin
+      \$225  = cmd[11:0];
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        if (\$70 ) begin
+          \$225  = \$71 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$225  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$226  = s_left;
+    if (store_start) begin
+      \$226  = \$58 [13:0];
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        \$226  = \$63 [13:0];
+      end
+    end
+    if (rst) begin
+      \$226  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$227  = out_left;
+    if (store_start) begin
+      \$227  = \$59 [13:0];
+    end
+    if (\$72 ) begin
+      \$227  = \$73 [13:0];
+    end
+    if (rst) begin
+      \$227  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$228  = r_valid;
+    if (store_start) begin
+    end else if (\$57 ) begin
+      \$228  = \$60 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$102 ) begin
+            \$228  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$228  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$229  = r_mask;
+    if (store_start) begin
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        \$229  = { \$68 , \$67 , \$66 , \$65  };
+      end
+    end
+    if (rst) begin
+      \$229  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$230  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           if (\$74 ) begin
-            \$227  = 1'h1;
+            \$230  = 1'h1;
           end
       3'h2:
           if (\$83 ) begin
-            \$227  = 1'h1;
+            \$230  = 1'h1;
           end
       3'h3:
-          if (\$100 ) begin
+          if (\$101 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
             end else begin
-              \$227  = 1'h1;
+              \$230  = 1'h1;
             end
           end
       3'h4:
-          if (\$101 ) begin
-            \$227  = 1'h1;
+          if (\$102 ) begin
+            \$230  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$227  = 1'h0;
+      \$230  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = cmd;
+    \$231  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$228  = cmd__payload;
+            \$231  = cmd__payload;
           end
     endcase
     if (rst) begin
-      \$228  = 80'h00000000000000000000;
+      \$231  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = error;
+    \$232  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$229  = 1'h0;
+            \$232  = 1'h0;
           end
       3'h1:
           if (\$74 ) begin
-            \$229  = 1'h1;
+            \$232  = 1'h1;
           end
       3'h2:
           if (\$83 ) begin
-            \$229  = 1'h1;
+            \$232  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$229  = 1'h0;
+      \$232  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = error_code;
+    \$233  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$230  = 3'h0;
+            \$233  = 3'h0;
           end
       3'h1:
           if (\$74 ) begin
-            \$230  = code;
+            \$233  = code;
           end
       3'h2:
           if (\$83 ) begin
-            \$230  = \$88 ;
+            \$233  = \$88 ;
           end
     endcase
     if (rst) begin
-      \$230  = 3'h0;
+      \$233  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = fsm_state;
+    \$234  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$231  = 3'h1;
+            \$234  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
           if (\$74 ) begin
-            \$231  = 3'h0;
+            \$234  = 3'h0;
           end else begin
-            \$231  = 3'h2;
+            \$234  = 3'h2;
           end
       3'h2:
           if (\$83 ) begin
-            \$231  = 3'h0;
+            \$234  = 3'h0;
           end else if (\$84 ) begin
-            \$231  = 3'h3;
+            \$234  = 3'h3;
           end
       3'h3:
-          if (\$100 ) begin
+          if (\$101 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
-              \$231  = 3'h4;
+              \$234  = 3'h4;
             end else begin
-              \$231  = 3'h0;
+              \$234  = 3'h0;
             end
           end
       3'h4:
-          if (\$101 ) begin
-            \$231  = 3'h0;
+          if (\$102 ) begin
+            \$234  = 3'h0;
           end
     endcase
     if (rst) begin
-      \$231  = 3'h0;
+      \$234  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = rows_left;
+    \$235  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -2261,23 +2307,23 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           (* full_case = 32'd1 *)
           if (\$74 ) begin
           end else begin
-            \$232  = cmd[11:0];
+            \$235  = cmd[11:0];
           end
       3'h2:
           (* full_case = 32'd1 *)
           if (\$83 ) begin
           end else if (\$84 ) begin
           end else begin
-            \$232  = \$89 [11:0];
+            \$235  = \$89 [11:0];
           end
     endcase
     if (rst) begin
-      \$232  = 12'h000;
+      \$235  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = a_lim;
+    \$236  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -2285,23 +2331,23 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           (* full_case = 32'd1 *)
           if (\$74 ) begin
           end else begin
-            \$233  = { 1'h0, \$75  };
+            \$236  = { 1'h0, \$75  };
           end
       3'h2:
           (* full_case = 32'd1 *)
           if (\$83 ) begin
           end else if (\$84 ) begin
           end else begin
-            \$233  = \$90 [13:0];
+            \$236  = \$90 [13:0];
           end
     endcase
     if (rst) begin
-      \$233  = 14'h0000;
+      \$236  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = c_lim;
+    \$237  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -2309,26 +2355,26 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
           (* full_case = 32'd1 *)
           if (\$74 ) begin
           end else begin
-            \$234  = { 1'h0, \$76  };
+            \$237  = { 1'h0, \$76  };
           end
       3'h2:
           (* full_case = 32'd1 *)
           if (\$83 ) begin
           end else if (\$84 ) begin
           end else begin
-            \$234  = \$91 [13:0];
+            \$237  = \$91 [13:0];
           end
     endcase
     if (rst) begin
-      \$234  = 14'h0000;
+      \$237  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signal$25  = 2'h0;
     if (start) begin
-    end else if (\$106 ) begin
-      if (\$107 ) begin
+    end else if (\$107 ) begin
+      if (\$108 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -2344,7 +2390,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$124 ) begin
+      if (\$125 ) begin
         tile_issued = 1'h1;
       end
     end
@@ -2354,8 +2400,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$124 ) begin
-        if (\$125 ) begin
+      if (\$125 ) begin
+        if (\$126 ) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -2372,7 +2418,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_drained = 1'h0;
     if (\done$55 ) begin
     end else if (drain_busy) begin
-      if (\$126 ) begin
+      if (\$127 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -2392,11 +2438,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$148 ) begin
+          if (\$146 ) begin
             code = 3'h1;
-          end else if (\$157 ) begin
+          end else if (\$155 ) begin
             code = 3'h2;
-          end else if (\$159 ) begin
+          end else if (\$157 ) begin
             code = 3'h3;
           end
     endcase
@@ -2412,7 +2458,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$168 ) begin
+          if (\$167 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -2423,19 +2469,19 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$93  = \$105 [6:0];
-  assign \$signature__data$94  = b_in__payload;
+  assign \$signature__addr$97  = \$106 [6:0];
+  assign \$signature__data$98  = b_in__payload;
   assign a_rd__addr = a_ptr[7:0];
-  assign b_rd__addr = \$123 [6:0];
-  assign \$signature__addr$101  = w_addr[7:0];
-  assign \$signature__en$102  = w_valid;
+  assign b_rd__addr = \$124 [6:0];
+  assign \$signature__addr$105  = w_addr[7:0];
+  assign \$signature__en$106  = w_valid;
   assign mult = cmd[69:54];
-  assign \shift$104  = cmd[75:70];
+  assign \shift$108  = cmd[75:70];
   assign i__valid = q_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$142 [7:0];
+  assign c_rd__addr = \$140 [7:0];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -2486,14 +2532,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \a_rd__data[1]  = a_rd__data[15:8];
   assign \a_rd__data[2]  = a_rd__data[23:16];
   assign \a_rd__data[3]  = a_rd__data[31:24];
-  assign \r_word[0]  = r_word[31:0];
-  assign \r_word[1]  = r_word[63:32];
-  assign \r_word[2]  = r_word[95:64];
-  assign \r_word[3]  = r_word[127:96];
+  assign \col_word0[0]  = col_word0[31:0];
+  assign \col_word0[1]  = col_word0[63:32];
+  assign \col_word0[2]  = col_word0[95:64];
+  assign \col_word0[3]  = col_word0[127:96];
   assign \out[0]  = out[31:0];
   assign \out[1]  = out[63:32];
   assign \out[2]  = out[95:64];
   assign \out[3]  = out[127:96];
+  assign \col_word1[0]  = col_word1[31:0];
+  assign \col_word1[1]  = col_word1[63:32];
+  assign \col_word1[2]  = col_word1[95:64];
+  assign \col_word1[3]  = col_word1[127:96];
   assign \w_word[0]  = w_word[31:0];
   assign \w_word[1]  = w_word[63:32];
   assign \w_word[2]  = w_word[95:64];
@@ -2510,14 +2560,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__data[1]  = a_in__payload[15:8];
   assign \$signature__data[2]  = a_in__payload[23:16];
   assign \$signature__data[3]  = a_in__payload[31:24];
-  assign \$signature__data$94[0]  = b_in__payload[7:0];
-  assign \$signature__data$94[1]  = b_in__payload[15:8];
-  assign \$signature__data$94[2]  = b_in__payload[23:16];
-  assign \$signature__data$94[3]  = b_in__payload[31:24];
-  assign \$signature__data$100[0]  = \$signature__data$100 [31:0];
-  assign \$signature__data$100[1]  = \$signature__data$100 [63:32];
-  assign \$signature__data$100[2]  = \$signature__data$100 [95:64];
-  assign \$signature__data$100[3]  = \$signature__data$100 [127:96];
+  assign \$signature__data$98[0]  = b_in__payload[7:0];
+  assign \$signature__data$98[1]  = b_in__payload[15:8];
+  assign \$signature__data$98[2]  = b_in__payload[23:16];
+  assign \$signature__data$98[3]  = b_in__payload[31:24];
+  assign \$signature__data$104[0]  = \$signature__data$104 [31:0];
+  assign \$signature__data$104[1]  = \$signature__data$104 [63:32];
+  assign \$signature__data$104[2]  = \$signature__data$104 [95:64];
+  assign \$signature__data$104[3]  = \$signature__data$104 [127:96];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -2526,14 +2576,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[1]  = c_out__payload[15:8];
   assign \o__payload[2]  = c_out__payload[23:16];
   assign \o__payload[3]  = c_out__payload[31:24];
-  assign i__payload[127:96] = \$138 ;
-  assign i__payload[95:64] = \$137 ;
-  assign i__payload[63:32] = \$136 ;
-  assign i__payload[31:0] = \$135 ;
-  assign \$signature__data$100 [127:96] = \$134 [31:0];
-  assign \$signature__data$100 [95:64] = \$132 [31:0];
-  assign \$signature__data$100 [63:32] = \$130 [31:0];
-  assign \$signature__data$100 [31:0] = \$128 [31:0];
+  assign i__payload[127:96] = \$139 ;
+  assign i__payload[95:64] = \$138 ;
+  assign i__payload[63:32] = \$137 ;
+  assign i__payload[31:0] = \$136 ;
+  assign \$signature__data$104 [127:96] = \$135 [31:0];
+  assign \$signature__data$104 [95:64] = \$133 [31:0];
+  assign \$signature__data$104 [63:32] = \$131 [31:0];
+  assign \$signature__data$104 [31:0] = \$129 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -6666,199 +6716,763 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$734$54 , i__payload, o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__payload, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire \$1 ;
-  wire [66:0] \$10 ;
-  wire [6:0] \$100 ;
-  wire \$101 ;
-  wire [6:0] \$102 ;
-  wire \$103 ;
-  wire [6:0] \$104 ;
-  wire \$105 ;
-  wire [6:0] \$106 ;
-  wire \$107 ;
-  wire [6:0] \$108 ;
-  wire \$109 ;
-  wire [67:0] \$11 ;
-  wire [6:0] \$110 ;
-  wire \$111 ;
-  wire [6:0] \$112 ;
-  wire \$113 ;
-  wire [6:0] \$114 ;
-  wire \$115 ;
-  wire [47:0] \$116 ;
-  wire [47:0] \$117 ;
-  wire [47:0] \$118 ;
-  wire \$119 ;
-  wire [36:0] \$12 ;
+  wire [67:0] \$10 ;
+  wire \$100 ;
+  wire [6:0] \$101 ;
+  wire \$102 ;
+  wire [6:0] \$103 ;
+  wire \$104 ;
+  wire [6:0] \$105 ;
+  wire \$106 ;
+  wire [6:0] \$107 ;
+  wire \$108 ;
+  wire [6:0] \$109 ;
+  wire [36:0] \$11 ;
+  wire \$110 ;
+  wire [6:0] \$111 ;
+  wire \$112 ;
+  wire [6:0] \$113 ;
+  wire \$114 ;
+  wire [6:0] \$115 ;
+  wire \$116 ;
+  wire [6:0] \$117 ;
+  wire \$118 ;
+  wire [6:0] \$119 ;
+  wire [66:0] \$12 ;
   wire \$120 ;
-  wire \$121 ;
+  wire [6:0] \$121 ;
   wire \$122 ;
-  wire [48:0] \$123 ;
+  wire [6:0] \$123 ;
   wire \$124 ;
-  wire \$125 ;
-  wire [48:0] \$126 ;
-  wire [48:0] \$127 ;
-  wire [47:0] \$128 ;
-  wire [47:0] \$129 ;
-  wire [66:0] \$13 ;
-  wire [47:0] \$130 ;
-  wire \$131 ;
+  wire [6:0] \$125 ;
+  wire \$126 ;
+  wire [6:0] \$127 ;
+  wire \$128 ;
+  wire [6:0] \$129 ;
+  wire [67:0] \$13 ;
+  wire \$130 ;
+  wire [6:0] \$131 ;
   wire \$132 ;
-  wire \$133 ;
+  wire [6:0] \$133 ;
   wire \$134 ;
-  wire [48:0] \$135 ;
+  wire [6:0] \$135 ;
   wire \$136 ;
-  wire \$137 ;
-  wire [48:0] \$138 ;
-  wire [48:0] \$139 ;
-  wire [67:0] \$14 ;
-  wire [47:0] \$140 ;
-  wire [47:0] \$141 ;
-  wire [47:0] \$142 ;
-  wire \$143 ;
+  wire [6:0] \$137 ;
+  wire \$138 ;
+  wire [6:0] \$139 ;
+  wire \$14 ;
+  wire \$140 ;
+  wire [6:0] \$141 ;
+  wire \$142 ;
+  wire [6:0] \$143 ;
   wire \$144 ;
-  wire \$145 ;
+  wire [6:0] \$145 ;
   wire \$146 ;
-  wire [48:0] \$147 ;
+  wire [6:0] \$147 ;
   wire \$148 ;
-  wire \$149 ;
-  wire [36:0] \$15 ;
-  wire [48:0] \$150 ;
-  wire [48:0] \$151 ;
-  wire [47:0] \$152 ;
-  wire [47:0] \$153 ;
-  wire [47:0] \$154 ;
-  wire \$155 ;
+  wire [6:0] \$149 ;
+  wire \$15 ;
+  wire \$150 ;
+  wire [6:0] \$151 ;
+  wire \$152 ;
+  wire [6:0] \$153 ;
+  wire \$154 ;
+  wire [6:0] \$155 ;
   wire \$156 ;
-  wire \$157 ;
+  wire [6:0] \$157 ;
   wire \$158 ;
-  wire [48:0] \$159 ;
-  wire [66:0] \$16 ;
+  wire [6:0] \$159 ;
+  wire \$16 ;
   wire \$160 ;
-  wire \$161 ;
+  wire [48:0] \$161 ;
   wire [48:0] \$162 ;
-  wire [48:0] \$163 ;
-  reg \$164 ;
-  reg \$165 ;
-  reg \$166 ;
-  reg [47:0] \$167 ;
-  reg [47:0] \$168 ;
-  reg [47:0] \$169 ;
-  wire [67:0] \$17 ;
-  reg [47:0] \$170 ;
-  reg \$171 ;
-  reg [5:0] \$172 ;
-  reg [47:0] \$173 ;
-  reg \$174 ;
-  reg \$175 ;
-  reg \$176 ;
-  reg [47:0] \$177 ;
-  reg \$178 ;
-  reg [48:0] \$179 ;
+  wire [39:0] \$163 ;
+  wire [48:0] \$164 ;
+  wire [48:0] \$165 ;
+  wire [39:0] \$166 ;
+  wire [23:0] \$167 ;
+  wire [48:0] \$168 ;
+  wire [48:0] \$169 ;
+  wire \$17 ;
+  wire [39:0] \$170 ;
+  wire [48:0] \$171 ;
+  wire [48:0] \$172 ;
+  wire [39:0] \$173 ;
+  wire [23:0] \$174 ;
+  wire [15:0] \$175 ;
+  wire [48:0] \$176 ;
+  wire [48:0] \$177 ;
+  wire [39:0] \$178 ;
+  wire [48:0] \$179 ;
   wire \$18 ;
-  reg [31:0] \$180 ;
-  reg [47:0] \$181 ;
-  reg \$182 ;
-  reg [48:0] \$183 ;
-  reg [47:0] \$184 ;
-  reg \$185 ;
-  reg [48:0] \$186 ;
-  reg [47:0] \$187 ;
-  reg \$188 ;
-  reg [48:0] \$189 ;
-  wire [6:0] \$19 ;
-  wire [47:0] \$2 ;
-  wire [6:0] \$20 ;
+  wire [48:0] \$180 ;
+  wire [39:0] \$181 ;
+  wire [23:0] \$182 ;
+  wire [48:0] \$183 ;
+  wire [48:0] \$184 ;
+  wire [39:0] \$185 ;
+  wire [48:0] \$186 ;
+  wire [48:0] \$187 ;
+  wire [39:0] \$188 ;
+  wire [23:0] \$189 ;
+  wire \$19 ;
+  wire [15:0] \$190 ;
+  wire [11:0] \$191 ;
+  wire [48:0] \$192 ;
+  wire [48:0] \$193 ;
+  wire [39:0] \$194 ;
+  wire [48:0] \$195 ;
+  wire [48:0] \$196 ;
+  wire [39:0] \$197 ;
+  wire [23:0] \$198 ;
+  wire [48:0] \$199 ;
+  wire [36:0] \$2 ;
+  wire \$20 ;
+  wire [48:0] \$200 ;
+  wire [39:0] \$201 ;
+  wire [48:0] \$202 ;
+  wire [48:0] \$203 ;
+  wire [39:0] \$204 ;
+  wire [23:0] \$205 ;
+  wire [15:0] \$206 ;
+  wire [48:0] \$207 ;
+  wire [48:0] \$208 ;
+  wire [39:0] \$209 ;
   wire \$21 ;
-  wire [6:0] \$22 ;
+  wire [48:0] \$210 ;
+  wire [48:0] \$211 ;
+  wire [39:0] \$212 ;
+  wire [23:0] \$213 ;
+  wire [48:0] \$214 ;
+  wire [48:0] \$215 ;
+  wire [39:0] \$216 ;
+  wire [48:0] \$217 ;
+  wire [48:0] \$218 ;
+  wire [39:0] \$219 ;
+  wire \$22 ;
+  wire [23:0] \$220 ;
+  wire [15:0] \$221 ;
+  wire [11:0] \$222 ;
+  wire [9:0] \$223 ;
+  wire [48:0] \$224 ;
+  wire [48:0] \$225 ;
+  wire [39:0] \$226 ;
+  wire [48:0] \$227 ;
+  wire [48:0] \$228 ;
+  wire [39:0] \$229 ;
   wire \$23 ;
-  wire [6:0] \$24 ;
+  wire [23:0] \$230 ;
+  wire [48:0] \$231 ;
+  wire [48:0] \$232 ;
+  wire [39:0] \$233 ;
+  wire [48:0] \$234 ;
+  wire [48:0] \$235 ;
+  wire [39:0] \$236 ;
+  wire [23:0] \$237 ;
+  wire [15:0] \$238 ;
+  wire [48:0] \$239 ;
+  wire \$24 ;
+  wire [48:0] \$240 ;
+  wire [39:0] \$241 ;
+  wire [48:0] \$242 ;
+  wire [48:0] \$243 ;
+  wire [39:0] \$244 ;
+  wire [23:0] \$245 ;
+  wire [48:0] \$246 ;
+  wire [48:0] \$247 ;
+  wire [39:0] \$248 ;
+  wire [48:0] \$249 ;
   wire \$25 ;
-  wire [6:0] \$26 ;
+  wire [48:0] \$250 ;
+  wire [39:0] \$251 ;
+  wire [23:0] \$252 ;
+  wire [15:0] \$253 ;
+  wire [11:0] \$254 ;
+  wire [48:0] \$255 ;
+  wire [48:0] \$256 ;
+  wire [39:0] \$257 ;
+  wire [48:0] \$258 ;
+  wire [48:0] \$259 ;
+  wire \$26 ;
+  wire [39:0] \$260 ;
+  wire [23:0] \$261 ;
+  wire [48:0] \$262 ;
+  wire [48:0] \$263 ;
+  wire [39:0] \$264 ;
+  wire [48:0] \$265 ;
+  wire [48:0] \$266 ;
+  wire [39:0] \$267 ;
+  wire [23:0] \$268 ;
+  wire [15:0] \$269 ;
   wire \$27 ;
-  wire [6:0] \$28 ;
+  wire [48:0] \$270 ;
+  wire [48:0] \$271 ;
+  wire [39:0] \$272 ;
+  wire [48:0] \$273 ;
+  wire [48:0] \$274 ;
+  wire [39:0] \$275 ;
+  wire [23:0] \$276 ;
+  wire [48:0] \$277 ;
+  wire [48:0] \$278 ;
+  wire [39:0] \$279 ;
+  wire \$28 ;
+  wire [48:0] \$280 ;
+  wire [48:0] \$281 ;
+  wire [39:0] \$282 ;
+  wire [23:0] \$283 ;
+  wire [15:0] \$284 ;
+  wire [11:0] \$285 ;
+  wire [9:0] \$286 ;
+  wire [48:0] \$287 ;
+  wire \$288 ;
+  wire [48:0] \$289 ;
   wire \$29 ;
-  wire [47:0] \$3 ;
-  wire [6:0] \$30 ;
+  wire [48:0] \$290 ;
+  wire \$291 ;
+  wire \$292 ;
+  wire \$293 ;
+  wire [8:0] \$294 ;
+  wire [7:0] \$295 ;
+  wire \$296 ;
+  wire [8:0] \$297 ;
+  wire [8:0] \$298 ;
+  wire [48:0] \$299 ;
+  wire [66:0] \$3 ;
+  wire \$30 ;
+  wire [48:0] \$300 ;
+  wire [39:0] \$301 ;
+  wire [48:0] \$302 ;
+  wire [48:0] \$303 ;
+  wire [39:0] \$304 ;
+  wire [23:0] \$305 ;
+  wire [48:0] \$306 ;
+  wire [48:0] \$307 ;
+  wire [39:0] \$308 ;
+  wire [48:0] \$309 ;
   wire \$31 ;
-  wire [6:0] \$32 ;
+  wire [48:0] \$310 ;
+  wire [39:0] \$311 ;
+  wire [23:0] \$312 ;
+  wire [15:0] \$313 ;
+  wire [48:0] \$314 ;
+  wire [48:0] \$315 ;
+  wire [39:0] \$316 ;
+  wire [48:0] \$317 ;
+  wire [48:0] \$318 ;
+  wire [39:0] \$319 ;
+  wire \$32 ;
+  wire [23:0] \$320 ;
+  wire [48:0] \$321 ;
+  wire [48:0] \$322 ;
+  wire [39:0] \$323 ;
+  wire [48:0] \$324 ;
+  wire [48:0] \$325 ;
+  wire [39:0] \$326 ;
+  wire [23:0] \$327 ;
+  wire [15:0] \$328 ;
+  wire [11:0] \$329 ;
   wire \$33 ;
-  wire [6:0] \$34 ;
+  wire [48:0] \$330 ;
+  wire [48:0] \$331 ;
+  wire [39:0] \$332 ;
+  wire [48:0] \$333 ;
+  wire [48:0] \$334 ;
+  wire [39:0] \$335 ;
+  wire [23:0] \$336 ;
+  wire [48:0] \$337 ;
+  wire [48:0] \$338 ;
+  wire [39:0] \$339 ;
+  wire \$34 ;
+  wire [48:0] \$340 ;
+  wire [48:0] \$341 ;
+  wire [39:0] \$342 ;
+  wire [23:0] \$343 ;
+  wire [15:0] \$344 ;
+  wire [48:0] \$345 ;
+  wire [48:0] \$346 ;
+  wire [39:0] \$347 ;
+  wire [48:0] \$348 ;
+  wire [48:0] \$349 ;
   wire \$35 ;
-  wire [6:0] \$36 ;
+  wire [39:0] \$350 ;
+  wire [23:0] \$351 ;
+  wire [48:0] \$352 ;
+  wire [48:0] \$353 ;
+  wire [39:0] \$354 ;
+  wire [48:0] \$355 ;
+  wire [48:0] \$356 ;
+  wire [39:0] \$357 ;
+  wire [23:0] \$358 ;
+  wire [15:0] \$359 ;
+  wire \$36 ;
+  wire [11:0] \$360 ;
+  wire [9:0] \$361 ;
+  wire [48:0] \$362 ;
+  wire [48:0] \$363 ;
+  wire [39:0] \$364 ;
+  wire [48:0] \$365 ;
+  wire [48:0] \$366 ;
+  wire [39:0] \$367 ;
+  wire [23:0] \$368 ;
+  wire [48:0] \$369 ;
   wire \$37 ;
-  wire [6:0] \$38 ;
+  wire [48:0] \$370 ;
+  wire [39:0] \$371 ;
+  wire [48:0] \$372 ;
+  wire [48:0] \$373 ;
+  wire [39:0] \$374 ;
+  wire [23:0] \$375 ;
+  wire [15:0] \$376 ;
+  wire [48:0] \$377 ;
+  wire [48:0] \$378 ;
+  wire [39:0] \$379 ;
+  wire \$38 ;
+  wire [48:0] \$380 ;
+  wire [48:0] \$381 ;
+  wire [39:0] \$382 ;
+  wire [23:0] \$383 ;
+  wire [48:0] \$384 ;
+  wire [48:0] \$385 ;
+  wire [39:0] \$386 ;
+  wire [48:0] \$387 ;
+  wire [48:0] \$388 ;
+  wire [39:0] \$389 ;
   wire \$39 ;
-  wire [47:0] \$4 ;
-  wire [6:0] \$40 ;
+  wire [23:0] \$390 ;
+  wire [15:0] \$391 ;
+  wire [11:0] \$392 ;
+  wire [48:0] \$393 ;
+  wire [48:0] \$394 ;
+  wire [39:0] \$395 ;
+  wire [48:0] \$396 ;
+  wire [48:0] \$397 ;
+  wire [39:0] \$398 ;
+  wire [23:0] \$399 ;
+  wire [67:0] \$4 ;
+  wire \$40 ;
+  wire [48:0] \$400 ;
+  wire [48:0] \$401 ;
+  wire [39:0] \$402 ;
+  wire [48:0] \$403 ;
+  wire [48:0] \$404 ;
+  wire [39:0] \$405 ;
+  wire [23:0] \$406 ;
+  wire [15:0] \$407 ;
+  wire [48:0] \$408 ;
+  wire [48:0] \$409 ;
   wire \$41 ;
-  wire [6:0] \$42 ;
+  wire [39:0] \$410 ;
+  wire [48:0] \$411 ;
+  wire [48:0] \$412 ;
+  wire [39:0] \$413 ;
+  wire [23:0] \$414 ;
+  wire [48:0] \$415 ;
+  wire [48:0] \$416 ;
+  wire [39:0] \$417 ;
+  wire [48:0] \$418 ;
+  wire [48:0] \$419 ;
+  wire \$42 ;
+  wire [39:0] \$420 ;
+  wire [23:0] \$421 ;
+  wire [15:0] \$422 ;
+  wire [11:0] \$423 ;
+  wire [9:0] \$424 ;
+  wire [48:0] \$425 ;
+  wire \$426 ;
+  wire [48:0] \$427 ;
+  wire [48:0] \$428 ;
+  wire \$429 ;
   wire \$43 ;
-  wire [6:0] \$44 ;
+  wire \$430 ;
+  wire \$431 ;
+  wire [8:0] \$432 ;
+  wire [7:0] \$433 ;
+  wire \$434 ;
+  wire [8:0] \$435 ;
+  wire [8:0] \$436 ;
+  wire [48:0] \$437 ;
+  wire [48:0] \$438 ;
+  wire [39:0] \$439 ;
+  wire \$44 ;
+  wire [48:0] \$440 ;
+  wire [48:0] \$441 ;
+  wire [39:0] \$442 ;
+  wire [23:0] \$443 ;
+  wire [48:0] \$444 ;
+  wire [48:0] \$445 ;
+  wire [39:0] \$446 ;
+  wire [48:0] \$447 ;
+  wire [48:0] \$448 ;
+  wire [39:0] \$449 ;
   wire \$45 ;
-  wire [6:0] \$46 ;
+  wire [23:0] \$450 ;
+  wire [15:0] \$451 ;
+  wire [48:0] \$452 ;
+  wire [48:0] \$453 ;
+  wire [39:0] \$454 ;
+  wire [48:0] \$455 ;
+  wire [48:0] \$456 ;
+  wire [39:0] \$457 ;
+  wire [23:0] \$458 ;
+  wire [48:0] \$459 ;
+  wire \$46 ;
+  wire [48:0] \$460 ;
+  wire [39:0] \$461 ;
+  wire [48:0] \$462 ;
+  wire [48:0] \$463 ;
+  wire [39:0] \$464 ;
+  wire [23:0] \$465 ;
+  wire [15:0] \$466 ;
+  wire [11:0] \$467 ;
+  wire [48:0] \$468 ;
+  wire [48:0] \$469 ;
   wire \$47 ;
-  wire [6:0] \$48 ;
+  wire [39:0] \$470 ;
+  wire [48:0] \$471 ;
+  wire [48:0] \$472 ;
+  wire [39:0] \$473 ;
+  wire [23:0] \$474 ;
+  wire [48:0] \$475 ;
+  wire [48:0] \$476 ;
+  wire [39:0] \$477 ;
+  wire [48:0] \$478 ;
+  wire [48:0] \$479 ;
+  wire \$48 ;
+  wire [39:0] \$480 ;
+  wire [23:0] \$481 ;
+  wire [15:0] \$482 ;
+  wire [48:0] \$483 ;
+  wire [48:0] \$484 ;
+  wire [39:0] \$485 ;
+  wire [48:0] \$486 ;
+  wire [48:0] \$487 ;
+  wire [39:0] \$488 ;
+  wire [23:0] \$489 ;
   wire \$49 ;
-  wire [47:0] \$5 ;
-  wire [6:0] \$50 ;
+  wire [48:0] \$490 ;
+  wire [48:0] \$491 ;
+  wire [39:0] \$492 ;
+  wire [48:0] \$493 ;
+  wire [48:0] \$494 ;
+  wire [39:0] \$495 ;
+  wire [23:0] \$496 ;
+  wire [15:0] \$497 ;
+  wire [11:0] \$498 ;
+  wire [9:0] \$499 ;
+  wire [36:0] \$5 ;
+  wire \$50 ;
+  wire [48:0] \$500 ;
+  wire [48:0] \$501 ;
+  wire [39:0] \$502 ;
+  wire [48:0] \$503 ;
+  wire [48:0] \$504 ;
+  wire [39:0] \$505 ;
+  wire [23:0] \$506 ;
+  wire [48:0] \$507 ;
+  wire [48:0] \$508 ;
+  wire [39:0] \$509 ;
   wire \$51 ;
-  wire [6:0] \$52 ;
+  wire [48:0] \$510 ;
+  wire [48:0] \$511 ;
+  wire [39:0] \$512 ;
+  wire [23:0] \$513 ;
+  wire [15:0] \$514 ;
+  wire [48:0] \$515 ;
+  wire [48:0] \$516 ;
+  wire [39:0] \$517 ;
+  wire [48:0] \$518 ;
+  wire [48:0] \$519 ;
+  wire \$52 ;
+  wire [39:0] \$520 ;
+  wire [23:0] \$521 ;
+  wire [48:0] \$522 ;
+  wire [48:0] \$523 ;
+  wire [39:0] \$524 ;
+  wire [48:0] \$525 ;
+  wire [48:0] \$526 ;
+  wire [39:0] \$527 ;
+  wire [23:0] \$528 ;
+  wire [15:0] \$529 ;
   wire \$53 ;
-  wire [6:0] \$54 ;
+  wire [11:0] \$530 ;
+  wire [48:0] \$531 ;
+  wire [48:0] \$532 ;
+  wire [39:0] \$533 ;
+  wire [48:0] \$534 ;
+  wire [48:0] \$535 ;
+  wire [39:0] \$536 ;
+  wire [23:0] \$537 ;
+  wire [48:0] \$538 ;
+  wire [48:0] \$539 ;
+  wire \$54 ;
+  wire [39:0] \$540 ;
+  wire [48:0] \$541 ;
+  wire [48:0] \$542 ;
+  wire [39:0] \$543 ;
+  wire [23:0] \$544 ;
+  wire [15:0] \$545 ;
+  wire [48:0] \$546 ;
+  wire [48:0] \$547 ;
+  wire [39:0] \$548 ;
+  wire [48:0] \$549 ;
   wire \$55 ;
-  wire [6:0] \$56 ;
+  wire [48:0] \$550 ;
+  wire [39:0] \$551 ;
+  wire [23:0] \$552 ;
+  wire [48:0] \$553 ;
+  wire [48:0] \$554 ;
+  wire [39:0] \$555 ;
+  wire [48:0] \$556 ;
+  wire [48:0] \$557 ;
+  wire [39:0] \$558 ;
+  wire [23:0] \$559 ;
+  wire \$56 ;
+  wire [15:0] \$560 ;
+  wire [11:0] \$561 ;
+  wire [9:0] \$562 ;
+  wire [48:0] \$563 ;
+  wire \$564 ;
+  wire [48:0] \$565 ;
+  wire [48:0] \$566 ;
+  wire \$567 ;
+  wire \$568 ;
+  wire \$569 ;
   wire \$57 ;
-  wire [6:0] \$58 ;
+  wire [8:0] \$570 ;
+  wire [7:0] \$571 ;
+  wire \$572 ;
+  wire [8:0] \$573 ;
+  wire [8:0] \$574 ;
+  wire [48:0] \$575 ;
+  wire [48:0] \$576 ;
+  wire [39:0] \$577 ;
+  wire [48:0] \$578 ;
+  wire [48:0] \$579 ;
+  wire \$58 ;
+  wire [39:0] \$580 ;
+  wire [23:0] \$581 ;
+  wire [48:0] \$582 ;
+  wire [48:0] \$583 ;
+  wire [39:0] \$584 ;
+  wire [48:0] \$585 ;
+  wire [48:0] \$586 ;
+  wire [39:0] \$587 ;
+  wire [23:0] \$588 ;
+  wire [15:0] \$589 ;
   wire \$59 ;
-  wire [36:0] \$6 ;
-  wire [6:0] \$60 ;
+  wire [48:0] \$590 ;
+  wire [48:0] \$591 ;
+  wire [39:0] \$592 ;
+  wire [48:0] \$593 ;
+  wire [48:0] \$594 ;
+  wire [39:0] \$595 ;
+  wire [23:0] \$596 ;
+  wire [48:0] \$597 ;
+  wire [48:0] \$598 ;
+  wire [39:0] \$599 ;
+  wire [66:0] \$6 ;
+  wire \$60 ;
+  wire [48:0] \$600 ;
+  wire [48:0] \$601 ;
+  wire [39:0] \$602 ;
+  wire [23:0] \$603 ;
+  wire [15:0] \$604 ;
+  wire [11:0] \$605 ;
+  wire [48:0] \$606 ;
+  wire [48:0] \$607 ;
+  wire [39:0] \$608 ;
+  wire [48:0] \$609 ;
   wire \$61 ;
-  wire [6:0] \$62 ;
-  wire \$63 ;
-  wire [6:0] \$64 ;
-  wire \$65 ;
-  wire [6:0] \$66 ;
-  wire \$67 ;
-  wire [6:0] \$68 ;
-  wire \$69 ;
-  wire [66:0] \$7 ;
-  wire [6:0] \$70 ;
-  wire \$71 ;
-  wire [6:0] \$72 ;
-  wire \$73 ;
-  wire [6:0] \$74 ;
-  wire \$75 ;
-  wire [6:0] \$76 ;
-  wire \$77 ;
-  wire [6:0] \$78 ;
-  wire \$79 ;
-  wire [67:0] \$8 ;
-  wire [6:0] \$80 ;
-  wire \$81 ;
-  wire [6:0] \$82 ;
-  wire \$83 ;
-  wire [6:0] \$84 ;
-  wire \$85 ;
-  wire [6:0] \$86 ;
-  wire \$87 ;
-  wire [6:0] \$88 ;
-  wire \$89 ;
-  wire [36:0] \$9 ;
-  wire [6:0] \$90 ;
-  wire \$91 ;
-  wire [6:0] \$92 ;
-  wire \$93 ;
-  wire [6:0] \$94 ;
-  wire \$95 ;
-  wire [6:0] \$96 ;
-  wire \$97 ;
-  wire [6:0] \$98 ;
-  wire \$99 ;
+  wire [48:0] \$610 ;
+  wire [39:0] \$611 ;
+  wire [23:0] \$612 ;
+  wire [48:0] \$613 ;
+  wire [48:0] \$614 ;
+  wire [39:0] \$615 ;
+  wire [48:0] \$616 ;
+  wire [48:0] \$617 ;
+  wire [39:0] \$618 ;
+  wire [23:0] \$619 ;
+  wire \$62 ;
+  wire [15:0] \$620 ;
+  wire [48:0] \$621 ;
+  wire [48:0] \$622 ;
+  wire [39:0] \$623 ;
+  wire [48:0] \$624 ;
+  wire [48:0] \$625 ;
+  wire [39:0] \$626 ;
+  wire [23:0] \$627 ;
+  wire [48:0] \$628 ;
+  wire [48:0] \$629 ;
+  wire [6:0] \$63 ;
+  wire [39:0] \$630 ;
+  wire [48:0] \$631 ;
+  wire [48:0] \$632 ;
+  wire [39:0] \$633 ;
+  wire [23:0] \$634 ;
+  wire [15:0] \$635 ;
+  wire [11:0] \$636 ;
+  wire [9:0] \$637 ;
+  wire [48:0] \$638 ;
+  wire [48:0] \$639 ;
+  wire \$64 ;
+  wire [39:0] \$640 ;
+  wire [48:0] \$641 ;
+  wire [48:0] \$642 ;
+  wire [39:0] \$643 ;
+  wire [23:0] \$644 ;
+  wire [48:0] \$645 ;
+  wire [48:0] \$646 ;
+  wire [39:0] \$647 ;
+  wire [48:0] \$648 ;
+  wire [48:0] \$649 ;
+  wire [6:0] \$65 ;
+  wire [39:0] \$650 ;
+  wire [23:0] \$651 ;
+  wire [15:0] \$652 ;
+  wire [48:0] \$653 ;
+  wire [48:0] \$654 ;
+  wire [39:0] \$655 ;
+  wire [48:0] \$656 ;
+  wire [48:0] \$657 ;
+  wire [39:0] \$658 ;
+  wire [23:0] \$659 ;
+  wire \$66 ;
+  wire [48:0] \$660 ;
+  wire [48:0] \$661 ;
+  wire [39:0] \$662 ;
+  wire [48:0] \$663 ;
+  wire [48:0] \$664 ;
+  wire [39:0] \$665 ;
+  wire [23:0] \$666 ;
+  wire [15:0] \$667 ;
+  wire [11:0] \$668 ;
+  wire [48:0] \$669 ;
+  wire [6:0] \$67 ;
+  wire [48:0] \$670 ;
+  wire [39:0] \$671 ;
+  wire [48:0] \$672 ;
+  wire [48:0] \$673 ;
+  wire [39:0] \$674 ;
+  wire [23:0] \$675 ;
+  wire [48:0] \$676 ;
+  wire [48:0] \$677 ;
+  wire [39:0] \$678 ;
+  wire [48:0] \$679 ;
+  wire \$68 ;
+  wire [48:0] \$680 ;
+  wire [39:0] \$681 ;
+  wire [23:0] \$682 ;
+  wire [15:0] \$683 ;
+  wire [48:0] \$684 ;
+  wire [48:0] \$685 ;
+  wire [39:0] \$686 ;
+  wire [48:0] \$687 ;
+  wire [48:0] \$688 ;
+  wire [39:0] \$689 ;
+  wire [6:0] \$69 ;
+  wire [23:0] \$690 ;
+  wire [48:0] \$691 ;
+  wire [48:0] \$692 ;
+  wire [39:0] \$693 ;
+  wire [48:0] \$694 ;
+  wire [48:0] \$695 ;
+  wire [39:0] \$696 ;
+  wire [23:0] \$697 ;
+  wire [15:0] \$698 ;
+  wire [11:0] \$699 ;
+  wire [67:0] \$7 ;
+  wire \$70 ;
+  wire [9:0] \$700 ;
+  wire [48:0] \$701 ;
+  wire \$702 ;
+  wire [48:0] \$703 ;
+  wire [48:0] \$704 ;
+  wire \$705 ;
+  wire \$706 ;
+  wire \$707 ;
+  wire [8:0] \$708 ;
+  wire [7:0] \$709 ;
+  wire [6:0] \$71 ;
+  wire \$710 ;
+  wire [8:0] \$711 ;
+  wire [8:0] \$712 ;
+  reg \$713 ;
+  reg \$714 ;
+  reg \$715 ;
+  reg [47:0] \$716 ;
+  reg [47:0] \$717 ;
+  reg [47:0] \$718 ;
+  reg [47:0] \$719 ;
+  wire \$72 ;
+  reg [48:0] \$720 ;
+  reg [48:0] \$721 ;
+  reg \$722 ;
+  reg \$723 ;
+  reg \$724 ;
+  reg [8:0] \$725 ;
+  reg \$726 ;
+  reg \$727 ;
+  reg \$728 ;
+  reg [8:0] \$729 ;
+  wire [6:0] \$73 ;
+  reg \$730 ;
+  reg \$731 ;
+  reg [31:0] \$732 ;
+  reg [8:0] \$733 ;
+  reg \$734 ;
+  reg \$735 ;
+  reg \$736 ;
+  reg [8:0] \$737 ;
+  reg \$738 ;
+  reg \$739 ;
+  wire \$74 ;
+  reg [8:0] \$740 ;
+  reg \$741 ;
+  reg \$742 ;
+  reg \$743 ;
+  reg [8:0] \$744 ;
+  reg \$745 ;
+  reg \$746 ;
+  reg [8:0] \$747 ;
+  reg \$748 ;
+  reg \$749 ;
+  wire [6:0] \$75 ;
+  reg \$750 ;
+  reg [8:0] \$751 ;
+  reg \$752 ;
+  reg \$753 ;
+  wire \$76 ;
+  wire [6:0] \$77 ;
+  wire \$78 ;
+  wire [6:0] \$79 ;
+  wire [36:0] \$8 ;
+  wire \$80 ;
+  wire [6:0] \$81 ;
+  wire \$82 ;
+  wire [6:0] \$83 ;
+  wire \$84 ;
+  wire [6:0] \$85 ;
+  wire \$86 ;
+  wire [6:0] \$87 ;
+  wire \$88 ;
+  wire [6:0] \$89 ;
+  wire [66:0] \$9 ;
+  wire \$90 ;
+  wire [6:0] \$91 ;
+  wire \$92 ;
+  wire [6:0] \$93 ;
+  wire \$94 ;
+  wire [6:0] \$95 ;
+  wire \$96 ;
+  wire [6:0] \$97 ;
+  wire \$98 ;
+  wire [6:0] \$99 ;
   reg \$signal  = 1'h0;
-  reg \$signal$53  = 1'h0;
+  reg \$signal$44  = 1'h0;
   wire [17:0] a__0;
   wire [17:0] a__1;
   wire [17:0] a__2;
@@ -6867,6 +7481,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$734$54 , i__pay
   wire [17:0] a__5;
   wire [17:0] a__6;
   wire [17:0] a__7;
+  reg [48:0] above = 49'h0000000000000;
   output advance;
   wire advance;
   wire [17:0] b__0;
@@ -6877,7 +7492,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$734$54 , i__pay
   wire [17:0] b__5;
   wire [17:0] b__6;
   wire [17:0] b__7;
-  reg [47:0] below_half = 48'h000000000000;
+  reg [48:0] below = 49'h0000000000000;
   input clk;
   wire clk;
   wire en;
@@ -6891,6 +7506,14 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$734$54 , i__pay
   input i__valid;
   wire i__valid;
   wire [15:0] mult;
+  reg neg0 = 1'h0;
+  reg neg1 = 1'h0;
+  reg neg2 = 1'h0;
+  reg neg2_0 = 1'h0;
+  reg neg2_1 = 1'h0;
+  reg neg2_2 = 1'h0;
+  reg neg2_3 = 1'h0;
+  reg neg3 = 1'h0;
   output [31:0] o__payload;
   reg [31:0] o__payload = 32'd0;
   wire [7:0] \o__payload[0] ;
@@ -6901,6 +7524,14 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$734$54 , i__pay
   wire o__ready;
   output o__valid;
   reg o__valid = 1'h0;
+  reg over0 = 1'h0;
+  reg over1 = 1'h0;
+  reg over2 = 1'h0;
+  reg over2_0 = 1'h0;
+  reg over2_1 = 1'h0;
+  reg over2_2 = 1'h0;
+  reg over2_3 = 1'h0;
+  reg over3 = 1'h0;
   wire [35:0] p__0;
   wire [35:0] p__1;
   wire [35:0] p__2;
@@ -6909,21 +7540,15 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$734$54 , i__pay
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$734$54 ;
-  wire [21:0] \port$734$54 ;
-  wire [47:0] q0;
-  wire [47:0] q1;
-  wire [47:0] q2;
-  wire [47:0] q3;
-  reg [48:0] rounded0 = 49'h0000000000000;
-  reg [48:0] rounded1 = 49'h0000000000000;
-  reg [48:0] rounded2 = 49'h0000000000000;
-  reg [48:0] rounded3 = 49'h0000000000000;
+  input [21:0] \port$1286$54 ;
+  wire [21:0] \port$1286$54 ;
+  reg [8:0] rounded0 = 9'h000;
+  reg [8:0] rounded1 = 9'h000;
+  reg [8:0] rounded2 = 9'h000;
+  reg [8:0] rounded3 = 9'h000;
   input rst;
   wire rst;
   wire [5:0] shift;
-  reg [5:0] shift_m1 = 6'h00;
-  reg shift_nz = 1'h0;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
   reg sticky2 = 1'h0;
@@ -6935,218 +7560,545 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$734$54 , i__pay
   reg [47:0] x2 = 48'h000000000000;
   reg [47:0] x3 = 48'h000000000000;
   reg x_valid = 1'h0;
-  reg [47:0] y0 = 48'h000000000000;
-  reg [47:0] y1 = 48'h000000000000;
-  reg [47:0] y2 = 48'h000000000000;
-  reg [47:0] y3 = 48'h000000000000;
+  reg [8:0] y0 = 9'h000;
+  reg [8:0] y1 = 9'h000;
+  reg [8:0] y2 = 9'h000;
+  reg [8:0] y3 = 9'h000;
+  assign \$247  = \port$1286$54 [21] ? \$246  : { x0, 1'h0 };
+  assign \$250  = \port$1286$54 [21] ? \$249  : { x0, 1'h0 };
+  assign \$251  = \port$1286$54 [20] ? \$248  : \$250 [39:0];
+  assign \$252  = \port$1286$54 [19] ? \$245  : \$251 [23:0];
+  assign \$253  = \port$1286$54 [18] ? \$238  : \$252 [15:0];
+  assign \$256  = \port$1286$54 [21] ? \$255  : { x0, 1'h0 };
+  assign \$259  = \port$1286$54 [21] ? \$258  : { x0, 1'h0 };
+  assign \$260  = \port$1286$54 [20] ? \$257  : \$259 [39:0];
+  assign \$263  = \port$1286$54 [21] ? \$262  : { x0, 1'h0 };
+  assign \$266  = \port$1286$54 [21] ? \$265  : { x0, 1'h0 };
+  assign \$267  = \port$1286$54 [20] ? \$264  : \$266 [39:0];
+  assign \$268  = \port$1286$54 [19] ? \$261  : \$267 [23:0];
+  assign \$271  = \port$1286$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$274  = \port$1286$54 [21] ? \$273  : { x0, 1'h0 };
+  assign \$275  = \port$1286$54 [20] ? \$272  : \$274 [39:0];
+  assign \$278  = \port$1286$54 [21] ? \$277  : { x0, 1'h0 };
+  assign \$281  = \port$1286$54 [21] ? \$280  : { x0, 1'h0 };
+  assign \$282  = \port$1286$54 [20] ? \$279  : \$281 [39:0];
+  assign \$283  = \port$1286$54 [19] ? \$276  : \$282 [23:0];
+  assign \$284  = \port$1286$54 [18] ? \$269  : \$283 [15:0];
+  assign \$285  = \port$1286$54 [17] ? \$254  : \$284 [11:0];
+  assign \$286  = \port$1286$54 [16] ? \$223  : \$285 [9:0];
+  assign \$287  = { x0, 1'h0 } & below;
+  assign \$288  = | \$287 ;
+  assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
+  assign \$290  = \$289  & above;
+  assign \$291  = | \$290 ;
+  assign \$292  = sticky0 | y0[1];
+  assign \$293  = y0[0] & \$292 ;
+  assign \$294  = $signed(y0[8:1]) + $signed({ 1'h0, \$293  });
+  assign \$295  = neg2_0 ? 8'h80 : 8'h7f;
+  assign \$296  = $signed(rounded0) > $signed(8'h7f);
+  assign \$297  = \$296  ? 9'h07f : rounded0;
+  assign \$298  = over2_0 ? { \$295 [7], \$295  } : \$297 ;
+  assign \$300  = \port$1286$54 [21] ? \$299  : { x1, 1'h0 };
+  assign \$303  = \port$1286$54 [21] ? \$302  : { x1, 1'h0 };
+  assign \$304  = \port$1286$54 [20] ? \$301  : \$303 [39:0];
+  assign \$307  = \port$1286$54 [21] ? \$306  : { x1, 1'h0 };
+  assign \$310  = \port$1286$54 [21] ? \$309  : { x1, 1'h0 };
+  assign \$311  = \port$1286$54 [20] ? \$308  : \$310 [39:0];
+  assign \$312  = \port$1286$54 [19] ? \$305  : \$311 [23:0];
+  assign \$315  = \port$1286$54 [21] ? \$314  : { x1, 1'h0 };
+  assign \$318  = \port$1286$54 [21] ? \$317  : { x1, 1'h0 };
+  assign \$319  = \port$1286$54 [20] ? \$316  : \$318 [39:0];
+  assign \$322  = \port$1286$54 [21] ? \$321  : { x1, 1'h0 };
+  assign \$325  = \port$1286$54 [21] ? \$324  : { x1, 1'h0 };
+  assign \$326  = \port$1286$54 [20] ? \$323  : \$325 [39:0];
+  assign \$327  = \port$1286$54 [19] ? \$320  : \$326 [23:0];
+  assign \$328  = \port$1286$54 [18] ? \$313  : \$327 [15:0];
+  assign \$331  = \port$1286$54 [21] ? \$330  : { x1, 1'h0 };
+  assign \$334  = \port$1286$54 [21] ? \$333  : { x1, 1'h0 };
+  assign \$335  = \port$1286$54 [20] ? \$332  : \$334 [39:0];
+  assign \$338  = \port$1286$54 [21] ? \$337  : { x1, 1'h0 };
+  assign \$341  = \port$1286$54 [21] ? \$340  : { x1, 1'h0 };
+  assign \$342  = \port$1286$54 [20] ? \$339  : \$341 [39:0];
+  assign \$343  = \port$1286$54 [19] ? \$336  : \$342 [23:0];
+  assign \$346  = \port$1286$54 [21] ? \$345  : { x1, 1'h0 };
+  assign \$349  = \port$1286$54 [21] ? \$348  : { x1, 1'h0 };
+  assign \$350  = \port$1286$54 [20] ? \$347  : \$349 [39:0];
+  assign \$353  = \port$1286$54 [21] ? \$352  : { x1, 1'h0 };
+  assign \$356  = \port$1286$54 [21] ? \$355  : { x1, 1'h0 };
+  assign \$357  = \port$1286$54 [20] ? \$354  : \$356 [39:0];
+  assign \$358  = \port$1286$54 [19] ? \$351  : \$357 [23:0];
+  assign \$359  = \port$1286$54 [18] ? \$344  : \$358 [15:0];
+  assign \$360  = \port$1286$54 [17] ? \$329  : \$359 [11:0];
+  assign \$363  = \port$1286$54 [21] ? \$362  : { x1, 1'h0 };
+  assign \$366  = \port$1286$54 [21] ? \$365  : { x1, 1'h0 };
+  assign \$367  = \port$1286$54 [20] ? \$364  : \$366 [39:0];
+  assign \$370  = \port$1286$54 [21] ? \$369  : { x1, 1'h0 };
+  assign \$373  = \port$1286$54 [21] ? \$372  : { x1, 1'h0 };
+  assign \$374  = \port$1286$54 [20] ? \$371  : \$373 [39:0];
+  assign \$375  = \port$1286$54 [19] ? \$368  : \$374 [23:0];
+  assign \$378  = \port$1286$54 [21] ? \$377  : { x1, 1'h0 };
+  assign \$381  = \port$1286$54 [21] ? \$380  : { x1, 1'h0 };
+  assign \$382  = \port$1286$54 [20] ? \$379  : \$381 [39:0];
+  assign \$385  = \port$1286$54 [21] ? \$384  : { x1, 1'h0 };
+  assign \$388  = \port$1286$54 [21] ? \$387  : { x1, 1'h0 };
+  assign \$389  = \port$1286$54 [20] ? \$386  : \$388 [39:0];
+  assign \$390  = \port$1286$54 [19] ? \$383  : \$389 [23:0];
+  assign \$391  = \port$1286$54 [18] ? \$376  : \$390 [15:0];
+  assign \$394  = \port$1286$54 [21] ? \$393  : { x1, 1'h0 };
+  assign \$397  = \port$1286$54 [21] ? \$396  : { x1, 1'h0 };
+  assign \$398  = \port$1286$54 [20] ? \$395  : \$397 [39:0];
+  assign \$401  = \port$1286$54 [21] ? \$400  : { x1, 1'h0 };
+  assign \$404  = \port$1286$54 [21] ? \$403  : { x1, 1'h0 };
+  assign \$405  = \port$1286$54 [20] ? \$402  : \$404 [39:0];
+  assign \$406  = \port$1286$54 [19] ? \$399  : \$405 [23:0];
+  assign \$409  = \port$1286$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$412  = \port$1286$54 [21] ? \$411  : { x1, 1'h0 };
+  assign \$413  = \port$1286$54 [20] ? \$410  : \$412 [39:0];
+  assign \$416  = \port$1286$54 [21] ? \$415  : { x1, 1'h0 };
+  assign \$419  = \port$1286$54 [21] ? \$418  : { x1, 1'h0 };
+  assign \$420  = \port$1286$54 [20] ? \$417  : \$419 [39:0];
+  assign \$421  = \port$1286$54 [19] ? \$414  : \$420 [23:0];
+  assign \$422  = \port$1286$54 [18] ? \$407  : \$421 [15:0];
+  assign \$423  = \port$1286$54 [17] ? \$392  : \$422 [11:0];
+  assign \$424  = \port$1286$54 [16] ? \$361  : \$423 [9:0];
+  assign \$425  = { x1, 1'h0 } & below;
+  assign \$426  = | \$425 ;
+  assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
+  assign \$428  = \$427  & above;
+  assign \$429  = | \$428 ;
+  assign \$430  = sticky1 | y1[1];
+  assign \$431  = y1[0] & \$430 ;
+  assign \$432  = $signed(y1[8:1]) + $signed({ 1'h0, \$431  });
+  assign \$433  = neg2_1 ? 8'h80 : 8'h7f;
+  assign \$434  = $signed(rounded1) > $signed(8'h7f);
+  assign \$435  = \$434  ? 9'h07f : rounded1;
+  assign \$436  = over2_1 ? { \$433 [7], \$433  } : \$435 ;
+  assign \$438  = \port$1286$54 [21] ? \$437  : { x2, 1'h0 };
+  assign \$441  = \port$1286$54 [21] ? \$440  : { x2, 1'h0 };
+  assign \$442  = \port$1286$54 [20] ? \$439  : \$441 [39:0];
+  assign \$445  = \port$1286$54 [21] ? \$444  : { x2, 1'h0 };
+  assign \$448  = \port$1286$54 [21] ? \$447  : { x2, 1'h0 };
+  assign \$449  = \port$1286$54 [20] ? \$446  : \$448 [39:0];
+  assign \$450  = \port$1286$54 [19] ? \$443  : \$449 [23:0];
+  assign \$453  = \port$1286$54 [21] ? \$452  : { x2, 1'h0 };
+  assign \$456  = \port$1286$54 [21] ? \$455  : { x2, 1'h0 };
+  assign \$457  = \port$1286$54 [20] ? \$454  : \$456 [39:0];
+  assign \$460  = \port$1286$54 [21] ? \$459  : { x2, 1'h0 };
+  assign \$463  = \port$1286$54 [21] ? \$462  : { x2, 1'h0 };
+  assign \$464  = \port$1286$54 [20] ? \$461  : \$463 [39:0];
+  assign \$465  = \port$1286$54 [19] ? \$458  : \$464 [23:0];
+  assign \$466  = \port$1286$54 [18] ? \$451  : \$465 [15:0];
+  assign \$469  = \port$1286$54 [21] ? \$468  : { x2, 1'h0 };
+  assign \$472  = \port$1286$54 [21] ? \$471  : { x2, 1'h0 };
+  assign \$473  = \port$1286$54 [20] ? \$470  : \$472 [39:0];
+  assign \$476  = \port$1286$54 [21] ? \$475  : { x2, 1'h0 };
+  assign \$479  = \port$1286$54 [21] ? \$478  : { x2, 1'h0 };
+  assign \$480  = \port$1286$54 [20] ? \$477  : \$479 [39:0];
+  assign \$481  = \port$1286$54 [19] ? \$474  : \$480 [23:0];
+  assign \$484  = \port$1286$54 [21] ? \$483  : { x2, 1'h0 };
+  assign \$487  = \port$1286$54 [21] ? \$486  : { x2, 1'h0 };
+  assign \$488  = \port$1286$54 [20] ? \$485  : \$487 [39:0];
+  assign \$491  = \port$1286$54 [21] ? \$490  : { x2, 1'h0 };
+  assign \$494  = \port$1286$54 [21] ? \$493  : { x2, 1'h0 };
+  assign \$495  = \port$1286$54 [20] ? \$492  : \$494 [39:0];
+  assign \$496  = \port$1286$54 [19] ? \$489  : \$495 [23:0];
+  assign \$497  = \port$1286$54 [18] ? \$482  : \$496 [15:0];
+  assign \$498  = \port$1286$54 [17] ? \$467  : \$497 [11:0];
+  assign \$501  = \port$1286$54 [21] ? \$500  : { x2, 1'h0 };
+  assign \$504  = \port$1286$54 [21] ? \$503  : { x2, 1'h0 };
+  assign \$505  = \port$1286$54 [20] ? \$502  : \$504 [39:0];
+  assign \$508  = \port$1286$54 [21] ? \$507  : { x2, 1'h0 };
+  assign \$511  = \port$1286$54 [21] ? \$510  : { x2, 1'h0 };
+  assign \$512  = \port$1286$54 [20] ? \$509  : \$511 [39:0];
+  assign \$513  = \port$1286$54 [19] ? \$506  : \$512 [23:0];
+  assign \$516  = \port$1286$54 [21] ? \$515  : { x2, 1'h0 };
+  assign \$519  = \port$1286$54 [21] ? \$518  : { x2, 1'h0 };
+  assign \$520  = \port$1286$54 [20] ? \$517  : \$519 [39:0];
+  assign \$523  = \port$1286$54 [21] ? \$522  : { x2, 1'h0 };
+  assign \$526  = \port$1286$54 [21] ? \$525  : { x2, 1'h0 };
+  assign \$527  = \port$1286$54 [20] ? \$524  : \$526 [39:0];
+  assign \$528  = \port$1286$54 [19] ? \$521  : \$527 [23:0];
+  assign \$529  = \port$1286$54 [18] ? \$514  : \$528 [15:0];
+  assign \$532  = \port$1286$54 [21] ? \$531  : { x2, 1'h0 };
+  assign \$535  = \port$1286$54 [21] ? \$534  : { x2, 1'h0 };
+  assign \$536  = \port$1286$54 [20] ? \$533  : \$535 [39:0];
+  assign \$539  = \port$1286$54 [21] ? \$538  : { x2, 1'h0 };
+  assign \$542  = \port$1286$54 [21] ? \$541  : { x2, 1'h0 };
+  assign \$543  = \port$1286$54 [20] ? \$540  : \$542 [39:0];
+  assign \$544  = \port$1286$54 [19] ? \$537  : \$543 [23:0];
+  assign \$547  = \port$1286$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$550  = \port$1286$54 [21] ? \$549  : { x2, 1'h0 };
+  assign \$551  = \port$1286$54 [20] ? \$548  : \$550 [39:0];
+  assign \$554  = \port$1286$54 [21] ? \$553  : { x2, 1'h0 };
+  assign \$557  = \port$1286$54 [21] ? \$556  : { x2, 1'h0 };
+  assign \$558  = \port$1286$54 [20] ? \$555  : \$557 [39:0];
+  assign \$559  = \port$1286$54 [19] ? \$552  : \$558 [23:0];
+  assign \$560  = \port$1286$54 [18] ? \$545  : \$559 [15:0];
+  assign \$561  = \port$1286$54 [17] ? \$530  : \$560 [11:0];
+  assign \$562  = \port$1286$54 [16] ? \$499  : \$561 [9:0];
+  assign \$563  = { x2, 1'h0 } & below;
+  assign \$564  = | \$563 ;
+  assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
+  assign \$566  = \$565  & above;
+  assign \$567  = | \$566 ;
+  assign \$568  = sticky2 | y2[1];
+  assign \$569  = y2[0] & \$568 ;
+  assign \$570  = $signed(y2[8:1]) + $signed({ 1'h0, \$569  });
+  assign \$571  = neg2_2 ? 8'h80 : 8'h7f;
+  assign \$572  = $signed(rounded2) > $signed(8'h7f);
+  assign \$573  = \$572  ? 9'h07f : rounded2;
+  assign \$574  = over2_2 ? { \$571 [7], \$571  } : \$573 ;
+  assign \$576  = \port$1286$54 [21] ? \$575  : { x3, 1'h0 };
+  assign \$579  = \port$1286$54 [21] ? \$578  : { x3, 1'h0 };
+  assign \$580  = \port$1286$54 [20] ? \$577  : \$579 [39:0];
+  assign \$583  = \port$1286$54 [21] ? \$582  : { x3, 1'h0 };
+  assign \$586  = \port$1286$54 [21] ? \$585  : { x3, 1'h0 };
+  assign \$587  = \port$1286$54 [20] ? \$584  : \$586 [39:0];
+  assign \$588  = \port$1286$54 [19] ? \$581  : \$587 [23:0];
+  assign \$591  = \port$1286$54 [21] ? \$590  : { x3, 1'h0 };
+  assign \$594  = \port$1286$54 [21] ? \$593  : { x3, 1'h0 };
+  assign \$595  = \port$1286$54 [20] ? \$592  : \$594 [39:0];
+  assign \$598  = \port$1286$54 [21] ? \$597  : { x3, 1'h0 };
+  assign \$601  = \port$1286$54 [21] ? \$600  : { x3, 1'h0 };
+  assign \$602  = \port$1286$54 [20] ? \$599  : \$601 [39:0];
+  assign \$603  = \port$1286$54 [19] ? \$596  : \$602 [23:0];
+  assign \$604  = \port$1286$54 [18] ? \$589  : \$603 [15:0];
+  assign \$607  = \port$1286$54 [21] ? \$606  : { x3, 1'h0 };
+  assign \$610  = \port$1286$54 [21] ? \$609  : { x3, 1'h0 };
+  assign \$611  = \port$1286$54 [20] ? \$608  : \$610 [39:0];
+  assign \$614  = \port$1286$54 [21] ? \$613  : { x3, 1'h0 };
+  assign \$617  = \port$1286$54 [21] ? \$616  : { x3, 1'h0 };
+  assign \$618  = \port$1286$54 [20] ? \$615  : \$617 [39:0];
+  assign \$619  = \port$1286$54 [19] ? \$612  : \$618 [23:0];
+  assign \$622  = \port$1286$54 [21] ? \$621  : { x3, 1'h0 };
+  assign \$625  = \port$1286$54 [21] ? \$624  : { x3, 1'h0 };
+  assign \$626  = \port$1286$54 [20] ? \$623  : \$625 [39:0];
+  assign \$629  = \port$1286$54 [21] ? \$628  : { x3, 1'h0 };
+  assign \$632  = \port$1286$54 [21] ? \$631  : { x3, 1'h0 };
+  assign \$633  = \port$1286$54 [20] ? \$630  : \$632 [39:0];
+  assign \$634  = \port$1286$54 [19] ? \$627  : \$633 [23:0];
+  assign \$635  = \port$1286$54 [18] ? \$620  : \$634 [15:0];
+  assign \$636  = \port$1286$54 [17] ? \$605  : \$635 [11:0];
+  assign \$639  = \port$1286$54 [21] ? \$638  : { x3, 1'h0 };
+  assign \$642  = \port$1286$54 [21] ? \$641  : { x3, 1'h0 };
+  assign \$643  = \port$1286$54 [20] ? \$640  : \$642 [39:0];
+  assign \$646  = \port$1286$54 [21] ? \$645  : { x3, 1'h0 };
+  assign \$649  = \port$1286$54 [21] ? \$648  : { x3, 1'h0 };
+  assign \$650  = \port$1286$54 [20] ? \$647  : \$649 [39:0];
+  assign \$651  = \port$1286$54 [19] ? \$644  : \$650 [23:0];
+  assign \$654  = \port$1286$54 [21] ? \$653  : { x3, 1'h0 };
+  assign \$657  = \port$1286$54 [21] ? \$656  : { x3, 1'h0 };
+  assign \$658  = \port$1286$54 [20] ? \$655  : \$657 [39:0];
+  assign \$661  = \port$1286$54 [21] ? \$660  : { x3, 1'h0 };
+  assign \$664  = \port$1286$54 [21] ? \$663  : { x3, 1'h0 };
+  assign \$665  = \port$1286$54 [20] ? \$662  : \$664 [39:0];
+  assign \$666  = \port$1286$54 [19] ? \$659  : \$665 [23:0];
+  assign \$667  = \port$1286$54 [18] ? \$652  : \$666 [15:0];
+  assign \$670  = \port$1286$54 [21] ? \$669  : { x3, 1'h0 };
+  assign \$673  = \port$1286$54 [21] ? \$672  : { x3, 1'h0 };
+  assign \$674  = \port$1286$54 [20] ? \$671  : \$673 [39:0];
+  assign \$677  = \port$1286$54 [21] ? \$676  : { x3, 1'h0 };
+  assign \$680  = \port$1286$54 [21] ? \$679  : { x3, 1'h0 };
+  assign \$681  = \port$1286$54 [20] ? \$678  : \$680 [39:0];
+  assign \$682  = \port$1286$54 [19] ? \$675  : \$681 [23:0];
+  assign \$685  = \port$1286$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$688  = \port$1286$54 [21] ? \$687  : { x3, 1'h0 };
+  assign \$689  = \port$1286$54 [20] ? \$686  : \$688 [39:0];
+  assign \$692  = \port$1286$54 [21] ? \$691  : { x3, 1'h0 };
+  assign \$695  = \port$1286$54 [21] ? \$694  : { x3, 1'h0 };
+  assign \$696  = \port$1286$54 [20] ? \$693  : \$695 [39:0];
+  assign \$697  = \port$1286$54 [19] ? \$690  : \$696 [23:0];
+  assign \$698  = \port$1286$54 [18] ? \$683  : \$697 [15:0];
+  assign \$699  = \port$1286$54 [17] ? \$668  : \$698 [11:0];
+  assign \$700  = \port$1286$54 [16] ? \$637  : \$699 [9:0];
+  assign \$701  = { x3, 1'h0 } & below;
+  assign \$702  = | \$701 ;
+  assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
+  assign \$704  = \$703  & above;
+  assign \$705  = | \$704 ;
+  assign \$706  = sticky3 | y3[1];
+  assign \$707  = y3[0] & \$706 ;
+  assign \$708  = $signed(y3[8:1]) + $signed({ 1'h0, \$707  });
+  assign \$709  = neg2_3 ? 8'h80 : 8'h7f;
+  assign \$710  = $signed(rounded3) > $signed(8'h7f);
+  assign \$711  = \$710  ? 9'h07f : rounded3;
+  assign \$712  = over2_3 ? { \$709 [7], \$709  } : \$711 ;
+  always @(posedge clk)
+    \$signal  <= \$713 ;
+  always @(posedge clk)
+    v2 <= \$714 ;
+  always @(posedge clk)
+    x_valid <= \$715 ;
+  always @(posedge clk)
+    x0 <= \$716 ;
+  always @(posedge clk)
+    x1 <= \$717 ;
+  always @(posedge clk)
+    x2 <= \$718 ;
+  always @(posedge clk)
+    x3 <= \$719 ;
+  always @(posedge clk)
+    below <= \$720 ;
+  always @(posedge clk)
+    above <= \$721 ;
+  always @(posedge clk)
+    \$signal$44  <= \$722 ;
+  always @(posedge clk)
+    v_round <= \$723 ;
+  always @(posedge clk)
+    o__valid <= \$724 ;
+  always @(posedge clk)
+    y0 <= \$725 ;
+  always @(posedge clk)
+    sticky0 <= \$726 ;
+  always @(posedge clk)
+    over0 <= \$727 ;
+  always @(posedge clk)
+    neg0 <= \$728 ;
+  always @(posedge clk)
+    rounded0 <= \$729 ;
+  always @(posedge clk)
+    over2_0 <= \$730 ;
+  always @(posedge clk)
+    neg2_0 <= \$731 ;
+  always @(posedge clk)
+    o__payload <= \$732 ;
+  always @(posedge clk)
+    y1 <= \$733 ;
+  always @(posedge clk)
+    sticky1 <= \$734 ;
+  always @(posedge clk)
+    over1 <= \$735 ;
+  always @(posedge clk)
+    neg1 <= \$736 ;
+  always @(posedge clk)
+    rounded1 <= \$737 ;
+  always @(posedge clk)
+    over2_1 <= \$738 ;
+  always @(posedge clk)
+    neg2_1 <= \$739 ;
+  always @(posedge clk)
+    y2 <= \$740 ;
+  always @(posedge clk)
+    sticky2 <= \$741 ;
+  always @(posedge clk)
+    over2 <= \$742 ;
+  always @(posedge clk)
+    neg2 <= \$743 ;
+  always @(posedge clk)
+    rounded2 <= \$744 ;
+  always @(posedge clk)
+    over2_2 <= \$745 ;
+  always @(posedge clk)
+    neg2_2 <= \$746 ;
+  always @(posedge clk)
+    y3 <= \$747 ;
+  always @(posedge clk)
+    sticky3 <= \$748 ;
+  always @(posedge clk)
+    over3 <= \$749 ;
+  always @(posedge clk)
+    neg3 <= \$750 ;
+  always @(posedge clk)
+    rounded3 <= \$751 ;
+  always @(posedge clk)
+    over2_3 <= \$752 ;
+  always @(posedge clk)
+    neg2_3 <= \$753 ;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
-  assign q0 = shift_nz ? \$2  : y0;
-  assign q1 = shift_nz ? \$3  : y1;
-  assign q2 = shift_nz ? \$4  : y2;
-  assign q3 = shift_nz ? \$5  : y3;
-  assign \$8  = $signed(\$6 ) + $signed(\$7 );
-  assign \$11  = $signed(\$9 ) + $signed(\$10 );
-  assign \$14  = $signed(\$12 ) + $signed(\$13 );
-  assign \$17  = $signed(\$15 ) + $signed(\$16 );
-  assign \$18  = | \port$734$54 [21:16];
-  assign \$19  = \port$734$54 [21:16] - 1'h1;
-  assign \$20  = \port$734$54 [21:16] - 1'h1;
-  assign \$21  = \$20 [5:0] > 1'h0;
-  assign \$22  = \port$734$54 [21:16] - 1'h1;
-  assign \$23  = \$22 [5:0] > 1'h1;
-  assign \$24  = \port$734$54 [21:16] - 1'h1;
-  assign \$25  = \$24 [5:0] > 2'h2;
-  assign \$26  = \port$734$54 [21:16] - 1'h1;
-  assign \$27  = \$26 [5:0] > 2'h3;
-  assign \$28  = \port$734$54 [21:16] - 1'h1;
-  assign \$29  = \$28 [5:0] > 3'h4;
-  assign \$30  = \port$734$54 [21:16] - 1'h1;
-  assign \$31  = \$30 [5:0] > 3'h5;
-  assign \$32  = \port$734$54 [21:16] - 1'h1;
-  assign \$33  = \$32 [5:0] > 3'h6;
-  assign \$34  = \port$734$54 [21:16] - 1'h1;
-  assign \$35  = \$34 [5:0] > 3'h7;
-  assign \$36  = \port$734$54 [21:16] - 1'h1;
-  assign \$37  = \$36 [5:0] > 4'h8;
-  assign \$38  = \port$734$54 [21:16] - 1'h1;
-  assign \$39  = \$38 [5:0] > 4'h9;
-  assign \$40  = \port$734$54 [21:16] - 1'h1;
-  assign \$41  = \$40 [5:0] > 4'ha;
-  assign \$42  = \port$734$54 [21:16] - 1'h1;
-  assign \$43  = \$42 [5:0] > 4'hb;
-  assign \$44  = \port$734$54 [21:16] - 1'h1;
-  assign \$45  = \$44 [5:0] > 4'hc;
-  assign \$46  = \port$734$54 [21:16] - 1'h1;
-  assign \$47  = \$46 [5:0] > 4'hd;
-  assign \$48  = \port$734$54 [21:16] - 1'h1;
-  assign \$49  = \$48 [5:0] > 4'he;
-  assign \$50  = \port$734$54 [21:16] - 1'h1;
-  assign \$51  = \$50 [5:0] > 4'hf;
-  assign \$52  = \port$734$54 [21:16] - 1'h1;
-  assign \$53  = \$52 [5:0] > 5'h10;
-  assign \$54  = \port$734$54 [21:16] - 1'h1;
-  assign \$55  = \$54 [5:0] > 5'h11;
-  assign \$56  = \port$734$54 [21:16] - 1'h1;
-  assign \$57  = \$56 [5:0] > 5'h12;
-  assign \$58  = \port$734$54 [21:16] - 1'h1;
-  assign \$59  = \$58 [5:0] > 5'h13;
-  assign \$60  = \port$734$54 [21:16] - 1'h1;
-  assign \$61  = \$60 [5:0] > 5'h14;
-  assign \$62  = \port$734$54 [21:16] - 1'h1;
-  assign \$63  = \$62 [5:0] > 5'h15;
-  assign \$64  = \port$734$54 [21:16] - 1'h1;
-  assign \$65  = \$64 [5:0] > 5'h16;
-  assign \$66  = \port$734$54 [21:16] - 1'h1;
-  assign \$67  = \$66 [5:0] > 5'h17;
-  assign \$68  = \port$734$54 [21:16] - 1'h1;
-  assign \$69  = \$68 [5:0] > 5'h18;
-  assign \$70  = \port$734$54 [21:16] - 1'h1;
-  assign \$71  = \$70 [5:0] > 5'h19;
-  assign \$72  = \port$734$54 [21:16] - 1'h1;
-  assign \$73  = \$72 [5:0] > 5'h1a;
-  assign \$74  = \port$734$54 [21:16] - 1'h1;
-  assign \$75  = \$74 [5:0] > 5'h1b;
-  assign \$76  = \port$734$54 [21:16] - 1'h1;
-  assign \$77  = \$76 [5:0] > 5'h1c;
-  assign \$78  = \port$734$54 [21:16] - 1'h1;
-  assign \$79  = \$78 [5:0] > 5'h1d;
-  assign \$80  = \port$734$54 [21:16] - 1'h1;
-  assign \$81  = \$80 [5:0] > 5'h1e;
-  assign \$82  = \port$734$54 [21:16] - 1'h1;
-  assign \$83  = \$82 [5:0] > 5'h1f;
-  assign \$84  = \port$734$54 [21:16] - 1'h1;
-  assign \$85  = \$84 [5:0] > 6'h20;
-  assign \$86  = \port$734$54 [21:16] - 1'h1;
-  assign \$87  = \$86 [5:0] > 6'h21;
-  assign \$88  = \port$734$54 [21:16] - 1'h1;
-  assign \$89  = \$88 [5:0] > 6'h22;
-  assign \$90  = \port$734$54 [21:16] - 1'h1;
-  assign \$91  = \$90 [5:0] > 6'h23;
-  assign \$92  = \port$734$54 [21:16] - 1'h1;
-  assign \$93  = \$92 [5:0] > 6'h24;
-  assign \$94  = \port$734$54 [21:16] - 1'h1;
-  assign \$95  = \$94 [5:0] > 6'h25;
-  assign \$96  = \port$734$54 [21:16] - 1'h1;
-  assign \$97  = \$96 [5:0] > 6'h26;
-  assign \$98  = \port$734$54 [21:16] - 1'h1;
-  assign \$99  = \$98 [5:0] > 6'h27;
-  assign \$100  = \port$734$54 [21:16] - 1'h1;
-  assign \$101  = \$100 [5:0] > 6'h28;
-  assign \$102  = \port$734$54 [21:16] - 1'h1;
-  assign \$103  = \$102 [5:0] > 6'h29;
-  assign \$104  = \port$734$54 [21:16] - 1'h1;
-  assign \$105  = \$104 [5:0] > 6'h2a;
-  assign \$106  = \port$734$54 [21:16] - 1'h1;
-  assign \$107  = \$106 [5:0] > 6'h2b;
-  assign \$108  = \port$734$54 [21:16] - 1'h1;
-  assign \$109  = \$108 [5:0] > 6'h2c;
-  assign \$110  = \port$734$54 [21:16] - 1'h1;
-  assign \$111  = \$110 [5:0] > 6'h2d;
-  assign \$112  = \port$734$54 [21:16] - 1'h1;
-  assign \$113  = \$112 [5:0] > 6'h2e;
-  assign \$114  = \port$734$54 [21:16] - 1'h1;
-  assign \$115  = \$114 [5:0] > 6'h2f;
-  assign \$116  = $signed(x0) >>> shift_m1;
-  assign \$117  = shift_nz ? \$116  : x0;
-  assign \$118  = x0 & below_half;
-  assign \$119  = | \$118 ;
-  assign \$120  = y0[0] & shift_nz;
-  assign \$121  = sticky0 | q0[0];
-  assign \$122  = \$120  & \$121 ;
-  assign \$123  = $signed(q0) + $signed({ 1'h0, \$122  });
-  assign \$124  = $signed(rounded0) < $signed(8'h80);
-  assign \$125  = $signed(rounded0) > $signed(8'h7f);
-  assign \$126  = \$125  ? 49'h000000000007f : rounded0;
-  assign \$127  = \$124  ? 49'h1ffffffffff80 : \$126 ;
-  assign \$128  = $signed(x1) >>> shift_m1;
-  assign \$129  = shift_nz ? \$128  : x1;
-  assign \$130  = x1 & below_half;
-  assign \$131  = | \$130 ;
-  assign \$132  = y1[0] & shift_nz;
-  assign \$133  = sticky1 | q1[0];
-  assign \$134  = \$132  & \$133 ;
-  assign \$135  = $signed(q1) + $signed({ 1'h0, \$134  });
-  assign \$136  = $signed(rounded1) < $signed(8'h80);
-  assign \$137  = $signed(rounded1) > $signed(8'h7f);
-  assign \$138  = \$137  ? 49'h000000000007f : rounded1;
-  assign \$139  = \$136  ? 49'h1ffffffffff80 : \$138 ;
-  assign \$140  = $signed(x2) >>> shift_m1;
-  assign \$141  = shift_nz ? \$140  : x2;
-  assign \$142  = x2 & below_half;
-  assign \$143  = | \$142 ;
-  assign \$144  = y2[0] & shift_nz;
-  assign \$145  = sticky2 | q2[0];
-  assign \$146  = \$144  & \$145 ;
-  assign \$147  = $signed(q2) + $signed({ 1'h0, \$146  });
-  assign \$148  = $signed(rounded2) < $signed(8'h80);
-  assign \$149  = $signed(rounded2) > $signed(8'h7f);
-  assign \$150  = \$149  ? 49'h000000000007f : rounded2;
-  assign \$151  = \$148  ? 49'h1ffffffffff80 : \$150 ;
-  assign \$152  = $signed(x3) >>> shift_m1;
-  assign \$153  = shift_nz ? \$152  : x3;
-  assign \$154  = x3 & below_half;
-  assign \$155  = | \$154 ;
-  assign \$156  = y3[0] & shift_nz;
-  assign \$157  = sticky3 | q3[0];
-  assign \$158  = \$156  & \$157 ;
-  assign \$159  = $signed(q3) + $signed({ 1'h0, \$158  });
-  assign \$160  = $signed(rounded3) < $signed(8'h80);
-  assign \$161  = $signed(rounded3) > $signed(8'h7f);
-  assign \$162  = \$161  ? 49'h000000000007f : rounded3;
-  assign \$163  = \$160  ? 49'h1ffffffffff80 : \$162 ;
-  always @(posedge clk)
-    \$signal  <= \$164 ;
-  always @(posedge clk)
-    v2 <= \$165 ;
-  always @(posedge clk)
-    x_valid <= \$166 ;
-  always @(posedge clk)
-    x0 <= \$167 ;
-  always @(posedge clk)
-    x1 <= \$168 ;
-  always @(posedge clk)
-    x2 <= \$169 ;
-  always @(posedge clk)
-    x3 <= \$170 ;
-  always @(posedge clk)
-    shift_nz <= \$171 ;
-  always @(posedge clk)
-    shift_m1 <= \$172 ;
-  always @(posedge clk)
-    below_half <= \$173 ;
-  always @(posedge clk)
-    \$signal$53  <= \$174 ;
-  always @(posedge clk)
-    v_round <= \$175 ;
-  always @(posedge clk)
-    o__valid <= \$176 ;
-  always @(posedge clk)
-    y0 <= \$177 ;
-  always @(posedge clk)
-    sticky0 <= \$178 ;
-  always @(posedge clk)
-    rounded0 <= \$179 ;
-  always @(posedge clk)
-    o__payload <= \$180 ;
-  always @(posedge clk)
-    y1 <= \$181 ;
-  always @(posedge clk)
-    sticky1 <= \$182 ;
-  always @(posedge clk)
-    rounded1 <= \$183 ;
-  always @(posedge clk)
-    y2 <= \$184 ;
-  always @(posedge clk)
-    sticky2 <= \$185 ;
-  always @(posedge clk)
-    rounded2 <= \$186 ;
-  always @(posedge clk)
-    y3 <= \$187 ;
-  always @(posedge clk)
-    sticky3 <= \$188 ;
-  always @(posedge clk)
-    rounded3 <= \$189 ;
+  assign \$4  = $signed(\$2 ) + $signed(\$3 );
+  assign \$7  = $signed(\$5 ) + $signed(\$6 );
+  assign \$10  = $signed(\$8 ) + $signed(\$9 );
+  assign \$13  = $signed(\$11 ) + $signed(\$12 );
+  assign \$14  = \port$1286$54 [21:16] > 1'h0;
+  assign \$15  = \port$1286$54 [21:16] > 1'h1;
+  assign \$16  = \port$1286$54 [21:16] > 2'h2;
+  assign \$17  = \port$1286$54 [21:16] > 2'h3;
+  assign \$18  = \port$1286$54 [21:16] > 3'h4;
+  assign \$19  = \port$1286$54 [21:16] > 3'h5;
+  assign \$20  = \port$1286$54 [21:16] > 3'h6;
+  assign \$21  = \port$1286$54 [21:16] > 3'h7;
+  assign \$22  = \port$1286$54 [21:16] > 4'h8;
+  assign \$23  = \port$1286$54 [21:16] > 4'h9;
+  assign \$24  = \port$1286$54 [21:16] > 4'ha;
+  assign \$25  = \port$1286$54 [21:16] > 4'hb;
+  assign \$26  = \port$1286$54 [21:16] > 4'hc;
+  assign \$27  = \port$1286$54 [21:16] > 4'hd;
+  assign \$28  = \port$1286$54 [21:16] > 4'he;
+  assign \$29  = \port$1286$54 [21:16] > 4'hf;
+  assign \$30  = \port$1286$54 [21:16] > 5'h10;
+  assign \$31  = \port$1286$54 [21:16] > 5'h11;
+  assign \$32  = \port$1286$54 [21:16] > 5'h12;
+  assign \$33  = \port$1286$54 [21:16] > 5'h13;
+  assign \$34  = \port$1286$54 [21:16] > 5'h14;
+  assign \$35  = \port$1286$54 [21:16] > 5'h15;
+  assign \$36  = \port$1286$54 [21:16] > 5'h16;
+  assign \$37  = \port$1286$54 [21:16] > 5'h17;
+  assign \$38  = \port$1286$54 [21:16] > 5'h18;
+  assign \$39  = \port$1286$54 [21:16] > 5'h19;
+  assign \$40  = \port$1286$54 [21:16] > 5'h1a;
+  assign \$41  = \port$1286$54 [21:16] > 5'h1b;
+  assign \$42  = \port$1286$54 [21:16] > 5'h1c;
+  assign \$43  = \port$1286$54 [21:16] > 5'h1d;
+  assign \$44  = \port$1286$54 [21:16] > 5'h1e;
+  assign \$45  = \port$1286$54 [21:16] > 5'h1f;
+  assign \$46  = \port$1286$54 [21:16] > 6'h20;
+  assign \$47  = \port$1286$54 [21:16] > 6'h21;
+  assign \$48  = \port$1286$54 [21:16] > 6'h22;
+  assign \$49  = \port$1286$54 [21:16] > 6'h23;
+  assign \$50  = \port$1286$54 [21:16] > 6'h24;
+  assign \$51  = \port$1286$54 [21:16] > 6'h25;
+  assign \$52  = \port$1286$54 [21:16] > 6'h26;
+  assign \$53  = \port$1286$54 [21:16] > 6'h27;
+  assign \$54  = \port$1286$54 [21:16] > 6'h28;
+  assign \$55  = \port$1286$54 [21:16] > 6'h29;
+  assign \$56  = \port$1286$54 [21:16] > 6'h2a;
+  assign \$57  = \port$1286$54 [21:16] > 6'h2b;
+  assign \$58  = \port$1286$54 [21:16] > 6'h2c;
+  assign \$59  = \port$1286$54 [21:16] > 6'h2d;
+  assign \$60  = \port$1286$54 [21:16] > 6'h2e;
+  assign \$61  = \port$1286$54 [21:16] > 6'h2f;
+  assign \$62  = \port$1286$54 [21:16] > 6'h30;
+  assign \$63  = \port$1286$54 [21:16] + 4'h8;
+  assign \$64  = \$63  <= 1'h0;
+  assign \$65  = \port$1286$54 [21:16] + 4'h8;
+  assign \$66  = \$65  <= 1'h1;
+  assign \$67  = \port$1286$54 [21:16] + 4'h8;
+  assign \$68  = \$67  <= 2'h2;
+  assign \$69  = \port$1286$54 [21:16] + 4'h8;
+  assign \$70  = \$69  <= 2'h3;
+  assign \$71  = \port$1286$54 [21:16] + 4'h8;
+  assign \$72  = \$71  <= 3'h4;
+  assign \$73  = \port$1286$54 [21:16] + 4'h8;
+  assign \$74  = \$73  <= 3'h5;
+  assign \$75  = \port$1286$54 [21:16] + 4'h8;
+  assign \$76  = \$75  <= 3'h6;
+  assign \$77  = \port$1286$54 [21:16] + 4'h8;
+  assign \$78  = \$77  <= 3'h7;
+  assign \$79  = \port$1286$54 [21:16] + 4'h8;
+  assign \$80  = \$79  <= 4'h8;
+  assign \$81  = \port$1286$54 [21:16] + 4'h8;
+  assign \$82  = \$81  <= 4'h9;
+  assign \$83  = \port$1286$54 [21:16] + 4'h8;
+  assign \$84  = \$83  <= 4'ha;
+  assign \$85  = \port$1286$54 [21:16] + 4'h8;
+  assign \$86  = \$85  <= 4'hb;
+  assign \$87  = \port$1286$54 [21:16] + 4'h8;
+  assign \$88  = \$87  <= 4'hc;
+  assign \$89  = \port$1286$54 [21:16] + 4'h8;
+  assign \$90  = \$89  <= 4'hd;
+  assign \$91  = \port$1286$54 [21:16] + 4'h8;
+  assign \$92  = \$91  <= 4'he;
+  assign \$93  = \port$1286$54 [21:16] + 4'h8;
+  assign \$94  = \$93  <= 4'hf;
+  assign \$95  = \port$1286$54 [21:16] + 4'h8;
+  assign \$96  = \$95  <= 5'h10;
+  assign \$97  = \port$1286$54 [21:16] + 4'h8;
+  assign \$98  = \$97  <= 5'h11;
+  assign \$99  = \port$1286$54 [21:16] + 4'h8;
+  assign \$100  = \$99  <= 5'h12;
+  assign \$101  = \port$1286$54 [21:16] + 4'h8;
+  assign \$102  = \$101  <= 5'h13;
+  assign \$103  = \port$1286$54 [21:16] + 4'h8;
+  assign \$104  = \$103  <= 5'h14;
+  assign \$105  = \port$1286$54 [21:16] + 4'h8;
+  assign \$106  = \$105  <= 5'h15;
+  assign \$107  = \port$1286$54 [21:16] + 4'h8;
+  assign \$108  = \$107  <= 5'h16;
+  assign \$109  = \port$1286$54 [21:16] + 4'h8;
+  assign \$110  = \$109  <= 5'h17;
+  assign \$111  = \port$1286$54 [21:16] + 4'h8;
+  assign \$112  = \$111  <= 5'h18;
+  assign \$113  = \port$1286$54 [21:16] + 4'h8;
+  assign \$114  = \$113  <= 5'h19;
+  assign \$115  = \port$1286$54 [21:16] + 4'h8;
+  assign \$116  = \$115  <= 5'h1a;
+  assign \$117  = \port$1286$54 [21:16] + 4'h8;
+  assign \$118  = \$117  <= 5'h1b;
+  assign \$119  = \port$1286$54 [21:16] + 4'h8;
+  assign \$120  = \$119  <= 5'h1c;
+  assign \$121  = \port$1286$54 [21:16] + 4'h8;
+  assign \$122  = \$121  <= 5'h1d;
+  assign \$123  = \port$1286$54 [21:16] + 4'h8;
+  assign \$124  = \$123  <= 5'h1e;
+  assign \$125  = \port$1286$54 [21:16] + 4'h8;
+  assign \$126  = \$125  <= 5'h1f;
+  assign \$127  = \port$1286$54 [21:16] + 4'h8;
+  assign \$128  = \$127  <= 6'h20;
+  assign \$129  = \port$1286$54 [21:16] + 4'h8;
+  assign \$130  = \$129  <= 6'h21;
+  assign \$131  = \port$1286$54 [21:16] + 4'h8;
+  assign \$132  = \$131  <= 6'h22;
+  assign \$133  = \port$1286$54 [21:16] + 4'h8;
+  assign \$134  = \$133  <= 6'h23;
+  assign \$135  = \port$1286$54 [21:16] + 4'h8;
+  assign \$136  = \$135  <= 6'h24;
+  assign \$137  = \port$1286$54 [21:16] + 4'h8;
+  assign \$138  = \$137  <= 6'h25;
+  assign \$139  = \port$1286$54 [21:16] + 4'h8;
+  assign \$140  = \$139  <= 6'h26;
+  assign \$141  = \port$1286$54 [21:16] + 4'h8;
+  assign \$142  = \$141  <= 6'h27;
+  assign \$143  = \port$1286$54 [21:16] + 4'h8;
+  assign \$144  = \$143  <= 6'h28;
+  assign \$145  = \port$1286$54 [21:16] + 4'h8;
+  assign \$146  = \$145  <= 6'h29;
+  assign \$147  = \port$1286$54 [21:16] + 4'h8;
+  assign \$148  = \$147  <= 6'h2a;
+  assign \$149  = \port$1286$54 [21:16] + 4'h8;
+  assign \$150  = \$149  <= 6'h2b;
+  assign \$151  = \port$1286$54 [21:16] + 4'h8;
+  assign \$152  = \$151  <= 6'h2c;
+  assign \$153  = \port$1286$54 [21:16] + 4'h8;
+  assign \$154  = \$153  <= 6'h2d;
+  assign \$155  = \port$1286$54 [21:16] + 4'h8;
+  assign \$156  = \$155  <= 6'h2e;
+  assign \$157  = \port$1286$54 [21:16] + 4'h8;
+  assign \$158  = \$157  <= 6'h2f;
+  assign \$159  = \port$1286$54 [21:16] + 4'h8;
+  assign \$160  = \$159  <= 6'h30;
+  assign \$162  = \port$1286$54 [21] ? \$161  : { x0, 1'h0 };
+  assign \$165  = \port$1286$54 [21] ? \$164  : { x0, 1'h0 };
+  assign \$166  = \port$1286$54 [20] ? \$163  : \$165 [39:0];
+  assign \$169  = \port$1286$54 [21] ? \$168  : { x0, 1'h0 };
+  assign \$172  = \port$1286$54 [21] ? \$171  : { x0, 1'h0 };
+  assign \$173  = \port$1286$54 [20] ? \$170  : \$172 [39:0];
+  assign \$174  = \port$1286$54 [19] ? \$167  : \$173 [23:0];
+  assign \$177  = \port$1286$54 [21] ? \$176  : { x0, 1'h0 };
+  assign \$180  = \port$1286$54 [21] ? \$179  : { x0, 1'h0 };
+  assign \$181  = \port$1286$54 [20] ? \$178  : \$180 [39:0];
+  assign \$184  = \port$1286$54 [21] ? \$183  : { x0, 1'h0 };
+  assign \$187  = \port$1286$54 [21] ? \$186  : { x0, 1'h0 };
+  assign \$188  = \port$1286$54 [20] ? \$185  : \$187 [39:0];
+  assign \$189  = \port$1286$54 [19] ? \$182  : \$188 [23:0];
+  assign \$190  = \port$1286$54 [18] ? \$175  : \$189 [15:0];
+  assign \$193  = \port$1286$54 [21] ? \$192  : { x0, 1'h0 };
+  assign \$196  = \port$1286$54 [21] ? \$195  : { x0, 1'h0 };
+  assign \$197  = \port$1286$54 [20] ? \$194  : \$196 [39:0];
+  assign \$200  = \port$1286$54 [21] ? \$199  : { x0, 1'h0 };
+  assign \$203  = \port$1286$54 [21] ? \$202  : { x0, 1'h0 };
+  assign \$204  = \port$1286$54 [20] ? \$201  : \$203 [39:0];
+  assign \$205  = \port$1286$54 [19] ? \$198  : \$204 [23:0];
+  assign \$208  = \port$1286$54 [21] ? \$207  : { x0, 1'h0 };
+  assign \$211  = \port$1286$54 [21] ? \$210  : { x0, 1'h0 };
+  assign \$212  = \port$1286$54 [20] ? \$209  : \$211 [39:0];
+  assign \$215  = \port$1286$54 [21] ? \$214  : { x0, 1'h0 };
+  assign \$218  = \port$1286$54 [21] ? \$217  : { x0, 1'h0 };
+  assign \$219  = \port$1286$54 [20] ? \$216  : \$218 [39:0];
+  assign \$220  = \port$1286$54 [19] ? \$213  : \$219 [23:0];
+  assign \$221  = \port$1286$54 [18] ? \$206  : \$220 [15:0];
+  assign \$222  = \port$1286$54 [17] ? \$191  : \$221 [11:0];
+  assign \$225  = \port$1286$54 [21] ? \$224  : { x0, 1'h0 };
+  assign \$228  = \port$1286$54 [21] ? \$227  : { x0, 1'h0 };
+  assign \$229  = \port$1286$54 [20] ? \$226  : \$228 [39:0];
+  assign \$232  = \port$1286$54 [21] ? \$231  : { x0, 1'h0 };
+  assign \$235  = \port$1286$54 [21] ? \$234  : { x0, 1'h0 };
+  assign \$236  = \port$1286$54 [20] ? \$233  : \$235 [39:0];
+  assign \$237  = \port$1286$54 [19] ? \$230  : \$236 [23:0];
+  assign \$240  = \port$1286$54 [21] ? \$239  : { x0, 1'h0 };
+  assign \$243  = \port$1286$54 [21] ? \$242  : { x0, 1'h0 };
+  assign \$244  = \port$1286$54 [20] ? \$241  : \$243 [39:0];
   \nanokpu_gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -7158,284 +8110,437 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$734$54 , i__pay
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$734$54 (\port$734$54 [15:0]),
-    .\port$752$0 (i__payload),
+    .\port$1286$54 (\port$1286$54 [15:0]),
+    .\port$1304$0 (i__payload),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$164  = \$signal ;
+    \$713  = \$signal ;
     if (advance) begin
-      \$164  = i__valid;
+      \$713  = i__valid;
     end
     if (rst) begin
-      \$164  = 1'h0;
+      \$713  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$165  = v2;
+    \$714  = v2;
     if (advance) begin
-      \$165  = \$signal ;
+      \$714  = \$signal ;
     end
     if (rst) begin
-      \$165  = 1'h0;
+      \$714  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$166  = x_valid;
+    \$715  = x_valid;
     if (advance) begin
-      \$166  = v2;
+      \$715  = v2;
     end
     if (rst) begin
-      \$166  = 1'h0;
+      \$715  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$167  = x0;
+    \$716  = x0;
     if (advance) begin
-      \$167  = \$8 [47:0];
+      \$716  = \$4 [47:0];
     end
     if (rst) begin
-      \$167  = 48'h000000000000;
+      \$716  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$168  = x1;
+    \$717  = x1;
     if (advance) begin
-      \$168  = \$11 [47:0];
+      \$717  = \$7 [47:0];
     end
     if (rst) begin
-      \$168  = 48'h000000000000;
+      \$717  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$169  = x2;
+    \$718  = x2;
     if (advance) begin
-      \$169  = \$14 [47:0];
+      \$718  = \$10 [47:0];
     end
     if (rst) begin
-      \$169  = 48'h000000000000;
+      \$718  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$170  = x3;
+    \$719  = x3;
     if (advance) begin
-      \$170  = \$17 [47:0];
+      \$719  = \$13 [47:0];
     end
     if (rst) begin
-      \$170  = 48'h000000000000;
+      \$719  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$171  = \$18 ;
+    \$720  = { \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14  };
     if (rst) begin
-      \$171  = 1'h0;
+      \$720  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$172  = \$19 [5:0];
+    \$721  = { \$160 , \$158 , \$156 , \$154 , \$152 , \$150 , \$148 , \$146 , \$144 , \$142 , \$140 , \$138 , \$136 , \$134 , \$132 , \$130 , \$128 , \$126 , \$124 , \$122 , \$120 , \$118 , \$116 , \$114 , \$112 , \$110 , \$108 , \$106 , \$104 , \$102 , \$100 , \$98 , \$96 , \$94 , \$92 , \$90 , \$88 , \$86 , \$84 , \$82 , \$80 , \$78 , \$76 , \$74 , \$72 , \$70 , \$68 , \$66 , \$64  };
     if (rst) begin
-      \$172  = 6'h00;
+      \$721  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$173  = { \$115 , \$113 , \$111 , \$109 , \$107 , \$105 , \$103 , \$101 , \$99 , \$97 , \$95 , \$93 , \$91 , \$89 , \$87 , \$85 , \$83 , \$81 , \$79 , \$77 , \$75 , \$73 , \$71 , \$69 , \$67 , \$65 , \$63 , \$61 , \$59 , \$57 , \$55 , \$53 , \$51 , \$49 , \$47 , \$45 , \$43 , \$41 , \$39 , \$37 , \$35 , \$33 , \$31 , \$29 , \$27 , \$25 , \$23 , \$21  };
-    if (rst) begin
-      \$173  = 48'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$174  = \$signal$53 ;
+    \$722  = \$signal$44 ;
     if (advance) begin
-      \$174  = x_valid;
+      \$722  = x_valid;
     end
     if (rst) begin
-      \$174  = 1'h0;
+      \$722  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$175  = v_round;
+    \$723  = v_round;
     if (advance) begin
-      \$175  = \$signal$53 ;
+      \$723  = \$signal$44 ;
     end
     if (rst) begin
-      \$175  = 1'h0;
+      \$723  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$176  = o__valid;
+    \$724  = o__valid;
     if (advance) begin
-      \$176  = v_round;
+      \$724  = v_round;
     end
     if (rst) begin
-      \$176  = 1'h0;
+      \$724  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$177  = y0;
+    \$725  = y0;
     if (advance) begin
-      \$177  = \$117 ;
+      \$725  = \$286 [8:0];
     end
     if (rst) begin
-      \$177  = 48'h000000000000;
+      \$725  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$178  = sticky0;
+    \$726  = sticky0;
     if (advance) begin
-      \$178  = \$119 ;
+      \$726  = \$288 ;
     end
     if (rst) begin
-      \$178  = 1'h0;
+      \$726  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$179  = rounded0;
+    \$727  = over0;
     if (advance) begin
-      \$179  = \$123 ;
+      \$727  = \$291 ;
     end
     if (rst) begin
-      \$179  = 49'h0000000000000;
+      \$727  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$180  = o__payload;
+    \$728  = neg0;
     if (advance) begin
-      \$180 [7:0] = \$127 [7:0];
-      \$180 [15:8] = \$139 [7:0];
-      \$180 [23:16] = \$151 [7:0];
-      \$180 [31:24] = \$163 [7:0];
+      \$728  = x0[47];
     end
     if (rst) begin
-      \$180  = 32'd0;
+      \$728  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$181  = y1;
+    \$729  = rounded0;
     if (advance) begin
-      \$181  = \$129 ;
+      \$729  = \$294 ;
     end
     if (rst) begin
-      \$181  = 48'h000000000000;
+      \$729  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$182  = sticky1;
+    \$730  = over2_0;
     if (advance) begin
-      \$182  = \$131 ;
+      \$730  = over0;
     end
     if (rst) begin
-      \$182  = 1'h0;
+      \$730  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$183  = rounded1;
+    \$731  = neg2_0;
     if (advance) begin
-      \$183  = \$135 ;
+      \$731  = neg0;
     end
     if (rst) begin
-      \$183  = 49'h0000000000000;
+      \$731  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$184  = y2;
+    \$732  = o__payload;
     if (advance) begin
-      \$184  = \$141 ;
+      \$732 [7:0] = \$298 [7:0];
+      \$732 [15:8] = \$436 [7:0];
+      \$732 [23:16] = \$574 [7:0];
+      \$732 [31:24] = \$712 [7:0];
     end
     if (rst) begin
-      \$184  = 48'h000000000000;
+      \$732  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$185  = sticky2;
+    \$733  = y1;
     if (advance) begin
-      \$185  = \$143 ;
+      \$733  = \$424 [8:0];
     end
     if (rst) begin
-      \$185  = 1'h0;
+      \$733  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$186  = rounded2;
+    \$734  = sticky1;
     if (advance) begin
-      \$186  = \$147 ;
+      \$734  = \$426 ;
     end
     if (rst) begin
-      \$186  = 49'h0000000000000;
+      \$734  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$187  = y3;
+    \$735  = over1;
     if (advance) begin
-      \$187  = \$153 ;
+      \$735  = \$429 ;
     end
     if (rst) begin
-      \$187  = 48'h000000000000;
+      \$735  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$188  = sticky3;
+    \$736  = neg1;
     if (advance) begin
-      \$188  = \$155 ;
+      \$736  = x1[47];
     end
     if (rst) begin
-      \$188  = 1'h0;
+      \$736  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$189  = rounded3;
+    \$737  = rounded1;
     if (advance) begin
-      \$189  = \$159 ;
+      \$737  = \$432 ;
     end
     if (rst) begin
-      \$189  = 49'h0000000000000;
+      \$737  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$738  = over2_1;
+    if (advance) begin
+      \$738  = over1;
+    end
+    if (rst) begin
+      \$738  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$739  = neg2_1;
+    if (advance) begin
+      \$739  = neg1;
+    end
+    if (rst) begin
+      \$739  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$740  = y2;
+    if (advance) begin
+      \$740  = \$562 [8:0];
+    end
+    if (rst) begin
+      \$740  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$741  = sticky2;
+    if (advance) begin
+      \$741  = \$564 ;
+    end
+    if (rst) begin
+      \$741  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$742  = over2;
+    if (advance) begin
+      \$742  = \$567 ;
+    end
+    if (rst) begin
+      \$742  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$743  = neg2;
+    if (advance) begin
+      \$743  = x2[47];
+    end
+    if (rst) begin
+      \$743  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$744  = rounded2;
+    if (advance) begin
+      \$744  = \$570 ;
+    end
+    if (rst) begin
+      \$744  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$745  = over2_2;
+    if (advance) begin
+      \$745  = over2;
+    end
+    if (rst) begin
+      \$745  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$746  = neg2_2;
+    if (advance) begin
+      \$746  = neg2;
+    end
+    if (rst) begin
+      \$746  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$747  = y3;
+    if (advance) begin
+      \$747  = \$700 [8:0];
+    end
+    if (rst) begin
+      \$747  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$748  = sticky3;
+    if (advance) begin
+      \$748  = \$702 ;
+    end
+    if (rst) begin
+      \$748  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$749  = over3;
+    if (advance) begin
+      \$749  = \$705 ;
+    end
+    if (rst) begin
+      \$749  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$750  = neg3;
+    if (advance) begin
+      \$750  = x3[47];
+    end
+    if (rst) begin
+      \$750  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$751  = rounded3;
+    if (advance) begin
+      \$751  = \$708 ;
+    end
+    if (rst) begin
+      \$751  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$752  = over2_3;
+    if (advance) begin
+      \$752  = over3;
+    end
+    if (rst) begin
+      \$752  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$753  = neg2_3;
+    if (advance) begin
+      \$753  = neg3;
+    end
+    if (rst) begin
+      \$753  = 1'h0;
     end
   end
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$734$54 [15:0] };
-  assign mult = \port$734$54 [15:0];
+  assign b__0 = { 2'h0, \port$1286$54 [15:0] };
+  assign mult = \port$1286$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$734$54 [15:0] };
+  assign b__1 = { 2'h0, \port$1286$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$734$54 [15:0] };
+  assign b__2 = { 2'h0, \port$1286$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$734$54 [15:0] };
+  assign b__3 = { 2'h0, \port$1286$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$734$54 [15:0] };
+  assign b__4 = { 2'h0, \port$1286$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$734$54 [15:0] };
+  assign b__5 = { 2'h0, \port$1286$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$734$54 [15:0] };
+  assign b__6 = { 2'h0, \port$1286$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$734$54 [15:0] };
-  assign shift = \port$734$54 [21:16];
+  assign b__7 = { 2'h0, \port$1286$54 [15:0] };
+  assign shift = \port$1286$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -7444,22 +8549,270 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$734$54 , i__pay
   assign \o__payload[1]  = o__payload[15:8];
   assign \o__payload[2]  = o__payload[23:16];
   assign \o__payload[3]  = o__payload[31:24];
-  assign \$2  = { y0[47], y0[47:1] };
-  assign \$3  = { y1[47], y1[47:1] };
-  assign \$4  = { y2[47], y2[47:1] };
-  assign \$5  = { y3[47], y3[47:1] };
-  assign \$6  = { p__0[35], p__0 };
-  assign \$7  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$9  = { p__2[35], p__2 };
-  assign \$10  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$12  = { p__4[35], p__4 };
-  assign \$13  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$15  = { p__6[35], p__6 };
-  assign \$16  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$2  = { p__0[35], p__0 };
+  assign \$3  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$5  = { p__2[35], p__2 };
+  assign \$6  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$8  = { p__4[35], p__4 };
+  assign \$9  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$11  = { p__6[35], p__6 };
+  assign \$12  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$161  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$163  = { \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39:16] };
+  assign \$164  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$167  = { \$166 [23], \$166 [23], \$166 [23], \$166 [23], \$166 [23], \$166 [23], \$166 [23], \$166 [23], \$166 [23:8] };
+  assign \$168  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$170  = { \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39:16] };
+  assign \$171  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$175  = { \$174 [15], \$174 [15], \$174 [15], \$174 [15], \$174 [15:4] };
+  assign \$176  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$178  = { \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39:16] };
+  assign \$179  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$182  = { \$181 [23], \$181 [23], \$181 [23], \$181 [23], \$181 [23], \$181 [23], \$181 [23], \$181 [23], \$181 [23:8] };
+  assign \$183  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$185  = { \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39:16] };
+  assign \$186  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$191  = { \$190 [11], \$190 [11], \$190 [11:2] };
+  assign \$192  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$194  = { \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39:16] };
+  assign \$195  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$198  = { \$197 [23], \$197 [23], \$197 [23], \$197 [23], \$197 [23], \$197 [23], \$197 [23], \$197 [23], \$197 [23:8] };
+  assign \$199  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$201  = { \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39:16] };
+  assign \$202  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$206  = { \$205 [15], \$205 [15], \$205 [15], \$205 [15], \$205 [15:4] };
+  assign \$207  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$209  = { \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39:16] };
+  assign \$210  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$213  = { \$212 [23], \$212 [23], \$212 [23], \$212 [23], \$212 [23], \$212 [23], \$212 [23], \$212 [23], \$212 [23:8] };
+  assign \$214  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$216  = { \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39:16] };
+  assign \$217  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$223  = { \$222 [9], \$222 [9:1] };
+  assign \$224  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$226  = { \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39:16] };
+  assign \$227  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$230  = { \$229 [23], \$229 [23], \$229 [23], \$229 [23], \$229 [23], \$229 [23], \$229 [23], \$229 [23], \$229 [23:8] };
+  assign \$231  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$233  = { \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39:16] };
+  assign \$234  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$238  = { \$237 [15], \$237 [15], \$237 [15], \$237 [15], \$237 [15:4] };
+  assign \$239  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$241  = { \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39:16] };
+  assign \$242  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$245  = { \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23:8] };
+  assign \$246  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$248  = { \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39:16] };
+  assign \$249  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$254  = { \$253 [11], \$253 [11], \$253 [11:2] };
+  assign \$255  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$257  = { \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39:16] };
+  assign \$258  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$261  = { \$260 [23], \$260 [23], \$260 [23], \$260 [23], \$260 [23], \$260 [23], \$260 [23], \$260 [23], \$260 [23:8] };
+  assign \$262  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$264  = { \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39:16] };
+  assign \$265  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$269  = { \$268 [15], \$268 [15], \$268 [15], \$268 [15], \$268 [15:4] };
+  assign \$270  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$272  = { \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39:16] };
+  assign \$273  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$276  = { \$275 [23], \$275 [23], \$275 [23], \$275 [23], \$275 [23], \$275 [23], \$275 [23], \$275 [23], \$275 [23:8] };
+  assign \$277  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$279  = { \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39:16] };
+  assign \$280  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$299  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$301  = { \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39:16] };
+  assign \$302  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$305  = { \$304 [23], \$304 [23], \$304 [23], \$304 [23], \$304 [23], \$304 [23], \$304 [23], \$304 [23], \$304 [23:8] };
+  assign \$306  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$308  = { \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39:16] };
+  assign \$309  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$313  = { \$312 [15], \$312 [15], \$312 [15], \$312 [15], \$312 [15:4] };
+  assign \$314  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$316  = { \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39:16] };
+  assign \$317  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$320  = { \$319 [23], \$319 [23], \$319 [23], \$319 [23], \$319 [23], \$319 [23], \$319 [23], \$319 [23], \$319 [23:8] };
+  assign \$321  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$323  = { \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39:16] };
+  assign \$324  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$329  = { \$328 [11], \$328 [11], \$328 [11:2] };
+  assign \$330  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$332  = { \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39:16] };
+  assign \$333  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$336  = { \$335 [23], \$335 [23], \$335 [23], \$335 [23], \$335 [23], \$335 [23], \$335 [23], \$335 [23], \$335 [23:8] };
+  assign \$337  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$339  = { \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39:16] };
+  assign \$340  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$344  = { \$343 [15], \$343 [15], \$343 [15], \$343 [15], \$343 [15:4] };
+  assign \$345  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$347  = { \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39:16] };
+  assign \$348  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$351  = { \$350 [23], \$350 [23], \$350 [23], \$350 [23], \$350 [23], \$350 [23], \$350 [23], \$350 [23], \$350 [23:8] };
+  assign \$352  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$354  = { \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39:16] };
+  assign \$355  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$361  = { \$360 [9], \$360 [9:1] };
+  assign \$362  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$364  = { \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39:16] };
+  assign \$365  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$368  = { \$367 [23], \$367 [23], \$367 [23], \$367 [23], \$367 [23], \$367 [23], \$367 [23], \$367 [23], \$367 [23:8] };
+  assign \$369  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$371  = { \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39:16] };
+  assign \$372  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$376  = { \$375 [15], \$375 [15], \$375 [15], \$375 [15], \$375 [15:4] };
+  assign \$377  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$379  = { \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39:16] };
+  assign \$380  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$383  = { \$382 [23], \$382 [23], \$382 [23], \$382 [23], \$382 [23], \$382 [23], \$382 [23], \$382 [23], \$382 [23:8] };
+  assign \$384  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$386  = { \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39:16] };
+  assign \$387  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$392  = { \$391 [11], \$391 [11], \$391 [11:2] };
+  assign \$393  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$395  = { \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39:16] };
+  assign \$396  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$399  = { \$398 [23], \$398 [23], \$398 [23], \$398 [23], \$398 [23], \$398 [23], \$398 [23], \$398 [23], \$398 [23:8] };
+  assign \$400  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$402  = { \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39:16] };
+  assign \$403  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$407  = { \$406 [15], \$406 [15], \$406 [15], \$406 [15], \$406 [15:4] };
+  assign \$408  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$410  = { \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39:16] };
+  assign \$411  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$414  = { \$413 [23], \$413 [23], \$413 [23], \$413 [23], \$413 [23], \$413 [23], \$413 [23], \$413 [23], \$413 [23:8] };
+  assign \$415  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$417  = { \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39:16] };
+  assign \$418  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$437  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$439  = { \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39:16] };
+  assign \$440  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$443  = { \$442 [23], \$442 [23], \$442 [23], \$442 [23], \$442 [23], \$442 [23], \$442 [23], \$442 [23], \$442 [23:8] };
+  assign \$444  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$446  = { \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39:16] };
+  assign \$447  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$451  = { \$450 [15], \$450 [15], \$450 [15], \$450 [15], \$450 [15:4] };
+  assign \$452  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$454  = { \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39:16] };
+  assign \$455  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$458  = { \$457 [23], \$457 [23], \$457 [23], \$457 [23], \$457 [23], \$457 [23], \$457 [23], \$457 [23], \$457 [23:8] };
+  assign \$459  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$461  = { \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39:16] };
+  assign \$462  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$467  = { \$466 [11], \$466 [11], \$466 [11:2] };
+  assign \$468  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$470  = { \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39:16] };
+  assign \$471  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$474  = { \$473 [23], \$473 [23], \$473 [23], \$473 [23], \$473 [23], \$473 [23], \$473 [23], \$473 [23], \$473 [23:8] };
+  assign \$475  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$477  = { \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39:16] };
+  assign \$478  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$482  = { \$481 [15], \$481 [15], \$481 [15], \$481 [15], \$481 [15:4] };
+  assign \$483  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$485  = { \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39:16] };
+  assign \$486  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$489  = { \$488 [23], \$488 [23], \$488 [23], \$488 [23], \$488 [23], \$488 [23], \$488 [23], \$488 [23], \$488 [23:8] };
+  assign \$490  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$492  = { \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39:16] };
+  assign \$493  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$499  = { \$498 [9], \$498 [9:1] };
+  assign \$500  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$502  = { \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39:16] };
+  assign \$503  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$506  = { \$505 [23], \$505 [23], \$505 [23], \$505 [23], \$505 [23], \$505 [23], \$505 [23], \$505 [23], \$505 [23:8] };
+  assign \$507  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$509  = { \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39:16] };
+  assign \$510  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$514  = { \$513 [15], \$513 [15], \$513 [15], \$513 [15], \$513 [15:4] };
+  assign \$515  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$517  = { \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39:16] };
+  assign \$518  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$521  = { \$520 [23], \$520 [23], \$520 [23], \$520 [23], \$520 [23], \$520 [23], \$520 [23], \$520 [23], \$520 [23:8] };
+  assign \$522  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$524  = { \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39:16] };
+  assign \$525  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$530  = { \$529 [11], \$529 [11], \$529 [11:2] };
+  assign \$531  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$533  = { \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39:16] };
+  assign \$534  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$537  = { \$536 [23], \$536 [23], \$536 [23], \$536 [23], \$536 [23], \$536 [23], \$536 [23], \$536 [23], \$536 [23:8] };
+  assign \$538  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$540  = { \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39:16] };
+  assign \$541  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$545  = { \$544 [15], \$544 [15], \$544 [15], \$544 [15], \$544 [15:4] };
+  assign \$546  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$548  = { \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39:16] };
+  assign \$549  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$552  = { \$551 [23], \$551 [23], \$551 [23], \$551 [23], \$551 [23], \$551 [23], \$551 [23], \$551 [23], \$551 [23:8] };
+  assign \$553  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$555  = { \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39:16] };
+  assign \$556  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$575  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$577  = { \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39:16] };
+  assign \$578  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$581  = { \$580 [23], \$580 [23], \$580 [23], \$580 [23], \$580 [23], \$580 [23], \$580 [23], \$580 [23], \$580 [23:8] };
+  assign \$582  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$584  = { \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39:16] };
+  assign \$585  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$589  = { \$588 [15], \$588 [15], \$588 [15], \$588 [15], \$588 [15:4] };
+  assign \$590  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$592  = { \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39:16] };
+  assign \$593  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$596  = { \$595 [23], \$595 [23], \$595 [23], \$595 [23], \$595 [23], \$595 [23], \$595 [23], \$595 [23], \$595 [23:8] };
+  assign \$597  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$599  = { \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39:16] };
+  assign \$600  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$605  = { \$604 [11], \$604 [11], \$604 [11:2] };
+  assign \$606  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$608  = { \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39:16] };
+  assign \$609  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$612  = { \$611 [23], \$611 [23], \$611 [23], \$611 [23], \$611 [23], \$611 [23], \$611 [23], \$611 [23], \$611 [23:8] };
+  assign \$613  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$615  = { \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39:16] };
+  assign \$616  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$620  = { \$619 [15], \$619 [15], \$619 [15], \$619 [15], \$619 [15:4] };
+  assign \$621  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$623  = { \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39:16] };
+  assign \$624  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$627  = { \$626 [23], \$626 [23], \$626 [23], \$626 [23], \$626 [23], \$626 [23], \$626 [23], \$626 [23], \$626 [23:8] };
+  assign \$628  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$630  = { \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39:16] };
+  assign \$631  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$637  = { \$636 [9], \$636 [9:1] };
+  assign \$638  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$640  = { \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39:16] };
+  assign \$641  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$644  = { \$643 [23], \$643 [23], \$643 [23], \$643 [23], \$643 [23], \$643 [23], \$643 [23], \$643 [23], \$643 [23:8] };
+  assign \$645  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$647  = { \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39:16] };
+  assign \$648  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$652  = { \$651 [15], \$651 [15], \$651 [15], \$651 [15], \$651 [15:4] };
+  assign \$653  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$655  = { \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39:16] };
+  assign \$656  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$659  = { \$658 [23], \$658 [23], \$658 [23], \$658 [23], \$658 [23], \$658 [23], \$658 [23], \$658 [23], \$658 [23:8] };
+  assign \$660  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$662  = { \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39:16] };
+  assign \$663  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$668  = { \$667 [11], \$667 [11], \$667 [11:2] };
+  assign \$669  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$671  = { \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39:16] };
+  assign \$672  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$675  = { \$674 [23], \$674 [23], \$674 [23], \$674 [23], \$674 [23], \$674 [23], \$674 [23], \$674 [23], \$674 [23:8] };
+  assign \$676  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$678  = { \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39:16] };
+  assign \$679  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$683  = { \$682 [15], \$682 [15], \$682 [15], \$682 [15], \$682 [15:4] };
+  assign \$684  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$686  = { \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39:16] };
+  assign \$687  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$690  = { \$689 [23], \$689 [23], \$689 [23], \$689 [23], \$689 [23], \$689 [23], \$689 [23], \$689 [23], \$689 [23:8] };
+  assign \$691  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$693  = { \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39:16] };
+  assign \$694  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -7545,10 +8898,10 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$734$54 ;
-  wire [15:0] \port$734$54 ;
-  input [127:0] \port$752$0 ;
-  wire [127:0] \port$752$0 ;
+  input [15:0] \port$1286$54 ;
+  wire [15:0] \port$1286$54 ;
+  input [127:0] \port$1304$0 ;
+  wire [127:0] \port$1304$0 ;
   input rst;
   wire rst;
   assign \$1  = $signed(a0_r) * $signed(b0_r);
@@ -7611,7 +8964,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$752$0 [16:0] };
+      \$9  = { 1'h0, \port$1304$0 [16:0] };
     end
     if (rst) begin
       \$9  = 18'h00000;
@@ -7621,7 +8974,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$734$54  };
+      \$10  = { 2'h0, \port$1286$54  };
     end
     if (rst) begin
       \$10  = 18'h00000;
@@ -7641,7 +8994,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$752$0 [31], \port$752$0 [31], \port$752$0 [31], \port$752$0 [31:17] };
+      \$12  = { \port$1304$0 [31], \port$1304$0 [31], \port$1304$0 [31], \port$1304$0 [31:17] };
     end
     if (rst) begin
       \$12  = 18'h00000;
@@ -7651,7 +9004,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$734$54  };
+      \$13  = { 2'h0, \port$1286$54  };
     end
     if (rst) begin
       \$13  = 18'h00000;
@@ -7671,7 +9024,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$752$0 [48:32] };
+      \$15  = { 1'h0, \port$1304$0 [48:32] };
     end
     if (rst) begin
       \$15  = 18'h00000;
@@ -7681,7 +9034,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$734$54  };
+      \$16  = { 2'h0, \port$1286$54  };
     end
     if (rst) begin
       \$16  = 18'h00000;
@@ -7701,7 +9054,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$752$0 [63], \port$752$0 [63], \port$752$0 [63], \port$752$0 [63:49] };
+      \$18  = { \port$1304$0 [63], \port$1304$0 [63], \port$1304$0 [63], \port$1304$0 [63:49] };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -7711,7 +9064,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$734$54  };
+      \$19  = { 2'h0, \port$1286$54  };
     end
     if (rst) begin
       \$19  = 18'h00000;
@@ -7731,7 +9084,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$752$0 [80:64] };
+      \$21  = { 1'h0, \port$1304$0 [80:64] };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -7741,7 +9094,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$734$54  };
+      \$22  = { 2'h0, \port$1286$54  };
     end
     if (rst) begin
       \$22  = 18'h00000;
@@ -7761,7 +9114,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$752$0 [95], \port$752$0 [95], \port$752$0 [95], \port$752$0 [95:81] };
+      \$24  = { \port$1304$0 [95], \port$1304$0 [95], \port$1304$0 [95], \port$1304$0 [95:81] };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -7771,7 +9124,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$734$54  };
+      \$25  = { 2'h0, \port$1286$54  };
     end
     if (rst) begin
       \$25  = 18'h00000;
@@ -7791,7 +9144,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$752$0 [112:96] };
+      \$27  = { 1'h0, \port$1304$0 [112:96] };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -7801,7 +9154,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$734$54  };
+      \$28  = { 2'h0, \port$1286$54  };
     end
     if (rst) begin
       \$28  = 18'h00000;
@@ -7821,7 +9174,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$752$0 [127], \port$752$0 [127], \port$752$0 [127], \port$752$0 [127:113] };
+      \$30  = { \port$1304$0 [127], \port$1304$0 [127], \port$1304$0 [127], \port$1304$0 [127:113] };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -7831,7 +9184,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$734$54  };
+      \$31  = { 2'h0, \port$1286$54  };
     end
     if (rst) begin
       \$31  = 18'h00000;
@@ -7847,20 +9200,20 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$734$54 , \port$752$0 , p__0, p_
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$752$0 [16:0] };
-  assign b__0 = { 2'h0, \port$734$54  };
-  assign a__1 = { \port$752$0 [31], \port$752$0 [31], \port$752$0 [31], \port$752$0 [31:17] };
-  assign b__1 = { 2'h0, \port$734$54  };
-  assign a__2 = { 1'h0, \port$752$0 [48:32] };
-  assign b__2 = { 2'h0, \port$734$54  };
-  assign a__3 = { \port$752$0 [63], \port$752$0 [63], \port$752$0 [63], \port$752$0 [63:49] };
-  assign b__3 = { 2'h0, \port$734$54  };
-  assign a__4 = { 1'h0, \port$752$0 [80:64] };
-  assign b__4 = { 2'h0, \port$734$54  };
-  assign a__5 = { \port$752$0 [95], \port$752$0 [95], \port$752$0 [95], \port$752$0 [95:81] };
-  assign b__5 = { 2'h0, \port$734$54  };
-  assign a__6 = { 1'h0, \port$752$0 [112:96] };
-  assign b__6 = { 2'h0, \port$734$54  };
-  assign a__7 = { \port$752$0 [127], \port$752$0 [127], \port$752$0 [127], \port$752$0 [127:113] };
-  assign b__7 = { 2'h0, \port$734$54  };
+  assign a__0 = { 1'h0, \port$1304$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1286$54  };
+  assign a__1 = { \port$1304$0 [31], \port$1304$0 [31], \port$1304$0 [31], \port$1304$0 [31:17] };
+  assign b__1 = { 2'h0, \port$1286$54  };
+  assign a__2 = { 1'h0, \port$1304$0 [48:32] };
+  assign b__2 = { 2'h0, \port$1286$54  };
+  assign a__3 = { \port$1304$0 [63], \port$1304$0 [63], \port$1304$0 [63], \port$1304$0 [63:49] };
+  assign b__3 = { 2'h0, \port$1286$54  };
+  assign a__4 = { 1'h0, \port$1304$0 [80:64] };
+  assign b__4 = { 2'h0, \port$1286$54  };
+  assign a__5 = { \port$1304$0 [95], \port$1304$0 [95], \port$1304$0 [95], \port$1304$0 [95:81] };
+  assign b__5 = { 2'h0, \port$1286$54  };
+  assign a__6 = { 1'h0, \port$1304$0 [112:96] };
+  assign b__6 = { 2'h0, \port$1286$54  };
+  assign a__7 = { \port$1304$0 [127], \port$1304$0 [127], \port$1304$0 [127], \port$1304$0 [127:113] };
+  assign b__7 = { 2'h0, \port$1286$54  };
 endmodule

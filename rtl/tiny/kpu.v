@@ -10309,7 +10309,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__payload(cmd__payload),
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
-    .\done$75 (done),
+    .\done$79 (done),
     .error(\error$301 ),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -17190,7 +17190,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__ready, cmd__valid, unit_rst, a_in__payload, a_in__valid, a_in__ready, \done$75 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__ready, cmd__valid, unit_rst, a_in__payload, a_in__valid, a_in__ready, \done$79 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
@@ -17198,9 +17198,9 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$101 ;
   wire \$102 ;
   wire \$103 ;
-  wire [6:0] \$104 ;
-  wire [12:0] \$105 ;
-  wire \$106 ;
+  wire \$104 ;
+  wire [6:0] \$105 ;
+  wire [12:0] \$106 ;
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
@@ -17218,29 +17218,29 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$12 ;
   wire \$120 ;
   wire \$121 ;
-  wire [6:0] \$122 ;
-  wire [12:0] \$123 ;
-  wire \$124 ;
+  wire \$122 ;
+  wire [6:0] \$123 ;
+  wire [12:0] \$124 ;
   wire \$125 ;
   wire \$126 ;
-  wire [31:0] \$127 ;
-  wire [32:0] \$128 ;
-  wire [31:0] \$129 ;
+  wire \$127 ;
+  wire [31:0] \$128 ;
+  wire [32:0] \$129 ;
   wire [12:0] \$13 ;
-  wire [32:0] \$130 ;
-  wire [31:0] \$131 ;
-  wire [32:0] \$132 ;
-  wire [31:0] \$133 ;
-  wire [32:0] \$134 ;
-  wire [31:0] \$135 ;
+  wire [31:0] \$130 ;
+  wire [32:0] \$131 ;
+  wire [31:0] \$132 ;
+  wire [32:0] \$133 ;
+  wire [31:0] \$134 ;
+  wire [32:0] \$135 ;
   wire [31:0] \$136 ;
   wire [31:0] \$137 ;
   wire [31:0] \$138 ;
-  wire [13:0] \$139 ;
+  wire [31:0] \$139 ;
   wire \$14 ;
-  wire [2:0] \$140 ;
-  wire [14:0] \$141 ;
-  wire [14:0] \$142 ;
+  wire [13:0] \$140 ;
+  wire \$141 ;
+  wire \$142 ;
   wire \$143 ;
   wire \$144 ;
   wire \$145 ;
@@ -17274,75 +17274,78 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
-  wire \$173 ;
-  reg [11:0] \$174 ;
-  reg \$175 ;
-  reg [13:0] \$176 ;
-  reg \$177 ;
-  reg [1:0] \$178 ;
+  reg [11:0] \$173 ;
+  reg \$174 ;
+  reg [13:0] \$175 ;
+  reg \$176 ;
+  reg [1:0] \$177 ;
+  reg \$178 ;
   reg \$179 ;
   wire \$18 ;
-  reg \$180 ;
+  reg [11:0] \$180 ;
   reg [11:0] \$181 ;
-  reg [11:0] \$182 ;
-  reg [3:0] \$183 ;
+  reg [3:0] \$182 ;
+  reg \$183 ;
   reg \$184 ;
   reg \$185 ;
-  reg \$186 ;
-  reg [3:0] \$187 ;
+  reg [3:0] \$186 ;
+  reg \$187 ;
   reg \$188 ;
   reg \$189 ;
   wire \$19 ;
-  reg \$190 ;
+  reg [31:0] \$190 ;
   reg [31:0] \$191 ;
-  reg [31:0] \$192 ;
+  reg \$192 ;
   reg \$193 ;
-  reg \$194 ;
-  reg [11:0] \$195 ;
-  reg [13:0] \$196 ;
+  reg [11:0] \$194 ;
+  reg [13:0] \$195 ;
+  reg [11:0] \$196 ;
   reg [11:0] \$197 ;
-  reg [11:0] \$198 ;
+  reg [13:0] \$198 ;
   reg [13:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
   reg [13:0] \$200 ;
-  reg [13:0] \$201 ;
+  reg [2:0] \$201 ;
   reg [2:0] \$202 ;
-  reg [2:0] \$203 ;
-  reg [13:0] \$204 ;
-  reg [2:0] \$205 ;
+  reg [13:0] \$203 ;
+  reg [2:0] \$204 ;
+  reg \$205 ;
   reg \$206 ;
   reg \$207 ;
-  reg \$208 ;
-  reg [13:0] \$209 ;
+  reg [13:0] \$208 ;
+  reg [127:0] \$209 ;
   wire \$21 ;
-  reg [127:0] \$210 ;
+  reg \$210 ;
   reg \$211 ;
-  reg \$212 ;
-  reg [13:0] \$213 ;
-  reg [127:0] \$214 ;
-  reg [1:0] \$215 ;
-  reg [127:0] \$216 ;
-  reg \$217 ;
-  reg [3:0] \$218 ;
-  reg \$219 ;
+  reg [13:0] \$212 ;
+  reg [127:0] \$213 ;
+  reg \$214 ;
+  reg \$215 ;
+  reg [13:0] \$216 ;
+  reg [127:0] \$217 ;
+  reg [1:0] \$218 ;
+  reg [127:0] \$219 ;
   wire \$22 ;
-  reg [13:0] \$220 ;
-  reg [11:0] \$221 ;
-  reg [11:0] \$222 ;
+  reg \$220 ;
+  reg [3:0] \$221 ;
+  reg \$222 ;
   reg [13:0] \$223 ;
-  reg [13:0] \$224 ;
-  reg \$225 ;
-  reg [3:0] \$226 ;
-  reg \$227 ;
-  reg [79:0] \$228 ;
-  reg \$229 ;
+  reg [11:0] \$224 ;
+  reg [11:0] \$225 ;
+  reg [13:0] \$226 ;
+  reg [13:0] \$227 ;
+  reg \$228 ;
+  reg [3:0] \$229 ;
   wire [7:0] \$23 ;
-  reg [2:0] \$230 ;
-  reg [2:0] \$231 ;
-  reg [11:0] \$232 ;
-  reg [13:0] \$233 ;
-  reg [13:0] \$234 ;
+  reg \$230 ;
+  reg [79:0] \$231 ;
+  reg \$232 ;
+  reg [2:0] \$233 ;
+  reg [2:0] \$234 ;
+  reg [11:0] \$235 ;
+  reg [13:0] \$236 ;
+  reg [13:0] \$237 ;
   wire [7:0] \$24 ;
   wire [7:0] \$25 ;
   wire [7:0] \$26 ;
@@ -17431,29 +17434,28 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg \$signal$14  = 1'h0;
   reg \$signal$19  = 1'h0;
   reg \$signal$21  = 1'h0;
-  reg \$signal$46  = 1'h0;
   wire [7:0] \$signature__addr ;
-  wire [6:0] \$signature__addr$90 ;
-  wire [7:0] \$signature__addr$99 ;
+  wire [7:0] \$signature__addr$103 ;
+  wire [6:0] \$signature__addr$94 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$91 ;
-  wire [7:0] \$signature__data$91[0] ;
-  wire [7:0] \$signature__data$91[1] ;
-  wire [7:0] \$signature__data$91[2] ;
-  wire [7:0] \$signature__data$91[3] ;
-  wire [127:0] \$signature__data$98 ;
-  wire [31:0] \$signature__data$98[0] ;
-  wire [31:0] \$signature__data$98[1] ;
-  wire [31:0] \$signature__data$98[2] ;
-  wire [31:0] \$signature__data$98[3] ;
+  wire [127:0] \$signature__data$102 ;
+  wire [31:0] \$signature__data$102[0] ;
+  wire [31:0] \$signature__data$102[1] ;
+  wire [31:0] \$signature__data$102[2] ;
+  wire [31:0] \$signature__data$102[3] ;
+  wire [31:0] \$signature__data$95 ;
+  wire [7:0] \$signature__data$95[0] ;
+  wire [7:0] \$signature__data$95[1] ;
+  wire [7:0] \$signature__data$95[2] ;
+  wire [7:0] \$signature__data$95[3] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
   wire [7:0] \$signature__data[3] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$100 ;
-  wire \$signature__en$93 ;
+  wire \$signature__en$104 ;
+  wire \$signature__en$97 ;
   reg [31:0] a = 32'd0;
   wire [7:0] \a[0] ;
   wire [7:0] \a[1] ;
@@ -17568,13 +17570,29 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   (* enum_value_100 = "A_RANGE" *)
   (* enum_value_101 = "C_RANGE" *)
   reg [2:0] code;
+  reg [13:0] col_addr0 = 14'h0000;
+  reg [13:0] col_addr1 = 14'h0000;
+  reg col_busy0 = 1'h0;
+  reg col_busy1 = 1'h0;
+  reg col_valid0 = 1'h0;
+  reg col_valid1 = 1'h0;
+  reg [127:0] col_word0 = 128'h00000000000000000000000000000000;
+  wire [31:0] \col_word0[0] ;
+  wire [31:0] \col_word0[1] ;
+  wire [31:0] \col_word0[2] ;
+  wire [31:0] \col_word0[3] ;
+  reg [127:0] col_word1 = 128'h00000000000000000000000000000000;
+  wire [31:0] \col_word1[0] ;
+  wire [31:0] \col_word1[1] ;
+  wire [31:0] \col_word1[2] ;
+  wire [31:0] \col_word1[3] ;
   reg [11:0] cols_c = 12'h000;
   reg [13:0] d_base = 14'h0000;
   reg [2:0] d_col = 3'h0;
   reg [2:0] d_cols = 3'h0;
   wire done;
-  output \done$75 ;
-  reg \done$75  = 1'h0;
+  output \done$79 ;
+  reg \done$79  = 1'h0;
   reg drain_busy = 1'h0;
   output error;
   reg error = 1'h0;
@@ -17621,15 +17639,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg [1:0] pending = 2'h0;
   reg [3:0] q_mask = 4'h0;
   reg q_valid = 1'h0;
-  reg [13:0] r_addr = 14'h0000;
-  reg r_col_busy = 1'h0;
   reg [3:0] r_mask = 4'h0;
   reg r_valid = 1'h0;
-  reg [127:0] r_word = 128'h00000000000000000000000000000000;
-  wire [31:0] \r_word[0] ;
-  wire [31:0] \r_word[1] ;
-  wire [31:0] \r_word[2] ;
-  wire [31:0] \r_word[3] ;
   reg rbuf = 1'h0;
   reg [11:0] rows_c = 12'h000;
   reg [11:0] rows_left = 12'h000;
@@ -17642,7 +17653,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg [11:0] s_n = 12'h000;
   reg [11:0] s_rows = 12'h000;
   wire shift;
-  wire [5:0] \shift$102 ;
+  wire [5:0] \shift$106 ;
   reg start = 1'h0;
   wire step;
   reg store_start;
@@ -18063,12 +18074,12 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     spad_b[127] = 32'd0;
   end
   always @(posedge clk) begin
-    if (\$signature__en$93 )
-      spad_b[\$105 [6:0]] <= b_in__payload;
+    if (\$signature__en$97 )
+      spad_b[\$106 [6:0]] <= b_in__payload;
   end
   reg [31:0] _1_;
   always @(posedge clk) begin
-    _1_ <= spad_b[\$123 [6:0]];
+    _1_ <= spad_b[\$124 [6:0]];
   end
   assign b_rd__data = _1_;
   reg [127:0] spad_c [255:0];
@@ -18332,12 +18343,12 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[7:0]] <= \$signature__data$98 ;
+      spad_c[w_addr[7:0]] <= \$signature__data$102 ;
   end
   reg [127:0] _2_;
   always @(posedge clk) begin
     if (c_rd__en) begin
-      _2_ <= spad_c[\$142 [7:0]];
+      _2_ <= spad_c[\$140 [7:0]];
     end
   end
   assign c_rd__data = _2_;
@@ -18436,214 +18447,221 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \$93  = \$92  | \$signal$14 ;
   assign \$94  = \$93  | issuing;
   assign \$95  = \$94  | drain_busy;
-  assign \$96  = \$95  | r_col_busy;
-  assign \$97  = \$96  | w_busy;
-  assign \$98  = ~ \$97 ;
-  assign \$99  = ! pending;
-  assign \$100  = \$98  & \$99 ;
-  assign \$101  = ! out_left;
+  assign \$96  = \$95  | col_busy0;
+  assign \$97  = \$96  | col_busy1;
+  assign \$98  = \$97  | w_busy;
+  assign \$99  = ~ \$98 ;
+  assign \$100  = ! pending;
+  assign \$101  = \$99  & \$100 ;
+  assign \$102  = ! out_left;
   assign \$signature__en  = a_in__valid & \$signal ;
-  assign \$102  = full >> wbuf;
-  assign \$103  = ~ \$102 ;
-  assign b_take = \$signal$14  & \$103 ;
-  assign \$104  = wbuf ? 7'h40 : 7'h00;
-  assign \$105  = \$104  + b_k;
-  assign \$signature__en$93  = b_in__valid & b_take;
-  assign \$106  = b_in__valid & b_take;
-  assign \$107  = b_k == k_m1;
-  assign \$108  = full >> rbuf;
-  assign \$109  = wbuf == rbuf;
-  assign \$110  = b_take & \$109 ;
-  assign \$111  = b_k > k;
-  assign \$112  = \$110  & \$111 ;
-  assign panel_ready = \$108  | \$112 ;
-  assign \$113  = issuing & panel_ready;
-  assign \$114  = ~ cmd[76];
-  assign \$115  = a_ptr < a_wptr;
-  assign \$116  = \$114  | \$115 ;
-  assign \$117  = \$113  & \$116 ;
-  assign \$118  = k == k_m1;
-  assign \$119  = ~ \$118 ;
-  assign \$120  = gap >= 4'ha;
-  assign \$121  = \$119  | \$120 ;
-  assign step = \$117  & \$121 ;
-  assign \$122  = rbuf ? 7'h40 : 7'h00;
-  assign \$123  = \$122  + k;
-  assign \$124  = k == k_m1;
-  assign \$125  = rows_c <= 3'h4;
-  assign \$126  = d_col == 2'h3;
+  assign \$103  = full >> wbuf;
+  assign \$104  = ~ \$103 ;
+  assign b_take = \$signal$14  & \$104 ;
+  assign \$105  = wbuf ? 7'h40 : 7'h00;
+  assign \$106  = \$105  + b_k;
+  assign \$signature__en$97  = b_in__valid & b_take;
+  assign \$107  = b_in__valid & b_take;
+  assign \$108  = b_k == k_m1;
+  assign \$109  = full >> rbuf;
+  assign \$110  = wbuf == rbuf;
+  assign \$111  = b_take & \$110 ;
+  assign \$112  = b_k > k;
+  assign \$113  = \$111  & \$112 ;
+  assign panel_ready = \$109  | \$113 ;
+  assign \$114  = issuing & panel_ready;
+  assign \$115  = ~ cmd[76];
+  assign \$116  = a_ptr != a_wptr;
+  assign \$117  = \$115  | \$116 ;
+  assign \$118  = \$114  & \$117 ;
+  assign \$119  = k == k_m1;
+  assign \$120  = ~ \$119 ;
+  assign \$121  = gap >= 4'ha;
+  assign \$122  = \$120  | \$121 ;
+  assign step = \$118  & \$122 ;
+  assign \$123  = rbuf ? 7'h40 : 7'h00;
+  assign \$124  = \$123  + k;
+  assign \$125  = k == k_m1;
+  assign \$126  = rows_c <= 3'h4;
+  assign \$127  = d_col == 2'h3;
   assign shift = done | drain_busy;
-  assign \$127  = cmd[78] ? c_q[31:0] : 32'd0;
-  assign \$128  = $signed(w_word[31:0]) + $signed(\$127 );
-  assign \$129  = cmd[78] ? c_q[63:32] : 32'd0;
-  assign \$130  = $signed(w_word[63:32]) + $signed(\$129 );
-  assign \$131  = cmd[78] ? c_q[95:64] : 32'd0;
-  assign \$132  = $signed(w_word[95:64]) + $signed(\$131 );
-  assign \$133  = cmd[78] ? c_q[127:96] : 32'd0;
-  assign \$134  = $signed(w_word[127:96]) + $signed(\$133 );
-  assign \$135  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$136  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$137  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$138  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$139  = done ? t_base : d_base;
-  assign \$140  = done ? 3'h0 : d_col;
-  assign \$141  = \$139  + \$140 ;
-  assign \$142  = storing ? { 1'h0, s_addr } : \$141 ;
-  assign \$143  = ~ storing;
-  assign \$144  = ~ q_valid;
-  assign \$145  = \$144  | i__ready;
-  assign c_rd__en = \$143  | \$145 ;
+  assign \$128  = cmd[78] ? c_q[31:0] : 32'd0;
+  assign \$129  = $signed(w_word[31:0]) + $signed(\$128 );
+  assign \$130  = cmd[78] ? c_q[63:32] : 32'd0;
+  assign \$131  = $signed(w_word[63:32]) + $signed(\$130 );
+  assign \$132  = cmd[78] ? c_q[95:64] : 32'd0;
+  assign \$133  = $signed(w_word[95:64]) + $signed(\$132 );
+  assign \$134  = cmd[78] ? c_q[127:96] : 32'd0;
+  assign \$135  = $signed(w_word[127:96]) + $signed(\$134 );
+  assign \$136  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$137  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$138  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$139  = q_mask[3] ? c_q[127:96] : 32'd0;
+  assign \$140  = storing ? s_addr : col_addr0;
+  assign \$141  = ~ storing;
+  assign \$142  = ~ q_valid;
+  assign \$143  = \$142  | i__ready;
+  assign c_rd__en = \$141  | \$143 ;
   assign busy = ~ cmd__ready;
-  assign \$146  = cmd[76] | cmd[77];
-  assign \$147  = \$146  | cmd[79];
-  assign \$148  = ~ \$147 ;
-  assign \$149  = ! cmd[11:0];
-  assign \$150  = cmd[76] | cmd[77];
-  assign \$151  = ! cmd[23:12];
-  assign \$152  = \$150  & \$151 ;
-  assign \$153  = \$149  | \$152 ;
-  assign \$154  = cmd[77] | cmd[79];
-  assign \$155  = ! cmd[35:24];
-  assign \$156  = \$154  & \$155 ;
-  assign \$157  = \$153  | \$156 ;
-  assign \$158  = cmd[23:12] > 7'h40;
-  assign \$159  = cmd[77] & \$158 ;
-  assign \$160  = start | \$signal ;
-  assign \$161  = \$160  | \$signal$14 ;
-  assign \$162  = \$161  | issuing;
-  assign \$163  = \$162  | drain_busy;
-  assign \$164  = \$163  | r_col_busy;
-  assign \$165  = \$164  | w_busy;
-  assign \$166  = ~ \$165 ;
-  assign \$167  = ! pending;
-  assign \$168  = \$166  & \$167 ;
-  assign \$169  = ! fsm_state;
-  assign \$170  = fsm_state == 1'h1;
-  assign \$171  = fsm_state == 2'h2;
-  assign \$172  = fsm_state == 2'h3;
-  assign \$173  = fsm_state == 3'h4;
+  assign \$144  = cmd[76] | cmd[77];
+  assign \$145  = \$144  | cmd[79];
+  assign \$146  = ~ \$145 ;
+  assign \$147  = ! cmd[11:0];
+  assign \$148  = cmd[76] | cmd[77];
+  assign \$149  = ! cmd[23:12];
+  assign \$150  = \$148  & \$149 ;
+  assign \$151  = \$147  | \$150 ;
+  assign \$152  = cmd[77] | cmd[79];
+  assign \$153  = ! cmd[35:24];
+  assign \$154  = \$152  & \$153 ;
+  assign \$155  = \$151  | \$154 ;
+  assign \$156  = cmd[23:12] > 7'h40;
+  assign \$157  = cmd[77] & \$156 ;
+  assign \$158  = start | \$signal ;
+  assign \$159  = \$158  | \$signal$14 ;
+  assign \$160  = \$159  | issuing;
+  assign \$161  = \$160  | drain_busy;
+  assign \$162  = \$161  | col_busy0;
+  assign \$163  = \$162  | col_busy1;
+  assign \$164  = \$163  | w_busy;
+  assign \$165  = ~ \$164 ;
+  assign \$166  = ! pending;
+  assign \$167  = \$165  & \$166 ;
+  assign \$168  = ! fsm_state;
+  assign \$169  = fsm_state == 1'h1;
+  assign \$170  = fsm_state == 2'h2;
+  assign \$171  = fsm_state == 2'h3;
+  assign \$172  = fsm_state == 3'h4;
   always @(posedge clk)
-    k_m1 <= \$174 ;
+    k_m1 <= \$173 ;
   always @(posedge clk)
-    start <= \$175 ;
+    start <= \$174 ;
   always @(posedge clk)
-    a_wptr <= \$176 ;
+    a_wptr <= \$175 ;
   always @(posedge clk)
-    \$signal  <= \$177 ;
+    \$signal  <= \$176 ;
   always @(posedge clk)
-    full <= \$178 ;
+    full <= \$177 ;
   always @(posedge clk)
-    \$signal$14  <= \$179 ;
+    \$signal$14  <= \$178 ;
   always @(posedge clk)
-    wbuf <= \$180 ;
+    wbuf <= \$179 ;
   always @(posedge clk)
-    b_k <= \$181 ;
+    b_k <= \$180 ;
   always @(posedge clk)
-    b_cols_left <= \$182 ;
+    b_cols_left <= \$181 ;
   always @(posedge clk)
-    gap <= \$183 ;
+    gap <= \$182 ;
   always @(posedge clk)
-    \$signal$19  <= \$184 ;
+    \$signal$19  <= \$183 ;
   always @(posedge clk)
-    \$signal$21  <= \$185 ;
+    \$signal$21  <= \$184 ;
   always @(posedge clk)
-    s_last <= \$186 ;
+    s_last <= \$185 ;
   always @(posedge clk)
-    s_mask <= \$187 ;
+    s_mask <= \$186 ;
   always @(posedge clk)
-    valid <= \$188 ;
+    valid <= \$187 ;
   always @(posedge clk)
-    first <= \$189 ;
+    first <= \$188 ;
   always @(posedge clk)
-    last <= \$190 ;
+    last <= \$189 ;
   always @(posedge clk)
-    b <= \$191 ;
+    b <= \$190 ;
   always @(posedge clk)
-    a <= \$192 ;
+    a <= \$191 ;
   always @(posedge clk)
-    issuing <= \$193 ;
+    issuing <= \$192 ;
   always @(posedge clk)
-    rbuf <= \$194 ;
+    rbuf <= \$193 ;
   always @(posedge clk)
-    k <= \$195 ;
+    k <= \$194 ;
   always @(posedge clk)
-    a_ptr <= \$196 ;
+    a_ptr <= \$195 ;
   always @(posedge clk)
-    rows_c <= \$197 ;
+    rows_c <= \$196 ;
   always @(posedge clk)
-    cols_c <= \$198 ;
+    cols_c <= \$197 ;
   always @(posedge clk)
-    c_panel <= \$199 ;
+    c_panel <= \$198 ;
   always @(posedge clk)
-    c_tile <= \$200 ;
+    c_tile <= \$199 ;
   always @(posedge clk)
-    t_base <= \$201 ;
+    t_base <= \$200 ;
   always @(posedge clk)
-    t_cols <= \$202 ;
+    t_cols <= \$201 ;
   always @(posedge clk)
-    d_col <= \$203 ;
+    d_col <= \$202 ;
   always @(posedge clk)
-    d_base <= \$204 ;
+    d_base <= \$203 ;
   always @(posedge clk)
-    d_cols <= \$205 ;
+    d_cols <= \$204 ;
   always @(posedge clk)
-    drain_busy <= \$206 ;
+    drain_busy <= \$205 ;
   always @(posedge clk)
-    \$signal$46  <= \$207 ;
+    col_valid0 <= \$206 ;
   always @(posedge clk)
-    r_col_busy <= \$208 ;
+    col_busy0 <= \$207 ;
   always @(posedge clk)
-    r_addr <= \$209 ;
+    col_addr0 <= \$208 ;
   always @(posedge clk)
-    r_word <= \$210 ;
+    col_word0 <= \$209 ;
   always @(posedge clk)
-    w_valid <= \$211 ;
+    col_valid1 <= \$210 ;
   always @(posedge clk)
-    w_busy <= \$212 ;
+    col_busy1 <= \$211 ;
   always @(posedge clk)
-    w_addr <= \$213 ;
+    col_addr1 <= \$212 ;
   always @(posedge clk)
-    w_word <= \$214 ;
+    col_word1 <= \$213 ;
   always @(posedge clk)
-    pending <= \$215 ;
+    w_valid <= \$214 ;
   always @(posedge clk)
-    c_q <= \$216 ;
+    w_busy <= \$215 ;
   always @(posedge clk)
-    q_valid <= \$217 ;
+    w_addr <= \$216 ;
   always @(posedge clk)
-    q_mask <= \$218 ;
+    w_word <= \$217 ;
   always @(posedge clk)
-    storing <= \$219 ;
+    pending <= \$218 ;
   always @(posedge clk)
-    s_addr <= \$220 ;
+    c_q <= \$219 ;
   always @(posedge clk)
-    s_n <= \$221 ;
+    q_valid <= \$220 ;
   always @(posedge clk)
-    s_rows <= \$222 ;
+    q_mask <= \$221 ;
   always @(posedge clk)
-    s_left <= \$223 ;
+    storing <= \$222 ;
   always @(posedge clk)
-    out_left <= \$224 ;
+    s_addr <= \$223 ;
   always @(posedge clk)
-    r_valid <= \$225 ;
+    s_n <= \$224 ;
   always @(posedge clk)
-    r_mask <= \$226 ;
+    s_rows <= \$225 ;
   always @(posedge clk)
-    \done$75  <= \$227 ;
+    s_left <= \$226 ;
   always @(posedge clk)
-    cmd <= \$228 ;
+    out_left <= \$227 ;
   always @(posedge clk)
-    error <= \$229 ;
+    r_valid <= \$228 ;
   always @(posedge clk)
-    error_code <= \$230 ;
+    r_mask <= \$229 ;
   always @(posedge clk)
-    fsm_state <= \$231 ;
+    \done$79  <= \$230 ;
   always @(posedge clk)
-    rows_left <= \$232 ;
+    cmd <= \$231 ;
   always @(posedge clk)
-    a_lim <= \$233 ;
+    error <= \$232 ;
   always @(posedge clk)
-    c_lim <= \$234 ;
+    error_code <= \$233 ;
+  always @(posedge clk)
+    fsm_state <= \$234 ;
+  always @(posedge clk)
+    rows_left <= \$235 ;
+  always @(posedge clk)
+    a_lim <= \$236 ;
+  always @(posedge clk)
+    c_lim <= \$237 ;
   \nanokpu_kpu.gemm.array  array (
     .a(a),
     .b(b),
@@ -18665,23 +18683,23 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$2771$54 (cmd[75:54]),
+    .\port$3496$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$174  = \$1 [11:0];
+    \$173  = \$1 [11:0];
     if (unit_rst) begin
-      \$174  = 12'h000;
+      \$173  = 12'h000;
     end
     if (rst) begin
-      \$174  = 12'h000;
+      \$173  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$175  = 1'h0;
+    \$174  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -18690,71 +18708,88 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h2:
           if (\$83 ) begin
           end else if (\$84 ) begin
-            \$175  = 1'h1;
+            \$174  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$175  = 1'h0;
+      \$174  = 1'h0;
     end
     if (rst) begin
-      \$175  = 1'h0;
+      \$174  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$176  = a_wptr;
+    \$175  = a_wptr;
     if (start) begin
-      \$176  = { 5'h00, cmd[44:36] };
+      \$175  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$176  = \$3 [13:0];
+      \$175  = \$3 [13:0];
     end
     if (unit_rst) begin
-      \$176  = 14'h0000;
+      \$175  = 14'h0000;
     end
     if (rst) begin
-      \$176  = 14'h0000;
+      \$175  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$177  = \$signal ;
+    \$176  = \$signal ;
     if (start) begin
-      \$177  = cmd[76];
+      \$176  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$177  = 1'h0;
+        \$176  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$177  = 1'h0;
+      \$176  = 1'h0;
     end
     if (rst) begin
-      \$177  = 1'h0;
+      \$176  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$178  = \$8 ;
+    \$177  = \$8 ;
     if (unit_rst) begin
-      \$178  = 2'h0;
+      \$177  = 2'h0;
     end
     if (rst) begin
-      \$178  = 2'h0;
+      \$177  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$179  = \$signal$14 ;
+    \$178  = \$signal$14 ;
     if (start) begin
-      \$179  = cmd[77];
+      \$178  = cmd[77];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$179  = 1'h0;
+          \$178  = 1'h0;
         end
       end
     end
     if (unit_rst) begin
+      \$178  = 1'h0;
+    end
+    if (rst) begin
+      \$178  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$179  = wbuf;
+    if (start) begin
+      \$179  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$179  = \$12 ;
+      end
+    end
+    if (unit_rst) begin
       \$179  = 1'h0;
     end
     if (rst) begin
@@ -18763,30 +18798,30 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$180  = wbuf;
+    \$180  = b_k;
     if (start) begin
-      \$180  = 1'h0;
+      \$180  = 12'h000;
     end else if (\$9 ) begin
+      \$180  = \$10 [11:0];
       if (\$11 ) begin
-        \$180  = \$12 ;
+        \$180  = 12'h000;
       end
     end
     if (unit_rst) begin
-      \$180  = 1'h0;
+      \$180  = 12'h000;
     end
     if (rst) begin
-      \$180  = 1'h0;
+      \$180  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$181  = b_k;
+    \$181  = b_cols_left;
     if (start) begin
-      \$181  = 12'h000;
+      \$181  = cmd[35:24];
     end else if (\$9 ) begin
-      \$181  = \$10 [11:0];
       if (\$11 ) begin
-        \$181  = 12'h000;
+        \$181  = \$13 [11:0];
       end
     end
     if (unit_rst) begin
@@ -18798,44 +18833,37 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$182  = b_cols_left;
-    if (start) begin
-      \$182  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$182  = \$13 [11:0];
-      end
-    end
-    if (unit_rst) begin
-      \$182  = 12'h000;
-    end
-    if (rst) begin
-      \$182  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$183  = gap;
+    \$182  = gap;
     if (\$15 ) begin
-      \$183  = \$16 [3:0];
+      \$182  = \$16 [3:0];
     end
     if (start) begin
-      \$183  = 4'hb;
+      \$182  = 4'hb;
     end else if (step) begin
       if (\$29 ) begin
-        \$183  = 4'h0;
+        \$182  = 4'h0;
       end
     end
     if (unit_rst) begin
-      \$183  = 4'h0;
+      \$182  = 4'h0;
     end
     if (rst) begin
-      \$183  = 4'h0;
+      \$182  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$184  = step;
+    \$183  = step;
+    if (unit_rst) begin
+      \$183  = 1'h0;
+    end
+    if (rst) begin
+      \$183  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$184  = \$17 ;
     if (unit_rst) begin
       \$184  = 1'h0;
     end
@@ -18845,7 +18873,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$185  = \$17 ;
+    \$185  = \$18 ;
     if (unit_rst) begin
       \$185  = 1'h0;
     end
@@ -18855,27 +18883,27 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$186  = \$18 ;
+    \$186  = { \$22 , \$21 , \$20 , \$19  };
     if (unit_rst) begin
-      \$186  = 1'h0;
+      \$186  = 4'h0;
     end
     if (rst) begin
-      \$186  = 1'h0;
+      \$186  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$187  = { \$22 , \$21 , \$20 , \$19  };
+    \$187  = \$signal$19 ;
     if (unit_rst) begin
-      \$187  = 4'h0;
+      \$187  = 1'h0;
     end
     if (rst) begin
-      \$187  = 4'h0;
+      \$187  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$188  = \$signal$19 ;
+    \$188  = \$signal$21 ;
     if (unit_rst) begin
       \$188  = 1'h0;
     end
@@ -18885,7 +18913,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$189  = \$signal$21 ;
+    \$189  = s_last;
     if (unit_rst) begin
       \$189  = 1'h0;
     end
@@ -18895,17 +18923,20 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$190  = s_last;
+    \$190  = b_rd__data;
     if (unit_rst) begin
-      \$190  = 1'h0;
+      \$190  = 32'd0;
     end
     if (rst) begin
-      \$190  = 1'h0;
+      \$190  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$191  = b_rd__data;
+    \$191 [7:0] = \$23 ;
+    \$191 [15:8] = \$24 ;
+    \$191 [23:16] = \$25 ;
+    \$191 [31:24] = \$26 ;
     if (unit_rst) begin
       \$191  = 32'd0;
     end
@@ -18915,32 +18946,38 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$192 [7:0] = \$23 ;
-    \$192 [15:8] = \$24 ;
-    \$192 [23:16] = \$25 ;
-    \$192 [31:24] = \$26 ;
-    if (unit_rst) begin
-      \$192  = 32'd0;
-    end
-    if (rst) begin
-      \$192  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$193  = issuing;
+    \$192  = issuing;
     if (start) begin
-      \$193  = cmd[77];
+      \$192  = cmd[77];
     end else if (step) begin
       if (\$29 ) begin
         if (\$34 ) begin
           if (\$39 ) begin
-            \$193  = 1'h0;
+            \$192  = 1'h0;
           end
         end
       end
     end
     if (unit_rst) begin
+      \$192  = 1'h0;
+    end
+    if (rst) begin
+      \$192  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$193  = rbuf;
+    if (start) begin
+      \$193  = 1'h0;
+    end else if (step) begin
+      if (\$29 ) begin
+        if (\$34 ) begin
+          \$193  = \$35 ;
+        end
+      end
+    end
+    if (unit_rst) begin
       \$193  = 1'h0;
     end
     if (rst) begin
@@ -18949,71 +18986,71 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$194  = rbuf;
+    \$194  = k;
     if (start) begin
-      \$194  = 1'h0;
+      \$194  = 12'h000;
     end else if (step) begin
+      \$194  = \$27 [11:0];
+      if (\$29 ) begin
+        \$194  = 12'h000;
+      end
+    end
+    if (unit_rst) begin
+      \$194  = 12'h000;
+    end
+    if (rst) begin
+      \$194  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$195  = a_ptr;
+    if (start) begin
+      \$195  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$195  = \$28 [13:0];
       if (\$29 ) begin
         if (\$34 ) begin
-          \$194  = \$35 ;
+          \$195  = { 5'h00, cmd[44:36] };
         end
       end
     end
     if (unit_rst) begin
-      \$194  = 1'h0;
+      \$195  = 14'h0000;
     end
     if (rst) begin
-      \$194  = 1'h0;
+      \$195  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$195  = k;
+    \$196  = rows_c;
     if (start) begin
-      \$195  = 12'h000;
+      \$196  = cmd[11:0];
     end else if (step) begin
-      \$195  = \$27 [11:0];
       if (\$29 ) begin
-        \$195  = 12'h000;
-      end
-    end
-    if (unit_rst) begin
-      \$195  = 12'h000;
-    end
-    if (rst) begin
-      \$195  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$196  = a_ptr;
-    if (start) begin
-      \$196  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$196  = \$28 [13:0];
-      if (\$29 ) begin
+        \$196  = \$32 [11:0];
         if (\$34 ) begin
-          \$196  = { 5'h00, cmd[44:36] };
+          \$196  = cmd[11:0];
         end
       end
     end
     if (unit_rst) begin
-      \$196  = 14'h0000;
+      \$196  = 12'h000;
     end
     if (rst) begin
-      \$196  = 14'h0000;
+      \$196  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$197  = rows_c;
+    \$197  = cols_c;
     if (start) begin
-      \$197  = cmd[11:0];
+      \$197  = cmd[35:24];
     end else if (step) begin
       if (\$29 ) begin
-        \$197  = \$32 [11:0];
         if (\$34 ) begin
-          \$197  = cmd[11:0];
+          \$197  = \$36 [11:0];
         end
       end
     end
@@ -19026,32 +19063,33 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$198  = cols_c;
+    \$198  = c_panel;
     if (start) begin
-      \$198  = cmd[35:24];
+      \$198  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
         if (\$34 ) begin
-          \$198  = \$36 [11:0];
+          \$198  = \$37 [13:0];
         end
       end
     end
     if (unit_rst) begin
-      \$198  = 12'h000;
+      \$198  = 14'h0000;
     end
     if (rst) begin
-      \$198  = 12'h000;
+      \$198  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$199  = c_panel;
+    \$199  = c_tile;
     if (start) begin
       \$199  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
+        \$199  = \$33 [13:0];
         if (\$34 ) begin
-          \$199  = \$37 [13:0];
+          \$199  = \$38 [13:0];
         end
       end
     end
@@ -19064,15 +19102,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$200  = c_tile;
+    \$200  = t_base;
     if (start) begin
-      \$200  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
-        \$200  = \$33 [13:0];
-        if (\$34 ) begin
-          \$200  = \$38 [13:0];
-        end
+        \$200  = c_tile;
       end
     end
     if (unit_rst) begin
@@ -19084,88 +19118,82 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$201  = t_base;
+    \$201  = t_cols;
     if (start) begin
     end else if (step) begin
       if (\$29 ) begin
-        \$201  = c_tile;
+        \$201  = \$31 [2:0];
       end
     end
     if (unit_rst) begin
-      \$201  = 14'h0000;
+      \$201  = 3'h0;
     end
     if (rst) begin
-      \$201  = 14'h0000;
+      \$201  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$202  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$29 ) begin
-        \$202  = \$31 [2:0];
-      end
-    end
-    if (unit_rst) begin
-      \$202  = 3'h0;
-    end
-    if (rst) begin
-      \$202  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$203  = d_col;
+    \$202  = d_col;
     if (done) begin
-      \$203  = 3'h1;
+      \$202  = 3'h1;
     end else if (drain_busy) begin
-      \$203  = \$40 [2:0];
+      \$202  = \$40 [2:0];
     end
     if (unit_rst) begin
-      \$203  = 3'h0;
+      \$202  = 3'h0;
     end
     if (rst) begin
-      \$203  = 3'h0;
+      \$202  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$204  = d_base;
+    \$203  = d_base;
     if (done) begin
-      \$204  = t_base;
+      \$203  = t_base;
     end
     if (unit_rst) begin
-      \$204  = 14'h0000;
+      \$203  = 14'h0000;
     end
     if (rst) begin
-      \$204  = 14'h0000;
+      \$203  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$205  = d_cols;
+    \$204  = d_cols;
     if (done) begin
-      \$205  = t_cols;
+      \$204  = t_cols;
     end
     if (unit_rst) begin
-      \$205  = 3'h0;
+      \$204  = 3'h0;
     end
     if (rst) begin
-      \$205  = 3'h0;
+      \$204  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$206  = drain_busy;
+    \$205  = drain_busy;
     if (done) begin
-      \$206  = 1'h1;
+      \$205  = 1'h1;
     end else if (drain_busy) begin
       if (\$41 ) begin
-        \$206  = 1'h0;
+        \$205  = 1'h0;
       end
     end
     if (unit_rst) begin
+      \$205  = 1'h0;
+    end
+    if (rst) begin
+      \$205  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$206  = \$46 ;
+    if (unit_rst) begin
       \$206  = 1'h0;
     end
     if (rst) begin
@@ -19174,7 +19202,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$207  = \$46 ;
+    \$207  = \$47 ;
     if (unit_rst) begin
       \$207  = 1'h0;
     end
@@ -19184,37 +19212,37 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$208  = \$47 ;
+    \$208  = \$50 [13:0];
     if (unit_rst) begin
-      \$208  = 1'h0;
+      \$208  = 14'h0000;
     end
     if (rst) begin
-      \$208  = 1'h0;
+      \$208  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$209  = \$50 [13:0];
+    \$209  = out;
     if (unit_rst) begin
-      \$209  = 14'h0000;
+      \$209  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$209  = 14'h0000;
+      \$209  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$210  = out;
+    \$210  = col_valid0;
     if (unit_rst) begin
-      \$210  = 128'h00000000000000000000000000000000;
+      \$210  = 1'h0;
     end
     if (rst) begin
-      \$210  = 128'h00000000000000000000000000000000;
+      \$210  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$211  = \$signal$46 ;
+    \$211  = col_busy0;
     if (unit_rst) begin
       \$211  = 1'h0;
     end
@@ -19224,62 +19252,92 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$212  = r_col_busy;
+    \$212  = col_addr0;
     if (unit_rst) begin
-      \$212  = 1'h0;
+      \$212  = 14'h0000;
     end
     if (rst) begin
-      \$212  = 1'h0;
+      \$212  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$213  = r_addr;
+    \$213  = col_word0;
     if (unit_rst) begin
-      \$213  = 14'h0000;
+      \$213  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$213  = 14'h0000;
+      \$213  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$214  = r_word;
+    \$214  = col_valid1;
     if (unit_rst) begin
-      \$214  = 128'h00000000000000000000000000000000;
+      \$214  = 1'h0;
     end
     if (rst) begin
-      \$214  = 128'h00000000000000000000000000000000;
+      \$214  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$215  = \$52 [1:0];
+    \$215  = col_busy1;
     if (unit_rst) begin
-      \$215  = 2'h0;
+      \$215  = 1'h0;
     end
     if (rst) begin
-      \$215  = 2'h0;
+      \$215  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$216  = c_q;
+    \$216  = col_addr1;
+    if (unit_rst) begin
+      \$216  = 14'h0000;
+    end
+    if (rst) begin
+      \$216  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$217  = col_word1;
+    if (unit_rst) begin
+      \$217  = 128'h00000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$217  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$218  = \$52 [1:0];
+    if (unit_rst) begin
+      \$218  = 2'h0;
+    end
+    if (rst) begin
+      \$218  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$219  = c_q;
     if (\$54 ) begin
-      \$216  = c_rd__data;
+      \$219  = c_rd__data;
     end
     if (unit_rst) begin
-      \$216  = 128'h00000000000000000000000000000000;
+      \$219  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$216  = 128'h00000000000000000000000000000000;
+      \$219  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$217  = q_valid;
+    \$220  = q_valid;
     if (\$54 ) begin
-      \$217  = r_valid;
+      \$220  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -19291,35 +19349,35 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h3:
           /* empty */;
       3'h4:
-          if (\$101 ) begin
-            \$217  = 1'h0;
+          if (\$102 ) begin
+            \$220  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$217  = 1'h0;
+      \$220  = 1'h0;
     end
     if (rst) begin
-      \$217  = 1'h0;
+      \$220  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$218  = q_mask;
+    \$221  = q_mask;
     if (\$54 ) begin
-      \$218  = r_mask;
+      \$221  = r_mask;
     end
     if (unit_rst) begin
-      \$218  = 4'h0;
+      \$221  = 4'h0;
     end
     if (rst) begin
-      \$218  = 4'h0;
+      \$221  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$219  = storing;
+    \$222  = storing;
     if (store_start) begin
-      \$219  = 1'h1;
+      \$222  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -19331,81 +19389,25 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h3:
           /* empty */;
       3'h4:
-          if (\$101 ) begin
-            \$219  = 1'h0;
+          if (\$102 ) begin
+            \$222  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$219  = 1'h0;
+      \$222  = 1'h0;
     end
     if (rst) begin
-      \$219  = 1'h0;
+      \$222  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$220  = s_addr;
+    \$223  = s_addr;
     if (store_start) begin
-      \$220  = { 5'h00, cmd[53:45] };
+      \$223  = { 5'h00, cmd[53:45] };
     end else if (\$57 ) begin
       if (\$61 ) begin
-        \$220  = \$62 [13:0];
-      end
-    end
-    if (unit_rst) begin
-      \$220  = 14'h0000;
-    end
-    if (rst) begin
-      \$220  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$221  = s_n;
-    if (store_start) begin
-      \$221  = 12'h000;
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$221  = \$64 [11:0];
-        if (\$70 ) begin
-          \$221  = 12'h000;
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$221  = 12'h000;
-    end
-    if (rst) begin
-      \$221  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$222  = s_rows;
-    if (store_start) begin
-      \$222  = cmd[11:0];
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        if (\$70 ) begin
-          \$222  = \$71 [11:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$222  = 12'h000;
-    end
-    if (rst) begin
-      \$222  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$223  = s_left;
-    if (store_start) begin
-      \$223  = \$58 [13:0];
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$223  = \$63 [13:0];
+        \$223  = \$62 [13:0];
       end
     end
     if (unit_rst) begin
@@ -19417,26 +19419,82 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$224  = out_left;
+    \$224  = s_n;
     if (store_start) begin
-      \$224  = \$59 [13:0];
+      \$224  = 12'h000;
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        \$224  = \$64 [11:0];
+        if (\$70 ) begin
+          \$224  = 12'h000;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$224  = 12'h000;
+    end
+    if (rst) begin
+      \$224  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$225  = s_rows;
+    if (store_start) begin
+      \$225  = cmd[11:0];
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        if (\$70 ) begin
+          \$225  = \$71 [11:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$225  = 12'h000;
+    end
+    if (rst) begin
+      \$225  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$226  = s_left;
+    if (store_start) begin
+      \$226  = \$58 [13:0];
+    end else if (\$57 ) begin
+      if (\$61 ) begin
+        \$226  = \$63 [13:0];
+      end
+    end
+    if (unit_rst) begin
+      \$226  = 14'h0000;
+    end
+    if (rst) begin
+      \$226  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$227  = out_left;
+    if (store_start) begin
+      \$227  = \$59 [13:0];
     end
     if (\$72 ) begin
-      \$224  = \$73 [13:0];
+      \$227  = \$73 [13:0];
     end
     if (unit_rst) begin
-      \$224  = 14'h0000;
+      \$227  = 14'h0000;
     end
     if (rst) begin
-      \$224  = 14'h0000;
+      \$227  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$225  = r_valid;
+    \$228  = r_valid;
     if (store_start) begin
     end else if (\$57 ) begin
-      \$225  = \$60 ;
+      \$228  = \$60 ;
     end
     casez (fsm_state)
       3'h0:
@@ -19448,176 +19506,176 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h3:
           /* empty */;
       3'h4:
-          if (\$101 ) begin
-            \$225  = 1'h0;
+          if (\$102 ) begin
+            \$228  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$225  = 1'h0;
+      \$228  = 1'h0;
     end
     if (rst) begin
-      \$225  = 1'h0;
+      \$228  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$226  = r_mask;
+    \$229  = r_mask;
     if (store_start) begin
     end else if (\$57 ) begin
       if (\$61 ) begin
-        \$226  = { \$68 , \$67 , \$66 , \$65  };
+        \$229  = { \$68 , \$67 , \$66 , \$65  };
       end
     end
     if (unit_rst) begin
-      \$226  = 4'h0;
+      \$229  = 4'h0;
     end
     if (rst) begin
-      \$226  = 4'h0;
+      \$229  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$227  = 1'h0;
+    \$230  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           if (\$74 ) begin
-            \$227  = 1'h1;
+            \$230  = 1'h1;
           end
       3'h2:
           if (\$83 ) begin
-            \$227  = 1'h1;
+            \$230  = 1'h1;
           end
       3'h3:
-          if (\$100 ) begin
+          if (\$101 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
             end else begin
-              \$227  = 1'h1;
+              \$230  = 1'h1;
             end
           end
       3'h4:
-          if (\$101 ) begin
-            \$227  = 1'h1;
+          if (\$102 ) begin
+            \$230  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$227  = 1'h0;
+      \$230  = 1'h0;
     end
     if (rst) begin
-      \$227  = 1'h0;
+      \$230  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$228  = cmd;
+    \$231  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$228  = cmd__payload;
+            \$231  = cmd__payload;
           end
     endcase
     if (unit_rst) begin
-      \$228  = 80'h00000000000000000000;
+      \$231  = 80'h00000000000000000000;
     end
     if (rst) begin
-      \$228  = 80'h00000000000000000000;
+      \$231  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$229  = error;
+    \$232  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$229  = 1'h0;
+            \$232  = 1'h0;
           end
       3'h1:
           if (\$74 ) begin
-            \$229  = 1'h1;
+            \$232  = 1'h1;
           end
       3'h2:
           if (\$83 ) begin
-            \$229  = 1'h1;
+            \$232  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$229  = 1'h0;
+      \$232  = 1'h0;
     end
     if (rst) begin
-      \$229  = 1'h0;
+      \$232  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$230  = error_code;
+    \$233  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$230  = 3'h0;
+            \$233  = 3'h0;
           end
       3'h1:
           if (\$74 ) begin
-            \$230  = code;
+            \$233  = code;
           end
       3'h2:
           if (\$83 ) begin
-            \$230  = \$88 ;
+            \$233  = \$88 ;
           end
     endcase
     if (unit_rst) begin
-      \$230  = 3'h0;
+      \$233  = 3'h0;
     end
     if (rst) begin
-      \$230  = 3'h0;
+      \$233  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$231  = fsm_state;
+    \$234  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$231  = 3'h1;
+            \$234  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
           if (\$74 ) begin
-            \$231  = 3'h0;
+            \$234  = 3'h0;
           end else begin
-            \$231  = 3'h2;
+            \$234  = 3'h2;
           end
       3'h2:
           if (\$83 ) begin
-            \$231  = 3'h0;
+            \$234  = 3'h0;
           end else if (\$84 ) begin
-            \$231  = 3'h3;
+            \$234  = 3'h3;
           end
       3'h3:
-          if (\$100 ) begin
+          if (\$101 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
-              \$231  = 3'h4;
+              \$234  = 3'h4;
             end else begin
-              \$231  = 3'h0;
+              \$234  = 3'h0;
             end
           end
       3'h4:
-          if (\$101 ) begin
-            \$231  = 3'h0;
+          if (\$102 ) begin
+            \$234  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$231  = 3'h0;
+      \$234  = 3'h0;
     end
     if (rst) begin
-      \$231  = 3'h0;
+      \$234  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$232  = rows_left;
+    \$235  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -19625,26 +19683,26 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
           (* full_case = 32'd1 *)
           if (\$74 ) begin
           end else begin
-            \$232  = cmd[11:0];
+            \$235  = cmd[11:0];
           end
       3'h2:
           (* full_case = 32'd1 *)
           if (\$83 ) begin
           end else if (\$84 ) begin
           end else begin
-            \$232  = \$89 [11:0];
+            \$235  = \$89 [11:0];
           end
     endcase
     if (unit_rst) begin
-      \$232  = 12'h000;
+      \$235  = 12'h000;
     end
     if (rst) begin
-      \$232  = 12'h000;
+      \$235  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$233  = a_lim;
+    \$236  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -19652,26 +19710,26 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
           (* full_case = 32'd1 *)
           if (\$74 ) begin
           end else begin
-            \$233  = { 1'h0, \$75  };
+            \$236  = { 1'h0, \$75  };
           end
       3'h2:
           (* full_case = 32'd1 *)
           if (\$83 ) begin
           end else if (\$84 ) begin
           end else begin
-            \$233  = \$90 [13:0];
+            \$236  = \$90 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$233  = 14'h0000;
+      \$236  = 14'h0000;
     end
     if (rst) begin
-      \$233  = 14'h0000;
+      \$236  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$234  = c_lim;
+    \$237  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -19679,29 +19737,29 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
           (* full_case = 32'd1 *)
           if (\$74 ) begin
           end else begin
-            \$234  = { 1'h0, \$76  };
+            \$237  = { 1'h0, \$76  };
           end
       3'h2:
           (* full_case = 32'd1 *)
           if (\$83 ) begin
           end else if (\$84 ) begin
           end else begin
-            \$234  = \$91 [13:0];
+            \$237  = \$91 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$234  = 14'h0000;
+      \$237  = 14'h0000;
     end
     if (rst) begin
-      \$234  = 14'h0000;
+      \$237  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
     \$signal$10  = 2'h0;
     if (start) begin
-    end else if (\$106 ) begin
-      if (\$107 ) begin
+    end else if (\$107 ) begin
+      if (\$108 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -19717,7 +19775,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$124 ) begin
+      if (\$125 ) begin
         tile_issued = 1'h1;
       end
     end
@@ -19727,8 +19785,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$124 ) begin
-        if (\$125 ) begin
+      if (\$125 ) begin
+        if (\$126 ) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -19745,7 +19803,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
-      if (\$126 ) begin
+      if (\$127 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -19765,11 +19823,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h0:
           /* empty */;
       3'h1:
-          if (\$148 ) begin
+          if (\$146 ) begin
             code = 3'h1;
-          end else if (\$157 ) begin
+          end else if (\$155 ) begin
             code = 3'h2;
-          end else if (\$159 ) begin
+          end else if (\$157 ) begin
             code = 3'h3;
           end
     endcase
@@ -19785,7 +19843,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h2:
           /* empty */;
       3'h3:
-          if (\$168 ) begin
+          if (\$167 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -19795,19 +19853,19 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
   assign b_in__ready = b_take;
-  assign \$signature__addr$90  = \$105 [6:0];
-  assign \$signature__data$91  = b_in__payload;
+  assign \$signature__addr$94  = \$106 [6:0];
+  assign \$signature__data$95  = b_in__payload;
   assign a_rd__addr = a_ptr[7:0];
-  assign b_rd__addr = \$123 [6:0];
-  assign \$signature__addr$99  = w_addr[7:0];
-  assign \$signature__en$100  = w_valid;
+  assign b_rd__addr = \$124 [6:0];
+  assign \$signature__addr$103  = w_addr[7:0];
+  assign \$signature__en$104  = w_valid;
   assign mult = cmd[69:54];
-  assign \shift$102  = cmd[75:70];
+  assign \shift$106  = cmd[75:70];
   assign i__valid = q_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$142 [7:0];
+  assign c_rd__addr = \$140 [7:0];
   assign a_in__ready = \$signal ;
   assign \cmd.m  = cmd[11:0];
   assign \cmd.k  = cmd[23:12];
@@ -19836,14 +19894,18 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \a_rd__data[1]  = a_rd__data[15:8];
   assign \a_rd__data[2]  = a_rd__data[23:16];
   assign \a_rd__data[3]  = a_rd__data[31:24];
-  assign \r_word[0]  = r_word[31:0];
-  assign \r_word[1]  = r_word[63:32];
-  assign \r_word[2]  = r_word[95:64];
-  assign \r_word[3]  = r_word[127:96];
+  assign \col_word0[0]  = col_word0[31:0];
+  assign \col_word0[1]  = col_word0[63:32];
+  assign \col_word0[2]  = col_word0[95:64];
+  assign \col_word0[3]  = col_word0[127:96];
   assign \out[0]  = out[31:0];
   assign \out[1]  = out[63:32];
   assign \out[2]  = out[95:64];
   assign \out[3]  = out[127:96];
+  assign \col_word1[0]  = col_word1[31:0];
+  assign \col_word1[1]  = col_word1[63:32];
+  assign \col_word1[2]  = col_word1[95:64];
+  assign \col_word1[3]  = col_word1[127:96];
   assign \w_word[0]  = w_word[31:0];
   assign \w_word[1]  = w_word[63:32];
   assign \w_word[2]  = w_word[95:64];
@@ -19875,18 +19937,18 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \a_in__payload[1]  = a_in__payload[15:8];
   assign \a_in__payload[2]  = a_in__payload[23:16];
   assign \a_in__payload[3]  = a_in__payload[31:24];
-  assign \$signature__data$91[0]  = b_in__payload[7:0];
-  assign \$signature__data$91[1]  = b_in__payload[15:8];
-  assign \$signature__data$91[2]  = b_in__payload[23:16];
-  assign \$signature__data$91[3]  = b_in__payload[31:24];
+  assign \$signature__data$95[0]  = b_in__payload[7:0];
+  assign \$signature__data$95[1]  = b_in__payload[15:8];
+  assign \$signature__data$95[2]  = b_in__payload[23:16];
+  assign \$signature__data$95[3]  = b_in__payload[31:24];
   assign \b_in__payload[0]  = b_in__payload[7:0];
   assign \b_in__payload[1]  = b_in__payload[15:8];
   assign \b_in__payload[2]  = b_in__payload[23:16];
   assign \b_in__payload[3]  = b_in__payload[31:24];
-  assign \$signature__data$98[0]  = \$signature__data$98 [31:0];
-  assign \$signature__data$98[1]  = \$signature__data$98 [63:32];
-  assign \$signature__data$98[2]  = \$signature__data$98 [95:64];
-  assign \$signature__data$98[3]  = \$signature__data$98 [127:96];
+  assign \$signature__data$102[0]  = \$signature__data$102 [31:0];
+  assign \$signature__data$102[1]  = \$signature__data$102 [63:32];
+  assign \$signature__data$102[2]  = \$signature__data$102 [95:64];
+  assign \$signature__data$102[3]  = \$signature__data$102 [127:96];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -19899,14 +19961,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \o__payload[1]  = c_out__payload[63:32];
   assign \o__payload[2]  = c_out__payload[95:64];
   assign \o__payload[3]  = c_out__payload[127:96];
-  assign i__payload[127:96] = \$138 ;
-  assign i__payload[95:64] = \$137 ;
-  assign i__payload[63:32] = \$136 ;
-  assign i__payload[31:0] = \$135 ;
-  assign \$signature__data$98 [127:96] = \$134 [31:0];
-  assign \$signature__data$98 [95:64] = \$132 [31:0];
-  assign \$signature__data$98 [63:32] = \$130 [31:0];
-  assign \$signature__data$98 [31:0] = \$128 [31:0];
+  assign i__payload[127:96] = \$139 ;
+  assign i__payload[95:64] = \$138 ;
+  assign i__payload[63:32] = \$137 ;
+  assign i__payload[31:0] = \$136 ;
+  assign \$signature__data$102 [127:96] = \$135 [31:0];
+  assign \$signature__data$102 [95:64] = \$133 [31:0];
+  assign \$signature__data$102 [63:32] = \$131 [31:0];
+  assign \$signature__data$102 [31:0] = \$129 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -24758,199 +24820,763 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$2771$54 , i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3496$54 , i__payload, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
-  wire [66:0] \$10 ;
-  wire [6:0] \$100 ;
-  wire \$101 ;
-  wire [6:0] \$102 ;
-  wire \$103 ;
-  wire [6:0] \$104 ;
-  wire \$105 ;
-  wire [6:0] \$106 ;
-  wire \$107 ;
-  wire [6:0] \$108 ;
-  wire \$109 ;
-  wire [67:0] \$11 ;
-  wire [6:0] \$110 ;
-  wire \$111 ;
-  wire [6:0] \$112 ;
-  wire \$113 ;
-  wire [6:0] \$114 ;
-  wire \$115 ;
-  wire [47:0] \$116 ;
-  wire [47:0] \$117 ;
-  wire [47:0] \$118 ;
-  wire \$119 ;
-  wire [36:0] \$12 ;
+  wire [67:0] \$10 ;
+  wire \$100 ;
+  wire [6:0] \$101 ;
+  wire \$102 ;
+  wire [6:0] \$103 ;
+  wire \$104 ;
+  wire [6:0] \$105 ;
+  wire \$106 ;
+  wire [6:0] \$107 ;
+  wire \$108 ;
+  wire [6:0] \$109 ;
+  wire [36:0] \$11 ;
+  wire \$110 ;
+  wire [6:0] \$111 ;
+  wire \$112 ;
+  wire [6:0] \$113 ;
+  wire \$114 ;
+  wire [6:0] \$115 ;
+  wire \$116 ;
+  wire [6:0] \$117 ;
+  wire \$118 ;
+  wire [6:0] \$119 ;
+  wire [66:0] \$12 ;
   wire \$120 ;
-  wire \$121 ;
+  wire [6:0] \$121 ;
   wire \$122 ;
-  wire [48:0] \$123 ;
+  wire [6:0] \$123 ;
   wire \$124 ;
-  wire \$125 ;
-  wire [48:0] \$126 ;
-  wire [48:0] \$127 ;
-  wire [47:0] \$128 ;
-  wire [47:0] \$129 ;
-  wire [66:0] \$13 ;
-  wire [47:0] \$130 ;
-  wire \$131 ;
+  wire [6:0] \$125 ;
+  wire \$126 ;
+  wire [6:0] \$127 ;
+  wire \$128 ;
+  wire [6:0] \$129 ;
+  wire [67:0] \$13 ;
+  wire \$130 ;
+  wire [6:0] \$131 ;
   wire \$132 ;
-  wire \$133 ;
+  wire [6:0] \$133 ;
   wire \$134 ;
-  wire [48:0] \$135 ;
+  wire [6:0] \$135 ;
   wire \$136 ;
-  wire \$137 ;
-  wire [48:0] \$138 ;
-  wire [48:0] \$139 ;
-  wire [67:0] \$14 ;
-  wire [47:0] \$140 ;
-  wire [47:0] \$141 ;
-  wire [47:0] \$142 ;
-  wire \$143 ;
+  wire [6:0] \$137 ;
+  wire \$138 ;
+  wire [6:0] \$139 ;
+  wire \$14 ;
+  wire \$140 ;
+  wire [6:0] \$141 ;
+  wire \$142 ;
+  wire [6:0] \$143 ;
   wire \$144 ;
-  wire \$145 ;
+  wire [6:0] \$145 ;
   wire \$146 ;
-  wire [48:0] \$147 ;
+  wire [6:0] \$147 ;
   wire \$148 ;
-  wire \$149 ;
-  wire [36:0] \$15 ;
-  wire [48:0] \$150 ;
-  wire [48:0] \$151 ;
-  wire [47:0] \$152 ;
-  wire [47:0] \$153 ;
-  wire [47:0] \$154 ;
-  wire \$155 ;
+  wire [6:0] \$149 ;
+  wire \$15 ;
+  wire \$150 ;
+  wire [6:0] \$151 ;
+  wire \$152 ;
+  wire [6:0] \$153 ;
+  wire \$154 ;
+  wire [6:0] \$155 ;
   wire \$156 ;
-  wire \$157 ;
+  wire [6:0] \$157 ;
   wire \$158 ;
-  wire [48:0] \$159 ;
-  wire [66:0] \$16 ;
+  wire [6:0] \$159 ;
+  wire \$16 ;
   wire \$160 ;
-  wire \$161 ;
+  wire [48:0] \$161 ;
   wire [48:0] \$162 ;
   wire [48:0] \$163 ;
-  reg \$164 ;
-  reg \$165 ;
-  reg \$166 ;
-  reg [47:0] \$167 ;
-  reg [47:0] \$168 ;
-  reg [47:0] \$169 ;
-  wire [67:0] \$17 ;
-  reg [47:0] \$170 ;
-  reg \$171 ;
-  reg [5:0] \$172 ;
-  reg [47:0] \$173 ;
-  reg \$174 ;
-  reg \$175 ;
-  reg \$176 ;
-  reg [47:0] \$177 ;
-  reg \$178 ;
-  reg [48:0] \$179 ;
+  wire [48:0] \$164 ;
+  wire [48:0] \$165 ;
+  wire [48:0] \$166 ;
+  wire [47:0] \$167 ;
+  wire [48:0] \$168 ;
+  wire [48:0] \$169 ;
+  wire \$17 ;
+  wire [48:0] \$170 ;
+  wire [48:0] \$171 ;
+  wire [48:0] \$172 ;
+  wire [48:0] \$173 ;
+  wire [47:0] \$174 ;
+  wire [39:0] \$175 ;
+  wire [48:0] \$176 ;
+  wire [48:0] \$177 ;
+  wire [48:0] \$178 ;
+  wire [48:0] \$179 ;
   wire \$18 ;
-  reg [127:0] \$180 ;
-  reg [47:0] \$181 ;
-  reg \$182 ;
-  reg [48:0] \$183 ;
-  reg [47:0] \$184 ;
-  reg \$185 ;
-  reg [48:0] \$186 ;
-  reg [47:0] \$187 ;
-  reg \$188 ;
-  reg [48:0] \$189 ;
-  wire [6:0] \$19 ;
-  wire [47:0] \$2 ;
-  wire [6:0] \$20 ;
+  wire [48:0] \$180 ;
+  wire [48:0] \$181 ;
+  wire [47:0] \$182 ;
+  wire [48:0] \$183 ;
+  wire [48:0] \$184 ;
+  wire [48:0] \$185 ;
+  wire [48:0] \$186 ;
+  wire [48:0] \$187 ;
+  wire [48:0] \$188 ;
+  wire [47:0] \$189 ;
+  wire \$19 ;
+  wire [39:0] \$190 ;
+  wire [35:0] \$191 ;
+  wire [48:0] \$192 ;
+  wire [48:0] \$193 ;
+  wire [48:0] \$194 ;
+  wire [48:0] \$195 ;
+  wire [48:0] \$196 ;
+  wire [48:0] \$197 ;
+  wire [47:0] \$198 ;
+  wire [48:0] \$199 ;
+  wire [36:0] \$2 ;
+  wire \$20 ;
+  wire [48:0] \$200 ;
+  wire [48:0] \$201 ;
+  wire [48:0] \$202 ;
+  wire [48:0] \$203 ;
+  wire [48:0] \$204 ;
+  wire [47:0] \$205 ;
+  wire [39:0] \$206 ;
+  wire [48:0] \$207 ;
+  wire [48:0] \$208 ;
+  wire [48:0] \$209 ;
   wire \$21 ;
-  wire [6:0] \$22 ;
+  wire [48:0] \$210 ;
+  wire [48:0] \$211 ;
+  wire [48:0] \$212 ;
+  wire [47:0] \$213 ;
+  wire [48:0] \$214 ;
+  wire [48:0] \$215 ;
+  wire [48:0] \$216 ;
+  wire [48:0] \$217 ;
+  wire [48:0] \$218 ;
+  wire [48:0] \$219 ;
+  wire \$22 ;
+  wire [47:0] \$220 ;
+  wire [39:0] \$221 ;
+  wire [35:0] \$222 ;
+  wire [33:0] \$223 ;
+  wire [48:0] \$224 ;
+  wire [48:0] \$225 ;
+  wire [48:0] \$226 ;
+  wire [48:0] \$227 ;
+  wire [48:0] \$228 ;
+  wire [48:0] \$229 ;
   wire \$23 ;
-  wire [6:0] \$24 ;
+  wire [47:0] \$230 ;
+  wire [48:0] \$231 ;
+  wire [48:0] \$232 ;
+  wire [48:0] \$233 ;
+  wire [48:0] \$234 ;
+  wire [48:0] \$235 ;
+  wire [48:0] \$236 ;
+  wire [47:0] \$237 ;
+  wire [39:0] \$238 ;
+  wire [48:0] \$239 ;
+  wire \$24 ;
+  wire [48:0] \$240 ;
+  wire [48:0] \$241 ;
+  wire [48:0] \$242 ;
+  wire [48:0] \$243 ;
+  wire [48:0] \$244 ;
+  wire [47:0] \$245 ;
+  wire [48:0] \$246 ;
+  wire [48:0] \$247 ;
+  wire [48:0] \$248 ;
+  wire [48:0] \$249 ;
   wire \$25 ;
-  wire [6:0] \$26 ;
+  wire [48:0] \$250 ;
+  wire [48:0] \$251 ;
+  wire [47:0] \$252 ;
+  wire [39:0] \$253 ;
+  wire [35:0] \$254 ;
+  wire [48:0] \$255 ;
+  wire [48:0] \$256 ;
+  wire [48:0] \$257 ;
+  wire [48:0] \$258 ;
+  wire [48:0] \$259 ;
+  wire \$26 ;
+  wire [48:0] \$260 ;
+  wire [47:0] \$261 ;
+  wire [48:0] \$262 ;
+  wire [48:0] \$263 ;
+  wire [48:0] \$264 ;
+  wire [48:0] \$265 ;
+  wire [48:0] \$266 ;
+  wire [48:0] \$267 ;
+  wire [47:0] \$268 ;
+  wire [39:0] \$269 ;
   wire \$27 ;
-  wire [6:0] \$28 ;
+  wire [48:0] \$270 ;
+  wire [48:0] \$271 ;
+  wire [48:0] \$272 ;
+  wire [48:0] \$273 ;
+  wire [48:0] \$274 ;
+  wire [48:0] \$275 ;
+  wire [47:0] \$276 ;
+  wire [48:0] \$277 ;
+  wire [48:0] \$278 ;
+  wire [48:0] \$279 ;
+  wire \$28 ;
+  wire [48:0] \$280 ;
+  wire [48:0] \$281 ;
+  wire [48:0] \$282 ;
+  wire [47:0] \$283 ;
+  wire [39:0] \$284 ;
+  wire [35:0] \$285 ;
+  wire [33:0] \$286 ;
+  wire [48:0] \$287 ;
+  wire \$288 ;
+  wire [48:0] \$289 ;
   wire \$29 ;
-  wire [47:0] \$3 ;
-  wire [6:0] \$30 ;
+  wire [48:0] \$290 ;
+  wire \$291 ;
+  wire \$292 ;
+  wire \$293 ;
+  wire [32:0] \$294 ;
+  wire [31:0] \$295 ;
+  wire \$296 ;
+  wire [32:0] \$297 ;
+  wire [32:0] \$298 ;
+  wire [48:0] \$299 ;
+  wire [66:0] \$3 ;
+  wire \$30 ;
+  wire [48:0] \$300 ;
+  wire [48:0] \$301 ;
+  wire [48:0] \$302 ;
+  wire [48:0] \$303 ;
+  wire [48:0] \$304 ;
+  wire [47:0] \$305 ;
+  wire [48:0] \$306 ;
+  wire [48:0] \$307 ;
+  wire [48:0] \$308 ;
+  wire [48:0] \$309 ;
   wire \$31 ;
-  wire [6:0] \$32 ;
+  wire [48:0] \$310 ;
+  wire [48:0] \$311 ;
+  wire [47:0] \$312 ;
+  wire [39:0] \$313 ;
+  wire [48:0] \$314 ;
+  wire [48:0] \$315 ;
+  wire [48:0] \$316 ;
+  wire [48:0] \$317 ;
+  wire [48:0] \$318 ;
+  wire [48:0] \$319 ;
+  wire \$32 ;
+  wire [47:0] \$320 ;
+  wire [48:0] \$321 ;
+  wire [48:0] \$322 ;
+  wire [48:0] \$323 ;
+  wire [48:0] \$324 ;
+  wire [48:0] \$325 ;
+  wire [48:0] \$326 ;
+  wire [47:0] \$327 ;
+  wire [39:0] \$328 ;
+  wire [35:0] \$329 ;
   wire \$33 ;
-  wire [6:0] \$34 ;
+  wire [48:0] \$330 ;
+  wire [48:0] \$331 ;
+  wire [48:0] \$332 ;
+  wire [48:0] \$333 ;
+  wire [48:0] \$334 ;
+  wire [48:0] \$335 ;
+  wire [47:0] \$336 ;
+  wire [48:0] \$337 ;
+  wire [48:0] \$338 ;
+  wire [48:0] \$339 ;
+  wire \$34 ;
+  wire [48:0] \$340 ;
+  wire [48:0] \$341 ;
+  wire [48:0] \$342 ;
+  wire [47:0] \$343 ;
+  wire [39:0] \$344 ;
+  wire [48:0] \$345 ;
+  wire [48:0] \$346 ;
+  wire [48:0] \$347 ;
+  wire [48:0] \$348 ;
+  wire [48:0] \$349 ;
   wire \$35 ;
-  wire [6:0] \$36 ;
+  wire [48:0] \$350 ;
+  wire [47:0] \$351 ;
+  wire [48:0] \$352 ;
+  wire [48:0] \$353 ;
+  wire [48:0] \$354 ;
+  wire [48:0] \$355 ;
+  wire [48:0] \$356 ;
+  wire [48:0] \$357 ;
+  wire [47:0] \$358 ;
+  wire [39:0] \$359 ;
+  wire \$36 ;
+  wire [35:0] \$360 ;
+  wire [33:0] \$361 ;
+  wire [48:0] \$362 ;
+  wire [48:0] \$363 ;
+  wire [48:0] \$364 ;
+  wire [48:0] \$365 ;
+  wire [48:0] \$366 ;
+  wire [48:0] \$367 ;
+  wire [47:0] \$368 ;
+  wire [48:0] \$369 ;
   wire \$37 ;
-  wire [6:0] \$38 ;
+  wire [48:0] \$370 ;
+  wire [48:0] \$371 ;
+  wire [48:0] \$372 ;
+  wire [48:0] \$373 ;
+  wire [48:0] \$374 ;
+  wire [47:0] \$375 ;
+  wire [39:0] \$376 ;
+  wire [48:0] \$377 ;
+  wire [48:0] \$378 ;
+  wire [48:0] \$379 ;
+  wire \$38 ;
+  wire [48:0] \$380 ;
+  wire [48:0] \$381 ;
+  wire [48:0] \$382 ;
+  wire [47:0] \$383 ;
+  wire [48:0] \$384 ;
+  wire [48:0] \$385 ;
+  wire [48:0] \$386 ;
+  wire [48:0] \$387 ;
+  wire [48:0] \$388 ;
+  wire [48:0] \$389 ;
   wire \$39 ;
-  wire [47:0] \$4 ;
-  wire [6:0] \$40 ;
+  wire [47:0] \$390 ;
+  wire [39:0] \$391 ;
+  wire [35:0] \$392 ;
+  wire [48:0] \$393 ;
+  wire [48:0] \$394 ;
+  wire [48:0] \$395 ;
+  wire [48:0] \$396 ;
+  wire [48:0] \$397 ;
+  wire [48:0] \$398 ;
+  wire [47:0] \$399 ;
+  wire [67:0] \$4 ;
+  wire \$40 ;
+  wire [48:0] \$400 ;
+  wire [48:0] \$401 ;
+  wire [48:0] \$402 ;
+  wire [48:0] \$403 ;
+  wire [48:0] \$404 ;
+  wire [48:0] \$405 ;
+  wire [47:0] \$406 ;
+  wire [39:0] \$407 ;
+  wire [48:0] \$408 ;
+  wire [48:0] \$409 ;
   wire \$41 ;
-  wire [6:0] \$42 ;
+  wire [48:0] \$410 ;
+  wire [48:0] \$411 ;
+  wire [48:0] \$412 ;
+  wire [48:0] \$413 ;
+  wire [47:0] \$414 ;
+  wire [48:0] \$415 ;
+  wire [48:0] \$416 ;
+  wire [48:0] \$417 ;
+  wire [48:0] \$418 ;
+  wire [48:0] \$419 ;
+  wire \$42 ;
+  wire [48:0] \$420 ;
+  wire [47:0] \$421 ;
+  wire [39:0] \$422 ;
+  wire [35:0] \$423 ;
+  wire [33:0] \$424 ;
+  wire [48:0] \$425 ;
+  wire \$426 ;
+  wire [48:0] \$427 ;
+  wire [48:0] \$428 ;
+  wire \$429 ;
   wire \$43 ;
-  wire [6:0] \$44 ;
+  wire \$430 ;
+  wire \$431 ;
+  wire [32:0] \$432 ;
+  wire [31:0] \$433 ;
+  wire \$434 ;
+  wire [32:0] \$435 ;
+  wire [32:0] \$436 ;
+  wire [48:0] \$437 ;
+  wire [48:0] \$438 ;
+  wire [48:0] \$439 ;
+  wire \$44 ;
+  wire [48:0] \$440 ;
+  wire [48:0] \$441 ;
+  wire [48:0] \$442 ;
+  wire [47:0] \$443 ;
+  wire [48:0] \$444 ;
+  wire [48:0] \$445 ;
+  wire [48:0] \$446 ;
+  wire [48:0] \$447 ;
+  wire [48:0] \$448 ;
+  wire [48:0] \$449 ;
   wire \$45 ;
-  wire [6:0] \$46 ;
+  wire [47:0] \$450 ;
+  wire [39:0] \$451 ;
+  wire [48:0] \$452 ;
+  wire [48:0] \$453 ;
+  wire [48:0] \$454 ;
+  wire [48:0] \$455 ;
+  wire [48:0] \$456 ;
+  wire [48:0] \$457 ;
+  wire [47:0] \$458 ;
+  wire [48:0] \$459 ;
+  wire \$46 ;
+  wire [48:0] \$460 ;
+  wire [48:0] \$461 ;
+  wire [48:0] \$462 ;
+  wire [48:0] \$463 ;
+  wire [48:0] \$464 ;
+  wire [47:0] \$465 ;
+  wire [39:0] \$466 ;
+  wire [35:0] \$467 ;
+  wire [48:0] \$468 ;
+  wire [48:0] \$469 ;
   wire \$47 ;
-  wire [6:0] \$48 ;
+  wire [48:0] \$470 ;
+  wire [48:0] \$471 ;
+  wire [48:0] \$472 ;
+  wire [48:0] \$473 ;
+  wire [47:0] \$474 ;
+  wire [48:0] \$475 ;
+  wire [48:0] \$476 ;
+  wire [48:0] \$477 ;
+  wire [48:0] \$478 ;
+  wire [48:0] \$479 ;
+  wire \$48 ;
+  wire [48:0] \$480 ;
+  wire [47:0] \$481 ;
+  wire [39:0] \$482 ;
+  wire [48:0] \$483 ;
+  wire [48:0] \$484 ;
+  wire [48:0] \$485 ;
+  wire [48:0] \$486 ;
+  wire [48:0] \$487 ;
+  wire [48:0] \$488 ;
+  wire [47:0] \$489 ;
   wire \$49 ;
-  wire [47:0] \$5 ;
-  wire [6:0] \$50 ;
+  wire [48:0] \$490 ;
+  wire [48:0] \$491 ;
+  wire [48:0] \$492 ;
+  wire [48:0] \$493 ;
+  wire [48:0] \$494 ;
+  wire [48:0] \$495 ;
+  wire [47:0] \$496 ;
+  wire [39:0] \$497 ;
+  wire [35:0] \$498 ;
+  wire [33:0] \$499 ;
+  wire [36:0] \$5 ;
+  wire \$50 ;
+  wire [48:0] \$500 ;
+  wire [48:0] \$501 ;
+  wire [48:0] \$502 ;
+  wire [48:0] \$503 ;
+  wire [48:0] \$504 ;
+  wire [48:0] \$505 ;
+  wire [47:0] \$506 ;
+  wire [48:0] \$507 ;
+  wire [48:0] \$508 ;
+  wire [48:0] \$509 ;
   wire \$51 ;
-  wire [6:0] \$52 ;
+  wire [48:0] \$510 ;
+  wire [48:0] \$511 ;
+  wire [48:0] \$512 ;
+  wire [47:0] \$513 ;
+  wire [39:0] \$514 ;
+  wire [48:0] \$515 ;
+  wire [48:0] \$516 ;
+  wire [48:0] \$517 ;
+  wire [48:0] \$518 ;
+  wire [48:0] \$519 ;
+  wire \$52 ;
+  wire [48:0] \$520 ;
+  wire [47:0] \$521 ;
+  wire [48:0] \$522 ;
+  wire [48:0] \$523 ;
+  wire [48:0] \$524 ;
+  wire [48:0] \$525 ;
+  wire [48:0] \$526 ;
+  wire [48:0] \$527 ;
+  wire [47:0] \$528 ;
+  wire [39:0] \$529 ;
   wire \$53 ;
-  wire [6:0] \$54 ;
+  wire [35:0] \$530 ;
+  wire [48:0] \$531 ;
+  wire [48:0] \$532 ;
+  wire [48:0] \$533 ;
+  wire [48:0] \$534 ;
+  wire [48:0] \$535 ;
+  wire [48:0] \$536 ;
+  wire [47:0] \$537 ;
+  wire [48:0] \$538 ;
+  wire [48:0] \$539 ;
+  wire \$54 ;
+  wire [48:0] \$540 ;
+  wire [48:0] \$541 ;
+  wire [48:0] \$542 ;
+  wire [48:0] \$543 ;
+  wire [47:0] \$544 ;
+  wire [39:0] \$545 ;
+  wire [48:0] \$546 ;
+  wire [48:0] \$547 ;
+  wire [48:0] \$548 ;
+  wire [48:0] \$549 ;
   wire \$55 ;
-  wire [6:0] \$56 ;
+  wire [48:0] \$550 ;
+  wire [48:0] \$551 ;
+  wire [47:0] \$552 ;
+  wire [48:0] \$553 ;
+  wire [48:0] \$554 ;
+  wire [48:0] \$555 ;
+  wire [48:0] \$556 ;
+  wire [48:0] \$557 ;
+  wire [48:0] \$558 ;
+  wire [47:0] \$559 ;
+  wire \$56 ;
+  wire [39:0] \$560 ;
+  wire [35:0] \$561 ;
+  wire [33:0] \$562 ;
+  wire [48:0] \$563 ;
+  wire \$564 ;
+  wire [48:0] \$565 ;
+  wire [48:0] \$566 ;
+  wire \$567 ;
+  wire \$568 ;
+  wire \$569 ;
   wire \$57 ;
-  wire [6:0] \$58 ;
+  wire [32:0] \$570 ;
+  wire [31:0] \$571 ;
+  wire \$572 ;
+  wire [32:0] \$573 ;
+  wire [32:0] \$574 ;
+  wire [48:0] \$575 ;
+  wire [48:0] \$576 ;
+  wire [48:0] \$577 ;
+  wire [48:0] \$578 ;
+  wire [48:0] \$579 ;
+  wire \$58 ;
+  wire [48:0] \$580 ;
+  wire [47:0] \$581 ;
+  wire [48:0] \$582 ;
+  wire [48:0] \$583 ;
+  wire [48:0] \$584 ;
+  wire [48:0] \$585 ;
+  wire [48:0] \$586 ;
+  wire [48:0] \$587 ;
+  wire [47:0] \$588 ;
+  wire [39:0] \$589 ;
   wire \$59 ;
-  wire [36:0] \$6 ;
-  wire [6:0] \$60 ;
+  wire [48:0] \$590 ;
+  wire [48:0] \$591 ;
+  wire [48:0] \$592 ;
+  wire [48:0] \$593 ;
+  wire [48:0] \$594 ;
+  wire [48:0] \$595 ;
+  wire [47:0] \$596 ;
+  wire [48:0] \$597 ;
+  wire [48:0] \$598 ;
+  wire [48:0] \$599 ;
+  wire [66:0] \$6 ;
+  wire \$60 ;
+  wire [48:0] \$600 ;
+  wire [48:0] \$601 ;
+  wire [48:0] \$602 ;
+  wire [47:0] \$603 ;
+  wire [39:0] \$604 ;
+  wire [35:0] \$605 ;
+  wire [48:0] \$606 ;
+  wire [48:0] \$607 ;
+  wire [48:0] \$608 ;
+  wire [48:0] \$609 ;
   wire \$61 ;
-  wire [6:0] \$62 ;
-  wire \$63 ;
-  wire [6:0] \$64 ;
-  wire \$65 ;
-  wire [6:0] \$66 ;
-  wire \$67 ;
-  wire [6:0] \$68 ;
-  wire \$69 ;
-  wire [66:0] \$7 ;
-  wire [6:0] \$70 ;
-  wire \$71 ;
-  wire [6:0] \$72 ;
-  wire \$73 ;
-  wire [6:0] \$74 ;
-  wire \$75 ;
-  wire [6:0] \$76 ;
-  wire \$77 ;
-  wire [6:0] \$78 ;
-  wire \$79 ;
-  wire [67:0] \$8 ;
-  wire [6:0] \$80 ;
-  wire \$81 ;
-  wire [6:0] \$82 ;
-  wire \$83 ;
-  wire [6:0] \$84 ;
-  wire \$85 ;
-  wire [6:0] \$86 ;
-  wire \$87 ;
-  wire [6:0] \$88 ;
-  wire \$89 ;
-  wire [36:0] \$9 ;
-  wire [6:0] \$90 ;
-  wire \$91 ;
-  wire [6:0] \$92 ;
-  wire \$93 ;
-  wire [6:0] \$94 ;
-  wire \$95 ;
-  wire [6:0] \$96 ;
-  wire \$97 ;
-  wire [6:0] \$98 ;
-  wire \$99 ;
+  wire [48:0] \$610 ;
+  wire [48:0] \$611 ;
+  wire [47:0] \$612 ;
+  wire [48:0] \$613 ;
+  wire [48:0] \$614 ;
+  wire [48:0] \$615 ;
+  wire [48:0] \$616 ;
+  wire [48:0] \$617 ;
+  wire [48:0] \$618 ;
+  wire [47:0] \$619 ;
+  wire \$62 ;
+  wire [39:0] \$620 ;
+  wire [48:0] \$621 ;
+  wire [48:0] \$622 ;
+  wire [48:0] \$623 ;
+  wire [48:0] \$624 ;
+  wire [48:0] \$625 ;
+  wire [48:0] \$626 ;
+  wire [47:0] \$627 ;
+  wire [48:0] \$628 ;
+  wire [48:0] \$629 ;
+  wire [6:0] \$63 ;
+  wire [48:0] \$630 ;
+  wire [48:0] \$631 ;
+  wire [48:0] \$632 ;
+  wire [48:0] \$633 ;
+  wire [47:0] \$634 ;
+  wire [39:0] \$635 ;
+  wire [35:0] \$636 ;
+  wire [33:0] \$637 ;
+  wire [48:0] \$638 ;
+  wire [48:0] \$639 ;
+  wire \$64 ;
+  wire [48:0] \$640 ;
+  wire [48:0] \$641 ;
+  wire [48:0] \$642 ;
+  wire [48:0] \$643 ;
+  wire [47:0] \$644 ;
+  wire [48:0] \$645 ;
+  wire [48:0] \$646 ;
+  wire [48:0] \$647 ;
+  wire [48:0] \$648 ;
+  wire [48:0] \$649 ;
+  wire [6:0] \$65 ;
+  wire [48:0] \$650 ;
+  wire [47:0] \$651 ;
+  wire [39:0] \$652 ;
+  wire [48:0] \$653 ;
+  wire [48:0] \$654 ;
+  wire [48:0] \$655 ;
+  wire [48:0] \$656 ;
+  wire [48:0] \$657 ;
+  wire [48:0] \$658 ;
+  wire [47:0] \$659 ;
+  wire \$66 ;
+  wire [48:0] \$660 ;
+  wire [48:0] \$661 ;
+  wire [48:0] \$662 ;
+  wire [48:0] \$663 ;
+  wire [48:0] \$664 ;
+  wire [48:0] \$665 ;
+  wire [47:0] \$666 ;
+  wire [39:0] \$667 ;
+  wire [35:0] \$668 ;
+  wire [48:0] \$669 ;
+  wire [6:0] \$67 ;
+  wire [48:0] \$670 ;
+  wire [48:0] \$671 ;
+  wire [48:0] \$672 ;
+  wire [48:0] \$673 ;
+  wire [48:0] \$674 ;
+  wire [47:0] \$675 ;
+  wire [48:0] \$676 ;
+  wire [48:0] \$677 ;
+  wire [48:0] \$678 ;
+  wire [48:0] \$679 ;
+  wire \$68 ;
+  wire [48:0] \$680 ;
+  wire [48:0] \$681 ;
+  wire [47:0] \$682 ;
+  wire [39:0] \$683 ;
+  wire [48:0] \$684 ;
+  wire [48:0] \$685 ;
+  wire [48:0] \$686 ;
+  wire [48:0] \$687 ;
+  wire [48:0] \$688 ;
+  wire [48:0] \$689 ;
+  wire [6:0] \$69 ;
+  wire [47:0] \$690 ;
+  wire [48:0] \$691 ;
+  wire [48:0] \$692 ;
+  wire [48:0] \$693 ;
+  wire [48:0] \$694 ;
+  wire [48:0] \$695 ;
+  wire [48:0] \$696 ;
+  wire [47:0] \$697 ;
+  wire [39:0] \$698 ;
+  wire [35:0] \$699 ;
+  wire [67:0] \$7 ;
+  wire \$70 ;
+  wire [33:0] \$700 ;
+  wire [48:0] \$701 ;
+  wire \$702 ;
+  wire [48:0] \$703 ;
+  wire [48:0] \$704 ;
+  wire \$705 ;
+  wire \$706 ;
+  wire \$707 ;
+  wire [32:0] \$708 ;
+  wire [31:0] \$709 ;
+  wire [6:0] \$71 ;
+  wire \$710 ;
+  wire [32:0] \$711 ;
+  wire [32:0] \$712 ;
+  reg \$713 ;
+  reg \$714 ;
+  reg \$715 ;
+  reg [47:0] \$716 ;
+  reg [47:0] \$717 ;
+  reg [47:0] \$718 ;
+  reg [47:0] \$719 ;
+  wire \$72 ;
+  reg [48:0] \$720 ;
+  reg [48:0] \$721 ;
+  reg \$722 ;
+  reg \$723 ;
+  reg \$724 ;
+  reg [32:0] \$725 ;
+  reg \$726 ;
+  reg \$727 ;
+  reg \$728 ;
+  reg [32:0] \$729 ;
+  wire [6:0] \$73 ;
+  reg \$730 ;
+  reg \$731 ;
+  reg [127:0] \$732 ;
+  reg [32:0] \$733 ;
+  reg \$734 ;
+  reg \$735 ;
+  reg \$736 ;
+  reg [32:0] \$737 ;
+  reg \$738 ;
+  reg \$739 ;
+  wire \$74 ;
+  reg [32:0] \$740 ;
+  reg \$741 ;
+  reg \$742 ;
+  reg \$743 ;
+  reg [32:0] \$744 ;
+  reg \$745 ;
+  reg \$746 ;
+  reg [32:0] \$747 ;
+  reg \$748 ;
+  reg \$749 ;
+  wire [6:0] \$75 ;
+  reg \$750 ;
+  reg [32:0] \$751 ;
+  reg \$752 ;
+  reg \$753 ;
+  wire \$76 ;
+  wire [6:0] \$77 ;
+  wire \$78 ;
+  wire [6:0] \$79 ;
+  wire [36:0] \$8 ;
+  wire \$80 ;
+  wire [6:0] \$81 ;
+  wire \$82 ;
+  wire [6:0] \$83 ;
+  wire \$84 ;
+  wire [6:0] \$85 ;
+  wire \$86 ;
+  wire [6:0] \$87 ;
+  wire \$88 ;
+  wire [6:0] \$89 ;
+  wire [66:0] \$9 ;
+  wire \$90 ;
+  wire [6:0] \$91 ;
+  wire \$92 ;
+  wire [6:0] \$93 ;
+  wire \$94 ;
+  wire [6:0] \$95 ;
+  wire \$96 ;
+  wire [6:0] \$97 ;
+  wire \$98 ;
+  wire [6:0] \$99 ;
   reg \$signal  = 1'h0;
-  reg \$signal$53  = 1'h0;
+  reg \$signal$44  = 1'h0;
   wire [17:0] a__0;
   wire [17:0] a__1;
   wire [17:0] a__2;
@@ -24959,6 +25585,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [17:0] a__5;
   wire [17:0] a__6;
   wire [17:0] a__7;
+  reg [48:0] above = 49'h0000000000000;
   output advance;
   wire advance;
   wire [17:0] b__0;
@@ -24969,7 +25596,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [17:0] b__5;
   wire [17:0] b__6;
   wire [17:0] b__7;
-  reg [47:0] below_half = 48'h000000000000;
+  reg [48:0] below = 49'h0000000000000;
   input clk;
   wire clk;
   wire en;
@@ -24983,6 +25610,14 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   input i__valid;
   wire i__valid;
   wire [15:0] mult;
+  reg neg0 = 1'h0;
+  reg neg1 = 1'h0;
+  reg neg2 = 1'h0;
+  reg neg2_0 = 1'h0;
+  reg neg2_1 = 1'h0;
+  reg neg2_2 = 1'h0;
+  reg neg2_3 = 1'h0;
+  reg neg3 = 1'h0;
   output [127:0] o__payload;
   reg [127:0] o__payload = 128'h00000000000000000000000000000000;
   wire [31:0] \o__payload[0] ;
@@ -24993,6 +25628,14 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire o__ready;
   output o__valid;
   reg o__valid = 1'h0;
+  reg over0 = 1'h0;
+  reg over1 = 1'h0;
+  reg over2 = 1'h0;
+  reg over2_0 = 1'h0;
+  reg over2_1 = 1'h0;
+  reg over2_2 = 1'h0;
+  reg over2_3 = 1'h0;
+  reg over3 = 1'h0;
   wire [35:0] p__0;
   wire [35:0] p__1;
   wire [35:0] p__2;
@@ -25001,21 +25644,15 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$2771$54 ;
-  wire [21:0] \port$2771$54 ;
-  wire [47:0] q0;
-  wire [47:0] q1;
-  wire [47:0] q2;
-  wire [47:0] q3;
-  reg [48:0] rounded0 = 49'h0000000000000;
-  reg [48:0] rounded1 = 49'h0000000000000;
-  reg [48:0] rounded2 = 49'h0000000000000;
-  reg [48:0] rounded3 = 49'h0000000000000;
+  input [21:0] \port$3496$54 ;
+  wire [21:0] \port$3496$54 ;
+  reg [32:0] rounded0 = 33'h000000000;
+  reg [32:0] rounded1 = 33'h000000000;
+  reg [32:0] rounded2 = 33'h000000000;
+  reg [32:0] rounded3 = 33'h000000000;
   input rst;
   wire rst;
   wire [5:0] shift;
-  reg [5:0] shift_m1 = 6'h00;
-  reg shift_nz = 1'h0;
   reg sticky0 = 1'h0;
   reg sticky1 = 1'h0;
   reg sticky2 = 1'h0;
@@ -25029,218 +25666,545 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   reg [47:0] x2 = 48'h000000000000;
   reg [47:0] x3 = 48'h000000000000;
   reg x_valid = 1'h0;
-  reg [47:0] y0 = 48'h000000000000;
-  reg [47:0] y1 = 48'h000000000000;
-  reg [47:0] y2 = 48'h000000000000;
-  reg [47:0] y3 = 48'h000000000000;
+  reg [32:0] y0 = 33'h000000000;
+  reg [32:0] y1 = 33'h000000000;
+  reg [32:0] y2 = 33'h000000000;
+  reg [32:0] y3 = 33'h000000000;
+  assign \$247  = \port$3496$54 [21] ? \$246  : { x0, 1'h0 };
+  assign \$250  = \port$3496$54 [21] ? \$249  : { x0, 1'h0 };
+  assign \$251  = \port$3496$54 [20] ? \$248  : \$250 ;
+  assign \$252  = \port$3496$54 [19] ? \$245  : \$251 [47:0];
+  assign \$253  = \port$3496$54 [18] ? \$238  : \$252 [39:0];
+  assign \$256  = \port$3496$54 [21] ? \$255  : { x0, 1'h0 };
+  assign \$259  = \port$3496$54 [21] ? \$258  : { x0, 1'h0 };
+  assign \$260  = \port$3496$54 [20] ? \$257  : \$259 ;
+  assign \$263  = \port$3496$54 [21] ? \$262  : { x0, 1'h0 };
+  assign \$266  = \port$3496$54 [21] ? \$265  : { x0, 1'h0 };
+  assign \$267  = \port$3496$54 [20] ? \$264  : \$266 ;
+  assign \$268  = \port$3496$54 [19] ? \$261  : \$267 [47:0];
+  assign \$271  = \port$3496$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$274  = \port$3496$54 [21] ? \$273  : { x0, 1'h0 };
+  assign \$275  = \port$3496$54 [20] ? \$272  : \$274 ;
+  assign \$278  = \port$3496$54 [21] ? \$277  : { x0, 1'h0 };
+  assign \$281  = \port$3496$54 [21] ? \$280  : { x0, 1'h0 };
+  assign \$282  = \port$3496$54 [20] ? \$279  : \$281 ;
+  assign \$283  = \port$3496$54 [19] ? \$276  : \$282 [47:0];
+  assign \$284  = \port$3496$54 [18] ? \$269  : \$283 [39:0];
+  assign \$285  = \port$3496$54 [17] ? \$254  : \$284 [35:0];
+  assign \$286  = \port$3496$54 [16] ? \$223  : \$285 [33:0];
+  assign \$287  = { x0, 1'h0 } & below;
+  assign \$288  = | \$287 ;
+  assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
+  assign \$290  = \$289  & above;
+  assign \$291  = | \$290 ;
+  assign \$292  = sticky0 | y0[1];
+  assign \$293  = y0[0] & \$292 ;
+  assign \$294  = $signed(y0[32:1]) + $signed({ 1'h0, \$293  });
+  assign \$295  = neg2_0 ? 32'd2147483648 : 32'd2147483647;
+  assign \$296  = $signed(rounded0) > $signed(32'd2147483647);
+  assign \$297  = \$296  ? 33'h07fffffff : rounded0;
+  assign \$298  = over2_0 ? { \$295 [31], \$295  } : \$297 ;
+  assign \$300  = \port$3496$54 [21] ? \$299  : { x1, 1'h0 };
+  assign \$303  = \port$3496$54 [21] ? \$302  : { x1, 1'h0 };
+  assign \$304  = \port$3496$54 [20] ? \$301  : \$303 ;
+  assign \$307  = \port$3496$54 [21] ? \$306  : { x1, 1'h0 };
+  assign \$310  = \port$3496$54 [21] ? \$309  : { x1, 1'h0 };
+  assign \$311  = \port$3496$54 [20] ? \$308  : \$310 ;
+  assign \$312  = \port$3496$54 [19] ? \$305  : \$311 [47:0];
+  assign \$315  = \port$3496$54 [21] ? \$314  : { x1, 1'h0 };
+  assign \$318  = \port$3496$54 [21] ? \$317  : { x1, 1'h0 };
+  assign \$319  = \port$3496$54 [20] ? \$316  : \$318 ;
+  assign \$322  = \port$3496$54 [21] ? \$321  : { x1, 1'h0 };
+  assign \$325  = \port$3496$54 [21] ? \$324  : { x1, 1'h0 };
+  assign \$326  = \port$3496$54 [20] ? \$323  : \$325 ;
+  assign \$327  = \port$3496$54 [19] ? \$320  : \$326 [47:0];
+  assign \$328  = \port$3496$54 [18] ? \$313  : \$327 [39:0];
+  assign \$331  = \port$3496$54 [21] ? \$330  : { x1, 1'h0 };
+  assign \$334  = \port$3496$54 [21] ? \$333  : { x1, 1'h0 };
+  assign \$335  = \port$3496$54 [20] ? \$332  : \$334 ;
+  assign \$338  = \port$3496$54 [21] ? \$337  : { x1, 1'h0 };
+  assign \$341  = \port$3496$54 [21] ? \$340  : { x1, 1'h0 };
+  assign \$342  = \port$3496$54 [20] ? \$339  : \$341 ;
+  assign \$343  = \port$3496$54 [19] ? \$336  : \$342 [47:0];
+  assign \$346  = \port$3496$54 [21] ? \$345  : { x1, 1'h0 };
+  assign \$349  = \port$3496$54 [21] ? \$348  : { x1, 1'h0 };
+  assign \$350  = \port$3496$54 [20] ? \$347  : \$349 ;
+  assign \$353  = \port$3496$54 [21] ? \$352  : { x1, 1'h0 };
+  assign \$356  = \port$3496$54 [21] ? \$355  : { x1, 1'h0 };
+  assign \$357  = \port$3496$54 [20] ? \$354  : \$356 ;
+  assign \$358  = \port$3496$54 [19] ? \$351  : \$357 [47:0];
+  assign \$359  = \port$3496$54 [18] ? \$344  : \$358 [39:0];
+  assign \$360  = \port$3496$54 [17] ? \$329  : \$359 [35:0];
+  assign \$363  = \port$3496$54 [21] ? \$362  : { x1, 1'h0 };
+  assign \$366  = \port$3496$54 [21] ? \$365  : { x1, 1'h0 };
+  assign \$367  = \port$3496$54 [20] ? \$364  : \$366 ;
+  assign \$370  = \port$3496$54 [21] ? \$369  : { x1, 1'h0 };
+  assign \$373  = \port$3496$54 [21] ? \$372  : { x1, 1'h0 };
+  assign \$374  = \port$3496$54 [20] ? \$371  : \$373 ;
+  assign \$375  = \port$3496$54 [19] ? \$368  : \$374 [47:0];
+  assign \$378  = \port$3496$54 [21] ? \$377  : { x1, 1'h0 };
+  assign \$381  = \port$3496$54 [21] ? \$380  : { x1, 1'h0 };
+  assign \$382  = \port$3496$54 [20] ? \$379  : \$381 ;
+  assign \$385  = \port$3496$54 [21] ? \$384  : { x1, 1'h0 };
+  assign \$388  = \port$3496$54 [21] ? \$387  : { x1, 1'h0 };
+  assign \$389  = \port$3496$54 [20] ? \$386  : \$388 ;
+  assign \$390  = \port$3496$54 [19] ? \$383  : \$389 [47:0];
+  assign \$391  = \port$3496$54 [18] ? \$376  : \$390 [39:0];
+  assign \$394  = \port$3496$54 [21] ? \$393  : { x1, 1'h0 };
+  assign \$397  = \port$3496$54 [21] ? \$396  : { x1, 1'h0 };
+  assign \$398  = \port$3496$54 [20] ? \$395  : \$397 ;
+  assign \$401  = \port$3496$54 [21] ? \$400  : { x1, 1'h0 };
+  assign \$404  = \port$3496$54 [21] ? \$403  : { x1, 1'h0 };
+  assign \$405  = \port$3496$54 [20] ? \$402  : \$404 ;
+  assign \$406  = \port$3496$54 [19] ? \$399  : \$405 [47:0];
+  assign \$409  = \port$3496$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$412  = \port$3496$54 [21] ? \$411  : { x1, 1'h0 };
+  assign \$413  = \port$3496$54 [20] ? \$410  : \$412 ;
+  assign \$416  = \port$3496$54 [21] ? \$415  : { x1, 1'h0 };
+  assign \$419  = \port$3496$54 [21] ? \$418  : { x1, 1'h0 };
+  assign \$420  = \port$3496$54 [20] ? \$417  : \$419 ;
+  assign \$421  = \port$3496$54 [19] ? \$414  : \$420 [47:0];
+  assign \$422  = \port$3496$54 [18] ? \$407  : \$421 [39:0];
+  assign \$423  = \port$3496$54 [17] ? \$392  : \$422 [35:0];
+  assign \$424  = \port$3496$54 [16] ? \$361  : \$423 [33:0];
+  assign \$425  = { x1, 1'h0 } & below;
+  assign \$426  = | \$425 ;
+  assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
+  assign \$428  = \$427  & above;
+  assign \$429  = | \$428 ;
+  assign \$430  = sticky1 | y1[1];
+  assign \$431  = y1[0] & \$430 ;
+  assign \$432  = $signed(y1[32:1]) + $signed({ 1'h0, \$431  });
+  assign \$433  = neg2_1 ? 32'd2147483648 : 32'd2147483647;
+  assign \$434  = $signed(rounded1) > $signed(32'd2147483647);
+  assign \$435  = \$434  ? 33'h07fffffff : rounded1;
+  assign \$436  = over2_1 ? { \$433 [31], \$433  } : \$435 ;
+  assign \$438  = \port$3496$54 [21] ? \$437  : { x2, 1'h0 };
+  assign \$441  = \port$3496$54 [21] ? \$440  : { x2, 1'h0 };
+  assign \$442  = \port$3496$54 [20] ? \$439  : \$441 ;
+  assign \$445  = \port$3496$54 [21] ? \$444  : { x2, 1'h0 };
+  assign \$448  = \port$3496$54 [21] ? \$447  : { x2, 1'h0 };
+  assign \$449  = \port$3496$54 [20] ? \$446  : \$448 ;
+  assign \$450  = \port$3496$54 [19] ? \$443  : \$449 [47:0];
+  assign \$453  = \port$3496$54 [21] ? \$452  : { x2, 1'h0 };
+  assign \$456  = \port$3496$54 [21] ? \$455  : { x2, 1'h0 };
+  assign \$457  = \port$3496$54 [20] ? \$454  : \$456 ;
+  assign \$460  = \port$3496$54 [21] ? \$459  : { x2, 1'h0 };
+  assign \$463  = \port$3496$54 [21] ? \$462  : { x2, 1'h0 };
+  assign \$464  = \port$3496$54 [20] ? \$461  : \$463 ;
+  assign \$465  = \port$3496$54 [19] ? \$458  : \$464 [47:0];
+  assign \$466  = \port$3496$54 [18] ? \$451  : \$465 [39:0];
+  assign \$469  = \port$3496$54 [21] ? \$468  : { x2, 1'h0 };
+  assign \$472  = \port$3496$54 [21] ? \$471  : { x2, 1'h0 };
+  assign \$473  = \port$3496$54 [20] ? \$470  : \$472 ;
+  assign \$476  = \port$3496$54 [21] ? \$475  : { x2, 1'h0 };
+  assign \$479  = \port$3496$54 [21] ? \$478  : { x2, 1'h0 };
+  assign \$480  = \port$3496$54 [20] ? \$477  : \$479 ;
+  assign \$481  = \port$3496$54 [19] ? \$474  : \$480 [47:0];
+  assign \$484  = \port$3496$54 [21] ? \$483  : { x2, 1'h0 };
+  assign \$487  = \port$3496$54 [21] ? \$486  : { x2, 1'h0 };
+  assign \$488  = \port$3496$54 [20] ? \$485  : \$487 ;
+  assign \$491  = \port$3496$54 [21] ? \$490  : { x2, 1'h0 };
+  assign \$494  = \port$3496$54 [21] ? \$493  : { x2, 1'h0 };
+  assign \$495  = \port$3496$54 [20] ? \$492  : \$494 ;
+  assign \$496  = \port$3496$54 [19] ? \$489  : \$495 [47:0];
+  assign \$497  = \port$3496$54 [18] ? \$482  : \$496 [39:0];
+  assign \$498  = \port$3496$54 [17] ? \$467  : \$497 [35:0];
+  assign \$501  = \port$3496$54 [21] ? \$500  : { x2, 1'h0 };
+  assign \$504  = \port$3496$54 [21] ? \$503  : { x2, 1'h0 };
+  assign \$505  = \port$3496$54 [20] ? \$502  : \$504 ;
+  assign \$508  = \port$3496$54 [21] ? \$507  : { x2, 1'h0 };
+  assign \$511  = \port$3496$54 [21] ? \$510  : { x2, 1'h0 };
+  assign \$512  = \port$3496$54 [20] ? \$509  : \$511 ;
+  assign \$513  = \port$3496$54 [19] ? \$506  : \$512 [47:0];
+  assign \$516  = \port$3496$54 [21] ? \$515  : { x2, 1'h0 };
+  assign \$519  = \port$3496$54 [21] ? \$518  : { x2, 1'h0 };
+  assign \$520  = \port$3496$54 [20] ? \$517  : \$519 ;
+  assign \$523  = \port$3496$54 [21] ? \$522  : { x2, 1'h0 };
+  assign \$526  = \port$3496$54 [21] ? \$525  : { x2, 1'h0 };
+  assign \$527  = \port$3496$54 [20] ? \$524  : \$526 ;
+  assign \$528  = \port$3496$54 [19] ? \$521  : \$527 [47:0];
+  assign \$529  = \port$3496$54 [18] ? \$514  : \$528 [39:0];
+  assign \$532  = \port$3496$54 [21] ? \$531  : { x2, 1'h0 };
+  assign \$535  = \port$3496$54 [21] ? \$534  : { x2, 1'h0 };
+  assign \$536  = \port$3496$54 [20] ? \$533  : \$535 ;
+  assign \$539  = \port$3496$54 [21] ? \$538  : { x2, 1'h0 };
+  assign \$542  = \port$3496$54 [21] ? \$541  : { x2, 1'h0 };
+  assign \$543  = \port$3496$54 [20] ? \$540  : \$542 ;
+  assign \$544  = \port$3496$54 [19] ? \$537  : \$543 [47:0];
+  assign \$547  = \port$3496$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$550  = \port$3496$54 [21] ? \$549  : { x2, 1'h0 };
+  assign \$551  = \port$3496$54 [20] ? \$548  : \$550 ;
+  assign \$554  = \port$3496$54 [21] ? \$553  : { x2, 1'h0 };
+  assign \$557  = \port$3496$54 [21] ? \$556  : { x2, 1'h0 };
+  assign \$558  = \port$3496$54 [20] ? \$555  : \$557 ;
+  assign \$559  = \port$3496$54 [19] ? \$552  : \$558 [47:0];
+  assign \$560  = \port$3496$54 [18] ? \$545  : \$559 [39:0];
+  assign \$561  = \port$3496$54 [17] ? \$530  : \$560 [35:0];
+  assign \$562  = \port$3496$54 [16] ? \$499  : \$561 [33:0];
+  assign \$563  = { x2, 1'h0 } & below;
+  assign \$564  = | \$563 ;
+  assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
+  assign \$566  = \$565  & above;
+  assign \$567  = | \$566 ;
+  assign \$568  = sticky2 | y2[1];
+  assign \$569  = y2[0] & \$568 ;
+  assign \$570  = $signed(y2[32:1]) + $signed({ 1'h0, \$569  });
+  assign \$571  = neg2_2 ? 32'd2147483648 : 32'd2147483647;
+  assign \$572  = $signed(rounded2) > $signed(32'd2147483647);
+  assign \$573  = \$572  ? 33'h07fffffff : rounded2;
+  assign \$574  = over2_2 ? { \$571 [31], \$571  } : \$573 ;
+  assign \$576  = \port$3496$54 [21] ? \$575  : { x3, 1'h0 };
+  assign \$579  = \port$3496$54 [21] ? \$578  : { x3, 1'h0 };
+  assign \$580  = \port$3496$54 [20] ? \$577  : \$579 ;
+  assign \$583  = \port$3496$54 [21] ? \$582  : { x3, 1'h0 };
+  assign \$586  = \port$3496$54 [21] ? \$585  : { x3, 1'h0 };
+  assign \$587  = \port$3496$54 [20] ? \$584  : \$586 ;
+  assign \$588  = \port$3496$54 [19] ? \$581  : \$587 [47:0];
+  assign \$591  = \port$3496$54 [21] ? \$590  : { x3, 1'h0 };
+  assign \$594  = \port$3496$54 [21] ? \$593  : { x3, 1'h0 };
+  assign \$595  = \port$3496$54 [20] ? \$592  : \$594 ;
+  assign \$598  = \port$3496$54 [21] ? \$597  : { x3, 1'h0 };
+  assign \$601  = \port$3496$54 [21] ? \$600  : { x3, 1'h0 };
+  assign \$602  = \port$3496$54 [20] ? \$599  : \$601 ;
+  assign \$603  = \port$3496$54 [19] ? \$596  : \$602 [47:0];
+  assign \$604  = \port$3496$54 [18] ? \$589  : \$603 [39:0];
+  assign \$607  = \port$3496$54 [21] ? \$606  : { x3, 1'h0 };
+  assign \$610  = \port$3496$54 [21] ? \$609  : { x3, 1'h0 };
+  assign \$611  = \port$3496$54 [20] ? \$608  : \$610 ;
+  assign \$614  = \port$3496$54 [21] ? \$613  : { x3, 1'h0 };
+  assign \$617  = \port$3496$54 [21] ? \$616  : { x3, 1'h0 };
+  assign \$618  = \port$3496$54 [20] ? \$615  : \$617 ;
+  assign \$619  = \port$3496$54 [19] ? \$612  : \$618 [47:0];
+  assign \$622  = \port$3496$54 [21] ? \$621  : { x3, 1'h0 };
+  assign \$625  = \port$3496$54 [21] ? \$624  : { x3, 1'h0 };
+  assign \$626  = \port$3496$54 [20] ? \$623  : \$625 ;
+  assign \$629  = \port$3496$54 [21] ? \$628  : { x3, 1'h0 };
+  assign \$632  = \port$3496$54 [21] ? \$631  : { x3, 1'h0 };
+  assign \$633  = \port$3496$54 [20] ? \$630  : \$632 ;
+  assign \$634  = \port$3496$54 [19] ? \$627  : \$633 [47:0];
+  assign \$635  = \port$3496$54 [18] ? \$620  : \$634 [39:0];
+  assign \$636  = \port$3496$54 [17] ? \$605  : \$635 [35:0];
+  assign \$639  = \port$3496$54 [21] ? \$638  : { x3, 1'h0 };
+  assign \$642  = \port$3496$54 [21] ? \$641  : { x3, 1'h0 };
+  assign \$643  = \port$3496$54 [20] ? \$640  : \$642 ;
+  assign \$646  = \port$3496$54 [21] ? \$645  : { x3, 1'h0 };
+  assign \$649  = \port$3496$54 [21] ? \$648  : { x3, 1'h0 };
+  assign \$650  = \port$3496$54 [20] ? \$647  : \$649 ;
+  assign \$651  = \port$3496$54 [19] ? \$644  : \$650 [47:0];
+  assign \$654  = \port$3496$54 [21] ? \$653  : { x3, 1'h0 };
+  assign \$657  = \port$3496$54 [21] ? \$656  : { x3, 1'h0 };
+  assign \$658  = \port$3496$54 [20] ? \$655  : \$657 ;
+  assign \$661  = \port$3496$54 [21] ? \$660  : { x3, 1'h0 };
+  assign \$664  = \port$3496$54 [21] ? \$663  : { x3, 1'h0 };
+  assign \$665  = \port$3496$54 [20] ? \$662  : \$664 ;
+  assign \$666  = \port$3496$54 [19] ? \$659  : \$665 [47:0];
+  assign \$667  = \port$3496$54 [18] ? \$652  : \$666 [39:0];
+  assign \$670  = \port$3496$54 [21] ? \$669  : { x3, 1'h0 };
+  assign \$673  = \port$3496$54 [21] ? \$672  : { x3, 1'h0 };
+  assign \$674  = \port$3496$54 [20] ? \$671  : \$673 ;
+  assign \$677  = \port$3496$54 [21] ? \$676  : { x3, 1'h0 };
+  assign \$680  = \port$3496$54 [21] ? \$679  : { x3, 1'h0 };
+  assign \$681  = \port$3496$54 [20] ? \$678  : \$680 ;
+  assign \$682  = \port$3496$54 [19] ? \$675  : \$681 [47:0];
+  assign \$685  = \port$3496$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$688  = \port$3496$54 [21] ? \$687  : { x3, 1'h0 };
+  assign \$689  = \port$3496$54 [20] ? \$686  : \$688 ;
+  assign \$692  = \port$3496$54 [21] ? \$691  : { x3, 1'h0 };
+  assign \$695  = \port$3496$54 [21] ? \$694  : { x3, 1'h0 };
+  assign \$696  = \port$3496$54 [20] ? \$693  : \$695 ;
+  assign \$697  = \port$3496$54 [19] ? \$690  : \$696 [47:0];
+  assign \$698  = \port$3496$54 [18] ? \$683  : \$697 [39:0];
+  assign \$699  = \port$3496$54 [17] ? \$668  : \$698 [35:0];
+  assign \$700  = \port$3496$54 [16] ? \$637  : \$699 [33:0];
+  assign \$701  = { x3, 1'h0 } & below;
+  assign \$702  = | \$701 ;
+  assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
+  assign \$704  = \$703  & above;
+  assign \$705  = | \$704 ;
+  assign \$706  = sticky3 | y3[1];
+  assign \$707  = y3[0] & \$706 ;
+  assign \$708  = $signed(y3[32:1]) + $signed({ 1'h0, \$707  });
+  assign \$709  = neg2_3 ? 32'd2147483648 : 32'd2147483647;
+  assign \$710  = $signed(rounded3) > $signed(32'd2147483647);
+  assign \$711  = \$710  ? 33'h07fffffff : rounded3;
+  assign \$712  = over2_3 ? { \$709 [31], \$709  } : \$711 ;
+  always @(posedge clk)
+    \$signal  <= \$713 ;
+  always @(posedge clk)
+    v2 <= \$714 ;
+  always @(posedge clk)
+    x_valid <= \$715 ;
+  always @(posedge clk)
+    x0 <= \$716 ;
+  always @(posedge clk)
+    x1 <= \$717 ;
+  always @(posedge clk)
+    x2 <= \$718 ;
+  always @(posedge clk)
+    x3 <= \$719 ;
+  always @(posedge clk)
+    below <= \$720 ;
+  always @(posedge clk)
+    above <= \$721 ;
+  always @(posedge clk)
+    \$signal$44  <= \$722 ;
+  always @(posedge clk)
+    v_round <= \$723 ;
+  always @(posedge clk)
+    o__valid <= \$724 ;
+  always @(posedge clk)
+    y0 <= \$725 ;
+  always @(posedge clk)
+    sticky0 <= \$726 ;
+  always @(posedge clk)
+    over0 <= \$727 ;
+  always @(posedge clk)
+    neg0 <= \$728 ;
+  always @(posedge clk)
+    rounded0 <= \$729 ;
+  always @(posedge clk)
+    over2_0 <= \$730 ;
+  always @(posedge clk)
+    neg2_0 <= \$731 ;
+  always @(posedge clk)
+    o__payload <= \$732 ;
+  always @(posedge clk)
+    y1 <= \$733 ;
+  always @(posedge clk)
+    sticky1 <= \$734 ;
+  always @(posedge clk)
+    over1 <= \$735 ;
+  always @(posedge clk)
+    neg1 <= \$736 ;
+  always @(posedge clk)
+    rounded1 <= \$737 ;
+  always @(posedge clk)
+    over2_1 <= \$738 ;
+  always @(posedge clk)
+    neg2_1 <= \$739 ;
+  always @(posedge clk)
+    y2 <= \$740 ;
+  always @(posedge clk)
+    sticky2 <= \$741 ;
+  always @(posedge clk)
+    over2 <= \$742 ;
+  always @(posedge clk)
+    neg2 <= \$743 ;
+  always @(posedge clk)
+    rounded2 <= \$744 ;
+  always @(posedge clk)
+    over2_2 <= \$745 ;
+  always @(posedge clk)
+    neg2_2 <= \$746 ;
+  always @(posedge clk)
+    y3 <= \$747 ;
+  always @(posedge clk)
+    sticky3 <= \$748 ;
+  always @(posedge clk)
+    over3 <= \$749 ;
+  always @(posedge clk)
+    neg3 <= \$750 ;
+  always @(posedge clk)
+    rounded3 <= \$751 ;
+  always @(posedge clk)
+    over2_3 <= \$752 ;
+  always @(posedge clk)
+    neg2_3 <= \$753 ;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
-  assign q0 = shift_nz ? \$2  : y0;
-  assign q1 = shift_nz ? \$3  : y1;
-  assign q2 = shift_nz ? \$4  : y2;
-  assign q3 = shift_nz ? \$5  : y3;
-  assign \$8  = $signed(\$6 ) + $signed(\$7 );
-  assign \$11  = $signed(\$9 ) + $signed(\$10 );
-  assign \$14  = $signed(\$12 ) + $signed(\$13 );
-  assign \$17  = $signed(\$15 ) + $signed(\$16 );
-  assign \$18  = | \port$2771$54 [21:16];
-  assign \$19  = \port$2771$54 [21:16] - 1'h1;
-  assign \$20  = \port$2771$54 [21:16] - 1'h1;
-  assign \$21  = \$20 [5:0] > 1'h0;
-  assign \$22  = \port$2771$54 [21:16] - 1'h1;
-  assign \$23  = \$22 [5:0] > 1'h1;
-  assign \$24  = \port$2771$54 [21:16] - 1'h1;
-  assign \$25  = \$24 [5:0] > 2'h2;
-  assign \$26  = \port$2771$54 [21:16] - 1'h1;
-  assign \$27  = \$26 [5:0] > 2'h3;
-  assign \$28  = \port$2771$54 [21:16] - 1'h1;
-  assign \$29  = \$28 [5:0] > 3'h4;
-  assign \$30  = \port$2771$54 [21:16] - 1'h1;
-  assign \$31  = \$30 [5:0] > 3'h5;
-  assign \$32  = \port$2771$54 [21:16] - 1'h1;
-  assign \$33  = \$32 [5:0] > 3'h6;
-  assign \$34  = \port$2771$54 [21:16] - 1'h1;
-  assign \$35  = \$34 [5:0] > 3'h7;
-  assign \$36  = \port$2771$54 [21:16] - 1'h1;
-  assign \$37  = \$36 [5:0] > 4'h8;
-  assign \$38  = \port$2771$54 [21:16] - 1'h1;
-  assign \$39  = \$38 [5:0] > 4'h9;
-  assign \$40  = \port$2771$54 [21:16] - 1'h1;
-  assign \$41  = \$40 [5:0] > 4'ha;
-  assign \$42  = \port$2771$54 [21:16] - 1'h1;
-  assign \$43  = \$42 [5:0] > 4'hb;
-  assign \$44  = \port$2771$54 [21:16] - 1'h1;
-  assign \$45  = \$44 [5:0] > 4'hc;
-  assign \$46  = \port$2771$54 [21:16] - 1'h1;
-  assign \$47  = \$46 [5:0] > 4'hd;
-  assign \$48  = \port$2771$54 [21:16] - 1'h1;
-  assign \$49  = \$48 [5:0] > 4'he;
-  assign \$50  = \port$2771$54 [21:16] - 1'h1;
-  assign \$51  = \$50 [5:0] > 4'hf;
-  assign \$52  = \port$2771$54 [21:16] - 1'h1;
-  assign \$53  = \$52 [5:0] > 5'h10;
-  assign \$54  = \port$2771$54 [21:16] - 1'h1;
-  assign \$55  = \$54 [5:0] > 5'h11;
-  assign \$56  = \port$2771$54 [21:16] - 1'h1;
-  assign \$57  = \$56 [5:0] > 5'h12;
-  assign \$58  = \port$2771$54 [21:16] - 1'h1;
-  assign \$59  = \$58 [5:0] > 5'h13;
-  assign \$60  = \port$2771$54 [21:16] - 1'h1;
-  assign \$61  = \$60 [5:0] > 5'h14;
-  assign \$62  = \port$2771$54 [21:16] - 1'h1;
-  assign \$63  = \$62 [5:0] > 5'h15;
-  assign \$64  = \port$2771$54 [21:16] - 1'h1;
-  assign \$65  = \$64 [5:0] > 5'h16;
-  assign \$66  = \port$2771$54 [21:16] - 1'h1;
-  assign \$67  = \$66 [5:0] > 5'h17;
-  assign \$68  = \port$2771$54 [21:16] - 1'h1;
-  assign \$69  = \$68 [5:0] > 5'h18;
-  assign \$70  = \port$2771$54 [21:16] - 1'h1;
-  assign \$71  = \$70 [5:0] > 5'h19;
-  assign \$72  = \port$2771$54 [21:16] - 1'h1;
-  assign \$73  = \$72 [5:0] > 5'h1a;
-  assign \$74  = \port$2771$54 [21:16] - 1'h1;
-  assign \$75  = \$74 [5:0] > 5'h1b;
-  assign \$76  = \port$2771$54 [21:16] - 1'h1;
-  assign \$77  = \$76 [5:0] > 5'h1c;
-  assign \$78  = \port$2771$54 [21:16] - 1'h1;
-  assign \$79  = \$78 [5:0] > 5'h1d;
-  assign \$80  = \port$2771$54 [21:16] - 1'h1;
-  assign \$81  = \$80 [5:0] > 5'h1e;
-  assign \$82  = \port$2771$54 [21:16] - 1'h1;
-  assign \$83  = \$82 [5:0] > 5'h1f;
-  assign \$84  = \port$2771$54 [21:16] - 1'h1;
-  assign \$85  = \$84 [5:0] > 6'h20;
-  assign \$86  = \port$2771$54 [21:16] - 1'h1;
-  assign \$87  = \$86 [5:0] > 6'h21;
-  assign \$88  = \port$2771$54 [21:16] - 1'h1;
-  assign \$89  = \$88 [5:0] > 6'h22;
-  assign \$90  = \port$2771$54 [21:16] - 1'h1;
-  assign \$91  = \$90 [5:0] > 6'h23;
-  assign \$92  = \port$2771$54 [21:16] - 1'h1;
-  assign \$93  = \$92 [5:0] > 6'h24;
-  assign \$94  = \port$2771$54 [21:16] - 1'h1;
-  assign \$95  = \$94 [5:0] > 6'h25;
-  assign \$96  = \port$2771$54 [21:16] - 1'h1;
-  assign \$97  = \$96 [5:0] > 6'h26;
-  assign \$98  = \port$2771$54 [21:16] - 1'h1;
-  assign \$99  = \$98 [5:0] > 6'h27;
-  assign \$100  = \port$2771$54 [21:16] - 1'h1;
-  assign \$101  = \$100 [5:0] > 6'h28;
-  assign \$102  = \port$2771$54 [21:16] - 1'h1;
-  assign \$103  = \$102 [5:0] > 6'h29;
-  assign \$104  = \port$2771$54 [21:16] - 1'h1;
-  assign \$105  = \$104 [5:0] > 6'h2a;
-  assign \$106  = \port$2771$54 [21:16] - 1'h1;
-  assign \$107  = \$106 [5:0] > 6'h2b;
-  assign \$108  = \port$2771$54 [21:16] - 1'h1;
-  assign \$109  = \$108 [5:0] > 6'h2c;
-  assign \$110  = \port$2771$54 [21:16] - 1'h1;
-  assign \$111  = \$110 [5:0] > 6'h2d;
-  assign \$112  = \port$2771$54 [21:16] - 1'h1;
-  assign \$113  = \$112 [5:0] > 6'h2e;
-  assign \$114  = \port$2771$54 [21:16] - 1'h1;
-  assign \$115  = \$114 [5:0] > 6'h2f;
-  assign \$116  = $signed(x0) >>> shift_m1;
-  assign \$117  = shift_nz ? \$116  : x0;
-  assign \$118  = x0 & below_half;
-  assign \$119  = | \$118 ;
-  assign \$120  = y0[0] & shift_nz;
-  assign \$121  = sticky0 | q0[0];
-  assign \$122  = \$120  & \$121 ;
-  assign \$123  = $signed(q0) + $signed({ 1'h0, \$122  });
-  assign \$124  = $signed(rounded0) < $signed(32'd2147483648);
-  assign \$125  = $signed(rounded0) > $signed(32'd2147483647);
-  assign \$126  = \$125  ? 49'h000007fffffff : rounded0;
-  assign \$127  = \$124  ? 49'h1ffff80000000 : \$126 ;
-  assign \$128  = $signed(x1) >>> shift_m1;
-  assign \$129  = shift_nz ? \$128  : x1;
-  assign \$130  = x1 & below_half;
-  assign \$131  = | \$130 ;
-  assign \$132  = y1[0] & shift_nz;
-  assign \$133  = sticky1 | q1[0];
-  assign \$134  = \$132  & \$133 ;
-  assign \$135  = $signed(q1) + $signed({ 1'h0, \$134  });
-  assign \$136  = $signed(rounded1) < $signed(32'd2147483648);
-  assign \$137  = $signed(rounded1) > $signed(32'd2147483647);
-  assign \$138  = \$137  ? 49'h000007fffffff : rounded1;
-  assign \$139  = \$136  ? 49'h1ffff80000000 : \$138 ;
-  assign \$140  = $signed(x2) >>> shift_m1;
-  assign \$141  = shift_nz ? \$140  : x2;
-  assign \$142  = x2 & below_half;
-  assign \$143  = | \$142 ;
-  assign \$144  = y2[0] & shift_nz;
-  assign \$145  = sticky2 | q2[0];
-  assign \$146  = \$144  & \$145 ;
-  assign \$147  = $signed(q2) + $signed({ 1'h0, \$146  });
-  assign \$148  = $signed(rounded2) < $signed(32'd2147483648);
-  assign \$149  = $signed(rounded2) > $signed(32'd2147483647);
-  assign \$150  = \$149  ? 49'h000007fffffff : rounded2;
-  assign \$151  = \$148  ? 49'h1ffff80000000 : \$150 ;
-  assign \$152  = $signed(x3) >>> shift_m1;
-  assign \$153  = shift_nz ? \$152  : x3;
-  assign \$154  = x3 & below_half;
-  assign \$155  = | \$154 ;
-  assign \$156  = y3[0] & shift_nz;
-  assign \$157  = sticky3 | q3[0];
-  assign \$158  = \$156  & \$157 ;
-  assign \$159  = $signed(q3) + $signed({ 1'h0, \$158  });
-  assign \$160  = $signed(rounded3) < $signed(32'd2147483648);
-  assign \$161  = $signed(rounded3) > $signed(32'd2147483647);
-  assign \$162  = \$161  ? 49'h000007fffffff : rounded3;
-  assign \$163  = \$160  ? 49'h1ffff80000000 : \$162 ;
-  always @(posedge clk)
-    \$signal  <= \$164 ;
-  always @(posedge clk)
-    v2 <= \$165 ;
-  always @(posedge clk)
-    x_valid <= \$166 ;
-  always @(posedge clk)
-    x0 <= \$167 ;
-  always @(posedge clk)
-    x1 <= \$168 ;
-  always @(posedge clk)
-    x2 <= \$169 ;
-  always @(posedge clk)
-    x3 <= \$170 ;
-  always @(posedge clk)
-    shift_nz <= \$171 ;
-  always @(posedge clk)
-    shift_m1 <= \$172 ;
-  always @(posedge clk)
-    below_half <= \$173 ;
-  always @(posedge clk)
-    \$signal$53  <= \$174 ;
-  always @(posedge clk)
-    v_round <= \$175 ;
-  always @(posedge clk)
-    o__valid <= \$176 ;
-  always @(posedge clk)
-    y0 <= \$177 ;
-  always @(posedge clk)
-    sticky0 <= \$178 ;
-  always @(posedge clk)
-    rounded0 <= \$179 ;
-  always @(posedge clk)
-    o__payload <= \$180 ;
-  always @(posedge clk)
-    y1 <= \$181 ;
-  always @(posedge clk)
-    sticky1 <= \$182 ;
-  always @(posedge clk)
-    rounded1 <= \$183 ;
-  always @(posedge clk)
-    y2 <= \$184 ;
-  always @(posedge clk)
-    sticky2 <= \$185 ;
-  always @(posedge clk)
-    rounded2 <= \$186 ;
-  always @(posedge clk)
-    y3 <= \$187 ;
-  always @(posedge clk)
-    sticky3 <= \$188 ;
-  always @(posedge clk)
-    rounded3 <= \$189 ;
+  assign \$4  = $signed(\$2 ) + $signed(\$3 );
+  assign \$7  = $signed(\$5 ) + $signed(\$6 );
+  assign \$10  = $signed(\$8 ) + $signed(\$9 );
+  assign \$13  = $signed(\$11 ) + $signed(\$12 );
+  assign \$14  = \port$3496$54 [21:16] > 1'h0;
+  assign \$15  = \port$3496$54 [21:16] > 1'h1;
+  assign \$16  = \port$3496$54 [21:16] > 2'h2;
+  assign \$17  = \port$3496$54 [21:16] > 2'h3;
+  assign \$18  = \port$3496$54 [21:16] > 3'h4;
+  assign \$19  = \port$3496$54 [21:16] > 3'h5;
+  assign \$20  = \port$3496$54 [21:16] > 3'h6;
+  assign \$21  = \port$3496$54 [21:16] > 3'h7;
+  assign \$22  = \port$3496$54 [21:16] > 4'h8;
+  assign \$23  = \port$3496$54 [21:16] > 4'h9;
+  assign \$24  = \port$3496$54 [21:16] > 4'ha;
+  assign \$25  = \port$3496$54 [21:16] > 4'hb;
+  assign \$26  = \port$3496$54 [21:16] > 4'hc;
+  assign \$27  = \port$3496$54 [21:16] > 4'hd;
+  assign \$28  = \port$3496$54 [21:16] > 4'he;
+  assign \$29  = \port$3496$54 [21:16] > 4'hf;
+  assign \$30  = \port$3496$54 [21:16] > 5'h10;
+  assign \$31  = \port$3496$54 [21:16] > 5'h11;
+  assign \$32  = \port$3496$54 [21:16] > 5'h12;
+  assign \$33  = \port$3496$54 [21:16] > 5'h13;
+  assign \$34  = \port$3496$54 [21:16] > 5'h14;
+  assign \$35  = \port$3496$54 [21:16] > 5'h15;
+  assign \$36  = \port$3496$54 [21:16] > 5'h16;
+  assign \$37  = \port$3496$54 [21:16] > 5'h17;
+  assign \$38  = \port$3496$54 [21:16] > 5'h18;
+  assign \$39  = \port$3496$54 [21:16] > 5'h19;
+  assign \$40  = \port$3496$54 [21:16] > 5'h1a;
+  assign \$41  = \port$3496$54 [21:16] > 5'h1b;
+  assign \$42  = \port$3496$54 [21:16] > 5'h1c;
+  assign \$43  = \port$3496$54 [21:16] > 5'h1d;
+  assign \$44  = \port$3496$54 [21:16] > 5'h1e;
+  assign \$45  = \port$3496$54 [21:16] > 5'h1f;
+  assign \$46  = \port$3496$54 [21:16] > 6'h20;
+  assign \$47  = \port$3496$54 [21:16] > 6'h21;
+  assign \$48  = \port$3496$54 [21:16] > 6'h22;
+  assign \$49  = \port$3496$54 [21:16] > 6'h23;
+  assign \$50  = \port$3496$54 [21:16] > 6'h24;
+  assign \$51  = \port$3496$54 [21:16] > 6'h25;
+  assign \$52  = \port$3496$54 [21:16] > 6'h26;
+  assign \$53  = \port$3496$54 [21:16] > 6'h27;
+  assign \$54  = \port$3496$54 [21:16] > 6'h28;
+  assign \$55  = \port$3496$54 [21:16] > 6'h29;
+  assign \$56  = \port$3496$54 [21:16] > 6'h2a;
+  assign \$57  = \port$3496$54 [21:16] > 6'h2b;
+  assign \$58  = \port$3496$54 [21:16] > 6'h2c;
+  assign \$59  = \port$3496$54 [21:16] > 6'h2d;
+  assign \$60  = \port$3496$54 [21:16] > 6'h2e;
+  assign \$61  = \port$3496$54 [21:16] > 6'h2f;
+  assign \$62  = \port$3496$54 [21:16] > 6'h30;
+  assign \$63  = \port$3496$54 [21:16] + 6'h20;
+  assign \$64  = \$63  <= 1'h0;
+  assign \$65  = \port$3496$54 [21:16] + 6'h20;
+  assign \$66  = \$65  <= 1'h1;
+  assign \$67  = \port$3496$54 [21:16] + 6'h20;
+  assign \$68  = \$67  <= 2'h2;
+  assign \$69  = \port$3496$54 [21:16] + 6'h20;
+  assign \$70  = \$69  <= 2'h3;
+  assign \$71  = \port$3496$54 [21:16] + 6'h20;
+  assign \$72  = \$71  <= 3'h4;
+  assign \$73  = \port$3496$54 [21:16] + 6'h20;
+  assign \$74  = \$73  <= 3'h5;
+  assign \$75  = \port$3496$54 [21:16] + 6'h20;
+  assign \$76  = \$75  <= 3'h6;
+  assign \$77  = \port$3496$54 [21:16] + 6'h20;
+  assign \$78  = \$77  <= 3'h7;
+  assign \$79  = \port$3496$54 [21:16] + 6'h20;
+  assign \$80  = \$79  <= 4'h8;
+  assign \$81  = \port$3496$54 [21:16] + 6'h20;
+  assign \$82  = \$81  <= 4'h9;
+  assign \$83  = \port$3496$54 [21:16] + 6'h20;
+  assign \$84  = \$83  <= 4'ha;
+  assign \$85  = \port$3496$54 [21:16] + 6'h20;
+  assign \$86  = \$85  <= 4'hb;
+  assign \$87  = \port$3496$54 [21:16] + 6'h20;
+  assign \$88  = \$87  <= 4'hc;
+  assign \$89  = \port$3496$54 [21:16] + 6'h20;
+  assign \$90  = \$89  <= 4'hd;
+  assign \$91  = \port$3496$54 [21:16] + 6'h20;
+  assign \$92  = \$91  <= 4'he;
+  assign \$93  = \port$3496$54 [21:16] + 6'h20;
+  assign \$94  = \$93  <= 4'hf;
+  assign \$95  = \port$3496$54 [21:16] + 6'h20;
+  assign \$96  = \$95  <= 5'h10;
+  assign \$97  = \port$3496$54 [21:16] + 6'h20;
+  assign \$98  = \$97  <= 5'h11;
+  assign \$99  = \port$3496$54 [21:16] + 6'h20;
+  assign \$100  = \$99  <= 5'h12;
+  assign \$101  = \port$3496$54 [21:16] + 6'h20;
+  assign \$102  = \$101  <= 5'h13;
+  assign \$103  = \port$3496$54 [21:16] + 6'h20;
+  assign \$104  = \$103  <= 5'h14;
+  assign \$105  = \port$3496$54 [21:16] + 6'h20;
+  assign \$106  = \$105  <= 5'h15;
+  assign \$107  = \port$3496$54 [21:16] + 6'h20;
+  assign \$108  = \$107  <= 5'h16;
+  assign \$109  = \port$3496$54 [21:16] + 6'h20;
+  assign \$110  = \$109  <= 5'h17;
+  assign \$111  = \port$3496$54 [21:16] + 6'h20;
+  assign \$112  = \$111  <= 5'h18;
+  assign \$113  = \port$3496$54 [21:16] + 6'h20;
+  assign \$114  = \$113  <= 5'h19;
+  assign \$115  = \port$3496$54 [21:16] + 6'h20;
+  assign \$116  = \$115  <= 5'h1a;
+  assign \$117  = \port$3496$54 [21:16] + 6'h20;
+  assign \$118  = \$117  <= 5'h1b;
+  assign \$119  = \port$3496$54 [21:16] + 6'h20;
+  assign \$120  = \$119  <= 5'h1c;
+  assign \$121  = \port$3496$54 [21:16] + 6'h20;
+  assign \$122  = \$121  <= 5'h1d;
+  assign \$123  = \port$3496$54 [21:16] + 6'h20;
+  assign \$124  = \$123  <= 5'h1e;
+  assign \$125  = \port$3496$54 [21:16] + 6'h20;
+  assign \$126  = \$125  <= 5'h1f;
+  assign \$127  = \port$3496$54 [21:16] + 6'h20;
+  assign \$128  = \$127  <= 6'h20;
+  assign \$129  = \port$3496$54 [21:16] + 6'h20;
+  assign \$130  = \$129  <= 6'h21;
+  assign \$131  = \port$3496$54 [21:16] + 6'h20;
+  assign \$132  = \$131  <= 6'h22;
+  assign \$133  = \port$3496$54 [21:16] + 6'h20;
+  assign \$134  = \$133  <= 6'h23;
+  assign \$135  = \port$3496$54 [21:16] + 6'h20;
+  assign \$136  = \$135  <= 6'h24;
+  assign \$137  = \port$3496$54 [21:16] + 6'h20;
+  assign \$138  = \$137  <= 6'h25;
+  assign \$139  = \port$3496$54 [21:16] + 6'h20;
+  assign \$140  = \$139  <= 6'h26;
+  assign \$141  = \port$3496$54 [21:16] + 6'h20;
+  assign \$142  = \$141  <= 6'h27;
+  assign \$143  = \port$3496$54 [21:16] + 6'h20;
+  assign \$144  = \$143  <= 6'h28;
+  assign \$145  = \port$3496$54 [21:16] + 6'h20;
+  assign \$146  = \$145  <= 6'h29;
+  assign \$147  = \port$3496$54 [21:16] + 6'h20;
+  assign \$148  = \$147  <= 6'h2a;
+  assign \$149  = \port$3496$54 [21:16] + 6'h20;
+  assign \$150  = \$149  <= 6'h2b;
+  assign \$151  = \port$3496$54 [21:16] + 6'h20;
+  assign \$152  = \$151  <= 6'h2c;
+  assign \$153  = \port$3496$54 [21:16] + 6'h20;
+  assign \$154  = \$153  <= 6'h2d;
+  assign \$155  = \port$3496$54 [21:16] + 6'h20;
+  assign \$156  = \$155  <= 6'h2e;
+  assign \$157  = \port$3496$54 [21:16] + 6'h20;
+  assign \$158  = \$157  <= 6'h2f;
+  assign \$159  = \port$3496$54 [21:16] + 6'h20;
+  assign \$160  = \$159  <= 6'h30;
+  assign \$162  = \port$3496$54 [21] ? \$161  : { x0, 1'h0 };
+  assign \$165  = \port$3496$54 [21] ? \$164  : { x0, 1'h0 };
+  assign \$166  = \port$3496$54 [20] ? \$163  : \$165 ;
+  assign \$169  = \port$3496$54 [21] ? \$168  : { x0, 1'h0 };
+  assign \$172  = \port$3496$54 [21] ? \$171  : { x0, 1'h0 };
+  assign \$173  = \port$3496$54 [20] ? \$170  : \$172 ;
+  assign \$174  = \port$3496$54 [19] ? \$167  : \$173 [47:0];
+  assign \$177  = \port$3496$54 [21] ? \$176  : { x0, 1'h0 };
+  assign \$180  = \port$3496$54 [21] ? \$179  : { x0, 1'h0 };
+  assign \$181  = \port$3496$54 [20] ? \$178  : \$180 ;
+  assign \$184  = \port$3496$54 [21] ? \$183  : { x0, 1'h0 };
+  assign \$187  = \port$3496$54 [21] ? \$186  : { x0, 1'h0 };
+  assign \$188  = \port$3496$54 [20] ? \$185  : \$187 ;
+  assign \$189  = \port$3496$54 [19] ? \$182  : \$188 [47:0];
+  assign \$190  = \port$3496$54 [18] ? \$175  : \$189 [39:0];
+  assign \$193  = \port$3496$54 [21] ? \$192  : { x0, 1'h0 };
+  assign \$196  = \port$3496$54 [21] ? \$195  : { x0, 1'h0 };
+  assign \$197  = \port$3496$54 [20] ? \$194  : \$196 ;
+  assign \$200  = \port$3496$54 [21] ? \$199  : { x0, 1'h0 };
+  assign \$203  = \port$3496$54 [21] ? \$202  : { x0, 1'h0 };
+  assign \$204  = \port$3496$54 [20] ? \$201  : \$203 ;
+  assign \$205  = \port$3496$54 [19] ? \$198  : \$204 [47:0];
+  assign \$208  = \port$3496$54 [21] ? \$207  : { x0, 1'h0 };
+  assign \$211  = \port$3496$54 [21] ? \$210  : { x0, 1'h0 };
+  assign \$212  = \port$3496$54 [20] ? \$209  : \$211 ;
+  assign \$215  = \port$3496$54 [21] ? \$214  : { x0, 1'h0 };
+  assign \$218  = \port$3496$54 [21] ? \$217  : { x0, 1'h0 };
+  assign \$219  = \port$3496$54 [20] ? \$216  : \$218 ;
+  assign \$220  = \port$3496$54 [19] ? \$213  : \$219 [47:0];
+  assign \$221  = \port$3496$54 [18] ? \$206  : \$220 [39:0];
+  assign \$222  = \port$3496$54 [17] ? \$191  : \$221 [35:0];
+  assign \$225  = \port$3496$54 [21] ? \$224  : { x0, 1'h0 };
+  assign \$228  = \port$3496$54 [21] ? \$227  : { x0, 1'h0 };
+  assign \$229  = \port$3496$54 [20] ? \$226  : \$228 ;
+  assign \$232  = \port$3496$54 [21] ? \$231  : { x0, 1'h0 };
+  assign \$235  = \port$3496$54 [21] ? \$234  : { x0, 1'h0 };
+  assign \$236  = \port$3496$54 [20] ? \$233  : \$235 ;
+  assign \$237  = \port$3496$54 [19] ? \$230  : \$236 [47:0];
+  assign \$240  = \port$3496$54 [21] ? \$239  : { x0, 1'h0 };
+  assign \$243  = \port$3496$54 [21] ? \$242  : { x0, 1'h0 };
+  assign \$244  = \port$3496$54 [20] ? \$241  : \$243 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -25252,363 +26216,561 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$2771$54 (\port$2771$54 [15:0]),
-    .\port$2789$0 (i__payload),
+    .\port$3496$54 (\port$3496$54 [15:0]),
+    .\port$3514$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$164  = \$signal ;
+    \$713  = \$signal ;
     if (advance) begin
-      \$164  = i__valid;
+      \$713  = i__valid;
     end
     if (unit_rst) begin
-      \$164  = 1'h0;
+      \$713  = 1'h0;
     end
     if (rst) begin
-      \$164  = 1'h0;
+      \$713  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$165  = v2;
+    \$714  = v2;
     if (advance) begin
-      \$165  = \$signal ;
+      \$714  = \$signal ;
     end
     if (unit_rst) begin
-      \$165  = 1'h0;
+      \$714  = 1'h0;
     end
     if (rst) begin
-      \$165  = 1'h0;
+      \$714  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$166  = x_valid;
+    \$715  = x_valid;
     if (advance) begin
-      \$166  = v2;
+      \$715  = v2;
     end
     if (unit_rst) begin
-      \$166  = 1'h0;
+      \$715  = 1'h0;
     end
     if (rst) begin
-      \$166  = 1'h0;
+      \$715  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$167  = x0;
+    \$716  = x0;
     if (advance) begin
-      \$167  = \$8 [47:0];
+      \$716  = \$4 [47:0];
     end
     if (unit_rst) begin
-      \$167  = 48'h000000000000;
+      \$716  = 48'h000000000000;
     end
     if (rst) begin
-      \$167  = 48'h000000000000;
+      \$716  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$168  = x1;
+    \$717  = x1;
     if (advance) begin
-      \$168  = \$11 [47:0];
+      \$717  = \$7 [47:0];
     end
     if (unit_rst) begin
-      \$168  = 48'h000000000000;
+      \$717  = 48'h000000000000;
     end
     if (rst) begin
-      \$168  = 48'h000000000000;
+      \$717  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$169  = x2;
+    \$718  = x2;
     if (advance) begin
-      \$169  = \$14 [47:0];
+      \$718  = \$10 [47:0];
     end
     if (unit_rst) begin
-      \$169  = 48'h000000000000;
+      \$718  = 48'h000000000000;
     end
     if (rst) begin
-      \$169  = 48'h000000000000;
+      \$718  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$170  = x3;
+    \$719  = x3;
     if (advance) begin
-      \$170  = \$17 [47:0];
+      \$719  = \$13 [47:0];
     end
     if (unit_rst) begin
-      \$170  = 48'h000000000000;
+      \$719  = 48'h000000000000;
     end
     if (rst) begin
-      \$170  = 48'h000000000000;
+      \$719  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$171  = \$18 ;
+    \$720  = { \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14  };
     if (unit_rst) begin
-      \$171  = 1'h0;
+      \$720  = 49'h0000000000000;
     end
     if (rst) begin
-      \$171  = 1'h0;
+      \$720  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$172  = \$19 [5:0];
+    \$721  = { \$160 , \$158 , \$156 , \$154 , \$152 , \$150 , \$148 , \$146 , \$144 , \$142 , \$140 , \$138 , \$136 , \$134 , \$132 , \$130 , \$128 , \$126 , \$124 , \$122 , \$120 , \$118 , \$116 , \$114 , \$112 , \$110 , \$108 , \$106 , \$104 , \$102 , \$100 , \$98 , \$96 , \$94 , \$92 , \$90 , \$88 , \$86 , \$84 , \$82 , \$80 , \$78 , \$76 , \$74 , \$72 , \$70 , \$68 , \$66 , \$64  };
     if (unit_rst) begin
-      \$172  = 6'h00;
+      \$721  = 49'h0000000000000;
     end
     if (rst) begin
-      \$172  = 6'h00;
+      \$721  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$173  = { \$115 , \$113 , \$111 , \$109 , \$107 , \$105 , \$103 , \$101 , \$99 , \$97 , \$95 , \$93 , \$91 , \$89 , \$87 , \$85 , \$83 , \$81 , \$79 , \$77 , \$75 , \$73 , \$71 , \$69 , \$67 , \$65 , \$63 , \$61 , \$59 , \$57 , \$55 , \$53 , \$51 , \$49 , \$47 , \$45 , \$43 , \$41 , \$39 , \$37 , \$35 , \$33 , \$31 , \$29 , \$27 , \$25 , \$23 , \$21  };
-    if (unit_rst) begin
-      \$173  = 48'h000000000000;
-    end
-    if (rst) begin
-      \$173  = 48'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$174  = \$signal$53 ;
+    \$722  = \$signal$44 ;
     if (advance) begin
-      \$174  = x_valid;
+      \$722  = x_valid;
     end
     if (unit_rst) begin
-      \$174  = 1'h0;
+      \$722  = 1'h0;
     end
     if (rst) begin
-      \$174  = 1'h0;
+      \$722  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$175  = v_round;
+    \$723  = v_round;
     if (advance) begin
-      \$175  = \$signal$53 ;
+      \$723  = \$signal$44 ;
     end
     if (unit_rst) begin
-      \$175  = 1'h0;
+      \$723  = 1'h0;
     end
     if (rst) begin
-      \$175  = 1'h0;
+      \$723  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$176  = o__valid;
+    \$724  = o__valid;
     if (advance) begin
-      \$176  = v_round;
+      \$724  = v_round;
     end
     if (unit_rst) begin
-      \$176  = 1'h0;
+      \$724  = 1'h0;
     end
     if (rst) begin
-      \$176  = 1'h0;
+      \$724  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$177  = y0;
+    \$725  = y0;
     if (advance) begin
-      \$177  = \$117 ;
+      \$725  = \$286 [32:0];
     end
     if (unit_rst) begin
-      \$177  = 48'h000000000000;
+      \$725  = 33'h000000000;
     end
     if (rst) begin
-      \$177  = 48'h000000000000;
+      \$725  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$178  = sticky0;
+    \$726  = sticky0;
     if (advance) begin
-      \$178  = \$119 ;
+      \$726  = \$288 ;
     end
     if (unit_rst) begin
-      \$178  = 1'h0;
+      \$726  = 1'h0;
     end
     if (rst) begin
-      \$178  = 1'h0;
+      \$726  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$179  = rounded0;
+    \$727  = over0;
     if (advance) begin
-      \$179  = \$123 ;
+      \$727  = \$291 ;
     end
     if (unit_rst) begin
-      \$179  = 49'h0000000000000;
+      \$727  = 1'h0;
     end
     if (rst) begin
-      \$179  = 49'h0000000000000;
+      \$727  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$180  = o__payload;
+    \$728  = neg0;
     if (advance) begin
-      \$180 [31:0] = \$127 [31:0];
-      \$180 [63:32] = \$139 [31:0];
-      \$180 [95:64] = \$151 [31:0];
-      \$180 [127:96] = \$163 [31:0];
+      \$728  = x0[47];
     end
     if (unit_rst) begin
-      \$180  = 128'h00000000000000000000000000000000;
+      \$728  = 1'h0;
     end
     if (rst) begin
-      \$180  = 128'h00000000000000000000000000000000;
+      \$728  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$181  = y1;
+    \$729  = rounded0;
     if (advance) begin
-      \$181  = \$129 ;
+      \$729  = \$294 ;
     end
     if (unit_rst) begin
-      \$181  = 48'h000000000000;
+      \$729  = 33'h000000000;
     end
     if (rst) begin
-      \$181  = 48'h000000000000;
+      \$729  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$182  = sticky1;
+    \$730  = over2_0;
     if (advance) begin
-      \$182  = \$131 ;
+      \$730  = over0;
     end
     if (unit_rst) begin
-      \$182  = 1'h0;
+      \$730  = 1'h0;
     end
     if (rst) begin
-      \$182  = 1'h0;
+      \$730  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$183  = rounded1;
+    \$731  = neg2_0;
     if (advance) begin
-      \$183  = \$135 ;
+      \$731  = neg0;
     end
     if (unit_rst) begin
-      \$183  = 49'h0000000000000;
+      \$731  = 1'h0;
     end
     if (rst) begin
-      \$183  = 49'h0000000000000;
+      \$731  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$184  = y2;
+    \$732  = o__payload;
     if (advance) begin
-      \$184  = \$141 ;
+      \$732 [31:0] = \$298 [31:0];
+      \$732 [63:32] = \$436 [31:0];
+      \$732 [95:64] = \$574 [31:0];
+      \$732 [127:96] = \$712 [31:0];
     end
     if (unit_rst) begin
-      \$184  = 48'h000000000000;
+      \$732  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$184  = 48'h000000000000;
+      \$732  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$185  = sticky2;
+    \$733  = y1;
     if (advance) begin
-      \$185  = \$143 ;
+      \$733  = \$424 [32:0];
     end
     if (unit_rst) begin
-      \$185  = 1'h0;
+      \$733  = 33'h000000000;
     end
     if (rst) begin
-      \$185  = 1'h0;
+      \$733  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$186  = rounded2;
+    \$734  = sticky1;
     if (advance) begin
-      \$186  = \$147 ;
+      \$734  = \$426 ;
     end
     if (unit_rst) begin
-      \$186  = 49'h0000000000000;
+      \$734  = 1'h0;
     end
     if (rst) begin
-      \$186  = 49'h0000000000000;
+      \$734  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$187  = y3;
+    \$735  = over1;
     if (advance) begin
-      \$187  = \$153 ;
+      \$735  = \$429 ;
     end
     if (unit_rst) begin
-      \$187  = 48'h000000000000;
+      \$735  = 1'h0;
     end
     if (rst) begin
-      \$187  = 48'h000000000000;
+      \$735  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$188  = sticky3;
+    \$736  = neg1;
     if (advance) begin
-      \$188  = \$155 ;
+      \$736  = x1[47];
     end
     if (unit_rst) begin
-      \$188  = 1'h0;
+      \$736  = 1'h0;
     end
     if (rst) begin
-      \$188  = 1'h0;
+      \$736  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$189  = rounded3;
+    \$737  = rounded1;
     if (advance) begin
-      \$189  = \$159 ;
+      \$737  = \$432 ;
     end
     if (unit_rst) begin
-      \$189  = 49'h0000000000000;
+      \$737  = 33'h000000000;
     end
     if (rst) begin
-      \$189  = 49'h0000000000000;
+      \$737  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$738  = over2_1;
+    if (advance) begin
+      \$738  = over1;
+    end
+    if (unit_rst) begin
+      \$738  = 1'h0;
+    end
+    if (rst) begin
+      \$738  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$739  = neg2_1;
+    if (advance) begin
+      \$739  = neg1;
+    end
+    if (unit_rst) begin
+      \$739  = 1'h0;
+    end
+    if (rst) begin
+      \$739  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$740  = y2;
+    if (advance) begin
+      \$740  = \$562 [32:0];
+    end
+    if (unit_rst) begin
+      \$740  = 33'h000000000;
+    end
+    if (rst) begin
+      \$740  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$741  = sticky2;
+    if (advance) begin
+      \$741  = \$564 ;
+    end
+    if (unit_rst) begin
+      \$741  = 1'h0;
+    end
+    if (rst) begin
+      \$741  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$742  = over2;
+    if (advance) begin
+      \$742  = \$567 ;
+    end
+    if (unit_rst) begin
+      \$742  = 1'h0;
+    end
+    if (rst) begin
+      \$742  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$743  = neg2;
+    if (advance) begin
+      \$743  = x2[47];
+    end
+    if (unit_rst) begin
+      \$743  = 1'h0;
+    end
+    if (rst) begin
+      \$743  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$744  = rounded2;
+    if (advance) begin
+      \$744  = \$570 ;
+    end
+    if (unit_rst) begin
+      \$744  = 33'h000000000;
+    end
+    if (rst) begin
+      \$744  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$745  = over2_2;
+    if (advance) begin
+      \$745  = over2;
+    end
+    if (unit_rst) begin
+      \$745  = 1'h0;
+    end
+    if (rst) begin
+      \$745  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$746  = neg2_2;
+    if (advance) begin
+      \$746  = neg2;
+    end
+    if (unit_rst) begin
+      \$746  = 1'h0;
+    end
+    if (rst) begin
+      \$746  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$747  = y3;
+    if (advance) begin
+      \$747  = \$700 [32:0];
+    end
+    if (unit_rst) begin
+      \$747  = 33'h000000000;
+    end
+    if (rst) begin
+      \$747  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$748  = sticky3;
+    if (advance) begin
+      \$748  = \$702 ;
+    end
+    if (unit_rst) begin
+      \$748  = 1'h0;
+    end
+    if (rst) begin
+      \$748  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$749  = over3;
+    if (advance) begin
+      \$749  = \$705 ;
+    end
+    if (unit_rst) begin
+      \$749  = 1'h0;
+    end
+    if (rst) begin
+      \$749  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$750  = neg3;
+    if (advance) begin
+      \$750  = x3[47];
+    end
+    if (unit_rst) begin
+      \$750  = 1'h0;
+    end
+    if (rst) begin
+      \$750  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$751  = rounded3;
+    if (advance) begin
+      \$751  = \$708 ;
+    end
+    if (unit_rst) begin
+      \$751  = 33'h000000000;
+    end
+    if (rst) begin
+      \$751  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$752  = over2_3;
+    if (advance) begin
+      \$752  = over3;
+    end
+    if (unit_rst) begin
+      \$752  = 1'h0;
+    end
+    if (rst) begin
+      \$752  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$753  = neg2_3;
+    if (advance) begin
+      \$753  = neg3;
+    end
+    if (unit_rst) begin
+      \$753  = 1'h0;
+    end
+    if (rst) begin
+      \$753  = 1'h0;
     end
   end
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$2771$54 [15:0] };
-  assign mult = \port$2771$54 [15:0];
+  assign b__0 = { 2'h0, \port$3496$54 [15:0] };
+  assign mult = \port$3496$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$2771$54 [15:0] };
+  assign b__1 = { 2'h0, \port$3496$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$2771$54 [15:0] };
+  assign b__2 = { 2'h0, \port$3496$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$2771$54 [15:0] };
+  assign b__3 = { 2'h0, \port$3496$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$2771$54 [15:0] };
+  assign b__4 = { 2'h0, \port$3496$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$2771$54 [15:0] };
+  assign b__5 = { 2'h0, \port$3496$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$2771$54 [15:0] };
+  assign b__6 = { 2'h0, \port$3496$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$2771$54 [15:0] };
-  assign shift = \port$2771$54 [21:16];
+  assign b__7 = { 2'h0, \port$3496$54 [15:0] };
+  assign shift = \port$3496$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -25617,22 +26779,270 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \o__payload[1]  = o__payload[63:32];
   assign \o__payload[2]  = o__payload[95:64];
   assign \o__payload[3]  = o__payload[127:96];
-  assign \$2  = { y0[47], y0[47:1] };
-  assign \$3  = { y1[47], y1[47:1] };
-  assign \$4  = { y2[47], y2[47:1] };
-  assign \$5  = { y3[47], y3[47:1] };
-  assign \$6  = { p__0[35], p__0 };
-  assign \$7  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$9  = { p__2[35], p__2 };
-  assign \$10  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$12  = { p__4[35], p__4 };
-  assign \$13  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$15  = { p__6[35], p__6 };
-  assign \$16  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$2  = { p__0[35], p__0 };
+  assign \$3  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$5  = { p__2[35], p__2 };
+  assign \$6  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$9  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$8  = { p__4[35], p__4 };
+  assign \$11  = { p__6[35], p__6 };
+  assign \$12  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$161  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$163  = { \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48:16] };
+  assign \$164  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$167  = { \$166 [47], \$166 [47], \$166 [47], \$166 [47], \$166 [47], \$166 [47], \$166 [47], \$166 [47], \$166 [47:8] };
+  assign \$168  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$170  = { \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48:16] };
+  assign \$171  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$175  = { \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39:4] };
+  assign \$176  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$178  = { \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48:16] };
+  assign \$179  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$182  = { \$181 [47], \$181 [47], \$181 [47], \$181 [47], \$181 [47], \$181 [47], \$181 [47], \$181 [47], \$181 [47:8] };
+  assign \$183  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$185  = { \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48:16] };
+  assign \$186  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$191  = { \$190 [35], \$190 [35], \$190 [35:2] };
+  assign \$192  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$194  = { \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48:16] };
+  assign \$195  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$198  = { \$197 [47], \$197 [47], \$197 [47], \$197 [47], \$197 [47], \$197 [47], \$197 [47], \$197 [47], \$197 [47:8] };
+  assign \$199  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$201  = { \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48:16] };
+  assign \$202  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$207  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$206  = { \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39:4] };
+  assign \$209  = { \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48:16] };
+  assign \$210  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$213  = { \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47:8] };
+  assign \$214  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$216  = { \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48:16] };
+  assign \$217  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$224  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$223  = { \$222 [33], \$222 [33:1] };
+  assign \$226  = { \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48:16] };
+  assign \$227  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$230  = { \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47:8] };
+  assign \$231  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$233  = { \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48:16] };
+  assign \$234  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$238  = { \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39:4] };
+  assign \$239  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$241  = { \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48:16] };
+  assign \$242  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$245  = { \$244 [47], \$244 [47], \$244 [47], \$244 [47], \$244 [47], \$244 [47], \$244 [47], \$244 [47], \$244 [47:8] };
+  assign \$246  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$248  = { \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48:16] };
+  assign \$249  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$255  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$254  = { \$253 [35], \$253 [35], \$253 [35:2] };
+  assign \$257  = { \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48:16] };
+  assign \$258  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$261  = { \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47:8] };
+  assign \$262  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$264  = { \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48:16] };
+  assign \$265  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$269  = { \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39:4] };
+  assign \$270  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$272  = { \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48:16] };
+  assign \$273  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$276  = { \$275 [47], \$275 [47], \$275 [47], \$275 [47], \$275 [47], \$275 [47], \$275 [47], \$275 [47], \$275 [47:8] };
+  assign \$277  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$279  = { \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48:16] };
+  assign \$280  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$299  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$301  = { \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48:16] };
+  assign \$302  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$305  = { \$304 [47], \$304 [47], \$304 [47], \$304 [47], \$304 [47], \$304 [47], \$304 [47], \$304 [47], \$304 [47:8] };
+  assign \$306  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$308  = { \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48:16] };
+  assign \$309  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$313  = { \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39:4] };
+  assign \$314  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$316  = { \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48:16] };
+  assign \$317  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$320  = { \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47:8] };
+  assign \$321  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$323  = { \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48:16] };
+  assign \$324  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$329  = { \$328 [35], \$328 [35], \$328 [35:2] };
+  assign \$330  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$332  = { \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48:16] };
+  assign \$333  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$336  = { \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47:8] };
+  assign \$337  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$339  = { \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48:16] };
+  assign \$340  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$344  = { \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39:4] };
+  assign \$345  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$347  = { \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48:16] };
+  assign \$348  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$351  = { \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47:8] };
+  assign \$352  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$354  = { \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48:16] };
+  assign \$355  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$361  = { \$360 [33], \$360 [33:1] };
+  assign \$362  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$364  = { \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48:16] };
+  assign \$365  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$368  = { \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47:8] };
+  assign \$369  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$371  = { \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48:16] };
+  assign \$372  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$376  = { \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39:4] };
+  assign \$377  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$379  = { \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48:16] };
+  assign \$380  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$383  = { \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47:8] };
+  assign \$384  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$386  = { \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48:16] };
+  assign \$387  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$392  = { \$391 [35], \$391 [35], \$391 [35:2] };
+  assign \$393  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$395  = { \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48:16] };
+  assign \$396  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$399  = { \$398 [47], \$398 [47], \$398 [47], \$398 [47], \$398 [47], \$398 [47], \$398 [47], \$398 [47], \$398 [47:8] };
+  assign \$400  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$402  = { \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48:16] };
+  assign \$403  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$407  = { \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39:4] };
+  assign \$408  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$410  = { \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48:16] };
+  assign \$411  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$414  = { \$413 [47], \$413 [47], \$413 [47], \$413 [47], \$413 [47], \$413 [47], \$413 [47], \$413 [47], \$413 [47:8] };
+  assign \$415  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$417  = { \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48:16] };
+  assign \$418  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$437  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$439  = { \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48:16] };
+  assign \$440  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$443  = { \$442 [47], \$442 [47], \$442 [47], \$442 [47], \$442 [47], \$442 [47], \$442 [47], \$442 [47], \$442 [47:8] };
+  assign \$444  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$446  = { \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48:16] };
+  assign \$447  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$451  = { \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39:4] };
+  assign \$452  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$454  = { \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48:16] };
+  assign \$455  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$458  = { \$457 [47], \$457 [47], \$457 [47], \$457 [47], \$457 [47], \$457 [47], \$457 [47], \$457 [47], \$457 [47:8] };
+  assign \$459  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$461  = { \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48:16] };
+  assign \$462  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$467  = { \$466 [35], \$466 [35], \$466 [35:2] };
+  assign \$468  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$470  = { \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48:16] };
+  assign \$471  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$474  = { \$473 [47], \$473 [47], \$473 [47], \$473 [47], \$473 [47], \$473 [47], \$473 [47], \$473 [47], \$473 [47:8] };
+  assign \$475  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$477  = { \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48:16] };
+  assign \$478  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$482  = { \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39:4] };
+  assign \$483  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$485  = { \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48:16] };
+  assign \$486  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$489  = { \$488 [47], \$488 [47], \$488 [47], \$488 [47], \$488 [47], \$488 [47], \$488 [47], \$488 [47], \$488 [47:8] };
+  assign \$490  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$492  = { \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48:16] };
+  assign \$493  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$499  = { \$498 [33], \$498 [33:1] };
+  assign \$500  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$502  = { \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48:16] };
+  assign \$503  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$506  = { \$505 [47], \$505 [47], \$505 [47], \$505 [47], \$505 [47], \$505 [47], \$505 [47], \$505 [47], \$505 [47:8] };
+  assign \$507  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$509  = { \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48:16] };
+  assign \$510  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$514  = { \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39:4] };
+  assign \$515  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$517  = { \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48:16] };
+  assign \$518  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$521  = { \$520 [47], \$520 [47], \$520 [47], \$520 [47], \$520 [47], \$520 [47], \$520 [47], \$520 [47], \$520 [47:8] };
+  assign \$522  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$524  = { \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48:16] };
+  assign \$525  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$530  = { \$529 [35], \$529 [35], \$529 [35:2] };
+  assign \$531  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$533  = { \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48:16] };
+  assign \$534  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$537  = { \$536 [47], \$536 [47], \$536 [47], \$536 [47], \$536 [47], \$536 [47], \$536 [47], \$536 [47], \$536 [47:8] };
+  assign \$538  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$540  = { \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48:16] };
+  assign \$541  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$545  = { \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39:4] };
+  assign \$546  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$548  = { \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48:16] };
+  assign \$549  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$552  = { \$551 [47], \$551 [47], \$551 [47], \$551 [47], \$551 [47], \$551 [47], \$551 [47], \$551 [47], \$551 [47:8] };
+  assign \$553  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$555  = { \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48:16] };
+  assign \$556  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$575  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$577  = { \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48:16] };
+  assign \$578  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$581  = { \$580 [47], \$580 [47], \$580 [47], \$580 [47], \$580 [47], \$580 [47], \$580 [47], \$580 [47], \$580 [47:8] };
+  assign \$582  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$584  = { \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48:16] };
+  assign \$585  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$589  = { \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39:4] };
+  assign \$590  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$592  = { \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48:16] };
+  assign \$593  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$596  = { \$595 [47], \$595 [47], \$595 [47], \$595 [47], \$595 [47], \$595 [47], \$595 [47], \$595 [47], \$595 [47:8] };
+  assign \$597  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$599  = { \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48:16] };
+  assign \$600  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$605  = { \$604 [35], \$604 [35], \$604 [35:2] };
+  assign \$606  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$608  = { \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48:16] };
+  assign \$609  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$612  = { \$611 [47], \$611 [47], \$611 [47], \$611 [47], \$611 [47], \$611 [47], \$611 [47], \$611 [47], \$611 [47:8] };
+  assign \$613  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$615  = { \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48:16] };
+  assign \$616  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$620  = { \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39:4] };
+  assign \$621  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$623  = { \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48:16] };
+  assign \$624  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$627  = { \$626 [47], \$626 [47], \$626 [47], \$626 [47], \$626 [47], \$626 [47], \$626 [47], \$626 [47], \$626 [47:8] };
+  assign \$628  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$630  = { \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48:16] };
+  assign \$631  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$637  = { \$636 [33], \$636 [33:1] };
+  assign \$638  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$640  = { \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48:16] };
+  assign \$641  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$644  = { \$643 [47], \$643 [47], \$643 [47], \$643 [47], \$643 [47], \$643 [47], \$643 [47], \$643 [47], \$643 [47:8] };
+  assign \$645  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$647  = { \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48:16] };
+  assign \$648  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$652  = { \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39:4] };
+  assign \$653  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$655  = { \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48:16] };
+  assign \$656  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$659  = { \$658 [47], \$658 [47], \$658 [47], \$658 [47], \$658 [47], \$658 [47], \$658 [47], \$658 [47], \$658 [47:8] };
+  assign \$660  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$662  = { \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48:16] };
+  assign \$663  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$668  = { \$667 [35], \$667 [35], \$667 [35:2] };
+  assign \$669  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$671  = { \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48:16] };
+  assign \$672  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$675  = { \$674 [47], \$674 [47], \$674 [47], \$674 [47], \$674 [47], \$674 [47], \$674 [47], \$674 [47], \$674 [47:8] };
+  assign \$676  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$678  = { \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48:16] };
+  assign \$679  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$683  = { \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39:4] };
+  assign \$684  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$686  = { \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48:16] };
+  assign \$687  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$690  = { \$689 [47], \$689 [47], \$689 [47], \$689 [47], \$689 [47], \$689 [47], \$689 [47], \$689 [47], \$689 [47:8] };
+  assign \$691  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$693  = { \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48:16] };
+  assign \$694  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2789$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3514$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -25718,10 +27128,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$2771$54 ;
-  wire [15:0] \port$2771$54 ;
-  input [127:0] \port$2789$0 ;
-  wire [127:0] \port$2789$0 ;
+  input [15:0] \port$3496$54 ;
+  wire [15:0] \port$3496$54 ;
+  input [127:0] \port$3514$0 ;
+  wire [127:0] \port$3514$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -25786,7 +27196,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$2789$0 [16:0] };
+      \$9  = { 1'h0, \port$3514$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -25799,7 +27209,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$2771$54  };
+      \$10  = { 2'h0, \port$3496$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -25825,7 +27235,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$2789$0 [31], \port$2789$0 [31], \port$2789$0 [31], \port$2789$0 [31:17] };
+      \$12  = { \port$3514$0 [31], \port$3514$0 [31], \port$3514$0 [31], \port$3514$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -25838,7 +27248,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$2771$54  };
+      \$13  = { 2'h0, \port$3496$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -25864,7 +27274,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$2789$0 [48:32] };
+      \$15  = { 1'h0, \port$3514$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -25877,7 +27287,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$2771$54  };
+      \$16  = { 2'h0, \port$3496$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -25903,7 +27313,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$2789$0 [63], \port$2789$0 [63], \port$2789$0 [63], \port$2789$0 [63:49] };
+      \$18  = { \port$3514$0 [63], \port$3514$0 [63], \port$3514$0 [63], \port$3514$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -25916,7 +27326,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$2771$54  };
+      \$19  = { 2'h0, \port$3496$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -25942,7 +27352,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$2789$0 [80:64] };
+      \$21  = { 1'h0, \port$3514$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -25955,7 +27365,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$2771$54  };
+      \$22  = { 2'h0, \port$3496$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -25981,7 +27391,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$2789$0 [95], \port$2789$0 [95], \port$2789$0 [95], \port$2789$0 [95:81] };
+      \$24  = { \port$3514$0 [95], \port$3514$0 [95], \port$3514$0 [95], \port$3514$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -25994,7 +27404,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$2771$54  };
+      \$25  = { 2'h0, \port$3496$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -26020,7 +27430,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$2789$0 [112:96] };
+      \$27  = { 1'h0, \port$3514$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -26033,7 +27443,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$2771$54  };
+      \$28  = { 2'h0, \port$3496$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -26059,7 +27469,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$2789$0 [127], \port$2789$0 [127], \port$2789$0 [127], \port$2789$0 [127:113] };
+      \$30  = { \port$3514$0 [127], \port$3514$0 [127], \port$3514$0 [127], \port$3514$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -26072,7 +27482,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$2771$54  };
+      \$31  = { 2'h0, \port$3496$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -26094,22 +27504,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$2771$54 , \port$2
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$2789$0 [16:0] };
-  assign b__0 = { 2'h0, \port$2771$54  };
-  assign a__1 = { \port$2789$0 [31], \port$2789$0 [31], \port$2789$0 [31], \port$2789$0 [31:17] };
-  assign b__1 = { 2'h0, \port$2771$54  };
-  assign a__2 = { 1'h0, \port$2789$0 [48:32] };
-  assign b__2 = { 2'h0, \port$2771$54  };
-  assign a__3 = { \port$2789$0 [63], \port$2789$0 [63], \port$2789$0 [63], \port$2789$0 [63:49] };
-  assign b__3 = { 2'h0, \port$2771$54  };
-  assign a__4 = { 1'h0, \port$2789$0 [80:64] };
-  assign b__4 = { 2'h0, \port$2771$54  };
-  assign a__5 = { \port$2789$0 [95], \port$2789$0 [95], \port$2789$0 [95], \port$2789$0 [95:81] };
-  assign b__5 = { 2'h0, \port$2771$54  };
-  assign a__6 = { 1'h0, \port$2789$0 [112:96] };
-  assign b__6 = { 2'h0, \port$2771$54  };
-  assign a__7 = { \port$2789$0 [127], \port$2789$0 [127], \port$2789$0 [127], \port$2789$0 [127:113] };
-  assign b__7 = { 2'h0, \port$2771$54  };
+  assign a__0 = { 1'h0, \port$3514$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3496$54  };
+  assign a__1 = { \port$3514$0 [31], \port$3514$0 [31], \port$3514$0 [31], \port$3514$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3496$54  };
+  assign a__2 = { 1'h0, \port$3514$0 [48:32] };
+  assign b__2 = { 2'h0, \port$3496$54  };
+  assign a__3 = { \port$3514$0 [63], \port$3514$0 [63], \port$3514$0 [63], \port$3514$0 [63:49] };
+  assign b__3 = { 2'h0, \port$3496$54  };
+  assign a__4 = { 1'h0, \port$3514$0 [80:64] };
+  assign b__4 = { 2'h0, \port$3496$54  };
+  assign a__5 = { \port$3514$0 [95], \port$3514$0 [95], \port$3514$0 [95], \port$3514$0 [95:81] };
+  assign b__5 = { 2'h0, \port$3496$54  };
+  assign a__6 = { 1'h0, \port$3514$0 [112:96] };
+  assign b__6 = { 2'h0, \port$3496$54  };
+  assign a__7 = { \port$3514$0 [127], \port$3514$0 [127], \port$3514$0 [127], \port$3514$0 [127:113] };
+  assign b__7 = { 2'h0, \port$3496$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -26330,83 +27740,260 @@ endmodule
 module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult, shift, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
-  wire [6:0] \$10 ;
+  wire \$10 ;
   wire [6:0] \$100 ;
   wire \$101 ;
   wire [6:0] \$102 ;
   wire \$103 ;
-  wire [47:0] \$104 ;
-  wire [47:0] \$105 ;
-  wire [47:0] \$106 ;
+  wire [6:0] \$104 ;
+  wire \$105 ;
+  wire [6:0] \$106 ;
   wire \$107 ;
-  wire \$108 ;
+  wire [6:0] \$108 ;
   wire \$109 ;
   wire \$11 ;
-  wire \$110 ;
-  wire [48:0] \$111 ;
-  wire \$112 ;
+  wire [6:0] \$110 ;
+  wire \$111 ;
+  wire [6:0] \$112 ;
   wire \$113 ;
-  wire [48:0] \$114 ;
-  wire [48:0] \$115 ;
-  reg \$116 ;
-  reg \$117 ;
-  reg \$118 ;
-  reg [47:0] \$119 ;
-  wire [6:0] \$12 ;
-  reg \$120 ;
-  reg [5:0] \$121 ;
-  reg [47:0] \$122 ;
-  reg \$123 ;
-  reg \$124 ;
-  reg \$125 ;
-  reg [47:0] \$126 ;
-  reg \$127 ;
-  reg [48:0] \$128 ;
-  reg [31:0] \$129 ;
+  wire [6:0] \$114 ;
+  wire \$115 ;
+  wire [6:0] \$116 ;
+  wire \$117 ;
+  wire [6:0] \$118 ;
+  wire \$119 ;
+  wire \$12 ;
+  wire [6:0] \$120 ;
+  wire \$121 ;
+  wire [6:0] \$122 ;
+  wire \$123 ;
+  wire [6:0] \$124 ;
+  wire \$125 ;
+  wire [6:0] \$126 ;
+  wire \$127 ;
+  wire [6:0] \$128 ;
+  wire \$129 ;
   wire \$13 ;
-  wire [6:0] \$14 ;
+  wire [6:0] \$130 ;
+  wire \$131 ;
+  wire [6:0] \$132 ;
+  wire \$133 ;
+  wire [6:0] \$134 ;
+  wire \$135 ;
+  wire [6:0] \$136 ;
+  wire \$137 ;
+  wire [6:0] \$138 ;
+  wire \$139 ;
+  wire \$14 ;
+  wire [6:0] \$140 ;
+  wire \$141 ;
+  wire [6:0] \$142 ;
+  wire \$143 ;
+  wire [6:0] \$144 ;
+  wire \$145 ;
+  wire [6:0] \$146 ;
+  wire \$147 ;
+  wire [6:0] \$148 ;
+  wire \$149 ;
   wire \$15 ;
-  wire [6:0] \$16 ;
+  wire [6:0] \$150 ;
+  wire \$151 ;
+  wire [48:0] \$152 ;
+  wire [48:0] \$153 ;
+  wire [48:0] \$154 ;
+  wire [48:0] \$155 ;
+  wire [48:0] \$156 ;
+  wire [48:0] \$157 ;
+  wire [47:0] \$158 ;
+  wire [48:0] \$159 ;
+  wire \$16 ;
+  wire [48:0] \$160 ;
+  wire [48:0] \$161 ;
+  wire [48:0] \$162 ;
+  wire [48:0] \$163 ;
+  wire [48:0] \$164 ;
+  wire [47:0] \$165 ;
+  wire [39:0] \$166 ;
+  wire [48:0] \$167 ;
+  wire [48:0] \$168 ;
+  wire [48:0] \$169 ;
   wire \$17 ;
-  wire [6:0] \$18 ;
+  wire [48:0] \$170 ;
+  wire [48:0] \$171 ;
+  wire [48:0] \$172 ;
+  wire [47:0] \$173 ;
+  wire [48:0] \$174 ;
+  wire [48:0] \$175 ;
+  wire [48:0] \$176 ;
+  wire [48:0] \$177 ;
+  wire [48:0] \$178 ;
+  wire [48:0] \$179 ;
+  wire \$18 ;
+  wire [47:0] \$180 ;
+  wire [39:0] \$181 ;
+  wire [35:0] \$182 ;
+  wire [48:0] \$183 ;
+  wire [48:0] \$184 ;
+  wire [48:0] \$185 ;
+  wire [48:0] \$186 ;
+  wire [48:0] \$187 ;
+  wire [48:0] \$188 ;
+  wire [47:0] \$189 ;
   wire \$19 ;
-  wire [47:0] \$2 ;
-  wire [6:0] \$20 ;
+  wire [48:0] \$190 ;
+  wire [48:0] \$191 ;
+  wire [48:0] \$192 ;
+  wire [48:0] \$193 ;
+  wire [48:0] \$194 ;
+  wire [48:0] \$195 ;
+  wire [47:0] \$196 ;
+  wire [39:0] \$197 ;
+  wire [48:0] \$198 ;
+  wire [48:0] \$199 ;
+  wire [36:0] \$2 ;
+  wire \$20 ;
+  wire [48:0] \$200 ;
+  wire [48:0] \$201 ;
+  wire [48:0] \$202 ;
+  wire [48:0] \$203 ;
+  wire [47:0] \$204 ;
+  wire [48:0] \$205 ;
+  wire [48:0] \$206 ;
+  wire [48:0] \$207 ;
+  wire [48:0] \$208 ;
+  wire [48:0] \$209 ;
   wire \$21 ;
-  wire [6:0] \$22 ;
+  wire [48:0] \$210 ;
+  wire [47:0] \$211 ;
+  wire [39:0] \$212 ;
+  wire [35:0] \$213 ;
+  wire [33:0] \$214 ;
+  wire [48:0] \$215 ;
+  wire [48:0] \$216 ;
+  wire [48:0] \$217 ;
+  wire [48:0] \$218 ;
+  wire [48:0] \$219 ;
+  wire \$22 ;
+  wire [48:0] \$220 ;
+  wire [47:0] \$221 ;
+  wire [48:0] \$222 ;
+  wire [48:0] \$223 ;
+  wire [48:0] \$224 ;
+  wire [48:0] \$225 ;
+  wire [48:0] \$226 ;
+  wire [48:0] \$227 ;
+  wire [47:0] \$228 ;
+  wire [39:0] \$229 ;
   wire \$23 ;
-  wire [6:0] \$24 ;
+  wire [48:0] \$230 ;
+  wire [48:0] \$231 ;
+  wire [48:0] \$232 ;
+  wire [48:0] \$233 ;
+  wire [48:0] \$234 ;
+  wire [48:0] \$235 ;
+  wire [47:0] \$236 ;
+  wire [48:0] \$237 ;
+  wire [48:0] \$238 ;
+  wire [48:0] \$239 ;
+  wire \$24 ;
+  wire [48:0] \$240 ;
+  wire [48:0] \$241 ;
+  wire [48:0] \$242 ;
+  wire [47:0] \$243 ;
+  wire [39:0] \$244 ;
+  wire [35:0] \$245 ;
+  wire [48:0] \$246 ;
+  wire [48:0] \$247 ;
+  wire [48:0] \$248 ;
+  wire [48:0] \$249 ;
   wire \$25 ;
-  wire [6:0] \$26 ;
+  wire [48:0] \$250 ;
+  wire [48:0] \$251 ;
+  wire [47:0] \$252 ;
+  wire [48:0] \$253 ;
+  wire [48:0] \$254 ;
+  wire [48:0] \$255 ;
+  wire [48:0] \$256 ;
+  wire [48:0] \$257 ;
+  wire [48:0] \$258 ;
+  wire [47:0] \$259 ;
+  wire \$26 ;
+  wire [39:0] \$260 ;
+  wire [48:0] \$261 ;
+  wire [48:0] \$262 ;
+  wire [48:0] \$263 ;
+  wire [48:0] \$264 ;
+  wire [48:0] \$265 ;
+  wire [48:0] \$266 ;
+  wire [47:0] \$267 ;
+  wire [48:0] \$268 ;
+  wire [48:0] \$269 ;
   wire \$27 ;
-  wire [6:0] \$28 ;
+  wire [48:0] \$270 ;
+  wire [48:0] \$271 ;
+  wire [48:0] \$272 ;
+  wire [48:0] \$273 ;
+  wire [47:0] \$274 ;
+  wire [39:0] \$275 ;
+  wire [35:0] \$276 ;
+  wire [33:0] \$277 ;
+  wire [48:0] \$278 ;
+  wire \$279 ;
+  wire \$28 ;
+  wire [48:0] \$280 ;
+  wire [48:0] \$281 ;
+  wire \$282 ;
+  wire \$283 ;
+  wire \$284 ;
+  wire [32:0] \$285 ;
+  wire [31:0] \$286 ;
+  wire \$287 ;
+  wire [32:0] \$288 ;
+  wire [32:0] \$289 ;
   wire \$29 ;
-  wire [36:0] \$3 ;
-  wire [6:0] \$30 ;
+  reg \$290 ;
+  reg \$291 ;
+  reg \$292 ;
+  reg [47:0] \$293 ;
+  reg [48:0] \$294 ;
+  reg [48:0] \$295 ;
+  reg \$296 ;
+  reg \$297 ;
+  reg \$298 ;
+  reg [32:0] \$299 ;
+  wire [66:0] \$3 ;
+  wire \$30 ;
+  reg \$300 ;
+  reg \$301 ;
+  reg \$302 ;
+  reg [32:0] \$303 ;
+  reg \$304 ;
+  reg \$305 ;
+  reg [31:0] \$306 ;
   wire \$31 ;
-  wire [6:0] \$32 ;
+  wire \$32 ;
   wire \$33 ;
-  wire [6:0] \$34 ;
+  wire \$34 ;
   wire \$35 ;
-  wire [6:0] \$36 ;
+  wire \$36 ;
   wire \$37 ;
-  wire [6:0] \$38 ;
+  wire \$38 ;
   wire \$39 ;
-  wire [66:0] \$4 ;
-  wire [6:0] \$40 ;
+  wire [67:0] \$4 ;
+  wire \$40 ;
   wire \$41 ;
-  wire [6:0] \$42 ;
+  wire \$42 ;
   wire \$43 ;
-  wire [6:0] \$44 ;
+  wire \$44 ;
   wire \$45 ;
-  wire [6:0] \$46 ;
+  wire \$46 ;
   wire \$47 ;
-  wire [6:0] \$48 ;
+  wire \$48 ;
   wire \$49 ;
-  wire [67:0] \$5 ;
-  wire [6:0] \$50 ;
+  wire \$5 ;
+  wire \$50 ;
   wire \$51 ;
-  wire [6:0] \$52 ;
+  wire \$52 ;
   wire \$53 ;
   wire [6:0] \$54 ;
   wire \$55 ;
@@ -26425,7 +28012,7 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
   wire \$67 ;
   wire [6:0] \$68 ;
   wire \$69 ;
-  wire [6:0] \$7 ;
+  wire \$7 ;
   wire [6:0] \$70 ;
   wire \$71 ;
   wire [6:0] \$72 ;
@@ -26436,7 +28023,7 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
   wire \$77 ;
   wire [6:0] \$78 ;
   wire \$79 ;
-  wire [6:0] \$8 ;
+  wire \$8 ;
   wire [6:0] \$80 ;
   wire \$81 ;
   wire [6:0] \$82 ;
@@ -26459,14 +28046,15 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
   wire [6:0] \$98 ;
   wire \$99 ;
   reg \$signal  = 1'h0;
-  reg \$signal$26  = 1'h0;
+  reg \$signal$23  = 1'h0;
   wire [17:0] a__0;
   wire [17:0] a__1;
+  reg [48:0] above = 49'h0000000000000;
   output advance;
   wire advance;
   wire [17:0] b__0;
   wire [17:0] b__1;
-  reg [47:0] below_half = 48'h000000000000;
+  reg [48:0] below = 49'h0000000000000;
   input clk;
   wire clk;
   wire en;
@@ -26478,22 +28066,23 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
   wire i__valid;
   input [15:0] mult;
   wire [15:0] mult;
+  reg neg0 = 1'h0;
+  reg neg2_0 = 1'h0;
   output [31:0] o__payload;
   reg [31:0] o__payload = 32'd0;
   wire [31:0] \o__payload[0] ;
   wire o__ready;
   output o__valid;
   reg o__valid = 1'h0;
+  reg over0 = 1'h0;
+  reg over2_0 = 1'h0;
   wire [35:0] p__0;
   wire [35:0] p__1;
-  wire [47:0] q0;
-  reg [48:0] rounded0 = 49'h0000000000000;
+  reg [32:0] rounded0 = 33'h000000000;
   input rst;
   wire rst;
   input [5:0] shift;
   wire [5:0] shift;
-  reg [5:0] shift_m1 = 6'h00;
-  reg shift_nz = 1'h0;
   reg sticky0 = 1'h0;
   input unit_rst;
   wire unit_rst;
@@ -26501,329 +28090,488 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
   reg v_round = 1'h0;
   reg [47:0] x0 = 48'h000000000000;
   reg x_valid = 1'h0;
-  reg [47:0] y0 = 48'h000000000000;
+  reg [32:0] y0 = 33'h000000000;
   assign \$1  = ~ o__valid;
-  assign q0 = shift_nz ? \$2  : y0;
-  assign \$5  = $signed(\$3 ) + $signed(\$4 );
-  assign \$6  = | shift;
-  assign \$7  = shift - 1'h1;
-  assign \$8  = shift - 1'h1;
-  assign \$9  = \$8 [5:0] > 1'h0;
-  assign \$10  = shift - 1'h1;
-  assign \$11  = \$10 [5:0] > 1'h1;
-  assign \$12  = shift - 1'h1;
-  assign \$13  = \$12 [5:0] > 2'h2;
-  assign \$14  = shift - 1'h1;
-  assign \$15  = \$14 [5:0] > 2'h3;
-  assign \$16  = shift - 1'h1;
-  assign \$17  = \$16 [5:0] > 3'h4;
-  assign \$18  = shift - 1'h1;
-  assign \$19  = \$18 [5:0] > 3'h5;
-  assign \$20  = shift - 1'h1;
-  assign \$21  = \$20 [5:0] > 3'h6;
-  assign \$22  = shift - 1'h1;
-  assign \$23  = \$22 [5:0] > 3'h7;
-  assign \$24  = shift - 1'h1;
-  assign \$25  = \$24 [5:0] > 4'h8;
-  assign \$26  = shift - 1'h1;
-  assign \$27  = \$26 [5:0] > 4'h9;
-  assign \$28  = shift - 1'h1;
-  assign \$29  = \$28 [5:0] > 4'ha;
-  assign \$30  = shift - 1'h1;
-  assign \$31  = \$30 [5:0] > 4'hb;
-  assign \$32  = shift - 1'h1;
-  assign \$33  = \$32 [5:0] > 4'hc;
-  assign \$34  = shift - 1'h1;
-  assign \$35  = \$34 [5:0] > 4'hd;
-  assign \$36  = shift - 1'h1;
-  assign \$37  = \$36 [5:0] > 4'he;
-  assign \$38  = shift - 1'h1;
-  assign \$39  = \$38 [5:0] > 4'hf;
-  assign \$40  = shift - 1'h1;
-  assign \$41  = \$40 [5:0] > 5'h10;
-  assign \$42  = shift - 1'h1;
-  assign \$43  = \$42 [5:0] > 5'h11;
-  assign \$44  = shift - 1'h1;
-  assign \$45  = \$44 [5:0] > 5'h12;
-  assign \$46  = shift - 1'h1;
-  assign \$47  = \$46 [5:0] > 5'h13;
-  assign \$48  = shift - 1'h1;
-  assign \$49  = \$48 [5:0] > 5'h14;
-  assign \$50  = shift - 1'h1;
-  assign \$51  = \$50 [5:0] > 5'h15;
-  assign \$52  = shift - 1'h1;
-  assign \$53  = \$52 [5:0] > 5'h16;
-  assign \$54  = shift - 1'h1;
-  assign \$55  = \$54 [5:0] > 5'h17;
-  assign \$56  = shift - 1'h1;
-  assign \$57  = \$56 [5:0] > 5'h18;
-  assign \$58  = shift - 1'h1;
-  assign \$59  = \$58 [5:0] > 5'h19;
-  assign \$60  = shift - 1'h1;
-  assign \$61  = \$60 [5:0] > 5'h1a;
-  assign \$62  = shift - 1'h1;
-  assign \$63  = \$62 [5:0] > 5'h1b;
-  assign \$64  = shift - 1'h1;
-  assign \$65  = \$64 [5:0] > 5'h1c;
-  assign \$66  = shift - 1'h1;
-  assign \$67  = \$66 [5:0] > 5'h1d;
-  assign \$68  = shift - 1'h1;
-  assign \$69  = \$68 [5:0] > 5'h1e;
-  assign \$70  = shift - 1'h1;
-  assign \$71  = \$70 [5:0] > 5'h1f;
-  assign \$72  = shift - 1'h1;
-  assign \$73  = \$72 [5:0] > 6'h20;
-  assign \$74  = shift - 1'h1;
-  assign \$75  = \$74 [5:0] > 6'h21;
-  assign \$76  = shift - 1'h1;
-  assign \$77  = \$76 [5:0] > 6'h22;
-  assign \$78  = shift - 1'h1;
-  assign \$79  = \$78 [5:0] > 6'h23;
-  assign \$80  = shift - 1'h1;
-  assign \$81  = \$80 [5:0] > 6'h24;
-  assign \$82  = shift - 1'h1;
-  assign \$83  = \$82 [5:0] > 6'h25;
-  assign \$84  = shift - 1'h1;
-  assign \$85  = \$84 [5:0] > 6'h26;
-  assign \$86  = shift - 1'h1;
-  assign \$87  = \$86 [5:0] > 6'h27;
-  assign \$88  = shift - 1'h1;
-  assign \$89  = \$88 [5:0] > 6'h28;
-  assign \$90  = shift - 1'h1;
-  assign \$91  = \$90 [5:0] > 6'h29;
-  assign \$92  = shift - 1'h1;
-  assign \$93  = \$92 [5:0] > 6'h2a;
-  assign \$94  = shift - 1'h1;
-  assign \$95  = \$94 [5:0] > 6'h2b;
-  assign \$96  = shift - 1'h1;
-  assign \$97  = \$96 [5:0] > 6'h2c;
-  assign \$98  = shift - 1'h1;
-  assign \$99  = \$98 [5:0] > 6'h2d;
-  assign \$100  = shift - 1'h1;
-  assign \$101  = \$100 [5:0] > 6'h2e;
-  assign \$102  = shift - 1'h1;
-  assign \$103  = \$102 [5:0] > 6'h2f;
-  assign \$104  = $signed(x0) >>> shift_m1;
-  assign \$105  = shift_nz ? \$104  : x0;
-  assign \$106  = x0 & below_half;
-  assign \$107  = | \$106 ;
-  assign \$108  = y0[0] & shift_nz;
-  assign \$109  = sticky0 | q0[0];
-  assign \$110  = \$108  & \$109 ;
-  assign \$111  = $signed(q0) + $signed({ 1'h0, \$110  });
-  assign \$112  = $signed(rounded0) < $signed(32'd2147483648);
-  assign \$113  = $signed(rounded0) > $signed(32'd2147483647);
-  assign \$114  = \$113  ? 49'h000007fffffff : rounded0;
-  assign \$115  = \$112  ? 49'h1ffff80000000 : \$114 ;
+  assign \$4  = $signed(\$2 ) + $signed(\$3 );
+  assign \$5  = shift > 1'h0;
+  assign \$6  = shift > 1'h1;
+  assign \$7  = shift > 2'h2;
+  assign \$8  = shift > 2'h3;
+  assign \$9  = shift > 3'h4;
+  assign \$10  = shift > 3'h5;
+  assign \$11  = shift > 3'h6;
+  assign \$12  = shift > 3'h7;
+  assign \$13  = shift > 4'h8;
+  assign \$14  = shift > 4'h9;
+  assign \$15  = shift > 4'ha;
+  assign \$16  = shift > 4'hb;
+  assign \$17  = shift > 4'hc;
+  assign \$18  = shift > 4'hd;
+  assign \$19  = shift > 4'he;
+  assign \$20  = shift > 4'hf;
+  assign \$21  = shift > 5'h10;
+  assign \$22  = shift > 5'h11;
+  assign \$23  = shift > 5'h12;
+  assign \$24  = shift > 5'h13;
+  assign \$25  = shift > 5'h14;
+  assign \$26  = shift > 5'h15;
+  assign \$27  = shift > 5'h16;
+  assign \$28  = shift > 5'h17;
+  assign \$29  = shift > 5'h18;
+  assign \$30  = shift > 5'h19;
+  assign \$31  = shift > 5'h1a;
+  assign \$32  = shift > 5'h1b;
+  assign \$33  = shift > 5'h1c;
+  assign \$34  = shift > 5'h1d;
+  assign \$35  = shift > 5'h1e;
+  assign \$36  = shift > 5'h1f;
+  assign \$37  = shift > 6'h20;
+  assign \$38  = shift > 6'h21;
+  assign \$39  = shift > 6'h22;
+  assign \$40  = shift > 6'h23;
+  assign \$41  = shift > 6'h24;
+  assign \$42  = shift > 6'h25;
+  assign \$43  = shift > 6'h26;
+  assign \$44  = shift > 6'h27;
+  assign \$45  = shift > 6'h28;
+  assign \$46  = shift > 6'h29;
+  assign \$47  = shift > 6'h2a;
+  assign \$48  = shift > 6'h2b;
+  assign \$49  = shift > 6'h2c;
+  assign \$50  = shift > 6'h2d;
+  assign \$51  = shift > 6'h2e;
+  assign \$52  = shift > 6'h2f;
+  assign \$53  = shift > 6'h30;
+  assign \$54  = shift + 6'h20;
+  assign \$55  = \$54  <= 1'h0;
+  assign \$56  = shift + 6'h20;
+  assign \$57  = \$56  <= 1'h1;
+  assign \$58  = shift + 6'h20;
+  assign \$59  = \$58  <= 2'h2;
+  assign \$60  = shift + 6'h20;
+  assign \$61  = \$60  <= 2'h3;
+  assign \$62  = shift + 6'h20;
+  assign \$63  = \$62  <= 3'h4;
+  assign \$64  = shift + 6'h20;
+  assign \$65  = \$64  <= 3'h5;
+  assign \$66  = shift + 6'h20;
+  assign \$67  = \$66  <= 3'h6;
+  assign \$68  = shift + 6'h20;
+  assign \$69  = \$68  <= 3'h7;
+  assign \$70  = shift + 6'h20;
+  assign \$71  = \$70  <= 4'h8;
+  assign \$72  = shift + 6'h20;
+  assign \$73  = \$72  <= 4'h9;
+  assign \$74  = shift + 6'h20;
+  assign \$75  = \$74  <= 4'ha;
+  assign \$76  = shift + 6'h20;
+  assign \$77  = \$76  <= 4'hb;
+  assign \$78  = shift + 6'h20;
+  assign \$79  = \$78  <= 4'hc;
+  assign \$80  = shift + 6'h20;
+  assign \$81  = \$80  <= 4'hd;
+  assign \$82  = shift + 6'h20;
+  assign \$83  = \$82  <= 4'he;
+  assign \$84  = shift + 6'h20;
+  assign \$85  = \$84  <= 4'hf;
+  assign \$86  = shift + 6'h20;
+  assign \$87  = \$86  <= 5'h10;
+  assign \$88  = shift + 6'h20;
+  assign \$89  = \$88  <= 5'h11;
+  assign \$90  = shift + 6'h20;
+  assign \$91  = \$90  <= 5'h12;
+  assign \$92  = shift + 6'h20;
+  assign \$93  = \$92  <= 5'h13;
+  assign \$94  = shift + 6'h20;
+  assign \$95  = \$94  <= 5'h14;
+  assign \$96  = shift + 6'h20;
+  assign \$97  = \$96  <= 5'h15;
+  assign \$98  = shift + 6'h20;
+  assign \$99  = \$98  <= 5'h16;
+  assign \$100  = shift + 6'h20;
+  assign \$101  = \$100  <= 5'h17;
+  assign \$102  = shift + 6'h20;
+  assign \$103  = \$102  <= 5'h18;
+  assign \$104  = shift + 6'h20;
+  assign \$105  = \$104  <= 5'h19;
+  assign \$106  = shift + 6'h20;
+  assign \$107  = \$106  <= 5'h1a;
+  assign \$108  = shift + 6'h20;
+  assign \$109  = \$108  <= 5'h1b;
+  assign \$110  = shift + 6'h20;
+  assign \$111  = \$110  <= 5'h1c;
+  assign \$112  = shift + 6'h20;
+  assign \$113  = \$112  <= 5'h1d;
+  assign \$114  = shift + 6'h20;
+  assign \$115  = \$114  <= 5'h1e;
+  assign \$116  = shift + 6'h20;
+  assign \$117  = \$116  <= 5'h1f;
+  assign \$118  = shift + 6'h20;
+  assign \$119  = \$118  <= 6'h20;
+  assign \$120  = shift + 6'h20;
+  assign \$121  = \$120  <= 6'h21;
+  assign \$122  = shift + 6'h20;
+  assign \$123  = \$122  <= 6'h22;
+  assign \$124  = shift + 6'h20;
+  assign \$125  = \$124  <= 6'h23;
+  assign \$126  = shift + 6'h20;
+  assign \$127  = \$126  <= 6'h24;
+  assign \$128  = shift + 6'h20;
+  assign \$129  = \$128  <= 6'h25;
+  assign \$130  = shift + 6'h20;
+  assign \$131  = \$130  <= 6'h26;
+  assign \$132  = shift + 6'h20;
+  assign \$133  = \$132  <= 6'h27;
+  assign \$134  = shift + 6'h20;
+  assign \$135  = \$134  <= 6'h28;
+  assign \$136  = shift + 6'h20;
+  assign \$137  = \$136  <= 6'h29;
+  assign \$138  = shift + 6'h20;
+  assign \$139  = \$138  <= 6'h2a;
+  assign \$140  = shift + 6'h20;
+  assign \$141  = \$140  <= 6'h2b;
+  assign \$142  = shift + 6'h20;
+  assign \$143  = \$142  <= 6'h2c;
+  assign \$144  = shift + 6'h20;
+  assign \$145  = \$144  <= 6'h2d;
+  assign \$146  = shift + 6'h20;
+  assign \$147  = \$146  <= 6'h2e;
+  assign \$148  = shift + 6'h20;
+  assign \$149  = \$148  <= 6'h2f;
+  assign \$150  = shift + 6'h20;
+  assign \$151  = \$150  <= 6'h30;
+  assign \$153  = shift[5] ? \$152  : { x0, 1'h0 };
+  assign \$156  = shift[5] ? \$155  : { x0, 1'h0 };
+  assign \$157  = shift[4] ? \$154  : \$156 ;
+  assign \$160  = shift[5] ? \$159  : { x0, 1'h0 };
+  assign \$163  = shift[5] ? \$162  : { x0, 1'h0 };
+  assign \$164  = shift[4] ? \$161  : \$163 ;
+  assign \$165  = shift[3] ? \$158  : \$164 [47:0];
+  assign \$168  = shift[5] ? \$167  : { x0, 1'h0 };
+  assign \$171  = shift[5] ? \$170  : { x0, 1'h0 };
+  assign \$172  = shift[4] ? \$169  : \$171 ;
+  assign \$175  = shift[5] ? \$174  : { x0, 1'h0 };
+  assign \$178  = shift[5] ? \$177  : { x0, 1'h0 };
+  assign \$179  = shift[4] ? \$176  : \$178 ;
+  assign \$180  = shift[3] ? \$173  : \$179 [47:0];
+  assign \$181  = shift[2] ? \$166  : \$180 [39:0];
+  assign \$184  = shift[5] ? \$183  : { x0, 1'h0 };
+  assign \$187  = shift[5] ? \$186  : { x0, 1'h0 };
+  assign \$188  = shift[4] ? \$185  : \$187 ;
+  assign \$191  = shift[5] ? \$190  : { x0, 1'h0 };
+  assign \$194  = shift[5] ? \$193  : { x0, 1'h0 };
+  assign \$195  = shift[4] ? \$192  : \$194 ;
+  assign \$196  = shift[3] ? \$189  : \$195 [47:0];
+  assign \$199  = shift[5] ? \$198  : { x0, 1'h0 };
+  assign \$202  = shift[5] ? \$201  : { x0, 1'h0 };
+  assign \$203  = shift[4] ? \$200  : \$202 ;
+  assign \$206  = shift[5] ? \$205  : { x0, 1'h0 };
+  assign \$209  = shift[5] ? \$208  : { x0, 1'h0 };
+  assign \$210  = shift[4] ? \$207  : \$209 ;
+  assign \$211  = shift[3] ? \$204  : \$210 [47:0];
+  assign \$212  = shift[2] ? \$197  : \$211 [39:0];
+  assign \$213  = shift[1] ? \$182  : \$212 [35:0];
+  assign \$216  = shift[5] ? \$215  : { x0, 1'h0 };
+  assign \$219  = shift[5] ? \$218  : { x0, 1'h0 };
+  assign \$220  = shift[4] ? \$217  : \$219 ;
+  assign \$223  = shift[5] ? \$222  : { x0, 1'h0 };
+  assign \$226  = shift[5] ? \$225  : { x0, 1'h0 };
+  assign \$227  = shift[4] ? \$224  : \$226 ;
+  assign \$228  = shift[3] ? \$221  : \$227 [47:0];
+  assign \$231  = shift[5] ? \$230  : { x0, 1'h0 };
+  assign \$234  = shift[5] ? \$233  : { x0, 1'h0 };
+  assign \$235  = shift[4] ? \$232  : \$234 ;
+  assign \$238  = shift[5] ? \$237  : { x0, 1'h0 };
+  assign \$241  = shift[5] ? \$240  : { x0, 1'h0 };
+  assign \$242  = shift[4] ? \$239  : \$241 ;
+  assign \$243  = shift[3] ? \$236  : \$242 [47:0];
+  assign \$244  = shift[2] ? \$229  : \$243 [39:0];
+  assign \$247  = shift[5] ? \$246  : { x0, 1'h0 };
+  assign \$250  = shift[5] ? \$249  : { x0, 1'h0 };
+  assign \$251  = shift[4] ? \$248  : \$250 ;
+  assign \$254  = shift[5] ? \$253  : { x0, 1'h0 };
+  assign \$257  = shift[5] ? \$256  : { x0, 1'h0 };
+  assign \$258  = shift[4] ? \$255  : \$257 ;
+  assign \$259  = shift[3] ? \$252  : \$258 [47:0];
+  assign \$262  = shift[5] ? \$261  : { x0, 1'h0 };
+  assign \$265  = shift[5] ? \$264  : { x0, 1'h0 };
+  assign \$266  = shift[4] ? \$263  : \$265 ;
+  assign \$269  = shift[5] ? \$268  : { x0, 1'h0 };
+  assign \$272  = shift[5] ? \$271  : { x0, 1'h0 };
+  assign \$273  = shift[4] ? \$270  : \$272 ;
+  assign \$274  = shift[3] ? \$267  : \$273 [47:0];
+  assign \$275  = shift[2] ? \$260  : \$274 [39:0];
+  assign \$276  = shift[1] ? \$245  : \$275 [35:0];
+  assign \$277  = shift[0] ? \$214  : \$276 [33:0];
+  assign \$278  = { x0, 1'h0 } & below;
+  assign \$279  = | \$278 ;
+  assign \$280  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
+  assign \$281  = \$280  & above;
+  assign \$282  = | \$281 ;
+  assign \$283  = sticky0 | y0[1];
+  assign \$284  = y0[0] & \$283 ;
+  assign \$285  = $signed(y0[32:1]) + $signed({ 1'h0, \$284  });
+  assign \$286  = neg2_0 ? 32'd2147483648 : 32'd2147483647;
+  assign \$287  = $signed(rounded0) > $signed(32'd2147483647);
+  assign \$288  = \$287  ? 33'h07fffffff : rounded0;
+  assign \$289  = over2_0 ? { \$286 [31], \$286  } : \$288 ;
   always @(posedge clk)
-    \$signal  <= \$116 ;
+    \$signal  <= \$290 ;
   always @(posedge clk)
-    v2 <= \$117 ;
+    v2 <= \$291 ;
   always @(posedge clk)
-    x_valid <= \$118 ;
+    x_valid <= \$292 ;
   always @(posedge clk)
-    x0 <= \$119 ;
+    x0 <= \$293 ;
   always @(posedge clk)
-    shift_nz <= \$120 ;
+    below <= \$294 ;
   always @(posedge clk)
-    shift_m1 <= \$121 ;
+    above <= \$295 ;
   always @(posedge clk)
-    below_half <= \$122 ;
+    \$signal$23  <= \$296 ;
   always @(posedge clk)
-    \$signal$26  <= \$123 ;
+    v_round <= \$297 ;
   always @(posedge clk)
-    v_round <= \$124 ;
+    o__valid <= \$298 ;
   always @(posedge clk)
-    o__valid <= \$125 ;
+    y0 <= \$299 ;
   always @(posedge clk)
-    y0 <= \$126 ;
+    sticky0 <= \$300 ;
   always @(posedge clk)
-    sticky0 <= \$127 ;
+    over0 <= \$301 ;
   always @(posedge clk)
-    rounded0 <= \$128 ;
+    neg0 <= \$302 ;
   always @(posedge clk)
-    o__payload <= \$129 ;
+    rounded0 <= \$303 ;
+  always @(posedge clk)
+    over2_0 <= \$304 ;
+  always @(posedge clk)
+    neg2_0 <= \$305 ;
+  always @(posedge clk)
+    o__payload <= \$306 ;
   \nanokpu_kpu.requant.mul  mul (
     .clk(clk),
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$2372$0 (i__payload),
-    .\port$2517$0 (mult),
+    .\port$3089$0 (i__payload),
+    .\port$3234$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$116  = \$signal ;
+    \$290  = \$signal ;
     if (advance) begin
-      \$116  = i__valid;
+      \$290  = i__valid;
     end
     if (unit_rst) begin
-      \$116  = 1'h0;
+      \$290  = 1'h0;
     end
     if (rst) begin
-      \$116  = 1'h0;
+      \$290  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$117  = v2;
+    \$291  = v2;
     if (advance) begin
-      \$117  = \$signal ;
+      \$291  = \$signal ;
     end
     if (unit_rst) begin
-      \$117  = 1'h0;
+      \$291  = 1'h0;
     end
     if (rst) begin
-      \$117  = 1'h0;
+      \$291  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$118  = x_valid;
+    \$292  = x_valid;
     if (advance) begin
-      \$118  = v2;
+      \$292  = v2;
     end
     if (unit_rst) begin
-      \$118  = 1'h0;
+      \$292  = 1'h0;
     end
     if (rst) begin
-      \$118  = 1'h0;
+      \$292  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$119  = x0;
+    \$293  = x0;
     if (advance) begin
-      \$119  = \$5 [47:0];
+      \$293  = \$4 [47:0];
     end
     if (unit_rst) begin
-      \$119  = 48'h000000000000;
+      \$293  = 48'h000000000000;
     end
     if (rst) begin
-      \$119  = 48'h000000000000;
+      \$293  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$120  = \$6 ;
+    \$294  = { \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5  };
     if (unit_rst) begin
-      \$120  = 1'h0;
+      \$294  = 49'h0000000000000;
     end
     if (rst) begin
-      \$120  = 1'h0;
+      \$294  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$121  = \$7 [5:0];
+    \$295  = { \$151 , \$149 , \$147 , \$145 , \$143 , \$141 , \$139 , \$137 , \$135 , \$133 , \$131 , \$129 , \$127 , \$125 , \$123 , \$121 , \$119 , \$117 , \$115 , \$113 , \$111 , \$109 , \$107 , \$105 , \$103 , \$101 , \$99 , \$97 , \$95 , \$93 , \$91 , \$89 , \$87 , \$85 , \$83 , \$81 , \$79 , \$77 , \$75 , \$73 , \$71 , \$69 , \$67 , \$65 , \$63 , \$61 , \$59 , \$57 , \$55  };
     if (unit_rst) begin
-      \$121  = 6'h00;
+      \$295  = 49'h0000000000000;
     end
     if (rst) begin
-      \$121  = 6'h00;
+      \$295  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$122  = { \$103 , \$101 , \$99 , \$97 , \$95 , \$93 , \$91 , \$89 , \$87 , \$85 , \$83 , \$81 , \$79 , \$77 , \$75 , \$73 , \$71 , \$69 , \$67 , \$65 , \$63 , \$61 , \$59 , \$57 , \$55 , \$53 , \$51 , \$49 , \$47 , \$45 , \$43 , \$41 , \$39 , \$37 , \$35 , \$33 , \$31 , \$29 , \$27 , \$25 , \$23 , \$21 , \$19 , \$17 , \$15 , \$13 , \$11 , \$9  };
-    if (unit_rst) begin
-      \$122  = 48'h000000000000;
-    end
-    if (rst) begin
-      \$122  = 48'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$123  = \$signal$26 ;
+    \$296  = \$signal$23 ;
     if (advance) begin
-      \$123  = x_valid;
+      \$296  = x_valid;
     end
     if (unit_rst) begin
-      \$123  = 1'h0;
+      \$296  = 1'h0;
     end
     if (rst) begin
-      \$123  = 1'h0;
+      \$296  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$124  = v_round;
+    \$297  = v_round;
     if (advance) begin
-      \$124  = \$signal$26 ;
+      \$297  = \$signal$23 ;
     end
     if (unit_rst) begin
-      \$124  = 1'h0;
+      \$297  = 1'h0;
     end
     if (rst) begin
-      \$124  = 1'h0;
+      \$297  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$125  = o__valid;
+    \$298  = o__valid;
     if (advance) begin
-      \$125  = v_round;
+      \$298  = v_round;
     end
     if (unit_rst) begin
-      \$125  = 1'h0;
+      \$298  = 1'h0;
     end
     if (rst) begin
-      \$125  = 1'h0;
+      \$298  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$126  = y0;
+    \$299  = y0;
     if (advance) begin
-      \$126  = \$105 ;
+      \$299  = \$277 [32:0];
     end
     if (unit_rst) begin
-      \$126  = 48'h000000000000;
+      \$299  = 33'h000000000;
     end
     if (rst) begin
-      \$126  = 48'h000000000000;
+      \$299  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$127  = sticky0;
+    \$300  = sticky0;
     if (advance) begin
-      \$127  = \$107 ;
+      \$300  = \$279 ;
     end
     if (unit_rst) begin
-      \$127  = 1'h0;
+      \$300  = 1'h0;
     end
     if (rst) begin
-      \$127  = 1'h0;
+      \$300  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$128  = rounded0;
+    \$301  = over0;
     if (advance) begin
-      \$128  = \$111 ;
+      \$301  = \$282 ;
     end
     if (unit_rst) begin
-      \$128  = 49'h0000000000000;
+      \$301  = 1'h0;
     end
     if (rst) begin
-      \$128  = 49'h0000000000000;
+      \$301  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$129  = o__payload;
+    \$302  = neg0;
     if (advance) begin
-      \$129  = \$115 [31:0];
+      \$302  = x0[47];
     end
     if (unit_rst) begin
-      \$129  = 32'd0;
+      \$302  = 1'h0;
     end
     if (rst) begin
-      \$129  = 32'd0;
+      \$302  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$303  = rounded0;
+    if (advance) begin
+      \$303  = \$285 ;
+    end
+    if (unit_rst) begin
+      \$303  = 33'h000000000;
+    end
+    if (rst) begin
+      \$303  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$304  = over2_0;
+    if (advance) begin
+      \$304  = over0;
+    end
+    if (unit_rst) begin
+      \$304  = 1'h0;
+    end
+    if (rst) begin
+      \$304  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$305  = neg2_0;
+    if (advance) begin
+      \$305  = neg0;
+    end
+    if (unit_rst) begin
+      \$305  = 1'h0;
+    end
+    if (rst) begin
+      \$305  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
+    \$306  = o__payload;
+    if (advance) begin
+      \$306  = \$289 [31:0];
+    end
+    if (unit_rst) begin
+      \$306  = 32'd0;
+    end
+    if (rst) begin
+      \$306  = 32'd0;
     end
   end
   assign o__ready = 1'h1;
@@ -26836,13 +28584,75 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
   assign \i__payload[0]  = i__payload;
   assign \o__payload[0]  = o__payload;
   assign advance = 1'h1;
-  assign \$2  = { y0[47], y0[47:1] };
-  assign \$3  = { p__0[35], p__0 };
-  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$2  = { p__0[35], p__0 };
+  assign \$3  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$152  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$154  = { \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48:16] };
+  assign \$155  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$158  = { \$157 [47], \$157 [47], \$157 [47], \$157 [47], \$157 [47], \$157 [47], \$157 [47], \$157 [47], \$157 [47:8] };
+  assign \$159  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$161  = { \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48:16] };
+  assign \$162  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$166  = { \$165 [39], \$165 [39], \$165 [39], \$165 [39], \$165 [39:4] };
+  assign \$167  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$169  = { \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48:16] };
+  assign \$170  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$173  = { \$172 [47], \$172 [47], \$172 [47], \$172 [47], \$172 [47], \$172 [47], \$172 [47], \$172 [47], \$172 [47:8] };
+  assign \$174  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$176  = { \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48:16] };
+  assign \$177  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$182  = { \$181 [35], \$181 [35], \$181 [35:2] };
+  assign \$183  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$185  = { \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48:16] };
+  assign \$186  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$189  = { \$188 [47], \$188 [47], \$188 [47], \$188 [47], \$188 [47], \$188 [47], \$188 [47], \$188 [47], \$188 [47:8] };
+  assign \$190  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$192  = { \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48:16] };
+  assign \$193  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$197  = { \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39:4] };
+  assign \$198  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$200  = { \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48:16] };
+  assign \$201  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$204  = { \$203 [47], \$203 [47], \$203 [47], \$203 [47], \$203 [47], \$203 [47], \$203 [47], \$203 [47], \$203 [47:8] };
+  assign \$205  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$207  = { \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48:16] };
+  assign \$208  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$214  = { \$213 [33], \$213 [33:1] };
+  assign \$215  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$217  = { \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48:16] };
+  assign \$218  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$221  = { \$220 [47], \$220 [47], \$220 [47], \$220 [47], \$220 [47], \$220 [47], \$220 [47], \$220 [47], \$220 [47:8] };
+  assign \$222  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$224  = { \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48:16] };
+  assign \$225  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$229  = { \$228 [39], \$228 [39], \$228 [39], \$228 [39], \$228 [39:4] };
+  assign \$230  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$232  = { \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48:16] };
+  assign \$233  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$236  = { \$235 [47], \$235 [47], \$235 [47], \$235 [47], \$235 [47], \$235 [47], \$235 [47], \$235 [47], \$235 [47:8] };
+  assign \$237  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$239  = { \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48:16] };
+  assign \$240  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$245  = { \$244 [35], \$244 [35], \$244 [35:2] };
+  assign \$246  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$248  = { \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48:16] };
+  assign \$249  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$252  = { \$251 [47], \$251 [47], \$251 [47], \$251 [47], \$251 [47], \$251 [47], \$251 [47], \$251 [47], \$251 [47:8] };
+  assign \$253  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$255  = { \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48:16] };
+  assign \$256  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$260  = { \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39:4] };
+  assign \$261  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$263  = { \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48:16] };
+  assign \$264  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$267  = { \$266 [47], \$266 [47], \$266 [47], \$266 [47], \$266 [47], \$266 [47], \$266 [47], \$266 [47], \$266 [47:8] };
+  assign \$268  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$270  = { \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48:16] };
+  assign \$271  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, \port$2372$0 , unit_rst, \port$2517$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, \port$3089$0 , unit_rst, \port$3234$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -26868,10 +28678,10 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2372$0 , unit_rst, \port$2517$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$2372$0 ;
-  wire [31:0] \port$2372$0 ;
-  input [15:0] \port$2517$0 ;
-  wire [15:0] \port$2517$0 ;
+  input [31:0] \port$3089$0 ;
+  wire [31:0] \port$3089$0 ;
+  input [15:0] \port$3234$0 ;
+  wire [15:0] \port$3234$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -26894,7 +28704,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2372$0 , unit_rst, \port$2517$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$2372$0 [16:0] };
+      \$3  = { 1'h0, \port$3089$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -26907,7 +28717,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2372$0 , unit_rst, \port$2517$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$2517$0  };
+      \$4  = { 2'h0, \port$3234$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -26933,7 +28743,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2372$0 , unit_rst, \port$2517$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$2372$0 [31], \port$2372$0 [31], \port$2372$0 [31], \port$2372$0 [31:17] };
+      \$6  = { \port$3089$0 [31], \port$3089$0 [31], \port$3089$0 [31], \port$3089$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -26946,7 +28756,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2372$0 , unit_rst, \port$2517$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$2517$0  };
+      \$7  = { 2'h0, \port$3234$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -26968,10 +28778,10 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$2372$0 , unit_rst, \port$2517$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$2372$0 [16:0] };
-  assign b__0 = { 2'h0, \port$2517$0  };
-  assign a__1 = { \port$2372$0 [31], \port$2372$0 [31], \port$2372$0 [31], \port$2372$0 [31:17] };
-  assign b__1 = { 2'h0, \port$2517$0  };
+  assign a__0 = { 1'h0, \port$3089$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3234$0  };
+  assign a__1 = { \port$3089$0 [31], \port$3089$0 [31], \port$3089$0 [31], \port$3089$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3234$0  };
 endmodule
 
 (* generator = "Amaranth" *)
