@@ -53,7 +53,7 @@ def markdown_table(reports: list[dict]) -> str:
             f"{_frac(res['bram'], tot['bram'])} | {spram} | {r['latches']} | "
             f"{sum(r['unmapped'].values())} | {fmax if fmax is not None else '-'} | "
             f"{pnr.get('goal_mhz', '-')} {met} | {pnr.get('flow', '-')} | "
-            f"{_path(pnr.get('critical_path')) or pnr.get('error', '')} |")
+            f"{_path(pnr.get('critical_path')) or pnr.get('error', '').replace('|', '&#124;')} |")
     return "\n".join(lines) + "\n"
 
 
