@@ -23,8 +23,6 @@ the golden comparison are bulk NumPy.
 from __future__ import annotations
 
 import functools
-import json
-import os
 import random
 
 import cocotb
@@ -40,6 +38,7 @@ from nanokpu.config import KpuConfig, profile
 from nanokpu.pwl import PwlEvaluator, out_range, range_shape
 from nanokpu.sigmoid import Sigmoid
 from nanokpu.situ import Situ
+from sim.runner import bench_params
 
 __all__ = ["ActivationBench", "pack", "unpack"]
 
@@ -129,7 +128,7 @@ def unpack(words, width: int, k: int, is_signed: bool) -> np.ndarray:
 # ----------------------------------------------------------------------------------------
 def _params():
     """``(key, cfg, seed, params)`` of this run."""
-    params = json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
+    params = bench_params()
     return params["key"], KpuConfig(**params["cfg"]), int(params.get("seed", 0)), params
 
 

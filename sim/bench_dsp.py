@@ -10,17 +10,15 @@ Parameters (``NANOKPU_PARAMS``): ``width``, ``lanes``, ``latency``, ``seed``, ``
 
 from __future__ import annotations
 
-import json
-import os
-
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, RisingEdge
 
 from golden.intops import matmul_int
+from sim.runner import bench_params
 
-PARAMS = json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
+PARAMS = bench_params()
 
 
 def _signed(value: int, width: int) -> int:

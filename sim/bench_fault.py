@@ -38,7 +38,7 @@ import random
 
 import cocotb
 import numpy as np
-from bench_top import TB, params
+from bench_top import TB
 from cocotb.triggers import ClockCycles, with_timeout
 from cocotb.utils import get_sim_time
 
@@ -46,6 +46,7 @@ from golden.block import latent_moe_int, random_block
 from nanokpu.compiler import compile_block
 from nanokpu.funcsim import FuncSim
 from nanokpu.isa import IMEM_BASE, INSTR_WORDS, LOADS_BASE, Err, Instr, Op, Reg, encode_program, route_table
+from sim.runner import bench_params
 
 #: Cycles any single AXI4-Lite access may take before the bus counts as hung.
 BUS_TIMEOUT = 20_000
@@ -333,7 +334,7 @@ async def campaign(dut):
     """The random episode mix of the module docstring; fails if any episode failed."""
     tb = TB(dut)
     await tb.reset()
-    p = params()
+    p = bench_params()
     camp = Campaign(tb)
     await camp.run(int(p.get("episodes", 20)))
     dut._log.info(f"fault campaign: {camp.counts}")

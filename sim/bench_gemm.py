@@ -10,7 +10,6 @@ message carries the seed.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import cocotb
@@ -21,10 +20,7 @@ from cocotb.triggers import ReadOnly, RisingEdge
 from golden.intops import matmul_int, requantize, wrap
 from nanokpu.config import profile
 from nanokpu.gemm import GemmError, command_layout, gemm_cycles
-
-
-def params() -> dict:
-    return json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
+from sim.runner import bench_params
 
 
 def pack(values, width: int) -> int:
@@ -45,7 +41,7 @@ class TB:
     """Clock, reset, stream sources with random idle, a sink with random backpressure."""
 
     def __init__(self, dut, seed_offset: int = 0):
-        p = params()
+        p = bench_params()
         self.dut = dut
         self.cfg = profile(p.get("profile", "tiny"), **p.get("overrides", {}))
         self.out_width = p.get("out_width") or self.cfg.out_width
@@ -229,7 +225,7 @@ async def test_random_shapes(dut):
     kmax = cfg.spad_b_depth // 2
     R, C = cfg.rows, cfg.cols
     shapes = [(1, 1, 1), (1, 5, C + 1), (R + 1, 1, 3), (2 * R - 1, 3, 2 * C + 1), (R, kmax, C)]
-    for _ in range(int(params().get("n_random", 4))):
+    for _ in range(int(bench_params().get("n_random", 4))):
         shapes.append((int(tb.rng.integers(1, 3 * R + 1)), int(tb.rng.integers(1, min(kmax, 40) + 1)),
                        int(tb.rng.integers(1, 3 * C + 1))))
     k_big = min(kmax, 2 * C + 3)
@@ -361,7 +357,8 @@ async def test_exact_cycles(dut):
     cfg = tb.cfg
     report = []
     kmax = cfg.spad_b_depth // 2
-    shapes = params().get("timing") or [[cfg.rows, 2, cfg.cols], [2 * cfg.rows + 1, min(kmax, 40), cfg.cols * 2 + 1]]
+    default = [[cfg.rows, 2, cfg.cols], [2 * cfg.rows + 1, min(kmax, 40), cfg.cols * 2 + 1]]
+    shapes = bench_params().get("timing") or default
     for m, k, n in shapes:
         a, b = tb.rand(m, k), tb.rand(k, n)
         start = time.perf_counter()
@@ -370,9 +367,9 @@ async def test_exact_cycles(dut):
         tb.check(got, tb.expect(matmul_int(a, b, cfg.acc_width), 1, 7), f"timed M={m} K={k} N={n}")
         want = gemm_cycles(cfg, m, k, n)
         report.append({"m": m, "k": k, "n": n, "cycles": cycles, "ideal": want, "wall": wall})
-        assert cycles == want or params().get("explore"), (
+        assert cycles == want or bench_params().get("explore"), (
             f"M={m} K={k} N={n}: {cycles} cycles, documented {want} {tb.where()}")
-    out = params().get("report")
+    out = bench_params().get("report")
     if out:
         with open(out, "w") as f:
             json.dump(report, f)

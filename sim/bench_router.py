@@ -10,7 +10,6 @@ measured timing of ``throughput`` or the per-step loads of ``qb_loop``), and for
 from __future__ import annotations
 
 import json
-import os
 
 import cocotb
 import numpy as np
@@ -21,8 +20,9 @@ from golden.intops import quantize_bias, route_int
 from golden.k3 import quantile_balance
 from nanokpu.config import profile
 from nanokpu.qb_demo import skewed_scores
+from sim.runner import bench_params
 
-PARAMS = json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
+PARAMS = bench_params()
 
 
 def _config():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 
 import cocotb
@@ -29,6 +28,7 @@ from nanokpu.compiler import compile_block
 from nanokpu.config import profile
 from nanokpu.funcsim import FuncSim
 from nanokpu.isa import IMEM_BASE, LOADS_BASE, UNITS, Err, Instr, Op, Reg, encode_program, route_table
+from sim.runner import bench_params
 
 #: Accuracy of the integer block against the float block on the tokens routed alike
 #: (``cosine_same_routing``): a sanity floor that holds for any seed (tiny, 8 tokens: 400 seeds
@@ -37,13 +37,9 @@ from nanokpu.isa import IMEM_BASE, LOADS_BASE, UNITS, Err, Instr, Op, Reg, encod
 COSINE_SAME_ROUTING_MIN = 0.99
 
 
-def params() -> dict:
-    return json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
-
-
 class TB:
     def __init__(self, dut):
-        p = params()
+        p = bench_params()
         self.dut = dut
         self.p = p
         self.cfg = profile(p.get("profile", "tiny"))

@@ -7,9 +7,6 @@ every failure message.
 
 from __future__ import annotations
 
-import json
-import os
-
 import cocotb
 import numpy as np
 from cocotb.clock import Clock
@@ -18,15 +15,12 @@ from cocotb.triggers import ReadOnly, RisingEdge
 from golden import intops as I
 from nanokpu.config import profile
 from nanokpu.vector import VecOp, vector_in_layout
-
-
-def params() -> dict:
-    return json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
+from sim.runner import bench_params
 
 
 class TB:
     def __init__(self, dut):
-        p = params()
+        p = bench_params()
         self.dut = dut
         self.cfg = profile(p.get("profile", "tiny"), rounding=p.get("rounding", "half_even"))
         self.seed = int(p.get("seed", 7))

@@ -26,7 +26,8 @@ import weakref
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-__all__ = ["BenchFailure", "SIMULATORS", "verilator_env", "to_verilog", "build", "run_bench", "SIM_BUILD", "FAST_BUILD"]
+__all__ = ["BenchFailure", "SIMULATORS", "verilator_env", "to_verilog", "build", "run_bench", "bench_params",
+           "SIM_BUILD", "FAST_BUILD"]
 
 #: Root of all simulator builds (ignored by git).
 SIM_BUILD = Path(os.environ.get("NANOKPU_SIM_BUILD", Path(__file__).resolve().parent.parent / "sim_build"))
@@ -180,6 +181,11 @@ def run_bench(component, name: str, test_module: str, *, params: dict | None = N
         raise BenchFailure(f"{name}/{test_module}: failed {', '.join(failed)} "
                            f"(seed {seed if seed is not None else 'see log'}; log in {test_dir})")
     return results
+
+
+def bench_params() -> dict:
+    """Inside a bench: the ``params`` that :func:`run_bench` was given (``{}`` if none)."""
+    return json.loads(os.environ.get("NANOKPU_PARAMS", "{}"))
 
 
 def _failures(results_xml: Path) -> list[str]:
