@@ -221,6 +221,46 @@ async def test_bad_programs(dut):
 
 
 @cocotb.test()
+async def test_bus_errors(dut):
+    """A host page answering SLVERR: LOAD from it and STORE to it stop with BUS_ERROR at their
+    pc, nothing else of the host memory changes, the bus stays alive, and after a soft reset
+    a good program runs."""
+    tb = TB(dut)
+    await tb.reset()
+    page, size = 4096, 4096
+    image = bytes(random.randrange(256) for _ in range(2 * size))
+
+    def poison(port):
+        good = port._read if port is tb.ram.read_if else port._write
+
+        async def access(address, arg):
+            if page <= address < page + size:
+                raise OSError(f"poisoned host page at {address:#x}")
+            return await good(address, arg)
+        return access
+    tb.ram.read_if._read = poison(tb.ram.read_if)
+    tb.ram.write_if._write = poison(tb.ram.write_if)
+    for name, prog in {
+        "load": [Instr(Op.LOAD, m=1, n=16, c=0, host=page + 64, width=4)],
+        "store": [Instr(Op.LOAD, m=1, n=16, c=0, host=0, width=4),
+                  Instr(Op.STORE, m=1, n=16, a=0, host=page + 128, width=4)],
+    }.items():
+        await tb.load(prog + [Instr(Op.HALT)], image, window=(0, 2 * size))
+        err, pc, done = await tb.run(poll=10)
+        assert (err, pc, done) == (Err.BUS_ERROR, len(prog) - 1, False), \
+            f"{name}: got {Err(err).name} at pc {pc}, done {done}"
+        assert tb.ram.read(0, 2 * size) == image, f"{name}: host memory changed"
+        assert await tb.rd(Reg.HOST_SIZE) == 2 * size     # the bus answers
+        await tb.wr(Reg.CTRL, 2)
+        assert (await tb.rd(Reg.STATUS)) & 0xFF04 == 0, f"{name}: error survives a soft reset"
+    prog = [Instr(Op.LOAD, m=1, n=16, c=5, host=0, width=4),
+            Instr(Op.STORE, m=1, n=16, a=5, host=512, width=4), Instr(Op.HALT)]
+    await tb.load(prog, image, window=(0, 2 * size))
+    err, pc, done = await tb.run(poll=10)
+    assert err == Err.NONE and done and tb.ram.read(512, 64) == image[:64]
+
+
+@cocotb.test()
 async def test_soft_reset_mid_run(dut):
     """A soft reset in the middle of a block drains the bus and the block then reruns exactly."""
     tb = TB(dut)

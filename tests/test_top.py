@@ -23,6 +23,10 @@ def test_bad_programs_stop_with_codes():
     _bench("tiny", "test_bad_programs", seed=3)
 
 
+def test_bus_errors_stop_with_bus_error():
+    _bench("tiny", "test_bus_errors", seed=6)
+
+
 def test_soft_reset_mid_run():
     _bench("tiny", "test_soft_reset_mid_run", seed=4)
 
