@@ -146,6 +146,14 @@ class NanoKPU(wiring.Component):
         im_rd, im_wr = imem.read_port(), imem.write_port(granularity=32)
 
         # -- architectural state ------------------------------------------------------------
+        # Sizes and scratchpad addresses: addresses are AW bits (the scratchpad port's, so
+        # address arithmetic modulo 2**AW is exact); sizes are SW-bit saturating values, all
+        # ones standing for "2**SW - 1 or more", which is beyond every size limit (dmem_depth,
+        # the GEMM engine's scratchpads, the beats of a GEMM that passed its shape checks).
+        AW = len(rd0.addr)
+        nbk_max = -(-cfg.spad_c_depth // C) * (cfg.spad_b_depth // 2)
+        SW = (max(D, cfg.spad_a_depth, cfg.spad_c_depth, nbk_max) + 1).bit_length()
+        HW = 33   # host addresses: a window ends below 2**33 - 1, the saturated value
         running, done, err = Signal(), Signal(), Signal(8)
         pc = Signal(13)
         cycles, retired = Signal(32), Signal(32)
@@ -155,8 +163,8 @@ class NanoKPU(wiring.Component):
         ins = Signal(INSTR_LAYOUT)
         route_done, exp_active = Signal(), Signal()
         expert, scan = Signal(range(E + 1)), Signal(range(E + 2))
-        count, offset = Signal(16), Signal(24)
-        scores_ok, scores_a, scores_len = Signal(), Signal(24), Signal(32)
+        count, offset = Signal(16), Signal(SW)     # offset: the table's 24 bits, saturated
+        scores_ok, scores_a, scores_len = Signal(), Signal(AW), Signal(SW)
         start_req, soft_req = Signal(), Signal()
 
         # -- register bank ------------------------------------------------------------------
@@ -194,27 +202,84 @@ class NanoKPU(wiring.Component):
                     with m.Case(int(addr)):
                         m.d.comb += regs.rd_data.eq(value)
 
-        # -- decode (combinational, from the latched instruction) ----------------------------
+        # -- decode: products of instruction fields, then combinational checks ---------------
+        def sat(value, width=SW):
+            """Unsigned ``value`` saturated to ``width`` bits (all ones: ``2**width - 1`` or more)."""
+            if len(value) <= width:
+                return value
+            return Mux(value[width:].any(), (1 << width) - 1, value[:width])
+
+        def ceil_div(value, d):
+            """``ceil(value / d)`` for a constant ``d``."""
+            if d & (d - 1) == 0:
+                return (value + d - 1) >> (d.bit_length() - 1)
+            return (value + d - 1) // d
+
+        def lane(name, width=SW):
+            """A shift-add multiplier ``acc += y * x`` (saturating, ``width`` bits), one bit of
+            ``y`` per cycle, LSB first, while ``y != 0``: ``bit_length(y)`` cycles."""
+            y, x, acc = Signal(16, name=f"{name}_y"), Signal(width, name=f"{name}_x"), \
+                Signal(width, name=f"{name}_acc")
+            with m.If(y != 0):
+                with m.If(y[0]):
+                    m.d.sync += acc.eq(sat(acc + x, width))
+                m.d.sync += [x.eq(Mux(x[-1], (1 << width) - 1, x << 1)), y.eq(y >> 1)]
+            return y, x, acc
+
+        def load(lane_, y, x, acc=0):
+            m.d.sync += [lane_[0].eq(y), lane_[1].eq(x), lane_[2].eq(acc)]
+
+        # per instruction, loaded at fetch: L0 = m*n (len); L1 = m*k (GEMM, COMBINE), count*n
+        # (GATHER, SCATTER), 4*m*top_k (ROUTE); L2 = ceil(m/rows)*k (GEMM), k*n (COMBINE), then
+        # row*n for each GATHER/SCATTER row; L3 = ceil(m/rows)*n (GEMM), m*(k*n) (COMBINE, after
+        # L2); L4 = ceil(n/cols)*k (GEMM beats); LH = host + expert*stride
+        mul = [lane(f"l{i}") for i in range(5)]
+        LH = lane("lh", HW)
+        lanes_busy = Cat(*(y for y, _, _ in mul), LH[0]).any()
+        ln, mk, p2, p3, p4, host_eff = mul[0][2], mul[1][2], mul[2][2], mul[3][2], mul[4][2], LH[2]
+        ph2 = Signal()       # COMBINE: L3 loaded with m*(k*n)
+
         op = ins.op
         m_eff = Signal(16)
         m.d.comb += m_eff.eq(Mux(ins.flags & F_M_COUNT, count, ins.m))
-        ln = Signal(32)
-        m.d.comb += ln.eq(m_eff * ins.n)
-        host_eff = Signal(64)
-        m.d.comb += host_eff.eq(ins.host + Mux(ins.flags & F_HOST_EXPERT, expert * ins.stride, 0))
-        nb = Signal(16)
-        mb = Signal(16)
-        m.d.comb += [nb.eq((ins.n + C - 1) // C), mb.eq((m_eff + R - 1) // R)]
-        beats = Signal(40)
-        nbytes = Signal(48)
+        a_, b_, c_ = ins.a[:AW], ins.b[:AW], ins.c[:AW]
+        m_s, n_s = m_eff[:SW], ins.n[:SW]   # exact once the checks passed
+
+        def load_lanes(nx):
+            """Load the lanes for the instruction word ``nx`` being latched."""
+            mx = Mux(nx.flags & F_M_COUNT, count, nx.m)
+            mb = ceil_div(mx, R)
+            for y, _, _ in mul + [LH]:
+                m.d.sync += y.eq(0)
+            with m.Switch(nx.op):
+                with m.Case(*[o for o in Op if o not in (Op.HALT, Op.JUMP, Op.EXPERT)]):
+                    load(mul[0], mx, sat(nx.n))
+            with m.Switch(nx.op):
+                with m.Case(Op.GEMM):
+                    load(mul[1], mx, sat(nx.k))
+                    load(mul[2], mb, sat(nx.k))
+                    load(mul[3], mb, sat(nx.n))
+                    load(mul[4], ceil_div(nx.n, C), sat(nx.k))
+                with m.Case(Op.COMBINE):
+                    load(mul[1], mx, sat(nx.k))
+                    load(mul[2], nx.k, sat(nx.n))
+                with m.Case(Op.GATHER, Op.SCATTER):
+                    load(mul[1], count, sat(nx.n))
+                with m.Case(Op.ROUTE):
+                    load(mul[1], mx, sat(Const(4 * K)))
+            load(LH, Mux((nx.flags & F_HOST_EXPERT) != 0, expert, 0), nx.stride, nx.host)
+
+        bw_log = BW.bit_length() - 1
+        beats = Signal(SW + 1)
         with m.Switch(op):
             with m.Case(Op.GEMM):
-                m.d.comb += beats.eq(nb * ins.k)
+                m.d.comb += beats.eq(p4)
             with m.Case(Op.LOAD):
-                m.d.comb += beats.eq((ln * ins.width + BW - 1) // BW)
+                m.d.comb += beats.eq(((ln << Mux(ins.width == 4, 2, Mux(ins.width == 2, 1, 0))) + BW - 1)
+                                     >> bw_log)
             with m.Default():
-                m.d.comb += beats.eq((ln * 4 + BW - 1) // BW)
-        m.d.comb += nbytes.eq(beats * BW)
+                m.d.comb += beats.eq(((ln << 2) + BW - 1) >> bw_log)
+        nbytes = beats << bw_log
 
         needs_expert = ((ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT)) != 0) | \
             (op == Op.GATHER) | (op == Op.SCATTER)
@@ -230,8 +295,8 @@ class NanoKPU(wiring.Component):
                 m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.k >= 1)
                                         & ((ins.width == 0) | ((ins.width >= 2) & (ins.width <= ww)))
                                         & (ins.k <= cfg.spad_b_depth // 2)
-                                        & (mb * ins.k <= cfg.spad_a_depth)
-                                        & (mb * ins.n <= cfg.spad_c_depth))
+                                        & (p2 <= cfg.spad_a_depth)
+                                        & (p3 <= cfg.spad_c_depth))
             with m.Case(Op.COMBINE):
                 m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1) & (ins.k >= 1))
             with m.Case(Op.LOAD):
@@ -245,36 +310,39 @@ class NanoKPU(wiring.Component):
             with m.Default():
                 m.d.comb += shape_ok.eq((m_eff >= 1) & (ins.n >= 1))
         # scratchpad regions: (base, words) for the a, b and c operands, words = 0 when unused
-        wa, wb, wc = Signal(48), Signal(48), Signal(48)
-        cnt_n = count * ins.n
+        wa, wb, wc = Signal(SW), Signal(SW), Signal(SW)
+        rq_table = Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0)
+        list_words = sat(offset + count)
         with m.Switch(op):
             with m.Case(Op.LOAD):
                 m.d.comb += wc.eq(ln)
             with m.Case(Op.STORE):
                 m.d.comb += wa.eq(ln)
             with m.Case(Op.GEMM):
-                m.d.comb += [wa.eq(m_eff * ins.k), wc.eq(ln),
-                             wb.eq(Mux(ins.flags & F_RQ_EXPERT, 2 * E, 0))]
+                m.d.comb += [wa.eq(mk), wc.eq(ln), wb.eq(rq_table)]
             with m.Case(Op.REQUANT):
-                m.d.comb += [wa.eq(ln), wc.eq(ln), wb.eq(Mux(ins.flags & F_RQ_EXPERT, 2 * E, 0))]
+                m.d.comb += [wa.eq(ln), wc.eq(ln), wb.eq(rq_table)]
             with m.Case(Op.SIGMOID, Op.NORM):
                 m.d.comb += [wa.eq(ln), wc.eq(ln)]
             with m.Case(Op.SITU, Op.ADD):
                 m.d.comb += [wa.eq(ln), wb.eq(ln), wc.eq(ln)]
             with m.Case(Op.ROUTE):
-                m.d.comb += [wa.eq(ln), wb.eq(ins.n), wc.eq(4 * m_eff * K + 2 * E)]
+                m.d.comb += [wa.eq(ln), wb.eq(sat(ins.n)), wc.eq(sat(mk + 2 * E))]
             with m.Case(Op.EXPERT):
-                m.d.comb += wa.eq(2 * ins.n)
+                m.d.comb += wa.eq(sat(ins.n << 1))
             with m.Case(Op.GATHER):
-                m.d.comb += [wa.eq(ln), wb.eq(offset + count), wc.eq(cnt_n)]
+                m.d.comb += [wa.eq(ln), wb.eq(list_words), wc.eq(mk)]
             with m.Case(Op.SCATTER):
-                m.d.comb += [wa.eq(cnt_n), wb.eq(offset + count), wc.eq(ln)]
+                m.d.comb += [wa.eq(mk), wb.eq(list_words), wc.eq(ln)]
             with m.Case(Op.COMBINE):
-                m.d.comb += [wa.eq(ln * ins.k), wb.eq(m_eff * ins.k), wc.eq(ln)]
-        spad_ok = ((wa == 0) | (ins.a + wa <= D)) & ((wb == 0) | (ins.b + wb <= D)) & \
-            ((wc == 0) | (ins.c + wc <= D))
+                m.d.comb += [wa.eq(p3), wb.eq(mk), wc.eq(ln)]
+
+        def region_ok(base, words):
+            return (words == 0) | ((base[SW:] == 0) & (base[:SW] + words <= D))
+
+        spad_ok = region_ok(ins.a, wa) & region_ok(ins.b, wb) & region_ok(ins.c, wc)
         uses_host = (op == Op.LOAD) | (op == Op.STORE) | (op == Op.GEMM)
-        host_ok = ((host_eff & (BW - 1)) == 0) & (host_eff >= host_base) & \
+        host_ok = (host_eff[:bw_log] == 0) & (host_eff >= host_base) & \
             (host_eff + nbytes <= host_base + host_size)
         target_ok = ins.target < cfg.imem_depth
         decode_err = Signal(8)
@@ -286,7 +354,8 @@ class NanoKPU(wiring.Component):
             m.d.comb += decode_err.eq(Err.PC_RANGE)
         with m.Elif((op != Op.JUMP) & ~shape_ok):
             m.d.comb += decode_err.eq(Err.BAD_SHAPE)
-        with m.Elif((op == Op.ROUTE) & ~(scores_ok & (scores_a == ins.a) & (scores_len == ln))):
+        with m.Elif((op == Op.ROUTE) & ~(scores_ok & (ins.a[AW:] == 0) & (scores_a == a_)
+                                         & (scores_len == ln))):
             m.d.comb += decode_err.eq(Err.NO_SCORES)
         with m.Elif((op != Op.JUMP) & ~spad_ok):
             m.d.comb += decode_err.eq(Err.SPAD_RANGE)
@@ -295,14 +364,15 @@ class NanoKPU(wiring.Component):
 
         # -- streaming engine for element-wise ops --------------------------------------------
         # a 3-level walk (i0 innermost) over the a and b operands; one element per cycle
-        cnt = [Signal(16, name=f"cnt{j}") for j in range(3)]
-        idx = [Signal(16, name=f"idx{j}") for j in range(3)]
-        sa = [Signal(32, name=f"sa{j}") for j in range(3)]
-        sb = [Signal(32, name=f"sb{j}") for j in range(3)]
-        pa, ra1, ra2 = Signal(32), Signal(32), Signal(32)
-        pb, rb1, rb2 = Signal(32), Signal(32), Signal(32)
+        # (counts are sizes of checked regions: SW bits; addresses and strides modulo 2**AW)
+        cnt = [Signal(SW, name=f"cnt{j}") for j in range(3)]
+        idx = [Signal(SW, name=f"idx{j}") for j in range(3)]
+        sa = [Signal(AW, name=f"sa{j}") for j in range(3)]
+        sb = [Signal(AW, name=f"sb{j}") for j in range(3)]
+        pa, ra1, ra2 = Signal(AW), Signal(AW), Signal(AW)
+        pb, rb1, rb2 = Signal(AW), Signal(AW), Signal(AW)
         issuing, g_valid, g_last = Signal(), Signal(), Signal()
-        n_out, out_cnt = Signal(32), Signal(32)
+        n_out, out_cnt = Signal(SW), Signal(SW)
         eng_ready = Signal()         # the selected unit takes the current beat
         eng_run = Signal()
         advance = ~g_valid | eng_ready
@@ -312,8 +382,8 @@ class NanoKPU(wiring.Component):
             return [cnt[0].eq(c0), cnt[1].eq(c1), cnt[2].eq(c2), sa[0].eq(a0), sa[1].eq(a1),
                     sa[2].eq(a2), sb[0].eq(b0), sb[1].eq(b1), sb[2].eq(b2),
                     idx[0].eq(0), idx[1].eq(0), idx[2].eq(0),
-                    pa.eq(ins.a), ra1.eq(ins.a), ra2.eq(ins.a),
-                    pb.eq(ins.b), rb1.eq(ins.b), rb2.eq(ins.b),
+                    pa.eq(a_), ra1.eq(a_), ra2.eq(a_),
+                    pb.eq(b_), rb1.eq(b_), rb2.eq(b_),
                     issuing.eq(1), g_valid.eq(0), n_out.eq(outs), out_cnt.eq(0)]
 
         with m.If(eng_run):
@@ -351,14 +421,12 @@ class NanoKPU(wiring.Component):
             vec.op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
             rq.o.ready.eq(1), sig.o.ready.eq(1), situ.o.ready.eq(1), vec.o.ready.eq(1),
         ]
-        hi_sat = Signal(signed(66))   # 2**(width-1) - 1 of the instruction's output width
-        m.d.comb += hi_sat.eq(((Const(1, 65) << rq_width) >> 1) - 1)
-
-        def saturate(value):
-            """``value`` (already saturated to acc_width) saturated to ``rq_width`` bits."""
-            return Mux(value > hi_sat, hi_sat, Mux(value < -hi_sat - 1, -hi_sat - 1, value))
-
-        rq_sat = saturate(rq.o.payload[0])
+        # saturation to the instruction's output width rq_width (in [2, word width] once checked):
+        # hi_sat = 2**(rq_width-1) - 1, the low bound ~hi_sat; one saturator for the requantiser's
+        # output (REQUANT) and the GEMM engine's (sat_in, driven by the GEMM unpacking)
+        hi_sat, sat_in, rq_sat = Signal(signed(ww)), Signal(signed(accw)), Signal(signed(ww))
+        m.d.comb += [hi_sat.eq(Cat(*[rq_width > i + 1 for i in range(ww - 1)], 0)),
+                     rq_sat.eq(Mux(sat_in > hi_sat, hi_sat, Mux(sat_in < ~hi_sat, ~hi_sat, sat_in)))]
         with m.If(eng_run):
             with m.Switch(op):
                 with m.Case(Op.REQUANT):
@@ -376,11 +444,18 @@ class NanoKPU(wiring.Component):
         eng_done = eng_run & (out_cnt == n_out)
 
         # -- GEMM operand packing ----------------------------------------------------------------
-        gm_mb, gm_k, gm_lane = Signal(16), Signal(16), Signal(range(R + 1))
+        # running scratchpad addresses: A word (mb, k) lane i at a + (mb*R + i)*k + k_idx, C word
+        # (mb, n) lane i at c + (mb*R + i)*n + n_idx; after the last word of a row block the
+        # next block starts one past the last lane's address
+        KW, NW = (cfg.spad_b_depth // 2).bit_length(), cfg.spad_c_depth.bit_length()
+        k_g, n_g = ins.k[:KW], ins.n[:NW]          # exact once the shape checks passed
+        gm_row0, gm_k, gm_lane = Signal(range((1 << SW) + R)), Signal(KW), Signal(range(R + 1))
+        gm_addr, gm_wstart = Signal(AW), Signal(AW)
         gm_word = Signal(data.ArrayLayout(signed(8), R))
         gm_cap, gm_cap_lane = Signal(), Signal(range(R))
         gm_wvalid, gm_afeed_done = Signal(), Signal()
-        gc_mb, gc_n, gc_lane = Signal(16), Signal(16), Signal(range(R))
+        gc_row0, gc_n, gc_lane = Signal(range((1 << SW) + R)), Signal(NW), Signal(range(R))
+        gc_addr, gc_wstart = Signal(AW), Signal(AW)
         gemm_run = Signal()
         m.d.comb += [
             gemm.cmd.payload.m.eq(m_eff), gemm.cmd.payload.k.eq(ins.k), gemm.cmd.payload.n.eq(ins.n),
@@ -391,16 +466,17 @@ class NanoKPU(wiring.Component):
             gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
             gemm.a_in.payload.eq(gm_word), gemm.a_in.valid.eq(gm_wvalid),
             gemm.b_in.payload.eq(dma.rd_data.payload),
+            sat_in.eq(Mux(op == Op.GEMM, gemm.c_out.payload[gc_lane], rq.o.payload[0])),
         ]
         with m.If(gemm_run):
             m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
             # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
             # (lanes of rows >= M are not read: the word was cleared, they stay 0)
-            row = gm_mb * R + gm_lane
-            word_full = (gm_lane == R) | (row >= m_eff)
+            word_full = (gm_lane == R) | (gm_row0 + gm_lane >= m_s)
             with m.If(~gm_wvalid & ~gm_afeed_done & ~word_full):
-                m.d.comb += [rd0.addr.eq(ins.a + row * ins.k + gm_k), rd0.en.eq(1)]
-                m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_lane.eq(gm_lane + 1)]
+                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1)]
+                m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_lane.eq(gm_lane + 1),
+                             gm_addr.eq(gm_addr + k_g)]
             with m.Else():
                 m.d.sync += gm_cap.eq(0)
             with m.If(gm_cap):
@@ -409,39 +485,40 @@ class NanoKPU(wiring.Component):
                 m.d.sync += gm_wvalid.eq(1)  # the capture in flight (if any) lands on this edge
             with m.If(gemm.a_in.valid & gemm.a_in.ready):
                 m.d.sync += [gm_wvalid.eq(0), gm_lane.eq(0), gm_word.eq(0)]
-                with m.If(gm_k + 1 < ins.k):
-                    m.d.sync += gm_k.eq(gm_k + 1)
+                with m.If(gm_k + 1 < k_g):
+                    m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1)]
                 with m.Else():
-                    m.d.sync += [gm_k.eq(0), gm_mb.eq(gm_mb + 1)]
-                    with m.If(gm_mb + 1 >= mb):
+                    next_block = gm_addr - k_g + 1
+                    m.d.sync += [gm_k.eq(0), gm_row0.eq(gm_row0 + R), gm_wstart.eq(next_block),
+                                 gm_addr.eq(next_block)]
+                    with m.If(gm_row0 + R >= m_s):
                         m.d.sync += gm_afeed_done.eq(1)
             # C: word (mb, n) -> rows mb*R + i of column n, one write per lane
             # (rows >= M are skipped: the word is taken after its last real row)
-            crow = gc_mb * R + gc_lane
             with m.If(gemm.c_out.valid):
-                m.d.comb += [wr.addr.eq(ins.c + crow * ins.n + gc_n),
-                             wr.data.eq(Mux(rq_width != 0, saturate(gemm.c_out.payload[gc_lane]),
-                                            gemm.c_out.payload[gc_lane])), wr.en.eq(1)]
-                m.d.sync += gc_lane.eq(gc_lane + 1)
-                with m.If((gc_lane == R - 1) | (crow + 1 >= m_eff)):
+                m.d.comb += [wr.addr.eq(gc_addr),
+                             wr.data.eq(Mux(rq_width != 0, rq_sat, gemm.c_out.payload[gc_lane])), wr.en.eq(1)]
+                m.d.sync += [gc_lane.eq(gc_lane + 1), gc_addr.eq(gc_addr + n_g)]
+                with m.If((gc_lane == R - 1) | (gc_row0 + gc_lane + 1 >= m_s)):
                     m.d.comb += gemm.c_out.ready.eq(1)
                     m.d.sync += gc_lane.eq(0)
-                    with m.If(gc_n + 1 < ins.n):
-                        m.d.sync += gc_n.eq(gc_n + 1)
+                    with m.If(gc_n + 1 < n_g):
+                        m.d.sync += [gc_n.eq(gc_n + 1), gc_wstart.eq(gc_wstart + 1), gc_addr.eq(gc_wstart + 1)]
                     with m.Else():
-                        m.d.sync += [gc_n.eq(0), gc_mb.eq(gc_mb + 1)]
+                        m.d.sync += [gc_n.eq(0), gc_row0.eq(gc_row0 + R), gc_wstart.eq(gc_addr + 1),
+                                     gc_addr.eq(gc_addr + 1)]
 
         # -- LOAD / STORE -------------------------------------------------------------------------
-        ld_beat, ld_full, ld_e, ld_i = Signal(8 * BW), Signal(), Signal(range(BW + 1)), Signal(32)
+        ld_beat, ld_full, ld_e, ld_i = Signal(8 * BW), Signal(), Signal(range(BW + 1)), Signal(SW)
         st_beat = Signal(dma.wr_layout)
-        st_full, st_e, st_i, st_rd, st_rd_e = Signal(), Signal(range(BW + 1)), Signal(32), Signal(), \
+        st_full, st_e, st_i, st_rd, st_rd_e = Signal(), Signal(range(BW + 1)), Signal(SW), Signal(), \
             Signal(range(BW))
         per_beat = Mux(ins.width == 1, BW, Mux(ins.width == 2, BW // 2, BW // 4))
         m.d.comb += dma.wr_data.payload.eq(st_beat)
 
         # -- controller -----------------------------------------------------------------------------
         stop_code = Signal(8)
-        m.d.comb += dma.rd_addr.eq(host_eff), dma.wr_addr.eq(host_eff)
+        m.d.comb += dma.rd_addr.eq(host_eff), dma.wr_addr.eq(host_eff)   # in the window: < 2**32
         m.d.comb += [dma.rd_beats.eq(beats), dma.wr_beats.eq(beats)]
         with m.If(running):
             m.d.sync += cycles.eq(cycles + 1)
@@ -459,17 +536,17 @@ class NanoKPU(wiring.Component):
             m.next = "DRAIN"
 
         # route / dispatch / expert / gather / scatter registers
-        rt_j, rt_t, rt_s = Signal(range(E + 1)), Signal(16), Signal(range(K + 1))
-        rt_tb, rt_beat, rt_lane = Signal(16), Signal(16), Signal(range(L + 1))
+        rt_j, rt_t, rt_s = Signal(range(E + 1)), Signal(SW), Signal(range(K + 1))
+        rt_tb, rt_el, rt_lane = Signal(SW), Signal(range(E + L)), Signal(range(L + 1))
+        rt_tbase, rt_tslot, rt_cb, rt_lp = Signal(AW), Signal(AW), Signal(AW), Signal(AW)
         rt_word = Signal(data.ArrayLayout(unsigned(cfg.score_width), L))
         rt_cap, rt_cap_lane, rt_cap_ok, rt_wvalid, rt_feed_done = Signal(), Signal(range(L)), \
             Signal(), Signal(), Signal()
         rt_hold, rt_held, rt_wphase = Signal(), Signal(router.route_layout), Signal()
-        rt_p, rt_pt, rt_ps, rt_pos, rt_off = Signal(32), Signal(16), Signal(range(K + 1)), Signal(32), \
-            Signal(32)
-        tk = Signal(32)
-        m.d.comb += tk.eq(m_eff * K)
-        g_i, g_j, g_r, g_wv, g_wa = Signal(16), Signal(17), Signal(16), Signal(), Signal(32)
+        rt_p, rt_pt, rt_ps, rt_pos, rt_off = Signal(SW), Signal(SW), Signal(range(K + 1)), Signal(SW), \
+            Signal(SW)
+        tk = mk[2:]      # ROUTE: L1 = 4 * m * top_k
+        g_i, g_j, g_in, g_wv, g_wa = Signal(16), Signal(SW + 1), Signal(AW), Signal(), Signal(AW)
 
         @contextmanager
         def state(name):
@@ -494,10 +571,16 @@ class NanoKPU(wiring.Component):
                     m.d.comb += [im_rd.addr.eq(pc), im_rd.en.eq(1)]
                     m.next = "FETCH2"
             with state("FETCH2"):
-                m.d.sync += ins.eq(im_rd.data)
+                m.d.sync += [ins.eq(im_rd.data), ph2.eq(0)]
+                load_lanes(data.View(INSTR_LAYOUT, im_rd.data))
                 m.next = "DECODE"
             with state("DECODE"):
-                with m.If(op == Op.HALT):
+                with m.If(lanes_busy):
+                    pass                      # the lanes multiply (bit_length cycles)
+                with m.Elif((op == Op.COMBINE) & ~ph2):
+                    load(mul[3], m_eff, p2)     # m * (k*n)
+                    m.d.sync += ph2.eq(1)
+                with m.Elif(op == Op.HALT):
                     m.d.sync += [running.eq(0), done.eq(1)]
                     m.next = "IDLE"
                 with m.Elif(decode_err != 0):
@@ -521,16 +604,17 @@ class NanoKPU(wiring.Component):
                             m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 1, 0, 0, ln)
                             m.next = "ENGINE"
                         with m.Case(Op.COMBINE):
-                            m.d.sync += engine_setup(ins.k, ins.n, m_eff, ins.n, 1, ins.k * ins.n,
+                            m.d.sync += engine_setup(ins.k, ins.n, m_eff, ins.n, 1, p2,
                                                      1, 0, ins.k, ln)
                             m.next = "ENGINE"
                         with m.Case(Op.NORM):
                             m.d.sync += engine_setup(ins.n, 2, m_eff, 1, 0, ins.n, 0, 0, 0, ln)
                             m.next = "ENGINE"
                         with m.Case(Op.GEMM):
-                            m.d.sync += [gm_mb.eq(0), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
-                                         gm_word.eq(0),
-                                         gm_afeed_done.eq(0), gc_mb.eq(0), gc_n.eq(0), gc_lane.eq(0)]
+                            m.d.sync += [gm_row0.eq(0), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
+                                         gm_word.eq(0), gm_addr.eq(a_), gm_wstart.eq(a_),
+                                         gm_afeed_done.eq(0), gc_row0.eq(0), gc_n.eq(0), gc_lane.eq(0),
+                                         gc_addr.eq(c_), gc_wstart.eq(c_)]
                             m.d.sync += [rq_width.eq(ins.width), rq_mult.eq(ins.mult),
                                          rq_shift.eq(ins.shift)]
                             with m.If(ins.flags & F_RQ_EXPERT):
@@ -547,17 +631,17 @@ class NanoKPU(wiring.Component):
                                          st_beat.strb.eq(0)]
                             m.next = "STORE"
                         with m.Case(Op.ROUTE):
-                            m.d.sync += [rt_j.eq(0)]
+                            m.d.sync += [rt_j.eq(0), rt_cb.eq(c_ + (tk << 1)), rt_lp.eq(c_ + (tk << 1) + 2 * E)]
                             m.next = "RT_BIAS"
                         with m.Case(Op.EXPERT):
                             m.next = "EXP_READ"
                         with m.Case(Op.GATHER, Op.SCATTER):
-                            m.d.sync += g_i.eq(0)
+                            m.d.sync += [g_i.eq(0), g_in.eq(0)]
                             m.next = "MOVE_LIST"
 
             # ---- element-wise ops through the streaming engine
             with state("RQ_TABLE"):
-                m.d.comb += [rd0.addr.eq(ins.b + 2 * expert), rd1.addr.eq(ins.b + 2 * expert + 1),
+                m.d.comb += [rd0.addr.eq(b_ + (expert << 1)), rd1.addr.eq(b_ + (expert << 1) + 1),
                              rd0.en.eq(1), rd1.en.eq(1)]
                 m.next = "RQ_TABLE2"
             with state("RQ_TABLE2"):
@@ -569,11 +653,11 @@ class NanoKPU(wiring.Component):
             with state("ENGINE"):
                 m.d.comb += eng_run.eq(1)
                 with m.If(out_valid):
-                    m.d.comb += [wr.addr.eq(ins.c + out_cnt), wr.data.eq(out_data), wr.en.eq(1)]
+                    m.d.comb += [wr.addr.eq(c_ + out_cnt), wr.data.eq(out_data), wr.en.eq(1)]
                     m.d.sync += out_cnt.eq(out_cnt + 1)
                 with m.If(eng_done):
                     with m.If(op == Op.SIGMOID):
-                        m.d.sync += [scores_ok.eq(1), scores_a.eq(ins.c), scores_len.eq(ln)]
+                        m.d.sync += [scores_ok.eq(1), scores_a.eq(c_), scores_len.eq(ln)]
                     goto_next()
 
             # ---- GEMM
@@ -605,7 +689,7 @@ class NanoKPU(wiring.Component):
                                Mux(ins.width == 2, ld_beat.word_select(ld_e, 16).as_signed(),
                                    ld_beat.word_select(ld_e, 32).as_signed()))
                     with m.If(ld_i < ln):
-                        m.d.comb += [wr.addr.eq(ins.c + ld_i), wr.data.eq(elem), wr.en.eq(1)]
+                        m.d.comb += [wr.addr.eq(c_ + ld_i), wr.data.eq(elem), wr.en.eq(1)]
                         m.d.sync += ld_i.eq(ld_i + 1)
                     m.d.sync += ld_e.eq(ld_e + 1)
                     with m.If(ld_e + 1 >= per_beat):
@@ -620,7 +704,7 @@ class NanoKPU(wiring.Component):
                 epb = BW // 4
                 # read element st_i (one per cycle), place it in the next cycle
                 with m.If(~st_full & (st_e < epb) & (st_i < ln) & ~st_rd):
-                    m.d.comb += [rd0.addr.eq(ins.a + st_i), rd0.en.eq(1)]
+                    m.d.comb += [rd0.addr.eq(a_ + st_i), rd0.en.eq(1)]
                     m.d.sync += [st_rd.eq(1), st_rd_e.eq(st_e), st_i.eq(st_i + 1), st_e.eq(st_e + 1)]
                 with m.If(st_rd):
                     m.d.sync += [st_beat.data.word_select(st_rd_e, 32).eq(rd0.data[:32]),
@@ -637,23 +721,24 @@ class NanoKPU(wiring.Component):
 
             # ---- ROUTE: bias, scores -> routes, dispatch lists
             with state("RT_BIAS"):
-                m.d.comb += [rd0.addr.eq(ins.b + rt_j), rd0.en.eq(1)]
+                m.d.comb += [rd0.addr.eq(b_ + rt_j), rd0.en.eq(1)]
                 m.d.sync += rt_j.eq(rt_j + 1)
                 with m.If(rt_j != 0):
                     m.d.comb += [router.bias_we.eq(1), router.bias_addr.eq(rt_j - 1),
                                  router.bias_data.eq(rd0.data[:cfg.bias_width])]
                 with m.If(rt_j == E):
-                    m.d.sync += [rt_tb.eq(0), rt_beat.eq(0), rt_lane.eq(0), rt_wvalid.eq(0),
+                    m.d.sync += [rt_tb.eq(0), rt_el.eq(0), rt_lane.eq(0), rt_wvalid.eq(0),
+                                 rt_tbase.eq(a_), rt_tslot.eq(c_),
                                  rt_feed_done.eq(0), rt_cap.eq(0), rt_t.eq(0), rt_s.eq(0),
                                  rt_hold.eq(0), rt_wphase.eq(0)]
                     m.next = "RT_SCORES"
             with state("RT_SCORES"):
-                # scores: beat (t, b), lane l = expert b*L + l of token t
-                expert_l = rt_beat * L + rt_lane
+                # scores: beat (t, b), lane l = expert rt_el = b*L + l of token t, at rt_tbase =
+                # a + t*E
                 with m.If(~rt_wvalid & ~rt_feed_done & (rt_lane < L)):
-                    m.d.comb += [rd0.addr.eq(ins.a + rt_tb * E + expert_l), rd0.en.eq(1)]
-                    m.d.sync += [rt_cap.eq(1), rt_cap_lane.eq(rt_lane), rt_cap_ok.eq(expert_l < E),
-                                 rt_lane.eq(rt_lane + 1)]
+                    m.d.comb += [rd0.addr.eq(rt_tbase + rt_el), rd0.en.eq(1)]
+                    m.d.sync += [rt_cap.eq(1), rt_cap_lane.eq(rt_lane), rt_cap_ok.eq(rt_el < E),
+                                 rt_lane.eq(rt_lane + 1), rt_el.eq(rt_el + 1)]
                 with m.Else():
                     m.d.sync += rt_cap.eq(0)
                 with m.If(rt_cap):
@@ -663,17 +748,15 @@ class NanoKPU(wiring.Component):
                 m.d.comb += [router.scores.payload.eq(rt_word), router.scores.valid.eq(rt_wvalid)]
                 with m.If(router.scores.valid & router.scores.ready):
                     m.d.sync += [rt_wvalid.eq(0), rt_lane.eq(0)]
-                    with m.If((rt_beat + 1) * L < E):
-                        m.d.sync += rt_beat.eq(rt_beat + 1)
-                    with m.Else():
-                        m.d.sync += [rt_beat.eq(0), rt_tb.eq(rt_tb + 1)]
-                        with m.If(rt_tb + 1 >= m_eff):
+                    with m.If(rt_el >= E):
+                        m.d.sync += [rt_el.eq(0), rt_tb.eq(rt_tb + 1), rt_tbase.eq(rt_tbase + E)]
+                        with m.If(rt_tb + 1 >= m_s):
                             m.d.sync += rt_feed_done.eq(1)
                 # routes: idx then weight, two writes per route
                 m.d.comb += router.routes.ready.eq(~rt_hold)
                 with m.If(router.routes.valid & ~rt_hold):
                     m.d.sync += [rt_hold.eq(1), rt_held.eq(router.routes.payload)]
-                slot = ins.c + rt_t * K + rt_s
+                slot = rt_tslot + rt_s          # c + t*K + s
                 with m.If(rt_hold & ~rt_wphase):
                     m.d.comb += [wr.addr.eq(slot), wr.data.eq(rt_held.index), wr.en.eq(1)]
                     m.d.sync += rt_wphase.eq(1)
@@ -681,26 +764,26 @@ class NanoKPU(wiring.Component):
                     m.d.comb += [wr.addr.eq(slot + tk), wr.data.eq(rt_held.weight), wr.en.eq(1)]
                     m.d.sync += [rt_hold.eq(0), rt_wphase.eq(0)]
                     with m.If(rt_held.last | (rt_s == K - 1)):
-                        m.d.sync += [rt_s.eq(0), rt_t.eq(rt_t + 1)]
+                        m.d.sync += [rt_s.eq(0), rt_t.eq(rt_t + 1), rt_tslot.eq(rt_tslot + K)]
                     with m.Else():
                         m.d.sync += rt_s.eq(rt_s + 1)
-                with m.If(rt_t >= m_eff):
+                with m.If(rt_t >= m_s):
                     m.d.sync += [rt_j.eq(0), rt_p.eq(0), rt_pt.eq(0), rt_ps.eq(0), rt_pos.eq(0),
                                  rt_off.eq(0)]
                     m.next = "RT_DREAD"
             # dispatch: for each expert j, scan the idx table for its slots
             with state("RT_DREAD"):
-                m.d.comb += [rd0.addr.eq(ins.c + rt_p), rd0.en.eq(1)]
+                m.d.comb += [rd0.addr.eq(c_ + rt_p), rd0.en.eq(1)]
                 m.next = "RT_DCMP"
             with state("RT_DCMP"):
                 with m.If(rd0.data == rt_j):
-                    m.d.comb += [wr.addr.eq(ins.c + 2 * tk + 2 * E + rt_pos), wr.data.eq(rt_p),
+                    m.d.comb += [wr.addr.eq(rt_lp + rt_pos), wr.data.eq(rt_p),
                                  wr.en.eq(1)]
                     m.next = "RT_DLIST_T"
                 with m.Else():
                     m.next = "RT_DSTEP"
             with state("RT_DLIST_T"):
-                m.d.comb += [wr.addr.eq(ins.c + 3 * tk + 2 * E + rt_pos), wr.data.eq(rt_pt),
+                m.d.comb += [wr.addr.eq(rt_lp + tk + rt_pos), wr.data.eq(rt_pt),
                              wr.en.eq(1)]
                 m.d.sync += rt_pos.eq(rt_pos + 1)
                 m.next = "RT_DSTEP"
@@ -713,11 +796,11 @@ class NanoKPU(wiring.Component):
                         m.d.sync += rt_ps.eq(rt_ps + 1)
                     m.next = "RT_DREAD"
                 with m.Else():
-                    m.d.comb += [wr.addr.eq(ins.c + 2 * tk + rt_j), wr.data.eq(rt_pos - rt_off),
+                    m.d.comb += [wr.addr.eq(rt_cb + rt_j), wr.data.eq(rt_pos - rt_off),
                                  wr.en.eq(1)]
                     m.next = "RT_DOFF"
             with state("RT_DOFF"):
-                m.d.comb += [wr.addr.eq(ins.c + 2 * tk + E + rt_j), wr.data.eq(rt_off), wr.en.eq(1)]
+                m.d.comb += [wr.addr.eq(rt_cb + E + rt_j), wr.data.eq(rt_off), wr.en.eq(1)]
                 m.d.sync += [rt_off.eq(rt_pos), rt_j.eq(rt_j + 1), rt_p.eq(0), rt_pt.eq(0),
                              rt_ps.eq(0)]
                 with m.If(rt_j + 1 < E):
@@ -732,13 +815,13 @@ class NanoKPU(wiring.Component):
                     m.d.sync += [exp_active.eq(0), scan.eq(E)]
                     goto_next(ins.target)
                 with m.Else():
-                    m.d.comb += [rd0.addr.eq(ins.a + scan), rd1.addr.eq(ins.a + E + scan),
+                    m.d.comb += [rd0.addr.eq(a_ + scan), rd1.addr.eq(a_ + E + scan),
                                  rd0.en.eq(1), rd1.en.eq(1)]
                     m.next = "EXP_CHECK"
             with state("EXP_CHECK"):
                 m.d.sync += scan.eq(scan + 1)
                 with m.If(rd0.data != 0):
-                    m.d.sync += [expert.eq(scan), count.eq(rd0.data), offset.eq(rd1.data),
+                    m.d.sync += [expert.eq(scan), count.eq(rd0.data), offset.eq(sat(rd1.data[:24])),
                                  exp_active.eq(1)]
                     goto_next()
                 with m.Else():
@@ -750,27 +833,31 @@ class NanoKPU(wiring.Component):
                 with m.If(g_i >= count):
                     goto_next()
                 with m.Else():
-                    m.d.comb += [rd0.addr.eq(ins.b + offset + g_i), rd0.en.eq(1)]
+                    m.d.comb += [rd0.addr.eq(b_ + offset + g_i), rd0.en.eq(1)]
                     m.next = "MOVE_CHECK"
             with state("MOVE_CHECK"):
                 r = rd0.data
                 with m.If((r < 0) | (r >= m_eff)):
                     stop(Err.SPAD_RANGE)
                 with m.Else():
-                    m.d.sync += [g_r.eq(r[:16]), g_j.eq(0), g_wv.eq(0)]
+                    load(mul[2], r[:16], n_s)      # r * n, exact: r < m
+                    m.d.sync += [g_j.eq(0), g_wv.eq(0)]
                     m.next = "MOVE_COPY"
             with state("MOVE_COPY"):
-                src = Mux(gather, ins.a + g_r * ins.n, ins.a + g_i * ins.n)
-                dst = Mux(gather, ins.c + g_i * ins.n, ins.c + g_r * ins.n)
-                with m.If(g_j < ins.n):
+                # row r at r*n (L2, once multiplied), row i at g_in = i*n
+                src = a_ + Mux(gather, p2, g_in)
+                dst = c_ + Mux(gather, g_in, p2)
+                with m.If(mul[2][0] != 0):
+                    pass
+                with m.Elif(g_j < n_s):
                     m.d.comb += [rd0.addr.eq(src + g_j), rd0.en.eq(1)]
                     m.d.sync += [g_j.eq(g_j + 1), g_wv.eq(1), g_wa.eq(dst + g_j)]
                 with m.Else():
                     m.d.sync += g_wv.eq(0)
                 with m.If(g_wv):
                     m.d.comb += [wr.addr.eq(g_wa), wr.data.eq(rd0.data), wr.en.eq(1)]
-                with m.If((g_j >= ins.n) & g_wv):
-                    m.d.sync += g_i.eq(g_i + 1)
+                with m.If((g_j >= n_s) & g_wv):
+                    m.d.sync += [g_i.eq(g_i + 1), g_in.eq(g_in + n_s)]
                     m.next = "MOVE_LIST"
 
             # ---- stop: drain the bus, reset the units, report

@@ -8,51 +8,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire \$100 ;
-  wire [6:0] \$1001 ;
-  wire [7:0] \$1005 ;
-  wire [8:0] \$1008 ;
-  wire \$101 ;
+  wire [4:0] \$100 ;
+  wire [9:0] \$101 ;
   wire \$102 ;
-  wire \$103 ;
+  wire [4:0] \$103 ;
   wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
+  wire [13:0] \$105 ;
+  wire [14:0] \$106 ;
   wire \$107 ;
-  wire \$108 ;
-  wire [31:0] \$109 ;
+  wire [14:0] \$108 ;
+  wire [7:0] \$1082 ;
+  wire [13:0] \$109 ;
+  wire [7:0] \$1096 ;
   wire \$11 ;
-  wire [9:0] \$110 ;
+  wire [16:0] \$110 ;
   wire \$111 ;
-  wire [4:0] \$112 ;
-  wire [9:0] \$113 ;
-  wire \$114 ;
-  wire [4:0] \$115 ;
-  wire [18:0] \$116 ;
-  wire [20:0] \$117 ;
-  wire [21:0] \$118 ;
-  wire [17:0] \$119 ;
+  wire [16:0] \$112 ;
+  wire [6:0] \$1122 ;
+  wire [7:0] \$1126 ;
+  wire [8:0] \$1129 ;
+  wire [13:0] \$113 ;
+  wire [16:0] \$114 ;
+  wire \$115 ;
+  wire [16:0] \$116 ;
+  wire [13:0] \$117 ;
+  wire [16:0] \$118 ;
+  wire \$119 ;
   wire \$12 ;
-  wire [24:0] \$120 ;
-  wire [31:0] \$121 ;
-  wire [31:0] \$122 ;
-  wire [24:0] \$123 ;
-  wire [47:0] \$124 ;
-  wire [31:0] \$125 ;
+  wire [16:0] \$120 ;
+  wire [13:0] \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire [9:0] \$124 ;
+  wire \$125 ;
   wire \$126 ;
   wire \$127 ;
-  wire [9:0] \$128 ;
+  wire \$128 ;
   wire \$129 ;
   wire \$13 ;
   wire \$130 ;
   wire \$131 ;
   wire \$132 ;
   wire \$133 ;
-  wire \$134 ;
+  wire [9:0] \$134 ;
   wire \$135 ;
   wire \$136 ;
   wire \$137 ;
-  wire [9:0] \$138 ;
+  wire \$138 ;
   wire \$139 ;
   wire \$14 ;
   wire \$140 ;
@@ -81,21 +83,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$161 ;
   wire \$162 ;
   wire \$163 ;
-  wire \$164 ;
-  wire [48:0] \$165 ;
+  wire [14:0] \$164 ;
+  wire \$165 ;
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
-  wire [48:0] \$169 ;
+  wire \$169 ;
   wire \$17 ;
-  wire \$170 ;
+  wire [14:0] \$170 ;
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
-  wire [48:0] \$174 ;
+  wire \$174 ;
   wire \$175 ;
   wire \$176 ;
-  wire \$177 ;
+  wire [14:0] \$177 ;
   wire \$178 ;
   wire \$179 ;
   wire [15:0] \$18 ;
@@ -104,17 +106,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$182 ;
   wire \$183 ;
   wire \$184 ;
-  wire [63:0] \$185 ;
+  wire \$185 ;
   wire \$186 ;
   wire \$187 ;
   wire \$188 ;
-  wire [64:0] \$189 ;
+  wire \$189 ;
   wire [14:0] \$19 ;
-  wire [32:0] \$190 ;
+  wire \$190 ;
   wire \$191 ;
-  wire \$192 ;
-  wire \$193 ;
-  wire \$194 ;
+  wire [17:0] \$192 ;
+  wire [33:0] \$193 ;
+  wire [32:0] \$194 ;
   wire \$195 ;
   wire \$196 ;
   wire \$197 ;
@@ -122,172 +124,172 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$199 ;
   wire \$2 ;
   wire [1:0] \$20 ;
-  wire [16:0] \$200 ;
+  wire \$200 ;
   wire \$201 ;
   wire \$202 ;
-  wire [1:0] \$203 ;
-  wire [127:0] \$204 ;
-  wire [127:0] \$205 ;
-  wire [128:0] \$206 ;
-  wire \$207 ;
-  wire [66:0] \$208 ;
-  wire [67:0] \$209 ;
+  wire \$203 ;
+  wire [16:0] \$204 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire [1:0] \$207 ;
+  wire \$208 ;
+  wire \$209 ;
   wire [1:0] \$21 ;
   wire \$210 ;
-  wire [66:0] \$211 ;
-  wire [67:0] \$212 ;
-  wire [67:0] \$213 ;
-  wire [67:0] \$214 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
   wire \$215 ;
-  wire [31:0] \$216 ;
+  wire \$216 ;
   wire \$217 ;
-  wire [5:0] \$218 ;
+  wire \$218 ;
   wire \$219 ;
   wire \$22 ;
   wire \$220 ;
   wire \$221 ;
   wire \$222 ;
-  wire [18:0] \$223 ;
-  wire [19:0] \$224 ;
+  wire \$223 ;
+  wire \$224 ;
   wire \$225 ;
   wire \$226 ;
   wire \$227 ;
   wire \$228 ;
-  wire [18:0] \$229 ;
+  wire \$229 ;
   wire [3:0] \$23 ;
-  wire [19:0] \$230 ;
-  wire [35:0] \$231 ;
-  wire [36:0] \$232 ;
-  wire [37:0] \$233 ;
-  wire [18:0] \$234 ;
-  wire [19:0] \$235 ;
-  wire [35:0] \$236 ;
-  wire [36:0] \$237 ;
-  wire [37:0] \$238 ;
+  wire \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire \$238 ;
   wire \$239 ;
   wire [3:0] \$24 ;
   wire [31:0] \$240 ;
   wire \$241 ;
   wire [31:0] \$242 ;
-  wire [66:0] \$243 ;
-  wire [67:0] \$244 ;
-  wire \$245 ;
-  wire [66:0] \$246 ;
-  wire [67:0] \$247 ;
-  wire [31:0] \$248 ;
-  wire [67:0] \$249 ;
+  wire [31:0] \$243 ;
+  wire \$244 ;
+  wire [31:0] \$245 ;
+  wire \$246 ;
+  wire [5:0] \$247 ;
+  wire \$248 ;
+  wire [31:0] \$249 ;
   wire [22:0] \$25 ;
-  wire [67:0] \$250 ;
-  wire [31:0] \$251 ;
-  wire [67:0] \$252 ;
+  wire \$250 ;
+  wire \$251 ;
+  wire \$252 ;
   wire \$253 ;
-  wire [18:0] \$254 ;
-  wire [19:0] \$255 ;
-  wire [20:0] \$256 ;
+  wire [15:0] \$254 ;
+  wire \$255 ;
+  wire \$256 ;
   wire \$257 ;
   wire \$258 ;
-  wire [17:0] \$259 ;
+  wire \$259 ;
   wire [22:0] \$26 ;
-  wire \$260 ;
-  wire \$261 ;
+  wire [31:0] \$260 ;
+  wire [31:0] \$261 ;
   wire \$262 ;
-  wire [5:0] \$263 ;
-  wire [24:0] \$264 ;
-  wire [5:0] \$265 ;
-  wire [24:0] \$266 ;
-  wire [25:0] \$267 ;
-  wire [32:0] \$268 ;
+  wire [15:0] \$263 ;
+  wire [16:0] \$264 ;
+  wire \$265 ;
+  wire \$266 ;
+  wire \$267 ;
+  wire \$268 ;
   wire \$269 ;
   wire [43:0] \$27 ;
   wire \$270 ;
-  wire [32:0] \$271 ;
+  wire \$271 ;
   wire \$272 ;
-  wire [7:0] \$273 ;
-  wire \$274 ;
-  wire [15:0] \$275 ;
-  wire [31:0] \$276 ;
-  wire [31:0] \$277 ;
-  wire [31:0] \$278 ;
-  wire \$279 ;
+  wire \$273 ;
+  wire [4:0] \$274 ;
+  wire [13:0] \$275 ;
+  wire [4:0] \$276 ;
+  wire [13:0] \$277 ;
+  wire [14:0] \$278 ;
+  wire [14:0] \$279 ;
   wire [43:0] \$28 ;
   wire \$280 ;
   wire \$281 ;
-  wire \$282 ;
+  wire [14:0] \$282 ;
   wire \$283 ;
-  wire \$284 ;
+  wire [7:0] \$284 ;
   wire \$285 ;
-  wire [32:0] \$286 ;
-  wire [24:0] \$287 ;
-  wire \$288 ;
-  wire [4:0] \$289 ;
+  wire [15:0] \$286 ;
+  wire [31:0] \$287 ;
+  wire [31:0] \$288 ;
+  wire [31:0] \$289 ;
   wire \$29 ;
   wire \$290 ;
   wire \$291 ;
   wire \$292 ;
   wire \$293 ;
   wire \$294 ;
-  wire [19:0] \$295 ;
-  wire [24:0] \$296 ;
-  wire [16:0] \$297 ;
-  wire [17:0] \$298 ;
-  wire [25:0] \$299 ;
+  wire \$295 ;
+  wire \$296 ;
+  wire [14:0] \$297 ;
+  wire [13:0] \$298 ;
+  wire \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire \$300 ;
+  wire [4:0] \$300 ;
   wire \$301 ;
   wire \$302 ;
-  wire [17:0] \$303 ;
-  wire [24:0] \$304 ;
-  wire [25:0] \$305 ;
-  wire \$306 ;
-  wire [17:0] \$307 ;
-  wire [24:0] \$308 ;
-  wire [25:0] \$309 ;
+  wire \$303 ;
+  wire \$304 ;
+  wire \$305 ;
+  wire [13:0] \$306 ;
+  wire \$307 ;
+  wire \$308 ;
+  wire \$309 ;
   wire \$31 ;
-  wire [32:0] \$310 ;
-  wire [32:0] \$311 ;
-  wire \$312 ;
-  wire [33:0] \$313 ;
-  wire [34:0] \$314 ;
-  wire [35:0] \$315 ;
-  wire [36:0] \$316 ;
-  wire [33:0] \$317 ;
-  wire [34:0] \$318 ;
-  wire [35:0] \$319 ;
+  wire [13:0] \$310 ;
+  wire \$311 ;
+  wire [13:0] \$312 ;
+  wire [14:0] \$313 ;
+  wire [14:0] \$314 ;
+  wire \$315 ;
+  wire [14:0] \$316 ;
+  wire [13:0] \$317 ;
+  wire [14:0] \$318 ;
+  wire [14:0] \$319 ;
   wire [9:0] \$32 ;
-  wire [36:0] \$320 ;
-  wire [32:0] \$321 ;
-  wire \$322 ;
-  wire [33:0] \$323 ;
-  wire [34:0] \$324 ;
-  wire [35:0] \$325 ;
-  wire [32:0] \$326 ;
-  wire [33:0] \$327 ;
-  wire [34:0] \$328 ;
-  wire [35:0] \$329 ;
+  wire \$320 ;
+  wire [13:0] \$321 ;
+  wire [14:0] \$322 ;
+  wire [13:0] \$323 ;
+  wire [14:0] \$324 ;
+  wire \$325 ;
+  wire [13:0] \$326 ;
+  wire [13:0] \$327 ;
+  wire [14:0] \$328 ;
+  wire \$329 ;
   wire \$33 ;
-  wire [36:0] \$330 ;
-  wire \$331 ;
-  wire [24:0] \$332 ;
-  wire [24:0] \$333 ;
-  wire [25:0] \$334 ;
-  wire \$335 ;
-  wire [24:0] \$336 ;
-  wire [25:0] \$337 ;
+  wire [14:0] \$330 ;
+  wire [16:0] \$331 ;
+  wire \$332 ;
+  wire \$333 ;
+  wire \$334 ;
+  wire [13:0] \$335 ;
+  wire [14:0] \$336 ;
+  wire [15:0] \$337 ;
   wire \$338 ;
   wire \$339 ;
-  wire [9:0] \$34 ;
-  wire [31:0] \$340 ;
-  wire [32:0] \$341 ;
-  wire [31:0] \$342 ;
-  wire [32:0] \$343 ;
-  wire [32:0] \$344 ;
-  wire [33:0] \$345 ;
+  wire \$34 ;
+  wire \$340 ;
+  wire \$341 ;
+  wire \$342 ;
+  wire \$343 ;
+  wire \$344 ;
+  wire \$345 ;
   wire \$346 ;
   wire \$347 ;
   wire \$348 ;
   wire \$349 ;
-  wire [35:0] \$35 ;
+  wire \$35 ;
   wire \$350 ;
   wire \$351 ;
   wire \$352 ;
@@ -309,200 +311,200 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$367 ;
   wire \$368 ;
   wire \$369 ;
-  wire [35:0] \$37 ;
-  wire \$370 ;
+  wire [1:0] \$37 ;
+  wire [14:0] \$370 ;
   wire \$371 ;
-  wire \$372 ;
-  wire \$373 ;
-  wire \$374 ;
-  wire \$375 ;
-  wire \$376 ;
+  wire [14:0] \$372 ;
+  wire [13:0] \$373 ;
+  wire [14:0] \$374 ;
+  wire [14:0] \$375 ;
+  wire [15:0] \$376 ;
   wire \$377 ;
-  wire \$378 ;
-  wire [16:0] \$379 ;
-  wire [36:0] \$38 ;
-  wire \$380 ;
-  wire [16:0] \$381 ;
-  wire \$382 ;
-  wire [16:0] \$383 ;
-  wire \$384 ;
-  wire [16:0] \$385 ;
-  wire [32:0] \$386 ;
-  wire [32:0] \$387 ;
-  wire [16:0] \$388 ;
-  wire [32:0] \$389 ;
-  wire [16:0] \$39 ;
-  wire [32:0] \$390 ;
-  wire [32:0] \$391 ;
-  wire [32:0] \$392 ;
-  wire [16:0] \$393 ;
-  wire [32:0] \$394 ;
-  wire [32:0] \$395 ;
-  wire [32:0] \$396 ;
-  wire [32:0] \$397 ;
-  wire [32:0] \$398 ;
-  wire [32:0] \$399 ;
+  wire [14:0] \$378 ;
+  wire \$379 ;
+  wire [16:0] \$38 ;
+  wire [14:0] \$380 ;
+  wire [13:0] \$381 ;
+  wire [14:0] \$382 ;
+  wire [14:0] \$383 ;
+  wire [15:0] \$384 ;
+  wire \$385 ;
+  wire [14:0] \$386 ;
+  wire \$387 ;
+  wire [14:0] \$388 ;
+  wire [13:0] \$389 ;
+  wire [17:0] \$39 ;
+  wire [14:0] \$390 ;
+  wire [14:0] \$391 ;
+  wire [15:0] \$392 ;
+  wire \$393 ;
+  wire [14:0] \$394 ;
+  wire \$395 ;
+  wire [14:0] \$396 ;
+  wire [13:0] \$397 ;
+  wire [14:0] \$398 ;
+  wire [14:0] \$399 ;
   wire \$4 ;
-  wire [17:0] \$40 ;
-  wire [16:0] \$400 ;
+  wire [18:0] \$40 ;
+  wire [15:0] \$400 ;
   wire \$401 ;
-  wire \$402 ;
+  wire [14:0] \$402 ;
   wire \$403 ;
-  wire \$404 ;
-  wire \$405 ;
-  wire [18:0] \$406 ;
-  wire [19:0] \$407 ;
-  wire \$408 ;
+  wire [14:0] \$404 ;
+  wire [13:0] \$405 ;
+  wire [14:0] \$406 ;
+  wire [14:0] \$407 ;
+  wire [15:0] \$408 ;
   wire \$409 ;
-  wire [17:0] \$41 ;
-  wire \$410 ;
+  wire [18:0] \$41 ;
+  wire [33:0] \$410 ;
   wire \$411 ;
-  wire [3:0] \$412 ;
-  wire \$413 ;
-  wire \$414 ;
-  wire \$415 ;
-  wire \$416 ;
-  wire [18:0] \$417 ;
-  wire [19:0] \$418 ;
-  wire \$419 ;
+  wire [33:0] \$412 ;
+  wire [32:0] \$413 ;
+  wire [33:0] \$414 ;
+  wire [33:0] \$415 ;
+  wire [15:0] \$416 ;
+  wire \$417 ;
+  wire \$418 ;
+  wire [14:0] \$419 ;
   wire [16:0] \$42 ;
   wire \$420 ;
-  wire \$421 ;
+  wire [14:0] \$421 ;
   wire \$422 ;
-  wire [16:0] \$423 ;
+  wire [14:0] \$423 ;
   wire \$424 ;
-  wire [16:0] \$425 ;
-  wire [16:0] \$426 ;
-  wire [16:0] \$427 ;
-  wire \$428 ;
-  wire [2:0] \$429 ;
+  wire [14:0] \$425 ;
+  wire [13:0] \$426 ;
+  wire [13:0] \$427 ;
+  wire [14:0] \$428 ;
+  wire [13:0] \$429 ;
   wire [17:0] \$43 ;
-  wire \$430 ;
-  wire [18:0] \$431 ;
-  wire [19:0] \$432 ;
-  wire [20:0] \$433 ;
-  wire \$434 ;
-  wire \$435 ;
-  wire [16:0] \$436 ;
-  wire \$437 ;
-  wire [16:0] \$438 ;
-  wire [16:0] \$439 ;
-  wire [17:0] \$44 ;
-  wire [32:0] \$440 ;
-  wire [32:0] \$441 ;
-  wire [32:0] \$442 ;
-  wire [32:0] \$443 ;
-  wire [32:0] \$444 ;
-  wire [32:0] \$445 ;
-  wire [32:0] \$446 ;
+  wire [13:0] \$430 ;
+  wire [13:0] \$431 ;
+  wire [13:0] \$432 ;
+  wire [14:0] \$433 ;
+  wire [13:0] \$434 ;
+  wire [13:0] \$435 ;
+  wire [13:0] \$436 ;
+  wire [13:0] \$437 ;
+  wire [13:0] \$438 ;
+  wire [13:0] \$439 ;
+  wire [18:0] \$44 ;
+  wire [14:0] \$440 ;
+  wire \$441 ;
+  wire \$442 ;
+  wire \$443 ;
+  wire \$444 ;
+  wire \$445 ;
+  wire [15:0] \$446 ;
   wire \$447 ;
   wire \$448 ;
   wire \$449 ;
-  wire [31:0] \$45 ;
+  wire [18:0] \$45 ;
   wire \$450 ;
-  wire \$451 ;
-  wire \$452 ;
+  wire [3:0] \$451 ;
+  wire [13:0] \$452 ;
   wire \$453 ;
   wire \$454 ;
   wire \$455 ;
   wire \$456 ;
-  wire \$457 ;
+  wire [15:0] \$457 ;
   wire \$458 ;
   wire \$459 ;
-  wire [37:0] \$46 ;
+  wire \$46 ;
   wire \$460 ;
   wire \$461 ;
-  wire [32:0] \$462 ;
-  wire [9:0] \$463 ;
-  wire \$464 ;
-  wire [31:0] \$465 ;
-  wire [9:0] \$466 ;
-  wire \$467 ;
-  wire \$468 ;
-  wire [32:0] \$469 ;
-  wire [38:0] \$47 ;
-  wire \$470 ;
-  wire \$471 ;
-  wire \$472 ;
-  wire [13:0] \$473 ;
-  wire [32:0] \$474 ;
-  wire \$475 ;
-  wire [13:0] \$476 ;
-  wire [32:0] \$477 ;
-  wire \$478 ;
+  wire [7:0] \$462 ;
+  wire \$463 ;
+  wire [7:0] \$464 ;
+  wire [13:0] \$465 ;
+  wire [13:0] \$466 ;
+  wire [15:0] \$467 ;
+  wire [13:0] \$468 ;
+  wire [14:0] \$469 ;
+  wire \$47 ;
+  wire [13:0] \$470 ;
+  wire [14:0] \$471 ;
+  wire [15:0] \$472 ;
+  wire \$473 ;
+  wire [2:0] \$474 ;
+  wire [13:0] \$475 ;
+  wire \$476 ;
+  wire [15:0] \$477 ;
+  wire [16:0] \$478 ;
   wire \$479 ;
-  wire [39:0] \$48 ;
+  wire \$48 ;
   wire \$480 ;
-  wire [32:0] \$481 ;
-  wire [3:0] \$482 ;
-  wire [3:0] \$483 ;
-  wire \$484 ;
-  wire \$485 ;
-  wire [1:0] \$486 ;
-  wire [2:0] \$487 ;
-  wire \$488 ;
-  wire \$489 ;
-  wire [39:0] \$49 ;
-  wire \$490 ;
-  wire \$491 ;
-  wire \$492 ;
-  wire \$493 ;
-  wire [13:0] \$494 ;
+  wire [9:0] \$481 ;
+  wire \$482 ;
+  wire [9:0] \$483 ;
+  wire [13:0] \$484 ;
+  wire [13:0] \$485 ;
+  wire [15:0] \$486 ;
+  wire [13:0] \$487 ;
+  wire [13:0] \$488 ;
+  wire [32:0] \$489 ;
+  wire \$49 ;
+  wire [32:0] \$490 ;
+  wire [32:0] \$491 ;
+  wire [32:0] \$492 ;
+  wire [32:0] \$493 ;
+  wire [32:0] \$494 ;
   wire [32:0] \$495 ;
   wire \$496 ;
-  wire \$497 ;
+  wire [9:0] \$497 ;
   wire \$498 ;
-  wire \$499 ;
+  wire [15:0] \$499 ;
   wire \$5 ;
-  wire [34:0] \$50 ;
+  wire \$50 ;
   wire \$500 ;
-  wire \$501 ;
-  wire \$502 ;
-  wire [32:0] \$503 ;
-  wire [3:0] \$504 ;
+  wire [13:0] \$501 ;
+  wire [9:0] \$502 ;
+  wire \$503 ;
+  wire [15:0] \$504 ;
   wire \$505 ;
-  wire \$506 ;
-  wire \$507 ;
+  wire [13:0] \$506 ;
+  wire [9:0] \$507 ;
   wire \$508 ;
-  wire \$509 ;
-  wire [35:0] \$51 ;
-  wire \$510 ;
-  wire \$511 ;
-  wire \$512 ;
+  wire [15:0] \$509 ;
+  wire \$51 ;
+  wire [16:0] \$510 ;
+  wire [17:0] \$511 ;
+  wire [17:0] \$512 ;
   wire \$513 ;
-  wire \$514 ;
-  wire \$515 ;
+  wire [13:0] \$514 ;
+  wire [9:0] \$515 ;
   wire \$516 ;
-  wire \$517 ;
-  wire \$518 ;
-  wire \$519 ;
-  wire [36:0] \$52 ;
-  wire \$520 ;
+  wire [15:0] \$517 ;
+  wire [16:0] \$518 ;
+  wire [17:0] \$519 ;
+  wire \$52 ;
+  wire [17:0] \$520 ;
   wire \$521 ;
   wire [13:0] \$522 ;
-  wire [32:0] \$523 ;
-  wire [4:0] \$524 ;
-  wire \$525 ;
+  wire [16:0] \$523 ;
+  wire [17:0] \$524 ;
+  wire [17:0] \$525 ;
   wire \$526 ;
-  wire \$527 ;
-  wire \$528 ;
+  wire [13:0] \$527 ;
+  wire [9:0] \$528 ;
   wire \$529 ;
-  wire [36:0] \$53 ;
-  wire \$530 ;
-  wire [16:0] \$531 ;
-  wire [17:0] \$532 ;
+  wire \$53 ;
+  wire [15:0] \$530 ;
+  wire \$531 ;
+  wire [13:0] \$532 ;
   wire \$533 ;
-  wire [1:0] \$534 ;
-  wire [12:0] \$535 ;
-  wire \$536 ;
-  wire \$537 ;
-  wire [16:0] \$538 ;
-  wire [17:0] \$539 ;
-  wire [42:0] \$54 ;
-  wire \$540 ;
-  wire [16:0] \$541 ;
-  wire [16:0] \$542 ;
-  wire [16:0] \$543 ;
+  wire [13:0] \$534 ;
+  wire \$535 ;
+  wire [13:0] \$536 ;
+  wire [9:0] \$537 ;
+  wire \$538 ;
+  wire [15:0] \$539 ;
+  wire \$54 ;
+  wire [9:0] \$540 ;
+  wire \$541 ;
+  wire [3:0] \$542 ;
+  wire \$543 ;
   wire \$544 ;
   wire \$545 ;
   wire \$546 ;
@@ -512,190 +514,311 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$55 ;
   wire \$550 ;
   wire \$551 ;
-  wire [16:0] \$552 ;
-  wire [2:0] \$553 ;
+  wire \$552 ;
+  wire \$553 ;
   wire \$554 ;
   wire \$555 ;
-  wire [32:0] \$556 ;
-  wire [32:0] \$557 ;
+  wire \$556 ;
+  wire \$557 ;
   wire \$558 ;
-  wire [32:0] \$559 ;
+  wire \$559 ;
   wire \$56 ;
   wire \$560 ;
-  wire [16:0] \$561 ;
-  wire [2:0] \$562 ;
-  wire [4:0] \$563 ;
-  wire [4:0] \$564 ;
+  wire [32:0] \$561 ;
+  wire [9:0] \$562 ;
+  wire \$563 ;
+  wire [9:0] \$564 ;
   wire \$565 ;
-  wire [13:0] \$566 ;
-  wire [32:0] \$567 ;
-  wire \$568 ;
-  wire [32:0] \$569 ;
+  wire [12:0] \$566 ;
+  wire [13:0] \$567 ;
+  wire [12:0] \$568 ;
+  wire [13:0] \$569 ;
   wire \$57 ;
-  wire [4:0] \$570 ;
+  wire [14:0] \$570 ;
   wire \$571 ;
-  wire [13:0] \$572 ;
-  wire [32:0] \$573 ;
+  wire [14:0] \$572 ;
+  wire \$573 ;
   wire \$574 ;
-  wire [13:0] \$575 ;
-  wire [32:0] \$576 ;
-  wire \$577 ;
+  wire \$575 ;
+  wire [13:0] \$576 ;
+  wire [32:0] \$577 ;
   wire \$578 ;
-  wire \$579 ;
+  wire [13:0] \$579 ;
   wire \$58 ;
-  wire \$580 ;
-  wire [17:0] \$581 ;
+  wire [32:0] \$580 ;
+  wire \$581 ;
   wire \$582 ;
-  wire [31:0] \$583 ;
-  wire [32:0] \$584 ;
-  wire [31:0] \$585 ;
-  wire [32:0] \$586 ;
-  wire [32:0] \$587 ;
-  wire [33:0] \$588 ;
-  wire \$589 ;
+  wire \$583 ;
+  wire [14:0] \$584 ;
+  wire [3:0] \$585 ;
+  wire [3:0] \$586 ;
+  wire \$587 ;
+  wire \$588 ;
+  wire [1:0] \$589 ;
   wire \$59 ;
-  wire \$590 ;
-  wire [16:0] \$591 ;
+  wire [2:0] \$590 ;
+  wire \$591 ;
   wire \$592 ;
   wire \$593 ;
   wire \$594 ;
   wire \$595 ;
   wire \$596 ;
-  reg [31:0] \$597 ;
-  reg [31:0] \$598 ;
-  reg [19:0] \$599 ;
+  wire [13:0] \$597 ;
+  wire [32:0] \$598 ;
+  wire \$599 ;
   wire \$6 ;
   wire \$60 ;
-  reg \$600 ;
-  reg \$601 ;
-  reg [15:0] \$602 ;
-  reg [31:0] \$603 ;
-  reg [31:0] \$604 ;
-  reg [15:0] \$605 ;
-  reg [31:0] \$606 ;
-  reg [31:0] \$607 ;
-  reg [15:0] \$608 ;
-  reg [31:0] \$609 ;
+  wire \$600 ;
+  wire \$601 ;
+  wire \$602 ;
+  wire \$603 ;
+  wire \$604 ;
+  wire \$605 ;
+  wire [14:0] \$606 ;
+  wire [3:0] \$607 ;
+  wire \$608 ;
+  wire \$609 ;
   wire \$61 ;
-  reg [31:0] \$610 ;
-  reg \$611 ;
-  reg \$612 ;
-  reg [1:0] \$613 ;
-  reg [2:0] \$614 ;
-  reg [31:0] \$615 ;
-  reg \$616 ;
-  reg [15:0] \$617 ;
-  reg [15:0] \$618 ;
-  reg \$619 ;
+  wire \$610 ;
+  wire \$611 ;
+  wire \$612 ;
+  wire \$613 ;
+  wire \$614 ;
+  wire \$615 ;
+  wire \$616 ;
+  wire \$617 ;
+  wire \$618 ;
+  wire \$619 ;
   wire \$62 ;
-  reg [1:0] \$620 ;
-  reg [15:0] \$621 ;
-  reg [15:0] \$622 ;
-  reg [31:0] \$623 ;
-  reg [31:0] \$624 ;
-  reg [31:0] \$625 ;
-  reg [31:0] \$626 ;
-  reg [31:0] \$627 ;
-  reg [31:0] \$628 ;
-  reg [31:0] \$629 ;
+  wire \$620 ;
+  wire \$621 ;
+  wire \$622 ;
+  wire \$623 ;
+  wire \$624 ;
+  wire [13:0] \$625 ;
+  wire [32:0] \$626 ;
+  wire [4:0] \$627 ;
+  wire \$628 ;
+  wire \$629 ;
   wire \$63 ;
-  reg \$630 ;
-  reg \$631 ;
-  reg [7:0] \$632 ;
-  reg [12:0] \$633 ;
-  reg [31:0] \$634 ;
-  reg \$635 ;
-  reg \$636 ;
-  reg \$637 ;
-  reg [4:0] \$638 ;
-  reg [7:0] \$639 ;
+  wire \$630 ;
+  wire \$631 ;
+  wire \$632 ;
+  wire \$633 ;
+  wire \$634 ;
+  wire [1:0] \$635 ;
+  wire [4:0] \$636 ;
+  wire [12:0] \$637 ;
+  wire \$638 ;
+  wire \$639 ;
   wire \$64 ;
-  reg [5:0] \$640 ;
-  reg [255:0] \$641 ;
-  reg [5:0] \$642 ;
-  reg [31:0] \$643 ;
-  reg [5:0] \$644 ;
-  reg [15:0] \$645 ;
-  reg [15:0] \$646 ;
-  reg [15:0] \$647 ;
-  reg [31:0] \$648 ;
-  reg [31:0] \$649 ;
+  wire \$640 ;
+  wire [14:0] \$641 ;
+  wire [13:0] \$642 ;
+  wire [14:0] \$643 ;
+  wire \$644 ;
+  wire \$645 ;
+  wire \$646 ;
+  wire \$647 ;
+  wire \$648 ;
+  wire \$649 ;
   wire \$65 ;
-  reg [31:0] \$650 ;
-  reg [31:0] \$651 ;
-  reg [31:0] \$652 ;
-  reg [31:0] \$653 ;
-  reg [31:0] \$654 ;
-  reg [31:0] \$655 ;
-  reg \$656 ;
-  reg [2:0] \$657 ;
-  reg [31:0] \$658 ;
-  reg \$659 ;
+  wire \$650 ;
+  wire \$651 ;
+  wire [14:0] \$652 ;
+  wire [13:0] \$653 ;
+  wire [2:0] \$654 ;
+  wire \$655 ;
+  wire \$656 ;
+  wire [14:0] \$657 ;
+  wire [14:0] \$658 ;
+  wire \$659 ;
   wire \$66 ;
-  reg [2:0] \$660 ;
-  reg [31:0] \$661 ;
-  reg \$662 ;
-  reg [35:0] \$663 ;
-  reg [3:0] \$664 ;
-  reg [15:0] \$665 ;
-  reg [23:0] \$666 ;
-  reg [31:0] \$667 ;
-  reg [31:0] \$668 ;
-  reg [1:0] \$669 ;
+  wire [14:0] \$660 ;
+  wire \$661 ;
+  wire [14:0] \$662 ;
+  wire [2:0] \$663 ;
+  wire [4:0] \$664 ;
+  wire [4:0] \$665 ;
+  wire \$666 ;
+  wire [13:0] \$667 ;
+  wire [32:0] \$668 ;
+  wire \$669 ;
   wire \$67 ;
-  reg [15:0] \$670 ;
-  reg [15:0] \$671 ;
-  reg \$672 ;
-  reg \$673 ;
-  reg \$674 ;
-  reg \$675 ;
-  reg [15:0] \$676 ;
-  reg [1:0] \$677 ;
-  reg \$678 ;
-  reg \$679 ;
+  wire [32:0] \$670 ;
+  wire [4:0] \$671 ;
+  wire \$672 ;
+  wire \$673 ;
+  wire [13:0] \$674 ;
+  wire [13:0] \$675 ;
+  wire [32:0] \$676 ;
+  wire \$677 ;
+  wire [13:0] \$678 ;
+  wire [32:0] \$679 ;
   wire \$68 ;
-  reg \$680 ;
-  reg [12:0] \$681 ;
-  reg [19:0] \$682 ;
-  reg [31:0] \$683 ;
-  reg [15:0] \$684 ;
-  reg [1:0] \$685 ;
-  reg [31:0] \$686 ;
-  reg [31:0] \$687 ;
-  reg [3:0] \$688 ;
-  reg [3:0] \$689 ;
+  wire \$680 ;
+  wire \$681 ;
+  wire \$682 ;
+  wire \$683 ;
+  wire \$684 ;
+  wire [15:0] \$685 ;
+  wire \$686 ;
+  wire [13:0] \$687 ;
+  wire [14:0] \$688 ;
+  wire [15:0] \$689 ;
   wire \$69 ;
-  reg [15:0] \$690 ;
-  reg [23:0] \$691 ;
-  reg [15:0] \$692 ;
-  reg [16:0] \$693 ;
-  reg \$694 ;
-  reg [31:0] \$695 ;
-  wire [5:0] \$696 ;
-  wire [5:0] \$697 ;
+  wire \$690 ;
+  wire \$691 ;
+  wire [16:0] \$692 ;
+  wire [14:0] \$693 ;
+  wire \$694 ;
+  wire \$695 ;
+  wire \$696 ;
+  wire \$697 ;
+  wire \$698 ;
+  reg [31:0] \$699 ;
   wire [20:0] \$7 ;
   wire \$70 ;
+  reg [31:0] \$700 ;
+  reg [19:0] \$701 ;
+  reg [13:0] \$702 ;
+  reg [13:0] \$703 ;
+  reg [15:0] \$704 ;
+  reg [13:0] \$705 ;
+  reg [13:0] \$706 ;
+  reg [15:0] \$707 ;
+  reg [13:0] \$708 ;
+  reg [13:0] \$709 ;
   wire \$71 ;
+  reg [15:0] \$710 ;
+  reg [13:0] \$711 ;
+  reg [13:0] \$712 ;
+  reg [15:0] \$713 ;
+  reg [13:0] \$714 ;
+  reg [13:0] \$715 ;
+  reg [15:0] \$716 ;
+  reg [32:0] \$717 ;
+  reg [32:0] \$718 ;
+  reg [15:0] \$719 ;
   wire \$72 ;
+  reg \$720 ;
+  reg \$721 ;
+  reg [13:0] \$722 ;
+  reg [12:0] \$723 ;
+  reg [12:0] \$724 ;
+  reg [13:0] \$725 ;
+  reg [12:0] \$726 ;
+  reg [12:0] \$727 ;
+  reg [13:0] \$728 ;
+  reg [12:0] \$729 ;
   wire \$73 ;
-  wire [31:0] \$74 ;
-  wire [17:0] \$744 ;
-  wire \$746 ;
+  reg [12:0] \$730 ;
+  reg \$731 ;
+  reg \$732 ;
+  reg [1:0] \$733 ;
+  reg [2:0] \$734 ;
+  reg [12:0] \$735 ;
+  reg [31:0] \$736 ;
+  reg \$737 ;
+  reg [6:0] \$738 ;
+  reg [12:0] \$739 ;
+  wire \$74 ;
+  reg [14:0] \$740 ;
+  reg \$741 ;
+  reg [1:0] \$742 ;
+  reg [12:0] \$743 ;
+  reg [8:0] \$744 ;
+  reg [12:0] \$745 ;
+  reg [14:0] \$746 ;
+  reg [31:0] \$747 ;
+  reg [31:0] \$748 ;
+  reg [31:0] \$749 ;
   wire \$75 ;
-  wire [17:0] \$751 ;
-  wire \$753 ;
+  reg [31:0] \$750 ;
+  reg [31:0] \$751 ;
+  reg [31:0] \$752 ;
+  reg [31:0] \$753 ;
+  reg \$754 ;
+  reg \$755 ;
+  reg [7:0] \$756 ;
+  reg [12:0] \$757 ;
+  reg [31:0] \$758 ;
+  reg \$759 ;
   wire \$76 ;
-  wire [39:0] \$760 ;
-  wire \$762 ;
-  wire [36:0] \$768 ;
-  wire [31:0] \$77 ;
-  wire \$770 ;
+  reg \$760 ;
+  reg \$761 ;
+  reg [4:0] \$762 ;
+  reg [7:0] \$763 ;
+  reg [5:0] \$764 ;
+  reg [255:0] \$765 ;
+  reg \$766 ;
+  reg [5:0] \$767 ;
+  reg [31:0] \$768 ;
+  reg [5:0] \$769 ;
+  wire \$77 ;
+  reg [13:0] \$770 ;
+  reg [13:0] \$771 ;
+  reg [13:0] \$772 ;
+  reg [12:0] \$773 ;
+  reg [12:0] \$774 ;
+  reg [12:0] \$775 ;
+  reg [12:0] \$776 ;
+  reg [12:0] \$777 ;
+  reg [12:0] \$778 ;
+  reg [13:0] \$779 ;
   wire \$78 ;
+  reg [13:0] \$780 ;
+  reg \$781 ;
+  reg [2:0] \$782 ;
+  reg [13:0] \$783 ;
+  reg \$784 ;
+  reg [2:0] \$785 ;
+  reg [13:0] \$786 ;
+  reg \$787 ;
+  reg [35:0] \$788 ;
+  reg [3:0] \$789 ;
   wire \$79 ;
+  reg [12:0] \$790 ;
+  reg [12:0] \$791 ;
+  reg [15:0] \$792 ;
+  reg [12:0] \$793 ;
+  reg [12:0] \$794 ;
+  reg [13:0] \$795 ;
+  reg [31:0] \$796 ;
+  reg [1:0] \$797 ;
+  reg [13:0] \$798 ;
+  reg [3:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
+  reg \$800 ;
+  reg \$801 ;
+  reg [12:0] \$802 ;
+  reg [12:0] \$803 ;
+  reg \$804 ;
+  reg \$805 ;
+  reg [13:0] \$806 ;
+  reg [1:0] \$807 ;
+  reg \$808 ;
+  reg \$809 ;
   wire \$81 ;
+  reg \$810 ;
+  reg [12:0] \$811 ;
+  reg [19:0] \$812 ;
+  reg [13:0] \$813 ;
+  reg [13:0] \$814 ;
+  reg [1:0] \$815 ;
+  reg [13:0] \$816 ;
+  reg [13:0] \$817 ;
+  reg [3:0] \$818 ;
+  reg [3:0] \$819 ;
   wire \$82 ;
+  reg [15:0] \$820 ;
+  reg [13:0] \$821 ;
+  reg [14:0] \$822 ;
+  reg \$823 ;
+  reg [12:0] \$824 ;
+  wire [5:0] \$825 ;
+  wire [5:0] \$826 ;
   wire \$83 ;
   wire \$84 ;
   wire \$85 ;
@@ -711,12 +834,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$94 ;
   wire \$95 ;
   wire \$96 ;
-  wire [7:0] \$960 ;
-  wire [7:0] \$964 ;
   wire \$97 ;
-  wire [7:0] \$972 ;
-  wire [7:0] \$977 ;
-  wire \$98 ;
+  wire [9:0] \$98 ;
   wire \$99 ;
   wire \$signal ;
   wire \$signal$103 ;
@@ -726,76 +845,87 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] \$signal$119  = 32'd0;
   reg [31:0] \$signal$121  = 32'd0;
   reg [15:0] \$signal$130  = 16'h0000;
-  reg [3:0] \$signal$133  = 4'h0;
-  reg [47:0] \$signal$140 ;
-  reg [47:0] \$signal$141 ;
-  reg \$signal$143  = 1'h0;
-  reg \$signal$145  = 1'h0;
-  reg [23:0] \$signal$146  = 24'h000000;
-  reg [31:0] \$signal$151  = 32'd0;
-  reg [31:0] \$signal$153  = 32'd0;
+  reg [13:0] \$signal$138 ;
+  reg [13:0] \$signal$140 ;
+  reg [13:0] \$signal$141  = 14'h0000;
+  reg \$signal$142  = 1'h0;
+  reg \$signal$144  = 1'h0;
+  reg [12:0] \$signal$145  = 13'h0000;
+  reg [12:0] \$signal$151  = 13'h0000;
+  reg [12:0] \$signal$153  = 13'h0000;
   reg \$signal$155  = 1'h0;
   reg [31:0] \$signal$159  = 32'd0;
   (* init = 6'h00 *)
   wire [5:0] \$signal$161 ;
   reg \$signal$168  = 1'h0;
-  reg \$signal$179 ;
+  wire [31:0] \$signal$175 ;
+  reg [5:0] \$signal$176  = 6'h00;
+  wire [31:0] \$signal$178 ;
+  reg \$signal$181 ;
   (* init = 1'h0 *)
-  wire \$signal$199 ;
-  reg [15:0] \$signal$209  = 16'h0000;
-  reg [15:0] \$signal$210  = 16'h0000;
-  reg [15:0] \$signal$213  = 16'h0000;
-  reg [15:0] \$signal$215  = 16'h0000;
-  reg [31:0] \$signal$232  = 32'd0;
-  reg \$signal$235  = 1'h0;
-  reg [31:0] \$signal$236  = 32'd0;
-  reg [31:0] \$signal$237  = 32'd0;
-  reg [2:0] \$signal$238  = 3'h0;
-  reg \$signal$239  = 1'h0;
-  reg [2:0] \$signal$240  = 3'h0;
-  reg [31:0] \$signal$241  = 32'd0;
-  reg \$signal$242  = 1'h0;
-  reg [3:0] \$signal$244  = 4'h0;
+  wire \$signal$200 ;
+  reg [14:0] \$signal$213  = 15'h0000;
+  reg [12:0] \$signal$214  = 13'h0000;
+  reg [12:0] \$signal$217  = 13'h0000;
+  reg [14:0] \$signal$220  = 15'h0000;
+  reg [3:0] \$signal$240  = 4'h0;
+  reg [13:0] \$signal$241  = 14'h0000;
+  reg \$signal$244  = 1'h0;
+  reg [13:0] \$signal$245  = 14'h0000;
+  reg [31:0] \$signal$246  = 32'd0;
+  reg [2:0] \$signal$247  = 3'h0;
   reg \$signal$248  = 1'h0;
-  reg \$signal$249  = 1'h0;
-  reg [15:0] \$signal$251  = 16'h0000;
-  reg [15:0] \$signal$252  = 16'h0000;
+  reg [2:0] \$signal$249  = 3'h0;
+  reg [13:0] \$signal$250  = 14'h0000;
+  reg \$signal$251  = 1'h0;
+  reg [3:0] \$signal$253  = 4'h0;
   reg \$signal$257  = 1'h0;
-  reg [15:0] \$signal$259  = 16'h0000;
-  reg [19:0] \$signal$261  = 20'h00000;
-  wire [2:0] \$signal$261.index ;
-  wire \$signal$261.last ;
-  wire [15:0] \$signal$261.weight ;
-  reg [31:0] \$signal$262  = 32'd0;
-  reg [31:0] \$signal$263  = 32'd0;
-  reg [15:0] \$signal$264  = 16'h0000;
-  reg [31:0] \$signal$265  = 32'd0;
-  reg [15:0] \$signal$267  = 16'h0000;
-  reg [16:0] \$signal$268  = 17'h00000;
-  reg [15:0] \$signal$269  = 16'h0000;
-  reg \$signal$270  = 1'h0;
-  reg [31:0] \$signal$271  = 32'd0;
-  reg \$signal$275  = 1'h0;
-  reg [31:0] \$signal$282  = 32'd0;
-  reg [31:0] \$signal$284  = 32'd0;
-  reg [31:0] \$signal$287  = 32'd0;
-  reg [31:0] \$signal$289  = 32'd0;
+  reg \$signal$258  = 1'h0;
+  reg [12:0] \$signal$260  = 13'h0000;
+  reg [3:0] \$signal$261  = 4'h0;
+  reg \$signal$266  = 1'h0;
+  reg [12:0] \$signal$268  = 13'h0000;
+  reg [19:0] \$signal$270  = 20'h00000;
+  wire [2:0] \$signal$270.index ;
+  wire \$signal$270.last ;
+  wire [15:0] \$signal$270.weight ;
+  reg [13:0] \$signal$271  = 14'h0000;
+  reg [12:0] \$signal$272  = 13'h0000;
+  reg [13:0] \$signal$273  = 14'h0000;
+  reg [13:0] \$signal$274  = 14'h0000;
+  reg [12:0] \$signal$275  = 13'h0000;
+  reg [13:0] \$signal$276  = 14'h0000;
+  reg [3:0] \$signal$277  = 4'h0;
+  reg [15:0] \$signal$278  = 16'h0000;
+  reg [14:0] \$signal$279  = 15'h0000;
+  reg [12:0] \$signal$280  = 13'h0000;
+  reg \$signal$281  = 1'h0;
+  reg [12:0] \$signal$282  = 13'h0000;
   reg \$signal$292  = 1'h0;
-  reg [31:0] \$signal$298  = 32'd0;
-  reg [1:0] \$signal$303  = 2'h0;
-  reg \$signal$306  = 1'h0;
-  wire [-1:0] \$signal$307 ;
-  reg \$signal$308  = 1'h0;
-  reg [1:0] \$signal$312  = 2'h0;
+  reg [12:0] \$signal$299  = 13'h0000;
+  reg [12:0] \$signal$301  = 13'h0000;
+  reg [12:0] \$signal$304  = 13'h0000;
+  reg [12:0] \$signal$306  = 13'h0000;
+  reg \$signal$309  = 1'h0;
+  reg [6:0] \$signal$312  = 7'h00;
+  reg [8:0] \$signal$314  = 9'h000;
+  reg [13:0] \$signal$319  = 14'h0000;
+  reg [1:0] \$signal$324  = 2'h0;
+  reg [13:0] \$signal$327  = 14'h0000;
+  reg \$signal$328  = 1'h0;
+  reg [13:0] \$signal$329  = 14'h0000;
+  wire [-1:0] \$signal$330 ;
+  reg \$signal$331  = 1'h0;
+  reg [1:0] \$signal$335  = 2'h0;
   reg [12:0] \$signature__addr ;
   reg [12:0] \$signature__addr$152 ;
-  reg [5:0] \$signature__addr$228 ;
+  reg [5:0] \$signature__addr$229 ;
   wire [31:0] \$signature__data ;
   wire [31:0] \$signature__data$166 ;
-  wire [255:0] \$signature__data$297 ;
+  wire [255:0] \$signature__data$318 ;
   reg \$signature__en ;
   reg \$signature__en$157 ;
-  reg \$signature__en$229 ;
+  reg \$signature__en$230 ;
   reg [31:0] a_in__payload = 32'd0;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -811,7 +941,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [7:0] \b_in__payload[3] ;
   wire b_in__ready;
   reg b_in__valid;
-  reg [39:0] beats;
+  reg [14:0] beats;
   reg [2:0] bias_addr;
   reg [15:0] bias_data;
   reg bias_we;
@@ -892,9 +1022,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \cmd__payload.store ;
   wire cmd__ready;
   reg cmd__valid;
-  reg [15:0] cnt0 = 16'h0000;
-  reg [15:0] cnt1 = 16'h0000;
-  reg [15:0] cnt2 = 16'h0000;
+  reg [13:0] cnt0 = 14'h0000;
+  reg [13:0] cnt1 = 14'h0000;
+  reg [13:0] cnt2 = 14'h0000;
   reg [4:0] ctrl_state = 5'h00;
   reg [5:0] cur_unit = 6'h00;
   reg [7:0] decode_err;
@@ -903,9 +1033,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$301 ;
+  wire \error$322 ;
   reg exp_active = 1'h0;
   reg [1:0] gc_lane = 2'h0;
+  reg [12:0] gc_wstart = 13'h0000;
   reg gemm_run;
   reg gm_afeed_done = 1'h0;
   reg [1:0] gm_cap_lane = 2'h0;
@@ -916,8 +1047,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [7:0] \gm_word[1] ;
   wire [7:0] \gm_word[2] ;
   wire [7:0] \gm_word[3] ;
-  wire [65:0] hi_sat;
-  wire [63:0] host_eff;
+  reg [12:0] gm_wstart = 13'h0000;
   reg [31:0] host_size = 32'd0;
   wire [31:0] i__payload;
   wire [15:0] \i__payload$164 ;
@@ -932,16 +1062,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \i__payload$167.last ;
   wire [31:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$184 ;
-  wire \i__ready$188 ;
-  wire \i__ready$192 ;
+  wire \i__ready$185 ;
+  wire \i__ready$189 ;
+  wire \i__ready$193 ;
   reg i__valid;
-  reg \i__valid$183 ;
-  reg \i__valid$187 ;
-  reg \i__valid$191 ;
-  reg [15:0] idx0 = 16'h0000;
-  reg [15:0] idx1 = 16'h0000;
-  reg [15:0] idx2 = 16'h0000;
+  reg \i__valid$184 ;
+  reg \i__valid$188 ;
+  reg \i__valid$192 ;
+  reg [13:0] idx0 = 14'h0000;
+  reg [13:0] idx1 = 14'h0000;
+  reg [13:0] idx2 = 14'h0000;
   reg [5:0] im_wr__addr;
   wire [255:0] im_wr__data;
   reg [7:0] im_wr__en;
@@ -962,7 +1092,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [5:0] \ins.width ;
   output irq;
   wire irq;
-  wire [31:0] ln;
+  reg [13:0] l0_acc = 14'h0000;
+  reg [13:0] l0_x = 14'h0000;
+  reg [15:0] l0_y = 16'h0000;
+  reg [13:0] l1_acc = 14'h0000;
+  reg [13:0] l1_x = 14'h0000;
+  reg [15:0] l1_y = 16'h0000;
+  reg [13:0] l2_acc = 14'h0000;
+  reg [13:0] l2_x = 14'h0000;
+  reg [15:0] l2_y = 16'h0000;
+  reg [13:0] l3_acc = 14'h0000;
+  reg [13:0] l3_x = 14'h0000;
+  reg [15:0] l3_y = 16'h0000;
+  reg [13:0] l4_acc = 14'h0000;
+  reg [13:0] l4_x = 14'h0000;
+  reg [15:0] l4_y = 16'h0000;
+  reg [32:0] lh_acc = 33'h000000000;
+  reg [32:0] lh_x = 33'h000000000;
+  reg [15:0] lh_y = 16'h0000;
   wire [2:0] load_addr;
   wire load_clear;
   wire [15:0] load_data;
@@ -1025,27 +1172,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   output m_axi__wvalid;
   wire m_axi__wvalid;
   wire [15:0] m_eff;
-  wire [15:0] mb;
   wire [15:0] mult;
   wire [15:0] n;
-  wire [15:0] nb;
-  wire [47:0] nbytes;
-  wire [31:0] o__payload;
-  wire [12:0] \o__payload$186 ;
-  wire [12:0] \o__payload$186[0] ;
-  wire [15:0] \o__payload$190 ;
-  wire [15:0] \o__payload$190[0] ;
-  wire [15:0] \o__payload$194 ;
-  wire [31:0] \o__payload[0] ;
+  wire [12:0] o__payload;
+  wire [15:0] \o__payload$191 ;
+  wire [15:0] \o__payload$191[0] ;
+  wire [15:0] \o__payload$195 ;
+  wire [31:0] \o__payload$203 ;
+  wire [31:0] \o__payload$203[0] ;
+  wire [12:0] \o__payload[0] ;
   wire o__ready;
   wire \o__ready$172 ;
   wire \o__ready$173 ;
   wire \o__ready$174 ;
   wire o__valid;
-  wire \o__valid$185 ;
-  wire \o__valid$189 ;
-  wire \o__valid$193 ;
-  reg [23:0] offset = 24'h000000;
+  wire \o__valid$186 ;
+  wire \o__valid$190 ;
+  wire \o__valid$194 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -1053,8 +1196,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [1:0] op;
   reg [31:0] out_data;
   reg [12:0] pc = 13'h0000;
+  reg ph2 = 1'h0;
   wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$222 ;
+  wire [31:0] \rd_addr$224 ;
   wire [23:0] rd_beats;
   wire rd_busy;
   reg [31:0] rd_data;
@@ -1069,7 +1213,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [15:0] \routes__payload.weight ;
   reg routes__ready;
   wire routes__valid;
-  reg [5:0] rq_width = 6'h00;
+  wire [31:0] rq_sat;
   reg [19:0] rsel = 20'h00000;
   input rst;
   wire rst;
@@ -1116,18 +1260,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [3:0] s_axil__wstrb;
   input s_axil__wvalid;
   wire s_axil__wvalid;
-  reg [31:0] sa0 = 32'd0;
-  reg [31:0] sa1 = 32'd0;
-  reg [31:0] sa2 = 32'd0;
-  reg [31:0] sb0 = 32'd0;
-  reg [31:0] sb1 = 32'd0;
-  reg [31:0] sb2 = 32'd0;
-  reg [3:0] scan = 4'h0;
+  reg [12:0] sa0 = 13'h0000;
+  reg [12:0] sa1 = 13'h0000;
+  reg [12:0] sa2 = 13'h0000;
+  reg [12:0] sb0 = 13'h0000;
+  reg [12:0] sb1 = 13'h0000;
+  reg [12:0] sb2 = 13'h0000;
   reg [12:0] scores__payload;
   wire [12:0] \scores__payload[0] ;
   wire scores__ready;
   reg scores__valid;
-  reg [31:0] scores_len = 32'd0;
+  reg [13:0] scores_len = 14'h0000;
   reg shape_ok;
   reg [5:0] shift = 6'h00;
   (* init = 36'h000000000 *)
@@ -1136,14 +1279,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [3:0] \st_beat.strb ;
   wire [31:0] status;
   reg [7:0] stop_code = 8'h00;
-  wire [31:0] tk;
   reg unit_rst;
-  reg [47:0] wc;
+  reg [13:0] wc;
   reg [12:0] wr__addr;
   reg [31:0] wr__data;
   reg wr__en;
   wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$223 ;
+  wire [31:0] \wr_addr$225 ;
   wire [23:0] wr_beats;
   wire wr_busy;
   wire [31:0] wr_data;
@@ -1241,11 +1383,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   reg [255:0] _0_;
   always @(posedge clk) begin
-    if (\$signature__en$229 ) begin
-      _0_ <= imem[\$signature__addr$228 ];
+    if (\$signature__en$230 ) begin
+      _0_ <= imem[\$signature__addr$229 ];
     end
   end
-  assign \$signature__data$297  = _0_;
+  assign \$signature__data$318  = _0_;
   reg [31:0] spad [8191:0];
   initial begin
     spad[0] = 32'd0;
@@ -9457,527 +9599,751 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   assign \$signature__data$166  = _1_;
   assign i__payload = _2_;
-  assign \$272  = ins[243:238] == 1'h1;
-  assign \$1001  = \$signal$238  * 4'h8;
-  assign \$273  = \$signal$237  >> \$1001 ;
-  assign \$274  = ins[243:238] == 2'h2;
-  assign \$1005  = \$signal$238  * 5'h10;
-  assign \$275  = \$signal$237  >> \$1005 ;
-  assign \$1008  = \$signal$238  * 6'h20;
-  assign \$276  = \$signal$237  >> \$1008 ;
-  assign \$277  = \$274  ? { \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275 [15], \$275  } : \$276 ;
-  assign \$278  = \$272  ? { \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273 [7], \$273  } : \$277 ;
-  assign \$279  = ~ \$signal$239 ;
-  assign \$280  = \$signal$240  < 1'h1;
-  assign \$281  = \$279  & \$280 ;
-  assign \$282  = \$signal$241  < ln;
-  assign \$283  = \$281  & \$282 ;
-  assign \$284  = ~ \$signal$242 ;
-  assign \$285  = \$283  & \$284 ;
-  assign \$286  = ins[87:64] + \$signal$241 ;
-  assign \$287  = ins[111:88] + \$signal$244 ;
-  assign \$288  = | \$signal$244 ;
-  assign \$289  = \$signal$244  - 1'h1;
+  assign \$169  = ! ins[111:102];
+  assign \$170  = ins[101:88] + \$signal$140 ;
+  assign \$171  = \$170  <= 14'h2000;
+  assign \$172  = \$169  & \$171 ;
+  assign \$173  = \$168  | \$172 ;
+  assign \$174  = \$167  & \$173 ;
+  assign \$175  = ! wc;
+  assign \$176  = ! ins[135:126];
+  assign \$177  = ins[125:112] + wc;
+  assign \$178  = \$177  <= 14'h2000;
+  assign \$179  = \$176  & \$178 ;
+  assign \$180  = \$175  | \$179 ;
+  assign \$181  = \$174  & \$180 ;
+  assign \$182  = ~ \$181 ;
+  assign \$183  = \$161  & \$182 ;
+  assign \$184  = ins[5:0] == 1'h1;
+  assign \$185  = ins[5:0] == 2'h2;
+  assign \$186  = \$184  | \$185 ;
+  assign \$187  = ins[5:0] == 2'h3;
+  assign \$188  = \$186  | \$187 ;
+  assign \$189  = ! lh_acc[1:0];
+  assign \$190  = lh_acc >= \$signal$119 ;
+  assign \$191  = \$189  & \$190 ;
+  assign \$193  = lh_acc + \$192 ;
+  assign \$194  = \$signal$119  + host_size;
+  assign \$195  = \$193  <= \$194 ;
+  assign \$196  = \$191  & \$195 ;
+  assign \$197  = ~ \$196 ;
+  assign \$198  = \$188  & \$197 ;
+  assign \$199  = ~ \$signal$155 ;
+  assign \$200  = \$199  | eng_ready;
+  assign \$201  = ~ \$signal$155 ;
+  assign \$202  = \$201  | eng_ready;
+  assign \$203  = ins[5:0] == 4'hc;
+  assign \$204  = \$203  ? { 1'h0, \$signature__data$166 [15:0] } : { \$signature__data$166 [15], \$signature__data$166 [15:0] };
+  assign \$205  = ins[5:0] == 4'hd;
+  assign \$206  = ins[5:0] == 4'hc;
+  assign \$207  = \$206  ? 2'h1 : 2'h0;
+  assign op = \$205  ? 2'h2 : \$207 ;
+  assign \$208  = \$signal$176  > 1'h1;
+  assign \$209  = \$signal$176  > 2'h2;
+  assign \$210  = \$signal$176  > 2'h3;
+  assign \$211  = \$signal$176  > 3'h4;
+  assign \$212  = \$signal$176  > 3'h5;
+  assign \$213  = \$signal$176  > 3'h6;
+  assign \$214  = \$signal$176  > 3'h7;
+  assign \$215  = \$signal$176  > 4'h8;
+  assign \$216  = \$signal$176  > 4'h9;
+  assign \$217  = \$signal$176  > 4'ha;
+  assign \$218  = \$signal$176  > 4'hb;
+  assign \$219  = \$signal$176  > 4'hc;
+  assign \$220  = \$signal$176  > 4'hd;
+  assign \$221  = \$signal$176  > 4'he;
+  assign \$222  = \$signal$176  > 4'hf;
+  assign \$223  = \$signal$176  > 5'h10;
+  assign \$224  = \$signal$176  > 5'h11;
+  assign \$225  = \$signal$176  > 5'h12;
+  assign \$226  = \$signal$176  > 5'h13;
+  assign \$227  = \$signal$176  > 5'h14;
+  assign \$228  = \$signal$176  > 5'h15;
+  assign \$229  = \$signal$176  > 5'h16;
+  assign \$230  = \$signal$176  > 5'h17;
+  assign \$231  = \$signal$176  > 5'h18;
+  assign \$232  = \$signal$176  > 5'h19;
+  assign \$233  = \$signal$176  > 5'h1a;
+  assign \$234  = \$signal$176  > 5'h1b;
+  assign \$235  = \$signal$176  > 5'h1c;
+  assign \$236  = \$signal$176  > 5'h1d;
+  assign \$237  = \$signal$176  > 5'h1e;
+  assign \$238  = \$signal$176  > 5'h1f;
+  assign \$239  = $signed(\$signal$178 ) > $signed({ 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208  });
+  assign \$240  = ~ { 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208  };
+  assign \$241  = $signed(\$signal$178 ) < $signed(\$240 );
+  assign \$242  = ~ { 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208  };
+  assign \$243  = \$241  ? \$242  : \$signal$178 ;
+  assign rq_sat = \$239  ? { 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208  } : \$243 ;
+  assign \$244  = | \$signal$176 ;
+  assign \$245  = \$244  ? \$signal$159  : 32'd1;
+  assign \$246  = | \$signal$176 ;
+  assign \$247  = \$246  ? shift : 6'h00;
+  assign \$248  = ins[5:0] == 2'h3;
+  assign \$1082  = gc_lane * 6'h20;
+  assign \$249  = c_out__payload >> \$1082 ;
+  assign \$signal$178  = \$248  ? \$249  : \o__payload$203 ;
+  assign \$250  = ~ a_in__valid;
+  assign \$251  = ~ gm_afeed_done;
+  assign \$252  = \$250  & \$251 ;
+  assign \$253  = gm_lane == 3'h4;
+  assign \$254  = \$signal$213  + gm_lane;
+  assign \$255  = \$254  >= m_eff[13:0];
+  assign \$256  = \$253  | \$255 ;
+  assign \$257  = ~ \$256 ;
+  assign \$258  = \$252  & \$257 ;
+  assign \$259  = | \$signal$176 ;
+  assign \$1096  = gc_lane * 6'h20;
+  assign \$260  = c_out__payload >> \$1096 ;
+  assign \$261  = \$259  ? rq_sat : \$260 ;
+  assign \$262  = gc_lane == 2'h3;
+  assign \$263  = \$signal$220  + gc_lane;
+  assign \$264  = \$263  + 1'h1;
+  assign \$265  = \$264  >= m_eff[13:0];
+  assign \$266  = \$262  | \$265 ;
+  assign \$267  = pc >= 7'h40;
+  assign \$268  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$269  = ins[5:0] == 4'hc;
+  assign \$270  = ~ ph2;
+  assign \$271  = \$269  & \$270 ;
+  assign \$272  = ! ins[5:0];
+  assign \$273  = | decode_err;
+  assign \$275  = ins[100:88] + \$274 ;
+  assign \$277  = ins[100:88] + \$276 ;
+  assign \$278  = \$277  + 1'h1;
+  assign \$279  = ins[124:112] + \$signal$241 ;
+  assign \$280  = ~ \$signal$244 ;
+  assign \$281  = \$signal$245  < l0_acc;
+  assign \$282  = ins[124:112] + \$signal$245 ;
+  assign \$283  = ins[243:238] == 1'h1;
+  assign \$1122  = \$signal$247  * 4'h8;
+  assign \$284  = \$signal$246  >> \$1122 ;
+  assign \$285  = ins[243:238] == 2'h2;
+  assign \$1126  = \$signal$247  * 5'h10;
+  assign \$286  = \$signal$246  >> \$1126 ;
+  assign \$1129  = \$signal$247  * 6'h20;
+  assign \$287  = \$signal$246  >> \$1129 ;
+  assign \$288  = \$285  ? { \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286  } : \$287 ;
+  assign \$289  = \$283  ? { \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284  } : \$288 ;
   assign \$290  = ~ \$signal$248 ;
-  assign \$291  = ~ \$signal$249 ;
+  assign \$291  = \$signal$249  < 1'h1;
   assign \$292  = \$290  & \$291 ;
-  assign \$293  = rt_lane < 1'h1;
+  assign \$293  = \$signal$250  < l0_acc;
   assign \$294  = \$292  & \$293 ;
-  assign \$295  = \$signal$251  * 4'h8;
-  assign \$296  = ins[87:64] + \$295 ;
-  assign \$297  = \$signal$252  * 1'h1;
-  assign \$298  = \$297  + rt_lane;
-  assign \$299  = \$296  + \$298 ;
-  assign \$300  = ~ \$signal$257 ;
-  assign \$301  = ~ rt_wphase;
-  assign \$302  = \$signal$257  & \$301 ;
-  assign \$303  = \$signal$259  * 2'h2;
-  assign \$304  = ins[135:112] + \$303 ;
-  assign \$305  = \$304  + rt_s;
-  assign \$306  = \$signal$257  & rt_wphase;
-  assign \$307  = \$signal$259  * 2'h2;
-  assign \$308  = ins[135:112] + \$307 ;
-  assign \$309  = \$308  + rt_s;
-  assign \$310  = \$309  + \$259 ;
-  assign \$311  = ins[135:112] + \$signal$262 ;
-  assign \$312  = i__payload == \$signal$244 ;
-  assign \$313  = 2'h2 * \$259 ;
-  assign \$314  = ins[135:112] + \$313 ;
-  assign \$315  = \$314  + 5'h10;
-  assign \$316  = \$315  + \$signal$263 ;
-  assign \$317  = 2'h3 * \$259 ;
-  assign \$318  = ins[135:112] + \$317 ;
-  assign \$319  = \$318  + 5'h10;
-  assign \$320  = \$319  + \$signal$263 ;
-  assign \$321  = \$signal$262  + 1'h1;
-  assign \$322  = \$321  < \$259 ;
-  assign \$323  = 2'h2 * \$259 ;
-  assign \$324  = ins[135:112] + \$323 ;
-  assign \$325  = \$324  + \$signal$244 ;
-  assign \$326  = \$signal$263  - \$signal$265 ;
-  assign \$327  = 2'h2 * \$259 ;
-  assign \$328  = ins[135:112] + \$327 ;
-  assign \$329  = \$328  + 4'h8;
-  assign \$330  = \$329  + \$signal$244 ;
-  assign \$331  = scan >= 4'h8;
-  assign \$332  = ins[87:64] + scan;
-  assign \$333  = ins[87:64] + 4'h8;
-  assign \$334  = \$333  + scan;
-  assign \$335  = \$signal$267  >= \$signal$130 ;
-  assign \$336  = ins[111:88] + offset;
-  assign \$337  = \$336  + \$signal$267 ;
-  assign \$338  = \$signal$268  < ins[63:48];
-  assign \$339  = ins[5:0] == 4'ha;
-  assign \$340  = \$signal$269  * ins[63:48];
-  assign \$341  = ins[87:64] + \$340 ;
-  assign \$342  = \$signal$267  * ins[63:48];
-  assign \$343  = ins[87:64] + \$342 ;
-  assign \$344  = \$339  ? \$341  : \$343 ;
-  assign \$345  = \$344  + \$signal$268 ;
-  assign \$346  = ~ \$signal$108 ;
-  assign \$347  = \$signal$103  & \$346 ;
-  assign \$348  = ! ctrl_state;
-  assign \$349  = ctrl_state == 1'h1;
-  assign \$350  = ctrl_state == 2'h2;
-  assign \$351  = ctrl_state == 2'h3;
-  assign \$352  = ctrl_state == 3'h4;
-  assign \$353  = ctrl_state == 3'h5;
-  assign \$354  = ctrl_state == 3'h6;
-  assign \$355  = ctrl_state == 3'h7;
-  assign \$356  = ctrl_state == 4'h8;
-  assign \$357  = ctrl_state == 4'h9;
-  assign \$358  = ctrl_state == 4'ha;
-  assign \$359  = ctrl_state == 4'hb;
-  assign \$360  = ctrl_state == 4'hc;
-  assign \$361  = ctrl_state == 4'hd;
-  assign \$362  = ctrl_state == 4'he;
-  assign \$363  = ctrl_state == 4'hf;
-  assign \$364  = ctrl_state == 5'h10;
-  assign \$365  = ctrl_state == 5'h11;
-  assign \$366  = ctrl_state == 5'h12;
-  assign \$367  = ctrl_state == 5'h13;
-  assign \$368  = ctrl_state == 5'h14;
-  assign \$369  = ctrl_state == 5'h15;
-  assign \$370  = ctrl_state == 5'h16;
-  assign \$371  = ctrl_state == 5'h17;
-  assign \$372  = ctrl_state == 5'h18;
-  assign \$373  = wr_addr == 4'hc;
-  assign \$374  = wr_en & \$373 ;
-  assign \$375  = wr_addr == 5'h10;
-  assign \$376  = wr_en & \$375 ;
-  assign \$377  = ~ \$signal$155 ;
-  assign \$378  = \$377  | eng_ready;
-  assign \$379  = cnt0 - 1'h1;
-  assign \$380  = idx0 == \$379 ;
-  assign \$381  = idx0 + 1'h1;
-  assign \$382  = \$381  < cnt0;
-  assign \$383  = idx1 + 1'h1;
-  assign \$384  = \$383  < cnt1;
-  assign \$385  = idx0 + 1'h1;
-  assign \$386  = \$signal$151  + sa0;
-  assign \$387  = \$signal$153  + sb0;
-  assign \$388  = idx1 + 1'h1;
-  assign \$389  = \$signal$282  + sa1;
-  assign \$390  = \$signal$282  + sa1;
-  assign \$391  = \$signal$284  + sb1;
-  assign \$392  = \$signal$284  + sb1;
-  assign \$393  = idx2 + 1'h1;
-  assign \$394  = \$signal$287  + sa2;
-  assign \$395  = \$signal$287  + sa2;
-  assign \$396  = \$signal$287  + sa2;
-  assign \$397  = \$signal$289  + sb2;
-  assign \$398  = \$signal$289  + sb2;
-  assign \$399  = \$signal$289  + sb2;
-  assign \$400  = idx2 + 1'h1;
-  assign \$401  = \$400  >= cnt2;
-  assign \$402  = ~ a_in__valid;
-  assign \$403  = ~ gm_afeed_done;
-  assign \$404  = \$402  & \$403 ;
-  assign \$405  = gm_lane == 3'h4;
-  assign \$406  = \$signal$209  * 3'h4;
-  assign \$407  = \$406  + gm_lane;
-  assign \$408  = \$407  >= m_eff;
-  assign \$409  = \$405  | \$408 ;
-  assign \$410  = ~ \$409 ;
-  assign \$411  = \$404  & \$410 ;
-  assign \$412  = gm_lane + 1'h1;
-  assign \$413  = ~ a_in__valid;
-  assign \$414  = ~ gm_afeed_done;
-  assign \$415  = \$413  & \$414 ;
-  assign \$416  = gm_lane == 3'h4;
-  assign \$417  = \$signal$209  * 3'h4;
-  assign \$418  = \$417  + gm_lane;
-  assign \$419  = \$418  >= m_eff;
-  assign \$420  = \$416  | \$419 ;
-  assign \$421  = \$415  & \$420 ;
-  assign \$422  = a_in__valid & a_in__ready;
-  assign \$423  = \$signal$210  + 1'h1;
-  assign \$424  = \$423  < ins[47:32];
-  assign \$425  = \$signal$210  + 1'h1;
-  assign \$426  = \$signal$209  + 1'h1;
-  assign \$427  = \$signal$209  + 1'h1;
-  assign \$428  = \$427  >= \$44 [15:0];
-  assign \$429  = gc_lane + 1'h1;
-  assign \$430  = gc_lane == 2'h3;
-  assign \$431  = \$signal$213  * 3'h4;
-  assign \$432  = \$431  + gc_lane;
-  assign \$433  = \$432  + 1'h1;
-  assign \$434  = \$433  >= m_eff;
-  assign \$435  = \$430  | \$434 ;
-  assign \$436  = \$signal$215  + 1'h1;
-  assign \$437  = \$436  < ins[63:48];
-  assign \$438  = \$signal$215  + 1'h1;
-  assign \$439  = \$signal$213  + 1'h1;
-  assign \$440  = \$signal$118  + 1'h1;
-  assign \$441  = busy_dma + 1'h1;
-  assign \$442  = busy_gemm + 1'h1;
-  assign \$443  = busy_act + 1'h1;
-  assign \$444  = busy_route + 1'h1;
-  assign \$445  = busy_vector + 1'h1;
-  assign \$446  = busy_move + 1'h1;
-  assign \$447  = pc >= 7'h40;
-  assign \$448  = ! ins[5:0];
-  assign \$449  = | decode_err;
-  assign \$450  = ins[5:0] == 1'h1;
-  assign \$451  = ins[5:0] == 2'h2;
-  assign \$452  = ins[5:0] == 2'h3;
-  assign \$453  = ins[5:0] == 3'h4;
-  assign \$454  = ins[5:0] == 3'h5;
-  assign \$455  = ins[5:0] == 3'h6;
-  assign \$456  = ins[5:0] == 4'h8;
-  assign \$457  = ins[5:0] == 3'h7;
-  assign \$458  = ins[5:0] == 4'hc;
-  assign \$459  = ins[5:0] == 4'hd;
-  assign \$460  = ins[5:0] == 4'ha;
-  assign \$461  = ins[5:0] == 4'hb;
-  assign \$462  = \$signal$121  + 1'h1;
-  assign \$465  = ins[47:32] * ins[63:48];
-  assign \$468  = ins[5:0] == 2'h3;
-  assign \$469  = \$signal$232  + 1'h1;
-  assign \$470  = \$signal$232  == \$signal$298 ;
-  assign \$471  = eng_run & \$470 ;
-  assign \$472  = ins[5:0] == 3'h5;
-  assign \$473  = pc + 1'h1;
-  assign \$474  = \$signal$121  + 1'h1;
-  assign \$475  = ~ rd_busy;
-  assign \$476  = pc + 1'h1;
-  assign \$477  = \$signal$121  + 1'h1;
-  assign \$478  = ~ \$signal$235 ;
-  assign \$479  = rd_data__valid & \$478 ;
-  assign \$480  = \$signal$236  < ln;
-  assign \$481  = \$signal$236  + 1'h1;
-  assign \$482  = \$signal$238  + 1'h1;
-  assign \$483  = \$signal$238  + 1'h1;
-  assign \$484  = ins[243:238] == 1'h1;
-  assign \$485  = ins[243:238] == 2'h2;
-  assign \$486  = \$485  ? 2'h2 : 2'h1;
-  assign \$487  = \$484  ? 3'h4 : { 1'h0, \$486  };
-  assign \$488  = \$483  >= \$487 ;
-  assign \$489  = ~ rd_busy;
-  assign \$490  = ~ \$signal$235 ;
-  assign \$491  = \$489  & \$490 ;
-  assign \$492  = \$signal$236  >= ln;
-  assign \$493  = \$491  & \$492 ;
-  assign \$494  = pc + 1'h1;
-  assign \$495  = \$signal$121  + 1'h1;
-  assign \$496  = ~ \$signal$239 ;
-  assign \$497  = \$signal$240  < 1'h1;
-  assign \$498  = \$496  & \$497 ;
-  assign \$499  = \$signal$241  < ln;
-  assign \$500  = \$498  & \$499 ;
-  assign \$501  = ~ \$signal$242 ;
-  assign \$502  = \$500  & \$501 ;
-  assign \$503  = \$signal$241  + 1'h1;
-  assign \$504  = \$signal$240  + 1'h1;
-  assign \$505  = ~ \$signal$239 ;
-  assign \$506  = ~ \$signal$242 ;
-  assign \$507  = \$505  & \$506 ;
-  assign \$508  = | \$signal$240 ;
-  assign \$509  = \$507  & \$508 ;
-  assign \$510  = \$signal$240  == 1'h1;
-  assign \$511  = \$signal$241  >= ln;
-  assign \$512  = \$510  | \$511 ;
-  assign \$513  = \$509  & \$512 ;
-  assign \$514  = wr_data__valid & wr_data__ready;
-  assign \$515  = ~ wr_busy;
-  assign \$516  = \$signal$241  >= ln;
-  assign \$517  = \$515  & \$516 ;
-  assign \$518  = ~ \$signal$239 ;
-  assign \$519  = \$517  & \$518 ;
-  assign \$520  = ~ \$signal$242 ;
-  assign \$521  = \$519  & \$520 ;
-  assign \$522  = pc + 1'h1;
-  assign \$523  = \$signal$121  + 1'h1;
-  assign \$524  = \$signal$244  + 1'h1;
-  assign \$525  = \$signal$244  == 4'h8;
-  assign \$526  = ~ \$signal$248 ;
-  assign \$527  = ~ \$signal$249 ;
-  assign \$528  = \$526  & \$527 ;
-  assign \$529  = rt_lane < 1'h1;
-  assign \$530  = \$528  & \$529 ;
-  assign \$531  = \$signal$252  * 1'h1;
-  assign \$532  = \$531  + rt_lane;
-  assign \$533  = \$532  < 4'h8;
-  assign \$534  = rt_lane + 1'h1;
-  assign \$535  = \$signal$308  ? i__payload[12:0] : 13'h0000;
-  assign \$537  = scores__valid & scores__ready;
-  assign \$538  = \$signal$252  + 1'h1;
-  assign \$539  = \$538  * 1'h1;
-  assign \$540  = \$539  < 4'h8;
-  assign \$541  = \$signal$252  + 1'h1;
-  assign \$542  = \$signal$251  + 1'h1;
-  assign \$543  = \$signal$251  + 1'h1;
-  assign \$544  = \$543  >= m_eff;
-  assign \$545  = ~ \$signal$257 ;
-  assign \$546  = routes__valid & \$545 ;
-  assign \$547  = ~ rt_wphase;
-  assign \$548  = \$signal$257  & \$547 ;
-  assign \$549  = \$signal$257  & rt_wphase;
-  assign \$550  = rt_s == 1'h1;
-  assign \$551  = \$signal$261 [19] | \$550 ;
-  assign \$552  = \$signal$259  + 1'h1;
-  assign \$553  = rt_s + 1'h1;
-  assign \$554  = \$signal$259  >= m_eff;
-  assign \$555  = i__payload == \$signal$244 ;
-  assign \$556  = \$signal$263  + 1'h1;
-  assign \$557  = \$signal$262  + 1'h1;
-  assign \$558  = \$557  < \$259 ;
-  assign \$559  = \$signal$262  + 1'h1;
-  assign \$560  = \$signal$312  == 1'h1;
-  assign \$561  = \$signal$264  + 1'h1;
-  assign \$562  = \$signal$312  + 1'h1;
-  assign \$563  = \$signal$244  + 1'h1;
-  assign \$564  = \$signal$244  + 1'h1;
-  assign \$565  = \$564  < 4'h8;
-  assign \$566  = pc + 1'h1;
-  assign \$567  = \$signal$121  + 1'h1;
-  assign \$568  = scan >= 4'h8;
-  assign \$569  = \$signal$121  + 1'h1;
-  assign \$570  = scan + 1'h1;
-  assign \$571  = | i__payload;
-  assign \$572  = pc + 1'h1;
-  assign \$573  = \$signal$121  + 1'h1;
-  assign \$574  = \$signal$267  >= \$signal$130 ;
-  assign \$575  = pc + 1'h1;
-  assign \$576  = \$signal$121  + 1'h1;
-  assign \$577  = $signed(i__payload) < $signed(1'h0);
-  assign \$578  = $signed(i__payload) >= $signed({ 1'h0, m_eff });
-  assign \$579  = \$577  | \$578 ;
-  assign \$580  = \$signal$268  < ins[63:48];
-  assign \$581  = \$signal$268  + 1'h1;
-  assign \$582  = ins[5:0] == 4'ha;
-  assign \$583  = \$signal$267  * ins[63:48];
-  assign \$584  = ins[135:112] + \$583 ;
-  assign \$585  = \$signal$269  * ins[63:48];
-  assign \$586  = ins[135:112] + \$585 ;
-  assign \$587  = \$582  ? \$584  : \$586 ;
-  assign \$588  = \$587  + \$signal$268 ;
-  assign \$589  = \$signal$268  >= ins[63:48];
-  assign \$590  = \$589  & \$signal$270 ;
-  assign \$591  = \$signal$267  + 1'h1;
+  assign \$295  = ~ \$signal$251 ;
+  assign \$296  = \$294  & \$295 ;
+  assign \$297  = ins[76:64] + \$signal$250 ;
+  assign \$298  = ins[100:88] + \$signal$253 ;
+  assign \$299  = | \$signal$253 ;
+  assign \$300  = \$signal$253  - 1'h1;
+  assign \$301  = ~ \$signal$257 ;
+  assign \$302  = ~ \$signal$258 ;
+  assign \$303  = \$301  & \$302 ;
+  assign \$304  = rt_lane < 1'h1;
+  assign \$305  = \$303  & \$304 ;
+  assign \$306  = \$signal$260  + \$signal$261 ;
+  assign \$307  = ~ \$signal$266 ;
+  assign \$308  = ~ rt_wphase;
+  assign \$309  = \$signal$266  & \$308 ;
+  assign \$310  = \$signal$268  + rt_s;
+  assign \$311  = \$signal$266  & rt_wphase;
+  assign \$312  = \$signal$268  + rt_s;
+  assign \$313  = \$312  + l1_acc[13:2];
+  assign \$314  = ins[124:112] + \$signal$271 ;
+  assign \$315  = i__payload == \$signal$253 ;
+  assign \$316  = \$signal$272  + \$signal$273 ;
+  assign \$317  = \$signal$272  + l1_acc[13:2];
+  assign \$318  = \$317  + \$signal$273 ;
+  assign \$319  = \$signal$271  + 1'h1;
+  assign \$320  = \$319  < l1_acc[13:2];
+  assign \$321  = \$signal$275  + \$signal$253 ;
+  assign \$322  = \$signal$273  - \$signal$276 ;
+  assign \$323  = \$signal$275  + 4'h8;
+  assign \$324  = \$323  + \$signal$253 ;
+  assign \$325  = \$signal$277  >= 4'h8;
+  assign \$326  = ins[76:64] + \$signal$277 ;
+  assign \$327  = ins[76:64] + 4'h8;
+  assign \$328  = \$327  + \$signal$277 ;
+  assign \$329  = \$signal$278  >= \$signal$130 ;
+  assign \$330  = ins[100:88] + \$signal$141 ;
+  assign \$331  = \$330  + \$signal$278 ;
+  assign \$332  = | l2_y;
+  assign \$333  = \$signal$279  < ins[61:48];
+  assign \$334  = ins[5:0] == 4'ha;
+  assign \$335  = \$334  ? l2_acc : { 1'h0, \$signal$280  };
+  assign \$336  = ins[76:64] + \$335 ;
+  assign \$337  = \$336  + \$signal$279 ;
+  assign \$338  = ~ \$signal$108 ;
+  assign \$339  = \$signal$103  & \$338 ;
+  assign \$340  = ! ctrl_state;
+  assign \$341  = ctrl_state == 1'h1;
+  assign \$342  = ctrl_state == 2'h2;
+  assign \$343  = ctrl_state == 2'h3;
+  assign \$344  = ctrl_state == 3'h4;
+  assign \$345  = ctrl_state == 3'h5;
+  assign \$346  = ctrl_state == 3'h6;
+  assign \$347  = ctrl_state == 3'h7;
+  assign \$348  = ctrl_state == 4'h8;
+  assign \$349  = ctrl_state == 4'h9;
+  assign \$350  = ctrl_state == 4'ha;
+  assign \$351  = ctrl_state == 4'hb;
+  assign \$352  = ctrl_state == 4'hc;
+  assign \$353  = ctrl_state == 4'hd;
+  assign \$354  = ctrl_state == 4'he;
+  assign \$355  = ctrl_state == 4'hf;
+  assign \$356  = ctrl_state == 5'h10;
+  assign \$357  = ctrl_state == 5'h11;
+  assign \$358  = ctrl_state == 5'h12;
+  assign \$359  = ctrl_state == 5'h13;
+  assign \$360  = ctrl_state == 5'h14;
+  assign \$361  = ctrl_state == 5'h15;
+  assign \$362  = ctrl_state == 5'h16;
+  assign \$363  = ctrl_state == 5'h17;
+  assign \$364  = ctrl_state == 5'h18;
+  assign \$365  = wr_addr == 4'hc;
+  assign \$366  = wr_en & \$365 ;
+  assign \$367  = wr_addr == 5'h10;
+  assign \$368  = wr_en & \$367 ;
+  assign \$369  = | l0_y;
+  assign \$370  = l0_acc + l0_x;
+  assign \$372  = l0_acc + l0_x;
+  assign \$373  = \$371  ? 14'h3fff : \$372 [13:0];
+  assign \$375  = l0_x[13] ? 15'h3fff : \$374 ;
+  assign \$377  = | l1_y;
+  assign \$378  = l1_acc + l1_x;
+  assign \$380  = l1_acc + l1_x;
+  assign \$381  = \$379  ? 14'h3fff : \$380 [13:0];
+  assign \$383  = l1_x[13] ? 15'h3fff : \$382 ;
+  assign \$385  = | l2_y;
+  assign \$386  = l2_acc + l2_x;
+  assign \$388  = l2_acc + l2_x;
+  assign \$389  = \$387  ? 14'h3fff : \$388 [13:0];
+  assign \$391  = l2_x[13] ? 15'h3fff : \$390 ;
+  assign \$393  = | l3_y;
+  assign \$394  = l3_acc + l3_x;
+  assign \$396  = l3_acc + l3_x;
+  assign \$397  = \$395  ? 14'h3fff : \$396 [13:0];
+  assign \$399  = l3_x[13] ? 15'h3fff : \$398 ;
+  assign \$401  = | l4_y;
+  assign \$402  = l4_acc + l4_x;
+  assign \$404  = l4_acc + l4_x;
+  assign \$405  = \$403  ? 14'h3fff : \$404 [13:0];
+  assign \$407  = l4_x[13] ? 15'h3fff : \$406 ;
+  assign \$409  = | lh_y;
+  assign \$410  = lh_acc + lh_x;
+  assign \$412  = lh_acc + lh_x;
+  assign \$413  = \$411  ? 33'h1ffffffff : \$412 [32:0];
+  assign \$415  = lh_x[32] ? 34'h1ffffffff : \$414 ;
+  assign \$417  = ~ \$signal$155 ;
+  assign \$418  = \$417  | eng_ready;
+  assign \$419  = cnt0 - 1'h1;
+  assign \$420  = idx0 == \$419 ;
+  assign \$421  = idx0 + 1'h1;
+  assign \$422  = \$421  < cnt0;
+  assign \$423  = idx1 + 1'h1;
+  assign \$424  = \$423  < cnt1;
+  assign \$425  = idx0 + 1'h1;
+  assign \$426  = \$signal$151  + sa0;
+  assign \$427  = \$signal$153  + sb0;
+  assign \$428  = idx1 + 1'h1;
+  assign \$429  = \$signal$299  + sa1;
+  assign \$430  = \$signal$299  + sa1;
+  assign \$431  = \$signal$301  + sb1;
+  assign \$432  = \$signal$301  + sb1;
+  assign \$433  = idx2 + 1'h1;
+  assign \$434  = \$signal$304  + sa2;
+  assign \$435  = \$signal$304  + sa2;
+  assign \$436  = \$signal$304  + sa2;
+  assign \$437  = \$signal$306  + sb2;
+  assign \$438  = \$signal$306  + sb2;
+  assign \$439  = \$signal$306  + sb2;
+  assign \$440  = idx2 + 1'h1;
+  assign \$441  = \$440  >= cnt2;
+  assign \$442  = ~ a_in__valid;
+  assign \$443  = ~ gm_afeed_done;
+  assign \$444  = \$442  & \$443 ;
+  assign \$445  = gm_lane == 3'h4;
+  assign \$446  = \$signal$213  + gm_lane;
+  assign \$447  = \$446  >= m_eff[13:0];
+  assign \$448  = \$445  | \$447 ;
+  assign \$449  = ~ \$448 ;
+  assign \$450  = \$444  & \$449 ;
+  assign \$451  = gm_lane + 1'h1;
+  assign \$452  = \$signal$214  + ins[38:32];
+  assign \$453  = ~ a_in__valid;
+  assign \$454  = ~ gm_afeed_done;
+  assign \$455  = \$453  & \$454 ;
+  assign \$456  = gm_lane == 3'h4;
+  assign \$457  = \$signal$213  + gm_lane;
+  assign \$458  = \$457  >= m_eff[13:0];
+  assign \$459  = \$456  | \$458 ;
+  assign \$460  = \$455  & \$459 ;
+  assign \$461  = a_in__valid & a_in__ready;
+  assign \$462  = \$signal$312  + 1'h1;
+  assign \$463  = \$462  < ins[38:32];
+  assign \$464  = \$signal$312  + 1'h1;
+  assign \$465  = gm_wstart + 1'h1;
+  assign \$466  = gm_wstart + 1'h1;
+  assign \$467  = \$signal$213  + 3'h4;
+  assign \$468  = \$signal$214  - ins[38:32];
+  assign \$469  = $signed(\$468 ) + $signed(2'h1);
+  assign \$470  = \$signal$214  - ins[38:32];
+  assign \$471  = $signed(\$470 ) + $signed(2'h1);
+  assign \$472  = \$signal$213  + 3'h4;
+  assign \$473  = \$472  >= m_eff[13:0];
+  assign \$474  = gc_lane + 1'h1;
+  assign \$475  = \$signal$217  + ins[56:48];
+  assign \$476  = gc_lane == 2'h3;
+  assign \$477  = \$signal$220  + gc_lane;
+  assign \$478  = \$477  + 1'h1;
+  assign \$479  = \$478  >= m_eff[13:0];
+  assign \$480  = \$476  | \$479 ;
+  assign \$481  = \$signal$314  + 1'h1;
+  assign \$482  = \$481  < ins[56:48];
+  assign \$483  = \$signal$314  + 1'h1;
+  assign \$484  = gc_wstart + 1'h1;
+  assign \$485  = gc_wstart + 1'h1;
+  assign \$486  = \$signal$220  + 3'h4;
+  assign \$487  = \$signal$217  + 1'h1;
+  assign \$488  = \$signal$217  + 1'h1;
+  assign \$489  = \$signal$118  + 1'h1;
+  assign \$490  = busy_dma + 1'h1;
+  assign \$491  = busy_gemm + 1'h1;
+  assign \$492  = busy_act + 1'h1;
+  assign \$493  = busy_route + 1'h1;
+  assign \$494  = busy_vector + 1'h1;
+  assign \$495  = busy_move + 1'h1;
+  assign \$496  = pc >= 7'h40;
+  assign \$499  = \$498  ? \$signal$130  : \$signature__data$318 [31:16];
+  assign \$500  = | \$signature__data$318 [63:62];
+  assign \$501  = \$500  ? 14'h3fff : \$signature__data$318 [61:48];
+  assign \$504  = \$503  ? \$signal$130  : \$signature__data$318 [31:16];
+  assign \$505  = | \$signature__data$318 [47:46];
+  assign \$506  = \$505  ? 14'h3fff : \$signature__data$318 [45:32];
+  assign \$509  = \$508  ? \$signal$130  : \$signature__data$318 [31:16];
+  assign \$510  = \$509  + 3'h4;
+  assign \$511  = \$510  - 1'h1;
+  assign \$513  = | \$signature__data$318 [47:46];
+  assign \$514  = \$513  ? 14'h3fff : \$signature__data$318 [45:32];
+  assign \$517  = \$516  ? \$signal$130  : \$signature__data$318 [31:16];
+  assign \$518  = \$517  + 3'h4;
+  assign \$519  = \$518  - 1'h1;
+  assign \$521  = | \$signature__data$318 [63:62];
+  assign \$522  = \$521  ? 14'h3fff : \$signature__data$318 [61:48];
+  assign \$523  = \$signature__data$318 [63:48] + 3'h4;
+  assign \$524  = \$523  - 1'h1;
+  assign \$526  = | \$signature__data$318 [47:46];
+  assign \$527  = \$526  ? 14'h3fff : \$signature__data$318 [45:32];
+  assign \$530  = \$529  ? \$signal$130  : \$signature__data$318 [31:16];
+  assign \$531  = | \$signature__data$318 [47:46];
+  assign \$532  = \$531  ? 14'h3fff : \$signature__data$318 [45:32];
+  assign \$533  = | \$signature__data$318 [63:62];
+  assign \$534  = \$533  ? 14'h3fff : \$signature__data$318 [61:48];
+  assign \$535  = | \$signature__data$318 [63:62];
+  assign \$536  = \$535  ? 14'h3fff : \$signature__data$318 [61:48];
+  assign \$539  = \$538  ? \$signal$130  : \$signature__data$318 [31:16];
+  assign \$542  = \$541  ? \$signal$240  : 4'h0;
+  assign \$543  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$544  = ins[5:0] == 4'hc;
+  assign \$545  = ~ ph2;
+  assign \$546  = \$544  & \$545 ;
+  assign \$547  = ! ins[5:0];
+  assign \$548  = | decode_err;
+  assign \$549  = ins[5:0] == 1'h1;
+  assign \$550  = ins[5:0] == 2'h2;
+  assign \$551  = ins[5:0] == 2'h3;
+  assign \$552  = ins[5:0] == 3'h4;
+  assign \$553  = ins[5:0] == 3'h5;
+  assign \$554  = ins[5:0] == 3'h6;
+  assign \$555  = ins[5:0] == 4'h8;
+  assign \$556  = ins[5:0] == 3'h7;
+  assign \$557  = ins[5:0] == 4'hc;
+  assign \$558  = ins[5:0] == 4'hd;
+  assign \$559  = ins[5:0] == 4'ha;
+  assign \$560  = ins[5:0] == 4'hb;
+  assign \$561  = \$signal$121  + 1'h1;
+  assign \$567  = ins[124:112] + \$566 ;
+  assign \$569  = ins[124:112] + \$568 ;
+  assign \$570  = \$569  + 5'h10;
+  assign \$571  = ins[5:0] == 2'h3;
+  assign \$572  = \$signal$241  + 1'h1;
+  assign \$573  = \$signal$241  == \$signal$319 ;
+  assign \$574  = eng_run & \$573 ;
+  assign \$575  = ins[5:0] == 3'h5;
+  assign \$576  = pc + 1'h1;
+  assign \$577  = \$signal$121  + 1'h1;
+  assign \$578  = ~ rd_busy;
+  assign \$579  = pc + 1'h1;
+  assign \$580  = \$signal$121  + 1'h1;
+  assign \$581  = ~ \$signal$244 ;
+  assign \$582  = rd_data__valid & \$581 ;
+  assign \$583  = \$signal$245  < l0_acc;
+  assign \$584  = \$signal$245  + 1'h1;
+  assign \$585  = \$signal$247  + 1'h1;
+  assign \$586  = \$signal$247  + 1'h1;
+  assign \$587  = ins[243:238] == 1'h1;
+  assign \$588  = ins[243:238] == 2'h2;
+  assign \$589  = \$588  ? 2'h2 : 2'h1;
+  assign \$590  = \$587  ? 3'h4 : { 1'h0, \$589  };
+  assign \$591  = \$586  >= \$590 ;
   assign \$592  = ~ rd_busy;
-  assign \$593  = ~ wr_busy;
+  assign \$593  = ~ \$signal$244 ;
   assign \$594  = \$592  & \$593 ;
-  assign \$595  = ~ \$signal$108 ;
-  assign \$596  = \$signal$103  & \$595 ;
+  assign \$595  = \$signal$245  >= l0_acc;
+  assign \$596  = \$594  & \$595 ;
+  assign \$597  = pc + 1'h1;
+  assign \$598  = \$signal$121  + 1'h1;
+  assign \$599  = ~ \$signal$248 ;
+  assign \$600  = \$signal$249  < 1'h1;
+  assign \$601  = \$599  & \$600 ;
+  assign \$602  = \$signal$250  < l0_acc;
+  assign \$603  = \$601  & \$602 ;
+  assign \$604  = ~ \$signal$251 ;
+  assign \$605  = \$603  & \$604 ;
+  assign \$606  = \$signal$250  + 1'h1;
+  assign \$607  = \$signal$249  + 1'h1;
+  assign \$608  = ~ \$signal$248 ;
+  assign \$609  = ~ \$signal$251 ;
+  assign \$610  = \$608  & \$609 ;
+  assign \$611  = | \$signal$249 ;
+  assign \$612  = \$610  & \$611 ;
+  assign \$613  = \$signal$249  == 1'h1;
+  assign \$614  = \$signal$250  >= l0_acc;
+  assign \$615  = \$613  | \$614 ;
+  assign \$616  = \$612  & \$615 ;
+  assign \$617  = wr_data__valid & wr_data__ready;
+  assign \$618  = ~ wr_busy;
+  assign \$619  = \$signal$250  >= l0_acc;
+  assign \$620  = \$618  & \$619 ;
+  assign \$621  = ~ \$signal$248 ;
+  assign \$622  = \$620  & \$621 ;
+  assign \$623  = ~ \$signal$251 ;
+  assign \$624  = \$622  & \$623 ;
+  assign \$625  = pc + 1'h1;
+  assign \$626  = \$signal$121  + 1'h1;
+  assign \$627  = \$signal$253  + 1'h1;
+  assign \$628  = \$signal$253  == 4'h8;
+  assign \$629  = ~ \$signal$257 ;
+  assign \$630  = ~ \$signal$258 ;
+  assign \$631  = \$629  & \$630 ;
+  assign \$632  = rt_lane < 1'h1;
+  assign \$633  = \$631  & \$632 ;
+  assign \$634  = \$signal$261  < 4'h8;
+  assign \$635  = rt_lane + 1'h1;
+  assign \$636  = \$signal$261  + 1'h1;
+  assign \$637  = \$signal$331  ? i__payload[12:0] : 13'h0000;
+  assign \$639  = scores__valid & scores__ready;
+  assign \$640  = \$signal$261  >= 4'h8;
+  assign \$641  = \$signal$327  + 1'h1;
+  assign \$642  = \$signal$260  + 4'h8;
+  assign \$643  = \$signal$327  + 1'h1;
+  assign \$644  = \$643  >= m_eff[13:0];
+  assign \$645  = ~ \$signal$266 ;
+  assign \$646  = routes__valid & \$645 ;
+  assign \$647  = ~ rt_wphase;
+  assign \$648  = \$signal$266  & \$647 ;
+  assign \$649  = \$signal$266  & rt_wphase;
+  assign \$650  = rt_s == 1'h1;
+  assign \$651  = \$signal$270 [19] | \$650 ;
+  assign \$652  = \$signal$329  + 1'h1;
+  assign \$653  = \$signal$268  + 2'h2;
+  assign \$654  = rt_s + 1'h1;
+  assign \$655  = \$signal$329  >= m_eff[13:0];
+  assign \$656  = i__payload == \$signal$253 ;
+  assign \$657  = \$signal$273  + 1'h1;
+  assign \$658  = \$signal$271  + 1'h1;
+  assign \$659  = \$658  < l1_acc[13:2];
+  assign \$660  = \$signal$271  + 1'h1;
+  assign \$661  = \$signal$335  == 1'h1;
+  assign \$662  = \$signal$274  + 1'h1;
+  assign \$663  = \$signal$335  + 1'h1;
+  assign \$664  = \$signal$253  + 1'h1;
+  assign \$665  = \$signal$253  + 1'h1;
+  assign \$666  = \$665  < 4'h8;
+  assign \$667  = pc + 1'h1;
+  assign \$668  = \$signal$121  + 1'h1;
+  assign \$669  = \$signal$277  >= 4'h8;
+  assign \$670  = \$signal$121  + 1'h1;
+  assign \$671  = \$signal$277  + 1'h1;
+  assign \$672  = | i__payload;
+  assign \$673  = | \$signature__data$166 [23:14];
+  assign \$674  = \$673  ? 14'h3fff : \$signature__data$166 [13:0];
+  assign \$675  = pc + 1'h1;
+  assign \$676  = \$signal$121  + 1'h1;
+  assign \$677  = \$signal$278  >= \$signal$130 ;
+  assign \$678  = pc + 1'h1;
+  assign \$679  = \$signal$121  + 1'h1;
+  assign \$680  = $signed(i__payload) < $signed(1'h0);
+  assign \$681  = $signed(i__payload) >= $signed({ 1'h0, m_eff });
+  assign \$682  = \$680  | \$681 ;
+  assign \$683  = | l2_y;
+  assign \$684  = \$signal$279  < ins[61:48];
+  assign \$685  = \$signal$279  + 1'h1;
+  assign \$686  = ins[5:0] == 4'ha;
+  assign \$687  = \$686  ? { 1'h0, \$signal$280  } : l2_acc;
+  assign \$688  = ins[124:112] + \$687 ;
+  assign \$689  = \$688  + \$signal$279 ;
+  assign \$690  = \$signal$279  >= ins[61:48];
+  assign \$691  = \$690  & \$signal$281 ;
+  assign \$692  = \$signal$278  + 1'h1;
+  assign \$693  = \$signal$280  + ins[61:48];
+  assign \$694  = ~ rd_busy;
+  assign \$695  = ~ wr_busy;
+  assign \$696  = \$694  & \$695 ;
+  assign \$697  = ~ \$signal$108 ;
+  assign \$698  = \$signal$103  & \$697 ;
   always @(posedge clk)
-    \$signal$119  <= \$597 ;
+    \$signal$119  <= \$699 ;
   always @(posedge clk)
-    host_size <= \$598 ;
+    host_size <= \$700 ;
   always @(posedge clk)
-    rsel <= \$599 ;
+    rsel <= \$701 ;
   always @(posedge clk)
-    \$signal$155  <= \$600 ;
+    l0_acc <= \$702 ;
   always @(posedge clk)
-    \$signal$168  <= \$601 ;
+    l0_x <= \$703 ;
   always @(posedge clk)
-    idx0 <= \$602 ;
+    l0_y <= \$704 ;
   always @(posedge clk)
-    \$signal$151  <= \$603 ;
+    l1_acc <= \$705 ;
   always @(posedge clk)
-    \$signal$153  <= \$604 ;
+    l1_x <= \$706 ;
   always @(posedge clk)
-    idx1 <= \$605 ;
+    l1_y <= \$707 ;
   always @(posedge clk)
-    \$signal$282  <= \$606 ;
+    l2_acc <= \$708 ;
   always @(posedge clk)
-    \$signal$284  <= \$607 ;
+    l2_x <= \$709 ;
   always @(posedge clk)
-    idx2 <= \$608 ;
+    l2_y <= \$710 ;
   always @(posedge clk)
-    \$signal$287  <= \$609 ;
+    l3_acc <= \$711 ;
   always @(posedge clk)
-    \$signal$289  <= \$610 ;
+    l3_x <= \$712 ;
   always @(posedge clk)
-    \$signal$275  <= \$611 ;
+    l3_y <= \$713 ;
   always @(posedge clk)
-    \$signal$292  <= \$612 ;
+    l4_acc <= \$714 ;
   always @(posedge clk)
-    gm_cap_lane <= \$613 ;
+    l4_x <= \$715 ;
   always @(posedge clk)
-    gm_lane <= \$614 ;
+    l4_y <= \$716 ;
   always @(posedge clk)
-    a_in__payload <= \$615 ;
+    lh_acc <= \$717 ;
   always @(posedge clk)
-    a_in__valid <= \$616 ;
+    lh_x <= \$718 ;
   always @(posedge clk)
-    \$signal$210  <= \$617 ;
+    lh_y <= \$719 ;
   always @(posedge clk)
-    \$signal$209  <= \$618 ;
+    \$signal$155  <= \$720 ;
   always @(posedge clk)
-    gm_afeed_done <= \$619 ;
+    \$signal$168  <= \$721 ;
   always @(posedge clk)
-    gc_lane <= \$620 ;
+    idx0 <= \$722 ;
   always @(posedge clk)
-    \$signal$215  <= \$621 ;
+    \$signal$151  <= \$723 ;
   always @(posedge clk)
-    \$signal$213  <= \$622 ;
+    \$signal$153  <= \$724 ;
   always @(posedge clk)
-    \$signal$118  <= \$623 ;
+    idx1 <= \$725 ;
   always @(posedge clk)
-    busy_dma <= \$624 ;
+    \$signal$299  <= \$726 ;
   always @(posedge clk)
-    busy_gemm <= \$625 ;
+    \$signal$301  <= \$727 ;
   always @(posedge clk)
-    busy_act <= \$626 ;
+    idx2 <= \$728 ;
   always @(posedge clk)
-    busy_route <= \$627 ;
+    \$signal$304  <= \$729 ;
   always @(posedge clk)
-    busy_vector <= \$628 ;
+    \$signal$306  <= \$730 ;
   always @(posedge clk)
-    busy_move <= \$629 ;
+    \$signal$292  <= \$731 ;
   always @(posedge clk)
-    \$signal$108  <= \$630 ;
+    \$signal$309  <= \$732 ;
   always @(posedge clk)
-    \$signal$109  <= \$631 ;
+    gm_cap_lane <= \$733 ;
   always @(posedge clk)
-    err <= \$632 ;
+    gm_lane <= \$734 ;
   always @(posedge clk)
-    pc <= \$633 ;
+    \$signal$214  <= \$735 ;
   always @(posedge clk)
-    \$signal$121  <= \$634 ;
+    a_in__payload <= \$736 ;
   always @(posedge clk)
-    \$signal$143  <= \$635 ;
+    a_in__valid <= \$737 ;
   always @(posedge clk)
-    exp_active <= \$636 ;
+    \$signal$312  <= \$738 ;
   always @(posedge clk)
-    \$signal$145  <= \$637 ;
+    gm_wstart <= \$739 ;
   always @(posedge clk)
-    ctrl_state <= \$638 ;
+    \$signal$213  <= \$740 ;
   always @(posedge clk)
-    stop_code <= \$639 ;
+    gm_afeed_done <= \$741 ;
   always @(posedge clk)
-    cur_unit <= \$640 ;
+    gc_lane <= \$742 ;
   always @(posedge clk)
-    ins <= \$641 ;
+    \$signal$217  <= \$743 ;
   always @(posedge clk)
-    rq_width <= \$642 ;
+    \$signal$314  <= \$744 ;
   always @(posedge clk)
-    \$signal$159  <= \$643 ;
+    gc_wstart <= \$745 ;
   always @(posedge clk)
-    shift <= \$644 ;
+    \$signal$220  <= \$746 ;
   always @(posedge clk)
-    cnt0 <= \$645 ;
+    \$signal$118  <= \$747 ;
   always @(posedge clk)
-    cnt1 <= \$646 ;
+    busy_dma <= \$748 ;
   always @(posedge clk)
-    cnt2 <= \$647 ;
+    busy_gemm <= \$749 ;
   always @(posedge clk)
-    sa0 <= \$648 ;
+    busy_act <= \$750 ;
   always @(posedge clk)
-    sa1 <= \$649 ;
+    busy_route <= \$751 ;
   always @(posedge clk)
-    sa2 <= \$650 ;
+    busy_vector <= \$752 ;
   always @(posedge clk)
-    sb0 <= \$651 ;
+    busy_move <= \$753 ;
   always @(posedge clk)
-    sb1 <= \$652 ;
+    \$signal$108  <= \$754 ;
   always @(posedge clk)
-    sb2 <= \$653 ;
+    \$signal$109  <= \$755 ;
   always @(posedge clk)
-    \$signal$298  <= \$654 ;
+    err <= \$756 ;
   always @(posedge clk)
-    \$signal$232  <= \$655 ;
+    pc <= \$757 ;
   always @(posedge clk)
-    \$signal$235  <= \$656 ;
+    \$signal$121  <= \$758 ;
   always @(posedge clk)
-    \$signal$238  <= \$657 ;
+    \$signal$142  <= \$759 ;
   always @(posedge clk)
-    \$signal$236  <= \$658 ;
+    exp_active <= \$760 ;
   always @(posedge clk)
-    \$signal$239  <= \$659 ;
+    \$signal$144  <= \$761 ;
   always @(posedge clk)
-    \$signal$240  <= \$660 ;
+    ctrl_state <= \$762 ;
   always @(posedge clk)
-    \$signal$241  <= \$661 ;
+    stop_code <= \$763 ;
   always @(posedge clk)
-    \$signal$242  <= \$662 ;
+    cur_unit <= \$764 ;
   always @(posedge clk)
-    wr_data__payload <= \$663 ;
+    ins <= \$765 ;
   always @(posedge clk)
-    \$signal$244  <= \$664 ;
+    ph2 <= \$766 ;
   always @(posedge clk)
-    \$signal$267  <= \$665 ;
+    \$signal$176  <= \$767 ;
   always @(posedge clk)
-    \$signal$146  <= \$666 ;
+    \$signal$159  <= \$768 ;
   always @(posedge clk)
-    scores_len <= \$667 ;
+    shift <= \$769 ;
   always @(posedge clk)
-    \$signal$237  <= \$668 ;
+    cnt0 <= \$770 ;
   always @(posedge clk)
-    \$signal$303  <= \$669 ;
+    cnt1 <= \$771 ;
   always @(posedge clk)
-    \$signal$251  <= \$670 ;
+    cnt2 <= \$772 ;
   always @(posedge clk)
-    \$signal$252  <= \$671 ;
+    sa0 <= \$773 ;
   always @(posedge clk)
-    rt_lane <= \$672 ;
+    sa1 <= \$774 ;
   always @(posedge clk)
-    \$signal$248  <= \$673 ;
+    sa2 <= \$775 ;
   always @(posedge clk)
-    \$signal$249  <= \$674 ;
+    sb0 <= \$776 ;
   always @(posedge clk)
-    \$signal$306  <= \$675 ;
+    sb1 <= \$777 ;
   always @(posedge clk)
-    \$signal$259  <= \$676 ;
+    sb2 <= \$778 ;
   always @(posedge clk)
-    rt_s <= \$677 ;
+    \$signal$319  <= \$779 ;
   always @(posedge clk)
-    \$signal$257  <= \$678 ;
+    \$signal$241  <= \$780 ;
   always @(posedge clk)
-    rt_wphase <= \$679 ;
+    \$signal$244  <= \$781 ;
   always @(posedge clk)
-    \$signal$308  <= \$680 ;
+    \$signal$247  <= \$782 ;
   always @(posedge clk)
-    rt_word <= \$681 ;
+    \$signal$245  <= \$783 ;
   always @(posedge clk)
-    \$signal$261  <= \$682 ;
+    \$signal$248  <= \$784 ;
   always @(posedge clk)
-    \$signal$262  <= \$683 ;
+    \$signal$249  <= \$785 ;
   always @(posedge clk)
-    \$signal$264  <= \$684 ;
+    \$signal$250  <= \$786 ;
   always @(posedge clk)
-    \$signal$312  <= \$685 ;
+    \$signal$251  <= \$787 ;
   always @(posedge clk)
-    \$signal$263  <= \$686 ;
+    wr_data__payload <= \$788 ;
   always @(posedge clk)
-    \$signal$265  <= \$687 ;
+    \$signal$253  <= \$789 ;
   always @(posedge clk)
-    scan <= \$688 ;
+    \$signal$275  <= \$790 ;
   always @(posedge clk)
-    \$signal$133  <= \$689 ;
+    \$signal$272  <= \$791 ;
   always @(posedge clk)
-    \$signal$130  <= \$690 ;
+    \$signal$278  <= \$792 ;
   always @(posedge clk)
-    offset <= \$691 ;
+    \$signal$280  <= \$793 ;
   always @(posedge clk)
-    \$signal$269  <= \$692 ;
+    \$signal$145  <= \$794 ;
   always @(posedge clk)
-    \$signal$268  <= \$693 ;
+    scores_len <= \$795 ;
   always @(posedge clk)
-    \$signal$270  <= \$694 ;
+    \$signal$246  <= \$796 ;
   always @(posedge clk)
-    \$signal$271  <= \$695 ;
+    \$signal$324  <= \$797 ;
+  always @(posedge clk)
+    \$signal$327  <= \$798 ;
+  always @(posedge clk)
+    \$signal$261  <= \$799 ;
+  always @(posedge clk)
+    rt_lane <= \$800 ;
+  always @(posedge clk)
+    \$signal$257  <= \$801 ;
+  always @(posedge clk)
+    \$signal$260  <= \$802 ;
+  always @(posedge clk)
+    \$signal$268  <= \$803 ;
+  always @(posedge clk)
+    \$signal$258  <= \$804 ;
+  always @(posedge clk)
+    \$signal$328  <= \$805 ;
+  always @(posedge clk)
+    \$signal$329  <= \$806 ;
+  always @(posedge clk)
+    rt_s <= \$807 ;
+  always @(posedge clk)
+    \$signal$266  <= \$808 ;
+  always @(posedge clk)
+    rt_wphase <= \$809 ;
+  always @(posedge clk)
+    \$signal$331  <= \$810 ;
+  always @(posedge clk)
+    rt_word <= \$811 ;
+  always @(posedge clk)
+    \$signal$270  <= \$812 ;
+  always @(posedge clk)
+    \$signal$271  <= \$813 ;
+  always @(posedge clk)
+    \$signal$274  <= \$814 ;
+  always @(posedge clk)
+    \$signal$335  <= \$815 ;
+  always @(posedge clk)
+    \$signal$273  <= \$816 ;
+  always @(posedge clk)
+    \$signal$276  <= \$817 ;
+  always @(posedge clk)
+    \$signal$277  <= \$818 ;
+  always @(posedge clk)
+    \$signal$240  <= \$819 ;
+  always @(posedge clk)
+    \$signal$130  <= \$820 ;
+  always @(posedge clk)
+    \$signal$141  <= \$821 ;
+  always @(posedge clk)
+    \$signal$279  <= \$822 ;
+  always @(posedge clk)
+    \$signal$281  <= \$823 ;
+  always @(posedge clk)
+    \$signal$282  <= \$824 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -10010,256 +10376,129 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$30  = rsel < 19'h40020;
   assign \$31  = \$29  & \$30 ;
   assign m_eff = \$33  ? \$signal$130  : ins[31:16];
-  assign ln = m_eff * ins[63:48];
-  assign \$35  = \$signal$133  * ins[199:168];
-  assign \$37  = \$36  ? \$35  : 36'h000000000;
-  assign \$38  = ins[167:136] + \$37 ;
-  assign \$39  = ins[63:48] + 3'h4;
+  assign \$34  = ins[243:238] == 3'h4;
+  assign \$35  = ins[243:238] == 2'h2;
+  assign \$36  = \$35  ? 1'h1 : 1'h0;
+  assign \$37  = \$34  ? 2'h2 : { 1'h0, \$36  };
+  assign \$38  = l0_acc << \$37 ;
+  assign \$39  = \$38  + 3'h4;
   assign \$40  = \$39  - 1'h1;
-  wire [18:0] _3_, _4_, _5_;
-  assign _3_ = $signed(\$40 );
-  assign _4_ = $signed(4'h4);
-  assign _5_ = (\$40 [17] == 1'h0) || \$40  == 0 ? _3_ : $signed(_3_ - (1'h0 ? _4_ + 1 : _4_ - 1));
-  assign \$744  = $signed(_5_) / $signed(_4_);
-  assign \$42  = m_eff + 3'h4;
-  assign \$43  = \$42  - 1'h1;
-  wire [18:0] _6_, _7_, _8_;
-  assign _6_ = $signed(\$43 );
-  assign _7_ = $signed(4'h4);
-  assign _8_ = (\$43 [17] == 1'h0) || \$43  == 0 ? _6_ : $signed(_6_ - (1'h0 ? _7_ + 1 : _7_ - 1));
-  assign \$751  = $signed(_8_) / $signed(_7_);
-  assign \$45  = \$41 [15:0] * ins[47:32];
-  assign \$46  = ln * ins[243:238];
-  assign \$47  = \$46  + 3'h4;
-  assign \$48  = \$47  - 1'h1;
-  wire [40:0] _9_, _10_, _11_;
-  assign _9_ = $signed(\$48 );
-  assign _10_ = $signed(4'h4);
-  assign _11_ = (\$48 [39] == 1'h0) || \$48  == 0 ? _9_ : $signed(_9_ - (1'h0 ? _10_ + 1 : _10_ - 1));
-  assign \$760  = $signed(_11_) / $signed(_10_);
-  assign \$50  = ln * 3'h4;
-  assign \$51  = \$50  + 3'h4;
-  assign \$52  = \$51  - 1'h1;
-  wire [37:0] _12_, _13_, _14_;
-  assign _12_ = $signed(\$52 );
-  assign _13_ = $signed(4'h4);
-  assign _14_ = (\$52 [36] == 1'h0) || \$52  == 0 ? _12_ : $signed(_12_ - (1'h0 ? _13_ + 1 : _13_ - 1));
-  assign \$768  = $signed(_14_) / $signed(_13_);
-  assign \$54  = beats * 3'h4;
-  assign \$55  = m_eff >= 1'h1;
-  assign \$56  = ins[63:48] == 4'h8;
-  assign \$57  = \$55  & \$56 ;
-  assign \$58  = ins[47:32] == 2'h2;
-  assign \$59  = \$57  & \$58 ;
-  assign \$60  = ins[63:48] == 4'h8;
-  assign \$61  = m_eff >= 1'h1;
-  assign \$62  = ins[63:48] >= 1'h1;
-  assign \$63  = \$61  & \$62 ;
-  assign \$64  = ins[47:32] >= 1'h1;
-  assign \$65  = \$63  & \$64 ;
-  assign \$66  = ! ins[243:238];
-  assign \$67  = ins[243:238] >= 2'h2;
-  assign \$68  = ins[243:238] <= 6'h20;
-  assign \$69  = \$67  & \$68 ;
-  assign \$70  = \$66  | \$69 ;
-  assign \$71  = \$65  & \$70 ;
-  assign \$72  = ins[47:32] <= 7'h40;
+  assign \$43  = \$42  + 3'h4;
+  assign \$44  = \$43  - 1'h1;
+  assign \$46  = m_eff >= 1'h1;
+  assign \$47  = ins[63:48] == 4'h8;
+  assign \$48  = \$46  & \$47 ;
+  assign \$49  = ins[47:32] == 2'h2;
+  assign \$50  = \$48  & \$49 ;
+  assign \$51  = ins[63:48] == 4'h8;
+  assign \$52  = m_eff >= 1'h1;
+  assign \$53  = ins[63:48] >= 1'h1;
+  assign \$54  = \$52  & \$53 ;
+  assign \$55  = ins[47:32] >= 1'h1;
+  assign \$56  = \$54  & \$55 ;
+  assign \$57  = ! ins[243:238];
+  assign \$58  = ins[243:238] >= 2'h2;
+  assign \$59  = ins[243:238] <= 6'h20;
+  assign \$60  = \$58  & \$59 ;
+  assign \$61  = \$57  | \$60 ;
+  assign \$62  = \$56  & \$61 ;
+  assign \$63  = ins[47:32] <= 7'h40;
+  assign \$64  = \$62  & \$63 ;
+  assign \$65  = l2_acc <= 9'h100;
+  assign \$66  = \$64  & \$65 ;
+  assign \$67  = l3_acc <= 9'h100;
+  assign \$68  = \$66  & \$67 ;
+  assign \$69  = m_eff >= 1'h1;
+  assign \$70  = ins[63:48] >= 1'h1;
+  assign \$71  = \$69  & \$70 ;
+  assign \$72  = ins[47:32] >= 1'h1;
   assign \$73  = \$71  & \$72 ;
-  assign \$74  = \$44 [15:0] * ins[47:32];
-  assign \$75  = \$74  <= 9'h100;
-  assign \$76  = \$73  & \$75 ;
-  assign \$77  = \$44 [15:0] * ins[63:48];
-  assign \$78  = \$77  <= 9'h100;
-  assign \$79  = \$76  & \$78 ;
-  assign \$80  = m_eff >= 1'h1;
-  assign \$81  = ins[63:48] >= 1'h1;
-  assign \$82  = \$80  & \$81 ;
-  assign \$83  = ins[47:32] >= 1'h1;
-  assign \$84  = \$82  & \$83 ;
-  assign \$85  = m_eff >= 1'h1;
-  assign \$86  = ins[63:48] >= 1'h1;
+  assign \$74  = m_eff >= 1'h1;
+  assign \$75  = ins[63:48] >= 1'h1;
+  assign \$76  = \$74  & \$75 ;
+  assign \$77  = ins[243:238] == 1'h1;
+  assign \$78  = ins[243:238] == 2'h2;
+  assign \$79  = \$77  | \$78 ;
+  assign \$80  = ins[243:238] == 3'h4;
+  assign \$81  = \$79  | \$80 ;
+  assign \$82  = \$76  & \$81 ;
+  assign \$83  = m_eff >= 1'h1;
+  assign \$84  = ins[63:48] >= 1'h1;
+  assign \$85  = \$83  & \$84 ;
+  assign \$86  = ins[243:238] == 3'h4;
   assign \$87  = \$85  & \$86 ;
-  assign \$88  = ins[243:238] == 1'h1;
-  assign \$89  = ins[243:238] == 2'h2;
-  assign \$90  = \$88  | \$89 ;
-  assign \$91  = ins[243:238] == 3'h4;
-  assign \$92  = \$90  | \$91 ;
-  assign \$93  = \$87  & \$92 ;
-  assign \$94  = m_eff >= 1'h1;
-  assign \$95  = ins[63:48] >= 1'h1;
-  assign \$96  = \$94  & \$95 ;
-  assign \$97  = ins[243:238] == 3'h4;
-  assign \$98  = \$96  & \$97 ;
-  assign \$99  = m_eff >= 1'h1;
-  assign \$100  = ins[63:48] >= 1'h1;
-  assign \$101  = \$99  & \$100 ;
-  assign \$102  = ins[243:238] >= 2'h2;
-  assign \$103  = \$101  & \$102 ;
-  assign \$104  = ins[243:238] <= 6'h20;
-  assign \$105  = \$103  & \$104 ;
-  assign \$106  = m_eff >= 1'h1;
-  assign \$107  = ins[63:48] >= 1'h1;
-  assign \$108  = \$106  & \$107 ;
-  assign \$109  = m_eff * ins[47:32];
-  assign \$112  = \$111  ? 5'h10 : 5'h00;
-  assign \$115  = \$114  ? 5'h10 : 5'h00;
-  assign \$116  = 3'h4 * m_eff;
-  assign \$117  = \$116  * 2'h2;
-  assign \$118  = \$117  + 5'h10;
-  assign \$119  = 2'h2 * ins[63:48];
-  assign \$120  = offset + \$signal$130 ;
-  assign \$121  = \$signal$130  * ins[63:48];
-  assign \$122  = \$signal$130  * ins[63:48];
-  assign \$123  = offset + \$signal$130 ;
-  assign \$124  = ln * ins[47:32];
-  assign \$125  = m_eff * ins[47:32];
-  assign \$126  = ins[5:0] <= 4'he;
-  assign \$127  = ~ \$126 ;
-  assign \$129  = | \$128 ;
-  assign \$130  = ins[5:0] == 4'ha;
+  assign \$88  = m_eff >= 1'h1;
+  assign \$89  = ins[63:48] >= 1'h1;
+  assign \$90  = \$88  & \$89 ;
+  assign \$91  = ins[243:238] >= 2'h2;
+  assign \$92  = \$90  & \$91 ;
+  assign \$93  = ins[243:238] <= 6'h20;
+  assign \$94  = \$92  & \$93 ;
+  assign \$95  = m_eff >= 1'h1;
+  assign \$96  = ins[63:48] >= 1'h1;
+  assign \$97  = \$95  & \$96 ;
+  assign \$100  = \$99  ? 5'h10 : 5'h00;
+  assign \$103  = \$102  ? 5'h10 : 5'h00;
+  assign \$104  = | ins[63:62];
+  assign \$105  = \$104  ? 14'h3fff : ins[61:48];
+  assign \$106  = l1_acc + 5'h10;
+  assign \$108  = l1_acc + 5'h10;
+  assign \$109  = \$107  ? 14'h3fff : \$108 [13:0];
+  assign \$111  = | \$110 [16:14];
+  assign \$113  = \$111  ? 14'h3fff : \$112 [13:0];
+  assign \$114  = \$signal$141  + \$signal$130 ;
+  assign \$115  = | \$114 [16:14];
+  assign \$116  = \$signal$141  + \$signal$130 ;
+  assign \$117  = \$115  ? 14'h3fff : \$116 [13:0];
+  assign \$118  = \$signal$141  + \$signal$130 ;
+  assign \$119  = | \$118 [16:14];
+  assign \$120  = \$signal$141  + \$signal$130 ;
+  assign \$121  = \$119  ? 14'h3fff : \$120 [13:0];
+  assign \$122  = ins[5:0] <= 4'he;
+  assign \$123  = ~ \$122 ;
+  assign \$125  = | \$124 ;
+  assign \$126  = ins[5:0] == 4'ha;
+  assign \$127  = \$125  | \$126 ;
+  assign \$128  = ins[5:0] == 4'hb;
+  assign \$129  = \$127  | \$128 ;
+  assign \$130  = ins[5:0] == 4'h9;
   assign \$131  = \$129  | \$130 ;
-  assign \$132  = ins[5:0] == 4'hb;
-  assign \$133  = \$131  | \$132 ;
-  assign \$134  = ins[5:0] == 4'h9;
-  assign \$135  = \$133  | \$134 ;
-  assign \$136  = ~ \$signal$143 ;
-  assign \$137  = \$135  & \$136 ;
-  assign \$139  = | \$138 ;
-  assign \$140  = ins[5:0] == 4'ha;
-  assign \$141  = \$139  | \$140 ;
-  assign \$142  = ins[5:0] == 4'hb;
-  assign \$143  = \$141  | \$142 ;
-  assign \$144  = ~ exp_active;
-  assign \$145  = \$143  & \$144 ;
-  assign \$146  = \$137  | \$145 ;
-  assign \$147  = ins[5:0] == 4'he;
-  assign \$148  = ins[5:0] == 4'h9;
-  assign \$149  = \$147  | \$148 ;
-  assign \$150  = ins[255:244] < 7'h40;
-  assign \$151  = ~ \$150 ;
-  assign \$152  = \$149  & \$151 ;
-  assign \$153  = ins[5:0] != 4'he;
-  assign \$154  = ~ shape_ok;
-  assign \$155  = \$153  & \$154 ;
-  assign \$156  = ins[5:0] == 4'h8;
-  assign \$157  = \$signal$146  == ins[87:64];
-  assign \$158  = \$signal$145  & \$157 ;
-  assign \$159  = scores_len == ln;
-  assign \$160  = \$158  & \$159 ;
-  assign \$161  = ~ \$160 ;
-  assign \$162  = \$156  & \$161 ;
-  assign \$163  = ins[5:0] != 4'he;
-  assign \$164  = ! \$signal$140 ;
-  assign \$165  = ins[87:64] + \$signal$140 ;
-  assign \$166  = \$165  <= 14'h2000;
-  assign \$167  = \$164  | \$166 ;
-  assign \$168  = ! \$signal$141 ;
-  assign \$169  = ins[111:88] + \$signal$141 ;
-  assign \$170  = \$169  <= 14'h2000;
-  assign \$171  = \$168  | \$170 ;
-  assign \$172  = \$167  & \$171 ;
-  assign \$173  = ! wc;
-  assign \$174  = ins[135:112] + wc;
-  assign \$175  = \$174  <= 14'h2000;
-  assign \$176  = \$173  | \$175 ;
-  assign \$177  = \$172  & \$176 ;
-  assign \$178  = ~ \$177 ;
-  assign \$179  = \$163  & \$178 ;
-  assign \$180  = ins[5:0] == 1'h1;
-  assign \$181  = ins[5:0] == 2'h2;
-  assign \$182  = \$180  | \$181 ;
-  assign \$183  = ins[5:0] == 2'h3;
-  assign \$184  = \$182  | \$183 ;
-  assign \$186  = ! \$185 ;
-  assign \$187  = \$38  >= \$signal$119 ;
-  assign \$188  = \$186  & \$187 ;
-  assign \$189  = \$38  + \$54 ;
-  assign \$190  = \$signal$119  + host_size;
-  assign \$191  = \$189  <= \$190 ;
-  assign \$192  = \$188  & \$191 ;
-  assign \$193  = ~ \$192 ;
-  assign \$194  = \$184  & \$193 ;
-  assign \$195  = ~ \$signal$155 ;
-  assign \$196  = \$195  | eng_ready;
-  assign \$197  = ~ \$signal$155 ;
-  assign \$198  = \$197  | eng_ready;
-  assign \$199  = ins[5:0] == 4'hc;
-  assign \$200  = \$199  ? { 1'h0, \$signature__data$166 [15:0] } : { \$signature__data$166 [15], \$signature__data$166 [15:0] };
-  assign \$201  = ins[5:0] == 4'hd;
-  assign \$202  = ins[5:0] == 4'hc;
-  assign \$203  = \$202  ? 2'h1 : 2'h0;
-  assign op = \$201  ? 2'h2 : \$203 ;
-  assign \$204  = 1'h1 << rq_width;
-  assign \$206  = \$205  - 1'h1;
-  assign \$207  = $signed(o__payload) > $signed(\$206 [65:0]);
-  assign \$208  = - $signed(\$206 [65:0]);
-  assign \$209  = $signed(\$208 ) - $signed(2'h1);
-  assign \$210  = $signed(o__payload) < $signed(\$209 );
-  assign \$211  = - $signed(\$206 [65:0]);
-  assign \$212  = $signed(\$211 ) - $signed(2'h1);
-  assign \$213  = \$210  ? \$212  : { o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload[31], o__payload };
-  assign \$214  = \$207  ? { \$206 [65], \$206 [65], \$206 [65:0] } : \$213 ;
-  assign \$215  = | rq_width;
-  assign \$216  = \$215  ? \$signal$159  : 32'd1;
-  assign \$217  = | rq_width;
-  assign \$218  = \$217  ? shift : 6'h00;
-  assign \$219  = ~ a_in__valid;
-  assign \$220  = ~ gm_afeed_done;
-  assign \$221  = \$219  & \$220 ;
-  assign \$222  = gm_lane == 3'h4;
-  assign \$223  = \$signal$209  * 3'h4;
-  assign \$224  = \$223  + gm_lane;
-  assign \$225  = \$224  >= m_eff;
-  assign \$226  = \$222  | \$225 ;
-  assign \$227  = ~ \$226 ;
-  assign \$228  = \$221  & \$227 ;
-  assign \$229  = \$signal$209  * 3'h4;
-  assign \$230  = \$229  + gm_lane;
-  assign \$231  = \$230  * ins[47:32];
-  assign \$232  = ins[87:64] + \$231 ;
-  assign \$233  = \$232  + \$signal$210 ;
-  assign \$234  = \$signal$213  * 3'h4;
-  assign \$235  = \$234  + gc_lane;
-  assign \$236  = \$235  * ins[63:48];
-  assign \$237  = ins[135:112] + \$236 ;
-  assign \$238  = \$237  + \$signal$215 ;
-  assign \$239  = | rq_width;
-  assign \$960  = gc_lane * 6'h20;
-  assign \$240  = c_out__payload >> \$960 ;
-  assign \$241  = $signed(\$240 ) > $signed(\$206 [65:0]);
-  assign \$964  = gc_lane * 6'h20;
-  assign \$242  = c_out__payload >> \$964 ;
-  assign \$243  = - $signed(\$206 [65:0]);
-  assign \$244  = $signed(\$243 ) - $signed(2'h1);
-  assign \$245  = $signed(\$242 ) < $signed(\$244 );
-  assign \$246  = - $signed(\$206 [65:0]);
-  assign \$247  = $signed(\$246 ) - $signed(2'h1);
-  assign \$972  = gc_lane * 6'h20;
-  assign \$248  = c_out__payload >> \$972 ;
-  assign \$249  = \$245  ? \$247  : { \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248 [31], \$248  };
-  assign \$250  = \$241  ? { \$206 [65], \$206 [65], \$206 [65:0] } : \$249 ;
-  assign \$977  = gc_lane * 6'h20;
-  assign \$251  = c_out__payload >> \$977 ;
-  assign \$252  = \$239  ? \$250  : { \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251 [31], \$251  };
-  assign \$253  = gc_lane == 2'h3;
-  assign \$254  = \$signal$213  * 3'h4;
-  assign \$255  = \$254  + gc_lane;
-  assign \$256  = \$255  + 1'h1;
-  assign \$257  = \$256  >= m_eff;
-  assign \$258  = \$253  | \$257 ;
-  assign \$259  = m_eff * 2'h2;
-  assign \$260  = pc >= 7'h40;
-  assign \$261  = ! ins[5:0];
-  assign \$262  = | decode_err;
-  assign \$263  = 2'h2 * \$signal$133 ;
-  assign \$264  = ins[111:88] + \$263 ;
-  assign \$265  = 2'h2 * \$signal$133 ;
-  assign \$266  = ins[111:88] + \$265 ;
-  assign \$267  = \$266  + 1'h1;
-  assign \$268  = ins[135:112] + \$signal$232 ;
-  assign \$269  = ~ \$signal$235 ;
-  assign \$270  = \$signal$236  < ln;
-  assign \$271  = ins[135:112] + \$signal$236 ;
+  assign \$132  = ~ \$signal$142 ;
+  assign \$133  = \$131  & \$132 ;
+  assign \$135  = | \$134 ;
+  assign \$136  = ins[5:0] == 4'ha;
+  assign \$137  = \$135  | \$136 ;
+  assign \$138  = ins[5:0] == 4'hb;
+  assign \$139  = \$137  | \$138 ;
+  assign \$140  = ~ exp_active;
+  assign \$141  = \$139  & \$140 ;
+  assign \$142  = \$133  | \$141 ;
+  assign \$143  = ins[5:0] == 4'he;
+  assign \$144  = ins[5:0] == 4'h9;
+  assign \$145  = \$143  | \$144 ;
+  assign \$146  = ins[255:244] < 7'h40;
+  assign \$147  = ~ \$146 ;
+  assign \$148  = \$145  & \$147 ;
+  assign \$149  = ins[5:0] != 4'he;
+  assign \$150  = ~ shape_ok;
+  assign \$151  = \$149  & \$150 ;
+  assign \$152  = ins[5:0] == 4'h8;
+  assign \$153  = ! ins[87:77];
+  assign \$154  = \$signal$144  & \$153 ;
+  assign \$155  = \$signal$145  == ins[76:64];
+  assign \$156  = \$154  & \$155 ;
+  assign \$157  = scores_len == l0_acc;
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = ~ \$158 ;
+  assign \$160  = \$152  & \$159 ;
+  assign \$161  = ins[5:0] != 4'he;
+  assign \$162  = ! \$signal$138 ;
+  assign \$163  = ! ins[87:78];
+  assign \$164  = ins[77:64] + \$signal$138 ;
+  assign \$165  = \$164  <= 14'h2000;
+  assign \$166  = \$163  & \$165 ;
+  assign \$167  = \$162  | \$166 ;
+  assign \$168  = ! \$signal$140 ;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -10279,10 +10518,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$976$0 (\$696 ),
-    .\port$994$0 (\$697 ),
-    .rd_addr(\$38 [31:0]),
-    .rd_beats(beats[23:0]),
+    .\port$1116$0 (\$825 ),
+    .\port$1134$0 (\$826 ),
+    .\port$3237$0 (beats),
+    .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
     .rd_data__ready(rd_data__ready),
@@ -10310,7 +10549,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$79 (done),
-    .error(\error$301 ),
+    .error(\error$322 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -10344,7 +10583,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .i__payload(i__payload),
     .i__valid(i__valid),
     .mult(\$signal$159 [15:0]),
-    .o__payload(o__payload),
+    .o__payload(\o__payload$203 ),
     .o__valid(o__valid),
     .rst(rst),
     .shift(shift),
@@ -10368,33 +10607,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .wp__data(bias_data)
   );
   \nanokpu_kpu.sigmoid  sigmoid (
-    .advance(\i__ready$184 ),
+    .advance(\i__ready$185 ),
     .clk(clk),
-    .i__valid(\i__valid$183 ),
-    .o__payload(\o__payload$186 ),
-    .o__valid(\o__valid$185 ),
+    .i__valid(\i__valid$184 ),
+    .o__payload(o__payload),
+    .o__valid(\o__valid$186 ),
     .rst(rst),
     .unit_rst(unit_rst),
     .x(i__payload[15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$188 ),
+    .advance(\i__ready$189 ),
     .clk(clk),
     .i__payload(\i__payload$165 ),
-    .i__valid(\i__valid$187 ),
-    .o__payload(\o__payload$190 ),
-    .o__valid(\o__valid$189 ),
+    .i__valid(\i__valid$188 ),
+    .o__payload(\o__payload$191 ),
+    .o__valid(\o__valid$190 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
     .i__payload(\i__payload$167 ),
-    .i__ready(\i__ready$192 ),
-    .i__valid(\i__valid$191 ),
+    .i__ready(\i__ready$193 ),
+    .i__valid(\i__valid$192 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$194 ),
-    .o__valid(\o__valid$193 ),
+    .o__payload(\o__payload$195 ),
+    .o__valid(\o__valid$194 ),
     .op(op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -10455,11 +10694,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     (* full_case = 32'd1 *)
     casez (ins[5:0])
       6'h03:
-          beats = { 8'h00, \$45  };
+          beats = { 1'h0, l4_acc };
       6'h01:
-          beats = \$49 ;
+          beats = \$41 [14:0];
       default:
-          beats = { \$53 [36], \$53 [36], \$53 [36], \$53  };
+          beats = \$45 [14:0];
     endcase
   end
   always @* begin
@@ -10467,123 +10706,123 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     (* full_case = 32'd1 *)
     casez (ins[5:0])
       6'h08:
-          shape_ok = \$59 ;
+          shape_ok = \$50 ;
       6'h09:
-          shape_ok = \$60 ;
+          shape_ok = \$51 ;
       6'h03:
-          shape_ok = \$79 ;
+          shape_ok = \$68 ;
       6'h0c:
-          shape_ok = \$84 ;
+          shape_ok = \$73 ;
       6'h01:
-          shape_ok = \$93 ;
+          shape_ok = \$82 ;
       6'h02:
-          shape_ok = \$98 ;
+          shape_ok = \$87 ;
       6'h04:
-          shape_ok = \$105 ;
+          shape_ok = \$94 ;
       default:
-          shape_ok = \$108 ;
+          shape_ok = \$97 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    wc = 48'h000000000000;
+    wc = 14'h0000;
     casez (ins[5:0])
       6'h01:
-          wc = { 16'h0000, ln };
+          wc = l0_acc;
       6'h02:
           /* empty */;
       6'h03:
-          wc = { 16'h0000, ln };
+          wc = l0_acc;
       6'h04:
-          wc = { 16'h0000, ln };
+          wc = l0_acc;
       6'h05, 6'h0d:
-          wc = { 16'h0000, ln };
+          wc = l0_acc;
       6'h06, 6'h07:
-          wc = { 16'h0000, ln };
+          wc = l0_acc;
       6'h08:
-          wc = { 26'h0000000, \$118  };
+          wc = \$109 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wc = { 16'h0000, \$121  };
+          wc = l1_acc;
       6'h0b:
-          wc = { 16'h0000, ln };
+          wc = l0_acc;
       6'h0c:
-          wc = { 16'h0000, ln };
+          wc = l0_acc;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$140  = 48'h000000000000;
+    \$signal$138  = 14'h0000;
     casez (ins[5:0])
       6'h01:
           /* empty */;
       6'h02:
-          \$signal$140  = { 16'h0000, ln };
+          \$signal$138  = l0_acc;
       6'h03:
-          \$signal$140  = { 16'h0000, \$109  };
+          \$signal$138  = l1_acc;
       6'h04:
-          \$signal$140  = { 16'h0000, ln };
+          \$signal$138  = l0_acc;
       6'h05, 6'h0d:
-          \$signal$140  = { 16'h0000, ln };
+          \$signal$138  = l0_acc;
       6'h06, 6'h07:
-          \$signal$140  = { 16'h0000, ln };
+          \$signal$138  = l0_acc;
       6'h08:
-          \$signal$140  = { 16'h0000, ln };
+          \$signal$138  = l0_acc;
       6'h09:
-          \$signal$140  = { 30'h00000000, \$119  };
+          \$signal$138  = \$113 ;
       6'h0a:
-          \$signal$140  = { 16'h0000, ln };
+          \$signal$138  = l0_acc;
       6'h0b:
-          \$signal$140  = { 16'h0000, \$122  };
+          \$signal$138  = l1_acc;
       6'h0c:
-          \$signal$140  = \$124 ;
+          \$signal$138  = l3_acc;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$141  = 48'h000000000000;
+    \$signal$140  = 14'h0000;
     casez (ins[5:0])
       6'h01:
           /* empty */;
       6'h02:
           /* empty */;
       6'h03:
-          \$signal$141  = { 43'h00000000000, \$112  };
+          \$signal$140  = { 9'h000, \$100  };
       6'h04:
-          \$signal$141  = { 43'h00000000000, \$115  };
+          \$signal$140  = { 9'h000, \$103  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
-          \$signal$141  = { 16'h0000, ln };
+          \$signal$140  = l0_acc;
       6'h08:
-          \$signal$141  = { 32'h00000000, ins[63:48] };
+          \$signal$140  = \$105 ;
       6'h09:
           /* empty */;
       6'h0a:
-          \$signal$141  = { 23'h000000, \$120  };
+          \$signal$140  = \$117 ;
       6'h0b:
-          \$signal$141  = { 23'h000000, \$123  };
+          \$signal$140  = \$121 ;
       6'h0c:
-          \$signal$141  = { 16'h0000, \$125  };
+          \$signal$140  = l1_acc;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     decode_err = 8'h00;
-    if (\$127 ) begin
+    if (\$123 ) begin
       decode_err = 8'h01;
-    end else if (\$146 ) begin
+    end else if (\$142 ) begin
       decode_err = 8'h08;
-    end else if (\$152 ) begin
+    end else if (\$148 ) begin
       decode_err = 8'h06;
-    end else if (\$155 ) begin
+    end else if (\$151 ) begin
       decode_err = 8'h03;
-    end else if (\$162 ) begin
+    end else if (\$160 ) begin
       decode_err = 8'h04;
-    end else if (\$179 ) begin
+    end else if (\$183 ) begin
       decode_err = 8'h02;
-    end else if (\$194 ) begin
+    end else if (\$198 ) begin
       decode_err = 8'h05;
     end
   end
@@ -10591,11 +10830,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__addr  = 13'h0000;
     if (eng_run) begin
-      \$signature__addr  = \$signal$151 [12:0];
+      \$signature__addr  = \$signal$151 ;
     end
     if (gemm_run) begin
-      if (\$228 ) begin
-        \$signature__addr  = \$233 [12:0];
+      if (\$258 ) begin
+        \$signature__addr  = \$signal$214 ;
       end
     end
     casez (ctrl_state)
@@ -10608,7 +10847,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr  = \$264 [12:0];
+          \$signature__addr  = \$275 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10622,17 +10861,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$285 ) begin
-            \$signature__addr  = \$286 [12:0];
+          if (\$296 ) begin
+            \$signature__addr  = \$297 [12:0];
           end
       5'h0a:
-          \$signature__addr  = \$287 [12:0];
+          \$signature__addr  = \$298 [12:0];
       5'h10:
-          if (\$294 ) begin
-            \$signature__addr  = \$299 [12:0];
+          if (\$305 ) begin
+            \$signature__addr  = \$306 [12:0];
           end
       5'h11:
-          \$signature__addr  = \$311 [12:0];
+          \$signature__addr  = \$314 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -10643,23 +10882,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$331 ) begin
+          if (\$325 ) begin
           end else begin
-            \$signature__addr  = \$332 [12:0];
+            \$signature__addr  = \$326 [12:0];
           end
       5'h16:
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$335 ) begin
+          if (\$329 ) begin
           end else begin
-            \$signature__addr  = \$337 [12:0];
+            \$signature__addr  = \$331 [12:0];
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$338 ) begin
-            \$signature__addr  = \$345 [12:0];
+          if (\$332 ) begin
+          end else if (\$333 ) begin
+            \$signature__addr  = \$337 [12:0];
           end
     endcase
   end
@@ -10667,7 +10907,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__addr$152  = 13'h0000;
     if (eng_run) begin
-      \$signature__addr$152  = \$signal$153 [12:0];
+      \$signature__addr$152  = \$signal$153 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -10679,7 +10919,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr$152  = \$267 [12:0];
+          \$signature__addr$152  = \$278 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10710,9 +10950,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$331 ) begin
+          if (\$325 ) begin
           end else begin
-            \$signature__addr$152  = \$334 [12:0];
+            \$signature__addr$152  = \$328 [12:0];
           end
     endcase
   end
@@ -10720,10 +10960,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__en  = 1'h1;
     if (eng_run) begin
-      \$signature__en  = \$196 ;
+      \$signature__en  = \$200 ;
     end
     if (gemm_run) begin
-      if (\$228 ) begin
+      if (\$258 ) begin
         \$signature__en  = 1'h1;
       end
     end
@@ -10751,13 +10991,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$285 ) begin
+          if (\$296 ) begin
             \$signature__en  = 1'h1;
           end
       5'h0a:
           \$signature__en  = 1'h1;
       5'h10:
-          if (\$294 ) begin
+          if (\$305 ) begin
             \$signature__en  = 1'h1;
           end
       5'h11:
@@ -10772,7 +11012,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$331 ) begin
+          if (\$325 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -10780,14 +11020,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$335 ) begin
+          if (\$329 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$338 ) begin
+          if (\$332 ) begin
+          end else if (\$333 ) begin
             \$signature__en  = 1'h1;
           end
     endcase
@@ -10796,7 +11037,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__en$157  = 1'h1;
     if (eng_run) begin
-      \$signature__en$157  = \$198 ;
+      \$signature__en$157  = \$202 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -10839,7 +11080,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$331 ) begin
+          if (\$325 ) begin
           end else begin
             \$signature__en$157  = 1'h1;
           end
@@ -10864,28 +11105,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h04:
             eng_ready = i__ready;
         6'h05:
-            eng_ready = \i__ready$184 ;
+            eng_ready = \i__ready$185 ;
         6'h06:
-            eng_ready = \i__ready$188 ;
+            eng_ready = \i__ready$189 ;
         default:
-            eng_ready = \i__ready$192 ;
+            eng_ready = \i__ready$193 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$179  = 1'h0;
+    \$signal$181  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            \$signal$179  = o__valid;
+            \$signal$181  = o__valid;
         6'h05:
-            \$signal$179  = \o__valid$185 ;
+            \$signal$181  = \o__valid$186 ;
         6'h06:
-            \$signal$179  = \o__valid$189 ;
+            \$signal$181  = \o__valid$190 ;
         default:
-            \$signal$179  = \o__valid$193 ;
+            \$signal$181  = \o__valid$194 ;
       endcase
     end
   end
@@ -10896,31 +11137,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            out_data = \$214 [31:0];
+            out_data = rq_sat;
         6'h05:
-            out_data = { 19'h00000, \o__payload$186  };
+            out_data = { 19'h00000, o__payload };
         6'h06:
-            out_data = { \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190 [15], \o__payload$190  };
+            out_data = { \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191  };
         default:
-            out_data = { \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194  };
+            out_data = { \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195  };
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$183  = 1'h0;
+    \i__valid$184  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
             /* empty */;
         6'h05:
-            \i__valid$183  = \$signal$155 ;
+            \i__valid$184  = \$signal$155 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$187  = 1'h0;
+    \i__valid$188  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
@@ -10928,13 +11169,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             /* empty */;
         6'h06:
-            \i__valid$187  = \$signal$155 ;
+            \i__valid$188  = \$signal$155 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$191  = 1'h0;
+    \i__valid$192  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
@@ -10945,7 +11186,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h06:
             /* empty */;
         default:
-            \i__valid$191  = \$signal$155 ;
+            \i__valid$192  = \$signal$155 ;
       endcase
     end
   end
@@ -10984,7 +11225,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$269 ;
+          rd_data__ready = \$280 ;
     endcase
   end
   always @* begin
@@ -10992,7 +11233,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$238 [12:0];
+        wr__addr = \$signal$217 ;
       end
     end
     casez (ctrl_state)
@@ -11009,8 +11250,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$179 ) begin
-            wr__addr = \$268 [12:0];
+          if (\$signal$181 ) begin
+            wr__addr = \$279 [12:0];
           end
       5'h07:
           /* empty */;
@@ -11019,9 +11260,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$235 ) begin
-            if (\$270 ) begin
-              wr__addr = \$271 [12:0];
+          if (\$signal$244 ) begin
+            if (\$281 ) begin
+              wr__addr = \$282 [12:0];
             end
           end
       5'h09:
@@ -11030,29 +11271,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$302 ) begin
-            wr__addr = \$305 [12:0];
-          end
-          if (\$306 ) begin
+          if (\$309 ) begin
             wr__addr = \$310 [12:0];
+          end
+          if (\$311 ) begin
+            wr__addr = \$313 [12:0];
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$312 ) begin
+          if (\$315 ) begin
             wr__addr = \$316 [12:0];
           end
       5'h13:
-          wr__addr = \$320 [12:0];
+          wr__addr = \$318 [12:0];
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$322 ) begin
+          if (\$320 ) begin
           end else begin
-            wr__addr = \$325 [12:0];
+            wr__addr = \$321 [12:0];
           end
       5'h15:
-          wr__addr = \$330 [12:0];
+          wr__addr = \$324 [12:0];
       5'h0b:
           /* empty */;
       5'h16:
@@ -11062,8 +11303,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$270 ) begin
-            wr__addr = \$signal$271 [12:0];
+          if (\$signal$281 ) begin
+            wr__addr = \$signal$282 ;
           end
     endcase
   end
@@ -11072,7 +11313,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = \$252 [31:0];
+        wr__data = \$261 ;
       end
     end
     casez (ctrl_state)
@@ -11089,7 +11330,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$179 ) begin
+          if (\$signal$181 ) begin
             wr__data = out_data;
           end
       5'h07:
@@ -11099,9 +11340,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$235 ) begin
-            if (\$270 ) begin
-              wr__data = \$278 ;
+          if (\$signal$244 ) begin
+            if (\$281 ) begin
+              wr__data = \$289 ;
             end
           end
       5'h09:
@@ -11110,29 +11351,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$302 ) begin
-            wr__data = { 29'h00000000, \$signal$261 [2:0] };
+          if (\$309 ) begin
+            wr__data = { 29'h00000000, \$signal$270 [2:0] };
           end
-          if (\$306 ) begin
-            wr__data = { 16'h0000, \$signal$261 [18:3] };
+          if (\$311 ) begin
+            wr__data = { 16'h0000, \$signal$270 [18:3] };
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$312 ) begin
-            wr__data = \$signal$262 ;
+          if (\$315 ) begin
+            wr__data = { 18'h00000, \$signal$271  };
           end
       5'h13:
-          wr__data = { 16'h0000, \$signal$264  };
+          wr__data = { 18'h00000, \$signal$274  };
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$322 ) begin
+          if (\$320 ) begin
           end else begin
-            wr__data = \$326 [31:0];
+            wr__data = { \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322  };
           end
       5'h15:
-          wr__data = \$signal$265 ;
+          wr__data = { 18'h00000, \$signal$276  };
       5'h0b:
           /* empty */;
       5'h16:
@@ -11142,7 +11383,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$270 ) begin
+          if (\$signal$281 ) begin
             wr__data = i__payload;
           end
     endcase
@@ -11169,7 +11410,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$179 ) begin
+          if (\$signal$181 ) begin
             wr__en = 1'h1;
           end
       5'h07:
@@ -11179,8 +11420,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$235 ) begin
-            if (\$270 ) begin
+          if (\$signal$244 ) begin
+            if (\$281 ) begin
               wr__en = 1'h1;
             end
           end
@@ -11190,24 +11431,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$302 ) begin
+          if (\$309 ) begin
             wr__en = 1'h1;
           end
-          if (\$306 ) begin
+          if (\$311 ) begin
             wr__en = 1'h1;
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$312 ) begin
+          if (\$315 ) begin
             wr__en = 1'h1;
           end
       5'h13:
           wr__en = 1'h1;
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$322 ) begin
+          if (\$320 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -11222,7 +11463,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$270 ) begin
+          if (\$signal$281 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -11232,7 +11473,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     c_out__ready = 1'h0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$258 ) begin
+        if (\$266 ) begin
           c_out__ready = 1'h1;
         end
       end
@@ -11240,29 +11481,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__addr$228  = 6'h00;
+    \$signature__addr$229  = 6'h00;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$260 ) begin
+          if (\$267 ) begin
           end else begin
-            \$signature__addr$228  = pc[5:0];
+            \$signature__addr$229  = pc[5:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en$229  = 1'h1;
+    \$signature__en$230  = 1'h1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$260 ) begin
+          if (\$267 ) begin
           end else begin
-            \$signature__en$229  = 1'h1;
+            \$signature__en$230  = 1'h1;
           end
     endcase
   end
@@ -11278,8 +11519,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$261 ) begin
-          end else if (\$262 ) begin
+          if (\$268 ) begin
+          end else if (\$271 ) begin
+          end else if (\$272 ) begin
+          end else if (\$273 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11322,8 +11565,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$261 ) begin
-          end else if (\$262 ) begin
+          if (\$268 ) begin
+          end else if (\$271 ) begin
+          end else if (\$272 ) begin
+          end else if (\$273 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11439,7 +11684,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$239 ;
+          wr_data__valid = \$signal$248 ;
     endcase
   end
   always @* begin
@@ -11471,7 +11716,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$288 ) begin
+          if (\$299 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -11505,8 +11750,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$288 ) begin
-            bias_addr = \$289 [2:0];
+          if (\$299 ) begin
+            bias_addr = \$300 [2:0];
           end
     endcase
   end
@@ -11539,7 +11784,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$288 ) begin
+          if (\$299 ) begin
             bias_data = i__payload[15:0];
           end
     endcase
@@ -11609,7 +11854,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$248 ;
+          scores__valid = \$signal$257 ;
     endcase
   end
   always @* begin
@@ -11643,7 +11888,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$300 ;
+          routes__ready = \$307 ;
     endcase
   end
   always @* begin
@@ -11757,46 +12002,613 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$347 ) begin
+    if (\$339 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$597  = \$signal$119 ;
-    if (\$374 ) begin
-      \$597  = wr_data;
+    \$699  = \$signal$119 ;
+    if (\$366 ) begin
+      \$699  = wr_data;
     end
     if (rst) begin
-      \$597  = 32'd0;
+      \$699  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$598  = host_size;
-    if (\$376 ) begin
-      \$598  = wr_data;
+    \$700  = host_size;
+    if (\$368 ) begin
+      \$700  = wr_data;
     end
     if (rst) begin
-      \$598  = 32'd0;
+      \$700  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$599  = rsel;
+    \$701  = rsel;
     if (rd_en) begin
-      \$599  = s_axil__araddr;
+      \$701  = s_axil__araddr;
     end
     if (rst) begin
-      \$599  = 20'h00000;
+      \$701  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$600  = \$signal$155 ;
+    \$702  = l0_acc;
+    if (\$369 ) begin
+      if (l0_y[0]) begin
+        \$702  = \$373 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$318 [5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$702  = 14'h0000;
+          endcase
+    endcase
+    if (rst) begin
+      \$702  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$703  = l0_x;
+    if (\$369 ) begin
+      \$703  = \$375 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$318 [5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$703  = \$501 ;
+          endcase
+    endcase
+    if (rst) begin
+      \$703  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$704  = l0_y;
+    if (\$369 ) begin
+      \$704  = \$376 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$704  = 16'h0000;
+          casez (\$signature__data$318 [5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$704  = \$499 ;
+          endcase
+        end
+    endcase
+    if (rst) begin
+      \$704  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$705  = l1_acc;
+    if (\$377 ) begin
+      if (l1_y[0]) begin
+        \$705  = \$381 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$705  = 14'h0000;
+            6'h0c:
+                \$705  = 14'h0000;
+            6'h0a, 6'h0b:
+                \$705  = 14'h0000;
+            6'h08:
+                \$705  = 14'h0000;
+          endcase
+    endcase
+    if (rst) begin
+      \$705  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$706  = l1_x;
+    if (\$377 ) begin
+      \$706  = \$383 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$706  = \$506 ;
+            6'h0c:
+                \$706  = \$532 ;
+            6'h0a, 6'h0b:
+                \$706  = \$536 ;
+            6'h08:
+                \$706  = 14'h0008;
+          endcase
+    endcase
+    if (rst) begin
+      \$706  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$707  = l1_y;
+    if (\$377 ) begin
+      \$707  = \$384 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$707  = 16'h0000;
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$707  = \$504 ;
+            6'h0c:
+                \$707  = \$530 ;
+            6'h0a, 6'h0b:
+                \$707  = \$signal$130 ;
+            6'h08:
+                \$707  = \$539 ;
+          endcase
+        end
+    endcase
+    if (rst) begin
+      \$707  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$708  = l2_acc;
+    if (\$385 ) begin
+      if (l2_y[0]) begin
+        \$708  = \$389 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$708  = 14'h0000;
+            6'h0c:
+                \$708  = 14'h0000;
+          endcase
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          (* full_case = 32'd1 *)
+          if (\$682 ) begin
+          end else begin
+            \$708  = 14'h0000;
+          end
+    endcase
+    if (rst) begin
+      \$708  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$709  = l2_x;
+    if (\$385 ) begin
+      \$709  = \$391 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$709  = \$514 ;
+            6'h0c:
+                \$709  = \$534 ;
+          endcase
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          (* full_case = 32'd1 *)
+          if (\$682 ) begin
+          end else begin
+            \$709  = ins[61:48];
+          end
+    endcase
+    if (rst) begin
+      \$709  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$710  = l2_y;
+    if (\$385 ) begin
+      \$710  = \$392 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$710  = 16'h0000;
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$710  = \$512 [15:0];
+            6'h0c:
+                \$710  = \$signature__data$318 [47:32];
+          endcase
+        end
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          (* full_case = 32'd1 *)
+          if (\$682 ) begin
+          end else begin
+            \$710  = i__payload[15:0];
+          end
+    endcase
+    if (rst) begin
+      \$710  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$711  = l3_acc;
+    if (\$393 ) begin
+      if (l3_y[0]) begin
+        \$711  = \$397 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$711  = 14'h0000;
+          endcase
+      5'h04:
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+            \$711  = 14'h0000;
+          end
+    endcase
+    if (rst) begin
+      \$711  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$712  = l3_x;
+    if (\$393 ) begin
+      \$712  = \$399 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$712  = \$522 ;
+          endcase
+      5'h04:
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+            \$712  = l2_acc;
+          end
+    endcase
+    if (rst) begin
+      \$712  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$713  = l3_y;
+    if (\$393 ) begin
+      \$713  = \$400 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$713  = 16'h0000;
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$713  = \$520 [15:0];
+          endcase
+        end
+      5'h04:
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+            \$713  = m_eff;
+          end
+    endcase
+    if (rst) begin
+      \$713  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$714  = l4_acc;
+    if (\$401 ) begin
+      if (l4_y[0]) begin
+        \$714  = \$405 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$714  = 14'h0000;
+          endcase
+    endcase
+    if (rst) begin
+      \$714  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$715  = l4_x;
+    if (\$401 ) begin
+      \$715  = \$407 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$715  = \$527 ;
+          endcase
+    endcase
+    if (rst) begin
+      \$715  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$716  = l4_y;
+    if (\$401 ) begin
+      \$716  = \$408 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$716  = 16'h0000;
+          casez (\$signature__data$318 [5:0])
+            6'h03:
+                \$716  = \$525 [15:0];
+          endcase
+        end
+    endcase
+    if (rst) begin
+      \$716  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$717  = lh_acc;
+    if (\$409 ) begin
+      if (lh_y[0]) begin
+        \$717  = \$413 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$717  = { 1'h0, \$signature__data$318 [167:136] };
+    endcase
+    if (rst) begin
+      \$717  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$718  = lh_x;
+    if (\$409 ) begin
+      \$718  = \$415 [32:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$718  = { 1'h0, \$signature__data$318 [199:168] };
+    endcase
+    if (rst) begin
+      \$718  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$719  = lh_y;
+    if (\$409 ) begin
+      \$719  = \$416 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$719  = { 12'h000, \$542  };
+    endcase
+    if (rst) begin
+      \$719  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$720  = \$signal$155 ;
     if (eng_run) begin
-      if (\$378 ) begin
-        \$600  = \$signal$275 ;
+      if (\$418 ) begin
+        \$720  = \$signal$292 ;
       end
     end
     casez (ctrl_state)
@@ -11808,52 +12620,54 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$600  = 1'h0;
+                  \$720  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$600  = 1'h0;
+                  \$720  = 1'h0;
               6'h0c:
-                  \$600  = 1'h0;
+                  \$720  = 1'h0;
               6'h0d:
-                  \$600  = 1'h0;
+                  \$720  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$600  = 1'h0;
+      \$720  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$601  = \$signal$168 ;
+    \$721  = \$signal$168 ;
     if (eng_run) begin
-      if (\$378 ) begin
-        \$601  = \$380 ;
+      if (\$418 ) begin
+        \$721  = \$420 ;
       end
     end
     if (rst) begin
-      \$601  = 1'h0;
+      \$721  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$602  = idx0;
+    \$722  = idx0;
     if (eng_run) begin
-      if (\$378 ) begin
-        if (\$signal$275 ) begin
+      if (\$418 ) begin
+        if (\$signal$292 ) begin
           (* full_case = 32'd1 *)
-          if (\$382 ) begin
-            \$602  = \$385 [15:0];
-          end else if (\$384 ) begin
-            \$602  = 16'h0000;
+          if (\$422 ) begin
+            \$722  = \$425 [13:0];
+          end else if (\$424 ) begin
+            \$722  = 14'h0000;
           end else begin
-            \$602  = 16'h0000;
+            \$722  = 14'h0000;
           end
         end
       end
@@ -11867,40 +12681,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$602  = 16'h0000;
+                  \$722  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$602  = 16'h0000;
+                  \$722  = 14'h0000;
               6'h0c:
-                  \$602  = 16'h0000;
+                  \$722  = 14'h0000;
               6'h0d:
-                  \$602  = 16'h0000;
+                  \$722  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$602  = 16'h0000;
+      \$722  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$603  = \$signal$151 ;
+    \$723  = \$signal$151 ;
     if (eng_run) begin
-      if (\$378 ) begin
-        if (\$signal$275 ) begin
+      if (\$418 ) begin
+        if (\$signal$292 ) begin
           (* full_case = 32'd1 *)
-          if (\$382 ) begin
-            \$603  = \$386 [31:0];
-          end else if (\$384 ) begin
-            \$603  = \$390 [31:0];
+          if (\$422 ) begin
+            \$723  = \$426 [12:0];
+          end else if (\$424 ) begin
+            \$723  = \$430 [12:0];
           end else begin
-            \$603  = \$396 [31:0];
+            \$723  = \$436 [12:0];
           end
         end
       end
@@ -11914,40 +12730,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$603  = { 8'h00, ins[87:64] };
+                  \$723  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$603  = { 8'h00, ins[87:64] };
+                  \$723  = ins[76:64];
               6'h0c:
-                  \$603  = { 8'h00, ins[87:64] };
+                  \$723  = ins[76:64];
               6'h0d:
-                  \$603  = { 8'h00, ins[87:64] };
+                  \$723  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$603  = 32'd0;
+      \$723  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$604  = \$signal$153 ;
+    \$724  = \$signal$153 ;
     if (eng_run) begin
-      if (\$378 ) begin
-        if (\$signal$275 ) begin
+      if (\$418 ) begin
+        if (\$signal$292 ) begin
           (* full_case = 32'd1 *)
-          if (\$382 ) begin
-            \$604  = \$387 [31:0];
-          end else if (\$384 ) begin
-            \$604  = \$392 [31:0];
+          if (\$422 ) begin
+            \$724  = \$427 [12:0];
+          end else if (\$424 ) begin
+            \$724  = \$432 [12:0];
           end else begin
-            \$604  = \$399 [31:0];
+            \$724  = \$439 [12:0];
           end
         end
       end
@@ -11961,39 +12779,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$604  = { 8'h00, ins[111:88] };
+                  \$724  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$604  = { 8'h00, ins[111:88] };
+                  \$724  = ins[100:88];
               6'h0c:
-                  \$604  = { 8'h00, ins[111:88] };
+                  \$724  = ins[100:88];
               6'h0d:
-                  \$604  = { 8'h00, ins[111:88] };
+                  \$724  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$604  = 32'd0;
+      \$724  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$605  = idx1;
+    \$725  = idx1;
     if (eng_run) begin
-      if (\$378 ) begin
-        if (\$signal$275 ) begin
+      if (\$418 ) begin
+        if (\$signal$292 ) begin
           (* full_case = 32'd1 *)
-          if (\$382 ) begin
-          end else if (\$384 ) begin
-            \$605  = \$388 [15:0];
+          if (\$422 ) begin
+          end else if (\$424 ) begin
+            \$725  = \$428 [13:0];
           end else begin
-            \$605  = 16'h0000;
+            \$725  = 14'h0000;
           end
         end
       end
@@ -12007,39 +12827,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$605  = 16'h0000;
+                  \$725  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$605  = 16'h0000;
+                  \$725  = 14'h0000;
               6'h0c:
-                  \$605  = 16'h0000;
+                  \$725  = 14'h0000;
               6'h0d:
-                  \$605  = 16'h0000;
+                  \$725  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$605  = 16'h0000;
+      \$725  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$606  = \$signal$282 ;
+    \$726  = \$signal$299 ;
     if (eng_run) begin
-      if (\$378 ) begin
-        if (\$signal$275 ) begin
+      if (\$418 ) begin
+        if (\$signal$292 ) begin
           (* full_case = 32'd1 *)
-          if (\$382 ) begin
-          end else if (\$384 ) begin
-            \$606  = \$389 [31:0];
+          if (\$422 ) begin
+          end else if (\$424 ) begin
+            \$726  = \$429 [12:0];
           end else begin
-            \$606  = \$395 [31:0];
+            \$726  = \$435 [12:0];
           end
         end
       end
@@ -12053,39 +12875,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$606  = { 8'h00, ins[87:64] };
+                  \$726  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$606  = { 8'h00, ins[87:64] };
+                  \$726  = ins[76:64];
               6'h0c:
-                  \$606  = { 8'h00, ins[87:64] };
+                  \$726  = ins[76:64];
               6'h0d:
-                  \$606  = { 8'h00, ins[87:64] };
+                  \$726  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$606  = 32'd0;
+      \$726  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$607  = \$signal$284 ;
+    \$727  = \$signal$301 ;
     if (eng_run) begin
-      if (\$378 ) begin
-        if (\$signal$275 ) begin
+      if (\$418 ) begin
+        if (\$signal$292 ) begin
           (* full_case = 32'd1 *)
-          if (\$382 ) begin
-          end else if (\$384 ) begin
-            \$607  = \$391 [31:0];
+          if (\$422 ) begin
+          end else if (\$424 ) begin
+            \$727  = \$431 [12:0];
           end else begin
-            \$607  = \$398 [31:0];
+            \$727  = \$438 [12:0];
           end
         end
       end
@@ -12099,38 +12923,40 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$607  = { 8'h00, ins[111:88] };
+                  \$727  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$607  = { 8'h00, ins[111:88] };
+                  \$727  = ins[100:88];
               6'h0c:
-                  \$607  = { 8'h00, ins[111:88] };
+                  \$727  = ins[100:88];
               6'h0d:
-                  \$607  = { 8'h00, ins[111:88] };
+                  \$727  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$607  = 32'd0;
+      \$727  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$608  = idx2;
+    \$728  = idx2;
     if (eng_run) begin
-      if (\$378 ) begin
-        if (\$signal$275 ) begin
+      if (\$418 ) begin
+        if (\$signal$292 ) begin
           (* full_case = 32'd1 *)
-          if (\$382 ) begin
-          end else if (\$384 ) begin
+          if (\$422 ) begin
+          end else if (\$424 ) begin
           end else begin
-            \$608  = \$393 [15:0];
+            \$728  = \$433 [13:0];
           end
         end
       end
@@ -12144,38 +12970,40 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$608  = 16'h0000;
+                  \$728  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$608  = 16'h0000;
+                  \$728  = 14'h0000;
               6'h0c:
-                  \$608  = 16'h0000;
+                  \$728  = 14'h0000;
               6'h0d:
-                  \$608  = 16'h0000;
+                  \$728  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$608  = 16'h0000;
+      \$728  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$609  = \$signal$287 ;
+    \$729  = \$signal$304 ;
     if (eng_run) begin
-      if (\$378 ) begin
-        if (\$signal$275 ) begin
+      if (\$418 ) begin
+        if (\$signal$292 ) begin
           (* full_case = 32'd1 *)
-          if (\$382 ) begin
-          end else if (\$384 ) begin
+          if (\$422 ) begin
+          end else if (\$424 ) begin
           end else begin
-            \$609  = \$394 [31:0];
+            \$729  = \$434 [12:0];
           end
         end
       end
@@ -12189,38 +13017,40 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$609  = { 8'h00, ins[87:64] };
+                  \$729  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$609  = { 8'h00, ins[87:64] };
+                  \$729  = ins[76:64];
               6'h0c:
-                  \$609  = { 8'h00, ins[87:64] };
+                  \$729  = ins[76:64];
               6'h0d:
-                  \$609  = { 8'h00, ins[87:64] };
+                  \$729  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$609  = 32'd0;
+      \$729  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$610  = \$signal$289 ;
+    \$730  = \$signal$306 ;
     if (eng_run) begin
-      if (\$378 ) begin
-        if (\$signal$275 ) begin
+      if (\$418 ) begin
+        if (\$signal$292 ) begin
           (* full_case = 32'd1 *)
-          if (\$382 ) begin
-          end else if (\$384 ) begin
+          if (\$422 ) begin
+          end else if (\$424 ) begin
           end else begin
-            \$610  = \$397 [31:0];
+            \$730  = \$437 [12:0];
           end
         end
       end
@@ -12234,39 +13064,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$610  = { 8'h00, ins[111:88] };
+                  \$730  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$610  = { 8'h00, ins[111:88] };
+                  \$730  = ins[100:88];
               6'h0c:
-                  \$610  = { 8'h00, ins[111:88] };
+                  \$730  = ins[100:88];
               6'h0d:
-                  \$610  = { 8'h00, ins[111:88] };
+                  \$730  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$610  = 32'd0;
+      \$730  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$611  = \$signal$275 ;
+    \$731  = \$signal$292 ;
     if (eng_run) begin
-      if (\$378 ) begin
-        if (\$signal$275 ) begin
+      if (\$418 ) begin
+        if (\$signal$292 ) begin
           (* full_case = 32'd1 *)
-          if (\$382 ) begin
-          end else if (\$384 ) begin
+          if (\$422 ) begin
+          end else if (\$424 ) begin
           end else begin
-            if (\$401 ) begin
-              \$611  = 1'h0;
+            if (\$441 ) begin
+              \$731  = 1'h0;
             end
           end
         end
@@ -12281,63 +13113,65 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$611  = 1'h1;
+                  \$731  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$611  = 1'h1;
+                  \$731  = 1'h1;
               6'h0c:
-                  \$611  = 1'h1;
+                  \$731  = 1'h1;
               6'h0d:
-                  \$611  = 1'h1;
+                  \$731  = 1'h1;
             endcase
           end
     endcase
     if (rst) begin
-      \$611  = 1'h0;
+      \$731  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$612  = \$signal$292 ;
+    \$732  = \$signal$309 ;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
-      if (\$411 ) begin
-        \$612  = 1'h1;
+      if (\$450 ) begin
+        \$732  = 1'h1;
       end else begin
-        \$612  = 1'h0;
+        \$732  = 1'h0;
       end
     end
     if (rst) begin
-      \$612  = 1'h0;
+      \$732  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$613  = gm_cap_lane;
+    \$733  = gm_cap_lane;
     if (gemm_run) begin
-      if (\$411 ) begin
-        \$613  = gm_lane[1:0];
+      if (\$450 ) begin
+        \$733  = gm_lane[1:0];
       end
     end
     if (rst) begin
-      \$613  = 2'h0;
+      \$733  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$614  = gm_lane;
+    \$734  = gm_lane;
     if (gemm_run) begin
-      if (\$411 ) begin
-        \$614  = \$412 [2:0];
+      if (\$450 ) begin
+        \$734  = \$451 [2:0];
       end
-      if (\$422 ) begin
-        \$614  = 3'h0;
+      if (\$461 ) begin
+        \$734  = 3'h0;
       end
     end
     casez (ctrl_state)
@@ -12349,8 +13183,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12364,33 +13200,83 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$614  = 3'h0;
+                  \$734  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$614  = 3'h0;
+      \$734  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$615  = a_in__payload;
+    \$735  = \$signal$214 ;
     if (gemm_run) begin
-      if (\$signal$292 ) begin
+      if (\$450 ) begin
+        \$735  = \$452 [12:0];
+      end
+      if (\$461 ) begin
+        (* full_case = 32'd1 *)
+        if (\$463 ) begin
+          \$735  = \$466 [12:0];
+        end else begin
+          \$735  = \$471 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$735  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$735  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$736  = a_in__payload;
+    if (gemm_run) begin
+      if (\$signal$309 ) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$615 [7:0] = i__payload[7:0];
+              \$736 [7:0] = i__payload[7:0];
           2'h1:
-              \$615 [15:8] = i__payload[7:0];
+              \$736 [15:8] = i__payload[7:0];
           2'h2:
-              \$615 [23:16] = i__payload[7:0];
+              \$736 [23:16] = i__payload[7:0];
           2'h3:
-              \$615 [31:24] = i__payload[7:0];
+              \$736 [31:24] = i__payload[7:0];
         endcase
       end
-      if (\$422 ) begin
-        \$615  = 32'd0;
+      if (\$461 ) begin
+        \$736  = 32'd0;
       end
     end
     casez (ctrl_state)
@@ -12402,8 +13288,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12417,23 +13305,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$615  = 32'd0;
+                  \$736  = 32'd0;
             endcase
           end
     endcase
     if (rst) begin
-      \$615  = 32'd0;
+      \$736  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$616  = a_in__valid;
+    \$737  = a_in__valid;
     if (gemm_run) begin
-      if (\$421 ) begin
-        \$616  = 1'h1;
+      if (\$460 ) begin
+        \$737  = 1'h1;
       end
-      if (\$422 ) begin
-        \$616  = 1'h0;
+      if (\$461 ) begin
+        \$737  = 1'h0;
       end
     end
     casez (ctrl_state)
@@ -12445,8 +13333,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12460,24 +13350,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$616  = 1'h0;
+                  \$737  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$616  = 1'h0;
+      \$737  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$617  = \$signal$210 ;
+    \$738  = \$signal$312 ;
     if (gemm_run) begin
-      if (\$422 ) begin
+      if (\$461 ) begin
         (* full_case = 32'd1 *)
-        if (\$424 ) begin
-          \$617  = \$425 [15:0];
+        if (\$463 ) begin
+          \$738  = \$464 [6:0];
         end else begin
-          \$617  = 16'h0000;
+          \$738  = 7'h00;
         end
       end
     end
@@ -12490,8 +13380,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12505,23 +13397,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$617  = 16'h0000;
+                  \$738  = 7'h00;
             endcase
           end
     endcase
     if (rst) begin
-      \$617  = 16'h0000;
+      \$738  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$618  = \$signal$209 ;
+    \$739  = gm_wstart;
     if (gemm_run) begin
-      if (\$422 ) begin
+      if (\$461 ) begin
         (* full_case = 32'd1 *)
-        if (\$424 ) begin
+        if (\$463 ) begin
+          \$739  = \$465 [12:0];
         end else begin
-          \$618  = \$426 [15:0];
+          \$739  = \$469 [12:0];
         end
       end
     end
@@ -12534,8 +13427,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12549,24 +13444,70 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$618  = 16'h0000;
+                  \$739  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$618  = 16'h0000;
+      \$739  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$619  = gm_afeed_done;
+    \$740  = \$signal$213 ;
     if (gemm_run) begin
-      if (\$422 ) begin
+      if (\$461 ) begin
         (* full_case = 32'd1 *)
-        if (\$424 ) begin
+        if (\$463 ) begin
         end else begin
-          if (\$428 ) begin
-            \$619  = 1'h1;
+          \$740  = \$467 [14:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$740  = 15'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$740  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$741  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$461 ) begin
+        (* full_case = 32'd1 *)
+        if (\$463 ) begin
+        end else begin
+          if (\$473 ) begin
+            \$741  = 1'h1;
           end
         end
       end
@@ -12580,8 +13521,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12595,22 +13538,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$619  = 1'h0;
+                  \$741  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$619  = 1'h0;
+      \$741  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$620  = gc_lane;
+    \$742  = gc_lane;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$620  = \$429 [1:0];
-        if (\$435 ) begin
-          \$620  = 2'h0;
+        \$742  = \$474 [1:0];
+        if (\$480 ) begin
+          \$742  = 2'h0;
         end
       end
     end
@@ -12623,8 +13566,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12638,25 +13583,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$620  = 2'h0;
+                  \$742  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$620  = 2'h0;
+      \$742  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$621  = \$signal$215 ;
+    \$743  = \$signal$217 ;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$435 ) begin
+        \$743  = \$475 [12:0];
+        if (\$480 ) begin
           (* full_case = 32'd1 *)
-          if (\$437 ) begin
-            \$621  = \$438 [15:0];
+          if (\$482 ) begin
+            \$743  = \$485 [12:0];
           end else begin
-            \$621  = 16'h0000;
+            \$743  = \$488 [12:0];
           end
         end
       end
@@ -12670,8 +13616,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12685,24 +13633,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$621  = 16'h0000;
+                  \$743  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$621  = 16'h0000;
+      \$743  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$622  = \$signal$213 ;
+    \$744  = \$signal$314 ;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$435 ) begin
+        if (\$480 ) begin
           (* full_case = 32'd1 *)
-          if (\$437 ) begin
+          if (\$482 ) begin
+            \$744  = \$483 [8:0];
           end else begin
-            \$622  = \$439 [15:0];
+            \$744  = 9'h000;
           end
         end
       end
@@ -12716,8 +13665,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12731,153 +13682,252 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$622  = 16'h0000;
+                  \$744  = 9'h000;
             endcase
           end
     endcase
     if (rst) begin
-      \$622  = 16'h0000;
+      \$744  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$623  = \$signal$118 ;
+    \$745  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (\$480 ) begin
+          (* full_case = 32'd1 *)
+          if (\$482 ) begin
+            \$745  = \$484 [12:0];
+          end else begin
+            \$745  = \$487 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$745  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$745  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$746  = \$signal$220 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (\$480 ) begin
+          (* full_case = 32'd1 *)
+          if (\$482 ) begin
+          end else begin
+            \$746  = \$486 [14:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$746  = 15'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$746  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$747  = \$signal$118 ;
     if (\$signal$108 ) begin
-      \$623  = \$440 [31:0];
+      \$747  = \$489 [31:0];
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$623  = 32'd0;
+            \$747  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$623  = 32'd0;
+      \$747  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$624  = busy_dma;
+    \$748  = busy_dma;
     if (\$signal$108 ) begin
       if (cur_unit[0]) begin
-        \$624  = \$441 [31:0];
+        \$748  = \$490 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$624  = 32'd0;
+            \$748  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$624  = 32'd0;
+      \$748  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$625  = busy_gemm;
+    \$749  = busy_gemm;
     if (\$signal$108 ) begin
       if (cur_unit[1]) begin
-        \$625  = \$442 [31:0];
+        \$749  = \$491 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$625  = 32'd0;
+            \$749  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$625  = 32'd0;
+      \$749  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$626  = busy_act;
+    \$750  = busy_act;
     if (\$signal$108 ) begin
       if (cur_unit[2]) begin
-        \$626  = \$443 [31:0];
+        \$750  = \$492 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$626  = 32'd0;
+            \$750  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$626  = 32'd0;
+      \$750  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$627  = busy_route;
+    \$751  = busy_route;
     if (\$signal$108 ) begin
       if (cur_unit[3]) begin
-        \$627  = \$444 [31:0];
+        \$751  = \$493 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$627  = 32'd0;
+            \$751  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$627  = 32'd0;
+      \$751  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$628  = busy_vector;
+    \$752  = busy_vector;
     if (\$signal$108 ) begin
       if (cur_unit[4]) begin
-        \$628  = \$445 [31:0];
+        \$752  = \$494 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$628  = 32'd0;
+            \$752  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$628  = 32'd0;
+      \$752  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$629  = busy_move;
+    \$753  = busy_move;
     if (\$signal$108 ) begin
       if (cur_unit[5]) begin
-        \$629  = \$446 [31:0];
+        \$753  = \$495 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$629  = 32'd0;
+            \$753  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$629  = 32'd0;
+      \$753  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$630  = \$signal$108 ;
+    \$754  = \$signal$108 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$630  = 1'h1;
+            \$754  = 1'h1;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$448 ) begin
-            \$630  = 1'h0;
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+            \$754  = 1'h0;
           end
       5'h05:
           /* empty */;
@@ -12920,29 +13970,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h18:
           /* empty */;
       5'h02:
-          if (\$594 ) begin
-            \$630  = 1'h0;
+          if (\$696 ) begin
+            \$754  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$630  = 1'h0;
+      \$754  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$631  = \$signal$109 ;
+    \$755  = \$signal$109 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$631  = 1'h0;
+            \$755  = 1'h0;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$448 ) begin
-            \$631  = 1'h1;
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+            \$755  = 1'h1;
           end
       5'h05:
           /* empty */;
@@ -12985,24 +14037,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h18:
           /* empty */;
       5'h02:
-          if (\$594 ) begin
-            \$631  = 1'h0;
+          if (\$696 ) begin
+            \$755  = 1'h0;
           end
     endcase
-    if (\$596 ) begin
-      \$631  = 1'h0;
+    if (\$698 ) begin
+      \$755  = 1'h0;
     end
     if (rst) begin
-      \$631  = 1'h0;
+      \$755  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$632  = err;
+    \$756  = err;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$632  = 8'h00;
+            \$756  = 8'h00;
           end
       5'h01:
           /* empty */;
@@ -13051,24 +14103,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h18:
           /* empty */;
       5'h02:
-          if (\$594 ) begin
-            \$632  = stop_code;
+          if (\$696 ) begin
+            \$756  = stop_code;
           end
     endcase
-    if (\$596 ) begin
-      \$632  = 8'h00;
+    if (\$698 ) begin
+      \$756  = 8'h00;
     end
     if (rst) begin
-      \$632  = 8'h00;
+      \$756  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$633  = pc;
+    \$757  = pc;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$633  = 13'h0000;
+            \$757  = 13'h0000;
           end
       5'h01:
           /* empty */;
@@ -13076,12 +14128,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$633  = { 1'h0, ins[255:244] };
+                  \$757  = { 1'h0, ins[255:244] };
             endcase
           end
       5'h05:
@@ -13089,26 +14143,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$471 ) begin
-            \$633  = \$473 [12:0];
+          if (\$574 ) begin
+            \$757  = \$576 [12:0];
           end
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          if (\$475 ) begin
-            \$633  = \$476 [12:0];
+          if (\$578 ) begin
+            \$757  = \$579 [12:0];
           end
       5'h08:
           if (error) begin
-          end else if (\$493 ) begin
-            \$633  = \$494 [12:0];
+          end else if (\$596 ) begin
+            \$757  = \$597 [12:0];
           end
       5'h09:
           if (error) begin
-          end else if (\$521 ) begin
-            \$633  = \$522 [12:0];
+          end else if (\$624 ) begin
+            \$757  = \$625 [12:0];
           end
       5'h0a:
           /* empty */;
@@ -13124,34 +14178,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
+          if (\$666 ) begin
           end else begin
-            \$633  = \$566 [12:0];
+            \$757  = \$667 [12:0];
           end
       5'h0b:
-          if (\$568 ) begin
-            \$633  = { 1'h0, ins[255:244] };
+          if (\$669 ) begin
+            \$757  = { 1'h0, ins[255:244] };
           end
       5'h16:
-          if (\$571 ) begin
-            \$633  = \$572 [12:0];
+          if (\$672 ) begin
+            \$757  = \$675 [12:0];
           end
       5'h0c:
-          if (\$574 ) begin
-            \$633  = \$575 [12:0];
+          if (\$677 ) begin
+            \$757  = \$678 [12:0];
           end
     endcase
     if (rst) begin
-      \$633  = 13'h0000;
+      \$757  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$634  = \$signal$121 ;
+    \$758  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$634  = 32'd0;
+            \$758  = 32'd0;
           end
       5'h01:
           /* empty */;
@@ -13159,12 +14213,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$634  = \$462 [31:0];
+                  \$758  = \$561 [31:0];
             endcase
           end
       5'h05:
@@ -13172,26 +14228,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$471 ) begin
-            \$634  = \$474 [31:0];
+          if (\$574 ) begin
+            \$758  = \$577 [31:0];
           end
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          if (\$475 ) begin
-            \$634  = \$477 [31:0];
+          if (\$578 ) begin
+            \$758  = \$580 [31:0];
           end
       5'h08:
           if (error) begin
-          end else if (\$493 ) begin
-            \$634  = \$495 [31:0];
+          end else if (\$596 ) begin
+            \$758  = \$598 [31:0];
           end
       5'h09:
           if (error) begin
-          end else if (\$521 ) begin
-            \$634  = \$523 [31:0];
+          end else if (\$624 ) begin
+            \$758  = \$626 [31:0];
           end
       5'h0a:
           /* empty */;
@@ -13207,34 +14263,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
+          if (\$666 ) begin
           end else begin
-            \$634  = \$567 [31:0];
+            \$758  = \$668 [31:0];
           end
       5'h0b:
-          if (\$568 ) begin
-            \$634  = \$569 [31:0];
+          if (\$669 ) begin
+            \$758  = \$670 [31:0];
           end
       5'h16:
-          if (\$571 ) begin
-            \$634  = \$573 [31:0];
+          if (\$672 ) begin
+            \$758  = \$676 [31:0];
           end
       5'h0c:
-          if (\$574 ) begin
-            \$634  = \$576 [31:0];
+          if (\$677 ) begin
+            \$758  = \$679 [31:0];
           end
     endcase
     if (rst) begin
-      \$634  = 32'd0;
+      \$758  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$635  = \$signal$143 ;
+    \$759  = \$signal$142 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$635  = 1'h0;
+            \$759  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -13272,22 +14328,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
+          if (\$666 ) begin
           end else begin
-            \$635  = 1'h1;
+            \$759  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$635  = 1'h0;
+      \$759  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$636  = exp_active;
+    \$760  = exp_active;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$636  = 1'h0;
+            \$760  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -13325,30 +14381,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
+          if (\$666 ) begin
           end else begin
-            \$636  = 1'h0;
+            \$760  = 1'h0;
           end
       5'h0b:
-          if (\$568 ) begin
-            \$636  = 1'h0;
+          if (\$669 ) begin
+            \$760  = 1'h0;
           end
       5'h16:
-          if (\$571 ) begin
-            \$636  = 1'h1;
+          if (\$672 ) begin
+            \$760  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$636  = 1'h0;
+      \$760  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$637  = \$signal$145 ;
+    \$761  = \$signal$144 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$637  = 1'h0;
+            \$761  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -13361,680 +14417,706 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$471 ) begin
-            if (\$472 ) begin
-              \$637  = 1'h1;
+          if (\$574 ) begin
+            if (\$575 ) begin
+              \$761  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$637  = 1'h0;
+      \$761  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$638  = ctrl_state;
+    \$762  = ctrl_state;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$638  = 5'h01;
+            \$762  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
-          if (\$447 ) begin
-            \$638  = 5'h02;
+          if (\$496 ) begin
+            \$762  = 5'h02;
           end else begin
-            \$638  = 5'h03;
+            \$762  = 5'h03;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h03:
         begin
-          \$638  = 5'h04;
+          \$762  = 5'h04;
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-            \$638  = 5'h00;
-          end else if (\$449 ) begin
-            \$638  = 5'h02;
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+            \$762  = 5'h00;
+          end else if (\$548 ) begin
+            \$762  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$638  = 5'h01;
+                  \$762  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$464 ) begin
-                    \$638  = 5'h05;
+                  if (\$563 ) begin
+                    \$762  = 5'h05;
                   end else begin
-                    \$638  = 5'h06;
+                    \$762  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$638  = 5'h06;
+                  \$762  = 5'h06;
               6'h0c:
-                  \$638  = 5'h06;
+                  \$762  = 5'h06;
               6'h0d:
-                  \$638  = 5'h06;
+                  \$762  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$467 ) begin
-                    \$638  = 5'h05;
+                  if (\$565 ) begin
+                    \$762  = 5'h05;
                   end else begin
-                    \$638  = 5'h07;
+                    \$762  = 5'h07;
                   end
               6'h01:
-                  \$638  = 5'h08;
+                  \$762  = 5'h08;
               6'h02:
-                  \$638  = 5'h09;
+                  \$762  = 5'h09;
               6'h08:
-                  \$638  = 5'h0a;
+                  \$762  = 5'h0a;
               6'h09:
-                  \$638  = 5'h0b;
+                  \$762  = 5'h0b;
               6'h0a, 6'h0b:
-                  \$638  = 5'h0c;
+                  \$762  = 5'h0c;
             endcase
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$638  = 5'h0d;
+          \$762  = 5'h0d;
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h0d:
         begin
           (* full_case = 32'd1 *)
-          if (\$468 ) begin
-            \$638  = 5'h07;
+          if (\$571 ) begin
+            \$762  = 5'h07;
           end else begin
-            \$638  = 5'h06;
+            \$762  = 5'h06;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$471 ) begin
-            \$638  = 5'h01;
+          if (\$574 ) begin
+            \$762  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$638  = 5'h0e;
+            \$762  = 5'h0e;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h0e:
         begin
           if (error) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$301 ) begin
-              \$638  = 5'h02;
+            if (\error$322 ) begin
+              \$762  = 5'h02;
             end else begin
-              \$638  = 5'h0f;
+              \$762  = 5'h0f;
             end
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h0f:
         begin
-          if (\$475 ) begin
-            \$638  = 5'h01;
+          if (\$578 ) begin
+            \$762  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$638  = 5'h02;
-          end else if (\$493 ) begin
-            \$638  = 5'h01;
+            \$762  = 5'h02;
+          end else if (\$596 ) begin
+            \$762  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$638  = 5'h02;
-          end else if (\$521 ) begin
-            \$638  = 5'h01;
+            \$762  = 5'h02;
+          end else if (\$624 ) begin
+            \$762  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h0a:
         begin
-          if (\$525 ) begin
-            \$638  = 5'h10;
+          if (\$628 ) begin
+            \$762  = 5'h10;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h10:
         begin
-          if (\$554 ) begin
-            \$638  = 5'h11;
+          if (\$655 ) begin
+            \$762  = 5'h11;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h11:
         begin
-          \$638  = 5'h12;
+          \$762  = 5'h12;
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h12:
         begin
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-            \$638  = 5'h13;
+          if (\$656 ) begin
+            \$762  = 5'h13;
           end else begin
-            \$638  = 5'h14;
+            \$762  = 5'h14;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h13:
         begin
-          \$638  = 5'h14;
+          \$762  = 5'h14;
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h14:
         begin
           (* full_case = 32'd1 *)
-          if (\$558 ) begin
-            \$638  = 5'h11;
+          if (\$659 ) begin
+            \$762  = 5'h11;
           end else begin
-            \$638  = 5'h15;
+            \$762  = 5'h15;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
-            \$638  = 5'h11;
+          if (\$666 ) begin
+            \$762  = 5'h11;
           end else begin
-            \$638  = 5'h01;
+            \$762  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h0b:
         begin
           (* full_case = 32'd1 *)
-          if (\$568 ) begin
-            \$638  = 5'h01;
+          if (\$669 ) begin
+            \$762  = 5'h01;
           end else begin
-            \$638  = 5'h16;
+            \$762  = 5'h16;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$571 ) begin
-            \$638  = 5'h01;
+          if (\$672 ) begin
+            \$762  = 5'h01;
           end else begin
-            \$638  = 5'h0b;
+            \$762  = 5'h0b;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h0c:
         begin
           (* full_case = 32'd1 *)
-          if (\$574 ) begin
-            \$638  = 5'h01;
+          if (\$677 ) begin
+            \$762  = 5'h01;
           end else begin
-            \$638  = 5'h17;
+            \$762  = 5'h17;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h17:
         begin
           (* full_case = 32'd1 *)
-          if (\$579 ) begin
-            \$638  = 5'h02;
+          if (\$682 ) begin
+            \$762  = 5'h02;
           end else begin
-            \$638  = 5'h18;
+            \$762  = 5'h18;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h18:
         begin
-          if (\$590 ) begin
-            \$638  = 5'h0c;
+          if (\$691 ) begin
+            \$762  = 5'h0c;
           end
           if (\$signal$103 ) begin
-            \$638  = 5'h02;
+            \$762  = 5'h02;
           end
         end
       5'h02:
-          if (\$594 ) begin
-            \$638  = 5'h00;
+          if (\$696 ) begin
+            \$762  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$638  = 5'h00;
+      \$762  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$639  = stop_code;
+    \$763  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$447 ) begin
-            \$639  = 8'h06;
+          if (\$496 ) begin
+            \$763  = 8'h06;
           end
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h04:
         begin
-          if (\$448 ) begin
-          end else if (\$449 ) begin
-            \$639  = decode_err;
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
+            \$763  = decode_err;
           end
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h06:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h07:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$639  = 8'h07;
+            \$763  = 8'h07;
           end else if (done) begin
-            if (\error$301 ) begin
-              \$639  = 8'h03;
+            if (\error$322 ) begin
+              \$763  = 8'h03;
             end
           end
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
         end
       5'h0f:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h08:
         begin
           if (error) begin
-            \$639  = 8'h07;
+            \$763  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$639  = 8'h07;
+            \$763  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h0b:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h16:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h0c:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
       5'h17:
         begin
-          if (\$579 ) begin
-            \$639  = 8'h02;
+          if (\$682 ) begin
+            \$763  = 8'h02;
           end
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
         end
       5'h18:
           if (\$signal$103 ) begin
-            \$639  = 8'h00;
+            \$763  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$639  = 8'h00;
+      \$763  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$640  = cur_unit;
+    \$764  = cur_unit;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$447 ) begin
-            \$640  = 6'h00;
+          if (\$496 ) begin
+            \$764  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$640  = 6'h00;
+            \$764  = 6'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$640  = 6'h00;
+            \$764  = 6'h00;
           end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
-            \$640  = 6'h00;
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
+            \$764  = 6'h00;
           end else begin
-            if (\$450 ) begin
-              \$640  = 6'h01;
+            if (\$549 ) begin
+              \$764  = 6'h01;
             end
-            if (\$451 ) begin
-              \$640  = 6'h01;
+            if (\$550 ) begin
+              \$764  = 6'h01;
             end
-            if (\$452 ) begin
-              \$640  = 6'h02;
+            if (\$551 ) begin
+              \$764  = 6'h02;
             end
-            if (\$453 ) begin
-              \$640  = 6'h04;
+            if (\$552 ) begin
+              \$764  = 6'h04;
             end
-            if (\$454 ) begin
-              \$640  = 6'h04;
+            if (\$553 ) begin
+              \$764  = 6'h04;
             end
-            if (\$455 ) begin
-              \$640  = 6'h04;
+            if (\$554 ) begin
+              \$764  = 6'h04;
             end
-            if (\$456 ) begin
-              \$640  = 6'h08;
+            if (\$555 ) begin
+              \$764  = 6'h08;
             end
-            if (\$457 ) begin
-              \$640  = 6'h10;
+            if (\$556 ) begin
+              \$764  = 6'h10;
             end
-            if (\$458 ) begin
-              \$640  = 6'h10;
+            if (\$557 ) begin
+              \$764  = 6'h10;
             end
-            if (\$459 ) begin
-              \$640  = 6'h10;
+            if (\$558 ) begin
+              \$764  = 6'h10;
             end
-            if (\$460 ) begin
-              \$640  = 6'h20;
+            if (\$559 ) begin
+              \$764  = 6'h20;
             end
-            if (\$461 ) begin
-              \$640  = 6'h20;
+            if (\$560 ) begin
+              \$764  = 6'h20;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$640  = 6'h00;
+                  \$764  = 6'h00;
             endcase
           end
           if (\$signal$103 ) begin
-            \$640  = 6'h00;
+            \$764  = 6'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$640  = 6'h00;
+            \$764  = 6'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$640  = 6'h00;
+            \$764  = 6'h00;
           end
       5'h06:
-        begin
-          if (\$471 ) begin
-            \$640  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-        end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$640  = 6'h00;
-          end else if (done) begin
-            if (\error$301 ) begin
-              \$640  = 6'h00;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$475 ) begin
-            \$640  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$640  = 6'h00;
-          end else if (\$493 ) begin
-            \$640  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$640  = 6'h00;
-          end else if (\$521 ) begin
-            \$640  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-      5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$565 ) begin
-          end else begin
-            \$640  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-        end
-      5'h0b:
-        begin
-          if (\$568 ) begin
-            \$640  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-        end
-      5'h16:
-        begin
-          if (\$571 ) begin
-            \$640  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$640  = 6'h00;
-          end
-        end
-      5'h0c:
         begin
           if (\$574 ) begin
-            \$640  = 6'h00;
+            \$764  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$640  = 6'h00;
+            \$764  = 6'h00;
+          end
+        end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$764  = 6'h00;
+          end else if (done) begin
+            if (\error$322 ) begin
+              \$764  = 6'h00;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$578 ) begin
+            \$764  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$764  = 6'h00;
+          end else if (\$596 ) begin
+            \$764  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$764  = 6'h00;
+          end else if (\$624 ) begin
+            \$764  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+      5'h15:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$666 ) begin
+          end else begin
+            \$764  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+        end
+      5'h0b:
+        begin
+          if (\$669 ) begin
+            \$764  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+        end
+      5'h16:
+        begin
+          if (\$672 ) begin
+            \$764  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
+          end
+        end
+      5'h0c:
+        begin
+          if (\$677 ) begin
+            \$764  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$764  = 6'h00;
           end
         end
       5'h17:
         begin
-          if (\$579 ) begin
-            \$640  = 6'h00;
+          if (\$682 ) begin
+            \$764  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$640  = 6'h00;
+            \$764  = 6'h00;
           end
         end
       5'h18:
           if (\$signal$103 ) begin
-            \$640  = 6'h00;
+            \$764  = 6'h00;
           end
     endcase
     if (rst) begin
-      \$640  = 6'h00;
+      \$764  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$641  = ins;
+    \$765  = ins;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$641  = \$signature__data$297 ;
+          \$765  = \$signature__data$318 ;
     endcase
     if (rst) begin
-      \$641  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$765  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$642  = rq_width;
+    \$766  = ph2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$766  = 1'h0;
+      5'h04:
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+            \$766  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$766  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$767  = \$signal$176 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14044,14 +15126,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$642  = ins[243:238];
+                  \$767  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -14059,17 +15143,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$642  = ins[243:238];
+                  \$767  = ins[243:238];
             endcase
           end
     endcase
     if (rst) begin
-      \$642  = 6'h00;
+      \$767  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$643  = \$signal$159 ;
+    \$768  = \$signal$159 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14079,14 +15163,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$643  = ins[231:200];
+                  \$768  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -14094,21 +15180,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$643  = ins[231:200];
+                  \$768  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$643  = { 16'h0000, i__payload[15:0] };
+          \$768  = { 16'h0000, i__payload[15:0] };
     endcase
     if (rst) begin
-      \$643  = 32'd0;
+      \$768  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$644  = shift;
+    \$769  = shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14118,14 +15204,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$644  = ins[237:232];
+                  \$769  = ins[237:232];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -14133,21 +15221,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$644  = ins[237:232];
+                  \$769  = ins[237:232];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$644  = \$signature__data$166 [5:0];
+          \$769  = \$signature__data$166 [5:0];
     endcase
     if (rst) begin
-      \$644  = 6'h00;
+      \$769  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$645  = cnt0;
+    \$770  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14157,30 +15245,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$645  = ln[15:0];
+                  \$770  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  \$645  = ln[15:0];
+                  \$770  = l0_acc;
               6'h0c:
-                  \$645  = ins[47:32];
+                  \$770  = ins[45:32];
               6'h0d:
-                  \$645  = ins[63:48];
+                  \$770  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$645  = 16'h0000;
+      \$770  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$646  = cnt1;
+    \$771  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14190,30 +15280,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$646  = 16'h0001;
+                  \$771  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$646  = 16'h0001;
+                  \$771  = 14'h0001;
               6'h0c:
-                  \$646  = ins[63:48];
+                  \$771  = ins[61:48];
               6'h0d:
-                  \$646  = 16'h0002;
+                  \$771  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$646  = 16'h0000;
+      \$771  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$647  = cnt2;
+    \$772  = cnt2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14223,30 +15315,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$647  = 16'h0001;
+                  \$772  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$647  = 16'h0001;
+                  \$772  = 14'h0001;
               6'h0c:
-                  \$647  = m_eff;
+                  \$772  = m_eff[13:0];
               6'h0d:
-                  \$647  = m_eff;
+                  \$772  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$647  = 16'h0000;
+      \$772  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$648  = sa0;
+    \$773  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14256,30 +15350,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$648  = 32'd1;
+                  \$773  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$648  = 32'd1;
+                  \$773  = 13'h0001;
               6'h0c:
-                  \$648  = { 16'h0000, ins[63:48] };
+                  \$773  = ins[60:48];
               6'h0d:
-                  \$648  = 32'd1;
+                  \$773  = 13'h0001;
             endcase
           end
     endcase
     if (rst) begin
-      \$648  = 32'd0;
+      \$773  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$649  = sa1;
+    \$774  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14289,30 +15385,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$649  = 32'd0;
+                  \$774  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$649  = 32'd0;
+                  \$774  = 13'h0000;
               6'h0c:
-                  \$649  = 32'd1;
+                  \$774  = 13'h0001;
               6'h0d:
-                  \$649  = 32'd0;
+                  \$774  = 13'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$649  = 32'd0;
+      \$774  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$650  = sa2;
+    \$775  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14322,30 +15420,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$650  = 32'd0;
+                  \$775  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$650  = 32'd0;
+                  \$775  = 13'h0000;
               6'h0c:
-                  \$650  = \$465 ;
+                  \$775  = l2_acc[12:0];
               6'h0d:
-                  \$650  = { 16'h0000, ins[63:48] };
+                  \$775  = ins[60:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$650  = 32'd0;
+      \$775  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$651  = sb0;
+    \$776  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14355,30 +15455,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$651  = 32'd0;
+                  \$776  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$651  = 32'd1;
+                  \$776  = 13'h0001;
               6'h0c:
-                  \$651  = 32'd1;
+                  \$776  = 13'h0001;
               6'h0d:
-                  \$651  = 32'd0;
+                  \$776  = 13'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$651  = 32'd0;
+      \$776  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$652  = sb1;
+    \$777  = sb1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14388,30 +15490,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$652  = 32'd0;
+                  \$777  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$652  = 32'd0;
+                  \$777  = 13'h0000;
               6'h0c:
-                  \$652  = 32'd0;
+                  \$777  = 13'h0000;
               6'h0d:
-                  \$652  = 32'd0;
+                  \$777  = 13'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$652  = 32'd0;
+      \$777  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$653  = sb2;
+    \$778  = sb2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14421,30 +15525,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$653  = 32'd0;
+                  \$778  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$653  = 32'd0;
+                  \$778  = 13'h0000;
               6'h0c:
-                  \$653  = { 16'h0000, ins[47:32] };
+                  \$778  = ins[44:32];
               6'h0d:
-                  \$653  = 32'd0;
+                  \$778  = 13'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$653  = 32'd0;
+      \$778  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$654  = \$signal$298 ;
+    \$779  = \$signal$319 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14454,30 +15560,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$654  = ln;
+                  \$779  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  \$654  = ln;
+                  \$779  = l0_acc;
               6'h0c:
-                  \$654  = ln;
+                  \$779  = l0_acc;
               6'h0d:
-                  \$654  = ln;
+                  \$779  = l0_acc;
             endcase
           end
     endcase
     if (rst) begin
-      \$654  = 32'd0;
+      \$779  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$655  = \$signal$232 ;
+    \$780  = \$signal$241 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14487,20 +15595,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$655  = 32'd0;
+                  \$780  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$655  = 32'd0;
+                  \$780  = 14'h0000;
               6'h0c:
-                  \$655  = 32'd0;
+                  \$780  = 14'h0000;
               6'h0d:
-                  \$655  = 32'd0;
+                  \$780  = 14'h0000;
             endcase
           end
       5'h05:
@@ -14508,17 +15618,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$179 ) begin
-            \$655  = \$469 [31:0];
+          if (\$signal$181 ) begin
+            \$780  = \$572 [13:0];
           end
     endcase
     if (rst) begin
-      \$655  = 32'd0;
+      \$780  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$656  = \$signal$235 ;
+    \$781  = \$signal$244 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14528,8 +15638,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14545,7 +15657,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  \$656  = 1'h0;
+                  \$781  = 1'h0;
             endcase
           end
       5'h05:
@@ -14562,23 +15674,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
         begin
-          if (\$479 ) begin
-            \$656  = 1'h1;
+          if (\$582 ) begin
+            \$781  = 1'h1;
           end
-          if (\$signal$235 ) begin
-            if (\$488 ) begin
-              \$656  = 1'h0;
+          if (\$signal$244 ) begin
+            if (\$591 ) begin
+              \$781  = 1'h0;
             end
           end
         end
     endcase
     if (rst) begin
-      \$656  = 1'h0;
+      \$781  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$657  = \$signal$238 ;
+    \$782  = \$signal$247 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14588,8 +15700,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14605,7 +15719,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  \$657  = 3'h0;
+                  \$782  = 3'h0;
             endcase
           end
       5'h05:
@@ -14622,21 +15736,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
         begin
-          if (\$479 ) begin
-            \$657  = 3'h0;
+          if (\$582 ) begin
+            \$782  = 3'h0;
           end
-          if (\$signal$235 ) begin
-            \$657  = \$482 [2:0];
+          if (\$signal$244 ) begin
+            \$782  = \$585 [2:0];
           end
         end
     endcase
     if (rst) begin
-      \$657  = 3'h0;
+      \$782  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$658  = \$signal$236 ;
+    \$783  = \$signal$245 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14646,8 +15760,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14663,7 +15779,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  \$658  = 32'd0;
+                  \$783  = 14'h0000;
             endcase
           end
       5'h05:
@@ -14679,19 +15795,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$235 ) begin
-            if (\$480 ) begin
-              \$658  = \$481 [31:0];
+          if (\$signal$244 ) begin
+            if (\$583 ) begin
+              \$783  = \$584 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$658  = 32'd0;
+      \$783  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$659  = \$signal$239 ;
+    \$784  = \$signal$248 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14701,8 +15817,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14720,7 +15838,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$659  = 1'h0;
+                  \$784  = 1'h0;
             endcase
           end
       5'h05:
@@ -14739,21 +15857,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$513 ) begin
-            \$659  = 1'h1;
+          if (\$616 ) begin
+            \$784  = 1'h1;
           end
-          if (\$514 ) begin
-            \$659  = 1'h0;
+          if (\$617 ) begin
+            \$784  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$659  = 1'h0;
+      \$784  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$660  = \$signal$240 ;
+    \$785  = \$signal$249 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14763,8 +15881,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14782,7 +15902,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$660  = 3'h0;
+                  \$785  = 3'h0;
             endcase
           end
       5'h05:
@@ -14801,21 +15921,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$502 ) begin
-            \$660  = \$504 [2:0];
+          if (\$605 ) begin
+            \$785  = \$607 [2:0];
           end
-          if (\$514 ) begin
-            \$660  = 3'h0;
+          if (\$617 ) begin
+            \$785  = 3'h0;
           end
         end
     endcase
     if (rst) begin
-      \$660  = 3'h0;
+      \$785  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$661  = \$signal$241 ;
+    \$786  = \$signal$250 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14825,8 +15945,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14844,7 +15966,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$661  = 32'd0;
+                  \$786  = 14'h0000;
             endcase
           end
       5'h05:
@@ -14862,17 +15984,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$502 ) begin
-            \$661  = \$503 [31:0];
+          if (\$605 ) begin
+            \$786  = \$606 [13:0];
           end
     endcase
     if (rst) begin
-      \$661  = 32'd0;
+      \$786  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$662  = \$signal$242 ;
+    \$787  = \$signal$251 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14882,8 +16004,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14901,7 +16025,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$662  = 1'h0;
+                  \$787  = 1'h0;
             endcase
           end
       5'h05:
@@ -14920,21 +16044,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$502 ) begin
-            \$662  = 1'h1;
+          if (\$605 ) begin
+            \$787  = 1'h1;
           end
-          if (\$signal$242 ) begin
-            \$662  = 1'h0;
+          if (\$signal$251 ) begin
+            \$787  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$662  = 1'h0;
+      \$787  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$663  = wr_data__payload;
+    \$788  = wr_data__payload;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -14944,8 +16068,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14963,7 +16089,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$663 [35:32] = 4'h0;
+                  \$788 [35:32] = 4'h0;
             endcase
           end
       5'h05:
@@ -14982,28 +16108,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$signal$242 ) begin
-            casez (\$signal$303 )
+          if (\$signal$251 ) begin
+            casez (\$signal$324 )
               2'h0:
-                  \$663 [31:0] = i__payload;
+                  \$788 [31:0] = i__payload;
             endcase
-            casez (\$signal$303 )
+            casez (\$signal$324 )
               2'h0:
-                  \$663 [35:32] = 4'hf;
+                  \$788 [35:32] = 4'hf;
             endcase
           end
-          if (\$514 ) begin
-            \$663 [35:32] = 4'h0;
+          if (\$617 ) begin
+            \$788 [35:32] = 4'h0;
           end
         end
     endcase
     if (rst) begin
-      \$663  = 36'h000000000;
+      \$788  = 36'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$664  = \$signal$244 ;
+    \$789  = \$signal$253 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15013,8 +16139,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15034,7 +16162,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$664  = 4'h0;
+                  \$789  = 4'h0;
             endcase
           end
       5'h05:
@@ -15054,10 +16182,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          \$664  = \$524 [3:0];
+          \$789  = \$627 [3:0];
       5'h10:
-          if (\$554 ) begin
-            \$664  = 4'h0;
+          if (\$655 ) begin
+            \$789  = 4'h0;
           end
       5'h11:
           /* empty */;
@@ -15068,15 +16196,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          \$664  = \$563 [3:0];
+          \$789  = \$664 [3:0];
     endcase
     if (rst) begin
-      \$664  = 4'h0;
+      \$789  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$665  = \$signal$267 ;
+    \$790  = \$signal$275 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15086,8 +16214,96 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$448 ) begin
-          end else if (\$449 ) begin
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$790  = \$567 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$790  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$791  = \$signal$272 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$791  = \$570 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$791  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$792  = \$signal$278 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15111,7 +16327,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h09:
                   /* empty */;
               6'h0a, 6'h0b:
-                  \$665  = 16'h0000;
+                  \$792  = 16'h0000;
             endcase
           end
       5'h05:
@@ -15153,17 +16369,106 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$590 ) begin
-            \$665  = \$591 [15:0];
+          if (\$691 ) begin
+            \$792  = \$692 [15:0];
           end
     endcase
     if (rst) begin
-      \$665  = 16'h0000;
+      \$792  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$666  = \$signal$146 ;
+    \$793  = \$signal$280 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$543 ) begin
+          end else if (\$546 ) begin
+          end else if (\$547 ) begin
+          end else if (\$548 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$793  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$691 ) begin
+            \$793  = \$693 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$793  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$794  = \$signal$145 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15178,19 +16483,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$471 ) begin
-            if (\$472 ) begin
-              \$666  = ins[135:112];
+          if (\$574 ) begin
+            if (\$575 ) begin
+              \$794  = ins[124:112];
             end
           end
     endcase
     if (rst) begin
-      \$666  = 24'h000000;
+      \$794  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$667  = scores_len;
+    \$795  = scores_len;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15205,19 +16510,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$471 ) begin
-            if (\$472 ) begin
-              \$667  = ln;
+          if (\$574 ) begin
+            if (\$575 ) begin
+              \$795  = l0_acc;
             end
           end
     endcase
     if (rst) begin
-      \$667  = 32'd0;
+      \$795  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$668  = \$signal$237 ;
+    \$796  = \$signal$246 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15240,17 +16545,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$479 ) begin
-            \$668  = m_axi__rdata;
+          if (\$582 ) begin
+            \$796  = m_axi__rdata;
           end
     endcase
     if (rst) begin
-      \$668  = 32'd0;
+      \$796  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$669  = \$signal$303 ;
+    \$797  = \$signal$324 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15275,17 +16580,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$502 ) begin
-            \$669  = \$signal$240 [1:0];
+          if (\$605 ) begin
+            \$797  = \$signal$249 [1:0];
           end
     endcase
     if (rst) begin
-      \$669  = 2'h0;
+      \$797  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$670  = \$signal$251 ;
+    \$798  = \$signal$327 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15312,25 +16617,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$525 ) begin
-            \$670  = 16'h0000;
+          if (\$628 ) begin
+            \$798  = 14'h0000;
           end
       5'h10:
-          if (\$537 ) begin
-            (* full_case = 32'd1 *)
-            if (\$540 ) begin
-            end else begin
-              \$670  = \$542 [15:0];
+          if (\$639 ) begin
+            if (\$640 ) begin
+              \$798  = \$641 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$670  = 16'h0000;
+      \$798  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$671  = \$signal$252 ;
+    \$799  = \$signal$261 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15357,72 +16660,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$525 ) begin
-            \$671  = 16'h0000;
-          end
-      5'h10:
-          if (\$537 ) begin
-            (* full_case = 32'd1 *)
-            if (\$540 ) begin
-              \$671  = \$541 [15:0];
-            end else begin
-              \$671  = 16'h0000;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$671  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$672  = rt_lane;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$525 ) begin
-            \$672  = 1'h0;
+          if (\$628 ) begin
+            \$799  = 4'h0;
           end
       5'h10:
         begin
-          if (\$530 ) begin
-            \$672  = \$534 [0];
+          if (\$633 ) begin
+            \$799  = \$636 [3:0];
           end
-          if (\$537 ) begin
-            \$672  = 1'h0;
+          if (\$639 ) begin
+            if (\$640 ) begin
+              \$799  = 4'h0;
+            end
           end
         end
     endcase
     if (rst) begin
-      \$672  = 1'h0;
+      \$799  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$673  = \$signal$248 ;
+    \$800  = rt_lane;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15449,28 +16708,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$525 ) begin
-            \$673  = 1'h0;
+          if (\$628 ) begin
+            \$800  = 1'h0;
           end
       5'h10:
         begin
-          if (\$signal$306 ) begin
-            if (\$536 ) begin
-              \$673  = 1'h1;
-            end
+          if (\$633 ) begin
+            \$800  = \$635 [0];
           end
-          if (\$537 ) begin
-            \$673  = 1'h0;
+          if (\$639 ) begin
+            \$800  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$673  = 1'h0;
+      \$800  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$674  = \$signal$249 ;
+    \$801  = \$signal$257 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15497,27 +16754,159 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$525 ) begin
-            \$674  = 1'h0;
+          if (\$628 ) begin
+            \$801  = 1'h0;
           end
       5'h10:
-          if (\$537 ) begin
-            (* full_case = 32'd1 *)
-            if (\$540 ) begin
-            end else begin
-              if (\$544 ) begin
-                \$674  = 1'h1;
+        begin
+          if (\$signal$328 ) begin
+            if (\$638 ) begin
+              \$801  = 1'h1;
+            end
+          end
+          if (\$639 ) begin
+            \$801  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$801  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$802  = \$signal$260 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$628 ) begin
+            \$802  = ins[76:64];
+          end
+      5'h10:
+          if (\$639 ) begin
+            if (\$640 ) begin
+              \$802  = \$642 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$802  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$803  = \$signal$268 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$628 ) begin
+            \$803  = ins[124:112];
+          end
+      5'h10:
+          if (\$649 ) begin
+            if (\$651 ) begin
+              \$803  = \$653 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$803  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$804  = \$signal$258 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$628 ) begin
+            \$804  = 1'h0;
+          end
+      5'h10:
+          if (\$639 ) begin
+            if (\$640 ) begin
+              if (\$644 ) begin
+                \$804  = 1'h1;
               end
             end
           end
     endcase
     if (rst) begin
-      \$674  = 1'h0;
+      \$804  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$675  = \$signal$306 ;
+    \$805  = \$signal$328 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15544,24 +16933,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$525 ) begin
-            \$675  = 1'h0;
+          if (\$628 ) begin
+            \$805  = 1'h0;
           end
       5'h10:
           (* full_case = 32'd1 *)
-          if (\$530 ) begin
-            \$675  = 1'h1;
+          if (\$633 ) begin
+            \$805  = 1'h1;
           end else begin
-            \$675  = 1'h0;
+            \$805  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$675  = 1'h0;
+      \$805  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$676  = \$signal$259 ;
+    \$806  = \$signal$329 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15588,23 +16977,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$525 ) begin
-            \$676  = 16'h0000;
+          if (\$628 ) begin
+            \$806  = 14'h0000;
           end
       5'h10:
-          if (\$549 ) begin
-            if (\$551 ) begin
-              \$676  = \$552 [15:0];
+          if (\$649 ) begin
+            if (\$651 ) begin
+              \$806  = \$652 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$676  = 16'h0000;
+      \$806  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$677  = rt_s;
+    \$807  = rt_s;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15631,26 +17020,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$525 ) begin
-            \$677  = 2'h0;
+          if (\$628 ) begin
+            \$807  = 2'h0;
           end
       5'h10:
-          if (\$549 ) begin
+          if (\$649 ) begin
             (* full_case = 32'd1 *)
-            if (\$551 ) begin
-              \$677  = 2'h0;
+            if (\$651 ) begin
+              \$807  = 2'h0;
             end else begin
-              \$677  = \$553 [1:0];
+              \$807  = \$654 [1:0];
             end
           end
     endcase
     if (rst) begin
-      \$677  = 2'h0;
+      \$807  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$678  = \$signal$257 ;
+    \$808  = \$signal$266 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15677,26 +17066,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$525 ) begin
-            \$678  = 1'h0;
+          if (\$628 ) begin
+            \$808  = 1'h0;
           end
       5'h10:
         begin
-          if (\$546 ) begin
-            \$678  = 1'h1;
+          if (\$646 ) begin
+            \$808  = 1'h1;
           end
-          if (\$549 ) begin
-            \$678  = 1'h0;
+          if (\$649 ) begin
+            \$808  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$678  = 1'h0;
+      \$808  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$679  = rt_wphase;
+    \$809  = rt_wphase;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15723,26 +17112,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$525 ) begin
-            \$679  = 1'h0;
+          if (\$628 ) begin
+            \$809  = 1'h0;
           end
       5'h10:
         begin
-          if (\$548 ) begin
-            \$679  = 1'h1;
+          if (\$648 ) begin
+            \$809  = 1'h1;
           end
-          if (\$549 ) begin
-            \$679  = 1'h0;
+          if (\$649 ) begin
+            \$809  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$679  = 1'h0;
+      \$809  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$680  = \$signal$308 ;
+    \$810  = \$signal$331 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15771,17 +17160,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$530 ) begin
-            \$680  = \$533 ;
+          if (\$633 ) begin
+            \$810  = \$634 ;
           end
     endcase
     if (rst) begin
-      \$680  = 1'h0;
+      \$810  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$681  = rt_word;
+    \$811  = rt_word;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15810,17 +17199,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$signal$306 ) begin
-            \$681  = \$535 ;
+          if (\$signal$328 ) begin
+            \$811  = \$637 ;
           end
     endcase
     if (rst) begin
-      \$681  = 13'h0000;
+      \$811  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$682  = \$signal$261 ;
+    \$812  = \$signal$270 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15849,17 +17238,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$546 ) begin
-            \$682  = routes__payload;
+          if (\$646 ) begin
+            \$812  = routes__payload;
           end
     endcase
     if (rst) begin
-      \$682  = 20'h00000;
+      \$812  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$683  = \$signal$262 ;
+    \$813  = \$signal$271 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15888,8 +17277,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$554 ) begin
-            \$683  = 32'd0;
+          if (\$655 ) begin
+            \$813  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -15898,19 +17287,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          if (\$558 ) begin
-            \$683  = \$559 [31:0];
+          if (\$659 ) begin
+            \$813  = \$660 [13:0];
           end
       5'h15:
-          \$683  = 32'd0;
+          \$813  = 14'h0000;
     endcase
     if (rst) begin
-      \$683  = 32'd0;
+      \$813  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$684  = \$signal$264 ;
+    \$814  = \$signal$274 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15939,8 +17328,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$554 ) begin
-            \$684  = 16'h0000;
+          if (\$655 ) begin
+            \$814  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -15949,21 +17338,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          if (\$558 ) begin
-            if (\$560 ) begin
-              \$684  = \$561 [15:0];
+          if (\$659 ) begin
+            if (\$661 ) begin
+              \$814  = \$662 [13:0];
             end
           end
       5'h15:
-          \$684  = 16'h0000;
+          \$814  = 14'h0000;
     endcase
     if (rst) begin
-      \$684  = 16'h0000;
+      \$814  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$685  = \$signal$312 ;
+    \$815  = \$signal$335 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15992,8 +17381,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$554 ) begin
-            \$685  = 2'h0;
+          if (\$655 ) begin
+            \$815  = 2'h0;
           end
       5'h11:
           /* empty */;
@@ -16002,24 +17391,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          if (\$558 ) begin
+          if (\$659 ) begin
             (* full_case = 32'd1 *)
-            if (\$560 ) begin
-              \$685  = 2'h0;
+            if (\$661 ) begin
+              \$815  = 2'h0;
             end else begin
-              \$685  = \$562 [1:0];
+              \$815  = \$663 [1:0];
             end
           end
       5'h15:
-          \$685  = 2'h0;
+          \$815  = 2'h0;
     endcase
     if (rst) begin
-      \$685  = 2'h0;
+      \$815  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$686  = \$signal$263 ;
+    \$816  = \$signal$273 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16048,23 +17437,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$554 ) begin
-            \$686  = 32'd0;
+          if (\$655 ) begin
+            \$816  = 14'h0000;
           end
       5'h11:
           /* empty */;
       5'h12:
           /* empty */;
       5'h13:
-          \$686  = \$556 [31:0];
+          \$816  = \$657 [13:0];
     endcase
     if (rst) begin
-      \$686  = 32'd0;
+      \$816  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$687  = \$signal$265 ;
+    \$817  = \$signal$276 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16093,8 +17482,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$554 ) begin
-            \$687  = 32'd0;
+          if (\$655 ) begin
+            \$817  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -16105,15 +17494,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          \$687  = \$signal$263 ;
+          \$817  = \$signal$273 ;
     endcase
     if (rst) begin
-      \$687  = 32'd0;
+      \$817  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$688  = scan;
+    \$818  = \$signal$277 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16153,24 +17542,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$565 ) begin
+          if (\$666 ) begin
           end else begin
-            \$688  = 4'h0;
+            \$818  = 4'h0;
           end
       5'h0b:
-          if (\$568 ) begin
-            \$688  = 4'h8;
+          if (\$669 ) begin
+            \$818  = 4'h8;
           end
       5'h16:
-          \$688  = \$570 [3:0];
+          \$818  = \$671 [3:0];
     endcase
     if (rst) begin
-      \$688  = 4'h0;
+      \$818  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$689  = \$signal$133 ;
+    \$819  = \$signal$240 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16213,17 +17602,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0b:
           /* empty */;
       5'h16:
-          if (\$571 ) begin
-            \$689  = scan;
+          if (\$672 ) begin
+            \$819  = \$signal$277 ;
           end
     endcase
     if (rst) begin
-      \$689  = 4'h0;
+      \$819  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$690  = \$signal$130 ;
+    \$820  = \$signal$130 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16266,17 +17655,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0b:
           /* empty */;
       5'h16:
-          if (\$571 ) begin
-            \$690  = i__payload[15:0];
+          if (\$672 ) begin
+            \$820  = i__payload[15:0];
           end
     endcase
     if (rst) begin
-      \$690  = 16'h0000;
+      \$820  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$691  = offset;
+    \$821  = \$signal$141 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16319,17 +17708,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0b:
           /* empty */;
       5'h16:
-          if (\$571 ) begin
-            \$691  = \$signature__data$166 [23:0];
+          if (\$672 ) begin
+            \$821  = \$674 ;
           end
     endcase
     if (rst) begin
-      \$691  = 24'h000000;
+      \$821  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$692  = \$signal$269 ;
+    \$822  = \$signal$279 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16377,81 +17766,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h17:
           (* full_case = 32'd1 *)
-          if (\$579 ) begin
+          if (\$682 ) begin
           end else begin
-            \$692  = i__payload[15:0];
-          end
-    endcase
-    if (rst) begin
-      \$692  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$693  = \$signal$268 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          (* full_case = 32'd1 *)
-          if (\$579 ) begin
-          end else begin
-            \$693  = 17'h00000;
+            \$822  = 15'h0000;
           end
       5'h18:
-          if (\$580 ) begin
-            \$693  = \$581 [16:0];
+          if (\$683 ) begin
+          end else if (\$684 ) begin
+            \$822  = \$685 [14:0];
           end
     endcase
     if (rst) begin
-      \$693  = 17'h00000;
+      \$822  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$694  = \$signal$270 ;
+    \$823  = \$signal$281 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16499,25 +17830,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h17:
           (* full_case = 32'd1 *)
-          if (\$579 ) begin
+          if (\$682 ) begin
           end else begin
-            \$694  = 1'h0;
+            \$823  = 1'h0;
           end
       5'h18:
           (* full_case = 32'd1 *)
-          if (\$580 ) begin
-            \$694  = 1'h1;
+          if (\$683 ) begin
+          end else if (\$684 ) begin
+            \$823  = 1'h1;
           end else begin
-            \$694  = 1'h0;
+            \$823  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$694  = 1'h0;
+      \$823  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$695  = \$signal$271 ;
+    \$824  = \$signal$282 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16566,12 +17898,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$580 ) begin
-            \$695  = \$588 [31:0];
+          if (\$683 ) begin
+          end else if (\$684 ) begin
+            \$824  = \$689 [12:0];
           end
     endcase
     if (rst) begin
-      \$695  = 32'd0;
+      \$824  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -16596,14 +17929,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$696 [5], \$696 [5], \$696  };
+  assign bus__arlen = { \$825 [5], \$825 [5], \$825  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$697 [5], \$697 [5], \$697  };
+  assign bus__awlen = { \$826 [5], \$826 [5], \$826  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -16626,10 +17959,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign load_addr = \$7 [4:2];
   assign rd_addr = s_axil__araddr;
   assign status = \$28 [31:0];
-  assign host_eff = { 27'h0000000, \$38  };
-  assign nb = \$41 [15:0];
-  assign mb = \$44 [15:0];
-  assign nbytes = { 5'h00, \$54  };
   assign mult = \$signal$159 [15:0];
   assign \$signal$161  = shift;
   assign \$signature__data  = i__payload;
@@ -16639,27 +17968,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \o__ready$172  = 1'h1;
   assign \o__ready$173  = 1'h1;
   assign \o__ready$174  = 1'h1;
-  assign hi_sat = \$206 [65:0];
+  assign \$signal$175  = { 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208  };
   assign gm_word = a_in__payload;
-  assign \$signal$199  = a_in__valid;
+  assign \$signal$200  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
-  assign \rd_addr$222  = \$38 [31:0];
-  assign \wr_addr$223  = \$38 [31:0];
-  assign rd_beats = beats[23:0];
-  assign wr_beats = beats[23:0];
-  assign tk = { 14'h0000, \$259  };
+  assign \rd_addr$224  = lh_acc[31:0];
+  assign \wr_addr$225  = lh_acc[31:0];
+  assign rd_beats = { 9'h000, beats };
+  assign wr_beats = { 9'h000, beats };
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$697 [5], \$697 [5], \$697  };
+  assign m_axi__awlen = { \$826 [5], \$826 [5], \$826  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$696 [5], \$696 [5], \$696  };
+  assign m_axi__arlen = { \$825 [5], \$825 [5], \$825  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -16685,8 +18013,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \i__payload$167.b  = \i__payload$167 [32:16];
   assign \i__payload$167.last  = \i__payload$167 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$186[0]  = \o__payload$186 ;
-  assign \o__payload$190[0]  = \o__payload$190 ;
+  assign \o__payload$191[0]  = \o__payload$191 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -16710,6 +18037,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \b_in__payload[1]  = m_axi__rdata[15:8];
   assign \b_in__payload[2]  = m_axi__rdata[23:16];
   assign \b_in__payload[3]  = m_axi__rdata[31:24];
+  assign \o__payload$203[0]  = \o__payload$203 ;
   assign \c_out__payload[0]  = c_out__payload[31:0];
   assign \c_out__payload[1]  = c_out__payload[63:32];
   assign \c_out__payload[2]  = c_out__payload[95:64];
@@ -16720,9 +18048,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
   assign \rt_word[0]  = rt_word;
-  assign \$signal$261.index  = \$signal$261 [2:0];
-  assign \$signal$261.weight  = \$signal$261 [18:3];
-  assign \$signal$261.last  = \$signal$261 [19];
+  assign \$signal$270.index  = \$signal$270 [2:0];
+  assign \$signal$270.weight  = \$signal$270 [18:3];
+  assign \$signal$270.last  = \$signal$270 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -16730,15 +18058,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$218 ;
-  assign cmd__payload[69:54] = \$216 [15:0];
+  assign cmd__payload[75:70] = \$247 ;
+  assign cmd__payload[69:54] = \$245 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
   assign \i__payload$167 [33] = \$signal$168 ;
-  assign \i__payload$167 [32:16] = \$200 ;
+  assign \i__payload$167 [32:16] = \$204 ;
   assign \i__payload$167 [15:0] = i__payload[15:0];
   assign \i__payload$165 [31:16] = \$signature__data$166 [15:0];
   assign \i__payload$165 [15:0] = i__payload[15:0];
@@ -16749,42 +18077,81 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$32 [9:1] = 9'h000;
   assign \$32 [0] = ins[6];
   assign \$33  = ins[6];
-  assign { \$34 [9:2], \$34 [0] } = 9'h000;
-  assign \$34 [1] = ins[7];
-  assign \$36  = ins[7];
-  assign \$746  = 1'h1;
-  assign \$41  = \$744 ;
-  assign \$753  = 1'h1;
-  assign \$44  = \$751 ;
-  assign \$762  = 1'h1;
-  assign \$49  = \$760 ;
-  assign \$770  = 1'h1;
-  assign \$53  = \$768 ;
-  assign { \$110 [9:3], \$110 [1:0] } = 9'h000;
-  assign \$110 [2] = ins[8];
-  assign \$111  = ins[8];
-  assign { \$113 [9:3], \$113 [1:0] } = 9'h000;
-  assign \$113 [2] = ins[8];
-  assign \$114  = ins[8];
-  assign \$128 [9:3] = 7'h00;
-  assign \$128 [2:0] = ins[8:6];
-  assign \$138 [9:3] = 7'h00;
-  assign \$138 [2:0] = ins[8:6];
-  assign \$185 [63:2] = 62'h0000000000000000;
-  assign \$185 [1:0] = \$38 [1:0];
-  assign \$205  = { 1'h0, \$204 [127:1] };
-  assign { \$463 [9:3], \$463 [1:0] } = 9'h000;
-  assign \$463 [2] = ins[8];
-  assign \$464  = ins[8];
-  assign { \$466 [9:3], \$466 [1:0] } = 9'h000;
-  assign \$466 [2] = ins[8];
-  assign \$467  = ins[8];
-  assign \$536  = 1'h1;
+  assign \$41  = { \$40 [18], \$40 [18], \$40 [18:2] };
+  assign \$42  = { 1'h0, l0_acc, 2'h0 };
+  assign \$45  = { \$44 [18], \$44 [18], \$44 [18:2] };
+  assign { \$98 [9:3], \$98 [1:0] } = 9'h000;
+  assign \$98 [2] = ins[8];
+  assign \$99  = ins[8];
+  assign { \$101 [9:3], \$101 [1:0] } = 9'h000;
+  assign \$101 [2] = ins[8];
+  assign \$102  = ins[8];
+  assign \$107  = \$106 [14];
+  assign \$110  = { ins[63:48], 1'h0 };
+  assign \$112  = { ins[63:48], 1'h0 };
+  assign \$124 [9:3] = 7'h00;
+  assign \$124 [2:0] = ins[8:6];
+  assign \$134 [9:3] = 7'h00;
+  assign \$134 [2:0] = ins[8:6];
+  assign \$192  = { 1'h0, beats, 2'h0 };
+  assign \$274  = { \$signal$240 , 1'h0 };
+  assign \$276  = { \$signal$240 , 1'h0 };
+  assign \$371  = \$370 [14];
+  assign \$374  = { l0_x, 1'h0 };
+  assign \$376  = { 1'h0, l0_y[15:1] };
+  assign \$379  = \$378 [14];
+  assign \$382  = { l1_x, 1'h0 };
+  assign \$384  = { 1'h0, l1_y[15:1] };
+  assign \$387  = \$386 [14];
+  assign \$390  = { l2_x, 1'h0 };
+  assign \$392  = { 1'h0, l2_y[15:1] };
+  assign \$395  = \$394 [14];
+  assign \$398  = { l3_x, 1'h0 };
+  assign \$400  = { 1'h0, l3_y[15:1] };
+  assign \$403  = \$402 [14];
+  assign \$406  = { l4_x, 1'h0 };
+  assign \$408  = { 1'h0, l4_y[15:1] };
+  assign \$411  = \$410 [33];
+  assign \$414  = { lh_x, 1'h0 };
+  assign \$416  = { 1'h0, lh_y[15:1] };
+  assign \$497 [9:1] = 9'h000;
+  assign \$497 [0] = \$signature__data$318 [6];
+  assign \$498  = \$signature__data$318 [6];
+  assign \$502 [9:1] = 9'h000;
+  assign \$502 [0] = \$signature__data$318 [6];
+  assign \$503  = \$signature__data$318 [6];
+  assign \$507 [9:1] = 9'h000;
+  assign \$507 [0] = \$signature__data$318 [6];
+  assign \$508  = \$signature__data$318 [6];
+  assign \$512  = { \$511 [17], \$511 [17], \$511 [17:2] };
+  assign \$515 [9:1] = 9'h000;
+  assign \$515 [0] = \$signature__data$318 [6];
+  assign \$516  = \$signature__data$318 [6];
+  assign \$520  = { \$519 [17], \$519 [17], \$519 [17:2] };
+  assign \$525  = { \$524 [17], \$524 [17], \$524 [17:2] };
+  assign \$528 [9:1] = 9'h000;
+  assign \$528 [0] = \$signature__data$318 [6];
+  assign \$529  = \$signature__data$318 [6];
+  assign \$537 [9:1] = 9'h000;
+  assign \$537 [0] = \$signature__data$318 [6];
+  assign \$538  = \$signature__data$318 [6];
+  assign { \$540 [9:2], \$540 [0] } = 9'h000;
+  assign \$540 [1] = \$signature__data$318 [7];
+  assign { \$562 [9:3], \$562 [1:0] } = 9'h000;
+  assign \$562 [2] = ins[8];
+  assign \$563  = ins[8];
+  assign { \$564 [9:3], \$564 [1:0] } = 9'h000;
+  assign \$564 [2] = ins[8];
+  assign \$565  = ins[8];
+  assign \$566  = { l1_acc[13:2], 1'h0 };
+  assign \$568  = { l1_acc[13:2], 1'h0 };
+  assign \$638  = 1'h1;
+  assign \$541  = \$signature__data$318 [7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_addr, \port$976$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$994$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready
-, wr_busy, rd_beats, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1116$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1134$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, \port$3237$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -16923,14 +18290,15 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$976$0 ;
-  wire [5:0] \port$976$0 ;
-  output [5:0] \port$994$0 ;
-  wire [5:0] \port$994$0 ;
+  output [5:0] \port$1116$0 ;
+  wire [5:0] \port$1116$0 ;
+  output [5:0] \port$1134$0 ;
+  wire [5:0] \port$1134$0 ;
+  input [14:0] \port$3237$0 ;
+  wire [14:0] \port$3237$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
-  input [23:0] rd_beats;
   wire [23:0] rd_beats;
   output rd_busy;
   wire rd_busy;
@@ -17092,7 +18460,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = rd_beats;
+      \$74  = { 9'h000, \port$3237$0  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -17128,7 +18496,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = rd_beats;
+      \$77  = { 9'h000, \port$3237$0  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -17173,10 +18541,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
+  assign rd_beats = { 9'h000, \port$3237$0  };
   assign wr_addr = rd_addr;
-  assign wr_beats = rd_beats;
-  assign \port$976$0  = \$9 ;
-  assign \port$994$0  = \$23 ;
+  assign wr_beats = { 9'h000, \port$3237$0  };
+  assign \port$1116$0  = \$9 ;
+  assign \port$1134$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -18683,7 +20052,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$3496$54 (cmd[75:54]),
+    .\port$3690$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -24820,7 +26189,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3496$54 , i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3690$54 , i__payload, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire [67:0] \$10 ;
@@ -25644,8 +27013,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$3496$54 ;
-  wire [21:0] \port$3496$54 ;
+  input [21:0] \port$3690$54 ;
+  wire [21:0] \port$3690$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
@@ -25670,28 +27039,28 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$247  = \port$3496$54 [21] ? \$246  : { x0, 1'h0 };
-  assign \$250  = \port$3496$54 [21] ? \$249  : { x0, 1'h0 };
-  assign \$251  = \port$3496$54 [20] ? \$248  : \$250 ;
-  assign \$252  = \port$3496$54 [19] ? \$245  : \$251 [47:0];
-  assign \$253  = \port$3496$54 [18] ? \$238  : \$252 [39:0];
-  assign \$256  = \port$3496$54 [21] ? \$255  : { x0, 1'h0 };
-  assign \$259  = \port$3496$54 [21] ? \$258  : { x0, 1'h0 };
-  assign \$260  = \port$3496$54 [20] ? \$257  : \$259 ;
-  assign \$263  = \port$3496$54 [21] ? \$262  : { x0, 1'h0 };
-  assign \$266  = \port$3496$54 [21] ? \$265  : { x0, 1'h0 };
-  assign \$267  = \port$3496$54 [20] ? \$264  : \$266 ;
-  assign \$268  = \port$3496$54 [19] ? \$261  : \$267 [47:0];
-  assign \$271  = \port$3496$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$274  = \port$3496$54 [21] ? \$273  : { x0, 1'h0 };
-  assign \$275  = \port$3496$54 [20] ? \$272  : \$274 ;
-  assign \$278  = \port$3496$54 [21] ? \$277  : { x0, 1'h0 };
-  assign \$281  = \port$3496$54 [21] ? \$280  : { x0, 1'h0 };
-  assign \$282  = \port$3496$54 [20] ? \$279  : \$281 ;
-  assign \$283  = \port$3496$54 [19] ? \$276  : \$282 [47:0];
-  assign \$284  = \port$3496$54 [18] ? \$269  : \$283 [39:0];
-  assign \$285  = \port$3496$54 [17] ? \$254  : \$284 [35:0];
-  assign \$286  = \port$3496$54 [16] ? \$223  : \$285 [33:0];
+  assign \$247  = \port$3690$54 [21] ? \$246  : { x0, 1'h0 };
+  assign \$250  = \port$3690$54 [21] ? \$249  : { x0, 1'h0 };
+  assign \$251  = \port$3690$54 [20] ? \$248  : \$250 ;
+  assign \$252  = \port$3690$54 [19] ? \$245  : \$251 [47:0];
+  assign \$253  = \port$3690$54 [18] ? \$238  : \$252 [39:0];
+  assign \$256  = \port$3690$54 [21] ? \$255  : { x0, 1'h0 };
+  assign \$259  = \port$3690$54 [21] ? \$258  : { x0, 1'h0 };
+  assign \$260  = \port$3690$54 [20] ? \$257  : \$259 ;
+  assign \$263  = \port$3690$54 [21] ? \$262  : { x0, 1'h0 };
+  assign \$266  = \port$3690$54 [21] ? \$265  : { x0, 1'h0 };
+  assign \$267  = \port$3690$54 [20] ? \$264  : \$266 ;
+  assign \$268  = \port$3690$54 [19] ? \$261  : \$267 [47:0];
+  assign \$271  = \port$3690$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$274  = \port$3690$54 [21] ? \$273  : { x0, 1'h0 };
+  assign \$275  = \port$3690$54 [20] ? \$272  : \$274 ;
+  assign \$278  = \port$3690$54 [21] ? \$277  : { x0, 1'h0 };
+  assign \$281  = \port$3690$54 [21] ? \$280  : { x0, 1'h0 };
+  assign \$282  = \port$3690$54 [20] ? \$279  : \$281 ;
+  assign \$283  = \port$3690$54 [19] ? \$276  : \$282 [47:0];
+  assign \$284  = \port$3690$54 [18] ? \$269  : \$283 [39:0];
+  assign \$285  = \port$3690$54 [17] ? \$254  : \$284 [35:0];
+  assign \$286  = \port$3690$54 [16] ? \$223  : \$285 [33:0];
   assign \$287  = { x0, 1'h0 } & below;
   assign \$288  = | \$287 ;
   assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -25704,69 +27073,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$296  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$297  = \$296  ? 33'h07fffffff : rounded0;
   assign \$298  = over2_0 ? { \$295 [31], \$295  } : \$297 ;
-  assign \$300  = \port$3496$54 [21] ? \$299  : { x1, 1'h0 };
-  assign \$303  = \port$3496$54 [21] ? \$302  : { x1, 1'h0 };
-  assign \$304  = \port$3496$54 [20] ? \$301  : \$303 ;
-  assign \$307  = \port$3496$54 [21] ? \$306  : { x1, 1'h0 };
-  assign \$310  = \port$3496$54 [21] ? \$309  : { x1, 1'h0 };
-  assign \$311  = \port$3496$54 [20] ? \$308  : \$310 ;
-  assign \$312  = \port$3496$54 [19] ? \$305  : \$311 [47:0];
-  assign \$315  = \port$3496$54 [21] ? \$314  : { x1, 1'h0 };
-  assign \$318  = \port$3496$54 [21] ? \$317  : { x1, 1'h0 };
-  assign \$319  = \port$3496$54 [20] ? \$316  : \$318 ;
-  assign \$322  = \port$3496$54 [21] ? \$321  : { x1, 1'h0 };
-  assign \$325  = \port$3496$54 [21] ? \$324  : { x1, 1'h0 };
-  assign \$326  = \port$3496$54 [20] ? \$323  : \$325 ;
-  assign \$327  = \port$3496$54 [19] ? \$320  : \$326 [47:0];
-  assign \$328  = \port$3496$54 [18] ? \$313  : \$327 [39:0];
-  assign \$331  = \port$3496$54 [21] ? \$330  : { x1, 1'h0 };
-  assign \$334  = \port$3496$54 [21] ? \$333  : { x1, 1'h0 };
-  assign \$335  = \port$3496$54 [20] ? \$332  : \$334 ;
-  assign \$338  = \port$3496$54 [21] ? \$337  : { x1, 1'h0 };
-  assign \$341  = \port$3496$54 [21] ? \$340  : { x1, 1'h0 };
-  assign \$342  = \port$3496$54 [20] ? \$339  : \$341 ;
-  assign \$343  = \port$3496$54 [19] ? \$336  : \$342 [47:0];
-  assign \$346  = \port$3496$54 [21] ? \$345  : { x1, 1'h0 };
-  assign \$349  = \port$3496$54 [21] ? \$348  : { x1, 1'h0 };
-  assign \$350  = \port$3496$54 [20] ? \$347  : \$349 ;
-  assign \$353  = \port$3496$54 [21] ? \$352  : { x1, 1'h0 };
-  assign \$356  = \port$3496$54 [21] ? \$355  : { x1, 1'h0 };
-  assign \$357  = \port$3496$54 [20] ? \$354  : \$356 ;
-  assign \$358  = \port$3496$54 [19] ? \$351  : \$357 [47:0];
-  assign \$359  = \port$3496$54 [18] ? \$344  : \$358 [39:0];
-  assign \$360  = \port$3496$54 [17] ? \$329  : \$359 [35:0];
-  assign \$363  = \port$3496$54 [21] ? \$362  : { x1, 1'h0 };
-  assign \$366  = \port$3496$54 [21] ? \$365  : { x1, 1'h0 };
-  assign \$367  = \port$3496$54 [20] ? \$364  : \$366 ;
-  assign \$370  = \port$3496$54 [21] ? \$369  : { x1, 1'h0 };
-  assign \$373  = \port$3496$54 [21] ? \$372  : { x1, 1'h0 };
-  assign \$374  = \port$3496$54 [20] ? \$371  : \$373 ;
-  assign \$375  = \port$3496$54 [19] ? \$368  : \$374 [47:0];
-  assign \$378  = \port$3496$54 [21] ? \$377  : { x1, 1'h0 };
-  assign \$381  = \port$3496$54 [21] ? \$380  : { x1, 1'h0 };
-  assign \$382  = \port$3496$54 [20] ? \$379  : \$381 ;
-  assign \$385  = \port$3496$54 [21] ? \$384  : { x1, 1'h0 };
-  assign \$388  = \port$3496$54 [21] ? \$387  : { x1, 1'h0 };
-  assign \$389  = \port$3496$54 [20] ? \$386  : \$388 ;
-  assign \$390  = \port$3496$54 [19] ? \$383  : \$389 [47:0];
-  assign \$391  = \port$3496$54 [18] ? \$376  : \$390 [39:0];
-  assign \$394  = \port$3496$54 [21] ? \$393  : { x1, 1'h0 };
-  assign \$397  = \port$3496$54 [21] ? \$396  : { x1, 1'h0 };
-  assign \$398  = \port$3496$54 [20] ? \$395  : \$397 ;
-  assign \$401  = \port$3496$54 [21] ? \$400  : { x1, 1'h0 };
-  assign \$404  = \port$3496$54 [21] ? \$403  : { x1, 1'h0 };
-  assign \$405  = \port$3496$54 [20] ? \$402  : \$404 ;
-  assign \$406  = \port$3496$54 [19] ? \$399  : \$405 [47:0];
-  assign \$409  = \port$3496$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$412  = \port$3496$54 [21] ? \$411  : { x1, 1'h0 };
-  assign \$413  = \port$3496$54 [20] ? \$410  : \$412 ;
-  assign \$416  = \port$3496$54 [21] ? \$415  : { x1, 1'h0 };
-  assign \$419  = \port$3496$54 [21] ? \$418  : { x1, 1'h0 };
-  assign \$420  = \port$3496$54 [20] ? \$417  : \$419 ;
-  assign \$421  = \port$3496$54 [19] ? \$414  : \$420 [47:0];
-  assign \$422  = \port$3496$54 [18] ? \$407  : \$421 [39:0];
-  assign \$423  = \port$3496$54 [17] ? \$392  : \$422 [35:0];
-  assign \$424  = \port$3496$54 [16] ? \$361  : \$423 [33:0];
+  assign \$300  = \port$3690$54 [21] ? \$299  : { x1, 1'h0 };
+  assign \$303  = \port$3690$54 [21] ? \$302  : { x1, 1'h0 };
+  assign \$304  = \port$3690$54 [20] ? \$301  : \$303 ;
+  assign \$307  = \port$3690$54 [21] ? \$306  : { x1, 1'h0 };
+  assign \$310  = \port$3690$54 [21] ? \$309  : { x1, 1'h0 };
+  assign \$311  = \port$3690$54 [20] ? \$308  : \$310 ;
+  assign \$312  = \port$3690$54 [19] ? \$305  : \$311 [47:0];
+  assign \$315  = \port$3690$54 [21] ? \$314  : { x1, 1'h0 };
+  assign \$318  = \port$3690$54 [21] ? \$317  : { x1, 1'h0 };
+  assign \$319  = \port$3690$54 [20] ? \$316  : \$318 ;
+  assign \$322  = \port$3690$54 [21] ? \$321  : { x1, 1'h0 };
+  assign \$325  = \port$3690$54 [21] ? \$324  : { x1, 1'h0 };
+  assign \$326  = \port$3690$54 [20] ? \$323  : \$325 ;
+  assign \$327  = \port$3690$54 [19] ? \$320  : \$326 [47:0];
+  assign \$328  = \port$3690$54 [18] ? \$313  : \$327 [39:0];
+  assign \$331  = \port$3690$54 [21] ? \$330  : { x1, 1'h0 };
+  assign \$334  = \port$3690$54 [21] ? \$333  : { x1, 1'h0 };
+  assign \$335  = \port$3690$54 [20] ? \$332  : \$334 ;
+  assign \$338  = \port$3690$54 [21] ? \$337  : { x1, 1'h0 };
+  assign \$341  = \port$3690$54 [21] ? \$340  : { x1, 1'h0 };
+  assign \$342  = \port$3690$54 [20] ? \$339  : \$341 ;
+  assign \$343  = \port$3690$54 [19] ? \$336  : \$342 [47:0];
+  assign \$346  = \port$3690$54 [21] ? \$345  : { x1, 1'h0 };
+  assign \$349  = \port$3690$54 [21] ? \$348  : { x1, 1'h0 };
+  assign \$350  = \port$3690$54 [20] ? \$347  : \$349 ;
+  assign \$353  = \port$3690$54 [21] ? \$352  : { x1, 1'h0 };
+  assign \$356  = \port$3690$54 [21] ? \$355  : { x1, 1'h0 };
+  assign \$357  = \port$3690$54 [20] ? \$354  : \$356 ;
+  assign \$358  = \port$3690$54 [19] ? \$351  : \$357 [47:0];
+  assign \$359  = \port$3690$54 [18] ? \$344  : \$358 [39:0];
+  assign \$360  = \port$3690$54 [17] ? \$329  : \$359 [35:0];
+  assign \$363  = \port$3690$54 [21] ? \$362  : { x1, 1'h0 };
+  assign \$366  = \port$3690$54 [21] ? \$365  : { x1, 1'h0 };
+  assign \$367  = \port$3690$54 [20] ? \$364  : \$366 ;
+  assign \$370  = \port$3690$54 [21] ? \$369  : { x1, 1'h0 };
+  assign \$373  = \port$3690$54 [21] ? \$372  : { x1, 1'h0 };
+  assign \$374  = \port$3690$54 [20] ? \$371  : \$373 ;
+  assign \$375  = \port$3690$54 [19] ? \$368  : \$374 [47:0];
+  assign \$378  = \port$3690$54 [21] ? \$377  : { x1, 1'h0 };
+  assign \$381  = \port$3690$54 [21] ? \$380  : { x1, 1'h0 };
+  assign \$382  = \port$3690$54 [20] ? \$379  : \$381 ;
+  assign \$385  = \port$3690$54 [21] ? \$384  : { x1, 1'h0 };
+  assign \$388  = \port$3690$54 [21] ? \$387  : { x1, 1'h0 };
+  assign \$389  = \port$3690$54 [20] ? \$386  : \$388 ;
+  assign \$390  = \port$3690$54 [19] ? \$383  : \$389 [47:0];
+  assign \$391  = \port$3690$54 [18] ? \$376  : \$390 [39:0];
+  assign \$394  = \port$3690$54 [21] ? \$393  : { x1, 1'h0 };
+  assign \$397  = \port$3690$54 [21] ? \$396  : { x1, 1'h0 };
+  assign \$398  = \port$3690$54 [20] ? \$395  : \$397 ;
+  assign \$401  = \port$3690$54 [21] ? \$400  : { x1, 1'h0 };
+  assign \$404  = \port$3690$54 [21] ? \$403  : { x1, 1'h0 };
+  assign \$405  = \port$3690$54 [20] ? \$402  : \$404 ;
+  assign \$406  = \port$3690$54 [19] ? \$399  : \$405 [47:0];
+  assign \$409  = \port$3690$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$412  = \port$3690$54 [21] ? \$411  : { x1, 1'h0 };
+  assign \$413  = \port$3690$54 [20] ? \$410  : \$412 ;
+  assign \$416  = \port$3690$54 [21] ? \$415  : { x1, 1'h0 };
+  assign \$419  = \port$3690$54 [21] ? \$418  : { x1, 1'h0 };
+  assign \$420  = \port$3690$54 [20] ? \$417  : \$419 ;
+  assign \$421  = \port$3690$54 [19] ? \$414  : \$420 [47:0];
+  assign \$422  = \port$3690$54 [18] ? \$407  : \$421 [39:0];
+  assign \$423  = \port$3690$54 [17] ? \$392  : \$422 [35:0];
+  assign \$424  = \port$3690$54 [16] ? \$361  : \$423 [33:0];
   assign \$425  = { x1, 1'h0 } & below;
   assign \$426  = | \$425 ;
   assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -25779,69 +27148,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$434  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$435  = \$434  ? 33'h07fffffff : rounded1;
   assign \$436  = over2_1 ? { \$433 [31], \$433  } : \$435 ;
-  assign \$438  = \port$3496$54 [21] ? \$437  : { x2, 1'h0 };
-  assign \$441  = \port$3496$54 [21] ? \$440  : { x2, 1'h0 };
-  assign \$442  = \port$3496$54 [20] ? \$439  : \$441 ;
-  assign \$445  = \port$3496$54 [21] ? \$444  : { x2, 1'h0 };
-  assign \$448  = \port$3496$54 [21] ? \$447  : { x2, 1'h0 };
-  assign \$449  = \port$3496$54 [20] ? \$446  : \$448 ;
-  assign \$450  = \port$3496$54 [19] ? \$443  : \$449 [47:0];
-  assign \$453  = \port$3496$54 [21] ? \$452  : { x2, 1'h0 };
-  assign \$456  = \port$3496$54 [21] ? \$455  : { x2, 1'h0 };
-  assign \$457  = \port$3496$54 [20] ? \$454  : \$456 ;
-  assign \$460  = \port$3496$54 [21] ? \$459  : { x2, 1'h0 };
-  assign \$463  = \port$3496$54 [21] ? \$462  : { x2, 1'h0 };
-  assign \$464  = \port$3496$54 [20] ? \$461  : \$463 ;
-  assign \$465  = \port$3496$54 [19] ? \$458  : \$464 [47:0];
-  assign \$466  = \port$3496$54 [18] ? \$451  : \$465 [39:0];
-  assign \$469  = \port$3496$54 [21] ? \$468  : { x2, 1'h0 };
-  assign \$472  = \port$3496$54 [21] ? \$471  : { x2, 1'h0 };
-  assign \$473  = \port$3496$54 [20] ? \$470  : \$472 ;
-  assign \$476  = \port$3496$54 [21] ? \$475  : { x2, 1'h0 };
-  assign \$479  = \port$3496$54 [21] ? \$478  : { x2, 1'h0 };
-  assign \$480  = \port$3496$54 [20] ? \$477  : \$479 ;
-  assign \$481  = \port$3496$54 [19] ? \$474  : \$480 [47:0];
-  assign \$484  = \port$3496$54 [21] ? \$483  : { x2, 1'h0 };
-  assign \$487  = \port$3496$54 [21] ? \$486  : { x2, 1'h0 };
-  assign \$488  = \port$3496$54 [20] ? \$485  : \$487 ;
-  assign \$491  = \port$3496$54 [21] ? \$490  : { x2, 1'h0 };
-  assign \$494  = \port$3496$54 [21] ? \$493  : { x2, 1'h0 };
-  assign \$495  = \port$3496$54 [20] ? \$492  : \$494 ;
-  assign \$496  = \port$3496$54 [19] ? \$489  : \$495 [47:0];
-  assign \$497  = \port$3496$54 [18] ? \$482  : \$496 [39:0];
-  assign \$498  = \port$3496$54 [17] ? \$467  : \$497 [35:0];
-  assign \$501  = \port$3496$54 [21] ? \$500  : { x2, 1'h0 };
-  assign \$504  = \port$3496$54 [21] ? \$503  : { x2, 1'h0 };
-  assign \$505  = \port$3496$54 [20] ? \$502  : \$504 ;
-  assign \$508  = \port$3496$54 [21] ? \$507  : { x2, 1'h0 };
-  assign \$511  = \port$3496$54 [21] ? \$510  : { x2, 1'h0 };
-  assign \$512  = \port$3496$54 [20] ? \$509  : \$511 ;
-  assign \$513  = \port$3496$54 [19] ? \$506  : \$512 [47:0];
-  assign \$516  = \port$3496$54 [21] ? \$515  : { x2, 1'h0 };
-  assign \$519  = \port$3496$54 [21] ? \$518  : { x2, 1'h0 };
-  assign \$520  = \port$3496$54 [20] ? \$517  : \$519 ;
-  assign \$523  = \port$3496$54 [21] ? \$522  : { x2, 1'h0 };
-  assign \$526  = \port$3496$54 [21] ? \$525  : { x2, 1'h0 };
-  assign \$527  = \port$3496$54 [20] ? \$524  : \$526 ;
-  assign \$528  = \port$3496$54 [19] ? \$521  : \$527 [47:0];
-  assign \$529  = \port$3496$54 [18] ? \$514  : \$528 [39:0];
-  assign \$532  = \port$3496$54 [21] ? \$531  : { x2, 1'h0 };
-  assign \$535  = \port$3496$54 [21] ? \$534  : { x2, 1'h0 };
-  assign \$536  = \port$3496$54 [20] ? \$533  : \$535 ;
-  assign \$539  = \port$3496$54 [21] ? \$538  : { x2, 1'h0 };
-  assign \$542  = \port$3496$54 [21] ? \$541  : { x2, 1'h0 };
-  assign \$543  = \port$3496$54 [20] ? \$540  : \$542 ;
-  assign \$544  = \port$3496$54 [19] ? \$537  : \$543 [47:0];
-  assign \$547  = \port$3496$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$550  = \port$3496$54 [21] ? \$549  : { x2, 1'h0 };
-  assign \$551  = \port$3496$54 [20] ? \$548  : \$550 ;
-  assign \$554  = \port$3496$54 [21] ? \$553  : { x2, 1'h0 };
-  assign \$557  = \port$3496$54 [21] ? \$556  : { x2, 1'h0 };
-  assign \$558  = \port$3496$54 [20] ? \$555  : \$557 ;
-  assign \$559  = \port$3496$54 [19] ? \$552  : \$558 [47:0];
-  assign \$560  = \port$3496$54 [18] ? \$545  : \$559 [39:0];
-  assign \$561  = \port$3496$54 [17] ? \$530  : \$560 [35:0];
-  assign \$562  = \port$3496$54 [16] ? \$499  : \$561 [33:0];
+  assign \$438  = \port$3690$54 [21] ? \$437  : { x2, 1'h0 };
+  assign \$441  = \port$3690$54 [21] ? \$440  : { x2, 1'h0 };
+  assign \$442  = \port$3690$54 [20] ? \$439  : \$441 ;
+  assign \$445  = \port$3690$54 [21] ? \$444  : { x2, 1'h0 };
+  assign \$448  = \port$3690$54 [21] ? \$447  : { x2, 1'h0 };
+  assign \$449  = \port$3690$54 [20] ? \$446  : \$448 ;
+  assign \$450  = \port$3690$54 [19] ? \$443  : \$449 [47:0];
+  assign \$453  = \port$3690$54 [21] ? \$452  : { x2, 1'h0 };
+  assign \$456  = \port$3690$54 [21] ? \$455  : { x2, 1'h0 };
+  assign \$457  = \port$3690$54 [20] ? \$454  : \$456 ;
+  assign \$460  = \port$3690$54 [21] ? \$459  : { x2, 1'h0 };
+  assign \$463  = \port$3690$54 [21] ? \$462  : { x2, 1'h0 };
+  assign \$464  = \port$3690$54 [20] ? \$461  : \$463 ;
+  assign \$465  = \port$3690$54 [19] ? \$458  : \$464 [47:0];
+  assign \$466  = \port$3690$54 [18] ? \$451  : \$465 [39:0];
+  assign \$469  = \port$3690$54 [21] ? \$468  : { x2, 1'h0 };
+  assign \$472  = \port$3690$54 [21] ? \$471  : { x2, 1'h0 };
+  assign \$473  = \port$3690$54 [20] ? \$470  : \$472 ;
+  assign \$476  = \port$3690$54 [21] ? \$475  : { x2, 1'h0 };
+  assign \$479  = \port$3690$54 [21] ? \$478  : { x2, 1'h0 };
+  assign \$480  = \port$3690$54 [20] ? \$477  : \$479 ;
+  assign \$481  = \port$3690$54 [19] ? \$474  : \$480 [47:0];
+  assign \$484  = \port$3690$54 [21] ? \$483  : { x2, 1'h0 };
+  assign \$487  = \port$3690$54 [21] ? \$486  : { x2, 1'h0 };
+  assign \$488  = \port$3690$54 [20] ? \$485  : \$487 ;
+  assign \$491  = \port$3690$54 [21] ? \$490  : { x2, 1'h0 };
+  assign \$494  = \port$3690$54 [21] ? \$493  : { x2, 1'h0 };
+  assign \$495  = \port$3690$54 [20] ? \$492  : \$494 ;
+  assign \$496  = \port$3690$54 [19] ? \$489  : \$495 [47:0];
+  assign \$497  = \port$3690$54 [18] ? \$482  : \$496 [39:0];
+  assign \$498  = \port$3690$54 [17] ? \$467  : \$497 [35:0];
+  assign \$501  = \port$3690$54 [21] ? \$500  : { x2, 1'h0 };
+  assign \$504  = \port$3690$54 [21] ? \$503  : { x2, 1'h0 };
+  assign \$505  = \port$3690$54 [20] ? \$502  : \$504 ;
+  assign \$508  = \port$3690$54 [21] ? \$507  : { x2, 1'h0 };
+  assign \$511  = \port$3690$54 [21] ? \$510  : { x2, 1'h0 };
+  assign \$512  = \port$3690$54 [20] ? \$509  : \$511 ;
+  assign \$513  = \port$3690$54 [19] ? \$506  : \$512 [47:0];
+  assign \$516  = \port$3690$54 [21] ? \$515  : { x2, 1'h0 };
+  assign \$519  = \port$3690$54 [21] ? \$518  : { x2, 1'h0 };
+  assign \$520  = \port$3690$54 [20] ? \$517  : \$519 ;
+  assign \$523  = \port$3690$54 [21] ? \$522  : { x2, 1'h0 };
+  assign \$526  = \port$3690$54 [21] ? \$525  : { x2, 1'h0 };
+  assign \$527  = \port$3690$54 [20] ? \$524  : \$526 ;
+  assign \$528  = \port$3690$54 [19] ? \$521  : \$527 [47:0];
+  assign \$529  = \port$3690$54 [18] ? \$514  : \$528 [39:0];
+  assign \$532  = \port$3690$54 [21] ? \$531  : { x2, 1'h0 };
+  assign \$535  = \port$3690$54 [21] ? \$534  : { x2, 1'h0 };
+  assign \$536  = \port$3690$54 [20] ? \$533  : \$535 ;
+  assign \$539  = \port$3690$54 [21] ? \$538  : { x2, 1'h0 };
+  assign \$542  = \port$3690$54 [21] ? \$541  : { x2, 1'h0 };
+  assign \$543  = \port$3690$54 [20] ? \$540  : \$542 ;
+  assign \$544  = \port$3690$54 [19] ? \$537  : \$543 [47:0];
+  assign \$547  = \port$3690$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$550  = \port$3690$54 [21] ? \$549  : { x2, 1'h0 };
+  assign \$551  = \port$3690$54 [20] ? \$548  : \$550 ;
+  assign \$554  = \port$3690$54 [21] ? \$553  : { x2, 1'h0 };
+  assign \$557  = \port$3690$54 [21] ? \$556  : { x2, 1'h0 };
+  assign \$558  = \port$3690$54 [20] ? \$555  : \$557 ;
+  assign \$559  = \port$3690$54 [19] ? \$552  : \$558 [47:0];
+  assign \$560  = \port$3690$54 [18] ? \$545  : \$559 [39:0];
+  assign \$561  = \port$3690$54 [17] ? \$530  : \$560 [35:0];
+  assign \$562  = \port$3690$54 [16] ? \$499  : \$561 [33:0];
   assign \$563  = { x2, 1'h0 } & below;
   assign \$564  = | \$563 ;
   assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -25854,69 +27223,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$572  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$573  = \$572  ? 33'h07fffffff : rounded2;
   assign \$574  = over2_2 ? { \$571 [31], \$571  } : \$573 ;
-  assign \$576  = \port$3496$54 [21] ? \$575  : { x3, 1'h0 };
-  assign \$579  = \port$3496$54 [21] ? \$578  : { x3, 1'h0 };
-  assign \$580  = \port$3496$54 [20] ? \$577  : \$579 ;
-  assign \$583  = \port$3496$54 [21] ? \$582  : { x3, 1'h0 };
-  assign \$586  = \port$3496$54 [21] ? \$585  : { x3, 1'h0 };
-  assign \$587  = \port$3496$54 [20] ? \$584  : \$586 ;
-  assign \$588  = \port$3496$54 [19] ? \$581  : \$587 [47:0];
-  assign \$591  = \port$3496$54 [21] ? \$590  : { x3, 1'h0 };
-  assign \$594  = \port$3496$54 [21] ? \$593  : { x3, 1'h0 };
-  assign \$595  = \port$3496$54 [20] ? \$592  : \$594 ;
-  assign \$598  = \port$3496$54 [21] ? \$597  : { x3, 1'h0 };
-  assign \$601  = \port$3496$54 [21] ? \$600  : { x3, 1'h0 };
-  assign \$602  = \port$3496$54 [20] ? \$599  : \$601 ;
-  assign \$603  = \port$3496$54 [19] ? \$596  : \$602 [47:0];
-  assign \$604  = \port$3496$54 [18] ? \$589  : \$603 [39:0];
-  assign \$607  = \port$3496$54 [21] ? \$606  : { x3, 1'h0 };
-  assign \$610  = \port$3496$54 [21] ? \$609  : { x3, 1'h0 };
-  assign \$611  = \port$3496$54 [20] ? \$608  : \$610 ;
-  assign \$614  = \port$3496$54 [21] ? \$613  : { x3, 1'h0 };
-  assign \$617  = \port$3496$54 [21] ? \$616  : { x3, 1'h0 };
-  assign \$618  = \port$3496$54 [20] ? \$615  : \$617 ;
-  assign \$619  = \port$3496$54 [19] ? \$612  : \$618 [47:0];
-  assign \$622  = \port$3496$54 [21] ? \$621  : { x3, 1'h0 };
-  assign \$625  = \port$3496$54 [21] ? \$624  : { x3, 1'h0 };
-  assign \$626  = \port$3496$54 [20] ? \$623  : \$625 ;
-  assign \$629  = \port$3496$54 [21] ? \$628  : { x3, 1'h0 };
-  assign \$632  = \port$3496$54 [21] ? \$631  : { x3, 1'h0 };
-  assign \$633  = \port$3496$54 [20] ? \$630  : \$632 ;
-  assign \$634  = \port$3496$54 [19] ? \$627  : \$633 [47:0];
-  assign \$635  = \port$3496$54 [18] ? \$620  : \$634 [39:0];
-  assign \$636  = \port$3496$54 [17] ? \$605  : \$635 [35:0];
-  assign \$639  = \port$3496$54 [21] ? \$638  : { x3, 1'h0 };
-  assign \$642  = \port$3496$54 [21] ? \$641  : { x3, 1'h0 };
-  assign \$643  = \port$3496$54 [20] ? \$640  : \$642 ;
-  assign \$646  = \port$3496$54 [21] ? \$645  : { x3, 1'h0 };
-  assign \$649  = \port$3496$54 [21] ? \$648  : { x3, 1'h0 };
-  assign \$650  = \port$3496$54 [20] ? \$647  : \$649 ;
-  assign \$651  = \port$3496$54 [19] ? \$644  : \$650 [47:0];
-  assign \$654  = \port$3496$54 [21] ? \$653  : { x3, 1'h0 };
-  assign \$657  = \port$3496$54 [21] ? \$656  : { x3, 1'h0 };
-  assign \$658  = \port$3496$54 [20] ? \$655  : \$657 ;
-  assign \$661  = \port$3496$54 [21] ? \$660  : { x3, 1'h0 };
-  assign \$664  = \port$3496$54 [21] ? \$663  : { x3, 1'h0 };
-  assign \$665  = \port$3496$54 [20] ? \$662  : \$664 ;
-  assign \$666  = \port$3496$54 [19] ? \$659  : \$665 [47:0];
-  assign \$667  = \port$3496$54 [18] ? \$652  : \$666 [39:0];
-  assign \$670  = \port$3496$54 [21] ? \$669  : { x3, 1'h0 };
-  assign \$673  = \port$3496$54 [21] ? \$672  : { x3, 1'h0 };
-  assign \$674  = \port$3496$54 [20] ? \$671  : \$673 ;
-  assign \$677  = \port$3496$54 [21] ? \$676  : { x3, 1'h0 };
-  assign \$680  = \port$3496$54 [21] ? \$679  : { x3, 1'h0 };
-  assign \$681  = \port$3496$54 [20] ? \$678  : \$680 ;
-  assign \$682  = \port$3496$54 [19] ? \$675  : \$681 [47:0];
-  assign \$685  = \port$3496$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$688  = \port$3496$54 [21] ? \$687  : { x3, 1'h0 };
-  assign \$689  = \port$3496$54 [20] ? \$686  : \$688 ;
-  assign \$692  = \port$3496$54 [21] ? \$691  : { x3, 1'h0 };
-  assign \$695  = \port$3496$54 [21] ? \$694  : { x3, 1'h0 };
-  assign \$696  = \port$3496$54 [20] ? \$693  : \$695 ;
-  assign \$697  = \port$3496$54 [19] ? \$690  : \$696 [47:0];
-  assign \$698  = \port$3496$54 [18] ? \$683  : \$697 [39:0];
-  assign \$699  = \port$3496$54 [17] ? \$668  : \$698 [35:0];
-  assign \$700  = \port$3496$54 [16] ? \$637  : \$699 [33:0];
+  assign \$576  = \port$3690$54 [21] ? \$575  : { x3, 1'h0 };
+  assign \$579  = \port$3690$54 [21] ? \$578  : { x3, 1'h0 };
+  assign \$580  = \port$3690$54 [20] ? \$577  : \$579 ;
+  assign \$583  = \port$3690$54 [21] ? \$582  : { x3, 1'h0 };
+  assign \$586  = \port$3690$54 [21] ? \$585  : { x3, 1'h0 };
+  assign \$587  = \port$3690$54 [20] ? \$584  : \$586 ;
+  assign \$588  = \port$3690$54 [19] ? \$581  : \$587 [47:0];
+  assign \$591  = \port$3690$54 [21] ? \$590  : { x3, 1'h0 };
+  assign \$594  = \port$3690$54 [21] ? \$593  : { x3, 1'h0 };
+  assign \$595  = \port$3690$54 [20] ? \$592  : \$594 ;
+  assign \$598  = \port$3690$54 [21] ? \$597  : { x3, 1'h0 };
+  assign \$601  = \port$3690$54 [21] ? \$600  : { x3, 1'h0 };
+  assign \$602  = \port$3690$54 [20] ? \$599  : \$601 ;
+  assign \$603  = \port$3690$54 [19] ? \$596  : \$602 [47:0];
+  assign \$604  = \port$3690$54 [18] ? \$589  : \$603 [39:0];
+  assign \$607  = \port$3690$54 [21] ? \$606  : { x3, 1'h0 };
+  assign \$610  = \port$3690$54 [21] ? \$609  : { x3, 1'h0 };
+  assign \$611  = \port$3690$54 [20] ? \$608  : \$610 ;
+  assign \$614  = \port$3690$54 [21] ? \$613  : { x3, 1'h0 };
+  assign \$617  = \port$3690$54 [21] ? \$616  : { x3, 1'h0 };
+  assign \$618  = \port$3690$54 [20] ? \$615  : \$617 ;
+  assign \$619  = \port$3690$54 [19] ? \$612  : \$618 [47:0];
+  assign \$622  = \port$3690$54 [21] ? \$621  : { x3, 1'h0 };
+  assign \$625  = \port$3690$54 [21] ? \$624  : { x3, 1'h0 };
+  assign \$626  = \port$3690$54 [20] ? \$623  : \$625 ;
+  assign \$629  = \port$3690$54 [21] ? \$628  : { x3, 1'h0 };
+  assign \$632  = \port$3690$54 [21] ? \$631  : { x3, 1'h0 };
+  assign \$633  = \port$3690$54 [20] ? \$630  : \$632 ;
+  assign \$634  = \port$3690$54 [19] ? \$627  : \$633 [47:0];
+  assign \$635  = \port$3690$54 [18] ? \$620  : \$634 [39:0];
+  assign \$636  = \port$3690$54 [17] ? \$605  : \$635 [35:0];
+  assign \$639  = \port$3690$54 [21] ? \$638  : { x3, 1'h0 };
+  assign \$642  = \port$3690$54 [21] ? \$641  : { x3, 1'h0 };
+  assign \$643  = \port$3690$54 [20] ? \$640  : \$642 ;
+  assign \$646  = \port$3690$54 [21] ? \$645  : { x3, 1'h0 };
+  assign \$649  = \port$3690$54 [21] ? \$648  : { x3, 1'h0 };
+  assign \$650  = \port$3690$54 [20] ? \$647  : \$649 ;
+  assign \$651  = \port$3690$54 [19] ? \$644  : \$650 [47:0];
+  assign \$654  = \port$3690$54 [21] ? \$653  : { x3, 1'h0 };
+  assign \$657  = \port$3690$54 [21] ? \$656  : { x3, 1'h0 };
+  assign \$658  = \port$3690$54 [20] ? \$655  : \$657 ;
+  assign \$661  = \port$3690$54 [21] ? \$660  : { x3, 1'h0 };
+  assign \$664  = \port$3690$54 [21] ? \$663  : { x3, 1'h0 };
+  assign \$665  = \port$3690$54 [20] ? \$662  : \$664 ;
+  assign \$666  = \port$3690$54 [19] ? \$659  : \$665 [47:0];
+  assign \$667  = \port$3690$54 [18] ? \$652  : \$666 [39:0];
+  assign \$670  = \port$3690$54 [21] ? \$669  : { x3, 1'h0 };
+  assign \$673  = \port$3690$54 [21] ? \$672  : { x3, 1'h0 };
+  assign \$674  = \port$3690$54 [20] ? \$671  : \$673 ;
+  assign \$677  = \port$3690$54 [21] ? \$676  : { x3, 1'h0 };
+  assign \$680  = \port$3690$54 [21] ? \$679  : { x3, 1'h0 };
+  assign \$681  = \port$3690$54 [20] ? \$678  : \$680 ;
+  assign \$682  = \port$3690$54 [19] ? \$675  : \$681 [47:0];
+  assign \$685  = \port$3690$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$688  = \port$3690$54 [21] ? \$687  : { x3, 1'h0 };
+  assign \$689  = \port$3690$54 [20] ? \$686  : \$688 ;
+  assign \$692  = \port$3690$54 [21] ? \$691  : { x3, 1'h0 };
+  assign \$695  = \port$3690$54 [21] ? \$694  : { x3, 1'h0 };
+  assign \$696  = \port$3690$54 [20] ? \$693  : \$695 ;
+  assign \$697  = \port$3690$54 [19] ? \$690  : \$696 [47:0];
+  assign \$698  = \port$3690$54 [18] ? \$683  : \$697 [39:0];
+  assign \$699  = \port$3690$54 [17] ? \$668  : \$698 [35:0];
+  assign \$700  = \port$3690$54 [16] ? \$637  : \$699 [33:0];
   assign \$701  = { x3, 1'h0 } & below;
   assign \$702  = | \$701 ;
   assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -26017,194 +27386,194 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$7  = $signed(\$5 ) + $signed(\$6 );
   assign \$10  = $signed(\$8 ) + $signed(\$9 );
   assign \$13  = $signed(\$11 ) + $signed(\$12 );
-  assign \$14  = \port$3496$54 [21:16] > 1'h0;
-  assign \$15  = \port$3496$54 [21:16] > 1'h1;
-  assign \$16  = \port$3496$54 [21:16] > 2'h2;
-  assign \$17  = \port$3496$54 [21:16] > 2'h3;
-  assign \$18  = \port$3496$54 [21:16] > 3'h4;
-  assign \$19  = \port$3496$54 [21:16] > 3'h5;
-  assign \$20  = \port$3496$54 [21:16] > 3'h6;
-  assign \$21  = \port$3496$54 [21:16] > 3'h7;
-  assign \$22  = \port$3496$54 [21:16] > 4'h8;
-  assign \$23  = \port$3496$54 [21:16] > 4'h9;
-  assign \$24  = \port$3496$54 [21:16] > 4'ha;
-  assign \$25  = \port$3496$54 [21:16] > 4'hb;
-  assign \$26  = \port$3496$54 [21:16] > 4'hc;
-  assign \$27  = \port$3496$54 [21:16] > 4'hd;
-  assign \$28  = \port$3496$54 [21:16] > 4'he;
-  assign \$29  = \port$3496$54 [21:16] > 4'hf;
-  assign \$30  = \port$3496$54 [21:16] > 5'h10;
-  assign \$31  = \port$3496$54 [21:16] > 5'h11;
-  assign \$32  = \port$3496$54 [21:16] > 5'h12;
-  assign \$33  = \port$3496$54 [21:16] > 5'h13;
-  assign \$34  = \port$3496$54 [21:16] > 5'h14;
-  assign \$35  = \port$3496$54 [21:16] > 5'h15;
-  assign \$36  = \port$3496$54 [21:16] > 5'h16;
-  assign \$37  = \port$3496$54 [21:16] > 5'h17;
-  assign \$38  = \port$3496$54 [21:16] > 5'h18;
-  assign \$39  = \port$3496$54 [21:16] > 5'h19;
-  assign \$40  = \port$3496$54 [21:16] > 5'h1a;
-  assign \$41  = \port$3496$54 [21:16] > 5'h1b;
-  assign \$42  = \port$3496$54 [21:16] > 5'h1c;
-  assign \$43  = \port$3496$54 [21:16] > 5'h1d;
-  assign \$44  = \port$3496$54 [21:16] > 5'h1e;
-  assign \$45  = \port$3496$54 [21:16] > 5'h1f;
-  assign \$46  = \port$3496$54 [21:16] > 6'h20;
-  assign \$47  = \port$3496$54 [21:16] > 6'h21;
-  assign \$48  = \port$3496$54 [21:16] > 6'h22;
-  assign \$49  = \port$3496$54 [21:16] > 6'h23;
-  assign \$50  = \port$3496$54 [21:16] > 6'h24;
-  assign \$51  = \port$3496$54 [21:16] > 6'h25;
-  assign \$52  = \port$3496$54 [21:16] > 6'h26;
-  assign \$53  = \port$3496$54 [21:16] > 6'h27;
-  assign \$54  = \port$3496$54 [21:16] > 6'h28;
-  assign \$55  = \port$3496$54 [21:16] > 6'h29;
-  assign \$56  = \port$3496$54 [21:16] > 6'h2a;
-  assign \$57  = \port$3496$54 [21:16] > 6'h2b;
-  assign \$58  = \port$3496$54 [21:16] > 6'h2c;
-  assign \$59  = \port$3496$54 [21:16] > 6'h2d;
-  assign \$60  = \port$3496$54 [21:16] > 6'h2e;
-  assign \$61  = \port$3496$54 [21:16] > 6'h2f;
-  assign \$62  = \port$3496$54 [21:16] > 6'h30;
-  assign \$63  = \port$3496$54 [21:16] + 6'h20;
+  assign \$14  = \port$3690$54 [21:16] > 1'h0;
+  assign \$15  = \port$3690$54 [21:16] > 1'h1;
+  assign \$16  = \port$3690$54 [21:16] > 2'h2;
+  assign \$17  = \port$3690$54 [21:16] > 2'h3;
+  assign \$18  = \port$3690$54 [21:16] > 3'h4;
+  assign \$19  = \port$3690$54 [21:16] > 3'h5;
+  assign \$20  = \port$3690$54 [21:16] > 3'h6;
+  assign \$21  = \port$3690$54 [21:16] > 3'h7;
+  assign \$22  = \port$3690$54 [21:16] > 4'h8;
+  assign \$23  = \port$3690$54 [21:16] > 4'h9;
+  assign \$24  = \port$3690$54 [21:16] > 4'ha;
+  assign \$25  = \port$3690$54 [21:16] > 4'hb;
+  assign \$26  = \port$3690$54 [21:16] > 4'hc;
+  assign \$27  = \port$3690$54 [21:16] > 4'hd;
+  assign \$28  = \port$3690$54 [21:16] > 4'he;
+  assign \$29  = \port$3690$54 [21:16] > 4'hf;
+  assign \$30  = \port$3690$54 [21:16] > 5'h10;
+  assign \$31  = \port$3690$54 [21:16] > 5'h11;
+  assign \$32  = \port$3690$54 [21:16] > 5'h12;
+  assign \$33  = \port$3690$54 [21:16] > 5'h13;
+  assign \$34  = \port$3690$54 [21:16] > 5'h14;
+  assign \$35  = \port$3690$54 [21:16] > 5'h15;
+  assign \$36  = \port$3690$54 [21:16] > 5'h16;
+  assign \$37  = \port$3690$54 [21:16] > 5'h17;
+  assign \$38  = \port$3690$54 [21:16] > 5'h18;
+  assign \$39  = \port$3690$54 [21:16] > 5'h19;
+  assign \$40  = \port$3690$54 [21:16] > 5'h1a;
+  assign \$41  = \port$3690$54 [21:16] > 5'h1b;
+  assign \$42  = \port$3690$54 [21:16] > 5'h1c;
+  assign \$43  = \port$3690$54 [21:16] > 5'h1d;
+  assign \$44  = \port$3690$54 [21:16] > 5'h1e;
+  assign \$45  = \port$3690$54 [21:16] > 5'h1f;
+  assign \$46  = \port$3690$54 [21:16] > 6'h20;
+  assign \$47  = \port$3690$54 [21:16] > 6'h21;
+  assign \$48  = \port$3690$54 [21:16] > 6'h22;
+  assign \$49  = \port$3690$54 [21:16] > 6'h23;
+  assign \$50  = \port$3690$54 [21:16] > 6'h24;
+  assign \$51  = \port$3690$54 [21:16] > 6'h25;
+  assign \$52  = \port$3690$54 [21:16] > 6'h26;
+  assign \$53  = \port$3690$54 [21:16] > 6'h27;
+  assign \$54  = \port$3690$54 [21:16] > 6'h28;
+  assign \$55  = \port$3690$54 [21:16] > 6'h29;
+  assign \$56  = \port$3690$54 [21:16] > 6'h2a;
+  assign \$57  = \port$3690$54 [21:16] > 6'h2b;
+  assign \$58  = \port$3690$54 [21:16] > 6'h2c;
+  assign \$59  = \port$3690$54 [21:16] > 6'h2d;
+  assign \$60  = \port$3690$54 [21:16] > 6'h2e;
+  assign \$61  = \port$3690$54 [21:16] > 6'h2f;
+  assign \$62  = \port$3690$54 [21:16] > 6'h30;
+  assign \$63  = \port$3690$54 [21:16] + 6'h20;
   assign \$64  = \$63  <= 1'h0;
-  assign \$65  = \port$3496$54 [21:16] + 6'h20;
+  assign \$65  = \port$3690$54 [21:16] + 6'h20;
   assign \$66  = \$65  <= 1'h1;
-  assign \$67  = \port$3496$54 [21:16] + 6'h20;
+  assign \$67  = \port$3690$54 [21:16] + 6'h20;
   assign \$68  = \$67  <= 2'h2;
-  assign \$69  = \port$3496$54 [21:16] + 6'h20;
+  assign \$69  = \port$3690$54 [21:16] + 6'h20;
   assign \$70  = \$69  <= 2'h3;
-  assign \$71  = \port$3496$54 [21:16] + 6'h20;
+  assign \$71  = \port$3690$54 [21:16] + 6'h20;
   assign \$72  = \$71  <= 3'h4;
-  assign \$73  = \port$3496$54 [21:16] + 6'h20;
+  assign \$73  = \port$3690$54 [21:16] + 6'h20;
   assign \$74  = \$73  <= 3'h5;
-  assign \$75  = \port$3496$54 [21:16] + 6'h20;
+  assign \$75  = \port$3690$54 [21:16] + 6'h20;
   assign \$76  = \$75  <= 3'h6;
-  assign \$77  = \port$3496$54 [21:16] + 6'h20;
+  assign \$77  = \port$3690$54 [21:16] + 6'h20;
   assign \$78  = \$77  <= 3'h7;
-  assign \$79  = \port$3496$54 [21:16] + 6'h20;
+  assign \$79  = \port$3690$54 [21:16] + 6'h20;
   assign \$80  = \$79  <= 4'h8;
-  assign \$81  = \port$3496$54 [21:16] + 6'h20;
+  assign \$81  = \port$3690$54 [21:16] + 6'h20;
   assign \$82  = \$81  <= 4'h9;
-  assign \$83  = \port$3496$54 [21:16] + 6'h20;
+  assign \$83  = \port$3690$54 [21:16] + 6'h20;
   assign \$84  = \$83  <= 4'ha;
-  assign \$85  = \port$3496$54 [21:16] + 6'h20;
+  assign \$85  = \port$3690$54 [21:16] + 6'h20;
   assign \$86  = \$85  <= 4'hb;
-  assign \$87  = \port$3496$54 [21:16] + 6'h20;
+  assign \$87  = \port$3690$54 [21:16] + 6'h20;
   assign \$88  = \$87  <= 4'hc;
-  assign \$89  = \port$3496$54 [21:16] + 6'h20;
+  assign \$89  = \port$3690$54 [21:16] + 6'h20;
   assign \$90  = \$89  <= 4'hd;
-  assign \$91  = \port$3496$54 [21:16] + 6'h20;
+  assign \$91  = \port$3690$54 [21:16] + 6'h20;
   assign \$92  = \$91  <= 4'he;
-  assign \$93  = \port$3496$54 [21:16] + 6'h20;
+  assign \$93  = \port$3690$54 [21:16] + 6'h20;
   assign \$94  = \$93  <= 4'hf;
-  assign \$95  = \port$3496$54 [21:16] + 6'h20;
+  assign \$95  = \port$3690$54 [21:16] + 6'h20;
   assign \$96  = \$95  <= 5'h10;
-  assign \$97  = \port$3496$54 [21:16] + 6'h20;
+  assign \$97  = \port$3690$54 [21:16] + 6'h20;
   assign \$98  = \$97  <= 5'h11;
-  assign \$99  = \port$3496$54 [21:16] + 6'h20;
+  assign \$99  = \port$3690$54 [21:16] + 6'h20;
   assign \$100  = \$99  <= 5'h12;
-  assign \$101  = \port$3496$54 [21:16] + 6'h20;
+  assign \$101  = \port$3690$54 [21:16] + 6'h20;
   assign \$102  = \$101  <= 5'h13;
-  assign \$103  = \port$3496$54 [21:16] + 6'h20;
+  assign \$103  = \port$3690$54 [21:16] + 6'h20;
   assign \$104  = \$103  <= 5'h14;
-  assign \$105  = \port$3496$54 [21:16] + 6'h20;
+  assign \$105  = \port$3690$54 [21:16] + 6'h20;
   assign \$106  = \$105  <= 5'h15;
-  assign \$107  = \port$3496$54 [21:16] + 6'h20;
+  assign \$107  = \port$3690$54 [21:16] + 6'h20;
   assign \$108  = \$107  <= 5'h16;
-  assign \$109  = \port$3496$54 [21:16] + 6'h20;
+  assign \$109  = \port$3690$54 [21:16] + 6'h20;
   assign \$110  = \$109  <= 5'h17;
-  assign \$111  = \port$3496$54 [21:16] + 6'h20;
+  assign \$111  = \port$3690$54 [21:16] + 6'h20;
   assign \$112  = \$111  <= 5'h18;
-  assign \$113  = \port$3496$54 [21:16] + 6'h20;
+  assign \$113  = \port$3690$54 [21:16] + 6'h20;
   assign \$114  = \$113  <= 5'h19;
-  assign \$115  = \port$3496$54 [21:16] + 6'h20;
+  assign \$115  = \port$3690$54 [21:16] + 6'h20;
   assign \$116  = \$115  <= 5'h1a;
-  assign \$117  = \port$3496$54 [21:16] + 6'h20;
+  assign \$117  = \port$3690$54 [21:16] + 6'h20;
   assign \$118  = \$117  <= 5'h1b;
-  assign \$119  = \port$3496$54 [21:16] + 6'h20;
+  assign \$119  = \port$3690$54 [21:16] + 6'h20;
   assign \$120  = \$119  <= 5'h1c;
-  assign \$121  = \port$3496$54 [21:16] + 6'h20;
+  assign \$121  = \port$3690$54 [21:16] + 6'h20;
   assign \$122  = \$121  <= 5'h1d;
-  assign \$123  = \port$3496$54 [21:16] + 6'h20;
+  assign \$123  = \port$3690$54 [21:16] + 6'h20;
   assign \$124  = \$123  <= 5'h1e;
-  assign \$125  = \port$3496$54 [21:16] + 6'h20;
+  assign \$125  = \port$3690$54 [21:16] + 6'h20;
   assign \$126  = \$125  <= 5'h1f;
-  assign \$127  = \port$3496$54 [21:16] + 6'h20;
+  assign \$127  = \port$3690$54 [21:16] + 6'h20;
   assign \$128  = \$127  <= 6'h20;
-  assign \$129  = \port$3496$54 [21:16] + 6'h20;
+  assign \$129  = \port$3690$54 [21:16] + 6'h20;
   assign \$130  = \$129  <= 6'h21;
-  assign \$131  = \port$3496$54 [21:16] + 6'h20;
+  assign \$131  = \port$3690$54 [21:16] + 6'h20;
   assign \$132  = \$131  <= 6'h22;
-  assign \$133  = \port$3496$54 [21:16] + 6'h20;
+  assign \$133  = \port$3690$54 [21:16] + 6'h20;
   assign \$134  = \$133  <= 6'h23;
-  assign \$135  = \port$3496$54 [21:16] + 6'h20;
+  assign \$135  = \port$3690$54 [21:16] + 6'h20;
   assign \$136  = \$135  <= 6'h24;
-  assign \$137  = \port$3496$54 [21:16] + 6'h20;
+  assign \$137  = \port$3690$54 [21:16] + 6'h20;
   assign \$138  = \$137  <= 6'h25;
-  assign \$139  = \port$3496$54 [21:16] + 6'h20;
+  assign \$139  = \port$3690$54 [21:16] + 6'h20;
   assign \$140  = \$139  <= 6'h26;
-  assign \$141  = \port$3496$54 [21:16] + 6'h20;
+  assign \$141  = \port$3690$54 [21:16] + 6'h20;
   assign \$142  = \$141  <= 6'h27;
-  assign \$143  = \port$3496$54 [21:16] + 6'h20;
+  assign \$143  = \port$3690$54 [21:16] + 6'h20;
   assign \$144  = \$143  <= 6'h28;
-  assign \$145  = \port$3496$54 [21:16] + 6'h20;
+  assign \$145  = \port$3690$54 [21:16] + 6'h20;
   assign \$146  = \$145  <= 6'h29;
-  assign \$147  = \port$3496$54 [21:16] + 6'h20;
+  assign \$147  = \port$3690$54 [21:16] + 6'h20;
   assign \$148  = \$147  <= 6'h2a;
-  assign \$149  = \port$3496$54 [21:16] + 6'h20;
+  assign \$149  = \port$3690$54 [21:16] + 6'h20;
   assign \$150  = \$149  <= 6'h2b;
-  assign \$151  = \port$3496$54 [21:16] + 6'h20;
+  assign \$151  = \port$3690$54 [21:16] + 6'h20;
   assign \$152  = \$151  <= 6'h2c;
-  assign \$153  = \port$3496$54 [21:16] + 6'h20;
+  assign \$153  = \port$3690$54 [21:16] + 6'h20;
   assign \$154  = \$153  <= 6'h2d;
-  assign \$155  = \port$3496$54 [21:16] + 6'h20;
+  assign \$155  = \port$3690$54 [21:16] + 6'h20;
   assign \$156  = \$155  <= 6'h2e;
-  assign \$157  = \port$3496$54 [21:16] + 6'h20;
+  assign \$157  = \port$3690$54 [21:16] + 6'h20;
   assign \$158  = \$157  <= 6'h2f;
-  assign \$159  = \port$3496$54 [21:16] + 6'h20;
+  assign \$159  = \port$3690$54 [21:16] + 6'h20;
   assign \$160  = \$159  <= 6'h30;
-  assign \$162  = \port$3496$54 [21] ? \$161  : { x0, 1'h0 };
-  assign \$165  = \port$3496$54 [21] ? \$164  : { x0, 1'h0 };
-  assign \$166  = \port$3496$54 [20] ? \$163  : \$165 ;
-  assign \$169  = \port$3496$54 [21] ? \$168  : { x0, 1'h0 };
-  assign \$172  = \port$3496$54 [21] ? \$171  : { x0, 1'h0 };
-  assign \$173  = \port$3496$54 [20] ? \$170  : \$172 ;
-  assign \$174  = \port$3496$54 [19] ? \$167  : \$173 [47:0];
-  assign \$177  = \port$3496$54 [21] ? \$176  : { x0, 1'h0 };
-  assign \$180  = \port$3496$54 [21] ? \$179  : { x0, 1'h0 };
-  assign \$181  = \port$3496$54 [20] ? \$178  : \$180 ;
-  assign \$184  = \port$3496$54 [21] ? \$183  : { x0, 1'h0 };
-  assign \$187  = \port$3496$54 [21] ? \$186  : { x0, 1'h0 };
-  assign \$188  = \port$3496$54 [20] ? \$185  : \$187 ;
-  assign \$189  = \port$3496$54 [19] ? \$182  : \$188 [47:0];
-  assign \$190  = \port$3496$54 [18] ? \$175  : \$189 [39:0];
-  assign \$193  = \port$3496$54 [21] ? \$192  : { x0, 1'h0 };
-  assign \$196  = \port$3496$54 [21] ? \$195  : { x0, 1'h0 };
-  assign \$197  = \port$3496$54 [20] ? \$194  : \$196 ;
-  assign \$200  = \port$3496$54 [21] ? \$199  : { x0, 1'h0 };
-  assign \$203  = \port$3496$54 [21] ? \$202  : { x0, 1'h0 };
-  assign \$204  = \port$3496$54 [20] ? \$201  : \$203 ;
-  assign \$205  = \port$3496$54 [19] ? \$198  : \$204 [47:0];
-  assign \$208  = \port$3496$54 [21] ? \$207  : { x0, 1'h0 };
-  assign \$211  = \port$3496$54 [21] ? \$210  : { x0, 1'h0 };
-  assign \$212  = \port$3496$54 [20] ? \$209  : \$211 ;
-  assign \$215  = \port$3496$54 [21] ? \$214  : { x0, 1'h0 };
-  assign \$218  = \port$3496$54 [21] ? \$217  : { x0, 1'h0 };
-  assign \$219  = \port$3496$54 [20] ? \$216  : \$218 ;
-  assign \$220  = \port$3496$54 [19] ? \$213  : \$219 [47:0];
-  assign \$221  = \port$3496$54 [18] ? \$206  : \$220 [39:0];
-  assign \$222  = \port$3496$54 [17] ? \$191  : \$221 [35:0];
-  assign \$225  = \port$3496$54 [21] ? \$224  : { x0, 1'h0 };
-  assign \$228  = \port$3496$54 [21] ? \$227  : { x0, 1'h0 };
-  assign \$229  = \port$3496$54 [20] ? \$226  : \$228 ;
-  assign \$232  = \port$3496$54 [21] ? \$231  : { x0, 1'h0 };
-  assign \$235  = \port$3496$54 [21] ? \$234  : { x0, 1'h0 };
-  assign \$236  = \port$3496$54 [20] ? \$233  : \$235 ;
-  assign \$237  = \port$3496$54 [19] ? \$230  : \$236 [47:0];
-  assign \$240  = \port$3496$54 [21] ? \$239  : { x0, 1'h0 };
-  assign \$243  = \port$3496$54 [21] ? \$242  : { x0, 1'h0 };
-  assign \$244  = \port$3496$54 [20] ? \$241  : \$243 ;
+  assign \$162  = \port$3690$54 [21] ? \$161  : { x0, 1'h0 };
+  assign \$165  = \port$3690$54 [21] ? \$164  : { x0, 1'h0 };
+  assign \$166  = \port$3690$54 [20] ? \$163  : \$165 ;
+  assign \$169  = \port$3690$54 [21] ? \$168  : { x0, 1'h0 };
+  assign \$172  = \port$3690$54 [21] ? \$171  : { x0, 1'h0 };
+  assign \$173  = \port$3690$54 [20] ? \$170  : \$172 ;
+  assign \$174  = \port$3690$54 [19] ? \$167  : \$173 [47:0];
+  assign \$177  = \port$3690$54 [21] ? \$176  : { x0, 1'h0 };
+  assign \$180  = \port$3690$54 [21] ? \$179  : { x0, 1'h0 };
+  assign \$181  = \port$3690$54 [20] ? \$178  : \$180 ;
+  assign \$184  = \port$3690$54 [21] ? \$183  : { x0, 1'h0 };
+  assign \$187  = \port$3690$54 [21] ? \$186  : { x0, 1'h0 };
+  assign \$188  = \port$3690$54 [20] ? \$185  : \$187 ;
+  assign \$189  = \port$3690$54 [19] ? \$182  : \$188 [47:0];
+  assign \$190  = \port$3690$54 [18] ? \$175  : \$189 [39:0];
+  assign \$193  = \port$3690$54 [21] ? \$192  : { x0, 1'h0 };
+  assign \$196  = \port$3690$54 [21] ? \$195  : { x0, 1'h0 };
+  assign \$197  = \port$3690$54 [20] ? \$194  : \$196 ;
+  assign \$200  = \port$3690$54 [21] ? \$199  : { x0, 1'h0 };
+  assign \$203  = \port$3690$54 [21] ? \$202  : { x0, 1'h0 };
+  assign \$204  = \port$3690$54 [20] ? \$201  : \$203 ;
+  assign \$205  = \port$3690$54 [19] ? \$198  : \$204 [47:0];
+  assign \$208  = \port$3690$54 [21] ? \$207  : { x0, 1'h0 };
+  assign \$211  = \port$3690$54 [21] ? \$210  : { x0, 1'h0 };
+  assign \$212  = \port$3690$54 [20] ? \$209  : \$211 ;
+  assign \$215  = \port$3690$54 [21] ? \$214  : { x0, 1'h0 };
+  assign \$218  = \port$3690$54 [21] ? \$217  : { x0, 1'h0 };
+  assign \$219  = \port$3690$54 [20] ? \$216  : \$218 ;
+  assign \$220  = \port$3690$54 [19] ? \$213  : \$219 [47:0];
+  assign \$221  = \port$3690$54 [18] ? \$206  : \$220 [39:0];
+  assign \$222  = \port$3690$54 [17] ? \$191  : \$221 [35:0];
+  assign \$225  = \port$3690$54 [21] ? \$224  : { x0, 1'h0 };
+  assign \$228  = \port$3690$54 [21] ? \$227  : { x0, 1'h0 };
+  assign \$229  = \port$3690$54 [20] ? \$226  : \$228 ;
+  assign \$232  = \port$3690$54 [21] ? \$231  : { x0, 1'h0 };
+  assign \$235  = \port$3690$54 [21] ? \$234  : { x0, 1'h0 };
+  assign \$236  = \port$3690$54 [20] ? \$233  : \$235 ;
+  assign \$237  = \port$3690$54 [19] ? \$230  : \$236 [47:0];
+  assign \$240  = \port$3690$54 [21] ? \$239  : { x0, 1'h0 };
+  assign \$243  = \port$3690$54 [21] ? \$242  : { x0, 1'h0 };
+  assign \$244  = \port$3690$54 [20] ? \$241  : \$243 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -26216,8 +27585,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$3496$54 (\port$3496$54 [15:0]),
-    .\port$3514$0 (i__payload),
+    .\port$3690$54 (\port$3690$54 [15:0]),
+    .\port$3708$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -26754,23 +28123,23 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$3496$54 [15:0] };
-  assign mult = \port$3496$54 [15:0];
+  assign b__0 = { 2'h0, \port$3690$54 [15:0] };
+  assign mult = \port$3690$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$3496$54 [15:0] };
+  assign b__1 = { 2'h0, \port$3690$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$3496$54 [15:0] };
+  assign b__2 = { 2'h0, \port$3690$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$3496$54 [15:0] };
+  assign b__3 = { 2'h0, \port$3690$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$3496$54 [15:0] };
+  assign b__4 = { 2'h0, \port$3690$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$3496$54 [15:0] };
+  assign b__5 = { 2'h0, \port$3690$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$3496$54 [15:0] };
+  assign b__6 = { 2'h0, \port$3690$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$3496$54 [15:0] };
-  assign shift = \port$3496$54 [21:16];
+  assign b__7 = { 2'h0, \port$3690$54 [15:0] };
+  assign shift = \port$3690$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -26783,8 +28152,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$3  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
   assign \$5  = { p__2[35], p__2 };
   assign \$6  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$9  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
   assign \$8  = { p__4[35], p__4 };
+  assign \$9  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
   assign \$11  = { p__6[35], p__6 };
   assign \$12  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
   assign \$161  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
@@ -26810,16 +28179,16 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$199  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$201  = { \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48:16] };
   assign \$202  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$207  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$206  = { \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39:4] };
+  assign \$207  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$209  = { \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48:16] };
   assign \$210  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$213  = { \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47:8] };
   assign \$214  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$216  = { \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48:16] };
   assign \$217  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$224  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$223  = { \$222 [33], \$222 [33:1] };
+  assign \$224  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$226  = { \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48:16] };
   assign \$227  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$230  = { \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47:8] };
@@ -26834,8 +28203,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$246  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$248  = { \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48:16] };
   assign \$249  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$255  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$254  = { \$253 [35], \$253 [35], \$253 [35:2] };
+  assign \$255  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$257  = { \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48:16] };
   assign \$258  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$261  = { \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47:8] };
@@ -26885,8 +28254,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$362  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$364  = { \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48:16] };
   assign \$365  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$368  = { \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47:8] };
   assign \$369  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$368  = { \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47:8] };
   assign \$371  = { \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48:16] };
   assign \$372  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$376  = { \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39:4] };
@@ -27042,7 +28411,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3514$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3708$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -27128,10 +28497,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$3496$54 ;
-  wire [15:0] \port$3496$54 ;
-  input [127:0] \port$3514$0 ;
-  wire [127:0] \port$3514$0 ;
+  input [15:0] \port$3690$54 ;
+  wire [15:0] \port$3690$54 ;
+  input [127:0] \port$3708$0 ;
+  wire [127:0] \port$3708$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -27196,7 +28565,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$3514$0 [16:0] };
+      \$9  = { 1'h0, \port$3708$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -27209,7 +28578,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$3496$54  };
+      \$10  = { 2'h0, \port$3690$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -27235,7 +28604,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$3514$0 [31], \port$3514$0 [31], \port$3514$0 [31], \port$3514$0 [31:17] };
+      \$12  = { \port$3708$0 [31], \port$3708$0 [31], \port$3708$0 [31], \port$3708$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -27248,7 +28617,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$3496$54  };
+      \$13  = { 2'h0, \port$3690$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -27274,7 +28643,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$3514$0 [48:32] };
+      \$15  = { 1'h0, \port$3708$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -27287,7 +28656,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$3496$54  };
+      \$16  = { 2'h0, \port$3690$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -27313,7 +28682,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$3514$0 [63], \port$3514$0 [63], \port$3514$0 [63], \port$3514$0 [63:49] };
+      \$18  = { \port$3708$0 [63], \port$3708$0 [63], \port$3708$0 [63], \port$3708$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -27326,7 +28695,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$3496$54  };
+      \$19  = { 2'h0, \port$3690$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -27352,7 +28721,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$3514$0 [80:64] };
+      \$21  = { 1'h0, \port$3708$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -27365,7 +28734,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$3496$54  };
+      \$22  = { 2'h0, \port$3690$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -27391,7 +28760,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$3514$0 [95], \port$3514$0 [95], \port$3514$0 [95], \port$3514$0 [95:81] };
+      \$24  = { \port$3708$0 [95], \port$3708$0 [95], \port$3708$0 [95], \port$3708$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -27404,7 +28773,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$3496$54  };
+      \$25  = { 2'h0, \port$3690$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -27430,7 +28799,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$3514$0 [112:96] };
+      \$27  = { 1'h0, \port$3708$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -27443,7 +28812,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$3496$54  };
+      \$28  = { 2'h0, \port$3690$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -27469,7 +28838,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$3514$0 [127], \port$3514$0 [127], \port$3514$0 [127], \port$3514$0 [127:113] };
+      \$30  = { \port$3708$0 [127], \port$3708$0 [127], \port$3708$0 [127], \port$3708$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -27482,7 +28851,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$3496$54  };
+      \$31  = { 2'h0, \port$3690$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -27504,22 +28873,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3496$54 , \port$3
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3514$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3496$54  };
-  assign a__1 = { \port$3514$0 [31], \port$3514$0 [31], \port$3514$0 [31], \port$3514$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3496$54  };
-  assign a__2 = { 1'h0, \port$3514$0 [48:32] };
-  assign b__2 = { 2'h0, \port$3496$54  };
-  assign a__3 = { \port$3514$0 [63], \port$3514$0 [63], \port$3514$0 [63], \port$3514$0 [63:49] };
-  assign b__3 = { 2'h0, \port$3496$54  };
-  assign a__4 = { 1'h0, \port$3514$0 [80:64] };
-  assign b__4 = { 2'h0, \port$3496$54  };
-  assign a__5 = { \port$3514$0 [95], \port$3514$0 [95], \port$3514$0 [95], \port$3514$0 [95:81] };
-  assign b__5 = { 2'h0, \port$3496$54  };
-  assign a__6 = { 1'h0, \port$3514$0 [112:96] };
-  assign b__6 = { 2'h0, \port$3496$54  };
-  assign a__7 = { \port$3514$0 [127], \port$3514$0 [127], \port$3514$0 [127], \port$3514$0 [127:113] };
-  assign b__7 = { 2'h0, \port$3496$54  };
+  assign a__0 = { 1'h0, \port$3708$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3690$54  };
+  assign a__1 = { \port$3708$0 [31], \port$3708$0 [31], \port$3708$0 [31], \port$3708$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3690$54  };
+  assign a__2 = { 1'h0, \port$3708$0 [48:32] };
+  assign b__2 = { 2'h0, \port$3690$54  };
+  assign a__3 = { \port$3708$0 [63], \port$3708$0 [63], \port$3708$0 [63], \port$3708$0 [63:49] };
+  assign b__3 = { 2'h0, \port$3690$54  };
+  assign a__4 = { 1'h0, \port$3708$0 [80:64] };
+  assign b__4 = { 2'h0, \port$3690$54  };
+  assign a__5 = { \port$3708$0 [95], \port$3708$0 [95], \port$3708$0 [95], \port$3708$0 [95:81] };
+  assign b__5 = { 2'h0, \port$3690$54  };
+  assign a__6 = { 1'h0, \port$3708$0 [112:96] };
+  assign b__6 = { 2'h0, \port$3690$54  };
+  assign a__7 = { \port$3708$0 [127], \port$3708$0 [127], \port$3708$0 [127], \port$3708$0 [127:113] };
+  assign b__7 = { 2'h0, \port$3690$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -28354,8 +29723,8 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$3089$0 (i__payload),
-    .\port$3234$0 (mult),
+    .\port$3229$0 (i__payload),
+    .\port$3420$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -28652,7 +30021,7 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, \port$3089$0 , unit_rst, \port$3234$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, \port$3229$0 , unit_rst, \port$3420$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -28678,10 +30047,10 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3089$0 , unit_rst, \port$3234$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$3089$0 ;
-  wire [31:0] \port$3089$0 ;
-  input [15:0] \port$3234$0 ;
-  wire [15:0] \port$3234$0 ;
+  input [31:0] \port$3229$0 ;
+  wire [31:0] \port$3229$0 ;
+  input [15:0] \port$3420$0 ;
+  wire [15:0] \port$3420$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -28704,7 +30073,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3089$0 , unit_rst, \port$3234$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$3089$0 [16:0] };
+      \$3  = { 1'h0, \port$3229$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -28717,7 +30086,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3089$0 , unit_rst, \port$3234$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$3234$0  };
+      \$4  = { 2'h0, \port$3420$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -28743,7 +30112,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3089$0 , unit_rst, \port$3234$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$3089$0 [31], \port$3089$0 [31], \port$3089$0 [31], \port$3089$0 [31:17] };
+      \$6  = { \port$3229$0 [31], \port$3229$0 [31], \port$3229$0 [31], \port$3229$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -28756,7 +30125,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3089$0 , unit_rst, \port$3234$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$3234$0  };
+      \$7  = { 2'h0, \port$3420$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -28778,10 +30147,10 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3089$0 , unit_rst, \port$3234$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3089$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3234$0  };
-  assign a__1 = { \port$3089$0 [31], \port$3089$0 [31], \port$3089$0 [31], \port$3089$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3234$0  };
+  assign a__0 = { 1'h0, \port$3229$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3420$0  };
+  assign a__1 = { \port$3229$0 [31], \port$3229$0 [31], \port$3229$0 [31], \port$3229$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3420$0  };
 endmodule
 
 (* generator = "Amaranth" *)
