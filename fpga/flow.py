@@ -402,8 +402,8 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
               "totals": dict(target.totals), "build_dir": str(cwd.relative_to(ROOT))
               if cwd.resolve().is_relative_to(ROOT) else str(cwd), "key": key}
     report.update(_yosys(text, name, target, cwd, progress, t0))
-    over = [f"{kind.upper()} {report['resources'].get(kind, 0)}/{total}"
-            for kind, total in target.totals.items() if report["resources"].get(kind, 0) > total]
+    report["over"] = [kind for kind, total in target.totals.items() if report["resources"].get(kind, 0) > total]
+    over = [f"{kind.upper()} {report['resources'][kind]}/{target.totals[kind]}" for kind in report["over"]]
     if pnr:
         flow = "register-wrapper" if wrapped else "out-of-context"
         extra_ffs = 0
@@ -441,7 +441,9 @@ def summary_line(report: dict) -> str:
              f"BRAM {r['bram']}/{t['bram']}"]
     if t.get("spram"):
         parts.append(f"SPRAM {r.get('spram', 0)}/{t['spram']}")
-    if "pnr" in report and report["pnr"].get("error"):
+    if report.get("over"):
+        parts.append(f"does not fit {report['target']} ({', '.join(k.upper() for k in report['over'])} over)")
+    elif "pnr" in report and report["pnr"].get("error"):
         parts.append(f"place and route failed: {report['pnr']['error']}")
     elif "pnr" in report:
         p = report["pnr"]

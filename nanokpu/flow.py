@@ -7,7 +7,8 @@ The steps, each printed as it runs:
 3. simulate: a block on the nano-KPU RTL on Verilator through its AXI interfaces, checked bit
    for bit against the golden integer block (:mod:`nanokpu.simulate`);
 4. synthesize: the whole nano-KPU with Yosys and nextpnr for the profile's FPGA
-   (:mod:`nanokpu.synth`); the reports land in ``fpga/reports/``.
+   (:mod:`nanokpu.synth`); if it does not fit that part, also on the ECP5-85F, so that the run
+   always ends with a placed and routed design and its Fmax. Reports land in ``fpga/build/flow/``.
 
 It ends with a summary of what it did and where the outputs are. It exits non-zero if the RTL
 is not bit-exact or the design has latches or unmapped cells.
@@ -16,15 +17,36 @@ is not bit-exact or the design has latches or unmapped cells.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
 from nanokpu.config import profile
 
+#: Where the main job's synthesis reports go (git-ignored, beside the tools' build directories).
+FLOW_DIR = Path(__file__).resolve().parent.parent / "fpga" / "build" / "flow"
+#: Where the main job places and routes a nano-KPU that does not fit its profile's own target.
+FALLBACK_TARGET = "ecp5-85f"
+
 
 def _step(n: int, title: str) -> float:
     print(f"\n== [{n}/4] {title}", flush=True)
     return time.perf_counter()
+
+
+def _synthesize(cfg, target: str, seed: int) -> dict:
+    """The ``kpu`` of ``cfg`` through Yosys and nextpnr on ``target``; the report is written to
+    :data:`FLOW_DIR` (JSON, Markdown, PNG) next to the tools' logs."""
+    from fpga.flow import summary_line
+    from fpga.report import write_reports
+    from nanokpu import synth
+
+    r = synth.run_units(cfg.name, target, ["kpu"], pnr=True, seed=seed)[0]
+    print("  " + summary_line(r))
+    print(f"  tool logs: {r['build_dir']}/")
+    for path in write_reports([r], FLOW_DIR, f"{cfg.name}-{target}", f"nanokpu flow --profile {cfg.name}"):
+        print(f"  wrote {path}")
+    return r
 
 
 def add_arguments(parser) -> None:
@@ -35,8 +57,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from fpga.flow import REPORT_DIR, summary_line
-    from fpga.report import write_reports
+    from fpga.flow import summary_line
     from nanokpu import demo, generate, simulate, synth
 
     cfg = profile(args.profile)
@@ -69,17 +90,17 @@ def run(args) -> int:
     else:
         target = args.target or synth.DEFAULT_TARGET[cfg.name]
         t0 = _step(4, f"synthesize the nano-KPU for {target} (Yosys, nextpnr; takes minutes)")
-        reports = synth.run_units(cfg.name, target, ["kpu"], pnr=True, seed=args.seed)
-        written = write_reports(reports, REPORT_DIR, f"flow-{cfg.name}-{target}",
-                                f"nanokpu flow --profile {cfg.name}")
-        r = reports[0]
-        print("  " + summary_line(r))
-        for path in written:
-            print(f"  wrote {path}")
-        if r["latches"] or r["unmapped"]:
-            status = 1
-        done.append(f"synthesized for {target}: {summary_line(r)} ({time.perf_counter() - t0:.0f} s); "
-                    f"report {written[0]}")
+        r = _synthesize(cfg, target, args.seed)
+        status |= bool(r["latches"] or r["unmapped"])
+        done.append(f"synthesized for {target}: {summary_line(r)} ({time.perf_counter() - t0:.0f} s)")
+        if r.get("over") and args.target is None and target != FALLBACK_TARGET:
+            print(f"  the {cfg.name} nano-KPU does not fit {target} yet (fpga/README.md says what the fit takes); "
+                  f"placing and routing it on {FALLBACK_TARGET} instead")
+            t0 = time.perf_counter()
+            r = _synthesize(cfg, FALLBACK_TARGET, args.seed)
+            status |= bool(r["latches"] or r["unmapped"])
+            done.append(f"synthesized for {FALLBACK_TARGET}: {summary_line(r)} ({time.perf_counter() - t0:.0f} s)")
+        done.append("synthesis reports in fpga/build/flow/")
 
     print(f"\n== nanokpu flow, profile '{cfg.name}': done in {time.perf_counter() - t_all:.0f} s")
     for line in done:
