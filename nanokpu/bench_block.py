@@ -63,8 +63,9 @@ EXPLANATION = """
 ## Where the cycles go
 
 One instruction runs at a time; the busy counters (registers ``BUSY+4u``) count the cycles of
-each unit's instructions, the rest (under 2 %) is fetch and decode, 3 cycles per instruction.
-Utilization factors exactly into three measured terms:
+each unit's instructions, the rest is fetch and decode (3 cycles, plus the shift-add products of
+the instruction's fields, a few cycles more; measured below). Utilization factors exactly into
+three measured terms:
 
     utilization = MACs / (rows*cols * cycles)
                 = (GEMM busy / cycles) * (tile steps / GEMM busy) * (rows used in the tile steps)
@@ -98,8 +99,10 @@ def decomposition(rows: list[tuple]) -> str:
         g = r["gemm"] / r["cycles"]
         t = r["tile_cycles"] / r["gemm"]
         u = r["macs"] / (cfg.rows * cfg.cols * r["cycles"])
+        decode = r["cycles"] - sum(r[unit] for unit in UNITS)
         lines.append(f"* `{cfg.name}`: {u:.1%} = {g:.1%} (GEMM busy) x {t:.1%} (tile steps) x "
-                     f"{r['rows_used']:.1%} (rows used)")
+                     f"{r['rows_used']:.1%} (rows used); fetch and decode {decode / r['cycles']:.1%} of the "
+                     f"cycles, {decode / r['instructions']:.1f} per instruction")
     return "\n".join(lines)
 
 
