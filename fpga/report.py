@@ -107,6 +107,6 @@ def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str,
     md = out_dir / f"{stem}.md"
     png = write_chart(rows, out_dir / f"{stem}.png", stem)
     md.write_text(f"# Synthesis: {stem}\n\nMade by `{command}`.\n\n" + markdown_table(rows)
-                  + f"\n![resource use]({png.name})\n\nLogs: `fpga/build/<unit>-<target>/`"
+                  + f"\n![resource use]({png.name})\n\nLogs: `fpga/build/<profile>-<target>-<unit>/`"
                   " (Yosys `*.yosys.log`, nextpnr `*.nextpnr.log`, `report.json`).\n")
     return [js, md, png]
