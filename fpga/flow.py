@@ -420,7 +420,7 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
         except ToolError as exc:  # typically: does not fit; keep the synthesis report
             errors = [ln for ln in str(exc).splitlines() if ln.startswith("ERROR")]
             timing = {"fmax_mhz": None, "error": (errors or [str(exc).splitlines()[0]])[-1]}
-            if progress:
+            if progress and not report["over"]:  # the summary line below says "does not fit"
                 progress(f"{_stamp(t0)} place and route failed: {timing['error']}")
         timing["flow"] = flow
         timing["extra_ffs"] = extra_ffs
