@@ -18,7 +18,8 @@ def total_row(reports: list[dict]) -> dict:
     """Sum of the units' resources on one target (the design until a single top level exists)."""
     first = reports[0]
     keys = sorted({k for r in reports for k in r["resources"]})
-    return {"name": "all units (sum)", "target": first["target"], "family": first["family"],
+    return {"name": "all units (sum)", "profile": first.get("profile", "-"), "target": first["target"],
+            "family": first["family"],
             "totals": first["totals"],
             "resources": {k: sum(r["resources"].get(k, 0) for r in reports) for k in keys},
             "latches": sum(r["latches"] for r in reports),
@@ -38,9 +39,9 @@ def _path(p: dict | None) -> str:
 
 def markdown_table(reports: list[dict]) -> str:
     """One row per report: resources against the part, Fmax against the goal, critical path."""
-    lines = ["| unit | target | LUT4 | FF | DSP | BRAM | SPRAM | latches | unmapped | Fmax (MHz) "
+    lines = ["| unit | profile | target | LUT4 | FF | DSP | BRAM | SPRAM | latches | unmapped | Fmax (MHz) "
              "| goal | timing flow | critical path |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         res, tot = r["resources"], r["totals"]
         pnr = r.get("pnr") or {}
@@ -48,7 +49,7 @@ def markdown_table(reports: list[dict]) -> str:
         met = "" if not pnr else ("met" if pnr.get("met") else "**missed**")
         spram = _frac(res.get("spram", 0), tot["spram"]) if tot.get("spram") else "-"
         lines.append(
-            f"| {r['name']} | {r['target']} | {_frac(res['lut'], tot['lut'])} | "
+            f"| {r['name']} | {r.get('profile', '-')} | {r['target']} | {_frac(res['lut'], tot['lut'])} | "
             f"{_frac(res['ff'], tot['ff'])} | {_frac(res['dsp'], tot['dsp'])} | "
             f"{_frac(res['bram'], tot['bram'])} | {spram} | {r['latches']} | "
             f"{sum(r['unmapped'].values())} | {fmax if fmax is not None else '-'} | "
@@ -63,7 +64,7 @@ def write_chart(reports: list[dict], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [f"{r['name']} ({r['target']})" for r in reports]
+    names = [f"{r['name']} ({r.get('profile', '-')}, {r['target']})" for r in reports]
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.3 * len(reports) * len(_KINDS) / 2), layout="constrained")
     height = 0.8 / len(_KINDS)
     for k, kind in enumerate(_KINDS):
@@ -90,15 +91,15 @@ def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str,
                   whole: str | None = "kpu") -> list[Path]:
     """``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` in ``out_dir``; returns the paths.
 
-    Each target's group of units gets a :func:`total_row` unless it holds the unit named
+    Each (profile, target) group of units gets a :func:`total_row` unless it holds the unit named
     ``whole`` (the top level, which is the whole design itself).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
-    by_target: dict[str, list[dict]] = {}
+    groups: dict[tuple, list[dict]] = {}
     for r in reports:
-        by_target.setdefault(r["target"], []).append(r)
+        groups.setdefault((r.get("profile"), r["target"]), []).append(r)
     rows = []
-    for group in by_target.values():
+    for group in groups.values():
         rows += group
         if len(group) > 1 and not any(r["name"] == whole for r in group):
             rows.append(total_row(group))

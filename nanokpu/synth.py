@@ -22,11 +22,12 @@ from pathlib import Path
 
 from nanokpu.config import PROFILES, profile
 
-#: The benchmark of ``--all``: profile -> targets.
-BENCHMARK = {"tiny": ("up5k",), "small": ("ecp5-85f",)}
-
 #: The unit that is the whole design (the nano-KPU top level).
 TOP_UNIT = "kpu"
+
+#: ``nanokpu synth --all``: (profile, target, units or None for every registered unit); the
+#: whole ``tiny`` nano-KPU also on the ECP5-85F, where it fits.
+BENCHMARK = [("tiny", "up5k", None), ("small", "ecp5-85f", None), ("tiny", "ecp5-85f", (TOP_UNIT,))]
 
 #: Default target of each profile.
 DEFAULT_TARGET = {"tiny": "up5k", "small": "ecp5-85f", "k3": "ecp5-85f"}
@@ -71,7 +72,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--unit", action="append", default=None,
                         help="unit name or module:factory (repeatable; default: all registered units)")
     parser.add_argument("--all", action="store_true",
-                        help="benchmark: all units of tiny on up5k and small on ecp5-85f -> summary.md")
+                        help="benchmark: all units of tiny on up5k and small on ecp5-85f, the tiny kpu on ecp5-85f "
+                             "-> summary.md")
     parser.add_argument("--board", default=None, help="board build with a bitstream (icebreaker, ulx3s)")
     parser.add_argument("--no-pnr", action="store_true", help="Yosys only (resource counts, no Fmax)")
     parser.add_argument("--freq", type=float, default=None, help="nextpnr target in MHz (default: the goal)")
@@ -94,12 +96,12 @@ def run(args) -> int:
                     progress=lambda line: print(line, flush=True))
         return 0
     if args.all:
-        jobs = [(p, t) for p, targets in BENCHMARK.items() for t in targets]
+        jobs = BENCHMARK
     else:
         target = args.target or DEFAULT_TARGET.get(args.profile, "ecp5-85f")
         if target not in TARGETS:
             raise ValueError(f"target = {target!r}: must be one of {sorted(TARGETS)}")
-        jobs = [(args.profile, target)]
+        jobs = [(args.profile, target, None)]
     units = args.unit or sorted(UNITS, key=lambda u: (u == TOP_UNIT, u))  # the whole design last
     if not units:
         raise ValueError("unit: no unit is registered in nanokpu.generate.UNITS; name one with --unit")
@@ -109,7 +111,9 @@ def run(args) -> int:
         # Unit by unit across the targets, the tables rewritten after each: an interrupted
         # benchmark still leaves a consistent (partial) table.
         for unit in units:
-            for profile_name, target in jobs:
+            for profile_name, target, only in jobs:
+                if only is not None and unit not in only:
+                    continue
                 reports += run_units(profile_name, target, [unit], pnr=not args.no_pnr, freq=args.freq,
                                      seed=args.seed, reuse=args.reuse)
                 paths = write_reports(reports, out, stem, command)

@@ -109,7 +109,7 @@ def test_cli_writes_json_markdown_and_chart():
     (report,) = data["reports"]
     assert report["name"] == "mac_unit" and report["resources"]["dsp"] == 1
     table = (out / "tiny-ecp5-25f.md").read_text()
-    assert "| mac_unit | ecp5-25f |" in table and "1/28 (4%)" in table
+    assert "| mac_unit | tiny | ecp5-25f |" in table and "1/28 (4%)" in table
     assert (out / "tiny-ecp5-25f.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -119,7 +119,7 @@ def test_total_row_sums_units():
             for n, lut in (("a", 10), ("b", 32))]
     total = total_row(rows)
     assert total["resources"] == {"bram": 0, "dsp": 4, "ff": 2, "lut": 42}
-    assert "| all units (sum) | up5k | 42/5280 (1%) |" in markdown_table([total])
+    assert "| all units (sum) | - | up5k | 42/5280 (1%) |" in markdown_table([total])
 
 
 def test_unknown_unit_names_the_field():
