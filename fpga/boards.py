@@ -17,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from amaranth import Elaboratable, Module
+from amaranth.lib import io
 
 from fpga.flow import BUILD_DIR, REPORT_DIR, TARGETS, parse_nextpnr_report, read_stat_cells, run_tool
 from nanokpu.uart_bridge import UartBridge
 
-__all__ = ["BOARDS", "Board", "BoardTop", "build_board"]
+__all__ = ["BOARDS", "Board", "BoardTop", "prepare_board", "build_board"]
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,36 @@ class BoardTop(Elaboratable):
 
     def elaborate(self, platform):
         m = Module()
-        uart = platform.request("uart", 0)
+        uart = platform.request("uart", 0, dir="-")
         m.submodules.bridge = bridge = UartBridge(self.unit, int(platform.default_clk_frequency), self.baud)
-        m.d.comb += [bridge.rx.eq(uart.rx.i), uart.tx.o.eq(bridge.tx)]
+        m.submodules.rx = rx = io.Buffer("i", uart.rx)
+        m.submodules.tx = tx = io.Buffer("o", uart.tx)
+        m.d.comb += [bridge.rx.eq(rx.i), tx.o.eq(bridge.tx)]
         if "uart_tx_enable" in {r.name for r in platform.resources.values()}:
-            m.d.comb += platform.request("uart_tx_enable", 0).o.eq(1)  # ULX3S: FTDI TX buffer
+            m.submodules.tx_enable = enable = io.Buffer("o", platform.request("uart_tx_enable", 0, dir="-"))
+            m.d.comb += enable.o.eq(1)  # ULX3S: FTDI TX buffer
         return m
+
+
+def prepare_board(board: str, *, profile_name: str | None = None, unit: str | None = None):
+    """``(board spec, platform, build plan)`` of ``unit`` (built with the part's ``dsp``
+    mapping) behind the UART bridge on ``board``. Elaborates the whole design without running
+    a tool, so a design the board cannot build fails here in seconds."""
+    from nanokpu.config import profile
+    from nanokpu.synth import resolve_unit
+
+    if board not in BOARDS:
+        raise ValueError(f"board = {board!r}: must be one of {sorted(BOARDS)}")
+    spec = BOARDS[board]
+    target = TARGETS[spec.target]
+    module, cls = spec.platform.split(":")
+    platform = getattr(importlib.import_module(module), cls)()
+    top = BoardTop(resolve_unit(unit or spec.unit)(profile(profile_name or spec.profile, dsp=target.family)))
+    synth_opts = "-dsp -device u -spram" if target.family == "ice40" else ""
+    plan = platform.prepare(top, name="top", synth_opts=synth_opts,
+                            script_after_read="proc; flatten; splitnets",
+                            script_after_synth="tee -q -o stat.json stat -json")
+    return spec, platform, plan
 
 
 def build_board(board: str, *, profile_name: str | None = None, unit: str | None = None,
@@ -66,25 +91,13 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
     resources, Fmax against the board clock, and the bitstream path. Raises ``ValueError`` on
     an unknown board and :class:`fpga.flow.ToolError` when a tool fails (e.g. timing missed).
     """
-    from nanokpu.config import profile
-    from nanokpu.synth import resolve_unit
-
-    if board not in BOARDS:
-        raise ValueError(f"board = {board!r}: must be one of {sorted(BOARDS)}")
-    spec = BOARDS[board]
+    spec, platform, plan = prepare_board(board, profile_name=profile_name, unit=unit)
     target = TARGETS[spec.target]
     profile_name = profile_name or spec.profile
     unit = unit or spec.unit
-    module, cls = spec.platform.split(":")
-    platform = getattr(importlib.import_module(module), cls)()
     clk_mhz = platform.default_clk_frequency / 1e6
-    top = BoardTop(resolve_unit(unit)(profile(profile_name, dsp=target.family)))
     cwd = BUILD_DIR / f"board-{board}"
     t0 = time.monotonic()
-    synth_opts = "-dsp -device u -spram" if target.family == "ice40" else ""
-    plan = platform.prepare(top, name="top", synth_opts=synth_opts,
-                            script_after_read="proc; flatten; splitnets",
-                            script_after_synth="tee -q -o stat.json stat -json")
     plan.extract(cwd)
     run_tool(["yosys", "-q", "-l", "top.yosys.log", "top.ys"], cwd, "top.yosys.out",
              f"yosys ({board}: {profile_name}/{unit} behind the UART bridge)", progress, t0)

@@ -98,6 +98,7 @@ class Multiplier(wiring.Component):
                 m.d.sync += self.p[i].eq(a * b)
 
     def _ice40(self, m):
+        rst = ResetSignal(allow_reset_less=True)  # board domains may have no reset
         for k in range((self.lanes + 1) // 2):
             pair = tuple(range(2 * k, min(2 * k + 2, self.lanes)))
             # The bottom 8x8 multiplier takes bits 7:0 of A and B, the top one bits 15:8.
@@ -117,7 +118,7 @@ class Multiplier(wiring.Component):
                 p_MODE_8x8=Const(1, 1), p_A_SIGNED=Const(1, 1), p_B_SIGNED=Const(1, 1),
                 i_CLK=ClockSignal(), i_CE=self.en, i_A=_sext(a, 16), i_B=_sext(b, 16),
                 i_C=Const(0, 16), i_D=Const(0, 16), i_AHOLD=0, i_BHOLD=0, i_CHOLD=0, i_DHOLD=0,
-                i_IRSTTOP=ResetSignal(), i_IRSTBOT=ResetSignal(), i_ORSTTOP=0, i_ORSTBOT=0,
+                i_IRSTTOP=rst, i_IRSTBOT=rst, i_ORSTTOP=0, i_ORSTBOT=0,
                 i_OLOADTOP=0, i_OLOADBOT=0, i_ADDSUBTOP=0, i_ADDSUBBOT=0, i_OHOLDTOP=0, i_OHOLDBOT=0,
                 i_CI=0, i_ACCUMCI=0, i_SIGNEXTIN=0,
                 o_O=out,
@@ -126,6 +127,7 @@ class Multiplier(wiring.Component):
                 m.d.comb += self.p[i].eq(out[16 * half:16 * half + 2 * self.width].as_signed())
 
     def _ecp5(self, m):
+        rst = ResetSignal(allow_reset_less=True)
         regs = {"OUTPUT"} | ({"INPUTA", "INPUTB"} if self.latency == 2 else set())
         params = {f"p_REG_{r}_{sig}": val for r in regs
                   for sig, val in (("CLK", "CLK0"), ("CE", "CE0"), ("RST", "RST0"))}
@@ -138,7 +140,7 @@ class Multiplier(wiring.Component):
                 p_GSR="DISABLED", p_RESETMODE="SYNC", p_SOURCEB_MODE="B_SHIFT",
                 p_MULT_BYPASS="DISABLED", p_CAS_MATCH_REG="FALSE", **params,
                 i_SIGNEDA=1, i_SIGNEDB=1, i_SOURCEA=0, i_SOURCEB=0,
-                i_CLK0=ClockSignal(), i_CE0=self.en, i_RST0=ResetSignal(),
+                i_CLK0=ClockSignal(), i_CE0=self.en, i_RST0=rst,
                 **{f"i_{sig}{n}": 0 for sig in ("CLK", "CE", "RST") for n in (1, 2, 3)},
                 **bits,
             )

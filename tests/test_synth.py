@@ -134,6 +134,14 @@ def test_benchmark_all_units():
     assert main(["synth", "--all"]) == 0
 
 
+@pytest.mark.parametrize("board", ["icebreaker", "ulx3s"])
+def test_board_designs_elaborate(board):
+    """Every board's default design elaborates with its part's DSP mapping (seconds, no tool)."""
+    from fpga.boards import prepare_board
+    spec, platform, plan = prepare_board(board)
+    assert "top.ys" in plan.files and any(name.endswith((".pcf", ".lpf")) for name in plan.files)
+
+
 @pytest.mark.slow
 def test_board_build_icebreaker():
     """The iCEBreaker bitstream: the UART bridge around the tiny sigmoid (about 30 s)."""
