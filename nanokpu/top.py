@@ -371,12 +371,16 @@ class NanoKPU(wiring.Component):
         sb = [Signal(AW, name=f"sb{j}") for j in range(3)]
         pa, ra1, ra2 = Signal(AW), Signal(AW), Signal(AW)
         pb, rb1, rb2 = Signal(AW), Signal(AW), Signal(AW)
+        # two stages: g (the scratchpad reads in flight) and h (the operands registered, the
+        # beat the selected unit sees), each advancing when the next one is free
         issuing, g_valid, g_last = Signal(), Signal(), Signal()
+        h_valid, h_last = Signal(), Signal()
+        a_word, b_word = Signal(signed(ww)), Signal(signed(ww))
         n_out, out_cnt = Signal(SW), Signal(SW)
         eng_ready = Signal()         # the selected unit takes the current beat
         eng_run = Signal()
-        advance = ~g_valid | eng_ready
-        a_word, b_word = rd0.data, rd1.data
+        h_free = ~h_valid | eng_ready
+        advance = ~g_valid | h_free
 
         def engine_setup(c0, c1, c2, a0, a1, a2, b0, b1, b2, outs):
             return [cnt[0].eq(c0), cnt[1].eq(c1), cnt[2].eq(c2), sa[0].eq(a0), sa[1].eq(a1),
@@ -384,10 +388,12 @@ class NanoKPU(wiring.Component):
                     idx[0].eq(0), idx[1].eq(0), idx[2].eq(0),
                     pa.eq(a_), ra1.eq(a_), ra2.eq(a_),
                     pb.eq(b_), rb1.eq(b_), rb2.eq(b_),
-                    issuing.eq(1), g_valid.eq(0), n_out.eq(outs), out_cnt.eq(0)]
+                    issuing.eq(1), g_valid.eq(0), h_valid.eq(0), n_out.eq(outs), out_cnt.eq(0)]
 
         with m.If(eng_run):
             m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(pb), rd0.en.eq(advance), rd1.en.eq(advance)]
+            with m.If(h_free):
+                m.d.sync += [h_valid.eq(g_valid), h_last.eq(g_last), a_word.eq(rd0.data), b_word.eq(rd1.data)]
             with m.If(advance):
                 m.d.sync += [g_valid.eq(issuing), g_last.eq(idx[0] == cnt[0] - 1)]
                 with m.If(issuing):
@@ -416,7 +422,7 @@ class NanoKPU(wiring.Component):
             vec.i.payload.a.eq(a_word[:act].as_signed()),
             vec.i.payload.b.eq(Mux(op == Op.COMBINE, b_word[:cfg.weight_width],
                                    b_word[:act].as_signed())),
-            vec.i.payload.last.eq(g_last),
+            vec.i.payload.last.eq(h_last),
             vec.n.eq(ins.n),
             vec.op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
             rq.o.ready.eq(1), sig.o.ready.eq(1), situ.o.ready.eq(1), vec.o.ready.eq(1),
@@ -430,16 +436,16 @@ class NanoKPU(wiring.Component):
         with m.If(eng_run):
             with m.Switch(op):
                 with m.Case(Op.REQUANT):
-                    m.d.comb += [rq.i.valid.eq(g_valid), eng_ready.eq(rq.i.ready),
+                    m.d.comb += [rq.i.valid.eq(h_valid), eng_ready.eq(rq.i.ready),
                                  out_valid.eq(rq.o.valid), out_data.eq(rq_sat)]
                 with m.Case(Op.SIGMOID):
-                    m.d.comb += [sig.i.valid.eq(g_valid), eng_ready.eq(sig.i.ready),
+                    m.d.comb += [sig.i.valid.eq(h_valid), eng_ready.eq(sig.i.ready),
                                  out_valid.eq(sig.o.valid), out_data.eq(sig.o.payload[0])]
                 with m.Case(Op.SITU):
-                    m.d.comb += [situ.i.valid.eq(g_valid), eng_ready.eq(situ.i.ready),
+                    m.d.comb += [situ.i.valid.eq(h_valid), eng_ready.eq(situ.i.ready),
                                  out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
                 with m.Default():
-                    m.d.comb += [vec.i.valid.eq(g_valid), eng_ready.eq(vec.i.ready),
+                    m.d.comb += [vec.i.valid.eq(h_valid), eng_ready.eq(vec.i.ready),
                                  out_valid.eq(vec.o.valid), out_data.eq(vec.o.payload)]
         eng_done = eng_run & (out_cnt == n_out)
 

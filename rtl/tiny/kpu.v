@@ -17,18 +17,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [14:0] \$106 ;
   wire \$107 ;
   wire [14:0] \$108 ;
-  wire [7:0] \$1082 ;
   wire [13:0] \$109 ;
-  wire [7:0] \$1096 ;
+  wire [7:0] \$1098 ;
   wire \$11 ;
   wire [16:0] \$110 ;
   wire \$111 ;
+  wire [7:0] \$1112 ;
   wire [16:0] \$112 ;
-  wire [6:0] \$1122 ;
-  wire [7:0] \$1126 ;
-  wire [8:0] \$1129 ;
   wire [13:0] \$113 ;
+  wire [6:0] \$1138 ;
   wire [16:0] \$114 ;
+  wire [7:0] \$1142 ;
+  wire [8:0] \$1145 ;
   wire \$115 ;
   wire [16:0] \$116 ;
   wire [13:0] \$117 ;
@@ -128,15 +128,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$201 ;
   wire \$202 ;
   wire \$203 ;
-  wire [16:0] \$204 ;
+  wire \$204 ;
   wire \$205 ;
   wire \$206 ;
-  wire [1:0] \$207 ;
-  wire \$208 ;
+  wire \$207 ;
+  wire [16:0] \$208 ;
   wire \$209 ;
   wire [1:0] \$21 ;
   wire \$210 ;
-  wire \$211 ;
+  wire [1:0] \$211 ;
   wire \$212 ;
   wire \$213 ;
   wire \$214 ;
@@ -168,119 +168,119 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$238 ;
   wire \$239 ;
   wire [3:0] \$24 ;
-  wire [31:0] \$240 ;
+  wire \$240 ;
   wire \$241 ;
-  wire [31:0] \$242 ;
-  wire [31:0] \$243 ;
-  wire \$244 ;
-  wire [31:0] \$245 ;
-  wire \$246 ;
-  wire [5:0] \$247 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire [31:0] \$244 ;
+  wire \$245 ;
+  wire [31:0] \$246 ;
+  wire [31:0] \$247 ;
   wire \$248 ;
   wire [31:0] \$249 ;
   wire [22:0] \$25 ;
   wire \$250 ;
-  wire \$251 ;
+  wire [5:0] \$251 ;
   wire \$252 ;
-  wire \$253 ;
-  wire [15:0] \$254 ;
+  wire [31:0] \$253 ;
+  wire \$254 ;
   wire \$255 ;
   wire \$256 ;
   wire \$257 ;
-  wire \$258 ;
+  wire [15:0] \$258 ;
   wire \$259 ;
   wire [22:0] \$26 ;
-  wire [31:0] \$260 ;
-  wire [31:0] \$261 ;
+  wire \$260 ;
+  wire \$261 ;
   wire \$262 ;
-  wire [15:0] \$263 ;
-  wire [16:0] \$264 ;
-  wire \$265 ;
+  wire \$263 ;
+  wire [31:0] \$264 ;
+  wire [31:0] \$265 ;
   wire \$266 ;
-  wire \$267 ;
-  wire \$268 ;
+  wire [15:0] \$267 ;
+  wire [16:0] \$268 ;
   wire \$269 ;
   wire [43:0] \$27 ;
   wire \$270 ;
   wire \$271 ;
   wire \$272 ;
   wire \$273 ;
-  wire [4:0] \$274 ;
-  wire [13:0] \$275 ;
-  wire [4:0] \$276 ;
-  wire [13:0] \$277 ;
-  wire [14:0] \$278 ;
-  wire [14:0] \$279 ;
+  wire \$274 ;
+  wire \$275 ;
+  wire \$276 ;
+  wire \$277 ;
+  wire [4:0] \$278 ;
+  wire [13:0] \$279 ;
   wire [43:0] \$28 ;
-  wire \$280 ;
-  wire \$281 ;
+  wire [4:0] \$280 ;
+  wire [13:0] \$281 ;
   wire [14:0] \$282 ;
-  wire \$283 ;
-  wire [7:0] \$284 ;
+  wire [14:0] \$283 ;
+  wire \$284 ;
   wire \$285 ;
-  wire [15:0] \$286 ;
-  wire [31:0] \$287 ;
-  wire [31:0] \$288 ;
-  wire [31:0] \$289 ;
+  wire [14:0] \$286 ;
+  wire \$287 ;
+  wire [7:0] \$288 ;
+  wire \$289 ;
   wire \$29 ;
-  wire \$290 ;
-  wire \$291 ;
-  wire \$292 ;
-  wire \$293 ;
+  wire [15:0] \$290 ;
+  wire [31:0] \$291 ;
+  wire [31:0] \$292 ;
+  wire [31:0] \$293 ;
   wire \$294 ;
   wire \$295 ;
   wire \$296 ;
-  wire [14:0] \$297 ;
-  wire [13:0] \$298 ;
+  wire \$297 ;
+  wire \$298 ;
   wire \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [4:0] \$300 ;
-  wire \$301 ;
-  wire \$302 ;
+  wire \$300 ;
+  wire [14:0] \$301 ;
+  wire [13:0] \$302 ;
   wire \$303 ;
-  wire \$304 ;
+  wire [4:0] \$304 ;
   wire \$305 ;
-  wire [13:0] \$306 ;
+  wire \$306 ;
   wire \$307 ;
   wire \$308 ;
   wire \$309 ;
   wire \$31 ;
   wire [13:0] \$310 ;
   wire \$311 ;
-  wire [13:0] \$312 ;
-  wire [14:0] \$313 ;
-  wire [14:0] \$314 ;
+  wire \$312 ;
+  wire \$313 ;
+  wire [13:0] \$314 ;
   wire \$315 ;
-  wire [14:0] \$316 ;
-  wire [13:0] \$317 ;
+  wire [13:0] \$316 ;
+  wire [14:0] \$317 ;
   wire [14:0] \$318 ;
-  wire [14:0] \$319 ;
+  wire \$319 ;
   wire [9:0] \$32 ;
-  wire \$320 ;
+  wire [14:0] \$320 ;
   wire [13:0] \$321 ;
   wire [14:0] \$322 ;
-  wire [13:0] \$323 ;
-  wire [14:0] \$324 ;
-  wire \$325 ;
-  wire [13:0] \$326 ;
+  wire [14:0] \$323 ;
+  wire \$324 ;
+  wire [13:0] \$325 ;
+  wire [14:0] \$326 ;
   wire [13:0] \$327 ;
   wire [14:0] \$328 ;
   wire \$329 ;
   wire \$33 ;
-  wire [14:0] \$330 ;
-  wire [16:0] \$331 ;
-  wire \$332 ;
+  wire [13:0] \$330 ;
+  wire [13:0] \$331 ;
+  wire [14:0] \$332 ;
   wire \$333 ;
-  wire \$334 ;
-  wire [13:0] \$335 ;
-  wire [14:0] \$336 ;
-  wire [15:0] \$337 ;
+  wire [14:0] \$334 ;
+  wire [16:0] \$335 ;
+  wire \$336 ;
+  wire \$337 ;
   wire \$338 ;
-  wire \$339 ;
+  wire [13:0] \$339 ;
   wire \$34 ;
-  wire \$340 ;
-  wire \$341 ;
+  wire [14:0] \$340 ;
+  wire [15:0] \$341 ;
   wire \$342 ;
   wire \$343 ;
   wire \$344 ;
@@ -312,165 +312,165 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$368 ;
   wire \$369 ;
   wire [1:0] \$37 ;
-  wire [14:0] \$370 ;
+  wire \$370 ;
   wire \$371 ;
-  wire [14:0] \$372 ;
-  wire [13:0] \$373 ;
+  wire \$372 ;
+  wire \$373 ;
   wire [14:0] \$374 ;
-  wire [14:0] \$375 ;
-  wire [15:0] \$376 ;
-  wire \$377 ;
+  wire \$375 ;
+  wire [14:0] \$376 ;
+  wire [13:0] \$377 ;
   wire [14:0] \$378 ;
-  wire \$379 ;
+  wire [14:0] \$379 ;
   wire [16:0] \$38 ;
-  wire [14:0] \$380 ;
-  wire [13:0] \$381 ;
+  wire [15:0] \$380 ;
+  wire \$381 ;
   wire [14:0] \$382 ;
-  wire [14:0] \$383 ;
-  wire [15:0] \$384 ;
-  wire \$385 ;
+  wire \$383 ;
+  wire [14:0] \$384 ;
+  wire [13:0] \$385 ;
   wire [14:0] \$386 ;
-  wire \$387 ;
-  wire [14:0] \$388 ;
-  wire [13:0] \$389 ;
+  wire [14:0] \$387 ;
+  wire [15:0] \$388 ;
+  wire \$389 ;
   wire [17:0] \$39 ;
   wire [14:0] \$390 ;
-  wire [14:0] \$391 ;
-  wire [15:0] \$392 ;
-  wire \$393 ;
+  wire \$391 ;
+  wire [14:0] \$392 ;
+  wire [13:0] \$393 ;
   wire [14:0] \$394 ;
-  wire \$395 ;
-  wire [14:0] \$396 ;
-  wire [13:0] \$397 ;
+  wire [14:0] \$395 ;
+  wire [15:0] \$396 ;
+  wire \$397 ;
   wire [14:0] \$398 ;
-  wire [14:0] \$399 ;
+  wire \$399 ;
   wire \$4 ;
   wire [18:0] \$40 ;
-  wire [15:0] \$400 ;
-  wire \$401 ;
+  wire [14:0] \$400 ;
+  wire [13:0] \$401 ;
   wire [14:0] \$402 ;
-  wire \$403 ;
-  wire [14:0] \$404 ;
-  wire [13:0] \$405 ;
+  wire [14:0] \$403 ;
+  wire [15:0] \$404 ;
+  wire \$405 ;
   wire [14:0] \$406 ;
-  wire [14:0] \$407 ;
-  wire [15:0] \$408 ;
-  wire \$409 ;
+  wire \$407 ;
+  wire [14:0] \$408 ;
+  wire [13:0] \$409 ;
   wire [18:0] \$41 ;
-  wire [33:0] \$410 ;
-  wire \$411 ;
-  wire [33:0] \$412 ;
-  wire [32:0] \$413 ;
+  wire [14:0] \$410 ;
+  wire [14:0] \$411 ;
+  wire [15:0] \$412 ;
+  wire \$413 ;
   wire [33:0] \$414 ;
-  wire [33:0] \$415 ;
-  wire [15:0] \$416 ;
-  wire \$417 ;
-  wire \$418 ;
-  wire [14:0] \$419 ;
+  wire \$415 ;
+  wire [33:0] \$416 ;
+  wire [32:0] \$417 ;
+  wire [33:0] \$418 ;
+  wire [33:0] \$419 ;
   wire [16:0] \$42 ;
-  wire \$420 ;
-  wire [14:0] \$421 ;
+  wire [15:0] \$420 ;
+  wire \$421 ;
   wire \$422 ;
-  wire [14:0] \$423 ;
+  wire \$423 ;
   wire \$424 ;
-  wire [14:0] \$425 ;
-  wire [13:0] \$426 ;
-  wire [13:0] \$427 ;
-  wire [14:0] \$428 ;
-  wire [13:0] \$429 ;
+  wire \$425 ;
+  wire \$426 ;
+  wire [14:0] \$427 ;
+  wire \$428 ;
+  wire [14:0] \$429 ;
   wire [17:0] \$43 ;
-  wire [13:0] \$430 ;
-  wire [13:0] \$431 ;
-  wire [13:0] \$432 ;
+  wire \$430 ;
+  wire [14:0] \$431 ;
+  wire \$432 ;
   wire [14:0] \$433 ;
   wire [13:0] \$434 ;
   wire [13:0] \$435 ;
-  wire [13:0] \$436 ;
+  wire [14:0] \$436 ;
   wire [13:0] \$437 ;
   wire [13:0] \$438 ;
   wire [13:0] \$439 ;
   wire [18:0] \$44 ;
-  wire [14:0] \$440 ;
-  wire \$441 ;
-  wire \$442 ;
-  wire \$443 ;
-  wire \$444 ;
-  wire \$445 ;
-  wire [15:0] \$446 ;
-  wire \$447 ;
-  wire \$448 ;
+  wire [13:0] \$440 ;
+  wire [14:0] \$441 ;
+  wire [13:0] \$442 ;
+  wire [13:0] \$443 ;
+  wire [13:0] \$444 ;
+  wire [13:0] \$445 ;
+  wire [13:0] \$446 ;
+  wire [13:0] \$447 ;
+  wire [14:0] \$448 ;
   wire \$449 ;
   wire [18:0] \$45 ;
   wire \$450 ;
-  wire [3:0] \$451 ;
-  wire [13:0] \$452 ;
+  wire \$451 ;
+  wire \$452 ;
   wire \$453 ;
-  wire \$454 ;
+  wire [15:0] \$454 ;
   wire \$455 ;
   wire \$456 ;
-  wire [15:0] \$457 ;
+  wire \$457 ;
   wire \$458 ;
-  wire \$459 ;
+  wire [3:0] \$459 ;
   wire \$46 ;
-  wire \$460 ;
+  wire [13:0] \$460 ;
   wire \$461 ;
-  wire [7:0] \$462 ;
+  wire \$462 ;
   wire \$463 ;
-  wire [7:0] \$464 ;
-  wire [13:0] \$465 ;
-  wire [13:0] \$466 ;
-  wire [15:0] \$467 ;
-  wire [13:0] \$468 ;
-  wire [14:0] \$469 ;
+  wire \$464 ;
+  wire [15:0] \$465 ;
+  wire \$466 ;
+  wire \$467 ;
+  wire \$468 ;
+  wire \$469 ;
   wire \$47 ;
-  wire [13:0] \$470 ;
-  wire [14:0] \$471 ;
-  wire [15:0] \$472 ;
-  wire \$473 ;
-  wire [2:0] \$474 ;
-  wire [13:0] \$475 ;
-  wire \$476 ;
-  wire [15:0] \$477 ;
-  wire [16:0] \$478 ;
-  wire \$479 ;
+  wire [7:0] \$470 ;
+  wire \$471 ;
+  wire [7:0] \$472 ;
+  wire [13:0] \$473 ;
+  wire [13:0] \$474 ;
+  wire [15:0] \$475 ;
+  wire [13:0] \$476 ;
+  wire [14:0] \$477 ;
+  wire [13:0] \$478 ;
+  wire [14:0] \$479 ;
   wire \$48 ;
-  wire \$480 ;
-  wire [9:0] \$481 ;
-  wire \$482 ;
-  wire [9:0] \$483 ;
-  wire [13:0] \$484 ;
-  wire [13:0] \$485 ;
-  wire [15:0] \$486 ;
-  wire [13:0] \$487 ;
-  wire [13:0] \$488 ;
-  wire [32:0] \$489 ;
+  wire [15:0] \$480 ;
+  wire \$481 ;
+  wire [2:0] \$482 ;
+  wire [13:0] \$483 ;
+  wire \$484 ;
+  wire [15:0] \$485 ;
+  wire [16:0] \$486 ;
+  wire \$487 ;
+  wire \$488 ;
+  wire [9:0] \$489 ;
   wire \$49 ;
-  wire [32:0] \$490 ;
-  wire [32:0] \$491 ;
-  wire [32:0] \$492 ;
-  wire [32:0] \$493 ;
-  wire [32:0] \$494 ;
-  wire [32:0] \$495 ;
-  wire \$496 ;
-  wire [9:0] \$497 ;
-  wire \$498 ;
-  wire [15:0] \$499 ;
+  wire \$490 ;
+  wire [9:0] \$491 ;
+  wire [13:0] \$492 ;
+  wire [13:0] \$493 ;
+  wire [15:0] \$494 ;
+  wire [13:0] \$495 ;
+  wire [13:0] \$496 ;
+  wire [32:0] \$497 ;
+  wire [32:0] \$498 ;
+  wire [32:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire \$500 ;
-  wire [13:0] \$501 ;
-  wire [9:0] \$502 ;
-  wire \$503 ;
-  wire [15:0] \$504 ;
-  wire \$505 ;
-  wire [13:0] \$506 ;
-  wire [9:0] \$507 ;
+  wire [32:0] \$500 ;
+  wire [32:0] \$501 ;
+  wire [32:0] \$502 ;
+  wire [32:0] \$503 ;
+  wire \$504 ;
+  wire [9:0] \$505 ;
+  wire \$506 ;
+  wire [15:0] \$507 ;
   wire \$508 ;
-  wire [15:0] \$509 ;
+  wire [13:0] \$509 ;
   wire \$51 ;
-  wire [16:0] \$510 ;
-  wire [17:0] \$511 ;
-  wire [17:0] \$512 ;
+  wire [9:0] \$510 ;
+  wire \$511 ;
+  wire [15:0] \$512 ;
   wire \$513 ;
   wire [13:0] \$514 ;
   wire [9:0] \$515 ;
@@ -482,37 +482,37 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [17:0] \$520 ;
   wire \$521 ;
   wire [13:0] \$522 ;
-  wire [16:0] \$523 ;
-  wire [17:0] \$524 ;
-  wire [17:0] \$525 ;
-  wire \$526 ;
-  wire [13:0] \$527 ;
-  wire [9:0] \$528 ;
+  wire [9:0] \$523 ;
+  wire \$524 ;
+  wire [15:0] \$525 ;
+  wire [16:0] \$526 ;
+  wire [17:0] \$527 ;
+  wire [17:0] \$528 ;
   wire \$529 ;
   wire \$53 ;
-  wire [15:0] \$530 ;
-  wire \$531 ;
-  wire [13:0] \$532 ;
-  wire \$533 ;
-  wire [13:0] \$534 ;
-  wire \$535 ;
-  wire [13:0] \$536 ;
-  wire [9:0] \$537 ;
-  wire \$538 ;
-  wire [15:0] \$539 ;
+  wire [13:0] \$530 ;
+  wire [16:0] \$531 ;
+  wire [17:0] \$532 ;
+  wire [17:0] \$533 ;
+  wire \$534 ;
+  wire [13:0] \$535 ;
+  wire [9:0] \$536 ;
+  wire \$537 ;
+  wire [15:0] \$538 ;
+  wire \$539 ;
   wire \$54 ;
-  wire [9:0] \$540 ;
+  wire [13:0] \$540 ;
   wire \$541 ;
-  wire [3:0] \$542 ;
+  wire [13:0] \$542 ;
   wire \$543 ;
-  wire \$544 ;
-  wire \$545 ;
+  wire [13:0] \$544 ;
+  wire [9:0] \$545 ;
   wire \$546 ;
-  wire \$547 ;
-  wire \$548 ;
+  wire [15:0] \$547 ;
+  wire [9:0] \$548 ;
   wire \$549 ;
   wire \$55 ;
-  wire \$550 ;
+  wire [3:0] \$550 ;
   wire \$551 ;
   wire \$552 ;
   wire \$553 ;
@@ -524,47 +524,47 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$559 ;
   wire \$56 ;
   wire \$560 ;
-  wire [32:0] \$561 ;
-  wire [9:0] \$562 ;
+  wire \$561 ;
+  wire \$562 ;
   wire \$563 ;
-  wire [9:0] \$564 ;
+  wire \$564 ;
   wire \$565 ;
-  wire [12:0] \$566 ;
-  wire [13:0] \$567 ;
-  wire [12:0] \$568 ;
-  wire [13:0] \$569 ;
+  wire \$566 ;
+  wire \$567 ;
+  wire \$568 ;
+  wire [32:0] \$569 ;
   wire \$57 ;
-  wire [14:0] \$570 ;
+  wire [9:0] \$570 ;
   wire \$571 ;
-  wire [14:0] \$572 ;
+  wire [9:0] \$572 ;
   wire \$573 ;
-  wire \$574 ;
-  wire \$575 ;
-  wire [13:0] \$576 ;
-  wire [32:0] \$577 ;
-  wire \$578 ;
-  wire [13:0] \$579 ;
+  wire [12:0] \$574 ;
+  wire [13:0] \$575 ;
+  wire [12:0] \$576 ;
+  wire [13:0] \$577 ;
+  wire [14:0] \$578 ;
+  wire \$579 ;
   wire \$58 ;
-  wire [32:0] \$580 ;
+  wire [14:0] \$580 ;
   wire \$581 ;
   wire \$582 ;
   wire \$583 ;
-  wire [14:0] \$584 ;
-  wire [3:0] \$585 ;
-  wire [3:0] \$586 ;
-  wire \$587 ;
-  wire \$588 ;
-  wire [1:0] \$589 ;
+  wire [13:0] \$584 ;
+  wire [32:0] \$585 ;
+  wire \$586 ;
+  wire [13:0] \$587 ;
+  wire [32:0] \$588 ;
+  wire \$589 ;
   wire \$59 ;
-  wire [2:0] \$590 ;
+  wire \$590 ;
   wire \$591 ;
-  wire \$592 ;
-  wire \$593 ;
-  wire \$594 ;
+  wire [14:0] \$592 ;
+  wire [3:0] \$593 ;
+  wire [3:0] \$594 ;
   wire \$595 ;
   wire \$596 ;
-  wire [13:0] \$597 ;
-  wire [32:0] \$598 ;
+  wire [1:0] \$597 ;
+  wire [2:0] \$598 ;
   wire \$599 ;
   wire \$6 ;
   wire \$60 ;
@@ -573,9 +573,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$602 ;
   wire \$603 ;
   wire \$604 ;
-  wire \$605 ;
-  wire [14:0] \$606 ;
-  wire [3:0] \$607 ;
+  wire [13:0] \$605 ;
+  wire [32:0] \$606 ;
+  wire \$607 ;
   wire \$608 ;
   wire \$609 ;
   wire \$61 ;
@@ -583,8 +583,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$611 ;
   wire \$612 ;
   wire \$613 ;
-  wire \$614 ;
-  wire \$615 ;
+  wire [14:0] \$614 ;
+  wire [3:0] \$615 ;
   wire \$616 ;
   wire \$617 ;
   wire \$618 ;
@@ -595,231 +595,243 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$622 ;
   wire \$623 ;
   wire \$624 ;
-  wire [13:0] \$625 ;
-  wire [32:0] \$626 ;
-  wire [4:0] \$627 ;
+  wire \$625 ;
+  wire \$626 ;
+  wire \$627 ;
   wire \$628 ;
   wire \$629 ;
   wire \$63 ;
   wire \$630 ;
   wire \$631 ;
   wire \$632 ;
-  wire \$633 ;
-  wire \$634 ;
-  wire [1:0] \$635 ;
-  wire [4:0] \$636 ;
-  wire [12:0] \$637 ;
+  wire [13:0] \$633 ;
+  wire [32:0] \$634 ;
+  wire [4:0] \$635 ;
+  wire \$636 ;
+  wire \$637 ;
   wire \$638 ;
   wire \$639 ;
   wire \$64 ;
   wire \$640 ;
-  wire [14:0] \$641 ;
-  wire [13:0] \$642 ;
-  wire [14:0] \$643 ;
-  wire \$644 ;
-  wire \$645 ;
+  wire \$641 ;
+  wire \$642 ;
+  wire [1:0] \$643 ;
+  wire [4:0] \$644 ;
+  wire [12:0] \$645 ;
   wire \$646 ;
   wire \$647 ;
   wire \$648 ;
-  wire \$649 ;
+  wire [14:0] \$649 ;
   wire \$65 ;
-  wire \$650 ;
-  wire \$651 ;
-  wire [14:0] \$652 ;
-  wire [13:0] \$653 ;
-  wire [2:0] \$654 ;
+  wire [13:0] \$650 ;
+  wire [14:0] \$651 ;
+  wire \$652 ;
+  wire \$653 ;
+  wire \$654 ;
   wire \$655 ;
   wire \$656 ;
-  wire [14:0] \$657 ;
-  wire [14:0] \$658 ;
+  wire \$657 ;
+  wire \$658 ;
   wire \$659 ;
   wire \$66 ;
   wire [14:0] \$660 ;
-  wire \$661 ;
-  wire [14:0] \$662 ;
-  wire [2:0] \$663 ;
-  wire [4:0] \$664 ;
-  wire [4:0] \$665 ;
-  wire \$666 ;
-  wire [13:0] \$667 ;
-  wire [32:0] \$668 ;
+  wire [13:0] \$661 ;
+  wire [2:0] \$662 ;
+  wire \$663 ;
+  wire \$664 ;
+  wire [14:0] \$665 ;
+  wire [14:0] \$666 ;
+  wire \$667 ;
+  wire [14:0] \$668 ;
   wire \$669 ;
   wire \$67 ;
-  wire [32:0] \$670 ;
-  wire [4:0] \$671 ;
-  wire \$672 ;
-  wire \$673 ;
-  wire [13:0] \$674 ;
+  wire [14:0] \$670 ;
+  wire [2:0] \$671 ;
+  wire [4:0] \$672 ;
+  wire [4:0] \$673 ;
+  wire \$674 ;
   wire [13:0] \$675 ;
   wire [32:0] \$676 ;
   wire \$677 ;
-  wire [13:0] \$678 ;
-  wire [32:0] \$679 ;
+  wire [32:0] \$678 ;
+  wire [4:0] \$679 ;
   wire \$68 ;
   wire \$680 ;
   wire \$681 ;
-  wire \$682 ;
-  wire \$683 ;
-  wire \$684 ;
-  wire [15:0] \$685 ;
-  wire \$686 ;
-  wire [13:0] \$687 ;
-  wire [14:0] \$688 ;
-  wire [15:0] \$689 ;
+  wire [13:0] \$682 ;
+  wire [13:0] \$683 ;
+  wire [32:0] \$684 ;
+  wire \$685 ;
+  wire [13:0] \$686 ;
+  wire [32:0] \$687 ;
+  wire \$688 ;
+  wire \$689 ;
   wire \$69 ;
   wire \$690 ;
   wire \$691 ;
-  wire [16:0] \$692 ;
-  wire [14:0] \$693 ;
+  wire \$692 ;
+  wire [15:0] \$693 ;
   wire \$694 ;
-  wire \$695 ;
-  wire \$696 ;
-  wire \$697 ;
+  wire [13:0] \$695 ;
+  wire [14:0] \$696 ;
+  wire [15:0] \$697 ;
   wire \$698 ;
-  reg [31:0] \$699 ;
+  wire \$699 ;
   wire [20:0] \$7 ;
   wire \$70 ;
-  reg [31:0] \$700 ;
-  reg [19:0] \$701 ;
-  reg [13:0] \$702 ;
-  reg [13:0] \$703 ;
-  reg [15:0] \$704 ;
-  reg [13:0] \$705 ;
-  reg [13:0] \$706 ;
-  reg [15:0] \$707 ;
-  reg [13:0] \$708 ;
-  reg [13:0] \$709 ;
+  wire [16:0] \$700 ;
+  wire [14:0] \$701 ;
+  wire \$702 ;
+  wire \$703 ;
+  wire \$704 ;
+  wire \$705 ;
+  wire \$706 ;
+  reg [31:0] \$707 ;
+  reg [31:0] \$708 ;
+  reg [19:0] \$709 ;
   wire \$71 ;
-  reg [15:0] \$710 ;
+  reg [13:0] \$710 ;
   reg [13:0] \$711 ;
-  reg [13:0] \$712 ;
-  reg [15:0] \$713 ;
+  reg [15:0] \$712 ;
+  reg [13:0] \$713 ;
   reg [13:0] \$714 ;
-  reg [13:0] \$715 ;
-  reg [15:0] \$716 ;
-  reg [32:0] \$717 ;
-  reg [32:0] \$718 ;
-  reg [15:0] \$719 ;
+  reg [15:0] \$715 ;
+  reg [13:0] \$716 ;
+  reg [13:0] \$717 ;
+  reg [15:0] \$718 ;
+  reg [13:0] \$719 ;
   wire \$72 ;
-  reg \$720 ;
-  reg \$721 ;
+  reg [13:0] \$720 ;
+  reg [15:0] \$721 ;
   reg [13:0] \$722 ;
-  reg [12:0] \$723 ;
-  reg [12:0] \$724 ;
-  reg [13:0] \$725 ;
-  reg [12:0] \$726 ;
-  reg [12:0] \$727 ;
-  reg [13:0] \$728 ;
-  reg [12:0] \$729 ;
+  reg [13:0] \$723 ;
+  reg [15:0] \$724 ;
+  reg [32:0] \$725 ;
+  reg [32:0] \$726 ;
+  reg [15:0] \$727 ;
+  reg \$728 ;
+  reg \$729 ;
   wire \$73 ;
-  reg [12:0] \$730 ;
-  reg \$731 ;
+  reg [31:0] \$730 ;
+  reg [31:0] \$731 ;
   reg \$732 ;
-  reg [1:0] \$733 ;
-  reg [2:0] \$734 ;
+  reg \$733 ;
+  reg [13:0] \$734 ;
   reg [12:0] \$735 ;
-  reg [31:0] \$736 ;
-  reg \$737 ;
-  reg [6:0] \$738 ;
+  reg [12:0] \$736 ;
+  reg [13:0] \$737 ;
+  reg [12:0] \$738 ;
   reg [12:0] \$739 ;
   wire \$74 ;
-  reg [14:0] \$740 ;
-  reg \$741 ;
-  reg [1:0] \$742 ;
-  reg [12:0] \$743 ;
-  reg [8:0] \$744 ;
-  reg [12:0] \$745 ;
-  reg [14:0] \$746 ;
-  reg [31:0] \$747 ;
+  reg [13:0] \$740 ;
+  reg [12:0] \$741 ;
+  reg [12:0] \$742 ;
+  reg \$743 ;
+  reg \$744 ;
+  reg [1:0] \$745 ;
+  reg [2:0] \$746 ;
+  reg [12:0] \$747 ;
   reg [31:0] \$748 ;
-  reg [31:0] \$749 ;
+  reg \$749 ;
   wire \$75 ;
-  reg [31:0] \$750 ;
-  reg [31:0] \$751 ;
-  reg [31:0] \$752 ;
-  reg [31:0] \$753 ;
-  reg \$754 ;
-  reg \$755 ;
-  reg [7:0] \$756 ;
+  reg [6:0] \$750 ;
+  reg [12:0] \$751 ;
+  reg [14:0] \$752 ;
+  reg \$753 ;
+  reg [1:0] \$754 ;
+  reg [12:0] \$755 ;
+  reg [8:0] \$756 ;
   reg [12:0] \$757 ;
-  reg [31:0] \$758 ;
-  reg \$759 ;
+  reg [14:0] \$758 ;
+  reg [31:0] \$759 ;
   wire \$76 ;
-  reg \$760 ;
-  reg \$761 ;
-  reg [4:0] \$762 ;
-  reg [7:0] \$763 ;
-  reg [5:0] \$764 ;
-  reg [255:0] \$765 ;
+  reg [31:0] \$760 ;
+  reg [31:0] \$761 ;
+  reg [31:0] \$762 ;
+  reg [31:0] \$763 ;
+  reg [31:0] \$764 ;
+  reg [31:0] \$765 ;
   reg \$766 ;
-  reg [5:0] \$767 ;
-  reg [31:0] \$768 ;
-  reg [5:0] \$769 ;
+  reg \$767 ;
+  reg [7:0] \$768 ;
+  reg [12:0] \$769 ;
   wire \$77 ;
-  reg [13:0] \$770 ;
-  reg [13:0] \$771 ;
-  reg [13:0] \$772 ;
-  reg [12:0] \$773 ;
-  reg [12:0] \$774 ;
-  reg [12:0] \$775 ;
-  reg [12:0] \$776 ;
-  reg [12:0] \$777 ;
-  reg [12:0] \$778 ;
-  reg [13:0] \$779 ;
+  reg [31:0] \$770 ;
+  reg \$771 ;
+  reg \$772 ;
+  reg \$773 ;
+  reg [4:0] \$774 ;
+  reg [7:0] \$775 ;
+  reg [5:0] \$776 ;
+  reg [255:0] \$777 ;
+  reg \$778 ;
+  reg [5:0] \$779 ;
   wire \$78 ;
-  reg [13:0] \$780 ;
-  reg \$781 ;
-  reg [2:0] \$782 ;
+  reg [31:0] \$780 ;
+  reg [5:0] \$781 ;
+  reg [13:0] \$782 ;
   reg [13:0] \$783 ;
-  reg \$784 ;
-  reg [2:0] \$785 ;
-  reg [13:0] \$786 ;
-  reg \$787 ;
-  reg [35:0] \$788 ;
-  reg [3:0] \$789 ;
+  reg [13:0] \$784 ;
+  reg [12:0] \$785 ;
+  reg [12:0] \$786 ;
+  reg [12:0] \$787 ;
+  reg [12:0] \$788 ;
+  reg [12:0] \$789 ;
   wire \$79 ;
   reg [12:0] \$790 ;
-  reg [12:0] \$791 ;
-  reg [15:0] \$792 ;
-  reg [12:0] \$793 ;
-  reg [12:0] \$794 ;
+  reg [13:0] \$791 ;
+  reg [13:0] \$792 ;
+  reg \$793 ;
+  reg [2:0] \$794 ;
   reg [13:0] \$795 ;
-  reg [31:0] \$796 ;
-  reg [1:0] \$797 ;
+  reg \$796 ;
+  reg [2:0] \$797 ;
   reg [13:0] \$798 ;
-  reg [3:0] \$799 ;
+  reg \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg \$800 ;
-  reg \$801 ;
+  reg [35:0] \$800 ;
+  reg [3:0] \$801 ;
   reg [12:0] \$802 ;
   reg [12:0] \$803 ;
-  reg \$804 ;
-  reg \$805 ;
-  reg [13:0] \$806 ;
-  reg [1:0] \$807 ;
-  reg \$808 ;
-  reg \$809 ;
+  reg [15:0] \$804 ;
+  reg [12:0] \$805 ;
+  reg [12:0] \$806 ;
+  reg [13:0] \$807 ;
+  reg [31:0] \$808 ;
+  reg [1:0] \$809 ;
   wire \$81 ;
-  reg \$810 ;
-  reg [12:0] \$811 ;
-  reg [19:0] \$812 ;
-  reg [13:0] \$813 ;
-  reg [13:0] \$814 ;
-  reg [1:0] \$815 ;
-  reg [13:0] \$816 ;
-  reg [13:0] \$817 ;
-  reg [3:0] \$818 ;
-  reg [3:0] \$819 ;
+  reg [13:0] \$810 ;
+  reg [3:0] \$811 ;
+  reg \$812 ;
+  reg \$813 ;
+  reg [12:0] \$814 ;
+  reg [12:0] \$815 ;
+  reg \$816 ;
+  reg \$817 ;
+  reg [13:0] \$818 ;
+  reg [1:0] \$819 ;
   wire \$82 ;
-  reg [15:0] \$820 ;
-  reg [13:0] \$821 ;
-  reg [14:0] \$822 ;
-  reg \$823 ;
-  reg [12:0] \$824 ;
-  wire [5:0] \$825 ;
-  wire [5:0] \$826 ;
+  reg \$820 ;
+  reg \$821 ;
+  reg \$822 ;
+  reg [12:0] \$823 ;
+  reg [19:0] \$824 ;
+  reg [13:0] \$825 ;
+  reg [13:0] \$826 ;
+  reg [1:0] \$827 ;
+  reg [13:0] \$828 ;
+  reg [13:0] \$829 ;
   wire \$83 ;
+  reg [3:0] \$830 ;
+  reg [3:0] \$831 ;
+  reg [15:0] \$832 ;
+  reg [13:0] \$833 ;
+  reg [14:0] \$834 ;
+  reg \$835 ;
+  reg [12:0] \$836 ;
+  wire [5:0] \$837 ;
+  wire [5:0] \$838 ;
   wire \$84 ;
   wire \$85 ;
   wire \$86 ;
@@ -854,78 +866,82 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] \$signal$151  = 13'h0000;
   reg [12:0] \$signal$153  = 13'h0000;
   reg \$signal$155  = 1'h0;
-  reg [31:0] \$signal$159  = 32'd0;
+  reg \$signal$156  = 1'h0;
+  reg [31:0] \$signal$160  = 32'd0;
   (* init = 6'h00 *)
-  wire [5:0] \$signal$161 ;
-  reg \$signal$168  = 1'h0;
-  wire [31:0] \$signal$175 ;
-  reg [5:0] \$signal$176  = 6'h00;
-  wire [31:0] \$signal$178 ;
-  reg \$signal$181 ;
+  wire [5:0] \$signal$162 ;
+  (* init = 32'd0 *)
+  wire [31:0] \$signal$164 ;
+  reg \$signal$169  = 1'h0;
+  wire [31:0] \$signal$176 ;
+  reg [5:0] \$signal$177  = 6'h00;
+  wire [31:0] \$signal$179 ;
+  reg \$signal$182 ;
   (* init = 1'h0 *)
-  wire \$signal$200 ;
-  reg [14:0] \$signal$213  = 15'h0000;
-  reg [12:0] \$signal$214  = 13'h0000;
-  reg [12:0] \$signal$217  = 13'h0000;
-  reg [14:0] \$signal$220  = 15'h0000;
-  reg [3:0] \$signal$240  = 4'h0;
-  reg [13:0] \$signal$241  = 14'h0000;
-  reg \$signal$244  = 1'h0;
-  reg [13:0] \$signal$245  = 14'h0000;
-  reg [31:0] \$signal$246  = 32'd0;
-  reg [2:0] \$signal$247  = 3'h0;
-  reg \$signal$248  = 1'h0;
-  reg [2:0] \$signal$249  = 3'h0;
-  reg [13:0] \$signal$250  = 14'h0000;
-  reg \$signal$251  = 1'h0;
-  reg [3:0] \$signal$253  = 4'h0;
-  reg \$signal$257  = 1'h0;
-  reg \$signal$258  = 1'h0;
-  reg [12:0] \$signal$260  = 13'h0000;
-  reg [3:0] \$signal$261  = 4'h0;
-  reg \$signal$266  = 1'h0;
-  reg [12:0] \$signal$268  = 13'h0000;
-  reg [19:0] \$signal$270  = 20'h00000;
-  wire [2:0] \$signal$270.index ;
-  wire \$signal$270.last ;
-  wire [15:0] \$signal$270.weight ;
-  reg [13:0] \$signal$271  = 14'h0000;
-  reg [12:0] \$signal$272  = 13'h0000;
+  wire \$signal$201 ;
+  reg [14:0] \$signal$214  = 15'h0000;
+  reg [12:0] \$signal$215  = 13'h0000;
+  reg [12:0] \$signal$218  = 13'h0000;
+  reg [14:0] \$signal$221  = 15'h0000;
+  reg [3:0] \$signal$241  = 4'h0;
+  reg [13:0] \$signal$242  = 14'h0000;
+  reg \$signal$245  = 1'h0;
+  reg [13:0] \$signal$246  = 14'h0000;
+  reg [31:0] \$signal$247  = 32'd0;
+  reg [2:0] \$signal$248  = 3'h0;
+  reg \$signal$249  = 1'h0;
+  reg [2:0] \$signal$250  = 3'h0;
+  reg [13:0] \$signal$251  = 14'h0000;
+  reg \$signal$252  = 1'h0;
+  reg [3:0] \$signal$254  = 4'h0;
+  reg \$signal$259  = 1'h0;
+  reg \$signal$260  = 1'h0;
+  reg [12:0] \$signal$262  = 13'h0000;
+  reg [3:0] \$signal$263  = 4'h0;
+  reg \$signal$268  = 1'h0;
+  reg [12:0] \$signal$270  = 13'h0000;
+  reg [19:0] \$signal$272  = 20'h00000;
+  wire [2:0] \$signal$272.index ;
+  wire \$signal$272.last ;
+  wire [15:0] \$signal$272.weight ;
   reg [13:0] \$signal$273  = 14'h0000;
-  reg [13:0] \$signal$274  = 14'h0000;
-  reg [12:0] \$signal$275  = 13'h0000;
+  reg [12:0] \$signal$274  = 13'h0000;
+  reg [13:0] \$signal$275  = 14'h0000;
   reg [13:0] \$signal$276  = 14'h0000;
-  reg [3:0] \$signal$277  = 4'h0;
-  reg [15:0] \$signal$278  = 16'h0000;
-  reg [14:0] \$signal$279  = 15'h0000;
-  reg [12:0] \$signal$280  = 13'h0000;
-  reg \$signal$281  = 1'h0;
+  reg [12:0] \$signal$277  = 13'h0000;
+  reg [13:0] \$signal$278  = 14'h0000;
+  reg [3:0] \$signal$279  = 4'h0;
+  reg [15:0] \$signal$280  = 16'h0000;
+  reg [14:0] \$signal$281  = 15'h0000;
   reg [12:0] \$signal$282  = 13'h0000;
-  reg \$signal$292  = 1'h0;
-  reg [12:0] \$signal$299  = 13'h0000;
-  reg [12:0] \$signal$301  = 13'h0000;
-  reg [12:0] \$signal$304  = 13'h0000;
-  reg [12:0] \$signal$306  = 13'h0000;
-  reg \$signal$309  = 1'h0;
-  reg [6:0] \$signal$312  = 7'h00;
-  reg [8:0] \$signal$314  = 9'h000;
-  reg [13:0] \$signal$319  = 14'h0000;
-  reg [1:0] \$signal$324  = 2'h0;
-  reg [13:0] \$signal$327  = 14'h0000;
-  reg \$signal$328  = 1'h0;
-  reg [13:0] \$signal$329  = 14'h0000;
-  wire [-1:0] \$signal$330 ;
-  reg \$signal$331  = 1'h0;
-  reg [1:0] \$signal$335  = 2'h0;
+  reg \$signal$283  = 1'h0;
+  reg [12:0] \$signal$284  = 13'h0000;
+  reg \$signal$294  = 1'h0;
+  reg \$signal$296  = 1'h0;
+  reg [12:0] \$signal$303  = 13'h0000;
+  reg [12:0] \$signal$305  = 13'h0000;
+  reg [12:0] \$signal$308  = 13'h0000;
+  reg [12:0] \$signal$310  = 13'h0000;
+  reg \$signal$313  = 1'h0;
+  reg [6:0] \$signal$316  = 7'h00;
+  reg [8:0] \$signal$318  = 9'h000;
+  reg [13:0] \$signal$323  = 14'h0000;
+  reg [1:0] \$signal$328  = 2'h0;
+  reg [13:0] \$signal$331  = 14'h0000;
+  reg \$signal$332  = 1'h0;
+  reg [13:0] \$signal$333  = 14'h0000;
+  wire [-1:0] \$signal$334 ;
+  reg \$signal$335  = 1'h0;
+  reg [1:0] \$signal$339  = 2'h0;
   reg [12:0] \$signature__addr ;
   reg [12:0] \$signature__addr$152 ;
-  reg [5:0] \$signature__addr$229 ;
+  reg [5:0] \$signature__addr$230 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$166 ;
-  wire [255:0] \$signature__data$318 ;
+  wire [31:0] \$signature__data$295 ;
+  wire [255:0] \$signature__data$322 ;
   reg \$signature__en ;
-  reg \$signature__en$157 ;
-  reg \$signature__en$230 ;
+  reg \$signature__en$158 ;
+  reg \$signature__en$231 ;
   reg [31:0] a_in__payload = 32'd0;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -941,6 +957,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [7:0] \b_in__payload[3] ;
   wire b_in__ready;
   reg b_in__valid;
+  reg [31:0] b_word = 32'd0;
   reg [14:0] beats;
   reg [2:0] bias_addr;
   reg [15:0] bias_data;
@@ -1033,7 +1050,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$322 ;
+  wire \error$326 ;
   reg exp_active = 1'h0;
   reg [1:0] gc_lane = 2'h0;
   reg [12:0] gc_wstart = 13'h0000;
@@ -1049,26 +1066,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [7:0] \gm_word[3] ;
   reg [12:0] gm_wstart = 13'h0000;
   reg [31:0] host_size = 32'd0;
-  wire [31:0] i__payload;
-  wire [15:0] \i__payload$164 ;
-  wire [15:0] \i__payload$164[0] ;
-  wire [31:0] \i__payload$165 ;
-  wire [31:0] \i__payload$165[0] ;
-  wire [15:0] \i__payload$165[0].g ;
-  wire [15:0] \i__payload$165[0].u ;
-  wire [33:0] \i__payload$167 ;
-  wire [15:0] \i__payload$167.a ;
-  wire [16:0] \i__payload$167.b ;
-  wire \i__payload$167.last ;
+  reg [31:0] i__payload = 32'd0;
+  wire [15:0] \i__payload$165 ;
+  wire [15:0] \i__payload$165[0] ;
+  wire [31:0] \i__payload$166 ;
+  wire [31:0] \i__payload$166[0] ;
+  wire [15:0] \i__payload$166[0].g ;
+  wire [15:0] \i__payload$166[0].u ;
+  wire [33:0] \i__payload$168 ;
+  wire [15:0] \i__payload$168.a ;
+  wire [16:0] \i__payload$168.b ;
+  wire \i__payload$168.last ;
   wire [31:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$185 ;
-  wire \i__ready$189 ;
-  wire \i__ready$193 ;
+  wire \i__ready$186 ;
+  wire \i__ready$190 ;
+  wire \i__ready$194 ;
   reg i__valid;
-  reg \i__valid$184 ;
-  reg \i__valid$188 ;
-  reg \i__valid$192 ;
+  reg \i__valid$185 ;
+  reg \i__valid$189 ;
+  reg \i__valid$193 ;
   reg [13:0] idx0 = 14'h0000;
   reg [13:0] idx1 = 14'h0000;
   reg [13:0] idx2 = 14'h0000;
@@ -1175,20 +1192,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [15:0] mult;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$191 ;
-  wire [15:0] \o__payload$191[0] ;
-  wire [15:0] \o__payload$195 ;
-  wire [31:0] \o__payload$203 ;
-  wire [31:0] \o__payload$203[0] ;
+  wire [15:0] \o__payload$192 ;
+  wire [15:0] \o__payload$192[0] ;
+  wire [15:0] \o__payload$196 ;
+  wire [31:0] \o__payload$204 ;
+  wire [31:0] \o__payload$204[0] ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$172 ;
   wire \o__ready$173 ;
   wire \o__ready$174 ;
+  wire \o__ready$175 ;
   wire o__valid;
-  wire \o__valid$186 ;
-  wire \o__valid$190 ;
-  wire \o__valid$194 ;
+  wire \o__valid$187 ;
+  wire \o__valid$191 ;
+  wire \o__valid$195 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -1198,7 +1215,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] pc = 13'h0000;
   reg ph2 = 1'h0;
   wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$224 ;
+  wire [31:0] \rd_addr$225 ;
   wire [23:0] rd_beats;
   wire rd_busy;
   reg [31:0] rd_data;
@@ -1285,7 +1302,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] wr__data;
   reg wr__en;
   wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$225 ;
+  wire [31:0] \wr_addr$226 ;
   wire [23:0] wr_beats;
   wire wr_busy;
   wire [31:0] wr_data;
@@ -1383,11 +1400,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   reg [255:0] _0_;
   always @(posedge clk) begin
-    if (\$signature__en$230 ) begin
-      _0_ <= imem[\$signature__addr$229 ];
+    if (\$signature__en$231 ) begin
+      _0_ <= imem[\$signature__addr$230 ];
     end
   end
-  assign \$signature__data$318  = _0_;
+  assign \$signature__data$322  = _0_;
   reg [31:0] spad [8191:0];
   initial begin
     spad[0] = 32'd0;
@@ -9590,15 +9607,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] _1_;
   reg [31:0] _2_;
   always @(posedge clk) begin
-    if (\$signature__en$157 ) begin
+    if (\$signature__en$158 ) begin
       _1_ <= spad[\$signature__addr$152 ];
     end
     if (\$signature__en ) begin
       _2_ <= spad[\$signature__addr ];
     end
   end
-  assign \$signature__data$166  = _1_;
-  assign i__payload = _2_;
+  assign \$signature__data$295  = _1_;
+  assign \$signature__data  = _2_;
+  assign \$157  = scores_len == l0_acc;
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = ~ \$158 ;
+  assign \$160  = \$152  & \$159 ;
+  assign \$161  = ins[5:0] != 4'he;
+  assign \$162  = ! \$signal$138 ;
+  assign \$163  = ! ins[87:78];
+  assign \$164  = ins[77:64] + \$signal$138 ;
+  assign \$165  = \$164  <= 14'h2000;
+  assign \$166  = \$163  & \$165 ;
+  assign \$167  = \$162  | \$166 ;
+  assign \$168  = ! \$signal$140 ;
   assign \$169  = ! ins[111:102];
   assign \$170  = ins[101:88] + \$signal$140 ;
   assign \$171  = \$170  <= 14'h2000;
@@ -9629,721 +9658,737 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$197  = ~ \$196 ;
   assign \$198  = \$188  & \$197 ;
   assign \$199  = ~ \$signal$155 ;
-  assign \$200  = \$199  | eng_ready;
-  assign \$201  = ~ \$signal$155 ;
-  assign \$202  = \$201  | eng_ready;
-  assign \$203  = ins[5:0] == 4'hc;
-  assign \$204  = \$203  ? { 1'h0, \$signature__data$166 [15:0] } : { \$signature__data$166 [15], \$signature__data$166 [15:0] };
-  assign \$205  = ins[5:0] == 4'hd;
-  assign \$206  = ins[5:0] == 4'hc;
-  assign \$207  = \$206  ? 2'h1 : 2'h0;
-  assign op = \$205  ? 2'h2 : \$207 ;
-  assign \$208  = \$signal$176  > 1'h1;
-  assign \$209  = \$signal$176  > 2'h2;
-  assign \$210  = \$signal$176  > 2'h3;
-  assign \$211  = \$signal$176  > 3'h4;
-  assign \$212  = \$signal$176  > 3'h5;
-  assign \$213  = \$signal$176  > 3'h6;
-  assign \$214  = \$signal$176  > 3'h7;
-  assign \$215  = \$signal$176  > 4'h8;
-  assign \$216  = \$signal$176  > 4'h9;
-  assign \$217  = \$signal$176  > 4'ha;
-  assign \$218  = \$signal$176  > 4'hb;
-  assign \$219  = \$signal$176  > 4'hc;
-  assign \$220  = \$signal$176  > 4'hd;
-  assign \$221  = \$signal$176  > 4'he;
-  assign \$222  = \$signal$176  > 4'hf;
-  assign \$223  = \$signal$176  > 5'h10;
-  assign \$224  = \$signal$176  > 5'h11;
-  assign \$225  = \$signal$176  > 5'h12;
-  assign \$226  = \$signal$176  > 5'h13;
-  assign \$227  = \$signal$176  > 5'h14;
-  assign \$228  = \$signal$176  > 5'h15;
-  assign \$229  = \$signal$176  > 5'h16;
-  assign \$230  = \$signal$176  > 5'h17;
-  assign \$231  = \$signal$176  > 5'h18;
-  assign \$232  = \$signal$176  > 5'h19;
-  assign \$233  = \$signal$176  > 5'h1a;
-  assign \$234  = \$signal$176  > 5'h1b;
-  assign \$235  = \$signal$176  > 5'h1c;
-  assign \$236  = \$signal$176  > 5'h1d;
-  assign \$237  = \$signal$176  > 5'h1e;
-  assign \$238  = \$signal$176  > 5'h1f;
-  assign \$239  = $signed(\$signal$178 ) > $signed({ 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208  });
-  assign \$240  = ~ { 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208  };
-  assign \$241  = $signed(\$signal$178 ) < $signed(\$240 );
-  assign \$242  = ~ { 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208  };
-  assign \$243  = \$241  ? \$242  : \$signal$178 ;
-  assign rq_sat = \$239  ? { 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208  } : \$243 ;
-  assign \$244  = | \$signal$176 ;
-  assign \$245  = \$244  ? \$signal$159  : 32'd1;
-  assign \$246  = | \$signal$176 ;
-  assign \$247  = \$246  ? shift : 6'h00;
-  assign \$248  = ins[5:0] == 2'h3;
-  assign \$1082  = gc_lane * 6'h20;
-  assign \$249  = c_out__payload >> \$1082 ;
-  assign \$signal$178  = \$248  ? \$249  : \o__payload$203 ;
-  assign \$250  = ~ a_in__valid;
-  assign \$251  = ~ gm_afeed_done;
-  assign \$252  = \$250  & \$251 ;
-  assign \$253  = gm_lane == 3'h4;
-  assign \$254  = \$signal$213  + gm_lane;
-  assign \$255  = \$254  >= m_eff[13:0];
-  assign \$256  = \$253  | \$255 ;
-  assign \$257  = ~ \$256 ;
-  assign \$258  = \$252  & \$257 ;
-  assign \$259  = | \$signal$176 ;
-  assign \$1096  = gc_lane * 6'h20;
-  assign \$260  = c_out__payload >> \$1096 ;
-  assign \$261  = \$259  ? rq_sat : \$260 ;
-  assign \$262  = gc_lane == 2'h3;
-  assign \$263  = \$signal$220  + gc_lane;
-  assign \$264  = \$263  + 1'h1;
-  assign \$265  = \$264  >= m_eff[13:0];
-  assign \$266  = \$262  | \$265 ;
-  assign \$267  = pc >= 7'h40;
-  assign \$268  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$269  = ins[5:0] == 4'hc;
-  assign \$270  = ~ ph2;
-  assign \$271  = \$269  & \$270 ;
-  assign \$272  = ! ins[5:0];
-  assign \$273  = | decode_err;
-  assign \$275  = ins[100:88] + \$274 ;
-  assign \$277  = ins[100:88] + \$276 ;
-  assign \$278  = \$277  + 1'h1;
-  assign \$279  = ins[124:112] + \$signal$241 ;
-  assign \$280  = ~ \$signal$244 ;
-  assign \$281  = \$signal$245  < l0_acc;
-  assign \$282  = ins[124:112] + \$signal$245 ;
-  assign \$283  = ins[243:238] == 1'h1;
-  assign \$1122  = \$signal$247  * 4'h8;
-  assign \$284  = \$signal$246  >> \$1122 ;
-  assign \$285  = ins[243:238] == 2'h2;
-  assign \$1126  = \$signal$247  * 5'h10;
-  assign \$286  = \$signal$246  >> \$1126 ;
-  assign \$1129  = \$signal$247  * 6'h20;
-  assign \$287  = \$signal$246  >> \$1129 ;
-  assign \$288  = \$285  ? { \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286 [15], \$286  } : \$287 ;
-  assign \$289  = \$283  ? { \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284 [7], \$284  } : \$288 ;
-  assign \$290  = ~ \$signal$248 ;
-  assign \$291  = \$signal$249  < 1'h1;
-  assign \$292  = \$290  & \$291 ;
-  assign \$293  = \$signal$250  < l0_acc;
-  assign \$294  = \$292  & \$293 ;
-  assign \$295  = ~ \$signal$251 ;
+  assign \$200  = ~ \$signal$156 ;
+  assign \$201  = \$200  | eng_ready;
+  assign \$202  = \$199  | \$201 ;
+  assign \$203  = ~ \$signal$155 ;
+  assign \$204  = ~ \$signal$156 ;
+  assign \$205  = \$204  | eng_ready;
+  assign \$206  = \$203  | \$205 ;
+  assign \$207  = ins[5:0] == 4'hc;
+  assign \$208  = \$207  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
+  assign \$209  = ins[5:0] == 4'hd;
+  assign \$210  = ins[5:0] == 4'hc;
+  assign \$211  = \$210  ? 2'h1 : 2'h0;
+  assign op = \$209  ? 2'h2 : \$211 ;
+  assign \$212  = \$signal$177  > 1'h1;
+  assign \$213  = \$signal$177  > 2'h2;
+  assign \$214  = \$signal$177  > 2'h3;
+  assign \$215  = \$signal$177  > 3'h4;
+  assign \$216  = \$signal$177  > 3'h5;
+  assign \$217  = \$signal$177  > 3'h6;
+  assign \$218  = \$signal$177  > 3'h7;
+  assign \$219  = \$signal$177  > 4'h8;
+  assign \$220  = \$signal$177  > 4'h9;
+  assign \$221  = \$signal$177  > 4'ha;
+  assign \$222  = \$signal$177  > 4'hb;
+  assign \$223  = \$signal$177  > 4'hc;
+  assign \$224  = \$signal$177  > 4'hd;
+  assign \$225  = \$signal$177  > 4'he;
+  assign \$226  = \$signal$177  > 4'hf;
+  assign \$227  = \$signal$177  > 5'h10;
+  assign \$228  = \$signal$177  > 5'h11;
+  assign \$229  = \$signal$177  > 5'h12;
+  assign \$230  = \$signal$177  > 5'h13;
+  assign \$231  = \$signal$177  > 5'h14;
+  assign \$232  = \$signal$177  > 5'h15;
+  assign \$233  = \$signal$177  > 5'h16;
+  assign \$234  = \$signal$177  > 5'h17;
+  assign \$235  = \$signal$177  > 5'h18;
+  assign \$236  = \$signal$177  > 5'h19;
+  assign \$237  = \$signal$177  > 5'h1a;
+  assign \$238  = \$signal$177  > 5'h1b;
+  assign \$239  = \$signal$177  > 5'h1c;
+  assign \$240  = \$signal$177  > 5'h1d;
+  assign \$241  = \$signal$177  > 5'h1e;
+  assign \$242  = \$signal$177  > 5'h1f;
+  assign \$243  = $signed(\$signal$179 ) > $signed({ 1'h0, \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212  });
+  assign \$244  = ~ { 1'h0, \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212  };
+  assign \$245  = $signed(\$signal$179 ) < $signed(\$244 );
+  assign \$246  = ~ { 1'h0, \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212  };
+  assign \$247  = \$245  ? \$246  : \$signal$179 ;
+  assign rq_sat = \$243  ? { 1'h0, \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212  } : \$247 ;
+  assign \$248  = | \$signal$177 ;
+  assign \$249  = \$248  ? \$signal$160  : 32'd1;
+  assign \$250  = | \$signal$177 ;
+  assign \$251  = \$250  ? shift : 6'h00;
+  assign \$252  = ins[5:0] == 2'h3;
+  assign \$1098  = gc_lane * 6'h20;
+  assign \$253  = c_out__payload >> \$1098 ;
+  assign \$signal$179  = \$252  ? \$253  : \o__payload$204 ;
+  assign \$254  = ~ a_in__valid;
+  assign \$255  = ~ gm_afeed_done;
+  assign \$256  = \$254  & \$255 ;
+  assign \$257  = gm_lane == 3'h4;
+  assign \$258  = \$signal$214  + gm_lane;
+  assign \$259  = \$258  >= m_eff[13:0];
+  assign \$260  = \$257  | \$259 ;
+  assign \$261  = ~ \$260 ;
+  assign \$262  = \$256  & \$261 ;
+  assign \$263  = | \$signal$177 ;
+  assign \$1112  = gc_lane * 6'h20;
+  assign \$264  = c_out__payload >> \$1112 ;
+  assign \$265  = \$263  ? rq_sat : \$264 ;
+  assign \$266  = gc_lane == 2'h3;
+  assign \$267  = \$signal$221  + gc_lane;
+  assign \$268  = \$267  + 1'h1;
+  assign \$269  = \$268  >= m_eff[13:0];
+  assign \$270  = \$266  | \$269 ;
+  assign \$271  = pc >= 7'h40;
+  assign \$272  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$273  = ins[5:0] == 4'hc;
+  assign \$274  = ~ ph2;
+  assign \$275  = \$273  & \$274 ;
+  assign \$276  = ! ins[5:0];
+  assign \$277  = | decode_err;
+  assign \$279  = ins[100:88] + \$278 ;
+  assign \$281  = ins[100:88] + \$280 ;
+  assign \$282  = \$281  + 1'h1;
+  assign \$283  = ins[124:112] + \$signal$242 ;
+  assign \$284  = ~ \$signal$245 ;
+  assign \$285  = \$signal$246  < l0_acc;
+  assign \$286  = ins[124:112] + \$signal$246 ;
+  assign \$287  = ins[243:238] == 1'h1;
+  assign \$1138  = \$signal$248  * 4'h8;
+  assign \$288  = \$signal$247  >> \$1138 ;
+  assign \$289  = ins[243:238] == 2'h2;
+  assign \$1142  = \$signal$248  * 5'h10;
+  assign \$290  = \$signal$247  >> \$1142 ;
+  assign \$1145  = \$signal$248  * 6'h20;
+  assign \$291  = \$signal$247  >> \$1145 ;
+  assign \$292  = \$289  ? { \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290  } : \$291 ;
+  assign \$293  = \$287  ? { \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288  } : \$292 ;
+  assign \$294  = ~ \$signal$249 ;
+  assign \$295  = \$signal$250  < 1'h1;
   assign \$296  = \$294  & \$295 ;
-  assign \$297  = ins[76:64] + \$signal$250 ;
-  assign \$298  = ins[100:88] + \$signal$253 ;
-  assign \$299  = | \$signal$253 ;
-  assign \$300  = \$signal$253  - 1'h1;
-  assign \$301  = ~ \$signal$257 ;
-  assign \$302  = ~ \$signal$258 ;
-  assign \$303  = \$301  & \$302 ;
-  assign \$304  = rt_lane < 1'h1;
-  assign \$305  = \$303  & \$304 ;
-  assign \$306  = \$signal$260  + \$signal$261 ;
-  assign \$307  = ~ \$signal$266 ;
-  assign \$308  = ~ rt_wphase;
-  assign \$309  = \$signal$266  & \$308 ;
-  assign \$310  = \$signal$268  + rt_s;
-  assign \$311  = \$signal$266  & rt_wphase;
-  assign \$312  = \$signal$268  + rt_s;
-  assign \$313  = \$312  + l1_acc[13:2];
-  assign \$314  = ins[124:112] + \$signal$271 ;
-  assign \$315  = i__payload == \$signal$253 ;
-  assign \$316  = \$signal$272  + \$signal$273 ;
-  assign \$317  = \$signal$272  + l1_acc[13:2];
-  assign \$318  = \$317  + \$signal$273 ;
-  assign \$319  = \$signal$271  + 1'h1;
-  assign \$320  = \$319  < l1_acc[13:2];
-  assign \$321  = \$signal$275  + \$signal$253 ;
-  assign \$322  = \$signal$273  - \$signal$276 ;
-  assign \$323  = \$signal$275  + 4'h8;
-  assign \$324  = \$323  + \$signal$253 ;
-  assign \$325  = \$signal$277  >= 4'h8;
-  assign \$326  = ins[76:64] + \$signal$277 ;
-  assign \$327  = ins[76:64] + 4'h8;
-  assign \$328  = \$327  + \$signal$277 ;
-  assign \$329  = \$signal$278  >= \$signal$130 ;
-  assign \$330  = ins[100:88] + \$signal$141 ;
-  assign \$331  = \$330  + \$signal$278 ;
-  assign \$332  = | l2_y;
-  assign \$333  = \$signal$279  < ins[61:48];
-  assign \$334  = ins[5:0] == 4'ha;
-  assign \$335  = \$334  ? l2_acc : { 1'h0, \$signal$280  };
-  assign \$336  = ins[76:64] + \$335 ;
-  assign \$337  = \$336  + \$signal$279 ;
-  assign \$338  = ~ \$signal$108 ;
-  assign \$339  = \$signal$103  & \$338 ;
-  assign \$340  = ! ctrl_state;
-  assign \$341  = ctrl_state == 1'h1;
-  assign \$342  = ctrl_state == 2'h2;
-  assign \$343  = ctrl_state == 2'h3;
-  assign \$344  = ctrl_state == 3'h4;
-  assign \$345  = ctrl_state == 3'h5;
-  assign \$346  = ctrl_state == 3'h6;
-  assign \$347  = ctrl_state == 3'h7;
-  assign \$348  = ctrl_state == 4'h8;
-  assign \$349  = ctrl_state == 4'h9;
-  assign \$350  = ctrl_state == 4'ha;
-  assign \$351  = ctrl_state == 4'hb;
-  assign \$352  = ctrl_state == 4'hc;
-  assign \$353  = ctrl_state == 4'hd;
-  assign \$354  = ctrl_state == 4'he;
-  assign \$355  = ctrl_state == 4'hf;
-  assign \$356  = ctrl_state == 5'h10;
-  assign \$357  = ctrl_state == 5'h11;
-  assign \$358  = ctrl_state == 5'h12;
-  assign \$359  = ctrl_state == 5'h13;
-  assign \$360  = ctrl_state == 5'h14;
-  assign \$361  = ctrl_state == 5'h15;
-  assign \$362  = ctrl_state == 5'h16;
-  assign \$363  = ctrl_state == 5'h17;
-  assign \$364  = ctrl_state == 5'h18;
-  assign \$365  = wr_addr == 4'hc;
-  assign \$366  = wr_en & \$365 ;
-  assign \$367  = wr_addr == 5'h10;
-  assign \$368  = wr_en & \$367 ;
-  assign \$369  = | l0_y;
-  assign \$370  = l0_acc + l0_x;
-  assign \$372  = l0_acc + l0_x;
-  assign \$373  = \$371  ? 14'h3fff : \$372 [13:0];
-  assign \$375  = l0_x[13] ? 15'h3fff : \$374 ;
-  assign \$377  = | l1_y;
-  assign \$378  = l1_acc + l1_x;
-  assign \$380  = l1_acc + l1_x;
-  assign \$381  = \$379  ? 14'h3fff : \$380 [13:0];
-  assign \$383  = l1_x[13] ? 15'h3fff : \$382 ;
-  assign \$385  = | l2_y;
-  assign \$386  = l2_acc + l2_x;
-  assign \$388  = l2_acc + l2_x;
-  assign \$389  = \$387  ? 14'h3fff : \$388 [13:0];
-  assign \$391  = l2_x[13] ? 15'h3fff : \$390 ;
-  assign \$393  = | l3_y;
-  assign \$394  = l3_acc + l3_x;
-  assign \$396  = l3_acc + l3_x;
-  assign \$397  = \$395  ? 14'h3fff : \$396 [13:0];
-  assign \$399  = l3_x[13] ? 15'h3fff : \$398 ;
-  assign \$401  = | l4_y;
-  assign \$402  = l4_acc + l4_x;
-  assign \$404  = l4_acc + l4_x;
-  assign \$405  = \$403  ? 14'h3fff : \$404 [13:0];
-  assign \$407  = l4_x[13] ? 15'h3fff : \$406 ;
-  assign \$409  = | lh_y;
-  assign \$410  = lh_acc + lh_x;
-  assign \$412  = lh_acc + lh_x;
-  assign \$413  = \$411  ? 33'h1ffffffff : \$412 [32:0];
-  assign \$415  = lh_x[32] ? 34'h1ffffffff : \$414 ;
-  assign \$417  = ~ \$signal$155 ;
-  assign \$418  = \$417  | eng_ready;
-  assign \$419  = cnt0 - 1'h1;
-  assign \$420  = idx0 == \$419 ;
-  assign \$421  = idx0 + 1'h1;
-  assign \$422  = \$421  < cnt0;
-  assign \$423  = idx1 + 1'h1;
-  assign \$424  = \$423  < cnt1;
-  assign \$425  = idx0 + 1'h1;
-  assign \$426  = \$signal$151  + sa0;
-  assign \$427  = \$signal$153  + sb0;
-  assign \$428  = idx1 + 1'h1;
-  assign \$429  = \$signal$299  + sa1;
-  assign \$430  = \$signal$299  + sa1;
-  assign \$431  = \$signal$301  + sb1;
-  assign \$432  = \$signal$301  + sb1;
-  assign \$433  = idx2 + 1'h1;
-  assign \$434  = \$signal$304  + sa2;
-  assign \$435  = \$signal$304  + sa2;
-  assign \$436  = \$signal$304  + sa2;
-  assign \$437  = \$signal$306  + sb2;
-  assign \$438  = \$signal$306  + sb2;
-  assign \$439  = \$signal$306  + sb2;
-  assign \$440  = idx2 + 1'h1;
-  assign \$441  = \$440  >= cnt2;
-  assign \$442  = ~ a_in__valid;
-  assign \$443  = ~ gm_afeed_done;
-  assign \$444  = \$442  & \$443 ;
-  assign \$445  = gm_lane == 3'h4;
-  assign \$446  = \$signal$213  + gm_lane;
-  assign \$447  = \$446  >= m_eff[13:0];
-  assign \$448  = \$445  | \$447 ;
-  assign \$449  = ~ \$448 ;
-  assign \$450  = \$444  & \$449 ;
-  assign \$451  = gm_lane + 1'h1;
-  assign \$452  = \$signal$214  + ins[38:32];
-  assign \$453  = ~ a_in__valid;
-  assign \$454  = ~ gm_afeed_done;
-  assign \$455  = \$453  & \$454 ;
-  assign \$456  = gm_lane == 3'h4;
-  assign \$457  = \$signal$213  + gm_lane;
-  assign \$458  = \$457  >= m_eff[13:0];
-  assign \$459  = \$456  | \$458 ;
-  assign \$460  = \$455  & \$459 ;
-  assign \$461  = a_in__valid & a_in__ready;
-  assign \$462  = \$signal$312  + 1'h1;
-  assign \$463  = \$462  < ins[38:32];
-  assign \$464  = \$signal$312  + 1'h1;
-  assign \$465  = gm_wstart + 1'h1;
-  assign \$466  = gm_wstart + 1'h1;
-  assign \$467  = \$signal$213  + 3'h4;
-  assign \$468  = \$signal$214  - ins[38:32];
-  assign \$469  = $signed(\$468 ) + $signed(2'h1);
-  assign \$470  = \$signal$214  - ins[38:32];
-  assign \$471  = $signed(\$470 ) + $signed(2'h1);
-  assign \$472  = \$signal$213  + 3'h4;
-  assign \$473  = \$472  >= m_eff[13:0];
-  assign \$474  = gc_lane + 1'h1;
-  assign \$475  = \$signal$217  + ins[56:48];
-  assign \$476  = gc_lane == 2'h3;
-  assign \$477  = \$signal$220  + gc_lane;
-  assign \$478  = \$477  + 1'h1;
-  assign \$479  = \$478  >= m_eff[13:0];
-  assign \$480  = \$476  | \$479 ;
-  assign \$481  = \$signal$314  + 1'h1;
-  assign \$482  = \$481  < ins[56:48];
-  assign \$483  = \$signal$314  + 1'h1;
-  assign \$484  = gc_wstart + 1'h1;
-  assign \$485  = gc_wstart + 1'h1;
-  assign \$486  = \$signal$220  + 3'h4;
-  assign \$487  = \$signal$217  + 1'h1;
-  assign \$488  = \$signal$217  + 1'h1;
-  assign \$489  = \$signal$118  + 1'h1;
-  assign \$490  = busy_dma + 1'h1;
-  assign \$491  = busy_gemm + 1'h1;
-  assign \$492  = busy_act + 1'h1;
-  assign \$493  = busy_route + 1'h1;
-  assign \$494  = busy_vector + 1'h1;
-  assign \$495  = busy_move + 1'h1;
-  assign \$496  = pc >= 7'h40;
-  assign \$499  = \$498  ? \$signal$130  : \$signature__data$318 [31:16];
-  assign \$500  = | \$signature__data$318 [63:62];
-  assign \$501  = \$500  ? 14'h3fff : \$signature__data$318 [61:48];
-  assign \$504  = \$503  ? \$signal$130  : \$signature__data$318 [31:16];
-  assign \$505  = | \$signature__data$318 [47:46];
-  assign \$506  = \$505  ? 14'h3fff : \$signature__data$318 [45:32];
-  assign \$509  = \$508  ? \$signal$130  : \$signature__data$318 [31:16];
-  assign \$510  = \$509  + 3'h4;
-  assign \$511  = \$510  - 1'h1;
-  assign \$513  = | \$signature__data$318 [47:46];
-  assign \$514  = \$513  ? 14'h3fff : \$signature__data$318 [45:32];
-  assign \$517  = \$516  ? \$signal$130  : \$signature__data$318 [31:16];
+  assign \$297  = \$signal$251  < l0_acc;
+  assign \$298  = \$296  & \$297 ;
+  assign \$299  = ~ \$signal$252 ;
+  assign \$300  = \$298  & \$299 ;
+  assign \$301  = ins[76:64] + \$signal$251 ;
+  assign \$302  = ins[100:88] + \$signal$254 ;
+  assign \$303  = | \$signal$254 ;
+  assign \$304  = \$signal$254  - 1'h1;
+  assign \$305  = ~ \$signal$259 ;
+  assign \$306  = ~ \$signal$260 ;
+  assign \$307  = \$305  & \$306 ;
+  assign \$308  = rt_lane < 1'h1;
+  assign \$309  = \$307  & \$308 ;
+  assign \$310  = \$signal$262  + \$signal$263 ;
+  assign \$311  = ~ \$signal$268 ;
+  assign \$312  = ~ rt_wphase;
+  assign \$313  = \$signal$268  & \$312 ;
+  assign \$314  = \$signal$270  + rt_s;
+  assign \$315  = \$signal$268  & rt_wphase;
+  assign \$316  = \$signal$270  + rt_s;
+  assign \$317  = \$316  + l1_acc[13:2];
+  assign \$318  = ins[124:112] + \$signal$273 ;
+  assign \$319  = \$signature__data  == \$signal$254 ;
+  assign \$320  = \$signal$274  + \$signal$275 ;
+  assign \$321  = \$signal$274  + l1_acc[13:2];
+  assign \$322  = \$321  + \$signal$275 ;
+  assign \$323  = \$signal$273  + 1'h1;
+  assign \$324  = \$323  < l1_acc[13:2];
+  assign \$325  = \$signal$277  + \$signal$254 ;
+  assign \$326  = \$signal$275  - \$signal$278 ;
+  assign \$327  = \$signal$277  + 4'h8;
+  assign \$328  = \$327  + \$signal$254 ;
+  assign \$329  = \$signal$279  >= 4'h8;
+  assign \$330  = ins[76:64] + \$signal$279 ;
+  assign \$331  = ins[76:64] + 4'h8;
+  assign \$332  = \$331  + \$signal$279 ;
+  assign \$333  = \$signal$280  >= \$signal$130 ;
+  assign \$334  = ins[100:88] + \$signal$141 ;
+  assign \$335  = \$334  + \$signal$280 ;
+  assign \$336  = | l2_y;
+  assign \$337  = \$signal$281  < ins[61:48];
+  assign \$338  = ins[5:0] == 4'ha;
+  assign \$339  = \$338  ? l2_acc : { 1'h0, \$signal$282  };
+  assign \$340  = ins[76:64] + \$339 ;
+  assign \$341  = \$340  + \$signal$281 ;
+  assign \$342  = ~ \$signal$108 ;
+  assign \$343  = \$signal$103  & \$342 ;
+  assign \$344  = ! ctrl_state;
+  assign \$345  = ctrl_state == 1'h1;
+  assign \$346  = ctrl_state == 2'h2;
+  assign \$347  = ctrl_state == 2'h3;
+  assign \$348  = ctrl_state == 3'h4;
+  assign \$349  = ctrl_state == 3'h5;
+  assign \$350  = ctrl_state == 3'h6;
+  assign \$351  = ctrl_state == 3'h7;
+  assign \$352  = ctrl_state == 4'h8;
+  assign \$353  = ctrl_state == 4'h9;
+  assign \$354  = ctrl_state == 4'ha;
+  assign \$355  = ctrl_state == 4'hb;
+  assign \$356  = ctrl_state == 4'hc;
+  assign \$357  = ctrl_state == 4'hd;
+  assign \$358  = ctrl_state == 4'he;
+  assign \$359  = ctrl_state == 4'hf;
+  assign \$360  = ctrl_state == 5'h10;
+  assign \$361  = ctrl_state == 5'h11;
+  assign \$362  = ctrl_state == 5'h12;
+  assign \$363  = ctrl_state == 5'h13;
+  assign \$364  = ctrl_state == 5'h14;
+  assign \$365  = ctrl_state == 5'h15;
+  assign \$366  = ctrl_state == 5'h16;
+  assign \$367  = ctrl_state == 5'h17;
+  assign \$368  = ctrl_state == 5'h18;
+  assign \$369  = wr_addr == 4'hc;
+  assign \$370  = wr_en & \$369 ;
+  assign \$371  = wr_addr == 5'h10;
+  assign \$372  = wr_en & \$371 ;
+  assign \$373  = | l0_y;
+  assign \$374  = l0_acc + l0_x;
+  assign \$376  = l0_acc + l0_x;
+  assign \$377  = \$375  ? 14'h3fff : \$376 [13:0];
+  assign \$379  = l0_x[13] ? 15'h3fff : \$378 ;
+  assign \$381  = | l1_y;
+  assign \$382  = l1_acc + l1_x;
+  assign \$384  = l1_acc + l1_x;
+  assign \$385  = \$383  ? 14'h3fff : \$384 [13:0];
+  assign \$387  = l1_x[13] ? 15'h3fff : \$386 ;
+  assign \$389  = | l2_y;
+  assign \$390  = l2_acc + l2_x;
+  assign \$392  = l2_acc + l2_x;
+  assign \$393  = \$391  ? 14'h3fff : \$392 [13:0];
+  assign \$395  = l2_x[13] ? 15'h3fff : \$394 ;
+  assign \$397  = | l3_y;
+  assign \$398  = l3_acc + l3_x;
+  assign \$400  = l3_acc + l3_x;
+  assign \$401  = \$399  ? 14'h3fff : \$400 [13:0];
+  assign \$403  = l3_x[13] ? 15'h3fff : \$402 ;
+  assign \$405  = | l4_y;
+  assign \$406  = l4_acc + l4_x;
+  assign \$408  = l4_acc + l4_x;
+  assign \$409  = \$407  ? 14'h3fff : \$408 [13:0];
+  assign \$411  = l4_x[13] ? 15'h3fff : \$410 ;
+  assign \$413  = | lh_y;
+  assign \$414  = lh_acc + lh_x;
+  assign \$416  = lh_acc + lh_x;
+  assign \$417  = \$415  ? 33'h1ffffffff : \$416 [32:0];
+  assign \$419  = lh_x[32] ? 34'h1ffffffff : \$418 ;
+  assign \$421  = ~ \$signal$156 ;
+  assign \$422  = \$421  | eng_ready;
+  assign \$423  = ~ \$signal$155 ;
+  assign \$424  = ~ \$signal$156 ;
+  assign \$425  = \$424  | eng_ready;
+  assign \$426  = \$423  | \$425 ;
+  assign \$427  = cnt0 - 1'h1;
+  assign \$428  = idx0 == \$427 ;
+  assign \$429  = idx0 + 1'h1;
+  assign \$430  = \$429  < cnt0;
+  assign \$431  = idx1 + 1'h1;
+  assign \$432  = \$431  < cnt1;
+  assign \$433  = idx0 + 1'h1;
+  assign \$434  = \$signal$151  + sa0;
+  assign \$435  = \$signal$153  + sb0;
+  assign \$436  = idx1 + 1'h1;
+  assign \$437  = \$signal$303  + sa1;
+  assign \$438  = \$signal$303  + sa1;
+  assign \$439  = \$signal$305  + sb1;
+  assign \$440  = \$signal$305  + sb1;
+  assign \$441  = idx2 + 1'h1;
+  assign \$442  = \$signal$308  + sa2;
+  assign \$443  = \$signal$308  + sa2;
+  assign \$444  = \$signal$308  + sa2;
+  assign \$445  = \$signal$310  + sb2;
+  assign \$446  = \$signal$310  + sb2;
+  assign \$447  = \$signal$310  + sb2;
+  assign \$448  = idx2 + 1'h1;
+  assign \$449  = \$448  >= cnt2;
+  assign \$450  = ~ a_in__valid;
+  assign \$451  = ~ gm_afeed_done;
+  assign \$452  = \$450  & \$451 ;
+  assign \$453  = gm_lane == 3'h4;
+  assign \$454  = \$signal$214  + gm_lane;
+  assign \$455  = \$454  >= m_eff[13:0];
+  assign \$456  = \$453  | \$455 ;
+  assign \$457  = ~ \$456 ;
+  assign \$458  = \$452  & \$457 ;
+  assign \$459  = gm_lane + 1'h1;
+  assign \$460  = \$signal$215  + ins[38:32];
+  assign \$461  = ~ a_in__valid;
+  assign \$462  = ~ gm_afeed_done;
+  assign \$463  = \$461  & \$462 ;
+  assign \$464  = gm_lane == 3'h4;
+  assign \$465  = \$signal$214  + gm_lane;
+  assign \$466  = \$465  >= m_eff[13:0];
+  assign \$467  = \$464  | \$466 ;
+  assign \$468  = \$463  & \$467 ;
+  assign \$469  = a_in__valid & a_in__ready;
+  assign \$470  = \$signal$316  + 1'h1;
+  assign \$471  = \$470  < ins[38:32];
+  assign \$472  = \$signal$316  + 1'h1;
+  assign \$473  = gm_wstart + 1'h1;
+  assign \$474  = gm_wstart + 1'h1;
+  assign \$475  = \$signal$214  + 3'h4;
+  assign \$476  = \$signal$215  - ins[38:32];
+  assign \$477  = $signed(\$476 ) + $signed(2'h1);
+  assign \$478  = \$signal$215  - ins[38:32];
+  assign \$479  = $signed(\$478 ) + $signed(2'h1);
+  assign \$480  = \$signal$214  + 3'h4;
+  assign \$481  = \$480  >= m_eff[13:0];
+  assign \$482  = gc_lane + 1'h1;
+  assign \$483  = \$signal$218  + ins[56:48];
+  assign \$484  = gc_lane == 2'h3;
+  assign \$485  = \$signal$221  + gc_lane;
+  assign \$486  = \$485  + 1'h1;
+  assign \$487  = \$486  >= m_eff[13:0];
+  assign \$488  = \$484  | \$487 ;
+  assign \$489  = \$signal$318  + 1'h1;
+  assign \$490  = \$489  < ins[56:48];
+  assign \$491  = \$signal$318  + 1'h1;
+  assign \$492  = gc_wstart + 1'h1;
+  assign \$493  = gc_wstart + 1'h1;
+  assign \$494  = \$signal$221  + 3'h4;
+  assign \$495  = \$signal$218  + 1'h1;
+  assign \$496  = \$signal$218  + 1'h1;
+  assign \$497  = \$signal$118  + 1'h1;
+  assign \$498  = busy_dma + 1'h1;
+  assign \$499  = busy_gemm + 1'h1;
+  assign \$500  = busy_act + 1'h1;
+  assign \$501  = busy_route + 1'h1;
+  assign \$502  = busy_vector + 1'h1;
+  assign \$503  = busy_move + 1'h1;
+  assign \$504  = pc >= 7'h40;
+  assign \$507  = \$506  ? \$signal$130  : \$signature__data$322 [31:16];
+  assign \$508  = | \$signature__data$322 [63:62];
+  assign \$509  = \$508  ? 14'h3fff : \$signature__data$322 [61:48];
+  assign \$512  = \$511  ? \$signal$130  : \$signature__data$322 [31:16];
+  assign \$513  = | \$signature__data$322 [47:46];
+  assign \$514  = \$513  ? 14'h3fff : \$signature__data$322 [45:32];
+  assign \$517  = \$516  ? \$signal$130  : \$signature__data$322 [31:16];
   assign \$518  = \$517  + 3'h4;
   assign \$519  = \$518  - 1'h1;
-  assign \$521  = | \$signature__data$318 [63:62];
-  assign \$522  = \$521  ? 14'h3fff : \$signature__data$318 [61:48];
-  assign \$523  = \$signature__data$318 [63:48] + 3'h4;
-  assign \$524  = \$523  - 1'h1;
-  assign \$526  = | \$signature__data$318 [47:46];
-  assign \$527  = \$526  ? 14'h3fff : \$signature__data$318 [45:32];
-  assign \$530  = \$529  ? \$signal$130  : \$signature__data$318 [31:16];
-  assign \$531  = | \$signature__data$318 [47:46];
-  assign \$532  = \$531  ? 14'h3fff : \$signature__data$318 [45:32];
-  assign \$533  = | \$signature__data$318 [63:62];
-  assign \$534  = \$533  ? 14'h3fff : \$signature__data$318 [61:48];
-  assign \$535  = | \$signature__data$318 [63:62];
-  assign \$536  = \$535  ? 14'h3fff : \$signature__data$318 [61:48];
-  assign \$539  = \$538  ? \$signal$130  : \$signature__data$318 [31:16];
-  assign \$542  = \$541  ? \$signal$240  : 4'h0;
-  assign \$543  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$544  = ins[5:0] == 4'hc;
-  assign \$545  = ~ ph2;
-  assign \$546  = \$544  & \$545 ;
-  assign \$547  = ! ins[5:0];
-  assign \$548  = | decode_err;
-  assign \$549  = ins[5:0] == 1'h1;
-  assign \$550  = ins[5:0] == 2'h2;
-  assign \$551  = ins[5:0] == 2'h3;
-  assign \$552  = ins[5:0] == 3'h4;
-  assign \$553  = ins[5:0] == 3'h5;
-  assign \$554  = ins[5:0] == 3'h6;
-  assign \$555  = ins[5:0] == 4'h8;
-  assign \$556  = ins[5:0] == 3'h7;
-  assign \$557  = ins[5:0] == 4'hc;
-  assign \$558  = ins[5:0] == 4'hd;
-  assign \$559  = ins[5:0] == 4'ha;
-  assign \$560  = ins[5:0] == 4'hb;
-  assign \$561  = \$signal$121  + 1'h1;
-  assign \$567  = ins[124:112] + \$566 ;
-  assign \$569  = ins[124:112] + \$568 ;
-  assign \$570  = \$569  + 5'h10;
-  assign \$571  = ins[5:0] == 2'h3;
-  assign \$572  = \$signal$241  + 1'h1;
-  assign \$573  = \$signal$241  == \$signal$319 ;
-  assign \$574  = eng_run & \$573 ;
-  assign \$575  = ins[5:0] == 3'h5;
-  assign \$576  = pc + 1'h1;
-  assign \$577  = \$signal$121  + 1'h1;
-  assign \$578  = ~ rd_busy;
-  assign \$579  = pc + 1'h1;
-  assign \$580  = \$signal$121  + 1'h1;
-  assign \$581  = ~ \$signal$244 ;
-  assign \$582  = rd_data__valid & \$581 ;
-  assign \$583  = \$signal$245  < l0_acc;
-  assign \$584  = \$signal$245  + 1'h1;
-  assign \$585  = \$signal$247  + 1'h1;
-  assign \$586  = \$signal$247  + 1'h1;
-  assign \$587  = ins[243:238] == 1'h1;
-  assign \$588  = ins[243:238] == 2'h2;
-  assign \$589  = \$588  ? 2'h2 : 2'h1;
-  assign \$590  = \$587  ? 3'h4 : { 1'h0, \$589  };
-  assign \$591  = \$586  >= \$590 ;
-  assign \$592  = ~ rd_busy;
-  assign \$593  = ~ \$signal$244 ;
-  assign \$594  = \$592  & \$593 ;
-  assign \$595  = \$signal$245  >= l0_acc;
-  assign \$596  = \$594  & \$595 ;
-  assign \$597  = pc + 1'h1;
-  assign \$598  = \$signal$121  + 1'h1;
-  assign \$599  = ~ \$signal$248 ;
-  assign \$600  = \$signal$249  < 1'h1;
-  assign \$601  = \$599  & \$600 ;
-  assign \$602  = \$signal$250  < l0_acc;
-  assign \$603  = \$601  & \$602 ;
-  assign \$604  = ~ \$signal$251 ;
-  assign \$605  = \$603  & \$604 ;
-  assign \$606  = \$signal$250  + 1'h1;
-  assign \$607  = \$signal$249  + 1'h1;
-  assign \$608  = ~ \$signal$248 ;
-  assign \$609  = ~ \$signal$251 ;
-  assign \$610  = \$608  & \$609 ;
-  assign \$611  = | \$signal$249 ;
-  assign \$612  = \$610  & \$611 ;
-  assign \$613  = \$signal$249  == 1'h1;
-  assign \$614  = \$signal$250  >= l0_acc;
-  assign \$615  = \$613  | \$614 ;
-  assign \$616  = \$612  & \$615 ;
-  assign \$617  = wr_data__valid & wr_data__ready;
-  assign \$618  = ~ wr_busy;
-  assign \$619  = \$signal$250  >= l0_acc;
+  assign \$521  = | \$signature__data$322 [47:46];
+  assign \$522  = \$521  ? 14'h3fff : \$signature__data$322 [45:32];
+  assign \$525  = \$524  ? \$signal$130  : \$signature__data$322 [31:16];
+  assign \$526  = \$525  + 3'h4;
+  assign \$527  = \$526  - 1'h1;
+  assign \$529  = | \$signature__data$322 [63:62];
+  assign \$530  = \$529  ? 14'h3fff : \$signature__data$322 [61:48];
+  assign \$531  = \$signature__data$322 [63:48] + 3'h4;
+  assign \$532  = \$531  - 1'h1;
+  assign \$534  = | \$signature__data$322 [47:46];
+  assign \$535  = \$534  ? 14'h3fff : \$signature__data$322 [45:32];
+  assign \$538  = \$537  ? \$signal$130  : \$signature__data$322 [31:16];
+  assign \$539  = | \$signature__data$322 [47:46];
+  assign \$540  = \$539  ? 14'h3fff : \$signature__data$322 [45:32];
+  assign \$541  = | \$signature__data$322 [63:62];
+  assign \$542  = \$541  ? 14'h3fff : \$signature__data$322 [61:48];
+  assign \$543  = | \$signature__data$322 [63:62];
+  assign \$544  = \$543  ? 14'h3fff : \$signature__data$322 [61:48];
+  assign \$547  = \$546  ? \$signal$130  : \$signature__data$322 [31:16];
+  assign \$550  = \$549  ? \$signal$241  : 4'h0;
+  assign \$551  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$552  = ins[5:0] == 4'hc;
+  assign \$553  = ~ ph2;
+  assign \$554  = \$552  & \$553 ;
+  assign \$555  = ! ins[5:0];
+  assign \$556  = | decode_err;
+  assign \$557  = ins[5:0] == 1'h1;
+  assign \$558  = ins[5:0] == 2'h2;
+  assign \$559  = ins[5:0] == 2'h3;
+  assign \$560  = ins[5:0] == 3'h4;
+  assign \$561  = ins[5:0] == 3'h5;
+  assign \$562  = ins[5:0] == 3'h6;
+  assign \$563  = ins[5:0] == 4'h8;
+  assign \$564  = ins[5:0] == 3'h7;
+  assign \$565  = ins[5:0] == 4'hc;
+  assign \$566  = ins[5:0] == 4'hd;
+  assign \$567  = ins[5:0] == 4'ha;
+  assign \$568  = ins[5:0] == 4'hb;
+  assign \$569  = \$signal$121  + 1'h1;
+  assign \$575  = ins[124:112] + \$574 ;
+  assign \$577  = ins[124:112] + \$576 ;
+  assign \$578  = \$577  + 5'h10;
+  assign \$579  = ins[5:0] == 2'h3;
+  assign \$580  = \$signal$242  + 1'h1;
+  assign \$581  = \$signal$242  == \$signal$323 ;
+  assign \$582  = eng_run & \$581 ;
+  assign \$583  = ins[5:0] == 3'h5;
+  assign \$584  = pc + 1'h1;
+  assign \$585  = \$signal$121  + 1'h1;
+  assign \$586  = ~ rd_busy;
+  assign \$587  = pc + 1'h1;
+  assign \$588  = \$signal$121  + 1'h1;
+  assign \$589  = ~ \$signal$245 ;
+  assign \$590  = rd_data__valid & \$589 ;
+  assign \$591  = \$signal$246  < l0_acc;
+  assign \$592  = \$signal$246  + 1'h1;
+  assign \$593  = \$signal$248  + 1'h1;
+  assign \$594  = \$signal$248  + 1'h1;
+  assign \$595  = ins[243:238] == 1'h1;
+  assign \$596  = ins[243:238] == 2'h2;
+  assign \$597  = \$596  ? 2'h2 : 2'h1;
+  assign \$598  = \$595  ? 3'h4 : { 1'h0, \$597  };
+  assign \$599  = \$594  >= \$598 ;
+  assign \$600  = ~ rd_busy;
+  assign \$601  = ~ \$signal$245 ;
+  assign \$602  = \$600  & \$601 ;
+  assign \$603  = \$signal$246  >= l0_acc;
+  assign \$604  = \$602  & \$603 ;
+  assign \$605  = pc + 1'h1;
+  assign \$606  = \$signal$121  + 1'h1;
+  assign \$607  = ~ \$signal$249 ;
+  assign \$608  = \$signal$250  < 1'h1;
+  assign \$609  = \$607  & \$608 ;
+  assign \$610  = \$signal$251  < l0_acc;
+  assign \$611  = \$609  & \$610 ;
+  assign \$612  = ~ \$signal$252 ;
+  assign \$613  = \$611  & \$612 ;
+  assign \$614  = \$signal$251  + 1'h1;
+  assign \$615  = \$signal$250  + 1'h1;
+  assign \$616  = ~ \$signal$249 ;
+  assign \$617  = ~ \$signal$252 ;
+  assign \$618  = \$616  & \$617 ;
+  assign \$619  = | \$signal$250 ;
   assign \$620  = \$618  & \$619 ;
-  assign \$621  = ~ \$signal$248 ;
-  assign \$622  = \$620  & \$621 ;
-  assign \$623  = ~ \$signal$251 ;
-  assign \$624  = \$622  & \$623 ;
-  assign \$625  = pc + 1'h1;
-  assign \$626  = \$signal$121  + 1'h1;
-  assign \$627  = \$signal$253  + 1'h1;
-  assign \$628  = \$signal$253  == 4'h8;
-  assign \$629  = ~ \$signal$257 ;
-  assign \$630  = ~ \$signal$258 ;
-  assign \$631  = \$629  & \$630 ;
-  assign \$632  = rt_lane < 1'h1;
-  assign \$633  = \$631  & \$632 ;
-  assign \$634  = \$signal$261  < 4'h8;
-  assign \$635  = rt_lane + 1'h1;
-  assign \$636  = \$signal$261  + 1'h1;
-  assign \$637  = \$signal$331  ? i__payload[12:0] : 13'h0000;
-  assign \$639  = scores__valid & scores__ready;
-  assign \$640  = \$signal$261  >= 4'h8;
-  assign \$641  = \$signal$327  + 1'h1;
-  assign \$642  = \$signal$260  + 4'h8;
-  assign \$643  = \$signal$327  + 1'h1;
-  assign \$644  = \$643  >= m_eff[13:0];
-  assign \$645  = ~ \$signal$266 ;
-  assign \$646  = routes__valid & \$645 ;
-  assign \$647  = ~ rt_wphase;
-  assign \$648  = \$signal$266  & \$647 ;
-  assign \$649  = \$signal$266  & rt_wphase;
-  assign \$650  = rt_s == 1'h1;
-  assign \$651  = \$signal$270 [19] | \$650 ;
-  assign \$652  = \$signal$329  + 1'h1;
-  assign \$653  = \$signal$268  + 2'h2;
-  assign \$654  = rt_s + 1'h1;
-  assign \$655  = \$signal$329  >= m_eff[13:0];
-  assign \$656  = i__payload == \$signal$253 ;
-  assign \$657  = \$signal$273  + 1'h1;
-  assign \$658  = \$signal$271  + 1'h1;
-  assign \$659  = \$658  < l1_acc[13:2];
-  assign \$660  = \$signal$271  + 1'h1;
-  assign \$661  = \$signal$335  == 1'h1;
-  assign \$662  = \$signal$274  + 1'h1;
-  assign \$663  = \$signal$335  + 1'h1;
-  assign \$664  = \$signal$253  + 1'h1;
-  assign \$665  = \$signal$253  + 1'h1;
-  assign \$666  = \$665  < 4'h8;
-  assign \$667  = pc + 1'h1;
-  assign \$668  = \$signal$121  + 1'h1;
-  assign \$669  = \$signal$277  >= 4'h8;
-  assign \$670  = \$signal$121  + 1'h1;
-  assign \$671  = \$signal$277  + 1'h1;
-  assign \$672  = | i__payload;
-  assign \$673  = | \$signature__data$166 [23:14];
-  assign \$674  = \$673  ? 14'h3fff : \$signature__data$166 [13:0];
+  assign \$621  = \$signal$250  == 1'h1;
+  assign \$622  = \$signal$251  >= l0_acc;
+  assign \$623  = \$621  | \$622 ;
+  assign \$624  = \$620  & \$623 ;
+  assign \$625  = wr_data__valid & wr_data__ready;
+  assign \$626  = ~ wr_busy;
+  assign \$627  = \$signal$251  >= l0_acc;
+  assign \$628  = \$626  & \$627 ;
+  assign \$629  = ~ \$signal$249 ;
+  assign \$630  = \$628  & \$629 ;
+  assign \$631  = ~ \$signal$252 ;
+  assign \$632  = \$630  & \$631 ;
+  assign \$633  = pc + 1'h1;
+  assign \$634  = \$signal$121  + 1'h1;
+  assign \$635  = \$signal$254  + 1'h1;
+  assign \$636  = \$signal$254  == 4'h8;
+  assign \$637  = ~ \$signal$259 ;
+  assign \$638  = ~ \$signal$260 ;
+  assign \$639  = \$637  & \$638 ;
+  assign \$640  = rt_lane < 1'h1;
+  assign \$641  = \$639  & \$640 ;
+  assign \$642  = \$signal$263  < 4'h8;
+  assign \$643  = rt_lane + 1'h1;
+  assign \$644  = \$signal$263  + 1'h1;
+  assign \$645  = \$signal$335  ? \$signature__data [12:0] : 13'h0000;
+  assign \$647  = scores__valid & scores__ready;
+  assign \$648  = \$signal$263  >= 4'h8;
+  assign \$649  = \$signal$331  + 1'h1;
+  assign \$650  = \$signal$262  + 4'h8;
+  assign \$651  = \$signal$331  + 1'h1;
+  assign \$652  = \$651  >= m_eff[13:0];
+  assign \$653  = ~ \$signal$268 ;
+  assign \$654  = routes__valid & \$653 ;
+  assign \$655  = ~ rt_wphase;
+  assign \$656  = \$signal$268  & \$655 ;
+  assign \$657  = \$signal$268  & rt_wphase;
+  assign \$658  = rt_s == 1'h1;
+  assign \$659  = \$signal$272 [19] | \$658 ;
+  assign \$660  = \$signal$333  + 1'h1;
+  assign \$661  = \$signal$270  + 2'h2;
+  assign \$662  = rt_s + 1'h1;
+  assign \$663  = \$signal$333  >= m_eff[13:0];
+  assign \$664  = \$signature__data  == \$signal$254 ;
+  assign \$665  = \$signal$275  + 1'h1;
+  assign \$666  = \$signal$273  + 1'h1;
+  assign \$667  = \$666  < l1_acc[13:2];
+  assign \$668  = \$signal$273  + 1'h1;
+  assign \$669  = \$signal$339  == 1'h1;
+  assign \$670  = \$signal$276  + 1'h1;
+  assign \$671  = \$signal$339  + 1'h1;
+  assign \$672  = \$signal$254  + 1'h1;
+  assign \$673  = \$signal$254  + 1'h1;
+  assign \$674  = \$673  < 4'h8;
   assign \$675  = pc + 1'h1;
   assign \$676  = \$signal$121  + 1'h1;
-  assign \$677  = \$signal$278  >= \$signal$130 ;
-  assign \$678  = pc + 1'h1;
-  assign \$679  = \$signal$121  + 1'h1;
-  assign \$680  = $signed(i__payload) < $signed(1'h0);
-  assign \$681  = $signed(i__payload) >= $signed({ 1'h0, m_eff });
-  assign \$682  = \$680  | \$681 ;
-  assign \$683  = | l2_y;
-  assign \$684  = \$signal$279  < ins[61:48];
-  assign \$685  = \$signal$279  + 1'h1;
-  assign \$686  = ins[5:0] == 4'ha;
-  assign \$687  = \$686  ? { 1'h0, \$signal$280  } : l2_acc;
-  assign \$688  = ins[124:112] + \$687 ;
-  assign \$689  = \$688  + \$signal$279 ;
-  assign \$690  = \$signal$279  >= ins[61:48];
-  assign \$691  = \$690  & \$signal$281 ;
-  assign \$692  = \$signal$278  + 1'h1;
-  assign \$693  = \$signal$280  + ins[61:48];
-  assign \$694  = ~ rd_busy;
-  assign \$695  = ~ wr_busy;
-  assign \$696  = \$694  & \$695 ;
-  assign \$697  = ~ \$signal$108 ;
-  assign \$698  = \$signal$103  & \$697 ;
+  assign \$677  = \$signal$279  >= 4'h8;
+  assign \$678  = \$signal$121  + 1'h1;
+  assign \$679  = \$signal$279  + 1'h1;
+  assign \$680  = | \$signature__data ;
+  assign \$681  = | \$signature__data$295 [23:14];
+  assign \$682  = \$681  ? 14'h3fff : \$signature__data$295 [13:0];
+  assign \$683  = pc + 1'h1;
+  assign \$684  = \$signal$121  + 1'h1;
+  assign \$685  = \$signal$280  >= \$signal$130 ;
+  assign \$686  = pc + 1'h1;
+  assign \$687  = \$signal$121  + 1'h1;
+  assign \$688  = $signed(\$signature__data ) < $signed(1'h0);
+  assign \$689  = $signed(\$signature__data ) >= $signed({ 1'h0, m_eff });
+  assign \$690  = \$688  | \$689 ;
+  assign \$691  = | l2_y;
+  assign \$692  = \$signal$281  < ins[61:48];
+  assign \$693  = \$signal$281  + 1'h1;
+  assign \$694  = ins[5:0] == 4'ha;
+  assign \$695  = \$694  ? { 1'h0, \$signal$282  } : l2_acc;
+  assign \$696  = ins[124:112] + \$695 ;
+  assign \$697  = \$696  + \$signal$281 ;
+  assign \$698  = \$signal$281  >= ins[61:48];
+  assign \$699  = \$698  & \$signal$283 ;
+  assign \$700  = \$signal$280  + 1'h1;
+  assign \$701  = \$signal$282  + ins[61:48];
+  assign \$702  = ~ rd_busy;
+  assign \$703  = ~ wr_busy;
+  assign \$704  = \$702  & \$703 ;
+  assign \$705  = ~ \$signal$108 ;
+  assign \$706  = \$signal$103  & \$705 ;
   always @(posedge clk)
-    \$signal$119  <= \$699 ;
+    \$signal$119  <= \$707 ;
   always @(posedge clk)
-    host_size <= \$700 ;
+    host_size <= \$708 ;
   always @(posedge clk)
-    rsel <= \$701 ;
+    rsel <= \$709 ;
   always @(posedge clk)
-    l0_acc <= \$702 ;
+    l0_acc <= \$710 ;
   always @(posedge clk)
-    l0_x <= \$703 ;
+    l0_x <= \$711 ;
   always @(posedge clk)
-    l0_y <= \$704 ;
+    l0_y <= \$712 ;
   always @(posedge clk)
-    l1_acc <= \$705 ;
+    l1_acc <= \$713 ;
   always @(posedge clk)
-    l1_x <= \$706 ;
+    l1_x <= \$714 ;
   always @(posedge clk)
-    l1_y <= \$707 ;
+    l1_y <= \$715 ;
   always @(posedge clk)
-    l2_acc <= \$708 ;
+    l2_acc <= \$716 ;
   always @(posedge clk)
-    l2_x <= \$709 ;
+    l2_x <= \$717 ;
   always @(posedge clk)
-    l2_y <= \$710 ;
+    l2_y <= \$718 ;
   always @(posedge clk)
-    l3_acc <= \$711 ;
+    l3_acc <= \$719 ;
   always @(posedge clk)
-    l3_x <= \$712 ;
+    l3_x <= \$720 ;
   always @(posedge clk)
-    l3_y <= \$713 ;
+    l3_y <= \$721 ;
   always @(posedge clk)
-    l4_acc <= \$714 ;
+    l4_acc <= \$722 ;
   always @(posedge clk)
-    l4_x <= \$715 ;
+    l4_x <= \$723 ;
   always @(posedge clk)
-    l4_y <= \$716 ;
+    l4_y <= \$724 ;
   always @(posedge clk)
-    lh_acc <= \$717 ;
+    lh_acc <= \$725 ;
   always @(posedge clk)
-    lh_x <= \$718 ;
+    lh_x <= \$726 ;
   always @(posedge clk)
-    lh_y <= \$719 ;
+    lh_y <= \$727 ;
   always @(posedge clk)
-    \$signal$155  <= \$720 ;
+    \$signal$156  <= \$728 ;
   always @(posedge clk)
-    \$signal$168  <= \$721 ;
+    \$signal$169  <= \$729 ;
   always @(posedge clk)
-    idx0 <= \$722 ;
+    i__payload <= \$730 ;
   always @(posedge clk)
-    \$signal$151  <= \$723 ;
+    b_word <= \$731 ;
   always @(posedge clk)
-    \$signal$153  <= \$724 ;
+    \$signal$155  <= \$732 ;
   always @(posedge clk)
-    idx1 <= \$725 ;
+    \$signal$294  <= \$733 ;
   always @(posedge clk)
-    \$signal$299  <= \$726 ;
+    idx0 <= \$734 ;
   always @(posedge clk)
-    \$signal$301  <= \$727 ;
+    \$signal$151  <= \$735 ;
   always @(posedge clk)
-    idx2 <= \$728 ;
+    \$signal$153  <= \$736 ;
   always @(posedge clk)
-    \$signal$304  <= \$729 ;
+    idx1 <= \$737 ;
   always @(posedge clk)
-    \$signal$306  <= \$730 ;
+    \$signal$303  <= \$738 ;
   always @(posedge clk)
-    \$signal$292  <= \$731 ;
+    \$signal$305  <= \$739 ;
   always @(posedge clk)
-    \$signal$309  <= \$732 ;
+    idx2 <= \$740 ;
   always @(posedge clk)
-    gm_cap_lane <= \$733 ;
+    \$signal$308  <= \$741 ;
   always @(posedge clk)
-    gm_lane <= \$734 ;
+    \$signal$310  <= \$742 ;
   always @(posedge clk)
-    \$signal$214  <= \$735 ;
+    \$signal$296  <= \$743 ;
   always @(posedge clk)
-    a_in__payload <= \$736 ;
+    \$signal$313  <= \$744 ;
   always @(posedge clk)
-    a_in__valid <= \$737 ;
+    gm_cap_lane <= \$745 ;
   always @(posedge clk)
-    \$signal$312  <= \$738 ;
+    gm_lane <= \$746 ;
   always @(posedge clk)
-    gm_wstart <= \$739 ;
+    \$signal$215  <= \$747 ;
   always @(posedge clk)
-    \$signal$213  <= \$740 ;
+    a_in__payload <= \$748 ;
   always @(posedge clk)
-    gm_afeed_done <= \$741 ;
+    a_in__valid <= \$749 ;
   always @(posedge clk)
-    gc_lane <= \$742 ;
+    \$signal$316  <= \$750 ;
   always @(posedge clk)
-    \$signal$217  <= \$743 ;
+    gm_wstart <= \$751 ;
   always @(posedge clk)
-    \$signal$314  <= \$744 ;
+    \$signal$214  <= \$752 ;
   always @(posedge clk)
-    gc_wstart <= \$745 ;
+    gm_afeed_done <= \$753 ;
   always @(posedge clk)
-    \$signal$220  <= \$746 ;
+    gc_lane <= \$754 ;
   always @(posedge clk)
-    \$signal$118  <= \$747 ;
+    \$signal$218  <= \$755 ;
   always @(posedge clk)
-    busy_dma <= \$748 ;
+    \$signal$318  <= \$756 ;
   always @(posedge clk)
-    busy_gemm <= \$749 ;
+    gc_wstart <= \$757 ;
   always @(posedge clk)
-    busy_act <= \$750 ;
+    \$signal$221  <= \$758 ;
   always @(posedge clk)
-    busy_route <= \$751 ;
+    \$signal$118  <= \$759 ;
   always @(posedge clk)
-    busy_vector <= \$752 ;
+    busy_dma <= \$760 ;
   always @(posedge clk)
-    busy_move <= \$753 ;
+    busy_gemm <= \$761 ;
   always @(posedge clk)
-    \$signal$108  <= \$754 ;
+    busy_act <= \$762 ;
   always @(posedge clk)
-    \$signal$109  <= \$755 ;
+    busy_route <= \$763 ;
   always @(posedge clk)
-    err <= \$756 ;
+    busy_vector <= \$764 ;
   always @(posedge clk)
-    pc <= \$757 ;
+    busy_move <= \$765 ;
   always @(posedge clk)
-    \$signal$121  <= \$758 ;
+    \$signal$108  <= \$766 ;
   always @(posedge clk)
-    \$signal$142  <= \$759 ;
+    \$signal$109  <= \$767 ;
   always @(posedge clk)
-    exp_active <= \$760 ;
+    err <= \$768 ;
   always @(posedge clk)
-    \$signal$144  <= \$761 ;
+    pc <= \$769 ;
   always @(posedge clk)
-    ctrl_state <= \$762 ;
+    \$signal$121  <= \$770 ;
   always @(posedge clk)
-    stop_code <= \$763 ;
+    \$signal$142  <= \$771 ;
   always @(posedge clk)
-    cur_unit <= \$764 ;
+    exp_active <= \$772 ;
   always @(posedge clk)
-    ins <= \$765 ;
+    \$signal$144  <= \$773 ;
   always @(posedge clk)
-    ph2 <= \$766 ;
+    ctrl_state <= \$774 ;
   always @(posedge clk)
-    \$signal$176  <= \$767 ;
+    stop_code <= \$775 ;
   always @(posedge clk)
-    \$signal$159  <= \$768 ;
+    cur_unit <= \$776 ;
   always @(posedge clk)
-    shift <= \$769 ;
+    ins <= \$777 ;
   always @(posedge clk)
-    cnt0 <= \$770 ;
+    ph2 <= \$778 ;
   always @(posedge clk)
-    cnt1 <= \$771 ;
+    \$signal$177  <= \$779 ;
   always @(posedge clk)
-    cnt2 <= \$772 ;
+    \$signal$160  <= \$780 ;
   always @(posedge clk)
-    sa0 <= \$773 ;
+    shift <= \$781 ;
   always @(posedge clk)
-    sa1 <= \$774 ;
+    cnt0 <= \$782 ;
   always @(posedge clk)
-    sa2 <= \$775 ;
+    cnt1 <= \$783 ;
   always @(posedge clk)
-    sb0 <= \$776 ;
+    cnt2 <= \$784 ;
   always @(posedge clk)
-    sb1 <= \$777 ;
+    sa0 <= \$785 ;
   always @(posedge clk)
-    sb2 <= \$778 ;
+    sa1 <= \$786 ;
   always @(posedge clk)
-    \$signal$319  <= \$779 ;
+    sa2 <= \$787 ;
   always @(posedge clk)
-    \$signal$241  <= \$780 ;
+    sb0 <= \$788 ;
   always @(posedge clk)
-    \$signal$244  <= \$781 ;
+    sb1 <= \$789 ;
   always @(posedge clk)
-    \$signal$247  <= \$782 ;
+    sb2 <= \$790 ;
   always @(posedge clk)
-    \$signal$245  <= \$783 ;
+    \$signal$323  <= \$791 ;
   always @(posedge clk)
-    \$signal$248  <= \$784 ;
+    \$signal$242  <= \$792 ;
   always @(posedge clk)
-    \$signal$249  <= \$785 ;
+    \$signal$245  <= \$793 ;
   always @(posedge clk)
-    \$signal$250  <= \$786 ;
+    \$signal$248  <= \$794 ;
   always @(posedge clk)
-    \$signal$251  <= \$787 ;
+    \$signal$246  <= \$795 ;
   always @(posedge clk)
-    wr_data__payload <= \$788 ;
+    \$signal$249  <= \$796 ;
   always @(posedge clk)
-    \$signal$253  <= \$789 ;
+    \$signal$250  <= \$797 ;
   always @(posedge clk)
-    \$signal$275  <= \$790 ;
+    \$signal$251  <= \$798 ;
   always @(posedge clk)
-    \$signal$272  <= \$791 ;
+    \$signal$252  <= \$799 ;
   always @(posedge clk)
-    \$signal$278  <= \$792 ;
+    wr_data__payload <= \$800 ;
   always @(posedge clk)
-    \$signal$280  <= \$793 ;
+    \$signal$254  <= \$801 ;
   always @(posedge clk)
-    \$signal$145  <= \$794 ;
+    \$signal$277  <= \$802 ;
   always @(posedge clk)
-    scores_len <= \$795 ;
+    \$signal$274  <= \$803 ;
   always @(posedge clk)
-    \$signal$246  <= \$796 ;
+    \$signal$280  <= \$804 ;
   always @(posedge clk)
-    \$signal$324  <= \$797 ;
+    \$signal$282  <= \$805 ;
   always @(posedge clk)
-    \$signal$327  <= \$798 ;
+    \$signal$145  <= \$806 ;
   always @(posedge clk)
-    \$signal$261  <= \$799 ;
+    scores_len <= \$807 ;
   always @(posedge clk)
-    rt_lane <= \$800 ;
+    \$signal$247  <= \$808 ;
   always @(posedge clk)
-    \$signal$257  <= \$801 ;
-  always @(posedge clk)
-    \$signal$260  <= \$802 ;
-  always @(posedge clk)
-    \$signal$268  <= \$803 ;
-  always @(posedge clk)
-    \$signal$258  <= \$804 ;
-  always @(posedge clk)
-    \$signal$328  <= \$805 ;
-  always @(posedge clk)
-    \$signal$329  <= \$806 ;
-  always @(posedge clk)
-    rt_s <= \$807 ;
-  always @(posedge clk)
-    \$signal$266  <= \$808 ;
-  always @(posedge clk)
-    rt_wphase <= \$809 ;
+    \$signal$328  <= \$809 ;
   always @(posedge clk)
     \$signal$331  <= \$810 ;
   always @(posedge clk)
-    rt_word <= \$811 ;
+    \$signal$263  <= \$811 ;
   always @(posedge clk)
-    \$signal$270  <= \$812 ;
+    rt_lane <= \$812 ;
   always @(posedge clk)
-    \$signal$271  <= \$813 ;
+    \$signal$259  <= \$813 ;
   always @(posedge clk)
-    \$signal$274  <= \$814 ;
+    \$signal$262  <= \$814 ;
   always @(posedge clk)
-    \$signal$335  <= \$815 ;
+    \$signal$270  <= \$815 ;
   always @(posedge clk)
-    \$signal$273  <= \$816 ;
+    \$signal$260  <= \$816 ;
   always @(posedge clk)
-    \$signal$276  <= \$817 ;
+    \$signal$332  <= \$817 ;
   always @(posedge clk)
-    \$signal$277  <= \$818 ;
+    \$signal$333  <= \$818 ;
   always @(posedge clk)
-    \$signal$240  <= \$819 ;
+    rt_s <= \$819 ;
   always @(posedge clk)
-    \$signal$130  <= \$820 ;
+    \$signal$268  <= \$820 ;
   always @(posedge clk)
-    \$signal$141  <= \$821 ;
+    rt_wphase <= \$821 ;
   always @(posedge clk)
-    \$signal$279  <= \$822 ;
+    \$signal$335  <= \$822 ;
   always @(posedge clk)
-    \$signal$281  <= \$823 ;
+    rt_word <= \$823 ;
   always @(posedge clk)
-    \$signal$282  <= \$824 ;
+    \$signal$272  <= \$824 ;
+  always @(posedge clk)
+    \$signal$273  <= \$825 ;
+  always @(posedge clk)
+    \$signal$276  <= \$826 ;
+  always @(posedge clk)
+    \$signal$339  <= \$827 ;
+  always @(posedge clk)
+    \$signal$275  <= \$828 ;
+  always @(posedge clk)
+    \$signal$278  <= \$829 ;
+  always @(posedge clk)
+    \$signal$279  <= \$830 ;
+  always @(posedge clk)
+    \$signal$241  <= \$831 ;
+  always @(posedge clk)
+    \$signal$130  <= \$832 ;
+  always @(posedge clk)
+    \$signal$141  <= \$833 ;
+  always @(posedge clk)
+    \$signal$281  <= \$834 ;
+  always @(posedge clk)
+    \$signal$283  <= \$835 ;
+  always @(posedge clk)
+    \$signal$284  <= \$836 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -10487,18 +10532,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$154  = \$signal$144  & \$153 ;
   assign \$155  = \$signal$145  == ins[76:64];
   assign \$156  = \$154  & \$155 ;
-  assign \$157  = scores_len == l0_acc;
-  assign \$158  = \$156  & \$157 ;
-  assign \$159  = ~ \$158 ;
-  assign \$160  = \$152  & \$159 ;
-  assign \$161  = ins[5:0] != 4'he;
-  assign \$162  = ! \$signal$138 ;
-  assign \$163  = ! ins[87:78];
-  assign \$164  = ins[77:64] + \$signal$138 ;
-  assign \$165  = \$164  <= 14'h2000;
-  assign \$166  = \$163  & \$165 ;
-  assign \$167  = \$162  | \$166 ;
-  assign \$168  = ! \$signal$140 ;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -10518,9 +10551,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1116$0 (\$825 ),
-    .\port$1134$0 (\$826 ),
-    .\port$3237$0 (beats),
+    .\port$1126$0 (\$837 ),
+    .\port$1144$0 (\$838 ),
+    .\port$3247$0 (beats),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -10549,7 +10582,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$79 (done),
-    .error(\error$322 ),
+    .error(\error$326 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -10582,8 +10615,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .i__payload(i__payload),
     .i__valid(i__valid),
-    .mult(\$signal$159 [15:0]),
-    .o__payload(\o__payload$203 ),
+    .mult(\$signal$160 [15:0]),
+    .o__payload(\o__payload$204 ),
     .o__valid(o__valid),
     .rst(rst),
     .shift(shift),
@@ -10607,33 +10640,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .wp__data(bias_data)
   );
   \nanokpu_kpu.sigmoid  sigmoid (
-    .advance(\i__ready$185 ),
+    .advance(\i__ready$186 ),
     .clk(clk),
-    .i__valid(\i__valid$184 ),
+    .i__valid(\i__valid$185 ),
     .o__payload(o__payload),
-    .o__valid(\o__valid$186 ),
+    .o__valid(\o__valid$187 ),
     .rst(rst),
     .unit_rst(unit_rst),
     .x(i__payload[15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$189 ),
+    .advance(\i__ready$190 ),
     .clk(clk),
-    .i__payload(\i__payload$165 ),
-    .i__valid(\i__valid$188 ),
-    .o__payload(\o__payload$191 ),
-    .o__valid(\o__valid$190 ),
+    .i__payload(\i__payload$166 ),
+    .i__valid(\i__valid$189 ),
+    .o__payload(\o__payload$192 ),
+    .o__valid(\o__valid$191 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$167 ),
-    .i__ready(\i__ready$193 ),
-    .i__valid(\i__valid$192 ),
+    .i__payload(\i__payload$168 ),
+    .i__ready(\i__ready$194 ),
+    .i__valid(\i__valid$193 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$195 ),
-    .o__valid(\o__valid$194 ),
+    .o__payload(\o__payload$196 ),
+    .o__valid(\o__valid$195 ),
     .op(op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -10833,8 +10866,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       \$signature__addr  = \$signal$151 ;
     end
     if (gemm_run) begin
-      if (\$258 ) begin
-        \$signature__addr  = \$signal$214 ;
+      if (\$262 ) begin
+        \$signature__addr  = \$signal$215 ;
       end
     end
     casez (ctrl_state)
@@ -10847,7 +10880,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr  = \$275 [12:0];
+          \$signature__addr  = \$279 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10861,17 +10894,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$296 ) begin
-            \$signature__addr  = \$297 [12:0];
+          if (\$300 ) begin
+            \$signature__addr  = \$301 [12:0];
           end
       5'h0a:
-          \$signature__addr  = \$298 [12:0];
+          \$signature__addr  = \$302 [12:0];
       5'h10:
-          if (\$305 ) begin
-            \$signature__addr  = \$306 [12:0];
+          if (\$309 ) begin
+            \$signature__addr  = \$310 [12:0];
           end
       5'h11:
-          \$signature__addr  = \$314 [12:0];
+          \$signature__addr  = \$318 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -10882,24 +10915,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$325 ) begin
+          if (\$329 ) begin
           end else begin
-            \$signature__addr  = \$326 [12:0];
+            \$signature__addr  = \$330 [12:0];
           end
       5'h16:
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$329 ) begin
+          if (\$333 ) begin
           end else begin
-            \$signature__addr  = \$331 [12:0];
+            \$signature__addr  = \$335 [12:0];
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$332 ) begin
-          end else if (\$333 ) begin
-            \$signature__addr  = \$337 [12:0];
+          if (\$336 ) begin
+          end else if (\$337 ) begin
+            \$signature__addr  = \$341 [12:0];
           end
     endcase
   end
@@ -10919,7 +10952,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr$152  = \$278 [12:0];
+          \$signature__addr$152  = \$282 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10950,9 +10983,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$325 ) begin
+          if (\$329 ) begin
           end else begin
-            \$signature__addr$152  = \$328 [12:0];
+            \$signature__addr$152  = \$332 [12:0];
           end
     endcase
   end
@@ -10960,10 +10993,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__en  = 1'h1;
     if (eng_run) begin
-      \$signature__en  = \$200 ;
+      \$signature__en  = \$202 ;
     end
     if (gemm_run) begin
-      if (\$258 ) begin
+      if (\$262 ) begin
         \$signature__en  = 1'h1;
       end
     end
@@ -10991,13 +11024,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$296 ) begin
+          if (\$300 ) begin
             \$signature__en  = 1'h1;
           end
       5'h0a:
           \$signature__en  = 1'h1;
       5'h10:
-          if (\$305 ) begin
+          if (\$309 ) begin
             \$signature__en  = 1'h1;
           end
       5'h11:
@@ -11012,7 +11045,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$325 ) begin
+          if (\$329 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -11020,24 +11053,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$329 ) begin
+          if (\$333 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$332 ) begin
-          end else if (\$333 ) begin
+          if (\$336 ) begin
+          end else if (\$337 ) begin
             \$signature__en  = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en$157  = 1'h1;
+    \$signature__en$158  = 1'h1;
     if (eng_run) begin
-      \$signature__en$157  = \$202 ;
+      \$signature__en$158  = \$206 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -11049,7 +11082,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__en$157  = 1'h1;
+          \$signature__en$158  = 1'h1;
       5'h0d:
           /* empty */;
       5'h06:
@@ -11080,9 +11113,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$325 ) begin
+          if (\$329 ) begin
           end else begin
-            \$signature__en$157  = 1'h1;
+            \$signature__en$158  = 1'h1;
           end
     endcase
   end
@@ -11092,7 +11125,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
-            i__valid = \$signal$155 ;
+            i__valid = \$signal$156 ;
       endcase
     end
   end
@@ -11105,28 +11138,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h04:
             eng_ready = i__ready;
         6'h05:
-            eng_ready = \i__ready$185 ;
+            eng_ready = \i__ready$186 ;
         6'h06:
-            eng_ready = \i__ready$189 ;
+            eng_ready = \i__ready$190 ;
         default:
-            eng_ready = \i__ready$193 ;
+            eng_ready = \i__ready$194 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$181  = 1'h0;
+    \$signal$182  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            \$signal$181  = o__valid;
+            \$signal$182  = o__valid;
         6'h05:
-            \$signal$181  = \o__valid$186 ;
+            \$signal$182  = \o__valid$187 ;
         6'h06:
-            \$signal$181  = \o__valid$190 ;
+            \$signal$182  = \o__valid$191 ;
         default:
-            \$signal$181  = \o__valid$194 ;
+            \$signal$182  = \o__valid$195 ;
       endcase
     end
   end
@@ -11141,27 +11174,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             out_data = { 19'h00000, o__payload };
         6'h06:
-            out_data = { \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191 [15], \o__payload$191  };
+            out_data = { \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192  };
         default:
-            out_data = { \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195  };
+            out_data = { \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196  };
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$184  = 1'h0;
+    \i__valid$185  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
             /* empty */;
         6'h05:
-            \i__valid$184  = \$signal$155 ;
+            \i__valid$185  = \$signal$156 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$188  = 1'h0;
+    \i__valid$189  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
@@ -11169,13 +11202,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             /* empty */;
         6'h06:
-            \i__valid$188  = \$signal$155 ;
+            \i__valid$189  = \$signal$156 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$192  = 1'h0;
+    \i__valid$193  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
@@ -11186,7 +11219,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h06:
             /* empty */;
         default:
-            \i__valid$192  = \$signal$155 ;
+            \i__valid$193  = \$signal$156 ;
       endcase
     end
   end
@@ -11225,7 +11258,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$280 ;
+          rd_data__ready = \$284 ;
     endcase
   end
   always @* begin
@@ -11233,7 +11266,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$signal$217 ;
+        wr__addr = \$signal$218 ;
       end
     end
     casez (ctrl_state)
@@ -11250,8 +11283,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$181 ) begin
-            wr__addr = \$279 [12:0];
+          if (\$signal$182 ) begin
+            wr__addr = \$283 [12:0];
           end
       5'h07:
           /* empty */;
@@ -11260,9 +11293,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$244 ) begin
-            if (\$281 ) begin
-              wr__addr = \$282 [12:0];
+          if (\$signal$245 ) begin
+            if (\$285 ) begin
+              wr__addr = \$286 [12:0];
             end
           end
       5'h09:
@@ -11271,29 +11304,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$309 ) begin
-            wr__addr = \$310 [12:0];
+          if (\$313 ) begin
+            wr__addr = \$314 [12:0];
           end
-          if (\$311 ) begin
-            wr__addr = \$313 [12:0];
+          if (\$315 ) begin
+            wr__addr = \$317 [12:0];
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$315 ) begin
-            wr__addr = \$316 [12:0];
+          if (\$319 ) begin
+            wr__addr = \$320 [12:0];
           end
       5'h13:
-          wr__addr = \$318 [12:0];
+          wr__addr = \$322 [12:0];
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$320 ) begin
+          if (\$324 ) begin
           end else begin
-            wr__addr = \$321 [12:0];
+            wr__addr = \$325 [12:0];
           end
       5'h15:
-          wr__addr = \$324 [12:0];
+          wr__addr = \$328 [12:0];
       5'h0b:
           /* empty */;
       5'h16:
@@ -11303,8 +11336,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$281 ) begin
-            wr__addr = \$signal$282 ;
+          if (\$signal$283 ) begin
+            wr__addr = \$signal$284 ;
           end
     endcase
   end
@@ -11313,7 +11346,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = \$261 ;
+        wr__data = \$265 ;
       end
     end
     casez (ctrl_state)
@@ -11330,7 +11363,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$181 ) begin
+          if (\$signal$182 ) begin
             wr__data = out_data;
           end
       5'h07:
@@ -11340,9 +11373,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$244 ) begin
-            if (\$281 ) begin
-              wr__data = \$289 ;
+          if (\$signal$245 ) begin
+            if (\$285 ) begin
+              wr__data = \$293 ;
             end
           end
       5'h09:
@@ -11351,29 +11384,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$309 ) begin
-            wr__data = { 29'h00000000, \$signal$270 [2:0] };
+          if (\$313 ) begin
+            wr__data = { 29'h00000000, \$signal$272 [2:0] };
           end
-          if (\$311 ) begin
-            wr__data = { 16'h0000, \$signal$270 [18:3] };
+          if (\$315 ) begin
+            wr__data = { 16'h0000, \$signal$272 [18:3] };
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$315 ) begin
-            wr__data = { 18'h00000, \$signal$271  };
+          if (\$319 ) begin
+            wr__data = { 18'h00000, \$signal$273  };
           end
       5'h13:
-          wr__data = { 18'h00000, \$signal$274  };
+          wr__data = { 18'h00000, \$signal$276  };
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$320 ) begin
+          if (\$324 ) begin
           end else begin
-            wr__data = { \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322 [14], \$322  };
+            wr__data = { \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326  };
           end
       5'h15:
-          wr__data = { 18'h00000, \$signal$276  };
+          wr__data = { 18'h00000, \$signal$278  };
       5'h0b:
           /* empty */;
       5'h16:
@@ -11383,8 +11416,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$281 ) begin
-            wr__data = i__payload;
+          if (\$signal$283 ) begin
+            wr__data = \$signature__data ;
           end
     endcase
   end
@@ -11410,7 +11443,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$181 ) begin
+          if (\$signal$182 ) begin
             wr__en = 1'h1;
           end
       5'h07:
@@ -11420,8 +11453,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$244 ) begin
-            if (\$281 ) begin
+          if (\$signal$245 ) begin
+            if (\$285 ) begin
               wr__en = 1'h1;
             end
           end
@@ -11431,24 +11464,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$309 ) begin
+          if (\$313 ) begin
             wr__en = 1'h1;
           end
-          if (\$311 ) begin
+          if (\$315 ) begin
             wr__en = 1'h1;
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$315 ) begin
+          if (\$319 ) begin
             wr__en = 1'h1;
           end
       5'h13:
           wr__en = 1'h1;
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$320 ) begin
+          if (\$324 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -11463,7 +11496,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$281 ) begin
+          if (\$signal$283 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -11473,7 +11506,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     c_out__ready = 1'h0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$266 ) begin
+        if (\$270 ) begin
           c_out__ready = 1'h1;
         end
       end
@@ -11481,29 +11514,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__addr$229  = 6'h00;
+    \$signature__addr$230  = 6'h00;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$267 ) begin
+          if (\$271 ) begin
           end else begin
-            \$signature__addr$229  = pc[5:0];
+            \$signature__addr$230  = pc[5:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en$230  = 1'h1;
+    \$signature__en$231  = 1'h1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$267 ) begin
+          if (\$271 ) begin
           end else begin
-            \$signature__en$230  = 1'h1;
+            \$signature__en$231  = 1'h1;
           end
     endcase
   end
@@ -11519,10 +11552,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$268 ) begin
-          end else if (\$271 ) begin
-          end else if (\$272 ) begin
-          end else if (\$273 ) begin
+          if (\$272 ) begin
+          end else if (\$275 ) begin
+          end else if (\$276 ) begin
+          end else if (\$277 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11565,10 +11598,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$268 ) begin
-          end else if (\$271 ) begin
-          end else if (\$272 ) begin
-          end else if (\$273 ) begin
+          if (\$272 ) begin
+          end else if (\$275 ) begin
+          end else if (\$276 ) begin
+          end else if (\$277 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11684,7 +11717,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$248 ;
+          wr_data__valid = \$signal$249 ;
     endcase
   end
   always @* begin
@@ -11716,7 +11749,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$299 ) begin
+          if (\$303 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -11750,8 +11783,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$299 ) begin
-            bias_addr = \$300 [2:0];
+          if (\$303 ) begin
+            bias_addr = \$304 [2:0];
           end
     endcase
   end
@@ -11784,8 +11817,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$299 ) begin
-            bias_data = i__payload[15:0];
+          if (\$303 ) begin
+            bias_data = \$signature__data [15:0];
           end
     endcase
   end
@@ -11854,7 +11887,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$257 ;
+          scores__valid = \$signal$259 ;
     endcase
   end
   always @* begin
@@ -11888,7 +11921,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$307 ;
+          routes__ready = \$311 ;
     endcase
   end
   always @* begin
@@ -12002,46 +12035,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$339 ) begin
+    if (\$343 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$699  = \$signal$119 ;
-    if (\$366 ) begin
-      \$699  = wr_data;
+    \$707  = \$signal$119 ;
+    if (\$370 ) begin
+      \$707  = wr_data;
     end
     if (rst) begin
-      \$699  = 32'd0;
+      \$707  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$700  = host_size;
-    if (\$368 ) begin
-      \$700  = wr_data;
+    \$708  = host_size;
+    if (\$372 ) begin
+      \$708  = wr_data;
     end
     if (rst) begin
-      \$700  = 32'd0;
+      \$708  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$701  = rsel;
+    \$709  = rsel;
     if (rd_en) begin
-      \$701  = s_axil__araddr;
+      \$709  = s_axil__araddr;
     end
     if (rst) begin
-      \$701  = 20'h00000;
+      \$709  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$702  = l0_acc;
-    if (\$369 ) begin
+    \$710  = l0_acc;
+    if (\$373 ) begin
       if (l0_y[0]) begin
-        \$702  = \$373 ;
+        \$710  = \$377 ;
       end
     end
     casez (ctrl_state)
@@ -12050,20 +12083,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$318 [5:0])
+          casez (\$signature__data$322 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$702  = 14'h0000;
+                \$710  = 14'h0000;
           endcase
     endcase
     if (rst) begin
-      \$702  = 14'h0000;
+      \$710  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$703  = l0_x;
-    if (\$369 ) begin
-      \$703  = \$375 [13:0];
+    \$711  = l0_x;
+    if (\$373 ) begin
+      \$711  = \$379 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12071,354 +12104,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$318 [5:0])
+          casez (\$signature__data$322 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$703  = \$501 ;
+                \$711  = \$509 ;
           endcase
-    endcase
-    if (rst) begin
-      \$703  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$704  = l0_y;
-    if (\$369 ) begin
-      \$704  = \$376 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-        begin
-          \$704  = 16'h0000;
-          casez (\$signature__data$318 [5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$704  = \$499 ;
-          endcase
-        end
-    endcase
-    if (rst) begin
-      \$704  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$705  = l1_acc;
-    if (\$377 ) begin
-      if (l1_y[0]) begin
-        \$705  = \$381 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$318 [5:0])
-            6'h03:
-                \$705  = 14'h0000;
-            6'h0c:
-                \$705  = 14'h0000;
-            6'h0a, 6'h0b:
-                \$705  = 14'h0000;
-            6'h08:
-                \$705  = 14'h0000;
-          endcase
-    endcase
-    if (rst) begin
-      \$705  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$706  = l1_x;
-    if (\$377 ) begin
-      \$706  = \$383 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$318 [5:0])
-            6'h03:
-                \$706  = \$506 ;
-            6'h0c:
-                \$706  = \$532 ;
-            6'h0a, 6'h0b:
-                \$706  = \$536 ;
-            6'h08:
-                \$706  = 14'h0008;
-          endcase
-    endcase
-    if (rst) begin
-      \$706  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$707  = l1_y;
-    if (\$377 ) begin
-      \$707  = \$384 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-        begin
-          \$707  = 16'h0000;
-          casez (\$signature__data$318 [5:0])
-            6'h03:
-                \$707  = \$504 ;
-            6'h0c:
-                \$707  = \$530 ;
-            6'h0a, 6'h0b:
-                \$707  = \$signal$130 ;
-            6'h08:
-                \$707  = \$539 ;
-          endcase
-        end
-    endcase
-    if (rst) begin
-      \$707  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$708  = l2_acc;
-    if (\$385 ) begin
-      if (l2_y[0]) begin
-        \$708  = \$389 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$318 [5:0])
-            6'h03:
-                \$708  = 14'h0000;
-            6'h0c:
-                \$708  = 14'h0000;
-          endcase
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          (* full_case = 32'd1 *)
-          if (\$682 ) begin
-          end else begin
-            \$708  = 14'h0000;
-          end
-    endcase
-    if (rst) begin
-      \$708  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$709  = l2_x;
-    if (\$385 ) begin
-      \$709  = \$391 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$318 [5:0])
-            6'h03:
-                \$709  = \$514 ;
-            6'h0c:
-                \$709  = \$534 ;
-          endcase
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          (* full_case = 32'd1 *)
-          if (\$682 ) begin
-          end else begin
-            \$709  = ins[61:48];
-          end
-    endcase
-    if (rst) begin
-      \$709  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$710  = l2_y;
-    if (\$385 ) begin
-      \$710  = \$392 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-        begin
-          \$710  = 16'h0000;
-          casez (\$signature__data$318 [5:0])
-            6'h03:
-                \$710  = \$512 [15:0];
-            6'h0c:
-                \$710  = \$signature__data$318 [47:32];
-          endcase
-        end
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          (* full_case = 32'd1 *)
-          if (\$682 ) begin
-          end else begin
-            \$710  = i__payload[15:0];
-          end
-    endcase
-    if (rst) begin
-      \$710  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$711  = l3_acc;
-    if (\$393 ) begin
-      if (l3_y[0]) begin
-        \$711  = \$397 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$318 [5:0])
-            6'h03:
-                \$711  = 14'h0000;
-          endcase
-      5'h04:
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-            \$711  = 14'h0000;
-          end
     endcase
     if (rst) begin
       \$711  = 14'h0000;
@@ -12426,35 +12115,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$712  = l3_x;
-    if (\$393 ) begin
-      \$712  = \$399 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$318 [5:0])
-            6'h03:
-                \$712  = \$522 ;
-          endcase
-      5'h04:
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-            \$712  = l2_acc;
-          end
-    endcase
-    if (rst) begin
-      \$712  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$713  = l3_y;
-    if (\$393 ) begin
-      \$713  = \$400 ;
+    \$712  = l0_y;
+    if (\$373 ) begin
+      \$712  = \$380 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12463,28 +12126,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$713  = 16'h0000;
-          casez (\$signature__data$318 [5:0])
-            6'h03:
-                \$713  = \$520 [15:0];
+          \$712  = 16'h0000;
+          casez (\$signature__data$322 [5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$712  = \$507 ;
           endcase
         end
-      5'h04:
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-            \$713  = m_eff;
-          end
     endcase
     if (rst) begin
-      \$713  = 16'h0000;
+      \$712  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$714  = l4_acc;
-    if (\$401 ) begin
-      if (l4_y[0]) begin
-        \$714  = \$405 ;
+    \$713  = l1_acc;
+    if (\$381 ) begin
+      if (l1_y[0]) begin
+        \$713  = \$385 ;
       end
     end
     casez (ctrl_state)
@@ -12493,9 +12151,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$318 [5:0])
+          casez (\$signature__data$322 [5:0])
             6'h03:
-                \$714  = 14'h0000;
+                \$713  = 14'h0000;
+            6'h0c:
+                \$713  = 14'h0000;
+            6'h0a, 6'h0b:
+                \$713  = 14'h0000;
+            6'h08:
+                \$713  = 14'h0000;
+          endcase
+    endcase
+    if (rst) begin
+      \$713  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$714  = l1_x;
+    if (\$381 ) begin
+      \$714  = \$387 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$322 [5:0])
+            6'h03:
+                \$714  = \$514 ;
+            6'h0c:
+                \$714  = \$540 ;
+            6'h0a, 6'h0b:
+                \$714  = \$544 ;
+            6'h08:
+                \$714  = 14'h0008;
           endcase
     endcase
     if (rst) begin
@@ -12504,30 +12195,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$715  = l4_x;
-    if (\$401 ) begin
-      \$715  = \$407 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$318 [5:0])
-            6'h03:
-                \$715  = \$527 ;
-          endcase
-    endcase
-    if (rst) begin
-      \$715  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$716  = l4_y;
-    if (\$401 ) begin
-      \$716  = \$408 ;
+    \$715  = l1_y;
+    if (\$381 ) begin
+      \$715  = \$388 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12536,23 +12206,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$716  = 16'h0000;
-          casez (\$signature__data$318 [5:0])
+          \$715  = 16'h0000;
+          casez (\$signature__data$322 [5:0])
             6'h03:
-                \$716  = \$525 [15:0];
+                \$715  = \$512 ;
+            6'h0c:
+                \$715  = \$538 ;
+            6'h0a, 6'h0b:
+                \$715  = \$signal$130 ;
+            6'h08:
+                \$715  = \$547 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$716  = 16'h0000;
+      \$715  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$717  = lh_acc;
-    if (\$409 ) begin
-      if (lh_y[0]) begin
-        \$717  = \$413 ;
+    \$716  = l2_acc;
+    if (\$389 ) begin
+      if (l2_y[0]) begin
+        \$716  = \$393 ;
       end
     end
     casez (ctrl_state)
@@ -12561,115 +12237,204 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$717  = { 1'h0, \$signature__data$318 [167:136] };
-    endcase
-    if (rst) begin
-      \$717  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$718  = lh_x;
-    if (\$409 ) begin
-      \$718  = \$415 [32:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$718  = { 1'h0, \$signature__data$318 [199:168] };
-    endcase
-    if (rst) begin
-      \$718  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$719  = lh_y;
-    if (\$409 ) begin
-      \$719  = \$416 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$719  = { 12'h000, \$542  };
-    endcase
-    if (rst) begin
-      \$719  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$720  = \$signal$155 ;
-    if (eng_run) begin
-      if (\$418 ) begin
-        \$720  = \$signal$292 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
+          casez (\$signature__data$322 [5:0])
+            6'h03:
+                \$716  = 14'h0000;
+            6'h0c:
+                \$716  = 14'h0000;
+          endcase
       5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$690 ) begin
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$720  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$720  = 1'h0;
-              6'h0c:
-                  \$720  = 1'h0;
-              6'h0d:
-                  \$720  = 1'h0;
-            endcase
+            \$716  = 14'h0000;
           end
     endcase
     if (rst) begin
-      \$720  = 1'h0;
+      \$716  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$721  = \$signal$168 ;
-    if (eng_run) begin
-      if (\$418 ) begin
-        \$721  = \$420 ;
-      end
+    \$717  = l2_x;
+    if (\$389 ) begin
+      \$717  = \$395 [13:0];
     end
-    if (rst) begin
-      \$721  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$722  = idx0;
-    if (eng_run) begin
-      if (\$418 ) begin
-        if (\$signal$292 ) begin
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$322 [5:0])
+            6'h03:
+                \$717  = \$522 ;
+            6'h0c:
+                \$717  = \$542 ;
+          endcase
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
           (* full_case = 32'd1 *)
-          if (\$422 ) begin
-            \$722  = \$425 [13:0];
-          end else if (\$424 ) begin
-            \$722  = 14'h0000;
+          if (\$690 ) begin
           end else begin
-            \$722  = 14'h0000;
+            \$717  = ins[61:48];
           end
+    endcase
+    if (rst) begin
+      \$717  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$718  = l2_y;
+    if (\$389 ) begin
+      \$718  = \$396 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$718  = 16'h0000;
+          casez (\$signature__data$322 [5:0])
+            6'h03:
+                \$718  = \$520 [15:0];
+            6'h0c:
+                \$718  = \$signature__data$322 [47:32];
+          endcase
         end
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          (* full_case = 32'd1 *)
+          if (\$690 ) begin
+          end else begin
+            \$718  = \$signature__data [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$718  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$719  = l3_acc;
+    if (\$397 ) begin
+      if (l3_y[0]) begin
+        \$719  = \$401 ;
       end
     end
     casez (ctrl_state)
@@ -12678,27 +12443,93 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          /* empty */;
+          casez (\$signature__data$322 [5:0])
+            6'h03:
+                \$719  = 14'h0000;
+          endcase
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$722  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$722  = 14'h0000;
-              6'h0c:
-                  \$722  = 14'h0000;
-              6'h0d:
-                  \$722  = 14'h0000;
-            endcase
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+            \$719  = 14'h0000;
           end
+    endcase
+    if (rst) begin
+      \$719  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$720  = l3_x;
+    if (\$397 ) begin
+      \$720  = \$403 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$322 [5:0])
+            6'h03:
+                \$720  = \$530 ;
+          endcase
+      5'h04:
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+            \$720  = l2_acc;
+          end
+    endcase
+    if (rst) begin
+      \$720  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$721  = l3_y;
+    if (\$397 ) begin
+      \$721  = \$404 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$721  = 16'h0000;
+          casez (\$signature__data$322 [5:0])
+            6'h03:
+                \$721  = \$528 [15:0];
+          endcase
+        end
+      5'h04:
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+            \$721  = m_eff;
+          end
+    endcase
+    if (rst) begin
+      \$721  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$722  = l4_acc;
+    if (\$405 ) begin
+      if (l4_y[0]) begin
+        \$722  = \$409 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$322 [5:0])
+            6'h03:
+                \$722  = 14'h0000;
+          endcase
     endcase
     if (rst) begin
       \$722  = 14'h0000;
@@ -12706,19 +12537,111 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$723  = \$signal$151 ;
-    if (eng_run) begin
-      if (\$418 ) begin
-        if (\$signal$292 ) begin
-          (* full_case = 32'd1 *)
-          if (\$422 ) begin
-            \$723  = \$426 [12:0];
-          end else if (\$424 ) begin
-            \$723  = \$430 [12:0];
-          end else begin
-            \$723  = \$436 [12:0];
-          end
+    \$723  = l4_x;
+    if (\$405 ) begin
+      \$723  = \$411 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$322 [5:0])
+            6'h03:
+                \$723  = \$535 ;
+          endcase
+    endcase
+    if (rst) begin
+      \$723  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$724  = l4_y;
+    if (\$405 ) begin
+      \$724  = \$412 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$724  = 16'h0000;
+          casez (\$signature__data$322 [5:0])
+            6'h03:
+                \$724  = \$533 [15:0];
+          endcase
         end
+    endcase
+    if (rst) begin
+      \$724  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$725  = lh_acc;
+    if (\$413 ) begin
+      if (lh_y[0]) begin
+        \$725  = \$417 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$725  = { 1'h0, \$signature__data$322 [167:136] };
+    endcase
+    if (rst) begin
+      \$725  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$726  = lh_x;
+    if (\$413 ) begin
+      \$726  = \$419 [32:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$726  = { 1'h0, \$signature__data$322 [199:168] };
+    endcase
+    if (rst) begin
+      \$726  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$727  = lh_y;
+    if (\$413 ) begin
+      \$727  = \$420 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$727  = { 12'h000, \$550  };
+    endcase
+    if (rst) begin
+      \$727  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$728  = \$signal$156 ;
+    if (eng_run) begin
+      if (\$422 ) begin
+        \$728  = \$signal$155 ;
       end
     end
     casez (ctrl_state)
@@ -12730,44 +12653,71 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$723  = ins[76:64];
+                  \$728  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$723  = ins[76:64];
+                  \$728  = 1'h0;
               6'h0c:
-                  \$723  = ins[76:64];
+                  \$728  = 1'h0;
               6'h0d:
-                  \$723  = ins[76:64];
+                  \$728  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$723  = 13'h0000;
+      \$728  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$724  = \$signal$153 ;
+    \$729  = \$signal$169 ;
     if (eng_run) begin
-      if (\$418 ) begin
-        if (\$signal$292 ) begin
-          (* full_case = 32'd1 *)
-          if (\$422 ) begin
-            \$724  = \$427 [12:0];
-          end else if (\$424 ) begin
-            \$724  = \$432 [12:0];
-          end else begin
-            \$724  = \$439 [12:0];
-          end
-        end
+      if (\$422 ) begin
+        \$729  = \$signal$294 ;
+      end
+    end
+    if (rst) begin
+      \$729  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$730  = i__payload;
+    if (eng_run) begin
+      if (\$422 ) begin
+        \$730  = \$signature__data ;
+      end
+    end
+    if (rst) begin
+      \$730  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$731  = b_word;
+    if (eng_run) begin
+      if (\$422 ) begin
+        \$731  = \$signature__data$295 ;
+      end
+    end
+    if (rst) begin
+      \$731  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$732  = \$signal$155 ;
+    if (eng_run) begin
+      if (\$426 ) begin
+        \$732  = \$signal$296 ;
       end
     end
     casez (ctrl_state)
@@ -12779,448 +12729,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$724  = ins[100:88];
+                  \$732  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$724  = ins[100:88];
+                  \$732  = 1'h0;
               6'h0c:
-                  \$724  = ins[100:88];
+                  \$732  = 1'h0;
               6'h0d:
-                  \$724  = ins[100:88];
+                  \$732  = 1'h0;
             endcase
           end
     endcase
-    if (rst) begin
-      \$724  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$725  = idx1;
-    if (eng_run) begin
-      if (\$418 ) begin
-        if (\$signal$292 ) begin
-          (* full_case = 32'd1 *)
-          if (\$422 ) begin
-          end else if (\$424 ) begin
-            \$725  = \$428 [13:0];
-          end else begin
-            \$725  = 14'h0000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$725  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$725  = 14'h0000;
-              6'h0c:
-                  \$725  = 14'h0000;
-              6'h0d:
-                  \$725  = 14'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$725  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$726  = \$signal$299 ;
-    if (eng_run) begin
-      if (\$418 ) begin
-        if (\$signal$292 ) begin
-          (* full_case = 32'd1 *)
-          if (\$422 ) begin
-          end else if (\$424 ) begin
-            \$726  = \$429 [12:0];
-          end else begin
-            \$726  = \$435 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$726  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$726  = ins[76:64];
-              6'h0c:
-                  \$726  = ins[76:64];
-              6'h0d:
-                  \$726  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$726  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$727  = \$signal$301 ;
-    if (eng_run) begin
-      if (\$418 ) begin
-        if (\$signal$292 ) begin
-          (* full_case = 32'd1 *)
-          if (\$422 ) begin
-          end else if (\$424 ) begin
-            \$727  = \$431 [12:0];
-          end else begin
-            \$727  = \$438 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$727  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$727  = ins[100:88];
-              6'h0c:
-                  \$727  = ins[100:88];
-              6'h0d:
-                  \$727  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$727  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$728  = idx2;
-    if (eng_run) begin
-      if (\$418 ) begin
-        if (\$signal$292 ) begin
-          (* full_case = 32'd1 *)
-          if (\$422 ) begin
-          end else if (\$424 ) begin
-          end else begin
-            \$728  = \$433 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$728  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$728  = 14'h0000;
-              6'h0c:
-                  \$728  = 14'h0000;
-              6'h0d:
-                  \$728  = 14'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$728  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$729  = \$signal$304 ;
-    if (eng_run) begin
-      if (\$418 ) begin
-        if (\$signal$292 ) begin
-          (* full_case = 32'd1 *)
-          if (\$422 ) begin
-          end else if (\$424 ) begin
-          end else begin
-            \$729  = \$434 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$729  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$729  = ins[76:64];
-              6'h0c:
-                  \$729  = ins[76:64];
-              6'h0d:
-                  \$729  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$729  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$730  = \$signal$306 ;
-    if (eng_run) begin
-      if (\$418 ) begin
-        if (\$signal$292 ) begin
-          (* full_case = 32'd1 *)
-          if (\$422 ) begin
-          end else if (\$424 ) begin
-          end else begin
-            \$730  = \$437 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$730  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$730  = ins[100:88];
-              6'h0c:
-                  \$730  = ins[100:88];
-              6'h0d:
-                  \$730  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$730  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$731  = \$signal$292 ;
-    if (eng_run) begin
-      if (\$418 ) begin
-        if (\$signal$292 ) begin
-          (* full_case = 32'd1 *)
-          if (\$422 ) begin
-          end else if (\$424 ) begin
-          end else begin
-            if (\$441 ) begin
-              \$731  = 1'h0;
-            end
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$731  = 1'h1;
-              6'h05, 6'h06, 6'h07:
-                  \$731  = 1'h1;
-              6'h0c:
-                  \$731  = 1'h1;
-              6'h0d:
-                  \$731  = 1'h1;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$731  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$732  = \$signal$309 ;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$450 ) begin
-        \$732  = 1'h1;
-      end else begin
-        \$732  = 1'h0;
-      end
-    end
     if (rst) begin
       \$732  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$733  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$450 ) begin
-        \$733  = gm_lane[1:0];
+    \$733  = \$signal$294 ;
+    if (eng_run) begin
+      if (\$426 ) begin
+        \$733  = \$428 ;
       end
     end
     if (rst) begin
-      \$733  = 2'h0;
+      \$733  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$734  = gm_lane;
-    if (gemm_run) begin
-      if (\$450 ) begin
-        \$734  = \$451 [2:0];
-      end
-      if (\$461 ) begin
-        \$734  = 3'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
+    \$734  = idx0;
+    if (eng_run) begin
+      if (\$426 ) begin
+        if (\$signal$296 ) begin
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$430 ) begin
+            \$734  = \$433 [13:0];
+          end else if (\$432 ) begin
+            \$734  = 14'h0000;
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$734  = 3'h0;
-            endcase
+            \$734  = 14'h0000;
           end
-    endcase
-    if (rst) begin
-      \$734  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$735  = \$signal$214 ;
-    if (gemm_run) begin
-      if (\$450 ) begin
-        \$735  = \$452 [12:0];
-      end
-      if (\$461 ) begin
-        (* full_case = 32'd1 *)
-        if (\$463 ) begin
-          \$735  = \$466 [12:0];
-        end else begin
-          \$735  = \$471 [12:0];
         end
       end
     end
@@ -13233,23 +12790,70 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$734  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$734  = 14'h0000;
               6'h0c:
-                  /* empty */;
+                  \$734  = 14'h0000;
               6'h0d:
+                  \$734  = 14'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$734  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$735  = \$signal$151 ;
+    if (eng_run) begin
+      if (\$426 ) begin
+        if (\$signal$296 ) begin
+          (* full_case = 32'd1 *)
+          if (\$430 ) begin
+            \$735  = \$434 [12:0];
+          end else if (\$432 ) begin
+            \$735  = \$438 [12:0];
+          end else begin
+            \$735  = \$444 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
                   /* empty */;
-              6'h03:
+              6'h04:
+                  \$735  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$735  = ins[76:64];
+              6'h0c:
+                  \$735  = ins[76:64];
+              6'h0d:
                   \$735  = ins[76:64];
             endcase
           end
@@ -13260,114 +12864,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$736  = a_in__payload;
-    if (gemm_run) begin
-      if (\$signal$309 ) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$736 [7:0] = i__payload[7:0];
-          2'h1:
-              \$736 [15:8] = i__payload[7:0];
-          2'h2:
-              \$736 [23:16] = i__payload[7:0];
-          2'h3:
-              \$736 [31:24] = i__payload[7:0];
-        endcase
-      end
-      if (\$461 ) begin
-        \$736  = 32'd0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
+    \$736  = \$signal$153 ;
+    if (eng_run) begin
+      if (\$426 ) begin
+        if (\$signal$296 ) begin
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$430 ) begin
+            \$736  = \$435 [12:0];
+          end else if (\$432 ) begin
+            \$736  = \$440 [12:0];
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$736  = 32'd0;
-            endcase
+            \$736  = \$447 [12:0];
           end
-    endcase
-    if (rst) begin
-      \$736  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$737  = a_in__valid;
-    if (gemm_run) begin
-      if (\$460 ) begin
-        \$737  = 1'h1;
-      end
-      if (\$461 ) begin
-        \$737  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$737  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$737  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$738  = \$signal$312 ;
-    if (gemm_run) begin
-      if (\$461 ) begin
-        (* full_case = 32'd1 *)
-        if (\$463 ) begin
-          \$738  = \$464 [6:0];
-        end else begin
-          \$738  = 7'h00;
         end
       end
     end
@@ -13380,41 +12888,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$736  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$736  = ins[100:88];
               6'h0c:
-                  /* empty */;
+                  \$736  = ins[100:88];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$738  = 7'h00;
+                  \$736  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$738  = 7'h00;
+      \$736  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$739  = gm_wstart;
-    if (gemm_run) begin
-      if (\$461 ) begin
-        (* full_case = 32'd1 *)
-        if (\$463 ) begin
-          \$739  = \$465 [12:0];
-        end else begin
-          \$739  = \$469 [12:0];
+    \$737  = idx1;
+    if (eng_run) begin
+      if (\$426 ) begin
+        if (\$signal$296 ) begin
+          (* full_case = 32'd1 *)
+          if (\$430 ) begin
+          end else if (\$432 ) begin
+            \$737  = \$436 [13:0];
+          end else begin
+            \$737  = 14'h0000;
+          end
         end
       end
     end
@@ -13427,24 +12936,118 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$737  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$737  = 14'h0000;
               6'h0c:
-                  /* empty */;
+                  \$737  = 14'h0000;
               6'h0d:
+                  \$737  = 14'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$737  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$738  = \$signal$303 ;
+    if (eng_run) begin
+      if (\$426 ) begin
+        if (\$signal$296 ) begin
+          (* full_case = 32'd1 *)
+          if (\$430 ) begin
+          end else if (\$432 ) begin
+            \$738  = \$437 [12:0];
+          end else begin
+            \$738  = \$443 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
                   /* empty */;
-              6'h03:
-                  \$739  = ins[76:64];
+              6'h04:
+                  \$738  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$738  = ins[76:64];
+              6'h0c:
+                  \$738  = ins[76:64];
+              6'h0d:
+                  \$738  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$738  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$739  = \$signal$305 ;
+    if (eng_run) begin
+      if (\$426 ) begin
+        if (\$signal$296 ) begin
+          (* full_case = 32'd1 *)
+          if (\$430 ) begin
+          end else if (\$432 ) begin
+            \$739  = \$439 [12:0];
+          end else begin
+            \$739  = \$446 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$739  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$739  = ins[100:88];
+              6'h0c:
+                  \$739  = ins[100:88];
+              6'h0d:
+                  \$739  = ins[100:88];
             endcase
           end
     endcase
@@ -13454,13 +13057,279 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$740  = \$signal$213 ;
+    \$740  = idx2;
+    if (eng_run) begin
+      if (\$426 ) begin
+        if (\$signal$296 ) begin
+          (* full_case = 32'd1 *)
+          if (\$430 ) begin
+          end else if (\$432 ) begin
+          end else begin
+            \$740  = \$441 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$740  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$740  = 14'h0000;
+              6'h0c:
+                  \$740  = 14'h0000;
+              6'h0d:
+                  \$740  = 14'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$740  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$741  = \$signal$308 ;
+    if (eng_run) begin
+      if (\$426 ) begin
+        if (\$signal$296 ) begin
+          (* full_case = 32'd1 *)
+          if (\$430 ) begin
+          end else if (\$432 ) begin
+          end else begin
+            \$741  = \$442 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$741  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$741  = ins[76:64];
+              6'h0c:
+                  \$741  = ins[76:64];
+              6'h0d:
+                  \$741  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$741  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$742  = \$signal$310 ;
+    if (eng_run) begin
+      if (\$426 ) begin
+        if (\$signal$296 ) begin
+          (* full_case = 32'd1 *)
+          if (\$430 ) begin
+          end else if (\$432 ) begin
+          end else begin
+            \$742  = \$445 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$742  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$742  = ins[100:88];
+              6'h0c:
+                  \$742  = ins[100:88];
+              6'h0d:
+                  \$742  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$742  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$743  = \$signal$296 ;
+    if (eng_run) begin
+      if (\$426 ) begin
+        if (\$signal$296 ) begin
+          (* full_case = 32'd1 *)
+          if (\$430 ) begin
+          end else if (\$432 ) begin
+          end else begin
+            if (\$449 ) begin
+              \$743  = 1'h0;
+            end
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$743  = 1'h1;
+              6'h05, 6'h06, 6'h07:
+                  \$743  = 1'h1;
+              6'h0c:
+                  \$743  = 1'h1;
+              6'h0d:
+                  \$743  = 1'h1;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$743  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$744  = \$signal$313 ;
     if (gemm_run) begin
-      if (\$461 ) begin
+      (* full_case = 32'd1 *)
+      if (\$458 ) begin
+        \$744  = 1'h1;
+      end else begin
+        \$744  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$744  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$745  = gm_cap_lane;
+    if (gemm_run) begin
+      if (\$458 ) begin
+        \$745  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$745  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$746  = gm_lane;
+    if (gemm_run) begin
+      if (\$458 ) begin
+        \$746  = \$459 [2:0];
+      end
+      if (\$469 ) begin
+        \$746  = 3'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$746  = 3'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$746  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$747  = \$signal$215 ;
+    if (gemm_run) begin
+      if (\$458 ) begin
+        \$747  = \$460 [12:0];
+      end
+      if (\$469 ) begin
         (* full_case = 32'd1 *)
-        if (\$463 ) begin
+        if (\$471 ) begin
+          \$747  = \$474 [12:0];
         end else begin
-          \$740  = \$467 [14:0];
+          \$747  = \$479 [12:0];
         end
       end
     end
@@ -13473,10 +13342,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13490,26 +13359,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$740  = 15'h0000;
+                  \$747  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$740  = 15'h0000;
+      \$747  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$741  = gm_afeed_done;
+    \$748  = a_in__payload;
     if (gemm_run) begin
-      if (\$461 ) begin
+      if (\$signal$313 ) begin
         (* full_case = 32'd1 *)
-        if (\$463 ) begin
-        end else begin
-          if (\$473 ) begin
-            \$741  = 1'h1;
-          end
-        end
+        casez (gm_cap_lane)
+          2'h0:
+              \$748 [7:0] = \$signature__data [7:0];
+          2'h1:
+              \$748 [15:8] = \$signature__data [7:0];
+          2'h2:
+              \$748 [23:16] = \$signature__data [7:0];
+          2'h3:
+              \$748 [31:24] = \$signature__data [7:0];
+        endcase
+      end
+      if (\$469 ) begin
+        \$748  = 32'd0;
       end
     end
     casez (ctrl_state)
@@ -13521,10 +13397,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13538,283 +13414,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$741  = 1'h0;
+                  \$748  = 32'd0;
             endcase
-          end
-    endcase
-    if (rst) begin
-      \$741  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = gc_lane;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$742  = \$474 [1:0];
-        if (\$480 ) begin
-          \$742  = 2'h0;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$742  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$742  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = \$signal$217 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$743  = \$475 [12:0];
-        if (\$480 ) begin
-          (* full_case = 32'd1 *)
-          if (\$482 ) begin
-            \$743  = \$485 [12:0];
-          end else begin
-            \$743  = \$488 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$743  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$743  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = \$signal$314 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (\$480 ) begin
-          (* full_case = 32'd1 *)
-          if (\$482 ) begin
-            \$744  = \$483 [8:0];
-          end else begin
-            \$744  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$744  = 9'h000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$744  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = gc_wstart;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (\$480 ) begin
-          (* full_case = 32'd1 *)
-          if (\$482 ) begin
-            \$745  = \$484 [12:0];
-          end else begin
-            \$745  = \$487 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$745  = ins[124:112];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$745  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = \$signal$220 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (\$480 ) begin
-          (* full_case = 32'd1 *)
-          if (\$482 ) begin
-          end else begin
-            \$746  = \$486 [14:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$746  = 15'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$746  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = \$signal$118 ;
-    if (\$signal$108 ) begin
-      \$747  = \$489 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$747  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$747  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = busy_dma;
-    if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$748  = \$490 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$748  = 32'd0;
           end
     endcase
     if (rst) begin
@@ -13823,376 +13424,424 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = busy_gemm;
-    if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$749  = \$491 [31:0];
+    \$749  = a_in__valid;
+    if (gemm_run) begin
+      if (\$468 ) begin
+        \$749  = 1'h1;
+      end
+      if (\$469 ) begin
+        \$749  = 1'h0;
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$749  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$749  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = busy_act;
-    if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$750  = \$492 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$750  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$750  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = busy_route;
-    if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$751  = \$493 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$751  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$751  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = busy_vector;
-    if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$752  = \$494 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$752  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$752  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = busy_move;
-    if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$753  = \$495 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$753  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$753  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = \$signal$108 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$754  = 1'h1;
-          end
-      5'h01:
           /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-            \$754  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h02:
-          if (\$696 ) begin
-            \$754  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$754  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = \$signal$109 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$755  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-            \$755  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h02:
-          if (\$696 ) begin
-            \$755  = 1'h0;
-          end
-    endcase
-    if (\$698 ) begin
-      \$755  = 1'h0;
-    end
-    if (rst) begin
-      \$755  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$756  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h02:
-          if (\$696 ) begin
-            \$756  = stop_code;
-          end
-    endcase
-    if (\$698 ) begin
-      \$756  = 8'h00;
-    end
-    if (rst) begin
-      \$756  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$757  = 13'h0000;
-          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$757  = { 1'h0, ins[255:244] };
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$749  = 1'h0;
             endcase
           end
-      5'h05:
+    endcase
+    if (rst) begin
+      \$749  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$750  = \$signal$316 ;
+    if (gemm_run) begin
+      if (\$469 ) begin
+        (* full_case = 32'd1 *)
+        if (\$471 ) begin
+          \$750  = \$472 [6:0];
+        end else begin
+          \$750  = 7'h00;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h0d:
+      5'h01:
           /* empty */;
-      5'h06:
-          if (\$574 ) begin
-            \$757  = \$576 [12:0];
-          end
-      5'h07:
+      5'h03:
           /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$578 ) begin
-            \$757  = \$579 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$596 ) begin
-            \$757  = \$597 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$624 ) begin
-            \$757  = \$625 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
+      5'h04:
           (* full_case = 32'd1 *)
-          if (\$666 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
-            \$757  = \$667 [12:0];
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$750  = 7'h00;
+            endcase
           end
-      5'h0b:
-          if (\$669 ) begin
-            \$757  = { 1'h0, ins[255:244] };
+    endcase
+    if (rst) begin
+      \$750  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$751  = gm_wstart;
+    if (gemm_run) begin
+      if (\$469 ) begin
+        (* full_case = 32'd1 *)
+        if (\$471 ) begin
+          \$751  = \$473 [12:0];
+        end else begin
+          \$751  = \$477 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$751  = ins[76:64];
+            endcase
           end
-      5'h16:
-          if (\$672 ) begin
-            \$757  = \$675 [12:0];
+    endcase
+    if (rst) begin
+      \$751  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$752  = \$signal$214 ;
+    if (gemm_run) begin
+      if (\$469 ) begin
+        (* full_case = 32'd1 *)
+        if (\$471 ) begin
+        end else begin
+          \$752  = \$475 [14:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$752  = 15'h0000;
+            endcase
           end
-      5'h0c:
-          if (\$677 ) begin
-            \$757  = \$678 [12:0];
+    endcase
+    if (rst) begin
+      \$752  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$753  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$469 ) begin
+        (* full_case = 32'd1 *)
+        if (\$471 ) begin
+        end else begin
+          if (\$481 ) begin
+            \$753  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$753  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$753  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$754  = gc_lane;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$754  = \$482 [1:0];
+        if (\$488 ) begin
+          \$754  = 2'h0;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$754  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$754  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$755  = \$signal$218 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$755  = \$483 [12:0];
+        if (\$488 ) begin
+          (* full_case = 32'd1 *)
+          if (\$490 ) begin
+            \$755  = \$493 [12:0];
+          end else begin
+            \$755  = \$496 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$755  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$755  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$756  = \$signal$318 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (\$488 ) begin
+          (* full_case = 32'd1 *)
+          if (\$490 ) begin
+            \$756  = \$491 [8:0];
+          end else begin
+            \$756  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$756  = 9'h000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$756  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$757  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (\$488 ) begin
+          (* full_case = 32'd1 *)
+          if (\$490 ) begin
+            \$757  = \$492 [12:0];
+          end else begin
+            \$757  = \$495 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$757  = ins[124:112];
+            endcase
           end
     endcase
     if (rst) begin
@@ -14201,913 +13850,237 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = \$signal$121 ;
+    \$758  = \$signal$221 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (\$488 ) begin
+          (* full_case = 32'd1 *)
+          if (\$490 ) begin
+          end else begin
+            \$758  = \$494 [14:0];
+          end
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$758  = 32'd0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$758  = \$561 [31:0];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$574 ) begin
-            \$758  = \$577 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$578 ) begin
-            \$758  = \$580 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$596 ) begin
-            \$758  = \$598 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$624 ) begin
-            \$758  = \$626 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$666 ) begin
-          end else begin
-            \$758  = \$668 [31:0];
-          end
-      5'h0b:
-          if (\$669 ) begin
-            \$758  = \$670 [31:0];
-          end
-      5'h16:
-          if (\$672 ) begin
-            \$758  = \$676 [31:0];
-          end
-      5'h0c:
-          if (\$677 ) begin
-            \$758  = \$679 [31:0];
-          end
-    endcase
-    if (rst) begin
-      \$758  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = \$signal$142 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$759  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$666 ) begin
-          end else begin
-            \$759  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$759  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = exp_active;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$760  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$666 ) begin
-          end else begin
-            \$760  = 1'h0;
-          end
-      5'h0b:
-          if (\$669 ) begin
-            \$760  = 1'h0;
-          end
-      5'h16:
-          if (\$672 ) begin
-            \$760  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$760  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = \$signal$144 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$761  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$574 ) begin
-            if (\$575 ) begin
-              \$761  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$761  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = ctrl_state;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$762  = 5'h01;
-          end
-      5'h01:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$496 ) begin
-            \$762  = 5'h02;
-          end else begin
-            \$762  = 5'h03;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h03:
-        begin
-          \$762  = 5'h04;
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-            \$762  = 5'h00;
-          end else if (\$548 ) begin
-            \$762  = 5'h02;
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$762  = 5'h01;
+                  /* empty */;
               6'h04:
-                  (* full_case = 32'd1 *)
-                  if (\$563 ) begin
-                    \$762  = 5'h05;
-                  end else begin
-                    \$762  = 5'h06;
-                  end
+                  /* empty */;
               6'h05, 6'h06, 6'h07:
-                  \$762  = 5'h06;
+                  /* empty */;
               6'h0c:
-                  \$762  = 5'h06;
+                  /* empty */;
               6'h0d:
-                  \$762  = 5'h06;
+                  /* empty */;
               6'h03:
-                  (* full_case = 32'd1 *)
-                  if (\$565 ) begin
-                    \$762  = 5'h05;
-                  end else begin
-                    \$762  = 5'h07;
-                  end
-              6'h01:
-                  \$762  = 5'h08;
-              6'h02:
-                  \$762  = 5'h09;
-              6'h08:
-                  \$762  = 5'h0a;
-              6'h09:
-                  \$762  = 5'h0b;
-              6'h0a, 6'h0b:
-                  \$762  = 5'h0c;
+                  \$758  = 15'h0000;
             endcase
           end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h05:
-        begin
-          \$762  = 5'h0d;
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h0d:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$571 ) begin
-            \$762  = 5'h07;
-          end else begin
-            \$762  = 5'h06;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h06:
-        begin
-          if (\$574 ) begin
-            \$762  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h07:
-        begin
-          if (cmd__ready) begin
-            \$762  = 5'h0e;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h0e:
-        begin
-          if (error) begin
-            \$762  = 5'h02;
-          end else if (done) begin
-            (* full_case = 32'd1 *)
-            if (\error$322 ) begin
-              \$762  = 5'h02;
-            end else begin
-              \$762  = 5'h0f;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$578 ) begin
-            \$762  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$762  = 5'h02;
-          end else if (\$596 ) begin
-            \$762  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$762  = 5'h02;
-          end else if (\$624 ) begin
-            \$762  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h0a:
-        begin
-          if (\$628 ) begin
-            \$762  = 5'h10;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h10:
-        begin
-          if (\$655 ) begin
-            \$762  = 5'h11;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h11:
-        begin
-          \$762  = 5'h12;
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h12:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$656 ) begin
-            \$762  = 5'h13;
-          end else begin
-            \$762  = 5'h14;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h13:
-        begin
-          \$762  = 5'h14;
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h14:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$659 ) begin
-            \$762  = 5'h11;
-          end else begin
-            \$762  = 5'h15;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$666 ) begin
-            \$762  = 5'h11;
-          end else begin
-            \$762  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h0b:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$669 ) begin
-            \$762  = 5'h01;
-          end else begin
-            \$762  = 5'h16;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$672 ) begin
-            \$762  = 5'h01;
-          end else begin
-            \$762  = 5'h0b;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h0c:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$677 ) begin
-            \$762  = 5'h01;
-          end else begin
-            \$762  = 5'h17;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h17:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$682 ) begin
-            \$762  = 5'h02;
-          end else begin
-            \$762  = 5'h18;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h18:
-        begin
-          if (\$691 ) begin
-            \$762  = 5'h0c;
-          end
-          if (\$signal$103 ) begin
-            \$762  = 5'h02;
-          end
-        end
-      5'h02:
-          if (\$696 ) begin
-            \$762  = 5'h00;
-          end
     endcase
     if (rst) begin
-      \$762  = 5'h00;
+      \$758  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = stop_code;
+    \$759  = \$signal$118 ;
+    if (\$signal$108 ) begin
+      \$759  = \$497 [31:0];
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$496 ) begin
-            \$763  = 8'h06;
-          end
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h04:
-        begin
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-            \$763  = decode_err;
-          end
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h06:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$763  = 8'h07;
-          end else if (done) begin
-            if (\error$322 ) begin
-              \$763  = 8'h03;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-        end
-      5'h0f:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h08:
-        begin
-          if (error) begin
-            \$763  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$763  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h15:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h0b:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h16:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h0c:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-      5'h17:
-        begin
-          if (\$682 ) begin
-            \$763  = 8'h02;
-          end
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
-          end
-        end
-      5'h18:
-          if (\$signal$103 ) begin
-            \$763  = 8'h00;
+          if (\$signal ) begin
+            \$759  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$763  = 8'h00;
+      \$759  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = cur_unit;
+    \$760  = busy_dma;
+    if (\$signal$108 ) begin
+      if (cur_unit[0]) begin
+        \$760  = \$498 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$496 ) begin
-            \$764  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-            \$764  = 6'h00;
-          end else begin
-            if (\$549 ) begin
-              \$764  = 6'h01;
-            end
-            if (\$550 ) begin
-              \$764  = 6'h01;
-            end
-            if (\$551 ) begin
-              \$764  = 6'h02;
-            end
-            if (\$552 ) begin
-              \$764  = 6'h04;
-            end
-            if (\$553 ) begin
-              \$764  = 6'h04;
-            end
-            if (\$554 ) begin
-              \$764  = 6'h04;
-            end
-            if (\$555 ) begin
-              \$764  = 6'h08;
-            end
-            if (\$556 ) begin
-              \$764  = 6'h10;
-            end
-            if (\$557 ) begin
-              \$764  = 6'h10;
-            end
-            if (\$558 ) begin
-              \$764  = 6'h10;
-            end
-            if (\$559 ) begin
-              \$764  = 6'h20;
-            end
-            if (\$560 ) begin
-              \$764  = 6'h20;
-            end
-            casez (ins[5:0])
-              6'h0e:
-                  \$764  = 6'h00;
-            endcase
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-      5'h06:
-        begin
-          if (\$574 ) begin
-            \$764  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$764  = 6'h00;
-          end else if (done) begin
-            if (\error$322 ) begin
-              \$764  = 6'h00;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$578 ) begin
-            \$764  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$764  = 6'h00;
-          end else if (\$596 ) begin
-            \$764  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$764  = 6'h00;
-          end else if (\$624 ) begin
-            \$764  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-      5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$666 ) begin
-          end else begin
-            \$764  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h0b:
-        begin
-          if (\$669 ) begin
-            \$764  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h16:
-        begin
-          if (\$672 ) begin
-            \$764  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h0c:
-        begin
-          if (\$677 ) begin
-            \$764  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h17:
-        begin
-          if (\$682 ) begin
-            \$764  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
-          end
-        end
-      5'h18:
-          if (\$signal$103 ) begin
-            \$764  = 6'h00;
+          if (\$signal ) begin
+            \$760  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$764  = 6'h00;
+      \$760  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = ins;
+    \$761  = busy_gemm;
+    if (\$signal$108 ) begin
+      if (cur_unit[1]) begin
+        \$761  = \$499 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$765  = \$signature__data$318 ;
+          if (\$signal ) begin
+            \$761  = 32'd0;
+          end
     endcase
     if (rst) begin
-      \$765  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$761  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = ph2;
+    \$762  = busy_act;
+    if (\$signal$108 ) begin
+      if (cur_unit[2]) begin
+        \$762  = \$500 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$766  = 1'h0;
-      5'h04:
-          if (\$543 ) begin
-          end else if (\$546 ) begin
+          if (\$signal ) begin
+            \$762  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$762  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$763  = busy_route;
+    if (\$signal$108 ) begin
+      if (cur_unit[3]) begin
+        \$763  = \$501 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$763  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$763  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$764  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$764  = \$502 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$764  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$764  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$765  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$765  = \$503 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$765  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$765  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$766  = \$signal$108 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
             \$766  = 1'h1;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+            \$766  = 1'h0;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h02:
+          if (\$704 ) begin
+            \$766  = 1'h0;
           end
     endcase
     if (rst) begin
@@ -15116,1054 +14089,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = \$signal$176 ;
+    \$767  = \$signal$109 ;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$767  = 1'h0;
+          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$767  = ins[243:238];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$767  = ins[243:238];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$767  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = \$signal$159 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$768  = ins[231:200];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$768  = ins[231:200];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$768  = { 16'h0000, i__payload[15:0] };
-    endcase
-    if (rst) begin
-      \$768  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = shift;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$769  = ins[237:232];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$769  = ins[237:232];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$769  = \$signature__data$166 [5:0];
-    endcase
-    if (rst) begin
-      \$769  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = cnt0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$770  = l0_acc;
-              6'h05, 6'h06, 6'h07:
-                  \$770  = l0_acc;
-              6'h0c:
-                  \$770  = ins[45:32];
-              6'h0d:
-                  \$770  = ins[61:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$770  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = cnt1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$771  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$771  = 14'h0001;
-              6'h0c:
-                  \$771  = ins[61:48];
-              6'h0d:
-                  \$771  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$771  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = cnt2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$772  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$772  = 14'h0001;
-              6'h0c:
-                  \$772  = m_eff[13:0];
-              6'h0d:
-                  \$772  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$772  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = sa0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$773  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$773  = 13'h0001;
-              6'h0c:
-                  \$773  = ins[60:48];
-              6'h0d:
-                  \$773  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$773  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = sa1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$774  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$774  = 13'h0000;
-              6'h0c:
-                  \$774  = 13'h0001;
-              6'h0d:
-                  \$774  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$774  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$775  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$775  = 13'h0000;
-              6'h0c:
-                  \$775  = l2_acc[12:0];
-              6'h0d:
-                  \$775  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$775  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$776  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$776  = 13'h0001;
-              6'h0c:
-                  \$776  = 13'h0001;
-              6'h0d:
-                  \$776  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$776  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$777  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$777  = 13'h0000;
-              6'h0c:
-                  \$777  = 13'h0000;
-              6'h0d:
-                  \$777  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$777  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = sb2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$778  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$778  = 13'h0000;
-              6'h0c:
-                  \$778  = ins[44:32];
-              6'h0d:
-                  \$778  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$778  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = \$signal$319 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$779  = l0_acc;
-              6'h05, 6'h06, 6'h07:
-                  \$779  = l0_acc;
-              6'h0c:
-                  \$779  = l0_acc;
-              6'h0d:
-                  \$779  = l0_acc;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$779  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = \$signal$241 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$780  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$780  = 14'h0000;
-              6'h0c:
-                  \$780  = 14'h0000;
-              6'h0d:
-                  \$780  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$signal$181 ) begin
-            \$780  = \$572 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$780  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = \$signal$244 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$781  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$582 ) begin
-            \$781  = 1'h1;
-          end
-          if (\$signal$244 ) begin
-            if (\$591 ) begin
-              \$781  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$781  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = \$signal$247 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$782  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$582 ) begin
-            \$782  = 3'h0;
-          end
-          if (\$signal$244 ) begin
-            \$782  = \$585 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$782  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = \$signal$245 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$783  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$signal$244 ) begin
-            if (\$583 ) begin
-              \$783  = \$584 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$783  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = \$signal$248 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$784  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$616 ) begin
-            \$784  = 1'h1;
-          end
-          if (\$617 ) begin
-            \$784  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$784  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = \$signal$249 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$785  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$605 ) begin
-            \$785  = \$607 [2:0];
-          end
-          if (\$617 ) begin
-            \$785  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$785  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = \$signal$250 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$786  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$605 ) begin
-            \$786  = \$606 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$786  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = \$signal$251 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$787  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$605 ) begin
-            \$787  = 1'h1;
-          end
-          if (\$signal$251 ) begin
-            \$787  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$787  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = wr_data__payload;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$788 [35:32] = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$signal$251 ) begin
-            casez (\$signal$324 )
-              2'h0:
-                  \$788 [31:0] = i__payload;
-            endcase
-            casez (\$signal$324 )
-              2'h0:
-                  \$788 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$617 ) begin
-            \$788 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$788  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = \$signal$253 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$789  = 4'h0;
-            endcase
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+            \$767  = 1'h1;
           end
       5'h05:
           /* empty */;
@@ -16182,11 +14122,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          \$789  = \$627 [3:0];
+          /* empty */;
       5'h10:
-          if (\$655 ) begin
-            \$789  = 4'h0;
-          end
+          /* empty */;
       5'h11:
           /* empty */;
       5'h12:
@@ -16196,15 +14134,1098 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          \$789  = \$664 [3:0];
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h02:
+          if (\$704 ) begin
+            \$767  = 1'h0;
+          end
     endcase
+    if (\$706 ) begin
+      \$767  = 1'h0;
+    end
     if (rst) begin
-      \$789  = 4'h0;
+      \$767  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = \$signal$275 ;
+    \$768  = err;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$768  = 8'h00;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h02:
+          if (\$704 ) begin
+            \$768  = stop_code;
+          end
+    endcase
+    if (\$706 ) begin
+      \$768  = 8'h00;
+    end
+    if (rst) begin
+      \$768  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$769  = pc;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$769  = 13'h0000;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$769  = { 1'h0, ins[255:244] };
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$582 ) begin
+            \$769  = \$584 [12:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$586 ) begin
+            \$769  = \$587 [12:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$604 ) begin
+            \$769  = \$605 [12:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$632 ) begin
+            \$769  = \$633 [12:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$674 ) begin
+          end else begin
+            \$769  = \$675 [12:0];
+          end
+      5'h0b:
+          if (\$677 ) begin
+            \$769  = { 1'h0, ins[255:244] };
+          end
+      5'h16:
+          if (\$680 ) begin
+            \$769  = \$683 [12:0];
+          end
+      5'h0c:
+          if (\$685 ) begin
+            \$769  = \$686 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$769  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$770  = \$signal$121 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$770  = 32'd0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$770  = \$569 [31:0];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$582 ) begin
+            \$770  = \$585 [31:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$586 ) begin
+            \$770  = \$588 [31:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$604 ) begin
+            \$770  = \$606 [31:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$632 ) begin
+            \$770  = \$634 [31:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$674 ) begin
+          end else begin
+            \$770  = \$676 [31:0];
+          end
+      5'h0b:
+          if (\$677 ) begin
+            \$770  = \$678 [31:0];
+          end
+      5'h16:
+          if (\$680 ) begin
+            \$770  = \$684 [31:0];
+          end
+      5'h0c:
+          if (\$685 ) begin
+            \$770  = \$687 [31:0];
+          end
+    endcase
+    if (rst) begin
+      \$770  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$771  = \$signal$142 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$771  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$674 ) begin
+          end else begin
+            \$771  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$771  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$772  = exp_active;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$772  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          (* full_case = 32'd1 *)
+          if (\$674 ) begin
+          end else begin
+            \$772  = 1'h0;
+          end
+      5'h0b:
+          if (\$677 ) begin
+            \$772  = 1'h0;
+          end
+      5'h16:
+          if (\$680 ) begin
+            \$772  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$772  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$773  = \$signal$144 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$773  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$582 ) begin
+            if (\$583 ) begin
+              \$773  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$773  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$774  = ctrl_state;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$774  = 5'h01;
+          end
+      5'h01:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$504 ) begin
+            \$774  = 5'h02;
+          end else begin
+            \$774  = 5'h03;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h03:
+        begin
+          \$774  = 5'h04;
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+            \$774  = 5'h00;
+          end else if (\$556 ) begin
+            \$774  = 5'h02;
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$774  = 5'h01;
+              6'h04:
+                  (* full_case = 32'd1 *)
+                  if (\$571 ) begin
+                    \$774  = 5'h05;
+                  end else begin
+                    \$774  = 5'h06;
+                  end
+              6'h05, 6'h06, 6'h07:
+                  \$774  = 5'h06;
+              6'h0c:
+                  \$774  = 5'h06;
+              6'h0d:
+                  \$774  = 5'h06;
+              6'h03:
+                  (* full_case = 32'd1 *)
+                  if (\$573 ) begin
+                    \$774  = 5'h05;
+                  end else begin
+                    \$774  = 5'h07;
+                  end
+              6'h01:
+                  \$774  = 5'h08;
+              6'h02:
+                  \$774  = 5'h09;
+              6'h08:
+                  \$774  = 5'h0a;
+              6'h09:
+                  \$774  = 5'h0b;
+              6'h0a, 6'h0b:
+                  \$774  = 5'h0c;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h05:
+        begin
+          \$774  = 5'h0d;
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h0d:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$579 ) begin
+            \$774  = 5'h07;
+          end else begin
+            \$774  = 5'h06;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h06:
+        begin
+          if (\$582 ) begin
+            \$774  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h07:
+        begin
+          if (cmd__ready) begin
+            \$774  = 5'h0e;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h0e:
+        begin
+          if (error) begin
+            \$774  = 5'h02;
+          end else if (done) begin
+            (* full_case = 32'd1 *)
+            if (\error$326 ) begin
+              \$774  = 5'h02;
+            end else begin
+              \$774  = 5'h0f;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$586 ) begin
+            \$774  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$774  = 5'h02;
+          end else if (\$604 ) begin
+            \$774  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$774  = 5'h02;
+          end else if (\$632 ) begin
+            \$774  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h0a:
+        begin
+          if (\$636 ) begin
+            \$774  = 5'h10;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h10:
+        begin
+          if (\$663 ) begin
+            \$774  = 5'h11;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h11:
+        begin
+          \$774  = 5'h12;
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h12:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$664 ) begin
+            \$774  = 5'h13;
+          end else begin
+            \$774  = 5'h14;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h13:
+        begin
+          \$774  = 5'h14;
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h14:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$667 ) begin
+            \$774  = 5'h11;
+          end else begin
+            \$774  = 5'h15;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h15:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$674 ) begin
+            \$774  = 5'h11;
+          end else begin
+            \$774  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h0b:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$677 ) begin
+            \$774  = 5'h01;
+          end else begin
+            \$774  = 5'h16;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$680 ) begin
+            \$774  = 5'h01;
+          end else begin
+            \$774  = 5'h0b;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h0c:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$685 ) begin
+            \$774  = 5'h01;
+          end else begin
+            \$774  = 5'h17;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h17:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$690 ) begin
+            \$774  = 5'h02;
+          end else begin
+            \$774  = 5'h18;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h18:
+        begin
+          if (\$699 ) begin
+            \$774  = 5'h0c;
+          end
+          if (\$signal$103 ) begin
+            \$774  = 5'h02;
+          end
+        end
+      5'h02:
+          if (\$704 ) begin
+            \$774  = 5'h00;
+          end
+    endcase
+    if (rst) begin
+      \$774  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$775  = stop_code;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$504 ) begin
+            \$775  = 8'h06;
+          end
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h04:
+        begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+            \$775  = decode_err;
+          end
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h06:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$775  = 8'h07;
+          end else if (done) begin
+            if (\error$326 ) begin
+              \$775  = 8'h03;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+        end
+      5'h0f:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h08:
+        begin
+          if (error) begin
+            \$775  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$775  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h0b:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h16:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h0c:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+      5'h17:
+        begin
+          if (\$690 ) begin
+            \$775  = 8'h02;
+          end
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+        end
+      5'h18:
+          if (\$signal$103 ) begin
+            \$775  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$775  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$776  = cur_unit;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$504 ) begin
+            \$776  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+            \$776  = 6'h00;
+          end else begin
+            if (\$557 ) begin
+              \$776  = 6'h01;
+            end
+            if (\$558 ) begin
+              \$776  = 6'h01;
+            end
+            if (\$559 ) begin
+              \$776  = 6'h02;
+            end
+            if (\$560 ) begin
+              \$776  = 6'h04;
+            end
+            if (\$561 ) begin
+              \$776  = 6'h04;
+            end
+            if (\$562 ) begin
+              \$776  = 6'h04;
+            end
+            if (\$563 ) begin
+              \$776  = 6'h08;
+            end
+            if (\$564 ) begin
+              \$776  = 6'h10;
+            end
+            if (\$565 ) begin
+              \$776  = 6'h10;
+            end
+            if (\$566 ) begin
+              \$776  = 6'h10;
+            end
+            if (\$567 ) begin
+              \$776  = 6'h20;
+            end
+            if (\$568 ) begin
+              \$776  = 6'h20;
+            end
+            casez (ins[5:0])
+              6'h0e:
+                  \$776  = 6'h00;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+      5'h06:
+        begin
+          if (\$582 ) begin
+            \$776  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$776  = 6'h00;
+          end else if (done) begin
+            if (\error$326 ) begin
+              \$776  = 6'h00;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$586 ) begin
+            \$776  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$776  = 6'h00;
+          end else if (\$604 ) begin
+            \$776  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$776  = 6'h00;
+          end else if (\$632 ) begin
+            \$776  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+      5'h15:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$674 ) begin
+          end else begin
+            \$776  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h0b:
+        begin
+          if (\$677 ) begin
+            \$776  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h16:
+        begin
+          if (\$680 ) begin
+            \$776  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h0c:
+        begin
+          if (\$685 ) begin
+            \$776  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h17:
+        begin
+          if (\$690 ) begin
+            \$776  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+        end
+      5'h18:
+          if (\$signal$103 ) begin
+            \$776  = 6'h00;
+          end
+    endcase
+    if (rst) begin
+      \$776  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$777  = ins;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$777  = \$signature__data$322 ;
+    endcase
+    if (rst) begin
+      \$777  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$778  = ph2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$778  = 1'h0;
+      5'h04:
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+            \$778  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$778  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$779  = \$signal$177 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16214,16 +15235,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$779  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -16231,13 +15252,404 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
+                  \$779  = ins[243:238];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$779  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$780  = \$signal$160 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
                   /* empty */;
-              6'h01:
+              6'h04:
+                  \$780  = ins[231:200];
+              6'h05, 6'h06, 6'h07:
                   /* empty */;
-              6'h02:
+              6'h0c:
                   /* empty */;
-              6'h08:
-                  \$790  = \$567 [12:0];
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$780  = ins[231:200];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$780  = { 16'h0000, \$signature__data [15:0] };
+    endcase
+    if (rst) begin
+      \$780  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$781  = shift;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$781  = ins[237:232];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$781  = ins[237:232];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$781  = \$signature__data$295 [5:0];
+    endcase
+    if (rst) begin
+      \$781  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$782  = cnt0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$782  = l0_acc;
+              6'h05, 6'h06, 6'h07:
+                  \$782  = l0_acc;
+              6'h0c:
+                  \$782  = ins[45:32];
+              6'h0d:
+                  \$782  = ins[61:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$782  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$783  = cnt1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$783  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$783  = 14'h0001;
+              6'h0c:
+                  \$783  = ins[61:48];
+              6'h0d:
+                  \$783  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$783  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$784  = cnt2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$784  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$784  = 14'h0001;
+              6'h0c:
+                  \$784  = m_eff[13:0];
+              6'h0d:
+                  \$784  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$784  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$785  = sa0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$785  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$785  = 13'h0001;
+              6'h0c:
+                  \$785  = ins[60:48];
+              6'h0d:
+                  \$785  = 13'h0001;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$785  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$786  = sa1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$786  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$786  = 13'h0000;
+              6'h0c:
+                  \$786  = 13'h0001;
+              6'h0d:
+                  \$786  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$786  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$787  = sa2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$787  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$787  = 13'h0000;
+              6'h0c:
+                  \$787  = l2_acc[12:0];
+              6'h0d:
+                  \$787  = ins[60:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$787  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$788  = sb0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$788  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$788  = 13'h0001;
+              6'h0c:
+                  \$788  = 13'h0001;
+              6'h0d:
+                  \$788  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$788  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$789  = sb1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$789  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$789  = 13'h0000;
+              6'h0c:
+                  \$789  = 13'h0000;
+              6'h0d:
+                  \$789  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$789  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$790  = sb2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$790  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$790  = 13'h0000;
+              6'h0c:
+                  \$790  = ins[44:32];
+              6'h0d:
+                  \$790  = 13'h0000;
             endcase
           end
     endcase
@@ -16247,7 +15659,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = \$signal$272 ;
+    \$791  = \$signal$323 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16257,40 +15669,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$791  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$791  = l0_acc;
               6'h0c:
-                  /* empty */;
+                  \$791  = l0_acc;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$791  = \$570 [12:0];
+                  \$791  = l0_acc;
             endcase
           end
     endcase
     if (rst) begin
-      \$791  = 13'h0000;
+      \$791  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = \$signal$278 ;
+    \$792  = \$signal$242 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16300,34 +15704,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$792  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$792  = 14'h0000;
               6'h0c:
-                  /* empty */;
+                  \$792  = 14'h0000;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$792  = 16'h0000;
+                  \$792  = 14'h0000;
             endcase
           end
       5'h05:
@@ -16335,51 +15727,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$691 ) begin
-            \$792  = \$692 [15:0];
+          if (\$signal$182 ) begin
+            \$792  = \$580 [13:0];
           end
     endcase
     if (rst) begin
-      \$792  = 16'h0000;
+      \$792  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = \$signal$280 ;
+    \$793  = \$signal$245 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16389,10 +15747,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$543 ) begin
-          end else if (\$546 ) begin
-          end else if (\$547 ) begin
-          end else if (\$548 ) begin
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16408,15 +15766,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$793  = 13'h0000;
+                  \$793  = 1'h0;
             endcase
           end
       5'h05:
@@ -16432,70 +15782,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$691 ) begin
-            \$793  = \$693 [12:0];
+        begin
+          if (\$590 ) begin
+            \$793  = 1'h1;
           end
-    endcase
-    if (rst) begin
-      \$793  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = \$signal$145 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$574 ) begin
-            if (\$575 ) begin
-              \$794  = ins[124:112];
+          if (\$signal$245 ) begin
+            if (\$599 ) begin
+              \$793  = 1'h0;
             end
           end
+        end
     endcase
     if (rst) begin
-      \$794  = 13'h0000;
+      \$793  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = scores_len;
+    \$794  = \$signal$248 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16504,15 +15808,105 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$794  = 3'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$574 ) begin
-            if (\$575 ) begin
-              \$795  = l0_acc;
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$590 ) begin
+            \$794  = 3'h0;
+          end
+          if (\$signal$245 ) begin
+            \$794  = \$593 [2:0];
+          end
+        end
+    endcase
+    if (rst) begin
+      \$794  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$795  = \$signal$246 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$795  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$signal$245 ) begin
+            if (\$591 ) begin
+              \$795  = \$592 [13:0];
             end
           end
     endcase
@@ -16522,7 +15916,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = \$signal$246 ;
+    \$796  = \$signal$249 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16531,75 +15925,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$582 ) begin
-            \$796  = m_axi__rdata;
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$796  = 1'h0;
+            endcase
           end
-    endcase
-    if (rst) begin
-      \$796  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = \$signal$324 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$605 ) begin
-            \$797  = \$signal$249 [1:0];
-          end
-    endcase
-    if (rst) begin
-      \$797  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = \$signal$327 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
       5'h05:
           /* empty */;
       5'h0d:
@@ -16615,16 +15965,136 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$628 ) begin
-            \$798  = 14'h0000;
+        begin
+          if (\$624 ) begin
+            \$796  = 1'h1;
           end
-      5'h10:
-          if (\$639 ) begin
-            if (\$640 ) begin
-              \$798  = \$641 [13:0];
-            end
+          if (\$625 ) begin
+            \$796  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$796  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$797  = \$signal$250 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$797  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$613 ) begin
+            \$797  = \$615 [2:0];
+          end
+          if (\$625 ) begin
+            \$797  = 3'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$797  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$798  = \$signal$251 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$798  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$613 ) begin
+            \$798  = \$614 [13:0];
           end
     endcase
     if (rst) begin
@@ -16633,7 +16103,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = \$signal$261 ;
+    \$799  = \$signal$252 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16642,7 +16112,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$799  = 1'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -16658,30 +16152,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$628 ) begin
-            \$799  = 4'h0;
-          end
-      5'h10:
         begin
-          if (\$633 ) begin
-            \$799  = \$636 [3:0];
+          if (\$613 ) begin
+            \$799  = 1'h1;
           end
-          if (\$639 ) begin
-            if (\$640 ) begin
-              \$799  = 4'h0;
-            end
+          if (\$signal$252 ) begin
+            \$799  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$799  = 4'h0;
+      \$799  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = rt_lane;
+    \$800  = wr_data__payload;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16690,7 +16176,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$800 [35:32] = 4'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -16706,28 +16216,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$628 ) begin
-            \$800  = 1'h0;
-          end
-      5'h10:
         begin
-          if (\$633 ) begin
-            \$800  = \$635 [0];
+          if (\$signal$252 ) begin
+            casez (\$signal$328 )
+              2'h0:
+                  \$800 [31:0] = \$signature__data ;
+            endcase
+            casez (\$signal$328 )
+              2'h0:
+                  \$800 [35:32] = 4'hf;
+            endcase
           end
-          if (\$639 ) begin
-            \$800  = 1'h0;
+          if (\$625 ) begin
+            \$800 [35:32] = 4'h0;
           end
         end
     endcase
     if (rst) begin
-      \$800  = 1'h0;
+      \$800  = 36'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = \$signal$257 ;
+    \$801  = \$signal$254 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16736,7 +16247,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$801  = 4'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -16754,28 +16291,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$628 ) begin
-            \$801  = 1'h0;
-          end
+          \$801  = \$635 [3:0];
       5'h10:
-        begin
-          if (\$signal$328 ) begin
-            if (\$638 ) begin
-              \$801  = 1'h1;
-            end
+          if (\$663 ) begin
+            \$801  = 4'h0;
           end
-          if (\$639 ) begin
-            \$801  = 1'h0;
-          end
-        end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          \$801  = \$672 [3:0];
     endcase
     if (rst) begin
-      \$801  = 1'h0;
+      \$801  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = \$signal$260 ;
+    \$802  = \$signal$277 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16784,32 +16322,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$628 ) begin
-            \$802  = ins[76:64];
-          end
-      5'h10:
-          if (\$639 ) begin
-            if (\$640 ) begin
-              \$802  = \$642 [12:0];
-            end
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$802  = \$575 [12:0];
+            endcase
           end
     endcase
     if (rst) begin
@@ -16818,7 +16356,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = \$signal$268 ;
+    \$803  = \$signal$274 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16827,32 +16365,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$628 ) begin
-            \$803  = ins[124:112];
-          end
-      5'h10:
-          if (\$649 ) begin
-            if (\$651 ) begin
-              \$803  = \$653 [12:0];
-            end
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$803  = \$578 [12:0];
+            endcase
           end
     endcase
     if (rst) begin
@@ -16861,7 +16399,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = \$signal$258 ;
+    \$804  = \$signal$280 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16870,96 +16408,37 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$628 ) begin
-            \$804  = 1'h0;
-          end
-      5'h10:
-          if (\$639 ) begin
-            if (\$640 ) begin
-              if (\$644 ) begin
-                \$804  = 1'h1;
-              end
-            end
-          end
-    endcase
-    if (rst) begin
-      \$804  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = \$signal$328 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$628 ) begin
-            \$805  = 1'h0;
-          end
-      5'h10:
           (* full_case = 32'd1 *)
-          if (\$633 ) begin
-            \$805  = 1'h1;
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
           end else begin
-            \$805  = 1'h0;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$804  = 16'h0000;
+            endcase
           end
-    endcase
-    if (rst) begin
-      \$805  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = \$signal$329 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
       5'h05:
           /* empty */;
       5'h0d:
@@ -16977,23 +16456,155 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$628 ) begin
-            \$806  = 14'h0000;
-          end
+          /* empty */;
       5'h10:
-          if (\$649 ) begin
-            if (\$651 ) begin
-              \$806  = \$652 [13:0];
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$699 ) begin
+            \$804  = \$700 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$804  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$805  = \$signal$282 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$551 ) begin
+          end else if (\$554 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$805  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$699 ) begin
+            \$805  = \$701 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$805  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$806  = \$signal$145 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$582 ) begin
+            if (\$583 ) begin
+              \$806  = ins[124:112];
             end
           end
     endcase
     if (rst) begin
-      \$806  = 14'h0000;
+      \$806  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = rt_s;
+    \$807  = scores_len;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17008,38 +16619,52 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$628 ) begin
-            \$807  = 2'h0;
-          end
-      5'h10:
-          if (\$649 ) begin
-            (* full_case = 32'd1 *)
-            if (\$651 ) begin
-              \$807  = 2'h0;
-            end else begin
-              \$807  = \$654 [1:0];
+          if (\$582 ) begin
+            if (\$583 ) begin
+              \$807  = l0_acc;
             end
           end
     endcase
     if (rst) begin
-      \$807  = 2'h0;
+      \$807  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$signal$266 ;
+    \$808  = \$signal$247 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$590 ) begin
+            \$808  = m_axi__rdata;
+          end
+    endcase
+    if (rst) begin
+      \$808  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$809  = \$signal$328 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17064,69 +16689,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$628 ) begin
-            \$808  = 1'h0;
+          if (\$613 ) begin
+            \$809  = \$signal$250 [1:0];
           end
-      5'h10:
-        begin
-          if (\$646 ) begin
-            \$808  = 1'h1;
-          end
-          if (\$649 ) begin
-            \$808  = 1'h0;
-          end
-        end
     endcase
     if (rst) begin
-      \$808  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = rt_wphase;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$628 ) begin
-            \$809  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$648 ) begin
-            \$809  = 1'h1;
-          end
-          if (\$649 ) begin
-            \$809  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$809  = 1'h0;
+      \$809  = 2'h0;
     end
   end
   always @* begin
@@ -17158,201 +16726,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
+          if (\$636 ) begin
+            \$810  = 14'h0000;
+          end
       5'h10:
-          if (\$633 ) begin
-            \$810  = \$634 ;
-          end
-    endcase
-    if (rst) begin
-      \$810  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = rt_word;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$signal$328 ) begin
-            \$811  = \$637 ;
-          end
-    endcase
-    if (rst) begin
-      \$811  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = \$signal$270 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$646 ) begin
-            \$812  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$812  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = \$signal$271 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$655 ) begin
-            \$813  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          if (\$659 ) begin
-            \$813  = \$660 [13:0];
-          end
-      5'h15:
-          \$813  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$813  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = \$signal$274 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$655 ) begin
-            \$814  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          if (\$659 ) begin
-            if (\$661 ) begin
-              \$814  = \$662 [13:0];
+          if (\$647 ) begin
+            if (\$648 ) begin
+              \$810  = \$649 [13:0];
             end
           end
-      5'h15:
-          \$814  = 14'h0000;
     endcase
     if (rst) begin
-      \$814  = 14'h0000;
+      \$810  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = \$signal$335 ;
+    \$811  = \$signal$263 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17379,36 +16769,699 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$655 ) begin
-            \$815  = 2'h0;
+          if (\$636 ) begin
+            \$811  = 4'h0;
           end
-      5'h11:
+      5'h10:
+        begin
+          if (\$641 ) begin
+            \$811  = \$644 [3:0];
+          end
+          if (\$647 ) begin
+            if (\$648 ) begin
+              \$811  = 4'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$811  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$812  = rt_lane;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h12:
+      5'h01:
           /* empty */;
-      5'h13:
+      5'h03:
           /* empty */;
-      5'h14:
-          if (\$659 ) begin
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$636 ) begin
+            \$812  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$641 ) begin
+            \$812  = \$643 [0];
+          end
+          if (\$647 ) begin
+            \$812  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$812  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$813  = \$signal$259 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$636 ) begin
+            \$813  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$signal$332 ) begin
+            if (\$646 ) begin
+              \$813  = 1'h1;
+            end
+          end
+          if (\$647 ) begin
+            \$813  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$813  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$814  = \$signal$262 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$636 ) begin
+            \$814  = ins[76:64];
+          end
+      5'h10:
+          if (\$647 ) begin
+            if (\$648 ) begin
+              \$814  = \$650 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$814  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$815  = \$signal$270 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$636 ) begin
+            \$815  = ins[124:112];
+          end
+      5'h10:
+          if (\$657 ) begin
+            if (\$659 ) begin
+              \$815  = \$661 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$815  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$816  = \$signal$260 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$636 ) begin
+            \$816  = 1'h0;
+          end
+      5'h10:
+          if (\$647 ) begin
+            if (\$648 ) begin
+              if (\$652 ) begin
+                \$816  = 1'h1;
+              end
+            end
+          end
+    endcase
+    if (rst) begin
+      \$816  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$817  = \$signal$332 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$636 ) begin
+            \$817  = 1'h0;
+          end
+      5'h10:
+          (* full_case = 32'd1 *)
+          if (\$641 ) begin
+            \$817  = 1'h1;
+          end else begin
+            \$817  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$817  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$818  = \$signal$333 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$636 ) begin
+            \$818  = 14'h0000;
+          end
+      5'h10:
+          if (\$657 ) begin
+            if (\$659 ) begin
+              \$818  = \$660 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$818  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$819  = rt_s;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$636 ) begin
+            \$819  = 2'h0;
+          end
+      5'h10:
+          if (\$657 ) begin
             (* full_case = 32'd1 *)
-            if (\$661 ) begin
-              \$815  = 2'h0;
+            if (\$659 ) begin
+              \$819  = 2'h0;
             end else begin
-              \$815  = \$663 [1:0];
+              \$819  = \$662 [1:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$819  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$820  = \$signal$268 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$636 ) begin
+            \$820  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$654 ) begin
+            \$820  = 1'h1;
+          end
+          if (\$657 ) begin
+            \$820  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$820  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$821  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$636 ) begin
+            \$821  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$656 ) begin
+            \$821  = 1'h1;
+          end
+          if (\$657 ) begin
+            \$821  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$821  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$822  = \$signal$335 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$641 ) begin
+            \$822  = \$642 ;
+          end
+    endcase
+    if (rst) begin
+      \$822  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$823  = rt_word;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$signal$332 ) begin
+            \$823  = \$645 ;
+          end
+    endcase
+    if (rst) begin
+      \$823  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$824  = \$signal$272 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$654 ) begin
+            \$824  = routes__payload;
+          end
+    endcase
+    if (rst) begin
+      \$824  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$825  = \$signal$273 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$663 ) begin
+            \$825  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          if (\$667 ) begin
+            \$825  = \$668 [13:0];
+          end
+      5'h15:
+          \$825  = 14'h0000;
+    endcase
+    if (rst) begin
+      \$825  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$826  = \$signal$276 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$663 ) begin
+            \$826  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          if (\$667 ) begin
+            if (\$669 ) begin
+              \$826  = \$670 [13:0];
             end
           end
       5'h15:
-          \$815  = 2'h0;
+          \$826  = 14'h0000;
     endcase
     if (rst) begin
-      \$815  = 2'h0;
+      \$826  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = \$signal$273 ;
+    \$827  = \$signal$339 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17437,23 +17490,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$655 ) begin
-            \$816  = 14'h0000;
+          if (\$663 ) begin
+            \$827  = 2'h0;
           end
       5'h11:
           /* empty */;
       5'h12:
           /* empty */;
       5'h13:
-          \$816  = \$657 [13:0];
+          /* empty */;
+      5'h14:
+          if (\$667 ) begin
+            (* full_case = 32'd1 *)
+            if (\$669 ) begin
+              \$827  = 2'h0;
+            end else begin
+              \$827  = \$671 [1:0];
+            end
+          end
+      5'h15:
+          \$827  = 2'h0;
     endcase
     if (rst) begin
-      \$816  = 14'h0000;
+      \$827  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = \$signal$276 ;
+    \$828  = \$signal$275 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17482,8 +17546,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$655 ) begin
-            \$817  = 14'h0000;
+          if (\$663 ) begin
+            \$828  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          \$828  = \$665 [13:0];
+    endcase
+    if (rst) begin
+      \$828  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$829  = \$signal$278 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$663 ) begin
+            \$829  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -17494,15 +17603,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          \$817  = \$signal$273 ;
+          \$829  = \$signal$275 ;
     endcase
     if (rst) begin
-      \$817  = 14'h0000;
+      \$829  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$277 ;
+    \$830  = \$signal$279 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17542,24 +17651,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$666 ) begin
+          if (\$674 ) begin
           end else begin
-            \$818  = 4'h0;
+            \$830  = 4'h0;
           end
       5'h0b:
-          if (\$669 ) begin
-            \$818  = 4'h8;
+          if (\$677 ) begin
+            \$830  = 4'h8;
           end
       5'h16:
-          \$818  = \$671 [3:0];
+          \$830  = \$679 [3:0];
     endcase
     if (rst) begin
-      \$818  = 4'h0;
+      \$830  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = \$signal$240 ;
+    \$831  = \$signal$241 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17602,17 +17711,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0b:
           /* empty */;
       5'h16:
-          if (\$672 ) begin
-            \$819  = \$signal$277 ;
+          if (\$680 ) begin
+            \$831  = \$signal$279 ;
           end
     endcase
     if (rst) begin
-      \$819  = 4'h0;
+      \$831  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = \$signal$130 ;
+    \$832  = \$signal$130 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17655,17 +17764,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0b:
           /* empty */;
       5'h16:
-          if (\$672 ) begin
-            \$820  = i__payload[15:0];
+          if (\$680 ) begin
+            \$832  = \$signature__data [15:0];
           end
     endcase
     if (rst) begin
-      \$820  = 16'h0000;
+      \$832  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = \$signal$141 ;
+    \$833  = \$signal$141 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17708,17 +17817,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0b:
           /* empty */;
       5'h16:
-          if (\$672 ) begin
-            \$821  = \$674 ;
+          if (\$680 ) begin
+            \$833  = \$682 ;
           end
     endcase
     if (rst) begin
-      \$821  = 14'h0000;
+      \$833  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = \$signal$279 ;
+    \$834  = \$signal$281 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17766,23 +17875,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h17:
           (* full_case = 32'd1 *)
-          if (\$682 ) begin
+          if (\$690 ) begin
           end else begin
-            \$822  = 15'h0000;
+            \$834  = 15'h0000;
           end
       5'h18:
-          if (\$683 ) begin
-          end else if (\$684 ) begin
-            \$822  = \$685 [14:0];
+          if (\$691 ) begin
+          end else if (\$692 ) begin
+            \$834  = \$693 [14:0];
           end
     endcase
     if (rst) begin
-      \$822  = 15'h0000;
+      \$834  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = \$signal$281 ;
+    \$835  = \$signal$283 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17830,26 +17939,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h17:
           (* full_case = 32'd1 *)
-          if (\$682 ) begin
+          if (\$690 ) begin
           end else begin
-            \$823  = 1'h0;
+            \$835  = 1'h0;
           end
       5'h18:
           (* full_case = 32'd1 *)
-          if (\$683 ) begin
-          end else if (\$684 ) begin
-            \$823  = 1'h1;
+          if (\$691 ) begin
+          end else if (\$692 ) begin
+            \$835  = 1'h1;
           end else begin
-            \$823  = 1'h0;
+            \$835  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$823  = 1'h0;
+      \$835  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = \$signal$282 ;
+    \$836  = \$signal$284 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17898,13 +18007,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$683 ) begin
-          end else if (\$684 ) begin
-            \$824  = \$689 [12:0];
+          if (\$691 ) begin
+          end else if (\$692 ) begin
+            \$836  = \$697 [12:0];
           end
     endcase
     if (rst) begin
-      \$824  = 13'h0000;
+      \$836  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -17929,14 +18038,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$825 [5], \$825 [5], \$825  };
+  assign bus__arlen = { \$837 [5], \$837 [5], \$837  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$826 [5], \$826 [5], \$826  };
+  assign bus__awlen = { \$838 [5], \$838 [5], \$838  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -17959,35 +18068,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign load_addr = \$7 [4:2];
   assign rd_addr = s_axil__araddr;
   assign status = \$28 [31:0];
-  assign mult = \$signal$159 [15:0];
-  assign \$signal$161  = shift;
-  assign \$signature__data  = i__payload;
-  assign \i__payload$164  = i__payload[15:0];
+  assign mult = \$signal$160 [15:0];
+  assign \$signal$162  = shift;
+  assign \$signal$164  = i__payload;
+  assign \i__payload$165  = i__payload[15:0];
   assign n = ins[63:48];
   assign o__ready = 1'h1;
-  assign \o__ready$172  = 1'h1;
   assign \o__ready$173  = 1'h1;
   assign \o__ready$174  = 1'h1;
-  assign \$signal$175  = { 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208  };
+  assign \o__ready$175  = 1'h1;
+  assign \$signal$176  = { 1'h0, \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212  };
   assign gm_word = a_in__payload;
-  assign \$signal$200  = a_in__valid;
+  assign \$signal$201  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
-  assign \rd_addr$224  = lh_acc[31:0];
-  assign \wr_addr$225  = lh_acc[31:0];
+  assign \rd_addr$225  = lh_acc[31:0];
+  assign \wr_addr$226  = lh_acc[31:0];
   assign rd_beats = { 9'h000, beats };
   assign wr_beats = { 9'h000, beats };
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$826 [5], \$826 [5], \$826  };
+  assign m_axi__awlen = { \$838 [5], \$838 [5], \$838  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$825 [5], \$825 [5], \$825  };
+  assign m_axi__arlen = { \$837 [5], \$837 [5], \$837  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -18005,15 +18114,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \ins.width  = ins[243:238];
   assign \ins.target  = ins[255:244];
   assign \i__payload[0]  = i__payload;
-  assign \i__payload$164[0]  = i__payload[15:0];
-  assign \i__payload$165[0]  = \i__payload$165 ;
-  assign \i__payload$165[0].g  = \i__payload$165 [15:0];
-  assign \i__payload$165[0].u  = \i__payload$165 [31:16];
-  assign \i__payload$167.a  = \i__payload$167 [15:0];
-  assign \i__payload$167.b  = \i__payload$167 [32:16];
-  assign \i__payload$167.last  = \i__payload$167 [33];
+  assign \i__payload$165[0]  = i__payload[15:0];
+  assign \i__payload$166[0]  = \i__payload$166 ;
+  assign \i__payload$166[0].g  = \i__payload$166 [15:0];
+  assign \i__payload$166[0].u  = \i__payload$166 [31:16];
+  assign \i__payload$168.a  = \i__payload$168 [15:0];
+  assign \i__payload$168.b  = \i__payload$168 [32:16];
+  assign \i__payload$168.last  = \i__payload$168 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$191[0]  = \o__payload$191 ;
+  assign \o__payload$192[0]  = \o__payload$192 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -18037,7 +18146,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \b_in__payload[1]  = m_axi__rdata[15:8];
   assign \b_in__payload[2]  = m_axi__rdata[23:16];
   assign \b_in__payload[3]  = m_axi__rdata[31:24];
-  assign \o__payload$203[0]  = \o__payload$203 ;
+  assign \o__payload$204[0]  = \o__payload$204 ;
   assign \c_out__payload[0]  = c_out__payload[31:0];
   assign \c_out__payload[1]  = c_out__payload[63:32];
   assign \c_out__payload[2]  = c_out__payload[95:64];
@@ -18048,9 +18157,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
   assign \rt_word[0]  = rt_word;
-  assign \$signal$270.index  = \$signal$270 [2:0];
-  assign \$signal$270.weight  = \$signal$270 [18:3];
-  assign \$signal$270.last  = \$signal$270 [19];
+  assign \$signal$272.index  = \$signal$272 [2:0];
+  assign \$signal$272.weight  = \$signal$272 [18:3];
+  assign \$signal$272.last  = \$signal$272 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -18058,18 +18167,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$247 ;
-  assign cmd__payload[69:54] = \$245 [15:0];
+  assign cmd__payload[75:70] = \$251 ;
+  assign cmd__payload[69:54] = \$249 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$167 [33] = \$signal$168 ;
-  assign \i__payload$167 [32:16] = \$204 ;
-  assign \i__payload$167 [15:0] = i__payload[15:0];
-  assign \i__payload$165 [31:16] = \$signature__data$166 [15:0];
-  assign \i__payload$165 [15:0] = i__payload[15:0];
+  assign \i__payload$168 [33] = \$signal$169 ;
+  assign \i__payload$168 [32:16] = \$208 ;
+  assign \i__payload$168 [15:0] = i__payload[15:0];
+  assign \i__payload$166 [31:16] = b_word[15:0];
+  assign \i__payload$166 [15:0] = i__payload[15:0];
   assign \$20  = { \$signal$109 , 1'h0 };
   assign \$23  = { 1'h0, \$22 , 2'h0 };
   assign \$25  = { 7'h00, err, 8'h00 };
@@ -18094,64 +18203,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$134 [9:3] = 7'h00;
   assign \$134 [2:0] = ins[8:6];
   assign \$192  = { 1'h0, beats, 2'h0 };
-  assign \$274  = { \$signal$240 , 1'h0 };
-  assign \$276  = { \$signal$240 , 1'h0 };
-  assign \$371  = \$370 [14];
-  assign \$374  = { l0_x, 1'h0 };
-  assign \$376  = { 1'h0, l0_y[15:1] };
-  assign \$379  = \$378 [14];
-  assign \$382  = { l1_x, 1'h0 };
-  assign \$384  = { 1'h0, l1_y[15:1] };
-  assign \$387  = \$386 [14];
-  assign \$390  = { l2_x, 1'h0 };
-  assign \$392  = { 1'h0, l2_y[15:1] };
-  assign \$395  = \$394 [14];
-  assign \$398  = { l3_x, 1'h0 };
-  assign \$400  = { 1'h0, l3_y[15:1] };
-  assign \$403  = \$402 [14];
-  assign \$406  = { l4_x, 1'h0 };
-  assign \$408  = { 1'h0, l4_y[15:1] };
-  assign \$411  = \$410 [33];
-  assign \$414  = { lh_x, 1'h0 };
-  assign \$416  = { 1'h0, lh_y[15:1] };
-  assign \$497 [9:1] = 9'h000;
-  assign \$497 [0] = \$signature__data$318 [6];
-  assign \$498  = \$signature__data$318 [6];
-  assign \$502 [9:1] = 9'h000;
-  assign \$502 [0] = \$signature__data$318 [6];
-  assign \$503  = \$signature__data$318 [6];
-  assign \$507 [9:1] = 9'h000;
-  assign \$507 [0] = \$signature__data$318 [6];
-  assign \$508  = \$signature__data$318 [6];
-  assign \$512  = { \$511 [17], \$511 [17], \$511 [17:2] };
+  assign \$278  = { \$signal$241 , 1'h0 };
+  assign \$280  = { \$signal$241 , 1'h0 };
+  assign \$375  = \$374 [14];
+  assign \$378  = { l0_x, 1'h0 };
+  assign \$380  = { 1'h0, l0_y[15:1] };
+  assign \$383  = \$382 [14];
+  assign \$386  = { l1_x, 1'h0 };
+  assign \$388  = { 1'h0, l1_y[15:1] };
+  assign \$391  = \$390 [14];
+  assign \$394  = { l2_x, 1'h0 };
+  assign \$396  = { 1'h0, l2_y[15:1] };
+  assign \$399  = \$398 [14];
+  assign \$402  = { l3_x, 1'h0 };
+  assign \$404  = { 1'h0, l3_y[15:1] };
+  assign \$407  = \$406 [14];
+  assign \$410  = { l4_x, 1'h0 };
+  assign \$412  = { 1'h0, l4_y[15:1] };
+  assign \$415  = \$414 [33];
+  assign \$418  = { lh_x, 1'h0 };
+  assign \$420  = { 1'h0, lh_y[15:1] };
+  assign \$505 [9:1] = 9'h000;
+  assign \$505 [0] = \$signature__data$322 [6];
+  assign \$506  = \$signature__data$322 [6];
+  assign \$510 [9:1] = 9'h000;
+  assign \$510 [0] = \$signature__data$322 [6];
+  assign \$511  = \$signature__data$322 [6];
   assign \$515 [9:1] = 9'h000;
-  assign \$515 [0] = \$signature__data$318 [6];
-  assign \$516  = \$signature__data$318 [6];
+  assign \$515 [0] = \$signature__data$322 [6];
+  assign \$516  = \$signature__data$322 [6];
   assign \$520  = { \$519 [17], \$519 [17], \$519 [17:2] };
-  assign \$525  = { \$524 [17], \$524 [17], \$524 [17:2] };
-  assign \$528 [9:1] = 9'h000;
-  assign \$528 [0] = \$signature__data$318 [6];
-  assign \$529  = \$signature__data$318 [6];
-  assign \$537 [9:1] = 9'h000;
-  assign \$537 [0] = \$signature__data$318 [6];
-  assign \$538  = \$signature__data$318 [6];
-  assign { \$540 [9:2], \$540 [0] } = 9'h000;
-  assign \$540 [1] = \$signature__data$318 [7];
-  assign { \$562 [9:3], \$562 [1:0] } = 9'h000;
-  assign \$562 [2] = ins[8];
-  assign \$563  = ins[8];
-  assign { \$564 [9:3], \$564 [1:0] } = 9'h000;
-  assign \$564 [2] = ins[8];
-  assign \$565  = ins[8];
-  assign \$566  = { l1_acc[13:2], 1'h0 };
-  assign \$568  = { l1_acc[13:2], 1'h0 };
-  assign \$638  = 1'h1;
-  assign \$541  = \$signature__data$318 [7];
+  assign \$523 [9:1] = 9'h000;
+  assign \$523 [0] = \$signature__data$322 [6];
+  assign \$524  = \$signature__data$322 [6];
+  assign \$528  = { \$527 [17], \$527 [17], \$527 [17:2] };
+  assign \$533  = { \$532 [17], \$532 [17], \$532 [17:2] };
+  assign \$536 [9:1] = 9'h000;
+  assign \$536 [0] = \$signature__data$322 [6];
+  assign \$537  = \$signature__data$322 [6];
+  assign \$545 [9:1] = 9'h000;
+  assign \$545 [0] = \$signature__data$322 [6];
+  assign \$546  = \$signature__data$322 [6];
+  assign { \$548 [9:2], \$548 [0] } = 9'h000;
+  assign \$548 [1] = \$signature__data$322 [7];
+  assign { \$570 [9:3], \$570 [1:0] } = 9'h000;
+  assign \$570 [2] = ins[8];
+  assign \$571  = ins[8];
+  assign { \$572 [9:3], \$572 [1:0] } = 9'h000;
+  assign \$572 [2] = ins[8];
+  assign \$573  = ins[8];
+  assign \$574  = { l1_acc[13:2], 1'h0 };
+  assign \$576  = { l1_acc[13:2], 1'h0 };
+  assign \$646  = 1'h1;
+  assign \$549  = \$signature__data$322 [7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1116$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1134$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, \port$3237$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1126$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1144$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, \port$3247$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -18290,12 +18399,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1116$0 ;
-  wire [5:0] \port$1116$0 ;
-  output [5:0] \port$1134$0 ;
-  wire [5:0] \port$1134$0 ;
-  input [14:0] \port$3237$0 ;
-  wire [14:0] \port$3237$0 ;
+  output [5:0] \port$1126$0 ;
+  wire [5:0] \port$1126$0 ;
+  output [5:0] \port$1144$0 ;
+  wire [5:0] \port$1144$0 ;
+  input [14:0] \port$3247$0 ;
+  wire [14:0] \port$3247$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -18460,7 +18569,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 9'h000, \port$3237$0  };
+      \$74  = { 9'h000, \port$3247$0  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -18496,7 +18605,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 9'h000, \port$3237$0  };
+      \$77  = { 9'h000, \port$3247$0  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -18541,11 +18650,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 9'h000, \port$3237$0  };
+  assign rd_beats = { 9'h000, \port$3247$0  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 9'h000, \port$3237$0  };
-  assign \port$1116$0  = \$9 ;
-  assign \port$1134$0  = \$23 ;
+  assign wr_beats = { 9'h000, \port$3247$0  };
+  assign \port$1126$0  = \$9 ;
+  assign \port$1144$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -20052,7 +20161,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$3690$54 (cmd[75:54]),
+    .\port$3708$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -26189,7 +26298,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3690$54 , i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3708$54 , i__payload, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire [67:0] \$10 ;
@@ -27013,8 +27122,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$3690$54 ;
-  wire [21:0] \port$3690$54 ;
+  input [21:0] \port$3708$54 ;
+  wire [21:0] \port$3708$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
@@ -27039,28 +27148,28 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$247  = \port$3690$54 [21] ? \$246  : { x0, 1'h0 };
-  assign \$250  = \port$3690$54 [21] ? \$249  : { x0, 1'h0 };
-  assign \$251  = \port$3690$54 [20] ? \$248  : \$250 ;
-  assign \$252  = \port$3690$54 [19] ? \$245  : \$251 [47:0];
-  assign \$253  = \port$3690$54 [18] ? \$238  : \$252 [39:0];
-  assign \$256  = \port$3690$54 [21] ? \$255  : { x0, 1'h0 };
-  assign \$259  = \port$3690$54 [21] ? \$258  : { x0, 1'h0 };
-  assign \$260  = \port$3690$54 [20] ? \$257  : \$259 ;
-  assign \$263  = \port$3690$54 [21] ? \$262  : { x0, 1'h0 };
-  assign \$266  = \port$3690$54 [21] ? \$265  : { x0, 1'h0 };
-  assign \$267  = \port$3690$54 [20] ? \$264  : \$266 ;
-  assign \$268  = \port$3690$54 [19] ? \$261  : \$267 [47:0];
-  assign \$271  = \port$3690$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$274  = \port$3690$54 [21] ? \$273  : { x0, 1'h0 };
-  assign \$275  = \port$3690$54 [20] ? \$272  : \$274 ;
-  assign \$278  = \port$3690$54 [21] ? \$277  : { x0, 1'h0 };
-  assign \$281  = \port$3690$54 [21] ? \$280  : { x0, 1'h0 };
-  assign \$282  = \port$3690$54 [20] ? \$279  : \$281 ;
-  assign \$283  = \port$3690$54 [19] ? \$276  : \$282 [47:0];
-  assign \$284  = \port$3690$54 [18] ? \$269  : \$283 [39:0];
-  assign \$285  = \port$3690$54 [17] ? \$254  : \$284 [35:0];
-  assign \$286  = \port$3690$54 [16] ? \$223  : \$285 [33:0];
+  assign \$247  = \port$3708$54 [21] ? \$246  : { x0, 1'h0 };
+  assign \$250  = \port$3708$54 [21] ? \$249  : { x0, 1'h0 };
+  assign \$251  = \port$3708$54 [20] ? \$248  : \$250 ;
+  assign \$252  = \port$3708$54 [19] ? \$245  : \$251 [47:0];
+  assign \$253  = \port$3708$54 [18] ? \$238  : \$252 [39:0];
+  assign \$256  = \port$3708$54 [21] ? \$255  : { x0, 1'h0 };
+  assign \$259  = \port$3708$54 [21] ? \$258  : { x0, 1'h0 };
+  assign \$260  = \port$3708$54 [20] ? \$257  : \$259 ;
+  assign \$263  = \port$3708$54 [21] ? \$262  : { x0, 1'h0 };
+  assign \$266  = \port$3708$54 [21] ? \$265  : { x0, 1'h0 };
+  assign \$267  = \port$3708$54 [20] ? \$264  : \$266 ;
+  assign \$268  = \port$3708$54 [19] ? \$261  : \$267 [47:0];
+  assign \$271  = \port$3708$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$274  = \port$3708$54 [21] ? \$273  : { x0, 1'h0 };
+  assign \$275  = \port$3708$54 [20] ? \$272  : \$274 ;
+  assign \$278  = \port$3708$54 [21] ? \$277  : { x0, 1'h0 };
+  assign \$281  = \port$3708$54 [21] ? \$280  : { x0, 1'h0 };
+  assign \$282  = \port$3708$54 [20] ? \$279  : \$281 ;
+  assign \$283  = \port$3708$54 [19] ? \$276  : \$282 [47:0];
+  assign \$284  = \port$3708$54 [18] ? \$269  : \$283 [39:0];
+  assign \$285  = \port$3708$54 [17] ? \$254  : \$284 [35:0];
+  assign \$286  = \port$3708$54 [16] ? \$223  : \$285 [33:0];
   assign \$287  = { x0, 1'h0 } & below;
   assign \$288  = | \$287 ;
   assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27073,69 +27182,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$296  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$297  = \$296  ? 33'h07fffffff : rounded0;
   assign \$298  = over2_0 ? { \$295 [31], \$295  } : \$297 ;
-  assign \$300  = \port$3690$54 [21] ? \$299  : { x1, 1'h0 };
-  assign \$303  = \port$3690$54 [21] ? \$302  : { x1, 1'h0 };
-  assign \$304  = \port$3690$54 [20] ? \$301  : \$303 ;
-  assign \$307  = \port$3690$54 [21] ? \$306  : { x1, 1'h0 };
-  assign \$310  = \port$3690$54 [21] ? \$309  : { x1, 1'h0 };
-  assign \$311  = \port$3690$54 [20] ? \$308  : \$310 ;
-  assign \$312  = \port$3690$54 [19] ? \$305  : \$311 [47:0];
-  assign \$315  = \port$3690$54 [21] ? \$314  : { x1, 1'h0 };
-  assign \$318  = \port$3690$54 [21] ? \$317  : { x1, 1'h0 };
-  assign \$319  = \port$3690$54 [20] ? \$316  : \$318 ;
-  assign \$322  = \port$3690$54 [21] ? \$321  : { x1, 1'h0 };
-  assign \$325  = \port$3690$54 [21] ? \$324  : { x1, 1'h0 };
-  assign \$326  = \port$3690$54 [20] ? \$323  : \$325 ;
-  assign \$327  = \port$3690$54 [19] ? \$320  : \$326 [47:0];
-  assign \$328  = \port$3690$54 [18] ? \$313  : \$327 [39:0];
-  assign \$331  = \port$3690$54 [21] ? \$330  : { x1, 1'h0 };
-  assign \$334  = \port$3690$54 [21] ? \$333  : { x1, 1'h0 };
-  assign \$335  = \port$3690$54 [20] ? \$332  : \$334 ;
-  assign \$338  = \port$3690$54 [21] ? \$337  : { x1, 1'h0 };
-  assign \$341  = \port$3690$54 [21] ? \$340  : { x1, 1'h0 };
-  assign \$342  = \port$3690$54 [20] ? \$339  : \$341 ;
-  assign \$343  = \port$3690$54 [19] ? \$336  : \$342 [47:0];
-  assign \$346  = \port$3690$54 [21] ? \$345  : { x1, 1'h0 };
-  assign \$349  = \port$3690$54 [21] ? \$348  : { x1, 1'h0 };
-  assign \$350  = \port$3690$54 [20] ? \$347  : \$349 ;
-  assign \$353  = \port$3690$54 [21] ? \$352  : { x1, 1'h0 };
-  assign \$356  = \port$3690$54 [21] ? \$355  : { x1, 1'h0 };
-  assign \$357  = \port$3690$54 [20] ? \$354  : \$356 ;
-  assign \$358  = \port$3690$54 [19] ? \$351  : \$357 [47:0];
-  assign \$359  = \port$3690$54 [18] ? \$344  : \$358 [39:0];
-  assign \$360  = \port$3690$54 [17] ? \$329  : \$359 [35:0];
-  assign \$363  = \port$3690$54 [21] ? \$362  : { x1, 1'h0 };
-  assign \$366  = \port$3690$54 [21] ? \$365  : { x1, 1'h0 };
-  assign \$367  = \port$3690$54 [20] ? \$364  : \$366 ;
-  assign \$370  = \port$3690$54 [21] ? \$369  : { x1, 1'h0 };
-  assign \$373  = \port$3690$54 [21] ? \$372  : { x1, 1'h0 };
-  assign \$374  = \port$3690$54 [20] ? \$371  : \$373 ;
-  assign \$375  = \port$3690$54 [19] ? \$368  : \$374 [47:0];
-  assign \$378  = \port$3690$54 [21] ? \$377  : { x1, 1'h0 };
-  assign \$381  = \port$3690$54 [21] ? \$380  : { x1, 1'h0 };
-  assign \$382  = \port$3690$54 [20] ? \$379  : \$381 ;
-  assign \$385  = \port$3690$54 [21] ? \$384  : { x1, 1'h0 };
-  assign \$388  = \port$3690$54 [21] ? \$387  : { x1, 1'h0 };
-  assign \$389  = \port$3690$54 [20] ? \$386  : \$388 ;
-  assign \$390  = \port$3690$54 [19] ? \$383  : \$389 [47:0];
-  assign \$391  = \port$3690$54 [18] ? \$376  : \$390 [39:0];
-  assign \$394  = \port$3690$54 [21] ? \$393  : { x1, 1'h0 };
-  assign \$397  = \port$3690$54 [21] ? \$396  : { x1, 1'h0 };
-  assign \$398  = \port$3690$54 [20] ? \$395  : \$397 ;
-  assign \$401  = \port$3690$54 [21] ? \$400  : { x1, 1'h0 };
-  assign \$404  = \port$3690$54 [21] ? \$403  : { x1, 1'h0 };
-  assign \$405  = \port$3690$54 [20] ? \$402  : \$404 ;
-  assign \$406  = \port$3690$54 [19] ? \$399  : \$405 [47:0];
-  assign \$409  = \port$3690$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$412  = \port$3690$54 [21] ? \$411  : { x1, 1'h0 };
-  assign \$413  = \port$3690$54 [20] ? \$410  : \$412 ;
-  assign \$416  = \port$3690$54 [21] ? \$415  : { x1, 1'h0 };
-  assign \$419  = \port$3690$54 [21] ? \$418  : { x1, 1'h0 };
-  assign \$420  = \port$3690$54 [20] ? \$417  : \$419 ;
-  assign \$421  = \port$3690$54 [19] ? \$414  : \$420 [47:0];
-  assign \$422  = \port$3690$54 [18] ? \$407  : \$421 [39:0];
-  assign \$423  = \port$3690$54 [17] ? \$392  : \$422 [35:0];
-  assign \$424  = \port$3690$54 [16] ? \$361  : \$423 [33:0];
+  assign \$300  = \port$3708$54 [21] ? \$299  : { x1, 1'h0 };
+  assign \$303  = \port$3708$54 [21] ? \$302  : { x1, 1'h0 };
+  assign \$304  = \port$3708$54 [20] ? \$301  : \$303 ;
+  assign \$307  = \port$3708$54 [21] ? \$306  : { x1, 1'h0 };
+  assign \$310  = \port$3708$54 [21] ? \$309  : { x1, 1'h0 };
+  assign \$311  = \port$3708$54 [20] ? \$308  : \$310 ;
+  assign \$312  = \port$3708$54 [19] ? \$305  : \$311 [47:0];
+  assign \$315  = \port$3708$54 [21] ? \$314  : { x1, 1'h0 };
+  assign \$318  = \port$3708$54 [21] ? \$317  : { x1, 1'h0 };
+  assign \$319  = \port$3708$54 [20] ? \$316  : \$318 ;
+  assign \$322  = \port$3708$54 [21] ? \$321  : { x1, 1'h0 };
+  assign \$325  = \port$3708$54 [21] ? \$324  : { x1, 1'h0 };
+  assign \$326  = \port$3708$54 [20] ? \$323  : \$325 ;
+  assign \$327  = \port$3708$54 [19] ? \$320  : \$326 [47:0];
+  assign \$328  = \port$3708$54 [18] ? \$313  : \$327 [39:0];
+  assign \$331  = \port$3708$54 [21] ? \$330  : { x1, 1'h0 };
+  assign \$334  = \port$3708$54 [21] ? \$333  : { x1, 1'h0 };
+  assign \$335  = \port$3708$54 [20] ? \$332  : \$334 ;
+  assign \$338  = \port$3708$54 [21] ? \$337  : { x1, 1'h0 };
+  assign \$341  = \port$3708$54 [21] ? \$340  : { x1, 1'h0 };
+  assign \$342  = \port$3708$54 [20] ? \$339  : \$341 ;
+  assign \$343  = \port$3708$54 [19] ? \$336  : \$342 [47:0];
+  assign \$346  = \port$3708$54 [21] ? \$345  : { x1, 1'h0 };
+  assign \$349  = \port$3708$54 [21] ? \$348  : { x1, 1'h0 };
+  assign \$350  = \port$3708$54 [20] ? \$347  : \$349 ;
+  assign \$353  = \port$3708$54 [21] ? \$352  : { x1, 1'h0 };
+  assign \$356  = \port$3708$54 [21] ? \$355  : { x1, 1'h0 };
+  assign \$357  = \port$3708$54 [20] ? \$354  : \$356 ;
+  assign \$358  = \port$3708$54 [19] ? \$351  : \$357 [47:0];
+  assign \$359  = \port$3708$54 [18] ? \$344  : \$358 [39:0];
+  assign \$360  = \port$3708$54 [17] ? \$329  : \$359 [35:0];
+  assign \$363  = \port$3708$54 [21] ? \$362  : { x1, 1'h0 };
+  assign \$366  = \port$3708$54 [21] ? \$365  : { x1, 1'h0 };
+  assign \$367  = \port$3708$54 [20] ? \$364  : \$366 ;
+  assign \$370  = \port$3708$54 [21] ? \$369  : { x1, 1'h0 };
+  assign \$373  = \port$3708$54 [21] ? \$372  : { x1, 1'h0 };
+  assign \$374  = \port$3708$54 [20] ? \$371  : \$373 ;
+  assign \$375  = \port$3708$54 [19] ? \$368  : \$374 [47:0];
+  assign \$378  = \port$3708$54 [21] ? \$377  : { x1, 1'h0 };
+  assign \$381  = \port$3708$54 [21] ? \$380  : { x1, 1'h0 };
+  assign \$382  = \port$3708$54 [20] ? \$379  : \$381 ;
+  assign \$385  = \port$3708$54 [21] ? \$384  : { x1, 1'h0 };
+  assign \$388  = \port$3708$54 [21] ? \$387  : { x1, 1'h0 };
+  assign \$389  = \port$3708$54 [20] ? \$386  : \$388 ;
+  assign \$390  = \port$3708$54 [19] ? \$383  : \$389 [47:0];
+  assign \$391  = \port$3708$54 [18] ? \$376  : \$390 [39:0];
+  assign \$394  = \port$3708$54 [21] ? \$393  : { x1, 1'h0 };
+  assign \$397  = \port$3708$54 [21] ? \$396  : { x1, 1'h0 };
+  assign \$398  = \port$3708$54 [20] ? \$395  : \$397 ;
+  assign \$401  = \port$3708$54 [21] ? \$400  : { x1, 1'h0 };
+  assign \$404  = \port$3708$54 [21] ? \$403  : { x1, 1'h0 };
+  assign \$405  = \port$3708$54 [20] ? \$402  : \$404 ;
+  assign \$406  = \port$3708$54 [19] ? \$399  : \$405 [47:0];
+  assign \$409  = \port$3708$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$412  = \port$3708$54 [21] ? \$411  : { x1, 1'h0 };
+  assign \$413  = \port$3708$54 [20] ? \$410  : \$412 ;
+  assign \$416  = \port$3708$54 [21] ? \$415  : { x1, 1'h0 };
+  assign \$419  = \port$3708$54 [21] ? \$418  : { x1, 1'h0 };
+  assign \$420  = \port$3708$54 [20] ? \$417  : \$419 ;
+  assign \$421  = \port$3708$54 [19] ? \$414  : \$420 [47:0];
+  assign \$422  = \port$3708$54 [18] ? \$407  : \$421 [39:0];
+  assign \$423  = \port$3708$54 [17] ? \$392  : \$422 [35:0];
+  assign \$424  = \port$3708$54 [16] ? \$361  : \$423 [33:0];
   assign \$425  = { x1, 1'h0 } & below;
   assign \$426  = | \$425 ;
   assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27148,69 +27257,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$434  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$435  = \$434  ? 33'h07fffffff : rounded1;
   assign \$436  = over2_1 ? { \$433 [31], \$433  } : \$435 ;
-  assign \$438  = \port$3690$54 [21] ? \$437  : { x2, 1'h0 };
-  assign \$441  = \port$3690$54 [21] ? \$440  : { x2, 1'h0 };
-  assign \$442  = \port$3690$54 [20] ? \$439  : \$441 ;
-  assign \$445  = \port$3690$54 [21] ? \$444  : { x2, 1'h0 };
-  assign \$448  = \port$3690$54 [21] ? \$447  : { x2, 1'h0 };
-  assign \$449  = \port$3690$54 [20] ? \$446  : \$448 ;
-  assign \$450  = \port$3690$54 [19] ? \$443  : \$449 [47:0];
-  assign \$453  = \port$3690$54 [21] ? \$452  : { x2, 1'h0 };
-  assign \$456  = \port$3690$54 [21] ? \$455  : { x2, 1'h0 };
-  assign \$457  = \port$3690$54 [20] ? \$454  : \$456 ;
-  assign \$460  = \port$3690$54 [21] ? \$459  : { x2, 1'h0 };
-  assign \$463  = \port$3690$54 [21] ? \$462  : { x2, 1'h0 };
-  assign \$464  = \port$3690$54 [20] ? \$461  : \$463 ;
-  assign \$465  = \port$3690$54 [19] ? \$458  : \$464 [47:0];
-  assign \$466  = \port$3690$54 [18] ? \$451  : \$465 [39:0];
-  assign \$469  = \port$3690$54 [21] ? \$468  : { x2, 1'h0 };
-  assign \$472  = \port$3690$54 [21] ? \$471  : { x2, 1'h0 };
-  assign \$473  = \port$3690$54 [20] ? \$470  : \$472 ;
-  assign \$476  = \port$3690$54 [21] ? \$475  : { x2, 1'h0 };
-  assign \$479  = \port$3690$54 [21] ? \$478  : { x2, 1'h0 };
-  assign \$480  = \port$3690$54 [20] ? \$477  : \$479 ;
-  assign \$481  = \port$3690$54 [19] ? \$474  : \$480 [47:0];
-  assign \$484  = \port$3690$54 [21] ? \$483  : { x2, 1'h0 };
-  assign \$487  = \port$3690$54 [21] ? \$486  : { x2, 1'h0 };
-  assign \$488  = \port$3690$54 [20] ? \$485  : \$487 ;
-  assign \$491  = \port$3690$54 [21] ? \$490  : { x2, 1'h0 };
-  assign \$494  = \port$3690$54 [21] ? \$493  : { x2, 1'h0 };
-  assign \$495  = \port$3690$54 [20] ? \$492  : \$494 ;
-  assign \$496  = \port$3690$54 [19] ? \$489  : \$495 [47:0];
-  assign \$497  = \port$3690$54 [18] ? \$482  : \$496 [39:0];
-  assign \$498  = \port$3690$54 [17] ? \$467  : \$497 [35:0];
-  assign \$501  = \port$3690$54 [21] ? \$500  : { x2, 1'h0 };
-  assign \$504  = \port$3690$54 [21] ? \$503  : { x2, 1'h0 };
-  assign \$505  = \port$3690$54 [20] ? \$502  : \$504 ;
-  assign \$508  = \port$3690$54 [21] ? \$507  : { x2, 1'h0 };
-  assign \$511  = \port$3690$54 [21] ? \$510  : { x2, 1'h0 };
-  assign \$512  = \port$3690$54 [20] ? \$509  : \$511 ;
-  assign \$513  = \port$3690$54 [19] ? \$506  : \$512 [47:0];
-  assign \$516  = \port$3690$54 [21] ? \$515  : { x2, 1'h0 };
-  assign \$519  = \port$3690$54 [21] ? \$518  : { x2, 1'h0 };
-  assign \$520  = \port$3690$54 [20] ? \$517  : \$519 ;
-  assign \$523  = \port$3690$54 [21] ? \$522  : { x2, 1'h0 };
-  assign \$526  = \port$3690$54 [21] ? \$525  : { x2, 1'h0 };
-  assign \$527  = \port$3690$54 [20] ? \$524  : \$526 ;
-  assign \$528  = \port$3690$54 [19] ? \$521  : \$527 [47:0];
-  assign \$529  = \port$3690$54 [18] ? \$514  : \$528 [39:0];
-  assign \$532  = \port$3690$54 [21] ? \$531  : { x2, 1'h0 };
-  assign \$535  = \port$3690$54 [21] ? \$534  : { x2, 1'h0 };
-  assign \$536  = \port$3690$54 [20] ? \$533  : \$535 ;
-  assign \$539  = \port$3690$54 [21] ? \$538  : { x2, 1'h0 };
-  assign \$542  = \port$3690$54 [21] ? \$541  : { x2, 1'h0 };
-  assign \$543  = \port$3690$54 [20] ? \$540  : \$542 ;
-  assign \$544  = \port$3690$54 [19] ? \$537  : \$543 [47:0];
-  assign \$547  = \port$3690$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$550  = \port$3690$54 [21] ? \$549  : { x2, 1'h0 };
-  assign \$551  = \port$3690$54 [20] ? \$548  : \$550 ;
-  assign \$554  = \port$3690$54 [21] ? \$553  : { x2, 1'h0 };
-  assign \$557  = \port$3690$54 [21] ? \$556  : { x2, 1'h0 };
-  assign \$558  = \port$3690$54 [20] ? \$555  : \$557 ;
-  assign \$559  = \port$3690$54 [19] ? \$552  : \$558 [47:0];
-  assign \$560  = \port$3690$54 [18] ? \$545  : \$559 [39:0];
-  assign \$561  = \port$3690$54 [17] ? \$530  : \$560 [35:0];
-  assign \$562  = \port$3690$54 [16] ? \$499  : \$561 [33:0];
+  assign \$438  = \port$3708$54 [21] ? \$437  : { x2, 1'h0 };
+  assign \$441  = \port$3708$54 [21] ? \$440  : { x2, 1'h0 };
+  assign \$442  = \port$3708$54 [20] ? \$439  : \$441 ;
+  assign \$445  = \port$3708$54 [21] ? \$444  : { x2, 1'h0 };
+  assign \$448  = \port$3708$54 [21] ? \$447  : { x2, 1'h0 };
+  assign \$449  = \port$3708$54 [20] ? \$446  : \$448 ;
+  assign \$450  = \port$3708$54 [19] ? \$443  : \$449 [47:0];
+  assign \$453  = \port$3708$54 [21] ? \$452  : { x2, 1'h0 };
+  assign \$456  = \port$3708$54 [21] ? \$455  : { x2, 1'h0 };
+  assign \$457  = \port$3708$54 [20] ? \$454  : \$456 ;
+  assign \$460  = \port$3708$54 [21] ? \$459  : { x2, 1'h0 };
+  assign \$463  = \port$3708$54 [21] ? \$462  : { x2, 1'h0 };
+  assign \$464  = \port$3708$54 [20] ? \$461  : \$463 ;
+  assign \$465  = \port$3708$54 [19] ? \$458  : \$464 [47:0];
+  assign \$466  = \port$3708$54 [18] ? \$451  : \$465 [39:0];
+  assign \$469  = \port$3708$54 [21] ? \$468  : { x2, 1'h0 };
+  assign \$472  = \port$3708$54 [21] ? \$471  : { x2, 1'h0 };
+  assign \$473  = \port$3708$54 [20] ? \$470  : \$472 ;
+  assign \$476  = \port$3708$54 [21] ? \$475  : { x2, 1'h0 };
+  assign \$479  = \port$3708$54 [21] ? \$478  : { x2, 1'h0 };
+  assign \$480  = \port$3708$54 [20] ? \$477  : \$479 ;
+  assign \$481  = \port$3708$54 [19] ? \$474  : \$480 [47:0];
+  assign \$484  = \port$3708$54 [21] ? \$483  : { x2, 1'h0 };
+  assign \$487  = \port$3708$54 [21] ? \$486  : { x2, 1'h0 };
+  assign \$488  = \port$3708$54 [20] ? \$485  : \$487 ;
+  assign \$491  = \port$3708$54 [21] ? \$490  : { x2, 1'h0 };
+  assign \$494  = \port$3708$54 [21] ? \$493  : { x2, 1'h0 };
+  assign \$495  = \port$3708$54 [20] ? \$492  : \$494 ;
+  assign \$496  = \port$3708$54 [19] ? \$489  : \$495 [47:0];
+  assign \$497  = \port$3708$54 [18] ? \$482  : \$496 [39:0];
+  assign \$498  = \port$3708$54 [17] ? \$467  : \$497 [35:0];
+  assign \$501  = \port$3708$54 [21] ? \$500  : { x2, 1'h0 };
+  assign \$504  = \port$3708$54 [21] ? \$503  : { x2, 1'h0 };
+  assign \$505  = \port$3708$54 [20] ? \$502  : \$504 ;
+  assign \$508  = \port$3708$54 [21] ? \$507  : { x2, 1'h0 };
+  assign \$511  = \port$3708$54 [21] ? \$510  : { x2, 1'h0 };
+  assign \$512  = \port$3708$54 [20] ? \$509  : \$511 ;
+  assign \$513  = \port$3708$54 [19] ? \$506  : \$512 [47:0];
+  assign \$516  = \port$3708$54 [21] ? \$515  : { x2, 1'h0 };
+  assign \$519  = \port$3708$54 [21] ? \$518  : { x2, 1'h0 };
+  assign \$520  = \port$3708$54 [20] ? \$517  : \$519 ;
+  assign \$523  = \port$3708$54 [21] ? \$522  : { x2, 1'h0 };
+  assign \$526  = \port$3708$54 [21] ? \$525  : { x2, 1'h0 };
+  assign \$527  = \port$3708$54 [20] ? \$524  : \$526 ;
+  assign \$528  = \port$3708$54 [19] ? \$521  : \$527 [47:0];
+  assign \$529  = \port$3708$54 [18] ? \$514  : \$528 [39:0];
+  assign \$532  = \port$3708$54 [21] ? \$531  : { x2, 1'h0 };
+  assign \$535  = \port$3708$54 [21] ? \$534  : { x2, 1'h0 };
+  assign \$536  = \port$3708$54 [20] ? \$533  : \$535 ;
+  assign \$539  = \port$3708$54 [21] ? \$538  : { x2, 1'h0 };
+  assign \$542  = \port$3708$54 [21] ? \$541  : { x2, 1'h0 };
+  assign \$543  = \port$3708$54 [20] ? \$540  : \$542 ;
+  assign \$544  = \port$3708$54 [19] ? \$537  : \$543 [47:0];
+  assign \$547  = \port$3708$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$550  = \port$3708$54 [21] ? \$549  : { x2, 1'h0 };
+  assign \$551  = \port$3708$54 [20] ? \$548  : \$550 ;
+  assign \$554  = \port$3708$54 [21] ? \$553  : { x2, 1'h0 };
+  assign \$557  = \port$3708$54 [21] ? \$556  : { x2, 1'h0 };
+  assign \$558  = \port$3708$54 [20] ? \$555  : \$557 ;
+  assign \$559  = \port$3708$54 [19] ? \$552  : \$558 [47:0];
+  assign \$560  = \port$3708$54 [18] ? \$545  : \$559 [39:0];
+  assign \$561  = \port$3708$54 [17] ? \$530  : \$560 [35:0];
+  assign \$562  = \port$3708$54 [16] ? \$499  : \$561 [33:0];
   assign \$563  = { x2, 1'h0 } & below;
   assign \$564  = | \$563 ;
   assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27223,69 +27332,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$572  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$573  = \$572  ? 33'h07fffffff : rounded2;
   assign \$574  = over2_2 ? { \$571 [31], \$571  } : \$573 ;
-  assign \$576  = \port$3690$54 [21] ? \$575  : { x3, 1'h0 };
-  assign \$579  = \port$3690$54 [21] ? \$578  : { x3, 1'h0 };
-  assign \$580  = \port$3690$54 [20] ? \$577  : \$579 ;
-  assign \$583  = \port$3690$54 [21] ? \$582  : { x3, 1'h0 };
-  assign \$586  = \port$3690$54 [21] ? \$585  : { x3, 1'h0 };
-  assign \$587  = \port$3690$54 [20] ? \$584  : \$586 ;
-  assign \$588  = \port$3690$54 [19] ? \$581  : \$587 [47:0];
-  assign \$591  = \port$3690$54 [21] ? \$590  : { x3, 1'h0 };
-  assign \$594  = \port$3690$54 [21] ? \$593  : { x3, 1'h0 };
-  assign \$595  = \port$3690$54 [20] ? \$592  : \$594 ;
-  assign \$598  = \port$3690$54 [21] ? \$597  : { x3, 1'h0 };
-  assign \$601  = \port$3690$54 [21] ? \$600  : { x3, 1'h0 };
-  assign \$602  = \port$3690$54 [20] ? \$599  : \$601 ;
-  assign \$603  = \port$3690$54 [19] ? \$596  : \$602 [47:0];
-  assign \$604  = \port$3690$54 [18] ? \$589  : \$603 [39:0];
-  assign \$607  = \port$3690$54 [21] ? \$606  : { x3, 1'h0 };
-  assign \$610  = \port$3690$54 [21] ? \$609  : { x3, 1'h0 };
-  assign \$611  = \port$3690$54 [20] ? \$608  : \$610 ;
-  assign \$614  = \port$3690$54 [21] ? \$613  : { x3, 1'h0 };
-  assign \$617  = \port$3690$54 [21] ? \$616  : { x3, 1'h0 };
-  assign \$618  = \port$3690$54 [20] ? \$615  : \$617 ;
-  assign \$619  = \port$3690$54 [19] ? \$612  : \$618 [47:0];
-  assign \$622  = \port$3690$54 [21] ? \$621  : { x3, 1'h0 };
-  assign \$625  = \port$3690$54 [21] ? \$624  : { x3, 1'h0 };
-  assign \$626  = \port$3690$54 [20] ? \$623  : \$625 ;
-  assign \$629  = \port$3690$54 [21] ? \$628  : { x3, 1'h0 };
-  assign \$632  = \port$3690$54 [21] ? \$631  : { x3, 1'h0 };
-  assign \$633  = \port$3690$54 [20] ? \$630  : \$632 ;
-  assign \$634  = \port$3690$54 [19] ? \$627  : \$633 [47:0];
-  assign \$635  = \port$3690$54 [18] ? \$620  : \$634 [39:0];
-  assign \$636  = \port$3690$54 [17] ? \$605  : \$635 [35:0];
-  assign \$639  = \port$3690$54 [21] ? \$638  : { x3, 1'h0 };
-  assign \$642  = \port$3690$54 [21] ? \$641  : { x3, 1'h0 };
-  assign \$643  = \port$3690$54 [20] ? \$640  : \$642 ;
-  assign \$646  = \port$3690$54 [21] ? \$645  : { x3, 1'h0 };
-  assign \$649  = \port$3690$54 [21] ? \$648  : { x3, 1'h0 };
-  assign \$650  = \port$3690$54 [20] ? \$647  : \$649 ;
-  assign \$651  = \port$3690$54 [19] ? \$644  : \$650 [47:0];
-  assign \$654  = \port$3690$54 [21] ? \$653  : { x3, 1'h0 };
-  assign \$657  = \port$3690$54 [21] ? \$656  : { x3, 1'h0 };
-  assign \$658  = \port$3690$54 [20] ? \$655  : \$657 ;
-  assign \$661  = \port$3690$54 [21] ? \$660  : { x3, 1'h0 };
-  assign \$664  = \port$3690$54 [21] ? \$663  : { x3, 1'h0 };
-  assign \$665  = \port$3690$54 [20] ? \$662  : \$664 ;
-  assign \$666  = \port$3690$54 [19] ? \$659  : \$665 [47:0];
-  assign \$667  = \port$3690$54 [18] ? \$652  : \$666 [39:0];
-  assign \$670  = \port$3690$54 [21] ? \$669  : { x3, 1'h0 };
-  assign \$673  = \port$3690$54 [21] ? \$672  : { x3, 1'h0 };
-  assign \$674  = \port$3690$54 [20] ? \$671  : \$673 ;
-  assign \$677  = \port$3690$54 [21] ? \$676  : { x3, 1'h0 };
-  assign \$680  = \port$3690$54 [21] ? \$679  : { x3, 1'h0 };
-  assign \$681  = \port$3690$54 [20] ? \$678  : \$680 ;
-  assign \$682  = \port$3690$54 [19] ? \$675  : \$681 [47:0];
-  assign \$685  = \port$3690$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$688  = \port$3690$54 [21] ? \$687  : { x3, 1'h0 };
-  assign \$689  = \port$3690$54 [20] ? \$686  : \$688 ;
-  assign \$692  = \port$3690$54 [21] ? \$691  : { x3, 1'h0 };
-  assign \$695  = \port$3690$54 [21] ? \$694  : { x3, 1'h0 };
-  assign \$696  = \port$3690$54 [20] ? \$693  : \$695 ;
-  assign \$697  = \port$3690$54 [19] ? \$690  : \$696 [47:0];
-  assign \$698  = \port$3690$54 [18] ? \$683  : \$697 [39:0];
-  assign \$699  = \port$3690$54 [17] ? \$668  : \$698 [35:0];
-  assign \$700  = \port$3690$54 [16] ? \$637  : \$699 [33:0];
+  assign \$576  = \port$3708$54 [21] ? \$575  : { x3, 1'h0 };
+  assign \$579  = \port$3708$54 [21] ? \$578  : { x3, 1'h0 };
+  assign \$580  = \port$3708$54 [20] ? \$577  : \$579 ;
+  assign \$583  = \port$3708$54 [21] ? \$582  : { x3, 1'h0 };
+  assign \$586  = \port$3708$54 [21] ? \$585  : { x3, 1'h0 };
+  assign \$587  = \port$3708$54 [20] ? \$584  : \$586 ;
+  assign \$588  = \port$3708$54 [19] ? \$581  : \$587 [47:0];
+  assign \$591  = \port$3708$54 [21] ? \$590  : { x3, 1'h0 };
+  assign \$594  = \port$3708$54 [21] ? \$593  : { x3, 1'h0 };
+  assign \$595  = \port$3708$54 [20] ? \$592  : \$594 ;
+  assign \$598  = \port$3708$54 [21] ? \$597  : { x3, 1'h0 };
+  assign \$601  = \port$3708$54 [21] ? \$600  : { x3, 1'h0 };
+  assign \$602  = \port$3708$54 [20] ? \$599  : \$601 ;
+  assign \$603  = \port$3708$54 [19] ? \$596  : \$602 [47:0];
+  assign \$604  = \port$3708$54 [18] ? \$589  : \$603 [39:0];
+  assign \$607  = \port$3708$54 [21] ? \$606  : { x3, 1'h0 };
+  assign \$610  = \port$3708$54 [21] ? \$609  : { x3, 1'h0 };
+  assign \$611  = \port$3708$54 [20] ? \$608  : \$610 ;
+  assign \$614  = \port$3708$54 [21] ? \$613  : { x3, 1'h0 };
+  assign \$617  = \port$3708$54 [21] ? \$616  : { x3, 1'h0 };
+  assign \$618  = \port$3708$54 [20] ? \$615  : \$617 ;
+  assign \$619  = \port$3708$54 [19] ? \$612  : \$618 [47:0];
+  assign \$622  = \port$3708$54 [21] ? \$621  : { x3, 1'h0 };
+  assign \$625  = \port$3708$54 [21] ? \$624  : { x3, 1'h0 };
+  assign \$626  = \port$3708$54 [20] ? \$623  : \$625 ;
+  assign \$629  = \port$3708$54 [21] ? \$628  : { x3, 1'h0 };
+  assign \$632  = \port$3708$54 [21] ? \$631  : { x3, 1'h0 };
+  assign \$633  = \port$3708$54 [20] ? \$630  : \$632 ;
+  assign \$634  = \port$3708$54 [19] ? \$627  : \$633 [47:0];
+  assign \$635  = \port$3708$54 [18] ? \$620  : \$634 [39:0];
+  assign \$636  = \port$3708$54 [17] ? \$605  : \$635 [35:0];
+  assign \$639  = \port$3708$54 [21] ? \$638  : { x3, 1'h0 };
+  assign \$642  = \port$3708$54 [21] ? \$641  : { x3, 1'h0 };
+  assign \$643  = \port$3708$54 [20] ? \$640  : \$642 ;
+  assign \$646  = \port$3708$54 [21] ? \$645  : { x3, 1'h0 };
+  assign \$649  = \port$3708$54 [21] ? \$648  : { x3, 1'h0 };
+  assign \$650  = \port$3708$54 [20] ? \$647  : \$649 ;
+  assign \$651  = \port$3708$54 [19] ? \$644  : \$650 [47:0];
+  assign \$654  = \port$3708$54 [21] ? \$653  : { x3, 1'h0 };
+  assign \$657  = \port$3708$54 [21] ? \$656  : { x3, 1'h0 };
+  assign \$658  = \port$3708$54 [20] ? \$655  : \$657 ;
+  assign \$661  = \port$3708$54 [21] ? \$660  : { x3, 1'h0 };
+  assign \$664  = \port$3708$54 [21] ? \$663  : { x3, 1'h0 };
+  assign \$665  = \port$3708$54 [20] ? \$662  : \$664 ;
+  assign \$666  = \port$3708$54 [19] ? \$659  : \$665 [47:0];
+  assign \$667  = \port$3708$54 [18] ? \$652  : \$666 [39:0];
+  assign \$670  = \port$3708$54 [21] ? \$669  : { x3, 1'h0 };
+  assign \$673  = \port$3708$54 [21] ? \$672  : { x3, 1'h0 };
+  assign \$674  = \port$3708$54 [20] ? \$671  : \$673 ;
+  assign \$677  = \port$3708$54 [21] ? \$676  : { x3, 1'h0 };
+  assign \$680  = \port$3708$54 [21] ? \$679  : { x3, 1'h0 };
+  assign \$681  = \port$3708$54 [20] ? \$678  : \$680 ;
+  assign \$682  = \port$3708$54 [19] ? \$675  : \$681 [47:0];
+  assign \$685  = \port$3708$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$688  = \port$3708$54 [21] ? \$687  : { x3, 1'h0 };
+  assign \$689  = \port$3708$54 [20] ? \$686  : \$688 ;
+  assign \$692  = \port$3708$54 [21] ? \$691  : { x3, 1'h0 };
+  assign \$695  = \port$3708$54 [21] ? \$694  : { x3, 1'h0 };
+  assign \$696  = \port$3708$54 [20] ? \$693  : \$695 ;
+  assign \$697  = \port$3708$54 [19] ? \$690  : \$696 [47:0];
+  assign \$698  = \port$3708$54 [18] ? \$683  : \$697 [39:0];
+  assign \$699  = \port$3708$54 [17] ? \$668  : \$698 [35:0];
+  assign \$700  = \port$3708$54 [16] ? \$637  : \$699 [33:0];
   assign \$701  = { x3, 1'h0 } & below;
   assign \$702  = | \$701 ;
   assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -27386,194 +27495,194 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$7  = $signed(\$5 ) + $signed(\$6 );
   assign \$10  = $signed(\$8 ) + $signed(\$9 );
   assign \$13  = $signed(\$11 ) + $signed(\$12 );
-  assign \$14  = \port$3690$54 [21:16] > 1'h0;
-  assign \$15  = \port$3690$54 [21:16] > 1'h1;
-  assign \$16  = \port$3690$54 [21:16] > 2'h2;
-  assign \$17  = \port$3690$54 [21:16] > 2'h3;
-  assign \$18  = \port$3690$54 [21:16] > 3'h4;
-  assign \$19  = \port$3690$54 [21:16] > 3'h5;
-  assign \$20  = \port$3690$54 [21:16] > 3'h6;
-  assign \$21  = \port$3690$54 [21:16] > 3'h7;
-  assign \$22  = \port$3690$54 [21:16] > 4'h8;
-  assign \$23  = \port$3690$54 [21:16] > 4'h9;
-  assign \$24  = \port$3690$54 [21:16] > 4'ha;
-  assign \$25  = \port$3690$54 [21:16] > 4'hb;
-  assign \$26  = \port$3690$54 [21:16] > 4'hc;
-  assign \$27  = \port$3690$54 [21:16] > 4'hd;
-  assign \$28  = \port$3690$54 [21:16] > 4'he;
-  assign \$29  = \port$3690$54 [21:16] > 4'hf;
-  assign \$30  = \port$3690$54 [21:16] > 5'h10;
-  assign \$31  = \port$3690$54 [21:16] > 5'h11;
-  assign \$32  = \port$3690$54 [21:16] > 5'h12;
-  assign \$33  = \port$3690$54 [21:16] > 5'h13;
-  assign \$34  = \port$3690$54 [21:16] > 5'h14;
-  assign \$35  = \port$3690$54 [21:16] > 5'h15;
-  assign \$36  = \port$3690$54 [21:16] > 5'h16;
-  assign \$37  = \port$3690$54 [21:16] > 5'h17;
-  assign \$38  = \port$3690$54 [21:16] > 5'h18;
-  assign \$39  = \port$3690$54 [21:16] > 5'h19;
-  assign \$40  = \port$3690$54 [21:16] > 5'h1a;
-  assign \$41  = \port$3690$54 [21:16] > 5'h1b;
-  assign \$42  = \port$3690$54 [21:16] > 5'h1c;
-  assign \$43  = \port$3690$54 [21:16] > 5'h1d;
-  assign \$44  = \port$3690$54 [21:16] > 5'h1e;
-  assign \$45  = \port$3690$54 [21:16] > 5'h1f;
-  assign \$46  = \port$3690$54 [21:16] > 6'h20;
-  assign \$47  = \port$3690$54 [21:16] > 6'h21;
-  assign \$48  = \port$3690$54 [21:16] > 6'h22;
-  assign \$49  = \port$3690$54 [21:16] > 6'h23;
-  assign \$50  = \port$3690$54 [21:16] > 6'h24;
-  assign \$51  = \port$3690$54 [21:16] > 6'h25;
-  assign \$52  = \port$3690$54 [21:16] > 6'h26;
-  assign \$53  = \port$3690$54 [21:16] > 6'h27;
-  assign \$54  = \port$3690$54 [21:16] > 6'h28;
-  assign \$55  = \port$3690$54 [21:16] > 6'h29;
-  assign \$56  = \port$3690$54 [21:16] > 6'h2a;
-  assign \$57  = \port$3690$54 [21:16] > 6'h2b;
-  assign \$58  = \port$3690$54 [21:16] > 6'h2c;
-  assign \$59  = \port$3690$54 [21:16] > 6'h2d;
-  assign \$60  = \port$3690$54 [21:16] > 6'h2e;
-  assign \$61  = \port$3690$54 [21:16] > 6'h2f;
-  assign \$62  = \port$3690$54 [21:16] > 6'h30;
-  assign \$63  = \port$3690$54 [21:16] + 6'h20;
+  assign \$14  = \port$3708$54 [21:16] > 1'h0;
+  assign \$15  = \port$3708$54 [21:16] > 1'h1;
+  assign \$16  = \port$3708$54 [21:16] > 2'h2;
+  assign \$17  = \port$3708$54 [21:16] > 2'h3;
+  assign \$18  = \port$3708$54 [21:16] > 3'h4;
+  assign \$19  = \port$3708$54 [21:16] > 3'h5;
+  assign \$20  = \port$3708$54 [21:16] > 3'h6;
+  assign \$21  = \port$3708$54 [21:16] > 3'h7;
+  assign \$22  = \port$3708$54 [21:16] > 4'h8;
+  assign \$23  = \port$3708$54 [21:16] > 4'h9;
+  assign \$24  = \port$3708$54 [21:16] > 4'ha;
+  assign \$25  = \port$3708$54 [21:16] > 4'hb;
+  assign \$26  = \port$3708$54 [21:16] > 4'hc;
+  assign \$27  = \port$3708$54 [21:16] > 4'hd;
+  assign \$28  = \port$3708$54 [21:16] > 4'he;
+  assign \$29  = \port$3708$54 [21:16] > 4'hf;
+  assign \$30  = \port$3708$54 [21:16] > 5'h10;
+  assign \$31  = \port$3708$54 [21:16] > 5'h11;
+  assign \$32  = \port$3708$54 [21:16] > 5'h12;
+  assign \$33  = \port$3708$54 [21:16] > 5'h13;
+  assign \$34  = \port$3708$54 [21:16] > 5'h14;
+  assign \$35  = \port$3708$54 [21:16] > 5'h15;
+  assign \$36  = \port$3708$54 [21:16] > 5'h16;
+  assign \$37  = \port$3708$54 [21:16] > 5'h17;
+  assign \$38  = \port$3708$54 [21:16] > 5'h18;
+  assign \$39  = \port$3708$54 [21:16] > 5'h19;
+  assign \$40  = \port$3708$54 [21:16] > 5'h1a;
+  assign \$41  = \port$3708$54 [21:16] > 5'h1b;
+  assign \$42  = \port$3708$54 [21:16] > 5'h1c;
+  assign \$43  = \port$3708$54 [21:16] > 5'h1d;
+  assign \$44  = \port$3708$54 [21:16] > 5'h1e;
+  assign \$45  = \port$3708$54 [21:16] > 5'h1f;
+  assign \$46  = \port$3708$54 [21:16] > 6'h20;
+  assign \$47  = \port$3708$54 [21:16] > 6'h21;
+  assign \$48  = \port$3708$54 [21:16] > 6'h22;
+  assign \$49  = \port$3708$54 [21:16] > 6'h23;
+  assign \$50  = \port$3708$54 [21:16] > 6'h24;
+  assign \$51  = \port$3708$54 [21:16] > 6'h25;
+  assign \$52  = \port$3708$54 [21:16] > 6'h26;
+  assign \$53  = \port$3708$54 [21:16] > 6'h27;
+  assign \$54  = \port$3708$54 [21:16] > 6'h28;
+  assign \$55  = \port$3708$54 [21:16] > 6'h29;
+  assign \$56  = \port$3708$54 [21:16] > 6'h2a;
+  assign \$57  = \port$3708$54 [21:16] > 6'h2b;
+  assign \$58  = \port$3708$54 [21:16] > 6'h2c;
+  assign \$59  = \port$3708$54 [21:16] > 6'h2d;
+  assign \$60  = \port$3708$54 [21:16] > 6'h2e;
+  assign \$61  = \port$3708$54 [21:16] > 6'h2f;
+  assign \$62  = \port$3708$54 [21:16] > 6'h30;
+  assign \$63  = \port$3708$54 [21:16] + 6'h20;
   assign \$64  = \$63  <= 1'h0;
-  assign \$65  = \port$3690$54 [21:16] + 6'h20;
+  assign \$65  = \port$3708$54 [21:16] + 6'h20;
   assign \$66  = \$65  <= 1'h1;
-  assign \$67  = \port$3690$54 [21:16] + 6'h20;
+  assign \$67  = \port$3708$54 [21:16] + 6'h20;
   assign \$68  = \$67  <= 2'h2;
-  assign \$69  = \port$3690$54 [21:16] + 6'h20;
+  assign \$69  = \port$3708$54 [21:16] + 6'h20;
   assign \$70  = \$69  <= 2'h3;
-  assign \$71  = \port$3690$54 [21:16] + 6'h20;
+  assign \$71  = \port$3708$54 [21:16] + 6'h20;
   assign \$72  = \$71  <= 3'h4;
-  assign \$73  = \port$3690$54 [21:16] + 6'h20;
+  assign \$73  = \port$3708$54 [21:16] + 6'h20;
   assign \$74  = \$73  <= 3'h5;
-  assign \$75  = \port$3690$54 [21:16] + 6'h20;
+  assign \$75  = \port$3708$54 [21:16] + 6'h20;
   assign \$76  = \$75  <= 3'h6;
-  assign \$77  = \port$3690$54 [21:16] + 6'h20;
+  assign \$77  = \port$3708$54 [21:16] + 6'h20;
   assign \$78  = \$77  <= 3'h7;
-  assign \$79  = \port$3690$54 [21:16] + 6'h20;
+  assign \$79  = \port$3708$54 [21:16] + 6'h20;
   assign \$80  = \$79  <= 4'h8;
-  assign \$81  = \port$3690$54 [21:16] + 6'h20;
+  assign \$81  = \port$3708$54 [21:16] + 6'h20;
   assign \$82  = \$81  <= 4'h9;
-  assign \$83  = \port$3690$54 [21:16] + 6'h20;
+  assign \$83  = \port$3708$54 [21:16] + 6'h20;
   assign \$84  = \$83  <= 4'ha;
-  assign \$85  = \port$3690$54 [21:16] + 6'h20;
+  assign \$85  = \port$3708$54 [21:16] + 6'h20;
   assign \$86  = \$85  <= 4'hb;
-  assign \$87  = \port$3690$54 [21:16] + 6'h20;
+  assign \$87  = \port$3708$54 [21:16] + 6'h20;
   assign \$88  = \$87  <= 4'hc;
-  assign \$89  = \port$3690$54 [21:16] + 6'h20;
+  assign \$89  = \port$3708$54 [21:16] + 6'h20;
   assign \$90  = \$89  <= 4'hd;
-  assign \$91  = \port$3690$54 [21:16] + 6'h20;
+  assign \$91  = \port$3708$54 [21:16] + 6'h20;
   assign \$92  = \$91  <= 4'he;
-  assign \$93  = \port$3690$54 [21:16] + 6'h20;
+  assign \$93  = \port$3708$54 [21:16] + 6'h20;
   assign \$94  = \$93  <= 4'hf;
-  assign \$95  = \port$3690$54 [21:16] + 6'h20;
+  assign \$95  = \port$3708$54 [21:16] + 6'h20;
   assign \$96  = \$95  <= 5'h10;
-  assign \$97  = \port$3690$54 [21:16] + 6'h20;
+  assign \$97  = \port$3708$54 [21:16] + 6'h20;
   assign \$98  = \$97  <= 5'h11;
-  assign \$99  = \port$3690$54 [21:16] + 6'h20;
+  assign \$99  = \port$3708$54 [21:16] + 6'h20;
   assign \$100  = \$99  <= 5'h12;
-  assign \$101  = \port$3690$54 [21:16] + 6'h20;
+  assign \$101  = \port$3708$54 [21:16] + 6'h20;
   assign \$102  = \$101  <= 5'h13;
-  assign \$103  = \port$3690$54 [21:16] + 6'h20;
+  assign \$103  = \port$3708$54 [21:16] + 6'h20;
   assign \$104  = \$103  <= 5'h14;
-  assign \$105  = \port$3690$54 [21:16] + 6'h20;
+  assign \$105  = \port$3708$54 [21:16] + 6'h20;
   assign \$106  = \$105  <= 5'h15;
-  assign \$107  = \port$3690$54 [21:16] + 6'h20;
+  assign \$107  = \port$3708$54 [21:16] + 6'h20;
   assign \$108  = \$107  <= 5'h16;
-  assign \$109  = \port$3690$54 [21:16] + 6'h20;
+  assign \$109  = \port$3708$54 [21:16] + 6'h20;
   assign \$110  = \$109  <= 5'h17;
-  assign \$111  = \port$3690$54 [21:16] + 6'h20;
+  assign \$111  = \port$3708$54 [21:16] + 6'h20;
   assign \$112  = \$111  <= 5'h18;
-  assign \$113  = \port$3690$54 [21:16] + 6'h20;
+  assign \$113  = \port$3708$54 [21:16] + 6'h20;
   assign \$114  = \$113  <= 5'h19;
-  assign \$115  = \port$3690$54 [21:16] + 6'h20;
+  assign \$115  = \port$3708$54 [21:16] + 6'h20;
   assign \$116  = \$115  <= 5'h1a;
-  assign \$117  = \port$3690$54 [21:16] + 6'h20;
+  assign \$117  = \port$3708$54 [21:16] + 6'h20;
   assign \$118  = \$117  <= 5'h1b;
-  assign \$119  = \port$3690$54 [21:16] + 6'h20;
+  assign \$119  = \port$3708$54 [21:16] + 6'h20;
   assign \$120  = \$119  <= 5'h1c;
-  assign \$121  = \port$3690$54 [21:16] + 6'h20;
+  assign \$121  = \port$3708$54 [21:16] + 6'h20;
   assign \$122  = \$121  <= 5'h1d;
-  assign \$123  = \port$3690$54 [21:16] + 6'h20;
+  assign \$123  = \port$3708$54 [21:16] + 6'h20;
   assign \$124  = \$123  <= 5'h1e;
-  assign \$125  = \port$3690$54 [21:16] + 6'h20;
+  assign \$125  = \port$3708$54 [21:16] + 6'h20;
   assign \$126  = \$125  <= 5'h1f;
-  assign \$127  = \port$3690$54 [21:16] + 6'h20;
+  assign \$127  = \port$3708$54 [21:16] + 6'h20;
   assign \$128  = \$127  <= 6'h20;
-  assign \$129  = \port$3690$54 [21:16] + 6'h20;
+  assign \$129  = \port$3708$54 [21:16] + 6'h20;
   assign \$130  = \$129  <= 6'h21;
-  assign \$131  = \port$3690$54 [21:16] + 6'h20;
+  assign \$131  = \port$3708$54 [21:16] + 6'h20;
   assign \$132  = \$131  <= 6'h22;
-  assign \$133  = \port$3690$54 [21:16] + 6'h20;
+  assign \$133  = \port$3708$54 [21:16] + 6'h20;
   assign \$134  = \$133  <= 6'h23;
-  assign \$135  = \port$3690$54 [21:16] + 6'h20;
+  assign \$135  = \port$3708$54 [21:16] + 6'h20;
   assign \$136  = \$135  <= 6'h24;
-  assign \$137  = \port$3690$54 [21:16] + 6'h20;
+  assign \$137  = \port$3708$54 [21:16] + 6'h20;
   assign \$138  = \$137  <= 6'h25;
-  assign \$139  = \port$3690$54 [21:16] + 6'h20;
+  assign \$139  = \port$3708$54 [21:16] + 6'h20;
   assign \$140  = \$139  <= 6'h26;
-  assign \$141  = \port$3690$54 [21:16] + 6'h20;
+  assign \$141  = \port$3708$54 [21:16] + 6'h20;
   assign \$142  = \$141  <= 6'h27;
-  assign \$143  = \port$3690$54 [21:16] + 6'h20;
+  assign \$143  = \port$3708$54 [21:16] + 6'h20;
   assign \$144  = \$143  <= 6'h28;
-  assign \$145  = \port$3690$54 [21:16] + 6'h20;
+  assign \$145  = \port$3708$54 [21:16] + 6'h20;
   assign \$146  = \$145  <= 6'h29;
-  assign \$147  = \port$3690$54 [21:16] + 6'h20;
+  assign \$147  = \port$3708$54 [21:16] + 6'h20;
   assign \$148  = \$147  <= 6'h2a;
-  assign \$149  = \port$3690$54 [21:16] + 6'h20;
+  assign \$149  = \port$3708$54 [21:16] + 6'h20;
   assign \$150  = \$149  <= 6'h2b;
-  assign \$151  = \port$3690$54 [21:16] + 6'h20;
+  assign \$151  = \port$3708$54 [21:16] + 6'h20;
   assign \$152  = \$151  <= 6'h2c;
-  assign \$153  = \port$3690$54 [21:16] + 6'h20;
+  assign \$153  = \port$3708$54 [21:16] + 6'h20;
   assign \$154  = \$153  <= 6'h2d;
-  assign \$155  = \port$3690$54 [21:16] + 6'h20;
+  assign \$155  = \port$3708$54 [21:16] + 6'h20;
   assign \$156  = \$155  <= 6'h2e;
-  assign \$157  = \port$3690$54 [21:16] + 6'h20;
+  assign \$157  = \port$3708$54 [21:16] + 6'h20;
   assign \$158  = \$157  <= 6'h2f;
-  assign \$159  = \port$3690$54 [21:16] + 6'h20;
+  assign \$159  = \port$3708$54 [21:16] + 6'h20;
   assign \$160  = \$159  <= 6'h30;
-  assign \$162  = \port$3690$54 [21] ? \$161  : { x0, 1'h0 };
-  assign \$165  = \port$3690$54 [21] ? \$164  : { x0, 1'h0 };
-  assign \$166  = \port$3690$54 [20] ? \$163  : \$165 ;
-  assign \$169  = \port$3690$54 [21] ? \$168  : { x0, 1'h0 };
-  assign \$172  = \port$3690$54 [21] ? \$171  : { x0, 1'h0 };
-  assign \$173  = \port$3690$54 [20] ? \$170  : \$172 ;
-  assign \$174  = \port$3690$54 [19] ? \$167  : \$173 [47:0];
-  assign \$177  = \port$3690$54 [21] ? \$176  : { x0, 1'h0 };
-  assign \$180  = \port$3690$54 [21] ? \$179  : { x0, 1'h0 };
-  assign \$181  = \port$3690$54 [20] ? \$178  : \$180 ;
-  assign \$184  = \port$3690$54 [21] ? \$183  : { x0, 1'h0 };
-  assign \$187  = \port$3690$54 [21] ? \$186  : { x0, 1'h0 };
-  assign \$188  = \port$3690$54 [20] ? \$185  : \$187 ;
-  assign \$189  = \port$3690$54 [19] ? \$182  : \$188 [47:0];
-  assign \$190  = \port$3690$54 [18] ? \$175  : \$189 [39:0];
-  assign \$193  = \port$3690$54 [21] ? \$192  : { x0, 1'h0 };
-  assign \$196  = \port$3690$54 [21] ? \$195  : { x0, 1'h0 };
-  assign \$197  = \port$3690$54 [20] ? \$194  : \$196 ;
-  assign \$200  = \port$3690$54 [21] ? \$199  : { x0, 1'h0 };
-  assign \$203  = \port$3690$54 [21] ? \$202  : { x0, 1'h0 };
-  assign \$204  = \port$3690$54 [20] ? \$201  : \$203 ;
-  assign \$205  = \port$3690$54 [19] ? \$198  : \$204 [47:0];
-  assign \$208  = \port$3690$54 [21] ? \$207  : { x0, 1'h0 };
-  assign \$211  = \port$3690$54 [21] ? \$210  : { x0, 1'h0 };
-  assign \$212  = \port$3690$54 [20] ? \$209  : \$211 ;
-  assign \$215  = \port$3690$54 [21] ? \$214  : { x0, 1'h0 };
-  assign \$218  = \port$3690$54 [21] ? \$217  : { x0, 1'h0 };
-  assign \$219  = \port$3690$54 [20] ? \$216  : \$218 ;
-  assign \$220  = \port$3690$54 [19] ? \$213  : \$219 [47:0];
-  assign \$221  = \port$3690$54 [18] ? \$206  : \$220 [39:0];
-  assign \$222  = \port$3690$54 [17] ? \$191  : \$221 [35:0];
-  assign \$225  = \port$3690$54 [21] ? \$224  : { x0, 1'h0 };
-  assign \$228  = \port$3690$54 [21] ? \$227  : { x0, 1'h0 };
-  assign \$229  = \port$3690$54 [20] ? \$226  : \$228 ;
-  assign \$232  = \port$3690$54 [21] ? \$231  : { x0, 1'h0 };
-  assign \$235  = \port$3690$54 [21] ? \$234  : { x0, 1'h0 };
-  assign \$236  = \port$3690$54 [20] ? \$233  : \$235 ;
-  assign \$237  = \port$3690$54 [19] ? \$230  : \$236 [47:0];
-  assign \$240  = \port$3690$54 [21] ? \$239  : { x0, 1'h0 };
-  assign \$243  = \port$3690$54 [21] ? \$242  : { x0, 1'h0 };
-  assign \$244  = \port$3690$54 [20] ? \$241  : \$243 ;
+  assign \$162  = \port$3708$54 [21] ? \$161  : { x0, 1'h0 };
+  assign \$165  = \port$3708$54 [21] ? \$164  : { x0, 1'h0 };
+  assign \$166  = \port$3708$54 [20] ? \$163  : \$165 ;
+  assign \$169  = \port$3708$54 [21] ? \$168  : { x0, 1'h0 };
+  assign \$172  = \port$3708$54 [21] ? \$171  : { x0, 1'h0 };
+  assign \$173  = \port$3708$54 [20] ? \$170  : \$172 ;
+  assign \$174  = \port$3708$54 [19] ? \$167  : \$173 [47:0];
+  assign \$177  = \port$3708$54 [21] ? \$176  : { x0, 1'h0 };
+  assign \$180  = \port$3708$54 [21] ? \$179  : { x0, 1'h0 };
+  assign \$181  = \port$3708$54 [20] ? \$178  : \$180 ;
+  assign \$184  = \port$3708$54 [21] ? \$183  : { x0, 1'h0 };
+  assign \$187  = \port$3708$54 [21] ? \$186  : { x0, 1'h0 };
+  assign \$188  = \port$3708$54 [20] ? \$185  : \$187 ;
+  assign \$189  = \port$3708$54 [19] ? \$182  : \$188 [47:0];
+  assign \$190  = \port$3708$54 [18] ? \$175  : \$189 [39:0];
+  assign \$193  = \port$3708$54 [21] ? \$192  : { x0, 1'h0 };
+  assign \$196  = \port$3708$54 [21] ? \$195  : { x0, 1'h0 };
+  assign \$197  = \port$3708$54 [20] ? \$194  : \$196 ;
+  assign \$200  = \port$3708$54 [21] ? \$199  : { x0, 1'h0 };
+  assign \$203  = \port$3708$54 [21] ? \$202  : { x0, 1'h0 };
+  assign \$204  = \port$3708$54 [20] ? \$201  : \$203 ;
+  assign \$205  = \port$3708$54 [19] ? \$198  : \$204 [47:0];
+  assign \$208  = \port$3708$54 [21] ? \$207  : { x0, 1'h0 };
+  assign \$211  = \port$3708$54 [21] ? \$210  : { x0, 1'h0 };
+  assign \$212  = \port$3708$54 [20] ? \$209  : \$211 ;
+  assign \$215  = \port$3708$54 [21] ? \$214  : { x0, 1'h0 };
+  assign \$218  = \port$3708$54 [21] ? \$217  : { x0, 1'h0 };
+  assign \$219  = \port$3708$54 [20] ? \$216  : \$218 ;
+  assign \$220  = \port$3708$54 [19] ? \$213  : \$219 [47:0];
+  assign \$221  = \port$3708$54 [18] ? \$206  : \$220 [39:0];
+  assign \$222  = \port$3708$54 [17] ? \$191  : \$221 [35:0];
+  assign \$225  = \port$3708$54 [21] ? \$224  : { x0, 1'h0 };
+  assign \$228  = \port$3708$54 [21] ? \$227  : { x0, 1'h0 };
+  assign \$229  = \port$3708$54 [20] ? \$226  : \$228 ;
+  assign \$232  = \port$3708$54 [21] ? \$231  : { x0, 1'h0 };
+  assign \$235  = \port$3708$54 [21] ? \$234  : { x0, 1'h0 };
+  assign \$236  = \port$3708$54 [20] ? \$233  : \$235 ;
+  assign \$237  = \port$3708$54 [19] ? \$230  : \$236 [47:0];
+  assign \$240  = \port$3708$54 [21] ? \$239  : { x0, 1'h0 };
+  assign \$243  = \port$3708$54 [21] ? \$242  : { x0, 1'h0 };
+  assign \$244  = \port$3708$54 [20] ? \$241  : \$243 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -27585,8 +27694,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$3690$54 (\port$3690$54 [15:0]),
-    .\port$3708$0 (i__payload),
+    .\port$3708$54 (\port$3708$54 [15:0]),
+    .\port$3726$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -28123,23 +28232,23 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$3690$54 [15:0] };
-  assign mult = \port$3690$54 [15:0];
+  assign b__0 = { 2'h0, \port$3708$54 [15:0] };
+  assign mult = \port$3708$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$3690$54 [15:0] };
+  assign b__1 = { 2'h0, \port$3708$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$3690$54 [15:0] };
+  assign b__2 = { 2'h0, \port$3708$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$3690$54 [15:0] };
+  assign b__3 = { 2'h0, \port$3708$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$3690$54 [15:0] };
+  assign b__4 = { 2'h0, \port$3708$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$3690$54 [15:0] };
+  assign b__5 = { 2'h0, \port$3708$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$3690$54 [15:0] };
+  assign b__6 = { 2'h0, \port$3708$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$3690$54 [15:0] };
-  assign shift = \port$3690$54 [21:16];
+  assign b__7 = { 2'h0, \port$3708$54 [15:0] };
+  assign shift = \port$3708$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -28242,8 +28351,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$337  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$339  = { \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48:16] };
   assign \$340  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$344  = { \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39:4] };
   assign \$345  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$344  = { \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39:4] };
   assign \$347  = { \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48:16] };
   assign \$348  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$351  = { \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47:8] };
@@ -28254,8 +28363,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$362  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$364  = { \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48:16] };
   assign \$365  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$369  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$368  = { \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47:8] };
+  assign \$369  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$371  = { \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48:16] };
   assign \$372  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$376  = { \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39:4] };
@@ -28411,7 +28520,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3708$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3708$54 , \port$3726$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -28497,10 +28606,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$3690$54 ;
-  wire [15:0] \port$3690$54 ;
-  input [127:0] \port$3708$0 ;
-  wire [127:0] \port$3708$0 ;
+  input [15:0] \port$3708$54 ;
+  wire [15:0] \port$3708$54 ;
+  input [127:0] \port$3726$0 ;
+  wire [127:0] \port$3726$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -28565,7 +28674,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$3708$0 [16:0] };
+      \$9  = { 1'h0, \port$3726$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -28578,7 +28687,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$3690$54  };
+      \$10  = { 2'h0, \port$3708$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -28604,7 +28713,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$3708$0 [31], \port$3708$0 [31], \port$3708$0 [31], \port$3708$0 [31:17] };
+      \$12  = { \port$3726$0 [31], \port$3726$0 [31], \port$3726$0 [31], \port$3726$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -28617,7 +28726,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$3690$54  };
+      \$13  = { 2'h0, \port$3708$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -28643,7 +28752,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$3708$0 [48:32] };
+      \$15  = { 1'h0, \port$3726$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -28656,7 +28765,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$3690$54  };
+      \$16  = { 2'h0, \port$3708$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -28682,7 +28791,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$3708$0 [63], \port$3708$0 [63], \port$3708$0 [63], \port$3708$0 [63:49] };
+      \$18  = { \port$3726$0 [63], \port$3726$0 [63], \port$3726$0 [63], \port$3726$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -28695,7 +28804,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$3690$54  };
+      \$19  = { 2'h0, \port$3708$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -28721,7 +28830,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$3708$0 [80:64] };
+      \$21  = { 1'h0, \port$3726$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -28734,7 +28843,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$3690$54  };
+      \$22  = { 2'h0, \port$3708$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -28760,7 +28869,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$3708$0 [95], \port$3708$0 [95], \port$3708$0 [95], \port$3708$0 [95:81] };
+      \$24  = { \port$3726$0 [95], \port$3726$0 [95], \port$3726$0 [95], \port$3726$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -28773,7 +28882,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$3690$54  };
+      \$25  = { 2'h0, \port$3708$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -28799,7 +28908,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$3708$0 [112:96] };
+      \$27  = { 1'h0, \port$3726$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -28812,7 +28921,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$3690$54  };
+      \$28  = { 2'h0, \port$3708$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -28838,7 +28947,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$3708$0 [127], \port$3708$0 [127], \port$3708$0 [127], \port$3708$0 [127:113] };
+      \$30  = { \port$3726$0 [127], \port$3726$0 [127], \port$3726$0 [127], \port$3726$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -28851,7 +28960,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$3690$54  };
+      \$31  = { 2'h0, \port$3708$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -28873,22 +28982,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3690$54 , \port$3
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3708$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3690$54  };
-  assign a__1 = { \port$3708$0 [31], \port$3708$0 [31], \port$3708$0 [31], \port$3708$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3690$54  };
-  assign a__2 = { 1'h0, \port$3708$0 [48:32] };
-  assign b__2 = { 2'h0, \port$3690$54  };
-  assign a__3 = { \port$3708$0 [63], \port$3708$0 [63], \port$3708$0 [63], \port$3708$0 [63:49] };
-  assign b__3 = { 2'h0, \port$3690$54  };
-  assign a__4 = { 1'h0, \port$3708$0 [80:64] };
-  assign b__4 = { 2'h0, \port$3690$54  };
-  assign a__5 = { \port$3708$0 [95], \port$3708$0 [95], \port$3708$0 [95], \port$3708$0 [95:81] };
-  assign b__5 = { 2'h0, \port$3690$54  };
-  assign a__6 = { 1'h0, \port$3708$0 [112:96] };
-  assign b__6 = { 2'h0, \port$3690$54  };
-  assign a__7 = { \port$3708$0 [127], \port$3708$0 [127], \port$3708$0 [127], \port$3708$0 [127:113] };
-  assign b__7 = { 2'h0, \port$3690$54  };
+  assign a__0 = { 1'h0, \port$3726$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3708$54  };
+  assign a__1 = { \port$3726$0 [31], \port$3726$0 [31], \port$3726$0 [31], \port$3726$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3708$54  };
+  assign a__2 = { 1'h0, \port$3726$0 [48:32] };
+  assign b__2 = { 2'h0, \port$3708$54  };
+  assign a__3 = { \port$3726$0 [63], \port$3726$0 [63], \port$3726$0 [63], \port$3726$0 [63:49] };
+  assign b__3 = { 2'h0, \port$3708$54  };
+  assign a__4 = { 1'h0, \port$3726$0 [80:64] };
+  assign b__4 = { 2'h0, \port$3708$54  };
+  assign a__5 = { \port$3726$0 [95], \port$3726$0 [95], \port$3726$0 [95], \port$3726$0 [95:81] };
+  assign b__5 = { 2'h0, \port$3708$54  };
+  assign a__6 = { 1'h0, \port$3726$0 [112:96] };
+  assign b__6 = { 2'h0, \port$3708$54  };
+  assign a__7 = { \port$3726$0 [127], \port$3726$0 [127], \port$3726$0 [127], \port$3726$0 [127:113] };
+  assign b__7 = { 2'h0, \port$3708$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -29106,7 +29215,7 @@ module \nanokpu_kpu.regs (bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult, shift, o__valid, o__payload, clk);
+module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult, shift, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -29723,8 +29832,8 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$3229$0 (i__payload),
-    .\port$3420$0 (mult),
+    .\port$3338$0 (i__payload),
+    .\port$3438$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30021,7 +30130,7 @@ module \nanokpu_kpu.requant (rst, advance, i__payload, i__valid, unit_rst, mult,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, \port$3229$0 , unit_rst, \port$3420$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3338$0 , \port$3438$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -30047,10 +30156,10 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3229$0 , unit_rst, \port$3420$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$3229$0 ;
-  wire [31:0] \port$3229$0 ;
-  input [15:0] \port$3420$0 ;
-  wire [15:0] \port$3420$0 ;
+  input [31:0] \port$3338$0 ;
+  wire [31:0] \port$3338$0 ;
+  input [15:0] \port$3438$0 ;
+  wire [15:0] \port$3438$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30073,7 +30182,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3229$0 , unit_rst, \port$3420$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$3229$0 [16:0] };
+      \$3  = { 1'h0, \port$3338$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -30086,7 +30195,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3229$0 , unit_rst, \port$3420$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$3420$0  };
+      \$4  = { 2'h0, \port$3438$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -30112,7 +30221,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3229$0 , unit_rst, \port$3420$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$3229$0 [31], \port$3229$0 [31], \port$3229$0 [31], \port$3229$0 [31:17] };
+      \$6  = { \port$3338$0 [31], \port$3338$0 [31], \port$3338$0 [31], \port$3338$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -30125,7 +30234,7 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3229$0 , unit_rst, \port$3420$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$3420$0  };
+      \$7  = { 2'h0, \port$3438$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -30147,10 +30256,10 @@ module \nanokpu_kpu.requant.mul (rst, en, \port$3229$0 , unit_rst, \port$3420$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3229$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3420$0  };
-  assign a__1 = { \port$3229$0 [31], \port$3229$0 [31], \port$3229$0 [31], \port$3229$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3420$0  };
+  assign a__0 = { 1'h0, \port$3338$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3438$0  };
+  assign a__1 = { \port$3338$0 [31], \port$3338$0 [31], \port$3338$0 [31], \port$3338$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3438$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -31408,7 +31517,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.sigmoid (rst, advance, x, i__valid, unit_rst, o__valid, o__payload, clk);
+module \nanokpu_kpu.sigmoid (rst, advance, i__valid, unit_rst, x, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
   wire \$1 ;
   wire [4:0] \$2 ;
@@ -31480,7 +31589,7 @@ module \nanokpu_kpu.sigmoid (rst, advance, x, i__valid, unit_rst, o__valid, o__p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.sigmoid.pwl (rst, port__en, x, unit_rst, y, clk);
+module \nanokpu_kpu.sigmoid.pwl (rst, port__en, unit_rst, x, y, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
   wire [16:0] \$1 ;
   wire [18:0] \$10 ;
