@@ -70,9 +70,10 @@ class VectorUnit(wiring.Component):
     i : In(stream.Signature(vector_in_layout(cfg)))
     o : Out(stream.Signature(signed(max(act_width, out_width))))
 
-    Timing: ``ADD`` and ``COMBINE`` take one beat per cycle, results 1 cycle after the beat
-    (a registered output; backpressure stalls the input). ``NORM`` takes pass 0 at one beat per
-    cycle, then :attr:`norm_row_cycles` - ``n`` cycles for the mean and the square root, then
+    Timing: ``ADD`` and ``COMBINE`` take one beat per cycle (backpressure stalls the input);
+    an ``ADD`` result comes 1 cycle after its beat, a ``COMBINE`` result 2 cycles after the
+    group's ``last`` beat (the product registered, then the registered output). ``NORM`` takes
+    pass 0 at one beat per cycle, then :attr:`norm_row_cycles` - ``n`` cycles for the mean and the square root, then
     :attr:`norm_elem_cycles` cycles per element of pass 1 (a divider per element).
     """
 
@@ -120,6 +121,8 @@ class VectorUnit(wiring.Component):
             m.d.sync += o_valid.eq(0)
         free = ~o_valid | o.ready
         beat = i.payload
+        p_valid, p_last = Signal(), Signal()
+        prod = Signal(signed(len(beat.a) + len(beat.b)))
 
         # -- NORM --------------------------------------------------------------------------
         m.submodules.div_ms = div_ms = SeqDivider(self.sum_width, N_WIDTH)
@@ -139,10 +142,14 @@ class VectorUnit(wiring.Component):
                 with m.If(i.valid & free):
                     m.d.sync += [o_valid.eq(1), o_data.eq(_sat(beat.a + beat.b, act))]
             with m.Case(VecOp.COMBINE):
-                m.d.comb += i.ready.eq(free)
-                total = acc + beat.a * beat.b
-                with m.If(i.valid & free):
-                    with m.If(beat.last):
+                # two stages: the product registered, then accumulated
+                p_free = ~p_valid | free
+                m.d.comb += i.ready.eq(p_free)
+                with m.If(p_free):
+                    m.d.sync += [p_valid.eq(i.valid), prod.eq(beat.a * beat.b), p_last.eq(beat.last)]
+                total = acc + prod
+                with m.If(p_valid & free):
+                    with m.If(p_last):
                         m.d.sync += [acc.eq(0), o_valid.eq(1),
                                      o_data.eq(_sat(round_shift(total, cfg.weight_frac, cfg.rounding),
                                                     act))]
