@@ -238,6 +238,7 @@ class NanoKPU(wiring.Component):
         lanes_busy = Cat(*(y for y, _, _ in mul), LH[0]).any()
         ln, mk, p2, p3, p4, host_eff = mul[0][2], mul[1][2], mul[2][2], mul[3][2], mul[4][2], LH[2]
         ph2 = Signal()       # COMBINE: L3 loaded with m*(k*n)
+        checked = Signal()   # decode_q holds the checks of the settled lanes
 
         op = ins.op
         m_eff = Signal(16)
@@ -361,6 +362,8 @@ class NanoKPU(wiring.Component):
             m.d.comb += decode_err.eq(Err.SPAD_RANGE)
         with m.Elif(uses_host & ~host_ok):
             m.d.comb += decode_err.eq(Err.HOST_RANGE)
+        decode_q = Signal(8)         # registered: the checks are a long path
+        m.d.sync += decode_q.eq(decode_err)
 
         # -- streaming engine for element-wise ops --------------------------------------------
         # a 3-level walk (i0 innermost) over the a and b operands; one element per cycle
@@ -577,7 +580,7 @@ class NanoKPU(wiring.Component):
                     m.d.comb += [im_rd.addr.eq(pc), im_rd.en.eq(1)]
                     m.next = "FETCH2"
             with state("FETCH2"):
-                m.d.sync += [ins.eq(im_rd.data), ph2.eq(0)]
+                m.d.sync += [ins.eq(im_rd.data), ph2.eq(0), checked.eq(0)]
                 load_lanes(data.View(INSTR_LAYOUT, im_rd.data))
                 m.next = "DECODE"
             with state("DECODE"):
@@ -589,8 +592,10 @@ class NanoKPU(wiring.Component):
                 with m.Elif(op == Op.HALT):
                     m.d.sync += [running.eq(0), done.eq(1)]
                     m.next = "IDLE"
-                with m.Elif(decode_err != 0):
-                    stop(decode_err)
+                with m.Elif(~checked):
+                    m.d.sync += checked.eq(1)     # decode_q settles
+                with m.Elif(decode_q != 0):
+                    stop(decode_q)
                 with m.Else():
                     for o, u in OP_UNIT.items():
                         with m.If(op == o):

@@ -18,18 +18,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$107 ;
   wire [14:0] \$108 ;
   wire [13:0] \$109 ;
-  wire [7:0] \$1098 ;
   wire \$11 ;
   wire [16:0] \$110 ;
+  wire [7:0] \$1102 ;
   wire \$111 ;
-  wire [7:0] \$1112 ;
+  wire [7:0] \$1116 ;
   wire [16:0] \$112 ;
   wire [13:0] \$113 ;
-  wire [6:0] \$1138 ;
   wire [16:0] \$114 ;
-  wire [7:0] \$1142 ;
-  wire [8:0] \$1145 ;
+  wire [6:0] \$1143 ;
+  wire [7:0] \$1147 ;
   wire \$115 ;
+  wire [8:0] \$1150 ;
   wire [16:0] \$116 ;
   wire [13:0] \$117 ;
   wire [16:0] \$118 ;
@@ -209,25 +209,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$275 ;
   wire \$276 ;
   wire \$277 ;
-  wire [4:0] \$278 ;
-  wire [13:0] \$279 ;
+  wire \$278 ;
+  wire [4:0] \$279 ;
   wire [43:0] \$28 ;
-  wire [4:0] \$280 ;
-  wire [13:0] \$281 ;
-  wire [14:0] \$282 ;
+  wire [13:0] \$280 ;
+  wire [4:0] \$281 ;
+  wire [13:0] \$282 ;
   wire [14:0] \$283 ;
-  wire \$284 ;
+  wire [14:0] \$284 ;
   wire \$285 ;
-  wire [14:0] \$286 ;
-  wire \$287 ;
-  wire [7:0] \$288 ;
-  wire \$289 ;
+  wire \$286 ;
+  wire [14:0] \$287 ;
+  wire \$288 ;
+  wire [7:0] \$289 ;
   wire \$29 ;
-  wire [15:0] \$290 ;
-  wire [31:0] \$291 ;
+  wire \$290 ;
+  wire [15:0] \$291 ;
   wire [31:0] \$292 ;
   wire [31:0] \$293 ;
-  wire \$294 ;
+  wire [31:0] \$294 ;
   wire \$295 ;
   wire \$296 ;
   wire \$297 ;
@@ -236,52 +236,52 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$3 ;
   wire \$30 ;
   wire \$300 ;
-  wire [14:0] \$301 ;
-  wire [13:0] \$302 ;
-  wire \$303 ;
-  wire [4:0] \$304 ;
-  wire \$305 ;
+  wire \$301 ;
+  wire [14:0] \$302 ;
+  wire [13:0] \$303 ;
+  wire \$304 ;
+  wire [4:0] \$305 ;
   wire \$306 ;
   wire \$307 ;
   wire \$308 ;
   wire \$309 ;
   wire \$31 ;
-  wire [13:0] \$310 ;
-  wire \$311 ;
+  wire \$310 ;
+  wire [13:0] \$311 ;
   wire \$312 ;
   wire \$313 ;
-  wire [13:0] \$314 ;
-  wire \$315 ;
-  wire [13:0] \$316 ;
-  wire [14:0] \$317 ;
+  wire \$314 ;
+  wire [13:0] \$315 ;
+  wire \$316 ;
+  wire [13:0] \$317 ;
   wire [14:0] \$318 ;
-  wire \$319 ;
+  wire [14:0] \$319 ;
   wire [9:0] \$32 ;
-  wire [14:0] \$320 ;
-  wire [13:0] \$321 ;
-  wire [14:0] \$322 ;
+  wire \$320 ;
+  wire [14:0] \$321 ;
+  wire [13:0] \$322 ;
   wire [14:0] \$323 ;
-  wire \$324 ;
-  wire [13:0] \$325 ;
-  wire [14:0] \$326 ;
-  wire [13:0] \$327 ;
-  wire [14:0] \$328 ;
-  wire \$329 ;
+  wire [14:0] \$324 ;
+  wire \$325 ;
+  wire [13:0] \$326 ;
+  wire [14:0] \$327 ;
+  wire [13:0] \$328 ;
+  wire [14:0] \$329 ;
   wire \$33 ;
-  wire [13:0] \$330 ;
+  wire \$330 ;
   wire [13:0] \$331 ;
-  wire [14:0] \$332 ;
-  wire \$333 ;
-  wire [14:0] \$334 ;
-  wire [16:0] \$335 ;
-  wire \$336 ;
+  wire [13:0] \$332 ;
+  wire [14:0] \$333 ;
+  wire \$334 ;
+  wire [14:0] \$335 ;
+  wire [16:0] \$336 ;
   wire \$337 ;
   wire \$338 ;
-  wire [13:0] \$339 ;
+  wire \$339 ;
   wire \$34 ;
-  wire [14:0] \$340 ;
-  wire [15:0] \$341 ;
-  wire \$342 ;
+  wire [13:0] \$340 ;
+  wire [14:0] \$341 ;
+  wire [15:0] \$342 ;
   wire \$343 ;
   wire \$344 ;
   wire \$345 ;
@@ -316,143 +316,143 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$371 ;
   wire \$372 ;
   wire \$373 ;
-  wire [14:0] \$374 ;
-  wire \$375 ;
-  wire [14:0] \$376 ;
-  wire [13:0] \$377 ;
-  wire [14:0] \$378 ;
+  wire \$374 ;
+  wire [14:0] \$375 ;
+  wire \$376 ;
+  wire [14:0] \$377 ;
+  wire [13:0] \$378 ;
   wire [14:0] \$379 ;
   wire [16:0] \$38 ;
-  wire [15:0] \$380 ;
-  wire \$381 ;
-  wire [14:0] \$382 ;
-  wire \$383 ;
-  wire [14:0] \$384 ;
-  wire [13:0] \$385 ;
-  wire [14:0] \$386 ;
+  wire [14:0] \$380 ;
+  wire [15:0] \$381 ;
+  wire \$382 ;
+  wire [14:0] \$383 ;
+  wire \$384 ;
+  wire [14:0] \$385 ;
+  wire [13:0] \$386 ;
   wire [14:0] \$387 ;
-  wire [15:0] \$388 ;
-  wire \$389 ;
+  wire [14:0] \$388 ;
+  wire [15:0] \$389 ;
   wire [17:0] \$39 ;
-  wire [14:0] \$390 ;
-  wire \$391 ;
-  wire [14:0] \$392 ;
-  wire [13:0] \$393 ;
-  wire [14:0] \$394 ;
+  wire \$390 ;
+  wire [14:0] \$391 ;
+  wire \$392 ;
+  wire [14:0] \$393 ;
+  wire [13:0] \$394 ;
   wire [14:0] \$395 ;
-  wire [15:0] \$396 ;
-  wire \$397 ;
-  wire [14:0] \$398 ;
-  wire \$399 ;
+  wire [14:0] \$396 ;
+  wire [15:0] \$397 ;
+  wire \$398 ;
+  wire [14:0] \$399 ;
   wire \$4 ;
   wire [18:0] \$40 ;
-  wire [14:0] \$400 ;
-  wire [13:0] \$401 ;
-  wire [14:0] \$402 ;
+  wire \$400 ;
+  wire [14:0] \$401 ;
+  wire [13:0] \$402 ;
   wire [14:0] \$403 ;
-  wire [15:0] \$404 ;
-  wire \$405 ;
-  wire [14:0] \$406 ;
-  wire \$407 ;
-  wire [14:0] \$408 ;
-  wire [13:0] \$409 ;
+  wire [14:0] \$404 ;
+  wire [15:0] \$405 ;
+  wire \$406 ;
+  wire [14:0] \$407 ;
+  wire \$408 ;
+  wire [14:0] \$409 ;
   wire [18:0] \$41 ;
-  wire [14:0] \$410 ;
+  wire [13:0] \$410 ;
   wire [14:0] \$411 ;
-  wire [15:0] \$412 ;
-  wire \$413 ;
-  wire [33:0] \$414 ;
-  wire \$415 ;
-  wire [33:0] \$416 ;
-  wire [32:0] \$417 ;
-  wire [33:0] \$418 ;
+  wire [14:0] \$412 ;
+  wire [15:0] \$413 ;
+  wire \$414 ;
+  wire [33:0] \$415 ;
+  wire \$416 ;
+  wire [33:0] \$417 ;
+  wire [32:0] \$418 ;
   wire [33:0] \$419 ;
   wire [16:0] \$42 ;
-  wire [15:0] \$420 ;
-  wire \$421 ;
+  wire [33:0] \$420 ;
+  wire [15:0] \$421 ;
   wire \$422 ;
   wire \$423 ;
   wire \$424 ;
   wire \$425 ;
   wire \$426 ;
-  wire [14:0] \$427 ;
-  wire \$428 ;
-  wire [14:0] \$429 ;
+  wire \$427 ;
+  wire [14:0] \$428 ;
+  wire \$429 ;
   wire [17:0] \$43 ;
-  wire \$430 ;
-  wire [14:0] \$431 ;
-  wire \$432 ;
-  wire [14:0] \$433 ;
-  wire [13:0] \$434 ;
+  wire [14:0] \$430 ;
+  wire \$431 ;
+  wire [14:0] \$432 ;
+  wire \$433 ;
+  wire [14:0] \$434 ;
   wire [13:0] \$435 ;
-  wire [14:0] \$436 ;
-  wire [13:0] \$437 ;
+  wire [13:0] \$436 ;
+  wire [14:0] \$437 ;
   wire [13:0] \$438 ;
   wire [13:0] \$439 ;
   wire [18:0] \$44 ;
   wire [13:0] \$440 ;
-  wire [14:0] \$441 ;
-  wire [13:0] \$442 ;
+  wire [13:0] \$441 ;
+  wire [14:0] \$442 ;
   wire [13:0] \$443 ;
   wire [13:0] \$444 ;
   wire [13:0] \$445 ;
   wire [13:0] \$446 ;
   wire [13:0] \$447 ;
-  wire [14:0] \$448 ;
-  wire \$449 ;
+  wire [13:0] \$448 ;
+  wire [14:0] \$449 ;
   wire [18:0] \$45 ;
   wire \$450 ;
   wire \$451 ;
   wire \$452 ;
   wire \$453 ;
-  wire [15:0] \$454 ;
-  wire \$455 ;
+  wire \$454 ;
+  wire [15:0] \$455 ;
   wire \$456 ;
   wire \$457 ;
   wire \$458 ;
-  wire [3:0] \$459 ;
+  wire \$459 ;
   wire \$46 ;
-  wire [13:0] \$460 ;
-  wire \$461 ;
+  wire [3:0] \$460 ;
+  wire [13:0] \$461 ;
   wire \$462 ;
   wire \$463 ;
   wire \$464 ;
-  wire [15:0] \$465 ;
-  wire \$466 ;
+  wire \$465 ;
+  wire [15:0] \$466 ;
   wire \$467 ;
   wire \$468 ;
   wire \$469 ;
   wire \$47 ;
-  wire [7:0] \$470 ;
-  wire \$471 ;
-  wire [7:0] \$472 ;
-  wire [13:0] \$473 ;
+  wire \$470 ;
+  wire [7:0] \$471 ;
+  wire \$472 ;
+  wire [7:0] \$473 ;
   wire [13:0] \$474 ;
-  wire [15:0] \$475 ;
-  wire [13:0] \$476 ;
-  wire [14:0] \$477 ;
-  wire [13:0] \$478 ;
-  wire [14:0] \$479 ;
+  wire [13:0] \$475 ;
+  wire [15:0] \$476 ;
+  wire [13:0] \$477 ;
+  wire [14:0] \$478 ;
+  wire [13:0] \$479 ;
   wire \$48 ;
-  wire [15:0] \$480 ;
-  wire \$481 ;
-  wire [2:0] \$482 ;
-  wire [13:0] \$483 ;
-  wire \$484 ;
-  wire [15:0] \$485 ;
-  wire [16:0] \$486 ;
-  wire \$487 ;
+  wire [14:0] \$480 ;
+  wire [15:0] \$481 ;
+  wire \$482 ;
+  wire [2:0] \$483 ;
+  wire [13:0] \$484 ;
+  wire \$485 ;
+  wire [15:0] \$486 ;
+  wire [16:0] \$487 ;
   wire \$488 ;
-  wire [9:0] \$489 ;
+  wire \$489 ;
   wire \$49 ;
-  wire \$490 ;
-  wire [9:0] \$491 ;
-  wire [13:0] \$492 ;
+  wire [9:0] \$490 ;
+  wire \$491 ;
+  wire [9:0] \$492 ;
   wire [13:0] \$493 ;
-  wire [15:0] \$494 ;
-  wire [13:0] \$495 ;
+  wire [13:0] \$494 ;
+  wire [15:0] \$495 ;
   wire [13:0] \$496 ;
-  wire [32:0] \$497 ;
+  wire [13:0] \$497 ;
   wire [32:0] \$498 ;
   wire [32:0] \$499 ;
   wire \$5 ;
@@ -461,59 +461,59 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [32:0] \$501 ;
   wire [32:0] \$502 ;
   wire [32:0] \$503 ;
-  wire \$504 ;
-  wire [9:0] \$505 ;
-  wire \$506 ;
-  wire [15:0] \$507 ;
-  wire \$508 ;
-  wire [13:0] \$509 ;
+  wire [32:0] \$504 ;
+  wire \$505 ;
+  wire [9:0] \$506 ;
+  wire \$507 ;
+  wire [15:0] \$508 ;
+  wire \$509 ;
   wire \$51 ;
-  wire [9:0] \$510 ;
-  wire \$511 ;
-  wire [15:0] \$512 ;
-  wire \$513 ;
-  wire [13:0] \$514 ;
-  wire [9:0] \$515 ;
-  wire \$516 ;
-  wire [15:0] \$517 ;
-  wire [16:0] \$518 ;
-  wire [17:0] \$519 ;
+  wire [13:0] \$510 ;
+  wire [9:0] \$511 ;
+  wire \$512 ;
+  wire [15:0] \$513 ;
+  wire \$514 ;
+  wire [13:0] \$515 ;
+  wire [9:0] \$516 ;
+  wire \$517 ;
+  wire [15:0] \$518 ;
+  wire [16:0] \$519 ;
   wire \$52 ;
   wire [17:0] \$520 ;
-  wire \$521 ;
-  wire [13:0] \$522 ;
-  wire [9:0] \$523 ;
-  wire \$524 ;
-  wire [15:0] \$525 ;
-  wire [16:0] \$526 ;
-  wire [17:0] \$527 ;
+  wire [17:0] \$521 ;
+  wire \$522 ;
+  wire [13:0] \$523 ;
+  wire [9:0] \$524 ;
+  wire \$525 ;
+  wire [15:0] \$526 ;
+  wire [16:0] \$527 ;
   wire [17:0] \$528 ;
-  wire \$529 ;
+  wire [17:0] \$529 ;
   wire \$53 ;
-  wire [13:0] \$530 ;
-  wire [16:0] \$531 ;
-  wire [17:0] \$532 ;
+  wire \$530 ;
+  wire [13:0] \$531 ;
+  wire [16:0] \$532 ;
   wire [17:0] \$533 ;
-  wire \$534 ;
-  wire [13:0] \$535 ;
-  wire [9:0] \$536 ;
-  wire \$537 ;
-  wire [15:0] \$538 ;
-  wire \$539 ;
+  wire [17:0] \$534 ;
+  wire \$535 ;
+  wire [13:0] \$536 ;
+  wire [9:0] \$537 ;
+  wire \$538 ;
+  wire [15:0] \$539 ;
   wire \$54 ;
-  wire [13:0] \$540 ;
-  wire \$541 ;
-  wire [13:0] \$542 ;
-  wire \$543 ;
-  wire [13:0] \$544 ;
-  wire [9:0] \$545 ;
-  wire \$546 ;
-  wire [15:0] \$547 ;
-  wire [9:0] \$548 ;
-  wire \$549 ;
+  wire \$540 ;
+  wire [13:0] \$541 ;
+  wire \$542 ;
+  wire [13:0] \$543 ;
+  wire \$544 ;
+  wire [13:0] \$545 ;
+  wire [9:0] \$546 ;
+  wire \$547 ;
+  wire [15:0] \$548 ;
+  wire [9:0] \$549 ;
   wire \$55 ;
-  wire [3:0] \$550 ;
-  wire \$551 ;
+  wire \$550 ;
+  wire [3:0] \$551 ;
   wire \$552 ;
   wire \$553 ;
   wire \$554 ;
@@ -532,61 +532,61 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$566 ;
   wire \$567 ;
   wire \$568 ;
-  wire [32:0] \$569 ;
+  wire \$569 ;
   wire \$57 ;
-  wire [9:0] \$570 ;
-  wire \$571 ;
+  wire \$570 ;
+  wire [32:0] \$571 ;
   wire [9:0] \$572 ;
   wire \$573 ;
-  wire [12:0] \$574 ;
-  wire [13:0] \$575 ;
+  wire [9:0] \$574 ;
+  wire \$575 ;
   wire [12:0] \$576 ;
   wire [13:0] \$577 ;
-  wire [14:0] \$578 ;
-  wire \$579 ;
+  wire [12:0] \$578 ;
+  wire [13:0] \$579 ;
   wire \$58 ;
   wire [14:0] \$580 ;
   wire \$581 ;
-  wire \$582 ;
+  wire [14:0] \$582 ;
   wire \$583 ;
-  wire [13:0] \$584 ;
-  wire [32:0] \$585 ;
-  wire \$586 ;
-  wire [13:0] \$587 ;
-  wire [32:0] \$588 ;
-  wire \$589 ;
+  wire \$584 ;
+  wire \$585 ;
+  wire [13:0] \$586 ;
+  wire [32:0] \$587 ;
+  wire \$588 ;
+  wire [13:0] \$589 ;
   wire \$59 ;
-  wire \$590 ;
+  wire [32:0] \$590 ;
   wire \$591 ;
-  wire [14:0] \$592 ;
-  wire [3:0] \$593 ;
-  wire [3:0] \$594 ;
-  wire \$595 ;
-  wire \$596 ;
-  wire [1:0] \$597 ;
-  wire [2:0] \$598 ;
-  wire \$599 ;
+  wire \$592 ;
+  wire \$593 ;
+  wire [14:0] \$594 ;
+  wire [3:0] \$595 ;
+  wire [3:0] \$596 ;
+  wire \$597 ;
+  wire \$598 ;
+  wire [1:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire \$600 ;
+  wire [2:0] \$600 ;
   wire \$601 ;
   wire \$602 ;
   wire \$603 ;
   wire \$604 ;
-  wire [13:0] \$605 ;
-  wire [32:0] \$606 ;
-  wire \$607 ;
-  wire \$608 ;
+  wire \$605 ;
+  wire \$606 ;
+  wire [13:0] \$607 ;
+  wire [32:0] \$608 ;
   wire \$609 ;
   wire \$61 ;
   wire \$610 ;
   wire \$611 ;
   wire \$612 ;
   wire \$613 ;
-  wire [14:0] \$614 ;
-  wire [3:0] \$615 ;
-  wire \$616 ;
-  wire \$617 ;
+  wire \$614 ;
+  wire \$615 ;
+  wire [14:0] \$616 ;
+  wire [3:0] \$617 ;
   wire \$618 ;
   wire \$619 ;
   wire \$62 ;
@@ -604,29 +604,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$630 ;
   wire \$631 ;
   wire \$632 ;
-  wire [13:0] \$633 ;
-  wire [32:0] \$634 ;
-  wire [4:0] \$635 ;
-  wire \$636 ;
-  wire \$637 ;
+  wire \$633 ;
+  wire \$634 ;
+  wire [13:0] \$635 ;
+  wire [32:0] \$636 ;
+  wire [4:0] \$637 ;
   wire \$638 ;
   wire \$639 ;
   wire \$64 ;
   wire \$640 ;
   wire \$641 ;
   wire \$642 ;
-  wire [1:0] \$643 ;
-  wire [4:0] \$644 ;
-  wire [12:0] \$645 ;
-  wire \$646 ;
-  wire \$647 ;
+  wire \$643 ;
+  wire \$644 ;
+  wire [1:0] \$645 ;
+  wire [4:0] \$646 ;
+  wire [12:0] \$647 ;
   wire \$648 ;
-  wire [14:0] \$649 ;
+  wire \$649 ;
   wire \$65 ;
-  wire [13:0] \$650 ;
+  wire \$650 ;
   wire [14:0] \$651 ;
-  wire \$652 ;
-  wire \$653 ;
+  wire [13:0] \$652 ;
+  wire [14:0] \$653 ;
   wire \$654 ;
   wire \$655 ;
   wire \$656 ;
@@ -634,91 +634,91 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$658 ;
   wire \$659 ;
   wire \$66 ;
-  wire [14:0] \$660 ;
-  wire [13:0] \$661 ;
-  wire [2:0] \$662 ;
-  wire \$663 ;
-  wire \$664 ;
-  wire [14:0] \$665 ;
-  wire [14:0] \$666 ;
-  wire \$667 ;
+  wire \$660 ;
+  wire \$661 ;
+  wire [14:0] \$662 ;
+  wire [13:0] \$663 ;
+  wire [2:0] \$664 ;
+  wire \$665 ;
+  wire \$666 ;
+  wire [14:0] \$667 ;
   wire [14:0] \$668 ;
   wire \$669 ;
   wire \$67 ;
   wire [14:0] \$670 ;
-  wire [2:0] \$671 ;
-  wire [4:0] \$672 ;
-  wire [4:0] \$673 ;
-  wire \$674 ;
-  wire [13:0] \$675 ;
-  wire [32:0] \$676 ;
-  wire \$677 ;
+  wire \$671 ;
+  wire [14:0] \$672 ;
+  wire [2:0] \$673 ;
+  wire [4:0] \$674 ;
+  wire [4:0] \$675 ;
+  wire \$676 ;
+  wire [13:0] \$677 ;
   wire [32:0] \$678 ;
-  wire [4:0] \$679 ;
+  wire \$679 ;
   wire \$68 ;
-  wire \$680 ;
-  wire \$681 ;
-  wire [13:0] \$682 ;
-  wire [13:0] \$683 ;
-  wire [32:0] \$684 ;
-  wire \$685 ;
-  wire [13:0] \$686 ;
-  wire [32:0] \$687 ;
-  wire \$688 ;
-  wire \$689 ;
+  wire [32:0] \$680 ;
+  wire [4:0] \$681 ;
+  wire \$682 ;
+  wire \$683 ;
+  wire [13:0] \$684 ;
+  wire [13:0] \$685 ;
+  wire [32:0] \$686 ;
+  wire \$687 ;
+  wire [13:0] \$688 ;
+  wire [32:0] \$689 ;
   wire \$69 ;
   wire \$690 ;
   wire \$691 ;
   wire \$692 ;
-  wire [15:0] \$693 ;
+  wire \$693 ;
   wire \$694 ;
-  wire [13:0] \$695 ;
-  wire [14:0] \$696 ;
-  wire [15:0] \$697 ;
-  wire \$698 ;
-  wire \$699 ;
+  wire [15:0] \$695 ;
+  wire \$696 ;
+  wire [13:0] \$697 ;
+  wire [14:0] \$698 ;
+  wire [15:0] \$699 ;
   wire [20:0] \$7 ;
   wire \$70 ;
-  wire [16:0] \$700 ;
-  wire [14:0] \$701 ;
-  wire \$702 ;
-  wire \$703 ;
+  wire \$700 ;
+  wire \$701 ;
+  wire [16:0] \$702 ;
+  wire [14:0] \$703 ;
   wire \$704 ;
   wire \$705 ;
   wire \$706 ;
-  reg [31:0] \$707 ;
-  reg [31:0] \$708 ;
-  reg [19:0] \$709 ;
+  wire \$707 ;
+  wire \$708 ;
+  reg [31:0] \$709 ;
   wire \$71 ;
-  reg [13:0] \$710 ;
-  reg [13:0] \$711 ;
-  reg [15:0] \$712 ;
+  reg [31:0] \$710 ;
+  reg [19:0] \$711 ;
+  reg [13:0] \$712 ;
   reg [13:0] \$713 ;
-  reg [13:0] \$714 ;
-  reg [15:0] \$715 ;
+  reg [15:0] \$714 ;
+  reg [13:0] \$715 ;
   reg [13:0] \$716 ;
-  reg [13:0] \$717 ;
-  reg [15:0] \$718 ;
+  reg [15:0] \$717 ;
+  reg [13:0] \$718 ;
   reg [13:0] \$719 ;
   wire \$72 ;
-  reg [13:0] \$720 ;
-  reg [15:0] \$721 ;
+  reg [15:0] \$720 ;
+  reg [13:0] \$721 ;
   reg [13:0] \$722 ;
-  reg [13:0] \$723 ;
-  reg [15:0] \$724 ;
-  reg [32:0] \$725 ;
-  reg [32:0] \$726 ;
-  reg [15:0] \$727 ;
-  reg \$728 ;
-  reg \$729 ;
+  reg [15:0] \$723 ;
+  reg [13:0] \$724 ;
+  reg [13:0] \$725 ;
+  reg [15:0] \$726 ;
+  reg [32:0] \$727 ;
+  reg [32:0] \$728 ;
+  reg [15:0] \$729 ;
   wire \$73 ;
-  reg [31:0] \$730 ;
-  reg [31:0] \$731 ;
+  reg [7:0] \$730 ;
+  reg \$731 ;
   reg \$732 ;
-  reg \$733 ;
-  reg [13:0] \$734 ;
-  reg [12:0] \$735 ;
-  reg [12:0] \$736 ;
+  reg [31:0] \$733 ;
+  reg [31:0] \$734 ;
+  reg \$735 ;
+  reg \$736 ;
   reg [13:0] \$737 ;
   reg [12:0] \$738 ;
   reg [12:0] \$739 ;
@@ -726,113 +726,117 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] \$740 ;
   reg [12:0] \$741 ;
   reg [12:0] \$742 ;
-  reg \$743 ;
-  reg \$744 ;
-  reg [1:0] \$745 ;
-  reg [2:0] \$746 ;
-  reg [12:0] \$747 ;
-  reg [31:0] \$748 ;
-  reg \$749 ;
+  reg [13:0] \$743 ;
+  reg [12:0] \$744 ;
+  reg [12:0] \$745 ;
+  reg \$746 ;
+  reg \$747 ;
+  reg [1:0] \$748 ;
+  reg [2:0] \$749 ;
   wire \$75 ;
-  reg [6:0] \$750 ;
-  reg [12:0] \$751 ;
-  reg [14:0] \$752 ;
-  reg \$753 ;
-  reg [1:0] \$754 ;
-  reg [12:0] \$755 ;
-  reg [8:0] \$756 ;
-  reg [12:0] \$757 ;
-  reg [14:0] \$758 ;
-  reg [31:0] \$759 ;
+  reg [12:0] \$750 ;
+  reg [31:0] \$751 ;
+  reg \$752 ;
+  reg [6:0] \$753 ;
+  reg [12:0] \$754 ;
+  reg [14:0] \$755 ;
+  reg \$756 ;
+  reg [1:0] \$757 ;
+  reg [12:0] \$758 ;
+  reg [8:0] \$759 ;
   wire \$76 ;
-  reg [31:0] \$760 ;
-  reg [31:0] \$761 ;
+  reg [12:0] \$760 ;
+  reg [14:0] \$761 ;
   reg [31:0] \$762 ;
   reg [31:0] \$763 ;
   reg [31:0] \$764 ;
   reg [31:0] \$765 ;
-  reg \$766 ;
-  reg \$767 ;
-  reg [7:0] \$768 ;
-  reg [12:0] \$769 ;
+  reg [31:0] \$766 ;
+  reg [31:0] \$767 ;
+  reg [31:0] \$768 ;
+  reg \$769 ;
   wire \$77 ;
-  reg [31:0] \$770 ;
-  reg \$771 ;
-  reg \$772 ;
-  reg \$773 ;
-  reg [4:0] \$774 ;
-  reg [7:0] \$775 ;
-  reg [5:0] \$776 ;
-  reg [255:0] \$777 ;
-  reg \$778 ;
+  reg \$770 ;
+  reg [7:0] \$771 ;
+  reg [12:0] \$772 ;
+  reg [31:0] \$773 ;
+  reg \$774 ;
+  reg \$775 ;
+  reg \$776 ;
+  reg [4:0] \$777 ;
+  reg [7:0] \$778 ;
   reg [5:0] \$779 ;
   wire \$78 ;
-  reg [31:0] \$780 ;
-  reg [5:0] \$781 ;
-  reg [13:0] \$782 ;
-  reg [13:0] \$783 ;
-  reg [13:0] \$784 ;
-  reg [12:0] \$785 ;
-  reg [12:0] \$786 ;
-  reg [12:0] \$787 ;
-  reg [12:0] \$788 ;
+  reg [255:0] \$780 ;
+  reg \$781 ;
+  reg \$782 ;
+  reg [5:0] \$783 ;
+  reg [31:0] \$784 ;
+  reg [5:0] \$785 ;
+  reg [13:0] \$786 ;
+  reg [13:0] \$787 ;
+  reg [13:0] \$788 ;
   reg [12:0] \$789 ;
   wire \$79 ;
   reg [12:0] \$790 ;
-  reg [13:0] \$791 ;
-  reg [13:0] \$792 ;
-  reg \$793 ;
-  reg [2:0] \$794 ;
+  reg [12:0] \$791 ;
+  reg [12:0] \$792 ;
+  reg [12:0] \$793 ;
+  reg [12:0] \$794 ;
   reg [13:0] \$795 ;
-  reg \$796 ;
-  reg [2:0] \$797 ;
-  reg [13:0] \$798 ;
-  reg \$799 ;
+  reg [13:0] \$796 ;
+  reg \$797 ;
+  reg [2:0] \$798 ;
+  reg [13:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg [35:0] \$800 ;
-  reg [3:0] \$801 ;
-  reg [12:0] \$802 ;
-  reg [12:0] \$803 ;
-  reg [15:0] \$804 ;
-  reg [12:0] \$805 ;
+  reg \$800 ;
+  reg [2:0] \$801 ;
+  reg [13:0] \$802 ;
+  reg \$803 ;
+  reg [35:0] \$804 ;
+  reg [3:0] \$805 ;
   reg [12:0] \$806 ;
-  reg [13:0] \$807 ;
-  reg [31:0] \$808 ;
-  reg [1:0] \$809 ;
+  reg [12:0] \$807 ;
+  reg [15:0] \$808 ;
+  reg [12:0] \$809 ;
   wire \$81 ;
-  reg [13:0] \$810 ;
-  reg [3:0] \$811 ;
-  reg \$812 ;
-  reg \$813 ;
-  reg [12:0] \$814 ;
-  reg [12:0] \$815 ;
+  reg [12:0] \$810 ;
+  reg [13:0] \$811 ;
+  reg [31:0] \$812 ;
+  reg [1:0] \$813 ;
+  reg [13:0] \$814 ;
+  reg [3:0] \$815 ;
   reg \$816 ;
   reg \$817 ;
-  reg [13:0] \$818 ;
-  reg [1:0] \$819 ;
+  reg [12:0] \$818 ;
+  reg [12:0] \$819 ;
   wire \$82 ;
   reg \$820 ;
   reg \$821 ;
-  reg \$822 ;
-  reg [12:0] \$823 ;
-  reg [19:0] \$824 ;
-  reg [13:0] \$825 ;
-  reg [13:0] \$826 ;
-  reg [1:0] \$827 ;
-  reg [13:0] \$828 ;
+  reg [13:0] \$822 ;
+  reg [1:0] \$823 ;
+  reg \$824 ;
+  reg \$825 ;
+  reg \$826 ;
+  reg [12:0] \$827 ;
+  reg [19:0] \$828 ;
   reg [13:0] \$829 ;
   wire \$83 ;
-  reg [3:0] \$830 ;
-  reg [3:0] \$831 ;
-  reg [15:0] \$832 ;
+  reg [13:0] \$830 ;
+  reg [1:0] \$831 ;
+  reg [13:0] \$832 ;
   reg [13:0] \$833 ;
-  reg [14:0] \$834 ;
-  reg \$835 ;
-  reg [12:0] \$836 ;
-  wire [5:0] \$837 ;
-  wire [5:0] \$838 ;
+  reg [3:0] \$834 ;
+  reg [3:0] \$835 ;
+  reg [15:0] \$836 ;
+  reg [13:0] \$837 ;
+  reg [14:0] \$838 ;
+  reg \$839 ;
   wire \$84 ;
+  reg [12:0] \$840 ;
+  wire [5:0] \$841 ;
+  wire [5:0] \$842 ;
   wire \$85 ;
   wire \$86 ;
   wire \$87 ;
@@ -883,62 +887,62 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] \$signal$215  = 13'h0000;
   reg [12:0] \$signal$218  = 13'h0000;
   reg [14:0] \$signal$221  = 15'h0000;
-  reg [3:0] \$signal$241  = 4'h0;
-  reg [13:0] \$signal$242  = 14'h0000;
-  reg \$signal$245  = 1'h0;
-  reg [13:0] \$signal$246  = 14'h0000;
-  reg [31:0] \$signal$247  = 32'd0;
-  reg [2:0] \$signal$248  = 3'h0;
-  reg \$signal$249  = 1'h0;
+  reg [3:0] \$signal$243  = 4'h0;
+  reg [13:0] \$signal$244  = 14'h0000;
+  reg \$signal$247  = 1'h0;
+  reg [13:0] \$signal$248  = 14'h0000;
+  reg [31:0] \$signal$249  = 32'd0;
   reg [2:0] \$signal$250  = 3'h0;
-  reg [13:0] \$signal$251  = 14'h0000;
-  reg \$signal$252  = 1'h0;
-  reg [3:0] \$signal$254  = 4'h0;
-  reg \$signal$259  = 1'h0;
-  reg \$signal$260  = 1'h0;
-  reg [12:0] \$signal$262  = 13'h0000;
-  reg [3:0] \$signal$263  = 4'h0;
-  reg \$signal$268  = 1'h0;
-  reg [12:0] \$signal$270  = 13'h0000;
-  reg [19:0] \$signal$272  = 20'h00000;
-  wire [2:0] \$signal$272.index ;
-  wire \$signal$272.last ;
-  wire [15:0] \$signal$272.weight ;
-  reg [13:0] \$signal$273  = 14'h0000;
-  reg [12:0] \$signal$274  = 13'h0000;
+  reg \$signal$251  = 1'h0;
+  reg [2:0] \$signal$252  = 3'h0;
+  reg [13:0] \$signal$253  = 14'h0000;
+  reg \$signal$254  = 1'h0;
+  reg [3:0] \$signal$256  = 4'h0;
+  reg \$signal$261  = 1'h0;
+  reg \$signal$262  = 1'h0;
+  reg [12:0] \$signal$264  = 13'h0000;
+  reg [3:0] \$signal$265  = 4'h0;
+  reg \$signal$270  = 1'h0;
+  reg [12:0] \$signal$272  = 13'h0000;
+  reg [19:0] \$signal$274  = 20'h00000;
+  wire [2:0] \$signal$274.index ;
+  wire \$signal$274.last ;
+  wire [15:0] \$signal$274.weight ;
   reg [13:0] \$signal$275  = 14'h0000;
-  reg [13:0] \$signal$276  = 14'h0000;
-  reg [12:0] \$signal$277  = 13'h0000;
+  reg [12:0] \$signal$276  = 13'h0000;
+  reg [13:0] \$signal$277  = 14'h0000;
   reg [13:0] \$signal$278  = 14'h0000;
-  reg [3:0] \$signal$279  = 4'h0;
-  reg [15:0] \$signal$280  = 16'h0000;
-  reg [14:0] \$signal$281  = 15'h0000;
-  reg [12:0] \$signal$282  = 13'h0000;
-  reg \$signal$283  = 1'h0;
+  reg [12:0] \$signal$279  = 13'h0000;
+  reg [13:0] \$signal$280  = 14'h0000;
+  reg [3:0] \$signal$281  = 4'h0;
+  reg [15:0] \$signal$282  = 16'h0000;
+  reg [14:0] \$signal$283  = 15'h0000;
   reg [12:0] \$signal$284  = 13'h0000;
-  reg \$signal$294  = 1'h0;
+  reg \$signal$285  = 1'h0;
+  reg [12:0] \$signal$286  = 13'h0000;
   reg \$signal$296  = 1'h0;
-  reg [12:0] \$signal$303  = 13'h0000;
+  reg \$signal$298  = 1'h0;
   reg [12:0] \$signal$305  = 13'h0000;
-  reg [12:0] \$signal$308  = 13'h0000;
+  reg [12:0] \$signal$307  = 13'h0000;
   reg [12:0] \$signal$310  = 13'h0000;
-  reg \$signal$313  = 1'h0;
-  reg [6:0] \$signal$316  = 7'h00;
-  reg [8:0] \$signal$318  = 9'h000;
-  reg [13:0] \$signal$323  = 14'h0000;
-  reg [1:0] \$signal$328  = 2'h0;
-  reg [13:0] \$signal$331  = 14'h0000;
-  reg \$signal$332  = 1'h0;
+  reg [12:0] \$signal$312  = 13'h0000;
+  reg \$signal$315  = 1'h0;
+  reg [6:0] \$signal$318  = 7'h00;
+  reg [8:0] \$signal$320  = 9'h000;
+  reg [13:0] \$signal$325  = 14'h0000;
+  reg [1:0] \$signal$330  = 2'h0;
   reg [13:0] \$signal$333  = 14'h0000;
-  wire [-1:0] \$signal$334 ;
-  reg \$signal$335  = 1'h0;
-  reg [1:0] \$signal$339  = 2'h0;
+  reg \$signal$334  = 1'h0;
+  reg [13:0] \$signal$335  = 14'h0000;
+  wire [-1:0] \$signal$336 ;
+  reg \$signal$337  = 1'h0;
+  reg [1:0] \$signal$341  = 2'h0;
   reg [12:0] \$signature__addr ;
   reg [12:0] \$signature__addr$152 ;
   reg [5:0] \$signature__addr$230 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$295 ;
-  wire [255:0] \$signature__data$322 ;
+  wire [31:0] \$signature__data$297 ;
+  wire [255:0] \$signature__data$324 ;
   reg \$signature__en ;
   reg \$signature__en$158 ;
   reg \$signature__en$231 ;
@@ -1023,6 +1027,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [31:0] \c_out__payload[3] ;
   reg c_out__ready;
   wire c_out__valid;
+  reg checked = 1'h0;
   input clk;
   wire clk;
   wire [79:0] cmd__payload;
@@ -1045,12 +1050,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [4:0] ctrl_state = 5'h00;
   reg [5:0] cur_unit = 6'h00;
   reg [7:0] decode_err;
+  reg [7:0] decode_q = 8'h00;
   wire done;
   reg eng_ready;
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$326 ;
+  wire \error$328 ;
   reg exp_active = 1'h0;
   reg [1:0] gc_lane = 2'h0;
   reg [12:0] gc_wstart = 13'h0000;
@@ -1404,7 +1410,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       _0_ <= imem[\$signature__addr$230 ];
     end
   end
-  assign \$signature__data$322  = _0_;
+  assign \$signature__data$324  = _0_;
   reg [31:0] spad [8191:0];
   initial begin
     spad[0] = 32'd0;
@@ -9614,8 +9620,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       _2_ <= spad[\$signature__addr ];
     end
   end
-  assign \$signature__data$295  = _1_;
+  assign \$signature__data$297  = _1_;
   assign \$signature__data  = _2_;
+  assign \$153  = ! ins[87:77];
+  assign \$154  = \$signal$144  & \$153 ;
+  assign \$155  = \$signal$145  == ins[76:64];
+  assign \$156  = \$154  & \$155 ;
   assign \$157  = scores_len == l0_acc;
   assign \$158  = \$156  & \$157 ;
   assign \$159  = ~ \$158 ;
@@ -9713,8 +9723,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$250  = | \$signal$177 ;
   assign \$251  = \$250  ? shift : 6'h00;
   assign \$252  = ins[5:0] == 2'h3;
-  assign \$1098  = gc_lane * 6'h20;
-  assign \$253  = c_out__payload >> \$1098 ;
+  assign \$1102  = gc_lane * 6'h20;
+  assign \$253  = c_out__payload >> \$1102 ;
   assign \$signal$179  = \$252  ? \$253  : \o__payload$204 ;
   assign \$254  = ~ a_in__valid;
   assign \$255  = ~ gm_afeed_done;
@@ -9726,8 +9736,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$261  = ~ \$260 ;
   assign \$262  = \$256  & \$261 ;
   assign \$263  = | \$signal$177 ;
-  assign \$1112  = gc_lane * 6'h20;
-  assign \$264  = c_out__payload >> \$1112 ;
+  assign \$1116  = gc_lane * 6'h20;
+  assign \$264  = c_out__payload >> \$1116 ;
   assign \$265  = \$263  ? rq_sat : \$264 ;
   assign \$266  = gc_lane == 2'h3;
   assign \$267  = \$signal$221  + gc_lane;
@@ -9740,655 +9750,661 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$274  = ~ ph2;
   assign \$275  = \$273  & \$274 ;
   assign \$276  = ! ins[5:0];
-  assign \$277  = | decode_err;
-  assign \$279  = ins[100:88] + \$278 ;
-  assign \$281  = ins[100:88] + \$280 ;
-  assign \$282  = \$281  + 1'h1;
-  assign \$283  = ins[124:112] + \$signal$242 ;
-  assign \$284  = ~ \$signal$245 ;
-  assign \$285  = \$signal$246  < l0_acc;
-  assign \$286  = ins[124:112] + \$signal$246 ;
-  assign \$287  = ins[243:238] == 1'h1;
-  assign \$1138  = \$signal$248  * 4'h8;
-  assign \$288  = \$signal$247  >> \$1138 ;
-  assign \$289  = ins[243:238] == 2'h2;
-  assign \$1142  = \$signal$248  * 5'h10;
-  assign \$290  = \$signal$247  >> \$1142 ;
-  assign \$1145  = \$signal$248  * 6'h20;
-  assign \$291  = \$signal$247  >> \$1145 ;
-  assign \$292  = \$289  ? { \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290 [15], \$290  } : \$291 ;
-  assign \$293  = \$287  ? { \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288 [7], \$288  } : \$292 ;
-  assign \$294  = ~ \$signal$249 ;
-  assign \$295  = \$signal$250  < 1'h1;
-  assign \$296  = \$294  & \$295 ;
-  assign \$297  = \$signal$251  < l0_acc;
-  assign \$298  = \$296  & \$297 ;
-  assign \$299  = ~ \$signal$252 ;
-  assign \$300  = \$298  & \$299 ;
-  assign \$301  = ins[76:64] + \$signal$251 ;
-  assign \$302  = ins[100:88] + \$signal$254 ;
-  assign \$303  = | \$signal$254 ;
-  assign \$304  = \$signal$254  - 1'h1;
-  assign \$305  = ~ \$signal$259 ;
-  assign \$306  = ~ \$signal$260 ;
-  assign \$307  = \$305  & \$306 ;
-  assign \$308  = rt_lane < 1'h1;
-  assign \$309  = \$307  & \$308 ;
-  assign \$310  = \$signal$262  + \$signal$263 ;
-  assign \$311  = ~ \$signal$268 ;
-  assign \$312  = ~ rt_wphase;
-  assign \$313  = \$signal$268  & \$312 ;
-  assign \$314  = \$signal$270  + rt_s;
-  assign \$315  = \$signal$268  & rt_wphase;
-  assign \$316  = \$signal$270  + rt_s;
-  assign \$317  = \$316  + l1_acc[13:2];
-  assign \$318  = ins[124:112] + \$signal$273 ;
-  assign \$319  = \$signature__data  == \$signal$254 ;
-  assign \$320  = \$signal$274  + \$signal$275 ;
-  assign \$321  = \$signal$274  + l1_acc[13:2];
-  assign \$322  = \$321  + \$signal$275 ;
-  assign \$323  = \$signal$273  + 1'h1;
-  assign \$324  = \$323  < l1_acc[13:2];
-  assign \$325  = \$signal$277  + \$signal$254 ;
-  assign \$326  = \$signal$275  - \$signal$278 ;
-  assign \$327  = \$signal$277  + 4'h8;
-  assign \$328  = \$327  + \$signal$254 ;
-  assign \$329  = \$signal$279  >= 4'h8;
-  assign \$330  = ins[76:64] + \$signal$279 ;
-  assign \$331  = ins[76:64] + 4'h8;
-  assign \$332  = \$331  + \$signal$279 ;
-  assign \$333  = \$signal$280  >= \$signal$130 ;
-  assign \$334  = ins[100:88] + \$signal$141 ;
-  assign \$335  = \$334  + \$signal$280 ;
-  assign \$336  = | l2_y;
-  assign \$337  = \$signal$281  < ins[61:48];
-  assign \$338  = ins[5:0] == 4'ha;
-  assign \$339  = \$338  ? l2_acc : { 1'h0, \$signal$282  };
-  assign \$340  = ins[76:64] + \$339 ;
-  assign \$341  = \$340  + \$signal$281 ;
-  assign \$342  = ~ \$signal$108 ;
-  assign \$343  = \$signal$103  & \$342 ;
-  assign \$344  = ! ctrl_state;
-  assign \$345  = ctrl_state == 1'h1;
-  assign \$346  = ctrl_state == 2'h2;
-  assign \$347  = ctrl_state == 2'h3;
-  assign \$348  = ctrl_state == 3'h4;
-  assign \$349  = ctrl_state == 3'h5;
-  assign \$350  = ctrl_state == 3'h6;
-  assign \$351  = ctrl_state == 3'h7;
-  assign \$352  = ctrl_state == 4'h8;
-  assign \$353  = ctrl_state == 4'h9;
-  assign \$354  = ctrl_state == 4'ha;
-  assign \$355  = ctrl_state == 4'hb;
-  assign \$356  = ctrl_state == 4'hc;
-  assign \$357  = ctrl_state == 4'hd;
-  assign \$358  = ctrl_state == 4'he;
-  assign \$359  = ctrl_state == 4'hf;
-  assign \$360  = ctrl_state == 5'h10;
-  assign \$361  = ctrl_state == 5'h11;
-  assign \$362  = ctrl_state == 5'h12;
-  assign \$363  = ctrl_state == 5'h13;
-  assign \$364  = ctrl_state == 5'h14;
-  assign \$365  = ctrl_state == 5'h15;
-  assign \$366  = ctrl_state == 5'h16;
-  assign \$367  = ctrl_state == 5'h17;
-  assign \$368  = ctrl_state == 5'h18;
-  assign \$369  = wr_addr == 4'hc;
-  assign \$370  = wr_en & \$369 ;
-  assign \$371  = wr_addr == 5'h10;
-  assign \$372  = wr_en & \$371 ;
-  assign \$373  = | l0_y;
-  assign \$374  = l0_acc + l0_x;
-  assign \$376  = l0_acc + l0_x;
-  assign \$377  = \$375  ? 14'h3fff : \$376 [13:0];
-  assign \$379  = l0_x[13] ? 15'h3fff : \$378 ;
-  assign \$381  = | l1_y;
-  assign \$382  = l1_acc + l1_x;
-  assign \$384  = l1_acc + l1_x;
-  assign \$385  = \$383  ? 14'h3fff : \$384 [13:0];
-  assign \$387  = l1_x[13] ? 15'h3fff : \$386 ;
-  assign \$389  = | l2_y;
-  assign \$390  = l2_acc + l2_x;
-  assign \$392  = l2_acc + l2_x;
-  assign \$393  = \$391  ? 14'h3fff : \$392 [13:0];
-  assign \$395  = l2_x[13] ? 15'h3fff : \$394 ;
-  assign \$397  = | l3_y;
-  assign \$398  = l3_acc + l3_x;
-  assign \$400  = l3_acc + l3_x;
-  assign \$401  = \$399  ? 14'h3fff : \$400 [13:0];
-  assign \$403  = l3_x[13] ? 15'h3fff : \$402 ;
-  assign \$405  = | l4_y;
-  assign \$406  = l4_acc + l4_x;
-  assign \$408  = l4_acc + l4_x;
-  assign \$409  = \$407  ? 14'h3fff : \$408 [13:0];
-  assign \$411  = l4_x[13] ? 15'h3fff : \$410 ;
-  assign \$413  = | lh_y;
-  assign \$414  = lh_acc + lh_x;
-  assign \$416  = lh_acc + lh_x;
-  assign \$417  = \$415  ? 33'h1ffffffff : \$416 [32:0];
-  assign \$419  = lh_x[32] ? 34'h1ffffffff : \$418 ;
-  assign \$421  = ~ \$signal$156 ;
-  assign \$422  = \$421  | eng_ready;
-  assign \$423  = ~ \$signal$155 ;
-  assign \$424  = ~ \$signal$156 ;
-  assign \$425  = \$424  | eng_ready;
-  assign \$426  = \$423  | \$425 ;
-  assign \$427  = cnt0 - 1'h1;
-  assign \$428  = idx0 == \$427 ;
-  assign \$429  = idx0 + 1'h1;
-  assign \$430  = \$429  < cnt0;
-  assign \$431  = idx1 + 1'h1;
-  assign \$432  = \$431  < cnt1;
-  assign \$433  = idx0 + 1'h1;
-  assign \$434  = \$signal$151  + sa0;
-  assign \$435  = \$signal$153  + sb0;
-  assign \$436  = idx1 + 1'h1;
-  assign \$437  = \$signal$303  + sa1;
-  assign \$438  = \$signal$303  + sa1;
-  assign \$439  = \$signal$305  + sb1;
-  assign \$440  = \$signal$305  + sb1;
-  assign \$441  = idx2 + 1'h1;
-  assign \$442  = \$signal$308  + sa2;
-  assign \$443  = \$signal$308  + sa2;
-  assign \$444  = \$signal$308  + sa2;
-  assign \$445  = \$signal$310  + sb2;
-  assign \$446  = \$signal$310  + sb2;
-  assign \$447  = \$signal$310  + sb2;
-  assign \$448  = idx2 + 1'h1;
-  assign \$449  = \$448  >= cnt2;
-  assign \$450  = ~ a_in__valid;
-  assign \$451  = ~ gm_afeed_done;
-  assign \$452  = \$450  & \$451 ;
-  assign \$453  = gm_lane == 3'h4;
-  assign \$454  = \$signal$214  + gm_lane;
-  assign \$455  = \$454  >= m_eff[13:0];
-  assign \$456  = \$453  | \$455 ;
-  assign \$457  = ~ \$456 ;
-  assign \$458  = \$452  & \$457 ;
-  assign \$459  = gm_lane + 1'h1;
-  assign \$460  = \$signal$215  + ins[38:32];
-  assign \$461  = ~ a_in__valid;
-  assign \$462  = ~ gm_afeed_done;
-  assign \$463  = \$461  & \$462 ;
-  assign \$464  = gm_lane == 3'h4;
-  assign \$465  = \$signal$214  + gm_lane;
-  assign \$466  = \$465  >= m_eff[13:0];
-  assign \$467  = \$464  | \$466 ;
-  assign \$468  = \$463  & \$467 ;
-  assign \$469  = a_in__valid & a_in__ready;
-  assign \$470  = \$signal$316  + 1'h1;
-  assign \$471  = \$470  < ins[38:32];
-  assign \$472  = \$signal$316  + 1'h1;
-  assign \$473  = gm_wstart + 1'h1;
+  assign \$277  = ~ checked;
+  assign \$278  = | decode_q;
+  assign \$280  = ins[100:88] + \$279 ;
+  assign \$282  = ins[100:88] + \$281 ;
+  assign \$283  = \$282  + 1'h1;
+  assign \$284  = ins[124:112] + \$signal$244 ;
+  assign \$285  = ~ \$signal$247 ;
+  assign \$286  = \$signal$248  < l0_acc;
+  assign \$287  = ins[124:112] + \$signal$248 ;
+  assign \$288  = ins[243:238] == 1'h1;
+  assign \$1143  = \$signal$250  * 4'h8;
+  assign \$289  = \$signal$249  >> \$1143 ;
+  assign \$290  = ins[243:238] == 2'h2;
+  assign \$1147  = \$signal$250  * 5'h10;
+  assign \$291  = \$signal$249  >> \$1147 ;
+  assign \$1150  = \$signal$250  * 6'h20;
+  assign \$292  = \$signal$249  >> \$1150 ;
+  assign \$293  = \$290  ? { \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291  } : \$292 ;
+  assign \$294  = \$288  ? { \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289  } : \$293 ;
+  assign \$295  = ~ \$signal$251 ;
+  assign \$296  = \$signal$252  < 1'h1;
+  assign \$297  = \$295  & \$296 ;
+  assign \$298  = \$signal$253  < l0_acc;
+  assign \$299  = \$297  & \$298 ;
+  assign \$300  = ~ \$signal$254 ;
+  assign \$301  = \$299  & \$300 ;
+  assign \$302  = ins[76:64] + \$signal$253 ;
+  assign \$303  = ins[100:88] + \$signal$256 ;
+  assign \$304  = | \$signal$256 ;
+  assign \$305  = \$signal$256  - 1'h1;
+  assign \$306  = ~ \$signal$261 ;
+  assign \$307  = ~ \$signal$262 ;
+  assign \$308  = \$306  & \$307 ;
+  assign \$309  = rt_lane < 1'h1;
+  assign \$310  = \$308  & \$309 ;
+  assign \$311  = \$signal$264  + \$signal$265 ;
+  assign \$312  = ~ \$signal$270 ;
+  assign \$313  = ~ rt_wphase;
+  assign \$314  = \$signal$270  & \$313 ;
+  assign \$315  = \$signal$272  + rt_s;
+  assign \$316  = \$signal$270  & rt_wphase;
+  assign \$317  = \$signal$272  + rt_s;
+  assign \$318  = \$317  + l1_acc[13:2];
+  assign \$319  = ins[124:112] + \$signal$275 ;
+  assign \$320  = \$signature__data  == \$signal$256 ;
+  assign \$321  = \$signal$276  + \$signal$277 ;
+  assign \$322  = \$signal$276  + l1_acc[13:2];
+  assign \$323  = \$322  + \$signal$277 ;
+  assign \$324  = \$signal$275  + 1'h1;
+  assign \$325  = \$324  < l1_acc[13:2];
+  assign \$326  = \$signal$279  + \$signal$256 ;
+  assign \$327  = \$signal$277  - \$signal$280 ;
+  assign \$328  = \$signal$279  + 4'h8;
+  assign \$329  = \$328  + \$signal$256 ;
+  assign \$330  = \$signal$281  >= 4'h8;
+  assign \$331  = ins[76:64] + \$signal$281 ;
+  assign \$332  = ins[76:64] + 4'h8;
+  assign \$333  = \$332  + \$signal$281 ;
+  assign \$334  = \$signal$282  >= \$signal$130 ;
+  assign \$335  = ins[100:88] + \$signal$141 ;
+  assign \$336  = \$335  + \$signal$282 ;
+  assign \$337  = | l2_y;
+  assign \$338  = \$signal$283  < ins[61:48];
+  assign \$339  = ins[5:0] == 4'ha;
+  assign \$340  = \$339  ? l2_acc : { 1'h0, \$signal$284  };
+  assign \$341  = ins[76:64] + \$340 ;
+  assign \$342  = \$341  + \$signal$283 ;
+  assign \$343  = ~ \$signal$108 ;
+  assign \$344  = \$signal$103  & \$343 ;
+  assign \$345  = ! ctrl_state;
+  assign \$346  = ctrl_state == 1'h1;
+  assign \$347  = ctrl_state == 2'h2;
+  assign \$348  = ctrl_state == 2'h3;
+  assign \$349  = ctrl_state == 3'h4;
+  assign \$350  = ctrl_state == 3'h5;
+  assign \$351  = ctrl_state == 3'h6;
+  assign \$352  = ctrl_state == 3'h7;
+  assign \$353  = ctrl_state == 4'h8;
+  assign \$354  = ctrl_state == 4'h9;
+  assign \$355  = ctrl_state == 4'ha;
+  assign \$356  = ctrl_state == 4'hb;
+  assign \$357  = ctrl_state == 4'hc;
+  assign \$358  = ctrl_state == 4'hd;
+  assign \$359  = ctrl_state == 4'he;
+  assign \$360  = ctrl_state == 4'hf;
+  assign \$361  = ctrl_state == 5'h10;
+  assign \$362  = ctrl_state == 5'h11;
+  assign \$363  = ctrl_state == 5'h12;
+  assign \$364  = ctrl_state == 5'h13;
+  assign \$365  = ctrl_state == 5'h14;
+  assign \$366  = ctrl_state == 5'h15;
+  assign \$367  = ctrl_state == 5'h16;
+  assign \$368  = ctrl_state == 5'h17;
+  assign \$369  = ctrl_state == 5'h18;
+  assign \$370  = wr_addr == 4'hc;
+  assign \$371  = wr_en & \$370 ;
+  assign \$372  = wr_addr == 5'h10;
+  assign \$373  = wr_en & \$372 ;
+  assign \$374  = | l0_y;
+  assign \$375  = l0_acc + l0_x;
+  assign \$377  = l0_acc + l0_x;
+  assign \$378  = \$376  ? 14'h3fff : \$377 [13:0];
+  assign \$380  = l0_x[13] ? 15'h3fff : \$379 ;
+  assign \$382  = | l1_y;
+  assign \$383  = l1_acc + l1_x;
+  assign \$385  = l1_acc + l1_x;
+  assign \$386  = \$384  ? 14'h3fff : \$385 [13:0];
+  assign \$388  = l1_x[13] ? 15'h3fff : \$387 ;
+  assign \$390  = | l2_y;
+  assign \$391  = l2_acc + l2_x;
+  assign \$393  = l2_acc + l2_x;
+  assign \$394  = \$392  ? 14'h3fff : \$393 [13:0];
+  assign \$396  = l2_x[13] ? 15'h3fff : \$395 ;
+  assign \$398  = | l3_y;
+  assign \$399  = l3_acc + l3_x;
+  assign \$401  = l3_acc + l3_x;
+  assign \$402  = \$400  ? 14'h3fff : \$401 [13:0];
+  assign \$404  = l3_x[13] ? 15'h3fff : \$403 ;
+  assign \$406  = | l4_y;
+  assign \$407  = l4_acc + l4_x;
+  assign \$409  = l4_acc + l4_x;
+  assign \$410  = \$408  ? 14'h3fff : \$409 [13:0];
+  assign \$412  = l4_x[13] ? 15'h3fff : \$411 ;
+  assign \$414  = | lh_y;
+  assign \$415  = lh_acc + lh_x;
+  assign \$417  = lh_acc + lh_x;
+  assign \$418  = \$416  ? 33'h1ffffffff : \$417 [32:0];
+  assign \$420  = lh_x[32] ? 34'h1ffffffff : \$419 ;
+  assign \$422  = ~ \$signal$156 ;
+  assign \$423  = \$422  | eng_ready;
+  assign \$424  = ~ \$signal$155 ;
+  assign \$425  = ~ \$signal$156 ;
+  assign \$426  = \$425  | eng_ready;
+  assign \$427  = \$424  | \$426 ;
+  assign \$428  = cnt0 - 1'h1;
+  assign \$429  = idx0 == \$428 ;
+  assign \$430  = idx0 + 1'h1;
+  assign \$431  = \$430  < cnt0;
+  assign \$432  = idx1 + 1'h1;
+  assign \$433  = \$432  < cnt1;
+  assign \$434  = idx0 + 1'h1;
+  assign \$435  = \$signal$151  + sa0;
+  assign \$436  = \$signal$153  + sb0;
+  assign \$437  = idx1 + 1'h1;
+  assign \$438  = \$signal$305  + sa1;
+  assign \$439  = \$signal$305  + sa1;
+  assign \$440  = \$signal$307  + sb1;
+  assign \$441  = \$signal$307  + sb1;
+  assign \$442  = idx2 + 1'h1;
+  assign \$443  = \$signal$310  + sa2;
+  assign \$444  = \$signal$310  + sa2;
+  assign \$445  = \$signal$310  + sa2;
+  assign \$446  = \$signal$312  + sb2;
+  assign \$447  = \$signal$312  + sb2;
+  assign \$448  = \$signal$312  + sb2;
+  assign \$449  = idx2 + 1'h1;
+  assign \$450  = \$449  >= cnt2;
+  assign \$451  = ~ a_in__valid;
+  assign \$452  = ~ gm_afeed_done;
+  assign \$453  = \$451  & \$452 ;
+  assign \$454  = gm_lane == 3'h4;
+  assign \$455  = \$signal$214  + gm_lane;
+  assign \$456  = \$455  >= m_eff[13:0];
+  assign \$457  = \$454  | \$456 ;
+  assign \$458  = ~ \$457 ;
+  assign \$459  = \$453  & \$458 ;
+  assign \$460  = gm_lane + 1'h1;
+  assign \$461  = \$signal$215  + ins[38:32];
+  assign \$462  = ~ a_in__valid;
+  assign \$463  = ~ gm_afeed_done;
+  assign \$464  = \$462  & \$463 ;
+  assign \$465  = gm_lane == 3'h4;
+  assign \$466  = \$signal$214  + gm_lane;
+  assign \$467  = \$466  >= m_eff[13:0];
+  assign \$468  = \$465  | \$467 ;
+  assign \$469  = \$464  & \$468 ;
+  assign \$470  = a_in__valid & a_in__ready;
+  assign \$471  = \$signal$318  + 1'h1;
+  assign \$472  = \$471  < ins[38:32];
+  assign \$473  = \$signal$318  + 1'h1;
   assign \$474  = gm_wstart + 1'h1;
-  assign \$475  = \$signal$214  + 3'h4;
-  assign \$476  = \$signal$215  - ins[38:32];
-  assign \$477  = $signed(\$476 ) + $signed(2'h1);
-  assign \$478  = \$signal$215  - ins[38:32];
-  assign \$479  = $signed(\$478 ) + $signed(2'h1);
-  assign \$480  = \$signal$214  + 3'h4;
-  assign \$481  = \$480  >= m_eff[13:0];
-  assign \$482  = gc_lane + 1'h1;
-  assign \$483  = \$signal$218  + ins[56:48];
-  assign \$484  = gc_lane == 2'h3;
-  assign \$485  = \$signal$221  + gc_lane;
-  assign \$486  = \$485  + 1'h1;
-  assign \$487  = \$486  >= m_eff[13:0];
-  assign \$488  = \$484  | \$487 ;
-  assign \$489  = \$signal$318  + 1'h1;
-  assign \$490  = \$489  < ins[56:48];
-  assign \$491  = \$signal$318  + 1'h1;
-  assign \$492  = gc_wstart + 1'h1;
+  assign \$475  = gm_wstart + 1'h1;
+  assign \$476  = \$signal$214  + 3'h4;
+  assign \$477  = \$signal$215  - ins[38:32];
+  assign \$478  = $signed(\$477 ) + $signed(2'h1);
+  assign \$479  = \$signal$215  - ins[38:32];
+  assign \$480  = $signed(\$479 ) + $signed(2'h1);
+  assign \$481  = \$signal$214  + 3'h4;
+  assign \$482  = \$481  >= m_eff[13:0];
+  assign \$483  = gc_lane + 1'h1;
+  assign \$484  = \$signal$218  + ins[56:48];
+  assign \$485  = gc_lane == 2'h3;
+  assign \$486  = \$signal$221  + gc_lane;
+  assign \$487  = \$486  + 1'h1;
+  assign \$488  = \$487  >= m_eff[13:0];
+  assign \$489  = \$485  | \$488 ;
+  assign \$490  = \$signal$320  + 1'h1;
+  assign \$491  = \$490  < ins[56:48];
+  assign \$492  = \$signal$320  + 1'h1;
   assign \$493  = gc_wstart + 1'h1;
-  assign \$494  = \$signal$221  + 3'h4;
-  assign \$495  = \$signal$218  + 1'h1;
+  assign \$494  = gc_wstart + 1'h1;
+  assign \$495  = \$signal$221  + 3'h4;
   assign \$496  = \$signal$218  + 1'h1;
-  assign \$497  = \$signal$118  + 1'h1;
-  assign \$498  = busy_dma + 1'h1;
-  assign \$499  = busy_gemm + 1'h1;
-  assign \$500  = busy_act + 1'h1;
-  assign \$501  = busy_route + 1'h1;
-  assign \$502  = busy_vector + 1'h1;
-  assign \$503  = busy_move + 1'h1;
-  assign \$504  = pc >= 7'h40;
-  assign \$507  = \$506  ? \$signal$130  : \$signature__data$322 [31:16];
-  assign \$508  = | \$signature__data$322 [63:62];
-  assign \$509  = \$508  ? 14'h3fff : \$signature__data$322 [61:48];
-  assign \$512  = \$511  ? \$signal$130  : \$signature__data$322 [31:16];
-  assign \$513  = | \$signature__data$322 [47:46];
-  assign \$514  = \$513  ? 14'h3fff : \$signature__data$322 [45:32];
-  assign \$517  = \$516  ? \$signal$130  : \$signature__data$322 [31:16];
-  assign \$518  = \$517  + 3'h4;
-  assign \$519  = \$518  - 1'h1;
-  assign \$521  = | \$signature__data$322 [47:46];
-  assign \$522  = \$521  ? 14'h3fff : \$signature__data$322 [45:32];
-  assign \$525  = \$524  ? \$signal$130  : \$signature__data$322 [31:16];
-  assign \$526  = \$525  + 3'h4;
-  assign \$527  = \$526  - 1'h1;
-  assign \$529  = | \$signature__data$322 [63:62];
-  assign \$530  = \$529  ? 14'h3fff : \$signature__data$322 [61:48];
-  assign \$531  = \$signature__data$322 [63:48] + 3'h4;
-  assign \$532  = \$531  - 1'h1;
-  assign \$534  = | \$signature__data$322 [47:46];
-  assign \$535  = \$534  ? 14'h3fff : \$signature__data$322 [45:32];
-  assign \$538  = \$537  ? \$signal$130  : \$signature__data$322 [31:16];
-  assign \$539  = | \$signature__data$322 [47:46];
-  assign \$540  = \$539  ? 14'h3fff : \$signature__data$322 [45:32];
-  assign \$541  = | \$signature__data$322 [63:62];
-  assign \$542  = \$541  ? 14'h3fff : \$signature__data$322 [61:48];
-  assign \$543  = | \$signature__data$322 [63:62];
-  assign \$544  = \$543  ? 14'h3fff : \$signature__data$322 [61:48];
-  assign \$547  = \$546  ? \$signal$130  : \$signature__data$322 [31:16];
-  assign \$550  = \$549  ? \$signal$241  : 4'h0;
-  assign \$551  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$552  = ins[5:0] == 4'hc;
-  assign \$553  = ~ ph2;
-  assign \$554  = \$552  & \$553 ;
-  assign \$555  = ! ins[5:0];
-  assign \$556  = | decode_err;
-  assign \$557  = ins[5:0] == 1'h1;
-  assign \$558  = ins[5:0] == 2'h2;
-  assign \$559  = ins[5:0] == 2'h3;
-  assign \$560  = ins[5:0] == 3'h4;
-  assign \$561  = ins[5:0] == 3'h5;
-  assign \$562  = ins[5:0] == 3'h6;
-  assign \$563  = ins[5:0] == 4'h8;
-  assign \$564  = ins[5:0] == 3'h7;
-  assign \$565  = ins[5:0] == 4'hc;
-  assign \$566  = ins[5:0] == 4'hd;
-  assign \$567  = ins[5:0] == 4'ha;
-  assign \$568  = ins[5:0] == 4'hb;
-  assign \$569  = \$signal$121  + 1'h1;
-  assign \$575  = ins[124:112] + \$574 ;
+  assign \$497  = \$signal$218  + 1'h1;
+  assign \$498  = \$signal$118  + 1'h1;
+  assign \$499  = busy_dma + 1'h1;
+  assign \$500  = busy_gemm + 1'h1;
+  assign \$501  = busy_act + 1'h1;
+  assign \$502  = busy_route + 1'h1;
+  assign \$503  = busy_vector + 1'h1;
+  assign \$504  = busy_move + 1'h1;
+  assign \$505  = pc >= 7'h40;
+  assign \$508  = \$507  ? \$signal$130  : \$signature__data$324 [31:16];
+  assign \$509  = | \$signature__data$324 [63:62];
+  assign \$510  = \$509  ? 14'h3fff : \$signature__data$324 [61:48];
+  assign \$513  = \$512  ? \$signal$130  : \$signature__data$324 [31:16];
+  assign \$514  = | \$signature__data$324 [47:46];
+  assign \$515  = \$514  ? 14'h3fff : \$signature__data$324 [45:32];
+  assign \$518  = \$517  ? \$signal$130  : \$signature__data$324 [31:16];
+  assign \$519  = \$518  + 3'h4;
+  assign \$520  = \$519  - 1'h1;
+  assign \$522  = | \$signature__data$324 [47:46];
+  assign \$523  = \$522  ? 14'h3fff : \$signature__data$324 [45:32];
+  assign \$526  = \$525  ? \$signal$130  : \$signature__data$324 [31:16];
+  assign \$527  = \$526  + 3'h4;
+  assign \$528  = \$527  - 1'h1;
+  assign \$530  = | \$signature__data$324 [63:62];
+  assign \$531  = \$530  ? 14'h3fff : \$signature__data$324 [61:48];
+  assign \$532  = \$signature__data$324 [63:48] + 3'h4;
+  assign \$533  = \$532  - 1'h1;
+  assign \$535  = | \$signature__data$324 [47:46];
+  assign \$536  = \$535  ? 14'h3fff : \$signature__data$324 [45:32];
+  assign \$539  = \$538  ? \$signal$130  : \$signature__data$324 [31:16];
+  assign \$540  = | \$signature__data$324 [47:46];
+  assign \$541  = \$540  ? 14'h3fff : \$signature__data$324 [45:32];
+  assign \$542  = | \$signature__data$324 [63:62];
+  assign \$543  = \$542  ? 14'h3fff : \$signature__data$324 [61:48];
+  assign \$544  = | \$signature__data$324 [63:62];
+  assign \$545  = \$544  ? 14'h3fff : \$signature__data$324 [61:48];
+  assign \$548  = \$547  ? \$signal$130  : \$signature__data$324 [31:16];
+  assign \$551  = \$550  ? \$signal$243  : 4'h0;
+  assign \$552  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$553  = ins[5:0] == 4'hc;
+  assign \$554  = ~ ph2;
+  assign \$555  = \$553  & \$554 ;
+  assign \$556  = ! ins[5:0];
+  assign \$557  = ~ checked;
+  assign \$558  = | decode_q;
+  assign \$559  = ins[5:0] == 1'h1;
+  assign \$560  = ins[5:0] == 2'h2;
+  assign \$561  = ins[5:0] == 2'h3;
+  assign \$562  = ins[5:0] == 3'h4;
+  assign \$563  = ins[5:0] == 3'h5;
+  assign \$564  = ins[5:0] == 3'h6;
+  assign \$565  = ins[5:0] == 4'h8;
+  assign \$566  = ins[5:0] == 3'h7;
+  assign \$567  = ins[5:0] == 4'hc;
+  assign \$568  = ins[5:0] == 4'hd;
+  assign \$569  = ins[5:0] == 4'ha;
+  assign \$570  = ins[5:0] == 4'hb;
+  assign \$571  = \$signal$121  + 1'h1;
   assign \$577  = ins[124:112] + \$576 ;
-  assign \$578  = \$577  + 5'h10;
-  assign \$579  = ins[5:0] == 2'h3;
-  assign \$580  = \$signal$242  + 1'h1;
-  assign \$581  = \$signal$242  == \$signal$323 ;
-  assign \$582  = eng_run & \$581 ;
-  assign \$583  = ins[5:0] == 3'h5;
-  assign \$584  = pc + 1'h1;
-  assign \$585  = \$signal$121  + 1'h1;
-  assign \$586  = ~ rd_busy;
-  assign \$587  = pc + 1'h1;
-  assign \$588  = \$signal$121  + 1'h1;
-  assign \$589  = ~ \$signal$245 ;
-  assign \$590  = rd_data__valid & \$589 ;
-  assign \$591  = \$signal$246  < l0_acc;
-  assign \$592  = \$signal$246  + 1'h1;
-  assign \$593  = \$signal$248  + 1'h1;
+  assign \$579  = ins[124:112] + \$578 ;
+  assign \$580  = \$579  + 5'h10;
+  assign \$581  = ins[5:0] == 2'h3;
+  assign \$582  = \$signal$244  + 1'h1;
+  assign \$583  = \$signal$244  == \$signal$325 ;
+  assign \$584  = eng_run & \$583 ;
+  assign \$585  = ins[5:0] == 3'h5;
+  assign \$586  = pc + 1'h1;
+  assign \$587  = \$signal$121  + 1'h1;
+  assign \$588  = ~ rd_busy;
+  assign \$589  = pc + 1'h1;
+  assign \$590  = \$signal$121  + 1'h1;
+  assign \$591  = ~ \$signal$247 ;
+  assign \$592  = rd_data__valid & \$591 ;
+  assign \$593  = \$signal$248  < l0_acc;
   assign \$594  = \$signal$248  + 1'h1;
-  assign \$595  = ins[243:238] == 1'h1;
-  assign \$596  = ins[243:238] == 2'h2;
-  assign \$597  = \$596  ? 2'h2 : 2'h1;
-  assign \$598  = \$595  ? 3'h4 : { 1'h0, \$597  };
-  assign \$599  = \$594  >= \$598 ;
-  assign \$600  = ~ rd_busy;
-  assign \$601  = ~ \$signal$245 ;
-  assign \$602  = \$600  & \$601 ;
-  assign \$603  = \$signal$246  >= l0_acc;
+  assign \$595  = \$signal$250  + 1'h1;
+  assign \$596  = \$signal$250  + 1'h1;
+  assign \$597  = ins[243:238] == 1'h1;
+  assign \$598  = ins[243:238] == 2'h2;
+  assign \$599  = \$598  ? 2'h2 : 2'h1;
+  assign \$600  = \$597  ? 3'h4 : { 1'h0, \$599  };
+  assign \$601  = \$596  >= \$600 ;
+  assign \$602  = ~ rd_busy;
+  assign \$603  = ~ \$signal$247 ;
   assign \$604  = \$602  & \$603 ;
-  assign \$605  = pc + 1'h1;
-  assign \$606  = \$signal$121  + 1'h1;
-  assign \$607  = ~ \$signal$249 ;
-  assign \$608  = \$signal$250  < 1'h1;
-  assign \$609  = \$607  & \$608 ;
-  assign \$610  = \$signal$251  < l0_acc;
+  assign \$605  = \$signal$248  >= l0_acc;
+  assign \$606  = \$604  & \$605 ;
+  assign \$607  = pc + 1'h1;
+  assign \$608  = \$signal$121  + 1'h1;
+  assign \$609  = ~ \$signal$251 ;
+  assign \$610  = \$signal$252  < 1'h1;
   assign \$611  = \$609  & \$610 ;
-  assign \$612  = ~ \$signal$252 ;
+  assign \$612  = \$signal$253  < l0_acc;
   assign \$613  = \$611  & \$612 ;
-  assign \$614  = \$signal$251  + 1'h1;
-  assign \$615  = \$signal$250  + 1'h1;
-  assign \$616  = ~ \$signal$249 ;
-  assign \$617  = ~ \$signal$252 ;
-  assign \$618  = \$616  & \$617 ;
-  assign \$619  = | \$signal$250 ;
+  assign \$614  = ~ \$signal$254 ;
+  assign \$615  = \$613  & \$614 ;
+  assign \$616  = \$signal$253  + 1'h1;
+  assign \$617  = \$signal$252  + 1'h1;
+  assign \$618  = ~ \$signal$251 ;
+  assign \$619  = ~ \$signal$254 ;
   assign \$620  = \$618  & \$619 ;
-  assign \$621  = \$signal$250  == 1'h1;
-  assign \$622  = \$signal$251  >= l0_acc;
-  assign \$623  = \$621  | \$622 ;
-  assign \$624  = \$620  & \$623 ;
-  assign \$625  = wr_data__valid & wr_data__ready;
-  assign \$626  = ~ wr_busy;
-  assign \$627  = \$signal$251  >= l0_acc;
-  assign \$628  = \$626  & \$627 ;
-  assign \$629  = ~ \$signal$249 ;
+  assign \$621  = | \$signal$252 ;
+  assign \$622  = \$620  & \$621 ;
+  assign \$623  = \$signal$252  == 1'h1;
+  assign \$624  = \$signal$253  >= l0_acc;
+  assign \$625  = \$623  | \$624 ;
+  assign \$626  = \$622  & \$625 ;
+  assign \$627  = wr_data__valid & wr_data__ready;
+  assign \$628  = ~ wr_busy;
+  assign \$629  = \$signal$253  >= l0_acc;
   assign \$630  = \$628  & \$629 ;
-  assign \$631  = ~ \$signal$252 ;
+  assign \$631  = ~ \$signal$251 ;
   assign \$632  = \$630  & \$631 ;
-  assign \$633  = pc + 1'h1;
-  assign \$634  = \$signal$121  + 1'h1;
-  assign \$635  = \$signal$254  + 1'h1;
-  assign \$636  = \$signal$254  == 4'h8;
-  assign \$637  = ~ \$signal$259 ;
-  assign \$638  = ~ \$signal$260 ;
-  assign \$639  = \$637  & \$638 ;
-  assign \$640  = rt_lane < 1'h1;
+  assign \$633  = ~ \$signal$254 ;
+  assign \$634  = \$632  & \$633 ;
+  assign \$635  = pc + 1'h1;
+  assign \$636  = \$signal$121  + 1'h1;
+  assign \$637  = \$signal$256  + 1'h1;
+  assign \$638  = \$signal$256  == 4'h8;
+  assign \$639  = ~ \$signal$261 ;
+  assign \$640  = ~ \$signal$262 ;
   assign \$641  = \$639  & \$640 ;
-  assign \$642  = \$signal$263  < 4'h8;
-  assign \$643  = rt_lane + 1'h1;
-  assign \$644  = \$signal$263  + 1'h1;
-  assign \$645  = \$signal$335  ? \$signature__data [12:0] : 13'h0000;
-  assign \$647  = scores__valid & scores__ready;
-  assign \$648  = \$signal$263  >= 4'h8;
-  assign \$649  = \$signal$331  + 1'h1;
-  assign \$650  = \$signal$262  + 4'h8;
-  assign \$651  = \$signal$331  + 1'h1;
-  assign \$652  = \$651  >= m_eff[13:0];
-  assign \$653  = ~ \$signal$268 ;
-  assign \$654  = routes__valid & \$653 ;
-  assign \$655  = ~ rt_wphase;
-  assign \$656  = \$signal$268  & \$655 ;
-  assign \$657  = \$signal$268  & rt_wphase;
-  assign \$658  = rt_s == 1'h1;
-  assign \$659  = \$signal$272 [19] | \$658 ;
-  assign \$660  = \$signal$333  + 1'h1;
-  assign \$661  = \$signal$270  + 2'h2;
-  assign \$662  = rt_s + 1'h1;
-  assign \$663  = \$signal$333  >= m_eff[13:0];
-  assign \$664  = \$signature__data  == \$signal$254 ;
-  assign \$665  = \$signal$275  + 1'h1;
-  assign \$666  = \$signal$273  + 1'h1;
-  assign \$667  = \$666  < l1_acc[13:2];
-  assign \$668  = \$signal$273  + 1'h1;
-  assign \$669  = \$signal$339  == 1'h1;
-  assign \$670  = \$signal$276  + 1'h1;
-  assign \$671  = \$signal$339  + 1'h1;
-  assign \$672  = \$signal$254  + 1'h1;
-  assign \$673  = \$signal$254  + 1'h1;
-  assign \$674  = \$673  < 4'h8;
-  assign \$675  = pc + 1'h1;
-  assign \$676  = \$signal$121  + 1'h1;
-  assign \$677  = \$signal$279  >= 4'h8;
+  assign \$642  = rt_lane < 1'h1;
+  assign \$643  = \$641  & \$642 ;
+  assign \$644  = \$signal$265  < 4'h8;
+  assign \$645  = rt_lane + 1'h1;
+  assign \$646  = \$signal$265  + 1'h1;
+  assign \$647  = \$signal$337  ? \$signature__data [12:0] : 13'h0000;
+  assign \$649  = scores__valid & scores__ready;
+  assign \$650  = \$signal$265  >= 4'h8;
+  assign \$651  = \$signal$333  + 1'h1;
+  assign \$652  = \$signal$264  + 4'h8;
+  assign \$653  = \$signal$333  + 1'h1;
+  assign \$654  = \$653  >= m_eff[13:0];
+  assign \$655  = ~ \$signal$270 ;
+  assign \$656  = routes__valid & \$655 ;
+  assign \$657  = ~ rt_wphase;
+  assign \$658  = \$signal$270  & \$657 ;
+  assign \$659  = \$signal$270  & rt_wphase;
+  assign \$660  = rt_s == 1'h1;
+  assign \$661  = \$signal$274 [19] | \$660 ;
+  assign \$662  = \$signal$335  + 1'h1;
+  assign \$663  = \$signal$272  + 2'h2;
+  assign \$664  = rt_s + 1'h1;
+  assign \$665  = \$signal$335  >= m_eff[13:0];
+  assign \$666  = \$signature__data  == \$signal$256 ;
+  assign \$667  = \$signal$277  + 1'h1;
+  assign \$668  = \$signal$275  + 1'h1;
+  assign \$669  = \$668  < l1_acc[13:2];
+  assign \$670  = \$signal$275  + 1'h1;
+  assign \$671  = \$signal$341  == 1'h1;
+  assign \$672  = \$signal$278  + 1'h1;
+  assign \$673  = \$signal$341  + 1'h1;
+  assign \$674  = \$signal$256  + 1'h1;
+  assign \$675  = \$signal$256  + 1'h1;
+  assign \$676  = \$675  < 4'h8;
+  assign \$677  = pc + 1'h1;
   assign \$678  = \$signal$121  + 1'h1;
-  assign \$679  = \$signal$279  + 1'h1;
-  assign \$680  = | \$signature__data ;
-  assign \$681  = | \$signature__data$295 [23:14];
-  assign \$682  = \$681  ? 14'h3fff : \$signature__data$295 [13:0];
-  assign \$683  = pc + 1'h1;
-  assign \$684  = \$signal$121  + 1'h1;
-  assign \$685  = \$signal$280  >= \$signal$130 ;
-  assign \$686  = pc + 1'h1;
-  assign \$687  = \$signal$121  + 1'h1;
-  assign \$688  = $signed(\$signature__data ) < $signed(1'h0);
-  assign \$689  = $signed(\$signature__data ) >= $signed({ 1'h0, m_eff });
-  assign \$690  = \$688  | \$689 ;
-  assign \$691  = | l2_y;
-  assign \$692  = \$signal$281  < ins[61:48];
-  assign \$693  = \$signal$281  + 1'h1;
-  assign \$694  = ins[5:0] == 4'ha;
-  assign \$695  = \$694  ? { 1'h0, \$signal$282  } : l2_acc;
-  assign \$696  = ins[124:112] + \$695 ;
-  assign \$697  = \$696  + \$signal$281 ;
-  assign \$698  = \$signal$281  >= ins[61:48];
-  assign \$699  = \$698  & \$signal$283 ;
-  assign \$700  = \$signal$280  + 1'h1;
-  assign \$701  = \$signal$282  + ins[61:48];
-  assign \$702  = ~ rd_busy;
-  assign \$703  = ~ wr_busy;
-  assign \$704  = \$702  & \$703 ;
-  assign \$705  = ~ \$signal$108 ;
-  assign \$706  = \$signal$103  & \$705 ;
+  assign \$679  = \$signal$281  >= 4'h8;
+  assign \$680  = \$signal$121  + 1'h1;
+  assign \$681  = \$signal$281  + 1'h1;
+  assign \$682  = | \$signature__data ;
+  assign \$683  = | \$signature__data$297 [23:14];
+  assign \$684  = \$683  ? 14'h3fff : \$signature__data$297 [13:0];
+  assign \$685  = pc + 1'h1;
+  assign \$686  = \$signal$121  + 1'h1;
+  assign \$687  = \$signal$282  >= \$signal$130 ;
+  assign \$688  = pc + 1'h1;
+  assign \$689  = \$signal$121  + 1'h1;
+  assign \$690  = $signed(\$signature__data ) < $signed(1'h0);
+  assign \$691  = $signed(\$signature__data ) >= $signed({ 1'h0, m_eff });
+  assign \$692  = \$690  | \$691 ;
+  assign \$693  = | l2_y;
+  assign \$694  = \$signal$283  < ins[61:48];
+  assign \$695  = \$signal$283  + 1'h1;
+  assign \$696  = ins[5:0] == 4'ha;
+  assign \$697  = \$696  ? { 1'h0, \$signal$284  } : l2_acc;
+  assign \$698  = ins[124:112] + \$697 ;
+  assign \$699  = \$698  + \$signal$283 ;
+  assign \$700  = \$signal$283  >= ins[61:48];
+  assign \$701  = \$700  & \$signal$285 ;
+  assign \$702  = \$signal$282  + 1'h1;
+  assign \$703  = \$signal$284  + ins[61:48];
+  assign \$704  = ~ rd_busy;
+  assign \$705  = ~ wr_busy;
+  assign \$706  = \$704  & \$705 ;
+  assign \$707  = ~ \$signal$108 ;
+  assign \$708  = \$signal$103  & \$707 ;
   always @(posedge clk)
-    \$signal$119  <= \$707 ;
+    \$signal$119  <= \$709 ;
   always @(posedge clk)
-    host_size <= \$708 ;
+    host_size <= \$710 ;
   always @(posedge clk)
-    rsel <= \$709 ;
+    rsel <= \$711 ;
   always @(posedge clk)
-    l0_acc <= \$710 ;
+    l0_acc <= \$712 ;
   always @(posedge clk)
-    l0_x <= \$711 ;
+    l0_x <= \$713 ;
   always @(posedge clk)
-    l0_y <= \$712 ;
+    l0_y <= \$714 ;
   always @(posedge clk)
-    l1_acc <= \$713 ;
+    l1_acc <= \$715 ;
   always @(posedge clk)
-    l1_x <= \$714 ;
+    l1_x <= \$716 ;
   always @(posedge clk)
-    l1_y <= \$715 ;
+    l1_y <= \$717 ;
   always @(posedge clk)
-    l2_acc <= \$716 ;
+    l2_acc <= \$718 ;
   always @(posedge clk)
-    l2_x <= \$717 ;
+    l2_x <= \$719 ;
   always @(posedge clk)
-    l2_y <= \$718 ;
+    l2_y <= \$720 ;
   always @(posedge clk)
-    l3_acc <= \$719 ;
+    l3_acc <= \$721 ;
   always @(posedge clk)
-    l3_x <= \$720 ;
+    l3_x <= \$722 ;
   always @(posedge clk)
-    l3_y <= \$721 ;
+    l3_y <= \$723 ;
   always @(posedge clk)
-    l4_acc <= \$722 ;
+    l4_acc <= \$724 ;
   always @(posedge clk)
-    l4_x <= \$723 ;
+    l4_x <= \$725 ;
   always @(posedge clk)
-    l4_y <= \$724 ;
+    l4_y <= \$726 ;
   always @(posedge clk)
-    lh_acc <= \$725 ;
+    lh_acc <= \$727 ;
   always @(posedge clk)
-    lh_x <= \$726 ;
+    lh_x <= \$728 ;
   always @(posedge clk)
-    lh_y <= \$727 ;
+    lh_y <= \$729 ;
   always @(posedge clk)
-    \$signal$156  <= \$728 ;
+    decode_q <= \$730 ;
   always @(posedge clk)
-    \$signal$169  <= \$729 ;
+    \$signal$156  <= \$731 ;
   always @(posedge clk)
-    i__payload <= \$730 ;
+    \$signal$169  <= \$732 ;
   always @(posedge clk)
-    b_word <= \$731 ;
+    i__payload <= \$733 ;
   always @(posedge clk)
-    \$signal$155  <= \$732 ;
+    b_word <= \$734 ;
   always @(posedge clk)
-    \$signal$294  <= \$733 ;
+    \$signal$155  <= \$735 ;
   always @(posedge clk)
-    idx0 <= \$734 ;
+    \$signal$296  <= \$736 ;
   always @(posedge clk)
-    \$signal$151  <= \$735 ;
+    idx0 <= \$737 ;
   always @(posedge clk)
-    \$signal$153  <= \$736 ;
+    \$signal$151  <= \$738 ;
   always @(posedge clk)
-    idx1 <= \$737 ;
+    \$signal$153  <= \$739 ;
   always @(posedge clk)
-    \$signal$303  <= \$738 ;
+    idx1 <= \$740 ;
   always @(posedge clk)
-    \$signal$305  <= \$739 ;
+    \$signal$305  <= \$741 ;
   always @(posedge clk)
-    idx2 <= \$740 ;
+    \$signal$307  <= \$742 ;
   always @(posedge clk)
-    \$signal$308  <= \$741 ;
+    idx2 <= \$743 ;
   always @(posedge clk)
-    \$signal$310  <= \$742 ;
+    \$signal$310  <= \$744 ;
   always @(posedge clk)
-    \$signal$296  <= \$743 ;
+    \$signal$312  <= \$745 ;
   always @(posedge clk)
-    \$signal$313  <= \$744 ;
+    \$signal$298  <= \$746 ;
   always @(posedge clk)
-    gm_cap_lane <= \$745 ;
+    \$signal$315  <= \$747 ;
   always @(posedge clk)
-    gm_lane <= \$746 ;
+    gm_cap_lane <= \$748 ;
   always @(posedge clk)
-    \$signal$215  <= \$747 ;
+    gm_lane <= \$749 ;
   always @(posedge clk)
-    a_in__payload <= \$748 ;
+    \$signal$215  <= \$750 ;
   always @(posedge clk)
-    a_in__valid <= \$749 ;
+    a_in__payload <= \$751 ;
   always @(posedge clk)
-    \$signal$316  <= \$750 ;
+    a_in__valid <= \$752 ;
   always @(posedge clk)
-    gm_wstart <= \$751 ;
+    \$signal$318  <= \$753 ;
   always @(posedge clk)
-    \$signal$214  <= \$752 ;
+    gm_wstart <= \$754 ;
   always @(posedge clk)
-    gm_afeed_done <= \$753 ;
+    \$signal$214  <= \$755 ;
   always @(posedge clk)
-    gc_lane <= \$754 ;
+    gm_afeed_done <= \$756 ;
   always @(posedge clk)
-    \$signal$218  <= \$755 ;
+    gc_lane <= \$757 ;
   always @(posedge clk)
-    \$signal$318  <= \$756 ;
+    \$signal$218  <= \$758 ;
   always @(posedge clk)
-    gc_wstart <= \$757 ;
+    \$signal$320  <= \$759 ;
   always @(posedge clk)
-    \$signal$221  <= \$758 ;
+    gc_wstart <= \$760 ;
   always @(posedge clk)
-    \$signal$118  <= \$759 ;
+    \$signal$221  <= \$761 ;
   always @(posedge clk)
-    busy_dma <= \$760 ;
+    \$signal$118  <= \$762 ;
   always @(posedge clk)
-    busy_gemm <= \$761 ;
+    busy_dma <= \$763 ;
   always @(posedge clk)
-    busy_act <= \$762 ;
+    busy_gemm <= \$764 ;
   always @(posedge clk)
-    busy_route <= \$763 ;
+    busy_act <= \$765 ;
   always @(posedge clk)
-    busy_vector <= \$764 ;
+    busy_route <= \$766 ;
   always @(posedge clk)
-    busy_move <= \$765 ;
+    busy_vector <= \$767 ;
   always @(posedge clk)
-    \$signal$108  <= \$766 ;
+    busy_move <= \$768 ;
   always @(posedge clk)
-    \$signal$109  <= \$767 ;
+    \$signal$108  <= \$769 ;
   always @(posedge clk)
-    err <= \$768 ;
+    \$signal$109  <= \$770 ;
   always @(posedge clk)
-    pc <= \$769 ;
+    err <= \$771 ;
   always @(posedge clk)
-    \$signal$121  <= \$770 ;
+    pc <= \$772 ;
   always @(posedge clk)
-    \$signal$142  <= \$771 ;
+    \$signal$121  <= \$773 ;
   always @(posedge clk)
-    exp_active <= \$772 ;
+    \$signal$142  <= \$774 ;
   always @(posedge clk)
-    \$signal$144  <= \$773 ;
+    exp_active <= \$775 ;
   always @(posedge clk)
-    ctrl_state <= \$774 ;
+    \$signal$144  <= \$776 ;
   always @(posedge clk)
-    stop_code <= \$775 ;
+    ctrl_state <= \$777 ;
   always @(posedge clk)
-    cur_unit <= \$776 ;
+    stop_code <= \$778 ;
   always @(posedge clk)
-    ins <= \$777 ;
+    cur_unit <= \$779 ;
   always @(posedge clk)
-    ph2 <= \$778 ;
+    ins <= \$780 ;
   always @(posedge clk)
-    \$signal$177  <= \$779 ;
+    ph2 <= \$781 ;
   always @(posedge clk)
-    \$signal$160  <= \$780 ;
+    checked <= \$782 ;
   always @(posedge clk)
-    shift <= \$781 ;
+    \$signal$177  <= \$783 ;
   always @(posedge clk)
-    cnt0 <= \$782 ;
+    \$signal$160  <= \$784 ;
   always @(posedge clk)
-    cnt1 <= \$783 ;
+    shift <= \$785 ;
   always @(posedge clk)
-    cnt2 <= \$784 ;
+    cnt0 <= \$786 ;
   always @(posedge clk)
-    sa0 <= \$785 ;
+    cnt1 <= \$787 ;
   always @(posedge clk)
-    sa1 <= \$786 ;
+    cnt2 <= \$788 ;
   always @(posedge clk)
-    sa2 <= \$787 ;
+    sa0 <= \$789 ;
   always @(posedge clk)
-    sb0 <= \$788 ;
+    sa1 <= \$790 ;
   always @(posedge clk)
-    sb1 <= \$789 ;
+    sa2 <= \$791 ;
   always @(posedge clk)
-    sb2 <= \$790 ;
+    sb0 <= \$792 ;
   always @(posedge clk)
-    \$signal$323  <= \$791 ;
+    sb1 <= \$793 ;
   always @(posedge clk)
-    \$signal$242  <= \$792 ;
+    sb2 <= \$794 ;
   always @(posedge clk)
-    \$signal$245  <= \$793 ;
+    \$signal$325  <= \$795 ;
   always @(posedge clk)
-    \$signal$248  <= \$794 ;
+    \$signal$244  <= \$796 ;
   always @(posedge clk)
-    \$signal$246  <= \$795 ;
+    \$signal$247  <= \$797 ;
   always @(posedge clk)
-    \$signal$249  <= \$796 ;
+    \$signal$250  <= \$798 ;
   always @(posedge clk)
-    \$signal$250  <= \$797 ;
+    \$signal$248  <= \$799 ;
   always @(posedge clk)
-    \$signal$251  <= \$798 ;
+    \$signal$251  <= \$800 ;
   always @(posedge clk)
-    \$signal$252  <= \$799 ;
+    \$signal$252  <= \$801 ;
   always @(posedge clk)
-    wr_data__payload <= \$800 ;
+    \$signal$253  <= \$802 ;
   always @(posedge clk)
-    \$signal$254  <= \$801 ;
+    \$signal$254  <= \$803 ;
   always @(posedge clk)
-    \$signal$277  <= \$802 ;
+    wr_data__payload <= \$804 ;
   always @(posedge clk)
-    \$signal$274  <= \$803 ;
+    \$signal$256  <= \$805 ;
   always @(posedge clk)
-    \$signal$280  <= \$804 ;
+    \$signal$279  <= \$806 ;
   always @(posedge clk)
-    \$signal$282  <= \$805 ;
+    \$signal$276  <= \$807 ;
   always @(posedge clk)
-    \$signal$145  <= \$806 ;
+    \$signal$282  <= \$808 ;
   always @(posedge clk)
-    scores_len <= \$807 ;
+    \$signal$284  <= \$809 ;
   always @(posedge clk)
-    \$signal$247  <= \$808 ;
+    \$signal$145  <= \$810 ;
   always @(posedge clk)
-    \$signal$328  <= \$809 ;
+    scores_len <= \$811 ;
   always @(posedge clk)
-    \$signal$331  <= \$810 ;
+    \$signal$249  <= \$812 ;
   always @(posedge clk)
-    \$signal$263  <= \$811 ;
+    \$signal$330  <= \$813 ;
   always @(posedge clk)
-    rt_lane <= \$812 ;
+    \$signal$333  <= \$814 ;
   always @(posedge clk)
-    \$signal$259  <= \$813 ;
+    \$signal$265  <= \$815 ;
   always @(posedge clk)
-    \$signal$262  <= \$814 ;
+    rt_lane <= \$816 ;
   always @(posedge clk)
-    \$signal$270  <= \$815 ;
+    \$signal$261  <= \$817 ;
   always @(posedge clk)
-    \$signal$260  <= \$816 ;
+    \$signal$264  <= \$818 ;
   always @(posedge clk)
-    \$signal$332  <= \$817 ;
+    \$signal$272  <= \$819 ;
   always @(posedge clk)
-    \$signal$333  <= \$818 ;
+    \$signal$262  <= \$820 ;
   always @(posedge clk)
-    rt_s <= \$819 ;
-  always @(posedge clk)
-    \$signal$268  <= \$820 ;
-  always @(posedge clk)
-    rt_wphase <= \$821 ;
+    \$signal$334  <= \$821 ;
   always @(posedge clk)
     \$signal$335  <= \$822 ;
   always @(posedge clk)
-    rt_word <= \$823 ;
+    rt_s <= \$823 ;
   always @(posedge clk)
-    \$signal$272  <= \$824 ;
+    \$signal$270  <= \$824 ;
   always @(posedge clk)
-    \$signal$273  <= \$825 ;
+    rt_wphase <= \$825 ;
   always @(posedge clk)
-    \$signal$276  <= \$826 ;
+    \$signal$337  <= \$826 ;
   always @(posedge clk)
-    \$signal$339  <= \$827 ;
+    rt_word <= \$827 ;
   always @(posedge clk)
-    \$signal$275  <= \$828 ;
+    \$signal$274  <= \$828 ;
   always @(posedge clk)
-    \$signal$278  <= \$829 ;
+    \$signal$275  <= \$829 ;
   always @(posedge clk)
-    \$signal$279  <= \$830 ;
+    \$signal$278  <= \$830 ;
   always @(posedge clk)
-    \$signal$241  <= \$831 ;
+    \$signal$341  <= \$831 ;
   always @(posedge clk)
-    \$signal$130  <= \$832 ;
+    \$signal$277  <= \$832 ;
   always @(posedge clk)
-    \$signal$141  <= \$833 ;
+    \$signal$280  <= \$833 ;
   always @(posedge clk)
     \$signal$281  <= \$834 ;
   always @(posedge clk)
-    \$signal$283  <= \$835 ;
+    \$signal$243  <= \$835 ;
   always @(posedge clk)
-    \$signal$284  <= \$836 ;
+    \$signal$130  <= \$836 ;
+  always @(posedge clk)
+    \$signal$141  <= \$837 ;
+  always @(posedge clk)
+    \$signal$283  <= \$838 ;
+  always @(posedge clk)
+    \$signal$285  <= \$839 ;
+  always @(posedge clk)
+    \$signal$286  <= \$840 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -10528,10 +10544,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$150  = ~ shape_ok;
   assign \$151  = \$149  & \$150 ;
   assign \$152  = ins[5:0] == 4'h8;
-  assign \$153  = ! ins[87:77];
-  assign \$154  = \$signal$144  & \$153 ;
-  assign \$155  = \$signal$145  == ins[76:64];
-  assign \$156  = \$154  & \$155 ;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -10551,9 +10563,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1126$0 (\$837 ),
-    .\port$1144$0 (\$838 ),
-    .\port$3243$0 (beats),
+    .\port$1130$0 (\$841 ),
+    .\port$1148$0 (\$842 ),
+    .\port$3247$0 (beats),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -10582,7 +10594,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$79 (done),
-    .error(\error$326 ),
+    .error(\error$328 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -10880,7 +10892,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr  = \$279 [12:0];
+          \$signature__addr  = \$280 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10894,17 +10906,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$300 ) begin
-            \$signature__addr  = \$301 [12:0];
+          if (\$301 ) begin
+            \$signature__addr  = \$302 [12:0];
           end
       5'h0a:
-          \$signature__addr  = \$302 [12:0];
+          \$signature__addr  = \$303 [12:0];
       5'h10:
-          if (\$309 ) begin
-            \$signature__addr  = \$310 [12:0];
+          if (\$310 ) begin
+            \$signature__addr  = \$311 [12:0];
           end
       5'h11:
-          \$signature__addr  = \$318 [12:0];
+          \$signature__addr  = \$319 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -10915,24 +10927,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$329 ) begin
+          if (\$330 ) begin
           end else begin
-            \$signature__addr  = \$330 [12:0];
+            \$signature__addr  = \$331 [12:0];
           end
       5'h16:
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$333 ) begin
+          if (\$334 ) begin
           end else begin
-            \$signature__addr  = \$335 [12:0];
+            \$signature__addr  = \$336 [12:0];
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$336 ) begin
-          end else if (\$337 ) begin
-            \$signature__addr  = \$341 [12:0];
+          if (\$337 ) begin
+          end else if (\$338 ) begin
+            \$signature__addr  = \$342 [12:0];
           end
     endcase
   end
@@ -10952,7 +10964,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr$152  = \$282 [12:0];
+          \$signature__addr$152  = \$283 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10983,9 +10995,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$329 ) begin
+          if (\$330 ) begin
           end else begin
-            \$signature__addr$152  = \$332 [12:0];
+            \$signature__addr$152  = \$333 [12:0];
           end
     endcase
   end
@@ -11024,13 +11036,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$300 ) begin
+          if (\$301 ) begin
             \$signature__en  = 1'h1;
           end
       5'h0a:
           \$signature__en  = 1'h1;
       5'h10:
-          if (\$309 ) begin
+          if (\$310 ) begin
             \$signature__en  = 1'h1;
           end
       5'h11:
@@ -11045,7 +11057,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$329 ) begin
+          if (\$330 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -11053,15 +11065,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$333 ) begin
+          if (\$334 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$336 ) begin
-          end else if (\$337 ) begin
+          if (\$337 ) begin
+          end else if (\$338 ) begin
             \$signature__en  = 1'h1;
           end
     endcase
@@ -11113,7 +11125,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$329 ) begin
+          if (\$330 ) begin
           end else begin
             \$signature__en$158  = 1'h1;
           end
@@ -11258,7 +11270,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$284 ;
+          rd_data__ready = \$285 ;
     endcase
   end
   always @* begin
@@ -11284,7 +11296,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h06:
           if (\$signal$182 ) begin
-            wr__addr = \$283 [12:0];
+            wr__addr = \$284 [12:0];
           end
       5'h07:
           /* empty */;
@@ -11293,9 +11305,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$245 ) begin
-            if (\$285 ) begin
-              wr__addr = \$286 [12:0];
+          if (\$signal$247 ) begin
+            if (\$286 ) begin
+              wr__addr = \$287 [12:0];
             end
           end
       5'h09:
@@ -11304,29 +11316,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$313 ) begin
-            wr__addr = \$314 [12:0];
+          if (\$314 ) begin
+            wr__addr = \$315 [12:0];
           end
-          if (\$315 ) begin
-            wr__addr = \$317 [12:0];
+          if (\$316 ) begin
+            wr__addr = \$318 [12:0];
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$319 ) begin
-            wr__addr = \$320 [12:0];
+          if (\$320 ) begin
+            wr__addr = \$321 [12:0];
           end
       5'h13:
-          wr__addr = \$322 [12:0];
+          wr__addr = \$323 [12:0];
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$324 ) begin
+          if (\$325 ) begin
           end else begin
-            wr__addr = \$325 [12:0];
+            wr__addr = \$326 [12:0];
           end
       5'h15:
-          wr__addr = \$328 [12:0];
+          wr__addr = \$329 [12:0];
       5'h0b:
           /* empty */;
       5'h16:
@@ -11336,8 +11348,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$283 ) begin
-            wr__addr = \$signal$284 ;
+          if (\$signal$285 ) begin
+            wr__addr = \$signal$286 ;
           end
     endcase
   end
@@ -11373,9 +11385,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$245 ) begin
-            if (\$285 ) begin
-              wr__data = \$293 ;
+          if (\$signal$247 ) begin
+            if (\$286 ) begin
+              wr__data = \$294 ;
             end
           end
       5'h09:
@@ -11384,29 +11396,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$313 ) begin
-            wr__data = { 29'h00000000, \$signal$272 [2:0] };
+          if (\$314 ) begin
+            wr__data = { 29'h00000000, \$signal$274 [2:0] };
           end
-          if (\$315 ) begin
-            wr__data = { 16'h0000, \$signal$272 [18:3] };
+          if (\$316 ) begin
+            wr__data = { 16'h0000, \$signal$274 [18:3] };
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$319 ) begin
-            wr__data = { 18'h00000, \$signal$273  };
+          if (\$320 ) begin
+            wr__data = { 18'h00000, \$signal$275  };
           end
       5'h13:
-          wr__data = { 18'h00000, \$signal$276  };
+          wr__data = { 18'h00000, \$signal$278  };
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$324 ) begin
+          if (\$325 ) begin
           end else begin
-            wr__data = { \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326 [14], \$326  };
+            wr__data = { \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327  };
           end
       5'h15:
-          wr__data = { 18'h00000, \$signal$278  };
+          wr__data = { 18'h00000, \$signal$280  };
       5'h0b:
           /* empty */;
       5'h16:
@@ -11416,7 +11428,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$283 ) begin
+          if (\$signal$285 ) begin
             wr__data = \$signature__data ;
           end
     endcase
@@ -11453,8 +11465,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$245 ) begin
-            if (\$285 ) begin
+          if (\$signal$247 ) begin
+            if (\$286 ) begin
               wr__en = 1'h1;
             end
           end
@@ -11464,24 +11476,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$313 ) begin
+          if (\$314 ) begin
             wr__en = 1'h1;
           end
-          if (\$315 ) begin
+          if (\$316 ) begin
             wr__en = 1'h1;
           end
         end
       5'h11:
           /* empty */;
       5'h12:
-          if (\$319 ) begin
+          if (\$320 ) begin
             wr__en = 1'h1;
           end
       5'h13:
           wr__en = 1'h1;
       5'h14:
           (* full_case = 32'd1 *)
-          if (\$324 ) begin
+          if (\$325 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -11496,7 +11508,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$283 ) begin
+          if (\$signal$285 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -11556,6 +11568,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$275 ) begin
           end else if (\$276 ) begin
           end else if (\$277 ) begin
+          end else if (\$278 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11602,6 +11615,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$275 ) begin
           end else if (\$276 ) begin
           end else if (\$277 ) begin
+          end else if (\$278 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11717,7 +11731,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$249 ;
+          wr_data__valid = \$signal$251 ;
     endcase
   end
   always @* begin
@@ -11749,7 +11763,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$303 ) begin
+          if (\$304 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -11783,8 +11797,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$303 ) begin
-            bias_addr = \$304 [2:0];
+          if (\$304 ) begin
+            bias_addr = \$305 [2:0];
           end
     endcase
   end
@@ -11817,7 +11831,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$303 ) begin
+          if (\$304 ) begin
             bias_data = \$signature__data [15:0];
           end
     endcase
@@ -11887,7 +11901,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$259 ;
+          scores__valid = \$signal$261 ;
     endcase
   end
   always @* begin
@@ -11921,7 +11935,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$311 ;
+          routes__ready = \$312 ;
     endcase
   end
   always @* begin
@@ -12035,46 +12049,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$343 ) begin
+    if (\$344 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$707  = \$signal$119 ;
-    if (\$370 ) begin
-      \$707  = wr_data;
+    \$709  = \$signal$119 ;
+    if (\$371 ) begin
+      \$709  = wr_data;
     end
     if (rst) begin
-      \$707  = 32'd0;
+      \$709  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$708  = host_size;
-    if (\$372 ) begin
-      \$708  = wr_data;
+    \$710  = host_size;
+    if (\$373 ) begin
+      \$710  = wr_data;
     end
     if (rst) begin
-      \$708  = 32'd0;
+      \$710  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$709  = rsel;
+    \$711  = rsel;
     if (rd_en) begin
-      \$709  = s_axil__araddr;
+      \$711  = s_axil__araddr;
     end
     if (rst) begin
-      \$709  = 20'h00000;
+      \$711  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$710  = l0_acc;
-    if (\$373 ) begin
+    \$712  = l0_acc;
+    if (\$374 ) begin
       if (l0_y[0]) begin
-        \$710  = \$377 ;
+        \$712  = \$378 ;
       end
     end
     casez (ctrl_state)
@@ -12083,20 +12097,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$322 [5:0])
+          casez (\$signature__data$324 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$710  = 14'h0000;
+                \$712  = 14'h0000;
           endcase
     endcase
     if (rst) begin
-      \$710  = 14'h0000;
+      \$712  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$711  = l0_x;
-    if (\$373 ) begin
-      \$711  = \$379 [13:0];
+    \$713  = l0_x;
+    if (\$374 ) begin
+      \$713  = \$380 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12104,62 +12118,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$322 [5:0])
+          casez (\$signature__data$324 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$711  = \$509 ;
-          endcase
-    endcase
-    if (rst) begin
-      \$711  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$712  = l0_y;
-    if (\$373 ) begin
-      \$712  = \$380 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-        begin
-          \$712  = 16'h0000;
-          casez (\$signature__data$322 [5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$712  = \$507 ;
-          endcase
-        end
-    endcase
-    if (rst) begin
-      \$712  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$713  = l1_acc;
-    if (\$381 ) begin
-      if (l1_y[0]) begin
-        \$713  = \$385 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$322 [5:0])
-            6'h03:
-                \$713  = 14'h0000;
-            6'h0c:
-                \$713  = 14'h0000;
-            6'h0a, 6'h0b:
-                \$713  = 14'h0000;
-            6'h08:
-                \$713  = 14'h0000;
+                \$713  = \$510 ;
           endcase
     endcase
     if (rst) begin
@@ -12168,36 +12129,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$714  = l1_x;
-    if (\$381 ) begin
-      \$714  = \$387 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$322 [5:0])
-            6'h03:
-                \$714  = \$514 ;
-            6'h0c:
-                \$714  = \$540 ;
-            6'h0a, 6'h0b:
-                \$714  = \$544 ;
-            6'h08:
-                \$714  = 14'h0008;
-          endcase
-    endcase
-    if (rst) begin
-      \$714  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$715  = l1_y;
-    if (\$381 ) begin
-      \$715  = \$388 ;
+    \$714  = l0_y;
+    if (\$374 ) begin
+      \$714  = \$381 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12206,29 +12140,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$715  = 16'h0000;
-          casez (\$signature__data$322 [5:0])
-            6'h03:
-                \$715  = \$512 ;
-            6'h0c:
-                \$715  = \$538 ;
-            6'h0a, 6'h0b:
-                \$715  = \$signal$130 ;
-            6'h08:
-                \$715  = \$547 ;
+          \$714  = 16'h0000;
+          casez (\$signature__data$324 [5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$714  = \$508 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$715  = 16'h0000;
+      \$714  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$716  = l2_acc;
-    if (\$389 ) begin
-      if (l2_y[0]) begin
-        \$716  = \$393 ;
+    \$715  = l1_acc;
+    if (\$382 ) begin
+      if (l1_y[0]) begin
+        \$715  = \$386 ;
       end
     end
     casez (ctrl_state)
@@ -12237,56 +12165,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$322 [5:0])
+          casez (\$signature__data$324 [5:0])
             6'h03:
-                \$716  = 14'h0000;
+                \$715  = 14'h0000;
             6'h0c:
-                \$716  = 14'h0000;
+                \$715  = 14'h0000;
+            6'h0a, 6'h0b:
+                \$715  = 14'h0000;
+            6'h08:
+                \$715  = 14'h0000;
           endcase
-      5'h04:
+    endcase
+    if (rst) begin
+      \$715  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$716  = l1_x;
+    if (\$382 ) begin
+      \$716  = \$388 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h05:
+      5'h01:
           /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          (* full_case = 32'd1 *)
-          if (\$690 ) begin
-          end else begin
-            \$716  = 14'h0000;
-          end
+      5'h03:
+          casez (\$signature__data$324 [5:0])
+            6'h03:
+                \$716  = \$515 ;
+            6'h0c:
+                \$716  = \$541 ;
+            6'h0a, 6'h0b:
+                \$716  = \$545 ;
+            6'h08:
+                \$716  = 14'h0008;
+          endcase
     endcase
     if (rst) begin
       \$716  = 14'h0000;
@@ -12294,76 +12209,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$717  = l2_x;
-    if (\$389 ) begin
-      \$717  = \$395 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$322 [5:0])
-            6'h03:
-                \$717  = \$522 ;
-            6'h0c:
-                \$717  = \$542 ;
-          endcase
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          (* full_case = 32'd1 *)
-          if (\$690 ) begin
-          end else begin
-            \$717  = ins[61:48];
-          end
-    endcase
-    if (rst) begin
-      \$717  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$718  = l2_y;
-    if (\$389 ) begin
-      \$718  = \$396 ;
+    \$717  = l1_y;
+    if (\$382 ) begin
+      \$717  = \$389 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12372,14 +12220,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$718  = 16'h0000;
-          casez (\$signature__data$322 [5:0])
+          \$717  = 16'h0000;
+          casez (\$signature__data$324 [5:0])
             6'h03:
-                \$718  = \$520 [15:0];
+                \$717  = \$513 ;
             6'h0c:
-                \$718  = \$signature__data$322 [47:32];
+                \$717  = \$539 ;
+            6'h0a, 6'h0b:
+                \$717  = \$signal$130 ;
+            6'h08:
+                \$717  = \$548 ;
           endcase
         end
+    endcase
+    if (rst) begin
+      \$717  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$718  = l2_acc;
+    if (\$390 ) begin
+      if (l2_y[0]) begin
+        \$718  = \$394 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$324 [5:0])
+            6'h03:
+                \$718  = 14'h0000;
+            6'h0c:
+                \$718  = 14'h0000;
+          endcase
       5'h04:
           /* empty */;
       5'h05:
@@ -12420,22 +12297,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h17:
           (* full_case = 32'd1 *)
-          if (\$690 ) begin
+          if (\$692 ) begin
           end else begin
-            \$718  = \$signature__data [15:0];
+            \$718  = 14'h0000;
           end
     endcase
     if (rst) begin
-      \$718  = 16'h0000;
+      \$718  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$719  = l3_acc;
-    if (\$397 ) begin
-      if (l3_y[0]) begin
-        \$719  = \$401 ;
-      end
+    \$719  = l2_x;
+    if (\$390 ) begin
+      \$719  = \$396 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12443,14 +12318,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$322 [5:0])
+          casez (\$signature__data$324 [5:0])
             6'h03:
-                \$719  = 14'h0000;
+                \$719  = \$523 ;
+            6'h0c:
+                \$719  = \$543 ;
           endcase
       5'h04:
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-            \$719  = 14'h0000;
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          (* full_case = 32'd1 *)
+          if (\$692 ) begin
+          end else begin
+            \$719  = ins[61:48];
           end
     endcase
     if (rst) begin
@@ -12459,35 +12375,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$720  = l3_x;
-    if (\$397 ) begin
-      \$720  = \$403 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$322 [5:0])
-            6'h03:
-                \$720  = \$530 ;
-          endcase
-      5'h04:
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-            \$720  = l2_acc;
-          end
-    endcase
-    if (rst) begin
-      \$720  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$721  = l3_y;
-    if (\$397 ) begin
-      \$721  = \$404 ;
+    \$720  = l2_y;
+    if (\$390 ) begin
+      \$720  = \$397 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12496,28 +12386,69 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$721  = 16'h0000;
-          casez (\$signature__data$322 [5:0])
+          \$720  = 16'h0000;
+          casez (\$signature__data$324 [5:0])
             6'h03:
-                \$721  = \$528 [15:0];
+                \$720  = \$521 [15:0];
+            6'h0c:
+                \$720  = \$signature__data$324 [47:32];
           endcase
         end
       5'h04:
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-            \$721  = m_eff;
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          (* full_case = 32'd1 *)
+          if (\$692 ) begin
+          end else begin
+            \$720  = \$signature__data [15:0];
           end
     endcase
     if (rst) begin
-      \$721  = 16'h0000;
+      \$720  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$722  = l4_acc;
-    if (\$405 ) begin
-      if (l4_y[0]) begin
-        \$722  = \$409 ;
+    \$721  = l3_acc;
+    if (\$398 ) begin
+      if (l3_y[0]) begin
+        \$721  = \$402 ;
       end
     end
     casez (ctrl_state)
@@ -12526,10 +12457,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$322 [5:0])
+          casez (\$signature__data$324 [5:0])
             6'h03:
-                \$722  = 14'h0000;
+                \$721  = 14'h0000;
           endcase
+      5'h04:
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+            \$721  = 14'h0000;
+          end
+    endcase
+    if (rst) begin
+      \$721  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$722  = l3_x;
+    if (\$398 ) begin
+      \$722  = \$404 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$324 [5:0])
+            6'h03:
+                \$722  = \$531 ;
+          endcase
+      5'h04:
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+            \$722  = l2_acc;
+          end
     endcase
     if (rst) begin
       \$722  = 14'h0000;
@@ -12537,30 +12499,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$723  = l4_x;
-    if (\$405 ) begin
-      \$723  = \$411 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$322 [5:0])
-            6'h03:
-                \$723  = \$535 ;
-          endcase
-    endcase
-    if (rst) begin
-      \$723  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$724  = l4_y;
-    if (\$405 ) begin
-      \$724  = \$412 ;
+    \$723  = l3_y;
+    if (\$398 ) begin
+      \$723  = \$405 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12569,23 +12510,96 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$724  = 16'h0000;
-          casez (\$signature__data$322 [5:0])
+          \$723  = 16'h0000;
+          casez (\$signature__data$324 [5:0])
             6'h03:
-                \$724  = \$533 [15:0];
+                \$723  = \$529 [15:0];
+          endcase
+        end
+      5'h04:
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+            \$723  = m_eff;
+          end
+    endcase
+    if (rst) begin
+      \$723  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$724  = l4_acc;
+    if (\$406 ) begin
+      if (l4_y[0]) begin
+        \$724  = \$410 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$324 [5:0])
+            6'h03:
+                \$724  = 14'h0000;
+          endcase
+    endcase
+    if (rst) begin
+      \$724  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$725  = l4_x;
+    if (\$406 ) begin
+      \$725  = \$412 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$324 [5:0])
+            6'h03:
+                \$725  = \$536 ;
+          endcase
+    endcase
+    if (rst) begin
+      \$725  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$726  = l4_y;
+    if (\$406 ) begin
+      \$726  = \$413 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$726  = 16'h0000;
+          casez (\$signature__data$324 [5:0])
+            6'h03:
+                \$726  = \$534 [15:0];
           endcase
         end
     endcase
     if (rst) begin
-      \$724  = 16'h0000;
+      \$726  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$725  = lh_acc;
-    if (\$413 ) begin
+    \$727  = lh_acc;
+    if (\$414 ) begin
       if (lh_y[0]) begin
-        \$725  = \$417 ;
+        \$727  = \$418 ;
       end
     end
     casez (ctrl_state)
@@ -12594,17 +12608,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$725  = { 1'h0, \$signature__data$322 [167:136] };
+          \$727  = { 1'h0, \$signature__data$324 [167:136] };
     endcase
     if (rst) begin
-      \$725  = 33'h000000000;
+      \$727  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$726  = lh_x;
-    if (\$413 ) begin
-      \$726  = \$419 [32:0];
+    \$728  = lh_x;
+    if (\$414 ) begin
+      \$728  = \$420 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12612,17 +12626,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$726  = { 1'h0, \$signature__data$322 [199:168] };
+          \$728  = { 1'h0, \$signature__data$324 [199:168] };
     endcase
     if (rst) begin
-      \$726  = 33'h000000000;
+      \$728  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$727  = lh_y;
-    if (\$413 ) begin
-      \$727  = \$420 ;
+    \$729  = lh_y;
+    if (\$414 ) begin
+      \$729  = \$421 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12630,18 +12644,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$727  = { 12'h000, \$550  };
+          \$729  = { 12'h000, \$551  };
     endcase
     if (rst) begin
-      \$727  = 16'h0000;
+      \$729  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$728  = \$signal$156 ;
+    \$730  = decode_err;
+    if (rst) begin
+      \$730  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$731  = \$signal$156 ;
     if (eng_run) begin
-      if (\$422 ) begin
-        \$728  = \$signal$155 ;
+      if (\$423 ) begin
+        \$731  = \$signal$155 ;
       end
     end
     casez (ctrl_state)
@@ -12653,181 +12674,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$728  = 1'h0;
+                  \$731  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$728  = 1'h0;
+                  \$731  = 1'h0;
               6'h0c:
-                  \$728  = 1'h0;
+                  \$731  = 1'h0;
               6'h0d:
-                  \$728  = 1'h0;
+                  \$731  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$728  = 1'h0;
+      \$731  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$729  = \$signal$169 ;
+    \$732  = \$signal$169 ;
     if (eng_run) begin
-      if (\$422 ) begin
-        \$729  = \$signal$294 ;
-      end
-    end
-    if (rst) begin
-      \$729  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$730  = i__payload;
-    if (eng_run) begin
-      if (\$422 ) begin
-        \$730  = \$signature__data ;
-      end
-    end
-    if (rst) begin
-      \$730  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$731  = b_word;
-    if (eng_run) begin
-      if (\$422 ) begin
-        \$731  = \$signature__data$295 ;
-      end
-    end
-    if (rst) begin
-      \$731  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$732  = \$signal$155 ;
-    if (eng_run) begin
-      if (\$426 ) begin
+      if (\$423 ) begin
         \$732  = \$signal$296 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$732  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$732  = 1'h0;
-              6'h0c:
-                  \$732  = 1'h0;
-              6'h0d:
-                  \$732  = 1'h0;
-            endcase
-          end
-    endcase
     if (rst) begin
       \$732  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$733  = \$signal$294 ;
+    \$733  = i__payload;
     if (eng_run) begin
-      if (\$426 ) begin
-        \$733  = \$428 ;
+      if (\$423 ) begin
+        \$733  = \$signature__data ;
       end
     end
     if (rst) begin
-      \$733  = 1'h0;
+      \$733  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$734  = idx0;
+    \$734  = b_word;
     if (eng_run) begin
-      if (\$426 ) begin
-        if (\$signal$296 ) begin
-          (* full_case = 32'd1 *)
-          if (\$430 ) begin
-            \$734  = \$433 [13:0];
-          end else if (\$432 ) begin
-            \$734  = 14'h0000;
-          end else begin
-            \$734  = 14'h0000;
-          end
-        end
+      if (\$423 ) begin
+        \$734  = \$signature__data$297 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$734  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$734  = 14'h0000;
-              6'h0c:
-                  \$734  = 14'h0000;
-              6'h0d:
-                  \$734  = 14'h0000;
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$734  = 14'h0000;
+      \$734  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$735  = \$signal$151 ;
+    \$735  = \$signal$155 ;
     if (eng_run) begin
-      if (\$426 ) begin
-        if (\$signal$296 ) begin
-          (* full_case = 32'd1 *)
-          if (\$430 ) begin
-            \$735  = \$434 [12:0];
-          end else if (\$432 ) begin
-            \$735  = \$438 [12:0];
-          end else begin
-            \$735  = \$444 [12:0];
-          end
-        end
+      if (\$427 ) begin
+        \$735  = \$signal$298 ;
       end
     end
     casez (ctrl_state)
@@ -12839,88 +12751,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$735  = ins[76:64];
+                  \$735  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$735  = ins[76:64];
+                  \$735  = 1'h0;
               6'h0c:
-                  \$735  = ins[76:64];
+                  \$735  = 1'h0;
               6'h0d:
-                  \$735  = ins[76:64];
+                  \$735  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$735  = 13'h0000;
+      \$735  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$736  = \$signal$153 ;
+    \$736  = \$signal$296 ;
     if (eng_run) begin
-      if (\$426 ) begin
-        if (\$signal$296 ) begin
-          (* full_case = 32'd1 *)
-          if (\$430 ) begin
-            \$736  = \$435 [12:0];
-          end else if (\$432 ) begin
-            \$736  = \$440 [12:0];
-          end else begin
-            \$736  = \$447 [12:0];
-          end
-        end
+      if (\$427 ) begin
+        \$736  = \$429 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$736  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$736  = ins[100:88];
-              6'h0c:
-                  \$736  = ins[100:88];
-              6'h0d:
-                  \$736  = ins[100:88];
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$736  = 13'h0000;
+      \$736  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$737  = idx1;
+    \$737  = idx0;
     if (eng_run) begin
-      if (\$426 ) begin
-        if (\$signal$296 ) begin
+      if (\$427 ) begin
+        if (\$signal$298 ) begin
           (* full_case = 32'd1 *)
-          if (\$430 ) begin
-          end else if (\$432 ) begin
-            \$737  = \$436 [13:0];
+          if (\$431 ) begin
+            \$737  = \$434 [13:0];
+          end else if (\$433 ) begin
+            \$737  = 14'h0000;
           end else begin
             \$737  = 14'h0000;
           end
@@ -12936,10 +12813,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12961,16 +12839,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$738  = \$signal$303 ;
+    \$738  = \$signal$151 ;
     if (eng_run) begin
-      if (\$426 ) begin
-        if (\$signal$296 ) begin
+      if (\$427 ) begin
+        if (\$signal$298 ) begin
           (* full_case = 32'd1 *)
-          if (\$430 ) begin
-          end else if (\$432 ) begin
-            \$738  = \$437 [12:0];
+          if (\$431 ) begin
+            \$738  = \$435 [12:0];
+          end else if (\$433 ) begin
+            \$738  = \$439 [12:0];
           end else begin
-            \$738  = \$443 [12:0];
+            \$738  = \$445 [12:0];
           end
         end
       end
@@ -12984,10 +12863,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13009,16 +12889,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$739  = \$signal$305 ;
+    \$739  = \$signal$153 ;
     if (eng_run) begin
-      if (\$426 ) begin
-        if (\$signal$296 ) begin
+      if (\$427 ) begin
+        if (\$signal$298 ) begin
           (* full_case = 32'd1 *)
-          if (\$430 ) begin
-          end else if (\$432 ) begin
-            \$739  = \$439 [12:0];
+          if (\$431 ) begin
+            \$739  = \$436 [12:0];
+          end else if (\$433 ) begin
+            \$739  = \$441 [12:0];
           end else begin
-            \$739  = \$446 [12:0];
+            \$739  = \$448 [12:0];
           end
         end
       end
@@ -13032,10 +12913,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13057,15 +12939,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$740  = idx2;
+    \$740  = idx1;
     if (eng_run) begin
-      if (\$426 ) begin
-        if (\$signal$296 ) begin
+      if (\$427 ) begin
+        if (\$signal$298 ) begin
           (* full_case = 32'd1 *)
-          if (\$430 ) begin
-          end else if (\$432 ) begin
+          if (\$431 ) begin
+          end else if (\$433 ) begin
+            \$740  = \$437 [13:0];
           end else begin
-            \$740  = \$441 [13:0];
+            \$740  = 14'h0000;
           end
         end
       end
@@ -13079,10 +12962,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13104,15 +12988,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$741  = \$signal$308 ;
+    \$741  = \$signal$305 ;
     if (eng_run) begin
-      if (\$426 ) begin
-        if (\$signal$296 ) begin
+      if (\$427 ) begin
+        if (\$signal$298 ) begin
           (* full_case = 32'd1 *)
-          if (\$430 ) begin
-          end else if (\$432 ) begin
+          if (\$431 ) begin
+          end else if (\$433 ) begin
+            \$741  = \$438 [12:0];
           end else begin
-            \$741  = \$442 [12:0];
+            \$741  = \$444 [12:0];
           end
         end
       end
@@ -13126,10 +13011,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13151,15 +13037,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = \$signal$310 ;
+    \$742  = \$signal$307 ;
     if (eng_run) begin
-      if (\$426 ) begin
-        if (\$signal$296 ) begin
+      if (\$427 ) begin
+        if (\$signal$298 ) begin
           (* full_case = 32'd1 *)
-          if (\$430 ) begin
-          end else if (\$432 ) begin
+          if (\$431 ) begin
+          end else if (\$433 ) begin
+            \$742  = \$440 [12:0];
           end else begin
-            \$742  = \$445 [12:0];
+            \$742  = \$447 [12:0];
           end
         end
       end
@@ -13173,10 +13060,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13198,16 +13086,160 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = \$signal$296 ;
+    \$743  = idx2;
     if (eng_run) begin
-      if (\$426 ) begin
-        if (\$signal$296 ) begin
+      if (\$427 ) begin
+        if (\$signal$298 ) begin
           (* full_case = 32'd1 *)
-          if (\$430 ) begin
-          end else if (\$432 ) begin
+          if (\$431 ) begin
+          end else if (\$433 ) begin
           end else begin
-            if (\$449 ) begin
-              \$743  = 1'h0;
+            \$743  = \$442 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$743  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$743  = 14'h0000;
+              6'h0c:
+                  \$743  = 14'h0000;
+              6'h0d:
+                  \$743  = 14'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$743  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$744  = \$signal$310 ;
+    if (eng_run) begin
+      if (\$427 ) begin
+        if (\$signal$298 ) begin
+          (* full_case = 32'd1 *)
+          if (\$431 ) begin
+          end else if (\$433 ) begin
+          end else begin
+            \$744  = \$443 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$744  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$744  = ins[76:64];
+              6'h0c:
+                  \$744  = ins[76:64];
+              6'h0d:
+                  \$744  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$744  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$745  = \$signal$312 ;
+    if (eng_run) begin
+      if (\$427 ) begin
+        if (\$signal$298 ) begin
+          (* full_case = 32'd1 *)
+          if (\$431 ) begin
+          end else if (\$433 ) begin
+          end else begin
+            \$745  = \$446 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$745  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$745  = ins[100:88];
+              6'h0c:
+                  \$745  = ins[100:88];
+              6'h0d:
+                  \$745  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$745  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$746  = \$signal$298 ;
+    if (eng_run) begin
+      if (\$427 ) begin
+        if (\$signal$298 ) begin
+          (* full_case = 32'd1 *)
+          if (\$431 ) begin
+          end else if (\$433 ) begin
+          end else begin
+            if (\$450 ) begin
+              \$746  = 1'h0;
             end
           end
         end
@@ -13222,65 +13254,66 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$743  = 1'h1;
+                  \$746  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$743  = 1'h1;
+                  \$746  = 1'h1;
               6'h0c:
-                  \$743  = 1'h1;
+                  \$746  = 1'h1;
               6'h0d:
-                  \$743  = 1'h1;
+                  \$746  = 1'h1;
             endcase
           end
     endcase
     if (rst) begin
-      \$743  = 1'h0;
+      \$746  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = \$signal$313 ;
+    \$747  = \$signal$315 ;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
-      if (\$458 ) begin
-        \$744  = 1'h1;
+      if (\$459 ) begin
+        \$747  = 1'h1;
       end else begin
-        \$744  = 1'h0;
+        \$747  = 1'h0;
       end
     end
     if (rst) begin
-      \$744  = 1'h0;
+      \$747  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = gm_cap_lane;
+    \$748  = gm_cap_lane;
     if (gemm_run) begin
-      if (\$458 ) begin
-        \$745  = gm_lane[1:0];
+      if (\$459 ) begin
+        \$748  = gm_lane[1:0];
       end
     end
     if (rst) begin
-      \$745  = 2'h0;
+      \$748  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = gm_lane;
+    \$749  = gm_lane;
     if (gemm_run) begin
-      if (\$458 ) begin
-        \$746  = \$459 [2:0];
+      if (\$459 ) begin
+        \$749  = \$460 [2:0];
       end
-      if (\$469 ) begin
-        \$746  = 3'h0;
+      if (\$470 ) begin
+        \$749  = 3'h0;
       end
     end
     casez (ctrl_state)
@@ -13292,10 +13325,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13309,27 +13343,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$746  = 3'h0;
+                  \$749  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$746  = 3'h0;
+      \$749  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = \$signal$215 ;
+    \$750  = \$signal$215 ;
     if (gemm_run) begin
-      if (\$458 ) begin
-        \$747  = \$460 [12:0];
+      if (\$459 ) begin
+        \$750  = \$461 [12:0];
       end
-      if (\$469 ) begin
+      if (\$470 ) begin
         (* full_case = 32'd1 *)
-        if (\$471 ) begin
-          \$747  = \$474 [12:0];
+        if (\$472 ) begin
+          \$750  = \$475 [12:0];
         end else begin
-          \$747  = \$479 [12:0];
+          \$750  = \$480 [12:0];
         end
       end
     end
@@ -13342,10 +13376,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13359,33 +13394,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$747  = ins[76:64];
+                  \$750  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$747  = 13'h0000;
+      \$750  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = a_in__payload;
+    \$751  = a_in__payload;
     if (gemm_run) begin
-      if (\$signal$313 ) begin
+      if (\$signal$315 ) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$748 [7:0] = \$signature__data [7:0];
+              \$751 [7:0] = \$signature__data [7:0];
           2'h1:
-              \$748 [15:8] = \$signature__data [7:0];
+              \$751 [15:8] = \$signature__data [7:0];
           2'h2:
-              \$748 [23:16] = \$signature__data [7:0];
+              \$751 [23:16] = \$signature__data [7:0];
           2'h3:
-              \$748 [31:24] = \$signature__data [7:0];
+              \$751 [31:24] = \$signature__data [7:0];
         endcase
       end
-      if (\$469 ) begin
-        \$748  = 32'd0;
+      if (\$470 ) begin
+        \$751  = 32'd0;
       end
     end
     casez (ctrl_state)
@@ -13397,10 +13432,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13414,23 +13450,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$748  = 32'd0;
+                  \$751  = 32'd0;
             endcase
           end
     endcase
     if (rst) begin
-      \$748  = 32'd0;
+      \$751  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = a_in__valid;
+    \$752  = a_in__valid;
     if (gemm_run) begin
-      if (\$468 ) begin
-        \$749  = 1'h1;
-      end
       if (\$469 ) begin
-        \$749  = 1'h0;
+        \$752  = 1'h1;
+      end
+      if (\$470 ) begin
+        \$752  = 1'h0;
       end
     end
     casez (ctrl_state)
@@ -13442,10 +13478,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13459,24 +13496,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$749  = 1'h0;
+                  \$752  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$749  = 1'h0;
+      \$752  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = \$signal$316 ;
+    \$753  = \$signal$318 ;
     if (gemm_run) begin
-      if (\$469 ) begin
+      if (\$470 ) begin
         (* full_case = 32'd1 *)
-        if (\$471 ) begin
-          \$750  = \$472 [6:0];
+        if (\$472 ) begin
+          \$753  = \$473 [6:0];
         end else begin
-          \$750  = 7'h00;
+          \$753  = 7'h00;
         end
       end
     end
@@ -13489,10 +13526,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13506,24 +13544,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$750  = 7'h00;
+                  \$753  = 7'h00;
             endcase
           end
     endcase
     if (rst) begin
-      \$750  = 7'h00;
+      \$753  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = gm_wstart;
+    \$754  = gm_wstart;
     if (gemm_run) begin
-      if (\$469 ) begin
+      if (\$470 ) begin
         (* full_case = 32'd1 *)
-        if (\$471 ) begin
-          \$751  = \$473 [12:0];
+        if (\$472 ) begin
+          \$754  = \$474 [12:0];
         end else begin
-          \$751  = \$477 [12:0];
+          \$754  = \$478 [12:0];
         end
       end
     end
@@ -13536,10 +13574,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13553,23 +13592,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$751  = ins[76:64];
+                  \$754  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$751  = 13'h0000;
+      \$754  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = \$signal$214 ;
+    \$755  = \$signal$214 ;
     if (gemm_run) begin
-      if (\$469 ) begin
+      if (\$470 ) begin
         (* full_case = 32'd1 *)
-        if (\$471 ) begin
+        if (\$472 ) begin
         end else begin
-          \$752  = \$475 [14:0];
+          \$755  = \$476 [14:0];
         end
       end
     end
@@ -13582,10 +13621,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13599,24 +13639,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$752  = 15'h0000;
+                  \$755  = 15'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$752  = 15'h0000;
+      \$755  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = gm_afeed_done;
+    \$756  = gm_afeed_done;
     if (gemm_run) begin
-      if (\$469 ) begin
+      if (\$470 ) begin
         (* full_case = 32'd1 *)
-        if (\$471 ) begin
+        if (\$472 ) begin
         end else begin
-          if (\$481 ) begin
-            \$753  = 1'h1;
+          if (\$482 ) begin
+            \$756  = 1'h1;
           end
         end
       end
@@ -13630,10 +13670,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13647,22 +13688,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$753  = 1'h0;
+                  \$756  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$753  = 1'h0;
+      \$756  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = gc_lane;
+    \$757  = gc_lane;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$754  = \$482 [1:0];
-        if (\$488 ) begin
-          \$754  = 2'h0;
+        \$757  = \$483 [1:0];
+        if (\$489 ) begin
+          \$757  = 2'h0;
         end
       end
     end
@@ -13675,10 +13716,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13692,26 +13734,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$754  = 2'h0;
+                  \$757  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$754  = 2'h0;
+      \$757  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = \$signal$218 ;
+    \$758  = \$signal$218 ;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$755  = \$483 [12:0];
-        if (\$488 ) begin
+        \$758  = \$484 [12:0];
+        if (\$489 ) begin
           (* full_case = 32'd1 *)
-          if (\$490 ) begin
-            \$755  = \$493 [12:0];
+          if (\$491 ) begin
+            \$758  = \$494 [12:0];
           end else begin
-            \$755  = \$496 [12:0];
+            \$758  = \$497 [12:0];
           end
         end
       end
@@ -13725,10 +13767,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13742,25 +13785,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$755  = ins[124:112];
+                  \$758  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$755  = 13'h0000;
+      \$758  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = \$signal$318 ;
+    \$759  = \$signal$320 ;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$488 ) begin
+        if (\$489 ) begin
           (* full_case = 32'd1 *)
-          if (\$490 ) begin
-            \$756  = \$491 [8:0];
+          if (\$491 ) begin
+            \$759  = \$492 [8:0];
           end else begin
-            \$756  = 9'h000;
+            \$759  = 9'h000;
           end
         end
       end
@@ -13774,10 +13817,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13791,25 +13835,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$756  = 9'h000;
+                  \$759  = 9'h000;
             endcase
           end
     endcase
     if (rst) begin
-      \$756  = 9'h000;
+      \$759  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = gc_wstart;
+    \$760  = gc_wstart;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$488 ) begin
+        if (\$489 ) begin
           (* full_case = 32'd1 *)
-          if (\$490 ) begin
-            \$757  = \$492 [12:0];
+          if (\$491 ) begin
+            \$760  = \$493 [12:0];
           end else begin
-            \$757  = \$495 [12:0];
+            \$760  = \$496 [12:0];
           end
         end
       end
@@ -13823,10 +13867,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13840,24 +13885,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$757  = ins[124:112];
+                  \$760  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$757  = 13'h0000;
+      \$760  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = \$signal$221 ;
+    \$761  = \$signal$221 ;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$488 ) begin
+        if (\$489 ) begin
           (* full_case = 32'd1 *)
-          if (\$490 ) begin
+          if (\$491 ) begin
           end else begin
-            \$758  = \$494 [14:0];
+            \$761  = \$495 [14:0];
           end
         end
       end
@@ -13871,10 +13916,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13888,73 +13934,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$758  = 15'h0000;
+                  \$761  = 15'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$758  = 15'h0000;
+      \$761  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = \$signal$118 ;
+    \$762  = \$signal$118 ;
     if (\$signal$108 ) begin
-      \$759  = \$497 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$759  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$759  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = busy_dma;
-    if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$760  = \$498 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$760  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$760  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = busy_gemm;
-    if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$761  = \$499 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$761  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$761  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = busy_act;
-    if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$762  = \$500 [31:0];
-      end
+      \$762  = \$498 [31:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -13968,10 +13960,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = busy_route;
+    \$763  = busy_dma;
     if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$763  = \$501 [31:0];
+      if (cur_unit[0]) begin
+        \$763  = \$499 [31:0];
       end
     end
     casez (ctrl_state)
@@ -13986,10 +13978,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = busy_vector;
+    \$764  = busy_gemm;
     if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$764  = \$502 [31:0];
+      if (cur_unit[1]) begin
+        \$764  = \$500 [31:0];
       end
     end
     casez (ctrl_state)
@@ -14004,10 +13996,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = busy_move;
+    \$765  = busy_act;
     if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$765  = \$503 [31:0];
+      if (cur_unit[2]) begin
+        \$765  = \$501 [31:0];
       end
     end
     casez (ctrl_state)
@@ -14022,21 +14014,75 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = \$signal$108 ;
+    \$766  = busy_route;
+    if (\$signal$108 ) begin
+      if (cur_unit[3]) begin
+        \$766  = \$502 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$766  = 1'h1;
+            \$766  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$766  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$767  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$767  = \$503 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$767  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$767  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$768  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$768  = \$504 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$768  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$768  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$769  = \$signal$108 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$769  = 1'h1;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
-            \$766  = 1'h0;
+          end else if (\$556 ) begin
+            \$769  = 1'h0;
           end
       5'h05:
           /* empty */;
@@ -14079,31 +14125,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h18:
           /* empty */;
       5'h02:
-          if (\$704 ) begin
-            \$766  = 1'h0;
+          if (\$706 ) begin
+            \$769  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$766  = 1'h0;
+      \$769  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = \$signal$109 ;
+    \$770  = \$signal$109 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$767  = 1'h0;
+            \$770  = 1'h0;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
-            \$767  = 1'h1;
+          end else if (\$556 ) begin
+            \$770  = 1'h1;
           end
       5'h05:
           /* empty */;
@@ -14146,24 +14192,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h18:
           /* empty */;
       5'h02:
-          if (\$704 ) begin
-            \$767  = 1'h0;
+          if (\$706 ) begin
+            \$770  = 1'h0;
           end
     endcase
-    if (\$706 ) begin
-      \$767  = 1'h0;
+    if (\$708 ) begin
+      \$770  = 1'h0;
     end
     if (rst) begin
-      \$767  = 1'h0;
+      \$770  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = err;
+    \$771  = err;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$768  = 8'h00;
+            \$771  = 8'h00;
           end
       5'h01:
           /* empty */;
@@ -14212,24 +14258,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h18:
           /* empty */;
       5'h02:
-          if (\$704 ) begin
-            \$768  = stop_code;
+          if (\$706 ) begin
+            \$771  = stop_code;
           end
     endcase
-    if (\$706 ) begin
-      \$768  = 8'h00;
+    if (\$708 ) begin
+      \$771  = 8'h00;
     end
     if (rst) begin
-      \$768  = 8'h00;
+      \$771  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = pc;
+    \$772  = pc;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$769  = 13'h0000;
+            \$772  = 13'h0000;
           end
       5'h01:
           /* empty */;
@@ -14237,14 +14283,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$769  = { 1'h0, ins[255:244] };
+                  \$772  = { 1'h0, ins[255:244] };
             endcase
           end
       5'h05:
@@ -14252,26 +14299,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$582 ) begin
-            \$769  = \$584 [12:0];
+          if (\$584 ) begin
+            \$772  = \$586 [12:0];
           end
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          if (\$586 ) begin
-            \$769  = \$587 [12:0];
+          if (\$588 ) begin
+            \$772  = \$589 [12:0];
           end
       5'h08:
           if (error) begin
-          end else if (\$604 ) begin
-            \$769  = \$605 [12:0];
+          end else if (\$606 ) begin
+            \$772  = \$607 [12:0];
           end
       5'h09:
           if (error) begin
-          end else if (\$632 ) begin
-            \$769  = \$633 [12:0];
+          end else if (\$634 ) begin
+            \$772  = \$635 [12:0];
           end
       5'h0a:
           /* empty */;
@@ -14287,34 +14334,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$674 ) begin
+          if (\$676 ) begin
           end else begin
-            \$769  = \$675 [12:0];
+            \$772  = \$677 [12:0];
           end
       5'h0b:
-          if (\$677 ) begin
-            \$769  = { 1'h0, ins[255:244] };
+          if (\$679 ) begin
+            \$772  = { 1'h0, ins[255:244] };
           end
       5'h16:
-          if (\$680 ) begin
-            \$769  = \$683 [12:0];
+          if (\$682 ) begin
+            \$772  = \$685 [12:0];
           end
       5'h0c:
-          if (\$685 ) begin
-            \$769  = \$686 [12:0];
+          if (\$687 ) begin
+            \$772  = \$688 [12:0];
           end
     endcase
     if (rst) begin
-      \$769  = 13'h0000;
+      \$772  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = \$signal$121 ;
+    \$773  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$770  = 32'd0;
+            \$773  = 32'd0;
           end
       5'h01:
           /* empty */;
@@ -14322,14 +14369,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$770  = \$569 [31:0];
+                  \$773  = \$571 [31:0];
             endcase
           end
       5'h05:
@@ -14337,26 +14385,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$582 ) begin
-            \$770  = \$585 [31:0];
+          if (\$584 ) begin
+            \$773  = \$587 [31:0];
           end
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          if (\$586 ) begin
-            \$770  = \$588 [31:0];
+          if (\$588 ) begin
+            \$773  = \$590 [31:0];
           end
       5'h08:
           if (error) begin
-          end else if (\$604 ) begin
-            \$770  = \$606 [31:0];
+          end else if (\$606 ) begin
+            \$773  = \$608 [31:0];
           end
       5'h09:
           if (error) begin
-          end else if (\$632 ) begin
-            \$770  = \$634 [31:0];
+          end else if (\$634 ) begin
+            \$773  = \$636 [31:0];
           end
       5'h0a:
           /* empty */;
@@ -14372,34 +14420,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$674 ) begin
+          if (\$676 ) begin
           end else begin
-            \$770  = \$676 [31:0];
+            \$773  = \$678 [31:0];
           end
       5'h0b:
-          if (\$677 ) begin
-            \$770  = \$678 [31:0];
+          if (\$679 ) begin
+            \$773  = \$680 [31:0];
           end
       5'h16:
-          if (\$680 ) begin
-            \$770  = \$684 [31:0];
+          if (\$682 ) begin
+            \$773  = \$686 [31:0];
           end
       5'h0c:
-          if (\$685 ) begin
-            \$770  = \$687 [31:0];
+          if (\$687 ) begin
+            \$773  = \$689 [31:0];
           end
     endcase
     if (rst) begin
-      \$770  = 32'd0;
+      \$773  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = \$signal$142 ;
+    \$774  = \$signal$142 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$771  = 1'h0;
+            \$774  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -14437,22 +14485,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$674 ) begin
+          if (\$676 ) begin
           end else begin
-            \$771  = 1'h1;
+            \$774  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$771  = 1'h0;
+      \$774  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = exp_active;
+    \$775  = exp_active;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$772  = 1'h0;
+            \$775  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -14490,30 +14538,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$674 ) begin
+          if (\$676 ) begin
           end else begin
-            \$772  = 1'h0;
+            \$775  = 1'h0;
           end
       5'h0b:
-          if (\$677 ) begin
-            \$772  = 1'h0;
+          if (\$679 ) begin
+            \$775  = 1'h0;
           end
       5'h16:
-          if (\$680 ) begin
-            \$772  = 1'h1;
+          if (\$682 ) begin
+            \$775  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$772  = 1'h0;
+      \$775  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = \$signal$144 ;
+    \$776  = \$signal$144 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$773  = 1'h0;
+            \$776  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -14526,734 +14574,665 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$582 ) begin
-            if (\$583 ) begin
-              \$773  = 1'h1;
+          if (\$584 ) begin
+            if (\$585 ) begin
+              \$776  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$773  = 1'h0;
+      \$776  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = ctrl_state;
+    \$777  = ctrl_state;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$774  = 5'h01;
+            \$777  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
-          if (\$504 ) begin
-            \$774  = 5'h02;
+          if (\$505 ) begin
+            \$777  = 5'h02;
           end else begin
-            \$774  = 5'h03;
+            \$777  = 5'h03;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h03:
         begin
-          \$774  = 5'h04;
+          \$777  = 5'h04;
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
-            \$774  = 5'h00;
           end else if (\$556 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h00;
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+            \$777  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$774  = 5'h01;
+                  \$777  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$571 ) begin
-                    \$774  = 5'h05;
+                  if (\$573 ) begin
+                    \$777  = 5'h05;
                   end else begin
-                    \$774  = 5'h06;
+                    \$777  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$774  = 5'h06;
+                  \$777  = 5'h06;
               6'h0c:
-                  \$774  = 5'h06;
+                  \$777  = 5'h06;
               6'h0d:
-                  \$774  = 5'h06;
+                  \$777  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$573 ) begin
-                    \$774  = 5'h05;
+                  if (\$575 ) begin
+                    \$777  = 5'h05;
                   end else begin
-                    \$774  = 5'h07;
+                    \$777  = 5'h07;
                   end
               6'h01:
-                  \$774  = 5'h08;
+                  \$777  = 5'h08;
               6'h02:
-                  \$774  = 5'h09;
+                  \$777  = 5'h09;
               6'h08:
-                  \$774  = 5'h0a;
+                  \$777  = 5'h0a;
               6'h09:
-                  \$774  = 5'h0b;
+                  \$777  = 5'h0b;
               6'h0a, 6'h0b:
-                  \$774  = 5'h0c;
+                  \$777  = 5'h0c;
             endcase
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$774  = 5'h0d;
+          \$777  = 5'h0d;
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h0d:
         begin
           (* full_case = 32'd1 *)
-          if (\$579 ) begin
-            \$774  = 5'h07;
+          if (\$581 ) begin
+            \$777  = 5'h07;
           end else begin
-            \$774  = 5'h06;
+            \$777  = 5'h06;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$582 ) begin
-            \$774  = 5'h01;
+          if (\$584 ) begin
+            \$777  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$774  = 5'h0e;
+            \$777  = 5'h0e;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h0e:
         begin
           if (error) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$326 ) begin
-              \$774  = 5'h02;
+            if (\error$328 ) begin
+              \$777  = 5'h02;
             end else begin
-              \$774  = 5'h0f;
+              \$777  = 5'h0f;
             end
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h0f:
         begin
-          if (\$586 ) begin
-            \$774  = 5'h01;
+          if (\$588 ) begin
+            \$777  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$774  = 5'h02;
-          end else if (\$604 ) begin
-            \$774  = 5'h01;
+            \$777  = 5'h02;
+          end else if (\$606 ) begin
+            \$777  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$774  = 5'h02;
-          end else if (\$632 ) begin
-            \$774  = 5'h01;
+            \$777  = 5'h02;
+          end else if (\$634 ) begin
+            \$777  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h0a:
         begin
-          if (\$636 ) begin
-            \$774  = 5'h10;
+          if (\$638 ) begin
+            \$777  = 5'h10;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h10:
         begin
-          if (\$663 ) begin
-            \$774  = 5'h11;
+          if (\$665 ) begin
+            \$777  = 5'h11;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h11:
         begin
-          \$774  = 5'h12;
+          \$777  = 5'h12;
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h12:
         begin
           (* full_case = 32'd1 *)
-          if (\$664 ) begin
-            \$774  = 5'h13;
+          if (\$666 ) begin
+            \$777  = 5'h13;
           end else begin
-            \$774  = 5'h14;
+            \$777  = 5'h14;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h13:
         begin
-          \$774  = 5'h14;
+          \$777  = 5'h14;
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h14:
         begin
           (* full_case = 32'd1 *)
-          if (\$667 ) begin
-            \$774  = 5'h11;
+          if (\$669 ) begin
+            \$777  = 5'h11;
           end else begin
-            \$774  = 5'h15;
+            \$777  = 5'h15;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$674 ) begin
-            \$774  = 5'h11;
+          if (\$676 ) begin
+            \$777  = 5'h11;
           end else begin
-            \$774  = 5'h01;
+            \$777  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h0b:
         begin
           (* full_case = 32'd1 *)
-          if (\$677 ) begin
-            \$774  = 5'h01;
+          if (\$679 ) begin
+            \$777  = 5'h01;
           end else begin
-            \$774  = 5'h16;
+            \$777  = 5'h16;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$680 ) begin
-            \$774  = 5'h01;
+          if (\$682 ) begin
+            \$777  = 5'h01;
           end else begin
-            \$774  = 5'h0b;
+            \$777  = 5'h0b;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h0c:
         begin
           (* full_case = 32'd1 *)
-          if (\$685 ) begin
-            \$774  = 5'h01;
+          if (\$687 ) begin
+            \$777  = 5'h01;
           end else begin
-            \$774  = 5'h17;
+            \$777  = 5'h17;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h17:
         begin
           (* full_case = 32'd1 *)
-          if (\$690 ) begin
-            \$774  = 5'h02;
+          if (\$692 ) begin
+            \$777  = 5'h02;
           end else begin
-            \$774  = 5'h18;
+            \$777  = 5'h18;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h18:
         begin
-          if (\$699 ) begin
-            \$774  = 5'h0c;
+          if (\$701 ) begin
+            \$777  = 5'h0c;
           end
           if (\$signal$103 ) begin
-            \$774  = 5'h02;
+            \$777  = 5'h02;
           end
         end
       5'h02:
-          if (\$704 ) begin
-            \$774  = 5'h00;
+          if (\$706 ) begin
+            \$777  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$774  = 5'h00;
+      \$777  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = stop_code;
+    \$778  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$504 ) begin
-            \$775  = 8'h06;
+          if (\$505 ) begin
+            \$778  = 8'h06;
           end
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h04:
         begin
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
-            \$775  = decode_err;
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+            \$778  = decode_q;
           end
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h06:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h07:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$775  = 8'h07;
+            \$778  = 8'h07;
           end else if (done) begin
-            if (\error$326 ) begin
-              \$775  = 8'h03;
+            if (\error$328 ) begin
+              \$778  = 8'h03;
             end
           end
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
         end
       5'h0f:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h08:
         begin
           if (error) begin
-            \$775  = 8'h07;
+            \$778  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$775  = 8'h07;
+            \$778  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h0b:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h16:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h0c:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
       5'h17:
         begin
-          if (\$690 ) begin
-            \$775  = 8'h02;
+          if (\$692 ) begin
+            \$778  = 8'h02;
           end
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
         end
       5'h18:
           if (\$signal$103 ) begin
-            \$775  = 8'h00;
+            \$778  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$775  = 8'h00;
+      \$778  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = cur_unit;
+    \$779  = cur_unit;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$504 ) begin
-            \$776  = 6'h00;
+          if (\$505 ) begin
+            \$779  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
-            \$776  = 6'h00;
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+            \$779  = 6'h00;
           end else begin
-            if (\$557 ) begin
-              \$776  = 6'h01;
-            end
-            if (\$558 ) begin
-              \$776  = 6'h01;
-            end
             if (\$559 ) begin
-              \$776  = 6'h02;
+              \$779  = 6'h01;
             end
             if (\$560 ) begin
-              \$776  = 6'h04;
+              \$779  = 6'h01;
             end
             if (\$561 ) begin
-              \$776  = 6'h04;
+              \$779  = 6'h02;
             end
             if (\$562 ) begin
-              \$776  = 6'h04;
+              \$779  = 6'h04;
             end
             if (\$563 ) begin
-              \$776  = 6'h08;
+              \$779  = 6'h04;
             end
             if (\$564 ) begin
-              \$776  = 6'h10;
+              \$779  = 6'h04;
             end
             if (\$565 ) begin
-              \$776  = 6'h10;
+              \$779  = 6'h08;
             end
             if (\$566 ) begin
-              \$776  = 6'h10;
+              \$779  = 6'h10;
             end
             if (\$567 ) begin
-              \$776  = 6'h20;
+              \$779  = 6'h10;
             end
             if (\$568 ) begin
-              \$776  = 6'h20;
+              \$779  = 6'h10;
+            end
+            if (\$569 ) begin
+              \$779  = 6'h20;
+            end
+            if (\$570 ) begin
+              \$779  = 6'h20;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$776  = 6'h00;
+                  \$779  = 6'h00;
             endcase
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
       5'h06:
         begin
-          if (\$582 ) begin
-            \$776  = 6'h00;
+          if (\$584 ) begin
+            \$779  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h07:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end else if (done) begin
-            if (\error$326 ) begin
-              \$776  = 6'h00;
+            if (\error$328 ) begin
+              \$779  = 6'h00;
             end
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h0f:
         begin
-          if (\$586 ) begin
-            \$776  = 6'h00;
+          if (\$588 ) begin
+            \$779  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$776  = 6'h00;
-          end else if (\$604 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
+          end else if (\$606 ) begin
+            \$779  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$776  = 6'h00;
-          end else if (\$632 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
+          end else if (\$634 ) begin
+            \$779  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$674 ) begin
+          if (\$676 ) begin
           end else begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h0b:
         begin
-          if (\$677 ) begin
-            \$776  = 6'h00;
+          if (\$679 ) begin
+            \$779  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h16:
         begin
-          if (\$680 ) begin
-            \$776  = 6'h00;
+          if (\$682 ) begin
+            \$779  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h0c:
         begin
-          if (\$685 ) begin
-            \$776  = 6'h00;
+          if (\$687 ) begin
+            \$779  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h17:
         begin
-          if (\$690 ) begin
-            \$776  = 6'h00;
+          if (\$692 ) begin
+            \$779  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
+            \$779  = 6'h00;
           end
         end
       5'h18:
           if (\$signal$103 ) begin
-            \$776  = 6'h00;
-          end
-    endcase
-    if (rst) begin
-      \$776  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = ins;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$777  = \$signature__data$322 ;
-    endcase
-    if (rst) begin
-      \$777  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = ph2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$778  = 1'h0;
-      5'h04:
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-            \$778  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$778  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = \$signal$177 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$779  = ins[243:238];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$779  = ins[243:238];
-            endcase
+            \$779  = 6'h00;
           end
     endcase
     if (rst) begin
@@ -15262,7 +15241,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = \$signal$160 ;
+    \$780  = ins;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$780  = \$signature__data$324 ;
+    endcase
+    if (rst) begin
+      \$780  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$781  = ph2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$781  = 1'h0;
+      5'h04:
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+            \$781  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$781  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$782  = checked;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$782  = 1'h0;
+      5'h04:
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+            \$782  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$782  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$783  = \$signal$177 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15272,16 +15308,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$780  = ins[231:200];
+                  \$783  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15289,21 +15326,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$780  = ins[231:200];
+                  \$783  = ins[243:238];
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$780  = { 16'h0000, \$signature__data [15:0] };
     endcase
     if (rst) begin
-      \$780  = 32'd0;
+      \$783  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = shift;
+    \$784  = \$signal$160 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15313,16 +15346,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$781  = ins[237:232];
+                  \$784  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15330,21 +15364,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$781  = ins[237:232];
+                  \$784  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$781  = \$signature__data$295 [5:0];
+          \$784  = { 16'h0000, \$signature__data [15:0] };
     endcase
     if (rst) begin
-      \$781  = 6'h00;
+      \$784  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = cnt0;
+    \$785  = shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15354,32 +15388,75 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$782  = l0_acc;
+                  \$785  = ins[237:232];
               6'h05, 6'h06, 6'h07:
-                  \$782  = l0_acc;
+                  /* empty */;
               6'h0c:
-                  \$782  = ins[45:32];
+                  /* empty */;
               6'h0d:
-                  \$782  = ins[61:48];
+                  /* empty */;
+              6'h03:
+                  \$785  = ins[237:232];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$785  = \$signature__data$297 [5:0];
+    endcase
+    if (rst) begin
+      \$785  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$786  = cnt0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$786  = l0_acc;
+              6'h05, 6'h06, 6'h07:
+                  \$786  = l0_acc;
+              6'h0c:
+                  \$786  = ins[45:32];
+              6'h0d:
+                  \$786  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$782  = 14'h0000;
+      \$786  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = cnt1;
+    \$787  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15389,32 +15466,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$783  = 14'h0001;
+                  \$787  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$783  = 14'h0001;
+                  \$787  = 14'h0001;
               6'h0c:
-                  \$783  = ins[61:48];
+                  \$787  = ins[61:48];
               6'h0d:
-                  \$783  = 14'h0002;
+                  \$787  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$783  = 14'h0000;
+      \$787  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = cnt2;
+    \$788  = cnt2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15424,32 +15502,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$784  = 14'h0001;
+                  \$788  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$784  = 14'h0001;
+                  \$788  = 14'h0001;
               6'h0c:
-                  \$784  = m_eff[13:0];
+                  \$788  = m_eff[13:0];
               6'h0d:
-                  \$784  = m_eff[13:0];
+                  \$788  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$784  = 14'h0000;
+      \$788  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = sa0;
+    \$789  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15459,162 +15538,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$785  = 13'h0001;
+                  \$789  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$785  = 13'h0001;
+                  \$789  = 13'h0001;
               6'h0c:
-                  \$785  = ins[60:48];
+                  \$789  = ins[60:48];
               6'h0d:
-                  \$785  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$785  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = sa1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$786  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$786  = 13'h0000;
-              6'h0c:
-                  \$786  = 13'h0001;
-              6'h0d:
-                  \$786  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$786  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$787  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$787  = 13'h0000;
-              6'h0c:
-                  \$787  = l2_acc[12:0];
-              6'h0d:
-                  \$787  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$787  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$788  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$788  = 13'h0001;
-              6'h0c:
-                  \$788  = 13'h0001;
-              6'h0d:
-                  \$788  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$788  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$789  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$789  = 13'h0000;
-              6'h0c:
-                  \$789  = 13'h0000;
-              6'h0d:
-                  \$789  = 13'h0000;
+                  \$789  = 13'h0001;
             endcase
           end
     endcase
@@ -15624,7 +15564,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = sb2;
+    \$790  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15634,10 +15574,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15647,7 +15588,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h05, 6'h06, 6'h07:
                   \$790  = 13'h0000;
               6'h0c:
-                  \$790  = ins[44:32];
+                  \$790  = 13'h0001;
               6'h0d:
                   \$790  = 13'h0000;
             endcase
@@ -15659,7 +15600,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = \$signal$323 ;
+    \$791  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15669,32 +15610,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$791  = l0_acc;
+                  \$791  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$791  = l0_acc;
+                  \$791  = 13'h0000;
               6'h0c:
-                  \$791  = l0_acc;
+                  \$791  = l2_acc[12:0];
               6'h0d:
-                  \$791  = l0_acc;
+                  \$791  = ins[60:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$791  = 14'h0000;
+      \$791  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = \$signal$242 ;
+    \$792  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15704,40 +15646,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$792  = 14'h0000;
+                  \$792  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$792  = 14'h0000;
+                  \$792  = 13'h0001;
               6'h0c:
-                  \$792  = 14'h0000;
+                  \$792  = 13'h0001;
               6'h0d:
-                  \$792  = 14'h0000;
+                  \$792  = 13'h0000;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$signal$182 ) begin
-            \$792  = \$580 [13:0];
           end
     endcase
     if (rst) begin
-      \$792  = 14'h0000;
+      \$792  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = \$signal$245 ;
+    \$793  = sb1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15747,59 +15682,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$793  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$793  = 13'h0000;
               6'h0c:
-                  /* empty */;
+                  \$793  = 13'h0000;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$793  = 1'h0;
+                  \$793  = 13'h0000;
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$590 ) begin
-            \$793  = 1'h1;
-          end
-          if (\$signal$245 ) begin
-            if (\$599 ) begin
-              \$793  = 1'h0;
-            end
-          end
-        end
     endcase
     if (rst) begin
-      \$793  = 1'h0;
+      \$793  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = \$signal$248 ;
+    \$794  = sb2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15809,57 +15718,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$794  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$794  = 13'h0000;
               6'h0c:
-                  /* empty */;
+                  \$794  = ins[44:32];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$794  = 3'h0;
+                  \$794  = 13'h0000;
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$590 ) begin
-            \$794  = 3'h0;
-          end
-          if (\$signal$245 ) begin
-            \$794  = \$593 [2:0];
-          end
-        end
     endcase
     if (rst) begin
-      \$794  = 3'h0;
+      \$794  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = \$signal$246 ;
+    \$795  = \$signal$325 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15869,45 +15754,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$795  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$795  = l0_acc;
               6'h0c:
-                  /* empty */;
+                  \$795  = l0_acc;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$795  = 14'h0000;
+                  \$795  = l0_acc;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$signal$245 ) begin
-            if (\$591 ) begin
-              \$795  = \$592 [13:0];
-            end
           end
     endcase
     if (rst) begin
@@ -15916,7 +15780,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = \$signal$249 ;
+    \$796  = \$signal$244 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15926,10 +15790,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
+          if (\$552 ) begin
           end else if (\$555 ) begin
           end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$796  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$796  = 14'h0000;
+              6'h0c:
+                  \$796  = 14'h0000;
+              6'h0d:
+                  \$796  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$signal$182 ) begin
+            \$796  = \$582 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$796  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$797  = \$signal$247 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15945,9 +15854,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  /* empty */;
-              6'h02:
-                  \$796  = 1'h0;
+                  \$797  = 1'h0;
             endcase
           end
       5'h05:
@@ -15963,639 +15870,581 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
         begin
-          if (\$624 ) begin
-            \$796  = 1'h1;
+          if (\$592 ) begin
+            \$797  = 1'h1;
           end
-          if (\$625 ) begin
-            \$796  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$796  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = \$signal$250 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$797  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$613 ) begin
-            \$797  = \$615 [2:0];
-          end
-          if (\$625 ) begin
-            \$797  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$797  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = \$signal$251 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$798  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$613 ) begin
-            \$798  = \$614 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$798  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = \$signal$252 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$799  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$613 ) begin
-            \$799  = 1'h1;
-          end
-          if (\$signal$252 ) begin
-            \$799  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$799  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = wr_data__payload;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$800 [35:32] = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$signal$252 ) begin
-            casez (\$signal$328 )
-              2'h0:
-                  \$800 [31:0] = \$signature__data ;
-            endcase
-            casez (\$signal$328 )
-              2'h0:
-                  \$800 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$625 ) begin
-            \$800 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$800  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = \$signal$254 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$801  = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          \$801  = \$635 [3:0];
-      5'h10:
-          if (\$663 ) begin
-            \$801  = 4'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          \$801  = \$672 [3:0];
-    endcase
-    if (rst) begin
-      \$801  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = \$signal$277 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$802  = \$575 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$802  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = \$signal$274 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$803  = \$578 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$803  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = \$signal$280 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$804  = 16'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$699 ) begin
-            \$804  = \$700 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$804  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = \$signal$282 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$551 ) begin
-          end else if (\$554 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$805  = 13'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$699 ) begin
-            \$805  = \$701 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$805  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = \$signal$145 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$582 ) begin
-            if (\$583 ) begin
-              \$806  = ins[124:112];
+          if (\$signal$247 ) begin
+            if (\$601 ) begin
+              \$797  = 1'h0;
             end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$797  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$798  = \$signal$250 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$798  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$592 ) begin
+            \$798  = 3'h0;
+          end
+          if (\$signal$247 ) begin
+            \$798  = \$595 [2:0];
+          end
+        end
+    endcase
+    if (rst) begin
+      \$798  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$799  = \$signal$248 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$799  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$signal$247 ) begin
+            if (\$593 ) begin
+              \$799  = \$594 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$799  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$800  = \$signal$251 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$800  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$626 ) begin
+            \$800  = 1'h1;
+          end
+          if (\$627 ) begin
+            \$800  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$800  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$801  = \$signal$252 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$801  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$615 ) begin
+            \$801  = \$617 [2:0];
+          end
+          if (\$627 ) begin
+            \$801  = 3'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$801  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$802  = \$signal$253 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$802  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$615 ) begin
+            \$802  = \$616 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$802  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$803  = \$signal$254 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$803  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$615 ) begin
+            \$803  = 1'h1;
+          end
+          if (\$signal$254 ) begin
+            \$803  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$803  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$804  = wr_data__payload;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$804 [35:32] = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$signal$254 ) begin
+            casez (\$signal$330 )
+              2'h0:
+                  \$804 [31:0] = \$signature__data ;
+            endcase
+            casez (\$signal$330 )
+              2'h0:
+                  \$804 [35:32] = 4'hf;
+            endcase
+          end
+          if (\$627 ) begin
+            \$804 [35:32] = 4'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$804  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$805  = \$signal$256 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$805  = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          \$805  = \$637 [3:0];
+      5'h10:
+          if (\$665 ) begin
+            \$805  = 4'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          \$805  = \$674 [3:0];
+    endcase
+    if (rst) begin
+      \$805  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$806  = \$signal$279 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$806  = \$577 [12:0];
+            endcase
           end
     endcase
     if (rst) begin
@@ -16604,7 +16453,231 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = scores_len;
+    \$807  = \$signal$276 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$807  = \$580 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$807  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$808  = \$signal$282 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$808  = 16'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$701 ) begin
+            \$808  = \$702 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$808  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$809  = \$signal$284 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$552 ) begin
+          end else if (\$555 ) begin
+          end else if (\$556 ) begin
+          end else if (\$557 ) begin
+          end else if (\$558 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$809  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$701 ) begin
+            \$809  = \$703 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$809  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$810  = \$signal$145 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16619,19 +16692,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$582 ) begin
-            if (\$583 ) begin
-              \$807  = l0_acc;
+          if (\$584 ) begin
+            if (\$585 ) begin
+              \$810  = ins[124:112];
             end
           end
     endcase
     if (rst) begin
-      \$807  = 14'h0000;
+      \$810  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$signal$247 ;
+    \$811  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$584 ) begin
+            if (\$585 ) begin
+              \$811  = l0_acc;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$811  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$812  = \$signal$249 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16654,17 +16754,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$590 ) begin
-            \$808  = m_axi__rdata;
+          if (\$592 ) begin
+            \$812  = m_axi__rdata;
           end
     endcase
     if (rst) begin
-      \$808  = 32'd0;
+      \$812  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = \$signal$328 ;
+    \$813  = \$signal$330 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16689,17 +16789,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$613 ) begin
-            \$809  = \$signal$250 [1:0];
+          if (\$615 ) begin
+            \$813  = \$signal$252 [1:0];
           end
     endcase
     if (rst) begin
-      \$809  = 2'h0;
+      \$813  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = \$signal$331 ;
+    \$814  = \$signal$333 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16726,23 +16826,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$636 ) begin
-            \$810  = 14'h0000;
+          if (\$638 ) begin
+            \$814  = 14'h0000;
           end
       5'h10:
-          if (\$647 ) begin
-            if (\$648 ) begin
-              \$810  = \$649 [13:0];
+          if (\$649 ) begin
+            if (\$650 ) begin
+              \$814  = \$651 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$810  = 14'h0000;
+      \$814  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = \$signal$263 ;
+    \$815  = \$signal$265 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16769,28 +16869,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$636 ) begin
-            \$811  = 4'h0;
+          if (\$638 ) begin
+            \$815  = 4'h0;
           end
       5'h10:
         begin
-          if (\$641 ) begin
-            \$811  = \$644 [3:0];
+          if (\$643 ) begin
+            \$815  = \$646 [3:0];
           end
-          if (\$647 ) begin
-            if (\$648 ) begin
-              \$811  = 4'h0;
+          if (\$649 ) begin
+            if (\$650 ) begin
+              \$815  = 4'h0;
             end
           end
         end
     endcase
     if (rst) begin
-      \$811  = 4'h0;
+      \$815  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = rt_lane;
+    \$816  = rt_lane;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16817,197 +16917,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$636 ) begin
-            \$812  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$641 ) begin
-            \$812  = \$643 [0];
-          end
-          if (\$647 ) begin
-            \$812  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$812  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = \$signal$259 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$636 ) begin
-            \$813  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$signal$332 ) begin
-            if (\$646 ) begin
-              \$813  = 1'h1;
-            end
-          end
-          if (\$647 ) begin
-            \$813  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$813  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = \$signal$262 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$636 ) begin
-            \$814  = ins[76:64];
-          end
-      5'h10:
-          if (\$647 ) begin
-            if (\$648 ) begin
-              \$814  = \$650 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$814  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = \$signal$270 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$636 ) begin
-            \$815  = ins[124:112];
-          end
-      5'h10:
-          if (\$657 ) begin
-            if (\$659 ) begin
-              \$815  = \$661 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$815  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = \$signal$260 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$636 ) begin
+          if (\$638 ) begin
             \$816  = 1'h0;
           end
       5'h10:
-          if (\$647 ) begin
-            if (\$648 ) begin
-              if (\$652 ) begin
-                \$816  = 1'h1;
-              end
-            end
+        begin
+          if (\$643 ) begin
+            \$816  = \$645 [0];
           end
+          if (\$649 ) begin
+            \$816  = 1'h0;
+          end
+        end
     endcase
     if (rst) begin
       \$816  = 1'h0;
@@ -17015,7 +16936,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = \$signal$332 ;
+    \$817  = \$signal$261 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17042,16 +16963,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$636 ) begin
+          if (\$638 ) begin
             \$817  = 1'h0;
           end
       5'h10:
-          (* full_case = 32'd1 *)
-          if (\$641 ) begin
-            \$817  = 1'h1;
-          end else begin
+        begin
+          if (\$signal$334 ) begin
+            if (\$648 ) begin
+              \$817  = 1'h1;
+            end
+          end
+          if (\$649 ) begin
             \$817  = 1'h0;
           end
+        end
     endcase
     if (rst) begin
       \$817  = 1'h0;
@@ -17059,7 +16984,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$333 ;
+    \$818  = \$signal$264 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17086,23 +17011,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$636 ) begin
-            \$818  = 14'h0000;
+          if (\$638 ) begin
+            \$818  = ins[76:64];
           end
       5'h10:
-          if (\$657 ) begin
-            if (\$659 ) begin
-              \$818  = \$660 [13:0];
+          if (\$649 ) begin
+            if (\$650 ) begin
+              \$818  = \$652 [12:0];
             end
           end
     endcase
     if (rst) begin
-      \$818  = 14'h0000;
+      \$818  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = rt_s;
+    \$819  = \$signal$272 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17129,26 +17054,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$636 ) begin
-            \$819  = 2'h0;
+          if (\$638 ) begin
+            \$819  = ins[124:112];
           end
       5'h10:
-          if (\$657 ) begin
-            (* full_case = 32'd1 *)
-            if (\$659 ) begin
-              \$819  = 2'h0;
-            end else begin
-              \$819  = \$662 [1:0];
+          if (\$659 ) begin
+            if (\$661 ) begin
+              \$819  = \$663 [12:0];
             end
           end
     endcase
     if (rst) begin
-      \$819  = 2'h0;
+      \$819  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = \$signal$268 ;
+    \$820  = \$signal$262 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17175,18 +17097,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$636 ) begin
+          if (\$638 ) begin
             \$820  = 1'h0;
           end
       5'h10:
-        begin
-          if (\$654 ) begin
-            \$820  = 1'h1;
+          if (\$649 ) begin
+            if (\$650 ) begin
+              if (\$654 ) begin
+                \$820  = 1'h1;
+              end
+            end
           end
-          if (\$657 ) begin
-            \$820  = 1'h0;
-          end
-        end
     endcase
     if (rst) begin
       \$820  = 1'h0;
@@ -17194,7 +17115,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = rt_wphase;
+    \$821  = \$signal$334 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17221,18 +17142,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$636 ) begin
+          if (\$638 ) begin
             \$821  = 1'h0;
           end
       5'h10:
-        begin
-          if (\$656 ) begin
+          (* full_case = 32'd1 *)
+          if (\$643 ) begin
             \$821  = 1'h1;
-          end
-          if (\$657 ) begin
+          end else begin
             \$821  = 1'h0;
           end
-        end
     endcase
     if (rst) begin
       \$821  = 1'h0;
@@ -17267,201 +17186,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
+          if (\$638 ) begin
+            \$822  = 14'h0000;
+          end
       5'h10:
-          if (\$641 ) begin
-            \$822  = \$642 ;
-          end
-    endcase
-    if (rst) begin
-      \$822  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = rt_word;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$signal$332 ) begin
-            \$823  = \$645 ;
-          end
-    endcase
-    if (rst) begin
-      \$823  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = \$signal$272 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$654 ) begin
-            \$824  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$824  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = \$signal$273 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$663 ) begin
-            \$825  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          if (\$667 ) begin
-            \$825  = \$668 [13:0];
-          end
-      5'h15:
-          \$825  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$825  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = \$signal$276 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$663 ) begin
-            \$826  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          if (\$667 ) begin
-            if (\$669 ) begin
-              \$826  = \$670 [13:0];
+          if (\$659 ) begin
+            if (\$661 ) begin
+              \$822  = \$662 [13:0];
             end
           end
-      5'h15:
-          \$826  = 14'h0000;
     endcase
     if (rst) begin
-      \$826  = 14'h0000;
+      \$822  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = \$signal$339 ;
+    \$823  = rt_s;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17488,36 +17229,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$663 ) begin
-            \$827  = 2'h0;
+          if (\$638 ) begin
+            \$823  = 2'h0;
           end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          if (\$667 ) begin
+      5'h10:
+          if (\$659 ) begin
             (* full_case = 32'd1 *)
-            if (\$669 ) begin
-              \$827  = 2'h0;
+            if (\$661 ) begin
+              \$823  = 2'h0;
             end else begin
-              \$827  = \$671 [1:0];
+              \$823  = \$664 [1:0];
             end
           end
-      5'h15:
-          \$827  = 2'h0;
     endcase
     if (rst) begin
-      \$827  = 2'h0;
+      \$823  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = \$signal$275 ;
+    \$824  = \$signal$270 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17544,25 +17275,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$663 ) begin
-            \$828  = 14'h0000;
+          if (\$638 ) begin
+            \$824  = 1'h0;
           end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          \$828  = \$665 [13:0];
+      5'h10:
+        begin
+          if (\$656 ) begin
+            \$824  = 1'h1;
+          end
+          if (\$659 ) begin
+            \$824  = 1'h0;
+          end
+        end
     endcase
     if (rst) begin
-      \$828  = 14'h0000;
+      \$824  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = \$signal$278 ;
+    \$825  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$638 ) begin
+            \$825  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$658 ) begin
+            \$825  = 1'h1;
+          end
+          if (\$659 ) begin
+            \$825  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$825  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$826  = \$signal$337 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17591,7 +17369,124 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$663 ) begin
+          if (\$643 ) begin
+            \$826  = \$644 ;
+          end
+    endcase
+    if (rst) begin
+      \$826  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$827  = rt_word;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$signal$334 ) begin
+            \$827  = \$647 ;
+          end
+    endcase
+    if (rst) begin
+      \$827  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$828  = \$signal$274 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$656 ) begin
+            \$828  = routes__payload;
+          end
+    endcase
+    if (rst) begin
+      \$828  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$829  = \$signal$275 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$665 ) begin
             \$829  = 14'h0000;
           end
       5'h11:
@@ -17601,9 +17496,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          /* empty */;
+          if (\$669 ) begin
+            \$829  = \$670 [13:0];
+          end
       5'h15:
-          \$829  = \$signal$275 ;
+          \$829  = 14'h0000;
     endcase
     if (rst) begin
       \$829  = 14'h0000;
@@ -17611,7 +17508,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = \$signal$279 ;
+    \$830  = \$signal$278 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17640,7 +17537,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$665 ) begin
+            \$830  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -17648,27 +17547,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          /* empty */;
+          if (\$669 ) begin
+            if (\$671 ) begin
+              \$830  = \$672 [13:0];
+            end
+          end
       5'h15:
-          (* full_case = 32'd1 *)
-          if (\$674 ) begin
-          end else begin
-            \$830  = 4'h0;
-          end
-      5'h0b:
-          if (\$677 ) begin
-            \$830  = 4'h8;
-          end
-      5'h16:
-          \$830  = \$679 [3:0];
+          \$830  = 14'h0000;
     endcase
     if (rst) begin
-      \$830  = 4'h0;
+      \$830  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = \$signal$241 ;
+    \$831  = \$signal$341 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17697,7 +17590,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$665 ) begin
+            \$831  = 2'h0;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -17705,23 +17600,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          if (\$680 ) begin
-            \$831  = \$signal$279 ;
+          if (\$669 ) begin
+            (* full_case = 32'd1 *)
+            if (\$671 ) begin
+              \$831  = 2'h0;
+            end else begin
+              \$831  = \$673 [1:0];
+            end
           end
+      5'h15:
+          \$831  = 2'h0;
     endcase
     if (rst) begin
-      \$831  = 4'h0;
+      \$831  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = \$signal$130 ;
+    \$832  = \$signal$277 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17750,31 +17646,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$665 ) begin
+            \$832  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
           /* empty */;
       5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          if (\$680 ) begin
-            \$832  = \$signature__data [15:0];
-          end
+          \$832  = \$667 [13:0];
     endcase
     if (rst) begin
-      \$832  = 16'h0000;
+      \$832  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = \$signal$141 ;
+    \$833  = \$signal$280 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17803,7 +17691,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$665 ) begin
+            \$833  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -17813,13 +17703,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          if (\$680 ) begin
-            \$833  = \$682 ;
-          end
+          \$833  = \$signal$277 ;
     endcase
     if (rst) begin
       \$833  = 14'h0000;
@@ -17866,32 +17750,184 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
           (* full_case = 32'd1 *)
-          if (\$690 ) begin
+          if (\$676 ) begin
           end else begin
-            \$834  = 15'h0000;
+            \$834  = 4'h0;
           end
-      5'h18:
-          if (\$691 ) begin
-          end else if (\$692 ) begin
-            \$834  = \$693 [14:0];
+      5'h0b:
+          if (\$679 ) begin
+            \$834  = 4'h8;
           end
+      5'h16:
+          \$834  = \$681 [3:0];
     endcase
     if (rst) begin
-      \$834  = 15'h0000;
+      \$834  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = \$signal$283 ;
+    \$835  = \$signal$243 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          if (\$682 ) begin
+            \$835  = \$signal$281 ;
+          end
+    endcase
+    if (rst) begin
+      \$835  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$836  = \$signal$130 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          if (\$682 ) begin
+            \$836  = \$signature__data [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$836  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$837  = \$signal$141 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          if (\$682 ) begin
+            \$837  = \$684 ;
+          end
+    endcase
+    if (rst) begin
+      \$837  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$838  = \$signal$283 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17939,26 +17975,90 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h17:
           (* full_case = 32'd1 *)
-          if (\$690 ) begin
+          if (\$692 ) begin
           end else begin
-            \$835  = 1'h0;
+            \$838  = 15'h0000;
           end
       5'h18:
-          (* full_case = 32'd1 *)
-          if (\$691 ) begin
-          end else if (\$692 ) begin
-            \$835  = 1'h1;
-          end else begin
-            \$835  = 1'h0;
+          if (\$693 ) begin
+          end else if (\$694 ) begin
+            \$838  = \$695 [14:0];
           end
     endcase
     if (rst) begin
-      \$835  = 1'h0;
+      \$838  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = \$signal$284 ;
+    \$839  = \$signal$285 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h17:
+          (* full_case = 32'd1 *)
+          if (\$692 ) begin
+          end else begin
+            \$839  = 1'h0;
+          end
+      5'h18:
+          (* full_case = 32'd1 *)
+          if (\$693 ) begin
+          end else if (\$694 ) begin
+            \$839  = 1'h1;
+          end else begin
+            \$839  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$839  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$840  = \$signal$286 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18007,13 +18107,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$691 ) begin
-          end else if (\$692 ) begin
-            \$836  = \$697 [12:0];
+          if (\$693 ) begin
+          end else if (\$694 ) begin
+            \$840  = \$699 [12:0];
           end
     endcase
     if (rst) begin
-      \$836  = 13'h0000;
+      \$840  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -18038,14 +18138,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$837 [5], \$837 [5], \$837  };
+  assign bus__arlen = { \$841 [5], \$841 [5], \$841  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$838 [5], \$838 [5], \$838  };
+  assign bus__awlen = { \$842 [5], \$842 [5], \$842  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -18091,12 +18191,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$838 [5], \$838 [5], \$838  };
+  assign m_axi__awlen = { \$842 [5], \$842 [5], \$842  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$837 [5], \$837 [5], \$837  };
+  assign m_axi__arlen = { \$841 [5], \$841 [5], \$841  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -18157,9 +18257,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
   assign \rt_word[0]  = rt_word;
-  assign \$signal$272.index  = \$signal$272 [2:0];
-  assign \$signal$272.weight  = \$signal$272 [18:3];
-  assign \$signal$272.last  = \$signal$272 [19];
+  assign \$signal$274.index  = \$signal$274 [2:0];
+  assign \$signal$274.weight  = \$signal$274 [18:3];
+  assign \$signal$274.last  = \$signal$274 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -18203,64 +18303,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$134 [9:3] = 7'h00;
   assign \$134 [2:0] = ins[8:6];
   assign \$192  = { 1'h0, beats, 2'h0 };
-  assign \$278  = { \$signal$241 , 1'h0 };
-  assign \$280  = { \$signal$241 , 1'h0 };
-  assign \$375  = \$374 [14];
-  assign \$378  = { l0_x, 1'h0 };
-  assign \$380  = { 1'h0, l0_y[15:1] };
-  assign \$383  = \$382 [14];
-  assign \$386  = { l1_x, 1'h0 };
-  assign \$388  = { 1'h0, l1_y[15:1] };
-  assign \$391  = \$390 [14];
-  assign \$394  = { l2_x, 1'h0 };
-  assign \$396  = { 1'h0, l2_y[15:1] };
-  assign \$399  = \$398 [14];
-  assign \$402  = { l3_x, 1'h0 };
-  assign \$404  = { 1'h0, l3_y[15:1] };
-  assign \$407  = \$406 [14];
-  assign \$410  = { l4_x, 1'h0 };
-  assign \$412  = { 1'h0, l4_y[15:1] };
-  assign \$415  = \$414 [33];
-  assign \$418  = { lh_x, 1'h0 };
-  assign \$420  = { 1'h0, lh_y[15:1] };
-  assign \$505 [9:1] = 9'h000;
-  assign \$505 [0] = \$signature__data$322 [6];
-  assign \$506  = \$signature__data$322 [6];
-  assign \$510 [9:1] = 9'h000;
-  assign \$510 [0] = \$signature__data$322 [6];
-  assign \$511  = \$signature__data$322 [6];
-  assign \$515 [9:1] = 9'h000;
-  assign \$515 [0] = \$signature__data$322 [6];
-  assign \$516  = \$signature__data$322 [6];
-  assign \$520  = { \$519 [17], \$519 [17], \$519 [17:2] };
-  assign \$523 [9:1] = 9'h000;
-  assign \$523 [0] = \$signature__data$322 [6];
-  assign \$524  = \$signature__data$322 [6];
-  assign \$528  = { \$527 [17], \$527 [17], \$527 [17:2] };
-  assign \$533  = { \$532 [17], \$532 [17], \$532 [17:2] };
-  assign \$536 [9:1] = 9'h000;
-  assign \$536 [0] = \$signature__data$322 [6];
-  assign \$537  = \$signature__data$322 [6];
-  assign \$545 [9:1] = 9'h000;
-  assign \$545 [0] = \$signature__data$322 [6];
-  assign \$546  = \$signature__data$322 [6];
-  assign { \$548 [9:2], \$548 [0] } = 9'h000;
-  assign \$548 [1] = \$signature__data$322 [7];
-  assign { \$570 [9:3], \$570 [1:0] } = 9'h000;
-  assign \$570 [2] = ins[8];
-  assign \$571  = ins[8];
+  assign \$279  = { \$signal$243 , 1'h0 };
+  assign \$281  = { \$signal$243 , 1'h0 };
+  assign \$376  = \$375 [14];
+  assign \$379  = { l0_x, 1'h0 };
+  assign \$381  = { 1'h0, l0_y[15:1] };
+  assign \$384  = \$383 [14];
+  assign \$387  = { l1_x, 1'h0 };
+  assign \$389  = { 1'h0, l1_y[15:1] };
+  assign \$392  = \$391 [14];
+  assign \$395  = { l2_x, 1'h0 };
+  assign \$397  = { 1'h0, l2_y[15:1] };
+  assign \$400  = \$399 [14];
+  assign \$403  = { l3_x, 1'h0 };
+  assign \$405  = { 1'h0, l3_y[15:1] };
+  assign \$408  = \$407 [14];
+  assign \$411  = { l4_x, 1'h0 };
+  assign \$413  = { 1'h0, l4_y[15:1] };
+  assign \$416  = \$415 [33];
+  assign \$419  = { lh_x, 1'h0 };
+  assign \$421  = { 1'h0, lh_y[15:1] };
+  assign \$506 [9:1] = 9'h000;
+  assign \$506 [0] = \$signature__data$324 [6];
+  assign \$507  = \$signature__data$324 [6];
+  assign \$511 [9:1] = 9'h000;
+  assign \$511 [0] = \$signature__data$324 [6];
+  assign \$512  = \$signature__data$324 [6];
+  assign \$516 [9:1] = 9'h000;
+  assign \$516 [0] = \$signature__data$324 [6];
+  assign \$517  = \$signature__data$324 [6];
+  assign \$521  = { \$520 [17], \$520 [17], \$520 [17:2] };
+  assign \$524 [9:1] = 9'h000;
+  assign \$524 [0] = \$signature__data$324 [6];
+  assign \$525  = \$signature__data$324 [6];
+  assign \$529  = { \$528 [17], \$528 [17], \$528 [17:2] };
+  assign \$534  = { \$533 [17], \$533 [17], \$533 [17:2] };
+  assign \$537 [9:1] = 9'h000;
+  assign \$537 [0] = \$signature__data$324 [6];
+  assign \$538  = \$signature__data$324 [6];
+  assign \$546 [9:1] = 9'h000;
+  assign \$546 [0] = \$signature__data$324 [6];
+  assign \$547  = \$signature__data$324 [6];
+  assign { \$549 [9:2], \$549 [0] } = 9'h000;
+  assign \$549 [1] = \$signature__data$324 [7];
   assign { \$572 [9:3], \$572 [1:0] } = 9'h000;
   assign \$572 [2] = ins[8];
   assign \$573  = ins[8];
-  assign \$574  = { l1_acc[13:2], 1'h0 };
+  assign { \$574 [9:3], \$574 [1:0] } = 9'h000;
+  assign \$574 [2] = ins[8];
+  assign \$575  = ins[8];
   assign \$576  = { l1_acc[13:2], 1'h0 };
-  assign \$646  = 1'h1;
-  assign \$549  = \$signature__data$322 [7];
+  assign \$578  = { l1_acc[13:2], 1'h0 };
+  assign \$648  = 1'h1;
+  assign \$550  = \$signature__data$324 [7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1126$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1144$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, \port$3243$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1130$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1148$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, \port$3247$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -18399,12 +18499,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1126$0 ;
-  wire [5:0] \port$1126$0 ;
-  output [5:0] \port$1144$0 ;
-  wire [5:0] \port$1144$0 ;
-  input [14:0] \port$3243$0 ;
-  wire [14:0] \port$3243$0 ;
+  output [5:0] \port$1130$0 ;
+  wire [5:0] \port$1130$0 ;
+  output [5:0] \port$1148$0 ;
+  wire [5:0] \port$1148$0 ;
+  input [14:0] \port$3247$0 ;
+  wire [14:0] \port$3247$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -18569,7 +18669,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 9'h000, \port$3243$0  };
+      \$74  = { 9'h000, \port$3247$0  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -18605,7 +18705,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 9'h000, \port$3243$0  };
+      \$77  = { 9'h000, \port$3247$0  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -18650,11 +18750,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 9'h000, \port$3243$0  };
+  assign rd_beats = { 9'h000, \port$3247$0  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 9'h000, \port$3243$0  };
-  assign \port$1126$0  = \$9 ;
-  assign \port$1144$0  = \$23 ;
+  assign wr_beats = { 9'h000, \port$3247$0  };
+  assign \port$1130$0  = \$9 ;
+  assign \port$1148$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -20161,7 +20261,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$3704$54 (cmd[75:54]),
+    .\port$3712$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -26298,7 +26398,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3704$54 , i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3712$54 , i__payload, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire [67:0] \$10 ;
@@ -27122,8 +27222,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$3704$54 ;
-  wire [21:0] \port$3704$54 ;
+  input [21:0] \port$3712$54 ;
+  wire [21:0] \port$3712$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
@@ -27148,28 +27248,28 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$247  = \port$3704$54 [21] ? \$246  : { x0, 1'h0 };
-  assign \$250  = \port$3704$54 [21] ? \$249  : { x0, 1'h0 };
-  assign \$251  = \port$3704$54 [20] ? \$248  : \$250 ;
-  assign \$252  = \port$3704$54 [19] ? \$245  : \$251 [47:0];
-  assign \$253  = \port$3704$54 [18] ? \$238  : \$252 [39:0];
-  assign \$256  = \port$3704$54 [21] ? \$255  : { x0, 1'h0 };
-  assign \$259  = \port$3704$54 [21] ? \$258  : { x0, 1'h0 };
-  assign \$260  = \port$3704$54 [20] ? \$257  : \$259 ;
-  assign \$263  = \port$3704$54 [21] ? \$262  : { x0, 1'h0 };
-  assign \$266  = \port$3704$54 [21] ? \$265  : { x0, 1'h0 };
-  assign \$267  = \port$3704$54 [20] ? \$264  : \$266 ;
-  assign \$268  = \port$3704$54 [19] ? \$261  : \$267 [47:0];
-  assign \$271  = \port$3704$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$274  = \port$3704$54 [21] ? \$273  : { x0, 1'h0 };
-  assign \$275  = \port$3704$54 [20] ? \$272  : \$274 ;
-  assign \$278  = \port$3704$54 [21] ? \$277  : { x0, 1'h0 };
-  assign \$281  = \port$3704$54 [21] ? \$280  : { x0, 1'h0 };
-  assign \$282  = \port$3704$54 [20] ? \$279  : \$281 ;
-  assign \$283  = \port$3704$54 [19] ? \$276  : \$282 [47:0];
-  assign \$284  = \port$3704$54 [18] ? \$269  : \$283 [39:0];
-  assign \$285  = \port$3704$54 [17] ? \$254  : \$284 [35:0];
-  assign \$286  = \port$3704$54 [16] ? \$223  : \$285 [33:0];
+  assign \$247  = \port$3712$54 [21] ? \$246  : { x0, 1'h0 };
+  assign \$250  = \port$3712$54 [21] ? \$249  : { x0, 1'h0 };
+  assign \$251  = \port$3712$54 [20] ? \$248  : \$250 ;
+  assign \$252  = \port$3712$54 [19] ? \$245  : \$251 [47:0];
+  assign \$253  = \port$3712$54 [18] ? \$238  : \$252 [39:0];
+  assign \$256  = \port$3712$54 [21] ? \$255  : { x0, 1'h0 };
+  assign \$259  = \port$3712$54 [21] ? \$258  : { x0, 1'h0 };
+  assign \$260  = \port$3712$54 [20] ? \$257  : \$259 ;
+  assign \$263  = \port$3712$54 [21] ? \$262  : { x0, 1'h0 };
+  assign \$266  = \port$3712$54 [21] ? \$265  : { x0, 1'h0 };
+  assign \$267  = \port$3712$54 [20] ? \$264  : \$266 ;
+  assign \$268  = \port$3712$54 [19] ? \$261  : \$267 [47:0];
+  assign \$271  = \port$3712$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$274  = \port$3712$54 [21] ? \$273  : { x0, 1'h0 };
+  assign \$275  = \port$3712$54 [20] ? \$272  : \$274 ;
+  assign \$278  = \port$3712$54 [21] ? \$277  : { x0, 1'h0 };
+  assign \$281  = \port$3712$54 [21] ? \$280  : { x0, 1'h0 };
+  assign \$282  = \port$3712$54 [20] ? \$279  : \$281 ;
+  assign \$283  = \port$3712$54 [19] ? \$276  : \$282 [47:0];
+  assign \$284  = \port$3712$54 [18] ? \$269  : \$283 [39:0];
+  assign \$285  = \port$3712$54 [17] ? \$254  : \$284 [35:0];
+  assign \$286  = \port$3712$54 [16] ? \$223  : \$285 [33:0];
   assign \$287  = { x0, 1'h0 } & below;
   assign \$288  = | \$287 ;
   assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27182,69 +27282,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$296  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$297  = \$296  ? 33'h07fffffff : rounded0;
   assign \$298  = over2_0 ? { \$295 [31], \$295  } : \$297 ;
-  assign \$300  = \port$3704$54 [21] ? \$299  : { x1, 1'h0 };
-  assign \$303  = \port$3704$54 [21] ? \$302  : { x1, 1'h0 };
-  assign \$304  = \port$3704$54 [20] ? \$301  : \$303 ;
-  assign \$307  = \port$3704$54 [21] ? \$306  : { x1, 1'h0 };
-  assign \$310  = \port$3704$54 [21] ? \$309  : { x1, 1'h0 };
-  assign \$311  = \port$3704$54 [20] ? \$308  : \$310 ;
-  assign \$312  = \port$3704$54 [19] ? \$305  : \$311 [47:0];
-  assign \$315  = \port$3704$54 [21] ? \$314  : { x1, 1'h0 };
-  assign \$318  = \port$3704$54 [21] ? \$317  : { x1, 1'h0 };
-  assign \$319  = \port$3704$54 [20] ? \$316  : \$318 ;
-  assign \$322  = \port$3704$54 [21] ? \$321  : { x1, 1'h0 };
-  assign \$325  = \port$3704$54 [21] ? \$324  : { x1, 1'h0 };
-  assign \$326  = \port$3704$54 [20] ? \$323  : \$325 ;
-  assign \$327  = \port$3704$54 [19] ? \$320  : \$326 [47:0];
-  assign \$328  = \port$3704$54 [18] ? \$313  : \$327 [39:0];
-  assign \$331  = \port$3704$54 [21] ? \$330  : { x1, 1'h0 };
-  assign \$334  = \port$3704$54 [21] ? \$333  : { x1, 1'h0 };
-  assign \$335  = \port$3704$54 [20] ? \$332  : \$334 ;
-  assign \$338  = \port$3704$54 [21] ? \$337  : { x1, 1'h0 };
-  assign \$341  = \port$3704$54 [21] ? \$340  : { x1, 1'h0 };
-  assign \$342  = \port$3704$54 [20] ? \$339  : \$341 ;
-  assign \$343  = \port$3704$54 [19] ? \$336  : \$342 [47:0];
-  assign \$346  = \port$3704$54 [21] ? \$345  : { x1, 1'h0 };
-  assign \$349  = \port$3704$54 [21] ? \$348  : { x1, 1'h0 };
-  assign \$350  = \port$3704$54 [20] ? \$347  : \$349 ;
-  assign \$353  = \port$3704$54 [21] ? \$352  : { x1, 1'h0 };
-  assign \$356  = \port$3704$54 [21] ? \$355  : { x1, 1'h0 };
-  assign \$357  = \port$3704$54 [20] ? \$354  : \$356 ;
-  assign \$358  = \port$3704$54 [19] ? \$351  : \$357 [47:0];
-  assign \$359  = \port$3704$54 [18] ? \$344  : \$358 [39:0];
-  assign \$360  = \port$3704$54 [17] ? \$329  : \$359 [35:0];
-  assign \$363  = \port$3704$54 [21] ? \$362  : { x1, 1'h0 };
-  assign \$366  = \port$3704$54 [21] ? \$365  : { x1, 1'h0 };
-  assign \$367  = \port$3704$54 [20] ? \$364  : \$366 ;
-  assign \$370  = \port$3704$54 [21] ? \$369  : { x1, 1'h0 };
-  assign \$373  = \port$3704$54 [21] ? \$372  : { x1, 1'h0 };
-  assign \$374  = \port$3704$54 [20] ? \$371  : \$373 ;
-  assign \$375  = \port$3704$54 [19] ? \$368  : \$374 [47:0];
-  assign \$378  = \port$3704$54 [21] ? \$377  : { x1, 1'h0 };
-  assign \$381  = \port$3704$54 [21] ? \$380  : { x1, 1'h0 };
-  assign \$382  = \port$3704$54 [20] ? \$379  : \$381 ;
-  assign \$385  = \port$3704$54 [21] ? \$384  : { x1, 1'h0 };
-  assign \$388  = \port$3704$54 [21] ? \$387  : { x1, 1'h0 };
-  assign \$389  = \port$3704$54 [20] ? \$386  : \$388 ;
-  assign \$390  = \port$3704$54 [19] ? \$383  : \$389 [47:0];
-  assign \$391  = \port$3704$54 [18] ? \$376  : \$390 [39:0];
-  assign \$394  = \port$3704$54 [21] ? \$393  : { x1, 1'h0 };
-  assign \$397  = \port$3704$54 [21] ? \$396  : { x1, 1'h0 };
-  assign \$398  = \port$3704$54 [20] ? \$395  : \$397 ;
-  assign \$401  = \port$3704$54 [21] ? \$400  : { x1, 1'h0 };
-  assign \$404  = \port$3704$54 [21] ? \$403  : { x1, 1'h0 };
-  assign \$405  = \port$3704$54 [20] ? \$402  : \$404 ;
-  assign \$406  = \port$3704$54 [19] ? \$399  : \$405 [47:0];
-  assign \$409  = \port$3704$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$412  = \port$3704$54 [21] ? \$411  : { x1, 1'h0 };
-  assign \$413  = \port$3704$54 [20] ? \$410  : \$412 ;
-  assign \$416  = \port$3704$54 [21] ? \$415  : { x1, 1'h0 };
-  assign \$419  = \port$3704$54 [21] ? \$418  : { x1, 1'h0 };
-  assign \$420  = \port$3704$54 [20] ? \$417  : \$419 ;
-  assign \$421  = \port$3704$54 [19] ? \$414  : \$420 [47:0];
-  assign \$422  = \port$3704$54 [18] ? \$407  : \$421 [39:0];
-  assign \$423  = \port$3704$54 [17] ? \$392  : \$422 [35:0];
-  assign \$424  = \port$3704$54 [16] ? \$361  : \$423 [33:0];
+  assign \$300  = \port$3712$54 [21] ? \$299  : { x1, 1'h0 };
+  assign \$303  = \port$3712$54 [21] ? \$302  : { x1, 1'h0 };
+  assign \$304  = \port$3712$54 [20] ? \$301  : \$303 ;
+  assign \$307  = \port$3712$54 [21] ? \$306  : { x1, 1'h0 };
+  assign \$310  = \port$3712$54 [21] ? \$309  : { x1, 1'h0 };
+  assign \$311  = \port$3712$54 [20] ? \$308  : \$310 ;
+  assign \$312  = \port$3712$54 [19] ? \$305  : \$311 [47:0];
+  assign \$315  = \port$3712$54 [21] ? \$314  : { x1, 1'h0 };
+  assign \$318  = \port$3712$54 [21] ? \$317  : { x1, 1'h0 };
+  assign \$319  = \port$3712$54 [20] ? \$316  : \$318 ;
+  assign \$322  = \port$3712$54 [21] ? \$321  : { x1, 1'h0 };
+  assign \$325  = \port$3712$54 [21] ? \$324  : { x1, 1'h0 };
+  assign \$326  = \port$3712$54 [20] ? \$323  : \$325 ;
+  assign \$327  = \port$3712$54 [19] ? \$320  : \$326 [47:0];
+  assign \$328  = \port$3712$54 [18] ? \$313  : \$327 [39:0];
+  assign \$331  = \port$3712$54 [21] ? \$330  : { x1, 1'h0 };
+  assign \$334  = \port$3712$54 [21] ? \$333  : { x1, 1'h0 };
+  assign \$335  = \port$3712$54 [20] ? \$332  : \$334 ;
+  assign \$338  = \port$3712$54 [21] ? \$337  : { x1, 1'h0 };
+  assign \$341  = \port$3712$54 [21] ? \$340  : { x1, 1'h0 };
+  assign \$342  = \port$3712$54 [20] ? \$339  : \$341 ;
+  assign \$343  = \port$3712$54 [19] ? \$336  : \$342 [47:0];
+  assign \$346  = \port$3712$54 [21] ? \$345  : { x1, 1'h0 };
+  assign \$349  = \port$3712$54 [21] ? \$348  : { x1, 1'h0 };
+  assign \$350  = \port$3712$54 [20] ? \$347  : \$349 ;
+  assign \$353  = \port$3712$54 [21] ? \$352  : { x1, 1'h0 };
+  assign \$356  = \port$3712$54 [21] ? \$355  : { x1, 1'h0 };
+  assign \$357  = \port$3712$54 [20] ? \$354  : \$356 ;
+  assign \$358  = \port$3712$54 [19] ? \$351  : \$357 [47:0];
+  assign \$359  = \port$3712$54 [18] ? \$344  : \$358 [39:0];
+  assign \$360  = \port$3712$54 [17] ? \$329  : \$359 [35:0];
+  assign \$363  = \port$3712$54 [21] ? \$362  : { x1, 1'h0 };
+  assign \$366  = \port$3712$54 [21] ? \$365  : { x1, 1'h0 };
+  assign \$367  = \port$3712$54 [20] ? \$364  : \$366 ;
+  assign \$370  = \port$3712$54 [21] ? \$369  : { x1, 1'h0 };
+  assign \$373  = \port$3712$54 [21] ? \$372  : { x1, 1'h0 };
+  assign \$374  = \port$3712$54 [20] ? \$371  : \$373 ;
+  assign \$375  = \port$3712$54 [19] ? \$368  : \$374 [47:0];
+  assign \$378  = \port$3712$54 [21] ? \$377  : { x1, 1'h0 };
+  assign \$381  = \port$3712$54 [21] ? \$380  : { x1, 1'h0 };
+  assign \$382  = \port$3712$54 [20] ? \$379  : \$381 ;
+  assign \$385  = \port$3712$54 [21] ? \$384  : { x1, 1'h0 };
+  assign \$388  = \port$3712$54 [21] ? \$387  : { x1, 1'h0 };
+  assign \$389  = \port$3712$54 [20] ? \$386  : \$388 ;
+  assign \$390  = \port$3712$54 [19] ? \$383  : \$389 [47:0];
+  assign \$391  = \port$3712$54 [18] ? \$376  : \$390 [39:0];
+  assign \$394  = \port$3712$54 [21] ? \$393  : { x1, 1'h0 };
+  assign \$397  = \port$3712$54 [21] ? \$396  : { x1, 1'h0 };
+  assign \$398  = \port$3712$54 [20] ? \$395  : \$397 ;
+  assign \$401  = \port$3712$54 [21] ? \$400  : { x1, 1'h0 };
+  assign \$404  = \port$3712$54 [21] ? \$403  : { x1, 1'h0 };
+  assign \$405  = \port$3712$54 [20] ? \$402  : \$404 ;
+  assign \$406  = \port$3712$54 [19] ? \$399  : \$405 [47:0];
+  assign \$409  = \port$3712$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$412  = \port$3712$54 [21] ? \$411  : { x1, 1'h0 };
+  assign \$413  = \port$3712$54 [20] ? \$410  : \$412 ;
+  assign \$416  = \port$3712$54 [21] ? \$415  : { x1, 1'h0 };
+  assign \$419  = \port$3712$54 [21] ? \$418  : { x1, 1'h0 };
+  assign \$420  = \port$3712$54 [20] ? \$417  : \$419 ;
+  assign \$421  = \port$3712$54 [19] ? \$414  : \$420 [47:0];
+  assign \$422  = \port$3712$54 [18] ? \$407  : \$421 [39:0];
+  assign \$423  = \port$3712$54 [17] ? \$392  : \$422 [35:0];
+  assign \$424  = \port$3712$54 [16] ? \$361  : \$423 [33:0];
   assign \$425  = { x1, 1'h0 } & below;
   assign \$426  = | \$425 ;
   assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27257,69 +27357,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$434  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$435  = \$434  ? 33'h07fffffff : rounded1;
   assign \$436  = over2_1 ? { \$433 [31], \$433  } : \$435 ;
-  assign \$438  = \port$3704$54 [21] ? \$437  : { x2, 1'h0 };
-  assign \$441  = \port$3704$54 [21] ? \$440  : { x2, 1'h0 };
-  assign \$442  = \port$3704$54 [20] ? \$439  : \$441 ;
-  assign \$445  = \port$3704$54 [21] ? \$444  : { x2, 1'h0 };
-  assign \$448  = \port$3704$54 [21] ? \$447  : { x2, 1'h0 };
-  assign \$449  = \port$3704$54 [20] ? \$446  : \$448 ;
-  assign \$450  = \port$3704$54 [19] ? \$443  : \$449 [47:0];
-  assign \$453  = \port$3704$54 [21] ? \$452  : { x2, 1'h0 };
-  assign \$456  = \port$3704$54 [21] ? \$455  : { x2, 1'h0 };
-  assign \$457  = \port$3704$54 [20] ? \$454  : \$456 ;
-  assign \$460  = \port$3704$54 [21] ? \$459  : { x2, 1'h0 };
-  assign \$463  = \port$3704$54 [21] ? \$462  : { x2, 1'h0 };
-  assign \$464  = \port$3704$54 [20] ? \$461  : \$463 ;
-  assign \$465  = \port$3704$54 [19] ? \$458  : \$464 [47:0];
-  assign \$466  = \port$3704$54 [18] ? \$451  : \$465 [39:0];
-  assign \$469  = \port$3704$54 [21] ? \$468  : { x2, 1'h0 };
-  assign \$472  = \port$3704$54 [21] ? \$471  : { x2, 1'h0 };
-  assign \$473  = \port$3704$54 [20] ? \$470  : \$472 ;
-  assign \$476  = \port$3704$54 [21] ? \$475  : { x2, 1'h0 };
-  assign \$479  = \port$3704$54 [21] ? \$478  : { x2, 1'h0 };
-  assign \$480  = \port$3704$54 [20] ? \$477  : \$479 ;
-  assign \$481  = \port$3704$54 [19] ? \$474  : \$480 [47:0];
-  assign \$484  = \port$3704$54 [21] ? \$483  : { x2, 1'h0 };
-  assign \$487  = \port$3704$54 [21] ? \$486  : { x2, 1'h0 };
-  assign \$488  = \port$3704$54 [20] ? \$485  : \$487 ;
-  assign \$491  = \port$3704$54 [21] ? \$490  : { x2, 1'h0 };
-  assign \$494  = \port$3704$54 [21] ? \$493  : { x2, 1'h0 };
-  assign \$495  = \port$3704$54 [20] ? \$492  : \$494 ;
-  assign \$496  = \port$3704$54 [19] ? \$489  : \$495 [47:0];
-  assign \$497  = \port$3704$54 [18] ? \$482  : \$496 [39:0];
-  assign \$498  = \port$3704$54 [17] ? \$467  : \$497 [35:0];
-  assign \$501  = \port$3704$54 [21] ? \$500  : { x2, 1'h0 };
-  assign \$504  = \port$3704$54 [21] ? \$503  : { x2, 1'h0 };
-  assign \$505  = \port$3704$54 [20] ? \$502  : \$504 ;
-  assign \$508  = \port$3704$54 [21] ? \$507  : { x2, 1'h0 };
-  assign \$511  = \port$3704$54 [21] ? \$510  : { x2, 1'h0 };
-  assign \$512  = \port$3704$54 [20] ? \$509  : \$511 ;
-  assign \$513  = \port$3704$54 [19] ? \$506  : \$512 [47:0];
-  assign \$516  = \port$3704$54 [21] ? \$515  : { x2, 1'h0 };
-  assign \$519  = \port$3704$54 [21] ? \$518  : { x2, 1'h0 };
-  assign \$520  = \port$3704$54 [20] ? \$517  : \$519 ;
-  assign \$523  = \port$3704$54 [21] ? \$522  : { x2, 1'h0 };
-  assign \$526  = \port$3704$54 [21] ? \$525  : { x2, 1'h0 };
-  assign \$527  = \port$3704$54 [20] ? \$524  : \$526 ;
-  assign \$528  = \port$3704$54 [19] ? \$521  : \$527 [47:0];
-  assign \$529  = \port$3704$54 [18] ? \$514  : \$528 [39:0];
-  assign \$532  = \port$3704$54 [21] ? \$531  : { x2, 1'h0 };
-  assign \$535  = \port$3704$54 [21] ? \$534  : { x2, 1'h0 };
-  assign \$536  = \port$3704$54 [20] ? \$533  : \$535 ;
-  assign \$539  = \port$3704$54 [21] ? \$538  : { x2, 1'h0 };
-  assign \$542  = \port$3704$54 [21] ? \$541  : { x2, 1'h0 };
-  assign \$543  = \port$3704$54 [20] ? \$540  : \$542 ;
-  assign \$544  = \port$3704$54 [19] ? \$537  : \$543 [47:0];
-  assign \$547  = \port$3704$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$550  = \port$3704$54 [21] ? \$549  : { x2, 1'h0 };
-  assign \$551  = \port$3704$54 [20] ? \$548  : \$550 ;
-  assign \$554  = \port$3704$54 [21] ? \$553  : { x2, 1'h0 };
-  assign \$557  = \port$3704$54 [21] ? \$556  : { x2, 1'h0 };
-  assign \$558  = \port$3704$54 [20] ? \$555  : \$557 ;
-  assign \$559  = \port$3704$54 [19] ? \$552  : \$558 [47:0];
-  assign \$560  = \port$3704$54 [18] ? \$545  : \$559 [39:0];
-  assign \$561  = \port$3704$54 [17] ? \$530  : \$560 [35:0];
-  assign \$562  = \port$3704$54 [16] ? \$499  : \$561 [33:0];
+  assign \$438  = \port$3712$54 [21] ? \$437  : { x2, 1'h0 };
+  assign \$441  = \port$3712$54 [21] ? \$440  : { x2, 1'h0 };
+  assign \$442  = \port$3712$54 [20] ? \$439  : \$441 ;
+  assign \$445  = \port$3712$54 [21] ? \$444  : { x2, 1'h0 };
+  assign \$448  = \port$3712$54 [21] ? \$447  : { x2, 1'h0 };
+  assign \$449  = \port$3712$54 [20] ? \$446  : \$448 ;
+  assign \$450  = \port$3712$54 [19] ? \$443  : \$449 [47:0];
+  assign \$453  = \port$3712$54 [21] ? \$452  : { x2, 1'h0 };
+  assign \$456  = \port$3712$54 [21] ? \$455  : { x2, 1'h0 };
+  assign \$457  = \port$3712$54 [20] ? \$454  : \$456 ;
+  assign \$460  = \port$3712$54 [21] ? \$459  : { x2, 1'h0 };
+  assign \$463  = \port$3712$54 [21] ? \$462  : { x2, 1'h0 };
+  assign \$464  = \port$3712$54 [20] ? \$461  : \$463 ;
+  assign \$465  = \port$3712$54 [19] ? \$458  : \$464 [47:0];
+  assign \$466  = \port$3712$54 [18] ? \$451  : \$465 [39:0];
+  assign \$469  = \port$3712$54 [21] ? \$468  : { x2, 1'h0 };
+  assign \$472  = \port$3712$54 [21] ? \$471  : { x2, 1'h0 };
+  assign \$473  = \port$3712$54 [20] ? \$470  : \$472 ;
+  assign \$476  = \port$3712$54 [21] ? \$475  : { x2, 1'h0 };
+  assign \$479  = \port$3712$54 [21] ? \$478  : { x2, 1'h0 };
+  assign \$480  = \port$3712$54 [20] ? \$477  : \$479 ;
+  assign \$481  = \port$3712$54 [19] ? \$474  : \$480 [47:0];
+  assign \$484  = \port$3712$54 [21] ? \$483  : { x2, 1'h0 };
+  assign \$487  = \port$3712$54 [21] ? \$486  : { x2, 1'h0 };
+  assign \$488  = \port$3712$54 [20] ? \$485  : \$487 ;
+  assign \$491  = \port$3712$54 [21] ? \$490  : { x2, 1'h0 };
+  assign \$494  = \port$3712$54 [21] ? \$493  : { x2, 1'h0 };
+  assign \$495  = \port$3712$54 [20] ? \$492  : \$494 ;
+  assign \$496  = \port$3712$54 [19] ? \$489  : \$495 [47:0];
+  assign \$497  = \port$3712$54 [18] ? \$482  : \$496 [39:0];
+  assign \$498  = \port$3712$54 [17] ? \$467  : \$497 [35:0];
+  assign \$501  = \port$3712$54 [21] ? \$500  : { x2, 1'h0 };
+  assign \$504  = \port$3712$54 [21] ? \$503  : { x2, 1'h0 };
+  assign \$505  = \port$3712$54 [20] ? \$502  : \$504 ;
+  assign \$508  = \port$3712$54 [21] ? \$507  : { x2, 1'h0 };
+  assign \$511  = \port$3712$54 [21] ? \$510  : { x2, 1'h0 };
+  assign \$512  = \port$3712$54 [20] ? \$509  : \$511 ;
+  assign \$513  = \port$3712$54 [19] ? \$506  : \$512 [47:0];
+  assign \$516  = \port$3712$54 [21] ? \$515  : { x2, 1'h0 };
+  assign \$519  = \port$3712$54 [21] ? \$518  : { x2, 1'h0 };
+  assign \$520  = \port$3712$54 [20] ? \$517  : \$519 ;
+  assign \$523  = \port$3712$54 [21] ? \$522  : { x2, 1'h0 };
+  assign \$526  = \port$3712$54 [21] ? \$525  : { x2, 1'h0 };
+  assign \$527  = \port$3712$54 [20] ? \$524  : \$526 ;
+  assign \$528  = \port$3712$54 [19] ? \$521  : \$527 [47:0];
+  assign \$529  = \port$3712$54 [18] ? \$514  : \$528 [39:0];
+  assign \$532  = \port$3712$54 [21] ? \$531  : { x2, 1'h0 };
+  assign \$535  = \port$3712$54 [21] ? \$534  : { x2, 1'h0 };
+  assign \$536  = \port$3712$54 [20] ? \$533  : \$535 ;
+  assign \$539  = \port$3712$54 [21] ? \$538  : { x2, 1'h0 };
+  assign \$542  = \port$3712$54 [21] ? \$541  : { x2, 1'h0 };
+  assign \$543  = \port$3712$54 [20] ? \$540  : \$542 ;
+  assign \$544  = \port$3712$54 [19] ? \$537  : \$543 [47:0];
+  assign \$547  = \port$3712$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$550  = \port$3712$54 [21] ? \$549  : { x2, 1'h0 };
+  assign \$551  = \port$3712$54 [20] ? \$548  : \$550 ;
+  assign \$554  = \port$3712$54 [21] ? \$553  : { x2, 1'h0 };
+  assign \$557  = \port$3712$54 [21] ? \$556  : { x2, 1'h0 };
+  assign \$558  = \port$3712$54 [20] ? \$555  : \$557 ;
+  assign \$559  = \port$3712$54 [19] ? \$552  : \$558 [47:0];
+  assign \$560  = \port$3712$54 [18] ? \$545  : \$559 [39:0];
+  assign \$561  = \port$3712$54 [17] ? \$530  : \$560 [35:0];
+  assign \$562  = \port$3712$54 [16] ? \$499  : \$561 [33:0];
   assign \$563  = { x2, 1'h0 } & below;
   assign \$564  = | \$563 ;
   assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27332,69 +27432,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$572  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$573  = \$572  ? 33'h07fffffff : rounded2;
   assign \$574  = over2_2 ? { \$571 [31], \$571  } : \$573 ;
-  assign \$576  = \port$3704$54 [21] ? \$575  : { x3, 1'h0 };
-  assign \$579  = \port$3704$54 [21] ? \$578  : { x3, 1'h0 };
-  assign \$580  = \port$3704$54 [20] ? \$577  : \$579 ;
-  assign \$583  = \port$3704$54 [21] ? \$582  : { x3, 1'h0 };
-  assign \$586  = \port$3704$54 [21] ? \$585  : { x3, 1'h0 };
-  assign \$587  = \port$3704$54 [20] ? \$584  : \$586 ;
-  assign \$588  = \port$3704$54 [19] ? \$581  : \$587 [47:0];
-  assign \$591  = \port$3704$54 [21] ? \$590  : { x3, 1'h0 };
-  assign \$594  = \port$3704$54 [21] ? \$593  : { x3, 1'h0 };
-  assign \$595  = \port$3704$54 [20] ? \$592  : \$594 ;
-  assign \$598  = \port$3704$54 [21] ? \$597  : { x3, 1'h0 };
-  assign \$601  = \port$3704$54 [21] ? \$600  : { x3, 1'h0 };
-  assign \$602  = \port$3704$54 [20] ? \$599  : \$601 ;
-  assign \$603  = \port$3704$54 [19] ? \$596  : \$602 [47:0];
-  assign \$604  = \port$3704$54 [18] ? \$589  : \$603 [39:0];
-  assign \$607  = \port$3704$54 [21] ? \$606  : { x3, 1'h0 };
-  assign \$610  = \port$3704$54 [21] ? \$609  : { x3, 1'h0 };
-  assign \$611  = \port$3704$54 [20] ? \$608  : \$610 ;
-  assign \$614  = \port$3704$54 [21] ? \$613  : { x3, 1'h0 };
-  assign \$617  = \port$3704$54 [21] ? \$616  : { x3, 1'h0 };
-  assign \$618  = \port$3704$54 [20] ? \$615  : \$617 ;
-  assign \$619  = \port$3704$54 [19] ? \$612  : \$618 [47:0];
-  assign \$622  = \port$3704$54 [21] ? \$621  : { x3, 1'h0 };
-  assign \$625  = \port$3704$54 [21] ? \$624  : { x3, 1'h0 };
-  assign \$626  = \port$3704$54 [20] ? \$623  : \$625 ;
-  assign \$629  = \port$3704$54 [21] ? \$628  : { x3, 1'h0 };
-  assign \$632  = \port$3704$54 [21] ? \$631  : { x3, 1'h0 };
-  assign \$633  = \port$3704$54 [20] ? \$630  : \$632 ;
-  assign \$634  = \port$3704$54 [19] ? \$627  : \$633 [47:0];
-  assign \$635  = \port$3704$54 [18] ? \$620  : \$634 [39:0];
-  assign \$636  = \port$3704$54 [17] ? \$605  : \$635 [35:0];
-  assign \$639  = \port$3704$54 [21] ? \$638  : { x3, 1'h0 };
-  assign \$642  = \port$3704$54 [21] ? \$641  : { x3, 1'h0 };
-  assign \$643  = \port$3704$54 [20] ? \$640  : \$642 ;
-  assign \$646  = \port$3704$54 [21] ? \$645  : { x3, 1'h0 };
-  assign \$649  = \port$3704$54 [21] ? \$648  : { x3, 1'h0 };
-  assign \$650  = \port$3704$54 [20] ? \$647  : \$649 ;
-  assign \$651  = \port$3704$54 [19] ? \$644  : \$650 [47:0];
-  assign \$654  = \port$3704$54 [21] ? \$653  : { x3, 1'h0 };
-  assign \$657  = \port$3704$54 [21] ? \$656  : { x3, 1'h0 };
-  assign \$658  = \port$3704$54 [20] ? \$655  : \$657 ;
-  assign \$661  = \port$3704$54 [21] ? \$660  : { x3, 1'h0 };
-  assign \$664  = \port$3704$54 [21] ? \$663  : { x3, 1'h0 };
-  assign \$665  = \port$3704$54 [20] ? \$662  : \$664 ;
-  assign \$666  = \port$3704$54 [19] ? \$659  : \$665 [47:0];
-  assign \$667  = \port$3704$54 [18] ? \$652  : \$666 [39:0];
-  assign \$670  = \port$3704$54 [21] ? \$669  : { x3, 1'h0 };
-  assign \$673  = \port$3704$54 [21] ? \$672  : { x3, 1'h0 };
-  assign \$674  = \port$3704$54 [20] ? \$671  : \$673 ;
-  assign \$677  = \port$3704$54 [21] ? \$676  : { x3, 1'h0 };
-  assign \$680  = \port$3704$54 [21] ? \$679  : { x3, 1'h0 };
-  assign \$681  = \port$3704$54 [20] ? \$678  : \$680 ;
-  assign \$682  = \port$3704$54 [19] ? \$675  : \$681 [47:0];
-  assign \$685  = \port$3704$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$688  = \port$3704$54 [21] ? \$687  : { x3, 1'h0 };
-  assign \$689  = \port$3704$54 [20] ? \$686  : \$688 ;
-  assign \$692  = \port$3704$54 [21] ? \$691  : { x3, 1'h0 };
-  assign \$695  = \port$3704$54 [21] ? \$694  : { x3, 1'h0 };
-  assign \$696  = \port$3704$54 [20] ? \$693  : \$695 ;
-  assign \$697  = \port$3704$54 [19] ? \$690  : \$696 [47:0];
-  assign \$698  = \port$3704$54 [18] ? \$683  : \$697 [39:0];
-  assign \$699  = \port$3704$54 [17] ? \$668  : \$698 [35:0];
-  assign \$700  = \port$3704$54 [16] ? \$637  : \$699 [33:0];
+  assign \$576  = \port$3712$54 [21] ? \$575  : { x3, 1'h0 };
+  assign \$579  = \port$3712$54 [21] ? \$578  : { x3, 1'h0 };
+  assign \$580  = \port$3712$54 [20] ? \$577  : \$579 ;
+  assign \$583  = \port$3712$54 [21] ? \$582  : { x3, 1'h0 };
+  assign \$586  = \port$3712$54 [21] ? \$585  : { x3, 1'h0 };
+  assign \$587  = \port$3712$54 [20] ? \$584  : \$586 ;
+  assign \$588  = \port$3712$54 [19] ? \$581  : \$587 [47:0];
+  assign \$591  = \port$3712$54 [21] ? \$590  : { x3, 1'h0 };
+  assign \$594  = \port$3712$54 [21] ? \$593  : { x3, 1'h0 };
+  assign \$595  = \port$3712$54 [20] ? \$592  : \$594 ;
+  assign \$598  = \port$3712$54 [21] ? \$597  : { x3, 1'h0 };
+  assign \$601  = \port$3712$54 [21] ? \$600  : { x3, 1'h0 };
+  assign \$602  = \port$3712$54 [20] ? \$599  : \$601 ;
+  assign \$603  = \port$3712$54 [19] ? \$596  : \$602 [47:0];
+  assign \$604  = \port$3712$54 [18] ? \$589  : \$603 [39:0];
+  assign \$607  = \port$3712$54 [21] ? \$606  : { x3, 1'h0 };
+  assign \$610  = \port$3712$54 [21] ? \$609  : { x3, 1'h0 };
+  assign \$611  = \port$3712$54 [20] ? \$608  : \$610 ;
+  assign \$614  = \port$3712$54 [21] ? \$613  : { x3, 1'h0 };
+  assign \$617  = \port$3712$54 [21] ? \$616  : { x3, 1'h0 };
+  assign \$618  = \port$3712$54 [20] ? \$615  : \$617 ;
+  assign \$619  = \port$3712$54 [19] ? \$612  : \$618 [47:0];
+  assign \$622  = \port$3712$54 [21] ? \$621  : { x3, 1'h0 };
+  assign \$625  = \port$3712$54 [21] ? \$624  : { x3, 1'h0 };
+  assign \$626  = \port$3712$54 [20] ? \$623  : \$625 ;
+  assign \$629  = \port$3712$54 [21] ? \$628  : { x3, 1'h0 };
+  assign \$632  = \port$3712$54 [21] ? \$631  : { x3, 1'h0 };
+  assign \$633  = \port$3712$54 [20] ? \$630  : \$632 ;
+  assign \$634  = \port$3712$54 [19] ? \$627  : \$633 [47:0];
+  assign \$635  = \port$3712$54 [18] ? \$620  : \$634 [39:0];
+  assign \$636  = \port$3712$54 [17] ? \$605  : \$635 [35:0];
+  assign \$639  = \port$3712$54 [21] ? \$638  : { x3, 1'h0 };
+  assign \$642  = \port$3712$54 [21] ? \$641  : { x3, 1'h0 };
+  assign \$643  = \port$3712$54 [20] ? \$640  : \$642 ;
+  assign \$646  = \port$3712$54 [21] ? \$645  : { x3, 1'h0 };
+  assign \$649  = \port$3712$54 [21] ? \$648  : { x3, 1'h0 };
+  assign \$650  = \port$3712$54 [20] ? \$647  : \$649 ;
+  assign \$651  = \port$3712$54 [19] ? \$644  : \$650 [47:0];
+  assign \$654  = \port$3712$54 [21] ? \$653  : { x3, 1'h0 };
+  assign \$657  = \port$3712$54 [21] ? \$656  : { x3, 1'h0 };
+  assign \$658  = \port$3712$54 [20] ? \$655  : \$657 ;
+  assign \$661  = \port$3712$54 [21] ? \$660  : { x3, 1'h0 };
+  assign \$664  = \port$3712$54 [21] ? \$663  : { x3, 1'h0 };
+  assign \$665  = \port$3712$54 [20] ? \$662  : \$664 ;
+  assign \$666  = \port$3712$54 [19] ? \$659  : \$665 [47:0];
+  assign \$667  = \port$3712$54 [18] ? \$652  : \$666 [39:0];
+  assign \$670  = \port$3712$54 [21] ? \$669  : { x3, 1'h0 };
+  assign \$673  = \port$3712$54 [21] ? \$672  : { x3, 1'h0 };
+  assign \$674  = \port$3712$54 [20] ? \$671  : \$673 ;
+  assign \$677  = \port$3712$54 [21] ? \$676  : { x3, 1'h0 };
+  assign \$680  = \port$3712$54 [21] ? \$679  : { x3, 1'h0 };
+  assign \$681  = \port$3712$54 [20] ? \$678  : \$680 ;
+  assign \$682  = \port$3712$54 [19] ? \$675  : \$681 [47:0];
+  assign \$685  = \port$3712$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$688  = \port$3712$54 [21] ? \$687  : { x3, 1'h0 };
+  assign \$689  = \port$3712$54 [20] ? \$686  : \$688 ;
+  assign \$692  = \port$3712$54 [21] ? \$691  : { x3, 1'h0 };
+  assign \$695  = \port$3712$54 [21] ? \$694  : { x3, 1'h0 };
+  assign \$696  = \port$3712$54 [20] ? \$693  : \$695 ;
+  assign \$697  = \port$3712$54 [19] ? \$690  : \$696 [47:0];
+  assign \$698  = \port$3712$54 [18] ? \$683  : \$697 [39:0];
+  assign \$699  = \port$3712$54 [17] ? \$668  : \$698 [35:0];
+  assign \$700  = \port$3712$54 [16] ? \$637  : \$699 [33:0];
   assign \$701  = { x3, 1'h0 } & below;
   assign \$702  = | \$701 ;
   assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -27495,194 +27595,194 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$7  = $signed(\$5 ) + $signed(\$6 );
   assign \$10  = $signed(\$8 ) + $signed(\$9 );
   assign \$13  = $signed(\$11 ) + $signed(\$12 );
-  assign \$14  = \port$3704$54 [21:16] > 1'h0;
-  assign \$15  = \port$3704$54 [21:16] > 1'h1;
-  assign \$16  = \port$3704$54 [21:16] > 2'h2;
-  assign \$17  = \port$3704$54 [21:16] > 2'h3;
-  assign \$18  = \port$3704$54 [21:16] > 3'h4;
-  assign \$19  = \port$3704$54 [21:16] > 3'h5;
-  assign \$20  = \port$3704$54 [21:16] > 3'h6;
-  assign \$21  = \port$3704$54 [21:16] > 3'h7;
-  assign \$22  = \port$3704$54 [21:16] > 4'h8;
-  assign \$23  = \port$3704$54 [21:16] > 4'h9;
-  assign \$24  = \port$3704$54 [21:16] > 4'ha;
-  assign \$25  = \port$3704$54 [21:16] > 4'hb;
-  assign \$26  = \port$3704$54 [21:16] > 4'hc;
-  assign \$27  = \port$3704$54 [21:16] > 4'hd;
-  assign \$28  = \port$3704$54 [21:16] > 4'he;
-  assign \$29  = \port$3704$54 [21:16] > 4'hf;
-  assign \$30  = \port$3704$54 [21:16] > 5'h10;
-  assign \$31  = \port$3704$54 [21:16] > 5'h11;
-  assign \$32  = \port$3704$54 [21:16] > 5'h12;
-  assign \$33  = \port$3704$54 [21:16] > 5'h13;
-  assign \$34  = \port$3704$54 [21:16] > 5'h14;
-  assign \$35  = \port$3704$54 [21:16] > 5'h15;
-  assign \$36  = \port$3704$54 [21:16] > 5'h16;
-  assign \$37  = \port$3704$54 [21:16] > 5'h17;
-  assign \$38  = \port$3704$54 [21:16] > 5'h18;
-  assign \$39  = \port$3704$54 [21:16] > 5'h19;
-  assign \$40  = \port$3704$54 [21:16] > 5'h1a;
-  assign \$41  = \port$3704$54 [21:16] > 5'h1b;
-  assign \$42  = \port$3704$54 [21:16] > 5'h1c;
-  assign \$43  = \port$3704$54 [21:16] > 5'h1d;
-  assign \$44  = \port$3704$54 [21:16] > 5'h1e;
-  assign \$45  = \port$3704$54 [21:16] > 5'h1f;
-  assign \$46  = \port$3704$54 [21:16] > 6'h20;
-  assign \$47  = \port$3704$54 [21:16] > 6'h21;
-  assign \$48  = \port$3704$54 [21:16] > 6'h22;
-  assign \$49  = \port$3704$54 [21:16] > 6'h23;
-  assign \$50  = \port$3704$54 [21:16] > 6'h24;
-  assign \$51  = \port$3704$54 [21:16] > 6'h25;
-  assign \$52  = \port$3704$54 [21:16] > 6'h26;
-  assign \$53  = \port$3704$54 [21:16] > 6'h27;
-  assign \$54  = \port$3704$54 [21:16] > 6'h28;
-  assign \$55  = \port$3704$54 [21:16] > 6'h29;
-  assign \$56  = \port$3704$54 [21:16] > 6'h2a;
-  assign \$57  = \port$3704$54 [21:16] > 6'h2b;
-  assign \$58  = \port$3704$54 [21:16] > 6'h2c;
-  assign \$59  = \port$3704$54 [21:16] > 6'h2d;
-  assign \$60  = \port$3704$54 [21:16] > 6'h2e;
-  assign \$61  = \port$3704$54 [21:16] > 6'h2f;
-  assign \$62  = \port$3704$54 [21:16] > 6'h30;
-  assign \$63  = \port$3704$54 [21:16] + 6'h20;
+  assign \$14  = \port$3712$54 [21:16] > 1'h0;
+  assign \$15  = \port$3712$54 [21:16] > 1'h1;
+  assign \$16  = \port$3712$54 [21:16] > 2'h2;
+  assign \$17  = \port$3712$54 [21:16] > 2'h3;
+  assign \$18  = \port$3712$54 [21:16] > 3'h4;
+  assign \$19  = \port$3712$54 [21:16] > 3'h5;
+  assign \$20  = \port$3712$54 [21:16] > 3'h6;
+  assign \$21  = \port$3712$54 [21:16] > 3'h7;
+  assign \$22  = \port$3712$54 [21:16] > 4'h8;
+  assign \$23  = \port$3712$54 [21:16] > 4'h9;
+  assign \$24  = \port$3712$54 [21:16] > 4'ha;
+  assign \$25  = \port$3712$54 [21:16] > 4'hb;
+  assign \$26  = \port$3712$54 [21:16] > 4'hc;
+  assign \$27  = \port$3712$54 [21:16] > 4'hd;
+  assign \$28  = \port$3712$54 [21:16] > 4'he;
+  assign \$29  = \port$3712$54 [21:16] > 4'hf;
+  assign \$30  = \port$3712$54 [21:16] > 5'h10;
+  assign \$31  = \port$3712$54 [21:16] > 5'h11;
+  assign \$32  = \port$3712$54 [21:16] > 5'h12;
+  assign \$33  = \port$3712$54 [21:16] > 5'h13;
+  assign \$34  = \port$3712$54 [21:16] > 5'h14;
+  assign \$35  = \port$3712$54 [21:16] > 5'h15;
+  assign \$36  = \port$3712$54 [21:16] > 5'h16;
+  assign \$37  = \port$3712$54 [21:16] > 5'h17;
+  assign \$38  = \port$3712$54 [21:16] > 5'h18;
+  assign \$39  = \port$3712$54 [21:16] > 5'h19;
+  assign \$40  = \port$3712$54 [21:16] > 5'h1a;
+  assign \$41  = \port$3712$54 [21:16] > 5'h1b;
+  assign \$42  = \port$3712$54 [21:16] > 5'h1c;
+  assign \$43  = \port$3712$54 [21:16] > 5'h1d;
+  assign \$44  = \port$3712$54 [21:16] > 5'h1e;
+  assign \$45  = \port$3712$54 [21:16] > 5'h1f;
+  assign \$46  = \port$3712$54 [21:16] > 6'h20;
+  assign \$47  = \port$3712$54 [21:16] > 6'h21;
+  assign \$48  = \port$3712$54 [21:16] > 6'h22;
+  assign \$49  = \port$3712$54 [21:16] > 6'h23;
+  assign \$50  = \port$3712$54 [21:16] > 6'h24;
+  assign \$51  = \port$3712$54 [21:16] > 6'h25;
+  assign \$52  = \port$3712$54 [21:16] > 6'h26;
+  assign \$53  = \port$3712$54 [21:16] > 6'h27;
+  assign \$54  = \port$3712$54 [21:16] > 6'h28;
+  assign \$55  = \port$3712$54 [21:16] > 6'h29;
+  assign \$56  = \port$3712$54 [21:16] > 6'h2a;
+  assign \$57  = \port$3712$54 [21:16] > 6'h2b;
+  assign \$58  = \port$3712$54 [21:16] > 6'h2c;
+  assign \$59  = \port$3712$54 [21:16] > 6'h2d;
+  assign \$60  = \port$3712$54 [21:16] > 6'h2e;
+  assign \$61  = \port$3712$54 [21:16] > 6'h2f;
+  assign \$62  = \port$3712$54 [21:16] > 6'h30;
+  assign \$63  = \port$3712$54 [21:16] + 6'h20;
   assign \$64  = \$63  <= 1'h0;
-  assign \$65  = \port$3704$54 [21:16] + 6'h20;
+  assign \$65  = \port$3712$54 [21:16] + 6'h20;
   assign \$66  = \$65  <= 1'h1;
-  assign \$67  = \port$3704$54 [21:16] + 6'h20;
+  assign \$67  = \port$3712$54 [21:16] + 6'h20;
   assign \$68  = \$67  <= 2'h2;
-  assign \$69  = \port$3704$54 [21:16] + 6'h20;
+  assign \$69  = \port$3712$54 [21:16] + 6'h20;
   assign \$70  = \$69  <= 2'h3;
-  assign \$71  = \port$3704$54 [21:16] + 6'h20;
+  assign \$71  = \port$3712$54 [21:16] + 6'h20;
   assign \$72  = \$71  <= 3'h4;
-  assign \$73  = \port$3704$54 [21:16] + 6'h20;
+  assign \$73  = \port$3712$54 [21:16] + 6'h20;
   assign \$74  = \$73  <= 3'h5;
-  assign \$75  = \port$3704$54 [21:16] + 6'h20;
+  assign \$75  = \port$3712$54 [21:16] + 6'h20;
   assign \$76  = \$75  <= 3'h6;
-  assign \$77  = \port$3704$54 [21:16] + 6'h20;
+  assign \$77  = \port$3712$54 [21:16] + 6'h20;
   assign \$78  = \$77  <= 3'h7;
-  assign \$79  = \port$3704$54 [21:16] + 6'h20;
+  assign \$79  = \port$3712$54 [21:16] + 6'h20;
   assign \$80  = \$79  <= 4'h8;
-  assign \$81  = \port$3704$54 [21:16] + 6'h20;
+  assign \$81  = \port$3712$54 [21:16] + 6'h20;
   assign \$82  = \$81  <= 4'h9;
-  assign \$83  = \port$3704$54 [21:16] + 6'h20;
+  assign \$83  = \port$3712$54 [21:16] + 6'h20;
   assign \$84  = \$83  <= 4'ha;
-  assign \$85  = \port$3704$54 [21:16] + 6'h20;
+  assign \$85  = \port$3712$54 [21:16] + 6'h20;
   assign \$86  = \$85  <= 4'hb;
-  assign \$87  = \port$3704$54 [21:16] + 6'h20;
+  assign \$87  = \port$3712$54 [21:16] + 6'h20;
   assign \$88  = \$87  <= 4'hc;
-  assign \$89  = \port$3704$54 [21:16] + 6'h20;
+  assign \$89  = \port$3712$54 [21:16] + 6'h20;
   assign \$90  = \$89  <= 4'hd;
-  assign \$91  = \port$3704$54 [21:16] + 6'h20;
+  assign \$91  = \port$3712$54 [21:16] + 6'h20;
   assign \$92  = \$91  <= 4'he;
-  assign \$93  = \port$3704$54 [21:16] + 6'h20;
+  assign \$93  = \port$3712$54 [21:16] + 6'h20;
   assign \$94  = \$93  <= 4'hf;
-  assign \$95  = \port$3704$54 [21:16] + 6'h20;
+  assign \$95  = \port$3712$54 [21:16] + 6'h20;
   assign \$96  = \$95  <= 5'h10;
-  assign \$97  = \port$3704$54 [21:16] + 6'h20;
+  assign \$97  = \port$3712$54 [21:16] + 6'h20;
   assign \$98  = \$97  <= 5'h11;
-  assign \$99  = \port$3704$54 [21:16] + 6'h20;
+  assign \$99  = \port$3712$54 [21:16] + 6'h20;
   assign \$100  = \$99  <= 5'h12;
-  assign \$101  = \port$3704$54 [21:16] + 6'h20;
+  assign \$101  = \port$3712$54 [21:16] + 6'h20;
   assign \$102  = \$101  <= 5'h13;
-  assign \$103  = \port$3704$54 [21:16] + 6'h20;
+  assign \$103  = \port$3712$54 [21:16] + 6'h20;
   assign \$104  = \$103  <= 5'h14;
-  assign \$105  = \port$3704$54 [21:16] + 6'h20;
+  assign \$105  = \port$3712$54 [21:16] + 6'h20;
   assign \$106  = \$105  <= 5'h15;
-  assign \$107  = \port$3704$54 [21:16] + 6'h20;
+  assign \$107  = \port$3712$54 [21:16] + 6'h20;
   assign \$108  = \$107  <= 5'h16;
-  assign \$109  = \port$3704$54 [21:16] + 6'h20;
+  assign \$109  = \port$3712$54 [21:16] + 6'h20;
   assign \$110  = \$109  <= 5'h17;
-  assign \$111  = \port$3704$54 [21:16] + 6'h20;
+  assign \$111  = \port$3712$54 [21:16] + 6'h20;
   assign \$112  = \$111  <= 5'h18;
-  assign \$113  = \port$3704$54 [21:16] + 6'h20;
+  assign \$113  = \port$3712$54 [21:16] + 6'h20;
   assign \$114  = \$113  <= 5'h19;
-  assign \$115  = \port$3704$54 [21:16] + 6'h20;
+  assign \$115  = \port$3712$54 [21:16] + 6'h20;
   assign \$116  = \$115  <= 5'h1a;
-  assign \$117  = \port$3704$54 [21:16] + 6'h20;
+  assign \$117  = \port$3712$54 [21:16] + 6'h20;
   assign \$118  = \$117  <= 5'h1b;
-  assign \$119  = \port$3704$54 [21:16] + 6'h20;
+  assign \$119  = \port$3712$54 [21:16] + 6'h20;
   assign \$120  = \$119  <= 5'h1c;
-  assign \$121  = \port$3704$54 [21:16] + 6'h20;
+  assign \$121  = \port$3712$54 [21:16] + 6'h20;
   assign \$122  = \$121  <= 5'h1d;
-  assign \$123  = \port$3704$54 [21:16] + 6'h20;
+  assign \$123  = \port$3712$54 [21:16] + 6'h20;
   assign \$124  = \$123  <= 5'h1e;
-  assign \$125  = \port$3704$54 [21:16] + 6'h20;
+  assign \$125  = \port$3712$54 [21:16] + 6'h20;
   assign \$126  = \$125  <= 5'h1f;
-  assign \$127  = \port$3704$54 [21:16] + 6'h20;
+  assign \$127  = \port$3712$54 [21:16] + 6'h20;
   assign \$128  = \$127  <= 6'h20;
-  assign \$129  = \port$3704$54 [21:16] + 6'h20;
+  assign \$129  = \port$3712$54 [21:16] + 6'h20;
   assign \$130  = \$129  <= 6'h21;
-  assign \$131  = \port$3704$54 [21:16] + 6'h20;
+  assign \$131  = \port$3712$54 [21:16] + 6'h20;
   assign \$132  = \$131  <= 6'h22;
-  assign \$133  = \port$3704$54 [21:16] + 6'h20;
+  assign \$133  = \port$3712$54 [21:16] + 6'h20;
   assign \$134  = \$133  <= 6'h23;
-  assign \$135  = \port$3704$54 [21:16] + 6'h20;
+  assign \$135  = \port$3712$54 [21:16] + 6'h20;
   assign \$136  = \$135  <= 6'h24;
-  assign \$137  = \port$3704$54 [21:16] + 6'h20;
+  assign \$137  = \port$3712$54 [21:16] + 6'h20;
   assign \$138  = \$137  <= 6'h25;
-  assign \$139  = \port$3704$54 [21:16] + 6'h20;
+  assign \$139  = \port$3712$54 [21:16] + 6'h20;
   assign \$140  = \$139  <= 6'h26;
-  assign \$141  = \port$3704$54 [21:16] + 6'h20;
+  assign \$141  = \port$3712$54 [21:16] + 6'h20;
   assign \$142  = \$141  <= 6'h27;
-  assign \$143  = \port$3704$54 [21:16] + 6'h20;
+  assign \$143  = \port$3712$54 [21:16] + 6'h20;
   assign \$144  = \$143  <= 6'h28;
-  assign \$145  = \port$3704$54 [21:16] + 6'h20;
+  assign \$145  = \port$3712$54 [21:16] + 6'h20;
   assign \$146  = \$145  <= 6'h29;
-  assign \$147  = \port$3704$54 [21:16] + 6'h20;
+  assign \$147  = \port$3712$54 [21:16] + 6'h20;
   assign \$148  = \$147  <= 6'h2a;
-  assign \$149  = \port$3704$54 [21:16] + 6'h20;
+  assign \$149  = \port$3712$54 [21:16] + 6'h20;
   assign \$150  = \$149  <= 6'h2b;
-  assign \$151  = \port$3704$54 [21:16] + 6'h20;
+  assign \$151  = \port$3712$54 [21:16] + 6'h20;
   assign \$152  = \$151  <= 6'h2c;
-  assign \$153  = \port$3704$54 [21:16] + 6'h20;
+  assign \$153  = \port$3712$54 [21:16] + 6'h20;
   assign \$154  = \$153  <= 6'h2d;
-  assign \$155  = \port$3704$54 [21:16] + 6'h20;
+  assign \$155  = \port$3712$54 [21:16] + 6'h20;
   assign \$156  = \$155  <= 6'h2e;
-  assign \$157  = \port$3704$54 [21:16] + 6'h20;
+  assign \$157  = \port$3712$54 [21:16] + 6'h20;
   assign \$158  = \$157  <= 6'h2f;
-  assign \$159  = \port$3704$54 [21:16] + 6'h20;
+  assign \$159  = \port$3712$54 [21:16] + 6'h20;
   assign \$160  = \$159  <= 6'h30;
-  assign \$162  = \port$3704$54 [21] ? \$161  : { x0, 1'h0 };
-  assign \$165  = \port$3704$54 [21] ? \$164  : { x0, 1'h0 };
-  assign \$166  = \port$3704$54 [20] ? \$163  : \$165 ;
-  assign \$169  = \port$3704$54 [21] ? \$168  : { x0, 1'h0 };
-  assign \$172  = \port$3704$54 [21] ? \$171  : { x0, 1'h0 };
-  assign \$173  = \port$3704$54 [20] ? \$170  : \$172 ;
-  assign \$174  = \port$3704$54 [19] ? \$167  : \$173 [47:0];
-  assign \$177  = \port$3704$54 [21] ? \$176  : { x0, 1'h0 };
-  assign \$180  = \port$3704$54 [21] ? \$179  : { x0, 1'h0 };
-  assign \$181  = \port$3704$54 [20] ? \$178  : \$180 ;
-  assign \$184  = \port$3704$54 [21] ? \$183  : { x0, 1'h0 };
-  assign \$187  = \port$3704$54 [21] ? \$186  : { x0, 1'h0 };
-  assign \$188  = \port$3704$54 [20] ? \$185  : \$187 ;
-  assign \$189  = \port$3704$54 [19] ? \$182  : \$188 [47:0];
-  assign \$190  = \port$3704$54 [18] ? \$175  : \$189 [39:0];
-  assign \$193  = \port$3704$54 [21] ? \$192  : { x0, 1'h0 };
-  assign \$196  = \port$3704$54 [21] ? \$195  : { x0, 1'h0 };
-  assign \$197  = \port$3704$54 [20] ? \$194  : \$196 ;
-  assign \$200  = \port$3704$54 [21] ? \$199  : { x0, 1'h0 };
-  assign \$203  = \port$3704$54 [21] ? \$202  : { x0, 1'h0 };
-  assign \$204  = \port$3704$54 [20] ? \$201  : \$203 ;
-  assign \$205  = \port$3704$54 [19] ? \$198  : \$204 [47:0];
-  assign \$208  = \port$3704$54 [21] ? \$207  : { x0, 1'h0 };
-  assign \$211  = \port$3704$54 [21] ? \$210  : { x0, 1'h0 };
-  assign \$212  = \port$3704$54 [20] ? \$209  : \$211 ;
-  assign \$215  = \port$3704$54 [21] ? \$214  : { x0, 1'h0 };
-  assign \$218  = \port$3704$54 [21] ? \$217  : { x0, 1'h0 };
-  assign \$219  = \port$3704$54 [20] ? \$216  : \$218 ;
-  assign \$220  = \port$3704$54 [19] ? \$213  : \$219 [47:0];
-  assign \$221  = \port$3704$54 [18] ? \$206  : \$220 [39:0];
-  assign \$222  = \port$3704$54 [17] ? \$191  : \$221 [35:0];
-  assign \$225  = \port$3704$54 [21] ? \$224  : { x0, 1'h0 };
-  assign \$228  = \port$3704$54 [21] ? \$227  : { x0, 1'h0 };
-  assign \$229  = \port$3704$54 [20] ? \$226  : \$228 ;
-  assign \$232  = \port$3704$54 [21] ? \$231  : { x0, 1'h0 };
-  assign \$235  = \port$3704$54 [21] ? \$234  : { x0, 1'h0 };
-  assign \$236  = \port$3704$54 [20] ? \$233  : \$235 ;
-  assign \$237  = \port$3704$54 [19] ? \$230  : \$236 [47:0];
-  assign \$240  = \port$3704$54 [21] ? \$239  : { x0, 1'h0 };
-  assign \$243  = \port$3704$54 [21] ? \$242  : { x0, 1'h0 };
-  assign \$244  = \port$3704$54 [20] ? \$241  : \$243 ;
+  assign \$162  = \port$3712$54 [21] ? \$161  : { x0, 1'h0 };
+  assign \$165  = \port$3712$54 [21] ? \$164  : { x0, 1'h0 };
+  assign \$166  = \port$3712$54 [20] ? \$163  : \$165 ;
+  assign \$169  = \port$3712$54 [21] ? \$168  : { x0, 1'h0 };
+  assign \$172  = \port$3712$54 [21] ? \$171  : { x0, 1'h0 };
+  assign \$173  = \port$3712$54 [20] ? \$170  : \$172 ;
+  assign \$174  = \port$3712$54 [19] ? \$167  : \$173 [47:0];
+  assign \$177  = \port$3712$54 [21] ? \$176  : { x0, 1'h0 };
+  assign \$180  = \port$3712$54 [21] ? \$179  : { x0, 1'h0 };
+  assign \$181  = \port$3712$54 [20] ? \$178  : \$180 ;
+  assign \$184  = \port$3712$54 [21] ? \$183  : { x0, 1'h0 };
+  assign \$187  = \port$3712$54 [21] ? \$186  : { x0, 1'h0 };
+  assign \$188  = \port$3712$54 [20] ? \$185  : \$187 ;
+  assign \$189  = \port$3712$54 [19] ? \$182  : \$188 [47:0];
+  assign \$190  = \port$3712$54 [18] ? \$175  : \$189 [39:0];
+  assign \$193  = \port$3712$54 [21] ? \$192  : { x0, 1'h0 };
+  assign \$196  = \port$3712$54 [21] ? \$195  : { x0, 1'h0 };
+  assign \$197  = \port$3712$54 [20] ? \$194  : \$196 ;
+  assign \$200  = \port$3712$54 [21] ? \$199  : { x0, 1'h0 };
+  assign \$203  = \port$3712$54 [21] ? \$202  : { x0, 1'h0 };
+  assign \$204  = \port$3712$54 [20] ? \$201  : \$203 ;
+  assign \$205  = \port$3712$54 [19] ? \$198  : \$204 [47:0];
+  assign \$208  = \port$3712$54 [21] ? \$207  : { x0, 1'h0 };
+  assign \$211  = \port$3712$54 [21] ? \$210  : { x0, 1'h0 };
+  assign \$212  = \port$3712$54 [20] ? \$209  : \$211 ;
+  assign \$215  = \port$3712$54 [21] ? \$214  : { x0, 1'h0 };
+  assign \$218  = \port$3712$54 [21] ? \$217  : { x0, 1'h0 };
+  assign \$219  = \port$3712$54 [20] ? \$216  : \$218 ;
+  assign \$220  = \port$3712$54 [19] ? \$213  : \$219 [47:0];
+  assign \$221  = \port$3712$54 [18] ? \$206  : \$220 [39:0];
+  assign \$222  = \port$3712$54 [17] ? \$191  : \$221 [35:0];
+  assign \$225  = \port$3712$54 [21] ? \$224  : { x0, 1'h0 };
+  assign \$228  = \port$3712$54 [21] ? \$227  : { x0, 1'h0 };
+  assign \$229  = \port$3712$54 [20] ? \$226  : \$228 ;
+  assign \$232  = \port$3712$54 [21] ? \$231  : { x0, 1'h0 };
+  assign \$235  = \port$3712$54 [21] ? \$234  : { x0, 1'h0 };
+  assign \$236  = \port$3712$54 [20] ? \$233  : \$235 ;
+  assign \$237  = \port$3712$54 [19] ? \$230  : \$236 [47:0];
+  assign \$240  = \port$3712$54 [21] ? \$239  : { x0, 1'h0 };
+  assign \$243  = \port$3712$54 [21] ? \$242  : { x0, 1'h0 };
+  assign \$244  = \port$3712$54 [20] ? \$241  : \$243 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -27694,8 +27794,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$3704$54 (\port$3704$54 [15:0]),
-    .\port$3722$0 (i__payload),
+    .\port$3712$54 (\port$3712$54 [15:0]),
+    .\port$3730$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -28232,23 +28332,23 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$3704$54 [15:0] };
-  assign mult = \port$3704$54 [15:0];
+  assign b__0 = { 2'h0, \port$3712$54 [15:0] };
+  assign mult = \port$3712$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$3704$54 [15:0] };
+  assign b__1 = { 2'h0, \port$3712$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$3704$54 [15:0] };
+  assign b__2 = { 2'h0, \port$3712$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$3704$54 [15:0] };
+  assign b__3 = { 2'h0, \port$3712$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$3704$54 [15:0] };
+  assign b__4 = { 2'h0, \port$3712$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$3704$54 [15:0] };
+  assign b__5 = { 2'h0, \port$3712$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$3704$54 [15:0] };
+  assign b__6 = { 2'h0, \port$3712$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$3704$54 [15:0] };
-  assign shift = \port$3704$54 [21:16];
+  assign b__7 = { 2'h0, \port$3712$54 [15:0] };
+  assign shift = \port$3712$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -28351,8 +28451,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$337  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$339  = { \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48:16] };
   assign \$340  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$345  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$344  = { \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39:4] };
+  assign \$345  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$347  = { \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48:16] };
   assign \$348  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$351  = { \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47:8] };
@@ -28520,7 +28620,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3722$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3730$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -28606,10 +28706,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$3704$54 ;
-  wire [15:0] \port$3704$54 ;
-  input [127:0] \port$3722$0 ;
-  wire [127:0] \port$3722$0 ;
+  input [15:0] \port$3712$54 ;
+  wire [15:0] \port$3712$54 ;
+  input [127:0] \port$3730$0 ;
+  wire [127:0] \port$3730$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -28674,7 +28774,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$3722$0 [16:0] };
+      \$9  = { 1'h0, \port$3730$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -28687,7 +28787,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$3704$54  };
+      \$10  = { 2'h0, \port$3712$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -28713,7 +28813,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$3722$0 [31], \port$3722$0 [31], \port$3722$0 [31], \port$3722$0 [31:17] };
+      \$12  = { \port$3730$0 [31], \port$3730$0 [31], \port$3730$0 [31], \port$3730$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -28726,7 +28826,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$3704$54  };
+      \$13  = { 2'h0, \port$3712$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -28752,7 +28852,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$3722$0 [48:32] };
+      \$15  = { 1'h0, \port$3730$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -28765,7 +28865,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$3704$54  };
+      \$16  = { 2'h0, \port$3712$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -28791,7 +28891,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$3722$0 [63], \port$3722$0 [63], \port$3722$0 [63], \port$3722$0 [63:49] };
+      \$18  = { \port$3730$0 [63], \port$3730$0 [63], \port$3730$0 [63], \port$3730$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -28804,7 +28904,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$3704$54  };
+      \$19  = { 2'h0, \port$3712$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -28830,7 +28930,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$3722$0 [80:64] };
+      \$21  = { 1'h0, \port$3730$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -28843,7 +28943,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$3704$54  };
+      \$22  = { 2'h0, \port$3712$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -28869,7 +28969,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$3722$0 [95], \port$3722$0 [95], \port$3722$0 [95], \port$3722$0 [95:81] };
+      \$24  = { \port$3730$0 [95], \port$3730$0 [95], \port$3730$0 [95], \port$3730$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -28882,7 +28982,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$3704$54  };
+      \$25  = { 2'h0, \port$3712$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -28908,7 +29008,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$3722$0 [112:96] };
+      \$27  = { 1'h0, \port$3730$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -28921,7 +29021,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$3704$54  };
+      \$28  = { 2'h0, \port$3712$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -28947,7 +29047,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$3722$0 [127], \port$3722$0 [127], \port$3722$0 [127], \port$3722$0 [127:113] };
+      \$30  = { \port$3730$0 [127], \port$3730$0 [127], \port$3730$0 [127], \port$3730$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -28960,7 +29060,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$3704$54  };
+      \$31  = { 2'h0, \port$3712$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -28982,22 +29082,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3704$54 , \port$3
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3722$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3704$54  };
-  assign a__1 = { \port$3722$0 [31], \port$3722$0 [31], \port$3722$0 [31], \port$3722$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3704$54  };
-  assign a__2 = { 1'h0, \port$3722$0 [48:32] };
-  assign b__2 = { 2'h0, \port$3704$54  };
-  assign a__3 = { \port$3722$0 [63], \port$3722$0 [63], \port$3722$0 [63], \port$3722$0 [63:49] };
-  assign b__3 = { 2'h0, \port$3704$54  };
-  assign a__4 = { 1'h0, \port$3722$0 [80:64] };
-  assign b__4 = { 2'h0, \port$3704$54  };
-  assign a__5 = { \port$3722$0 [95], \port$3722$0 [95], \port$3722$0 [95], \port$3722$0 [95:81] };
-  assign b__5 = { 2'h0, \port$3704$54  };
-  assign a__6 = { 1'h0, \port$3722$0 [112:96] };
-  assign b__6 = { 2'h0, \port$3704$54  };
-  assign a__7 = { \port$3722$0 [127], \port$3722$0 [127], \port$3722$0 [127], \port$3722$0 [127:113] };
-  assign b__7 = { 2'h0, \port$3704$54  };
+  assign a__0 = { 1'h0, \port$3730$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3712$54  };
+  assign a__1 = { \port$3730$0 [31], \port$3730$0 [31], \port$3730$0 [31], \port$3730$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3712$54  };
+  assign a__2 = { 1'h0, \port$3730$0 [48:32] };
+  assign b__2 = { 2'h0, \port$3712$54  };
+  assign a__3 = { \port$3730$0 [63], \port$3730$0 [63], \port$3730$0 [63], \port$3730$0 [63:49] };
+  assign b__3 = { 2'h0, \port$3712$54  };
+  assign a__4 = { 1'h0, \port$3730$0 [80:64] };
+  assign b__4 = { 2'h0, \port$3712$54  };
+  assign a__5 = { \port$3730$0 [95], \port$3730$0 [95], \port$3730$0 [95], \port$3730$0 [95:81] };
+  assign b__5 = { 2'h0, \port$3712$54  };
+  assign a__6 = { 1'h0, \port$3730$0 [112:96] };
+  assign b__6 = { 2'h0, \port$3712$54  };
+  assign a__7 = { \port$3730$0 [127], \port$3730$0 [127], \port$3730$0 [127], \port$3730$0 [127:113] };
+  assign b__7 = { 2'h0, \port$3712$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -29832,8 +29932,8 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$3334$0 (i__payload),
-    .\port$3434$0 (mult),
+    .\port$3340$0 (i__payload),
+    .\port$3442$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30130,7 +30230,7 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3334$0 , \port$3434$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3340$0 , \port$3442$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -30156,10 +30256,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3334$0 , \port$3434$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$3334$0 ;
-  wire [31:0] \port$3334$0 ;
-  input [15:0] \port$3434$0 ;
-  wire [15:0] \port$3434$0 ;
+  input [31:0] \port$3340$0 ;
+  wire [31:0] \port$3340$0 ;
+  input [15:0] \port$3442$0 ;
+  wire [15:0] \port$3442$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30182,7 +30282,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3334$0 , \port$3434$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$3334$0 [16:0] };
+      \$3  = { 1'h0, \port$3340$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -30195,7 +30295,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3334$0 , \port$3434$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$3434$0  };
+      \$4  = { 2'h0, \port$3442$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -30221,7 +30321,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3334$0 , \port$3434$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$3334$0 [31], \port$3334$0 [31], \port$3334$0 [31], \port$3334$0 [31:17] };
+      \$6  = { \port$3340$0 [31], \port$3340$0 [31], \port$3340$0 [31], \port$3340$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -30234,7 +30334,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3334$0 , \port$3434$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$3434$0  };
+      \$7  = { 2'h0, \port$3442$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -30256,10 +30356,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3334$0 , \port$3434$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3334$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3434$0  };
-  assign a__1 = { \port$3334$0 [31], \port$3334$0 [31], \port$3334$0 [31], \port$3334$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3434$0  };
+  assign a__0 = { 1'h0, \port$3340$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3442$0  };
+  assign a__1 = { \port$3340$0 [31], \port$3340$0 [31], \port$3340$0 [31], \port$3340$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3442$0  };
 endmodule
 
 (* generator = "Amaranth" *)
