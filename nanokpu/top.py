@@ -556,6 +556,9 @@ class NanoKPU(wiring.Component):
             Signal(SW)
         tk = mk[2:]      # ROUTE: L1 = 4 * m * top_k
         g_i, g_j, g_in, g_wv, g_wa = Signal(16), Signal(SW + 1), Signal(AW), Signal(), Signal(AW)
+        # the read data registered, for the states that compare it (a *_WAIT state in between)
+        rd0_q, rd1_q = Signal(signed(ww)), Signal(signed(ww))
+        m.d.sync += [rd0_q.eq(rd0.data), rd1_q.eq(rd1.data)]
 
         @contextmanager
         def state(name):
@@ -785,9 +788,11 @@ class NanoKPU(wiring.Component):
             # dispatch: for each expert j, scan the idx table for its slots
             with state("RT_DREAD"):
                 m.d.comb += [rd0.addr.eq(c_ + rt_p), rd0.en.eq(1)]
+                m.next = "RT_DWAIT"
+            with state("RT_DWAIT"):
                 m.next = "RT_DCMP"
             with state("RT_DCMP"):
-                with m.If(rd0.data == rt_j):
+                with m.If(rd0_q == rt_j):
                     m.d.comb += [wr.addr.eq(rt_lp + rt_pos), wr.data.eq(rt_p),
                                  wr.en.eq(1)]
                     m.next = "RT_DLIST_T"
@@ -828,11 +833,13 @@ class NanoKPU(wiring.Component):
                 with m.Else():
                     m.d.comb += [rd0.addr.eq(a_ + scan), rd1.addr.eq(a_ + E + scan),
                                  rd0.en.eq(1), rd1.en.eq(1)]
-                    m.next = "EXP_CHECK"
+                    m.next = "EXP_WAIT"
+            with state("EXP_WAIT"):
+                m.next = "EXP_CHECK"
             with state("EXP_CHECK"):
                 m.d.sync += scan.eq(scan + 1)
-                with m.If(rd0.data != 0):
-                    m.d.sync += [expert.eq(scan), count.eq(rd0.data), offset.eq(sat(rd1.data[:24])),
+                with m.If(rd0_q != 0):
+                    m.d.sync += [expert.eq(scan), count.eq(rd0_q), offset.eq(sat(rd1_q[:24])),
                                  exp_active.eq(1)]
                     goto_next()
                 with m.Else():
@@ -845,9 +852,11 @@ class NanoKPU(wiring.Component):
                     goto_next()
                 with m.Else():
                     m.d.comb += [rd0.addr.eq(b_ + offset + g_i), rd0.en.eq(1)]
-                    m.next = "MOVE_CHECK"
+                    m.next = "MOVE_WAIT"
+            with state("MOVE_WAIT"):
+                m.next = "MOVE_CHECK"
             with state("MOVE_CHECK"):
-                r = rd0.data
+                r = rd0_q
                 with m.If((r < 0) | (r >= m_eff)):
                     stop(Err.SPAD_RANGE)
                 with m.Else():

@@ -20,16 +20,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [13:0] \$109 ;
   wire \$11 ;
   wire [16:0] \$110 ;
-  wire [7:0] \$1102 ;
+  wire [7:0] \$1107 ;
   wire \$111 ;
-  wire [7:0] \$1116 ;
   wire [16:0] \$112 ;
+  wire [7:0] \$1121 ;
   wire [13:0] \$113 ;
   wire [16:0] \$114 ;
-  wire [6:0] \$1143 ;
-  wire [7:0] \$1147 ;
+  wire [6:0] \$1148 ;
   wire \$115 ;
-  wire [8:0] \$1150 ;
+  wire [7:0] \$1152 ;
+  wire [8:0] \$1155 ;
   wire [16:0] \$116 ;
   wire [13:0] \$117 ;
   wire [16:0] \$118 ;
@@ -317,206 +317,206 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$372 ;
   wire \$373 ;
   wire \$374 ;
-  wire [14:0] \$375 ;
+  wire \$375 ;
   wire \$376 ;
-  wire [14:0] \$377 ;
-  wire [13:0] \$378 ;
-  wire [14:0] \$379 ;
+  wire \$377 ;
+  wire [14:0] \$378 ;
+  wire \$379 ;
   wire [16:0] \$38 ;
   wire [14:0] \$380 ;
-  wire [15:0] \$381 ;
-  wire \$382 ;
+  wire [13:0] \$381 ;
+  wire [14:0] \$382 ;
   wire [14:0] \$383 ;
-  wire \$384 ;
-  wire [14:0] \$385 ;
-  wire [13:0] \$386 ;
-  wire [14:0] \$387 ;
+  wire [15:0] \$384 ;
+  wire \$385 ;
+  wire [14:0] \$386 ;
+  wire \$387 ;
   wire [14:0] \$388 ;
-  wire [15:0] \$389 ;
+  wire [13:0] \$389 ;
   wire [17:0] \$39 ;
-  wire \$390 ;
+  wire [14:0] \$390 ;
   wire [14:0] \$391 ;
-  wire \$392 ;
-  wire [14:0] \$393 ;
-  wire [13:0] \$394 ;
-  wire [14:0] \$395 ;
+  wire [15:0] \$392 ;
+  wire \$393 ;
+  wire [14:0] \$394 ;
+  wire \$395 ;
   wire [14:0] \$396 ;
-  wire [15:0] \$397 ;
-  wire \$398 ;
+  wire [13:0] \$397 ;
+  wire [14:0] \$398 ;
   wire [14:0] \$399 ;
   wire \$4 ;
   wire [18:0] \$40 ;
-  wire \$400 ;
-  wire [14:0] \$401 ;
-  wire [13:0] \$402 ;
-  wire [14:0] \$403 ;
+  wire [15:0] \$400 ;
+  wire \$401 ;
+  wire [14:0] \$402 ;
+  wire \$403 ;
   wire [14:0] \$404 ;
-  wire [15:0] \$405 ;
-  wire \$406 ;
+  wire [13:0] \$405 ;
+  wire [14:0] \$406 ;
   wire [14:0] \$407 ;
-  wire \$408 ;
-  wire [14:0] \$409 ;
+  wire [15:0] \$408 ;
+  wire \$409 ;
   wire [18:0] \$41 ;
-  wire [13:0] \$410 ;
-  wire [14:0] \$411 ;
+  wire [14:0] \$410 ;
+  wire \$411 ;
   wire [14:0] \$412 ;
-  wire [15:0] \$413 ;
-  wire \$414 ;
-  wire [33:0] \$415 ;
-  wire \$416 ;
-  wire [33:0] \$417 ;
-  wire [32:0] \$418 ;
-  wire [33:0] \$419 ;
+  wire [13:0] \$413 ;
+  wire [14:0] \$414 ;
+  wire [14:0] \$415 ;
+  wire [15:0] \$416 ;
+  wire \$417 ;
+  wire [33:0] \$418 ;
+  wire \$419 ;
   wire [16:0] \$42 ;
   wire [33:0] \$420 ;
-  wire [15:0] \$421 ;
-  wire \$422 ;
-  wire \$423 ;
-  wire \$424 ;
+  wire [32:0] \$421 ;
+  wire [33:0] \$422 ;
+  wire [33:0] \$423 ;
+  wire [15:0] \$424 ;
   wire \$425 ;
   wire \$426 ;
   wire \$427 ;
-  wire [14:0] \$428 ;
+  wire \$428 ;
   wire \$429 ;
   wire [17:0] \$43 ;
-  wire [14:0] \$430 ;
-  wire \$431 ;
-  wire [14:0] \$432 ;
-  wire \$433 ;
-  wire [14:0] \$434 ;
-  wire [13:0] \$435 ;
-  wire [13:0] \$436 ;
+  wire \$430 ;
+  wire [14:0] \$431 ;
+  wire \$432 ;
+  wire [14:0] \$433 ;
+  wire \$434 ;
+  wire [14:0] \$435 ;
+  wire \$436 ;
   wire [14:0] \$437 ;
   wire [13:0] \$438 ;
   wire [13:0] \$439 ;
   wire [18:0] \$44 ;
-  wire [13:0] \$440 ;
+  wire [14:0] \$440 ;
   wire [13:0] \$441 ;
-  wire [14:0] \$442 ;
+  wire [13:0] \$442 ;
   wire [13:0] \$443 ;
   wire [13:0] \$444 ;
-  wire [13:0] \$445 ;
+  wire [14:0] \$445 ;
   wire [13:0] \$446 ;
   wire [13:0] \$447 ;
   wire [13:0] \$448 ;
-  wire [14:0] \$449 ;
+  wire [13:0] \$449 ;
   wire [18:0] \$45 ;
-  wire \$450 ;
-  wire \$451 ;
-  wire \$452 ;
+  wire [13:0] \$450 ;
+  wire [13:0] \$451 ;
+  wire [14:0] \$452 ;
   wire \$453 ;
   wire \$454 ;
-  wire [15:0] \$455 ;
+  wire \$455 ;
   wire \$456 ;
   wire \$457 ;
-  wire \$458 ;
+  wire [15:0] \$458 ;
   wire \$459 ;
   wire \$46 ;
-  wire [3:0] \$460 ;
-  wire [13:0] \$461 ;
+  wire \$460 ;
+  wire \$461 ;
   wire \$462 ;
-  wire \$463 ;
-  wire \$464 ;
+  wire [3:0] \$463 ;
+  wire [13:0] \$464 ;
   wire \$465 ;
-  wire [15:0] \$466 ;
+  wire \$466 ;
   wire \$467 ;
   wire \$468 ;
-  wire \$469 ;
+  wire [15:0] \$469 ;
   wire \$47 ;
   wire \$470 ;
-  wire [7:0] \$471 ;
+  wire \$471 ;
   wire \$472 ;
-  wire [7:0] \$473 ;
-  wire [13:0] \$474 ;
-  wire [13:0] \$475 ;
-  wire [15:0] \$476 ;
+  wire \$473 ;
+  wire [7:0] \$474 ;
+  wire \$475 ;
+  wire [7:0] \$476 ;
   wire [13:0] \$477 ;
-  wire [14:0] \$478 ;
-  wire [13:0] \$479 ;
+  wire [13:0] \$478 ;
+  wire [15:0] \$479 ;
   wire \$48 ;
-  wire [14:0] \$480 ;
-  wire [15:0] \$481 ;
-  wire \$482 ;
-  wire [2:0] \$483 ;
-  wire [13:0] \$484 ;
+  wire [13:0] \$480 ;
+  wire [14:0] \$481 ;
+  wire [13:0] \$482 ;
+  wire [14:0] \$483 ;
+  wire [15:0] \$484 ;
   wire \$485 ;
-  wire [15:0] \$486 ;
-  wire [16:0] \$487 ;
+  wire [2:0] \$486 ;
+  wire [13:0] \$487 ;
   wire \$488 ;
-  wire \$489 ;
+  wire [15:0] \$489 ;
   wire \$49 ;
-  wire [9:0] \$490 ;
+  wire [16:0] \$490 ;
   wire \$491 ;
-  wire [9:0] \$492 ;
-  wire [13:0] \$493 ;
-  wire [13:0] \$494 ;
-  wire [15:0] \$495 ;
+  wire \$492 ;
+  wire [9:0] \$493 ;
+  wire \$494 ;
+  wire [9:0] \$495 ;
   wire [13:0] \$496 ;
   wire [13:0] \$497 ;
-  wire [32:0] \$498 ;
-  wire [32:0] \$499 ;
+  wire [15:0] \$498 ;
+  wire [13:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire [32:0] \$500 ;
+  wire [13:0] \$500 ;
   wire [32:0] \$501 ;
   wire [32:0] \$502 ;
   wire [32:0] \$503 ;
   wire [32:0] \$504 ;
-  wire \$505 ;
-  wire [9:0] \$506 ;
-  wire \$507 ;
-  wire [15:0] \$508 ;
-  wire \$509 ;
+  wire [32:0] \$505 ;
+  wire [32:0] \$506 ;
+  wire [32:0] \$507 ;
+  wire \$508 ;
+  wire [9:0] \$509 ;
   wire \$51 ;
-  wire [13:0] \$510 ;
-  wire [9:0] \$511 ;
+  wire \$510 ;
+  wire [15:0] \$511 ;
   wire \$512 ;
-  wire [15:0] \$513 ;
-  wire \$514 ;
-  wire [13:0] \$515 ;
-  wire [9:0] \$516 ;
+  wire [13:0] \$513 ;
+  wire [9:0] \$514 ;
+  wire \$515 ;
+  wire [15:0] \$516 ;
   wire \$517 ;
-  wire [15:0] \$518 ;
-  wire [16:0] \$519 ;
+  wire [13:0] \$518 ;
+  wire [9:0] \$519 ;
   wire \$52 ;
-  wire [17:0] \$520 ;
-  wire [17:0] \$521 ;
-  wire \$522 ;
-  wire [13:0] \$523 ;
-  wire [9:0] \$524 ;
+  wire \$520 ;
+  wire [15:0] \$521 ;
+  wire [16:0] \$522 ;
+  wire [17:0] \$523 ;
+  wire [17:0] \$524 ;
   wire \$525 ;
-  wire [15:0] \$526 ;
-  wire [16:0] \$527 ;
-  wire [17:0] \$528 ;
-  wire [17:0] \$529 ;
+  wire [13:0] \$526 ;
+  wire [9:0] \$527 ;
+  wire \$528 ;
+  wire [15:0] \$529 ;
   wire \$53 ;
-  wire \$530 ;
-  wire [13:0] \$531 ;
-  wire [16:0] \$532 ;
-  wire [17:0] \$533 ;
-  wire [17:0] \$534 ;
-  wire \$535 ;
-  wire [13:0] \$536 ;
-  wire [9:0] \$537 ;
+  wire [16:0] \$530 ;
+  wire [17:0] \$531 ;
+  wire [17:0] \$532 ;
+  wire \$533 ;
+  wire [13:0] \$534 ;
+  wire [16:0] \$535 ;
+  wire [17:0] \$536 ;
+  wire [17:0] \$537 ;
   wire \$538 ;
-  wire [15:0] \$539 ;
+  wire [13:0] \$539 ;
   wire \$54 ;
-  wire \$540 ;
-  wire [13:0] \$541 ;
-  wire \$542 ;
-  wire [13:0] \$543 ;
-  wire \$544 ;
-  wire [13:0] \$545 ;
-  wire [9:0] \$546 ;
+  wire [9:0] \$540 ;
+  wire \$541 ;
+  wire [15:0] \$542 ;
+  wire \$543 ;
+  wire [13:0] \$544 ;
+  wire \$545 ;
+  wire [13:0] \$546 ;
   wire \$547 ;
-  wire [15:0] \$548 ;
+  wire [13:0] \$548 ;
   wire [9:0] \$549 ;
   wire \$55 ;
   wire \$550 ;
-  wire [3:0] \$551 ;
-  wire \$552 ;
+  wire [15:0] \$551 ;
+  wire [9:0] \$552 ;
   wire \$553 ;
-  wire \$554 ;
+  wire [3:0] \$554 ;
   wire \$555 ;
   wire \$556 ;
   wire \$557 ;
@@ -535,62 +535,62 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$569 ;
   wire \$57 ;
   wire \$570 ;
-  wire [32:0] \$571 ;
-  wire [9:0] \$572 ;
+  wire \$571 ;
+  wire \$572 ;
   wire \$573 ;
-  wire [9:0] \$574 ;
-  wire \$575 ;
-  wire [12:0] \$576 ;
-  wire [13:0] \$577 ;
-  wire [12:0] \$578 ;
-  wire [13:0] \$579 ;
+  wire [32:0] \$574 ;
+  wire [9:0] \$575 ;
+  wire \$576 ;
+  wire [9:0] \$577 ;
+  wire \$578 ;
+  wire [12:0] \$579 ;
   wire \$58 ;
-  wire [14:0] \$580 ;
-  wire \$581 ;
-  wire [14:0] \$582 ;
-  wire \$583 ;
+  wire [13:0] \$580 ;
+  wire [12:0] \$581 ;
+  wire [13:0] \$582 ;
+  wire [14:0] \$583 ;
   wire \$584 ;
-  wire \$585 ;
-  wire [13:0] \$586 ;
-  wire [32:0] \$587 ;
+  wire [14:0] \$585 ;
+  wire \$586 ;
+  wire \$587 ;
   wire \$588 ;
   wire [13:0] \$589 ;
   wire \$59 ;
   wire [32:0] \$590 ;
   wire \$591 ;
-  wire \$592 ;
-  wire \$593 ;
-  wire [14:0] \$594 ;
-  wire [3:0] \$595 ;
-  wire [3:0] \$596 ;
-  wire \$597 ;
-  wire \$598 ;
-  wire [1:0] \$599 ;
+  wire [13:0] \$592 ;
+  wire [32:0] \$593 ;
+  wire \$594 ;
+  wire \$595 ;
+  wire \$596 ;
+  wire [14:0] \$597 ;
+  wire [3:0] \$598 ;
+  wire [3:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire [2:0] \$600 ;
+  wire \$600 ;
   wire \$601 ;
-  wire \$602 ;
-  wire \$603 ;
+  wire [1:0] \$602 ;
+  wire [2:0] \$603 ;
   wire \$604 ;
   wire \$605 ;
   wire \$606 ;
-  wire [13:0] \$607 ;
-  wire [32:0] \$608 ;
+  wire \$607 ;
+  wire \$608 ;
   wire \$609 ;
   wire \$61 ;
-  wire \$610 ;
-  wire \$611 ;
+  wire [13:0] \$610 ;
+  wire [32:0] \$611 ;
   wire \$612 ;
   wire \$613 ;
   wire \$614 ;
   wire \$615 ;
-  wire [14:0] \$616 ;
-  wire [3:0] \$617 ;
+  wire \$616 ;
+  wire \$617 ;
   wire \$618 ;
-  wire \$619 ;
+  wire [14:0] \$619 ;
   wire \$62 ;
-  wire \$620 ;
+  wire [3:0] \$620 ;
   wire \$621 ;
   wire \$622 ;
   wire \$623 ;
@@ -606,95 +606,95 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$632 ;
   wire \$633 ;
   wire \$634 ;
-  wire [13:0] \$635 ;
-  wire [32:0] \$636 ;
-  wire [4:0] \$637 ;
-  wire \$638 ;
-  wire \$639 ;
+  wire \$635 ;
+  wire \$636 ;
+  wire \$637 ;
+  wire [13:0] \$638 ;
+  wire [32:0] \$639 ;
   wire \$64 ;
-  wire \$640 ;
+  wire [4:0] \$640 ;
   wire \$641 ;
   wire \$642 ;
   wire \$643 ;
   wire \$644 ;
-  wire [1:0] \$645 ;
-  wire [4:0] \$646 ;
-  wire [12:0] \$647 ;
-  wire \$648 ;
-  wire \$649 ;
+  wire \$645 ;
+  wire \$646 ;
+  wire \$647 ;
+  wire [1:0] \$648 ;
+  wire [4:0] \$649 ;
   wire \$65 ;
-  wire \$650 ;
-  wire [14:0] \$651 ;
-  wire [13:0] \$652 ;
-  wire [14:0] \$653 ;
-  wire \$654 ;
-  wire \$655 ;
-  wire \$656 ;
+  wire [12:0] \$650 ;
+  wire \$651 ;
+  wire \$652 ;
+  wire \$653 ;
+  wire [14:0] \$654 ;
+  wire [13:0] \$655 ;
+  wire [14:0] \$656 ;
   wire \$657 ;
   wire \$658 ;
   wire \$659 ;
   wire \$66 ;
   wire \$660 ;
   wire \$661 ;
-  wire [14:0] \$662 ;
-  wire [13:0] \$663 ;
-  wire [2:0] \$664 ;
-  wire \$665 ;
-  wire \$666 ;
-  wire [14:0] \$667 ;
-  wire [14:0] \$668 ;
+  wire \$662 ;
+  wire \$663 ;
+  wire \$664 ;
+  wire [14:0] \$665 ;
+  wire [13:0] \$666 ;
+  wire [2:0] \$667 ;
+  wire \$668 ;
   wire \$669 ;
   wire \$67 ;
   wire [14:0] \$670 ;
-  wire \$671 ;
-  wire [14:0] \$672 ;
-  wire [2:0] \$673 ;
-  wire [4:0] \$674 ;
-  wire [4:0] \$675 ;
-  wire \$676 ;
-  wire [13:0] \$677 ;
-  wire [32:0] \$678 ;
+  wire [14:0] \$671 ;
+  wire \$672 ;
+  wire [14:0] \$673 ;
+  wire \$674 ;
+  wire [14:0] \$675 ;
+  wire [2:0] \$676 ;
+  wire [4:0] \$677 ;
+  wire [4:0] \$678 ;
   wire \$679 ;
   wire \$68 ;
-  wire [32:0] \$680 ;
-  wire [4:0] \$681 ;
+  wire [13:0] \$680 ;
+  wire [32:0] \$681 ;
   wire \$682 ;
-  wire \$683 ;
-  wire [13:0] \$684 ;
-  wire [13:0] \$685 ;
-  wire [32:0] \$686 ;
-  wire \$687 ;
+  wire [32:0] \$683 ;
+  wire [4:0] \$684 ;
+  wire \$685 ;
+  wire \$686 ;
+  wire [13:0] \$687 ;
   wire [13:0] \$688 ;
   wire [32:0] \$689 ;
   wire \$69 ;
   wire \$690 ;
-  wire \$691 ;
-  wire \$692 ;
+  wire [13:0] \$691 ;
+  wire [32:0] \$692 ;
   wire \$693 ;
   wire \$694 ;
-  wire [15:0] \$695 ;
+  wire \$695 ;
   wire \$696 ;
-  wire [13:0] \$697 ;
-  wire [14:0] \$698 ;
-  wire [15:0] \$699 ;
+  wire \$697 ;
+  wire [15:0] \$698 ;
+  wire \$699 ;
   wire [20:0] \$7 ;
   wire \$70 ;
-  wire \$700 ;
-  wire \$701 ;
-  wire [16:0] \$702 ;
-  wire [14:0] \$703 ;
+  wire [13:0] \$700 ;
+  wire [14:0] \$701 ;
+  wire [15:0] \$702 ;
+  wire \$703 ;
   wire \$704 ;
-  wire \$705 ;
-  wire \$706 ;
+  wire [16:0] \$705 ;
+  wire [14:0] \$706 ;
   wire \$707 ;
   wire \$708 ;
-  reg [31:0] \$709 ;
+  wire \$709 ;
   wire \$71 ;
-  reg [31:0] \$710 ;
-  reg [19:0] \$711 ;
-  reg [13:0] \$712 ;
-  reg [13:0] \$713 ;
-  reg [15:0] \$714 ;
+  wire \$710 ;
+  wire \$711 ;
+  reg [31:0] \$712 ;
+  reg [31:0] \$713 ;
+  reg [19:0] \$714 ;
   reg [13:0] \$715 ;
   reg [13:0] \$716 ;
   reg [15:0] \$717 ;
@@ -708,20 +708,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] \$724 ;
   reg [13:0] \$725 ;
   reg [15:0] \$726 ;
-  reg [32:0] \$727 ;
-  reg [32:0] \$728 ;
+  reg [13:0] \$727 ;
+  reg [13:0] \$728 ;
   reg [15:0] \$729 ;
   wire \$73 ;
-  reg [7:0] \$730 ;
-  reg \$731 ;
-  reg \$732 ;
-  reg [31:0] \$733 ;
-  reg [31:0] \$734 ;
+  reg [32:0] \$730 ;
+  reg [32:0] \$731 ;
+  reg [15:0] \$732 ;
+  reg [7:0] \$733 ;
+  reg \$734 ;
   reg \$735 ;
-  reg \$736 ;
-  reg [13:0] \$737 ;
-  reg [12:0] \$738 ;
-  reg [12:0] \$739 ;
+  reg [31:0] \$736 ;
+  reg [31:0] \$737 ;
+  reg \$738 ;
+  reg \$739 ;
   wire \$74 ;
   reg [13:0] \$740 ;
   reg [12:0] \$741 ;
@@ -729,114 +729,119 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] \$743 ;
   reg [12:0] \$744 ;
   reg [12:0] \$745 ;
-  reg \$746 ;
-  reg \$747 ;
-  reg [1:0] \$748 ;
-  reg [2:0] \$749 ;
+  reg [13:0] \$746 ;
+  reg [12:0] \$747 ;
+  reg [12:0] \$748 ;
+  reg \$749 ;
   wire \$75 ;
-  reg [12:0] \$750 ;
-  reg [31:0] \$751 ;
-  reg \$752 ;
-  reg [6:0] \$753 ;
-  reg [12:0] \$754 ;
-  reg [14:0] \$755 ;
-  reg \$756 ;
-  reg [1:0] \$757 ;
-  reg [12:0] \$758 ;
-  reg [8:0] \$759 ;
+  reg \$750 ;
+  reg [1:0] \$751 ;
+  reg [2:0] \$752 ;
+  reg [12:0] \$753 ;
+  reg [31:0] \$754 ;
+  reg \$755 ;
+  reg [6:0] \$756 ;
+  reg [12:0] \$757 ;
+  reg [14:0] \$758 ;
+  reg \$759 ;
   wire \$76 ;
-  reg [12:0] \$760 ;
-  reg [14:0] \$761 ;
-  reg [31:0] \$762 ;
-  reg [31:0] \$763 ;
-  reg [31:0] \$764 ;
+  reg [1:0] \$760 ;
+  reg [12:0] \$761 ;
+  reg [8:0] \$762 ;
+  reg [12:0] \$763 ;
+  reg [14:0] \$764 ;
   reg [31:0] \$765 ;
   reg [31:0] \$766 ;
   reg [31:0] \$767 ;
   reg [31:0] \$768 ;
-  reg \$769 ;
+  reg [31:0] \$769 ;
   wire \$77 ;
-  reg \$770 ;
-  reg [7:0] \$771 ;
-  reg [12:0] \$772 ;
+  reg [31:0] \$770 ;
+  reg [31:0] \$771 ;
+  reg [31:0] \$772 ;
   reg [31:0] \$773 ;
   reg \$774 ;
   reg \$775 ;
-  reg \$776 ;
-  reg [4:0] \$777 ;
-  reg [7:0] \$778 ;
-  reg [5:0] \$779 ;
+  reg [7:0] \$776 ;
+  reg [12:0] \$777 ;
+  reg [31:0] \$778 ;
+  reg \$779 ;
   wire \$78 ;
-  reg [255:0] \$780 ;
+  reg \$780 ;
   reg \$781 ;
-  reg \$782 ;
-  reg [5:0] \$783 ;
-  reg [31:0] \$784 ;
-  reg [5:0] \$785 ;
-  reg [13:0] \$786 ;
-  reg [13:0] \$787 ;
-  reg [13:0] \$788 ;
-  reg [12:0] \$789 ;
+  reg [4:0] \$782 ;
+  reg [7:0] \$783 ;
+  reg [5:0] \$784 ;
+  reg [255:0] \$785 ;
+  reg \$786 ;
+  reg \$787 ;
+  reg [5:0] \$788 ;
+  reg [31:0] \$789 ;
   wire \$79 ;
-  reg [12:0] \$790 ;
-  reg [12:0] \$791 ;
-  reg [12:0] \$792 ;
-  reg [12:0] \$793 ;
+  reg [5:0] \$790 ;
+  reg [13:0] \$791 ;
+  reg [13:0] \$792 ;
+  reg [13:0] \$793 ;
   reg [12:0] \$794 ;
-  reg [13:0] \$795 ;
-  reg [13:0] \$796 ;
-  reg \$797 ;
-  reg [2:0] \$798 ;
-  reg [13:0] \$799 ;
+  reg [12:0] \$795 ;
+  reg [12:0] \$796 ;
+  reg [12:0] \$797 ;
+  reg [12:0] \$798 ;
+  reg [12:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg \$800 ;
-  reg [2:0] \$801 ;
-  reg [13:0] \$802 ;
-  reg \$803 ;
-  reg [35:0] \$804 ;
-  reg [3:0] \$805 ;
-  reg [12:0] \$806 ;
-  reg [12:0] \$807 ;
-  reg [15:0] \$808 ;
-  reg [12:0] \$809 ;
+  reg [13:0] \$800 ;
+  reg [13:0] \$801 ;
+  reg \$802 ;
+  reg [2:0] \$803 ;
+  reg [13:0] \$804 ;
+  reg \$805 ;
+  reg [2:0] \$806 ;
+  reg [13:0] \$807 ;
+  reg \$808 ;
+  reg [35:0] \$809 ;
   wire \$81 ;
-  reg [12:0] \$810 ;
-  reg [13:0] \$811 ;
-  reg [31:0] \$812 ;
-  reg [1:0] \$813 ;
-  reg [13:0] \$814 ;
-  reg [3:0] \$815 ;
-  reg \$816 ;
-  reg \$817 ;
-  reg [12:0] \$818 ;
-  reg [12:0] \$819 ;
+  reg [3:0] \$810 ;
+  reg [12:0] \$811 ;
+  reg [12:0] \$812 ;
+  reg [15:0] \$813 ;
+  reg [12:0] \$814 ;
+  reg [12:0] \$815 ;
+  reg [13:0] \$816 ;
+  reg [31:0] \$817 ;
+  reg [1:0] \$818 ;
+  reg [13:0] \$819 ;
   wire \$82 ;
-  reg \$820 ;
+  reg [3:0] \$820 ;
   reg \$821 ;
-  reg [13:0] \$822 ;
-  reg [1:0] \$823 ;
-  reg \$824 ;
+  reg \$822 ;
+  reg [12:0] \$823 ;
+  reg [12:0] \$824 ;
   reg \$825 ;
   reg \$826 ;
-  reg [12:0] \$827 ;
-  reg [19:0] \$828 ;
-  reg [13:0] \$829 ;
+  reg [13:0] \$827 ;
+  reg [1:0] \$828 ;
+  reg \$829 ;
   wire \$83 ;
-  reg [13:0] \$830 ;
-  reg [1:0] \$831 ;
-  reg [13:0] \$832 ;
-  reg [13:0] \$833 ;
-  reg [3:0] \$834 ;
-  reg [3:0] \$835 ;
-  reg [15:0] \$836 ;
+  reg \$830 ;
+  reg \$831 ;
+  reg [12:0] \$832 ;
+  reg [19:0] \$833 ;
+  reg [13:0] \$834 ;
+  reg [13:0] \$835 ;
+  reg [1:0] \$836 ;
   reg [13:0] \$837 ;
-  reg [14:0] \$838 ;
-  reg \$839 ;
+  reg [13:0] \$838 ;
+  reg [3:0] \$839 ;
   wire \$84 ;
-  reg [12:0] \$840 ;
-  wire [5:0] \$841 ;
-  wire [5:0] \$842 ;
+  reg [3:0] \$840 ;
+  reg [15:0] \$841 ;
+  reg [13:0] \$842 ;
+  reg [14:0] \$843 ;
+  reg \$844 ;
+  reg [12:0] \$845 ;
+  wire [5:0] \$846 ;
+  wire [5:0] \$847 ;
   wire \$85 ;
   wire \$86 ;
   wire \$87 ;
@@ -909,40 +914,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$signal$274.last ;
   wire [15:0] \$signal$274.weight ;
   reg [13:0] \$signal$275  = 14'h0000;
-  reg [12:0] \$signal$276  = 13'h0000;
-  reg [13:0] \$signal$277  = 14'h0000;
+  reg [31:0] \$signal$276  = 32'd0;
+  reg [12:0] \$signal$277  = 13'h0000;
   reg [13:0] \$signal$278  = 14'h0000;
-  reg [12:0] \$signal$279  = 13'h0000;
-  reg [13:0] \$signal$280  = 14'h0000;
-  reg [3:0] \$signal$281  = 4'h0;
-  reg [15:0] \$signal$282  = 16'h0000;
-  reg [14:0] \$signal$283  = 15'h0000;
-  reg [12:0] \$signal$284  = 13'h0000;
-  reg \$signal$285  = 1'h0;
-  reg [12:0] \$signal$286  = 13'h0000;
-  reg \$signal$296  = 1'h0;
-  reg \$signal$298  = 1'h0;
-  reg [12:0] \$signal$305  = 13'h0000;
-  reg [12:0] \$signal$307  = 13'h0000;
-  reg [12:0] \$signal$310  = 13'h0000;
-  reg [12:0] \$signal$312  = 13'h0000;
-  reg \$signal$315  = 1'h0;
-  reg [6:0] \$signal$318  = 7'h00;
-  reg [8:0] \$signal$320  = 9'h000;
-  reg [13:0] \$signal$325  = 14'h0000;
-  reg [1:0] \$signal$330  = 2'h0;
-  reg [13:0] \$signal$333  = 14'h0000;
-  reg \$signal$334  = 1'h0;
+  reg [13:0] \$signal$279  = 14'h0000;
+  reg [12:0] \$signal$280  = 13'h0000;
+  reg [13:0] \$signal$281  = 14'h0000;
+  reg [3:0] \$signal$282  = 4'h0;
+  reg [15:0] \$signal$283  = 16'h0000;
+  reg [14:0] \$signal$284  = 15'h0000;
+  reg [12:0] \$signal$285  = 13'h0000;
+  reg \$signal$286  = 1'h0;
+  reg [12:0] \$signal$287  = 13'h0000;
+  reg \$signal$297  = 1'h0;
+  reg \$signal$299  = 1'h0;
+  reg [12:0] \$signal$306  = 13'h0000;
+  reg [12:0] \$signal$308  = 13'h0000;
+  reg [12:0] \$signal$311  = 13'h0000;
+  reg [12:0] \$signal$313  = 13'h0000;
+  reg \$signal$316  = 1'h0;
+  reg [6:0] \$signal$319  = 7'h00;
+  reg [8:0] \$signal$321  = 9'h000;
+  reg [13:0] \$signal$327  = 14'h0000;
+  reg [1:0] \$signal$332  = 2'h0;
   reg [13:0] \$signal$335  = 14'h0000;
-  wire [-1:0] \$signal$336 ;
-  reg \$signal$337  = 1'h0;
-  reg [1:0] \$signal$341  = 2'h0;
+  reg \$signal$336  = 1'h0;
+  reg [13:0] \$signal$337  = 14'h0000;
+  wire [-1:0] \$signal$338 ;
+  reg \$signal$339  = 1'h0;
+  reg [1:0] \$signal$343  = 2'h0;
   reg [12:0] \$signature__addr ;
   reg [12:0] \$signature__addr$152 ;
   reg [5:0] \$signature__addr$230 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$297 ;
-  wire [255:0] \$signature__data$324 ;
+  wire [31:0] \$signature__data$298 ;
+  wire [255:0] \$signature__data$326 ;
   reg \$signature__en ;
   reg \$signature__en$158 ;
   reg \$signature__en$231 ;
@@ -1056,7 +1062,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$328 ;
+  wire \error$330 ;
   reg exp_active = 1'h0;
   reg [1:0] gc_lane = 2'h0;
   reg [12:0] gc_wstart = 13'h0000;
@@ -1220,6 +1226,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] out_data;
   reg [12:0] pc = 13'h0000;
   reg ph2 = 1'h0;
+  reg [31:0] rd1_q = 32'd0;
   wire [19:0] rd_addr;
   wire [31:0] \rd_addr$225 ;
   wire [23:0] rd_beats;
@@ -1410,7 +1417,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       _0_ <= imem[\$signature__addr$230 ];
     end
   end
-  assign \$signature__data$324  = _0_;
+  assign \$signature__data$326  = _0_;
   reg [31:0] spad [8191:0];
   initial begin
     spad[0] = 32'd0;
@@ -9620,8 +9627,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       _2_ <= spad[\$signature__addr ];
     end
   end
-  assign \$signature__data$297  = _1_;
+  assign \$signature__data$298  = _1_;
   assign \$signature__data  = _2_;
+  assign \$148  = \$145  & \$147 ;
+  assign \$149  = ins[5:0] != 4'he;
+  assign \$150  = ~ shape_ok;
+  assign \$151  = \$149  & \$150 ;
+  assign \$152  = ins[5:0] == 4'h8;
   assign \$153  = ! ins[87:77];
   assign \$154  = \$signal$144  & \$153 ;
   assign \$155  = \$signal$145  == ins[76:64];
@@ -9723,8 +9735,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$250  = | \$signal$177 ;
   assign \$251  = \$250  ? shift : 6'h00;
   assign \$252  = ins[5:0] == 2'h3;
-  assign \$1102  = gc_lane * 6'h20;
-  assign \$253  = c_out__payload >> \$1102 ;
+  assign \$1107  = gc_lane * 6'h20;
+  assign \$253  = c_out__payload >> \$1107 ;
   assign \$signal$179  = \$252  ? \$253  : \o__payload$204 ;
   assign \$254  = ~ a_in__valid;
   assign \$255  = ~ gm_afeed_done;
@@ -9736,8 +9748,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$261  = ~ \$260 ;
   assign \$262  = \$256  & \$261 ;
   assign \$263  = | \$signal$177 ;
-  assign \$1116  = gc_lane * 6'h20;
-  assign \$264  = c_out__payload >> \$1116 ;
+  assign \$1121  = gc_lane * 6'h20;
+  assign \$264  = c_out__payload >> \$1121 ;
   assign \$265  = \$263  ? rq_sat : \$264 ;
   assign \$266  = gc_lane == 2'h3;
   assign \$267  = \$signal$221  + gc_lane;
@@ -9760,13 +9772,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$286  = \$signal$248  < l0_acc;
   assign \$287  = ins[124:112] + \$signal$248 ;
   assign \$288  = ins[243:238] == 1'h1;
-  assign \$1143  = \$signal$250  * 4'h8;
-  assign \$289  = \$signal$249  >> \$1143 ;
+  assign \$1148  = \$signal$250  * 4'h8;
+  assign \$289  = \$signal$249  >> \$1148 ;
   assign \$290  = ins[243:238] == 2'h2;
-  assign \$1147  = \$signal$250  * 5'h10;
-  assign \$291  = \$signal$249  >> \$1147 ;
-  assign \$1150  = \$signal$250  * 6'h20;
-  assign \$292  = \$signal$249  >> \$1150 ;
+  assign \$1152  = \$signal$250  * 5'h10;
+  assign \$291  = \$signal$249  >> \$1152 ;
+  assign \$1155  = \$signal$250  * 6'h20;
+  assign \$292  = \$signal$249  >> \$1155 ;
   assign \$293  = \$290  ? { \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291  } : \$292 ;
   assign \$294  = \$288  ? { \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289  } : \$293 ;
   assign \$295  = ~ \$signal$251 ;
@@ -9794,29 +9806,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$317  = \$signal$272  + rt_s;
   assign \$318  = \$317  + l1_acc[13:2];
   assign \$319  = ins[124:112] + \$signal$275 ;
-  assign \$320  = \$signature__data  == \$signal$256 ;
-  assign \$321  = \$signal$276  + \$signal$277 ;
-  assign \$322  = \$signal$276  + l1_acc[13:2];
-  assign \$323  = \$322  + \$signal$277 ;
+  assign \$320  = \$signal$276  == \$signal$256 ;
+  assign \$321  = \$signal$277  + \$signal$278 ;
+  assign \$322  = \$signal$277  + l1_acc[13:2];
+  assign \$323  = \$322  + \$signal$278 ;
   assign \$324  = \$signal$275  + 1'h1;
   assign \$325  = \$324  < l1_acc[13:2];
-  assign \$326  = \$signal$279  + \$signal$256 ;
-  assign \$327  = \$signal$277  - \$signal$280 ;
-  assign \$328  = \$signal$279  + 4'h8;
+  assign \$326  = \$signal$280  + \$signal$256 ;
+  assign \$327  = \$signal$278  - \$signal$281 ;
+  assign \$328  = \$signal$280  + 4'h8;
   assign \$329  = \$328  + \$signal$256 ;
-  assign \$330  = \$signal$281  >= 4'h8;
-  assign \$331  = ins[76:64] + \$signal$281 ;
+  assign \$330  = \$signal$282  >= 4'h8;
+  assign \$331  = ins[76:64] + \$signal$282 ;
   assign \$332  = ins[76:64] + 4'h8;
-  assign \$333  = \$332  + \$signal$281 ;
-  assign \$334  = \$signal$282  >= \$signal$130 ;
+  assign \$333  = \$332  + \$signal$282 ;
+  assign \$334  = \$signal$283  >= \$signal$130 ;
   assign \$335  = ins[100:88] + \$signal$141 ;
-  assign \$336  = \$335  + \$signal$282 ;
+  assign \$336  = \$335  + \$signal$283 ;
   assign \$337  = | l2_y;
-  assign \$338  = \$signal$283  < ins[61:48];
+  assign \$338  = \$signal$284  < ins[61:48];
   assign \$339  = ins[5:0] == 4'ha;
-  assign \$340  = \$339  ? l2_acc : { 1'h0, \$signal$284  };
+  assign \$340  = \$339  ? l2_acc : { 1'h0, \$signal$285  };
   assign \$341  = ins[76:64] + \$340 ;
-  assign \$342  = \$341  + \$signal$283 ;
+  assign \$342  = \$341  + \$signal$284 ;
   assign \$343  = ~ \$signal$108 ;
   assign \$344  = \$signal$103  & \$343 ;
   assign \$345  = ! ctrl_state;
@@ -9844,567 +9856,574 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$367  = ctrl_state == 5'h16;
   assign \$368  = ctrl_state == 5'h17;
   assign \$369  = ctrl_state == 5'h18;
-  assign \$370  = wr_addr == 4'hc;
-  assign \$371  = wr_en & \$370 ;
-  assign \$372  = wr_addr == 5'h10;
-  assign \$373  = wr_en & \$372 ;
-  assign \$374  = | l0_y;
-  assign \$375  = l0_acc + l0_x;
-  assign \$377  = l0_acc + l0_x;
-  assign \$378  = \$376  ? 14'h3fff : \$377 [13:0];
-  assign \$380  = l0_x[13] ? 15'h3fff : \$379 ;
-  assign \$382  = | l1_y;
-  assign \$383  = l1_acc + l1_x;
-  assign \$385  = l1_acc + l1_x;
-  assign \$386  = \$384  ? 14'h3fff : \$385 [13:0];
-  assign \$388  = l1_x[13] ? 15'h3fff : \$387 ;
-  assign \$390  = | l2_y;
-  assign \$391  = l2_acc + l2_x;
-  assign \$393  = l2_acc + l2_x;
-  assign \$394  = \$392  ? 14'h3fff : \$393 [13:0];
-  assign \$396  = l2_x[13] ? 15'h3fff : \$395 ;
-  assign \$398  = | l3_y;
-  assign \$399  = l3_acc + l3_x;
-  assign \$401  = l3_acc + l3_x;
-  assign \$402  = \$400  ? 14'h3fff : \$401 [13:0];
-  assign \$404  = l3_x[13] ? 15'h3fff : \$403 ;
-  assign \$406  = | l4_y;
-  assign \$407  = l4_acc + l4_x;
-  assign \$409  = l4_acc + l4_x;
-  assign \$410  = \$408  ? 14'h3fff : \$409 [13:0];
-  assign \$412  = l4_x[13] ? 15'h3fff : \$411 ;
-  assign \$414  = | lh_y;
-  assign \$415  = lh_acc + lh_x;
-  assign \$417  = lh_acc + lh_x;
-  assign \$418  = \$416  ? 33'h1ffffffff : \$417 [32:0];
-  assign \$420  = lh_x[32] ? 34'h1ffffffff : \$419 ;
-  assign \$422  = ~ \$signal$156 ;
-  assign \$423  = \$422  | eng_ready;
-  assign \$424  = ~ \$signal$155 ;
+  assign \$370  = ctrl_state == 5'h19;
+  assign \$371  = ctrl_state == 5'h1a;
+  assign \$372  = ctrl_state == 5'h1b;
+  assign \$373  = wr_addr == 4'hc;
+  assign \$374  = wr_en & \$373 ;
+  assign \$375  = wr_addr == 5'h10;
+  assign \$376  = wr_en & \$375 ;
+  assign \$377  = | l0_y;
+  assign \$378  = l0_acc + l0_x;
+  assign \$380  = l0_acc + l0_x;
+  assign \$381  = \$379  ? 14'h3fff : \$380 [13:0];
+  assign \$383  = l0_x[13] ? 15'h3fff : \$382 ;
+  assign \$385  = | l1_y;
+  assign \$386  = l1_acc + l1_x;
+  assign \$388  = l1_acc + l1_x;
+  assign \$389  = \$387  ? 14'h3fff : \$388 [13:0];
+  assign \$391  = l1_x[13] ? 15'h3fff : \$390 ;
+  assign \$393  = | l2_y;
+  assign \$394  = l2_acc + l2_x;
+  assign \$396  = l2_acc + l2_x;
+  assign \$397  = \$395  ? 14'h3fff : \$396 [13:0];
+  assign \$399  = l2_x[13] ? 15'h3fff : \$398 ;
+  assign \$401  = | l3_y;
+  assign \$402  = l3_acc + l3_x;
+  assign \$404  = l3_acc + l3_x;
+  assign \$405  = \$403  ? 14'h3fff : \$404 [13:0];
+  assign \$407  = l3_x[13] ? 15'h3fff : \$406 ;
+  assign \$409  = | l4_y;
+  assign \$410  = l4_acc + l4_x;
+  assign \$412  = l4_acc + l4_x;
+  assign \$413  = \$411  ? 14'h3fff : \$412 [13:0];
+  assign \$415  = l4_x[13] ? 15'h3fff : \$414 ;
+  assign \$417  = | lh_y;
+  assign \$418  = lh_acc + lh_x;
+  assign \$420  = lh_acc + lh_x;
+  assign \$421  = \$419  ? 33'h1ffffffff : \$420 [32:0];
+  assign \$423  = lh_x[32] ? 34'h1ffffffff : \$422 ;
   assign \$425  = ~ \$signal$156 ;
   assign \$426  = \$425  | eng_ready;
-  assign \$427  = \$424  | \$426 ;
-  assign \$428  = cnt0 - 1'h1;
-  assign \$429  = idx0 == \$428 ;
-  assign \$430  = idx0 + 1'h1;
-  assign \$431  = \$430  < cnt0;
-  assign \$432  = idx1 + 1'h1;
-  assign \$433  = \$432  < cnt1;
-  assign \$434  = idx0 + 1'h1;
-  assign \$435  = \$signal$151  + sa0;
-  assign \$436  = \$signal$153  + sb0;
-  assign \$437  = idx1 + 1'h1;
-  assign \$438  = \$signal$305  + sa1;
-  assign \$439  = \$signal$305  + sa1;
-  assign \$440  = \$signal$307  + sb1;
-  assign \$441  = \$signal$307  + sb1;
-  assign \$442  = idx2 + 1'h1;
-  assign \$443  = \$signal$310  + sa2;
-  assign \$444  = \$signal$310  + sa2;
-  assign \$445  = \$signal$310  + sa2;
-  assign \$446  = \$signal$312  + sb2;
-  assign \$447  = \$signal$312  + sb2;
-  assign \$448  = \$signal$312  + sb2;
-  assign \$449  = idx2 + 1'h1;
-  assign \$450  = \$449  >= cnt2;
-  assign \$451  = ~ a_in__valid;
-  assign \$452  = ~ gm_afeed_done;
-  assign \$453  = \$451  & \$452 ;
-  assign \$454  = gm_lane == 3'h4;
-  assign \$455  = \$signal$214  + gm_lane;
-  assign \$456  = \$455  >= m_eff[13:0];
-  assign \$457  = \$454  | \$456 ;
-  assign \$458  = ~ \$457 ;
-  assign \$459  = \$453  & \$458 ;
-  assign \$460  = gm_lane + 1'h1;
-  assign \$461  = \$signal$215  + ins[38:32];
-  assign \$462  = ~ a_in__valid;
-  assign \$463  = ~ gm_afeed_done;
-  assign \$464  = \$462  & \$463 ;
-  assign \$465  = gm_lane == 3'h4;
-  assign \$466  = \$signal$214  + gm_lane;
-  assign \$467  = \$466  >= m_eff[13:0];
-  assign \$468  = \$465  | \$467 ;
-  assign \$469  = \$464  & \$468 ;
-  assign \$470  = a_in__valid & a_in__ready;
-  assign \$471  = \$signal$318  + 1'h1;
-  assign \$472  = \$471  < ins[38:32];
-  assign \$473  = \$signal$318  + 1'h1;
-  assign \$474  = gm_wstart + 1'h1;
-  assign \$475  = gm_wstart + 1'h1;
-  assign \$476  = \$signal$214  + 3'h4;
-  assign \$477  = \$signal$215  - ins[38:32];
-  assign \$478  = $signed(\$477 ) + $signed(2'h1);
-  assign \$479  = \$signal$215  - ins[38:32];
-  assign \$480  = $signed(\$479 ) + $signed(2'h1);
-  assign \$481  = \$signal$214  + 3'h4;
-  assign \$482  = \$481  >= m_eff[13:0];
-  assign \$483  = gc_lane + 1'h1;
-  assign \$484  = \$signal$218  + ins[56:48];
-  assign \$485  = gc_lane == 2'h3;
-  assign \$486  = \$signal$221  + gc_lane;
-  assign \$487  = \$486  + 1'h1;
-  assign \$488  = \$487  >= m_eff[13:0];
-  assign \$489  = \$485  | \$488 ;
-  assign \$490  = \$signal$320  + 1'h1;
-  assign \$491  = \$490  < ins[56:48];
-  assign \$492  = \$signal$320  + 1'h1;
-  assign \$493  = gc_wstart + 1'h1;
-  assign \$494  = gc_wstart + 1'h1;
-  assign \$495  = \$signal$221  + 3'h4;
-  assign \$496  = \$signal$218  + 1'h1;
-  assign \$497  = \$signal$218  + 1'h1;
-  assign \$498  = \$signal$118  + 1'h1;
-  assign \$499  = busy_dma + 1'h1;
-  assign \$500  = busy_gemm + 1'h1;
-  assign \$501  = busy_act + 1'h1;
-  assign \$502  = busy_route + 1'h1;
-  assign \$503  = busy_vector + 1'h1;
-  assign \$504  = busy_move + 1'h1;
-  assign \$505  = pc >= 7'h40;
-  assign \$508  = \$507  ? \$signal$130  : \$signature__data$324 [31:16];
-  assign \$509  = | \$signature__data$324 [63:62];
-  assign \$510  = \$509  ? 14'h3fff : \$signature__data$324 [61:48];
-  assign \$513  = \$512  ? \$signal$130  : \$signature__data$324 [31:16];
-  assign \$514  = | \$signature__data$324 [47:46];
-  assign \$515  = \$514  ? 14'h3fff : \$signature__data$324 [45:32];
-  assign \$518  = \$517  ? \$signal$130  : \$signature__data$324 [31:16];
-  assign \$519  = \$518  + 3'h4;
-  assign \$520  = \$519  - 1'h1;
-  assign \$522  = | \$signature__data$324 [47:46];
-  assign \$523  = \$522  ? 14'h3fff : \$signature__data$324 [45:32];
-  assign \$526  = \$525  ? \$signal$130  : \$signature__data$324 [31:16];
-  assign \$527  = \$526  + 3'h4;
-  assign \$528  = \$527  - 1'h1;
-  assign \$530  = | \$signature__data$324 [63:62];
-  assign \$531  = \$530  ? 14'h3fff : \$signature__data$324 [61:48];
-  assign \$532  = \$signature__data$324 [63:48] + 3'h4;
-  assign \$533  = \$532  - 1'h1;
-  assign \$535  = | \$signature__data$324 [47:46];
-  assign \$536  = \$535  ? 14'h3fff : \$signature__data$324 [45:32];
-  assign \$539  = \$538  ? \$signal$130  : \$signature__data$324 [31:16];
-  assign \$540  = | \$signature__data$324 [47:46];
-  assign \$541  = \$540  ? 14'h3fff : \$signature__data$324 [45:32];
-  assign \$542  = | \$signature__data$324 [63:62];
-  assign \$543  = \$542  ? 14'h3fff : \$signature__data$324 [61:48];
-  assign \$544  = | \$signature__data$324 [63:62];
-  assign \$545  = \$544  ? 14'h3fff : \$signature__data$324 [61:48];
-  assign \$548  = \$547  ? \$signal$130  : \$signature__data$324 [31:16];
-  assign \$551  = \$550  ? \$signal$243  : 4'h0;
-  assign \$552  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$553  = ins[5:0] == 4'hc;
-  assign \$554  = ~ ph2;
-  assign \$555  = \$553  & \$554 ;
-  assign \$556  = ! ins[5:0];
-  assign \$557  = ~ checked;
-  assign \$558  = | decode_q;
-  assign \$559  = ins[5:0] == 1'h1;
-  assign \$560  = ins[5:0] == 2'h2;
-  assign \$561  = ins[5:0] == 2'h3;
-  assign \$562  = ins[5:0] == 3'h4;
-  assign \$563  = ins[5:0] == 3'h5;
-  assign \$564  = ins[5:0] == 3'h6;
-  assign \$565  = ins[5:0] == 4'h8;
-  assign \$566  = ins[5:0] == 3'h7;
-  assign \$567  = ins[5:0] == 4'hc;
-  assign \$568  = ins[5:0] == 4'hd;
-  assign \$569  = ins[5:0] == 4'ha;
-  assign \$570  = ins[5:0] == 4'hb;
-  assign \$571  = \$signal$121  + 1'h1;
-  assign \$577  = ins[124:112] + \$576 ;
-  assign \$579  = ins[124:112] + \$578 ;
-  assign \$580  = \$579  + 5'h10;
-  assign \$581  = ins[5:0] == 2'h3;
-  assign \$582  = \$signal$244  + 1'h1;
-  assign \$583  = \$signal$244  == \$signal$325 ;
-  assign \$584  = eng_run & \$583 ;
-  assign \$585  = ins[5:0] == 3'h5;
-  assign \$586  = pc + 1'h1;
-  assign \$587  = \$signal$121  + 1'h1;
-  assign \$588  = ~ rd_busy;
+  assign \$427  = ~ \$signal$155 ;
+  assign \$428  = ~ \$signal$156 ;
+  assign \$429  = \$428  | eng_ready;
+  assign \$430  = \$427  | \$429 ;
+  assign \$431  = cnt0 - 1'h1;
+  assign \$432  = idx0 == \$431 ;
+  assign \$433  = idx0 + 1'h1;
+  assign \$434  = \$433  < cnt0;
+  assign \$435  = idx1 + 1'h1;
+  assign \$436  = \$435  < cnt1;
+  assign \$437  = idx0 + 1'h1;
+  assign \$438  = \$signal$151  + sa0;
+  assign \$439  = \$signal$153  + sb0;
+  assign \$440  = idx1 + 1'h1;
+  assign \$441  = \$signal$306  + sa1;
+  assign \$442  = \$signal$306  + sa1;
+  assign \$443  = \$signal$308  + sb1;
+  assign \$444  = \$signal$308  + sb1;
+  assign \$445  = idx2 + 1'h1;
+  assign \$446  = \$signal$311  + sa2;
+  assign \$447  = \$signal$311  + sa2;
+  assign \$448  = \$signal$311  + sa2;
+  assign \$449  = \$signal$313  + sb2;
+  assign \$450  = \$signal$313  + sb2;
+  assign \$451  = \$signal$313  + sb2;
+  assign \$452  = idx2 + 1'h1;
+  assign \$453  = \$452  >= cnt2;
+  assign \$454  = ~ a_in__valid;
+  assign \$455  = ~ gm_afeed_done;
+  assign \$456  = \$454  & \$455 ;
+  assign \$457  = gm_lane == 3'h4;
+  assign \$458  = \$signal$214  + gm_lane;
+  assign \$459  = \$458  >= m_eff[13:0];
+  assign \$460  = \$457  | \$459 ;
+  assign \$461  = ~ \$460 ;
+  assign \$462  = \$456  & \$461 ;
+  assign \$463  = gm_lane + 1'h1;
+  assign \$464  = \$signal$215  + ins[38:32];
+  assign \$465  = ~ a_in__valid;
+  assign \$466  = ~ gm_afeed_done;
+  assign \$467  = \$465  & \$466 ;
+  assign \$468  = gm_lane == 3'h4;
+  assign \$469  = \$signal$214  + gm_lane;
+  assign \$470  = \$469  >= m_eff[13:0];
+  assign \$471  = \$468  | \$470 ;
+  assign \$472  = \$467  & \$471 ;
+  assign \$473  = a_in__valid & a_in__ready;
+  assign \$474  = \$signal$319  + 1'h1;
+  assign \$475  = \$474  < ins[38:32];
+  assign \$476  = \$signal$319  + 1'h1;
+  assign \$477  = gm_wstart + 1'h1;
+  assign \$478  = gm_wstart + 1'h1;
+  assign \$479  = \$signal$214  + 3'h4;
+  assign \$480  = \$signal$215  - ins[38:32];
+  assign \$481  = $signed(\$480 ) + $signed(2'h1);
+  assign \$482  = \$signal$215  - ins[38:32];
+  assign \$483  = $signed(\$482 ) + $signed(2'h1);
+  assign \$484  = \$signal$214  + 3'h4;
+  assign \$485  = \$484  >= m_eff[13:0];
+  assign \$486  = gc_lane + 1'h1;
+  assign \$487  = \$signal$218  + ins[56:48];
+  assign \$488  = gc_lane == 2'h3;
+  assign \$489  = \$signal$221  + gc_lane;
+  assign \$490  = \$489  + 1'h1;
+  assign \$491  = \$490  >= m_eff[13:0];
+  assign \$492  = \$488  | \$491 ;
+  assign \$493  = \$signal$321  + 1'h1;
+  assign \$494  = \$493  < ins[56:48];
+  assign \$495  = \$signal$321  + 1'h1;
+  assign \$496  = gc_wstart + 1'h1;
+  assign \$497  = gc_wstart + 1'h1;
+  assign \$498  = \$signal$221  + 3'h4;
+  assign \$499  = \$signal$218  + 1'h1;
+  assign \$500  = \$signal$218  + 1'h1;
+  assign \$501  = \$signal$118  + 1'h1;
+  assign \$502  = busy_dma + 1'h1;
+  assign \$503  = busy_gemm + 1'h1;
+  assign \$504  = busy_act + 1'h1;
+  assign \$505  = busy_route + 1'h1;
+  assign \$506  = busy_vector + 1'h1;
+  assign \$507  = busy_move + 1'h1;
+  assign \$508  = pc >= 7'h40;
+  assign \$511  = \$510  ? \$signal$130  : \$signature__data$326 [31:16];
+  assign \$512  = | \$signature__data$326 [63:62];
+  assign \$513  = \$512  ? 14'h3fff : \$signature__data$326 [61:48];
+  assign \$516  = \$515  ? \$signal$130  : \$signature__data$326 [31:16];
+  assign \$517  = | \$signature__data$326 [47:46];
+  assign \$518  = \$517  ? 14'h3fff : \$signature__data$326 [45:32];
+  assign \$521  = \$520  ? \$signal$130  : \$signature__data$326 [31:16];
+  assign \$522  = \$521  + 3'h4;
+  assign \$523  = \$522  - 1'h1;
+  assign \$525  = | \$signature__data$326 [47:46];
+  assign \$526  = \$525  ? 14'h3fff : \$signature__data$326 [45:32];
+  assign \$529  = \$528  ? \$signal$130  : \$signature__data$326 [31:16];
+  assign \$530  = \$529  + 3'h4;
+  assign \$531  = \$530  - 1'h1;
+  assign \$533  = | \$signature__data$326 [63:62];
+  assign \$534  = \$533  ? 14'h3fff : \$signature__data$326 [61:48];
+  assign \$535  = \$signature__data$326 [63:48] + 3'h4;
+  assign \$536  = \$535  - 1'h1;
+  assign \$538  = | \$signature__data$326 [47:46];
+  assign \$539  = \$538  ? 14'h3fff : \$signature__data$326 [45:32];
+  assign \$542  = \$541  ? \$signal$130  : \$signature__data$326 [31:16];
+  assign \$543  = | \$signature__data$326 [47:46];
+  assign \$544  = \$543  ? 14'h3fff : \$signature__data$326 [45:32];
+  assign \$545  = | \$signature__data$326 [63:62];
+  assign \$546  = \$545  ? 14'h3fff : \$signature__data$326 [61:48];
+  assign \$547  = | \$signature__data$326 [63:62];
+  assign \$548  = \$547  ? 14'h3fff : \$signature__data$326 [61:48];
+  assign \$551  = \$550  ? \$signal$130  : \$signature__data$326 [31:16];
+  assign \$554  = \$553  ? \$signal$243  : 4'h0;
+  assign \$555  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$556  = ins[5:0] == 4'hc;
+  assign \$557  = ~ ph2;
+  assign \$558  = \$556  & \$557 ;
+  assign \$559  = ! ins[5:0];
+  assign \$560  = ~ checked;
+  assign \$561  = | decode_q;
+  assign \$562  = ins[5:0] == 1'h1;
+  assign \$563  = ins[5:0] == 2'h2;
+  assign \$564  = ins[5:0] == 2'h3;
+  assign \$565  = ins[5:0] == 3'h4;
+  assign \$566  = ins[5:0] == 3'h5;
+  assign \$567  = ins[5:0] == 3'h6;
+  assign \$568  = ins[5:0] == 4'h8;
+  assign \$569  = ins[5:0] == 3'h7;
+  assign \$570  = ins[5:0] == 4'hc;
+  assign \$571  = ins[5:0] == 4'hd;
+  assign \$572  = ins[5:0] == 4'ha;
+  assign \$573  = ins[5:0] == 4'hb;
+  assign \$574  = \$signal$121  + 1'h1;
+  assign \$580  = ins[124:112] + \$579 ;
+  assign \$582  = ins[124:112] + \$581 ;
+  assign \$583  = \$582  + 5'h10;
+  assign \$584  = ins[5:0] == 2'h3;
+  assign \$585  = \$signal$244  + 1'h1;
+  assign \$586  = \$signal$244  == \$signal$327 ;
+  assign \$587  = eng_run & \$586 ;
+  assign \$588  = ins[5:0] == 3'h5;
   assign \$589  = pc + 1'h1;
   assign \$590  = \$signal$121  + 1'h1;
-  assign \$591  = ~ \$signal$247 ;
-  assign \$592  = rd_data__valid & \$591 ;
-  assign \$593  = \$signal$248  < l0_acc;
-  assign \$594  = \$signal$248  + 1'h1;
-  assign \$595  = \$signal$250  + 1'h1;
-  assign \$596  = \$signal$250  + 1'h1;
-  assign \$597  = ins[243:238] == 1'h1;
-  assign \$598  = ins[243:238] == 2'h2;
-  assign \$599  = \$598  ? 2'h2 : 2'h1;
-  assign \$600  = \$597  ? 3'h4 : { 1'h0, \$599  };
-  assign \$601  = \$596  >= \$600 ;
-  assign \$602  = ~ rd_busy;
-  assign \$603  = ~ \$signal$247 ;
-  assign \$604  = \$602  & \$603 ;
-  assign \$605  = \$signal$248  >= l0_acc;
-  assign \$606  = \$604  & \$605 ;
-  assign \$607  = pc + 1'h1;
-  assign \$608  = \$signal$121  + 1'h1;
-  assign \$609  = ~ \$signal$251 ;
-  assign \$610  = \$signal$252  < 1'h1;
-  assign \$611  = \$609  & \$610 ;
-  assign \$612  = \$signal$253  < l0_acc;
-  assign \$613  = \$611  & \$612 ;
-  assign \$614  = ~ \$signal$254 ;
-  assign \$615  = \$613  & \$614 ;
-  assign \$616  = \$signal$253  + 1'h1;
-  assign \$617  = \$signal$252  + 1'h1;
-  assign \$618  = ~ \$signal$251 ;
-  assign \$619  = ~ \$signal$254 ;
-  assign \$620  = \$618  & \$619 ;
-  assign \$621  = | \$signal$252 ;
-  assign \$622  = \$620  & \$621 ;
-  assign \$623  = \$signal$252  == 1'h1;
-  assign \$624  = \$signal$253  >= l0_acc;
-  assign \$625  = \$623  | \$624 ;
-  assign \$626  = \$622  & \$625 ;
-  assign \$627  = wr_data__valid & wr_data__ready;
-  assign \$628  = ~ wr_busy;
-  assign \$629  = \$signal$253  >= l0_acc;
-  assign \$630  = \$628  & \$629 ;
-  assign \$631  = ~ \$signal$251 ;
-  assign \$632  = \$630  & \$631 ;
-  assign \$633  = ~ \$signal$254 ;
-  assign \$634  = \$632  & \$633 ;
-  assign \$635  = pc + 1'h1;
-  assign \$636  = \$signal$121  + 1'h1;
-  assign \$637  = \$signal$256  + 1'h1;
-  assign \$638  = \$signal$256  == 4'h8;
-  assign \$639  = ~ \$signal$261 ;
-  assign \$640  = ~ \$signal$262 ;
-  assign \$641  = \$639  & \$640 ;
-  assign \$642  = rt_lane < 1'h1;
-  assign \$643  = \$641  & \$642 ;
-  assign \$644  = \$signal$265  < 4'h8;
-  assign \$645  = rt_lane + 1'h1;
-  assign \$646  = \$signal$265  + 1'h1;
-  assign \$647  = \$signal$337  ? \$signature__data [12:0] : 13'h0000;
-  assign \$649  = scores__valid & scores__ready;
-  assign \$650  = \$signal$265  >= 4'h8;
-  assign \$651  = \$signal$333  + 1'h1;
-  assign \$652  = \$signal$264  + 4'h8;
-  assign \$653  = \$signal$333  + 1'h1;
-  assign \$654  = \$653  >= m_eff[13:0];
-  assign \$655  = ~ \$signal$270 ;
-  assign \$656  = routes__valid & \$655 ;
-  assign \$657  = ~ rt_wphase;
-  assign \$658  = \$signal$270  & \$657 ;
-  assign \$659  = \$signal$270  & rt_wphase;
-  assign \$660  = rt_s == 1'h1;
-  assign \$661  = \$signal$274 [19] | \$660 ;
-  assign \$662  = \$signal$335  + 1'h1;
-  assign \$663  = \$signal$272  + 2'h2;
-  assign \$664  = rt_s + 1'h1;
-  assign \$665  = \$signal$335  >= m_eff[13:0];
-  assign \$666  = \$signature__data  == \$signal$256 ;
-  assign \$667  = \$signal$277  + 1'h1;
-  assign \$668  = \$signal$275  + 1'h1;
-  assign \$669  = \$668  < l1_acc[13:2];
-  assign \$670  = \$signal$275  + 1'h1;
-  assign \$671  = \$signal$341  == 1'h1;
-  assign \$672  = \$signal$278  + 1'h1;
-  assign \$673  = \$signal$341  + 1'h1;
-  assign \$674  = \$signal$256  + 1'h1;
-  assign \$675  = \$signal$256  + 1'h1;
-  assign \$676  = \$675  < 4'h8;
-  assign \$677  = pc + 1'h1;
-  assign \$678  = \$signal$121  + 1'h1;
-  assign \$679  = \$signal$281  >= 4'h8;
-  assign \$680  = \$signal$121  + 1'h1;
-  assign \$681  = \$signal$281  + 1'h1;
-  assign \$682  = | \$signature__data ;
-  assign \$683  = | \$signature__data$297 [23:14];
-  assign \$684  = \$683  ? 14'h3fff : \$signature__data$297 [13:0];
-  assign \$685  = pc + 1'h1;
-  assign \$686  = \$signal$121  + 1'h1;
-  assign \$687  = \$signal$282  >= \$signal$130 ;
+  assign \$591  = ~ rd_busy;
+  assign \$592  = pc + 1'h1;
+  assign \$593  = \$signal$121  + 1'h1;
+  assign \$594  = ~ \$signal$247 ;
+  assign \$595  = rd_data__valid & \$594 ;
+  assign \$596  = \$signal$248  < l0_acc;
+  assign \$597  = \$signal$248  + 1'h1;
+  assign \$598  = \$signal$250  + 1'h1;
+  assign \$599  = \$signal$250  + 1'h1;
+  assign \$600  = ins[243:238] == 1'h1;
+  assign \$601  = ins[243:238] == 2'h2;
+  assign \$602  = \$601  ? 2'h2 : 2'h1;
+  assign \$603  = \$600  ? 3'h4 : { 1'h0, \$602  };
+  assign \$604  = \$599  >= \$603 ;
+  assign \$605  = ~ rd_busy;
+  assign \$606  = ~ \$signal$247 ;
+  assign \$607  = \$605  & \$606 ;
+  assign \$608  = \$signal$248  >= l0_acc;
+  assign \$609  = \$607  & \$608 ;
+  assign \$610  = pc + 1'h1;
+  assign \$611  = \$signal$121  + 1'h1;
+  assign \$612  = ~ \$signal$251 ;
+  assign \$613  = \$signal$252  < 1'h1;
+  assign \$614  = \$612  & \$613 ;
+  assign \$615  = \$signal$253  < l0_acc;
+  assign \$616  = \$614  & \$615 ;
+  assign \$617  = ~ \$signal$254 ;
+  assign \$618  = \$616  & \$617 ;
+  assign \$619  = \$signal$253  + 1'h1;
+  assign \$620  = \$signal$252  + 1'h1;
+  assign \$621  = ~ \$signal$251 ;
+  assign \$622  = ~ \$signal$254 ;
+  assign \$623  = \$621  & \$622 ;
+  assign \$624  = | \$signal$252 ;
+  assign \$625  = \$623  & \$624 ;
+  assign \$626  = \$signal$252  == 1'h1;
+  assign \$627  = \$signal$253  >= l0_acc;
+  assign \$628  = \$626  | \$627 ;
+  assign \$629  = \$625  & \$628 ;
+  assign \$630  = wr_data__valid & wr_data__ready;
+  assign \$631  = ~ wr_busy;
+  assign \$632  = \$signal$253  >= l0_acc;
+  assign \$633  = \$631  & \$632 ;
+  assign \$634  = ~ \$signal$251 ;
+  assign \$635  = \$633  & \$634 ;
+  assign \$636  = ~ \$signal$254 ;
+  assign \$637  = \$635  & \$636 ;
+  assign \$638  = pc + 1'h1;
+  assign \$639  = \$signal$121  + 1'h1;
+  assign \$640  = \$signal$256  + 1'h1;
+  assign \$641  = \$signal$256  == 4'h8;
+  assign \$642  = ~ \$signal$261 ;
+  assign \$643  = ~ \$signal$262 ;
+  assign \$644  = \$642  & \$643 ;
+  assign \$645  = rt_lane < 1'h1;
+  assign \$646  = \$644  & \$645 ;
+  assign \$647  = \$signal$265  < 4'h8;
+  assign \$648  = rt_lane + 1'h1;
+  assign \$649  = \$signal$265  + 1'h1;
+  assign \$650  = \$signal$339  ? \$signature__data [12:0] : 13'h0000;
+  assign \$652  = scores__valid & scores__ready;
+  assign \$653  = \$signal$265  >= 4'h8;
+  assign \$654  = \$signal$335  + 1'h1;
+  assign \$655  = \$signal$264  + 4'h8;
+  assign \$656  = \$signal$335  + 1'h1;
+  assign \$657  = \$656  >= m_eff[13:0];
+  assign \$658  = ~ \$signal$270 ;
+  assign \$659  = routes__valid & \$658 ;
+  assign \$660  = ~ rt_wphase;
+  assign \$661  = \$signal$270  & \$660 ;
+  assign \$662  = \$signal$270  & rt_wphase;
+  assign \$663  = rt_s == 1'h1;
+  assign \$664  = \$signal$274 [19] | \$663 ;
+  assign \$665  = \$signal$337  + 1'h1;
+  assign \$666  = \$signal$272  + 2'h2;
+  assign \$667  = rt_s + 1'h1;
+  assign \$668  = \$signal$337  >= m_eff[13:0];
+  assign \$669  = \$signal$276  == \$signal$256 ;
+  assign \$670  = \$signal$278  + 1'h1;
+  assign \$671  = \$signal$275  + 1'h1;
+  assign \$672  = \$671  < l1_acc[13:2];
+  assign \$673  = \$signal$275  + 1'h1;
+  assign \$674  = \$signal$343  == 1'h1;
+  assign \$675  = \$signal$279  + 1'h1;
+  assign \$676  = \$signal$343  + 1'h1;
+  assign \$677  = \$signal$256  + 1'h1;
+  assign \$678  = \$signal$256  + 1'h1;
+  assign \$679  = \$678  < 4'h8;
+  assign \$680  = pc + 1'h1;
+  assign \$681  = \$signal$121  + 1'h1;
+  assign \$682  = \$signal$282  >= 4'h8;
+  assign \$683  = \$signal$121  + 1'h1;
+  assign \$684  = \$signal$282  + 1'h1;
+  assign \$685  = | \$signal$276 ;
+  assign \$686  = | rd1_q[23:14];
+  assign \$687  = \$686  ? 14'h3fff : rd1_q[13:0];
   assign \$688  = pc + 1'h1;
   assign \$689  = \$signal$121  + 1'h1;
-  assign \$690  = $signed(\$signature__data ) < $signed(1'h0);
-  assign \$691  = $signed(\$signature__data ) >= $signed({ 1'h0, m_eff });
-  assign \$692  = \$690  | \$691 ;
-  assign \$693  = | l2_y;
-  assign \$694  = \$signal$283  < ins[61:48];
-  assign \$695  = \$signal$283  + 1'h1;
-  assign \$696  = ins[5:0] == 4'ha;
-  assign \$697  = \$696  ? { 1'h0, \$signal$284  } : l2_acc;
-  assign \$698  = ins[124:112] + \$697 ;
-  assign \$699  = \$698  + \$signal$283 ;
-  assign \$700  = \$signal$283  >= ins[61:48];
-  assign \$701  = \$700  & \$signal$285 ;
-  assign \$702  = \$signal$282  + 1'h1;
-  assign \$703  = \$signal$284  + ins[61:48];
-  assign \$704  = ~ rd_busy;
-  assign \$705  = ~ wr_busy;
-  assign \$706  = \$704  & \$705 ;
-  assign \$707  = ~ \$signal$108 ;
-  assign \$708  = \$signal$103  & \$707 ;
+  assign \$690  = \$signal$283  >= \$signal$130 ;
+  assign \$691  = pc + 1'h1;
+  assign \$692  = \$signal$121  + 1'h1;
+  assign \$693  = $signed(\$signal$276 ) < $signed(1'h0);
+  assign \$694  = $signed(\$signal$276 ) >= $signed({ 1'h0, m_eff });
+  assign \$695  = \$693  | \$694 ;
+  assign \$696  = | l2_y;
+  assign \$697  = \$signal$284  < ins[61:48];
+  assign \$698  = \$signal$284  + 1'h1;
+  assign \$699  = ins[5:0] == 4'ha;
+  assign \$700  = \$699  ? { 1'h0, \$signal$285  } : l2_acc;
+  assign \$701  = ins[124:112] + \$700 ;
+  assign \$702  = \$701  + \$signal$284 ;
+  assign \$703  = \$signal$284  >= ins[61:48];
+  assign \$704  = \$703  & \$signal$286 ;
+  assign \$705  = \$signal$283  + 1'h1;
+  assign \$706  = \$signal$285  + ins[61:48];
+  assign \$707  = ~ rd_busy;
+  assign \$708  = ~ wr_busy;
+  assign \$709  = \$707  & \$708 ;
+  assign \$710  = ~ \$signal$108 ;
+  assign \$711  = \$signal$103  & \$710 ;
   always @(posedge clk)
-    \$signal$119  <= \$709 ;
+    \$signal$119  <= \$712 ;
   always @(posedge clk)
-    host_size <= \$710 ;
+    host_size <= \$713 ;
   always @(posedge clk)
-    rsel <= \$711 ;
+    rsel <= \$714 ;
   always @(posedge clk)
-    l0_acc <= \$712 ;
+    l0_acc <= \$715 ;
   always @(posedge clk)
-    l0_x <= \$713 ;
+    l0_x <= \$716 ;
   always @(posedge clk)
-    l0_y <= \$714 ;
+    l0_y <= \$717 ;
   always @(posedge clk)
-    l1_acc <= \$715 ;
+    l1_acc <= \$718 ;
   always @(posedge clk)
-    l1_x <= \$716 ;
+    l1_x <= \$719 ;
   always @(posedge clk)
-    l1_y <= \$717 ;
+    l1_y <= \$720 ;
   always @(posedge clk)
-    l2_acc <= \$718 ;
+    l2_acc <= \$721 ;
   always @(posedge clk)
-    l2_x <= \$719 ;
+    l2_x <= \$722 ;
   always @(posedge clk)
-    l2_y <= \$720 ;
+    l2_y <= \$723 ;
   always @(posedge clk)
-    l3_acc <= \$721 ;
+    l3_acc <= \$724 ;
   always @(posedge clk)
-    l3_x <= \$722 ;
+    l3_x <= \$725 ;
   always @(posedge clk)
-    l3_y <= \$723 ;
+    l3_y <= \$726 ;
   always @(posedge clk)
-    l4_acc <= \$724 ;
+    l4_acc <= \$727 ;
   always @(posedge clk)
-    l4_x <= \$725 ;
+    l4_x <= \$728 ;
   always @(posedge clk)
-    l4_y <= \$726 ;
+    l4_y <= \$729 ;
   always @(posedge clk)
-    lh_acc <= \$727 ;
+    lh_acc <= \$730 ;
   always @(posedge clk)
-    lh_x <= \$728 ;
+    lh_x <= \$731 ;
   always @(posedge clk)
-    lh_y <= \$729 ;
+    lh_y <= \$732 ;
   always @(posedge clk)
-    decode_q <= \$730 ;
+    decode_q <= \$733 ;
   always @(posedge clk)
-    \$signal$156  <= \$731 ;
+    \$signal$156  <= \$734 ;
   always @(posedge clk)
-    \$signal$169  <= \$732 ;
+    \$signal$169  <= \$735 ;
   always @(posedge clk)
-    i__payload <= \$733 ;
+    i__payload <= \$736 ;
   always @(posedge clk)
-    b_word <= \$734 ;
+    b_word <= \$737 ;
   always @(posedge clk)
-    \$signal$155  <= \$735 ;
+    \$signal$155  <= \$738 ;
   always @(posedge clk)
-    \$signal$296  <= \$736 ;
+    \$signal$297  <= \$739 ;
   always @(posedge clk)
-    idx0 <= \$737 ;
+    idx0 <= \$740 ;
   always @(posedge clk)
-    \$signal$151  <= \$738 ;
+    \$signal$151  <= \$741 ;
   always @(posedge clk)
-    \$signal$153  <= \$739 ;
+    \$signal$153  <= \$742 ;
   always @(posedge clk)
-    idx1 <= \$740 ;
+    idx1 <= \$743 ;
   always @(posedge clk)
-    \$signal$305  <= \$741 ;
+    \$signal$306  <= \$744 ;
   always @(posedge clk)
-    \$signal$307  <= \$742 ;
+    \$signal$308  <= \$745 ;
   always @(posedge clk)
-    idx2 <= \$743 ;
+    idx2 <= \$746 ;
   always @(posedge clk)
-    \$signal$310  <= \$744 ;
+    \$signal$311  <= \$747 ;
   always @(posedge clk)
-    \$signal$312  <= \$745 ;
+    \$signal$313  <= \$748 ;
   always @(posedge clk)
-    \$signal$298  <= \$746 ;
+    \$signal$299  <= \$749 ;
   always @(posedge clk)
-    \$signal$315  <= \$747 ;
+    \$signal$316  <= \$750 ;
   always @(posedge clk)
-    gm_cap_lane <= \$748 ;
+    gm_cap_lane <= \$751 ;
   always @(posedge clk)
-    gm_lane <= \$749 ;
+    gm_lane <= \$752 ;
   always @(posedge clk)
-    \$signal$215  <= \$750 ;
+    \$signal$215  <= \$753 ;
   always @(posedge clk)
-    a_in__payload <= \$751 ;
+    a_in__payload <= \$754 ;
   always @(posedge clk)
-    a_in__valid <= \$752 ;
+    a_in__valid <= \$755 ;
   always @(posedge clk)
-    \$signal$318  <= \$753 ;
+    \$signal$319  <= \$756 ;
   always @(posedge clk)
-    gm_wstart <= \$754 ;
+    gm_wstart <= \$757 ;
   always @(posedge clk)
-    \$signal$214  <= \$755 ;
+    \$signal$214  <= \$758 ;
   always @(posedge clk)
-    gm_afeed_done <= \$756 ;
+    gm_afeed_done <= \$759 ;
   always @(posedge clk)
-    gc_lane <= \$757 ;
+    gc_lane <= \$760 ;
   always @(posedge clk)
-    \$signal$218  <= \$758 ;
+    \$signal$218  <= \$761 ;
   always @(posedge clk)
-    \$signal$320  <= \$759 ;
+    \$signal$321  <= \$762 ;
   always @(posedge clk)
-    gc_wstart <= \$760 ;
+    gc_wstart <= \$763 ;
   always @(posedge clk)
-    \$signal$221  <= \$761 ;
+    \$signal$221  <= \$764 ;
   always @(posedge clk)
-    \$signal$118  <= \$762 ;
+    \$signal$118  <= \$765 ;
   always @(posedge clk)
-    busy_dma <= \$763 ;
+    busy_dma <= \$766 ;
   always @(posedge clk)
-    busy_gemm <= \$764 ;
+    busy_gemm <= \$767 ;
   always @(posedge clk)
-    busy_act <= \$765 ;
+    busy_act <= \$768 ;
   always @(posedge clk)
-    busy_route <= \$766 ;
+    busy_route <= \$769 ;
   always @(posedge clk)
-    busy_vector <= \$767 ;
+    busy_vector <= \$770 ;
   always @(posedge clk)
-    busy_move <= \$768 ;
+    busy_move <= \$771 ;
   always @(posedge clk)
-    \$signal$108  <= \$769 ;
+    \$signal$276  <= \$772 ;
   always @(posedge clk)
-    \$signal$109  <= \$770 ;
+    rd1_q <= \$773 ;
   always @(posedge clk)
-    err <= \$771 ;
+    \$signal$108  <= \$774 ;
   always @(posedge clk)
-    pc <= \$772 ;
+    \$signal$109  <= \$775 ;
   always @(posedge clk)
-    \$signal$121  <= \$773 ;
+    err <= \$776 ;
   always @(posedge clk)
-    \$signal$142  <= \$774 ;
+    pc <= \$777 ;
   always @(posedge clk)
-    exp_active <= \$775 ;
+    \$signal$121  <= \$778 ;
   always @(posedge clk)
-    \$signal$144  <= \$776 ;
+    \$signal$142  <= \$779 ;
   always @(posedge clk)
-    ctrl_state <= \$777 ;
+    exp_active <= \$780 ;
   always @(posedge clk)
-    stop_code <= \$778 ;
+    \$signal$144  <= \$781 ;
   always @(posedge clk)
-    cur_unit <= \$779 ;
+    ctrl_state <= \$782 ;
   always @(posedge clk)
-    ins <= \$780 ;
+    stop_code <= \$783 ;
   always @(posedge clk)
-    ph2 <= \$781 ;
+    cur_unit <= \$784 ;
   always @(posedge clk)
-    checked <= \$782 ;
+    ins <= \$785 ;
   always @(posedge clk)
-    \$signal$177  <= \$783 ;
+    ph2 <= \$786 ;
   always @(posedge clk)
-    \$signal$160  <= \$784 ;
+    checked <= \$787 ;
   always @(posedge clk)
-    shift <= \$785 ;
+    \$signal$177  <= \$788 ;
   always @(posedge clk)
-    cnt0 <= \$786 ;
+    \$signal$160  <= \$789 ;
   always @(posedge clk)
-    cnt1 <= \$787 ;
+    shift <= \$790 ;
   always @(posedge clk)
-    cnt2 <= \$788 ;
+    cnt0 <= \$791 ;
   always @(posedge clk)
-    sa0 <= \$789 ;
+    cnt1 <= \$792 ;
   always @(posedge clk)
-    sa1 <= \$790 ;
+    cnt2 <= \$793 ;
   always @(posedge clk)
-    sa2 <= \$791 ;
+    sa0 <= \$794 ;
   always @(posedge clk)
-    sb0 <= \$792 ;
+    sa1 <= \$795 ;
   always @(posedge clk)
-    sb1 <= \$793 ;
+    sa2 <= \$796 ;
   always @(posedge clk)
-    sb2 <= \$794 ;
+    sb0 <= \$797 ;
   always @(posedge clk)
-    \$signal$325  <= \$795 ;
+    sb1 <= \$798 ;
   always @(posedge clk)
-    \$signal$244  <= \$796 ;
+    sb2 <= \$799 ;
   always @(posedge clk)
-    \$signal$247  <= \$797 ;
+    \$signal$327  <= \$800 ;
   always @(posedge clk)
-    \$signal$250  <= \$798 ;
+    \$signal$244  <= \$801 ;
   always @(posedge clk)
-    \$signal$248  <= \$799 ;
+    \$signal$247  <= \$802 ;
   always @(posedge clk)
-    \$signal$251  <= \$800 ;
+    \$signal$250  <= \$803 ;
   always @(posedge clk)
-    \$signal$252  <= \$801 ;
+    \$signal$248  <= \$804 ;
   always @(posedge clk)
-    \$signal$253  <= \$802 ;
+    \$signal$251  <= \$805 ;
   always @(posedge clk)
-    \$signal$254  <= \$803 ;
+    \$signal$252  <= \$806 ;
   always @(posedge clk)
-    wr_data__payload <= \$804 ;
+    \$signal$253  <= \$807 ;
   always @(posedge clk)
-    \$signal$256  <= \$805 ;
+    \$signal$254  <= \$808 ;
   always @(posedge clk)
-    \$signal$279  <= \$806 ;
+    wr_data__payload <= \$809 ;
   always @(posedge clk)
-    \$signal$276  <= \$807 ;
+    \$signal$256  <= \$810 ;
   always @(posedge clk)
-    \$signal$282  <= \$808 ;
+    \$signal$280  <= \$811 ;
   always @(posedge clk)
-    \$signal$284  <= \$809 ;
+    \$signal$277  <= \$812 ;
   always @(posedge clk)
-    \$signal$145  <= \$810 ;
+    \$signal$283  <= \$813 ;
   always @(posedge clk)
-    scores_len <= \$811 ;
+    \$signal$285  <= \$814 ;
   always @(posedge clk)
-    \$signal$249  <= \$812 ;
+    \$signal$145  <= \$815 ;
   always @(posedge clk)
-    \$signal$330  <= \$813 ;
+    scores_len <= \$816 ;
   always @(posedge clk)
-    \$signal$333  <= \$814 ;
+    \$signal$249  <= \$817 ;
   always @(posedge clk)
-    \$signal$265  <= \$815 ;
+    \$signal$332  <= \$818 ;
   always @(posedge clk)
-    rt_lane <= \$816 ;
+    \$signal$335  <= \$819 ;
   always @(posedge clk)
-    \$signal$261  <= \$817 ;
+    \$signal$265  <= \$820 ;
   always @(posedge clk)
-    \$signal$264  <= \$818 ;
+    rt_lane <= \$821 ;
   always @(posedge clk)
-    \$signal$272  <= \$819 ;
+    \$signal$261  <= \$822 ;
   always @(posedge clk)
-    \$signal$262  <= \$820 ;
+    \$signal$264  <= \$823 ;
   always @(posedge clk)
-    \$signal$334  <= \$821 ;
+    \$signal$272  <= \$824 ;
   always @(posedge clk)
-    \$signal$335  <= \$822 ;
+    \$signal$262  <= \$825 ;
   always @(posedge clk)
-    rt_s <= \$823 ;
+    \$signal$336  <= \$826 ;
   always @(posedge clk)
-    \$signal$270  <= \$824 ;
+    \$signal$337  <= \$827 ;
   always @(posedge clk)
-    rt_wphase <= \$825 ;
+    rt_s <= \$828 ;
   always @(posedge clk)
-    \$signal$337  <= \$826 ;
+    \$signal$270  <= \$829 ;
   always @(posedge clk)
-    rt_word <= \$827 ;
+    rt_wphase <= \$830 ;
   always @(posedge clk)
-    \$signal$274  <= \$828 ;
+    \$signal$339  <= \$831 ;
   always @(posedge clk)
-    \$signal$275  <= \$829 ;
+    rt_word <= \$832 ;
   always @(posedge clk)
-    \$signal$278  <= \$830 ;
+    \$signal$274  <= \$833 ;
   always @(posedge clk)
-    \$signal$341  <= \$831 ;
+    \$signal$275  <= \$834 ;
   always @(posedge clk)
-    \$signal$277  <= \$832 ;
+    \$signal$279  <= \$835 ;
   always @(posedge clk)
-    \$signal$280  <= \$833 ;
+    \$signal$343  <= \$836 ;
   always @(posedge clk)
-    \$signal$281  <= \$834 ;
+    \$signal$278  <= \$837 ;
   always @(posedge clk)
-    \$signal$243  <= \$835 ;
+    \$signal$281  <= \$838 ;
   always @(posedge clk)
-    \$signal$130  <= \$836 ;
+    \$signal$282  <= \$839 ;
   always @(posedge clk)
-    \$signal$141  <= \$837 ;
+    \$signal$243  <= \$840 ;
   always @(posedge clk)
-    \$signal$283  <= \$838 ;
+    \$signal$130  <= \$841 ;
   always @(posedge clk)
-    \$signal$285  <= \$839 ;
+    \$signal$141  <= \$842 ;
   always @(posedge clk)
-    \$signal$286  <= \$840 ;
+    \$signal$284  <= \$843 ;
+  always @(posedge clk)
+    \$signal$286  <= \$844 ;
+  always @(posedge clk)
+    \$signal$287  <= \$845 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -10539,11 +10558,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$145  = \$143  | \$144 ;
   assign \$146  = ins[255:244] < 7'h40;
   assign \$147  = ~ \$146 ;
-  assign \$148  = \$145  & \$147 ;
-  assign \$149  = ins[5:0] != 4'he;
-  assign \$150  = ~ shape_ok;
-  assign \$151  = \$149  & \$150 ;
-  assign \$152  = ins[5:0] == 4'h8;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -10563,9 +10577,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1130$0 (\$841 ),
-    .\port$1148$0 (\$842 ),
-    .\port$3247$0 (beats),
+    .\port$1139$0 (\$846 ),
+    .\port$1157$0 (\$847 ),
+    .\port$3256$0 (beats),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -10594,7 +10608,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$79 (done),
-    .error(\error$328 ),
+    .error(\error$330 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -10925,13 +10939,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           /* empty */;
+      5'h16:
+          /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
           if (\$330 ) begin
           end else begin
             \$signature__addr  = \$331 [12:0];
           end
-      5'h16:
+      5'h17:
+          /* empty */;
+      5'h18:
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
@@ -10939,9 +10957,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$signature__addr  = \$336 [12:0];
           end
-      5'h17:
+      5'h19:
           /* empty */;
-      5'h18:
+      5'h1a:
+          /* empty */;
+      5'h1b:
           if (\$337 ) begin
           end else if (\$338 ) begin
             \$signature__addr  = \$342 [12:0];
@@ -10992,6 +11012,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
+          /* empty */;
+      5'h16:
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
@@ -11055,13 +11077,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           /* empty */;
+      5'h16:
+          /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
           if (\$330 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
-      5'h16:
+      5'h17:
+          /* empty */;
+      5'h18:
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
@@ -11069,9 +11095,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else begin
             \$signature__en  = 1'h1;
           end
-      5'h17:
+      5'h19:
           /* empty */;
-      5'h18:
+      5'h1a:
+          /* empty */;
+      5'h1b:
           if (\$337 ) begin
           end else if (\$338 ) begin
             \$signature__en  = 1'h1;
@@ -11122,6 +11150,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
+          /* empty */;
+      5'h16:
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
@@ -11326,30 +11356,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h11:
           /* empty */;
       5'h12:
+          /* empty */;
+      5'h13:
           if (\$320 ) begin
             wr__addr = \$321 [12:0];
           end
-      5'h13:
-          wr__addr = \$323 [12:0];
       5'h14:
+          wr__addr = \$323 [12:0];
+      5'h15:
           (* full_case = 32'd1 *)
           if (\$325 ) begin
           end else begin
             wr__addr = \$326 [12:0];
           end
-      5'h15:
+      5'h16:
           wr__addr = \$329 [12:0];
       5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
           /* empty */;
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$285 ) begin
-            wr__addr = \$signal$286 ;
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$signal$286 ) begin
+            wr__addr = \$signal$287 ;
           end
     endcase
   end
@@ -11406,29 +11442,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h11:
           /* empty */;
       5'h12:
+          /* empty */;
+      5'h13:
           if (\$320 ) begin
             wr__data = { 18'h00000, \$signal$275  };
           end
-      5'h13:
-          wr__data = { 18'h00000, \$signal$278  };
       5'h14:
+          wr__data = { 18'h00000, \$signal$279  };
+      5'h15:
           (* full_case = 32'd1 *)
           if (\$325 ) begin
           end else begin
             wr__data = { \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327  };
           end
-      5'h15:
-          wr__data = { 18'h00000, \$signal$280  };
-      5'h0b:
-          /* empty */;
       5'h16:
-          /* empty */;
-      5'h0c:
+          wr__data = { 18'h00000, \$signal$281  };
+      5'h0b:
           /* empty */;
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$285 ) begin
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$signal$286 ) begin
             wr__data = \$signature__data ;
           end
     endcase
@@ -11486,29 +11528,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h11:
           /* empty */;
       5'h12:
+          /* empty */;
+      5'h13:
           if (\$320 ) begin
             wr__en = 1'h1;
           end
-      5'h13:
-          wr__en = 1'h1;
       5'h14:
+          wr__en = 1'h1;
+      5'h15:
           (* full_case = 32'd1 *)
           if (\$325 ) begin
           end else begin
             wr__en = 1'h1;
           end
-      5'h15:
+      5'h16:
           wr__en = 1'h1;
       5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
           /* empty */;
       5'h17:
           /* empty */;
       5'h18:
-          if (\$signal$285 ) begin
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$signal$286 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -11980,15 +12028,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           /* empty */;
-      5'h0b:
-          /* empty */;
       5'h16:
           /* empty */;
-      5'h0c:
+      5'h0b:
           /* empty */;
       5'h17:
           /* empty */;
       5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
           /* empty */;
       5'h02:
           abort = 1'h1;
@@ -12036,15 +12090,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           /* empty */;
-      5'h0b:
-          /* empty */;
       5'h16:
           /* empty */;
-      5'h0c:
+      5'h0b:
           /* empty */;
       5'h17:
           /* empty */;
       5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
           /* empty */;
       5'h02:
           unit_rst = 1'h1;
@@ -12055,40 +12115,40 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$709  = \$signal$119 ;
-    if (\$371 ) begin
-      \$709  = wr_data;
+    \$712  = \$signal$119 ;
+    if (\$374 ) begin
+      \$712  = wr_data;
     end
     if (rst) begin
-      \$709  = 32'd0;
+      \$712  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$710  = host_size;
-    if (\$373 ) begin
-      \$710  = wr_data;
+    \$713  = host_size;
+    if (\$376 ) begin
+      \$713  = wr_data;
     end
     if (rst) begin
-      \$710  = 32'd0;
+      \$713  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$711  = rsel;
+    \$714  = rsel;
     if (rd_en) begin
-      \$711  = s_axil__araddr;
+      \$714  = s_axil__araddr;
     end
     if (rst) begin
-      \$711  = 20'h00000;
+      \$714  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$712  = l0_acc;
-    if (\$374 ) begin
+    \$715  = l0_acc;
+    if (\$377 ) begin
       if (l0_y[0]) begin
-        \$712  = \$378 ;
+        \$715  = \$381 ;
       end
     end
     casez (ctrl_state)
@@ -12097,82 +12157,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$324 [5:0])
+          casez (\$signature__data$326 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$712  = 14'h0000;
-          endcase
-    endcase
-    if (rst) begin
-      \$712  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$713  = l0_x;
-    if (\$374 ) begin
-      \$713  = \$380 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$324 [5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$713  = \$510 ;
-          endcase
-    endcase
-    if (rst) begin
-      \$713  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$714  = l0_y;
-    if (\$374 ) begin
-      \$714  = \$381 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-        begin
-          \$714  = 16'h0000;
-          casez (\$signature__data$324 [5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$714  = \$508 ;
-          endcase
-        end
-    endcase
-    if (rst) begin
-      \$714  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$715  = l1_acc;
-    if (\$382 ) begin
-      if (l1_y[0]) begin
-        \$715  = \$386 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$324 [5:0])
-            6'h03:
-                \$715  = 14'h0000;
-            6'h0c:
-                \$715  = 14'h0000;
-            6'h0a, 6'h0b:
-                \$715  = 14'h0000;
-            6'h08:
                 \$715  = 14'h0000;
           endcase
     endcase
@@ -12182,9 +12168,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$716  = l1_x;
-    if (\$382 ) begin
-      \$716  = \$388 [13:0];
+    \$716  = l0_x;
+    if (\$377 ) begin
+      \$716  = \$383 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12192,15 +12178,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$324 [5:0])
-            6'h03:
-                \$716  = \$515 ;
-            6'h0c:
-                \$716  = \$541 ;
-            6'h0a, 6'h0b:
-                \$716  = \$545 ;
-            6'h08:
-                \$716  = 14'h0008;
+          casez (\$signature__data$326 [5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$716  = \$513 ;
           endcase
     endcase
     if (rst) begin
@@ -12209,9 +12189,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$717  = l1_y;
-    if (\$382 ) begin
-      \$717  = \$389 ;
+    \$717  = l0_y;
+    if (\$377 ) begin
+      \$717  = \$384 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12221,15 +12201,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
         begin
           \$717  = 16'h0000;
-          casez (\$signature__data$324 [5:0])
-            6'h03:
-                \$717  = \$513 ;
-            6'h0c:
-                \$717  = \$539 ;
-            6'h0a, 6'h0b:
-                \$717  = \$signal$130 ;
-            6'h08:
-                \$717  = \$548 ;
+          casez (\$signature__data$326 [5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$717  = \$511 ;
           endcase
         end
     endcase
@@ -12239,10 +12213,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$718  = l2_acc;
-    if (\$390 ) begin
-      if (l2_y[0]) begin
-        \$718  = \$394 ;
+    \$718  = l1_acc;
+    if (\$385 ) begin
+      if (l1_y[0]) begin
+        \$718  = \$389 ;
       end
     end
     casez (ctrl_state)
@@ -12251,56 +12225,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$324 [5:0])
+          casez (\$signature__data$326 [5:0])
             6'h03:
                 \$718  = 14'h0000;
             6'h0c:
                 \$718  = 14'h0000;
+            6'h0a, 6'h0b:
+                \$718  = 14'h0000;
+            6'h08:
+                \$718  = 14'h0000;
           endcase
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          (* full_case = 32'd1 *)
-          if (\$692 ) begin
-          end else begin
-            \$718  = 14'h0000;
-          end
     endcase
     if (rst) begin
       \$718  = 14'h0000;
@@ -12308,9 +12242,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$719  = l2_x;
-    if (\$390 ) begin
-      \$719  = \$396 [13:0];
+    \$719  = l1_x;
+    if (\$385 ) begin
+      \$719  = \$391 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12318,56 +12252,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$324 [5:0])
+          casez (\$signature__data$326 [5:0])
             6'h03:
-                \$719  = \$523 ;
+                \$719  = \$518 ;
             6'h0c:
-                \$719  = \$543 ;
+                \$719  = \$544 ;
+            6'h0a, 6'h0b:
+                \$719  = \$548 ;
+            6'h08:
+                \$719  = 14'h0008;
           endcase
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          (* full_case = 32'd1 *)
-          if (\$692 ) begin
-          end else begin
-            \$719  = ins[61:48];
-          end
     endcase
     if (rst) begin
       \$719  = 14'h0000;
@@ -12375,9 +12269,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$720  = l2_y;
-    if (\$390 ) begin
-      \$720  = \$397 ;
+    \$720  = l1_y;
+    if (\$385 ) begin
+      \$720  = \$392 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12387,11 +12281,189 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
         begin
           \$720  = 16'h0000;
-          casez (\$signature__data$324 [5:0])
+          casez (\$signature__data$326 [5:0])
             6'h03:
-                \$720  = \$521 [15:0];
+                \$720  = \$516 ;
             6'h0c:
-                \$720  = \$signature__data$324 [47:32];
+                \$720  = \$542 ;
+            6'h0a, 6'h0b:
+                \$720  = \$signal$130 ;
+            6'h08:
+                \$720  = \$551 ;
+          endcase
+        end
+    endcase
+    if (rst) begin
+      \$720  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$721  = l2_acc;
+    if (\$393 ) begin
+      if (l2_y[0]) begin
+        \$721  = \$397 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$326 [5:0])
+            6'h03:
+                \$721  = 14'h0000;
+            6'h0c:
+                \$721  = 14'h0000;
+          endcase
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$695 ) begin
+          end else begin
+            \$721  = 14'h0000;
+          end
+    endcase
+    if (rst) begin
+      \$721  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$722  = l2_x;
+    if (\$393 ) begin
+      \$722  = \$399 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$326 [5:0])
+            6'h03:
+                \$722  = \$526 ;
+            6'h0c:
+                \$722  = \$546 ;
+          endcase
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$695 ) begin
+          end else begin
+            \$722  = ins[61:48];
+          end
+    endcase
+    if (rst) begin
+      \$722  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$723  = l2_y;
+    if (\$393 ) begin
+      \$723  = \$400 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$723  = 16'h0000;
+          casez (\$signature__data$326 [5:0])
+            6'h03:
+                \$723  = \$524 [15:0];
+            6'h0c:
+                \$723  = \$signature__data$326 [47:32];
           endcase
         end
       5'h04:
@@ -12426,100 +12498,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           /* empty */;
+      5'h16:
+          /* empty */;
       5'h0b:
           /* empty */;
-      5'h16:
+      5'h17:
+          /* empty */;
+      5'h18:
           /* empty */;
       5'h0c:
           /* empty */;
-      5'h17:
+      5'h19:
+          /* empty */;
+      5'h1a:
           (* full_case = 32'd1 *)
-          if (\$692 ) begin
+          if (\$695 ) begin
           end else begin
-            \$720  = \$signature__data [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$720  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$721  = l3_acc;
-    if (\$398 ) begin
-      if (l3_y[0]) begin
-        \$721  = \$402 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$324 [5:0])
-            6'h03:
-                \$721  = 14'h0000;
-          endcase
-      5'h04:
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-            \$721  = 14'h0000;
-          end
-    endcase
-    if (rst) begin
-      \$721  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$722  = l3_x;
-    if (\$398 ) begin
-      \$722  = \$404 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$324 [5:0])
-            6'h03:
-                \$722  = \$531 ;
-          endcase
-      5'h04:
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-            \$722  = l2_acc;
-          end
-    endcase
-    if (rst) begin
-      \$722  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$723  = l3_y;
-    if (\$398 ) begin
-      \$723  = \$405 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-        begin
-          \$723  = 16'h0000;
-          casez (\$signature__data$324 [5:0])
-            6'h03:
-                \$723  = \$529 [15:0];
-          endcase
-        end
-      5'h04:
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-            \$723  = m_eff;
+            \$723  = \$signal$276 [15:0];
           end
     endcase
     if (rst) begin
@@ -12528,10 +12523,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$724  = l4_acc;
-    if (\$406 ) begin
-      if (l4_y[0]) begin
-        \$724  = \$410 ;
+    \$724  = l3_acc;
+    if (\$401 ) begin
+      if (l3_y[0]) begin
+        \$724  = \$405 ;
       end
     end
     casez (ctrl_state)
@@ -12540,10 +12535,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$324 [5:0])
+          casez (\$signature__data$326 [5:0])
             6'h03:
                 \$724  = 14'h0000;
           endcase
+      5'h04:
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+            \$724  = 14'h0000;
+          end
     endcase
     if (rst) begin
       \$724  = 14'h0000;
@@ -12551,9 +12551,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$725  = l4_x;
-    if (\$406 ) begin
-      \$725  = \$412 [13:0];
+    \$725  = l3_x;
+    if (\$401 ) begin
+      \$725  = \$407 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12561,10 +12561,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$324 [5:0])
+          casez (\$signature__data$326 [5:0])
             6'h03:
-                \$725  = \$536 ;
+                \$725  = \$534 ;
           endcase
+      5'h04:
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+            \$725  = l2_acc;
+          end
     endcase
     if (rst) begin
       \$725  = 14'h0000;
@@ -12572,9 +12577,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$726  = l4_y;
-    if (\$406 ) begin
-      \$726  = \$413 ;
+    \$726  = l3_y;
+    if (\$401 ) begin
+      \$726  = \$408 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12584,11 +12589,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
         begin
           \$726  = 16'h0000;
-          casez (\$signature__data$324 [5:0])
+          casez (\$signature__data$326 [5:0])
             6'h03:
-                \$726  = \$534 [15:0];
+                \$726  = \$532 [15:0];
           endcase
         end
+      5'h04:
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+            \$726  = m_eff;
+          end
     endcase
     if (rst) begin
       \$726  = 16'h0000;
@@ -12596,10 +12606,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$727  = lh_acc;
-    if (\$414 ) begin
-      if (lh_y[0]) begin
-        \$727  = \$418 ;
+    \$727  = l4_acc;
+    if (\$409 ) begin
+      if (l4_y[0]) begin
+        \$727  = \$413 ;
       end
     end
     casez (ctrl_state)
@@ -12608,17 +12618,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$727  = { 1'h0, \$signature__data$324 [167:136] };
+          casez (\$signature__data$326 [5:0])
+            6'h03:
+                \$727  = 14'h0000;
+          endcase
     endcase
     if (rst) begin
-      \$727  = 33'h000000000;
+      \$727  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$728  = lh_x;
-    if (\$414 ) begin
-      \$728  = \$420 [32:0];
+    \$728  = l4_x;
+    if (\$409 ) begin
+      \$728  = \$415 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12626,17 +12639,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$728  = { 1'h0, \$signature__data$324 [199:168] };
+          casez (\$signature__data$326 [5:0])
+            6'h03:
+                \$728  = \$539 ;
+          endcase
     endcase
     if (rst) begin
-      \$728  = 33'h000000000;
+      \$728  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$729  = lh_y;
-    if (\$414 ) begin
-      \$729  = \$421 ;
+    \$729  = l4_y;
+    if (\$409 ) begin
+      \$729  = \$416 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12644,7 +12660,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$729  = { 12'h000, \$551  };
+        begin
+          \$729  = 16'h0000;
+          casez (\$signature__data$326 [5:0])
+            6'h03:
+                \$729  = \$537 [15:0];
+          endcase
+        end
     endcase
     if (rst) begin
       \$729  = 16'h0000;
@@ -12652,17 +12674,73 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$730  = decode_err;
+    \$730  = lh_acc;
+    if (\$417 ) begin
+      if (lh_y[0]) begin
+        \$730  = \$421 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$730  = { 1'h0, \$signature__data$326 [167:136] };
+    endcase
     if (rst) begin
-      \$730  = 8'h00;
+      \$730  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$731  = \$signal$156 ;
+    \$731  = lh_x;
+    if (\$417 ) begin
+      \$731  = \$423 [32:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$731  = { 1'h0, \$signature__data$326 [199:168] };
+    endcase
+    if (rst) begin
+      \$731  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$732  = lh_y;
+    if (\$417 ) begin
+      \$732  = \$424 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$732  = { 12'h000, \$554  };
+    endcase
+    if (rst) begin
+      \$732  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$733  = decode_err;
+    if (rst) begin
+      \$733  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$734  = \$signal$156 ;
     if (eng_run) begin
-      if (\$423 ) begin
-        \$731  = \$signal$155 ;
+      if (\$426 ) begin
+        \$734  = \$signal$155 ;
       end
     end
     casez (ctrl_state)
@@ -12674,184 +12752,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$731  = 1'h0;
+                  \$734  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$731  = 1'h0;
+                  \$734  = 1'h0;
               6'h0c:
-                  \$731  = 1'h0;
+                  \$734  = 1'h0;
               6'h0d:
-                  \$731  = 1'h0;
+                  \$734  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$731  = 1'h0;
+      \$734  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$732  = \$signal$169 ;
+    \$735  = \$signal$169 ;
     if (eng_run) begin
-      if (\$423 ) begin
-        \$732  = \$signal$296 ;
+      if (\$426 ) begin
+        \$735  = \$signal$297 ;
       end
     end
-    if (rst) begin
-      \$732  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$733  = i__payload;
-    if (eng_run) begin
-      if (\$423 ) begin
-        \$733  = \$signature__data ;
-      end
-    end
-    if (rst) begin
-      \$733  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$734  = b_word;
-    if (eng_run) begin
-      if (\$423 ) begin
-        \$734  = \$signature__data$297 ;
-      end
-    end
-    if (rst) begin
-      \$734  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$735  = \$signal$155 ;
-    if (eng_run) begin
-      if (\$427 ) begin
-        \$735  = \$signal$298 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$735  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$735  = 1'h0;
-              6'h0c:
-                  \$735  = 1'h0;
-              6'h0d:
-                  \$735  = 1'h0;
-            endcase
-          end
-    endcase
     if (rst) begin
       \$735  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$736  = \$signal$296 ;
+    \$736  = i__payload;
     if (eng_run) begin
-      if (\$427 ) begin
-        \$736  = \$429 ;
+      if (\$426 ) begin
+        \$736  = \$signature__data ;
       end
     end
     if (rst) begin
-      \$736  = 1'h0;
+      \$736  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$737  = idx0;
+    \$737  = b_word;
     if (eng_run) begin
-      if (\$427 ) begin
-        if (\$signal$298 ) begin
-          (* full_case = 32'd1 *)
-          if (\$431 ) begin
-            \$737  = \$434 [13:0];
-          end else if (\$433 ) begin
-            \$737  = 14'h0000;
-          end else begin
-            \$737  = 14'h0000;
-          end
-        end
+      if (\$426 ) begin
+        \$737  = \$signature__data$298 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$737  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$737  = 14'h0000;
-              6'h0c:
-                  \$737  = 14'h0000;
-              6'h0d:
-                  \$737  = 14'h0000;
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$737  = 14'h0000;
+      \$737  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$738  = \$signal$151 ;
+    \$738  = \$signal$155 ;
     if (eng_run) begin
-      if (\$427 ) begin
-        if (\$signal$298 ) begin
-          (* full_case = 32'd1 *)
-          if (\$431 ) begin
-            \$738  = \$435 [12:0];
-          end else if (\$433 ) begin
-            \$738  = \$439 [12:0];
-          end else begin
-            \$738  = \$445 [12:0];
-          end
-        end
+      if (\$430 ) begin
+        \$738  = \$signal$299 ;
       end
     end
     casez (ctrl_state)
@@ -12863,90 +12829,53 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$738  = ins[76:64];
+                  \$738  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$738  = ins[76:64];
+                  \$738  = 1'h0;
               6'h0c:
-                  \$738  = ins[76:64];
+                  \$738  = 1'h0;
               6'h0d:
-                  \$738  = ins[76:64];
+                  \$738  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$738  = 13'h0000;
+      \$738  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$739  = \$signal$153 ;
+    \$739  = \$signal$297 ;
     if (eng_run) begin
-      if (\$427 ) begin
-        if (\$signal$298 ) begin
-          (* full_case = 32'd1 *)
-          if (\$431 ) begin
-            \$739  = \$436 [12:0];
-          end else if (\$433 ) begin
-            \$739  = \$441 [12:0];
-          end else begin
-            \$739  = \$448 [12:0];
-          end
-        end
+      if (\$430 ) begin
+        \$739  = \$432 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$739  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$739  = ins[100:88];
-              6'h0c:
-                  \$739  = ins[100:88];
-              6'h0d:
-                  \$739  = ins[100:88];
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$739  = 13'h0000;
+      \$739  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$740  = idx1;
+    \$740  = idx0;
     if (eng_run) begin
-      if (\$427 ) begin
-        if (\$signal$298 ) begin
+      if (\$430 ) begin
+        if (\$signal$299 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$433 ) begin
+          if (\$434 ) begin
             \$740  = \$437 [13:0];
+          end else if (\$436 ) begin
+            \$740  = 14'h0000;
           end else begin
             \$740  = 14'h0000;
           end
@@ -12962,11 +12891,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -12988,16 +12917,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$741  = \$signal$305 ;
+    \$741  = \$signal$151 ;
     if (eng_run) begin
-      if (\$427 ) begin
-        if (\$signal$298 ) begin
+      if (\$430 ) begin
+        if (\$signal$299 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$433 ) begin
+          if (\$434 ) begin
             \$741  = \$438 [12:0];
+          end else if (\$436 ) begin
+            \$741  = \$442 [12:0];
           end else begin
-            \$741  = \$444 [12:0];
+            \$741  = \$448 [12:0];
           end
         end
       end
@@ -13011,11 +12941,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13037,16 +12967,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = \$signal$307 ;
+    \$742  = \$signal$153 ;
     if (eng_run) begin
-      if (\$427 ) begin
-        if (\$signal$298 ) begin
+      if (\$430 ) begin
+        if (\$signal$299 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$433 ) begin
-            \$742  = \$440 [12:0];
+          if (\$434 ) begin
+            \$742  = \$439 [12:0];
+          end else if (\$436 ) begin
+            \$742  = \$444 [12:0];
           end else begin
-            \$742  = \$447 [12:0];
+            \$742  = \$451 [12:0];
           end
         end
       end
@@ -13060,11 +12991,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13086,15 +13017,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = idx2;
+    \$743  = idx1;
     if (eng_run) begin
-      if (\$427 ) begin
-        if (\$signal$298 ) begin
+      if (\$430 ) begin
+        if (\$signal$299 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$433 ) begin
+          if (\$434 ) begin
+          end else if (\$436 ) begin
+            \$743  = \$440 [13:0];
           end else begin
-            \$743  = \$442 [13:0];
+            \$743  = 14'h0000;
           end
         end
       end
@@ -13108,11 +13040,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13134,15 +13066,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = \$signal$310 ;
+    \$744  = \$signal$306 ;
     if (eng_run) begin
-      if (\$427 ) begin
-        if (\$signal$298 ) begin
+      if (\$430 ) begin
+        if (\$signal$299 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$433 ) begin
+          if (\$434 ) begin
+          end else if (\$436 ) begin
+            \$744  = \$441 [12:0];
           end else begin
-            \$744  = \$443 [12:0];
+            \$744  = \$447 [12:0];
           end
         end
       end
@@ -13156,11 +13089,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13182,15 +13115,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = \$signal$312 ;
+    \$745  = \$signal$308 ;
     if (eng_run) begin
-      if (\$427 ) begin
-        if (\$signal$298 ) begin
+      if (\$430 ) begin
+        if (\$signal$299 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$433 ) begin
+          if (\$434 ) begin
+          end else if (\$436 ) begin
+            \$745  = \$443 [12:0];
           end else begin
-            \$745  = \$446 [12:0];
+            \$745  = \$450 [12:0];
           end
         end
       end
@@ -13204,11 +13138,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13230,16 +13164,160 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = \$signal$298 ;
+    \$746  = idx2;
     if (eng_run) begin
-      if (\$427 ) begin
-        if (\$signal$298 ) begin
+      if (\$430 ) begin
+        if (\$signal$299 ) begin
           (* full_case = 32'd1 *)
-          if (\$431 ) begin
-          end else if (\$433 ) begin
+          if (\$434 ) begin
+          end else if (\$436 ) begin
           end else begin
-            if (\$450 ) begin
-              \$746  = 1'h0;
+            \$746  = \$445 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$746  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$746  = 14'h0000;
+              6'h0c:
+                  \$746  = 14'h0000;
+              6'h0d:
+                  \$746  = 14'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$746  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$747  = \$signal$311 ;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$signal$299 ) begin
+          (* full_case = 32'd1 *)
+          if (\$434 ) begin
+          end else if (\$436 ) begin
+          end else begin
+            \$747  = \$446 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$747  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$747  = ins[76:64];
+              6'h0c:
+                  \$747  = ins[76:64];
+              6'h0d:
+                  \$747  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$747  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$748  = \$signal$313 ;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$signal$299 ) begin
+          (* full_case = 32'd1 *)
+          if (\$434 ) begin
+          end else if (\$436 ) begin
+          end else begin
+            \$748  = \$449 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$748  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$748  = ins[100:88];
+              6'h0c:
+                  \$748  = ins[100:88];
+              6'h0d:
+                  \$748  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$748  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$749  = \$signal$299 ;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$signal$299 ) begin
+          (* full_case = 32'd1 *)
+          if (\$434 ) begin
+          end else if (\$436 ) begin
+          end else begin
+            if (\$453 ) begin
+              \$749  = 1'h0;
             end
           end
         end
@@ -13254,66 +13332,66 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$746  = 1'h1;
+                  \$749  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$746  = 1'h1;
+                  \$749  = 1'h1;
               6'h0c:
-                  \$746  = 1'h1;
+                  \$749  = 1'h1;
               6'h0d:
-                  \$746  = 1'h1;
+                  \$749  = 1'h1;
             endcase
           end
     endcase
     if (rst) begin
-      \$746  = 1'h0;
+      \$749  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = \$signal$315 ;
+    \$750  = \$signal$316 ;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
-      if (\$459 ) begin
-        \$747  = 1'h1;
+      if (\$462 ) begin
+        \$750  = 1'h1;
       end else begin
-        \$747  = 1'h0;
+        \$750  = 1'h0;
       end
     end
     if (rst) begin
-      \$747  = 1'h0;
+      \$750  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = gm_cap_lane;
+    \$751  = gm_cap_lane;
     if (gemm_run) begin
-      if (\$459 ) begin
-        \$748  = gm_lane[1:0];
+      if (\$462 ) begin
+        \$751  = gm_lane[1:0];
       end
     end
     if (rst) begin
-      \$748  = 2'h0;
+      \$751  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = gm_lane;
+    \$752  = gm_lane;
     if (gemm_run) begin
-      if (\$459 ) begin
-        \$749  = \$460 [2:0];
+      if (\$462 ) begin
+        \$752  = \$463 [2:0];
       end
-      if (\$470 ) begin
-        \$749  = 3'h0;
+      if (\$473 ) begin
+        \$752  = 3'h0;
       end
     end
     casez (ctrl_state)
@@ -13325,11 +13403,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13343,27 +13421,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$749  = 3'h0;
+                  \$752  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$749  = 3'h0;
+      \$752  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = \$signal$215 ;
+    \$753  = \$signal$215 ;
     if (gemm_run) begin
-      if (\$459 ) begin
-        \$750  = \$461 [12:0];
+      if (\$462 ) begin
+        \$753  = \$464 [12:0];
       end
-      if (\$470 ) begin
+      if (\$473 ) begin
         (* full_case = 32'd1 *)
-        if (\$472 ) begin
-          \$750  = \$475 [12:0];
+        if (\$475 ) begin
+          \$753  = \$478 [12:0];
         end else begin
-          \$750  = \$480 [12:0];
+          \$753  = \$483 [12:0];
         end
       end
     end
@@ -13376,11 +13454,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13394,33 +13472,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$750  = ins[76:64];
+                  \$753  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$750  = 13'h0000;
+      \$753  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = a_in__payload;
+    \$754  = a_in__payload;
     if (gemm_run) begin
-      if (\$signal$315 ) begin
+      if (\$signal$316 ) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$751 [7:0] = \$signature__data [7:0];
+              \$754 [7:0] = \$signature__data [7:0];
           2'h1:
-              \$751 [15:8] = \$signature__data [7:0];
+              \$754 [15:8] = \$signature__data [7:0];
           2'h2:
-              \$751 [23:16] = \$signature__data [7:0];
+              \$754 [23:16] = \$signature__data [7:0];
           2'h3:
-              \$751 [31:24] = \$signature__data [7:0];
+              \$754 [31:24] = \$signature__data [7:0];
         endcase
       end
-      if (\$470 ) begin
-        \$751  = 32'd0;
+      if (\$473 ) begin
+        \$754  = 32'd0;
       end
     end
     casez (ctrl_state)
@@ -13432,11 +13510,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13450,23 +13528,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$751  = 32'd0;
+                  \$754  = 32'd0;
             endcase
           end
     endcase
     if (rst) begin
-      \$751  = 32'd0;
+      \$754  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = a_in__valid;
+    \$755  = a_in__valid;
     if (gemm_run) begin
-      if (\$469 ) begin
-        \$752  = 1'h1;
+      if (\$472 ) begin
+        \$755  = 1'h1;
       end
-      if (\$470 ) begin
-        \$752  = 1'h0;
+      if (\$473 ) begin
+        \$755  = 1'h0;
       end
     end
     casez (ctrl_state)
@@ -13478,11 +13556,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13496,24 +13574,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$752  = 1'h0;
+                  \$755  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$752  = 1'h0;
+      \$755  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = \$signal$318 ;
+    \$756  = \$signal$319 ;
     if (gemm_run) begin
-      if (\$470 ) begin
+      if (\$473 ) begin
         (* full_case = 32'd1 *)
-        if (\$472 ) begin
-          \$753  = \$473 [6:0];
+        if (\$475 ) begin
+          \$756  = \$476 [6:0];
         end else begin
-          \$753  = 7'h00;
+          \$756  = 7'h00;
         end
       end
     end
@@ -13526,11 +13604,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13544,24 +13622,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$753  = 7'h00;
+                  \$756  = 7'h00;
             endcase
           end
     endcase
     if (rst) begin
-      \$753  = 7'h00;
+      \$756  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = gm_wstart;
+    \$757  = gm_wstart;
     if (gemm_run) begin
-      if (\$470 ) begin
+      if (\$473 ) begin
         (* full_case = 32'd1 *)
-        if (\$472 ) begin
-          \$754  = \$474 [12:0];
+        if (\$475 ) begin
+          \$757  = \$477 [12:0];
         end else begin
-          \$754  = \$478 [12:0];
+          \$757  = \$481 [12:0];
         end
       end
     end
@@ -13574,11 +13652,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13592,23 +13670,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$754  = ins[76:64];
+                  \$757  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$754  = 13'h0000;
+      \$757  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = \$signal$214 ;
+    \$758  = \$signal$214 ;
     if (gemm_run) begin
-      if (\$470 ) begin
+      if (\$473 ) begin
         (* full_case = 32'd1 *)
-        if (\$472 ) begin
+        if (\$475 ) begin
         end else begin
-          \$755  = \$476 [14:0];
+          \$758  = \$479 [14:0];
         end
       end
     end
@@ -13621,11 +13699,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13639,24 +13717,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$755  = 15'h0000;
+                  \$758  = 15'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$755  = 15'h0000;
+      \$758  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = gm_afeed_done;
+    \$759  = gm_afeed_done;
     if (gemm_run) begin
-      if (\$470 ) begin
+      if (\$473 ) begin
         (* full_case = 32'd1 *)
-        if (\$472 ) begin
+        if (\$475 ) begin
         end else begin
-          if (\$482 ) begin
-            \$756  = 1'h1;
+          if (\$485 ) begin
+            \$759  = 1'h1;
           end
         end
       end
@@ -13670,11 +13748,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13688,22 +13766,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$756  = 1'h0;
+                  \$759  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$756  = 1'h0;
+      \$759  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = gc_lane;
+    \$760  = gc_lane;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$757  = \$483 [1:0];
-        if (\$489 ) begin
-          \$757  = 2'h0;
+        \$760  = \$486 [1:0];
+        if (\$492 ) begin
+          \$760  = 2'h0;
         end
       end
     end
@@ -13716,11 +13794,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13734,26 +13812,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$757  = 2'h0;
+                  \$760  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$757  = 2'h0;
+      \$760  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = \$signal$218 ;
+    \$761  = \$signal$218 ;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$758  = \$484 [12:0];
-        if (\$489 ) begin
+        \$761  = \$487 [12:0];
+        if (\$492 ) begin
           (* full_case = 32'd1 *)
-          if (\$491 ) begin
-            \$758  = \$494 [12:0];
+          if (\$494 ) begin
+            \$761  = \$497 [12:0];
           end else begin
-            \$758  = \$497 [12:0];
+            \$761  = \$500 [12:0];
           end
         end
       end
@@ -13767,11 +13845,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13785,25 +13863,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$758  = ins[124:112];
+                  \$761  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$758  = 13'h0000;
+      \$761  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = \$signal$320 ;
+    \$762  = \$signal$321 ;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$489 ) begin
+        if (\$492 ) begin
           (* full_case = 32'd1 *)
-          if (\$491 ) begin
-            \$759  = \$492 [8:0];
+          if (\$494 ) begin
+            \$762  = \$495 [8:0];
           end else begin
-            \$759  = 9'h000;
+            \$762  = 9'h000;
           end
         end
       end
@@ -13817,11 +13895,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13835,25 +13913,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$759  = 9'h000;
+                  \$762  = 9'h000;
             endcase
           end
     endcase
     if (rst) begin
-      \$759  = 9'h000;
+      \$762  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = gc_wstart;
+    \$763  = gc_wstart;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$489 ) begin
+        if (\$492 ) begin
           (* full_case = 32'd1 *)
-          if (\$491 ) begin
-            \$760  = \$493 [12:0];
+          if (\$494 ) begin
+            \$763  = \$496 [12:0];
           end else begin
-            \$760  = \$496 [12:0];
+            \$763  = \$499 [12:0];
           end
         end
       end
@@ -13867,11 +13945,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13885,24 +13963,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$760  = ins[124:112];
+                  \$763  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$760  = 13'h0000;
+      \$763  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = \$signal$221 ;
+    \$764  = \$signal$221 ;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$489 ) begin
+        if (\$492 ) begin
           (* full_case = 32'd1 *)
-          if (\$491 ) begin
+          if (\$494 ) begin
           end else begin
-            \$761  = \$495 [14:0];
+            \$764  = \$498 [14:0];
           end
         end
       end
@@ -13916,11 +13994,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13934,73 +14012,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$761  = 15'h0000;
+                  \$764  = 15'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$761  = 15'h0000;
+      \$764  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = \$signal$118 ;
+    \$765  = \$signal$118 ;
     if (\$signal$108 ) begin
-      \$762  = \$498 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$762  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$762  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = busy_dma;
-    if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$763  = \$499 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$763  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$763  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = busy_gemm;
-    if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$764  = \$500 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$764  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$764  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = busy_act;
-    if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$765  = \$501 [31:0];
-      end
+      \$765  = \$501 [31:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -14014,9 +14038,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = busy_route;
+    \$766  = busy_dma;
     if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
+      if (cur_unit[0]) begin
         \$766  = \$502 [31:0];
       end
     end
@@ -14032,9 +14056,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = busy_vector;
+    \$767  = busy_gemm;
     if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
+      if (cur_unit[1]) begin
         \$767  = \$503 [31:0];
       end
     end
@@ -14050,9 +14074,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = busy_move;
+    \$768  = busy_act;
     if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
+      if (cur_unit[2]) begin
         \$768  = \$504 [31:0];
       end
     end
@@ -14068,393 +14092,90 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = \$signal$108 ;
+    \$769  = busy_route;
+    if (\$signal$108 ) begin
+      if (cur_unit[3]) begin
+        \$769  = \$505 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$769  = 1'h1;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-            \$769  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h02:
-          if (\$706 ) begin
-            \$769  = 1'h0;
+            \$769  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$769  = 1'h0;
+      \$769  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = \$signal$109 ;
+    \$770  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$770  = \$506 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$770  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-            \$770  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h02:
-          if (\$706 ) begin
-            \$770  = 1'h0;
+            \$770  = 32'd0;
           end
     endcase
-    if (\$708 ) begin
-      \$770  = 1'h0;
-    end
     if (rst) begin
-      \$770  = 1'h0;
+      \$770  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = err;
+    \$771  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$771  = \$507 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$771  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h02:
-          if (\$706 ) begin
-            \$771  = stop_code;
+            \$771  = 32'd0;
           end
     endcase
-    if (\$708 ) begin
-      \$771  = 8'h00;
-    end
     if (rst) begin
-      \$771  = 8'h00;
+      \$771  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$772  = 13'h0000;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$772  = { 1'h0, ins[255:244] };
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$584 ) begin
-            \$772  = \$586 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$588 ) begin
-            \$772  = \$589 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$606 ) begin
-            \$772  = \$607 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$634 ) begin
-            \$772  = \$635 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$676 ) begin
-          end else begin
-            \$772  = \$677 [12:0];
-          end
-      5'h0b:
-          if (\$679 ) begin
-            \$772  = { 1'h0, ins[255:244] };
-          end
-      5'h16:
-          if (\$682 ) begin
-            \$772  = \$685 [12:0];
-          end
-      5'h0c:
-          if (\$687 ) begin
-            \$772  = \$688 [12:0];
-          end
-    endcase
+    \$772  = \$signature__data ;
     if (rst) begin
-      \$772  = 13'h0000;
+      \$772  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = \$signal$121 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$773  = 32'd0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$773  = \$571 [31:0];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$584 ) begin
-            \$773  = \$587 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$588 ) begin
-            \$773  = \$590 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$606 ) begin
-            \$773  = \$608 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$634 ) begin
-            \$773  = \$636 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$676 ) begin
-          end else begin
-            \$773  = \$678 [31:0];
-          end
-      5'h0b:
-          if (\$679 ) begin
-            \$773  = \$680 [31:0];
-          end
-      5'h16:
-          if (\$682 ) begin
-            \$773  = \$686 [31:0];
-          end
-      5'h0c:
-          if (\$687 ) begin
-            \$773  = \$689 [31:0];
-          end
-    endcase
+    \$773  = \$signature__data$298 ;
     if (rst) begin
       \$773  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = \$signal$142 ;
+    \$774  = \$signal$108 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$774  = 1'h0;
+            \$774  = 1'h1;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+            \$774  = 1'h0;
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -14484,10 +14205,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          (* full_case = 32'd1 *)
-          if (\$676 ) begin
-          end else begin
-            \$774  = 1'h1;
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$709 ) begin
+            \$774  = 1'h0;
           end
     endcase
     if (rst) begin
@@ -14496,7 +14233,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = exp_active;
+    \$775  = \$signal$109 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
@@ -14507,7 +14244,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+            \$775  = 1'h1;
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -14537,31 +14278,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          (* full_case = 32'd1 *)
-          if (\$676 ) begin
-          end else begin
-            \$775  = 1'h0;
-          end
-      5'h0b:
-          if (\$679 ) begin
-            \$775  = 1'h0;
-          end
+          /* empty */;
       5'h16:
-          if (\$682 ) begin
-            \$775  = 1'h1;
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$709 ) begin
+            \$775  = 1'h0;
           end
     endcase
+    if (\$711 ) begin
+      \$775  = 1'h0;
+    end
     if (rst) begin
       \$775  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = \$signal$144 ;
+    \$776  = err;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$776  = 1'h0;
+            \$776  = 8'h00;
           end
       5'h01:
           /* empty */;
@@ -14574,700 +14326,382 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$584 ) begin
-            if (\$585 ) begin
-              \$776  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$776  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = ctrl_state;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$777  = 5'h01;
-          end
-      5'h01:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$505 ) begin
-            \$777  = 5'h02;
-          end else begin
-            \$777  = 5'h03;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
-      5'h03:
-        begin
-          \$777  = 5'h04;
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-            \$777  = 5'h00;
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-            \$777  = 5'h02;
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$777  = 5'h01;
-              6'h04:
-                  (* full_case = 32'd1 *)
-                  if (\$573 ) begin
-                    \$777  = 5'h05;
-                  end else begin
-                    \$777  = 5'h06;
-                  end
-              6'h05, 6'h06, 6'h07:
-                  \$777  = 5'h06;
-              6'h0c:
-                  \$777  = 5'h06;
-              6'h0d:
-                  \$777  = 5'h06;
-              6'h03:
-                  (* full_case = 32'd1 *)
-                  if (\$575 ) begin
-                    \$777  = 5'h05;
-                  end else begin
-                    \$777  = 5'h07;
-                  end
-              6'h01:
-                  \$777  = 5'h08;
-              6'h02:
-                  \$777  = 5'h09;
-              6'h08:
-                  \$777  = 5'h0a;
-              6'h09:
-                  \$777  = 5'h0b;
-              6'h0a, 6'h0b:
-                  \$777  = 5'h0c;
-            endcase
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
-      5'h05:
-        begin
-          \$777  = 5'h0d;
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
-      5'h0d:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$581 ) begin
-            \$777  = 5'h07;
-          end else begin
-            \$777  = 5'h06;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
-      5'h06:
-        begin
-          if (\$584 ) begin
-            \$777  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h07:
-        begin
-          if (cmd__ready) begin
-            \$777  = 5'h0e;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h0e:
-        begin
-          if (error) begin
-            \$777  = 5'h02;
-          end else if (done) begin
-            (* full_case = 32'd1 *)
-            if (\error$328 ) begin
-              \$777  = 5'h02;
-            end else begin
-              \$777  = 5'h0f;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h0f:
-        begin
-          if (\$588 ) begin
-            \$777  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h08:
-        begin
-          if (error) begin
-            \$777  = 5'h02;
-          end else if (\$606 ) begin
-            \$777  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h09:
-        begin
-          if (error) begin
-            \$777  = 5'h02;
-          end else if (\$634 ) begin
-            \$777  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h0a:
-        begin
-          if (\$638 ) begin
-            \$777  = 5'h10;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h10:
-        begin
-          if (\$665 ) begin
-            \$777  = 5'h11;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h11:
-        begin
-          \$777  = 5'h12;
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h12:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$666 ) begin
-            \$777  = 5'h13;
-          end else begin
-            \$777  = 5'h14;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h13:
-        begin
-          \$777  = 5'h14;
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h14:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$669 ) begin
-            \$777  = 5'h11;
-          end else begin
-            \$777  = 5'h15;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$676 ) begin
-            \$777  = 5'h11;
-          end else begin
-            \$777  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
-      5'h0b:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$679 ) begin
-            \$777  = 5'h01;
-          end else begin
-            \$777  = 5'h16;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$682 ) begin
-            \$777  = 5'h01;
-          end else begin
-            \$777  = 5'h0b;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
-      5'h0c:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$687 ) begin
-            \$777  = 5'h01;
-          end else begin
-            \$777  = 5'h17;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
+      5'h0b:
+          /* empty */;
       5'h17:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$692 ) begin
-            \$777  = 5'h02;
-          end else begin
-            \$777  = 5'h18;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
       5'h18:
-        begin
-          if (\$701 ) begin
-            \$777  = 5'h0c;
-          end
-          if (\$signal$103 ) begin
-            \$777  = 5'h02;
-          end
-        end
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
       5'h02:
-          if (\$706 ) begin
-            \$777  = 5'h00;
+          if (\$709 ) begin
+            \$776  = stop_code;
           end
     endcase
+    if (\$711 ) begin
+      \$776  = 8'h00;
+    end
     if (rst) begin
-      \$777  = 5'h00;
+      \$776  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = stop_code;
+    \$777  = pc;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$777  = 13'h0000;
+          end
       5'h01:
-        begin
-          if (\$505 ) begin
-            \$778  = 8'h06;
-          end
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h04:
-        begin
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-            \$778  = decode_q;
-          end
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h06:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$778  = 8'h07;
-          end else if (done) begin
-            if (\error$328 ) begin
-              \$778  = 8'h03;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-        end
-      5'h0f:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h08:
-        begin
-          if (error) begin
-            \$778  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$778  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h15:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h0b:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h16:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h0c:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-      5'h17:
-        begin
-          if (\$692 ) begin
-            \$778  = 8'h02;
-          end
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-        end
-      5'h18:
-          if (\$signal$103 ) begin
-            \$778  = 8'h00;
-          end
-    endcase
-    if (rst) begin
-      \$778  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = cur_unit;
-    casez (ctrl_state)
-      5'h00:
           /* empty */;
-      5'h01:
-        begin
-          if (\$505 ) begin
-            \$779  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
       5'h03:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
+          /* empty */;
       5'h04:
-        begin
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
-            \$779  = 6'h00;
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
-            if (\$559 ) begin
-              \$779  = 6'h01;
-            end
-            if (\$560 ) begin
-              \$779  = 6'h01;
-            end
-            if (\$561 ) begin
-              \$779  = 6'h02;
-            end
-            if (\$562 ) begin
-              \$779  = 6'h04;
-            end
-            if (\$563 ) begin
-              \$779  = 6'h04;
-            end
-            if (\$564 ) begin
-              \$779  = 6'h04;
-            end
-            if (\$565 ) begin
-              \$779  = 6'h08;
-            end
-            if (\$566 ) begin
-              \$779  = 6'h10;
-            end
-            if (\$567 ) begin
-              \$779  = 6'h10;
-            end
-            if (\$568 ) begin
-              \$779  = 6'h10;
-            end
-            if (\$569 ) begin
-              \$779  = 6'h20;
-            end
-            if (\$570 ) begin
-              \$779  = 6'h20;
-            end
             casez (ins[5:0])
               6'h0e:
-                  \$779  = 6'h00;
+                  \$777  = { 1'h0, ins[255:244] };
             endcase
           end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
       5'h05:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
+          /* empty */;
       5'h0d:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
+          /* empty */;
       5'h06:
-        begin
-          if (\$584 ) begin
-            \$779  = 6'h00;
+          if (\$587 ) begin
+            \$777  = \$589 [12:0];
           end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
       5'h07:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
+          /* empty */;
       5'h0e:
-        begin
-          if (error) begin
-            \$779  = 6'h00;
-          end else if (done) begin
-            if (\error$328 ) begin
-              \$779  = 6'h00;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
+          /* empty */;
       5'h0f:
-        begin
-          if (\$588 ) begin
-            \$779  = 6'h00;
+          if (\$591 ) begin
+            \$777  = \$592 [12:0];
           end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
       5'h08:
-        begin
           if (error) begin
-            \$779  = 6'h00;
-          end else if (\$606 ) begin
-            \$779  = 6'h00;
+          end else if (\$609 ) begin
+            \$777  = \$610 [12:0];
           end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
       5'h09:
-        begin
           if (error) begin
-            \$779  = 6'h00;
-          end else if (\$634 ) begin
-            \$779  = 6'h00;
+          end else if (\$637 ) begin
+            \$777  = \$638 [12:0];
           end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
       5'h0a:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
+          /* empty */;
       5'h10:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
+          /* empty */;
       5'h11:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
+          /* empty */;
       5'h12:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
+          /* empty */;
       5'h13:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
+          /* empty */;
       5'h14:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
+          /* empty */;
       5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$676 ) begin
-          end else begin
-            \$779  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
-      5'h0b:
-        begin
-          if (\$679 ) begin
-            \$779  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
+          /* empty */;
       5'h16:
-        begin
+          (* full_case = 32'd1 *)
+          if (\$679 ) begin
+          end else begin
+            \$777  = \$680 [12:0];
+          end
+      5'h0b:
           if (\$682 ) begin
-            \$779  = 6'h00;
+            \$777  = { 1'h0, ins[255:244] };
           end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
-      5'h0c:
-        begin
-          if (\$687 ) begin
-            \$779  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
       5'h17:
-        begin
-          if (\$692 ) begin
-            \$779  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
-          end
-        end
+          /* empty */;
       5'h18:
-          if (\$signal$103 ) begin
-            \$779  = 6'h00;
+          if (\$685 ) begin
+            \$777  = \$688 [12:0];
+          end
+      5'h0c:
+          if (\$690 ) begin
+            \$777  = \$691 [12:0];
           end
     endcase
     if (rst) begin
-      \$779  = 6'h00;
+      \$777  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = ins;
+    \$778  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$778  = 32'd0;
+          end
       5'h01:
           /* empty */;
       5'h03:
-          \$780  = \$signature__data$324 ;
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$778  = \$574 [31:0];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$587 ) begin
+            \$778  = \$590 [31:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$591 ) begin
+            \$778  = \$593 [31:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$609 ) begin
+            \$778  = \$611 [31:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$637 ) begin
+            \$778  = \$639 [31:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$679 ) begin
+          end else begin
+            \$778  = \$681 [31:0];
+          end
+      5'h0b:
+          if (\$682 ) begin
+            \$778  = \$683 [31:0];
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$685 ) begin
+            \$778  = \$689 [31:0];
+          end
+      5'h0c:
+          if (\$690 ) begin
+            \$778  = \$692 [31:0];
+          end
     endcase
     if (rst) begin
-      \$780  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$778  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = ph2;
+    \$779  = \$signal$142 ;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$779  = 1'h0;
+          end
       5'h01:
           /* empty */;
       5'h03:
-          \$781  = 1'h0;
+          /* empty */;
       5'h04:
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-            \$781  = 1'h1;
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$679 ) begin
+          end else begin
+            \$779  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$779  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$780  = exp_active;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$780  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$679 ) begin
+          end else begin
+            \$780  = 1'h0;
+          end
+      5'h0b:
+          if (\$682 ) begin
+            \$780  = 1'h0;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$685 ) begin
+            \$780  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$780  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$781  = \$signal$144 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$781  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$587 ) begin
+            if (\$588 ) begin
+              \$781  = 1'h1;
+            end
           end
     endcase
     if (rst) begin
@@ -15276,29 +14710,764 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = checked;
+    \$782  = ctrl_state;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$782  = 5'h01;
+          end
+      5'h01:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$508 ) begin
+            \$782  = 5'h02;
+          end else begin
+            \$782  = 5'h03;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h03:
+        begin
+          \$782  = 5'h04;
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+            \$782  = 5'h00;
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$782  = 5'h02;
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$782  = 5'h01;
+              6'h04:
+                  (* full_case = 32'd1 *)
+                  if (\$576 ) begin
+                    \$782  = 5'h05;
+                  end else begin
+                    \$782  = 5'h06;
+                  end
+              6'h05, 6'h06, 6'h07:
+                  \$782  = 5'h06;
+              6'h0c:
+                  \$782  = 5'h06;
+              6'h0d:
+                  \$782  = 5'h06;
+              6'h03:
+                  (* full_case = 32'd1 *)
+                  if (\$578 ) begin
+                    \$782  = 5'h05;
+                  end else begin
+                    \$782  = 5'h07;
+                  end
+              6'h01:
+                  \$782  = 5'h08;
+              6'h02:
+                  \$782  = 5'h09;
+              6'h08:
+                  \$782  = 5'h0a;
+              6'h09:
+                  \$782  = 5'h0b;
+              6'h0a, 6'h0b:
+                  \$782  = 5'h0c;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h05:
+        begin
+          \$782  = 5'h0d;
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h0d:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$584 ) begin
+            \$782  = 5'h07;
+          end else begin
+            \$782  = 5'h06;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h06:
+        begin
+          if (\$587 ) begin
+            \$782  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h07:
+        begin
+          if (cmd__ready) begin
+            \$782  = 5'h0e;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h0e:
+        begin
+          if (error) begin
+            \$782  = 5'h02;
+          end else if (done) begin
+            (* full_case = 32'd1 *)
+            if (\error$330 ) begin
+              \$782  = 5'h02;
+            end else begin
+              \$782  = 5'h0f;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$591 ) begin
+            \$782  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$782  = 5'h02;
+          end else if (\$609 ) begin
+            \$782  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$782  = 5'h02;
+          end else if (\$637 ) begin
+            \$782  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h0a:
+        begin
+          if (\$641 ) begin
+            \$782  = 5'h10;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h10:
+        begin
+          if (\$668 ) begin
+            \$782  = 5'h11;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h11:
+        begin
+          \$782  = 5'h12;
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h12:
+        begin
+          \$782  = 5'h13;
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h13:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$669 ) begin
+            \$782  = 5'h14;
+          end else begin
+            \$782  = 5'h15;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h14:
+        begin
+          \$782  = 5'h15;
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h15:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$672 ) begin
+            \$782  = 5'h11;
+          end else begin
+            \$782  = 5'h16;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$679 ) begin
+            \$782  = 5'h11;
+          end else begin
+            \$782  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h0b:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$682 ) begin
+            \$782  = 5'h01;
+          end else begin
+            \$782  = 5'h17;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h17:
+        begin
+          \$782  = 5'h18;
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h18:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$685 ) begin
+            \$782  = 5'h01;
+          end else begin
+            \$782  = 5'h0b;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h0c:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$690 ) begin
+            \$782  = 5'h01;
+          end else begin
+            \$782  = 5'h19;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h19:
+        begin
+          \$782  = 5'h1a;
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h1a:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$695 ) begin
+            \$782  = 5'h02;
+          end else begin
+            \$782  = 5'h1b;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h1b:
+        begin
+          if (\$704 ) begin
+            \$782  = 5'h0c;
+          end
+          if (\$signal$103 ) begin
+            \$782  = 5'h02;
+          end
+        end
+      5'h02:
+          if (\$709 ) begin
+            \$782  = 5'h00;
+          end
+    endcase
+    if (rst) begin
+      \$782  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$783  = stop_code;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$508 ) begin
+            \$783  = 8'h06;
+          end
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h04:
+        begin
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$783  = decode_q;
+          end
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h06:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$783  = 8'h07;
+          end else if (done) begin
+            if (\error$330 ) begin
+              \$783  = 8'h03;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+        end
+      5'h0f:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h08:
+        begin
+          if (error) begin
+            \$783  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$783  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h16:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h0b:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h17:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h18:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h0c:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h19:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+      5'h1a:
+        begin
+          if (\$695 ) begin
+            \$783  = 8'h02;
+          end
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+        end
+      5'h1b:
+          if (\$signal$103 ) begin
+            \$783  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$783  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$784  = cur_unit;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$508 ) begin
+            \$784  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+            \$784  = 6'h00;
+          end else begin
+            if (\$562 ) begin
+              \$784  = 6'h01;
+            end
+            if (\$563 ) begin
+              \$784  = 6'h01;
+            end
+            if (\$564 ) begin
+              \$784  = 6'h02;
+            end
+            if (\$565 ) begin
+              \$784  = 6'h04;
+            end
+            if (\$566 ) begin
+              \$784  = 6'h04;
+            end
+            if (\$567 ) begin
+              \$784  = 6'h04;
+            end
+            if (\$568 ) begin
+              \$784  = 6'h08;
+            end
+            if (\$569 ) begin
+              \$784  = 6'h10;
+            end
+            if (\$570 ) begin
+              \$784  = 6'h10;
+            end
+            if (\$571 ) begin
+              \$784  = 6'h10;
+            end
+            if (\$572 ) begin
+              \$784  = 6'h20;
+            end
+            if (\$573 ) begin
+              \$784  = 6'h20;
+            end
+            casez (ins[5:0])
+              6'h0e:
+                  \$784  = 6'h00;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h06:
+        begin
+          if (\$587 ) begin
+            \$784  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$784  = 6'h00;
+          end else if (done) begin
+            if (\error$330 ) begin
+              \$784  = 6'h00;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$591 ) begin
+            \$784  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$784  = 6'h00;
+          end else if (\$609 ) begin
+            \$784  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$784  = 6'h00;
+          end else if (\$637 ) begin
+            \$784  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$679 ) begin
+          end else begin
+            \$784  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h0b:
+        begin
+          if (\$682 ) begin
+            \$784  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h17:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h18:
+        begin
+          if (\$685 ) begin
+            \$784  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h0c:
+        begin
+          if (\$690 ) begin
+            \$784  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h19:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+      5'h1a:
+        begin
+          if (\$695 ) begin
+            \$784  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+        end
+      5'h1b:
+          if (\$signal$103 ) begin
+            \$784  = 6'h00;
+          end
+    endcase
+    if (rst) begin
+      \$784  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$785  = ins;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$782  = 1'h0;
-      5'h04:
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-            \$782  = 1'h1;
-          end
+          \$785  = \$signature__data$326 ;
     endcase
     if (rst) begin
-      \$782  = 1'h0;
+      \$785  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = \$signal$177 ;
+    \$786  = ph2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$786  = 1'h0;
+      5'h04:
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+            \$786  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$786  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$787  = checked;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$787  = 1'h0;
+      5'h04:
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+            \$787  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$787  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$788  = \$signal$177 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15308,17 +15477,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$783  = ins[243:238];
+                  \$788  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15326,17 +15495,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$783  = ins[243:238];
+                  \$788  = ins[243:238];
             endcase
           end
     endcase
     if (rst) begin
-      \$783  = 6'h00;
+      \$788  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = \$signal$160 ;
+    \$789  = \$signal$160 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15346,17 +15515,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$784  = ins[231:200];
+                  \$789  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15364,21 +15533,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$784  = ins[231:200];
+                  \$789  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$784  = { 16'h0000, \$signature__data [15:0] };
+          \$789  = { 16'h0000, \$signature__data [15:0] };
     endcase
     if (rst) begin
-      \$784  = 32'd0;
+      \$789  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = shift;
+    \$790  = shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15388,17 +15557,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$785  = ins[237:232];
+                  \$790  = ins[237:232];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15406,21 +15575,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$785  = ins[237:232];
+                  \$790  = ins[237:232];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$785  = \$signature__data$297 [5:0];
+          \$790  = \$signature__data$298 [5:0];
     endcase
     if (rst) begin
-      \$785  = 6'h00;
+      \$790  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = cnt0;
+    \$791  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15430,33 +15599,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$786  = l0_acc;
+                  \$791  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  \$786  = l0_acc;
+                  \$791  = l0_acc;
               6'h0c:
-                  \$786  = ins[45:32];
+                  \$791  = ins[45:32];
               6'h0d:
-                  \$786  = ins[61:48];
+                  \$791  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$786  = 14'h0000;
+      \$791  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = cnt1;
+    \$792  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15466,33 +15635,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$787  = 14'h0001;
+                  \$792  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$787  = 14'h0001;
+                  \$792  = 14'h0001;
               6'h0c:
-                  \$787  = ins[61:48];
+                  \$792  = ins[61:48];
               6'h0d:
-                  \$787  = 14'h0002;
+                  \$792  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$787  = 14'h0000;
+      \$792  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = cnt2;
+    \$793  = cnt2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15502,33 +15671,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$788  = 14'h0001;
+                  \$793  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$788  = 14'h0001;
+                  \$793  = 14'h0001;
               6'h0c:
-                  \$788  = m_eff[13:0];
+                  \$793  = m_eff[13:0];
               6'h0d:
-                  \$788  = m_eff[13:0];
+                  \$793  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$788  = 14'h0000;
+      \$793  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = sa0;
+    \$794  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15538,203 +15707,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$789  = 13'h0001;
+                  \$794  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$789  = 13'h0001;
+                  \$794  = 13'h0001;
               6'h0c:
-                  \$789  = ins[60:48];
+                  \$794  = ins[60:48];
               6'h0d:
-                  \$789  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$789  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = sa1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$790  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$790  = 13'h0000;
-              6'h0c:
-                  \$790  = 13'h0001;
-              6'h0d:
-                  \$790  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$790  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$791  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$791  = 13'h0000;
-              6'h0c:
-                  \$791  = l2_acc[12:0];
-              6'h0d:
-                  \$791  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$791  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$792  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$792  = 13'h0001;
-              6'h0c:
-                  \$792  = 13'h0001;
-              6'h0d:
-                  \$792  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$792  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$793  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$793  = 13'h0000;
-              6'h0c:
-                  \$793  = 13'h0000;
-              6'h0d:
-                  \$793  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$793  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = sb2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
-          end else if (\$558 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$794  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$794  = 13'h0000;
-              6'h0c:
-                  \$794  = ins[44:32];
-              6'h0d:
-                  \$794  = 13'h0000;
+                  \$794  = 13'h0001;
             endcase
           end
     endcase
@@ -15744,7 +15733,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = \$signal$325 ;
+    \$795  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15754,33 +15743,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$795  = l0_acc;
+                  \$795  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$795  = l0_acc;
+                  \$795  = 13'h0000;
               6'h0c:
-                  \$795  = l0_acc;
+                  \$795  = 13'h0001;
               6'h0d:
-                  \$795  = l0_acc;
+                  \$795  = 13'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$795  = 14'h0000;
+      \$795  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = \$signal$244 ;
+    \$796  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15790,23 +15779,203 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$796  = 14'h0000;
+                  \$796  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$796  = 14'h0000;
+                  \$796  = 13'h0000;
               6'h0c:
-                  \$796  = 14'h0000;
+                  \$796  = l2_acc[12:0];
               6'h0d:
-                  \$796  = 14'h0000;
+                  \$796  = ins[60:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$796  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$797  = sb0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$797  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$797  = 13'h0001;
+              6'h0c:
+                  \$797  = 13'h0001;
+              6'h0d:
+                  \$797  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$797  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$798  = sb1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$798  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$798  = 13'h0000;
+              6'h0c:
+                  \$798  = 13'h0000;
+              6'h0d:
+                  \$798  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$798  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$799  = sb2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$799  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$799  = 13'h0000;
+              6'h0c:
+                  \$799  = ins[44:32];
+              6'h0d:
+                  \$799  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$799  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$800  = \$signal$327 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$800  = l0_acc;
+              6'h05, 6'h06, 6'h07:
+                  \$800  = l0_acc;
+              6'h0c:
+                  \$800  = l0_acc;
+              6'h0d:
+                  \$800  = l0_acc;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$800  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$801  = \$signal$244 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$801  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$801  = 14'h0000;
+              6'h0c:
+                  \$801  = 14'h0000;
+              6'h0d:
+                  \$801  = 14'h0000;
             endcase
           end
       5'h05:
@@ -15815,16 +15984,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h06:
           if (\$signal$182 ) begin
-            \$796  = \$582 [13:0];
+            \$801  = \$585 [13:0];
           end
     endcase
     if (rst) begin
-      \$796  = 14'h0000;
+      \$801  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = \$signal$247 ;
+    \$802  = \$signal$247 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15834,11 +16003,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15854,7 +16023,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  \$797  = 1'h0;
+                  \$802  = 1'h0;
             endcase
           end
       5'h05:
@@ -15871,23 +16040,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
         begin
-          if (\$592 ) begin
-            \$797  = 1'h1;
+          if (\$595 ) begin
+            \$802  = 1'h1;
           end
           if (\$signal$247 ) begin
-            if (\$601 ) begin
-              \$797  = 1'h0;
+            if (\$604 ) begin
+              \$802  = 1'h0;
             end
           end
         end
     endcase
     if (rst) begin
-      \$797  = 1'h0;
+      \$802  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = \$signal$250 ;
+    \$803  = \$signal$250 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15897,11 +16066,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15917,7 +16086,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  \$798  = 3'h0;
+                  \$803  = 3'h0;
             endcase
           end
       5'h05:
@@ -15934,21 +16103,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
         begin
-          if (\$592 ) begin
-            \$798  = 3'h0;
+          if (\$595 ) begin
+            \$803  = 3'h0;
           end
           if (\$signal$247 ) begin
-            \$798  = \$595 [2:0];
+            \$803  = \$598 [2:0];
           end
         end
     endcase
     if (rst) begin
-      \$798  = 3'h0;
+      \$803  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = \$signal$248 ;
+    \$804  = \$signal$248 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15958,11 +16127,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15978,7 +16147,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  \$799  = 14'h0000;
+                  \$804  = 14'h0000;
             endcase
           end
       5'h05:
@@ -15995,18 +16164,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (\$signal$247 ) begin
-            if (\$593 ) begin
-              \$799  = \$594 [13:0];
+            if (\$596 ) begin
+              \$804  = \$597 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$799  = 14'h0000;
+      \$804  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = \$signal$251 ;
+    \$805  = \$signal$251 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16016,11 +16185,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16038,7 +16207,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$800  = 1'h0;
+                  \$805  = 1'h0;
             endcase
           end
       5'h05:
@@ -16057,21 +16226,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$626 ) begin
-            \$800  = 1'h1;
+          if (\$629 ) begin
+            \$805  = 1'h1;
           end
-          if (\$627 ) begin
-            \$800  = 1'h0;
+          if (\$630 ) begin
+            \$805  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$800  = 1'h0;
+      \$805  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = \$signal$252 ;
+    \$806  = \$signal$252 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16081,11 +16250,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16103,7 +16272,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$801  = 3'h0;
+                  \$806  = 3'h0;
             endcase
           end
       5'h05:
@@ -16122,21 +16291,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$615 ) begin
-            \$801  = \$617 [2:0];
+          if (\$618 ) begin
+            \$806  = \$620 [2:0];
           end
-          if (\$627 ) begin
-            \$801  = 3'h0;
+          if (\$630 ) begin
+            \$806  = 3'h0;
           end
         end
     endcase
     if (rst) begin
-      \$801  = 3'h0;
+      \$806  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = \$signal$253 ;
+    \$807  = \$signal$253 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16146,11 +16315,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16168,7 +16337,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$802  = 14'h0000;
+                  \$807  = 14'h0000;
             endcase
           end
       5'h05:
@@ -16186,17 +16355,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$615 ) begin
-            \$802  = \$616 [13:0];
+          if (\$618 ) begin
+            \$807  = \$619 [13:0];
           end
     endcase
     if (rst) begin
-      \$802  = 14'h0000;
+      \$807  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = \$signal$254 ;
+    \$808  = \$signal$254 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16206,11 +16375,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16228,7 +16397,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$803  = 1'h0;
+                  \$808  = 1'h0;
             endcase
           end
       5'h05:
@@ -16247,21 +16416,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$615 ) begin
-            \$803  = 1'h1;
+          if (\$618 ) begin
+            \$808  = 1'h1;
           end
           if (\$signal$254 ) begin
-            \$803  = 1'h0;
+            \$808  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$803  = 1'h0;
+      \$808  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = wr_data__payload;
+    \$809  = wr_data__payload;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16271,11 +16440,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16293,7 +16462,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$804 [35:32] = 4'h0;
+                  \$809 [35:32] = 4'h0;
             endcase
           end
       5'h05:
@@ -16313,27 +16482,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
         begin
           if (\$signal$254 ) begin
-            casez (\$signal$330 )
+            casez (\$signal$332 )
               2'h0:
-                  \$804 [31:0] = \$signature__data ;
+                  \$809 [31:0] = \$signature__data ;
             endcase
-            casez (\$signal$330 )
+            casez (\$signal$332 )
               2'h0:
-                  \$804 [35:32] = 4'hf;
+                  \$809 [35:32] = 4'hf;
             endcase
           end
-          if (\$627 ) begin
-            \$804 [35:32] = 4'h0;
+          if (\$630 ) begin
+            \$809 [35:32] = 4'h0;
           end
         end
     endcase
     if (rst) begin
-      \$804  = 36'h000000000;
+      \$809  = 36'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = \$signal$256 ;
+    \$810  = \$signal$256 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16343,11 +16512,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16367,7 +16536,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$805  = 4'h0;
+                  \$810  = 4'h0;
             endcase
           end
       5'h05:
@@ -16387,10 +16556,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          \$805  = \$637 [3:0];
+          \$810  = \$640 [3:0];
       5'h10:
-          if (\$665 ) begin
-            \$805  = 4'h0;
+          if (\$668 ) begin
+            \$810  = 4'h0;
           end
       5'h11:
           /* empty */;
@@ -16401,15 +16570,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          \$805  = \$674 [3:0];
+          /* empty */;
+      5'h16:
+          \$810  = \$677 [3:0];
     endcase
     if (rst) begin
-      \$805  = 4'h0;
+      \$810  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = \$signal$279 ;
+    \$811  = \$signal$280 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16419,11 +16590,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16443,17 +16614,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$806  = \$577 [12:0];
+                  \$811  = \$580 [12:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$806  = 13'h0000;
+      \$811  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = \$signal$276 ;
+    \$812  = \$signal$277 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16463,11 +16634,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16487,17 +16658,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$807  = \$580 [12:0];
+                  \$812  = \$583 [12:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$807  = 13'h0000;
+      \$812  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$signal$282 ;
+    \$813  = \$signal$283 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16507,11 +16678,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16535,7 +16706,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h09:
                   /* empty */;
               6'h0a, 6'h0b:
-                  \$808  = 16'h0000;
+                  \$813  = 16'h0000;
             endcase
           end
       5'h05:
@@ -16568,26 +16739,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           /* empty */;
-      5'h0b:
-          /* empty */;
       5'h16:
           /* empty */;
-      5'h0c:
+      5'h0b:
           /* empty */;
       5'h17:
           /* empty */;
       5'h18:
-          if (\$701 ) begin
-            \$808  = \$702 [15:0];
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$704 ) begin
+            \$813  = \$705 [15:0];
           end
     endcase
     if (rst) begin
-      \$808  = 16'h0000;
+      \$813  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = \$signal$284 ;
+    \$814  = \$signal$285 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16597,11 +16774,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$552 ) begin
-          end else if (\$555 ) begin
-          end else if (\$556 ) begin
-          end else if (\$557 ) begin
+          if (\$555 ) begin
           end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16625,7 +16802,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h09:
                   /* empty */;
               6'h0a, 6'h0b:
-                  \$809  = 13'h0000;
+                  \$814  = 13'h0000;
             endcase
           end
       5'h05:
@@ -16658,26 +16835,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           /* empty */;
-      5'h0b:
-          /* empty */;
       5'h16:
           /* empty */;
-      5'h0c:
+      5'h0b:
           /* empty */;
       5'h17:
           /* empty */;
       5'h18:
-          if (\$701 ) begin
-            \$809  = \$703 [12:0];
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$704 ) begin
+            \$814  = \$706 [12:0];
           end
     endcase
     if (rst) begin
-      \$809  = 13'h0000;
+      \$814  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = \$signal$145 ;
+    \$815  = \$signal$145 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16692,19 +16875,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$584 ) begin
-            if (\$585 ) begin
-              \$810  = ins[124:112];
+          if (\$587 ) begin
+            if (\$588 ) begin
+              \$815  = ins[124:112];
             end
           end
     endcase
     if (rst) begin
-      \$810  = 13'h0000;
+      \$815  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = scores_len;
+    \$816  = scores_len;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16719,19 +16902,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$584 ) begin
-            if (\$585 ) begin
-              \$811  = l0_acc;
+          if (\$587 ) begin
+            if (\$588 ) begin
+              \$816  = l0_acc;
             end
           end
     endcase
     if (rst) begin
-      \$811  = 14'h0000;
+      \$816  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = \$signal$249 ;
+    \$817  = \$signal$249 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16754,17 +16937,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$592 ) begin
-            \$812  = m_axi__rdata;
+          if (\$595 ) begin
+            \$817  = m_axi__rdata;
           end
     endcase
     if (rst) begin
-      \$812  = 32'd0;
+      \$817  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = \$signal$330 ;
+    \$818  = \$signal$332 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16789,17 +16972,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$615 ) begin
-            \$813  = \$signal$252 [1:0];
+          if (\$618 ) begin
+            \$818  = \$signal$252 [1:0];
           end
     endcase
     if (rst) begin
-      \$813  = 2'h0;
+      \$818  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = \$signal$333 ;
+    \$819  = \$signal$335 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16826,23 +17009,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$638 ) begin
-            \$814  = 14'h0000;
+          if (\$641 ) begin
+            \$819  = 14'h0000;
           end
       5'h10:
-          if (\$649 ) begin
-            if (\$650 ) begin
-              \$814  = \$651 [13:0];
+          if (\$652 ) begin
+            if (\$653 ) begin
+              \$819  = \$654 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$814  = 14'h0000;
+      \$819  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = \$signal$265 ;
+    \$820  = \$signal$265 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16869,28 +17052,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$638 ) begin
-            \$815  = 4'h0;
+          if (\$641 ) begin
+            \$820  = 4'h0;
           end
       5'h10:
         begin
-          if (\$643 ) begin
-            \$815  = \$646 [3:0];
+          if (\$646 ) begin
+            \$820  = \$649 [3:0];
           end
-          if (\$649 ) begin
-            if (\$650 ) begin
-              \$815  = 4'h0;
+          if (\$652 ) begin
+            if (\$653 ) begin
+              \$820  = 4'h0;
             end
           end
         end
     endcase
     if (rst) begin
-      \$815  = 4'h0;
+      \$820  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = rt_lane;
+    \$821  = rt_lane;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16917,241 +17100,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$638 ) begin
-            \$816  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$643 ) begin
-            \$816  = \$645 [0];
-          end
-          if (\$649 ) begin
-            \$816  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$816  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = \$signal$261 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$638 ) begin
-            \$817  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$signal$334 ) begin
-            if (\$648 ) begin
-              \$817  = 1'h1;
-            end
-          end
-          if (\$649 ) begin
-            \$817  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$817  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$264 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$638 ) begin
-            \$818  = ins[76:64];
-          end
-      5'h10:
-          if (\$649 ) begin
-            if (\$650 ) begin
-              \$818  = \$652 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$818  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = \$signal$272 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$638 ) begin
-            \$819  = ins[124:112];
-          end
-      5'h10:
-          if (\$659 ) begin
-            if (\$661 ) begin
-              \$819  = \$663 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$819  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = \$signal$262 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$638 ) begin
-            \$820  = 1'h0;
-          end
-      5'h10:
-          if (\$649 ) begin
-            if (\$650 ) begin
-              if (\$654 ) begin
-                \$820  = 1'h1;
-              end
-            end
-          end
-    endcase
-    if (rst) begin
-      \$820  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = \$signal$334 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$638 ) begin
+          if (\$641 ) begin
             \$821  = 1'h0;
           end
       5'h10:
-          (* full_case = 32'd1 *)
-          if (\$643 ) begin
-            \$821  = 1'h1;
-          end else begin
+        begin
+          if (\$646 ) begin
+            \$821  = \$648 [0];
+          end
+          if (\$652 ) begin
             \$821  = 1'h0;
           end
+        end
     endcase
     if (rst) begin
       \$821  = 1'h0;
@@ -17159,7 +17119,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = \$signal$335 ;
+    \$822  = \$signal$261 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17186,115 +17146,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$638 ) begin
-            \$822  = 14'h0000;
-          end
-      5'h10:
-          if (\$659 ) begin
-            if (\$661 ) begin
-              \$822  = \$662 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$822  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = rt_s;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$638 ) begin
-            \$823  = 2'h0;
-          end
-      5'h10:
-          if (\$659 ) begin
-            (* full_case = 32'd1 *)
-            if (\$661 ) begin
-              \$823  = 2'h0;
-            end else begin
-              \$823  = \$664 [1:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$823  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = \$signal$270 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$638 ) begin
-            \$824  = 1'h0;
+          if (\$641 ) begin
+            \$822  = 1'h0;
           end
       5'h10:
         begin
-          if (\$656 ) begin
-            \$824  = 1'h1;
+          if (\$signal$336 ) begin
+            if (\$651 ) begin
+              \$822  = 1'h1;
+            end
           end
-          if (\$659 ) begin
-            \$824  = 1'h0;
+          if (\$652 ) begin
+            \$822  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$824  = 1'h0;
+      \$822  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = rt_wphase;
+    \$823  = \$signal$264 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17321,18 +17194,103 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$638 ) begin
+          if (\$641 ) begin
+            \$823  = ins[76:64];
+          end
+      5'h10:
+          if (\$652 ) begin
+            if (\$653 ) begin
+              \$823  = \$655 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$823  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$824  = \$signal$272 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$641 ) begin
+            \$824  = ins[124:112];
+          end
+      5'h10:
+          if (\$662 ) begin
+            if (\$664 ) begin
+              \$824  = \$666 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$824  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$825  = \$signal$262 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$641 ) begin
             \$825  = 1'h0;
           end
       5'h10:
-        begin
-          if (\$658 ) begin
-            \$825  = 1'h1;
+          if (\$652 ) begin
+            if (\$653 ) begin
+              if (\$657 ) begin
+                \$825  = 1'h1;
+              end
+            end
           end
-          if (\$659 ) begin
-            \$825  = 1'h0;
-          end
-        end
     endcase
     if (rst) begin
       \$825  = 1'h0;
@@ -17340,7 +17298,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = \$signal$337 ;
+    \$826  = \$signal$336 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17367,10 +17325,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
+          if (\$641 ) begin
+            \$826  = 1'h0;
+          end
       5'h10:
-          if (\$643 ) begin
-            \$826  = \$644 ;
+          (* full_case = 32'd1 *)
+          if (\$646 ) begin
+            \$826  = 1'h1;
+          end else begin
+            \$826  = 1'h0;
           end
     endcase
     if (rst) begin
@@ -17379,7 +17342,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = rt_word;
+    \$827  = \$signal$337 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17406,162 +17369,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
+          if (\$641 ) begin
+            \$827  = 14'h0000;
+          end
       5'h10:
-          if (\$signal$334 ) begin
-            \$827  = \$647 ;
-          end
-    endcase
-    if (rst) begin
-      \$827  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = \$signal$274 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$656 ) begin
-            \$828  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$828  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = \$signal$275 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$665 ) begin
-            \$829  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          if (\$669 ) begin
-            \$829  = \$670 [13:0];
-          end
-      5'h15:
-          \$829  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$829  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = \$signal$278 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$665 ) begin
-            \$830  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          if (\$669 ) begin
-            if (\$671 ) begin
-              \$830  = \$672 [13:0];
+          if (\$662 ) begin
+            if (\$664 ) begin
+              \$827  = \$665 [13:0];
             end
           end
-      5'h15:
-          \$830  = 14'h0000;
     endcase
     if (rst) begin
-      \$830  = 14'h0000;
+      \$827  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = \$signal$341 ;
+    \$828  = rt_s;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17588,36 +17412,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$665 ) begin
-            \$831  = 2'h0;
+          if (\$641 ) begin
+            \$828  = 2'h0;
           end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          if (\$669 ) begin
+      5'h10:
+          if (\$662 ) begin
             (* full_case = 32'd1 *)
-            if (\$671 ) begin
-              \$831  = 2'h0;
+            if (\$664 ) begin
+              \$828  = 2'h0;
             end else begin
-              \$831  = \$673 [1:0];
+              \$828  = \$667 [1:0];
             end
           end
-      5'h15:
-          \$831  = 2'h0;
     endcase
     if (rst) begin
-      \$831  = 2'h0;
+      \$828  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = \$signal$277 ;
+    \$829  = \$signal$270 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17644,25 +17458,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$665 ) begin
-            \$832  = 14'h0000;
+          if (\$641 ) begin
+            \$829  = 1'h0;
           end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          \$832  = \$667 [13:0];
+      5'h10:
+        begin
+          if (\$659 ) begin
+            \$829  = 1'h1;
+          end
+          if (\$662 ) begin
+            \$829  = 1'h0;
+          end
+        end
     endcase
     if (rst) begin
-      \$832  = 14'h0000;
+      \$829  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = \$signal$280 ;
+    \$830  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$641 ) begin
+            \$830  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$661 ) begin
+            \$830  = 1'h1;
+          end
+          if (\$662 ) begin
+            \$830  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$830  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$831  = \$signal$339 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17691,8 +17552,125 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$665 ) begin
-            \$833  = 14'h0000;
+          if (\$646 ) begin
+            \$831  = \$647 ;
+          end
+    endcase
+    if (rst) begin
+      \$831  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$832  = rt_word;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$signal$336 ) begin
+            \$832  = \$650 ;
+          end
+    endcase
+    if (rst) begin
+      \$832  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$833  = \$signal$274 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$659 ) begin
+            \$833  = routes__payload;
+          end
+    endcase
+    if (rst) begin
+      \$833  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$834  = \$signal$275 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$668 ) begin
+            \$834  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -17703,72 +17681,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          \$833  = \$signal$277 ;
-    endcase
-    if (rst) begin
-      \$833  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = \$signal$281 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          (* full_case = 32'd1 *)
-          if (\$676 ) begin
-          end else begin
-            \$834  = 4'h0;
-          end
-      5'h0b:
-          if (\$679 ) begin
-            \$834  = 4'h8;
+          if (\$672 ) begin
+            \$834  = \$673 [13:0];
           end
       5'h16:
-          \$834  = \$681 [3:0];
+          \$834  = 14'h0000;
     endcase
     if (rst) begin
-      \$834  = 4'h0;
+      \$834  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = \$signal$243 ;
+    \$835  = \$signal$279 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17797,7 +17722,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$668 ) begin
+            \$835  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -17807,21 +17734,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          if (\$682 ) begin
-            \$835  = \$signal$281 ;
+          if (\$672 ) begin
+            if (\$674 ) begin
+              \$835  = \$675 [13:0];
+            end
           end
+      5'h16:
+          \$835  = 14'h0000;
     endcase
     if (rst) begin
-      \$835  = 4'h0;
+      \$835  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = \$signal$130 ;
+    \$836  = \$signal$343 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17850,7 +17777,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$668 ) begin
+            \$836  = 2'h0;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -17860,21 +17789,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          if (\$682 ) begin
-            \$836  = \$signature__data [15:0];
+          if (\$672 ) begin
+            (* full_case = 32'd1 *)
+            if (\$674 ) begin
+              \$836  = 2'h0;
+            end else begin
+              \$836  = \$676 [1:0];
+            end
           end
+      5'h16:
+          \$836  = 2'h0;
     endcase
     if (rst) begin
-      \$836  = 16'h0000;
+      \$836  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = \$signal$141 ;
+    \$837  = \$signal$278 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17903,7 +17835,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$668 ) begin
+            \$837  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -17911,15 +17845,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h16:
-          if (\$682 ) begin
-            \$837  = \$684 ;
-          end
+          \$837  = \$670 [13:0];
     endcase
     if (rst) begin
       \$837  = 14'h0000;
@@ -17927,7 +17853,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = \$signal$283 ;
+    \$838  = \$signal$281 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17956,7 +17882,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$668 ) begin
+            \$838  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -17967,31 +17895,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           /* empty */;
-      5'h0b:
-          /* empty */;
       5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h17:
-          (* full_case = 32'd1 *)
-          if (\$692 ) begin
-          end else begin
-            \$838  = 15'h0000;
-          end
-      5'h18:
-          if (\$693 ) begin
-          end else if (\$694 ) begin
-            \$838  = \$695 [14:0];
-          end
+          \$838  = \$signal$278 ;
     endcase
     if (rst) begin
-      \$838  = 15'h0000;
+      \$838  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = \$signal$285 ;
+    \$839  = \$signal$282 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18031,34 +17944,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           /* empty */;
-      5'h0b:
-          /* empty */;
       5'h16:
-          /* empty */;
-      5'h0c:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$679 ) begin
+          end else begin
+            \$839  = 4'h0;
+          end
+      5'h0b:
+          if (\$682 ) begin
+            \$839  = 4'h8;
+          end
       5'h17:
-          (* full_case = 32'd1 *)
-          if (\$692 ) begin
-          end else begin
-            \$839  = 1'h0;
-          end
+          /* empty */;
       5'h18:
-          (* full_case = 32'd1 *)
-          if (\$693 ) begin
-          end else if (\$694 ) begin
-            \$839  = 1'h1;
-          end else begin
-            \$839  = 1'h0;
-          end
+          \$839  = \$684 [3:0];
     endcase
     if (rst) begin
-      \$839  = 1'h0;
+      \$839  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = \$signal$286 ;
+    \$840  = \$signal$243 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18098,22 +18005,342 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h15:
           /* empty */;
-      5'h0b:
-          /* empty */;
       5'h16:
           /* empty */;
-      5'h0c:
+      5'h0b:
           /* empty */;
       5'h17:
           /* empty */;
       5'h18:
-          if (\$693 ) begin
-          end else if (\$694 ) begin
-            \$840  = \$699 [12:0];
+          if (\$685 ) begin
+            \$840  = \$signal$282 ;
           end
     endcase
     if (rst) begin
-      \$840  = 13'h0000;
+      \$840  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$841  = \$signal$130 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$685 ) begin
+            \$841  = \$signal$276 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$841  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$842  = \$signal$141 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$685 ) begin
+            \$842  = \$687 ;
+          end
+    endcase
+    if (rst) begin
+      \$842  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$843  = \$signal$284 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$695 ) begin
+          end else begin
+            \$843  = 15'h0000;
+          end
+      5'h1b:
+          if (\$696 ) begin
+          end else if (\$697 ) begin
+            \$843  = \$698 [14:0];
+          end
+    endcase
+    if (rst) begin
+      \$843  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$844  = \$signal$286 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$695 ) begin
+          end else begin
+            \$844  = 1'h0;
+          end
+      5'h1b:
+          (* full_case = 32'd1 *)
+          if (\$696 ) begin
+          end else if (\$697 ) begin
+            \$844  = 1'h1;
+          end else begin
+            \$844  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$844  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$845  = \$signal$287 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$696 ) begin
+          end else if (\$697 ) begin
+            \$845  = \$702 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$845  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -18138,14 +18365,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$841 [5], \$841 [5], \$841  };
+  assign bus__arlen = { \$846 [5], \$846 [5], \$846  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$842 [5], \$842 [5], \$842  };
+  assign bus__awlen = { \$847 [5], \$847 [5], \$847  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -18191,12 +18418,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$842 [5], \$842 [5], \$842  };
+  assign m_axi__awlen = { \$847 [5], \$847 [5], \$847  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$841 [5], \$841 [5], \$841  };
+  assign m_axi__arlen = { \$846 [5], \$846 [5], \$846  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -18305,62 +18532,62 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$192  = { 1'h0, beats, 2'h0 };
   assign \$279  = { \$signal$243 , 1'h0 };
   assign \$281  = { \$signal$243 , 1'h0 };
-  assign \$376  = \$375 [14];
-  assign \$379  = { l0_x, 1'h0 };
-  assign \$381  = { 1'h0, l0_y[15:1] };
-  assign \$384  = \$383 [14];
-  assign \$387  = { l1_x, 1'h0 };
-  assign \$389  = { 1'h0, l1_y[15:1] };
-  assign \$392  = \$391 [14];
-  assign \$395  = { l2_x, 1'h0 };
-  assign \$397  = { 1'h0, l2_y[15:1] };
-  assign \$400  = \$399 [14];
-  assign \$403  = { l3_x, 1'h0 };
-  assign \$405  = { 1'h0, l3_y[15:1] };
-  assign \$408  = \$407 [14];
-  assign \$411  = { l4_x, 1'h0 };
-  assign \$413  = { 1'h0, l4_y[15:1] };
-  assign \$416  = \$415 [33];
-  assign \$419  = { lh_x, 1'h0 };
-  assign \$421  = { 1'h0, lh_y[15:1] };
-  assign \$506 [9:1] = 9'h000;
-  assign \$506 [0] = \$signature__data$324 [6];
-  assign \$507  = \$signature__data$324 [6];
-  assign \$511 [9:1] = 9'h000;
-  assign \$511 [0] = \$signature__data$324 [6];
-  assign \$512  = \$signature__data$324 [6];
-  assign \$516 [9:1] = 9'h000;
-  assign \$516 [0] = \$signature__data$324 [6];
-  assign \$517  = \$signature__data$324 [6];
-  assign \$521  = { \$520 [17], \$520 [17], \$520 [17:2] };
-  assign \$524 [9:1] = 9'h000;
-  assign \$524 [0] = \$signature__data$324 [6];
-  assign \$525  = \$signature__data$324 [6];
-  assign \$529  = { \$528 [17], \$528 [17], \$528 [17:2] };
-  assign \$534  = { \$533 [17], \$533 [17], \$533 [17:2] };
-  assign \$537 [9:1] = 9'h000;
-  assign \$537 [0] = \$signature__data$324 [6];
-  assign \$538  = \$signature__data$324 [6];
-  assign \$546 [9:1] = 9'h000;
-  assign \$546 [0] = \$signature__data$324 [6];
-  assign \$547  = \$signature__data$324 [6];
-  assign { \$549 [9:2], \$549 [0] } = 9'h000;
-  assign \$549 [1] = \$signature__data$324 [7];
-  assign { \$572 [9:3], \$572 [1:0] } = 9'h000;
-  assign \$572 [2] = ins[8];
-  assign \$573  = ins[8];
-  assign { \$574 [9:3], \$574 [1:0] } = 9'h000;
-  assign \$574 [2] = ins[8];
-  assign \$575  = ins[8];
-  assign \$576  = { l1_acc[13:2], 1'h0 };
-  assign \$578  = { l1_acc[13:2], 1'h0 };
-  assign \$648  = 1'h1;
-  assign \$550  = \$signature__data$324 [7];
+  assign \$379  = \$378 [14];
+  assign \$382  = { l0_x, 1'h0 };
+  assign \$384  = { 1'h0, l0_y[15:1] };
+  assign \$387  = \$386 [14];
+  assign \$390  = { l1_x, 1'h0 };
+  assign \$392  = { 1'h0, l1_y[15:1] };
+  assign \$395  = \$394 [14];
+  assign \$398  = { l2_x, 1'h0 };
+  assign \$400  = { 1'h0, l2_y[15:1] };
+  assign \$403  = \$402 [14];
+  assign \$406  = { l3_x, 1'h0 };
+  assign \$408  = { 1'h0, l3_y[15:1] };
+  assign \$411  = \$410 [14];
+  assign \$414  = { l4_x, 1'h0 };
+  assign \$416  = { 1'h0, l4_y[15:1] };
+  assign \$419  = \$418 [33];
+  assign \$422  = { lh_x, 1'h0 };
+  assign \$424  = { 1'h0, lh_y[15:1] };
+  assign \$509 [9:1] = 9'h000;
+  assign \$509 [0] = \$signature__data$326 [6];
+  assign \$510  = \$signature__data$326 [6];
+  assign \$514 [9:1] = 9'h000;
+  assign \$514 [0] = \$signature__data$326 [6];
+  assign \$515  = \$signature__data$326 [6];
+  assign \$519 [9:1] = 9'h000;
+  assign \$519 [0] = \$signature__data$326 [6];
+  assign \$520  = \$signature__data$326 [6];
+  assign \$524  = { \$523 [17], \$523 [17], \$523 [17:2] };
+  assign \$527 [9:1] = 9'h000;
+  assign \$527 [0] = \$signature__data$326 [6];
+  assign \$528  = \$signature__data$326 [6];
+  assign \$532  = { \$531 [17], \$531 [17], \$531 [17:2] };
+  assign \$537  = { \$536 [17], \$536 [17], \$536 [17:2] };
+  assign \$540 [9:1] = 9'h000;
+  assign \$540 [0] = \$signature__data$326 [6];
+  assign \$541  = \$signature__data$326 [6];
+  assign \$549 [9:1] = 9'h000;
+  assign \$549 [0] = \$signature__data$326 [6];
+  assign \$550  = \$signature__data$326 [6];
+  assign { \$552 [9:2], \$552 [0] } = 9'h000;
+  assign \$552 [1] = \$signature__data$326 [7];
+  assign { \$575 [9:3], \$575 [1:0] } = 9'h000;
+  assign \$575 [2] = ins[8];
+  assign \$576  = ins[8];
+  assign { \$577 [9:3], \$577 [1:0] } = 9'h000;
+  assign \$577 [2] = ins[8];
+  assign \$578  = ins[8];
+  assign \$579  = { l1_acc[13:2], 1'h0 };
+  assign \$581  = { l1_acc[13:2], 1'h0 };
+  assign \$651  = 1'h1;
+  assign \$553  = \$signature__data$326 [7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1130$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1148$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, \port$3247$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1139$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1157$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, \port$3256$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -18499,12 +18726,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1130$0 ;
-  wire [5:0] \port$1130$0 ;
-  output [5:0] \port$1148$0 ;
-  wire [5:0] \port$1148$0 ;
-  input [14:0] \port$3247$0 ;
-  wire [14:0] \port$3247$0 ;
+  output [5:0] \port$1139$0 ;
+  wire [5:0] \port$1139$0 ;
+  output [5:0] \port$1157$0 ;
+  wire [5:0] \port$1157$0 ;
+  input [14:0] \port$3256$0 ;
+  wire [14:0] \port$3256$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -18669,7 +18896,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 9'h000, \port$3247$0  };
+      \$74  = { 9'h000, \port$3256$0  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -18705,7 +18932,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 9'h000, \port$3247$0  };
+      \$77  = { 9'h000, \port$3256$0  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -18750,11 +18977,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 9'h000, \port$3247$0  };
+  assign rd_beats = { 9'h000, \port$3256$0  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 9'h000, \port$3247$0  };
-  assign \port$1130$0  = \$9 ;
-  assign \port$1148$0  = \$23 ;
+  assign wr_beats = { 9'h000, \port$3256$0  };
+  assign \port$1139$0  = \$9 ;
+  assign \port$1157$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -20261,7 +20488,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$3712$54 (cmd[75:54]),
+    .\port$3725$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -26398,7 +26625,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3712$54 , i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3725$54 , i__payload, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire [67:0] \$10 ;
@@ -27222,8 +27449,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$3712$54 ;
-  wire [21:0] \port$3712$54 ;
+  input [21:0] \port$3725$54 ;
+  wire [21:0] \port$3725$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
@@ -27248,28 +27475,28 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$247  = \port$3712$54 [21] ? \$246  : { x0, 1'h0 };
-  assign \$250  = \port$3712$54 [21] ? \$249  : { x0, 1'h0 };
-  assign \$251  = \port$3712$54 [20] ? \$248  : \$250 ;
-  assign \$252  = \port$3712$54 [19] ? \$245  : \$251 [47:0];
-  assign \$253  = \port$3712$54 [18] ? \$238  : \$252 [39:0];
-  assign \$256  = \port$3712$54 [21] ? \$255  : { x0, 1'h0 };
-  assign \$259  = \port$3712$54 [21] ? \$258  : { x0, 1'h0 };
-  assign \$260  = \port$3712$54 [20] ? \$257  : \$259 ;
-  assign \$263  = \port$3712$54 [21] ? \$262  : { x0, 1'h0 };
-  assign \$266  = \port$3712$54 [21] ? \$265  : { x0, 1'h0 };
-  assign \$267  = \port$3712$54 [20] ? \$264  : \$266 ;
-  assign \$268  = \port$3712$54 [19] ? \$261  : \$267 [47:0];
-  assign \$271  = \port$3712$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$274  = \port$3712$54 [21] ? \$273  : { x0, 1'h0 };
-  assign \$275  = \port$3712$54 [20] ? \$272  : \$274 ;
-  assign \$278  = \port$3712$54 [21] ? \$277  : { x0, 1'h0 };
-  assign \$281  = \port$3712$54 [21] ? \$280  : { x0, 1'h0 };
-  assign \$282  = \port$3712$54 [20] ? \$279  : \$281 ;
-  assign \$283  = \port$3712$54 [19] ? \$276  : \$282 [47:0];
-  assign \$284  = \port$3712$54 [18] ? \$269  : \$283 [39:0];
-  assign \$285  = \port$3712$54 [17] ? \$254  : \$284 [35:0];
-  assign \$286  = \port$3712$54 [16] ? \$223  : \$285 [33:0];
+  assign \$247  = \port$3725$54 [21] ? \$246  : { x0, 1'h0 };
+  assign \$250  = \port$3725$54 [21] ? \$249  : { x0, 1'h0 };
+  assign \$251  = \port$3725$54 [20] ? \$248  : \$250 ;
+  assign \$252  = \port$3725$54 [19] ? \$245  : \$251 [47:0];
+  assign \$253  = \port$3725$54 [18] ? \$238  : \$252 [39:0];
+  assign \$256  = \port$3725$54 [21] ? \$255  : { x0, 1'h0 };
+  assign \$259  = \port$3725$54 [21] ? \$258  : { x0, 1'h0 };
+  assign \$260  = \port$3725$54 [20] ? \$257  : \$259 ;
+  assign \$263  = \port$3725$54 [21] ? \$262  : { x0, 1'h0 };
+  assign \$266  = \port$3725$54 [21] ? \$265  : { x0, 1'h0 };
+  assign \$267  = \port$3725$54 [20] ? \$264  : \$266 ;
+  assign \$268  = \port$3725$54 [19] ? \$261  : \$267 [47:0];
+  assign \$271  = \port$3725$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$274  = \port$3725$54 [21] ? \$273  : { x0, 1'h0 };
+  assign \$275  = \port$3725$54 [20] ? \$272  : \$274 ;
+  assign \$278  = \port$3725$54 [21] ? \$277  : { x0, 1'h0 };
+  assign \$281  = \port$3725$54 [21] ? \$280  : { x0, 1'h0 };
+  assign \$282  = \port$3725$54 [20] ? \$279  : \$281 ;
+  assign \$283  = \port$3725$54 [19] ? \$276  : \$282 [47:0];
+  assign \$284  = \port$3725$54 [18] ? \$269  : \$283 [39:0];
+  assign \$285  = \port$3725$54 [17] ? \$254  : \$284 [35:0];
+  assign \$286  = \port$3725$54 [16] ? \$223  : \$285 [33:0];
   assign \$287  = { x0, 1'h0 } & below;
   assign \$288  = | \$287 ;
   assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27282,69 +27509,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$296  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$297  = \$296  ? 33'h07fffffff : rounded0;
   assign \$298  = over2_0 ? { \$295 [31], \$295  } : \$297 ;
-  assign \$300  = \port$3712$54 [21] ? \$299  : { x1, 1'h0 };
-  assign \$303  = \port$3712$54 [21] ? \$302  : { x1, 1'h0 };
-  assign \$304  = \port$3712$54 [20] ? \$301  : \$303 ;
-  assign \$307  = \port$3712$54 [21] ? \$306  : { x1, 1'h0 };
-  assign \$310  = \port$3712$54 [21] ? \$309  : { x1, 1'h0 };
-  assign \$311  = \port$3712$54 [20] ? \$308  : \$310 ;
-  assign \$312  = \port$3712$54 [19] ? \$305  : \$311 [47:0];
-  assign \$315  = \port$3712$54 [21] ? \$314  : { x1, 1'h0 };
-  assign \$318  = \port$3712$54 [21] ? \$317  : { x1, 1'h0 };
-  assign \$319  = \port$3712$54 [20] ? \$316  : \$318 ;
-  assign \$322  = \port$3712$54 [21] ? \$321  : { x1, 1'h0 };
-  assign \$325  = \port$3712$54 [21] ? \$324  : { x1, 1'h0 };
-  assign \$326  = \port$3712$54 [20] ? \$323  : \$325 ;
-  assign \$327  = \port$3712$54 [19] ? \$320  : \$326 [47:0];
-  assign \$328  = \port$3712$54 [18] ? \$313  : \$327 [39:0];
-  assign \$331  = \port$3712$54 [21] ? \$330  : { x1, 1'h0 };
-  assign \$334  = \port$3712$54 [21] ? \$333  : { x1, 1'h0 };
-  assign \$335  = \port$3712$54 [20] ? \$332  : \$334 ;
-  assign \$338  = \port$3712$54 [21] ? \$337  : { x1, 1'h0 };
-  assign \$341  = \port$3712$54 [21] ? \$340  : { x1, 1'h0 };
-  assign \$342  = \port$3712$54 [20] ? \$339  : \$341 ;
-  assign \$343  = \port$3712$54 [19] ? \$336  : \$342 [47:0];
-  assign \$346  = \port$3712$54 [21] ? \$345  : { x1, 1'h0 };
-  assign \$349  = \port$3712$54 [21] ? \$348  : { x1, 1'h0 };
-  assign \$350  = \port$3712$54 [20] ? \$347  : \$349 ;
-  assign \$353  = \port$3712$54 [21] ? \$352  : { x1, 1'h0 };
-  assign \$356  = \port$3712$54 [21] ? \$355  : { x1, 1'h0 };
-  assign \$357  = \port$3712$54 [20] ? \$354  : \$356 ;
-  assign \$358  = \port$3712$54 [19] ? \$351  : \$357 [47:0];
-  assign \$359  = \port$3712$54 [18] ? \$344  : \$358 [39:0];
-  assign \$360  = \port$3712$54 [17] ? \$329  : \$359 [35:0];
-  assign \$363  = \port$3712$54 [21] ? \$362  : { x1, 1'h0 };
-  assign \$366  = \port$3712$54 [21] ? \$365  : { x1, 1'h0 };
-  assign \$367  = \port$3712$54 [20] ? \$364  : \$366 ;
-  assign \$370  = \port$3712$54 [21] ? \$369  : { x1, 1'h0 };
-  assign \$373  = \port$3712$54 [21] ? \$372  : { x1, 1'h0 };
-  assign \$374  = \port$3712$54 [20] ? \$371  : \$373 ;
-  assign \$375  = \port$3712$54 [19] ? \$368  : \$374 [47:0];
-  assign \$378  = \port$3712$54 [21] ? \$377  : { x1, 1'h0 };
-  assign \$381  = \port$3712$54 [21] ? \$380  : { x1, 1'h0 };
-  assign \$382  = \port$3712$54 [20] ? \$379  : \$381 ;
-  assign \$385  = \port$3712$54 [21] ? \$384  : { x1, 1'h0 };
-  assign \$388  = \port$3712$54 [21] ? \$387  : { x1, 1'h0 };
-  assign \$389  = \port$3712$54 [20] ? \$386  : \$388 ;
-  assign \$390  = \port$3712$54 [19] ? \$383  : \$389 [47:0];
-  assign \$391  = \port$3712$54 [18] ? \$376  : \$390 [39:0];
-  assign \$394  = \port$3712$54 [21] ? \$393  : { x1, 1'h0 };
-  assign \$397  = \port$3712$54 [21] ? \$396  : { x1, 1'h0 };
-  assign \$398  = \port$3712$54 [20] ? \$395  : \$397 ;
-  assign \$401  = \port$3712$54 [21] ? \$400  : { x1, 1'h0 };
-  assign \$404  = \port$3712$54 [21] ? \$403  : { x1, 1'h0 };
-  assign \$405  = \port$3712$54 [20] ? \$402  : \$404 ;
-  assign \$406  = \port$3712$54 [19] ? \$399  : \$405 [47:0];
-  assign \$409  = \port$3712$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$412  = \port$3712$54 [21] ? \$411  : { x1, 1'h0 };
-  assign \$413  = \port$3712$54 [20] ? \$410  : \$412 ;
-  assign \$416  = \port$3712$54 [21] ? \$415  : { x1, 1'h0 };
-  assign \$419  = \port$3712$54 [21] ? \$418  : { x1, 1'h0 };
-  assign \$420  = \port$3712$54 [20] ? \$417  : \$419 ;
-  assign \$421  = \port$3712$54 [19] ? \$414  : \$420 [47:0];
-  assign \$422  = \port$3712$54 [18] ? \$407  : \$421 [39:0];
-  assign \$423  = \port$3712$54 [17] ? \$392  : \$422 [35:0];
-  assign \$424  = \port$3712$54 [16] ? \$361  : \$423 [33:0];
+  assign \$300  = \port$3725$54 [21] ? \$299  : { x1, 1'h0 };
+  assign \$303  = \port$3725$54 [21] ? \$302  : { x1, 1'h0 };
+  assign \$304  = \port$3725$54 [20] ? \$301  : \$303 ;
+  assign \$307  = \port$3725$54 [21] ? \$306  : { x1, 1'h0 };
+  assign \$310  = \port$3725$54 [21] ? \$309  : { x1, 1'h0 };
+  assign \$311  = \port$3725$54 [20] ? \$308  : \$310 ;
+  assign \$312  = \port$3725$54 [19] ? \$305  : \$311 [47:0];
+  assign \$315  = \port$3725$54 [21] ? \$314  : { x1, 1'h0 };
+  assign \$318  = \port$3725$54 [21] ? \$317  : { x1, 1'h0 };
+  assign \$319  = \port$3725$54 [20] ? \$316  : \$318 ;
+  assign \$322  = \port$3725$54 [21] ? \$321  : { x1, 1'h0 };
+  assign \$325  = \port$3725$54 [21] ? \$324  : { x1, 1'h0 };
+  assign \$326  = \port$3725$54 [20] ? \$323  : \$325 ;
+  assign \$327  = \port$3725$54 [19] ? \$320  : \$326 [47:0];
+  assign \$328  = \port$3725$54 [18] ? \$313  : \$327 [39:0];
+  assign \$331  = \port$3725$54 [21] ? \$330  : { x1, 1'h0 };
+  assign \$334  = \port$3725$54 [21] ? \$333  : { x1, 1'h0 };
+  assign \$335  = \port$3725$54 [20] ? \$332  : \$334 ;
+  assign \$338  = \port$3725$54 [21] ? \$337  : { x1, 1'h0 };
+  assign \$341  = \port$3725$54 [21] ? \$340  : { x1, 1'h0 };
+  assign \$342  = \port$3725$54 [20] ? \$339  : \$341 ;
+  assign \$343  = \port$3725$54 [19] ? \$336  : \$342 [47:0];
+  assign \$346  = \port$3725$54 [21] ? \$345  : { x1, 1'h0 };
+  assign \$349  = \port$3725$54 [21] ? \$348  : { x1, 1'h0 };
+  assign \$350  = \port$3725$54 [20] ? \$347  : \$349 ;
+  assign \$353  = \port$3725$54 [21] ? \$352  : { x1, 1'h0 };
+  assign \$356  = \port$3725$54 [21] ? \$355  : { x1, 1'h0 };
+  assign \$357  = \port$3725$54 [20] ? \$354  : \$356 ;
+  assign \$358  = \port$3725$54 [19] ? \$351  : \$357 [47:0];
+  assign \$359  = \port$3725$54 [18] ? \$344  : \$358 [39:0];
+  assign \$360  = \port$3725$54 [17] ? \$329  : \$359 [35:0];
+  assign \$363  = \port$3725$54 [21] ? \$362  : { x1, 1'h0 };
+  assign \$366  = \port$3725$54 [21] ? \$365  : { x1, 1'h0 };
+  assign \$367  = \port$3725$54 [20] ? \$364  : \$366 ;
+  assign \$370  = \port$3725$54 [21] ? \$369  : { x1, 1'h0 };
+  assign \$373  = \port$3725$54 [21] ? \$372  : { x1, 1'h0 };
+  assign \$374  = \port$3725$54 [20] ? \$371  : \$373 ;
+  assign \$375  = \port$3725$54 [19] ? \$368  : \$374 [47:0];
+  assign \$378  = \port$3725$54 [21] ? \$377  : { x1, 1'h0 };
+  assign \$381  = \port$3725$54 [21] ? \$380  : { x1, 1'h0 };
+  assign \$382  = \port$3725$54 [20] ? \$379  : \$381 ;
+  assign \$385  = \port$3725$54 [21] ? \$384  : { x1, 1'h0 };
+  assign \$388  = \port$3725$54 [21] ? \$387  : { x1, 1'h0 };
+  assign \$389  = \port$3725$54 [20] ? \$386  : \$388 ;
+  assign \$390  = \port$3725$54 [19] ? \$383  : \$389 [47:0];
+  assign \$391  = \port$3725$54 [18] ? \$376  : \$390 [39:0];
+  assign \$394  = \port$3725$54 [21] ? \$393  : { x1, 1'h0 };
+  assign \$397  = \port$3725$54 [21] ? \$396  : { x1, 1'h0 };
+  assign \$398  = \port$3725$54 [20] ? \$395  : \$397 ;
+  assign \$401  = \port$3725$54 [21] ? \$400  : { x1, 1'h0 };
+  assign \$404  = \port$3725$54 [21] ? \$403  : { x1, 1'h0 };
+  assign \$405  = \port$3725$54 [20] ? \$402  : \$404 ;
+  assign \$406  = \port$3725$54 [19] ? \$399  : \$405 [47:0];
+  assign \$409  = \port$3725$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$412  = \port$3725$54 [21] ? \$411  : { x1, 1'h0 };
+  assign \$413  = \port$3725$54 [20] ? \$410  : \$412 ;
+  assign \$416  = \port$3725$54 [21] ? \$415  : { x1, 1'h0 };
+  assign \$419  = \port$3725$54 [21] ? \$418  : { x1, 1'h0 };
+  assign \$420  = \port$3725$54 [20] ? \$417  : \$419 ;
+  assign \$421  = \port$3725$54 [19] ? \$414  : \$420 [47:0];
+  assign \$422  = \port$3725$54 [18] ? \$407  : \$421 [39:0];
+  assign \$423  = \port$3725$54 [17] ? \$392  : \$422 [35:0];
+  assign \$424  = \port$3725$54 [16] ? \$361  : \$423 [33:0];
   assign \$425  = { x1, 1'h0 } & below;
   assign \$426  = | \$425 ;
   assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27357,69 +27584,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$434  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$435  = \$434  ? 33'h07fffffff : rounded1;
   assign \$436  = over2_1 ? { \$433 [31], \$433  } : \$435 ;
-  assign \$438  = \port$3712$54 [21] ? \$437  : { x2, 1'h0 };
-  assign \$441  = \port$3712$54 [21] ? \$440  : { x2, 1'h0 };
-  assign \$442  = \port$3712$54 [20] ? \$439  : \$441 ;
-  assign \$445  = \port$3712$54 [21] ? \$444  : { x2, 1'h0 };
-  assign \$448  = \port$3712$54 [21] ? \$447  : { x2, 1'h0 };
-  assign \$449  = \port$3712$54 [20] ? \$446  : \$448 ;
-  assign \$450  = \port$3712$54 [19] ? \$443  : \$449 [47:0];
-  assign \$453  = \port$3712$54 [21] ? \$452  : { x2, 1'h0 };
-  assign \$456  = \port$3712$54 [21] ? \$455  : { x2, 1'h0 };
-  assign \$457  = \port$3712$54 [20] ? \$454  : \$456 ;
-  assign \$460  = \port$3712$54 [21] ? \$459  : { x2, 1'h0 };
-  assign \$463  = \port$3712$54 [21] ? \$462  : { x2, 1'h0 };
-  assign \$464  = \port$3712$54 [20] ? \$461  : \$463 ;
-  assign \$465  = \port$3712$54 [19] ? \$458  : \$464 [47:0];
-  assign \$466  = \port$3712$54 [18] ? \$451  : \$465 [39:0];
-  assign \$469  = \port$3712$54 [21] ? \$468  : { x2, 1'h0 };
-  assign \$472  = \port$3712$54 [21] ? \$471  : { x2, 1'h0 };
-  assign \$473  = \port$3712$54 [20] ? \$470  : \$472 ;
-  assign \$476  = \port$3712$54 [21] ? \$475  : { x2, 1'h0 };
-  assign \$479  = \port$3712$54 [21] ? \$478  : { x2, 1'h0 };
-  assign \$480  = \port$3712$54 [20] ? \$477  : \$479 ;
-  assign \$481  = \port$3712$54 [19] ? \$474  : \$480 [47:0];
-  assign \$484  = \port$3712$54 [21] ? \$483  : { x2, 1'h0 };
-  assign \$487  = \port$3712$54 [21] ? \$486  : { x2, 1'h0 };
-  assign \$488  = \port$3712$54 [20] ? \$485  : \$487 ;
-  assign \$491  = \port$3712$54 [21] ? \$490  : { x2, 1'h0 };
-  assign \$494  = \port$3712$54 [21] ? \$493  : { x2, 1'h0 };
-  assign \$495  = \port$3712$54 [20] ? \$492  : \$494 ;
-  assign \$496  = \port$3712$54 [19] ? \$489  : \$495 [47:0];
-  assign \$497  = \port$3712$54 [18] ? \$482  : \$496 [39:0];
-  assign \$498  = \port$3712$54 [17] ? \$467  : \$497 [35:0];
-  assign \$501  = \port$3712$54 [21] ? \$500  : { x2, 1'h0 };
-  assign \$504  = \port$3712$54 [21] ? \$503  : { x2, 1'h0 };
-  assign \$505  = \port$3712$54 [20] ? \$502  : \$504 ;
-  assign \$508  = \port$3712$54 [21] ? \$507  : { x2, 1'h0 };
-  assign \$511  = \port$3712$54 [21] ? \$510  : { x2, 1'h0 };
-  assign \$512  = \port$3712$54 [20] ? \$509  : \$511 ;
-  assign \$513  = \port$3712$54 [19] ? \$506  : \$512 [47:0];
-  assign \$516  = \port$3712$54 [21] ? \$515  : { x2, 1'h0 };
-  assign \$519  = \port$3712$54 [21] ? \$518  : { x2, 1'h0 };
-  assign \$520  = \port$3712$54 [20] ? \$517  : \$519 ;
-  assign \$523  = \port$3712$54 [21] ? \$522  : { x2, 1'h0 };
-  assign \$526  = \port$3712$54 [21] ? \$525  : { x2, 1'h0 };
-  assign \$527  = \port$3712$54 [20] ? \$524  : \$526 ;
-  assign \$528  = \port$3712$54 [19] ? \$521  : \$527 [47:0];
-  assign \$529  = \port$3712$54 [18] ? \$514  : \$528 [39:0];
-  assign \$532  = \port$3712$54 [21] ? \$531  : { x2, 1'h0 };
-  assign \$535  = \port$3712$54 [21] ? \$534  : { x2, 1'h0 };
-  assign \$536  = \port$3712$54 [20] ? \$533  : \$535 ;
-  assign \$539  = \port$3712$54 [21] ? \$538  : { x2, 1'h0 };
-  assign \$542  = \port$3712$54 [21] ? \$541  : { x2, 1'h0 };
-  assign \$543  = \port$3712$54 [20] ? \$540  : \$542 ;
-  assign \$544  = \port$3712$54 [19] ? \$537  : \$543 [47:0];
-  assign \$547  = \port$3712$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$550  = \port$3712$54 [21] ? \$549  : { x2, 1'h0 };
-  assign \$551  = \port$3712$54 [20] ? \$548  : \$550 ;
-  assign \$554  = \port$3712$54 [21] ? \$553  : { x2, 1'h0 };
-  assign \$557  = \port$3712$54 [21] ? \$556  : { x2, 1'h0 };
-  assign \$558  = \port$3712$54 [20] ? \$555  : \$557 ;
-  assign \$559  = \port$3712$54 [19] ? \$552  : \$558 [47:0];
-  assign \$560  = \port$3712$54 [18] ? \$545  : \$559 [39:0];
-  assign \$561  = \port$3712$54 [17] ? \$530  : \$560 [35:0];
-  assign \$562  = \port$3712$54 [16] ? \$499  : \$561 [33:0];
+  assign \$438  = \port$3725$54 [21] ? \$437  : { x2, 1'h0 };
+  assign \$441  = \port$3725$54 [21] ? \$440  : { x2, 1'h0 };
+  assign \$442  = \port$3725$54 [20] ? \$439  : \$441 ;
+  assign \$445  = \port$3725$54 [21] ? \$444  : { x2, 1'h0 };
+  assign \$448  = \port$3725$54 [21] ? \$447  : { x2, 1'h0 };
+  assign \$449  = \port$3725$54 [20] ? \$446  : \$448 ;
+  assign \$450  = \port$3725$54 [19] ? \$443  : \$449 [47:0];
+  assign \$453  = \port$3725$54 [21] ? \$452  : { x2, 1'h0 };
+  assign \$456  = \port$3725$54 [21] ? \$455  : { x2, 1'h0 };
+  assign \$457  = \port$3725$54 [20] ? \$454  : \$456 ;
+  assign \$460  = \port$3725$54 [21] ? \$459  : { x2, 1'h0 };
+  assign \$463  = \port$3725$54 [21] ? \$462  : { x2, 1'h0 };
+  assign \$464  = \port$3725$54 [20] ? \$461  : \$463 ;
+  assign \$465  = \port$3725$54 [19] ? \$458  : \$464 [47:0];
+  assign \$466  = \port$3725$54 [18] ? \$451  : \$465 [39:0];
+  assign \$469  = \port$3725$54 [21] ? \$468  : { x2, 1'h0 };
+  assign \$472  = \port$3725$54 [21] ? \$471  : { x2, 1'h0 };
+  assign \$473  = \port$3725$54 [20] ? \$470  : \$472 ;
+  assign \$476  = \port$3725$54 [21] ? \$475  : { x2, 1'h0 };
+  assign \$479  = \port$3725$54 [21] ? \$478  : { x2, 1'h0 };
+  assign \$480  = \port$3725$54 [20] ? \$477  : \$479 ;
+  assign \$481  = \port$3725$54 [19] ? \$474  : \$480 [47:0];
+  assign \$484  = \port$3725$54 [21] ? \$483  : { x2, 1'h0 };
+  assign \$487  = \port$3725$54 [21] ? \$486  : { x2, 1'h0 };
+  assign \$488  = \port$3725$54 [20] ? \$485  : \$487 ;
+  assign \$491  = \port$3725$54 [21] ? \$490  : { x2, 1'h0 };
+  assign \$494  = \port$3725$54 [21] ? \$493  : { x2, 1'h0 };
+  assign \$495  = \port$3725$54 [20] ? \$492  : \$494 ;
+  assign \$496  = \port$3725$54 [19] ? \$489  : \$495 [47:0];
+  assign \$497  = \port$3725$54 [18] ? \$482  : \$496 [39:0];
+  assign \$498  = \port$3725$54 [17] ? \$467  : \$497 [35:0];
+  assign \$501  = \port$3725$54 [21] ? \$500  : { x2, 1'h0 };
+  assign \$504  = \port$3725$54 [21] ? \$503  : { x2, 1'h0 };
+  assign \$505  = \port$3725$54 [20] ? \$502  : \$504 ;
+  assign \$508  = \port$3725$54 [21] ? \$507  : { x2, 1'h0 };
+  assign \$511  = \port$3725$54 [21] ? \$510  : { x2, 1'h0 };
+  assign \$512  = \port$3725$54 [20] ? \$509  : \$511 ;
+  assign \$513  = \port$3725$54 [19] ? \$506  : \$512 [47:0];
+  assign \$516  = \port$3725$54 [21] ? \$515  : { x2, 1'h0 };
+  assign \$519  = \port$3725$54 [21] ? \$518  : { x2, 1'h0 };
+  assign \$520  = \port$3725$54 [20] ? \$517  : \$519 ;
+  assign \$523  = \port$3725$54 [21] ? \$522  : { x2, 1'h0 };
+  assign \$526  = \port$3725$54 [21] ? \$525  : { x2, 1'h0 };
+  assign \$527  = \port$3725$54 [20] ? \$524  : \$526 ;
+  assign \$528  = \port$3725$54 [19] ? \$521  : \$527 [47:0];
+  assign \$529  = \port$3725$54 [18] ? \$514  : \$528 [39:0];
+  assign \$532  = \port$3725$54 [21] ? \$531  : { x2, 1'h0 };
+  assign \$535  = \port$3725$54 [21] ? \$534  : { x2, 1'h0 };
+  assign \$536  = \port$3725$54 [20] ? \$533  : \$535 ;
+  assign \$539  = \port$3725$54 [21] ? \$538  : { x2, 1'h0 };
+  assign \$542  = \port$3725$54 [21] ? \$541  : { x2, 1'h0 };
+  assign \$543  = \port$3725$54 [20] ? \$540  : \$542 ;
+  assign \$544  = \port$3725$54 [19] ? \$537  : \$543 [47:0];
+  assign \$547  = \port$3725$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$550  = \port$3725$54 [21] ? \$549  : { x2, 1'h0 };
+  assign \$551  = \port$3725$54 [20] ? \$548  : \$550 ;
+  assign \$554  = \port$3725$54 [21] ? \$553  : { x2, 1'h0 };
+  assign \$557  = \port$3725$54 [21] ? \$556  : { x2, 1'h0 };
+  assign \$558  = \port$3725$54 [20] ? \$555  : \$557 ;
+  assign \$559  = \port$3725$54 [19] ? \$552  : \$558 [47:0];
+  assign \$560  = \port$3725$54 [18] ? \$545  : \$559 [39:0];
+  assign \$561  = \port$3725$54 [17] ? \$530  : \$560 [35:0];
+  assign \$562  = \port$3725$54 [16] ? \$499  : \$561 [33:0];
   assign \$563  = { x2, 1'h0 } & below;
   assign \$564  = | \$563 ;
   assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27432,69 +27659,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$572  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$573  = \$572  ? 33'h07fffffff : rounded2;
   assign \$574  = over2_2 ? { \$571 [31], \$571  } : \$573 ;
-  assign \$576  = \port$3712$54 [21] ? \$575  : { x3, 1'h0 };
-  assign \$579  = \port$3712$54 [21] ? \$578  : { x3, 1'h0 };
-  assign \$580  = \port$3712$54 [20] ? \$577  : \$579 ;
-  assign \$583  = \port$3712$54 [21] ? \$582  : { x3, 1'h0 };
-  assign \$586  = \port$3712$54 [21] ? \$585  : { x3, 1'h0 };
-  assign \$587  = \port$3712$54 [20] ? \$584  : \$586 ;
-  assign \$588  = \port$3712$54 [19] ? \$581  : \$587 [47:0];
-  assign \$591  = \port$3712$54 [21] ? \$590  : { x3, 1'h0 };
-  assign \$594  = \port$3712$54 [21] ? \$593  : { x3, 1'h0 };
-  assign \$595  = \port$3712$54 [20] ? \$592  : \$594 ;
-  assign \$598  = \port$3712$54 [21] ? \$597  : { x3, 1'h0 };
-  assign \$601  = \port$3712$54 [21] ? \$600  : { x3, 1'h0 };
-  assign \$602  = \port$3712$54 [20] ? \$599  : \$601 ;
-  assign \$603  = \port$3712$54 [19] ? \$596  : \$602 [47:0];
-  assign \$604  = \port$3712$54 [18] ? \$589  : \$603 [39:0];
-  assign \$607  = \port$3712$54 [21] ? \$606  : { x3, 1'h0 };
-  assign \$610  = \port$3712$54 [21] ? \$609  : { x3, 1'h0 };
-  assign \$611  = \port$3712$54 [20] ? \$608  : \$610 ;
-  assign \$614  = \port$3712$54 [21] ? \$613  : { x3, 1'h0 };
-  assign \$617  = \port$3712$54 [21] ? \$616  : { x3, 1'h0 };
-  assign \$618  = \port$3712$54 [20] ? \$615  : \$617 ;
-  assign \$619  = \port$3712$54 [19] ? \$612  : \$618 [47:0];
-  assign \$622  = \port$3712$54 [21] ? \$621  : { x3, 1'h0 };
-  assign \$625  = \port$3712$54 [21] ? \$624  : { x3, 1'h0 };
-  assign \$626  = \port$3712$54 [20] ? \$623  : \$625 ;
-  assign \$629  = \port$3712$54 [21] ? \$628  : { x3, 1'h0 };
-  assign \$632  = \port$3712$54 [21] ? \$631  : { x3, 1'h0 };
-  assign \$633  = \port$3712$54 [20] ? \$630  : \$632 ;
-  assign \$634  = \port$3712$54 [19] ? \$627  : \$633 [47:0];
-  assign \$635  = \port$3712$54 [18] ? \$620  : \$634 [39:0];
-  assign \$636  = \port$3712$54 [17] ? \$605  : \$635 [35:0];
-  assign \$639  = \port$3712$54 [21] ? \$638  : { x3, 1'h0 };
-  assign \$642  = \port$3712$54 [21] ? \$641  : { x3, 1'h0 };
-  assign \$643  = \port$3712$54 [20] ? \$640  : \$642 ;
-  assign \$646  = \port$3712$54 [21] ? \$645  : { x3, 1'h0 };
-  assign \$649  = \port$3712$54 [21] ? \$648  : { x3, 1'h0 };
-  assign \$650  = \port$3712$54 [20] ? \$647  : \$649 ;
-  assign \$651  = \port$3712$54 [19] ? \$644  : \$650 [47:0];
-  assign \$654  = \port$3712$54 [21] ? \$653  : { x3, 1'h0 };
-  assign \$657  = \port$3712$54 [21] ? \$656  : { x3, 1'h0 };
-  assign \$658  = \port$3712$54 [20] ? \$655  : \$657 ;
-  assign \$661  = \port$3712$54 [21] ? \$660  : { x3, 1'h0 };
-  assign \$664  = \port$3712$54 [21] ? \$663  : { x3, 1'h0 };
-  assign \$665  = \port$3712$54 [20] ? \$662  : \$664 ;
-  assign \$666  = \port$3712$54 [19] ? \$659  : \$665 [47:0];
-  assign \$667  = \port$3712$54 [18] ? \$652  : \$666 [39:0];
-  assign \$670  = \port$3712$54 [21] ? \$669  : { x3, 1'h0 };
-  assign \$673  = \port$3712$54 [21] ? \$672  : { x3, 1'h0 };
-  assign \$674  = \port$3712$54 [20] ? \$671  : \$673 ;
-  assign \$677  = \port$3712$54 [21] ? \$676  : { x3, 1'h0 };
-  assign \$680  = \port$3712$54 [21] ? \$679  : { x3, 1'h0 };
-  assign \$681  = \port$3712$54 [20] ? \$678  : \$680 ;
-  assign \$682  = \port$3712$54 [19] ? \$675  : \$681 [47:0];
-  assign \$685  = \port$3712$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$688  = \port$3712$54 [21] ? \$687  : { x3, 1'h0 };
-  assign \$689  = \port$3712$54 [20] ? \$686  : \$688 ;
-  assign \$692  = \port$3712$54 [21] ? \$691  : { x3, 1'h0 };
-  assign \$695  = \port$3712$54 [21] ? \$694  : { x3, 1'h0 };
-  assign \$696  = \port$3712$54 [20] ? \$693  : \$695 ;
-  assign \$697  = \port$3712$54 [19] ? \$690  : \$696 [47:0];
-  assign \$698  = \port$3712$54 [18] ? \$683  : \$697 [39:0];
-  assign \$699  = \port$3712$54 [17] ? \$668  : \$698 [35:0];
-  assign \$700  = \port$3712$54 [16] ? \$637  : \$699 [33:0];
+  assign \$576  = \port$3725$54 [21] ? \$575  : { x3, 1'h0 };
+  assign \$579  = \port$3725$54 [21] ? \$578  : { x3, 1'h0 };
+  assign \$580  = \port$3725$54 [20] ? \$577  : \$579 ;
+  assign \$583  = \port$3725$54 [21] ? \$582  : { x3, 1'h0 };
+  assign \$586  = \port$3725$54 [21] ? \$585  : { x3, 1'h0 };
+  assign \$587  = \port$3725$54 [20] ? \$584  : \$586 ;
+  assign \$588  = \port$3725$54 [19] ? \$581  : \$587 [47:0];
+  assign \$591  = \port$3725$54 [21] ? \$590  : { x3, 1'h0 };
+  assign \$594  = \port$3725$54 [21] ? \$593  : { x3, 1'h0 };
+  assign \$595  = \port$3725$54 [20] ? \$592  : \$594 ;
+  assign \$598  = \port$3725$54 [21] ? \$597  : { x3, 1'h0 };
+  assign \$601  = \port$3725$54 [21] ? \$600  : { x3, 1'h0 };
+  assign \$602  = \port$3725$54 [20] ? \$599  : \$601 ;
+  assign \$603  = \port$3725$54 [19] ? \$596  : \$602 [47:0];
+  assign \$604  = \port$3725$54 [18] ? \$589  : \$603 [39:0];
+  assign \$607  = \port$3725$54 [21] ? \$606  : { x3, 1'h0 };
+  assign \$610  = \port$3725$54 [21] ? \$609  : { x3, 1'h0 };
+  assign \$611  = \port$3725$54 [20] ? \$608  : \$610 ;
+  assign \$614  = \port$3725$54 [21] ? \$613  : { x3, 1'h0 };
+  assign \$617  = \port$3725$54 [21] ? \$616  : { x3, 1'h0 };
+  assign \$618  = \port$3725$54 [20] ? \$615  : \$617 ;
+  assign \$619  = \port$3725$54 [19] ? \$612  : \$618 [47:0];
+  assign \$622  = \port$3725$54 [21] ? \$621  : { x3, 1'h0 };
+  assign \$625  = \port$3725$54 [21] ? \$624  : { x3, 1'h0 };
+  assign \$626  = \port$3725$54 [20] ? \$623  : \$625 ;
+  assign \$629  = \port$3725$54 [21] ? \$628  : { x3, 1'h0 };
+  assign \$632  = \port$3725$54 [21] ? \$631  : { x3, 1'h0 };
+  assign \$633  = \port$3725$54 [20] ? \$630  : \$632 ;
+  assign \$634  = \port$3725$54 [19] ? \$627  : \$633 [47:0];
+  assign \$635  = \port$3725$54 [18] ? \$620  : \$634 [39:0];
+  assign \$636  = \port$3725$54 [17] ? \$605  : \$635 [35:0];
+  assign \$639  = \port$3725$54 [21] ? \$638  : { x3, 1'h0 };
+  assign \$642  = \port$3725$54 [21] ? \$641  : { x3, 1'h0 };
+  assign \$643  = \port$3725$54 [20] ? \$640  : \$642 ;
+  assign \$646  = \port$3725$54 [21] ? \$645  : { x3, 1'h0 };
+  assign \$649  = \port$3725$54 [21] ? \$648  : { x3, 1'h0 };
+  assign \$650  = \port$3725$54 [20] ? \$647  : \$649 ;
+  assign \$651  = \port$3725$54 [19] ? \$644  : \$650 [47:0];
+  assign \$654  = \port$3725$54 [21] ? \$653  : { x3, 1'h0 };
+  assign \$657  = \port$3725$54 [21] ? \$656  : { x3, 1'h0 };
+  assign \$658  = \port$3725$54 [20] ? \$655  : \$657 ;
+  assign \$661  = \port$3725$54 [21] ? \$660  : { x3, 1'h0 };
+  assign \$664  = \port$3725$54 [21] ? \$663  : { x3, 1'h0 };
+  assign \$665  = \port$3725$54 [20] ? \$662  : \$664 ;
+  assign \$666  = \port$3725$54 [19] ? \$659  : \$665 [47:0];
+  assign \$667  = \port$3725$54 [18] ? \$652  : \$666 [39:0];
+  assign \$670  = \port$3725$54 [21] ? \$669  : { x3, 1'h0 };
+  assign \$673  = \port$3725$54 [21] ? \$672  : { x3, 1'h0 };
+  assign \$674  = \port$3725$54 [20] ? \$671  : \$673 ;
+  assign \$677  = \port$3725$54 [21] ? \$676  : { x3, 1'h0 };
+  assign \$680  = \port$3725$54 [21] ? \$679  : { x3, 1'h0 };
+  assign \$681  = \port$3725$54 [20] ? \$678  : \$680 ;
+  assign \$682  = \port$3725$54 [19] ? \$675  : \$681 [47:0];
+  assign \$685  = \port$3725$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$688  = \port$3725$54 [21] ? \$687  : { x3, 1'h0 };
+  assign \$689  = \port$3725$54 [20] ? \$686  : \$688 ;
+  assign \$692  = \port$3725$54 [21] ? \$691  : { x3, 1'h0 };
+  assign \$695  = \port$3725$54 [21] ? \$694  : { x3, 1'h0 };
+  assign \$696  = \port$3725$54 [20] ? \$693  : \$695 ;
+  assign \$697  = \port$3725$54 [19] ? \$690  : \$696 [47:0];
+  assign \$698  = \port$3725$54 [18] ? \$683  : \$697 [39:0];
+  assign \$699  = \port$3725$54 [17] ? \$668  : \$698 [35:0];
+  assign \$700  = \port$3725$54 [16] ? \$637  : \$699 [33:0];
   assign \$701  = { x3, 1'h0 } & below;
   assign \$702  = | \$701 ;
   assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -27595,194 +27822,194 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$7  = $signed(\$5 ) + $signed(\$6 );
   assign \$10  = $signed(\$8 ) + $signed(\$9 );
   assign \$13  = $signed(\$11 ) + $signed(\$12 );
-  assign \$14  = \port$3712$54 [21:16] > 1'h0;
-  assign \$15  = \port$3712$54 [21:16] > 1'h1;
-  assign \$16  = \port$3712$54 [21:16] > 2'h2;
-  assign \$17  = \port$3712$54 [21:16] > 2'h3;
-  assign \$18  = \port$3712$54 [21:16] > 3'h4;
-  assign \$19  = \port$3712$54 [21:16] > 3'h5;
-  assign \$20  = \port$3712$54 [21:16] > 3'h6;
-  assign \$21  = \port$3712$54 [21:16] > 3'h7;
-  assign \$22  = \port$3712$54 [21:16] > 4'h8;
-  assign \$23  = \port$3712$54 [21:16] > 4'h9;
-  assign \$24  = \port$3712$54 [21:16] > 4'ha;
-  assign \$25  = \port$3712$54 [21:16] > 4'hb;
-  assign \$26  = \port$3712$54 [21:16] > 4'hc;
-  assign \$27  = \port$3712$54 [21:16] > 4'hd;
-  assign \$28  = \port$3712$54 [21:16] > 4'he;
-  assign \$29  = \port$3712$54 [21:16] > 4'hf;
-  assign \$30  = \port$3712$54 [21:16] > 5'h10;
-  assign \$31  = \port$3712$54 [21:16] > 5'h11;
-  assign \$32  = \port$3712$54 [21:16] > 5'h12;
-  assign \$33  = \port$3712$54 [21:16] > 5'h13;
-  assign \$34  = \port$3712$54 [21:16] > 5'h14;
-  assign \$35  = \port$3712$54 [21:16] > 5'h15;
-  assign \$36  = \port$3712$54 [21:16] > 5'h16;
-  assign \$37  = \port$3712$54 [21:16] > 5'h17;
-  assign \$38  = \port$3712$54 [21:16] > 5'h18;
-  assign \$39  = \port$3712$54 [21:16] > 5'h19;
-  assign \$40  = \port$3712$54 [21:16] > 5'h1a;
-  assign \$41  = \port$3712$54 [21:16] > 5'h1b;
-  assign \$42  = \port$3712$54 [21:16] > 5'h1c;
-  assign \$43  = \port$3712$54 [21:16] > 5'h1d;
-  assign \$44  = \port$3712$54 [21:16] > 5'h1e;
-  assign \$45  = \port$3712$54 [21:16] > 5'h1f;
-  assign \$46  = \port$3712$54 [21:16] > 6'h20;
-  assign \$47  = \port$3712$54 [21:16] > 6'h21;
-  assign \$48  = \port$3712$54 [21:16] > 6'h22;
-  assign \$49  = \port$3712$54 [21:16] > 6'h23;
-  assign \$50  = \port$3712$54 [21:16] > 6'h24;
-  assign \$51  = \port$3712$54 [21:16] > 6'h25;
-  assign \$52  = \port$3712$54 [21:16] > 6'h26;
-  assign \$53  = \port$3712$54 [21:16] > 6'h27;
-  assign \$54  = \port$3712$54 [21:16] > 6'h28;
-  assign \$55  = \port$3712$54 [21:16] > 6'h29;
-  assign \$56  = \port$3712$54 [21:16] > 6'h2a;
-  assign \$57  = \port$3712$54 [21:16] > 6'h2b;
-  assign \$58  = \port$3712$54 [21:16] > 6'h2c;
-  assign \$59  = \port$3712$54 [21:16] > 6'h2d;
-  assign \$60  = \port$3712$54 [21:16] > 6'h2e;
-  assign \$61  = \port$3712$54 [21:16] > 6'h2f;
-  assign \$62  = \port$3712$54 [21:16] > 6'h30;
-  assign \$63  = \port$3712$54 [21:16] + 6'h20;
+  assign \$14  = \port$3725$54 [21:16] > 1'h0;
+  assign \$15  = \port$3725$54 [21:16] > 1'h1;
+  assign \$16  = \port$3725$54 [21:16] > 2'h2;
+  assign \$17  = \port$3725$54 [21:16] > 2'h3;
+  assign \$18  = \port$3725$54 [21:16] > 3'h4;
+  assign \$19  = \port$3725$54 [21:16] > 3'h5;
+  assign \$20  = \port$3725$54 [21:16] > 3'h6;
+  assign \$21  = \port$3725$54 [21:16] > 3'h7;
+  assign \$22  = \port$3725$54 [21:16] > 4'h8;
+  assign \$23  = \port$3725$54 [21:16] > 4'h9;
+  assign \$24  = \port$3725$54 [21:16] > 4'ha;
+  assign \$25  = \port$3725$54 [21:16] > 4'hb;
+  assign \$26  = \port$3725$54 [21:16] > 4'hc;
+  assign \$27  = \port$3725$54 [21:16] > 4'hd;
+  assign \$28  = \port$3725$54 [21:16] > 4'he;
+  assign \$29  = \port$3725$54 [21:16] > 4'hf;
+  assign \$30  = \port$3725$54 [21:16] > 5'h10;
+  assign \$31  = \port$3725$54 [21:16] > 5'h11;
+  assign \$32  = \port$3725$54 [21:16] > 5'h12;
+  assign \$33  = \port$3725$54 [21:16] > 5'h13;
+  assign \$34  = \port$3725$54 [21:16] > 5'h14;
+  assign \$35  = \port$3725$54 [21:16] > 5'h15;
+  assign \$36  = \port$3725$54 [21:16] > 5'h16;
+  assign \$37  = \port$3725$54 [21:16] > 5'h17;
+  assign \$38  = \port$3725$54 [21:16] > 5'h18;
+  assign \$39  = \port$3725$54 [21:16] > 5'h19;
+  assign \$40  = \port$3725$54 [21:16] > 5'h1a;
+  assign \$41  = \port$3725$54 [21:16] > 5'h1b;
+  assign \$42  = \port$3725$54 [21:16] > 5'h1c;
+  assign \$43  = \port$3725$54 [21:16] > 5'h1d;
+  assign \$44  = \port$3725$54 [21:16] > 5'h1e;
+  assign \$45  = \port$3725$54 [21:16] > 5'h1f;
+  assign \$46  = \port$3725$54 [21:16] > 6'h20;
+  assign \$47  = \port$3725$54 [21:16] > 6'h21;
+  assign \$48  = \port$3725$54 [21:16] > 6'h22;
+  assign \$49  = \port$3725$54 [21:16] > 6'h23;
+  assign \$50  = \port$3725$54 [21:16] > 6'h24;
+  assign \$51  = \port$3725$54 [21:16] > 6'h25;
+  assign \$52  = \port$3725$54 [21:16] > 6'h26;
+  assign \$53  = \port$3725$54 [21:16] > 6'h27;
+  assign \$54  = \port$3725$54 [21:16] > 6'h28;
+  assign \$55  = \port$3725$54 [21:16] > 6'h29;
+  assign \$56  = \port$3725$54 [21:16] > 6'h2a;
+  assign \$57  = \port$3725$54 [21:16] > 6'h2b;
+  assign \$58  = \port$3725$54 [21:16] > 6'h2c;
+  assign \$59  = \port$3725$54 [21:16] > 6'h2d;
+  assign \$60  = \port$3725$54 [21:16] > 6'h2e;
+  assign \$61  = \port$3725$54 [21:16] > 6'h2f;
+  assign \$62  = \port$3725$54 [21:16] > 6'h30;
+  assign \$63  = \port$3725$54 [21:16] + 6'h20;
   assign \$64  = \$63  <= 1'h0;
-  assign \$65  = \port$3712$54 [21:16] + 6'h20;
+  assign \$65  = \port$3725$54 [21:16] + 6'h20;
   assign \$66  = \$65  <= 1'h1;
-  assign \$67  = \port$3712$54 [21:16] + 6'h20;
+  assign \$67  = \port$3725$54 [21:16] + 6'h20;
   assign \$68  = \$67  <= 2'h2;
-  assign \$69  = \port$3712$54 [21:16] + 6'h20;
+  assign \$69  = \port$3725$54 [21:16] + 6'h20;
   assign \$70  = \$69  <= 2'h3;
-  assign \$71  = \port$3712$54 [21:16] + 6'h20;
+  assign \$71  = \port$3725$54 [21:16] + 6'h20;
   assign \$72  = \$71  <= 3'h4;
-  assign \$73  = \port$3712$54 [21:16] + 6'h20;
+  assign \$73  = \port$3725$54 [21:16] + 6'h20;
   assign \$74  = \$73  <= 3'h5;
-  assign \$75  = \port$3712$54 [21:16] + 6'h20;
+  assign \$75  = \port$3725$54 [21:16] + 6'h20;
   assign \$76  = \$75  <= 3'h6;
-  assign \$77  = \port$3712$54 [21:16] + 6'h20;
+  assign \$77  = \port$3725$54 [21:16] + 6'h20;
   assign \$78  = \$77  <= 3'h7;
-  assign \$79  = \port$3712$54 [21:16] + 6'h20;
+  assign \$79  = \port$3725$54 [21:16] + 6'h20;
   assign \$80  = \$79  <= 4'h8;
-  assign \$81  = \port$3712$54 [21:16] + 6'h20;
+  assign \$81  = \port$3725$54 [21:16] + 6'h20;
   assign \$82  = \$81  <= 4'h9;
-  assign \$83  = \port$3712$54 [21:16] + 6'h20;
+  assign \$83  = \port$3725$54 [21:16] + 6'h20;
   assign \$84  = \$83  <= 4'ha;
-  assign \$85  = \port$3712$54 [21:16] + 6'h20;
+  assign \$85  = \port$3725$54 [21:16] + 6'h20;
   assign \$86  = \$85  <= 4'hb;
-  assign \$87  = \port$3712$54 [21:16] + 6'h20;
+  assign \$87  = \port$3725$54 [21:16] + 6'h20;
   assign \$88  = \$87  <= 4'hc;
-  assign \$89  = \port$3712$54 [21:16] + 6'h20;
+  assign \$89  = \port$3725$54 [21:16] + 6'h20;
   assign \$90  = \$89  <= 4'hd;
-  assign \$91  = \port$3712$54 [21:16] + 6'h20;
+  assign \$91  = \port$3725$54 [21:16] + 6'h20;
   assign \$92  = \$91  <= 4'he;
-  assign \$93  = \port$3712$54 [21:16] + 6'h20;
+  assign \$93  = \port$3725$54 [21:16] + 6'h20;
   assign \$94  = \$93  <= 4'hf;
-  assign \$95  = \port$3712$54 [21:16] + 6'h20;
+  assign \$95  = \port$3725$54 [21:16] + 6'h20;
   assign \$96  = \$95  <= 5'h10;
-  assign \$97  = \port$3712$54 [21:16] + 6'h20;
+  assign \$97  = \port$3725$54 [21:16] + 6'h20;
   assign \$98  = \$97  <= 5'h11;
-  assign \$99  = \port$3712$54 [21:16] + 6'h20;
+  assign \$99  = \port$3725$54 [21:16] + 6'h20;
   assign \$100  = \$99  <= 5'h12;
-  assign \$101  = \port$3712$54 [21:16] + 6'h20;
+  assign \$101  = \port$3725$54 [21:16] + 6'h20;
   assign \$102  = \$101  <= 5'h13;
-  assign \$103  = \port$3712$54 [21:16] + 6'h20;
+  assign \$103  = \port$3725$54 [21:16] + 6'h20;
   assign \$104  = \$103  <= 5'h14;
-  assign \$105  = \port$3712$54 [21:16] + 6'h20;
+  assign \$105  = \port$3725$54 [21:16] + 6'h20;
   assign \$106  = \$105  <= 5'h15;
-  assign \$107  = \port$3712$54 [21:16] + 6'h20;
+  assign \$107  = \port$3725$54 [21:16] + 6'h20;
   assign \$108  = \$107  <= 5'h16;
-  assign \$109  = \port$3712$54 [21:16] + 6'h20;
+  assign \$109  = \port$3725$54 [21:16] + 6'h20;
   assign \$110  = \$109  <= 5'h17;
-  assign \$111  = \port$3712$54 [21:16] + 6'h20;
+  assign \$111  = \port$3725$54 [21:16] + 6'h20;
   assign \$112  = \$111  <= 5'h18;
-  assign \$113  = \port$3712$54 [21:16] + 6'h20;
+  assign \$113  = \port$3725$54 [21:16] + 6'h20;
   assign \$114  = \$113  <= 5'h19;
-  assign \$115  = \port$3712$54 [21:16] + 6'h20;
+  assign \$115  = \port$3725$54 [21:16] + 6'h20;
   assign \$116  = \$115  <= 5'h1a;
-  assign \$117  = \port$3712$54 [21:16] + 6'h20;
+  assign \$117  = \port$3725$54 [21:16] + 6'h20;
   assign \$118  = \$117  <= 5'h1b;
-  assign \$119  = \port$3712$54 [21:16] + 6'h20;
+  assign \$119  = \port$3725$54 [21:16] + 6'h20;
   assign \$120  = \$119  <= 5'h1c;
-  assign \$121  = \port$3712$54 [21:16] + 6'h20;
+  assign \$121  = \port$3725$54 [21:16] + 6'h20;
   assign \$122  = \$121  <= 5'h1d;
-  assign \$123  = \port$3712$54 [21:16] + 6'h20;
+  assign \$123  = \port$3725$54 [21:16] + 6'h20;
   assign \$124  = \$123  <= 5'h1e;
-  assign \$125  = \port$3712$54 [21:16] + 6'h20;
+  assign \$125  = \port$3725$54 [21:16] + 6'h20;
   assign \$126  = \$125  <= 5'h1f;
-  assign \$127  = \port$3712$54 [21:16] + 6'h20;
+  assign \$127  = \port$3725$54 [21:16] + 6'h20;
   assign \$128  = \$127  <= 6'h20;
-  assign \$129  = \port$3712$54 [21:16] + 6'h20;
+  assign \$129  = \port$3725$54 [21:16] + 6'h20;
   assign \$130  = \$129  <= 6'h21;
-  assign \$131  = \port$3712$54 [21:16] + 6'h20;
+  assign \$131  = \port$3725$54 [21:16] + 6'h20;
   assign \$132  = \$131  <= 6'h22;
-  assign \$133  = \port$3712$54 [21:16] + 6'h20;
+  assign \$133  = \port$3725$54 [21:16] + 6'h20;
   assign \$134  = \$133  <= 6'h23;
-  assign \$135  = \port$3712$54 [21:16] + 6'h20;
+  assign \$135  = \port$3725$54 [21:16] + 6'h20;
   assign \$136  = \$135  <= 6'h24;
-  assign \$137  = \port$3712$54 [21:16] + 6'h20;
+  assign \$137  = \port$3725$54 [21:16] + 6'h20;
   assign \$138  = \$137  <= 6'h25;
-  assign \$139  = \port$3712$54 [21:16] + 6'h20;
+  assign \$139  = \port$3725$54 [21:16] + 6'h20;
   assign \$140  = \$139  <= 6'h26;
-  assign \$141  = \port$3712$54 [21:16] + 6'h20;
+  assign \$141  = \port$3725$54 [21:16] + 6'h20;
   assign \$142  = \$141  <= 6'h27;
-  assign \$143  = \port$3712$54 [21:16] + 6'h20;
+  assign \$143  = \port$3725$54 [21:16] + 6'h20;
   assign \$144  = \$143  <= 6'h28;
-  assign \$145  = \port$3712$54 [21:16] + 6'h20;
+  assign \$145  = \port$3725$54 [21:16] + 6'h20;
   assign \$146  = \$145  <= 6'h29;
-  assign \$147  = \port$3712$54 [21:16] + 6'h20;
+  assign \$147  = \port$3725$54 [21:16] + 6'h20;
   assign \$148  = \$147  <= 6'h2a;
-  assign \$149  = \port$3712$54 [21:16] + 6'h20;
+  assign \$149  = \port$3725$54 [21:16] + 6'h20;
   assign \$150  = \$149  <= 6'h2b;
-  assign \$151  = \port$3712$54 [21:16] + 6'h20;
+  assign \$151  = \port$3725$54 [21:16] + 6'h20;
   assign \$152  = \$151  <= 6'h2c;
-  assign \$153  = \port$3712$54 [21:16] + 6'h20;
+  assign \$153  = \port$3725$54 [21:16] + 6'h20;
   assign \$154  = \$153  <= 6'h2d;
-  assign \$155  = \port$3712$54 [21:16] + 6'h20;
+  assign \$155  = \port$3725$54 [21:16] + 6'h20;
   assign \$156  = \$155  <= 6'h2e;
-  assign \$157  = \port$3712$54 [21:16] + 6'h20;
+  assign \$157  = \port$3725$54 [21:16] + 6'h20;
   assign \$158  = \$157  <= 6'h2f;
-  assign \$159  = \port$3712$54 [21:16] + 6'h20;
+  assign \$159  = \port$3725$54 [21:16] + 6'h20;
   assign \$160  = \$159  <= 6'h30;
-  assign \$162  = \port$3712$54 [21] ? \$161  : { x0, 1'h0 };
-  assign \$165  = \port$3712$54 [21] ? \$164  : { x0, 1'h0 };
-  assign \$166  = \port$3712$54 [20] ? \$163  : \$165 ;
-  assign \$169  = \port$3712$54 [21] ? \$168  : { x0, 1'h0 };
-  assign \$172  = \port$3712$54 [21] ? \$171  : { x0, 1'h0 };
-  assign \$173  = \port$3712$54 [20] ? \$170  : \$172 ;
-  assign \$174  = \port$3712$54 [19] ? \$167  : \$173 [47:0];
-  assign \$177  = \port$3712$54 [21] ? \$176  : { x0, 1'h0 };
-  assign \$180  = \port$3712$54 [21] ? \$179  : { x0, 1'h0 };
-  assign \$181  = \port$3712$54 [20] ? \$178  : \$180 ;
-  assign \$184  = \port$3712$54 [21] ? \$183  : { x0, 1'h0 };
-  assign \$187  = \port$3712$54 [21] ? \$186  : { x0, 1'h0 };
-  assign \$188  = \port$3712$54 [20] ? \$185  : \$187 ;
-  assign \$189  = \port$3712$54 [19] ? \$182  : \$188 [47:0];
-  assign \$190  = \port$3712$54 [18] ? \$175  : \$189 [39:0];
-  assign \$193  = \port$3712$54 [21] ? \$192  : { x0, 1'h0 };
-  assign \$196  = \port$3712$54 [21] ? \$195  : { x0, 1'h0 };
-  assign \$197  = \port$3712$54 [20] ? \$194  : \$196 ;
-  assign \$200  = \port$3712$54 [21] ? \$199  : { x0, 1'h0 };
-  assign \$203  = \port$3712$54 [21] ? \$202  : { x0, 1'h0 };
-  assign \$204  = \port$3712$54 [20] ? \$201  : \$203 ;
-  assign \$205  = \port$3712$54 [19] ? \$198  : \$204 [47:0];
-  assign \$208  = \port$3712$54 [21] ? \$207  : { x0, 1'h0 };
-  assign \$211  = \port$3712$54 [21] ? \$210  : { x0, 1'h0 };
-  assign \$212  = \port$3712$54 [20] ? \$209  : \$211 ;
-  assign \$215  = \port$3712$54 [21] ? \$214  : { x0, 1'h0 };
-  assign \$218  = \port$3712$54 [21] ? \$217  : { x0, 1'h0 };
-  assign \$219  = \port$3712$54 [20] ? \$216  : \$218 ;
-  assign \$220  = \port$3712$54 [19] ? \$213  : \$219 [47:0];
-  assign \$221  = \port$3712$54 [18] ? \$206  : \$220 [39:0];
-  assign \$222  = \port$3712$54 [17] ? \$191  : \$221 [35:0];
-  assign \$225  = \port$3712$54 [21] ? \$224  : { x0, 1'h0 };
-  assign \$228  = \port$3712$54 [21] ? \$227  : { x0, 1'h0 };
-  assign \$229  = \port$3712$54 [20] ? \$226  : \$228 ;
-  assign \$232  = \port$3712$54 [21] ? \$231  : { x0, 1'h0 };
-  assign \$235  = \port$3712$54 [21] ? \$234  : { x0, 1'h0 };
-  assign \$236  = \port$3712$54 [20] ? \$233  : \$235 ;
-  assign \$237  = \port$3712$54 [19] ? \$230  : \$236 [47:0];
-  assign \$240  = \port$3712$54 [21] ? \$239  : { x0, 1'h0 };
-  assign \$243  = \port$3712$54 [21] ? \$242  : { x0, 1'h0 };
-  assign \$244  = \port$3712$54 [20] ? \$241  : \$243 ;
+  assign \$162  = \port$3725$54 [21] ? \$161  : { x0, 1'h0 };
+  assign \$165  = \port$3725$54 [21] ? \$164  : { x0, 1'h0 };
+  assign \$166  = \port$3725$54 [20] ? \$163  : \$165 ;
+  assign \$169  = \port$3725$54 [21] ? \$168  : { x0, 1'h0 };
+  assign \$172  = \port$3725$54 [21] ? \$171  : { x0, 1'h0 };
+  assign \$173  = \port$3725$54 [20] ? \$170  : \$172 ;
+  assign \$174  = \port$3725$54 [19] ? \$167  : \$173 [47:0];
+  assign \$177  = \port$3725$54 [21] ? \$176  : { x0, 1'h0 };
+  assign \$180  = \port$3725$54 [21] ? \$179  : { x0, 1'h0 };
+  assign \$181  = \port$3725$54 [20] ? \$178  : \$180 ;
+  assign \$184  = \port$3725$54 [21] ? \$183  : { x0, 1'h0 };
+  assign \$187  = \port$3725$54 [21] ? \$186  : { x0, 1'h0 };
+  assign \$188  = \port$3725$54 [20] ? \$185  : \$187 ;
+  assign \$189  = \port$3725$54 [19] ? \$182  : \$188 [47:0];
+  assign \$190  = \port$3725$54 [18] ? \$175  : \$189 [39:0];
+  assign \$193  = \port$3725$54 [21] ? \$192  : { x0, 1'h0 };
+  assign \$196  = \port$3725$54 [21] ? \$195  : { x0, 1'h0 };
+  assign \$197  = \port$3725$54 [20] ? \$194  : \$196 ;
+  assign \$200  = \port$3725$54 [21] ? \$199  : { x0, 1'h0 };
+  assign \$203  = \port$3725$54 [21] ? \$202  : { x0, 1'h0 };
+  assign \$204  = \port$3725$54 [20] ? \$201  : \$203 ;
+  assign \$205  = \port$3725$54 [19] ? \$198  : \$204 [47:0];
+  assign \$208  = \port$3725$54 [21] ? \$207  : { x0, 1'h0 };
+  assign \$211  = \port$3725$54 [21] ? \$210  : { x0, 1'h0 };
+  assign \$212  = \port$3725$54 [20] ? \$209  : \$211 ;
+  assign \$215  = \port$3725$54 [21] ? \$214  : { x0, 1'h0 };
+  assign \$218  = \port$3725$54 [21] ? \$217  : { x0, 1'h0 };
+  assign \$219  = \port$3725$54 [20] ? \$216  : \$218 ;
+  assign \$220  = \port$3725$54 [19] ? \$213  : \$219 [47:0];
+  assign \$221  = \port$3725$54 [18] ? \$206  : \$220 [39:0];
+  assign \$222  = \port$3725$54 [17] ? \$191  : \$221 [35:0];
+  assign \$225  = \port$3725$54 [21] ? \$224  : { x0, 1'h0 };
+  assign \$228  = \port$3725$54 [21] ? \$227  : { x0, 1'h0 };
+  assign \$229  = \port$3725$54 [20] ? \$226  : \$228 ;
+  assign \$232  = \port$3725$54 [21] ? \$231  : { x0, 1'h0 };
+  assign \$235  = \port$3725$54 [21] ? \$234  : { x0, 1'h0 };
+  assign \$236  = \port$3725$54 [20] ? \$233  : \$235 ;
+  assign \$237  = \port$3725$54 [19] ? \$230  : \$236 [47:0];
+  assign \$240  = \port$3725$54 [21] ? \$239  : { x0, 1'h0 };
+  assign \$243  = \port$3725$54 [21] ? \$242  : { x0, 1'h0 };
+  assign \$244  = \port$3725$54 [20] ? \$241  : \$243 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -27794,8 +28021,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$3712$54 (\port$3712$54 [15:0]),
-    .\port$3730$0 (i__payload),
+    .\port$3725$54 (\port$3725$54 [15:0]),
+    .\port$3743$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -28332,23 +28559,23 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$3712$54 [15:0] };
-  assign mult = \port$3712$54 [15:0];
+  assign b__0 = { 2'h0, \port$3725$54 [15:0] };
+  assign mult = \port$3725$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$3712$54 [15:0] };
+  assign b__1 = { 2'h0, \port$3725$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$3712$54 [15:0] };
+  assign b__2 = { 2'h0, \port$3725$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$3712$54 [15:0] };
+  assign b__3 = { 2'h0, \port$3725$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$3712$54 [15:0] };
+  assign b__4 = { 2'h0, \port$3725$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$3712$54 [15:0] };
+  assign b__5 = { 2'h0, \port$3725$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$3712$54 [15:0] };
+  assign b__6 = { 2'h0, \port$3725$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$3712$54 [15:0] };
-  assign shift = \port$3712$54 [21:16];
+  assign b__7 = { 2'h0, \port$3725$54 [15:0] };
+  assign shift = \port$3725$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -28620,7 +28847,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3730$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3743$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -28706,10 +28933,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$3712$54 ;
-  wire [15:0] \port$3712$54 ;
-  input [127:0] \port$3730$0 ;
-  wire [127:0] \port$3730$0 ;
+  input [15:0] \port$3725$54 ;
+  wire [15:0] \port$3725$54 ;
+  input [127:0] \port$3743$0 ;
+  wire [127:0] \port$3743$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -28774,7 +29001,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$3730$0 [16:0] };
+      \$9  = { 1'h0, \port$3743$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -28787,7 +29014,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$3712$54  };
+      \$10  = { 2'h0, \port$3725$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -28813,7 +29040,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$3730$0 [31], \port$3730$0 [31], \port$3730$0 [31], \port$3730$0 [31:17] };
+      \$12  = { \port$3743$0 [31], \port$3743$0 [31], \port$3743$0 [31], \port$3743$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -28826,7 +29053,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$3712$54  };
+      \$13  = { 2'h0, \port$3725$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -28852,7 +29079,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$3730$0 [48:32] };
+      \$15  = { 1'h0, \port$3743$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -28865,7 +29092,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$3712$54  };
+      \$16  = { 2'h0, \port$3725$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -28891,7 +29118,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$3730$0 [63], \port$3730$0 [63], \port$3730$0 [63], \port$3730$0 [63:49] };
+      \$18  = { \port$3743$0 [63], \port$3743$0 [63], \port$3743$0 [63], \port$3743$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -28904,7 +29131,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$3712$54  };
+      \$19  = { 2'h0, \port$3725$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -28930,7 +29157,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$3730$0 [80:64] };
+      \$21  = { 1'h0, \port$3743$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -28943,7 +29170,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$3712$54  };
+      \$22  = { 2'h0, \port$3725$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -28969,7 +29196,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$3730$0 [95], \port$3730$0 [95], \port$3730$0 [95], \port$3730$0 [95:81] };
+      \$24  = { \port$3743$0 [95], \port$3743$0 [95], \port$3743$0 [95], \port$3743$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -28982,7 +29209,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$3712$54  };
+      \$25  = { 2'h0, \port$3725$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -29008,7 +29235,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$3730$0 [112:96] };
+      \$27  = { 1'h0, \port$3743$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -29021,7 +29248,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$3712$54  };
+      \$28  = { 2'h0, \port$3725$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -29047,7 +29274,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$3730$0 [127], \port$3730$0 [127], \port$3730$0 [127], \port$3730$0 [127:113] };
+      \$30  = { \port$3743$0 [127], \port$3743$0 [127], \port$3743$0 [127], \port$3743$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -29060,7 +29287,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$3712$54  };
+      \$31  = { 2'h0, \port$3725$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -29082,22 +29309,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3712$54 , \port$3
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3730$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3712$54  };
-  assign a__1 = { \port$3730$0 [31], \port$3730$0 [31], \port$3730$0 [31], \port$3730$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3712$54  };
-  assign a__2 = { 1'h0, \port$3730$0 [48:32] };
-  assign b__2 = { 2'h0, \port$3712$54  };
-  assign a__3 = { \port$3730$0 [63], \port$3730$0 [63], \port$3730$0 [63], \port$3730$0 [63:49] };
-  assign b__3 = { 2'h0, \port$3712$54  };
-  assign a__4 = { 1'h0, \port$3730$0 [80:64] };
-  assign b__4 = { 2'h0, \port$3712$54  };
-  assign a__5 = { \port$3730$0 [95], \port$3730$0 [95], \port$3730$0 [95], \port$3730$0 [95:81] };
-  assign b__5 = { 2'h0, \port$3712$54  };
-  assign a__6 = { 1'h0, \port$3730$0 [112:96] };
-  assign b__6 = { 2'h0, \port$3712$54  };
-  assign a__7 = { \port$3730$0 [127], \port$3730$0 [127], \port$3730$0 [127], \port$3730$0 [127:113] };
-  assign b__7 = { 2'h0, \port$3712$54  };
+  assign a__0 = { 1'h0, \port$3743$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3725$54  };
+  assign a__1 = { \port$3743$0 [31], \port$3743$0 [31], \port$3743$0 [31], \port$3743$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3725$54  };
+  assign a__2 = { 1'h0, \port$3743$0 [48:32] };
+  assign b__2 = { 2'h0, \port$3725$54  };
+  assign a__3 = { \port$3743$0 [63], \port$3743$0 [63], \port$3743$0 [63], \port$3743$0 [63:49] };
+  assign b__3 = { 2'h0, \port$3725$54  };
+  assign a__4 = { 1'h0, \port$3743$0 [80:64] };
+  assign b__4 = { 2'h0, \port$3725$54  };
+  assign a__5 = { \port$3743$0 [95], \port$3743$0 [95], \port$3743$0 [95], \port$3743$0 [95:81] };
+  assign b__5 = { 2'h0, \port$3725$54  };
+  assign a__6 = { 1'h0, \port$3743$0 [112:96] };
+  assign b__6 = { 2'h0, \port$3725$54  };
+  assign a__7 = { \port$3743$0 [127], \port$3743$0 [127], \port$3743$0 [127], \port$3743$0 [127:113] };
+  assign b__7 = { 2'h0, \port$3725$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -29932,8 +30159,8 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$3340$0 (i__payload),
-    .\port$3442$0 (mult),
+    .\port$3349$0 (i__payload),
+    .\port$3455$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30230,7 +30457,7 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3340$0 , \port$3442$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3349$0 , \port$3455$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -30256,10 +30483,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3340$0 , \port$3442$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$3340$0 ;
-  wire [31:0] \port$3340$0 ;
-  input [15:0] \port$3442$0 ;
-  wire [15:0] \port$3442$0 ;
+  input [31:0] \port$3349$0 ;
+  wire [31:0] \port$3349$0 ;
+  input [15:0] \port$3455$0 ;
+  wire [15:0] \port$3455$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30282,7 +30509,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3340$0 , \port$3442$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$3340$0 [16:0] };
+      \$3  = { 1'h0, \port$3349$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -30295,7 +30522,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3340$0 , \port$3442$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$3442$0  };
+      \$4  = { 2'h0, \port$3455$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -30321,7 +30548,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3340$0 , \port$3442$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$3340$0 [31], \port$3340$0 [31], \port$3340$0 [31], \port$3340$0 [31:17] };
+      \$6  = { \port$3349$0 [31], \port$3349$0 [31], \port$3349$0 [31], \port$3349$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -30334,7 +30561,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3340$0 , \port$3442$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$3442$0  };
+      \$7  = { 2'h0, \port$3455$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -30356,10 +30583,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3340$0 , \port$3442$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3340$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3442$0  };
-  assign a__1 = { \port$3340$0 [31], \port$3340$0 [31], \port$3340$0 [31], \port$3340$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3442$0  };
+  assign a__0 = { 1'h0, \port$3349$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3455$0  };
+  assign a__1 = { \port$3349$0 [31], \port$3349$0 [31], \port$3349$0 [31], \port$3349$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3455$0  };
 endmodule
 
 (* generator = "Amaranth" *)
