@@ -63,7 +63,7 @@ EXPLANATION = """
 ## Where the cycles go
 
 One instruction runs at a time; the busy counters (registers ``BUSY+4u``) count the cycles of
-each unit's instructions, the rest is fetch and decode (4 cycles, plus the shift-add products of
+each unit's instructions, the rest is fetch and decode (5 cycles, plus the shift-add products of
 the instruction's fields, a few cycles more; measured below). Utilization factors exactly into
 three measured terms:
 

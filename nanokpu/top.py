@@ -238,7 +238,7 @@ class NanoKPU(wiring.Component):
         lanes_busy = Cat(*(y for y, _, _ in mul), LH[0]).any()
         ln, mk, p2, p3, p4, host_eff = mul[0][2], mul[1][2], mul[2][2], mul[3][2], mul[4][2], LH[2]
         ph2 = Signal()       # COMBINE: L3 loaded with m*(k*n)
-        checked = Signal()   # decode_q holds the checks of the settled lanes
+        settle = Signal(2)   # DECODE cycles since the lanes settled: 2 for the checks to register
 
         op = ins.op
         m_eff = Signal(16)
@@ -341,10 +341,13 @@ class NanoKPU(wiring.Component):
         def region_ok(base, words):
             return (words == 0) | ((base[SW:] == 0) & (base[:SW] + words <= D))
 
-        spad_ok = region_ok(ins.a, wa) & region_ok(ins.b, wb) & region_ok(ins.c, wc)
+        # the arithmetic checks registered, then decode_err from them registered (decode_q)
+        shape_q, spad_ok, host_ok = Signal(), Signal(), Signal()
+        m.d.sync += [shape_q.eq(shape_ok),
+                     spad_ok.eq(region_ok(ins.a, wa) & region_ok(ins.b, wb) & region_ok(ins.c, wc)),
+                     host_ok.eq((host_eff[:bw_log] == 0) & (host_eff >= host_base)
+                                & (host_eff + nbytes <= host_base + host_size))]
         uses_host = (op == Op.LOAD) | (op == Op.STORE) | (op == Op.GEMM)
-        host_ok = (host_eff[:bw_log] == 0) & (host_eff >= host_base) & \
-            (host_eff + nbytes <= host_base + host_size)
         target_ok = ins.target < cfg.imem_depth
         decode_err = Signal(8)
         with m.If(~valid_op):
@@ -353,7 +356,7 @@ class NanoKPU(wiring.Component):
             m.d.comb += decode_err.eq(Err.NO_ROUTE)
         with m.Elif(((op == Op.JUMP) | (op == Op.EXPERT)) & ~target_ok):
             m.d.comb += decode_err.eq(Err.PC_RANGE)
-        with m.Elif((op != Op.JUMP) & ~shape_ok):
+        with m.Elif((op != Op.JUMP) & ~shape_q):
             m.d.comb += decode_err.eq(Err.BAD_SHAPE)
         with m.Elif((op == Op.ROUTE) & ~(scores_ok & (ins.a[AW:] == 0) & (scores_a == a_)
                                          & (scores_len == ln))):
@@ -362,7 +365,7 @@ class NanoKPU(wiring.Component):
             m.d.comb += decode_err.eq(Err.SPAD_RANGE)
         with m.Elif(uses_host & ~host_ok):
             m.d.comb += decode_err.eq(Err.HOST_RANGE)
-        decode_q = Signal(8)         # registered: the checks are a long path
+        decode_q = Signal(8)
         m.d.sync += decode_q.eq(decode_err)
 
         # -- streaming engine for element-wise ops --------------------------------------------
@@ -583,7 +586,7 @@ class NanoKPU(wiring.Component):
                     m.d.comb += [im_rd.addr.eq(pc), im_rd.en.eq(1)]
                     m.next = "FETCH2"
             with state("FETCH2"):
-                m.d.sync += [ins.eq(im_rd.data), ph2.eq(0), checked.eq(0)]
+                m.d.sync += [ins.eq(im_rd.data), ph2.eq(0), settle.eq(0)]
                 load_lanes(data.View(INSTR_LAYOUT, im_rd.data))
                 m.next = "DECODE"
             with state("DECODE"):
@@ -595,8 +598,8 @@ class NanoKPU(wiring.Component):
                 with m.Elif(op == Op.HALT):
                     m.d.sync += [running.eq(0), done.eq(1)]
                     m.next = "IDLE"
-                with m.Elif(~checked):
-                    m.d.sync += checked.eq(1)     # decode_q settles
+                with m.Elif(settle != 2):
+                    m.d.sync += settle.eq(settle + 1)     # the checks register, then decode_q
                 with m.Elif(decode_q != 0):
                     stop(decode_q)
                 with m.Else():

@@ -17,19 +17,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [14:0] \$106 ;
   wire \$107 ;
   wire [14:0] \$108 ;
+  wire [7:0] \$1083 ;
   wire [13:0] \$109 ;
+  wire [7:0] \$1097 ;
   wire \$11 ;
   wire [16:0] \$110 ;
-  wire [7:0] \$1107 ;
   wire \$111 ;
   wire [16:0] \$112 ;
-  wire [7:0] \$1121 ;
+  wire [6:0] \$1124 ;
+  wire [7:0] \$1128 ;
   wire [13:0] \$113 ;
+  wire [8:0] \$1131 ;
   wire [16:0] \$114 ;
-  wire [6:0] \$1148 ;
   wire \$115 ;
-  wire [7:0] \$1152 ;
-  wire [8:0] \$1155 ;
   wire [16:0] \$116 ;
   wire [13:0] \$117 ;
   wire [16:0] \$118 ;
@@ -83,28 +83,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$161 ;
   wire \$162 ;
   wire \$163 ;
-  wire [14:0] \$164 ;
+  wire \$164 ;
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
   wire \$169 ;
   wire \$17 ;
-  wire [14:0] \$170 ;
+  wire \$170 ;
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
   wire \$174 ;
   wire \$175 ;
   wire \$176 ;
-  wire [14:0] \$177 ;
+  wire \$177 ;
   wire \$178 ;
   wire \$179 ;
   wire [15:0] \$18 ;
-  wire \$180 ;
+  wire [16:0] \$180 ;
   wire \$181 ;
   wire \$182 ;
-  wire \$183 ;
+  wire [1:0] \$183 ;
   wire \$184 ;
   wire \$185 ;
   wire \$186 ;
@@ -114,9 +114,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [14:0] \$19 ;
   wire \$190 ;
   wire \$191 ;
-  wire [17:0] \$192 ;
-  wire [33:0] \$193 ;
-  wire [32:0] \$194 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
   wire \$195 ;
   wire \$196 ;
   wire \$197 ;
@@ -132,156 +132,156 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$205 ;
   wire \$206 ;
   wire \$207 ;
-  wire [16:0] \$208 ;
+  wire \$208 ;
   wire \$209 ;
   wire [1:0] \$21 ;
   wire \$210 ;
-  wire [1:0] \$211 ;
+  wire \$211 ;
   wire \$212 ;
   wire \$213 ;
   wire \$214 ;
   wire \$215 ;
-  wire \$216 ;
+  wire [31:0] \$216 ;
   wire \$217 ;
-  wire \$218 ;
-  wire \$219 ;
+  wire [31:0] \$218 ;
+  wire [31:0] \$219 ;
   wire \$22 ;
   wire \$220 ;
-  wire \$221 ;
+  wire [31:0] \$221 ;
   wire \$222 ;
-  wire \$223 ;
+  wire [5:0] \$223 ;
   wire \$224 ;
-  wire \$225 ;
+  wire [31:0] \$225 ;
   wire \$226 ;
   wire \$227 ;
   wire \$228 ;
   wire \$229 ;
   wire [3:0] \$23 ;
-  wire \$230 ;
+  wire [15:0] \$230 ;
   wire \$231 ;
   wire \$232 ;
   wire \$233 ;
   wire \$234 ;
   wire \$235 ;
-  wire \$236 ;
-  wire \$237 ;
+  wire [31:0] \$236 ;
+  wire [31:0] \$237 ;
   wire \$238 ;
-  wire \$239 ;
+  wire [15:0] \$239 ;
   wire [3:0] \$24 ;
-  wire \$240 ;
+  wire [16:0] \$240 ;
   wire \$241 ;
   wire \$242 ;
   wire \$243 ;
-  wire [31:0] \$244 ;
+  wire \$244 ;
   wire \$245 ;
-  wire [31:0] \$246 ;
-  wire [31:0] \$247 ;
+  wire \$246 ;
+  wire \$247 ;
   wire \$248 ;
-  wire [31:0] \$249 ;
+  wire \$249 ;
   wire [22:0] \$25 ;
   wire \$250 ;
-  wire [5:0] \$251 ;
-  wire \$252 ;
-  wire [31:0] \$253 ;
-  wire \$254 ;
-  wire \$255 ;
-  wire \$256 ;
+  wire [4:0] \$251 ;
+  wire [13:0] \$252 ;
+  wire [4:0] \$253 ;
+  wire [13:0] \$254 ;
+  wire [14:0] \$255 ;
+  wire [14:0] \$256 ;
   wire \$257 ;
-  wire [15:0] \$258 ;
-  wire \$259 ;
+  wire \$258 ;
+  wire [14:0] \$259 ;
   wire [22:0] \$26 ;
   wire \$260 ;
-  wire \$261 ;
+  wire [7:0] \$261 ;
   wire \$262 ;
-  wire \$263 ;
+  wire [15:0] \$263 ;
   wire [31:0] \$264 ;
   wire [31:0] \$265 ;
-  wire \$266 ;
-  wire [15:0] \$267 ;
-  wire [16:0] \$268 ;
+  wire [31:0] \$266 ;
+  wire \$267 ;
+  wire \$268 ;
   wire \$269 ;
   wire [43:0] \$27 ;
   wire \$270 ;
   wire \$271 ;
   wire \$272 ;
   wire \$273 ;
-  wire \$274 ;
-  wire \$275 ;
+  wire [14:0] \$274 ;
+  wire [13:0] \$275 ;
   wire \$276 ;
-  wire \$277 ;
+  wire [4:0] \$277 ;
   wire \$278 ;
-  wire [4:0] \$279 ;
+  wire \$279 ;
   wire [43:0] \$28 ;
-  wire [13:0] \$280 ;
-  wire [4:0] \$281 ;
-  wire [13:0] \$282 ;
-  wire [14:0] \$283 ;
-  wire [14:0] \$284 ;
+  wire \$280 ;
+  wire \$281 ;
+  wire \$282 ;
+  wire [13:0] \$283 ;
+  wire \$284 ;
   wire \$285 ;
   wire \$286 ;
-  wire [14:0] \$287 ;
+  wire [13:0] \$287 ;
   wire \$288 ;
-  wire [7:0] \$289 ;
+  wire [13:0] \$289 ;
   wire \$29 ;
-  wire \$290 ;
-  wire [15:0] \$291 ;
-  wire [31:0] \$292 ;
-  wire [31:0] \$293 ;
-  wire [31:0] \$294 ;
-  wire \$295 ;
-  wire \$296 ;
+  wire [14:0] \$290 ;
+  wire [14:0] \$291 ;
+  wire \$292 ;
+  wire [14:0] \$293 ;
+  wire [13:0] \$294 ;
+  wire [14:0] \$295 ;
+  wire [14:0] \$296 ;
   wire \$297 ;
-  wire \$298 ;
-  wire \$299 ;
+  wire [13:0] \$298 ;
+  wire [14:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire \$300 ;
-  wire \$301 ;
-  wire [14:0] \$302 ;
+  wire [13:0] \$300 ;
+  wire [14:0] \$301 ;
+  wire \$302 ;
   wire [13:0] \$303 ;
-  wire \$304 ;
-  wire [4:0] \$305 ;
+  wire [13:0] \$304 ;
+  wire [14:0] \$305 ;
   wire \$306 ;
-  wire \$307 ;
-  wire \$308 ;
+  wire [14:0] \$307 ;
+  wire [16:0] \$308 ;
   wire \$309 ;
   wire \$31 ;
   wire \$310 ;
-  wire [13:0] \$311 ;
-  wire \$312 ;
-  wire \$313 ;
-  wire \$314 ;
-  wire [13:0] \$315 ;
+  wire \$311 ;
+  wire [13:0] \$312 ;
+  wire [14:0] \$313 ;
+  wire [15:0] \$314 ;
+  wire \$315 ;
   wire \$316 ;
-  wire [13:0] \$317 ;
-  wire [14:0] \$318 ;
-  wire [14:0] \$319 ;
+  wire \$317 ;
+  wire \$318 ;
+  wire \$319 ;
   wire [9:0] \$32 ;
   wire \$320 ;
-  wire [14:0] \$321 ;
-  wire [13:0] \$322 ;
-  wire [14:0] \$323 ;
-  wire [14:0] \$324 ;
+  wire \$321 ;
+  wire \$322 ;
+  wire \$323 ;
+  wire \$324 ;
   wire \$325 ;
-  wire [13:0] \$326 ;
-  wire [14:0] \$327 ;
-  wire [13:0] \$328 ;
-  wire [14:0] \$329 ;
+  wire \$326 ;
+  wire \$327 ;
+  wire \$328 ;
+  wire \$329 ;
   wire \$33 ;
   wire \$330 ;
-  wire [13:0] \$331 ;
-  wire [13:0] \$332 ;
-  wire [14:0] \$333 ;
+  wire \$331 ;
+  wire \$332 ;
+  wire \$333 ;
   wire \$334 ;
-  wire [14:0] \$335 ;
-  wire [16:0] \$336 ;
+  wire \$335 ;
+  wire \$336 ;
   wire \$337 ;
   wire \$338 ;
   wire \$339 ;
   wire \$34 ;
-  wire [13:0] \$340 ;
-  wire [14:0] \$341 ;
-  wire [15:0] \$342 ;
+  wire \$340 ;
+  wire \$341 ;
+  wire \$342 ;
   wire \$343 ;
   wire \$344 ;
   wire \$345 ;
@@ -290,89 +290,89 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$348 ;
   wire \$349 ;
   wire \$35 ;
-  wire \$350 ;
+  wire [14:0] \$350 ;
   wire \$351 ;
-  wire \$352 ;
-  wire \$353 ;
-  wire \$354 ;
-  wire \$355 ;
-  wire \$356 ;
+  wire [14:0] \$352 ;
+  wire [13:0] \$353 ;
+  wire [14:0] \$354 ;
+  wire [14:0] \$355 ;
+  wire [15:0] \$356 ;
   wire \$357 ;
-  wire \$358 ;
+  wire [14:0] \$358 ;
   wire \$359 ;
   wire \$36 ;
-  wire \$360 ;
-  wire \$361 ;
-  wire \$362 ;
-  wire \$363 ;
-  wire \$364 ;
+  wire [14:0] \$360 ;
+  wire [13:0] \$361 ;
+  wire [14:0] \$362 ;
+  wire [14:0] \$363 ;
+  wire [15:0] \$364 ;
   wire \$365 ;
-  wire \$366 ;
+  wire [14:0] \$366 ;
   wire \$367 ;
-  wire \$368 ;
-  wire \$369 ;
+  wire [14:0] \$368 ;
+  wire [13:0] \$369 ;
   wire [1:0] \$37 ;
-  wire \$370 ;
-  wire \$371 ;
-  wire \$372 ;
+  wire [14:0] \$370 ;
+  wire [14:0] \$371 ;
+  wire [15:0] \$372 ;
   wire \$373 ;
-  wire \$374 ;
+  wire [14:0] \$374 ;
   wire \$375 ;
-  wire \$376 ;
-  wire \$377 ;
+  wire [14:0] \$376 ;
+  wire [13:0] \$377 ;
   wire [14:0] \$378 ;
-  wire \$379 ;
+  wire [14:0] \$379 ;
   wire [16:0] \$38 ;
-  wire [14:0] \$380 ;
-  wire [13:0] \$381 ;
+  wire [15:0] \$380 ;
+  wire \$381 ;
   wire [14:0] \$382 ;
-  wire [14:0] \$383 ;
-  wire [15:0] \$384 ;
-  wire \$385 ;
+  wire \$383 ;
+  wire [14:0] \$384 ;
+  wire [13:0] \$385 ;
   wire [14:0] \$386 ;
-  wire \$387 ;
-  wire [14:0] \$388 ;
-  wire [13:0] \$389 ;
+  wire [14:0] \$387 ;
+  wire [15:0] \$388 ;
+  wire \$389 ;
   wire [17:0] \$39 ;
-  wire [14:0] \$390 ;
-  wire [14:0] \$391 ;
-  wire [15:0] \$392 ;
-  wire \$393 ;
-  wire [14:0] \$394 ;
-  wire \$395 ;
-  wire [14:0] \$396 ;
-  wire [13:0] \$397 ;
-  wire [14:0] \$398 ;
+  wire [33:0] \$390 ;
+  wire \$391 ;
+  wire [33:0] \$392 ;
+  wire [32:0] \$393 ;
+  wire [33:0] \$394 ;
+  wire [33:0] \$395 ;
+  wire [15:0] \$396 ;
+  wire \$397 ;
+  wire \$398 ;
   wire [14:0] \$399 ;
   wire \$4 ;
   wire [18:0] \$40 ;
-  wire [15:0] \$400 ;
+  wire \$400 ;
   wire \$401 ;
-  wire [14:0] \$402 ;
+  wire \$402 ;
   wire \$403 ;
-  wire [14:0] \$404 ;
-  wire [13:0] \$405 ;
-  wire [14:0] \$406 ;
-  wire [14:0] \$407 ;
-  wire [15:0] \$408 ;
+  wire \$404 ;
+  wire [14:0] \$405 ;
+  wire \$406 ;
+  wire \$407 ;
+  wire \$408 ;
   wire \$409 ;
   wire [18:0] \$41 ;
-  wire [14:0] \$410 ;
+  wire \$410 ;
   wire \$411 ;
   wire [14:0] \$412 ;
-  wire [13:0] \$413 ;
-  wire [14:0] \$414 ;
-  wire [14:0] \$415 ;
-  wire [15:0] \$416 ;
+  wire \$413 ;
+  wire \$414 ;
+  wire \$415 ;
+  wire \$416 ;
   wire \$417 ;
-  wire [33:0] \$418 ;
+  wire \$418 ;
   wire \$419 ;
   wire [16:0] \$42 ;
-  wire [33:0] \$420 ;
-  wire [32:0] \$421 ;
-  wire [33:0] \$422 ;
-  wire [33:0] \$423 ;
-  wire [15:0] \$424 ;
+  wire [17:0] \$420 ;
+  wire [33:0] \$421 ;
+  wire [32:0] \$422 ;
+  wire \$423 ;
+  wire \$424 ;
   wire \$425 ;
   wire \$426 ;
   wire \$427 ;
@@ -525,7 +525,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$56 ;
   wire \$560 ;
   wire \$561 ;
-  wire \$562 ;
+  wire [2:0] \$562 ;
   wire \$563 ;
   wire \$564 ;
   wire \$565 ;
@@ -538,60 +538,60 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$571 ;
   wire \$572 ;
   wire \$573 ;
-  wire [32:0] \$574 ;
-  wire [9:0] \$575 ;
-  wire \$576 ;
-  wire [9:0] \$577 ;
-  wire \$578 ;
-  wire [12:0] \$579 ;
+  wire \$574 ;
+  wire [32:0] \$575 ;
+  wire [9:0] \$576 ;
+  wire \$577 ;
+  wire [9:0] \$578 ;
+  wire \$579 ;
   wire \$58 ;
-  wire [13:0] \$580 ;
-  wire [12:0] \$581 ;
-  wire [13:0] \$582 ;
-  wire [14:0] \$583 ;
-  wire \$584 ;
-  wire [14:0] \$585 ;
-  wire \$586 ;
+  wire [12:0] \$580 ;
+  wire [13:0] \$581 ;
+  wire [12:0] \$582 ;
+  wire [13:0] \$583 ;
+  wire [14:0] \$584 ;
+  wire \$585 ;
+  wire [14:0] \$586 ;
   wire \$587 ;
   wire \$588 ;
-  wire [13:0] \$589 ;
+  wire \$589 ;
   wire \$59 ;
-  wire [32:0] \$590 ;
-  wire \$591 ;
-  wire [13:0] \$592 ;
-  wire [32:0] \$593 ;
-  wire \$594 ;
+  wire [13:0] \$590 ;
+  wire [32:0] \$591 ;
+  wire \$592 ;
+  wire [13:0] \$593 ;
+  wire [32:0] \$594 ;
   wire \$595 ;
   wire \$596 ;
-  wire [14:0] \$597 ;
-  wire [3:0] \$598 ;
+  wire \$597 ;
+  wire [14:0] \$598 ;
   wire [3:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire \$600 ;
+  wire [3:0] \$600 ;
   wire \$601 ;
-  wire [1:0] \$602 ;
-  wire [2:0] \$603 ;
-  wire \$604 ;
+  wire \$602 ;
+  wire [1:0] \$603 ;
+  wire [2:0] \$604 ;
   wire \$605 ;
   wire \$606 ;
   wire \$607 ;
   wire \$608 ;
   wire \$609 ;
   wire \$61 ;
-  wire [13:0] \$610 ;
-  wire [32:0] \$611 ;
-  wire \$612 ;
+  wire \$610 ;
+  wire [13:0] \$611 ;
+  wire [32:0] \$612 ;
   wire \$613 ;
   wire \$614 ;
   wire \$615 ;
   wire \$616 ;
   wire \$617 ;
   wire \$618 ;
-  wire [14:0] \$619 ;
+  wire \$619 ;
   wire \$62 ;
-  wire [3:0] \$620 ;
-  wire \$621 ;
+  wire [14:0] \$620 ;
+  wire [3:0] \$621 ;
   wire \$622 ;
   wire \$623 ;
   wire \$624 ;
@@ -609,28 +609,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$635 ;
   wire \$636 ;
   wire \$637 ;
-  wire [13:0] \$638 ;
-  wire [32:0] \$639 ;
+  wire \$638 ;
+  wire [13:0] \$639 ;
   wire \$64 ;
-  wire [4:0] \$640 ;
-  wire \$641 ;
+  wire [32:0] \$640 ;
+  wire [4:0] \$641 ;
   wire \$642 ;
   wire \$643 ;
   wire \$644 ;
   wire \$645 ;
   wire \$646 ;
   wire \$647 ;
-  wire [1:0] \$648 ;
-  wire [4:0] \$649 ;
+  wire \$648 ;
+  wire [1:0] \$649 ;
   wire \$65 ;
-  wire [12:0] \$650 ;
-  wire \$651 ;
+  wire [4:0] \$650 ;
+  wire [12:0] \$651 ;
   wire \$652 ;
   wire \$653 ;
-  wire [14:0] \$654 ;
-  wire [13:0] \$655 ;
-  wire [14:0] \$656 ;
-  wire \$657 ;
+  wire \$654 ;
+  wire [14:0] \$655 ;
+  wire [13:0] \$656 ;
+  wire [14:0] \$657 ;
   wire \$658 ;
   wire \$659 ;
   wire \$66 ;
@@ -639,210 +639,214 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$662 ;
   wire \$663 ;
   wire \$664 ;
-  wire [14:0] \$665 ;
-  wire [13:0] \$666 ;
-  wire [2:0] \$667 ;
-  wire \$668 ;
+  wire \$665 ;
+  wire [14:0] \$666 ;
+  wire [13:0] \$667 ;
+  wire [2:0] \$668 ;
   wire \$669 ;
   wire \$67 ;
-  wire [14:0] \$670 ;
+  wire \$670 ;
   wire [14:0] \$671 ;
-  wire \$672 ;
-  wire [14:0] \$673 ;
-  wire \$674 ;
-  wire [14:0] \$675 ;
-  wire [2:0] \$676 ;
-  wire [4:0] \$677 ;
+  wire [14:0] \$672 ;
+  wire \$673 ;
+  wire [14:0] \$674 ;
+  wire \$675 ;
+  wire [14:0] \$676 ;
+  wire [2:0] \$677 ;
   wire [4:0] \$678 ;
-  wire \$679 ;
+  wire [4:0] \$679 ;
   wire \$68 ;
-  wire [13:0] \$680 ;
-  wire [32:0] \$681 ;
-  wire \$682 ;
-  wire [32:0] \$683 ;
-  wire [4:0] \$684 ;
-  wire \$685 ;
+  wire \$680 ;
+  wire [13:0] \$681 ;
+  wire [32:0] \$682 ;
+  wire \$683 ;
+  wire [32:0] \$684 ;
+  wire [4:0] \$685 ;
   wire \$686 ;
-  wire [13:0] \$687 ;
+  wire \$687 ;
   wire [13:0] \$688 ;
-  wire [32:0] \$689 ;
+  wire [13:0] \$689 ;
   wire \$69 ;
-  wire \$690 ;
-  wire [13:0] \$691 ;
-  wire [32:0] \$692 ;
-  wire \$693 ;
+  wire [32:0] \$690 ;
+  wire \$691 ;
+  wire [13:0] \$692 ;
+  wire [32:0] \$693 ;
   wire \$694 ;
   wire \$695 ;
   wire \$696 ;
   wire \$697 ;
-  wire [15:0] \$698 ;
-  wire \$699 ;
+  wire \$698 ;
+  wire [15:0] \$699 ;
   wire [20:0] \$7 ;
   wire \$70 ;
-  wire [13:0] \$700 ;
-  wire [14:0] \$701 ;
-  wire [15:0] \$702 ;
-  wire \$703 ;
+  wire \$700 ;
+  wire [13:0] \$701 ;
+  wire [14:0] \$702 ;
+  wire [15:0] \$703 ;
   wire \$704 ;
-  wire [16:0] \$705 ;
-  wire [14:0] \$706 ;
-  wire \$707 ;
+  wire \$705 ;
+  wire [16:0] \$706 ;
+  wire [14:0] \$707 ;
   wire \$708 ;
   wire \$709 ;
   wire \$71 ;
   wire \$710 ;
   wire \$711 ;
-  reg [31:0] \$712 ;
+  wire \$712 ;
   reg [31:0] \$713 ;
-  reg [19:0] \$714 ;
-  reg [13:0] \$715 ;
+  reg [31:0] \$714 ;
+  reg [19:0] \$715 ;
   reg [13:0] \$716 ;
-  reg [15:0] \$717 ;
-  reg [13:0] \$718 ;
+  reg [13:0] \$717 ;
+  reg [15:0] \$718 ;
   reg [13:0] \$719 ;
   wire \$72 ;
-  reg [15:0] \$720 ;
-  reg [13:0] \$721 ;
+  reg [13:0] \$720 ;
+  reg [15:0] \$721 ;
   reg [13:0] \$722 ;
-  reg [15:0] \$723 ;
-  reg [13:0] \$724 ;
+  reg [13:0] \$723 ;
+  reg [15:0] \$724 ;
   reg [13:0] \$725 ;
-  reg [15:0] \$726 ;
-  reg [13:0] \$727 ;
+  reg [13:0] \$726 ;
+  reg [15:0] \$727 ;
   reg [13:0] \$728 ;
-  reg [15:0] \$729 ;
+  reg [13:0] \$729 ;
   wire \$73 ;
-  reg [32:0] \$730 ;
+  reg [15:0] \$730 ;
   reg [32:0] \$731 ;
-  reg [15:0] \$732 ;
-  reg [7:0] \$733 ;
+  reg [32:0] \$732 ;
+  reg [15:0] \$733 ;
   reg \$734 ;
   reg \$735 ;
-  reg [31:0] \$736 ;
-  reg [31:0] \$737 ;
+  reg \$736 ;
+  reg [7:0] \$737 ;
   reg \$738 ;
   reg \$739 ;
   wire \$74 ;
-  reg [13:0] \$740 ;
-  reg [12:0] \$741 ;
-  reg [12:0] \$742 ;
-  reg [13:0] \$743 ;
-  reg [12:0] \$744 ;
+  reg [31:0] \$740 ;
+  reg [31:0] \$741 ;
+  reg \$742 ;
+  reg \$743 ;
+  reg [13:0] \$744 ;
   reg [12:0] \$745 ;
-  reg [13:0] \$746 ;
-  reg [12:0] \$747 ;
+  reg [12:0] \$746 ;
+  reg [13:0] \$747 ;
   reg [12:0] \$748 ;
-  reg \$749 ;
+  reg [12:0] \$749 ;
   wire \$75 ;
-  reg \$750 ;
-  reg [1:0] \$751 ;
-  reg [2:0] \$752 ;
-  reg [12:0] \$753 ;
-  reg [31:0] \$754 ;
-  reg \$755 ;
-  reg [6:0] \$756 ;
+  reg [13:0] \$750 ;
+  reg [12:0] \$751 ;
+  reg [12:0] \$752 ;
+  reg \$753 ;
+  reg \$754 ;
+  reg [1:0] \$755 ;
+  reg [2:0] \$756 ;
   reg [12:0] \$757 ;
-  reg [14:0] \$758 ;
+  reg [31:0] \$758 ;
   reg \$759 ;
   wire \$76 ;
-  reg [1:0] \$760 ;
+  reg [6:0] \$760 ;
   reg [12:0] \$761 ;
-  reg [8:0] \$762 ;
-  reg [12:0] \$763 ;
-  reg [14:0] \$764 ;
-  reg [31:0] \$765 ;
-  reg [31:0] \$766 ;
-  reg [31:0] \$767 ;
-  reg [31:0] \$768 ;
+  reg [14:0] \$762 ;
+  reg \$763 ;
+  reg [1:0] \$764 ;
+  reg [12:0] \$765 ;
+  reg [8:0] \$766 ;
+  reg [12:0] \$767 ;
+  reg [14:0] \$768 ;
   reg [31:0] \$769 ;
   wire \$77 ;
   reg [31:0] \$770 ;
   reg [31:0] \$771 ;
   reg [31:0] \$772 ;
   reg [31:0] \$773 ;
-  reg \$774 ;
-  reg \$775 ;
-  reg [7:0] \$776 ;
-  reg [12:0] \$777 ;
-  reg [31:0] \$778 ;
+  reg [31:0] \$774 ;
+  reg [31:0] \$775 ;
+  reg [31:0] \$776 ;
+  reg [31:0] \$777 ;
+  reg \$778 ;
   reg \$779 ;
   wire \$78 ;
-  reg \$780 ;
-  reg \$781 ;
-  reg [4:0] \$782 ;
-  reg [7:0] \$783 ;
-  reg [5:0] \$784 ;
-  reg [255:0] \$785 ;
-  reg \$786 ;
-  reg \$787 ;
+  reg [7:0] \$780 ;
+  reg [12:0] \$781 ;
+  reg [31:0] \$782 ;
+  reg \$783 ;
+  reg \$784 ;
+  reg \$785 ;
+  reg [4:0] \$786 ;
+  reg [7:0] \$787 ;
   reg [5:0] \$788 ;
-  reg [31:0] \$789 ;
+  reg [255:0] \$789 ;
   wire \$79 ;
-  reg [5:0] \$790 ;
-  reg [13:0] \$791 ;
-  reg [13:0] \$792 ;
-  reg [13:0] \$793 ;
-  reg [12:0] \$794 ;
-  reg [12:0] \$795 ;
-  reg [12:0] \$796 ;
-  reg [12:0] \$797 ;
+  reg \$790 ;
+  reg [1:0] \$791 ;
+  reg [5:0] \$792 ;
+  reg [31:0] \$793 ;
+  reg [5:0] \$794 ;
+  reg [13:0] \$795 ;
+  reg [13:0] \$796 ;
+  reg [13:0] \$797 ;
   reg [12:0] \$798 ;
   reg [12:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg [13:0] \$800 ;
-  reg [13:0] \$801 ;
-  reg \$802 ;
-  reg [2:0] \$803 ;
+  reg [12:0] \$800 ;
+  reg [12:0] \$801 ;
+  reg [12:0] \$802 ;
+  reg [12:0] \$803 ;
   reg [13:0] \$804 ;
-  reg \$805 ;
-  reg [2:0] \$806 ;
-  reg [13:0] \$807 ;
-  reg \$808 ;
-  reg [35:0] \$809 ;
+  reg [13:0] \$805 ;
+  reg \$806 ;
+  reg [2:0] \$807 ;
+  reg [13:0] \$808 ;
+  reg \$809 ;
   wire \$81 ;
-  reg [3:0] \$810 ;
-  reg [12:0] \$811 ;
-  reg [12:0] \$812 ;
-  reg [15:0] \$813 ;
-  reg [12:0] \$814 ;
+  reg [2:0] \$810 ;
+  reg [13:0] \$811 ;
+  reg \$812 ;
+  reg [35:0] \$813 ;
+  reg [3:0] \$814 ;
   reg [12:0] \$815 ;
-  reg [13:0] \$816 ;
-  reg [31:0] \$817 ;
-  reg [1:0] \$818 ;
-  reg [13:0] \$819 ;
+  reg [12:0] \$816 ;
+  reg [15:0] \$817 ;
+  reg [12:0] \$818 ;
+  reg [12:0] \$819 ;
   wire \$82 ;
-  reg [3:0] \$820 ;
-  reg \$821 ;
-  reg \$822 ;
-  reg [12:0] \$823 ;
-  reg [12:0] \$824 ;
+  reg [13:0] \$820 ;
+  reg [31:0] \$821 ;
+  reg [1:0] \$822 ;
+  reg [13:0] \$823 ;
+  reg [3:0] \$824 ;
   reg \$825 ;
   reg \$826 ;
-  reg [13:0] \$827 ;
-  reg [1:0] \$828 ;
+  reg [12:0] \$827 ;
+  reg [12:0] \$828 ;
   reg \$829 ;
   wire \$83 ;
   reg \$830 ;
-  reg \$831 ;
-  reg [12:0] \$832 ;
-  reg [19:0] \$833 ;
-  reg [13:0] \$834 ;
-  reg [13:0] \$835 ;
-  reg [1:0] \$836 ;
-  reg [13:0] \$837 ;
+  reg [13:0] \$831 ;
+  reg [1:0] \$832 ;
+  reg \$833 ;
+  reg \$834 ;
+  reg \$835 ;
+  reg [12:0] \$836 ;
+  reg [19:0] \$837 ;
   reg [13:0] \$838 ;
-  reg [3:0] \$839 ;
+  reg [13:0] \$839 ;
   wire \$84 ;
-  reg [3:0] \$840 ;
-  reg [15:0] \$841 ;
+  reg [1:0] \$840 ;
+  reg [13:0] \$841 ;
   reg [13:0] \$842 ;
-  reg [14:0] \$843 ;
-  reg \$844 ;
-  reg [12:0] \$845 ;
-  wire [5:0] \$846 ;
-  wire [5:0] \$847 ;
+  reg [3:0] \$843 ;
+  reg [3:0] \$844 ;
+  reg [15:0] \$845 ;
+  reg [13:0] \$846 ;
+  reg [14:0] \$847 ;
+  reg \$848 ;
+  reg [12:0] \$849 ;
   wire \$85 ;
+  wire [5:0] \$850 ;
+  wire [5:0] \$851 ;
   wire \$86 ;
   wire \$87 ;
   wire \$88 ;
@@ -871,87 +875,89 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] \$signal$141  = 14'h0000;
   reg \$signal$142  = 1'h0;
   reg \$signal$144  = 1'h0;
-  reg [12:0] \$signal$145  = 13'h0000;
-  reg [12:0] \$signal$151  = 13'h0000;
+  reg \$signal$145  = 1'h0;
+  reg [12:0] \$signal$146  = 13'h0000;
+  reg \$signal$148  = 1'h0;
   reg [12:0] \$signal$153  = 13'h0000;
-  reg \$signal$155  = 1'h0;
-  reg \$signal$156  = 1'h0;
-  reg [31:0] \$signal$160  = 32'd0;
+  reg [12:0] \$signal$155  = 13'h0000;
+  reg \$signal$157  = 1'h0;
+  reg \$signal$158  = 1'h0;
+  reg [31:0] \$signal$162  = 32'd0;
   (* init = 6'h00 *)
-  wire [5:0] \$signal$162 ;
+  wire [5:0] \$signal$164 ;
   (* init = 32'd0 *)
-  wire [31:0] \$signal$164 ;
-  reg \$signal$169  = 1'h0;
-  wire [31:0] \$signal$176 ;
-  reg [5:0] \$signal$177  = 6'h00;
-  wire [31:0] \$signal$179 ;
-  reg \$signal$182 ;
+  wire [31:0] \$signal$166 ;
+  reg \$signal$171  = 1'h0;
+  wire [31:0] \$signal$178 ;
+  reg [5:0] \$signal$179  = 6'h00;
+  wire [31:0] \$signal$181 ;
+  reg \$signal$184 ;
   (* init = 1'h0 *)
-  wire \$signal$201 ;
-  reg [14:0] \$signal$214  = 15'h0000;
-  reg [12:0] \$signal$215  = 13'h0000;
-  reg [12:0] \$signal$218  = 13'h0000;
-  reg [14:0] \$signal$221  = 15'h0000;
-  reg [3:0] \$signal$243  = 4'h0;
-  reg [13:0] \$signal$244  = 14'h0000;
-  reg \$signal$247  = 1'h0;
-  reg [13:0] \$signal$248  = 14'h0000;
-  reg [31:0] \$signal$249  = 32'd0;
-  reg [2:0] \$signal$250  = 3'h0;
-  reg \$signal$251  = 1'h0;
-  reg [2:0] \$signal$252  = 3'h0;
-  reg [13:0] \$signal$253  = 14'h0000;
+  wire \$signal$203 ;
+  reg [14:0] \$signal$216  = 15'h0000;
+  reg [12:0] \$signal$217  = 13'h0000;
+  reg [12:0] \$signal$220  = 13'h0000;
+  reg [14:0] \$signal$223  = 15'h0000;
+  reg [3:0] \$signal$246  = 4'h0;
+  reg [13:0] \$signal$247  = 14'h0000;
+  reg \$signal$250  = 1'h0;
+  reg [13:0] \$signal$251  = 14'h0000;
+  reg [31:0] \$signal$252  = 32'd0;
+  reg [2:0] \$signal$253  = 3'h0;
   reg \$signal$254  = 1'h0;
-  reg [3:0] \$signal$256  = 4'h0;
-  reg \$signal$261  = 1'h0;
-  reg \$signal$262  = 1'h0;
-  reg [12:0] \$signal$264  = 13'h0000;
-  reg [3:0] \$signal$265  = 4'h0;
-  reg \$signal$270  = 1'h0;
-  reg [12:0] \$signal$272  = 13'h0000;
-  reg [19:0] \$signal$274  = 20'h00000;
-  wire [2:0] \$signal$274.index ;
-  wire \$signal$274.last ;
-  wire [15:0] \$signal$274.weight ;
-  reg [13:0] \$signal$275  = 14'h0000;
-  reg [31:0] \$signal$276  = 32'd0;
-  reg [12:0] \$signal$277  = 13'h0000;
+  reg [2:0] \$signal$255  = 3'h0;
+  reg [13:0] \$signal$256  = 14'h0000;
+  reg \$signal$257  = 1'h0;
+  reg [3:0] \$signal$259  = 4'h0;
+  reg \$signal$264  = 1'h0;
+  reg \$signal$265  = 1'h0;
+  reg [12:0] \$signal$267  = 13'h0000;
+  reg [3:0] \$signal$268  = 4'h0;
+  reg \$signal$273  = 1'h0;
+  reg [12:0] \$signal$275  = 13'h0000;
+  reg [19:0] \$signal$277  = 20'h00000;
+  wire [2:0] \$signal$277.index ;
+  wire \$signal$277.last ;
+  wire [15:0] \$signal$277.weight ;
   reg [13:0] \$signal$278  = 14'h0000;
-  reg [13:0] \$signal$279  = 14'h0000;
+  reg [31:0] \$signal$279  = 32'd0;
   reg [12:0] \$signal$280  = 13'h0000;
   reg [13:0] \$signal$281  = 14'h0000;
-  reg [3:0] \$signal$282  = 4'h0;
-  reg [15:0] \$signal$283  = 16'h0000;
-  reg [14:0] \$signal$284  = 15'h0000;
-  reg [12:0] \$signal$285  = 13'h0000;
-  reg \$signal$286  = 1'h0;
-  reg [12:0] \$signal$287  = 13'h0000;
-  reg \$signal$297  = 1'h0;
-  reg \$signal$299  = 1'h0;
-  reg [12:0] \$signal$306  = 13'h0000;
-  reg [12:0] \$signal$308  = 13'h0000;
+  reg [13:0] \$signal$282  = 14'h0000;
+  reg [12:0] \$signal$283  = 13'h0000;
+  reg [13:0] \$signal$284  = 14'h0000;
+  reg [3:0] \$signal$285  = 4'h0;
+  reg [15:0] \$signal$286  = 16'h0000;
+  reg [14:0] \$signal$287  = 15'h0000;
+  reg [12:0] \$signal$288  = 13'h0000;
+  reg \$signal$289  = 1'h0;
+  reg [12:0] \$signal$290  = 13'h0000;
+  reg \$signal$300  = 1'h0;
+  reg \$signal$302  = 1'h0;
+  reg [12:0] \$signal$309  = 13'h0000;
   reg [12:0] \$signal$311  = 13'h0000;
-  reg [12:0] \$signal$313  = 13'h0000;
-  reg \$signal$316  = 1'h0;
-  reg [6:0] \$signal$319  = 7'h00;
-  reg [8:0] \$signal$321  = 9'h000;
-  reg [13:0] \$signal$327  = 14'h0000;
-  reg [1:0] \$signal$332  = 2'h0;
-  reg [13:0] \$signal$335  = 14'h0000;
-  reg \$signal$336  = 1'h0;
-  reg [13:0] \$signal$337  = 14'h0000;
-  wire [-1:0] \$signal$338 ;
+  reg [12:0] \$signal$314  = 13'h0000;
+  reg [12:0] \$signal$316  = 13'h0000;
+  reg \$signal$319  = 1'h0;
+  reg [6:0] \$signal$322  = 7'h00;
+  reg [8:0] \$signal$324  = 9'h000;
+  reg [13:0] \$signal$330  = 14'h0000;
+  reg [1:0] \$signal$335  = 2'h0;
+  reg [13:0] \$signal$338  = 14'h0000;
   reg \$signal$339  = 1'h0;
-  reg [1:0] \$signal$343  = 2'h0;
+  reg [13:0] \$signal$340  = 14'h0000;
+  wire [-1:0] \$signal$341 ;
+  reg \$signal$342  = 1'h0;
+  reg [1:0] \$signal$346  = 2'h0;
   reg [12:0] \$signature__addr ;
-  reg [12:0] \$signature__addr$152 ;
-  reg [5:0] \$signature__addr$230 ;
+  reg [12:0] \$signature__addr$154 ;
+  reg [5:0] \$signature__addr$233 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$298 ;
-  wire [255:0] \$signature__data$326 ;
+  wire [31:0] \$signature__data$301 ;
+  wire [255:0] \$signature__data$329 ;
   reg \$signature__en ;
-  reg \$signature__en$158 ;
-  reg \$signature__en$231 ;
+  reg \$signature__en$160 ;
+  reg \$signature__en$234 ;
   reg [31:0] a_in__payload = 32'd0;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -1033,7 +1039,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [31:0] \c_out__payload[3] ;
   reg c_out__ready;
   wire c_out__valid;
-  reg checked = 1'h0;
   input clk;
   wire clk;
   wire [79:0] cmd__payload;
@@ -1062,7 +1067,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$330 ;
+  wire \error$333 ;
   reg exp_active = 1'h0;
   reg [1:0] gc_lane = 2'h0;
   reg [12:0] gc_wstart = 13'h0000;
@@ -1077,27 +1082,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [7:0] \gm_word[2] ;
   wire [7:0] \gm_word[3] ;
   reg [12:0] gm_wstart = 13'h0000;
+  reg host_ok = 1'h0;
   reg [31:0] host_size = 32'd0;
   reg [31:0] i__payload = 32'd0;
-  wire [15:0] \i__payload$165 ;
-  wire [15:0] \i__payload$165[0] ;
-  wire [31:0] \i__payload$166 ;
-  wire [31:0] \i__payload$166[0] ;
-  wire [15:0] \i__payload$166[0].g ;
-  wire [15:0] \i__payload$166[0].u ;
-  wire [33:0] \i__payload$168 ;
-  wire [15:0] \i__payload$168.a ;
-  wire [16:0] \i__payload$168.b ;
-  wire \i__payload$168.last ;
+  wire [15:0] \i__payload$167 ;
+  wire [15:0] \i__payload$167[0] ;
+  wire [31:0] \i__payload$168 ;
+  wire [31:0] \i__payload$168[0] ;
+  wire [15:0] \i__payload$168[0].g ;
+  wire [15:0] \i__payload$168[0].u ;
+  wire [33:0] \i__payload$170 ;
+  wire [15:0] \i__payload$170.a ;
+  wire [16:0] \i__payload$170.b ;
+  wire \i__payload$170.last ;
   wire [31:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$186 ;
-  wire \i__ready$190 ;
-  wire \i__ready$194 ;
+  wire \i__ready$188 ;
+  wire \i__ready$192 ;
+  wire \i__ready$196 ;
   reg i__valid;
-  reg \i__valid$185 ;
-  reg \i__valid$189 ;
-  reg \i__valid$193 ;
+  reg \i__valid$187 ;
+  reg \i__valid$191 ;
+  reg \i__valid$195 ;
   reg [13:0] idx0 = 14'h0000;
   reg [13:0] idx1 = 14'h0000;
   reg [13:0] idx2 = 14'h0000;
@@ -1204,20 +1210,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [15:0] mult;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$192 ;
-  wire [15:0] \o__payload$192[0] ;
-  wire [15:0] \o__payload$196 ;
-  wire [31:0] \o__payload$204 ;
-  wire [31:0] \o__payload$204[0] ;
+  wire [15:0] \o__payload$194 ;
+  wire [15:0] \o__payload$194[0] ;
+  wire [15:0] \o__payload$198 ;
+  wire [31:0] \o__payload$206 ;
+  wire [31:0] \o__payload$206[0] ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$173 ;
-  wire \o__ready$174 ;
   wire \o__ready$175 ;
+  wire \o__ready$176 ;
+  wire \o__ready$177 ;
   wire o__valid;
-  wire \o__valid$187 ;
-  wire \o__valid$191 ;
-  wire \o__valid$195 ;
+  wire \o__valid$189 ;
+  wire \o__valid$193 ;
+  wire \o__valid$197 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -1228,7 +1234,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg ph2 = 1'h0;
   reg [31:0] rd1_q = 32'd0;
   wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$225 ;
+  wire [31:0] \rd_addr$227 ;
   wire [23:0] rd_beats;
   wire rd_busy;
   reg [31:0] rd_data;
@@ -1301,6 +1307,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire scores__ready;
   reg scores__valid;
   reg [13:0] scores_len = 14'h0000;
+  reg [1:0] settle = 2'h0;
   reg shape_ok;
   reg [5:0] shift = 6'h00;
   (* init = 36'h000000000 *)
@@ -1315,7 +1322,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] wr__data;
   reg wr__en;
   wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$226 ;
+  wire [31:0] \wr_addr$229 ;
   wire [23:0] wr_beats;
   wire wr_busy;
   wire [31:0] wr_data;
@@ -1413,11 +1420,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   reg [255:0] _0_;
   always @(posedge clk) begin
-    if (\$signature__en$231 ) begin
-      _0_ <= imem[\$signature__addr$230 ];
+    if (\$signature__en$234 ) begin
+      _0_ <= imem[\$signature__addr$233 ];
     end
   end
-  assign \$signature__data$326  = _0_;
+  assign \$signature__data$329  = _0_;
   reg [31:0] spad [8191:0];
   initial begin
     spad[0] = 32'd0;
@@ -9620,283 +9627,287 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] _1_;
   reg [31:0] _2_;
   always @(posedge clk) begin
-    if (\$signature__en$158 ) begin
-      _1_ <= spad[\$signature__addr$152 ];
+    if (\$signature__en$160 ) begin
+      _1_ <= spad[\$signature__addr$154 ];
     end
     if (\$signature__en ) begin
       _2_ <= spad[\$signature__addr ];
     end
   end
-  assign \$signature__data$298  = _1_;
+  assign \$signature__data$301  = _1_;
   assign \$signature__data  = _2_;
+  assign \$144  = ins[5:0] == 4'h9;
+  assign \$145  = \$143  | \$144 ;
+  assign \$146  = ins[255:244] < 7'h40;
+  assign \$147  = ~ \$146 ;
   assign \$148  = \$145  & \$147 ;
   assign \$149  = ins[5:0] != 4'he;
-  assign \$150  = ~ shape_ok;
+  assign \$150  = ~ \$signal$144 ;
   assign \$151  = \$149  & \$150 ;
   assign \$152  = ins[5:0] == 4'h8;
   assign \$153  = ! ins[87:77];
-  assign \$154  = \$signal$144  & \$153 ;
-  assign \$155  = \$signal$145  == ins[76:64];
+  assign \$154  = \$signal$145  & \$153 ;
+  assign \$155  = \$signal$146  == ins[76:64];
   assign \$156  = \$154  & \$155 ;
   assign \$157  = scores_len == l0_acc;
   assign \$158  = \$156  & \$157 ;
   assign \$159  = ~ \$158 ;
   assign \$160  = \$152  & \$159 ;
   assign \$161  = ins[5:0] != 4'he;
-  assign \$162  = ! \$signal$138 ;
-  assign \$163  = ! ins[87:78];
-  assign \$164  = ins[77:64] + \$signal$138 ;
-  assign \$165  = \$164  <= 14'h2000;
-  assign \$166  = \$163  & \$165 ;
-  assign \$167  = \$162  | \$166 ;
-  assign \$168  = ! \$signal$140 ;
-  assign \$169  = ! ins[111:102];
-  assign \$170  = ins[101:88] + \$signal$140 ;
-  assign \$171  = \$170  <= 14'h2000;
-  assign \$172  = \$169  & \$171 ;
-  assign \$173  = \$168  | \$172 ;
-  assign \$174  = \$167  & \$173 ;
-  assign \$175  = ! wc;
-  assign \$176  = ! ins[135:126];
-  assign \$177  = ins[125:112] + wc;
-  assign \$178  = \$177  <= 14'h2000;
-  assign \$179  = \$176  & \$178 ;
-  assign \$180  = \$175  | \$179 ;
-  assign \$181  = \$174  & \$180 ;
-  assign \$182  = ~ \$181 ;
-  assign \$183  = \$161  & \$182 ;
-  assign \$184  = ins[5:0] == 1'h1;
-  assign \$185  = ins[5:0] == 2'h2;
-  assign \$186  = \$184  | \$185 ;
-  assign \$187  = ins[5:0] == 2'h3;
-  assign \$188  = \$186  | \$187 ;
-  assign \$189  = ! lh_acc[1:0];
-  assign \$190  = lh_acc >= \$signal$119 ;
-  assign \$191  = \$189  & \$190 ;
-  assign \$193  = lh_acc + \$192 ;
-  assign \$194  = \$signal$119  + host_size;
-  assign \$195  = \$193  <= \$194 ;
-  assign \$196  = \$191  & \$195 ;
-  assign \$197  = ~ \$196 ;
-  assign \$198  = \$188  & \$197 ;
-  assign \$199  = ~ \$signal$155 ;
-  assign \$200  = ~ \$signal$156 ;
-  assign \$201  = \$200  | eng_ready;
-  assign \$202  = \$199  | \$201 ;
-  assign \$203  = ~ \$signal$155 ;
-  assign \$204  = ~ \$signal$156 ;
-  assign \$205  = \$204  | eng_ready;
-  assign \$206  = \$203  | \$205 ;
-  assign \$207  = ins[5:0] == 4'hc;
-  assign \$208  = \$207  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
-  assign \$209  = ins[5:0] == 4'hd;
-  assign \$210  = ins[5:0] == 4'hc;
-  assign \$211  = \$210  ? 2'h1 : 2'h0;
-  assign op = \$209  ? 2'h2 : \$211 ;
-  assign \$212  = \$signal$177  > 1'h1;
-  assign \$213  = \$signal$177  > 2'h2;
-  assign \$214  = \$signal$177  > 2'h3;
-  assign \$215  = \$signal$177  > 3'h4;
-  assign \$216  = \$signal$177  > 3'h5;
-  assign \$217  = \$signal$177  > 3'h6;
-  assign \$218  = \$signal$177  > 3'h7;
-  assign \$219  = \$signal$177  > 4'h8;
-  assign \$220  = \$signal$177  > 4'h9;
-  assign \$221  = \$signal$177  > 4'ha;
-  assign \$222  = \$signal$177  > 4'hb;
-  assign \$223  = \$signal$177  > 4'hc;
-  assign \$224  = \$signal$177  > 4'hd;
-  assign \$225  = \$signal$177  > 4'he;
-  assign \$226  = \$signal$177  > 4'hf;
-  assign \$227  = \$signal$177  > 5'h10;
-  assign \$228  = \$signal$177  > 5'h11;
-  assign \$229  = \$signal$177  > 5'h12;
-  assign \$230  = \$signal$177  > 5'h13;
-  assign \$231  = \$signal$177  > 5'h14;
-  assign \$232  = \$signal$177  > 5'h15;
-  assign \$233  = \$signal$177  > 5'h16;
-  assign \$234  = \$signal$177  > 5'h17;
-  assign \$235  = \$signal$177  > 5'h18;
-  assign \$236  = \$signal$177  > 5'h19;
-  assign \$237  = \$signal$177  > 5'h1a;
-  assign \$238  = \$signal$177  > 5'h1b;
-  assign \$239  = \$signal$177  > 5'h1c;
-  assign \$240  = \$signal$177  > 5'h1d;
-  assign \$241  = \$signal$177  > 5'h1e;
-  assign \$242  = \$signal$177  > 5'h1f;
-  assign \$243  = $signed(\$signal$179 ) > $signed({ 1'h0, \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212  });
-  assign \$244  = ~ { 1'h0, \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212  };
-  assign \$245  = $signed(\$signal$179 ) < $signed(\$244 );
-  assign \$246  = ~ { 1'h0, \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212  };
-  assign \$247  = \$245  ? \$246  : \$signal$179 ;
-  assign rq_sat = \$243  ? { 1'h0, \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212  } : \$247 ;
-  assign \$248  = | \$signal$177 ;
-  assign \$249  = \$248  ? \$signal$160  : 32'd1;
-  assign \$250  = | \$signal$177 ;
-  assign \$251  = \$250  ? shift : 6'h00;
-  assign \$252  = ins[5:0] == 2'h3;
-  assign \$1107  = gc_lane * 6'h20;
-  assign \$253  = c_out__payload >> \$1107 ;
-  assign \$signal$179  = \$252  ? \$253  : \o__payload$204 ;
-  assign \$254  = ~ a_in__valid;
-  assign \$255  = ~ gm_afeed_done;
-  assign \$256  = \$254  & \$255 ;
-  assign \$257  = gm_lane == 3'h4;
-  assign \$258  = \$signal$214  + gm_lane;
-  assign \$259  = \$258  >= m_eff[13:0];
-  assign \$260  = \$257  | \$259 ;
-  assign \$261  = ~ \$260 ;
-  assign \$262  = \$256  & \$261 ;
-  assign \$263  = | \$signal$177 ;
-  assign \$1121  = gc_lane * 6'h20;
-  assign \$264  = c_out__payload >> \$1121 ;
-  assign \$265  = \$263  ? rq_sat : \$264 ;
-  assign \$266  = gc_lane == 2'h3;
-  assign \$267  = \$signal$221  + gc_lane;
-  assign \$268  = \$267  + 1'h1;
-  assign \$269  = \$268  >= m_eff[13:0];
-  assign \$270  = \$266  | \$269 ;
-  assign \$271  = pc >= 7'h40;
-  assign \$272  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$273  = ins[5:0] == 4'hc;
-  assign \$274  = ~ ph2;
-  assign \$275  = \$273  & \$274 ;
-  assign \$276  = ! ins[5:0];
-  assign \$277  = ~ checked;
-  assign \$278  = | decode_q;
-  assign \$280  = ins[100:88] + \$279 ;
-  assign \$282  = ins[100:88] + \$281 ;
-  assign \$283  = \$282  + 1'h1;
-  assign \$284  = ins[124:112] + \$signal$244 ;
-  assign \$285  = ~ \$signal$247 ;
-  assign \$286  = \$signal$248  < l0_acc;
-  assign \$287  = ins[124:112] + \$signal$248 ;
-  assign \$288  = ins[243:238] == 1'h1;
-  assign \$1148  = \$signal$250  * 4'h8;
-  assign \$289  = \$signal$249  >> \$1148 ;
-  assign \$290  = ins[243:238] == 2'h2;
-  assign \$1152  = \$signal$250  * 5'h10;
-  assign \$291  = \$signal$249  >> \$1152 ;
-  assign \$1155  = \$signal$250  * 6'h20;
-  assign \$292  = \$signal$249  >> \$1155 ;
-  assign \$293  = \$290  ? { \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291 [15], \$291  } : \$292 ;
-  assign \$294  = \$288  ? { \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289 [7], \$289  } : \$293 ;
-  assign \$295  = ~ \$signal$251 ;
-  assign \$296  = \$signal$252  < 1'h1;
-  assign \$297  = \$295  & \$296 ;
-  assign \$298  = \$signal$253  < l0_acc;
-  assign \$299  = \$297  & \$298 ;
-  assign \$300  = ~ \$signal$254 ;
-  assign \$301  = \$299  & \$300 ;
-  assign \$302  = ins[76:64] + \$signal$253 ;
-  assign \$303  = ins[100:88] + \$signal$256 ;
-  assign \$304  = | \$signal$256 ;
-  assign \$305  = \$signal$256  - 1'h1;
-  assign \$306  = ~ \$signal$261 ;
-  assign \$307  = ~ \$signal$262 ;
-  assign \$308  = \$306  & \$307 ;
-  assign \$309  = rt_lane < 1'h1;
-  assign \$310  = \$308  & \$309 ;
-  assign \$311  = \$signal$264  + \$signal$265 ;
-  assign \$312  = ~ \$signal$270 ;
-  assign \$313  = ~ rt_wphase;
-  assign \$314  = \$signal$270  & \$313 ;
-  assign \$315  = \$signal$272  + rt_s;
-  assign \$316  = \$signal$270  & rt_wphase;
-  assign \$317  = \$signal$272  + rt_s;
-  assign \$318  = \$317  + l1_acc[13:2];
-  assign \$319  = ins[124:112] + \$signal$275 ;
-  assign \$320  = \$signal$276  == \$signal$256 ;
-  assign \$321  = \$signal$277  + \$signal$278 ;
-  assign \$322  = \$signal$277  + l1_acc[13:2];
-  assign \$323  = \$322  + \$signal$278 ;
-  assign \$324  = \$signal$275  + 1'h1;
-  assign \$325  = \$324  < l1_acc[13:2];
-  assign \$326  = \$signal$280  + \$signal$256 ;
-  assign \$327  = \$signal$278  - \$signal$281 ;
-  assign \$328  = \$signal$280  + 4'h8;
-  assign \$329  = \$328  + \$signal$256 ;
-  assign \$330  = \$signal$282  >= 4'h8;
-  assign \$331  = ins[76:64] + \$signal$282 ;
-  assign \$332  = ins[76:64] + 4'h8;
-  assign \$333  = \$332  + \$signal$282 ;
-  assign \$334  = \$signal$283  >= \$signal$130 ;
-  assign \$335  = ins[100:88] + \$signal$141 ;
-  assign \$336  = \$335  + \$signal$283 ;
-  assign \$337  = | l2_y;
-  assign \$338  = \$signal$284  < ins[61:48];
-  assign \$339  = ins[5:0] == 4'ha;
-  assign \$340  = \$339  ? l2_acc : { 1'h0, \$signal$285  };
-  assign \$341  = ins[76:64] + \$340 ;
-  assign \$342  = \$341  + \$signal$284 ;
-  assign \$343  = ~ \$signal$108 ;
-  assign \$344  = \$signal$103  & \$343 ;
-  assign \$345  = ! ctrl_state;
-  assign \$346  = ctrl_state == 1'h1;
-  assign \$347  = ctrl_state == 2'h2;
-  assign \$348  = ctrl_state == 2'h3;
-  assign \$349  = ctrl_state == 3'h4;
-  assign \$350  = ctrl_state == 3'h5;
-  assign \$351  = ctrl_state == 3'h6;
-  assign \$352  = ctrl_state == 3'h7;
-  assign \$353  = ctrl_state == 4'h8;
-  assign \$354  = ctrl_state == 4'h9;
-  assign \$355  = ctrl_state == 4'ha;
-  assign \$356  = ctrl_state == 4'hb;
-  assign \$357  = ctrl_state == 4'hc;
-  assign \$358  = ctrl_state == 4'hd;
-  assign \$359  = ctrl_state == 4'he;
-  assign \$360  = ctrl_state == 4'hf;
-  assign \$361  = ctrl_state == 5'h10;
-  assign \$362  = ctrl_state == 5'h11;
-  assign \$363  = ctrl_state == 5'h12;
-  assign \$364  = ctrl_state == 5'h13;
-  assign \$365  = ctrl_state == 5'h14;
-  assign \$366  = ctrl_state == 5'h15;
-  assign \$367  = ctrl_state == 5'h16;
-  assign \$368  = ctrl_state == 5'h17;
-  assign \$369  = ctrl_state == 5'h18;
-  assign \$370  = ctrl_state == 5'h19;
-  assign \$371  = ctrl_state == 5'h1a;
-  assign \$372  = ctrl_state == 5'h1b;
-  assign \$373  = wr_addr == 4'hc;
-  assign \$374  = wr_en & \$373 ;
-  assign \$375  = wr_addr == 5'h10;
-  assign \$376  = wr_en & \$375 ;
-  assign \$377  = | l0_y;
-  assign \$378  = l0_acc + l0_x;
-  assign \$380  = l0_acc + l0_x;
-  assign \$381  = \$379  ? 14'h3fff : \$380 [13:0];
-  assign \$383  = l0_x[13] ? 15'h3fff : \$382 ;
-  assign \$385  = | l1_y;
-  assign \$386  = l1_acc + l1_x;
-  assign \$388  = l1_acc + l1_x;
-  assign \$389  = \$387  ? 14'h3fff : \$388 [13:0];
-  assign \$391  = l1_x[13] ? 15'h3fff : \$390 ;
-  assign \$393  = | l2_y;
-  assign \$394  = l2_acc + l2_x;
-  assign \$396  = l2_acc + l2_x;
-  assign \$397  = \$395  ? 14'h3fff : \$396 [13:0];
-  assign \$399  = l2_x[13] ? 15'h3fff : \$398 ;
-  assign \$401  = | l3_y;
-  assign \$402  = l3_acc + l3_x;
-  assign \$404  = l3_acc + l3_x;
-  assign \$405  = \$403  ? 14'h3fff : \$404 [13:0];
-  assign \$407  = l3_x[13] ? 15'h3fff : \$406 ;
-  assign \$409  = | l4_y;
-  assign \$410  = l4_acc + l4_x;
-  assign \$412  = l4_acc + l4_x;
-  assign \$413  = \$411  ? 14'h3fff : \$412 [13:0];
-  assign \$415  = l4_x[13] ? 15'h3fff : \$414 ;
-  assign \$417  = | lh_y;
-  assign \$418  = lh_acc + lh_x;
-  assign \$420  = lh_acc + lh_x;
-  assign \$421  = \$419  ? 33'h1ffffffff : \$420 [32:0];
-  assign \$423  = lh_x[32] ? 34'h1ffffffff : \$422 ;
-  assign \$425  = ~ \$signal$156 ;
+  assign \$162  = ~ \$signal$148 ;
+  assign \$163  = \$161  & \$162 ;
+  assign \$164  = ins[5:0] == 1'h1;
+  assign \$165  = ins[5:0] == 2'h2;
+  assign \$166  = \$164  | \$165 ;
+  assign \$167  = ins[5:0] == 2'h3;
+  assign \$168  = \$166  | \$167 ;
+  assign \$169  = ~ host_ok;
+  assign \$170  = \$168  & \$169 ;
+  assign \$171  = ~ \$signal$157 ;
+  assign \$172  = ~ \$signal$158 ;
+  assign \$173  = \$172  | eng_ready;
+  assign \$174  = \$171  | \$173 ;
+  assign \$175  = ~ \$signal$157 ;
+  assign \$176  = ~ \$signal$158 ;
+  assign \$177  = \$176  | eng_ready;
+  assign \$178  = \$175  | \$177 ;
+  assign \$179  = ins[5:0] == 4'hc;
+  assign \$180  = \$179  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
+  assign \$181  = ins[5:0] == 4'hd;
+  assign \$182  = ins[5:0] == 4'hc;
+  assign \$183  = \$182  ? 2'h1 : 2'h0;
+  assign op = \$181  ? 2'h2 : \$183 ;
+  assign \$184  = \$signal$179  > 1'h1;
+  assign \$185  = \$signal$179  > 2'h2;
+  assign \$186  = \$signal$179  > 2'h3;
+  assign \$187  = \$signal$179  > 3'h4;
+  assign \$188  = \$signal$179  > 3'h5;
+  assign \$189  = \$signal$179  > 3'h6;
+  assign \$190  = \$signal$179  > 3'h7;
+  assign \$191  = \$signal$179  > 4'h8;
+  assign \$192  = \$signal$179  > 4'h9;
+  assign \$193  = \$signal$179  > 4'ha;
+  assign \$194  = \$signal$179  > 4'hb;
+  assign \$195  = \$signal$179  > 4'hc;
+  assign \$196  = \$signal$179  > 4'hd;
+  assign \$197  = \$signal$179  > 4'he;
+  assign \$198  = \$signal$179  > 4'hf;
+  assign \$199  = \$signal$179  > 5'h10;
+  assign \$200  = \$signal$179  > 5'h11;
+  assign \$201  = \$signal$179  > 5'h12;
+  assign \$202  = \$signal$179  > 5'h13;
+  assign \$203  = \$signal$179  > 5'h14;
+  assign \$204  = \$signal$179  > 5'h15;
+  assign \$205  = \$signal$179  > 5'h16;
+  assign \$206  = \$signal$179  > 5'h17;
+  assign \$207  = \$signal$179  > 5'h18;
+  assign \$208  = \$signal$179  > 5'h19;
+  assign \$209  = \$signal$179  > 5'h1a;
+  assign \$210  = \$signal$179  > 5'h1b;
+  assign \$211  = \$signal$179  > 5'h1c;
+  assign \$212  = \$signal$179  > 5'h1d;
+  assign \$213  = \$signal$179  > 5'h1e;
+  assign \$214  = \$signal$179  > 5'h1f;
+  assign \$215  = $signed(\$signal$181 ) > $signed({ 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184  });
+  assign \$216  = ~ { 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184  };
+  assign \$217  = $signed(\$signal$181 ) < $signed(\$216 );
+  assign \$218  = ~ { 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184  };
+  assign \$219  = \$217  ? \$218  : \$signal$181 ;
+  assign rq_sat = \$215  ? { 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184  } : \$219 ;
+  assign \$220  = | \$signal$179 ;
+  assign \$221  = \$220  ? \$signal$162  : 32'd1;
+  assign \$222  = | \$signal$179 ;
+  assign \$223  = \$222  ? shift : 6'h00;
+  assign \$224  = ins[5:0] == 2'h3;
+  assign \$1083  = gc_lane * 6'h20;
+  assign \$225  = c_out__payload >> \$1083 ;
+  assign \$signal$181  = \$224  ? \$225  : \o__payload$206 ;
+  assign \$226  = ~ a_in__valid;
+  assign \$227  = ~ gm_afeed_done;
+  assign \$228  = \$226  & \$227 ;
+  assign \$229  = gm_lane == 3'h4;
+  assign \$230  = \$signal$216  + gm_lane;
+  assign \$231  = \$230  >= m_eff[13:0];
+  assign \$232  = \$229  | \$231 ;
+  assign \$233  = ~ \$232 ;
+  assign \$234  = \$228  & \$233 ;
+  assign \$235  = | \$signal$179 ;
+  assign \$1097  = gc_lane * 6'h20;
+  assign \$236  = c_out__payload >> \$1097 ;
+  assign \$237  = \$235  ? rq_sat : \$236 ;
+  assign \$238  = gc_lane == 2'h3;
+  assign \$239  = \$signal$223  + gc_lane;
+  assign \$240  = \$239  + 1'h1;
+  assign \$241  = \$240  >= m_eff[13:0];
+  assign \$242  = \$238  | \$241 ;
+  assign \$243  = pc >= 7'h40;
+  assign \$244  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$245  = ins[5:0] == 4'hc;
+  assign \$246  = ~ ph2;
+  assign \$247  = \$245  & \$246 ;
+  assign \$248  = ! ins[5:0];
+  assign \$249  = settle != 2'h2;
+  assign \$250  = | decode_q;
+  assign \$252  = ins[100:88] + \$251 ;
+  assign \$254  = ins[100:88] + \$253 ;
+  assign \$255  = \$254  + 1'h1;
+  assign \$256  = ins[124:112] + \$signal$247 ;
+  assign \$257  = ~ \$signal$250 ;
+  assign \$258  = \$signal$251  < l0_acc;
+  assign \$259  = ins[124:112] + \$signal$251 ;
+  assign \$260  = ins[243:238] == 1'h1;
+  assign \$1124  = \$signal$253  * 4'h8;
+  assign \$261  = \$signal$252  >> \$1124 ;
+  assign \$262  = ins[243:238] == 2'h2;
+  assign \$1128  = \$signal$253  * 5'h10;
+  assign \$263  = \$signal$252  >> \$1128 ;
+  assign \$1131  = \$signal$253  * 6'h20;
+  assign \$264  = \$signal$252  >> \$1131 ;
+  assign \$265  = \$262  ? { \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263  } : \$264 ;
+  assign \$266  = \$260  ? { \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261  } : \$265 ;
+  assign \$267  = ~ \$signal$254 ;
+  assign \$268  = \$signal$255  < 1'h1;
+  assign \$269  = \$267  & \$268 ;
+  assign \$270  = \$signal$256  < l0_acc;
+  assign \$271  = \$269  & \$270 ;
+  assign \$272  = ~ \$signal$257 ;
+  assign \$273  = \$271  & \$272 ;
+  assign \$274  = ins[76:64] + \$signal$256 ;
+  assign \$275  = ins[100:88] + \$signal$259 ;
+  assign \$276  = | \$signal$259 ;
+  assign \$277  = \$signal$259  - 1'h1;
+  assign \$278  = ~ \$signal$264 ;
+  assign \$279  = ~ \$signal$265 ;
+  assign \$280  = \$278  & \$279 ;
+  assign \$281  = rt_lane < 1'h1;
+  assign \$282  = \$280  & \$281 ;
+  assign \$283  = \$signal$267  + \$signal$268 ;
+  assign \$284  = ~ \$signal$273 ;
+  assign \$285  = ~ rt_wphase;
+  assign \$286  = \$signal$273  & \$285 ;
+  assign \$287  = \$signal$275  + rt_s;
+  assign \$288  = \$signal$273  & rt_wphase;
+  assign \$289  = \$signal$275  + rt_s;
+  assign \$290  = \$289  + l1_acc[13:2];
+  assign \$291  = ins[124:112] + \$signal$278 ;
+  assign \$292  = \$signal$279  == \$signal$259 ;
+  assign \$293  = \$signal$280  + \$signal$281 ;
+  assign \$294  = \$signal$280  + l1_acc[13:2];
+  assign \$295  = \$294  + \$signal$281 ;
+  assign \$296  = \$signal$278  + 1'h1;
+  assign \$297  = \$296  < l1_acc[13:2];
+  assign \$298  = \$signal$283  + \$signal$259 ;
+  assign \$299  = \$signal$281  - \$signal$284 ;
+  assign \$300  = \$signal$283  + 4'h8;
+  assign \$301  = \$300  + \$signal$259 ;
+  assign \$302  = \$signal$285  >= 4'h8;
+  assign \$303  = ins[76:64] + \$signal$285 ;
+  assign \$304  = ins[76:64] + 4'h8;
+  assign \$305  = \$304  + \$signal$285 ;
+  assign \$306  = \$signal$286  >= \$signal$130 ;
+  assign \$307  = ins[100:88] + \$signal$141 ;
+  assign \$308  = \$307  + \$signal$286 ;
+  assign \$309  = | l2_y;
+  assign \$310  = \$signal$287  < ins[61:48];
+  assign \$311  = ins[5:0] == 4'ha;
+  assign \$312  = \$311  ? l2_acc : { 1'h0, \$signal$288  };
+  assign \$313  = ins[76:64] + \$312 ;
+  assign \$314  = \$313  + \$signal$287 ;
+  assign \$315  = ~ \$signal$108 ;
+  assign \$316  = \$signal$103  & \$315 ;
+  assign \$317  = ! ctrl_state;
+  assign \$318  = ctrl_state == 1'h1;
+  assign \$319  = ctrl_state == 2'h2;
+  assign \$320  = ctrl_state == 2'h3;
+  assign \$321  = ctrl_state == 3'h4;
+  assign \$322  = ctrl_state == 3'h5;
+  assign \$323  = ctrl_state == 3'h6;
+  assign \$324  = ctrl_state == 3'h7;
+  assign \$325  = ctrl_state == 4'h8;
+  assign \$326  = ctrl_state == 4'h9;
+  assign \$327  = ctrl_state == 4'ha;
+  assign \$328  = ctrl_state == 4'hb;
+  assign \$329  = ctrl_state == 4'hc;
+  assign \$330  = ctrl_state == 4'hd;
+  assign \$331  = ctrl_state == 4'he;
+  assign \$332  = ctrl_state == 4'hf;
+  assign \$333  = ctrl_state == 5'h10;
+  assign \$334  = ctrl_state == 5'h11;
+  assign \$335  = ctrl_state == 5'h12;
+  assign \$336  = ctrl_state == 5'h13;
+  assign \$337  = ctrl_state == 5'h14;
+  assign \$338  = ctrl_state == 5'h15;
+  assign \$339  = ctrl_state == 5'h16;
+  assign \$340  = ctrl_state == 5'h17;
+  assign \$341  = ctrl_state == 5'h18;
+  assign \$342  = ctrl_state == 5'h19;
+  assign \$343  = ctrl_state == 5'h1a;
+  assign \$344  = ctrl_state == 5'h1b;
+  assign \$345  = wr_addr == 4'hc;
+  assign \$346  = wr_en & \$345 ;
+  assign \$347  = wr_addr == 5'h10;
+  assign \$348  = wr_en & \$347 ;
+  assign \$349  = | l0_y;
+  assign \$350  = l0_acc + l0_x;
+  assign \$352  = l0_acc + l0_x;
+  assign \$353  = \$351  ? 14'h3fff : \$352 [13:0];
+  assign \$355  = l0_x[13] ? 15'h3fff : \$354 ;
+  assign \$357  = | l1_y;
+  assign \$358  = l1_acc + l1_x;
+  assign \$360  = l1_acc + l1_x;
+  assign \$361  = \$359  ? 14'h3fff : \$360 [13:0];
+  assign \$363  = l1_x[13] ? 15'h3fff : \$362 ;
+  assign \$365  = | l2_y;
+  assign \$366  = l2_acc + l2_x;
+  assign \$368  = l2_acc + l2_x;
+  assign \$369  = \$367  ? 14'h3fff : \$368 [13:0];
+  assign \$371  = l2_x[13] ? 15'h3fff : \$370 ;
+  assign \$373  = | l3_y;
+  assign \$374  = l3_acc + l3_x;
+  assign \$376  = l3_acc + l3_x;
+  assign \$377  = \$375  ? 14'h3fff : \$376 [13:0];
+  assign \$379  = l3_x[13] ? 15'h3fff : \$378 ;
+  assign \$381  = | l4_y;
+  assign \$382  = l4_acc + l4_x;
+  assign \$384  = l4_acc + l4_x;
+  assign \$385  = \$383  ? 14'h3fff : \$384 [13:0];
+  assign \$387  = l4_x[13] ? 15'h3fff : \$386 ;
+  assign \$389  = | lh_y;
+  assign \$390  = lh_acc + lh_x;
+  assign \$392  = lh_acc + lh_x;
+  assign \$393  = \$391  ? 33'h1ffffffff : \$392 [32:0];
+  assign \$395  = lh_x[32] ? 34'h1ffffffff : \$394 ;
+  assign \$397  = ! \$signal$138 ;
+  assign \$398  = ! ins[87:78];
+  assign \$399  = ins[77:64] + \$signal$138 ;
+  assign \$400  = \$399  <= 14'h2000;
+  assign \$401  = \$398  & \$400 ;
+  assign \$402  = \$397  | \$401 ;
+  assign \$403  = ! \$signal$140 ;
+  assign \$404  = ! ins[111:102];
+  assign \$405  = ins[101:88] + \$signal$140 ;
+  assign \$406  = \$405  <= 14'h2000;
+  assign \$407  = \$404  & \$406 ;
+  assign \$408  = \$403  | \$407 ;
+  assign \$409  = \$402  & \$408 ;
+  assign \$410  = ! wc;
+  assign \$411  = ! ins[135:126];
+  assign \$412  = ins[125:112] + wc;
+  assign \$413  = \$412  <= 14'h2000;
+  assign \$414  = \$411  & \$413 ;
+  assign \$415  = \$410  | \$414 ;
+  assign \$416  = \$409  & \$415 ;
+  assign \$417  = ! lh_acc[1:0];
+  assign \$418  = lh_acc >= \$signal$119 ;
+  assign \$419  = \$417  & \$418 ;
+  assign \$421  = lh_acc + \$420 ;
+  assign \$422  = \$signal$119  + host_size;
+  assign \$423  = \$421  <= \$422 ;
+  assign \$424  = \$419  & \$423 ;
+  assign \$425  = ~ \$signal$158 ;
   assign \$426  = \$425  | eng_ready;
-  assign \$427  = ~ \$signal$155 ;
-  assign \$428  = ~ \$signal$156 ;
+  assign \$427  = ~ \$signal$157 ;
+  assign \$428  = ~ \$signal$158 ;
   assign \$429  = \$428  | eng_ready;
   assign \$430  = \$427  | \$429 ;
   assign \$431  = cnt0 - 1'h1;
@@ -9906,69 +9917,69 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$435  = idx1 + 1'h1;
   assign \$436  = \$435  < cnt1;
   assign \$437  = idx0 + 1'h1;
-  assign \$438  = \$signal$151  + sa0;
-  assign \$439  = \$signal$153  + sb0;
+  assign \$438  = \$signal$153  + sa0;
+  assign \$439  = \$signal$155  + sb0;
   assign \$440  = idx1 + 1'h1;
-  assign \$441  = \$signal$306  + sa1;
-  assign \$442  = \$signal$306  + sa1;
-  assign \$443  = \$signal$308  + sb1;
-  assign \$444  = \$signal$308  + sb1;
+  assign \$441  = \$signal$309  + sa1;
+  assign \$442  = \$signal$309  + sa1;
+  assign \$443  = \$signal$311  + sb1;
+  assign \$444  = \$signal$311  + sb1;
   assign \$445  = idx2 + 1'h1;
-  assign \$446  = \$signal$311  + sa2;
-  assign \$447  = \$signal$311  + sa2;
-  assign \$448  = \$signal$311  + sa2;
-  assign \$449  = \$signal$313  + sb2;
-  assign \$450  = \$signal$313  + sb2;
-  assign \$451  = \$signal$313  + sb2;
+  assign \$446  = \$signal$314  + sa2;
+  assign \$447  = \$signal$314  + sa2;
+  assign \$448  = \$signal$314  + sa2;
+  assign \$449  = \$signal$316  + sb2;
+  assign \$450  = \$signal$316  + sb2;
+  assign \$451  = \$signal$316  + sb2;
   assign \$452  = idx2 + 1'h1;
   assign \$453  = \$452  >= cnt2;
   assign \$454  = ~ a_in__valid;
   assign \$455  = ~ gm_afeed_done;
   assign \$456  = \$454  & \$455 ;
   assign \$457  = gm_lane == 3'h4;
-  assign \$458  = \$signal$214  + gm_lane;
+  assign \$458  = \$signal$216  + gm_lane;
   assign \$459  = \$458  >= m_eff[13:0];
   assign \$460  = \$457  | \$459 ;
   assign \$461  = ~ \$460 ;
   assign \$462  = \$456  & \$461 ;
   assign \$463  = gm_lane + 1'h1;
-  assign \$464  = \$signal$215  + ins[38:32];
+  assign \$464  = \$signal$217  + ins[38:32];
   assign \$465  = ~ a_in__valid;
   assign \$466  = ~ gm_afeed_done;
   assign \$467  = \$465  & \$466 ;
   assign \$468  = gm_lane == 3'h4;
-  assign \$469  = \$signal$214  + gm_lane;
+  assign \$469  = \$signal$216  + gm_lane;
   assign \$470  = \$469  >= m_eff[13:0];
   assign \$471  = \$468  | \$470 ;
   assign \$472  = \$467  & \$471 ;
   assign \$473  = a_in__valid & a_in__ready;
-  assign \$474  = \$signal$319  + 1'h1;
+  assign \$474  = \$signal$322  + 1'h1;
   assign \$475  = \$474  < ins[38:32];
-  assign \$476  = \$signal$319  + 1'h1;
+  assign \$476  = \$signal$322  + 1'h1;
   assign \$477  = gm_wstart + 1'h1;
   assign \$478  = gm_wstart + 1'h1;
-  assign \$479  = \$signal$214  + 3'h4;
-  assign \$480  = \$signal$215  - ins[38:32];
+  assign \$479  = \$signal$216  + 3'h4;
+  assign \$480  = \$signal$217  - ins[38:32];
   assign \$481  = $signed(\$480 ) + $signed(2'h1);
-  assign \$482  = \$signal$215  - ins[38:32];
+  assign \$482  = \$signal$217  - ins[38:32];
   assign \$483  = $signed(\$482 ) + $signed(2'h1);
-  assign \$484  = \$signal$214  + 3'h4;
+  assign \$484  = \$signal$216  + 3'h4;
   assign \$485  = \$484  >= m_eff[13:0];
   assign \$486  = gc_lane + 1'h1;
-  assign \$487  = \$signal$218  + ins[56:48];
+  assign \$487  = \$signal$220  + ins[56:48];
   assign \$488  = gc_lane == 2'h3;
-  assign \$489  = \$signal$221  + gc_lane;
+  assign \$489  = \$signal$223  + gc_lane;
   assign \$490  = \$489  + 1'h1;
   assign \$491  = \$490  >= m_eff[13:0];
   assign \$492  = \$488  | \$491 ;
-  assign \$493  = \$signal$321  + 1'h1;
+  assign \$493  = \$signal$324  + 1'h1;
   assign \$494  = \$493  < ins[56:48];
-  assign \$495  = \$signal$321  + 1'h1;
+  assign \$495  = \$signal$324  + 1'h1;
   assign \$496  = gc_wstart + 1'h1;
   assign \$497  = gc_wstart + 1'h1;
-  assign \$498  = \$signal$221  + 3'h4;
-  assign \$499  = \$signal$218  + 1'h1;
-  assign \$500  = \$signal$218  + 1'h1;
+  assign \$498  = \$signal$223  + 3'h4;
+  assign \$499  = \$signal$220  + 1'h1;
+  assign \$500  = \$signal$220  + 1'h1;
   assign \$501  = \$signal$118  + 1'h1;
   assign \$502  = busy_dma + 1'h1;
   assign \$503  = busy_gemm + 1'h1;
@@ -9977,453 +9988,460 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$506  = busy_vector + 1'h1;
   assign \$507  = busy_move + 1'h1;
   assign \$508  = pc >= 7'h40;
-  assign \$511  = \$510  ? \$signal$130  : \$signature__data$326 [31:16];
-  assign \$512  = | \$signature__data$326 [63:62];
-  assign \$513  = \$512  ? 14'h3fff : \$signature__data$326 [61:48];
-  assign \$516  = \$515  ? \$signal$130  : \$signature__data$326 [31:16];
-  assign \$517  = | \$signature__data$326 [47:46];
-  assign \$518  = \$517  ? 14'h3fff : \$signature__data$326 [45:32];
-  assign \$521  = \$520  ? \$signal$130  : \$signature__data$326 [31:16];
+  assign \$511  = \$510  ? \$signal$130  : \$signature__data$329 [31:16];
+  assign \$512  = | \$signature__data$329 [63:62];
+  assign \$513  = \$512  ? 14'h3fff : \$signature__data$329 [61:48];
+  assign \$516  = \$515  ? \$signal$130  : \$signature__data$329 [31:16];
+  assign \$517  = | \$signature__data$329 [47:46];
+  assign \$518  = \$517  ? 14'h3fff : \$signature__data$329 [45:32];
+  assign \$521  = \$520  ? \$signal$130  : \$signature__data$329 [31:16];
   assign \$522  = \$521  + 3'h4;
   assign \$523  = \$522  - 1'h1;
-  assign \$525  = | \$signature__data$326 [47:46];
-  assign \$526  = \$525  ? 14'h3fff : \$signature__data$326 [45:32];
-  assign \$529  = \$528  ? \$signal$130  : \$signature__data$326 [31:16];
+  assign \$525  = | \$signature__data$329 [47:46];
+  assign \$526  = \$525  ? 14'h3fff : \$signature__data$329 [45:32];
+  assign \$529  = \$528  ? \$signal$130  : \$signature__data$329 [31:16];
   assign \$530  = \$529  + 3'h4;
   assign \$531  = \$530  - 1'h1;
-  assign \$533  = | \$signature__data$326 [63:62];
-  assign \$534  = \$533  ? 14'h3fff : \$signature__data$326 [61:48];
-  assign \$535  = \$signature__data$326 [63:48] + 3'h4;
+  assign \$533  = | \$signature__data$329 [63:62];
+  assign \$534  = \$533  ? 14'h3fff : \$signature__data$329 [61:48];
+  assign \$535  = \$signature__data$329 [63:48] + 3'h4;
   assign \$536  = \$535  - 1'h1;
-  assign \$538  = | \$signature__data$326 [47:46];
-  assign \$539  = \$538  ? 14'h3fff : \$signature__data$326 [45:32];
-  assign \$542  = \$541  ? \$signal$130  : \$signature__data$326 [31:16];
-  assign \$543  = | \$signature__data$326 [47:46];
-  assign \$544  = \$543  ? 14'h3fff : \$signature__data$326 [45:32];
-  assign \$545  = | \$signature__data$326 [63:62];
-  assign \$546  = \$545  ? 14'h3fff : \$signature__data$326 [61:48];
-  assign \$547  = | \$signature__data$326 [63:62];
-  assign \$548  = \$547  ? 14'h3fff : \$signature__data$326 [61:48];
-  assign \$551  = \$550  ? \$signal$130  : \$signature__data$326 [31:16];
-  assign \$554  = \$553  ? \$signal$243  : 4'h0;
+  assign \$538  = | \$signature__data$329 [47:46];
+  assign \$539  = \$538  ? 14'h3fff : \$signature__data$329 [45:32];
+  assign \$542  = \$541  ? \$signal$130  : \$signature__data$329 [31:16];
+  assign \$543  = | \$signature__data$329 [47:46];
+  assign \$544  = \$543  ? 14'h3fff : \$signature__data$329 [45:32];
+  assign \$545  = | \$signature__data$329 [63:62];
+  assign \$546  = \$545  ? 14'h3fff : \$signature__data$329 [61:48];
+  assign \$547  = | \$signature__data$329 [63:62];
+  assign \$548  = \$547  ? 14'h3fff : \$signature__data$329 [61:48];
+  assign \$551  = \$550  ? \$signal$130  : \$signature__data$329 [31:16];
+  assign \$554  = \$553  ? \$signal$246  : 4'h0;
   assign \$555  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
   assign \$556  = ins[5:0] == 4'hc;
   assign \$557  = ~ ph2;
   assign \$558  = \$556  & \$557 ;
   assign \$559  = ! ins[5:0];
-  assign \$560  = ~ checked;
+  assign \$560  = settle != 2'h2;
   assign \$561  = | decode_q;
-  assign \$562  = ins[5:0] == 1'h1;
-  assign \$563  = ins[5:0] == 2'h2;
-  assign \$564  = ins[5:0] == 2'h3;
-  assign \$565  = ins[5:0] == 3'h4;
-  assign \$566  = ins[5:0] == 3'h5;
-  assign \$567  = ins[5:0] == 3'h6;
-  assign \$568  = ins[5:0] == 4'h8;
-  assign \$569  = ins[5:0] == 3'h7;
-  assign \$570  = ins[5:0] == 4'hc;
-  assign \$571  = ins[5:0] == 4'hd;
-  assign \$572  = ins[5:0] == 4'ha;
-  assign \$573  = ins[5:0] == 4'hb;
-  assign \$574  = \$signal$121  + 1'h1;
-  assign \$580  = ins[124:112] + \$579 ;
-  assign \$582  = ins[124:112] + \$581 ;
-  assign \$583  = \$582  + 5'h10;
-  assign \$584  = ins[5:0] == 2'h3;
-  assign \$585  = \$signal$244  + 1'h1;
-  assign \$586  = \$signal$244  == \$signal$327 ;
-  assign \$587  = eng_run & \$586 ;
-  assign \$588  = ins[5:0] == 3'h5;
-  assign \$589  = pc + 1'h1;
-  assign \$590  = \$signal$121  + 1'h1;
-  assign \$591  = ~ rd_busy;
-  assign \$592  = pc + 1'h1;
-  assign \$593  = \$signal$121  + 1'h1;
-  assign \$594  = ~ \$signal$247 ;
-  assign \$595  = rd_data__valid & \$594 ;
-  assign \$596  = \$signal$248  < l0_acc;
-  assign \$597  = \$signal$248  + 1'h1;
-  assign \$598  = \$signal$250  + 1'h1;
-  assign \$599  = \$signal$250  + 1'h1;
-  assign \$600  = ins[243:238] == 1'h1;
-  assign \$601  = ins[243:238] == 2'h2;
-  assign \$602  = \$601  ? 2'h2 : 2'h1;
-  assign \$603  = \$600  ? 3'h4 : { 1'h0, \$602  };
-  assign \$604  = \$599  >= \$603 ;
-  assign \$605  = ~ rd_busy;
-  assign \$606  = ~ \$signal$247 ;
-  assign \$607  = \$605  & \$606 ;
-  assign \$608  = \$signal$248  >= l0_acc;
-  assign \$609  = \$607  & \$608 ;
-  assign \$610  = pc + 1'h1;
-  assign \$611  = \$signal$121  + 1'h1;
-  assign \$612  = ~ \$signal$251 ;
-  assign \$613  = \$signal$252  < 1'h1;
-  assign \$614  = \$612  & \$613 ;
-  assign \$615  = \$signal$253  < l0_acc;
-  assign \$616  = \$614  & \$615 ;
-  assign \$617  = ~ \$signal$254 ;
-  assign \$618  = \$616  & \$617 ;
-  assign \$619  = \$signal$253  + 1'h1;
-  assign \$620  = \$signal$252  + 1'h1;
-  assign \$621  = ~ \$signal$251 ;
+  assign \$562  = settle + 1'h1;
+  assign \$563  = ins[5:0] == 1'h1;
+  assign \$564  = ins[5:0] == 2'h2;
+  assign \$565  = ins[5:0] == 2'h3;
+  assign \$566  = ins[5:0] == 3'h4;
+  assign \$567  = ins[5:0] == 3'h5;
+  assign \$568  = ins[5:0] == 3'h6;
+  assign \$569  = ins[5:0] == 4'h8;
+  assign \$570  = ins[5:0] == 3'h7;
+  assign \$571  = ins[5:0] == 4'hc;
+  assign \$572  = ins[5:0] == 4'hd;
+  assign \$573  = ins[5:0] == 4'ha;
+  assign \$574  = ins[5:0] == 4'hb;
+  assign \$575  = \$signal$121  + 1'h1;
+  assign \$581  = ins[124:112] + \$580 ;
+  assign \$583  = ins[124:112] + \$582 ;
+  assign \$584  = \$583  + 5'h10;
+  assign \$585  = ins[5:0] == 2'h3;
+  assign \$586  = \$signal$247  + 1'h1;
+  assign \$587  = \$signal$247  == \$signal$330 ;
+  assign \$588  = eng_run & \$587 ;
+  assign \$589  = ins[5:0] == 3'h5;
+  assign \$590  = pc + 1'h1;
+  assign \$591  = \$signal$121  + 1'h1;
+  assign \$592  = ~ rd_busy;
+  assign \$593  = pc + 1'h1;
+  assign \$594  = \$signal$121  + 1'h1;
+  assign \$595  = ~ \$signal$250 ;
+  assign \$596  = rd_data__valid & \$595 ;
+  assign \$597  = \$signal$251  < l0_acc;
+  assign \$598  = \$signal$251  + 1'h1;
+  assign \$599  = \$signal$253  + 1'h1;
+  assign \$600  = \$signal$253  + 1'h1;
+  assign \$601  = ins[243:238] == 1'h1;
+  assign \$602  = ins[243:238] == 2'h2;
+  assign \$603  = \$602  ? 2'h2 : 2'h1;
+  assign \$604  = \$601  ? 3'h4 : { 1'h0, \$603  };
+  assign \$605  = \$600  >= \$604 ;
+  assign \$606  = ~ rd_busy;
+  assign \$607  = ~ \$signal$250 ;
+  assign \$608  = \$606  & \$607 ;
+  assign \$609  = \$signal$251  >= l0_acc;
+  assign \$610  = \$608  & \$609 ;
+  assign \$611  = pc + 1'h1;
+  assign \$612  = \$signal$121  + 1'h1;
+  assign \$613  = ~ \$signal$254 ;
+  assign \$614  = \$signal$255  < 1'h1;
+  assign \$615  = \$613  & \$614 ;
+  assign \$616  = \$signal$256  < l0_acc;
+  assign \$617  = \$615  & \$616 ;
+  assign \$618  = ~ \$signal$257 ;
+  assign \$619  = \$617  & \$618 ;
+  assign \$620  = \$signal$256  + 1'h1;
+  assign \$621  = \$signal$255  + 1'h1;
   assign \$622  = ~ \$signal$254 ;
-  assign \$623  = \$621  & \$622 ;
-  assign \$624  = | \$signal$252 ;
-  assign \$625  = \$623  & \$624 ;
-  assign \$626  = \$signal$252  == 1'h1;
-  assign \$627  = \$signal$253  >= l0_acc;
-  assign \$628  = \$626  | \$627 ;
-  assign \$629  = \$625  & \$628 ;
-  assign \$630  = wr_data__valid & wr_data__ready;
-  assign \$631  = ~ wr_busy;
-  assign \$632  = \$signal$253  >= l0_acc;
-  assign \$633  = \$631  & \$632 ;
-  assign \$634  = ~ \$signal$251 ;
-  assign \$635  = \$633  & \$634 ;
-  assign \$636  = ~ \$signal$254 ;
-  assign \$637  = \$635  & \$636 ;
-  assign \$638  = pc + 1'h1;
-  assign \$639  = \$signal$121  + 1'h1;
-  assign \$640  = \$signal$256  + 1'h1;
-  assign \$641  = \$signal$256  == 4'h8;
-  assign \$642  = ~ \$signal$261 ;
-  assign \$643  = ~ \$signal$262 ;
-  assign \$644  = \$642  & \$643 ;
-  assign \$645  = rt_lane < 1'h1;
-  assign \$646  = \$644  & \$645 ;
-  assign \$647  = \$signal$265  < 4'h8;
-  assign \$648  = rt_lane + 1'h1;
-  assign \$649  = \$signal$265  + 1'h1;
-  assign \$650  = \$signal$339  ? \$signature__data [12:0] : 13'h0000;
-  assign \$652  = scores__valid & scores__ready;
-  assign \$653  = \$signal$265  >= 4'h8;
-  assign \$654  = \$signal$335  + 1'h1;
-  assign \$655  = \$signal$264  + 4'h8;
-  assign \$656  = \$signal$335  + 1'h1;
-  assign \$657  = \$656  >= m_eff[13:0];
-  assign \$658  = ~ \$signal$270 ;
-  assign \$659  = routes__valid & \$658 ;
-  assign \$660  = ~ rt_wphase;
-  assign \$661  = \$signal$270  & \$660 ;
-  assign \$662  = \$signal$270  & rt_wphase;
-  assign \$663  = rt_s == 1'h1;
-  assign \$664  = \$signal$274 [19] | \$663 ;
-  assign \$665  = \$signal$337  + 1'h1;
-  assign \$666  = \$signal$272  + 2'h2;
-  assign \$667  = rt_s + 1'h1;
-  assign \$668  = \$signal$337  >= m_eff[13:0];
-  assign \$669  = \$signal$276  == \$signal$256 ;
-  assign \$670  = \$signal$278  + 1'h1;
-  assign \$671  = \$signal$275  + 1'h1;
-  assign \$672  = \$671  < l1_acc[13:2];
-  assign \$673  = \$signal$275  + 1'h1;
-  assign \$674  = \$signal$343  == 1'h1;
-  assign \$675  = \$signal$279  + 1'h1;
-  assign \$676  = \$signal$343  + 1'h1;
-  assign \$677  = \$signal$256  + 1'h1;
-  assign \$678  = \$signal$256  + 1'h1;
-  assign \$679  = \$678  < 4'h8;
-  assign \$680  = pc + 1'h1;
-  assign \$681  = \$signal$121  + 1'h1;
-  assign \$682  = \$signal$282  >= 4'h8;
-  assign \$683  = \$signal$121  + 1'h1;
-  assign \$684  = \$signal$282  + 1'h1;
-  assign \$685  = | \$signal$276 ;
-  assign \$686  = | rd1_q[23:14];
-  assign \$687  = \$686  ? 14'h3fff : rd1_q[13:0];
-  assign \$688  = pc + 1'h1;
-  assign \$689  = \$signal$121  + 1'h1;
-  assign \$690  = \$signal$283  >= \$signal$130 ;
-  assign \$691  = pc + 1'h1;
-  assign \$692  = \$signal$121  + 1'h1;
-  assign \$693  = $signed(\$signal$276 ) < $signed(1'h0);
-  assign \$694  = $signed(\$signal$276 ) >= $signed({ 1'h0, m_eff });
-  assign \$695  = \$693  | \$694 ;
-  assign \$696  = | l2_y;
-  assign \$697  = \$signal$284  < ins[61:48];
-  assign \$698  = \$signal$284  + 1'h1;
-  assign \$699  = ins[5:0] == 4'ha;
-  assign \$700  = \$699  ? { 1'h0, \$signal$285  } : l2_acc;
-  assign \$701  = ins[124:112] + \$700 ;
-  assign \$702  = \$701  + \$signal$284 ;
-  assign \$703  = \$signal$284  >= ins[61:48];
-  assign \$704  = \$703  & \$signal$286 ;
-  assign \$705  = \$signal$283  + 1'h1;
-  assign \$706  = \$signal$285  + ins[61:48];
-  assign \$707  = ~ rd_busy;
-  assign \$708  = ~ wr_busy;
-  assign \$709  = \$707  & \$708 ;
-  assign \$710  = ~ \$signal$108 ;
-  assign \$711  = \$signal$103  & \$710 ;
+  assign \$623  = ~ \$signal$257 ;
+  assign \$624  = \$622  & \$623 ;
+  assign \$625  = | \$signal$255 ;
+  assign \$626  = \$624  & \$625 ;
+  assign \$627  = \$signal$255  == 1'h1;
+  assign \$628  = \$signal$256  >= l0_acc;
+  assign \$629  = \$627  | \$628 ;
+  assign \$630  = \$626  & \$629 ;
+  assign \$631  = wr_data__valid & wr_data__ready;
+  assign \$632  = ~ wr_busy;
+  assign \$633  = \$signal$256  >= l0_acc;
+  assign \$634  = \$632  & \$633 ;
+  assign \$635  = ~ \$signal$254 ;
+  assign \$636  = \$634  & \$635 ;
+  assign \$637  = ~ \$signal$257 ;
+  assign \$638  = \$636  & \$637 ;
+  assign \$639  = pc + 1'h1;
+  assign \$640  = \$signal$121  + 1'h1;
+  assign \$641  = \$signal$259  + 1'h1;
+  assign \$642  = \$signal$259  == 4'h8;
+  assign \$643  = ~ \$signal$264 ;
+  assign \$644  = ~ \$signal$265 ;
+  assign \$645  = \$643  & \$644 ;
+  assign \$646  = rt_lane < 1'h1;
+  assign \$647  = \$645  & \$646 ;
+  assign \$648  = \$signal$268  < 4'h8;
+  assign \$649  = rt_lane + 1'h1;
+  assign \$650  = \$signal$268  + 1'h1;
+  assign \$651  = \$signal$342  ? \$signature__data [12:0] : 13'h0000;
+  assign \$653  = scores__valid & scores__ready;
+  assign \$654  = \$signal$268  >= 4'h8;
+  assign \$655  = \$signal$338  + 1'h1;
+  assign \$656  = \$signal$267  + 4'h8;
+  assign \$657  = \$signal$338  + 1'h1;
+  assign \$658  = \$657  >= m_eff[13:0];
+  assign \$659  = ~ \$signal$273 ;
+  assign \$660  = routes__valid & \$659 ;
+  assign \$661  = ~ rt_wphase;
+  assign \$662  = \$signal$273  & \$661 ;
+  assign \$663  = \$signal$273  & rt_wphase;
+  assign \$664  = rt_s == 1'h1;
+  assign \$665  = \$signal$277 [19] | \$664 ;
+  assign \$666  = \$signal$340  + 1'h1;
+  assign \$667  = \$signal$275  + 2'h2;
+  assign \$668  = rt_s + 1'h1;
+  assign \$669  = \$signal$340  >= m_eff[13:0];
+  assign \$670  = \$signal$279  == \$signal$259 ;
+  assign \$671  = \$signal$281  + 1'h1;
+  assign \$672  = \$signal$278  + 1'h1;
+  assign \$673  = \$672  < l1_acc[13:2];
+  assign \$674  = \$signal$278  + 1'h1;
+  assign \$675  = \$signal$346  == 1'h1;
+  assign \$676  = \$signal$282  + 1'h1;
+  assign \$677  = \$signal$346  + 1'h1;
+  assign \$678  = \$signal$259  + 1'h1;
+  assign \$679  = \$signal$259  + 1'h1;
+  assign \$680  = \$679  < 4'h8;
+  assign \$681  = pc + 1'h1;
+  assign \$682  = \$signal$121  + 1'h1;
+  assign \$683  = \$signal$285  >= 4'h8;
+  assign \$684  = \$signal$121  + 1'h1;
+  assign \$685  = \$signal$285  + 1'h1;
+  assign \$686  = | \$signal$279 ;
+  assign \$687  = | rd1_q[23:14];
+  assign \$688  = \$687  ? 14'h3fff : rd1_q[13:0];
+  assign \$689  = pc + 1'h1;
+  assign \$690  = \$signal$121  + 1'h1;
+  assign \$691  = \$signal$286  >= \$signal$130 ;
+  assign \$692  = pc + 1'h1;
+  assign \$693  = \$signal$121  + 1'h1;
+  assign \$694  = $signed(\$signal$279 ) < $signed(1'h0);
+  assign \$695  = $signed(\$signal$279 ) >= $signed({ 1'h0, m_eff });
+  assign \$696  = \$694  | \$695 ;
+  assign \$697  = | l2_y;
+  assign \$698  = \$signal$287  < ins[61:48];
+  assign \$699  = \$signal$287  + 1'h1;
+  assign \$700  = ins[5:0] == 4'ha;
+  assign \$701  = \$700  ? { 1'h0, \$signal$288  } : l2_acc;
+  assign \$702  = ins[124:112] + \$701 ;
+  assign \$703  = \$702  + \$signal$287 ;
+  assign \$704  = \$signal$287  >= ins[61:48];
+  assign \$705  = \$704  & \$signal$289 ;
+  assign \$706  = \$signal$286  + 1'h1;
+  assign \$707  = \$signal$288  + ins[61:48];
+  assign \$708  = ~ rd_busy;
+  assign \$709  = ~ wr_busy;
+  assign \$710  = \$708  & \$709 ;
+  assign \$711  = ~ \$signal$108 ;
+  assign \$712  = \$signal$103  & \$711 ;
   always @(posedge clk)
-    \$signal$119  <= \$712 ;
+    \$signal$119  <= \$713 ;
   always @(posedge clk)
-    host_size <= \$713 ;
+    host_size <= \$714 ;
   always @(posedge clk)
-    rsel <= \$714 ;
+    rsel <= \$715 ;
   always @(posedge clk)
-    l0_acc <= \$715 ;
+    l0_acc <= \$716 ;
   always @(posedge clk)
-    l0_x <= \$716 ;
+    l0_x <= \$717 ;
   always @(posedge clk)
-    l0_y <= \$717 ;
+    l0_y <= \$718 ;
   always @(posedge clk)
-    l1_acc <= \$718 ;
+    l1_acc <= \$719 ;
   always @(posedge clk)
-    l1_x <= \$719 ;
+    l1_x <= \$720 ;
   always @(posedge clk)
-    l1_y <= \$720 ;
+    l1_y <= \$721 ;
   always @(posedge clk)
-    l2_acc <= \$721 ;
+    l2_acc <= \$722 ;
   always @(posedge clk)
-    l2_x <= \$722 ;
+    l2_x <= \$723 ;
   always @(posedge clk)
-    l2_y <= \$723 ;
+    l2_y <= \$724 ;
   always @(posedge clk)
-    l3_acc <= \$724 ;
+    l3_acc <= \$725 ;
   always @(posedge clk)
-    l3_x <= \$725 ;
+    l3_x <= \$726 ;
   always @(posedge clk)
-    l3_y <= \$726 ;
+    l3_y <= \$727 ;
   always @(posedge clk)
-    l4_acc <= \$727 ;
+    l4_acc <= \$728 ;
   always @(posedge clk)
-    l4_x <= \$728 ;
+    l4_x <= \$729 ;
   always @(posedge clk)
-    l4_y <= \$729 ;
+    l4_y <= \$730 ;
   always @(posedge clk)
-    lh_acc <= \$730 ;
+    lh_acc <= \$731 ;
   always @(posedge clk)
-    lh_x <= \$731 ;
+    lh_x <= \$732 ;
   always @(posedge clk)
-    lh_y <= \$732 ;
+    lh_y <= \$733 ;
   always @(posedge clk)
-    decode_q <= \$733 ;
+    \$signal$144  <= \$734 ;
   always @(posedge clk)
-    \$signal$156  <= \$734 ;
+    \$signal$148  <= \$735 ;
   always @(posedge clk)
-    \$signal$169  <= \$735 ;
+    host_ok <= \$736 ;
   always @(posedge clk)
-    i__payload <= \$736 ;
+    decode_q <= \$737 ;
   always @(posedge clk)
-    b_word <= \$737 ;
+    \$signal$158  <= \$738 ;
   always @(posedge clk)
-    \$signal$155  <= \$738 ;
+    \$signal$171  <= \$739 ;
   always @(posedge clk)
-    \$signal$297  <= \$739 ;
+    i__payload <= \$740 ;
   always @(posedge clk)
-    idx0 <= \$740 ;
+    b_word <= \$741 ;
   always @(posedge clk)
-    \$signal$151  <= \$741 ;
+    \$signal$157  <= \$742 ;
   always @(posedge clk)
-    \$signal$153  <= \$742 ;
+    \$signal$300  <= \$743 ;
   always @(posedge clk)
-    idx1 <= \$743 ;
+    idx0 <= \$744 ;
   always @(posedge clk)
-    \$signal$306  <= \$744 ;
+    \$signal$153  <= \$745 ;
   always @(posedge clk)
-    \$signal$308  <= \$745 ;
+    \$signal$155  <= \$746 ;
   always @(posedge clk)
-    idx2 <= \$746 ;
+    idx1 <= \$747 ;
   always @(posedge clk)
-    \$signal$311  <= \$747 ;
+    \$signal$309  <= \$748 ;
   always @(posedge clk)
-    \$signal$313  <= \$748 ;
+    \$signal$311  <= \$749 ;
   always @(posedge clk)
-    \$signal$299  <= \$749 ;
+    idx2 <= \$750 ;
   always @(posedge clk)
-    \$signal$316  <= \$750 ;
+    \$signal$314  <= \$751 ;
   always @(posedge clk)
-    gm_cap_lane <= \$751 ;
+    \$signal$316  <= \$752 ;
   always @(posedge clk)
-    gm_lane <= \$752 ;
+    \$signal$302  <= \$753 ;
   always @(posedge clk)
-    \$signal$215  <= \$753 ;
+    \$signal$319  <= \$754 ;
   always @(posedge clk)
-    a_in__payload <= \$754 ;
+    gm_cap_lane <= \$755 ;
   always @(posedge clk)
-    a_in__valid <= \$755 ;
+    gm_lane <= \$756 ;
   always @(posedge clk)
-    \$signal$319  <= \$756 ;
+    \$signal$217  <= \$757 ;
   always @(posedge clk)
-    gm_wstart <= \$757 ;
+    a_in__payload <= \$758 ;
   always @(posedge clk)
-    \$signal$214  <= \$758 ;
+    a_in__valid <= \$759 ;
   always @(posedge clk)
-    gm_afeed_done <= \$759 ;
+    \$signal$322  <= \$760 ;
   always @(posedge clk)
-    gc_lane <= \$760 ;
+    gm_wstart <= \$761 ;
   always @(posedge clk)
-    \$signal$218  <= \$761 ;
+    \$signal$216  <= \$762 ;
   always @(posedge clk)
-    \$signal$321  <= \$762 ;
+    gm_afeed_done <= \$763 ;
   always @(posedge clk)
-    gc_wstart <= \$763 ;
+    gc_lane <= \$764 ;
   always @(posedge clk)
-    \$signal$221  <= \$764 ;
+    \$signal$220  <= \$765 ;
   always @(posedge clk)
-    \$signal$118  <= \$765 ;
+    \$signal$324  <= \$766 ;
   always @(posedge clk)
-    busy_dma <= \$766 ;
+    gc_wstart <= \$767 ;
   always @(posedge clk)
-    busy_gemm <= \$767 ;
+    \$signal$223  <= \$768 ;
   always @(posedge clk)
-    busy_act <= \$768 ;
+    \$signal$118  <= \$769 ;
   always @(posedge clk)
-    busy_route <= \$769 ;
+    busy_dma <= \$770 ;
   always @(posedge clk)
-    busy_vector <= \$770 ;
+    busy_gemm <= \$771 ;
   always @(posedge clk)
-    busy_move <= \$771 ;
+    busy_act <= \$772 ;
   always @(posedge clk)
-    \$signal$276  <= \$772 ;
+    busy_route <= \$773 ;
   always @(posedge clk)
-    rd1_q <= \$773 ;
+    busy_vector <= \$774 ;
   always @(posedge clk)
-    \$signal$108  <= \$774 ;
+    busy_move <= \$775 ;
   always @(posedge clk)
-    \$signal$109  <= \$775 ;
+    \$signal$279  <= \$776 ;
   always @(posedge clk)
-    err <= \$776 ;
+    rd1_q <= \$777 ;
   always @(posedge clk)
-    pc <= \$777 ;
+    \$signal$108  <= \$778 ;
   always @(posedge clk)
-    \$signal$121  <= \$778 ;
+    \$signal$109  <= \$779 ;
   always @(posedge clk)
-    \$signal$142  <= \$779 ;
+    err <= \$780 ;
   always @(posedge clk)
-    exp_active <= \$780 ;
+    pc <= \$781 ;
   always @(posedge clk)
-    \$signal$144  <= \$781 ;
+    \$signal$121  <= \$782 ;
   always @(posedge clk)
-    ctrl_state <= \$782 ;
+    \$signal$142  <= \$783 ;
   always @(posedge clk)
-    stop_code <= \$783 ;
+    exp_active <= \$784 ;
   always @(posedge clk)
-    cur_unit <= \$784 ;
+    \$signal$145  <= \$785 ;
   always @(posedge clk)
-    ins <= \$785 ;
+    ctrl_state <= \$786 ;
   always @(posedge clk)
-    ph2 <= \$786 ;
+    stop_code <= \$787 ;
   always @(posedge clk)
-    checked <= \$787 ;
+    cur_unit <= \$788 ;
   always @(posedge clk)
-    \$signal$177  <= \$788 ;
+    ins <= \$789 ;
   always @(posedge clk)
-    \$signal$160  <= \$789 ;
+    ph2 <= \$790 ;
   always @(posedge clk)
-    shift <= \$790 ;
+    settle <= \$791 ;
   always @(posedge clk)
-    cnt0 <= \$791 ;
+    \$signal$179  <= \$792 ;
   always @(posedge clk)
-    cnt1 <= \$792 ;
+    \$signal$162  <= \$793 ;
   always @(posedge clk)
-    cnt2 <= \$793 ;
+    shift <= \$794 ;
   always @(posedge clk)
-    sa0 <= \$794 ;
+    cnt0 <= \$795 ;
   always @(posedge clk)
-    sa1 <= \$795 ;
+    cnt1 <= \$796 ;
   always @(posedge clk)
-    sa2 <= \$796 ;
+    cnt2 <= \$797 ;
   always @(posedge clk)
-    sb0 <= \$797 ;
+    sa0 <= \$798 ;
   always @(posedge clk)
-    sb1 <= \$798 ;
+    sa1 <= \$799 ;
   always @(posedge clk)
-    sb2 <= \$799 ;
+    sa2 <= \$800 ;
   always @(posedge clk)
-    \$signal$327  <= \$800 ;
+    sb0 <= \$801 ;
   always @(posedge clk)
-    \$signal$244  <= \$801 ;
+    sb1 <= \$802 ;
   always @(posedge clk)
-    \$signal$247  <= \$802 ;
+    sb2 <= \$803 ;
   always @(posedge clk)
-    \$signal$250  <= \$803 ;
+    \$signal$330  <= \$804 ;
   always @(posedge clk)
-    \$signal$248  <= \$804 ;
+    \$signal$247  <= \$805 ;
   always @(posedge clk)
-    \$signal$251  <= \$805 ;
-  always @(posedge clk)
-    \$signal$252  <= \$806 ;
+    \$signal$250  <= \$806 ;
   always @(posedge clk)
     \$signal$253  <= \$807 ;
   always @(posedge clk)
-    \$signal$254  <= \$808 ;
+    \$signal$251  <= \$808 ;
   always @(posedge clk)
-    wr_data__payload <= \$809 ;
+    \$signal$254  <= \$809 ;
   always @(posedge clk)
-    \$signal$256  <= \$810 ;
+    \$signal$255  <= \$810 ;
   always @(posedge clk)
-    \$signal$280  <= \$811 ;
+    \$signal$256  <= \$811 ;
   always @(posedge clk)
-    \$signal$277  <= \$812 ;
+    \$signal$257  <= \$812 ;
   always @(posedge clk)
-    \$signal$283  <= \$813 ;
+    wr_data__payload <= \$813 ;
   always @(posedge clk)
-    \$signal$285  <= \$814 ;
+    \$signal$259  <= \$814 ;
   always @(posedge clk)
-    \$signal$145  <= \$815 ;
+    \$signal$283  <= \$815 ;
   always @(posedge clk)
-    scores_len <= \$816 ;
+    \$signal$280  <= \$816 ;
   always @(posedge clk)
-    \$signal$249  <= \$817 ;
+    \$signal$286  <= \$817 ;
   always @(posedge clk)
-    \$signal$332  <= \$818 ;
+    \$signal$288  <= \$818 ;
   always @(posedge clk)
-    \$signal$335  <= \$819 ;
+    \$signal$146  <= \$819 ;
   always @(posedge clk)
-    \$signal$265  <= \$820 ;
+    scores_len <= \$820 ;
   always @(posedge clk)
-    rt_lane <= \$821 ;
+    \$signal$252  <= \$821 ;
   always @(posedge clk)
-    \$signal$261  <= \$822 ;
+    \$signal$335  <= \$822 ;
   always @(posedge clk)
-    \$signal$264  <= \$823 ;
+    \$signal$338  <= \$823 ;
   always @(posedge clk)
-    \$signal$272  <= \$824 ;
+    \$signal$268  <= \$824 ;
   always @(posedge clk)
-    \$signal$262  <= \$825 ;
+    rt_lane <= \$825 ;
   always @(posedge clk)
-    \$signal$336  <= \$826 ;
+    \$signal$264  <= \$826 ;
   always @(posedge clk)
-    \$signal$337  <= \$827 ;
+    \$signal$267  <= \$827 ;
   always @(posedge clk)
-    rt_s <= \$828 ;
+    \$signal$275  <= \$828 ;
   always @(posedge clk)
-    \$signal$270  <= \$829 ;
+    \$signal$265  <= \$829 ;
   always @(posedge clk)
-    rt_wphase <= \$830 ;
+    \$signal$339  <= \$830 ;
   always @(posedge clk)
-    \$signal$339  <= \$831 ;
+    \$signal$340  <= \$831 ;
   always @(posedge clk)
-    rt_word <= \$832 ;
+    rt_s <= \$832 ;
   always @(posedge clk)
-    \$signal$274  <= \$833 ;
+    \$signal$273  <= \$833 ;
   always @(posedge clk)
-    \$signal$275  <= \$834 ;
+    rt_wphase <= \$834 ;
   always @(posedge clk)
-    \$signal$279  <= \$835 ;
+    \$signal$342  <= \$835 ;
   always @(posedge clk)
-    \$signal$343  <= \$836 ;
+    rt_word <= \$836 ;
   always @(posedge clk)
-    \$signal$278  <= \$837 ;
+    \$signal$277  <= \$837 ;
   always @(posedge clk)
-    \$signal$281  <= \$838 ;
+    \$signal$278  <= \$838 ;
   always @(posedge clk)
     \$signal$282  <= \$839 ;
   always @(posedge clk)
-    \$signal$243  <= \$840 ;
+    \$signal$346  <= \$840 ;
   always @(posedge clk)
-    \$signal$130  <= \$841 ;
+    \$signal$281  <= \$841 ;
   always @(posedge clk)
-    \$signal$141  <= \$842 ;
+    \$signal$284  <= \$842 ;
   always @(posedge clk)
-    \$signal$284  <= \$843 ;
+    \$signal$285  <= \$843 ;
   always @(posedge clk)
-    \$signal$286  <= \$844 ;
+    \$signal$246  <= \$844 ;
   always @(posedge clk)
-    \$signal$287  <= \$845 ;
+    \$signal$130  <= \$845 ;
+  always @(posedge clk)
+    \$signal$141  <= \$846 ;
+  always @(posedge clk)
+    \$signal$287  <= \$847 ;
+  always @(posedge clk)
+    \$signal$289  <= \$848 ;
+  always @(posedge clk)
+    \$signal$290  <= \$849 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -10554,10 +10572,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$141  = \$139  & \$140 ;
   assign \$142  = \$133  | \$141 ;
   assign \$143  = ins[5:0] == 4'he;
-  assign \$144  = ins[5:0] == 4'h9;
-  assign \$145  = \$143  | \$144 ;
-  assign \$146  = ins[255:244] < 7'h40;
-  assign \$147  = ~ \$146 ;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -10577,9 +10591,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1139$0 (\$846 ),
-    .\port$1157$0 (\$847 ),
-    .\port$3256$0 (beats),
+    .\port$1140$0 (\$850 ),
+    .\port$1158$0 (\$851 ),
+    .\port$3257$0 (beats),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -10608,7 +10622,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$79 (done),
-    .error(\error$330 ),
+    .error(\error$333 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -10641,8 +10655,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .i__payload(i__payload),
     .i__valid(i__valid),
-    .mult(\$signal$160 [15:0]),
-    .o__payload(\o__payload$204 ),
+    .mult(\$signal$162 [15:0]),
+    .o__payload(\o__payload$206 ),
     .o__valid(o__valid),
     .rst(rst),
     .shift(shift),
@@ -10666,33 +10680,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .wp__data(bias_data)
   );
   \nanokpu_kpu.sigmoid  sigmoid (
-    .advance(\i__ready$186 ),
+    .advance(\i__ready$188 ),
     .clk(clk),
-    .i__valid(\i__valid$185 ),
+    .i__valid(\i__valid$187 ),
     .o__payload(o__payload),
-    .o__valid(\o__valid$187 ),
+    .o__valid(\o__valid$189 ),
     .rst(rst),
     .unit_rst(unit_rst),
     .x(i__payload[15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$190 ),
+    .advance(\i__ready$192 ),
     .clk(clk),
-    .i__payload(\i__payload$166 ),
-    .i__valid(\i__valid$189 ),
-    .o__payload(\o__payload$192 ),
-    .o__valid(\o__valid$191 ),
+    .i__payload(\i__payload$168 ),
+    .i__valid(\i__valid$191 ),
+    .o__payload(\o__payload$194 ),
+    .o__valid(\o__valid$193 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$168 ),
-    .i__ready(\i__ready$194 ),
-    .i__valid(\i__valid$193 ),
+    .i__payload(\i__payload$170 ),
+    .i__ready(\i__ready$196 ),
+    .i__valid(\i__valid$195 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$196 ),
-    .o__valid(\o__valid$195 ),
+    .o__payload(\o__payload$198 ),
+    .o__valid(\o__valid$197 ),
     .op(op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -10879,9 +10893,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       decode_err = 8'h03;
     end else if (\$160 ) begin
       decode_err = 8'h04;
-    end else if (\$183 ) begin
+    end else if (\$163 ) begin
       decode_err = 8'h02;
-    end else if (\$198 ) begin
+    end else if (\$170 ) begin
       decode_err = 8'h05;
     end
   end
@@ -10889,11 +10903,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__addr  = 13'h0000;
     if (eng_run) begin
-      \$signature__addr  = \$signal$151 ;
+      \$signature__addr  = \$signal$153 ;
     end
     if (gemm_run) begin
-      if (\$262 ) begin
-        \$signature__addr  = \$signal$215 ;
+      if (\$234 ) begin
+        \$signature__addr  = \$signal$217 ;
       end
     end
     casez (ctrl_state)
@@ -10906,7 +10920,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr  = \$280 [12:0];
+          \$signature__addr  = \$252 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10920,17 +10934,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$301 ) begin
-            \$signature__addr  = \$302 [12:0];
+          if (\$273 ) begin
+            \$signature__addr  = \$274 [12:0];
           end
       5'h0a:
-          \$signature__addr  = \$303 [12:0];
+          \$signature__addr  = \$275 [12:0];
       5'h10:
-          if (\$310 ) begin
-            \$signature__addr  = \$311 [12:0];
+          if (\$282 ) begin
+            \$signature__addr  = \$283 [12:0];
           end
       5'h11:
-          \$signature__addr  = \$319 [12:0];
+          \$signature__addr  = \$291 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -10943,9 +10957,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$330 ) begin
+          if (\$302 ) begin
           end else begin
-            \$signature__addr  = \$331 [12:0];
+            \$signature__addr  = \$303 [12:0];
           end
       5'h17:
           /* empty */;
@@ -10953,26 +10967,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$334 ) begin
+          if (\$306 ) begin
           end else begin
-            \$signature__addr  = \$336 [12:0];
+            \$signature__addr  = \$308 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$337 ) begin
-          end else if (\$338 ) begin
-            \$signature__addr  = \$342 [12:0];
+          if (\$309 ) begin
+          end else if (\$310 ) begin
+            \$signature__addr  = \$314 [12:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__addr$152  = 13'h0000;
+    \$signature__addr$154  = 13'h0000;
     if (eng_run) begin
-      \$signature__addr$152  = \$signal$153 ;
+      \$signature__addr$154  = \$signal$155 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -10984,7 +10998,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr$152  = \$283 [12:0];
+          \$signature__addr$154  = \$255 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -11017,9 +11031,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$330 ) begin
+          if (\$302 ) begin
           end else begin
-            \$signature__addr$152  = \$333 [12:0];
+            \$signature__addr$154  = \$305 [12:0];
           end
     endcase
   end
@@ -11027,10 +11041,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__en  = 1'h1;
     if (eng_run) begin
-      \$signature__en  = \$202 ;
+      \$signature__en  = \$174 ;
     end
     if (gemm_run) begin
-      if (\$262 ) begin
+      if (\$234 ) begin
         \$signature__en  = 1'h1;
       end
     end
@@ -11058,13 +11072,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$301 ) begin
+          if (\$273 ) begin
             \$signature__en  = 1'h1;
           end
       5'h0a:
           \$signature__en  = 1'h1;
       5'h10:
-          if (\$310 ) begin
+          if (\$282 ) begin
             \$signature__en  = 1'h1;
           end
       5'h11:
@@ -11081,7 +11095,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$330 ) begin
+          if (\$302 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -11091,7 +11105,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$334 ) begin
+          if (\$306 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -11100,17 +11114,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$337 ) begin
-          end else if (\$338 ) begin
+          if (\$309 ) begin
+          end else if (\$310 ) begin
             \$signature__en  = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en$158  = 1'h1;
+    \$signature__en$160  = 1'h1;
     if (eng_run) begin
-      \$signature__en$158  = \$206 ;
+      \$signature__en$160  = \$178 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -11122,7 +11136,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__en$158  = 1'h1;
+          \$signature__en$160  = 1'h1;
       5'h0d:
           /* empty */;
       5'h06:
@@ -11155,9 +11169,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$330 ) begin
+          if (\$302 ) begin
           end else begin
-            \$signature__en$158  = 1'h1;
+            \$signature__en$160  = 1'h1;
           end
     endcase
   end
@@ -11167,7 +11181,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
-            i__valid = \$signal$156 ;
+            i__valid = \$signal$158 ;
       endcase
     end
   end
@@ -11180,28 +11194,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h04:
             eng_ready = i__ready;
         6'h05:
-            eng_ready = \i__ready$186 ;
+            eng_ready = \i__ready$188 ;
         6'h06:
-            eng_ready = \i__ready$190 ;
+            eng_ready = \i__ready$192 ;
         default:
-            eng_ready = \i__ready$194 ;
+            eng_ready = \i__ready$196 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$182  = 1'h0;
+    \$signal$184  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            \$signal$182  = o__valid;
+            \$signal$184  = o__valid;
         6'h05:
-            \$signal$182  = \o__valid$187 ;
+            \$signal$184  = \o__valid$189 ;
         6'h06:
-            \$signal$182  = \o__valid$191 ;
+            \$signal$184  = \o__valid$193 ;
         default:
-            \$signal$182  = \o__valid$195 ;
+            \$signal$184  = \o__valid$197 ;
       endcase
     end
   end
@@ -11216,27 +11230,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             out_data = { 19'h00000, o__payload };
         6'h06:
-            out_data = { \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192 [15], \o__payload$192  };
+            out_data = { \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194  };
         default:
-            out_data = { \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196 [15], \o__payload$196  };
+            out_data = { \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198  };
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$185  = 1'h0;
+    \i__valid$187  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
             /* empty */;
         6'h05:
-            \i__valid$185  = \$signal$156 ;
+            \i__valid$187  = \$signal$158 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$189  = 1'h0;
+    \i__valid$191  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
@@ -11244,13 +11258,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             /* empty */;
         6'h06:
-            \i__valid$189  = \$signal$156 ;
+            \i__valid$191  = \$signal$158 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$193  = 1'h0;
+    \i__valid$195  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
@@ -11261,7 +11275,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h06:
             /* empty */;
         default:
-            \i__valid$193  = \$signal$156 ;
+            \i__valid$195  = \$signal$158 ;
       endcase
     end
   end
@@ -11300,7 +11314,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$285 ;
+          rd_data__ready = \$257 ;
     endcase
   end
   always @* begin
@@ -11308,7 +11322,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$signal$218 ;
+        wr__addr = \$signal$220 ;
       end
     end
     casez (ctrl_state)
@@ -11325,8 +11339,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$182 ) begin
-            wr__addr = \$284 [12:0];
+          if (\$signal$184 ) begin
+            wr__addr = \$256 [12:0];
           end
       5'h07:
           /* empty */;
@@ -11335,9 +11349,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$247 ) begin
-            if (\$286 ) begin
-              wr__addr = \$287 [12:0];
+          if (\$signal$250 ) begin
+            if (\$258 ) begin
+              wr__addr = \$259 [12:0];
             end
           end
       5'h09:
@@ -11346,11 +11360,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$314 ) begin
-            wr__addr = \$315 [12:0];
+          if (\$286 ) begin
+            wr__addr = \$287 [12:0];
           end
-          if (\$316 ) begin
-            wr__addr = \$318 [12:0];
+          if (\$288 ) begin
+            wr__addr = \$290 [12:0];
           end
         end
       5'h11:
@@ -11358,19 +11372,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$320 ) begin
-            wr__addr = \$321 [12:0];
+          if (\$292 ) begin
+            wr__addr = \$293 [12:0];
           end
       5'h14:
-          wr__addr = \$323 [12:0];
+          wr__addr = \$295 [12:0];
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$325 ) begin
+          if (\$297 ) begin
           end else begin
-            wr__addr = \$326 [12:0];
+            wr__addr = \$298 [12:0];
           end
       5'h16:
-          wr__addr = \$329 [12:0];
+          wr__addr = \$301 [12:0];
       5'h0b:
           /* empty */;
       5'h17:
@@ -11384,8 +11398,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$286 ) begin
-            wr__addr = \$signal$287 ;
+          if (\$signal$289 ) begin
+            wr__addr = \$signal$290 ;
           end
     endcase
   end
@@ -11394,7 +11408,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = \$265 ;
+        wr__data = \$237 ;
       end
     end
     casez (ctrl_state)
@@ -11411,7 +11425,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$182 ) begin
+          if (\$signal$184 ) begin
             wr__data = out_data;
           end
       5'h07:
@@ -11421,9 +11435,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$247 ) begin
-            if (\$286 ) begin
-              wr__data = \$294 ;
+          if (\$signal$250 ) begin
+            if (\$258 ) begin
+              wr__data = \$266 ;
             end
           end
       5'h09:
@@ -11432,11 +11446,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$314 ) begin
-            wr__data = { 29'h00000000, \$signal$274 [2:0] };
+          if (\$286 ) begin
+            wr__data = { 29'h00000000, \$signal$277 [2:0] };
           end
-          if (\$316 ) begin
-            wr__data = { 16'h0000, \$signal$274 [18:3] };
+          if (\$288 ) begin
+            wr__data = { 16'h0000, \$signal$277 [18:3] };
           end
         end
       5'h11:
@@ -11444,19 +11458,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$320 ) begin
-            wr__data = { 18'h00000, \$signal$275  };
+          if (\$292 ) begin
+            wr__data = { 18'h00000, \$signal$278  };
           end
       5'h14:
-          wr__data = { 18'h00000, \$signal$279  };
+          wr__data = { 18'h00000, \$signal$282  };
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$325 ) begin
+          if (\$297 ) begin
           end else begin
-            wr__data = { \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327 [14], \$327  };
+            wr__data = { \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299  };
           end
       5'h16:
-          wr__data = { 18'h00000, \$signal$281  };
+          wr__data = { 18'h00000, \$signal$284  };
       5'h0b:
           /* empty */;
       5'h17:
@@ -11470,7 +11484,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$286 ) begin
+          if (\$signal$289 ) begin
             wr__data = \$signature__data ;
           end
     endcase
@@ -11497,7 +11511,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$182 ) begin
+          if (\$signal$184 ) begin
             wr__en = 1'h1;
           end
       5'h07:
@@ -11507,8 +11521,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$247 ) begin
-            if (\$286 ) begin
+          if (\$signal$250 ) begin
+            if (\$258 ) begin
               wr__en = 1'h1;
             end
           end
@@ -11518,10 +11532,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$314 ) begin
+          if (\$286 ) begin
             wr__en = 1'h1;
           end
-          if (\$316 ) begin
+          if (\$288 ) begin
             wr__en = 1'h1;
           end
         end
@@ -11530,14 +11544,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$320 ) begin
+          if (\$292 ) begin
             wr__en = 1'h1;
           end
       5'h14:
           wr__en = 1'h1;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$325 ) begin
+          if (\$297 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -11556,7 +11570,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$286 ) begin
+          if (\$signal$289 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -11566,7 +11580,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     c_out__ready = 1'h0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$270 ) begin
+        if (\$242 ) begin
           c_out__ready = 1'h1;
         end
       end
@@ -11574,29 +11588,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__addr$230  = 6'h00;
+    \$signature__addr$233  = 6'h00;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$271 ) begin
+          if (\$243 ) begin
           end else begin
-            \$signature__addr$230  = pc[5:0];
+            \$signature__addr$233  = pc[5:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en$231  = 1'h1;
+    \$signature__en$234  = 1'h1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$271 ) begin
+          if (\$243 ) begin
           end else begin
-            \$signature__en$231  = 1'h1;
+            \$signature__en$234  = 1'h1;
           end
     endcase
   end
@@ -11612,11 +11626,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$272 ) begin
-          end else if (\$275 ) begin
-          end else if (\$276 ) begin
-          end else if (\$277 ) begin
-          end else if (\$278 ) begin
+          if (\$244 ) begin
+          end else if (\$247 ) begin
+          end else if (\$248 ) begin
+          end else if (\$249 ) begin
+          end else if (\$250 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11659,11 +11673,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$272 ) begin
-          end else if (\$275 ) begin
-          end else if (\$276 ) begin
-          end else if (\$277 ) begin
-          end else if (\$278 ) begin
+          if (\$244 ) begin
+          end else if (\$247 ) begin
+          end else if (\$248 ) begin
+          end else if (\$249 ) begin
+          end else if (\$250 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11779,7 +11793,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$251 ;
+          wr_data__valid = \$signal$254 ;
     endcase
   end
   always @* begin
@@ -11811,7 +11825,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$304 ) begin
+          if (\$276 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -11845,8 +11859,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$304 ) begin
-            bias_addr = \$305 [2:0];
+          if (\$276 ) begin
+            bias_addr = \$277 [2:0];
           end
     endcase
   end
@@ -11879,7 +11893,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$304 ) begin
+          if (\$276 ) begin
             bias_data = \$signature__data [15:0];
           end
     endcase
@@ -11949,7 +11963,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$261 ;
+          scores__valid = \$signal$264 ;
     endcase
   end
   always @* begin
@@ -11983,7 +11997,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$312 ;
+          routes__ready = \$284 ;
     endcase
   end
   always @* begin
@@ -12109,24 +12123,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$344 ) begin
+    if (\$316 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$712  = \$signal$119 ;
-    if (\$374 ) begin
-      \$712  = wr_data;
-    end
-    if (rst) begin
-      \$712  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$713  = host_size;
-    if (\$376 ) begin
+    \$713  = \$signal$119 ;
+    if (\$346 ) begin
       \$713  = wr_data;
     end
     if (rst) begin
@@ -12135,20 +12139,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$714  = rsel;
-    if (rd_en) begin
-      \$714  = s_axil__araddr;
+    \$714  = host_size;
+    if (\$348 ) begin
+      \$714  = wr_data;
     end
     if (rst) begin
-      \$714  = 20'h00000;
+      \$714  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$715  = l0_acc;
-    if (\$377 ) begin
+    \$715  = rsel;
+    if (rd_en) begin
+      \$715  = s_axil__araddr;
+    end
+    if (rst) begin
+      \$715  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$716  = l0_acc;
+    if (\$349 ) begin
       if (l0_y[0]) begin
-        \$715  = \$381 ;
+        \$716  = \$353 ;
       end
     end
     casez (ctrl_state)
@@ -12157,30 +12171,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$326 [5:0])
+          casez (\$signature__data$329 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$715  = 14'h0000;
-          endcase
-    endcase
-    if (rst) begin
-      \$715  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$716  = l0_x;
-    if (\$377 ) begin
-      \$716  = \$383 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$326 [5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$716  = \$513 ;
+                \$716  = 14'h0000;
           endcase
     endcase
     if (rst) begin
@@ -12189,9 +12182,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$717  = l0_y;
-    if (\$377 ) begin
-      \$717  = \$384 ;
+    \$717  = l0_x;
+    if (\$349 ) begin
+      \$717  = \$355 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$329 [5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$717  = \$513 ;
+          endcase
+    endcase
+    if (rst) begin
+      \$717  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$718  = l0_y;
+    if (\$349 ) begin
+      \$718  = \$356 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12200,23 +12214,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$717  = 16'h0000;
-          casez (\$signature__data$326 [5:0])
+          \$718  = 16'h0000;
+          casez (\$signature__data$329 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$717  = \$511 ;
+                \$718  = \$511 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$717  = 16'h0000;
+      \$718  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$718  = l1_acc;
-    if (\$385 ) begin
+    \$719  = l1_acc;
+    if (\$357 ) begin
       if (l1_y[0]) begin
-        \$718  = \$389 ;
+        \$719  = \$361 ;
       end
     end
     casez (ctrl_state)
@@ -12225,42 +12239,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$326 [5:0])
+          casez (\$signature__data$329 [5:0])
             6'h03:
-                \$718  = 14'h0000;
+                \$719  = 14'h0000;
             6'h0c:
-                \$718  = 14'h0000;
+                \$719  = 14'h0000;
             6'h0a, 6'h0b:
-                \$718  = 14'h0000;
+                \$719  = 14'h0000;
             6'h08:
-                \$718  = 14'h0000;
-          endcase
-    endcase
-    if (rst) begin
-      \$718  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$719  = l1_x;
-    if (\$385 ) begin
-      \$719  = \$391 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$326 [5:0])
-            6'h03:
-                \$719  = \$518 ;
-            6'h0c:
-                \$719  = \$544 ;
-            6'h0a, 6'h0b:
-                \$719  = \$548 ;
-            6'h08:
-                \$719  = 14'h0008;
+                \$719  = 14'h0000;
           endcase
     endcase
     if (rst) begin
@@ -12269,9 +12256,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$720  = l1_y;
-    if (\$385 ) begin
-      \$720  = \$392 ;
+    \$720  = l1_x;
+    if (\$357 ) begin
+      \$720  = \$363 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$329 [5:0])
+            6'h03:
+                \$720  = \$518 ;
+            6'h0c:
+                \$720  = \$544 ;
+            6'h0a, 6'h0b:
+                \$720  = \$548 ;
+            6'h08:
+                \$720  = 14'h0008;
+          endcase
+    endcase
+    if (rst) begin
+      \$720  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$721  = l1_y;
+    if (\$357 ) begin
+      \$721  = \$364 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12280,29 +12294,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$720  = 16'h0000;
-          casez (\$signature__data$326 [5:0])
+          \$721  = 16'h0000;
+          casez (\$signature__data$329 [5:0])
             6'h03:
-                \$720  = \$516 ;
+                \$721  = \$516 ;
             6'h0c:
-                \$720  = \$542 ;
+                \$721  = \$542 ;
             6'h0a, 6'h0b:
-                \$720  = \$signal$130 ;
+                \$721  = \$signal$130 ;
             6'h08:
-                \$720  = \$551 ;
+                \$721  = \$551 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$720  = 16'h0000;
+      \$721  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$721  = l2_acc;
-    if (\$393 ) begin
+    \$722  = l2_acc;
+    if (\$365 ) begin
       if (l2_y[0]) begin
-        \$721  = \$397 ;
+        \$722  = \$369 ;
       end
     end
     casez (ctrl_state)
@@ -12311,11 +12325,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$326 [5:0])
+          casez (\$signature__data$329 [5:0])
             6'h03:
-                \$721  = 14'h0000;
+                \$722  = 14'h0000;
             6'h0c:
-                \$721  = 14'h0000;
+                \$722  = 14'h0000;
           endcase
       5'h04:
           /* empty */;
@@ -12363,82 +12377,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$695 ) begin
+          if (\$696 ) begin
           end else begin
-            \$721  = 14'h0000;
-          end
-    endcase
-    if (rst) begin
-      \$721  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$722  = l2_x;
-    if (\$393 ) begin
-      \$722  = \$399 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$326 [5:0])
-            6'h03:
-                \$722  = \$526 ;
-            6'h0c:
-                \$722  = \$546 ;
-          endcase
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$695 ) begin
-          end else begin
-            \$722  = ins[61:48];
+            \$722  = 14'h0000;
           end
     endcase
     if (rst) begin
@@ -12447,9 +12388,82 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$723  = l2_y;
-    if (\$393 ) begin
-      \$723  = \$400 ;
+    \$723  = l2_x;
+    if (\$365 ) begin
+      \$723  = \$371 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$329 [5:0])
+            6'h03:
+                \$723  = \$526 ;
+            6'h0c:
+                \$723  = \$546 ;
+          endcase
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$696 ) begin
+          end else begin
+            \$723  = ins[61:48];
+          end
+    endcase
+    if (rst) begin
+      \$723  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$724  = l2_y;
+    if (\$365 ) begin
+      \$724  = \$372 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12458,12 +12472,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$723  = 16'h0000;
-          casez (\$signature__data$326 [5:0])
+          \$724  = 16'h0000;
+          casez (\$signature__data$329 [5:0])
             6'h03:
-                \$723  = \$524 [15:0];
+                \$724  = \$524 [15:0];
             6'h0c:
-                \$723  = \$signature__data$326 [47:32];
+                \$724  = \$signature__data$329 [47:32];
           endcase
         end
       5'h04:
@@ -12512,21 +12526,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$695 ) begin
+          if (\$696 ) begin
           end else begin
-            \$723  = \$signal$276 [15:0];
+            \$724  = \$signal$279 [15:0];
           end
     endcase
     if (rst) begin
-      \$723  = 16'h0000;
+      \$724  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$724  = l3_acc;
-    if (\$401 ) begin
+    \$725  = l3_acc;
+    if (\$373 ) begin
       if (l3_y[0]) begin
-        \$724  = \$405 ;
+        \$725  = \$377 ;
       end
     end
     casez (ctrl_state)
@@ -12535,40 +12549,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$326 [5:0])
+          casez (\$signature__data$329 [5:0])
             6'h03:
-                \$724  = 14'h0000;
+                \$725  = 14'h0000;
           endcase
       5'h04:
           if (\$555 ) begin
           end else if (\$558 ) begin
-            \$724  = 14'h0000;
-          end
-    endcase
-    if (rst) begin
-      \$724  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$725  = l3_x;
-    if (\$401 ) begin
-      \$725  = \$407 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$326 [5:0])
-            6'h03:
-                \$725  = \$534 ;
-          endcase
-      5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-            \$725  = l2_acc;
+            \$725  = 14'h0000;
           end
     endcase
     if (rst) begin
@@ -12577,9 +12565,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$726  = l3_y;
-    if (\$401 ) begin
-      \$726  = \$408 ;
+    \$726  = l3_x;
+    if (\$373 ) begin
+      \$726  = \$379 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$329 [5:0])
+            6'h03:
+                \$726  = \$534 ;
+          endcase
+      5'h04:
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+            \$726  = l2_acc;
+          end
+    endcase
+    if (rst) begin
+      \$726  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$727  = l3_y;
+    if (\$373 ) begin
+      \$727  = \$380 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12588,28 +12602,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$726  = 16'h0000;
-          casez (\$signature__data$326 [5:0])
+          \$727  = 16'h0000;
+          casez (\$signature__data$329 [5:0])
             6'h03:
-                \$726  = \$532 [15:0];
+                \$727  = \$532 [15:0];
           endcase
         end
       5'h04:
           if (\$555 ) begin
           end else if (\$558 ) begin
-            \$726  = m_eff;
+            \$727  = m_eff;
           end
     endcase
     if (rst) begin
-      \$726  = 16'h0000;
+      \$727  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$727  = l4_acc;
-    if (\$409 ) begin
+    \$728  = l4_acc;
+    if (\$381 ) begin
       if (l4_y[0]) begin
-        \$727  = \$413 ;
+        \$728  = \$385 ;
       end
     end
     casez (ctrl_state)
@@ -12618,30 +12632,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$326 [5:0])
+          casez (\$signature__data$329 [5:0])
             6'h03:
-                \$727  = 14'h0000;
-          endcase
-    endcase
-    if (rst) begin
-      \$727  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$728  = l4_x;
-    if (\$409 ) begin
-      \$728  = \$415 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$326 [5:0])
-            6'h03:
-                \$728  = \$539 ;
+                \$728  = 14'h0000;
           endcase
     endcase
     if (rst) begin
@@ -12650,9 +12643,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$729  = l4_y;
-    if (\$409 ) begin
-      \$729  = \$416 ;
+    \$729  = l4_x;
+    if (\$381 ) begin
+      \$729  = \$387 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$329 [5:0])
+            6'h03:
+                \$729  = \$539 ;
+          endcase
+    endcase
+    if (rst) begin
+      \$729  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$730  = l4_y;
+    if (\$381 ) begin
+      \$730  = \$388 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12661,23 +12675,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$729  = 16'h0000;
-          casez (\$signature__data$326 [5:0])
+          \$730  = 16'h0000;
+          casez (\$signature__data$329 [5:0])
             6'h03:
-                \$729  = \$537 [15:0];
+                \$730  = \$537 [15:0];
           endcase
         end
     endcase
     if (rst) begin
-      \$729  = 16'h0000;
+      \$730  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$730  = lh_acc;
-    if (\$417 ) begin
+    \$731  = lh_acc;
+    if (\$389 ) begin
       if (lh_y[0]) begin
-        \$730  = \$421 ;
+        \$731  = \$393 ;
       end
     end
     casez (ctrl_state)
@@ -12686,25 +12700,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$730  = { 1'h0, \$signature__data$326 [167:136] };
-    endcase
-    if (rst) begin
-      \$730  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$731  = lh_x;
-    if (\$417 ) begin
-      \$731  = \$423 [32:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$731  = { 1'h0, \$signature__data$326 [199:168] };
+          \$731  = { 1'h0, \$signature__data$329 [167:136] };
     endcase
     if (rst) begin
       \$731  = 33'h000000000;
@@ -12712,9 +12708,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$732  = lh_y;
-    if (\$417 ) begin
-      \$732  = \$424 ;
+    \$732  = lh_x;
+    if (\$389 ) begin
+      \$732  = \$395 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12722,26 +12718,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$732  = { 12'h000, \$554  };
+          \$732  = { 1'h0, \$signature__data$329 [199:168] };
     endcase
     if (rst) begin
-      \$732  = 16'h0000;
+      \$732  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$733  = decode_err;
-    if (rst) begin
-      \$733  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$734  = \$signal$156 ;
-    if (eng_run) begin
-      if (\$426 ) begin
-        \$734  = \$signal$155 ;
-      end
+    \$733  = lh_y;
+    if (\$389 ) begin
+      \$733  = \$396 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12749,75 +12736,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$734  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$734  = 1'h0;
-              6'h0c:
-                  \$734  = 1'h0;
-              6'h0d:
-                  \$734  = 1'h0;
-            endcase
-          end
+          \$733  = { 12'h000, \$554  };
     endcase
+    if (rst) begin
+      \$733  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$734  = shape_ok;
     if (rst) begin
       \$734  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$735  = \$signal$169 ;
-    if (eng_run) begin
-      if (\$426 ) begin
-        \$735  = \$signal$297 ;
-      end
-    end
+    \$735  = \$416 ;
     if (rst) begin
       \$735  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$736  = i__payload;
-    if (eng_run) begin
-      if (\$426 ) begin
-        \$736  = \$signature__data ;
-      end
-    end
+    \$736  = \$424 ;
     if (rst) begin
-      \$736  = 32'd0;
+      \$736  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$737  = b_word;
-    if (eng_run) begin
-      if (\$426 ) begin
-        \$737  = \$signature__data$298 ;
-      end
-    end
+    \$737  = decode_err;
     if (rst) begin
-      \$737  = 32'd0;
+      \$737  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$738  = \$signal$155 ;
+    \$738  = \$signal$158 ;
     if (eng_run) begin
-      if (\$430 ) begin
-        \$738  = \$signal$299 ;
+      if (\$426 ) begin
+        \$738  = \$signal$157 ;
       end
     end
     casez (ctrl_state)
@@ -12855,10 +12813,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$739  = \$signal$297 ;
+    \$739  = \$signal$171 ;
     if (eng_run) begin
-      if (\$430 ) begin
-        \$739  = \$432 ;
+      if (\$426 ) begin
+        \$739  = \$signal$300 ;
       end
     end
     if (rst) begin
@@ -12867,119 +12825,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$740  = idx0;
+    \$740  = i__payload;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$signal$299 ) begin
-          (* full_case = 32'd1 *)
-          if (\$434 ) begin
-            \$740  = \$437 [13:0];
-          end else if (\$436 ) begin
-            \$740  = 14'h0000;
-          end else begin
-            \$740  = 14'h0000;
-          end
-        end
+      if (\$426 ) begin
+        \$740  = \$signature__data ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$740  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$740  = 14'h0000;
-              6'h0c:
-                  \$740  = 14'h0000;
-              6'h0d:
-                  \$740  = 14'h0000;
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$740  = 14'h0000;
+      \$740  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$741  = \$signal$151 ;
+    \$741  = b_word;
     if (eng_run) begin
-      if (\$430 ) begin
-        if (\$signal$299 ) begin
-          (* full_case = 32'd1 *)
-          if (\$434 ) begin
-            \$741  = \$438 [12:0];
-          end else if (\$436 ) begin
-            \$741  = \$442 [12:0];
-          end else begin
-            \$741  = \$448 [12:0];
-          end
-        end
+      if (\$426 ) begin
+        \$741  = \$signature__data$301 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$741  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$741  = ins[76:64];
-              6'h0c:
-                  \$741  = ins[76:64];
-              6'h0d:
-                  \$741  = ins[76:64];
-            endcase
-          end
-    endcase
     if (rst) begin
-      \$741  = 13'h0000;
+      \$741  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = \$signal$153 ;
+    \$742  = \$signal$157 ;
     if (eng_run) begin
       if (\$430 ) begin
-        if (\$signal$299 ) begin
-          (* full_case = 32'd1 *)
-          if (\$434 ) begin
-            \$742  = \$439 [12:0];
-          end else if (\$436 ) begin
-            \$742  = \$444 [12:0];
-          end else begin
-            \$742  = \$451 [12:0];
-          end
-        end
+        \$742  = \$signal$302 ;
       end
     end
     casez (ctrl_state)
@@ -13001,32 +12874,45 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$742  = ins[100:88];
+                  \$742  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$742  = ins[100:88];
+                  \$742  = 1'h0;
               6'h0c:
-                  \$742  = ins[100:88];
+                  \$742  = 1'h0;
               6'h0d:
-                  \$742  = ins[100:88];
+                  \$742  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$742  = 13'h0000;
+      \$742  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = idx1;
+    \$743  = \$signal$300 ;
     if (eng_run) begin
       if (\$430 ) begin
-        if (\$signal$299 ) begin
+        \$743  = \$432 ;
+      end
+    end
+    if (rst) begin
+      \$743  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$744  = idx0;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
           if (\$434 ) begin
+            \$744  = \$437 [13:0];
           end else if (\$436 ) begin
-            \$743  = \$440 [13:0];
+            \$744  = 14'h0000;
           end else begin
-            \$743  = 14'h0000;
+            \$744  = 14'h0000;
           end
         end
       end
@@ -13050,32 +12936,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$743  = 14'h0000;
+                  \$744  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$743  = 14'h0000;
+                  \$744  = 14'h0000;
               6'h0c:
-                  \$743  = 14'h0000;
+                  \$744  = 14'h0000;
               6'h0d:
-                  \$743  = 14'h0000;
+                  \$744  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$743  = 14'h0000;
+      \$744  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = \$signal$306 ;
+    \$745  = \$signal$153 ;
     if (eng_run) begin
       if (\$430 ) begin
-        if (\$signal$299 ) begin
+        if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
           if (\$434 ) begin
+            \$745  = \$438 [12:0];
           end else if (\$436 ) begin
-            \$744  = \$441 [12:0];
+            \$745  = \$442 [12:0];
           end else begin
-            \$744  = \$447 [12:0];
+            \$745  = \$448 [12:0];
           end
         end
       end
@@ -13099,62 +12986,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$744  = ins[76:64];
+                  \$745  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$744  = ins[76:64];
+                  \$745  = ins[76:64];
               6'h0c:
-                  \$744  = ins[76:64];
+                  \$745  = ins[76:64];
               6'h0d:
-                  \$744  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$744  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = \$signal$308 ;
-    if (eng_run) begin
-      if (\$430 ) begin
-        if (\$signal$299 ) begin
-          (* full_case = 32'd1 *)
-          if (\$434 ) begin
-          end else if (\$436 ) begin
-            \$745  = \$443 [12:0];
-          end else begin
-            \$745  = \$450 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$745  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$745  = ins[100:88];
-              6'h0c:
-                  \$745  = ins[100:88];
-              6'h0d:
-                  \$745  = ins[100:88];
+                  \$745  = ins[76:64];
             endcase
           end
     endcase
@@ -13164,15 +13002,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = idx2;
+    \$746  = \$signal$155 ;
     if (eng_run) begin
       if (\$430 ) begin
-        if (\$signal$299 ) begin
+        if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
           if (\$434 ) begin
+            \$746  = \$439 [12:0];
           end else if (\$436 ) begin
+            \$746  = \$444 [12:0];
           end else begin
-            \$746  = \$445 [13:0];
+            \$746  = \$451 [12:0];
           end
         end
       end
@@ -13196,31 +13036,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$746  = 14'h0000;
+                  \$746  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$746  = 14'h0000;
+                  \$746  = ins[100:88];
               6'h0c:
-                  \$746  = 14'h0000;
+                  \$746  = ins[100:88];
               6'h0d:
-                  \$746  = 14'h0000;
+                  \$746  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$746  = 14'h0000;
+      \$746  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = \$signal$311 ;
+    \$747  = idx1;
     if (eng_run) begin
       if (\$430 ) begin
-        if (\$signal$299 ) begin
+        if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
           if (\$434 ) begin
           end else if (\$436 ) begin
+            \$747  = \$440 [13:0];
           end else begin
-            \$747  = \$446 [12:0];
+            \$747  = 14'h0000;
           end
         end
       end
@@ -13244,31 +13085,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$747  = ins[76:64];
+                  \$747  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$747  = ins[76:64];
+                  \$747  = 14'h0000;
               6'h0c:
-                  \$747  = ins[76:64];
+                  \$747  = 14'h0000;
               6'h0d:
-                  \$747  = ins[76:64];
+                  \$747  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$747  = 13'h0000;
+      \$747  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = \$signal$313 ;
+    \$748  = \$signal$309 ;
     if (eng_run) begin
       if (\$430 ) begin
-        if (\$signal$299 ) begin
+        if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
           if (\$434 ) begin
           end else if (\$436 ) begin
+            \$748  = \$441 [12:0];
           end else begin
-            \$748  = \$449 [12:0];
+            \$748  = \$447 [12:0];
           end
         end
       end
@@ -13292,13 +13134,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$748  = ins[100:88];
+                  \$748  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$748  = ins[100:88];
+                  \$748  = ins[76:64];
               6'h0c:
-                  \$748  = ins[100:88];
+                  \$748  = ins[76:64];
               6'h0d:
-                  \$748  = ins[100:88];
+                  \$748  = ins[76:64];
             endcase
           end
     endcase
@@ -13308,16 +13150,209 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = \$signal$299 ;
+    \$749  = \$signal$311 ;
     if (eng_run) begin
       if (\$430 ) begin
-        if (\$signal$299 ) begin
+        if (\$signal$302 ) begin
+          (* full_case = 32'd1 *)
+          if (\$434 ) begin
+          end else if (\$436 ) begin
+            \$749  = \$443 [12:0];
+          end else begin
+            \$749  = \$450 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$749  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$749  = ins[100:88];
+              6'h0c:
+                  \$749  = ins[100:88];
+              6'h0d:
+                  \$749  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$749  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$750  = idx2;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$signal$302 ) begin
+          (* full_case = 32'd1 *)
+          if (\$434 ) begin
+          end else if (\$436 ) begin
+          end else begin
+            \$750  = \$445 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$750  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$750  = 14'h0000;
+              6'h0c:
+                  \$750  = 14'h0000;
+              6'h0d:
+                  \$750  = 14'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$750  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$751  = \$signal$314 ;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$signal$302 ) begin
+          (* full_case = 32'd1 *)
+          if (\$434 ) begin
+          end else if (\$436 ) begin
+          end else begin
+            \$751  = \$446 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$751  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$751  = ins[76:64];
+              6'h0c:
+                  \$751  = ins[76:64];
+              6'h0d:
+                  \$751  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$751  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$752  = \$signal$316 ;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$signal$302 ) begin
+          (* full_case = 32'd1 *)
+          if (\$434 ) begin
+          end else if (\$436 ) begin
+          end else begin
+            \$752  = \$449 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$752  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$752  = ins[100:88];
+              6'h0c:
+                  \$752  = ins[100:88];
+              6'h0d:
+                  \$752  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$752  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$753  = \$signal$302 ;
+    if (eng_run) begin
+      if (\$430 ) begin
+        if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
           if (\$434 ) begin
           end else if (\$436 ) begin
           end else begin
             if (\$453 ) begin
-              \$749  = 1'h0;
+              \$753  = 1'h0;
             end
           end
         end
@@ -13342,56 +13377,56 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$749  = 1'h1;
+                  \$753  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$749  = 1'h1;
+                  \$753  = 1'h1;
               6'h0c:
-                  \$749  = 1'h1;
+                  \$753  = 1'h1;
               6'h0d:
-                  \$749  = 1'h1;
+                  \$753  = 1'h1;
             endcase
           end
     endcase
     if (rst) begin
-      \$749  = 1'h0;
+      \$753  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = \$signal$316 ;
+    \$754  = \$signal$319 ;
     if (gemm_run) begin
       (* full_case = 32'd1 *)
       if (\$462 ) begin
-        \$750  = 1'h1;
+        \$754  = 1'h1;
       end else begin
-        \$750  = 1'h0;
+        \$754  = 1'h0;
       end
     end
     if (rst) begin
-      \$750  = 1'h0;
+      \$754  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = gm_cap_lane;
+    \$755  = gm_cap_lane;
     if (gemm_run) begin
       if (\$462 ) begin
-        \$751  = gm_lane[1:0];
+        \$755  = gm_lane[1:0];
       end
     end
     if (rst) begin
-      \$751  = 2'h0;
+      \$755  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = gm_lane;
+    \$756  = gm_lane;
     if (gemm_run) begin
       if (\$462 ) begin
-        \$752  = \$463 [2:0];
+        \$756  = \$463 [2:0];
       end
       if (\$473 ) begin
-        \$752  = 3'h0;
+        \$756  = 3'h0;
       end
     end
     casez (ctrl_state)
@@ -13421,225 +13456,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$752  = 3'h0;
+                  \$756  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$752  = 3'h0;
+      \$756  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = \$signal$215 ;
+    \$757  = \$signal$217 ;
     if (gemm_run) begin
       if (\$462 ) begin
-        \$753  = \$464 [12:0];
+        \$757  = \$464 [12:0];
       end
       if (\$473 ) begin
         (* full_case = 32'd1 *)
         if (\$475 ) begin
-          \$753  = \$478 [12:0];
+          \$757  = \$478 [12:0];
         end else begin
-          \$753  = \$483 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$753  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$753  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = a_in__payload;
-    if (gemm_run) begin
-      if (\$signal$316 ) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$754 [7:0] = \$signature__data [7:0];
-          2'h1:
-              \$754 [15:8] = \$signature__data [7:0];
-          2'h2:
-              \$754 [23:16] = \$signature__data [7:0];
-          2'h3:
-              \$754 [31:24] = \$signature__data [7:0];
-        endcase
-      end
-      if (\$473 ) begin
-        \$754  = 32'd0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$754  = 32'd0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$754  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = a_in__valid;
-    if (gemm_run) begin
-      if (\$472 ) begin
-        \$755  = 1'h1;
-      end
-      if (\$473 ) begin
-        \$755  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$755  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$755  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = \$signal$319 ;
-    if (gemm_run) begin
-      if (\$473 ) begin
-        (* full_case = 32'd1 *)
-        if (\$475 ) begin
-          \$756  = \$476 [6:0];
-        end else begin
-          \$756  = 7'h00;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$756  = 7'h00;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$756  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = gm_wstart;
-    if (gemm_run) begin
-      if (\$473 ) begin
-        (* full_case = 32'd1 *)
-        if (\$475 ) begin
-          \$757  = \$477 [12:0];
-        end else begin
-          \$757  = \$481 [12:0];
+          \$757  = \$483 [12:0];
         end
       end
     end
@@ -13680,14 +13517,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = \$signal$214 ;
+    \$758  = a_in__payload;
     if (gemm_run) begin
-      if (\$473 ) begin
+      if (\$signal$319 ) begin
         (* full_case = 32'd1 *)
-        if (\$475 ) begin
-        end else begin
-          \$758  = \$479 [14:0];
-        end
+        casez (gm_cap_lane)
+          2'h0:
+              \$758 [7:0] = \$signature__data [7:0];
+          2'h1:
+              \$758 [15:8] = \$signature__data [7:0];
+          2'h2:
+              \$758 [23:16] = \$signature__data [7:0];
+          2'h3:
+              \$758 [31:24] = \$signature__data [7:0];
+        endcase
+      end
+      if (\$473 ) begin
+        \$758  = 32'd0;
       end
     end
     casez (ctrl_state)
@@ -13717,26 +13563,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$758  = 15'h0000;
+                  \$758  = 32'd0;
             endcase
           end
     endcase
     if (rst) begin
-      \$758  = 15'h0000;
+      \$758  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = gm_afeed_done;
+    \$759  = a_in__valid;
     if (gemm_run) begin
+      if (\$472 ) begin
+        \$759  = 1'h1;
+      end
       if (\$473 ) begin
-        (* full_case = 32'd1 *)
-        if (\$475 ) begin
-        end else begin
-          if (\$485 ) begin
-            \$759  = 1'h1;
-          end
-        end
+        \$759  = 1'h0;
       end
     end
     casez (ctrl_state)
@@ -13776,12 +13619,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = gc_lane;
+    \$760  = \$signal$322 ;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        \$760  = \$486 [1:0];
-        if (\$492 ) begin
-          \$760  = 2'h0;
+      if (\$473 ) begin
+        (* full_case = 32'd1 *)
+        if (\$475 ) begin
+          \$760  = \$476 [6:0];
+        end else begin
+          \$760  = 7'h00;
         end
       end
     end
@@ -13812,27 +13657,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$760  = 2'h0;
+                  \$760  = 7'h00;
             endcase
           end
     endcase
     if (rst) begin
-      \$760  = 2'h0;
+      \$760  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = \$signal$218 ;
+    \$761  = gm_wstart;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        \$761  = \$487 [12:0];
-        if (\$492 ) begin
-          (* full_case = 32'd1 *)
-          if (\$494 ) begin
-            \$761  = \$497 [12:0];
-          end else begin
-            \$761  = \$500 [12:0];
-          end
+      if (\$473 ) begin
+        (* full_case = 32'd1 *)
+        if (\$475 ) begin
+          \$761  = \$477 [12:0];
+        end else begin
+          \$761  = \$481 [12:0];
         end
       end
     end
@@ -13863,7 +13705,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$761  = ins[124:112];
+                  \$761  = ins[76:64];
             endcase
           end
     endcase
@@ -13873,15 +13715,61 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = \$signal$321 ;
+    \$762  = \$signal$216 ;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        if (\$492 ) begin
+      if (\$473 ) begin
+        (* full_case = 32'd1 *)
+        if (\$475 ) begin
+        end else begin
+          \$762  = \$479 [14:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
           (* full_case = 32'd1 *)
-          if (\$494 ) begin
-            \$762  = \$495 [8:0];
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
           end else begin
-            \$762  = 9'h000;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$762  = 15'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$762  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$763  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$473 ) begin
+        (* full_case = 32'd1 *)
+        if (\$475 ) begin
+        end else begin
+          if (\$485 ) begin
+            \$763  = 1'h1;
           end
         end
       end
@@ -13913,25 +13801,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$762  = 9'h000;
+                  \$763  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$762  = 9'h000;
+      \$763  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = gc_wstart;
+    \$764  = gc_lane;
     if (gemm_run) begin
       if (c_out__valid) begin
+        \$764  = \$486 [1:0];
+        if (\$492 ) begin
+          \$764  = 2'h0;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$764  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$764  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$765  = \$signal$220 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$765  = \$487 [12:0];
         if (\$492 ) begin
           (* full_case = 32'd1 *)
           if (\$494 ) begin
-            \$763  = \$496 [12:0];
+            \$765  = \$497 [12:0];
           end else begin
-            \$763  = \$499 [12:0];
+            \$765  = \$500 [12:0];
           end
         end
       end
@@ -13963,24 +13898,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$763  = ins[124:112];
+                  \$765  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$763  = 13'h0000;
+      \$765  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = \$signal$221 ;
+    \$766  = \$signal$324 ;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (\$492 ) begin
           (* full_case = 32'd1 *)
           if (\$494 ) begin
+            \$766  = \$495 [8:0];
           end else begin
-            \$764  = \$498 [14:0];
+            \$766  = 9'h000;
           end
         end
       end
@@ -14012,91 +13948,118 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$764  = 15'h0000;
+                  \$766  = 9'h000;
             endcase
           end
     endcase
     if (rst) begin
-      \$764  = 15'h0000;
+      \$766  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = \$signal$118 ;
-    if (\$signal$108 ) begin
-      \$765  = \$501 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$765  = 32'd0;
+    \$767  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (\$492 ) begin
+          (* full_case = 32'd1 *)
+          if (\$494 ) begin
+            \$767  = \$496 [12:0];
+          end else begin
+            \$767  = \$499 [12:0];
           end
-    endcase
-    if (rst) begin
-      \$765  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = busy_dma;
-    if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$766  = \$502 [31:0];
+        end
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$766  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$767  = ins[124:112];
+            endcase
           end
     endcase
     if (rst) begin
-      \$766  = 32'd0;
+      \$767  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = busy_gemm;
-    if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$767  = \$503 [31:0];
+    \$768  = \$signal$223 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (\$492 ) begin
+          (* full_case = 32'd1 *)
+          if (\$494 ) begin
+          end else begin
+            \$768  = \$498 [14:0];
+          end
+        end
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$767  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$768  = 15'h0000;
+            endcase
           end
     endcase
     if (rst) begin
-      \$767  = 32'd0;
+      \$768  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = busy_act;
+    \$769  = \$signal$118 ;
     if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$768  = \$504 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$768  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$768  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = busy_route;
-    if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$769  = \$505 [31:0];
-      end
+      \$769  = \$501 [31:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -14110,10 +14073,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = busy_vector;
+    \$770  = busy_dma;
     if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$770  = \$506 [31:0];
+      if (cur_unit[0]) begin
+        \$770  = \$502 [31:0];
       end
     end
     casez (ctrl_state)
@@ -14128,10 +14091,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = busy_move;
+    \$771  = busy_gemm;
     if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$771  = \$507 [31:0];
+      if (cur_unit[1]) begin
+        \$771  = \$503 [31:0];
       end
     end
     casez (ctrl_state)
@@ -14146,25 +14109,97 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = \$signature__data ;
+    \$772  = busy_act;
+    if (\$signal$108 ) begin
+      if (cur_unit[2]) begin
+        \$772  = \$504 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$772  = 32'd0;
+          end
+    endcase
     if (rst) begin
       \$772  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = \$signature__data$298 ;
+    \$773  = busy_route;
+    if (\$signal$108 ) begin
+      if (cur_unit[3]) begin
+        \$773  = \$505 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$773  = 32'd0;
+          end
+    endcase
     if (rst) begin
       \$773  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = \$signal$108 ;
+    \$774  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$774  = \$506 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$774  = 1'h1;
+            \$774  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$774  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$775  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$775  = \$507 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$775  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$775  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$776  = \$signature__data ;
+    if (rst) begin
+      \$776  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$777  = \$signature__data$301 ;
+    if (rst) begin
+      \$777  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$778  = \$signal$108 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$778  = 1'h1;
           end
       5'h01:
           /* empty */;
@@ -14174,7 +14209,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$555 ) begin
           end else if (\$558 ) begin
           end else if (\$559 ) begin
-            \$774  = 1'h0;
+            \$778  = 1'h0;
           end
       5'h05:
           /* empty */;
@@ -14223,345 +14258,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1b:
           /* empty */;
       5'h02:
-          if (\$709 ) begin
-            \$774  = 1'h0;
+          if (\$710 ) begin
+            \$778  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$774  = 1'h0;
+      \$778  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = \$signal$109 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$775  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-            \$775  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$709 ) begin
-            \$775  = 1'h0;
-          end
-    endcase
-    if (\$711 ) begin
-      \$775  = 1'h0;
-    end
-    if (rst) begin
-      \$775  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$776  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$709 ) begin
-            \$776  = stop_code;
-          end
-    endcase
-    if (\$711 ) begin
-      \$776  = 8'h00;
-    end
-    if (rst) begin
-      \$776  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$777  = 13'h0000;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$777  = { 1'h0, ins[255:244] };
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$587 ) begin
-            \$777  = \$589 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$591 ) begin
-            \$777  = \$592 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$609 ) begin
-            \$777  = \$610 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$637 ) begin
-            \$777  = \$638 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$679 ) begin
-          end else begin
-            \$777  = \$680 [12:0];
-          end
-      5'h0b:
-          if (\$682 ) begin
-            \$777  = { 1'h0, ins[255:244] };
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$685 ) begin
-            \$777  = \$688 [12:0];
-          end
-      5'h0c:
-          if (\$690 ) begin
-            \$777  = \$691 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$777  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = \$signal$121 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$778  = 32'd0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$778  = \$574 [31:0];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$587 ) begin
-            \$778  = \$590 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$591 ) begin
-            \$778  = \$593 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$609 ) begin
-            \$778  = \$611 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$637 ) begin
-            \$778  = \$639 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$679 ) begin
-          end else begin
-            \$778  = \$681 [31:0];
-          end
-      5'h0b:
-          if (\$682 ) begin
-            \$778  = \$683 [31:0];
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$685 ) begin
-            \$778  = \$689 [31:0];
-          end
-      5'h0c:
-          if (\$690 ) begin
-            \$778  = \$692 [31:0];
-          end
-    endcase
-    if (rst) begin
-      \$778  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = \$signal$142 ;
+    \$779  = \$signal$109 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
@@ -14572,7 +14279,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+            \$779  = 1'h1;
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -14604,23 +14315,292 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          (* full_case = 32'd1 *)
-          if (\$679 ) begin
-          end else begin
-            \$779  = 1'h1;
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$710 ) begin
+            \$779  = 1'h0;
           end
     endcase
+    if (\$712 ) begin
+      \$779  = 1'h0;
+    end
     if (rst) begin
       \$779  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = exp_active;
+    \$780  = err;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$780  = 1'h0;
+            \$780  = 8'h00;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$710 ) begin
+            \$780  = stop_code;
+          end
+    endcase
+    if (\$712 ) begin
+      \$780  = 8'h00;
+    end
+    if (rst) begin
+      \$780  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$781  = pc;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$781  = 13'h0000;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$781  = { 1'h0, ins[255:244] };
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$588 ) begin
+            \$781  = \$590 [12:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$592 ) begin
+            \$781  = \$593 [12:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$610 ) begin
+            \$781  = \$611 [12:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$638 ) begin
+            \$781  = \$639 [12:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$680 ) begin
+          end else begin
+            \$781  = \$681 [12:0];
+          end
+      5'h0b:
+          if (\$683 ) begin
+            \$781  = { 1'h0, ins[255:244] };
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$686 ) begin
+            \$781  = \$689 [12:0];
+          end
+      5'h0c:
+          if (\$691 ) begin
+            \$781  = \$692 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$781  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$782  = \$signal$121 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$782  = 32'd0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$782  = \$575 [31:0];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$588 ) begin
+            \$782  = \$591 [31:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$592 ) begin
+            \$782  = \$594 [31:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$610 ) begin
+            \$782  = \$612 [31:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$638 ) begin
+            \$782  = \$640 [31:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$680 ) begin
+          end else begin
+            \$782  = \$682 [31:0];
+          end
+      5'h0b:
+          if (\$683 ) begin
+            \$782  = \$684 [31:0];
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$686 ) begin
+            \$782  = \$690 [31:0];
+          end
+      5'h0c:
+          if (\$691 ) begin
+            \$782  = \$693 [31:0];
+          end
+    endcase
+    if (rst) begin
+      \$782  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$783  = \$signal$142 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$783  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -14660,32 +14640,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$679 ) begin
+          if (\$680 ) begin
           end else begin
-            \$780  = 1'h0;
-          end
-      5'h0b:
-          if (\$682 ) begin
-            \$780  = 1'h0;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$685 ) begin
-            \$780  = 1'h1;
+            \$783  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$780  = 1'h0;
+      \$783  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = \$signal$144 ;
+    \$784  = exp_active;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$781  = 1'h0;
+            \$784  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -14698,41 +14668,106 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$587 ) begin
-            if (\$588 ) begin
-              \$781  = 1'h1;
-            end
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$680 ) begin
+          end else begin
+            \$784  = 1'h0;
+          end
+      5'h0b:
+          if (\$683 ) begin
+            \$784  = 1'h0;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$686 ) begin
+            \$784  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$781  = 1'h0;
+      \$784  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = ctrl_state;
+    \$785  = \$signal$145 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$782  = 5'h01;
+            \$785  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$588 ) begin
+            if (\$589 ) begin
+              \$785  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$785  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$786  = ctrl_state;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$786  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
           if (\$508 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end else begin
-            \$782  = 5'h03;
+            \$786  = 5'h03;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h03:
         begin
-          \$782  = 5'h04;
+          \$786  = 5'h04;
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h04:
@@ -14741,307 +14776,307 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           if (\$555 ) begin
           end else if (\$558 ) begin
           end else if (\$559 ) begin
-            \$782  = 5'h00;
+            \$786  = 5'h00;
           end else if (\$560 ) begin
           end else if (\$561 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$782  = 5'h01;
+                  \$786  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$576 ) begin
-                    \$782  = 5'h05;
+                  if (\$577 ) begin
+                    \$786  = 5'h05;
                   end else begin
-                    \$782  = 5'h06;
+                    \$786  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$782  = 5'h06;
+                  \$786  = 5'h06;
               6'h0c:
-                  \$782  = 5'h06;
+                  \$786  = 5'h06;
               6'h0d:
-                  \$782  = 5'h06;
+                  \$786  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$578 ) begin
-                    \$782  = 5'h05;
+                  if (\$579 ) begin
+                    \$786  = 5'h05;
                   end else begin
-                    \$782  = 5'h07;
+                    \$786  = 5'h07;
                   end
               6'h01:
-                  \$782  = 5'h08;
+                  \$786  = 5'h08;
               6'h02:
-                  \$782  = 5'h09;
+                  \$786  = 5'h09;
               6'h08:
-                  \$782  = 5'h0a;
+                  \$786  = 5'h0a;
               6'h09:
-                  \$782  = 5'h0b;
+                  \$786  = 5'h0b;
               6'h0a, 6'h0b:
-                  \$782  = 5'h0c;
+                  \$786  = 5'h0c;
             endcase
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$782  = 5'h0d;
+          \$786  = 5'h0d;
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h0d:
         begin
           (* full_case = 32'd1 *)
-          if (\$584 ) begin
-            \$782  = 5'h07;
+          if (\$585 ) begin
+            \$786  = 5'h07;
           end else begin
-            \$782  = 5'h06;
+            \$786  = 5'h06;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$587 ) begin
-            \$782  = 5'h01;
+          if (\$588 ) begin
+            \$786  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$782  = 5'h0e;
+            \$786  = 5'h0e;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h0e:
         begin
           if (error) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$330 ) begin
-              \$782  = 5'h02;
+            if (\error$333 ) begin
+              \$786  = 5'h02;
             end else begin
-              \$782  = 5'h0f;
+              \$786  = 5'h0f;
             end
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h0f:
         begin
-          if (\$591 ) begin
-            \$782  = 5'h01;
+          if (\$592 ) begin
+            \$786  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$782  = 5'h02;
-          end else if (\$609 ) begin
-            \$782  = 5'h01;
+            \$786  = 5'h02;
+          end else if (\$610 ) begin
+            \$786  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$782  = 5'h02;
-          end else if (\$637 ) begin
-            \$782  = 5'h01;
+            \$786  = 5'h02;
+          end else if (\$638 ) begin
+            \$786  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h0a:
         begin
-          if (\$641 ) begin
-            \$782  = 5'h10;
+          if (\$642 ) begin
+            \$786  = 5'h10;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h10:
         begin
-          if (\$668 ) begin
-            \$782  = 5'h11;
+          if (\$669 ) begin
+            \$786  = 5'h11;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h11:
         begin
-          \$782  = 5'h12;
+          \$786  = 5'h12;
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h12:
         begin
-          \$782  = 5'h13;
+          \$786  = 5'h13;
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h13:
         begin
           (* full_case = 32'd1 *)
-          if (\$669 ) begin
-            \$782  = 5'h14;
+          if (\$670 ) begin
+            \$786  = 5'h14;
           end else begin
-            \$782  = 5'h15;
+            \$786  = 5'h15;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h14:
         begin
-          \$782  = 5'h15;
+          \$786  = 5'h15;
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$672 ) begin
-            \$782  = 5'h11;
+          if (\$673 ) begin
+            \$786  = 5'h11;
           end else begin
-            \$782  = 5'h16;
+            \$786  = 5'h16;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$679 ) begin
-            \$782  = 5'h11;
+          if (\$680 ) begin
+            \$786  = 5'h11;
           end else begin
-            \$782  = 5'h01;
+            \$786  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h0b:
         begin
           (* full_case = 32'd1 *)
-          if (\$682 ) begin
-            \$782  = 5'h01;
+          if (\$683 ) begin
+            \$786  = 5'h01;
           end else begin
-            \$782  = 5'h17;
+            \$786  = 5'h17;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h17:
         begin
-          \$782  = 5'h18;
+          \$786  = 5'h18;
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h18:
         begin
           (* full_case = 32'd1 *)
-          if (\$685 ) begin
-            \$782  = 5'h01;
+          if (\$686 ) begin
+            \$786  = 5'h01;
           end else begin
-            \$782  = 5'h0b;
+            \$786  = 5'h0b;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h0c:
         begin
           (* full_case = 32'd1 *)
-          if (\$690 ) begin
-            \$782  = 5'h01;
+          if (\$691 ) begin
+            \$786  = 5'h01;
           end else begin
-            \$782  = 5'h19;
+            \$786  = 5'h19;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h19:
         begin
-          \$782  = 5'h1a;
+          \$786  = 5'h1a;
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h1a:
         begin
           (* full_case = 32'd1 *)
-          if (\$695 ) begin
-            \$782  = 5'h02;
+          if (\$696 ) begin
+            \$786  = 5'h02;
           end else begin
-            \$782  = 5'h1b;
+            \$786  = 5'h1b;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h1b:
         begin
-          if (\$704 ) begin
-            \$782  = 5'h0c;
+          if (\$705 ) begin
+            \$786  = 5'h0c;
           end
           if (\$signal$103 ) begin
-            \$782  = 5'h02;
+            \$786  = 5'h02;
           end
         end
       5'h02:
-          if (\$709 ) begin
-            \$782  = 5'h00;
+          if (\$710 ) begin
+            \$786  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$782  = 5'h00;
+      \$786  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = stop_code;
+    \$787  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
           if (\$508 ) begin
-            \$783  = 8'h06;
+            \$787  = 8'h06;
           end
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h04:
         begin
@@ -15050,151 +15085,151 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$559 ) begin
           end else if (\$560 ) begin
           end else if (\$561 ) begin
-            \$783  = decode_q;
+            \$787  = decode_q;
           end
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h06:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h07:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$783  = 8'h07;
+            \$787  = 8'h07;
           end else if (done) begin
-            if (\error$330 ) begin
-              \$783  = 8'h03;
+            if (\error$333 ) begin
+              \$787  = 8'h03;
             end
           end
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
         end
       5'h0f:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h08:
         begin
           if (error) begin
-            \$783  = 8'h07;
+            \$787  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$783  = 8'h07;
+            \$787  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h16:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h0b:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h17:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h18:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h0c:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h19:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
       5'h1a:
         begin
-          if (\$695 ) begin
-            \$783  = 8'h02;
+          if (\$696 ) begin
+            \$787  = 8'h02;
           end
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
         end
       5'h1b:
           if (\$signal$103 ) begin
-            \$783  = 8'h00;
+            \$787  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$783  = 8'h00;
+      \$787  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = cur_unit;
+    \$788  = cur_unit;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
           if (\$508 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h04:
         begin
@@ -15204,299 +15239,204 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           end else if (\$559 ) begin
           end else if (\$560 ) begin
           end else if (\$561 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end else begin
-            if (\$562 ) begin
-              \$784  = 6'h01;
-            end
             if (\$563 ) begin
-              \$784  = 6'h01;
+              \$788  = 6'h01;
             end
             if (\$564 ) begin
-              \$784  = 6'h02;
+              \$788  = 6'h01;
             end
             if (\$565 ) begin
-              \$784  = 6'h04;
+              \$788  = 6'h02;
             end
             if (\$566 ) begin
-              \$784  = 6'h04;
+              \$788  = 6'h04;
             end
             if (\$567 ) begin
-              \$784  = 6'h04;
+              \$788  = 6'h04;
             end
             if (\$568 ) begin
-              \$784  = 6'h08;
+              \$788  = 6'h04;
             end
             if (\$569 ) begin
-              \$784  = 6'h10;
+              \$788  = 6'h08;
             end
             if (\$570 ) begin
-              \$784  = 6'h10;
+              \$788  = 6'h10;
             end
             if (\$571 ) begin
-              \$784  = 6'h10;
+              \$788  = 6'h10;
             end
             if (\$572 ) begin
-              \$784  = 6'h20;
+              \$788  = 6'h10;
             end
             if (\$573 ) begin
-              \$784  = 6'h20;
+              \$788  = 6'h20;
+            end
+            if (\$574 ) begin
+              \$788  = 6'h20;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$784  = 6'h00;
+                  \$788  = 6'h00;
             endcase
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h06:
         begin
-          if (\$587 ) begin
-            \$784  = 6'h00;
+          if (\$588 ) begin
+            \$788  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h07:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end else if (done) begin
-            if (\error$330 ) begin
-              \$784  = 6'h00;
+            if (\error$333 ) begin
+              \$788  = 6'h00;
             end
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h0f:
         begin
-          if (\$591 ) begin
-            \$784  = 6'h00;
+          if (\$592 ) begin
+            \$788  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$784  = 6'h00;
-          end else if (\$609 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
+          end else if (\$610 ) begin
+            \$788  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$784  = 6'h00;
-          end else if (\$637 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
+          end else if (\$638 ) begin
+            \$788  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$679 ) begin
+          if (\$680 ) begin
           end else begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h0b:
         begin
-          if (\$682 ) begin
-            \$784  = 6'h00;
+          if (\$683 ) begin
+            \$788  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h17:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h18:
         begin
-          if (\$685 ) begin
-            \$784  = 6'h00;
+          if (\$686 ) begin
+            \$788  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h0c:
         begin
-          if (\$690 ) begin
-            \$784  = 6'h00;
+          if (\$691 ) begin
+            \$788  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h19:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
       5'h1a:
         begin
-          if (\$695 ) begin
-            \$784  = 6'h00;
+          if (\$696 ) begin
+            \$788  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
+            \$788  = 6'h00;
           end
         end
       5'h1b:
           if (\$signal$103 ) begin
-            \$784  = 6'h00;
-          end
-    endcase
-    if (rst) begin
-      \$784  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = ins;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$785  = \$signature__data$326 ;
-    endcase
-    if (rst) begin
-      \$785  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = ph2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$786  = 1'h0;
-      5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-            \$786  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$786  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = checked;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$787  = 1'h0;
-      5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-            \$787  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$787  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = \$signal$177 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$788  = ins[243:238];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$788  = ins[243:238];
-            endcase
+            \$788  = 6'h00;
           end
     endcase
     if (rst) begin
@@ -15505,7 +15445,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = \$signal$160 ;
+    \$789  = ins;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$789  = \$signature__data$329 ;
+    endcase
+    if (rst) begin
+      \$789  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$790  = ph2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$790  = 1'h0;
+      5'h04:
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+            \$790  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$790  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$791  = settle;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$791  = 2'h0;
+      5'h04:
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+            \$791  = \$562 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$791  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$792  = \$signal$179 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15525,7 +15522,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$789  = ins[231:200];
+                  \$792  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15533,21 +15530,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$789  = ins[231:200];
+                  \$792  = ins[243:238];
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$789  = { 16'h0000, \$signature__data [15:0] };
     endcase
     if (rst) begin
-      \$789  = 32'd0;
+      \$792  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = shift;
+    \$793  = \$signal$162 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15567,7 +15560,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$790  = ins[237:232];
+                  \$793  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15575,21 +15568,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$790  = ins[237:232];
+                  \$793  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$790  = \$signature__data$298 [5:0];
+          \$793  = { 16'h0000, \$signature__data [15:0] };
     endcase
     if (rst) begin
-      \$790  = 6'h00;
+      \$793  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = cnt0;
+    \$794  = shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15609,23 +15602,65 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$791  = l0_acc;
+                  \$794  = ins[237:232];
               6'h05, 6'h06, 6'h07:
-                  \$791  = l0_acc;
+                  /* empty */;
               6'h0c:
-                  \$791  = ins[45:32];
+                  /* empty */;
               6'h0d:
-                  \$791  = ins[61:48];
+                  /* empty */;
+              6'h03:
+                  \$794  = ins[237:232];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$794  = \$signature__data$301 [5:0];
+    endcase
+    if (rst) begin
+      \$794  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$795  = cnt0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$795  = l0_acc;
+              6'h05, 6'h06, 6'h07:
+                  \$795  = l0_acc;
+              6'h0c:
+                  \$795  = ins[45:32];
+              6'h0d:
+                  \$795  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$791  = 14'h0000;
+      \$795  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = cnt1;
+    \$796  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15645,23 +15680,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$792  = 14'h0001;
+                  \$796  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$792  = 14'h0001;
+                  \$796  = 14'h0001;
               6'h0c:
-                  \$792  = ins[61:48];
+                  \$796  = ins[61:48];
               6'h0d:
-                  \$792  = 14'h0002;
+                  \$796  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$792  = 14'h0000;
+      \$796  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = cnt2;
+    \$797  = cnt2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15681,23 +15716,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$793  = 14'h0001;
+                  \$797  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$793  = 14'h0001;
+                  \$797  = 14'h0001;
               6'h0c:
-                  \$793  = m_eff[13:0];
+                  \$797  = m_eff[13:0];
               6'h0d:
-                  \$793  = m_eff[13:0];
+                  \$797  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$793  = 14'h0000;
+      \$797  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = sa0;
+    \$798  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15717,157 +15752,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$794  = 13'h0001;
+                  \$798  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$794  = 13'h0001;
+                  \$798  = 13'h0001;
               6'h0c:
-                  \$794  = ins[60:48];
+                  \$798  = ins[60:48];
               6'h0d:
-                  \$794  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$794  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = sa1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$795  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$795  = 13'h0000;
-              6'h0c:
-                  \$795  = 13'h0001;
-              6'h0d:
-                  \$795  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$795  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$796  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$796  = 13'h0000;
-              6'h0c:
-                  \$796  = l2_acc[12:0];
-              6'h0d:
-                  \$796  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$796  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$797  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$797  = 13'h0001;
-              6'h0c:
-                  \$797  = 13'h0001;
-              6'h0d:
-                  \$797  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$797  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$798  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$798  = 13'h0000;
-              6'h0c:
-                  \$798  = 13'h0000;
-              6'h0d:
-                  \$798  = 13'h0000;
+                  \$798  = 13'h0001;
             endcase
           end
     endcase
@@ -15877,7 +15768,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = sb2;
+    \$799  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15901,7 +15792,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h05, 6'h06, 6'h07:
                   \$799  = 13'h0000;
               6'h0c:
-                  \$799  = ins[44:32];
+                  \$799  = 13'h0001;
               6'h0d:
                   \$799  = 13'h0000;
             endcase
@@ -15913,7 +15804,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = \$signal$327 ;
+    \$800  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15933,23 +15824,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$800  = l0_acc;
+                  \$800  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$800  = l0_acc;
+                  \$800  = 13'h0000;
               6'h0c:
-                  \$800  = l0_acc;
+                  \$800  = l2_acc[12:0];
               6'h0d:
-                  \$800  = l0_acc;
+                  \$800  = ins[60:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$800  = 14'h0000;
+      \$800  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = \$signal$244 ;
+    \$801  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15969,31 +15860,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$801  = 14'h0000;
+                  \$801  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$801  = 14'h0000;
+                  \$801  = 13'h0001;
               6'h0c:
-                  \$801  = 14'h0000;
+                  \$801  = 13'h0001;
               6'h0d:
-                  \$801  = 14'h0000;
+                  \$801  = 13'h0000;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$signal$182 ) begin
-            \$801  = \$585 [13:0];
           end
     endcase
     if (rst) begin
-      \$801  = 14'h0000;
+      \$801  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = \$signal$247 ;
+    \$802  = sb1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16013,50 +15896,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$802  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$802  = 13'h0000;
               6'h0c:
-                  /* empty */;
+                  \$802  = 13'h0000;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$802  = 1'h0;
+                  \$802  = 13'h0000;
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$595 ) begin
-            \$802  = 1'h1;
-          end
-          if (\$signal$247 ) begin
-            if (\$604 ) begin
-              \$802  = 1'h0;
-            end
-          end
-        end
     endcase
     if (rst) begin
-      \$802  = 1'h0;
+      \$802  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = \$signal$250 ;
+    \$803  = sb2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16076,48 +15932,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$803  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$803  = 13'h0000;
               6'h0c:
-                  /* empty */;
+                  \$803  = ins[44:32];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$803  = 3'h0;
+                  \$803  = 13'h0000;
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$595 ) begin
-            \$803  = 3'h0;
-          end
-          if (\$signal$247 ) begin
-            \$803  = \$598 [2:0];
-          end
-        end
     endcase
     if (rst) begin
-      \$803  = 3'h0;
+      \$803  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = \$signal$248 ;
+    \$804  = \$signal$330 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16137,36 +15968,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$804  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$804  = l0_acc;
               6'h0c:
-                  /* empty */;
+                  \$804  = l0_acc;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$804  = 14'h0000;
+                  \$804  = l0_acc;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$signal$247 ) begin
-            if (\$596 ) begin
-              \$804  = \$597 [13:0];
-            end
           end
     endcase
     if (rst) begin
@@ -16175,7 +15984,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = \$signal$251 ;
+    \$805  = \$signal$247 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16195,19 +16004,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$805  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$805  = 14'h0000;
               6'h0c:
-                  /* empty */;
+                  \$805  = 14'h0000;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$805  = 1'h0;
+                  \$805  = 14'h0000;
             endcase
           end
       5'h05:
@@ -16215,32 +16018,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$629 ) begin
-            \$805  = 1'h1;
+          if (\$signal$184 ) begin
+            \$805  = \$586 [13:0];
           end
-          if (\$630 ) begin
-            \$805  = 1'h0;
-          end
-        end
     endcase
     if (rst) begin
-      \$805  = 1'h0;
+      \$805  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = \$signal$252 ;
+    \$806  = \$signal$250 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16270,9 +16058,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  /* empty */;
-              6'h02:
-                  \$806  = 3'h0;
+                  \$806  = 1'h0;
             endcase
           end
       5'h05:
@@ -16288,19 +16074,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
         begin
-          if (\$618 ) begin
-            \$806  = \$620 [2:0];
+          if (\$596 ) begin
+            \$806  = 1'h1;
           end
-          if (\$630 ) begin
-            \$806  = 3'h0;
+          if (\$signal$250 ) begin
+            if (\$605 ) begin
+              \$806  = 1'h0;
+            end
           end
         end
     endcase
     if (rst) begin
-      \$806  = 3'h0;
+      \$806  = 1'h0;
     end
   end
   always @* begin
@@ -16335,9 +16121,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  /* empty */;
-              6'h02:
-                  \$807  = 14'h0000;
+                  \$807  = 3'h0;
             endcase
           end
       5'h05:
@@ -16353,84 +16137,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          if (\$618 ) begin
-            \$807  = \$619 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$807  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$signal$254 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$808  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
         begin
-          if (\$618 ) begin
-            \$808  = 1'h1;
+          if (\$596 ) begin
+            \$807  = 3'h0;
           end
-          if (\$signal$254 ) begin
-            \$808  = 1'h0;
+          if (\$signal$250 ) begin
+            \$807  = \$599 [2:0];
           end
         end
     endcase
     if (rst) begin
-      \$808  = 1'h0;
+      \$807  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = wr_data__payload;
+    \$808  = \$signal$251 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16460,9 +16182,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  /* empty */;
-              6'h02:
-                  \$809 [35:32] = 4'h0;
+                  \$808  = 14'h0000;
             endcase
           end
       5'h05:
@@ -16478,407 +16198,459 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$signal$254 ) begin
-            casez (\$signal$332 )
-              2'h0:
-                  \$809 [31:0] = \$signature__data ;
-            endcase
-            casez (\$signal$332 )
-              2'h0:
-                  \$809 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$630 ) begin
-            \$809 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$809  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = \$signal$256 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$810  = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          \$810  = \$640 [3:0];
-      5'h10:
-          if (\$668 ) begin
-            \$810  = 4'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$810  = \$677 [3:0];
-    endcase
-    if (rst) begin
-      \$810  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = \$signal$280 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$811  = \$580 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$811  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = \$signal$277 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$812  = \$583 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$812  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = \$signal$283 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$813  = 16'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$704 ) begin
-            \$813  = \$705 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$813  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = \$signal$285 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$814  = 13'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$704 ) begin
-            \$814  = \$706 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$814  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = \$signal$145 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$587 ) begin
-            if (\$588 ) begin
-              \$815  = ins[124:112];
+          if (\$signal$250 ) begin
+            if (\$597 ) begin
+              \$808  = \$598 [13:0];
             end
+          end
+    endcase
+    if (rst) begin
+      \$808  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$809  = \$signal$254 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$809  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$630 ) begin
+            \$809  = 1'h1;
+          end
+          if (\$631 ) begin
+            \$809  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$809  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$810  = \$signal$255 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$810  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$619 ) begin
+            \$810  = \$621 [2:0];
+          end
+          if (\$631 ) begin
+            \$810  = 3'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$810  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$811  = \$signal$256 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$811  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$619 ) begin
+            \$811  = \$620 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$811  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$812  = \$signal$257 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$812  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$619 ) begin
+            \$812  = 1'h1;
+          end
+          if (\$signal$257 ) begin
+            \$812  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$812  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$813  = wr_data__payload;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$813 [35:32] = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$signal$257 ) begin
+            casez (\$signal$335 )
+              2'h0:
+                  \$813 [31:0] = \$signature__data ;
+            endcase
+            casez (\$signal$335 )
+              2'h0:
+                  \$813 [35:32] = 4'hf;
+            endcase
+          end
+          if (\$631 ) begin
+            \$813 [35:32] = 4'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$813  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$814  = \$signal$259 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$814  = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          \$814  = \$641 [3:0];
+      5'h10:
+          if (\$669 ) begin
+            \$814  = 4'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$814  = \$678 [3:0];
+    endcase
+    if (rst) begin
+      \$814  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$815  = \$signal$283 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$815  = \$581 [12:0];
+            endcase
           end
     endcase
     if (rst) begin
@@ -16887,7 +16659,243 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = scores_len;
+    \$816  = \$signal$280 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$816  = \$584 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$816  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$817  = \$signal$286 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$817  = 16'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$705 ) begin
+            \$817  = \$706 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$817  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$818  = \$signal$288 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$555 ) begin
+          end else if (\$558 ) begin
+          end else if (\$559 ) begin
+          end else if (\$560 ) begin
+          end else if (\$561 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$818  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$705 ) begin
+            \$818  = \$707 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$818  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$819  = \$signal$146 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16902,19 +16910,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$587 ) begin
-            if (\$588 ) begin
-              \$816  = l0_acc;
+          if (\$588 ) begin
+            if (\$589 ) begin
+              \$819  = ins[124:112];
             end
           end
     endcase
     if (rst) begin
-      \$816  = 14'h0000;
+      \$819  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = \$signal$249 ;
+    \$820  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$588 ) begin
+            if (\$589 ) begin
+              \$820  = l0_acc;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$820  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$821  = \$signal$252 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16937,17 +16972,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$595 ) begin
-            \$817  = m_axi__rdata;
+          if (\$596 ) begin
+            \$821  = m_axi__rdata;
           end
     endcase
     if (rst) begin
-      \$817  = 32'd0;
+      \$821  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$332 ;
+    \$822  = \$signal$335 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16972,17 +17007,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$618 ) begin
-            \$818  = \$signal$252 [1:0];
+          if (\$619 ) begin
+            \$822  = \$signal$255 [1:0];
           end
     endcase
     if (rst) begin
-      \$818  = 2'h0;
+      \$822  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = \$signal$335 ;
+    \$823  = \$signal$338 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17009,23 +17044,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$641 ) begin
-            \$819  = 14'h0000;
+          if (\$642 ) begin
+            \$823  = 14'h0000;
           end
       5'h10:
-          if (\$652 ) begin
-            if (\$653 ) begin
-              \$819  = \$654 [13:0];
+          if (\$653 ) begin
+            if (\$654 ) begin
+              \$823  = \$655 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$819  = 14'h0000;
+      \$823  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = \$signal$265 ;
+    \$824  = \$signal$268 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17052,28 +17087,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$641 ) begin
-            \$820  = 4'h0;
+          if (\$642 ) begin
+            \$824  = 4'h0;
           end
       5'h10:
         begin
-          if (\$646 ) begin
-            \$820  = \$649 [3:0];
+          if (\$647 ) begin
+            \$824  = \$650 [3:0];
           end
-          if (\$652 ) begin
-            if (\$653 ) begin
-              \$820  = 4'h0;
+          if (\$653 ) begin
+            if (\$654 ) begin
+              \$824  = 4'h0;
             end
           end
         end
     endcase
     if (rst) begin
-      \$820  = 4'h0;
+      \$824  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = rt_lane;
+    \$825  = rt_lane;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17100,197 +17135,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$641 ) begin
-            \$821  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$646 ) begin
-            \$821  = \$648 [0];
-          end
-          if (\$652 ) begin
-            \$821  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$821  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = \$signal$261 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$641 ) begin
-            \$822  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$signal$336 ) begin
-            if (\$651 ) begin
-              \$822  = 1'h1;
-            end
-          end
-          if (\$652 ) begin
-            \$822  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$822  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = \$signal$264 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$641 ) begin
-            \$823  = ins[76:64];
-          end
-      5'h10:
-          if (\$652 ) begin
-            if (\$653 ) begin
-              \$823  = \$655 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$823  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = \$signal$272 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$641 ) begin
-            \$824  = ins[124:112];
-          end
-      5'h10:
-          if (\$662 ) begin
-            if (\$664 ) begin
-              \$824  = \$666 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$824  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = \$signal$262 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$641 ) begin
+          if (\$642 ) begin
             \$825  = 1'h0;
           end
       5'h10:
-          if (\$652 ) begin
-            if (\$653 ) begin
-              if (\$657 ) begin
-                \$825  = 1'h1;
-              end
-            end
+        begin
+          if (\$647 ) begin
+            \$825  = \$649 [0];
           end
+          if (\$653 ) begin
+            \$825  = 1'h0;
+          end
+        end
     endcase
     if (rst) begin
       \$825  = 1'h0;
@@ -17298,7 +17154,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = \$signal$336 ;
+    \$826  = \$signal$264 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17325,16 +17181,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$641 ) begin
+          if (\$642 ) begin
             \$826  = 1'h0;
           end
       5'h10:
-          (* full_case = 32'd1 *)
-          if (\$646 ) begin
-            \$826  = 1'h1;
-          end else begin
+        begin
+          if (\$signal$339 ) begin
+            if (\$652 ) begin
+              \$826  = 1'h1;
+            end
+          end
+          if (\$653 ) begin
             \$826  = 1'h0;
           end
+        end
     endcase
     if (rst) begin
       \$826  = 1'h0;
@@ -17342,7 +17202,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = \$signal$337 ;
+    \$827  = \$signal$267 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17369,23 +17229,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$641 ) begin
-            \$827  = 14'h0000;
+          if (\$642 ) begin
+            \$827  = ins[76:64];
           end
       5'h10:
-          if (\$662 ) begin
-            if (\$664 ) begin
-              \$827  = \$665 [13:0];
+          if (\$653 ) begin
+            if (\$654 ) begin
+              \$827  = \$656 [12:0];
             end
           end
     endcase
     if (rst) begin
-      \$827  = 14'h0000;
+      \$827  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = rt_s;
+    \$828  = \$signal$275 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17412,26 +17272,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$641 ) begin
-            \$828  = 2'h0;
+          if (\$642 ) begin
+            \$828  = ins[124:112];
           end
       5'h10:
-          if (\$662 ) begin
-            (* full_case = 32'd1 *)
-            if (\$664 ) begin
-              \$828  = 2'h0;
-            end else begin
-              \$828  = \$667 [1:0];
+          if (\$663 ) begin
+            if (\$665 ) begin
+              \$828  = \$667 [12:0];
             end
           end
     endcase
     if (rst) begin
-      \$828  = 2'h0;
+      \$828  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = \$signal$270 ;
+    \$829  = \$signal$265 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17458,18 +17315,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$641 ) begin
+          if (\$642 ) begin
             \$829  = 1'h0;
           end
       5'h10:
-        begin
-          if (\$659 ) begin
-            \$829  = 1'h1;
+          if (\$653 ) begin
+            if (\$654 ) begin
+              if (\$658 ) begin
+                \$829  = 1'h1;
+              end
+            end
           end
-          if (\$662 ) begin
-            \$829  = 1'h0;
-          end
-        end
     endcase
     if (rst) begin
       \$829  = 1'h0;
@@ -17477,7 +17333,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = rt_wphase;
+    \$830  = \$signal$339 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17504,18 +17360,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$641 ) begin
+          if (\$642 ) begin
             \$830  = 1'h0;
           end
       5'h10:
-        begin
-          if (\$661 ) begin
+          (* full_case = 32'd1 *)
+          if (\$647 ) begin
             \$830  = 1'h1;
-          end
-          if (\$662 ) begin
+          end else begin
             \$830  = 1'h0;
           end
-        end
     endcase
     if (rst) begin
       \$830  = 1'h0;
@@ -17523,7 +17377,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = \$signal$339 ;
+    \$831  = \$signal$340 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17550,205 +17404,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
+          if (\$642 ) begin
+            \$831  = 14'h0000;
+          end
       5'h10:
-          if (\$646 ) begin
-            \$831  = \$647 ;
-          end
-    endcase
-    if (rst) begin
-      \$831  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = rt_word;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$signal$336 ) begin
-            \$832  = \$650 ;
-          end
-    endcase
-    if (rst) begin
-      \$832  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = \$signal$274 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$659 ) begin
-            \$833  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$833  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = \$signal$275 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$668 ) begin
-            \$834  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$672 ) begin
-            \$834  = \$673 [13:0];
-          end
-      5'h16:
-          \$834  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$834  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = \$signal$279 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$668 ) begin
-            \$835  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$672 ) begin
-            if (\$674 ) begin
-              \$835  = \$675 [13:0];
+          if (\$663 ) begin
+            if (\$665 ) begin
+              \$831  = \$666 [13:0];
             end
           end
-      5'h16:
-          \$835  = 14'h0000;
     endcase
     if (rst) begin
-      \$835  = 14'h0000;
+      \$831  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = \$signal$343 ;
+    \$832  = rt_s;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17775,38 +17447,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$668 ) begin
-            \$836  = 2'h0;
+          if (\$642 ) begin
+            \$832  = 2'h0;
           end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$672 ) begin
+      5'h10:
+          if (\$663 ) begin
             (* full_case = 32'd1 *)
-            if (\$674 ) begin
-              \$836  = 2'h0;
+            if (\$665 ) begin
+              \$832  = 2'h0;
             end else begin
-              \$836  = \$676 [1:0];
+              \$832  = \$668 [1:0];
             end
           end
-      5'h16:
-          \$836  = 2'h0;
     endcase
     if (rst) begin
-      \$836  = 2'h0;
+      \$832  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = \$signal$278 ;
+    \$833  = \$signal$273 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17833,27 +17493,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$668 ) begin
-            \$837  = 14'h0000;
+          if (\$642 ) begin
+            \$833  = 1'h0;
           end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          \$837  = \$670 [13:0];
+      5'h10:
+        begin
+          if (\$660 ) begin
+            \$833  = 1'h1;
+          end
+          if (\$663 ) begin
+            \$833  = 1'h0;
+          end
+        end
     endcase
     if (rst) begin
-      \$837  = 14'h0000;
+      \$833  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = \$signal$281 ;
+    \$834  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$642 ) begin
+            \$834  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$662 ) begin
+            \$834  = 1'h1;
+          end
+          if (\$663 ) begin
+            \$834  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$834  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$835  = \$signal$342 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17882,7 +17587,124 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$668 ) begin
+          if (\$647 ) begin
+            \$835  = \$648 ;
+          end
+    endcase
+    if (rst) begin
+      \$835  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$836  = rt_word;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$signal$339 ) begin
+            \$836  = \$651 ;
+          end
+    endcase
+    if (rst) begin
+      \$836  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$837  = \$signal$277 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$660 ) begin
+            \$837  = routes__payload;
+          end
+    endcase
+    if (rst) begin
+      \$837  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$838  = \$signal$278 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$669 ) begin
             \$838  = 14'h0000;
           end
       5'h11:
@@ -17894,9 +17716,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
+          if (\$673 ) begin
+            \$838  = \$674 [13:0];
+          end
       5'h16:
-          \$838  = \$signal$278 ;
+          \$838  = 14'h0000;
     endcase
     if (rst) begin
       \$838  = 14'h0000;
@@ -17933,7 +17757,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$669 ) begin
+            \$839  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -17943,29 +17769,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
+          if (\$673 ) begin
+            if (\$675 ) begin
+              \$839  = \$676 [13:0];
+            end
+          end
       5'h16:
-          (* full_case = 32'd1 *)
-          if (\$679 ) begin
-          end else begin
-            \$839  = 4'h0;
-          end
-      5'h0b:
-          if (\$682 ) begin
-            \$839  = 4'h8;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          \$839  = \$684 [3:0];
+          \$839  = 14'h0000;
     endcase
     if (rst) begin
-      \$839  = 4'h0;
+      \$839  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = \$signal$243 ;
+    \$840  = \$signal$346 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17994,7 +17812,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$669 ) begin
+            \$840  = 2'h0;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -18004,25 +17824,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$685 ) begin
-            \$840  = \$signal$282 ;
+          if (\$673 ) begin
+            (* full_case = 32'd1 *)
+            if (\$675 ) begin
+              \$840  = 2'h0;
+            end else begin
+              \$840  = \$677 [1:0];
+            end
           end
+      5'h16:
+          \$840  = 2'h0;
     endcase
     if (rst) begin
-      \$840  = 4'h0;
+      \$840  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = \$signal$130 ;
+    \$841  = \$signal$281 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18051,7 +17870,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$669 ) begin
+            \$841  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -18059,27 +17880,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$685 ) begin
-            \$841  = \$signal$276 [15:0];
-          end
+          \$841  = \$671 [13:0];
     endcase
     if (rst) begin
-      \$841  = 16'h0000;
+      \$841  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = \$signal$141 ;
+    \$842  = \$signal$284 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18108,7 +17917,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          /* empty */;
+          if (\$669 ) begin
+            \$842  = 14'h0000;
+          end
       5'h11:
           /* empty */;
       5'h12:
@@ -18120,15 +17931,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$685 ) begin
-            \$842  = \$687 ;
-          end
+          \$842  = \$signal$281 ;
     endcase
     if (rst) begin
       \$842  = 14'h0000;
@@ -18136,7 +17939,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = \$signal$284 ;
+    \$843  = \$signal$285 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18177,36 +17980,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$680 ) begin
+          end else begin
+            \$843  = 4'h0;
+          end
       5'h0b:
-          /* empty */;
+          if (\$683 ) begin
+            \$843  = 4'h8;
+          end
       5'h17:
           /* empty */;
       5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$695 ) begin
-          end else begin
-            \$843  = 15'h0000;
-          end
-      5'h1b:
-          if (\$696 ) begin
-          end else if (\$697 ) begin
-            \$843  = \$698 [14:0];
-          end
+          \$843  = \$685 [3:0];
     endcase
     if (rst) begin
-      \$843  = 15'h0000;
+      \$843  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = \$signal$286 ;
+    \$844  = \$signal$246 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18253,33 +18047,274 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$695 ) begin
-          end else begin
-            \$844  = 1'h0;
-          end
-      5'h1b:
-          (* full_case = 32'd1 *)
-          if (\$696 ) begin
-          end else if (\$697 ) begin
-            \$844  = 1'h1;
-          end else begin
-            \$844  = 1'h0;
+          if (\$686 ) begin
+            \$844  = \$signal$285 ;
           end
     endcase
     if (rst) begin
-      \$844  = 1'h0;
+      \$844  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = \$signal$287 ;
+    \$845  = \$signal$130 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$686 ) begin
+            \$845  = \$signal$279 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$845  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$846  = \$signal$141 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$686 ) begin
+            \$846  = \$688 ;
+          end
+    endcase
+    if (rst) begin
+      \$846  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$847  = \$signal$287 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$696 ) begin
+          end else begin
+            \$847  = 15'h0000;
+          end
+      5'h1b:
+          if (\$697 ) begin
+          end else if (\$698 ) begin
+            \$847  = \$699 [14:0];
+          end
+    endcase
+    if (rst) begin
+      \$847  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$848  = \$signal$289 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$696 ) begin
+          end else begin
+            \$848  = 1'h0;
+          end
+      5'h1b:
+          (* full_case = 32'd1 *)
+          if (\$697 ) begin
+          end else if (\$698 ) begin
+            \$848  = 1'h1;
+          end else begin
+            \$848  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$848  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$849  = \$signal$290 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18334,13 +18369,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$696 ) begin
-          end else if (\$697 ) begin
-            \$845  = \$702 [12:0];
+          if (\$697 ) begin
+          end else if (\$698 ) begin
+            \$849  = \$703 [12:0];
           end
     endcase
     if (rst) begin
-      \$845  = 13'h0000;
+      \$849  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -18365,14 +18400,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$846 [5], \$846 [5], \$846  };
+  assign bus__arlen = { \$850 [5], \$850 [5], \$850  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$847 [5], \$847 [5], \$847  };
+  assign bus__awlen = { \$851 [5], \$851 [5], \$851  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -18395,35 +18430,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign load_addr = \$7 [4:2];
   assign rd_addr = s_axil__araddr;
   assign status = \$28 [31:0];
-  assign mult = \$signal$160 [15:0];
-  assign \$signal$162  = shift;
-  assign \$signal$164  = i__payload;
-  assign \i__payload$165  = i__payload[15:0];
+  assign mult = \$signal$162 [15:0];
+  assign \$signal$164  = shift;
+  assign \$signal$166  = i__payload;
+  assign \i__payload$167  = i__payload[15:0];
   assign n = ins[63:48];
   assign o__ready = 1'h1;
-  assign \o__ready$173  = 1'h1;
-  assign \o__ready$174  = 1'h1;
   assign \o__ready$175  = 1'h1;
-  assign \$signal$176  = { 1'h0, \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212  };
+  assign \o__ready$176  = 1'h1;
+  assign \o__ready$177  = 1'h1;
+  assign \$signal$178  = { 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184  };
   assign gm_word = a_in__payload;
-  assign \$signal$201  = a_in__valid;
+  assign \$signal$203  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
-  assign \rd_addr$225  = lh_acc[31:0];
-  assign \wr_addr$226  = lh_acc[31:0];
+  assign \rd_addr$227  = lh_acc[31:0];
+  assign \wr_addr$229  = lh_acc[31:0];
   assign rd_beats = { 9'h000, beats };
   assign wr_beats = { 9'h000, beats };
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$847 [5], \$847 [5], \$847  };
+  assign m_axi__awlen = { \$851 [5], \$851 [5], \$851  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$846 [5], \$846 [5], \$846  };
+  assign m_axi__arlen = { \$850 [5], \$850 [5], \$850  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -18441,15 +18476,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \ins.width  = ins[243:238];
   assign \ins.target  = ins[255:244];
   assign \i__payload[0]  = i__payload;
-  assign \i__payload$165[0]  = i__payload[15:0];
-  assign \i__payload$166[0]  = \i__payload$166 ;
-  assign \i__payload$166[0].g  = \i__payload$166 [15:0];
-  assign \i__payload$166[0].u  = \i__payload$166 [31:16];
-  assign \i__payload$168.a  = \i__payload$168 [15:0];
-  assign \i__payload$168.b  = \i__payload$168 [32:16];
-  assign \i__payload$168.last  = \i__payload$168 [33];
+  assign \i__payload$167[0]  = i__payload[15:0];
+  assign \i__payload$168[0]  = \i__payload$168 ;
+  assign \i__payload$168[0].g  = \i__payload$168 [15:0];
+  assign \i__payload$168[0].u  = \i__payload$168 [31:16];
+  assign \i__payload$170.a  = \i__payload$170 [15:0];
+  assign \i__payload$170.b  = \i__payload$170 [32:16];
+  assign \i__payload$170.last  = \i__payload$170 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$192[0]  = \o__payload$192 ;
+  assign \o__payload$194[0]  = \o__payload$194 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -18473,7 +18508,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \b_in__payload[1]  = m_axi__rdata[15:8];
   assign \b_in__payload[2]  = m_axi__rdata[23:16];
   assign \b_in__payload[3]  = m_axi__rdata[31:24];
-  assign \o__payload$204[0]  = \o__payload$204 ;
+  assign \o__payload$206[0]  = \o__payload$206 ;
   assign \c_out__payload[0]  = c_out__payload[31:0];
   assign \c_out__payload[1]  = c_out__payload[63:32];
   assign \c_out__payload[2]  = c_out__payload[95:64];
@@ -18484,9 +18519,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
   assign \rt_word[0]  = rt_word;
-  assign \$signal$274.index  = \$signal$274 [2:0];
-  assign \$signal$274.weight  = \$signal$274 [18:3];
-  assign \$signal$274.last  = \$signal$274 [19];
+  assign \$signal$277.index  = \$signal$277 [2:0];
+  assign \$signal$277.weight  = \$signal$277 [18:3];
+  assign \$signal$277.last  = \$signal$277 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -18494,18 +18529,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$251 ;
-  assign cmd__payload[69:54] = \$249 [15:0];
+  assign cmd__payload[75:70] = \$223 ;
+  assign cmd__payload[69:54] = \$221 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$168 [33] = \$signal$169 ;
-  assign \i__payload$168 [32:16] = \$208 ;
+  assign \i__payload$170 [33] = \$signal$171 ;
+  assign \i__payload$170 [32:16] = \$180 ;
+  assign \i__payload$170 [15:0] = i__payload[15:0];
+  assign \i__payload$168 [31:16] = b_word[15:0];
   assign \i__payload$168 [15:0] = i__payload[15:0];
-  assign \i__payload$166 [31:16] = b_word[15:0];
-  assign \i__payload$166 [15:0] = i__payload[15:0];
   assign \$20  = { \$signal$109 , 1'h0 };
   assign \$23  = { 1'h0, \$22 , 2'h0 };
   assign \$25  = { 7'h00, err, 8'h00 };
@@ -18529,65 +18564,65 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$124 [2:0] = ins[8:6];
   assign \$134 [9:3] = 7'h00;
   assign \$134 [2:0] = ins[8:6];
-  assign \$192  = { 1'h0, beats, 2'h0 };
-  assign \$279  = { \$signal$243 , 1'h0 };
-  assign \$281  = { \$signal$243 , 1'h0 };
-  assign \$379  = \$378 [14];
-  assign \$382  = { l0_x, 1'h0 };
-  assign \$384  = { 1'h0, l0_y[15:1] };
-  assign \$387  = \$386 [14];
-  assign \$390  = { l1_x, 1'h0 };
-  assign \$392  = { 1'h0, l1_y[15:1] };
-  assign \$395  = \$394 [14];
-  assign \$398  = { l2_x, 1'h0 };
-  assign \$400  = { 1'h0, l2_y[15:1] };
-  assign \$403  = \$402 [14];
-  assign \$406  = { l3_x, 1'h0 };
-  assign \$408  = { 1'h0, l3_y[15:1] };
-  assign \$411  = \$410 [14];
-  assign \$414  = { l4_x, 1'h0 };
-  assign \$416  = { 1'h0, l4_y[15:1] };
-  assign \$419  = \$418 [33];
-  assign \$422  = { lh_x, 1'h0 };
-  assign \$424  = { 1'h0, lh_y[15:1] };
+  assign \$251  = { \$signal$246 , 1'h0 };
+  assign \$253  = { \$signal$246 , 1'h0 };
+  assign \$351  = \$350 [14];
+  assign \$354  = { l0_x, 1'h0 };
+  assign \$356  = { 1'h0, l0_y[15:1] };
+  assign \$359  = \$358 [14];
+  assign \$362  = { l1_x, 1'h0 };
+  assign \$364  = { 1'h0, l1_y[15:1] };
+  assign \$367  = \$366 [14];
+  assign \$370  = { l2_x, 1'h0 };
+  assign \$372  = { 1'h0, l2_y[15:1] };
+  assign \$375  = \$374 [14];
+  assign \$378  = { l3_x, 1'h0 };
+  assign \$380  = { 1'h0, l3_y[15:1] };
+  assign \$383  = \$382 [14];
+  assign \$386  = { l4_x, 1'h0 };
+  assign \$388  = { 1'h0, l4_y[15:1] };
+  assign \$391  = \$390 [33];
+  assign \$394  = { lh_x, 1'h0 };
+  assign \$396  = { 1'h0, lh_y[15:1] };
+  assign \$420  = { 1'h0, beats, 2'h0 };
   assign \$509 [9:1] = 9'h000;
-  assign \$509 [0] = \$signature__data$326 [6];
-  assign \$510  = \$signature__data$326 [6];
+  assign \$509 [0] = \$signature__data$329 [6];
+  assign \$510  = \$signature__data$329 [6];
   assign \$514 [9:1] = 9'h000;
-  assign \$514 [0] = \$signature__data$326 [6];
-  assign \$515  = \$signature__data$326 [6];
+  assign \$514 [0] = \$signature__data$329 [6];
+  assign \$515  = \$signature__data$329 [6];
   assign \$519 [9:1] = 9'h000;
-  assign \$519 [0] = \$signature__data$326 [6];
-  assign \$520  = \$signature__data$326 [6];
+  assign \$519 [0] = \$signature__data$329 [6];
+  assign \$520  = \$signature__data$329 [6];
   assign \$524  = { \$523 [17], \$523 [17], \$523 [17:2] };
   assign \$527 [9:1] = 9'h000;
-  assign \$527 [0] = \$signature__data$326 [6];
-  assign \$528  = \$signature__data$326 [6];
+  assign \$527 [0] = \$signature__data$329 [6];
+  assign \$528  = \$signature__data$329 [6];
   assign \$532  = { \$531 [17], \$531 [17], \$531 [17:2] };
   assign \$537  = { \$536 [17], \$536 [17], \$536 [17:2] };
   assign \$540 [9:1] = 9'h000;
-  assign \$540 [0] = \$signature__data$326 [6];
-  assign \$541  = \$signature__data$326 [6];
+  assign \$540 [0] = \$signature__data$329 [6];
+  assign \$541  = \$signature__data$329 [6];
   assign \$549 [9:1] = 9'h000;
-  assign \$549 [0] = \$signature__data$326 [6];
-  assign \$550  = \$signature__data$326 [6];
+  assign \$549 [0] = \$signature__data$329 [6];
+  assign \$550  = \$signature__data$329 [6];
   assign { \$552 [9:2], \$552 [0] } = 9'h000;
-  assign \$552 [1] = \$signature__data$326 [7];
-  assign { \$575 [9:3], \$575 [1:0] } = 9'h000;
-  assign \$575 [2] = ins[8];
-  assign \$576  = ins[8];
-  assign { \$577 [9:3], \$577 [1:0] } = 9'h000;
-  assign \$577 [2] = ins[8];
-  assign \$578  = ins[8];
-  assign \$579  = { l1_acc[13:2], 1'h0 };
-  assign \$581  = { l1_acc[13:2], 1'h0 };
-  assign \$651  = 1'h1;
-  assign \$553  = \$signature__data$326 [7];
+  assign \$552 [1] = \$signature__data$329 [7];
+  assign { \$576 [9:3], \$576 [1:0] } = 9'h000;
+  assign \$576 [2] = ins[8];
+  assign \$577  = ins[8];
+  assign { \$578 [9:3], \$578 [1:0] } = 9'h000;
+  assign \$578 [2] = ins[8];
+  assign \$579  = ins[8];
+  assign \$580  = { l1_acc[13:2], 1'h0 };
+  assign \$582  = { l1_acc[13:2], 1'h0 };
+  assign \$652  = 1'h1;
+  assign \$553  = \$signature__data$329 [7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1139$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1157$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, \port$3256$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1140$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1158$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, \port$3257$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -18726,12 +18761,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1139$0 ;
-  wire [5:0] \port$1139$0 ;
-  output [5:0] \port$1157$0 ;
-  wire [5:0] \port$1157$0 ;
-  input [14:0] \port$3256$0 ;
-  wire [14:0] \port$3256$0 ;
+  output [5:0] \port$1140$0 ;
+  wire [5:0] \port$1140$0 ;
+  output [5:0] \port$1158$0 ;
+  wire [5:0] \port$1158$0 ;
+  input [14:0] \port$3257$0 ;
+  wire [14:0] \port$3257$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -18896,7 +18931,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 9'h000, \port$3256$0  };
+      \$74  = { 9'h000, \port$3257$0  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -18932,7 +18967,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 9'h000, \port$3256$0  };
+      \$77  = { 9'h000, \port$3257$0  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -18977,11 +19012,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 9'h000, \port$3256$0  };
+  assign rd_beats = { 9'h000, \port$3257$0  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 9'h000, \port$3256$0  };
-  assign \port$1139$0  = \$9 ;
-  assign \port$1157$0  = \$23 ;
+  assign wr_beats = { 9'h000, \port$3257$0  };
+  assign \port$1140$0  = \$9 ;
+  assign \port$1158$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -20488,7 +20523,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$3725$54 (cmd[75:54]),
+    .\port$3732$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -26625,7 +26660,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3725$54 , i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3732$54 , i__payload, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire [67:0] \$10 ;
@@ -27449,8 +27484,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$3725$54 ;
-  wire [21:0] \port$3725$54 ;
+  input [21:0] \port$3732$54 ;
+  wire [21:0] \port$3732$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
@@ -27475,28 +27510,28 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$247  = \port$3725$54 [21] ? \$246  : { x0, 1'h0 };
-  assign \$250  = \port$3725$54 [21] ? \$249  : { x0, 1'h0 };
-  assign \$251  = \port$3725$54 [20] ? \$248  : \$250 ;
-  assign \$252  = \port$3725$54 [19] ? \$245  : \$251 [47:0];
-  assign \$253  = \port$3725$54 [18] ? \$238  : \$252 [39:0];
-  assign \$256  = \port$3725$54 [21] ? \$255  : { x0, 1'h0 };
-  assign \$259  = \port$3725$54 [21] ? \$258  : { x0, 1'h0 };
-  assign \$260  = \port$3725$54 [20] ? \$257  : \$259 ;
-  assign \$263  = \port$3725$54 [21] ? \$262  : { x0, 1'h0 };
-  assign \$266  = \port$3725$54 [21] ? \$265  : { x0, 1'h0 };
-  assign \$267  = \port$3725$54 [20] ? \$264  : \$266 ;
-  assign \$268  = \port$3725$54 [19] ? \$261  : \$267 [47:0];
-  assign \$271  = \port$3725$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$274  = \port$3725$54 [21] ? \$273  : { x0, 1'h0 };
-  assign \$275  = \port$3725$54 [20] ? \$272  : \$274 ;
-  assign \$278  = \port$3725$54 [21] ? \$277  : { x0, 1'h0 };
-  assign \$281  = \port$3725$54 [21] ? \$280  : { x0, 1'h0 };
-  assign \$282  = \port$3725$54 [20] ? \$279  : \$281 ;
-  assign \$283  = \port$3725$54 [19] ? \$276  : \$282 [47:0];
-  assign \$284  = \port$3725$54 [18] ? \$269  : \$283 [39:0];
-  assign \$285  = \port$3725$54 [17] ? \$254  : \$284 [35:0];
-  assign \$286  = \port$3725$54 [16] ? \$223  : \$285 [33:0];
+  assign \$247  = \port$3732$54 [21] ? \$246  : { x0, 1'h0 };
+  assign \$250  = \port$3732$54 [21] ? \$249  : { x0, 1'h0 };
+  assign \$251  = \port$3732$54 [20] ? \$248  : \$250 ;
+  assign \$252  = \port$3732$54 [19] ? \$245  : \$251 [47:0];
+  assign \$253  = \port$3732$54 [18] ? \$238  : \$252 [39:0];
+  assign \$256  = \port$3732$54 [21] ? \$255  : { x0, 1'h0 };
+  assign \$259  = \port$3732$54 [21] ? \$258  : { x0, 1'h0 };
+  assign \$260  = \port$3732$54 [20] ? \$257  : \$259 ;
+  assign \$263  = \port$3732$54 [21] ? \$262  : { x0, 1'h0 };
+  assign \$266  = \port$3732$54 [21] ? \$265  : { x0, 1'h0 };
+  assign \$267  = \port$3732$54 [20] ? \$264  : \$266 ;
+  assign \$268  = \port$3732$54 [19] ? \$261  : \$267 [47:0];
+  assign \$271  = \port$3732$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$274  = \port$3732$54 [21] ? \$273  : { x0, 1'h0 };
+  assign \$275  = \port$3732$54 [20] ? \$272  : \$274 ;
+  assign \$278  = \port$3732$54 [21] ? \$277  : { x0, 1'h0 };
+  assign \$281  = \port$3732$54 [21] ? \$280  : { x0, 1'h0 };
+  assign \$282  = \port$3732$54 [20] ? \$279  : \$281 ;
+  assign \$283  = \port$3732$54 [19] ? \$276  : \$282 [47:0];
+  assign \$284  = \port$3732$54 [18] ? \$269  : \$283 [39:0];
+  assign \$285  = \port$3732$54 [17] ? \$254  : \$284 [35:0];
+  assign \$286  = \port$3732$54 [16] ? \$223  : \$285 [33:0];
   assign \$287  = { x0, 1'h0 } & below;
   assign \$288  = | \$287 ;
   assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27509,69 +27544,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$296  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$297  = \$296  ? 33'h07fffffff : rounded0;
   assign \$298  = over2_0 ? { \$295 [31], \$295  } : \$297 ;
-  assign \$300  = \port$3725$54 [21] ? \$299  : { x1, 1'h0 };
-  assign \$303  = \port$3725$54 [21] ? \$302  : { x1, 1'h0 };
-  assign \$304  = \port$3725$54 [20] ? \$301  : \$303 ;
-  assign \$307  = \port$3725$54 [21] ? \$306  : { x1, 1'h0 };
-  assign \$310  = \port$3725$54 [21] ? \$309  : { x1, 1'h0 };
-  assign \$311  = \port$3725$54 [20] ? \$308  : \$310 ;
-  assign \$312  = \port$3725$54 [19] ? \$305  : \$311 [47:0];
-  assign \$315  = \port$3725$54 [21] ? \$314  : { x1, 1'h0 };
-  assign \$318  = \port$3725$54 [21] ? \$317  : { x1, 1'h0 };
-  assign \$319  = \port$3725$54 [20] ? \$316  : \$318 ;
-  assign \$322  = \port$3725$54 [21] ? \$321  : { x1, 1'h0 };
-  assign \$325  = \port$3725$54 [21] ? \$324  : { x1, 1'h0 };
-  assign \$326  = \port$3725$54 [20] ? \$323  : \$325 ;
-  assign \$327  = \port$3725$54 [19] ? \$320  : \$326 [47:0];
-  assign \$328  = \port$3725$54 [18] ? \$313  : \$327 [39:0];
-  assign \$331  = \port$3725$54 [21] ? \$330  : { x1, 1'h0 };
-  assign \$334  = \port$3725$54 [21] ? \$333  : { x1, 1'h0 };
-  assign \$335  = \port$3725$54 [20] ? \$332  : \$334 ;
-  assign \$338  = \port$3725$54 [21] ? \$337  : { x1, 1'h0 };
-  assign \$341  = \port$3725$54 [21] ? \$340  : { x1, 1'h0 };
-  assign \$342  = \port$3725$54 [20] ? \$339  : \$341 ;
-  assign \$343  = \port$3725$54 [19] ? \$336  : \$342 [47:0];
-  assign \$346  = \port$3725$54 [21] ? \$345  : { x1, 1'h0 };
-  assign \$349  = \port$3725$54 [21] ? \$348  : { x1, 1'h0 };
-  assign \$350  = \port$3725$54 [20] ? \$347  : \$349 ;
-  assign \$353  = \port$3725$54 [21] ? \$352  : { x1, 1'h0 };
-  assign \$356  = \port$3725$54 [21] ? \$355  : { x1, 1'h0 };
-  assign \$357  = \port$3725$54 [20] ? \$354  : \$356 ;
-  assign \$358  = \port$3725$54 [19] ? \$351  : \$357 [47:0];
-  assign \$359  = \port$3725$54 [18] ? \$344  : \$358 [39:0];
-  assign \$360  = \port$3725$54 [17] ? \$329  : \$359 [35:0];
-  assign \$363  = \port$3725$54 [21] ? \$362  : { x1, 1'h0 };
-  assign \$366  = \port$3725$54 [21] ? \$365  : { x1, 1'h0 };
-  assign \$367  = \port$3725$54 [20] ? \$364  : \$366 ;
-  assign \$370  = \port$3725$54 [21] ? \$369  : { x1, 1'h0 };
-  assign \$373  = \port$3725$54 [21] ? \$372  : { x1, 1'h0 };
-  assign \$374  = \port$3725$54 [20] ? \$371  : \$373 ;
-  assign \$375  = \port$3725$54 [19] ? \$368  : \$374 [47:0];
-  assign \$378  = \port$3725$54 [21] ? \$377  : { x1, 1'h0 };
-  assign \$381  = \port$3725$54 [21] ? \$380  : { x1, 1'h0 };
-  assign \$382  = \port$3725$54 [20] ? \$379  : \$381 ;
-  assign \$385  = \port$3725$54 [21] ? \$384  : { x1, 1'h0 };
-  assign \$388  = \port$3725$54 [21] ? \$387  : { x1, 1'h0 };
-  assign \$389  = \port$3725$54 [20] ? \$386  : \$388 ;
-  assign \$390  = \port$3725$54 [19] ? \$383  : \$389 [47:0];
-  assign \$391  = \port$3725$54 [18] ? \$376  : \$390 [39:0];
-  assign \$394  = \port$3725$54 [21] ? \$393  : { x1, 1'h0 };
-  assign \$397  = \port$3725$54 [21] ? \$396  : { x1, 1'h0 };
-  assign \$398  = \port$3725$54 [20] ? \$395  : \$397 ;
-  assign \$401  = \port$3725$54 [21] ? \$400  : { x1, 1'h0 };
-  assign \$404  = \port$3725$54 [21] ? \$403  : { x1, 1'h0 };
-  assign \$405  = \port$3725$54 [20] ? \$402  : \$404 ;
-  assign \$406  = \port$3725$54 [19] ? \$399  : \$405 [47:0];
-  assign \$409  = \port$3725$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$412  = \port$3725$54 [21] ? \$411  : { x1, 1'h0 };
-  assign \$413  = \port$3725$54 [20] ? \$410  : \$412 ;
-  assign \$416  = \port$3725$54 [21] ? \$415  : { x1, 1'h0 };
-  assign \$419  = \port$3725$54 [21] ? \$418  : { x1, 1'h0 };
-  assign \$420  = \port$3725$54 [20] ? \$417  : \$419 ;
-  assign \$421  = \port$3725$54 [19] ? \$414  : \$420 [47:0];
-  assign \$422  = \port$3725$54 [18] ? \$407  : \$421 [39:0];
-  assign \$423  = \port$3725$54 [17] ? \$392  : \$422 [35:0];
-  assign \$424  = \port$3725$54 [16] ? \$361  : \$423 [33:0];
+  assign \$300  = \port$3732$54 [21] ? \$299  : { x1, 1'h0 };
+  assign \$303  = \port$3732$54 [21] ? \$302  : { x1, 1'h0 };
+  assign \$304  = \port$3732$54 [20] ? \$301  : \$303 ;
+  assign \$307  = \port$3732$54 [21] ? \$306  : { x1, 1'h0 };
+  assign \$310  = \port$3732$54 [21] ? \$309  : { x1, 1'h0 };
+  assign \$311  = \port$3732$54 [20] ? \$308  : \$310 ;
+  assign \$312  = \port$3732$54 [19] ? \$305  : \$311 [47:0];
+  assign \$315  = \port$3732$54 [21] ? \$314  : { x1, 1'h0 };
+  assign \$318  = \port$3732$54 [21] ? \$317  : { x1, 1'h0 };
+  assign \$319  = \port$3732$54 [20] ? \$316  : \$318 ;
+  assign \$322  = \port$3732$54 [21] ? \$321  : { x1, 1'h0 };
+  assign \$325  = \port$3732$54 [21] ? \$324  : { x1, 1'h0 };
+  assign \$326  = \port$3732$54 [20] ? \$323  : \$325 ;
+  assign \$327  = \port$3732$54 [19] ? \$320  : \$326 [47:0];
+  assign \$328  = \port$3732$54 [18] ? \$313  : \$327 [39:0];
+  assign \$331  = \port$3732$54 [21] ? \$330  : { x1, 1'h0 };
+  assign \$334  = \port$3732$54 [21] ? \$333  : { x1, 1'h0 };
+  assign \$335  = \port$3732$54 [20] ? \$332  : \$334 ;
+  assign \$338  = \port$3732$54 [21] ? \$337  : { x1, 1'h0 };
+  assign \$341  = \port$3732$54 [21] ? \$340  : { x1, 1'h0 };
+  assign \$342  = \port$3732$54 [20] ? \$339  : \$341 ;
+  assign \$343  = \port$3732$54 [19] ? \$336  : \$342 [47:0];
+  assign \$346  = \port$3732$54 [21] ? \$345  : { x1, 1'h0 };
+  assign \$349  = \port$3732$54 [21] ? \$348  : { x1, 1'h0 };
+  assign \$350  = \port$3732$54 [20] ? \$347  : \$349 ;
+  assign \$353  = \port$3732$54 [21] ? \$352  : { x1, 1'h0 };
+  assign \$356  = \port$3732$54 [21] ? \$355  : { x1, 1'h0 };
+  assign \$357  = \port$3732$54 [20] ? \$354  : \$356 ;
+  assign \$358  = \port$3732$54 [19] ? \$351  : \$357 [47:0];
+  assign \$359  = \port$3732$54 [18] ? \$344  : \$358 [39:0];
+  assign \$360  = \port$3732$54 [17] ? \$329  : \$359 [35:0];
+  assign \$363  = \port$3732$54 [21] ? \$362  : { x1, 1'h0 };
+  assign \$366  = \port$3732$54 [21] ? \$365  : { x1, 1'h0 };
+  assign \$367  = \port$3732$54 [20] ? \$364  : \$366 ;
+  assign \$370  = \port$3732$54 [21] ? \$369  : { x1, 1'h0 };
+  assign \$373  = \port$3732$54 [21] ? \$372  : { x1, 1'h0 };
+  assign \$374  = \port$3732$54 [20] ? \$371  : \$373 ;
+  assign \$375  = \port$3732$54 [19] ? \$368  : \$374 [47:0];
+  assign \$378  = \port$3732$54 [21] ? \$377  : { x1, 1'h0 };
+  assign \$381  = \port$3732$54 [21] ? \$380  : { x1, 1'h0 };
+  assign \$382  = \port$3732$54 [20] ? \$379  : \$381 ;
+  assign \$385  = \port$3732$54 [21] ? \$384  : { x1, 1'h0 };
+  assign \$388  = \port$3732$54 [21] ? \$387  : { x1, 1'h0 };
+  assign \$389  = \port$3732$54 [20] ? \$386  : \$388 ;
+  assign \$390  = \port$3732$54 [19] ? \$383  : \$389 [47:0];
+  assign \$391  = \port$3732$54 [18] ? \$376  : \$390 [39:0];
+  assign \$394  = \port$3732$54 [21] ? \$393  : { x1, 1'h0 };
+  assign \$397  = \port$3732$54 [21] ? \$396  : { x1, 1'h0 };
+  assign \$398  = \port$3732$54 [20] ? \$395  : \$397 ;
+  assign \$401  = \port$3732$54 [21] ? \$400  : { x1, 1'h0 };
+  assign \$404  = \port$3732$54 [21] ? \$403  : { x1, 1'h0 };
+  assign \$405  = \port$3732$54 [20] ? \$402  : \$404 ;
+  assign \$406  = \port$3732$54 [19] ? \$399  : \$405 [47:0];
+  assign \$409  = \port$3732$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$412  = \port$3732$54 [21] ? \$411  : { x1, 1'h0 };
+  assign \$413  = \port$3732$54 [20] ? \$410  : \$412 ;
+  assign \$416  = \port$3732$54 [21] ? \$415  : { x1, 1'h0 };
+  assign \$419  = \port$3732$54 [21] ? \$418  : { x1, 1'h0 };
+  assign \$420  = \port$3732$54 [20] ? \$417  : \$419 ;
+  assign \$421  = \port$3732$54 [19] ? \$414  : \$420 [47:0];
+  assign \$422  = \port$3732$54 [18] ? \$407  : \$421 [39:0];
+  assign \$423  = \port$3732$54 [17] ? \$392  : \$422 [35:0];
+  assign \$424  = \port$3732$54 [16] ? \$361  : \$423 [33:0];
   assign \$425  = { x1, 1'h0 } & below;
   assign \$426  = | \$425 ;
   assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27584,69 +27619,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$434  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$435  = \$434  ? 33'h07fffffff : rounded1;
   assign \$436  = over2_1 ? { \$433 [31], \$433  } : \$435 ;
-  assign \$438  = \port$3725$54 [21] ? \$437  : { x2, 1'h0 };
-  assign \$441  = \port$3725$54 [21] ? \$440  : { x2, 1'h0 };
-  assign \$442  = \port$3725$54 [20] ? \$439  : \$441 ;
-  assign \$445  = \port$3725$54 [21] ? \$444  : { x2, 1'h0 };
-  assign \$448  = \port$3725$54 [21] ? \$447  : { x2, 1'h0 };
-  assign \$449  = \port$3725$54 [20] ? \$446  : \$448 ;
-  assign \$450  = \port$3725$54 [19] ? \$443  : \$449 [47:0];
-  assign \$453  = \port$3725$54 [21] ? \$452  : { x2, 1'h0 };
-  assign \$456  = \port$3725$54 [21] ? \$455  : { x2, 1'h0 };
-  assign \$457  = \port$3725$54 [20] ? \$454  : \$456 ;
-  assign \$460  = \port$3725$54 [21] ? \$459  : { x2, 1'h0 };
-  assign \$463  = \port$3725$54 [21] ? \$462  : { x2, 1'h0 };
-  assign \$464  = \port$3725$54 [20] ? \$461  : \$463 ;
-  assign \$465  = \port$3725$54 [19] ? \$458  : \$464 [47:0];
-  assign \$466  = \port$3725$54 [18] ? \$451  : \$465 [39:0];
-  assign \$469  = \port$3725$54 [21] ? \$468  : { x2, 1'h0 };
-  assign \$472  = \port$3725$54 [21] ? \$471  : { x2, 1'h0 };
-  assign \$473  = \port$3725$54 [20] ? \$470  : \$472 ;
-  assign \$476  = \port$3725$54 [21] ? \$475  : { x2, 1'h0 };
-  assign \$479  = \port$3725$54 [21] ? \$478  : { x2, 1'h0 };
-  assign \$480  = \port$3725$54 [20] ? \$477  : \$479 ;
-  assign \$481  = \port$3725$54 [19] ? \$474  : \$480 [47:0];
-  assign \$484  = \port$3725$54 [21] ? \$483  : { x2, 1'h0 };
-  assign \$487  = \port$3725$54 [21] ? \$486  : { x2, 1'h0 };
-  assign \$488  = \port$3725$54 [20] ? \$485  : \$487 ;
-  assign \$491  = \port$3725$54 [21] ? \$490  : { x2, 1'h0 };
-  assign \$494  = \port$3725$54 [21] ? \$493  : { x2, 1'h0 };
-  assign \$495  = \port$3725$54 [20] ? \$492  : \$494 ;
-  assign \$496  = \port$3725$54 [19] ? \$489  : \$495 [47:0];
-  assign \$497  = \port$3725$54 [18] ? \$482  : \$496 [39:0];
-  assign \$498  = \port$3725$54 [17] ? \$467  : \$497 [35:0];
-  assign \$501  = \port$3725$54 [21] ? \$500  : { x2, 1'h0 };
-  assign \$504  = \port$3725$54 [21] ? \$503  : { x2, 1'h0 };
-  assign \$505  = \port$3725$54 [20] ? \$502  : \$504 ;
-  assign \$508  = \port$3725$54 [21] ? \$507  : { x2, 1'h0 };
-  assign \$511  = \port$3725$54 [21] ? \$510  : { x2, 1'h0 };
-  assign \$512  = \port$3725$54 [20] ? \$509  : \$511 ;
-  assign \$513  = \port$3725$54 [19] ? \$506  : \$512 [47:0];
-  assign \$516  = \port$3725$54 [21] ? \$515  : { x2, 1'h0 };
-  assign \$519  = \port$3725$54 [21] ? \$518  : { x2, 1'h0 };
-  assign \$520  = \port$3725$54 [20] ? \$517  : \$519 ;
-  assign \$523  = \port$3725$54 [21] ? \$522  : { x2, 1'h0 };
-  assign \$526  = \port$3725$54 [21] ? \$525  : { x2, 1'h0 };
-  assign \$527  = \port$3725$54 [20] ? \$524  : \$526 ;
-  assign \$528  = \port$3725$54 [19] ? \$521  : \$527 [47:0];
-  assign \$529  = \port$3725$54 [18] ? \$514  : \$528 [39:0];
-  assign \$532  = \port$3725$54 [21] ? \$531  : { x2, 1'h0 };
-  assign \$535  = \port$3725$54 [21] ? \$534  : { x2, 1'h0 };
-  assign \$536  = \port$3725$54 [20] ? \$533  : \$535 ;
-  assign \$539  = \port$3725$54 [21] ? \$538  : { x2, 1'h0 };
-  assign \$542  = \port$3725$54 [21] ? \$541  : { x2, 1'h0 };
-  assign \$543  = \port$3725$54 [20] ? \$540  : \$542 ;
-  assign \$544  = \port$3725$54 [19] ? \$537  : \$543 [47:0];
-  assign \$547  = \port$3725$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$550  = \port$3725$54 [21] ? \$549  : { x2, 1'h0 };
-  assign \$551  = \port$3725$54 [20] ? \$548  : \$550 ;
-  assign \$554  = \port$3725$54 [21] ? \$553  : { x2, 1'h0 };
-  assign \$557  = \port$3725$54 [21] ? \$556  : { x2, 1'h0 };
-  assign \$558  = \port$3725$54 [20] ? \$555  : \$557 ;
-  assign \$559  = \port$3725$54 [19] ? \$552  : \$558 [47:0];
-  assign \$560  = \port$3725$54 [18] ? \$545  : \$559 [39:0];
-  assign \$561  = \port$3725$54 [17] ? \$530  : \$560 [35:0];
-  assign \$562  = \port$3725$54 [16] ? \$499  : \$561 [33:0];
+  assign \$438  = \port$3732$54 [21] ? \$437  : { x2, 1'h0 };
+  assign \$441  = \port$3732$54 [21] ? \$440  : { x2, 1'h0 };
+  assign \$442  = \port$3732$54 [20] ? \$439  : \$441 ;
+  assign \$445  = \port$3732$54 [21] ? \$444  : { x2, 1'h0 };
+  assign \$448  = \port$3732$54 [21] ? \$447  : { x2, 1'h0 };
+  assign \$449  = \port$3732$54 [20] ? \$446  : \$448 ;
+  assign \$450  = \port$3732$54 [19] ? \$443  : \$449 [47:0];
+  assign \$453  = \port$3732$54 [21] ? \$452  : { x2, 1'h0 };
+  assign \$456  = \port$3732$54 [21] ? \$455  : { x2, 1'h0 };
+  assign \$457  = \port$3732$54 [20] ? \$454  : \$456 ;
+  assign \$460  = \port$3732$54 [21] ? \$459  : { x2, 1'h0 };
+  assign \$463  = \port$3732$54 [21] ? \$462  : { x2, 1'h0 };
+  assign \$464  = \port$3732$54 [20] ? \$461  : \$463 ;
+  assign \$465  = \port$3732$54 [19] ? \$458  : \$464 [47:0];
+  assign \$466  = \port$3732$54 [18] ? \$451  : \$465 [39:0];
+  assign \$469  = \port$3732$54 [21] ? \$468  : { x2, 1'h0 };
+  assign \$472  = \port$3732$54 [21] ? \$471  : { x2, 1'h0 };
+  assign \$473  = \port$3732$54 [20] ? \$470  : \$472 ;
+  assign \$476  = \port$3732$54 [21] ? \$475  : { x2, 1'h0 };
+  assign \$479  = \port$3732$54 [21] ? \$478  : { x2, 1'h0 };
+  assign \$480  = \port$3732$54 [20] ? \$477  : \$479 ;
+  assign \$481  = \port$3732$54 [19] ? \$474  : \$480 [47:0];
+  assign \$484  = \port$3732$54 [21] ? \$483  : { x2, 1'h0 };
+  assign \$487  = \port$3732$54 [21] ? \$486  : { x2, 1'h0 };
+  assign \$488  = \port$3732$54 [20] ? \$485  : \$487 ;
+  assign \$491  = \port$3732$54 [21] ? \$490  : { x2, 1'h0 };
+  assign \$494  = \port$3732$54 [21] ? \$493  : { x2, 1'h0 };
+  assign \$495  = \port$3732$54 [20] ? \$492  : \$494 ;
+  assign \$496  = \port$3732$54 [19] ? \$489  : \$495 [47:0];
+  assign \$497  = \port$3732$54 [18] ? \$482  : \$496 [39:0];
+  assign \$498  = \port$3732$54 [17] ? \$467  : \$497 [35:0];
+  assign \$501  = \port$3732$54 [21] ? \$500  : { x2, 1'h0 };
+  assign \$504  = \port$3732$54 [21] ? \$503  : { x2, 1'h0 };
+  assign \$505  = \port$3732$54 [20] ? \$502  : \$504 ;
+  assign \$508  = \port$3732$54 [21] ? \$507  : { x2, 1'h0 };
+  assign \$511  = \port$3732$54 [21] ? \$510  : { x2, 1'h0 };
+  assign \$512  = \port$3732$54 [20] ? \$509  : \$511 ;
+  assign \$513  = \port$3732$54 [19] ? \$506  : \$512 [47:0];
+  assign \$516  = \port$3732$54 [21] ? \$515  : { x2, 1'h0 };
+  assign \$519  = \port$3732$54 [21] ? \$518  : { x2, 1'h0 };
+  assign \$520  = \port$3732$54 [20] ? \$517  : \$519 ;
+  assign \$523  = \port$3732$54 [21] ? \$522  : { x2, 1'h0 };
+  assign \$526  = \port$3732$54 [21] ? \$525  : { x2, 1'h0 };
+  assign \$527  = \port$3732$54 [20] ? \$524  : \$526 ;
+  assign \$528  = \port$3732$54 [19] ? \$521  : \$527 [47:0];
+  assign \$529  = \port$3732$54 [18] ? \$514  : \$528 [39:0];
+  assign \$532  = \port$3732$54 [21] ? \$531  : { x2, 1'h0 };
+  assign \$535  = \port$3732$54 [21] ? \$534  : { x2, 1'h0 };
+  assign \$536  = \port$3732$54 [20] ? \$533  : \$535 ;
+  assign \$539  = \port$3732$54 [21] ? \$538  : { x2, 1'h0 };
+  assign \$542  = \port$3732$54 [21] ? \$541  : { x2, 1'h0 };
+  assign \$543  = \port$3732$54 [20] ? \$540  : \$542 ;
+  assign \$544  = \port$3732$54 [19] ? \$537  : \$543 [47:0];
+  assign \$547  = \port$3732$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$550  = \port$3732$54 [21] ? \$549  : { x2, 1'h0 };
+  assign \$551  = \port$3732$54 [20] ? \$548  : \$550 ;
+  assign \$554  = \port$3732$54 [21] ? \$553  : { x2, 1'h0 };
+  assign \$557  = \port$3732$54 [21] ? \$556  : { x2, 1'h0 };
+  assign \$558  = \port$3732$54 [20] ? \$555  : \$557 ;
+  assign \$559  = \port$3732$54 [19] ? \$552  : \$558 [47:0];
+  assign \$560  = \port$3732$54 [18] ? \$545  : \$559 [39:0];
+  assign \$561  = \port$3732$54 [17] ? \$530  : \$560 [35:0];
+  assign \$562  = \port$3732$54 [16] ? \$499  : \$561 [33:0];
   assign \$563  = { x2, 1'h0 } & below;
   assign \$564  = | \$563 ;
   assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27659,69 +27694,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$572  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$573  = \$572  ? 33'h07fffffff : rounded2;
   assign \$574  = over2_2 ? { \$571 [31], \$571  } : \$573 ;
-  assign \$576  = \port$3725$54 [21] ? \$575  : { x3, 1'h0 };
-  assign \$579  = \port$3725$54 [21] ? \$578  : { x3, 1'h0 };
-  assign \$580  = \port$3725$54 [20] ? \$577  : \$579 ;
-  assign \$583  = \port$3725$54 [21] ? \$582  : { x3, 1'h0 };
-  assign \$586  = \port$3725$54 [21] ? \$585  : { x3, 1'h0 };
-  assign \$587  = \port$3725$54 [20] ? \$584  : \$586 ;
-  assign \$588  = \port$3725$54 [19] ? \$581  : \$587 [47:0];
-  assign \$591  = \port$3725$54 [21] ? \$590  : { x3, 1'h0 };
-  assign \$594  = \port$3725$54 [21] ? \$593  : { x3, 1'h0 };
-  assign \$595  = \port$3725$54 [20] ? \$592  : \$594 ;
-  assign \$598  = \port$3725$54 [21] ? \$597  : { x3, 1'h0 };
-  assign \$601  = \port$3725$54 [21] ? \$600  : { x3, 1'h0 };
-  assign \$602  = \port$3725$54 [20] ? \$599  : \$601 ;
-  assign \$603  = \port$3725$54 [19] ? \$596  : \$602 [47:0];
-  assign \$604  = \port$3725$54 [18] ? \$589  : \$603 [39:0];
-  assign \$607  = \port$3725$54 [21] ? \$606  : { x3, 1'h0 };
-  assign \$610  = \port$3725$54 [21] ? \$609  : { x3, 1'h0 };
-  assign \$611  = \port$3725$54 [20] ? \$608  : \$610 ;
-  assign \$614  = \port$3725$54 [21] ? \$613  : { x3, 1'h0 };
-  assign \$617  = \port$3725$54 [21] ? \$616  : { x3, 1'h0 };
-  assign \$618  = \port$3725$54 [20] ? \$615  : \$617 ;
-  assign \$619  = \port$3725$54 [19] ? \$612  : \$618 [47:0];
-  assign \$622  = \port$3725$54 [21] ? \$621  : { x3, 1'h0 };
-  assign \$625  = \port$3725$54 [21] ? \$624  : { x3, 1'h0 };
-  assign \$626  = \port$3725$54 [20] ? \$623  : \$625 ;
-  assign \$629  = \port$3725$54 [21] ? \$628  : { x3, 1'h0 };
-  assign \$632  = \port$3725$54 [21] ? \$631  : { x3, 1'h0 };
-  assign \$633  = \port$3725$54 [20] ? \$630  : \$632 ;
-  assign \$634  = \port$3725$54 [19] ? \$627  : \$633 [47:0];
-  assign \$635  = \port$3725$54 [18] ? \$620  : \$634 [39:0];
-  assign \$636  = \port$3725$54 [17] ? \$605  : \$635 [35:0];
-  assign \$639  = \port$3725$54 [21] ? \$638  : { x3, 1'h0 };
-  assign \$642  = \port$3725$54 [21] ? \$641  : { x3, 1'h0 };
-  assign \$643  = \port$3725$54 [20] ? \$640  : \$642 ;
-  assign \$646  = \port$3725$54 [21] ? \$645  : { x3, 1'h0 };
-  assign \$649  = \port$3725$54 [21] ? \$648  : { x3, 1'h0 };
-  assign \$650  = \port$3725$54 [20] ? \$647  : \$649 ;
-  assign \$651  = \port$3725$54 [19] ? \$644  : \$650 [47:0];
-  assign \$654  = \port$3725$54 [21] ? \$653  : { x3, 1'h0 };
-  assign \$657  = \port$3725$54 [21] ? \$656  : { x3, 1'h0 };
-  assign \$658  = \port$3725$54 [20] ? \$655  : \$657 ;
-  assign \$661  = \port$3725$54 [21] ? \$660  : { x3, 1'h0 };
-  assign \$664  = \port$3725$54 [21] ? \$663  : { x3, 1'h0 };
-  assign \$665  = \port$3725$54 [20] ? \$662  : \$664 ;
-  assign \$666  = \port$3725$54 [19] ? \$659  : \$665 [47:0];
-  assign \$667  = \port$3725$54 [18] ? \$652  : \$666 [39:0];
-  assign \$670  = \port$3725$54 [21] ? \$669  : { x3, 1'h0 };
-  assign \$673  = \port$3725$54 [21] ? \$672  : { x3, 1'h0 };
-  assign \$674  = \port$3725$54 [20] ? \$671  : \$673 ;
-  assign \$677  = \port$3725$54 [21] ? \$676  : { x3, 1'h0 };
-  assign \$680  = \port$3725$54 [21] ? \$679  : { x3, 1'h0 };
-  assign \$681  = \port$3725$54 [20] ? \$678  : \$680 ;
-  assign \$682  = \port$3725$54 [19] ? \$675  : \$681 [47:0];
-  assign \$685  = \port$3725$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$688  = \port$3725$54 [21] ? \$687  : { x3, 1'h0 };
-  assign \$689  = \port$3725$54 [20] ? \$686  : \$688 ;
-  assign \$692  = \port$3725$54 [21] ? \$691  : { x3, 1'h0 };
-  assign \$695  = \port$3725$54 [21] ? \$694  : { x3, 1'h0 };
-  assign \$696  = \port$3725$54 [20] ? \$693  : \$695 ;
-  assign \$697  = \port$3725$54 [19] ? \$690  : \$696 [47:0];
-  assign \$698  = \port$3725$54 [18] ? \$683  : \$697 [39:0];
-  assign \$699  = \port$3725$54 [17] ? \$668  : \$698 [35:0];
-  assign \$700  = \port$3725$54 [16] ? \$637  : \$699 [33:0];
+  assign \$576  = \port$3732$54 [21] ? \$575  : { x3, 1'h0 };
+  assign \$579  = \port$3732$54 [21] ? \$578  : { x3, 1'h0 };
+  assign \$580  = \port$3732$54 [20] ? \$577  : \$579 ;
+  assign \$583  = \port$3732$54 [21] ? \$582  : { x3, 1'h0 };
+  assign \$586  = \port$3732$54 [21] ? \$585  : { x3, 1'h0 };
+  assign \$587  = \port$3732$54 [20] ? \$584  : \$586 ;
+  assign \$588  = \port$3732$54 [19] ? \$581  : \$587 [47:0];
+  assign \$591  = \port$3732$54 [21] ? \$590  : { x3, 1'h0 };
+  assign \$594  = \port$3732$54 [21] ? \$593  : { x3, 1'h0 };
+  assign \$595  = \port$3732$54 [20] ? \$592  : \$594 ;
+  assign \$598  = \port$3732$54 [21] ? \$597  : { x3, 1'h0 };
+  assign \$601  = \port$3732$54 [21] ? \$600  : { x3, 1'h0 };
+  assign \$602  = \port$3732$54 [20] ? \$599  : \$601 ;
+  assign \$603  = \port$3732$54 [19] ? \$596  : \$602 [47:0];
+  assign \$604  = \port$3732$54 [18] ? \$589  : \$603 [39:0];
+  assign \$607  = \port$3732$54 [21] ? \$606  : { x3, 1'h0 };
+  assign \$610  = \port$3732$54 [21] ? \$609  : { x3, 1'h0 };
+  assign \$611  = \port$3732$54 [20] ? \$608  : \$610 ;
+  assign \$614  = \port$3732$54 [21] ? \$613  : { x3, 1'h0 };
+  assign \$617  = \port$3732$54 [21] ? \$616  : { x3, 1'h0 };
+  assign \$618  = \port$3732$54 [20] ? \$615  : \$617 ;
+  assign \$619  = \port$3732$54 [19] ? \$612  : \$618 [47:0];
+  assign \$622  = \port$3732$54 [21] ? \$621  : { x3, 1'h0 };
+  assign \$625  = \port$3732$54 [21] ? \$624  : { x3, 1'h0 };
+  assign \$626  = \port$3732$54 [20] ? \$623  : \$625 ;
+  assign \$629  = \port$3732$54 [21] ? \$628  : { x3, 1'h0 };
+  assign \$632  = \port$3732$54 [21] ? \$631  : { x3, 1'h0 };
+  assign \$633  = \port$3732$54 [20] ? \$630  : \$632 ;
+  assign \$634  = \port$3732$54 [19] ? \$627  : \$633 [47:0];
+  assign \$635  = \port$3732$54 [18] ? \$620  : \$634 [39:0];
+  assign \$636  = \port$3732$54 [17] ? \$605  : \$635 [35:0];
+  assign \$639  = \port$3732$54 [21] ? \$638  : { x3, 1'h0 };
+  assign \$642  = \port$3732$54 [21] ? \$641  : { x3, 1'h0 };
+  assign \$643  = \port$3732$54 [20] ? \$640  : \$642 ;
+  assign \$646  = \port$3732$54 [21] ? \$645  : { x3, 1'h0 };
+  assign \$649  = \port$3732$54 [21] ? \$648  : { x3, 1'h0 };
+  assign \$650  = \port$3732$54 [20] ? \$647  : \$649 ;
+  assign \$651  = \port$3732$54 [19] ? \$644  : \$650 [47:0];
+  assign \$654  = \port$3732$54 [21] ? \$653  : { x3, 1'h0 };
+  assign \$657  = \port$3732$54 [21] ? \$656  : { x3, 1'h0 };
+  assign \$658  = \port$3732$54 [20] ? \$655  : \$657 ;
+  assign \$661  = \port$3732$54 [21] ? \$660  : { x3, 1'h0 };
+  assign \$664  = \port$3732$54 [21] ? \$663  : { x3, 1'h0 };
+  assign \$665  = \port$3732$54 [20] ? \$662  : \$664 ;
+  assign \$666  = \port$3732$54 [19] ? \$659  : \$665 [47:0];
+  assign \$667  = \port$3732$54 [18] ? \$652  : \$666 [39:0];
+  assign \$670  = \port$3732$54 [21] ? \$669  : { x3, 1'h0 };
+  assign \$673  = \port$3732$54 [21] ? \$672  : { x3, 1'h0 };
+  assign \$674  = \port$3732$54 [20] ? \$671  : \$673 ;
+  assign \$677  = \port$3732$54 [21] ? \$676  : { x3, 1'h0 };
+  assign \$680  = \port$3732$54 [21] ? \$679  : { x3, 1'h0 };
+  assign \$681  = \port$3732$54 [20] ? \$678  : \$680 ;
+  assign \$682  = \port$3732$54 [19] ? \$675  : \$681 [47:0];
+  assign \$685  = \port$3732$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$688  = \port$3732$54 [21] ? \$687  : { x3, 1'h0 };
+  assign \$689  = \port$3732$54 [20] ? \$686  : \$688 ;
+  assign \$692  = \port$3732$54 [21] ? \$691  : { x3, 1'h0 };
+  assign \$695  = \port$3732$54 [21] ? \$694  : { x3, 1'h0 };
+  assign \$696  = \port$3732$54 [20] ? \$693  : \$695 ;
+  assign \$697  = \port$3732$54 [19] ? \$690  : \$696 [47:0];
+  assign \$698  = \port$3732$54 [18] ? \$683  : \$697 [39:0];
+  assign \$699  = \port$3732$54 [17] ? \$668  : \$698 [35:0];
+  assign \$700  = \port$3732$54 [16] ? \$637  : \$699 [33:0];
   assign \$701  = { x3, 1'h0 } & below;
   assign \$702  = | \$701 ;
   assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -27822,194 +27857,194 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$7  = $signed(\$5 ) + $signed(\$6 );
   assign \$10  = $signed(\$8 ) + $signed(\$9 );
   assign \$13  = $signed(\$11 ) + $signed(\$12 );
-  assign \$14  = \port$3725$54 [21:16] > 1'h0;
-  assign \$15  = \port$3725$54 [21:16] > 1'h1;
-  assign \$16  = \port$3725$54 [21:16] > 2'h2;
-  assign \$17  = \port$3725$54 [21:16] > 2'h3;
-  assign \$18  = \port$3725$54 [21:16] > 3'h4;
-  assign \$19  = \port$3725$54 [21:16] > 3'h5;
-  assign \$20  = \port$3725$54 [21:16] > 3'h6;
-  assign \$21  = \port$3725$54 [21:16] > 3'h7;
-  assign \$22  = \port$3725$54 [21:16] > 4'h8;
-  assign \$23  = \port$3725$54 [21:16] > 4'h9;
-  assign \$24  = \port$3725$54 [21:16] > 4'ha;
-  assign \$25  = \port$3725$54 [21:16] > 4'hb;
-  assign \$26  = \port$3725$54 [21:16] > 4'hc;
-  assign \$27  = \port$3725$54 [21:16] > 4'hd;
-  assign \$28  = \port$3725$54 [21:16] > 4'he;
-  assign \$29  = \port$3725$54 [21:16] > 4'hf;
-  assign \$30  = \port$3725$54 [21:16] > 5'h10;
-  assign \$31  = \port$3725$54 [21:16] > 5'h11;
-  assign \$32  = \port$3725$54 [21:16] > 5'h12;
-  assign \$33  = \port$3725$54 [21:16] > 5'h13;
-  assign \$34  = \port$3725$54 [21:16] > 5'h14;
-  assign \$35  = \port$3725$54 [21:16] > 5'h15;
-  assign \$36  = \port$3725$54 [21:16] > 5'h16;
-  assign \$37  = \port$3725$54 [21:16] > 5'h17;
-  assign \$38  = \port$3725$54 [21:16] > 5'h18;
-  assign \$39  = \port$3725$54 [21:16] > 5'h19;
-  assign \$40  = \port$3725$54 [21:16] > 5'h1a;
-  assign \$41  = \port$3725$54 [21:16] > 5'h1b;
-  assign \$42  = \port$3725$54 [21:16] > 5'h1c;
-  assign \$43  = \port$3725$54 [21:16] > 5'h1d;
-  assign \$44  = \port$3725$54 [21:16] > 5'h1e;
-  assign \$45  = \port$3725$54 [21:16] > 5'h1f;
-  assign \$46  = \port$3725$54 [21:16] > 6'h20;
-  assign \$47  = \port$3725$54 [21:16] > 6'h21;
-  assign \$48  = \port$3725$54 [21:16] > 6'h22;
-  assign \$49  = \port$3725$54 [21:16] > 6'h23;
-  assign \$50  = \port$3725$54 [21:16] > 6'h24;
-  assign \$51  = \port$3725$54 [21:16] > 6'h25;
-  assign \$52  = \port$3725$54 [21:16] > 6'h26;
-  assign \$53  = \port$3725$54 [21:16] > 6'h27;
-  assign \$54  = \port$3725$54 [21:16] > 6'h28;
-  assign \$55  = \port$3725$54 [21:16] > 6'h29;
-  assign \$56  = \port$3725$54 [21:16] > 6'h2a;
-  assign \$57  = \port$3725$54 [21:16] > 6'h2b;
-  assign \$58  = \port$3725$54 [21:16] > 6'h2c;
-  assign \$59  = \port$3725$54 [21:16] > 6'h2d;
-  assign \$60  = \port$3725$54 [21:16] > 6'h2e;
-  assign \$61  = \port$3725$54 [21:16] > 6'h2f;
-  assign \$62  = \port$3725$54 [21:16] > 6'h30;
-  assign \$63  = \port$3725$54 [21:16] + 6'h20;
+  assign \$14  = \port$3732$54 [21:16] > 1'h0;
+  assign \$15  = \port$3732$54 [21:16] > 1'h1;
+  assign \$16  = \port$3732$54 [21:16] > 2'h2;
+  assign \$17  = \port$3732$54 [21:16] > 2'h3;
+  assign \$18  = \port$3732$54 [21:16] > 3'h4;
+  assign \$19  = \port$3732$54 [21:16] > 3'h5;
+  assign \$20  = \port$3732$54 [21:16] > 3'h6;
+  assign \$21  = \port$3732$54 [21:16] > 3'h7;
+  assign \$22  = \port$3732$54 [21:16] > 4'h8;
+  assign \$23  = \port$3732$54 [21:16] > 4'h9;
+  assign \$24  = \port$3732$54 [21:16] > 4'ha;
+  assign \$25  = \port$3732$54 [21:16] > 4'hb;
+  assign \$26  = \port$3732$54 [21:16] > 4'hc;
+  assign \$27  = \port$3732$54 [21:16] > 4'hd;
+  assign \$28  = \port$3732$54 [21:16] > 4'he;
+  assign \$29  = \port$3732$54 [21:16] > 4'hf;
+  assign \$30  = \port$3732$54 [21:16] > 5'h10;
+  assign \$31  = \port$3732$54 [21:16] > 5'h11;
+  assign \$32  = \port$3732$54 [21:16] > 5'h12;
+  assign \$33  = \port$3732$54 [21:16] > 5'h13;
+  assign \$34  = \port$3732$54 [21:16] > 5'h14;
+  assign \$35  = \port$3732$54 [21:16] > 5'h15;
+  assign \$36  = \port$3732$54 [21:16] > 5'h16;
+  assign \$37  = \port$3732$54 [21:16] > 5'h17;
+  assign \$38  = \port$3732$54 [21:16] > 5'h18;
+  assign \$39  = \port$3732$54 [21:16] > 5'h19;
+  assign \$40  = \port$3732$54 [21:16] > 5'h1a;
+  assign \$41  = \port$3732$54 [21:16] > 5'h1b;
+  assign \$42  = \port$3732$54 [21:16] > 5'h1c;
+  assign \$43  = \port$3732$54 [21:16] > 5'h1d;
+  assign \$44  = \port$3732$54 [21:16] > 5'h1e;
+  assign \$45  = \port$3732$54 [21:16] > 5'h1f;
+  assign \$46  = \port$3732$54 [21:16] > 6'h20;
+  assign \$47  = \port$3732$54 [21:16] > 6'h21;
+  assign \$48  = \port$3732$54 [21:16] > 6'h22;
+  assign \$49  = \port$3732$54 [21:16] > 6'h23;
+  assign \$50  = \port$3732$54 [21:16] > 6'h24;
+  assign \$51  = \port$3732$54 [21:16] > 6'h25;
+  assign \$52  = \port$3732$54 [21:16] > 6'h26;
+  assign \$53  = \port$3732$54 [21:16] > 6'h27;
+  assign \$54  = \port$3732$54 [21:16] > 6'h28;
+  assign \$55  = \port$3732$54 [21:16] > 6'h29;
+  assign \$56  = \port$3732$54 [21:16] > 6'h2a;
+  assign \$57  = \port$3732$54 [21:16] > 6'h2b;
+  assign \$58  = \port$3732$54 [21:16] > 6'h2c;
+  assign \$59  = \port$3732$54 [21:16] > 6'h2d;
+  assign \$60  = \port$3732$54 [21:16] > 6'h2e;
+  assign \$61  = \port$3732$54 [21:16] > 6'h2f;
+  assign \$62  = \port$3732$54 [21:16] > 6'h30;
+  assign \$63  = \port$3732$54 [21:16] + 6'h20;
   assign \$64  = \$63  <= 1'h0;
-  assign \$65  = \port$3725$54 [21:16] + 6'h20;
+  assign \$65  = \port$3732$54 [21:16] + 6'h20;
   assign \$66  = \$65  <= 1'h1;
-  assign \$67  = \port$3725$54 [21:16] + 6'h20;
+  assign \$67  = \port$3732$54 [21:16] + 6'h20;
   assign \$68  = \$67  <= 2'h2;
-  assign \$69  = \port$3725$54 [21:16] + 6'h20;
+  assign \$69  = \port$3732$54 [21:16] + 6'h20;
   assign \$70  = \$69  <= 2'h3;
-  assign \$71  = \port$3725$54 [21:16] + 6'h20;
+  assign \$71  = \port$3732$54 [21:16] + 6'h20;
   assign \$72  = \$71  <= 3'h4;
-  assign \$73  = \port$3725$54 [21:16] + 6'h20;
+  assign \$73  = \port$3732$54 [21:16] + 6'h20;
   assign \$74  = \$73  <= 3'h5;
-  assign \$75  = \port$3725$54 [21:16] + 6'h20;
+  assign \$75  = \port$3732$54 [21:16] + 6'h20;
   assign \$76  = \$75  <= 3'h6;
-  assign \$77  = \port$3725$54 [21:16] + 6'h20;
+  assign \$77  = \port$3732$54 [21:16] + 6'h20;
   assign \$78  = \$77  <= 3'h7;
-  assign \$79  = \port$3725$54 [21:16] + 6'h20;
+  assign \$79  = \port$3732$54 [21:16] + 6'h20;
   assign \$80  = \$79  <= 4'h8;
-  assign \$81  = \port$3725$54 [21:16] + 6'h20;
+  assign \$81  = \port$3732$54 [21:16] + 6'h20;
   assign \$82  = \$81  <= 4'h9;
-  assign \$83  = \port$3725$54 [21:16] + 6'h20;
+  assign \$83  = \port$3732$54 [21:16] + 6'h20;
   assign \$84  = \$83  <= 4'ha;
-  assign \$85  = \port$3725$54 [21:16] + 6'h20;
+  assign \$85  = \port$3732$54 [21:16] + 6'h20;
   assign \$86  = \$85  <= 4'hb;
-  assign \$87  = \port$3725$54 [21:16] + 6'h20;
+  assign \$87  = \port$3732$54 [21:16] + 6'h20;
   assign \$88  = \$87  <= 4'hc;
-  assign \$89  = \port$3725$54 [21:16] + 6'h20;
+  assign \$89  = \port$3732$54 [21:16] + 6'h20;
   assign \$90  = \$89  <= 4'hd;
-  assign \$91  = \port$3725$54 [21:16] + 6'h20;
+  assign \$91  = \port$3732$54 [21:16] + 6'h20;
   assign \$92  = \$91  <= 4'he;
-  assign \$93  = \port$3725$54 [21:16] + 6'h20;
+  assign \$93  = \port$3732$54 [21:16] + 6'h20;
   assign \$94  = \$93  <= 4'hf;
-  assign \$95  = \port$3725$54 [21:16] + 6'h20;
+  assign \$95  = \port$3732$54 [21:16] + 6'h20;
   assign \$96  = \$95  <= 5'h10;
-  assign \$97  = \port$3725$54 [21:16] + 6'h20;
+  assign \$97  = \port$3732$54 [21:16] + 6'h20;
   assign \$98  = \$97  <= 5'h11;
-  assign \$99  = \port$3725$54 [21:16] + 6'h20;
+  assign \$99  = \port$3732$54 [21:16] + 6'h20;
   assign \$100  = \$99  <= 5'h12;
-  assign \$101  = \port$3725$54 [21:16] + 6'h20;
+  assign \$101  = \port$3732$54 [21:16] + 6'h20;
   assign \$102  = \$101  <= 5'h13;
-  assign \$103  = \port$3725$54 [21:16] + 6'h20;
+  assign \$103  = \port$3732$54 [21:16] + 6'h20;
   assign \$104  = \$103  <= 5'h14;
-  assign \$105  = \port$3725$54 [21:16] + 6'h20;
+  assign \$105  = \port$3732$54 [21:16] + 6'h20;
   assign \$106  = \$105  <= 5'h15;
-  assign \$107  = \port$3725$54 [21:16] + 6'h20;
+  assign \$107  = \port$3732$54 [21:16] + 6'h20;
   assign \$108  = \$107  <= 5'h16;
-  assign \$109  = \port$3725$54 [21:16] + 6'h20;
+  assign \$109  = \port$3732$54 [21:16] + 6'h20;
   assign \$110  = \$109  <= 5'h17;
-  assign \$111  = \port$3725$54 [21:16] + 6'h20;
+  assign \$111  = \port$3732$54 [21:16] + 6'h20;
   assign \$112  = \$111  <= 5'h18;
-  assign \$113  = \port$3725$54 [21:16] + 6'h20;
+  assign \$113  = \port$3732$54 [21:16] + 6'h20;
   assign \$114  = \$113  <= 5'h19;
-  assign \$115  = \port$3725$54 [21:16] + 6'h20;
+  assign \$115  = \port$3732$54 [21:16] + 6'h20;
   assign \$116  = \$115  <= 5'h1a;
-  assign \$117  = \port$3725$54 [21:16] + 6'h20;
+  assign \$117  = \port$3732$54 [21:16] + 6'h20;
   assign \$118  = \$117  <= 5'h1b;
-  assign \$119  = \port$3725$54 [21:16] + 6'h20;
+  assign \$119  = \port$3732$54 [21:16] + 6'h20;
   assign \$120  = \$119  <= 5'h1c;
-  assign \$121  = \port$3725$54 [21:16] + 6'h20;
+  assign \$121  = \port$3732$54 [21:16] + 6'h20;
   assign \$122  = \$121  <= 5'h1d;
-  assign \$123  = \port$3725$54 [21:16] + 6'h20;
+  assign \$123  = \port$3732$54 [21:16] + 6'h20;
   assign \$124  = \$123  <= 5'h1e;
-  assign \$125  = \port$3725$54 [21:16] + 6'h20;
+  assign \$125  = \port$3732$54 [21:16] + 6'h20;
   assign \$126  = \$125  <= 5'h1f;
-  assign \$127  = \port$3725$54 [21:16] + 6'h20;
+  assign \$127  = \port$3732$54 [21:16] + 6'h20;
   assign \$128  = \$127  <= 6'h20;
-  assign \$129  = \port$3725$54 [21:16] + 6'h20;
+  assign \$129  = \port$3732$54 [21:16] + 6'h20;
   assign \$130  = \$129  <= 6'h21;
-  assign \$131  = \port$3725$54 [21:16] + 6'h20;
+  assign \$131  = \port$3732$54 [21:16] + 6'h20;
   assign \$132  = \$131  <= 6'h22;
-  assign \$133  = \port$3725$54 [21:16] + 6'h20;
+  assign \$133  = \port$3732$54 [21:16] + 6'h20;
   assign \$134  = \$133  <= 6'h23;
-  assign \$135  = \port$3725$54 [21:16] + 6'h20;
+  assign \$135  = \port$3732$54 [21:16] + 6'h20;
   assign \$136  = \$135  <= 6'h24;
-  assign \$137  = \port$3725$54 [21:16] + 6'h20;
+  assign \$137  = \port$3732$54 [21:16] + 6'h20;
   assign \$138  = \$137  <= 6'h25;
-  assign \$139  = \port$3725$54 [21:16] + 6'h20;
+  assign \$139  = \port$3732$54 [21:16] + 6'h20;
   assign \$140  = \$139  <= 6'h26;
-  assign \$141  = \port$3725$54 [21:16] + 6'h20;
+  assign \$141  = \port$3732$54 [21:16] + 6'h20;
   assign \$142  = \$141  <= 6'h27;
-  assign \$143  = \port$3725$54 [21:16] + 6'h20;
+  assign \$143  = \port$3732$54 [21:16] + 6'h20;
   assign \$144  = \$143  <= 6'h28;
-  assign \$145  = \port$3725$54 [21:16] + 6'h20;
+  assign \$145  = \port$3732$54 [21:16] + 6'h20;
   assign \$146  = \$145  <= 6'h29;
-  assign \$147  = \port$3725$54 [21:16] + 6'h20;
+  assign \$147  = \port$3732$54 [21:16] + 6'h20;
   assign \$148  = \$147  <= 6'h2a;
-  assign \$149  = \port$3725$54 [21:16] + 6'h20;
+  assign \$149  = \port$3732$54 [21:16] + 6'h20;
   assign \$150  = \$149  <= 6'h2b;
-  assign \$151  = \port$3725$54 [21:16] + 6'h20;
+  assign \$151  = \port$3732$54 [21:16] + 6'h20;
   assign \$152  = \$151  <= 6'h2c;
-  assign \$153  = \port$3725$54 [21:16] + 6'h20;
+  assign \$153  = \port$3732$54 [21:16] + 6'h20;
   assign \$154  = \$153  <= 6'h2d;
-  assign \$155  = \port$3725$54 [21:16] + 6'h20;
+  assign \$155  = \port$3732$54 [21:16] + 6'h20;
   assign \$156  = \$155  <= 6'h2e;
-  assign \$157  = \port$3725$54 [21:16] + 6'h20;
+  assign \$157  = \port$3732$54 [21:16] + 6'h20;
   assign \$158  = \$157  <= 6'h2f;
-  assign \$159  = \port$3725$54 [21:16] + 6'h20;
+  assign \$159  = \port$3732$54 [21:16] + 6'h20;
   assign \$160  = \$159  <= 6'h30;
-  assign \$162  = \port$3725$54 [21] ? \$161  : { x0, 1'h0 };
-  assign \$165  = \port$3725$54 [21] ? \$164  : { x0, 1'h0 };
-  assign \$166  = \port$3725$54 [20] ? \$163  : \$165 ;
-  assign \$169  = \port$3725$54 [21] ? \$168  : { x0, 1'h0 };
-  assign \$172  = \port$3725$54 [21] ? \$171  : { x0, 1'h0 };
-  assign \$173  = \port$3725$54 [20] ? \$170  : \$172 ;
-  assign \$174  = \port$3725$54 [19] ? \$167  : \$173 [47:0];
-  assign \$177  = \port$3725$54 [21] ? \$176  : { x0, 1'h0 };
-  assign \$180  = \port$3725$54 [21] ? \$179  : { x0, 1'h0 };
-  assign \$181  = \port$3725$54 [20] ? \$178  : \$180 ;
-  assign \$184  = \port$3725$54 [21] ? \$183  : { x0, 1'h0 };
-  assign \$187  = \port$3725$54 [21] ? \$186  : { x0, 1'h0 };
-  assign \$188  = \port$3725$54 [20] ? \$185  : \$187 ;
-  assign \$189  = \port$3725$54 [19] ? \$182  : \$188 [47:0];
-  assign \$190  = \port$3725$54 [18] ? \$175  : \$189 [39:0];
-  assign \$193  = \port$3725$54 [21] ? \$192  : { x0, 1'h0 };
-  assign \$196  = \port$3725$54 [21] ? \$195  : { x0, 1'h0 };
-  assign \$197  = \port$3725$54 [20] ? \$194  : \$196 ;
-  assign \$200  = \port$3725$54 [21] ? \$199  : { x0, 1'h0 };
-  assign \$203  = \port$3725$54 [21] ? \$202  : { x0, 1'h0 };
-  assign \$204  = \port$3725$54 [20] ? \$201  : \$203 ;
-  assign \$205  = \port$3725$54 [19] ? \$198  : \$204 [47:0];
-  assign \$208  = \port$3725$54 [21] ? \$207  : { x0, 1'h0 };
-  assign \$211  = \port$3725$54 [21] ? \$210  : { x0, 1'h0 };
-  assign \$212  = \port$3725$54 [20] ? \$209  : \$211 ;
-  assign \$215  = \port$3725$54 [21] ? \$214  : { x0, 1'h0 };
-  assign \$218  = \port$3725$54 [21] ? \$217  : { x0, 1'h0 };
-  assign \$219  = \port$3725$54 [20] ? \$216  : \$218 ;
-  assign \$220  = \port$3725$54 [19] ? \$213  : \$219 [47:0];
-  assign \$221  = \port$3725$54 [18] ? \$206  : \$220 [39:0];
-  assign \$222  = \port$3725$54 [17] ? \$191  : \$221 [35:0];
-  assign \$225  = \port$3725$54 [21] ? \$224  : { x0, 1'h0 };
-  assign \$228  = \port$3725$54 [21] ? \$227  : { x0, 1'h0 };
-  assign \$229  = \port$3725$54 [20] ? \$226  : \$228 ;
-  assign \$232  = \port$3725$54 [21] ? \$231  : { x0, 1'h0 };
-  assign \$235  = \port$3725$54 [21] ? \$234  : { x0, 1'h0 };
-  assign \$236  = \port$3725$54 [20] ? \$233  : \$235 ;
-  assign \$237  = \port$3725$54 [19] ? \$230  : \$236 [47:0];
-  assign \$240  = \port$3725$54 [21] ? \$239  : { x0, 1'h0 };
-  assign \$243  = \port$3725$54 [21] ? \$242  : { x0, 1'h0 };
-  assign \$244  = \port$3725$54 [20] ? \$241  : \$243 ;
+  assign \$162  = \port$3732$54 [21] ? \$161  : { x0, 1'h0 };
+  assign \$165  = \port$3732$54 [21] ? \$164  : { x0, 1'h0 };
+  assign \$166  = \port$3732$54 [20] ? \$163  : \$165 ;
+  assign \$169  = \port$3732$54 [21] ? \$168  : { x0, 1'h0 };
+  assign \$172  = \port$3732$54 [21] ? \$171  : { x0, 1'h0 };
+  assign \$173  = \port$3732$54 [20] ? \$170  : \$172 ;
+  assign \$174  = \port$3732$54 [19] ? \$167  : \$173 [47:0];
+  assign \$177  = \port$3732$54 [21] ? \$176  : { x0, 1'h0 };
+  assign \$180  = \port$3732$54 [21] ? \$179  : { x0, 1'h0 };
+  assign \$181  = \port$3732$54 [20] ? \$178  : \$180 ;
+  assign \$184  = \port$3732$54 [21] ? \$183  : { x0, 1'h0 };
+  assign \$187  = \port$3732$54 [21] ? \$186  : { x0, 1'h0 };
+  assign \$188  = \port$3732$54 [20] ? \$185  : \$187 ;
+  assign \$189  = \port$3732$54 [19] ? \$182  : \$188 [47:0];
+  assign \$190  = \port$3732$54 [18] ? \$175  : \$189 [39:0];
+  assign \$193  = \port$3732$54 [21] ? \$192  : { x0, 1'h0 };
+  assign \$196  = \port$3732$54 [21] ? \$195  : { x0, 1'h0 };
+  assign \$197  = \port$3732$54 [20] ? \$194  : \$196 ;
+  assign \$200  = \port$3732$54 [21] ? \$199  : { x0, 1'h0 };
+  assign \$203  = \port$3732$54 [21] ? \$202  : { x0, 1'h0 };
+  assign \$204  = \port$3732$54 [20] ? \$201  : \$203 ;
+  assign \$205  = \port$3732$54 [19] ? \$198  : \$204 [47:0];
+  assign \$208  = \port$3732$54 [21] ? \$207  : { x0, 1'h0 };
+  assign \$211  = \port$3732$54 [21] ? \$210  : { x0, 1'h0 };
+  assign \$212  = \port$3732$54 [20] ? \$209  : \$211 ;
+  assign \$215  = \port$3732$54 [21] ? \$214  : { x0, 1'h0 };
+  assign \$218  = \port$3732$54 [21] ? \$217  : { x0, 1'h0 };
+  assign \$219  = \port$3732$54 [20] ? \$216  : \$218 ;
+  assign \$220  = \port$3732$54 [19] ? \$213  : \$219 [47:0];
+  assign \$221  = \port$3732$54 [18] ? \$206  : \$220 [39:0];
+  assign \$222  = \port$3732$54 [17] ? \$191  : \$221 [35:0];
+  assign \$225  = \port$3732$54 [21] ? \$224  : { x0, 1'h0 };
+  assign \$228  = \port$3732$54 [21] ? \$227  : { x0, 1'h0 };
+  assign \$229  = \port$3732$54 [20] ? \$226  : \$228 ;
+  assign \$232  = \port$3732$54 [21] ? \$231  : { x0, 1'h0 };
+  assign \$235  = \port$3732$54 [21] ? \$234  : { x0, 1'h0 };
+  assign \$236  = \port$3732$54 [20] ? \$233  : \$235 ;
+  assign \$237  = \port$3732$54 [19] ? \$230  : \$236 [47:0];
+  assign \$240  = \port$3732$54 [21] ? \$239  : { x0, 1'h0 };
+  assign \$243  = \port$3732$54 [21] ? \$242  : { x0, 1'h0 };
+  assign \$244  = \port$3732$54 [20] ? \$241  : \$243 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -28021,8 +28056,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$3725$54 (\port$3725$54 [15:0]),
-    .\port$3743$0 (i__payload),
+    .\port$3732$54 (\port$3732$54 [15:0]),
+    .\port$3750$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -28559,23 +28594,23 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$3725$54 [15:0] };
-  assign mult = \port$3725$54 [15:0];
+  assign b__0 = { 2'h0, \port$3732$54 [15:0] };
+  assign mult = \port$3732$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$3725$54 [15:0] };
+  assign b__1 = { 2'h0, \port$3732$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$3725$54 [15:0] };
+  assign b__2 = { 2'h0, \port$3732$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$3725$54 [15:0] };
+  assign b__3 = { 2'h0, \port$3732$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$3725$54 [15:0] };
+  assign b__4 = { 2'h0, \port$3732$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$3725$54 [15:0] };
+  assign b__5 = { 2'h0, \port$3732$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$3725$54 [15:0] };
+  assign b__6 = { 2'h0, \port$3732$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$3725$54 [15:0] };
-  assign shift = \port$3725$54 [21:16];
+  assign b__7 = { 2'h0, \port$3732$54 [15:0] };
+  assign shift = \port$3732$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -28670,8 +28705,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$321  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$323  = { \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48:16] };
   assign \$324  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$329  = { \$328 [35], \$328 [35], \$328 [35:2] };
   assign \$330  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$329  = { \$328 [35], \$328 [35], \$328 [35:2] };
   assign \$332  = { \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48:16] };
   assign \$333  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$336  = { \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47:8] };
@@ -28847,7 +28882,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3743$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3750$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -28933,10 +28968,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$3725$54 ;
-  wire [15:0] \port$3725$54 ;
-  input [127:0] \port$3743$0 ;
-  wire [127:0] \port$3743$0 ;
+  input [15:0] \port$3732$54 ;
+  wire [15:0] \port$3732$54 ;
+  input [127:0] \port$3750$0 ;
+  wire [127:0] \port$3750$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -29001,7 +29036,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$3743$0 [16:0] };
+      \$9  = { 1'h0, \port$3750$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -29014,7 +29049,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$3725$54  };
+      \$10  = { 2'h0, \port$3732$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -29040,7 +29075,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$3743$0 [31], \port$3743$0 [31], \port$3743$0 [31], \port$3743$0 [31:17] };
+      \$12  = { \port$3750$0 [31], \port$3750$0 [31], \port$3750$0 [31], \port$3750$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -29053,7 +29088,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$3725$54  };
+      \$13  = { 2'h0, \port$3732$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -29079,7 +29114,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$3743$0 [48:32] };
+      \$15  = { 1'h0, \port$3750$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -29092,7 +29127,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$3725$54  };
+      \$16  = { 2'h0, \port$3732$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -29118,7 +29153,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$3743$0 [63], \port$3743$0 [63], \port$3743$0 [63], \port$3743$0 [63:49] };
+      \$18  = { \port$3750$0 [63], \port$3750$0 [63], \port$3750$0 [63], \port$3750$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -29131,7 +29166,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$3725$54  };
+      \$19  = { 2'h0, \port$3732$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -29157,7 +29192,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$3743$0 [80:64] };
+      \$21  = { 1'h0, \port$3750$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -29170,7 +29205,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$3725$54  };
+      \$22  = { 2'h0, \port$3732$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -29196,7 +29231,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$3743$0 [95], \port$3743$0 [95], \port$3743$0 [95], \port$3743$0 [95:81] };
+      \$24  = { \port$3750$0 [95], \port$3750$0 [95], \port$3750$0 [95], \port$3750$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -29209,7 +29244,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$3725$54  };
+      \$25  = { 2'h0, \port$3732$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -29235,7 +29270,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$3743$0 [112:96] };
+      \$27  = { 1'h0, \port$3750$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -29248,7 +29283,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$3725$54  };
+      \$28  = { 2'h0, \port$3732$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -29274,7 +29309,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$3743$0 [127], \port$3743$0 [127], \port$3743$0 [127], \port$3743$0 [127:113] };
+      \$30  = { \port$3750$0 [127], \port$3750$0 [127], \port$3750$0 [127], \port$3750$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -29287,7 +29322,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$3725$54  };
+      \$31  = { 2'h0, \port$3732$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -29309,22 +29344,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3725$54 , \port$3
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3743$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3725$54  };
-  assign a__1 = { \port$3743$0 [31], \port$3743$0 [31], \port$3743$0 [31], \port$3743$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3725$54  };
-  assign a__2 = { 1'h0, \port$3743$0 [48:32] };
-  assign b__2 = { 2'h0, \port$3725$54  };
-  assign a__3 = { \port$3743$0 [63], \port$3743$0 [63], \port$3743$0 [63], \port$3743$0 [63:49] };
-  assign b__3 = { 2'h0, \port$3725$54  };
-  assign a__4 = { 1'h0, \port$3743$0 [80:64] };
-  assign b__4 = { 2'h0, \port$3725$54  };
-  assign a__5 = { \port$3743$0 [95], \port$3743$0 [95], \port$3743$0 [95], \port$3743$0 [95:81] };
-  assign b__5 = { 2'h0, \port$3725$54  };
-  assign a__6 = { 1'h0, \port$3743$0 [112:96] };
-  assign b__6 = { 2'h0, \port$3725$54  };
-  assign a__7 = { \port$3743$0 [127], \port$3743$0 [127], \port$3743$0 [127], \port$3743$0 [127:113] };
-  assign b__7 = { 2'h0, \port$3725$54  };
+  assign a__0 = { 1'h0, \port$3750$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3732$54  };
+  assign a__1 = { \port$3750$0 [31], \port$3750$0 [31], \port$3750$0 [31], \port$3750$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3732$54  };
+  assign a__2 = { 1'h0, \port$3750$0 [48:32] };
+  assign b__2 = { 2'h0, \port$3732$54  };
+  assign a__3 = { \port$3750$0 [63], \port$3750$0 [63], \port$3750$0 [63], \port$3750$0 [63:49] };
+  assign b__3 = { 2'h0, \port$3732$54  };
+  assign a__4 = { 1'h0, \port$3750$0 [80:64] };
+  assign b__4 = { 2'h0, \port$3732$54  };
+  assign a__5 = { \port$3750$0 [95], \port$3750$0 [95], \port$3750$0 [95], \port$3750$0 [95:81] };
+  assign b__5 = { 2'h0, \port$3732$54  };
+  assign a__6 = { 1'h0, \port$3750$0 [112:96] };
+  assign b__6 = { 2'h0, \port$3732$54  };
+  assign a__7 = { \port$3750$0 [127], \port$3750$0 [127], \port$3750$0 [127], \port$3750$0 [127:113] };
+  assign b__7 = { 2'h0, \port$3732$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -30159,8 +30194,8 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$3349$0 (i__payload),
-    .\port$3455$0 (mult),
+    .\port$3356$0 (i__payload),
+    .\port$3462$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30457,7 +30492,7 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3349$0 , \port$3455$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3356$0 , \port$3462$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -30483,10 +30518,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3349$0 , \port$3455$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$3349$0 ;
-  wire [31:0] \port$3349$0 ;
-  input [15:0] \port$3455$0 ;
-  wire [15:0] \port$3455$0 ;
+  input [31:0] \port$3356$0 ;
+  wire [31:0] \port$3356$0 ;
+  input [15:0] \port$3462$0 ;
+  wire [15:0] \port$3462$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30509,7 +30544,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3349$0 , \port$3455$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$3349$0 [16:0] };
+      \$3  = { 1'h0, \port$3356$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -30522,7 +30557,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3349$0 , \port$3455$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$3455$0  };
+      \$4  = { 2'h0, \port$3462$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -30548,7 +30583,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3349$0 , \port$3455$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$3349$0 [31], \port$3349$0 [31], \port$3349$0 [31], \port$3349$0 [31:17] };
+      \$6  = { \port$3356$0 [31], \port$3356$0 [31], \port$3356$0 [31], \port$3356$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -30561,7 +30596,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3349$0 , \port$3455$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$3455$0  };
+      \$7  = { 2'h0, \port$3462$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -30583,10 +30618,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3349$0 , \port$3455$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3349$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3455$0  };
-  assign a__1 = { \port$3349$0 [31], \port$3349$0 [31], \port$3349$0 [31], \port$3349$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3455$0  };
+  assign a__0 = { 1'h0, \port$3356$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3462$0  };
+  assign a__1 = { \port$3356$0 [31], \port$3356$0 [31], \port$3356$0 [31], \port$3356$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3462$0  };
 endmodule
 
 (* generator = "Amaranth" *)
