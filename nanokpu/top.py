@@ -468,6 +468,11 @@ class NanoKPU(wiring.Component):
         gm_wvalid, gm_afeed_done = Signal(), Signal()
         gc_row0, gc_n, gc_lane = Signal(range((1 << SW) + R)), Signal(NW), Signal(range(R))
         gc_addr, gc_wstart = Signal(AW), Signal(AW)
+        gc_last = Signal()     # registered: lane gc_lane is the word's last (c_out.ready off a flip-flop)
+
+        def gc_last_of(row0, lane):
+            """Lane ``lane`` of the word at row ``row0`` is its last: lane R-1 or row M-1."""
+            return (lane == R - 1) | (row0 + lane + 1 >= m_s)
         gemm_run = Signal()
         m.d.comb += [
             gemm.cmd.payload.m.eq(m_eff), gemm.cmd.payload.k.eq(ins.k), gemm.cmd.payload.n.eq(ins.n),
@@ -510,15 +515,17 @@ class NanoKPU(wiring.Component):
             with m.If(gemm.c_out.valid):
                 m.d.comb += [wr.addr.eq(gc_addr),
                              wr.data.eq(Mux(rq_width != 0, rq_sat, gemm.c_out.payload[gc_lane])), wr.en.eq(1)]
-                m.d.sync += [gc_lane.eq(gc_lane + 1), gc_addr.eq(gc_addr + n_g)]
-                with m.If((gc_lane == R - 1) | (gc_row0 + gc_lane + 1 >= m_s)):
+                m.d.sync += [gc_lane.eq(gc_lane + 1), gc_addr.eq(gc_addr + n_g),
+                             gc_last.eq(gc_last_of(gc_row0, gc_lane + 1))]
+                with m.If(gc_last):
                     m.d.comb += gemm.c_out.ready.eq(1)
                     m.d.sync += gc_lane.eq(0)
                     with m.If(gc_n + 1 < n_g):
-                        m.d.sync += [gc_n.eq(gc_n + 1), gc_wstart.eq(gc_wstart + 1), gc_addr.eq(gc_wstart + 1)]
+                        m.d.sync += [gc_n.eq(gc_n + 1), gc_wstart.eq(gc_wstart + 1), gc_addr.eq(gc_wstart + 1),
+                                     gc_last.eq(gc_last_of(gc_row0, 0))]
                     with m.Else():
                         m.d.sync += [gc_n.eq(0), gc_row0.eq(gc_row0 + R), gc_wstart.eq(gc_addr + 1),
-                                     gc_addr.eq(gc_addr + 1)]
+                                     gc_addr.eq(gc_addr + 1), gc_last.eq(gc_last_of(gc_row0 + R, 0))]
 
         # -- LOAD / STORE -------------------------------------------------------------------------
         ld_beat, ld_full, ld_e, ld_i = Signal(8 * BW), Signal(), Signal(range(BW + 1)), Signal(SW)
@@ -631,6 +638,7 @@ class NanoKPU(wiring.Component):
                             m.d.sync += [gm_row0.eq(0), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
                                          gm_word.eq(0), gm_addr.eq(a_), gm_wstart.eq(a_),
                                          gm_afeed_done.eq(0), gc_row0.eq(0), gc_n.eq(0), gc_lane.eq(0),
+                                         gc_last.eq(gc_last_of(0, 0)),
                                          gc_addr.eq(c_), gc_wstart.eq(c_)]
                             m.d.sync += [rq_width.eq(ins.width), rq_mult.eq(ins.mult),
                                          rq_shift.eq(ins.shift)]

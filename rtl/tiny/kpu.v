@@ -17,17 +17,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [14:0] \$106 ;
   wire \$107 ;
   wire [14:0] \$108 ;
-  wire [7:0] \$1083 ;
   wire [13:0] \$109 ;
-  wire [7:0] \$1097 ;
+  wire [7:0] \$1092 ;
   wire \$11 ;
   wire [16:0] \$110 ;
+  wire [7:0] \$1106 ;
   wire \$111 ;
   wire [16:0] \$112 ;
-  wire [6:0] \$1124 ;
-  wire [7:0] \$1128 ;
+  wire [6:0] \$1128 ;
   wire [13:0] \$113 ;
-  wire [8:0] \$1131 ;
+  wire [7:0] \$1132 ;
+  wire [8:0] \$1135 ;
   wire [16:0] \$114 ;
   wire \$115 ;
   wire [16:0] \$116 ;
@@ -166,91 +166,91 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [31:0] \$236 ;
   wire [31:0] \$237 ;
   wire \$238 ;
-  wire [15:0] \$239 ;
+  wire \$239 ;
   wire [3:0] \$24 ;
-  wire [16:0] \$240 ;
+  wire \$240 ;
   wire \$241 ;
   wire \$242 ;
   wire \$243 ;
   wire \$244 ;
   wire \$245 ;
-  wire \$246 ;
-  wire \$247 ;
-  wire \$248 ;
-  wire \$249 ;
+  wire [4:0] \$246 ;
+  wire [13:0] \$247 ;
+  wire [4:0] \$248 ;
+  wire [13:0] \$249 ;
   wire [22:0] \$25 ;
-  wire \$250 ;
-  wire [4:0] \$251 ;
-  wire [13:0] \$252 ;
-  wire [4:0] \$253 ;
-  wire [13:0] \$254 ;
-  wire [14:0] \$255 ;
-  wire [14:0] \$256 ;
+  wire [14:0] \$250 ;
+  wire [14:0] \$251 ;
+  wire \$252 ;
+  wire \$253 ;
+  wire [14:0] \$254 ;
+  wire \$255 ;
+  wire [7:0] \$256 ;
   wire \$257 ;
-  wire \$258 ;
-  wire [14:0] \$259 ;
+  wire [15:0] \$258 ;
+  wire [31:0] \$259 ;
   wire [22:0] \$26 ;
-  wire \$260 ;
-  wire [7:0] \$261 ;
+  wire [31:0] \$260 ;
+  wire [31:0] \$261 ;
   wire \$262 ;
-  wire [15:0] \$263 ;
-  wire [31:0] \$264 ;
-  wire [31:0] \$265 ;
-  wire [31:0] \$266 ;
+  wire \$263 ;
+  wire \$264 ;
+  wire \$265 ;
+  wire \$266 ;
   wire \$267 ;
   wire \$268 ;
-  wire \$269 ;
+  wire [14:0] \$269 ;
   wire [43:0] \$27 ;
-  wire \$270 ;
+  wire [13:0] \$270 ;
   wire \$271 ;
-  wire \$272 ;
+  wire [4:0] \$272 ;
   wire \$273 ;
-  wire [14:0] \$274 ;
-  wire [13:0] \$275 ;
+  wire \$274 ;
+  wire \$275 ;
   wire \$276 ;
-  wire [4:0] \$277 ;
-  wire \$278 ;
+  wire \$277 ;
+  wire [13:0] \$278 ;
   wire \$279 ;
   wire [43:0] \$28 ;
   wire \$280 ;
   wire \$281 ;
-  wire \$282 ;
-  wire [13:0] \$283 ;
-  wire \$284 ;
-  wire \$285 ;
-  wire \$286 ;
-  wire [13:0] \$287 ;
-  wire \$288 ;
+  wire [13:0] \$282 ;
+  wire \$283 ;
+  wire [13:0] \$284 ;
+  wire [14:0] \$285 ;
+  wire [14:0] \$286 ;
+  wire \$287 ;
+  wire [14:0] \$288 ;
   wire [13:0] \$289 ;
   wire \$29 ;
   wire [14:0] \$290 ;
   wire [14:0] \$291 ;
   wire \$292 ;
-  wire [14:0] \$293 ;
-  wire [13:0] \$294 ;
-  wire [14:0] \$295 ;
+  wire [13:0] \$293 ;
+  wire [14:0] \$294 ;
+  wire [13:0] \$295 ;
   wire [14:0] \$296 ;
   wire \$297 ;
   wire [13:0] \$298 ;
-  wire [14:0] \$299 ;
+  wire [13:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [13:0] \$300 ;
-  wire [14:0] \$301 ;
-  wire \$302 ;
-  wire [13:0] \$303 ;
-  wire [13:0] \$304 ;
-  wire [14:0] \$305 ;
+  wire [14:0] \$300 ;
+  wire \$301 ;
+  wire [14:0] \$302 ;
+  wire [16:0] \$303 ;
+  wire \$304 ;
+  wire \$305 ;
   wire \$306 ;
-  wire [14:0] \$307 ;
-  wire [16:0] \$308 ;
-  wire \$309 ;
+  wire [13:0] \$307 ;
+  wire [14:0] \$308 ;
+  wire [15:0] \$309 ;
   wire \$31 ;
   wire \$310 ;
   wire \$311 ;
-  wire [13:0] \$312 ;
-  wire [14:0] \$313 ;
-  wire [15:0] \$314 ;
+  wire \$312 ;
+  wire \$313 ;
+  wire \$314 ;
   wire \$315 ;
   wire \$316 ;
   wire \$317 ;
@@ -284,109 +284,109 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$342 ;
   wire \$343 ;
   wire \$344 ;
-  wire \$345 ;
+  wire [14:0] \$345 ;
   wire \$346 ;
-  wire \$347 ;
-  wire \$348 ;
-  wire \$349 ;
+  wire [14:0] \$347 ;
+  wire [13:0] \$348 ;
+  wire [14:0] \$349 ;
   wire \$35 ;
   wire [14:0] \$350 ;
-  wire \$351 ;
-  wire [14:0] \$352 ;
-  wire [13:0] \$353 ;
-  wire [14:0] \$354 ;
+  wire [15:0] \$351 ;
+  wire \$352 ;
+  wire [14:0] \$353 ;
+  wire \$354 ;
   wire [14:0] \$355 ;
-  wire [15:0] \$356 ;
-  wire \$357 ;
+  wire [13:0] \$356 ;
+  wire [14:0] \$357 ;
   wire [14:0] \$358 ;
-  wire \$359 ;
+  wire [15:0] \$359 ;
   wire \$36 ;
-  wire [14:0] \$360 ;
-  wire [13:0] \$361 ;
-  wire [14:0] \$362 ;
+  wire \$360 ;
+  wire [14:0] \$361 ;
+  wire \$362 ;
   wire [14:0] \$363 ;
-  wire [15:0] \$364 ;
-  wire \$365 ;
+  wire [13:0] \$364 ;
+  wire [14:0] \$365 ;
   wire [14:0] \$366 ;
-  wire \$367 ;
-  wire [14:0] \$368 ;
-  wire [13:0] \$369 ;
+  wire [15:0] \$367 ;
+  wire \$368 ;
+  wire [14:0] \$369 ;
   wire [1:0] \$37 ;
-  wire [14:0] \$370 ;
+  wire \$370 ;
   wire [14:0] \$371 ;
-  wire [15:0] \$372 ;
-  wire \$373 ;
+  wire [13:0] \$372 ;
+  wire [14:0] \$373 ;
   wire [14:0] \$374 ;
-  wire \$375 ;
-  wire [14:0] \$376 ;
-  wire [13:0] \$377 ;
-  wire [14:0] \$378 ;
+  wire [15:0] \$375 ;
+  wire \$376 ;
+  wire [14:0] \$377 ;
+  wire \$378 ;
   wire [14:0] \$379 ;
   wire [16:0] \$38 ;
-  wire [15:0] \$380 ;
-  wire \$381 ;
+  wire [13:0] \$380 ;
+  wire [14:0] \$381 ;
   wire [14:0] \$382 ;
-  wire \$383 ;
-  wire [14:0] \$384 ;
-  wire [13:0] \$385 ;
-  wire [14:0] \$386 ;
-  wire [14:0] \$387 ;
-  wire [15:0] \$388 ;
-  wire \$389 ;
+  wire [15:0] \$383 ;
+  wire \$384 ;
+  wire [33:0] \$385 ;
+  wire \$386 ;
+  wire [33:0] \$387 ;
+  wire [32:0] \$388 ;
+  wire [33:0] \$389 ;
   wire [17:0] \$39 ;
   wire [33:0] \$390 ;
-  wire \$391 ;
-  wire [33:0] \$392 ;
-  wire [32:0] \$393 ;
-  wire [33:0] \$394 ;
-  wire [33:0] \$395 ;
-  wire [15:0] \$396 ;
+  wire [15:0] \$391 ;
+  wire \$392 ;
+  wire \$393 ;
+  wire [14:0] \$394 ;
+  wire \$395 ;
+  wire \$396 ;
   wire \$397 ;
   wire \$398 ;
-  wire [14:0] \$399 ;
+  wire \$399 ;
   wire \$4 ;
   wire [18:0] \$40 ;
-  wire \$400 ;
+  wire [14:0] \$400 ;
   wire \$401 ;
   wire \$402 ;
   wire \$403 ;
   wire \$404 ;
-  wire [14:0] \$405 ;
+  wire \$405 ;
   wire \$406 ;
-  wire \$407 ;
+  wire [14:0] \$407 ;
   wire \$408 ;
   wire \$409 ;
   wire [18:0] \$41 ;
   wire \$410 ;
   wire \$411 ;
-  wire [14:0] \$412 ;
+  wire \$412 ;
   wire \$413 ;
   wire \$414 ;
-  wire \$415 ;
-  wire \$416 ;
-  wire \$417 ;
+  wire [17:0] \$415 ;
+  wire [33:0] \$416 ;
+  wire [32:0] \$417 ;
   wire \$418 ;
   wire \$419 ;
   wire [16:0] \$42 ;
-  wire [17:0] \$420 ;
-  wire [33:0] \$421 ;
-  wire [32:0] \$422 ;
+  wire \$420 ;
+  wire \$421 ;
+  wire \$422 ;
   wire \$423 ;
   wire \$424 ;
   wire \$425 ;
-  wire \$426 ;
+  wire [14:0] \$426 ;
   wire \$427 ;
-  wire \$428 ;
+  wire [14:0] \$428 ;
   wire \$429 ;
   wire [17:0] \$43 ;
-  wire \$430 ;
-  wire [14:0] \$431 ;
-  wire \$432 ;
-  wire [14:0] \$433 ;
-  wire \$434 ;
+  wire [14:0] \$430 ;
+  wire \$431 ;
+  wire [14:0] \$432 ;
+  wire [13:0] \$433 ;
+  wire [13:0] \$434 ;
   wire [14:0] \$435 ;
-  wire \$436 ;
-  wire [14:0] \$437 ;
+  wire [13:0] \$436 ;
+  wire [13:0] \$437 ;
   wire [13:0] \$438 ;
   wire [13:0] \$439 ;
   wire [18:0] \$44 ;
@@ -395,143 +395,143 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [13:0] \$442 ;
   wire [13:0] \$443 ;
   wire [13:0] \$444 ;
-  wire [14:0] \$445 ;
+  wire [13:0] \$445 ;
   wire [13:0] \$446 ;
-  wire [13:0] \$447 ;
-  wire [13:0] \$448 ;
-  wire [13:0] \$449 ;
+  wire [14:0] \$447 ;
+  wire \$448 ;
+  wire \$449 ;
   wire [18:0] \$45 ;
-  wire [13:0] \$450 ;
-  wire [13:0] \$451 ;
-  wire [14:0] \$452 ;
-  wire \$453 ;
+  wire \$450 ;
+  wire \$451 ;
+  wire \$452 ;
+  wire [15:0] \$453 ;
   wire \$454 ;
   wire \$455 ;
   wire \$456 ;
   wire \$457 ;
-  wire [15:0] \$458 ;
-  wire \$459 ;
+  wire [3:0] \$458 ;
+  wire [13:0] \$459 ;
   wire \$46 ;
   wire \$460 ;
   wire \$461 ;
   wire \$462 ;
-  wire [3:0] \$463 ;
-  wire [13:0] \$464 ;
+  wire \$463 ;
+  wire [15:0] \$464 ;
   wire \$465 ;
   wire \$466 ;
   wire \$467 ;
   wire \$468 ;
-  wire [15:0] \$469 ;
+  wire [7:0] \$469 ;
   wire \$47 ;
   wire \$470 ;
-  wire \$471 ;
-  wire \$472 ;
-  wire \$473 ;
-  wire [7:0] \$474 ;
-  wire \$475 ;
-  wire [7:0] \$476 ;
+  wire [7:0] \$471 ;
+  wire [13:0] \$472 ;
+  wire [13:0] \$473 ;
+  wire [15:0] \$474 ;
+  wire [13:0] \$475 ;
+  wire [14:0] \$476 ;
   wire [13:0] \$477 ;
-  wire [13:0] \$478 ;
+  wire [14:0] \$478 ;
   wire [15:0] \$479 ;
   wire \$48 ;
-  wire [13:0] \$480 ;
-  wire [14:0] \$481 ;
+  wire \$480 ;
+  wire [2:0] \$481 ;
   wire [13:0] \$482 ;
-  wire [14:0] \$483 ;
-  wire [15:0] \$484 ;
-  wire \$485 ;
-  wire [2:0] \$486 ;
-  wire [13:0] \$487 ;
+  wire [2:0] \$483 ;
+  wire \$484 ;
+  wire [2:0] \$485 ;
+  wire [15:0] \$486 ;
+  wire [16:0] \$487 ;
   wire \$488 ;
-  wire [15:0] \$489 ;
+  wire \$489 ;
   wire \$49 ;
-  wire [16:0] \$490 ;
+  wire [9:0] \$490 ;
   wire \$491 ;
-  wire \$492 ;
-  wire [9:0] \$493 ;
-  wire \$494 ;
-  wire [9:0] \$495 ;
-  wire [13:0] \$496 ;
-  wire [13:0] \$497 ;
-  wire [15:0] \$498 ;
-  wire [13:0] \$499 ;
+  wire [9:0] \$492 ;
+  wire [13:0] \$493 ;
+  wire [13:0] \$494 ;
+  wire [15:0] \$495 ;
+  wire [16:0] \$496 ;
+  wire \$497 ;
+  wire \$498 ;
+  wire [15:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
   wire [13:0] \$500 ;
-  wire [32:0] \$501 ;
-  wire [32:0] \$502 ;
-  wire [32:0] \$503 ;
-  wire [32:0] \$504 ;
-  wire [32:0] \$505 ;
-  wire [32:0] \$506 ;
+  wire [13:0] \$501 ;
+  wire [15:0] \$502 ;
+  wire [16:0] \$503 ;
+  wire [17:0] \$504 ;
+  wire \$505 ;
+  wire \$506 ;
   wire [32:0] \$507 ;
-  wire \$508 ;
-  wire [9:0] \$509 ;
+  wire [32:0] \$508 ;
+  wire [32:0] \$509 ;
   wire \$51 ;
-  wire \$510 ;
-  wire [15:0] \$511 ;
-  wire \$512 ;
-  wire [13:0] \$513 ;
-  wire [9:0] \$514 ;
-  wire \$515 ;
-  wire [15:0] \$516 ;
-  wire \$517 ;
-  wire [13:0] \$518 ;
-  wire [9:0] \$519 ;
+  wire [32:0] \$510 ;
+  wire [32:0] \$511 ;
+  wire [32:0] \$512 ;
+  wire [32:0] \$513 ;
+  wire \$514 ;
+  wire [9:0] \$515 ;
+  wire \$516 ;
+  wire [15:0] \$517 ;
+  wire \$518 ;
+  wire [13:0] \$519 ;
   wire \$52 ;
-  wire \$520 ;
-  wire [15:0] \$521 ;
-  wire [16:0] \$522 ;
-  wire [17:0] \$523 ;
-  wire [17:0] \$524 ;
-  wire \$525 ;
-  wire [13:0] \$526 ;
-  wire [9:0] \$527 ;
-  wire \$528 ;
-  wire [15:0] \$529 ;
+  wire [9:0] \$520 ;
+  wire \$521 ;
+  wire [15:0] \$522 ;
+  wire \$523 ;
+  wire [13:0] \$524 ;
+  wire [9:0] \$525 ;
+  wire \$526 ;
+  wire [15:0] \$527 ;
+  wire [16:0] \$528 ;
+  wire [17:0] \$529 ;
   wire \$53 ;
-  wire [16:0] \$530 ;
-  wire [17:0] \$531 ;
-  wire [17:0] \$532 ;
-  wire \$533 ;
-  wire [13:0] \$534 ;
-  wire [16:0] \$535 ;
-  wire [17:0] \$536 ;
+  wire [17:0] \$530 ;
+  wire \$531 ;
+  wire [13:0] \$532 ;
+  wire [9:0] \$533 ;
+  wire \$534 ;
+  wire [15:0] \$535 ;
+  wire [16:0] \$536 ;
   wire [17:0] \$537 ;
-  wire \$538 ;
-  wire [13:0] \$539 ;
+  wire [17:0] \$538 ;
+  wire \$539 ;
   wire \$54 ;
-  wire [9:0] \$540 ;
-  wire \$541 ;
-  wire [15:0] \$542 ;
-  wire \$543 ;
-  wire [13:0] \$544 ;
-  wire \$545 ;
-  wire [13:0] \$546 ;
+  wire [13:0] \$540 ;
+  wire [16:0] \$541 ;
+  wire [17:0] \$542 ;
+  wire [17:0] \$543 ;
+  wire \$544 ;
+  wire [13:0] \$545 ;
+  wire [9:0] \$546 ;
   wire \$547 ;
-  wire [13:0] \$548 ;
-  wire [9:0] \$549 ;
+  wire [15:0] \$548 ;
+  wire \$549 ;
   wire \$55 ;
-  wire \$550 ;
-  wire [15:0] \$551 ;
-  wire [9:0] \$552 ;
+  wire [13:0] \$550 ;
+  wire \$551 ;
+  wire [13:0] \$552 ;
   wire \$553 ;
-  wire [3:0] \$554 ;
-  wire \$555 ;
+  wire [13:0] \$554 ;
+  wire [9:0] \$555 ;
   wire \$556 ;
-  wire \$557 ;
-  wire \$558 ;
+  wire [15:0] \$557 ;
+  wire [9:0] \$558 ;
   wire \$559 ;
   wire \$56 ;
-  wire \$560 ;
+  wire [3:0] \$560 ;
   wire \$561 ;
-  wire [2:0] \$562 ;
+  wire \$562 ;
   wire \$563 ;
   wire \$564 ;
   wire \$565 ;
   wire \$566 ;
   wire \$567 ;
-  wire \$568 ;
+  wire [2:0] \$568 ;
   wire \$569 ;
   wire \$57 ;
   wire \$570 ;
@@ -539,67 +539,67 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$572 ;
   wire \$573 ;
   wire \$574 ;
-  wire [32:0] \$575 ;
-  wire [9:0] \$576 ;
+  wire \$575 ;
+  wire \$576 ;
   wire \$577 ;
-  wire [9:0] \$578 ;
+  wire \$578 ;
   wire \$579 ;
   wire \$58 ;
-  wire [12:0] \$580 ;
-  wire [13:0] \$581 ;
-  wire [12:0] \$582 ;
-  wire [13:0] \$583 ;
-  wire [14:0] \$584 ;
+  wire \$580 ;
+  wire [32:0] \$581 ;
+  wire [9:0] \$582 ;
+  wire \$583 ;
+  wire \$584 ;
   wire \$585 ;
-  wire [14:0] \$586 ;
+  wire [9:0] \$586 ;
   wire \$587 ;
-  wire \$588 ;
-  wire \$589 ;
+  wire [12:0] \$588 ;
+  wire [13:0] \$589 ;
   wire \$59 ;
-  wire [13:0] \$590 ;
-  wire [32:0] \$591 ;
-  wire \$592 ;
-  wire [13:0] \$593 ;
-  wire [32:0] \$594 ;
+  wire [12:0] \$590 ;
+  wire [13:0] \$591 ;
+  wire [14:0] \$592 ;
+  wire \$593 ;
+  wire [14:0] \$594 ;
   wire \$595 ;
   wire \$596 ;
   wire \$597 ;
-  wire [14:0] \$598 ;
-  wire [3:0] \$599 ;
+  wire [13:0] \$598 ;
+  wire [32:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire [3:0] \$600 ;
-  wire \$601 ;
-  wire \$602 ;
-  wire [1:0] \$603 ;
-  wire [2:0] \$604 ;
+  wire \$600 ;
+  wire [13:0] \$601 ;
+  wire [32:0] \$602 ;
+  wire \$603 ;
+  wire \$604 ;
   wire \$605 ;
-  wire \$606 ;
-  wire \$607 ;
-  wire \$608 ;
+  wire [14:0] \$606 ;
+  wire [3:0] \$607 ;
+  wire [3:0] \$608 ;
   wire \$609 ;
   wire \$61 ;
   wire \$610 ;
-  wire [13:0] \$611 ;
-  wire [32:0] \$612 ;
+  wire [1:0] \$611 ;
+  wire [2:0] \$612 ;
   wire \$613 ;
   wire \$614 ;
   wire \$615 ;
   wire \$616 ;
   wire \$617 ;
   wire \$618 ;
-  wire \$619 ;
+  wire [13:0] \$619 ;
   wire \$62 ;
-  wire [14:0] \$620 ;
-  wire [3:0] \$621 ;
+  wire [32:0] \$620 ;
+  wire \$621 ;
   wire \$622 ;
   wire \$623 ;
   wire \$624 ;
   wire \$625 ;
   wire \$626 ;
   wire \$627 ;
-  wire \$628 ;
-  wire \$629 ;
+  wire [14:0] \$628 ;
+  wire [3:0] \$629 ;
   wire \$63 ;
   wire \$630 ;
   wire \$631 ;
@@ -610,244 +610,253 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$636 ;
   wire \$637 ;
   wire \$638 ;
-  wire [13:0] \$639 ;
+  wire \$639 ;
   wire \$64 ;
-  wire [32:0] \$640 ;
-  wire [4:0] \$641 ;
+  wire \$640 ;
+  wire \$641 ;
   wire \$642 ;
   wire \$643 ;
   wire \$644 ;
   wire \$645 ;
   wire \$646 ;
-  wire \$647 ;
-  wire \$648 ;
-  wire [1:0] \$649 ;
+  wire [13:0] \$647 ;
+  wire [32:0] \$648 ;
+  wire [4:0] \$649 ;
   wire \$65 ;
-  wire [4:0] \$650 ;
-  wire [12:0] \$651 ;
+  wire \$650 ;
+  wire \$651 ;
   wire \$652 ;
   wire \$653 ;
   wire \$654 ;
-  wire [14:0] \$655 ;
-  wire [13:0] \$656 ;
-  wire [14:0] \$657 ;
-  wire \$658 ;
-  wire \$659 ;
+  wire \$655 ;
+  wire \$656 ;
+  wire [1:0] \$657 ;
+  wire [4:0] \$658 ;
+  wire [12:0] \$659 ;
   wire \$66 ;
   wire \$660 ;
   wire \$661 ;
   wire \$662 ;
-  wire \$663 ;
-  wire \$664 ;
-  wire \$665 ;
-  wire [14:0] \$666 ;
-  wire [13:0] \$667 ;
-  wire [2:0] \$668 ;
+  wire [14:0] \$663 ;
+  wire [13:0] \$664 ;
+  wire [14:0] \$665 ;
+  wire \$666 ;
+  wire \$667 ;
+  wire \$668 ;
   wire \$669 ;
   wire \$67 ;
   wire \$670 ;
-  wire [14:0] \$671 ;
-  wire [14:0] \$672 ;
+  wire \$671 ;
+  wire \$672 ;
   wire \$673 ;
   wire [14:0] \$674 ;
-  wire \$675 ;
-  wire [14:0] \$676 ;
-  wire [2:0] \$677 ;
-  wire [4:0] \$678 ;
-  wire [4:0] \$679 ;
+  wire [13:0] \$675 ;
+  wire [2:0] \$676 ;
+  wire \$677 ;
+  wire \$678 ;
+  wire [14:0] \$679 ;
   wire \$68 ;
-  wire \$680 ;
-  wire [13:0] \$681 ;
-  wire [32:0] \$682 ;
+  wire [14:0] \$680 ;
+  wire \$681 ;
+  wire [14:0] \$682 ;
   wire \$683 ;
-  wire [32:0] \$684 ;
-  wire [4:0] \$685 ;
-  wire \$686 ;
-  wire \$687 ;
-  wire [13:0] \$688 ;
+  wire [14:0] \$684 ;
+  wire [2:0] \$685 ;
+  wire [4:0] \$686 ;
+  wire [4:0] \$687 ;
+  wire \$688 ;
   wire [13:0] \$689 ;
   wire \$69 ;
   wire [32:0] \$690 ;
   wire \$691 ;
-  wire [13:0] \$692 ;
-  wire [32:0] \$693 ;
+  wire [32:0] \$692 ;
+  wire [4:0] \$693 ;
   wire \$694 ;
   wire \$695 ;
-  wire \$696 ;
-  wire \$697 ;
-  wire \$698 ;
-  wire [15:0] \$699 ;
+  wire [13:0] \$696 ;
+  wire [13:0] \$697 ;
+  wire [32:0] \$698 ;
+  wire \$699 ;
   wire [20:0] \$7 ;
   wire \$70 ;
-  wire \$700 ;
-  wire [13:0] \$701 ;
-  wire [14:0] \$702 ;
-  wire [15:0] \$703 ;
+  wire [13:0] \$700 ;
+  wire [32:0] \$701 ;
+  wire \$702 ;
+  wire \$703 ;
   wire \$704 ;
   wire \$705 ;
-  wire [16:0] \$706 ;
-  wire [14:0] \$707 ;
+  wire \$706 ;
+  wire [15:0] \$707 ;
   wire \$708 ;
-  wire \$709 ;
+  wire [13:0] \$709 ;
   wire \$71 ;
-  wire \$710 ;
-  wire \$711 ;
+  wire [14:0] \$710 ;
+  wire [15:0] \$711 ;
   wire \$712 ;
-  reg [31:0] \$713 ;
-  reg [31:0] \$714 ;
-  reg [19:0] \$715 ;
-  reg [13:0] \$716 ;
-  reg [13:0] \$717 ;
-  reg [15:0] \$718 ;
-  reg [13:0] \$719 ;
+  wire \$713 ;
+  wire [16:0] \$714 ;
+  wire [14:0] \$715 ;
+  wire \$716 ;
+  wire \$717 ;
+  wire \$718 ;
+  wire \$719 ;
   wire \$72 ;
-  reg [13:0] \$720 ;
-  reg [15:0] \$721 ;
-  reg [13:0] \$722 ;
-  reg [13:0] \$723 ;
-  reg [15:0] \$724 ;
+  wire \$720 ;
+  reg [31:0] \$721 ;
+  reg [31:0] \$722 ;
+  reg [19:0] \$723 ;
+  reg [13:0] \$724 ;
   reg [13:0] \$725 ;
-  reg [13:0] \$726 ;
-  reg [15:0] \$727 ;
+  reg [15:0] \$726 ;
+  reg [13:0] \$727 ;
   reg [13:0] \$728 ;
-  reg [13:0] \$729 ;
+  reg [15:0] \$729 ;
   wire \$73 ;
-  reg [15:0] \$730 ;
-  reg [32:0] \$731 ;
-  reg [32:0] \$732 ;
-  reg [15:0] \$733 ;
-  reg \$734 ;
-  reg \$735 ;
-  reg \$736 ;
-  reg [7:0] \$737 ;
-  reg \$738 ;
-  reg \$739 ;
+  reg [13:0] \$730 ;
+  reg [13:0] \$731 ;
+  reg [15:0] \$732 ;
+  reg [13:0] \$733 ;
+  reg [13:0] \$734 ;
+  reg [15:0] \$735 ;
+  reg [13:0] \$736 ;
+  reg [13:0] \$737 ;
+  reg [15:0] \$738 ;
+  reg [32:0] \$739 ;
   wire \$74 ;
-  reg [31:0] \$740 ;
-  reg [31:0] \$741 ;
+  reg [32:0] \$740 ;
+  reg [15:0] \$741 ;
   reg \$742 ;
   reg \$743 ;
-  reg [13:0] \$744 ;
-  reg [12:0] \$745 ;
-  reg [12:0] \$746 ;
-  reg [13:0] \$747 ;
-  reg [12:0] \$748 ;
-  reg [12:0] \$749 ;
+  reg \$744 ;
+  reg [7:0] \$745 ;
+  reg \$746 ;
+  reg \$747 ;
+  reg [31:0] \$748 ;
+  reg [31:0] \$749 ;
   wire \$75 ;
-  reg [13:0] \$750 ;
-  reg [12:0] \$751 ;
-  reg [12:0] \$752 ;
-  reg \$753 ;
-  reg \$754 ;
-  reg [1:0] \$755 ;
-  reg [2:0] \$756 ;
+  reg \$750 ;
+  reg \$751 ;
+  reg [13:0] \$752 ;
+  reg [12:0] \$753 ;
+  reg [12:0] \$754 ;
+  reg [13:0] \$755 ;
+  reg [12:0] \$756 ;
   reg [12:0] \$757 ;
-  reg [31:0] \$758 ;
-  reg \$759 ;
+  reg [13:0] \$758 ;
+  reg [12:0] \$759 ;
   wire \$76 ;
-  reg [6:0] \$760 ;
-  reg [12:0] \$761 ;
-  reg [14:0] \$762 ;
-  reg \$763 ;
-  reg [1:0] \$764 ;
+  reg [12:0] \$760 ;
+  reg \$761 ;
+  reg \$762 ;
+  reg [1:0] \$763 ;
+  reg [2:0] \$764 ;
   reg [12:0] \$765 ;
-  reg [8:0] \$766 ;
-  reg [12:0] \$767 ;
-  reg [14:0] \$768 ;
-  reg [31:0] \$769 ;
+  reg [31:0] \$766 ;
+  reg \$767 ;
+  reg [6:0] \$768 ;
+  reg [12:0] \$769 ;
   wire \$77 ;
-  reg [31:0] \$770 ;
-  reg [31:0] \$771 ;
-  reg [31:0] \$772 ;
-  reg [31:0] \$773 ;
-  reg [31:0] \$774 ;
-  reg [31:0] \$775 ;
-  reg [31:0] \$776 ;
-  reg [31:0] \$777 ;
-  reg \$778 ;
-  reg \$779 ;
+  reg [14:0] \$770 ;
+  reg \$771 ;
+  reg [1:0] \$772 ;
+  reg [12:0] \$773 ;
+  reg \$774 ;
+  reg [8:0] \$775 ;
+  reg [12:0] \$776 ;
+  reg [14:0] \$777 ;
+  reg [31:0] \$778 ;
+  reg [31:0] \$779 ;
   wire \$78 ;
-  reg [7:0] \$780 ;
-  reg [12:0] \$781 ;
+  reg [31:0] \$780 ;
+  reg [31:0] \$781 ;
   reg [31:0] \$782 ;
-  reg \$783 ;
-  reg \$784 ;
-  reg \$785 ;
-  reg [4:0] \$786 ;
-  reg [7:0] \$787 ;
-  reg [5:0] \$788 ;
-  reg [255:0] \$789 ;
+  reg [31:0] \$783 ;
+  reg [31:0] \$784 ;
+  reg [31:0] \$785 ;
+  reg [31:0] \$786 ;
+  reg \$787 ;
+  reg \$788 ;
+  reg [7:0] \$789 ;
   wire \$79 ;
-  reg \$790 ;
-  reg [1:0] \$791 ;
-  reg [5:0] \$792 ;
-  reg [31:0] \$793 ;
-  reg [5:0] \$794 ;
-  reg [13:0] \$795 ;
-  reg [13:0] \$796 ;
-  reg [13:0] \$797 ;
-  reg [12:0] \$798 ;
-  reg [12:0] \$799 ;
+  reg [12:0] \$790 ;
+  reg [31:0] \$791 ;
+  reg \$792 ;
+  reg \$793 ;
+  reg \$794 ;
+  reg [4:0] \$795 ;
+  reg [7:0] \$796 ;
+  reg [5:0] \$797 ;
+  reg [255:0] \$798 ;
+  reg \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg [12:0] \$800 ;
-  reg [12:0] \$801 ;
-  reg [12:0] \$802 ;
-  reg [12:0] \$803 ;
+  reg [1:0] \$800 ;
+  reg [5:0] \$801 ;
+  reg [31:0] \$802 ;
+  reg [5:0] \$803 ;
   reg [13:0] \$804 ;
   reg [13:0] \$805 ;
-  reg \$806 ;
-  reg [2:0] \$807 ;
-  reg [13:0] \$808 ;
-  reg \$809 ;
+  reg [13:0] \$806 ;
+  reg [12:0] \$807 ;
+  reg [12:0] \$808 ;
+  reg [12:0] \$809 ;
   wire \$81 ;
-  reg [2:0] \$810 ;
-  reg [13:0] \$811 ;
-  reg \$812 ;
-  reg [35:0] \$813 ;
-  reg [3:0] \$814 ;
-  reg [12:0] \$815 ;
-  reg [12:0] \$816 ;
-  reg [15:0] \$817 ;
-  reg [12:0] \$818 ;
-  reg [12:0] \$819 ;
+  reg [12:0] \$810 ;
+  reg [12:0] \$811 ;
+  reg [12:0] \$812 ;
+  reg [13:0] \$813 ;
+  reg [13:0] \$814 ;
+  reg \$815 ;
+  reg [2:0] \$816 ;
+  reg [13:0] \$817 ;
+  reg \$818 ;
+  reg [2:0] \$819 ;
   wire \$82 ;
   reg [13:0] \$820 ;
-  reg [31:0] \$821 ;
-  reg [1:0] \$822 ;
-  reg [13:0] \$823 ;
-  reg [3:0] \$824 ;
-  reg \$825 ;
-  reg \$826 ;
+  reg \$821 ;
+  reg [35:0] \$822 ;
+  reg [3:0] \$823 ;
+  reg [12:0] \$824 ;
+  reg [12:0] \$825 ;
+  reg [15:0] \$826 ;
   reg [12:0] \$827 ;
   reg [12:0] \$828 ;
-  reg \$829 ;
+  reg [13:0] \$829 ;
   wire \$83 ;
-  reg \$830 ;
-  reg [13:0] \$831 ;
-  reg [1:0] \$832 ;
-  reg \$833 ;
+  reg [31:0] \$830 ;
+  reg [1:0] \$831 ;
+  reg [13:0] \$832 ;
+  reg [3:0] \$833 ;
   reg \$834 ;
   reg \$835 ;
   reg [12:0] \$836 ;
-  reg [19:0] \$837 ;
-  reg [13:0] \$838 ;
-  reg [13:0] \$839 ;
+  reg [12:0] \$837 ;
+  reg \$838 ;
+  reg \$839 ;
   wire \$84 ;
-  reg [1:0] \$840 ;
-  reg [13:0] \$841 ;
-  reg [13:0] \$842 ;
-  reg [3:0] \$843 ;
-  reg [3:0] \$844 ;
-  reg [15:0] \$845 ;
-  reg [13:0] \$846 ;
-  reg [14:0] \$847 ;
-  reg \$848 ;
-  reg [12:0] \$849 ;
+  reg [13:0] \$840 ;
+  reg [1:0] \$841 ;
+  reg \$842 ;
+  reg \$843 ;
+  reg \$844 ;
+  reg [12:0] \$845 ;
+  reg [19:0] \$846 ;
+  reg [13:0] \$847 ;
+  reg [13:0] \$848 ;
+  reg [1:0] \$849 ;
   wire \$85 ;
-  wire [5:0] \$850 ;
-  wire [5:0] \$851 ;
+  reg [13:0] \$850 ;
+  reg [13:0] \$851 ;
+  reg [3:0] \$852 ;
+  reg [3:0] \$853 ;
+  reg [15:0] \$854 ;
+  reg [13:0] \$855 ;
+  reg [14:0] \$856 ;
+  reg \$857 ;
+  reg [12:0] \$858 ;
+  wire [5:0] \$859 ;
   wire \$86 ;
+  wire [5:0] \$860 ;
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
@@ -897,7 +906,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [14:0] \$signal$216  = 15'h0000;
   reg [12:0] \$signal$217  = 13'h0000;
   reg [12:0] \$signal$220  = 13'h0000;
-  reg [14:0] \$signal$223  = 15'h0000;
   reg [3:0] \$signal$246  = 4'h0;
   reg [13:0] \$signal$247  = 14'h0000;
   reg \$signal$250  = 1'h0;
@@ -940,21 +948,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [12:0] \$signal$316  = 13'h0000;
   reg \$signal$319  = 1'h0;
   reg [6:0] \$signal$322  = 7'h00;
-  reg [8:0] \$signal$324  = 9'h000;
-  reg [13:0] \$signal$330  = 14'h0000;
-  reg [1:0] \$signal$335  = 2'h0;
-  reg [13:0] \$signal$338  = 14'h0000;
-  reg \$signal$339  = 1'h0;
-  reg [13:0] \$signal$340  = 14'h0000;
-  wire [-1:0] \$signal$341 ;
-  reg \$signal$342  = 1'h0;
-  reg [1:0] \$signal$346  = 2'h0;
+  reg [14:0] \$signal$324  = 15'h0000;
+  reg [8:0] \$signal$325  = 9'h000;
+  reg [13:0] \$signal$331  = 14'h0000;
+  reg [1:0] \$signal$336  = 2'h0;
+  reg [13:0] \$signal$339  = 14'h0000;
+  reg \$signal$340  = 1'h0;
+  reg [13:0] \$signal$341  = 14'h0000;
+  wire [-1:0] \$signal$342 ;
+  reg \$signal$343  = 1'h0;
+  reg [1:0] \$signal$347  = 2'h0;
   reg [12:0] \$signature__addr ;
   reg [12:0] \$signature__addr$154 ;
   reg [5:0] \$signature__addr$233 ;
   wire [31:0] \$signature__data ;
   wire [31:0] \$signature__data$301 ;
-  wire [255:0] \$signature__data$329 ;
+  wire [255:0] \$signature__data$330 ;
   reg \$signature__en ;
   reg \$signature__en$160 ;
   reg \$signature__en$234 ;
@@ -1067,9 +1076,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$333 ;
+  wire \error$334 ;
   reg exp_active = 1'h0;
   reg [1:0] gc_lane = 2'h0;
+  reg gc_last = 1'h0;
   reg [12:0] gc_wstart = 13'h0000;
   reg gemm_run;
   reg gm_afeed_done = 1'h0;
@@ -1424,7 +1434,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       _0_ <= imem[\$signature__addr$233 ];
     end
   end
-  assign \$signature__data$329  = _0_;
+  assign \$signature__data$330  = _0_;
   reg [31:0] spad [8191:0];
   initial begin
     spad[0] = 32'd0;
@@ -9636,6 +9646,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   assign \$signature__data$301  = _1_;
   assign \$signature__data  = _2_;
+  assign \$135  = | \$134 ;
+  assign \$136  = ins[5:0] == 4'ha;
+  assign \$137  = \$135  | \$136 ;
+  assign \$138  = ins[5:0] == 4'hb;
+  assign \$139  = \$137  | \$138 ;
+  assign \$140  = ~ exp_active;
+  assign \$141  = \$139  & \$140 ;
+  assign \$142  = \$133  | \$141 ;
+  assign \$143  = ins[5:0] == 4'he;
   assign \$144  = ins[5:0] == 4'h9;
   assign \$145  = \$143  | \$144 ;
   assign \$146  = ins[255:244] < 7'h40;
@@ -9719,8 +9738,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$222  = | \$signal$179 ;
   assign \$223  = \$222  ? shift : 6'h00;
   assign \$224  = ins[5:0] == 2'h3;
-  assign \$1083  = gc_lane * 6'h20;
-  assign \$225  = c_out__payload >> \$1083 ;
+  assign \$1092  = gc_lane * 6'h20;
+  assign \$225  = c_out__payload >> \$1092 ;
   assign \$signal$181  = \$224  ? \$225  : \o__payload$206 ;
   assign \$226  = ~ a_in__valid;
   assign \$227  = ~ gm_afeed_done;
@@ -9732,716 +9751,723 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$233  = ~ \$232 ;
   assign \$234  = \$228  & \$233 ;
   assign \$235  = | \$signal$179 ;
-  assign \$1097  = gc_lane * 6'h20;
-  assign \$236  = c_out__payload >> \$1097 ;
+  assign \$1106  = gc_lane * 6'h20;
+  assign \$236  = c_out__payload >> \$1106 ;
   assign \$237  = \$235  ? rq_sat : \$236 ;
-  assign \$238  = gc_lane == 2'h3;
-  assign \$239  = \$signal$223  + gc_lane;
-  assign \$240  = \$239  + 1'h1;
-  assign \$241  = \$240  >= m_eff[13:0];
-  assign \$242  = \$238  | \$241 ;
-  assign \$243  = pc >= 7'h40;
-  assign \$244  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$245  = ins[5:0] == 4'hc;
-  assign \$246  = ~ ph2;
-  assign \$247  = \$245  & \$246 ;
-  assign \$248  = ! ins[5:0];
-  assign \$249  = settle != 2'h2;
-  assign \$250  = | decode_q;
-  assign \$252  = ins[100:88] + \$251 ;
-  assign \$254  = ins[100:88] + \$253 ;
-  assign \$255  = \$254  + 1'h1;
-  assign \$256  = ins[124:112] + \$signal$247 ;
-  assign \$257  = ~ \$signal$250 ;
-  assign \$258  = \$signal$251  < l0_acc;
-  assign \$259  = ins[124:112] + \$signal$251 ;
-  assign \$260  = ins[243:238] == 1'h1;
-  assign \$1124  = \$signal$253  * 4'h8;
-  assign \$261  = \$signal$252  >> \$1124 ;
-  assign \$262  = ins[243:238] == 2'h2;
-  assign \$1128  = \$signal$253  * 5'h10;
-  assign \$263  = \$signal$252  >> \$1128 ;
-  assign \$1131  = \$signal$253  * 6'h20;
-  assign \$264  = \$signal$252  >> \$1131 ;
-  assign \$265  = \$262  ? { \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263 [15], \$263  } : \$264 ;
-  assign \$266  = \$260  ? { \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261 [7], \$261  } : \$265 ;
-  assign \$267  = ~ \$signal$254 ;
-  assign \$268  = \$signal$255  < 1'h1;
-  assign \$269  = \$267  & \$268 ;
-  assign \$270  = \$signal$256  < l0_acc;
-  assign \$271  = \$269  & \$270 ;
-  assign \$272  = ~ \$signal$257 ;
-  assign \$273  = \$271  & \$272 ;
-  assign \$274  = ins[76:64] + \$signal$256 ;
-  assign \$275  = ins[100:88] + \$signal$259 ;
-  assign \$276  = | \$signal$259 ;
-  assign \$277  = \$signal$259  - 1'h1;
-  assign \$278  = ~ \$signal$264 ;
-  assign \$279  = ~ \$signal$265 ;
-  assign \$280  = \$278  & \$279 ;
-  assign \$281  = rt_lane < 1'h1;
-  assign \$282  = \$280  & \$281 ;
-  assign \$283  = \$signal$267  + \$signal$268 ;
-  assign \$284  = ~ \$signal$273 ;
-  assign \$285  = ~ rt_wphase;
-  assign \$286  = \$signal$273  & \$285 ;
-  assign \$287  = \$signal$275  + rt_s;
-  assign \$288  = \$signal$273  & rt_wphase;
-  assign \$289  = \$signal$275  + rt_s;
-  assign \$290  = \$289  + l1_acc[13:2];
-  assign \$291  = ins[124:112] + \$signal$278 ;
-  assign \$292  = \$signal$279  == \$signal$259 ;
-  assign \$293  = \$signal$280  + \$signal$281 ;
-  assign \$294  = \$signal$280  + l1_acc[13:2];
-  assign \$295  = \$294  + \$signal$281 ;
-  assign \$296  = \$signal$278  + 1'h1;
-  assign \$297  = \$296  < l1_acc[13:2];
-  assign \$298  = \$signal$283  + \$signal$259 ;
-  assign \$299  = \$signal$281  - \$signal$284 ;
-  assign \$300  = \$signal$283  + 4'h8;
-  assign \$301  = \$300  + \$signal$259 ;
-  assign \$302  = \$signal$285  >= 4'h8;
-  assign \$303  = ins[76:64] + \$signal$285 ;
-  assign \$304  = ins[76:64] + 4'h8;
-  assign \$305  = \$304  + \$signal$285 ;
-  assign \$306  = \$signal$286  >= \$signal$130 ;
-  assign \$307  = ins[100:88] + \$signal$141 ;
-  assign \$308  = \$307  + \$signal$286 ;
-  assign \$309  = | l2_y;
-  assign \$310  = \$signal$287  < ins[61:48];
-  assign \$311  = ins[5:0] == 4'ha;
-  assign \$312  = \$311  ? l2_acc : { 1'h0, \$signal$288  };
-  assign \$313  = ins[76:64] + \$312 ;
-  assign \$314  = \$313  + \$signal$287 ;
-  assign \$315  = ~ \$signal$108 ;
-  assign \$316  = \$signal$103  & \$315 ;
-  assign \$317  = ! ctrl_state;
-  assign \$318  = ctrl_state == 1'h1;
-  assign \$319  = ctrl_state == 2'h2;
-  assign \$320  = ctrl_state == 2'h3;
-  assign \$321  = ctrl_state == 3'h4;
-  assign \$322  = ctrl_state == 3'h5;
-  assign \$323  = ctrl_state == 3'h6;
-  assign \$324  = ctrl_state == 3'h7;
-  assign \$325  = ctrl_state == 4'h8;
-  assign \$326  = ctrl_state == 4'h9;
-  assign \$327  = ctrl_state == 4'ha;
-  assign \$328  = ctrl_state == 4'hb;
-  assign \$329  = ctrl_state == 4'hc;
-  assign \$330  = ctrl_state == 4'hd;
-  assign \$331  = ctrl_state == 4'he;
-  assign \$332  = ctrl_state == 4'hf;
-  assign \$333  = ctrl_state == 5'h10;
-  assign \$334  = ctrl_state == 5'h11;
-  assign \$335  = ctrl_state == 5'h12;
-  assign \$336  = ctrl_state == 5'h13;
-  assign \$337  = ctrl_state == 5'h14;
-  assign \$338  = ctrl_state == 5'h15;
-  assign \$339  = ctrl_state == 5'h16;
-  assign \$340  = ctrl_state == 5'h17;
-  assign \$341  = ctrl_state == 5'h18;
-  assign \$342  = ctrl_state == 5'h19;
-  assign \$343  = ctrl_state == 5'h1a;
-  assign \$344  = ctrl_state == 5'h1b;
-  assign \$345  = wr_addr == 4'hc;
-  assign \$346  = wr_en & \$345 ;
-  assign \$347  = wr_addr == 5'h10;
-  assign \$348  = wr_en & \$347 ;
-  assign \$349  = | l0_y;
-  assign \$350  = l0_acc + l0_x;
-  assign \$352  = l0_acc + l0_x;
-  assign \$353  = \$351  ? 14'h3fff : \$352 [13:0];
-  assign \$355  = l0_x[13] ? 15'h3fff : \$354 ;
-  assign \$357  = | l1_y;
-  assign \$358  = l1_acc + l1_x;
-  assign \$360  = l1_acc + l1_x;
-  assign \$361  = \$359  ? 14'h3fff : \$360 [13:0];
-  assign \$363  = l1_x[13] ? 15'h3fff : \$362 ;
-  assign \$365  = | l2_y;
-  assign \$366  = l2_acc + l2_x;
-  assign \$368  = l2_acc + l2_x;
-  assign \$369  = \$367  ? 14'h3fff : \$368 [13:0];
-  assign \$371  = l2_x[13] ? 15'h3fff : \$370 ;
-  assign \$373  = | l3_y;
-  assign \$374  = l3_acc + l3_x;
-  assign \$376  = l3_acc + l3_x;
-  assign \$377  = \$375  ? 14'h3fff : \$376 [13:0];
-  assign \$379  = l3_x[13] ? 15'h3fff : \$378 ;
-  assign \$381  = | l4_y;
-  assign \$382  = l4_acc + l4_x;
-  assign \$384  = l4_acc + l4_x;
-  assign \$385  = \$383  ? 14'h3fff : \$384 [13:0];
-  assign \$387  = l4_x[13] ? 15'h3fff : \$386 ;
-  assign \$389  = | lh_y;
-  assign \$390  = lh_acc + lh_x;
-  assign \$392  = lh_acc + lh_x;
-  assign \$393  = \$391  ? 33'h1ffffffff : \$392 [32:0];
-  assign \$395  = lh_x[32] ? 34'h1ffffffff : \$394 ;
-  assign \$397  = ! \$signal$138 ;
-  assign \$398  = ! ins[87:78];
-  assign \$399  = ins[77:64] + \$signal$138 ;
-  assign \$400  = \$399  <= 14'h2000;
-  assign \$401  = \$398  & \$400 ;
-  assign \$402  = \$397  | \$401 ;
-  assign \$403  = ! \$signal$140 ;
-  assign \$404  = ! ins[111:102];
-  assign \$405  = ins[101:88] + \$signal$140 ;
-  assign \$406  = \$405  <= 14'h2000;
-  assign \$407  = \$404  & \$406 ;
-  assign \$408  = \$403  | \$407 ;
-  assign \$409  = \$402  & \$408 ;
-  assign \$410  = ! wc;
-  assign \$411  = ! ins[135:126];
-  assign \$412  = ins[125:112] + wc;
-  assign \$413  = \$412  <= 14'h2000;
-  assign \$414  = \$411  & \$413 ;
-  assign \$415  = \$410  | \$414 ;
-  assign \$416  = \$409  & \$415 ;
-  assign \$417  = ! lh_acc[1:0];
-  assign \$418  = lh_acc >= \$signal$119 ;
-  assign \$419  = \$417  & \$418 ;
-  assign \$421  = lh_acc + \$420 ;
-  assign \$422  = \$signal$119  + host_size;
-  assign \$423  = \$421  <= \$422 ;
-  assign \$424  = \$419  & \$423 ;
-  assign \$425  = ~ \$signal$158 ;
-  assign \$426  = \$425  | eng_ready;
-  assign \$427  = ~ \$signal$157 ;
-  assign \$428  = ~ \$signal$158 ;
-  assign \$429  = \$428  | eng_ready;
-  assign \$430  = \$427  | \$429 ;
-  assign \$431  = cnt0 - 1'h1;
-  assign \$432  = idx0 == \$431 ;
-  assign \$433  = idx0 + 1'h1;
-  assign \$434  = \$433  < cnt0;
+  assign \$238  = pc >= 7'h40;
+  assign \$239  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$240  = ins[5:0] == 4'hc;
+  assign \$241  = ~ ph2;
+  assign \$242  = \$240  & \$241 ;
+  assign \$243  = ! ins[5:0];
+  assign \$244  = settle != 2'h2;
+  assign \$245  = | decode_q;
+  assign \$247  = ins[100:88] + \$246 ;
+  assign \$249  = ins[100:88] + \$248 ;
+  assign \$250  = \$249  + 1'h1;
+  assign \$251  = ins[124:112] + \$signal$247 ;
+  assign \$252  = ~ \$signal$250 ;
+  assign \$253  = \$signal$251  < l0_acc;
+  assign \$254  = ins[124:112] + \$signal$251 ;
+  assign \$255  = ins[243:238] == 1'h1;
+  assign \$1128  = \$signal$253  * 4'h8;
+  assign \$256  = \$signal$252  >> \$1128 ;
+  assign \$257  = ins[243:238] == 2'h2;
+  assign \$1132  = \$signal$253  * 5'h10;
+  assign \$258  = \$signal$252  >> \$1132 ;
+  assign \$1135  = \$signal$253  * 6'h20;
+  assign \$259  = \$signal$252  >> \$1135 ;
+  assign \$260  = \$257  ? { \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258  } : \$259 ;
+  assign \$261  = \$255  ? { \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256  } : \$260 ;
+  assign \$262  = ~ \$signal$254 ;
+  assign \$263  = \$signal$255  < 1'h1;
+  assign \$264  = \$262  & \$263 ;
+  assign \$265  = \$signal$256  < l0_acc;
+  assign \$266  = \$264  & \$265 ;
+  assign \$267  = ~ \$signal$257 ;
+  assign \$268  = \$266  & \$267 ;
+  assign \$269  = ins[76:64] + \$signal$256 ;
+  assign \$270  = ins[100:88] + \$signal$259 ;
+  assign \$271  = | \$signal$259 ;
+  assign \$272  = \$signal$259  - 1'h1;
+  assign \$273  = ~ \$signal$264 ;
+  assign \$274  = ~ \$signal$265 ;
+  assign \$275  = \$273  & \$274 ;
+  assign \$276  = rt_lane < 1'h1;
+  assign \$277  = \$275  & \$276 ;
+  assign \$278  = \$signal$267  + \$signal$268 ;
+  assign \$279  = ~ \$signal$273 ;
+  assign \$280  = ~ rt_wphase;
+  assign \$281  = \$signal$273  & \$280 ;
+  assign \$282  = \$signal$275  + rt_s;
+  assign \$283  = \$signal$273  & rt_wphase;
+  assign \$284  = \$signal$275  + rt_s;
+  assign \$285  = \$284  + l1_acc[13:2];
+  assign \$286  = ins[124:112] + \$signal$278 ;
+  assign \$287  = \$signal$279  == \$signal$259 ;
+  assign \$288  = \$signal$280  + \$signal$281 ;
+  assign \$289  = \$signal$280  + l1_acc[13:2];
+  assign \$290  = \$289  + \$signal$281 ;
+  assign \$291  = \$signal$278  + 1'h1;
+  assign \$292  = \$291  < l1_acc[13:2];
+  assign \$293  = \$signal$283  + \$signal$259 ;
+  assign \$294  = \$signal$281  - \$signal$284 ;
+  assign \$295  = \$signal$283  + 4'h8;
+  assign \$296  = \$295  + \$signal$259 ;
+  assign \$297  = \$signal$285  >= 4'h8;
+  assign \$298  = ins[76:64] + \$signal$285 ;
+  assign \$299  = ins[76:64] + 4'h8;
+  assign \$300  = \$299  + \$signal$285 ;
+  assign \$301  = \$signal$286  >= \$signal$130 ;
+  assign \$302  = ins[100:88] + \$signal$141 ;
+  assign \$303  = \$302  + \$signal$286 ;
+  assign \$304  = | l2_y;
+  assign \$305  = \$signal$287  < ins[61:48];
+  assign \$306  = ins[5:0] == 4'ha;
+  assign \$307  = \$306  ? l2_acc : { 1'h0, \$signal$288  };
+  assign \$308  = ins[76:64] + \$307 ;
+  assign \$309  = \$308  + \$signal$287 ;
+  assign \$310  = ~ \$signal$108 ;
+  assign \$311  = \$signal$103  & \$310 ;
+  assign \$312  = ! ctrl_state;
+  assign \$313  = ctrl_state == 1'h1;
+  assign \$314  = ctrl_state == 2'h2;
+  assign \$315  = ctrl_state == 2'h3;
+  assign \$316  = ctrl_state == 3'h4;
+  assign \$317  = ctrl_state == 3'h5;
+  assign \$318  = ctrl_state == 3'h6;
+  assign \$319  = ctrl_state == 3'h7;
+  assign \$320  = ctrl_state == 4'h8;
+  assign \$321  = ctrl_state == 4'h9;
+  assign \$322  = ctrl_state == 4'ha;
+  assign \$323  = ctrl_state == 4'hb;
+  assign \$324  = ctrl_state == 4'hc;
+  assign \$325  = ctrl_state == 4'hd;
+  assign \$326  = ctrl_state == 4'he;
+  assign \$327  = ctrl_state == 4'hf;
+  assign \$328  = ctrl_state == 5'h10;
+  assign \$329  = ctrl_state == 5'h11;
+  assign \$330  = ctrl_state == 5'h12;
+  assign \$331  = ctrl_state == 5'h13;
+  assign \$332  = ctrl_state == 5'h14;
+  assign \$333  = ctrl_state == 5'h15;
+  assign \$334  = ctrl_state == 5'h16;
+  assign \$335  = ctrl_state == 5'h17;
+  assign \$336  = ctrl_state == 5'h18;
+  assign \$337  = ctrl_state == 5'h19;
+  assign \$338  = ctrl_state == 5'h1a;
+  assign \$339  = ctrl_state == 5'h1b;
+  assign \$340  = wr_addr == 4'hc;
+  assign \$341  = wr_en & \$340 ;
+  assign \$342  = wr_addr == 5'h10;
+  assign \$343  = wr_en & \$342 ;
+  assign \$344  = | l0_y;
+  assign \$345  = l0_acc + l0_x;
+  assign \$347  = l0_acc + l0_x;
+  assign \$348  = \$346  ? 14'h3fff : \$347 [13:0];
+  assign \$350  = l0_x[13] ? 15'h3fff : \$349 ;
+  assign \$352  = | l1_y;
+  assign \$353  = l1_acc + l1_x;
+  assign \$355  = l1_acc + l1_x;
+  assign \$356  = \$354  ? 14'h3fff : \$355 [13:0];
+  assign \$358  = l1_x[13] ? 15'h3fff : \$357 ;
+  assign \$360  = | l2_y;
+  assign \$361  = l2_acc + l2_x;
+  assign \$363  = l2_acc + l2_x;
+  assign \$364  = \$362  ? 14'h3fff : \$363 [13:0];
+  assign \$366  = l2_x[13] ? 15'h3fff : \$365 ;
+  assign \$368  = | l3_y;
+  assign \$369  = l3_acc + l3_x;
+  assign \$371  = l3_acc + l3_x;
+  assign \$372  = \$370  ? 14'h3fff : \$371 [13:0];
+  assign \$374  = l3_x[13] ? 15'h3fff : \$373 ;
+  assign \$376  = | l4_y;
+  assign \$377  = l4_acc + l4_x;
+  assign \$379  = l4_acc + l4_x;
+  assign \$380  = \$378  ? 14'h3fff : \$379 [13:0];
+  assign \$382  = l4_x[13] ? 15'h3fff : \$381 ;
+  assign \$384  = | lh_y;
+  assign \$385  = lh_acc + lh_x;
+  assign \$387  = lh_acc + lh_x;
+  assign \$388  = \$386  ? 33'h1ffffffff : \$387 [32:0];
+  assign \$390  = lh_x[32] ? 34'h1ffffffff : \$389 ;
+  assign \$392  = ! \$signal$138 ;
+  assign \$393  = ! ins[87:78];
+  assign \$394  = ins[77:64] + \$signal$138 ;
+  assign \$395  = \$394  <= 14'h2000;
+  assign \$396  = \$393  & \$395 ;
+  assign \$397  = \$392  | \$396 ;
+  assign \$398  = ! \$signal$140 ;
+  assign \$399  = ! ins[111:102];
+  assign \$400  = ins[101:88] + \$signal$140 ;
+  assign \$401  = \$400  <= 14'h2000;
+  assign \$402  = \$399  & \$401 ;
+  assign \$403  = \$398  | \$402 ;
+  assign \$404  = \$397  & \$403 ;
+  assign \$405  = ! wc;
+  assign \$406  = ! ins[135:126];
+  assign \$407  = ins[125:112] + wc;
+  assign \$408  = \$407  <= 14'h2000;
+  assign \$409  = \$406  & \$408 ;
+  assign \$410  = \$405  | \$409 ;
+  assign \$411  = \$404  & \$410 ;
+  assign \$412  = ! lh_acc[1:0];
+  assign \$413  = lh_acc >= \$signal$119 ;
+  assign \$414  = \$412  & \$413 ;
+  assign \$416  = lh_acc + \$415 ;
+  assign \$417  = \$signal$119  + host_size;
+  assign \$418  = \$416  <= \$417 ;
+  assign \$419  = \$414  & \$418 ;
+  assign \$420  = ~ \$signal$158 ;
+  assign \$421  = \$420  | eng_ready;
+  assign \$422  = ~ \$signal$157 ;
+  assign \$423  = ~ \$signal$158 ;
+  assign \$424  = \$423  | eng_ready;
+  assign \$425  = \$422  | \$424 ;
+  assign \$426  = cnt0 - 1'h1;
+  assign \$427  = idx0 == \$426 ;
+  assign \$428  = idx0 + 1'h1;
+  assign \$429  = \$428  < cnt0;
+  assign \$430  = idx1 + 1'h1;
+  assign \$431  = \$430  < cnt1;
+  assign \$432  = idx0 + 1'h1;
+  assign \$433  = \$signal$153  + sa0;
+  assign \$434  = \$signal$155  + sb0;
   assign \$435  = idx1 + 1'h1;
-  assign \$436  = \$435  < cnt1;
-  assign \$437  = idx0 + 1'h1;
-  assign \$438  = \$signal$153  + sa0;
-  assign \$439  = \$signal$155  + sb0;
-  assign \$440  = idx1 + 1'h1;
-  assign \$441  = \$signal$309  + sa1;
-  assign \$442  = \$signal$309  + sa1;
-  assign \$443  = \$signal$311  + sb1;
-  assign \$444  = \$signal$311  + sb1;
-  assign \$445  = idx2 + 1'h1;
-  assign \$446  = \$signal$314  + sa2;
-  assign \$447  = \$signal$314  + sa2;
-  assign \$448  = \$signal$314  + sa2;
-  assign \$449  = \$signal$316  + sb2;
-  assign \$450  = \$signal$316  + sb2;
-  assign \$451  = \$signal$316  + sb2;
-  assign \$452  = idx2 + 1'h1;
-  assign \$453  = \$452  >= cnt2;
-  assign \$454  = ~ a_in__valid;
-  assign \$455  = ~ gm_afeed_done;
-  assign \$456  = \$454  & \$455 ;
-  assign \$457  = gm_lane == 3'h4;
-  assign \$458  = \$signal$216  + gm_lane;
-  assign \$459  = \$458  >= m_eff[13:0];
-  assign \$460  = \$457  | \$459 ;
-  assign \$461  = ~ \$460 ;
-  assign \$462  = \$456  & \$461 ;
-  assign \$463  = gm_lane + 1'h1;
-  assign \$464  = \$signal$217  + ins[38:32];
-  assign \$465  = ~ a_in__valid;
-  assign \$466  = ~ gm_afeed_done;
-  assign \$467  = \$465  & \$466 ;
-  assign \$468  = gm_lane == 3'h4;
-  assign \$469  = \$signal$216  + gm_lane;
-  assign \$470  = \$469  >= m_eff[13:0];
-  assign \$471  = \$468  | \$470 ;
-  assign \$472  = \$467  & \$471 ;
-  assign \$473  = a_in__valid & a_in__ready;
-  assign \$474  = \$signal$322  + 1'h1;
-  assign \$475  = \$474  < ins[38:32];
-  assign \$476  = \$signal$322  + 1'h1;
-  assign \$477  = gm_wstart + 1'h1;
-  assign \$478  = gm_wstart + 1'h1;
+  assign \$436  = \$signal$309  + sa1;
+  assign \$437  = \$signal$309  + sa1;
+  assign \$438  = \$signal$311  + sb1;
+  assign \$439  = \$signal$311  + sb1;
+  assign \$440  = idx2 + 1'h1;
+  assign \$441  = \$signal$314  + sa2;
+  assign \$442  = \$signal$314  + sa2;
+  assign \$443  = \$signal$314  + sa2;
+  assign \$444  = \$signal$316  + sb2;
+  assign \$445  = \$signal$316  + sb2;
+  assign \$446  = \$signal$316  + sb2;
+  assign \$447  = idx2 + 1'h1;
+  assign \$448  = \$447  >= cnt2;
+  assign \$449  = ~ a_in__valid;
+  assign \$450  = ~ gm_afeed_done;
+  assign \$451  = \$449  & \$450 ;
+  assign \$452  = gm_lane == 3'h4;
+  assign \$453  = \$signal$216  + gm_lane;
+  assign \$454  = \$453  >= m_eff[13:0];
+  assign \$455  = \$452  | \$454 ;
+  assign \$456  = ~ \$455 ;
+  assign \$457  = \$451  & \$456 ;
+  assign \$458  = gm_lane + 1'h1;
+  assign \$459  = \$signal$217  + ins[38:32];
+  assign \$460  = ~ a_in__valid;
+  assign \$461  = ~ gm_afeed_done;
+  assign \$462  = \$460  & \$461 ;
+  assign \$463  = gm_lane == 3'h4;
+  assign \$464  = \$signal$216  + gm_lane;
+  assign \$465  = \$464  >= m_eff[13:0];
+  assign \$466  = \$463  | \$465 ;
+  assign \$467  = \$462  & \$466 ;
+  assign \$468  = a_in__valid & a_in__ready;
+  assign \$469  = \$signal$322  + 1'h1;
+  assign \$470  = \$469  < ins[38:32];
+  assign \$471  = \$signal$322  + 1'h1;
+  assign \$472  = gm_wstart + 1'h1;
+  assign \$473  = gm_wstart + 1'h1;
+  assign \$474  = \$signal$216  + 3'h4;
+  assign \$475  = \$signal$217  - ins[38:32];
+  assign \$476  = $signed(\$475 ) + $signed(2'h1);
+  assign \$477  = \$signal$217  - ins[38:32];
+  assign \$478  = $signed(\$477 ) + $signed(2'h1);
   assign \$479  = \$signal$216  + 3'h4;
-  assign \$480  = \$signal$217  - ins[38:32];
-  assign \$481  = $signed(\$480 ) + $signed(2'h1);
-  assign \$482  = \$signal$217  - ins[38:32];
-  assign \$483  = $signed(\$482 ) + $signed(2'h1);
-  assign \$484  = \$signal$216  + 3'h4;
-  assign \$485  = \$484  >= m_eff[13:0];
-  assign \$486  = gc_lane + 1'h1;
-  assign \$487  = \$signal$220  + ins[56:48];
-  assign \$488  = gc_lane == 2'h3;
-  assign \$489  = \$signal$223  + gc_lane;
-  assign \$490  = \$489  + 1'h1;
-  assign \$491  = \$490  >= m_eff[13:0];
-  assign \$492  = \$488  | \$491 ;
-  assign \$493  = \$signal$324  + 1'h1;
-  assign \$494  = \$493  < ins[56:48];
-  assign \$495  = \$signal$324  + 1'h1;
-  assign \$496  = gc_wstart + 1'h1;
-  assign \$497  = gc_wstart + 1'h1;
-  assign \$498  = \$signal$223  + 3'h4;
-  assign \$499  = \$signal$220  + 1'h1;
+  assign \$480  = \$479  >= m_eff[13:0];
+  assign \$481  = gc_lane + 1'h1;
+  assign \$482  = \$signal$220  + ins[56:48];
+  assign \$483  = gc_lane + 1'h1;
+  assign \$484  = \$483  == 2'h3;
+  assign \$485  = gc_lane + 1'h1;
+  assign \$486  = \$signal$324  + \$485 ;
+  assign \$487  = \$486  + 1'h1;
+  assign \$488  = \$487  >= m_eff[13:0];
+  assign \$489  = \$484  | \$488 ;
+  assign \$490  = \$signal$325  + 1'h1;
+  assign \$491  = \$490  < ins[56:48];
+  assign \$492  = \$signal$325  + 1'h1;
+  assign \$493  = gc_wstart + 1'h1;
+  assign \$494  = gc_wstart + 1'h1;
+  assign \$495  = \$signal$324  + 1'h0;
+  assign \$496  = \$495  + 1'h1;
+  assign \$497  = \$496  >= m_eff[13:0];
+  assign \$499  = \$signal$324  + 3'h4;
   assign \$500  = \$signal$220  + 1'h1;
-  assign \$501  = \$signal$118  + 1'h1;
-  assign \$502  = busy_dma + 1'h1;
-  assign \$503  = busy_gemm + 1'h1;
-  assign \$504  = busy_act + 1'h1;
-  assign \$505  = busy_route + 1'h1;
-  assign \$506  = busy_vector + 1'h1;
-  assign \$507  = busy_move + 1'h1;
-  assign \$508  = pc >= 7'h40;
-  assign \$511  = \$510  ? \$signal$130  : \$signature__data$329 [31:16];
-  assign \$512  = | \$signature__data$329 [63:62];
-  assign \$513  = \$512  ? 14'h3fff : \$signature__data$329 [61:48];
-  assign \$516  = \$515  ? \$signal$130  : \$signature__data$329 [31:16];
-  assign \$517  = | \$signature__data$329 [47:46];
-  assign \$518  = \$517  ? 14'h3fff : \$signature__data$329 [45:32];
-  assign \$521  = \$520  ? \$signal$130  : \$signature__data$329 [31:16];
-  assign \$522  = \$521  + 3'h4;
-  assign \$523  = \$522  - 1'h1;
-  assign \$525  = | \$signature__data$329 [47:46];
-  assign \$526  = \$525  ? 14'h3fff : \$signature__data$329 [45:32];
-  assign \$529  = \$528  ? \$signal$130  : \$signature__data$329 [31:16];
-  assign \$530  = \$529  + 3'h4;
-  assign \$531  = \$530  - 1'h1;
-  assign \$533  = | \$signature__data$329 [63:62];
-  assign \$534  = \$533  ? 14'h3fff : \$signature__data$329 [61:48];
-  assign \$535  = \$signature__data$329 [63:48] + 3'h4;
-  assign \$536  = \$535  - 1'h1;
-  assign \$538  = | \$signature__data$329 [47:46];
-  assign \$539  = \$538  ? 14'h3fff : \$signature__data$329 [45:32];
-  assign \$542  = \$541  ? \$signal$130  : \$signature__data$329 [31:16];
-  assign \$543  = | \$signature__data$329 [47:46];
-  assign \$544  = \$543  ? 14'h3fff : \$signature__data$329 [45:32];
-  assign \$545  = | \$signature__data$329 [63:62];
-  assign \$546  = \$545  ? 14'h3fff : \$signature__data$329 [61:48];
-  assign \$547  = | \$signature__data$329 [63:62];
-  assign \$548  = \$547  ? 14'h3fff : \$signature__data$329 [61:48];
-  assign \$551  = \$550  ? \$signal$130  : \$signature__data$329 [31:16];
-  assign \$554  = \$553  ? \$signal$246  : 4'h0;
-  assign \$555  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$556  = ins[5:0] == 4'hc;
-  assign \$557  = ~ ph2;
-  assign \$558  = \$556  & \$557 ;
-  assign \$559  = ! ins[5:0];
-  assign \$560  = settle != 2'h2;
-  assign \$561  = | decode_q;
-  assign \$562  = settle + 1'h1;
-  assign \$563  = ins[5:0] == 1'h1;
-  assign \$564  = ins[5:0] == 2'h2;
-  assign \$565  = ins[5:0] == 2'h3;
-  assign \$566  = ins[5:0] == 3'h4;
-  assign \$567  = ins[5:0] == 3'h5;
-  assign \$568  = ins[5:0] == 3'h6;
-  assign \$569  = ins[5:0] == 4'h8;
-  assign \$570  = ins[5:0] == 3'h7;
-  assign \$571  = ins[5:0] == 4'hc;
-  assign \$572  = ins[5:0] == 4'hd;
-  assign \$573  = ins[5:0] == 4'ha;
-  assign \$574  = ins[5:0] == 4'hb;
-  assign \$575  = \$signal$121  + 1'h1;
-  assign \$581  = ins[124:112] + \$580 ;
-  assign \$583  = ins[124:112] + \$582 ;
-  assign \$584  = \$583  + 5'h10;
-  assign \$585  = ins[5:0] == 2'h3;
-  assign \$586  = \$signal$247  + 1'h1;
-  assign \$587  = \$signal$247  == \$signal$330 ;
-  assign \$588  = eng_run & \$587 ;
-  assign \$589  = ins[5:0] == 3'h5;
-  assign \$590  = pc + 1'h1;
-  assign \$591  = \$signal$121  + 1'h1;
-  assign \$592  = ~ rd_busy;
-  assign \$593  = pc + 1'h1;
-  assign \$594  = \$signal$121  + 1'h1;
-  assign \$595  = ~ \$signal$250 ;
-  assign \$596  = rd_data__valid & \$595 ;
-  assign \$597  = \$signal$251  < l0_acc;
-  assign \$598  = \$signal$251  + 1'h1;
-  assign \$599  = \$signal$253  + 1'h1;
-  assign \$600  = \$signal$253  + 1'h1;
-  assign \$601  = ins[243:238] == 1'h1;
-  assign \$602  = ins[243:238] == 2'h2;
-  assign \$603  = \$602  ? 2'h2 : 2'h1;
-  assign \$604  = \$601  ? 3'h4 : { 1'h0, \$603  };
-  assign \$605  = \$600  >= \$604 ;
-  assign \$606  = ~ rd_busy;
-  assign \$607  = ~ \$signal$250 ;
-  assign \$608  = \$606  & \$607 ;
-  assign \$609  = \$signal$251  >= l0_acc;
-  assign \$610  = \$608  & \$609 ;
-  assign \$611  = pc + 1'h1;
-  assign \$612  = \$signal$121  + 1'h1;
-  assign \$613  = ~ \$signal$254 ;
-  assign \$614  = \$signal$255  < 1'h1;
-  assign \$615  = \$613  & \$614 ;
-  assign \$616  = \$signal$256  < l0_acc;
-  assign \$617  = \$615  & \$616 ;
-  assign \$618  = ~ \$signal$257 ;
-  assign \$619  = \$617  & \$618 ;
-  assign \$620  = \$signal$256  + 1'h1;
-  assign \$621  = \$signal$255  + 1'h1;
-  assign \$622  = ~ \$signal$254 ;
-  assign \$623  = ~ \$signal$257 ;
-  assign \$624  = \$622  & \$623 ;
-  assign \$625  = | \$signal$255 ;
-  assign \$626  = \$624  & \$625 ;
-  assign \$627  = \$signal$255  == 1'h1;
-  assign \$628  = \$signal$256  >= l0_acc;
-  assign \$629  = \$627  | \$628 ;
-  assign \$630  = \$626  & \$629 ;
-  assign \$631  = wr_data__valid & wr_data__ready;
-  assign \$632  = ~ wr_busy;
-  assign \$633  = \$signal$256  >= l0_acc;
+  assign \$501  = \$signal$220  + 1'h1;
+  assign \$502  = \$signal$324  + 3'h4;
+  assign \$503  = \$502  + 1'h0;
+  assign \$504  = \$503  + 1'h1;
+  assign \$505  = \$504  >= m_eff[13:0];
+  assign \$507  = \$signal$118  + 1'h1;
+  assign \$508  = busy_dma + 1'h1;
+  assign \$509  = busy_gemm + 1'h1;
+  assign \$510  = busy_act + 1'h1;
+  assign \$511  = busy_route + 1'h1;
+  assign \$512  = busy_vector + 1'h1;
+  assign \$513  = busy_move + 1'h1;
+  assign \$514  = pc >= 7'h40;
+  assign \$517  = \$516  ? \$signal$130  : \$signature__data$330 [31:16];
+  assign \$518  = | \$signature__data$330 [63:62];
+  assign \$519  = \$518  ? 14'h3fff : \$signature__data$330 [61:48];
+  assign \$522  = \$521  ? \$signal$130  : \$signature__data$330 [31:16];
+  assign \$523  = | \$signature__data$330 [47:46];
+  assign \$524  = \$523  ? 14'h3fff : \$signature__data$330 [45:32];
+  assign \$527  = \$526  ? \$signal$130  : \$signature__data$330 [31:16];
+  assign \$528  = \$527  + 3'h4;
+  assign \$529  = \$528  - 1'h1;
+  assign \$531  = | \$signature__data$330 [47:46];
+  assign \$532  = \$531  ? 14'h3fff : \$signature__data$330 [45:32];
+  assign \$535  = \$534  ? \$signal$130  : \$signature__data$330 [31:16];
+  assign \$536  = \$535  + 3'h4;
+  assign \$537  = \$536  - 1'h1;
+  assign \$539  = | \$signature__data$330 [63:62];
+  assign \$540  = \$539  ? 14'h3fff : \$signature__data$330 [61:48];
+  assign \$541  = \$signature__data$330 [63:48] + 3'h4;
+  assign \$542  = \$541  - 1'h1;
+  assign \$544  = | \$signature__data$330 [47:46];
+  assign \$545  = \$544  ? 14'h3fff : \$signature__data$330 [45:32];
+  assign \$548  = \$547  ? \$signal$130  : \$signature__data$330 [31:16];
+  assign \$549  = | \$signature__data$330 [47:46];
+  assign \$550  = \$549  ? 14'h3fff : \$signature__data$330 [45:32];
+  assign \$551  = | \$signature__data$330 [63:62];
+  assign \$552  = \$551  ? 14'h3fff : \$signature__data$330 [61:48];
+  assign \$553  = | \$signature__data$330 [63:62];
+  assign \$554  = \$553  ? 14'h3fff : \$signature__data$330 [61:48];
+  assign \$557  = \$556  ? \$signal$130  : \$signature__data$330 [31:16];
+  assign \$560  = \$559  ? \$signal$246  : 4'h0;
+  assign \$561  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$562  = ins[5:0] == 4'hc;
+  assign \$563  = ~ ph2;
+  assign \$564  = \$562  & \$563 ;
+  assign \$565  = ! ins[5:0];
+  assign \$566  = settle != 2'h2;
+  assign \$567  = | decode_q;
+  assign \$568  = settle + 1'h1;
+  assign \$569  = ins[5:0] == 1'h1;
+  assign \$570  = ins[5:0] == 2'h2;
+  assign \$571  = ins[5:0] == 2'h3;
+  assign \$572  = ins[5:0] == 3'h4;
+  assign \$573  = ins[5:0] == 3'h5;
+  assign \$574  = ins[5:0] == 3'h6;
+  assign \$575  = ins[5:0] == 4'h8;
+  assign \$576  = ins[5:0] == 3'h7;
+  assign \$577  = ins[5:0] == 4'hc;
+  assign \$578  = ins[5:0] == 4'hd;
+  assign \$579  = ins[5:0] == 4'ha;
+  assign \$580  = ins[5:0] == 4'hb;
+  assign \$581  = \$signal$121  + 1'h1;
+  assign \$584  = m_eff[13:0] <= 1'h1;
+  assign \$589  = ins[124:112] + \$588 ;
+  assign \$591  = ins[124:112] + \$590 ;
+  assign \$592  = \$591  + 5'h10;
+  assign \$593  = ins[5:0] == 2'h3;
+  assign \$594  = \$signal$247  + 1'h1;
+  assign \$595  = \$signal$247  == \$signal$331 ;
+  assign \$596  = eng_run & \$595 ;
+  assign \$597  = ins[5:0] == 3'h5;
+  assign \$598  = pc + 1'h1;
+  assign \$599  = \$signal$121  + 1'h1;
+  assign \$600  = ~ rd_busy;
+  assign \$601  = pc + 1'h1;
+  assign \$602  = \$signal$121  + 1'h1;
+  assign \$603  = ~ \$signal$250 ;
+  assign \$604  = rd_data__valid & \$603 ;
+  assign \$605  = \$signal$251  < l0_acc;
+  assign \$606  = \$signal$251  + 1'h1;
+  assign \$607  = \$signal$253  + 1'h1;
+  assign \$608  = \$signal$253  + 1'h1;
+  assign \$609  = ins[243:238] == 1'h1;
+  assign \$610  = ins[243:238] == 2'h2;
+  assign \$611  = \$610  ? 2'h2 : 2'h1;
+  assign \$612  = \$609  ? 3'h4 : { 1'h0, \$611  };
+  assign \$613  = \$608  >= \$612 ;
+  assign \$614  = ~ rd_busy;
+  assign \$615  = ~ \$signal$250 ;
+  assign \$616  = \$614  & \$615 ;
+  assign \$617  = \$signal$251  >= l0_acc;
+  assign \$618  = \$616  & \$617 ;
+  assign \$619  = pc + 1'h1;
+  assign \$620  = \$signal$121  + 1'h1;
+  assign \$621  = ~ \$signal$254 ;
+  assign \$622  = \$signal$255  < 1'h1;
+  assign \$623  = \$621  & \$622 ;
+  assign \$624  = \$signal$256  < l0_acc;
+  assign \$625  = \$623  & \$624 ;
+  assign \$626  = ~ \$signal$257 ;
+  assign \$627  = \$625  & \$626 ;
+  assign \$628  = \$signal$256  + 1'h1;
+  assign \$629  = \$signal$255  + 1'h1;
+  assign \$630  = ~ \$signal$254 ;
+  assign \$631  = ~ \$signal$257 ;
+  assign \$632  = \$630  & \$631 ;
+  assign \$633  = | \$signal$255 ;
   assign \$634  = \$632  & \$633 ;
-  assign \$635  = ~ \$signal$254 ;
-  assign \$636  = \$634  & \$635 ;
-  assign \$637  = ~ \$signal$257 ;
-  assign \$638  = \$636  & \$637 ;
-  assign \$639  = pc + 1'h1;
-  assign \$640  = \$signal$121  + 1'h1;
-  assign \$641  = \$signal$259  + 1'h1;
-  assign \$642  = \$signal$259  == 4'h8;
-  assign \$643  = ~ \$signal$264 ;
-  assign \$644  = ~ \$signal$265 ;
-  assign \$645  = \$643  & \$644 ;
-  assign \$646  = rt_lane < 1'h1;
-  assign \$647  = \$645  & \$646 ;
-  assign \$648  = \$signal$268  < 4'h8;
-  assign \$649  = rt_lane + 1'h1;
-  assign \$650  = \$signal$268  + 1'h1;
-  assign \$651  = \$signal$342  ? \$signature__data [12:0] : 13'h0000;
-  assign \$653  = scores__valid & scores__ready;
-  assign \$654  = \$signal$268  >= 4'h8;
-  assign \$655  = \$signal$338  + 1'h1;
-  assign \$656  = \$signal$267  + 4'h8;
-  assign \$657  = \$signal$338  + 1'h1;
-  assign \$658  = \$657  >= m_eff[13:0];
-  assign \$659  = ~ \$signal$273 ;
-  assign \$660  = routes__valid & \$659 ;
-  assign \$661  = ~ rt_wphase;
-  assign \$662  = \$signal$273  & \$661 ;
-  assign \$663  = \$signal$273  & rt_wphase;
-  assign \$664  = rt_s == 1'h1;
-  assign \$665  = \$signal$277 [19] | \$664 ;
-  assign \$666  = \$signal$340  + 1'h1;
-  assign \$667  = \$signal$275  + 2'h2;
-  assign \$668  = rt_s + 1'h1;
-  assign \$669  = \$signal$340  >= m_eff[13:0];
-  assign \$670  = \$signal$279  == \$signal$259 ;
-  assign \$671  = \$signal$281  + 1'h1;
-  assign \$672  = \$signal$278  + 1'h1;
-  assign \$673  = \$672  < l1_acc[13:2];
-  assign \$674  = \$signal$278  + 1'h1;
-  assign \$675  = \$signal$346  == 1'h1;
-  assign \$676  = \$signal$282  + 1'h1;
-  assign \$677  = \$signal$346  + 1'h1;
-  assign \$678  = \$signal$259  + 1'h1;
-  assign \$679  = \$signal$259  + 1'h1;
-  assign \$680  = \$679  < 4'h8;
-  assign \$681  = pc + 1'h1;
-  assign \$682  = \$signal$121  + 1'h1;
-  assign \$683  = \$signal$285  >= 4'h8;
-  assign \$684  = \$signal$121  + 1'h1;
-  assign \$685  = \$signal$285  + 1'h1;
-  assign \$686  = | \$signal$279 ;
-  assign \$687  = | rd1_q[23:14];
-  assign \$688  = \$687  ? 14'h3fff : rd1_q[13:0];
+  assign \$635  = \$signal$255  == 1'h1;
+  assign \$636  = \$signal$256  >= l0_acc;
+  assign \$637  = \$635  | \$636 ;
+  assign \$638  = \$634  & \$637 ;
+  assign \$639  = wr_data__valid & wr_data__ready;
+  assign \$640  = ~ wr_busy;
+  assign \$641  = \$signal$256  >= l0_acc;
+  assign \$642  = \$640  & \$641 ;
+  assign \$643  = ~ \$signal$254 ;
+  assign \$644  = \$642  & \$643 ;
+  assign \$645  = ~ \$signal$257 ;
+  assign \$646  = \$644  & \$645 ;
+  assign \$647  = pc + 1'h1;
+  assign \$648  = \$signal$121  + 1'h1;
+  assign \$649  = \$signal$259  + 1'h1;
+  assign \$650  = \$signal$259  == 4'h8;
+  assign \$651  = ~ \$signal$264 ;
+  assign \$652  = ~ \$signal$265 ;
+  assign \$653  = \$651  & \$652 ;
+  assign \$654  = rt_lane < 1'h1;
+  assign \$655  = \$653  & \$654 ;
+  assign \$656  = \$signal$268  < 4'h8;
+  assign \$657  = rt_lane + 1'h1;
+  assign \$658  = \$signal$268  + 1'h1;
+  assign \$659  = \$signal$343  ? \$signature__data [12:0] : 13'h0000;
+  assign \$661  = scores__valid & scores__ready;
+  assign \$662  = \$signal$268  >= 4'h8;
+  assign \$663  = \$signal$339  + 1'h1;
+  assign \$664  = \$signal$267  + 4'h8;
+  assign \$665  = \$signal$339  + 1'h1;
+  assign \$666  = \$665  >= m_eff[13:0];
+  assign \$667  = ~ \$signal$273 ;
+  assign \$668  = routes__valid & \$667 ;
+  assign \$669  = ~ rt_wphase;
+  assign \$670  = \$signal$273  & \$669 ;
+  assign \$671  = \$signal$273  & rt_wphase;
+  assign \$672  = rt_s == 1'h1;
+  assign \$673  = \$signal$277 [19] | \$672 ;
+  assign \$674  = \$signal$341  + 1'h1;
+  assign \$675  = \$signal$275  + 2'h2;
+  assign \$676  = rt_s + 1'h1;
+  assign \$677  = \$signal$341  >= m_eff[13:0];
+  assign \$678  = \$signal$279  == \$signal$259 ;
+  assign \$679  = \$signal$281  + 1'h1;
+  assign \$680  = \$signal$278  + 1'h1;
+  assign \$681  = \$680  < l1_acc[13:2];
+  assign \$682  = \$signal$278  + 1'h1;
+  assign \$683  = \$signal$347  == 1'h1;
+  assign \$684  = \$signal$282  + 1'h1;
+  assign \$685  = \$signal$347  + 1'h1;
+  assign \$686  = \$signal$259  + 1'h1;
+  assign \$687  = \$signal$259  + 1'h1;
+  assign \$688  = \$687  < 4'h8;
   assign \$689  = pc + 1'h1;
   assign \$690  = \$signal$121  + 1'h1;
-  assign \$691  = \$signal$286  >= \$signal$130 ;
-  assign \$692  = pc + 1'h1;
-  assign \$693  = \$signal$121  + 1'h1;
-  assign \$694  = $signed(\$signal$279 ) < $signed(1'h0);
-  assign \$695  = $signed(\$signal$279 ) >= $signed({ 1'h0, m_eff });
-  assign \$696  = \$694  | \$695 ;
-  assign \$697  = | l2_y;
-  assign \$698  = \$signal$287  < ins[61:48];
-  assign \$699  = \$signal$287  + 1'h1;
-  assign \$700  = ins[5:0] == 4'ha;
-  assign \$701  = \$700  ? { 1'h0, \$signal$288  } : l2_acc;
-  assign \$702  = ins[124:112] + \$701 ;
-  assign \$703  = \$702  + \$signal$287 ;
-  assign \$704  = \$signal$287  >= ins[61:48];
-  assign \$705  = \$704  & \$signal$289 ;
-  assign \$706  = \$signal$286  + 1'h1;
-  assign \$707  = \$signal$288  + ins[61:48];
-  assign \$708  = ~ rd_busy;
-  assign \$709  = ~ wr_busy;
-  assign \$710  = \$708  & \$709 ;
-  assign \$711  = ~ \$signal$108 ;
-  assign \$712  = \$signal$103  & \$711 ;
+  assign \$691  = \$signal$285  >= 4'h8;
+  assign \$692  = \$signal$121  + 1'h1;
+  assign \$693  = \$signal$285  + 1'h1;
+  assign \$694  = | \$signal$279 ;
+  assign \$695  = | rd1_q[23:14];
+  assign \$696  = \$695  ? 14'h3fff : rd1_q[13:0];
+  assign \$697  = pc + 1'h1;
+  assign \$698  = \$signal$121  + 1'h1;
+  assign \$699  = \$signal$286  >= \$signal$130 ;
+  assign \$700  = pc + 1'h1;
+  assign \$701  = \$signal$121  + 1'h1;
+  assign \$702  = $signed(\$signal$279 ) < $signed(1'h0);
+  assign \$703  = $signed(\$signal$279 ) >= $signed({ 1'h0, m_eff });
+  assign \$704  = \$702  | \$703 ;
+  assign \$705  = | l2_y;
+  assign \$706  = \$signal$287  < ins[61:48];
+  assign \$707  = \$signal$287  + 1'h1;
+  assign \$708  = ins[5:0] == 4'ha;
+  assign \$709  = \$708  ? { 1'h0, \$signal$288  } : l2_acc;
+  assign \$710  = ins[124:112] + \$709 ;
+  assign \$711  = \$710  + \$signal$287 ;
+  assign \$712  = \$signal$287  >= ins[61:48];
+  assign \$713  = \$712  & \$signal$289 ;
+  assign \$714  = \$signal$286  + 1'h1;
+  assign \$715  = \$signal$288  + ins[61:48];
+  assign \$716  = ~ rd_busy;
+  assign \$717  = ~ wr_busy;
+  assign \$718  = \$716  & \$717 ;
+  assign \$719  = ~ \$signal$108 ;
+  assign \$720  = \$signal$103  & \$719 ;
   always @(posedge clk)
-    \$signal$119  <= \$713 ;
+    \$signal$119  <= \$721 ;
   always @(posedge clk)
-    host_size <= \$714 ;
+    host_size <= \$722 ;
   always @(posedge clk)
-    rsel <= \$715 ;
+    rsel <= \$723 ;
   always @(posedge clk)
-    l0_acc <= \$716 ;
+    l0_acc <= \$724 ;
   always @(posedge clk)
-    l0_x <= \$717 ;
+    l0_x <= \$725 ;
   always @(posedge clk)
-    l0_y <= \$718 ;
+    l0_y <= \$726 ;
   always @(posedge clk)
-    l1_acc <= \$719 ;
+    l1_acc <= \$727 ;
   always @(posedge clk)
-    l1_x <= \$720 ;
+    l1_x <= \$728 ;
   always @(posedge clk)
-    l1_y <= \$721 ;
+    l1_y <= \$729 ;
   always @(posedge clk)
-    l2_acc <= \$722 ;
+    l2_acc <= \$730 ;
   always @(posedge clk)
-    l2_x <= \$723 ;
+    l2_x <= \$731 ;
   always @(posedge clk)
-    l2_y <= \$724 ;
+    l2_y <= \$732 ;
   always @(posedge clk)
-    l3_acc <= \$725 ;
+    l3_acc <= \$733 ;
   always @(posedge clk)
-    l3_x <= \$726 ;
+    l3_x <= \$734 ;
   always @(posedge clk)
-    l3_y <= \$727 ;
+    l3_y <= \$735 ;
   always @(posedge clk)
-    l4_acc <= \$728 ;
+    l4_acc <= \$736 ;
   always @(posedge clk)
-    l4_x <= \$729 ;
+    l4_x <= \$737 ;
   always @(posedge clk)
-    l4_y <= \$730 ;
+    l4_y <= \$738 ;
   always @(posedge clk)
-    lh_acc <= \$731 ;
+    lh_acc <= \$739 ;
   always @(posedge clk)
-    lh_x <= \$732 ;
+    lh_x <= \$740 ;
   always @(posedge clk)
-    lh_y <= \$733 ;
+    lh_y <= \$741 ;
   always @(posedge clk)
-    \$signal$144  <= \$734 ;
+    \$signal$144  <= \$742 ;
   always @(posedge clk)
-    \$signal$148  <= \$735 ;
+    \$signal$148  <= \$743 ;
   always @(posedge clk)
-    host_ok <= \$736 ;
+    host_ok <= \$744 ;
   always @(posedge clk)
-    decode_q <= \$737 ;
+    decode_q <= \$745 ;
   always @(posedge clk)
-    \$signal$158  <= \$738 ;
+    \$signal$158  <= \$746 ;
   always @(posedge clk)
-    \$signal$171  <= \$739 ;
+    \$signal$171  <= \$747 ;
   always @(posedge clk)
-    i__payload <= \$740 ;
+    i__payload <= \$748 ;
   always @(posedge clk)
-    b_word <= \$741 ;
+    b_word <= \$749 ;
   always @(posedge clk)
-    \$signal$157  <= \$742 ;
+    \$signal$157  <= \$750 ;
   always @(posedge clk)
-    \$signal$300  <= \$743 ;
+    \$signal$300  <= \$751 ;
   always @(posedge clk)
-    idx0 <= \$744 ;
+    idx0 <= \$752 ;
   always @(posedge clk)
-    \$signal$153  <= \$745 ;
+    \$signal$153  <= \$753 ;
   always @(posedge clk)
-    \$signal$155  <= \$746 ;
+    \$signal$155  <= \$754 ;
   always @(posedge clk)
-    idx1 <= \$747 ;
+    idx1 <= \$755 ;
   always @(posedge clk)
-    \$signal$309  <= \$748 ;
+    \$signal$309  <= \$756 ;
   always @(posedge clk)
-    \$signal$311  <= \$749 ;
+    \$signal$311  <= \$757 ;
   always @(posedge clk)
-    idx2 <= \$750 ;
+    idx2 <= \$758 ;
   always @(posedge clk)
-    \$signal$314  <= \$751 ;
+    \$signal$314  <= \$759 ;
   always @(posedge clk)
-    \$signal$316  <= \$752 ;
+    \$signal$316  <= \$760 ;
   always @(posedge clk)
-    \$signal$302  <= \$753 ;
+    \$signal$302  <= \$761 ;
   always @(posedge clk)
-    \$signal$319  <= \$754 ;
+    \$signal$319  <= \$762 ;
   always @(posedge clk)
-    gm_cap_lane <= \$755 ;
+    gm_cap_lane <= \$763 ;
   always @(posedge clk)
-    gm_lane <= \$756 ;
+    gm_lane <= \$764 ;
   always @(posedge clk)
-    \$signal$217  <= \$757 ;
+    \$signal$217  <= \$765 ;
   always @(posedge clk)
-    a_in__payload <= \$758 ;
+    a_in__payload <= \$766 ;
   always @(posedge clk)
-    a_in__valid <= \$759 ;
+    a_in__valid <= \$767 ;
   always @(posedge clk)
-    \$signal$322  <= \$760 ;
+    \$signal$322  <= \$768 ;
   always @(posedge clk)
-    gm_wstart <= \$761 ;
+    gm_wstart <= \$769 ;
   always @(posedge clk)
-    \$signal$216  <= \$762 ;
+    \$signal$216  <= \$770 ;
   always @(posedge clk)
-    gm_afeed_done <= \$763 ;
+    gm_afeed_done <= \$771 ;
   always @(posedge clk)
-    gc_lane <= \$764 ;
+    gc_lane <= \$772 ;
   always @(posedge clk)
-    \$signal$220  <= \$765 ;
+    \$signal$220  <= \$773 ;
   always @(posedge clk)
-    \$signal$324  <= \$766 ;
+    gc_last <= \$774 ;
   always @(posedge clk)
-    gc_wstart <= \$767 ;
+    \$signal$325  <= \$775 ;
   always @(posedge clk)
-    \$signal$223  <= \$768 ;
+    gc_wstart <= \$776 ;
   always @(posedge clk)
-    \$signal$118  <= \$769 ;
+    \$signal$324  <= \$777 ;
   always @(posedge clk)
-    busy_dma <= \$770 ;
+    \$signal$118  <= \$778 ;
   always @(posedge clk)
-    busy_gemm <= \$771 ;
+    busy_dma <= \$779 ;
   always @(posedge clk)
-    busy_act <= \$772 ;
+    busy_gemm <= \$780 ;
   always @(posedge clk)
-    busy_route <= \$773 ;
+    busy_act <= \$781 ;
   always @(posedge clk)
-    busy_vector <= \$774 ;
+    busy_route <= \$782 ;
   always @(posedge clk)
-    busy_move <= \$775 ;
+    busy_vector <= \$783 ;
   always @(posedge clk)
-    \$signal$279  <= \$776 ;
+    busy_move <= \$784 ;
   always @(posedge clk)
-    rd1_q <= \$777 ;
+    \$signal$279  <= \$785 ;
   always @(posedge clk)
-    \$signal$108  <= \$778 ;
+    rd1_q <= \$786 ;
   always @(posedge clk)
-    \$signal$109  <= \$779 ;
+    \$signal$108  <= \$787 ;
   always @(posedge clk)
-    err <= \$780 ;
+    \$signal$109  <= \$788 ;
   always @(posedge clk)
-    pc <= \$781 ;
+    err <= \$789 ;
   always @(posedge clk)
-    \$signal$121  <= \$782 ;
+    pc <= \$790 ;
   always @(posedge clk)
-    \$signal$142  <= \$783 ;
+    \$signal$121  <= \$791 ;
   always @(posedge clk)
-    exp_active <= \$784 ;
+    \$signal$142  <= \$792 ;
   always @(posedge clk)
-    \$signal$145  <= \$785 ;
+    exp_active <= \$793 ;
   always @(posedge clk)
-    ctrl_state <= \$786 ;
+    \$signal$145  <= \$794 ;
   always @(posedge clk)
-    stop_code <= \$787 ;
+    ctrl_state <= \$795 ;
   always @(posedge clk)
-    cur_unit <= \$788 ;
+    stop_code <= \$796 ;
   always @(posedge clk)
-    ins <= \$789 ;
+    cur_unit <= \$797 ;
   always @(posedge clk)
-    ph2 <= \$790 ;
+    ins <= \$798 ;
   always @(posedge clk)
-    settle <= \$791 ;
+    ph2 <= \$799 ;
   always @(posedge clk)
-    \$signal$179  <= \$792 ;
+    settle <= \$800 ;
   always @(posedge clk)
-    \$signal$162  <= \$793 ;
+    \$signal$179  <= \$801 ;
   always @(posedge clk)
-    shift <= \$794 ;
+    \$signal$162  <= \$802 ;
   always @(posedge clk)
-    cnt0 <= \$795 ;
+    shift <= \$803 ;
   always @(posedge clk)
-    cnt1 <= \$796 ;
+    cnt0 <= \$804 ;
   always @(posedge clk)
-    cnt2 <= \$797 ;
+    cnt1 <= \$805 ;
   always @(posedge clk)
-    sa0 <= \$798 ;
+    cnt2 <= \$806 ;
   always @(posedge clk)
-    sa1 <= \$799 ;
+    sa0 <= \$807 ;
   always @(posedge clk)
-    sa2 <= \$800 ;
+    sa1 <= \$808 ;
   always @(posedge clk)
-    sb0 <= \$801 ;
+    sa2 <= \$809 ;
   always @(posedge clk)
-    sb1 <= \$802 ;
+    sb0 <= \$810 ;
   always @(posedge clk)
-    sb2 <= \$803 ;
+    sb1 <= \$811 ;
   always @(posedge clk)
-    \$signal$330  <= \$804 ;
+    sb2 <= \$812 ;
   always @(posedge clk)
-    \$signal$247  <= \$805 ;
+    \$signal$331  <= \$813 ;
   always @(posedge clk)
-    \$signal$250  <= \$806 ;
+    \$signal$247  <= \$814 ;
   always @(posedge clk)
-    \$signal$253  <= \$807 ;
+    \$signal$250  <= \$815 ;
   always @(posedge clk)
-    \$signal$251  <= \$808 ;
+    \$signal$253  <= \$816 ;
   always @(posedge clk)
-    \$signal$254  <= \$809 ;
+    \$signal$251  <= \$817 ;
   always @(posedge clk)
-    \$signal$255  <= \$810 ;
+    \$signal$254  <= \$818 ;
   always @(posedge clk)
-    \$signal$256  <= \$811 ;
+    \$signal$255  <= \$819 ;
   always @(posedge clk)
-    \$signal$257  <= \$812 ;
+    \$signal$256  <= \$820 ;
   always @(posedge clk)
-    wr_data__payload <= \$813 ;
+    \$signal$257  <= \$821 ;
   always @(posedge clk)
-    \$signal$259  <= \$814 ;
+    wr_data__payload <= \$822 ;
   always @(posedge clk)
-    \$signal$283  <= \$815 ;
+    \$signal$259  <= \$823 ;
   always @(posedge clk)
-    \$signal$280  <= \$816 ;
+    \$signal$283  <= \$824 ;
   always @(posedge clk)
-    \$signal$286  <= \$817 ;
+    \$signal$280  <= \$825 ;
   always @(posedge clk)
-    \$signal$288  <= \$818 ;
+    \$signal$286  <= \$826 ;
   always @(posedge clk)
-    \$signal$146  <= \$819 ;
+    \$signal$288  <= \$827 ;
   always @(posedge clk)
-    scores_len <= \$820 ;
+    \$signal$146  <= \$828 ;
   always @(posedge clk)
-    \$signal$252  <= \$821 ;
+    scores_len <= \$829 ;
   always @(posedge clk)
-    \$signal$335  <= \$822 ;
+    \$signal$252  <= \$830 ;
   always @(posedge clk)
-    \$signal$338  <= \$823 ;
+    \$signal$336  <= \$831 ;
   always @(posedge clk)
-    \$signal$268  <= \$824 ;
+    \$signal$339  <= \$832 ;
   always @(posedge clk)
-    rt_lane <= \$825 ;
+    \$signal$268  <= \$833 ;
   always @(posedge clk)
-    \$signal$264  <= \$826 ;
+    rt_lane <= \$834 ;
   always @(posedge clk)
-    \$signal$267  <= \$827 ;
+    \$signal$264  <= \$835 ;
   always @(posedge clk)
-    \$signal$275  <= \$828 ;
+    \$signal$267  <= \$836 ;
   always @(posedge clk)
-    \$signal$265  <= \$829 ;
+    \$signal$275  <= \$837 ;
   always @(posedge clk)
-    \$signal$339  <= \$830 ;
+    \$signal$265  <= \$838 ;
   always @(posedge clk)
-    \$signal$340  <= \$831 ;
+    \$signal$340  <= \$839 ;
   always @(posedge clk)
-    rt_s <= \$832 ;
+    \$signal$341  <= \$840 ;
   always @(posedge clk)
-    \$signal$273  <= \$833 ;
+    rt_s <= \$841 ;
   always @(posedge clk)
-    rt_wphase <= \$834 ;
+    \$signal$273  <= \$842 ;
   always @(posedge clk)
-    \$signal$342  <= \$835 ;
+    rt_wphase <= \$843 ;
   always @(posedge clk)
-    rt_word <= \$836 ;
+    \$signal$343  <= \$844 ;
   always @(posedge clk)
-    \$signal$277  <= \$837 ;
+    rt_word <= \$845 ;
   always @(posedge clk)
-    \$signal$278  <= \$838 ;
+    \$signal$277  <= \$846 ;
   always @(posedge clk)
-    \$signal$282  <= \$839 ;
+    \$signal$278  <= \$847 ;
   always @(posedge clk)
-    \$signal$346  <= \$840 ;
+    \$signal$282  <= \$848 ;
   always @(posedge clk)
-    \$signal$281  <= \$841 ;
+    \$signal$347  <= \$849 ;
   always @(posedge clk)
-    \$signal$284  <= \$842 ;
+    \$signal$281  <= \$850 ;
   always @(posedge clk)
-    \$signal$285  <= \$843 ;
+    \$signal$284  <= \$851 ;
   always @(posedge clk)
-    \$signal$246  <= \$844 ;
+    \$signal$285  <= \$852 ;
   always @(posedge clk)
-    \$signal$130  <= \$845 ;
+    \$signal$246  <= \$853 ;
   always @(posedge clk)
-    \$signal$141  <= \$846 ;
+    \$signal$130  <= \$854 ;
   always @(posedge clk)
-    \$signal$287  <= \$847 ;
+    \$signal$141  <= \$855 ;
   always @(posedge clk)
-    \$signal$289  <= \$848 ;
+    \$signal$287  <= \$856 ;
   always @(posedge clk)
-    \$signal$290  <= \$849 ;
+    \$signal$289  <= \$857 ;
+  always @(posedge clk)
+    \$signal$290  <= \$858 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -10563,15 +10589,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$131  = \$129  | \$130 ;
   assign \$132  = ~ \$signal$142 ;
   assign \$133  = \$131  & \$132 ;
-  assign \$135  = | \$134 ;
-  assign \$136  = ins[5:0] == 4'ha;
-  assign \$137  = \$135  | \$136 ;
-  assign \$138  = ins[5:0] == 4'hb;
-  assign \$139  = \$137  | \$138 ;
-  assign \$140  = ~ exp_active;
-  assign \$141  = \$139  & \$140 ;
-  assign \$142  = \$133  | \$141 ;
-  assign \$143  = ins[5:0] == 4'he;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -10591,9 +10608,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1140$0 (\$850 ),
-    .\port$1158$0 (\$851 ),
-    .\port$3257$0 (beats),
+    .\port$1146$0 (\$859 ),
+    .\port$1164$0 (\$860 ),
+    .\port$3263$0 (beats),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -10622,7 +10639,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$79 (done),
-    .error(\error$333 ),
+    .error(\error$334 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -10920,7 +10937,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr  = \$252 [12:0];
+          \$signature__addr  = \$247 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10934,17 +10951,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$273 ) begin
-            \$signature__addr  = \$274 [12:0];
+          if (\$268 ) begin
+            \$signature__addr  = \$269 [12:0];
           end
       5'h0a:
-          \$signature__addr  = \$275 [12:0];
+          \$signature__addr  = \$270 [12:0];
       5'h10:
-          if (\$282 ) begin
-            \$signature__addr  = \$283 [12:0];
+          if (\$277 ) begin
+            \$signature__addr  = \$278 [12:0];
           end
       5'h11:
-          \$signature__addr  = \$291 [12:0];
+          \$signature__addr  = \$286 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -10957,9 +10974,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$302 ) begin
+          if (\$297 ) begin
           end else begin
-            \$signature__addr  = \$303 [12:0];
+            \$signature__addr  = \$298 [12:0];
           end
       5'h17:
           /* empty */;
@@ -10967,18 +10984,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$306 ) begin
+          if (\$301 ) begin
           end else begin
-            \$signature__addr  = \$308 [12:0];
+            \$signature__addr  = \$303 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$309 ) begin
-          end else if (\$310 ) begin
-            \$signature__addr  = \$314 [12:0];
+          if (\$304 ) begin
+          end else if (\$305 ) begin
+            \$signature__addr  = \$309 [12:0];
           end
     endcase
   end
@@ -10998,7 +11015,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr$154  = \$255 [12:0];
+          \$signature__addr$154  = \$250 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -11031,9 +11048,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$302 ) begin
+          if (\$297 ) begin
           end else begin
-            \$signature__addr$154  = \$305 [12:0];
+            \$signature__addr$154  = \$300 [12:0];
           end
     endcase
   end
@@ -11072,13 +11089,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$273 ) begin
+          if (\$268 ) begin
             \$signature__en  = 1'h1;
           end
       5'h0a:
           \$signature__en  = 1'h1;
       5'h10:
-          if (\$282 ) begin
+          if (\$277 ) begin
             \$signature__en  = 1'h1;
           end
       5'h11:
@@ -11095,7 +11112,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$302 ) begin
+          if (\$297 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -11105,7 +11122,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$306 ) begin
+          if (\$301 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -11114,8 +11131,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$309 ) begin
-          end else if (\$310 ) begin
+          if (\$304 ) begin
+          end else if (\$305 ) begin
             \$signature__en  = 1'h1;
           end
     endcase
@@ -11169,7 +11186,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$302 ) begin
+          if (\$297 ) begin
           end else begin
             \$signature__en$160  = 1'h1;
           end
@@ -11314,7 +11331,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$257 ;
+          rd_data__ready = \$252 ;
     endcase
   end
   always @* begin
@@ -11340,7 +11357,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h06:
           if (\$signal$184 ) begin
-            wr__addr = \$256 [12:0];
+            wr__addr = \$251 [12:0];
           end
       5'h07:
           /* empty */;
@@ -11350,8 +11367,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (\$signal$250 ) begin
-            if (\$258 ) begin
-              wr__addr = \$259 [12:0];
+            if (\$253 ) begin
+              wr__addr = \$254 [12:0];
             end
           end
       5'h09:
@@ -11360,11 +11377,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$286 ) begin
-            wr__addr = \$287 [12:0];
+          if (\$281 ) begin
+            wr__addr = \$282 [12:0];
           end
-          if (\$288 ) begin
-            wr__addr = \$290 [12:0];
+          if (\$283 ) begin
+            wr__addr = \$285 [12:0];
           end
         end
       5'h11:
@@ -11372,19 +11389,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$292 ) begin
-            wr__addr = \$293 [12:0];
+          if (\$287 ) begin
+            wr__addr = \$288 [12:0];
           end
       5'h14:
-          wr__addr = \$295 [12:0];
+          wr__addr = \$290 [12:0];
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$292 ) begin
           end else begin
-            wr__addr = \$298 [12:0];
+            wr__addr = \$293 [12:0];
           end
       5'h16:
-          wr__addr = \$301 [12:0];
+          wr__addr = \$296 [12:0];
       5'h0b:
           /* empty */;
       5'h17:
@@ -11436,8 +11453,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (\$signal$250 ) begin
-            if (\$258 ) begin
-              wr__data = \$266 ;
+            if (\$253 ) begin
+              wr__data = \$261 ;
             end
           end
       5'h09:
@@ -11446,10 +11463,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$286 ) begin
+          if (\$281 ) begin
             wr__data = { 29'h00000000, \$signal$277 [2:0] };
           end
-          if (\$288 ) begin
+          if (\$283 ) begin
             wr__data = { 16'h0000, \$signal$277 [18:3] };
           end
         end
@@ -11458,16 +11475,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$292 ) begin
+          if (\$287 ) begin
             wr__data = { 18'h00000, \$signal$278  };
           end
       5'h14:
           wr__data = { 18'h00000, \$signal$282  };
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$292 ) begin
           end else begin
-            wr__data = { \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299 [14], \$299  };
+            wr__data = { \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294  };
           end
       5'h16:
           wr__data = { 18'h00000, \$signal$284  };
@@ -11522,7 +11539,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (\$signal$250 ) begin
-            if (\$258 ) begin
+            if (\$253 ) begin
               wr__en = 1'h1;
             end
           end
@@ -11532,10 +11549,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$286 ) begin
+          if (\$281 ) begin
             wr__en = 1'h1;
           end
-          if (\$288 ) begin
+          if (\$283 ) begin
             wr__en = 1'h1;
           end
         end
@@ -11544,14 +11561,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$292 ) begin
+          if (\$287 ) begin
             wr__en = 1'h1;
           end
       5'h14:
           wr__en = 1'h1;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$292 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -11580,7 +11597,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     c_out__ready = 1'h0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        if (\$242 ) begin
+        if (gc_last) begin
           c_out__ready = 1'h1;
         end
       end
@@ -11594,7 +11611,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$243 ) begin
+          if (\$238 ) begin
           end else begin
             \$signature__addr$233  = pc[5:0];
           end
@@ -11608,7 +11625,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$243 ) begin
+          if (\$238 ) begin
           end else begin
             \$signature__en$234  = 1'h1;
           end
@@ -11626,11 +11643,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$244 ) begin
-          end else if (\$247 ) begin
-          end else if (\$248 ) begin
-          end else if (\$249 ) begin
-          end else if (\$250 ) begin
+          if (\$239 ) begin
+          end else if (\$242 ) begin
+          end else if (\$243 ) begin
+          end else if (\$244 ) begin
+          end else if (\$245 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11673,11 +11690,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$244 ) begin
-          end else if (\$247 ) begin
-          end else if (\$248 ) begin
-          end else if (\$249 ) begin
-          end else if (\$250 ) begin
+          if (\$239 ) begin
+          end else if (\$242 ) begin
+          end else if (\$243 ) begin
+          end else if (\$244 ) begin
+          end else if (\$245 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11825,7 +11842,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$276 ) begin
+          if (\$271 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -11859,8 +11876,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$276 ) begin
-            bias_addr = \$277 [2:0];
+          if (\$271 ) begin
+            bias_addr = \$272 [2:0];
           end
     endcase
   end
@@ -11893,7 +11910,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$276 ) begin
+          if (\$271 ) begin
             bias_data = \$signature__data [15:0];
           end
     endcase
@@ -11997,7 +12014,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$284 ;
+          routes__ready = \$279 ;
     endcase
   end
   always @* begin
@@ -12123,46 +12140,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$316 ) begin
+    if (\$311 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$713  = \$signal$119 ;
-    if (\$346 ) begin
-      \$713  = wr_data;
+    \$721  = \$signal$119 ;
+    if (\$341 ) begin
+      \$721  = wr_data;
     end
     if (rst) begin
-      \$713  = 32'd0;
+      \$721  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$714  = host_size;
-    if (\$348 ) begin
-      \$714  = wr_data;
+    \$722  = host_size;
+    if (\$343 ) begin
+      \$722  = wr_data;
     end
     if (rst) begin
-      \$714  = 32'd0;
+      \$722  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$715  = rsel;
+    \$723  = rsel;
     if (rd_en) begin
-      \$715  = s_axil__araddr;
+      \$723  = s_axil__araddr;
     end
     if (rst) begin
-      \$715  = 20'h00000;
+      \$723  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$716  = l0_acc;
-    if (\$349 ) begin
+    \$724  = l0_acc;
+    if (\$344 ) begin
       if (l0_y[0]) begin
-        \$716  = \$353 ;
+        \$724  = \$348 ;
       end
     end
     casez (ctrl_state)
@@ -12171,20 +12188,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$329 [5:0])
+          casez (\$signature__data$330 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$716  = 14'h0000;
+                \$724  = 14'h0000;
           endcase
     endcase
     if (rst) begin
-      \$716  = 14'h0000;
+      \$724  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$717  = l0_x;
-    if (\$349 ) begin
-      \$717  = \$355 [13:0];
+    \$725  = l0_x;
+    if (\$344 ) begin
+      \$725  = \$350 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12192,372 +12209,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$329 [5:0])
+          casez (\$signature__data$330 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$717  = \$513 ;
+                \$725  = \$519 ;
           endcase
-    endcase
-    if (rst) begin
-      \$717  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$718  = l0_y;
-    if (\$349 ) begin
-      \$718  = \$356 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-        begin
-          \$718  = 16'h0000;
-          casez (\$signature__data$329 [5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$718  = \$511 ;
-          endcase
-        end
-    endcase
-    if (rst) begin
-      \$718  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$719  = l1_acc;
-    if (\$357 ) begin
-      if (l1_y[0]) begin
-        \$719  = \$361 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$329 [5:0])
-            6'h03:
-                \$719  = 14'h0000;
-            6'h0c:
-                \$719  = 14'h0000;
-            6'h0a, 6'h0b:
-                \$719  = 14'h0000;
-            6'h08:
-                \$719  = 14'h0000;
-          endcase
-    endcase
-    if (rst) begin
-      \$719  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$720  = l1_x;
-    if (\$357 ) begin
-      \$720  = \$363 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$329 [5:0])
-            6'h03:
-                \$720  = \$518 ;
-            6'h0c:
-                \$720  = \$544 ;
-            6'h0a, 6'h0b:
-                \$720  = \$548 ;
-            6'h08:
-                \$720  = 14'h0008;
-          endcase
-    endcase
-    if (rst) begin
-      \$720  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$721  = l1_y;
-    if (\$357 ) begin
-      \$721  = \$364 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-        begin
-          \$721  = 16'h0000;
-          casez (\$signature__data$329 [5:0])
-            6'h03:
-                \$721  = \$516 ;
-            6'h0c:
-                \$721  = \$542 ;
-            6'h0a, 6'h0b:
-                \$721  = \$signal$130 ;
-            6'h08:
-                \$721  = \$551 ;
-          endcase
-        end
-    endcase
-    if (rst) begin
-      \$721  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$722  = l2_acc;
-    if (\$365 ) begin
-      if (l2_y[0]) begin
-        \$722  = \$369 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$329 [5:0])
-            6'h03:
-                \$722  = 14'h0000;
-            6'h0c:
-                \$722  = 14'h0000;
-          endcase
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$696 ) begin
-          end else begin
-            \$722  = 14'h0000;
-          end
-    endcase
-    if (rst) begin
-      \$722  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$723  = l2_x;
-    if (\$365 ) begin
-      \$723  = \$371 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$329 [5:0])
-            6'h03:
-                \$723  = \$526 ;
-            6'h0c:
-                \$723  = \$546 ;
-          endcase
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$696 ) begin
-          end else begin
-            \$723  = ins[61:48];
-          end
-    endcase
-    if (rst) begin
-      \$723  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$724  = l2_y;
-    if (\$365 ) begin
-      \$724  = \$372 ;
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-        begin
-          \$724  = 16'h0000;
-          casez (\$signature__data$329 [5:0])
-            6'h03:
-                \$724  = \$524 [15:0];
-            6'h0c:
-                \$724  = \$signature__data$329 [47:32];
-          endcase
-        end
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$696 ) begin
-          end else begin
-            \$724  = \$signal$279 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$724  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$725  = l3_acc;
-    if (\$373 ) begin
-      if (l3_y[0]) begin
-        \$725  = \$377 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$329 [5:0])
-            6'h03:
-                \$725  = 14'h0000;
-          endcase
-      5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-            \$725  = 14'h0000;
-          end
     endcase
     if (rst) begin
       \$725  = 14'h0000;
@@ -12565,35 +12220,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$726  = l3_x;
-    if (\$373 ) begin
-      \$726  = \$379 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$329 [5:0])
-            6'h03:
-                \$726  = \$534 ;
-          endcase
-      5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-            \$726  = l2_acc;
-          end
-    endcase
-    if (rst) begin
-      \$726  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$727  = l3_y;
-    if (\$373 ) begin
-      \$727  = \$380 ;
+    \$726  = l0_y;
+    if (\$344 ) begin
+      \$726  = \$351 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12602,28 +12231,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$727  = 16'h0000;
-          casez (\$signature__data$329 [5:0])
-            6'h03:
-                \$727  = \$532 [15:0];
+          \$726  = 16'h0000;
+          casez (\$signature__data$330 [5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$726  = \$517 ;
           endcase
         end
-      5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-            \$727  = m_eff;
-          end
     endcase
     if (rst) begin
-      \$727  = 16'h0000;
+      \$726  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$728  = l4_acc;
-    if (\$381 ) begin
-      if (l4_y[0]) begin
-        \$728  = \$385 ;
+    \$727  = l1_acc;
+    if (\$352 ) begin
+      if (l1_y[0]) begin
+        \$727  = \$356 ;
       end
     end
     casez (ctrl_state)
@@ -12632,9 +12256,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$329 [5:0])
+          casez (\$signature__data$330 [5:0])
             6'h03:
-                \$728  = 14'h0000;
+                \$727  = 14'h0000;
+            6'h0c:
+                \$727  = 14'h0000;
+            6'h0a, 6'h0b:
+                \$727  = 14'h0000;
+            6'h08:
+                \$727  = 14'h0000;
+          endcase
+    endcase
+    if (rst) begin
+      \$727  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$728  = l1_x;
+    if (\$352 ) begin
+      \$728  = \$358 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$330 [5:0])
+            6'h03:
+                \$728  = \$524 ;
+            6'h0c:
+                \$728  = \$550 ;
+            6'h0a, 6'h0b:
+                \$728  = \$554 ;
+            6'h08:
+                \$728  = 14'h0008;
           endcase
     endcase
     if (rst) begin
@@ -12643,30 +12300,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$729  = l4_x;
-    if (\$381 ) begin
-      \$729  = \$387 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$329 [5:0])
-            6'h03:
-                \$729  = \$539 ;
-          endcase
-    endcase
-    if (rst) begin
-      \$729  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$730  = l4_y;
-    if (\$381 ) begin
-      \$730  = \$388 ;
+    \$729  = l1_y;
+    if (\$352 ) begin
+      \$729  = \$359 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12675,23 +12311,404 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$730  = 16'h0000;
-          casez (\$signature__data$329 [5:0])
+          \$729  = 16'h0000;
+          casez (\$signature__data$330 [5:0])
             6'h03:
-                \$730  = \$537 [15:0];
+                \$729  = \$522 ;
+            6'h0c:
+                \$729  = \$548 ;
+            6'h0a, 6'h0b:
+                \$729  = \$signal$130 ;
+            6'h08:
+                \$729  = \$557 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$730  = 16'h0000;
+      \$729  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$731  = lh_acc;
-    if (\$389 ) begin
+    \$730  = l2_acc;
+    if (\$360 ) begin
+      if (l2_y[0]) begin
+        \$730  = \$364 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$330 [5:0])
+            6'h03:
+                \$730  = 14'h0000;
+            6'h0c:
+                \$730  = 14'h0000;
+          endcase
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$704 ) begin
+          end else begin
+            \$730  = 14'h0000;
+          end
+    endcase
+    if (rst) begin
+      \$730  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$731  = l2_x;
+    if (\$360 ) begin
+      \$731  = \$366 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$330 [5:0])
+            6'h03:
+                \$731  = \$532 ;
+            6'h0c:
+                \$731  = \$552 ;
+          endcase
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$704 ) begin
+          end else begin
+            \$731  = ins[61:48];
+          end
+    endcase
+    if (rst) begin
+      \$731  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$732  = l2_y;
+    if (\$360 ) begin
+      \$732  = \$367 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$732  = 16'h0000;
+          casez (\$signature__data$330 [5:0])
+            6'h03:
+                \$732  = \$530 [15:0];
+            6'h0c:
+                \$732  = \$signature__data$330 [47:32];
+          endcase
+        end
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$704 ) begin
+          end else begin
+            \$732  = \$signal$279 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$732  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$733  = l3_acc;
+    if (\$368 ) begin
+      if (l3_y[0]) begin
+        \$733  = \$372 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$330 [5:0])
+            6'h03:
+                \$733  = 14'h0000;
+          endcase
+      5'h04:
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+            \$733  = 14'h0000;
+          end
+    endcase
+    if (rst) begin
+      \$733  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$734  = l3_x;
+    if (\$368 ) begin
+      \$734  = \$374 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$330 [5:0])
+            6'h03:
+                \$734  = \$540 ;
+          endcase
+      5'h04:
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+            \$734  = l2_acc;
+          end
+    endcase
+    if (rst) begin
+      \$734  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$735  = l3_y;
+    if (\$368 ) begin
+      \$735  = \$375 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$735  = 16'h0000;
+          casez (\$signature__data$330 [5:0])
+            6'h03:
+                \$735  = \$538 [15:0];
+          endcase
+        end
+      5'h04:
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+            \$735  = m_eff;
+          end
+    endcase
+    if (rst) begin
+      \$735  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$736  = l4_acc;
+    if (\$376 ) begin
+      if (l4_y[0]) begin
+        \$736  = \$380 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$330 [5:0])
+            6'h03:
+                \$736  = 14'h0000;
+          endcase
+    endcase
+    if (rst) begin
+      \$736  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$737  = l4_x;
+    if (\$376 ) begin
+      \$737  = \$382 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$330 [5:0])
+            6'h03:
+                \$737  = \$545 ;
+          endcase
+    endcase
+    if (rst) begin
+      \$737  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$738  = l4_y;
+    if (\$376 ) begin
+      \$738  = \$383 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+        begin
+          \$738  = 16'h0000;
+          casez (\$signature__data$330 [5:0])
+            6'h03:
+                \$738  = \$543 [15:0];
+          endcase
+        end
+    endcase
+    if (rst) begin
+      \$738  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$739  = lh_acc;
+    if (\$384 ) begin
       if (lh_y[0]) begin
-        \$731  = \$393 ;
+        \$739  = \$388 ;
       end
     end
     casez (ctrl_state)
@@ -12700,17 +12717,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$731  = { 1'h0, \$signature__data$329 [167:136] };
+          \$739  = { 1'h0, \$signature__data$330 [167:136] };
     endcase
     if (rst) begin
-      \$731  = 33'h000000000;
+      \$739  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$732  = lh_x;
-    if (\$389 ) begin
-      \$732  = \$395 [32:0];
+    \$740  = lh_x;
+    if (\$384 ) begin
+      \$740  = \$390 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12718,17 +12735,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$732  = { 1'h0, \$signature__data$329 [199:168] };
+          \$740  = { 1'h0, \$signature__data$330 [199:168] };
     endcase
     if (rst) begin
-      \$732  = 33'h000000000;
+      \$740  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$733  = lh_y;
-    if (\$389 ) begin
-      \$733  = \$396 ;
+    \$741  = lh_y;
+    if (\$384 ) begin
+      \$741  = \$391 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12736,183 +12753,183 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$733  = { 12'h000, \$554  };
+          \$741  = { 12'h000, \$560  };
     endcase
     if (rst) begin
-      \$733  = 16'h0000;
+      \$741  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$734  = shape_ok;
-    if (rst) begin
-      \$734  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$735  = \$416 ;
-    if (rst) begin
-      \$735  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$736  = \$424 ;
-    if (rst) begin
-      \$736  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$737  = decode_err;
-    if (rst) begin
-      \$737  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$738  = \$signal$158 ;
-    if (eng_run) begin
-      if (\$426 ) begin
-        \$738  = \$signal$157 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$738  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$738  = 1'h0;
-              6'h0c:
-                  \$738  = 1'h0;
-              6'h0d:
-                  \$738  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$738  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$739  = \$signal$171 ;
-    if (eng_run) begin
-      if (\$426 ) begin
-        \$739  = \$signal$300 ;
-      end
-    end
-    if (rst) begin
-      \$739  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$740  = i__payload;
-    if (eng_run) begin
-      if (\$426 ) begin
-        \$740  = \$signature__data ;
-      end
-    end
-    if (rst) begin
-      \$740  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$741  = b_word;
-    if (eng_run) begin
-      if (\$426 ) begin
-        \$741  = \$signature__data$301 ;
-      end
-    end
-    if (rst) begin
-      \$741  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = \$signal$157 ;
-    if (eng_run) begin
-      if (\$430 ) begin
-        \$742  = \$signal$302 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$742  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$742  = 1'h0;
-              6'h0c:
-                  \$742  = 1'h0;
-              6'h0d:
-                  \$742  = 1'h0;
-            endcase
-          end
-    endcase
+    \$742  = shape_ok;
     if (rst) begin
       \$742  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = \$signal$300 ;
-    if (eng_run) begin
-      if (\$430 ) begin
-        \$743  = \$432 ;
-      end
-    end
+    \$743  = \$411 ;
     if (rst) begin
       \$743  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = idx0;
+    \$744  = \$419 ;
+    if (rst) begin
+      \$744  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$745  = decode_err;
+    if (rst) begin
+      \$745  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$746  = \$signal$158 ;
     if (eng_run) begin
-      if (\$430 ) begin
+      if (\$421 ) begin
+        \$746  = \$signal$157 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$746  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$746  = 1'h0;
+              6'h0c:
+                  \$746  = 1'h0;
+              6'h0d:
+                  \$746  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$746  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$747  = \$signal$171 ;
+    if (eng_run) begin
+      if (\$421 ) begin
+        \$747  = \$signal$300 ;
+      end
+    end
+    if (rst) begin
+      \$747  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$748  = i__payload;
+    if (eng_run) begin
+      if (\$421 ) begin
+        \$748  = \$signature__data ;
+      end
+    end
+    if (rst) begin
+      \$748  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$749  = b_word;
+    if (eng_run) begin
+      if (\$421 ) begin
+        \$749  = \$signature__data$301 ;
+      end
+    end
+    if (rst) begin
+      \$749  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$750  = \$signal$157 ;
+    if (eng_run) begin
+      if (\$425 ) begin
+        \$750  = \$signal$302 ;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$750  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$750  = 1'h0;
+              6'h0c:
+                  \$750  = 1'h0;
+              6'h0d:
+                  \$750  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$750  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$751  = \$signal$300 ;
+    if (eng_run) begin
+      if (\$425 ) begin
+        \$751  = \$427 ;
+      end
+    end
+    if (rst) begin
+      \$751  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$752  = idx0;
+    if (eng_run) begin
+      if (\$425 ) begin
         if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
-          if (\$434 ) begin
-            \$744  = \$437 [13:0];
-          end else if (\$436 ) begin
-            \$744  = 14'h0000;
+          if (\$429 ) begin
+            \$752  = \$432 [13:0];
+          end else if (\$431 ) begin
+            \$752  = 14'h0000;
           end else begin
-            \$744  = 14'h0000;
+            \$752  = 14'h0000;
           end
         end
       end
@@ -12926,43 +12943,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$744  = 14'h0000;
+                  \$752  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$744  = 14'h0000;
+                  \$752  = 14'h0000;
               6'h0c:
-                  \$744  = 14'h0000;
+                  \$752  = 14'h0000;
               6'h0d:
-                  \$744  = 14'h0000;
+                  \$752  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$744  = 14'h0000;
+      \$752  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = \$signal$153 ;
+    \$753  = \$signal$153 ;
     if (eng_run) begin
-      if (\$430 ) begin
+      if (\$425 ) begin
         if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
-          if (\$434 ) begin
-            \$745  = \$438 [12:0];
-          end else if (\$436 ) begin
-            \$745  = \$442 [12:0];
+          if (\$429 ) begin
+            \$753  = \$433 [12:0];
+          end else if (\$431 ) begin
+            \$753  = \$437 [12:0];
           end else begin
-            \$745  = \$448 [12:0];
+            \$753  = \$443 [12:0];
           end
         end
       end
@@ -12976,43 +12993,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$745  = ins[76:64];
+                  \$753  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$745  = ins[76:64];
+                  \$753  = ins[76:64];
               6'h0c:
-                  \$745  = ins[76:64];
+                  \$753  = ins[76:64];
               6'h0d:
-                  \$745  = ins[76:64];
+                  \$753  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$745  = 13'h0000;
+      \$753  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = \$signal$155 ;
+    \$754  = \$signal$155 ;
     if (eng_run) begin
-      if (\$430 ) begin
+      if (\$425 ) begin
         if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
-          if (\$434 ) begin
-            \$746  = \$439 [12:0];
-          end else if (\$436 ) begin
-            \$746  = \$444 [12:0];
+          if (\$429 ) begin
+            \$754  = \$434 [12:0];
+          end else if (\$431 ) begin
+            \$754  = \$439 [12:0];
           end else begin
-            \$746  = \$451 [12:0];
+            \$754  = \$446 [12:0];
           end
         end
       end
@@ -13026,42 +13043,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$746  = ins[100:88];
+                  \$754  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$746  = ins[100:88];
+                  \$754  = ins[100:88];
               6'h0c:
-                  \$746  = ins[100:88];
+                  \$754  = ins[100:88];
               6'h0d:
-                  \$746  = ins[100:88];
+                  \$754  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$746  = 13'h0000;
+      \$754  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = idx1;
+    \$755  = idx1;
     if (eng_run) begin
-      if (\$430 ) begin
+      if (\$425 ) begin
         if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
-          if (\$434 ) begin
-          end else if (\$436 ) begin
-            \$747  = \$440 [13:0];
+          if (\$429 ) begin
+          end else if (\$431 ) begin
+            \$755  = \$435 [13:0];
           end else begin
-            \$747  = 14'h0000;
+            \$755  = 14'h0000;
           end
         end
       end
@@ -13075,42 +13092,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$747  = 14'h0000;
+                  \$755  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$747  = 14'h0000;
+                  \$755  = 14'h0000;
               6'h0c:
-                  \$747  = 14'h0000;
+                  \$755  = 14'h0000;
               6'h0d:
-                  \$747  = 14'h0000;
+                  \$755  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$747  = 14'h0000;
+      \$755  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = \$signal$309 ;
+    \$756  = \$signal$309 ;
     if (eng_run) begin
-      if (\$430 ) begin
+      if (\$425 ) begin
         if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
-          if (\$434 ) begin
-          end else if (\$436 ) begin
-            \$748  = \$441 [12:0];
+          if (\$429 ) begin
+          end else if (\$431 ) begin
+            \$756  = \$436 [12:0];
           end else begin
-            \$748  = \$447 [12:0];
+            \$756  = \$442 [12:0];
           end
         end
       end
@@ -13124,42 +13141,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$748  = ins[76:64];
+                  \$756  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$748  = ins[76:64];
+                  \$756  = ins[76:64];
               6'h0c:
-                  \$748  = ins[76:64];
+                  \$756  = ins[76:64];
               6'h0d:
-                  \$748  = ins[76:64];
+                  \$756  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$748  = 13'h0000;
+      \$756  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = \$signal$311 ;
+    \$757  = \$signal$311 ;
     if (eng_run) begin
-      if (\$430 ) begin
+      if (\$425 ) begin
         if (\$signal$302 ) begin
           (* full_case = 32'd1 *)
-          if (\$434 ) begin
-          end else if (\$436 ) begin
-            \$749  = \$443 [12:0];
+          if (\$429 ) begin
+          end else if (\$431 ) begin
+            \$757  = \$438 [12:0];
           end else begin
-            \$749  = \$450 [12:0];
+            \$757  = \$445 [12:0];
           end
         end
       end
@@ -13173,341 +13190,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$749  = ins[100:88];
+                  \$757  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$749  = ins[100:88];
+                  \$757  = ins[100:88];
               6'h0c:
-                  \$749  = ins[100:88];
+                  \$757  = ins[100:88];
               6'h0d:
-                  \$749  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$749  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = idx2;
-    if (eng_run) begin
-      if (\$430 ) begin
-        if (\$signal$302 ) begin
-          (* full_case = 32'd1 *)
-          if (\$434 ) begin
-          end else if (\$436 ) begin
-          end else begin
-            \$750  = \$445 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$750  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$750  = 14'h0000;
-              6'h0c:
-                  \$750  = 14'h0000;
-              6'h0d:
-                  \$750  = 14'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$750  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = \$signal$314 ;
-    if (eng_run) begin
-      if (\$430 ) begin
-        if (\$signal$302 ) begin
-          (* full_case = 32'd1 *)
-          if (\$434 ) begin
-          end else if (\$436 ) begin
-          end else begin
-            \$751  = \$446 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$751  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$751  = ins[76:64];
-              6'h0c:
-                  \$751  = ins[76:64];
-              6'h0d:
-                  \$751  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$751  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = \$signal$316 ;
-    if (eng_run) begin
-      if (\$430 ) begin
-        if (\$signal$302 ) begin
-          (* full_case = 32'd1 *)
-          if (\$434 ) begin
-          end else if (\$436 ) begin
-          end else begin
-            \$752  = \$449 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$752  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$752  = ins[100:88];
-              6'h0c:
-                  \$752  = ins[100:88];
-              6'h0d:
-                  \$752  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$752  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = \$signal$302 ;
-    if (eng_run) begin
-      if (\$430 ) begin
-        if (\$signal$302 ) begin
-          (* full_case = 32'd1 *)
-          if (\$434 ) begin
-          end else if (\$436 ) begin
-          end else begin
-            if (\$453 ) begin
-              \$753  = 1'h0;
-            end
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$753  = 1'h1;
-              6'h05, 6'h06, 6'h07:
-                  \$753  = 1'h1;
-              6'h0c:
-                  \$753  = 1'h1;
-              6'h0d:
-                  \$753  = 1'h1;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$753  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = \$signal$319 ;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$462 ) begin
-        \$754  = 1'h1;
-      end else begin
-        \$754  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$754  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$462 ) begin
-        \$755  = gm_lane[1:0];
-      end
-    end
-    if (rst) begin
-      \$755  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = gm_lane;
-    if (gemm_run) begin
-      if (\$462 ) begin
-        \$756  = \$463 [2:0];
-      end
-      if (\$473 ) begin
-        \$756  = 3'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$756  = 3'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$756  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = \$signal$217 ;
-    if (gemm_run) begin
-      if (\$462 ) begin
-        \$757  = \$464 [12:0];
-      end
-      if (\$473 ) begin
-        (* full_case = 32'd1 *)
-        if (\$475 ) begin
-          \$757  = \$478 [12:0];
-        end else begin
-          \$757  = \$483 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$757  = ins[76:64];
+                  \$757  = ins[100:88];
             endcase
           end
     endcase
@@ -13517,23 +13216,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = a_in__payload;
-    if (gemm_run) begin
-      if (\$signal$319 ) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$758 [7:0] = \$signature__data [7:0];
-          2'h1:
-              \$758 [15:8] = \$signature__data [7:0];
-          2'h2:
-              \$758 [23:16] = \$signature__data [7:0];
-          2'h3:
-              \$758 [31:24] = \$signature__data [7:0];
-        endcase
-      end
-      if (\$473 ) begin
-        \$758  = 32'd0;
+    \$758  = idx2;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$signal$302 ) begin
+          (* full_case = 32'd1 *)
+          if (\$429 ) begin
+          end else if (\$431 ) begin
+          end else begin
+            \$758  = \$440 [13:0];
+          end
+        end
       end
     end
     casez (ctrl_state)
@@ -13545,11 +13238,228 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$758  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$758  = 14'h0000;
+              6'h0c:
+                  \$758  = 14'h0000;
+              6'h0d:
+                  \$758  = 14'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$758  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$759  = \$signal$314 ;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$signal$302 ) begin
+          (* full_case = 32'd1 *)
+          if (\$429 ) begin
+          end else if (\$431 ) begin
+          end else begin
+            \$759  = \$441 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$759  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$759  = ins[76:64];
+              6'h0c:
+                  \$759  = ins[76:64];
+              6'h0d:
+                  \$759  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$759  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$760  = \$signal$316 ;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$signal$302 ) begin
+          (* full_case = 32'd1 *)
+          if (\$429 ) begin
+          end else if (\$431 ) begin
+          end else begin
+            \$760  = \$444 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$760  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$760  = ins[100:88];
+              6'h0c:
+                  \$760  = ins[100:88];
+              6'h0d:
+                  \$760  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$760  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$761  = \$signal$302 ;
+    if (eng_run) begin
+      if (\$425 ) begin
+        if (\$signal$302 ) begin
+          (* full_case = 32'd1 *)
+          if (\$429 ) begin
+          end else if (\$431 ) begin
+          end else begin
+            if (\$448 ) begin
+              \$761  = 1'h0;
+            end
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$761  = 1'h1;
+              6'h05, 6'h06, 6'h07:
+                  \$761  = 1'h1;
+              6'h0c:
+                  \$761  = 1'h1;
+              6'h0d:
+                  \$761  = 1'h1;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$761  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$762  = \$signal$319 ;
+    if (gemm_run) begin
+      (* full_case = 32'd1 *)
+      if (\$457 ) begin
+        \$762  = 1'h1;
+      end else begin
+        \$762  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$762  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$763  = gm_cap_lane;
+    if (gemm_run) begin
+      if (\$457 ) begin
+        \$763  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$763  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$764  = gm_lane;
+    if (gemm_run) begin
+      if (\$457 ) begin
+        \$764  = \$458 [2:0];
+      end
+      if (\$468 ) begin
+        \$764  = 3'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13563,70 +13473,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$758  = 32'd0;
+                  \$764  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$758  = 32'd0;
+      \$764  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = a_in__valid;
+    \$765  = \$signal$217 ;
     if (gemm_run) begin
-      if (\$472 ) begin
-        \$759  = 1'h1;
+      if (\$457 ) begin
+        \$765  = \$459 [12:0];
       end
-      if (\$473 ) begin
-        \$759  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$759  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$759  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = \$signal$322 ;
-    if (gemm_run) begin
-      if (\$473 ) begin
+      if (\$468 ) begin
         (* full_case = 32'd1 *)
-        if (\$475 ) begin
-          \$760  = \$476 [6:0];
+        if (\$470 ) begin
+          \$765  = \$473 [12:0];
         end else begin
-          \$760  = 7'h00;
+          \$765  = \$478 [12:0];
         end
       end
     end
@@ -13639,11 +13506,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13657,248 +13524,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$760  = 7'h00;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$760  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = gm_wstart;
-    if (gemm_run) begin
-      if (\$473 ) begin
-        (* full_case = 32'd1 *)
-        if (\$475 ) begin
-          \$761  = \$477 [12:0];
-        end else begin
-          \$761  = \$481 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$761  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$761  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = \$signal$216 ;
-    if (gemm_run) begin
-      if (\$473 ) begin
-        (* full_case = 32'd1 *)
-        if (\$475 ) begin
-        end else begin
-          \$762  = \$479 [14:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$762  = 15'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$762  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = gm_afeed_done;
-    if (gemm_run) begin
-      if (\$473 ) begin
-        (* full_case = 32'd1 *)
-        if (\$475 ) begin
-        end else begin
-          if (\$485 ) begin
-            \$763  = 1'h1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$763  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$763  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = gc_lane;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$764  = \$486 [1:0];
-        if (\$492 ) begin
-          \$764  = 2'h0;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$764  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$764  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = \$signal$220 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$765  = \$487 [12:0];
-        if (\$492 ) begin
-          (* full_case = 32'd1 *)
-          if (\$494 ) begin
-            \$765  = \$497 [12:0];
-          end else begin
-            \$765  = \$500 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$765  = ins[124:112];
+                  \$765  = ins[76:64];
             endcase
           end
     endcase
@@ -13908,17 +13534,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = \$signal$324 ;
+    \$766  = a_in__payload;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        if (\$492 ) begin
-          (* full_case = 32'd1 *)
-          if (\$494 ) begin
-            \$766  = \$495 [8:0];
-          end else begin
-            \$766  = 9'h000;
-          end
-        end
+      if (\$signal$319 ) begin
+        (* full_case = 32'd1 *)
+        casez (gm_cap_lane)
+          2'h0:
+              \$766 [7:0] = \$signature__data [7:0];
+          2'h1:
+              \$766 [15:8] = \$signature__data [7:0];
+          2'h2:
+              \$766 [23:16] = \$signature__data [7:0];
+          2'h3:
+              \$766 [31:24] = \$signature__data [7:0];
+        endcase
+      end
+      if (\$468 ) begin
+        \$766  = 32'd0;
       end
     end
     casez (ctrl_state)
@@ -13930,11 +13562,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13948,27 +13580,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$766  = 9'h000;
+                  \$766  = 32'd0;
             endcase
           end
     endcase
     if (rst) begin
-      \$766  = 9'h000;
+      \$766  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = gc_wstart;
+    \$767  = a_in__valid;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        if (\$492 ) begin
-          (* full_case = 32'd1 *)
-          if (\$494 ) begin
-            \$767  = \$496 [12:0];
-          end else begin
-            \$767  = \$499 [12:0];
-          end
-        end
+      if (\$467 ) begin
+        \$767  = 1'h1;
+      end
+      if (\$468 ) begin
+        \$767  = 1'h0;
       end
     end
     casez (ctrl_state)
@@ -13980,11 +13608,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13998,25 +13626,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$767  = ins[124:112];
+                  \$767  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$767  = 13'h0000;
+      \$767  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = \$signal$223 ;
+    \$768  = \$signal$322 ;
     if (gemm_run) begin
-      if (c_out__valid) begin
-        if (\$492 ) begin
-          (* full_case = 32'd1 *)
-          if (\$494 ) begin
-          end else begin
-            \$768  = \$498 [14:0];
-          end
+      if (\$468 ) begin
+        (* full_case = 32'd1 *)
+        if (\$470 ) begin
+          \$768  = \$471 [6:0];
+        end else begin
+          \$768  = 7'h00;
         end
       end
     end
@@ -14029,11 +13656,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14047,547 +13674,537 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$768  = 15'h0000;
+                  \$768  = 7'h00;
             endcase
           end
     endcase
     if (rst) begin
-      \$768  = 15'h0000;
+      \$768  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = \$signal$118 ;
+    \$769  = gm_wstart;
+    if (gemm_run) begin
+      if (\$468 ) begin
+        (* full_case = 32'd1 *)
+        if (\$470 ) begin
+          \$769  = \$472 [12:0];
+        end else begin
+          \$769  = \$476 [12:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$769  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$769  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$770  = \$signal$216 ;
+    if (gemm_run) begin
+      if (\$468 ) begin
+        (* full_case = 32'd1 *)
+        if (\$470 ) begin
+        end else begin
+          \$770  = \$474 [14:0];
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$770  = 15'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$770  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$771  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$468 ) begin
+        (* full_case = 32'd1 *)
+        if (\$470 ) begin
+        end else begin
+          if (\$480 ) begin
+            \$771  = 1'h1;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$771  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$771  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$772  = gc_lane;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$772  = \$481 [1:0];
+        if (gc_last) begin
+          \$772  = 2'h0;
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$772  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$772  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$773  = \$signal$220 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$773  = \$482 [12:0];
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$491 ) begin
+            \$773  = \$494 [12:0];
+          end else begin
+            \$773  = \$501 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$773  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$773  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$774  = gc_last;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$774  = \$489 ;
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$491 ) begin
+            \$774  = \$498 ;
+          end else begin
+            \$774  = \$506 ;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$774  = \$585 ;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$774  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$775  = \$signal$325 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$491 ) begin
+            \$775  = \$492 [8:0];
+          end else begin
+            \$775  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$775  = 9'h000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$775  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$776  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$491 ) begin
+            \$776  = \$493 [12:0];
+          end else begin
+            \$776  = \$500 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$776  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$776  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$777  = \$signal$324 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$491 ) begin
+          end else begin
+            \$777  = \$499 [14:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$777  = 15'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$777  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$778  = \$signal$118 ;
     if (\$signal$108 ) begin
-      \$769  = \$501 [31:0];
+      \$778  = \$507 [31:0];
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$769  = 32'd0;
+            \$778  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$769  = 32'd0;
+      \$778  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = busy_dma;
+    \$779  = busy_dma;
     if (\$signal$108 ) begin
       if (cur_unit[0]) begin
-        \$770  = \$502 [31:0];
+        \$779  = \$508 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$770  = 32'd0;
+            \$779  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$770  = 32'd0;
+      \$779  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = busy_gemm;
+    \$780  = busy_gemm;
     if (\$signal$108 ) begin
       if (cur_unit[1]) begin
-        \$771  = \$503 [31:0];
+        \$780  = \$509 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$771  = 32'd0;
+            \$780  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$771  = 32'd0;
+      \$780  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = busy_act;
+    \$781  = busy_act;
     if (\$signal$108 ) begin
       if (cur_unit[2]) begin
-        \$772  = \$504 [31:0];
+        \$781  = \$510 [31:0];
       end
     end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$772  = 32'd0;
+            \$781  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$772  = 32'd0;
+      \$781  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = busy_route;
+    \$782  = busy_route;
     if (\$signal$108 ) begin
       if (cur_unit[3]) begin
-        \$773  = \$505 [31:0];
+        \$782  = \$511 [31:0];
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$773  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$773  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = busy_vector;
-    if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$774  = \$506 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$774  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$774  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = busy_move;
-    if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$775  = \$507 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$775  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$775  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = \$signature__data ;
-    if (rst) begin
-      \$776  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = \$signature__data$301 ;
-    if (rst) begin
-      \$777  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = \$signal$108 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$778  = 1'h1;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-            \$778  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$710 ) begin
-            \$778  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$778  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = \$signal$109 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$779  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-            \$779  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$710 ) begin
-            \$779  = 1'h0;
-          end
-    endcase
-    if (\$712 ) begin
-      \$779  = 1'h0;
-    end
-    if (rst) begin
-      \$779  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$780  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$710 ) begin
-            \$780  = stop_code;
-          end
-    endcase
-    if (\$712 ) begin
-      \$780  = 8'h00;
-    end
-    if (rst) begin
-      \$780  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$781  = 13'h0000;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$781  = { 1'h0, ins[255:244] };
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$588 ) begin
-            \$781  = \$590 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$592 ) begin
-            \$781  = \$593 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$610 ) begin
-            \$781  = \$611 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$638 ) begin
-            \$781  = \$639 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$680 ) begin
-          end else begin
-            \$781  = \$681 [12:0];
-          end
-      5'h0b:
-          if (\$683 ) begin
-            \$781  = { 1'h0, ins[255:244] };
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$686 ) begin
-            \$781  = \$689 [12:0];
-          end
-      5'h0c:
-          if (\$691 ) begin
-            \$781  = \$692 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$781  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
             \$782  = 32'd0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$782  = \$575 [31:0];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$588 ) begin
-            \$782  = \$591 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$592 ) begin
-            \$782  = \$594 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$610 ) begin
-            \$782  = \$612 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$638 ) begin
-            \$782  = \$640 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$680 ) begin
-          end else begin
-            \$782  = \$682 [31:0];
-          end
-      5'h0b:
-          if (\$683 ) begin
-            \$782  = \$684 [31:0];
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$686 ) begin
-            \$782  = \$690 [31:0];
-          end
-      5'h0c:
-          if (\$691 ) begin
-            \$782  = \$693 [31:0];
           end
     endcase
     if (rst) begin
@@ -14596,66 +14213,210 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = \$signal$142 ;
+    \$783  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$783  = \$512 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$783  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$680 ) begin
-          end else begin
-            \$783  = 1'h1;
+            \$783  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$783  = 1'h0;
+      \$783  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = exp_active;
+    \$784  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$784  = \$513 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$784  = 1'h0;
+            \$784  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$784  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$785  = \$signature__data ;
+    if (rst) begin
+      \$785  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$786  = \$signature__data$301 ;
+    if (rst) begin
+      \$786  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$787  = \$signal$108 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$787  = 1'h1;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+            \$787  = 1'h0;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$718 ) begin
+            \$787  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$787  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$788  = \$signal$109 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$788  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+            \$788  = 1'h1;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$718 ) begin
+            \$788  = 1'h0;
+          end
+    endcase
+    if (\$720 ) begin
+      \$788  = 1'h0;
+    end
+    if (rst) begin
+      \$788  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$789  = err;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$789  = 8'h00;
           end
       5'h01:
           /* empty */;
@@ -14694,33 +14455,220 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$718 ) begin
+            \$789  = stop_code;
+          end
+    endcase
+    if (\$720 ) begin
+      \$789  = 8'h00;
+    end
+    if (rst) begin
+      \$789  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$790  = pc;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$790  = 13'h0000;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
           (* full_case = 32'd1 *)
-          if (\$680 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
-            \$784  = 1'h0;
+            casez (ins[5:0])
+              6'h0e:
+                  \$790  = { 1'h0, ins[255:244] };
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$596 ) begin
+            \$790  = \$598 [12:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$600 ) begin
+            \$790  = \$601 [12:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$618 ) begin
+            \$790  = \$619 [12:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$646 ) begin
+            \$790  = \$647 [12:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$688 ) begin
+          end else begin
+            \$790  = \$689 [12:0];
           end
       5'h0b:
-          if (\$683 ) begin
-            \$784  = 1'h0;
+          if (\$691 ) begin
+            \$790  = { 1'h0, ins[255:244] };
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$686 ) begin
-            \$784  = 1'h1;
+          if (\$694 ) begin
+            \$790  = \$697 [12:0];
+          end
+      5'h0c:
+          if (\$699 ) begin
+            \$790  = \$700 [12:0];
           end
     endcase
     if (rst) begin
-      \$784  = 1'h0;
+      \$790  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = \$signal$145 ;
+    \$791  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$785  = 1'h0;
+            \$791  = 32'd0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$791  = \$581 [31:0];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$596 ) begin
+            \$791  = \$599 [31:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$600 ) begin
+            \$791  = \$602 [31:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$618 ) begin
+            \$791  = \$620 [31:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$646 ) begin
+            \$791  = \$648 [31:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$688 ) begin
+          end else begin
+            \$791  = \$690 [31:0];
+          end
+      5'h0b:
+          if (\$691 ) begin
+            \$791  = \$692 [31:0];
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$694 ) begin
+            \$791  = \$698 [31:0];
+          end
+      5'h0c:
+          if (\$699 ) begin
+            \$791  = \$701 [31:0];
+          end
+    endcase
+    if (rst) begin
+      \$791  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$792  = \$signal$142 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$792  = 1'h0;
           end
       5'h01:
           /* empty */;
@@ -14733,776 +14681,896 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$588 ) begin
-            if (\$589 ) begin
-              \$785  = 1'h1;
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$688 ) begin
+          end else begin
+            \$792  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$792  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$793  = exp_active;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$793  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$688 ) begin
+          end else begin
+            \$793  = 1'h0;
+          end
+      5'h0b:
+          if (\$691 ) begin
+            \$793  = 1'h0;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$694 ) begin
+            \$793  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$793  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$794  = \$signal$145 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$794  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$596 ) begin
+            if (\$597 ) begin
+              \$794  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$785  = 1'h0;
+      \$794  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = ctrl_state;
+    \$795  = ctrl_state;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$786  = 5'h01;
+            \$795  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
-          if (\$508 ) begin
-            \$786  = 5'h02;
+          if (\$514 ) begin
+            \$795  = 5'h02;
           end else begin
-            \$786  = 5'h03;
+            \$795  = 5'h03;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h03:
         begin
-          \$786  = 5'h04;
+          \$795  = 5'h04;
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-            \$786  = 5'h00;
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$786  = 5'h02;
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+            \$795  = 5'h00;
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+            \$795  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$786  = 5'h01;
+                  \$795  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$577 ) begin
-                    \$786  = 5'h05;
+                  if (\$583 ) begin
+                    \$795  = 5'h05;
                   end else begin
-                    \$786  = 5'h06;
+                    \$795  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$786  = 5'h06;
+                  \$795  = 5'h06;
               6'h0c:
-                  \$786  = 5'h06;
+                  \$795  = 5'h06;
               6'h0d:
-                  \$786  = 5'h06;
+                  \$795  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$579 ) begin
-                    \$786  = 5'h05;
+                  if (\$587 ) begin
+                    \$795  = 5'h05;
                   end else begin
-                    \$786  = 5'h07;
+                    \$795  = 5'h07;
                   end
               6'h01:
-                  \$786  = 5'h08;
+                  \$795  = 5'h08;
               6'h02:
-                  \$786  = 5'h09;
+                  \$795  = 5'h09;
               6'h08:
-                  \$786  = 5'h0a;
+                  \$795  = 5'h0a;
               6'h09:
-                  \$786  = 5'h0b;
+                  \$795  = 5'h0b;
               6'h0a, 6'h0b:
-                  \$786  = 5'h0c;
+                  \$795  = 5'h0c;
             endcase
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$786  = 5'h0d;
+          \$795  = 5'h0d;
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h0d:
         begin
           (* full_case = 32'd1 *)
-          if (\$585 ) begin
-            \$786  = 5'h07;
+          if (\$593 ) begin
+            \$795  = 5'h07;
           end else begin
-            \$786  = 5'h06;
+            \$795  = 5'h06;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$588 ) begin
-            \$786  = 5'h01;
+          if (\$596 ) begin
+            \$795  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$786  = 5'h0e;
+            \$795  = 5'h0e;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h0e:
         begin
           if (error) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$333 ) begin
-              \$786  = 5'h02;
+            if (\error$334 ) begin
+              \$795  = 5'h02;
             end else begin
-              \$786  = 5'h0f;
+              \$795  = 5'h0f;
             end
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h0f:
         begin
-          if (\$592 ) begin
-            \$786  = 5'h01;
+          if (\$600 ) begin
+            \$795  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$786  = 5'h02;
-          end else if (\$610 ) begin
-            \$786  = 5'h01;
+            \$795  = 5'h02;
+          end else if (\$618 ) begin
+            \$795  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$786  = 5'h02;
-          end else if (\$638 ) begin
-            \$786  = 5'h01;
+            \$795  = 5'h02;
+          end else if (\$646 ) begin
+            \$795  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h0a:
         begin
-          if (\$642 ) begin
-            \$786  = 5'h10;
+          if (\$650 ) begin
+            \$795  = 5'h10;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h10:
         begin
-          if (\$669 ) begin
-            \$786  = 5'h11;
+          if (\$677 ) begin
+            \$795  = 5'h11;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h11:
         begin
-          \$786  = 5'h12;
+          \$795  = 5'h12;
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h12:
         begin
-          \$786  = 5'h13;
+          \$795  = 5'h13;
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h13:
         begin
           (* full_case = 32'd1 *)
-          if (\$670 ) begin
-            \$786  = 5'h14;
+          if (\$678 ) begin
+            \$795  = 5'h14;
           end else begin
-            \$786  = 5'h15;
+            \$795  = 5'h15;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h14:
         begin
-          \$786  = 5'h15;
+          \$795  = 5'h15;
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$673 ) begin
-            \$786  = 5'h11;
+          if (\$681 ) begin
+            \$795  = 5'h11;
           end else begin
-            \$786  = 5'h16;
+            \$795  = 5'h16;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$680 ) begin
-            \$786  = 5'h11;
+          if (\$688 ) begin
+            \$795  = 5'h11;
           end else begin
-            \$786  = 5'h01;
+            \$795  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h0b:
         begin
           (* full_case = 32'd1 *)
-          if (\$683 ) begin
-            \$786  = 5'h01;
+          if (\$691 ) begin
+            \$795  = 5'h01;
           end else begin
-            \$786  = 5'h17;
+            \$795  = 5'h17;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h17:
         begin
-          \$786  = 5'h18;
+          \$795  = 5'h18;
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h18:
         begin
           (* full_case = 32'd1 *)
-          if (\$686 ) begin
-            \$786  = 5'h01;
+          if (\$694 ) begin
+            \$795  = 5'h01;
           end else begin
-            \$786  = 5'h0b;
+            \$795  = 5'h0b;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h0c:
         begin
           (* full_case = 32'd1 *)
-          if (\$691 ) begin
-            \$786  = 5'h01;
+          if (\$699 ) begin
+            \$795  = 5'h01;
           end else begin
-            \$786  = 5'h19;
+            \$795  = 5'h19;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h19:
         begin
-          \$786  = 5'h1a;
+          \$795  = 5'h1a;
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h1a:
         begin
           (* full_case = 32'd1 *)
-          if (\$696 ) begin
-            \$786  = 5'h02;
+          if (\$704 ) begin
+            \$795  = 5'h02;
           end else begin
-            \$786  = 5'h1b;
+            \$795  = 5'h1b;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h1b:
         begin
-          if (\$705 ) begin
-            \$786  = 5'h0c;
+          if (\$713 ) begin
+            \$795  = 5'h0c;
           end
           if (\$signal$103 ) begin
-            \$786  = 5'h02;
+            \$795  = 5'h02;
           end
         end
       5'h02:
-          if (\$710 ) begin
-            \$786  = 5'h00;
+          if (\$718 ) begin
+            \$795  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$786  = 5'h00;
+      \$795  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = stop_code;
+    \$796  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$508 ) begin
-            \$787  = 8'h06;
+          if (\$514 ) begin
+            \$796  = 8'h06;
           end
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h04:
         begin
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$787  = decode_q;
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+            \$796  = decode_q;
           end
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h06:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h07:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$787  = 8'h07;
+            \$796  = 8'h07;
           end else if (done) begin
-            if (\error$333 ) begin
-              \$787  = 8'h03;
+            if (\error$334 ) begin
+              \$796  = 8'h03;
             end
           end
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
         end
       5'h0f:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h08:
         begin
           if (error) begin
-            \$787  = 8'h07;
+            \$796  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$787  = 8'h07;
+            \$796  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h16:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h0b:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h17:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h18:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h0c:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h19:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
       5'h1a:
         begin
-          if (\$696 ) begin
-            \$787  = 8'h02;
+          if (\$704 ) begin
+            \$796  = 8'h02;
           end
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
         end
       5'h1b:
           if (\$signal$103 ) begin
-            \$787  = 8'h00;
+            \$796  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$787  = 8'h00;
+      \$796  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = cur_unit;
+    \$797  = cur_unit;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$508 ) begin
-            \$788  = 6'h00;
+          if (\$514 ) begin
+            \$797  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-            \$788  = 6'h00;
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+            \$797  = 6'h00;
           end else begin
-            if (\$563 ) begin
-              \$788  = 6'h01;
-            end
-            if (\$564 ) begin
-              \$788  = 6'h01;
-            end
-            if (\$565 ) begin
-              \$788  = 6'h02;
-            end
-            if (\$566 ) begin
-              \$788  = 6'h04;
-            end
-            if (\$567 ) begin
-              \$788  = 6'h04;
-            end
-            if (\$568 ) begin
-              \$788  = 6'h04;
-            end
             if (\$569 ) begin
-              \$788  = 6'h08;
+              \$797  = 6'h01;
             end
             if (\$570 ) begin
-              \$788  = 6'h10;
+              \$797  = 6'h01;
             end
             if (\$571 ) begin
-              \$788  = 6'h10;
+              \$797  = 6'h02;
             end
             if (\$572 ) begin
-              \$788  = 6'h10;
+              \$797  = 6'h04;
             end
             if (\$573 ) begin
-              \$788  = 6'h20;
+              \$797  = 6'h04;
             end
             if (\$574 ) begin
-              \$788  = 6'h20;
+              \$797  = 6'h04;
+            end
+            if (\$575 ) begin
+              \$797  = 6'h08;
+            end
+            if (\$576 ) begin
+              \$797  = 6'h10;
+            end
+            if (\$577 ) begin
+              \$797  = 6'h10;
+            end
+            if (\$578 ) begin
+              \$797  = 6'h10;
+            end
+            if (\$579 ) begin
+              \$797  = 6'h20;
+            end
+            if (\$580 ) begin
+              \$797  = 6'h20;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$788  = 6'h00;
+                  \$797  = 6'h00;
             endcase
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h06:
         begin
-          if (\$588 ) begin
-            \$788  = 6'h00;
+          if (\$596 ) begin
+            \$797  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h07:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end else if (done) begin
-            if (\error$333 ) begin
-              \$788  = 6'h00;
+            if (\error$334 ) begin
+              \$797  = 6'h00;
             end
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h0f:
         begin
-          if (\$592 ) begin
-            \$788  = 6'h00;
+          if (\$600 ) begin
+            \$797  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$788  = 6'h00;
-          end else if (\$610 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
+          end else if (\$618 ) begin
+            \$797  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$788  = 6'h00;
-          end else if (\$638 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
+          end else if (\$646 ) begin
+            \$797  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$680 ) begin
+          if (\$688 ) begin
           end else begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h0b:
         begin
-          if (\$683 ) begin
-            \$788  = 6'h00;
+          if (\$691 ) begin
+            \$797  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h17:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h18:
         begin
-          if (\$686 ) begin
-            \$788  = 6'h00;
+          if (\$694 ) begin
+            \$797  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h0c:
         begin
-          if (\$691 ) begin
-            \$788  = 6'h00;
+          if (\$699 ) begin
+            \$797  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h19:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
       5'h1a:
         begin
-          if (\$696 ) begin
-            \$788  = 6'h00;
+          if (\$704 ) begin
+            \$797  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
         end
       5'h1b:
           if (\$signal$103 ) begin
-            \$788  = 6'h00;
+            \$797  = 6'h00;
           end
     endcase
     if (rst) begin
-      \$788  = 6'h00;
+      \$797  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = ins;
+    \$798  = ins;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$789  = \$signature__data$329 ;
+          \$798  = \$signature__data$330 ;
     endcase
     if (rst) begin
-      \$789  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$798  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = ph2;
+    \$799  = ph2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$790  = 1'h0;
+          \$799  = 1'h0;
       5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-            \$790  = 1'h1;
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+            \$799  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$790  = 1'h0;
+      \$799  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = settle;
+    \$800  = settle;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$791  = 2'h0;
+          \$800  = 2'h0;
       5'h04:
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-            \$791  = \$562 [1:0];
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+            \$800  = \$568 [1:0];
           end
     endcase
     if (rst) begin
-      \$791  = 2'h0;
+      \$800  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = \$signal$179 ;
+    \$801  = \$signal$179 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15512,17 +15580,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$792  = ins[243:238];
+                  \$801  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15530,17 +15598,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$792  = ins[243:238];
+                  \$801  = ins[243:238];
             endcase
           end
     endcase
     if (rst) begin
-      \$792  = 6'h00;
+      \$801  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = \$signal$162 ;
+    \$802  = \$signal$162 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15550,17 +15618,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$793  = ins[231:200];
+                  \$802  = ins[231:200];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15568,21 +15636,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$793  = ins[231:200];
+                  \$802  = ins[231:200];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$793  = { 16'h0000, \$signature__data [15:0] };
+          \$802  = { 16'h0000, \$signature__data [15:0] };
     endcase
     if (rst) begin
-      \$793  = 32'd0;
+      \$802  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = shift;
+    \$803  = shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15592,17 +15660,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$794  = ins[237:232];
+                  \$803  = ins[237:232];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15610,21 +15678,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$794  = ins[237:232];
+                  \$803  = ins[237:232];
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$794  = \$signature__data$301 [5:0];
+          \$803  = \$signature__data$301 [5:0];
     endcase
     if (rst) begin
-      \$794  = 6'h00;
+      \$803  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = cnt0;
+    \$804  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15634,335 +15702,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$795  = l0_acc;
-              6'h05, 6'h06, 6'h07:
-                  \$795  = l0_acc;
-              6'h0c:
-                  \$795  = ins[45:32];
-              6'h0d:
-                  \$795  = ins[61:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$795  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = cnt1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$796  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$796  = 14'h0001;
-              6'h0c:
-                  \$796  = ins[61:48];
-              6'h0d:
-                  \$796  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$796  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = cnt2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$797  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$797  = 14'h0001;
-              6'h0c:
-                  \$797  = m_eff[13:0];
-              6'h0d:
-                  \$797  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$797  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = sa0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$798  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$798  = 13'h0001;
-              6'h0c:
-                  \$798  = ins[60:48];
-              6'h0d:
-                  \$798  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$798  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = sa1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$799  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$799  = 13'h0000;
-              6'h0c:
-                  \$799  = 13'h0001;
-              6'h0d:
-                  \$799  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$799  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$800  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$800  = 13'h0000;
-              6'h0c:
-                  \$800  = l2_acc[12:0];
-              6'h0d:
-                  \$800  = ins[60:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$800  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$801  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$801  = 13'h0001;
-              6'h0c:
-                  \$801  = 13'h0001;
-              6'h0d:
-                  \$801  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$801  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$802  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$802  = 13'h0000;
-              6'h0c:
-                  \$802  = 13'h0000;
-              6'h0d:
-                  \$802  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$802  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = sb2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$803  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$803  = 13'h0000;
-              6'h0c:
-                  \$803  = ins[44:32];
-              6'h0d:
-                  \$803  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$803  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = \$signal$330 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15972,9 +15716,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h05, 6'h06, 6'h07:
                   \$804  = l0_acc;
               6'h0c:
-                  \$804  = l0_acc;
+                  \$804  = ins[45:32];
               6'h0d:
-                  \$804  = l0_acc;
+                  \$804  = ins[61:48];
             endcase
           end
     endcase
@@ -15984,7 +15728,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = \$signal$247 ;
+    \$805  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15994,32 +15738,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$805  = 14'h0000;
+                  \$805  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$805  = 14'h0000;
+                  \$805  = 14'h0001;
               6'h0c:
-                  \$805  = 14'h0000;
+                  \$805  = ins[61:48];
               6'h0d:
-                  \$805  = 14'h0000;
+                  \$805  = 14'h0002;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$signal$184 ) begin
-            \$805  = \$586 [13:0];
           end
     endcase
     if (rst) begin
@@ -16028,7 +15764,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = \$signal$250 ;
+    \$806  = cnt2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16038,11 +15774,343 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$806  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$806  = 14'h0001;
+              6'h0c:
+                  \$806  = m_eff[13:0];
+              6'h0d:
+                  \$806  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$806  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$807  = sa0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$807  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$807  = 13'h0001;
+              6'h0c:
+                  \$807  = ins[60:48];
+              6'h0d:
+                  \$807  = 13'h0001;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$807  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$808  = sa1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$808  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$808  = 13'h0000;
+              6'h0c:
+                  \$808  = 13'h0001;
+              6'h0d:
+                  \$808  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$808  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$809  = sa2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$809  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$809  = 13'h0000;
+              6'h0c:
+                  \$809  = l2_acc[12:0];
+              6'h0d:
+                  \$809  = ins[60:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$809  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$810  = sb0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$810  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$810  = 13'h0001;
+              6'h0c:
+                  \$810  = 13'h0001;
+              6'h0d:
+                  \$810  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$810  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$811  = sb1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$811  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$811  = 13'h0000;
+              6'h0c:
+                  \$811  = 13'h0000;
+              6'h0d:
+                  \$811  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$811  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$812  = sb2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$812  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$812  = 13'h0000;
+              6'h0c:
+                  \$812  = ins[44:32];
+              6'h0d:
+                  \$812  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$812  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$813  = \$signal$331 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$813  = l0_acc;
+              6'h05, 6'h06, 6'h07:
+                  \$813  = l0_acc;
+              6'h0c:
+                  \$813  = l0_acc;
+              6'h0d:
+                  \$813  = l0_acc;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$813  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$814  = \$signal$247 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$814  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$814  = 14'h0000;
+              6'h0c:
+                  \$814  = 14'h0000;
+              6'h0d:
+                  \$814  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$signal$184 ) begin
+            \$814  = \$594 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$814  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$815  = \$signal$250 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16058,7 +16126,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  \$806  = 1'h0;
+                  \$815  = 1'h0;
             endcase
           end
       5'h05:
@@ -16075,142 +16143,142 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
         begin
-          if (\$596 ) begin
-            \$806  = 1'h1;
+          if (\$604 ) begin
+            \$815  = 1'h1;
           end
+          if (\$signal$250 ) begin
+            if (\$613 ) begin
+              \$815  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$815  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$816  = \$signal$253 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$816  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$604 ) begin
+            \$816  = 3'h0;
+          end
+          if (\$signal$250 ) begin
+            \$816  = \$607 [2:0];
+          end
+        end
+    endcase
+    if (rst) begin
+      \$816  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$817  = \$signal$251 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$817  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
           if (\$signal$250 ) begin
             if (\$605 ) begin
-              \$806  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$806  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = \$signal$253 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$807  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$596 ) begin
-            \$807  = 3'h0;
-          end
-          if (\$signal$250 ) begin
-            \$807  = \$599 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$807  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$signal$251 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$808  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$signal$250 ) begin
-            if (\$597 ) begin
-              \$808  = \$598 [13:0];
+              \$817  = \$606 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$808  = 14'h0000;
+      \$817  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = \$signal$254 ;
+    \$818  = \$signal$254 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16220,11 +16288,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16242,7 +16310,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$809  = 1'h0;
+                  \$818  = 1'h0;
             endcase
           end
       5'h05:
@@ -16261,21 +16329,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$630 ) begin
-            \$809  = 1'h1;
+          if (\$638 ) begin
+            \$818  = 1'h1;
           end
-          if (\$631 ) begin
-            \$809  = 1'h0;
+          if (\$639 ) begin
+            \$818  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$809  = 1'h0;
+      \$818  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = \$signal$255 ;
+    \$819  = \$signal$255 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16285,11 +16353,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16307,7 +16375,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$810  = 3'h0;
+                  \$819  = 3'h0;
             endcase
           end
       5'h05:
@@ -16326,146 +16394,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$619 ) begin
-            \$810  = \$621 [2:0];
+          if (\$627 ) begin
+            \$819  = \$629 [2:0];
           end
-          if (\$631 ) begin
-            \$810  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$810  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = \$signal$256 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$811  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$619 ) begin
-            \$811  = \$620 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$811  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = \$signal$257 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$812  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$619 ) begin
-            \$812  = 1'h1;
-          end
-          if (\$signal$257 ) begin
-            \$812  = 1'h0;
+          if (\$639 ) begin
+            \$819  = 3'h0;
           end
         end
     endcase
     if (rst) begin
-      \$812  = 1'h0;
+      \$819  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = wr_data__payload;
+    \$820  = \$signal$256 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16475,11 +16418,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16497,7 +16440,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$813 [35:32] = 4'h0;
+                  \$820  = 14'h0000;
             endcase
           end
       5'h05:
@@ -16515,432 +16458,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-        begin
-          if (\$signal$257 ) begin
-            casez (\$signal$335 )
-              2'h0:
-                  \$813 [31:0] = \$signature__data ;
-            endcase
-            casez (\$signal$335 )
-              2'h0:
-                  \$813 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$631 ) begin
-            \$813 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$813  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = \$signal$259 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$814  = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          \$814  = \$641 [3:0];
-      5'h10:
-          if (\$669 ) begin
-            \$814  = 4'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$814  = \$678 [3:0];
-    endcase
-    if (rst) begin
-      \$814  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = \$signal$283 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$815  = \$581 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$815  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = \$signal$280 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$816  = \$584 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$816  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = \$signal$286 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$817  = 16'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$705 ) begin
-            \$817  = \$706 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$817  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$288 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$555 ) begin
-          end else if (\$558 ) begin
-          end else if (\$559 ) begin
-          end else if (\$560 ) begin
-          end else if (\$561 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$818  = 13'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$705 ) begin
-            \$818  = \$707 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$818  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = \$signal$146 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$588 ) begin
-            if (\$589 ) begin
-              \$819  = ins[124:112];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$819  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = scores_len;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$588 ) begin
-            if (\$589 ) begin
-              \$820  = l0_acc;
-            end
+          if (\$627 ) begin
+            \$820  = \$628 [13:0];
           end
     endcase
     if (rst) begin
@@ -16949,7 +16468,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = \$signal$252 ;
+    \$821  = \$signal$257 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16958,75 +16477,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$596 ) begin
-            \$821  = m_axi__rdata;
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$821  = 1'h0;
+            endcase
           end
-    endcase
-    if (rst) begin
-      \$821  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = \$signal$335 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$619 ) begin
-            \$822  = \$signal$255 [1:0];
-          end
-    endcase
-    if (rst) begin
-      \$822  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = \$signal$338 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
       5'h05:
           /* empty */;
       5'h0d:
@@ -17042,73 +16518,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$642 ) begin
-            \$823  = 14'h0000;
-          end
-      5'h10:
-          if (\$653 ) begin
-            if (\$654 ) begin
-              \$823  = \$655 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$823  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = \$signal$268 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$642 ) begin
-            \$824  = 4'h0;
-          end
-      5'h10:
         begin
-          if (\$647 ) begin
-            \$824  = \$650 [3:0];
+          if (\$627 ) begin
+            \$821  = 1'h1;
           end
-          if (\$653 ) begin
-            if (\$654 ) begin
-              \$824  = 4'h0;
-            end
+          if (\$signal$257 ) begin
+            \$821  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$824  = 4'h0;
+      \$821  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = rt_lane;
+    \$822  = wr_data__payload;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17117,7 +16542,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$822 [35:32] = 4'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -17133,28 +16583,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$642 ) begin
-            \$825  = 1'h0;
-          end
-      5'h10:
         begin
-          if (\$647 ) begin
-            \$825  = \$649 [0];
+          if (\$signal$257 ) begin
+            casez (\$signal$336 )
+              2'h0:
+                  \$822 [31:0] = \$signature__data ;
+            endcase
+            casez (\$signal$336 )
+              2'h0:
+                  \$822 [35:32] = 4'hf;
+            endcase
           end
-          if (\$653 ) begin
-            \$825  = 1'h0;
+          if (\$639 ) begin
+            \$822 [35:32] = 4'h0;
           end
         end
     endcase
     if (rst) begin
-      \$825  = 1'h0;
+      \$822  = 36'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = \$signal$264 ;
+    \$823  = \$signal$259 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17163,7 +16614,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$823  = 4'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -17181,28 +16659,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$642 ) begin
-            \$826  = 1'h0;
-          end
+          \$823  = \$649 [3:0];
       5'h10:
-        begin
-          if (\$signal$339 ) begin
-            if (\$652 ) begin
-              \$826  = 1'h1;
-            end
+          if (\$677 ) begin
+            \$823  = 4'h0;
           end
-          if (\$653 ) begin
-            \$826  = 1'h0;
-          end
-        end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$823  = \$686 [3:0];
     endcase
     if (rst) begin
-      \$826  = 1'h0;
+      \$823  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = \$signal$267 ;
+    \$824  = \$signal$283 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17211,7 +16692,126 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$824  = \$589 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$824  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$825  = \$signal$280 ;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$825  = \$592 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$825  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$826  = \$signal$286 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$826  = 16'h0000;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -17229,14 +16829,132 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$642 ) begin
-            \$827  = ins[76:64];
-          end
+          /* empty */;
       5'h10:
-          if (\$653 ) begin
-            if (\$654 ) begin
-              \$827  = \$656 [12:0];
-            end
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$713 ) begin
+            \$826  = \$714 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$826  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$827  = \$signal$288 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$561 ) begin
+          end else if (\$564 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$827  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$713 ) begin
+            \$827  = \$715 [12:0];
           end
     endcase
     if (rst) begin
@@ -17245,7 +16963,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = \$signal$275 ;
+    \$828  = \$signal$146 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17260,25 +16978,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$642 ) begin
-            \$828  = ins[124:112];
-          end
-      5'h10:
-          if (\$663 ) begin
-            if (\$665 ) begin
-              \$828  = \$667 [12:0];
+          if (\$596 ) begin
+            if (\$597 ) begin
+              \$828  = ins[124:112];
             end
           end
     endcase
@@ -17288,7 +16990,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = \$signal$265 ;
+    \$829  = scores_len;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17303,37 +17005,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$642 ) begin
-            \$829  = 1'h0;
-          end
-      5'h10:
-          if (\$653 ) begin
-            if (\$654 ) begin
-              if (\$658 ) begin
-                \$829  = 1'h1;
-              end
+          if (\$596 ) begin
+            if (\$597 ) begin
+              \$829  = l0_acc;
             end
           end
     endcase
     if (rst) begin
-      \$829  = 1'h0;
+      \$829  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = \$signal$339 ;
+    \$830  = \$signal$252 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17356,28 +17040,52 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$642 ) begin
-            \$830  = 1'h0;
-          end
-      5'h10:
-          (* full_case = 32'd1 *)
-          if (\$647 ) begin
-            \$830  = 1'h1;
-          end else begin
-            \$830  = 1'h0;
+          if (\$604 ) begin
+            \$830  = m_axi__rdata;
           end
     endcase
     if (rst) begin
-      \$830  = 1'h0;
+      \$830  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = \$signal$340 ;
+    \$831  = \$signal$336 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$627 ) begin
+            \$831  = \$signal$255 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$831  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$832  = \$signal$339 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17404,23 +17112,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$642 ) begin
-            \$831  = 14'h0000;
+          if (\$650 ) begin
+            \$832  = 14'h0000;
           end
       5'h10:
-          if (\$663 ) begin
-            if (\$665 ) begin
-              \$831  = \$666 [13:0];
+          if (\$661 ) begin
+            if (\$662 ) begin
+              \$832  = \$663 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$831  = 14'h0000;
+      \$832  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = rt_s;
+    \$833  = \$signal$268 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17447,72 +17155,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$642 ) begin
-            \$832  = 2'h0;
-          end
-      5'h10:
-          if (\$663 ) begin
-            (* full_case = 32'd1 *)
-            if (\$665 ) begin
-              \$832  = 2'h0;
-            end else begin
-              \$832  = \$668 [1:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$832  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = \$signal$273 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$642 ) begin
-            \$833  = 1'h0;
+          if (\$650 ) begin
+            \$833  = 4'h0;
           end
       5'h10:
         begin
-          if (\$660 ) begin
-            \$833  = 1'h1;
+          if (\$655 ) begin
+            \$833  = \$658 [3:0];
           end
-          if (\$663 ) begin
-            \$833  = 1'h0;
+          if (\$661 ) begin
+            if (\$662 ) begin
+              \$833  = 4'h0;
+            end
           end
         end
     endcase
     if (rst) begin
-      \$833  = 1'h0;
+      \$833  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = rt_wphase;
+    \$834  = rt_lane;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17539,15 +17203,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$642 ) begin
+          if (\$650 ) begin
             \$834  = 1'h0;
           end
       5'h10:
         begin
-          if (\$662 ) begin
-            \$834  = 1'h1;
+          if (\$655 ) begin
+            \$834  = \$657 [0];
           end
-          if (\$663 ) begin
+          if (\$661 ) begin
             \$834  = 1'h0;
           end
         end
@@ -17558,7 +17222,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = \$signal$342 ;
+    \$835  = \$signal$264 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17585,11 +17249,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$647 ) begin
-            \$835  = \$648 ;
+          if (\$650 ) begin
+            \$835  = 1'h0;
           end
+      5'h10:
+        begin
+          if (\$signal$340 ) begin
+            if (\$660 ) begin
+              \$835  = 1'h1;
+            end
+          end
+          if (\$661 ) begin
+            \$835  = 1'h0;
+          end
+        end
     endcase
     if (rst) begin
       \$835  = 1'h0;
@@ -17597,7 +17270,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = rt_word;
+    \$836  = \$signal$267 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17624,10 +17297,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
+          if (\$650 ) begin
+            \$836  = ins[76:64];
+          end
       5'h10:
-          if (\$signal$339 ) begin
-            \$836  = \$651 ;
+          if (\$661 ) begin
+            if (\$662 ) begin
+              \$836  = \$664 [12:0];
+            end
           end
     endcase
     if (rst) begin
@@ -17636,7 +17313,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = \$signal$277 ;
+    \$837  = \$signal$275 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17663,127 +17340,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
+          if (\$650 ) begin
+            \$837  = ins[124:112];
+          end
       5'h10:
-          if (\$660 ) begin
-            \$837  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$837  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = \$signal$278 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$669 ) begin
-            \$838  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$673 ) begin
-            \$838  = \$674 [13:0];
-          end
-      5'h16:
-          \$838  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$838  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = \$signal$282 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$669 ) begin
-            \$839  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$673 ) begin
-            if (\$675 ) begin
-              \$839  = \$676 [13:0];
+          if (\$671 ) begin
+            if (\$673 ) begin
+              \$837  = \$675 [12:0];
             end
           end
-      5'h16:
-          \$839  = 14'h0000;
     endcase
     if (rst) begin
-      \$839  = 14'h0000;
+      \$837  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = \$signal$346 ;
+    \$838  = \$signal$265 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17810,38 +17383,475 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$669 ) begin
-            \$840  = 2'h0;
+          if (\$650 ) begin
+            \$838  = 1'h0;
           end
-      5'h11:
+      5'h10:
+          if (\$661 ) begin
+            if (\$662 ) begin
+              if (\$666 ) begin
+                \$838  = 1'h1;
+              end
+            end
+          end
+    endcase
+    if (rst) begin
+      \$838  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$839  = \$signal$340 ;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h12:
+      5'h01:
           /* empty */;
-      5'h13:
+      5'h03:
           /* empty */;
-      5'h14:
+      5'h04:
           /* empty */;
-      5'h15:
-          if (\$673 ) begin
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$650 ) begin
+            \$839  = 1'h0;
+          end
+      5'h10:
+          (* full_case = 32'd1 *)
+          if (\$655 ) begin
+            \$839  = 1'h1;
+          end else begin
+            \$839  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$839  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$840  = \$signal$341 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$650 ) begin
+            \$840  = 14'h0000;
+          end
+      5'h10:
+          if (\$671 ) begin
+            if (\$673 ) begin
+              \$840  = \$674 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$840  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$841  = rt_s;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$650 ) begin
+            \$841  = 2'h0;
+          end
+      5'h10:
+          if (\$671 ) begin
             (* full_case = 32'd1 *)
-            if (\$675 ) begin
-              \$840  = 2'h0;
+            if (\$673 ) begin
+              \$841  = 2'h0;
             end else begin
-              \$840  = \$677 [1:0];
+              \$841  = \$676 [1:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$841  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$842  = \$signal$273 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$650 ) begin
+            \$842  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$668 ) begin
+            \$842  = 1'h1;
+          end
+          if (\$671 ) begin
+            \$842  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$842  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$843  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$650 ) begin
+            \$843  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$670 ) begin
+            \$843  = 1'h1;
+          end
+          if (\$671 ) begin
+            \$843  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$843  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$844  = \$signal$343 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$655 ) begin
+            \$844  = \$656 ;
+          end
+    endcase
+    if (rst) begin
+      \$844  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$845  = rt_word;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$signal$340 ) begin
+            \$845  = \$659 ;
+          end
+    endcase
+    if (rst) begin
+      \$845  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$846  = \$signal$277 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$668 ) begin
+            \$846  = routes__payload;
+          end
+    endcase
+    if (rst) begin
+      \$846  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$847  = \$signal$278 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$677 ) begin
+            \$847  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$681 ) begin
+            \$847  = \$682 [13:0];
+          end
+      5'h16:
+          \$847  = 14'h0000;
+    endcase
+    if (rst) begin
+      \$847  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$848  = \$signal$282 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$677 ) begin
+            \$848  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$681 ) begin
+            if (\$683 ) begin
+              \$848  = \$684 [13:0];
             end
           end
       5'h16:
-          \$840  = 2'h0;
+          \$848  = 14'h0000;
     endcase
     if (rst) begin
-      \$840  = 2'h0;
+      \$848  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = \$signal$281 ;
+    \$849  = \$signal$347 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17870,8 +17880,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$669 ) begin
-            \$841  = 14'h0000;
+          if (\$677 ) begin
+            \$849  = 2'h0;
           end
       5'h11:
           /* empty */;
@@ -17880,15 +17890,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          \$841  = \$671 [13:0];
+          /* empty */;
+      5'h15:
+          if (\$681 ) begin
+            (* full_case = 32'd1 *)
+            if (\$683 ) begin
+              \$849  = 2'h0;
+            end else begin
+              \$849  = \$685 [1:0];
+            end
+          end
+      5'h16:
+          \$849  = 2'h0;
     endcase
     if (rst) begin
-      \$841  = 14'h0000;
+      \$849  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = \$signal$284 ;
+    \$850  = \$signal$281 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17917,8 +17938,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$669 ) begin
-            \$842  = 14'h0000;
+          if (\$677 ) begin
+            \$850  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          \$850  = \$679 [13:0];
+    endcase
+    if (rst) begin
+      \$850  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$851  = \$signal$284 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$677 ) begin
+            \$851  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -17931,15 +17999,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$842  = \$signal$281 ;
+          \$851  = \$signal$281 ;
     endcase
     if (rst) begin
-      \$842  = 14'h0000;
+      \$851  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = \$signal$285 ;
+    \$852  = \$signal$285 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17981,26 +18049,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$680 ) begin
+          if (\$688 ) begin
           end else begin
-            \$843  = 4'h0;
+            \$852  = 4'h0;
           end
       5'h0b:
-          if (\$683 ) begin
-            \$843  = 4'h8;
+          if (\$691 ) begin
+            \$852  = 4'h8;
           end
       5'h17:
           /* empty */;
       5'h18:
-          \$843  = \$685 [3:0];
+          \$852  = \$693 [3:0];
     endcase
     if (rst) begin
-      \$843  = 4'h0;
+      \$852  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = \$signal$246 ;
+    \$853  = \$signal$246 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18047,17 +18115,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$686 ) begin
-            \$844  = \$signal$285 ;
+          if (\$694 ) begin
+            \$853  = \$signal$285 ;
           end
     endcase
     if (rst) begin
-      \$844  = 4'h0;
+      \$853  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = \$signal$130 ;
+    \$854  = \$signal$130 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18104,17 +18172,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$686 ) begin
-            \$845  = \$signal$279 [15:0];
+          if (\$694 ) begin
+            \$854  = \$signal$279 [15:0];
           end
     endcase
     if (rst) begin
-      \$845  = 16'h0000;
+      \$854  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = \$signal$141 ;
+    \$855  = \$signal$141 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18161,17 +18229,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$686 ) begin
-            \$846  = \$688 ;
+          if (\$694 ) begin
+            \$855  = \$696 ;
           end
     endcase
     if (rst) begin
-      \$846  = 14'h0000;
+      \$855  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = \$signal$287 ;
+    \$856  = \$signal$287 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18225,23 +18293,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$696 ) begin
+          if (\$704 ) begin
           end else begin
-            \$847  = 15'h0000;
+            \$856  = 15'h0000;
           end
       5'h1b:
-          if (\$697 ) begin
-          end else if (\$698 ) begin
-            \$847  = \$699 [14:0];
+          if (\$705 ) begin
+          end else if (\$706 ) begin
+            \$856  = \$707 [14:0];
           end
     endcase
     if (rst) begin
-      \$847  = 15'h0000;
+      \$856  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = \$signal$289 ;
+    \$857  = \$signal$289 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18295,26 +18363,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$696 ) begin
+          if (\$704 ) begin
           end else begin
-            \$848  = 1'h0;
+            \$857  = 1'h0;
           end
       5'h1b:
           (* full_case = 32'd1 *)
-          if (\$697 ) begin
-          end else if (\$698 ) begin
-            \$848  = 1'h1;
+          if (\$705 ) begin
+          end else if (\$706 ) begin
+            \$857  = 1'h1;
           end else begin
-            \$848  = 1'h0;
+            \$857  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$848  = 1'h0;
+      \$857  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = \$signal$290 ;
+    \$858  = \$signal$290 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18369,13 +18437,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$697 ) begin
-          end else if (\$698 ) begin
-            \$849  = \$703 [12:0];
+          if (\$705 ) begin
+          end else if (\$706 ) begin
+            \$858  = \$711 [12:0];
           end
     endcase
     if (rst) begin
-      \$849  = 13'h0000;
+      \$858  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -18400,14 +18468,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$850 [5], \$850 [5], \$850  };
+  assign bus__arlen = { \$859 [5], \$859 [5], \$859  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$851 [5], \$851 [5], \$851  };
+  assign bus__awlen = { \$860 [5], \$860 [5], \$860  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -18453,12 +18521,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$851 [5], \$851 [5], \$851  };
+  assign m_axi__awlen = { \$860 [5], \$860 [5], \$860  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$850 [5], \$850 [5], \$850  };
+  assign m_axi__arlen = { \$859 [5], \$859 [5], \$859  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -18564,65 +18632,68 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$124 [2:0] = ins[8:6];
   assign \$134 [9:3] = 7'h00;
   assign \$134 [2:0] = ins[8:6];
-  assign \$251  = { \$signal$246 , 1'h0 };
-  assign \$253  = { \$signal$246 , 1'h0 };
-  assign \$351  = \$350 [14];
-  assign \$354  = { l0_x, 1'h0 };
-  assign \$356  = { 1'h0, l0_y[15:1] };
-  assign \$359  = \$358 [14];
-  assign \$362  = { l1_x, 1'h0 };
-  assign \$364  = { 1'h0, l1_y[15:1] };
-  assign \$367  = \$366 [14];
-  assign \$370  = { l2_x, 1'h0 };
-  assign \$372  = { 1'h0, l2_y[15:1] };
-  assign \$375  = \$374 [14];
-  assign \$378  = { l3_x, 1'h0 };
-  assign \$380  = { 1'h0, l3_y[15:1] };
-  assign \$383  = \$382 [14];
-  assign \$386  = { l4_x, 1'h0 };
-  assign \$388  = { 1'h0, l4_y[15:1] };
-  assign \$391  = \$390 [33];
-  assign \$394  = { lh_x, 1'h0 };
-  assign \$396  = { 1'h0, lh_y[15:1] };
-  assign \$420  = { 1'h0, beats, 2'h0 };
-  assign \$509 [9:1] = 9'h000;
-  assign \$509 [0] = \$signature__data$329 [6];
-  assign \$510  = \$signature__data$329 [6];
-  assign \$514 [9:1] = 9'h000;
-  assign \$514 [0] = \$signature__data$329 [6];
-  assign \$515  = \$signature__data$329 [6];
-  assign \$519 [9:1] = 9'h000;
-  assign \$519 [0] = \$signature__data$329 [6];
-  assign \$520  = \$signature__data$329 [6];
-  assign \$524  = { \$523 [17], \$523 [17], \$523 [17:2] };
-  assign \$527 [9:1] = 9'h000;
-  assign \$527 [0] = \$signature__data$329 [6];
-  assign \$528  = \$signature__data$329 [6];
-  assign \$532  = { \$531 [17], \$531 [17], \$531 [17:2] };
-  assign \$537  = { \$536 [17], \$536 [17], \$536 [17:2] };
-  assign \$540 [9:1] = 9'h000;
-  assign \$540 [0] = \$signature__data$329 [6];
-  assign \$541  = \$signature__data$329 [6];
-  assign \$549 [9:1] = 9'h000;
-  assign \$549 [0] = \$signature__data$329 [6];
-  assign \$550  = \$signature__data$329 [6];
-  assign { \$552 [9:2], \$552 [0] } = 9'h000;
-  assign \$552 [1] = \$signature__data$329 [7];
-  assign { \$576 [9:3], \$576 [1:0] } = 9'h000;
-  assign \$576 [2] = ins[8];
-  assign \$577  = ins[8];
-  assign { \$578 [9:3], \$578 [1:0] } = 9'h000;
-  assign \$578 [2] = ins[8];
-  assign \$579  = ins[8];
-  assign \$580  = { l1_acc[13:2], 1'h0 };
-  assign \$582  = { l1_acc[13:2], 1'h0 };
-  assign \$652  = 1'h1;
-  assign \$553  = \$signature__data$329 [7];
+  assign \$246  = { \$signal$246 , 1'h0 };
+  assign \$248  = { \$signal$246 , 1'h0 };
+  assign \$346  = \$345 [14];
+  assign \$349  = { l0_x, 1'h0 };
+  assign \$351  = { 1'h0, l0_y[15:1] };
+  assign \$354  = \$353 [14];
+  assign \$357  = { l1_x, 1'h0 };
+  assign \$359  = { 1'h0, l1_y[15:1] };
+  assign \$362  = \$361 [14];
+  assign \$365  = { l2_x, 1'h0 };
+  assign \$367  = { 1'h0, l2_y[15:1] };
+  assign \$370  = \$369 [14];
+  assign \$373  = { l3_x, 1'h0 };
+  assign \$375  = { 1'h0, l3_y[15:1] };
+  assign \$378  = \$377 [14];
+  assign \$381  = { l4_x, 1'h0 };
+  assign \$383  = { 1'h0, l4_y[15:1] };
+  assign \$386  = \$385 [33];
+  assign \$389  = { lh_x, 1'h0 };
+  assign \$391  = { 1'h0, lh_y[15:1] };
+  assign \$415  = { 1'h0, beats, 2'h0 };
+  assign \$498  = \$497 ;
+  assign \$506  = \$505 ;
+  assign \$515 [9:1] = 9'h000;
+  assign \$515 [0] = \$signature__data$330 [6];
+  assign \$516  = \$signature__data$330 [6];
+  assign \$520 [9:1] = 9'h000;
+  assign \$520 [0] = \$signature__data$330 [6];
+  assign \$521  = \$signature__data$330 [6];
+  assign \$525 [9:1] = 9'h000;
+  assign \$525 [0] = \$signature__data$330 [6];
+  assign \$526  = \$signature__data$330 [6];
+  assign \$530  = { \$529 [17], \$529 [17], \$529 [17:2] };
+  assign \$533 [9:1] = 9'h000;
+  assign \$533 [0] = \$signature__data$330 [6];
+  assign \$534  = \$signature__data$330 [6];
+  assign \$538  = { \$537 [17], \$537 [17], \$537 [17:2] };
+  assign \$543  = { \$542 [17], \$542 [17], \$542 [17:2] };
+  assign \$546 [9:1] = 9'h000;
+  assign \$546 [0] = \$signature__data$330 [6];
+  assign \$547  = \$signature__data$330 [6];
+  assign \$555 [9:1] = 9'h000;
+  assign \$555 [0] = \$signature__data$330 [6];
+  assign \$556  = \$signature__data$330 [6];
+  assign { \$558 [9:2], \$558 [0] } = 9'h000;
+  assign \$558 [1] = \$signature__data$330 [7];
+  assign { \$582 [9:3], \$582 [1:0] } = 9'h000;
+  assign \$582 [2] = ins[8];
+  assign \$583  = ins[8];
+  assign \$585  = \$584 ;
+  assign { \$586 [9:3], \$586 [1:0] } = 9'h000;
+  assign \$586 [2] = ins[8];
+  assign \$587  = ins[8];
+  assign \$588  = { l1_acc[13:2], 1'h0 };
+  assign \$590  = { l1_acc[13:2], 1'h0 };
+  assign \$660  = 1'h1;
+  assign \$559  = \$signature__data$330 [7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1140$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1158$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, \port$3257$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1146$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1164$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, \port$3263$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -18761,12 +18832,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1140$0 ;
-  wire [5:0] \port$1140$0 ;
-  output [5:0] \port$1158$0 ;
-  wire [5:0] \port$1158$0 ;
-  input [14:0] \port$3257$0 ;
-  wire [14:0] \port$3257$0 ;
+  output [5:0] \port$1146$0 ;
+  wire [5:0] \port$1146$0 ;
+  output [5:0] \port$1164$0 ;
+  wire [5:0] \port$1164$0 ;
+  input [14:0] \port$3263$0 ;
+  wire [14:0] \port$3263$0 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -18931,7 +19002,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 9'h000, \port$3257$0  };
+      \$74  = { 9'h000, \port$3263$0  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -18967,7 +19038,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 9'h000, \port$3257$0  };
+      \$77  = { 9'h000, \port$3263$0  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -19012,11 +19083,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 9'h000, \port$3257$0  };
+  assign rd_beats = { 9'h000, \port$3263$0  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 9'h000, \port$3257$0  };
-  assign \port$1140$0  = \$9 ;
-  assign \port$1158$0  = \$23 ;
+  assign wr_beats = { 9'h000, \port$3263$0  };
+  assign \port$1146$0  = \$9 ;
+  assign \port$1164$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -20523,7 +20594,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$3732$54 (cmd[75:54]),
+    .\port$3740$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -26660,7 +26731,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3732$54 , i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3740$54 , i__payload, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire [67:0] \$10 ;
@@ -27484,8 +27555,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$3732$54 ;
-  wire [21:0] \port$3732$54 ;
+  input [21:0] \port$3740$54 ;
+  wire [21:0] \port$3740$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
@@ -27510,28 +27581,28 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$247  = \port$3732$54 [21] ? \$246  : { x0, 1'h0 };
-  assign \$250  = \port$3732$54 [21] ? \$249  : { x0, 1'h0 };
-  assign \$251  = \port$3732$54 [20] ? \$248  : \$250 ;
-  assign \$252  = \port$3732$54 [19] ? \$245  : \$251 [47:0];
-  assign \$253  = \port$3732$54 [18] ? \$238  : \$252 [39:0];
-  assign \$256  = \port$3732$54 [21] ? \$255  : { x0, 1'h0 };
-  assign \$259  = \port$3732$54 [21] ? \$258  : { x0, 1'h0 };
-  assign \$260  = \port$3732$54 [20] ? \$257  : \$259 ;
-  assign \$263  = \port$3732$54 [21] ? \$262  : { x0, 1'h0 };
-  assign \$266  = \port$3732$54 [21] ? \$265  : { x0, 1'h0 };
-  assign \$267  = \port$3732$54 [20] ? \$264  : \$266 ;
-  assign \$268  = \port$3732$54 [19] ? \$261  : \$267 [47:0];
-  assign \$271  = \port$3732$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$274  = \port$3732$54 [21] ? \$273  : { x0, 1'h0 };
-  assign \$275  = \port$3732$54 [20] ? \$272  : \$274 ;
-  assign \$278  = \port$3732$54 [21] ? \$277  : { x0, 1'h0 };
-  assign \$281  = \port$3732$54 [21] ? \$280  : { x0, 1'h0 };
-  assign \$282  = \port$3732$54 [20] ? \$279  : \$281 ;
-  assign \$283  = \port$3732$54 [19] ? \$276  : \$282 [47:0];
-  assign \$284  = \port$3732$54 [18] ? \$269  : \$283 [39:0];
-  assign \$285  = \port$3732$54 [17] ? \$254  : \$284 [35:0];
-  assign \$286  = \port$3732$54 [16] ? \$223  : \$285 [33:0];
+  assign \$247  = \port$3740$54 [21] ? \$246  : { x0, 1'h0 };
+  assign \$250  = \port$3740$54 [21] ? \$249  : { x0, 1'h0 };
+  assign \$251  = \port$3740$54 [20] ? \$248  : \$250 ;
+  assign \$252  = \port$3740$54 [19] ? \$245  : \$251 [47:0];
+  assign \$253  = \port$3740$54 [18] ? \$238  : \$252 [39:0];
+  assign \$256  = \port$3740$54 [21] ? \$255  : { x0, 1'h0 };
+  assign \$259  = \port$3740$54 [21] ? \$258  : { x0, 1'h0 };
+  assign \$260  = \port$3740$54 [20] ? \$257  : \$259 ;
+  assign \$263  = \port$3740$54 [21] ? \$262  : { x0, 1'h0 };
+  assign \$266  = \port$3740$54 [21] ? \$265  : { x0, 1'h0 };
+  assign \$267  = \port$3740$54 [20] ? \$264  : \$266 ;
+  assign \$268  = \port$3740$54 [19] ? \$261  : \$267 [47:0];
+  assign \$271  = \port$3740$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$274  = \port$3740$54 [21] ? \$273  : { x0, 1'h0 };
+  assign \$275  = \port$3740$54 [20] ? \$272  : \$274 ;
+  assign \$278  = \port$3740$54 [21] ? \$277  : { x0, 1'h0 };
+  assign \$281  = \port$3740$54 [21] ? \$280  : { x0, 1'h0 };
+  assign \$282  = \port$3740$54 [20] ? \$279  : \$281 ;
+  assign \$283  = \port$3740$54 [19] ? \$276  : \$282 [47:0];
+  assign \$284  = \port$3740$54 [18] ? \$269  : \$283 [39:0];
+  assign \$285  = \port$3740$54 [17] ? \$254  : \$284 [35:0];
+  assign \$286  = \port$3740$54 [16] ? \$223  : \$285 [33:0];
   assign \$287  = { x0, 1'h0 } & below;
   assign \$288  = | \$287 ;
   assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27544,69 +27615,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$296  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$297  = \$296  ? 33'h07fffffff : rounded0;
   assign \$298  = over2_0 ? { \$295 [31], \$295  } : \$297 ;
-  assign \$300  = \port$3732$54 [21] ? \$299  : { x1, 1'h0 };
-  assign \$303  = \port$3732$54 [21] ? \$302  : { x1, 1'h0 };
-  assign \$304  = \port$3732$54 [20] ? \$301  : \$303 ;
-  assign \$307  = \port$3732$54 [21] ? \$306  : { x1, 1'h0 };
-  assign \$310  = \port$3732$54 [21] ? \$309  : { x1, 1'h0 };
-  assign \$311  = \port$3732$54 [20] ? \$308  : \$310 ;
-  assign \$312  = \port$3732$54 [19] ? \$305  : \$311 [47:0];
-  assign \$315  = \port$3732$54 [21] ? \$314  : { x1, 1'h0 };
-  assign \$318  = \port$3732$54 [21] ? \$317  : { x1, 1'h0 };
-  assign \$319  = \port$3732$54 [20] ? \$316  : \$318 ;
-  assign \$322  = \port$3732$54 [21] ? \$321  : { x1, 1'h0 };
-  assign \$325  = \port$3732$54 [21] ? \$324  : { x1, 1'h0 };
-  assign \$326  = \port$3732$54 [20] ? \$323  : \$325 ;
-  assign \$327  = \port$3732$54 [19] ? \$320  : \$326 [47:0];
-  assign \$328  = \port$3732$54 [18] ? \$313  : \$327 [39:0];
-  assign \$331  = \port$3732$54 [21] ? \$330  : { x1, 1'h0 };
-  assign \$334  = \port$3732$54 [21] ? \$333  : { x1, 1'h0 };
-  assign \$335  = \port$3732$54 [20] ? \$332  : \$334 ;
-  assign \$338  = \port$3732$54 [21] ? \$337  : { x1, 1'h0 };
-  assign \$341  = \port$3732$54 [21] ? \$340  : { x1, 1'h0 };
-  assign \$342  = \port$3732$54 [20] ? \$339  : \$341 ;
-  assign \$343  = \port$3732$54 [19] ? \$336  : \$342 [47:0];
-  assign \$346  = \port$3732$54 [21] ? \$345  : { x1, 1'h0 };
-  assign \$349  = \port$3732$54 [21] ? \$348  : { x1, 1'h0 };
-  assign \$350  = \port$3732$54 [20] ? \$347  : \$349 ;
-  assign \$353  = \port$3732$54 [21] ? \$352  : { x1, 1'h0 };
-  assign \$356  = \port$3732$54 [21] ? \$355  : { x1, 1'h0 };
-  assign \$357  = \port$3732$54 [20] ? \$354  : \$356 ;
-  assign \$358  = \port$3732$54 [19] ? \$351  : \$357 [47:0];
-  assign \$359  = \port$3732$54 [18] ? \$344  : \$358 [39:0];
-  assign \$360  = \port$3732$54 [17] ? \$329  : \$359 [35:0];
-  assign \$363  = \port$3732$54 [21] ? \$362  : { x1, 1'h0 };
-  assign \$366  = \port$3732$54 [21] ? \$365  : { x1, 1'h0 };
-  assign \$367  = \port$3732$54 [20] ? \$364  : \$366 ;
-  assign \$370  = \port$3732$54 [21] ? \$369  : { x1, 1'h0 };
-  assign \$373  = \port$3732$54 [21] ? \$372  : { x1, 1'h0 };
-  assign \$374  = \port$3732$54 [20] ? \$371  : \$373 ;
-  assign \$375  = \port$3732$54 [19] ? \$368  : \$374 [47:0];
-  assign \$378  = \port$3732$54 [21] ? \$377  : { x1, 1'h0 };
-  assign \$381  = \port$3732$54 [21] ? \$380  : { x1, 1'h0 };
-  assign \$382  = \port$3732$54 [20] ? \$379  : \$381 ;
-  assign \$385  = \port$3732$54 [21] ? \$384  : { x1, 1'h0 };
-  assign \$388  = \port$3732$54 [21] ? \$387  : { x1, 1'h0 };
-  assign \$389  = \port$3732$54 [20] ? \$386  : \$388 ;
-  assign \$390  = \port$3732$54 [19] ? \$383  : \$389 [47:0];
-  assign \$391  = \port$3732$54 [18] ? \$376  : \$390 [39:0];
-  assign \$394  = \port$3732$54 [21] ? \$393  : { x1, 1'h0 };
-  assign \$397  = \port$3732$54 [21] ? \$396  : { x1, 1'h0 };
-  assign \$398  = \port$3732$54 [20] ? \$395  : \$397 ;
-  assign \$401  = \port$3732$54 [21] ? \$400  : { x1, 1'h0 };
-  assign \$404  = \port$3732$54 [21] ? \$403  : { x1, 1'h0 };
-  assign \$405  = \port$3732$54 [20] ? \$402  : \$404 ;
-  assign \$406  = \port$3732$54 [19] ? \$399  : \$405 [47:0];
-  assign \$409  = \port$3732$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$412  = \port$3732$54 [21] ? \$411  : { x1, 1'h0 };
-  assign \$413  = \port$3732$54 [20] ? \$410  : \$412 ;
-  assign \$416  = \port$3732$54 [21] ? \$415  : { x1, 1'h0 };
-  assign \$419  = \port$3732$54 [21] ? \$418  : { x1, 1'h0 };
-  assign \$420  = \port$3732$54 [20] ? \$417  : \$419 ;
-  assign \$421  = \port$3732$54 [19] ? \$414  : \$420 [47:0];
-  assign \$422  = \port$3732$54 [18] ? \$407  : \$421 [39:0];
-  assign \$423  = \port$3732$54 [17] ? \$392  : \$422 [35:0];
-  assign \$424  = \port$3732$54 [16] ? \$361  : \$423 [33:0];
+  assign \$300  = \port$3740$54 [21] ? \$299  : { x1, 1'h0 };
+  assign \$303  = \port$3740$54 [21] ? \$302  : { x1, 1'h0 };
+  assign \$304  = \port$3740$54 [20] ? \$301  : \$303 ;
+  assign \$307  = \port$3740$54 [21] ? \$306  : { x1, 1'h0 };
+  assign \$310  = \port$3740$54 [21] ? \$309  : { x1, 1'h0 };
+  assign \$311  = \port$3740$54 [20] ? \$308  : \$310 ;
+  assign \$312  = \port$3740$54 [19] ? \$305  : \$311 [47:0];
+  assign \$315  = \port$3740$54 [21] ? \$314  : { x1, 1'h0 };
+  assign \$318  = \port$3740$54 [21] ? \$317  : { x1, 1'h0 };
+  assign \$319  = \port$3740$54 [20] ? \$316  : \$318 ;
+  assign \$322  = \port$3740$54 [21] ? \$321  : { x1, 1'h0 };
+  assign \$325  = \port$3740$54 [21] ? \$324  : { x1, 1'h0 };
+  assign \$326  = \port$3740$54 [20] ? \$323  : \$325 ;
+  assign \$327  = \port$3740$54 [19] ? \$320  : \$326 [47:0];
+  assign \$328  = \port$3740$54 [18] ? \$313  : \$327 [39:0];
+  assign \$331  = \port$3740$54 [21] ? \$330  : { x1, 1'h0 };
+  assign \$334  = \port$3740$54 [21] ? \$333  : { x1, 1'h0 };
+  assign \$335  = \port$3740$54 [20] ? \$332  : \$334 ;
+  assign \$338  = \port$3740$54 [21] ? \$337  : { x1, 1'h0 };
+  assign \$341  = \port$3740$54 [21] ? \$340  : { x1, 1'h0 };
+  assign \$342  = \port$3740$54 [20] ? \$339  : \$341 ;
+  assign \$343  = \port$3740$54 [19] ? \$336  : \$342 [47:0];
+  assign \$346  = \port$3740$54 [21] ? \$345  : { x1, 1'h0 };
+  assign \$349  = \port$3740$54 [21] ? \$348  : { x1, 1'h0 };
+  assign \$350  = \port$3740$54 [20] ? \$347  : \$349 ;
+  assign \$353  = \port$3740$54 [21] ? \$352  : { x1, 1'h0 };
+  assign \$356  = \port$3740$54 [21] ? \$355  : { x1, 1'h0 };
+  assign \$357  = \port$3740$54 [20] ? \$354  : \$356 ;
+  assign \$358  = \port$3740$54 [19] ? \$351  : \$357 [47:0];
+  assign \$359  = \port$3740$54 [18] ? \$344  : \$358 [39:0];
+  assign \$360  = \port$3740$54 [17] ? \$329  : \$359 [35:0];
+  assign \$363  = \port$3740$54 [21] ? \$362  : { x1, 1'h0 };
+  assign \$366  = \port$3740$54 [21] ? \$365  : { x1, 1'h0 };
+  assign \$367  = \port$3740$54 [20] ? \$364  : \$366 ;
+  assign \$370  = \port$3740$54 [21] ? \$369  : { x1, 1'h0 };
+  assign \$373  = \port$3740$54 [21] ? \$372  : { x1, 1'h0 };
+  assign \$374  = \port$3740$54 [20] ? \$371  : \$373 ;
+  assign \$375  = \port$3740$54 [19] ? \$368  : \$374 [47:0];
+  assign \$378  = \port$3740$54 [21] ? \$377  : { x1, 1'h0 };
+  assign \$381  = \port$3740$54 [21] ? \$380  : { x1, 1'h0 };
+  assign \$382  = \port$3740$54 [20] ? \$379  : \$381 ;
+  assign \$385  = \port$3740$54 [21] ? \$384  : { x1, 1'h0 };
+  assign \$388  = \port$3740$54 [21] ? \$387  : { x1, 1'h0 };
+  assign \$389  = \port$3740$54 [20] ? \$386  : \$388 ;
+  assign \$390  = \port$3740$54 [19] ? \$383  : \$389 [47:0];
+  assign \$391  = \port$3740$54 [18] ? \$376  : \$390 [39:0];
+  assign \$394  = \port$3740$54 [21] ? \$393  : { x1, 1'h0 };
+  assign \$397  = \port$3740$54 [21] ? \$396  : { x1, 1'h0 };
+  assign \$398  = \port$3740$54 [20] ? \$395  : \$397 ;
+  assign \$401  = \port$3740$54 [21] ? \$400  : { x1, 1'h0 };
+  assign \$404  = \port$3740$54 [21] ? \$403  : { x1, 1'h0 };
+  assign \$405  = \port$3740$54 [20] ? \$402  : \$404 ;
+  assign \$406  = \port$3740$54 [19] ? \$399  : \$405 [47:0];
+  assign \$409  = \port$3740$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$412  = \port$3740$54 [21] ? \$411  : { x1, 1'h0 };
+  assign \$413  = \port$3740$54 [20] ? \$410  : \$412 ;
+  assign \$416  = \port$3740$54 [21] ? \$415  : { x1, 1'h0 };
+  assign \$419  = \port$3740$54 [21] ? \$418  : { x1, 1'h0 };
+  assign \$420  = \port$3740$54 [20] ? \$417  : \$419 ;
+  assign \$421  = \port$3740$54 [19] ? \$414  : \$420 [47:0];
+  assign \$422  = \port$3740$54 [18] ? \$407  : \$421 [39:0];
+  assign \$423  = \port$3740$54 [17] ? \$392  : \$422 [35:0];
+  assign \$424  = \port$3740$54 [16] ? \$361  : \$423 [33:0];
   assign \$425  = { x1, 1'h0 } & below;
   assign \$426  = | \$425 ;
   assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27619,69 +27690,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$434  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$435  = \$434  ? 33'h07fffffff : rounded1;
   assign \$436  = over2_1 ? { \$433 [31], \$433  } : \$435 ;
-  assign \$438  = \port$3732$54 [21] ? \$437  : { x2, 1'h0 };
-  assign \$441  = \port$3732$54 [21] ? \$440  : { x2, 1'h0 };
-  assign \$442  = \port$3732$54 [20] ? \$439  : \$441 ;
-  assign \$445  = \port$3732$54 [21] ? \$444  : { x2, 1'h0 };
-  assign \$448  = \port$3732$54 [21] ? \$447  : { x2, 1'h0 };
-  assign \$449  = \port$3732$54 [20] ? \$446  : \$448 ;
-  assign \$450  = \port$3732$54 [19] ? \$443  : \$449 [47:0];
-  assign \$453  = \port$3732$54 [21] ? \$452  : { x2, 1'h0 };
-  assign \$456  = \port$3732$54 [21] ? \$455  : { x2, 1'h0 };
-  assign \$457  = \port$3732$54 [20] ? \$454  : \$456 ;
-  assign \$460  = \port$3732$54 [21] ? \$459  : { x2, 1'h0 };
-  assign \$463  = \port$3732$54 [21] ? \$462  : { x2, 1'h0 };
-  assign \$464  = \port$3732$54 [20] ? \$461  : \$463 ;
-  assign \$465  = \port$3732$54 [19] ? \$458  : \$464 [47:0];
-  assign \$466  = \port$3732$54 [18] ? \$451  : \$465 [39:0];
-  assign \$469  = \port$3732$54 [21] ? \$468  : { x2, 1'h0 };
-  assign \$472  = \port$3732$54 [21] ? \$471  : { x2, 1'h0 };
-  assign \$473  = \port$3732$54 [20] ? \$470  : \$472 ;
-  assign \$476  = \port$3732$54 [21] ? \$475  : { x2, 1'h0 };
-  assign \$479  = \port$3732$54 [21] ? \$478  : { x2, 1'h0 };
-  assign \$480  = \port$3732$54 [20] ? \$477  : \$479 ;
-  assign \$481  = \port$3732$54 [19] ? \$474  : \$480 [47:0];
-  assign \$484  = \port$3732$54 [21] ? \$483  : { x2, 1'h0 };
-  assign \$487  = \port$3732$54 [21] ? \$486  : { x2, 1'h0 };
-  assign \$488  = \port$3732$54 [20] ? \$485  : \$487 ;
-  assign \$491  = \port$3732$54 [21] ? \$490  : { x2, 1'h0 };
-  assign \$494  = \port$3732$54 [21] ? \$493  : { x2, 1'h0 };
-  assign \$495  = \port$3732$54 [20] ? \$492  : \$494 ;
-  assign \$496  = \port$3732$54 [19] ? \$489  : \$495 [47:0];
-  assign \$497  = \port$3732$54 [18] ? \$482  : \$496 [39:0];
-  assign \$498  = \port$3732$54 [17] ? \$467  : \$497 [35:0];
-  assign \$501  = \port$3732$54 [21] ? \$500  : { x2, 1'h0 };
-  assign \$504  = \port$3732$54 [21] ? \$503  : { x2, 1'h0 };
-  assign \$505  = \port$3732$54 [20] ? \$502  : \$504 ;
-  assign \$508  = \port$3732$54 [21] ? \$507  : { x2, 1'h0 };
-  assign \$511  = \port$3732$54 [21] ? \$510  : { x2, 1'h0 };
-  assign \$512  = \port$3732$54 [20] ? \$509  : \$511 ;
-  assign \$513  = \port$3732$54 [19] ? \$506  : \$512 [47:0];
-  assign \$516  = \port$3732$54 [21] ? \$515  : { x2, 1'h0 };
-  assign \$519  = \port$3732$54 [21] ? \$518  : { x2, 1'h0 };
-  assign \$520  = \port$3732$54 [20] ? \$517  : \$519 ;
-  assign \$523  = \port$3732$54 [21] ? \$522  : { x2, 1'h0 };
-  assign \$526  = \port$3732$54 [21] ? \$525  : { x2, 1'h0 };
-  assign \$527  = \port$3732$54 [20] ? \$524  : \$526 ;
-  assign \$528  = \port$3732$54 [19] ? \$521  : \$527 [47:0];
-  assign \$529  = \port$3732$54 [18] ? \$514  : \$528 [39:0];
-  assign \$532  = \port$3732$54 [21] ? \$531  : { x2, 1'h0 };
-  assign \$535  = \port$3732$54 [21] ? \$534  : { x2, 1'h0 };
-  assign \$536  = \port$3732$54 [20] ? \$533  : \$535 ;
-  assign \$539  = \port$3732$54 [21] ? \$538  : { x2, 1'h0 };
-  assign \$542  = \port$3732$54 [21] ? \$541  : { x2, 1'h0 };
-  assign \$543  = \port$3732$54 [20] ? \$540  : \$542 ;
-  assign \$544  = \port$3732$54 [19] ? \$537  : \$543 [47:0];
-  assign \$547  = \port$3732$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$550  = \port$3732$54 [21] ? \$549  : { x2, 1'h0 };
-  assign \$551  = \port$3732$54 [20] ? \$548  : \$550 ;
-  assign \$554  = \port$3732$54 [21] ? \$553  : { x2, 1'h0 };
-  assign \$557  = \port$3732$54 [21] ? \$556  : { x2, 1'h0 };
-  assign \$558  = \port$3732$54 [20] ? \$555  : \$557 ;
-  assign \$559  = \port$3732$54 [19] ? \$552  : \$558 [47:0];
-  assign \$560  = \port$3732$54 [18] ? \$545  : \$559 [39:0];
-  assign \$561  = \port$3732$54 [17] ? \$530  : \$560 [35:0];
-  assign \$562  = \port$3732$54 [16] ? \$499  : \$561 [33:0];
+  assign \$438  = \port$3740$54 [21] ? \$437  : { x2, 1'h0 };
+  assign \$441  = \port$3740$54 [21] ? \$440  : { x2, 1'h0 };
+  assign \$442  = \port$3740$54 [20] ? \$439  : \$441 ;
+  assign \$445  = \port$3740$54 [21] ? \$444  : { x2, 1'h0 };
+  assign \$448  = \port$3740$54 [21] ? \$447  : { x2, 1'h0 };
+  assign \$449  = \port$3740$54 [20] ? \$446  : \$448 ;
+  assign \$450  = \port$3740$54 [19] ? \$443  : \$449 [47:0];
+  assign \$453  = \port$3740$54 [21] ? \$452  : { x2, 1'h0 };
+  assign \$456  = \port$3740$54 [21] ? \$455  : { x2, 1'h0 };
+  assign \$457  = \port$3740$54 [20] ? \$454  : \$456 ;
+  assign \$460  = \port$3740$54 [21] ? \$459  : { x2, 1'h0 };
+  assign \$463  = \port$3740$54 [21] ? \$462  : { x2, 1'h0 };
+  assign \$464  = \port$3740$54 [20] ? \$461  : \$463 ;
+  assign \$465  = \port$3740$54 [19] ? \$458  : \$464 [47:0];
+  assign \$466  = \port$3740$54 [18] ? \$451  : \$465 [39:0];
+  assign \$469  = \port$3740$54 [21] ? \$468  : { x2, 1'h0 };
+  assign \$472  = \port$3740$54 [21] ? \$471  : { x2, 1'h0 };
+  assign \$473  = \port$3740$54 [20] ? \$470  : \$472 ;
+  assign \$476  = \port$3740$54 [21] ? \$475  : { x2, 1'h0 };
+  assign \$479  = \port$3740$54 [21] ? \$478  : { x2, 1'h0 };
+  assign \$480  = \port$3740$54 [20] ? \$477  : \$479 ;
+  assign \$481  = \port$3740$54 [19] ? \$474  : \$480 [47:0];
+  assign \$484  = \port$3740$54 [21] ? \$483  : { x2, 1'h0 };
+  assign \$487  = \port$3740$54 [21] ? \$486  : { x2, 1'h0 };
+  assign \$488  = \port$3740$54 [20] ? \$485  : \$487 ;
+  assign \$491  = \port$3740$54 [21] ? \$490  : { x2, 1'h0 };
+  assign \$494  = \port$3740$54 [21] ? \$493  : { x2, 1'h0 };
+  assign \$495  = \port$3740$54 [20] ? \$492  : \$494 ;
+  assign \$496  = \port$3740$54 [19] ? \$489  : \$495 [47:0];
+  assign \$497  = \port$3740$54 [18] ? \$482  : \$496 [39:0];
+  assign \$498  = \port$3740$54 [17] ? \$467  : \$497 [35:0];
+  assign \$501  = \port$3740$54 [21] ? \$500  : { x2, 1'h0 };
+  assign \$504  = \port$3740$54 [21] ? \$503  : { x2, 1'h0 };
+  assign \$505  = \port$3740$54 [20] ? \$502  : \$504 ;
+  assign \$508  = \port$3740$54 [21] ? \$507  : { x2, 1'h0 };
+  assign \$511  = \port$3740$54 [21] ? \$510  : { x2, 1'h0 };
+  assign \$512  = \port$3740$54 [20] ? \$509  : \$511 ;
+  assign \$513  = \port$3740$54 [19] ? \$506  : \$512 [47:0];
+  assign \$516  = \port$3740$54 [21] ? \$515  : { x2, 1'h0 };
+  assign \$519  = \port$3740$54 [21] ? \$518  : { x2, 1'h0 };
+  assign \$520  = \port$3740$54 [20] ? \$517  : \$519 ;
+  assign \$523  = \port$3740$54 [21] ? \$522  : { x2, 1'h0 };
+  assign \$526  = \port$3740$54 [21] ? \$525  : { x2, 1'h0 };
+  assign \$527  = \port$3740$54 [20] ? \$524  : \$526 ;
+  assign \$528  = \port$3740$54 [19] ? \$521  : \$527 [47:0];
+  assign \$529  = \port$3740$54 [18] ? \$514  : \$528 [39:0];
+  assign \$532  = \port$3740$54 [21] ? \$531  : { x2, 1'h0 };
+  assign \$535  = \port$3740$54 [21] ? \$534  : { x2, 1'h0 };
+  assign \$536  = \port$3740$54 [20] ? \$533  : \$535 ;
+  assign \$539  = \port$3740$54 [21] ? \$538  : { x2, 1'h0 };
+  assign \$542  = \port$3740$54 [21] ? \$541  : { x2, 1'h0 };
+  assign \$543  = \port$3740$54 [20] ? \$540  : \$542 ;
+  assign \$544  = \port$3740$54 [19] ? \$537  : \$543 [47:0];
+  assign \$547  = \port$3740$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$550  = \port$3740$54 [21] ? \$549  : { x2, 1'h0 };
+  assign \$551  = \port$3740$54 [20] ? \$548  : \$550 ;
+  assign \$554  = \port$3740$54 [21] ? \$553  : { x2, 1'h0 };
+  assign \$557  = \port$3740$54 [21] ? \$556  : { x2, 1'h0 };
+  assign \$558  = \port$3740$54 [20] ? \$555  : \$557 ;
+  assign \$559  = \port$3740$54 [19] ? \$552  : \$558 [47:0];
+  assign \$560  = \port$3740$54 [18] ? \$545  : \$559 [39:0];
+  assign \$561  = \port$3740$54 [17] ? \$530  : \$560 [35:0];
+  assign \$562  = \port$3740$54 [16] ? \$499  : \$561 [33:0];
   assign \$563  = { x2, 1'h0 } & below;
   assign \$564  = | \$563 ;
   assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27694,69 +27765,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$572  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$573  = \$572  ? 33'h07fffffff : rounded2;
   assign \$574  = over2_2 ? { \$571 [31], \$571  } : \$573 ;
-  assign \$576  = \port$3732$54 [21] ? \$575  : { x3, 1'h0 };
-  assign \$579  = \port$3732$54 [21] ? \$578  : { x3, 1'h0 };
-  assign \$580  = \port$3732$54 [20] ? \$577  : \$579 ;
-  assign \$583  = \port$3732$54 [21] ? \$582  : { x3, 1'h0 };
-  assign \$586  = \port$3732$54 [21] ? \$585  : { x3, 1'h0 };
-  assign \$587  = \port$3732$54 [20] ? \$584  : \$586 ;
-  assign \$588  = \port$3732$54 [19] ? \$581  : \$587 [47:0];
-  assign \$591  = \port$3732$54 [21] ? \$590  : { x3, 1'h0 };
-  assign \$594  = \port$3732$54 [21] ? \$593  : { x3, 1'h0 };
-  assign \$595  = \port$3732$54 [20] ? \$592  : \$594 ;
-  assign \$598  = \port$3732$54 [21] ? \$597  : { x3, 1'h0 };
-  assign \$601  = \port$3732$54 [21] ? \$600  : { x3, 1'h0 };
-  assign \$602  = \port$3732$54 [20] ? \$599  : \$601 ;
-  assign \$603  = \port$3732$54 [19] ? \$596  : \$602 [47:0];
-  assign \$604  = \port$3732$54 [18] ? \$589  : \$603 [39:0];
-  assign \$607  = \port$3732$54 [21] ? \$606  : { x3, 1'h0 };
-  assign \$610  = \port$3732$54 [21] ? \$609  : { x3, 1'h0 };
-  assign \$611  = \port$3732$54 [20] ? \$608  : \$610 ;
-  assign \$614  = \port$3732$54 [21] ? \$613  : { x3, 1'h0 };
-  assign \$617  = \port$3732$54 [21] ? \$616  : { x3, 1'h0 };
-  assign \$618  = \port$3732$54 [20] ? \$615  : \$617 ;
-  assign \$619  = \port$3732$54 [19] ? \$612  : \$618 [47:0];
-  assign \$622  = \port$3732$54 [21] ? \$621  : { x3, 1'h0 };
-  assign \$625  = \port$3732$54 [21] ? \$624  : { x3, 1'h0 };
-  assign \$626  = \port$3732$54 [20] ? \$623  : \$625 ;
-  assign \$629  = \port$3732$54 [21] ? \$628  : { x3, 1'h0 };
-  assign \$632  = \port$3732$54 [21] ? \$631  : { x3, 1'h0 };
-  assign \$633  = \port$3732$54 [20] ? \$630  : \$632 ;
-  assign \$634  = \port$3732$54 [19] ? \$627  : \$633 [47:0];
-  assign \$635  = \port$3732$54 [18] ? \$620  : \$634 [39:0];
-  assign \$636  = \port$3732$54 [17] ? \$605  : \$635 [35:0];
-  assign \$639  = \port$3732$54 [21] ? \$638  : { x3, 1'h0 };
-  assign \$642  = \port$3732$54 [21] ? \$641  : { x3, 1'h0 };
-  assign \$643  = \port$3732$54 [20] ? \$640  : \$642 ;
-  assign \$646  = \port$3732$54 [21] ? \$645  : { x3, 1'h0 };
-  assign \$649  = \port$3732$54 [21] ? \$648  : { x3, 1'h0 };
-  assign \$650  = \port$3732$54 [20] ? \$647  : \$649 ;
-  assign \$651  = \port$3732$54 [19] ? \$644  : \$650 [47:0];
-  assign \$654  = \port$3732$54 [21] ? \$653  : { x3, 1'h0 };
-  assign \$657  = \port$3732$54 [21] ? \$656  : { x3, 1'h0 };
-  assign \$658  = \port$3732$54 [20] ? \$655  : \$657 ;
-  assign \$661  = \port$3732$54 [21] ? \$660  : { x3, 1'h0 };
-  assign \$664  = \port$3732$54 [21] ? \$663  : { x3, 1'h0 };
-  assign \$665  = \port$3732$54 [20] ? \$662  : \$664 ;
-  assign \$666  = \port$3732$54 [19] ? \$659  : \$665 [47:0];
-  assign \$667  = \port$3732$54 [18] ? \$652  : \$666 [39:0];
-  assign \$670  = \port$3732$54 [21] ? \$669  : { x3, 1'h0 };
-  assign \$673  = \port$3732$54 [21] ? \$672  : { x3, 1'h0 };
-  assign \$674  = \port$3732$54 [20] ? \$671  : \$673 ;
-  assign \$677  = \port$3732$54 [21] ? \$676  : { x3, 1'h0 };
-  assign \$680  = \port$3732$54 [21] ? \$679  : { x3, 1'h0 };
-  assign \$681  = \port$3732$54 [20] ? \$678  : \$680 ;
-  assign \$682  = \port$3732$54 [19] ? \$675  : \$681 [47:0];
-  assign \$685  = \port$3732$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$688  = \port$3732$54 [21] ? \$687  : { x3, 1'h0 };
-  assign \$689  = \port$3732$54 [20] ? \$686  : \$688 ;
-  assign \$692  = \port$3732$54 [21] ? \$691  : { x3, 1'h0 };
-  assign \$695  = \port$3732$54 [21] ? \$694  : { x3, 1'h0 };
-  assign \$696  = \port$3732$54 [20] ? \$693  : \$695 ;
-  assign \$697  = \port$3732$54 [19] ? \$690  : \$696 [47:0];
-  assign \$698  = \port$3732$54 [18] ? \$683  : \$697 [39:0];
-  assign \$699  = \port$3732$54 [17] ? \$668  : \$698 [35:0];
-  assign \$700  = \port$3732$54 [16] ? \$637  : \$699 [33:0];
+  assign \$576  = \port$3740$54 [21] ? \$575  : { x3, 1'h0 };
+  assign \$579  = \port$3740$54 [21] ? \$578  : { x3, 1'h0 };
+  assign \$580  = \port$3740$54 [20] ? \$577  : \$579 ;
+  assign \$583  = \port$3740$54 [21] ? \$582  : { x3, 1'h0 };
+  assign \$586  = \port$3740$54 [21] ? \$585  : { x3, 1'h0 };
+  assign \$587  = \port$3740$54 [20] ? \$584  : \$586 ;
+  assign \$588  = \port$3740$54 [19] ? \$581  : \$587 [47:0];
+  assign \$591  = \port$3740$54 [21] ? \$590  : { x3, 1'h0 };
+  assign \$594  = \port$3740$54 [21] ? \$593  : { x3, 1'h0 };
+  assign \$595  = \port$3740$54 [20] ? \$592  : \$594 ;
+  assign \$598  = \port$3740$54 [21] ? \$597  : { x3, 1'h0 };
+  assign \$601  = \port$3740$54 [21] ? \$600  : { x3, 1'h0 };
+  assign \$602  = \port$3740$54 [20] ? \$599  : \$601 ;
+  assign \$603  = \port$3740$54 [19] ? \$596  : \$602 [47:0];
+  assign \$604  = \port$3740$54 [18] ? \$589  : \$603 [39:0];
+  assign \$607  = \port$3740$54 [21] ? \$606  : { x3, 1'h0 };
+  assign \$610  = \port$3740$54 [21] ? \$609  : { x3, 1'h0 };
+  assign \$611  = \port$3740$54 [20] ? \$608  : \$610 ;
+  assign \$614  = \port$3740$54 [21] ? \$613  : { x3, 1'h0 };
+  assign \$617  = \port$3740$54 [21] ? \$616  : { x3, 1'h0 };
+  assign \$618  = \port$3740$54 [20] ? \$615  : \$617 ;
+  assign \$619  = \port$3740$54 [19] ? \$612  : \$618 [47:0];
+  assign \$622  = \port$3740$54 [21] ? \$621  : { x3, 1'h0 };
+  assign \$625  = \port$3740$54 [21] ? \$624  : { x3, 1'h0 };
+  assign \$626  = \port$3740$54 [20] ? \$623  : \$625 ;
+  assign \$629  = \port$3740$54 [21] ? \$628  : { x3, 1'h0 };
+  assign \$632  = \port$3740$54 [21] ? \$631  : { x3, 1'h0 };
+  assign \$633  = \port$3740$54 [20] ? \$630  : \$632 ;
+  assign \$634  = \port$3740$54 [19] ? \$627  : \$633 [47:0];
+  assign \$635  = \port$3740$54 [18] ? \$620  : \$634 [39:0];
+  assign \$636  = \port$3740$54 [17] ? \$605  : \$635 [35:0];
+  assign \$639  = \port$3740$54 [21] ? \$638  : { x3, 1'h0 };
+  assign \$642  = \port$3740$54 [21] ? \$641  : { x3, 1'h0 };
+  assign \$643  = \port$3740$54 [20] ? \$640  : \$642 ;
+  assign \$646  = \port$3740$54 [21] ? \$645  : { x3, 1'h0 };
+  assign \$649  = \port$3740$54 [21] ? \$648  : { x3, 1'h0 };
+  assign \$650  = \port$3740$54 [20] ? \$647  : \$649 ;
+  assign \$651  = \port$3740$54 [19] ? \$644  : \$650 [47:0];
+  assign \$654  = \port$3740$54 [21] ? \$653  : { x3, 1'h0 };
+  assign \$657  = \port$3740$54 [21] ? \$656  : { x3, 1'h0 };
+  assign \$658  = \port$3740$54 [20] ? \$655  : \$657 ;
+  assign \$661  = \port$3740$54 [21] ? \$660  : { x3, 1'h0 };
+  assign \$664  = \port$3740$54 [21] ? \$663  : { x3, 1'h0 };
+  assign \$665  = \port$3740$54 [20] ? \$662  : \$664 ;
+  assign \$666  = \port$3740$54 [19] ? \$659  : \$665 [47:0];
+  assign \$667  = \port$3740$54 [18] ? \$652  : \$666 [39:0];
+  assign \$670  = \port$3740$54 [21] ? \$669  : { x3, 1'h0 };
+  assign \$673  = \port$3740$54 [21] ? \$672  : { x3, 1'h0 };
+  assign \$674  = \port$3740$54 [20] ? \$671  : \$673 ;
+  assign \$677  = \port$3740$54 [21] ? \$676  : { x3, 1'h0 };
+  assign \$680  = \port$3740$54 [21] ? \$679  : { x3, 1'h0 };
+  assign \$681  = \port$3740$54 [20] ? \$678  : \$680 ;
+  assign \$682  = \port$3740$54 [19] ? \$675  : \$681 [47:0];
+  assign \$685  = \port$3740$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$688  = \port$3740$54 [21] ? \$687  : { x3, 1'h0 };
+  assign \$689  = \port$3740$54 [20] ? \$686  : \$688 ;
+  assign \$692  = \port$3740$54 [21] ? \$691  : { x3, 1'h0 };
+  assign \$695  = \port$3740$54 [21] ? \$694  : { x3, 1'h0 };
+  assign \$696  = \port$3740$54 [20] ? \$693  : \$695 ;
+  assign \$697  = \port$3740$54 [19] ? \$690  : \$696 [47:0];
+  assign \$698  = \port$3740$54 [18] ? \$683  : \$697 [39:0];
+  assign \$699  = \port$3740$54 [17] ? \$668  : \$698 [35:0];
+  assign \$700  = \port$3740$54 [16] ? \$637  : \$699 [33:0];
   assign \$701  = { x3, 1'h0 } & below;
   assign \$702  = | \$701 ;
   assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -27857,194 +27928,194 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$7  = $signed(\$5 ) + $signed(\$6 );
   assign \$10  = $signed(\$8 ) + $signed(\$9 );
   assign \$13  = $signed(\$11 ) + $signed(\$12 );
-  assign \$14  = \port$3732$54 [21:16] > 1'h0;
-  assign \$15  = \port$3732$54 [21:16] > 1'h1;
-  assign \$16  = \port$3732$54 [21:16] > 2'h2;
-  assign \$17  = \port$3732$54 [21:16] > 2'h3;
-  assign \$18  = \port$3732$54 [21:16] > 3'h4;
-  assign \$19  = \port$3732$54 [21:16] > 3'h5;
-  assign \$20  = \port$3732$54 [21:16] > 3'h6;
-  assign \$21  = \port$3732$54 [21:16] > 3'h7;
-  assign \$22  = \port$3732$54 [21:16] > 4'h8;
-  assign \$23  = \port$3732$54 [21:16] > 4'h9;
-  assign \$24  = \port$3732$54 [21:16] > 4'ha;
-  assign \$25  = \port$3732$54 [21:16] > 4'hb;
-  assign \$26  = \port$3732$54 [21:16] > 4'hc;
-  assign \$27  = \port$3732$54 [21:16] > 4'hd;
-  assign \$28  = \port$3732$54 [21:16] > 4'he;
-  assign \$29  = \port$3732$54 [21:16] > 4'hf;
-  assign \$30  = \port$3732$54 [21:16] > 5'h10;
-  assign \$31  = \port$3732$54 [21:16] > 5'h11;
-  assign \$32  = \port$3732$54 [21:16] > 5'h12;
-  assign \$33  = \port$3732$54 [21:16] > 5'h13;
-  assign \$34  = \port$3732$54 [21:16] > 5'h14;
-  assign \$35  = \port$3732$54 [21:16] > 5'h15;
-  assign \$36  = \port$3732$54 [21:16] > 5'h16;
-  assign \$37  = \port$3732$54 [21:16] > 5'h17;
-  assign \$38  = \port$3732$54 [21:16] > 5'h18;
-  assign \$39  = \port$3732$54 [21:16] > 5'h19;
-  assign \$40  = \port$3732$54 [21:16] > 5'h1a;
-  assign \$41  = \port$3732$54 [21:16] > 5'h1b;
-  assign \$42  = \port$3732$54 [21:16] > 5'h1c;
-  assign \$43  = \port$3732$54 [21:16] > 5'h1d;
-  assign \$44  = \port$3732$54 [21:16] > 5'h1e;
-  assign \$45  = \port$3732$54 [21:16] > 5'h1f;
-  assign \$46  = \port$3732$54 [21:16] > 6'h20;
-  assign \$47  = \port$3732$54 [21:16] > 6'h21;
-  assign \$48  = \port$3732$54 [21:16] > 6'h22;
-  assign \$49  = \port$3732$54 [21:16] > 6'h23;
-  assign \$50  = \port$3732$54 [21:16] > 6'h24;
-  assign \$51  = \port$3732$54 [21:16] > 6'h25;
-  assign \$52  = \port$3732$54 [21:16] > 6'h26;
-  assign \$53  = \port$3732$54 [21:16] > 6'h27;
-  assign \$54  = \port$3732$54 [21:16] > 6'h28;
-  assign \$55  = \port$3732$54 [21:16] > 6'h29;
-  assign \$56  = \port$3732$54 [21:16] > 6'h2a;
-  assign \$57  = \port$3732$54 [21:16] > 6'h2b;
-  assign \$58  = \port$3732$54 [21:16] > 6'h2c;
-  assign \$59  = \port$3732$54 [21:16] > 6'h2d;
-  assign \$60  = \port$3732$54 [21:16] > 6'h2e;
-  assign \$61  = \port$3732$54 [21:16] > 6'h2f;
-  assign \$62  = \port$3732$54 [21:16] > 6'h30;
-  assign \$63  = \port$3732$54 [21:16] + 6'h20;
+  assign \$14  = \port$3740$54 [21:16] > 1'h0;
+  assign \$15  = \port$3740$54 [21:16] > 1'h1;
+  assign \$16  = \port$3740$54 [21:16] > 2'h2;
+  assign \$17  = \port$3740$54 [21:16] > 2'h3;
+  assign \$18  = \port$3740$54 [21:16] > 3'h4;
+  assign \$19  = \port$3740$54 [21:16] > 3'h5;
+  assign \$20  = \port$3740$54 [21:16] > 3'h6;
+  assign \$21  = \port$3740$54 [21:16] > 3'h7;
+  assign \$22  = \port$3740$54 [21:16] > 4'h8;
+  assign \$23  = \port$3740$54 [21:16] > 4'h9;
+  assign \$24  = \port$3740$54 [21:16] > 4'ha;
+  assign \$25  = \port$3740$54 [21:16] > 4'hb;
+  assign \$26  = \port$3740$54 [21:16] > 4'hc;
+  assign \$27  = \port$3740$54 [21:16] > 4'hd;
+  assign \$28  = \port$3740$54 [21:16] > 4'he;
+  assign \$29  = \port$3740$54 [21:16] > 4'hf;
+  assign \$30  = \port$3740$54 [21:16] > 5'h10;
+  assign \$31  = \port$3740$54 [21:16] > 5'h11;
+  assign \$32  = \port$3740$54 [21:16] > 5'h12;
+  assign \$33  = \port$3740$54 [21:16] > 5'h13;
+  assign \$34  = \port$3740$54 [21:16] > 5'h14;
+  assign \$35  = \port$3740$54 [21:16] > 5'h15;
+  assign \$36  = \port$3740$54 [21:16] > 5'h16;
+  assign \$37  = \port$3740$54 [21:16] > 5'h17;
+  assign \$38  = \port$3740$54 [21:16] > 5'h18;
+  assign \$39  = \port$3740$54 [21:16] > 5'h19;
+  assign \$40  = \port$3740$54 [21:16] > 5'h1a;
+  assign \$41  = \port$3740$54 [21:16] > 5'h1b;
+  assign \$42  = \port$3740$54 [21:16] > 5'h1c;
+  assign \$43  = \port$3740$54 [21:16] > 5'h1d;
+  assign \$44  = \port$3740$54 [21:16] > 5'h1e;
+  assign \$45  = \port$3740$54 [21:16] > 5'h1f;
+  assign \$46  = \port$3740$54 [21:16] > 6'h20;
+  assign \$47  = \port$3740$54 [21:16] > 6'h21;
+  assign \$48  = \port$3740$54 [21:16] > 6'h22;
+  assign \$49  = \port$3740$54 [21:16] > 6'h23;
+  assign \$50  = \port$3740$54 [21:16] > 6'h24;
+  assign \$51  = \port$3740$54 [21:16] > 6'h25;
+  assign \$52  = \port$3740$54 [21:16] > 6'h26;
+  assign \$53  = \port$3740$54 [21:16] > 6'h27;
+  assign \$54  = \port$3740$54 [21:16] > 6'h28;
+  assign \$55  = \port$3740$54 [21:16] > 6'h29;
+  assign \$56  = \port$3740$54 [21:16] > 6'h2a;
+  assign \$57  = \port$3740$54 [21:16] > 6'h2b;
+  assign \$58  = \port$3740$54 [21:16] > 6'h2c;
+  assign \$59  = \port$3740$54 [21:16] > 6'h2d;
+  assign \$60  = \port$3740$54 [21:16] > 6'h2e;
+  assign \$61  = \port$3740$54 [21:16] > 6'h2f;
+  assign \$62  = \port$3740$54 [21:16] > 6'h30;
+  assign \$63  = \port$3740$54 [21:16] + 6'h20;
   assign \$64  = \$63  <= 1'h0;
-  assign \$65  = \port$3732$54 [21:16] + 6'h20;
+  assign \$65  = \port$3740$54 [21:16] + 6'h20;
   assign \$66  = \$65  <= 1'h1;
-  assign \$67  = \port$3732$54 [21:16] + 6'h20;
+  assign \$67  = \port$3740$54 [21:16] + 6'h20;
   assign \$68  = \$67  <= 2'h2;
-  assign \$69  = \port$3732$54 [21:16] + 6'h20;
+  assign \$69  = \port$3740$54 [21:16] + 6'h20;
   assign \$70  = \$69  <= 2'h3;
-  assign \$71  = \port$3732$54 [21:16] + 6'h20;
+  assign \$71  = \port$3740$54 [21:16] + 6'h20;
   assign \$72  = \$71  <= 3'h4;
-  assign \$73  = \port$3732$54 [21:16] + 6'h20;
+  assign \$73  = \port$3740$54 [21:16] + 6'h20;
   assign \$74  = \$73  <= 3'h5;
-  assign \$75  = \port$3732$54 [21:16] + 6'h20;
+  assign \$75  = \port$3740$54 [21:16] + 6'h20;
   assign \$76  = \$75  <= 3'h6;
-  assign \$77  = \port$3732$54 [21:16] + 6'h20;
+  assign \$77  = \port$3740$54 [21:16] + 6'h20;
   assign \$78  = \$77  <= 3'h7;
-  assign \$79  = \port$3732$54 [21:16] + 6'h20;
+  assign \$79  = \port$3740$54 [21:16] + 6'h20;
   assign \$80  = \$79  <= 4'h8;
-  assign \$81  = \port$3732$54 [21:16] + 6'h20;
+  assign \$81  = \port$3740$54 [21:16] + 6'h20;
   assign \$82  = \$81  <= 4'h9;
-  assign \$83  = \port$3732$54 [21:16] + 6'h20;
+  assign \$83  = \port$3740$54 [21:16] + 6'h20;
   assign \$84  = \$83  <= 4'ha;
-  assign \$85  = \port$3732$54 [21:16] + 6'h20;
+  assign \$85  = \port$3740$54 [21:16] + 6'h20;
   assign \$86  = \$85  <= 4'hb;
-  assign \$87  = \port$3732$54 [21:16] + 6'h20;
+  assign \$87  = \port$3740$54 [21:16] + 6'h20;
   assign \$88  = \$87  <= 4'hc;
-  assign \$89  = \port$3732$54 [21:16] + 6'h20;
+  assign \$89  = \port$3740$54 [21:16] + 6'h20;
   assign \$90  = \$89  <= 4'hd;
-  assign \$91  = \port$3732$54 [21:16] + 6'h20;
+  assign \$91  = \port$3740$54 [21:16] + 6'h20;
   assign \$92  = \$91  <= 4'he;
-  assign \$93  = \port$3732$54 [21:16] + 6'h20;
+  assign \$93  = \port$3740$54 [21:16] + 6'h20;
   assign \$94  = \$93  <= 4'hf;
-  assign \$95  = \port$3732$54 [21:16] + 6'h20;
+  assign \$95  = \port$3740$54 [21:16] + 6'h20;
   assign \$96  = \$95  <= 5'h10;
-  assign \$97  = \port$3732$54 [21:16] + 6'h20;
+  assign \$97  = \port$3740$54 [21:16] + 6'h20;
   assign \$98  = \$97  <= 5'h11;
-  assign \$99  = \port$3732$54 [21:16] + 6'h20;
+  assign \$99  = \port$3740$54 [21:16] + 6'h20;
   assign \$100  = \$99  <= 5'h12;
-  assign \$101  = \port$3732$54 [21:16] + 6'h20;
+  assign \$101  = \port$3740$54 [21:16] + 6'h20;
   assign \$102  = \$101  <= 5'h13;
-  assign \$103  = \port$3732$54 [21:16] + 6'h20;
+  assign \$103  = \port$3740$54 [21:16] + 6'h20;
   assign \$104  = \$103  <= 5'h14;
-  assign \$105  = \port$3732$54 [21:16] + 6'h20;
+  assign \$105  = \port$3740$54 [21:16] + 6'h20;
   assign \$106  = \$105  <= 5'h15;
-  assign \$107  = \port$3732$54 [21:16] + 6'h20;
+  assign \$107  = \port$3740$54 [21:16] + 6'h20;
   assign \$108  = \$107  <= 5'h16;
-  assign \$109  = \port$3732$54 [21:16] + 6'h20;
+  assign \$109  = \port$3740$54 [21:16] + 6'h20;
   assign \$110  = \$109  <= 5'h17;
-  assign \$111  = \port$3732$54 [21:16] + 6'h20;
+  assign \$111  = \port$3740$54 [21:16] + 6'h20;
   assign \$112  = \$111  <= 5'h18;
-  assign \$113  = \port$3732$54 [21:16] + 6'h20;
+  assign \$113  = \port$3740$54 [21:16] + 6'h20;
   assign \$114  = \$113  <= 5'h19;
-  assign \$115  = \port$3732$54 [21:16] + 6'h20;
+  assign \$115  = \port$3740$54 [21:16] + 6'h20;
   assign \$116  = \$115  <= 5'h1a;
-  assign \$117  = \port$3732$54 [21:16] + 6'h20;
+  assign \$117  = \port$3740$54 [21:16] + 6'h20;
   assign \$118  = \$117  <= 5'h1b;
-  assign \$119  = \port$3732$54 [21:16] + 6'h20;
+  assign \$119  = \port$3740$54 [21:16] + 6'h20;
   assign \$120  = \$119  <= 5'h1c;
-  assign \$121  = \port$3732$54 [21:16] + 6'h20;
+  assign \$121  = \port$3740$54 [21:16] + 6'h20;
   assign \$122  = \$121  <= 5'h1d;
-  assign \$123  = \port$3732$54 [21:16] + 6'h20;
+  assign \$123  = \port$3740$54 [21:16] + 6'h20;
   assign \$124  = \$123  <= 5'h1e;
-  assign \$125  = \port$3732$54 [21:16] + 6'h20;
+  assign \$125  = \port$3740$54 [21:16] + 6'h20;
   assign \$126  = \$125  <= 5'h1f;
-  assign \$127  = \port$3732$54 [21:16] + 6'h20;
+  assign \$127  = \port$3740$54 [21:16] + 6'h20;
   assign \$128  = \$127  <= 6'h20;
-  assign \$129  = \port$3732$54 [21:16] + 6'h20;
+  assign \$129  = \port$3740$54 [21:16] + 6'h20;
   assign \$130  = \$129  <= 6'h21;
-  assign \$131  = \port$3732$54 [21:16] + 6'h20;
+  assign \$131  = \port$3740$54 [21:16] + 6'h20;
   assign \$132  = \$131  <= 6'h22;
-  assign \$133  = \port$3732$54 [21:16] + 6'h20;
+  assign \$133  = \port$3740$54 [21:16] + 6'h20;
   assign \$134  = \$133  <= 6'h23;
-  assign \$135  = \port$3732$54 [21:16] + 6'h20;
+  assign \$135  = \port$3740$54 [21:16] + 6'h20;
   assign \$136  = \$135  <= 6'h24;
-  assign \$137  = \port$3732$54 [21:16] + 6'h20;
+  assign \$137  = \port$3740$54 [21:16] + 6'h20;
   assign \$138  = \$137  <= 6'h25;
-  assign \$139  = \port$3732$54 [21:16] + 6'h20;
+  assign \$139  = \port$3740$54 [21:16] + 6'h20;
   assign \$140  = \$139  <= 6'h26;
-  assign \$141  = \port$3732$54 [21:16] + 6'h20;
+  assign \$141  = \port$3740$54 [21:16] + 6'h20;
   assign \$142  = \$141  <= 6'h27;
-  assign \$143  = \port$3732$54 [21:16] + 6'h20;
+  assign \$143  = \port$3740$54 [21:16] + 6'h20;
   assign \$144  = \$143  <= 6'h28;
-  assign \$145  = \port$3732$54 [21:16] + 6'h20;
+  assign \$145  = \port$3740$54 [21:16] + 6'h20;
   assign \$146  = \$145  <= 6'h29;
-  assign \$147  = \port$3732$54 [21:16] + 6'h20;
+  assign \$147  = \port$3740$54 [21:16] + 6'h20;
   assign \$148  = \$147  <= 6'h2a;
-  assign \$149  = \port$3732$54 [21:16] + 6'h20;
+  assign \$149  = \port$3740$54 [21:16] + 6'h20;
   assign \$150  = \$149  <= 6'h2b;
-  assign \$151  = \port$3732$54 [21:16] + 6'h20;
+  assign \$151  = \port$3740$54 [21:16] + 6'h20;
   assign \$152  = \$151  <= 6'h2c;
-  assign \$153  = \port$3732$54 [21:16] + 6'h20;
+  assign \$153  = \port$3740$54 [21:16] + 6'h20;
   assign \$154  = \$153  <= 6'h2d;
-  assign \$155  = \port$3732$54 [21:16] + 6'h20;
+  assign \$155  = \port$3740$54 [21:16] + 6'h20;
   assign \$156  = \$155  <= 6'h2e;
-  assign \$157  = \port$3732$54 [21:16] + 6'h20;
+  assign \$157  = \port$3740$54 [21:16] + 6'h20;
   assign \$158  = \$157  <= 6'h2f;
-  assign \$159  = \port$3732$54 [21:16] + 6'h20;
+  assign \$159  = \port$3740$54 [21:16] + 6'h20;
   assign \$160  = \$159  <= 6'h30;
-  assign \$162  = \port$3732$54 [21] ? \$161  : { x0, 1'h0 };
-  assign \$165  = \port$3732$54 [21] ? \$164  : { x0, 1'h0 };
-  assign \$166  = \port$3732$54 [20] ? \$163  : \$165 ;
-  assign \$169  = \port$3732$54 [21] ? \$168  : { x0, 1'h0 };
-  assign \$172  = \port$3732$54 [21] ? \$171  : { x0, 1'h0 };
-  assign \$173  = \port$3732$54 [20] ? \$170  : \$172 ;
-  assign \$174  = \port$3732$54 [19] ? \$167  : \$173 [47:0];
-  assign \$177  = \port$3732$54 [21] ? \$176  : { x0, 1'h0 };
-  assign \$180  = \port$3732$54 [21] ? \$179  : { x0, 1'h0 };
-  assign \$181  = \port$3732$54 [20] ? \$178  : \$180 ;
-  assign \$184  = \port$3732$54 [21] ? \$183  : { x0, 1'h0 };
-  assign \$187  = \port$3732$54 [21] ? \$186  : { x0, 1'h0 };
-  assign \$188  = \port$3732$54 [20] ? \$185  : \$187 ;
-  assign \$189  = \port$3732$54 [19] ? \$182  : \$188 [47:0];
-  assign \$190  = \port$3732$54 [18] ? \$175  : \$189 [39:0];
-  assign \$193  = \port$3732$54 [21] ? \$192  : { x0, 1'h0 };
-  assign \$196  = \port$3732$54 [21] ? \$195  : { x0, 1'h0 };
-  assign \$197  = \port$3732$54 [20] ? \$194  : \$196 ;
-  assign \$200  = \port$3732$54 [21] ? \$199  : { x0, 1'h0 };
-  assign \$203  = \port$3732$54 [21] ? \$202  : { x0, 1'h0 };
-  assign \$204  = \port$3732$54 [20] ? \$201  : \$203 ;
-  assign \$205  = \port$3732$54 [19] ? \$198  : \$204 [47:0];
-  assign \$208  = \port$3732$54 [21] ? \$207  : { x0, 1'h0 };
-  assign \$211  = \port$3732$54 [21] ? \$210  : { x0, 1'h0 };
-  assign \$212  = \port$3732$54 [20] ? \$209  : \$211 ;
-  assign \$215  = \port$3732$54 [21] ? \$214  : { x0, 1'h0 };
-  assign \$218  = \port$3732$54 [21] ? \$217  : { x0, 1'h0 };
-  assign \$219  = \port$3732$54 [20] ? \$216  : \$218 ;
-  assign \$220  = \port$3732$54 [19] ? \$213  : \$219 [47:0];
-  assign \$221  = \port$3732$54 [18] ? \$206  : \$220 [39:0];
-  assign \$222  = \port$3732$54 [17] ? \$191  : \$221 [35:0];
-  assign \$225  = \port$3732$54 [21] ? \$224  : { x0, 1'h0 };
-  assign \$228  = \port$3732$54 [21] ? \$227  : { x0, 1'h0 };
-  assign \$229  = \port$3732$54 [20] ? \$226  : \$228 ;
-  assign \$232  = \port$3732$54 [21] ? \$231  : { x0, 1'h0 };
-  assign \$235  = \port$3732$54 [21] ? \$234  : { x0, 1'h0 };
-  assign \$236  = \port$3732$54 [20] ? \$233  : \$235 ;
-  assign \$237  = \port$3732$54 [19] ? \$230  : \$236 [47:0];
-  assign \$240  = \port$3732$54 [21] ? \$239  : { x0, 1'h0 };
-  assign \$243  = \port$3732$54 [21] ? \$242  : { x0, 1'h0 };
-  assign \$244  = \port$3732$54 [20] ? \$241  : \$243 ;
+  assign \$162  = \port$3740$54 [21] ? \$161  : { x0, 1'h0 };
+  assign \$165  = \port$3740$54 [21] ? \$164  : { x0, 1'h0 };
+  assign \$166  = \port$3740$54 [20] ? \$163  : \$165 ;
+  assign \$169  = \port$3740$54 [21] ? \$168  : { x0, 1'h0 };
+  assign \$172  = \port$3740$54 [21] ? \$171  : { x0, 1'h0 };
+  assign \$173  = \port$3740$54 [20] ? \$170  : \$172 ;
+  assign \$174  = \port$3740$54 [19] ? \$167  : \$173 [47:0];
+  assign \$177  = \port$3740$54 [21] ? \$176  : { x0, 1'h0 };
+  assign \$180  = \port$3740$54 [21] ? \$179  : { x0, 1'h0 };
+  assign \$181  = \port$3740$54 [20] ? \$178  : \$180 ;
+  assign \$184  = \port$3740$54 [21] ? \$183  : { x0, 1'h0 };
+  assign \$187  = \port$3740$54 [21] ? \$186  : { x0, 1'h0 };
+  assign \$188  = \port$3740$54 [20] ? \$185  : \$187 ;
+  assign \$189  = \port$3740$54 [19] ? \$182  : \$188 [47:0];
+  assign \$190  = \port$3740$54 [18] ? \$175  : \$189 [39:0];
+  assign \$193  = \port$3740$54 [21] ? \$192  : { x0, 1'h0 };
+  assign \$196  = \port$3740$54 [21] ? \$195  : { x0, 1'h0 };
+  assign \$197  = \port$3740$54 [20] ? \$194  : \$196 ;
+  assign \$200  = \port$3740$54 [21] ? \$199  : { x0, 1'h0 };
+  assign \$203  = \port$3740$54 [21] ? \$202  : { x0, 1'h0 };
+  assign \$204  = \port$3740$54 [20] ? \$201  : \$203 ;
+  assign \$205  = \port$3740$54 [19] ? \$198  : \$204 [47:0];
+  assign \$208  = \port$3740$54 [21] ? \$207  : { x0, 1'h0 };
+  assign \$211  = \port$3740$54 [21] ? \$210  : { x0, 1'h0 };
+  assign \$212  = \port$3740$54 [20] ? \$209  : \$211 ;
+  assign \$215  = \port$3740$54 [21] ? \$214  : { x0, 1'h0 };
+  assign \$218  = \port$3740$54 [21] ? \$217  : { x0, 1'h0 };
+  assign \$219  = \port$3740$54 [20] ? \$216  : \$218 ;
+  assign \$220  = \port$3740$54 [19] ? \$213  : \$219 [47:0];
+  assign \$221  = \port$3740$54 [18] ? \$206  : \$220 [39:0];
+  assign \$222  = \port$3740$54 [17] ? \$191  : \$221 [35:0];
+  assign \$225  = \port$3740$54 [21] ? \$224  : { x0, 1'h0 };
+  assign \$228  = \port$3740$54 [21] ? \$227  : { x0, 1'h0 };
+  assign \$229  = \port$3740$54 [20] ? \$226  : \$228 ;
+  assign \$232  = \port$3740$54 [21] ? \$231  : { x0, 1'h0 };
+  assign \$235  = \port$3740$54 [21] ? \$234  : { x0, 1'h0 };
+  assign \$236  = \port$3740$54 [20] ? \$233  : \$235 ;
+  assign \$237  = \port$3740$54 [19] ? \$230  : \$236 [47:0];
+  assign \$240  = \port$3740$54 [21] ? \$239  : { x0, 1'h0 };
+  assign \$243  = \port$3740$54 [21] ? \$242  : { x0, 1'h0 };
+  assign \$244  = \port$3740$54 [20] ? \$241  : \$243 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -28056,8 +28127,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$3732$54 (\port$3732$54 [15:0]),
-    .\port$3750$0 (i__payload),
+    .\port$3740$54 (\port$3740$54 [15:0]),
+    .\port$3758$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -28594,23 +28665,23 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$3732$54 [15:0] };
-  assign mult = \port$3732$54 [15:0];
+  assign b__0 = { 2'h0, \port$3740$54 [15:0] };
+  assign mult = \port$3740$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$3732$54 [15:0] };
+  assign b__1 = { 2'h0, \port$3740$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$3732$54 [15:0] };
+  assign b__2 = { 2'h0, \port$3740$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$3732$54 [15:0] };
+  assign b__3 = { 2'h0, \port$3740$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$3732$54 [15:0] };
+  assign b__4 = { 2'h0, \port$3740$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$3732$54 [15:0] };
+  assign b__5 = { 2'h0, \port$3740$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$3732$54 [15:0] };
+  assign b__6 = { 2'h0, \port$3740$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$3732$54 [15:0] };
-  assign shift = \port$3732$54 [21:16];
+  assign b__7 = { 2'h0, \port$3740$54 [15:0] };
+  assign shift = \port$3740$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -28705,8 +28776,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$321  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$323  = { \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48:16] };
   assign \$324  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$330  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$329  = { \$328 [35], \$328 [35], \$328 [35:2] };
+  assign \$330  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$332  = { \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48:16] };
   assign \$333  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$336  = { \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47:8] };
@@ -28882,7 +28953,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3750$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3758$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -28968,10 +29039,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$3732$54 ;
-  wire [15:0] \port$3732$54 ;
-  input [127:0] \port$3750$0 ;
-  wire [127:0] \port$3750$0 ;
+  input [15:0] \port$3740$54 ;
+  wire [15:0] \port$3740$54 ;
+  input [127:0] \port$3758$0 ;
+  wire [127:0] \port$3758$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -29036,7 +29107,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$3750$0 [16:0] };
+      \$9  = { 1'h0, \port$3758$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -29049,7 +29120,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$3732$54  };
+      \$10  = { 2'h0, \port$3740$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -29075,7 +29146,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$3750$0 [31], \port$3750$0 [31], \port$3750$0 [31], \port$3750$0 [31:17] };
+      \$12  = { \port$3758$0 [31], \port$3758$0 [31], \port$3758$0 [31], \port$3758$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -29088,7 +29159,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$3732$54  };
+      \$13  = { 2'h0, \port$3740$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -29114,7 +29185,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$3750$0 [48:32] };
+      \$15  = { 1'h0, \port$3758$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -29127,7 +29198,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$3732$54  };
+      \$16  = { 2'h0, \port$3740$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -29153,7 +29224,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$3750$0 [63], \port$3750$0 [63], \port$3750$0 [63], \port$3750$0 [63:49] };
+      \$18  = { \port$3758$0 [63], \port$3758$0 [63], \port$3758$0 [63], \port$3758$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -29166,7 +29237,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$3732$54  };
+      \$19  = { 2'h0, \port$3740$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -29192,7 +29263,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$3750$0 [80:64] };
+      \$21  = { 1'h0, \port$3758$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -29205,7 +29276,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$3732$54  };
+      \$22  = { 2'h0, \port$3740$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -29231,7 +29302,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$3750$0 [95], \port$3750$0 [95], \port$3750$0 [95], \port$3750$0 [95:81] };
+      \$24  = { \port$3758$0 [95], \port$3758$0 [95], \port$3758$0 [95], \port$3758$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -29244,7 +29315,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$3732$54  };
+      \$25  = { 2'h0, \port$3740$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -29270,7 +29341,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$3750$0 [112:96] };
+      \$27  = { 1'h0, \port$3758$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -29283,7 +29354,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$3732$54  };
+      \$28  = { 2'h0, \port$3740$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -29309,7 +29380,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$3750$0 [127], \port$3750$0 [127], \port$3750$0 [127], \port$3750$0 [127:113] };
+      \$30  = { \port$3758$0 [127], \port$3758$0 [127], \port$3758$0 [127], \port$3758$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -29322,7 +29393,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$3732$54  };
+      \$31  = { 2'h0, \port$3740$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -29344,22 +29415,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3732$54 , \port$3
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3750$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3732$54  };
-  assign a__1 = { \port$3750$0 [31], \port$3750$0 [31], \port$3750$0 [31], \port$3750$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3732$54  };
-  assign a__2 = { 1'h0, \port$3750$0 [48:32] };
-  assign b__2 = { 2'h0, \port$3732$54  };
-  assign a__3 = { \port$3750$0 [63], \port$3750$0 [63], \port$3750$0 [63], \port$3750$0 [63:49] };
-  assign b__3 = { 2'h0, \port$3732$54  };
-  assign a__4 = { 1'h0, \port$3750$0 [80:64] };
-  assign b__4 = { 2'h0, \port$3732$54  };
-  assign a__5 = { \port$3750$0 [95], \port$3750$0 [95], \port$3750$0 [95], \port$3750$0 [95:81] };
-  assign b__5 = { 2'h0, \port$3732$54  };
-  assign a__6 = { 1'h0, \port$3750$0 [112:96] };
-  assign b__6 = { 2'h0, \port$3732$54  };
-  assign a__7 = { \port$3750$0 [127], \port$3750$0 [127], \port$3750$0 [127], \port$3750$0 [127:113] };
-  assign b__7 = { 2'h0, \port$3732$54  };
+  assign a__0 = { 1'h0, \port$3758$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3740$54  };
+  assign a__1 = { \port$3758$0 [31], \port$3758$0 [31], \port$3758$0 [31], \port$3758$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3740$54  };
+  assign a__2 = { 1'h0, \port$3758$0 [48:32] };
+  assign b__2 = { 2'h0, \port$3740$54  };
+  assign a__3 = { \port$3758$0 [63], \port$3758$0 [63], \port$3758$0 [63], \port$3758$0 [63:49] };
+  assign b__3 = { 2'h0, \port$3740$54  };
+  assign a__4 = { 1'h0, \port$3758$0 [80:64] };
+  assign b__4 = { 2'h0, \port$3740$54  };
+  assign a__5 = { \port$3758$0 [95], \port$3758$0 [95], \port$3758$0 [95], \port$3758$0 [95:81] };
+  assign b__5 = { 2'h0, \port$3740$54  };
+  assign a__6 = { 1'h0, \port$3758$0 [112:96] };
+  assign b__6 = { 2'h0, \port$3740$54  };
+  assign a__7 = { \port$3758$0 [127], \port$3758$0 [127], \port$3758$0 [127], \port$3758$0 [127:113] };
+  assign b__7 = { 2'h0, \port$3740$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -30194,8 +30265,8 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$3356$0 (i__payload),
-    .\port$3462$0 (mult),
+    .\port$3362$0 (i__payload),
+    .\port$3470$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30492,7 +30563,7 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3356$0 , \port$3462$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3470$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -30518,10 +30589,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3356$0 , \port$3462$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$3356$0 ;
-  wire [31:0] \port$3356$0 ;
-  input [15:0] \port$3462$0 ;
-  wire [15:0] \port$3462$0 ;
+  input [31:0] \port$3362$0 ;
+  wire [31:0] \port$3362$0 ;
+  input [15:0] \port$3470$0 ;
+  wire [15:0] \port$3470$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30544,7 +30615,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3356$0 , \port$3462$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$3356$0 [16:0] };
+      \$3  = { 1'h0, \port$3362$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -30557,7 +30628,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3356$0 , \port$3462$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$3462$0  };
+      \$4  = { 2'h0, \port$3470$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -30583,7 +30654,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3356$0 , \port$3462$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$3356$0 [31], \port$3356$0 [31], \port$3356$0 [31], \port$3356$0 [31:17] };
+      \$6  = { \port$3362$0 [31], \port$3362$0 [31], \port$3362$0 [31], \port$3362$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -30596,7 +30667,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3356$0 , \port$3462$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$3462$0  };
+      \$7  = { 2'h0, \port$3470$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -30618,10 +30689,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3356$0 , \port$3462$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3356$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3462$0  };
-  assign a__1 = { \port$3356$0 [31], \port$3356$0 [31], \port$3356$0 [31], \port$3356$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3462$0  };
+  assign a__0 = { 1'h0, \port$3362$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3470$0  };
+  assign a__1 = { \port$3362$0 [31], \port$3362$0 [31], \port$3362$0 [31], \port$3362$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3470$0  };
 endmodule
 
 (* generator = "Amaranth" *)
