@@ -419,6 +419,8 @@ class NanoKPU(wiring.Component):
         # unit inputs and outputs of the engine
         rq_mult, rq_shift, rq_width = Signal(32), Signal(6), Signal(6)
         out_valid, out_data = Signal(), Signal(signed(ww))
+        vec_op = Signal(VecOp)      # registered: ins is stable long before the engine runs
+        m.d.sync += vec_op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD)))
         m.d.comb += [
             rq.mult.eq(rq_mult), rq.shift.eq(rq_shift),
             rq.i.payload[0].eq(a_word[:accw].as_signed()),
@@ -430,7 +432,7 @@ class NanoKPU(wiring.Component):
                                    b_word[:act].as_signed())),
             vec.i.payload.last.eq(h_last),
             vec.n.eq(ins.n),
-            vec.op.eq(Mux(op == Op.NORM, VecOp.NORM, Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
+            vec.op.eq(vec_op),
             rq.o.ready.eq(1), sig.o.ready.eq(1), situ.o.ready.eq(1), vec.o.ready.eq(1),
         ]
         # saturation to the instruction's output width rq_width (in [2, word width] once checked):

@@ -18,16 +18,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$107 ;
   wire [14:0] \$108 ;
   wire [13:0] \$109 ;
-  wire [7:0] \$1092 ;
+  wire [7:0] \$1090 ;
   wire \$11 ;
   wire [16:0] \$110 ;
-  wire [7:0] \$1106 ;
+  wire [7:0] \$1104 ;
   wire \$111 ;
   wire [16:0] \$112 ;
-  wire [6:0] \$1128 ;
+  wire [6:0] \$1126 ;
   wire [13:0] \$113 ;
-  wire [7:0] \$1132 ;
-  wire [8:0] \$1135 ;
+  wire [7:0] \$1130 ;
+  wire [8:0] \$1133 ;
   wire [16:0] \$114 ;
   wire \$115 ;
   wire [16:0] \$116 ;
@@ -104,7 +104,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [16:0] \$180 ;
   wire \$181 ;
   wire \$182 ;
-  wire [1:0] \$183 ;
+  wire \$183 ;
   wire \$184 ;
   wire \$185 ;
   wire \$186 ;
@@ -138,113 +138,113 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$210 ;
   wire \$211 ;
   wire \$212 ;
-  wire \$213 ;
+  wire [31:0] \$213 ;
   wire \$214 ;
-  wire \$215 ;
+  wire [31:0] \$215 ;
   wire [31:0] \$216 ;
   wire \$217 ;
   wire [31:0] \$218 ;
-  wire [31:0] \$219 ;
+  wire \$219 ;
   wire \$22 ;
-  wire \$220 ;
-  wire [31:0] \$221 ;
-  wire \$222 ;
-  wire [5:0] \$223 ;
+  wire [5:0] \$220 ;
+  wire \$221 ;
+  wire [31:0] \$222 ;
+  wire \$223 ;
   wire \$224 ;
-  wire [31:0] \$225 ;
+  wire \$225 ;
   wire \$226 ;
-  wire \$227 ;
+  wire [15:0] \$227 ;
   wire \$228 ;
   wire \$229 ;
   wire [3:0] \$23 ;
-  wire [15:0] \$230 ;
+  wire \$230 ;
   wire \$231 ;
   wire \$232 ;
-  wire \$233 ;
-  wire \$234 ;
+  wire [31:0] \$233 ;
+  wire [31:0] \$234 ;
   wire \$235 ;
-  wire [31:0] \$236 ;
-  wire [31:0] \$237 ;
+  wire \$236 ;
+  wire \$237 ;
   wire \$238 ;
   wire \$239 ;
   wire [3:0] \$24 ;
   wire \$240 ;
   wire \$241 ;
   wire \$242 ;
-  wire \$243 ;
-  wire \$244 ;
-  wire \$245 ;
-  wire [4:0] \$246 ;
-  wire [13:0] \$247 ;
-  wire [4:0] \$248 ;
-  wire [13:0] \$249 ;
+  wire [4:0] \$243 ;
+  wire [13:0] \$244 ;
+  wire [4:0] \$245 ;
+  wire [13:0] \$246 ;
+  wire [14:0] \$247 ;
+  wire [14:0] \$248 ;
+  wire \$249 ;
   wire [22:0] \$25 ;
-  wire [14:0] \$250 ;
+  wire \$250 ;
   wire [14:0] \$251 ;
   wire \$252 ;
-  wire \$253 ;
-  wire [14:0] \$254 ;
-  wire \$255 ;
-  wire [7:0] \$256 ;
-  wire \$257 ;
-  wire [15:0] \$258 ;
-  wire [31:0] \$259 ;
+  wire [7:0] \$253 ;
+  wire \$254 ;
+  wire [15:0] \$255 ;
+  wire [31:0] \$256 ;
+  wire [31:0] \$257 ;
+  wire [31:0] \$258 ;
+  wire \$259 ;
   wire [22:0] \$26 ;
-  wire [31:0] \$260 ;
-  wire [31:0] \$261 ;
+  wire \$260 ;
+  wire \$261 ;
   wire \$262 ;
   wire \$263 ;
   wire \$264 ;
   wire \$265 ;
-  wire \$266 ;
-  wire \$267 ;
+  wire [14:0] \$266 ;
+  wire [13:0] \$267 ;
   wire \$268 ;
-  wire [14:0] \$269 ;
+  wire [4:0] \$269 ;
   wire [43:0] \$27 ;
-  wire [13:0] \$270 ;
+  wire \$270 ;
   wire \$271 ;
-  wire [4:0] \$272 ;
+  wire \$272 ;
   wire \$273 ;
   wire \$274 ;
-  wire \$275 ;
+  wire [13:0] \$275 ;
   wire \$276 ;
   wire \$277 ;
-  wire [13:0] \$278 ;
-  wire \$279 ;
+  wire \$278 ;
+  wire [13:0] \$279 ;
   wire [43:0] \$28 ;
   wire \$280 ;
-  wire \$281 ;
-  wire [13:0] \$282 ;
-  wire \$283 ;
-  wire [13:0] \$284 ;
+  wire [13:0] \$281 ;
+  wire [14:0] \$282 ;
+  wire [14:0] \$283 ;
+  wire \$284 ;
   wire [14:0] \$285 ;
-  wire [14:0] \$286 ;
-  wire \$287 ;
+  wire [13:0] \$286 ;
+  wire [14:0] \$287 ;
   wire [14:0] \$288 ;
-  wire [13:0] \$289 ;
+  wire \$289 ;
   wire \$29 ;
-  wire [14:0] \$290 ;
+  wire [13:0] \$290 ;
   wire [14:0] \$291 ;
-  wire \$292 ;
-  wire [13:0] \$293 ;
-  wire [14:0] \$294 ;
+  wire [13:0] \$292 ;
+  wire [14:0] \$293 ;
+  wire \$294 ;
   wire [13:0] \$295 ;
-  wire [14:0] \$296 ;
-  wire \$297 ;
-  wire [13:0] \$298 ;
-  wire [13:0] \$299 ;
+  wire [13:0] \$296 ;
+  wire [14:0] \$297 ;
+  wire \$298 ;
+  wire [14:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [14:0] \$300 ;
+  wire [16:0] \$300 ;
   wire \$301 ;
-  wire [14:0] \$302 ;
-  wire [16:0] \$303 ;
-  wire \$304 ;
-  wire \$305 ;
-  wire \$306 ;
-  wire [13:0] \$307 ;
-  wire [14:0] \$308 ;
-  wire [15:0] \$309 ;
+  wire \$302 ;
+  wire \$303 ;
+  wire [13:0] \$304 ;
+  wire [14:0] \$305 ;
+  wire [15:0] \$306 ;
+  wire \$307 ;
+  wire \$308 ;
+  wire \$309 ;
   wire \$31 ;
   wire \$310 ;
   wire \$311 ;
@@ -281,190 +281,190 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$34 ;
   wire \$340 ;
   wire \$341 ;
-  wire \$342 ;
+  wire [14:0] \$342 ;
   wire \$343 ;
-  wire \$344 ;
-  wire [14:0] \$345 ;
-  wire \$346 ;
+  wire [14:0] \$344 ;
+  wire [13:0] \$345 ;
+  wire [14:0] \$346 ;
   wire [14:0] \$347 ;
-  wire [13:0] \$348 ;
-  wire [14:0] \$349 ;
+  wire [15:0] \$348 ;
+  wire \$349 ;
   wire \$35 ;
   wire [14:0] \$350 ;
-  wire [15:0] \$351 ;
-  wire \$352 ;
-  wire [14:0] \$353 ;
-  wire \$354 ;
+  wire \$351 ;
+  wire [14:0] \$352 ;
+  wire [13:0] \$353 ;
+  wire [14:0] \$354 ;
   wire [14:0] \$355 ;
-  wire [13:0] \$356 ;
-  wire [14:0] \$357 ;
+  wire [15:0] \$356 ;
+  wire \$357 ;
   wire [14:0] \$358 ;
-  wire [15:0] \$359 ;
+  wire \$359 ;
   wire \$36 ;
-  wire \$360 ;
-  wire [14:0] \$361 ;
-  wire \$362 ;
+  wire [14:0] \$360 ;
+  wire [13:0] \$361 ;
+  wire [14:0] \$362 ;
   wire [14:0] \$363 ;
-  wire [13:0] \$364 ;
-  wire [14:0] \$365 ;
+  wire [15:0] \$364 ;
+  wire \$365 ;
   wire [14:0] \$366 ;
-  wire [15:0] \$367 ;
-  wire \$368 ;
-  wire [14:0] \$369 ;
+  wire \$367 ;
+  wire [14:0] \$368 ;
+  wire [13:0] \$369 ;
   wire [1:0] \$37 ;
-  wire \$370 ;
+  wire [14:0] \$370 ;
   wire [14:0] \$371 ;
-  wire [13:0] \$372 ;
-  wire [14:0] \$373 ;
+  wire [15:0] \$372 ;
+  wire \$373 ;
   wire [14:0] \$374 ;
-  wire [15:0] \$375 ;
-  wire \$376 ;
-  wire [14:0] \$377 ;
-  wire \$378 ;
+  wire \$375 ;
+  wire [14:0] \$376 ;
+  wire [13:0] \$377 ;
+  wire [14:0] \$378 ;
   wire [14:0] \$379 ;
   wire [16:0] \$38 ;
-  wire [13:0] \$380 ;
-  wire [14:0] \$381 ;
-  wire [14:0] \$382 ;
-  wire [15:0] \$383 ;
-  wire \$384 ;
-  wire [33:0] \$385 ;
-  wire \$386 ;
+  wire [15:0] \$380 ;
+  wire \$381 ;
+  wire [33:0] \$382 ;
+  wire \$383 ;
+  wire [33:0] \$384 ;
+  wire [32:0] \$385 ;
+  wire [33:0] \$386 ;
   wire [33:0] \$387 ;
-  wire [32:0] \$388 ;
-  wire [33:0] \$389 ;
+  wire [15:0] \$388 ;
+  wire \$389 ;
   wire [17:0] \$39 ;
-  wire [33:0] \$390 ;
-  wire [15:0] \$391 ;
+  wire \$390 ;
+  wire [14:0] \$391 ;
   wire \$392 ;
   wire \$393 ;
-  wire [14:0] \$394 ;
+  wire \$394 ;
   wire \$395 ;
   wire \$396 ;
-  wire \$397 ;
+  wire [14:0] \$397 ;
   wire \$398 ;
   wire \$399 ;
   wire \$4 ;
   wire [18:0] \$40 ;
-  wire [14:0] \$400 ;
+  wire \$400 ;
   wire \$401 ;
   wire \$402 ;
   wire \$403 ;
-  wire \$404 ;
+  wire [14:0] \$404 ;
   wire \$405 ;
   wire \$406 ;
-  wire [14:0] \$407 ;
+  wire \$407 ;
   wire \$408 ;
   wire \$409 ;
   wire [18:0] \$41 ;
   wire \$410 ;
   wire \$411 ;
-  wire \$412 ;
-  wire \$413 ;
-  wire \$414 ;
-  wire [17:0] \$415 ;
-  wire [33:0] \$416 ;
-  wire [32:0] \$417 ;
+  wire [17:0] \$412 ;
+  wire [33:0] \$413 ;
+  wire [32:0] \$414 ;
+  wire \$415 ;
+  wire \$416 ;
+  wire \$417 ;
   wire \$418 ;
   wire \$419 ;
   wire [16:0] \$42 ;
   wire \$420 ;
   wire \$421 ;
   wire \$422 ;
-  wire \$423 ;
+  wire [14:0] \$423 ;
   wire \$424 ;
-  wire \$425 ;
-  wire [14:0] \$426 ;
-  wire \$427 ;
-  wire [14:0] \$428 ;
-  wire \$429 ;
+  wire [14:0] \$425 ;
+  wire \$426 ;
+  wire [14:0] \$427 ;
+  wire \$428 ;
+  wire [14:0] \$429 ;
   wire [17:0] \$43 ;
-  wire [14:0] \$430 ;
-  wire \$431 ;
+  wire [13:0] \$430 ;
+  wire [13:0] \$431 ;
   wire [14:0] \$432 ;
   wire [13:0] \$433 ;
   wire [13:0] \$434 ;
-  wire [14:0] \$435 ;
+  wire [13:0] \$435 ;
   wire [13:0] \$436 ;
-  wire [13:0] \$437 ;
+  wire [14:0] \$437 ;
   wire [13:0] \$438 ;
   wire [13:0] \$439 ;
   wire [18:0] \$44 ;
-  wire [14:0] \$440 ;
+  wire [13:0] \$440 ;
   wire [13:0] \$441 ;
   wire [13:0] \$442 ;
   wire [13:0] \$443 ;
-  wire [13:0] \$444 ;
-  wire [13:0] \$445 ;
-  wire [13:0] \$446 ;
-  wire [14:0] \$447 ;
-  wire \$448 ;
-  wire \$449 ;
+  wire [14:0] \$444 ;
+  wire \$445 ;
+  wire \$446 ;
+  wire \$447 ;
+  wire [1:0] \$448 ;
+  wire [1:0] \$449 ;
   wire [18:0] \$45 ;
   wire \$450 ;
   wire \$451 ;
   wire \$452 ;
-  wire [15:0] \$453 ;
-  wire \$454 ;
+  wire \$453 ;
+  wire [15:0] \$454 ;
   wire \$455 ;
   wire \$456 ;
   wire \$457 ;
-  wire [3:0] \$458 ;
-  wire [13:0] \$459 ;
+  wire \$458 ;
+  wire [3:0] \$459 ;
   wire \$46 ;
-  wire \$460 ;
+  wire [13:0] \$460 ;
   wire \$461 ;
   wire \$462 ;
   wire \$463 ;
-  wire [15:0] \$464 ;
-  wire \$465 ;
+  wire \$464 ;
+  wire [15:0] \$465 ;
   wire \$466 ;
   wire \$467 ;
   wire \$468 ;
-  wire [7:0] \$469 ;
+  wire \$469 ;
   wire \$47 ;
-  wire \$470 ;
-  wire [7:0] \$471 ;
-  wire [13:0] \$472 ;
+  wire [7:0] \$470 ;
+  wire \$471 ;
+  wire [7:0] \$472 ;
   wire [13:0] \$473 ;
-  wire [15:0] \$474 ;
-  wire [13:0] \$475 ;
-  wire [14:0] \$476 ;
-  wire [13:0] \$477 ;
-  wire [14:0] \$478 ;
-  wire [15:0] \$479 ;
+  wire [13:0] \$474 ;
+  wire [15:0] \$475 ;
+  wire [13:0] \$476 ;
+  wire [14:0] \$477 ;
+  wire [13:0] \$478 ;
+  wire [14:0] \$479 ;
   wire \$48 ;
-  wire \$480 ;
-  wire [2:0] \$481 ;
-  wire [13:0] \$482 ;
-  wire [2:0] \$483 ;
-  wire \$484 ;
-  wire [2:0] \$485 ;
-  wire [15:0] \$486 ;
-  wire [16:0] \$487 ;
-  wire \$488 ;
+  wire [15:0] \$480 ;
+  wire \$481 ;
+  wire [2:0] \$482 ;
+  wire [13:0] \$483 ;
+  wire [2:0] \$484 ;
+  wire \$485 ;
+  wire [2:0] \$486 ;
+  wire [15:0] \$487 ;
+  wire [16:0] \$488 ;
   wire \$489 ;
   wire \$49 ;
-  wire [9:0] \$490 ;
-  wire \$491 ;
-  wire [9:0] \$492 ;
-  wire [13:0] \$493 ;
+  wire \$490 ;
+  wire [9:0] \$491 ;
+  wire \$492 ;
+  wire [9:0] \$493 ;
   wire [13:0] \$494 ;
-  wire [15:0] \$495 ;
-  wire [16:0] \$496 ;
-  wire \$497 ;
+  wire [13:0] \$495 ;
+  wire [15:0] \$496 ;
+  wire [16:0] \$497 ;
   wire \$498 ;
-  wire [15:0] \$499 ;
+  wire \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire [13:0] \$500 ;
+  wire [15:0] \$500 ;
   wire [13:0] \$501 ;
-  wire [15:0] \$502 ;
-  wire [16:0] \$503 ;
-  wire [17:0] \$504 ;
-  wire \$505 ;
+  wire [13:0] \$502 ;
+  wire [15:0] \$503 ;
+  wire [16:0] \$504 ;
+  wire [17:0] \$505 ;
   wire \$506 ;
-  wire [32:0] \$507 ;
+  wire \$507 ;
   wire [32:0] \$508 ;
   wire [32:0] \$509 ;
   wire \$51 ;
@@ -472,67 +472,67 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [32:0] \$511 ;
   wire [32:0] \$512 ;
   wire [32:0] \$513 ;
-  wire \$514 ;
-  wire [9:0] \$515 ;
-  wire \$516 ;
-  wire [15:0] \$517 ;
-  wire \$518 ;
-  wire [13:0] \$519 ;
+  wire [32:0] \$514 ;
+  wire \$515 ;
+  wire [9:0] \$516 ;
+  wire \$517 ;
+  wire [15:0] \$518 ;
+  wire \$519 ;
   wire \$52 ;
-  wire [9:0] \$520 ;
-  wire \$521 ;
-  wire [15:0] \$522 ;
-  wire \$523 ;
-  wire [13:0] \$524 ;
-  wire [9:0] \$525 ;
-  wire \$526 ;
-  wire [15:0] \$527 ;
-  wire [16:0] \$528 ;
-  wire [17:0] \$529 ;
+  wire [13:0] \$520 ;
+  wire [9:0] \$521 ;
+  wire \$522 ;
+  wire [15:0] \$523 ;
+  wire \$524 ;
+  wire [13:0] \$525 ;
+  wire [9:0] \$526 ;
+  wire \$527 ;
+  wire [15:0] \$528 ;
+  wire [16:0] \$529 ;
   wire \$53 ;
   wire [17:0] \$530 ;
-  wire \$531 ;
-  wire [13:0] \$532 ;
-  wire [9:0] \$533 ;
-  wire \$534 ;
-  wire [15:0] \$535 ;
-  wire [16:0] \$536 ;
-  wire [17:0] \$537 ;
+  wire [17:0] \$531 ;
+  wire \$532 ;
+  wire [13:0] \$533 ;
+  wire [9:0] \$534 ;
+  wire \$535 ;
+  wire [15:0] \$536 ;
+  wire [16:0] \$537 ;
   wire [17:0] \$538 ;
-  wire \$539 ;
+  wire [17:0] \$539 ;
   wire \$54 ;
-  wire [13:0] \$540 ;
-  wire [16:0] \$541 ;
-  wire [17:0] \$542 ;
+  wire \$540 ;
+  wire [13:0] \$541 ;
+  wire [16:0] \$542 ;
   wire [17:0] \$543 ;
-  wire \$544 ;
-  wire [13:0] \$545 ;
-  wire [9:0] \$546 ;
-  wire \$547 ;
-  wire [15:0] \$548 ;
-  wire \$549 ;
+  wire [17:0] \$544 ;
+  wire \$545 ;
+  wire [13:0] \$546 ;
+  wire [9:0] \$547 ;
+  wire \$548 ;
+  wire [15:0] \$549 ;
   wire \$55 ;
-  wire [13:0] \$550 ;
-  wire \$551 ;
-  wire [13:0] \$552 ;
-  wire \$553 ;
-  wire [13:0] \$554 ;
-  wire [9:0] \$555 ;
-  wire \$556 ;
-  wire [15:0] \$557 ;
-  wire [9:0] \$558 ;
-  wire \$559 ;
+  wire \$550 ;
+  wire [13:0] \$551 ;
+  wire \$552 ;
+  wire [13:0] \$553 ;
+  wire \$554 ;
+  wire [13:0] \$555 ;
+  wire [9:0] \$556 ;
+  wire \$557 ;
+  wire [15:0] \$558 ;
+  wire [9:0] \$559 ;
   wire \$56 ;
-  wire [3:0] \$560 ;
-  wire \$561 ;
+  wire \$560 ;
+  wire [3:0] \$561 ;
   wire \$562 ;
   wire \$563 ;
   wire \$564 ;
   wire \$565 ;
   wire \$566 ;
   wire \$567 ;
-  wire [2:0] \$568 ;
-  wire \$569 ;
+  wire \$568 ;
+  wire [2:0] \$569 ;
   wire \$57 ;
   wire \$570 ;
   wire \$571 ;
@@ -546,62 +546,62 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$579 ;
   wire \$58 ;
   wire \$580 ;
-  wire [32:0] \$581 ;
-  wire [9:0] \$582 ;
-  wire \$583 ;
+  wire \$581 ;
+  wire [32:0] \$582 ;
+  wire [9:0] \$583 ;
   wire \$584 ;
   wire \$585 ;
-  wire [9:0] \$586 ;
-  wire \$587 ;
-  wire [12:0] \$588 ;
-  wire [13:0] \$589 ;
+  wire \$586 ;
+  wire [9:0] \$587 ;
+  wire \$588 ;
+  wire [12:0] \$589 ;
   wire \$59 ;
-  wire [12:0] \$590 ;
-  wire [13:0] \$591 ;
-  wire [14:0] \$592 ;
-  wire \$593 ;
-  wire [14:0] \$594 ;
-  wire \$595 ;
+  wire [13:0] \$590 ;
+  wire [12:0] \$591 ;
+  wire [13:0] \$592 ;
+  wire [14:0] \$593 ;
+  wire \$594 ;
+  wire [14:0] \$595 ;
   wire \$596 ;
   wire \$597 ;
-  wire [13:0] \$598 ;
-  wire [32:0] \$599 ;
+  wire \$598 ;
+  wire [13:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire \$600 ;
-  wire [13:0] \$601 ;
-  wire [32:0] \$602 ;
-  wire \$603 ;
+  wire [32:0] \$600 ;
+  wire \$601 ;
+  wire [13:0] \$602 ;
+  wire [32:0] \$603 ;
   wire \$604 ;
   wire \$605 ;
-  wire [14:0] \$606 ;
-  wire [3:0] \$607 ;
+  wire \$606 ;
+  wire [14:0] \$607 ;
   wire [3:0] \$608 ;
-  wire \$609 ;
+  wire [3:0] \$609 ;
   wire \$61 ;
   wire \$610 ;
-  wire [1:0] \$611 ;
-  wire [2:0] \$612 ;
-  wire \$613 ;
+  wire \$611 ;
+  wire [1:0] \$612 ;
+  wire [2:0] \$613 ;
   wire \$614 ;
   wire \$615 ;
   wire \$616 ;
   wire \$617 ;
   wire \$618 ;
-  wire [13:0] \$619 ;
+  wire \$619 ;
   wire \$62 ;
-  wire [32:0] \$620 ;
-  wire \$621 ;
+  wire [13:0] \$620 ;
+  wire [32:0] \$621 ;
   wire \$622 ;
   wire \$623 ;
   wire \$624 ;
   wire \$625 ;
   wire \$626 ;
   wire \$627 ;
-  wire [14:0] \$628 ;
-  wire [3:0] \$629 ;
+  wire \$628 ;
+  wire [14:0] \$629 ;
   wire \$63 ;
-  wire \$630 ;
+  wire [3:0] \$630 ;
   wire \$631 ;
   wire \$632 ;
   wire \$633 ;
@@ -619,28 +619,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$644 ;
   wire \$645 ;
   wire \$646 ;
-  wire [13:0] \$647 ;
-  wire [32:0] \$648 ;
-  wire [4:0] \$649 ;
+  wire \$647 ;
+  wire [13:0] \$648 ;
+  wire [32:0] \$649 ;
   wire \$65 ;
-  wire \$650 ;
+  wire [4:0] \$650 ;
   wire \$651 ;
   wire \$652 ;
   wire \$653 ;
   wire \$654 ;
   wire \$655 ;
   wire \$656 ;
-  wire [1:0] \$657 ;
-  wire [4:0] \$658 ;
-  wire [12:0] \$659 ;
+  wire \$657 ;
+  wire [1:0] \$658 ;
+  wire [4:0] \$659 ;
   wire \$66 ;
-  wire \$660 ;
+  wire [12:0] \$660 ;
   wire \$661 ;
   wire \$662 ;
-  wire [14:0] \$663 ;
-  wire [13:0] \$664 ;
-  wire [14:0] \$665 ;
-  wire \$666 ;
+  wire \$663 ;
+  wire [14:0] \$664 ;
+  wire [13:0] \$665 ;
+  wire [14:0] \$666 ;
   wire \$667 ;
   wire \$668 ;
   wire \$669 ;
@@ -649,123 +649,123 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$671 ;
   wire \$672 ;
   wire \$673 ;
-  wire [14:0] \$674 ;
-  wire [13:0] \$675 ;
-  wire [2:0] \$676 ;
-  wire \$677 ;
+  wire \$674 ;
+  wire [14:0] \$675 ;
+  wire [13:0] \$676 ;
+  wire [2:0] \$677 ;
   wire \$678 ;
-  wire [14:0] \$679 ;
+  wire \$679 ;
   wire \$68 ;
   wire [14:0] \$680 ;
-  wire \$681 ;
-  wire [14:0] \$682 ;
-  wire \$683 ;
-  wire [14:0] \$684 ;
-  wire [2:0] \$685 ;
-  wire [4:0] \$686 ;
+  wire [14:0] \$681 ;
+  wire \$682 ;
+  wire [14:0] \$683 ;
+  wire \$684 ;
+  wire [14:0] \$685 ;
+  wire [2:0] \$686 ;
   wire [4:0] \$687 ;
-  wire \$688 ;
-  wire [13:0] \$689 ;
+  wire [4:0] \$688 ;
+  wire \$689 ;
   wire \$69 ;
-  wire [32:0] \$690 ;
-  wire \$691 ;
-  wire [32:0] \$692 ;
-  wire [4:0] \$693 ;
-  wire \$694 ;
+  wire [13:0] \$690 ;
+  wire [32:0] \$691 ;
+  wire \$692 ;
+  wire [32:0] \$693 ;
+  wire [4:0] \$694 ;
   wire \$695 ;
-  wire [13:0] \$696 ;
+  wire \$696 ;
   wire [13:0] \$697 ;
-  wire [32:0] \$698 ;
-  wire \$699 ;
+  wire [13:0] \$698 ;
+  wire [32:0] \$699 ;
   wire [20:0] \$7 ;
   wire \$70 ;
-  wire [13:0] \$700 ;
-  wire [32:0] \$701 ;
-  wire \$702 ;
+  wire \$700 ;
+  wire [13:0] \$701 ;
+  wire [32:0] \$702 ;
   wire \$703 ;
   wire \$704 ;
   wire \$705 ;
   wire \$706 ;
-  wire [15:0] \$707 ;
-  wire \$708 ;
-  wire [13:0] \$709 ;
+  wire \$707 ;
+  wire [15:0] \$708 ;
+  wire \$709 ;
   wire \$71 ;
-  wire [14:0] \$710 ;
-  wire [15:0] \$711 ;
-  wire \$712 ;
+  wire [13:0] \$710 ;
+  wire [14:0] \$711 ;
+  wire [15:0] \$712 ;
   wire \$713 ;
-  wire [16:0] \$714 ;
-  wire [14:0] \$715 ;
-  wire \$716 ;
+  wire \$714 ;
+  wire [16:0] \$715 ;
+  wire [14:0] \$716 ;
   wire \$717 ;
   wire \$718 ;
   wire \$719 ;
   wire \$72 ;
   wire \$720 ;
-  reg [31:0] \$721 ;
+  wire \$721 ;
   reg [31:0] \$722 ;
-  reg [19:0] \$723 ;
-  reg [13:0] \$724 ;
+  reg [31:0] \$723 ;
+  reg [19:0] \$724 ;
   reg [13:0] \$725 ;
-  reg [15:0] \$726 ;
-  reg [13:0] \$727 ;
+  reg [13:0] \$726 ;
+  reg [15:0] \$727 ;
   reg [13:0] \$728 ;
-  reg [15:0] \$729 ;
+  reg [13:0] \$729 ;
   wire \$73 ;
-  reg [13:0] \$730 ;
+  reg [15:0] \$730 ;
   reg [13:0] \$731 ;
-  reg [15:0] \$732 ;
-  reg [13:0] \$733 ;
+  reg [13:0] \$732 ;
+  reg [15:0] \$733 ;
   reg [13:0] \$734 ;
-  reg [15:0] \$735 ;
-  reg [13:0] \$736 ;
+  reg [13:0] \$735 ;
+  reg [15:0] \$736 ;
   reg [13:0] \$737 ;
-  reg [15:0] \$738 ;
-  reg [32:0] \$739 ;
+  reg [13:0] \$738 ;
+  reg [15:0] \$739 ;
   wire \$74 ;
   reg [32:0] \$740 ;
-  reg [15:0] \$741 ;
-  reg \$742 ;
+  reg [32:0] \$741 ;
+  reg [15:0] \$742 ;
   reg \$743 ;
   reg \$744 ;
-  reg [7:0] \$745 ;
-  reg \$746 ;
+  reg \$745 ;
+  reg [7:0] \$746 ;
   reg \$747 ;
-  reg [31:0] \$748 ;
+  reg \$748 ;
   reg [31:0] \$749 ;
   wire \$75 ;
-  reg \$750 ;
+  reg [31:0] \$750 ;
   reg \$751 ;
-  reg [13:0] \$752 ;
-  reg [12:0] \$753 ;
+  reg \$752 ;
+  reg [13:0] \$753 ;
   reg [12:0] \$754 ;
-  reg [13:0] \$755 ;
-  reg [12:0] \$756 ;
+  reg [12:0] \$755 ;
+  reg [13:0] \$756 ;
   reg [12:0] \$757 ;
-  reg [13:0] \$758 ;
-  reg [12:0] \$759 ;
+  reg [12:0] \$758 ;
+  reg [13:0] \$759 ;
   wire \$76 ;
   reg [12:0] \$760 ;
-  reg \$761 ;
+  reg [12:0] \$761 ;
   reg \$762 ;
   reg [1:0] \$763 ;
-  reg [2:0] \$764 ;
-  reg [12:0] \$765 ;
-  reg [31:0] \$766 ;
-  reg \$767 ;
-  reg [6:0] \$768 ;
-  reg [12:0] \$769 ;
+  reg \$764 ;
+  reg [1:0] \$765 ;
+  reg [2:0] \$766 ;
+  reg [12:0] \$767 ;
+  reg [31:0] \$768 ;
+  reg \$769 ;
   wire \$77 ;
-  reg [14:0] \$770 ;
-  reg \$771 ;
-  reg [1:0] \$772 ;
-  reg [12:0] \$773 ;
-  reg \$774 ;
-  reg [8:0] \$775 ;
-  reg [12:0] \$776 ;
-  reg [14:0] \$777 ;
-  reg [31:0] \$778 ;
-  reg [31:0] \$779 ;
+  reg [6:0] \$770 ;
+  reg [12:0] \$771 ;
+  reg [14:0] \$772 ;
+  reg \$773 ;
+  reg [1:0] \$774 ;
+  reg [12:0] \$775 ;
+  reg \$776 ;
+  reg [8:0] \$777 ;
+  reg [12:0] \$778 ;
+  reg [14:0] \$779 ;
   wire \$78 ;
   reg [31:0] \$780 ;
   reg [31:0] \$781 ;
@@ -774,89 +774,91 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] \$784 ;
   reg [31:0] \$785 ;
   reg [31:0] \$786 ;
-  reg \$787 ;
-  reg \$788 ;
-  reg [7:0] \$789 ;
+  reg [31:0] \$787 ;
+  reg [31:0] \$788 ;
+  reg \$789 ;
   wire \$79 ;
-  reg [12:0] \$790 ;
-  reg [31:0] \$791 ;
-  reg \$792 ;
-  reg \$793 ;
+  reg \$790 ;
+  reg [7:0] \$791 ;
+  reg [12:0] \$792 ;
+  reg [31:0] \$793 ;
   reg \$794 ;
-  reg [4:0] \$795 ;
-  reg [7:0] \$796 ;
-  reg [5:0] \$797 ;
-  reg [255:0] \$798 ;
-  reg \$799 ;
+  reg \$795 ;
+  reg \$796 ;
+  reg [4:0] \$797 ;
+  reg [7:0] \$798 ;
+  reg [5:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg [1:0] \$800 ;
-  reg [5:0] \$801 ;
-  reg [31:0] \$802 ;
+  reg [255:0] \$800 ;
+  reg \$801 ;
+  reg [1:0] \$802 ;
   reg [5:0] \$803 ;
-  reg [13:0] \$804 ;
-  reg [13:0] \$805 ;
+  reg [31:0] \$804 ;
+  reg [5:0] \$805 ;
   reg [13:0] \$806 ;
-  reg [12:0] \$807 ;
-  reg [12:0] \$808 ;
+  reg [13:0] \$807 ;
+  reg [13:0] \$808 ;
   reg [12:0] \$809 ;
   wire \$81 ;
   reg [12:0] \$810 ;
   reg [12:0] \$811 ;
   reg [12:0] \$812 ;
-  reg [13:0] \$813 ;
-  reg [13:0] \$814 ;
-  reg \$815 ;
-  reg [2:0] \$816 ;
-  reg [13:0] \$817 ;
-  reg \$818 ;
-  reg [2:0] \$819 ;
+  reg [12:0] \$813 ;
+  reg [12:0] \$814 ;
+  reg [13:0] \$815 ;
+  reg [13:0] \$816 ;
+  reg \$817 ;
+  reg [2:0] \$818 ;
+  reg [13:0] \$819 ;
   wire \$82 ;
-  reg [13:0] \$820 ;
-  reg \$821 ;
-  reg [35:0] \$822 ;
-  reg [3:0] \$823 ;
-  reg [12:0] \$824 ;
-  reg [12:0] \$825 ;
-  reg [15:0] \$826 ;
+  reg \$820 ;
+  reg [2:0] \$821 ;
+  reg [13:0] \$822 ;
+  reg \$823 ;
+  reg [35:0] \$824 ;
+  reg [3:0] \$825 ;
+  reg [12:0] \$826 ;
   reg [12:0] \$827 ;
-  reg [12:0] \$828 ;
-  reg [13:0] \$829 ;
+  reg [15:0] \$828 ;
+  reg [12:0] \$829 ;
   wire \$83 ;
-  reg [31:0] \$830 ;
-  reg [1:0] \$831 ;
-  reg [13:0] \$832 ;
-  reg [3:0] \$833 ;
-  reg \$834 ;
-  reg \$835 ;
-  reg [12:0] \$836 ;
-  reg [12:0] \$837 ;
-  reg \$838 ;
-  reg \$839 ;
+  reg [12:0] \$830 ;
+  reg [13:0] \$831 ;
+  reg [31:0] \$832 ;
+  reg [1:0] \$833 ;
+  reg [13:0] \$834 ;
+  reg [3:0] \$835 ;
+  reg \$836 ;
+  reg \$837 ;
+  reg [12:0] \$838 ;
+  reg [12:0] \$839 ;
   wire \$84 ;
-  reg [13:0] \$840 ;
-  reg [1:0] \$841 ;
-  reg \$842 ;
-  reg \$843 ;
+  reg \$840 ;
+  reg \$841 ;
+  reg [13:0] \$842 ;
+  reg [1:0] \$843 ;
   reg \$844 ;
-  reg [12:0] \$845 ;
-  reg [19:0] \$846 ;
-  reg [13:0] \$847 ;
-  reg [13:0] \$848 ;
-  reg [1:0] \$849 ;
+  reg \$845 ;
+  reg \$846 ;
+  reg [12:0] \$847 ;
+  reg [19:0] \$848 ;
+  reg [13:0] \$849 ;
   wire \$85 ;
   reg [13:0] \$850 ;
-  reg [13:0] \$851 ;
-  reg [3:0] \$852 ;
-  reg [3:0] \$853 ;
-  reg [15:0] \$854 ;
-  reg [13:0] \$855 ;
-  reg [14:0] \$856 ;
-  reg \$857 ;
-  reg [12:0] \$858 ;
-  wire [5:0] \$859 ;
+  reg [1:0] \$851 ;
+  reg [13:0] \$852 ;
+  reg [13:0] \$853 ;
+  reg [3:0] \$854 ;
+  reg [3:0] \$855 ;
+  reg [15:0] \$856 ;
+  reg [13:0] \$857 ;
+  reg [14:0] \$858 ;
+  reg \$859 ;
   wire \$86 ;
-  wire [5:0] \$860 ;
+  reg [12:0] \$860 ;
+  wire [5:0] \$861 ;
+  wire [5:0] \$862 ;
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
@@ -897,76 +899,76 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   (* init = 32'd0 *)
   wire [31:0] \$signal$166 ;
   reg \$signal$171  = 1'h0;
-  wire [31:0] \$signal$178 ;
-  reg [5:0] \$signal$179  = 6'h00;
-  wire [31:0] \$signal$181 ;
-  reg \$signal$184 ;
+  wire [31:0] \$signal$179 ;
+  reg [5:0] \$signal$180  = 6'h00;
+  wire [31:0] \$signal$182 ;
+  reg \$signal$185 ;
   (* init = 1'h0 *)
-  wire \$signal$203 ;
-  reg [14:0] \$signal$216  = 15'h0000;
-  reg [12:0] \$signal$217  = 13'h0000;
-  reg [12:0] \$signal$220  = 13'h0000;
-  reg [3:0] \$signal$246  = 4'h0;
-  reg [13:0] \$signal$247  = 14'h0000;
-  reg \$signal$250  = 1'h0;
-  reg [13:0] \$signal$251  = 14'h0000;
-  reg [31:0] \$signal$252  = 32'd0;
-  reg [2:0] \$signal$253  = 3'h0;
-  reg \$signal$254  = 1'h0;
-  reg [2:0] \$signal$255  = 3'h0;
-  reg [13:0] \$signal$256  = 14'h0000;
-  reg \$signal$257  = 1'h0;
-  reg [3:0] \$signal$259  = 4'h0;
-  reg \$signal$264  = 1'h0;
+  wire \$signal$204 ;
+  reg [14:0] \$signal$217  = 15'h0000;
+  reg [12:0] \$signal$218  = 13'h0000;
+  reg [12:0] \$signal$221  = 13'h0000;
+  reg [3:0] \$signal$247  = 4'h0;
+  reg [13:0] \$signal$248  = 14'h0000;
+  reg \$signal$251  = 1'h0;
+  reg [13:0] \$signal$252  = 14'h0000;
+  reg [31:0] \$signal$253  = 32'd0;
+  reg [2:0] \$signal$254  = 3'h0;
+  reg \$signal$255  = 1'h0;
+  reg [2:0] \$signal$256  = 3'h0;
+  reg [13:0] \$signal$257  = 14'h0000;
+  reg \$signal$258  = 1'h0;
+  reg [3:0] \$signal$260  = 4'h0;
   reg \$signal$265  = 1'h0;
-  reg [12:0] \$signal$267  = 13'h0000;
-  reg [3:0] \$signal$268  = 4'h0;
-  reg \$signal$273  = 1'h0;
-  reg [12:0] \$signal$275  = 13'h0000;
-  reg [19:0] \$signal$277  = 20'h00000;
-  wire [2:0] \$signal$277.index ;
-  wire \$signal$277.last ;
-  wire [15:0] \$signal$277.weight ;
-  reg [13:0] \$signal$278  = 14'h0000;
-  reg [31:0] \$signal$279  = 32'd0;
-  reg [12:0] \$signal$280  = 13'h0000;
-  reg [13:0] \$signal$281  = 14'h0000;
+  reg \$signal$266  = 1'h0;
+  reg [12:0] \$signal$268  = 13'h0000;
+  reg [3:0] \$signal$269  = 4'h0;
+  reg \$signal$274  = 1'h0;
+  reg [12:0] \$signal$276  = 13'h0000;
+  reg [19:0] \$signal$278  = 20'h00000;
+  wire [2:0] \$signal$278.index ;
+  wire \$signal$278.last ;
+  wire [15:0] \$signal$278.weight ;
+  reg [13:0] \$signal$279  = 14'h0000;
+  reg [31:0] \$signal$280  = 32'd0;
+  reg [12:0] \$signal$281  = 13'h0000;
   reg [13:0] \$signal$282  = 14'h0000;
-  reg [12:0] \$signal$283  = 13'h0000;
-  reg [13:0] \$signal$284  = 14'h0000;
-  reg [3:0] \$signal$285  = 4'h0;
-  reg [15:0] \$signal$286  = 16'h0000;
-  reg [14:0] \$signal$287  = 15'h0000;
-  reg [12:0] \$signal$288  = 13'h0000;
-  reg \$signal$289  = 1'h0;
-  reg [12:0] \$signal$290  = 13'h0000;
-  reg \$signal$300  = 1'h0;
-  reg \$signal$302  = 1'h0;
-  reg [12:0] \$signal$309  = 13'h0000;
-  reg [12:0] \$signal$311  = 13'h0000;
-  reg [12:0] \$signal$314  = 13'h0000;
-  reg [12:0] \$signal$316  = 13'h0000;
-  reg \$signal$319  = 1'h0;
-  reg [6:0] \$signal$322  = 7'h00;
-  reg [14:0] \$signal$324  = 15'h0000;
-  reg [8:0] \$signal$325  = 9'h000;
-  reg [13:0] \$signal$331  = 14'h0000;
-  reg [1:0] \$signal$336  = 2'h0;
-  reg [13:0] \$signal$339  = 14'h0000;
-  reg \$signal$340  = 1'h0;
-  reg [13:0] \$signal$341  = 14'h0000;
-  wire [-1:0] \$signal$342 ;
-  reg \$signal$343  = 1'h0;
-  reg [1:0] \$signal$347  = 2'h0;
+  reg [13:0] \$signal$283  = 14'h0000;
+  reg [12:0] \$signal$284  = 13'h0000;
+  reg [13:0] \$signal$285  = 14'h0000;
+  reg [3:0] \$signal$286  = 4'h0;
+  reg [15:0] \$signal$287  = 16'h0000;
+  reg [14:0] \$signal$288  = 15'h0000;
+  reg [12:0] \$signal$289  = 13'h0000;
+  reg \$signal$290  = 1'h0;
+  reg [12:0] \$signal$291  = 13'h0000;
+  reg \$signal$301  = 1'h0;
+  reg \$signal$303  = 1'h0;
+  reg [12:0] \$signal$310  = 13'h0000;
+  reg [12:0] \$signal$312  = 13'h0000;
+  reg [12:0] \$signal$315  = 13'h0000;
+  reg [12:0] \$signal$317  = 13'h0000;
+  reg \$signal$320  = 1'h0;
+  reg [6:0] \$signal$323  = 7'h00;
+  reg [14:0] \$signal$325  = 15'h0000;
+  reg [8:0] \$signal$326  = 9'h000;
+  reg [13:0] \$signal$332  = 14'h0000;
+  reg [1:0] \$signal$337  = 2'h0;
+  reg [13:0] \$signal$340  = 14'h0000;
+  reg \$signal$341  = 1'h0;
+  reg [13:0] \$signal$342  = 14'h0000;
+  wire [-1:0] \$signal$343 ;
+  reg \$signal$344  = 1'h0;
+  reg [1:0] \$signal$348  = 2'h0;
   reg [12:0] \$signature__addr ;
   reg [12:0] \$signature__addr$154 ;
-  reg [5:0] \$signature__addr$233 ;
+  reg [5:0] \$signature__addr$234 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$301 ;
-  wire [255:0] \$signature__data$330 ;
+  wire [31:0] \$signature__data$302 ;
+  wire [255:0] \$signature__data$331 ;
   reg \$signature__en ;
   reg \$signature__en$160 ;
-  reg \$signature__en$234 ;
+  reg \$signature__en$235 ;
   reg [31:0] a_in__payload = 32'd0;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -1076,7 +1078,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$334 ;
+  wire \error$335 ;
   reg exp_active = 1'h0;
   reg [1:0] gc_lane = 2'h0;
   reg gc_last = 1'h0;
@@ -1107,13 +1109,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \i__payload$170.last ;
   wire [31:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$188 ;
-  wire \i__ready$192 ;
-  wire \i__ready$196 ;
+  wire \i__ready$189 ;
+  wire \i__ready$193 ;
+  wire \i__ready$197 ;
   reg i__valid;
-  reg \i__valid$187 ;
-  reg \i__valid$191 ;
-  reg \i__valid$195 ;
+  reg \i__valid$188 ;
+  reg \i__valid$192 ;
+  reg \i__valid$196 ;
   reg [13:0] idx0 = 14'h0000;
   reg [13:0] idx1 = 14'h0000;
   reg [13:0] idx2 = 14'h0000;
@@ -1220,31 +1222,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [15:0] mult;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$194 ;
-  wire [15:0] \o__payload$194[0] ;
-  wire [15:0] \o__payload$198 ;
-  wire [31:0] \o__payload$206 ;
-  wire [31:0] \o__payload$206[0] ;
+  wire [15:0] \o__payload$195 ;
+  wire [15:0] \o__payload$195[0] ;
+  wire [15:0] \o__payload$199 ;
+  wire [31:0] \o__payload$207 ;
+  wire [31:0] \o__payload$207[0] ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$175 ;
   wire \o__ready$176 ;
   wire \o__ready$177 ;
+  wire \o__ready$178 ;
   wire o__valid;
-  wire \o__valid$189 ;
-  wire \o__valid$193 ;
-  wire \o__valid$197 ;
+  wire \o__valid$190 ;
+  wire \o__valid$194 ;
+  wire \o__valid$198 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
   (* enum_value_10 = "NORM" *)
-  wire [1:0] op;
+  reg [1:0] op = 2'h0;
   reg [31:0] out_data;
   reg [12:0] pc = 13'h0000;
   reg ph2 = 1'h0;
   reg [31:0] rd1_q = 32'd0;
   wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$227 ;
+  wire [31:0] \rd_addr$228 ;
   wire [23:0] rd_beats;
   wire rd_busy;
   reg [31:0] rd_data;
@@ -1327,12 +1329,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [31:0] status;
   reg [7:0] stop_code = 8'h00;
   reg unit_rst;
+  (* enum_base_type = "VecOp" *)
+  (* enum_value_00 = "ADD" *)
+  (* enum_value_01 = "COMBINE" *)
+  (* enum_value_10 = "NORM" *)
+  (* init = 2'h0 *)
+  wire [1:0] vec_op;
   reg [13:0] wc;
   reg [12:0] wr__addr;
   reg [31:0] wr__data;
   reg wr__en;
   wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$229 ;
+  wire [31:0] \wr_addr$230 ;
   wire [23:0] wr_beats;
   wire wr_busy;
   wire [31:0] wr_data;
@@ -1430,11 +1438,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   reg [255:0] _0_;
   always @(posedge clk) begin
-    if (\$signature__en$234 ) begin
-      _0_ <= imem[\$signature__addr$233 ];
+    if (\$signature__en$235 ) begin
+      _0_ <= imem[\$signature__addr$234 ];
     end
   end
-  assign \$signature__data$330  = _0_;
+  assign \$signature__data$331  = _0_;
   reg [31:0] spad [8191:0];
   initial begin
     spad[0] = 32'd0;
@@ -9644,8 +9652,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       _2_ <= spad[\$signature__addr ];
     end
   end
-  assign \$signature__data$301  = _1_;
+  assign \$signature__data$302  = _1_;
   assign \$signature__data  = _2_;
+  assign \$133  = \$131  & \$132 ;
   assign \$135  = | \$134 ;
   assign \$136  = ins[5:0] == 4'ha;
   assign \$137  = \$135  | \$136 ;
@@ -9692,782 +9701,784 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$178  = \$175  | \$177 ;
   assign \$179  = ins[5:0] == 4'hc;
   assign \$180  = \$179  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
-  assign \$181  = ins[5:0] == 4'hd;
-  assign \$182  = ins[5:0] == 4'hc;
-  assign \$183  = \$182  ? 2'h1 : 2'h0;
-  assign op = \$181  ? 2'h2 : \$183 ;
-  assign \$184  = \$signal$179  > 1'h1;
-  assign \$185  = \$signal$179  > 2'h2;
-  assign \$186  = \$signal$179  > 2'h3;
-  assign \$187  = \$signal$179  > 3'h4;
-  assign \$188  = \$signal$179  > 3'h5;
-  assign \$189  = \$signal$179  > 3'h6;
-  assign \$190  = \$signal$179  > 3'h7;
-  assign \$191  = \$signal$179  > 4'h8;
-  assign \$192  = \$signal$179  > 4'h9;
-  assign \$193  = \$signal$179  > 4'ha;
-  assign \$194  = \$signal$179  > 4'hb;
-  assign \$195  = \$signal$179  > 4'hc;
-  assign \$196  = \$signal$179  > 4'hd;
-  assign \$197  = \$signal$179  > 4'he;
-  assign \$198  = \$signal$179  > 4'hf;
-  assign \$199  = \$signal$179  > 5'h10;
-  assign \$200  = \$signal$179  > 5'h11;
-  assign \$201  = \$signal$179  > 5'h12;
-  assign \$202  = \$signal$179  > 5'h13;
-  assign \$203  = \$signal$179  > 5'h14;
-  assign \$204  = \$signal$179  > 5'h15;
-  assign \$205  = \$signal$179  > 5'h16;
-  assign \$206  = \$signal$179  > 5'h17;
-  assign \$207  = \$signal$179  > 5'h18;
-  assign \$208  = \$signal$179  > 5'h19;
-  assign \$209  = \$signal$179  > 5'h1a;
-  assign \$210  = \$signal$179  > 5'h1b;
-  assign \$211  = \$signal$179  > 5'h1c;
-  assign \$212  = \$signal$179  > 5'h1d;
-  assign \$213  = \$signal$179  > 5'h1e;
-  assign \$214  = \$signal$179  > 5'h1f;
-  assign \$215  = $signed(\$signal$181 ) > $signed({ 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184  });
-  assign \$216  = ~ { 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184  };
-  assign \$217  = $signed(\$signal$181 ) < $signed(\$216 );
-  assign \$218  = ~ { 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184  };
-  assign \$219  = \$217  ? \$218  : \$signal$181 ;
-  assign rq_sat = \$215  ? { 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184  } : \$219 ;
-  assign \$220  = | \$signal$179 ;
-  assign \$221  = \$220  ? \$signal$162  : 32'd1;
-  assign \$222  = | \$signal$179 ;
-  assign \$223  = \$222  ? shift : 6'h00;
-  assign \$224  = ins[5:0] == 2'h3;
-  assign \$1092  = gc_lane * 6'h20;
-  assign \$225  = c_out__payload >> \$1092 ;
-  assign \$signal$181  = \$224  ? \$225  : \o__payload$206 ;
-  assign \$226  = ~ a_in__valid;
-  assign \$227  = ~ gm_afeed_done;
-  assign \$228  = \$226  & \$227 ;
-  assign \$229  = gm_lane == 3'h4;
-  assign \$230  = \$signal$216  + gm_lane;
-  assign \$231  = \$230  >= m_eff[13:0];
-  assign \$232  = \$229  | \$231 ;
-  assign \$233  = ~ \$232 ;
-  assign \$234  = \$228  & \$233 ;
-  assign \$235  = | \$signal$179 ;
-  assign \$1106  = gc_lane * 6'h20;
-  assign \$236  = c_out__payload >> \$1106 ;
-  assign \$237  = \$235  ? rq_sat : \$236 ;
-  assign \$238  = pc >= 7'h40;
-  assign \$239  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$240  = ins[5:0] == 4'hc;
-  assign \$241  = ~ ph2;
-  assign \$242  = \$240  & \$241 ;
-  assign \$243  = ! ins[5:0];
-  assign \$244  = settle != 2'h2;
-  assign \$245  = | decode_q;
-  assign \$247  = ins[100:88] + \$246 ;
-  assign \$249  = ins[100:88] + \$248 ;
-  assign \$250  = \$249  + 1'h1;
-  assign \$251  = ins[124:112] + \$signal$247 ;
-  assign \$252  = ~ \$signal$250 ;
-  assign \$253  = \$signal$251  < l0_acc;
-  assign \$254  = ins[124:112] + \$signal$251 ;
-  assign \$255  = ins[243:238] == 1'h1;
-  assign \$1128  = \$signal$253  * 4'h8;
-  assign \$256  = \$signal$252  >> \$1128 ;
-  assign \$257  = ins[243:238] == 2'h2;
-  assign \$1132  = \$signal$253  * 5'h10;
-  assign \$258  = \$signal$252  >> \$1132 ;
-  assign \$1135  = \$signal$253  * 6'h20;
-  assign \$259  = \$signal$252  >> \$1135 ;
-  assign \$260  = \$257  ? { \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258 [15], \$258  } : \$259 ;
-  assign \$261  = \$255  ? { \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256 [7], \$256  } : \$260 ;
-  assign \$262  = ~ \$signal$254 ;
-  assign \$263  = \$signal$255  < 1'h1;
-  assign \$264  = \$262  & \$263 ;
-  assign \$265  = \$signal$256  < l0_acc;
-  assign \$266  = \$264  & \$265 ;
-  assign \$267  = ~ \$signal$257 ;
-  assign \$268  = \$266  & \$267 ;
-  assign \$269  = ins[76:64] + \$signal$256 ;
-  assign \$270  = ins[100:88] + \$signal$259 ;
-  assign \$271  = | \$signal$259 ;
-  assign \$272  = \$signal$259  - 1'h1;
-  assign \$273  = ~ \$signal$264 ;
-  assign \$274  = ~ \$signal$265 ;
-  assign \$275  = \$273  & \$274 ;
-  assign \$276  = rt_lane < 1'h1;
-  assign \$277  = \$275  & \$276 ;
-  assign \$278  = \$signal$267  + \$signal$268 ;
-  assign \$279  = ~ \$signal$273 ;
-  assign \$280  = ~ rt_wphase;
-  assign \$281  = \$signal$273  & \$280 ;
-  assign \$282  = \$signal$275  + rt_s;
-  assign \$283  = \$signal$273  & rt_wphase;
-  assign \$284  = \$signal$275  + rt_s;
-  assign \$285  = \$284  + l1_acc[13:2];
-  assign \$286  = ins[124:112] + \$signal$278 ;
-  assign \$287  = \$signal$279  == \$signal$259 ;
-  assign \$288  = \$signal$280  + \$signal$281 ;
-  assign \$289  = \$signal$280  + l1_acc[13:2];
-  assign \$290  = \$289  + \$signal$281 ;
-  assign \$291  = \$signal$278  + 1'h1;
-  assign \$292  = \$291  < l1_acc[13:2];
-  assign \$293  = \$signal$283  + \$signal$259 ;
-  assign \$294  = \$signal$281  - \$signal$284 ;
-  assign \$295  = \$signal$283  + 4'h8;
-  assign \$296  = \$295  + \$signal$259 ;
-  assign \$297  = \$signal$285  >= 4'h8;
-  assign \$298  = ins[76:64] + \$signal$285 ;
-  assign \$299  = ins[76:64] + 4'h8;
-  assign \$300  = \$299  + \$signal$285 ;
-  assign \$301  = \$signal$286  >= \$signal$130 ;
-  assign \$302  = ins[100:88] + \$signal$141 ;
-  assign \$303  = \$302  + \$signal$286 ;
-  assign \$304  = | l2_y;
-  assign \$305  = \$signal$287  < ins[61:48];
-  assign \$306  = ins[5:0] == 4'ha;
-  assign \$307  = \$306  ? l2_acc : { 1'h0, \$signal$288  };
-  assign \$308  = ins[76:64] + \$307 ;
-  assign \$309  = \$308  + \$signal$287 ;
-  assign \$310  = ~ \$signal$108 ;
-  assign \$311  = \$signal$103  & \$310 ;
-  assign \$312  = ! ctrl_state;
-  assign \$313  = ctrl_state == 1'h1;
-  assign \$314  = ctrl_state == 2'h2;
-  assign \$315  = ctrl_state == 2'h3;
-  assign \$316  = ctrl_state == 3'h4;
-  assign \$317  = ctrl_state == 3'h5;
-  assign \$318  = ctrl_state == 3'h6;
-  assign \$319  = ctrl_state == 3'h7;
-  assign \$320  = ctrl_state == 4'h8;
-  assign \$321  = ctrl_state == 4'h9;
-  assign \$322  = ctrl_state == 4'ha;
-  assign \$323  = ctrl_state == 4'hb;
-  assign \$324  = ctrl_state == 4'hc;
-  assign \$325  = ctrl_state == 4'hd;
-  assign \$326  = ctrl_state == 4'he;
-  assign \$327  = ctrl_state == 4'hf;
-  assign \$328  = ctrl_state == 5'h10;
-  assign \$329  = ctrl_state == 5'h11;
-  assign \$330  = ctrl_state == 5'h12;
-  assign \$331  = ctrl_state == 5'h13;
-  assign \$332  = ctrl_state == 5'h14;
-  assign \$333  = ctrl_state == 5'h15;
-  assign \$334  = ctrl_state == 5'h16;
-  assign \$335  = ctrl_state == 5'h17;
-  assign \$336  = ctrl_state == 5'h18;
-  assign \$337  = ctrl_state == 5'h19;
-  assign \$338  = ctrl_state == 5'h1a;
-  assign \$339  = ctrl_state == 5'h1b;
-  assign \$340  = wr_addr == 4'hc;
-  assign \$341  = wr_en & \$340 ;
-  assign \$342  = wr_addr == 5'h10;
-  assign \$343  = wr_en & \$342 ;
-  assign \$344  = | l0_y;
-  assign \$345  = l0_acc + l0_x;
-  assign \$347  = l0_acc + l0_x;
-  assign \$348  = \$346  ? 14'h3fff : \$347 [13:0];
-  assign \$350  = l0_x[13] ? 15'h3fff : \$349 ;
-  assign \$352  = | l1_y;
-  assign \$353  = l1_acc + l1_x;
-  assign \$355  = l1_acc + l1_x;
-  assign \$356  = \$354  ? 14'h3fff : \$355 [13:0];
-  assign \$358  = l1_x[13] ? 15'h3fff : \$357 ;
-  assign \$360  = | l2_y;
-  assign \$361  = l2_acc + l2_x;
-  assign \$363  = l2_acc + l2_x;
-  assign \$364  = \$362  ? 14'h3fff : \$363 [13:0];
-  assign \$366  = l2_x[13] ? 15'h3fff : \$365 ;
-  assign \$368  = | l3_y;
-  assign \$369  = l3_acc + l3_x;
-  assign \$371  = l3_acc + l3_x;
-  assign \$372  = \$370  ? 14'h3fff : \$371 [13:0];
-  assign \$374  = l3_x[13] ? 15'h3fff : \$373 ;
-  assign \$376  = | l4_y;
-  assign \$377  = l4_acc + l4_x;
-  assign \$379  = l4_acc + l4_x;
-  assign \$380  = \$378  ? 14'h3fff : \$379 [13:0];
-  assign \$382  = l4_x[13] ? 15'h3fff : \$381 ;
-  assign \$384  = | lh_y;
-  assign \$385  = lh_acc + lh_x;
-  assign \$387  = lh_acc + lh_x;
-  assign \$388  = \$386  ? 33'h1ffffffff : \$387 [32:0];
-  assign \$390  = lh_x[32] ? 34'h1ffffffff : \$389 ;
-  assign \$392  = ! \$signal$138 ;
-  assign \$393  = ! ins[87:78];
-  assign \$394  = ins[77:64] + \$signal$138 ;
-  assign \$395  = \$394  <= 14'h2000;
-  assign \$396  = \$393  & \$395 ;
-  assign \$397  = \$392  | \$396 ;
-  assign \$398  = ! \$signal$140 ;
-  assign \$399  = ! ins[111:102];
-  assign \$400  = ins[101:88] + \$signal$140 ;
-  assign \$401  = \$400  <= 14'h2000;
-  assign \$402  = \$399  & \$401 ;
-  assign \$403  = \$398  | \$402 ;
-  assign \$404  = \$397  & \$403 ;
-  assign \$405  = ! wc;
-  assign \$406  = ! ins[135:126];
-  assign \$407  = ins[125:112] + wc;
-  assign \$408  = \$407  <= 14'h2000;
-  assign \$409  = \$406  & \$408 ;
-  assign \$410  = \$405  | \$409 ;
-  assign \$411  = \$404  & \$410 ;
-  assign \$412  = ! lh_acc[1:0];
-  assign \$413  = lh_acc >= \$signal$119 ;
-  assign \$414  = \$412  & \$413 ;
-  assign \$416  = lh_acc + \$415 ;
-  assign \$417  = \$signal$119  + host_size;
-  assign \$418  = \$416  <= \$417 ;
-  assign \$419  = \$414  & \$418 ;
+  assign \$181  = \$signal$180  > 1'h1;
+  assign \$182  = \$signal$180  > 2'h2;
+  assign \$183  = \$signal$180  > 2'h3;
+  assign \$184  = \$signal$180  > 3'h4;
+  assign \$185  = \$signal$180  > 3'h5;
+  assign \$186  = \$signal$180  > 3'h6;
+  assign \$187  = \$signal$180  > 3'h7;
+  assign \$188  = \$signal$180  > 4'h8;
+  assign \$189  = \$signal$180  > 4'h9;
+  assign \$190  = \$signal$180  > 4'ha;
+  assign \$191  = \$signal$180  > 4'hb;
+  assign \$192  = \$signal$180  > 4'hc;
+  assign \$193  = \$signal$180  > 4'hd;
+  assign \$194  = \$signal$180  > 4'he;
+  assign \$195  = \$signal$180  > 4'hf;
+  assign \$196  = \$signal$180  > 5'h10;
+  assign \$197  = \$signal$180  > 5'h11;
+  assign \$198  = \$signal$180  > 5'h12;
+  assign \$199  = \$signal$180  > 5'h13;
+  assign \$200  = \$signal$180  > 5'h14;
+  assign \$201  = \$signal$180  > 5'h15;
+  assign \$202  = \$signal$180  > 5'h16;
+  assign \$203  = \$signal$180  > 5'h17;
+  assign \$204  = \$signal$180  > 5'h18;
+  assign \$205  = \$signal$180  > 5'h19;
+  assign \$206  = \$signal$180  > 5'h1a;
+  assign \$207  = \$signal$180  > 5'h1b;
+  assign \$208  = \$signal$180  > 5'h1c;
+  assign \$209  = \$signal$180  > 5'h1d;
+  assign \$210  = \$signal$180  > 5'h1e;
+  assign \$211  = \$signal$180  > 5'h1f;
+  assign \$212  = $signed(\$signal$182 ) > $signed({ 1'h0, \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  });
+  assign \$213  = ~ { 1'h0, \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  };
+  assign \$214  = $signed(\$signal$182 ) < $signed(\$213 );
+  assign \$215  = ~ { 1'h0, \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  };
+  assign \$216  = \$214  ? \$215  : \$signal$182 ;
+  assign rq_sat = \$212  ? { 1'h0, \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  } : \$216 ;
+  assign \$217  = | \$signal$180 ;
+  assign \$218  = \$217  ? \$signal$162  : 32'd1;
+  assign \$219  = | \$signal$180 ;
+  assign \$220  = \$219  ? shift : 6'h00;
+  assign \$221  = ins[5:0] == 2'h3;
+  assign \$1090  = gc_lane * 6'h20;
+  assign \$222  = c_out__payload >> \$1090 ;
+  assign \$signal$182  = \$221  ? \$222  : \o__payload$207 ;
+  assign \$223  = ~ a_in__valid;
+  assign \$224  = ~ gm_afeed_done;
+  assign \$225  = \$223  & \$224 ;
+  assign \$226  = gm_lane == 3'h4;
+  assign \$227  = \$signal$217  + gm_lane;
+  assign \$228  = \$227  >= m_eff[13:0];
+  assign \$229  = \$226  | \$228 ;
+  assign \$230  = ~ \$229 ;
+  assign \$231  = \$225  & \$230 ;
+  assign \$232  = | \$signal$180 ;
+  assign \$1104  = gc_lane * 6'h20;
+  assign \$233  = c_out__payload >> \$1104 ;
+  assign \$234  = \$232  ? rq_sat : \$233 ;
+  assign \$235  = pc >= 7'h40;
+  assign \$236  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$237  = ins[5:0] == 4'hc;
+  assign \$238  = ~ ph2;
+  assign \$239  = \$237  & \$238 ;
+  assign \$240  = ! ins[5:0];
+  assign \$241  = settle != 2'h2;
+  assign \$242  = | decode_q;
+  assign \$244  = ins[100:88] + \$243 ;
+  assign \$246  = ins[100:88] + \$245 ;
+  assign \$247  = \$246  + 1'h1;
+  assign \$248  = ins[124:112] + \$signal$248 ;
+  assign \$249  = ~ \$signal$251 ;
+  assign \$250  = \$signal$252  < l0_acc;
+  assign \$251  = ins[124:112] + \$signal$252 ;
+  assign \$252  = ins[243:238] == 1'h1;
+  assign \$1126  = \$signal$254  * 4'h8;
+  assign \$253  = \$signal$253  >> \$1126 ;
+  assign \$254  = ins[243:238] == 2'h2;
+  assign \$1130  = \$signal$254  * 5'h10;
+  assign \$255  = \$signal$253  >> \$1130 ;
+  assign \$1133  = \$signal$254  * 6'h20;
+  assign \$256  = \$signal$253  >> \$1133 ;
+  assign \$257  = \$254  ? { \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255  } : \$256 ;
+  assign \$258  = \$252  ? { \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253  } : \$257 ;
+  assign \$259  = ~ \$signal$255 ;
+  assign \$260  = \$signal$256  < 1'h1;
+  assign \$261  = \$259  & \$260 ;
+  assign \$262  = \$signal$257  < l0_acc;
+  assign \$263  = \$261  & \$262 ;
+  assign \$264  = ~ \$signal$258 ;
+  assign \$265  = \$263  & \$264 ;
+  assign \$266  = ins[76:64] + \$signal$257 ;
+  assign \$267  = ins[100:88] + \$signal$260 ;
+  assign \$268  = | \$signal$260 ;
+  assign \$269  = \$signal$260  - 1'h1;
+  assign \$270  = ~ \$signal$265 ;
+  assign \$271  = ~ \$signal$266 ;
+  assign \$272  = \$270  & \$271 ;
+  assign \$273  = rt_lane < 1'h1;
+  assign \$274  = \$272  & \$273 ;
+  assign \$275  = \$signal$268  + \$signal$269 ;
+  assign \$276  = ~ \$signal$274 ;
+  assign \$277  = ~ rt_wphase;
+  assign \$278  = \$signal$274  & \$277 ;
+  assign \$279  = \$signal$276  + rt_s;
+  assign \$280  = \$signal$274  & rt_wphase;
+  assign \$281  = \$signal$276  + rt_s;
+  assign \$282  = \$281  + l1_acc[13:2];
+  assign \$283  = ins[124:112] + \$signal$279 ;
+  assign \$284  = \$signal$280  == \$signal$260 ;
+  assign \$285  = \$signal$281  + \$signal$282 ;
+  assign \$286  = \$signal$281  + l1_acc[13:2];
+  assign \$287  = \$286  + \$signal$282 ;
+  assign \$288  = \$signal$279  + 1'h1;
+  assign \$289  = \$288  < l1_acc[13:2];
+  assign \$290  = \$signal$284  + \$signal$260 ;
+  assign \$291  = \$signal$282  - \$signal$285 ;
+  assign \$292  = \$signal$284  + 4'h8;
+  assign \$293  = \$292  + \$signal$260 ;
+  assign \$294  = \$signal$286  >= 4'h8;
+  assign \$295  = ins[76:64] + \$signal$286 ;
+  assign \$296  = ins[76:64] + 4'h8;
+  assign \$297  = \$296  + \$signal$286 ;
+  assign \$298  = \$signal$287  >= \$signal$130 ;
+  assign \$299  = ins[100:88] + \$signal$141 ;
+  assign \$300  = \$299  + \$signal$287 ;
+  assign \$301  = | l2_y;
+  assign \$302  = \$signal$288  < ins[61:48];
+  assign \$303  = ins[5:0] == 4'ha;
+  assign \$304  = \$303  ? l2_acc : { 1'h0, \$signal$289  };
+  assign \$305  = ins[76:64] + \$304 ;
+  assign \$306  = \$305  + \$signal$288 ;
+  assign \$307  = ~ \$signal$108 ;
+  assign \$308  = \$signal$103  & \$307 ;
+  assign \$309  = ! ctrl_state;
+  assign \$310  = ctrl_state == 1'h1;
+  assign \$311  = ctrl_state == 2'h2;
+  assign \$312  = ctrl_state == 2'h3;
+  assign \$313  = ctrl_state == 3'h4;
+  assign \$314  = ctrl_state == 3'h5;
+  assign \$315  = ctrl_state == 3'h6;
+  assign \$316  = ctrl_state == 3'h7;
+  assign \$317  = ctrl_state == 4'h8;
+  assign \$318  = ctrl_state == 4'h9;
+  assign \$319  = ctrl_state == 4'ha;
+  assign \$320  = ctrl_state == 4'hb;
+  assign \$321  = ctrl_state == 4'hc;
+  assign \$322  = ctrl_state == 4'hd;
+  assign \$323  = ctrl_state == 4'he;
+  assign \$324  = ctrl_state == 4'hf;
+  assign \$325  = ctrl_state == 5'h10;
+  assign \$326  = ctrl_state == 5'h11;
+  assign \$327  = ctrl_state == 5'h12;
+  assign \$328  = ctrl_state == 5'h13;
+  assign \$329  = ctrl_state == 5'h14;
+  assign \$330  = ctrl_state == 5'h15;
+  assign \$331  = ctrl_state == 5'h16;
+  assign \$332  = ctrl_state == 5'h17;
+  assign \$333  = ctrl_state == 5'h18;
+  assign \$334  = ctrl_state == 5'h19;
+  assign \$335  = ctrl_state == 5'h1a;
+  assign \$336  = ctrl_state == 5'h1b;
+  assign \$337  = wr_addr == 4'hc;
+  assign \$338  = wr_en & \$337 ;
+  assign \$339  = wr_addr == 5'h10;
+  assign \$340  = wr_en & \$339 ;
+  assign \$341  = | l0_y;
+  assign \$342  = l0_acc + l0_x;
+  assign \$344  = l0_acc + l0_x;
+  assign \$345  = \$343  ? 14'h3fff : \$344 [13:0];
+  assign \$347  = l0_x[13] ? 15'h3fff : \$346 ;
+  assign \$349  = | l1_y;
+  assign \$350  = l1_acc + l1_x;
+  assign \$352  = l1_acc + l1_x;
+  assign \$353  = \$351  ? 14'h3fff : \$352 [13:0];
+  assign \$355  = l1_x[13] ? 15'h3fff : \$354 ;
+  assign \$357  = | l2_y;
+  assign \$358  = l2_acc + l2_x;
+  assign \$360  = l2_acc + l2_x;
+  assign \$361  = \$359  ? 14'h3fff : \$360 [13:0];
+  assign \$363  = l2_x[13] ? 15'h3fff : \$362 ;
+  assign \$365  = | l3_y;
+  assign \$366  = l3_acc + l3_x;
+  assign \$368  = l3_acc + l3_x;
+  assign \$369  = \$367  ? 14'h3fff : \$368 [13:0];
+  assign \$371  = l3_x[13] ? 15'h3fff : \$370 ;
+  assign \$373  = | l4_y;
+  assign \$374  = l4_acc + l4_x;
+  assign \$376  = l4_acc + l4_x;
+  assign \$377  = \$375  ? 14'h3fff : \$376 [13:0];
+  assign \$379  = l4_x[13] ? 15'h3fff : \$378 ;
+  assign \$381  = | lh_y;
+  assign \$382  = lh_acc + lh_x;
+  assign \$384  = lh_acc + lh_x;
+  assign \$385  = \$383  ? 33'h1ffffffff : \$384 [32:0];
+  assign \$387  = lh_x[32] ? 34'h1ffffffff : \$386 ;
+  assign \$389  = ! \$signal$138 ;
+  assign \$390  = ! ins[87:78];
+  assign \$391  = ins[77:64] + \$signal$138 ;
+  assign \$392  = \$391  <= 14'h2000;
+  assign \$393  = \$390  & \$392 ;
+  assign \$394  = \$389  | \$393 ;
+  assign \$395  = ! \$signal$140 ;
+  assign \$396  = ! ins[111:102];
+  assign \$397  = ins[101:88] + \$signal$140 ;
+  assign \$398  = \$397  <= 14'h2000;
+  assign \$399  = \$396  & \$398 ;
+  assign \$400  = \$395  | \$399 ;
+  assign \$401  = \$394  & \$400 ;
+  assign \$402  = ! wc;
+  assign \$403  = ! ins[135:126];
+  assign \$404  = ins[125:112] + wc;
+  assign \$405  = \$404  <= 14'h2000;
+  assign \$406  = \$403  & \$405 ;
+  assign \$407  = \$402  | \$406 ;
+  assign \$408  = \$401  & \$407 ;
+  assign \$409  = ! lh_acc[1:0];
+  assign \$410  = lh_acc >= \$signal$119 ;
+  assign \$411  = \$409  & \$410 ;
+  assign \$413  = lh_acc + \$412 ;
+  assign \$414  = \$signal$119  + host_size;
+  assign \$415  = \$413  <= \$414 ;
+  assign \$416  = \$411  & \$415 ;
+  assign \$417  = ~ \$signal$158 ;
+  assign \$418  = \$417  | eng_ready;
+  assign \$419  = ~ \$signal$157 ;
   assign \$420  = ~ \$signal$158 ;
   assign \$421  = \$420  | eng_ready;
-  assign \$422  = ~ \$signal$157 ;
-  assign \$423  = ~ \$signal$158 ;
-  assign \$424  = \$423  | eng_ready;
-  assign \$425  = \$422  | \$424 ;
-  assign \$426  = cnt0 - 1'h1;
-  assign \$427  = idx0 == \$426 ;
-  assign \$428  = idx0 + 1'h1;
-  assign \$429  = \$428  < cnt0;
-  assign \$430  = idx1 + 1'h1;
-  assign \$431  = \$430  < cnt1;
-  assign \$432  = idx0 + 1'h1;
-  assign \$433  = \$signal$153  + sa0;
-  assign \$434  = \$signal$155  + sb0;
-  assign \$435  = idx1 + 1'h1;
-  assign \$436  = \$signal$309  + sa1;
-  assign \$437  = \$signal$309  + sa1;
-  assign \$438  = \$signal$311  + sb1;
-  assign \$439  = \$signal$311  + sb1;
-  assign \$440  = idx2 + 1'h1;
-  assign \$441  = \$signal$314  + sa2;
-  assign \$442  = \$signal$314  + sa2;
-  assign \$443  = \$signal$314  + sa2;
-  assign \$444  = \$signal$316  + sb2;
-  assign \$445  = \$signal$316  + sb2;
-  assign \$446  = \$signal$316  + sb2;
-  assign \$447  = idx2 + 1'h1;
-  assign \$448  = \$447  >= cnt2;
-  assign \$449  = ~ a_in__valid;
-  assign \$450  = ~ gm_afeed_done;
-  assign \$451  = \$449  & \$450 ;
-  assign \$452  = gm_lane == 3'h4;
-  assign \$453  = \$signal$216  + gm_lane;
-  assign \$454  = \$453  >= m_eff[13:0];
-  assign \$455  = \$452  | \$454 ;
-  assign \$456  = ~ \$455 ;
-  assign \$457  = \$451  & \$456 ;
-  assign \$458  = gm_lane + 1'h1;
-  assign \$459  = \$signal$217  + ins[38:32];
-  assign \$460  = ~ a_in__valid;
-  assign \$461  = ~ gm_afeed_done;
-  assign \$462  = \$460  & \$461 ;
-  assign \$463  = gm_lane == 3'h4;
-  assign \$464  = \$signal$216  + gm_lane;
-  assign \$465  = \$464  >= m_eff[13:0];
-  assign \$466  = \$463  | \$465 ;
-  assign \$467  = \$462  & \$466 ;
-  assign \$468  = a_in__valid & a_in__ready;
-  assign \$469  = \$signal$322  + 1'h1;
-  assign \$470  = \$469  < ins[38:32];
-  assign \$471  = \$signal$322  + 1'h1;
-  assign \$472  = gm_wstart + 1'h1;
+  assign \$422  = \$419  | \$421 ;
+  assign \$423  = cnt0 - 1'h1;
+  assign \$424  = idx0 == \$423 ;
+  assign \$425  = idx0 + 1'h1;
+  assign \$426  = \$425  < cnt0;
+  assign \$427  = idx1 + 1'h1;
+  assign \$428  = \$427  < cnt1;
+  assign \$429  = idx0 + 1'h1;
+  assign \$430  = \$signal$153  + sa0;
+  assign \$431  = \$signal$155  + sb0;
+  assign \$432  = idx1 + 1'h1;
+  assign \$433  = \$signal$310  + sa1;
+  assign \$434  = \$signal$310  + sa1;
+  assign \$435  = \$signal$312  + sb1;
+  assign \$436  = \$signal$312  + sb1;
+  assign \$437  = idx2 + 1'h1;
+  assign \$438  = \$signal$315  + sa2;
+  assign \$439  = \$signal$315  + sa2;
+  assign \$440  = \$signal$315  + sa2;
+  assign \$441  = \$signal$317  + sb2;
+  assign \$442  = \$signal$317  + sb2;
+  assign \$443  = \$signal$317  + sb2;
+  assign \$444  = idx2 + 1'h1;
+  assign \$445  = \$444  >= cnt2;
+  assign \$446  = ins[5:0] == 4'hd;
+  assign \$447  = ins[5:0] == 4'hc;
+  assign \$448  = \$447  ? 2'h1 : 2'h0;
+  assign \$449  = \$446  ? 2'h2 : \$448 ;
+  assign \$450  = ~ a_in__valid;
+  assign \$451  = ~ gm_afeed_done;
+  assign \$452  = \$450  & \$451 ;
+  assign \$453  = gm_lane == 3'h4;
+  assign \$454  = \$signal$217  + gm_lane;
+  assign \$455  = \$454  >= m_eff[13:0];
+  assign \$456  = \$453  | \$455 ;
+  assign \$457  = ~ \$456 ;
+  assign \$458  = \$452  & \$457 ;
+  assign \$459  = gm_lane + 1'h1;
+  assign \$460  = \$signal$218  + ins[38:32];
+  assign \$461  = ~ a_in__valid;
+  assign \$462  = ~ gm_afeed_done;
+  assign \$463  = \$461  & \$462 ;
+  assign \$464  = gm_lane == 3'h4;
+  assign \$465  = \$signal$217  + gm_lane;
+  assign \$466  = \$465  >= m_eff[13:0];
+  assign \$467  = \$464  | \$466 ;
+  assign \$468  = \$463  & \$467 ;
+  assign \$469  = a_in__valid & a_in__ready;
+  assign \$470  = \$signal$323  + 1'h1;
+  assign \$471  = \$470  < ins[38:32];
+  assign \$472  = \$signal$323  + 1'h1;
   assign \$473  = gm_wstart + 1'h1;
-  assign \$474  = \$signal$216  + 3'h4;
-  assign \$475  = \$signal$217  - ins[38:32];
-  assign \$476  = $signed(\$475 ) + $signed(2'h1);
-  assign \$477  = \$signal$217  - ins[38:32];
-  assign \$478  = $signed(\$477 ) + $signed(2'h1);
-  assign \$479  = \$signal$216  + 3'h4;
-  assign \$480  = \$479  >= m_eff[13:0];
-  assign \$481  = gc_lane + 1'h1;
-  assign \$482  = \$signal$220  + ins[56:48];
-  assign \$483  = gc_lane + 1'h1;
-  assign \$484  = \$483  == 2'h3;
-  assign \$485  = gc_lane + 1'h1;
-  assign \$486  = \$signal$324  + \$485 ;
-  assign \$487  = \$486  + 1'h1;
-  assign \$488  = \$487  >= m_eff[13:0];
-  assign \$489  = \$484  | \$488 ;
-  assign \$490  = \$signal$325  + 1'h1;
-  assign \$491  = \$490  < ins[56:48];
-  assign \$492  = \$signal$325  + 1'h1;
-  assign \$493  = gc_wstart + 1'h1;
+  assign \$474  = gm_wstart + 1'h1;
+  assign \$475  = \$signal$217  + 3'h4;
+  assign \$476  = \$signal$218  - ins[38:32];
+  assign \$477  = $signed(\$476 ) + $signed(2'h1);
+  assign \$478  = \$signal$218  - ins[38:32];
+  assign \$479  = $signed(\$478 ) + $signed(2'h1);
+  assign \$480  = \$signal$217  + 3'h4;
+  assign \$481  = \$480  >= m_eff[13:0];
+  assign \$482  = gc_lane + 1'h1;
+  assign \$483  = \$signal$221  + ins[56:48];
+  assign \$484  = gc_lane + 1'h1;
+  assign \$485  = \$484  == 2'h3;
+  assign \$486  = gc_lane + 1'h1;
+  assign \$487  = \$signal$325  + \$486 ;
+  assign \$488  = \$487  + 1'h1;
+  assign \$489  = \$488  >= m_eff[13:0];
+  assign \$490  = \$485  | \$489 ;
+  assign \$491  = \$signal$326  + 1'h1;
+  assign \$492  = \$491  < ins[56:48];
+  assign \$493  = \$signal$326  + 1'h1;
   assign \$494  = gc_wstart + 1'h1;
-  assign \$495  = \$signal$324  + 1'h0;
-  assign \$496  = \$495  + 1'h1;
-  assign \$497  = \$496  >= m_eff[13:0];
-  assign \$499  = \$signal$324  + 3'h4;
-  assign \$500  = \$signal$220  + 1'h1;
-  assign \$501  = \$signal$220  + 1'h1;
-  assign \$502  = \$signal$324  + 3'h4;
-  assign \$503  = \$502  + 1'h0;
-  assign \$504  = \$503  + 1'h1;
-  assign \$505  = \$504  >= m_eff[13:0];
-  assign \$507  = \$signal$118  + 1'h1;
-  assign \$508  = busy_dma + 1'h1;
-  assign \$509  = busy_gemm + 1'h1;
-  assign \$510  = busy_act + 1'h1;
-  assign \$511  = busy_route + 1'h1;
-  assign \$512  = busy_vector + 1'h1;
-  assign \$513  = busy_move + 1'h1;
-  assign \$514  = pc >= 7'h40;
-  assign \$517  = \$516  ? \$signal$130  : \$signature__data$330 [31:16];
-  assign \$518  = | \$signature__data$330 [63:62];
-  assign \$519  = \$518  ? 14'h3fff : \$signature__data$330 [61:48];
-  assign \$522  = \$521  ? \$signal$130  : \$signature__data$330 [31:16];
-  assign \$523  = | \$signature__data$330 [47:46];
-  assign \$524  = \$523  ? 14'h3fff : \$signature__data$330 [45:32];
-  assign \$527  = \$526  ? \$signal$130  : \$signature__data$330 [31:16];
-  assign \$528  = \$527  + 3'h4;
-  assign \$529  = \$528  - 1'h1;
-  assign \$531  = | \$signature__data$330 [47:46];
-  assign \$532  = \$531  ? 14'h3fff : \$signature__data$330 [45:32];
-  assign \$535  = \$534  ? \$signal$130  : \$signature__data$330 [31:16];
-  assign \$536  = \$535  + 3'h4;
-  assign \$537  = \$536  - 1'h1;
-  assign \$539  = | \$signature__data$330 [63:62];
-  assign \$540  = \$539  ? 14'h3fff : \$signature__data$330 [61:48];
-  assign \$541  = \$signature__data$330 [63:48] + 3'h4;
-  assign \$542  = \$541  - 1'h1;
-  assign \$544  = | \$signature__data$330 [47:46];
-  assign \$545  = \$544  ? 14'h3fff : \$signature__data$330 [45:32];
-  assign \$548  = \$547  ? \$signal$130  : \$signature__data$330 [31:16];
-  assign \$549  = | \$signature__data$330 [47:46];
-  assign \$550  = \$549  ? 14'h3fff : \$signature__data$330 [45:32];
-  assign \$551  = | \$signature__data$330 [63:62];
-  assign \$552  = \$551  ? 14'h3fff : \$signature__data$330 [61:48];
-  assign \$553  = | \$signature__data$330 [63:62];
-  assign \$554  = \$553  ? 14'h3fff : \$signature__data$330 [61:48];
-  assign \$557  = \$556  ? \$signal$130  : \$signature__data$330 [31:16];
-  assign \$560  = \$559  ? \$signal$246  : 4'h0;
-  assign \$561  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$562  = ins[5:0] == 4'hc;
-  assign \$563  = ~ ph2;
-  assign \$564  = \$562  & \$563 ;
-  assign \$565  = ! ins[5:0];
-  assign \$566  = settle != 2'h2;
-  assign \$567  = | decode_q;
-  assign \$568  = settle + 1'h1;
-  assign \$569  = ins[5:0] == 1'h1;
-  assign \$570  = ins[5:0] == 2'h2;
-  assign \$571  = ins[5:0] == 2'h3;
-  assign \$572  = ins[5:0] == 3'h4;
-  assign \$573  = ins[5:0] == 3'h5;
-  assign \$574  = ins[5:0] == 3'h6;
-  assign \$575  = ins[5:0] == 4'h8;
-  assign \$576  = ins[5:0] == 3'h7;
-  assign \$577  = ins[5:0] == 4'hc;
-  assign \$578  = ins[5:0] == 4'hd;
-  assign \$579  = ins[5:0] == 4'ha;
-  assign \$580  = ins[5:0] == 4'hb;
-  assign \$581  = \$signal$121  + 1'h1;
-  assign \$584  = m_eff[13:0] <= 1'h1;
-  assign \$589  = ins[124:112] + \$588 ;
-  assign \$591  = ins[124:112] + \$590 ;
-  assign \$592  = \$591  + 5'h10;
-  assign \$593  = ins[5:0] == 2'h3;
-  assign \$594  = \$signal$247  + 1'h1;
-  assign \$595  = \$signal$247  == \$signal$331 ;
-  assign \$596  = eng_run & \$595 ;
-  assign \$597  = ins[5:0] == 3'h5;
-  assign \$598  = pc + 1'h1;
-  assign \$599  = \$signal$121  + 1'h1;
-  assign \$600  = ~ rd_busy;
-  assign \$601  = pc + 1'h1;
-  assign \$602  = \$signal$121  + 1'h1;
-  assign \$603  = ~ \$signal$250 ;
-  assign \$604  = rd_data__valid & \$603 ;
-  assign \$605  = \$signal$251  < l0_acc;
-  assign \$606  = \$signal$251  + 1'h1;
-  assign \$607  = \$signal$253  + 1'h1;
-  assign \$608  = \$signal$253  + 1'h1;
-  assign \$609  = ins[243:238] == 1'h1;
-  assign \$610  = ins[243:238] == 2'h2;
-  assign \$611  = \$610  ? 2'h2 : 2'h1;
-  assign \$612  = \$609  ? 3'h4 : { 1'h0, \$611  };
-  assign \$613  = \$608  >= \$612 ;
-  assign \$614  = ~ rd_busy;
-  assign \$615  = ~ \$signal$250 ;
-  assign \$616  = \$614  & \$615 ;
-  assign \$617  = \$signal$251  >= l0_acc;
-  assign \$618  = \$616  & \$617 ;
-  assign \$619  = pc + 1'h1;
-  assign \$620  = \$signal$121  + 1'h1;
-  assign \$621  = ~ \$signal$254 ;
-  assign \$622  = \$signal$255  < 1'h1;
-  assign \$623  = \$621  & \$622 ;
-  assign \$624  = \$signal$256  < l0_acc;
-  assign \$625  = \$623  & \$624 ;
-  assign \$626  = ~ \$signal$257 ;
-  assign \$627  = \$625  & \$626 ;
-  assign \$628  = \$signal$256  + 1'h1;
-  assign \$629  = \$signal$255  + 1'h1;
-  assign \$630  = ~ \$signal$254 ;
-  assign \$631  = ~ \$signal$257 ;
-  assign \$632  = \$630  & \$631 ;
-  assign \$633  = | \$signal$255 ;
-  assign \$634  = \$632  & \$633 ;
-  assign \$635  = \$signal$255  == 1'h1;
-  assign \$636  = \$signal$256  >= l0_acc;
-  assign \$637  = \$635  | \$636 ;
-  assign \$638  = \$634  & \$637 ;
-  assign \$639  = wr_data__valid & wr_data__ready;
-  assign \$640  = ~ wr_busy;
-  assign \$641  = \$signal$256  >= l0_acc;
-  assign \$642  = \$640  & \$641 ;
-  assign \$643  = ~ \$signal$254 ;
-  assign \$644  = \$642  & \$643 ;
-  assign \$645  = ~ \$signal$257 ;
-  assign \$646  = \$644  & \$645 ;
-  assign \$647  = pc + 1'h1;
-  assign \$648  = \$signal$121  + 1'h1;
-  assign \$649  = \$signal$259  + 1'h1;
-  assign \$650  = \$signal$259  == 4'h8;
-  assign \$651  = ~ \$signal$264 ;
+  assign \$495  = gc_wstart + 1'h1;
+  assign \$496  = \$signal$325  + 1'h0;
+  assign \$497  = \$496  + 1'h1;
+  assign \$498  = \$497  >= m_eff[13:0];
+  assign \$500  = \$signal$325  + 3'h4;
+  assign \$501  = \$signal$221  + 1'h1;
+  assign \$502  = \$signal$221  + 1'h1;
+  assign \$503  = \$signal$325  + 3'h4;
+  assign \$504  = \$503  + 1'h0;
+  assign \$505  = \$504  + 1'h1;
+  assign \$506  = \$505  >= m_eff[13:0];
+  assign \$508  = \$signal$118  + 1'h1;
+  assign \$509  = busy_dma + 1'h1;
+  assign \$510  = busy_gemm + 1'h1;
+  assign \$511  = busy_act + 1'h1;
+  assign \$512  = busy_route + 1'h1;
+  assign \$513  = busy_vector + 1'h1;
+  assign \$514  = busy_move + 1'h1;
+  assign \$515  = pc >= 7'h40;
+  assign \$518  = \$517  ? \$signal$130  : \$signature__data$331 [31:16];
+  assign \$519  = | \$signature__data$331 [63:62];
+  assign \$520  = \$519  ? 14'h3fff : \$signature__data$331 [61:48];
+  assign \$523  = \$522  ? \$signal$130  : \$signature__data$331 [31:16];
+  assign \$524  = | \$signature__data$331 [47:46];
+  assign \$525  = \$524  ? 14'h3fff : \$signature__data$331 [45:32];
+  assign \$528  = \$527  ? \$signal$130  : \$signature__data$331 [31:16];
+  assign \$529  = \$528  + 3'h4;
+  assign \$530  = \$529  - 1'h1;
+  assign \$532  = | \$signature__data$331 [47:46];
+  assign \$533  = \$532  ? 14'h3fff : \$signature__data$331 [45:32];
+  assign \$536  = \$535  ? \$signal$130  : \$signature__data$331 [31:16];
+  assign \$537  = \$536  + 3'h4;
+  assign \$538  = \$537  - 1'h1;
+  assign \$540  = | \$signature__data$331 [63:62];
+  assign \$541  = \$540  ? 14'h3fff : \$signature__data$331 [61:48];
+  assign \$542  = \$signature__data$331 [63:48] + 3'h4;
+  assign \$543  = \$542  - 1'h1;
+  assign \$545  = | \$signature__data$331 [47:46];
+  assign \$546  = \$545  ? 14'h3fff : \$signature__data$331 [45:32];
+  assign \$549  = \$548  ? \$signal$130  : \$signature__data$331 [31:16];
+  assign \$550  = | \$signature__data$331 [47:46];
+  assign \$551  = \$550  ? 14'h3fff : \$signature__data$331 [45:32];
+  assign \$552  = | \$signature__data$331 [63:62];
+  assign \$553  = \$552  ? 14'h3fff : \$signature__data$331 [61:48];
+  assign \$554  = | \$signature__data$331 [63:62];
+  assign \$555  = \$554  ? 14'h3fff : \$signature__data$331 [61:48];
+  assign \$558  = \$557  ? \$signal$130  : \$signature__data$331 [31:16];
+  assign \$561  = \$560  ? \$signal$247  : 4'h0;
+  assign \$562  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$563  = ins[5:0] == 4'hc;
+  assign \$564  = ~ ph2;
+  assign \$565  = \$563  & \$564 ;
+  assign \$566  = ! ins[5:0];
+  assign \$567  = settle != 2'h2;
+  assign \$568  = | decode_q;
+  assign \$569  = settle + 1'h1;
+  assign \$570  = ins[5:0] == 1'h1;
+  assign \$571  = ins[5:0] == 2'h2;
+  assign \$572  = ins[5:0] == 2'h3;
+  assign \$573  = ins[5:0] == 3'h4;
+  assign \$574  = ins[5:0] == 3'h5;
+  assign \$575  = ins[5:0] == 3'h6;
+  assign \$576  = ins[5:0] == 4'h8;
+  assign \$577  = ins[5:0] == 3'h7;
+  assign \$578  = ins[5:0] == 4'hc;
+  assign \$579  = ins[5:0] == 4'hd;
+  assign \$580  = ins[5:0] == 4'ha;
+  assign \$581  = ins[5:0] == 4'hb;
+  assign \$582  = \$signal$121  + 1'h1;
+  assign \$585  = m_eff[13:0] <= 1'h1;
+  assign \$590  = ins[124:112] + \$589 ;
+  assign \$592  = ins[124:112] + \$591 ;
+  assign \$593  = \$592  + 5'h10;
+  assign \$594  = ins[5:0] == 2'h3;
+  assign \$595  = \$signal$248  + 1'h1;
+  assign \$596  = \$signal$248  == \$signal$332 ;
+  assign \$597  = eng_run & \$596 ;
+  assign \$598  = ins[5:0] == 3'h5;
+  assign \$599  = pc + 1'h1;
+  assign \$600  = \$signal$121  + 1'h1;
+  assign \$601  = ~ rd_busy;
+  assign \$602  = pc + 1'h1;
+  assign \$603  = \$signal$121  + 1'h1;
+  assign \$604  = ~ \$signal$251 ;
+  assign \$605  = rd_data__valid & \$604 ;
+  assign \$606  = \$signal$252  < l0_acc;
+  assign \$607  = \$signal$252  + 1'h1;
+  assign \$608  = \$signal$254  + 1'h1;
+  assign \$609  = \$signal$254  + 1'h1;
+  assign \$610  = ins[243:238] == 1'h1;
+  assign \$611  = ins[243:238] == 2'h2;
+  assign \$612  = \$611  ? 2'h2 : 2'h1;
+  assign \$613  = \$610  ? 3'h4 : { 1'h0, \$612  };
+  assign \$614  = \$609  >= \$613 ;
+  assign \$615  = ~ rd_busy;
+  assign \$616  = ~ \$signal$251 ;
+  assign \$617  = \$615  & \$616 ;
+  assign \$618  = \$signal$252  >= l0_acc;
+  assign \$619  = \$617  & \$618 ;
+  assign \$620  = pc + 1'h1;
+  assign \$621  = \$signal$121  + 1'h1;
+  assign \$622  = ~ \$signal$255 ;
+  assign \$623  = \$signal$256  < 1'h1;
+  assign \$624  = \$622  & \$623 ;
+  assign \$625  = \$signal$257  < l0_acc;
+  assign \$626  = \$624  & \$625 ;
+  assign \$627  = ~ \$signal$258 ;
+  assign \$628  = \$626  & \$627 ;
+  assign \$629  = \$signal$257  + 1'h1;
+  assign \$630  = \$signal$256  + 1'h1;
+  assign \$631  = ~ \$signal$255 ;
+  assign \$632  = ~ \$signal$258 ;
+  assign \$633  = \$631  & \$632 ;
+  assign \$634  = | \$signal$256 ;
+  assign \$635  = \$633  & \$634 ;
+  assign \$636  = \$signal$256  == 1'h1;
+  assign \$637  = \$signal$257  >= l0_acc;
+  assign \$638  = \$636  | \$637 ;
+  assign \$639  = \$635  & \$638 ;
+  assign \$640  = wr_data__valid & wr_data__ready;
+  assign \$641  = ~ wr_busy;
+  assign \$642  = \$signal$257  >= l0_acc;
+  assign \$643  = \$641  & \$642 ;
+  assign \$644  = ~ \$signal$255 ;
+  assign \$645  = \$643  & \$644 ;
+  assign \$646  = ~ \$signal$258 ;
+  assign \$647  = \$645  & \$646 ;
+  assign \$648  = pc + 1'h1;
+  assign \$649  = \$signal$121  + 1'h1;
+  assign \$650  = \$signal$260  + 1'h1;
+  assign \$651  = \$signal$260  == 4'h8;
   assign \$652  = ~ \$signal$265 ;
-  assign \$653  = \$651  & \$652 ;
-  assign \$654  = rt_lane < 1'h1;
-  assign \$655  = \$653  & \$654 ;
-  assign \$656  = \$signal$268  < 4'h8;
-  assign \$657  = rt_lane + 1'h1;
-  assign \$658  = \$signal$268  + 1'h1;
-  assign \$659  = \$signal$343  ? \$signature__data [12:0] : 13'h0000;
-  assign \$661  = scores__valid & scores__ready;
-  assign \$662  = \$signal$268  >= 4'h8;
-  assign \$663  = \$signal$339  + 1'h1;
-  assign \$664  = \$signal$267  + 4'h8;
-  assign \$665  = \$signal$339  + 1'h1;
-  assign \$666  = \$665  >= m_eff[13:0];
-  assign \$667  = ~ \$signal$273 ;
-  assign \$668  = routes__valid & \$667 ;
-  assign \$669  = ~ rt_wphase;
-  assign \$670  = \$signal$273  & \$669 ;
-  assign \$671  = \$signal$273  & rt_wphase;
-  assign \$672  = rt_s == 1'h1;
-  assign \$673  = \$signal$277 [19] | \$672 ;
-  assign \$674  = \$signal$341  + 1'h1;
-  assign \$675  = \$signal$275  + 2'h2;
-  assign \$676  = rt_s + 1'h1;
-  assign \$677  = \$signal$341  >= m_eff[13:0];
-  assign \$678  = \$signal$279  == \$signal$259 ;
-  assign \$679  = \$signal$281  + 1'h1;
-  assign \$680  = \$signal$278  + 1'h1;
-  assign \$681  = \$680  < l1_acc[13:2];
-  assign \$682  = \$signal$278  + 1'h1;
-  assign \$683  = \$signal$347  == 1'h1;
-  assign \$684  = \$signal$282  + 1'h1;
-  assign \$685  = \$signal$347  + 1'h1;
-  assign \$686  = \$signal$259  + 1'h1;
-  assign \$687  = \$signal$259  + 1'h1;
-  assign \$688  = \$687  < 4'h8;
-  assign \$689  = pc + 1'h1;
-  assign \$690  = \$signal$121  + 1'h1;
-  assign \$691  = \$signal$285  >= 4'h8;
-  assign \$692  = \$signal$121  + 1'h1;
-  assign \$693  = \$signal$285  + 1'h1;
-  assign \$694  = | \$signal$279 ;
-  assign \$695  = | rd1_q[23:14];
-  assign \$696  = \$695  ? 14'h3fff : rd1_q[13:0];
-  assign \$697  = pc + 1'h1;
-  assign \$698  = \$signal$121  + 1'h1;
-  assign \$699  = \$signal$286  >= \$signal$130 ;
-  assign \$700  = pc + 1'h1;
-  assign \$701  = \$signal$121  + 1'h1;
-  assign \$702  = $signed(\$signal$279 ) < $signed(1'h0);
-  assign \$703  = $signed(\$signal$279 ) >= $signed({ 1'h0, m_eff });
-  assign \$704  = \$702  | \$703 ;
-  assign \$705  = | l2_y;
-  assign \$706  = \$signal$287  < ins[61:48];
-  assign \$707  = \$signal$287  + 1'h1;
-  assign \$708  = ins[5:0] == 4'ha;
-  assign \$709  = \$708  ? { 1'h0, \$signal$288  } : l2_acc;
-  assign \$710  = ins[124:112] + \$709 ;
-  assign \$711  = \$710  + \$signal$287 ;
-  assign \$712  = \$signal$287  >= ins[61:48];
-  assign \$713  = \$712  & \$signal$289 ;
-  assign \$714  = \$signal$286  + 1'h1;
-  assign \$715  = \$signal$288  + ins[61:48];
-  assign \$716  = ~ rd_busy;
-  assign \$717  = ~ wr_busy;
-  assign \$718  = \$716  & \$717 ;
-  assign \$719  = ~ \$signal$108 ;
-  assign \$720  = \$signal$103  & \$719 ;
+  assign \$653  = ~ \$signal$266 ;
+  assign \$654  = \$652  & \$653 ;
+  assign \$655  = rt_lane < 1'h1;
+  assign \$656  = \$654  & \$655 ;
+  assign \$657  = \$signal$269  < 4'h8;
+  assign \$658  = rt_lane + 1'h1;
+  assign \$659  = \$signal$269  + 1'h1;
+  assign \$660  = \$signal$344  ? \$signature__data [12:0] : 13'h0000;
+  assign \$662  = scores__valid & scores__ready;
+  assign \$663  = \$signal$269  >= 4'h8;
+  assign \$664  = \$signal$340  + 1'h1;
+  assign \$665  = \$signal$268  + 4'h8;
+  assign \$666  = \$signal$340  + 1'h1;
+  assign \$667  = \$666  >= m_eff[13:0];
+  assign \$668  = ~ \$signal$274 ;
+  assign \$669  = routes__valid & \$668 ;
+  assign \$670  = ~ rt_wphase;
+  assign \$671  = \$signal$274  & \$670 ;
+  assign \$672  = \$signal$274  & rt_wphase;
+  assign \$673  = rt_s == 1'h1;
+  assign \$674  = \$signal$278 [19] | \$673 ;
+  assign \$675  = \$signal$342  + 1'h1;
+  assign \$676  = \$signal$276  + 2'h2;
+  assign \$677  = rt_s + 1'h1;
+  assign \$678  = \$signal$342  >= m_eff[13:0];
+  assign \$679  = \$signal$280  == \$signal$260 ;
+  assign \$680  = \$signal$282  + 1'h1;
+  assign \$681  = \$signal$279  + 1'h1;
+  assign \$682  = \$681  < l1_acc[13:2];
+  assign \$683  = \$signal$279  + 1'h1;
+  assign \$684  = \$signal$348  == 1'h1;
+  assign \$685  = \$signal$283  + 1'h1;
+  assign \$686  = \$signal$348  + 1'h1;
+  assign \$687  = \$signal$260  + 1'h1;
+  assign \$688  = \$signal$260  + 1'h1;
+  assign \$689  = \$688  < 4'h8;
+  assign \$690  = pc + 1'h1;
+  assign \$691  = \$signal$121  + 1'h1;
+  assign \$692  = \$signal$286  >= 4'h8;
+  assign \$693  = \$signal$121  + 1'h1;
+  assign \$694  = \$signal$286  + 1'h1;
+  assign \$695  = | \$signal$280 ;
+  assign \$696  = | rd1_q[23:14];
+  assign \$697  = \$696  ? 14'h3fff : rd1_q[13:0];
+  assign \$698  = pc + 1'h1;
+  assign \$699  = \$signal$121  + 1'h1;
+  assign \$700  = \$signal$287  >= \$signal$130 ;
+  assign \$701  = pc + 1'h1;
+  assign \$702  = \$signal$121  + 1'h1;
+  assign \$703  = $signed(\$signal$280 ) < $signed(1'h0);
+  assign \$704  = $signed(\$signal$280 ) >= $signed({ 1'h0, m_eff });
+  assign \$705  = \$703  | \$704 ;
+  assign \$706  = | l2_y;
+  assign \$707  = \$signal$288  < ins[61:48];
+  assign \$708  = \$signal$288  + 1'h1;
+  assign \$709  = ins[5:0] == 4'ha;
+  assign \$710  = \$709  ? { 1'h0, \$signal$289  } : l2_acc;
+  assign \$711  = ins[124:112] + \$710 ;
+  assign \$712  = \$711  + \$signal$288 ;
+  assign \$713  = \$signal$288  >= ins[61:48];
+  assign \$714  = \$713  & \$signal$290 ;
+  assign \$715  = \$signal$287  + 1'h1;
+  assign \$716  = \$signal$289  + ins[61:48];
+  assign \$717  = ~ rd_busy;
+  assign \$718  = ~ wr_busy;
+  assign \$719  = \$717  & \$718 ;
+  assign \$720  = ~ \$signal$108 ;
+  assign \$721  = \$signal$103  & \$720 ;
   always @(posedge clk)
-    \$signal$119  <= \$721 ;
+    \$signal$119  <= \$722 ;
   always @(posedge clk)
-    host_size <= \$722 ;
+    host_size <= \$723 ;
   always @(posedge clk)
-    rsel <= \$723 ;
+    rsel <= \$724 ;
   always @(posedge clk)
-    l0_acc <= \$724 ;
+    l0_acc <= \$725 ;
   always @(posedge clk)
-    l0_x <= \$725 ;
+    l0_x <= \$726 ;
   always @(posedge clk)
-    l0_y <= \$726 ;
+    l0_y <= \$727 ;
   always @(posedge clk)
-    l1_acc <= \$727 ;
+    l1_acc <= \$728 ;
   always @(posedge clk)
-    l1_x <= \$728 ;
+    l1_x <= \$729 ;
   always @(posedge clk)
-    l1_y <= \$729 ;
+    l1_y <= \$730 ;
   always @(posedge clk)
-    l2_acc <= \$730 ;
+    l2_acc <= \$731 ;
   always @(posedge clk)
-    l2_x <= \$731 ;
+    l2_x <= \$732 ;
   always @(posedge clk)
-    l2_y <= \$732 ;
+    l2_y <= \$733 ;
   always @(posedge clk)
-    l3_acc <= \$733 ;
+    l3_acc <= \$734 ;
   always @(posedge clk)
-    l3_x <= \$734 ;
+    l3_x <= \$735 ;
   always @(posedge clk)
-    l3_y <= \$735 ;
+    l3_y <= \$736 ;
   always @(posedge clk)
-    l4_acc <= \$736 ;
+    l4_acc <= \$737 ;
   always @(posedge clk)
-    l4_x <= \$737 ;
+    l4_x <= \$738 ;
   always @(posedge clk)
-    l4_y <= \$738 ;
+    l4_y <= \$739 ;
   always @(posedge clk)
-    lh_acc <= \$739 ;
+    lh_acc <= \$740 ;
   always @(posedge clk)
-    lh_x <= \$740 ;
+    lh_x <= \$741 ;
   always @(posedge clk)
-    lh_y <= \$741 ;
+    lh_y <= \$742 ;
   always @(posedge clk)
-    \$signal$144  <= \$742 ;
+    \$signal$144  <= \$743 ;
   always @(posedge clk)
-    \$signal$148  <= \$743 ;
+    \$signal$148  <= \$744 ;
   always @(posedge clk)
-    host_ok <= \$744 ;
+    host_ok <= \$745 ;
   always @(posedge clk)
-    decode_q <= \$745 ;
+    decode_q <= \$746 ;
   always @(posedge clk)
-    \$signal$158  <= \$746 ;
+    \$signal$158  <= \$747 ;
   always @(posedge clk)
-    \$signal$171  <= \$747 ;
+    \$signal$171  <= \$748 ;
   always @(posedge clk)
-    i__payload <= \$748 ;
+    i__payload <= \$749 ;
   always @(posedge clk)
-    b_word <= \$749 ;
+    b_word <= \$750 ;
   always @(posedge clk)
-    \$signal$157  <= \$750 ;
+    \$signal$157  <= \$751 ;
   always @(posedge clk)
-    \$signal$300  <= \$751 ;
+    \$signal$301  <= \$752 ;
   always @(posedge clk)
-    idx0 <= \$752 ;
+    idx0 <= \$753 ;
   always @(posedge clk)
-    \$signal$153  <= \$753 ;
+    \$signal$153  <= \$754 ;
   always @(posedge clk)
-    \$signal$155  <= \$754 ;
+    \$signal$155  <= \$755 ;
   always @(posedge clk)
-    idx1 <= \$755 ;
+    idx1 <= \$756 ;
   always @(posedge clk)
-    \$signal$309  <= \$756 ;
+    \$signal$310  <= \$757 ;
   always @(posedge clk)
-    \$signal$311  <= \$757 ;
+    \$signal$312  <= \$758 ;
   always @(posedge clk)
-    idx2 <= \$758 ;
+    idx2 <= \$759 ;
   always @(posedge clk)
-    \$signal$314  <= \$759 ;
+    \$signal$315  <= \$760 ;
   always @(posedge clk)
-    \$signal$316  <= \$760 ;
+    \$signal$317  <= \$761 ;
   always @(posedge clk)
-    \$signal$302  <= \$761 ;
+    \$signal$303  <= \$762 ;
   always @(posedge clk)
-    \$signal$319  <= \$762 ;
+    op <= \$763 ;
   always @(posedge clk)
-    gm_cap_lane <= \$763 ;
+    \$signal$320  <= \$764 ;
   always @(posedge clk)
-    gm_lane <= \$764 ;
+    gm_cap_lane <= \$765 ;
   always @(posedge clk)
-    \$signal$217  <= \$765 ;
+    gm_lane <= \$766 ;
   always @(posedge clk)
-    a_in__payload <= \$766 ;
+    \$signal$218  <= \$767 ;
   always @(posedge clk)
-    a_in__valid <= \$767 ;
+    a_in__payload <= \$768 ;
   always @(posedge clk)
-    \$signal$322  <= \$768 ;
+    a_in__valid <= \$769 ;
   always @(posedge clk)
-    gm_wstart <= \$769 ;
+    \$signal$323  <= \$770 ;
   always @(posedge clk)
-    \$signal$216  <= \$770 ;
+    gm_wstart <= \$771 ;
   always @(posedge clk)
-    gm_afeed_done <= \$771 ;
+    \$signal$217  <= \$772 ;
   always @(posedge clk)
-    gc_lane <= \$772 ;
+    gm_afeed_done <= \$773 ;
   always @(posedge clk)
-    \$signal$220  <= \$773 ;
+    gc_lane <= \$774 ;
   always @(posedge clk)
-    gc_last <= \$774 ;
+    \$signal$221  <= \$775 ;
   always @(posedge clk)
-    \$signal$325  <= \$775 ;
+    gc_last <= \$776 ;
   always @(posedge clk)
-    gc_wstart <= \$776 ;
+    \$signal$326  <= \$777 ;
   always @(posedge clk)
-    \$signal$324  <= \$777 ;
+    gc_wstart <= \$778 ;
   always @(posedge clk)
-    \$signal$118  <= \$778 ;
+    \$signal$325  <= \$779 ;
   always @(posedge clk)
-    busy_dma <= \$779 ;
+    \$signal$118  <= \$780 ;
   always @(posedge clk)
-    busy_gemm <= \$780 ;
+    busy_dma <= \$781 ;
   always @(posedge clk)
-    busy_act <= \$781 ;
+    busy_gemm <= \$782 ;
   always @(posedge clk)
-    busy_route <= \$782 ;
+    busy_act <= \$783 ;
   always @(posedge clk)
-    busy_vector <= \$783 ;
+    busy_route <= \$784 ;
   always @(posedge clk)
-    busy_move <= \$784 ;
+    busy_vector <= \$785 ;
   always @(posedge clk)
-    \$signal$279  <= \$785 ;
+    busy_move <= \$786 ;
   always @(posedge clk)
-    rd1_q <= \$786 ;
+    \$signal$280  <= \$787 ;
   always @(posedge clk)
-    \$signal$108  <= \$787 ;
+    rd1_q <= \$788 ;
   always @(posedge clk)
-    \$signal$109  <= \$788 ;
+    \$signal$108  <= \$789 ;
   always @(posedge clk)
-    err <= \$789 ;
+    \$signal$109  <= \$790 ;
   always @(posedge clk)
-    pc <= \$790 ;
+    err <= \$791 ;
   always @(posedge clk)
-    \$signal$121  <= \$791 ;
+    pc <= \$792 ;
   always @(posedge clk)
-    \$signal$142  <= \$792 ;
+    \$signal$121  <= \$793 ;
   always @(posedge clk)
-    exp_active <= \$793 ;
+    \$signal$142  <= \$794 ;
   always @(posedge clk)
-    \$signal$145  <= \$794 ;
+    exp_active <= \$795 ;
   always @(posedge clk)
-    ctrl_state <= \$795 ;
+    \$signal$145  <= \$796 ;
   always @(posedge clk)
-    stop_code <= \$796 ;
+    ctrl_state <= \$797 ;
   always @(posedge clk)
-    cur_unit <= \$797 ;
+    stop_code <= \$798 ;
   always @(posedge clk)
-    ins <= \$798 ;
+    cur_unit <= \$799 ;
   always @(posedge clk)
-    ph2 <= \$799 ;
+    ins <= \$800 ;
   always @(posedge clk)
-    settle <= \$800 ;
+    ph2 <= \$801 ;
   always @(posedge clk)
-    \$signal$179  <= \$801 ;
+    settle <= \$802 ;
   always @(posedge clk)
-    \$signal$162  <= \$802 ;
+    \$signal$180  <= \$803 ;
   always @(posedge clk)
-    shift <= \$803 ;
+    \$signal$162  <= \$804 ;
   always @(posedge clk)
-    cnt0 <= \$804 ;
+    shift <= \$805 ;
   always @(posedge clk)
-    cnt1 <= \$805 ;
+    cnt0 <= \$806 ;
   always @(posedge clk)
-    cnt2 <= \$806 ;
+    cnt1 <= \$807 ;
   always @(posedge clk)
-    sa0 <= \$807 ;
+    cnt2 <= \$808 ;
   always @(posedge clk)
-    sa1 <= \$808 ;
+    sa0 <= \$809 ;
   always @(posedge clk)
-    sa2 <= \$809 ;
+    sa1 <= \$810 ;
   always @(posedge clk)
-    sb0 <= \$810 ;
+    sa2 <= \$811 ;
   always @(posedge clk)
-    sb1 <= \$811 ;
+    sb0 <= \$812 ;
   always @(posedge clk)
-    sb2 <= \$812 ;
+    sb1 <= \$813 ;
   always @(posedge clk)
-    \$signal$331  <= \$813 ;
+    sb2 <= \$814 ;
   always @(posedge clk)
-    \$signal$247  <= \$814 ;
+    \$signal$332  <= \$815 ;
   always @(posedge clk)
-    \$signal$250  <= \$815 ;
-  always @(posedge clk)
-    \$signal$253  <= \$816 ;
+    \$signal$248  <= \$816 ;
   always @(posedge clk)
     \$signal$251  <= \$817 ;
   always @(posedge clk)
     \$signal$254  <= \$818 ;
   always @(posedge clk)
-    \$signal$255  <= \$819 ;
+    \$signal$252  <= \$819 ;
   always @(posedge clk)
-    \$signal$256  <= \$820 ;
+    \$signal$255  <= \$820 ;
   always @(posedge clk)
-    \$signal$257  <= \$821 ;
+    \$signal$256  <= \$821 ;
   always @(posedge clk)
-    wr_data__payload <= \$822 ;
+    \$signal$257  <= \$822 ;
   always @(posedge clk)
-    \$signal$259  <= \$823 ;
+    \$signal$258  <= \$823 ;
   always @(posedge clk)
-    \$signal$283  <= \$824 ;
+    wr_data__payload <= \$824 ;
   always @(posedge clk)
-    \$signal$280  <= \$825 ;
+    \$signal$260  <= \$825 ;
   always @(posedge clk)
-    \$signal$286  <= \$826 ;
+    \$signal$284  <= \$826 ;
   always @(posedge clk)
-    \$signal$288  <= \$827 ;
+    \$signal$281  <= \$827 ;
   always @(posedge clk)
-    \$signal$146  <= \$828 ;
+    \$signal$287  <= \$828 ;
   always @(posedge clk)
-    scores_len <= \$829 ;
+    \$signal$289  <= \$829 ;
   always @(posedge clk)
-    \$signal$252  <= \$830 ;
+    \$signal$146  <= \$830 ;
   always @(posedge clk)
-    \$signal$336  <= \$831 ;
+    scores_len <= \$831 ;
   always @(posedge clk)
-    \$signal$339  <= \$832 ;
+    \$signal$253  <= \$832 ;
   always @(posedge clk)
-    \$signal$268  <= \$833 ;
+    \$signal$337  <= \$833 ;
   always @(posedge clk)
-    rt_lane <= \$834 ;
+    \$signal$340  <= \$834 ;
   always @(posedge clk)
-    \$signal$264  <= \$835 ;
+    \$signal$269  <= \$835 ;
   always @(posedge clk)
-    \$signal$267  <= \$836 ;
+    rt_lane <= \$836 ;
   always @(posedge clk)
-    \$signal$275  <= \$837 ;
+    \$signal$265  <= \$837 ;
   always @(posedge clk)
-    \$signal$265  <= \$838 ;
+    \$signal$268  <= \$838 ;
   always @(posedge clk)
-    \$signal$340  <= \$839 ;
+    \$signal$276  <= \$839 ;
   always @(posedge clk)
-    \$signal$341  <= \$840 ;
+    \$signal$266  <= \$840 ;
   always @(posedge clk)
-    rt_s <= \$841 ;
+    \$signal$341  <= \$841 ;
   always @(posedge clk)
-    \$signal$273  <= \$842 ;
+    \$signal$342  <= \$842 ;
   always @(posedge clk)
-    rt_wphase <= \$843 ;
+    rt_s <= \$843 ;
   always @(posedge clk)
-    \$signal$343  <= \$844 ;
+    \$signal$274  <= \$844 ;
   always @(posedge clk)
-    rt_word <= \$845 ;
+    rt_wphase <= \$845 ;
   always @(posedge clk)
-    \$signal$277  <= \$846 ;
+    \$signal$344  <= \$846 ;
   always @(posedge clk)
-    \$signal$278  <= \$847 ;
+    rt_word <= \$847 ;
   always @(posedge clk)
-    \$signal$282  <= \$848 ;
+    \$signal$278  <= \$848 ;
   always @(posedge clk)
-    \$signal$347  <= \$849 ;
+    \$signal$279  <= \$849 ;
   always @(posedge clk)
-    \$signal$281  <= \$850 ;
+    \$signal$283  <= \$850 ;
   always @(posedge clk)
-    \$signal$284  <= \$851 ;
+    \$signal$348  <= \$851 ;
   always @(posedge clk)
-    \$signal$285  <= \$852 ;
+    \$signal$282  <= \$852 ;
   always @(posedge clk)
-    \$signal$246  <= \$853 ;
+    \$signal$285  <= \$853 ;
   always @(posedge clk)
-    \$signal$130  <= \$854 ;
+    \$signal$286  <= \$854 ;
   always @(posedge clk)
-    \$signal$141  <= \$855 ;
+    \$signal$247  <= \$855 ;
   always @(posedge clk)
-    \$signal$287  <= \$856 ;
+    \$signal$130  <= \$856 ;
   always @(posedge clk)
-    \$signal$289  <= \$857 ;
+    \$signal$141  <= \$857 ;
   always @(posedge clk)
-    \$signal$290  <= \$858 ;
+    \$signal$288  <= \$858 ;
+  always @(posedge clk)
+    \$signal$290  <= \$859 ;
+  always @(posedge clk)
+    \$signal$291  <= \$860 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -10588,7 +10599,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$130  = ins[5:0] == 4'h9;
   assign \$131  = \$129  | \$130 ;
   assign \$132  = ~ \$signal$142 ;
-  assign \$133  = \$131  & \$132 ;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -10608,8 +10618,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1146$0 (\$859 ),
-    .\port$1164$0 (\$860 ),
+    .\port$1146$0 (\$861 ),
+    .\port$1164$0 (\$862 ),
     .\port$3263$0 (beats),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
@@ -10639,7 +10649,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$79 (done),
-    .error(\error$334 ),
+    .error(\error$335 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -10673,7 +10683,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .i__payload(i__payload),
     .i__valid(i__valid),
     .mult(\$signal$162 [15:0]),
-    .o__payload(\o__payload$206 ),
+    .o__payload(\o__payload$207 ),
     .o__valid(o__valid),
     .rst(rst),
     .shift(shift),
@@ -10697,33 +10707,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .wp__data(bias_data)
   );
   \nanokpu_kpu.sigmoid  sigmoid (
-    .advance(\i__ready$188 ),
+    .advance(\i__ready$189 ),
     .clk(clk),
-    .i__valid(\i__valid$187 ),
+    .i__valid(\i__valid$188 ),
     .o__payload(o__payload),
-    .o__valid(\o__valid$189 ),
+    .o__valid(\o__valid$190 ),
     .rst(rst),
     .unit_rst(unit_rst),
     .x(i__payload[15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$192 ),
+    .advance(\i__ready$193 ),
     .clk(clk),
     .i__payload(\i__payload$168 ),
-    .i__valid(\i__valid$191 ),
-    .o__payload(\o__payload$194 ),
-    .o__valid(\o__valid$193 ),
+    .i__valid(\i__valid$192 ),
+    .o__payload(\o__payload$195 ),
+    .o__valid(\o__valid$194 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
     .i__payload(\i__payload$170 ),
-    .i__ready(\i__ready$196 ),
-    .i__valid(\i__valid$195 ),
+    .i__ready(\i__ready$197 ),
+    .i__valid(\i__valid$196 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$198 ),
-    .o__valid(\o__valid$197 ),
+    .o__payload(\o__payload$199 ),
+    .o__valid(\o__valid$198 ),
     .op(op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -10923,8 +10933,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       \$signature__addr  = \$signal$153 ;
     end
     if (gemm_run) begin
-      if (\$234 ) begin
-        \$signature__addr  = \$signal$217 ;
+      if (\$231 ) begin
+        \$signature__addr  = \$signal$218 ;
       end
     end
     casez (ctrl_state)
@@ -10937,7 +10947,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr  = \$247 [12:0];
+          \$signature__addr  = \$244 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10951,17 +10961,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$268 ) begin
-            \$signature__addr  = \$269 [12:0];
+          if (\$265 ) begin
+            \$signature__addr  = \$266 [12:0];
           end
       5'h0a:
-          \$signature__addr  = \$270 [12:0];
+          \$signature__addr  = \$267 [12:0];
       5'h10:
-          if (\$277 ) begin
-            \$signature__addr  = \$278 [12:0];
+          if (\$274 ) begin
+            \$signature__addr  = \$275 [12:0];
           end
       5'h11:
-          \$signature__addr  = \$286 [12:0];
+          \$signature__addr  = \$283 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -10974,9 +10984,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$294 ) begin
           end else begin
-            \$signature__addr  = \$298 [12:0];
+            \$signature__addr  = \$295 [12:0];
           end
       5'h17:
           /* empty */;
@@ -10984,18 +10994,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$301 ) begin
+          if (\$298 ) begin
           end else begin
-            \$signature__addr  = \$303 [12:0];
+            \$signature__addr  = \$300 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$304 ) begin
-          end else if (\$305 ) begin
-            \$signature__addr  = \$309 [12:0];
+          if (\$301 ) begin
+          end else if (\$302 ) begin
+            \$signature__addr  = \$306 [12:0];
           end
     endcase
   end
@@ -11015,7 +11025,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr$154  = \$250 [12:0];
+          \$signature__addr$154  = \$247 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -11048,9 +11058,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$294 ) begin
           end else begin
-            \$signature__addr$154  = \$300 [12:0];
+            \$signature__addr$154  = \$297 [12:0];
           end
     endcase
   end
@@ -11061,7 +11071,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       \$signature__en  = \$174 ;
     end
     if (gemm_run) begin
-      if (\$234 ) begin
+      if (\$231 ) begin
         \$signature__en  = 1'h1;
       end
     end
@@ -11089,13 +11099,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$268 ) begin
+          if (\$265 ) begin
             \$signature__en  = 1'h1;
           end
       5'h0a:
           \$signature__en  = 1'h1;
       5'h10:
-          if (\$277 ) begin
+          if (\$274 ) begin
             \$signature__en  = 1'h1;
           end
       5'h11:
@@ -11112,7 +11122,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$294 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -11122,7 +11132,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$301 ) begin
+          if (\$298 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -11131,8 +11141,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$304 ) begin
-          end else if (\$305 ) begin
+          if (\$301 ) begin
+          end else if (\$302 ) begin
             \$signature__en  = 1'h1;
           end
     endcase
@@ -11186,7 +11196,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$297 ) begin
+          if (\$294 ) begin
           end else begin
             \$signature__en$160  = 1'h1;
           end
@@ -11211,28 +11221,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h04:
             eng_ready = i__ready;
         6'h05:
-            eng_ready = \i__ready$188 ;
+            eng_ready = \i__ready$189 ;
         6'h06:
-            eng_ready = \i__ready$192 ;
+            eng_ready = \i__ready$193 ;
         default:
-            eng_ready = \i__ready$196 ;
+            eng_ready = \i__ready$197 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$184  = 1'h0;
+    \$signal$185  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            \$signal$184  = o__valid;
+            \$signal$185  = o__valid;
         6'h05:
-            \$signal$184  = \o__valid$189 ;
+            \$signal$185  = \o__valid$190 ;
         6'h06:
-            \$signal$184  = \o__valid$193 ;
+            \$signal$185  = \o__valid$194 ;
         default:
-            \$signal$184  = \o__valid$197 ;
+            \$signal$185  = \o__valid$198 ;
       endcase
     end
   end
@@ -11247,27 +11257,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             out_data = { 19'h00000, o__payload };
         6'h06:
-            out_data = { \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194 [15], \o__payload$194  };
+            out_data = { \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195  };
         default:
-            out_data = { \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198 [15], \o__payload$198  };
+            out_data = { \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199  };
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$187  = 1'h0;
+    \i__valid$188  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
             /* empty */;
         6'h05:
-            \i__valid$187  = \$signal$158 ;
+            \i__valid$188  = \$signal$158 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$191  = 1'h0;
+    \i__valid$192  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
@@ -11275,13 +11285,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             /* empty */;
         6'h06:
-            \i__valid$191  = \$signal$158 ;
+            \i__valid$192  = \$signal$158 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$195  = 1'h0;
+    \i__valid$196  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
@@ -11292,7 +11302,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h06:
             /* empty */;
         default:
-            \i__valid$195  = \$signal$158 ;
+            \i__valid$196  = \$signal$158 ;
       endcase
     end
   end
@@ -11331,7 +11341,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$252 ;
+          rd_data__ready = \$249 ;
     endcase
   end
   always @* begin
@@ -11339,7 +11349,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$signal$220 ;
+        wr__addr = \$signal$221 ;
       end
     end
     casez (ctrl_state)
@@ -11356,8 +11366,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$184 ) begin
-            wr__addr = \$251 [12:0];
+          if (\$signal$185 ) begin
+            wr__addr = \$248 [12:0];
           end
       5'h07:
           /* empty */;
@@ -11366,9 +11376,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$250 ) begin
-            if (\$253 ) begin
-              wr__addr = \$254 [12:0];
+          if (\$signal$251 ) begin
+            if (\$250 ) begin
+              wr__addr = \$251 [12:0];
             end
           end
       5'h09:
@@ -11377,11 +11387,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$281 ) begin
-            wr__addr = \$282 [12:0];
+          if (\$278 ) begin
+            wr__addr = \$279 [12:0];
           end
-          if (\$283 ) begin
-            wr__addr = \$285 [12:0];
+          if (\$280 ) begin
+            wr__addr = \$282 [12:0];
           end
         end
       5'h11:
@@ -11389,19 +11399,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$287 ) begin
-            wr__addr = \$288 [12:0];
+          if (\$284 ) begin
+            wr__addr = \$285 [12:0];
           end
       5'h14:
-          wr__addr = \$290 [12:0];
+          wr__addr = \$287 [12:0];
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$292 ) begin
+          if (\$289 ) begin
           end else begin
-            wr__addr = \$293 [12:0];
+            wr__addr = \$290 [12:0];
           end
       5'h16:
-          wr__addr = \$296 [12:0];
+          wr__addr = \$293 [12:0];
       5'h0b:
           /* empty */;
       5'h17:
@@ -11415,8 +11425,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$289 ) begin
-            wr__addr = \$signal$290 ;
+          if (\$signal$290 ) begin
+            wr__addr = \$signal$291 ;
           end
     endcase
   end
@@ -11425,7 +11435,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = \$237 ;
+        wr__data = \$234 ;
       end
     end
     casez (ctrl_state)
@@ -11442,7 +11452,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$184 ) begin
+          if (\$signal$185 ) begin
             wr__data = out_data;
           end
       5'h07:
@@ -11452,9 +11462,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$250 ) begin
-            if (\$253 ) begin
-              wr__data = \$261 ;
+          if (\$signal$251 ) begin
+            if (\$250 ) begin
+              wr__data = \$258 ;
             end
           end
       5'h09:
@@ -11463,11 +11473,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$281 ) begin
-            wr__data = { 29'h00000000, \$signal$277 [2:0] };
+          if (\$278 ) begin
+            wr__data = { 29'h00000000, \$signal$278 [2:0] };
           end
-          if (\$283 ) begin
-            wr__data = { 16'h0000, \$signal$277 [18:3] };
+          if (\$280 ) begin
+            wr__data = { 16'h0000, \$signal$278 [18:3] };
           end
         end
       5'h11:
@@ -11475,19 +11485,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$287 ) begin
-            wr__data = { 18'h00000, \$signal$278  };
+          if (\$284 ) begin
+            wr__data = { 18'h00000, \$signal$279  };
           end
       5'h14:
-          wr__data = { 18'h00000, \$signal$282  };
+          wr__data = { 18'h00000, \$signal$283  };
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$292 ) begin
+          if (\$289 ) begin
           end else begin
-            wr__data = { \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294 [14], \$294  };
+            wr__data = { \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291  };
           end
       5'h16:
-          wr__data = { 18'h00000, \$signal$284  };
+          wr__data = { 18'h00000, \$signal$285  };
       5'h0b:
           /* empty */;
       5'h17:
@@ -11501,7 +11511,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$289 ) begin
+          if (\$signal$290 ) begin
             wr__data = \$signature__data ;
           end
     endcase
@@ -11528,7 +11538,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$184 ) begin
+          if (\$signal$185 ) begin
             wr__en = 1'h1;
           end
       5'h07:
@@ -11538,8 +11548,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$250 ) begin
-            if (\$253 ) begin
+          if (\$signal$251 ) begin
+            if (\$250 ) begin
               wr__en = 1'h1;
             end
           end
@@ -11549,10 +11559,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$281 ) begin
+          if (\$278 ) begin
             wr__en = 1'h1;
           end
-          if (\$283 ) begin
+          if (\$280 ) begin
             wr__en = 1'h1;
           end
         end
@@ -11561,14 +11571,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$287 ) begin
+          if (\$284 ) begin
             wr__en = 1'h1;
           end
       5'h14:
           wr__en = 1'h1;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$292 ) begin
+          if (\$289 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -11587,7 +11597,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$289 ) begin
+          if (\$signal$290 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -11605,29 +11615,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__addr$233  = 6'h00;
+    \$signature__addr$234  = 6'h00;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$238 ) begin
+          if (\$235 ) begin
           end else begin
-            \$signature__addr$233  = pc[5:0];
+            \$signature__addr$234  = pc[5:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en$234  = 1'h1;
+    \$signature__en$235  = 1'h1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$238 ) begin
+          if (\$235 ) begin
           end else begin
-            \$signature__en$234  = 1'h1;
+            \$signature__en$235  = 1'h1;
           end
     endcase
   end
@@ -11643,11 +11653,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$239 ) begin
+          if (\$236 ) begin
+          end else if (\$239 ) begin
+          end else if (\$240 ) begin
+          end else if (\$241 ) begin
           end else if (\$242 ) begin
-          end else if (\$243 ) begin
-          end else if (\$244 ) begin
-          end else if (\$245 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11690,11 +11700,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$239 ) begin
+          if (\$236 ) begin
+          end else if (\$239 ) begin
+          end else if (\$240 ) begin
+          end else if (\$241 ) begin
           end else if (\$242 ) begin
-          end else if (\$243 ) begin
-          end else if (\$244 ) begin
-          end else if (\$245 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11810,7 +11820,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$254 ;
+          wr_data__valid = \$signal$255 ;
     endcase
   end
   always @* begin
@@ -11842,7 +11852,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$271 ) begin
+          if (\$268 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -11876,8 +11886,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$271 ) begin
-            bias_addr = \$272 [2:0];
+          if (\$268 ) begin
+            bias_addr = \$269 [2:0];
           end
     endcase
   end
@@ -11910,7 +11920,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$271 ) begin
+          if (\$268 ) begin
             bias_data = \$signature__data [15:0];
           end
     endcase
@@ -11980,7 +11990,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$264 ;
+          scores__valid = \$signal$265 ;
     endcase
   end
   always @* begin
@@ -12014,7 +12024,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$279 ;
+          routes__ready = \$276 ;
     endcase
   end
   always @* begin
@@ -12140,24 +12150,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$311 ) begin
+    if (\$308 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$721  = \$signal$119 ;
-    if (\$341 ) begin
-      \$721  = wr_data;
-    end
-    if (rst) begin
-      \$721  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$722  = host_size;
-    if (\$343 ) begin
+    \$722  = \$signal$119 ;
+    if (\$338 ) begin
       \$722  = wr_data;
     end
     if (rst) begin
@@ -12166,20 +12166,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$723  = rsel;
-    if (rd_en) begin
-      \$723  = s_axil__araddr;
+    \$723  = host_size;
+    if (\$340 ) begin
+      \$723  = wr_data;
     end
     if (rst) begin
-      \$723  = 20'h00000;
+      \$723  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$724  = l0_acc;
-    if (\$344 ) begin
+    \$724  = rsel;
+    if (rd_en) begin
+      \$724  = s_axil__araddr;
+    end
+    if (rst) begin
+      \$724  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$725  = l0_acc;
+    if (\$341 ) begin
       if (l0_y[0]) begin
-        \$724  = \$348 ;
+        \$725  = \$345 ;
       end
     end
     casez (ctrl_state)
@@ -12188,30 +12198,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$330 [5:0])
+          casez (\$signature__data$331 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$724  = 14'h0000;
-          endcase
-    endcase
-    if (rst) begin
-      \$724  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$725  = l0_x;
-    if (\$344 ) begin
-      \$725  = \$350 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$330 [5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$725  = \$519 ;
+                \$725  = 14'h0000;
           endcase
     endcase
     if (rst) begin
@@ -12220,9 +12209,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$726  = l0_y;
-    if (\$344 ) begin
-      \$726  = \$351 ;
+    \$726  = l0_x;
+    if (\$341 ) begin
+      \$726  = \$347 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$331 [5:0])
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
+                \$726  = \$520 ;
+          endcase
+    endcase
+    if (rst) begin
+      \$726  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$727  = l0_y;
+    if (\$341 ) begin
+      \$727  = \$348 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12231,23 +12241,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$726  = 16'h0000;
-          casez (\$signature__data$330 [5:0])
+          \$727  = 16'h0000;
+          casez (\$signature__data$331 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$726  = \$517 ;
+                \$727  = \$518 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$726  = 16'h0000;
+      \$727  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$727  = l1_acc;
-    if (\$352 ) begin
+    \$728  = l1_acc;
+    if (\$349 ) begin
       if (l1_y[0]) begin
-        \$727  = \$356 ;
+        \$728  = \$353 ;
       end
     end
     casez (ctrl_state)
@@ -12256,42 +12266,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$330 [5:0])
+          casez (\$signature__data$331 [5:0])
             6'h03:
-                \$727  = 14'h0000;
+                \$728  = 14'h0000;
             6'h0c:
-                \$727  = 14'h0000;
+                \$728  = 14'h0000;
             6'h0a, 6'h0b:
-                \$727  = 14'h0000;
+                \$728  = 14'h0000;
             6'h08:
-                \$727  = 14'h0000;
-          endcase
-    endcase
-    if (rst) begin
-      \$727  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$728  = l1_x;
-    if (\$352 ) begin
-      \$728  = \$358 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$330 [5:0])
-            6'h03:
-                \$728  = \$524 ;
-            6'h0c:
-                \$728  = \$550 ;
-            6'h0a, 6'h0b:
-                \$728  = \$554 ;
-            6'h08:
-                \$728  = 14'h0008;
+                \$728  = 14'h0000;
           endcase
     endcase
     if (rst) begin
@@ -12300,9 +12283,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$729  = l1_y;
-    if (\$352 ) begin
-      \$729  = \$359 ;
+    \$729  = l1_x;
+    if (\$349 ) begin
+      \$729  = \$355 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$331 [5:0])
+            6'h03:
+                \$729  = \$525 ;
+            6'h0c:
+                \$729  = \$551 ;
+            6'h0a, 6'h0b:
+                \$729  = \$555 ;
+            6'h08:
+                \$729  = 14'h0008;
+          endcase
+    endcase
+    if (rst) begin
+      \$729  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$730  = l1_y;
+    if (\$349 ) begin
+      \$730  = \$356 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12311,29 +12321,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$729  = 16'h0000;
-          casez (\$signature__data$330 [5:0])
+          \$730  = 16'h0000;
+          casez (\$signature__data$331 [5:0])
             6'h03:
-                \$729  = \$522 ;
+                \$730  = \$523 ;
             6'h0c:
-                \$729  = \$548 ;
+                \$730  = \$549 ;
             6'h0a, 6'h0b:
-                \$729  = \$signal$130 ;
+                \$730  = \$signal$130 ;
             6'h08:
-                \$729  = \$557 ;
+                \$730  = \$558 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$729  = 16'h0000;
+      \$730  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$730  = l2_acc;
-    if (\$360 ) begin
+    \$731  = l2_acc;
+    if (\$357 ) begin
       if (l2_y[0]) begin
-        \$730  = \$364 ;
+        \$731  = \$361 ;
       end
     end
     casez (ctrl_state)
@@ -12342,11 +12352,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$330 [5:0])
+          casez (\$signature__data$331 [5:0])
             6'h03:
-                \$730  = 14'h0000;
+                \$731  = 14'h0000;
             6'h0c:
-                \$730  = 14'h0000;
+                \$731  = 14'h0000;
           endcase
       5'h04:
           /* empty */;
@@ -12394,82 +12404,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$704 ) begin
+          if (\$705 ) begin
           end else begin
-            \$730  = 14'h0000;
-          end
-    endcase
-    if (rst) begin
-      \$730  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$731  = l2_x;
-    if (\$360 ) begin
-      \$731  = \$366 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$330 [5:0])
-            6'h03:
-                \$731  = \$532 ;
-            6'h0c:
-                \$731  = \$552 ;
-          endcase
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          (* full_case = 32'd1 *)
-          if (\$704 ) begin
-          end else begin
-            \$731  = ins[61:48];
+            \$731  = 14'h0000;
           end
     endcase
     if (rst) begin
@@ -12478,9 +12415,82 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$732  = l2_y;
-    if (\$360 ) begin
-      \$732  = \$367 ;
+    \$732  = l2_x;
+    if (\$357 ) begin
+      \$732  = \$363 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$331 [5:0])
+            6'h03:
+                \$732  = \$533 ;
+            6'h0c:
+                \$732  = \$553 ;
+          endcase
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          (* full_case = 32'd1 *)
+          if (\$705 ) begin
+          end else begin
+            \$732  = ins[61:48];
+          end
+    endcase
+    if (rst) begin
+      \$732  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$733  = l2_y;
+    if (\$357 ) begin
+      \$733  = \$364 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12489,12 +12499,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$732  = 16'h0000;
-          casez (\$signature__data$330 [5:0])
+          \$733  = 16'h0000;
+          casez (\$signature__data$331 [5:0])
             6'h03:
-                \$732  = \$530 [15:0];
+                \$733  = \$531 [15:0];
             6'h0c:
-                \$732  = \$signature__data$330 [47:32];
+                \$733  = \$signature__data$331 [47:32];
           endcase
         end
       5'h04:
@@ -12543,21 +12553,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$704 ) begin
+          if (\$705 ) begin
           end else begin
-            \$732  = \$signal$279 [15:0];
+            \$733  = \$signal$280 [15:0];
           end
     endcase
     if (rst) begin
-      \$732  = 16'h0000;
+      \$733  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$733  = l3_acc;
-    if (\$368 ) begin
+    \$734  = l3_acc;
+    if (\$365 ) begin
       if (l3_y[0]) begin
-        \$733  = \$372 ;
+        \$734  = \$369 ;
       end
     end
     casez (ctrl_state)
@@ -12566,40 +12576,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$330 [5:0])
+          casez (\$signature__data$331 [5:0])
             6'h03:
-                \$733  = 14'h0000;
+                \$734  = 14'h0000;
           endcase
       5'h04:
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-            \$733  = 14'h0000;
-          end
-    endcase
-    if (rst) begin
-      \$733  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$734  = l3_x;
-    if (\$368 ) begin
-      \$734  = \$374 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$330 [5:0])
-            6'h03:
-                \$734  = \$540 ;
-          endcase
-      5'h04:
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-            \$734  = l2_acc;
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+            \$734  = 14'h0000;
           end
     endcase
     if (rst) begin
@@ -12608,9 +12592,35 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$735  = l3_y;
-    if (\$368 ) begin
-      \$735  = \$375 ;
+    \$735  = l3_x;
+    if (\$365 ) begin
+      \$735  = \$371 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$331 [5:0])
+            6'h03:
+                \$735  = \$541 ;
+          endcase
+      5'h04:
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+            \$735  = l2_acc;
+          end
+    endcase
+    if (rst) begin
+      \$735  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$736  = l3_y;
+    if (\$365 ) begin
+      \$736  = \$372 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12619,28 +12629,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$735  = 16'h0000;
-          casez (\$signature__data$330 [5:0])
+          \$736  = 16'h0000;
+          casez (\$signature__data$331 [5:0])
             6'h03:
-                \$735  = \$538 [15:0];
+                \$736  = \$539 [15:0];
           endcase
         end
       5'h04:
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-            \$735  = m_eff;
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+            \$736  = m_eff;
           end
     endcase
     if (rst) begin
-      \$735  = 16'h0000;
+      \$736  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$736  = l4_acc;
-    if (\$376 ) begin
+    \$737  = l4_acc;
+    if (\$373 ) begin
       if (l4_y[0]) begin
-        \$736  = \$380 ;
+        \$737  = \$377 ;
       end
     end
     casez (ctrl_state)
@@ -12649,30 +12659,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$330 [5:0])
+          casez (\$signature__data$331 [5:0])
             6'h03:
-                \$736  = 14'h0000;
-          endcase
-    endcase
-    if (rst) begin
-      \$736  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$737  = l4_x;
-    if (\$376 ) begin
-      \$737  = \$382 [13:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          casez (\$signature__data$330 [5:0])
-            6'h03:
-                \$737  = \$545 ;
+                \$737  = 14'h0000;
           endcase
     endcase
     if (rst) begin
@@ -12681,9 +12670,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$738  = l4_y;
-    if (\$376 ) begin
-      \$738  = \$383 ;
+    \$738  = l4_x;
+    if (\$373 ) begin
+      \$738  = \$379 [13:0];
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          casez (\$signature__data$331 [5:0])
+            6'h03:
+                \$738  = \$546 ;
+          endcase
+    endcase
+    if (rst) begin
+      \$738  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$739  = l4_y;
+    if (\$373 ) begin
+      \$739  = \$380 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12692,23 +12702,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$738  = 16'h0000;
-          casez (\$signature__data$330 [5:0])
+          \$739  = 16'h0000;
+          casez (\$signature__data$331 [5:0])
             6'h03:
-                \$738  = \$543 [15:0];
+                \$739  = \$544 [15:0];
           endcase
         end
     endcase
     if (rst) begin
-      \$738  = 16'h0000;
+      \$739  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$739  = lh_acc;
-    if (\$384 ) begin
+    \$740  = lh_acc;
+    if (\$381 ) begin
       if (lh_y[0]) begin
-        \$739  = \$388 ;
+        \$740  = \$385 ;
       end
     end
     casez (ctrl_state)
@@ -12717,25 +12727,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$739  = { 1'h0, \$signature__data$330 [167:136] };
-    endcase
-    if (rst) begin
-      \$739  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$740  = lh_x;
-    if (\$384 ) begin
-      \$740  = \$390 [32:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$740  = { 1'h0, \$signature__data$330 [199:168] };
+          \$740  = { 1'h0, \$signature__data$331 [167:136] };
     endcase
     if (rst) begin
       \$740  = 33'h000000000;
@@ -12743,9 +12735,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$741  = lh_y;
-    if (\$384 ) begin
-      \$741  = \$391 ;
+    \$741  = lh_x;
+    if (\$381 ) begin
+      \$741  = \$387 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12753,46 +12745,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$741  = { 12'h000, \$560  };
+          \$741  = { 1'h0, \$signature__data$331 [199:168] };
     endcase
     if (rst) begin
-      \$741  = 16'h0000;
+      \$741  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = shape_ok;
+    \$742  = lh_y;
+    if (\$381 ) begin
+      \$742  = \$388 ;
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$742  = { 12'h000, \$561  };
+    endcase
     if (rst) begin
-      \$742  = 1'h0;
+      \$742  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = \$411 ;
+    \$743  = shape_ok;
     if (rst) begin
       \$743  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = \$419 ;
+    \$744  = \$408 ;
     if (rst) begin
       \$744  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = decode_err;
+    \$745  = \$416 ;
     if (rst) begin
-      \$745  = 8'h00;
+      \$745  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = \$signal$158 ;
+    \$746  = decode_err;
+    if (rst) begin
+      \$746  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$747  = \$signal$158 ;
     if (eng_run) begin
-      if (\$421 ) begin
-        \$746  = \$signal$157 ;
+      if (\$418 ) begin
+        \$747  = \$signal$157 ;
       end
     end
     casez (ctrl_state)
@@ -12804,60 +12814,48 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$746  = 1'h0;
+                  \$747  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$746  = 1'h0;
+                  \$747  = 1'h0;
               6'h0c:
-                  \$746  = 1'h0;
+                  \$747  = 1'h0;
               6'h0d:
-                  \$746  = 1'h0;
+                  \$747  = 1'h0;
             endcase
           end
     endcase
-    if (rst) begin
-      \$746  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = \$signal$171 ;
-    if (eng_run) begin
-      if (\$421 ) begin
-        \$747  = \$signal$300 ;
-      end
-    end
     if (rst) begin
       \$747  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = i__payload;
+    \$748  = \$signal$171 ;
     if (eng_run) begin
-      if (\$421 ) begin
-        \$748  = \$signature__data ;
+      if (\$418 ) begin
+        \$748  = \$signal$301 ;
       end
     end
     if (rst) begin
-      \$748  = 32'd0;
+      \$748  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = b_word;
+    \$749  = i__payload;
     if (eng_run) begin
-      if (\$421 ) begin
-        \$749  = \$signature__data$301 ;
+      if (\$418 ) begin
+        \$749  = \$signature__data ;
       end
     end
     if (rst) begin
@@ -12866,10 +12864,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = \$signal$157 ;
+    \$750  = b_word;
     if (eng_run) begin
-      if (\$425 ) begin
-        \$750  = \$signal$302 ;
+      if (\$418 ) begin
+        \$750  = \$signature__data$302 ;
+      end
+    end
+    if (rst) begin
+      \$750  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$751  = \$signal$157 ;
+    if (eng_run) begin
+      if (\$422 ) begin
+        \$751  = \$signal$303 ;
       end
     end
     casez (ctrl_state)
@@ -12881,55 +12891,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$750  = 1'h0;
+                  \$751  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$750  = 1'h0;
+                  \$751  = 1'h0;
               6'h0c:
-                  \$750  = 1'h0;
+                  \$751  = 1'h0;
               6'h0d:
-                  \$750  = 1'h0;
+                  \$751  = 1'h0;
             endcase
           end
     endcase
-    if (rst) begin
-      \$750  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = \$signal$300 ;
-    if (eng_run) begin
-      if (\$425 ) begin
-        \$751  = \$427 ;
-      end
-    end
     if (rst) begin
       \$751  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = idx0;
+    \$752  = \$signal$301 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$signal$302 ) begin
+      if (\$422 ) begin
+        \$752  = \$424 ;
+      end
+    end
+    if (rst) begin
+      \$752  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$753  = idx0;
+    if (eng_run) begin
+      if (\$422 ) begin
+        if (\$signal$303 ) begin
           (* full_case = 32'd1 *)
-          if (\$429 ) begin
-            \$752  = \$432 [13:0];
-          end else if (\$431 ) begin
-            \$752  = 14'h0000;
+          if (\$426 ) begin
+            \$753  = \$429 [13:0];
+          end else if (\$428 ) begin
+            \$753  = 14'h0000;
           end else begin
-            \$752  = 14'h0000;
+            \$753  = 14'h0000;
           end
         end
       end
@@ -12943,93 +12953,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$752  = 14'h0000;
+                  \$753  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$752  = 14'h0000;
+                  \$753  = 14'h0000;
               6'h0c:
-                  \$752  = 14'h0000;
+                  \$753  = 14'h0000;
               6'h0d:
-                  \$752  = 14'h0000;
+                  \$753  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$752  = 14'h0000;
+      \$753  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = \$signal$153 ;
+    \$754  = \$signal$153 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$signal$302 ) begin
+      if (\$422 ) begin
+        if (\$signal$303 ) begin
           (* full_case = 32'd1 *)
-          if (\$429 ) begin
-            \$753  = \$433 [12:0];
-          end else if (\$431 ) begin
-            \$753  = \$437 [12:0];
-          end else begin
-            \$753  = \$443 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$753  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$753  = ins[76:64];
-              6'h0c:
-                  \$753  = ins[76:64];
-              6'h0d:
-                  \$753  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$753  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = \$signal$155 ;
-    if (eng_run) begin
-      if (\$425 ) begin
-        if (\$signal$302 ) begin
-          (* full_case = 32'd1 *)
-          if (\$429 ) begin
+          if (\$426 ) begin
+            \$754  = \$430 [12:0];
+          end else if (\$428 ) begin
             \$754  = \$434 [12:0];
-          end else if (\$431 ) begin
-            \$754  = \$439 [12:0];
           end else begin
-            \$754  = \$446 [12:0];
+            \$754  = \$440 [12:0];
           end
         end
       end
@@ -13043,23 +13003,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$754  = ins[100:88];
+                  \$754  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$754  = ins[100:88];
+                  \$754  = ins[76:64];
               6'h0c:
-                  \$754  = ins[100:88];
+                  \$754  = ins[76:64];
               6'h0d:
-                  \$754  = ins[100:88];
+                  \$754  = ins[76:64];
             endcase
           end
     endcase
@@ -13069,16 +13029,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = idx1;
+    \$755  = \$signal$155 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$signal$302 ) begin
+      if (\$422 ) begin
+        if (\$signal$303 ) begin
           (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$431 ) begin
-            \$755  = \$435 [13:0];
+          if (\$426 ) begin
+            \$755  = \$431 [12:0];
+          end else if (\$428 ) begin
+            \$755  = \$436 [12:0];
           end else begin
-            \$755  = 14'h0000;
+            \$755  = \$443 [12:0];
           end
         end
       end
@@ -13092,42 +13053,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$755  = 14'h0000;
+                  \$755  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$755  = 14'h0000;
+                  \$755  = ins[100:88];
               6'h0c:
-                  \$755  = 14'h0000;
+                  \$755  = ins[100:88];
               6'h0d:
-                  \$755  = 14'h0000;
+                  \$755  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$755  = 14'h0000;
+      \$755  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = \$signal$309 ;
+    \$756  = idx1;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$signal$302 ) begin
+      if (\$422 ) begin
+        if (\$signal$303 ) begin
           (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$431 ) begin
-            \$756  = \$436 [12:0];
+          if (\$426 ) begin
+          end else if (\$428 ) begin
+            \$756  = \$432 [13:0];
           end else begin
-            \$756  = \$442 [12:0];
+            \$756  = 14'h0000;
           end
         end
       end
@@ -13141,42 +13102,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$756  = ins[76:64];
+                  \$756  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$756  = ins[76:64];
+                  \$756  = 14'h0000;
               6'h0c:
-                  \$756  = ins[76:64];
+                  \$756  = 14'h0000;
               6'h0d:
-                  \$756  = ins[76:64];
+                  \$756  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$756  = 13'h0000;
+      \$756  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = \$signal$311 ;
+    \$757  = \$signal$310 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$signal$302 ) begin
+      if (\$422 ) begin
+        if (\$signal$303 ) begin
           (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$431 ) begin
-            \$757  = \$438 [12:0];
+          if (\$426 ) begin
+          end else if (\$428 ) begin
+            \$757  = \$433 [12:0];
           end else begin
-            \$757  = \$445 [12:0];
+            \$757  = \$439 [12:0];
           end
         end
       end
@@ -13190,23 +13151,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$757  = ins[100:88];
+                  \$757  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$757  = ins[100:88];
+                  \$757  = ins[76:64];
               6'h0c:
-                  \$757  = ins[100:88];
+                  \$757  = ins[76:64];
               6'h0d:
-                  \$757  = ins[100:88];
+                  \$757  = ins[76:64];
             endcase
           end
     endcase
@@ -13216,15 +13177,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = idx2;
+    \$758  = \$signal$312 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$signal$302 ) begin
+      if (\$422 ) begin
+        if (\$signal$303 ) begin
           (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$431 ) begin
+          if (\$426 ) begin
+          end else if (\$428 ) begin
+            \$758  = \$435 [12:0];
           end else begin
-            \$758  = \$440 [13:0];
+            \$758  = \$442 [12:0];
           end
         end
       end
@@ -13238,41 +13200,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$758  = 14'h0000;
+                  \$758  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  \$758  = 14'h0000;
+                  \$758  = ins[100:88];
               6'h0c:
-                  \$758  = 14'h0000;
+                  \$758  = ins[100:88];
               6'h0d:
-                  \$758  = 14'h0000;
+                  \$758  = ins[100:88];
             endcase
           end
     endcase
     if (rst) begin
-      \$758  = 14'h0000;
+      \$758  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = \$signal$314 ;
+    \$759  = idx2;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$signal$302 ) begin
+      if (\$422 ) begin
+        if (\$signal$303 ) begin
           (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$431 ) begin
+          if (\$426 ) begin
+          end else if (\$428 ) begin
           end else begin
-            \$759  = \$441 [12:0];
+            \$759  = \$437 [13:0];
           end
         end
       end
@@ -13286,41 +13248,41 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$759  = ins[76:64];
+                  \$759  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$759  = ins[76:64];
+                  \$759  = 14'h0000;
               6'h0c:
-                  \$759  = ins[76:64];
+                  \$759  = 14'h0000;
               6'h0d:
-                  \$759  = ins[76:64];
+                  \$759  = 14'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$759  = 13'h0000;
+      \$759  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = \$signal$316 ;
+    \$760  = \$signal$315 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$signal$302 ) begin
+      if (\$422 ) begin
+        if (\$signal$303 ) begin
           (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$431 ) begin
+          if (\$426 ) begin
+          end else if (\$428 ) begin
           end else begin
-            \$760  = \$444 [12:0];
+            \$760  = \$438 [12:0];
           end
         end
       end
@@ -13334,23 +13296,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$760  = ins[100:88];
+                  \$760  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  \$760  = ins[100:88];
+                  \$760  = ins[76:64];
               6'h0c:
-                  \$760  = ins[100:88];
+                  \$760  = ins[76:64];
               6'h0d:
-                  \$760  = ins[100:88];
+                  \$760  = ins[76:64];
             endcase
           end
     endcase
@@ -13360,16 +13322,64 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = \$signal$302 ;
+    \$761  = \$signal$317 ;
     if (eng_run) begin
-      if (\$425 ) begin
-        if (\$signal$302 ) begin
+      if (\$422 ) begin
+        if (\$signal$303 ) begin
           (* full_case = 32'd1 *)
-          if (\$429 ) begin
-          end else if (\$431 ) begin
+          if (\$426 ) begin
+          end else if (\$428 ) begin
           end else begin
-            if (\$448 ) begin
-              \$761  = 1'h0;
+            \$761  = \$441 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$761  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$761  = ins[100:88];
+              6'h0c:
+                  \$761  = ins[100:88];
+              6'h0d:
+                  \$761  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$761  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$762  = \$signal$303 ;
+    if (eng_run) begin
+      if (\$422 ) begin
+        if (\$signal$303 ) begin
+          (* full_case = 32'd1 *)
+          if (\$426 ) begin
+          end else if (\$428 ) begin
+          end else begin
+            if (\$445 ) begin
+              \$762  = 1'h0;
             end
           end
         end
@@ -13384,66 +13394,73 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$761  = 1'h1;
+                  \$762  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$761  = 1'h1;
+                  \$762  = 1'h1;
               6'h0c:
-                  \$761  = 1'h1;
+                  \$762  = 1'h1;
               6'h0d:
-                  \$761  = 1'h1;
+                  \$762  = 1'h1;
             endcase
           end
     endcase
-    if (rst) begin
-      \$761  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = \$signal$319 ;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$457 ) begin
-        \$762  = 1'h1;
-      end else begin
-        \$762  = 1'h0;
-      end
-    end
     if (rst) begin
       \$762  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$457 ) begin
-        \$763  = gm_lane[1:0];
-      end
-    end
+    \$763  = \$449 ;
     if (rst) begin
       \$763  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = gm_lane;
+    \$764  = \$signal$320 ;
     if (gemm_run) begin
-      if (\$457 ) begin
-        \$764  = \$458 [2:0];
+      (* full_case = 32'd1 *)
+      if (\$458 ) begin
+        \$764  = 1'h1;
+      end else begin
+        \$764  = 1'h0;
       end
-      if (\$468 ) begin
-        \$764  = 3'h0;
+    end
+    if (rst) begin
+      \$764  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$765  = gm_cap_lane;
+    if (gemm_run) begin
+      if (\$458 ) begin
+        \$765  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$765  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$766  = gm_lane;
+    if (gemm_run) begin
+      if (\$458 ) begin
+        \$766  = \$459 [2:0];
+      end
+      if (\$469 ) begin
+        \$766  = 3'h0;
       end
     end
     casez (ctrl_state)
@@ -13455,11 +13472,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13473,27 +13490,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$764  = 3'h0;
+                  \$766  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$764  = 3'h0;
+      \$766  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = \$signal$217 ;
+    \$767  = \$signal$218 ;
     if (gemm_run) begin
-      if (\$457 ) begin
-        \$765  = \$459 [12:0];
+      if (\$458 ) begin
+        \$767  = \$460 [12:0];
       end
-      if (\$468 ) begin
+      if (\$469 ) begin
         (* full_case = 32'd1 *)
-        if (\$470 ) begin
-          \$765  = \$473 [12:0];
+        if (\$471 ) begin
+          \$767  = \$474 [12:0];
         end else begin
-          \$765  = \$478 [12:0];
+          \$767  = \$479 [12:0];
         end
       end
     end
@@ -13506,11 +13523,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13524,33 +13541,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$765  = ins[76:64];
+                  \$767  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$765  = 13'h0000;
+      \$767  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = a_in__payload;
+    \$768  = a_in__payload;
     if (gemm_run) begin
-      if (\$signal$319 ) begin
+      if (\$signal$320 ) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$766 [7:0] = \$signature__data [7:0];
+              \$768 [7:0] = \$signature__data [7:0];
           2'h1:
-              \$766 [15:8] = \$signature__data [7:0];
+              \$768 [15:8] = \$signature__data [7:0];
           2'h2:
-              \$766 [23:16] = \$signature__data [7:0];
+              \$768 [23:16] = \$signature__data [7:0];
           2'h3:
-              \$766 [31:24] = \$signature__data [7:0];
+              \$768 [31:24] = \$signature__data [7:0];
         endcase
       end
-      if (\$468 ) begin
-        \$766  = 32'd0;
+      if (\$469 ) begin
+        \$768  = 32'd0;
       end
     end
     casez (ctrl_state)
@@ -13562,11 +13579,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13580,23 +13597,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$766  = 32'd0;
+                  \$768  = 32'd0;
             endcase
           end
     endcase
     if (rst) begin
-      \$766  = 32'd0;
+      \$768  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = a_in__valid;
+    \$769  = a_in__valid;
     if (gemm_run) begin
-      if (\$467 ) begin
-        \$767  = 1'h1;
-      end
       if (\$468 ) begin
-        \$767  = 1'h0;
+        \$769  = 1'h1;
+      end
+      if (\$469 ) begin
+        \$769  = 1'h0;
       end
     end
     casez (ctrl_state)
@@ -13608,11 +13625,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13626,24 +13643,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$767  = 1'h0;
+                  \$769  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$767  = 1'h0;
+      \$769  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = \$signal$322 ;
+    \$770  = \$signal$323 ;
     if (gemm_run) begin
-      if (\$468 ) begin
+      if (\$469 ) begin
         (* full_case = 32'd1 *)
-        if (\$470 ) begin
-          \$768  = \$471 [6:0];
+        if (\$471 ) begin
+          \$770  = \$472 [6:0];
         end else begin
-          \$768  = 7'h00;
+          \$770  = 7'h00;
         end
       end
     end
@@ -13656,11 +13673,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13674,24 +13691,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$768  = 7'h00;
+                  \$770  = 7'h00;
             endcase
           end
     endcase
     if (rst) begin
-      \$768  = 7'h00;
+      \$770  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = gm_wstart;
+    \$771  = gm_wstart;
     if (gemm_run) begin
-      if (\$468 ) begin
+      if (\$469 ) begin
         (* full_case = 32'd1 *)
-        if (\$470 ) begin
-          \$769  = \$472 [12:0];
+        if (\$471 ) begin
+          \$771  = \$473 [12:0];
         end else begin
-          \$769  = \$476 [12:0];
+          \$771  = \$477 [12:0];
         end
       end
     end
@@ -13704,11 +13721,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13722,23 +13739,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$769  = ins[76:64];
+                  \$771  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$769  = 13'h0000;
+      \$771  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = \$signal$216 ;
+    \$772  = \$signal$217 ;
     if (gemm_run) begin
-      if (\$468 ) begin
+      if (\$469 ) begin
         (* full_case = 32'd1 *)
-        if (\$470 ) begin
+        if (\$471 ) begin
         end else begin
-          \$770  = \$474 [14:0];
+          \$772  = \$475 [14:0];
         end
       end
     end
@@ -13751,11 +13768,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13769,24 +13786,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$770  = 15'h0000;
+                  \$772  = 15'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$770  = 15'h0000;
+      \$772  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = gm_afeed_done;
+    \$773  = gm_afeed_done;
     if (gemm_run) begin
-      if (\$468 ) begin
+      if (\$469 ) begin
         (* full_case = 32'd1 *)
-        if (\$470 ) begin
+        if (\$471 ) begin
         end else begin
-          if (\$480 ) begin
-            \$771  = 1'h1;
+          if (\$481 ) begin
+            \$773  = 1'h1;
           end
         end
       end
@@ -13800,11 +13817,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13818,22 +13835,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$771  = 1'h0;
+                  \$773  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$771  = 1'h0;
+      \$773  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = gc_lane;
+    \$774  = gc_lane;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$772  = \$481 [1:0];
+        \$774  = \$482 [1:0];
         if (gc_last) begin
-          \$772  = 2'h0;
+          \$774  = 2'h0;
         end
       end
     end
@@ -13846,11 +13863,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13864,26 +13881,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$772  = 2'h0;
+                  \$774  = 2'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$772  = 2'h0;
+      \$774  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = \$signal$220 ;
+    \$775  = \$signal$221 ;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$773  = \$482 [12:0];
+        \$775  = \$483 [12:0];
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$491 ) begin
-            \$773  = \$494 [12:0];
+          if (\$492 ) begin
+            \$775  = \$495 [12:0];
           end else begin
-            \$773  = \$501 [12:0];
+            \$775  = \$502 [12:0];
           end
         end
       end
@@ -13897,11 +13914,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13915,26 +13932,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$773  = ins[124:112];
+                  \$775  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$773  = 13'h0000;
+      \$775  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = gc_last;
+    \$776  = gc_last;
     if (gemm_run) begin
       if (c_out__valid) begin
-        \$774  = \$489 ;
+        \$776  = \$490 ;
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$491 ) begin
-            \$774  = \$498 ;
+          if (\$492 ) begin
+            \$776  = \$499 ;
           end else begin
-            \$774  = \$506 ;
+            \$776  = \$507 ;
           end
         end
       end
@@ -13948,11 +13965,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -13966,75 +13983,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$774  = \$585 ;
+                  \$776  = \$586 ;
             endcase
           end
     endcase
     if (rst) begin
-      \$774  = 1'h0;
+      \$776  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = \$signal$325 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$491 ) begin
-            \$775  = \$492 [8:0];
-          end else begin
-            \$775  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$775  = 9'h000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$775  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = gc_wstart;
+    \$777  = \$signal$326 ;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$491 ) begin
-            \$776  = \$493 [12:0];
+          if (\$492 ) begin
+            \$777  = \$493 [8:0];
           end else begin
-            \$776  = \$500 [12:0];
+            \$777  = 9'h000;
           end
         end
       end
@@ -14048,11 +14015,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14066,24 +14033,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$776  = ins[124:112];
+                  \$777  = 9'h000;
             endcase
           end
     endcase
     if (rst) begin
-      \$776  = 13'h0000;
+      \$777  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = \$signal$324 ;
+    \$778  = gc_wstart;
     if (gemm_run) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$491 ) begin
+          if (\$492 ) begin
+            \$778  = \$494 [12:0];
           end else begin
-            \$777  = \$499 [14:0];
+            \$778  = \$501 [12:0];
           end
         end
       end
@@ -14097,11 +14065,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14115,55 +14083,68 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$777  = 15'h0000;
+                  \$778  = ins[124:112];
             endcase
           end
     endcase
     if (rst) begin
-      \$777  = 15'h0000;
+      \$778  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = \$signal$118 ;
+    \$779  = \$signal$325 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$492 ) begin
+          end else begin
+            \$779  = \$500 [14:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$779  = 15'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$779  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$780  = \$signal$118 ;
     if (\$signal$108 ) begin
-      \$778  = \$507 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$778  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$778  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = busy_dma;
-    if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$779  = \$508 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$779  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$779  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = busy_gemm;
-    if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$780  = \$509 [31:0];
-      end
+      \$780  = \$508 [31:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -14177,10 +14158,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = busy_act;
+    \$781  = busy_dma;
     if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$781  = \$510 [31:0];
+      if (cur_unit[0]) begin
+        \$781  = \$509 [31:0];
       end
     end
     casez (ctrl_state)
@@ -14195,10 +14176,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = busy_route;
+    \$782  = busy_gemm;
     if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$782  = \$511 [31:0];
+      if (cur_unit[1]) begin
+        \$782  = \$510 [31:0];
       end
     end
     casez (ctrl_state)
@@ -14213,10 +14194,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = busy_vector;
+    \$783  = busy_act;
     if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$783  = \$512 [31:0];
+      if (cur_unit[2]) begin
+        \$783  = \$511 [31:0];
       end
     end
     casez (ctrl_state)
@@ -14231,10 +14212,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = busy_move;
+    \$784  = busy_route;
     if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$784  = \$513 [31:0];
+      if (cur_unit[3]) begin
+        \$784  = \$512 [31:0];
       end
     end
     casez (ctrl_state)
@@ -14249,35 +14230,71 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = \$signature__data ;
+    \$785  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$785  = \$513 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$785  = 32'd0;
+          end
+    endcase
     if (rst) begin
       \$785  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = \$signature__data$301 ;
+    \$786  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$786  = \$514 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$786  = 32'd0;
+          end
+    endcase
     if (rst) begin
       \$786  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = \$signal$108 ;
+    \$787  = \$signature__data ;
+    if (rst) begin
+      \$787  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$788  = \$signature__data$302 ;
+    if (rst) begin
+      \$788  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$789  = \$signal$108 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$787  = 1'h1;
+            \$789  = 1'h1;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
-            \$787  = 1'h0;
+          end else if (\$566 ) begin
+            \$789  = 1'h0;
           end
       5'h05:
           /* empty */;
@@ -14326,31 +14343,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1b:
           /* empty */;
       5'h02:
-          if (\$718 ) begin
-            \$787  = 1'h0;
+          if (\$719 ) begin
+            \$789  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$787  = 1'h0;
+      \$789  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = \$signal$109 ;
+    \$790  = \$signal$109 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$788  = 1'h0;
+            \$790  = 1'h0;
           end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
-            \$788  = 1'h1;
+          end else if (\$566 ) begin
+            \$790  = 1'h1;
           end
       5'h05:
           /* empty */;
@@ -14399,24 +14416,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1b:
           /* empty */;
       5'h02:
-          if (\$718 ) begin
-            \$788  = 1'h0;
+          if (\$719 ) begin
+            \$790  = 1'h0;
           end
     endcase
-    if (\$720 ) begin
-      \$788  = 1'h0;
+    if (\$721 ) begin
+      \$790  = 1'h0;
     end
     if (rst) begin
-      \$788  = 1'h0;
+      \$790  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = err;
+    \$791  = err;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$789  = 8'h00;
+            \$791  = 8'h00;
           end
       5'h01:
           /* empty */;
@@ -14471,24 +14488,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1b:
           /* empty */;
       5'h02:
-          if (\$718 ) begin
-            \$789  = stop_code;
+          if (\$719 ) begin
+            \$791  = stop_code;
           end
     endcase
-    if (\$720 ) begin
-      \$789  = 8'h00;
+    if (\$721 ) begin
+      \$791  = 8'h00;
     end
     if (rst) begin
-      \$789  = 8'h00;
+      \$791  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = pc;
+    \$792  = pc;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$790  = 13'h0000;
+            \$792  = 13'h0000;
           end
       5'h01:
           /* empty */;
@@ -14496,15 +14513,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$790  = { 1'h0, ins[255:244] };
+                  \$792  = { 1'h0, ins[255:244] };
             endcase
           end
       5'h05:
@@ -14512,26 +14529,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$596 ) begin
-            \$790  = \$598 [12:0];
+          if (\$597 ) begin
+            \$792  = \$599 [12:0];
           end
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          if (\$600 ) begin
-            \$790  = \$601 [12:0];
+          if (\$601 ) begin
+            \$792  = \$602 [12:0];
           end
       5'h08:
           if (error) begin
-          end else if (\$618 ) begin
-            \$790  = \$619 [12:0];
+          end else if (\$619 ) begin
+            \$792  = \$620 [12:0];
           end
       5'h09:
           if (error) begin
-          end else if (\$646 ) begin
-            \$790  = \$647 [12:0];
+          end else if (\$647 ) begin
+            \$792  = \$648 [12:0];
           end
       5'h0a:
           /* empty */;
@@ -14549,36 +14566,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$688 ) begin
+          if (\$689 ) begin
           end else begin
-            \$790  = \$689 [12:0];
+            \$792  = \$690 [12:0];
           end
       5'h0b:
-          if (\$691 ) begin
-            \$790  = { 1'h0, ins[255:244] };
+          if (\$692 ) begin
+            \$792  = { 1'h0, ins[255:244] };
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$694 ) begin
-            \$790  = \$697 [12:0];
+          if (\$695 ) begin
+            \$792  = \$698 [12:0];
           end
       5'h0c:
-          if (\$699 ) begin
-            \$790  = \$700 [12:0];
+          if (\$700 ) begin
+            \$792  = \$701 [12:0];
           end
     endcase
     if (rst) begin
-      \$790  = 13'h0000;
+      \$792  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = \$signal$121 ;
+    \$793  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$791  = 32'd0;
+            \$793  = 32'd0;
           end
       5'h01:
           /* empty */;
@@ -14586,15 +14603,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$791  = \$581 [31:0];
+                  \$793  = \$582 [31:0];
             endcase
           end
       5'h05:
@@ -14602,26 +14619,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$596 ) begin
-            \$791  = \$599 [31:0];
+          if (\$597 ) begin
+            \$793  = \$600 [31:0];
           end
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          if (\$600 ) begin
-            \$791  = \$602 [31:0];
+          if (\$601 ) begin
+            \$793  = \$603 [31:0];
           end
       5'h08:
           if (error) begin
-          end else if (\$618 ) begin
-            \$791  = \$620 [31:0];
+          end else if (\$619 ) begin
+            \$793  = \$621 [31:0];
           end
       5'h09:
           if (error) begin
-          end else if (\$646 ) begin
-            \$791  = \$648 [31:0];
+          end else if (\$647 ) begin
+            \$793  = \$649 [31:0];
           end
       5'h0a:
           /* empty */;
@@ -14639,152 +14656,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$688 ) begin
+          if (\$689 ) begin
           end else begin
-            \$791  = \$690 [31:0];
+            \$793  = \$691 [31:0];
           end
       5'h0b:
-          if (\$691 ) begin
-            \$791  = \$692 [31:0];
+          if (\$692 ) begin
+            \$793  = \$693 [31:0];
           end
       5'h17:
           /* empty */;
       5'h18:
-          if (\$694 ) begin
-            \$791  = \$698 [31:0];
+          if (\$695 ) begin
+            \$793  = \$699 [31:0];
           end
       5'h0c:
-          if (\$699 ) begin
-            \$791  = \$701 [31:0];
+          if (\$700 ) begin
+            \$793  = \$702 [31:0];
           end
     endcase
     if (rst) begin
-      \$791  = 32'd0;
+      \$793  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = \$signal$142 ;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$792  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$688 ) begin
-          end else begin
-            \$792  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$792  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = exp_active;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$793  = 1'h0;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$688 ) begin
-          end else begin
-            \$793  = 1'h0;
-          end
-      5'h0b:
-          if (\$691 ) begin
-            \$793  = 1'h0;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$694 ) begin
-            \$793  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$793  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = \$signal$145 ;
+    \$794  = \$signal$142 ;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
@@ -14801,10 +14698,36 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$596 ) begin
-            if (\$597 ) begin
-              \$794  = 1'h1;
-            end
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$689 ) begin
+          end else begin
+            \$794  = 1'h1;
           end
     endcase
     if (rst) begin
@@ -14813,764 +14736,858 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = ctrl_state;
+    \$795  = exp_active;
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$795  = 5'h01;
+            \$795  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$689 ) begin
+          end else begin
+            \$795  = 1'h0;
+          end
+      5'h0b:
+          if (\$692 ) begin
+            \$795  = 1'h0;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$695 ) begin
+            \$795  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$795  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$796  = \$signal$145 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$796  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$597 ) begin
+            if (\$598 ) begin
+              \$796  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$796  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$797  = ctrl_state;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$797  = 5'h01;
           end
       5'h01:
         begin
           (* full_case = 32'd1 *)
-          if (\$514 ) begin
-            \$795  = 5'h02;
+          if (\$515 ) begin
+            \$797  = 5'h02;
           end else begin
-            \$795  = 5'h03;
+            \$797  = 5'h03;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h03:
         begin
-          \$795  = 5'h04;
+          \$797  = 5'h04;
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
-            \$795  = 5'h00;
           end else if (\$566 ) begin
+            \$797  = 5'h00;
           end else if (\$567 ) begin
-            \$795  = 5'h02;
+          end else if (\$568 ) begin
+            \$797  = 5'h02;
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$795  = 5'h01;
+                  \$797  = 5'h01;
               6'h04:
                   (* full_case = 32'd1 *)
-                  if (\$583 ) begin
-                    \$795  = 5'h05;
+                  if (\$584 ) begin
+                    \$797  = 5'h05;
                   end else begin
-                    \$795  = 5'h06;
+                    \$797  = 5'h06;
                   end
               6'h05, 6'h06, 6'h07:
-                  \$795  = 5'h06;
+                  \$797  = 5'h06;
               6'h0c:
-                  \$795  = 5'h06;
+                  \$797  = 5'h06;
               6'h0d:
-                  \$795  = 5'h06;
+                  \$797  = 5'h06;
               6'h03:
                   (* full_case = 32'd1 *)
-                  if (\$587 ) begin
-                    \$795  = 5'h05;
+                  if (\$588 ) begin
+                    \$797  = 5'h05;
                   end else begin
-                    \$795  = 5'h07;
+                    \$797  = 5'h07;
                   end
               6'h01:
-                  \$795  = 5'h08;
+                  \$797  = 5'h08;
               6'h02:
-                  \$795  = 5'h09;
+                  \$797  = 5'h09;
               6'h08:
-                  \$795  = 5'h0a;
+                  \$797  = 5'h0a;
               6'h09:
-                  \$795  = 5'h0b;
+                  \$797  = 5'h0b;
               6'h0a, 6'h0b:
-                  \$795  = 5'h0c;
+                  \$797  = 5'h0c;
             endcase
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h05:
         begin
-          \$795  = 5'h0d;
+          \$797  = 5'h0d;
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h0d:
         begin
           (* full_case = 32'd1 *)
-          if (\$593 ) begin
-            \$795  = 5'h07;
+          if (\$594 ) begin
+            \$797  = 5'h07;
           end else begin
-            \$795  = 5'h06;
+            \$797  = 5'h06;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h06:
         begin
-          if (\$596 ) begin
-            \$795  = 5'h01;
+          if (\$597 ) begin
+            \$797  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h07:
         begin
           if (cmd__ready) begin
-            \$795  = 5'h0e;
+            \$797  = 5'h0e;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h0e:
         begin
           if (error) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$334 ) begin
-              \$795  = 5'h02;
+            if (\error$335 ) begin
+              \$797  = 5'h02;
             end else begin
-              \$795  = 5'h0f;
+              \$797  = 5'h0f;
             end
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h0f:
         begin
-          if (\$600 ) begin
-            \$795  = 5'h01;
+          if (\$601 ) begin
+            \$797  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$795  = 5'h02;
-          end else if (\$618 ) begin
-            \$795  = 5'h01;
+            \$797  = 5'h02;
+          end else if (\$619 ) begin
+            \$797  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$795  = 5'h02;
-          end else if (\$646 ) begin
-            \$795  = 5'h01;
+            \$797  = 5'h02;
+          end else if (\$647 ) begin
+            \$797  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h0a:
         begin
-          if (\$650 ) begin
-            \$795  = 5'h10;
+          if (\$651 ) begin
+            \$797  = 5'h10;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h10:
         begin
-          if (\$677 ) begin
-            \$795  = 5'h11;
+          if (\$678 ) begin
+            \$797  = 5'h11;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h11:
         begin
-          \$795  = 5'h12;
+          \$797  = 5'h12;
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h12:
         begin
-          \$795  = 5'h13;
+          \$797  = 5'h13;
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h13:
         begin
           (* full_case = 32'd1 *)
-          if (\$678 ) begin
-            \$795  = 5'h14;
+          if (\$679 ) begin
+            \$797  = 5'h14;
           end else begin
-            \$795  = 5'h15;
+            \$797  = 5'h15;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h14:
         begin
-          \$795  = 5'h15;
+          \$797  = 5'h15;
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h15:
         begin
           (* full_case = 32'd1 *)
-          if (\$681 ) begin
-            \$795  = 5'h11;
+          if (\$682 ) begin
+            \$797  = 5'h11;
           end else begin
-            \$795  = 5'h16;
+            \$797  = 5'h16;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$688 ) begin
-            \$795  = 5'h11;
+          if (\$689 ) begin
+            \$797  = 5'h11;
           end else begin
-            \$795  = 5'h01;
+            \$797  = 5'h01;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h0b:
         begin
           (* full_case = 32'd1 *)
-          if (\$691 ) begin
-            \$795  = 5'h01;
+          if (\$692 ) begin
+            \$797  = 5'h01;
           end else begin
-            \$795  = 5'h17;
+            \$797  = 5'h17;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h17:
         begin
-          \$795  = 5'h18;
+          \$797  = 5'h18;
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h18:
         begin
           (* full_case = 32'd1 *)
-          if (\$694 ) begin
-            \$795  = 5'h01;
+          if (\$695 ) begin
+            \$797  = 5'h01;
           end else begin
-            \$795  = 5'h0b;
+            \$797  = 5'h0b;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h0c:
         begin
           (* full_case = 32'd1 *)
-          if (\$699 ) begin
-            \$795  = 5'h01;
+          if (\$700 ) begin
+            \$797  = 5'h01;
           end else begin
-            \$795  = 5'h19;
+            \$797  = 5'h19;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h19:
         begin
-          \$795  = 5'h1a;
+          \$797  = 5'h1a;
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h1a:
         begin
           (* full_case = 32'd1 *)
-          if (\$704 ) begin
-            \$795  = 5'h02;
+          if (\$705 ) begin
+            \$797  = 5'h02;
           end else begin
-            \$795  = 5'h1b;
+            \$797  = 5'h1b;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h1b:
         begin
-          if (\$713 ) begin
-            \$795  = 5'h0c;
+          if (\$714 ) begin
+            \$797  = 5'h0c;
           end
           if (\$signal$103 ) begin
-            \$795  = 5'h02;
+            \$797  = 5'h02;
           end
         end
       5'h02:
-          if (\$718 ) begin
-            \$795  = 5'h00;
+          if (\$719 ) begin
+            \$797  = 5'h00;
           end
     endcase
     if (rst) begin
-      \$795  = 5'h00;
+      \$797  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = stop_code;
+    \$798  = stop_code;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$514 ) begin
-            \$796  = 8'h06;
+          if (\$515 ) begin
+            \$798  = 8'h06;
           end
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h04:
         begin
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
-            \$796  = decode_q;
+          end else if (\$568 ) begin
+            \$798  = decode_q;
           end
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h06:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h07:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$796  = 8'h07;
+            \$798  = 8'h07;
           end else if (done) begin
-            if (\error$334 ) begin
-              \$796  = 8'h03;
+            if (\error$335 ) begin
+              \$798  = 8'h03;
             end
           end
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
         end
       5'h0f:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h08:
         begin
           if (error) begin
-            \$796  = 8'h07;
+            \$798  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$796  = 8'h07;
+            \$798  = 8'h07;
           end
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h16:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h0b:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h17:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h18:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h0c:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h19:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
       5'h1a:
         begin
-          if (\$704 ) begin
-            \$796  = 8'h02;
+          if (\$705 ) begin
+            \$798  = 8'h02;
           end
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
         end
       5'h1b:
           if (\$signal$103 ) begin
-            \$796  = 8'h00;
+            \$798  = 8'h00;
           end
     endcase
     if (rst) begin
-      \$796  = 8'h00;
+      \$798  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = cur_unit;
+    \$799  = cur_unit;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
         begin
-          if (\$514 ) begin
-            \$797  = 6'h00;
+          if (\$515 ) begin
+            \$799  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h03:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h04:
         begin
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
-            \$797  = 6'h00;
+          end else if (\$568 ) begin
+            \$799  = 6'h00;
           end else begin
-            if (\$569 ) begin
-              \$797  = 6'h01;
-            end
             if (\$570 ) begin
-              \$797  = 6'h01;
+              \$799  = 6'h01;
             end
             if (\$571 ) begin
-              \$797  = 6'h02;
+              \$799  = 6'h01;
             end
             if (\$572 ) begin
-              \$797  = 6'h04;
+              \$799  = 6'h02;
             end
             if (\$573 ) begin
-              \$797  = 6'h04;
+              \$799  = 6'h04;
             end
             if (\$574 ) begin
-              \$797  = 6'h04;
+              \$799  = 6'h04;
             end
             if (\$575 ) begin
-              \$797  = 6'h08;
+              \$799  = 6'h04;
             end
             if (\$576 ) begin
-              \$797  = 6'h10;
+              \$799  = 6'h08;
             end
             if (\$577 ) begin
-              \$797  = 6'h10;
+              \$799  = 6'h10;
             end
             if (\$578 ) begin
-              \$797  = 6'h10;
+              \$799  = 6'h10;
             end
             if (\$579 ) begin
-              \$797  = 6'h20;
+              \$799  = 6'h10;
             end
             if (\$580 ) begin
-              \$797  = 6'h20;
+              \$799  = 6'h20;
+            end
+            if (\$581 ) begin
+              \$799  = 6'h20;
             end
             casez (ins[5:0])
               6'h0e:
-                  \$797  = 6'h00;
+                  \$799  = 6'h00;
             endcase
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h05:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h0d:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h06:
         begin
-          if (\$596 ) begin
-            \$797  = 6'h00;
+          if (\$597 ) begin
+            \$799  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h07:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h0e:
         begin
           if (error) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end else if (done) begin
-            if (\error$334 ) begin
-              \$797  = 6'h00;
+            if (\error$335 ) begin
+              \$799  = 6'h00;
             end
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h0f:
         begin
-          if (\$600 ) begin
-            \$797  = 6'h00;
+          if (\$601 ) begin
+            \$799  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h08:
         begin
           if (error) begin
-            \$797  = 6'h00;
-          end else if (\$618 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
+          end else if (\$619 ) begin
+            \$799  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h09:
         begin
           if (error) begin
-            \$797  = 6'h00;
-          end else if (\$646 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
+          end else if (\$647 ) begin
+            \$799  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h0a:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h10:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h11:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h12:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h13:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h14:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h15:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h16:
         begin
           (* full_case = 32'd1 *)
-          if (\$688 ) begin
+          if (\$689 ) begin
           end else begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h0b:
         begin
-          if (\$691 ) begin
-            \$797  = 6'h00;
+          if (\$692 ) begin
+            \$799  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h17:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h18:
         begin
-          if (\$694 ) begin
-            \$797  = 6'h00;
+          if (\$695 ) begin
+            \$799  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h0c:
         begin
-          if (\$699 ) begin
-            \$797  = 6'h00;
+          if (\$700 ) begin
+            \$799  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h19:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
       5'h1a:
         begin
-          if (\$704 ) begin
-            \$797  = 6'h00;
+          if (\$705 ) begin
+            \$799  = 6'h00;
           end
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
         end
       5'h1b:
           if (\$signal$103 ) begin
-            \$797  = 6'h00;
+            \$799  = 6'h00;
           end
     endcase
     if (rst) begin
-      \$797  = 6'h00;
+      \$799  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = ins;
+    \$800  = ins;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$798  = \$signature__data$330 ;
+          \$800  = \$signature__data$331 ;
     endcase
     if (rst) begin
-      \$798  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$800  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = ph2;
+    \$801  = ph2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$799  = 1'h0;
+          \$801  = 1'h0;
       5'h04:
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-            \$799  = 1'h1;
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+            \$801  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$799  = 1'h0;
+      \$801  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = settle;
+    \$802  = settle;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           /* empty */;
       5'h03:
-          \$800  = 2'h0;
+          \$802  = 2'h0;
       5'h04:
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
-            \$800  = \$568 [1:0];
+          end else if (\$567 ) begin
+            \$802  = \$569 [1:0];
           end
     endcase
     if (rst) begin
-      \$800  = 2'h0;
+      \$802  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = \$signal$179 ;
+    \$803  = \$signal$180 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15580,17 +15597,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$801  = ins[243:238];
+                  \$803  = ins[243:238];
               6'h05, 6'h06, 6'h07:
                   /* empty */;
               6'h0c:
@@ -15598,93 +15615,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$801  = ins[243:238];
+                  \$803  = ins[243:238];
             endcase
           end
-    endcase
-    if (rst) begin
-      \$801  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = \$signal$162 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$802  = ins[231:200];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$802  = ins[231:200];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$802  = { 16'h0000, \$signature__data [15:0] };
-    endcase
-    if (rst) begin
-      \$802  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = shift;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$803  = ins[237:232];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$803  = ins[237:232];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$803  = \$signature__data$301 [5:0];
     endcase
     if (rst) begin
       \$803  = 6'h00;
@@ -15692,7 +15625,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = cnt0;
+    \$804  = \$signal$162 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15702,33 +15635,39 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$804  = l0_acc;
+                  \$804  = ins[231:200];
               6'h05, 6'h06, 6'h07:
-                  \$804  = l0_acc;
+                  /* empty */;
               6'h0c:
-                  \$804  = ins[45:32];
+                  /* empty */;
               6'h0d:
-                  \$804  = ins[61:48];
+                  /* empty */;
+              6'h03:
+                  \$804  = ins[231:200];
             endcase
           end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$804  = { 16'h0000, \$signature__data [15:0] };
     endcase
     if (rst) begin
-      \$804  = 14'h0000;
+      \$804  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = cnt1;
+    \$805  = shift;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15738,33 +15677,39 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$805  = 14'h0001;
+                  \$805  = ins[237:232];
               6'h05, 6'h06, 6'h07:
-                  \$805  = 14'h0001;
+                  /* empty */;
               6'h0c:
-                  \$805  = ins[61:48];
+                  /* empty */;
               6'h0d:
-                  \$805  = 14'h0002;
+                  /* empty */;
+              6'h03:
+                  \$805  = ins[237:232];
             endcase
           end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$805  = \$signature__data$302 [5:0];
     endcase
     if (rst) begin
-      \$805  = 14'h0000;
+      \$805  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = cnt2;
+    \$806  = cnt0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15774,23 +15719,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$806  = 14'h0001;
+                  \$806  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  \$806  = 14'h0001;
+                  \$806  = l0_acc;
               6'h0c:
-                  \$806  = m_eff[13:0];
+                  \$806  = ins[45:32];
               6'h0d:
-                  \$806  = m_eff[13:0];
+                  \$806  = ins[61:48];
             endcase
           end
     endcase
@@ -15800,7 +15745,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = sa0;
+    \$807  = cnt1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15810,33 +15755,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$807  = 13'h0001;
+                  \$807  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$807  = 13'h0001;
+                  \$807  = 14'h0001;
               6'h0c:
-                  \$807  = ins[60:48];
+                  \$807  = ins[61:48];
               6'h0d:
-                  \$807  = 13'h0001;
+                  \$807  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$807  = 13'h0000;
+      \$807  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = sa1;
+    \$808  = cnt2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15846,33 +15791,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$808  = 13'h0000;
+                  \$808  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$808  = 13'h0000;
+                  \$808  = 14'h0001;
               6'h0c:
-                  \$808  = 13'h0001;
+                  \$808  = m_eff[13:0];
               6'h0d:
-                  \$808  = 13'h0000;
+                  \$808  = m_eff[13:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$808  = 13'h0000;
+      \$808  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = sa2;
+    \$809  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15882,23 +15827,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$809  = 13'h0000;
+                  \$809  = 13'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$809  = 13'h0000;
+                  \$809  = 13'h0001;
               6'h0c:
-                  \$809  = l2_acc[12:0];
-              6'h0d:
                   \$809  = ins[60:48];
+              6'h0d:
+                  \$809  = 13'h0001;
             endcase
           end
     endcase
@@ -15908,7 +15853,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = sb0;
+    \$810  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15918,11 +15863,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15930,7 +15875,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h04:
                   \$810  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$810  = 13'h0001;
+                  \$810  = 13'h0000;
               6'h0c:
                   \$810  = 13'h0001;
               6'h0d:
@@ -15944,7 +15889,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = sb1;
+    \$811  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15954,11 +15899,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -15968,9 +15913,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h05, 6'h06, 6'h07:
                   \$811  = 13'h0000;
               6'h0c:
-                  \$811  = 13'h0000;
+                  \$811  = l2_acc[12:0];
               6'h0d:
-                  \$811  = 13'h0000;
+                  \$811  = ins[60:48];
             endcase
           end
     endcase
@@ -15980,7 +15925,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = sb2;
+    \$812  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -15990,11 +15935,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16002,9 +15947,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h04:
                   \$812  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$812  = 13'h0000;
+                  \$812  = 13'h0001;
               6'h0c:
-                  \$812  = ins[44:32];
+                  \$812  = 13'h0001;
               6'h0d:
                   \$812  = 13'h0000;
             endcase
@@ -16016,7 +15961,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = \$signal$331 ;
+    \$813  = sb1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16026,33 +15971,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$813  = l0_acc;
+                  \$813  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$813  = l0_acc;
+                  \$813  = 13'h0000;
               6'h0c:
-                  \$813  = l0_acc;
+                  \$813  = 13'h0000;
               6'h0d:
-                  \$813  = l0_acc;
+                  \$813  = 13'h0000;
             endcase
           end
     endcase
     if (rst) begin
-      \$813  = 14'h0000;
+      \$813  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = \$signal$247 ;
+    \$814  = sb2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16062,23 +16007,95 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  \$814  = 14'h0000;
+                  \$814  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$814  = 14'h0000;
+                  \$814  = 13'h0000;
               6'h0c:
-                  \$814  = 14'h0000;
+                  \$814  = ins[44:32];
               6'h0d:
-                  \$814  = 14'h0000;
+                  \$814  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$814  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$815  = \$signal$332 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$815  = l0_acc;
+              6'h05, 6'h06, 6'h07:
+                  \$815  = l0_acc;
+              6'h0c:
+                  \$815  = l0_acc;
+              6'h0d:
+                  \$815  = l0_acc;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$815  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$816  = \$signal$248 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$816  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$816  = 14'h0000;
+              6'h0c:
+                  \$816  = 14'h0000;
+              6'h0d:
+                  \$816  = 14'h0000;
             endcase
           end
       5'h05:
@@ -16086,136 +16103,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$184 ) begin
-            \$814  = \$594 [13:0];
+          if (\$signal$185 ) begin
+            \$816  = \$595 [13:0];
           end
     endcase
     if (rst) begin
-      \$814  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = \$signal$250 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$815  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$604 ) begin
-            \$815  = 1'h1;
-          end
-          if (\$signal$250 ) begin
-            if (\$613 ) begin
-              \$815  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$815  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = \$signal$253 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$816  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$604 ) begin
-            \$816  = 3'h0;
-          end
-          if (\$signal$250 ) begin
-            \$816  = \$607 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$816  = 3'h0;
+      \$816  = 14'h0000;
     end
   end
   always @* begin
@@ -16230,11 +16123,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16250,7 +16143,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h03:
                   /* empty */;
               6'h01:
-                  \$817  = 14'h0000;
+                  \$817  = 1'h0;
             endcase
           end
       5'h05:
@@ -16266,14 +16159,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$250 ) begin
-            if (\$605 ) begin
-              \$817  = \$606 [13:0];
+        begin
+          if (\$605 ) begin
+            \$817  = 1'h1;
+          end
+          if (\$signal$251 ) begin
+            if (\$614 ) begin
+              \$817  = 1'h0;
             end
           end
+        end
     endcase
     if (rst) begin
-      \$817  = 14'h0000;
+      \$817  = 1'h0;
     end
   end
   always @* begin
@@ -16288,11 +16186,130 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$818  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$605 ) begin
+            \$818  = 3'h0;
+          end
+          if (\$signal$251 ) begin
+            \$818  = \$608 [2:0];
+          end
+        end
+    endcase
+    if (rst) begin
+      \$818  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$819  = \$signal$252 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$819  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$signal$251 ) begin
+            if (\$606 ) begin
+              \$819  = \$607 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$819  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$820  = \$signal$255 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16310,7 +16327,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$818  = 1'h0;
+                  \$820  = 1'h0;
             endcase
           end
       5'h05:
@@ -16329,21 +16346,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$638 ) begin
-            \$818  = 1'h1;
-          end
           if (\$639 ) begin
-            \$818  = 1'h0;
+            \$820  = 1'h1;
+          end
+          if (\$640 ) begin
+            \$820  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$818  = 1'h0;
+      \$820  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = \$signal$255 ;
+    \$821  = \$signal$256 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16353,11 +16370,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16375,7 +16392,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$819  = 3'h0;
+                  \$821  = 3'h0;
             endcase
           end
       5'h05:
@@ -16394,21 +16411,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$627 ) begin
-            \$819  = \$629 [2:0];
+          if (\$628 ) begin
+            \$821  = \$630 [2:0];
           end
-          if (\$639 ) begin
-            \$819  = 3'h0;
+          if (\$640 ) begin
+            \$821  = 3'h0;
           end
         end
     endcase
     if (rst) begin
-      \$819  = 3'h0;
+      \$821  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = \$signal$256 ;
+    \$822  = \$signal$257 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16418,11 +16435,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16440,7 +16457,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$820  = 14'h0000;
+                  \$822  = 14'h0000;
             endcase
           end
       5'h05:
@@ -16458,17 +16475,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$627 ) begin
-            \$820  = \$628 [13:0];
+          if (\$628 ) begin
+            \$822  = \$629 [13:0];
           end
     endcase
     if (rst) begin
-      \$820  = 14'h0000;
+      \$822  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = \$signal$257 ;
+    \$823  = \$signal$258 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16478,11 +16495,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16500,7 +16517,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$821  = 1'h0;
+                  \$823  = 1'h0;
             endcase
           end
       5'h05:
@@ -16519,21 +16536,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$627 ) begin
-            \$821  = 1'h1;
+          if (\$628 ) begin
+            \$823  = 1'h1;
           end
-          if (\$signal$257 ) begin
-            \$821  = 1'h0;
+          if (\$signal$258 ) begin
+            \$823  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$821  = 1'h0;
+      \$823  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = wr_data__payload;
+    \$824  = wr_data__payload;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16543,11 +16560,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16565,7 +16582,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h01:
                   /* empty */;
               6'h02:
-                  \$822 [35:32] = 4'h0;
+                  \$824 [35:32] = 4'h0;
             endcase
           end
       5'h05:
@@ -16584,28 +16601,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h09:
         begin
-          if (\$signal$257 ) begin
-            casez (\$signal$336 )
+          if (\$signal$258 ) begin
+            casez (\$signal$337 )
               2'h0:
-                  \$822 [31:0] = \$signature__data ;
+                  \$824 [31:0] = \$signature__data ;
             endcase
-            casez (\$signal$336 )
+            casez (\$signal$337 )
               2'h0:
-                  \$822 [35:32] = 4'hf;
+                  \$824 [35:32] = 4'hf;
             endcase
           end
-          if (\$639 ) begin
-            \$822 [35:32] = 4'h0;
+          if (\$640 ) begin
+            \$824 [35:32] = 4'h0;
           end
         end
     endcase
     if (rst) begin
-      \$822  = 36'h000000000;
+      \$824  = 36'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = \$signal$259 ;
+    \$825  = \$signal$260 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16615,11 +16632,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16639,7 +16656,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$823  = 4'h0;
+                  \$825  = 4'h0;
             endcase
           end
       5'h05:
@@ -16659,10 +16676,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          \$823  = \$649 [3:0];
+          \$825  = \$650 [3:0];
       5'h10:
-          if (\$677 ) begin
-            \$823  = 4'h0;
+          if (\$678 ) begin
+            \$825  = 4'h0;
           end
       5'h11:
           /* empty */;
@@ -16675,15 +16692,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$823  = \$686 [3:0];
+          \$825  = \$687 [3:0];
     endcase
     if (rst) begin
-      \$823  = 4'h0;
+      \$825  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = \$signal$283 ;
+    \$826  = \$signal$284 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16693,11 +16710,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16717,17 +16734,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$824  = \$589 [12:0];
+                  \$826  = \$590 [12:0];
             endcase
           end
     endcase
     if (rst) begin
-      \$824  = 13'h0000;
+      \$826  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = \$signal$280 ;
+    \$827  = \$signal$281 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16737,11 +16754,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
+          if (\$562 ) begin
           end else if (\$565 ) begin
           end else if (\$566 ) begin
           end else if (\$567 ) begin
+          end else if (\$568 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -16761,200 +16778,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h02:
                   /* empty */;
               6'h08:
-                  \$825  = \$592 [12:0];
+                  \$827  = \$593 [12:0];
             endcase
-          end
-    endcase
-    if (rst) begin
-      \$825  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = \$signal$286 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$826  = 16'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$713 ) begin
-            \$826  = \$714 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$826  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = \$signal$288 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$561 ) begin
-          end else if (\$564 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$827  = 13'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$713 ) begin
-            \$827  = \$715 [12:0];
           end
     endcase
     if (rst) begin
@@ -16963,7 +16788,199 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = \$signal$146 ;
+    \$828  = \$signal$287 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$828  = 16'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$714 ) begin
+            \$828  = \$715 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$828  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$829  = \$signal$289 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$562 ) begin
+          end else if (\$565 ) begin
+          end else if (\$566 ) begin
+          end else if (\$567 ) begin
+          end else if (\$568 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$829  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$714 ) begin
+            \$829  = \$716 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$829  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$830  = \$signal$146 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16978,19 +16995,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$596 ) begin
-            if (\$597 ) begin
-              \$828  = ins[124:112];
+          if (\$597 ) begin
+            if (\$598 ) begin
+              \$830  = ins[124:112];
             end
           end
     endcase
     if (rst) begin
-      \$828  = 13'h0000;
+      \$830  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = scores_len;
+    \$831  = scores_len;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17005,19 +17022,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$596 ) begin
-            if (\$597 ) begin
-              \$829  = l0_acc;
+          if (\$597 ) begin
+            if (\$598 ) begin
+              \$831  = l0_acc;
             end
           end
     endcase
     if (rst) begin
-      \$829  = 14'h0000;
+      \$831  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = \$signal$252 ;
+    \$832  = \$signal$253 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17040,17 +17057,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$604 ) begin
-            \$830  = m_axi__rdata;
+          if (\$605 ) begin
+            \$832  = m_axi__rdata;
           end
     endcase
     if (rst) begin
-      \$830  = 32'd0;
+      \$832  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = \$signal$336 ;
+    \$833  = \$signal$337 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17075,17 +17092,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$627 ) begin
-            \$831  = \$signal$255 [1:0];
+          if (\$628 ) begin
+            \$833  = \$signal$256 [1:0];
           end
     endcase
     if (rst) begin
-      \$831  = 2'h0;
+      \$833  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = \$signal$339 ;
+    \$834  = \$signal$340 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17112,23 +17129,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$832  = 14'h0000;
+          if (\$651 ) begin
+            \$834  = 14'h0000;
           end
       5'h10:
-          if (\$661 ) begin
-            if (\$662 ) begin
-              \$832  = \$663 [13:0];
+          if (\$662 ) begin
+            if (\$663 ) begin
+              \$834  = \$664 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$832  = 14'h0000;
+      \$834  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = \$signal$268 ;
+    \$835  = \$signal$269 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17155,28 +17172,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$833  = 4'h0;
+          if (\$651 ) begin
+            \$835  = 4'h0;
           end
       5'h10:
         begin
-          if (\$655 ) begin
-            \$833  = \$658 [3:0];
+          if (\$656 ) begin
+            \$835  = \$659 [3:0];
           end
-          if (\$661 ) begin
-            if (\$662 ) begin
-              \$833  = 4'h0;
+          if (\$662 ) begin
+            if (\$663 ) begin
+              \$835  = 4'h0;
             end
           end
         end
     endcase
     if (rst) begin
-      \$833  = 4'h0;
+      \$835  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = rt_lane;
+    \$836  = rt_lane;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17203,26 +17220,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$834  = 1'h0;
+          if (\$651 ) begin
+            \$836  = 1'h0;
           end
       5'h10:
         begin
-          if (\$655 ) begin
-            \$834  = \$657 [0];
+          if (\$656 ) begin
+            \$836  = \$658 [0];
           end
-          if (\$661 ) begin
-            \$834  = 1'h0;
+          if (\$662 ) begin
+            \$836  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$834  = 1'h0;
+      \$836  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = \$signal$264 ;
+    \$837  = \$signal$265 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17249,28 +17266,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$835  = 1'h0;
+          if (\$651 ) begin
+            \$837  = 1'h0;
           end
       5'h10:
         begin
-          if (\$signal$340 ) begin
-            if (\$660 ) begin
-              \$835  = 1'h1;
+          if (\$signal$341 ) begin
+            if (\$661 ) begin
+              \$837  = 1'h1;
             end
           end
-          if (\$661 ) begin
-            \$835  = 1'h0;
+          if (\$662 ) begin
+            \$837  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$835  = 1'h0;
+      \$837  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = \$signal$267 ;
+    \$838  = \$signal$268 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17297,23 +17314,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$836  = ins[76:64];
+          if (\$651 ) begin
+            \$838  = ins[76:64];
           end
       5'h10:
-          if (\$661 ) begin
-            if (\$662 ) begin
-              \$836  = \$664 [12:0];
+          if (\$662 ) begin
+            if (\$663 ) begin
+              \$838  = \$665 [12:0];
             end
           end
     endcase
     if (rst) begin
-      \$836  = 13'h0000;
+      \$838  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = \$signal$275 ;
+    \$839  = \$signal$276 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17340,23 +17357,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$837  = ins[124:112];
+          if (\$651 ) begin
+            \$839  = ins[124:112];
           end
       5'h10:
-          if (\$671 ) begin
-            if (\$673 ) begin
-              \$837  = \$675 [12:0];
+          if (\$672 ) begin
+            if (\$674 ) begin
+              \$839  = \$676 [12:0];
             end
           end
     endcase
     if (rst) begin
-      \$837  = 13'h0000;
+      \$839  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = \$signal$265 ;
+    \$840  = \$signal$266 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17383,25 +17400,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$838  = 1'h0;
+          if (\$651 ) begin
+            \$840  = 1'h0;
           end
       5'h10:
-          if (\$661 ) begin
-            if (\$662 ) begin
-              if (\$666 ) begin
-                \$838  = 1'h1;
+          if (\$662 ) begin
+            if (\$663 ) begin
+              if (\$667 ) begin
+                \$840  = 1'h1;
               end
             end
           end
     endcase
     if (rst) begin
-      \$838  = 1'h0;
+      \$840  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = \$signal$340 ;
+    \$841  = \$signal$341 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17428,24 +17445,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$839  = 1'h0;
+          if (\$651 ) begin
+            \$841  = 1'h0;
           end
       5'h10:
           (* full_case = 32'd1 *)
-          if (\$655 ) begin
-            \$839  = 1'h1;
+          if (\$656 ) begin
+            \$841  = 1'h1;
           end else begin
-            \$839  = 1'h0;
+            \$841  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$839  = 1'h0;
+      \$841  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = \$signal$341 ;
+    \$842  = \$signal$342 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17472,23 +17489,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$840  = 14'h0000;
+          if (\$651 ) begin
+            \$842  = 14'h0000;
           end
       5'h10:
-          if (\$671 ) begin
-            if (\$673 ) begin
-              \$840  = \$674 [13:0];
+          if (\$672 ) begin
+            if (\$674 ) begin
+              \$842  = \$675 [13:0];
             end
           end
     endcase
     if (rst) begin
-      \$840  = 14'h0000;
+      \$842  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = rt_s;
+    \$843  = rt_s;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17515,26 +17532,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$841  = 2'h0;
+          if (\$651 ) begin
+            \$843  = 2'h0;
           end
       5'h10:
-          if (\$671 ) begin
+          if (\$672 ) begin
             (* full_case = 32'd1 *)
-            if (\$673 ) begin
-              \$841  = 2'h0;
+            if (\$674 ) begin
+              \$843  = 2'h0;
             end else begin
-              \$841  = \$676 [1:0];
+              \$843  = \$677 [1:0];
             end
           end
     endcase
     if (rst) begin
-      \$841  = 2'h0;
+      \$843  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = \$signal$273 ;
+    \$844  = \$signal$274 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17561,103 +17578,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$650 ) begin
-            \$842  = 1'h0;
+          if (\$651 ) begin
+            \$844  = 1'h0;
           end
       5'h10:
         begin
-          if (\$668 ) begin
-            \$842  = 1'h1;
+          if (\$669 ) begin
+            \$844  = 1'h1;
           end
-          if (\$671 ) begin
-            \$842  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$842  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = rt_wphase;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$650 ) begin
-            \$843  = 1'h0;
-          end
-      5'h10:
-        begin
-          if (\$670 ) begin
-            \$843  = 1'h1;
-          end
-          if (\$671 ) begin
-            \$843  = 1'h0;
+          if (\$672 ) begin
+            \$844  = 1'h0;
           end
         end
-    endcase
-    if (rst) begin
-      \$843  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = \$signal$343 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$655 ) begin
-            \$844  = \$656 ;
-          end
     endcase
     if (rst) begin
       \$844  = 1'h0;
@@ -17665,7 +17597,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = rt_word;
+    \$845  = rt_wphase;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17692,19 +17624,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$signal$340 ) begin
-            \$845  = \$659 ;
+          if (\$651 ) begin
+            \$845  = 1'h0;
           end
+      5'h10:
+        begin
+          if (\$671 ) begin
+            \$845  = 1'h1;
+          end
+          if (\$672 ) begin
+            \$845  = 1'h0;
+          end
+        end
     endcase
     if (rst) begin
-      \$845  = 13'h0000;
+      \$845  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = \$signal$277 ;
+    \$846  = \$signal$344 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17733,17 +17672,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$668 ) begin
-            \$846  = routes__payload;
+          if (\$656 ) begin
+            \$846  = \$657 ;
           end
     endcase
     if (rst) begin
-      \$846  = 20'h00000;
+      \$846  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = \$signal$278 ;
+    \$847  = rt_word;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17772,8 +17711,86 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$677 ) begin
-            \$847  = 14'h0000;
+          if (\$signal$341 ) begin
+            \$847  = \$660 ;
+          end
+    endcase
+    if (rst) begin
+      \$847  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$848  = \$signal$278 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$669 ) begin
+            \$848  = routes__payload;
+          end
+    endcase
+    if (rst) begin
+      \$848  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$849  = \$signal$279 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$678 ) begin
+            \$849  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -17784,19 +17801,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$681 ) begin
-            \$847  = \$682 [13:0];
+          if (\$682 ) begin
+            \$849  = \$683 [13:0];
           end
       5'h16:
-          \$847  = 14'h0000;
+          \$849  = 14'h0000;
     endcase
     if (rst) begin
-      \$847  = 14'h0000;
+      \$849  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = \$signal$282 ;
+    \$850  = \$signal$283 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17825,120 +17842,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$677 ) begin
-            \$848  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$681 ) begin
-            if (\$683 ) begin
-              \$848  = \$684 [13:0];
-            end
-          end
-      5'h16:
-          \$848  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$848  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = \$signal$347 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$677 ) begin
-            \$849  = 2'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$681 ) begin
-            (* full_case = 32'd1 *)
-            if (\$683 ) begin
-              \$849  = 2'h0;
-            end else begin
-              \$849  = \$685 [1:0];
-            end
-          end
-      5'h16:
-          \$849  = 2'h0;
-    endcase
-    if (rst) begin
-      \$849  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = \$signal$281 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$677 ) begin
+          if (\$678 ) begin
             \$850  = 14'h0000;
           end
       5'h11:
@@ -17948,7 +17852,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          \$850  = \$679 [13:0];
+          /* empty */;
+      5'h15:
+          if (\$682 ) begin
+            if (\$684 ) begin
+              \$850  = \$685 [13:0];
+            end
+          end
+      5'h16:
+          \$850  = 14'h0000;
     endcase
     if (rst) begin
       \$850  = 14'h0000;
@@ -17956,7 +17868,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$851  = \$signal$284 ;
+    \$851  = \$signal$348 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17985,8 +17897,113 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$677 ) begin
-            \$851  = 14'h0000;
+          if (\$678 ) begin
+            \$851  = 2'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$682 ) begin
+            (* full_case = 32'd1 *)
+            if (\$684 ) begin
+              \$851  = 2'h0;
+            end else begin
+              \$851  = \$686 [1:0];
+            end
+          end
+      5'h16:
+          \$851  = 2'h0;
+    endcase
+    if (rst) begin
+      \$851  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$852  = \$signal$282 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$678 ) begin
+            \$852  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          \$852  = \$680 [13:0];
+    endcase
+    if (rst) begin
+      \$852  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$853  = \$signal$285 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$678 ) begin
+            \$853  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -17999,15 +18016,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$851  = \$signal$281 ;
+          \$853  = \$signal$282 ;
     endcase
     if (rst) begin
-      \$851  = 14'h0000;
+      \$853  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = \$signal$285 ;
+    \$854  = \$signal$286 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18049,26 +18066,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$688 ) begin
+          if (\$689 ) begin
           end else begin
-            \$852  = 4'h0;
+            \$854  = 4'h0;
           end
       5'h0b:
-          if (\$691 ) begin
-            \$852  = 4'h8;
+          if (\$692 ) begin
+            \$854  = 4'h8;
           end
       5'h17:
           /* empty */;
       5'h18:
-          \$852  = \$693 [3:0];
+          \$854  = \$694 [3:0];
     endcase
     if (rst) begin
-      \$852  = 4'h0;
+      \$854  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$853  = \$signal$246 ;
+    \$855  = \$signal$247 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18115,17 +18132,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$694 ) begin
-            \$853  = \$signal$285 ;
+          if (\$695 ) begin
+            \$855  = \$signal$286 ;
           end
     endcase
     if (rst) begin
-      \$853  = 4'h0;
+      \$855  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = \$signal$130 ;
+    \$856  = \$signal$130 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18172,17 +18189,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$694 ) begin
-            \$854  = \$signal$279 [15:0];
+          if (\$695 ) begin
+            \$856  = \$signal$280 [15:0];
           end
     endcase
     if (rst) begin
-      \$854  = 16'h0000;
+      \$856  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = \$signal$141 ;
+    \$857  = \$signal$141 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18229,17 +18246,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$694 ) begin
-            \$855  = \$696 ;
+          if (\$695 ) begin
+            \$857  = \$697 ;
           end
     endcase
     if (rst) begin
-      \$855  = 14'h0000;
+      \$857  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = \$signal$287 ;
+    \$858  = \$signal$288 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18293,23 +18310,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$704 ) begin
+          if (\$705 ) begin
           end else begin
-            \$856  = 15'h0000;
+            \$858  = 15'h0000;
           end
       5'h1b:
-          if (\$705 ) begin
-          end else if (\$706 ) begin
-            \$856  = \$707 [14:0];
+          if (\$706 ) begin
+          end else if (\$707 ) begin
+            \$858  = \$708 [14:0];
           end
     endcase
     if (rst) begin
-      \$856  = 15'h0000;
+      \$858  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = \$signal$289 ;
+    \$859  = \$signal$290 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18363,26 +18380,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$704 ) begin
+          if (\$705 ) begin
           end else begin
-            \$857  = 1'h0;
+            \$859  = 1'h0;
           end
       5'h1b:
           (* full_case = 32'd1 *)
-          if (\$705 ) begin
-          end else if (\$706 ) begin
-            \$857  = 1'h1;
+          if (\$706 ) begin
+          end else if (\$707 ) begin
+            \$859  = 1'h1;
           end else begin
-            \$857  = 1'h0;
+            \$859  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$857  = 1'h0;
+      \$859  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = \$signal$290 ;
+    \$860  = \$signal$291 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18437,13 +18454,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$705 ) begin
-          end else if (\$706 ) begin
-            \$858  = \$711 [12:0];
+          if (\$706 ) begin
+          end else if (\$707 ) begin
+            \$860  = \$712 [12:0];
           end
     endcase
     if (rst) begin
-      \$858  = 13'h0000;
+      \$860  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -18468,14 +18485,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$859 [5], \$859 [5], \$859  };
+  assign bus__arlen = { \$861 [5], \$861 [5], \$861  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$860 [5], \$860 [5], \$860  };
+  assign bus__awlen = { \$862 [5], \$862 [5], \$862  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -18503,30 +18520,31 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$signal$166  = i__payload;
   assign \i__payload$167  = i__payload[15:0];
   assign n = ins[63:48];
+  assign vec_op = op;
   assign o__ready = 1'h1;
-  assign \o__ready$175  = 1'h1;
   assign \o__ready$176  = 1'h1;
   assign \o__ready$177  = 1'h1;
-  assign \$signal$178  = { 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184  };
+  assign \o__ready$178  = 1'h1;
+  assign \$signal$179  = { 1'h0, \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  };
   assign gm_word = a_in__payload;
-  assign \$signal$203  = a_in__valid;
+  assign \$signal$204  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
-  assign \rd_addr$227  = lh_acc[31:0];
-  assign \wr_addr$229  = lh_acc[31:0];
+  assign \rd_addr$228  = lh_acc[31:0];
+  assign \wr_addr$230  = lh_acc[31:0];
   assign rd_beats = { 9'h000, beats };
   assign wr_beats = { 9'h000, beats };
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$860 [5], \$860 [5], \$860  };
+  assign m_axi__awlen = { \$862 [5], \$862 [5], \$862  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$859 [5], \$859 [5], \$859  };
+  assign m_axi__arlen = { \$861 [5], \$861 [5], \$861  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -18552,7 +18570,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \i__payload$170.b  = \i__payload$170 [32:16];
   assign \i__payload$170.last  = \i__payload$170 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$194[0]  = \o__payload$194 ;
+  assign \o__payload$195[0]  = \o__payload$195 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -18576,7 +18594,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \b_in__payload[1]  = m_axi__rdata[15:8];
   assign \b_in__payload[2]  = m_axi__rdata[23:16];
   assign \b_in__payload[3]  = m_axi__rdata[31:24];
-  assign \o__payload$206[0]  = \o__payload$206 ;
+  assign \o__payload$207[0]  = \o__payload$207 ;
   assign \c_out__payload[0]  = c_out__payload[31:0];
   assign \c_out__payload[1]  = c_out__payload[63:32];
   assign \c_out__payload[2]  = c_out__payload[95:64];
@@ -18587,9 +18605,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
   assign \rt_word[0]  = rt_word;
-  assign \$signal$277.index  = \$signal$277 [2:0];
-  assign \$signal$277.weight  = \$signal$277 [18:3];
-  assign \$signal$277.last  = \$signal$277 [19];
+  assign \$signal$278.index  = \$signal$278 [2:0];
+  assign \$signal$278.weight  = \$signal$278 [18:3];
+  assign \$signal$278.last  = \$signal$278 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -18597,8 +18615,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$223 ;
-  assign cmd__payload[69:54] = \$221 [15:0];
+  assign cmd__payload[75:70] = \$220 ;
+  assign cmd__payload[69:54] = \$218 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
@@ -18632,63 +18650,63 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$124 [2:0] = ins[8:6];
   assign \$134 [9:3] = 7'h00;
   assign \$134 [2:0] = ins[8:6];
-  assign \$246  = { \$signal$246 , 1'h0 };
-  assign \$248  = { \$signal$246 , 1'h0 };
-  assign \$346  = \$345 [14];
-  assign \$349  = { l0_x, 1'h0 };
-  assign \$351  = { 1'h0, l0_y[15:1] };
-  assign \$354  = \$353 [14];
-  assign \$357  = { l1_x, 1'h0 };
-  assign \$359  = { 1'h0, l1_y[15:1] };
-  assign \$362  = \$361 [14];
-  assign \$365  = { l2_x, 1'h0 };
-  assign \$367  = { 1'h0, l2_y[15:1] };
-  assign \$370  = \$369 [14];
-  assign \$373  = { l3_x, 1'h0 };
-  assign \$375  = { 1'h0, l3_y[15:1] };
-  assign \$378  = \$377 [14];
-  assign \$381  = { l4_x, 1'h0 };
-  assign \$383  = { 1'h0, l4_y[15:1] };
-  assign \$386  = \$385 [33];
-  assign \$389  = { lh_x, 1'h0 };
-  assign \$391  = { 1'h0, lh_y[15:1] };
-  assign \$415  = { 1'h0, beats, 2'h0 };
-  assign \$498  = \$497 ;
-  assign \$506  = \$505 ;
-  assign \$515 [9:1] = 9'h000;
-  assign \$515 [0] = \$signature__data$330 [6];
-  assign \$516  = \$signature__data$330 [6];
-  assign \$520 [9:1] = 9'h000;
-  assign \$520 [0] = \$signature__data$330 [6];
-  assign \$521  = \$signature__data$330 [6];
-  assign \$525 [9:1] = 9'h000;
-  assign \$525 [0] = \$signature__data$330 [6];
-  assign \$526  = \$signature__data$330 [6];
-  assign \$530  = { \$529 [17], \$529 [17], \$529 [17:2] };
-  assign \$533 [9:1] = 9'h000;
-  assign \$533 [0] = \$signature__data$330 [6];
-  assign \$534  = \$signature__data$330 [6];
-  assign \$538  = { \$537 [17], \$537 [17], \$537 [17:2] };
-  assign \$543  = { \$542 [17], \$542 [17], \$542 [17:2] };
-  assign \$546 [9:1] = 9'h000;
-  assign \$546 [0] = \$signature__data$330 [6];
-  assign \$547  = \$signature__data$330 [6];
-  assign \$555 [9:1] = 9'h000;
-  assign \$555 [0] = \$signature__data$330 [6];
-  assign \$556  = \$signature__data$330 [6];
-  assign { \$558 [9:2], \$558 [0] } = 9'h000;
-  assign \$558 [1] = \$signature__data$330 [7];
-  assign { \$582 [9:3], \$582 [1:0] } = 9'h000;
-  assign \$582 [2] = ins[8];
-  assign \$583  = ins[8];
-  assign \$585  = \$584 ;
-  assign { \$586 [9:3], \$586 [1:0] } = 9'h000;
-  assign \$586 [2] = ins[8];
-  assign \$587  = ins[8];
-  assign \$588  = { l1_acc[13:2], 1'h0 };
-  assign \$590  = { l1_acc[13:2], 1'h0 };
-  assign \$660  = 1'h1;
-  assign \$559  = \$signature__data$330 [7];
+  assign \$243  = { \$signal$247 , 1'h0 };
+  assign \$245  = { \$signal$247 , 1'h0 };
+  assign \$343  = \$342 [14];
+  assign \$346  = { l0_x, 1'h0 };
+  assign \$348  = { 1'h0, l0_y[15:1] };
+  assign \$351  = \$350 [14];
+  assign \$354  = { l1_x, 1'h0 };
+  assign \$356  = { 1'h0, l1_y[15:1] };
+  assign \$359  = \$358 [14];
+  assign \$362  = { l2_x, 1'h0 };
+  assign \$364  = { 1'h0, l2_y[15:1] };
+  assign \$367  = \$366 [14];
+  assign \$370  = { l3_x, 1'h0 };
+  assign \$372  = { 1'h0, l3_y[15:1] };
+  assign \$375  = \$374 [14];
+  assign \$378  = { l4_x, 1'h0 };
+  assign \$380  = { 1'h0, l4_y[15:1] };
+  assign \$383  = \$382 [33];
+  assign \$386  = { lh_x, 1'h0 };
+  assign \$388  = { 1'h0, lh_y[15:1] };
+  assign \$412  = { 1'h0, beats, 2'h0 };
+  assign \$499  = \$498 ;
+  assign \$507  = \$506 ;
+  assign \$516 [9:1] = 9'h000;
+  assign \$516 [0] = \$signature__data$331 [6];
+  assign \$517  = \$signature__data$331 [6];
+  assign \$521 [9:1] = 9'h000;
+  assign \$521 [0] = \$signature__data$331 [6];
+  assign \$522  = \$signature__data$331 [6];
+  assign \$526 [9:1] = 9'h000;
+  assign \$526 [0] = \$signature__data$331 [6];
+  assign \$527  = \$signature__data$331 [6];
+  assign \$531  = { \$530 [17], \$530 [17], \$530 [17:2] };
+  assign \$534 [9:1] = 9'h000;
+  assign \$534 [0] = \$signature__data$331 [6];
+  assign \$535  = \$signature__data$331 [6];
+  assign \$539  = { \$538 [17], \$538 [17], \$538 [17:2] };
+  assign \$544  = { \$543 [17], \$543 [17], \$543 [17:2] };
+  assign \$547 [9:1] = 9'h000;
+  assign \$547 [0] = \$signature__data$331 [6];
+  assign \$548  = \$signature__data$331 [6];
+  assign \$556 [9:1] = 9'h000;
+  assign \$556 [0] = \$signature__data$331 [6];
+  assign \$557  = \$signature__data$331 [6];
+  assign { \$559 [9:2], \$559 [0] } = 9'h000;
+  assign \$559 [1] = \$signature__data$331 [7];
+  assign { \$583 [9:3], \$583 [1:0] } = 9'h000;
+  assign \$583 [2] = ins[8];
+  assign \$584  = ins[8];
+  assign \$586  = \$585 ;
+  assign { \$587 [9:3], \$587 [1:0] } = 9'h000;
+  assign \$587 [2] = ins[8];
+  assign \$588  = ins[8];
+  assign \$589  = { l1_acc[13:2], 1'h0 };
+  assign \$591  = { l1_acc[13:2], 1'h0 };
+  assign \$661  = 1'h1;
+  assign \$560  = \$signature__data$331 [7];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -20594,7 +20612,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$3740$54 (cmd[75:54]),
+    .\port$3742$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -26731,7 +26749,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3740$54 , i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3742$54 , i__payload, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire [67:0] \$10 ;
@@ -27555,8 +27573,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$3740$54 ;
-  wire [21:0] \port$3740$54 ;
+  input [21:0] \port$3742$54 ;
+  wire [21:0] \port$3742$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
@@ -27581,28 +27599,28 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$247  = \port$3740$54 [21] ? \$246  : { x0, 1'h0 };
-  assign \$250  = \port$3740$54 [21] ? \$249  : { x0, 1'h0 };
-  assign \$251  = \port$3740$54 [20] ? \$248  : \$250 ;
-  assign \$252  = \port$3740$54 [19] ? \$245  : \$251 [47:0];
-  assign \$253  = \port$3740$54 [18] ? \$238  : \$252 [39:0];
-  assign \$256  = \port$3740$54 [21] ? \$255  : { x0, 1'h0 };
-  assign \$259  = \port$3740$54 [21] ? \$258  : { x0, 1'h0 };
-  assign \$260  = \port$3740$54 [20] ? \$257  : \$259 ;
-  assign \$263  = \port$3740$54 [21] ? \$262  : { x0, 1'h0 };
-  assign \$266  = \port$3740$54 [21] ? \$265  : { x0, 1'h0 };
-  assign \$267  = \port$3740$54 [20] ? \$264  : \$266 ;
-  assign \$268  = \port$3740$54 [19] ? \$261  : \$267 [47:0];
-  assign \$271  = \port$3740$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$274  = \port$3740$54 [21] ? \$273  : { x0, 1'h0 };
-  assign \$275  = \port$3740$54 [20] ? \$272  : \$274 ;
-  assign \$278  = \port$3740$54 [21] ? \$277  : { x0, 1'h0 };
-  assign \$281  = \port$3740$54 [21] ? \$280  : { x0, 1'h0 };
-  assign \$282  = \port$3740$54 [20] ? \$279  : \$281 ;
-  assign \$283  = \port$3740$54 [19] ? \$276  : \$282 [47:0];
-  assign \$284  = \port$3740$54 [18] ? \$269  : \$283 [39:0];
-  assign \$285  = \port$3740$54 [17] ? \$254  : \$284 [35:0];
-  assign \$286  = \port$3740$54 [16] ? \$223  : \$285 [33:0];
+  assign \$247  = \port$3742$54 [21] ? \$246  : { x0, 1'h0 };
+  assign \$250  = \port$3742$54 [21] ? \$249  : { x0, 1'h0 };
+  assign \$251  = \port$3742$54 [20] ? \$248  : \$250 ;
+  assign \$252  = \port$3742$54 [19] ? \$245  : \$251 [47:0];
+  assign \$253  = \port$3742$54 [18] ? \$238  : \$252 [39:0];
+  assign \$256  = \port$3742$54 [21] ? \$255  : { x0, 1'h0 };
+  assign \$259  = \port$3742$54 [21] ? \$258  : { x0, 1'h0 };
+  assign \$260  = \port$3742$54 [20] ? \$257  : \$259 ;
+  assign \$263  = \port$3742$54 [21] ? \$262  : { x0, 1'h0 };
+  assign \$266  = \port$3742$54 [21] ? \$265  : { x0, 1'h0 };
+  assign \$267  = \port$3742$54 [20] ? \$264  : \$266 ;
+  assign \$268  = \port$3742$54 [19] ? \$261  : \$267 [47:0];
+  assign \$271  = \port$3742$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$274  = \port$3742$54 [21] ? \$273  : { x0, 1'h0 };
+  assign \$275  = \port$3742$54 [20] ? \$272  : \$274 ;
+  assign \$278  = \port$3742$54 [21] ? \$277  : { x0, 1'h0 };
+  assign \$281  = \port$3742$54 [21] ? \$280  : { x0, 1'h0 };
+  assign \$282  = \port$3742$54 [20] ? \$279  : \$281 ;
+  assign \$283  = \port$3742$54 [19] ? \$276  : \$282 [47:0];
+  assign \$284  = \port$3742$54 [18] ? \$269  : \$283 [39:0];
+  assign \$285  = \port$3742$54 [17] ? \$254  : \$284 [35:0];
+  assign \$286  = \port$3742$54 [16] ? \$223  : \$285 [33:0];
   assign \$287  = { x0, 1'h0 } & below;
   assign \$288  = | \$287 ;
   assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27615,69 +27633,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$296  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$297  = \$296  ? 33'h07fffffff : rounded0;
   assign \$298  = over2_0 ? { \$295 [31], \$295  } : \$297 ;
-  assign \$300  = \port$3740$54 [21] ? \$299  : { x1, 1'h0 };
-  assign \$303  = \port$3740$54 [21] ? \$302  : { x1, 1'h0 };
-  assign \$304  = \port$3740$54 [20] ? \$301  : \$303 ;
-  assign \$307  = \port$3740$54 [21] ? \$306  : { x1, 1'h0 };
-  assign \$310  = \port$3740$54 [21] ? \$309  : { x1, 1'h0 };
-  assign \$311  = \port$3740$54 [20] ? \$308  : \$310 ;
-  assign \$312  = \port$3740$54 [19] ? \$305  : \$311 [47:0];
-  assign \$315  = \port$3740$54 [21] ? \$314  : { x1, 1'h0 };
-  assign \$318  = \port$3740$54 [21] ? \$317  : { x1, 1'h0 };
-  assign \$319  = \port$3740$54 [20] ? \$316  : \$318 ;
-  assign \$322  = \port$3740$54 [21] ? \$321  : { x1, 1'h0 };
-  assign \$325  = \port$3740$54 [21] ? \$324  : { x1, 1'h0 };
-  assign \$326  = \port$3740$54 [20] ? \$323  : \$325 ;
-  assign \$327  = \port$3740$54 [19] ? \$320  : \$326 [47:0];
-  assign \$328  = \port$3740$54 [18] ? \$313  : \$327 [39:0];
-  assign \$331  = \port$3740$54 [21] ? \$330  : { x1, 1'h0 };
-  assign \$334  = \port$3740$54 [21] ? \$333  : { x1, 1'h0 };
-  assign \$335  = \port$3740$54 [20] ? \$332  : \$334 ;
-  assign \$338  = \port$3740$54 [21] ? \$337  : { x1, 1'h0 };
-  assign \$341  = \port$3740$54 [21] ? \$340  : { x1, 1'h0 };
-  assign \$342  = \port$3740$54 [20] ? \$339  : \$341 ;
-  assign \$343  = \port$3740$54 [19] ? \$336  : \$342 [47:0];
-  assign \$346  = \port$3740$54 [21] ? \$345  : { x1, 1'h0 };
-  assign \$349  = \port$3740$54 [21] ? \$348  : { x1, 1'h0 };
-  assign \$350  = \port$3740$54 [20] ? \$347  : \$349 ;
-  assign \$353  = \port$3740$54 [21] ? \$352  : { x1, 1'h0 };
-  assign \$356  = \port$3740$54 [21] ? \$355  : { x1, 1'h0 };
-  assign \$357  = \port$3740$54 [20] ? \$354  : \$356 ;
-  assign \$358  = \port$3740$54 [19] ? \$351  : \$357 [47:0];
-  assign \$359  = \port$3740$54 [18] ? \$344  : \$358 [39:0];
-  assign \$360  = \port$3740$54 [17] ? \$329  : \$359 [35:0];
-  assign \$363  = \port$3740$54 [21] ? \$362  : { x1, 1'h0 };
-  assign \$366  = \port$3740$54 [21] ? \$365  : { x1, 1'h0 };
-  assign \$367  = \port$3740$54 [20] ? \$364  : \$366 ;
-  assign \$370  = \port$3740$54 [21] ? \$369  : { x1, 1'h0 };
-  assign \$373  = \port$3740$54 [21] ? \$372  : { x1, 1'h0 };
-  assign \$374  = \port$3740$54 [20] ? \$371  : \$373 ;
-  assign \$375  = \port$3740$54 [19] ? \$368  : \$374 [47:0];
-  assign \$378  = \port$3740$54 [21] ? \$377  : { x1, 1'h0 };
-  assign \$381  = \port$3740$54 [21] ? \$380  : { x1, 1'h0 };
-  assign \$382  = \port$3740$54 [20] ? \$379  : \$381 ;
-  assign \$385  = \port$3740$54 [21] ? \$384  : { x1, 1'h0 };
-  assign \$388  = \port$3740$54 [21] ? \$387  : { x1, 1'h0 };
-  assign \$389  = \port$3740$54 [20] ? \$386  : \$388 ;
-  assign \$390  = \port$3740$54 [19] ? \$383  : \$389 [47:0];
-  assign \$391  = \port$3740$54 [18] ? \$376  : \$390 [39:0];
-  assign \$394  = \port$3740$54 [21] ? \$393  : { x1, 1'h0 };
-  assign \$397  = \port$3740$54 [21] ? \$396  : { x1, 1'h0 };
-  assign \$398  = \port$3740$54 [20] ? \$395  : \$397 ;
-  assign \$401  = \port$3740$54 [21] ? \$400  : { x1, 1'h0 };
-  assign \$404  = \port$3740$54 [21] ? \$403  : { x1, 1'h0 };
-  assign \$405  = \port$3740$54 [20] ? \$402  : \$404 ;
-  assign \$406  = \port$3740$54 [19] ? \$399  : \$405 [47:0];
-  assign \$409  = \port$3740$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$412  = \port$3740$54 [21] ? \$411  : { x1, 1'h0 };
-  assign \$413  = \port$3740$54 [20] ? \$410  : \$412 ;
-  assign \$416  = \port$3740$54 [21] ? \$415  : { x1, 1'h0 };
-  assign \$419  = \port$3740$54 [21] ? \$418  : { x1, 1'h0 };
-  assign \$420  = \port$3740$54 [20] ? \$417  : \$419 ;
-  assign \$421  = \port$3740$54 [19] ? \$414  : \$420 [47:0];
-  assign \$422  = \port$3740$54 [18] ? \$407  : \$421 [39:0];
-  assign \$423  = \port$3740$54 [17] ? \$392  : \$422 [35:0];
-  assign \$424  = \port$3740$54 [16] ? \$361  : \$423 [33:0];
+  assign \$300  = \port$3742$54 [21] ? \$299  : { x1, 1'h0 };
+  assign \$303  = \port$3742$54 [21] ? \$302  : { x1, 1'h0 };
+  assign \$304  = \port$3742$54 [20] ? \$301  : \$303 ;
+  assign \$307  = \port$3742$54 [21] ? \$306  : { x1, 1'h0 };
+  assign \$310  = \port$3742$54 [21] ? \$309  : { x1, 1'h0 };
+  assign \$311  = \port$3742$54 [20] ? \$308  : \$310 ;
+  assign \$312  = \port$3742$54 [19] ? \$305  : \$311 [47:0];
+  assign \$315  = \port$3742$54 [21] ? \$314  : { x1, 1'h0 };
+  assign \$318  = \port$3742$54 [21] ? \$317  : { x1, 1'h0 };
+  assign \$319  = \port$3742$54 [20] ? \$316  : \$318 ;
+  assign \$322  = \port$3742$54 [21] ? \$321  : { x1, 1'h0 };
+  assign \$325  = \port$3742$54 [21] ? \$324  : { x1, 1'h0 };
+  assign \$326  = \port$3742$54 [20] ? \$323  : \$325 ;
+  assign \$327  = \port$3742$54 [19] ? \$320  : \$326 [47:0];
+  assign \$328  = \port$3742$54 [18] ? \$313  : \$327 [39:0];
+  assign \$331  = \port$3742$54 [21] ? \$330  : { x1, 1'h0 };
+  assign \$334  = \port$3742$54 [21] ? \$333  : { x1, 1'h0 };
+  assign \$335  = \port$3742$54 [20] ? \$332  : \$334 ;
+  assign \$338  = \port$3742$54 [21] ? \$337  : { x1, 1'h0 };
+  assign \$341  = \port$3742$54 [21] ? \$340  : { x1, 1'h0 };
+  assign \$342  = \port$3742$54 [20] ? \$339  : \$341 ;
+  assign \$343  = \port$3742$54 [19] ? \$336  : \$342 [47:0];
+  assign \$346  = \port$3742$54 [21] ? \$345  : { x1, 1'h0 };
+  assign \$349  = \port$3742$54 [21] ? \$348  : { x1, 1'h0 };
+  assign \$350  = \port$3742$54 [20] ? \$347  : \$349 ;
+  assign \$353  = \port$3742$54 [21] ? \$352  : { x1, 1'h0 };
+  assign \$356  = \port$3742$54 [21] ? \$355  : { x1, 1'h0 };
+  assign \$357  = \port$3742$54 [20] ? \$354  : \$356 ;
+  assign \$358  = \port$3742$54 [19] ? \$351  : \$357 [47:0];
+  assign \$359  = \port$3742$54 [18] ? \$344  : \$358 [39:0];
+  assign \$360  = \port$3742$54 [17] ? \$329  : \$359 [35:0];
+  assign \$363  = \port$3742$54 [21] ? \$362  : { x1, 1'h0 };
+  assign \$366  = \port$3742$54 [21] ? \$365  : { x1, 1'h0 };
+  assign \$367  = \port$3742$54 [20] ? \$364  : \$366 ;
+  assign \$370  = \port$3742$54 [21] ? \$369  : { x1, 1'h0 };
+  assign \$373  = \port$3742$54 [21] ? \$372  : { x1, 1'h0 };
+  assign \$374  = \port$3742$54 [20] ? \$371  : \$373 ;
+  assign \$375  = \port$3742$54 [19] ? \$368  : \$374 [47:0];
+  assign \$378  = \port$3742$54 [21] ? \$377  : { x1, 1'h0 };
+  assign \$381  = \port$3742$54 [21] ? \$380  : { x1, 1'h0 };
+  assign \$382  = \port$3742$54 [20] ? \$379  : \$381 ;
+  assign \$385  = \port$3742$54 [21] ? \$384  : { x1, 1'h0 };
+  assign \$388  = \port$3742$54 [21] ? \$387  : { x1, 1'h0 };
+  assign \$389  = \port$3742$54 [20] ? \$386  : \$388 ;
+  assign \$390  = \port$3742$54 [19] ? \$383  : \$389 [47:0];
+  assign \$391  = \port$3742$54 [18] ? \$376  : \$390 [39:0];
+  assign \$394  = \port$3742$54 [21] ? \$393  : { x1, 1'h0 };
+  assign \$397  = \port$3742$54 [21] ? \$396  : { x1, 1'h0 };
+  assign \$398  = \port$3742$54 [20] ? \$395  : \$397 ;
+  assign \$401  = \port$3742$54 [21] ? \$400  : { x1, 1'h0 };
+  assign \$404  = \port$3742$54 [21] ? \$403  : { x1, 1'h0 };
+  assign \$405  = \port$3742$54 [20] ? \$402  : \$404 ;
+  assign \$406  = \port$3742$54 [19] ? \$399  : \$405 [47:0];
+  assign \$409  = \port$3742$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$412  = \port$3742$54 [21] ? \$411  : { x1, 1'h0 };
+  assign \$413  = \port$3742$54 [20] ? \$410  : \$412 ;
+  assign \$416  = \port$3742$54 [21] ? \$415  : { x1, 1'h0 };
+  assign \$419  = \port$3742$54 [21] ? \$418  : { x1, 1'h0 };
+  assign \$420  = \port$3742$54 [20] ? \$417  : \$419 ;
+  assign \$421  = \port$3742$54 [19] ? \$414  : \$420 [47:0];
+  assign \$422  = \port$3742$54 [18] ? \$407  : \$421 [39:0];
+  assign \$423  = \port$3742$54 [17] ? \$392  : \$422 [35:0];
+  assign \$424  = \port$3742$54 [16] ? \$361  : \$423 [33:0];
   assign \$425  = { x1, 1'h0 } & below;
   assign \$426  = | \$425 ;
   assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27690,69 +27708,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$434  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$435  = \$434  ? 33'h07fffffff : rounded1;
   assign \$436  = over2_1 ? { \$433 [31], \$433  } : \$435 ;
-  assign \$438  = \port$3740$54 [21] ? \$437  : { x2, 1'h0 };
-  assign \$441  = \port$3740$54 [21] ? \$440  : { x2, 1'h0 };
-  assign \$442  = \port$3740$54 [20] ? \$439  : \$441 ;
-  assign \$445  = \port$3740$54 [21] ? \$444  : { x2, 1'h0 };
-  assign \$448  = \port$3740$54 [21] ? \$447  : { x2, 1'h0 };
-  assign \$449  = \port$3740$54 [20] ? \$446  : \$448 ;
-  assign \$450  = \port$3740$54 [19] ? \$443  : \$449 [47:0];
-  assign \$453  = \port$3740$54 [21] ? \$452  : { x2, 1'h0 };
-  assign \$456  = \port$3740$54 [21] ? \$455  : { x2, 1'h0 };
-  assign \$457  = \port$3740$54 [20] ? \$454  : \$456 ;
-  assign \$460  = \port$3740$54 [21] ? \$459  : { x2, 1'h0 };
-  assign \$463  = \port$3740$54 [21] ? \$462  : { x2, 1'h0 };
-  assign \$464  = \port$3740$54 [20] ? \$461  : \$463 ;
-  assign \$465  = \port$3740$54 [19] ? \$458  : \$464 [47:0];
-  assign \$466  = \port$3740$54 [18] ? \$451  : \$465 [39:0];
-  assign \$469  = \port$3740$54 [21] ? \$468  : { x2, 1'h0 };
-  assign \$472  = \port$3740$54 [21] ? \$471  : { x2, 1'h0 };
-  assign \$473  = \port$3740$54 [20] ? \$470  : \$472 ;
-  assign \$476  = \port$3740$54 [21] ? \$475  : { x2, 1'h0 };
-  assign \$479  = \port$3740$54 [21] ? \$478  : { x2, 1'h0 };
-  assign \$480  = \port$3740$54 [20] ? \$477  : \$479 ;
-  assign \$481  = \port$3740$54 [19] ? \$474  : \$480 [47:0];
-  assign \$484  = \port$3740$54 [21] ? \$483  : { x2, 1'h0 };
-  assign \$487  = \port$3740$54 [21] ? \$486  : { x2, 1'h0 };
-  assign \$488  = \port$3740$54 [20] ? \$485  : \$487 ;
-  assign \$491  = \port$3740$54 [21] ? \$490  : { x2, 1'h0 };
-  assign \$494  = \port$3740$54 [21] ? \$493  : { x2, 1'h0 };
-  assign \$495  = \port$3740$54 [20] ? \$492  : \$494 ;
-  assign \$496  = \port$3740$54 [19] ? \$489  : \$495 [47:0];
-  assign \$497  = \port$3740$54 [18] ? \$482  : \$496 [39:0];
-  assign \$498  = \port$3740$54 [17] ? \$467  : \$497 [35:0];
-  assign \$501  = \port$3740$54 [21] ? \$500  : { x2, 1'h0 };
-  assign \$504  = \port$3740$54 [21] ? \$503  : { x2, 1'h0 };
-  assign \$505  = \port$3740$54 [20] ? \$502  : \$504 ;
-  assign \$508  = \port$3740$54 [21] ? \$507  : { x2, 1'h0 };
-  assign \$511  = \port$3740$54 [21] ? \$510  : { x2, 1'h0 };
-  assign \$512  = \port$3740$54 [20] ? \$509  : \$511 ;
-  assign \$513  = \port$3740$54 [19] ? \$506  : \$512 [47:0];
-  assign \$516  = \port$3740$54 [21] ? \$515  : { x2, 1'h0 };
-  assign \$519  = \port$3740$54 [21] ? \$518  : { x2, 1'h0 };
-  assign \$520  = \port$3740$54 [20] ? \$517  : \$519 ;
-  assign \$523  = \port$3740$54 [21] ? \$522  : { x2, 1'h0 };
-  assign \$526  = \port$3740$54 [21] ? \$525  : { x2, 1'h0 };
-  assign \$527  = \port$3740$54 [20] ? \$524  : \$526 ;
-  assign \$528  = \port$3740$54 [19] ? \$521  : \$527 [47:0];
-  assign \$529  = \port$3740$54 [18] ? \$514  : \$528 [39:0];
-  assign \$532  = \port$3740$54 [21] ? \$531  : { x2, 1'h0 };
-  assign \$535  = \port$3740$54 [21] ? \$534  : { x2, 1'h0 };
-  assign \$536  = \port$3740$54 [20] ? \$533  : \$535 ;
-  assign \$539  = \port$3740$54 [21] ? \$538  : { x2, 1'h0 };
-  assign \$542  = \port$3740$54 [21] ? \$541  : { x2, 1'h0 };
-  assign \$543  = \port$3740$54 [20] ? \$540  : \$542 ;
-  assign \$544  = \port$3740$54 [19] ? \$537  : \$543 [47:0];
-  assign \$547  = \port$3740$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$550  = \port$3740$54 [21] ? \$549  : { x2, 1'h0 };
-  assign \$551  = \port$3740$54 [20] ? \$548  : \$550 ;
-  assign \$554  = \port$3740$54 [21] ? \$553  : { x2, 1'h0 };
-  assign \$557  = \port$3740$54 [21] ? \$556  : { x2, 1'h0 };
-  assign \$558  = \port$3740$54 [20] ? \$555  : \$557 ;
-  assign \$559  = \port$3740$54 [19] ? \$552  : \$558 [47:0];
-  assign \$560  = \port$3740$54 [18] ? \$545  : \$559 [39:0];
-  assign \$561  = \port$3740$54 [17] ? \$530  : \$560 [35:0];
-  assign \$562  = \port$3740$54 [16] ? \$499  : \$561 [33:0];
+  assign \$438  = \port$3742$54 [21] ? \$437  : { x2, 1'h0 };
+  assign \$441  = \port$3742$54 [21] ? \$440  : { x2, 1'h0 };
+  assign \$442  = \port$3742$54 [20] ? \$439  : \$441 ;
+  assign \$445  = \port$3742$54 [21] ? \$444  : { x2, 1'h0 };
+  assign \$448  = \port$3742$54 [21] ? \$447  : { x2, 1'h0 };
+  assign \$449  = \port$3742$54 [20] ? \$446  : \$448 ;
+  assign \$450  = \port$3742$54 [19] ? \$443  : \$449 [47:0];
+  assign \$453  = \port$3742$54 [21] ? \$452  : { x2, 1'h0 };
+  assign \$456  = \port$3742$54 [21] ? \$455  : { x2, 1'h0 };
+  assign \$457  = \port$3742$54 [20] ? \$454  : \$456 ;
+  assign \$460  = \port$3742$54 [21] ? \$459  : { x2, 1'h0 };
+  assign \$463  = \port$3742$54 [21] ? \$462  : { x2, 1'h0 };
+  assign \$464  = \port$3742$54 [20] ? \$461  : \$463 ;
+  assign \$465  = \port$3742$54 [19] ? \$458  : \$464 [47:0];
+  assign \$466  = \port$3742$54 [18] ? \$451  : \$465 [39:0];
+  assign \$469  = \port$3742$54 [21] ? \$468  : { x2, 1'h0 };
+  assign \$472  = \port$3742$54 [21] ? \$471  : { x2, 1'h0 };
+  assign \$473  = \port$3742$54 [20] ? \$470  : \$472 ;
+  assign \$476  = \port$3742$54 [21] ? \$475  : { x2, 1'h0 };
+  assign \$479  = \port$3742$54 [21] ? \$478  : { x2, 1'h0 };
+  assign \$480  = \port$3742$54 [20] ? \$477  : \$479 ;
+  assign \$481  = \port$3742$54 [19] ? \$474  : \$480 [47:0];
+  assign \$484  = \port$3742$54 [21] ? \$483  : { x2, 1'h0 };
+  assign \$487  = \port$3742$54 [21] ? \$486  : { x2, 1'h0 };
+  assign \$488  = \port$3742$54 [20] ? \$485  : \$487 ;
+  assign \$491  = \port$3742$54 [21] ? \$490  : { x2, 1'h0 };
+  assign \$494  = \port$3742$54 [21] ? \$493  : { x2, 1'h0 };
+  assign \$495  = \port$3742$54 [20] ? \$492  : \$494 ;
+  assign \$496  = \port$3742$54 [19] ? \$489  : \$495 [47:0];
+  assign \$497  = \port$3742$54 [18] ? \$482  : \$496 [39:0];
+  assign \$498  = \port$3742$54 [17] ? \$467  : \$497 [35:0];
+  assign \$501  = \port$3742$54 [21] ? \$500  : { x2, 1'h0 };
+  assign \$504  = \port$3742$54 [21] ? \$503  : { x2, 1'h0 };
+  assign \$505  = \port$3742$54 [20] ? \$502  : \$504 ;
+  assign \$508  = \port$3742$54 [21] ? \$507  : { x2, 1'h0 };
+  assign \$511  = \port$3742$54 [21] ? \$510  : { x2, 1'h0 };
+  assign \$512  = \port$3742$54 [20] ? \$509  : \$511 ;
+  assign \$513  = \port$3742$54 [19] ? \$506  : \$512 [47:0];
+  assign \$516  = \port$3742$54 [21] ? \$515  : { x2, 1'h0 };
+  assign \$519  = \port$3742$54 [21] ? \$518  : { x2, 1'h0 };
+  assign \$520  = \port$3742$54 [20] ? \$517  : \$519 ;
+  assign \$523  = \port$3742$54 [21] ? \$522  : { x2, 1'h0 };
+  assign \$526  = \port$3742$54 [21] ? \$525  : { x2, 1'h0 };
+  assign \$527  = \port$3742$54 [20] ? \$524  : \$526 ;
+  assign \$528  = \port$3742$54 [19] ? \$521  : \$527 [47:0];
+  assign \$529  = \port$3742$54 [18] ? \$514  : \$528 [39:0];
+  assign \$532  = \port$3742$54 [21] ? \$531  : { x2, 1'h0 };
+  assign \$535  = \port$3742$54 [21] ? \$534  : { x2, 1'h0 };
+  assign \$536  = \port$3742$54 [20] ? \$533  : \$535 ;
+  assign \$539  = \port$3742$54 [21] ? \$538  : { x2, 1'h0 };
+  assign \$542  = \port$3742$54 [21] ? \$541  : { x2, 1'h0 };
+  assign \$543  = \port$3742$54 [20] ? \$540  : \$542 ;
+  assign \$544  = \port$3742$54 [19] ? \$537  : \$543 [47:0];
+  assign \$547  = \port$3742$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$550  = \port$3742$54 [21] ? \$549  : { x2, 1'h0 };
+  assign \$551  = \port$3742$54 [20] ? \$548  : \$550 ;
+  assign \$554  = \port$3742$54 [21] ? \$553  : { x2, 1'h0 };
+  assign \$557  = \port$3742$54 [21] ? \$556  : { x2, 1'h0 };
+  assign \$558  = \port$3742$54 [20] ? \$555  : \$557 ;
+  assign \$559  = \port$3742$54 [19] ? \$552  : \$558 [47:0];
+  assign \$560  = \port$3742$54 [18] ? \$545  : \$559 [39:0];
+  assign \$561  = \port$3742$54 [17] ? \$530  : \$560 [35:0];
+  assign \$562  = \port$3742$54 [16] ? \$499  : \$561 [33:0];
   assign \$563  = { x2, 1'h0 } & below;
   assign \$564  = | \$563 ;
   assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27765,69 +27783,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$572  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$573  = \$572  ? 33'h07fffffff : rounded2;
   assign \$574  = over2_2 ? { \$571 [31], \$571  } : \$573 ;
-  assign \$576  = \port$3740$54 [21] ? \$575  : { x3, 1'h0 };
-  assign \$579  = \port$3740$54 [21] ? \$578  : { x3, 1'h0 };
-  assign \$580  = \port$3740$54 [20] ? \$577  : \$579 ;
-  assign \$583  = \port$3740$54 [21] ? \$582  : { x3, 1'h0 };
-  assign \$586  = \port$3740$54 [21] ? \$585  : { x3, 1'h0 };
-  assign \$587  = \port$3740$54 [20] ? \$584  : \$586 ;
-  assign \$588  = \port$3740$54 [19] ? \$581  : \$587 [47:0];
-  assign \$591  = \port$3740$54 [21] ? \$590  : { x3, 1'h0 };
-  assign \$594  = \port$3740$54 [21] ? \$593  : { x3, 1'h0 };
-  assign \$595  = \port$3740$54 [20] ? \$592  : \$594 ;
-  assign \$598  = \port$3740$54 [21] ? \$597  : { x3, 1'h0 };
-  assign \$601  = \port$3740$54 [21] ? \$600  : { x3, 1'h0 };
-  assign \$602  = \port$3740$54 [20] ? \$599  : \$601 ;
-  assign \$603  = \port$3740$54 [19] ? \$596  : \$602 [47:0];
-  assign \$604  = \port$3740$54 [18] ? \$589  : \$603 [39:0];
-  assign \$607  = \port$3740$54 [21] ? \$606  : { x3, 1'h0 };
-  assign \$610  = \port$3740$54 [21] ? \$609  : { x3, 1'h0 };
-  assign \$611  = \port$3740$54 [20] ? \$608  : \$610 ;
-  assign \$614  = \port$3740$54 [21] ? \$613  : { x3, 1'h0 };
-  assign \$617  = \port$3740$54 [21] ? \$616  : { x3, 1'h0 };
-  assign \$618  = \port$3740$54 [20] ? \$615  : \$617 ;
-  assign \$619  = \port$3740$54 [19] ? \$612  : \$618 [47:0];
-  assign \$622  = \port$3740$54 [21] ? \$621  : { x3, 1'h0 };
-  assign \$625  = \port$3740$54 [21] ? \$624  : { x3, 1'h0 };
-  assign \$626  = \port$3740$54 [20] ? \$623  : \$625 ;
-  assign \$629  = \port$3740$54 [21] ? \$628  : { x3, 1'h0 };
-  assign \$632  = \port$3740$54 [21] ? \$631  : { x3, 1'h0 };
-  assign \$633  = \port$3740$54 [20] ? \$630  : \$632 ;
-  assign \$634  = \port$3740$54 [19] ? \$627  : \$633 [47:0];
-  assign \$635  = \port$3740$54 [18] ? \$620  : \$634 [39:0];
-  assign \$636  = \port$3740$54 [17] ? \$605  : \$635 [35:0];
-  assign \$639  = \port$3740$54 [21] ? \$638  : { x3, 1'h0 };
-  assign \$642  = \port$3740$54 [21] ? \$641  : { x3, 1'h0 };
-  assign \$643  = \port$3740$54 [20] ? \$640  : \$642 ;
-  assign \$646  = \port$3740$54 [21] ? \$645  : { x3, 1'h0 };
-  assign \$649  = \port$3740$54 [21] ? \$648  : { x3, 1'h0 };
-  assign \$650  = \port$3740$54 [20] ? \$647  : \$649 ;
-  assign \$651  = \port$3740$54 [19] ? \$644  : \$650 [47:0];
-  assign \$654  = \port$3740$54 [21] ? \$653  : { x3, 1'h0 };
-  assign \$657  = \port$3740$54 [21] ? \$656  : { x3, 1'h0 };
-  assign \$658  = \port$3740$54 [20] ? \$655  : \$657 ;
-  assign \$661  = \port$3740$54 [21] ? \$660  : { x3, 1'h0 };
-  assign \$664  = \port$3740$54 [21] ? \$663  : { x3, 1'h0 };
-  assign \$665  = \port$3740$54 [20] ? \$662  : \$664 ;
-  assign \$666  = \port$3740$54 [19] ? \$659  : \$665 [47:0];
-  assign \$667  = \port$3740$54 [18] ? \$652  : \$666 [39:0];
-  assign \$670  = \port$3740$54 [21] ? \$669  : { x3, 1'h0 };
-  assign \$673  = \port$3740$54 [21] ? \$672  : { x3, 1'h0 };
-  assign \$674  = \port$3740$54 [20] ? \$671  : \$673 ;
-  assign \$677  = \port$3740$54 [21] ? \$676  : { x3, 1'h0 };
-  assign \$680  = \port$3740$54 [21] ? \$679  : { x3, 1'h0 };
-  assign \$681  = \port$3740$54 [20] ? \$678  : \$680 ;
-  assign \$682  = \port$3740$54 [19] ? \$675  : \$681 [47:0];
-  assign \$685  = \port$3740$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$688  = \port$3740$54 [21] ? \$687  : { x3, 1'h0 };
-  assign \$689  = \port$3740$54 [20] ? \$686  : \$688 ;
-  assign \$692  = \port$3740$54 [21] ? \$691  : { x3, 1'h0 };
-  assign \$695  = \port$3740$54 [21] ? \$694  : { x3, 1'h0 };
-  assign \$696  = \port$3740$54 [20] ? \$693  : \$695 ;
-  assign \$697  = \port$3740$54 [19] ? \$690  : \$696 [47:0];
-  assign \$698  = \port$3740$54 [18] ? \$683  : \$697 [39:0];
-  assign \$699  = \port$3740$54 [17] ? \$668  : \$698 [35:0];
-  assign \$700  = \port$3740$54 [16] ? \$637  : \$699 [33:0];
+  assign \$576  = \port$3742$54 [21] ? \$575  : { x3, 1'h0 };
+  assign \$579  = \port$3742$54 [21] ? \$578  : { x3, 1'h0 };
+  assign \$580  = \port$3742$54 [20] ? \$577  : \$579 ;
+  assign \$583  = \port$3742$54 [21] ? \$582  : { x3, 1'h0 };
+  assign \$586  = \port$3742$54 [21] ? \$585  : { x3, 1'h0 };
+  assign \$587  = \port$3742$54 [20] ? \$584  : \$586 ;
+  assign \$588  = \port$3742$54 [19] ? \$581  : \$587 [47:0];
+  assign \$591  = \port$3742$54 [21] ? \$590  : { x3, 1'h0 };
+  assign \$594  = \port$3742$54 [21] ? \$593  : { x3, 1'h0 };
+  assign \$595  = \port$3742$54 [20] ? \$592  : \$594 ;
+  assign \$598  = \port$3742$54 [21] ? \$597  : { x3, 1'h0 };
+  assign \$601  = \port$3742$54 [21] ? \$600  : { x3, 1'h0 };
+  assign \$602  = \port$3742$54 [20] ? \$599  : \$601 ;
+  assign \$603  = \port$3742$54 [19] ? \$596  : \$602 [47:0];
+  assign \$604  = \port$3742$54 [18] ? \$589  : \$603 [39:0];
+  assign \$607  = \port$3742$54 [21] ? \$606  : { x3, 1'h0 };
+  assign \$610  = \port$3742$54 [21] ? \$609  : { x3, 1'h0 };
+  assign \$611  = \port$3742$54 [20] ? \$608  : \$610 ;
+  assign \$614  = \port$3742$54 [21] ? \$613  : { x3, 1'h0 };
+  assign \$617  = \port$3742$54 [21] ? \$616  : { x3, 1'h0 };
+  assign \$618  = \port$3742$54 [20] ? \$615  : \$617 ;
+  assign \$619  = \port$3742$54 [19] ? \$612  : \$618 [47:0];
+  assign \$622  = \port$3742$54 [21] ? \$621  : { x3, 1'h0 };
+  assign \$625  = \port$3742$54 [21] ? \$624  : { x3, 1'h0 };
+  assign \$626  = \port$3742$54 [20] ? \$623  : \$625 ;
+  assign \$629  = \port$3742$54 [21] ? \$628  : { x3, 1'h0 };
+  assign \$632  = \port$3742$54 [21] ? \$631  : { x3, 1'h0 };
+  assign \$633  = \port$3742$54 [20] ? \$630  : \$632 ;
+  assign \$634  = \port$3742$54 [19] ? \$627  : \$633 [47:0];
+  assign \$635  = \port$3742$54 [18] ? \$620  : \$634 [39:0];
+  assign \$636  = \port$3742$54 [17] ? \$605  : \$635 [35:0];
+  assign \$639  = \port$3742$54 [21] ? \$638  : { x3, 1'h0 };
+  assign \$642  = \port$3742$54 [21] ? \$641  : { x3, 1'h0 };
+  assign \$643  = \port$3742$54 [20] ? \$640  : \$642 ;
+  assign \$646  = \port$3742$54 [21] ? \$645  : { x3, 1'h0 };
+  assign \$649  = \port$3742$54 [21] ? \$648  : { x3, 1'h0 };
+  assign \$650  = \port$3742$54 [20] ? \$647  : \$649 ;
+  assign \$651  = \port$3742$54 [19] ? \$644  : \$650 [47:0];
+  assign \$654  = \port$3742$54 [21] ? \$653  : { x3, 1'h0 };
+  assign \$657  = \port$3742$54 [21] ? \$656  : { x3, 1'h0 };
+  assign \$658  = \port$3742$54 [20] ? \$655  : \$657 ;
+  assign \$661  = \port$3742$54 [21] ? \$660  : { x3, 1'h0 };
+  assign \$664  = \port$3742$54 [21] ? \$663  : { x3, 1'h0 };
+  assign \$665  = \port$3742$54 [20] ? \$662  : \$664 ;
+  assign \$666  = \port$3742$54 [19] ? \$659  : \$665 [47:0];
+  assign \$667  = \port$3742$54 [18] ? \$652  : \$666 [39:0];
+  assign \$670  = \port$3742$54 [21] ? \$669  : { x3, 1'h0 };
+  assign \$673  = \port$3742$54 [21] ? \$672  : { x3, 1'h0 };
+  assign \$674  = \port$3742$54 [20] ? \$671  : \$673 ;
+  assign \$677  = \port$3742$54 [21] ? \$676  : { x3, 1'h0 };
+  assign \$680  = \port$3742$54 [21] ? \$679  : { x3, 1'h0 };
+  assign \$681  = \port$3742$54 [20] ? \$678  : \$680 ;
+  assign \$682  = \port$3742$54 [19] ? \$675  : \$681 [47:0];
+  assign \$685  = \port$3742$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$688  = \port$3742$54 [21] ? \$687  : { x3, 1'h0 };
+  assign \$689  = \port$3742$54 [20] ? \$686  : \$688 ;
+  assign \$692  = \port$3742$54 [21] ? \$691  : { x3, 1'h0 };
+  assign \$695  = \port$3742$54 [21] ? \$694  : { x3, 1'h0 };
+  assign \$696  = \port$3742$54 [20] ? \$693  : \$695 ;
+  assign \$697  = \port$3742$54 [19] ? \$690  : \$696 [47:0];
+  assign \$698  = \port$3742$54 [18] ? \$683  : \$697 [39:0];
+  assign \$699  = \port$3742$54 [17] ? \$668  : \$698 [35:0];
+  assign \$700  = \port$3742$54 [16] ? \$637  : \$699 [33:0];
   assign \$701  = { x3, 1'h0 } & below;
   assign \$702  = | \$701 ;
   assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -27928,194 +27946,194 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$7  = $signed(\$5 ) + $signed(\$6 );
   assign \$10  = $signed(\$8 ) + $signed(\$9 );
   assign \$13  = $signed(\$11 ) + $signed(\$12 );
-  assign \$14  = \port$3740$54 [21:16] > 1'h0;
-  assign \$15  = \port$3740$54 [21:16] > 1'h1;
-  assign \$16  = \port$3740$54 [21:16] > 2'h2;
-  assign \$17  = \port$3740$54 [21:16] > 2'h3;
-  assign \$18  = \port$3740$54 [21:16] > 3'h4;
-  assign \$19  = \port$3740$54 [21:16] > 3'h5;
-  assign \$20  = \port$3740$54 [21:16] > 3'h6;
-  assign \$21  = \port$3740$54 [21:16] > 3'h7;
-  assign \$22  = \port$3740$54 [21:16] > 4'h8;
-  assign \$23  = \port$3740$54 [21:16] > 4'h9;
-  assign \$24  = \port$3740$54 [21:16] > 4'ha;
-  assign \$25  = \port$3740$54 [21:16] > 4'hb;
-  assign \$26  = \port$3740$54 [21:16] > 4'hc;
-  assign \$27  = \port$3740$54 [21:16] > 4'hd;
-  assign \$28  = \port$3740$54 [21:16] > 4'he;
-  assign \$29  = \port$3740$54 [21:16] > 4'hf;
-  assign \$30  = \port$3740$54 [21:16] > 5'h10;
-  assign \$31  = \port$3740$54 [21:16] > 5'h11;
-  assign \$32  = \port$3740$54 [21:16] > 5'h12;
-  assign \$33  = \port$3740$54 [21:16] > 5'h13;
-  assign \$34  = \port$3740$54 [21:16] > 5'h14;
-  assign \$35  = \port$3740$54 [21:16] > 5'h15;
-  assign \$36  = \port$3740$54 [21:16] > 5'h16;
-  assign \$37  = \port$3740$54 [21:16] > 5'h17;
-  assign \$38  = \port$3740$54 [21:16] > 5'h18;
-  assign \$39  = \port$3740$54 [21:16] > 5'h19;
-  assign \$40  = \port$3740$54 [21:16] > 5'h1a;
-  assign \$41  = \port$3740$54 [21:16] > 5'h1b;
-  assign \$42  = \port$3740$54 [21:16] > 5'h1c;
-  assign \$43  = \port$3740$54 [21:16] > 5'h1d;
-  assign \$44  = \port$3740$54 [21:16] > 5'h1e;
-  assign \$45  = \port$3740$54 [21:16] > 5'h1f;
-  assign \$46  = \port$3740$54 [21:16] > 6'h20;
-  assign \$47  = \port$3740$54 [21:16] > 6'h21;
-  assign \$48  = \port$3740$54 [21:16] > 6'h22;
-  assign \$49  = \port$3740$54 [21:16] > 6'h23;
-  assign \$50  = \port$3740$54 [21:16] > 6'h24;
-  assign \$51  = \port$3740$54 [21:16] > 6'h25;
-  assign \$52  = \port$3740$54 [21:16] > 6'h26;
-  assign \$53  = \port$3740$54 [21:16] > 6'h27;
-  assign \$54  = \port$3740$54 [21:16] > 6'h28;
-  assign \$55  = \port$3740$54 [21:16] > 6'h29;
-  assign \$56  = \port$3740$54 [21:16] > 6'h2a;
-  assign \$57  = \port$3740$54 [21:16] > 6'h2b;
-  assign \$58  = \port$3740$54 [21:16] > 6'h2c;
-  assign \$59  = \port$3740$54 [21:16] > 6'h2d;
-  assign \$60  = \port$3740$54 [21:16] > 6'h2e;
-  assign \$61  = \port$3740$54 [21:16] > 6'h2f;
-  assign \$62  = \port$3740$54 [21:16] > 6'h30;
-  assign \$63  = \port$3740$54 [21:16] + 6'h20;
+  assign \$14  = \port$3742$54 [21:16] > 1'h0;
+  assign \$15  = \port$3742$54 [21:16] > 1'h1;
+  assign \$16  = \port$3742$54 [21:16] > 2'h2;
+  assign \$17  = \port$3742$54 [21:16] > 2'h3;
+  assign \$18  = \port$3742$54 [21:16] > 3'h4;
+  assign \$19  = \port$3742$54 [21:16] > 3'h5;
+  assign \$20  = \port$3742$54 [21:16] > 3'h6;
+  assign \$21  = \port$3742$54 [21:16] > 3'h7;
+  assign \$22  = \port$3742$54 [21:16] > 4'h8;
+  assign \$23  = \port$3742$54 [21:16] > 4'h9;
+  assign \$24  = \port$3742$54 [21:16] > 4'ha;
+  assign \$25  = \port$3742$54 [21:16] > 4'hb;
+  assign \$26  = \port$3742$54 [21:16] > 4'hc;
+  assign \$27  = \port$3742$54 [21:16] > 4'hd;
+  assign \$28  = \port$3742$54 [21:16] > 4'he;
+  assign \$29  = \port$3742$54 [21:16] > 4'hf;
+  assign \$30  = \port$3742$54 [21:16] > 5'h10;
+  assign \$31  = \port$3742$54 [21:16] > 5'h11;
+  assign \$32  = \port$3742$54 [21:16] > 5'h12;
+  assign \$33  = \port$3742$54 [21:16] > 5'h13;
+  assign \$34  = \port$3742$54 [21:16] > 5'h14;
+  assign \$35  = \port$3742$54 [21:16] > 5'h15;
+  assign \$36  = \port$3742$54 [21:16] > 5'h16;
+  assign \$37  = \port$3742$54 [21:16] > 5'h17;
+  assign \$38  = \port$3742$54 [21:16] > 5'h18;
+  assign \$39  = \port$3742$54 [21:16] > 5'h19;
+  assign \$40  = \port$3742$54 [21:16] > 5'h1a;
+  assign \$41  = \port$3742$54 [21:16] > 5'h1b;
+  assign \$42  = \port$3742$54 [21:16] > 5'h1c;
+  assign \$43  = \port$3742$54 [21:16] > 5'h1d;
+  assign \$44  = \port$3742$54 [21:16] > 5'h1e;
+  assign \$45  = \port$3742$54 [21:16] > 5'h1f;
+  assign \$46  = \port$3742$54 [21:16] > 6'h20;
+  assign \$47  = \port$3742$54 [21:16] > 6'h21;
+  assign \$48  = \port$3742$54 [21:16] > 6'h22;
+  assign \$49  = \port$3742$54 [21:16] > 6'h23;
+  assign \$50  = \port$3742$54 [21:16] > 6'h24;
+  assign \$51  = \port$3742$54 [21:16] > 6'h25;
+  assign \$52  = \port$3742$54 [21:16] > 6'h26;
+  assign \$53  = \port$3742$54 [21:16] > 6'h27;
+  assign \$54  = \port$3742$54 [21:16] > 6'h28;
+  assign \$55  = \port$3742$54 [21:16] > 6'h29;
+  assign \$56  = \port$3742$54 [21:16] > 6'h2a;
+  assign \$57  = \port$3742$54 [21:16] > 6'h2b;
+  assign \$58  = \port$3742$54 [21:16] > 6'h2c;
+  assign \$59  = \port$3742$54 [21:16] > 6'h2d;
+  assign \$60  = \port$3742$54 [21:16] > 6'h2e;
+  assign \$61  = \port$3742$54 [21:16] > 6'h2f;
+  assign \$62  = \port$3742$54 [21:16] > 6'h30;
+  assign \$63  = \port$3742$54 [21:16] + 6'h20;
   assign \$64  = \$63  <= 1'h0;
-  assign \$65  = \port$3740$54 [21:16] + 6'h20;
+  assign \$65  = \port$3742$54 [21:16] + 6'h20;
   assign \$66  = \$65  <= 1'h1;
-  assign \$67  = \port$3740$54 [21:16] + 6'h20;
+  assign \$67  = \port$3742$54 [21:16] + 6'h20;
   assign \$68  = \$67  <= 2'h2;
-  assign \$69  = \port$3740$54 [21:16] + 6'h20;
+  assign \$69  = \port$3742$54 [21:16] + 6'h20;
   assign \$70  = \$69  <= 2'h3;
-  assign \$71  = \port$3740$54 [21:16] + 6'h20;
+  assign \$71  = \port$3742$54 [21:16] + 6'h20;
   assign \$72  = \$71  <= 3'h4;
-  assign \$73  = \port$3740$54 [21:16] + 6'h20;
+  assign \$73  = \port$3742$54 [21:16] + 6'h20;
   assign \$74  = \$73  <= 3'h5;
-  assign \$75  = \port$3740$54 [21:16] + 6'h20;
+  assign \$75  = \port$3742$54 [21:16] + 6'h20;
   assign \$76  = \$75  <= 3'h6;
-  assign \$77  = \port$3740$54 [21:16] + 6'h20;
+  assign \$77  = \port$3742$54 [21:16] + 6'h20;
   assign \$78  = \$77  <= 3'h7;
-  assign \$79  = \port$3740$54 [21:16] + 6'h20;
+  assign \$79  = \port$3742$54 [21:16] + 6'h20;
   assign \$80  = \$79  <= 4'h8;
-  assign \$81  = \port$3740$54 [21:16] + 6'h20;
+  assign \$81  = \port$3742$54 [21:16] + 6'h20;
   assign \$82  = \$81  <= 4'h9;
-  assign \$83  = \port$3740$54 [21:16] + 6'h20;
+  assign \$83  = \port$3742$54 [21:16] + 6'h20;
   assign \$84  = \$83  <= 4'ha;
-  assign \$85  = \port$3740$54 [21:16] + 6'h20;
+  assign \$85  = \port$3742$54 [21:16] + 6'h20;
   assign \$86  = \$85  <= 4'hb;
-  assign \$87  = \port$3740$54 [21:16] + 6'h20;
+  assign \$87  = \port$3742$54 [21:16] + 6'h20;
   assign \$88  = \$87  <= 4'hc;
-  assign \$89  = \port$3740$54 [21:16] + 6'h20;
+  assign \$89  = \port$3742$54 [21:16] + 6'h20;
   assign \$90  = \$89  <= 4'hd;
-  assign \$91  = \port$3740$54 [21:16] + 6'h20;
+  assign \$91  = \port$3742$54 [21:16] + 6'h20;
   assign \$92  = \$91  <= 4'he;
-  assign \$93  = \port$3740$54 [21:16] + 6'h20;
+  assign \$93  = \port$3742$54 [21:16] + 6'h20;
   assign \$94  = \$93  <= 4'hf;
-  assign \$95  = \port$3740$54 [21:16] + 6'h20;
+  assign \$95  = \port$3742$54 [21:16] + 6'h20;
   assign \$96  = \$95  <= 5'h10;
-  assign \$97  = \port$3740$54 [21:16] + 6'h20;
+  assign \$97  = \port$3742$54 [21:16] + 6'h20;
   assign \$98  = \$97  <= 5'h11;
-  assign \$99  = \port$3740$54 [21:16] + 6'h20;
+  assign \$99  = \port$3742$54 [21:16] + 6'h20;
   assign \$100  = \$99  <= 5'h12;
-  assign \$101  = \port$3740$54 [21:16] + 6'h20;
+  assign \$101  = \port$3742$54 [21:16] + 6'h20;
   assign \$102  = \$101  <= 5'h13;
-  assign \$103  = \port$3740$54 [21:16] + 6'h20;
+  assign \$103  = \port$3742$54 [21:16] + 6'h20;
   assign \$104  = \$103  <= 5'h14;
-  assign \$105  = \port$3740$54 [21:16] + 6'h20;
+  assign \$105  = \port$3742$54 [21:16] + 6'h20;
   assign \$106  = \$105  <= 5'h15;
-  assign \$107  = \port$3740$54 [21:16] + 6'h20;
+  assign \$107  = \port$3742$54 [21:16] + 6'h20;
   assign \$108  = \$107  <= 5'h16;
-  assign \$109  = \port$3740$54 [21:16] + 6'h20;
+  assign \$109  = \port$3742$54 [21:16] + 6'h20;
   assign \$110  = \$109  <= 5'h17;
-  assign \$111  = \port$3740$54 [21:16] + 6'h20;
+  assign \$111  = \port$3742$54 [21:16] + 6'h20;
   assign \$112  = \$111  <= 5'h18;
-  assign \$113  = \port$3740$54 [21:16] + 6'h20;
+  assign \$113  = \port$3742$54 [21:16] + 6'h20;
   assign \$114  = \$113  <= 5'h19;
-  assign \$115  = \port$3740$54 [21:16] + 6'h20;
+  assign \$115  = \port$3742$54 [21:16] + 6'h20;
   assign \$116  = \$115  <= 5'h1a;
-  assign \$117  = \port$3740$54 [21:16] + 6'h20;
+  assign \$117  = \port$3742$54 [21:16] + 6'h20;
   assign \$118  = \$117  <= 5'h1b;
-  assign \$119  = \port$3740$54 [21:16] + 6'h20;
+  assign \$119  = \port$3742$54 [21:16] + 6'h20;
   assign \$120  = \$119  <= 5'h1c;
-  assign \$121  = \port$3740$54 [21:16] + 6'h20;
+  assign \$121  = \port$3742$54 [21:16] + 6'h20;
   assign \$122  = \$121  <= 5'h1d;
-  assign \$123  = \port$3740$54 [21:16] + 6'h20;
+  assign \$123  = \port$3742$54 [21:16] + 6'h20;
   assign \$124  = \$123  <= 5'h1e;
-  assign \$125  = \port$3740$54 [21:16] + 6'h20;
+  assign \$125  = \port$3742$54 [21:16] + 6'h20;
   assign \$126  = \$125  <= 5'h1f;
-  assign \$127  = \port$3740$54 [21:16] + 6'h20;
+  assign \$127  = \port$3742$54 [21:16] + 6'h20;
   assign \$128  = \$127  <= 6'h20;
-  assign \$129  = \port$3740$54 [21:16] + 6'h20;
+  assign \$129  = \port$3742$54 [21:16] + 6'h20;
   assign \$130  = \$129  <= 6'h21;
-  assign \$131  = \port$3740$54 [21:16] + 6'h20;
+  assign \$131  = \port$3742$54 [21:16] + 6'h20;
   assign \$132  = \$131  <= 6'h22;
-  assign \$133  = \port$3740$54 [21:16] + 6'h20;
+  assign \$133  = \port$3742$54 [21:16] + 6'h20;
   assign \$134  = \$133  <= 6'h23;
-  assign \$135  = \port$3740$54 [21:16] + 6'h20;
+  assign \$135  = \port$3742$54 [21:16] + 6'h20;
   assign \$136  = \$135  <= 6'h24;
-  assign \$137  = \port$3740$54 [21:16] + 6'h20;
+  assign \$137  = \port$3742$54 [21:16] + 6'h20;
   assign \$138  = \$137  <= 6'h25;
-  assign \$139  = \port$3740$54 [21:16] + 6'h20;
+  assign \$139  = \port$3742$54 [21:16] + 6'h20;
   assign \$140  = \$139  <= 6'h26;
-  assign \$141  = \port$3740$54 [21:16] + 6'h20;
+  assign \$141  = \port$3742$54 [21:16] + 6'h20;
   assign \$142  = \$141  <= 6'h27;
-  assign \$143  = \port$3740$54 [21:16] + 6'h20;
+  assign \$143  = \port$3742$54 [21:16] + 6'h20;
   assign \$144  = \$143  <= 6'h28;
-  assign \$145  = \port$3740$54 [21:16] + 6'h20;
+  assign \$145  = \port$3742$54 [21:16] + 6'h20;
   assign \$146  = \$145  <= 6'h29;
-  assign \$147  = \port$3740$54 [21:16] + 6'h20;
+  assign \$147  = \port$3742$54 [21:16] + 6'h20;
   assign \$148  = \$147  <= 6'h2a;
-  assign \$149  = \port$3740$54 [21:16] + 6'h20;
+  assign \$149  = \port$3742$54 [21:16] + 6'h20;
   assign \$150  = \$149  <= 6'h2b;
-  assign \$151  = \port$3740$54 [21:16] + 6'h20;
+  assign \$151  = \port$3742$54 [21:16] + 6'h20;
   assign \$152  = \$151  <= 6'h2c;
-  assign \$153  = \port$3740$54 [21:16] + 6'h20;
+  assign \$153  = \port$3742$54 [21:16] + 6'h20;
   assign \$154  = \$153  <= 6'h2d;
-  assign \$155  = \port$3740$54 [21:16] + 6'h20;
+  assign \$155  = \port$3742$54 [21:16] + 6'h20;
   assign \$156  = \$155  <= 6'h2e;
-  assign \$157  = \port$3740$54 [21:16] + 6'h20;
+  assign \$157  = \port$3742$54 [21:16] + 6'h20;
   assign \$158  = \$157  <= 6'h2f;
-  assign \$159  = \port$3740$54 [21:16] + 6'h20;
+  assign \$159  = \port$3742$54 [21:16] + 6'h20;
   assign \$160  = \$159  <= 6'h30;
-  assign \$162  = \port$3740$54 [21] ? \$161  : { x0, 1'h0 };
-  assign \$165  = \port$3740$54 [21] ? \$164  : { x0, 1'h0 };
-  assign \$166  = \port$3740$54 [20] ? \$163  : \$165 ;
-  assign \$169  = \port$3740$54 [21] ? \$168  : { x0, 1'h0 };
-  assign \$172  = \port$3740$54 [21] ? \$171  : { x0, 1'h0 };
-  assign \$173  = \port$3740$54 [20] ? \$170  : \$172 ;
-  assign \$174  = \port$3740$54 [19] ? \$167  : \$173 [47:0];
-  assign \$177  = \port$3740$54 [21] ? \$176  : { x0, 1'h0 };
-  assign \$180  = \port$3740$54 [21] ? \$179  : { x0, 1'h0 };
-  assign \$181  = \port$3740$54 [20] ? \$178  : \$180 ;
-  assign \$184  = \port$3740$54 [21] ? \$183  : { x0, 1'h0 };
-  assign \$187  = \port$3740$54 [21] ? \$186  : { x0, 1'h0 };
-  assign \$188  = \port$3740$54 [20] ? \$185  : \$187 ;
-  assign \$189  = \port$3740$54 [19] ? \$182  : \$188 [47:0];
-  assign \$190  = \port$3740$54 [18] ? \$175  : \$189 [39:0];
-  assign \$193  = \port$3740$54 [21] ? \$192  : { x0, 1'h0 };
-  assign \$196  = \port$3740$54 [21] ? \$195  : { x0, 1'h0 };
-  assign \$197  = \port$3740$54 [20] ? \$194  : \$196 ;
-  assign \$200  = \port$3740$54 [21] ? \$199  : { x0, 1'h0 };
-  assign \$203  = \port$3740$54 [21] ? \$202  : { x0, 1'h0 };
-  assign \$204  = \port$3740$54 [20] ? \$201  : \$203 ;
-  assign \$205  = \port$3740$54 [19] ? \$198  : \$204 [47:0];
-  assign \$208  = \port$3740$54 [21] ? \$207  : { x0, 1'h0 };
-  assign \$211  = \port$3740$54 [21] ? \$210  : { x0, 1'h0 };
-  assign \$212  = \port$3740$54 [20] ? \$209  : \$211 ;
-  assign \$215  = \port$3740$54 [21] ? \$214  : { x0, 1'h0 };
-  assign \$218  = \port$3740$54 [21] ? \$217  : { x0, 1'h0 };
-  assign \$219  = \port$3740$54 [20] ? \$216  : \$218 ;
-  assign \$220  = \port$3740$54 [19] ? \$213  : \$219 [47:0];
-  assign \$221  = \port$3740$54 [18] ? \$206  : \$220 [39:0];
-  assign \$222  = \port$3740$54 [17] ? \$191  : \$221 [35:0];
-  assign \$225  = \port$3740$54 [21] ? \$224  : { x0, 1'h0 };
-  assign \$228  = \port$3740$54 [21] ? \$227  : { x0, 1'h0 };
-  assign \$229  = \port$3740$54 [20] ? \$226  : \$228 ;
-  assign \$232  = \port$3740$54 [21] ? \$231  : { x0, 1'h0 };
-  assign \$235  = \port$3740$54 [21] ? \$234  : { x0, 1'h0 };
-  assign \$236  = \port$3740$54 [20] ? \$233  : \$235 ;
-  assign \$237  = \port$3740$54 [19] ? \$230  : \$236 [47:0];
-  assign \$240  = \port$3740$54 [21] ? \$239  : { x0, 1'h0 };
-  assign \$243  = \port$3740$54 [21] ? \$242  : { x0, 1'h0 };
-  assign \$244  = \port$3740$54 [20] ? \$241  : \$243 ;
+  assign \$162  = \port$3742$54 [21] ? \$161  : { x0, 1'h0 };
+  assign \$165  = \port$3742$54 [21] ? \$164  : { x0, 1'h0 };
+  assign \$166  = \port$3742$54 [20] ? \$163  : \$165 ;
+  assign \$169  = \port$3742$54 [21] ? \$168  : { x0, 1'h0 };
+  assign \$172  = \port$3742$54 [21] ? \$171  : { x0, 1'h0 };
+  assign \$173  = \port$3742$54 [20] ? \$170  : \$172 ;
+  assign \$174  = \port$3742$54 [19] ? \$167  : \$173 [47:0];
+  assign \$177  = \port$3742$54 [21] ? \$176  : { x0, 1'h0 };
+  assign \$180  = \port$3742$54 [21] ? \$179  : { x0, 1'h0 };
+  assign \$181  = \port$3742$54 [20] ? \$178  : \$180 ;
+  assign \$184  = \port$3742$54 [21] ? \$183  : { x0, 1'h0 };
+  assign \$187  = \port$3742$54 [21] ? \$186  : { x0, 1'h0 };
+  assign \$188  = \port$3742$54 [20] ? \$185  : \$187 ;
+  assign \$189  = \port$3742$54 [19] ? \$182  : \$188 [47:0];
+  assign \$190  = \port$3742$54 [18] ? \$175  : \$189 [39:0];
+  assign \$193  = \port$3742$54 [21] ? \$192  : { x0, 1'h0 };
+  assign \$196  = \port$3742$54 [21] ? \$195  : { x0, 1'h0 };
+  assign \$197  = \port$3742$54 [20] ? \$194  : \$196 ;
+  assign \$200  = \port$3742$54 [21] ? \$199  : { x0, 1'h0 };
+  assign \$203  = \port$3742$54 [21] ? \$202  : { x0, 1'h0 };
+  assign \$204  = \port$3742$54 [20] ? \$201  : \$203 ;
+  assign \$205  = \port$3742$54 [19] ? \$198  : \$204 [47:0];
+  assign \$208  = \port$3742$54 [21] ? \$207  : { x0, 1'h0 };
+  assign \$211  = \port$3742$54 [21] ? \$210  : { x0, 1'h0 };
+  assign \$212  = \port$3742$54 [20] ? \$209  : \$211 ;
+  assign \$215  = \port$3742$54 [21] ? \$214  : { x0, 1'h0 };
+  assign \$218  = \port$3742$54 [21] ? \$217  : { x0, 1'h0 };
+  assign \$219  = \port$3742$54 [20] ? \$216  : \$218 ;
+  assign \$220  = \port$3742$54 [19] ? \$213  : \$219 [47:0];
+  assign \$221  = \port$3742$54 [18] ? \$206  : \$220 [39:0];
+  assign \$222  = \port$3742$54 [17] ? \$191  : \$221 [35:0];
+  assign \$225  = \port$3742$54 [21] ? \$224  : { x0, 1'h0 };
+  assign \$228  = \port$3742$54 [21] ? \$227  : { x0, 1'h0 };
+  assign \$229  = \port$3742$54 [20] ? \$226  : \$228 ;
+  assign \$232  = \port$3742$54 [21] ? \$231  : { x0, 1'h0 };
+  assign \$235  = \port$3742$54 [21] ? \$234  : { x0, 1'h0 };
+  assign \$236  = \port$3742$54 [20] ? \$233  : \$235 ;
+  assign \$237  = \port$3742$54 [19] ? \$230  : \$236 [47:0];
+  assign \$240  = \port$3742$54 [21] ? \$239  : { x0, 1'h0 };
+  assign \$243  = \port$3742$54 [21] ? \$242  : { x0, 1'h0 };
+  assign \$244  = \port$3742$54 [20] ? \$241  : \$243 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -28127,8 +28145,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$3740$54 (\port$3740$54 [15:0]),
-    .\port$3758$0 (i__payload),
+    .\port$3742$54 (\port$3742$54 [15:0]),
+    .\port$3760$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -28665,23 +28683,23 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$3740$54 [15:0] };
-  assign mult = \port$3740$54 [15:0];
+  assign b__0 = { 2'h0, \port$3742$54 [15:0] };
+  assign mult = \port$3742$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$3740$54 [15:0] };
+  assign b__1 = { 2'h0, \port$3742$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$3740$54 [15:0] };
+  assign b__2 = { 2'h0, \port$3742$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$3740$54 [15:0] };
+  assign b__3 = { 2'h0, \port$3742$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$3740$54 [15:0] };
+  assign b__4 = { 2'h0, \port$3742$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$3740$54 [15:0] };
+  assign b__5 = { 2'h0, \port$3742$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$3740$54 [15:0] };
+  assign b__6 = { 2'h0, \port$3742$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$3740$54 [15:0] };
-  assign shift = \port$3740$54 [21:16];
+  assign b__7 = { 2'h0, \port$3742$54 [15:0] };
+  assign shift = \port$3742$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -28780,8 +28798,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$330  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$332  = { \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48:16] };
   assign \$333  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$336  = { \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47:8] };
   assign \$337  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$336  = { \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47:8] };
   assign \$339  = { \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48:16] };
   assign \$340  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$344  = { \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39:4] };
@@ -28800,10 +28818,10 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$369  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$371  = { \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48:16] };
   assign \$372  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$376  = { \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39:4] };
   assign \$377  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$379  = { \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48:16] };
+  assign \$376  = { \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39:4] };
   assign \$380  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$379  = { \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48:16] };
   assign \$383  = { \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47:8] };
   assign \$384  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$386  = { \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48:16] };
@@ -28953,7 +28971,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3758$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3760$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -29039,10 +29057,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$3740$54 ;
-  wire [15:0] \port$3740$54 ;
-  input [127:0] \port$3758$0 ;
-  wire [127:0] \port$3758$0 ;
+  input [15:0] \port$3742$54 ;
+  wire [15:0] \port$3742$54 ;
+  input [127:0] \port$3760$0 ;
+  wire [127:0] \port$3760$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -29107,7 +29125,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$3758$0 [16:0] };
+      \$9  = { 1'h0, \port$3760$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -29120,7 +29138,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$3740$54  };
+      \$10  = { 2'h0, \port$3742$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -29146,7 +29164,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$3758$0 [31], \port$3758$0 [31], \port$3758$0 [31], \port$3758$0 [31:17] };
+      \$12  = { \port$3760$0 [31], \port$3760$0 [31], \port$3760$0 [31], \port$3760$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -29159,7 +29177,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$3740$54  };
+      \$13  = { 2'h0, \port$3742$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -29185,7 +29203,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$3758$0 [48:32] };
+      \$15  = { 1'h0, \port$3760$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -29198,7 +29216,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$3740$54  };
+      \$16  = { 2'h0, \port$3742$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -29224,7 +29242,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$3758$0 [63], \port$3758$0 [63], \port$3758$0 [63], \port$3758$0 [63:49] };
+      \$18  = { \port$3760$0 [63], \port$3760$0 [63], \port$3760$0 [63], \port$3760$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -29237,7 +29255,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$3740$54  };
+      \$19  = { 2'h0, \port$3742$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -29263,7 +29281,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$3758$0 [80:64] };
+      \$21  = { 1'h0, \port$3760$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -29276,7 +29294,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$3740$54  };
+      \$22  = { 2'h0, \port$3742$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -29302,7 +29320,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$3758$0 [95], \port$3758$0 [95], \port$3758$0 [95], \port$3758$0 [95:81] };
+      \$24  = { \port$3760$0 [95], \port$3760$0 [95], \port$3760$0 [95], \port$3760$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -29315,7 +29333,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$3740$54  };
+      \$25  = { 2'h0, \port$3742$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -29341,7 +29359,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$3758$0 [112:96] };
+      \$27  = { 1'h0, \port$3760$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -29354,7 +29372,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$3740$54  };
+      \$28  = { 2'h0, \port$3742$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -29380,7 +29398,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$3758$0 [127], \port$3758$0 [127], \port$3758$0 [127], \port$3758$0 [127:113] };
+      \$30  = { \port$3760$0 [127], \port$3760$0 [127], \port$3760$0 [127], \port$3760$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -29393,7 +29411,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$3740$54  };
+      \$31  = { 2'h0, \port$3742$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -29415,22 +29433,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3740$54 , \port$3
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3758$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3740$54  };
-  assign a__1 = { \port$3758$0 [31], \port$3758$0 [31], \port$3758$0 [31], \port$3758$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3740$54  };
-  assign a__2 = { 1'h0, \port$3758$0 [48:32] };
-  assign b__2 = { 2'h0, \port$3740$54  };
-  assign a__3 = { \port$3758$0 [63], \port$3758$0 [63], \port$3758$0 [63], \port$3758$0 [63:49] };
-  assign b__3 = { 2'h0, \port$3740$54  };
-  assign a__4 = { 1'h0, \port$3758$0 [80:64] };
-  assign b__4 = { 2'h0, \port$3740$54  };
-  assign a__5 = { \port$3758$0 [95], \port$3758$0 [95], \port$3758$0 [95], \port$3758$0 [95:81] };
-  assign b__5 = { 2'h0, \port$3740$54  };
-  assign a__6 = { 1'h0, \port$3758$0 [112:96] };
-  assign b__6 = { 2'h0, \port$3740$54  };
-  assign a__7 = { \port$3758$0 [127], \port$3758$0 [127], \port$3758$0 [127], \port$3758$0 [127:113] };
-  assign b__7 = { 2'h0, \port$3740$54  };
+  assign a__0 = { 1'h0, \port$3760$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3742$54  };
+  assign a__1 = { \port$3760$0 [31], \port$3760$0 [31], \port$3760$0 [31], \port$3760$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3742$54  };
+  assign a__2 = { 1'h0, \port$3760$0 [48:32] };
+  assign b__2 = { 2'h0, \port$3742$54  };
+  assign a__3 = { \port$3760$0 [63], \port$3760$0 [63], \port$3760$0 [63], \port$3760$0 [63:49] };
+  assign b__3 = { 2'h0, \port$3742$54  };
+  assign a__4 = { 1'h0, \port$3760$0 [80:64] };
+  assign b__4 = { 2'h0, \port$3742$54  };
+  assign a__5 = { \port$3760$0 [95], \port$3760$0 [95], \port$3760$0 [95], \port$3760$0 [95:81] };
+  assign b__5 = { 2'h0, \port$3742$54  };
+  assign a__6 = { 1'h0, \port$3760$0 [112:96] };
+  assign b__6 = { 2'h0, \port$3742$54  };
+  assign a__7 = { \port$3760$0 [127], \port$3760$0 [127], \port$3760$0 [127], \port$3760$0 [127:113] };
+  assign b__7 = { 2'h0, \port$3742$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -30266,7 +30284,7 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
     .p__0(p__0),
     .p__1(p__1),
     .\port$3362$0 (i__payload),
-    .\port$3470$0 (mult),
+    .\port$3472$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30563,7 +30581,7 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3470$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3472$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -30591,8 +30609,8 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3470$0 
   reg [35:0] p__1 = 36'h000000000;
   input [31:0] \port$3362$0 ;
   wire [31:0] \port$3362$0 ;
-  input [15:0] \port$3470$0 ;
-  wire [15:0] \port$3470$0 ;
+  input [15:0] \port$3472$0 ;
+  wire [15:0] \port$3472$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30628,7 +30646,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3470$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$3470$0  };
+      \$4  = { 2'h0, \port$3472$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -30667,7 +30685,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3470$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$3470$0  };
+      \$7  = { 2'h0, \port$3472$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -30690,9 +30708,9 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3470$0 
     end
   end
   assign a__0 = { 1'h0, \port$3362$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3470$0  };
+  assign b__0 = { 2'h0, \port$3472$0  };
   assign a__1 = { \port$3362$0 [31], \port$3362$0 [31], \port$3362$0 [31], \port$3362$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3470$0  };
+  assign b__1 = { 2'h0, \port$3472$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -34296,7 +34314,7 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.vector (rst, op, i__payload, i__valid, unit_rst, n, i__ready, o__valid, o__payload, clk);
+module \nanokpu_kpu.vector (rst, i__payload, i__valid, unit_rst, op, n, i__ready, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire \$1 ;
   wire [16:0] \$10 ;
