@@ -333,9 +333,8 @@ class GemmEngine(wiring.Component):
                      col_addr[1].eq(col_addr[0]), col_word[1].eq(col_word[0]),
                      w_valid.eq(col_valid[1]), w_busy.eq(col_busy[1]), w_addr.eq(col_addr[1]),
                      w_word.eq(col_word[1])]
-        for i in range(R):
-            old = Mux(cmd.accumulate, c_q[i], 0)
-            m.d.comb += c_wr.data[i].eq(w_word[i] + old)
+        for i in range(R):  # c_q is 0 while computing without accumulate (see the store below)
+            m.d.comb += c_wr.data[i].eq(w_word[i] + c_q[i])
         m.d.comb += [c_wr.addr.eq(w_addr), c_wr.en.eq(w_valid)]
         m.d.sync += pending.eq(pending + tile_issued - tile_drained)
 
@@ -359,6 +358,8 @@ class GemmEngine(wiring.Component):
                      c_rd.en.eq(~storing | advance)]
         with m.If(advance):
             m.d.sync += [c_q.eq(c_rd.data), q_valid.eq(r_valid), q_mask.eq(r_mask)]
+            with m.If(~storing & ~cmd.accumulate):  # the drain adds 0: a reset, not a mux before its adder
+                m.d.sync += c_q.eq(0)
         with m.If(store_start):
             m.d.sync += [storing.eq(1), s_addr.eq(cmd.c_addr), s_n.eq(0), s_rows.eq(cmd.m),
                          s_left.eq(c_lim - cmd.c_addr), out_left.eq(c_lim - cmd.c_addr)]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal, signed
+from amaranth import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -77,13 +77,18 @@ class ProcessingElement(wiring.Component):
             self.last_out.eq(self.last_in),
         ]
         # Stage 1: the tags of the product registered outside (``prod``).
-        p_valid, p_first, p_last = Signal(), Signal(), Signal()
-        m.d.sync += [p_valid.eq(self.valid_in), p_first.eq(self.first_in), p_last.eq(self.last_in)]
-        # Stage 2: accumulate (wrapping), hand the finished sum to the drain chain.
+        p_valid, p_last = Signal(), Signal()
+        m.d.sync += [p_valid.eq(self.valid_in), p_last.eq(self.last_in)]
+        # Stage 2: accumulate (wrapping), hand the finished sum to the drain chain. A step
+        # tagged ``first`` clears the accumulator as it enters (its product arrives one cycle
+        # later and adds to 0), so the adder takes ``acc`` as is: the clear is the
+        # flip-flops' synchronous reset, not a multiplexer in front of the adder.
         acc = Signal(signed(cfg.acc_width))
         total = Signal(signed(cfg.acc_width))
-        m.d.comb += total.eq(Mux(p_first, 0, acc) + self.prod)
-        with m.If(p_valid):
+        m.d.comb += total.eq(acc + self.prod)
+        with m.If(self.valid_in & self.first_in):
+            m.d.sync += acc.eq(0)
+        with m.Elif(p_valid):
             m.d.sync += acc.eq(total)
         with m.If(p_valid & p_last):
             m.d.sync += self.res.eq(total)

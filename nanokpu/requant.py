@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -140,8 +140,12 @@ class Requantiser(wiring.Component):
         ow = self.out_width
         below = Signal(width + 1)  # bit b set when b < shift: the sticky bits of x2
         above = Signal(width + 1)  # bit b set when b >= shift + out_width: must all equal the sign
-        m.d.sync += [below.eq(Cat(*(self.shift > b for b in range(width + 1)))),
-                     above.eq(Cat(*(self.shift + ow <= b for b in range(width + 1))))]
+        # b < shift from the two octal digits of shift (a comparison with each constant b would
+        # be a carry chain of its own on iCE40); b >= shift + out_width is not(b - out_width < shift).
+        hi_s, lo_s = self.shift[3:], self.shift[:3]
+        m.d.sync += below.eq(Cat(*((hi_s > (b >> 3)) | ((hi_s == (b >> 3)) & (lo_s > (b & 7)))
+                                   for b in range(width + 1))))
+        m.d.comb += above.eq(Cat(Const(0, ow), ~below[:width + 1 - ow]))
         hi = (1 << (ow - 1)) - 1
 
         v_shift, v_round = Signal(), Signal()
