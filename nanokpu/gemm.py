@@ -13,7 +13,8 @@ from nanokpu.config import KpuConfig
 from nanokpu.requant import SHIFT_WIDTH, Requantiser, requant_interval, requant_latency
 from nanokpu.systolic import SystolicArray, done_latency, min_tile_cycles
 
-__all__ = ["GemmEngine", "GemmError", "command_layout", "tile_gap", "gemm_cycles", "store_cycles"]
+__all__ = ["GemmEngine", "GemmError", "command_layout", "columns_wait_in_array", "tile_gap", "gemm_cycles",
+           "store_cycles"]
 
 
 class GemmError(enum.IntEnum):
@@ -52,11 +53,26 @@ def command_layout(cfg: KpuConfig) -> data.StructLayout:
     })
 
 
+#: Cycles from a drained column on the array's output to its write into scratchpad C (the
+#: column and its address registered, the old word read, its copy registered).
+_DRAIN_STAGES = 3
+
+
+def columns_wait_in_array(cfg: KpuConfig) -> bool:
+    """Where a drained column waits for the read-add-write of scratchpad C: in the array's own
+    result registers, whose drain shift is delayed by :data:`_DRAIN_STAGES` cycles (``dsp =
+    "ice40"``: the UP5K has no logic cells to spare for ``3 * rows * acc_width`` more
+    flip-flops; the drain rule grows by as much), or in a column register per stage."""
+    return cfg.dsp == "ice40"
+
+
 def tile_gap(cfg: KpuConfig) -> int:
-    """Minimum cycles per tile: the array's drain rule, and room to hand a finished tile's
-    address over to the drain before the next tile's is recorded (the step reaches the array
-    2 cycles after its issue)."""
-    return max(min_tile_cycles(cfg), done_latency(cfg) + 3)
+    """Minimum cycles per tile: the array's drain rule (plus :data:`_DRAIN_STAGES` when the
+    columns wait in the array, :func:`columns_wait_in_array`), and room to hand a finished
+    tile's address over to the drain before the next tile's is recorded (the step reaches
+    the array 2 cycles after its issue)."""
+    held = _DRAIN_STAGES if columns_wait_in_array(cfg) else 0
+    return max(min_tile_cycles(cfg) + held, done_latency(cfg) + 3)
 
 
 def gemm_cycles(cfg: KpuConfig, m: int, k: int, n: int, *, store: bool = True) -> int:
@@ -101,7 +117,8 @@ class GemmEngine(wiring.Component):
 
     Tiles run panel by panel (``nb`` outer, ``mb`` inner, ``k`` innermost), one K step per
     cycle. A tile takes ``max(K, tile_gap)`` cycles (:func:`tile_gap`, ``rows + 2*cols - 1``
-    when ``cols >= 4``: the drain rule of :class:`~nanokpu.systolic.SystolicArray`); its drain overlaps the next
+    when ``cols >= 4``: the drain rule of :class:`~nanokpu.systolic.SystolicArray`, 3 more
+    with ``dsp = "ice40"``, :func:`columns_wait_in_array`); its drain overlaps the next
     tile.
 
     Latency of the phases, with sources that never idle and a sink that never stalls,
@@ -319,20 +336,23 @@ class GemmEngine(wiring.Component):
         cur_cols = Mux(array.done, t_cols, d_cols)
         cur_col = Mux(array.done, 0, d_col)
         draining = array.done | drain_busy
-        m.d.comb += array.shift.eq(draining)
-        # three stages: the drained column and its address registered (the scratchpad C read
+        # _DRAIN_STAGES stages: the drained column's address registered (the scratchpad C read
         # of the old word starts from it), the read, the write (the old word's registered
         # copy c_q plus the column)
         col_valid = [Signal(name=f"col_valid{n}") for n in range(2)]
         col_busy = [Signal(name=f"col_busy{n}") for n in range(2)]
         col_addr = [Signal(wide, name=f"col_addr{n}") for n in range(2)]
-        col_word = [Signal(data.ArrayLayout(signed(cfg.acc_width), R), name=f"col_word{n}") for n in range(2)]
         m.d.sync += [col_valid[0].eq(draining & (cur_col < cur_cols)), col_busy[0].eq(draining),
-                     col_addr[0].eq(cur_base + cur_col), col_word[0].eq(array.out),
+                     col_addr[0].eq(cur_base + cur_col),
                      col_valid[1].eq(col_valid[0]), col_busy[1].eq(col_busy[0]),
-                     col_addr[1].eq(col_addr[0]), col_word[1].eq(col_word[0]),
-                     w_valid.eq(col_valid[1]), w_busy.eq(col_busy[1]), w_addr.eq(col_addr[1]),
-                     w_word.eq(col_word[1])]
+                     col_addr[1].eq(col_addr[0]),
+                     w_valid.eq(col_valid[1]), w_busy.eq(col_busy[1]), w_addr.eq(col_addr[1])]
+        if columns_wait_in_array(cfg):  # the column stays on array.out until its write
+            m.d.comb += [array.shift.eq(w_busy), w_word.eq(array.out)]
+        else:
+            col_word = [Signal(data.ArrayLayout(signed(cfg.acc_width), R), name=f"col_word{n}") for n in range(2)]
+            m.d.comb += array.shift.eq(draining)
+            m.d.sync += [col_word[0].eq(array.out), col_word[1].eq(col_word[0]), w_word.eq(col_word[1])]
         for i in range(R):  # c_q is 0 while computing without accumulate (see the store below)
             m.d.comb += c_wr.data[i].eq(w_word[i] + c_q[i])
         m.d.comb += [c_wr.addr.eq(w_addr), c_wr.en.eq(w_valid)]
