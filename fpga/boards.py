@@ -1,10 +1,16 @@
-"""Board builds: a unit behind the UART register bridge, through an amaranth-boards platform.
+"""Board builds: the nano-KPU or one unit behind a UART host bridge, through an amaranth-boards platform.
 
 ``nanokpu synth --board icebreaker`` (iCE40 UP5K, 12 MHz) or ``--board ulx3s`` (ECP5-85F,
 25 MHz) writes ``fpga/build/board-<board>/`` with the platform's files, the tools' logs and the
 bitstream (``top.bin`` / ``top.bit``), and ``fpga/reports/board-<board>.{json,md}``. The
-board's FTDI UART reaches :class:`nanokpu.uart_bridge.UartBridge`, which exposes the unit's
-ports as byte registers (until the nano-KPU top level exists, the board build wraps one unit).
+board's FTDI UART reaches either
+
+* the whole nano-KPU (unit ``kpu``, the ULX3S default): :class:`nanokpu.uart_axil.UartKpu`,
+  32-bit word access to its AXI4-Lite registers and to an on-chip host memory on its AXI4
+  master port (:mod:`nanokpu.host` is the PC side); its ``irq`` drives LED 0; or
+* one unit (the iCEBreaker default: the whole ``tiny`` nano-KPU does not fit the UP5K):
+  :class:`nanokpu.uart_bridge.UartBridge`, the unit's ports as byte registers.
+
 Programming is left to the user (no board here): see ``fpga/README.md``.
 """
 
@@ -20,9 +26,10 @@ from amaranth import Elaboratable, Module
 from amaranth.lib import io
 
 from fpga.flow import BUILD_DIR, REPORT_DIR, TARGETS, parse_nextpnr_report, read_stat_cells, run_tool
+from nanokpu.uart_axil import DEFAULT_HOST_BYTES, UartKpu
 from nanokpu.uart_bridge import UartBridge
 
-__all__ = ["BOARDS", "Board", "BoardTop", "prepare_board", "build_board"]
+__all__ = ["BOARDS", "Board", "BoardTop", "KPU_UNIT", "BAUD", "board_design", "prepare_board", "build_board"]
 
 
 @dataclass(frozen=True)
@@ -39,20 +46,28 @@ class Board:
 BOARDS: dict[str, Board] = {
     "icebreaker": Board("amaranth_boards.icebreaker:ICEBreakerPlatform", "up5k", "tiny", "sigmoid",
                         "top.bin"),
-    "ulx3s": Board("amaranth_boards.ulx3s:ULX3S_85F_Platform", "ecp5-85f", "tiny", "gemm", "top.bit"),
+    "ulx3s": Board("amaranth_boards.ulx3s:ULX3S_85F_Platform", "ecp5-85f", "tiny", "kpu", "top.bit"),
 }
+
+#: The unit that is the whole nano-KPU: built as :class:`~nanokpu.uart_axil.UartKpu`.
+KPU_UNIT = "kpu"
+BAUD = 115200
 
 
 class BoardTop(Elaboratable):
-    """The board's UART (``uart`` resource 0) wired to a :class:`UartBridge` around ``unit``."""
+    """The board's UART (``uart`` resource 0) wired to ``design``'s ``rx``/``tx`` and, when it
+    has one, its ``irq`` to LED 0."""
 
-    def __init__(self, unit, baud: int = 115200):
-        self.unit, self.baud = unit, baud
+    def __init__(self, design):
+        self.design = design
 
     def elaborate(self, platform):
         m = Module()
         uart = platform.request("uart", 0, dir="-")
-        m.submodules.bridge = bridge = UartBridge(self.unit, int(platform.default_clk_frequency), self.baud)
+        m.submodules.bridge = bridge = self.design
+        if "irq" in bridge.signature.members:
+            m.submodules.led = led = io.Buffer("o", platform.request("led", 0, dir="-"))
+            m.d.comb += led.o.eq(bridge.irq)
         m.submodules.rx = rx = io.Buffer("i", uart.rx)
         m.submodules.tx = tx = io.Buffer("o", uart.tx)
         m.d.comb += [bridge.rx.eq(rx.i), tx.o.eq(bridge.tx)]
@@ -62,12 +77,21 @@ class BoardTop(Elaboratable):
         return m
 
 
+def board_design(unit: str, cfg, clk_freq: int):
+    """The design behind the board's UART: :class:`UartKpu` for :data:`KPU_UNIT`, else
+    ``unit`` of ``cfg`` inside a :class:`UartBridge` (both at :data:`BAUD`)."""
+    from nanokpu.synth import resolve_unit
+
+    if unit == KPU_UNIT:
+        return UartKpu(cfg, clk_freq, BAUD)
+    return UartBridge(resolve_unit(unit)(cfg), clk_freq, BAUD)
+
+
 def prepare_board(board: str, *, profile_name: str | None = None, unit: str | None = None):
     """``(board spec, platform, build plan)`` of ``unit`` (built with the part's ``dsp``
-    mapping) behind the UART bridge on ``board``. Elaborates the whole design without running
-    a tool, so a design the board cannot build fails here in seconds."""
+    mapping) behind its UART bridge on ``board`` (:func:`board_design`). Elaborates the whole
+    design without running a tool, so a design the board cannot build fails here in seconds."""
     from nanokpu.config import profile
-    from nanokpu.synth import resolve_unit
 
     if board not in BOARDS:
         raise ValueError(f"board = {board!r}: must be one of {sorted(BOARDS)}")
@@ -75,7 +99,8 @@ def prepare_board(board: str, *, profile_name: str | None = None, unit: str | No
     target = TARGETS[spec.target]
     module, cls = spec.platform.split(":")
     platform = getattr(importlib.import_module(module), cls)()
-    top = BoardTop(resolve_unit(unit or spec.unit)(profile(profile_name or spec.profile, dsp=target.family)))
+    cfg = profile(profile_name or spec.profile, dsp=target.family)
+    top = BoardTop(board_design(unit or spec.unit, cfg, int(platform.default_clk_frequency)))
     synth_opts = "-dsp -device u -spram" if target.family == "ice40" else ""
     plan = platform.prepare(top, name="top", synth_opts=synth_opts,
                             script_after_read="proc; flatten; splitnets",
@@ -100,7 +125,7 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
     t0 = time.monotonic()
     plan.extract(cwd)
     run_tool(["yosys", "-q", "-l", "top.yosys.log", "top.ys"], cwd, "top.yosys.out",
-             f"yosys ({board}: {profile_name}/{unit} behind the UART bridge)", progress, t0)
+             f"yosys ({board}: {profile_name}/{unit} behind its UART bridge)", progress, t0)
     common = ["--json", "top.json", "--report", "top.nextpnr.json", "--freq", f"{clk_mhz:g}",
               "--seed", str(seed), "-l", "top.nextpnr.log", "-q", *target.nextpnr_args]
     if target.family == "ice40":
@@ -120,6 +145,12 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
               "utilization": timing["utilization"], "critical_path": timing["critical_path"],
               "cells": cells, "bitstream": str(bitstream.relative_to(BUILD_DIR.parent.parent)),
               "bitstream_bytes": bitstream.stat().st_size, "elapsed_s": round(time.monotonic() - t0, 1)}
+    if unit == KPU_UNIT:
+        bridge_text = (f"The whole `{profile_name}` nano-KPU with {DEFAULT_HOST_BYTES} bytes of on-chip host "
+                       "memory behind the UART host bridge (`nanokpu/uart_axil.py`, client `nanokpu/host.py`)")
+    else:
+        bridge_text = (f"Unit `{unit}` of profile `{profile_name}` behind the UART register bridge "
+                       "(`nanokpu/uart_bridge.py`)")
     REPORT_DIR.mkdir(parents=True, exist_ok=True)
     (REPORT_DIR / f"board-{board}.json").write_text(json.dumps(report, indent=1) + "\n")
     util = "\n".join(f"| {k} | {v['used']} | {v['available']} |" for k, v in sorted(timing["utilization"].items()))
@@ -127,8 +158,7 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
         f"# Board build: {board}\n\nMade by `nanokpu synth --board {board}`"
         f"{'' if unit == spec.unit else f' --unit {unit}'}"
         f"{'' if profile_name == spec.profile else f' --profile {profile_name}'}.\n\n"
-        f"Unit `{unit}` of profile `{profile_name}` behind the UART register bridge "
-        f"(`nanokpu/uart_bridge.py`, 115200 baud 8N1) on {spec.platform.split(':')[1]}.\n\n"
+        f"{bridge_text} ({BAUD} baud 8N1) on {spec.platform.split(':')[1]}.\n\n"
         f"Clock {clk_mhz:g} MHz, Fmax {timing['fmax_mhz']} MHz. Bitstream `{report['bitstream']}` "
         f"({report['bitstream_bytes']} bytes, not committed: rebuild it with the command above).\n\n"
         f"| resource | used | available |\n|---|---|---|\n{util}\n")

@@ -25,7 +25,7 @@ from amaranth.lib import wiring
 from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["UartBridge", "CMD_WRITE", "CMD_PULSE", "CMD_READ"]
+__all__ = ["UartBridge", "UartRx", "UartTx", "CMD_WRITE", "CMD_PULSE", "CMD_READ"]
 
 CMD_WRITE, CMD_PULSE, CMD_READ = ord("W"), ord("P"), ord("R")
 
@@ -74,50 +74,11 @@ class UartBridge(wiring.Component):
         m.submodules.unit = self.unit
         div = self.divisor
 
-        # -- receiver: start bit, 8 data bits (LSB first) sampled mid-bit, stop bit ----------
-        rx = Signal(init=1)
-        m.submodules.rx_sync = FFSynchronizer(self.rx, rx, init=1)
-        rx_timer = Signal(range(div + div // 2 + 1))
-        rx_bits = Signal(range(10))
-        rx_shift = Signal(8)
-        rx_byte = Signal(8)
-        rx_strobe = Signal()
-        m.d.sync += rx_strobe.eq(0)
-        with m.FSM(name="uart_rx"):
-            with m.State("IDLE"):
-                with m.If(~rx):
-                    m.d.sync += [rx_timer.eq(div + div // 2 - 1), rx_bits.eq(0)]
-                    m.next = "DATA"
-            with m.State("DATA"):
-                m.d.sync += rx_timer.eq(rx_timer - 1)
-                with m.If(rx_timer == 0):
-                    m.d.sync += [rx_timer.eq(div - 1), rx_bits.eq(rx_bits + 1),
-                                 rx_shift.eq(Cat(rx_shift[1:], rx))]
-                    with m.If(rx_bits == 7):
-                        m.next = "STOP"
-            with m.State("STOP"):
-                m.d.sync += rx_timer.eq(rx_timer - 1)
-                with m.If(rx_timer == 0):
-                    with m.If(rx):  # a framing error drops the byte
-                        m.d.sync += [rx_byte.eq(rx_shift), rx_strobe.eq(1)]
-                    m.next = "IDLE"
-
-        # -- transmitter ----------------------------------------------------------------------
-        tx_start = Signal()
-        tx_data = Signal(8)
-        tx_shift = Signal(10, init=0x3FF)
-        tx_timer = Signal(range(div))
-        tx_bits = Signal(range(11))
-        m.d.comb += self.tx.eq(tx_shift[0])
-        with m.If(tx_bits == 0):
-            with m.If(tx_start):
-                m.d.sync += [tx_shift.eq(Cat(Const(0, 1), tx_data, Const(1, 1))),
-                             tx_bits.eq(10), tx_timer.eq(div - 1)]
-        with m.Elif(tx_timer == 0):
-            m.d.sync += [tx_shift.eq(Cat(tx_shift[1:], Const(1, 1))), tx_bits.eq(tx_bits - 1),
-                         tx_timer.eq(div - 1)]
-        with m.Else():
-            m.d.sync += tx_timer.eq(tx_timer - 1)
+        m.submodules.uart_rx = urx = UartRx(div)
+        m.submodules.uart_tx = utx = UartTx(div)
+        m.d.comb += [urx.rx.eq(self.rx), self.tx.eq(utx.tx)]
+        rx_strobe, rx_byte = urx.strobe, urx.data
+        tx_start, tx_data = utx.start, utx.data
 
         # -- register file and command decoder ------------------------------------------------
         in_regs = Array(Signal(8, name=f"in{i}") for i in range(self.in_bytes))
@@ -157,4 +118,94 @@ class UartBridge(wiring.Component):
                             m.d.sync += [restore.eq(1), restore_addr.eq(addr),
                                          restore_data.eq(in_regs[addr])]
                     m.next = "CMD"
+        return m
+
+
+class UartRx(wiring.Component):
+    """UART receiver (8N1, ``divisor`` clock cycles a bit, at least 4).
+
+    Members
+    -------
+    rx : In(1, init=1)
+        Serial input (idle high), synchronised by two flip-flops inside.
+    data : Out(8)
+        The last byte received (held).
+    strobe : Out(1)
+        High for one cycle when ``data`` is new: the cycle after the stop bit is sampled (the
+        middle of the stop bit plus the 2 synchroniser cycles). A byte whose stop bit is low
+        (framing error) is dropped.
+    """
+
+    def __init__(self, divisor: int):
+        if divisor < 4:
+            raise ValueError(f"divisor = {divisor!r}: must be at least 4")
+        self.divisor = divisor
+        super().__init__({"rx": In(1, init=1), "data": Out(8), "strobe": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        div = self.divisor
+        rx = Signal(init=1)
+        m.submodules.rx_sync = FFSynchronizer(self.rx, rx, init=1)
+        rx_timer = Signal(range(div + div // 2 + 1))
+        rx_bits = Signal(range(10))
+        rx_shift = Signal(8)
+        m.d.sync += self.strobe.eq(0)
+        with m.FSM(name="uart_rx"):
+            with m.State("IDLE"):
+                with m.If(~rx):
+                    m.d.sync += [rx_timer.eq(div + div // 2 - 1), rx_bits.eq(0)]
+                    m.next = "DATA"
+            with m.State("DATA"):
+                m.d.sync += rx_timer.eq(rx_timer - 1)
+                with m.If(rx_timer == 0):
+                    m.d.sync += [rx_timer.eq(div - 1), rx_bits.eq(rx_bits + 1),
+                                 rx_shift.eq(Cat(rx_shift[1:], rx))]
+                    with m.If(rx_bits == 7):
+                        m.next = "STOP"
+            with m.State("STOP"):
+                m.d.sync += rx_timer.eq(rx_timer - 1)
+                with m.If(rx_timer == 0):
+                    with m.If(rx):  # a framing error drops the byte
+                        m.d.sync += [self.data.eq(rx_shift), self.strobe.eq(1)]
+                    m.next = "IDLE"
+        return m
+
+
+class UartTx(wiring.Component):
+    """UART transmitter (8N1, ``divisor`` clock cycles a bit, at least 4).
+
+    Members
+    -------
+    start : In(1)
+        Sample ``data`` and send it; ignored while ``busy``. The start bit goes out the cycle after.
+    data : In(8)
+    tx : Out(1, init=1)
+        Serial output.
+    busy : Out(1)
+        From the cycle after ``start`` until the end of the stop bit (``10 * divisor`` cycles).
+    """
+
+    def __init__(self, divisor: int):
+        if divisor < 4:
+            raise ValueError(f"divisor = {divisor!r}: must be at least 4")
+        self.divisor = divisor
+        super().__init__({"start": In(1), "data": In(8), "tx": Out(1, init=1), "busy": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        div = self.divisor
+        tx_shift = Signal(10, init=0x3FF)
+        tx_timer = Signal(range(div))
+        tx_bits = Signal(range(11))
+        m.d.comb += [self.tx.eq(tx_shift[0]), self.busy.eq(tx_bits != 0)]
+        with m.If(tx_bits == 0):
+            with m.If(self.start):
+                m.d.sync += [tx_shift.eq(Cat(Const(0, 1), self.data, Const(1, 1))),
+                             tx_bits.eq(10), tx_timer.eq(div - 1)]
+        with m.Elif(tx_timer == 0):
+            m.d.sync += [tx_shift.eq(Cat(tx_shift[1:], Const(1, 1))), tx_bits.eq(tx_bits - 1),
+                         tx_timer.eq(div - 1)]
+        with m.Else():
+            m.d.sync += tx_timer.eq(tx_timer - 1)
         return m
