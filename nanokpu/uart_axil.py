@@ -82,8 +82,8 @@ class HostMemory(wiring.Component):
         (read data 0; a write burst with any such beat answers SLVERR). Writes: ``awready``
         while no write burst or response is pending, then one beat a cycle, the response the
         cycle after the last beat. Reads: ``arready`` once every beat of the previous burst was
-        read from the memory; the first beat is valid 2 cycles after the address handshake,
-        then one a cycle under any ``rready`` pattern (a 2-entry output FIFO).
+        read from the memory; the first beat is valid 3 cycles after the address handshake,
+        then one a cycle while ``rready`` is high (a 2-entry output FIFO).
     addr : In(32)
         Word port (32-bit words, byte address, bits 1:0 ignored, taken modulo ``host_bytes``).
     rd_en : In(1)

@@ -9,7 +9,9 @@
   memory, multi-word commands, SLVERR outside both regions, resync after an incomplete command,
   and a burst of the project's own AXI4 master (:class:`~nanokpu.axi_master.AxiMaster`) into the
   host memory read back over the UART.
-* The ULX3S board design (the whole tiny nano-KPU behind the bridge) elaborates.
+* The ULX3S board design (the whole tiny nano-KPU behind the bridge) elaborates; slow: it runs
+  a block end to end on Verilator, driven by the client over the serial line
+  (sim/bench_uart_kpu.py).
 """
 
 from __future__ import annotations
@@ -160,6 +162,40 @@ def test_host_memory_axi4_bursts(data_width):
     sim.add_testbench(word_port)
     sim.run()
     assert state["bursts"] == 40 and 0 < state["errors"] < 40
+
+
+def test_host_memory_latency():
+    """Exact cycles: a 4-beat read answers 3 cycles after its address, one beat a cycle; a write
+    answers the cycle after its last beat."""
+    dut = HostMemory(256, 32)
+    bus = dut.bus
+    seen = {"r": [], "b": []}
+
+    async def bench(ctx):
+        ctx.set(bus.awaddr, 16), ctx.set(bus.awlen, 1), ctx.set(bus.awsize, 2), ctx.set(bus.awburst, 1)
+        ctx.set(bus.awvalid, 1), ctx.set(bus.wvalid, 1), ctx.set(bus.wstrb, 0xF), ctx.set(bus.bready, 1)
+        for cycle in range(5):
+            ctx.set(bus.wdata, 100 + cycle)
+            _, _, awr, wr, bv = await ctx.tick().sample(bus.awready, bus.wready, bus.bvalid)
+            ctx.set(bus.awvalid, 0)
+            seen["b"].append((awr, wr, bv))
+            if cycle == 2:
+                ctx.set(bus.wvalid, 0)
+        ctx.set(bus.araddr, 12), ctx.set(bus.arlen, 3), ctx.set(bus.arsize, 2), ctx.set(bus.arburst, 1)
+        ctx.set(bus.arvalid, 1), ctx.set(bus.rready, 1)
+        for cycle in range(8):
+            _, _, arr, rv, rd, rl = await ctx.tick().sample(bus.arready, bus.rvalid, bus.rdata, bus.rlast)
+            ctx.set(bus.arvalid, 0)
+            seen["r"].append((arr, rv, rd if rv else None, rl))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    # AW in cycle 0, W beats in cycles 1 and 2, B in cycle 3
+    assert seen["b"] == [(1, 0, 0), (0, 1, 0), (0, 1, 0), (0, 0, 1), (1, 0, 0)]
+    assert [r[1:] for r in seen["r"]] == [(0, None, 0), (0, None, 0), (0, None, 0), (1, 0, 0), (1, 101, 0),
+                                          (1, 102, 0), (1, 0, 1), (0, None, 0)]
 
 
 def test_host_memory_rejects_bad_sizes():
@@ -381,3 +417,16 @@ def test_board_kpu_elaborates():
     from fpga.boards import prepare_board
     spec, platform, plan = prepare_board("ulx3s", unit="kpu")
     assert spec.unit == "kpu" and "top.ys" in plan.files and "top.lpf" in plan.files
+
+
+@pytest.mark.slow
+def test_board_design_runs_a_block_over_the_uart():
+    """UartKpu (tiny) on Verilator: KpuClient.run_block over the serial line, bit-exact."""
+    from nanokpu.config import profile
+    from nanokpu.uart_axil import UartKpu
+    from sim.runner import FAST_BUILD, run_bench
+
+    divisor = 4
+    run_bench(UartKpu(profile("tiny"), clk_freq=divisor * 1_000_000, baud=1_000_000), "uart_kpu_tiny",
+              "bench_uart_kpu", params={"profile": "tiny", "tokens": 4, "seed": 2, "divisor": divisor},
+              seed=2, build_args=FAST_BUILD)
