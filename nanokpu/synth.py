@@ -7,8 +7,9 @@ Examples
 ``nanokpu synth --all``
     The benchmark: every unit of ``tiny`` on the UP5K and of ``small`` on the ECP5-85F; the
     table lands in ``fpga/reports/summary.md``.
-``nanokpu synth --board icebreaker``
-    A bitstream of the board build (the UART register bridge around a unit).
+``nanokpu synth --board ulx3s``
+    A bitstream of a board build (:mod:`fpga.boards`): the whole nano-KPU behind the UART host
+    bridge on the ULX3S, one unit behind the UART register bridge on the iCEBreaker.
 
 A unit is a name of :data:`nanokpu.generate.UNITS` or a ``module:factory`` path whose factory
 takes a :class:`~nanokpu.config.KpuConfig`.

@@ -183,7 +183,7 @@ def test_host_memory_latency():
                 ctx.set(bus.wvalid, 0)
         ctx.set(bus.araddr, 12), ctx.set(bus.arlen, 3), ctx.set(bus.arsize, 2), ctx.set(bus.arburst, 1)
         ctx.set(bus.arvalid, 1), ctx.set(bus.rready, 1)
-        for cycle in range(8):
+        for _ in range(8):
             _, _, arr, rv, rd, rl = await ctx.tick().sample(bus.arready, bus.rvalid, bus.rdata, bus.rlast)
             ctx.set(bus.arvalid, 0)
             seen["r"].append((arr, rv, rd if rv else None, rl))
