@@ -28,8 +28,10 @@ bytes                    reply                              effect
 ``W`` and ``R`` are the ASCII bytes 0x57 and 0x52, ``n`` is one byte (1 to 256 words a command),
 ``a`` must be a multiple of 4. ``s`` is the OR of the words' AXI responses: 0 OKAY, 2 SLVERR
 (an address outside both regions), so a whole command either succeeded or reports the first
-kind of error. A write word is performed as soon as its 4 bytes have arrived; the reply of a
-read starts when the first word is read. A command left incomplete for ``timeout`` seconds is
+kind of error. A write word is performed as soon as its 4 bytes have arrived (the host sends a
+command's bytes back to back); the reply of a read starts when the first word is read. The host
+sends the next command after the status byte of the previous one (bytes arriving during a
+reply are dropped). A command left incomplete for ``timeout`` seconds is
 dropped (the parser waits for a command byte again), so a host that lost sync recovers by
 pausing.
 """
