@@ -5,7 +5,7 @@ with ``write(bytes)`` and ``read(n) -> bytes`` (a pyserial ``Serial``, which
 :meth:`KpuClient.open` makes; or a simulated line in the tests). :meth:`KpuClient.run_block`
 runs a compiled block (:class:`nanokpu.compiler.Program`) the way the RTL bench does: host
 image into the host memory, program into the instruction memory, the host window, start, poll
-``STATUS``, the outputs decoded by :meth:`Program.outputs`.
+``STATUS``, the outputs read back and decoded by :meth:`Program.outputs`.
 
 The command compiles a random ``tiny`` block, runs it on the board and checks the result bit
 for bit against :func:`golden.block.latent_moe_int`::
@@ -128,7 +128,8 @@ class KpuClient:
             time.sleep(poll)
         if status & 4 or not status & 2:
             raise RuntimeError(f"the nano-KPU stopped with {Err((status >> 8) & 0xFF).name} at pc {status >> 16}")
-        host = self.read_bytes(MEM_BASE, len(prog.image))
+        start = min(prog.symbols["y"], prog.symbols["route"]) & ~3   # the outputs: only they are read back
+        host = bytes(start) + self.read_bytes(MEM_BASE + start, len(prog.image) - start)
         return {"outputs": prog.outputs(host), "cycles": self.reg(Reg.CYCLES), "instrs": self.reg(Reg.INSTRS),
                 "loads": self.read_words(KPU_BASE + LOADS_BASE, cfg.n_experts)}
 

@@ -17,23 +17,23 @@ anything else                               answers SLVERR (reads return 0)
 
 Protocol (host -> bridge; words and addresses little endian; unknown command bytes are ignored):
 
-=======================  =================================  =====================================
-bytes                    reply                              effect
-=======================  =================================  =====================================
-``W a0..a3 n d0..d3 ...`` ``s``                             write ``n + 1`` words (``4 (n + 1)``
-                                                            data bytes) at ``a, a + 4, ...``
-``R a0..a3 n``           ``4 (n + 1)`` data bytes, ``s``    read ``n + 1`` words at ``a, a + 4, ...``
-=======================  =================================  =====================================
+==========================  ================================  ====================================
+bytes                       reply                             effect
+==========================  ================================  ====================================
+``W a0..a3 n d0..d3 ...``   ``s``                             write ``n + 1`` words (``4 (n + 1)``
+                                                              data bytes) at ``a, a + 4, ...``
+``R a0..a3 n``              ``4 (n + 1)`` data bytes, ``s``   read ``n + 1`` words at
+                                                              ``a, a + 4, ...``
+==========================  ================================  ====================================
 
-``W`` and ``R`` are the ASCII bytes 0x57 and 0x52, ``n`` is one byte (1 to 256 words a command),
-``a`` must be a multiple of 4. ``s`` is the OR of the words' AXI responses: 0 OKAY, 2 SLVERR
-(an address outside both regions), so a whole command either succeeded or reports the first
-kind of error. A write word is performed as soon as its 4 bytes have arrived (the host sends a
-command's bytes back to back); the reply of a read starts when the first word is read. The host
-sends the next command after the status byte of the previous one (bytes arriving during a
-reply are dropped). A command left incomplete for ``timeout`` seconds is
-dropped (the parser waits for a command byte again), so a host that lost sync recovers by
-pausing.
+``W`` and ``R`` are the ASCII bytes 0x57 and 0x52; ``n`` is one byte, the word count minus 1;
+``a`` is a multiple of 4. ``s`` is the OR of the words' AXI responses: 0 when every word was
+OKAY, 2 (SLVERR) when a word was outside both regions (that word was not written, or read as 0).
+A write word is performed as soon as its 4 bytes have arrived (the host sends a command's bytes
+back to back); the reply of a read starts when the first word is read. The host sends the next
+command after the status byte of the previous one (bytes arriving during a reply are dropped).
+A command left incomplete for ``timeout`` seconds is dropped (the parser waits for a command
+byte again), so a host that lost sync recovers by pausing.
 """
 
 from __future__ import annotations

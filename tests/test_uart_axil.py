@@ -430,3 +430,19 @@ def test_board_design_runs_a_block_over_the_uart():
     run_bench(UartKpu(profile("tiny"), clk_freq=divisor * 1_000_000, baud=1_000_000), "uart_kpu_tiny",
               "bench_uart_kpu", params={"profile": "tiny", "tokens": 4, "seed": 2, "divisor": divisor},
               seed=2, build_args=FAST_BUILD)
+
+
+def test_client_needs_pyserial_and_room(monkeypatch):
+    import sys
+
+    from golden.block import random_block
+    from nanokpu.compiler import compile_block
+    from nanokpu.config import profile
+
+    monkeypatch.setitem(sys.modules, "serial", None)   # pyserial missing
+    with pytest.raises(RuntimeError, match="pip install pyserial"):
+        KpuClient.open("/dev/ttyUSB0")
+    cfg = profile("tiny")
+    Q, xq, _, _ = random_block(cfg, 2, np.random.default_rng(1))
+    with pytest.raises(ValueError, match="^host_bytes = 4096: the image needs"):
+        KpuClient(transport=None, host_bytes=4096).run_block(compile_block(Q, xq, cfg))
