@@ -43,6 +43,7 @@ def block_gemms(cfg: KpuConfig, tokens: int) -> list[tuple[str, int, int, int]]:
 def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
     """Where the cycles of :func:`nanokpu.gemm.gemm_cycles` go (they sum to it)."""
     from nanokpu.gemm import store_cycles, tile_gap
+    from nanokpu.systolic import done_latency
 
     gap = tile_gap(cfg)
     mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
@@ -54,7 +55,7 @@ def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
         "edge": steps - useful,                          # padded rows/columns of edge tiles
         "gap": (tiles - 1) * (max(k, gap) - k),          # tiles shorter than the drain rule
         "fill": (mb + 3) + 1,                            # command check + first words
-        "drain": cfg.rows + 2 * cfg.cols + 4,            # last step through array and drain
+        "drain": done_latency(cfg) + cfg.cols + 4,       # last step through array and drain
         "store": store_cycles(cfg, mb * n),              # requantised results out
     }
 

@@ -79,7 +79,7 @@ def gemm_cycles(cfg: KpuConfig, m: int, k: int, n: int, *, store: bool = True) -
     """Exact cycles of :class:`GemmEngine` from accepting a valid ``compute`` command to
     ``done`` (with or without ``load_a``), streams never stalling: the phases' sum."""
     mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
-    cycles = (mb + 3) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + cfg.rows + 2 * cfg.cols + 4
+    cycles = (mb + 3) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + done_latency(cfg) + cfg.cols + 4
     return cycles + (store_cycles(cfg, mb * n) if store else 1)
 
 
@@ -116,10 +116,11 @@ class GemmEngine(wiring.Component):
     word and its B panel, so the array stays busy while operands stream in.
 
     Tiles run panel by panel (``nb`` outer, ``mb`` inner, ``k`` innermost), one K step per
-    cycle. A tile takes ``max(K, tile_gap)`` cycles (:func:`tile_gap`, ``rows + 2*cols - 1``
-    when ``cols >= 4``: the drain rule of :class:`~nanokpu.systolic.SystolicArray`, 3 more
-    with ``dsp = "ice40"``, :func:`columns_wait_in_array`); its drain overlaps the next
-    tile.
+    cycle. A tile takes ``max(K, tile_gap)`` cycles (:func:`tile_gap`: ``rows + 2*cols - 1``
+    when ``cols >= 4``, the drain rule of :class:`~nanokpu.systolic.SystolicArray`; ``cols +
+    4`` with ``dsp = "ice40"``, whose array broadcasts the steps,
+    :func:`~nanokpu.systolic.broadcast_operands`, and keeps the drained columns until their
+    write, :func:`columns_wait_in_array`); its drain overlaps the next tile.
 
     Latency of the phases, with sources that never idle and a sink that never stalls,
     from the cycle the command is accepted to the ``done`` pulse (exact, asserted by the
@@ -130,8 +131,9 @@ class GemmEngine(wiring.Component):
       while they stream in: a K step needs only its own A and B words);
     * compute: ``K + (T - 1) * max(K, tile_gap)`` cycles; later panels stream in under the
       compute of the previous ones;
-    * tail: ``rows + 2*cols + 4`` (last step -> feed register -> array -> drain ->
-      column register -> scratchpad C read, registered -> write);
+    * tail: ``done_latency + cols + 4``, ``rows + 2*cols + 4`` skewed, ``cols + 6`` on
+      ``ice40`` (last step -> feed register -> array -> drain -> column address register ->
+      scratchpad C read, registered -> write);
     * store: :func:`store_cycles` of ``MB * N`` words (``MB * N + 10`` with the pipelined
       requantiser), or 1 cycle without ``store``.
 

@@ -218,14 +218,14 @@ class Requantiser(wiring.Component):
         take = Signal()
         m.d.comb += [x_valid.eq(busy & (count == 0)), take.eq(x_valid & advance),
                      self.i.ready.eq(~busy | take)]
+        bits = Signal(w)  # mult shifted left once per step: bit w - 1 is the next one to add in
         with m.If(self.i.valid & self.i.ready):  # the top bit of mult at once
-            m.d.sync += [busy.eq(1), count.eq(w - 1), held.eq(self.i.payload)]
+            m.d.sync += [busy.eq(1), count.eq(w - 1), held.eq(self.i.payload), bits.eq(self.mult << 1)]
             for lane in range(lanes):
                 m.d.sync += x[lane].eq(Mux(self.mult[w - 1], self.i.payload[lane], 0))
         with m.Elif(take):
             m.d.sync += busy.eq(0)
         with m.Elif(busy & (count != 0)):
-            bit = self.mult.bit_select((count - 1)[:len(count)], 1)
-            m.d.sync += count.eq(count - 1)
+            m.d.sync += [count.eq(count - 1), bits.eq(bits << 1)]
             for lane in range(lanes):
-                m.d.sync += x[lane].eq((x[lane] << 1) + Mux(bit, held[lane], 0))
+                m.d.sync += x[lane].eq((x[lane] << 1) + Mux(bits[w - 1], held[lane], 0))

@@ -10,17 +10,26 @@ from nanokpu.config import KpuConfig
 from nanokpu.dsp import Multiplier
 from nanokpu.pe import ProcessingElement
 
-__all__ = ["SystolicArray", "done_latency", "min_tile_cycles"]
+__all__ = ["SystolicArray", "broadcast_operands", "done_latency", "min_tile_cycles"]
+
+
+def broadcast_operands(cfg: KpuConfig) -> bool:
+    """Whether the array broadcasts each step to all PEs at once instead of skewing it
+    (``dsp = "ice40"``: the UP5K's 4x4 array has no logic cells to spare for the skew and
+    pass-through registers, and a fan-out of ``rows`` or ``cols`` is cheap at its clock)."""
+    return cfg.dsp == "ice40"
 
 
 def done_latency(cfg: KpuConfig) -> int:
-    """Cycles from a ``last`` step at the array's inputs to its ``done`` pulse."""
-    return cfg.rows + cfg.cols
+    """Cycles from a ``last`` step at the array's inputs to its ``done`` pulse: ``rows + cols``
+    (skewed), or 2 (broadcast, :func:`broadcast_operands`)."""
+    return 2 if broadcast_operands(cfg) else cfg.rows + cfg.cols
 
 
 def min_tile_cycles(cfg: KpuConfig) -> int:
-    """Minimum cycles between the ``last`` steps of two consecutive tiles (the drain rule)."""
-    return cfg.rows + 2 * cfg.cols - 1
+    """Minimum cycles between the ``last`` steps of two consecutive tiles (the drain rule):
+    ``done_latency + cols - 1``."""
+    return done_latency(cfg) + cfg.cols - 1
 
 
 class SystolicArray(wiring.Component):
@@ -38,7 +47,9 @@ class SystolicArray(wiring.Component):
     Feed: one unskewed K step per cycle, ``a`` = column ``k`` of the A tile (``rows``
     operands), ``b`` = row ``k`` of the B tile (``cols`` operands), with ``valid``,
     ``first`` (k = 0) and ``last`` (k = K-1) tags. The array skews them internally (row
-    ``i`` and column ``j`` are delayed by ``i`` and ``j`` registers). Steps may have
+    ``i`` and column ``j`` are delayed by ``i`` and ``j`` registers), or, with
+    :func:`broadcast_operands` (``dsp = "ice40"``), feeds the step to every PE in the same
+    cycle (no skew or pass-through registers; the PEs' operand outputs are left unused). Steps may have
     bubbles (``valid`` low) anywhere; tiles may follow each other back to back as long as
     the drain rule below holds.
 
@@ -72,10 +83,11 @@ class SystolicArray(wiring.Component):
         One-cycle pulse, :attr:`done_latency` cycles after a ``last`` step entered.
 
     Timing: with the ``last`` step of a tile at the inputs in cycle ``t``, ``done`` is high
-    in cycle ``t + rows + cols`` and ``out`` shows column ``s`` in cycle
-    ``t + rows + cols + s`` if ``shift`` is held high from ``done`` on. The result
-    registers must not be written while draining: the ``last`` step of the next tile may
-    enter no earlier than ``t + rows + 2*cols - 1`` (:attr:`min_tile_cycles` after ``t``).
+    in cycle ``t + L`` (``L`` = :attr:`done_latency`: ``rows + cols``, or 2 when broadcast)
+    and ``out`` shows column ``s`` in cycle ``t + L + s`` if ``shift`` is held high from
+    ``done`` on. The result registers must not be written while draining: the ``last``
+    step of the next tile may enter no earlier than ``t + L + cols - 1``
+    (:attr:`min_tile_cycles` after ``t``; ``rows + 2*cols - 1`` skewed).
     """
 
     def __init__(self, cfg: KpuConfig):
@@ -105,6 +117,7 @@ class SystolicArray(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         rows, cols = self.cfg.rows, self.cfg.cols
+        broadcast = broadcast_operands(self.cfg)
 
         def delayed(sig, n, name):
             for stage in range(n):
@@ -121,7 +134,12 @@ class SystolicArray(wiring.Component):
                 m.submodules[f"pe_{i}_{j}"] = pe
                 lane = i * cols + j
                 m.d.comb += [mul.a[lane].eq(pe.a_in), mul.b[lane].eq(pe.b_in), pe.prod.eq(mul.p[lane])]
-                if j == 0:
+                if j > 0:
+                    m.d.comb += pes[i][j - 1].res_in.eq(pe.res)
+                if broadcast:  # the step reaches every PE in the same cycle
+                    m.d.comb += [pe.a_in.eq(self.a[i]), pe.b_in.eq(self.b[j]), pe.valid_in.eq(self.valid),
+                                 pe.first_in.eq(self.first), pe.last_in.eq(self.last)]
+                elif j == 0:
                     m.d.comb += [
                         pe.a_in.eq(delayed(self.a[i], i, f"a{i}")),
                         pe.valid_in.eq(delayed(self.valid, i, f"valid{i}")),
@@ -131,12 +149,9 @@ class SystolicArray(wiring.Component):
                 else:
                     left = pes[i][j - 1]
                     m.d.comb += [pe.a_in.eq(left.a_out), pe.valid_in.eq(left.valid_out),
-                                 pe.first_in.eq(left.first_out), pe.last_in.eq(left.last_out),
-                                 left.res_in.eq(pe.res)]
-                if i == 0:
-                    m.d.comb += pe.b_in.eq(delayed(self.b[j], j, f"b{j}"))
-                else:
-                    m.d.comb += pe.b_in.eq(pes[i - 1][j].b_out)
+                                 pe.first_in.eq(left.first_out), pe.last_in.eq(left.last_out)]
+                if not broadcast:
+                    m.d.comb += pe.b_in.eq(delayed(self.b[j], j, f"b{j}") if i == 0 else pes[i - 1][j].b_out)
                 m.d.comb += pe.shift.eq(self.shift)
             m.d.comb += self.out[i].eq(pes[i][0].res)
         m.d.comb += self.done.eq(pes[rows - 1][cols - 1].done)

@@ -126,8 +126,12 @@ def test_bad_parameters_name_the_field(kwargs, field):
 def test_tiny_gemm_on_ice40_blocks_is_bit_exact():
     model = vendor_sim_model("SB_MAC16", "ice40")
     cfg = profile("tiny", dsp="ice40")
+    # exact cycles (gemm_cycles) with K above and below tile_gap (broadcast array, columns
+    # waiting in it, the bit-serial requantiser)
+    m, n = 2 * cfg.rows + 1, 2 * cfg.cols + 1
+    timing = [[cfg.rows, 2, cfg.cols], [m, 40, n], [m, 3, n]]
     run_bench(GemmEngine(cfg), "gemm", "bench_gemm", seed=31,
-              params={"profile": "tiny", "overrides": {"dsp": "ice40"}, "seed": 31},
+              params={"profile": "tiny", "overrides": {"dsp": "ice40"}, "seed": 31, "timing": timing},
               build_args=(str(model), "-Wno-MULTIDRIVEN", "-Wno-PINMISSING"))
 
 
