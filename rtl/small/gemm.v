@@ -6,13 +6,13 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire [17:0] \$1 ;
   wire [17:0] \$10 ;
-  wire [2:0] \$100 ;
-  wire [17:0] \$101 ;
-  wire [19:0] \$102 ;
-  wire [19:0] \$103 ;
-  wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire \$102 ;
+  wire [2:0] \$103 ;
+  wire [17:0] \$104 ;
+  wire [19:0] \$105 ;
+  wire [19:0] \$106 ;
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
@@ -24,12 +24,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$114 ;
   wire \$115 ;
   wire \$116 ;
-  wire [9:0] \$117 ;
-  wire [17:0] \$118 ;
+  wire \$117 ;
+  wire \$118 ;
   wire \$119 ;
   wire \$12 ;
-  wire \$120 ;
-  wire \$121 ;
+  wire [9:0] \$120 ;
+  wire [17:0] \$121 ;
   wire \$122 ;
   wire \$123 ;
   wire \$124 ;
@@ -44,39 +44,39 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$132 ;
   wire \$133 ;
   wire \$134 ;
-  wire [9:0] \$135 ;
-  wire [17:0] \$136 ;
+  wire \$135 ;
+  wire \$136 ;
   wire \$137 ;
-  wire \$138 ;
-  wire \$139 ;
+  wire [9:0] \$138 ;
+  wire [17:0] \$139 ;
   wire \$14 ;
-  wire [31:0] \$140 ;
-  wire [32:0] \$141 ;
-  wire [31:0] \$142 ;
+  wire \$140 ;
+  wire \$141 ;
+  wire \$142 ;
   wire [32:0] \$143 ;
-  wire [31:0] \$144 ;
+  wire [32:0] \$144 ;
   wire [32:0] \$145 ;
-  wire [31:0] \$146 ;
+  wire [32:0] \$146 ;
   wire [32:0] \$147 ;
-  wire [31:0] \$148 ;
+  wire [32:0] \$148 ;
   wire [32:0] \$149 ;
   wire \$15 ;
-  wire [31:0] \$150 ;
-  wire [32:0] \$151 ;
+  wire [32:0] \$150 ;
+  wire [31:0] \$151 ;
   wire [31:0] \$152 ;
-  wire [32:0] \$153 ;
+  wire [31:0] \$153 ;
   wire [31:0] \$154 ;
-  wire [32:0] \$155 ;
+  wire [31:0] \$155 ;
   wire [31:0] \$156 ;
   wire [31:0] \$157 ;
   wire [31:0] \$158 ;
-  wire [31:0] \$159 ;
+  wire [18:0] \$159 ;
   wire [5:0] \$16 ;
-  wire [31:0] \$160 ;
-  wire [31:0] \$161 ;
-  wire [31:0] \$162 ;
-  wire [31:0] \$163 ;
-  wire [18:0] \$164 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire \$162 ;
+  wire \$163 ;
+  wire \$164 ;
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
@@ -107,84 +107,79 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$19 ;
   wire \$190 ;
   wire \$191 ;
-  wire \$192 ;
-  wire \$193 ;
-  wire \$194 ;
-  wire \$195 ;
-  wire \$196 ;
-  reg [16:0] \$197 ;
+  reg [16:0] \$192 ;
+  reg \$193 ;
+  reg [18:0] \$194 ;
+  reg \$195 ;
+  reg [1:0] \$196 ;
+  reg \$197 ;
   reg \$198 ;
-  reg [18:0] \$199 ;
+  reg [16:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg \$200 ;
-  reg [1:0] \$201 ;
+  reg [16:0] \$200 ;
+  reg [4:0] \$201 ;
   reg \$202 ;
   reg \$203 ;
-  reg [16:0] \$204 ;
-  reg [16:0] \$205 ;
-  reg [4:0] \$206 ;
+  reg \$204 ;
+  reg [7:0] \$205 ;
+  reg \$206 ;
   reg \$207 ;
   reg \$208 ;
-  reg \$209 ;
+  reg [63:0] \$209 ;
   wire \$21 ;
-  reg [7:0] \$210 ;
+  reg [63:0] \$210 ;
   reg \$211 ;
   reg \$212 ;
-  reg \$213 ;
-  reg [63:0] \$214 ;
-  reg [63:0] \$215 ;
-  reg \$216 ;
-  reg \$217 ;
-  reg [16:0] \$218 ;
+  reg [16:0] \$213 ;
+  reg [18:0] \$214 ;
+  reg [16:0] \$215 ;
+  reg [16:0] \$216 ;
+  reg [18:0] \$217 ;
+  reg [18:0] \$218 ;
   reg [18:0] \$219 ;
   wire \$22 ;
-  reg [16:0] \$220 ;
-  reg [16:0] \$221 ;
+  reg [3:0] \$220 ;
+  reg [3:0] \$221 ;
   reg [18:0] \$222 ;
-  reg [18:0] \$223 ;
-  reg [18:0] \$224 ;
-  reg [3:0] \$225 ;
-  reg [3:0] \$226 ;
+  reg [3:0] \$223 ;
+  reg \$224 ;
+  reg \$225 ;
+  reg \$226 ;
   reg [18:0] \$227 ;
-  reg [3:0] \$228 ;
+  reg \$228 ;
   reg \$229 ;
   wire \$23 ;
-  reg \$230 ;
+  reg [18:0] \$230 ;
   reg \$231 ;
-  reg [18:0] \$232 ;
-  reg [255:0] \$233 ;
-  reg \$234 ;
-  reg \$235 ;
-  reg [18:0] \$236 ;
-  reg [255:0] \$237 ;
-  reg \$238 ;
+  reg \$232 ;
+  reg [18:0] \$233 ;
+  reg [255:0] \$234 ;
+  reg [255:0] \$235 ;
+  reg [255:0] \$236 ;
+  reg [1:0] \$237 ;
+  reg [255:0] \$238 ;
   reg \$239 ;
   wire \$24 ;
-  reg [18:0] \$240 ;
-  reg [255:0] \$241 ;
-  reg [1:0] \$242 ;
-  reg [255:0] \$243 ;
-  reg \$244 ;
-  reg [7:0] \$245 ;
-  reg \$246 ;
-  reg [18:0] \$247 ;
-  reg [16:0] \$248 ;
-  reg [16:0] \$249 ;
+  reg [7:0] \$240 ;
+  reg \$241 ;
+  reg [18:0] \$242 ;
+  reg [16:0] \$243 ;
+  reg [16:0] \$244 ;
+  reg [18:0] \$245 ;
+  reg [18:0] \$246 ;
+  reg \$247 ;
+  reg [7:0] \$248 ;
+  reg \$249 ;
   wire \$25 ;
-  reg [18:0] \$250 ;
-  reg [18:0] \$251 ;
-  reg \$252 ;
-  reg [7:0] \$253 ;
-  reg \$254 ;
-  reg [101:0] \$255 ;
-  reg \$256 ;
-  reg [2:0] \$257 ;
-  reg [2:0] \$258 ;
-  reg [16:0] \$259 ;
+  reg [101:0] \$250 ;
+  reg \$251 ;
+  reg [2:0] \$252 ;
+  reg [2:0] \$253 ;
+  reg [16:0] \$254 ;
+  reg [18:0] \$255 ;
+  reg [18:0] \$256 ;
   wire \$26 ;
-  reg [18:0] \$260 ;
-  reg [18:0] \$261 ;
   wire [7:0] \$27 ;
   wire [7:0] \$28 ;
   wire [7:0] \$29 ;
@@ -228,35 +223,35 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$63 ;
   wire \$64 ;
   wire \$65 ;
-  wire [19:0] \$66 ;
-  wire [19:0] \$67 ;
+  wire \$66 ;
+  wire \$67 ;
   wire \$68 ;
-  wire \$69 ;
+  wire [19:0] \$69 ;
   wire [1:0] \$7 ;
   wire [19:0] \$70 ;
-  wire [19:0] \$71 ;
-  wire [17:0] \$72 ;
-  wire \$73 ;
-  wire \$74 ;
-  wire \$75 ;
+  wire \$71 ;
+  wire \$72 ;
+  wire [19:0] \$73 ;
+  wire [19:0] \$74 ;
+  wire [17:0] \$75 ;
   wire \$76 ;
   wire \$77 ;
   wire \$78 ;
   wire \$79 ;
   wire [1:0] \$8 ;
   wire \$80 ;
-  wire [17:0] \$81 ;
+  wire \$81 ;
   wire \$82 ;
-  wire [17:0] \$83 ;
-  wire \$84 ;
-  wire [19:0] \$85 ;
-  wire \$86 ;
-  wire [17:0] \$87 ;
-  wire [17:0] \$88 ;
+  wire \$83 ;
+  wire [17:0] \$84 ;
+  wire \$85 ;
+  wire [17:0] \$86 ;
+  wire \$87 ;
+  wire [19:0] \$88 ;
   wire \$89 ;
   wire \$9 ;
-  wire \$90 ;
-  wire \$91 ;
+  wire [17:0] \$90 ;
+  wire [17:0] \$91 ;
   wire \$92 ;
   wire \$93 ;
   wire \$94 ;
@@ -5719,11 +5714,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (\$signature__en$99 )
-      spad_b[\$118 [9:0]] <= b_in__payload;
+      spad_b[\$121 [9:0]] <= b_in__payload;
   end
   reg [63:0] _1_;
   always @(posedge clk) begin
-    _1_ <= spad_b[\$136 [9:0]];
+    _1_ <= spad_b[\$139 [9:0]];
   end
   assign b_rd__data = _1_;
   reg [255:0] spad_c [2047:0];
@@ -7784,7 +7779,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [255:0] _2_;
   always @(posedge clk) begin
     if (c_rd__en) begin
-      _2_ <= spad_c[\$164 [10:0]];
+      _2_ <= spad_c[\$159 [10:0]];
     end
   end
   assign c_rd__data = _2_;
@@ -7850,278 +7845,273 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$60  = \$59  - tile_drained;
   assign \$61  = ~ q_valid;
   assign \$62  = \$61  | i__ready;
-  assign \$63  = ~ q_valid;
-  assign \$64  = \$63  | i__ready;
-  assign \$65  = storing & \$64 ;
-  assign \$66  = c_lim - cmd[75:64];
-  assign \$67  = c_lim - cmd[75:64];
-  assign \$68  = | s_left;
-  assign \$69  = | s_left;
-  assign \$70  = s_addr + 1'h1;
-  assign \$71  = s_left - 1'h1;
-  assign \$72  = s_n + 1'h1;
-  assign \$73  = s_rows > 1'h0;
-  assign \$74  = s_rows > 1'h1;
-  assign \$75  = s_rows > 2'h2;
-  assign \$76  = s_rows > 2'h3;
-  assign \$77  = s_rows > 3'h4;
-  assign \$78  = s_rows > 3'h5;
-  assign \$79  = s_rows > 3'h6;
-  assign \$80  = s_rows > 3'h7;
-  assign \$81  = cmd[50:34] - 1'h1;
-  assign \$82  = s_n == \$81 ;
-  assign \$83  = s_rows - 4'h8;
-  assign \$84  = c_out__valid & c_out__ready;
-  assign \$85  = out_left - 1'h1;
-  assign \$86  = | code;
-  assign \$87  = cmd[63:51] + cmd[33:17];
-  assign \$88  = cmd[75:64] + cmd[50:34];
-  assign \$89  = cmd[98] | cmd[99];
-  assign \$90  = a_lim > 13'h1000;
-  assign \$91  = \$89  & \$90 ;
-  assign \$92  = cmd[99] | cmd[101];
-  assign \$93  = c_lim > 12'h800;
+  assign \$63  = ~ storing;
+  assign \$64  = ~ cmd[100];
+  assign \$65  = \$63  & \$64 ;
+  assign \$66  = ~ q_valid;
+  assign \$67  = \$66  | i__ready;
+  assign \$68  = storing & \$67 ;
+  assign \$69  = c_lim - cmd[75:64];
+  assign \$70  = c_lim - cmd[75:64];
+  assign \$71  = | s_left;
+  assign \$72  = | s_left;
+  assign \$73  = s_addr + 1'h1;
+  assign \$74  = s_left - 1'h1;
+  assign \$75  = s_n + 1'h1;
+  assign \$76  = s_rows > 1'h0;
+  assign \$77  = s_rows > 1'h1;
+  assign \$78  = s_rows > 2'h2;
+  assign \$79  = s_rows > 2'h3;
+  assign \$80  = s_rows > 3'h4;
+  assign \$81  = s_rows > 3'h5;
+  assign \$82  = s_rows > 3'h6;
+  assign \$83  = s_rows > 3'h7;
+  assign \$84  = cmd[50:34] - 1'h1;
+  assign \$85  = s_n == \$84 ;
+  assign \$86  = s_rows - 4'h8;
+  assign \$87  = c_out__valid & c_out__ready;
+  assign \$88  = out_left - 1'h1;
+  assign \$89  = | code;
+  assign \$90  = cmd[63:51] + cmd[33:17];
+  assign \$91  = cmd[75:64] + cmd[50:34];
+  assign \$92  = cmd[98] | cmd[99];
+  assign \$93  = a_lim > 13'h1000;
   assign \$94  = \$92  & \$93 ;
-  assign \$95  = \$91  | \$94 ;
-  assign \$96  = rows_left <= 4'h8;
-  assign \$97  = cmd[98] | cmd[99];
-  assign \$98  = a_lim > 13'h1000;
-  assign \$99  = \$97  & \$98 ;
-  assign \$100  = \$99  ? 3'h4 : 3'h5;
-  assign \$101  = rows_left - 4'h8;
-  assign \$102  = a_lim + cmd[33:17];
-  assign \$103  = c_lim + cmd[50:34];
-  assign \$104  = start | a_in__ready;
-  assign \$105  = \$104  | \$signal$28 ;
-  assign \$106  = \$105  | issuing;
-  assign \$107  = \$106  | drain_busy;
-  assign \$108  = \$107  | col_busy0;
-  assign \$109  = \$108  | col_busy1;
-  assign \$110  = \$109  | w_busy;
-  assign \$111  = ~ \$110 ;
-  assign \$112  = ! pending;
-  assign \$113  = \$111  & \$112 ;
-  assign \$114  = ! out_left;
+  assign \$95  = cmd[99] | cmd[101];
+  assign \$96  = c_lim > 12'h800;
+  assign \$97  = \$95  & \$96 ;
+  assign \$98  = \$94  | \$97 ;
+  assign \$99  = rows_left <= 4'h8;
+  assign \$100  = cmd[98] | cmd[99];
+  assign \$101  = a_lim > 13'h1000;
+  assign \$102  = \$100  & \$101 ;
+  assign \$103  = \$102  ? 3'h4 : 3'h5;
+  assign \$104  = rows_left - 4'h8;
+  assign \$105  = a_lim + cmd[33:17];
+  assign \$106  = c_lim + cmd[50:34];
+  assign \$107  = start | a_in__ready;
+  assign \$108  = \$107  | \$signal$28 ;
+  assign \$109  = \$108  | issuing;
+  assign \$110  = \$109  | drain_busy;
+  assign \$111  = \$110  | col_busy0;
+  assign \$112  = \$111  | col_busy1;
+  assign \$113  = \$112  | w_busy;
+  assign \$114  = ~ \$113 ;
+  assign \$115  = ! pending;
+  assign \$116  = \$114  & \$115 ;
+  assign \$117  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$115  = full >> wbuf;
-  assign \$116  = ~ \$115 ;
-  assign b_in__ready = \$signal$28  & \$116 ;
-  assign \$117  = wbuf ? 10'h200 : 10'h000;
-  assign \$118  = \$117  + b_k;
+  assign \$118  = full >> wbuf;
+  assign \$119  = ~ \$118 ;
+  assign b_in__ready = \$signal$28  & \$119 ;
+  assign \$120  = wbuf ? 10'h200 : 10'h000;
+  assign \$121  = \$120  + b_k;
   assign \$signature__en$99  = b_in__valid & b_in__ready;
-  assign \$119  = b_in__valid & b_in__ready;
-  assign \$120  = b_k == k_m1;
-  assign \$121  = full >> rbuf;
-  assign \$122  = wbuf == rbuf;
-  assign \$123  = b_in__ready & \$122 ;
-  assign \$124  = b_k > k;
-  assign \$125  = \$123  & \$124 ;
-  assign panel_ready = \$121  | \$125 ;
-  assign \$126  = issuing & panel_ready;
-  assign \$127  = ~ cmd[98];
-  assign \$128  = a_ptr != a_wptr;
-  assign \$129  = \$127  | \$128 ;
-  assign \$130  = \$126  & \$129 ;
-  assign \$131  = k == k_m1;
-  assign \$132  = ~ \$131 ;
-  assign \$133  = gap >= 5'h16;
-  assign \$134  = \$132  | \$133 ;
-  assign step = \$130  & \$134 ;
-  assign \$135  = rbuf ? 10'h200 : 10'h000;
-  assign \$136  = \$135  + k;
-  assign \$137  = k == k_m1;
-  assign \$138  = rows_c <= 4'h8;
-  assign \$139  = d_col == 3'h7;
+  assign \$122  = b_in__valid & b_in__ready;
+  assign \$123  = b_k == k_m1;
+  assign \$124  = full >> rbuf;
+  assign \$125  = wbuf == rbuf;
+  assign \$126  = b_in__ready & \$125 ;
+  assign \$127  = b_k > k;
+  assign \$128  = \$126  & \$127 ;
+  assign panel_ready = \$124  | \$128 ;
+  assign \$129  = issuing & panel_ready;
+  assign \$130  = ~ cmd[98];
+  assign \$131  = a_ptr != a_wptr;
+  assign \$132  = \$130  | \$131 ;
+  assign \$133  = \$129  & \$132 ;
+  assign \$134  = k == k_m1;
+  assign \$135  = ~ \$134 ;
+  assign \$136  = gap >= 5'h16;
+  assign \$137  = \$135  | \$136 ;
+  assign step = \$133  & \$137 ;
+  assign \$138  = rbuf ? 10'h200 : 10'h000;
+  assign \$139  = \$138  + k;
+  assign \$140  = k == k_m1;
+  assign \$141  = rows_c <= 4'h8;
+  assign \$142  = d_col == 3'h7;
   assign shift = \done$55  | drain_busy;
-  assign \$140  = cmd[100] ? c_q[31:0] : 32'd0;
-  assign \$141  = $signed(w_word[31:0]) + $signed(\$140 );
-  assign \$142  = cmd[100] ? c_q[63:32] : 32'd0;
-  assign \$143  = $signed(w_word[63:32]) + $signed(\$142 );
-  assign \$144  = cmd[100] ? c_q[95:64] : 32'd0;
-  assign \$145  = $signed(w_word[95:64]) + $signed(\$144 );
-  assign \$146  = cmd[100] ? c_q[127:96] : 32'd0;
-  assign \$147  = $signed(w_word[127:96]) + $signed(\$146 );
-  assign \$148  = cmd[100] ? c_q[159:128] : 32'd0;
-  assign \$149  = $signed(w_word[159:128]) + $signed(\$148 );
-  assign \$150  = cmd[100] ? c_q[191:160] : 32'd0;
-  assign \$151  = $signed(w_word[191:160]) + $signed(\$150 );
-  assign \$152  = cmd[100] ? c_q[223:192] : 32'd0;
-  assign \$153  = $signed(w_word[223:192]) + $signed(\$152 );
-  assign \$154  = cmd[100] ? c_q[255:224] : 32'd0;
-  assign \$155  = $signed(w_word[255:224]) + $signed(\$154 );
-  assign \$156  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$157  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$158  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$159  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$160  = q_mask[4] ? c_q[159:128] : 32'd0;
-  assign \$161  = q_mask[5] ? c_q[191:160] : 32'd0;
-  assign \$162  = q_mask[6] ? c_q[223:192] : 32'd0;
-  assign \$163  = q_mask[7] ? c_q[255:224] : 32'd0;
-  assign \$164  = storing ? s_addr : col_addr0;
-  assign \$165  = ~ storing;
-  assign \$166  = ~ q_valid;
-  assign \$167  = \$166  | i__ready;
-  assign c_rd__en = \$165  | \$167 ;
+  assign \$143  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
+  assign \$144  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
+  assign \$145  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
+  assign \$146  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
+  assign \$147  = $signed(w_word[159:128]) + $signed(c_q[159:128]);
+  assign \$148  = $signed(w_word[191:160]) + $signed(c_q[191:160]);
+  assign \$149  = $signed(w_word[223:192]) + $signed(c_q[223:192]);
+  assign \$150  = $signed(w_word[255:224]) + $signed(c_q[255:224]);
+  assign \$151  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$152  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$153  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$154  = q_mask[3] ? c_q[127:96] : 32'd0;
+  assign \$155  = q_mask[4] ? c_q[159:128] : 32'd0;
+  assign \$156  = q_mask[5] ? c_q[191:160] : 32'd0;
+  assign \$157  = q_mask[6] ? c_q[223:192] : 32'd0;
+  assign \$158  = q_mask[7] ? c_q[255:224] : 32'd0;
+  assign \$159  = storing ? s_addr : col_addr0;
+  assign \$160  = ~ storing;
+  assign \$161  = ~ q_valid;
+  assign \$162  = \$161  | i__ready;
+  assign c_rd__en = \$160  | \$162 ;
   assign busy = ~ cmd__ready;
-  assign \$168  = cmd[98] | cmd[99];
-  assign \$169  = \$168  | cmd[101];
-  assign \$170  = ~ \$169 ;
-  assign \$171  = ! cmd[16:0];
-  assign \$172  = cmd[98] | cmd[99];
-  assign \$173  = ! cmd[33:17];
-  assign \$174  = \$172  & \$173 ;
-  assign \$175  = \$171  | \$174 ;
-  assign \$176  = cmd[99] | cmd[101];
-  assign \$177  = ! cmd[50:34];
-  assign \$178  = \$176  & \$177 ;
-  assign \$179  = \$175  | \$178 ;
-  assign \$180  = cmd[33:17] > 10'h200;
-  assign \$181  = cmd[99] & \$180 ;
-  assign \$182  = start | a_in__ready;
-  assign \$183  = \$182  | \$signal$28 ;
-  assign \$184  = \$183  | issuing;
-  assign \$185  = \$184  | drain_busy;
-  assign \$186  = \$185  | col_busy0;
-  assign \$187  = \$186  | col_busy1;
-  assign \$188  = \$187  | w_busy;
-  assign \$189  = ~ \$188 ;
-  assign \$190  = ! pending;
-  assign \$191  = \$189  & \$190 ;
-  assign \$192  = ! fsm_state;
-  assign \$193  = fsm_state == 1'h1;
-  assign \$194  = fsm_state == 2'h2;
-  assign \$195  = fsm_state == 2'h3;
-  assign \$196  = fsm_state == 3'h4;
+  assign \$163  = cmd[98] | cmd[99];
+  assign \$164  = \$163  | cmd[101];
+  assign \$165  = ~ \$164 ;
+  assign \$166  = ! cmd[16:0];
+  assign \$167  = cmd[98] | cmd[99];
+  assign \$168  = ! cmd[33:17];
+  assign \$169  = \$167  & \$168 ;
+  assign \$170  = \$166  | \$169 ;
+  assign \$171  = cmd[99] | cmd[101];
+  assign \$172  = ! cmd[50:34];
+  assign \$173  = \$171  & \$172 ;
+  assign \$174  = \$170  | \$173 ;
+  assign \$175  = cmd[33:17] > 10'h200;
+  assign \$176  = cmd[99] & \$175 ;
+  assign \$177  = start | a_in__ready;
+  assign \$178  = \$177  | \$signal$28 ;
+  assign \$179  = \$178  | issuing;
+  assign \$180  = \$179  | drain_busy;
+  assign \$181  = \$180  | col_busy0;
+  assign \$182  = \$181  | col_busy1;
+  assign \$183  = \$182  | w_busy;
+  assign \$184  = ~ \$183 ;
+  assign \$185  = ! pending;
+  assign \$186  = \$184  & \$185 ;
+  assign \$187  = ! fsm_state;
+  assign \$188  = fsm_state == 1'h1;
+  assign \$189  = fsm_state == 2'h2;
+  assign \$190  = fsm_state == 2'h3;
+  assign \$191  = fsm_state == 3'h4;
   always @(posedge clk)
-    k_m1 <= \$197 ;
+    k_m1 <= \$192 ;
   always @(posedge clk)
-    start <= \$198 ;
+    start <= \$193 ;
   always @(posedge clk)
-    a_wptr <= \$199 ;
+    a_wptr <= \$194 ;
   always @(posedge clk)
-    a_in__ready <= \$200 ;
+    a_in__ready <= \$195 ;
   always @(posedge clk)
-    full <= \$201 ;
+    full <= \$196 ;
   always @(posedge clk)
-    \$signal$28  <= \$202 ;
+    \$signal$28  <= \$197 ;
   always @(posedge clk)
-    wbuf <= \$203 ;
+    wbuf <= \$198 ;
   always @(posedge clk)
-    b_k <= \$204 ;
+    b_k <= \$199 ;
   always @(posedge clk)
-    b_cols_left <= \$205 ;
+    b_cols_left <= \$200 ;
   always @(posedge clk)
-    gap <= \$206 ;
+    gap <= \$201 ;
   always @(posedge clk)
-    \$signal$33  <= \$207 ;
+    \$signal$33  <= \$202 ;
   always @(posedge clk)
-    \$signal$35  <= \$208 ;
+    \$signal$35  <= \$203 ;
   always @(posedge clk)
-    s_last <= \$209 ;
+    s_last <= \$204 ;
   always @(posedge clk)
-    s_mask <= \$210 ;
+    s_mask <= \$205 ;
   always @(posedge clk)
-    valid <= \$211 ;
+    valid <= \$206 ;
   always @(posedge clk)
-    first <= \$212 ;
+    first <= \$207 ;
   always @(posedge clk)
-    last <= \$213 ;
+    last <= \$208 ;
   always @(posedge clk)
-    b <= \$214 ;
+    b <= \$209 ;
   always @(posedge clk)
-    a <= \$215 ;
+    a <= \$210 ;
   always @(posedge clk)
-    issuing <= \$216 ;
+    issuing <= \$211 ;
   always @(posedge clk)
-    rbuf <= \$217 ;
+    rbuf <= \$212 ;
   always @(posedge clk)
-    k <= \$218 ;
+    k <= \$213 ;
   always @(posedge clk)
-    a_ptr <= \$219 ;
+    a_ptr <= \$214 ;
   always @(posedge clk)
-    rows_c <= \$220 ;
+    rows_c <= \$215 ;
   always @(posedge clk)
-    cols_c <= \$221 ;
+    cols_c <= \$216 ;
   always @(posedge clk)
-    c_panel <= \$222 ;
+    c_panel <= \$217 ;
   always @(posedge clk)
-    c_tile <= \$223 ;
+    c_tile <= \$218 ;
   always @(posedge clk)
-    t_base <= \$224 ;
+    t_base <= \$219 ;
   always @(posedge clk)
-    t_cols <= \$225 ;
+    t_cols <= \$220 ;
   always @(posedge clk)
-    d_col <= \$226 ;
+    d_col <= \$221 ;
   always @(posedge clk)
-    d_base <= \$227 ;
+    d_base <= \$222 ;
   always @(posedge clk)
-    d_cols <= \$228 ;
+    d_cols <= \$223 ;
   always @(posedge clk)
-    drain_busy <= \$229 ;
+    drain_busy <= \$224 ;
   always @(posedge clk)
-    col_valid0 <= \$230 ;
+    col_valid0 <= \$225 ;
   always @(posedge clk)
-    col_busy0 <= \$231 ;
+    col_busy0 <= \$226 ;
   always @(posedge clk)
-    col_addr0 <= \$232 ;
+    col_addr0 <= \$227 ;
   always @(posedge clk)
-    col_word0 <= \$233 ;
+    col_valid1 <= \$228 ;
   always @(posedge clk)
-    col_valid1 <= \$234 ;
+    col_busy1 <= \$229 ;
   always @(posedge clk)
-    col_busy1 <= \$235 ;
+    col_addr1 <= \$230 ;
   always @(posedge clk)
-    col_addr1 <= \$236 ;
+    w_valid <= \$231 ;
   always @(posedge clk)
-    col_word1 <= \$237 ;
+    w_busy <= \$232 ;
   always @(posedge clk)
-    w_valid <= \$238 ;
+    w_addr <= \$233 ;
   always @(posedge clk)
-    w_busy <= \$239 ;
+    col_word0 <= \$234 ;
   always @(posedge clk)
-    w_addr <= \$240 ;
+    col_word1 <= \$235 ;
   always @(posedge clk)
-    w_word <= \$241 ;
+    w_word <= \$236 ;
   always @(posedge clk)
-    pending <= \$242 ;
+    pending <= \$237 ;
   always @(posedge clk)
-    c_q <= \$243 ;
+    c_q <= \$238 ;
   always @(posedge clk)
-    q_valid <= \$244 ;
+    q_valid <= \$239 ;
   always @(posedge clk)
-    q_mask <= \$245 ;
+    q_mask <= \$240 ;
   always @(posedge clk)
-    storing <= \$246 ;
+    storing <= \$241 ;
   always @(posedge clk)
-    s_addr <= \$247 ;
+    s_addr <= \$242 ;
   always @(posedge clk)
-    s_n <= \$248 ;
+    s_n <= \$243 ;
   always @(posedge clk)
-    s_rows <= \$249 ;
+    s_rows <= \$244 ;
   always @(posedge clk)
-    s_left <= \$250 ;
+    s_left <= \$245 ;
   always @(posedge clk)
-    out_left <= \$251 ;
+    out_left <= \$246 ;
   always @(posedge clk)
-    r_valid <= \$252 ;
+    r_valid <= \$247 ;
   always @(posedge clk)
-    r_mask <= \$253 ;
+    r_mask <= \$248 ;
   always @(posedge clk)
-    done <= \$254 ;
+    done <= \$249 ;
   always @(posedge clk)
-    cmd <= \$255 ;
+    cmd <= \$250 ;
   always @(posedge clk)
-    error <= \$256 ;
+    error <= \$251 ;
   always @(posedge clk)
-    error_code <= \$257 ;
+    error_code <= \$252 ;
   always @(posedge clk)
-    fsm_state <= \$258 ;
+    fsm_state <= \$253 ;
   always @(posedge clk)
-    rows_left <= \$259 ;
+    rows_left <= \$254 ;
   always @(posedge clk)
-    a_lim <= \$260 ;
+    a_lim <= \$255 ;
   always @(posedge clk)
-    c_lim <= \$261 ;
+    c_lim <= \$256 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -8142,273 +8132,352 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$2362$76 (cmd[97:76]),
+    .\port$2522$76 (cmd[97:76]),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$197  = \$1 [16:0];
+    \$192  = \$1 [16:0];
     if (rst) begin
-      \$197  = 17'h00000;
+      \$192  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$198  = 1'h0;
+    \$193  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$95 ) begin
-          end else if (\$96 ) begin
-            \$198  = 1'h1;
+          if (\$98 ) begin
+          end else if (\$99 ) begin
+            \$193  = 1'h1;
           end
     endcase
+    if (rst) begin
+      \$193  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$194  = a_wptr;
+    if (start) begin
+      \$194  = { 6'h00, cmd[63:51] };
+    end else if (\$2 ) begin
+      \$194  = \$3 [18:0];
+    end
+    if (rst) begin
+      \$194  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$195  = a_in__ready;
+    if (start) begin
+      \$195  = cmd[98];
+    end else if (\$2 ) begin
+      if (\$5 ) begin
+        \$195  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$195  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$196  = \$8 ;
+    if (rst) begin
+      \$196  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$197  = \$signal$28 ;
+    if (start) begin
+      \$197  = cmd[99];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        if (\$14 ) begin
+          \$197  = 1'h0;
+        end
+      end
+    end
+    if (rst) begin
+      \$197  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$198  = wbuf;
+    if (start) begin
+      \$198  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$198  = \$12 ;
+      end
+    end
     if (rst) begin
       \$198  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$199  = a_wptr;
+    \$199  = b_k;
     if (start) begin
-      \$199  = { 6'h00, cmd[63:51] };
-    end else if (\$2 ) begin
-      \$199  = \$3 [18:0];
-    end
-    if (rst) begin
-      \$199  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$200  = a_in__ready;
-    if (start) begin
-      \$200  = cmd[98];
-    end else if (\$2 ) begin
-      if (\$5 ) begin
-        \$200  = 1'h0;
+      \$199  = 17'h00000;
+    end else if (\$9 ) begin
+      \$199  = \$10 [16:0];
+      if (\$11 ) begin
+        \$199  = 17'h00000;
       end
     end
     if (rst) begin
-      \$200  = 1'h0;
+      \$199  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$201  = \$8 ;
-    if (rst) begin
-      \$201  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = \$signal$28 ;
+    \$200  = b_cols_left;
     if (start) begin
-      \$202  = cmd[99];
+      \$200  = cmd[50:34];
     end else if (\$9 ) begin
       if (\$11 ) begin
-        if (\$14 ) begin
-          \$202  = 1'h0;
-        end
+        \$200  = \$13 [16:0];
       end
     end
+    if (rst) begin
+      \$200  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$201  = gap;
+    if (\$15 ) begin
+      \$201  = \$16 [4:0];
+    end
+    if (start) begin
+      \$201  = 5'h17;
+    end else if (step) begin
+      if (\$37 ) begin
+        \$201  = 5'h00;
+      end
+    end
+    if (rst) begin
+      \$201  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$202  = step;
     if (rst) begin
       \$202  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = wbuf;
-    if (start) begin
-      \$203  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$203  = \$12 ;
-      end
-    end
+    \$203  = \$17 ;
     if (rst) begin
       \$203  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = b_k;
-    if (start) begin
-      \$204  = 17'h00000;
-    end else if (\$9 ) begin
-      \$204  = \$10 [16:0];
-      if (\$11 ) begin
-        \$204  = 17'h00000;
-      end
-    end
+    \$204  = \$18 ;
     if (rst) begin
-      \$204  = 17'h00000;
+      \$204  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = b_cols_left;
-    if (start) begin
-      \$205  = cmd[50:34];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$205  = \$13 [16:0];
-      end
-    end
+    \$205  = { \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19  };
     if (rst) begin
-      \$205  = 17'h00000;
+      \$205  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = gap;
-    if (\$15 ) begin
-      \$206  = \$16 [4:0];
-    end
-    if (start) begin
-      \$206  = 5'h17;
-    end else if (step) begin
-      if (\$37 ) begin
-        \$206  = 5'h00;
-      end
-    end
+    \$206  = \$signal$33 ;
     if (rst) begin
-      \$206  = 5'h00;
+      \$206  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = step;
+    \$207  = \$signal$35 ;
     if (rst) begin
       \$207  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = \$17 ;
+    \$208  = s_last;
     if (rst) begin
       \$208  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = \$18 ;
+    \$209  = b_rd__data;
     if (rst) begin
-      \$209  = 1'h0;
+      \$209  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = { \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19  };
+    \$210 [7:0] = \$27 ;
+    \$210 [15:8] = \$28 ;
+    \$210 [23:16] = \$29 ;
+    \$210 [31:24] = \$30 ;
+    \$210 [39:32] = \$31 ;
+    \$210 [47:40] = \$32 ;
+    \$210 [55:48] = \$33 ;
+    \$210 [63:56] = \$34 ;
     if (rst) begin
-      \$210  = 8'h00;
+      \$210  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = \$signal$33 ;
+    \$211  = issuing;
+    if (start) begin
+      \$211  = cmd[99];
+    end else if (step) begin
+      if (\$37 ) begin
+        if (\$42 ) begin
+          if (\$47 ) begin
+            \$211  = 1'h0;
+          end
+        end
+      end
+    end
     if (rst) begin
       \$211  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = \$signal$35 ;
+    \$212  = rbuf;
+    if (start) begin
+      \$212  = 1'h0;
+    end else if (step) begin
+      if (\$37 ) begin
+        if (\$42 ) begin
+          \$212  = \$43 ;
+        end
+      end
+    end
     if (rst) begin
       \$212  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = s_last;
-    if (rst) begin
-      \$213  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = b_rd__data;
-    if (rst) begin
-      \$214  = 64'h0000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215 [7:0] = \$27 ;
-    \$215 [15:8] = \$28 ;
-    \$215 [23:16] = \$29 ;
-    \$215 [31:24] = \$30 ;
-    \$215 [39:32] = \$31 ;
-    \$215 [47:40] = \$32 ;
-    \$215 [55:48] = \$33 ;
-    \$215 [63:56] = \$34 ;
-    if (rst) begin
-      \$215  = 64'h0000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = issuing;
+    \$213  = k;
     if (start) begin
-      \$216  = cmd[99];
+      \$213  = 17'h00000;
     end else if (step) begin
+      \$213  = \$35 [16:0];
+      if (\$37 ) begin
+        \$213  = 17'h00000;
+      end
+    end
+    if (rst) begin
+      \$213  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$214  = a_ptr;
+    if (start) begin
+      \$214  = { 6'h00, cmd[63:51] };
+    end else if (step) begin
+      \$214  = \$36 [18:0];
       if (\$37 ) begin
         if (\$42 ) begin
-          if (\$47 ) begin
-            \$216  = 1'h0;
-          end
+          \$214  = { 6'h00, cmd[63:51] };
         end
       end
     end
     if (rst) begin
-      \$216  = 1'h0;
+      \$214  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = rbuf;
+    \$215  = rows_c;
     if (start) begin
-      \$217  = 1'h0;
+      \$215  = cmd[16:0];
     end else if (step) begin
       if (\$37 ) begin
+        \$215  = \$40 [16:0];
         if (\$42 ) begin
-          \$217  = \$43 ;
+          \$215  = cmd[16:0];
         end
       end
     end
     if (rst) begin
-      \$217  = 1'h0;
+      \$215  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = k;
+    \$216  = cols_c;
     if (start) begin
-      \$218  = 17'h00000;
+      \$216  = cmd[50:34];
     end else if (step) begin
-      \$218  = \$35 [16:0];
       if (\$37 ) begin
-        \$218  = 17'h00000;
+        if (\$42 ) begin
+          \$216  = \$44 [16:0];
+        end
       end
     end
     if (rst) begin
-      \$218  = 17'h00000;
+      \$216  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = a_ptr;
+    \$217  = c_panel;
     if (start) begin
-      \$219  = { 6'h00, cmd[63:51] };
+      \$217  = { 7'h00, cmd[75:64] };
     end else if (step) begin
-      \$219  = \$36 [18:0];
       if (\$37 ) begin
         if (\$42 ) begin
-          \$219  = { 6'h00, cmd[63:51] };
+          \$217  = \$45 [18:0];
         end
+      end
+    end
+    if (rst) begin
+      \$217  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$218  = c_tile;
+    if (start) begin
+      \$218  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (\$37 ) begin
+        \$218  = \$41 [18:0];
+        if (\$42 ) begin
+          \$218  = \$46 [18:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$218  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$219  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (\$37 ) begin
+        \$219  = c_tile;
       end
     end
     if (rst) begin
@@ -8417,48 +8486,34 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = rows_c;
+    \$220  = t_cols;
     if (start) begin
-      \$220  = cmd[16:0];
     end else if (step) begin
       if (\$37 ) begin
-        \$220  = \$40 [16:0];
-        if (\$42 ) begin
-          \$220  = cmd[16:0];
-        end
+        \$220  = \$39 [3:0];
       end
     end
     if (rst) begin
-      \$220  = 17'h00000;
+      \$220  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = cols_c;
-    if (start) begin
-      \$221  = cmd[50:34];
-    end else if (step) begin
-      if (\$37 ) begin
-        if (\$42 ) begin
-          \$221  = \$44 [16:0];
-        end
-      end
+    \$221  = d_col;
+    if (\done$55 ) begin
+      \$221  = 4'h1;
+    end else if (drain_busy) begin
+      \$221  = \$48 [3:0];
     end
     if (rst) begin
-      \$221  = 17'h00000;
+      \$221  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = c_panel;
-    if (start) begin
-      \$222  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (\$37 ) begin
-        if (\$42 ) begin
-          \$222  = \$45 [18:0];
-        end
-      end
+    \$222  = d_base;
+    if (\done$55 ) begin
+      \$222  = t_base;
     end
     if (rst) begin
       \$222  = 19'h00000;
@@ -8466,199 +8521,171 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = c_tile;
-    if (start) begin
-      \$223  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (\$37 ) begin
-        \$223  = \$41 [18:0];
-        if (\$42 ) begin
-          \$223  = \$46 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$223  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = t_base;
-    if (start) begin
-    end else if (step) begin
-      if (\$37 ) begin
-        \$224  = c_tile;
-      end
-    end
-    if (rst) begin
-      \$224  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$37 ) begin
-        \$225  = \$39 [3:0];
-      end
-    end
-    if (rst) begin
-      \$225  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = d_col;
+    \$223  = d_cols;
     if (\done$55 ) begin
-      \$226  = 4'h1;
+      \$223  = t_cols;
+    end
+    if (rst) begin
+      \$223  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$224  = drain_busy;
+    if (\done$55 ) begin
+      \$224  = 1'h1;
     end else if (drain_busy) begin
-      \$226  = \$48 [3:0];
+      if (\$49 ) begin
+        \$224  = 1'h0;
+      end
     end
     if (rst) begin
-      \$226  = 4'h0;
+      \$224  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = d_base;
-    if (\done$55 ) begin
-      \$227  = t_base;
+    \$225  = \$54 ;
+    if (rst) begin
+      \$225  = 1'h0;
     end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$226  = \$55 ;
+    if (rst) begin
+      \$226  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$227  = \$58 [18:0];
     if (rst) begin
       \$227  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = d_cols;
-    if (\done$55 ) begin
-      \$228  = t_cols;
-    end
+    \$228  = col_valid0;
     if (rst) begin
-      \$228  = 4'h0;
+      \$228  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = drain_busy;
-    if (\done$55 ) begin
-      \$229  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$49 ) begin
-        \$229  = 1'h0;
-      end
-    end
+    \$229  = col_busy0;
     if (rst) begin
       \$229  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = \$54 ;
+    \$230  = col_addr0;
     if (rst) begin
-      \$230  = 1'h0;
+      \$230  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = \$55 ;
+    \$231  = col_valid1;
     if (rst) begin
       \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = \$58 [18:0];
+    \$232  = col_busy1;
     if (rst) begin
-      \$232  = 19'h00000;
+      \$232  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = out;
+    \$233  = col_addr1;
     if (rst) begin
-      \$233  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$233  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = col_valid0;
+    \$234  = out;
     if (rst) begin
-      \$234  = 1'h0;
+      \$234  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = col_busy0;
+    \$235  = col_word0;
     if (rst) begin
-      \$235  = 1'h0;
+      \$235  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = col_addr0;
+    \$236  = col_word1;
     if (rst) begin
-      \$236  = 19'h00000;
+      \$236  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = col_word0;
+    \$237  = \$60 [1:0];
     if (rst) begin
-      \$237  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$237  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = col_valid1;
+    \$238  = c_q;
+    if (\$62 ) begin
+      \$238  = c_rd__data;
+      if (\$65 ) begin
+        \$238  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      end
+    end
     if (rst) begin
-      \$238  = 1'h0;
+      \$238  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = col_busy1;
+    \$239  = q_valid;
+    if (\$62 ) begin
+      \$239  = r_valid;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$117 ) begin
+            \$239  = 1'h0;
+          end
+    endcase
     if (rst) begin
       \$239  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = col_addr1;
-    if (rst) begin
-      \$240  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = col_word1;
-    if (rst) begin
-      \$241  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = \$60 [1:0];
-    if (rst) begin
-      \$242  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = c_q;
+    \$240  = q_mask;
     if (\$62 ) begin
-      \$243  = c_rd__data;
+      \$240  = r_mask;
     end
     if (rst) begin
-      \$243  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$240  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = q_valid;
-    if (\$62 ) begin
-      \$244  = r_valid;
+    \$241  = storing;
+    if (store_start) begin
+      \$241  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -8670,128 +8697,94 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$114 ) begin
-            \$244  = 1'h0;
+          if (\$117 ) begin
+            \$241  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$244  = 1'h0;
+      \$241  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = q_mask;
-    if (\$62 ) begin
-      \$245  = r_mask;
-    end
-    if (rst) begin
-      \$245  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = storing;
+    \$242  = s_addr;
     if (store_start) begin
-      \$246  = 1'h1;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$114 ) begin
-            \$246  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$246  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = s_addr;
-    if (store_start) begin
-      \$247  = { 7'h00, cmd[75:64] };
-    end else if (\$65 ) begin
-      if (\$69 ) begin
-        \$247  = \$70 [18:0];
+      \$242  = { 7'h00, cmd[75:64] };
+    end else if (\$68 ) begin
+      if (\$72 ) begin
+        \$242  = \$73 [18:0];
       end
     end
     if (rst) begin
-      \$247  = 19'h00000;
+      \$242  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = s_n;
+    \$243  = s_n;
     if (store_start) begin
-      \$248  = 17'h00000;
-    end else if (\$65 ) begin
-      if (\$69 ) begin
-        \$248  = \$72 [16:0];
-        if (\$82 ) begin
-          \$248  = 17'h00000;
+      \$243  = 17'h00000;
+    end else if (\$68 ) begin
+      if (\$72 ) begin
+        \$243  = \$75 [16:0];
+        if (\$85 ) begin
+          \$243  = 17'h00000;
         end
       end
     end
     if (rst) begin
-      \$248  = 17'h00000;
+      \$243  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = s_rows;
+    \$244  = s_rows;
     if (store_start) begin
-      \$249  = cmd[16:0];
-    end else if (\$65 ) begin
-      if (\$69 ) begin
-        if (\$82 ) begin
-          \$249  = \$83 [16:0];
+      \$244  = cmd[16:0];
+    end else if (\$68 ) begin
+      if (\$72 ) begin
+        if (\$85 ) begin
+          \$244  = \$86 [16:0];
         end
       end
     end
     if (rst) begin
-      \$249  = 17'h00000;
+      \$244  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = s_left;
+    \$245  = s_left;
     if (store_start) begin
-      \$250  = \$66 [18:0];
-    end else if (\$65 ) begin
-      if (\$69 ) begin
-        \$250  = \$71 [18:0];
+      \$245  = \$69 [18:0];
+    end else if (\$68 ) begin
+      if (\$72 ) begin
+        \$245  = \$74 [18:0];
       end
     end
     if (rst) begin
-      \$250  = 19'h00000;
+      \$245  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = out_left;
+    \$246  = out_left;
     if (store_start) begin
-      \$251  = \$67 [18:0];
+      \$246  = \$70 [18:0];
     end
-    if (\$84 ) begin
-      \$251  = \$85 [18:0];
+    if (\$87 ) begin
+      \$246  = \$88 [18:0];
     end
     if (rst) begin
-      \$251  = 19'h00000;
+      \$246  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = r_valid;
+    \$247  = r_valid;
     if (store_start) begin
-    end else if (\$65 ) begin
-      \$252  = \$68 ;
+    end else if (\$68 ) begin
+      \$247  = \$71 ;
     end
     casez (fsm_state)
       3'h0:
@@ -8803,230 +8796,230 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$114 ) begin
-            \$252  = 1'h0;
+          if (\$117 ) begin
+            \$247  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$252  = 1'h0;
+      \$247  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = r_mask;
+    \$248  = r_mask;
     if (store_start) begin
-    end else if (\$65 ) begin
-      if (\$69 ) begin
-        \$253  = { \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73  };
+    end else if (\$68 ) begin
+      if (\$72 ) begin
+        \$248  = { \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76  };
       end
     end
     if (rst) begin
-      \$253  = 8'h00;
+      \$248  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = 1'h0;
+    \$249  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          if (\$86 ) begin
-            \$254  = 1'h1;
+          if (\$89 ) begin
+            \$249  = 1'h1;
           end
       3'h2:
-          if (\$95 ) begin
-            \$254  = 1'h1;
+          if (\$98 ) begin
+            \$249  = 1'h1;
           end
       3'h3:
-          if (\$113 ) begin
+          if (\$116 ) begin
             (* full_case = 32'd1 *)
             if (cmd[101]) begin
             end else begin
-              \$254  = 1'h1;
+              \$249  = 1'h1;
             end
           end
       3'h4:
-          if (\$114 ) begin
-            \$254  = 1'h1;
+          if (\$117 ) begin
+            \$249  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$254  = 1'h0;
+      \$249  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = cmd;
+    \$250  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$255  = cmd__payload;
+            \$250  = cmd__payload;
           end
     endcase
     if (rst) begin
-      \$255  = 102'h00000000000000000000000000;
+      \$250  = 102'h00000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = error;
+    \$251  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$256  = 1'h0;
+            \$251  = 1'h0;
           end
       3'h1:
-          if (\$86 ) begin
-            \$256  = 1'h1;
+          if (\$89 ) begin
+            \$251  = 1'h1;
           end
       3'h2:
-          if (\$95 ) begin
-            \$256  = 1'h1;
+          if (\$98 ) begin
+            \$251  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$256  = 1'h0;
+      \$251  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = error_code;
+    \$252  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$257  = 3'h0;
+            \$252  = 3'h0;
           end
       3'h1:
-          if (\$86 ) begin
-            \$257  = code;
+          if (\$89 ) begin
+            \$252  = code;
           end
       3'h2:
-          if (\$95 ) begin
-            \$257  = \$100 ;
+          if (\$98 ) begin
+            \$252  = \$103 ;
           end
     endcase
     if (rst) begin
-      \$257  = 3'h0;
+      \$252  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = fsm_state;
+    \$253  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$258  = 3'h1;
+            \$253  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$86 ) begin
-            \$258  = 3'h0;
+          if (\$89 ) begin
+            \$253  = 3'h0;
           end else begin
-            \$258  = 3'h2;
+            \$253  = 3'h2;
           end
       3'h2:
-          if (\$95 ) begin
-            \$258  = 3'h0;
-          end else if (\$96 ) begin
-            \$258  = 3'h3;
+          if (\$98 ) begin
+            \$253  = 3'h0;
+          end else if (\$99 ) begin
+            \$253  = 3'h3;
           end
       3'h3:
-          if (\$113 ) begin
+          if (\$116 ) begin
             (* full_case = 32'd1 *)
             if (cmd[101]) begin
-              \$258  = 3'h4;
+              \$253  = 3'h4;
             end else begin
-              \$258  = 3'h0;
+              \$253  = 3'h0;
             end
           end
       3'h4:
-          if (\$114 ) begin
-            \$258  = 3'h0;
+          if (\$117 ) begin
+            \$253  = 3'h0;
           end
     endcase
     if (rst) begin
-      \$258  = 3'h0;
+      \$253  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = rows_left;
+    \$254  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$86 ) begin
+          if (\$89 ) begin
           end else begin
-            \$259  = cmd[16:0];
+            \$254  = cmd[16:0];
           end
       3'h2:
           (* full_case = 32'd1 *)
-          if (\$95 ) begin
-          end else if (\$96 ) begin
+          if (\$98 ) begin
+          end else if (\$99 ) begin
           end else begin
-            \$259  = \$101 [16:0];
+            \$254  = \$104 [16:0];
           end
     endcase
     if (rst) begin
-      \$259  = 17'h00000;
+      \$254  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = a_lim;
+    \$255  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$86 ) begin
+          if (\$89 ) begin
           end else begin
-            \$260  = { 1'h0, \$87  };
+            \$255  = { 1'h0, \$90  };
           end
       3'h2:
           (* full_case = 32'd1 *)
-          if (\$95 ) begin
-          end else if (\$96 ) begin
+          if (\$98 ) begin
+          end else if (\$99 ) begin
           end else begin
-            \$260  = \$102 [18:0];
+            \$255  = \$105 [18:0];
           end
     endcase
     if (rst) begin
-      \$260  = 19'h00000;
+      \$255  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = c_lim;
+    \$256  = c_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$86 ) begin
+          if (\$89 ) begin
           end else begin
-            \$261  = { 1'h0, \$88  };
+            \$256  = { 1'h0, \$91  };
           end
       3'h2:
           (* full_case = 32'd1 *)
-          if (\$95 ) begin
-          end else if (\$96 ) begin
+          if (\$98 ) begin
+          end else if (\$99 ) begin
           end else begin
-            \$261  = \$103 [18:0];
+            \$256  = \$106 [18:0];
           end
     endcase
     if (rst) begin
-      \$261  = 19'h00000;
+      \$256  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signal$25  = 2'h0;
     if (start) begin
-    end else if (\$119 ) begin
-      if (\$120 ) begin
+    end else if (\$122 ) begin
+      if (\$123 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -9042,7 +9035,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$137 ) begin
+      if (\$140 ) begin
         tile_issued = 1'h1;
       end
     end
@@ -9052,8 +9045,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$137 ) begin
-        if (\$138 ) begin
+      if (\$140 ) begin
+        if (\$141 ) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -9070,7 +9063,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_drained = 1'h0;
     if (\done$55 ) begin
     end else if (drain_busy) begin
-      if (\$139 ) begin
+      if (\$142 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -9090,11 +9083,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$170 ) begin
+          if (\$165 ) begin
             code = 3'h1;
-          end else if (\$179 ) begin
+          end else if (\$174 ) begin
             code = 3'h2;
-          end else if (\$181 ) begin
+          end else if (\$176 ) begin
             code = 3'h3;
           end
     endcase
@@ -9110,7 +9103,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$191 ) begin
+          if (\$186 ) begin
             if (cmd[101]) begin
               store_start = 1'h1;
             end
@@ -9121,10 +9114,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[11:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$97  = \$118 [9:0];
+  assign \$signature__addr$97  = \$121 [9:0];
   assign \$signature__data$98  = b_in__payload;
   assign a_rd__addr = a_ptr[11:0];
-  assign b_rd__addr = \$136 [9:0];
+  assign b_rd__addr = \$139 [9:0];
   assign \$signature__addr$105  = w_addr[10:0];
   assign \$signature__en$106  = w_valid;
   assign mult = cmd[91:76];
@@ -9133,7 +9126,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$164 [10:0];
+  assign c_rd__addr = \$159 [10:0];
   assign \cmd__payload.m  = cmd__payload[16:0];
   assign \cmd__payload.k  = cmd__payload[33:17];
   assign \cmd__payload.n  = cmd__payload[50:34];
@@ -9300,22 +9293,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[5]  = c_out__payload[47:40];
   assign \o__payload[6]  = c_out__payload[55:48];
   assign \o__payload[7]  = c_out__payload[63:56];
-  assign i__payload[255:224] = \$163 ;
-  assign i__payload[223:192] = \$162 ;
-  assign i__payload[191:160] = \$161 ;
-  assign i__payload[159:128] = \$160 ;
-  assign i__payload[127:96] = \$159 ;
-  assign i__payload[95:64] = \$158 ;
-  assign i__payload[63:32] = \$157 ;
-  assign i__payload[31:0] = \$156 ;
-  assign \$signature__data$104 [255:224] = \$155 [31:0];
-  assign \$signature__data$104 [223:192] = \$153 [31:0];
-  assign \$signature__data$104 [191:160] = \$151 [31:0];
-  assign \$signature__data$104 [159:128] = \$149 [31:0];
-  assign \$signature__data$104 [127:96] = \$147 [31:0];
+  assign i__payload[255:224] = \$158 ;
+  assign i__payload[223:192] = \$157 ;
+  assign i__payload[191:160] = \$156 ;
+  assign i__payload[159:128] = \$155 ;
+  assign i__payload[127:96] = \$154 ;
+  assign i__payload[95:64] = \$153 ;
+  assign i__payload[63:32] = \$152 ;
+  assign i__payload[31:0] = \$151 ;
+  assign \$signature__data$104 [255:224] = \$150 [31:0];
+  assign \$signature__data$104 [223:192] = \$149 [31:0];
+  assign \$signature__data$104 [191:160] = \$148 [31:0];
+  assign \$signature__data$104 [159:128] = \$147 [31:0];
+  assign \$signature__data$104 [127:96] = \$146 [31:0];
   assign \$signature__data$104 [95:64] = \$145 [31:0];
-  assign \$signature__data$104 [63:32] = \$143 [31:0];
-  assign \$signature__data$104 [31:0] = \$141 [31:0];
+  assign \$signature__data$104 [63:32] = \$144 [31:0];
+  assign \$signature__data$104 [31:0] = \$143 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -9642,61 +9635,61 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   wire [7:0] \a_in$980 ;
   wire [7:0] \a_in$997 ;
   wire [7:0] a_out;
-  wire [7:0] \a_out$1002 ;
-  wire [7:0] \a_out$1019 ;
-  wire [7:0] \a_out$1036 ;
-  wire [7:0] \a_out$1053 ;
-  wire [7:0] \a_out$107 ;
-  wire [7:0] \a_out$1070 ;
-  wire [7:0] \a_out$124 ;
-  wire [7:0] \a_out$158 ;
-  wire [7:0] \a_out$175 ;
-  wire [7:0] \a_out$192 ;
-  wire [7:0] \a_out$209 ;
-  wire [7:0] \a_out$226 ;
-  wire [7:0] \a_out$243 ;
-  wire [7:0] \a_out$260 ;
-  wire [7:0] \a_out$293 ;
-  wire [7:0] \a_out$310 ;
-  wire [7:0] \a_out$327 ;
-  wire [7:0] \a_out$344 ;
-  wire [7:0] \a_out$361 ;
-  wire [7:0] \a_out$378 ;
-  wire [7:0] \a_out$39 ;
-  wire [7:0] \a_out$395 ;
-  wire [7:0] \a_out$428 ;
-  wire [7:0] \a_out$445 ;
-  wire [7:0] \a_out$462 ;
-  wire [7:0] \a_out$479 ;
-  wire [7:0] \a_out$496 ;
-  wire [7:0] \a_out$513 ;
-  wire [7:0] \a_out$530 ;
-  wire [7:0] \a_out$56 ;
-  wire [7:0] \a_out$563 ;
-  wire [7:0] \a_out$580 ;
-  wire [7:0] \a_out$597 ;
-  wire [7:0] \a_out$614 ;
-  wire [7:0] \a_out$631 ;
-  wire [7:0] \a_out$648 ;
-  wire [7:0] \a_out$665 ;
-  wire [7:0] \a_out$698 ;
-  wire [7:0] \a_out$715 ;
-  wire [7:0] \a_out$73 ;
-  wire [7:0] \a_out$732 ;
-  wire [7:0] \a_out$749 ;
-  wire [7:0] \a_out$766 ;
-  wire [7:0] \a_out$783 ;
-  wire [7:0] \a_out$800 ;
-  wire [7:0] \a_out$833 ;
-  wire [7:0] \a_out$850 ;
-  wire [7:0] \a_out$867 ;
-  wire [7:0] \a_out$884 ;
-  wire [7:0] \a_out$90 ;
-  wire [7:0] \a_out$901 ;
-  wire [7:0] \a_out$918 ;
-  wire [7:0] \a_out$935 ;
-  wire [7:0] \a_out$968 ;
-  wire [7:0] \a_out$985 ;
+  wire [7:0] \a_out$1004 ;
+  wire [7:0] \a_out$1021 ;
+  wire [7:0] \a_out$1038 ;
+  wire [7:0] \a_out$1055 ;
+  wire [7:0] \a_out$1072 ;
+  wire [7:0] \a_out$109 ;
+  wire [7:0] \a_out$126 ;
+  wire [7:0] \a_out$160 ;
+  wire [7:0] \a_out$177 ;
+  wire [7:0] \a_out$194 ;
+  wire [7:0] \a_out$211 ;
+  wire [7:0] \a_out$228 ;
+  wire [7:0] \a_out$245 ;
+  wire [7:0] \a_out$262 ;
+  wire [7:0] \a_out$295 ;
+  wire [7:0] \a_out$312 ;
+  wire [7:0] \a_out$329 ;
+  wire [7:0] \a_out$346 ;
+  wire [7:0] \a_out$363 ;
+  wire [7:0] \a_out$380 ;
+  wire [7:0] \a_out$397 ;
+  wire [7:0] \a_out$41 ;
+  wire [7:0] \a_out$430 ;
+  wire [7:0] \a_out$447 ;
+  wire [7:0] \a_out$464 ;
+  wire [7:0] \a_out$481 ;
+  wire [7:0] \a_out$498 ;
+  wire [7:0] \a_out$515 ;
+  wire [7:0] \a_out$532 ;
+  wire [7:0] \a_out$565 ;
+  wire [7:0] \a_out$58 ;
+  wire [7:0] \a_out$582 ;
+  wire [7:0] \a_out$599 ;
+  wire [7:0] \a_out$616 ;
+  wire [7:0] \a_out$633 ;
+  wire [7:0] \a_out$650 ;
+  wire [7:0] \a_out$667 ;
+  wire [7:0] \a_out$700 ;
+  wire [7:0] \a_out$717 ;
+  wire [7:0] \a_out$734 ;
+  wire [7:0] \a_out$75 ;
+  wire [7:0] \a_out$751 ;
+  wire [7:0] \a_out$768 ;
+  wire [7:0] \a_out$785 ;
+  wire [7:0] \a_out$802 ;
+  wire [7:0] \a_out$835 ;
+  wire [7:0] \a_out$852 ;
+  wire [7:0] \a_out$869 ;
+  wire [7:0] \a_out$886 ;
+  wire [7:0] \a_out$903 ;
+  wire [7:0] \a_out$92 ;
+  wire [7:0] \a_out$920 ;
+  wire [7:0] \a_out$937 ;
+  wire [7:0] \a_out$970 ;
+  wire [7:0] \a_out$987 ;
   input [63:0] b;
   wire [63:0] b;
   (* init = 8'h00 *)
@@ -9976,125 +9969,125 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   wire first7_d6;
   input first_in;
   wire first_in;
-  wire \first_in$1005 ;
-  wire \first_in$1022 ;
-  wire \first_in$1039 ;
-  wire \first_in$1056 ;
-  wire \first_in$1073 ;
-  wire \first_in$110 ;
-  wire \first_in$127 ;
+  wire \first_in$1007 ;
+  wire \first_in$1024 ;
+  wire \first_in$1041 ;
+  wire \first_in$1058 ;
+  wire \first_in$1075 ;
+  wire \first_in$112 ;
+  wire \first_in$129 ;
   reg \first_in$146  = 1'h0;
-  wire \first_in$161 ;
-  wire \first_in$178 ;
-  wire \first_in$195 ;
-  wire \first_in$212 ;
-  wire \first_in$229 ;
-  wire \first_in$246 ;
-  wire \first_in$25 ;
-  wire \first_in$263 ;
+  wire \first_in$163 ;
+  wire \first_in$180 ;
+  wire \first_in$197 ;
+  wire \first_in$214 ;
+  wire \first_in$231 ;
+  wire \first_in$248 ;
+  wire \first_in$265 ;
+  wire \first_in$27 ;
   reg \first_in$281  = 1'h0;
-  wire \first_in$296 ;
-  wire \first_in$313 ;
-  wire \first_in$330 ;
-  wire \first_in$347 ;
-  wire \first_in$364 ;
-  wire \first_in$381 ;
-  wire \first_in$398 ;
+  wire \first_in$298 ;
+  wire \first_in$315 ;
+  wire \first_in$332 ;
+  wire \first_in$349 ;
+  wire \first_in$366 ;
+  wire \first_in$383 ;
+  wire \first_in$400 ;
   reg \first_in$416  = 1'h0;
-  wire \first_in$42 ;
-  wire \first_in$431 ;
-  wire \first_in$448 ;
-  wire \first_in$465 ;
-  wire \first_in$482 ;
-  wire \first_in$499 ;
-  wire \first_in$516 ;
-  wire \first_in$533 ;
+  wire \first_in$433 ;
+  wire \first_in$44 ;
+  wire \first_in$450 ;
+  wire \first_in$467 ;
+  wire \first_in$484 ;
+  wire \first_in$501 ;
+  wire \first_in$518 ;
+  wire \first_in$535 ;
   reg \first_in$551  = 1'h0;
-  wire \first_in$566 ;
-  wire \first_in$583 ;
-  wire \first_in$59 ;
-  wire \first_in$600 ;
-  wire \first_in$617 ;
-  wire \first_in$634 ;
-  wire \first_in$651 ;
-  wire \first_in$668 ;
+  wire \first_in$568 ;
+  wire \first_in$585 ;
+  wire \first_in$602 ;
+  wire \first_in$61 ;
+  wire \first_in$619 ;
+  wire \first_in$636 ;
+  wire \first_in$653 ;
+  wire \first_in$670 ;
   reg \first_in$686  = 1'h0;
-  wire \first_in$701 ;
-  wire \first_in$718 ;
-  wire \first_in$735 ;
-  wire \first_in$752 ;
-  wire \first_in$76 ;
-  wire \first_in$769 ;
-  wire \first_in$786 ;
-  wire \first_in$803 ;
+  wire \first_in$703 ;
+  wire \first_in$720 ;
+  wire \first_in$737 ;
+  wire \first_in$754 ;
+  wire \first_in$771 ;
+  wire \first_in$78 ;
+  wire \first_in$788 ;
+  wire \first_in$805 ;
   reg \first_in$821  = 1'h0;
-  wire \first_in$836 ;
-  wire \first_in$853 ;
-  wire \first_in$870 ;
-  wire \first_in$887 ;
-  wire \first_in$904 ;
-  wire \first_in$921 ;
-  wire \first_in$93 ;
-  wire \first_in$938 ;
+  wire \first_in$838 ;
+  wire \first_in$855 ;
+  wire \first_in$872 ;
+  wire \first_in$889 ;
+  wire \first_in$906 ;
+  wire \first_in$923 ;
+  wire \first_in$940 ;
+  wire \first_in$95 ;
   reg \first_in$956  = 1'h0;
-  wire \first_in$971 ;
-  wire \first_in$988 ;
+  wire \first_in$973 ;
+  wire \first_in$990 ;
   wire first_out;
-  wire \first_out$1006 ;
-  wire \first_out$1023 ;
-  wire \first_out$1040 ;
-  wire \first_out$1057 ;
-  wire \first_out$1074 ;
-  wire \first_out$111 ;
-  wire \first_out$128 ;
-  wire \first_out$162 ;
-  wire \first_out$179 ;
-  wire \first_out$196 ;
-  wire \first_out$213 ;
-  wire \first_out$230 ;
-  wire \first_out$247 ;
-  wire \first_out$264 ;
-  wire \first_out$297 ;
-  wire \first_out$314 ;
-  wire \first_out$331 ;
-  wire \first_out$348 ;
-  wire \first_out$365 ;
-  wire \first_out$382 ;
-  wire \first_out$399 ;
-  wire \first_out$43 ;
-  wire \first_out$432 ;
-  wire \first_out$449 ;
-  wire \first_out$466 ;
-  wire \first_out$483 ;
-  wire \first_out$500 ;
-  wire \first_out$517 ;
-  wire \first_out$534 ;
-  wire \first_out$567 ;
-  wire \first_out$584 ;
-  wire \first_out$60 ;
-  wire \first_out$601 ;
-  wire \first_out$618 ;
-  wire \first_out$635 ;
-  wire \first_out$652 ;
-  wire \first_out$669 ;
-  wire \first_out$702 ;
-  wire \first_out$719 ;
-  wire \first_out$736 ;
-  wire \first_out$753 ;
-  wire \first_out$77 ;
-  wire \first_out$770 ;
-  wire \first_out$787 ;
-  wire \first_out$804 ;
-  wire \first_out$837 ;
-  wire \first_out$854 ;
-  wire \first_out$871 ;
-  wire \first_out$888 ;
-  wire \first_out$905 ;
-  wire \first_out$922 ;
-  wire \first_out$939 ;
-  wire \first_out$94 ;
-  wire \first_out$972 ;
-  wire \first_out$989 ;
+  wire \first_out$1008 ;
+  wire \first_out$1025 ;
+  wire \first_out$1042 ;
+  wire \first_out$1059 ;
+  wire \first_out$1076 ;
+  wire \first_out$113 ;
+  wire \first_out$130 ;
+  wire \first_out$164 ;
+  wire \first_out$181 ;
+  wire \first_out$198 ;
+  wire \first_out$215 ;
+  wire \first_out$232 ;
+  wire \first_out$249 ;
+  wire \first_out$266 ;
+  wire \first_out$299 ;
+  wire \first_out$316 ;
+  wire \first_out$333 ;
+  wire \first_out$350 ;
+  wire \first_out$367 ;
+  wire \first_out$384 ;
+  wire \first_out$401 ;
+  wire \first_out$434 ;
+  wire \first_out$45 ;
+  wire \first_out$451 ;
+  wire \first_out$468 ;
+  wire \first_out$485 ;
+  wire \first_out$502 ;
+  wire \first_out$519 ;
+  wire \first_out$536 ;
+  wire \first_out$569 ;
+  wire \first_out$586 ;
+  wire \first_out$603 ;
+  wire \first_out$62 ;
+  wire \first_out$620 ;
+  wire \first_out$637 ;
+  wire \first_out$654 ;
+  wire \first_out$671 ;
+  wire \first_out$704 ;
+  wire \first_out$721 ;
+  wire \first_out$738 ;
+  wire \first_out$755 ;
+  wire \first_out$772 ;
+  wire \first_out$789 ;
+  wire \first_out$79 ;
+  wire \first_out$806 ;
+  wire \first_out$839 ;
+  wire \first_out$856 ;
+  wire \first_out$873 ;
+  wire \first_out$890 ;
+  wire \first_out$907 ;
+  wire \first_out$924 ;
+  wire \first_out$941 ;
+  wire \first_out$96 ;
+  wire \first_out$974 ;
+  wire \first_out$991 ;
   wire last;
   (* init = 1'h0 *)
   wire last1_d0;
@@ -10133,125 +10126,125 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   wire last7_d6;
   input last_in;
   wire last_in;
-  wire \last_in$1007 ;
-  wire \last_in$1024 ;
-  wire \last_in$1041 ;
-  wire \last_in$1058 ;
-  wire \last_in$1075 ;
-  wire \last_in$112 ;
-  wire \last_in$129 ;
+  wire \last_in$1009 ;
+  wire \last_in$1026 ;
+  wire \last_in$1043 ;
+  wire \last_in$1060 ;
+  wire \last_in$1077 ;
+  wire \last_in$114 ;
+  wire \last_in$131 ;
   reg \last_in$148  = 1'h0;
-  wire \last_in$163 ;
-  wire \last_in$180 ;
-  wire \last_in$197 ;
-  wire \last_in$214 ;
-  wire \last_in$231 ;
-  wire \last_in$248 ;
-  wire \last_in$265 ;
-  wire \last_in$27 ;
+  wire \last_in$165 ;
+  wire \last_in$182 ;
+  wire \last_in$199 ;
+  wire \last_in$216 ;
+  wire \last_in$233 ;
+  wire \last_in$250 ;
+  wire \last_in$267 ;
   reg \last_in$283  = 1'h0;
-  wire \last_in$298 ;
-  wire \last_in$315 ;
-  wire \last_in$332 ;
-  wire \last_in$349 ;
-  wire \last_in$366 ;
-  wire \last_in$383 ;
-  wire \last_in$400 ;
+  wire \last_in$29 ;
+  wire \last_in$300 ;
+  wire \last_in$317 ;
+  wire \last_in$334 ;
+  wire \last_in$351 ;
+  wire \last_in$368 ;
+  wire \last_in$385 ;
+  wire \last_in$402 ;
   reg \last_in$418  = 1'h0;
-  wire \last_in$433 ;
-  wire \last_in$44 ;
-  wire \last_in$450 ;
-  wire \last_in$467 ;
-  wire \last_in$484 ;
-  wire \last_in$501 ;
-  wire \last_in$518 ;
-  wire \last_in$535 ;
+  wire \last_in$435 ;
+  wire \last_in$452 ;
+  wire \last_in$46 ;
+  wire \last_in$469 ;
+  wire \last_in$486 ;
+  wire \last_in$503 ;
+  wire \last_in$520 ;
+  wire \last_in$537 ;
   reg \last_in$553  = 1'h0;
-  wire \last_in$568 ;
-  wire \last_in$585 ;
-  wire \last_in$602 ;
-  wire \last_in$61 ;
-  wire \last_in$619 ;
-  wire \last_in$636 ;
-  wire \last_in$653 ;
-  wire \last_in$670 ;
+  wire \last_in$570 ;
+  wire \last_in$587 ;
+  wire \last_in$604 ;
+  wire \last_in$621 ;
+  wire \last_in$63 ;
+  wire \last_in$638 ;
+  wire \last_in$655 ;
+  wire \last_in$672 ;
   reg \last_in$688  = 1'h0;
-  wire \last_in$703 ;
-  wire \last_in$720 ;
-  wire \last_in$737 ;
-  wire \last_in$754 ;
-  wire \last_in$771 ;
-  wire \last_in$78 ;
-  wire \last_in$788 ;
-  wire \last_in$805 ;
+  wire \last_in$705 ;
+  wire \last_in$722 ;
+  wire \last_in$739 ;
+  wire \last_in$756 ;
+  wire \last_in$773 ;
+  wire \last_in$790 ;
+  wire \last_in$80 ;
+  wire \last_in$807 ;
   reg \last_in$823  = 1'h0;
-  wire \last_in$838 ;
-  wire \last_in$855 ;
-  wire \last_in$872 ;
-  wire \last_in$889 ;
-  wire \last_in$906 ;
-  wire \last_in$923 ;
-  wire \last_in$940 ;
-  wire \last_in$95 ;
+  wire \last_in$840 ;
+  wire \last_in$857 ;
+  wire \last_in$874 ;
+  wire \last_in$891 ;
+  wire \last_in$908 ;
+  wire \last_in$925 ;
+  wire \last_in$942 ;
   reg \last_in$958  = 1'h0;
-  wire \last_in$973 ;
-  wire \last_in$990 ;
+  wire \last_in$97 ;
+  wire \last_in$975 ;
+  wire \last_in$992 ;
   wire last_out;
-  wire \last_out$1008 ;
-  wire \last_out$1025 ;
-  wire \last_out$1042 ;
-  wire \last_out$1059 ;
-  wire \last_out$1076 ;
-  wire \last_out$113 ;
-  wire \last_out$130 ;
-  wire \last_out$164 ;
-  wire \last_out$181 ;
-  wire \last_out$198 ;
-  wire \last_out$215 ;
-  wire \last_out$232 ;
-  wire \last_out$249 ;
-  wire \last_out$266 ;
-  wire \last_out$299 ;
-  wire \last_out$316 ;
-  wire \last_out$333 ;
-  wire \last_out$350 ;
-  wire \last_out$367 ;
-  wire \last_out$384 ;
-  wire \last_out$401 ;
-  wire \last_out$434 ;
-  wire \last_out$45 ;
-  wire \last_out$451 ;
-  wire \last_out$468 ;
-  wire \last_out$485 ;
-  wire \last_out$502 ;
-  wire \last_out$519 ;
-  wire \last_out$536 ;
-  wire \last_out$569 ;
-  wire \last_out$586 ;
-  wire \last_out$603 ;
-  wire \last_out$62 ;
-  wire \last_out$620 ;
-  wire \last_out$637 ;
-  wire \last_out$654 ;
-  wire \last_out$671 ;
-  wire \last_out$704 ;
-  wire \last_out$721 ;
-  wire \last_out$738 ;
-  wire \last_out$755 ;
-  wire \last_out$772 ;
-  wire \last_out$789 ;
-  wire \last_out$79 ;
-  wire \last_out$806 ;
-  wire \last_out$839 ;
-  wire \last_out$856 ;
-  wire \last_out$873 ;
-  wire \last_out$890 ;
-  wire \last_out$907 ;
-  wire \last_out$924 ;
-  wire \last_out$941 ;
-  wire \last_out$96 ;
-  wire \last_out$974 ;
-  wire \last_out$991 ;
+  wire \last_out$1010 ;
+  wire \last_out$1027 ;
+  wire \last_out$1044 ;
+  wire \last_out$1061 ;
+  wire \last_out$1078 ;
+  wire \last_out$115 ;
+  wire \last_out$132 ;
+  wire \last_out$166 ;
+  wire \last_out$183 ;
+  wire \last_out$200 ;
+  wire \last_out$217 ;
+  wire \last_out$234 ;
+  wire \last_out$251 ;
+  wire \last_out$268 ;
+  wire \last_out$301 ;
+  wire \last_out$318 ;
+  wire \last_out$335 ;
+  wire \last_out$352 ;
+  wire \last_out$369 ;
+  wire \last_out$386 ;
+  wire \last_out$403 ;
+  wire \last_out$436 ;
+  wire \last_out$453 ;
+  wire \last_out$47 ;
+  wire \last_out$470 ;
+  wire \last_out$487 ;
+  wire \last_out$504 ;
+  wire \last_out$521 ;
+  wire \last_out$538 ;
+  wire \last_out$571 ;
+  wire \last_out$588 ;
+  wire \last_out$605 ;
+  wire \last_out$622 ;
+  wire \last_out$639 ;
+  wire \last_out$64 ;
+  wire \last_out$656 ;
+  wire \last_out$673 ;
+  wire \last_out$706 ;
+  wire \last_out$723 ;
+  wire \last_out$740 ;
+  wire \last_out$757 ;
+  wire \last_out$774 ;
+  wire \last_out$791 ;
+  wire \last_out$808 ;
+  wire \last_out$81 ;
+  wire \last_out$841 ;
+  wire \last_out$858 ;
+  wire \last_out$875 ;
+  wire \last_out$892 ;
+  wire \last_out$909 ;
+  wire \last_out$926 ;
+  wire \last_out$943 ;
+  wire \last_out$976 ;
+  wire \last_out$98 ;
+  wire \last_out$993 ;
   output [255:0] out;
   wire [255:0] out;
   wire [31:0] \out[0] ;
@@ -10391,125 +10384,125 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   wire [15:0] \prod$966 ;
   wire [15:0] \prod$983 ;
   wire [31:0] res;
-  wire [31:0] \res$1010 ;
-  wire [31:0] \res$1027 ;
-  wire [31:0] \res$1044 ;
-  wire [31:0] \res$1061 ;
-  wire [31:0] \res$1078 ;
+  wire [31:0] \res$1003 ;
+  wire [31:0] \res$1020 ;
+  wire [31:0] \res$1037 ;
+  wire [31:0] \res$1054 ;
+  wire [31:0] \res$1071 ;
+  wire [31:0] \res$108 ;
   wire [31:0] \res$1081 ;
-  wire [31:0] \res$115 ;
-  wire [31:0] \res$132 ;
+  wire [31:0] \res$125 ;
   wire [31:0] \res$136 ;
-  wire [31:0] \res$166 ;
-  wire [31:0] \res$183 ;
-  wire [31:0] \res$200 ;
-  wire [31:0] \res$217 ;
-  wire [31:0] \res$234 ;
-  wire [31:0] \res$251 ;
-  wire [31:0] \res$268 ;
+  wire [31:0] \res$159 ;
+  wire [31:0] \res$176 ;
+  wire [31:0] \res$193 ;
+  wire [31:0] \res$210 ;
+  wire [31:0] \res$227 ;
+  wire [31:0] \res$244 ;
+  wire [31:0] \res$261 ;
   wire [31:0] \res$271 ;
-  wire [31:0] \res$301 ;
-  wire [31:0] \res$318 ;
-  wire [31:0] \res$335 ;
-  wire [31:0] \res$352 ;
-  wire [31:0] \res$369 ;
-  wire [31:0] \res$386 ;
-  wire [31:0] \res$403 ;
+  wire [31:0] \res$294 ;
+  wire [31:0] \res$311 ;
+  wire [31:0] \res$328 ;
+  wire [31:0] \res$345 ;
+  wire [31:0] \res$362 ;
+  wire [31:0] \res$379 ;
+  wire [31:0] \res$396 ;
+  wire [31:0] \res$40 ;
   wire [31:0] \res$406 ;
-  wire [31:0] \res$436 ;
-  wire [31:0] \res$453 ;
-  wire [31:0] \res$47 ;
-  wire [31:0] \res$470 ;
-  wire [31:0] \res$487 ;
-  wire [31:0] \res$504 ;
-  wire [31:0] \res$521 ;
-  wire [31:0] \res$538 ;
+  wire [31:0] \res$429 ;
+  wire [31:0] \res$446 ;
+  wire [31:0] \res$463 ;
+  wire [31:0] \res$480 ;
+  wire [31:0] \res$497 ;
+  wire [31:0] \res$514 ;
+  wire [31:0] \res$531 ;
   wire [31:0] \res$541 ;
-  wire [31:0] \res$571 ;
-  wire [31:0] \res$588 ;
-  wire [31:0] \res$605 ;
-  wire [31:0] \res$622 ;
-  wire [31:0] \res$639 ;
-  wire [31:0] \res$64 ;
-  wire [31:0] \res$656 ;
-  wire [31:0] \res$673 ;
+  wire [31:0] \res$564 ;
+  wire [31:0] \res$57 ;
+  wire [31:0] \res$581 ;
+  wire [31:0] \res$598 ;
+  wire [31:0] \res$615 ;
+  wire [31:0] \res$632 ;
+  wire [31:0] \res$649 ;
+  wire [31:0] \res$666 ;
   wire [31:0] \res$676 ;
-  wire [31:0] \res$706 ;
-  wire [31:0] \res$723 ;
-  wire [31:0] \res$740 ;
-  wire [31:0] \res$757 ;
-  wire [31:0] \res$774 ;
-  wire [31:0] \res$791 ;
-  wire [31:0] \res$808 ;
-  wire [31:0] \res$81 ;
+  wire [31:0] \res$699 ;
+  wire [31:0] \res$716 ;
+  wire [31:0] \res$733 ;
+  wire [31:0] \res$74 ;
+  wire [31:0] \res$750 ;
+  wire [31:0] \res$767 ;
+  wire [31:0] \res$784 ;
+  wire [31:0] \res$801 ;
   wire [31:0] \res$811 ;
-  wire [31:0] \res$841 ;
-  wire [31:0] \res$858 ;
-  wire [31:0] \res$875 ;
-  wire [31:0] \res$892 ;
-  wire [31:0] \res$909 ;
-  wire [31:0] \res$926 ;
-  wire [31:0] \res$943 ;
+  wire [31:0] \res$834 ;
+  wire [31:0] \res$851 ;
+  wire [31:0] \res$868 ;
+  wire [31:0] \res$885 ;
+  wire [31:0] \res$902 ;
+  wire [31:0] \res$91 ;
+  wire [31:0] \res$919 ;
+  wire [31:0] \res$936 ;
   wire [31:0] \res$946 ;
-  wire [31:0] \res$976 ;
-  wire [31:0] \res$98 ;
-  wire [31:0] \res$993 ;
+  wire [31:0] \res$969 ;
+  wire [31:0] \res$986 ;
   wire [31:0] res_in;
-  wire [31:0] \res_in$1009 ;
-  wire [31:0] \res_in$1026 ;
-  wire [31:0] \res_in$1043 ;
-  wire [31:0] \res_in$1060 ;
-  wire [31:0] \res_in$1077 ;
-  wire [31:0] \res_in$114 ;
-  wire [31:0] \res_in$131 ;
-  wire [31:0] \res_in$165 ;
-  wire [31:0] \res_in$182 ;
-  wire [31:0] \res_in$199 ;
-  wire [31:0] \res_in$216 ;
-  wire [31:0] \res_in$233 ;
-  wire [31:0] \res_in$250 ;
-  wire [31:0] \res_in$267 ;
-  wire [31:0] \res_in$300 ;
-  wire [31:0] \res_in$317 ;
-  wire [31:0] \res_in$334 ;
-  wire [31:0] \res_in$351 ;
-  wire [31:0] \res_in$368 ;
-  wire [31:0] \res_in$385 ;
-  wire [31:0] \res_in$402 ;
-  wire [31:0] \res_in$435 ;
-  wire [31:0] \res_in$452 ;
-  wire [31:0] \res_in$46 ;
-  wire [31:0] \res_in$469 ;
-  wire [31:0] \res_in$486 ;
-  wire [31:0] \res_in$503 ;
-  wire [31:0] \res_in$520 ;
-  wire [31:0] \res_in$537 ;
-  wire [31:0] \res_in$570 ;
-  wire [31:0] \res_in$587 ;
-  wire [31:0] \res_in$604 ;
-  wire [31:0] \res_in$621 ;
-  wire [31:0] \res_in$63 ;
-  wire [31:0] \res_in$638 ;
-  wire [31:0] \res_in$655 ;
-  wire [31:0] \res_in$672 ;
-  wire [31:0] \res_in$705 ;
-  wire [31:0] \res_in$722 ;
-  wire [31:0] \res_in$739 ;
-  wire [31:0] \res_in$756 ;
-  wire [31:0] \res_in$773 ;
-  wire [31:0] \res_in$790 ;
-  wire [31:0] \res_in$80 ;
-  wire [31:0] \res_in$807 ;
-  wire [31:0] \res_in$840 ;
-  wire [31:0] \res_in$857 ;
-  wire [31:0] \res_in$874 ;
-  wire [31:0] \res_in$891 ;
-  wire [31:0] \res_in$908 ;
-  wire [31:0] \res_in$925 ;
-  wire [31:0] \res_in$942 ;
-  wire [31:0] \res_in$97 ;
-  wire [31:0] \res_in$975 ;
-  wire [31:0] \res_in$992 ;
+  wire [31:0] \res_in$1002 ;
+  wire [31:0] \res_in$1019 ;
+  wire [31:0] \res_in$1036 ;
+  wire [31:0] \res_in$1053 ;
+  wire [31:0] \res_in$107 ;
+  wire [31:0] \res_in$1070 ;
+  wire [31:0] \res_in$124 ;
+  wire [31:0] \res_in$158 ;
+  wire [31:0] \res_in$175 ;
+  wire [31:0] \res_in$192 ;
+  wire [31:0] \res_in$209 ;
+  wire [31:0] \res_in$226 ;
+  wire [31:0] \res_in$243 ;
+  wire [31:0] \res_in$260 ;
+  wire [31:0] \res_in$293 ;
+  wire [31:0] \res_in$310 ;
+  wire [31:0] \res_in$327 ;
+  wire [31:0] \res_in$344 ;
+  wire [31:0] \res_in$361 ;
+  wire [31:0] \res_in$378 ;
+  wire [31:0] \res_in$39 ;
+  wire [31:0] \res_in$395 ;
+  wire [31:0] \res_in$428 ;
+  wire [31:0] \res_in$445 ;
+  wire [31:0] \res_in$462 ;
+  wire [31:0] \res_in$479 ;
+  wire [31:0] \res_in$496 ;
+  wire [31:0] \res_in$513 ;
+  wire [31:0] \res_in$530 ;
+  wire [31:0] \res_in$56 ;
+  wire [31:0] \res_in$563 ;
+  wire [31:0] \res_in$580 ;
+  wire [31:0] \res_in$597 ;
+  wire [31:0] \res_in$614 ;
+  wire [31:0] \res_in$631 ;
+  wire [31:0] \res_in$648 ;
+  wire [31:0] \res_in$665 ;
+  wire [31:0] \res_in$698 ;
+  wire [31:0] \res_in$715 ;
+  wire [31:0] \res_in$73 ;
+  wire [31:0] \res_in$732 ;
+  wire [31:0] \res_in$749 ;
+  wire [31:0] \res_in$766 ;
+  wire [31:0] \res_in$783 ;
+  wire [31:0] \res_in$800 ;
+  wire [31:0] \res_in$833 ;
+  wire [31:0] \res_in$850 ;
+  wire [31:0] \res_in$867 ;
+  wire [31:0] \res_in$884 ;
+  wire [31:0] \res_in$90 ;
+  wire [31:0] \res_in$901 ;
+  wire [31:0] \res_in$918 ;
+  wire [31:0] \res_in$935 ;
+  wire [31:0] \res_in$968 ;
+  wire [31:0] \res_in$985 ;
   input rst;
   wire rst;
   input shift;
@@ -10616,125 +10609,125 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   wire valid7_d6;
   input valid_in;
   wire valid_in;
-  wire \valid_in$1003 ;
-  wire \valid_in$1020 ;
-  wire \valid_in$1037 ;
-  wire \valid_in$1054 ;
-  wire \valid_in$1071 ;
-  wire \valid_in$108 ;
-  wire \valid_in$125 ;
+  wire \valid_in$1005 ;
+  wire \valid_in$1022 ;
+  wire \valid_in$1039 ;
+  wire \valid_in$1056 ;
+  wire \valid_in$1073 ;
+  wire \valid_in$110 ;
+  wire \valid_in$127 ;
   reg \valid_in$144  = 1'h0;
-  wire \valid_in$159 ;
-  wire \valid_in$176 ;
-  wire \valid_in$193 ;
-  wire \valid_in$210 ;
-  wire \valid_in$227 ;
-  wire \valid_in$23 ;
-  wire \valid_in$244 ;
-  wire \valid_in$261 ;
+  wire \valid_in$161 ;
+  wire \valid_in$178 ;
+  wire \valid_in$195 ;
+  wire \valid_in$212 ;
+  wire \valid_in$229 ;
+  wire \valid_in$246 ;
+  wire \valid_in$25 ;
+  wire \valid_in$263 ;
   reg \valid_in$279  = 1'h0;
-  wire \valid_in$294 ;
-  wire \valid_in$311 ;
-  wire \valid_in$328 ;
-  wire \valid_in$345 ;
-  wire \valid_in$362 ;
-  wire \valid_in$379 ;
-  wire \valid_in$396 ;
-  wire \valid_in$40 ;
+  wire \valid_in$296 ;
+  wire \valid_in$313 ;
+  wire \valid_in$330 ;
+  wire \valid_in$347 ;
+  wire \valid_in$364 ;
+  wire \valid_in$381 ;
+  wire \valid_in$398 ;
   reg \valid_in$414  = 1'h0;
-  wire \valid_in$429 ;
-  wire \valid_in$446 ;
-  wire \valid_in$463 ;
-  wire \valid_in$480 ;
-  wire \valid_in$497 ;
-  wire \valid_in$514 ;
-  wire \valid_in$531 ;
+  wire \valid_in$42 ;
+  wire \valid_in$431 ;
+  wire \valid_in$448 ;
+  wire \valid_in$465 ;
+  wire \valid_in$482 ;
+  wire \valid_in$499 ;
+  wire \valid_in$516 ;
+  wire \valid_in$533 ;
   reg \valid_in$549  = 1'h0;
-  wire \valid_in$564 ;
-  wire \valid_in$57 ;
-  wire \valid_in$581 ;
-  wire \valid_in$598 ;
-  wire \valid_in$615 ;
-  wire \valid_in$632 ;
-  wire \valid_in$649 ;
-  wire \valid_in$666 ;
+  wire \valid_in$566 ;
+  wire \valid_in$583 ;
+  wire \valid_in$59 ;
+  wire \valid_in$600 ;
+  wire \valid_in$617 ;
+  wire \valid_in$634 ;
+  wire \valid_in$651 ;
+  wire \valid_in$668 ;
   reg \valid_in$684  = 1'h0;
-  wire \valid_in$699 ;
-  wire \valid_in$716 ;
-  wire \valid_in$733 ;
-  wire \valid_in$74 ;
-  wire \valid_in$750 ;
-  wire \valid_in$767 ;
-  wire \valid_in$784 ;
-  wire \valid_in$801 ;
+  wire \valid_in$701 ;
+  wire \valid_in$718 ;
+  wire \valid_in$735 ;
+  wire \valid_in$752 ;
+  wire \valid_in$76 ;
+  wire \valid_in$769 ;
+  wire \valid_in$786 ;
+  wire \valid_in$803 ;
   reg \valid_in$819  = 1'h0;
-  wire \valid_in$834 ;
-  wire \valid_in$851 ;
-  wire \valid_in$868 ;
-  wire \valid_in$885 ;
-  wire \valid_in$902 ;
-  wire \valid_in$91 ;
-  wire \valid_in$919 ;
-  wire \valid_in$936 ;
+  wire \valid_in$836 ;
+  wire \valid_in$853 ;
+  wire \valid_in$870 ;
+  wire \valid_in$887 ;
+  wire \valid_in$904 ;
+  wire \valid_in$921 ;
+  wire \valid_in$93 ;
+  wire \valid_in$938 ;
   reg \valid_in$954  = 1'h0;
-  wire \valid_in$969 ;
-  wire \valid_in$986 ;
+  wire \valid_in$971 ;
+  wire \valid_in$988 ;
   wire valid_out;
-  wire \valid_out$1004 ;
-  wire \valid_out$1021 ;
-  wire \valid_out$1038 ;
-  wire \valid_out$1055 ;
-  wire \valid_out$1072 ;
-  wire \valid_out$109 ;
-  wire \valid_out$126 ;
-  wire \valid_out$160 ;
-  wire \valid_out$177 ;
-  wire \valid_out$194 ;
-  wire \valid_out$211 ;
-  wire \valid_out$228 ;
-  wire \valid_out$245 ;
-  wire \valid_out$262 ;
-  wire \valid_out$295 ;
-  wire \valid_out$312 ;
-  wire \valid_out$329 ;
-  wire \valid_out$346 ;
-  wire \valid_out$363 ;
-  wire \valid_out$380 ;
-  wire \valid_out$397 ;
-  wire \valid_out$41 ;
-  wire \valid_out$430 ;
-  wire \valid_out$447 ;
-  wire \valid_out$464 ;
-  wire \valid_out$481 ;
-  wire \valid_out$498 ;
-  wire \valid_out$515 ;
-  wire \valid_out$532 ;
-  wire \valid_out$565 ;
-  wire \valid_out$58 ;
-  wire \valid_out$582 ;
-  wire \valid_out$599 ;
-  wire \valid_out$616 ;
-  wire \valid_out$633 ;
-  wire \valid_out$650 ;
-  wire \valid_out$667 ;
-  wire \valid_out$700 ;
-  wire \valid_out$717 ;
-  wire \valid_out$734 ;
-  wire \valid_out$75 ;
-  wire \valid_out$751 ;
-  wire \valid_out$768 ;
-  wire \valid_out$785 ;
-  wire \valid_out$802 ;
-  wire \valid_out$835 ;
-  wire \valid_out$852 ;
-  wire \valid_out$869 ;
-  wire \valid_out$886 ;
-  wire \valid_out$903 ;
-  wire \valid_out$92 ;
-  wire \valid_out$920 ;
-  wire \valid_out$937 ;
-  wire \valid_out$970 ;
-  wire \valid_out$987 ;
+  wire \valid_out$1006 ;
+  wire \valid_out$1023 ;
+  wire \valid_out$1040 ;
+  wire \valid_out$1057 ;
+  wire \valid_out$1074 ;
+  wire \valid_out$111 ;
+  wire \valid_out$128 ;
+  wire \valid_out$162 ;
+  wire \valid_out$179 ;
+  wire \valid_out$196 ;
+  wire \valid_out$213 ;
+  wire \valid_out$230 ;
+  wire \valid_out$247 ;
+  wire \valid_out$264 ;
+  wire \valid_out$297 ;
+  wire \valid_out$314 ;
+  wire \valid_out$331 ;
+  wire \valid_out$348 ;
+  wire \valid_out$365 ;
+  wire \valid_out$382 ;
+  wire \valid_out$399 ;
+  wire \valid_out$43 ;
+  wire \valid_out$432 ;
+  wire \valid_out$449 ;
+  wire \valid_out$466 ;
+  wire \valid_out$483 ;
+  wire \valid_out$500 ;
+  wire \valid_out$517 ;
+  wire \valid_out$534 ;
+  wire \valid_out$567 ;
+  wire \valid_out$584 ;
+  wire \valid_out$60 ;
+  wire \valid_out$601 ;
+  wire \valid_out$618 ;
+  wire \valid_out$635 ;
+  wire \valid_out$652 ;
+  wire \valid_out$669 ;
+  wire \valid_out$702 ;
+  wire \valid_out$719 ;
+  wire \valid_out$736 ;
+  wire \valid_out$753 ;
+  wire \valid_out$77 ;
+  wire \valid_out$770 ;
+  wire \valid_out$787 ;
+  wire \valid_out$804 ;
+  wire \valid_out$837 ;
+  wire \valid_out$854 ;
+  wire \valid_out$871 ;
+  wire \valid_out$888 ;
+  wire \valid_out$905 ;
+  wire \valid_out$922 ;
+  wire \valid_out$939 ;
+  wire \valid_out$94 ;
+  wire \valid_out$972 ;
+  wire \valid_out$989 ;
   always @(posedge clk)
     b__1 <= \$1 ;
   always @(posedge clk)
@@ -11218,16 +11211,16 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_out(b__8),
     .clk(clk),
     .first_in(first_in),
-    .first_out(\first_in$25 ),
+    .first_out(\first_in$27 ),
     .last_in(last_in),
-    .last_out(\last_in$27 ),
+    .last_out(\last_in$29 ),
     .prod(prod),
     .res(\res$136 ),
     .res_in(res_in),
     .rst(rst),
     .shift(shift),
     .valid_in(valid_in),
-    .valid_out(\valid_in$23 )
+    .valid_out(\valid_in$25 )
   );
   \nanokpu_gemm.array.pe_0_1  pe_0_1 (
     .a_in(a__1),
@@ -11235,17 +11228,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__1),
     .b_out(b__9),
     .clk(clk),
-    .first_in(\first_in$25 ),
-    .first_out(\first_in$42 ),
-    .last_in(\last_in$27 ),
-    .last_out(\last_in$44 ),
+    .first_in(\first_in$27 ),
+    .first_out(\first_in$44 ),
+    .last_in(\last_in$29 ),
+    .last_out(\last_in$46 ),
     .prod(\prod$20 ),
     .res(res_in),
-    .res_in(\res_in$46 ),
+    .res_in(\res_in$39 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$23 ),
-    .valid_out(\valid_in$40 )
+    .valid_in(\valid_in$25 ),
+    .valid_out(\valid_in$42 )
   );
   \nanokpu_gemm.array.pe_0_2  pe_0_2 (
     .a_in(a__2),
@@ -11253,17 +11246,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__2),
     .b_out(b__10),
     .clk(clk),
-    .first_in(\first_in$42 ),
-    .first_out(\first_in$59 ),
-    .last_in(\last_in$44 ),
-    .last_out(\last_in$61 ),
+    .first_in(\first_in$44 ),
+    .first_out(\first_in$61 ),
+    .last_in(\last_in$46 ),
+    .last_out(\last_in$63 ),
     .prod(\prod$37 ),
-    .res(\res_in$46 ),
-    .res_in(\res_in$63 ),
+    .res(\res_in$39 ),
+    .res_in(\res_in$56 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$40 ),
-    .valid_out(\valid_in$57 )
+    .valid_in(\valid_in$42 ),
+    .valid_out(\valid_in$59 )
   );
   \nanokpu_gemm.array.pe_0_3  pe_0_3 (
     .a_in(a__3),
@@ -11271,17 +11264,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__3),
     .b_out(b__11),
     .clk(clk),
-    .first_in(\first_in$59 ),
-    .first_out(\first_in$76 ),
-    .last_in(\last_in$61 ),
-    .last_out(\last_in$78 ),
+    .first_in(\first_in$61 ),
+    .first_out(\first_in$78 ),
+    .last_in(\last_in$63 ),
+    .last_out(\last_in$80 ),
     .prod(\prod$54 ),
-    .res(\res_in$63 ),
-    .res_in(\res_in$80 ),
+    .res(\res_in$56 ),
+    .res_in(\res_in$73 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$57 ),
-    .valid_out(\valid_in$74 )
+    .valid_in(\valid_in$59 ),
+    .valid_out(\valid_in$76 )
   );
   \nanokpu_gemm.array.pe_0_4  pe_0_4 (
     .a_in(a__4),
@@ -11289,17 +11282,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__4),
     .b_out(b__12),
     .clk(clk),
-    .first_in(\first_in$76 ),
-    .first_out(\first_in$93 ),
-    .last_in(\last_in$78 ),
-    .last_out(\last_in$95 ),
+    .first_in(\first_in$78 ),
+    .first_out(\first_in$95 ),
+    .last_in(\last_in$80 ),
+    .last_out(\last_in$97 ),
     .prod(\prod$71 ),
-    .res(\res_in$80 ),
-    .res_in(\res_in$97 ),
+    .res(\res_in$73 ),
+    .res_in(\res_in$90 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$74 ),
-    .valid_out(\valid_in$91 )
+    .valid_in(\valid_in$76 ),
+    .valid_out(\valid_in$93 )
   );
   \nanokpu_gemm.array.pe_0_5  pe_0_5 (
     .a_in(a__5),
@@ -11307,17 +11300,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__5),
     .b_out(b__13),
     .clk(clk),
-    .first_in(\first_in$93 ),
-    .first_out(\first_in$110 ),
-    .last_in(\last_in$95 ),
-    .last_out(\last_in$112 ),
+    .first_in(\first_in$95 ),
+    .first_out(\first_in$112 ),
+    .last_in(\last_in$97 ),
+    .last_out(\last_in$114 ),
     .prod(\prod$88 ),
-    .res(\res_in$97 ),
-    .res_in(\res_in$114 ),
+    .res(\res_in$90 ),
+    .res_in(\res_in$107 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$91 ),
-    .valid_out(\valid_in$108 )
+    .valid_in(\valid_in$93 ),
+    .valid_out(\valid_in$110 )
   );
   \nanokpu_gemm.array.pe_0_6  pe_0_6 (
     .a_in(a__6),
@@ -11325,30 +11318,30 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__6),
     .b_out(b__14),
     .clk(clk),
-    .first_in(\first_in$110 ),
-    .first_out(\first_in$127 ),
-    .last_in(\last_in$112 ),
-    .last_out(\last_in$129 ),
+    .first_in(\first_in$112 ),
+    .first_out(\first_in$129 ),
+    .last_in(\last_in$114 ),
+    .last_out(\last_in$131 ),
     .prod(\prod$105 ),
-    .res(\res_in$114 ),
-    .res_in(\res_in$131 ),
+    .res(\res_in$107 ),
+    .res_in(\res_in$124 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$108 ),
-    .valid_out(\valid_in$125 )
+    .valid_in(\valid_in$110 ),
+    .valid_out(\valid_in$127 )
   );
   \nanokpu_gemm.array.pe_0_7  pe_0_7 (
     .a_in(a__7),
     .b_in(b__7),
     .b_out(b__15),
     .clk(clk),
-    .first_in(\first_in$127 ),
-    .last_in(\last_in$129 ),
+    .first_in(\first_in$129 ),
+    .last_in(\last_in$131 ),
     .prod(\prod$122 ),
-    .res(\res_in$131 ),
+    .res(\res_in$124 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$125 )
+    .valid_in(\valid_in$127 )
   );
   \nanokpu_gemm.array.pe_1_0  pe_1_0 (
     .a_in(a__8),
@@ -11357,16 +11350,16 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_out(b__16),
     .clk(clk),
     .first_in(\first_in$146 ),
-    .first_out(\first_in$161 ),
+    .first_out(\first_in$163 ),
     .last_in(\last_in$148 ),
-    .last_out(\last_in$163 ),
+    .last_out(\last_in$165 ),
     .prod(\prod$141 ),
     .res(\res$271 ),
-    .res_in(\res_in$165 ),
+    .res_in(\res_in$158 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$144 ),
-    .valid_out(\valid_in$159 )
+    .valid_out(\valid_in$161 )
   );
   \nanokpu_gemm.array.pe_1_1  pe_1_1 (
     .a_in(a__9),
@@ -11374,17 +11367,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__9),
     .b_out(b__17),
     .clk(clk),
-    .first_in(\first_in$161 ),
-    .first_out(\first_in$178 ),
-    .last_in(\last_in$163 ),
-    .last_out(\last_in$180 ),
+    .first_in(\first_in$163 ),
+    .first_out(\first_in$180 ),
+    .last_in(\last_in$165 ),
+    .last_out(\last_in$182 ),
     .prod(\prod$156 ),
-    .res(\res_in$165 ),
-    .res_in(\res_in$182 ),
+    .res(\res_in$158 ),
+    .res_in(\res_in$175 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$159 ),
-    .valid_out(\valid_in$176 )
+    .valid_in(\valid_in$161 ),
+    .valid_out(\valid_in$178 )
   );
   \nanokpu_gemm.array.pe_1_2  pe_1_2 (
     .a_in(a__10),
@@ -11392,17 +11385,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__10),
     .b_out(b__18),
     .clk(clk),
-    .first_in(\first_in$178 ),
-    .first_out(\first_in$195 ),
-    .last_in(\last_in$180 ),
-    .last_out(\last_in$197 ),
+    .first_in(\first_in$180 ),
+    .first_out(\first_in$197 ),
+    .last_in(\last_in$182 ),
+    .last_out(\last_in$199 ),
     .prod(\prod$173 ),
-    .res(\res_in$182 ),
-    .res_in(\res_in$199 ),
+    .res(\res_in$175 ),
+    .res_in(\res_in$192 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$176 ),
-    .valid_out(\valid_in$193 )
+    .valid_in(\valid_in$178 ),
+    .valid_out(\valid_in$195 )
   );
   \nanokpu_gemm.array.pe_1_3  pe_1_3 (
     .a_in(a__11),
@@ -11410,17 +11403,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__11),
     .b_out(b__19),
     .clk(clk),
-    .first_in(\first_in$195 ),
-    .first_out(\first_in$212 ),
-    .last_in(\last_in$197 ),
-    .last_out(\last_in$214 ),
+    .first_in(\first_in$197 ),
+    .first_out(\first_in$214 ),
+    .last_in(\last_in$199 ),
+    .last_out(\last_in$216 ),
     .prod(\prod$190 ),
-    .res(\res_in$199 ),
-    .res_in(\res_in$216 ),
+    .res(\res_in$192 ),
+    .res_in(\res_in$209 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$193 ),
-    .valid_out(\valid_in$210 )
+    .valid_in(\valid_in$195 ),
+    .valid_out(\valid_in$212 )
   );
   \nanokpu_gemm.array.pe_1_4  pe_1_4 (
     .a_in(a__12),
@@ -11428,17 +11421,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__12),
     .b_out(b__20),
     .clk(clk),
-    .first_in(\first_in$212 ),
-    .first_out(\first_in$229 ),
-    .last_in(\last_in$214 ),
-    .last_out(\last_in$231 ),
+    .first_in(\first_in$214 ),
+    .first_out(\first_in$231 ),
+    .last_in(\last_in$216 ),
+    .last_out(\last_in$233 ),
     .prod(\prod$207 ),
-    .res(\res_in$216 ),
-    .res_in(\res_in$233 ),
+    .res(\res_in$209 ),
+    .res_in(\res_in$226 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$210 ),
-    .valid_out(\valid_in$227 )
+    .valid_in(\valid_in$212 ),
+    .valid_out(\valid_in$229 )
   );
   \nanokpu_gemm.array.pe_1_5  pe_1_5 (
     .a_in(a__13),
@@ -11446,17 +11439,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__13),
     .b_out(b__21),
     .clk(clk),
-    .first_in(\first_in$229 ),
-    .first_out(\first_in$246 ),
-    .last_in(\last_in$231 ),
-    .last_out(\last_in$248 ),
+    .first_in(\first_in$231 ),
+    .first_out(\first_in$248 ),
+    .last_in(\last_in$233 ),
+    .last_out(\last_in$250 ),
     .prod(\prod$224 ),
-    .res(\res_in$233 ),
-    .res_in(\res_in$250 ),
+    .res(\res_in$226 ),
+    .res_in(\res_in$243 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$227 ),
-    .valid_out(\valid_in$244 )
+    .valid_in(\valid_in$229 ),
+    .valid_out(\valid_in$246 )
   );
   \nanokpu_gemm.array.pe_1_6  pe_1_6 (
     .a_in(a__14),
@@ -11464,30 +11457,30 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__14),
     .b_out(b__22),
     .clk(clk),
-    .first_in(\first_in$246 ),
-    .first_out(\first_in$263 ),
-    .last_in(\last_in$248 ),
-    .last_out(\last_in$265 ),
+    .first_in(\first_in$248 ),
+    .first_out(\first_in$265 ),
+    .last_in(\last_in$250 ),
+    .last_out(\last_in$267 ),
     .prod(\prod$241 ),
-    .res(\res_in$250 ),
-    .res_in(\res_in$267 ),
+    .res(\res_in$243 ),
+    .res_in(\res_in$260 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$244 ),
-    .valid_out(\valid_in$261 )
+    .valid_in(\valid_in$246 ),
+    .valid_out(\valid_in$263 )
   );
   \nanokpu_gemm.array.pe_1_7  pe_1_7 (
     .a_in(a__15),
     .b_in(b__15),
     .b_out(b__23),
     .clk(clk),
-    .first_in(\first_in$263 ),
-    .last_in(\last_in$265 ),
+    .first_in(\first_in$265 ),
+    .last_in(\last_in$267 ),
     .prod(\prod$258 ),
-    .res(\res_in$267 ),
+    .res(\res_in$260 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$261 )
+    .valid_in(\valid_in$263 )
   );
   \nanokpu_gemm.array.pe_2_0  pe_2_0 (
     .a_in(a__16),
@@ -11496,16 +11489,16 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_out(b__24),
     .clk(clk),
     .first_in(\first_in$281 ),
-    .first_out(\first_in$296 ),
+    .first_out(\first_in$298 ),
     .last_in(\last_in$283 ),
-    .last_out(\last_in$298 ),
+    .last_out(\last_in$300 ),
     .prod(\prod$276 ),
     .res(\res$406 ),
-    .res_in(\res_in$300 ),
+    .res_in(\res_in$293 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$279 ),
-    .valid_out(\valid_in$294 )
+    .valid_out(\valid_in$296 )
   );
   \nanokpu_gemm.array.pe_2_1  pe_2_1 (
     .a_in(a__17),
@@ -11513,17 +11506,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__17),
     .b_out(b__25),
     .clk(clk),
-    .first_in(\first_in$296 ),
-    .first_out(\first_in$313 ),
-    .last_in(\last_in$298 ),
-    .last_out(\last_in$315 ),
+    .first_in(\first_in$298 ),
+    .first_out(\first_in$315 ),
+    .last_in(\last_in$300 ),
+    .last_out(\last_in$317 ),
     .prod(\prod$291 ),
-    .res(\res_in$300 ),
-    .res_in(\res_in$317 ),
+    .res(\res_in$293 ),
+    .res_in(\res_in$310 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$294 ),
-    .valid_out(\valid_in$311 )
+    .valid_in(\valid_in$296 ),
+    .valid_out(\valid_in$313 )
   );
   \nanokpu_gemm.array.pe_2_2  pe_2_2 (
     .a_in(a__18),
@@ -11531,17 +11524,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__18),
     .b_out(b__26),
     .clk(clk),
-    .first_in(\first_in$313 ),
-    .first_out(\first_in$330 ),
-    .last_in(\last_in$315 ),
-    .last_out(\last_in$332 ),
+    .first_in(\first_in$315 ),
+    .first_out(\first_in$332 ),
+    .last_in(\last_in$317 ),
+    .last_out(\last_in$334 ),
     .prod(\prod$308 ),
-    .res(\res_in$317 ),
-    .res_in(\res_in$334 ),
+    .res(\res_in$310 ),
+    .res_in(\res_in$327 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$311 ),
-    .valid_out(\valid_in$328 )
+    .valid_in(\valid_in$313 ),
+    .valid_out(\valid_in$330 )
   );
   \nanokpu_gemm.array.pe_2_3  pe_2_3 (
     .a_in(a__19),
@@ -11549,17 +11542,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__19),
     .b_out(b__27),
     .clk(clk),
-    .first_in(\first_in$330 ),
-    .first_out(\first_in$347 ),
-    .last_in(\last_in$332 ),
-    .last_out(\last_in$349 ),
+    .first_in(\first_in$332 ),
+    .first_out(\first_in$349 ),
+    .last_in(\last_in$334 ),
+    .last_out(\last_in$351 ),
     .prod(\prod$325 ),
-    .res(\res_in$334 ),
-    .res_in(\res_in$351 ),
+    .res(\res_in$327 ),
+    .res_in(\res_in$344 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$328 ),
-    .valid_out(\valid_in$345 )
+    .valid_in(\valid_in$330 ),
+    .valid_out(\valid_in$347 )
   );
   \nanokpu_gemm.array.pe_2_4  pe_2_4 (
     .a_in(a__20),
@@ -11567,17 +11560,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__20),
     .b_out(b__28),
     .clk(clk),
-    .first_in(\first_in$347 ),
-    .first_out(\first_in$364 ),
-    .last_in(\last_in$349 ),
-    .last_out(\last_in$366 ),
+    .first_in(\first_in$349 ),
+    .first_out(\first_in$366 ),
+    .last_in(\last_in$351 ),
+    .last_out(\last_in$368 ),
     .prod(\prod$342 ),
-    .res(\res_in$351 ),
-    .res_in(\res_in$368 ),
+    .res(\res_in$344 ),
+    .res_in(\res_in$361 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$345 ),
-    .valid_out(\valid_in$362 )
+    .valid_in(\valid_in$347 ),
+    .valid_out(\valid_in$364 )
   );
   \nanokpu_gemm.array.pe_2_5  pe_2_5 (
     .a_in(a__21),
@@ -11585,17 +11578,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__21),
     .b_out(b__29),
     .clk(clk),
-    .first_in(\first_in$364 ),
-    .first_out(\first_in$381 ),
-    .last_in(\last_in$366 ),
-    .last_out(\last_in$383 ),
+    .first_in(\first_in$366 ),
+    .first_out(\first_in$383 ),
+    .last_in(\last_in$368 ),
+    .last_out(\last_in$385 ),
     .prod(\prod$359 ),
-    .res(\res_in$368 ),
-    .res_in(\res_in$385 ),
+    .res(\res_in$361 ),
+    .res_in(\res_in$378 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$362 ),
-    .valid_out(\valid_in$379 )
+    .valid_in(\valid_in$364 ),
+    .valid_out(\valid_in$381 )
   );
   \nanokpu_gemm.array.pe_2_6  pe_2_6 (
     .a_in(a__22),
@@ -11603,30 +11596,30 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__22),
     .b_out(b__30),
     .clk(clk),
-    .first_in(\first_in$381 ),
-    .first_out(\first_in$398 ),
-    .last_in(\last_in$383 ),
-    .last_out(\last_in$400 ),
+    .first_in(\first_in$383 ),
+    .first_out(\first_in$400 ),
+    .last_in(\last_in$385 ),
+    .last_out(\last_in$402 ),
     .prod(\prod$376 ),
-    .res(\res_in$385 ),
-    .res_in(\res_in$402 ),
+    .res(\res_in$378 ),
+    .res_in(\res_in$395 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$379 ),
-    .valid_out(\valid_in$396 )
+    .valid_in(\valid_in$381 ),
+    .valid_out(\valid_in$398 )
   );
   \nanokpu_gemm.array.pe_2_7  pe_2_7 (
     .a_in(a__23),
     .b_in(b__23),
     .b_out(b__31),
     .clk(clk),
-    .first_in(\first_in$398 ),
-    .last_in(\last_in$400 ),
+    .first_in(\first_in$400 ),
+    .last_in(\last_in$402 ),
     .prod(\prod$393 ),
-    .res(\res_in$402 ),
+    .res(\res_in$395 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$396 )
+    .valid_in(\valid_in$398 )
   );
   \nanokpu_gemm.array.pe_3_0  pe_3_0 (
     .a_in(a__24),
@@ -11635,16 +11628,16 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_out(b__32),
     .clk(clk),
     .first_in(\first_in$416 ),
-    .first_out(\first_in$431 ),
+    .first_out(\first_in$433 ),
     .last_in(\last_in$418 ),
-    .last_out(\last_in$433 ),
+    .last_out(\last_in$435 ),
     .prod(\prod$411 ),
     .res(\res$541 ),
-    .res_in(\res_in$435 ),
+    .res_in(\res_in$428 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$414 ),
-    .valid_out(\valid_in$429 )
+    .valid_out(\valid_in$431 )
   );
   \nanokpu_gemm.array.pe_3_1  pe_3_1 (
     .a_in(a__25),
@@ -11652,17 +11645,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__25),
     .b_out(b__33),
     .clk(clk),
-    .first_in(\first_in$431 ),
-    .first_out(\first_in$448 ),
-    .last_in(\last_in$433 ),
-    .last_out(\last_in$450 ),
+    .first_in(\first_in$433 ),
+    .first_out(\first_in$450 ),
+    .last_in(\last_in$435 ),
+    .last_out(\last_in$452 ),
     .prod(\prod$426 ),
-    .res(\res_in$435 ),
-    .res_in(\res_in$452 ),
+    .res(\res_in$428 ),
+    .res_in(\res_in$445 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$429 ),
-    .valid_out(\valid_in$446 )
+    .valid_in(\valid_in$431 ),
+    .valid_out(\valid_in$448 )
   );
   \nanokpu_gemm.array.pe_3_2  pe_3_2 (
     .a_in(a__26),
@@ -11670,17 +11663,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__26),
     .b_out(b__34),
     .clk(clk),
-    .first_in(\first_in$448 ),
-    .first_out(\first_in$465 ),
-    .last_in(\last_in$450 ),
-    .last_out(\last_in$467 ),
+    .first_in(\first_in$450 ),
+    .first_out(\first_in$467 ),
+    .last_in(\last_in$452 ),
+    .last_out(\last_in$469 ),
     .prod(\prod$443 ),
-    .res(\res_in$452 ),
-    .res_in(\res_in$469 ),
+    .res(\res_in$445 ),
+    .res_in(\res_in$462 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$446 ),
-    .valid_out(\valid_in$463 )
+    .valid_in(\valid_in$448 ),
+    .valid_out(\valid_in$465 )
   );
   \nanokpu_gemm.array.pe_3_3  pe_3_3 (
     .a_in(a__27),
@@ -11688,17 +11681,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__27),
     .b_out(b__35),
     .clk(clk),
-    .first_in(\first_in$465 ),
-    .first_out(\first_in$482 ),
-    .last_in(\last_in$467 ),
-    .last_out(\last_in$484 ),
+    .first_in(\first_in$467 ),
+    .first_out(\first_in$484 ),
+    .last_in(\last_in$469 ),
+    .last_out(\last_in$486 ),
     .prod(\prod$460 ),
-    .res(\res_in$469 ),
-    .res_in(\res_in$486 ),
+    .res(\res_in$462 ),
+    .res_in(\res_in$479 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$463 ),
-    .valid_out(\valid_in$480 )
+    .valid_in(\valid_in$465 ),
+    .valid_out(\valid_in$482 )
   );
   \nanokpu_gemm.array.pe_3_4  pe_3_4 (
     .a_in(a__28),
@@ -11706,17 +11699,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__28),
     .b_out(b__36),
     .clk(clk),
-    .first_in(\first_in$482 ),
-    .first_out(\first_in$499 ),
-    .last_in(\last_in$484 ),
-    .last_out(\last_in$501 ),
+    .first_in(\first_in$484 ),
+    .first_out(\first_in$501 ),
+    .last_in(\last_in$486 ),
+    .last_out(\last_in$503 ),
     .prod(\prod$477 ),
-    .res(\res_in$486 ),
-    .res_in(\res_in$503 ),
+    .res(\res_in$479 ),
+    .res_in(\res_in$496 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$480 ),
-    .valid_out(\valid_in$497 )
+    .valid_in(\valid_in$482 ),
+    .valid_out(\valid_in$499 )
   );
   \nanokpu_gemm.array.pe_3_5  pe_3_5 (
     .a_in(a__29),
@@ -11724,17 +11717,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__29),
     .b_out(b__37),
     .clk(clk),
-    .first_in(\first_in$499 ),
-    .first_out(\first_in$516 ),
-    .last_in(\last_in$501 ),
-    .last_out(\last_in$518 ),
+    .first_in(\first_in$501 ),
+    .first_out(\first_in$518 ),
+    .last_in(\last_in$503 ),
+    .last_out(\last_in$520 ),
     .prod(\prod$494 ),
-    .res(\res_in$503 ),
-    .res_in(\res_in$520 ),
+    .res(\res_in$496 ),
+    .res_in(\res_in$513 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$497 ),
-    .valid_out(\valid_in$514 )
+    .valid_in(\valid_in$499 ),
+    .valid_out(\valid_in$516 )
   );
   \nanokpu_gemm.array.pe_3_6  pe_3_6 (
     .a_in(a__30),
@@ -11742,30 +11735,30 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__30),
     .b_out(b__38),
     .clk(clk),
-    .first_in(\first_in$516 ),
-    .first_out(\first_in$533 ),
-    .last_in(\last_in$518 ),
-    .last_out(\last_in$535 ),
+    .first_in(\first_in$518 ),
+    .first_out(\first_in$535 ),
+    .last_in(\last_in$520 ),
+    .last_out(\last_in$537 ),
     .prod(\prod$511 ),
-    .res(\res_in$520 ),
-    .res_in(\res_in$537 ),
+    .res(\res_in$513 ),
+    .res_in(\res_in$530 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$514 ),
-    .valid_out(\valid_in$531 )
+    .valid_in(\valid_in$516 ),
+    .valid_out(\valid_in$533 )
   );
   \nanokpu_gemm.array.pe_3_7  pe_3_7 (
     .a_in(a__31),
     .b_in(b__31),
     .b_out(b__39),
     .clk(clk),
-    .first_in(\first_in$533 ),
-    .last_in(\last_in$535 ),
+    .first_in(\first_in$535 ),
+    .last_in(\last_in$537 ),
     .prod(\prod$528 ),
-    .res(\res_in$537 ),
+    .res(\res_in$530 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$531 )
+    .valid_in(\valid_in$533 )
   );
   \nanokpu_gemm.array.pe_4_0  pe_4_0 (
     .a_in(a__32),
@@ -11774,16 +11767,16 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_out(b__40),
     .clk(clk),
     .first_in(\first_in$551 ),
-    .first_out(\first_in$566 ),
+    .first_out(\first_in$568 ),
     .last_in(\last_in$553 ),
-    .last_out(\last_in$568 ),
+    .last_out(\last_in$570 ),
     .prod(\prod$546 ),
     .res(\res$676 ),
-    .res_in(\res_in$570 ),
+    .res_in(\res_in$563 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$549 ),
-    .valid_out(\valid_in$564 )
+    .valid_out(\valid_in$566 )
   );
   \nanokpu_gemm.array.pe_4_1  pe_4_1 (
     .a_in(a__33),
@@ -11791,17 +11784,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__33),
     .b_out(b__41),
     .clk(clk),
-    .first_in(\first_in$566 ),
-    .first_out(\first_in$583 ),
-    .last_in(\last_in$568 ),
-    .last_out(\last_in$585 ),
+    .first_in(\first_in$568 ),
+    .first_out(\first_in$585 ),
+    .last_in(\last_in$570 ),
+    .last_out(\last_in$587 ),
     .prod(\prod$561 ),
-    .res(\res_in$570 ),
-    .res_in(\res_in$587 ),
+    .res(\res_in$563 ),
+    .res_in(\res_in$580 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$564 ),
-    .valid_out(\valid_in$581 )
+    .valid_in(\valid_in$566 ),
+    .valid_out(\valid_in$583 )
   );
   \nanokpu_gemm.array.pe_4_2  pe_4_2 (
     .a_in(a__34),
@@ -11809,17 +11802,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__34),
     .b_out(b__42),
     .clk(clk),
-    .first_in(\first_in$583 ),
-    .first_out(\first_in$600 ),
-    .last_in(\last_in$585 ),
-    .last_out(\last_in$602 ),
+    .first_in(\first_in$585 ),
+    .first_out(\first_in$602 ),
+    .last_in(\last_in$587 ),
+    .last_out(\last_in$604 ),
     .prod(\prod$578 ),
-    .res(\res_in$587 ),
-    .res_in(\res_in$604 ),
+    .res(\res_in$580 ),
+    .res_in(\res_in$597 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$581 ),
-    .valid_out(\valid_in$598 )
+    .valid_in(\valid_in$583 ),
+    .valid_out(\valid_in$600 )
   );
   \nanokpu_gemm.array.pe_4_3  pe_4_3 (
     .a_in(a__35),
@@ -11827,17 +11820,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__35),
     .b_out(b__43),
     .clk(clk),
-    .first_in(\first_in$600 ),
-    .first_out(\first_in$617 ),
-    .last_in(\last_in$602 ),
-    .last_out(\last_in$619 ),
+    .first_in(\first_in$602 ),
+    .first_out(\first_in$619 ),
+    .last_in(\last_in$604 ),
+    .last_out(\last_in$621 ),
     .prod(\prod$595 ),
-    .res(\res_in$604 ),
-    .res_in(\res_in$621 ),
+    .res(\res_in$597 ),
+    .res_in(\res_in$614 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$598 ),
-    .valid_out(\valid_in$615 )
+    .valid_in(\valid_in$600 ),
+    .valid_out(\valid_in$617 )
   );
   \nanokpu_gemm.array.pe_4_4  pe_4_4 (
     .a_in(a__36),
@@ -11845,17 +11838,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__36),
     .b_out(b__44),
     .clk(clk),
-    .first_in(\first_in$617 ),
-    .first_out(\first_in$634 ),
-    .last_in(\last_in$619 ),
-    .last_out(\last_in$636 ),
+    .first_in(\first_in$619 ),
+    .first_out(\first_in$636 ),
+    .last_in(\last_in$621 ),
+    .last_out(\last_in$638 ),
     .prod(\prod$612 ),
-    .res(\res_in$621 ),
-    .res_in(\res_in$638 ),
+    .res(\res_in$614 ),
+    .res_in(\res_in$631 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$615 ),
-    .valid_out(\valid_in$632 )
+    .valid_in(\valid_in$617 ),
+    .valid_out(\valid_in$634 )
   );
   \nanokpu_gemm.array.pe_4_5  pe_4_5 (
     .a_in(a__37),
@@ -11863,17 +11856,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__37),
     .b_out(b__45),
     .clk(clk),
-    .first_in(\first_in$634 ),
-    .first_out(\first_in$651 ),
-    .last_in(\last_in$636 ),
-    .last_out(\last_in$653 ),
+    .first_in(\first_in$636 ),
+    .first_out(\first_in$653 ),
+    .last_in(\last_in$638 ),
+    .last_out(\last_in$655 ),
     .prod(\prod$629 ),
-    .res(\res_in$638 ),
-    .res_in(\res_in$655 ),
+    .res(\res_in$631 ),
+    .res_in(\res_in$648 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$632 ),
-    .valid_out(\valid_in$649 )
+    .valid_in(\valid_in$634 ),
+    .valid_out(\valid_in$651 )
   );
   \nanokpu_gemm.array.pe_4_6  pe_4_6 (
     .a_in(a__38),
@@ -11881,30 +11874,30 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__38),
     .b_out(b__46),
     .clk(clk),
-    .first_in(\first_in$651 ),
-    .first_out(\first_in$668 ),
-    .last_in(\last_in$653 ),
-    .last_out(\last_in$670 ),
+    .first_in(\first_in$653 ),
+    .first_out(\first_in$670 ),
+    .last_in(\last_in$655 ),
+    .last_out(\last_in$672 ),
     .prod(\prod$646 ),
-    .res(\res_in$655 ),
-    .res_in(\res_in$672 ),
+    .res(\res_in$648 ),
+    .res_in(\res_in$665 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$649 ),
-    .valid_out(\valid_in$666 )
+    .valid_in(\valid_in$651 ),
+    .valid_out(\valid_in$668 )
   );
   \nanokpu_gemm.array.pe_4_7  pe_4_7 (
     .a_in(a__39),
     .b_in(b__39),
     .b_out(b__47),
     .clk(clk),
-    .first_in(\first_in$668 ),
-    .last_in(\last_in$670 ),
+    .first_in(\first_in$670 ),
+    .last_in(\last_in$672 ),
     .prod(\prod$663 ),
-    .res(\res_in$672 ),
+    .res(\res_in$665 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$666 )
+    .valid_in(\valid_in$668 )
   );
   \nanokpu_gemm.array.pe_5_0  pe_5_0 (
     .a_in(a__40),
@@ -11913,16 +11906,16 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_out(b__48),
     .clk(clk),
     .first_in(\first_in$686 ),
-    .first_out(\first_in$701 ),
+    .first_out(\first_in$703 ),
     .last_in(\last_in$688 ),
-    .last_out(\last_in$703 ),
+    .last_out(\last_in$705 ),
     .prod(\prod$681 ),
     .res(\res$811 ),
-    .res_in(\res_in$705 ),
+    .res_in(\res_in$698 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$684 ),
-    .valid_out(\valid_in$699 )
+    .valid_out(\valid_in$701 )
   );
   \nanokpu_gemm.array.pe_5_1  pe_5_1 (
     .a_in(a__41),
@@ -11930,17 +11923,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__41),
     .b_out(b__49),
     .clk(clk),
-    .first_in(\first_in$701 ),
-    .first_out(\first_in$718 ),
-    .last_in(\last_in$703 ),
-    .last_out(\last_in$720 ),
+    .first_in(\first_in$703 ),
+    .first_out(\first_in$720 ),
+    .last_in(\last_in$705 ),
+    .last_out(\last_in$722 ),
     .prod(\prod$696 ),
-    .res(\res_in$705 ),
-    .res_in(\res_in$722 ),
+    .res(\res_in$698 ),
+    .res_in(\res_in$715 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$699 ),
-    .valid_out(\valid_in$716 )
+    .valid_in(\valid_in$701 ),
+    .valid_out(\valid_in$718 )
   );
   \nanokpu_gemm.array.pe_5_2  pe_5_2 (
     .a_in(a__42),
@@ -11948,17 +11941,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__42),
     .b_out(b__50),
     .clk(clk),
-    .first_in(\first_in$718 ),
-    .first_out(\first_in$735 ),
-    .last_in(\last_in$720 ),
-    .last_out(\last_in$737 ),
+    .first_in(\first_in$720 ),
+    .first_out(\first_in$737 ),
+    .last_in(\last_in$722 ),
+    .last_out(\last_in$739 ),
     .prod(\prod$713 ),
-    .res(\res_in$722 ),
-    .res_in(\res_in$739 ),
+    .res(\res_in$715 ),
+    .res_in(\res_in$732 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$716 ),
-    .valid_out(\valid_in$733 )
+    .valid_in(\valid_in$718 ),
+    .valid_out(\valid_in$735 )
   );
   \nanokpu_gemm.array.pe_5_3  pe_5_3 (
     .a_in(a__43),
@@ -11966,17 +11959,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__43),
     .b_out(b__51),
     .clk(clk),
-    .first_in(\first_in$735 ),
-    .first_out(\first_in$752 ),
-    .last_in(\last_in$737 ),
-    .last_out(\last_in$754 ),
+    .first_in(\first_in$737 ),
+    .first_out(\first_in$754 ),
+    .last_in(\last_in$739 ),
+    .last_out(\last_in$756 ),
     .prod(\prod$730 ),
-    .res(\res_in$739 ),
-    .res_in(\res_in$756 ),
+    .res(\res_in$732 ),
+    .res_in(\res_in$749 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$733 ),
-    .valid_out(\valid_in$750 )
+    .valid_in(\valid_in$735 ),
+    .valid_out(\valid_in$752 )
   );
   \nanokpu_gemm.array.pe_5_4  pe_5_4 (
     .a_in(a__44),
@@ -11984,17 +11977,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__44),
     .b_out(b__52),
     .clk(clk),
-    .first_in(\first_in$752 ),
-    .first_out(\first_in$769 ),
-    .last_in(\last_in$754 ),
-    .last_out(\last_in$771 ),
+    .first_in(\first_in$754 ),
+    .first_out(\first_in$771 ),
+    .last_in(\last_in$756 ),
+    .last_out(\last_in$773 ),
     .prod(\prod$747 ),
-    .res(\res_in$756 ),
-    .res_in(\res_in$773 ),
+    .res(\res_in$749 ),
+    .res_in(\res_in$766 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$750 ),
-    .valid_out(\valid_in$767 )
+    .valid_in(\valid_in$752 ),
+    .valid_out(\valid_in$769 )
   );
   \nanokpu_gemm.array.pe_5_5  pe_5_5 (
     .a_in(a__45),
@@ -12002,17 +11995,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__45),
     .b_out(b__53),
     .clk(clk),
-    .first_in(\first_in$769 ),
-    .first_out(\first_in$786 ),
-    .last_in(\last_in$771 ),
-    .last_out(\last_in$788 ),
+    .first_in(\first_in$771 ),
+    .first_out(\first_in$788 ),
+    .last_in(\last_in$773 ),
+    .last_out(\last_in$790 ),
     .prod(\prod$764 ),
-    .res(\res_in$773 ),
-    .res_in(\res_in$790 ),
+    .res(\res_in$766 ),
+    .res_in(\res_in$783 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$767 ),
-    .valid_out(\valid_in$784 )
+    .valid_in(\valid_in$769 ),
+    .valid_out(\valid_in$786 )
   );
   \nanokpu_gemm.array.pe_5_6  pe_5_6 (
     .a_in(a__46),
@@ -12020,30 +12013,30 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__46),
     .b_out(b__54),
     .clk(clk),
-    .first_in(\first_in$786 ),
-    .first_out(\first_in$803 ),
-    .last_in(\last_in$788 ),
-    .last_out(\last_in$805 ),
+    .first_in(\first_in$788 ),
+    .first_out(\first_in$805 ),
+    .last_in(\last_in$790 ),
+    .last_out(\last_in$807 ),
     .prod(\prod$781 ),
-    .res(\res_in$790 ),
-    .res_in(\res_in$807 ),
+    .res(\res_in$783 ),
+    .res_in(\res_in$800 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$784 ),
-    .valid_out(\valid_in$801 )
+    .valid_in(\valid_in$786 ),
+    .valid_out(\valid_in$803 )
   );
   \nanokpu_gemm.array.pe_5_7  pe_5_7 (
     .a_in(a__47),
     .b_in(b__47),
     .b_out(b__55),
     .clk(clk),
-    .first_in(\first_in$803 ),
-    .last_in(\last_in$805 ),
+    .first_in(\first_in$805 ),
+    .last_in(\last_in$807 ),
     .prod(\prod$798 ),
-    .res(\res_in$807 ),
+    .res(\res_in$800 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$801 )
+    .valid_in(\valid_in$803 )
   );
   \nanokpu_gemm.array.pe_6_0  pe_6_0 (
     .a_in(a__48),
@@ -12052,16 +12045,16 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_out(b__56),
     .clk(clk),
     .first_in(\first_in$821 ),
-    .first_out(\first_in$836 ),
+    .first_out(\first_in$838 ),
     .last_in(\last_in$823 ),
-    .last_out(\last_in$838 ),
+    .last_out(\last_in$840 ),
     .prod(\prod$816 ),
     .res(\res$946 ),
-    .res_in(\res_in$840 ),
+    .res_in(\res_in$833 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$819 ),
-    .valid_out(\valid_in$834 )
+    .valid_out(\valid_in$836 )
   );
   \nanokpu_gemm.array.pe_6_1  pe_6_1 (
     .a_in(a__49),
@@ -12069,17 +12062,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__49),
     .b_out(b__57),
     .clk(clk),
-    .first_in(\first_in$836 ),
-    .first_out(\first_in$853 ),
-    .last_in(\last_in$838 ),
-    .last_out(\last_in$855 ),
+    .first_in(\first_in$838 ),
+    .first_out(\first_in$855 ),
+    .last_in(\last_in$840 ),
+    .last_out(\last_in$857 ),
     .prod(\prod$831 ),
-    .res(\res_in$840 ),
-    .res_in(\res_in$857 ),
+    .res(\res_in$833 ),
+    .res_in(\res_in$850 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$834 ),
-    .valid_out(\valid_in$851 )
+    .valid_in(\valid_in$836 ),
+    .valid_out(\valid_in$853 )
   );
   \nanokpu_gemm.array.pe_6_2  pe_6_2 (
     .a_in(a__50),
@@ -12087,17 +12080,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__50),
     .b_out(b__58),
     .clk(clk),
-    .first_in(\first_in$853 ),
-    .first_out(\first_in$870 ),
-    .last_in(\last_in$855 ),
-    .last_out(\last_in$872 ),
+    .first_in(\first_in$855 ),
+    .first_out(\first_in$872 ),
+    .last_in(\last_in$857 ),
+    .last_out(\last_in$874 ),
     .prod(\prod$848 ),
-    .res(\res_in$857 ),
-    .res_in(\res_in$874 ),
+    .res(\res_in$850 ),
+    .res_in(\res_in$867 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$851 ),
-    .valid_out(\valid_in$868 )
+    .valid_in(\valid_in$853 ),
+    .valid_out(\valid_in$870 )
   );
   \nanokpu_gemm.array.pe_6_3  pe_6_3 (
     .a_in(a__51),
@@ -12105,17 +12098,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__51),
     .b_out(b__59),
     .clk(clk),
-    .first_in(\first_in$870 ),
-    .first_out(\first_in$887 ),
-    .last_in(\last_in$872 ),
-    .last_out(\last_in$889 ),
+    .first_in(\first_in$872 ),
+    .first_out(\first_in$889 ),
+    .last_in(\last_in$874 ),
+    .last_out(\last_in$891 ),
     .prod(\prod$865 ),
-    .res(\res_in$874 ),
-    .res_in(\res_in$891 ),
+    .res(\res_in$867 ),
+    .res_in(\res_in$884 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$868 ),
-    .valid_out(\valid_in$885 )
+    .valid_in(\valid_in$870 ),
+    .valid_out(\valid_in$887 )
   );
   \nanokpu_gemm.array.pe_6_4  pe_6_4 (
     .a_in(a__52),
@@ -12123,17 +12116,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__52),
     .b_out(b__60),
     .clk(clk),
-    .first_in(\first_in$887 ),
-    .first_out(\first_in$904 ),
-    .last_in(\last_in$889 ),
-    .last_out(\last_in$906 ),
+    .first_in(\first_in$889 ),
+    .first_out(\first_in$906 ),
+    .last_in(\last_in$891 ),
+    .last_out(\last_in$908 ),
     .prod(\prod$882 ),
-    .res(\res_in$891 ),
-    .res_in(\res_in$908 ),
+    .res(\res_in$884 ),
+    .res_in(\res_in$901 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$885 ),
-    .valid_out(\valid_in$902 )
+    .valid_in(\valid_in$887 ),
+    .valid_out(\valid_in$904 )
   );
   \nanokpu_gemm.array.pe_6_5  pe_6_5 (
     .a_in(a__53),
@@ -12141,17 +12134,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__53),
     .b_out(b__61),
     .clk(clk),
-    .first_in(\first_in$904 ),
-    .first_out(\first_in$921 ),
-    .last_in(\last_in$906 ),
-    .last_out(\last_in$923 ),
+    .first_in(\first_in$906 ),
+    .first_out(\first_in$923 ),
+    .last_in(\last_in$908 ),
+    .last_out(\last_in$925 ),
     .prod(\prod$899 ),
-    .res(\res_in$908 ),
-    .res_in(\res_in$925 ),
+    .res(\res_in$901 ),
+    .res_in(\res_in$918 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$902 ),
-    .valid_out(\valid_in$919 )
+    .valid_in(\valid_in$904 ),
+    .valid_out(\valid_in$921 )
   );
   \nanokpu_gemm.array.pe_6_6  pe_6_6 (
     .a_in(a__54),
@@ -12159,30 +12152,30 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__54),
     .b_out(b__62),
     .clk(clk),
-    .first_in(\first_in$921 ),
-    .first_out(\first_in$938 ),
-    .last_in(\last_in$923 ),
-    .last_out(\last_in$940 ),
+    .first_in(\first_in$923 ),
+    .first_out(\first_in$940 ),
+    .last_in(\last_in$925 ),
+    .last_out(\last_in$942 ),
     .prod(\prod$916 ),
-    .res(\res_in$925 ),
-    .res_in(\res_in$942 ),
+    .res(\res_in$918 ),
+    .res_in(\res_in$935 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$919 ),
-    .valid_out(\valid_in$936 )
+    .valid_in(\valid_in$921 ),
+    .valid_out(\valid_in$938 )
   );
   \nanokpu_gemm.array.pe_6_7  pe_6_7 (
     .a_in(a__55),
     .b_in(b__55),
     .b_out(b__63),
     .clk(clk),
-    .first_in(\first_in$938 ),
-    .last_in(\last_in$940 ),
+    .first_in(\first_in$940 ),
+    .last_in(\last_in$942 ),
     .prod(\prod$933 ),
-    .res(\res_in$942 ),
+    .res(\res_in$935 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$936 )
+    .valid_in(\valid_in$938 )
   );
   \nanokpu_gemm.array.pe_7_0  pe_7_0 (
     .a_in(a__56),
@@ -12190,131 +12183,131 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__56),
     .clk(clk),
     .first_in(\first_in$956 ),
-    .first_out(\first_in$971 ),
+    .first_out(\first_in$973 ),
     .last_in(\last_in$958 ),
-    .last_out(\last_in$973 ),
+    .last_out(\last_in$975 ),
     .prod(\prod$951 ),
     .res(\res$1081 ),
-    .res_in(\res_in$975 ),
+    .res_in(\res_in$968 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$954 ),
-    .valid_out(\valid_in$969 )
+    .valid_out(\valid_in$971 )
   );
   \nanokpu_gemm.array.pe_7_1  pe_7_1 (
     .a_in(a__57),
     .a_out(a__58),
     .b_in(b__57),
     .clk(clk),
-    .first_in(\first_in$971 ),
-    .first_out(\first_in$988 ),
-    .last_in(\last_in$973 ),
-    .last_out(\last_in$990 ),
+    .first_in(\first_in$973 ),
+    .first_out(\first_in$990 ),
+    .last_in(\last_in$975 ),
+    .last_out(\last_in$992 ),
     .prod(\prod$966 ),
-    .res(\res_in$975 ),
-    .res_in(\res_in$992 ),
+    .res(\res_in$968 ),
+    .res_in(\res_in$985 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$969 ),
-    .valid_out(\valid_in$986 )
+    .valid_in(\valid_in$971 ),
+    .valid_out(\valid_in$988 )
   );
   \nanokpu_gemm.array.pe_7_2  pe_7_2 (
     .a_in(a__58),
     .a_out(a__59),
     .b_in(b__58),
     .clk(clk),
-    .first_in(\first_in$988 ),
-    .first_out(\first_in$1005 ),
-    .last_in(\last_in$990 ),
-    .last_out(\last_in$1007 ),
+    .first_in(\first_in$990 ),
+    .first_out(\first_in$1007 ),
+    .last_in(\last_in$992 ),
+    .last_out(\last_in$1009 ),
     .prod(\prod$983 ),
-    .res(\res_in$992 ),
-    .res_in(\res_in$1009 ),
+    .res(\res_in$985 ),
+    .res_in(\res_in$1002 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$986 ),
-    .valid_out(\valid_in$1003 )
+    .valid_in(\valid_in$988 ),
+    .valid_out(\valid_in$1005 )
   );
   \nanokpu_gemm.array.pe_7_3  pe_7_3 (
     .a_in(a__59),
     .a_out(a__60),
     .b_in(b__59),
     .clk(clk),
-    .first_in(\first_in$1005 ),
-    .first_out(\first_in$1022 ),
-    .last_in(\last_in$1007 ),
-    .last_out(\last_in$1024 ),
+    .first_in(\first_in$1007 ),
+    .first_out(\first_in$1024 ),
+    .last_in(\last_in$1009 ),
+    .last_out(\last_in$1026 ),
     .prod(\prod$1000 ),
-    .res(\res_in$1009 ),
-    .res_in(\res_in$1026 ),
+    .res(\res_in$1002 ),
+    .res_in(\res_in$1019 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$1003 ),
-    .valid_out(\valid_in$1020 )
+    .valid_in(\valid_in$1005 ),
+    .valid_out(\valid_in$1022 )
   );
   \nanokpu_gemm.array.pe_7_4  pe_7_4 (
     .a_in(a__60),
     .a_out(a__61),
     .b_in(b__60),
     .clk(clk),
-    .first_in(\first_in$1022 ),
-    .first_out(\first_in$1039 ),
-    .last_in(\last_in$1024 ),
-    .last_out(\last_in$1041 ),
+    .first_in(\first_in$1024 ),
+    .first_out(\first_in$1041 ),
+    .last_in(\last_in$1026 ),
+    .last_out(\last_in$1043 ),
     .prod(\prod$1017 ),
-    .res(\res_in$1026 ),
-    .res_in(\res_in$1043 ),
+    .res(\res_in$1019 ),
+    .res_in(\res_in$1036 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$1020 ),
-    .valid_out(\valid_in$1037 )
+    .valid_in(\valid_in$1022 ),
+    .valid_out(\valid_in$1039 )
   );
   \nanokpu_gemm.array.pe_7_5  pe_7_5 (
     .a_in(a__61),
     .a_out(a__62),
     .b_in(b__61),
     .clk(clk),
-    .first_in(\first_in$1039 ),
-    .first_out(\first_in$1056 ),
-    .last_in(\last_in$1041 ),
-    .last_out(\last_in$1058 ),
+    .first_in(\first_in$1041 ),
+    .first_out(\first_in$1058 ),
+    .last_in(\last_in$1043 ),
+    .last_out(\last_in$1060 ),
     .prod(\prod$1034 ),
-    .res(\res_in$1043 ),
-    .res_in(\res_in$1060 ),
+    .res(\res_in$1036 ),
+    .res_in(\res_in$1053 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$1037 ),
-    .valid_out(\valid_in$1054 )
+    .valid_in(\valid_in$1039 ),
+    .valid_out(\valid_in$1056 )
   );
   \nanokpu_gemm.array.pe_7_6  pe_7_6 (
     .a_in(a__62),
     .a_out(a__63),
     .b_in(b__62),
     .clk(clk),
-    .first_in(\first_in$1056 ),
-    .first_out(\first_in$1073 ),
-    .last_in(\last_in$1058 ),
-    .last_out(\last_in$1075 ),
+    .first_in(\first_in$1058 ),
+    .first_out(\first_in$1075 ),
+    .last_in(\last_in$1060 ),
+    .last_out(\last_in$1077 ),
     .prod(\prod$1051 ),
-    .res(\res_in$1060 ),
-    .res_in(\res_in$1077 ),
+    .res(\res_in$1053 ),
+    .res_in(\res_in$1070 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$1054 ),
-    .valid_out(\valid_in$1071 )
+    .valid_in(\valid_in$1056 ),
+    .valid_out(\valid_in$1073 )
   );
   \nanokpu_gemm.array.pe_7_7  pe_7_7 (
     .a_in(a__63),
     .b_in(b__63),
     .clk(clk),
     .done(done),
-    .first_in(\first_in$1073 ),
-    .last_in(\last_in$1075 ),
+    .first_in(\first_in$1075 ),
+    .last_in(\last_in$1077 ),
     .prod(\prod$1068 ),
-    .res(\res_in$1077 ),
+    .res(\res_in$1070 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$1071 )
+    .valid_in(\valid_in$1073 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
@@ -13308,71 +13301,71 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$17  = a__1;
   assign \b_in$19  = b__1;
   assign p__1 = \prod$20 ;
-  assign a_out = a__1;
-  assign valid_out = \valid_in$23 ;
-  assign first_out = \first_in$25 ;
-  assign last_out = \last_in$27 ;
   assign res = res_in;
+  assign a_out = a__1;
+  assign valid_out = \valid_in$25 ;
+  assign first_out = \first_in$27 ;
+  assign last_out = \last_in$29 ;
   assign b1_d0 = b__1;
   assign \shift$32  = shift;
   assign \a_in$34  = a__2;
   assign \b_in$36  = b__2;
   assign p__2 = \prod$37 ;
-  assign \a_out$39  = a__2;
-  assign \valid_out$41  = \valid_in$40 ;
-  assign \first_out$43  = \first_in$42 ;
-  assign \last_out$45  = \last_in$44 ;
-  assign \res$47  = \res_in$46 ;
+  assign \res$40  = \res_in$39 ;
+  assign \a_out$41  = a__2;
+  assign \valid_out$43  = \valid_in$42 ;
+  assign \first_out$45  = \first_in$44 ;
+  assign \last_out$47  = \last_in$46 ;
   assign b2_d1 = b__2;
   assign \shift$49  = shift;
   assign \a_in$51  = a__3;
   assign \b_in$53  = b__3;
   assign p__3 = \prod$54 ;
-  assign \a_out$56  = a__3;
-  assign \valid_out$58  = \valid_in$57 ;
-  assign \first_out$60  = \first_in$59 ;
-  assign \last_out$62  = \last_in$61 ;
-  assign \res$64  = \res_in$63 ;
+  assign \res$57  = \res_in$56 ;
+  assign \a_out$58  = a__3;
+  assign \valid_out$60  = \valid_in$59 ;
+  assign \first_out$62  = \first_in$61 ;
+  assign \last_out$64  = \last_in$63 ;
   assign b3_d2 = b__3;
   assign \shift$66  = shift;
   assign \a_in$68  = a__4;
   assign \b_in$70  = b__4;
   assign p__4 = \prod$71 ;
-  assign \a_out$73  = a__4;
-  assign \valid_out$75  = \valid_in$74 ;
-  assign \first_out$77  = \first_in$76 ;
-  assign \last_out$79  = \last_in$78 ;
-  assign \res$81  = \res_in$80 ;
+  assign \res$74  = \res_in$73 ;
+  assign \a_out$75  = a__4;
+  assign \valid_out$77  = \valid_in$76 ;
+  assign \first_out$79  = \first_in$78 ;
+  assign \last_out$81  = \last_in$80 ;
   assign b4_d3 = b__4;
   assign \shift$83  = shift;
   assign \a_in$85  = a__5;
   assign \b_in$87  = b__5;
   assign p__5 = \prod$88 ;
-  assign \a_out$90  = a__5;
-  assign \valid_out$92  = \valid_in$91 ;
-  assign \first_out$94  = \first_in$93 ;
-  assign \last_out$96  = \last_in$95 ;
-  assign \res$98  = \res_in$97 ;
+  assign \res$91  = \res_in$90 ;
+  assign \a_out$92  = a__5;
+  assign \valid_out$94  = \valid_in$93 ;
+  assign \first_out$96  = \first_in$95 ;
+  assign \last_out$98  = \last_in$97 ;
   assign b5_d4 = b__5;
   assign \shift$100  = shift;
   assign \a_in$102  = a__6;
   assign \b_in$104  = b__6;
   assign p__6 = \prod$105 ;
-  assign \a_out$107  = a__6;
-  assign \valid_out$109  = \valid_in$108 ;
-  assign \first_out$111  = \first_in$110 ;
-  assign \last_out$113  = \last_in$112 ;
-  assign \res$115  = \res_in$114 ;
+  assign \res$108  = \res_in$107 ;
+  assign \a_out$109  = a__6;
+  assign \valid_out$111  = \valid_in$110 ;
+  assign \first_out$113  = \first_in$112 ;
+  assign \last_out$115  = \last_in$114 ;
   assign b6_d5 = b__6;
   assign \shift$117  = shift;
   assign \a_in$119  = a__7;
   assign \b_in$121  = b__7;
   assign p__7 = \prod$122 ;
-  assign \a_out$124  = a__7;
-  assign \valid_out$126  = \valid_in$125 ;
-  assign \first_out$128  = \first_in$127 ;
-  assign \last_out$130  = \last_in$129 ;
-  assign \res$132  = \res_in$131 ;
+  assign \res$125  = \res_in$124 ;
+  assign \a_out$126  = a__7;
+  assign \valid_out$128  = \valid_in$127 ;
+  assign \first_out$130  = \first_in$129 ;
+  assign \last_out$132  = \last_in$131 ;
   assign b7_d6 = b__7;
   assign \shift$134  = shift;
   assign \a_in$138  = a__8;
@@ -13387,71 +13380,71 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$153  = a__9;
   assign \b_in$155  = b__9;
   assign p__9 = \prod$156 ;
-  assign \a_out$158  = a__9;
-  assign \valid_out$160  = \valid_in$159 ;
-  assign \first_out$162  = \first_in$161 ;
-  assign \last_out$164  = \last_in$163 ;
-  assign \res$166  = \res_in$165 ;
+  assign \res$159  = \res_in$158 ;
+  assign \a_out$160  = a__9;
+  assign \valid_out$162  = \valid_in$161 ;
+  assign \first_out$164  = \first_in$163 ;
+  assign \last_out$166  = \last_in$165 ;
   assign \b_out$167  = b__9;
   assign \shift$168  = shift;
   assign \a_in$170  = a__10;
   assign \b_in$172  = b__10;
   assign p__10 = \prod$173 ;
-  assign \a_out$175  = a__10;
-  assign \valid_out$177  = \valid_in$176 ;
-  assign \first_out$179  = \first_in$178 ;
-  assign \last_out$181  = \last_in$180 ;
-  assign \res$183  = \res_in$182 ;
+  assign \res$176  = \res_in$175 ;
+  assign \a_out$177  = a__10;
+  assign \valid_out$179  = \valid_in$178 ;
+  assign \first_out$181  = \first_in$180 ;
+  assign \last_out$183  = \last_in$182 ;
   assign \b_out$184  = b__10;
   assign \shift$185  = shift;
   assign \a_in$187  = a__11;
   assign \b_in$189  = b__11;
   assign p__11 = \prod$190 ;
-  assign \a_out$192  = a__11;
-  assign \valid_out$194  = \valid_in$193 ;
-  assign \first_out$196  = \first_in$195 ;
-  assign \last_out$198  = \last_in$197 ;
-  assign \res$200  = \res_in$199 ;
+  assign \res$193  = \res_in$192 ;
+  assign \a_out$194  = a__11;
+  assign \valid_out$196  = \valid_in$195 ;
+  assign \first_out$198  = \first_in$197 ;
+  assign \last_out$200  = \last_in$199 ;
   assign \b_out$201  = b__11;
   assign \shift$202  = shift;
   assign \a_in$204  = a__12;
   assign \b_in$206  = b__12;
   assign p__12 = \prod$207 ;
-  assign \a_out$209  = a__12;
-  assign \valid_out$211  = \valid_in$210 ;
-  assign \first_out$213  = \first_in$212 ;
-  assign \last_out$215  = \last_in$214 ;
-  assign \res$217  = \res_in$216 ;
+  assign \res$210  = \res_in$209 ;
+  assign \a_out$211  = a__12;
+  assign \valid_out$213  = \valid_in$212 ;
+  assign \first_out$215  = \first_in$214 ;
+  assign \last_out$217  = \last_in$216 ;
   assign \b_out$218  = b__12;
   assign \shift$219  = shift;
   assign \a_in$221  = a__13;
   assign \b_in$223  = b__13;
   assign p__13 = \prod$224 ;
-  assign \a_out$226  = a__13;
-  assign \valid_out$228  = \valid_in$227 ;
-  assign \first_out$230  = \first_in$229 ;
-  assign \last_out$232  = \last_in$231 ;
-  assign \res$234  = \res_in$233 ;
+  assign \res$227  = \res_in$226 ;
+  assign \a_out$228  = a__13;
+  assign \valid_out$230  = \valid_in$229 ;
+  assign \first_out$232  = \first_in$231 ;
+  assign \last_out$234  = \last_in$233 ;
   assign \b_out$235  = b__13;
   assign \shift$236  = shift;
   assign \a_in$238  = a__14;
   assign \b_in$240  = b__14;
   assign p__14 = \prod$241 ;
-  assign \a_out$243  = a__14;
-  assign \valid_out$245  = \valid_in$244 ;
-  assign \first_out$247  = \first_in$246 ;
-  assign \last_out$249  = \last_in$248 ;
-  assign \res$251  = \res_in$250 ;
+  assign \res$244  = \res_in$243 ;
+  assign \a_out$245  = a__14;
+  assign \valid_out$247  = \valid_in$246 ;
+  assign \first_out$249  = \first_in$248 ;
+  assign \last_out$251  = \last_in$250 ;
   assign \b_out$252  = b__14;
   assign \shift$253  = shift;
   assign \a_in$255  = a__15;
   assign \b_in$257  = b__15;
   assign p__15 = \prod$258 ;
-  assign \a_out$260  = a__15;
-  assign \valid_out$262  = \valid_in$261 ;
-  assign \first_out$264  = \first_in$263 ;
-  assign \last_out$266  = \last_in$265 ;
-  assign \res$268  = \res_in$267 ;
+  assign \res$261  = \res_in$260 ;
+  assign \a_out$262  = a__15;
+  assign \valid_out$264  = \valid_in$263 ;
+  assign \first_out$266  = \first_in$265 ;
+  assign \last_out$268  = \last_in$267 ;
   assign \b_out$269  = b__15;
   assign \shift$270  = shift;
   assign \a_in$273  = a__16;
@@ -13466,71 +13459,71 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$288  = a__17;
   assign \b_in$290  = b__17;
   assign p__17 = \prod$291 ;
-  assign \a_out$293  = a__17;
-  assign \valid_out$295  = \valid_in$294 ;
-  assign \first_out$297  = \first_in$296 ;
-  assign \last_out$299  = \last_in$298 ;
-  assign \res$301  = \res_in$300 ;
+  assign \res$294  = \res_in$293 ;
+  assign \a_out$295  = a__17;
+  assign \valid_out$297  = \valid_in$296 ;
+  assign \first_out$299  = \first_in$298 ;
+  assign \last_out$301  = \last_in$300 ;
   assign \b_out$302  = b__17;
   assign \shift$303  = shift;
   assign \a_in$305  = a__18;
   assign \b_in$307  = b__18;
   assign p__18 = \prod$308 ;
-  assign \a_out$310  = a__18;
-  assign \valid_out$312  = \valid_in$311 ;
-  assign \first_out$314  = \first_in$313 ;
-  assign \last_out$316  = \last_in$315 ;
-  assign \res$318  = \res_in$317 ;
+  assign \res$311  = \res_in$310 ;
+  assign \a_out$312  = a__18;
+  assign \valid_out$314  = \valid_in$313 ;
+  assign \first_out$316  = \first_in$315 ;
+  assign \last_out$318  = \last_in$317 ;
   assign \b_out$319  = b__18;
   assign \shift$320  = shift;
   assign \a_in$322  = a__19;
   assign \b_in$324  = b__19;
   assign p__19 = \prod$325 ;
-  assign \a_out$327  = a__19;
-  assign \valid_out$329  = \valid_in$328 ;
-  assign \first_out$331  = \first_in$330 ;
-  assign \last_out$333  = \last_in$332 ;
-  assign \res$335  = \res_in$334 ;
+  assign \res$328  = \res_in$327 ;
+  assign \a_out$329  = a__19;
+  assign \valid_out$331  = \valid_in$330 ;
+  assign \first_out$333  = \first_in$332 ;
+  assign \last_out$335  = \last_in$334 ;
   assign \b_out$336  = b__19;
   assign \shift$337  = shift;
   assign \a_in$339  = a__20;
   assign \b_in$341  = b__20;
   assign p__20 = \prod$342 ;
-  assign \a_out$344  = a__20;
-  assign \valid_out$346  = \valid_in$345 ;
-  assign \first_out$348  = \first_in$347 ;
-  assign \last_out$350  = \last_in$349 ;
-  assign \res$352  = \res_in$351 ;
+  assign \res$345  = \res_in$344 ;
+  assign \a_out$346  = a__20;
+  assign \valid_out$348  = \valid_in$347 ;
+  assign \first_out$350  = \first_in$349 ;
+  assign \last_out$352  = \last_in$351 ;
   assign \b_out$353  = b__20;
   assign \shift$354  = shift;
   assign \a_in$356  = a__21;
   assign \b_in$358  = b__21;
   assign p__21 = \prod$359 ;
-  assign \a_out$361  = a__21;
-  assign \valid_out$363  = \valid_in$362 ;
-  assign \first_out$365  = \first_in$364 ;
-  assign \last_out$367  = \last_in$366 ;
-  assign \res$369  = \res_in$368 ;
+  assign \res$362  = \res_in$361 ;
+  assign \a_out$363  = a__21;
+  assign \valid_out$365  = \valid_in$364 ;
+  assign \first_out$367  = \first_in$366 ;
+  assign \last_out$369  = \last_in$368 ;
   assign \b_out$370  = b__21;
   assign \shift$371  = shift;
   assign \a_in$373  = a__22;
   assign \b_in$375  = b__22;
   assign p__22 = \prod$376 ;
-  assign \a_out$378  = a__22;
-  assign \valid_out$380  = \valid_in$379 ;
-  assign \first_out$382  = \first_in$381 ;
-  assign \last_out$384  = \last_in$383 ;
-  assign \res$386  = \res_in$385 ;
+  assign \res$379  = \res_in$378 ;
+  assign \a_out$380  = a__22;
+  assign \valid_out$382  = \valid_in$381 ;
+  assign \first_out$384  = \first_in$383 ;
+  assign \last_out$386  = \last_in$385 ;
   assign \b_out$387  = b__22;
   assign \shift$388  = shift;
   assign \a_in$390  = a__23;
   assign \b_in$392  = b__23;
   assign p__23 = \prod$393 ;
-  assign \a_out$395  = a__23;
-  assign \valid_out$397  = \valid_in$396 ;
-  assign \first_out$399  = \first_in$398 ;
-  assign \last_out$401  = \last_in$400 ;
-  assign \res$403  = \res_in$402 ;
+  assign \res$396  = \res_in$395 ;
+  assign \a_out$397  = a__23;
+  assign \valid_out$399  = \valid_in$398 ;
+  assign \first_out$401  = \first_in$400 ;
+  assign \last_out$403  = \last_in$402 ;
   assign \b_out$404  = b__23;
   assign \shift$405  = shift;
   assign \a_in$408  = a__24;
@@ -13545,71 +13538,71 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$423  = a__25;
   assign \b_in$425  = b__25;
   assign p__25 = \prod$426 ;
-  assign \a_out$428  = a__25;
-  assign \valid_out$430  = \valid_in$429 ;
-  assign \first_out$432  = \first_in$431 ;
-  assign \last_out$434  = \last_in$433 ;
-  assign \res$436  = \res_in$435 ;
+  assign \res$429  = \res_in$428 ;
+  assign \a_out$430  = a__25;
+  assign \valid_out$432  = \valid_in$431 ;
+  assign \first_out$434  = \first_in$433 ;
+  assign \last_out$436  = \last_in$435 ;
   assign \b_out$437  = b__25;
   assign \shift$438  = shift;
   assign \a_in$440  = a__26;
   assign \b_in$442  = b__26;
   assign p__26 = \prod$443 ;
-  assign \a_out$445  = a__26;
-  assign \valid_out$447  = \valid_in$446 ;
-  assign \first_out$449  = \first_in$448 ;
-  assign \last_out$451  = \last_in$450 ;
-  assign \res$453  = \res_in$452 ;
+  assign \res$446  = \res_in$445 ;
+  assign \a_out$447  = a__26;
+  assign \valid_out$449  = \valid_in$448 ;
+  assign \first_out$451  = \first_in$450 ;
+  assign \last_out$453  = \last_in$452 ;
   assign \b_out$454  = b__26;
   assign \shift$455  = shift;
   assign \a_in$457  = a__27;
   assign \b_in$459  = b__27;
   assign p__27 = \prod$460 ;
-  assign \a_out$462  = a__27;
-  assign \valid_out$464  = \valid_in$463 ;
-  assign \first_out$466  = \first_in$465 ;
-  assign \last_out$468  = \last_in$467 ;
-  assign \res$470  = \res_in$469 ;
+  assign \res$463  = \res_in$462 ;
+  assign \a_out$464  = a__27;
+  assign \valid_out$466  = \valid_in$465 ;
+  assign \first_out$468  = \first_in$467 ;
+  assign \last_out$470  = \last_in$469 ;
   assign \b_out$471  = b__27;
   assign \shift$472  = shift;
   assign \a_in$474  = a__28;
   assign \b_in$476  = b__28;
   assign p__28 = \prod$477 ;
-  assign \a_out$479  = a__28;
-  assign \valid_out$481  = \valid_in$480 ;
-  assign \first_out$483  = \first_in$482 ;
-  assign \last_out$485  = \last_in$484 ;
-  assign \res$487  = \res_in$486 ;
+  assign \res$480  = \res_in$479 ;
+  assign \a_out$481  = a__28;
+  assign \valid_out$483  = \valid_in$482 ;
+  assign \first_out$485  = \first_in$484 ;
+  assign \last_out$487  = \last_in$486 ;
   assign \b_out$488  = b__28;
   assign \shift$489  = shift;
   assign \a_in$491  = a__29;
   assign \b_in$493  = b__29;
   assign p__29 = \prod$494 ;
-  assign \a_out$496  = a__29;
-  assign \valid_out$498  = \valid_in$497 ;
-  assign \first_out$500  = \first_in$499 ;
-  assign \last_out$502  = \last_in$501 ;
-  assign \res$504  = \res_in$503 ;
+  assign \res$497  = \res_in$496 ;
+  assign \a_out$498  = a__29;
+  assign \valid_out$500  = \valid_in$499 ;
+  assign \first_out$502  = \first_in$501 ;
+  assign \last_out$504  = \last_in$503 ;
   assign \b_out$505  = b__29;
   assign \shift$506  = shift;
   assign \a_in$508  = a__30;
   assign \b_in$510  = b__30;
   assign p__30 = \prod$511 ;
-  assign \a_out$513  = a__30;
-  assign \valid_out$515  = \valid_in$514 ;
-  assign \first_out$517  = \first_in$516 ;
-  assign \last_out$519  = \last_in$518 ;
-  assign \res$521  = \res_in$520 ;
+  assign \res$514  = \res_in$513 ;
+  assign \a_out$515  = a__30;
+  assign \valid_out$517  = \valid_in$516 ;
+  assign \first_out$519  = \first_in$518 ;
+  assign \last_out$521  = \last_in$520 ;
   assign \b_out$522  = b__30;
   assign \shift$523  = shift;
   assign \a_in$525  = a__31;
   assign \b_in$527  = b__31;
   assign p__31 = \prod$528 ;
-  assign \a_out$530  = a__31;
-  assign \valid_out$532  = \valid_in$531 ;
-  assign \first_out$534  = \first_in$533 ;
-  assign \last_out$536  = \last_in$535 ;
-  assign \res$538  = \res_in$537 ;
+  assign \res$531  = \res_in$530 ;
+  assign \a_out$532  = a__31;
+  assign \valid_out$534  = \valid_in$533 ;
+  assign \first_out$536  = \first_in$535 ;
+  assign \last_out$538  = \last_in$537 ;
   assign \b_out$539  = b__31;
   assign \shift$540  = shift;
   assign \a_in$543  = a__32;
@@ -13624,71 +13617,71 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$558  = a__33;
   assign \b_in$560  = b__33;
   assign p__33 = \prod$561 ;
-  assign \a_out$563  = a__33;
-  assign \valid_out$565  = \valid_in$564 ;
-  assign \first_out$567  = \first_in$566 ;
-  assign \last_out$569  = \last_in$568 ;
-  assign \res$571  = \res_in$570 ;
+  assign \res$564  = \res_in$563 ;
+  assign \a_out$565  = a__33;
+  assign \valid_out$567  = \valid_in$566 ;
+  assign \first_out$569  = \first_in$568 ;
+  assign \last_out$571  = \last_in$570 ;
   assign \b_out$572  = b__33;
   assign \shift$573  = shift;
   assign \a_in$575  = a__34;
   assign \b_in$577  = b__34;
   assign p__34 = \prod$578 ;
-  assign \a_out$580  = a__34;
-  assign \valid_out$582  = \valid_in$581 ;
-  assign \first_out$584  = \first_in$583 ;
-  assign \last_out$586  = \last_in$585 ;
-  assign \res$588  = \res_in$587 ;
+  assign \res$581  = \res_in$580 ;
+  assign \a_out$582  = a__34;
+  assign \valid_out$584  = \valid_in$583 ;
+  assign \first_out$586  = \first_in$585 ;
+  assign \last_out$588  = \last_in$587 ;
   assign \b_out$589  = b__34;
   assign \shift$590  = shift;
   assign \a_in$592  = a__35;
   assign \b_in$594  = b__35;
   assign p__35 = \prod$595 ;
-  assign \a_out$597  = a__35;
-  assign \valid_out$599  = \valid_in$598 ;
-  assign \first_out$601  = \first_in$600 ;
-  assign \last_out$603  = \last_in$602 ;
-  assign \res$605  = \res_in$604 ;
+  assign \res$598  = \res_in$597 ;
+  assign \a_out$599  = a__35;
+  assign \valid_out$601  = \valid_in$600 ;
+  assign \first_out$603  = \first_in$602 ;
+  assign \last_out$605  = \last_in$604 ;
   assign \b_out$606  = b__35;
   assign \shift$607  = shift;
   assign \a_in$609  = a__36;
   assign \b_in$611  = b__36;
   assign p__36 = \prod$612 ;
-  assign \a_out$614  = a__36;
-  assign \valid_out$616  = \valid_in$615 ;
-  assign \first_out$618  = \first_in$617 ;
-  assign \last_out$620  = \last_in$619 ;
-  assign \res$622  = \res_in$621 ;
+  assign \res$615  = \res_in$614 ;
+  assign \a_out$616  = a__36;
+  assign \valid_out$618  = \valid_in$617 ;
+  assign \first_out$620  = \first_in$619 ;
+  assign \last_out$622  = \last_in$621 ;
   assign \b_out$623  = b__36;
   assign \shift$624  = shift;
   assign \a_in$626  = a__37;
   assign \b_in$628  = b__37;
   assign p__37 = \prod$629 ;
-  assign \a_out$631  = a__37;
-  assign \valid_out$633  = \valid_in$632 ;
-  assign \first_out$635  = \first_in$634 ;
-  assign \last_out$637  = \last_in$636 ;
-  assign \res$639  = \res_in$638 ;
+  assign \res$632  = \res_in$631 ;
+  assign \a_out$633  = a__37;
+  assign \valid_out$635  = \valid_in$634 ;
+  assign \first_out$637  = \first_in$636 ;
+  assign \last_out$639  = \last_in$638 ;
   assign \b_out$640  = b__37;
   assign \shift$641  = shift;
   assign \a_in$643  = a__38;
   assign \b_in$645  = b__38;
   assign p__38 = \prod$646 ;
-  assign \a_out$648  = a__38;
-  assign \valid_out$650  = \valid_in$649 ;
-  assign \first_out$652  = \first_in$651 ;
-  assign \last_out$654  = \last_in$653 ;
-  assign \res$656  = \res_in$655 ;
+  assign \res$649  = \res_in$648 ;
+  assign \a_out$650  = a__38;
+  assign \valid_out$652  = \valid_in$651 ;
+  assign \first_out$654  = \first_in$653 ;
+  assign \last_out$656  = \last_in$655 ;
   assign \b_out$657  = b__38;
   assign \shift$658  = shift;
   assign \a_in$660  = a__39;
   assign \b_in$662  = b__39;
   assign p__39 = \prod$663 ;
-  assign \a_out$665  = a__39;
-  assign \valid_out$667  = \valid_in$666 ;
-  assign \first_out$669  = \first_in$668 ;
-  assign \last_out$671  = \last_in$670 ;
-  assign \res$673  = \res_in$672 ;
+  assign \res$666  = \res_in$665 ;
+  assign \a_out$667  = a__39;
+  assign \valid_out$669  = \valid_in$668 ;
+  assign \first_out$671  = \first_in$670 ;
+  assign \last_out$673  = \last_in$672 ;
   assign \b_out$674  = b__39;
   assign \shift$675  = shift;
   assign \a_in$678  = a__40;
@@ -13703,71 +13696,71 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$693  = a__41;
   assign \b_in$695  = b__41;
   assign p__41 = \prod$696 ;
-  assign \a_out$698  = a__41;
-  assign \valid_out$700  = \valid_in$699 ;
-  assign \first_out$702  = \first_in$701 ;
-  assign \last_out$704  = \last_in$703 ;
-  assign \res$706  = \res_in$705 ;
+  assign \res$699  = \res_in$698 ;
+  assign \a_out$700  = a__41;
+  assign \valid_out$702  = \valid_in$701 ;
+  assign \first_out$704  = \first_in$703 ;
+  assign \last_out$706  = \last_in$705 ;
   assign \b_out$707  = b__41;
   assign \shift$708  = shift;
   assign \a_in$710  = a__42;
   assign \b_in$712  = b__42;
   assign p__42 = \prod$713 ;
-  assign \a_out$715  = a__42;
-  assign \valid_out$717  = \valid_in$716 ;
-  assign \first_out$719  = \first_in$718 ;
-  assign \last_out$721  = \last_in$720 ;
-  assign \res$723  = \res_in$722 ;
+  assign \res$716  = \res_in$715 ;
+  assign \a_out$717  = a__42;
+  assign \valid_out$719  = \valid_in$718 ;
+  assign \first_out$721  = \first_in$720 ;
+  assign \last_out$723  = \last_in$722 ;
   assign \b_out$724  = b__42;
   assign \shift$725  = shift;
   assign \a_in$727  = a__43;
   assign \b_in$729  = b__43;
   assign p__43 = \prod$730 ;
-  assign \a_out$732  = a__43;
-  assign \valid_out$734  = \valid_in$733 ;
-  assign \first_out$736  = \first_in$735 ;
-  assign \last_out$738  = \last_in$737 ;
-  assign \res$740  = \res_in$739 ;
+  assign \res$733  = \res_in$732 ;
+  assign \a_out$734  = a__43;
+  assign \valid_out$736  = \valid_in$735 ;
+  assign \first_out$738  = \first_in$737 ;
+  assign \last_out$740  = \last_in$739 ;
   assign \b_out$741  = b__43;
   assign \shift$742  = shift;
   assign \a_in$744  = a__44;
   assign \b_in$746  = b__44;
   assign p__44 = \prod$747 ;
-  assign \a_out$749  = a__44;
-  assign \valid_out$751  = \valid_in$750 ;
-  assign \first_out$753  = \first_in$752 ;
-  assign \last_out$755  = \last_in$754 ;
-  assign \res$757  = \res_in$756 ;
+  assign \res$750  = \res_in$749 ;
+  assign \a_out$751  = a__44;
+  assign \valid_out$753  = \valid_in$752 ;
+  assign \first_out$755  = \first_in$754 ;
+  assign \last_out$757  = \last_in$756 ;
   assign \b_out$758  = b__44;
   assign \shift$759  = shift;
   assign \a_in$761  = a__45;
   assign \b_in$763  = b__45;
   assign p__45 = \prod$764 ;
-  assign \a_out$766  = a__45;
-  assign \valid_out$768  = \valid_in$767 ;
-  assign \first_out$770  = \first_in$769 ;
-  assign \last_out$772  = \last_in$771 ;
-  assign \res$774  = \res_in$773 ;
+  assign \res$767  = \res_in$766 ;
+  assign \a_out$768  = a__45;
+  assign \valid_out$770  = \valid_in$769 ;
+  assign \first_out$772  = \first_in$771 ;
+  assign \last_out$774  = \last_in$773 ;
   assign \b_out$775  = b__45;
   assign \shift$776  = shift;
   assign \a_in$778  = a__46;
   assign \b_in$780  = b__46;
   assign p__46 = \prod$781 ;
-  assign \a_out$783  = a__46;
-  assign \valid_out$785  = \valid_in$784 ;
-  assign \first_out$787  = \first_in$786 ;
-  assign \last_out$789  = \last_in$788 ;
-  assign \res$791  = \res_in$790 ;
+  assign \res$784  = \res_in$783 ;
+  assign \a_out$785  = a__46;
+  assign \valid_out$787  = \valid_in$786 ;
+  assign \first_out$789  = \first_in$788 ;
+  assign \last_out$791  = \last_in$790 ;
   assign \b_out$792  = b__46;
   assign \shift$793  = shift;
   assign \a_in$795  = a__47;
   assign \b_in$797  = b__47;
   assign p__47 = \prod$798 ;
-  assign \a_out$800  = a__47;
-  assign \valid_out$802  = \valid_in$801 ;
-  assign \first_out$804  = \first_in$803 ;
-  assign \last_out$806  = \last_in$805 ;
-  assign \res$808  = \res_in$807 ;
+  assign \res$801  = \res_in$800 ;
+  assign \a_out$802  = a__47;
+  assign \valid_out$804  = \valid_in$803 ;
+  assign \first_out$806  = \first_in$805 ;
+  assign \last_out$808  = \last_in$807 ;
   assign \b_out$809  = b__47;
   assign \shift$810  = shift;
   assign \a_in$813  = a__48;
@@ -13782,71 +13775,71 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$828  = a__49;
   assign \b_in$830  = b__49;
   assign p__49 = \prod$831 ;
-  assign \a_out$833  = a__49;
-  assign \valid_out$835  = \valid_in$834 ;
-  assign \first_out$837  = \first_in$836 ;
-  assign \last_out$839  = \last_in$838 ;
-  assign \res$841  = \res_in$840 ;
+  assign \res$834  = \res_in$833 ;
+  assign \a_out$835  = a__49;
+  assign \valid_out$837  = \valid_in$836 ;
+  assign \first_out$839  = \first_in$838 ;
+  assign \last_out$841  = \last_in$840 ;
   assign \b_out$842  = b__49;
   assign \shift$843  = shift;
   assign \a_in$845  = a__50;
   assign \b_in$847  = b__50;
   assign p__50 = \prod$848 ;
-  assign \a_out$850  = a__50;
-  assign \valid_out$852  = \valid_in$851 ;
-  assign \first_out$854  = \first_in$853 ;
-  assign \last_out$856  = \last_in$855 ;
-  assign \res$858  = \res_in$857 ;
+  assign \res$851  = \res_in$850 ;
+  assign \a_out$852  = a__50;
+  assign \valid_out$854  = \valid_in$853 ;
+  assign \first_out$856  = \first_in$855 ;
+  assign \last_out$858  = \last_in$857 ;
   assign \b_out$859  = b__50;
   assign \shift$860  = shift;
   assign \a_in$862  = a__51;
   assign \b_in$864  = b__51;
   assign p__51 = \prod$865 ;
-  assign \a_out$867  = a__51;
-  assign \valid_out$869  = \valid_in$868 ;
-  assign \first_out$871  = \first_in$870 ;
-  assign \last_out$873  = \last_in$872 ;
-  assign \res$875  = \res_in$874 ;
+  assign \res$868  = \res_in$867 ;
+  assign \a_out$869  = a__51;
+  assign \valid_out$871  = \valid_in$870 ;
+  assign \first_out$873  = \first_in$872 ;
+  assign \last_out$875  = \last_in$874 ;
   assign \b_out$876  = b__51;
   assign \shift$877  = shift;
   assign \a_in$879  = a__52;
   assign \b_in$881  = b__52;
   assign p__52 = \prod$882 ;
-  assign \a_out$884  = a__52;
-  assign \valid_out$886  = \valid_in$885 ;
-  assign \first_out$888  = \first_in$887 ;
-  assign \last_out$890  = \last_in$889 ;
-  assign \res$892  = \res_in$891 ;
+  assign \res$885  = \res_in$884 ;
+  assign \a_out$886  = a__52;
+  assign \valid_out$888  = \valid_in$887 ;
+  assign \first_out$890  = \first_in$889 ;
+  assign \last_out$892  = \last_in$891 ;
   assign \b_out$893  = b__52;
   assign \shift$894  = shift;
   assign \a_in$896  = a__53;
   assign \b_in$898  = b__53;
   assign p__53 = \prod$899 ;
-  assign \a_out$901  = a__53;
-  assign \valid_out$903  = \valid_in$902 ;
-  assign \first_out$905  = \first_in$904 ;
-  assign \last_out$907  = \last_in$906 ;
-  assign \res$909  = \res_in$908 ;
+  assign \res$902  = \res_in$901 ;
+  assign \a_out$903  = a__53;
+  assign \valid_out$905  = \valid_in$904 ;
+  assign \first_out$907  = \first_in$906 ;
+  assign \last_out$909  = \last_in$908 ;
   assign \b_out$910  = b__53;
   assign \shift$911  = shift;
   assign \a_in$913  = a__54;
   assign \b_in$915  = b__54;
   assign p__54 = \prod$916 ;
-  assign \a_out$918  = a__54;
-  assign \valid_out$920  = \valid_in$919 ;
-  assign \first_out$922  = \first_in$921 ;
-  assign \last_out$924  = \last_in$923 ;
-  assign \res$926  = \res_in$925 ;
+  assign \res$919  = \res_in$918 ;
+  assign \a_out$920  = a__54;
+  assign \valid_out$922  = \valid_in$921 ;
+  assign \first_out$924  = \first_in$923 ;
+  assign \last_out$926  = \last_in$925 ;
   assign \b_out$927  = b__54;
   assign \shift$928  = shift;
   assign \a_in$930  = a__55;
   assign \b_in$932  = b__55;
   assign p__55 = \prod$933 ;
-  assign \a_out$935  = a__55;
-  assign \valid_out$937  = \valid_in$936 ;
-  assign \first_out$939  = \first_in$938 ;
-  assign \last_out$941  = \last_in$940 ;
-  assign \res$943  = \res_in$942 ;
+  assign \res$936  = \res_in$935 ;
+  assign \a_out$937  = a__55;
+  assign \valid_out$939  = \valid_in$938 ;
+  assign \first_out$941  = \first_in$940 ;
+  assign \last_out$943  = \last_in$942 ;
   assign \b_out$944  = b__55;
   assign \shift$945  = shift;
   assign \a_in$948  = a__56;
@@ -13861,71 +13854,71 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$963  = a__57;
   assign \b_in$965  = b__57;
   assign p__57 = \prod$966 ;
-  assign \a_out$968  = a__57;
-  assign \valid_out$970  = \valid_in$969 ;
-  assign \first_out$972  = \first_in$971 ;
-  assign \last_out$974  = \last_in$973 ;
-  assign \res$976  = \res_in$975 ;
+  assign \res$969  = \res_in$968 ;
+  assign \a_out$970  = a__57;
+  assign \valid_out$972  = \valid_in$971 ;
+  assign \first_out$974  = \first_in$973 ;
+  assign \last_out$976  = \last_in$975 ;
   assign \b_out$977  = b__57;
   assign \shift$978  = shift;
   assign \a_in$980  = a__58;
   assign \b_in$982  = b__58;
   assign p__58 = \prod$983 ;
-  assign \a_out$985  = a__58;
-  assign \valid_out$987  = \valid_in$986 ;
-  assign \first_out$989  = \first_in$988 ;
-  assign \last_out$991  = \last_in$990 ;
-  assign \res$993  = \res_in$992 ;
+  assign \res$986  = \res_in$985 ;
+  assign \a_out$987  = a__58;
+  assign \valid_out$989  = \valid_in$988 ;
+  assign \first_out$991  = \first_in$990 ;
+  assign \last_out$993  = \last_in$992 ;
   assign \b_out$994  = b__58;
   assign \shift$995  = shift;
   assign \a_in$997  = a__59;
   assign \b_in$999  = b__59;
   assign p__59 = \prod$1000 ;
-  assign \a_out$1002  = a__59;
-  assign \valid_out$1004  = \valid_in$1003 ;
-  assign \first_out$1006  = \first_in$1005 ;
-  assign \last_out$1008  = \last_in$1007 ;
-  assign \res$1010  = \res_in$1009 ;
+  assign \res$1003  = \res_in$1002 ;
+  assign \a_out$1004  = a__59;
+  assign \valid_out$1006  = \valid_in$1005 ;
+  assign \first_out$1008  = \first_in$1007 ;
+  assign \last_out$1010  = \last_in$1009 ;
   assign \b_out$1011  = b__59;
   assign \shift$1012  = shift;
   assign \a_in$1014  = a__60;
   assign \b_in$1016  = b__60;
   assign p__60 = \prod$1017 ;
-  assign \a_out$1019  = a__60;
-  assign \valid_out$1021  = \valid_in$1020 ;
-  assign \first_out$1023  = \first_in$1022 ;
-  assign \last_out$1025  = \last_in$1024 ;
-  assign \res$1027  = \res_in$1026 ;
+  assign \res$1020  = \res_in$1019 ;
+  assign \a_out$1021  = a__60;
+  assign \valid_out$1023  = \valid_in$1022 ;
+  assign \first_out$1025  = \first_in$1024 ;
+  assign \last_out$1027  = \last_in$1026 ;
   assign \b_out$1028  = b__60;
   assign \shift$1029  = shift;
   assign \a_in$1031  = a__61;
   assign \b_in$1033  = b__61;
   assign p__61 = \prod$1034 ;
-  assign \a_out$1036  = a__61;
-  assign \valid_out$1038  = \valid_in$1037 ;
-  assign \first_out$1040  = \first_in$1039 ;
-  assign \last_out$1042  = \last_in$1041 ;
-  assign \res$1044  = \res_in$1043 ;
+  assign \res$1037  = \res_in$1036 ;
+  assign \a_out$1038  = a__61;
+  assign \valid_out$1040  = \valid_in$1039 ;
+  assign \first_out$1042  = \first_in$1041 ;
+  assign \last_out$1044  = \last_in$1043 ;
   assign \b_out$1045  = b__61;
   assign \shift$1046  = shift;
   assign \a_in$1048  = a__62;
   assign \b_in$1050  = b__62;
   assign p__62 = \prod$1051 ;
-  assign \a_out$1053  = a__62;
-  assign \valid_out$1055  = \valid_in$1054 ;
-  assign \first_out$1057  = \first_in$1056 ;
-  assign \last_out$1059  = \last_in$1058 ;
-  assign \res$1061  = \res_in$1060 ;
+  assign \res$1054  = \res_in$1053 ;
+  assign \a_out$1055  = a__62;
+  assign \valid_out$1057  = \valid_in$1056 ;
+  assign \first_out$1059  = \first_in$1058 ;
+  assign \last_out$1061  = \last_in$1060 ;
   assign \b_out$1062  = b__62;
   assign \shift$1063  = shift;
   assign \a_in$1065  = a__63;
   assign \b_in$1067  = b__63;
   assign p__63 = \prod$1068 ;
-  assign \a_out$1070  = a__63;
-  assign \valid_out$1072  = \valid_in$1071 ;
-  assign \first_out$1074  = \first_in$1073 ;
-  assign \last_out$1076  = \last_in$1075 ;
-  assign \res$1078  = \res_in$1077 ;
+  assign \res$1071  = \res_in$1070 ;
+  assign \a_out$1072  = a__63;
+  assign \valid_out$1074  = \valid_in$1073 ;
+  assign \first_out$1076  = \first_in$1075 ;
+  assign \last_out$1078  = \last_in$1077 ;
   assign \b_out$1079  = b__63;
   assign \shift$1080  = shift;
   assign \done$1083  = done;
@@ -15141,12 +15134,11 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -15154,7 +15146,6 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15191,10 +15182,10 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -15208,15 +15199,13 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     \$5  = a_in;
@@ -15261,23 +15250,30 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -15285,21 +15281,9 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -15311,12 +15295,11 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -15324,7 +15307,6 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15361,10 +15343,10 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -15378,15 +15360,13 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
     \$5  = a_in;
@@ -15431,23 +15411,30 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -15455,21 +15442,9 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -15481,12 +15456,11 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -15494,7 +15468,6 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15531,10 +15504,10 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -15548,15 +15521,13 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$5  = a_in;
@@ -15601,23 +15572,30 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -15625,21 +15603,9 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -15651,12 +15617,11 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -15664,7 +15629,6 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15701,10 +15665,10 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -15718,15 +15682,13 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$5  = a_in;
@@ -15771,23 +15733,30 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -15795,21 +15764,9 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -15821,12 +15778,11 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -15834,7 +15790,6 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -15871,10 +15826,10 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -15888,15 +15843,13 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$5  = a_in;
@@ -15941,23 +15894,30 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -15965,21 +15925,9 @@ module \nanokpu_gemm.array.pe_0_4 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -15991,12 +15939,11 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -16004,7 +15951,6 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16041,10 +15987,10 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -16058,15 +16004,13 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
     \$5  = a_in;
@@ -16111,23 +16055,30 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -16135,21 +16086,9 @@ module \nanokpu_gemm.array.pe_0_5 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -16161,12 +16100,11 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -16174,7 +16112,6 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16211,10 +16148,10 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -16228,15 +16165,13 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
     \$5  = a_in;
@@ -16281,23 +16216,30 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -16305,21 +16247,9 @@ module \nanokpu_gemm.array.pe_0_6 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -16331,12 +16261,11 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -16344,7 +16273,6 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -16376,10 +16304,10 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -16393,15 +16321,13 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
     \$5  = a_in;
@@ -16446,23 +16372,30 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -16470,21 +16403,9 @@ module \nanokpu_gemm.array.pe_0_7 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -16497,12 +16418,11 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -16510,7 +16430,6 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16547,10 +16466,10 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -16564,15 +16483,13 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
     \$5  = a_in;
@@ -16617,23 +16534,30 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -16641,21 +16565,9 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -16667,12 +16579,11 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -16680,7 +16591,6 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16717,10 +16627,10 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -16734,15 +16644,13 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$5  = a_in;
@@ -16787,23 +16695,30 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -16811,21 +16726,9 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -16837,12 +16740,11 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -16850,7 +16752,6 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -16887,10 +16788,10 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -16904,15 +16805,13 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
     \$5  = a_in;
@@ -16957,23 +16856,30 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -16981,21 +16887,9 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -17007,12 +16901,11 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -17020,7 +16913,6 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17057,10 +16949,10 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -17074,15 +16966,13 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$5  = a_in;
@@ -17127,23 +17017,30 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -17151,21 +17048,9 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -17177,12 +17062,11 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -17190,7 +17074,6 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17227,10 +17110,10 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -17244,15 +17127,13 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$5  = a_in;
@@ -17297,23 +17178,30 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -17321,21 +17209,9 @@ module \nanokpu_gemm.array.pe_1_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -17347,12 +17223,11 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -17360,7 +17235,6 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17397,10 +17271,10 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -17414,15 +17288,13 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$5  = a_in;
@@ -17467,23 +17339,30 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -17491,21 +17370,9 @@ module \nanokpu_gemm.array.pe_1_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -17517,12 +17384,11 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -17530,7 +17396,6 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17567,10 +17432,10 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -17584,15 +17449,13 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$5  = a_in;
@@ -17637,23 +17500,30 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -17661,21 +17531,9 @@ module \nanokpu_gemm.array.pe_1_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -17687,12 +17545,11 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -17700,7 +17557,6 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -17732,10 +17588,10 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -17749,15 +17605,13 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$5  = a_in;
@@ -17802,23 +17656,30 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -17826,21 +17687,9 @@ module \nanokpu_gemm.array.pe_1_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -17853,12 +17702,11 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -17866,7 +17714,6 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -17903,10 +17750,10 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -17920,15 +17767,13 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$5  = a_in;
@@ -17973,23 +17818,30 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -17997,21 +17849,9 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -18023,12 +17863,11 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -18036,7 +17875,6 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18073,10 +17911,10 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -18090,15 +17928,13 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$5  = a_in;
@@ -18143,23 +17979,30 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -18167,21 +18010,9 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -18193,12 +18024,11 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -18206,7 +18036,6 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18243,10 +18072,10 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -18260,15 +18089,13 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$5  = a_in;
@@ -18313,23 +18140,30 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -18337,21 +18171,9 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -18363,12 +18185,11 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -18376,7 +18197,6 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18413,10 +18233,10 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -18430,15 +18250,13 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$5  = a_in;
@@ -18483,23 +18301,30 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -18507,21 +18332,9 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -18533,12 +18346,11 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -18546,7 +18358,6 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18583,10 +18394,10 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -18600,15 +18411,13 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
     \$5  = a_in;
@@ -18653,23 +18462,30 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -18677,21 +18493,9 @@ module \nanokpu_gemm.array.pe_2_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$24 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -18703,12 +18507,11 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -18716,7 +18519,6 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18753,10 +18555,10 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -18770,15 +18572,13 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
     \$5  = a_in;
@@ -18823,23 +18623,30 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -18847,21 +18654,9 @@ module \nanokpu_gemm.array.pe_2_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -18873,12 +18668,11 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -18886,7 +18680,6 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -18923,10 +18716,10 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -18940,15 +18733,13 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$5  = a_in;
@@ -18993,23 +18784,30 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -19017,21 +18815,9 @@ module \nanokpu_gemm.array.pe_2_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -19043,12 +18829,11 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -19056,7 +18841,6 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -19088,10 +18872,10 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -19105,15 +18889,13 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$5  = a_in;
@@ -19158,23 +18940,30 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -19182,21 +18971,9 @@ module \nanokpu_gemm.array.pe_2_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -19209,12 +18986,11 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -19222,7 +18998,6 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19259,10 +19034,10 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -19276,15 +19051,13 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
     \$5  = a_in;
@@ -19329,23 +19102,30 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -19353,21 +19133,9 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$28 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -19379,12 +19147,11 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -19392,7 +19159,6 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19429,10 +19195,10 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -19446,15 +19212,13 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
     \$5  = a_in;
@@ -19499,23 +19263,30 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -19523,21 +19294,9 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$29 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -19549,12 +19308,11 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -19562,7 +19320,6 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19599,10 +19356,10 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -19616,15 +19373,13 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
     \$5  = a_in;
@@ -19669,23 +19424,30 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -19693,21 +19455,9 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -19719,12 +19469,11 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -19732,7 +19481,6 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19769,10 +19517,10 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -19786,15 +19534,13 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$5  = a_in;
@@ -19839,23 +19585,30 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -19863,21 +19616,9 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -19889,12 +19630,11 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -19902,7 +19642,6 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -19939,10 +19678,10 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -19956,15 +19695,13 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
     \$5  = a_in;
@@ -20009,23 +19746,30 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -20033,21 +19777,9 @@ module \nanokpu_gemm.array.pe_3_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$32 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -20059,12 +19791,11 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -20072,7 +19803,6 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20109,10 +19839,10 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -20126,15 +19856,13 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
     \$5  = a_in;
@@ -20179,23 +19907,30 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -20203,21 +19938,9 @@ module \nanokpu_gemm.array.pe_3_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$33 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -20229,12 +19952,11 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -20242,7 +19964,6 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20279,10 +20000,10 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -20296,15 +20017,13 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
     \$5  = a_in;
@@ -20349,23 +20068,30 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -20373,21 +20099,9 @@ module \nanokpu_gemm.array.pe_3_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -20399,12 +20113,11 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -20412,7 +20125,6 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -20444,10 +20156,10 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -20461,15 +20173,13 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$5  = a_in;
@@ -20514,23 +20224,30 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -20538,21 +20255,9 @@ module \nanokpu_gemm.array.pe_3_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -20565,12 +20270,11 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -20578,7 +20282,6 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20615,10 +20318,10 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -20632,15 +20335,13 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
     \$5  = a_in;
@@ -20685,23 +20386,30 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -20709,21 +20417,9 @@ module \nanokpu_gemm.array.pe_4_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$36 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -20735,12 +20431,11 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -20748,7 +20443,6 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20785,10 +20479,10 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -20802,15 +20496,13 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$5  = a_in;
@@ -20855,23 +20547,30 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -20879,21 +20578,9 @@ module \nanokpu_gemm.array.pe_4_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -20905,12 +20592,11 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -20918,7 +20604,6 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -20955,10 +20640,10 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -20972,15 +20657,13 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$5  = a_in;
@@ -21025,23 +20708,30 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -21049,21 +20739,9 @@ module \nanokpu_gemm.array.pe_4_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -21075,12 +20753,11 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -21088,7 +20765,6 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21125,10 +20801,10 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -21142,15 +20818,13 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$5  = a_in;
@@ -21195,23 +20869,30 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -21219,21 +20900,9 @@ module \nanokpu_gemm.array.pe_4_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -21245,12 +20914,11 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -21258,7 +20926,6 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21295,10 +20962,10 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -21312,15 +20979,13 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$5  = a_in;
@@ -21365,23 +21030,30 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -21389,21 +21061,9 @@ module \nanokpu_gemm.array.pe_4_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -21415,12 +21075,11 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -21428,7 +21087,6 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21465,10 +21123,10 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -21482,15 +21140,13 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$5  = a_in;
@@ -21535,23 +21191,30 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -21559,21 +21222,9 @@ module \nanokpu_gemm.array.pe_4_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -21585,12 +21236,11 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -21598,7 +21248,6 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21635,10 +21284,10 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -21652,15 +21301,13 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$5  = a_in;
@@ -21705,23 +21352,30 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -21729,21 +21383,9 @@ module \nanokpu_gemm.array.pe_4_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -21755,12 +21397,11 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -21768,7 +21409,6 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -21800,10 +21440,10 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -21817,15 +21457,13 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$5  = a_in;
@@ -21870,23 +21508,30 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -21894,21 +21539,9 @@ module \nanokpu_gemm.array.pe_4_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -21921,12 +21554,11 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -21934,7 +21566,6 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -21971,10 +21602,10 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -21988,15 +21619,13 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$5  = a_in;
@@ -22041,23 +21670,30 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -22065,21 +21701,9 @@ module \nanokpu_gemm.array.pe_5_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -22091,12 +21715,11 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -22104,7 +21727,6 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22141,10 +21763,10 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -22158,15 +21780,13 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$5  = a_in;
@@ -22211,23 +21831,30 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -22235,21 +21862,9 @@ module \nanokpu_gemm.array.pe_5_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -22261,12 +21876,11 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -22274,7 +21888,6 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22311,10 +21924,10 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -22328,15 +21941,13 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$5  = a_in;
@@ -22381,23 +21992,30 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -22405,21 +22023,9 @@ module \nanokpu_gemm.array.pe_5_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -22431,12 +22037,11 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -22444,7 +22049,6 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22481,10 +22085,10 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -22498,15 +22102,13 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
     \$5  = a_in;
@@ -22551,23 +22153,30 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -22575,21 +22184,9 @@ module \nanokpu_gemm.array.pe_5_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -22601,12 +22198,11 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -22614,7 +22210,6 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22651,10 +22246,10 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -22668,15 +22263,13 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
     \$5  = a_in;
@@ -22721,23 +22314,30 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -22745,21 +22345,9 @@ module \nanokpu_gemm.array.pe_5_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -22771,12 +22359,11 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -22784,7 +22371,6 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22821,10 +22407,10 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -22838,15 +22424,13 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
     \$5  = a_in;
@@ -22891,23 +22475,30 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -22915,21 +22506,9 @@ module \nanokpu_gemm.array.pe_5_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$49 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -22941,12 +22520,11 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -22954,7 +22532,6 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -22991,10 +22568,10 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -23008,15 +22585,13 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
     \$5  = a_in;
@@ -23061,23 +22636,30 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -23085,21 +22667,9 @@ module \nanokpu_gemm.array.pe_5_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$50 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -23111,12 +22681,11 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -23124,7 +22693,6 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -23156,10 +22724,10 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -23173,15 +22741,13 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
     \$5  = a_in;
@@ -23226,23 +22792,30 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -23250,21 +22823,9 @@ module \nanokpu_gemm.array.pe_5_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$51 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -23277,12 +22838,11 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -23290,7 +22850,6 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23327,10 +22886,10 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -23344,15 +22903,13 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
     \$5  = a_in;
@@ -23397,23 +22954,30 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -23421,21 +22985,9 @@ module \nanokpu_gemm.array.pe_6_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$52 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -23447,12 +22999,11 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -23460,7 +23011,6 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23497,10 +23047,10 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -23514,15 +23064,13 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
     \$5  = a_in;
@@ -23567,23 +23115,30 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -23591,21 +23146,9 @@ module \nanokpu_gemm.array.pe_6_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$53 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -23617,12 +23160,11 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -23630,7 +23172,6 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23667,10 +23208,10 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -23684,15 +23225,13 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
     \$5  = a_in;
@@ -23737,23 +23276,30 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -23761,21 +23307,9 @@ module \nanokpu_gemm.array.pe_6_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$54 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -23787,12 +23321,11 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -23800,7 +23333,6 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23837,10 +23369,10 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -23854,15 +23386,13 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
     \$5  = a_in;
@@ -23907,23 +23437,30 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -23931,21 +23468,9 @@ module \nanokpu_gemm.array.pe_6_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$55 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -23957,12 +23482,11 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -23970,7 +23494,6 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24007,10 +23530,10 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24024,15 +23547,13 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
     \$5  = a_in;
@@ -24077,23 +23598,30 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -24101,21 +23629,9 @@ module \nanokpu_gemm.array.pe_6_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$56 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24127,12 +23643,11 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24140,7 +23655,6 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24177,10 +23691,10 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24194,15 +23708,13 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
     \$5  = a_in;
@@ -24247,23 +23759,30 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -24271,21 +23790,9 @@ module \nanokpu_gemm.array.pe_6_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$57 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24297,12 +23804,11 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24310,7 +23816,6 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24347,10 +23852,10 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24364,15 +23869,13 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
     \$5  = a_in;
@@ -24417,23 +23920,30 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -24441,21 +23951,9 @@ module \nanokpu_gemm.array.pe_6_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$58 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24467,12 +23965,11 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24480,7 +23977,6 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -24512,10 +24008,10 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24529,15 +24025,13 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
     \$5  = a_in;
@@ -24582,23 +24076,30 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -24606,21 +24107,9 @@ module \nanokpu_gemm.array.pe_6_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$59 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24633,12 +24122,11 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24646,7 +24134,6 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24682,10 +24169,10 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24699,15 +24186,13 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
     \$5  = a_in;
@@ -24752,23 +24237,30 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -24776,21 +24268,9 @@ module \nanokpu_gemm.array.pe_7_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$60 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24802,12 +24282,11 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24815,7 +24294,6 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24851,10 +24329,10 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24868,15 +24346,13 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
     \$5  = a_in;
@@ -24921,23 +24397,30 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -24945,21 +24428,9 @@ module \nanokpu_gemm.array.pe_7_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$61 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24971,12 +24442,11 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24984,7 +24454,6 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25020,10 +24489,10 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -25037,15 +24506,13 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
     \$5  = a_in;
@@ -25090,23 +24557,30 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -25114,21 +24588,9 @@ module \nanokpu_gemm.array.pe_7_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$62 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25140,12 +24602,11 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -25153,7 +24614,6 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25189,10 +24649,10 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -25206,15 +24666,13 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
     \$5  = a_in;
@@ -25259,23 +24717,30 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -25283,21 +24748,9 @@ module \nanokpu_gemm.array.pe_7_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$63 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25309,12 +24762,11 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -25322,7 +24774,6 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25358,10 +24809,10 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -25375,15 +24826,13 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
     \$5  = a_in;
@@ -25428,23 +24877,30 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -25452,21 +24908,9 @@ module \nanokpu_gemm.array.pe_7_4 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$64 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25478,12 +24922,11 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -25491,7 +24934,6 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25527,10 +24969,10 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -25544,15 +24986,13 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
     \$5  = a_in;
@@ -25597,23 +25037,30 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -25621,21 +25068,9 @@ module \nanokpu_gemm.array.pe_7_5 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$65 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25647,12 +25082,11 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -25660,7 +25094,6 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25696,10 +25129,10 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -25713,15 +25146,13 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
     \$5  = a_in;
@@ -25766,23 +25197,30 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -25790,21 +25228,9 @@ module \nanokpu_gemm.array.pe_7_6 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$66 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25816,12 +25242,11 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -25829,7 +25254,6 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -25861,10 +25285,10 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -25878,15 +25302,13 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
     \$5  = a_in;
@@ -25931,23 +25353,30 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -25955,21 +25384,9 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$67 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25977,46 +25394,46 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__payload, o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__payload, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$68  = 0;
   wire \$1 ;
-  wire [67:0] \$10 ;
+  wire [66:0] \$10 ;
   wire \$100 ;
-  wire [8:0] \$1000 ;
+  wire [48:0] \$1000 ;
   wire [48:0] \$1001 ;
-  wire [48:0] \$1002 ;
-  wire [39:0] \$1003 ;
+  wire [39:0] \$1002 ;
+  wire [48:0] \$1003 ;
   wire [48:0] \$1004 ;
-  wire [48:0] \$1005 ;
-  wire [39:0] \$1006 ;
-  wire [23:0] \$1007 ;
+  wire [39:0] \$1005 ;
+  wire [23:0] \$1006 ;
+  wire [15:0] \$1007 ;
   wire [48:0] \$1008 ;
   wire [48:0] \$1009 ;
-  wire [6:0] \$101 ;
+  wire \$101 ;
   wire [39:0] \$1010 ;
   wire [48:0] \$1011 ;
   wire [48:0] \$1012 ;
   wire [39:0] \$1013 ;
   wire [23:0] \$1014 ;
-  wire [15:0] \$1015 ;
+  wire [48:0] \$1015 ;
   wire [48:0] \$1016 ;
-  wire [48:0] \$1017 ;
-  wire [39:0] \$1018 ;
+  wire [39:0] \$1017 ;
+  wire [48:0] \$1018 ;
   wire [48:0] \$1019 ;
   wire \$102 ;
-  wire [48:0] \$1020 ;
-  wire [39:0] \$1021 ;
-  wire [23:0] \$1022 ;
-  wire [48:0] \$1023 ;
-  wire [48:0] \$1024 ;
-  wire [39:0] \$1025 ;
+  wire [39:0] \$1020 ;
+  wire [23:0] \$1021 ;
+  wire [15:0] \$1022 ;
+  wire [11:0] \$1023 ;
+  wire [9:0] \$1024 ;
+  wire [48:0] \$1025 ;
   wire [48:0] \$1026 ;
-  wire [48:0] \$1027 ;
-  wire [39:0] \$1028 ;
-  wire [23:0] \$1029 ;
-  wire [6:0] \$103 ;
-  wire [15:0] \$1030 ;
-  wire [11:0] \$1031 ;
+  wire [39:0] \$1027 ;
+  wire [48:0] \$1028 ;
+  wire [48:0] \$1029 ;
+  wire \$103 ;
+  wire [39:0] \$1030 ;
+  wire [23:0] \$1031 ;
   wire [48:0] \$1032 ;
   wire [48:0] \$1033 ;
   wire [39:0] \$1034 ;
@@ -26024,42 +25441,42 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$1036 ;
   wire [39:0] \$1037 ;
   wire [23:0] \$1038 ;
-  wire [48:0] \$1039 ;
+  wire [15:0] \$1039 ;
   wire \$104 ;
   wire [48:0] \$1040 ;
-  wire [39:0] \$1041 ;
-  wire [48:0] \$1042 ;
+  wire [48:0] \$1041 ;
+  wire [39:0] \$1042 ;
   wire [48:0] \$1043 ;
-  wire [39:0] \$1044 ;
-  wire [23:0] \$1045 ;
-  wire [15:0] \$1046 ;
+  wire [48:0] \$1044 ;
+  wire [39:0] \$1045 ;
+  wire [23:0] \$1046 ;
   wire [48:0] \$1047 ;
   wire [48:0] \$1048 ;
   wire [39:0] \$1049 ;
-  wire [6:0] \$105 ;
+  wire \$105 ;
   wire [48:0] \$1050 ;
   wire [48:0] \$1051 ;
   wire [39:0] \$1052 ;
   wire [23:0] \$1053 ;
-  wire [48:0] \$1054 ;
-  wire [48:0] \$1055 ;
-  wire [39:0] \$1056 ;
+  wire [15:0] \$1054 ;
+  wire [11:0] \$1055 ;
+  wire [48:0] \$1056 ;
   wire [48:0] \$1057 ;
-  wire [48:0] \$1058 ;
-  wire [39:0] \$1059 ;
+  wire [39:0] \$1058 ;
+  wire [48:0] \$1059 ;
   wire \$106 ;
-  wire [23:0] \$1060 ;
-  wire [15:0] \$1061 ;
-  wire [11:0] \$1062 ;
-  wire [9:0] \$1063 ;
+  wire [48:0] \$1060 ;
+  wire [39:0] \$1061 ;
+  wire [23:0] \$1062 ;
+  wire [48:0] \$1063 ;
   wire [48:0] \$1064 ;
-  wire [48:0] \$1065 ;
-  wire [39:0] \$1066 ;
+  wire [39:0] \$1065 ;
+  wire [48:0] \$1066 ;
   wire [48:0] \$1067 ;
-  wire [48:0] \$1068 ;
-  wire [39:0] \$1069 ;
-  wire [6:0] \$107 ;
-  wire [23:0] \$1070 ;
+  wire [39:0] \$1068 ;
+  wire [23:0] \$1069 ;
+  wire \$107 ;
+  wire [15:0] \$1070 ;
   wire [48:0] \$1071 ;
   wire [48:0] \$1072 ;
   wire [39:0] \$1073 ;
@@ -26067,109 +25484,109 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$1075 ;
   wire [39:0] \$1076 ;
   wire [23:0] \$1077 ;
-  wire [15:0] \$1078 ;
+  wire [48:0] \$1078 ;
   wire [48:0] \$1079 ;
   wire \$108 ;
-  wire [48:0] \$1080 ;
-  wire [39:0] \$1081 ;
+  wire [39:0] \$1080 ;
+  wire [48:0] \$1081 ;
   wire [48:0] \$1082 ;
-  wire [48:0] \$1083 ;
-  wire [39:0] \$1084 ;
-  wire [23:0] \$1085 ;
-  wire [48:0] \$1086 ;
-  wire [48:0] \$1087 ;
-  wire [39:0] \$1088 ;
-  wire [48:0] \$1089 ;
-  wire [6:0] \$109 ;
+  wire [39:0] \$1083 ;
+  wire [23:0] \$1084 ;
+  wire [15:0] \$1085 ;
+  wire [11:0] \$1086 ;
+  wire [9:0] \$1087 ;
+  wire [48:0] \$1088 ;
+  wire \$1089 ;
+  wire \$109 ;
   wire [48:0] \$1090 ;
-  wire [39:0] \$1091 ;
-  wire [23:0] \$1092 ;
-  wire [15:0] \$1093 ;
-  wire [11:0] \$1094 ;
-  wire [48:0] \$1095 ;
-  wire [48:0] \$1096 ;
-  wire [39:0] \$1097 ;
-  wire [48:0] \$1098 ;
-  wire [48:0] \$1099 ;
-  wire [36:0] \$11 ;
+  wire [48:0] \$1091 ;
+  wire \$1092 ;
+  wire \$1093 ;
+  wire \$1094 ;
+  wire [8:0] \$1095 ;
+  wire [7:0] \$1096 ;
+  wire \$1097 ;
+  wire [8:0] \$1098 ;
+  wire [8:0] \$1099 ;
+  wire [67:0] \$11 ;
   wire \$110 ;
-  wire [39:0] \$1100 ;
-  wire [23:0] \$1101 ;
-  wire [48:0] \$1102 ;
+  wire [48:0] \$1100 ;
+  wire [48:0] \$1101 ;
+  wire [39:0] \$1102 ;
   wire [48:0] \$1103 ;
-  wire [39:0] \$1104 ;
-  wire [48:0] \$1105 ;
-  wire [48:0] \$1106 ;
-  wire [39:0] \$1107 ;
-  wire [23:0] \$1108 ;
-  wire [15:0] \$1109 ;
-  wire [6:0] \$111 ;
+  wire [48:0] \$1104 ;
+  wire [39:0] \$1105 ;
+  wire [23:0] \$1106 ;
+  wire [48:0] \$1107 ;
+  wire [48:0] \$1108 ;
+  wire [39:0] \$1109 ;
+  wire \$111 ;
   wire [48:0] \$1110 ;
   wire [48:0] \$1111 ;
   wire [39:0] \$1112 ;
-  wire [48:0] \$1113 ;
-  wire [48:0] \$1114 ;
-  wire [39:0] \$1115 ;
-  wire [23:0] \$1116 ;
-  wire [48:0] \$1117 ;
+  wire [23:0] \$1113 ;
+  wire [15:0] \$1114 ;
+  wire [48:0] \$1115 ;
+  wire [48:0] \$1116 ;
+  wire [39:0] \$1117 ;
   wire [48:0] \$1118 ;
-  wire [39:0] \$1119 ;
+  wire [48:0] \$1119 ;
   wire \$112 ;
-  wire [48:0] \$1120 ;
-  wire [48:0] \$1121 ;
-  wire [39:0] \$1122 ;
-  wire [23:0] \$1123 ;
-  wire [15:0] \$1124 ;
-  wire [11:0] \$1125 ;
-  wire [9:0] \$1126 ;
-  wire [48:0] \$1127 ;
-  wire \$1128 ;
-  wire [48:0] \$1129 ;
-  wire [6:0] \$113 ;
-  wire [48:0] \$1130 ;
-  wire \$1131 ;
-  wire \$1132 ;
-  wire \$1133 ;
-  wire [8:0] \$1134 ;
-  wire [7:0] \$1135 ;
-  wire \$1136 ;
-  wire [8:0] \$1137 ;
-  wire [8:0] \$1138 ;
+  wire [39:0] \$1120 ;
+  wire [23:0] \$1121 ;
+  wire [48:0] \$1122 ;
+  wire [48:0] \$1123 ;
+  wire [39:0] \$1124 ;
+  wire [48:0] \$1125 ;
+  wire [48:0] \$1126 ;
+  wire [39:0] \$1127 ;
+  wire [23:0] \$1128 ;
+  wire [15:0] \$1129 ;
+  wire \$113 ;
+  wire [11:0] \$1130 ;
+  wire [48:0] \$1131 ;
+  wire [48:0] \$1132 ;
+  wire [39:0] \$1133 ;
+  wire [48:0] \$1134 ;
+  wire [48:0] \$1135 ;
+  wire [39:0] \$1136 ;
+  wire [23:0] \$1137 ;
+  wire [48:0] \$1138 ;
   wire [48:0] \$1139 ;
   wire \$114 ;
-  wire [48:0] \$1140 ;
-  wire [39:0] \$1141 ;
+  wire [39:0] \$1140 ;
+  wire [48:0] \$1141 ;
   wire [48:0] \$1142 ;
-  wire [48:0] \$1143 ;
-  wire [39:0] \$1144 ;
-  wire [23:0] \$1145 ;
+  wire [39:0] \$1143 ;
+  wire [23:0] \$1144 ;
+  wire [15:0] \$1145 ;
   wire [48:0] \$1146 ;
   wire [48:0] \$1147 ;
   wire [39:0] \$1148 ;
   wire [48:0] \$1149 ;
-  wire [6:0] \$115 ;
+  wire \$115 ;
   wire [48:0] \$1150 ;
   wire [39:0] \$1151 ;
   wire [23:0] \$1152 ;
-  wire [15:0] \$1153 ;
+  wire [48:0] \$1153 ;
   wire [48:0] \$1154 ;
-  wire [48:0] \$1155 ;
-  wire [39:0] \$1156 ;
+  wire [39:0] \$1155 ;
+  wire [48:0] \$1156 ;
   wire [48:0] \$1157 ;
-  wire [48:0] \$1158 ;
-  wire [39:0] \$1159 ;
+  wire [39:0] \$1158 ;
+  wire [23:0] \$1159 ;
   wire \$116 ;
-  wire [23:0] \$1160 ;
-  wire [48:0] \$1161 ;
-  wire [48:0] \$1162 ;
-  wire [39:0] \$1163 ;
+  wire [15:0] \$1160 ;
+  wire [11:0] \$1161 ;
+  wire [9:0] \$1162 ;
+  wire [48:0] \$1163 ;
   wire [48:0] \$1164 ;
-  wire [48:0] \$1165 ;
-  wire [39:0] \$1166 ;
-  wire [23:0] \$1167 ;
-  wire [15:0] \$1168 ;
-  wire [11:0] \$1169 ;
-  wire [6:0] \$117 ;
+  wire [39:0] \$1165 ;
+  wire [48:0] \$1166 ;
+  wire [48:0] \$1167 ;
+  wire [39:0] \$1168 ;
+  wire [23:0] \$1169 ;
+  wire \$117 ;
   wire [48:0] \$1170 ;
   wire [48:0] \$1171 ;
   wire [39:0] \$1172 ;
@@ -26177,401 +25594,499 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$1174 ;
   wire [39:0] \$1175 ;
   wire [23:0] \$1176 ;
-  wire [48:0] \$1177 ;
+  wire [15:0] \$1177 ;
   wire [48:0] \$1178 ;
-  wire [39:0] \$1179 ;
+  wire [48:0] \$1179 ;
   wire \$118 ;
-  wire [48:0] \$1180 ;
+  wire [39:0] \$1180 ;
   wire [48:0] \$1181 ;
-  wire [39:0] \$1182 ;
-  wire [23:0] \$1183 ;
-  wire [15:0] \$1184 ;
+  wire [48:0] \$1182 ;
+  wire [39:0] \$1183 ;
+  wire [23:0] \$1184 ;
   wire [48:0] \$1185 ;
   wire [48:0] \$1186 ;
   wire [39:0] \$1187 ;
   wire [48:0] \$1188 ;
   wire [48:0] \$1189 ;
-  wire [6:0] \$119 ;
+  wire \$119 ;
   wire [39:0] \$1190 ;
   wire [23:0] \$1191 ;
-  wire [48:0] \$1192 ;
-  wire [48:0] \$1193 ;
-  wire [39:0] \$1194 ;
+  wire [15:0] \$1192 ;
+  wire [11:0] \$1193 ;
+  wire [48:0] \$1194 ;
   wire [48:0] \$1195 ;
-  wire [48:0] \$1196 ;
-  wire [39:0] \$1197 ;
-  wire [23:0] \$1198 ;
-  wire [15:0] \$1199 ;
-  wire [66:0] \$12 ;
+  wire [39:0] \$1196 ;
+  wire [48:0] \$1197 ;
+  wire [48:0] \$1198 ;
+  wire [39:0] \$1199 ;
+  wire [36:0] \$12 ;
   wire \$120 ;
-  wire [11:0] \$1200 ;
-  wire [9:0] \$1201 ;
+  wire [23:0] \$1200 ;
+  wire [48:0] \$1201 ;
   wire [48:0] \$1202 ;
-  wire [48:0] \$1203 ;
-  wire [39:0] \$1204 ;
+  wire [39:0] \$1203 ;
+  wire [48:0] \$1204 ;
   wire [48:0] \$1205 ;
-  wire [48:0] \$1206 ;
-  wire [39:0] \$1207 ;
-  wire [23:0] \$1208 ;
+  wire [39:0] \$1206 ;
+  wire [23:0] \$1207 ;
+  wire [15:0] \$1208 ;
   wire [48:0] \$1209 ;
-  wire [6:0] \$121 ;
+  wire \$121 ;
   wire [48:0] \$1210 ;
   wire [39:0] \$1211 ;
   wire [48:0] \$1212 ;
   wire [48:0] \$1213 ;
   wire [39:0] \$1214 ;
   wire [23:0] \$1215 ;
-  wire [15:0] \$1216 ;
+  wire [48:0] \$1216 ;
   wire [48:0] \$1217 ;
-  wire [48:0] \$1218 ;
-  wire [39:0] \$1219 ;
+  wire [39:0] \$1218 ;
+  wire [48:0] \$1219 ;
   wire \$122 ;
   wire [48:0] \$1220 ;
-  wire [48:0] \$1221 ;
-  wire [39:0] \$1222 ;
-  wire [23:0] \$1223 ;
-  wire [48:0] \$1224 ;
-  wire [48:0] \$1225 ;
-  wire [39:0] \$1226 ;
-  wire [48:0] \$1227 ;
+  wire [39:0] \$1221 ;
+  wire [23:0] \$1222 ;
+  wire [15:0] \$1223 ;
+  wire [11:0] \$1224 ;
+  wire [9:0] \$1225 ;
+  wire [48:0] \$1226 ;
+  wire \$1227 ;
   wire [48:0] \$1228 ;
-  wire [39:0] \$1229 ;
-  wire [6:0] \$123 ;
-  wire [23:0] \$1230 ;
-  wire [15:0] \$1231 ;
-  wire [11:0] \$1232 ;
-  wire [48:0] \$1233 ;
-  wire [48:0] \$1234 ;
-  wire [39:0] \$1235 ;
-  wire [48:0] \$1236 ;
-  wire [48:0] \$1237 ;
-  wire [39:0] \$1238 ;
-  wire [23:0] \$1239 ;
+  wire [48:0] \$1229 ;
+  wire \$123 ;
+  wire \$1230 ;
+  wire \$1231 ;
+  wire \$1232 ;
+  wire [8:0] \$1233 ;
+  wire [7:0] \$1234 ;
+  wire \$1235 ;
+  wire [8:0] \$1236 ;
+  wire [8:0] \$1237 ;
+  wire [48:0] \$1238 ;
+  wire [48:0] \$1239 ;
   wire \$124 ;
-  wire [48:0] \$1240 ;
+  wire [39:0] \$1240 ;
   wire [48:0] \$1241 ;
-  wire [39:0] \$1242 ;
-  wire [48:0] \$1243 ;
-  wire [48:0] \$1244 ;
-  wire [39:0] \$1245 ;
-  wire [23:0] \$1246 ;
-  wire [15:0] \$1247 ;
+  wire [48:0] \$1242 ;
+  wire [39:0] \$1243 ;
+  wire [23:0] \$1244 ;
+  wire [48:0] \$1245 ;
+  wire [48:0] \$1246 ;
+  wire [39:0] \$1247 ;
   wire [48:0] \$1248 ;
   wire [48:0] \$1249 ;
-  wire [6:0] \$125 ;
+  wire \$125 ;
   wire [39:0] \$1250 ;
-  wire [48:0] \$1251 ;
-  wire [48:0] \$1252 ;
-  wire [39:0] \$1253 ;
-  wire [23:0] \$1254 ;
-  wire [48:0] \$1255 ;
+  wire [23:0] \$1251 ;
+  wire [15:0] \$1252 ;
+  wire [48:0] \$1253 ;
+  wire [48:0] \$1254 ;
+  wire [39:0] \$1255 ;
   wire [48:0] \$1256 ;
-  wire [39:0] \$1257 ;
-  wire [48:0] \$1258 ;
-  wire [48:0] \$1259 ;
+  wire [48:0] \$1257 ;
+  wire [39:0] \$1258 ;
+  wire [23:0] \$1259 ;
   wire \$126 ;
-  wire [39:0] \$1260 ;
-  wire [23:0] \$1261 ;
-  wire [15:0] \$1262 ;
-  wire [11:0] \$1263 ;
-  wire [9:0] \$1264 ;
-  wire [48:0] \$1265 ;
-  wire \$1266 ;
-  wire [48:0] \$1267 ;
-  wire [48:0] \$1268 ;
-  wire \$1269 ;
-  wire [6:0] \$127 ;
-  wire \$1270 ;
-  wire \$1271 ;
-  wire [8:0] \$1272 ;
-  wire [7:0] \$1273 ;
-  wire \$1274 ;
-  wire [8:0] \$1275 ;
-  wire [8:0] \$1276 ;
-  reg \$1277 ;
-  reg \$1278 ;
-  reg \$1279 ;
+  wire [48:0] \$1260 ;
+  wire [48:0] \$1261 ;
+  wire [39:0] \$1262 ;
+  wire [48:0] \$1263 ;
+  wire [48:0] \$1264 ;
+  wire [39:0] \$1265 ;
+  wire [23:0] \$1266 ;
+  wire [15:0] \$1267 ;
+  wire [11:0] \$1268 ;
+  wire [48:0] \$1269 ;
+  wire \$127 ;
+  wire [48:0] \$1270 ;
+  wire [39:0] \$1271 ;
+  wire [48:0] \$1272 ;
+  wire [48:0] \$1273 ;
+  wire [39:0] \$1274 ;
+  wire [23:0] \$1275 ;
+  wire [48:0] \$1276 ;
+  wire [48:0] \$1277 ;
+  wire [39:0] \$1278 ;
+  wire [48:0] \$1279 ;
   wire \$128 ;
-  reg [47:0] \$1280 ;
-  reg [47:0] \$1281 ;
-  reg [47:0] \$1282 ;
-  reg [47:0] \$1283 ;
-  reg [47:0] \$1284 ;
-  reg [47:0] \$1285 ;
-  reg [47:0] \$1286 ;
-  reg [47:0] \$1287 ;
-  reg [48:0] \$1288 ;
-  reg [48:0] \$1289 ;
-  wire [6:0] \$129 ;
-  reg \$1290 ;
-  reg \$1291 ;
-  reg \$1292 ;
-  reg [8:0] \$1293 ;
-  reg \$1294 ;
-  reg \$1295 ;
-  reg \$1296 ;
-  reg [8:0] \$1297 ;
-  reg \$1298 ;
-  reg \$1299 ;
-  wire [67:0] \$13 ;
+  wire [48:0] \$1280 ;
+  wire [39:0] \$1281 ;
+  wire [23:0] \$1282 ;
+  wire [15:0] \$1283 ;
+  wire [48:0] \$1284 ;
+  wire [48:0] \$1285 ;
+  wire [39:0] \$1286 ;
+  wire [48:0] \$1287 ;
+  wire [48:0] \$1288 ;
+  wire [39:0] \$1289 ;
+  wire \$129 ;
+  wire [23:0] \$1290 ;
+  wire [48:0] \$1291 ;
+  wire [48:0] \$1292 ;
+  wire [39:0] \$1293 ;
+  wire [48:0] \$1294 ;
+  wire [48:0] \$1295 ;
+  wire [39:0] \$1296 ;
+  wire [23:0] \$1297 ;
+  wire [15:0] \$1298 ;
+  wire [11:0] \$1299 ;
+  wire [66:0] \$13 ;
   wire \$130 ;
-  reg [63:0] \$1300 ;
-  reg [8:0] \$1301 ;
-  reg \$1302 ;
-  reg \$1303 ;
-  reg \$1304 ;
-  reg [8:0] \$1305 ;
-  reg \$1306 ;
-  reg \$1307 ;
-  reg [8:0] \$1308 ;
-  reg \$1309 ;
-  wire [6:0] \$131 ;
-  reg \$1310 ;
-  reg \$1311 ;
-  reg [8:0] \$1312 ;
-  reg \$1313 ;
-  reg \$1314 ;
-  reg [8:0] \$1315 ;
-  reg \$1316 ;
-  reg \$1317 ;
-  reg \$1318 ;
-  reg [8:0] \$1319 ;
+  wire [9:0] \$1300 ;
+  wire [48:0] \$1301 ;
+  wire [48:0] \$1302 ;
+  wire [39:0] \$1303 ;
+  wire [48:0] \$1304 ;
+  wire [48:0] \$1305 ;
+  wire [39:0] \$1306 ;
+  wire [23:0] \$1307 ;
+  wire [48:0] \$1308 ;
+  wire [48:0] \$1309 ;
+  wire \$131 ;
+  wire [39:0] \$1310 ;
+  wire [48:0] \$1311 ;
+  wire [48:0] \$1312 ;
+  wire [39:0] \$1313 ;
+  wire [23:0] \$1314 ;
+  wire [15:0] \$1315 ;
+  wire [48:0] \$1316 ;
+  wire [48:0] \$1317 ;
+  wire [39:0] \$1318 ;
+  wire [48:0] \$1319 ;
   wire \$132 ;
-  reg \$1320 ;
-  reg \$1321 ;
-  reg [8:0] \$1322 ;
-  reg \$1323 ;
-  reg \$1324 ;
-  reg \$1325 ;
-  reg [8:0] \$1326 ;
-  reg \$1327 ;
-  reg \$1328 ;
-  reg [8:0] \$1329 ;
-  wire [6:0] \$133 ;
-  reg \$1330 ;
-  reg \$1331 ;
-  reg \$1332 ;
-  reg [8:0] \$1333 ;
-  reg \$1334 ;
-  reg \$1335 ;
-  reg [8:0] \$1336 ;
-  reg \$1337 ;
-  reg \$1338 ;
-  reg \$1339 ;
+  wire [48:0] \$1320 ;
+  wire [39:0] \$1321 ;
+  wire [23:0] \$1322 ;
+  wire [48:0] \$1323 ;
+  wire [48:0] \$1324 ;
+  wire [39:0] \$1325 ;
+  wire [48:0] \$1326 ;
+  wire [48:0] \$1327 ;
+  wire [39:0] \$1328 ;
+  wire [23:0] \$1329 ;
+  wire \$133 ;
+  wire [15:0] \$1330 ;
+  wire [11:0] \$1331 ;
+  wire [48:0] \$1332 ;
+  wire [48:0] \$1333 ;
+  wire [39:0] \$1334 ;
+  wire [48:0] \$1335 ;
+  wire [48:0] \$1336 ;
+  wire [39:0] \$1337 ;
+  wire [23:0] \$1338 ;
+  wire [48:0] \$1339 ;
   wire \$134 ;
-  reg [8:0] \$1340 ;
-  reg \$1341 ;
-  reg \$1342 ;
-  reg [8:0] \$1343 ;
-  reg \$1344 ;
-  reg \$1345 ;
-  reg \$1346 ;
-  reg [8:0] \$1347 ;
-  reg \$1348 ;
-  reg \$1349 ;
-  wire [6:0] \$135 ;
+  wire [48:0] \$1340 ;
+  wire [39:0] \$1341 ;
+  wire [48:0] \$1342 ;
+  wire [48:0] \$1343 ;
+  wire [39:0] \$1344 ;
+  wire [23:0] \$1345 ;
+  wire [15:0] \$1346 ;
+  wire [48:0] \$1347 ;
+  wire [48:0] \$1348 ;
+  wire [39:0] \$1349 ;
+  wire \$135 ;
+  wire [48:0] \$1350 ;
+  wire [48:0] \$1351 ;
+  wire [39:0] \$1352 ;
+  wire [23:0] \$1353 ;
+  wire [48:0] \$1354 ;
+  wire [48:0] \$1355 ;
+  wire [39:0] \$1356 ;
+  wire [48:0] \$1357 ;
+  wire [48:0] \$1358 ;
+  wire [39:0] \$1359 ;
   wire \$136 ;
-  wire [6:0] \$137 ;
+  wire [23:0] \$1360 ;
+  wire [15:0] \$1361 ;
+  wire [11:0] \$1362 ;
+  wire [9:0] \$1363 ;
+  wire [48:0] \$1364 ;
+  wire \$1365 ;
+  wire [48:0] \$1366 ;
+  wire [48:0] \$1367 ;
+  wire \$1368 ;
+  wire \$1369 ;
+  wire \$137 ;
+  wire \$1370 ;
+  wire [8:0] \$1371 ;
+  wire [7:0] \$1372 ;
+  wire \$1373 ;
+  wire [8:0] \$1374 ;
+  wire [8:0] \$1375 ;
+  reg \$1376 ;
+  reg \$1377 ;
+  reg \$1378 ;
+  reg [47:0] \$1379 ;
   wire \$138 ;
-  wire [6:0] \$139 ;
-  wire [36:0] \$14 ;
+  reg [47:0] \$1380 ;
+  reg [47:0] \$1381 ;
+  reg [47:0] \$1382 ;
+  reg [47:0] \$1383 ;
+  reg [47:0] \$1384 ;
+  reg [47:0] \$1385 ;
+  reg [47:0] \$1386 ;
+  reg [48:0] \$1387 ;
+  reg \$1388 ;
+  reg \$1389 ;
+  wire \$139 ;
+  reg \$1390 ;
+  reg [8:0] \$1391 ;
+  reg \$1392 ;
+  reg \$1393 ;
+  reg \$1394 ;
+  reg [8:0] \$1395 ;
+  reg \$1396 ;
+  reg \$1397 ;
+  reg [63:0] \$1398 ;
+  reg [8:0] \$1399 ;
+  wire [67:0] \$14 ;
   wire \$140 ;
-  wire [6:0] \$141 ;
+  reg \$1400 ;
+  reg \$1401 ;
+  reg \$1402 ;
+  reg [8:0] \$1403 ;
+  reg \$1404 ;
+  reg \$1405 ;
+  reg [8:0] \$1406 ;
+  reg \$1407 ;
+  reg \$1408 ;
+  reg \$1409 ;
+  wire \$141 ;
+  reg [8:0] \$1410 ;
+  reg \$1411 ;
+  reg \$1412 ;
+  reg [8:0] \$1413 ;
+  reg \$1414 ;
+  reg \$1415 ;
+  reg \$1416 ;
+  reg [8:0] \$1417 ;
+  reg \$1418 ;
+  reg \$1419 ;
   wire \$142 ;
-  wire [6:0] \$143 ;
+  reg [8:0] \$1420 ;
+  reg \$1421 ;
+  reg \$1422 ;
+  reg \$1423 ;
+  reg [8:0] \$1424 ;
+  reg \$1425 ;
+  reg \$1426 ;
+  reg [8:0] \$1427 ;
+  reg \$1428 ;
+  reg \$1429 ;
+  wire \$143 ;
+  reg \$1430 ;
+  reg [8:0] \$1431 ;
+  reg \$1432 ;
+  reg \$1433 ;
+  reg [8:0] \$1434 ;
+  reg \$1435 ;
+  reg \$1436 ;
+  reg \$1437 ;
+  reg [8:0] \$1438 ;
+  reg \$1439 ;
   wire \$144 ;
-  wire [6:0] \$145 ;
+  reg \$1440 ;
+  reg [8:0] \$1441 ;
+  reg \$1442 ;
+  reg \$1443 ;
+  reg \$1444 ;
+  reg [8:0] \$1445 ;
+  reg \$1446 ;
+  reg \$1447 ;
+  wire \$145 ;
   wire \$146 ;
-  wire [6:0] \$147 ;
+  wire \$147 ;
   wire \$148 ;
-  wire [6:0] \$149 ;
-  wire [66:0] \$15 ;
+  wire \$149 ;
+  wire [36:0] \$15 ;
   wire \$150 ;
-  wire [6:0] \$151 ;
+  wire \$151 ;
   wire \$152 ;
-  wire [6:0] \$153 ;
+  wire \$153 ;
   wire \$154 ;
-  wire [6:0] \$155 ;
+  wire \$155 ;
   wire \$156 ;
-  wire [6:0] \$157 ;
+  wire \$157 ;
   wire \$158 ;
-  wire [6:0] \$159 ;
-  wire [67:0] \$16 ;
+  wire \$159 ;
+  wire [66:0] \$16 ;
   wire \$160 ;
-  wire [6:0] \$161 ;
+  wire \$161 ;
   wire \$162 ;
-  wire [6:0] \$163 ;
+  wire \$163 ;
   wire \$164 ;
-  wire [6:0] \$165 ;
+  wire \$165 ;
   wire \$166 ;
-  wire [6:0] \$167 ;
+  wire \$167 ;
   wire \$168 ;
-  wire [6:0] \$169 ;
-  wire [36:0] \$17 ;
+  wire \$169 ;
+  wire [67:0] \$17 ;
   wire \$170 ;
-  wire [6:0] \$171 ;
+  wire \$171 ;
   wire \$172 ;
-  wire [48:0] \$173 ;
-  wire [48:0] \$174 ;
-  wire [39:0] \$175 ;
-  wire [48:0] \$176 ;
-  wire [48:0] \$177 ;
-  wire [39:0] \$178 ;
-  wire [23:0] \$179 ;
-  wire [66:0] \$18 ;
-  wire [48:0] \$180 ;
-  wire [48:0] \$181 ;
-  wire [39:0] \$182 ;
-  wire [48:0] \$183 ;
-  wire [48:0] \$184 ;
-  wire [39:0] \$185 ;
-  wire [23:0] \$186 ;
-  wire [15:0] \$187 ;
-  wire [48:0] \$188 ;
-  wire [48:0] \$189 ;
-  wire [67:0] \$19 ;
-  wire [39:0] \$190 ;
-  wire [48:0] \$191 ;
-  wire [48:0] \$192 ;
-  wire [39:0] \$193 ;
-  wire [23:0] \$194 ;
-  wire [48:0] \$195 ;
-  wire [48:0] \$196 ;
-  wire [39:0] \$197 ;
-  wire [48:0] \$198 ;
-  wire [48:0] \$199 ;
-  wire [36:0] \$2 ;
-  wire [36:0] \$20 ;
-  wire [39:0] \$200 ;
-  wire [23:0] \$201 ;
-  wire [15:0] \$202 ;
-  wire [11:0] \$203 ;
-  wire [48:0] \$204 ;
-  wire [48:0] \$205 ;
-  wire [39:0] \$206 ;
-  wire [48:0] \$207 ;
-  wire [48:0] \$208 ;
-  wire [39:0] \$209 ;
-  wire [66:0] \$21 ;
-  wire [23:0] \$210 ;
-  wire [48:0] \$211 ;
-  wire [48:0] \$212 ;
-  wire [39:0] \$213 ;
-  wire [48:0] \$214 ;
-  wire [48:0] \$215 ;
-  wire [39:0] \$216 ;
-  wire [23:0] \$217 ;
-  wire [15:0] \$218 ;
-  wire [48:0] \$219 ;
-  wire [67:0] \$22 ;
-  wire [48:0] \$220 ;
-  wire [39:0] \$221 ;
-  wire [48:0] \$222 ;
-  wire [48:0] \$223 ;
-  wire [39:0] \$224 ;
-  wire [23:0] \$225 ;
-  wire [48:0] \$226 ;
-  wire [48:0] \$227 ;
-  wire [39:0] \$228 ;
-  wire [48:0] \$229 ;
-  wire [36:0] \$23 ;
-  wire [48:0] \$230 ;
-  wire [39:0] \$231 ;
-  wire [23:0] \$232 ;
-  wire [15:0] \$233 ;
-  wire [11:0] \$234 ;
-  wire [9:0] \$235 ;
-  wire [48:0] \$236 ;
-  wire [48:0] \$237 ;
-  wire [39:0] \$238 ;
-  wire [48:0] \$239 ;
-  wire [66:0] \$24 ;
-  wire [48:0] \$240 ;
-  wire [39:0] \$241 ;
-  wire [23:0] \$242 ;
-  wire [48:0] \$243 ;
-  wire [48:0] \$244 ;
-  wire [39:0] \$245 ;
-  wire [48:0] \$246 ;
-  wire [48:0] \$247 ;
-  wire [39:0] \$248 ;
-  wire [23:0] \$249 ;
-  wire [67:0] \$25 ;
-  wire [15:0] \$250 ;
-  wire [48:0] \$251 ;
-  wire [48:0] \$252 ;
-  wire [39:0] \$253 ;
-  wire [48:0] \$254 ;
-  wire [48:0] \$255 ;
-  wire [39:0] \$256 ;
-  wire [23:0] \$257 ;
-  wire [48:0] \$258 ;
-  wire [48:0] \$259 ;
-  wire \$26 ;
-  wire [39:0] \$260 ;
-  wire [48:0] \$261 ;
-  wire [48:0] \$262 ;
-  wire [39:0] \$263 ;
-  wire [23:0] \$264 ;
-  wire [15:0] \$265 ;
-  wire [11:0] \$266 ;
-  wire [48:0] \$267 ;
-  wire [48:0] \$268 ;
-  wire [39:0] \$269 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire \$179 ;
+  wire [36:0] \$18 ;
+  wire \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire \$185 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
+  wire [66:0] \$19 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire \$199 ;
+  wire [40:0] \$2 ;
+  wire [67:0] \$20 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire \$203 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
+  wire [36:0] \$21 ;
+  wire \$210 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
+  wire [66:0] \$22 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire \$223 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire \$229 ;
+  wire [67:0] \$23 ;
+  wire \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
+  wire [36:0] \$24 ;
+  wire \$240 ;
+  wire \$241 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire \$246 ;
+  wire \$247 ;
+  wire \$248 ;
+  wire \$249 ;
+  wire [66:0] \$25 ;
+  wire \$250 ;
+  wire \$251 ;
+  wire \$252 ;
+  wire \$253 ;
+  wire \$254 ;
+  wire \$255 ;
+  wire \$256 ;
+  wire \$257 ;
+  wire \$258 ;
+  wire \$259 ;
+  wire [67:0] \$26 ;
+  wire \$260 ;
+  wire \$261 ;
+  wire \$262 ;
+  wire \$263 ;
+  wire \$264 ;
+  wire \$265 ;
+  wire \$266 ;
+  wire \$267 ;
+  wire \$268 ;
+  wire \$269 ;
   wire \$27 ;
-  wire [48:0] \$270 ;
-  wire [48:0] \$271 ;
-  wire [39:0] \$272 ;
-  wire [23:0] \$273 ;
-  wire [48:0] \$274 ;
+  wire \$270 ;
+  wire \$271 ;
+  wire [48:0] \$272 ;
+  wire [48:0] \$273 ;
+  wire [39:0] \$274 ;
   wire [48:0] \$275 ;
-  wire [39:0] \$276 ;
-  wire [48:0] \$277 ;
-  wire [48:0] \$278 ;
-  wire [39:0] \$279 ;
+  wire [48:0] \$276 ;
+  wire [39:0] \$277 ;
+  wire [23:0] \$278 ;
+  wire [48:0] \$279 ;
   wire \$28 ;
-  wire [23:0] \$280 ;
-  wire [15:0] \$281 ;
+  wire [48:0] \$280 ;
+  wire [39:0] \$281 ;
   wire [48:0] \$282 ;
   wire [48:0] \$283 ;
   wire [39:0] \$284 ;
-  wire [48:0] \$285 ;
-  wire [48:0] \$286 ;
-  wire [39:0] \$287 ;
-  wire [23:0] \$288 ;
-  wire [48:0] \$289 ;
+  wire [23:0] \$285 ;
+  wire [15:0] \$286 ;
+  wire [48:0] \$287 ;
+  wire [48:0] \$288 ;
+  wire [39:0] \$289 ;
   wire \$29 ;
   wire [48:0] \$290 ;
-  wire [39:0] \$291 ;
-  wire [48:0] \$292 ;
-  wire [48:0] \$293 ;
-  wire [39:0] \$294 ;
-  wire [23:0] \$295 ;
-  wire [15:0] \$296 ;
-  wire [11:0] \$297 ;
-  wire [9:0] \$298 ;
-  wire [48:0] \$299 ;
-  wire [66:0] \$3 ;
+  wire [48:0] \$291 ;
+  wire [39:0] \$292 ;
+  wire [23:0] \$293 ;
+  wire [48:0] \$294 ;
+  wire [48:0] \$295 ;
+  wire [39:0] \$296 ;
+  wire [48:0] \$297 ;
+  wire [48:0] \$298 ;
+  wire [39:0] \$299 ;
+  wire [36:0] \$3 ;
   wire \$30 ;
-  wire \$300 ;
-  wire [48:0] \$301 ;
-  wire [48:0] \$302 ;
-  wire \$303 ;
-  wire \$304 ;
-  wire \$305 ;
-  wire [8:0] \$306 ;
-  wire [7:0] \$307 ;
-  wire \$308 ;
-  wire [8:0] \$309 ;
+  wire [23:0] \$300 ;
+  wire [15:0] \$301 ;
+  wire [11:0] \$302 ;
+  wire [48:0] \$303 ;
+  wire [48:0] \$304 ;
+  wire [39:0] \$305 ;
+  wire [48:0] \$306 ;
+  wire [48:0] \$307 ;
+  wire [39:0] \$308 ;
+  wire [23:0] \$309 ;
   wire \$31 ;
-  wire [8:0] \$310 ;
+  wire [48:0] \$310 ;
   wire [48:0] \$311 ;
-  wire [48:0] \$312 ;
-  wire [39:0] \$313 ;
+  wire [39:0] \$312 ;
+  wire [48:0] \$313 ;
   wire [48:0] \$314 ;
-  wire [48:0] \$315 ;
-  wire [39:0] \$316 ;
-  wire [23:0] \$317 ;
+  wire [39:0] \$315 ;
+  wire [23:0] \$316 ;
+  wire [15:0] \$317 ;
   wire [48:0] \$318 ;
   wire [48:0] \$319 ;
   wire \$32 ;
@@ -26580,25 +26095,25 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$322 ;
   wire [39:0] \$323 ;
   wire [23:0] \$324 ;
-  wire [15:0] \$325 ;
+  wire [48:0] \$325 ;
   wire [48:0] \$326 ;
-  wire [48:0] \$327 ;
-  wire [39:0] \$328 ;
+  wire [39:0] \$327 ;
+  wire [48:0] \$328 ;
   wire [48:0] \$329 ;
   wire \$33 ;
-  wire [48:0] \$330 ;
-  wire [39:0] \$331 ;
-  wire [23:0] \$332 ;
-  wire [48:0] \$333 ;
-  wire [48:0] \$334 ;
-  wire [39:0] \$335 ;
+  wire [39:0] \$330 ;
+  wire [23:0] \$331 ;
+  wire [15:0] \$332 ;
+  wire [11:0] \$333 ;
+  wire [9:0] \$334 ;
+  wire [48:0] \$335 ;
   wire [48:0] \$336 ;
-  wire [48:0] \$337 ;
-  wire [39:0] \$338 ;
-  wire [23:0] \$339 ;
+  wire [39:0] \$337 ;
+  wire [48:0] \$338 ;
+  wire [48:0] \$339 ;
   wire \$34 ;
-  wire [15:0] \$340 ;
-  wire [11:0] \$341 ;
+  wire [39:0] \$340 ;
+  wire [23:0] \$341 ;
   wire [48:0] \$342 ;
   wire [48:0] \$343 ;
   wire [39:0] \$344 ;
@@ -26606,15 +26121,15 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$346 ;
   wire [39:0] \$347 ;
   wire [23:0] \$348 ;
-  wire [48:0] \$349 ;
+  wire [15:0] \$349 ;
   wire \$35 ;
   wire [48:0] \$350 ;
-  wire [39:0] \$351 ;
-  wire [48:0] \$352 ;
+  wire [48:0] \$351 ;
+  wire [39:0] \$352 ;
   wire [48:0] \$353 ;
-  wire [39:0] \$354 ;
-  wire [23:0] \$355 ;
-  wire [15:0] \$356 ;
+  wire [48:0] \$354 ;
+  wire [39:0] \$355 ;
+  wire [23:0] \$356 ;
   wire [48:0] \$357 ;
   wire [48:0] \$358 ;
   wire [39:0] \$359 ;
@@ -26623,25 +26138,25 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$361 ;
   wire [39:0] \$362 ;
   wire [23:0] \$363 ;
-  wire [48:0] \$364 ;
-  wire [48:0] \$365 ;
-  wire [39:0] \$366 ;
+  wire [15:0] \$364 ;
+  wire [11:0] \$365 ;
+  wire [48:0] \$366 ;
   wire [48:0] \$367 ;
-  wire [48:0] \$368 ;
-  wire [39:0] \$369 ;
+  wire [39:0] \$368 ;
+  wire [48:0] \$369 ;
   wire \$37 ;
-  wire [23:0] \$370 ;
-  wire [15:0] \$371 ;
-  wire [11:0] \$372 ;
-  wire [9:0] \$373 ;
+  wire [48:0] \$370 ;
+  wire [39:0] \$371 ;
+  wire [23:0] \$372 ;
+  wire [48:0] \$373 ;
   wire [48:0] \$374 ;
-  wire [48:0] \$375 ;
-  wire [39:0] \$376 ;
+  wire [39:0] \$375 ;
+  wire [48:0] \$376 ;
   wire [48:0] \$377 ;
-  wire [48:0] \$378 ;
-  wire [39:0] \$379 ;
+  wire [39:0] \$378 ;
+  wire [23:0] \$379 ;
   wire \$38 ;
-  wire [23:0] \$380 ;
+  wire [15:0] \$380 ;
   wire [48:0] \$381 ;
   wire [48:0] \$382 ;
   wire [39:0] \$383 ;
@@ -26649,82 +26164,82 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$385 ;
   wire [39:0] \$386 ;
   wire [23:0] \$387 ;
-  wire [15:0] \$388 ;
+  wire [48:0] \$388 ;
   wire [48:0] \$389 ;
   wire \$39 ;
-  wire [48:0] \$390 ;
-  wire [39:0] \$391 ;
+  wire [39:0] \$390 ;
+  wire [48:0] \$391 ;
   wire [48:0] \$392 ;
-  wire [48:0] \$393 ;
-  wire [39:0] \$394 ;
-  wire [23:0] \$395 ;
-  wire [48:0] \$396 ;
-  wire [48:0] \$397 ;
-  wire [39:0] \$398 ;
-  wire [48:0] \$399 ;
-  wire [67:0] \$4 ;
+  wire [39:0] \$393 ;
+  wire [23:0] \$394 ;
+  wire [15:0] \$395 ;
+  wire [11:0] \$396 ;
+  wire [9:0] \$397 ;
+  wire [48:0] \$398 ;
+  wire \$399 ;
+  wire [66:0] \$4 ;
   wire \$40 ;
   wire [48:0] \$400 ;
-  wire [39:0] \$401 ;
-  wire [23:0] \$402 ;
-  wire [15:0] \$403 ;
-  wire [11:0] \$404 ;
-  wire [48:0] \$405 ;
-  wire [48:0] \$406 ;
-  wire [39:0] \$407 ;
-  wire [48:0] \$408 ;
-  wire [48:0] \$409 ;
+  wire [48:0] \$401 ;
+  wire \$402 ;
+  wire \$403 ;
+  wire \$404 ;
+  wire [8:0] \$405 ;
+  wire [7:0] \$406 ;
+  wire \$407 ;
+  wire [8:0] \$408 ;
+  wire [8:0] \$409 ;
   wire \$41 ;
-  wire [39:0] \$410 ;
-  wire [23:0] \$411 ;
-  wire [48:0] \$412 ;
+  wire [48:0] \$410 ;
+  wire [48:0] \$411 ;
+  wire [39:0] \$412 ;
   wire [48:0] \$413 ;
-  wire [39:0] \$414 ;
-  wire [48:0] \$415 ;
-  wire [48:0] \$416 ;
-  wire [39:0] \$417 ;
-  wire [23:0] \$418 ;
-  wire [15:0] \$419 ;
+  wire [48:0] \$414 ;
+  wire [39:0] \$415 ;
+  wire [23:0] \$416 ;
+  wire [48:0] \$417 ;
+  wire [48:0] \$418 ;
+  wire [39:0] \$419 ;
   wire \$42 ;
   wire [48:0] \$420 ;
   wire [48:0] \$421 ;
   wire [39:0] \$422 ;
-  wire [48:0] \$423 ;
-  wire [48:0] \$424 ;
-  wire [39:0] \$425 ;
-  wire [23:0] \$426 ;
-  wire [48:0] \$427 ;
+  wire [23:0] \$423 ;
+  wire [15:0] \$424 ;
+  wire [48:0] \$425 ;
+  wire [48:0] \$426 ;
+  wire [39:0] \$427 ;
   wire [48:0] \$428 ;
-  wire [39:0] \$429 ;
+  wire [48:0] \$429 ;
   wire \$43 ;
-  wire [48:0] \$430 ;
-  wire [48:0] \$431 ;
-  wire [39:0] \$432 ;
-  wire [23:0] \$433 ;
-  wire [15:0] \$434 ;
-  wire [11:0] \$435 ;
-  wire [9:0] \$436 ;
-  wire [48:0] \$437 ;
-  wire \$438 ;
-  wire [48:0] \$439 ;
+  wire [39:0] \$430 ;
+  wire [23:0] \$431 ;
+  wire [48:0] \$432 ;
+  wire [48:0] \$433 ;
+  wire [39:0] \$434 ;
+  wire [48:0] \$435 ;
+  wire [48:0] \$436 ;
+  wire [39:0] \$437 ;
+  wire [23:0] \$438 ;
+  wire [15:0] \$439 ;
   wire \$44 ;
-  wire [48:0] \$440 ;
-  wire \$441 ;
-  wire \$442 ;
-  wire \$443 ;
-  wire [8:0] \$444 ;
-  wire [7:0] \$445 ;
-  wire \$446 ;
-  wire [8:0] \$447 ;
-  wire [8:0] \$448 ;
+  wire [11:0] \$440 ;
+  wire [48:0] \$441 ;
+  wire [48:0] \$442 ;
+  wire [39:0] \$443 ;
+  wire [48:0] \$444 ;
+  wire [48:0] \$445 ;
+  wire [39:0] \$446 ;
+  wire [23:0] \$447 ;
+  wire [48:0] \$448 ;
   wire [48:0] \$449 ;
   wire \$45 ;
-  wire [48:0] \$450 ;
-  wire [39:0] \$451 ;
+  wire [39:0] \$450 ;
+  wire [48:0] \$451 ;
   wire [48:0] \$452 ;
-  wire [48:0] \$453 ;
-  wire [39:0] \$454 ;
-  wire [23:0] \$455 ;
+  wire [39:0] \$453 ;
+  wire [23:0] \$454 ;
+  wire [15:0] \$455 ;
   wire [48:0] \$456 ;
   wire [48:0] \$457 ;
   wire [39:0] \$458 ;
@@ -26733,24 +26248,24 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$460 ;
   wire [39:0] \$461 ;
   wire [23:0] \$462 ;
-  wire [15:0] \$463 ;
+  wire [48:0] \$463 ;
   wire [48:0] \$464 ;
-  wire [48:0] \$465 ;
-  wire [39:0] \$466 ;
+  wire [39:0] \$465 ;
+  wire [48:0] \$466 ;
   wire [48:0] \$467 ;
-  wire [48:0] \$468 ;
-  wire [39:0] \$469 ;
+  wire [39:0] \$468 ;
+  wire [23:0] \$469 ;
   wire \$47 ;
-  wire [23:0] \$470 ;
-  wire [48:0] \$471 ;
-  wire [48:0] \$472 ;
-  wire [39:0] \$473 ;
+  wire [15:0] \$470 ;
+  wire [11:0] \$471 ;
+  wire [9:0] \$472 ;
+  wire [48:0] \$473 ;
   wire [48:0] \$474 ;
-  wire [48:0] \$475 ;
-  wire [39:0] \$476 ;
-  wire [23:0] \$477 ;
-  wire [15:0] \$478 ;
-  wire [11:0] \$479 ;
+  wire [39:0] \$475 ;
+  wire [48:0] \$476 ;
+  wire [48:0] \$477 ;
+  wire [39:0] \$478 ;
+  wire [23:0] \$479 ;
   wire \$48 ;
   wire [48:0] \$480 ;
   wire [48:0] \$481 ;
@@ -26759,42 +26274,42 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$484 ;
   wire [39:0] \$485 ;
   wire [23:0] \$486 ;
-  wire [48:0] \$487 ;
+  wire [15:0] \$487 ;
   wire [48:0] \$488 ;
-  wire [39:0] \$489 ;
+  wire [48:0] \$489 ;
   wire \$49 ;
-  wire [48:0] \$490 ;
+  wire [39:0] \$490 ;
   wire [48:0] \$491 ;
-  wire [39:0] \$492 ;
-  wire [23:0] \$493 ;
-  wire [15:0] \$494 ;
+  wire [48:0] \$492 ;
+  wire [39:0] \$493 ;
+  wire [23:0] \$494 ;
   wire [48:0] \$495 ;
   wire [48:0] \$496 ;
   wire [39:0] \$497 ;
   wire [48:0] \$498 ;
   wire [48:0] \$499 ;
-  wire [36:0] \$5 ;
+  wire [67:0] \$5 ;
   wire \$50 ;
   wire [39:0] \$500 ;
   wire [23:0] \$501 ;
-  wire [48:0] \$502 ;
-  wire [48:0] \$503 ;
-  wire [39:0] \$504 ;
+  wire [15:0] \$502 ;
+  wire [11:0] \$503 ;
+  wire [48:0] \$504 ;
   wire [48:0] \$505 ;
-  wire [48:0] \$506 ;
-  wire [39:0] \$507 ;
-  wire [23:0] \$508 ;
-  wire [15:0] \$509 ;
+  wire [39:0] \$506 ;
+  wire [48:0] \$507 ;
+  wire [48:0] \$508 ;
+  wire [39:0] \$509 ;
   wire \$51 ;
-  wire [11:0] \$510 ;
-  wire [9:0] \$511 ;
+  wire [23:0] \$510 ;
+  wire [48:0] \$511 ;
   wire [48:0] \$512 ;
-  wire [48:0] \$513 ;
-  wire [39:0] \$514 ;
+  wire [39:0] \$513 ;
+  wire [48:0] \$514 ;
   wire [48:0] \$515 ;
-  wire [48:0] \$516 ;
-  wire [39:0] \$517 ;
-  wire [23:0] \$518 ;
+  wire [39:0] \$516 ;
+  wire [23:0] \$517 ;
+  wire [15:0] \$518 ;
   wire [48:0] \$519 ;
   wire \$52 ;
   wire [48:0] \$520 ;
@@ -26803,108 +26318,108 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$523 ;
   wire [39:0] \$524 ;
   wire [23:0] \$525 ;
-  wire [15:0] \$526 ;
+  wire [48:0] \$526 ;
   wire [48:0] \$527 ;
-  wire [48:0] \$528 ;
-  wire [39:0] \$529 ;
+  wire [39:0] \$528 ;
+  wire [48:0] \$529 ;
   wire \$53 ;
   wire [48:0] \$530 ;
-  wire [48:0] \$531 ;
-  wire [39:0] \$532 ;
-  wire [23:0] \$533 ;
-  wire [48:0] \$534 ;
-  wire [48:0] \$535 ;
-  wire [39:0] \$536 ;
-  wire [48:0] \$537 ;
+  wire [39:0] \$531 ;
+  wire [23:0] \$532 ;
+  wire [15:0] \$533 ;
+  wire [11:0] \$534 ;
+  wire [9:0] \$535 ;
+  wire [48:0] \$536 ;
+  wire \$537 ;
   wire [48:0] \$538 ;
-  wire [39:0] \$539 ;
+  wire [48:0] \$539 ;
   wire \$54 ;
-  wire [23:0] \$540 ;
-  wire [15:0] \$541 ;
-  wire [11:0] \$542 ;
-  wire [48:0] \$543 ;
-  wire [48:0] \$544 ;
-  wire [39:0] \$545 ;
-  wire [48:0] \$546 ;
-  wire [48:0] \$547 ;
-  wire [39:0] \$548 ;
-  wire [23:0] \$549 ;
+  wire \$540 ;
+  wire \$541 ;
+  wire \$542 ;
+  wire [8:0] \$543 ;
+  wire [7:0] \$544 ;
+  wire \$545 ;
+  wire [8:0] \$546 ;
+  wire [8:0] \$547 ;
+  wire [48:0] \$548 ;
+  wire [48:0] \$549 ;
   wire \$55 ;
-  wire [48:0] \$550 ;
+  wire [39:0] \$550 ;
   wire [48:0] \$551 ;
-  wire [39:0] \$552 ;
-  wire [48:0] \$553 ;
-  wire [48:0] \$554 ;
-  wire [39:0] \$555 ;
-  wire [23:0] \$556 ;
-  wire [15:0] \$557 ;
+  wire [48:0] \$552 ;
+  wire [39:0] \$553 ;
+  wire [23:0] \$554 ;
+  wire [48:0] \$555 ;
+  wire [48:0] \$556 ;
+  wire [39:0] \$557 ;
   wire [48:0] \$558 ;
   wire [48:0] \$559 ;
   wire \$56 ;
   wire [39:0] \$560 ;
-  wire [48:0] \$561 ;
-  wire [48:0] \$562 ;
-  wire [39:0] \$563 ;
-  wire [23:0] \$564 ;
-  wire [48:0] \$565 ;
+  wire [23:0] \$561 ;
+  wire [15:0] \$562 ;
+  wire [48:0] \$563 ;
+  wire [48:0] \$564 ;
+  wire [39:0] \$565 ;
   wire [48:0] \$566 ;
-  wire [39:0] \$567 ;
-  wire [48:0] \$568 ;
-  wire [48:0] \$569 ;
+  wire [48:0] \$567 ;
+  wire [39:0] \$568 ;
+  wire [23:0] \$569 ;
   wire \$57 ;
-  wire [39:0] \$570 ;
-  wire [23:0] \$571 ;
-  wire [15:0] \$572 ;
-  wire [11:0] \$573 ;
-  wire [9:0] \$574 ;
-  wire [48:0] \$575 ;
-  wire \$576 ;
-  wire [48:0] \$577 ;
-  wire [48:0] \$578 ;
-  wire \$579 ;
+  wire [48:0] \$570 ;
+  wire [48:0] \$571 ;
+  wire [39:0] \$572 ;
+  wire [48:0] \$573 ;
+  wire [48:0] \$574 ;
+  wire [39:0] \$575 ;
+  wire [23:0] \$576 ;
+  wire [15:0] \$577 ;
+  wire [11:0] \$578 ;
+  wire [48:0] \$579 ;
   wire \$58 ;
-  wire \$580 ;
-  wire \$581 ;
-  wire [8:0] \$582 ;
-  wire [7:0] \$583 ;
-  wire \$584 ;
-  wire [8:0] \$585 ;
-  wire [8:0] \$586 ;
+  wire [48:0] \$580 ;
+  wire [39:0] \$581 ;
+  wire [48:0] \$582 ;
+  wire [48:0] \$583 ;
+  wire [39:0] \$584 ;
+  wire [23:0] \$585 ;
+  wire [48:0] \$586 ;
   wire [48:0] \$587 ;
-  wire [48:0] \$588 ;
-  wire [39:0] \$589 ;
+  wire [39:0] \$588 ;
+  wire [48:0] \$589 ;
   wire \$59 ;
   wire [48:0] \$590 ;
-  wire [48:0] \$591 ;
-  wire [39:0] \$592 ;
-  wire [23:0] \$593 ;
+  wire [39:0] \$591 ;
+  wire [23:0] \$592 ;
+  wire [15:0] \$593 ;
   wire [48:0] \$594 ;
   wire [48:0] \$595 ;
   wire [39:0] \$596 ;
   wire [48:0] \$597 ;
   wire [48:0] \$598 ;
   wire [39:0] \$599 ;
-  wire [66:0] \$6 ;
+  wire [36:0] \$6 ;
   wire \$60 ;
   wire [23:0] \$600 ;
-  wire [15:0] \$601 ;
+  wire [48:0] \$601 ;
   wire [48:0] \$602 ;
-  wire [48:0] \$603 ;
-  wire [39:0] \$604 ;
+  wire [39:0] \$603 ;
+  wire [48:0] \$604 ;
   wire [48:0] \$605 ;
-  wire [48:0] \$606 ;
-  wire [39:0] \$607 ;
-  wire [23:0] \$608 ;
-  wire [48:0] \$609 ;
+  wire [39:0] \$606 ;
+  wire [23:0] \$607 ;
+  wire [15:0] \$608 ;
+  wire [11:0] \$609 ;
   wire \$61 ;
-  wire [48:0] \$610 ;
-  wire [39:0] \$611 ;
+  wire [9:0] \$610 ;
+  wire [48:0] \$611 ;
   wire [48:0] \$612 ;
-  wire [48:0] \$613 ;
-  wire [39:0] \$614 ;
-  wire [23:0] \$615 ;
-  wire [15:0] \$616 ;
-  wire [11:0] \$617 ;
+  wire [39:0] \$613 ;
+  wire [48:0] \$614 ;
+  wire [48:0] \$615 ;
+  wire [39:0] \$616 ;
+  wire [23:0] \$617 ;
   wire [48:0] \$618 ;
   wire [48:0] \$619 ;
   wire \$62 ;
@@ -26913,15 +26428,15 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$622 ;
   wire [39:0] \$623 ;
   wire [23:0] \$624 ;
-  wire [48:0] \$625 ;
+  wire [15:0] \$625 ;
   wire [48:0] \$626 ;
-  wire [39:0] \$627 ;
-  wire [48:0] \$628 ;
+  wire [48:0] \$627 ;
+  wire [39:0] \$628 ;
   wire [48:0] \$629 ;
   wire \$63 ;
-  wire [39:0] \$630 ;
-  wire [23:0] \$631 ;
-  wire [15:0] \$632 ;
+  wire [48:0] \$630 ;
+  wire [39:0] \$631 ;
+  wire [23:0] \$632 ;
   wire [48:0] \$633 ;
   wire [48:0] \$634 ;
   wire [39:0] \$635 ;
@@ -26930,24 +26445,24 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [39:0] \$638 ;
   wire [23:0] \$639 ;
   wire \$64 ;
-  wire [48:0] \$640 ;
-  wire [48:0] \$641 ;
-  wire [39:0] \$642 ;
+  wire [15:0] \$640 ;
+  wire [11:0] \$641 ;
+  wire [48:0] \$642 ;
   wire [48:0] \$643 ;
-  wire [48:0] \$644 ;
-  wire [39:0] \$645 ;
-  wire [23:0] \$646 ;
-  wire [15:0] \$647 ;
-  wire [11:0] \$648 ;
-  wire [9:0] \$649 ;
+  wire [39:0] \$644 ;
+  wire [48:0] \$645 ;
+  wire [48:0] \$646 ;
+  wire [39:0] \$647 ;
+  wire [23:0] \$648 ;
+  wire [48:0] \$649 ;
   wire \$65 ;
   wire [48:0] \$650 ;
-  wire [48:0] \$651 ;
-  wire [39:0] \$652 ;
+  wire [39:0] \$651 ;
+  wire [48:0] \$652 ;
   wire [48:0] \$653 ;
-  wire [48:0] \$654 ;
-  wire [39:0] \$655 ;
-  wire [23:0] \$656 ;
+  wire [39:0] \$654 ;
+  wire [23:0] \$655 ;
+  wire [15:0] \$656 ;
   wire [48:0] \$657 ;
   wire [48:0] \$658 ;
   wire [39:0] \$659 ;
@@ -26956,82 +26471,82 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$661 ;
   wire [39:0] \$662 ;
   wire [23:0] \$663 ;
-  wire [15:0] \$664 ;
+  wire [48:0] \$664 ;
   wire [48:0] \$665 ;
-  wire [48:0] \$666 ;
-  wire [39:0] \$667 ;
+  wire [39:0] \$666 ;
+  wire [48:0] \$667 ;
   wire [48:0] \$668 ;
-  wire [48:0] \$669 ;
+  wire [39:0] \$669 ;
   wire \$67 ;
-  wire [39:0] \$670 ;
-  wire [23:0] \$671 ;
-  wire [48:0] \$672 ;
-  wire [48:0] \$673 ;
-  wire [39:0] \$674 ;
-  wire [48:0] \$675 ;
+  wire [23:0] \$670 ;
+  wire [15:0] \$671 ;
+  wire [11:0] \$672 ;
+  wire [9:0] \$673 ;
+  wire [48:0] \$674 ;
+  wire \$675 ;
   wire [48:0] \$676 ;
-  wire [39:0] \$677 ;
-  wire [23:0] \$678 ;
-  wire [15:0] \$679 ;
+  wire [48:0] \$677 ;
+  wire \$678 ;
+  wire \$679 ;
   wire \$68 ;
-  wire [11:0] \$680 ;
-  wire [48:0] \$681 ;
-  wire [48:0] \$682 ;
-  wire [39:0] \$683 ;
-  wire [48:0] \$684 ;
-  wire [48:0] \$685 ;
-  wire [39:0] \$686 ;
-  wire [23:0] \$687 ;
-  wire [48:0] \$688 ;
+  wire \$680 ;
+  wire [8:0] \$681 ;
+  wire [7:0] \$682 ;
+  wire \$683 ;
+  wire [8:0] \$684 ;
+  wire [8:0] \$685 ;
+  wire [48:0] \$686 ;
+  wire [48:0] \$687 ;
+  wire [39:0] \$688 ;
   wire [48:0] \$689 ;
   wire \$69 ;
-  wire [39:0] \$690 ;
-  wire [48:0] \$691 ;
-  wire [48:0] \$692 ;
-  wire [39:0] \$693 ;
-  wire [23:0] \$694 ;
-  wire [15:0] \$695 ;
+  wire [48:0] \$690 ;
+  wire [39:0] \$691 ;
+  wire [23:0] \$692 ;
+  wire [48:0] \$693 ;
+  wire [48:0] \$694 ;
+  wire [39:0] \$695 ;
   wire [48:0] \$696 ;
   wire [48:0] \$697 ;
   wire [39:0] \$698 ;
-  wire [48:0] \$699 ;
-  wire [67:0] \$7 ;
+  wire [23:0] \$699 ;
+  wire [66:0] \$7 ;
   wire \$70 ;
-  wire [48:0] \$700 ;
-  wire [39:0] \$701 ;
-  wire [23:0] \$702 ;
-  wire [48:0] \$703 ;
+  wire [15:0] \$700 ;
+  wire [48:0] \$701 ;
+  wire [48:0] \$702 ;
+  wire [39:0] \$703 ;
   wire [48:0] \$704 ;
-  wire [39:0] \$705 ;
-  wire [48:0] \$706 ;
-  wire [48:0] \$707 ;
-  wire [39:0] \$708 ;
-  wire [23:0] \$709 ;
+  wire [48:0] \$705 ;
+  wire [39:0] \$706 ;
+  wire [23:0] \$707 ;
+  wire [48:0] \$708 ;
+  wire [48:0] \$709 ;
   wire \$71 ;
-  wire [15:0] \$710 ;
-  wire [11:0] \$711 ;
-  wire [9:0] \$712 ;
-  wire [48:0] \$713 ;
-  wire \$714 ;
-  wire [48:0] \$715 ;
-  wire [48:0] \$716 ;
-  wire \$717 ;
-  wire \$718 ;
-  wire \$719 ;
+  wire [39:0] \$710 ;
+  wire [48:0] \$711 ;
+  wire [48:0] \$712 ;
+  wire [39:0] \$713 ;
+  wire [23:0] \$714 ;
+  wire [15:0] \$715 ;
+  wire [11:0] \$716 ;
+  wire [48:0] \$717 ;
+  wire [48:0] \$718 ;
+  wire [39:0] \$719 ;
   wire \$72 ;
-  wire [8:0] \$720 ;
-  wire [7:0] \$721 ;
-  wire \$722 ;
-  wire [8:0] \$723 ;
-  wire [8:0] \$724 ;
+  wire [48:0] \$720 ;
+  wire [48:0] \$721 ;
+  wire [39:0] \$722 ;
+  wire [23:0] \$723 ;
+  wire [48:0] \$724 ;
   wire [48:0] \$725 ;
-  wire [48:0] \$726 ;
-  wire [39:0] \$727 ;
+  wire [39:0] \$726 ;
+  wire [48:0] \$727 ;
   wire [48:0] \$728 ;
-  wire [48:0] \$729 ;
+  wire [39:0] \$729 ;
   wire \$73 ;
-  wire [39:0] \$730 ;
-  wire [23:0] \$731 ;
+  wire [23:0] \$730 ;
+  wire [15:0] \$731 ;
   wire [48:0] \$732 ;
   wire [48:0] \$733 ;
   wire [39:0] \$734 ;
@@ -27039,25 +26554,25 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$736 ;
   wire [39:0] \$737 ;
   wire [23:0] \$738 ;
-  wire [15:0] \$739 ;
+  wire [48:0] \$739 ;
   wire \$74 ;
   wire [48:0] \$740 ;
-  wire [48:0] \$741 ;
-  wire [39:0] \$742 ;
+  wire [39:0] \$741 ;
+  wire [48:0] \$742 ;
   wire [48:0] \$743 ;
-  wire [48:0] \$744 ;
-  wire [39:0] \$745 ;
-  wire [23:0] \$746 ;
-  wire [48:0] \$747 ;
-  wire [48:0] \$748 ;
-  wire [39:0] \$749 ;
-  wire [6:0] \$75 ;
+  wire [39:0] \$744 ;
+  wire [23:0] \$745 ;
+  wire [15:0] \$746 ;
+  wire [11:0] \$747 ;
+  wire [9:0] \$748 ;
+  wire [48:0] \$749 ;
+  wire \$75 ;
   wire [48:0] \$750 ;
-  wire [48:0] \$751 ;
-  wire [39:0] \$752 ;
-  wire [23:0] \$753 ;
-  wire [15:0] \$754 ;
-  wire [11:0] \$755 ;
+  wire [39:0] \$751 ;
+  wire [48:0] \$752 ;
+  wire [48:0] \$753 ;
+  wire [39:0] \$754 ;
+  wire [23:0] \$755 ;
   wire [48:0] \$756 ;
   wire [48:0] \$757 ;
   wire [39:0] \$758 ;
@@ -27066,15 +26581,15 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$760 ;
   wire [39:0] \$761 ;
   wire [23:0] \$762 ;
-  wire [48:0] \$763 ;
+  wire [15:0] \$763 ;
   wire [48:0] \$764 ;
-  wire [39:0] \$765 ;
-  wire [48:0] \$766 ;
+  wire [48:0] \$765 ;
+  wire [39:0] \$766 ;
   wire [48:0] \$767 ;
-  wire [39:0] \$768 ;
-  wire [23:0] \$769 ;
-  wire [6:0] \$77 ;
-  wire [15:0] \$770 ;
+  wire [48:0] \$768 ;
+  wire [39:0] \$769 ;
+  wire \$77 ;
+  wire [23:0] \$770 ;
   wire [48:0] \$771 ;
   wire [48:0] \$772 ;
   wire [39:0] \$773 ;
@@ -27082,109 +26597,109 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$775 ;
   wire [39:0] \$776 ;
   wire [23:0] \$777 ;
-  wire [48:0] \$778 ;
-  wire [48:0] \$779 ;
+  wire [15:0] \$778 ;
+  wire [11:0] \$779 ;
   wire \$78 ;
-  wire [39:0] \$780 ;
+  wire [48:0] \$780 ;
   wire [48:0] \$781 ;
-  wire [48:0] \$782 ;
-  wire [39:0] \$783 ;
-  wire [23:0] \$784 ;
-  wire [15:0] \$785 ;
-  wire [11:0] \$786 ;
-  wire [9:0] \$787 ;
+  wire [39:0] \$782 ;
+  wire [48:0] \$783 ;
+  wire [48:0] \$784 ;
+  wire [39:0] \$785 ;
+  wire [23:0] \$786 ;
+  wire [48:0] \$787 ;
   wire [48:0] \$788 ;
-  wire [48:0] \$789 ;
-  wire [6:0] \$79 ;
-  wire [39:0] \$790 ;
+  wire [39:0] \$789 ;
+  wire \$79 ;
+  wire [48:0] \$790 ;
   wire [48:0] \$791 ;
-  wire [48:0] \$792 ;
-  wire [39:0] \$793 ;
-  wire [23:0] \$794 ;
+  wire [39:0] \$792 ;
+  wire [23:0] \$793 ;
+  wire [15:0] \$794 ;
   wire [48:0] \$795 ;
   wire [48:0] \$796 ;
   wire [39:0] \$797 ;
   wire [48:0] \$798 ;
   wire [48:0] \$799 ;
-  wire [36:0] \$8 ;
+  wire [67:0] \$8 ;
   wire \$80 ;
   wire [39:0] \$800 ;
   wire [23:0] \$801 ;
-  wire [15:0] \$802 ;
+  wire [48:0] \$802 ;
   wire [48:0] \$803 ;
-  wire [48:0] \$804 ;
-  wire [39:0] \$805 ;
+  wire [39:0] \$804 ;
+  wire [48:0] \$805 ;
   wire [48:0] \$806 ;
-  wire [48:0] \$807 ;
-  wire [39:0] \$808 ;
-  wire [23:0] \$809 ;
-  wire [6:0] \$81 ;
-  wire [48:0] \$810 ;
-  wire [48:0] \$811 ;
-  wire [39:0] \$812 ;
-  wire [48:0] \$813 ;
+  wire [39:0] \$807 ;
+  wire [23:0] \$808 ;
+  wire [15:0] \$809 ;
+  wire \$81 ;
+  wire [11:0] \$810 ;
+  wire [9:0] \$811 ;
+  wire [48:0] \$812 ;
+  wire \$813 ;
   wire [48:0] \$814 ;
-  wire [39:0] \$815 ;
-  wire [23:0] \$816 ;
-  wire [15:0] \$817 ;
-  wire [11:0] \$818 ;
-  wire [48:0] \$819 ;
+  wire [48:0] \$815 ;
+  wire \$816 ;
+  wire \$817 ;
+  wire \$818 ;
+  wire [8:0] \$819 ;
   wire \$82 ;
-  wire [48:0] \$820 ;
-  wire [39:0] \$821 ;
-  wire [48:0] \$822 ;
-  wire [48:0] \$823 ;
-  wire [39:0] \$824 ;
-  wire [23:0] \$825 ;
-  wire [48:0] \$826 ;
+  wire [7:0] \$820 ;
+  wire \$821 ;
+  wire [8:0] \$822 ;
+  wire [8:0] \$823 ;
+  wire [48:0] \$824 ;
+  wire [48:0] \$825 ;
+  wire [39:0] \$826 ;
   wire [48:0] \$827 ;
-  wire [39:0] \$828 ;
-  wire [48:0] \$829 ;
-  wire [6:0] \$83 ;
-  wire [48:0] \$830 ;
-  wire [39:0] \$831 ;
-  wire [23:0] \$832 ;
-  wire [15:0] \$833 ;
+  wire [48:0] \$828 ;
+  wire [39:0] \$829 ;
+  wire \$83 ;
+  wire [23:0] \$830 ;
+  wire [48:0] \$831 ;
+  wire [48:0] \$832 ;
+  wire [39:0] \$833 ;
   wire [48:0] \$834 ;
   wire [48:0] \$835 ;
   wire [39:0] \$836 ;
-  wire [48:0] \$837 ;
-  wire [48:0] \$838 ;
-  wire [39:0] \$839 ;
+  wire [23:0] \$837 ;
+  wire [15:0] \$838 ;
+  wire [48:0] \$839 ;
   wire \$84 ;
-  wire [23:0] \$840 ;
-  wire [48:0] \$841 ;
+  wire [48:0] \$840 ;
+  wire [39:0] \$841 ;
   wire [48:0] \$842 ;
-  wire [39:0] \$843 ;
-  wire [48:0] \$844 ;
-  wire [48:0] \$845 ;
-  wire [39:0] \$846 ;
-  wire [23:0] \$847 ;
-  wire [15:0] \$848 ;
-  wire [11:0] \$849 ;
-  wire [6:0] \$85 ;
-  wire [9:0] \$850 ;
-  wire [48:0] \$851 ;
-  wire \$852 ;
-  wire [48:0] \$853 ;
-  wire [48:0] \$854 ;
-  wire \$855 ;
-  wire \$856 ;
-  wire \$857 ;
-  wire [8:0] \$858 ;
-  wire [7:0] \$859 ;
+  wire [48:0] \$843 ;
+  wire [39:0] \$844 ;
+  wire [23:0] \$845 ;
+  wire [48:0] \$846 ;
+  wire [48:0] \$847 ;
+  wire [39:0] \$848 ;
+  wire [48:0] \$849 ;
+  wire \$85 ;
+  wire [48:0] \$850 ;
+  wire [39:0] \$851 ;
+  wire [23:0] \$852 ;
+  wire [15:0] \$853 ;
+  wire [11:0] \$854 ;
+  wire [48:0] \$855 ;
+  wire [48:0] \$856 ;
+  wire [39:0] \$857 ;
+  wire [48:0] \$858 ;
+  wire [48:0] \$859 ;
   wire \$86 ;
-  wire \$860 ;
-  wire [8:0] \$861 ;
-  wire [8:0] \$862 ;
+  wire [39:0] \$860 ;
+  wire [23:0] \$861 ;
+  wire [48:0] \$862 ;
   wire [48:0] \$863 ;
-  wire [48:0] \$864 ;
-  wire [39:0] \$865 ;
+  wire [39:0] \$864 ;
+  wire [48:0] \$865 ;
   wire [48:0] \$866 ;
-  wire [48:0] \$867 ;
-  wire [39:0] \$868 ;
-  wire [23:0] \$869 ;
-  wire [6:0] \$87 ;
+  wire [39:0] \$867 ;
+  wire [23:0] \$868 ;
+  wire [15:0] \$869 ;
+  wire \$87 ;
   wire [48:0] \$870 ;
   wire [48:0] \$871 ;
   wire [39:0] \$872 ;
@@ -27192,69 +26707,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [48:0] \$874 ;
   wire [39:0] \$875 ;
   wire [23:0] \$876 ;
-  wire [15:0] \$877 ;
+  wire [48:0] \$877 ;
   wire [48:0] \$878 ;
-  wire [48:0] \$879 ;
+  wire [39:0] \$879 ;
   wire \$88 ;
-  wire [39:0] \$880 ;
+  wire [48:0] \$880 ;
   wire [48:0] \$881 ;
-  wire [48:0] \$882 ;
-  wire [39:0] \$883 ;
-  wire [23:0] \$884 ;
-  wire [48:0] \$885 ;
-  wire [48:0] \$886 ;
-  wire [39:0] \$887 ;
+  wire [39:0] \$882 ;
+  wire [23:0] \$883 ;
+  wire [15:0] \$884 ;
+  wire [11:0] \$885 ;
+  wire [9:0] \$886 ;
+  wire [48:0] \$887 ;
   wire [48:0] \$888 ;
-  wire [48:0] \$889 ;
-  wire [6:0] \$89 ;
-  wire [39:0] \$890 ;
-  wire [23:0] \$891 ;
-  wire [15:0] \$892 ;
-  wire [11:0] \$893 ;
+  wire [39:0] \$889 ;
+  wire \$89 ;
+  wire [48:0] \$890 ;
+  wire [48:0] \$891 ;
+  wire [39:0] \$892 ;
+  wire [23:0] \$893 ;
   wire [48:0] \$894 ;
   wire [48:0] \$895 ;
   wire [39:0] \$896 ;
   wire [48:0] \$897 ;
   wire [48:0] \$898 ;
   wire [39:0] \$899 ;
-  wire [66:0] \$9 ;
+  wire [36:0] \$9 ;
   wire \$90 ;
   wire [23:0] \$900 ;
-  wire [48:0] \$901 ;
+  wire [15:0] \$901 ;
   wire [48:0] \$902 ;
-  wire [39:0] \$903 ;
-  wire [48:0] \$904 ;
+  wire [48:0] \$903 ;
+  wire [39:0] \$904 ;
   wire [48:0] \$905 ;
-  wire [39:0] \$906 ;
-  wire [23:0] \$907 ;
-  wire [15:0] \$908 ;
+  wire [48:0] \$906 ;
+  wire [39:0] \$907 ;
+  wire [23:0] \$908 ;
   wire [48:0] \$909 ;
-  wire [6:0] \$91 ;
+  wire \$91 ;
   wire [48:0] \$910 ;
   wire [39:0] \$911 ;
   wire [48:0] \$912 ;
   wire [48:0] \$913 ;
   wire [39:0] \$914 ;
   wire [23:0] \$915 ;
-  wire [48:0] \$916 ;
-  wire [48:0] \$917 ;
-  wire [39:0] \$918 ;
+  wire [15:0] \$916 ;
+  wire [11:0] \$917 ;
+  wire [48:0] \$918 ;
   wire [48:0] \$919 ;
   wire \$92 ;
-  wire [48:0] \$920 ;
-  wire [39:0] \$921 ;
-  wire [23:0] \$922 ;
-  wire [15:0] \$923 ;
-  wire [11:0] \$924 ;
-  wire [9:0] \$925 ;
+  wire [39:0] \$920 ;
+  wire [48:0] \$921 ;
+  wire [48:0] \$922 ;
+  wire [39:0] \$923 ;
+  wire [23:0] \$924 ;
+  wire [48:0] \$925 ;
   wire [48:0] \$926 ;
-  wire [48:0] \$927 ;
-  wire [39:0] \$928 ;
+  wire [39:0] \$927 ;
+  wire [48:0] \$928 ;
   wire [48:0] \$929 ;
-  wire [6:0] \$93 ;
-  wire [48:0] \$930 ;
-  wire [39:0] \$931 ;
-  wire [23:0] \$932 ;
+  wire \$93 ;
+  wire [39:0] \$930 ;
+  wire [23:0] \$931 ;
+  wire [15:0] \$932 ;
   wire [48:0] \$933 ;
   wire [48:0] \$934 ;
   wire [39:0] \$935 ;
@@ -27263,71 +26778,71 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [39:0] \$938 ;
   wire [23:0] \$939 ;
   wire \$94 ;
-  wire [15:0] \$940 ;
+  wire [48:0] \$940 ;
   wire [48:0] \$941 ;
-  wire [48:0] \$942 ;
-  wire [39:0] \$943 ;
+  wire [39:0] \$942 ;
+  wire [48:0] \$943 ;
   wire [48:0] \$944 ;
-  wire [48:0] \$945 ;
-  wire [39:0] \$946 ;
-  wire [23:0] \$947 ;
-  wire [48:0] \$948 ;
-  wire [48:0] \$949 ;
-  wire [6:0] \$95 ;
-  wire [39:0] \$950 ;
-  wire [48:0] \$951 ;
+  wire [39:0] \$945 ;
+  wire [23:0] \$946 ;
+  wire [15:0] \$947 ;
+  wire [11:0] \$948 ;
+  wire [9:0] \$949 ;
+  wire \$95 ;
+  wire [48:0] \$950 ;
+  wire \$951 ;
   wire [48:0] \$952 ;
-  wire [39:0] \$953 ;
-  wire [23:0] \$954 ;
-  wire [15:0] \$955 ;
-  wire [11:0] \$956 ;
-  wire [48:0] \$957 ;
-  wire [48:0] \$958 ;
-  wire [39:0] \$959 ;
+  wire [48:0] \$953 ;
+  wire \$954 ;
+  wire \$955 ;
+  wire \$956 ;
+  wire [8:0] \$957 ;
+  wire [7:0] \$958 ;
+  wire \$959 ;
   wire \$96 ;
-  wire [48:0] \$960 ;
-  wire [48:0] \$961 ;
-  wire [39:0] \$962 ;
-  wire [23:0] \$963 ;
-  wire [48:0] \$964 ;
+  wire [8:0] \$960 ;
+  wire [8:0] \$961 ;
+  wire [48:0] \$962 ;
+  wire [48:0] \$963 ;
+  wire [39:0] \$964 ;
   wire [48:0] \$965 ;
-  wire [39:0] \$966 ;
-  wire [48:0] \$967 ;
-  wire [48:0] \$968 ;
-  wire [39:0] \$969 ;
-  wire [6:0] \$97 ;
-  wire [23:0] \$970 ;
-  wire [15:0] \$971 ;
+  wire [48:0] \$966 ;
+  wire [39:0] \$967 ;
+  wire [23:0] \$968 ;
+  wire [48:0] \$969 ;
+  wire \$97 ;
+  wire [48:0] \$970 ;
+  wire [39:0] \$971 ;
   wire [48:0] \$972 ;
   wire [48:0] \$973 ;
   wire [39:0] \$974 ;
-  wire [48:0] \$975 ;
-  wire [48:0] \$976 ;
-  wire [39:0] \$977 ;
-  wire [23:0] \$978 ;
-  wire [48:0] \$979 ;
+  wire [23:0] \$975 ;
+  wire [15:0] \$976 ;
+  wire [48:0] \$977 ;
+  wire [48:0] \$978 ;
+  wire [39:0] \$979 ;
   wire \$98 ;
   wire [48:0] \$980 ;
-  wire [39:0] \$981 ;
-  wire [48:0] \$982 ;
-  wire [48:0] \$983 ;
-  wire [39:0] \$984 ;
-  wire [23:0] \$985 ;
-  wire [15:0] \$986 ;
-  wire [11:0] \$987 ;
-  wire [9:0] \$988 ;
-  wire [48:0] \$989 ;
-  wire [6:0] \$99 ;
-  wire \$990 ;
-  wire [48:0] \$991 ;
-  wire [48:0] \$992 ;
-  wire \$993 ;
-  wire \$994 ;
-  wire \$995 ;
-  wire [8:0] \$996 ;
-  wire [7:0] \$997 ;
-  wire \$998 ;
-  wire [8:0] \$999 ;
+  wire [48:0] \$981 ;
+  wire [39:0] \$982 ;
+  wire [23:0] \$983 ;
+  wire [48:0] \$984 ;
+  wire [48:0] \$985 ;
+  wire [39:0] \$986 ;
+  wire [48:0] \$987 ;
+  wire [48:0] \$988 ;
+  wire [39:0] \$989 ;
+  wire \$99 ;
+  wire [23:0] \$990 ;
+  wire [15:0] \$991 ;
+  wire [11:0] \$992 ;
+  wire [48:0] \$993 ;
+  wire [48:0] \$994 ;
+  wire [39:0] \$995 ;
+  wire [48:0] \$996 ;
+  wire [48:0] \$997 ;
+  wire [39:0] \$998 ;
+  wire [23:0] \$999 ;
   reg \$signal  = 1'h0;
   reg \$signal$72  = 1'h0;
   wire [17:0] a__0;
@@ -27346,7 +26861,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [17:0] a__7;
   wire [17:0] a__8;
   wire [17:0] a__9;
-  reg [48:0] above = 49'h0000000000000;
+  wire [48:0] above;
   output advance;
   wire advance;
   wire [17:0] b__0;
@@ -27445,8 +26960,8 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   wire [35:0] p__7;
   wire [35:0] p__8;
   wire [35:0] p__9;
-  input [21:0] \port$2362$76 ;
-  wire [21:0] \port$2362$76 ;
+  input [21:0] \port$2522$76 ;
+  wire [21:0] \port$2522$76 ;
   reg [8:0] rounded0 = 9'h000;
   reg [8:0] rounded1 = 9'h000;
   reg [8:0] rounded2 = 9'h000;
@@ -27487,907 +27002,1004 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   reg [8:0] y7 = 9'h000;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
-  assign \$4  = $signed(\$2 ) + $signed(\$3 );
-  assign \$7  = $signed(\$5 ) + $signed(\$6 );
-  assign \$10  = $signed(\$8 ) + $signed(\$9 );
-  assign \$13  = $signed(\$11 ) + $signed(\$12 );
-  assign \$16  = $signed(\$14 ) + $signed(\$15 );
-  assign \$19  = $signed(\$17 ) + $signed(\$18 );
-  assign \$22  = $signed(\$20 ) + $signed(\$21 );
-  assign \$25  = $signed(\$23 ) + $signed(\$24 );
-  assign \$26  = \port$2362$76 [21:16] > 1'h0;
-  assign \$27  = \port$2362$76 [21:16] > 1'h1;
-  assign \$28  = \port$2362$76 [21:16] > 2'h2;
-  assign \$29  = \port$2362$76 [21:16] > 2'h3;
-  assign \$30  = \port$2362$76 [21:16] > 3'h4;
-  assign \$31  = \port$2362$76 [21:16] > 3'h5;
-  assign \$32  = \port$2362$76 [21:16] > 3'h6;
-  assign \$33  = \port$2362$76 [21:16] > 3'h7;
-  assign \$34  = \port$2362$76 [21:16] > 4'h8;
-  assign \$35  = \port$2362$76 [21:16] > 4'h9;
-  assign \$36  = \port$2362$76 [21:16] > 4'ha;
-  assign \$37  = \port$2362$76 [21:16] > 4'hb;
-  assign \$38  = \port$2362$76 [21:16] > 4'hc;
-  assign \$39  = \port$2362$76 [21:16] > 4'hd;
-  assign \$40  = \port$2362$76 [21:16] > 4'he;
-  assign \$41  = \port$2362$76 [21:16] > 4'hf;
-  assign \$42  = \port$2362$76 [21:16] > 5'h10;
-  assign \$43  = \port$2362$76 [21:16] > 5'h11;
-  assign \$44  = \port$2362$76 [21:16] > 5'h12;
-  assign \$45  = \port$2362$76 [21:16] > 5'h13;
-  assign \$46  = \port$2362$76 [21:16] > 5'h14;
-  assign \$47  = \port$2362$76 [21:16] > 5'h15;
-  assign \$48  = \port$2362$76 [21:16] > 5'h16;
-  assign \$49  = \port$2362$76 [21:16] > 5'h17;
-  assign \$50  = \port$2362$76 [21:16] > 5'h18;
-  assign \$51  = \port$2362$76 [21:16] > 5'h19;
-  assign \$52  = \port$2362$76 [21:16] > 5'h1a;
-  assign \$53  = \port$2362$76 [21:16] > 5'h1b;
-  assign \$54  = \port$2362$76 [21:16] > 5'h1c;
-  assign \$55  = \port$2362$76 [21:16] > 5'h1d;
-  assign \$56  = \port$2362$76 [21:16] > 5'h1e;
-  assign \$57  = \port$2362$76 [21:16] > 5'h1f;
-  assign \$58  = \port$2362$76 [21:16] > 6'h20;
-  assign \$59  = \port$2362$76 [21:16] > 6'h21;
-  assign \$60  = \port$2362$76 [21:16] > 6'h22;
-  assign \$61  = \port$2362$76 [21:16] > 6'h23;
-  assign \$62  = \port$2362$76 [21:16] > 6'h24;
-  assign \$63  = \port$2362$76 [21:16] > 6'h25;
-  assign \$64  = \port$2362$76 [21:16] > 6'h26;
-  assign \$65  = \port$2362$76 [21:16] > 6'h27;
-  assign \$66  = \port$2362$76 [21:16] > 6'h28;
-  assign \$67  = \port$2362$76 [21:16] > 6'h29;
-  assign \$68  = \port$2362$76 [21:16] > 6'h2a;
-  assign \$69  = \port$2362$76 [21:16] > 6'h2b;
-  assign \$70  = \port$2362$76 [21:16] > 6'h2c;
-  assign \$71  = \port$2362$76 [21:16] > 6'h2d;
-  assign \$72  = \port$2362$76 [21:16] > 6'h2e;
-  assign \$73  = \port$2362$76 [21:16] > 6'h2f;
-  assign \$74  = \port$2362$76 [21:16] > 6'h30;
-  assign \$75  = \port$2362$76 [21:16] + 4'h8;
-  assign \$76  = \$75  <= 1'h0;
-  assign \$77  = \port$2362$76 [21:16] + 4'h8;
-  assign \$78  = \$77  <= 1'h1;
-  assign \$79  = \port$2362$76 [21:16] + 4'h8;
-  assign \$80  = \$79  <= 2'h2;
-  assign \$81  = \port$2362$76 [21:16] + 4'h8;
-  assign \$82  = \$81  <= 2'h3;
-  assign \$83  = \port$2362$76 [21:16] + 4'h8;
-  assign \$84  = \$83  <= 3'h4;
-  assign \$85  = \port$2362$76 [21:16] + 4'h8;
-  assign \$86  = \$85  <= 3'h5;
-  assign \$87  = \port$2362$76 [21:16] + 4'h8;
-  assign \$88  = \$87  <= 3'h6;
-  assign \$89  = \port$2362$76 [21:16] + 4'h8;
-  assign \$90  = \$89  <= 3'h7;
-  assign \$91  = \port$2362$76 [21:16] + 4'h8;
-  assign \$92  = \$91  <= 4'h8;
-  assign \$93  = \port$2362$76 [21:16] + 4'h8;
-  assign \$94  = \$93  <= 4'h9;
-  assign \$95  = \port$2362$76 [21:16] + 4'h8;
-  assign \$96  = \$95  <= 4'ha;
-  assign \$97  = \port$2362$76 [21:16] + 4'h8;
-  assign \$98  = \$97  <= 4'hb;
-  assign \$99  = \port$2362$76 [21:16] + 4'h8;
-  assign \$100  = \$99  <= 4'hc;
-  assign \$101  = \port$2362$76 [21:16] + 4'h8;
-  assign \$102  = \$101  <= 4'hd;
-  assign \$103  = \port$2362$76 [21:16] + 4'h8;
-  assign \$104  = \$103  <= 4'he;
-  assign \$105  = \port$2362$76 [21:16] + 4'h8;
-  assign \$106  = \$105  <= 4'hf;
-  assign \$107  = \port$2362$76 [21:16] + 4'h8;
-  assign \$108  = \$107  <= 5'h10;
-  assign \$109  = \port$2362$76 [21:16] + 4'h8;
-  assign \$110  = \$109  <= 5'h11;
-  assign \$111  = \port$2362$76 [21:16] + 4'h8;
-  assign \$112  = \$111  <= 5'h12;
-  assign \$113  = \port$2362$76 [21:16] + 4'h8;
-  assign \$114  = \$113  <= 5'h13;
-  assign \$115  = \port$2362$76 [21:16] + 4'h8;
-  assign \$116  = \$115  <= 5'h14;
-  assign \$117  = \port$2362$76 [21:16] + 4'h8;
-  assign \$118  = \$117  <= 5'h15;
-  assign \$119  = \port$2362$76 [21:16] + 4'h8;
-  assign \$120  = \$119  <= 5'h16;
-  assign \$121  = \port$2362$76 [21:16] + 4'h8;
-  assign \$122  = \$121  <= 5'h17;
-  assign \$123  = \port$2362$76 [21:16] + 4'h8;
-  assign \$124  = \$123  <= 5'h18;
-  assign \$125  = \port$2362$76 [21:16] + 4'h8;
-  assign \$126  = \$125  <= 5'h19;
-  assign \$127  = \port$2362$76 [21:16] + 4'h8;
-  assign \$128  = \$127  <= 5'h1a;
-  assign \$129  = \port$2362$76 [21:16] + 4'h8;
-  assign \$130  = \$129  <= 5'h1b;
-  assign \$131  = \port$2362$76 [21:16] + 4'h8;
-  assign \$132  = \$131  <= 5'h1c;
-  assign \$133  = \port$2362$76 [21:16] + 4'h8;
-  assign \$134  = \$133  <= 5'h1d;
-  assign \$135  = \port$2362$76 [21:16] + 4'h8;
-  assign \$136  = \$135  <= 5'h1e;
-  assign \$137  = \port$2362$76 [21:16] + 4'h8;
-  assign \$138  = \$137  <= 5'h1f;
-  assign \$139  = \port$2362$76 [21:16] + 4'h8;
-  assign \$140  = \$139  <= 6'h20;
-  assign \$141  = \port$2362$76 [21:16] + 4'h8;
-  assign \$142  = \$141  <= 6'h21;
-  assign \$143  = \port$2362$76 [21:16] + 4'h8;
-  assign \$144  = \$143  <= 6'h22;
-  assign \$145  = \port$2362$76 [21:16] + 4'h8;
-  assign \$146  = \$145  <= 6'h23;
-  assign \$147  = \port$2362$76 [21:16] + 4'h8;
-  assign \$148  = \$147  <= 6'h24;
-  assign \$149  = \port$2362$76 [21:16] + 4'h8;
-  assign \$150  = \$149  <= 6'h25;
-  assign \$151  = \port$2362$76 [21:16] + 4'h8;
-  assign \$152  = \$151  <= 6'h26;
-  assign \$153  = \port$2362$76 [21:16] + 4'h8;
-  assign \$154  = \$153  <= 6'h27;
-  assign \$155  = \port$2362$76 [21:16] + 4'h8;
-  assign \$156  = \$155  <= 6'h28;
-  assign \$157  = \port$2362$76 [21:16] + 4'h8;
-  assign \$158  = \$157  <= 6'h29;
-  assign \$159  = \port$2362$76 [21:16] + 4'h8;
-  assign \$160  = \$159  <= 6'h2a;
-  assign \$161  = \port$2362$76 [21:16] + 4'h8;
-  assign \$162  = \$161  <= 6'h2b;
-  assign \$163  = \port$2362$76 [21:16] + 4'h8;
-  assign \$164  = \$163  <= 6'h2c;
-  assign \$165  = \port$2362$76 [21:16] + 4'h8;
-  assign \$166  = \$165  <= 6'h2d;
-  assign \$167  = \port$2362$76 [21:16] + 4'h8;
-  assign \$168  = \$167  <= 6'h2e;
-  assign \$169  = \port$2362$76 [21:16] + 4'h8;
-  assign \$170  = \$169  <= 6'h2f;
-  assign \$171  = \port$2362$76 [21:16] + 4'h8;
-  assign \$172  = \$171  <= 6'h30;
-  assign \$174  = \port$2362$76 [21] ? \$173  : { x0, 1'h0 };
-  assign \$177  = \port$2362$76 [21] ? \$176  : { x0, 1'h0 };
-  assign \$178  = \port$2362$76 [20] ? \$175  : \$177 [39:0];
-  assign \$181  = \port$2362$76 [21] ? \$180  : { x0, 1'h0 };
-  assign \$184  = \port$2362$76 [21] ? \$183  : { x0, 1'h0 };
-  assign \$185  = \port$2362$76 [20] ? \$182  : \$184 [39:0];
-  assign \$186  = \port$2362$76 [19] ? \$179  : \$185 [23:0];
-  assign \$189  = \port$2362$76 [21] ? \$188  : { x0, 1'h0 };
-  assign \$192  = \port$2362$76 [21] ? \$191  : { x0, 1'h0 };
-  assign \$193  = \port$2362$76 [20] ? \$190  : \$192 [39:0];
-  assign \$196  = \port$2362$76 [21] ? \$195  : { x0, 1'h0 };
-  assign \$199  = \port$2362$76 [21] ? \$198  : { x0, 1'h0 };
-  assign \$200  = \port$2362$76 [20] ? \$197  : \$199 [39:0];
-  assign \$201  = \port$2362$76 [19] ? \$194  : \$200 [23:0];
-  assign \$202  = \port$2362$76 [18] ? \$187  : \$201 [15:0];
-  assign \$205  = \port$2362$76 [21] ? \$204  : { x0, 1'h0 };
-  assign \$208  = \port$2362$76 [21] ? \$207  : { x0, 1'h0 };
-  assign \$209  = \port$2362$76 [20] ? \$206  : \$208 [39:0];
-  assign \$212  = \port$2362$76 [21] ? \$211  : { x0, 1'h0 };
-  assign \$215  = \port$2362$76 [21] ? \$214  : { x0, 1'h0 };
-  assign \$216  = \port$2362$76 [20] ? \$213  : \$215 [39:0];
-  assign \$217  = \port$2362$76 [19] ? \$210  : \$216 [23:0];
-  assign \$220  = \port$2362$76 [21] ? \$219  : { x0, 1'h0 };
-  assign \$223  = \port$2362$76 [21] ? \$222  : { x0, 1'h0 };
-  assign \$224  = \port$2362$76 [20] ? \$221  : \$223 [39:0];
-  assign \$227  = \port$2362$76 [21] ? \$226  : { x0, 1'h0 };
-  assign \$230  = \port$2362$76 [21] ? \$229  : { x0, 1'h0 };
-  assign \$231  = \port$2362$76 [20] ? \$228  : \$230 [39:0];
-  assign \$232  = \port$2362$76 [19] ? \$225  : \$231 [23:0];
-  assign \$233  = \port$2362$76 [18] ? \$218  : \$232 [15:0];
-  assign \$234  = \port$2362$76 [17] ? \$203  : \$233 [11:0];
-  assign \$237  = \port$2362$76 [21] ? \$236  : { x0, 1'h0 };
-  assign \$240  = \port$2362$76 [21] ? \$239  : { x0, 1'h0 };
-  assign \$241  = \port$2362$76 [20] ? \$238  : \$240 [39:0];
-  assign \$244  = \port$2362$76 [21] ? \$243  : { x0, 1'h0 };
-  assign \$247  = \port$2362$76 [21] ? \$246  : { x0, 1'h0 };
-  assign \$248  = \port$2362$76 [20] ? \$245  : \$247 [39:0];
-  assign \$249  = \port$2362$76 [19] ? \$242  : \$248 [23:0];
-  assign \$252  = \port$2362$76 [21] ? \$251  : { x0, 1'h0 };
-  assign \$255  = \port$2362$76 [21] ? \$254  : { x0, 1'h0 };
-  assign \$256  = \port$2362$76 [20] ? \$253  : \$255 [39:0];
-  assign \$259  = \port$2362$76 [21] ? \$258  : { x0, 1'h0 };
-  assign \$262  = \port$2362$76 [21] ? \$261  : { x0, 1'h0 };
-  assign \$263  = \port$2362$76 [20] ? \$260  : \$262 [39:0];
-  assign \$264  = \port$2362$76 [19] ? \$257  : \$263 [23:0];
-  assign \$265  = \port$2362$76 [18] ? \$250  : \$264 [15:0];
-  assign \$268  = \port$2362$76 [21] ? \$267  : { x0, 1'h0 };
-  assign \$271  = \port$2362$76 [21] ? \$270  : { x0, 1'h0 };
-  assign \$272  = \port$2362$76 [20] ? \$269  : \$271 [39:0];
-  assign \$275  = \port$2362$76 [21] ? \$274  : { x0, 1'h0 };
-  assign \$278  = \port$2362$76 [21] ? \$277  : { x0, 1'h0 };
-  assign \$279  = \port$2362$76 [20] ? \$276  : \$278 [39:0];
-  assign \$280  = \port$2362$76 [19] ? \$273  : \$279 [23:0];
-  assign \$283  = \port$2362$76 [21] ? \$282  : { x0, 1'h0 };
-  assign \$286  = \port$2362$76 [21] ? \$285  : { x0, 1'h0 };
-  assign \$287  = \port$2362$76 [20] ? \$284  : \$286 [39:0];
-  assign \$290  = \port$2362$76 [21] ? \$289  : { x0, 1'h0 };
-  assign \$293  = \port$2362$76 [21] ? \$292  : { x0, 1'h0 };
-  assign \$294  = \port$2362$76 [20] ? \$291  : \$293 [39:0];
-  assign \$295  = \port$2362$76 [19] ? \$288  : \$294 [23:0];
-  assign \$296  = \port$2362$76 [18] ? \$281  : \$295 [15:0];
-  assign \$297  = \port$2362$76 [17] ? \$266  : \$296 [11:0];
-  assign \$298  = \port$2362$76 [16] ? \$235  : \$297 [9:0];
-  assign \$299  = { x0, 1'h0 } & below;
-  assign \$300  = | \$299 ;
-  assign \$301  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
-  assign \$302  = \$301  & above;
-  assign \$303  = | \$302 ;
-  assign \$304  = sticky0 | y0[1];
-  assign \$305  = y0[0] & \$304 ;
-  assign \$306  = $signed(y0[8:1]) + $signed({ 1'h0, \$305  });
-  assign \$307  = neg2_0 ? 8'h80 : 8'h7f;
-  assign \$308  = $signed(rounded0) > $signed(8'h7f);
-  assign \$309  = \$308  ? 9'h07f : rounded0;
-  assign \$310  = over2_0 ? { \$307 [7], \$307  } : \$309 ;
-  assign \$312  = \port$2362$76 [21] ? \$311  : { x1, 1'h0 };
-  assign \$315  = \port$2362$76 [21] ? \$314  : { x1, 1'h0 };
-  assign \$316  = \port$2362$76 [20] ? \$313  : \$315 [39:0];
-  assign \$319  = \port$2362$76 [21] ? \$318  : { x1, 1'h0 };
-  assign \$322  = \port$2362$76 [21] ? \$321  : { x1, 1'h0 };
-  assign \$323  = \port$2362$76 [20] ? \$320  : \$322 [39:0];
-  assign \$324  = \port$2362$76 [19] ? \$317  : \$323 [23:0];
-  assign \$327  = \port$2362$76 [21] ? \$326  : { x1, 1'h0 };
-  assign \$330  = \port$2362$76 [21] ? \$329  : { x1, 1'h0 };
-  assign \$331  = \port$2362$76 [20] ? \$328  : \$330 [39:0];
-  assign \$334  = \port$2362$76 [21] ? \$333  : { x1, 1'h0 };
-  assign \$337  = \port$2362$76 [21] ? \$336  : { x1, 1'h0 };
-  assign \$338  = \port$2362$76 [20] ? \$335  : \$337 [39:0];
-  assign \$339  = \port$2362$76 [19] ? \$332  : \$338 [23:0];
-  assign \$340  = \port$2362$76 [18] ? \$325  : \$339 [15:0];
-  assign \$343  = \port$2362$76 [21] ? \$342  : { x1, 1'h0 };
-  assign \$346  = \port$2362$76 [21] ? \$345  : { x1, 1'h0 };
-  assign \$347  = \port$2362$76 [20] ? \$344  : \$346 [39:0];
-  assign \$350  = \port$2362$76 [21] ? \$349  : { x1, 1'h0 };
-  assign \$353  = \port$2362$76 [21] ? \$352  : { x1, 1'h0 };
-  assign \$354  = \port$2362$76 [20] ? \$351  : \$353 [39:0];
-  assign \$355  = \port$2362$76 [19] ? \$348  : \$354 [23:0];
-  assign \$358  = \port$2362$76 [21] ? \$357  : { x1, 1'h0 };
-  assign \$361  = \port$2362$76 [21] ? \$360  : { x1, 1'h0 };
-  assign \$362  = \port$2362$76 [20] ? \$359  : \$361 [39:0];
-  assign \$365  = \port$2362$76 [21] ? \$364  : { x1, 1'h0 };
-  assign \$368  = \port$2362$76 [21] ? \$367  : { x1, 1'h0 };
-  assign \$369  = \port$2362$76 [20] ? \$366  : \$368 [39:0];
-  assign \$370  = \port$2362$76 [19] ? \$363  : \$369 [23:0];
-  assign \$371  = \port$2362$76 [18] ? \$356  : \$370 [15:0];
-  assign \$372  = \port$2362$76 [17] ? \$341  : \$371 [11:0];
-  assign \$375  = \port$2362$76 [21] ? \$374  : { x1, 1'h0 };
-  assign \$378  = \port$2362$76 [21] ? \$377  : { x1, 1'h0 };
-  assign \$379  = \port$2362$76 [20] ? \$376  : \$378 [39:0];
-  assign \$382  = \port$2362$76 [21] ? \$381  : { x1, 1'h0 };
-  assign \$385  = \port$2362$76 [21] ? \$384  : { x1, 1'h0 };
-  assign \$386  = \port$2362$76 [20] ? \$383  : \$385 [39:0];
-  assign \$387  = \port$2362$76 [19] ? \$380  : \$386 [23:0];
-  assign \$390  = \port$2362$76 [21] ? \$389  : { x1, 1'h0 };
-  assign \$393  = \port$2362$76 [21] ? \$392  : { x1, 1'h0 };
-  assign \$394  = \port$2362$76 [20] ? \$391  : \$393 [39:0];
-  assign \$397  = \port$2362$76 [21] ? \$396  : { x1, 1'h0 };
-  assign \$400  = \port$2362$76 [21] ? \$399  : { x1, 1'h0 };
-  assign \$401  = \port$2362$76 [20] ? \$398  : \$400 [39:0];
-  assign \$402  = \port$2362$76 [19] ? \$395  : \$401 [23:0];
-  assign \$403  = \port$2362$76 [18] ? \$388  : \$402 [15:0];
-  assign \$406  = \port$2362$76 [21] ? \$405  : { x1, 1'h0 };
-  assign \$409  = \port$2362$76 [21] ? \$408  : { x1, 1'h0 };
-  assign \$410  = \port$2362$76 [20] ? \$407  : \$409 [39:0];
-  assign \$413  = \port$2362$76 [21] ? \$412  : { x1, 1'h0 };
-  assign \$416  = \port$2362$76 [21] ? \$415  : { x1, 1'h0 };
-  assign \$417  = \port$2362$76 [20] ? \$414  : \$416 [39:0];
-  assign \$418  = \port$2362$76 [19] ? \$411  : \$417 [23:0];
-  assign \$421  = \port$2362$76 [21] ? \$420  : { x1, 1'h0 };
-  assign \$424  = \port$2362$76 [21] ? \$423  : { x1, 1'h0 };
-  assign \$425  = \port$2362$76 [20] ? \$422  : \$424 [39:0];
-  assign \$428  = \port$2362$76 [21] ? \$427  : { x1, 1'h0 };
-  assign \$431  = \port$2362$76 [21] ? \$430  : { x1, 1'h0 };
-  assign \$432  = \port$2362$76 [20] ? \$429  : \$431 [39:0];
-  assign \$433  = \port$2362$76 [19] ? \$426  : \$432 [23:0];
-  assign \$434  = \port$2362$76 [18] ? \$419  : \$433 [15:0];
-  assign \$435  = \port$2362$76 [17] ? \$404  : \$434 [11:0];
-  assign \$436  = \port$2362$76 [16] ? \$373  : \$435 [9:0];
-  assign \$437  = { x1, 1'h0 } & below;
-  assign \$438  = | \$437 ;
-  assign \$439  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
-  assign \$440  = \$439  & above;
-  assign \$441  = | \$440 ;
-  assign \$442  = sticky1 | y1[1];
-  assign \$443  = y1[0] & \$442 ;
-  assign \$444  = $signed(y1[8:1]) + $signed({ 1'h0, \$443  });
-  assign \$445  = neg2_1 ? 8'h80 : 8'h7f;
-  assign \$446  = $signed(rounded1) > $signed(8'h7f);
-  assign \$447  = \$446  ? 9'h07f : rounded1;
-  assign \$448  = over2_1 ? { \$445 [7], \$445  } : \$447 ;
-  assign \$450  = \port$2362$76 [21] ? \$449  : { x2, 1'h0 };
-  assign \$453  = \port$2362$76 [21] ? \$452  : { x2, 1'h0 };
-  assign \$454  = \port$2362$76 [20] ? \$451  : \$453 [39:0];
-  assign \$457  = \port$2362$76 [21] ? \$456  : { x2, 1'h0 };
-  assign \$460  = \port$2362$76 [21] ? \$459  : { x2, 1'h0 };
-  assign \$461  = \port$2362$76 [20] ? \$458  : \$460 [39:0];
-  assign \$462  = \port$2362$76 [19] ? \$455  : \$461 [23:0];
-  assign \$465  = \port$2362$76 [21] ? \$464  : { x2, 1'h0 };
-  assign \$468  = \port$2362$76 [21] ? \$467  : { x2, 1'h0 };
-  assign \$469  = \port$2362$76 [20] ? \$466  : \$468 [39:0];
-  assign \$472  = \port$2362$76 [21] ? \$471  : { x2, 1'h0 };
-  assign \$475  = \port$2362$76 [21] ? \$474  : { x2, 1'h0 };
-  assign \$476  = \port$2362$76 [20] ? \$473  : \$475 [39:0];
-  assign \$477  = \port$2362$76 [19] ? \$470  : \$476 [23:0];
-  assign \$478  = \port$2362$76 [18] ? \$463  : \$477 [15:0];
-  assign \$481  = \port$2362$76 [21] ? \$480  : { x2, 1'h0 };
-  assign \$484  = \port$2362$76 [21] ? \$483  : { x2, 1'h0 };
-  assign \$485  = \port$2362$76 [20] ? \$482  : \$484 [39:0];
-  assign \$488  = \port$2362$76 [21] ? \$487  : { x2, 1'h0 };
-  assign \$491  = \port$2362$76 [21] ? \$490  : { x2, 1'h0 };
-  assign \$492  = \port$2362$76 [20] ? \$489  : \$491 [39:0];
-  assign \$493  = \port$2362$76 [19] ? \$486  : \$492 [23:0];
-  assign \$496  = \port$2362$76 [21] ? \$495  : { x2, 1'h0 };
-  assign \$499  = \port$2362$76 [21] ? \$498  : { x2, 1'h0 };
-  assign \$500  = \port$2362$76 [20] ? \$497  : \$499 [39:0];
-  assign \$503  = \port$2362$76 [21] ? \$502  : { x2, 1'h0 };
-  assign \$506  = \port$2362$76 [21] ? \$505  : { x2, 1'h0 };
-  assign \$507  = \port$2362$76 [20] ? \$504  : \$506 [39:0];
-  assign \$508  = \port$2362$76 [19] ? \$501  : \$507 [23:0];
-  assign \$509  = \port$2362$76 [18] ? \$494  : \$508 [15:0];
-  assign \$510  = \port$2362$76 [17] ? \$479  : \$509 [11:0];
-  assign \$513  = \port$2362$76 [21] ? \$512  : { x2, 1'h0 };
-  assign \$516  = \port$2362$76 [21] ? \$515  : { x2, 1'h0 };
-  assign \$517  = \port$2362$76 [20] ? \$514  : \$516 [39:0];
-  assign \$520  = \port$2362$76 [21] ? \$519  : { x2, 1'h0 };
-  assign \$523  = \port$2362$76 [21] ? \$522  : { x2, 1'h0 };
-  assign \$524  = \port$2362$76 [20] ? \$521  : \$523 [39:0];
-  assign \$525  = \port$2362$76 [19] ? \$518  : \$524 [23:0];
-  assign \$528  = \port$2362$76 [21] ? \$527  : { x2, 1'h0 };
-  assign \$531  = \port$2362$76 [21] ? \$530  : { x2, 1'h0 };
-  assign \$532  = \port$2362$76 [20] ? \$529  : \$531 [39:0];
-  assign \$535  = \port$2362$76 [21] ? \$534  : { x2, 1'h0 };
-  assign \$538  = \port$2362$76 [21] ? \$537  : { x2, 1'h0 };
-  assign \$539  = \port$2362$76 [20] ? \$536  : \$538 [39:0];
-  assign \$540  = \port$2362$76 [19] ? \$533  : \$539 [23:0];
-  assign \$541  = \port$2362$76 [18] ? \$526  : \$540 [15:0];
-  assign \$544  = \port$2362$76 [21] ? \$543  : { x2, 1'h0 };
-  assign \$547  = \port$2362$76 [21] ? \$546  : { x2, 1'h0 };
-  assign \$548  = \port$2362$76 [20] ? \$545  : \$547 [39:0];
-  assign \$551  = \port$2362$76 [21] ? \$550  : { x2, 1'h0 };
-  assign \$554  = \port$2362$76 [21] ? \$553  : { x2, 1'h0 };
-  assign \$555  = \port$2362$76 [20] ? \$552  : \$554 [39:0];
-  assign \$556  = \port$2362$76 [19] ? \$549  : \$555 [23:0];
-  assign \$559  = \port$2362$76 [21] ? \$558  : { x2, 1'h0 };
-  assign \$562  = \port$2362$76 [21] ? \$561  : { x2, 1'h0 };
-  assign \$563  = \port$2362$76 [20] ? \$560  : \$562 [39:0];
-  assign \$566  = \port$2362$76 [21] ? \$565  : { x2, 1'h0 };
-  assign \$569  = \port$2362$76 [21] ? \$568  : { x2, 1'h0 };
-  assign \$570  = \port$2362$76 [20] ? \$567  : \$569 [39:0];
-  assign \$571  = \port$2362$76 [19] ? \$564  : \$570 [23:0];
-  assign \$572  = \port$2362$76 [18] ? \$557  : \$571 [15:0];
-  assign \$573  = \port$2362$76 [17] ? \$542  : \$572 [11:0];
-  assign \$574  = \port$2362$76 [16] ? \$511  : \$573 [9:0];
-  assign \$575  = { x2, 1'h0 } & below;
-  assign \$576  = | \$575 ;
-  assign \$577  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
-  assign \$578  = \$577  & above;
-  assign \$579  = | \$578 ;
-  assign \$580  = sticky2 | y2[1];
-  assign \$581  = y2[0] & \$580 ;
-  assign \$582  = $signed(y2[8:1]) + $signed({ 1'h0, \$581  });
-  assign \$583  = neg2_2 ? 8'h80 : 8'h7f;
-  assign \$584  = $signed(rounded2) > $signed(8'h7f);
-  assign \$585  = \$584  ? 9'h07f : rounded2;
-  assign \$586  = over2_2 ? { \$583 [7], \$583  } : \$585 ;
-  assign \$588  = \port$2362$76 [21] ? \$587  : { x3, 1'h0 };
-  assign \$591  = \port$2362$76 [21] ? \$590  : { x3, 1'h0 };
-  assign \$592  = \port$2362$76 [20] ? \$589  : \$591 [39:0];
-  assign \$595  = \port$2362$76 [21] ? \$594  : { x3, 1'h0 };
-  assign \$598  = \port$2362$76 [21] ? \$597  : { x3, 1'h0 };
-  assign \$599  = \port$2362$76 [20] ? \$596  : \$598 [39:0];
-  assign \$600  = \port$2362$76 [19] ? \$593  : \$599 [23:0];
-  assign \$603  = \port$2362$76 [21] ? \$602  : { x3, 1'h0 };
-  assign \$606  = \port$2362$76 [21] ? \$605  : { x3, 1'h0 };
-  assign \$607  = \port$2362$76 [20] ? \$604  : \$606 [39:0];
-  assign \$610  = \port$2362$76 [21] ? \$609  : { x3, 1'h0 };
-  assign \$613  = \port$2362$76 [21] ? \$612  : { x3, 1'h0 };
-  assign \$614  = \port$2362$76 [20] ? \$611  : \$613 [39:0];
-  assign \$615  = \port$2362$76 [19] ? \$608  : \$614 [23:0];
-  assign \$616  = \port$2362$76 [18] ? \$601  : \$615 [15:0];
-  assign \$619  = \port$2362$76 [21] ? \$618  : { x3, 1'h0 };
-  assign \$622  = \port$2362$76 [21] ? \$621  : { x3, 1'h0 };
-  assign \$623  = \port$2362$76 [20] ? \$620  : \$622 [39:0];
-  assign \$626  = \port$2362$76 [21] ? \$625  : { x3, 1'h0 };
-  assign \$629  = \port$2362$76 [21] ? \$628  : { x3, 1'h0 };
-  assign \$630  = \port$2362$76 [20] ? \$627  : \$629 [39:0];
-  assign \$631  = \port$2362$76 [19] ? \$624  : \$630 [23:0];
-  assign \$634  = \port$2362$76 [21] ? \$633  : { x3, 1'h0 };
-  assign \$637  = \port$2362$76 [21] ? \$636  : { x3, 1'h0 };
-  assign \$638  = \port$2362$76 [20] ? \$635  : \$637 [39:0];
-  assign \$641  = \port$2362$76 [21] ? \$640  : { x3, 1'h0 };
-  assign \$644  = \port$2362$76 [21] ? \$643  : { x3, 1'h0 };
-  assign \$645  = \port$2362$76 [20] ? \$642  : \$644 [39:0];
-  assign \$646  = \port$2362$76 [19] ? \$639  : \$645 [23:0];
-  assign \$647  = \port$2362$76 [18] ? \$632  : \$646 [15:0];
-  assign \$648  = \port$2362$76 [17] ? \$617  : \$647 [11:0];
-  assign \$651  = \port$2362$76 [21] ? \$650  : { x3, 1'h0 };
-  assign \$654  = \port$2362$76 [21] ? \$653  : { x3, 1'h0 };
-  assign \$655  = \port$2362$76 [20] ? \$652  : \$654 [39:0];
-  assign \$658  = \port$2362$76 [21] ? \$657  : { x3, 1'h0 };
-  assign \$661  = \port$2362$76 [21] ? \$660  : { x3, 1'h0 };
-  assign \$662  = \port$2362$76 [20] ? \$659  : \$661 [39:0];
-  assign \$663  = \port$2362$76 [19] ? \$656  : \$662 [23:0];
-  assign \$666  = \port$2362$76 [21] ? \$665  : { x3, 1'h0 };
-  assign \$669  = \port$2362$76 [21] ? \$668  : { x3, 1'h0 };
-  assign \$670  = \port$2362$76 [20] ? \$667  : \$669 [39:0];
-  assign \$673  = \port$2362$76 [21] ? \$672  : { x3, 1'h0 };
-  assign \$676  = \port$2362$76 [21] ? \$675  : { x3, 1'h0 };
-  assign \$677  = \port$2362$76 [20] ? \$674  : \$676 [39:0];
-  assign \$678  = \port$2362$76 [19] ? \$671  : \$677 [23:0];
-  assign \$679  = \port$2362$76 [18] ? \$664  : \$678 [15:0];
-  assign \$682  = \port$2362$76 [21] ? \$681  : { x3, 1'h0 };
-  assign \$685  = \port$2362$76 [21] ? \$684  : { x3, 1'h0 };
-  assign \$686  = \port$2362$76 [20] ? \$683  : \$685 [39:0];
-  assign \$689  = \port$2362$76 [21] ? \$688  : { x3, 1'h0 };
-  assign \$692  = \port$2362$76 [21] ? \$691  : { x3, 1'h0 };
-  assign \$693  = \port$2362$76 [20] ? \$690  : \$692 [39:0];
-  assign \$694  = \port$2362$76 [19] ? \$687  : \$693 [23:0];
-  assign \$697  = \port$2362$76 [21] ? \$696  : { x3, 1'h0 };
-  assign \$700  = \port$2362$76 [21] ? \$699  : { x3, 1'h0 };
-  assign \$701  = \port$2362$76 [20] ? \$698  : \$700 [39:0];
-  assign \$704  = \port$2362$76 [21] ? \$703  : { x3, 1'h0 };
-  assign \$707  = \port$2362$76 [21] ? \$706  : { x3, 1'h0 };
-  assign \$708  = \port$2362$76 [20] ? \$705  : \$707 [39:0];
-  assign \$709  = \port$2362$76 [19] ? \$702  : \$708 [23:0];
-  assign \$710  = \port$2362$76 [18] ? \$695  : \$709 [15:0];
-  assign \$711  = \port$2362$76 [17] ? \$680  : \$710 [11:0];
-  assign \$712  = \port$2362$76 [16] ? \$649  : \$711 [9:0];
-  assign \$713  = { x3, 1'h0 } & below;
-  assign \$714  = | \$713 ;
-  assign \$715  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
-  assign \$716  = \$715  & above;
-  assign \$717  = | \$716 ;
-  assign \$718  = sticky3 | y3[1];
-  assign \$719  = y3[0] & \$718 ;
-  assign \$720  = $signed(y3[8:1]) + $signed({ 1'h0, \$719  });
-  assign \$721  = neg2_3 ? 8'h80 : 8'h7f;
-  assign \$722  = $signed(rounded3) > $signed(8'h7f);
-  assign \$723  = \$722  ? 9'h07f : rounded3;
-  assign \$724  = over2_3 ? { \$721 [7], \$721  } : \$723 ;
-  assign \$726  = \port$2362$76 [21] ? \$725  : { x4, 1'h0 };
-  assign \$729  = \port$2362$76 [21] ? \$728  : { x4, 1'h0 };
-  assign \$730  = \port$2362$76 [20] ? \$727  : \$729 [39:0];
-  assign \$733  = \port$2362$76 [21] ? \$732  : { x4, 1'h0 };
-  assign \$736  = \port$2362$76 [21] ? \$735  : { x4, 1'h0 };
-  assign \$737  = \port$2362$76 [20] ? \$734  : \$736 [39:0];
-  assign \$738  = \port$2362$76 [19] ? \$731  : \$737 [23:0];
-  assign \$741  = \port$2362$76 [21] ? \$740  : { x4, 1'h0 };
-  assign \$744  = \port$2362$76 [21] ? \$743  : { x4, 1'h0 };
-  assign \$745  = \port$2362$76 [20] ? \$742  : \$744 [39:0];
-  assign \$748  = \port$2362$76 [21] ? \$747  : { x4, 1'h0 };
-  assign \$751  = \port$2362$76 [21] ? \$750  : { x4, 1'h0 };
-  assign \$752  = \port$2362$76 [20] ? \$749  : \$751 [39:0];
-  assign \$753  = \port$2362$76 [19] ? \$746  : \$752 [23:0];
-  assign \$754  = \port$2362$76 [18] ? \$739  : \$753 [15:0];
-  assign \$757  = \port$2362$76 [21] ? \$756  : { x4, 1'h0 };
-  assign \$760  = \port$2362$76 [21] ? \$759  : { x4, 1'h0 };
-  assign \$761  = \port$2362$76 [20] ? \$758  : \$760 [39:0];
-  assign \$764  = \port$2362$76 [21] ? \$763  : { x4, 1'h0 };
-  assign \$767  = \port$2362$76 [21] ? \$766  : { x4, 1'h0 };
-  assign \$768  = \port$2362$76 [20] ? \$765  : \$767 [39:0];
-  assign \$769  = \port$2362$76 [19] ? \$762  : \$768 [23:0];
-  assign \$772  = \port$2362$76 [21] ? \$771  : { x4, 1'h0 };
-  assign \$775  = \port$2362$76 [21] ? \$774  : { x4, 1'h0 };
-  assign \$776  = \port$2362$76 [20] ? \$773  : \$775 [39:0];
-  assign \$779  = \port$2362$76 [21] ? \$778  : { x4, 1'h0 };
-  assign \$782  = \port$2362$76 [21] ? \$781  : { x4, 1'h0 };
-  assign \$783  = \port$2362$76 [20] ? \$780  : \$782 [39:0];
-  assign \$784  = \port$2362$76 [19] ? \$777  : \$783 [23:0];
-  assign \$785  = \port$2362$76 [18] ? \$770  : \$784 [15:0];
-  assign \$786  = \port$2362$76 [17] ? \$755  : \$785 [11:0];
-  assign \$789  = \port$2362$76 [21] ? \$788  : { x4, 1'h0 };
-  assign \$792  = \port$2362$76 [21] ? \$791  : { x4, 1'h0 };
-  assign \$793  = \port$2362$76 [20] ? \$790  : \$792 [39:0];
-  assign \$796  = \port$2362$76 [21] ? \$795  : { x4, 1'h0 };
-  assign \$799  = \port$2362$76 [21] ? \$798  : { x4, 1'h0 };
-  assign \$800  = \port$2362$76 [20] ? \$797  : \$799 [39:0];
-  assign \$801  = \port$2362$76 [19] ? \$794  : \$800 [23:0];
-  assign \$804  = \port$2362$76 [21] ? \$803  : { x4, 1'h0 };
-  assign \$807  = \port$2362$76 [21] ? \$806  : { x4, 1'h0 };
-  assign \$808  = \port$2362$76 [20] ? \$805  : \$807 [39:0];
-  assign \$811  = \port$2362$76 [21] ? \$810  : { x4, 1'h0 };
-  assign \$814  = \port$2362$76 [21] ? \$813  : { x4, 1'h0 };
-  assign \$815  = \port$2362$76 [20] ? \$812  : \$814 [39:0];
-  assign \$816  = \port$2362$76 [19] ? \$809  : \$815 [23:0];
-  assign \$817  = \port$2362$76 [18] ? \$802  : \$816 [15:0];
-  assign \$820  = \port$2362$76 [21] ? \$819  : { x4, 1'h0 };
-  assign \$823  = \port$2362$76 [21] ? \$822  : { x4, 1'h0 };
-  assign \$824  = \port$2362$76 [20] ? \$821  : \$823 [39:0];
-  assign \$827  = \port$2362$76 [21] ? \$826  : { x4, 1'h0 };
-  assign \$830  = \port$2362$76 [21] ? \$829  : { x4, 1'h0 };
-  assign \$831  = \port$2362$76 [20] ? \$828  : \$830 [39:0];
-  assign \$832  = \port$2362$76 [19] ? \$825  : \$831 [23:0];
-  assign \$835  = \port$2362$76 [21] ? \$834  : { x4, 1'h0 };
-  assign \$838  = \port$2362$76 [21] ? \$837  : { x4, 1'h0 };
-  assign \$839  = \port$2362$76 [20] ? \$836  : \$838 [39:0];
-  assign \$842  = \port$2362$76 [21] ? \$841  : { x4, 1'h0 };
-  assign \$845  = \port$2362$76 [21] ? \$844  : { x4, 1'h0 };
-  assign \$846  = \port$2362$76 [20] ? \$843  : \$845 [39:0];
-  assign \$847  = \port$2362$76 [19] ? \$840  : \$846 [23:0];
-  assign \$848  = \port$2362$76 [18] ? \$833  : \$847 [15:0];
-  assign \$849  = \port$2362$76 [17] ? \$818  : \$848 [11:0];
-  assign \$850  = \port$2362$76 [16] ? \$787  : \$849 [9:0];
-  assign \$851  = { x4, 1'h0 } & below;
-  assign \$852  = | \$851 ;
-  assign \$853  = { x4, 1'h0 } ^ { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47] };
-  assign \$854  = \$853  & above;
-  assign \$855  = | \$854 ;
-  assign \$856  = sticky4 | y4[1];
-  assign \$857  = y4[0] & \$856 ;
-  assign \$858  = $signed(y4[8:1]) + $signed({ 1'h0, \$857  });
-  assign \$859  = neg2_4 ? 8'h80 : 8'h7f;
-  assign \$860  = $signed(rounded4) > $signed(8'h7f);
-  assign \$861  = \$860  ? 9'h07f : rounded4;
-  assign \$862  = over2_4 ? { \$859 [7], \$859  } : \$861 ;
-  assign \$864  = \port$2362$76 [21] ? \$863  : { x5, 1'h0 };
-  assign \$867  = \port$2362$76 [21] ? \$866  : { x5, 1'h0 };
-  assign \$868  = \port$2362$76 [20] ? \$865  : \$867 [39:0];
-  assign \$871  = \port$2362$76 [21] ? \$870  : { x5, 1'h0 };
-  assign \$874  = \port$2362$76 [21] ? \$873  : { x5, 1'h0 };
-  assign \$875  = \port$2362$76 [20] ? \$872  : \$874 [39:0];
-  assign \$876  = \port$2362$76 [19] ? \$869  : \$875 [23:0];
-  assign \$879  = \port$2362$76 [21] ? \$878  : { x5, 1'h0 };
-  assign \$882  = \port$2362$76 [21] ? \$881  : { x5, 1'h0 };
-  assign \$883  = \port$2362$76 [20] ? \$880  : \$882 [39:0];
-  assign \$886  = \port$2362$76 [21] ? \$885  : { x5, 1'h0 };
-  assign \$889  = \port$2362$76 [21] ? \$888  : { x5, 1'h0 };
-  assign \$890  = \port$2362$76 [20] ? \$887  : \$889 [39:0];
-  assign \$891  = \port$2362$76 [19] ? \$884  : \$890 [23:0];
-  assign \$892  = \port$2362$76 [18] ? \$877  : \$891 [15:0];
-  assign \$895  = \port$2362$76 [21] ? \$894  : { x5, 1'h0 };
-  assign \$898  = \port$2362$76 [21] ? \$897  : { x5, 1'h0 };
-  assign \$899  = \port$2362$76 [20] ? \$896  : \$898 [39:0];
-  assign \$902  = \port$2362$76 [21] ? \$901  : { x5, 1'h0 };
-  assign \$905  = \port$2362$76 [21] ? \$904  : { x5, 1'h0 };
-  assign \$906  = \port$2362$76 [20] ? \$903  : \$905 [39:0];
-  assign \$907  = \port$2362$76 [19] ? \$900  : \$906 [23:0];
-  assign \$910  = \port$2362$76 [21] ? \$909  : { x5, 1'h0 };
-  assign \$913  = \port$2362$76 [21] ? \$912  : { x5, 1'h0 };
-  assign \$914  = \port$2362$76 [20] ? \$911  : \$913 [39:0];
-  assign \$917  = \port$2362$76 [21] ? \$916  : { x5, 1'h0 };
-  assign \$920  = \port$2362$76 [21] ? \$919  : { x5, 1'h0 };
-  assign \$921  = \port$2362$76 [20] ? \$918  : \$920 [39:0];
-  assign \$922  = \port$2362$76 [19] ? \$915  : \$921 [23:0];
-  assign \$923  = \port$2362$76 [18] ? \$908  : \$922 [15:0];
-  assign \$924  = \port$2362$76 [17] ? \$893  : \$923 [11:0];
-  assign \$927  = \port$2362$76 [21] ? \$926  : { x5, 1'h0 };
-  assign \$930  = \port$2362$76 [21] ? \$929  : { x5, 1'h0 };
-  assign \$931  = \port$2362$76 [20] ? \$928  : \$930 [39:0];
-  assign \$934  = \port$2362$76 [21] ? \$933  : { x5, 1'h0 };
-  assign \$937  = \port$2362$76 [21] ? \$936  : { x5, 1'h0 };
-  assign \$938  = \port$2362$76 [20] ? \$935  : \$937 [39:0];
-  assign \$939  = \port$2362$76 [19] ? \$932  : \$938 [23:0];
-  assign \$942  = \port$2362$76 [21] ? \$941  : { x5, 1'h0 };
-  assign \$945  = \port$2362$76 [21] ? \$944  : { x5, 1'h0 };
-  assign \$946  = \port$2362$76 [20] ? \$943  : \$945 [39:0];
-  assign \$949  = \port$2362$76 [21] ? \$948  : { x5, 1'h0 };
-  assign \$952  = \port$2362$76 [21] ? \$951  : { x5, 1'h0 };
-  assign \$953  = \port$2362$76 [20] ? \$950  : \$952 [39:0];
-  assign \$954  = \port$2362$76 [19] ? \$947  : \$953 [23:0];
-  assign \$955  = \port$2362$76 [18] ? \$940  : \$954 [15:0];
-  assign \$958  = \port$2362$76 [21] ? \$957  : { x5, 1'h0 };
-  assign \$961  = \port$2362$76 [21] ? \$960  : { x5, 1'h0 };
-  assign \$962  = \port$2362$76 [20] ? \$959  : \$961 [39:0];
-  assign \$965  = \port$2362$76 [21] ? \$964  : { x5, 1'h0 };
-  assign \$968  = \port$2362$76 [21] ? \$967  : { x5, 1'h0 };
-  assign \$969  = \port$2362$76 [20] ? \$966  : \$968 [39:0];
-  assign \$970  = \port$2362$76 [19] ? \$963  : \$969 [23:0];
-  assign \$973  = \port$2362$76 [21] ? \$972  : { x5, 1'h0 };
-  assign \$976  = \port$2362$76 [21] ? \$975  : { x5, 1'h0 };
-  assign \$977  = \port$2362$76 [20] ? \$974  : \$976 [39:0];
-  assign \$980  = \port$2362$76 [21] ? \$979  : { x5, 1'h0 };
-  assign \$983  = \port$2362$76 [21] ? \$982  : { x5, 1'h0 };
-  assign \$984  = \port$2362$76 [20] ? \$981  : \$983 [39:0];
-  assign \$985  = \port$2362$76 [19] ? \$978  : \$984 [23:0];
-  assign \$986  = \port$2362$76 [18] ? \$971  : \$985 [15:0];
-  assign \$987  = \port$2362$76 [17] ? \$956  : \$986 [11:0];
-  assign \$988  = \port$2362$76 [16] ? \$925  : \$987 [9:0];
-  assign \$989  = { x5, 1'h0 } & below;
-  assign \$990  = | \$989 ;
-  assign \$991  = { x5, 1'h0 } ^ { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47] };
-  assign \$992  = \$991  & above;
-  assign \$993  = | \$992 ;
-  assign \$994  = sticky5 | y5[1];
-  assign \$995  = y5[0] & \$994 ;
-  assign \$996  = $signed(y5[8:1]) + $signed({ 1'h0, \$995  });
-  assign \$997  = neg2_5 ? 8'h80 : 8'h7f;
-  assign \$998  = $signed(rounded5) > $signed(8'h7f);
-  assign \$999  = \$998  ? 9'h07f : rounded5;
-  assign \$1000  = over2_5 ? { \$997 [7], \$997  } : \$999 ;
-  assign \$1002  = \port$2362$76 [21] ? \$1001  : { x6, 1'h0 };
-  assign \$1005  = \port$2362$76 [21] ? \$1004  : { x6, 1'h0 };
-  assign \$1006  = \port$2362$76 [20] ? \$1003  : \$1005 [39:0];
-  assign \$1009  = \port$2362$76 [21] ? \$1008  : { x6, 1'h0 };
-  assign \$1012  = \port$2362$76 [21] ? \$1011  : { x6, 1'h0 };
-  assign \$1013  = \port$2362$76 [20] ? \$1010  : \$1012 [39:0];
-  assign \$1014  = \port$2362$76 [19] ? \$1007  : \$1013 [23:0];
-  assign \$1017  = \port$2362$76 [21] ? \$1016  : { x6, 1'h0 };
-  assign \$1020  = \port$2362$76 [21] ? \$1019  : { x6, 1'h0 };
-  assign \$1021  = \port$2362$76 [20] ? \$1018  : \$1020 [39:0];
-  assign \$1024  = \port$2362$76 [21] ? \$1023  : { x6, 1'h0 };
-  assign \$1027  = \port$2362$76 [21] ? \$1026  : { x6, 1'h0 };
-  assign \$1028  = \port$2362$76 [20] ? \$1025  : \$1027 [39:0];
-  assign \$1029  = \port$2362$76 [19] ? \$1022  : \$1028 [23:0];
-  assign \$1030  = \port$2362$76 [18] ? \$1015  : \$1029 [15:0];
-  assign \$1033  = \port$2362$76 [21] ? \$1032  : { x6, 1'h0 };
-  assign \$1036  = \port$2362$76 [21] ? \$1035  : { x6, 1'h0 };
-  assign \$1037  = \port$2362$76 [20] ? \$1034  : \$1036 [39:0];
-  assign \$1040  = \port$2362$76 [21] ? \$1039  : { x6, 1'h0 };
-  assign \$1043  = \port$2362$76 [21] ? \$1042  : { x6, 1'h0 };
-  assign \$1044  = \port$2362$76 [20] ? \$1041  : \$1043 [39:0];
-  assign \$1045  = \port$2362$76 [19] ? \$1038  : \$1044 [23:0];
-  assign \$1048  = \port$2362$76 [21] ? \$1047  : { x6, 1'h0 };
-  assign \$1051  = \port$2362$76 [21] ? \$1050  : { x6, 1'h0 };
-  assign \$1052  = \port$2362$76 [20] ? \$1049  : \$1051 [39:0];
-  assign \$1055  = \port$2362$76 [21] ? \$1054  : { x6, 1'h0 };
-  assign \$1058  = \port$2362$76 [21] ? \$1057  : { x6, 1'h0 };
-  assign \$1059  = \port$2362$76 [20] ? \$1056  : \$1058 [39:0];
-  assign \$1060  = \port$2362$76 [19] ? \$1053  : \$1059 [23:0];
-  assign \$1061  = \port$2362$76 [18] ? \$1046  : \$1060 [15:0];
-  assign \$1062  = \port$2362$76 [17] ? \$1031  : \$1061 [11:0];
-  assign \$1065  = \port$2362$76 [21] ? \$1064  : { x6, 1'h0 };
-  assign \$1068  = \port$2362$76 [21] ? \$1067  : { x6, 1'h0 };
-  assign \$1069  = \port$2362$76 [20] ? \$1066  : \$1068 [39:0];
-  assign \$1072  = \port$2362$76 [21] ? \$1071  : { x6, 1'h0 };
-  assign \$1075  = \port$2362$76 [21] ? \$1074  : { x6, 1'h0 };
-  assign \$1076  = \port$2362$76 [20] ? \$1073  : \$1075 [39:0];
-  assign \$1077  = \port$2362$76 [19] ? \$1070  : \$1076 [23:0];
-  assign \$1080  = \port$2362$76 [21] ? \$1079  : { x6, 1'h0 };
-  assign \$1083  = \port$2362$76 [21] ? \$1082  : { x6, 1'h0 };
-  assign \$1084  = \port$2362$76 [20] ? \$1081  : \$1083 [39:0];
-  assign \$1087  = \port$2362$76 [21] ? \$1086  : { x6, 1'h0 };
-  assign \$1090  = \port$2362$76 [21] ? \$1089  : { x6, 1'h0 };
-  assign \$1091  = \port$2362$76 [20] ? \$1088  : \$1090 [39:0];
-  assign \$1092  = \port$2362$76 [19] ? \$1085  : \$1091 [23:0];
-  assign \$1093  = \port$2362$76 [18] ? \$1078  : \$1092 [15:0];
-  assign \$1096  = \port$2362$76 [21] ? \$1095  : { x6, 1'h0 };
-  assign \$1099  = \port$2362$76 [21] ? \$1098  : { x6, 1'h0 };
-  assign \$1100  = \port$2362$76 [20] ? \$1097  : \$1099 [39:0];
-  assign \$1103  = \port$2362$76 [21] ? \$1102  : { x6, 1'h0 };
-  assign \$1106  = \port$2362$76 [21] ? \$1105  : { x6, 1'h0 };
-  assign \$1107  = \port$2362$76 [20] ? \$1104  : \$1106 [39:0];
-  assign \$1108  = \port$2362$76 [19] ? \$1101  : \$1107 [23:0];
-  assign \$1111  = \port$2362$76 [21] ? \$1110  : { x6, 1'h0 };
-  assign \$1114  = \port$2362$76 [21] ? \$1113  : { x6, 1'h0 };
-  assign \$1115  = \port$2362$76 [20] ? \$1112  : \$1114 [39:0];
-  assign \$1118  = \port$2362$76 [21] ? \$1117  : { x6, 1'h0 };
-  assign \$1121  = \port$2362$76 [21] ? \$1120  : { x6, 1'h0 };
-  assign \$1122  = \port$2362$76 [20] ? \$1119  : \$1121 [39:0];
-  assign \$1123  = \port$2362$76 [19] ? \$1116  : \$1122 [23:0];
-  assign \$1124  = \port$2362$76 [18] ? \$1109  : \$1123 [15:0];
-  assign \$1125  = \port$2362$76 [17] ? \$1094  : \$1124 [11:0];
-  assign \$1126  = \port$2362$76 [16] ? \$1063  : \$1125 [9:0];
-  assign \$1127  = { x6, 1'h0 } & below;
-  assign \$1128  = | \$1127 ;
-  assign \$1129  = { x6, 1'h0 } ^ { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47] };
-  assign \$1130  = \$1129  & above;
-  assign \$1131  = | \$1130 ;
-  assign \$1132  = sticky6 | y6[1];
-  assign \$1133  = y6[0] & \$1132 ;
-  assign \$1134  = $signed(y6[8:1]) + $signed({ 1'h0, \$1133  });
-  assign \$1135  = neg2_6 ? 8'h80 : 8'h7f;
-  assign \$1136  = $signed(rounded6) > $signed(8'h7f);
-  assign \$1137  = \$1136  ? 9'h07f : rounded6;
-  assign \$1138  = over2_6 ? { \$1135 [7], \$1135  } : \$1137 ;
-  assign \$1140  = \port$2362$76 [21] ? \$1139  : { x7, 1'h0 };
-  assign \$1143  = \port$2362$76 [21] ? \$1142  : { x7, 1'h0 };
-  assign \$1144  = \port$2362$76 [20] ? \$1141  : \$1143 [39:0];
-  assign \$1147  = \port$2362$76 [21] ? \$1146  : { x7, 1'h0 };
-  assign \$1150  = \port$2362$76 [21] ? \$1149  : { x7, 1'h0 };
-  assign \$1151  = \port$2362$76 [20] ? \$1148  : \$1150 [39:0];
-  assign \$1152  = \port$2362$76 [19] ? \$1145  : \$1151 [23:0];
-  assign \$1155  = \port$2362$76 [21] ? \$1154  : { x7, 1'h0 };
-  assign \$1158  = \port$2362$76 [21] ? \$1157  : { x7, 1'h0 };
-  assign \$1159  = \port$2362$76 [20] ? \$1156  : \$1158 [39:0];
-  assign \$1162  = \port$2362$76 [21] ? \$1161  : { x7, 1'h0 };
-  assign \$1165  = \port$2362$76 [21] ? \$1164  : { x7, 1'h0 };
-  assign \$1166  = \port$2362$76 [20] ? \$1163  : \$1165 [39:0];
-  assign \$1167  = \port$2362$76 [19] ? \$1160  : \$1166 [23:0];
-  assign \$1168  = \port$2362$76 [18] ? \$1153  : \$1167 [15:0];
-  assign \$1171  = \port$2362$76 [21] ? \$1170  : { x7, 1'h0 };
-  assign \$1174  = \port$2362$76 [21] ? \$1173  : { x7, 1'h0 };
-  assign \$1175  = \port$2362$76 [20] ? \$1172  : \$1174 [39:0];
-  assign \$1178  = \port$2362$76 [21] ? \$1177  : { x7, 1'h0 };
-  assign \$1181  = \port$2362$76 [21] ? \$1180  : { x7, 1'h0 };
-  assign \$1182  = \port$2362$76 [20] ? \$1179  : \$1181 [39:0];
-  assign \$1183  = \port$2362$76 [19] ? \$1176  : \$1182 [23:0];
-  assign \$1186  = \port$2362$76 [21] ? \$1185  : { x7, 1'h0 };
-  assign \$1189  = \port$2362$76 [21] ? \$1188  : { x7, 1'h0 };
-  assign \$1190  = \port$2362$76 [20] ? \$1187  : \$1189 [39:0];
-  assign \$1193  = \port$2362$76 [21] ? \$1192  : { x7, 1'h0 };
-  assign \$1196  = \port$2362$76 [21] ? \$1195  : { x7, 1'h0 };
-  assign \$1197  = \port$2362$76 [20] ? \$1194  : \$1196 [39:0];
-  assign \$1198  = \port$2362$76 [19] ? \$1191  : \$1197 [23:0];
-  assign \$1199  = \port$2362$76 [18] ? \$1184  : \$1198 [15:0];
-  assign \$1200  = \port$2362$76 [17] ? \$1169  : \$1199 [11:0];
-  assign \$1203  = \port$2362$76 [21] ? \$1202  : { x7, 1'h0 };
-  assign \$1206  = \port$2362$76 [21] ? \$1205  : { x7, 1'h0 };
-  assign \$1207  = \port$2362$76 [20] ? \$1204  : \$1206 [39:0];
-  assign \$1210  = \port$2362$76 [21] ? \$1209  : { x7, 1'h0 };
-  assign \$1213  = \port$2362$76 [21] ? \$1212  : { x7, 1'h0 };
-  assign \$1214  = \port$2362$76 [20] ? \$1211  : \$1213 [39:0];
-  assign \$1215  = \port$2362$76 [19] ? \$1208  : \$1214 [23:0];
-  assign \$1218  = \port$2362$76 [21] ? \$1217  : { x7, 1'h0 };
-  assign \$1221  = \port$2362$76 [21] ? \$1220  : { x7, 1'h0 };
-  assign \$1222  = \port$2362$76 [20] ? \$1219  : \$1221 [39:0];
-  assign \$1225  = \port$2362$76 [21] ? \$1224  : { x7, 1'h0 };
-  assign \$1228  = \port$2362$76 [21] ? \$1227  : { x7, 1'h0 };
-  assign \$1229  = \port$2362$76 [20] ? \$1226  : \$1228 [39:0];
-  assign \$1230  = \port$2362$76 [19] ? \$1223  : \$1229 [23:0];
-  assign \$1231  = \port$2362$76 [18] ? \$1216  : \$1230 [15:0];
-  assign \$1234  = \port$2362$76 [21] ? \$1233  : { x7, 1'h0 };
-  assign \$1237  = \port$2362$76 [21] ? \$1236  : { x7, 1'h0 };
-  assign \$1238  = \port$2362$76 [20] ? \$1235  : \$1237 [39:0];
-  assign \$1241  = \port$2362$76 [21] ? \$1240  : { x7, 1'h0 };
-  assign \$1244  = \port$2362$76 [21] ? \$1243  : { x7, 1'h0 };
-  assign \$1245  = \port$2362$76 [20] ? \$1242  : \$1244 [39:0];
-  assign \$1246  = \port$2362$76 [19] ? \$1239  : \$1245 [23:0];
-  assign \$1249  = \port$2362$76 [21] ? \$1248  : { x7, 1'h0 };
-  assign \$1252  = \port$2362$76 [21] ? \$1251  : { x7, 1'h0 };
-  assign \$1253  = \port$2362$76 [20] ? \$1250  : \$1252 [39:0];
-  assign \$1256  = \port$2362$76 [21] ? \$1255  : { x7, 1'h0 };
-  assign \$1259  = \port$2362$76 [21] ? \$1258  : { x7, 1'h0 };
-  assign \$1260  = \port$2362$76 [20] ? \$1257  : \$1259 [39:0];
-  assign \$1261  = \port$2362$76 [19] ? \$1254  : \$1260 [23:0];
-  assign \$1262  = \port$2362$76 [18] ? \$1247  : \$1261 [15:0];
-  assign \$1263  = \port$2362$76 [17] ? \$1232  : \$1262 [11:0];
-  assign \$1264  = \port$2362$76 [16] ? \$1201  : \$1263 [9:0];
-  assign \$1265  = { x7, 1'h0 } & below;
-  assign \$1266  = | \$1265 ;
-  assign \$1267  = { x7, 1'h0 } ^ { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47] };
-  assign \$1268  = \$1267  & above;
-  assign \$1269  = | \$1268 ;
-  assign \$1270  = sticky7 | y7[1];
-  assign \$1271  = y7[0] & \$1270 ;
-  assign \$1272  = $signed(y7[8:1]) + $signed({ 1'h0, \$1271  });
-  assign \$1273  = neg2_7 ? 8'h80 : 8'h7f;
-  assign \$1274  = $signed(rounded7) > $signed(8'h7f);
-  assign \$1275  = \$1274  ? 9'h07f : rounded7;
-  assign \$1276  = over2_7 ? { \$1273 [7], \$1273  } : \$1275 ;
-  always @(posedge clk)
-    \$signal  <= \$1277 ;
-  always @(posedge clk)
-    v2 <= \$1278 ;
-  always @(posedge clk)
-    x_valid <= \$1279 ;
-  always @(posedge clk)
-    x0 <= \$1280 ;
-  always @(posedge clk)
-    x1 <= \$1281 ;
-  always @(posedge clk)
-    x2 <= \$1282 ;
-  always @(posedge clk)
-    x3 <= \$1283 ;
-  always @(posedge clk)
-    x4 <= \$1284 ;
-  always @(posedge clk)
-    x5 <= \$1285 ;
-  always @(posedge clk)
-    x6 <= \$1286 ;
-  always @(posedge clk)
-    x7 <= \$1287 ;
-  always @(posedge clk)
-    below <= \$1288 ;
-  always @(posedge clk)
-    above <= \$1289 ;
-  always @(posedge clk)
-    \$signal$72  <= \$1290 ;
-  always @(posedge clk)
-    v_round <= \$1291 ;
-  always @(posedge clk)
-    o__valid <= \$1292 ;
-  always @(posedge clk)
-    y0 <= \$1293 ;
-  always @(posedge clk)
-    sticky0 <= \$1294 ;
-  always @(posedge clk)
-    over0 <= \$1295 ;
-  always @(posedge clk)
-    neg0 <= \$1296 ;
-  always @(posedge clk)
-    rounded0 <= \$1297 ;
-  always @(posedge clk)
-    over2_0 <= \$1298 ;
-  always @(posedge clk)
-    neg2_0 <= \$1299 ;
-  always @(posedge clk)
-    o__payload <= \$1300 ;
-  always @(posedge clk)
-    y1 <= \$1301 ;
-  always @(posedge clk)
-    sticky1 <= \$1302 ;
-  always @(posedge clk)
-    over1 <= \$1303 ;
-  always @(posedge clk)
-    neg1 <= \$1304 ;
-  always @(posedge clk)
-    rounded1 <= \$1305 ;
-  always @(posedge clk)
-    over2_1 <= \$1306 ;
-  always @(posedge clk)
-    neg2_1 <= \$1307 ;
-  always @(posedge clk)
-    y2 <= \$1308 ;
-  always @(posedge clk)
-    sticky2 <= \$1309 ;
-  always @(posedge clk)
-    over2 <= \$1310 ;
-  always @(posedge clk)
-    neg2 <= \$1311 ;
-  always @(posedge clk)
-    rounded2 <= \$1312 ;
-  always @(posedge clk)
-    over2_2 <= \$1313 ;
-  always @(posedge clk)
-    neg2_2 <= \$1314 ;
-  always @(posedge clk)
-    y3 <= \$1315 ;
-  always @(posedge clk)
-    sticky3 <= \$1316 ;
-  always @(posedge clk)
-    over3 <= \$1317 ;
-  always @(posedge clk)
-    neg3 <= \$1318 ;
-  always @(posedge clk)
-    rounded3 <= \$1319 ;
-  always @(posedge clk)
-    over2_3 <= \$1320 ;
-  always @(posedge clk)
-    neg2_3 <= \$1321 ;
-  always @(posedge clk)
-    y4 <= \$1322 ;
-  always @(posedge clk)
-    sticky4 <= \$1323 ;
-  always @(posedge clk)
-    over4 <= \$1324 ;
-  always @(posedge clk)
-    neg4 <= \$1325 ;
-  always @(posedge clk)
-    rounded4 <= \$1326 ;
-  always @(posedge clk)
-    over2_4 <= \$1327 ;
-  always @(posedge clk)
-    neg2_4 <= \$1328 ;
-  always @(posedge clk)
-    y5 <= \$1329 ;
-  always @(posedge clk)
-    sticky5 <= \$1330 ;
-  always @(posedge clk)
-    over5 <= \$1331 ;
-  always @(posedge clk)
-    neg5 <= \$1332 ;
-  always @(posedge clk)
-    rounded5 <= \$1333 ;
-  always @(posedge clk)
-    over2_5 <= \$1334 ;
-  always @(posedge clk)
-    neg2_5 <= \$1335 ;
-  always @(posedge clk)
-    y6 <= \$1336 ;
-  always @(posedge clk)
-    sticky6 <= \$1337 ;
-  always @(posedge clk)
-    over6 <= \$1338 ;
-  always @(posedge clk)
-    neg6 <= \$1339 ;
-  always @(posedge clk)
-    rounded6 <= \$1340 ;
-  always @(posedge clk)
-    over2_6 <= \$1341 ;
-  always @(posedge clk)
-    neg2_6 <= \$1342 ;
-  always @(posedge clk)
-    y7 <= \$1343 ;
-  always @(posedge clk)
-    sticky7 <= \$1344 ;
-  always @(posedge clk)
-    over7 <= \$1345 ;
-  always @(posedge clk)
-    neg7 <= \$1346 ;
-  always @(posedge clk)
-    rounded7 <= \$1347 ;
-  always @(posedge clk)
-    over2_7 <= \$1348 ;
-  always @(posedge clk)
-    neg2_7 <= \$1349 ;
+  assign \$2  = ~ below[40:0];
+  assign \$5  = $signed(\$3 ) + $signed(\$4 );
+  assign \$8  = $signed(\$6 ) + $signed(\$7 );
+  assign \$11  = $signed(\$9 ) + $signed(\$10 );
+  assign \$14  = $signed(\$12 ) + $signed(\$13 );
+  assign \$17  = $signed(\$15 ) + $signed(\$16 );
+  assign \$20  = $signed(\$18 ) + $signed(\$19 );
+  assign \$23  = $signed(\$21 ) + $signed(\$22 );
+  assign \$26  = $signed(\$24 ) + $signed(\$25 );
+  assign \$27  = \port$2522$76 [21:19] > 1'h0;
+  assign \$28  = ! \port$2522$76 [21:19];
+  assign \$29  = \port$2522$76 [18:16] > 1'h0;
+  assign \$30  = \$28  & \$29 ;
+  assign \$31  = \$27  | \$30 ;
+  assign \$32  = \port$2522$76 [21:19] > 1'h0;
+  assign \$33  = ! \port$2522$76 [21:19];
+  assign \$34  = \port$2522$76 [18:16] > 1'h1;
+  assign \$35  = \$33  & \$34 ;
+  assign \$36  = \$32  | \$35 ;
+  assign \$37  = \port$2522$76 [21:19] > 1'h0;
+  assign \$38  = ! \port$2522$76 [21:19];
+  assign \$39  = \port$2522$76 [18:16] > 2'h2;
+  assign \$40  = \$38  & \$39 ;
+  assign \$41  = \$37  | \$40 ;
+  assign \$42  = \port$2522$76 [21:19] > 1'h0;
+  assign \$43  = ! \port$2522$76 [21:19];
+  assign \$44  = \port$2522$76 [18:16] > 2'h3;
+  assign \$45  = \$43  & \$44 ;
+  assign \$46  = \$42  | \$45 ;
+  assign \$47  = \port$2522$76 [21:19] > 1'h0;
+  assign \$48  = ! \port$2522$76 [21:19];
+  assign \$49  = \port$2522$76 [18:16] > 3'h4;
+  assign \$50  = \$48  & \$49 ;
+  assign \$51  = \$47  | \$50 ;
+  assign \$52  = \port$2522$76 [21:19] > 1'h0;
+  assign \$53  = ! \port$2522$76 [21:19];
+  assign \$54  = \port$2522$76 [18:16] > 3'h5;
+  assign \$55  = \$53  & \$54 ;
+  assign \$56  = \$52  | \$55 ;
+  assign \$57  = \port$2522$76 [21:19] > 1'h0;
+  assign \$58  = ! \port$2522$76 [21:19];
+  assign \$59  = \port$2522$76 [18:16] > 3'h6;
+  assign \$60  = \$58  & \$59 ;
+  assign \$61  = \$57  | \$60 ;
+  assign \$62  = \port$2522$76 [21:19] > 1'h0;
+  assign \$63  = ! \port$2522$76 [21:19];
+  assign \$64  = \port$2522$76 [18:16] > 3'h7;
+  assign \$65  = \$63  & \$64 ;
+  assign \$66  = \$62  | \$65 ;
+  assign \$67  = \port$2522$76 [21:19] > 1'h1;
+  assign \$68  = \port$2522$76 [21:19] == 1'h1;
+  assign \$69  = \port$2522$76 [18:16] > 1'h0;
+  assign \$70  = \$68  & \$69 ;
+  assign \$71  = \$67  | \$70 ;
+  assign \$72  = \port$2522$76 [21:19] > 1'h1;
+  assign \$73  = \port$2522$76 [21:19] == 1'h1;
+  assign \$74  = \port$2522$76 [18:16] > 1'h1;
+  assign \$75  = \$73  & \$74 ;
+  assign \$76  = \$72  | \$75 ;
+  assign \$77  = \port$2522$76 [21:19] > 1'h1;
+  assign \$78  = \port$2522$76 [21:19] == 1'h1;
+  assign \$79  = \port$2522$76 [18:16] > 2'h2;
+  assign \$80  = \$78  & \$79 ;
+  assign \$81  = \$77  | \$80 ;
+  assign \$82  = \port$2522$76 [21:19] > 1'h1;
+  assign \$83  = \port$2522$76 [21:19] == 1'h1;
+  assign \$84  = \port$2522$76 [18:16] > 2'h3;
+  assign \$85  = \$83  & \$84 ;
+  assign \$86  = \$82  | \$85 ;
+  assign \$87  = \port$2522$76 [21:19] > 1'h1;
+  assign \$88  = \port$2522$76 [21:19] == 1'h1;
+  assign \$89  = \port$2522$76 [18:16] > 3'h4;
+  assign \$90  = \$88  & \$89 ;
+  assign \$91  = \$87  | \$90 ;
+  assign \$92  = \port$2522$76 [21:19] > 1'h1;
+  assign \$93  = \port$2522$76 [21:19] == 1'h1;
+  assign \$94  = \port$2522$76 [18:16] > 3'h5;
+  assign \$95  = \$93  & \$94 ;
+  assign \$96  = \$92  | \$95 ;
+  assign \$97  = \port$2522$76 [21:19] > 1'h1;
+  assign \$98  = \port$2522$76 [21:19] == 1'h1;
+  assign \$99  = \port$2522$76 [18:16] > 3'h6;
+  assign \$100  = \$98  & \$99 ;
+  assign \$101  = \$97  | \$100 ;
+  assign \$102  = \port$2522$76 [21:19] > 1'h1;
+  assign \$103  = \port$2522$76 [21:19] == 1'h1;
+  assign \$104  = \port$2522$76 [18:16] > 3'h7;
+  assign \$105  = \$103  & \$104 ;
+  assign \$106  = \$102  | \$105 ;
+  assign \$107  = \port$2522$76 [21:19] > 2'h2;
+  assign \$108  = \port$2522$76 [21:19] == 2'h2;
+  assign \$109  = \port$2522$76 [18:16] > 1'h0;
+  assign \$110  = \$108  & \$109 ;
+  assign \$111  = \$107  | \$110 ;
+  assign \$112  = \port$2522$76 [21:19] > 2'h2;
+  assign \$113  = \port$2522$76 [21:19] == 2'h2;
+  assign \$114  = \port$2522$76 [18:16] > 1'h1;
+  assign \$115  = \$113  & \$114 ;
+  assign \$116  = \$112  | \$115 ;
+  assign \$117  = \port$2522$76 [21:19] > 2'h2;
+  assign \$118  = \port$2522$76 [21:19] == 2'h2;
+  assign \$119  = \port$2522$76 [18:16] > 2'h2;
+  assign \$120  = \$118  & \$119 ;
+  assign \$121  = \$117  | \$120 ;
+  assign \$122  = \port$2522$76 [21:19] > 2'h2;
+  assign \$123  = \port$2522$76 [21:19] == 2'h2;
+  assign \$124  = \port$2522$76 [18:16] > 2'h3;
+  assign \$125  = \$123  & \$124 ;
+  assign \$126  = \$122  | \$125 ;
+  assign \$127  = \port$2522$76 [21:19] > 2'h2;
+  assign \$128  = \port$2522$76 [21:19] == 2'h2;
+  assign \$129  = \port$2522$76 [18:16] > 3'h4;
+  assign \$130  = \$128  & \$129 ;
+  assign \$131  = \$127  | \$130 ;
+  assign \$132  = \port$2522$76 [21:19] > 2'h2;
+  assign \$133  = \port$2522$76 [21:19] == 2'h2;
+  assign \$134  = \port$2522$76 [18:16] > 3'h5;
+  assign \$135  = \$133  & \$134 ;
+  assign \$136  = \$132  | \$135 ;
+  assign \$137  = \port$2522$76 [21:19] > 2'h2;
+  assign \$138  = \port$2522$76 [21:19] == 2'h2;
+  assign \$139  = \port$2522$76 [18:16] > 3'h6;
+  assign \$140  = \$138  & \$139 ;
+  assign \$141  = \$137  | \$140 ;
+  assign \$142  = \port$2522$76 [21:19] > 2'h2;
+  assign \$143  = \port$2522$76 [21:19] == 2'h2;
+  assign \$144  = \port$2522$76 [18:16] > 3'h7;
+  assign \$145  = \$143  & \$144 ;
+  assign \$146  = \$142  | \$145 ;
+  assign \$147  = \port$2522$76 [21:19] > 2'h3;
+  assign \$148  = \port$2522$76 [21:19] == 2'h3;
+  assign \$149  = \port$2522$76 [18:16] > 1'h0;
+  assign \$150  = \$148  & \$149 ;
+  assign \$151  = \$147  | \$150 ;
+  assign \$152  = \port$2522$76 [21:19] > 2'h3;
+  assign \$153  = \port$2522$76 [21:19] == 2'h3;
+  assign \$154  = \port$2522$76 [18:16] > 1'h1;
+  assign \$155  = \$153  & \$154 ;
+  assign \$156  = \$152  | \$155 ;
+  assign \$157  = \port$2522$76 [21:19] > 2'h3;
+  assign \$158  = \port$2522$76 [21:19] == 2'h3;
+  assign \$159  = \port$2522$76 [18:16] > 2'h2;
+  assign \$160  = \$158  & \$159 ;
+  assign \$161  = \$157  | \$160 ;
+  assign \$162  = \port$2522$76 [21:19] > 2'h3;
+  assign \$163  = \port$2522$76 [21:19] == 2'h3;
+  assign \$164  = \port$2522$76 [18:16] > 2'h3;
+  assign \$165  = \$163  & \$164 ;
+  assign \$166  = \$162  | \$165 ;
+  assign \$167  = \port$2522$76 [21:19] > 2'h3;
+  assign \$168  = \port$2522$76 [21:19] == 2'h3;
+  assign \$169  = \port$2522$76 [18:16] > 3'h4;
+  assign \$170  = \$168  & \$169 ;
+  assign \$171  = \$167  | \$170 ;
+  assign \$172  = \port$2522$76 [21:19] > 2'h3;
+  assign \$173  = \port$2522$76 [21:19] == 2'h3;
+  assign \$174  = \port$2522$76 [18:16] > 3'h5;
+  assign \$175  = \$173  & \$174 ;
+  assign \$176  = \$172  | \$175 ;
+  assign \$177  = \port$2522$76 [21:19] > 2'h3;
+  assign \$178  = \port$2522$76 [21:19] == 2'h3;
+  assign \$179  = \port$2522$76 [18:16] > 3'h6;
+  assign \$180  = \$178  & \$179 ;
+  assign \$181  = \$177  | \$180 ;
+  assign \$182  = \port$2522$76 [21:19] > 2'h3;
+  assign \$183  = \port$2522$76 [21:19] == 2'h3;
+  assign \$184  = \port$2522$76 [18:16] > 3'h7;
+  assign \$185  = \$183  & \$184 ;
+  assign \$186  = \$182  | \$185 ;
+  assign \$187  = \port$2522$76 [21:19] > 3'h4;
+  assign \$188  = \port$2522$76 [21:19] == 3'h4;
+  assign \$189  = \port$2522$76 [18:16] > 1'h0;
+  assign \$190  = \$188  & \$189 ;
+  assign \$191  = \$187  | \$190 ;
+  assign \$192  = \port$2522$76 [21:19] > 3'h4;
+  assign \$193  = \port$2522$76 [21:19] == 3'h4;
+  assign \$194  = \port$2522$76 [18:16] > 1'h1;
+  assign \$195  = \$193  & \$194 ;
+  assign \$196  = \$192  | \$195 ;
+  assign \$197  = \port$2522$76 [21:19] > 3'h4;
+  assign \$198  = \port$2522$76 [21:19] == 3'h4;
+  assign \$199  = \port$2522$76 [18:16] > 2'h2;
+  assign \$200  = \$198  & \$199 ;
+  assign \$201  = \$197  | \$200 ;
+  assign \$202  = \port$2522$76 [21:19] > 3'h4;
+  assign \$203  = \port$2522$76 [21:19] == 3'h4;
+  assign \$204  = \port$2522$76 [18:16] > 2'h3;
+  assign \$205  = \$203  & \$204 ;
+  assign \$206  = \$202  | \$205 ;
+  assign \$207  = \port$2522$76 [21:19] > 3'h4;
+  assign \$208  = \port$2522$76 [21:19] == 3'h4;
+  assign \$209  = \port$2522$76 [18:16] > 3'h4;
+  assign \$210  = \$208  & \$209 ;
+  assign \$211  = \$207  | \$210 ;
+  assign \$212  = \port$2522$76 [21:19] > 3'h4;
+  assign \$213  = \port$2522$76 [21:19] == 3'h4;
+  assign \$214  = \port$2522$76 [18:16] > 3'h5;
+  assign \$215  = \$213  & \$214 ;
+  assign \$216  = \$212  | \$215 ;
+  assign \$217  = \port$2522$76 [21:19] > 3'h4;
+  assign \$218  = \port$2522$76 [21:19] == 3'h4;
+  assign \$219  = \port$2522$76 [18:16] > 3'h6;
+  assign \$220  = \$218  & \$219 ;
+  assign \$221  = \$217  | \$220 ;
+  assign \$222  = \port$2522$76 [21:19] > 3'h4;
+  assign \$223  = \port$2522$76 [21:19] == 3'h4;
+  assign \$224  = \port$2522$76 [18:16] > 3'h7;
+  assign \$225  = \$223  & \$224 ;
+  assign \$226  = \$222  | \$225 ;
+  assign \$227  = \port$2522$76 [21:19] > 3'h5;
+  assign \$228  = \port$2522$76 [21:19] == 3'h5;
+  assign \$229  = \port$2522$76 [18:16] > 1'h0;
+  assign \$230  = \$228  & \$229 ;
+  assign \$231  = \$227  | \$230 ;
+  assign \$232  = \port$2522$76 [21:19] > 3'h5;
+  assign \$233  = \port$2522$76 [21:19] == 3'h5;
+  assign \$234  = \port$2522$76 [18:16] > 1'h1;
+  assign \$235  = \$233  & \$234 ;
+  assign \$236  = \$232  | \$235 ;
+  assign \$237  = \port$2522$76 [21:19] > 3'h5;
+  assign \$238  = \port$2522$76 [21:19] == 3'h5;
+  assign \$239  = \port$2522$76 [18:16] > 2'h2;
+  assign \$240  = \$238  & \$239 ;
+  assign \$241  = \$237  | \$240 ;
+  assign \$242  = \port$2522$76 [21:19] > 3'h5;
+  assign \$243  = \port$2522$76 [21:19] == 3'h5;
+  assign \$244  = \port$2522$76 [18:16] > 2'h3;
+  assign \$245  = \$243  & \$244 ;
+  assign \$246  = \$242  | \$245 ;
+  assign \$247  = \port$2522$76 [21:19] > 3'h5;
+  assign \$248  = \port$2522$76 [21:19] == 3'h5;
+  assign \$249  = \port$2522$76 [18:16] > 3'h4;
+  assign \$250  = \$248  & \$249 ;
+  assign \$251  = \$247  | \$250 ;
+  assign \$252  = \port$2522$76 [21:19] > 3'h5;
+  assign \$253  = \port$2522$76 [21:19] == 3'h5;
+  assign \$254  = \port$2522$76 [18:16] > 3'h5;
+  assign \$255  = \$253  & \$254 ;
+  assign \$256  = \$252  | \$255 ;
+  assign \$257  = \port$2522$76 [21:19] > 3'h5;
+  assign \$258  = \port$2522$76 [21:19] == 3'h5;
+  assign \$259  = \port$2522$76 [18:16] > 3'h6;
+  assign \$260  = \$258  & \$259 ;
+  assign \$261  = \$257  | \$260 ;
+  assign \$262  = \port$2522$76 [21:19] > 3'h5;
+  assign \$263  = \port$2522$76 [21:19] == 3'h5;
+  assign \$264  = \port$2522$76 [18:16] > 3'h7;
+  assign \$265  = \$263  & \$264 ;
+  assign \$266  = \$262  | \$265 ;
+  assign \$267  = \port$2522$76 [21:19] > 3'h6;
+  assign \$268  = \port$2522$76 [21:19] == 3'h6;
+  assign \$269  = \port$2522$76 [18:16] > 1'h0;
+  assign \$270  = \$268  & \$269 ;
+  assign \$271  = \$267  | \$270 ;
+  assign \$273  = \port$2522$76 [21] ? \$272  : { x0, 1'h0 };
+  assign \$276  = \port$2522$76 [21] ? \$275  : { x0, 1'h0 };
+  assign \$277  = \port$2522$76 [20] ? \$274  : \$276 [39:0];
+  assign \$280  = \port$2522$76 [21] ? \$279  : { x0, 1'h0 };
+  assign \$283  = \port$2522$76 [21] ? \$282  : { x0, 1'h0 };
+  assign \$284  = \port$2522$76 [20] ? \$281  : \$283 [39:0];
+  assign \$285  = \port$2522$76 [19] ? \$278  : \$284 [23:0];
+  assign \$288  = \port$2522$76 [21] ? \$287  : { x0, 1'h0 };
+  assign \$291  = \port$2522$76 [21] ? \$290  : { x0, 1'h0 };
+  assign \$292  = \port$2522$76 [20] ? \$289  : \$291 [39:0];
+  assign \$295  = \port$2522$76 [21] ? \$294  : { x0, 1'h0 };
+  assign \$298  = \port$2522$76 [21] ? \$297  : { x0, 1'h0 };
+  assign \$299  = \port$2522$76 [20] ? \$296  : \$298 [39:0];
+  assign \$300  = \port$2522$76 [19] ? \$293  : \$299 [23:0];
+  assign \$301  = \port$2522$76 [18] ? \$286  : \$300 [15:0];
+  assign \$304  = \port$2522$76 [21] ? \$303  : { x0, 1'h0 };
+  assign \$307  = \port$2522$76 [21] ? \$306  : { x0, 1'h0 };
+  assign \$308  = \port$2522$76 [20] ? \$305  : \$307 [39:0];
+  assign \$311  = \port$2522$76 [21] ? \$310  : { x0, 1'h0 };
+  assign \$314  = \port$2522$76 [21] ? \$313  : { x0, 1'h0 };
+  assign \$315  = \port$2522$76 [20] ? \$312  : \$314 [39:0];
+  assign \$316  = \port$2522$76 [19] ? \$309  : \$315 [23:0];
+  assign \$319  = \port$2522$76 [21] ? \$318  : { x0, 1'h0 };
+  assign \$322  = \port$2522$76 [21] ? \$321  : { x0, 1'h0 };
+  assign \$323  = \port$2522$76 [20] ? \$320  : \$322 [39:0];
+  assign \$326  = \port$2522$76 [21] ? \$325  : { x0, 1'h0 };
+  assign \$329  = \port$2522$76 [21] ? \$328  : { x0, 1'h0 };
+  assign \$330  = \port$2522$76 [20] ? \$327  : \$329 [39:0];
+  assign \$331  = \port$2522$76 [19] ? \$324  : \$330 [23:0];
+  assign \$332  = \port$2522$76 [18] ? \$317  : \$331 [15:0];
+  assign \$333  = \port$2522$76 [17] ? \$302  : \$332 [11:0];
+  assign \$336  = \port$2522$76 [21] ? \$335  : { x0, 1'h0 };
+  assign \$339  = \port$2522$76 [21] ? \$338  : { x0, 1'h0 };
+  assign \$340  = \port$2522$76 [20] ? \$337  : \$339 [39:0];
+  assign \$343  = \port$2522$76 [21] ? \$342  : { x0, 1'h0 };
+  assign \$346  = \port$2522$76 [21] ? \$345  : { x0, 1'h0 };
+  assign \$347  = \port$2522$76 [20] ? \$344  : \$346 [39:0];
+  assign \$348  = \port$2522$76 [19] ? \$341  : \$347 [23:0];
+  assign \$351  = \port$2522$76 [21] ? \$350  : { x0, 1'h0 };
+  assign \$354  = \port$2522$76 [21] ? \$353  : { x0, 1'h0 };
+  assign \$355  = \port$2522$76 [20] ? \$352  : \$354 [39:0];
+  assign \$358  = \port$2522$76 [21] ? \$357  : { x0, 1'h0 };
+  assign \$361  = \port$2522$76 [21] ? \$360  : { x0, 1'h0 };
+  assign \$362  = \port$2522$76 [20] ? \$359  : \$361 [39:0];
+  assign \$363  = \port$2522$76 [19] ? \$356  : \$362 [23:0];
+  assign \$364  = \port$2522$76 [18] ? \$349  : \$363 [15:0];
+  assign \$367  = \port$2522$76 [21] ? \$366  : { x0, 1'h0 };
+  assign \$370  = \port$2522$76 [21] ? \$369  : { x0, 1'h0 };
+  assign \$371  = \port$2522$76 [20] ? \$368  : \$370 [39:0];
+  assign \$374  = \port$2522$76 [21] ? \$373  : { x0, 1'h0 };
+  assign \$377  = \port$2522$76 [21] ? \$376  : { x0, 1'h0 };
+  assign \$378  = \port$2522$76 [20] ? \$375  : \$377 [39:0];
+  assign \$379  = \port$2522$76 [19] ? \$372  : \$378 [23:0];
+  assign \$382  = \port$2522$76 [21] ? \$381  : { x0, 1'h0 };
+  assign \$385  = \port$2522$76 [21] ? \$384  : { x0, 1'h0 };
+  assign \$386  = \port$2522$76 [20] ? \$383  : \$385 [39:0];
+  assign \$389  = \port$2522$76 [21] ? \$388  : { x0, 1'h0 };
+  assign \$392  = \port$2522$76 [21] ? \$391  : { x0, 1'h0 };
+  assign \$393  = \port$2522$76 [20] ? \$390  : \$392 [39:0];
+  assign \$394  = \port$2522$76 [19] ? \$387  : \$393 [23:0];
+  assign \$395  = \port$2522$76 [18] ? \$380  : \$394 [15:0];
+  assign \$396  = \port$2522$76 [17] ? \$365  : \$395 [11:0];
+  assign \$397  = \port$2522$76 [16] ? \$334  : \$396 [9:0];
+  assign \$398  = { x0, 1'h0 } & below;
+  assign \$399  = | \$398 ;
+  assign \$400  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
+  assign \$401  = \$400  & { \$2 , 8'h00 };
+  assign \$402  = | \$401 ;
+  assign \$403  = sticky0 | y0[1];
+  assign \$404  = y0[0] & \$403 ;
+  assign \$405  = $signed(y0[8:1]) + $signed({ 1'h0, \$404  });
+  assign \$406  = neg2_0 ? 8'h80 : 8'h7f;
+  assign \$407  = $signed(rounded0) > $signed(8'h7f);
+  assign \$408  = \$407  ? 9'h07f : rounded0;
+  assign \$409  = over2_0 ? { \$406 [7], \$406  } : \$408 ;
+  assign \$411  = \port$2522$76 [21] ? \$410  : { x1, 1'h0 };
+  assign \$414  = \port$2522$76 [21] ? \$413  : { x1, 1'h0 };
+  assign \$415  = \port$2522$76 [20] ? \$412  : \$414 [39:0];
+  assign \$418  = \port$2522$76 [21] ? \$417  : { x1, 1'h0 };
+  assign \$421  = \port$2522$76 [21] ? \$420  : { x1, 1'h0 };
+  assign \$422  = \port$2522$76 [20] ? \$419  : \$421 [39:0];
+  assign \$423  = \port$2522$76 [19] ? \$416  : \$422 [23:0];
+  assign \$426  = \port$2522$76 [21] ? \$425  : { x1, 1'h0 };
+  assign \$429  = \port$2522$76 [21] ? \$428  : { x1, 1'h0 };
+  assign \$430  = \port$2522$76 [20] ? \$427  : \$429 [39:0];
+  assign \$433  = \port$2522$76 [21] ? \$432  : { x1, 1'h0 };
+  assign \$436  = \port$2522$76 [21] ? \$435  : { x1, 1'h0 };
+  assign \$437  = \port$2522$76 [20] ? \$434  : \$436 [39:0];
+  assign \$438  = \port$2522$76 [19] ? \$431  : \$437 [23:0];
+  assign \$439  = \port$2522$76 [18] ? \$424  : \$438 [15:0];
+  assign \$442  = \port$2522$76 [21] ? \$441  : { x1, 1'h0 };
+  assign \$445  = \port$2522$76 [21] ? \$444  : { x1, 1'h0 };
+  assign \$446  = \port$2522$76 [20] ? \$443  : \$445 [39:0];
+  assign \$449  = \port$2522$76 [21] ? \$448  : { x1, 1'h0 };
+  assign \$452  = \port$2522$76 [21] ? \$451  : { x1, 1'h0 };
+  assign \$453  = \port$2522$76 [20] ? \$450  : \$452 [39:0];
+  assign \$454  = \port$2522$76 [19] ? \$447  : \$453 [23:0];
+  assign \$457  = \port$2522$76 [21] ? \$456  : { x1, 1'h0 };
+  assign \$460  = \port$2522$76 [21] ? \$459  : { x1, 1'h0 };
+  assign \$461  = \port$2522$76 [20] ? \$458  : \$460 [39:0];
+  assign \$464  = \port$2522$76 [21] ? \$463  : { x1, 1'h0 };
+  assign \$467  = \port$2522$76 [21] ? \$466  : { x1, 1'h0 };
+  assign \$468  = \port$2522$76 [20] ? \$465  : \$467 [39:0];
+  assign \$469  = \port$2522$76 [19] ? \$462  : \$468 [23:0];
+  assign \$470  = \port$2522$76 [18] ? \$455  : \$469 [15:0];
+  assign \$471  = \port$2522$76 [17] ? \$440  : \$470 [11:0];
+  assign \$474  = \port$2522$76 [21] ? \$473  : { x1, 1'h0 };
+  assign \$477  = \port$2522$76 [21] ? \$476  : { x1, 1'h0 };
+  assign \$478  = \port$2522$76 [20] ? \$475  : \$477 [39:0];
+  assign \$481  = \port$2522$76 [21] ? \$480  : { x1, 1'h0 };
+  assign \$484  = \port$2522$76 [21] ? \$483  : { x1, 1'h0 };
+  assign \$485  = \port$2522$76 [20] ? \$482  : \$484 [39:0];
+  assign \$486  = \port$2522$76 [19] ? \$479  : \$485 [23:0];
+  assign \$489  = \port$2522$76 [21] ? \$488  : { x1, 1'h0 };
+  assign \$492  = \port$2522$76 [21] ? \$491  : { x1, 1'h0 };
+  assign \$493  = \port$2522$76 [20] ? \$490  : \$492 [39:0];
+  assign \$496  = \port$2522$76 [21] ? \$495  : { x1, 1'h0 };
+  assign \$499  = \port$2522$76 [21] ? \$498  : { x1, 1'h0 };
+  assign \$500  = \port$2522$76 [20] ? \$497  : \$499 [39:0];
+  assign \$501  = \port$2522$76 [19] ? \$494  : \$500 [23:0];
+  assign \$502  = \port$2522$76 [18] ? \$487  : \$501 [15:0];
+  assign \$505  = \port$2522$76 [21] ? \$504  : { x1, 1'h0 };
+  assign \$508  = \port$2522$76 [21] ? \$507  : { x1, 1'h0 };
+  assign \$509  = \port$2522$76 [20] ? \$506  : \$508 [39:0];
+  assign \$512  = \port$2522$76 [21] ? \$511  : { x1, 1'h0 };
+  assign \$515  = \port$2522$76 [21] ? \$514  : { x1, 1'h0 };
+  assign \$516  = \port$2522$76 [20] ? \$513  : \$515 [39:0];
+  assign \$517  = \port$2522$76 [19] ? \$510  : \$516 [23:0];
+  assign \$520  = \port$2522$76 [21] ? \$519  : { x1, 1'h0 };
+  assign \$523  = \port$2522$76 [21] ? \$522  : { x1, 1'h0 };
+  assign \$524  = \port$2522$76 [20] ? \$521  : \$523 [39:0];
+  assign \$527  = \port$2522$76 [21] ? \$526  : { x1, 1'h0 };
+  assign \$530  = \port$2522$76 [21] ? \$529  : { x1, 1'h0 };
+  assign \$531  = \port$2522$76 [20] ? \$528  : \$530 [39:0];
+  assign \$532  = \port$2522$76 [19] ? \$525  : \$531 [23:0];
+  assign \$533  = \port$2522$76 [18] ? \$518  : \$532 [15:0];
+  assign \$534  = \port$2522$76 [17] ? \$503  : \$533 [11:0];
+  assign \$535  = \port$2522$76 [16] ? \$472  : \$534 [9:0];
+  assign \$536  = { x1, 1'h0 } & below;
+  assign \$537  = | \$536 ;
+  assign \$538  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
+  assign \$539  = \$538  & { \$2 , 8'h00 };
+  assign \$540  = | \$539 ;
+  assign \$541  = sticky1 | y1[1];
+  assign \$542  = y1[0] & \$541 ;
+  assign \$543  = $signed(y1[8:1]) + $signed({ 1'h0, \$542  });
+  assign \$544  = neg2_1 ? 8'h80 : 8'h7f;
+  assign \$545  = $signed(rounded1) > $signed(8'h7f);
+  assign \$546  = \$545  ? 9'h07f : rounded1;
+  assign \$547  = over2_1 ? { \$544 [7], \$544  } : \$546 ;
+  assign \$549  = \port$2522$76 [21] ? \$548  : { x2, 1'h0 };
+  assign \$552  = \port$2522$76 [21] ? \$551  : { x2, 1'h0 };
+  assign \$553  = \port$2522$76 [20] ? \$550  : \$552 [39:0];
+  assign \$556  = \port$2522$76 [21] ? \$555  : { x2, 1'h0 };
+  assign \$559  = \port$2522$76 [21] ? \$558  : { x2, 1'h0 };
+  assign \$560  = \port$2522$76 [20] ? \$557  : \$559 [39:0];
+  assign \$561  = \port$2522$76 [19] ? \$554  : \$560 [23:0];
+  assign \$564  = \port$2522$76 [21] ? \$563  : { x2, 1'h0 };
+  assign \$567  = \port$2522$76 [21] ? \$566  : { x2, 1'h0 };
+  assign \$568  = \port$2522$76 [20] ? \$565  : \$567 [39:0];
+  assign \$571  = \port$2522$76 [21] ? \$570  : { x2, 1'h0 };
+  assign \$574  = \port$2522$76 [21] ? \$573  : { x2, 1'h0 };
+  assign \$575  = \port$2522$76 [20] ? \$572  : \$574 [39:0];
+  assign \$576  = \port$2522$76 [19] ? \$569  : \$575 [23:0];
+  assign \$577  = \port$2522$76 [18] ? \$562  : \$576 [15:0];
+  assign \$580  = \port$2522$76 [21] ? \$579  : { x2, 1'h0 };
+  assign \$583  = \port$2522$76 [21] ? \$582  : { x2, 1'h0 };
+  assign \$584  = \port$2522$76 [20] ? \$581  : \$583 [39:0];
+  assign \$587  = \port$2522$76 [21] ? \$586  : { x2, 1'h0 };
+  assign \$590  = \port$2522$76 [21] ? \$589  : { x2, 1'h0 };
+  assign \$591  = \port$2522$76 [20] ? \$588  : \$590 [39:0];
+  assign \$592  = \port$2522$76 [19] ? \$585  : \$591 [23:0];
+  assign \$595  = \port$2522$76 [21] ? \$594  : { x2, 1'h0 };
+  assign \$598  = \port$2522$76 [21] ? \$597  : { x2, 1'h0 };
+  assign \$599  = \port$2522$76 [20] ? \$596  : \$598 [39:0];
+  assign \$602  = \port$2522$76 [21] ? \$601  : { x2, 1'h0 };
+  assign \$605  = \port$2522$76 [21] ? \$604  : { x2, 1'h0 };
+  assign \$606  = \port$2522$76 [20] ? \$603  : \$605 [39:0];
+  assign \$607  = \port$2522$76 [19] ? \$600  : \$606 [23:0];
+  assign \$608  = \port$2522$76 [18] ? \$593  : \$607 [15:0];
+  assign \$609  = \port$2522$76 [17] ? \$578  : \$608 [11:0];
+  assign \$612  = \port$2522$76 [21] ? \$611  : { x2, 1'h0 };
+  assign \$615  = \port$2522$76 [21] ? \$614  : { x2, 1'h0 };
+  assign \$616  = \port$2522$76 [20] ? \$613  : \$615 [39:0];
+  assign \$619  = \port$2522$76 [21] ? \$618  : { x2, 1'h0 };
+  assign \$622  = \port$2522$76 [21] ? \$621  : { x2, 1'h0 };
+  assign \$623  = \port$2522$76 [20] ? \$620  : \$622 [39:0];
+  assign \$624  = \port$2522$76 [19] ? \$617  : \$623 [23:0];
+  assign \$627  = \port$2522$76 [21] ? \$626  : { x2, 1'h0 };
+  assign \$630  = \port$2522$76 [21] ? \$629  : { x2, 1'h0 };
+  assign \$631  = \port$2522$76 [20] ? \$628  : \$630 [39:0];
+  assign \$634  = \port$2522$76 [21] ? \$633  : { x2, 1'h0 };
+  assign \$637  = \port$2522$76 [21] ? \$636  : { x2, 1'h0 };
+  assign \$638  = \port$2522$76 [20] ? \$635  : \$637 [39:0];
+  assign \$639  = \port$2522$76 [19] ? \$632  : \$638 [23:0];
+  assign \$640  = \port$2522$76 [18] ? \$625  : \$639 [15:0];
+  assign \$643  = \port$2522$76 [21] ? \$642  : { x2, 1'h0 };
+  assign \$646  = \port$2522$76 [21] ? \$645  : { x2, 1'h0 };
+  assign \$647  = \port$2522$76 [20] ? \$644  : \$646 [39:0];
+  assign \$650  = \port$2522$76 [21] ? \$649  : { x2, 1'h0 };
+  assign \$653  = \port$2522$76 [21] ? \$652  : { x2, 1'h0 };
+  assign \$654  = \port$2522$76 [20] ? \$651  : \$653 [39:0];
+  assign \$655  = \port$2522$76 [19] ? \$648  : \$654 [23:0];
+  assign \$658  = \port$2522$76 [21] ? \$657  : { x2, 1'h0 };
+  assign \$661  = \port$2522$76 [21] ? \$660  : { x2, 1'h0 };
+  assign \$662  = \port$2522$76 [20] ? \$659  : \$661 [39:0];
+  assign \$665  = \port$2522$76 [21] ? \$664  : { x2, 1'h0 };
+  assign \$668  = \port$2522$76 [21] ? \$667  : { x2, 1'h0 };
+  assign \$669  = \port$2522$76 [20] ? \$666  : \$668 [39:0];
+  assign \$670  = \port$2522$76 [19] ? \$663  : \$669 [23:0];
+  assign \$671  = \port$2522$76 [18] ? \$656  : \$670 [15:0];
+  assign \$672  = \port$2522$76 [17] ? \$641  : \$671 [11:0];
+  assign \$673  = \port$2522$76 [16] ? \$610  : \$672 [9:0];
+  assign \$674  = { x2, 1'h0 } & below;
+  assign \$675  = | \$674 ;
+  assign \$676  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
+  assign \$677  = \$676  & { \$2 , 8'h00 };
+  assign \$678  = | \$677 ;
+  assign \$679  = sticky2 | y2[1];
+  assign \$680  = y2[0] & \$679 ;
+  assign \$681  = $signed(y2[8:1]) + $signed({ 1'h0, \$680  });
+  assign \$682  = neg2_2 ? 8'h80 : 8'h7f;
+  assign \$683  = $signed(rounded2) > $signed(8'h7f);
+  assign \$684  = \$683  ? 9'h07f : rounded2;
+  assign \$685  = over2_2 ? { \$682 [7], \$682  } : \$684 ;
+  assign \$687  = \port$2522$76 [21] ? \$686  : { x3, 1'h0 };
+  assign \$690  = \port$2522$76 [21] ? \$689  : { x3, 1'h0 };
+  assign \$691  = \port$2522$76 [20] ? \$688  : \$690 [39:0];
+  assign \$694  = \port$2522$76 [21] ? \$693  : { x3, 1'h0 };
+  assign \$697  = \port$2522$76 [21] ? \$696  : { x3, 1'h0 };
+  assign \$698  = \port$2522$76 [20] ? \$695  : \$697 [39:0];
+  assign \$699  = \port$2522$76 [19] ? \$692  : \$698 [23:0];
+  assign \$702  = \port$2522$76 [21] ? \$701  : { x3, 1'h0 };
+  assign \$705  = \port$2522$76 [21] ? \$704  : { x3, 1'h0 };
+  assign \$706  = \port$2522$76 [20] ? \$703  : \$705 [39:0];
+  assign \$709  = \port$2522$76 [21] ? \$708  : { x3, 1'h0 };
+  assign \$712  = \port$2522$76 [21] ? \$711  : { x3, 1'h0 };
+  assign \$713  = \port$2522$76 [20] ? \$710  : \$712 [39:0];
+  assign \$714  = \port$2522$76 [19] ? \$707  : \$713 [23:0];
+  assign \$715  = \port$2522$76 [18] ? \$700  : \$714 [15:0];
+  assign \$718  = \port$2522$76 [21] ? \$717  : { x3, 1'h0 };
+  assign \$721  = \port$2522$76 [21] ? \$720  : { x3, 1'h0 };
+  assign \$722  = \port$2522$76 [20] ? \$719  : \$721 [39:0];
+  assign \$725  = \port$2522$76 [21] ? \$724  : { x3, 1'h0 };
+  assign \$728  = \port$2522$76 [21] ? \$727  : { x3, 1'h0 };
+  assign \$729  = \port$2522$76 [20] ? \$726  : \$728 [39:0];
+  assign \$730  = \port$2522$76 [19] ? \$723  : \$729 [23:0];
+  assign \$733  = \port$2522$76 [21] ? \$732  : { x3, 1'h0 };
+  assign \$736  = \port$2522$76 [21] ? \$735  : { x3, 1'h0 };
+  assign \$737  = \port$2522$76 [20] ? \$734  : \$736 [39:0];
+  assign \$740  = \port$2522$76 [21] ? \$739  : { x3, 1'h0 };
+  assign \$743  = \port$2522$76 [21] ? \$742  : { x3, 1'h0 };
+  assign \$744  = \port$2522$76 [20] ? \$741  : \$743 [39:0];
+  assign \$745  = \port$2522$76 [19] ? \$738  : \$744 [23:0];
+  assign \$746  = \port$2522$76 [18] ? \$731  : \$745 [15:0];
+  assign \$747  = \port$2522$76 [17] ? \$716  : \$746 [11:0];
+  assign \$750  = \port$2522$76 [21] ? \$749  : { x3, 1'h0 };
+  assign \$753  = \port$2522$76 [21] ? \$752  : { x3, 1'h0 };
+  assign \$754  = \port$2522$76 [20] ? \$751  : \$753 [39:0];
+  assign \$757  = \port$2522$76 [21] ? \$756  : { x3, 1'h0 };
+  assign \$760  = \port$2522$76 [21] ? \$759  : { x3, 1'h0 };
+  assign \$761  = \port$2522$76 [20] ? \$758  : \$760 [39:0];
+  assign \$762  = \port$2522$76 [19] ? \$755  : \$761 [23:0];
+  assign \$765  = \port$2522$76 [21] ? \$764  : { x3, 1'h0 };
+  assign \$768  = \port$2522$76 [21] ? \$767  : { x3, 1'h0 };
+  assign \$769  = \port$2522$76 [20] ? \$766  : \$768 [39:0];
+  assign \$772  = \port$2522$76 [21] ? \$771  : { x3, 1'h0 };
+  assign \$775  = \port$2522$76 [21] ? \$774  : { x3, 1'h0 };
+  assign \$776  = \port$2522$76 [20] ? \$773  : \$775 [39:0];
+  assign \$777  = \port$2522$76 [19] ? \$770  : \$776 [23:0];
+  assign \$778  = \port$2522$76 [18] ? \$763  : \$777 [15:0];
+  assign \$781  = \port$2522$76 [21] ? \$780  : { x3, 1'h0 };
+  assign \$784  = \port$2522$76 [21] ? \$783  : { x3, 1'h0 };
+  assign \$785  = \port$2522$76 [20] ? \$782  : \$784 [39:0];
+  assign \$788  = \port$2522$76 [21] ? \$787  : { x3, 1'h0 };
+  assign \$791  = \port$2522$76 [21] ? \$790  : { x3, 1'h0 };
+  assign \$792  = \port$2522$76 [20] ? \$789  : \$791 [39:0];
+  assign \$793  = \port$2522$76 [19] ? \$786  : \$792 [23:0];
+  assign \$796  = \port$2522$76 [21] ? \$795  : { x3, 1'h0 };
+  assign \$799  = \port$2522$76 [21] ? \$798  : { x3, 1'h0 };
+  assign \$800  = \port$2522$76 [20] ? \$797  : \$799 [39:0];
+  assign \$803  = \port$2522$76 [21] ? \$802  : { x3, 1'h0 };
+  assign \$806  = \port$2522$76 [21] ? \$805  : { x3, 1'h0 };
+  assign \$807  = \port$2522$76 [20] ? \$804  : \$806 [39:0];
+  assign \$808  = \port$2522$76 [19] ? \$801  : \$807 [23:0];
+  assign \$809  = \port$2522$76 [18] ? \$794  : \$808 [15:0];
+  assign \$810  = \port$2522$76 [17] ? \$779  : \$809 [11:0];
+  assign \$811  = \port$2522$76 [16] ? \$748  : \$810 [9:0];
+  assign \$812  = { x3, 1'h0 } & below;
+  assign \$813  = | \$812 ;
+  assign \$814  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
+  assign \$815  = \$814  & { \$2 , 8'h00 };
+  assign \$816  = | \$815 ;
+  assign \$817  = sticky3 | y3[1];
+  assign \$818  = y3[0] & \$817 ;
+  assign \$819  = $signed(y3[8:1]) + $signed({ 1'h0, \$818  });
+  assign \$820  = neg2_3 ? 8'h80 : 8'h7f;
+  assign \$821  = $signed(rounded3) > $signed(8'h7f);
+  assign \$822  = \$821  ? 9'h07f : rounded3;
+  assign \$823  = over2_3 ? { \$820 [7], \$820  } : \$822 ;
+  assign \$825  = \port$2522$76 [21] ? \$824  : { x4, 1'h0 };
+  assign \$828  = \port$2522$76 [21] ? \$827  : { x4, 1'h0 };
+  assign \$829  = \port$2522$76 [20] ? \$826  : \$828 [39:0];
+  assign \$832  = \port$2522$76 [21] ? \$831  : { x4, 1'h0 };
+  assign \$835  = \port$2522$76 [21] ? \$834  : { x4, 1'h0 };
+  assign \$836  = \port$2522$76 [20] ? \$833  : \$835 [39:0];
+  assign \$837  = \port$2522$76 [19] ? \$830  : \$836 [23:0];
+  assign \$840  = \port$2522$76 [21] ? \$839  : { x4, 1'h0 };
+  assign \$843  = \port$2522$76 [21] ? \$842  : { x4, 1'h0 };
+  assign \$844  = \port$2522$76 [20] ? \$841  : \$843 [39:0];
+  assign \$847  = \port$2522$76 [21] ? \$846  : { x4, 1'h0 };
+  assign \$850  = \port$2522$76 [21] ? \$849  : { x4, 1'h0 };
+  assign \$851  = \port$2522$76 [20] ? \$848  : \$850 [39:0];
+  assign \$852  = \port$2522$76 [19] ? \$845  : \$851 [23:0];
+  assign \$853  = \port$2522$76 [18] ? \$838  : \$852 [15:0];
+  assign \$856  = \port$2522$76 [21] ? \$855  : { x4, 1'h0 };
+  assign \$859  = \port$2522$76 [21] ? \$858  : { x4, 1'h0 };
+  assign \$860  = \port$2522$76 [20] ? \$857  : \$859 [39:0];
+  assign \$863  = \port$2522$76 [21] ? \$862  : { x4, 1'h0 };
+  assign \$866  = \port$2522$76 [21] ? \$865  : { x4, 1'h0 };
+  assign \$867  = \port$2522$76 [20] ? \$864  : \$866 [39:0];
+  assign \$868  = \port$2522$76 [19] ? \$861  : \$867 [23:0];
+  assign \$871  = \port$2522$76 [21] ? \$870  : { x4, 1'h0 };
+  assign \$874  = \port$2522$76 [21] ? \$873  : { x4, 1'h0 };
+  assign \$875  = \port$2522$76 [20] ? \$872  : \$874 [39:0];
+  assign \$878  = \port$2522$76 [21] ? \$877  : { x4, 1'h0 };
+  assign \$881  = \port$2522$76 [21] ? \$880  : { x4, 1'h0 };
+  assign \$882  = \port$2522$76 [20] ? \$879  : \$881 [39:0];
+  assign \$883  = \port$2522$76 [19] ? \$876  : \$882 [23:0];
+  assign \$884  = \port$2522$76 [18] ? \$869  : \$883 [15:0];
+  assign \$885  = \port$2522$76 [17] ? \$854  : \$884 [11:0];
+  assign \$888  = \port$2522$76 [21] ? \$887  : { x4, 1'h0 };
+  assign \$891  = \port$2522$76 [21] ? \$890  : { x4, 1'h0 };
+  assign \$892  = \port$2522$76 [20] ? \$889  : \$891 [39:0];
+  assign \$895  = \port$2522$76 [21] ? \$894  : { x4, 1'h0 };
+  assign \$898  = \port$2522$76 [21] ? \$897  : { x4, 1'h0 };
+  assign \$899  = \port$2522$76 [20] ? \$896  : \$898 [39:0];
+  assign \$900  = \port$2522$76 [19] ? \$893  : \$899 [23:0];
+  assign \$903  = \port$2522$76 [21] ? \$902  : { x4, 1'h0 };
+  assign \$906  = \port$2522$76 [21] ? \$905  : { x4, 1'h0 };
+  assign \$907  = \port$2522$76 [20] ? \$904  : \$906 [39:0];
+  assign \$910  = \port$2522$76 [21] ? \$909  : { x4, 1'h0 };
+  assign \$913  = \port$2522$76 [21] ? \$912  : { x4, 1'h0 };
+  assign \$914  = \port$2522$76 [20] ? \$911  : \$913 [39:0];
+  assign \$915  = \port$2522$76 [19] ? \$908  : \$914 [23:0];
+  assign \$916  = \port$2522$76 [18] ? \$901  : \$915 [15:0];
+  assign \$919  = \port$2522$76 [21] ? \$918  : { x4, 1'h0 };
+  assign \$922  = \port$2522$76 [21] ? \$921  : { x4, 1'h0 };
+  assign \$923  = \port$2522$76 [20] ? \$920  : \$922 [39:0];
+  assign \$926  = \port$2522$76 [21] ? \$925  : { x4, 1'h0 };
+  assign \$929  = \port$2522$76 [21] ? \$928  : { x4, 1'h0 };
+  assign \$930  = \port$2522$76 [20] ? \$927  : \$929 [39:0];
+  assign \$931  = \port$2522$76 [19] ? \$924  : \$930 [23:0];
+  assign \$934  = \port$2522$76 [21] ? \$933  : { x4, 1'h0 };
+  assign \$937  = \port$2522$76 [21] ? \$936  : { x4, 1'h0 };
+  assign \$938  = \port$2522$76 [20] ? \$935  : \$937 [39:0];
+  assign \$941  = \port$2522$76 [21] ? \$940  : { x4, 1'h0 };
+  assign \$944  = \port$2522$76 [21] ? \$943  : { x4, 1'h0 };
+  assign \$945  = \port$2522$76 [20] ? \$942  : \$944 [39:0];
+  assign \$946  = \port$2522$76 [19] ? \$939  : \$945 [23:0];
+  assign \$947  = \port$2522$76 [18] ? \$932  : \$946 [15:0];
+  assign \$948  = \port$2522$76 [17] ? \$917  : \$947 [11:0];
+  assign \$949  = \port$2522$76 [16] ? \$886  : \$948 [9:0];
+  assign \$950  = { x4, 1'h0 } & below;
+  assign \$951  = | \$950 ;
+  assign \$952  = { x4, 1'h0 } ^ { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47] };
+  assign \$953  = \$952  & { \$2 , 8'h00 };
+  assign \$954  = | \$953 ;
+  assign \$955  = sticky4 | y4[1];
+  assign \$956  = y4[0] & \$955 ;
+  assign \$957  = $signed(y4[8:1]) + $signed({ 1'h0, \$956  });
+  assign \$958  = neg2_4 ? 8'h80 : 8'h7f;
+  assign \$959  = $signed(rounded4) > $signed(8'h7f);
+  assign \$960  = \$959  ? 9'h07f : rounded4;
+  assign \$961  = over2_4 ? { \$958 [7], \$958  } : \$960 ;
+  assign \$963  = \port$2522$76 [21] ? \$962  : { x5, 1'h0 };
+  assign \$966  = \port$2522$76 [21] ? \$965  : { x5, 1'h0 };
+  assign \$967  = \port$2522$76 [20] ? \$964  : \$966 [39:0];
+  assign \$970  = \port$2522$76 [21] ? \$969  : { x5, 1'h0 };
+  assign \$973  = \port$2522$76 [21] ? \$972  : { x5, 1'h0 };
+  assign \$974  = \port$2522$76 [20] ? \$971  : \$973 [39:0];
+  assign \$975  = \port$2522$76 [19] ? \$968  : \$974 [23:0];
+  assign \$978  = \port$2522$76 [21] ? \$977  : { x5, 1'h0 };
+  assign \$981  = \port$2522$76 [21] ? \$980  : { x5, 1'h0 };
+  assign \$982  = \port$2522$76 [20] ? \$979  : \$981 [39:0];
+  assign \$985  = \port$2522$76 [21] ? \$984  : { x5, 1'h0 };
+  assign \$988  = \port$2522$76 [21] ? \$987  : { x5, 1'h0 };
+  assign \$989  = \port$2522$76 [20] ? \$986  : \$988 [39:0];
+  assign \$990  = \port$2522$76 [19] ? \$983  : \$989 [23:0];
+  assign \$991  = \port$2522$76 [18] ? \$976  : \$990 [15:0];
+  assign \$994  = \port$2522$76 [21] ? \$993  : { x5, 1'h0 };
+  assign \$997  = \port$2522$76 [21] ? \$996  : { x5, 1'h0 };
+  assign \$998  = \port$2522$76 [20] ? \$995  : \$997 [39:0];
+  assign \$1001  = \port$2522$76 [21] ? \$1000  : { x5, 1'h0 };
+  assign \$1004  = \port$2522$76 [21] ? \$1003  : { x5, 1'h0 };
+  assign \$1005  = \port$2522$76 [20] ? \$1002  : \$1004 [39:0];
+  assign \$1006  = \port$2522$76 [19] ? \$999  : \$1005 [23:0];
+  assign \$1009  = \port$2522$76 [21] ? \$1008  : { x5, 1'h0 };
+  assign \$1012  = \port$2522$76 [21] ? \$1011  : { x5, 1'h0 };
+  assign \$1013  = \port$2522$76 [20] ? \$1010  : \$1012 [39:0];
+  assign \$1016  = \port$2522$76 [21] ? \$1015  : { x5, 1'h0 };
+  assign \$1019  = \port$2522$76 [21] ? \$1018  : { x5, 1'h0 };
+  assign \$1020  = \port$2522$76 [20] ? \$1017  : \$1019 [39:0];
+  assign \$1021  = \port$2522$76 [19] ? \$1014  : \$1020 [23:0];
+  assign \$1022  = \port$2522$76 [18] ? \$1007  : \$1021 [15:0];
+  assign \$1023  = \port$2522$76 [17] ? \$992  : \$1022 [11:0];
+  assign \$1026  = \port$2522$76 [21] ? \$1025  : { x5, 1'h0 };
+  assign \$1029  = \port$2522$76 [21] ? \$1028  : { x5, 1'h0 };
+  assign \$1030  = \port$2522$76 [20] ? \$1027  : \$1029 [39:0];
+  assign \$1033  = \port$2522$76 [21] ? \$1032  : { x5, 1'h0 };
+  assign \$1036  = \port$2522$76 [21] ? \$1035  : { x5, 1'h0 };
+  assign \$1037  = \port$2522$76 [20] ? \$1034  : \$1036 [39:0];
+  assign \$1038  = \port$2522$76 [19] ? \$1031  : \$1037 [23:0];
+  assign \$1041  = \port$2522$76 [21] ? \$1040  : { x5, 1'h0 };
+  assign \$1044  = \port$2522$76 [21] ? \$1043  : { x5, 1'h0 };
+  assign \$1045  = \port$2522$76 [20] ? \$1042  : \$1044 [39:0];
+  assign \$1048  = \port$2522$76 [21] ? \$1047  : { x5, 1'h0 };
+  assign \$1051  = \port$2522$76 [21] ? \$1050  : { x5, 1'h0 };
+  assign \$1052  = \port$2522$76 [20] ? \$1049  : \$1051 [39:0];
+  assign \$1053  = \port$2522$76 [19] ? \$1046  : \$1052 [23:0];
+  assign \$1054  = \port$2522$76 [18] ? \$1039  : \$1053 [15:0];
+  assign \$1057  = \port$2522$76 [21] ? \$1056  : { x5, 1'h0 };
+  assign \$1060  = \port$2522$76 [21] ? \$1059  : { x5, 1'h0 };
+  assign \$1061  = \port$2522$76 [20] ? \$1058  : \$1060 [39:0];
+  assign \$1064  = \port$2522$76 [21] ? \$1063  : { x5, 1'h0 };
+  assign \$1067  = \port$2522$76 [21] ? \$1066  : { x5, 1'h0 };
+  assign \$1068  = \port$2522$76 [20] ? \$1065  : \$1067 [39:0];
+  assign \$1069  = \port$2522$76 [19] ? \$1062  : \$1068 [23:0];
+  assign \$1072  = \port$2522$76 [21] ? \$1071  : { x5, 1'h0 };
+  assign \$1075  = \port$2522$76 [21] ? \$1074  : { x5, 1'h0 };
+  assign \$1076  = \port$2522$76 [20] ? \$1073  : \$1075 [39:0];
+  assign \$1079  = \port$2522$76 [21] ? \$1078  : { x5, 1'h0 };
+  assign \$1082  = \port$2522$76 [21] ? \$1081  : { x5, 1'h0 };
+  assign \$1083  = \port$2522$76 [20] ? \$1080  : \$1082 [39:0];
+  assign \$1084  = \port$2522$76 [19] ? \$1077  : \$1083 [23:0];
+  assign \$1085  = \port$2522$76 [18] ? \$1070  : \$1084 [15:0];
+  assign \$1086  = \port$2522$76 [17] ? \$1055  : \$1085 [11:0];
+  assign \$1087  = \port$2522$76 [16] ? \$1024  : \$1086 [9:0];
+  assign \$1088  = { x5, 1'h0 } & below;
+  assign \$1089  = | \$1088 ;
+  assign \$1090  = { x5, 1'h0 } ^ { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47] };
+  assign \$1091  = \$1090  & { \$2 , 8'h00 };
+  assign \$1092  = | \$1091 ;
+  assign \$1093  = sticky5 | y5[1];
+  assign \$1094  = y5[0] & \$1093 ;
+  assign \$1095  = $signed(y5[8:1]) + $signed({ 1'h0, \$1094  });
+  assign \$1096  = neg2_5 ? 8'h80 : 8'h7f;
+  assign \$1097  = $signed(rounded5) > $signed(8'h7f);
+  assign \$1098  = \$1097  ? 9'h07f : rounded5;
+  assign \$1099  = over2_5 ? { \$1096 [7], \$1096  } : \$1098 ;
+  assign \$1101  = \port$2522$76 [21] ? \$1100  : { x6, 1'h0 };
+  assign \$1104  = \port$2522$76 [21] ? \$1103  : { x6, 1'h0 };
+  assign \$1105  = \port$2522$76 [20] ? \$1102  : \$1104 [39:0];
+  assign \$1108  = \port$2522$76 [21] ? \$1107  : { x6, 1'h0 };
+  assign \$1111  = \port$2522$76 [21] ? \$1110  : { x6, 1'h0 };
+  assign \$1112  = \port$2522$76 [20] ? \$1109  : \$1111 [39:0];
+  assign \$1113  = \port$2522$76 [19] ? \$1106  : \$1112 [23:0];
+  assign \$1116  = \port$2522$76 [21] ? \$1115  : { x6, 1'h0 };
+  assign \$1119  = \port$2522$76 [21] ? \$1118  : { x6, 1'h0 };
+  assign \$1120  = \port$2522$76 [20] ? \$1117  : \$1119 [39:0];
+  assign \$1123  = \port$2522$76 [21] ? \$1122  : { x6, 1'h0 };
+  assign \$1126  = \port$2522$76 [21] ? \$1125  : { x6, 1'h0 };
+  assign \$1127  = \port$2522$76 [20] ? \$1124  : \$1126 [39:0];
+  assign \$1128  = \port$2522$76 [19] ? \$1121  : \$1127 [23:0];
+  assign \$1129  = \port$2522$76 [18] ? \$1114  : \$1128 [15:0];
+  assign \$1132  = \port$2522$76 [21] ? \$1131  : { x6, 1'h0 };
+  assign \$1135  = \port$2522$76 [21] ? \$1134  : { x6, 1'h0 };
+  assign \$1136  = \port$2522$76 [20] ? \$1133  : \$1135 [39:0];
+  assign \$1139  = \port$2522$76 [21] ? \$1138  : { x6, 1'h0 };
+  assign \$1142  = \port$2522$76 [21] ? \$1141  : { x6, 1'h0 };
+  assign \$1143  = \port$2522$76 [20] ? \$1140  : \$1142 [39:0];
+  assign \$1144  = \port$2522$76 [19] ? \$1137  : \$1143 [23:0];
+  assign \$1147  = \port$2522$76 [21] ? \$1146  : { x6, 1'h0 };
+  assign \$1150  = \port$2522$76 [21] ? \$1149  : { x6, 1'h0 };
+  assign \$1151  = \port$2522$76 [20] ? \$1148  : \$1150 [39:0];
+  assign \$1154  = \port$2522$76 [21] ? \$1153  : { x6, 1'h0 };
+  assign \$1157  = \port$2522$76 [21] ? \$1156  : { x6, 1'h0 };
+  assign \$1158  = \port$2522$76 [20] ? \$1155  : \$1157 [39:0];
+  assign \$1159  = \port$2522$76 [19] ? \$1152  : \$1158 [23:0];
+  assign \$1160  = \port$2522$76 [18] ? \$1145  : \$1159 [15:0];
+  assign \$1161  = \port$2522$76 [17] ? \$1130  : \$1160 [11:0];
+  assign \$1164  = \port$2522$76 [21] ? \$1163  : { x6, 1'h0 };
+  assign \$1167  = \port$2522$76 [21] ? \$1166  : { x6, 1'h0 };
+  assign \$1168  = \port$2522$76 [20] ? \$1165  : \$1167 [39:0];
+  assign \$1171  = \port$2522$76 [21] ? \$1170  : { x6, 1'h0 };
+  assign \$1174  = \port$2522$76 [21] ? \$1173  : { x6, 1'h0 };
+  assign \$1175  = \port$2522$76 [20] ? \$1172  : \$1174 [39:0];
+  assign \$1176  = \port$2522$76 [19] ? \$1169  : \$1175 [23:0];
+  assign \$1179  = \port$2522$76 [21] ? \$1178  : { x6, 1'h0 };
+  assign \$1182  = \port$2522$76 [21] ? \$1181  : { x6, 1'h0 };
+  assign \$1183  = \port$2522$76 [20] ? \$1180  : \$1182 [39:0];
+  assign \$1186  = \port$2522$76 [21] ? \$1185  : { x6, 1'h0 };
+  assign \$1189  = \port$2522$76 [21] ? \$1188  : { x6, 1'h0 };
+  assign \$1190  = \port$2522$76 [20] ? \$1187  : \$1189 [39:0];
+  assign \$1191  = \port$2522$76 [19] ? \$1184  : \$1190 [23:0];
+  assign \$1192  = \port$2522$76 [18] ? \$1177  : \$1191 [15:0];
+  assign \$1195  = \port$2522$76 [21] ? \$1194  : { x6, 1'h0 };
+  assign \$1198  = \port$2522$76 [21] ? \$1197  : { x6, 1'h0 };
+  assign \$1199  = \port$2522$76 [20] ? \$1196  : \$1198 [39:0];
+  assign \$1202  = \port$2522$76 [21] ? \$1201  : { x6, 1'h0 };
+  assign \$1205  = \port$2522$76 [21] ? \$1204  : { x6, 1'h0 };
+  assign \$1206  = \port$2522$76 [20] ? \$1203  : \$1205 [39:0];
+  assign \$1207  = \port$2522$76 [19] ? \$1200  : \$1206 [23:0];
+  assign \$1210  = \port$2522$76 [21] ? \$1209  : { x6, 1'h0 };
+  assign \$1213  = \port$2522$76 [21] ? \$1212  : { x6, 1'h0 };
+  assign \$1214  = \port$2522$76 [20] ? \$1211  : \$1213 [39:0];
+  assign \$1217  = \port$2522$76 [21] ? \$1216  : { x6, 1'h0 };
+  assign \$1220  = \port$2522$76 [21] ? \$1219  : { x6, 1'h0 };
+  assign \$1221  = \port$2522$76 [20] ? \$1218  : \$1220 [39:0];
+  assign \$1222  = \port$2522$76 [19] ? \$1215  : \$1221 [23:0];
+  assign \$1223  = \port$2522$76 [18] ? \$1208  : \$1222 [15:0];
+  assign \$1224  = \port$2522$76 [17] ? \$1193  : \$1223 [11:0];
+  assign \$1225  = \port$2522$76 [16] ? \$1162  : \$1224 [9:0];
+  assign \$1226  = { x6, 1'h0 } & below;
+  assign \$1227  = | \$1226 ;
+  assign \$1228  = { x6, 1'h0 } ^ { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47] };
+  assign \$1229  = \$1228  & { \$2 , 8'h00 };
+  assign \$1230  = | \$1229 ;
+  assign \$1231  = sticky6 | y6[1];
+  assign \$1232  = y6[0] & \$1231 ;
+  assign \$1233  = $signed(y6[8:1]) + $signed({ 1'h0, \$1232  });
+  assign \$1234  = neg2_6 ? 8'h80 : 8'h7f;
+  assign \$1235  = $signed(rounded6) > $signed(8'h7f);
+  assign \$1236  = \$1235  ? 9'h07f : rounded6;
+  assign \$1237  = over2_6 ? { \$1234 [7], \$1234  } : \$1236 ;
+  assign \$1239  = \port$2522$76 [21] ? \$1238  : { x7, 1'h0 };
+  assign \$1242  = \port$2522$76 [21] ? \$1241  : { x7, 1'h0 };
+  assign \$1243  = \port$2522$76 [20] ? \$1240  : \$1242 [39:0];
+  assign \$1246  = \port$2522$76 [21] ? \$1245  : { x7, 1'h0 };
+  assign \$1249  = \port$2522$76 [21] ? \$1248  : { x7, 1'h0 };
+  assign \$1250  = \port$2522$76 [20] ? \$1247  : \$1249 [39:0];
+  assign \$1251  = \port$2522$76 [19] ? \$1244  : \$1250 [23:0];
+  assign \$1254  = \port$2522$76 [21] ? \$1253  : { x7, 1'h0 };
+  assign \$1257  = \port$2522$76 [21] ? \$1256  : { x7, 1'h0 };
+  assign \$1258  = \port$2522$76 [20] ? \$1255  : \$1257 [39:0];
+  assign \$1261  = \port$2522$76 [21] ? \$1260  : { x7, 1'h0 };
+  assign \$1264  = \port$2522$76 [21] ? \$1263  : { x7, 1'h0 };
+  assign \$1265  = \port$2522$76 [20] ? \$1262  : \$1264 [39:0];
+  assign \$1266  = \port$2522$76 [19] ? \$1259  : \$1265 [23:0];
+  assign \$1267  = \port$2522$76 [18] ? \$1252  : \$1266 [15:0];
+  assign \$1270  = \port$2522$76 [21] ? \$1269  : { x7, 1'h0 };
+  assign \$1273  = \port$2522$76 [21] ? \$1272  : { x7, 1'h0 };
+  assign \$1274  = \port$2522$76 [20] ? \$1271  : \$1273 [39:0];
+  assign \$1277  = \port$2522$76 [21] ? \$1276  : { x7, 1'h0 };
+  assign \$1280  = \port$2522$76 [21] ? \$1279  : { x7, 1'h0 };
+  assign \$1281  = \port$2522$76 [20] ? \$1278  : \$1280 [39:0];
+  assign \$1282  = \port$2522$76 [19] ? \$1275  : \$1281 [23:0];
+  assign \$1285  = \port$2522$76 [21] ? \$1284  : { x7, 1'h0 };
+  assign \$1288  = \port$2522$76 [21] ? \$1287  : { x7, 1'h0 };
+  assign \$1289  = \port$2522$76 [20] ? \$1286  : \$1288 [39:0];
+  assign \$1292  = \port$2522$76 [21] ? \$1291  : { x7, 1'h0 };
+  assign \$1295  = \port$2522$76 [21] ? \$1294  : { x7, 1'h0 };
+  assign \$1296  = \port$2522$76 [20] ? \$1293  : \$1295 [39:0];
+  assign \$1297  = \port$2522$76 [19] ? \$1290  : \$1296 [23:0];
+  assign \$1298  = \port$2522$76 [18] ? \$1283  : \$1297 [15:0];
+  assign \$1299  = \port$2522$76 [17] ? \$1268  : \$1298 [11:0];
+  assign \$1302  = \port$2522$76 [21] ? \$1301  : { x7, 1'h0 };
+  assign \$1305  = \port$2522$76 [21] ? \$1304  : { x7, 1'h0 };
+  assign \$1306  = \port$2522$76 [20] ? \$1303  : \$1305 [39:0];
+  assign \$1309  = \port$2522$76 [21] ? \$1308  : { x7, 1'h0 };
+  assign \$1312  = \port$2522$76 [21] ? \$1311  : { x7, 1'h0 };
+  assign \$1313  = \port$2522$76 [20] ? \$1310  : \$1312 [39:0];
+  assign \$1314  = \port$2522$76 [19] ? \$1307  : \$1313 [23:0];
+  assign \$1317  = \port$2522$76 [21] ? \$1316  : { x7, 1'h0 };
+  assign \$1320  = \port$2522$76 [21] ? \$1319  : { x7, 1'h0 };
+  assign \$1321  = \port$2522$76 [20] ? \$1318  : \$1320 [39:0];
+  assign \$1324  = \port$2522$76 [21] ? \$1323  : { x7, 1'h0 };
+  assign \$1327  = \port$2522$76 [21] ? \$1326  : { x7, 1'h0 };
+  assign \$1328  = \port$2522$76 [20] ? \$1325  : \$1327 [39:0];
+  assign \$1329  = \port$2522$76 [19] ? \$1322  : \$1328 [23:0];
+  assign \$1330  = \port$2522$76 [18] ? \$1315  : \$1329 [15:0];
+  assign \$1333  = \port$2522$76 [21] ? \$1332  : { x7, 1'h0 };
+  assign \$1336  = \port$2522$76 [21] ? \$1335  : { x7, 1'h0 };
+  assign \$1337  = \port$2522$76 [20] ? \$1334  : \$1336 [39:0];
+  assign \$1340  = \port$2522$76 [21] ? \$1339  : { x7, 1'h0 };
+  assign \$1343  = \port$2522$76 [21] ? \$1342  : { x7, 1'h0 };
+  assign \$1344  = \port$2522$76 [20] ? \$1341  : \$1343 [39:0];
+  assign \$1345  = \port$2522$76 [19] ? \$1338  : \$1344 [23:0];
+  assign \$1348  = \port$2522$76 [21] ? \$1347  : { x7, 1'h0 };
+  assign \$1351  = \port$2522$76 [21] ? \$1350  : { x7, 1'h0 };
+  assign \$1352  = \port$2522$76 [20] ? \$1349  : \$1351 [39:0];
+  assign \$1355  = \port$2522$76 [21] ? \$1354  : { x7, 1'h0 };
+  assign \$1358  = \port$2522$76 [21] ? \$1357  : { x7, 1'h0 };
+  assign \$1359  = \port$2522$76 [20] ? \$1356  : \$1358 [39:0];
+  assign \$1360  = \port$2522$76 [19] ? \$1353  : \$1359 [23:0];
+  assign \$1361  = \port$2522$76 [18] ? \$1346  : \$1360 [15:0];
+  assign \$1362  = \port$2522$76 [17] ? \$1331  : \$1361 [11:0];
+  assign \$1363  = \port$2522$76 [16] ? \$1300  : \$1362 [9:0];
+  assign \$1364  = { x7, 1'h0 } & below;
+  assign \$1365  = | \$1364 ;
+  assign \$1366  = { x7, 1'h0 } ^ { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47] };
+  assign \$1367  = \$1366  & { \$2 , 8'h00 };
+  assign \$1368  = | \$1367 ;
+  assign \$1369  = sticky7 | y7[1];
+  assign \$1370  = y7[0] & \$1369 ;
+  assign \$1371  = $signed(y7[8:1]) + $signed({ 1'h0, \$1370  });
+  assign \$1372  = neg2_7 ? 8'h80 : 8'h7f;
+  assign \$1373  = $signed(rounded7) > $signed(8'h7f);
+  assign \$1374  = \$1373  ? 9'h07f : rounded7;
+  assign \$1375  = over2_7 ? { \$1372 [7], \$1372  } : \$1374 ;
+  always @(posedge clk)
+    \$signal  <= \$1376 ;
+  always @(posedge clk)
+    v2 <= \$1377 ;
+  always @(posedge clk)
+    x_valid <= \$1378 ;
+  always @(posedge clk)
+    x0 <= \$1379 ;
+  always @(posedge clk)
+    x1 <= \$1380 ;
+  always @(posedge clk)
+    x2 <= \$1381 ;
+  always @(posedge clk)
+    x3 <= \$1382 ;
+  always @(posedge clk)
+    x4 <= \$1383 ;
+  always @(posedge clk)
+    x5 <= \$1384 ;
+  always @(posedge clk)
+    x6 <= \$1385 ;
+  always @(posedge clk)
+    x7 <= \$1386 ;
+  always @(posedge clk)
+    below <= \$1387 ;
+  always @(posedge clk)
+    \$signal$72  <= \$1388 ;
+  always @(posedge clk)
+    v_round <= \$1389 ;
+  always @(posedge clk)
+    o__valid <= \$1390 ;
+  always @(posedge clk)
+    y0 <= \$1391 ;
+  always @(posedge clk)
+    sticky0 <= \$1392 ;
+  always @(posedge clk)
+    over0 <= \$1393 ;
+  always @(posedge clk)
+    neg0 <= \$1394 ;
+  always @(posedge clk)
+    rounded0 <= \$1395 ;
+  always @(posedge clk)
+    over2_0 <= \$1396 ;
+  always @(posedge clk)
+    neg2_0 <= \$1397 ;
+  always @(posedge clk)
+    o__payload <= \$1398 ;
+  always @(posedge clk)
+    y1 <= \$1399 ;
+  always @(posedge clk)
+    sticky1 <= \$1400 ;
+  always @(posedge clk)
+    over1 <= \$1401 ;
+  always @(posedge clk)
+    neg1 <= \$1402 ;
+  always @(posedge clk)
+    rounded1 <= \$1403 ;
+  always @(posedge clk)
+    over2_1 <= \$1404 ;
+  always @(posedge clk)
+    neg2_1 <= \$1405 ;
+  always @(posedge clk)
+    y2 <= \$1406 ;
+  always @(posedge clk)
+    sticky2 <= \$1407 ;
+  always @(posedge clk)
+    over2 <= \$1408 ;
+  always @(posedge clk)
+    neg2 <= \$1409 ;
+  always @(posedge clk)
+    rounded2 <= \$1410 ;
+  always @(posedge clk)
+    over2_2 <= \$1411 ;
+  always @(posedge clk)
+    neg2_2 <= \$1412 ;
+  always @(posedge clk)
+    y3 <= \$1413 ;
+  always @(posedge clk)
+    sticky3 <= \$1414 ;
+  always @(posedge clk)
+    over3 <= \$1415 ;
+  always @(posedge clk)
+    neg3 <= \$1416 ;
+  always @(posedge clk)
+    rounded3 <= \$1417 ;
+  always @(posedge clk)
+    over2_3 <= \$1418 ;
+  always @(posedge clk)
+    neg2_3 <= \$1419 ;
+  always @(posedge clk)
+    y4 <= \$1420 ;
+  always @(posedge clk)
+    sticky4 <= \$1421 ;
+  always @(posedge clk)
+    over4 <= \$1422 ;
+  always @(posedge clk)
+    neg4 <= \$1423 ;
+  always @(posedge clk)
+    rounded4 <= \$1424 ;
+  always @(posedge clk)
+    over2_4 <= \$1425 ;
+  always @(posedge clk)
+    neg2_4 <= \$1426 ;
+  always @(posedge clk)
+    y5 <= \$1427 ;
+  always @(posedge clk)
+    sticky5 <= \$1428 ;
+  always @(posedge clk)
+    over5 <= \$1429 ;
+  always @(posedge clk)
+    neg5 <= \$1430 ;
+  always @(posedge clk)
+    rounded5 <= \$1431 ;
+  always @(posedge clk)
+    over2_5 <= \$1432 ;
+  always @(posedge clk)
+    neg2_5 <= \$1433 ;
+  always @(posedge clk)
+    y6 <= \$1434 ;
+  always @(posedge clk)
+    sticky6 <= \$1435 ;
+  always @(posedge clk)
+    over6 <= \$1436 ;
+  always @(posedge clk)
+    neg6 <= \$1437 ;
+  always @(posedge clk)
+    rounded6 <= \$1438 ;
+  always @(posedge clk)
+    over2_6 <= \$1439 ;
+  always @(posedge clk)
+    neg2_6 <= \$1440 ;
+  always @(posedge clk)
+    y7 <= \$1441 ;
+  always @(posedge clk)
+    sticky7 <= \$1442 ;
+  always @(posedge clk)
+    over7 <= \$1443 ;
+  always @(posedge clk)
+    neg7 <= \$1444 ;
+  always @(posedge clk)
+    rounded7 <= \$1445 ;
+  always @(posedge clk)
+    over2_7 <= \$1446 ;
+  always @(posedge clk)
+    neg2_7 <= \$1447 ;
   \nanokpu_gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -28407,777 +28019,771 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
     .p__7(p__7),
     .p__8(p__8),
     .p__9(p__9),
-    .\port$2362$76 (\port$2362$76 [15:0]),
-    .\port$2380$0 (i__payload),
+    .\port$2522$76 (\port$2522$76 [15:0]),
+    .\port$2540$0 (i__payload),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1277  = \$signal ;
+    \$1376  = \$signal ;
     if (advance) begin
-      \$1277  = i__valid;
+      \$1376  = i__valid;
     end
     if (rst) begin
-      \$1277  = 1'h0;
+      \$1376  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1278  = v2;
+    \$1377  = v2;
     if (advance) begin
-      \$1278  = \$signal ;
+      \$1377  = \$signal ;
     end
     if (rst) begin
-      \$1278  = 1'h0;
+      \$1377  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1279  = x_valid;
+    \$1378  = x_valid;
     if (advance) begin
-      \$1279  = v2;
+      \$1378  = v2;
     end
     if (rst) begin
-      \$1279  = 1'h0;
+      \$1378  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1280  = x0;
+    \$1379  = x0;
     if (advance) begin
-      \$1280  = \$4 [47:0];
+      \$1379  = \$5 [47:0];
     end
     if (rst) begin
-      \$1280  = 48'h000000000000;
+      \$1379  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1281  = x1;
+    \$1380  = x1;
     if (advance) begin
-      \$1281  = \$7 [47:0];
+      \$1380  = \$8 [47:0];
     end
     if (rst) begin
-      \$1281  = 48'h000000000000;
+      \$1380  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1282  = x2;
+    \$1381  = x2;
     if (advance) begin
-      \$1282  = \$10 [47:0];
+      \$1381  = \$11 [47:0];
     end
     if (rst) begin
-      \$1282  = 48'h000000000000;
+      \$1381  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1283  = x3;
+    \$1382  = x3;
     if (advance) begin
-      \$1283  = \$13 [47:0];
+      \$1382  = \$14 [47:0];
     end
     if (rst) begin
-      \$1283  = 48'h000000000000;
+      \$1382  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1284  = x4;
+    \$1383  = x4;
     if (advance) begin
-      \$1284  = \$16 [47:0];
+      \$1383  = \$17 [47:0];
     end
     if (rst) begin
-      \$1284  = 48'h000000000000;
+      \$1383  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1285  = x5;
+    \$1384  = x5;
     if (advance) begin
-      \$1285  = \$19 [47:0];
+      \$1384  = \$20 [47:0];
     end
     if (rst) begin
-      \$1285  = 48'h000000000000;
+      \$1384  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1286  = x6;
+    \$1385  = x6;
     if (advance) begin
-      \$1286  = \$22 [47:0];
+      \$1385  = \$23 [47:0];
     end
     if (rst) begin
-      \$1286  = 48'h000000000000;
+      \$1385  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1287  = x7;
+    \$1386  = x7;
     if (advance) begin
-      \$1287  = \$25 [47:0];
+      \$1386  = \$26 [47:0];
     end
     if (rst) begin
-      \$1287  = 48'h000000000000;
+      \$1386  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1288  = { \$74 , \$73 , \$72 , \$71 , \$70 , \$69 , \$68 , \$67 , \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26  };
+    \$1387  = { \$271 , \$266 , \$261 , \$256 , \$251 , \$246 , \$241 , \$236 , \$231 , \$226 , \$221 , \$216 , \$211 , \$206 , \$201 , \$196 , \$191 , \$186 , \$181 , \$176 , \$171 , \$166 , \$161 , \$156 , \$151 , \$146 , \$141 , \$136 , \$131 , \$126 , \$121 , \$116 , \$111 , \$106 , \$101 , \$96 , \$91 , \$86 , \$81 , \$76 , \$71 , \$66 , \$61 , \$56 , \$51 , \$46 , \$41 , \$36 , \$31  };
     if (rst) begin
-      \$1288  = 49'h0000000000000;
+      \$1387  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1289  = { \$172 , \$170 , \$168 , \$166 , \$164 , \$162 , \$160 , \$158 , \$156 , \$154 , \$152 , \$150 , \$148 , \$146 , \$144 , \$142 , \$140 , \$138 , \$136 , \$134 , \$132 , \$130 , \$128 , \$126 , \$124 , \$122 , \$120 , \$118 , \$116 , \$114 , \$112 , \$110 , \$108 , \$106 , \$104 , \$102 , \$100 , \$98 , \$96 , \$94 , \$92 , \$90 , \$88 , \$86 , \$84 , \$82 , \$80 , \$78 , \$76  };
-    if (rst) begin
-      \$1289  = 49'h0000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1290  = \$signal$72 ;
+    \$1388  = \$signal$72 ;
     if (advance) begin
-      \$1290  = x_valid;
+      \$1388  = x_valid;
     end
     if (rst) begin
-      \$1290  = 1'h0;
+      \$1388  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1291  = v_round;
+    \$1389  = v_round;
     if (advance) begin
-      \$1291  = \$signal$72 ;
+      \$1389  = \$signal$72 ;
     end
     if (rst) begin
-      \$1291  = 1'h0;
+      \$1389  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1292  = o__valid;
+    \$1390  = o__valid;
     if (advance) begin
-      \$1292  = v_round;
+      \$1390  = v_round;
     end
     if (rst) begin
-      \$1292  = 1'h0;
+      \$1390  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1293  = y0;
+    \$1391  = y0;
     if (advance) begin
-      \$1293  = \$298 [8:0];
+      \$1391  = \$397 [8:0];
     end
     if (rst) begin
-      \$1293  = 9'h000;
+      \$1391  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1294  = sticky0;
+    \$1392  = sticky0;
     if (advance) begin
-      \$1294  = \$300 ;
+      \$1392  = \$399 ;
     end
     if (rst) begin
-      \$1294  = 1'h0;
+      \$1392  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1295  = over0;
+    \$1393  = over0;
     if (advance) begin
-      \$1295  = \$303 ;
+      \$1393  = \$402 ;
     end
     if (rst) begin
-      \$1295  = 1'h0;
+      \$1393  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1296  = neg0;
+    \$1394  = neg0;
     if (advance) begin
-      \$1296  = x0[47];
+      \$1394  = x0[47];
     end
     if (rst) begin
-      \$1296  = 1'h0;
+      \$1394  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1297  = rounded0;
+    \$1395  = rounded0;
     if (advance) begin
-      \$1297  = \$306 ;
+      \$1395  = \$405 ;
     end
     if (rst) begin
-      \$1297  = 9'h000;
+      \$1395  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1298  = over2_0;
+    \$1396  = over2_0;
     if (advance) begin
-      \$1298  = over0;
+      \$1396  = over0;
     end
     if (rst) begin
-      \$1298  = 1'h0;
+      \$1396  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1299  = neg2_0;
+    \$1397  = neg2_0;
     if (advance) begin
-      \$1299  = neg0;
+      \$1397  = neg0;
     end
     if (rst) begin
-      \$1299  = 1'h0;
+      \$1397  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1300  = o__payload;
+    \$1398  = o__payload;
     if (advance) begin
-      \$1300 [7:0] = \$310 [7:0];
-      \$1300 [15:8] = \$448 [7:0];
-      \$1300 [23:16] = \$586 [7:0];
-      \$1300 [31:24] = \$724 [7:0];
-      \$1300 [39:32] = \$862 [7:0];
-      \$1300 [47:40] = \$1000 [7:0];
-      \$1300 [55:48] = \$1138 [7:0];
-      \$1300 [63:56] = \$1276 [7:0];
+      \$1398 [7:0] = \$409 [7:0];
+      \$1398 [15:8] = \$547 [7:0];
+      \$1398 [23:16] = \$685 [7:0];
+      \$1398 [31:24] = \$823 [7:0];
+      \$1398 [39:32] = \$961 [7:0];
+      \$1398 [47:40] = \$1099 [7:0];
+      \$1398 [55:48] = \$1237 [7:0];
+      \$1398 [63:56] = \$1375 [7:0];
     end
     if (rst) begin
-      \$1300  = 64'h0000000000000000;
+      \$1398  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1301  = y1;
+    \$1399  = y1;
     if (advance) begin
-      \$1301  = \$436 [8:0];
+      \$1399  = \$535 [8:0];
     end
     if (rst) begin
-      \$1301  = 9'h000;
+      \$1399  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1302  = sticky1;
+    \$1400  = sticky1;
     if (advance) begin
-      \$1302  = \$438 ;
+      \$1400  = \$537 ;
     end
     if (rst) begin
-      \$1302  = 1'h0;
+      \$1400  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1303  = over1;
+    \$1401  = over1;
     if (advance) begin
-      \$1303  = \$441 ;
+      \$1401  = \$540 ;
     end
     if (rst) begin
-      \$1303  = 1'h0;
+      \$1401  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1304  = neg1;
+    \$1402  = neg1;
     if (advance) begin
-      \$1304  = x1[47];
+      \$1402  = x1[47];
     end
     if (rst) begin
-      \$1304  = 1'h0;
+      \$1402  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1305  = rounded1;
+    \$1403  = rounded1;
     if (advance) begin
-      \$1305  = \$444 ;
+      \$1403  = \$543 ;
     end
     if (rst) begin
-      \$1305  = 9'h000;
+      \$1403  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1306  = over2_1;
+    \$1404  = over2_1;
     if (advance) begin
-      \$1306  = over1;
+      \$1404  = over1;
     end
     if (rst) begin
-      \$1306  = 1'h0;
+      \$1404  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1307  = neg2_1;
+    \$1405  = neg2_1;
     if (advance) begin
-      \$1307  = neg1;
+      \$1405  = neg1;
     end
     if (rst) begin
-      \$1307  = 1'h0;
+      \$1405  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1308  = y2;
+    \$1406  = y2;
     if (advance) begin
-      \$1308  = \$574 [8:0];
+      \$1406  = \$673 [8:0];
     end
     if (rst) begin
-      \$1308  = 9'h000;
+      \$1406  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1309  = sticky2;
+    \$1407  = sticky2;
     if (advance) begin
-      \$1309  = \$576 ;
+      \$1407  = \$675 ;
     end
     if (rst) begin
-      \$1309  = 1'h0;
+      \$1407  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1310  = over2;
+    \$1408  = over2;
     if (advance) begin
-      \$1310  = \$579 ;
+      \$1408  = \$678 ;
     end
     if (rst) begin
-      \$1310  = 1'h0;
+      \$1408  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1311  = neg2;
+    \$1409  = neg2;
     if (advance) begin
-      \$1311  = x2[47];
+      \$1409  = x2[47];
     end
     if (rst) begin
-      \$1311  = 1'h0;
+      \$1409  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1312  = rounded2;
+    \$1410  = rounded2;
     if (advance) begin
-      \$1312  = \$582 ;
+      \$1410  = \$681 ;
     end
     if (rst) begin
-      \$1312  = 9'h000;
+      \$1410  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1313  = over2_2;
+    \$1411  = over2_2;
     if (advance) begin
-      \$1313  = over2;
+      \$1411  = over2;
     end
     if (rst) begin
-      \$1313  = 1'h0;
+      \$1411  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1314  = neg2_2;
+    \$1412  = neg2_2;
     if (advance) begin
-      \$1314  = neg2;
+      \$1412  = neg2;
     end
     if (rst) begin
-      \$1314  = 1'h0;
+      \$1412  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1315  = y3;
+    \$1413  = y3;
     if (advance) begin
-      \$1315  = \$712 [8:0];
+      \$1413  = \$811 [8:0];
     end
     if (rst) begin
-      \$1315  = 9'h000;
+      \$1413  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1316  = sticky3;
+    \$1414  = sticky3;
     if (advance) begin
-      \$1316  = \$714 ;
+      \$1414  = \$813 ;
     end
     if (rst) begin
-      \$1316  = 1'h0;
+      \$1414  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1317  = over3;
+    \$1415  = over3;
     if (advance) begin
-      \$1317  = \$717 ;
+      \$1415  = \$816 ;
     end
     if (rst) begin
-      \$1317  = 1'h0;
+      \$1415  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1318  = neg3;
+    \$1416  = neg3;
     if (advance) begin
-      \$1318  = x3[47];
+      \$1416  = x3[47];
     end
     if (rst) begin
-      \$1318  = 1'h0;
+      \$1416  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1319  = rounded3;
+    \$1417  = rounded3;
     if (advance) begin
-      \$1319  = \$720 ;
+      \$1417  = \$819 ;
     end
     if (rst) begin
-      \$1319  = 9'h000;
+      \$1417  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1320  = over2_3;
+    \$1418  = over2_3;
     if (advance) begin
-      \$1320  = over3;
+      \$1418  = over3;
     end
     if (rst) begin
-      \$1320  = 1'h0;
+      \$1418  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1321  = neg2_3;
+    \$1419  = neg2_3;
     if (advance) begin
-      \$1321  = neg3;
+      \$1419  = neg3;
     end
     if (rst) begin
-      \$1321  = 1'h0;
+      \$1419  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1322  = y4;
+    \$1420  = y4;
     if (advance) begin
-      \$1322  = \$850 [8:0];
+      \$1420  = \$949 [8:0];
     end
     if (rst) begin
-      \$1322  = 9'h000;
+      \$1420  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1323  = sticky4;
+    \$1421  = sticky4;
     if (advance) begin
-      \$1323  = \$852 ;
+      \$1421  = \$951 ;
     end
     if (rst) begin
-      \$1323  = 1'h0;
+      \$1421  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1324  = over4;
+    \$1422  = over4;
     if (advance) begin
-      \$1324  = \$855 ;
+      \$1422  = \$954 ;
     end
     if (rst) begin
-      \$1324  = 1'h0;
+      \$1422  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1325  = neg4;
+    \$1423  = neg4;
     if (advance) begin
-      \$1325  = x4[47];
+      \$1423  = x4[47];
     end
     if (rst) begin
-      \$1325  = 1'h0;
+      \$1423  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1326  = rounded4;
+    \$1424  = rounded4;
     if (advance) begin
-      \$1326  = \$858 ;
+      \$1424  = \$957 ;
     end
     if (rst) begin
-      \$1326  = 9'h000;
+      \$1424  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1327  = over2_4;
+    \$1425  = over2_4;
     if (advance) begin
-      \$1327  = over4;
+      \$1425  = over4;
     end
     if (rst) begin
-      \$1327  = 1'h0;
+      \$1425  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1328  = neg2_4;
+    \$1426  = neg2_4;
     if (advance) begin
-      \$1328  = neg4;
+      \$1426  = neg4;
     end
     if (rst) begin
-      \$1328  = 1'h0;
+      \$1426  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1329  = y5;
+    \$1427  = y5;
     if (advance) begin
-      \$1329  = \$988 [8:0];
+      \$1427  = \$1087 [8:0];
     end
     if (rst) begin
-      \$1329  = 9'h000;
+      \$1427  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1330  = sticky5;
+    \$1428  = sticky5;
     if (advance) begin
-      \$1330  = \$990 ;
+      \$1428  = \$1089 ;
     end
     if (rst) begin
-      \$1330  = 1'h0;
+      \$1428  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1331  = over5;
+    \$1429  = over5;
     if (advance) begin
-      \$1331  = \$993 ;
+      \$1429  = \$1092 ;
     end
     if (rst) begin
-      \$1331  = 1'h0;
+      \$1429  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1332  = neg5;
+    \$1430  = neg5;
     if (advance) begin
-      \$1332  = x5[47];
+      \$1430  = x5[47];
     end
     if (rst) begin
-      \$1332  = 1'h0;
+      \$1430  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1333  = rounded5;
+    \$1431  = rounded5;
     if (advance) begin
-      \$1333  = \$996 ;
+      \$1431  = \$1095 ;
     end
     if (rst) begin
-      \$1333  = 9'h000;
+      \$1431  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1334  = over2_5;
+    \$1432  = over2_5;
     if (advance) begin
-      \$1334  = over5;
+      \$1432  = over5;
     end
     if (rst) begin
-      \$1334  = 1'h0;
+      \$1432  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1335  = neg2_5;
+    \$1433  = neg2_5;
     if (advance) begin
-      \$1335  = neg5;
+      \$1433  = neg5;
     end
     if (rst) begin
-      \$1335  = 1'h0;
+      \$1433  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1336  = y6;
+    \$1434  = y6;
     if (advance) begin
-      \$1336  = \$1126 [8:0];
+      \$1434  = \$1225 [8:0];
     end
     if (rst) begin
-      \$1336  = 9'h000;
+      \$1434  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1337  = sticky6;
+    \$1435  = sticky6;
     if (advance) begin
-      \$1337  = \$1128 ;
+      \$1435  = \$1227 ;
     end
     if (rst) begin
-      \$1337  = 1'h0;
+      \$1435  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1338  = over6;
+    \$1436  = over6;
     if (advance) begin
-      \$1338  = \$1131 ;
+      \$1436  = \$1230 ;
     end
     if (rst) begin
-      \$1338  = 1'h0;
+      \$1436  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1339  = neg6;
+    \$1437  = neg6;
     if (advance) begin
-      \$1339  = x6[47];
+      \$1437  = x6[47];
     end
     if (rst) begin
-      \$1339  = 1'h0;
+      \$1437  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1340  = rounded6;
+    \$1438  = rounded6;
     if (advance) begin
-      \$1340  = \$1134 ;
+      \$1438  = \$1233 ;
     end
     if (rst) begin
-      \$1340  = 9'h000;
+      \$1438  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1341  = over2_6;
+    \$1439  = over2_6;
     if (advance) begin
-      \$1341  = over6;
+      \$1439  = over6;
     end
     if (rst) begin
-      \$1341  = 1'h0;
+      \$1439  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1342  = neg2_6;
+    \$1440  = neg2_6;
     if (advance) begin
-      \$1342  = neg6;
+      \$1440  = neg6;
     end
     if (rst) begin
-      \$1342  = 1'h0;
+      \$1440  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1343  = y7;
+    \$1441  = y7;
     if (advance) begin
-      \$1343  = \$1264 [8:0];
+      \$1441  = \$1363 [8:0];
     end
     if (rst) begin
-      \$1343  = 9'h000;
+      \$1441  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1344  = sticky7;
+    \$1442  = sticky7;
     if (advance) begin
-      \$1344  = \$1266 ;
+      \$1442  = \$1365 ;
     end
     if (rst) begin
-      \$1344  = 1'h0;
+      \$1442  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1345  = over7;
+    \$1443  = over7;
     if (advance) begin
-      \$1345  = \$1269 ;
+      \$1443  = \$1368 ;
     end
     if (rst) begin
-      \$1345  = 1'h0;
+      \$1443  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1346  = neg7;
+    \$1444  = neg7;
     if (advance) begin
-      \$1346  = x7[47];
+      \$1444  = x7[47];
     end
     if (rst) begin
-      \$1346  = 1'h0;
+      \$1444  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1347  = rounded7;
+    \$1445  = rounded7;
     if (advance) begin
-      \$1347  = \$1272 ;
+      \$1445  = \$1371 ;
     end
     if (rst) begin
-      \$1347  = 9'h000;
+      \$1445  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1348  = over2_7;
+    \$1446  = over2_7;
     if (advance) begin
-      \$1348  = over7;
+      \$1446  = over7;
     end
     if (rst) begin
-      \$1348  = 1'h0;
+      \$1446  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1349  = neg2_7;
+    \$1447  = neg2_7;
     if (advance) begin
-      \$1349  = neg7;
+      \$1447  = neg7;
     end
     if (rst) begin
-      \$1349  = 1'h0;
+      \$1447  = 1'h0;
     end
   end
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$2362$76 [15:0] };
-  assign mult = \port$2362$76 [15:0];
+  assign b__0 = { 2'h0, \port$2522$76 [15:0] };
+  assign mult = \port$2522$76 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__1 = { 2'h0, \port$2522$76 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__2 = { 2'h0, \port$2522$76 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__3 = { 2'h0, \port$2522$76 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__4 = { 2'h0, \port$2522$76 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__5 = { 2'h0, \port$2522$76 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__6 = { 2'h0, \port$2522$76 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__7 = { 2'h0, \port$2522$76 [15:0] };
   assign a__8 = { 1'h0, i__payload[144:128] };
-  assign b__8 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__8 = { 2'h0, \port$2522$76 [15:0] };
   assign a__9 = { i__payload[159], i__payload[159], i__payload[159], i__payload[159:145] };
-  assign b__9 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__9 = { 2'h0, \port$2522$76 [15:0] };
   assign a__10 = { 1'h0, i__payload[176:160] };
-  assign b__10 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__10 = { 2'h0, \port$2522$76 [15:0] };
   assign a__11 = { i__payload[191], i__payload[191], i__payload[191], i__payload[191:177] };
-  assign b__11 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__11 = { 2'h0, \port$2522$76 [15:0] };
   assign a__12 = { 1'h0, i__payload[208:192] };
-  assign b__12 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__12 = { 2'h0, \port$2522$76 [15:0] };
   assign a__13 = { i__payload[223], i__payload[223], i__payload[223], i__payload[223:209] };
-  assign b__13 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__13 = { 2'h0, \port$2522$76 [15:0] };
   assign a__14 = { 1'h0, i__payload[240:224] };
-  assign b__14 = { 2'h0, \port$2362$76 [15:0] };
+  assign b__14 = { 2'h0, \port$2522$76 [15:0] };
   assign a__15 = { i__payload[255], i__payload[255], i__payload[255], i__payload[255:241] };
-  assign b__15 = { 2'h0, \port$2362$76 [15:0] };
-  assign shift = \port$2362$76 [21:16];
+  assign b__15 = { 2'h0, \port$2522$76 [15:0] };
+  assign above = { \$2 , 8'h00 };
+  assign shift = \port$2522$76 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -29194,530 +28800,530 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2362$76 , i__pa
   assign \o__payload[5]  = o__payload[47:40];
   assign \o__payload[6]  = o__payload[55:48];
   assign \o__payload[7]  = o__payload[63:56];
-  assign \$2  = { p__0[35], p__0 };
-  assign \$3  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$5  = { p__2[35], p__2 };
-  assign \$6  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$8  = { p__4[35], p__4 };
-  assign \$9  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$11  = { p__6[35], p__6 };
-  assign \$12  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
-  assign \$14  = { p__8[35], p__8 };
-  assign \$15  = { p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9, 17'h00000 };
-  assign \$17  = { p__10[35], p__10 };
-  assign \$18  = { p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11, 17'h00000 };
-  assign \$20  = { p__12[35], p__12 };
-  assign \$21  = { p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13, 17'h00000 };
-  assign \$23  = { p__14[35], p__14 };
-  assign \$24  = { p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15, 17'h00000 };
-  assign \$173  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$175  = { \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39:16] };
-  assign \$176  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$179  = { \$178 [23], \$178 [23], \$178 [23], \$178 [23], \$178 [23], \$178 [23], \$178 [23], \$178 [23], \$178 [23:8] };
-  assign \$180  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$182  = { \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39], \$181 [39:16] };
-  assign \$183  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$187  = { \$186 [15], \$186 [15], \$186 [15], \$186 [15], \$186 [15:4] };
-  assign \$188  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$190  = { \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39], \$189 [39:16] };
-  assign \$191  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$194  = { \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23], \$193 [23:8] };
-  assign \$195  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$197  = { \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39:16] };
-  assign \$198  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$203  = { \$202 [11], \$202 [11], \$202 [11:2] };
-  assign \$204  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$206  = { \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39:16] };
-  assign \$207  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$210  = { \$209 [23], \$209 [23], \$209 [23], \$209 [23], \$209 [23], \$209 [23], \$209 [23], \$209 [23], \$209 [23:8] };
-  assign \$211  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$213  = { \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39], \$212 [39:16] };
-  assign \$214  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$218  = { \$217 [15], \$217 [15], \$217 [15], \$217 [15], \$217 [15:4] };
-  assign \$219  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$221  = { \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39], \$220 [39:16] };
-  assign \$222  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$225  = { \$224 [23], \$224 [23], \$224 [23], \$224 [23], \$224 [23], \$224 [23], \$224 [23], \$224 [23], \$224 [23:8] };
-  assign \$226  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$228  = { \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39], \$227 [39:16] };
-  assign \$229  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$235  = { \$234 [9], \$234 [9:1] };
-  assign \$236  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$238  = { \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39:16] };
-  assign \$239  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$242  = { \$241 [23], \$241 [23], \$241 [23], \$241 [23], \$241 [23], \$241 [23], \$241 [23], \$241 [23], \$241 [23:8] };
-  assign \$243  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$245  = { \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39], \$244 [39:16] };
-  assign \$246  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$250  = { \$249 [15], \$249 [15], \$249 [15], \$249 [15], \$249 [15:4] };
-  assign \$251  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$253  = { \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39], \$252 [39:16] };
-  assign \$254  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$257  = { \$256 [23], \$256 [23], \$256 [23], \$256 [23], \$256 [23], \$256 [23], \$256 [23], \$256 [23], \$256 [23:8] };
-  assign \$258  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$260  = { \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39:16] };
-  assign \$261  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$266  = { \$265 [11], \$265 [11], \$265 [11:2] };
-  assign \$267  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$269  = { \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39:16] };
-  assign \$270  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$273  = { \$272 [23], \$272 [23], \$272 [23], \$272 [23], \$272 [23], \$272 [23], \$272 [23], \$272 [23], \$272 [23:8] };
-  assign \$274  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$276  = { \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39], \$275 [39:16] };
-  assign \$277  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$281  = { \$280 [15], \$280 [15], \$280 [15], \$280 [15], \$280 [15:4] };
+  assign \$3  = { p__0[35], p__0 };
+  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$6  = { p__2[35], p__2 };
+  assign \$7  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$9  = { p__4[35], p__4 };
+  assign \$10  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$12  = { p__6[35], p__6 };
+  assign \$13  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$15  = { p__8[35], p__8 };
+  assign \$16  = { p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9, 17'h00000 };
+  assign \$18  = { p__10[35], p__10 };
+  assign \$19  = { p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11, 17'h00000 };
+  assign \$21  = { p__12[35], p__12 };
+  assign \$22  = { p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13, 17'h00000 };
+  assign \$24  = { p__14[35], p__14 };
+  assign \$25  = { p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15, 17'h00000 };
+  assign \$272  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$274  = { \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39:16] };
+  assign \$275  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$278  = { \$277 [23], \$277 [23], \$277 [23], \$277 [23], \$277 [23], \$277 [23], \$277 [23], \$277 [23], \$277 [23:8] };
+  assign \$279  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$281  = { \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39], \$280 [39:16] };
   assign \$282  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$284  = { \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39:16] };
-  assign \$285  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$288  = { \$287 [23], \$287 [23], \$287 [23], \$287 [23], \$287 [23], \$287 [23], \$287 [23], \$287 [23], \$287 [23:8] };
-  assign \$289  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$291  = { \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39], \$290 [39:16] };
-  assign \$292  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$311  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$313  = { \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39:16] };
-  assign \$314  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$317  = { \$316 [23], \$316 [23], \$316 [23], \$316 [23], \$316 [23], \$316 [23], \$316 [23], \$316 [23], \$316 [23:8] };
-  assign \$318  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$286  = { \$285 [15], \$285 [15], \$285 [15], \$285 [15], \$285 [15:4] };
+  assign \$287  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$289  = { \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39], \$288 [39:16] };
+  assign \$290  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$293  = { \$292 [23], \$292 [23], \$292 [23], \$292 [23], \$292 [23], \$292 [23], \$292 [23], \$292 [23], \$292 [23:8] };
+  assign \$294  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$296  = { \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39:16] };
+  assign \$297  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$302  = { \$301 [11], \$301 [11], \$301 [11:2] };
+  assign \$303  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$305  = { \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39:16] };
+  assign \$306  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$309  = { \$308 [23], \$308 [23], \$308 [23], \$308 [23], \$308 [23], \$308 [23], \$308 [23], \$308 [23], \$308 [23:8] };
+  assign \$310  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$312  = { \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39], \$311 [39:16] };
+  assign \$313  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$317  = { \$316 [15], \$316 [15], \$316 [15], \$316 [15], \$316 [15:4] };
+  assign \$318  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$320  = { \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39], \$319 [39:16] };
-  assign \$321  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$325  = { \$324 [15], \$324 [15], \$324 [15], \$324 [15], \$324 [15:4] };
-  assign \$326  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$328  = { \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39:16] };
-  assign \$329  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$332  = { \$331 [23], \$331 [23], \$331 [23], \$331 [23], \$331 [23], \$331 [23], \$331 [23], \$331 [23], \$331 [23:8] };
-  assign \$333  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$335  = { \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39], \$334 [39:16] };
-  assign \$336  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$341  = { \$340 [11], \$340 [11], \$340 [11:2] };
-  assign \$342  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$321  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$324  = { \$323 [23], \$323 [23], \$323 [23], \$323 [23], \$323 [23], \$323 [23], \$323 [23], \$323 [23], \$323 [23:8] };
+  assign \$325  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$327  = { \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39:16] };
+  assign \$328  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$334  = { \$333 [9], \$333 [9:1] };
+  assign \$335  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$337  = { \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39:16] };
+  assign \$338  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$341  = { \$340 [23], \$340 [23], \$340 [23], \$340 [23], \$340 [23], \$340 [23], \$340 [23], \$340 [23], \$340 [23:8] };
+  assign \$342  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$344  = { \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39:16] };
-  assign \$345  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$348  = { \$347 [23], \$347 [23], \$347 [23], \$347 [23], \$347 [23], \$347 [23], \$347 [23], \$347 [23], \$347 [23:8] };
-  assign \$349  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$351  = { \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39], \$350 [39:16] };
-  assign \$352  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$356  = { \$355 [15], \$355 [15], \$355 [15], \$355 [15], \$355 [15:4] };
-  assign \$357  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$345  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$349  = { \$348 [15], \$348 [15], \$348 [15], \$348 [15], \$348 [15:4] };
+  assign \$350  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$352  = { \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39], \$351 [39:16] };
+  assign \$353  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$356  = { \$355 [23], \$355 [23], \$355 [23], \$355 [23], \$355 [23], \$355 [23], \$355 [23], \$355 [23], \$355 [23:8] };
+  assign \$357  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$359  = { \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39:16] };
-  assign \$360  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$363  = { \$362 [23], \$362 [23], \$362 [23], \$362 [23], \$362 [23], \$362 [23], \$362 [23], \$362 [23], \$362 [23:8] };
-  assign \$364  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$366  = { \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39], \$365 [39:16] };
-  assign \$367  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$373  = { \$372 [9], \$372 [9:1] };
-  assign \$374  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$376  = { \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39:16] };
-  assign \$377  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$380  = { \$379 [23], \$379 [23], \$379 [23], \$379 [23], \$379 [23], \$379 [23], \$379 [23], \$379 [23], \$379 [23:8] };
-  assign \$381  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$360  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$365  = { \$364 [11], \$364 [11], \$364 [11:2] };
+  assign \$366  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$368  = { \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39:16] };
+  assign \$369  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$372  = { \$371 [23], \$371 [23], \$371 [23], \$371 [23], \$371 [23], \$371 [23], \$371 [23], \$371 [23], \$371 [23:8] };
+  assign \$373  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$375  = { \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39], \$374 [39:16] };
+  assign \$376  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$380  = { \$379 [15], \$379 [15], \$379 [15], \$379 [15], \$379 [15:4] };
+  assign \$381  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$383  = { \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39], \$382 [39:16] };
-  assign \$384  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$388  = { \$387 [15], \$387 [15], \$387 [15], \$387 [15], \$387 [15:4] };
-  assign \$389  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$391  = { \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39], \$390 [39:16] };
-  assign \$392  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$395  = { \$394 [23], \$394 [23], \$394 [23], \$394 [23], \$394 [23], \$394 [23], \$394 [23], \$394 [23], \$394 [23:8] };
-  assign \$396  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$398  = { \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39], \$397 [39:16] };
-  assign \$399  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$404  = { \$403 [11], \$403 [11], \$403 [11:2] };
-  assign \$405  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$407  = { \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39:16] };
-  assign \$408  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$411  = { \$410 [23], \$410 [23], \$410 [23], \$410 [23], \$410 [23], \$410 [23], \$410 [23], \$410 [23], \$410 [23:8] };
-  assign \$412  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$414  = { \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39], \$413 [39:16] };
-  assign \$415  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$419  = { \$418 [15], \$418 [15], \$418 [15], \$418 [15], \$418 [15:4] };
+  assign \$384  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$387  = { \$386 [23], \$386 [23], \$386 [23], \$386 [23], \$386 [23], \$386 [23], \$386 [23], \$386 [23], \$386 [23:8] };
+  assign \$388  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$390  = { \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39], \$389 [39:16] };
+  assign \$391  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$410  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$412  = { \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39:16] };
+  assign \$413  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$416  = { \$415 [23], \$415 [23], \$415 [23], \$415 [23], \$415 [23], \$415 [23], \$415 [23], \$415 [23], \$415 [23:8] };
+  assign \$417  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$419  = { \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39], \$418 [39:16] };
   assign \$420  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$422  = { \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39:16] };
-  assign \$423  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$426  = { \$425 [23], \$425 [23], \$425 [23], \$425 [23], \$425 [23], \$425 [23], \$425 [23], \$425 [23], \$425 [23:8] };
-  assign \$427  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$429  = { \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39], \$428 [39:16] };
-  assign \$430  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$449  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$451  = { \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39:16] };
-  assign \$452  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$455  = { \$454 [23], \$454 [23], \$454 [23], \$454 [23], \$454 [23], \$454 [23], \$454 [23], \$454 [23], \$454 [23:8] };
-  assign \$456  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$424  = { \$423 [15], \$423 [15], \$423 [15], \$423 [15], \$423 [15:4] };
+  assign \$425  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$427  = { \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39], \$426 [39:16] };
+  assign \$428  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$431  = { \$430 [23], \$430 [23], \$430 [23], \$430 [23], \$430 [23], \$430 [23], \$430 [23], \$430 [23], \$430 [23:8] };
+  assign \$432  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$434  = { \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39], \$433 [39:16] };
+  assign \$435  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$440  = { \$439 [11], \$439 [11], \$439 [11:2] };
+  assign \$441  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$443  = { \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39:16] };
+  assign \$444  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$447  = { \$446 [23], \$446 [23], \$446 [23], \$446 [23], \$446 [23], \$446 [23], \$446 [23], \$446 [23], \$446 [23:8] };
+  assign \$448  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$450  = { \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39], \$449 [39:16] };
+  assign \$451  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$455  = { \$454 [15], \$454 [15], \$454 [15], \$454 [15], \$454 [15:4] };
+  assign \$456  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$458  = { \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39], \$457 [39:16] };
-  assign \$459  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$463  = { \$462 [15], \$462 [15], \$462 [15], \$462 [15], \$462 [15:4] };
-  assign \$464  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$466  = { \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39], \$465 [39:16] };
-  assign \$467  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$470  = { \$469 [23], \$469 [23], \$469 [23], \$469 [23], \$469 [23], \$469 [23], \$469 [23], \$469 [23], \$469 [23:8] };
-  assign \$471  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$473  = { \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39], \$472 [39:16] };
-  assign \$474  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$479  = { \$478 [11], \$478 [11], \$478 [11:2] };
-  assign \$480  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$459  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$462  = { \$461 [23], \$461 [23], \$461 [23], \$461 [23], \$461 [23], \$461 [23], \$461 [23], \$461 [23], \$461 [23:8] };
+  assign \$463  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$465  = { \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39], \$464 [39:16] };
+  assign \$466  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$472  = { \$471 [9], \$471 [9:1] };
+  assign \$473  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$475  = { \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39:16] };
+  assign \$476  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$479  = { \$478 [23], \$478 [23], \$478 [23], \$478 [23], \$478 [23], \$478 [23], \$478 [23], \$478 [23], \$478 [23:8] };
+  assign \$480  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$482  = { \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39:16] };
-  assign \$483  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$486  = { \$485 [23], \$485 [23], \$485 [23], \$485 [23], \$485 [23], \$485 [23], \$485 [23], \$485 [23], \$485 [23:8] };
-  assign \$487  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$489  = { \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39], \$488 [39:16] };
-  assign \$490  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$494  = { \$493 [15], \$493 [15], \$493 [15], \$493 [15], \$493 [15:4] };
-  assign \$495  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$483  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$487  = { \$486 [15], \$486 [15], \$486 [15], \$486 [15], \$486 [15:4] };
+  assign \$488  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$490  = { \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39], \$489 [39:16] };
+  assign \$491  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$494  = { \$493 [23], \$493 [23], \$493 [23], \$493 [23], \$493 [23], \$493 [23], \$493 [23], \$493 [23], \$493 [23:8] };
+  assign \$495  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$497  = { \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39], \$496 [39:16] };
-  assign \$498  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$501  = { \$500 [23], \$500 [23], \$500 [23], \$500 [23], \$500 [23], \$500 [23], \$500 [23], \$500 [23], \$500 [23:8] };
-  assign \$502  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$504  = { \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39], \$503 [39:16] };
-  assign \$505  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$511  = { \$510 [9], \$510 [9:1] };
-  assign \$512  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$514  = { \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39:16] };
-  assign \$515  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$518  = { \$517 [23], \$517 [23], \$517 [23], \$517 [23], \$517 [23], \$517 [23], \$517 [23], \$517 [23], \$517 [23:8] };
-  assign \$519  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$498  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$503  = { \$502 [11], \$502 [11], \$502 [11:2] };
+  assign \$504  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$506  = { \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39:16] };
+  assign \$507  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$510  = { \$509 [23], \$509 [23], \$509 [23], \$509 [23], \$509 [23], \$509 [23], \$509 [23], \$509 [23], \$509 [23:8] };
+  assign \$511  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$513  = { \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39], \$512 [39:16] };
+  assign \$514  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$518  = { \$517 [15], \$517 [15], \$517 [15], \$517 [15], \$517 [15:4] };
+  assign \$519  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$521  = { \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39], \$520 [39:16] };
-  assign \$522  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$526  = { \$525 [15], \$525 [15], \$525 [15], \$525 [15], \$525 [15:4] };
-  assign \$527  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$529  = { \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39], \$528 [39:16] };
-  assign \$530  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$533  = { \$532 [23], \$532 [23], \$532 [23], \$532 [23], \$532 [23], \$532 [23], \$532 [23], \$532 [23], \$532 [23:8] };
-  assign \$534  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$536  = { \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39], \$535 [39:16] };
-  assign \$537  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$542  = { \$541 [11], \$541 [11], \$541 [11:2] };
-  assign \$543  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$545  = { \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39:16] };
-  assign \$546  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$549  = { \$548 [23], \$548 [23], \$548 [23], \$548 [23], \$548 [23], \$548 [23], \$548 [23], \$548 [23], \$548 [23:8] };
-  assign \$550  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$552  = { \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39], \$551 [39:16] };
-  assign \$553  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$557  = { \$556 [15], \$556 [15], \$556 [15], \$556 [15], \$556 [15:4] };
+  assign \$522  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$525  = { \$524 [23], \$524 [23], \$524 [23], \$524 [23], \$524 [23], \$524 [23], \$524 [23], \$524 [23], \$524 [23:8] };
+  assign \$526  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$528  = { \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39], \$527 [39:16] };
+  assign \$529  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$548  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$550  = { \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39:16] };
+  assign \$551  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$554  = { \$553 [23], \$553 [23], \$553 [23], \$553 [23], \$553 [23], \$553 [23], \$553 [23], \$553 [23], \$553 [23:8] };
+  assign \$555  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$557  = { \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39], \$556 [39:16] };
   assign \$558  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$560  = { \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39:16] };
-  assign \$561  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$564  = { \$563 [23], \$563 [23], \$563 [23], \$563 [23], \$563 [23], \$563 [23], \$563 [23], \$563 [23], \$563 [23:8] };
-  assign \$565  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$567  = { \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39], \$566 [39:16] };
-  assign \$568  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$587  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$589  = { \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39:16] };
-  assign \$590  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$593  = { \$592 [23], \$592 [23], \$592 [23], \$592 [23], \$592 [23], \$592 [23], \$592 [23], \$592 [23], \$592 [23:8] };
-  assign \$594  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$562  = { \$561 [15], \$561 [15], \$561 [15], \$561 [15], \$561 [15:4] };
+  assign \$563  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$565  = { \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39], \$564 [39:16] };
+  assign \$566  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$569  = { \$568 [23], \$568 [23], \$568 [23], \$568 [23], \$568 [23], \$568 [23], \$568 [23], \$568 [23], \$568 [23:8] };
+  assign \$570  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$572  = { \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39], \$571 [39:16] };
+  assign \$573  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$578  = { \$577 [11], \$577 [11], \$577 [11:2] };
+  assign \$579  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$581  = { \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39:16] };
+  assign \$582  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$585  = { \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23:8] };
+  assign \$586  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$588  = { \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39], \$587 [39:16] };
+  assign \$589  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$593  = { \$592 [15], \$592 [15], \$592 [15], \$592 [15], \$592 [15:4] };
+  assign \$594  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$596  = { \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39], \$595 [39:16] };
-  assign \$597  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$601  = { \$600 [15], \$600 [15], \$600 [15], \$600 [15], \$600 [15:4] };
-  assign \$602  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$604  = { \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39], \$603 [39:16] };
-  assign \$605  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$608  = { \$607 [23], \$607 [23], \$607 [23], \$607 [23], \$607 [23], \$607 [23], \$607 [23], \$607 [23], \$607 [23:8] };
-  assign \$609  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$611  = { \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39], \$610 [39:16] };
-  assign \$612  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$617  = { \$616 [11], \$616 [11], \$616 [11:2] };
-  assign \$618  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$597  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$600  = { \$599 [23], \$599 [23], \$599 [23], \$599 [23], \$599 [23], \$599 [23], \$599 [23], \$599 [23], \$599 [23:8] };
+  assign \$601  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$603  = { \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39], \$602 [39:16] };
+  assign \$604  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$610  = { \$609 [9], \$609 [9:1] };
+  assign \$611  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$613  = { \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39:16] };
+  assign \$614  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$617  = { \$616 [23], \$616 [23], \$616 [23], \$616 [23], \$616 [23], \$616 [23], \$616 [23], \$616 [23], \$616 [23:8] };
+  assign \$618  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$620  = { \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39:16] };
-  assign \$621  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$624  = { \$623 [23], \$623 [23], \$623 [23], \$623 [23], \$623 [23], \$623 [23], \$623 [23], \$623 [23], \$623 [23:8] };
-  assign \$625  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$627  = { \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39], \$626 [39:16] };
-  assign \$628  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$632  = { \$631 [15], \$631 [15], \$631 [15], \$631 [15], \$631 [15:4] };
-  assign \$633  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$621  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$625  = { \$624 [15], \$624 [15], \$624 [15], \$624 [15], \$624 [15:4] };
+  assign \$626  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$628  = { \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39], \$627 [39:16] };
+  assign \$629  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$632  = { \$631 [23], \$631 [23], \$631 [23], \$631 [23], \$631 [23], \$631 [23], \$631 [23], \$631 [23], \$631 [23:8] };
+  assign \$633  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$635  = { \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39], \$634 [39:16] };
-  assign \$636  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$639  = { \$638 [23], \$638 [23], \$638 [23], \$638 [23], \$638 [23], \$638 [23], \$638 [23], \$638 [23], \$638 [23:8] };
-  assign \$640  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$642  = { \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39], \$641 [39:16] };
-  assign \$643  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$649  = { \$648 [9], \$648 [9:1] };
-  assign \$650  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$652  = { \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39:16] };
-  assign \$653  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$656  = { \$655 [23], \$655 [23], \$655 [23], \$655 [23], \$655 [23], \$655 [23], \$655 [23], \$655 [23], \$655 [23:8] };
-  assign \$657  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$636  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$641  = { \$640 [11], \$640 [11], \$640 [11:2] };
+  assign \$642  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$644  = { \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39:16] };
+  assign \$645  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$648  = { \$647 [23], \$647 [23], \$647 [23], \$647 [23], \$647 [23], \$647 [23], \$647 [23], \$647 [23], \$647 [23:8] };
+  assign \$649  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$651  = { \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39], \$650 [39:16] };
+  assign \$652  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$656  = { \$655 [15], \$655 [15], \$655 [15], \$655 [15], \$655 [15:4] };
+  assign \$657  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$659  = { \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39], \$658 [39:16] };
-  assign \$660  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$664  = { \$663 [15], \$663 [15], \$663 [15], \$663 [15], \$663 [15:4] };
-  assign \$665  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$667  = { \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39], \$666 [39:16] };
-  assign \$668  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$671  = { \$670 [23], \$670 [23], \$670 [23], \$670 [23], \$670 [23], \$670 [23], \$670 [23], \$670 [23], \$670 [23:8] };
-  assign \$672  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$674  = { \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39], \$673 [39:16] };
-  assign \$675  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$680  = { \$679 [11], \$679 [11], \$679 [11:2] };
-  assign \$681  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$683  = { \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39:16] };
-  assign \$684  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$687  = { \$686 [23], \$686 [23], \$686 [23], \$686 [23], \$686 [23], \$686 [23], \$686 [23], \$686 [23], \$686 [23:8] };
-  assign \$688  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$690  = { \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39], \$689 [39:16] };
-  assign \$691  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$695  = { \$694 [15], \$694 [15], \$694 [15], \$694 [15], \$694 [15:4] };
+  assign \$660  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$663  = { \$662 [23], \$662 [23], \$662 [23], \$662 [23], \$662 [23], \$662 [23], \$662 [23], \$662 [23], \$662 [23:8] };
+  assign \$664  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$666  = { \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39], \$665 [39:16] };
+  assign \$667  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$686  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$688  = { \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39:16] };
+  assign \$689  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$692  = { \$691 [23], \$691 [23], \$691 [23], \$691 [23], \$691 [23], \$691 [23], \$691 [23], \$691 [23], \$691 [23:8] };
+  assign \$693  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$695  = { \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39], \$694 [39:16] };
   assign \$696  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$698  = { \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39:16] };
-  assign \$699  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$702  = { \$701 [23], \$701 [23], \$701 [23], \$701 [23], \$701 [23], \$701 [23], \$701 [23], \$701 [23], \$701 [23:8] };
-  assign \$703  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$705  = { \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39], \$704 [39:16] };
-  assign \$706  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$725  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$727  = { \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39], \$726 [39:16] };
-  assign \$728  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$731  = { \$730 [23], \$730 [23], \$730 [23], \$730 [23], \$730 [23], \$730 [23], \$730 [23], \$730 [23], \$730 [23:8] };
-  assign \$732  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$700  = { \$699 [15], \$699 [15], \$699 [15], \$699 [15], \$699 [15:4] };
+  assign \$701  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$703  = { \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39], \$702 [39:16] };
+  assign \$704  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$707  = { \$706 [23], \$706 [23], \$706 [23], \$706 [23], \$706 [23], \$706 [23], \$706 [23], \$706 [23], \$706 [23:8] };
+  assign \$708  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$710  = { \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39], \$709 [39:16] };
+  assign \$711  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$716  = { \$715 [11], \$715 [11], \$715 [11:2] };
+  assign \$717  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$719  = { \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39:16] };
+  assign \$720  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$723  = { \$722 [23], \$722 [23], \$722 [23], \$722 [23], \$722 [23], \$722 [23], \$722 [23], \$722 [23], \$722 [23:8] };
+  assign \$724  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$726  = { \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39], \$725 [39:16] };
+  assign \$727  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$731  = { \$730 [15], \$730 [15], \$730 [15], \$730 [15], \$730 [15:4] };
+  assign \$732  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
   assign \$734  = { \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39], \$733 [39:16] };
-  assign \$735  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$739  = { \$738 [15], \$738 [15], \$738 [15], \$738 [15], \$738 [15:4] };
-  assign \$740  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$742  = { \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39], \$741 [39:16] };
-  assign \$743  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$746  = { \$745 [23], \$745 [23], \$745 [23], \$745 [23], \$745 [23], \$745 [23], \$745 [23], \$745 [23], \$745 [23:8] };
-  assign \$747  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$749  = { \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39], \$748 [39:16] };
-  assign \$750  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$755  = { \$754 [11], \$754 [11], \$754 [11:2] };
-  assign \$756  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$735  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$738  = { \$737 [23], \$737 [23], \$737 [23], \$737 [23], \$737 [23], \$737 [23], \$737 [23], \$737 [23], \$737 [23:8] };
+  assign \$739  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$741  = { \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39], \$740 [39:16] };
+  assign \$742  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$748  = { \$747 [9], \$747 [9:1] };
+  assign \$749  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$751  = { \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39:16] };
+  assign \$752  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$755  = { \$754 [23], \$754 [23], \$754 [23], \$754 [23], \$754 [23], \$754 [23], \$754 [23], \$754 [23], \$754 [23:8] };
+  assign \$756  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
   assign \$758  = { \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39], \$757 [39:16] };
-  assign \$759  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$762  = { \$761 [23], \$761 [23], \$761 [23], \$761 [23], \$761 [23], \$761 [23], \$761 [23], \$761 [23], \$761 [23:8] };
-  assign \$763  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$765  = { \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39], \$764 [39:16] };
-  assign \$766  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$770  = { \$769 [15], \$769 [15], \$769 [15], \$769 [15], \$769 [15:4] };
-  assign \$771  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$759  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$763  = { \$762 [15], \$762 [15], \$762 [15], \$762 [15], \$762 [15:4] };
+  assign \$764  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$766  = { \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39], \$765 [39:16] };
+  assign \$767  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$770  = { \$769 [23], \$769 [23], \$769 [23], \$769 [23], \$769 [23], \$769 [23], \$769 [23], \$769 [23], \$769 [23:8] };
+  assign \$771  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
   assign \$773  = { \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39], \$772 [39:16] };
-  assign \$774  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$777  = { \$776 [23], \$776 [23], \$776 [23], \$776 [23], \$776 [23], \$776 [23], \$776 [23], \$776 [23], \$776 [23:8] };
-  assign \$778  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$780  = { \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39], \$779 [39:16] };
-  assign \$781  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$787  = { \$786 [9], \$786 [9:1] };
-  assign \$788  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$790  = { \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39], \$789 [39:16] };
-  assign \$791  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$794  = { \$793 [23], \$793 [23], \$793 [23], \$793 [23], \$793 [23], \$793 [23], \$793 [23], \$793 [23], \$793 [23:8] };
-  assign \$795  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$774  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$779  = { \$778 [11], \$778 [11], \$778 [11:2] };
+  assign \$780  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$782  = { \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39:16] };
+  assign \$783  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$786  = { \$785 [23], \$785 [23], \$785 [23], \$785 [23], \$785 [23], \$785 [23], \$785 [23], \$785 [23], \$785 [23:8] };
+  assign \$787  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$789  = { \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39], \$788 [39:16] };
+  assign \$790  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$794  = { \$793 [15], \$793 [15], \$793 [15], \$793 [15], \$793 [15:4] };
+  assign \$795  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
   assign \$797  = { \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39], \$796 [39:16] };
-  assign \$798  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$802  = { \$801 [15], \$801 [15], \$801 [15], \$801 [15], \$801 [15:4] };
-  assign \$803  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$805  = { \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39], \$804 [39:16] };
-  assign \$806  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$809  = { \$808 [23], \$808 [23], \$808 [23], \$808 [23], \$808 [23], \$808 [23], \$808 [23], \$808 [23], \$808 [23:8] };
-  assign \$810  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$812  = { \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39], \$811 [39:16] };
-  assign \$813  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$818  = { \$817 [11], \$817 [11], \$817 [11:2] };
-  assign \$819  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$821  = { \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39], \$820 [39:16] };
-  assign \$822  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$825  = { \$824 [23], \$824 [23], \$824 [23], \$824 [23], \$824 [23], \$824 [23], \$824 [23], \$824 [23], \$824 [23:8] };
-  assign \$826  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$828  = { \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39], \$827 [39:16] };
-  assign \$829  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$833  = { \$832 [15], \$832 [15], \$832 [15], \$832 [15], \$832 [15:4] };
+  assign \$798  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$801  = { \$800 [23], \$800 [23], \$800 [23], \$800 [23], \$800 [23], \$800 [23], \$800 [23], \$800 [23], \$800 [23:8] };
+  assign \$802  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$804  = { \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39], \$803 [39:16] };
+  assign \$805  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$824  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$826  = { \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39], \$825 [39:16] };
+  assign \$827  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$830  = { \$829 [23], \$829 [23], \$829 [23], \$829 [23], \$829 [23], \$829 [23], \$829 [23], \$829 [23], \$829 [23:8] };
+  assign \$831  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$833  = { \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39], \$832 [39:16] };
   assign \$834  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$836  = { \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39], \$835 [39:16] };
-  assign \$837  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$840  = { \$839 [23], \$839 [23], \$839 [23], \$839 [23], \$839 [23], \$839 [23], \$839 [23], \$839 [23], \$839 [23:8] };
-  assign \$841  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$843  = { \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39], \$842 [39:16] };
-  assign \$844  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
-  assign \$863  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$865  = { \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39], \$864 [39:16] };
-  assign \$866  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$869  = { \$868 [23], \$868 [23], \$868 [23], \$868 [23], \$868 [23], \$868 [23], \$868 [23], \$868 [23], \$868 [23:8] };
-  assign \$870  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$838  = { \$837 [15], \$837 [15], \$837 [15], \$837 [15], \$837 [15:4] };
+  assign \$839  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$841  = { \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39], \$840 [39:16] };
+  assign \$842  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$845  = { \$844 [23], \$844 [23], \$844 [23], \$844 [23], \$844 [23], \$844 [23], \$844 [23], \$844 [23], \$844 [23:8] };
+  assign \$846  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$848  = { \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39], \$847 [39:16] };
+  assign \$849  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$854  = { \$853 [11], \$853 [11], \$853 [11:2] };
+  assign \$855  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$857  = { \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39], \$856 [39:16] };
+  assign \$858  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$861  = { \$860 [23], \$860 [23], \$860 [23], \$860 [23], \$860 [23], \$860 [23], \$860 [23], \$860 [23], \$860 [23:8] };
+  assign \$862  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$864  = { \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39], \$863 [39:16] };
+  assign \$865  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$869  = { \$868 [15], \$868 [15], \$868 [15], \$868 [15], \$868 [15:4] };
+  assign \$870  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
   assign \$872  = { \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39], \$871 [39:16] };
-  assign \$873  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$877  = { \$876 [15], \$876 [15], \$876 [15], \$876 [15], \$876 [15:4] };
-  assign \$878  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$880  = { \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39], \$879 [39:16] };
-  assign \$881  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$884  = { \$883 [23], \$883 [23], \$883 [23], \$883 [23], \$883 [23], \$883 [23], \$883 [23], \$883 [23], \$883 [23:8] };
-  assign \$885  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$887  = { \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39], \$886 [39:16] };
-  assign \$888  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$893  = { \$892 [11], \$892 [11], \$892 [11:2] };
-  assign \$894  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$873  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$876  = { \$875 [23], \$875 [23], \$875 [23], \$875 [23], \$875 [23], \$875 [23], \$875 [23], \$875 [23], \$875 [23:8] };
+  assign \$877  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$879  = { \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39], \$878 [39:16] };
+  assign \$880  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$886  = { \$885 [9], \$885 [9:1] };
+  assign \$887  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$889  = { \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39], \$888 [39:16] };
+  assign \$890  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$893  = { \$892 [23], \$892 [23], \$892 [23], \$892 [23], \$892 [23], \$892 [23], \$892 [23], \$892 [23], \$892 [23:8] };
+  assign \$894  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
   assign \$896  = { \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39], \$895 [39:16] };
-  assign \$897  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$900  = { \$899 [23], \$899 [23], \$899 [23], \$899 [23], \$899 [23], \$899 [23], \$899 [23], \$899 [23], \$899 [23:8] };
-  assign \$901  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$903  = { \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39], \$902 [39:16] };
-  assign \$904  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$908  = { \$907 [15], \$907 [15], \$907 [15], \$907 [15], \$907 [15:4] };
-  assign \$909  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$897  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$901  = { \$900 [15], \$900 [15], \$900 [15], \$900 [15], \$900 [15:4] };
+  assign \$902  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$904  = { \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39], \$903 [39:16] };
+  assign \$905  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$908  = { \$907 [23], \$907 [23], \$907 [23], \$907 [23], \$907 [23], \$907 [23], \$907 [23], \$907 [23], \$907 [23:8] };
+  assign \$909  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
   assign \$911  = { \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39], \$910 [39:16] };
-  assign \$912  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$915  = { \$914 [23], \$914 [23], \$914 [23], \$914 [23], \$914 [23], \$914 [23], \$914 [23], \$914 [23], \$914 [23:8] };
-  assign \$916  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$918  = { \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39], \$917 [39:16] };
-  assign \$919  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$925  = { \$924 [9], \$924 [9:1] };
-  assign \$926  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$928  = { \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39], \$927 [39:16] };
-  assign \$929  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$932  = { \$931 [23], \$931 [23], \$931 [23], \$931 [23], \$931 [23], \$931 [23], \$931 [23], \$931 [23], \$931 [23:8] };
-  assign \$933  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$912  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$917  = { \$916 [11], \$916 [11], \$916 [11:2] };
+  assign \$918  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$920  = { \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39], \$919 [39:16] };
+  assign \$921  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$924  = { \$923 [23], \$923 [23], \$923 [23], \$923 [23], \$923 [23], \$923 [23], \$923 [23], \$923 [23], \$923 [23:8] };
+  assign \$925  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$927  = { \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39], \$926 [39:16] };
+  assign \$928  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$932  = { \$931 [15], \$931 [15], \$931 [15], \$931 [15], \$931 [15:4] };
+  assign \$933  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
   assign \$935  = { \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39], \$934 [39:16] };
-  assign \$936  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$940  = { \$939 [15], \$939 [15], \$939 [15], \$939 [15], \$939 [15:4] };
-  assign \$941  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$943  = { \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39], \$942 [39:16] };
-  assign \$944  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$947  = { \$946 [23], \$946 [23], \$946 [23], \$946 [23], \$946 [23], \$946 [23], \$946 [23], \$946 [23], \$946 [23:8] };
-  assign \$948  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$950  = { \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39], \$949 [39:16] };
-  assign \$951  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$956  = { \$955 [11], \$955 [11], \$955 [11:2] };
-  assign \$957  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$959  = { \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39], \$958 [39:16] };
-  assign \$960  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$963  = { \$962 [23], \$962 [23], \$962 [23], \$962 [23], \$962 [23], \$962 [23], \$962 [23], \$962 [23], \$962 [23:8] };
-  assign \$964  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$966  = { \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39], \$965 [39:16] };
-  assign \$967  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$971  = { \$970 [15], \$970 [15], \$970 [15], \$970 [15], \$970 [15:4] };
+  assign \$936  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$939  = { \$938 [23], \$938 [23], \$938 [23], \$938 [23], \$938 [23], \$938 [23], \$938 [23], \$938 [23], \$938 [23:8] };
+  assign \$940  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$942  = { \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39], \$941 [39:16] };
+  assign \$943  = { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47:31] };
+  assign \$962  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$964  = { \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39], \$963 [39:16] };
+  assign \$965  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$968  = { \$967 [23], \$967 [23], \$967 [23], \$967 [23], \$967 [23], \$967 [23], \$967 [23], \$967 [23], \$967 [23:8] };
+  assign \$969  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$971  = { \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39], \$970 [39:16] };
   assign \$972  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$974  = { \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39], \$973 [39:16] };
-  assign \$975  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$978  = { \$977 [23], \$977 [23], \$977 [23], \$977 [23], \$977 [23], \$977 [23], \$977 [23], \$977 [23], \$977 [23:8] };
-  assign \$979  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$981  = { \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39], \$980 [39:16] };
-  assign \$982  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
-  assign \$1001  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1003  = { \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39], \$1002 [39:16] };
-  assign \$1004  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1007  = { \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23], \$1006 [23:8] };
-  assign \$1008  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$976  = { \$975 [15], \$975 [15], \$975 [15], \$975 [15], \$975 [15:4] };
+  assign \$977  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$979  = { \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39], \$978 [39:16] };
+  assign \$980  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$983  = { \$982 [23], \$982 [23], \$982 [23], \$982 [23], \$982 [23], \$982 [23], \$982 [23], \$982 [23], \$982 [23:8] };
+  assign \$984  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$986  = { \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39], \$985 [39:16] };
+  assign \$987  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$992  = { \$991 [11], \$991 [11], \$991 [11:2] };
+  assign \$993  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$995  = { \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39], \$994 [39:16] };
+  assign \$996  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$999  = { \$998 [23], \$998 [23], \$998 [23], \$998 [23], \$998 [23], \$998 [23], \$998 [23], \$998 [23], \$998 [23:8] };
+  assign \$1000  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1002  = { \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39], \$1001 [39:16] };
+  assign \$1003  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1007  = { \$1006 [15], \$1006 [15], \$1006 [15], \$1006 [15], \$1006 [15:4] };
+  assign \$1008  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
   assign \$1010  = { \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39], \$1009 [39:16] };
-  assign \$1011  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1015  = { \$1014 [15], \$1014 [15], \$1014 [15], \$1014 [15], \$1014 [15:4] };
-  assign \$1016  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1018  = { \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39], \$1017 [39:16] };
-  assign \$1019  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1022  = { \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23], \$1021 [23:8] };
-  assign \$1023  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1025  = { \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39], \$1024 [39:16] };
-  assign \$1026  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1031  = { \$1030 [11], \$1030 [11], \$1030 [11:2] };
-  assign \$1032  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1011  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1014  = { \$1013 [23], \$1013 [23], \$1013 [23], \$1013 [23], \$1013 [23], \$1013 [23], \$1013 [23], \$1013 [23], \$1013 [23:8] };
+  assign \$1015  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1017  = { \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39], \$1016 [39:16] };
+  assign \$1018  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1024  = { \$1023 [9], \$1023 [9:1] };
+  assign \$1025  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1027  = { \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39], \$1026 [39:16] };
+  assign \$1028  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1031  = { \$1030 [23], \$1030 [23], \$1030 [23], \$1030 [23], \$1030 [23], \$1030 [23], \$1030 [23], \$1030 [23], \$1030 [23:8] };
+  assign \$1032  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
   assign \$1034  = { \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39], \$1033 [39:16] };
-  assign \$1035  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1038  = { \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23], \$1037 [23:8] };
-  assign \$1039  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1041  = { \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39], \$1040 [39:16] };
-  assign \$1042  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1046  = { \$1045 [15], \$1045 [15], \$1045 [15], \$1045 [15], \$1045 [15:4] };
-  assign \$1047  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1035  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1039  = { \$1038 [15], \$1038 [15], \$1038 [15], \$1038 [15], \$1038 [15:4] };
+  assign \$1040  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1042  = { \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39], \$1041 [39:16] };
+  assign \$1043  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1046  = { \$1045 [23], \$1045 [23], \$1045 [23], \$1045 [23], \$1045 [23], \$1045 [23], \$1045 [23], \$1045 [23], \$1045 [23:8] };
+  assign \$1047  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
   assign \$1049  = { \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39], \$1048 [39:16] };
-  assign \$1050  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1053  = { \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23], \$1052 [23:8] };
-  assign \$1054  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1056  = { \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39], \$1055 [39:16] };
-  assign \$1057  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1063  = { \$1062 [9], \$1062 [9:1] };
-  assign \$1064  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1066  = { \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39], \$1065 [39:16] };
-  assign \$1067  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1070  = { \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23], \$1069 [23:8] };
-  assign \$1071  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1050  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1055  = { \$1054 [11], \$1054 [11], \$1054 [11:2] };
+  assign \$1056  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1058  = { \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39], \$1057 [39:16] };
+  assign \$1059  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1062  = { \$1061 [23], \$1061 [23], \$1061 [23], \$1061 [23], \$1061 [23], \$1061 [23], \$1061 [23], \$1061 [23], \$1061 [23:8] };
+  assign \$1063  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1065  = { \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39], \$1064 [39:16] };
+  assign \$1066  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1070  = { \$1069 [15], \$1069 [15], \$1069 [15], \$1069 [15], \$1069 [15:4] };
+  assign \$1071  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
   assign \$1073  = { \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39], \$1072 [39:16] };
-  assign \$1074  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1078  = { \$1077 [15], \$1077 [15], \$1077 [15], \$1077 [15], \$1077 [15:4] };
-  assign \$1079  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1081  = { \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39], \$1080 [39:16] };
-  assign \$1082  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1085  = { \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23], \$1084 [23:8] };
-  assign \$1086  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1088  = { \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39], \$1087 [39:16] };
-  assign \$1089  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1094  = { \$1093 [11], \$1093 [11], \$1093 [11:2] };
-  assign \$1095  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1097  = { \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39], \$1096 [39:16] };
-  assign \$1098  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1101  = { \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23], \$1100 [23:8] };
-  assign \$1102  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1104  = { \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39], \$1103 [39:16] };
-  assign \$1105  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1109  = { \$1108 [15], \$1108 [15], \$1108 [15], \$1108 [15], \$1108 [15:4] };
+  assign \$1074  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1077  = { \$1076 [23], \$1076 [23], \$1076 [23], \$1076 [23], \$1076 [23], \$1076 [23], \$1076 [23], \$1076 [23], \$1076 [23:8] };
+  assign \$1078  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1080  = { \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39], \$1079 [39:16] };
+  assign \$1081  = { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47:31] };
+  assign \$1100  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1102  = { \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39], \$1101 [39:16] };
+  assign \$1103  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1106  = { \$1105 [23], \$1105 [23], \$1105 [23], \$1105 [23], \$1105 [23], \$1105 [23], \$1105 [23], \$1105 [23], \$1105 [23:8] };
+  assign \$1107  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1109  = { \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39], \$1108 [39:16] };
   assign \$1110  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1112  = { \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39], \$1111 [39:16] };
-  assign \$1113  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1116  = { \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23], \$1115 [23:8] };
-  assign \$1117  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1119  = { \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39], \$1118 [39:16] };
-  assign \$1120  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
-  assign \$1139  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1141  = { \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39], \$1140 [39:16] };
-  assign \$1142  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1145  = { \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23], \$1144 [23:8] };
-  assign \$1146  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1114  = { \$1113 [15], \$1113 [15], \$1113 [15], \$1113 [15], \$1113 [15:4] };
+  assign \$1115  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1117  = { \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39], \$1116 [39:16] };
+  assign \$1118  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1121  = { \$1120 [23], \$1120 [23], \$1120 [23], \$1120 [23], \$1120 [23], \$1120 [23], \$1120 [23], \$1120 [23], \$1120 [23:8] };
+  assign \$1122  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1124  = { \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39], \$1123 [39:16] };
+  assign \$1125  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1130  = { \$1129 [11], \$1129 [11], \$1129 [11:2] };
+  assign \$1131  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1133  = { \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39], \$1132 [39:16] };
+  assign \$1134  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1137  = { \$1136 [23], \$1136 [23], \$1136 [23], \$1136 [23], \$1136 [23], \$1136 [23], \$1136 [23], \$1136 [23], \$1136 [23:8] };
+  assign \$1138  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1140  = { \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39], \$1139 [39:16] };
+  assign \$1141  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1145  = { \$1144 [15], \$1144 [15], \$1144 [15], \$1144 [15], \$1144 [15:4] };
+  assign \$1146  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
   assign \$1148  = { \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39], \$1147 [39:16] };
-  assign \$1149  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1153  = { \$1152 [15], \$1152 [15], \$1152 [15], \$1152 [15], \$1152 [15:4] };
-  assign \$1154  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1156  = { \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39], \$1155 [39:16] };
-  assign \$1157  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1160  = { \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23], \$1159 [23:8] };
-  assign \$1161  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1163  = { \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39], \$1162 [39:16] };
-  assign \$1164  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1169  = { \$1168 [11], \$1168 [11], \$1168 [11:2] };
-  assign \$1170  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1149  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1152  = { \$1151 [23], \$1151 [23], \$1151 [23], \$1151 [23], \$1151 [23], \$1151 [23], \$1151 [23], \$1151 [23], \$1151 [23:8] };
+  assign \$1153  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1155  = { \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39], \$1154 [39:16] };
+  assign \$1156  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1162  = { \$1161 [9], \$1161 [9:1] };
+  assign \$1163  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1165  = { \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39], \$1164 [39:16] };
+  assign \$1166  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1169  = { \$1168 [23], \$1168 [23], \$1168 [23], \$1168 [23], \$1168 [23], \$1168 [23], \$1168 [23], \$1168 [23], \$1168 [23:8] };
+  assign \$1170  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
   assign \$1172  = { \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39], \$1171 [39:16] };
-  assign \$1173  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1176  = { \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23], \$1175 [23:8] };
-  assign \$1177  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1179  = { \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39], \$1178 [39:16] };
-  assign \$1180  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1184  = { \$1183 [15], \$1183 [15], \$1183 [15], \$1183 [15], \$1183 [15:4] };
-  assign \$1185  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1173  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1177  = { \$1176 [15], \$1176 [15], \$1176 [15], \$1176 [15], \$1176 [15:4] };
+  assign \$1178  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1180  = { \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39], \$1179 [39:16] };
+  assign \$1181  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1184  = { \$1183 [23], \$1183 [23], \$1183 [23], \$1183 [23], \$1183 [23], \$1183 [23], \$1183 [23], \$1183 [23], \$1183 [23:8] };
+  assign \$1185  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
   assign \$1187  = { \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39], \$1186 [39:16] };
-  assign \$1188  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1191  = { \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23], \$1190 [23:8] };
-  assign \$1192  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1194  = { \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39], \$1193 [39:16] };
-  assign \$1195  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1201  = { \$1200 [9], \$1200 [9:1] };
-  assign \$1202  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1204  = { \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39], \$1203 [39:16] };
-  assign \$1205  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1208  = { \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23], \$1207 [23:8] };
-  assign \$1209  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1188  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1193  = { \$1192 [11], \$1192 [11], \$1192 [11:2] };
+  assign \$1194  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1196  = { \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39], \$1195 [39:16] };
+  assign \$1197  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1200  = { \$1199 [23], \$1199 [23], \$1199 [23], \$1199 [23], \$1199 [23], \$1199 [23], \$1199 [23], \$1199 [23], \$1199 [23:8] };
+  assign \$1201  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1203  = { \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39], \$1202 [39:16] };
+  assign \$1204  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1208  = { \$1207 [15], \$1207 [15], \$1207 [15], \$1207 [15], \$1207 [15:4] };
+  assign \$1209  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
   assign \$1211  = { \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39], \$1210 [39:16] };
-  assign \$1212  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1216  = { \$1215 [15], \$1215 [15], \$1215 [15], \$1215 [15], \$1215 [15:4] };
-  assign \$1217  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1219  = { \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39], \$1218 [39:16] };
-  assign \$1220  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1223  = { \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23], \$1222 [23:8] };
-  assign \$1224  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1226  = { \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39], \$1225 [39:16] };
-  assign \$1227  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1232  = { \$1231 [11], \$1231 [11], \$1231 [11:2] };
-  assign \$1233  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1235  = { \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39], \$1234 [39:16] };
-  assign \$1236  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1239  = { \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23], \$1238 [23:8] };
-  assign \$1240  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1242  = { \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39], \$1241 [39:16] };
-  assign \$1243  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1247  = { \$1246 [15], \$1246 [15], \$1246 [15], \$1246 [15], \$1246 [15:4] };
+  assign \$1212  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1215  = { \$1214 [23], \$1214 [23], \$1214 [23], \$1214 [23], \$1214 [23], \$1214 [23], \$1214 [23], \$1214 [23], \$1214 [23:8] };
+  assign \$1216  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1218  = { \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39], \$1217 [39:16] };
+  assign \$1219  = { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47:31] };
+  assign \$1238  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1240  = { \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39], \$1239 [39:16] };
+  assign \$1241  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1244  = { \$1243 [23], \$1243 [23], \$1243 [23], \$1243 [23], \$1243 [23], \$1243 [23], \$1243 [23], \$1243 [23], \$1243 [23:8] };
+  assign \$1245  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1247  = { \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39], \$1246 [39:16] };
   assign \$1248  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1250  = { \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39], \$1249 [39:16] };
-  assign \$1251  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1254  = { \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23], \$1253 [23:8] };
-  assign \$1255  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
-  assign \$1257  = { \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39], \$1256 [39:16] };
-  assign \$1258  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1252  = { \$1251 [15], \$1251 [15], \$1251 [15], \$1251 [15], \$1251 [15:4] };
+  assign \$1253  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1255  = { \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39], \$1254 [39:16] };
+  assign \$1256  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1259  = { \$1258 [23], \$1258 [23], \$1258 [23], \$1258 [23], \$1258 [23], \$1258 [23], \$1258 [23], \$1258 [23], \$1258 [23:8] };
+  assign \$1260  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1262  = { \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39], \$1261 [39:16] };
+  assign \$1263  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1268  = { \$1267 [11], \$1267 [11], \$1267 [11:2] };
+  assign \$1269  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1271  = { \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39], \$1270 [39:16] };
+  assign \$1272  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1275  = { \$1274 [23], \$1274 [23], \$1274 [23], \$1274 [23], \$1274 [23], \$1274 [23], \$1274 [23], \$1274 [23], \$1274 [23:8] };
+  assign \$1276  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1278  = { \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39], \$1277 [39:16] };
+  assign \$1279  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1283  = { \$1282 [15], \$1282 [15], \$1282 [15], \$1282 [15], \$1282 [15:4] };
+  assign \$1284  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1286  = { \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39], \$1285 [39:16] };
+  assign \$1287  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1290  = { \$1289 [23], \$1289 [23], \$1289 [23], \$1289 [23], \$1289 [23], \$1289 [23], \$1289 [23], \$1289 [23], \$1289 [23:8] };
+  assign \$1291  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1293  = { \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39], \$1292 [39:16] };
+  assign \$1294  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1300  = { \$1299 [9], \$1299 [9:1] };
+  assign \$1301  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1303  = { \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39], \$1302 [39:16] };
+  assign \$1304  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1307  = { \$1306 [23], \$1306 [23], \$1306 [23], \$1306 [23], \$1306 [23], \$1306 [23], \$1306 [23], \$1306 [23], \$1306 [23:8] };
+  assign \$1308  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1310  = { \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39], \$1309 [39:16] };
+  assign \$1311  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1315  = { \$1314 [15], \$1314 [15], \$1314 [15], \$1314 [15], \$1314 [15:4] };
+  assign \$1316  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1318  = { \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39], \$1317 [39:16] };
+  assign \$1319  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1322  = { \$1321 [23], \$1321 [23], \$1321 [23], \$1321 [23], \$1321 [23], \$1321 [23], \$1321 [23], \$1321 [23], \$1321 [23:8] };
+  assign \$1323  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1325  = { \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39], \$1324 [39:16] };
+  assign \$1326  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1331  = { \$1330 [11], \$1330 [11], \$1330 [11:2] };
+  assign \$1332  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1334  = { \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39], \$1333 [39:16] };
+  assign \$1335  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1338  = { \$1337 [23], \$1337 [23], \$1337 [23], \$1337 [23], \$1337 [23], \$1337 [23], \$1337 [23], \$1337 [23], \$1337 [23:8] };
+  assign \$1339  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1341  = { \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39], \$1340 [39:16] };
+  assign \$1342  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1346  = { \$1345 [15], \$1345 [15], \$1345 [15], \$1345 [15], \$1345 [15:4] };
+  assign \$1347  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1349  = { \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39], \$1348 [39:16] };
+  assign \$1350  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1353  = { \$1352 [23], \$1352 [23], \$1352 [23], \$1352 [23], \$1352 [23], \$1352 [23], \$1352 [23], \$1352 [23], \$1352 [23:8] };
+  assign \$1354  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
+  assign \$1356  = { \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39], \$1355 [39:16] };
+  assign \$1357  = { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47:31] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
+module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
 );
   reg \$auto$verilog_backend.cc:2355:dump_module$69  = 0;
   wire [35:0] \$1 ;
@@ -29884,10 +29490,10 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
   reg [35:0] p__8 = 36'h000000000;
   output [35:0] p__9;
   reg [35:0] p__9 = 36'h000000000;
-  input [15:0] \port$2362$76 ;
-  wire [15:0] \port$2362$76 ;
-  input [255:0] \port$2380$0 ;
-  wire [255:0] \port$2380$0 ;
+  input [15:0] \port$2522$76 ;
+  wire [15:0] \port$2522$76 ;
+  input [255:0] \port$2540$0 ;
+  wire [255:0] \port$2540$0 ;
   input rst;
   wire rst;
   always @(posedge clk)
@@ -30006,7 +29612,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$27  = b3_r;
     if (en) begin
-      \$27  = { 2'h0, \port$2362$76  };
+      \$27  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -30026,7 +29632,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$29  = a4_r;
     if (en) begin
-      \$29  = { 1'h0, \port$2380$0 [80:64] };
+      \$29  = { 1'h0, \port$2540$0 [80:64] };
     end
     if (rst) begin
       \$29  = 18'h00000;
@@ -30036,7 +29642,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$30  = b4_r;
     if (en) begin
-      \$30  = { 2'h0, \port$2362$76  };
+      \$30  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -30056,7 +29662,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$32  = a5_r;
     if (en) begin
-      \$32  = { \port$2380$0 [95], \port$2380$0 [95], \port$2380$0 [95], \port$2380$0 [95:81] };
+      \$32  = { \port$2540$0 [95], \port$2540$0 [95], \port$2540$0 [95], \port$2540$0 [95:81] };
     end
     if (rst) begin
       \$32  = 18'h00000;
@@ -30066,7 +29672,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$33  = b5_r;
     if (en) begin
-      \$33  = { 2'h0, \port$2362$76  };
+      \$33  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$33  = 18'h00000;
@@ -30086,7 +29692,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$35  = a6_r;
     if (en) begin
-      \$35  = { 1'h0, \port$2380$0 [112:96] };
+      \$35  = { 1'h0, \port$2540$0 [112:96] };
     end
     if (rst) begin
       \$35  = 18'h00000;
@@ -30096,7 +29702,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$36  = b6_r;
     if (en) begin
-      \$36  = { 2'h0, \port$2362$76  };
+      \$36  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$36  = 18'h00000;
@@ -30116,7 +29722,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$38  = a7_r;
     if (en) begin
-      \$38  = { \port$2380$0 [127], \port$2380$0 [127], \port$2380$0 [127], \port$2380$0 [127:113] };
+      \$38  = { \port$2540$0 [127], \port$2540$0 [127], \port$2540$0 [127], \port$2540$0 [127:113] };
     end
     if (rst) begin
       \$38  = 18'h00000;
@@ -30126,7 +29732,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$39  = b7_r;
     if (en) begin
-      \$39  = { 2'h0, \port$2362$76  };
+      \$39  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$39  = 18'h00000;
@@ -30146,7 +29752,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$41  = a8_r;
     if (en) begin
-      \$41  = { 1'h0, \port$2380$0 [144:128] };
+      \$41  = { 1'h0, \port$2540$0 [144:128] };
     end
     if (rst) begin
       \$41  = 18'h00000;
@@ -30156,7 +29762,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$42  = b8_r;
     if (en) begin
-      \$42  = { 2'h0, \port$2362$76  };
+      \$42  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$42  = 18'h00000;
@@ -30176,7 +29782,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$44  = a9_r;
     if (en) begin
-      \$44  = { \port$2380$0 [159], \port$2380$0 [159], \port$2380$0 [159], \port$2380$0 [159:145] };
+      \$44  = { \port$2540$0 [159], \port$2540$0 [159], \port$2540$0 [159], \port$2540$0 [159:145] };
     end
     if (rst) begin
       \$44  = 18'h00000;
@@ -30186,7 +29792,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$45  = b9_r;
     if (en) begin
-      \$45  = { 2'h0, \port$2362$76  };
+      \$45  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$45  = 18'h00000;
@@ -30206,7 +29812,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$47  = a10_r;
     if (en) begin
-      \$47  = { 1'h0, \port$2380$0 [176:160] };
+      \$47  = { 1'h0, \port$2540$0 [176:160] };
     end
     if (rst) begin
       \$47  = 18'h00000;
@@ -30216,7 +29822,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$48  = b10_r;
     if (en) begin
-      \$48  = { 2'h0, \port$2362$76  };
+      \$48  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$48  = 18'h00000;
@@ -30236,7 +29842,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$50  = a11_r;
     if (en) begin
-      \$50  = { \port$2380$0 [191], \port$2380$0 [191], \port$2380$0 [191], \port$2380$0 [191:177] };
+      \$50  = { \port$2540$0 [191], \port$2540$0 [191], \port$2540$0 [191], \port$2540$0 [191:177] };
     end
     if (rst) begin
       \$50  = 18'h00000;
@@ -30246,7 +29852,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$51  = b11_r;
     if (en) begin
-      \$51  = { 2'h0, \port$2362$76  };
+      \$51  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$51  = 18'h00000;
@@ -30266,7 +29872,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$53  = a12_r;
     if (en) begin
-      \$53  = { 1'h0, \port$2380$0 [208:192] };
+      \$53  = { 1'h0, \port$2540$0 [208:192] };
     end
     if (rst) begin
       \$53  = 18'h00000;
@@ -30276,7 +29882,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$54  = b12_r;
     if (en) begin
-      \$54  = { 2'h0, \port$2362$76  };
+      \$54  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$54  = 18'h00000;
@@ -30296,7 +29902,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$56  = a13_r;
     if (en) begin
-      \$56  = { \port$2380$0 [223], \port$2380$0 [223], \port$2380$0 [223], \port$2380$0 [223:209] };
+      \$56  = { \port$2540$0 [223], \port$2540$0 [223], \port$2540$0 [223], \port$2540$0 [223:209] };
     end
     if (rst) begin
       \$56  = 18'h00000;
@@ -30306,7 +29912,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$57  = b13_r;
     if (en) begin
-      \$57  = { 2'h0, \port$2362$76  };
+      \$57  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$57  = 18'h00000;
@@ -30326,7 +29932,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$59  = a14_r;
     if (en) begin
-      \$59  = { 1'h0, \port$2380$0 [240:224] };
+      \$59  = { 1'h0, \port$2540$0 [240:224] };
     end
     if (rst) begin
       \$59  = 18'h00000;
@@ -30336,7 +29942,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$60  = b14_r;
     if (en) begin
-      \$60  = { 2'h0, \port$2362$76  };
+      \$60  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$60  = 18'h00000;
@@ -30356,7 +29962,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$62  = a15_r;
     if (en) begin
-      \$62  = { \port$2380$0 [255], \port$2380$0 [255], \port$2380$0 [255], \port$2380$0 [255:241] };
+      \$62  = { \port$2540$0 [255], \port$2540$0 [255], \port$2540$0 [255], \port$2540$0 [255:241] };
     end
     if (rst) begin
       \$62  = 18'h00000;
@@ -30366,7 +29972,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$63  = b15_r;
     if (en) begin
-      \$63  = { 2'h0, \port$2362$76  };
+      \$63  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$63  = 18'h00000;
@@ -30386,7 +29992,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$17  = a0_r;
     if (en) begin
-      \$17  = { 1'h0, \port$2380$0 [16:0] };
+      \$17  = { 1'h0, \port$2540$0 [16:0] };
     end
     if (rst) begin
       \$17  = 18'h00000;
@@ -30396,7 +30002,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$18  = b0_r;
     if (en) begin
-      \$18  = { 2'h0, \port$2362$76  };
+      \$18  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -30416,7 +30022,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$20  = a1_r;
     if (en) begin
-      \$20  = { \port$2380$0 [31], \port$2380$0 [31], \port$2380$0 [31], \port$2380$0 [31:17] };
+      \$20  = { \port$2540$0 [31], \port$2540$0 [31], \port$2540$0 [31], \port$2540$0 [31:17] };
     end
     if (rst) begin
       \$20  = 18'h00000;
@@ -30426,7 +30032,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$21  = b1_r;
     if (en) begin
-      \$21  = { 2'h0, \port$2362$76  };
+      \$21  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -30446,7 +30052,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$23  = a2_r;
     if (en) begin
-      \$23  = { 1'h0, \port$2380$0 [48:32] };
+      \$23  = { 1'h0, \port$2540$0 [48:32] };
     end
     if (rst) begin
       \$23  = 18'h00000;
@@ -30456,7 +30062,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$24  = b2_r;
     if (en) begin
-      \$24  = { 2'h0, \port$2362$76  };
+      \$24  = { 2'h0, \port$2522$76  };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -30476,42 +30082,42 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2362$76 , \port$2380$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$26  = a3_r;
     if (en) begin
-      \$26  = { \port$2380$0 [63], \port$2380$0 [63], \port$2380$0 [63], \port$2380$0 [63:49] };
+      \$26  = { \port$2540$0 [63], \port$2540$0 [63], \port$2540$0 [63], \port$2540$0 [63:49] };
     end
     if (rst) begin
       \$26  = 18'h00000;
     end
   end
-  assign a__0 = { 1'h0, \port$2380$0 [16:0] };
-  assign b__0 = { 2'h0, \port$2362$76  };
-  assign a__1 = { \port$2380$0 [31], \port$2380$0 [31], \port$2380$0 [31], \port$2380$0 [31:17] };
-  assign b__1 = { 2'h0, \port$2362$76  };
-  assign a__2 = { 1'h0, \port$2380$0 [48:32] };
-  assign b__2 = { 2'h0, \port$2362$76  };
-  assign a__3 = { \port$2380$0 [63], \port$2380$0 [63], \port$2380$0 [63], \port$2380$0 [63:49] };
-  assign b__3 = { 2'h0, \port$2362$76  };
-  assign a__4 = { 1'h0, \port$2380$0 [80:64] };
-  assign b__4 = { 2'h0, \port$2362$76  };
-  assign a__5 = { \port$2380$0 [95], \port$2380$0 [95], \port$2380$0 [95], \port$2380$0 [95:81] };
-  assign b__5 = { 2'h0, \port$2362$76  };
-  assign a__6 = { 1'h0, \port$2380$0 [112:96] };
-  assign b__6 = { 2'h0, \port$2362$76  };
-  assign a__7 = { \port$2380$0 [127], \port$2380$0 [127], \port$2380$0 [127], \port$2380$0 [127:113] };
-  assign b__7 = { 2'h0, \port$2362$76  };
-  assign a__8 = { 1'h0, \port$2380$0 [144:128] };
-  assign b__8 = { 2'h0, \port$2362$76  };
-  assign a__9 = { \port$2380$0 [159], \port$2380$0 [159], \port$2380$0 [159], \port$2380$0 [159:145] };
-  assign b__9 = { 2'h0, \port$2362$76  };
-  assign a__10 = { 1'h0, \port$2380$0 [176:160] };
-  assign b__10 = { 2'h0, \port$2362$76  };
-  assign a__11 = { \port$2380$0 [191], \port$2380$0 [191], \port$2380$0 [191], \port$2380$0 [191:177] };
-  assign b__11 = { 2'h0, \port$2362$76  };
-  assign a__12 = { 1'h0, \port$2380$0 [208:192] };
-  assign b__12 = { 2'h0, \port$2362$76  };
-  assign a__13 = { \port$2380$0 [223], \port$2380$0 [223], \port$2380$0 [223], \port$2380$0 [223:209] };
-  assign b__13 = { 2'h0, \port$2362$76  };
-  assign a__14 = { 1'h0, \port$2380$0 [240:224] };
-  assign b__14 = { 2'h0, \port$2362$76  };
-  assign a__15 = { \port$2380$0 [255], \port$2380$0 [255], \port$2380$0 [255], \port$2380$0 [255:241] };
-  assign b__15 = { 2'h0, \port$2362$76  };
+  assign a__0 = { 1'h0, \port$2540$0 [16:0] };
+  assign b__0 = { 2'h0, \port$2522$76  };
+  assign a__1 = { \port$2540$0 [31], \port$2540$0 [31], \port$2540$0 [31], \port$2540$0 [31:17] };
+  assign b__1 = { 2'h0, \port$2522$76  };
+  assign a__2 = { 1'h0, \port$2540$0 [48:32] };
+  assign b__2 = { 2'h0, \port$2522$76  };
+  assign a__3 = { \port$2540$0 [63], \port$2540$0 [63], \port$2540$0 [63], \port$2540$0 [63:49] };
+  assign b__3 = { 2'h0, \port$2522$76  };
+  assign a__4 = { 1'h0, \port$2540$0 [80:64] };
+  assign b__4 = { 2'h0, \port$2522$76  };
+  assign a__5 = { \port$2540$0 [95], \port$2540$0 [95], \port$2540$0 [95], \port$2540$0 [95:81] };
+  assign b__5 = { 2'h0, \port$2522$76  };
+  assign a__6 = { 1'h0, \port$2540$0 [112:96] };
+  assign b__6 = { 2'h0, \port$2522$76  };
+  assign a__7 = { \port$2540$0 [127], \port$2540$0 [127], \port$2540$0 [127], \port$2540$0 [127:113] };
+  assign b__7 = { 2'h0, \port$2522$76  };
+  assign a__8 = { 1'h0, \port$2540$0 [144:128] };
+  assign b__8 = { 2'h0, \port$2522$76  };
+  assign a__9 = { \port$2540$0 [159], \port$2540$0 [159], \port$2540$0 [159], \port$2540$0 [159:145] };
+  assign b__9 = { 2'h0, \port$2522$76  };
+  assign a__10 = { 1'h0, \port$2540$0 [176:160] };
+  assign b__10 = { 2'h0, \port$2522$76  };
+  assign a__11 = { \port$2540$0 [191], \port$2540$0 [191], \port$2540$0 [191], \port$2540$0 [191:177] };
+  assign b__11 = { 2'h0, \port$2522$76  };
+  assign a__12 = { 1'h0, \port$2540$0 [208:192] };
+  assign b__12 = { 2'h0, \port$2522$76  };
+  assign a__13 = { \port$2540$0 [223], \port$2540$0 [223], \port$2540$0 [223], \port$2540$0 [223:209] };
+  assign b__13 = { 2'h0, \port$2522$76  };
+  assign a__14 = { 1'h0, \port$2540$0 [240:224] };
+  assign b__14 = { 2'h0, \port$2522$76  };
+  assign a__15 = { \port$2540$0 [255], \port$2540$0 [255], \port$2540$0 [255], \port$2540$0 [255:241] };
+  assign b__15 = { 2'h0, \port$2522$76  };
 endmodule

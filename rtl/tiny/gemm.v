@@ -11,11 +11,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$102 ;
   wire \$103 ;
   wire \$104 ;
-  wire [6:0] \$105 ;
-  wire [12:0] \$106 ;
+  wire \$105 ;
+  wire \$106 ;
   wire \$107 ;
-  wire \$108 ;
-  wire \$109 ;
+  wire [6:0] \$108 ;
+  wire [12:0] \$109 ;
   wire \$11 ;
   wire \$110 ;
   wire \$111 ;
@@ -31,26 +31,26 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
-  wire [6:0] \$123 ;
-  wire [12:0] \$124 ;
+  wire \$123 ;
+  wire \$124 ;
   wire \$125 ;
-  wire \$126 ;
-  wire \$127 ;
-  wire [31:0] \$128 ;
-  wire [32:0] \$129 ;
+  wire [6:0] \$126 ;
+  wire [12:0] \$127 ;
+  wire \$128 ;
+  wire \$129 ;
   wire [12:0] \$13 ;
-  wire [31:0] \$130 ;
+  wire \$130 ;
   wire [32:0] \$131 ;
-  wire [31:0] \$132 ;
+  wire [32:0] \$132 ;
   wire [32:0] \$133 ;
-  wire [31:0] \$134 ;
-  wire [32:0] \$135 ;
+  wire [32:0] \$134 ;
+  wire [31:0] \$135 ;
   wire [31:0] \$136 ;
   wire [31:0] \$137 ;
   wire [31:0] \$138 ;
-  wire [31:0] \$139 ;
+  wire [13:0] \$139 ;
   wire \$14 ;
-  wire [13:0] \$140 ;
+  wire \$140 ;
   wire \$141 ;
   wire \$142 ;
   wire \$143 ;
@@ -85,79 +85,78 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
-  wire \$172 ;
-  reg [11:0] \$173 ;
-  reg \$174 ;
-  reg [13:0] \$175 ;
-  reg \$176 ;
-  reg [1:0] \$177 ;
+  reg [11:0] \$172 ;
+  reg \$173 ;
+  reg [13:0] \$174 ;
+  reg \$175 ;
+  reg [1:0] \$176 ;
+  reg \$177 ;
   reg \$178 ;
-  reg \$179 ;
+  reg [11:0] \$179 ;
   wire \$18 ;
   reg [11:0] \$180 ;
-  reg [11:0] \$181 ;
-  reg [3:0] \$182 ;
+  reg [3:0] \$181 ;
+  reg \$182 ;
   reg \$183 ;
   reg \$184 ;
-  reg \$185 ;
-  reg [3:0] \$186 ;
+  reg [3:0] \$185 ;
+  reg \$186 ;
   reg \$187 ;
   reg \$188 ;
-  reg \$189 ;
+  reg [31:0] \$189 ;
   wire \$19 ;
   reg [31:0] \$190 ;
-  reg [31:0] \$191 ;
+  reg \$191 ;
   reg \$192 ;
-  reg \$193 ;
-  reg [11:0] \$194 ;
-  reg [13:0] \$195 ;
+  reg [11:0] \$193 ;
+  reg [13:0] \$194 ;
+  reg [11:0] \$195 ;
   reg [11:0] \$196 ;
-  reg [11:0] \$197 ;
+  reg [13:0] \$197 ;
   reg [13:0] \$198 ;
   reg [13:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg [13:0] \$200 ;
+  reg [2:0] \$200 ;
   reg [2:0] \$201 ;
-  reg [2:0] \$202 ;
-  reg [13:0] \$203 ;
-  reg [2:0] \$204 ;
+  reg [13:0] \$202 ;
+  reg [2:0] \$203 ;
+  reg \$204 ;
   reg \$205 ;
   reg \$206 ;
-  reg \$207 ;
-  reg [13:0] \$208 ;
-  reg [127:0] \$209 ;
+  reg [13:0] \$207 ;
+  reg \$208 ;
+  reg \$209 ;
   wire \$21 ;
-  reg \$210 ;
+  reg [13:0] \$210 ;
   reg \$211 ;
-  reg [13:0] \$212 ;
-  reg [127:0] \$213 ;
-  reg \$214 ;
-  reg \$215 ;
-  reg [13:0] \$216 ;
-  reg [127:0] \$217 ;
-  reg [1:0] \$218 ;
-  reg [127:0] \$219 ;
+  reg \$212 ;
+  reg [13:0] \$213 ;
+  reg [127:0] \$214 ;
+  reg [127:0] \$215 ;
+  reg [127:0] \$216 ;
+  reg [1:0] \$217 ;
+  reg [127:0] \$218 ;
+  reg \$219 ;
   wire \$22 ;
-  reg \$220 ;
-  reg [3:0] \$221 ;
-  reg \$222 ;
-  reg [13:0] \$223 ;
+  reg [3:0] \$220 ;
+  reg \$221 ;
+  reg [13:0] \$222 ;
+  reg [11:0] \$223 ;
   reg [11:0] \$224 ;
-  reg [11:0] \$225 ;
+  reg [13:0] \$225 ;
   reg [13:0] \$226 ;
-  reg [13:0] \$227 ;
-  reg \$228 ;
-  reg [3:0] \$229 ;
+  reg \$227 ;
+  reg [3:0] \$228 ;
+  reg \$229 ;
   wire [7:0] \$23 ;
-  reg \$230 ;
-  reg [79:0] \$231 ;
-  reg \$232 ;
+  reg [79:0] \$230 ;
+  reg \$231 ;
+  reg [2:0] \$232 ;
   reg [2:0] \$233 ;
-  reg [2:0] \$234 ;
-  reg [11:0] \$235 ;
+  reg [11:0] \$234 ;
+  reg [13:0] \$235 ;
   reg [13:0] \$236 ;
-  reg [13:0] \$237 ;
   wire [7:0] \$24 ;
   wire [7:0] \$25 ;
   wire [7:0] \$26 ;
@@ -195,30 +194,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$55 ;
   wire \$56 ;
   wire \$57 ;
-  wire [14:0] \$58 ;
-  wire [14:0] \$59 ;
+  wire \$58 ;
+  wire \$59 ;
   wire [1:0] \$6 ;
   wire \$60 ;
-  wire \$61 ;
+  wire [14:0] \$61 ;
   wire [14:0] \$62 ;
-  wire [14:0] \$63 ;
-  wire [12:0] \$64 ;
-  wire \$65 ;
-  wire \$66 ;
-  wire \$67 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire [14:0] \$65 ;
+  wire [14:0] \$66 ;
+  wire [12:0] \$67 ;
   wire \$68 ;
-  wire [12:0] \$69 ;
+  wire \$69 ;
   wire [1:0] \$7 ;
   wire \$70 ;
-  wire [12:0] \$71 ;
-  wire \$72 ;
-  wire [14:0] \$73 ;
-  wire \$74 ;
-  wire [12:0] \$75 ;
-  wire [12:0] \$76 ;
+  wire \$71 ;
+  wire [12:0] \$72 ;
+  wire \$73 ;
+  wire [12:0] \$74 ;
+  wire \$75 ;
+  wire [14:0] \$76 ;
   wire \$77 ;
-  wire \$78 ;
-  wire \$79 ;
+  wire [12:0] \$78 ;
+  wire [12:0] \$79 ;
   wire [1:0] \$8 ;
   wire \$80 ;
   wire \$81 ;
@@ -228,14 +227,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$85 ;
   wire \$86 ;
   wire \$87 ;
-  wire [2:0] \$88 ;
-  wire [12:0] \$89 ;
+  wire \$88 ;
+  wire \$89 ;
   wire \$9 ;
-  wire [14:0] \$90 ;
-  wire [14:0] \$91 ;
-  wire \$92 ;
-  wire \$93 ;
-  wire \$94 ;
+  wire \$90 ;
+  wire [2:0] \$91 ;
+  wire [12:0] \$92 ;
+  wire [14:0] \$93 ;
+  wire [14:0] \$94 ;
   wire \$95 ;
   wire \$96 ;
   wire \$97 ;
@@ -887,11 +886,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (\$signature__en$99 )
-      spad_b[\$106 [6:0]] <= b_in__payload;
+      spad_b[\$109 [6:0]] <= b_in__payload;
   end
   reg [31:0] _1_;
   always @(posedge clk) begin
-    _1_ <= spad_b[\$124 [6:0]];
+    _1_ <= spad_b[\$127 [6:0]];
   end
   assign b_rd__data = _1_;
   reg [127:0] spad_c [255:0];
@@ -1160,7 +1159,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [127:0] _2_;
   always @(posedge clk) begin
     if (c_rd__en) begin
-      _2_ <= spad_c[\$140 [7:0]];
+      _2_ <= spad_c[\$139 [7:0]];
     end
   end
   assign c_rd__data = _2_;
@@ -1218,262 +1217,261 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$52  = \$51  - tile_drained;
   assign \$53  = ~ q_valid;
   assign \$54  = \$53  | i__ready;
-  assign \$55  = ~ q_valid;
-  assign \$56  = \$55  | i__ready;
-  assign \$57  = storing & \$56 ;
-  assign \$58  = c_lim - cmd[53:45];
-  assign \$59  = c_lim - cmd[53:45];
-  assign \$60  = | s_left;
-  assign \$61  = | s_left;
-  assign \$62  = s_addr + 1'h1;
-  assign \$63  = s_left - 1'h1;
-  assign \$64  = s_n + 1'h1;
-  assign \$65  = s_rows > 1'h0;
-  assign \$66  = s_rows > 1'h1;
-  assign \$67  = s_rows > 2'h2;
-  assign \$68  = s_rows > 2'h3;
-  assign \$69  = cmd[35:24] - 1'h1;
-  assign \$70  = s_n == \$69 ;
-  assign \$71  = s_rows - 3'h4;
-  assign \$72  = c_out__valid & c_out__ready;
-  assign \$73  = out_left - 1'h1;
-  assign \$74  = | code;
-  assign \$75  = cmd[44:36] + cmd[23:12];
-  assign \$76  = cmd[53:45] + cmd[35:24];
-  assign \$77  = cmd[76] | cmd[77];
-  assign \$78  = a_lim > 9'h100;
-  assign \$79  = \$77  & \$78 ;
-  assign \$80  = cmd[77] | cmd[79];
-  assign \$81  = c_lim > 9'h100;
+  assign \$55  = ~ storing;
+  assign \$56  = ~ cmd[78];
+  assign \$57  = \$55  & \$56 ;
+  assign \$58  = ~ q_valid;
+  assign \$59  = \$58  | i__ready;
+  assign \$60  = storing & \$59 ;
+  assign \$61  = c_lim - cmd[53:45];
+  assign \$62  = c_lim - cmd[53:45];
+  assign \$63  = | s_left;
+  assign \$64  = | s_left;
+  assign \$65  = s_addr + 1'h1;
+  assign \$66  = s_left - 1'h1;
+  assign \$67  = s_n + 1'h1;
+  assign \$68  = s_rows > 1'h0;
+  assign \$69  = s_rows > 1'h1;
+  assign \$70  = s_rows > 2'h2;
+  assign \$71  = s_rows > 2'h3;
+  assign \$72  = cmd[35:24] - 1'h1;
+  assign \$73  = s_n == \$72 ;
+  assign \$74  = s_rows - 3'h4;
+  assign \$75  = c_out__valid & c_out__ready;
+  assign \$76  = out_left - 1'h1;
+  assign \$77  = | code;
+  assign \$78  = cmd[44:36] + cmd[23:12];
+  assign \$79  = cmd[53:45] + cmd[35:24];
+  assign \$80  = cmd[76] | cmd[77];
+  assign \$81  = a_lim > 9'h100;
   assign \$82  = \$80  & \$81 ;
-  assign \$83  = \$79  | \$82 ;
-  assign \$84  = rows_left <= 3'h4;
-  assign \$85  = cmd[76] | cmd[77];
-  assign \$86  = a_lim > 9'h100;
-  assign \$87  = \$85  & \$86 ;
-  assign \$88  = \$87  ? 3'h4 : 3'h5;
-  assign \$89  = rows_left - 3'h4;
-  assign \$90  = a_lim + cmd[23:12];
-  assign \$91  = c_lim + cmd[35:24];
-  assign \$92  = start | a_in__ready;
-  assign \$93  = \$92  | \$signal$28 ;
-  assign \$94  = \$93  | issuing;
-  assign \$95  = \$94  | drain_busy;
-  assign \$96  = \$95  | col_busy0;
-  assign \$97  = \$96  | col_busy1;
-  assign \$98  = \$97  | w_busy;
-  assign \$99  = ~ \$98 ;
-  assign \$100  = ! pending;
-  assign \$101  = \$99  & \$100 ;
-  assign \$102  = ! out_left;
+  assign \$83  = cmd[77] | cmd[79];
+  assign \$84  = c_lim > 9'h100;
+  assign \$85  = \$83  & \$84 ;
+  assign \$86  = \$82  | \$85 ;
+  assign \$87  = rows_left <= 3'h4;
+  assign \$88  = cmd[76] | cmd[77];
+  assign \$89  = a_lim > 9'h100;
+  assign \$90  = \$88  & \$89 ;
+  assign \$91  = \$90  ? 3'h4 : 3'h5;
+  assign \$92  = rows_left - 3'h4;
+  assign \$93  = a_lim + cmd[23:12];
+  assign \$94  = c_lim + cmd[35:24];
+  assign \$95  = start | a_in__ready;
+  assign \$96  = \$95  | \$signal$28 ;
+  assign \$97  = \$96  | issuing;
+  assign \$98  = \$97  | drain_busy;
+  assign \$99  = \$98  | col_busy0;
+  assign \$100  = \$99  | col_busy1;
+  assign \$101  = \$100  | w_busy;
+  assign \$102  = ~ \$101 ;
+  assign \$103  = ! pending;
+  assign \$104  = \$102  & \$103 ;
+  assign \$105  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$103  = full >> wbuf;
-  assign \$104  = ~ \$103 ;
-  assign b_in__ready = \$signal$28  & \$104 ;
-  assign \$105  = wbuf ? 7'h40 : 7'h00;
-  assign \$106  = \$105  + b_k;
+  assign \$106  = full >> wbuf;
+  assign \$107  = ~ \$106 ;
+  assign b_in__ready = \$signal$28  & \$107 ;
+  assign \$108  = wbuf ? 7'h40 : 7'h00;
+  assign \$109  = \$108  + b_k;
   assign \$signature__en$99  = b_in__valid & b_in__ready;
-  assign \$107  = b_in__valid & b_in__ready;
-  assign \$108  = b_k == k_m1;
-  assign \$109  = full >> rbuf;
-  assign \$110  = wbuf == rbuf;
-  assign \$111  = b_in__ready & \$110 ;
-  assign \$112  = b_k > k;
-  assign \$113  = \$111  & \$112 ;
-  assign panel_ready = \$109  | \$113 ;
-  assign \$114  = issuing & panel_ready;
-  assign \$115  = ~ cmd[76];
-  assign \$116  = a_ptr != a_wptr;
-  assign \$117  = \$115  | \$116 ;
-  assign \$118  = \$114  & \$117 ;
-  assign \$119  = k == k_m1;
-  assign \$120  = ~ \$119 ;
-  assign \$121  = gap >= 4'ha;
-  assign \$122  = \$120  | \$121 ;
-  assign step = \$118  & \$122 ;
-  assign \$123  = rbuf ? 7'h40 : 7'h00;
-  assign \$124  = \$123  + k;
-  assign \$125  = k == k_m1;
-  assign \$126  = rows_c <= 3'h4;
-  assign \$127  = d_col == 2'h3;
+  assign \$110  = b_in__valid & b_in__ready;
+  assign \$111  = b_k == k_m1;
+  assign \$112  = full >> rbuf;
+  assign \$113  = wbuf == rbuf;
+  assign \$114  = b_in__ready & \$113 ;
+  assign \$115  = b_k > k;
+  assign \$116  = \$114  & \$115 ;
+  assign panel_ready = \$112  | \$116 ;
+  assign \$117  = issuing & panel_ready;
+  assign \$118  = ~ cmd[76];
+  assign \$119  = a_ptr != a_wptr;
+  assign \$120  = \$118  | \$119 ;
+  assign \$121  = \$117  & \$120 ;
+  assign \$122  = k == k_m1;
+  assign \$123  = ~ \$122 ;
+  assign \$124  = gap >= 4'ha;
+  assign \$125  = \$123  | \$124 ;
+  assign step = \$121  & \$125 ;
+  assign \$126  = rbuf ? 7'h40 : 7'h00;
+  assign \$127  = \$126  + k;
+  assign \$128  = k == k_m1;
+  assign \$129  = rows_c <= 3'h4;
+  assign \$130  = d_col == 2'h3;
   assign shift = \done$55  | drain_busy;
-  assign \$128  = cmd[78] ? c_q[31:0] : 32'd0;
-  assign \$129  = $signed(w_word[31:0]) + $signed(\$128 );
-  assign \$130  = cmd[78] ? c_q[63:32] : 32'd0;
-  assign \$131  = $signed(w_word[63:32]) + $signed(\$130 );
-  assign \$132  = cmd[78] ? c_q[95:64] : 32'd0;
-  assign \$133  = $signed(w_word[95:64]) + $signed(\$132 );
-  assign \$134  = cmd[78] ? c_q[127:96] : 32'd0;
-  assign \$135  = $signed(w_word[127:96]) + $signed(\$134 );
-  assign \$136  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$137  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$138  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$139  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$140  = storing ? s_addr : col_addr0;
-  assign \$141  = ~ storing;
-  assign \$142  = ~ q_valid;
-  assign \$143  = \$142  | i__ready;
-  assign c_rd__en = \$141  | \$143 ;
+  assign \$131  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
+  assign \$132  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
+  assign \$133  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
+  assign \$134  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
+  assign \$135  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$136  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$137  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$138  = q_mask[3] ? c_q[127:96] : 32'd0;
+  assign \$139  = storing ? s_addr : col_addr0;
+  assign \$140  = ~ storing;
+  assign \$141  = ~ q_valid;
+  assign \$142  = \$141  | i__ready;
+  assign c_rd__en = \$140  | \$142 ;
   assign busy = ~ cmd__ready;
-  assign \$144  = cmd[76] | cmd[77];
-  assign \$145  = \$144  | cmd[79];
-  assign \$146  = ~ \$145 ;
-  assign \$147  = ! cmd[11:0];
-  assign \$148  = cmd[76] | cmd[77];
-  assign \$149  = ! cmd[23:12];
-  assign \$150  = \$148  & \$149 ;
-  assign \$151  = \$147  | \$150 ;
-  assign \$152  = cmd[77] | cmd[79];
-  assign \$153  = ! cmd[35:24];
-  assign \$154  = \$152  & \$153 ;
-  assign \$155  = \$151  | \$154 ;
-  assign \$156  = cmd[23:12] > 7'h40;
-  assign \$157  = cmd[77] & \$156 ;
-  assign \$158  = start | a_in__ready;
-  assign \$159  = \$158  | \$signal$28 ;
-  assign \$160  = \$159  | issuing;
-  assign \$161  = \$160  | drain_busy;
-  assign \$162  = \$161  | col_busy0;
-  assign \$163  = \$162  | col_busy1;
-  assign \$164  = \$163  | w_busy;
-  assign \$165  = ~ \$164 ;
-  assign \$166  = ! pending;
-  assign \$167  = \$165  & \$166 ;
-  assign \$168  = ! fsm_state;
-  assign \$169  = fsm_state == 1'h1;
-  assign \$170  = fsm_state == 2'h2;
-  assign \$171  = fsm_state == 2'h3;
-  assign \$172  = fsm_state == 3'h4;
+  assign \$143  = cmd[76] | cmd[77];
+  assign \$144  = \$143  | cmd[79];
+  assign \$145  = ~ \$144 ;
+  assign \$146  = ! cmd[11:0];
+  assign \$147  = cmd[76] | cmd[77];
+  assign \$148  = ! cmd[23:12];
+  assign \$149  = \$147  & \$148 ;
+  assign \$150  = \$146  | \$149 ;
+  assign \$151  = cmd[77] | cmd[79];
+  assign \$152  = ! cmd[35:24];
+  assign \$153  = \$151  & \$152 ;
+  assign \$154  = \$150  | \$153 ;
+  assign \$155  = cmd[23:12] > 7'h40;
+  assign \$156  = cmd[77] & \$155 ;
+  assign \$157  = start | a_in__ready;
+  assign \$158  = \$157  | \$signal$28 ;
+  assign \$159  = \$158  | issuing;
+  assign \$160  = \$159  | drain_busy;
+  assign \$161  = \$160  | col_busy0;
+  assign \$162  = \$161  | col_busy1;
+  assign \$163  = \$162  | w_busy;
+  assign \$164  = ~ \$163 ;
+  assign \$165  = ! pending;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = ! fsm_state;
+  assign \$168  = fsm_state == 1'h1;
+  assign \$169  = fsm_state == 2'h2;
+  assign \$170  = fsm_state == 2'h3;
+  assign \$171  = fsm_state == 3'h4;
   always @(posedge clk)
-    k_m1 <= \$173 ;
+    k_m1 <= \$172 ;
   always @(posedge clk)
-    start <= \$174 ;
+    start <= \$173 ;
   always @(posedge clk)
-    a_wptr <= \$175 ;
+    a_wptr <= \$174 ;
   always @(posedge clk)
-    a_in__ready <= \$176 ;
+    a_in__ready <= \$175 ;
   always @(posedge clk)
-    full <= \$177 ;
+    full <= \$176 ;
   always @(posedge clk)
-    \$signal$28  <= \$178 ;
+    \$signal$28  <= \$177 ;
   always @(posedge clk)
-    wbuf <= \$179 ;
+    wbuf <= \$178 ;
   always @(posedge clk)
-    b_k <= \$180 ;
+    b_k <= \$179 ;
   always @(posedge clk)
-    b_cols_left <= \$181 ;
+    b_cols_left <= \$180 ;
   always @(posedge clk)
-    gap <= \$182 ;
+    gap <= \$181 ;
   always @(posedge clk)
-    \$signal$33  <= \$183 ;
+    \$signal$33  <= \$182 ;
   always @(posedge clk)
-    \$signal$35  <= \$184 ;
+    \$signal$35  <= \$183 ;
   always @(posedge clk)
-    s_last <= \$185 ;
+    s_last <= \$184 ;
   always @(posedge clk)
-    s_mask <= \$186 ;
+    s_mask <= \$185 ;
   always @(posedge clk)
-    valid <= \$187 ;
+    valid <= \$186 ;
   always @(posedge clk)
-    first <= \$188 ;
+    first <= \$187 ;
   always @(posedge clk)
-    last <= \$189 ;
+    last <= \$188 ;
   always @(posedge clk)
-    b <= \$190 ;
+    b <= \$189 ;
   always @(posedge clk)
-    a <= \$191 ;
+    a <= \$190 ;
   always @(posedge clk)
-    issuing <= \$192 ;
+    issuing <= \$191 ;
   always @(posedge clk)
-    rbuf <= \$193 ;
+    rbuf <= \$192 ;
   always @(posedge clk)
-    k <= \$194 ;
+    k <= \$193 ;
   always @(posedge clk)
-    a_ptr <= \$195 ;
+    a_ptr <= \$194 ;
   always @(posedge clk)
-    rows_c <= \$196 ;
+    rows_c <= \$195 ;
   always @(posedge clk)
-    cols_c <= \$197 ;
+    cols_c <= \$196 ;
   always @(posedge clk)
-    c_panel <= \$198 ;
+    c_panel <= \$197 ;
   always @(posedge clk)
-    c_tile <= \$199 ;
+    c_tile <= \$198 ;
   always @(posedge clk)
-    t_base <= \$200 ;
+    t_base <= \$199 ;
   always @(posedge clk)
-    t_cols <= \$201 ;
+    t_cols <= \$200 ;
   always @(posedge clk)
-    d_col <= \$202 ;
+    d_col <= \$201 ;
   always @(posedge clk)
-    d_base <= \$203 ;
+    d_base <= \$202 ;
   always @(posedge clk)
-    d_cols <= \$204 ;
+    d_cols <= \$203 ;
   always @(posedge clk)
-    drain_busy <= \$205 ;
+    drain_busy <= \$204 ;
   always @(posedge clk)
-    col_valid0 <= \$206 ;
+    col_valid0 <= \$205 ;
   always @(posedge clk)
-    col_busy0 <= \$207 ;
+    col_busy0 <= \$206 ;
   always @(posedge clk)
-    col_addr0 <= \$208 ;
+    col_addr0 <= \$207 ;
   always @(posedge clk)
-    col_word0 <= \$209 ;
+    col_valid1 <= \$208 ;
   always @(posedge clk)
-    col_valid1 <= \$210 ;
+    col_busy1 <= \$209 ;
   always @(posedge clk)
-    col_busy1 <= \$211 ;
+    col_addr1 <= \$210 ;
   always @(posedge clk)
-    col_addr1 <= \$212 ;
+    w_valid <= \$211 ;
   always @(posedge clk)
-    col_word1 <= \$213 ;
+    w_busy <= \$212 ;
   always @(posedge clk)
-    w_valid <= \$214 ;
+    w_addr <= \$213 ;
   always @(posedge clk)
-    w_busy <= \$215 ;
+    col_word0 <= \$214 ;
   always @(posedge clk)
-    w_addr <= \$216 ;
+    col_word1 <= \$215 ;
   always @(posedge clk)
-    w_word <= \$217 ;
+    w_word <= \$216 ;
   always @(posedge clk)
-    pending <= \$218 ;
+    pending <= \$217 ;
   always @(posedge clk)
-    c_q <= \$219 ;
+    c_q <= \$218 ;
   always @(posedge clk)
-    q_valid <= \$220 ;
+    q_valid <= \$219 ;
   always @(posedge clk)
-    q_mask <= \$221 ;
+    q_mask <= \$220 ;
   always @(posedge clk)
-    storing <= \$222 ;
+    storing <= \$221 ;
   always @(posedge clk)
-    s_addr <= \$223 ;
+    s_addr <= \$222 ;
   always @(posedge clk)
-    s_n <= \$224 ;
+    s_n <= \$223 ;
   always @(posedge clk)
-    s_rows <= \$225 ;
+    s_rows <= \$224 ;
   always @(posedge clk)
-    s_left <= \$226 ;
+    s_left <= \$225 ;
   always @(posedge clk)
-    out_left <= \$227 ;
+    out_left <= \$226 ;
   always @(posedge clk)
-    r_valid <= \$228 ;
+    r_valid <= \$227 ;
   always @(posedge clk)
-    r_mask <= \$229 ;
+    r_mask <= \$228 ;
   always @(posedge clk)
-    done <= \$230 ;
+    done <= \$229 ;
   always @(posedge clk)
-    cmd <= \$231 ;
+    cmd <= \$230 ;
   always @(posedge clk)
-    error <= \$232 ;
+    error <= \$231 ;
   always @(posedge clk)
-    error_code <= \$233 ;
+    error_code <= \$232 ;
   always @(posedge clk)
-    fsm_state <= \$234 ;
+    fsm_state <= \$233 ;
   always @(posedge clk)
-    rows_left <= \$235 ;
+    rows_left <= \$234 ;
   always @(posedge clk)
-    a_lim <= \$236 ;
+    a_lim <= \$235 ;
   always @(posedge clk)
-    c_lim <= \$237 ;
+    c_lim <= \$236 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -1494,77 +1492,91 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$1286$54 (cmd[75:54]),
+    .\port$1402$54 (cmd[75:54]),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$173  = \$1 [11:0];
+    \$172  = \$1 [11:0];
     if (rst) begin
-      \$173  = 12'h000;
+      \$172  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$174  = 1'h0;
+    \$173  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$83 ) begin
-          end else if (\$84 ) begin
-            \$174  = 1'h1;
+          if (\$86 ) begin
+          end else if (\$87 ) begin
+            \$173  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$174  = 1'h0;
+      \$173  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$175  = a_wptr;
+    \$174  = a_wptr;
     if (start) begin
-      \$175  = { 5'h00, cmd[44:36] };
+      \$174  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$175  = \$3 [13:0];
+      \$174  = \$3 [13:0];
     end
     if (rst) begin
-      \$175  = 14'h0000;
+      \$174  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$176  = a_in__ready;
+    \$175  = a_in__ready;
     if (start) begin
-      \$176  = cmd[76];
+      \$175  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$176  = 1'h0;
+        \$175  = 1'h0;
       end
     end
     if (rst) begin
-      \$176  = 1'h0;
+      \$175  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$177  = \$8 ;
+    \$176  = \$8 ;
     if (rst) begin
-      \$177  = 2'h0;
+      \$176  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$178  = \$signal$28 ;
+    \$177  = \$signal$28 ;
     if (start) begin
-      \$178  = cmd[77];
+      \$177  = cmd[77];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$178  = 1'h0;
+          \$177  = 1'h0;
         end
+      end
+    end
+    if (rst) begin
+      \$177  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$178  = wbuf;
+    if (start) begin
+      \$178  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$178  = \$12 ;
       end
     end
     if (rst) begin
@@ -1573,141 +1585,143 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$179  = wbuf;
+    \$179  = b_k;
     if (start) begin
-      \$179  = 1'h0;
+      \$179  = 12'h000;
     end else if (\$9 ) begin
+      \$179  = \$10 [11:0];
       if (\$11 ) begin
-        \$179  = \$12 ;
+        \$179  = 12'h000;
       end
     end
     if (rst) begin
-      \$179  = 1'h0;
+      \$179  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$180  = b_k;
+    \$180  = b_cols_left;
     if (start) begin
+      \$180  = cmd[35:24];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$180  = \$13 [11:0];
+      end
+    end
+    if (rst) begin
       \$180  = 12'h000;
-    end else if (\$9 ) begin
-      \$180  = \$10 [11:0];
-      if (\$11 ) begin
-        \$180  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$180  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$181  = b_cols_left;
-    if (start) begin
-      \$181  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$181  = \$13 [11:0];
-      end
-    end
-    if (rst) begin
-      \$181  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$182  = gap;
+    \$181  = gap;
     if (\$15 ) begin
-      \$182  = \$16 [3:0];
+      \$181  = \$16 [3:0];
     end
     if (start) begin
-      \$182  = 4'hb;
+      \$181  = 4'hb;
     end else if (step) begin
       if (\$29 ) begin
-        \$182  = 4'h0;
+        \$181  = 4'h0;
       end
     end
     if (rst) begin
-      \$182  = 4'h0;
+      \$181  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$183  = step;
+    \$182  = step;
+    if (rst) begin
+      \$182  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$183  = \$17 ;
     if (rst) begin
       \$183  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$184  = \$17 ;
+    \$184  = \$18 ;
     if (rst) begin
       \$184  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$185  = \$18 ;
+    \$185  = { \$22 , \$21 , \$20 , \$19  };
     if (rst) begin
-      \$185  = 1'h0;
+      \$185  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$186  = { \$22 , \$21 , \$20 , \$19  };
+    \$186  = \$signal$33 ;
     if (rst) begin
-      \$186  = 4'h0;
+      \$186  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$187  = \$signal$33 ;
+    \$187  = \$signal$35 ;
     if (rst) begin
       \$187  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$188  = \$signal$35 ;
+    \$188  = s_last;
     if (rst) begin
       \$188  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$189  = s_last;
+    \$189  = b_rd__data;
     if (rst) begin
-      \$189  = 1'h0;
+      \$189  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$190  = b_rd__data;
+    \$190 [7:0] = \$23 ;
+    \$190 [15:8] = \$24 ;
+    \$190 [23:16] = \$25 ;
+    \$190 [31:24] = \$26 ;
     if (rst) begin
       \$190  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$191 [7:0] = \$23 ;
-    \$191 [15:8] = \$24 ;
-    \$191 [23:16] = \$25 ;
-    \$191 [31:24] = \$26 ;
-    if (rst) begin
-      \$191  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$192  = issuing;
+    \$191  = issuing;
     if (start) begin
-      \$192  = cmd[77];
+      \$191  = cmd[77];
     end else if (step) begin
       if (\$29 ) begin
         if (\$34 ) begin
           if (\$39 ) begin
-            \$192  = 1'h0;
+            \$191  = 1'h0;
           end
+        end
+      end
+    end
+    if (rst) begin
+      \$191  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$192  = rbuf;
+    if (start) begin
+      \$192  = 1'h0;
+    end else if (step) begin
+      if (\$29 ) begin
+        if (\$34 ) begin
+          \$192  = \$35 ;
         end
       end
     end
@@ -1717,62 +1731,62 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$193  = rbuf;
+    \$193  = k;
     if (start) begin
-      \$193  = 1'h0;
+      \$193  = 12'h000;
     end else if (step) begin
+      \$193  = \$27 [11:0];
+      if (\$29 ) begin
+        \$193  = 12'h000;
+      end
+    end
+    if (rst) begin
+      \$193  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$194  = a_ptr;
+    if (start) begin
+      \$194  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$194  = \$28 [13:0];
       if (\$29 ) begin
         if (\$34 ) begin
-          \$193  = \$35 ;
+          \$194  = { 5'h00, cmd[44:36] };
         end
       end
     end
     if (rst) begin
-      \$193  = 1'h0;
+      \$194  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$194  = k;
+    \$195  = rows_c;
     if (start) begin
-      \$194  = 12'h000;
+      \$195  = cmd[11:0];
     end else if (step) begin
-      \$194  = \$27 [11:0];
       if (\$29 ) begin
-        \$194  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$194  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$195  = a_ptr;
-    if (start) begin
-      \$195  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$195  = \$28 [13:0];
-      if (\$29 ) begin
+        \$195  = \$32 [11:0];
         if (\$34 ) begin
-          \$195  = { 5'h00, cmd[44:36] };
+          \$195  = cmd[11:0];
         end
       end
     end
     if (rst) begin
-      \$195  = 14'h0000;
+      \$195  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$196  = rows_c;
+    \$196  = cols_c;
     if (start) begin
-      \$196  = cmd[11:0];
+      \$196  = cmd[35:24];
     end else if (step) begin
       if (\$29 ) begin
-        \$196  = \$32 [11:0];
         if (\$34 ) begin
-          \$196  = cmd[11:0];
+          \$196  = \$36 [11:0];
         end
       end
     end
@@ -1782,29 +1796,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$197  = cols_c;
+    \$197  = c_panel;
     if (start) begin
-      \$197  = cmd[35:24];
+      \$197  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
         if (\$34 ) begin
-          \$197  = \$36 [11:0];
+          \$197  = \$37 [13:0];
         end
       end
     end
     if (rst) begin
-      \$197  = 12'h000;
+      \$197  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$198  = c_panel;
+    \$198  = c_tile;
     if (start) begin
       \$198  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
+        \$198  = \$33 [13:0];
         if (\$34 ) begin
-          \$198  = \$37 [13:0];
+          \$198  = \$38 [13:0];
         end
       end
     end
@@ -1814,15 +1829,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$199  = c_tile;
+    \$199  = t_base;
     if (start) begin
-      \$199  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
-        \$199  = \$33 [13:0];
-        if (\$34 ) begin
-          \$199  = \$38 [13:0];
-        end
+        \$199  = c_tile;
       end
     end
     if (rst) begin
@@ -1831,25 +1842,24 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$200  = t_base;
+    \$200  = t_cols;
     if (start) begin
     end else if (step) begin
       if (\$29 ) begin
-        \$200  = c_tile;
+        \$200  = \$31 [2:0];
       end
     end
     if (rst) begin
-      \$200  = 14'h0000;
+      \$200  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$201  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$29 ) begin
-        \$201  = \$31 [2:0];
-      end
+    \$201  = d_col;
+    if (\done$55 ) begin
+      \$201  = 3'h1;
+    end else if (drain_busy) begin
+      \$201  = \$40 [2:0];
     end
     if (rst) begin
       \$201  = 3'h0;
@@ -1857,156 +1867,147 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = d_col;
+    \$202  = d_base;
     if (\done$55 ) begin
-      \$202  = 3'h1;
-    end else if (drain_busy) begin
-      \$202  = \$40 [2:0];
+      \$202  = t_base;
     end
     if (rst) begin
-      \$202  = 3'h0;
+      \$202  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = d_base;
+    \$203  = d_cols;
     if (\done$55 ) begin
-      \$203  = t_base;
+      \$203  = t_cols;
     end
     if (rst) begin
-      \$203  = 14'h0000;
+      \$203  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = d_cols;
+    \$204  = drain_busy;
     if (\done$55 ) begin
-      \$204  = t_cols;
-    end
-    if (rst) begin
-      \$204  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = drain_busy;
-    if (\done$55 ) begin
-      \$205  = 1'h1;
+      \$204  = 1'h1;
     end else if (drain_busy) begin
       if (\$41 ) begin
-        \$205  = 1'h0;
+        \$204  = 1'h0;
       end
     end
+    if (rst) begin
+      \$204  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$205  = \$46 ;
     if (rst) begin
       \$205  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = \$46 ;
+    \$206  = \$47 ;
     if (rst) begin
       \$206  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = \$47 ;
+    \$207  = \$50 [13:0];
     if (rst) begin
-      \$207  = 1'h0;
+      \$207  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = \$50 [13:0];
+    \$208  = col_valid0;
     if (rst) begin
-      \$208  = 14'h0000;
+      \$208  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = out;
+    \$209  = col_busy0;
     if (rst) begin
-      \$209  = 128'h00000000000000000000000000000000;
+      \$209  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = col_valid0;
+    \$210  = col_addr0;
     if (rst) begin
-      \$210  = 1'h0;
+      \$210  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = col_busy0;
+    \$211  = col_valid1;
     if (rst) begin
       \$211  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = col_addr0;
+    \$212  = col_busy1;
     if (rst) begin
-      \$212  = 14'h0000;
+      \$212  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = col_word0;
+    \$213  = col_addr1;
     if (rst) begin
-      \$213  = 128'h00000000000000000000000000000000;
+      \$213  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = col_valid1;
+    \$214  = out;
     if (rst) begin
-      \$214  = 1'h0;
+      \$214  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = col_busy1;
+    \$215  = col_word0;
     if (rst) begin
-      \$215  = 1'h0;
+      \$215  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = col_addr1;
+    \$216  = col_word1;
     if (rst) begin
-      \$216  = 14'h0000;
+      \$216  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = col_word1;
+    \$217  = \$52 [1:0];
     if (rst) begin
-      \$217  = 128'h00000000000000000000000000000000;
+      \$217  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = \$52 [1:0];
-    if (rst) begin
-      \$218  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = c_q;
+    \$218  = c_q;
     if (\$54 ) begin
-      \$219  = c_rd__data;
+      \$218  = c_rd__data;
+      if (\$57 ) begin
+        \$218  = 128'h00000000000000000000000000000000;
+      end
     end
     if (rst) begin
-      \$219  = 128'h00000000000000000000000000000000;
+      \$218  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = q_valid;
+    \$219  = q_valid;
     if (\$54 ) begin
-      \$220  = r_valid;
+      \$219  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -2018,29 +2019,29 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$102 ) begin
-            \$220  = 1'h0;
+          if (\$105 ) begin
+            \$219  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$220  = 1'h0;
+      \$219  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = q_mask;
+    \$220  = q_mask;
     if (\$54 ) begin
-      \$221  = r_mask;
+      \$220  = r_mask;
     end
     if (rst) begin
-      \$221  = 4'h0;
+      \$220  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = storing;
+    \$221  = storing;
     if (store_start) begin
-      \$222  = 1'h1;
+      \$221  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -2052,38 +2053,54 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$102 ) begin
-            \$222  = 1'h0;
+          if (\$105 ) begin
+            \$221  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$222  = 1'h0;
+      \$221  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = s_addr;
+    \$222  = s_addr;
     if (store_start) begin
-      \$223  = { 5'h00, cmd[53:45] };
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$223  = \$62 [13:0];
+      \$222  = { 5'h00, cmd[53:45] };
+    end else if (\$60 ) begin
+      if (\$64 ) begin
+        \$222  = \$65 [13:0];
       end
     end
     if (rst) begin
-      \$223  = 14'h0000;
+      \$222  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = s_n;
+    \$223  = s_n;
     if (store_start) begin
-      \$224  = 12'h000;
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$224  = \$64 [11:0];
-        if (\$70 ) begin
-          \$224  = 12'h000;
+      \$223  = 12'h000;
+    end else if (\$60 ) begin
+      if (\$64 ) begin
+        \$223  = \$67 [11:0];
+        if (\$73 ) begin
+          \$223  = 12'h000;
+        end
+      end
+    end
+    if (rst) begin
+      \$223  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$224  = s_rows;
+    if (store_start) begin
+      \$224  = cmd[11:0];
+    end else if (\$60 ) begin
+      if (\$64 ) begin
+        if (\$73 ) begin
+          \$224  = \$74 [11:0];
         end
       end
     end
@@ -2093,29 +2110,26 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = s_rows;
+    \$225  = s_left;
     if (store_start) begin
-      \$225  = cmd[11:0];
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        if (\$70 ) begin
-          \$225  = \$71 [11:0];
-        end
+      \$225  = \$61 [13:0];
+    end else if (\$60 ) begin
+      if (\$64 ) begin
+        \$225  = \$66 [13:0];
       end
     end
     if (rst) begin
-      \$225  = 12'h000;
+      \$225  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = s_left;
+    \$226  = out_left;
     if (store_start) begin
-      \$226  = \$58 [13:0];
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$226  = \$63 [13:0];
-      end
+      \$226  = \$62 [13:0];
+    end
+    if (\$75 ) begin
+      \$226  = \$76 [13:0];
     end
     if (rst) begin
       \$226  = 14'h0000;
@@ -2123,23 +2137,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = out_left;
+    \$227  = r_valid;
     if (store_start) begin
-      \$227  = \$59 [13:0];
-    end
-    if (\$72 ) begin
-      \$227  = \$73 [13:0];
-    end
-    if (rst) begin
-      \$227  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = r_valid;
-    if (store_start) begin
-    end else if (\$57 ) begin
-      \$228  = \$60 ;
+    end else if (\$60 ) begin
+      \$227  = \$63 ;
     end
     casez (fsm_state)
       3'h0:
@@ -2151,107 +2152,146 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h3:
           /* empty */;
       3'h4:
-          if (\$102 ) begin
-            \$228  = 1'h0;
+          if (\$105 ) begin
+            \$227  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$228  = 1'h0;
+      \$227  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = r_mask;
+    \$228  = r_mask;
     if (store_start) begin
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$229  = { \$68 , \$67 , \$66 , \$65  };
+    end else if (\$60 ) begin
+      if (\$64 ) begin
+        \$228  = { \$71 , \$70 , \$69 , \$68  };
       end
     end
     if (rst) begin
-      \$229  = 4'h0;
+      \$228  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = 1'h0;
+    \$229  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          if (\$74 ) begin
-            \$230  = 1'h1;
+          if (\$77 ) begin
+            \$229  = 1'h1;
           end
       3'h2:
-          if (\$83 ) begin
-            \$230  = 1'h1;
+          if (\$86 ) begin
+            \$229  = 1'h1;
           end
       3'h3:
-          if (\$101 ) begin
+          if (\$104 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
             end else begin
-              \$230  = 1'h1;
+              \$229  = 1'h1;
             end
           end
       3'h4:
-          if (\$102 ) begin
-            \$230  = 1'h1;
+          if (\$105 ) begin
+            \$229  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$230  = 1'h0;
+      \$229  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = cmd;
+    \$230  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$231  = cmd__payload;
+            \$230  = cmd__payload;
           end
     endcase
     if (rst) begin
-      \$231  = 80'h00000000000000000000;
+      \$230  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = error;
+    \$231  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$232  = 1'h0;
+            \$231  = 1'h0;
           end
       3'h1:
-          if (\$74 ) begin
-            \$232  = 1'h1;
+          if (\$77 ) begin
+            \$231  = 1'h1;
           end
       3'h2:
-          if (\$83 ) begin
-            \$232  = 1'h1;
+          if (\$86 ) begin
+            \$231  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$232  = 1'h0;
+      \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = error_code;
+    \$232  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
+            \$232  = 3'h0;
+          end
+      3'h1:
+          if (\$77 ) begin
+            \$232  = code;
+          end
+      3'h2:
+          if (\$86 ) begin
+            \$232  = \$91 ;
+          end
+    endcase
+    if (rst) begin
+      \$232  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$233  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$233  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$77 ) begin
             \$233  = 3'h0;
-          end
-      3'h1:
-          if (\$74 ) begin
-            \$233  = code;
+          end else begin
+            \$233  = 3'h2;
           end
       3'h2:
-          if (\$83 ) begin
-            \$233  = \$88 ;
+          if (\$86 ) begin
+            \$233  = 3'h0;
+          end else if (\$87 ) begin
+            \$233  = 3'h3;
+          end
+      3'h3:
+          if (\$104 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+              \$233  = 3'h4;
+            end else begin
+              \$233  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$105 ) begin
+            \$233  = 3'h0;
           end
     endcase
     if (rst) begin
@@ -2260,85 +2300,70 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$234  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$74 ) begin
-            \$234  = 3'h0;
-          end else begin
-            \$234  = 3'h2;
-          end
-      3'h2:
-          if (\$83 ) begin
-            \$234  = 3'h0;
-          end else if (\$84 ) begin
-            \$234  = 3'h3;
-          end
-      3'h3:
-          if (\$101 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-              \$234  = 3'h4;
-            end else begin
-              \$234  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$102 ) begin
-            \$234  = 3'h0;
-          end
-    endcase
-    if (rst) begin
-      \$234  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = rows_left;
+    \$234  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$74 ) begin
+          if (\$77 ) begin
           end else begin
-            \$235  = cmd[11:0];
+            \$234  = cmd[11:0];
           end
       3'h2:
           (* full_case = 32'd1 *)
-          if (\$83 ) begin
-          end else if (\$84 ) begin
+          if (\$86 ) begin
+          end else if (\$87 ) begin
           end else begin
-            \$235  = \$89 [11:0];
+            \$234  = \$92 [11:0];
           end
     endcase
     if (rst) begin
-      \$235  = 12'h000;
+      \$234  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = a_lim;
+    \$235  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$74 ) begin
+          if (\$77 ) begin
           end else begin
-            \$236  = { 1'h0, \$75  };
+            \$235  = { 1'h0, \$78  };
           end
       3'h2:
           (* full_case = 32'd1 *)
-          if (\$83 ) begin
-          end else if (\$84 ) begin
+          if (\$86 ) begin
+          end else if (\$87 ) begin
           end else begin
-            \$236  = \$90 [13:0];
+            \$235  = \$93 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$235  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$236  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$77 ) begin
+          end else begin
+            \$236  = { 1'h0, \$79  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$86 ) begin
+          end else if (\$87 ) begin
+          end else begin
+            \$236  = \$94 [13:0];
           end
     endcase
     if (rst) begin
@@ -2347,34 +2372,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$74 ) begin
-          end else begin
-            \$237  = { 1'h0, \$76  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$83 ) begin
-          end else if (\$84 ) begin
-          end else begin
-            \$237  = \$91 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$237  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signal$25  = 2'h0;
     if (start) begin
-    end else if (\$107 ) begin
-      if (\$108 ) begin
+    end else if (\$110 ) begin
+      if (\$111 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -2390,7 +2391,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$125 ) begin
+      if (\$128 ) begin
         tile_issued = 1'h1;
       end
     end
@@ -2400,8 +2401,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$125 ) begin
-        if (\$126 ) begin
+      if (\$128 ) begin
+        if (\$129 ) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -2418,7 +2419,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_drained = 1'h0;
     if (\done$55 ) begin
     end else if (drain_busy) begin
-      if (\$127 ) begin
+      if (\$130 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -2438,11 +2439,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$146 ) begin
+          if (\$145 ) begin
             code = 3'h1;
-          end else if (\$155 ) begin
+          end else if (\$154 ) begin
             code = 3'h2;
-          end else if (\$157 ) begin
+          end else if (\$156 ) begin
             code = 3'h3;
           end
     endcase
@@ -2458,7 +2459,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$167 ) begin
+          if (\$166 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -2469,10 +2470,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$97  = \$106 [6:0];
+  assign \$signature__addr$97  = \$109 [6:0];
   assign \$signature__data$98  = b_in__payload;
   assign a_rd__addr = a_ptr[7:0];
-  assign b_rd__addr = \$124 [6:0];
+  assign b_rd__addr = \$127 [6:0];
   assign \$signature__addr$105  = w_addr[7:0];
   assign \$signature__en$106  = w_valid;
   assign mult = cmd[69:54];
@@ -2481,7 +2482,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$140 [7:0];
+  assign c_rd__addr = \$139 [7:0];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -2576,14 +2577,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[1]  = c_out__payload[15:8];
   assign \o__payload[2]  = c_out__payload[23:16];
   assign \o__payload[3]  = c_out__payload[31:24];
-  assign i__payload[127:96] = \$139 ;
-  assign i__payload[95:64] = \$138 ;
-  assign i__payload[63:32] = \$137 ;
-  assign i__payload[31:0] = \$136 ;
-  assign \$signature__data$104 [127:96] = \$135 [31:0];
+  assign i__payload[127:96] = \$138 ;
+  assign i__payload[95:64] = \$137 ;
+  assign i__payload[63:32] = \$136 ;
+  assign i__payload[31:0] = \$135 ;
+  assign \$signature__data$104 [127:96] = \$134 [31:0];
   assign \$signature__data$104 [95:64] = \$133 [31:0];
-  assign \$signature__data$104 [63:32] = \$131 [31:0];
-  assign \$signature__data$104 [31:0] = \$129 [31:0];
+  assign \$signature__data$104 [63:32] = \$132 [31:0];
+  assign \$signature__data$104 [31:0] = \$131 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -2670,17 +2671,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   wire [7:0] \a_in$70 ;
   wire [7:0] \a_in$85 ;
   wire [7:0] a_out;
-  wire [7:0] \a_out$107 ;
-  wire [7:0] \a_out$124 ;
-  wire [7:0] \a_out$157 ;
-  wire [7:0] \a_out$174 ;
-  wire [7:0] \a_out$191 ;
-  wire [7:0] \a_out$224 ;
-  wire [7:0] \a_out$241 ;
-  wire [7:0] \a_out$258 ;
-  wire [7:0] \a_out$39 ;
-  wire [7:0] \a_out$56 ;
-  wire [7:0] \a_out$90 ;
+  wire [7:0] \a_out$109 ;
+  wire [7:0] \a_out$126 ;
+  wire [7:0] \a_out$159 ;
+  wire [7:0] \a_out$176 ;
+  wire [7:0] \a_out$193 ;
+  wire [7:0] \a_out$226 ;
+  wire [7:0] \a_out$243 ;
+  wire [7:0] \a_out$260 ;
+  wire [7:0] \a_out$41 ;
+  wire [7:0] \a_out$58 ;
+  wire [7:0] \a_out$92 ;
   input [31:0] b;
   wire [31:0] b;
   (* init = 8'h00 *)
@@ -2760,33 +2761,33 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   wire first3_d2;
   input first_in;
   wire first_in;
-  wire \first_in$110 ;
-  wire \first_in$127 ;
+  wire \first_in$112 ;
+  wire \first_in$129 ;
   reg \first_in$145  = 1'h0;
-  wire \first_in$160 ;
-  wire \first_in$177 ;
-  wire \first_in$194 ;
+  wire \first_in$162 ;
+  wire \first_in$179 ;
+  wire \first_in$196 ;
   reg \first_in$212  = 1'h0;
-  wire \first_in$227 ;
-  wire \first_in$244 ;
-  wire \first_in$25 ;
-  wire \first_in$261 ;
-  wire \first_in$42 ;
-  wire \first_in$59 ;
+  wire \first_in$229 ;
+  wire \first_in$246 ;
+  wire \first_in$263 ;
+  wire \first_in$27 ;
+  wire \first_in$44 ;
+  wire \first_in$61 ;
   reg \first_in$78  = 1'h0;
-  wire \first_in$93 ;
+  wire \first_in$95 ;
   wire first_out;
-  wire \first_out$111 ;
-  wire \first_out$128 ;
-  wire \first_out$161 ;
-  wire \first_out$178 ;
-  wire \first_out$195 ;
-  wire \first_out$228 ;
-  wire \first_out$245 ;
-  wire \first_out$262 ;
-  wire \first_out$43 ;
-  wire \first_out$60 ;
-  wire \first_out$94 ;
+  wire \first_out$113 ;
+  wire \first_out$130 ;
+  wire \first_out$163 ;
+  wire \first_out$180 ;
+  wire \first_out$197 ;
+  wire \first_out$230 ;
+  wire \first_out$247 ;
+  wire \first_out$264 ;
+  wire \first_out$45 ;
+  wire \first_out$62 ;
+  wire \first_out$96 ;
   wire last;
   (* init = 1'h0 *)
   wire last1_d0;
@@ -2799,33 +2800,33 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   wire last3_d2;
   input last_in;
   wire last_in;
-  wire \last_in$112 ;
-  wire \last_in$129 ;
+  wire \last_in$114 ;
+  wire \last_in$131 ;
   reg \last_in$147  = 1'h0;
-  wire \last_in$162 ;
-  wire \last_in$179 ;
-  wire \last_in$196 ;
+  wire \last_in$164 ;
+  wire \last_in$181 ;
+  wire \last_in$198 ;
   reg \last_in$214  = 1'h0;
-  wire \last_in$229 ;
-  wire \last_in$246 ;
-  wire \last_in$263 ;
-  wire \last_in$27 ;
-  wire \last_in$44 ;
-  wire \last_in$61 ;
+  wire \last_in$231 ;
+  wire \last_in$248 ;
+  wire \last_in$265 ;
+  wire \last_in$29 ;
+  wire \last_in$46 ;
+  wire \last_in$63 ;
   reg \last_in$80  = 1'h0;
-  wire \last_in$95 ;
+  wire \last_in$97 ;
   wire last_out;
-  wire \last_out$113 ;
-  wire \last_out$130 ;
-  wire \last_out$163 ;
-  wire \last_out$180 ;
-  wire \last_out$197 ;
-  wire \last_out$230 ;
-  wire \last_out$247 ;
-  wire \last_out$264 ;
-  wire \last_out$45 ;
-  wire \last_out$62 ;
-  wire \last_out$96 ;
+  wire \last_out$115 ;
+  wire \last_out$132 ;
+  wire \last_out$165 ;
+  wire \last_out$182 ;
+  wire \last_out$199 ;
+  wire \last_out$232 ;
+  wire \last_out$249 ;
+  wire \last_out$266 ;
+  wire \last_out$47 ;
+  wire \last_out$64 ;
+  wire \last_out$98 ;
   output [127:0] out;
   wire [127:0] out;
   wire [31:0] \out[0] ;
@@ -2865,33 +2866,33 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   wire [15:0] \prod$73 ;
   wire [15:0] \prod$88 ;
   wire [31:0] res;
-  wire [31:0] \res$115 ;
-  wire [31:0] \res$132 ;
+  wire [31:0] \res$108 ;
+  wire [31:0] \res$125 ;
   wire [31:0] \res$135 ;
-  wire [31:0] \res$165 ;
-  wire [31:0] \res$182 ;
-  wire [31:0] \res$199 ;
+  wire [31:0] \res$158 ;
+  wire [31:0] \res$175 ;
+  wire [31:0] \res$192 ;
   wire [31:0] \res$202 ;
-  wire [31:0] \res$232 ;
-  wire [31:0] \res$249 ;
-  wire [31:0] \res$266 ;
+  wire [31:0] \res$225 ;
+  wire [31:0] \res$242 ;
+  wire [31:0] \res$259 ;
   wire [31:0] \res$269 ;
-  wire [31:0] \res$47 ;
-  wire [31:0] \res$64 ;
+  wire [31:0] \res$40 ;
+  wire [31:0] \res$57 ;
   wire [31:0] \res$68 ;
-  wire [31:0] \res$98 ;
+  wire [31:0] \res$91 ;
   wire [31:0] res_in;
-  wire [31:0] \res_in$114 ;
-  wire [31:0] \res_in$131 ;
-  wire [31:0] \res_in$164 ;
-  wire [31:0] \res_in$181 ;
-  wire [31:0] \res_in$198 ;
-  wire [31:0] \res_in$231 ;
-  wire [31:0] \res_in$248 ;
-  wire [31:0] \res_in$265 ;
-  wire [31:0] \res_in$46 ;
-  wire [31:0] \res_in$63 ;
-  wire [31:0] \res_in$97 ;
+  wire [31:0] \res_in$107 ;
+  wire [31:0] \res_in$124 ;
+  wire [31:0] \res_in$157 ;
+  wire [31:0] \res_in$174 ;
+  wire [31:0] \res_in$191 ;
+  wire [31:0] \res_in$224 ;
+  wire [31:0] \res_in$241 ;
+  wire [31:0] \res_in$258 ;
+  wire [31:0] \res_in$39 ;
+  wire [31:0] \res_in$56 ;
+  wire [31:0] \res_in$90 ;
   input rst;
   wire rst;
   input shift;
@@ -2924,33 +2925,33 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   wire valid3_d2;
   input valid_in;
   wire valid_in;
-  wire \valid_in$108 ;
-  wire \valid_in$125 ;
+  wire \valid_in$110 ;
+  wire \valid_in$127 ;
   reg \valid_in$143  = 1'h0;
-  wire \valid_in$158 ;
-  wire \valid_in$175 ;
-  wire \valid_in$192 ;
+  wire \valid_in$160 ;
+  wire \valid_in$177 ;
+  wire \valid_in$194 ;
   reg \valid_in$210  = 1'h0;
-  wire \valid_in$225 ;
-  wire \valid_in$23 ;
-  wire \valid_in$242 ;
-  wire \valid_in$259 ;
-  wire \valid_in$40 ;
-  wire \valid_in$57 ;
+  wire \valid_in$227 ;
+  wire \valid_in$244 ;
+  wire \valid_in$25 ;
+  wire \valid_in$261 ;
+  wire \valid_in$42 ;
+  wire \valid_in$59 ;
   reg \valid_in$76  = 1'h0;
-  wire \valid_in$91 ;
+  wire \valid_in$93 ;
   wire valid_out;
-  wire \valid_out$109 ;
-  wire \valid_out$126 ;
-  wire \valid_out$159 ;
-  wire \valid_out$176 ;
-  wire \valid_out$193 ;
-  wire \valid_out$226 ;
-  wire \valid_out$243 ;
-  wire \valid_out$260 ;
-  wire \valid_out$41 ;
-  wire \valid_out$58 ;
-  wire \valid_out$92 ;
+  wire \valid_out$111 ;
+  wire \valid_out$128 ;
+  wire \valid_out$161 ;
+  wire \valid_out$178 ;
+  wire \valid_out$195 ;
+  wire \valid_out$228 ;
+  wire \valid_out$245 ;
+  wire \valid_out$262 ;
+  wire \valid_out$43 ;
+  wire \valid_out$60 ;
+  wire \valid_out$94 ;
   always @(posedge clk)
     b__1 <= \$1 ;
   always @(posedge clk)
@@ -3070,16 +3071,16 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_out(b__4),
     .clk(clk),
     .first_in(first_in),
-    .first_out(\first_in$25 ),
+    .first_out(\first_in$27 ),
     .last_in(last_in),
-    .last_out(\last_in$27 ),
+    .last_out(\last_in$29 ),
     .prod(prod),
     .res(\res$68 ),
     .res_in(res_in),
     .rst(rst),
     .shift(shift),
     .valid_in(valid_in),
-    .valid_out(\valid_in$23 )
+    .valid_out(\valid_in$25 )
   );
   \nanokpu_gemm.array.pe_0_1  pe_0_1 (
     .a_in(a__1),
@@ -3087,17 +3088,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__1),
     .b_out(b__5),
     .clk(clk),
-    .first_in(\first_in$25 ),
-    .first_out(\first_in$42 ),
-    .last_in(\last_in$27 ),
-    .last_out(\last_in$44 ),
+    .first_in(\first_in$27 ),
+    .first_out(\first_in$44 ),
+    .last_in(\last_in$29 ),
+    .last_out(\last_in$46 ),
     .prod(\prod$20 ),
     .res(res_in),
-    .res_in(\res_in$46 ),
+    .res_in(\res_in$39 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$23 ),
-    .valid_out(\valid_in$40 )
+    .valid_in(\valid_in$25 ),
+    .valid_out(\valid_in$42 )
   );
   \nanokpu_gemm.array.pe_0_2  pe_0_2 (
     .a_in(a__2),
@@ -3105,30 +3106,30 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__2),
     .b_out(b__6),
     .clk(clk),
-    .first_in(\first_in$42 ),
-    .first_out(\first_in$59 ),
-    .last_in(\last_in$44 ),
-    .last_out(\last_in$61 ),
+    .first_in(\first_in$44 ),
+    .first_out(\first_in$61 ),
+    .last_in(\last_in$46 ),
+    .last_out(\last_in$63 ),
     .prod(\prod$37 ),
-    .res(\res_in$46 ),
-    .res_in(\res_in$63 ),
+    .res(\res_in$39 ),
+    .res_in(\res_in$56 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$40 ),
-    .valid_out(\valid_in$57 )
+    .valid_in(\valid_in$42 ),
+    .valid_out(\valid_in$59 )
   );
   \nanokpu_gemm.array.pe_0_3  pe_0_3 (
     .a_in(a__3),
     .b_in(b__3),
     .b_out(b__7),
     .clk(clk),
-    .first_in(\first_in$59 ),
-    .last_in(\last_in$61 ),
+    .first_in(\first_in$61 ),
+    .last_in(\last_in$63 ),
     .prod(\prod$54 ),
-    .res(\res_in$63 ),
+    .res(\res_in$56 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$57 )
+    .valid_in(\valid_in$59 )
   );
   \nanokpu_gemm.array.pe_1_0  pe_1_0 (
     .a_in(a__4),
@@ -3137,16 +3138,16 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_out(b__8),
     .clk(clk),
     .first_in(\first_in$78 ),
-    .first_out(\first_in$93 ),
+    .first_out(\first_in$95 ),
     .last_in(\last_in$80 ),
-    .last_out(\last_in$95 ),
+    .last_out(\last_in$97 ),
     .prod(\prod$73 ),
     .res(\res$135 ),
-    .res_in(\res_in$97 ),
+    .res_in(\res_in$90 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$76 ),
-    .valid_out(\valid_in$91 )
+    .valid_out(\valid_in$93 )
   );
   \nanokpu_gemm.array.pe_1_1  pe_1_1 (
     .a_in(a__5),
@@ -3154,17 +3155,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__5),
     .b_out(b__9),
     .clk(clk),
-    .first_in(\first_in$93 ),
-    .first_out(\first_in$110 ),
-    .last_in(\last_in$95 ),
-    .last_out(\last_in$112 ),
+    .first_in(\first_in$95 ),
+    .first_out(\first_in$112 ),
+    .last_in(\last_in$97 ),
+    .last_out(\last_in$114 ),
     .prod(\prod$88 ),
-    .res(\res_in$97 ),
-    .res_in(\res_in$114 ),
+    .res(\res_in$90 ),
+    .res_in(\res_in$107 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$91 ),
-    .valid_out(\valid_in$108 )
+    .valid_in(\valid_in$93 ),
+    .valid_out(\valid_in$110 )
   );
   \nanokpu_gemm.array.pe_1_2  pe_1_2 (
     .a_in(a__6),
@@ -3172,30 +3173,30 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__6),
     .b_out(b__10),
     .clk(clk),
-    .first_in(\first_in$110 ),
-    .first_out(\first_in$127 ),
-    .last_in(\last_in$112 ),
-    .last_out(\last_in$129 ),
+    .first_in(\first_in$112 ),
+    .first_out(\first_in$129 ),
+    .last_in(\last_in$114 ),
+    .last_out(\last_in$131 ),
     .prod(\prod$105 ),
-    .res(\res_in$114 ),
-    .res_in(\res_in$131 ),
+    .res(\res_in$107 ),
+    .res_in(\res_in$124 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$108 ),
-    .valid_out(\valid_in$125 )
+    .valid_in(\valid_in$110 ),
+    .valid_out(\valid_in$127 )
   );
   \nanokpu_gemm.array.pe_1_3  pe_1_3 (
     .a_in(a__7),
     .b_in(b__7),
     .b_out(b__11),
     .clk(clk),
-    .first_in(\first_in$127 ),
-    .last_in(\last_in$129 ),
+    .first_in(\first_in$129 ),
+    .last_in(\last_in$131 ),
     .prod(\prod$122 ),
-    .res(\res_in$131 ),
+    .res(\res_in$124 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$125 )
+    .valid_in(\valid_in$127 )
   );
   \nanokpu_gemm.array.pe_2_0  pe_2_0 (
     .a_in(a__8),
@@ -3204,16 +3205,16 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_out(b__12),
     .clk(clk),
     .first_in(\first_in$145 ),
-    .first_out(\first_in$160 ),
+    .first_out(\first_in$162 ),
     .last_in(\last_in$147 ),
-    .last_out(\last_in$162 ),
+    .last_out(\last_in$164 ),
     .prod(\prod$140 ),
     .res(\res$202 ),
-    .res_in(\res_in$164 ),
+    .res_in(\res_in$157 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$143 ),
-    .valid_out(\valid_in$158 )
+    .valid_out(\valid_in$160 )
   );
   \nanokpu_gemm.array.pe_2_1  pe_2_1 (
     .a_in(a__9),
@@ -3221,17 +3222,17 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__9),
     .b_out(b__13),
     .clk(clk),
-    .first_in(\first_in$160 ),
-    .first_out(\first_in$177 ),
-    .last_in(\last_in$162 ),
-    .last_out(\last_in$179 ),
+    .first_in(\first_in$162 ),
+    .first_out(\first_in$179 ),
+    .last_in(\last_in$164 ),
+    .last_out(\last_in$181 ),
     .prod(\prod$155 ),
-    .res(\res_in$164 ),
-    .res_in(\res_in$181 ),
+    .res(\res_in$157 ),
+    .res_in(\res_in$174 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$158 ),
-    .valid_out(\valid_in$175 )
+    .valid_in(\valid_in$160 ),
+    .valid_out(\valid_in$177 )
   );
   \nanokpu_gemm.array.pe_2_2  pe_2_2 (
     .a_in(a__10),
@@ -3239,30 +3240,30 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__10),
     .b_out(b__14),
     .clk(clk),
-    .first_in(\first_in$177 ),
-    .first_out(\first_in$194 ),
-    .last_in(\last_in$179 ),
-    .last_out(\last_in$196 ),
+    .first_in(\first_in$179 ),
+    .first_out(\first_in$196 ),
+    .last_in(\last_in$181 ),
+    .last_out(\last_in$198 ),
     .prod(\prod$172 ),
-    .res(\res_in$181 ),
-    .res_in(\res_in$198 ),
+    .res(\res_in$174 ),
+    .res_in(\res_in$191 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$175 ),
-    .valid_out(\valid_in$192 )
+    .valid_in(\valid_in$177 ),
+    .valid_out(\valid_in$194 )
   );
   \nanokpu_gemm.array.pe_2_3  pe_2_3 (
     .a_in(a__11),
     .b_in(b__11),
     .b_out(b__15),
     .clk(clk),
-    .first_in(\first_in$194 ),
-    .last_in(\last_in$196 ),
+    .first_in(\first_in$196 ),
+    .last_in(\last_in$198 ),
     .prod(\prod$189 ),
-    .res(\res_in$198 ),
+    .res(\res_in$191 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$192 )
+    .valid_in(\valid_in$194 )
   );
   \nanokpu_gemm.array.pe_3_0  pe_3_0 (
     .a_in(a__12),
@@ -3270,63 +3271,63 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
     .b_in(b__12),
     .clk(clk),
     .first_in(\first_in$212 ),
-    .first_out(\first_in$227 ),
+    .first_out(\first_in$229 ),
     .last_in(\last_in$214 ),
-    .last_out(\last_in$229 ),
+    .last_out(\last_in$231 ),
     .prod(\prod$207 ),
     .res(\res$269 ),
-    .res_in(\res_in$231 ),
+    .res_in(\res_in$224 ),
     .rst(rst),
     .shift(shift),
     .valid_in(\valid_in$210 ),
-    .valid_out(\valid_in$225 )
+    .valid_out(\valid_in$227 )
   );
   \nanokpu_gemm.array.pe_3_1  pe_3_1 (
     .a_in(a__13),
     .a_out(a__14),
     .b_in(b__13),
     .clk(clk),
-    .first_in(\first_in$227 ),
-    .first_out(\first_in$244 ),
-    .last_in(\last_in$229 ),
-    .last_out(\last_in$246 ),
+    .first_in(\first_in$229 ),
+    .first_out(\first_in$246 ),
+    .last_in(\last_in$231 ),
+    .last_out(\last_in$248 ),
     .prod(\prod$222 ),
-    .res(\res_in$231 ),
-    .res_in(\res_in$248 ),
+    .res(\res_in$224 ),
+    .res_in(\res_in$241 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$225 ),
-    .valid_out(\valid_in$242 )
+    .valid_in(\valid_in$227 ),
+    .valid_out(\valid_in$244 )
   );
   \nanokpu_gemm.array.pe_3_2  pe_3_2 (
     .a_in(a__14),
     .a_out(a__15),
     .b_in(b__14),
     .clk(clk),
-    .first_in(\first_in$244 ),
-    .first_out(\first_in$261 ),
-    .last_in(\last_in$246 ),
-    .last_out(\last_in$263 ),
+    .first_in(\first_in$246 ),
+    .first_out(\first_in$263 ),
+    .last_in(\last_in$248 ),
+    .last_out(\last_in$265 ),
     .prod(\prod$239 ),
-    .res(\res_in$248 ),
-    .res_in(\res_in$265 ),
+    .res(\res_in$241 ),
+    .res_in(\res_in$258 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$242 ),
-    .valid_out(\valid_in$259 )
+    .valid_in(\valid_in$244 ),
+    .valid_out(\valid_in$261 )
   );
   \nanokpu_gemm.array.pe_3_3  pe_3_3 (
     .a_in(a__15),
     .b_in(b__15),
     .clk(clk),
     .done(done),
-    .first_in(\first_in$261 ),
-    .last_in(\last_in$263 ),
+    .first_in(\first_in$263 ),
+    .last_in(\last_in$265 ),
     .prod(\prod$256 ),
-    .res(\res_in$265 ),
+    .res(\res_in$258 ),
     .rst(rst),
     .shift(shift),
-    .valid_in(\valid_in$259 )
+    .valid_in(\valid_in$261 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
@@ -3550,31 +3551,31 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$17  = a__1;
   assign \b_in$19  = b__1;
   assign p__1 = \prod$20 ;
-  assign a_out = a__1;
-  assign valid_out = \valid_in$23 ;
-  assign first_out = \first_in$25 ;
-  assign last_out = \last_in$27 ;
   assign res = res_in;
+  assign a_out = a__1;
+  assign valid_out = \valid_in$25 ;
+  assign first_out = \first_in$27 ;
+  assign last_out = \last_in$29 ;
   assign b1_d0 = b__1;
   assign \shift$32  = shift;
   assign \a_in$34  = a__2;
   assign \b_in$36  = b__2;
   assign p__2 = \prod$37 ;
-  assign \a_out$39  = a__2;
-  assign \valid_out$41  = \valid_in$40 ;
-  assign \first_out$43  = \first_in$42 ;
-  assign \last_out$45  = \last_in$44 ;
-  assign \res$47  = \res_in$46 ;
+  assign \res$40  = \res_in$39 ;
+  assign \a_out$41  = a__2;
+  assign \valid_out$43  = \valid_in$42 ;
+  assign \first_out$45  = \first_in$44 ;
+  assign \last_out$47  = \last_in$46 ;
   assign b2_d1 = b__2;
   assign \shift$49  = shift;
   assign \a_in$51  = a__3;
   assign \b_in$53  = b__3;
   assign p__3 = \prod$54 ;
-  assign \a_out$56  = a__3;
-  assign \valid_out$58  = \valid_in$57 ;
-  assign \first_out$60  = \first_in$59 ;
-  assign \last_out$62  = \last_in$61 ;
-  assign \res$64  = \res_in$63 ;
+  assign \res$57  = \res_in$56 ;
+  assign \a_out$58  = a__3;
+  assign \valid_out$60  = \valid_in$59 ;
+  assign \first_out$62  = \first_in$61 ;
+  assign \last_out$64  = \last_in$63 ;
   assign b3_d2 = b__3;
   assign \shift$66  = shift;
   assign \a_in$70  = a__4;
@@ -3589,31 +3590,31 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$85  = a__5;
   assign \b_in$87  = b__5;
   assign p__5 = \prod$88 ;
-  assign \a_out$90  = a__5;
-  assign \valid_out$92  = \valid_in$91 ;
-  assign \first_out$94  = \first_in$93 ;
-  assign \last_out$96  = \last_in$95 ;
-  assign \res$98  = \res_in$97 ;
+  assign \res$91  = \res_in$90 ;
+  assign \a_out$92  = a__5;
+  assign \valid_out$94  = \valid_in$93 ;
+  assign \first_out$96  = \first_in$95 ;
+  assign \last_out$98  = \last_in$97 ;
   assign \b_out$99  = b__5;
   assign \shift$100  = shift;
   assign \a_in$102  = a__6;
   assign \b_in$104  = b__6;
   assign p__6 = \prod$105 ;
-  assign \a_out$107  = a__6;
-  assign \valid_out$109  = \valid_in$108 ;
-  assign \first_out$111  = \first_in$110 ;
-  assign \last_out$113  = \last_in$112 ;
-  assign \res$115  = \res_in$114 ;
+  assign \res$108  = \res_in$107 ;
+  assign \a_out$109  = a__6;
+  assign \valid_out$111  = \valid_in$110 ;
+  assign \first_out$113  = \first_in$112 ;
+  assign \last_out$115  = \last_in$114 ;
   assign \b_out$116  = b__6;
   assign \shift$117  = shift;
   assign \a_in$119  = a__7;
   assign \b_in$121  = b__7;
   assign p__7 = \prod$122 ;
-  assign \a_out$124  = a__7;
-  assign \valid_out$126  = \valid_in$125 ;
-  assign \first_out$128  = \first_in$127 ;
-  assign \last_out$130  = \last_in$129 ;
-  assign \res$132  = \res_in$131 ;
+  assign \res$125  = \res_in$124 ;
+  assign \a_out$126  = a__7;
+  assign \valid_out$128  = \valid_in$127 ;
+  assign \first_out$130  = \first_in$129 ;
+  assign \last_out$132  = \last_in$131 ;
   assign \b_out$133  = b__7;
   assign \shift$134  = shift;
   assign \a_in$137  = a__8;
@@ -3628,31 +3629,31 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$152  = a__9;
   assign \b_in$154  = b__9;
   assign p__9 = \prod$155 ;
-  assign \a_out$157  = a__9;
-  assign \valid_out$159  = \valid_in$158 ;
-  assign \first_out$161  = \first_in$160 ;
-  assign \last_out$163  = \last_in$162 ;
-  assign \res$165  = \res_in$164 ;
+  assign \res$158  = \res_in$157 ;
+  assign \a_out$159  = a__9;
+  assign \valid_out$161  = \valid_in$160 ;
+  assign \first_out$163  = \first_in$162 ;
+  assign \last_out$165  = \last_in$164 ;
   assign \b_out$166  = b__9;
   assign \shift$167  = shift;
   assign \a_in$169  = a__10;
   assign \b_in$171  = b__10;
   assign p__10 = \prod$172 ;
-  assign \a_out$174  = a__10;
-  assign \valid_out$176  = \valid_in$175 ;
-  assign \first_out$178  = \first_in$177 ;
-  assign \last_out$180  = \last_in$179 ;
-  assign \res$182  = \res_in$181 ;
+  assign \res$175  = \res_in$174 ;
+  assign \a_out$176  = a__10;
+  assign \valid_out$178  = \valid_in$177 ;
+  assign \first_out$180  = \first_in$179 ;
+  assign \last_out$182  = \last_in$181 ;
   assign \b_out$183  = b__10;
   assign \shift$184  = shift;
   assign \a_in$186  = a__11;
   assign \b_in$188  = b__11;
   assign p__11 = \prod$189 ;
-  assign \a_out$191  = a__11;
-  assign \valid_out$193  = \valid_in$192 ;
-  assign \first_out$195  = \first_in$194 ;
-  assign \last_out$197  = \last_in$196 ;
-  assign \res$199  = \res_in$198 ;
+  assign \res$192  = \res_in$191 ;
+  assign \a_out$193  = a__11;
+  assign \valid_out$195  = \valid_in$194 ;
+  assign \first_out$197  = \first_in$196 ;
+  assign \last_out$199  = \last_in$198 ;
   assign \b_out$200  = b__11;
   assign \shift$201  = shift;
   assign \a_in$204  = a__12;
@@ -3667,31 +3668,31 @@ module \nanokpu_gemm.array (rst, shift, valid_in, first_in, last_in, b, a, out, 
   assign \a_in$219  = a__13;
   assign \b_in$221  = b__13;
   assign p__13 = \prod$222 ;
-  assign \a_out$224  = a__13;
-  assign \valid_out$226  = \valid_in$225 ;
-  assign \first_out$228  = \first_in$227 ;
-  assign \last_out$230  = \last_in$229 ;
-  assign \res$232  = \res_in$231 ;
+  assign \res$225  = \res_in$224 ;
+  assign \a_out$226  = a__13;
+  assign \valid_out$228  = \valid_in$227 ;
+  assign \first_out$230  = \first_in$229 ;
+  assign \last_out$232  = \last_in$231 ;
   assign \b_out$233  = b__13;
   assign \shift$234  = shift;
   assign \a_in$236  = a__14;
   assign \b_in$238  = b__14;
   assign p__14 = \prod$239 ;
-  assign \a_out$241  = a__14;
-  assign \valid_out$243  = \valid_in$242 ;
-  assign \first_out$245  = \first_in$244 ;
-  assign \last_out$247  = \last_in$246 ;
-  assign \res$249  = \res_in$248 ;
+  assign \res$242  = \res_in$241 ;
+  assign \a_out$243  = a__14;
+  assign \valid_out$245  = \valid_in$244 ;
+  assign \first_out$247  = \first_in$246 ;
+  assign \last_out$249  = \last_in$248 ;
   assign \b_out$250  = b__14;
   assign \shift$251  = shift;
   assign \a_in$253  = a__15;
   assign \b_in$255  = b__15;
   assign p__15 = \prod$256 ;
-  assign \a_out$258  = a__15;
-  assign \valid_out$260  = \valid_in$259 ;
-  assign \first_out$262  = \first_in$261 ;
-  assign \last_out$264  = \last_in$263 ;
-  assign \res$266  = \res_in$265 ;
+  assign \res$259  = \res_in$258 ;
+  assign \a_out$260  = a__15;
+  assign \valid_out$262  = \valid_in$261 ;
+  assign \first_out$264  = \first_in$263 ;
+  assign \last_out$266  = \last_in$265 ;
   assign \b_out$267  = b__15;
   assign \shift$268  = shift;
   assign \done$271  = done;
@@ -4020,12 +4021,11 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -4033,7 +4033,6 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4070,10 +4069,10 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -4087,15 +4086,13 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     \$5  = a_in;
@@ -4140,23 +4137,30 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -4164,21 +4168,9 @@ module \nanokpu_gemm.array.pe_0_0 (rst, shift, valid_in, first_in, last_in, b_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -4190,12 +4182,11 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -4203,7 +4194,6 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4240,10 +4230,10 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -4257,15 +4247,13 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
     \$5  = a_in;
@@ -4310,23 +4298,30 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -4334,21 +4329,9 @@ module \nanokpu_gemm.array.pe_0_1 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$5 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -4360,12 +4343,11 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -4373,7 +4355,6 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4410,10 +4391,10 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -4427,15 +4408,13 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$5  = a_in;
@@ -4480,23 +4459,30 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -4504,21 +4490,9 @@ module \nanokpu_gemm.array.pe_0_2 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -4530,12 +4504,11 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -4543,7 +4516,6 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -4575,10 +4547,10 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -4592,15 +4564,13 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$5  = a_in;
@@ -4645,23 +4615,30 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -4669,21 +4646,9 @@ module \nanokpu_gemm.array.pe_0_3 (rst, shift, b_in, prod, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -4696,12 +4661,11 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -4709,7 +4673,6 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4746,10 +4709,10 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -4763,15 +4726,13 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$5  = a_in;
@@ -4816,23 +4777,30 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -4840,21 +4808,9 @@ module \nanokpu_gemm.array.pe_1_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -4866,12 +4822,11 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -4879,7 +4834,6 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -4916,10 +4870,10 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -4933,15 +4887,13 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
     \$5  = a_in;
@@ -4986,23 +4938,30 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -5010,21 +4969,9 @@ module \nanokpu_gemm.array.pe_1_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -5036,12 +4983,11 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -5049,7 +4995,6 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5086,10 +5031,10 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -5103,15 +5048,13 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
     \$5  = a_in;
@@ -5156,23 +5099,30 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -5180,21 +5130,9 @@ module \nanokpu_gemm.array.pe_1_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -5206,12 +5144,11 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -5219,7 +5156,6 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -5251,10 +5187,10 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -5268,15 +5204,13 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
     \$5  = a_in;
@@ -5321,23 +5255,30 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -5345,21 +5286,9 @@ module \nanokpu_gemm.array.pe_1_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -5372,12 +5301,11 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -5385,7 +5313,6 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5422,10 +5349,10 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -5439,15 +5366,13 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
     \$5  = a_in;
@@ -5492,23 +5417,30 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -5516,21 +5448,9 @@ module \nanokpu_gemm.array.pe_2_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -5542,12 +5462,11 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -5555,7 +5474,6 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5592,10 +5510,10 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -5609,15 +5527,13 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$5  = a_in;
@@ -5662,23 +5578,30 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -5686,21 +5609,9 @@ module \nanokpu_gemm.array.pe_2_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -5712,12 +5623,11 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -5725,7 +5635,6 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -5762,10 +5671,10 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -5779,15 +5688,13 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
     \$5  = a_in;
@@ -5832,23 +5739,30 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -5856,21 +5770,9 @@ module \nanokpu_gemm.array.pe_2_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -5882,12 +5784,11 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -5895,7 +5796,6 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -5927,10 +5827,10 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -5944,15 +5844,13 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$5  = a_in;
@@ -5997,23 +5895,30 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -6021,21 +5926,9 @@ module \nanokpu_gemm.array.pe_2_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -6048,12 +5941,11 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -6061,7 +5953,6 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -6097,10 +5988,10 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -6114,15 +6005,13 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$5  = a_in;
@@ -6167,23 +6056,30 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -6191,21 +6087,9 @@ module \nanokpu_gemm.array.pe_3_0 (rst, shift, a_in, valid_in, first_in, last_in
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -6217,12 +6101,11 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -6230,7 +6113,6 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -6266,10 +6148,10 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -6283,15 +6165,13 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$5  = a_in;
@@ -6336,23 +6216,30 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -6360,21 +6247,9 @@ module \nanokpu_gemm.array.pe_3_1 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -6386,12 +6261,11 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -6399,7 +6273,6 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -6435,10 +6308,10 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -6452,15 +6325,13 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$5  = a_in;
@@ -6505,23 +6376,30 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -6529,21 +6407,9 @@ module \nanokpu_gemm.array.pe_3_2 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -6555,12 +6421,11 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -6568,7 +6433,6 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -6600,10 +6464,10 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -6617,15 +6481,13 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$5  = a_in;
@@ -6670,23 +6532,30 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (rst) begin
       \$11  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$12  = last_in;
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
+    end
     if (rst) begin
-      \$12  = 1'h0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
+    \$13  = res;
+    if (\$2 ) begin
       \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
     end
     if (rst) begin
       \$13  = 32'd0;
@@ -6694,21 +6563,9 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$14  = res;
-    if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
-    end
+    \$14  = \$3 ;
     if (rst) begin
-      \$14  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$15  = \$2 ;
-    if (rst) begin
-      \$15  = 1'h0;
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -6716,238 +6573,238 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__payload, o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__payload, o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire \$1 ;
-  wire [67:0] \$10 ;
+  wire [66:0] \$10 ;
   wire \$100 ;
-  wire [6:0] \$101 ;
+  wire \$101 ;
   wire \$102 ;
-  wire [6:0] \$103 ;
+  wire \$103 ;
   wire \$104 ;
-  wire [6:0] \$105 ;
+  wire \$105 ;
   wire \$106 ;
-  wire [6:0] \$107 ;
+  wire \$107 ;
   wire \$108 ;
-  wire [6:0] \$109 ;
-  wire [36:0] \$11 ;
+  wire \$109 ;
+  wire [67:0] \$11 ;
   wire \$110 ;
-  wire [6:0] \$111 ;
+  wire \$111 ;
   wire \$112 ;
-  wire [6:0] \$113 ;
+  wire \$113 ;
   wire \$114 ;
-  wire [6:0] \$115 ;
+  wire \$115 ;
   wire \$116 ;
-  wire [6:0] \$117 ;
+  wire \$117 ;
   wire \$118 ;
-  wire [6:0] \$119 ;
-  wire [66:0] \$12 ;
+  wire \$119 ;
+  wire [36:0] \$12 ;
   wire \$120 ;
-  wire [6:0] \$121 ;
+  wire \$121 ;
   wire \$122 ;
-  wire [6:0] \$123 ;
+  wire \$123 ;
   wire \$124 ;
-  wire [6:0] \$125 ;
+  wire \$125 ;
   wire \$126 ;
-  wire [6:0] \$127 ;
+  wire \$127 ;
   wire \$128 ;
-  wire [6:0] \$129 ;
-  wire [67:0] \$13 ;
+  wire \$129 ;
+  wire [66:0] \$13 ;
   wire \$130 ;
-  wire [6:0] \$131 ;
+  wire \$131 ;
   wire \$132 ;
-  wire [6:0] \$133 ;
+  wire \$133 ;
   wire \$134 ;
-  wire [6:0] \$135 ;
+  wire \$135 ;
   wire \$136 ;
-  wire [6:0] \$137 ;
+  wire \$137 ;
   wire \$138 ;
-  wire [6:0] \$139 ;
-  wire \$14 ;
+  wire \$139 ;
+  wire [67:0] \$14 ;
   wire \$140 ;
-  wire [6:0] \$141 ;
+  wire \$141 ;
   wire \$142 ;
-  wire [6:0] \$143 ;
+  wire \$143 ;
   wire \$144 ;
-  wire [6:0] \$145 ;
+  wire \$145 ;
   wire \$146 ;
-  wire [6:0] \$147 ;
+  wire \$147 ;
   wire \$148 ;
-  wire [6:0] \$149 ;
+  wire \$149 ;
   wire \$15 ;
   wire \$150 ;
-  wire [6:0] \$151 ;
+  wire \$151 ;
   wire \$152 ;
-  wire [6:0] \$153 ;
+  wire \$153 ;
   wire \$154 ;
-  wire [6:0] \$155 ;
+  wire \$155 ;
   wire \$156 ;
-  wire [6:0] \$157 ;
+  wire \$157 ;
   wire \$158 ;
-  wire [6:0] \$159 ;
+  wire \$159 ;
   wire \$16 ;
   wire \$160 ;
-  wire [48:0] \$161 ;
-  wire [48:0] \$162 ;
-  wire [39:0] \$163 ;
-  wire [48:0] \$164 ;
-  wire [48:0] \$165 ;
-  wire [39:0] \$166 ;
-  wire [23:0] \$167 ;
-  wire [48:0] \$168 ;
-  wire [48:0] \$169 ;
+  wire \$161 ;
+  wire \$162 ;
+  wire \$163 ;
+  wire \$164 ;
+  wire \$165 ;
+  wire \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire \$169 ;
   wire \$17 ;
-  wire [39:0] \$170 ;
-  wire [48:0] \$171 ;
-  wire [48:0] \$172 ;
-  wire [39:0] \$173 ;
-  wire [23:0] \$174 ;
-  wire [15:0] \$175 ;
-  wire [48:0] \$176 ;
-  wire [48:0] \$177 ;
-  wire [39:0] \$178 ;
-  wire [48:0] \$179 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire \$179 ;
   wire \$18 ;
-  wire [48:0] \$180 ;
-  wire [39:0] \$181 ;
-  wire [23:0] \$182 ;
-  wire [48:0] \$183 ;
-  wire [48:0] \$184 ;
-  wire [39:0] \$185 ;
-  wire [48:0] \$186 ;
-  wire [48:0] \$187 ;
-  wire [39:0] \$188 ;
-  wire [23:0] \$189 ;
+  wire \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire \$185 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
   wire \$19 ;
-  wire [15:0] \$190 ;
-  wire [11:0] \$191 ;
-  wire [48:0] \$192 ;
-  wire [48:0] \$193 ;
-  wire [39:0] \$194 ;
-  wire [48:0] \$195 ;
-  wire [48:0] \$196 ;
-  wire [39:0] \$197 ;
-  wire [23:0] \$198 ;
-  wire [48:0] \$199 ;
-  wire [36:0] \$2 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire \$199 ;
+  wire [40:0] \$2 ;
   wire \$20 ;
-  wire [48:0] \$200 ;
-  wire [39:0] \$201 ;
-  wire [48:0] \$202 ;
-  wire [48:0] \$203 ;
-  wire [39:0] \$204 ;
-  wire [23:0] \$205 ;
-  wire [15:0] \$206 ;
-  wire [48:0] \$207 ;
-  wire [48:0] \$208 ;
-  wire [39:0] \$209 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire \$203 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
   wire \$21 ;
-  wire [48:0] \$210 ;
-  wire [48:0] \$211 ;
-  wire [39:0] \$212 ;
-  wire [23:0] \$213 ;
-  wire [48:0] \$214 ;
-  wire [48:0] \$215 ;
-  wire [39:0] \$216 ;
-  wire [48:0] \$217 ;
-  wire [48:0] \$218 ;
-  wire [39:0] \$219 ;
+  wire \$210 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
   wire \$22 ;
-  wire [23:0] \$220 ;
-  wire [15:0] \$221 ;
-  wire [11:0] \$222 ;
-  wire [9:0] \$223 ;
-  wire [48:0] \$224 ;
-  wire [48:0] \$225 ;
-  wire [39:0] \$226 ;
-  wire [48:0] \$227 ;
-  wire [48:0] \$228 ;
-  wire [39:0] \$229 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire \$223 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire \$229 ;
   wire \$23 ;
-  wire [23:0] \$230 ;
-  wire [48:0] \$231 ;
-  wire [48:0] \$232 ;
-  wire [39:0] \$233 ;
-  wire [48:0] \$234 ;
-  wire [48:0] \$235 ;
-  wire [39:0] \$236 ;
-  wire [23:0] \$237 ;
-  wire [15:0] \$238 ;
-  wire [48:0] \$239 ;
+  wire \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
   wire \$24 ;
-  wire [48:0] \$240 ;
-  wire [39:0] \$241 ;
-  wire [48:0] \$242 ;
-  wire [48:0] \$243 ;
-  wire [39:0] \$244 ;
-  wire [23:0] \$245 ;
-  wire [48:0] \$246 ;
-  wire [48:0] \$247 ;
-  wire [39:0] \$248 ;
-  wire [48:0] \$249 ;
+  wire \$240 ;
+  wire \$241 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire \$246 ;
+  wire \$247 ;
+  wire \$248 ;
+  wire \$249 ;
   wire \$25 ;
-  wire [48:0] \$250 ;
-  wire [39:0] \$251 ;
-  wire [23:0] \$252 ;
-  wire [15:0] \$253 ;
-  wire [11:0] \$254 ;
-  wire [48:0] \$255 ;
-  wire [48:0] \$256 ;
-  wire [39:0] \$257 ;
-  wire [48:0] \$258 ;
-  wire [48:0] \$259 ;
+  wire \$250 ;
+  wire \$251 ;
+  wire \$252 ;
+  wire \$253 ;
+  wire \$254 ;
+  wire \$255 ;
+  wire \$256 ;
+  wire \$257 ;
+  wire \$258 ;
+  wire \$259 ;
   wire \$26 ;
-  wire [39:0] \$260 ;
-  wire [23:0] \$261 ;
-  wire [48:0] \$262 ;
+  wire [48:0] \$260 ;
+  wire [48:0] \$261 ;
+  wire [39:0] \$262 ;
   wire [48:0] \$263 ;
-  wire [39:0] \$264 ;
-  wire [48:0] \$265 ;
-  wire [48:0] \$266 ;
-  wire [39:0] \$267 ;
-  wire [23:0] \$268 ;
-  wire [15:0] \$269 ;
+  wire [48:0] \$264 ;
+  wire [39:0] \$265 ;
+  wire [23:0] \$266 ;
+  wire [48:0] \$267 ;
+  wire [48:0] \$268 ;
+  wire [39:0] \$269 ;
   wire \$27 ;
   wire [48:0] \$270 ;
   wire [48:0] \$271 ;
   wire [39:0] \$272 ;
-  wire [48:0] \$273 ;
-  wire [48:0] \$274 ;
-  wire [39:0] \$275 ;
-  wire [23:0] \$276 ;
-  wire [48:0] \$277 ;
+  wire [23:0] \$273 ;
+  wire [15:0] \$274 ;
+  wire [48:0] \$275 ;
+  wire [48:0] \$276 ;
+  wire [39:0] \$277 ;
   wire [48:0] \$278 ;
-  wire [39:0] \$279 ;
+  wire [48:0] \$279 ;
   wire \$28 ;
-  wire [48:0] \$280 ;
-  wire [48:0] \$281 ;
-  wire [39:0] \$282 ;
-  wire [23:0] \$283 ;
-  wire [15:0] \$284 ;
-  wire [11:0] \$285 ;
-  wire [9:0] \$286 ;
-  wire [48:0] \$287 ;
-  wire \$288 ;
-  wire [48:0] \$289 ;
+  wire [39:0] \$280 ;
+  wire [23:0] \$281 ;
+  wire [48:0] \$282 ;
+  wire [48:0] \$283 ;
+  wire [39:0] \$284 ;
+  wire [48:0] \$285 ;
+  wire [48:0] \$286 ;
+  wire [39:0] \$287 ;
+  wire [23:0] \$288 ;
+  wire [15:0] \$289 ;
   wire \$29 ;
-  wire [48:0] \$290 ;
-  wire \$291 ;
-  wire \$292 ;
-  wire \$293 ;
-  wire [8:0] \$294 ;
-  wire [7:0] \$295 ;
-  wire \$296 ;
-  wire [8:0] \$297 ;
-  wire [8:0] \$298 ;
+  wire [11:0] \$290 ;
+  wire [48:0] \$291 ;
+  wire [48:0] \$292 ;
+  wire [39:0] \$293 ;
+  wire [48:0] \$294 ;
+  wire [48:0] \$295 ;
+  wire [39:0] \$296 ;
+  wire [23:0] \$297 ;
+  wire [48:0] \$298 ;
   wire [48:0] \$299 ;
-  wire [66:0] \$3 ;
+  wire [36:0] \$3 ;
   wire \$30 ;
-  wire [48:0] \$300 ;
-  wire [39:0] \$301 ;
+  wire [39:0] \$300 ;
+  wire [48:0] \$301 ;
   wire [48:0] \$302 ;
-  wire [48:0] \$303 ;
-  wire [39:0] \$304 ;
-  wire [23:0] \$305 ;
+  wire [39:0] \$303 ;
+  wire [23:0] \$304 ;
+  wire [15:0] \$305 ;
   wire [48:0] \$306 ;
   wire [48:0] \$307 ;
   wire [39:0] \$308 ;
@@ -6956,24 +6813,24 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [48:0] \$310 ;
   wire [39:0] \$311 ;
   wire [23:0] \$312 ;
-  wire [15:0] \$313 ;
+  wire [48:0] \$313 ;
   wire [48:0] \$314 ;
-  wire [48:0] \$315 ;
-  wire [39:0] \$316 ;
+  wire [39:0] \$315 ;
+  wire [48:0] \$316 ;
   wire [48:0] \$317 ;
-  wire [48:0] \$318 ;
-  wire [39:0] \$319 ;
+  wire [39:0] \$318 ;
+  wire [23:0] \$319 ;
   wire \$32 ;
-  wire [23:0] \$320 ;
-  wire [48:0] \$321 ;
-  wire [48:0] \$322 ;
-  wire [39:0] \$323 ;
+  wire [15:0] \$320 ;
+  wire [11:0] \$321 ;
+  wire [9:0] \$322 ;
+  wire [48:0] \$323 ;
   wire [48:0] \$324 ;
-  wire [48:0] \$325 ;
-  wire [39:0] \$326 ;
-  wire [23:0] \$327 ;
-  wire [15:0] \$328 ;
-  wire [11:0] \$329 ;
+  wire [39:0] \$325 ;
+  wire [48:0] \$326 ;
+  wire [48:0] \$327 ;
+  wire [39:0] \$328 ;
+  wire [23:0] \$329 ;
   wire \$33 ;
   wire [48:0] \$330 ;
   wire [48:0] \$331 ;
@@ -6982,15 +6839,15 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [48:0] \$334 ;
   wire [39:0] \$335 ;
   wire [23:0] \$336 ;
-  wire [48:0] \$337 ;
+  wire [15:0] \$337 ;
   wire [48:0] \$338 ;
-  wire [39:0] \$339 ;
+  wire [48:0] \$339 ;
   wire \$34 ;
-  wire [48:0] \$340 ;
+  wire [39:0] \$340 ;
   wire [48:0] \$341 ;
-  wire [39:0] \$342 ;
-  wire [23:0] \$343 ;
-  wire [15:0] \$344 ;
+  wire [48:0] \$342 ;
+  wire [39:0] \$343 ;
+  wire [23:0] \$344 ;
   wire [48:0] \$345 ;
   wire [48:0] \$346 ;
   wire [39:0] \$347 ;
@@ -6999,24 +6856,24 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire \$35 ;
   wire [39:0] \$350 ;
   wire [23:0] \$351 ;
-  wire [48:0] \$352 ;
-  wire [48:0] \$353 ;
-  wire [39:0] \$354 ;
+  wire [15:0] \$352 ;
+  wire [11:0] \$353 ;
+  wire [48:0] \$354 ;
   wire [48:0] \$355 ;
-  wire [48:0] \$356 ;
-  wire [39:0] \$357 ;
-  wire [23:0] \$358 ;
-  wire [15:0] \$359 ;
+  wire [39:0] \$356 ;
+  wire [48:0] \$357 ;
+  wire [48:0] \$358 ;
+  wire [39:0] \$359 ;
   wire \$36 ;
-  wire [11:0] \$360 ;
-  wire [9:0] \$361 ;
+  wire [23:0] \$360 ;
+  wire [48:0] \$361 ;
   wire [48:0] \$362 ;
-  wire [48:0] \$363 ;
-  wire [39:0] \$364 ;
+  wire [39:0] \$363 ;
+  wire [48:0] \$364 ;
   wire [48:0] \$365 ;
-  wire [48:0] \$366 ;
-  wire [39:0] \$367 ;
-  wire [23:0] \$368 ;
+  wire [39:0] \$366 ;
+  wire [23:0] \$367 ;
+  wire [15:0] \$368 ;
   wire [48:0] \$369 ;
   wire \$37 ;
   wire [48:0] \$370 ;
@@ -7025,82 +6882,82 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [48:0] \$373 ;
   wire [39:0] \$374 ;
   wire [23:0] \$375 ;
-  wire [15:0] \$376 ;
+  wire [48:0] \$376 ;
   wire [48:0] \$377 ;
-  wire [48:0] \$378 ;
-  wire [39:0] \$379 ;
+  wire [39:0] \$378 ;
+  wire [48:0] \$379 ;
   wire \$38 ;
   wire [48:0] \$380 ;
-  wire [48:0] \$381 ;
-  wire [39:0] \$382 ;
-  wire [23:0] \$383 ;
-  wire [48:0] \$384 ;
-  wire [48:0] \$385 ;
-  wire [39:0] \$386 ;
-  wire [48:0] \$387 ;
+  wire [39:0] \$381 ;
+  wire [23:0] \$382 ;
+  wire [15:0] \$383 ;
+  wire [11:0] \$384 ;
+  wire [9:0] \$385 ;
+  wire [48:0] \$386 ;
+  wire \$387 ;
   wire [48:0] \$388 ;
-  wire [39:0] \$389 ;
+  wire [48:0] \$389 ;
   wire \$39 ;
-  wire [23:0] \$390 ;
-  wire [15:0] \$391 ;
-  wire [11:0] \$392 ;
-  wire [48:0] \$393 ;
-  wire [48:0] \$394 ;
-  wire [39:0] \$395 ;
-  wire [48:0] \$396 ;
-  wire [48:0] \$397 ;
-  wire [39:0] \$398 ;
-  wire [23:0] \$399 ;
-  wire [67:0] \$4 ;
+  wire \$390 ;
+  wire \$391 ;
+  wire \$392 ;
+  wire [8:0] \$393 ;
+  wire [7:0] \$394 ;
+  wire \$395 ;
+  wire [8:0] \$396 ;
+  wire [8:0] \$397 ;
+  wire [48:0] \$398 ;
+  wire [48:0] \$399 ;
+  wire [66:0] \$4 ;
   wire \$40 ;
-  wire [48:0] \$400 ;
+  wire [39:0] \$400 ;
   wire [48:0] \$401 ;
-  wire [39:0] \$402 ;
-  wire [48:0] \$403 ;
-  wire [48:0] \$404 ;
-  wire [39:0] \$405 ;
-  wire [23:0] \$406 ;
-  wire [15:0] \$407 ;
+  wire [48:0] \$402 ;
+  wire [39:0] \$403 ;
+  wire [23:0] \$404 ;
+  wire [48:0] \$405 ;
+  wire [48:0] \$406 ;
+  wire [39:0] \$407 ;
   wire [48:0] \$408 ;
   wire [48:0] \$409 ;
   wire \$41 ;
   wire [39:0] \$410 ;
-  wire [48:0] \$411 ;
-  wire [48:0] \$412 ;
-  wire [39:0] \$413 ;
-  wire [23:0] \$414 ;
-  wire [48:0] \$415 ;
+  wire [23:0] \$411 ;
+  wire [15:0] \$412 ;
+  wire [48:0] \$413 ;
+  wire [48:0] \$414 ;
+  wire [39:0] \$415 ;
   wire [48:0] \$416 ;
-  wire [39:0] \$417 ;
-  wire [48:0] \$418 ;
-  wire [48:0] \$419 ;
+  wire [48:0] \$417 ;
+  wire [39:0] \$418 ;
+  wire [23:0] \$419 ;
   wire \$42 ;
-  wire [39:0] \$420 ;
-  wire [23:0] \$421 ;
-  wire [15:0] \$422 ;
-  wire [11:0] \$423 ;
-  wire [9:0] \$424 ;
-  wire [48:0] \$425 ;
-  wire \$426 ;
-  wire [48:0] \$427 ;
-  wire [48:0] \$428 ;
-  wire \$429 ;
+  wire [48:0] \$420 ;
+  wire [48:0] \$421 ;
+  wire [39:0] \$422 ;
+  wire [48:0] \$423 ;
+  wire [48:0] \$424 ;
+  wire [39:0] \$425 ;
+  wire [23:0] \$426 ;
+  wire [15:0] \$427 ;
+  wire [11:0] \$428 ;
+  wire [48:0] \$429 ;
   wire \$43 ;
-  wire \$430 ;
-  wire \$431 ;
-  wire [8:0] \$432 ;
-  wire [7:0] \$433 ;
-  wire \$434 ;
-  wire [8:0] \$435 ;
-  wire [8:0] \$436 ;
+  wire [48:0] \$430 ;
+  wire [39:0] \$431 ;
+  wire [48:0] \$432 ;
+  wire [48:0] \$433 ;
+  wire [39:0] \$434 ;
+  wire [23:0] \$435 ;
+  wire [48:0] \$436 ;
   wire [48:0] \$437 ;
-  wire [48:0] \$438 ;
-  wire [39:0] \$439 ;
+  wire [39:0] \$438 ;
+  wire [48:0] \$439 ;
   wire \$44 ;
   wire [48:0] \$440 ;
-  wire [48:0] \$441 ;
-  wire [39:0] \$442 ;
-  wire [23:0] \$443 ;
+  wire [39:0] \$441 ;
+  wire [23:0] \$442 ;
+  wire [15:0] \$443 ;
   wire [48:0] \$444 ;
   wire [48:0] \$445 ;
   wire [39:0] \$446 ;
@@ -7109,24 +6966,24 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [39:0] \$449 ;
   wire \$45 ;
   wire [23:0] \$450 ;
-  wire [15:0] \$451 ;
+  wire [48:0] \$451 ;
   wire [48:0] \$452 ;
-  wire [48:0] \$453 ;
-  wire [39:0] \$454 ;
+  wire [39:0] \$453 ;
+  wire [48:0] \$454 ;
   wire [48:0] \$455 ;
-  wire [48:0] \$456 ;
-  wire [39:0] \$457 ;
-  wire [23:0] \$458 ;
-  wire [48:0] \$459 ;
+  wire [39:0] \$456 ;
+  wire [23:0] \$457 ;
+  wire [15:0] \$458 ;
+  wire [11:0] \$459 ;
   wire \$46 ;
-  wire [48:0] \$460 ;
-  wire [39:0] \$461 ;
+  wire [9:0] \$460 ;
+  wire [48:0] \$461 ;
   wire [48:0] \$462 ;
-  wire [48:0] \$463 ;
-  wire [39:0] \$464 ;
-  wire [23:0] \$465 ;
-  wire [15:0] \$466 ;
-  wire [11:0] \$467 ;
+  wire [39:0] \$463 ;
+  wire [48:0] \$464 ;
+  wire [48:0] \$465 ;
+  wire [39:0] \$466 ;
+  wire [23:0] \$467 ;
   wire [48:0] \$468 ;
   wire [48:0] \$469 ;
   wire \$47 ;
@@ -7135,15 +6992,15 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [48:0] \$472 ;
   wire [39:0] \$473 ;
   wire [23:0] \$474 ;
-  wire [48:0] \$475 ;
+  wire [15:0] \$475 ;
   wire [48:0] \$476 ;
-  wire [39:0] \$477 ;
-  wire [48:0] \$478 ;
+  wire [48:0] \$477 ;
+  wire [39:0] \$478 ;
   wire [48:0] \$479 ;
   wire \$48 ;
-  wire [39:0] \$480 ;
-  wire [23:0] \$481 ;
-  wire [15:0] \$482 ;
+  wire [48:0] \$480 ;
+  wire [39:0] \$481 ;
+  wire [23:0] \$482 ;
   wire [48:0] \$483 ;
   wire [48:0] \$484 ;
   wire [39:0] \$485 ;
@@ -7152,25 +7009,25 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [39:0] \$488 ;
   wire [23:0] \$489 ;
   wire \$49 ;
-  wire [48:0] \$490 ;
-  wire [48:0] \$491 ;
-  wire [39:0] \$492 ;
+  wire [15:0] \$490 ;
+  wire [11:0] \$491 ;
+  wire [48:0] \$492 ;
   wire [48:0] \$493 ;
-  wire [48:0] \$494 ;
-  wire [39:0] \$495 ;
-  wire [23:0] \$496 ;
-  wire [15:0] \$497 ;
-  wire [11:0] \$498 ;
-  wire [9:0] \$499 ;
-  wire [36:0] \$5 ;
+  wire [39:0] \$494 ;
+  wire [48:0] \$495 ;
+  wire [48:0] \$496 ;
+  wire [39:0] \$497 ;
+  wire [23:0] \$498 ;
+  wire [48:0] \$499 ;
+  wire [67:0] \$5 ;
   wire \$50 ;
   wire [48:0] \$500 ;
-  wire [48:0] \$501 ;
-  wire [39:0] \$502 ;
+  wire [39:0] \$501 ;
+  wire [48:0] \$502 ;
   wire [48:0] \$503 ;
-  wire [48:0] \$504 ;
-  wire [39:0] \$505 ;
-  wire [23:0] \$506 ;
+  wire [39:0] \$504 ;
+  wire [23:0] \$505 ;
+  wire [15:0] \$506 ;
   wire [48:0] \$507 ;
   wire [48:0] \$508 ;
   wire [39:0] \$509 ;
@@ -7179,81 +7036,81 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [48:0] \$511 ;
   wire [39:0] \$512 ;
   wire [23:0] \$513 ;
-  wire [15:0] \$514 ;
+  wire [48:0] \$514 ;
   wire [48:0] \$515 ;
-  wire [48:0] \$516 ;
-  wire [39:0] \$517 ;
+  wire [39:0] \$516 ;
+  wire [48:0] \$517 ;
   wire [48:0] \$518 ;
-  wire [48:0] \$519 ;
+  wire [39:0] \$519 ;
   wire \$52 ;
-  wire [39:0] \$520 ;
-  wire [23:0] \$521 ;
-  wire [48:0] \$522 ;
-  wire [48:0] \$523 ;
-  wire [39:0] \$524 ;
-  wire [48:0] \$525 ;
+  wire [23:0] \$520 ;
+  wire [15:0] \$521 ;
+  wire [11:0] \$522 ;
+  wire [9:0] \$523 ;
+  wire [48:0] \$524 ;
+  wire \$525 ;
   wire [48:0] \$526 ;
-  wire [39:0] \$527 ;
-  wire [23:0] \$528 ;
-  wire [15:0] \$529 ;
+  wire [48:0] \$527 ;
+  wire \$528 ;
+  wire \$529 ;
   wire \$53 ;
-  wire [11:0] \$530 ;
-  wire [48:0] \$531 ;
-  wire [48:0] \$532 ;
-  wire [39:0] \$533 ;
-  wire [48:0] \$534 ;
-  wire [48:0] \$535 ;
-  wire [39:0] \$536 ;
-  wire [23:0] \$537 ;
-  wire [48:0] \$538 ;
+  wire \$530 ;
+  wire [8:0] \$531 ;
+  wire [7:0] \$532 ;
+  wire \$533 ;
+  wire [8:0] \$534 ;
+  wire [8:0] \$535 ;
+  wire [48:0] \$536 ;
+  wire [48:0] \$537 ;
+  wire [39:0] \$538 ;
   wire [48:0] \$539 ;
   wire \$54 ;
-  wire [39:0] \$540 ;
-  wire [48:0] \$541 ;
-  wire [48:0] \$542 ;
-  wire [39:0] \$543 ;
-  wire [23:0] \$544 ;
-  wire [15:0] \$545 ;
+  wire [48:0] \$540 ;
+  wire [39:0] \$541 ;
+  wire [23:0] \$542 ;
+  wire [48:0] \$543 ;
+  wire [48:0] \$544 ;
+  wire [39:0] \$545 ;
   wire [48:0] \$546 ;
   wire [48:0] \$547 ;
   wire [39:0] \$548 ;
-  wire [48:0] \$549 ;
+  wire [23:0] \$549 ;
   wire \$55 ;
-  wire [48:0] \$550 ;
-  wire [39:0] \$551 ;
-  wire [23:0] \$552 ;
-  wire [48:0] \$553 ;
+  wire [15:0] \$550 ;
+  wire [48:0] \$551 ;
+  wire [48:0] \$552 ;
+  wire [39:0] \$553 ;
   wire [48:0] \$554 ;
-  wire [39:0] \$555 ;
-  wire [48:0] \$556 ;
-  wire [48:0] \$557 ;
-  wire [39:0] \$558 ;
-  wire [23:0] \$559 ;
+  wire [48:0] \$555 ;
+  wire [39:0] \$556 ;
+  wire [23:0] \$557 ;
+  wire [48:0] \$558 ;
+  wire [48:0] \$559 ;
   wire \$56 ;
-  wire [15:0] \$560 ;
-  wire [11:0] \$561 ;
-  wire [9:0] \$562 ;
-  wire [48:0] \$563 ;
-  wire \$564 ;
-  wire [48:0] \$565 ;
-  wire [48:0] \$566 ;
-  wire \$567 ;
-  wire \$568 ;
-  wire \$569 ;
+  wire [39:0] \$560 ;
+  wire [48:0] \$561 ;
+  wire [48:0] \$562 ;
+  wire [39:0] \$563 ;
+  wire [23:0] \$564 ;
+  wire [15:0] \$565 ;
+  wire [11:0] \$566 ;
+  wire [48:0] \$567 ;
+  wire [48:0] \$568 ;
+  wire [39:0] \$569 ;
   wire \$57 ;
-  wire [8:0] \$570 ;
-  wire [7:0] \$571 ;
-  wire \$572 ;
-  wire [8:0] \$573 ;
-  wire [8:0] \$574 ;
+  wire [48:0] \$570 ;
+  wire [48:0] \$571 ;
+  wire [39:0] \$572 ;
+  wire [23:0] \$573 ;
+  wire [48:0] \$574 ;
   wire [48:0] \$575 ;
-  wire [48:0] \$576 ;
-  wire [39:0] \$577 ;
+  wire [39:0] \$576 ;
+  wire [48:0] \$577 ;
   wire [48:0] \$578 ;
-  wire [48:0] \$579 ;
+  wire [39:0] \$579 ;
   wire \$58 ;
-  wire [39:0] \$580 ;
-  wire [23:0] \$581 ;
+  wire [23:0] \$580 ;
+  wire [15:0] \$581 ;
   wire [48:0] \$582 ;
   wire [48:0] \$583 ;
   wire [39:0] \$584 ;
@@ -7261,26 +7118,26 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [48:0] \$586 ;
   wire [39:0] \$587 ;
   wire [23:0] \$588 ;
-  wire [15:0] \$589 ;
+  wire [48:0] \$589 ;
   wire \$59 ;
   wire [48:0] \$590 ;
-  wire [48:0] \$591 ;
-  wire [39:0] \$592 ;
+  wire [39:0] \$591 ;
+  wire [48:0] \$592 ;
   wire [48:0] \$593 ;
-  wire [48:0] \$594 ;
-  wire [39:0] \$595 ;
-  wire [23:0] \$596 ;
-  wire [48:0] \$597 ;
-  wire [48:0] \$598 ;
-  wire [39:0] \$599 ;
-  wire [66:0] \$6 ;
+  wire [39:0] \$594 ;
+  wire [23:0] \$595 ;
+  wire [15:0] \$596 ;
+  wire [11:0] \$597 ;
+  wire [9:0] \$598 ;
+  wire [48:0] \$599 ;
+  wire [36:0] \$6 ;
   wire \$60 ;
   wire [48:0] \$600 ;
-  wire [48:0] \$601 ;
-  wire [39:0] \$602 ;
-  wire [23:0] \$603 ;
-  wire [15:0] \$604 ;
-  wire [11:0] \$605 ;
+  wire [39:0] \$601 ;
+  wire [48:0] \$602 ;
+  wire [48:0] \$603 ;
+  wire [39:0] \$604 ;
+  wire [23:0] \$605 ;
   wire [48:0] \$606 ;
   wire [48:0] \$607 ;
   wire [39:0] \$608 ;
@@ -7289,15 +7146,15 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [48:0] \$610 ;
   wire [39:0] \$611 ;
   wire [23:0] \$612 ;
-  wire [48:0] \$613 ;
+  wire [15:0] \$613 ;
   wire [48:0] \$614 ;
-  wire [39:0] \$615 ;
-  wire [48:0] \$616 ;
+  wire [48:0] \$615 ;
+  wire [39:0] \$616 ;
   wire [48:0] \$617 ;
-  wire [39:0] \$618 ;
-  wire [23:0] \$619 ;
+  wire [48:0] \$618 ;
+  wire [39:0] \$619 ;
   wire \$62 ;
-  wire [15:0] \$620 ;
+  wire [23:0] \$620 ;
   wire [48:0] \$621 ;
   wire [48:0] \$622 ;
   wire [39:0] \$623 ;
@@ -7305,172 +7162,270 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [48:0] \$625 ;
   wire [39:0] \$626 ;
   wire [23:0] \$627 ;
-  wire [48:0] \$628 ;
-  wire [48:0] \$629 ;
-  wire [6:0] \$63 ;
-  wire [39:0] \$630 ;
+  wire [15:0] \$628 ;
+  wire [11:0] \$629 ;
+  wire \$63 ;
+  wire [48:0] \$630 ;
   wire [48:0] \$631 ;
-  wire [48:0] \$632 ;
-  wire [39:0] \$633 ;
-  wire [23:0] \$634 ;
-  wire [15:0] \$635 ;
-  wire [11:0] \$636 ;
-  wire [9:0] \$637 ;
+  wire [39:0] \$632 ;
+  wire [48:0] \$633 ;
+  wire [48:0] \$634 ;
+  wire [39:0] \$635 ;
+  wire [23:0] \$636 ;
+  wire [48:0] \$637 ;
   wire [48:0] \$638 ;
-  wire [48:0] \$639 ;
+  wire [39:0] \$639 ;
   wire \$64 ;
-  wire [39:0] \$640 ;
+  wire [48:0] \$640 ;
   wire [48:0] \$641 ;
-  wire [48:0] \$642 ;
-  wire [39:0] \$643 ;
-  wire [23:0] \$644 ;
+  wire [39:0] \$642 ;
+  wire [23:0] \$643 ;
+  wire [15:0] \$644 ;
   wire [48:0] \$645 ;
   wire [48:0] \$646 ;
   wire [39:0] \$647 ;
   wire [48:0] \$648 ;
   wire [48:0] \$649 ;
-  wire [6:0] \$65 ;
+  wire \$65 ;
   wire [39:0] \$650 ;
   wire [23:0] \$651 ;
-  wire [15:0] \$652 ;
+  wire [48:0] \$652 ;
   wire [48:0] \$653 ;
-  wire [48:0] \$654 ;
-  wire [39:0] \$655 ;
+  wire [39:0] \$654 ;
+  wire [48:0] \$655 ;
   wire [48:0] \$656 ;
-  wire [48:0] \$657 ;
-  wire [39:0] \$658 ;
-  wire [23:0] \$659 ;
+  wire [39:0] \$657 ;
+  wire [23:0] \$658 ;
+  wire [15:0] \$659 ;
   wire \$66 ;
-  wire [48:0] \$660 ;
-  wire [48:0] \$661 ;
-  wire [39:0] \$662 ;
-  wire [48:0] \$663 ;
+  wire [11:0] \$660 ;
+  wire [9:0] \$661 ;
+  wire [48:0] \$662 ;
+  wire \$663 ;
   wire [48:0] \$664 ;
-  wire [39:0] \$665 ;
-  wire [23:0] \$666 ;
-  wire [15:0] \$667 ;
-  wire [11:0] \$668 ;
-  wire [48:0] \$669 ;
-  wire [6:0] \$67 ;
-  wire [48:0] \$670 ;
-  wire [39:0] \$671 ;
-  wire [48:0] \$672 ;
-  wire [48:0] \$673 ;
-  wire [39:0] \$674 ;
-  wire [23:0] \$675 ;
-  wire [48:0] \$676 ;
+  wire [48:0] \$665 ;
+  wire \$666 ;
+  wire \$667 ;
+  wire \$668 ;
+  wire [8:0] \$669 ;
+  wire \$67 ;
+  wire [7:0] \$670 ;
+  wire \$671 ;
+  wire [8:0] \$672 ;
+  wire [8:0] \$673 ;
+  wire [48:0] \$674 ;
+  wire [48:0] \$675 ;
+  wire [39:0] \$676 ;
   wire [48:0] \$677 ;
-  wire [39:0] \$678 ;
-  wire [48:0] \$679 ;
+  wire [48:0] \$678 ;
+  wire [39:0] \$679 ;
   wire \$68 ;
-  wire [48:0] \$680 ;
-  wire [39:0] \$681 ;
-  wire [23:0] \$682 ;
-  wire [15:0] \$683 ;
+  wire [23:0] \$680 ;
+  wire [48:0] \$681 ;
+  wire [48:0] \$682 ;
+  wire [39:0] \$683 ;
   wire [48:0] \$684 ;
   wire [48:0] \$685 ;
   wire [39:0] \$686 ;
-  wire [48:0] \$687 ;
-  wire [48:0] \$688 ;
-  wire [39:0] \$689 ;
-  wire [6:0] \$69 ;
-  wire [23:0] \$690 ;
-  wire [48:0] \$691 ;
+  wire [23:0] \$687 ;
+  wire [15:0] \$688 ;
+  wire [48:0] \$689 ;
+  wire \$69 ;
+  wire [48:0] \$690 ;
+  wire [39:0] \$691 ;
   wire [48:0] \$692 ;
-  wire [39:0] \$693 ;
-  wire [48:0] \$694 ;
-  wire [48:0] \$695 ;
-  wire [39:0] \$696 ;
-  wire [23:0] \$697 ;
-  wire [15:0] \$698 ;
-  wire [11:0] \$699 ;
-  wire [67:0] \$7 ;
+  wire [48:0] \$693 ;
+  wire [39:0] \$694 ;
+  wire [23:0] \$695 ;
+  wire [48:0] \$696 ;
+  wire [48:0] \$697 ;
+  wire [39:0] \$698 ;
+  wire [48:0] \$699 ;
+  wire [66:0] \$7 ;
   wire \$70 ;
-  wire [9:0] \$700 ;
-  wire [48:0] \$701 ;
-  wire \$702 ;
-  wire [48:0] \$703 ;
-  wire [48:0] \$704 ;
-  wire \$705 ;
-  wire \$706 ;
-  wire \$707 ;
-  wire [8:0] \$708 ;
-  wire [7:0] \$709 ;
-  wire [6:0] \$71 ;
-  wire \$710 ;
-  wire [8:0] \$711 ;
-  wire [8:0] \$712 ;
-  reg \$713 ;
-  reg \$714 ;
-  reg \$715 ;
-  reg [47:0] \$716 ;
-  reg [47:0] \$717 ;
-  reg [47:0] \$718 ;
-  reg [47:0] \$719 ;
+  wire [48:0] \$700 ;
+  wire [39:0] \$701 ;
+  wire [23:0] \$702 ;
+  wire [15:0] \$703 ;
+  wire [11:0] \$704 ;
+  wire [48:0] \$705 ;
+  wire [48:0] \$706 ;
+  wire [39:0] \$707 ;
+  wire [48:0] \$708 ;
+  wire [48:0] \$709 ;
+  wire \$71 ;
+  wire [39:0] \$710 ;
+  wire [23:0] \$711 ;
+  wire [48:0] \$712 ;
+  wire [48:0] \$713 ;
+  wire [39:0] \$714 ;
+  wire [48:0] \$715 ;
+  wire [48:0] \$716 ;
+  wire [39:0] \$717 ;
+  wire [23:0] \$718 ;
+  wire [15:0] \$719 ;
   wire \$72 ;
-  reg [48:0] \$720 ;
-  reg [48:0] \$721 ;
-  reg \$722 ;
-  reg \$723 ;
-  reg \$724 ;
-  reg [8:0] \$725 ;
-  reg \$726 ;
-  reg \$727 ;
-  reg \$728 ;
-  reg [8:0] \$729 ;
-  wire [6:0] \$73 ;
-  reg \$730 ;
-  reg \$731 ;
-  reg [31:0] \$732 ;
-  reg [8:0] \$733 ;
-  reg \$734 ;
-  reg \$735 ;
-  reg \$736 ;
-  reg [8:0] \$737 ;
-  reg \$738 ;
-  reg \$739 ;
+  wire [48:0] \$720 ;
+  wire [48:0] \$721 ;
+  wire [39:0] \$722 ;
+  wire [48:0] \$723 ;
+  wire [48:0] \$724 ;
+  wire [39:0] \$725 ;
+  wire [23:0] \$726 ;
+  wire [48:0] \$727 ;
+  wire [48:0] \$728 ;
+  wire [39:0] \$729 ;
+  wire \$73 ;
+  wire [48:0] \$730 ;
+  wire [48:0] \$731 ;
+  wire [39:0] \$732 ;
+  wire [23:0] \$733 ;
+  wire [15:0] \$734 ;
+  wire [11:0] \$735 ;
+  wire [9:0] \$736 ;
+  wire [48:0] \$737 ;
+  wire [48:0] \$738 ;
+  wire [39:0] \$739 ;
   wire \$74 ;
-  reg [8:0] \$740 ;
-  reg \$741 ;
-  reg \$742 ;
-  reg \$743 ;
-  reg [8:0] \$744 ;
-  reg \$745 ;
-  reg \$746 ;
-  reg [8:0] \$747 ;
-  reg \$748 ;
-  reg \$749 ;
-  wire [6:0] \$75 ;
-  reg \$750 ;
-  reg [8:0] \$751 ;
-  reg \$752 ;
-  reg \$753 ;
+  wire [48:0] \$740 ;
+  wire [48:0] \$741 ;
+  wire [39:0] \$742 ;
+  wire [23:0] \$743 ;
+  wire [48:0] \$744 ;
+  wire [48:0] \$745 ;
+  wire [39:0] \$746 ;
+  wire [48:0] \$747 ;
+  wire [48:0] \$748 ;
+  wire [39:0] \$749 ;
+  wire \$75 ;
+  wire [23:0] \$750 ;
+  wire [15:0] \$751 ;
+  wire [48:0] \$752 ;
+  wire [48:0] \$753 ;
+  wire [39:0] \$754 ;
+  wire [48:0] \$755 ;
+  wire [48:0] \$756 ;
+  wire [39:0] \$757 ;
+  wire [23:0] \$758 ;
+  wire [48:0] \$759 ;
   wire \$76 ;
-  wire [6:0] \$77 ;
+  wire [48:0] \$760 ;
+  wire [39:0] \$761 ;
+  wire [48:0] \$762 ;
+  wire [48:0] \$763 ;
+  wire [39:0] \$764 ;
+  wire [23:0] \$765 ;
+  wire [15:0] \$766 ;
+  wire [11:0] \$767 ;
+  wire [48:0] \$768 ;
+  wire [48:0] \$769 ;
+  wire \$77 ;
+  wire [39:0] \$770 ;
+  wire [48:0] \$771 ;
+  wire [48:0] \$772 ;
+  wire [39:0] \$773 ;
+  wire [23:0] \$774 ;
+  wire [48:0] \$775 ;
+  wire [48:0] \$776 ;
+  wire [39:0] \$777 ;
+  wire [48:0] \$778 ;
+  wire [48:0] \$779 ;
   wire \$78 ;
-  wire [6:0] \$79 ;
-  wire [36:0] \$8 ;
+  wire [39:0] \$780 ;
+  wire [23:0] \$781 ;
+  wire [15:0] \$782 ;
+  wire [48:0] \$783 ;
+  wire [48:0] \$784 ;
+  wire [39:0] \$785 ;
+  wire [48:0] \$786 ;
+  wire [48:0] \$787 ;
+  wire [39:0] \$788 ;
+  wire [23:0] \$789 ;
+  wire \$79 ;
+  wire [48:0] \$790 ;
+  wire [48:0] \$791 ;
+  wire [39:0] \$792 ;
+  wire [48:0] \$793 ;
+  wire [48:0] \$794 ;
+  wire [39:0] \$795 ;
+  wire [23:0] \$796 ;
+  wire [15:0] \$797 ;
+  wire [11:0] \$798 ;
+  wire [9:0] \$799 ;
+  wire [67:0] \$8 ;
   wire \$80 ;
-  wire [6:0] \$81 ;
+  wire [48:0] \$800 ;
+  wire \$801 ;
+  wire [48:0] \$802 ;
+  wire [48:0] \$803 ;
+  wire \$804 ;
+  wire \$805 ;
+  wire \$806 ;
+  wire [8:0] \$807 ;
+  wire [7:0] \$808 ;
+  wire \$809 ;
+  wire \$81 ;
+  wire [8:0] \$810 ;
+  wire [8:0] \$811 ;
+  reg \$812 ;
+  reg \$813 ;
+  reg \$814 ;
+  reg [47:0] \$815 ;
+  reg [47:0] \$816 ;
+  reg [47:0] \$817 ;
+  reg [47:0] \$818 ;
+  reg [48:0] \$819 ;
   wire \$82 ;
-  wire [6:0] \$83 ;
+  reg \$820 ;
+  reg \$821 ;
+  reg \$822 ;
+  reg [8:0] \$823 ;
+  reg \$824 ;
+  reg \$825 ;
+  reg \$826 ;
+  reg [8:0] \$827 ;
+  reg \$828 ;
+  reg \$829 ;
+  wire \$83 ;
+  reg [31:0] \$830 ;
+  reg [8:0] \$831 ;
+  reg \$832 ;
+  reg \$833 ;
+  reg \$834 ;
+  reg [8:0] \$835 ;
+  reg \$836 ;
+  reg \$837 ;
+  reg [8:0] \$838 ;
+  reg \$839 ;
   wire \$84 ;
-  wire [6:0] \$85 ;
+  reg \$840 ;
+  reg \$841 ;
+  reg [8:0] \$842 ;
+  reg \$843 ;
+  reg \$844 ;
+  reg [8:0] \$845 ;
+  reg \$846 ;
+  reg \$847 ;
+  reg \$848 ;
+  reg [8:0] \$849 ;
+  wire \$85 ;
+  reg \$850 ;
+  reg \$851 ;
   wire \$86 ;
-  wire [6:0] \$87 ;
+  wire \$87 ;
   wire \$88 ;
-  wire [6:0] \$89 ;
-  wire [66:0] \$9 ;
+  wire \$89 ;
+  wire [36:0] \$9 ;
   wire \$90 ;
-  wire [6:0] \$91 ;
+  wire \$91 ;
   wire \$92 ;
-  wire [6:0] \$93 ;
+  wire \$93 ;
   wire \$94 ;
-  wire [6:0] \$95 ;
+  wire \$95 ;
   wire \$96 ;
-  wire [6:0] \$97 ;
+  wire \$97 ;
   wire \$98 ;
-  wire [6:0] \$99 ;
+  wire \$99 ;
   reg \$signal  = 1'h0;
   reg \$signal$44  = 1'h0;
   wire [17:0] a__0;
@@ -7481,7 +7436,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [17:0] a__5;
   wire [17:0] a__6;
   wire [17:0] a__7;
-  reg [48:0] above = 49'h0000000000000;
+  wire [48:0] above;
   output advance;
   wire advance;
   wire [17:0] b__0;
@@ -7540,8 +7495,8 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$1286$54 ;
-  wire [21:0] \port$1286$54 ;
+  input [21:0] \port$1402$54 ;
+  wire [21:0] \port$1402$54 ;
   reg [8:0] rounded0 = 9'h000;
   reg [8:0] rounded1 = 9'h000;
   reg [8:0] rounded2 = 9'h000;
@@ -7564,541 +7519,638 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   reg [8:0] y1 = 9'h000;
   reg [8:0] y2 = 9'h000;
   reg [8:0] y3 = 9'h000;
-  assign \$247  = \port$1286$54 [21] ? \$246  : { x0, 1'h0 };
-  assign \$250  = \port$1286$54 [21] ? \$249  : { x0, 1'h0 };
-  assign \$251  = \port$1286$54 [20] ? \$248  : \$250 [39:0];
-  assign \$252  = \port$1286$54 [19] ? \$245  : \$251 [23:0];
-  assign \$253  = \port$1286$54 [18] ? \$238  : \$252 [15:0];
-  assign \$256  = \port$1286$54 [21] ? \$255  : { x0, 1'h0 };
-  assign \$259  = \port$1286$54 [21] ? \$258  : { x0, 1'h0 };
-  assign \$260  = \port$1286$54 [20] ? \$257  : \$259 [39:0];
-  assign \$263  = \port$1286$54 [21] ? \$262  : { x0, 1'h0 };
-  assign \$266  = \port$1286$54 [21] ? \$265  : { x0, 1'h0 };
-  assign \$267  = \port$1286$54 [20] ? \$264  : \$266 [39:0];
-  assign \$268  = \port$1286$54 [19] ? \$261  : \$267 [23:0];
-  assign \$271  = \port$1286$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$274  = \port$1286$54 [21] ? \$273  : { x0, 1'h0 };
-  assign \$275  = \port$1286$54 [20] ? \$272  : \$274 [39:0];
-  assign \$278  = \port$1286$54 [21] ? \$277  : { x0, 1'h0 };
-  assign \$281  = \port$1286$54 [21] ? \$280  : { x0, 1'h0 };
-  assign \$282  = \port$1286$54 [20] ? \$279  : \$281 [39:0];
-  assign \$283  = \port$1286$54 [19] ? \$276  : \$282 [23:0];
-  assign \$284  = \port$1286$54 [18] ? \$269  : \$283 [15:0];
-  assign \$285  = \port$1286$54 [17] ? \$254  : \$284 [11:0];
-  assign \$286  = \port$1286$54 [16] ? \$223  : \$285 [9:0];
-  assign \$287  = { x0, 1'h0 } & below;
-  assign \$288  = | \$287 ;
-  assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
-  assign \$290  = \$289  & above;
-  assign \$291  = | \$290 ;
-  assign \$292  = sticky0 | y0[1];
-  assign \$293  = y0[0] & \$292 ;
-  assign \$294  = $signed(y0[8:1]) + $signed({ 1'h0, \$293  });
-  assign \$295  = neg2_0 ? 8'h80 : 8'h7f;
-  assign \$296  = $signed(rounded0) > $signed(8'h7f);
-  assign \$297  = \$296  ? 9'h07f : rounded0;
-  assign \$298  = over2_0 ? { \$295 [7], \$295  } : \$297 ;
-  assign \$300  = \port$1286$54 [21] ? \$299  : { x1, 1'h0 };
-  assign \$303  = \port$1286$54 [21] ? \$302  : { x1, 1'h0 };
-  assign \$304  = \port$1286$54 [20] ? \$301  : \$303 [39:0];
-  assign \$307  = \port$1286$54 [21] ? \$306  : { x1, 1'h0 };
-  assign \$310  = \port$1286$54 [21] ? \$309  : { x1, 1'h0 };
-  assign \$311  = \port$1286$54 [20] ? \$308  : \$310 [39:0];
-  assign \$312  = \port$1286$54 [19] ? \$305  : \$311 [23:0];
-  assign \$315  = \port$1286$54 [21] ? \$314  : { x1, 1'h0 };
-  assign \$318  = \port$1286$54 [21] ? \$317  : { x1, 1'h0 };
-  assign \$319  = \port$1286$54 [20] ? \$316  : \$318 [39:0];
-  assign \$322  = \port$1286$54 [21] ? \$321  : { x1, 1'h0 };
-  assign \$325  = \port$1286$54 [21] ? \$324  : { x1, 1'h0 };
-  assign \$326  = \port$1286$54 [20] ? \$323  : \$325 [39:0];
-  assign \$327  = \port$1286$54 [19] ? \$320  : \$326 [23:0];
-  assign \$328  = \port$1286$54 [18] ? \$313  : \$327 [15:0];
-  assign \$331  = \port$1286$54 [21] ? \$330  : { x1, 1'h0 };
-  assign \$334  = \port$1286$54 [21] ? \$333  : { x1, 1'h0 };
-  assign \$335  = \port$1286$54 [20] ? \$332  : \$334 [39:0];
-  assign \$338  = \port$1286$54 [21] ? \$337  : { x1, 1'h0 };
-  assign \$341  = \port$1286$54 [21] ? \$340  : { x1, 1'h0 };
-  assign \$342  = \port$1286$54 [20] ? \$339  : \$341 [39:0];
-  assign \$343  = \port$1286$54 [19] ? \$336  : \$342 [23:0];
-  assign \$346  = \port$1286$54 [21] ? \$345  : { x1, 1'h0 };
-  assign \$349  = \port$1286$54 [21] ? \$348  : { x1, 1'h0 };
-  assign \$350  = \port$1286$54 [20] ? \$347  : \$349 [39:0];
-  assign \$353  = \port$1286$54 [21] ? \$352  : { x1, 1'h0 };
-  assign \$356  = \port$1286$54 [21] ? \$355  : { x1, 1'h0 };
-  assign \$357  = \port$1286$54 [20] ? \$354  : \$356 [39:0];
-  assign \$358  = \port$1286$54 [19] ? \$351  : \$357 [23:0];
-  assign \$359  = \port$1286$54 [18] ? \$344  : \$358 [15:0];
-  assign \$360  = \port$1286$54 [17] ? \$329  : \$359 [11:0];
-  assign \$363  = \port$1286$54 [21] ? \$362  : { x1, 1'h0 };
-  assign \$366  = \port$1286$54 [21] ? \$365  : { x1, 1'h0 };
-  assign \$367  = \port$1286$54 [20] ? \$364  : \$366 [39:0];
-  assign \$370  = \port$1286$54 [21] ? \$369  : { x1, 1'h0 };
-  assign \$373  = \port$1286$54 [21] ? \$372  : { x1, 1'h0 };
-  assign \$374  = \port$1286$54 [20] ? \$371  : \$373 [39:0];
-  assign \$375  = \port$1286$54 [19] ? \$368  : \$374 [23:0];
-  assign \$378  = \port$1286$54 [21] ? \$377  : { x1, 1'h0 };
-  assign \$381  = \port$1286$54 [21] ? \$380  : { x1, 1'h0 };
-  assign \$382  = \port$1286$54 [20] ? \$379  : \$381 [39:0];
-  assign \$385  = \port$1286$54 [21] ? \$384  : { x1, 1'h0 };
-  assign \$388  = \port$1286$54 [21] ? \$387  : { x1, 1'h0 };
-  assign \$389  = \port$1286$54 [20] ? \$386  : \$388 [39:0];
-  assign \$390  = \port$1286$54 [19] ? \$383  : \$389 [23:0];
-  assign \$391  = \port$1286$54 [18] ? \$376  : \$390 [15:0];
-  assign \$394  = \port$1286$54 [21] ? \$393  : { x1, 1'h0 };
-  assign \$397  = \port$1286$54 [21] ? \$396  : { x1, 1'h0 };
-  assign \$398  = \port$1286$54 [20] ? \$395  : \$397 [39:0];
-  assign \$401  = \port$1286$54 [21] ? \$400  : { x1, 1'h0 };
-  assign \$404  = \port$1286$54 [21] ? \$403  : { x1, 1'h0 };
-  assign \$405  = \port$1286$54 [20] ? \$402  : \$404 [39:0];
-  assign \$406  = \port$1286$54 [19] ? \$399  : \$405 [23:0];
-  assign \$409  = \port$1286$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$412  = \port$1286$54 [21] ? \$411  : { x1, 1'h0 };
-  assign \$413  = \port$1286$54 [20] ? \$410  : \$412 [39:0];
-  assign \$416  = \port$1286$54 [21] ? \$415  : { x1, 1'h0 };
-  assign \$419  = \port$1286$54 [21] ? \$418  : { x1, 1'h0 };
-  assign \$420  = \port$1286$54 [20] ? \$417  : \$419 [39:0];
-  assign \$421  = \port$1286$54 [19] ? \$414  : \$420 [23:0];
-  assign \$422  = \port$1286$54 [18] ? \$407  : \$421 [15:0];
-  assign \$423  = \port$1286$54 [17] ? \$392  : \$422 [11:0];
-  assign \$424  = \port$1286$54 [16] ? \$361  : \$423 [9:0];
-  assign \$425  = { x1, 1'h0 } & below;
-  assign \$426  = | \$425 ;
-  assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
-  assign \$428  = \$427  & above;
-  assign \$429  = | \$428 ;
-  assign \$430  = sticky1 | y1[1];
-  assign \$431  = y1[0] & \$430 ;
-  assign \$432  = $signed(y1[8:1]) + $signed({ 1'h0, \$431  });
-  assign \$433  = neg2_1 ? 8'h80 : 8'h7f;
-  assign \$434  = $signed(rounded1) > $signed(8'h7f);
-  assign \$435  = \$434  ? 9'h07f : rounded1;
-  assign \$436  = over2_1 ? { \$433 [7], \$433  } : \$435 ;
-  assign \$438  = \port$1286$54 [21] ? \$437  : { x2, 1'h0 };
-  assign \$441  = \port$1286$54 [21] ? \$440  : { x2, 1'h0 };
-  assign \$442  = \port$1286$54 [20] ? \$439  : \$441 [39:0];
-  assign \$445  = \port$1286$54 [21] ? \$444  : { x2, 1'h0 };
-  assign \$448  = \port$1286$54 [21] ? \$447  : { x2, 1'h0 };
-  assign \$449  = \port$1286$54 [20] ? \$446  : \$448 [39:0];
-  assign \$450  = \port$1286$54 [19] ? \$443  : \$449 [23:0];
-  assign \$453  = \port$1286$54 [21] ? \$452  : { x2, 1'h0 };
-  assign \$456  = \port$1286$54 [21] ? \$455  : { x2, 1'h0 };
-  assign \$457  = \port$1286$54 [20] ? \$454  : \$456 [39:0];
-  assign \$460  = \port$1286$54 [21] ? \$459  : { x2, 1'h0 };
-  assign \$463  = \port$1286$54 [21] ? \$462  : { x2, 1'h0 };
-  assign \$464  = \port$1286$54 [20] ? \$461  : \$463 [39:0];
-  assign \$465  = \port$1286$54 [19] ? \$458  : \$464 [23:0];
-  assign \$466  = \port$1286$54 [18] ? \$451  : \$465 [15:0];
-  assign \$469  = \port$1286$54 [21] ? \$468  : { x2, 1'h0 };
-  assign \$472  = \port$1286$54 [21] ? \$471  : { x2, 1'h0 };
-  assign \$473  = \port$1286$54 [20] ? \$470  : \$472 [39:0];
-  assign \$476  = \port$1286$54 [21] ? \$475  : { x2, 1'h0 };
-  assign \$479  = \port$1286$54 [21] ? \$478  : { x2, 1'h0 };
-  assign \$480  = \port$1286$54 [20] ? \$477  : \$479 [39:0];
-  assign \$481  = \port$1286$54 [19] ? \$474  : \$480 [23:0];
-  assign \$484  = \port$1286$54 [21] ? \$483  : { x2, 1'h0 };
-  assign \$487  = \port$1286$54 [21] ? \$486  : { x2, 1'h0 };
-  assign \$488  = \port$1286$54 [20] ? \$485  : \$487 [39:0];
-  assign \$491  = \port$1286$54 [21] ? \$490  : { x2, 1'h0 };
-  assign \$494  = \port$1286$54 [21] ? \$493  : { x2, 1'h0 };
-  assign \$495  = \port$1286$54 [20] ? \$492  : \$494 [39:0];
-  assign \$496  = \port$1286$54 [19] ? \$489  : \$495 [23:0];
-  assign \$497  = \port$1286$54 [18] ? \$482  : \$496 [15:0];
-  assign \$498  = \port$1286$54 [17] ? \$467  : \$497 [11:0];
-  assign \$501  = \port$1286$54 [21] ? \$500  : { x2, 1'h0 };
-  assign \$504  = \port$1286$54 [21] ? \$503  : { x2, 1'h0 };
-  assign \$505  = \port$1286$54 [20] ? \$502  : \$504 [39:0];
-  assign \$508  = \port$1286$54 [21] ? \$507  : { x2, 1'h0 };
-  assign \$511  = \port$1286$54 [21] ? \$510  : { x2, 1'h0 };
-  assign \$512  = \port$1286$54 [20] ? \$509  : \$511 [39:0];
-  assign \$513  = \port$1286$54 [19] ? \$506  : \$512 [23:0];
-  assign \$516  = \port$1286$54 [21] ? \$515  : { x2, 1'h0 };
-  assign \$519  = \port$1286$54 [21] ? \$518  : { x2, 1'h0 };
-  assign \$520  = \port$1286$54 [20] ? \$517  : \$519 [39:0];
-  assign \$523  = \port$1286$54 [21] ? \$522  : { x2, 1'h0 };
-  assign \$526  = \port$1286$54 [21] ? \$525  : { x2, 1'h0 };
-  assign \$527  = \port$1286$54 [20] ? \$524  : \$526 [39:0];
-  assign \$528  = \port$1286$54 [19] ? \$521  : \$527 [23:0];
-  assign \$529  = \port$1286$54 [18] ? \$514  : \$528 [15:0];
-  assign \$532  = \port$1286$54 [21] ? \$531  : { x2, 1'h0 };
-  assign \$535  = \port$1286$54 [21] ? \$534  : { x2, 1'h0 };
-  assign \$536  = \port$1286$54 [20] ? \$533  : \$535 [39:0];
-  assign \$539  = \port$1286$54 [21] ? \$538  : { x2, 1'h0 };
-  assign \$542  = \port$1286$54 [21] ? \$541  : { x2, 1'h0 };
-  assign \$543  = \port$1286$54 [20] ? \$540  : \$542 [39:0];
-  assign \$544  = \port$1286$54 [19] ? \$537  : \$543 [23:0];
-  assign \$547  = \port$1286$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$550  = \port$1286$54 [21] ? \$549  : { x2, 1'h0 };
-  assign \$551  = \port$1286$54 [20] ? \$548  : \$550 [39:0];
-  assign \$554  = \port$1286$54 [21] ? \$553  : { x2, 1'h0 };
-  assign \$557  = \port$1286$54 [21] ? \$556  : { x2, 1'h0 };
-  assign \$558  = \port$1286$54 [20] ? \$555  : \$557 [39:0];
-  assign \$559  = \port$1286$54 [19] ? \$552  : \$558 [23:0];
-  assign \$560  = \port$1286$54 [18] ? \$545  : \$559 [15:0];
-  assign \$561  = \port$1286$54 [17] ? \$530  : \$560 [11:0];
-  assign \$562  = \port$1286$54 [16] ? \$499  : \$561 [9:0];
-  assign \$563  = { x2, 1'h0 } & below;
-  assign \$564  = | \$563 ;
-  assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
-  assign \$566  = \$565  & above;
-  assign \$567  = | \$566 ;
-  assign \$568  = sticky2 | y2[1];
-  assign \$569  = y2[0] & \$568 ;
-  assign \$570  = $signed(y2[8:1]) + $signed({ 1'h0, \$569  });
-  assign \$571  = neg2_2 ? 8'h80 : 8'h7f;
-  assign \$572  = $signed(rounded2) > $signed(8'h7f);
-  assign \$573  = \$572  ? 9'h07f : rounded2;
-  assign \$574  = over2_2 ? { \$571 [7], \$571  } : \$573 ;
-  assign \$576  = \port$1286$54 [21] ? \$575  : { x3, 1'h0 };
-  assign \$579  = \port$1286$54 [21] ? \$578  : { x3, 1'h0 };
-  assign \$580  = \port$1286$54 [20] ? \$577  : \$579 [39:0];
-  assign \$583  = \port$1286$54 [21] ? \$582  : { x3, 1'h0 };
-  assign \$586  = \port$1286$54 [21] ? \$585  : { x3, 1'h0 };
-  assign \$587  = \port$1286$54 [20] ? \$584  : \$586 [39:0];
-  assign \$588  = \port$1286$54 [19] ? \$581  : \$587 [23:0];
-  assign \$591  = \port$1286$54 [21] ? \$590  : { x3, 1'h0 };
-  assign \$594  = \port$1286$54 [21] ? \$593  : { x3, 1'h0 };
-  assign \$595  = \port$1286$54 [20] ? \$592  : \$594 [39:0];
-  assign \$598  = \port$1286$54 [21] ? \$597  : { x3, 1'h0 };
-  assign \$601  = \port$1286$54 [21] ? \$600  : { x3, 1'h0 };
-  assign \$602  = \port$1286$54 [20] ? \$599  : \$601 [39:0];
-  assign \$603  = \port$1286$54 [19] ? \$596  : \$602 [23:0];
-  assign \$604  = \port$1286$54 [18] ? \$589  : \$603 [15:0];
-  assign \$607  = \port$1286$54 [21] ? \$606  : { x3, 1'h0 };
-  assign \$610  = \port$1286$54 [21] ? \$609  : { x3, 1'h0 };
-  assign \$611  = \port$1286$54 [20] ? \$608  : \$610 [39:0];
-  assign \$614  = \port$1286$54 [21] ? \$613  : { x3, 1'h0 };
-  assign \$617  = \port$1286$54 [21] ? \$616  : { x3, 1'h0 };
-  assign \$618  = \port$1286$54 [20] ? \$615  : \$617 [39:0];
-  assign \$619  = \port$1286$54 [19] ? \$612  : \$618 [23:0];
-  assign \$622  = \port$1286$54 [21] ? \$621  : { x3, 1'h0 };
-  assign \$625  = \port$1286$54 [21] ? \$624  : { x3, 1'h0 };
-  assign \$626  = \port$1286$54 [20] ? \$623  : \$625 [39:0];
-  assign \$629  = \port$1286$54 [21] ? \$628  : { x3, 1'h0 };
-  assign \$632  = \port$1286$54 [21] ? \$631  : { x3, 1'h0 };
-  assign \$633  = \port$1286$54 [20] ? \$630  : \$632 [39:0];
-  assign \$634  = \port$1286$54 [19] ? \$627  : \$633 [23:0];
-  assign \$635  = \port$1286$54 [18] ? \$620  : \$634 [15:0];
-  assign \$636  = \port$1286$54 [17] ? \$605  : \$635 [11:0];
-  assign \$639  = \port$1286$54 [21] ? \$638  : { x3, 1'h0 };
-  assign \$642  = \port$1286$54 [21] ? \$641  : { x3, 1'h0 };
-  assign \$643  = \port$1286$54 [20] ? \$640  : \$642 [39:0];
-  assign \$646  = \port$1286$54 [21] ? \$645  : { x3, 1'h0 };
-  assign \$649  = \port$1286$54 [21] ? \$648  : { x3, 1'h0 };
-  assign \$650  = \port$1286$54 [20] ? \$647  : \$649 [39:0];
-  assign \$651  = \port$1286$54 [19] ? \$644  : \$650 [23:0];
-  assign \$654  = \port$1286$54 [21] ? \$653  : { x3, 1'h0 };
-  assign \$657  = \port$1286$54 [21] ? \$656  : { x3, 1'h0 };
-  assign \$658  = \port$1286$54 [20] ? \$655  : \$657 [39:0];
-  assign \$661  = \port$1286$54 [21] ? \$660  : { x3, 1'h0 };
-  assign \$664  = \port$1286$54 [21] ? \$663  : { x3, 1'h0 };
-  assign \$665  = \port$1286$54 [20] ? \$662  : \$664 [39:0];
-  assign \$666  = \port$1286$54 [19] ? \$659  : \$665 [23:0];
-  assign \$667  = \port$1286$54 [18] ? \$652  : \$666 [15:0];
-  assign \$670  = \port$1286$54 [21] ? \$669  : { x3, 1'h0 };
-  assign \$673  = \port$1286$54 [21] ? \$672  : { x3, 1'h0 };
-  assign \$674  = \port$1286$54 [20] ? \$671  : \$673 [39:0];
-  assign \$677  = \port$1286$54 [21] ? \$676  : { x3, 1'h0 };
-  assign \$680  = \port$1286$54 [21] ? \$679  : { x3, 1'h0 };
-  assign \$681  = \port$1286$54 [20] ? \$678  : \$680 [39:0];
-  assign \$682  = \port$1286$54 [19] ? \$675  : \$681 [23:0];
-  assign \$685  = \port$1286$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$688  = \port$1286$54 [21] ? \$687  : { x3, 1'h0 };
-  assign \$689  = \port$1286$54 [20] ? \$686  : \$688 [39:0];
-  assign \$692  = \port$1286$54 [21] ? \$691  : { x3, 1'h0 };
-  assign \$695  = \port$1286$54 [21] ? \$694  : { x3, 1'h0 };
-  assign \$696  = \port$1286$54 [20] ? \$693  : \$695 [39:0];
-  assign \$697  = \port$1286$54 [19] ? \$690  : \$696 [23:0];
-  assign \$698  = \port$1286$54 [18] ? \$683  : \$697 [15:0];
-  assign \$699  = \port$1286$54 [17] ? \$668  : \$698 [11:0];
-  assign \$700  = \port$1286$54 [16] ? \$637  : \$699 [9:0];
-  assign \$701  = { x3, 1'h0 } & below;
-  assign \$702  = | \$701 ;
-  assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
-  assign \$704  = \$703  & above;
-  assign \$705  = | \$704 ;
-  assign \$706  = sticky3 | y3[1];
-  assign \$707  = y3[0] & \$706 ;
-  assign \$708  = $signed(y3[8:1]) + $signed({ 1'h0, \$707  });
-  assign \$709  = neg2_3 ? 8'h80 : 8'h7f;
-  assign \$710  = $signed(rounded3) > $signed(8'h7f);
-  assign \$711  = \$710  ? 9'h07f : rounded3;
-  assign \$712  = over2_3 ? { \$709 [7], \$709  } : \$711 ;
+  assign \$148  = \$146  & \$147 ;
+  assign \$149  = \$145  | \$148 ;
+  assign \$150  = \port$1402$54 [21:19] > 2'h3;
+  assign \$151  = \port$1402$54 [21:19] == 2'h3;
+  assign \$152  = \port$1402$54 [18:16] > 2'h3;
+  assign \$153  = \$151  & \$152 ;
+  assign \$154  = \$150  | \$153 ;
+  assign \$155  = \port$1402$54 [21:19] > 2'h3;
+  assign \$156  = \port$1402$54 [21:19] == 2'h3;
+  assign \$157  = \port$1402$54 [18:16] > 3'h4;
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = \$155  | \$158 ;
+  assign \$160  = \port$1402$54 [21:19] > 2'h3;
+  assign \$161  = \port$1402$54 [21:19] == 2'h3;
+  assign \$162  = \port$1402$54 [18:16] > 3'h5;
+  assign \$163  = \$161  & \$162 ;
+  assign \$164  = \$160  | \$163 ;
+  assign \$165  = \port$1402$54 [21:19] > 2'h3;
+  assign \$166  = \port$1402$54 [21:19] == 2'h3;
+  assign \$167  = \port$1402$54 [18:16] > 3'h6;
+  assign \$168  = \$166  & \$167 ;
+  assign \$169  = \$165  | \$168 ;
+  assign \$170  = \port$1402$54 [21:19] > 2'h3;
+  assign \$171  = \port$1402$54 [21:19] == 2'h3;
+  assign \$172  = \port$1402$54 [18:16] > 3'h7;
+  assign \$173  = \$171  & \$172 ;
+  assign \$174  = \$170  | \$173 ;
+  assign \$175  = \port$1402$54 [21:19] > 3'h4;
+  assign \$176  = \port$1402$54 [21:19] == 3'h4;
+  assign \$177  = \port$1402$54 [18:16] > 1'h0;
+  assign \$178  = \$176  & \$177 ;
+  assign \$179  = \$175  | \$178 ;
+  assign \$180  = \port$1402$54 [21:19] > 3'h4;
+  assign \$181  = \port$1402$54 [21:19] == 3'h4;
+  assign \$182  = \port$1402$54 [18:16] > 1'h1;
+  assign \$183  = \$181  & \$182 ;
+  assign \$184  = \$180  | \$183 ;
+  assign \$185  = \port$1402$54 [21:19] > 3'h4;
+  assign \$186  = \port$1402$54 [21:19] == 3'h4;
+  assign \$187  = \port$1402$54 [18:16] > 2'h2;
+  assign \$188  = \$186  & \$187 ;
+  assign \$189  = \$185  | \$188 ;
+  assign \$190  = \port$1402$54 [21:19] > 3'h4;
+  assign \$191  = \port$1402$54 [21:19] == 3'h4;
+  assign \$192  = \port$1402$54 [18:16] > 2'h3;
+  assign \$193  = \$191  & \$192 ;
+  assign \$194  = \$190  | \$193 ;
+  assign \$195  = \port$1402$54 [21:19] > 3'h4;
+  assign \$196  = \port$1402$54 [21:19] == 3'h4;
+  assign \$197  = \port$1402$54 [18:16] > 3'h4;
+  assign \$198  = \$196  & \$197 ;
+  assign \$199  = \$195  | \$198 ;
+  assign \$200  = \port$1402$54 [21:19] > 3'h4;
+  assign \$201  = \port$1402$54 [21:19] == 3'h4;
+  assign \$202  = \port$1402$54 [18:16] > 3'h5;
+  assign \$203  = \$201  & \$202 ;
+  assign \$204  = \$200  | \$203 ;
+  assign \$205  = \port$1402$54 [21:19] > 3'h4;
+  assign \$206  = \port$1402$54 [21:19] == 3'h4;
+  assign \$207  = \port$1402$54 [18:16] > 3'h6;
+  assign \$208  = \$206  & \$207 ;
+  assign \$209  = \$205  | \$208 ;
+  assign \$210  = \port$1402$54 [21:19] > 3'h4;
+  assign \$211  = \port$1402$54 [21:19] == 3'h4;
+  assign \$212  = \port$1402$54 [18:16] > 3'h7;
+  assign \$213  = \$211  & \$212 ;
+  assign \$214  = \$210  | \$213 ;
+  assign \$215  = \port$1402$54 [21:19] > 3'h5;
+  assign \$216  = \port$1402$54 [21:19] == 3'h5;
+  assign \$217  = \port$1402$54 [18:16] > 1'h0;
+  assign \$218  = \$216  & \$217 ;
+  assign \$219  = \$215  | \$218 ;
+  assign \$220  = \port$1402$54 [21:19] > 3'h5;
+  assign \$221  = \port$1402$54 [21:19] == 3'h5;
+  assign \$222  = \port$1402$54 [18:16] > 1'h1;
+  assign \$223  = \$221  & \$222 ;
+  assign \$224  = \$220  | \$223 ;
+  assign \$225  = \port$1402$54 [21:19] > 3'h5;
+  assign \$226  = \port$1402$54 [21:19] == 3'h5;
+  assign \$227  = \port$1402$54 [18:16] > 2'h2;
+  assign \$228  = \$226  & \$227 ;
+  assign \$229  = \$225  | \$228 ;
+  assign \$230  = \port$1402$54 [21:19] > 3'h5;
+  assign \$231  = \port$1402$54 [21:19] == 3'h5;
+  assign \$232  = \port$1402$54 [18:16] > 2'h3;
+  assign \$233  = \$231  & \$232 ;
+  assign \$234  = \$230  | \$233 ;
+  assign \$235  = \port$1402$54 [21:19] > 3'h5;
+  assign \$236  = \port$1402$54 [21:19] == 3'h5;
+  assign \$237  = \port$1402$54 [18:16] > 3'h4;
+  assign \$238  = \$236  & \$237 ;
+  assign \$239  = \$235  | \$238 ;
+  assign \$240  = \port$1402$54 [21:19] > 3'h5;
+  assign \$241  = \port$1402$54 [21:19] == 3'h5;
+  assign \$242  = \port$1402$54 [18:16] > 3'h5;
+  assign \$243  = \$241  & \$242 ;
+  assign \$244  = \$240  | \$243 ;
+  assign \$245  = \port$1402$54 [21:19] > 3'h5;
+  assign \$246  = \port$1402$54 [21:19] == 3'h5;
+  assign \$247  = \port$1402$54 [18:16] > 3'h6;
+  assign \$248  = \$246  & \$247 ;
+  assign \$249  = \$245  | \$248 ;
+  assign \$250  = \port$1402$54 [21:19] > 3'h5;
+  assign \$251  = \port$1402$54 [21:19] == 3'h5;
+  assign \$252  = \port$1402$54 [18:16] > 3'h7;
+  assign \$253  = \$251  & \$252 ;
+  assign \$254  = \$250  | \$253 ;
+  assign \$255  = \port$1402$54 [21:19] > 3'h6;
+  assign \$256  = \port$1402$54 [21:19] == 3'h6;
+  assign \$257  = \port$1402$54 [18:16] > 1'h0;
+  assign \$258  = \$256  & \$257 ;
+  assign \$259  = \$255  | \$258 ;
+  assign \$261  = \port$1402$54 [21] ? \$260  : { x0, 1'h0 };
+  assign \$264  = \port$1402$54 [21] ? \$263  : { x0, 1'h0 };
+  assign \$265  = \port$1402$54 [20] ? \$262  : \$264 [39:0];
+  assign \$268  = \port$1402$54 [21] ? \$267  : { x0, 1'h0 };
+  assign \$271  = \port$1402$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$272  = \port$1402$54 [20] ? \$269  : \$271 [39:0];
+  assign \$273  = \port$1402$54 [19] ? \$266  : \$272 [23:0];
+  assign \$276  = \port$1402$54 [21] ? \$275  : { x0, 1'h0 };
+  assign \$279  = \port$1402$54 [21] ? \$278  : { x0, 1'h0 };
+  assign \$280  = \port$1402$54 [20] ? \$277  : \$279 [39:0];
+  assign \$283  = \port$1402$54 [21] ? \$282  : { x0, 1'h0 };
+  assign \$286  = \port$1402$54 [21] ? \$285  : { x0, 1'h0 };
+  assign \$287  = \port$1402$54 [20] ? \$284  : \$286 [39:0];
+  assign \$288  = \port$1402$54 [19] ? \$281  : \$287 [23:0];
+  assign \$289  = \port$1402$54 [18] ? \$274  : \$288 [15:0];
+  assign \$292  = \port$1402$54 [21] ? \$291  : { x0, 1'h0 };
+  assign \$295  = \port$1402$54 [21] ? \$294  : { x0, 1'h0 };
+  assign \$296  = \port$1402$54 [20] ? \$293  : \$295 [39:0];
+  assign \$299  = \port$1402$54 [21] ? \$298  : { x0, 1'h0 };
+  assign \$302  = \port$1402$54 [21] ? \$301  : { x0, 1'h0 };
+  assign \$303  = \port$1402$54 [20] ? \$300  : \$302 [39:0];
+  assign \$304  = \port$1402$54 [19] ? \$297  : \$303 [23:0];
+  assign \$307  = \port$1402$54 [21] ? \$306  : { x0, 1'h0 };
+  assign \$310  = \port$1402$54 [21] ? \$309  : { x0, 1'h0 };
+  assign \$311  = \port$1402$54 [20] ? \$308  : \$310 [39:0];
+  assign \$314  = \port$1402$54 [21] ? \$313  : { x0, 1'h0 };
+  assign \$317  = \port$1402$54 [21] ? \$316  : { x0, 1'h0 };
+  assign \$318  = \port$1402$54 [20] ? \$315  : \$317 [39:0];
+  assign \$319  = \port$1402$54 [19] ? \$312  : \$318 [23:0];
+  assign \$320  = \port$1402$54 [18] ? \$305  : \$319 [15:0];
+  assign \$321  = \port$1402$54 [17] ? \$290  : \$320 [11:0];
+  assign \$324  = \port$1402$54 [21] ? \$323  : { x0, 1'h0 };
+  assign \$327  = \port$1402$54 [21] ? \$326  : { x0, 1'h0 };
+  assign \$328  = \port$1402$54 [20] ? \$325  : \$327 [39:0];
+  assign \$331  = \port$1402$54 [21] ? \$330  : { x0, 1'h0 };
+  assign \$334  = \port$1402$54 [21] ? \$333  : { x0, 1'h0 };
+  assign \$335  = \port$1402$54 [20] ? \$332  : \$334 [39:0];
+  assign \$336  = \port$1402$54 [19] ? \$329  : \$335 [23:0];
+  assign \$339  = \port$1402$54 [21] ? \$338  : { x0, 1'h0 };
+  assign \$342  = \port$1402$54 [21] ? \$341  : { x0, 1'h0 };
+  assign \$343  = \port$1402$54 [20] ? \$340  : \$342 [39:0];
+  assign \$346  = \port$1402$54 [21] ? \$345  : { x0, 1'h0 };
+  assign \$349  = \port$1402$54 [21] ? \$348  : { x0, 1'h0 };
+  assign \$350  = \port$1402$54 [20] ? \$347  : \$349 [39:0];
+  assign \$351  = \port$1402$54 [19] ? \$344  : \$350 [23:0];
+  assign \$352  = \port$1402$54 [18] ? \$337  : \$351 [15:0];
+  assign \$355  = \port$1402$54 [21] ? \$354  : { x0, 1'h0 };
+  assign \$358  = \port$1402$54 [21] ? \$357  : { x0, 1'h0 };
+  assign \$359  = \port$1402$54 [20] ? \$356  : \$358 [39:0];
+  assign \$362  = \port$1402$54 [21] ? \$361  : { x0, 1'h0 };
+  assign \$365  = \port$1402$54 [21] ? \$364  : { x0, 1'h0 };
+  assign \$366  = \port$1402$54 [20] ? \$363  : \$365 [39:0];
+  assign \$367  = \port$1402$54 [19] ? \$360  : \$366 [23:0];
+  assign \$370  = \port$1402$54 [21] ? \$369  : { x0, 1'h0 };
+  assign \$373  = \port$1402$54 [21] ? \$372  : { x0, 1'h0 };
+  assign \$374  = \port$1402$54 [20] ? \$371  : \$373 [39:0];
+  assign \$377  = \port$1402$54 [21] ? \$376  : { x0, 1'h0 };
+  assign \$380  = \port$1402$54 [21] ? \$379  : { x0, 1'h0 };
+  assign \$381  = \port$1402$54 [20] ? \$378  : \$380 [39:0];
+  assign \$382  = \port$1402$54 [19] ? \$375  : \$381 [23:0];
+  assign \$383  = \port$1402$54 [18] ? \$368  : \$382 [15:0];
+  assign \$384  = \port$1402$54 [17] ? \$353  : \$383 [11:0];
+  assign \$385  = \port$1402$54 [16] ? \$322  : \$384 [9:0];
+  assign \$386  = { x0, 1'h0 } & below;
+  assign \$387  = | \$386 ;
+  assign \$388  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
+  assign \$389  = \$388  & { \$2 , 8'h00 };
+  assign \$390  = | \$389 ;
+  assign \$391  = sticky0 | y0[1];
+  assign \$392  = y0[0] & \$391 ;
+  assign \$393  = $signed(y0[8:1]) + $signed({ 1'h0, \$392  });
+  assign \$394  = neg2_0 ? 8'h80 : 8'h7f;
+  assign \$395  = $signed(rounded0) > $signed(8'h7f);
+  assign \$396  = \$395  ? 9'h07f : rounded0;
+  assign \$397  = over2_0 ? { \$394 [7], \$394  } : \$396 ;
+  assign \$399  = \port$1402$54 [21] ? \$398  : { x1, 1'h0 };
+  assign \$402  = \port$1402$54 [21] ? \$401  : { x1, 1'h0 };
+  assign \$403  = \port$1402$54 [20] ? \$400  : \$402 [39:0];
+  assign \$406  = \port$1402$54 [21] ? \$405  : { x1, 1'h0 };
+  assign \$409  = \port$1402$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$410  = \port$1402$54 [20] ? \$407  : \$409 [39:0];
+  assign \$411  = \port$1402$54 [19] ? \$404  : \$410 [23:0];
+  assign \$414  = \port$1402$54 [21] ? \$413  : { x1, 1'h0 };
+  assign \$417  = \port$1402$54 [21] ? \$416  : { x1, 1'h0 };
+  assign \$418  = \port$1402$54 [20] ? \$415  : \$417 [39:0];
+  assign \$421  = \port$1402$54 [21] ? \$420  : { x1, 1'h0 };
+  assign \$424  = \port$1402$54 [21] ? \$423  : { x1, 1'h0 };
+  assign \$425  = \port$1402$54 [20] ? \$422  : \$424 [39:0];
+  assign \$426  = \port$1402$54 [19] ? \$419  : \$425 [23:0];
+  assign \$427  = \port$1402$54 [18] ? \$412  : \$426 [15:0];
+  assign \$430  = \port$1402$54 [21] ? \$429  : { x1, 1'h0 };
+  assign \$433  = \port$1402$54 [21] ? \$432  : { x1, 1'h0 };
+  assign \$434  = \port$1402$54 [20] ? \$431  : \$433 [39:0];
+  assign \$437  = \port$1402$54 [21] ? \$436  : { x1, 1'h0 };
+  assign \$440  = \port$1402$54 [21] ? \$439  : { x1, 1'h0 };
+  assign \$441  = \port$1402$54 [20] ? \$438  : \$440 [39:0];
+  assign \$442  = \port$1402$54 [19] ? \$435  : \$441 [23:0];
+  assign \$445  = \port$1402$54 [21] ? \$444  : { x1, 1'h0 };
+  assign \$448  = \port$1402$54 [21] ? \$447  : { x1, 1'h0 };
+  assign \$449  = \port$1402$54 [20] ? \$446  : \$448 [39:0];
+  assign \$452  = \port$1402$54 [21] ? \$451  : { x1, 1'h0 };
+  assign \$455  = \port$1402$54 [21] ? \$454  : { x1, 1'h0 };
+  assign \$456  = \port$1402$54 [20] ? \$453  : \$455 [39:0];
+  assign \$457  = \port$1402$54 [19] ? \$450  : \$456 [23:0];
+  assign \$458  = \port$1402$54 [18] ? \$443  : \$457 [15:0];
+  assign \$459  = \port$1402$54 [17] ? \$428  : \$458 [11:0];
+  assign \$462  = \port$1402$54 [21] ? \$461  : { x1, 1'h0 };
+  assign \$465  = \port$1402$54 [21] ? \$464  : { x1, 1'h0 };
+  assign \$466  = \port$1402$54 [20] ? \$463  : \$465 [39:0];
+  assign \$469  = \port$1402$54 [21] ? \$468  : { x1, 1'h0 };
+  assign \$472  = \port$1402$54 [21] ? \$471  : { x1, 1'h0 };
+  assign \$473  = \port$1402$54 [20] ? \$470  : \$472 [39:0];
+  assign \$474  = \port$1402$54 [19] ? \$467  : \$473 [23:0];
+  assign \$477  = \port$1402$54 [21] ? \$476  : { x1, 1'h0 };
+  assign \$480  = \port$1402$54 [21] ? \$479  : { x1, 1'h0 };
+  assign \$481  = \port$1402$54 [20] ? \$478  : \$480 [39:0];
+  assign \$484  = \port$1402$54 [21] ? \$483  : { x1, 1'h0 };
+  assign \$487  = \port$1402$54 [21] ? \$486  : { x1, 1'h0 };
+  assign \$488  = \port$1402$54 [20] ? \$485  : \$487 [39:0];
+  assign \$489  = \port$1402$54 [19] ? \$482  : \$488 [23:0];
+  assign \$490  = \port$1402$54 [18] ? \$475  : \$489 [15:0];
+  assign \$493  = \port$1402$54 [21] ? \$492  : { x1, 1'h0 };
+  assign \$496  = \port$1402$54 [21] ? \$495  : { x1, 1'h0 };
+  assign \$497  = \port$1402$54 [20] ? \$494  : \$496 [39:0];
+  assign \$500  = \port$1402$54 [21] ? \$499  : { x1, 1'h0 };
+  assign \$503  = \port$1402$54 [21] ? \$502  : { x1, 1'h0 };
+  assign \$504  = \port$1402$54 [20] ? \$501  : \$503 [39:0];
+  assign \$505  = \port$1402$54 [19] ? \$498  : \$504 [23:0];
+  assign \$508  = \port$1402$54 [21] ? \$507  : { x1, 1'h0 };
+  assign \$511  = \port$1402$54 [21] ? \$510  : { x1, 1'h0 };
+  assign \$512  = \port$1402$54 [20] ? \$509  : \$511 [39:0];
+  assign \$515  = \port$1402$54 [21] ? \$514  : { x1, 1'h0 };
+  assign \$518  = \port$1402$54 [21] ? \$517  : { x1, 1'h0 };
+  assign \$519  = \port$1402$54 [20] ? \$516  : \$518 [39:0];
+  assign \$520  = \port$1402$54 [19] ? \$513  : \$519 [23:0];
+  assign \$521  = \port$1402$54 [18] ? \$506  : \$520 [15:0];
+  assign \$522  = \port$1402$54 [17] ? \$491  : \$521 [11:0];
+  assign \$523  = \port$1402$54 [16] ? \$460  : \$522 [9:0];
+  assign \$524  = { x1, 1'h0 } & below;
+  assign \$525  = | \$524 ;
+  assign \$526  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
+  assign \$527  = \$526  & { \$2 , 8'h00 };
+  assign \$528  = | \$527 ;
+  assign \$529  = sticky1 | y1[1];
+  assign \$530  = y1[0] & \$529 ;
+  assign \$531  = $signed(y1[8:1]) + $signed({ 1'h0, \$530  });
+  assign \$532  = neg2_1 ? 8'h80 : 8'h7f;
+  assign \$533  = $signed(rounded1) > $signed(8'h7f);
+  assign \$534  = \$533  ? 9'h07f : rounded1;
+  assign \$535  = over2_1 ? { \$532 [7], \$532  } : \$534 ;
+  assign \$537  = \port$1402$54 [21] ? \$536  : { x2, 1'h0 };
+  assign \$540  = \port$1402$54 [21] ? \$539  : { x2, 1'h0 };
+  assign \$541  = \port$1402$54 [20] ? \$538  : \$540 [39:0];
+  assign \$544  = \port$1402$54 [21] ? \$543  : { x2, 1'h0 };
+  assign \$547  = \port$1402$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$548  = \port$1402$54 [20] ? \$545  : \$547 [39:0];
+  assign \$549  = \port$1402$54 [19] ? \$542  : \$548 [23:0];
+  assign \$552  = \port$1402$54 [21] ? \$551  : { x2, 1'h0 };
+  assign \$555  = \port$1402$54 [21] ? \$554  : { x2, 1'h0 };
+  assign \$556  = \port$1402$54 [20] ? \$553  : \$555 [39:0];
+  assign \$559  = \port$1402$54 [21] ? \$558  : { x2, 1'h0 };
+  assign \$562  = \port$1402$54 [21] ? \$561  : { x2, 1'h0 };
+  assign \$563  = \port$1402$54 [20] ? \$560  : \$562 [39:0];
+  assign \$564  = \port$1402$54 [19] ? \$557  : \$563 [23:0];
+  assign \$565  = \port$1402$54 [18] ? \$550  : \$564 [15:0];
+  assign \$568  = \port$1402$54 [21] ? \$567  : { x2, 1'h0 };
+  assign \$571  = \port$1402$54 [21] ? \$570  : { x2, 1'h0 };
+  assign \$572  = \port$1402$54 [20] ? \$569  : \$571 [39:0];
+  assign \$575  = \port$1402$54 [21] ? \$574  : { x2, 1'h0 };
+  assign \$578  = \port$1402$54 [21] ? \$577  : { x2, 1'h0 };
+  assign \$579  = \port$1402$54 [20] ? \$576  : \$578 [39:0];
+  assign \$580  = \port$1402$54 [19] ? \$573  : \$579 [23:0];
+  assign \$583  = \port$1402$54 [21] ? \$582  : { x2, 1'h0 };
+  assign \$586  = \port$1402$54 [21] ? \$585  : { x2, 1'h0 };
+  assign \$587  = \port$1402$54 [20] ? \$584  : \$586 [39:0];
+  assign \$590  = \port$1402$54 [21] ? \$589  : { x2, 1'h0 };
+  assign \$593  = \port$1402$54 [21] ? \$592  : { x2, 1'h0 };
+  assign \$594  = \port$1402$54 [20] ? \$591  : \$593 [39:0];
+  assign \$595  = \port$1402$54 [19] ? \$588  : \$594 [23:0];
+  assign \$596  = \port$1402$54 [18] ? \$581  : \$595 [15:0];
+  assign \$597  = \port$1402$54 [17] ? \$566  : \$596 [11:0];
+  assign \$600  = \port$1402$54 [21] ? \$599  : { x2, 1'h0 };
+  assign \$603  = \port$1402$54 [21] ? \$602  : { x2, 1'h0 };
+  assign \$604  = \port$1402$54 [20] ? \$601  : \$603 [39:0];
+  assign \$607  = \port$1402$54 [21] ? \$606  : { x2, 1'h0 };
+  assign \$610  = \port$1402$54 [21] ? \$609  : { x2, 1'h0 };
+  assign \$611  = \port$1402$54 [20] ? \$608  : \$610 [39:0];
+  assign \$612  = \port$1402$54 [19] ? \$605  : \$611 [23:0];
+  assign \$615  = \port$1402$54 [21] ? \$614  : { x2, 1'h0 };
+  assign \$618  = \port$1402$54 [21] ? \$617  : { x2, 1'h0 };
+  assign \$619  = \port$1402$54 [20] ? \$616  : \$618 [39:0];
+  assign \$622  = \port$1402$54 [21] ? \$621  : { x2, 1'h0 };
+  assign \$625  = \port$1402$54 [21] ? \$624  : { x2, 1'h0 };
+  assign \$626  = \port$1402$54 [20] ? \$623  : \$625 [39:0];
+  assign \$627  = \port$1402$54 [19] ? \$620  : \$626 [23:0];
+  assign \$628  = \port$1402$54 [18] ? \$613  : \$627 [15:0];
+  assign \$631  = \port$1402$54 [21] ? \$630  : { x2, 1'h0 };
+  assign \$634  = \port$1402$54 [21] ? \$633  : { x2, 1'h0 };
+  assign \$635  = \port$1402$54 [20] ? \$632  : \$634 [39:0];
+  assign \$638  = \port$1402$54 [21] ? \$637  : { x2, 1'h0 };
+  assign \$641  = \port$1402$54 [21] ? \$640  : { x2, 1'h0 };
+  assign \$642  = \port$1402$54 [20] ? \$639  : \$641 [39:0];
+  assign \$643  = \port$1402$54 [19] ? \$636  : \$642 [23:0];
+  assign \$646  = \port$1402$54 [21] ? \$645  : { x2, 1'h0 };
+  assign \$649  = \port$1402$54 [21] ? \$648  : { x2, 1'h0 };
+  assign \$650  = \port$1402$54 [20] ? \$647  : \$649 [39:0];
+  assign \$653  = \port$1402$54 [21] ? \$652  : { x2, 1'h0 };
+  assign \$656  = \port$1402$54 [21] ? \$655  : { x2, 1'h0 };
+  assign \$657  = \port$1402$54 [20] ? \$654  : \$656 [39:0];
+  assign \$658  = \port$1402$54 [19] ? \$651  : \$657 [23:0];
+  assign \$659  = \port$1402$54 [18] ? \$644  : \$658 [15:0];
+  assign \$660  = \port$1402$54 [17] ? \$629  : \$659 [11:0];
+  assign \$661  = \port$1402$54 [16] ? \$598  : \$660 [9:0];
+  assign \$662  = { x2, 1'h0 } & below;
+  assign \$663  = | \$662 ;
+  assign \$664  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
+  assign \$665  = \$664  & { \$2 , 8'h00 };
+  assign \$666  = | \$665 ;
+  assign \$667  = sticky2 | y2[1];
+  assign \$668  = y2[0] & \$667 ;
+  assign \$669  = $signed(y2[8:1]) + $signed({ 1'h0, \$668  });
+  assign \$670  = neg2_2 ? 8'h80 : 8'h7f;
+  assign \$671  = $signed(rounded2) > $signed(8'h7f);
+  assign \$672  = \$671  ? 9'h07f : rounded2;
+  assign \$673  = over2_2 ? { \$670 [7], \$670  } : \$672 ;
+  assign \$675  = \port$1402$54 [21] ? \$674  : { x3, 1'h0 };
+  assign \$678  = \port$1402$54 [21] ? \$677  : { x3, 1'h0 };
+  assign \$679  = \port$1402$54 [20] ? \$676  : \$678 [39:0];
+  assign \$682  = \port$1402$54 [21] ? \$681  : { x3, 1'h0 };
+  assign \$685  = \port$1402$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$686  = \port$1402$54 [20] ? \$683  : \$685 [39:0];
+  assign \$687  = \port$1402$54 [19] ? \$680  : \$686 [23:0];
+  assign \$690  = \port$1402$54 [21] ? \$689  : { x3, 1'h0 };
+  assign \$693  = \port$1402$54 [21] ? \$692  : { x3, 1'h0 };
+  assign \$694  = \port$1402$54 [20] ? \$691  : \$693 [39:0];
+  assign \$697  = \port$1402$54 [21] ? \$696  : { x3, 1'h0 };
+  assign \$700  = \port$1402$54 [21] ? \$699  : { x3, 1'h0 };
+  assign \$701  = \port$1402$54 [20] ? \$698  : \$700 [39:0];
+  assign \$702  = \port$1402$54 [19] ? \$695  : \$701 [23:0];
+  assign \$703  = \port$1402$54 [18] ? \$688  : \$702 [15:0];
+  assign \$706  = \port$1402$54 [21] ? \$705  : { x3, 1'h0 };
+  assign \$709  = \port$1402$54 [21] ? \$708  : { x3, 1'h0 };
+  assign \$710  = \port$1402$54 [20] ? \$707  : \$709 [39:0];
+  assign \$713  = \port$1402$54 [21] ? \$712  : { x3, 1'h0 };
+  assign \$716  = \port$1402$54 [21] ? \$715  : { x3, 1'h0 };
+  assign \$717  = \port$1402$54 [20] ? \$714  : \$716 [39:0];
+  assign \$718  = \port$1402$54 [19] ? \$711  : \$717 [23:0];
+  assign \$721  = \port$1402$54 [21] ? \$720  : { x3, 1'h0 };
+  assign \$724  = \port$1402$54 [21] ? \$723  : { x3, 1'h0 };
+  assign \$725  = \port$1402$54 [20] ? \$722  : \$724 [39:0];
+  assign \$728  = \port$1402$54 [21] ? \$727  : { x3, 1'h0 };
+  assign \$731  = \port$1402$54 [21] ? \$730  : { x3, 1'h0 };
+  assign \$732  = \port$1402$54 [20] ? \$729  : \$731 [39:0];
+  assign \$733  = \port$1402$54 [19] ? \$726  : \$732 [23:0];
+  assign \$734  = \port$1402$54 [18] ? \$719  : \$733 [15:0];
+  assign \$735  = \port$1402$54 [17] ? \$704  : \$734 [11:0];
+  assign \$738  = \port$1402$54 [21] ? \$737  : { x3, 1'h0 };
+  assign \$741  = \port$1402$54 [21] ? \$740  : { x3, 1'h0 };
+  assign \$742  = \port$1402$54 [20] ? \$739  : \$741 [39:0];
+  assign \$745  = \port$1402$54 [21] ? \$744  : { x3, 1'h0 };
+  assign \$748  = \port$1402$54 [21] ? \$747  : { x3, 1'h0 };
+  assign \$749  = \port$1402$54 [20] ? \$746  : \$748 [39:0];
+  assign \$750  = \port$1402$54 [19] ? \$743  : \$749 [23:0];
+  assign \$753  = \port$1402$54 [21] ? \$752  : { x3, 1'h0 };
+  assign \$756  = \port$1402$54 [21] ? \$755  : { x3, 1'h0 };
+  assign \$757  = \port$1402$54 [20] ? \$754  : \$756 [39:0];
+  assign \$760  = \port$1402$54 [21] ? \$759  : { x3, 1'h0 };
+  assign \$763  = \port$1402$54 [21] ? \$762  : { x3, 1'h0 };
+  assign \$764  = \port$1402$54 [20] ? \$761  : \$763 [39:0];
+  assign \$765  = \port$1402$54 [19] ? \$758  : \$764 [23:0];
+  assign \$766  = \port$1402$54 [18] ? \$751  : \$765 [15:0];
+  assign \$769  = \port$1402$54 [21] ? \$768  : { x3, 1'h0 };
+  assign \$772  = \port$1402$54 [21] ? \$771  : { x3, 1'h0 };
+  assign \$773  = \port$1402$54 [20] ? \$770  : \$772 [39:0];
+  assign \$776  = \port$1402$54 [21] ? \$775  : { x3, 1'h0 };
+  assign \$779  = \port$1402$54 [21] ? \$778  : { x3, 1'h0 };
+  assign \$780  = \port$1402$54 [20] ? \$777  : \$779 [39:0];
+  assign \$781  = \port$1402$54 [19] ? \$774  : \$780 [23:0];
+  assign \$784  = \port$1402$54 [21] ? \$783  : { x3, 1'h0 };
+  assign \$787  = \port$1402$54 [21] ? \$786  : { x3, 1'h0 };
+  assign \$788  = \port$1402$54 [20] ? \$785  : \$787 [39:0];
+  assign \$791  = \port$1402$54 [21] ? \$790  : { x3, 1'h0 };
+  assign \$794  = \port$1402$54 [21] ? \$793  : { x3, 1'h0 };
+  assign \$795  = \port$1402$54 [20] ? \$792  : \$794 [39:0];
+  assign \$796  = \port$1402$54 [19] ? \$789  : \$795 [23:0];
+  assign \$797  = \port$1402$54 [18] ? \$782  : \$796 [15:0];
+  assign \$798  = \port$1402$54 [17] ? \$767  : \$797 [11:0];
+  assign \$799  = \port$1402$54 [16] ? \$736  : \$798 [9:0];
+  assign \$800  = { x3, 1'h0 } & below;
+  assign \$801  = | \$800 ;
+  assign \$802  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
+  assign \$803  = \$802  & { \$2 , 8'h00 };
+  assign \$804  = | \$803 ;
+  assign \$805  = sticky3 | y3[1];
+  assign \$806  = y3[0] & \$805 ;
+  assign \$807  = $signed(y3[8:1]) + $signed({ 1'h0, \$806  });
+  assign \$808  = neg2_3 ? 8'h80 : 8'h7f;
+  assign \$809  = $signed(rounded3) > $signed(8'h7f);
+  assign \$810  = \$809  ? 9'h07f : rounded3;
+  assign \$811  = over2_3 ? { \$808 [7], \$808  } : \$810 ;
   always @(posedge clk)
-    \$signal  <= \$713 ;
+    \$signal  <= \$812 ;
   always @(posedge clk)
-    v2 <= \$714 ;
+    v2 <= \$813 ;
   always @(posedge clk)
-    x_valid <= \$715 ;
+    x_valid <= \$814 ;
   always @(posedge clk)
-    x0 <= \$716 ;
+    x0 <= \$815 ;
   always @(posedge clk)
-    x1 <= \$717 ;
+    x1 <= \$816 ;
   always @(posedge clk)
-    x2 <= \$718 ;
+    x2 <= \$817 ;
   always @(posedge clk)
-    x3 <= \$719 ;
+    x3 <= \$818 ;
   always @(posedge clk)
-    below <= \$720 ;
+    below <= \$819 ;
   always @(posedge clk)
-    above <= \$721 ;
+    \$signal$44  <= \$820 ;
   always @(posedge clk)
-    \$signal$44  <= \$722 ;
+    v_round <= \$821 ;
   always @(posedge clk)
-    v_round <= \$723 ;
+    o__valid <= \$822 ;
   always @(posedge clk)
-    o__valid <= \$724 ;
+    y0 <= \$823 ;
   always @(posedge clk)
-    y0 <= \$725 ;
+    sticky0 <= \$824 ;
   always @(posedge clk)
-    sticky0 <= \$726 ;
+    over0 <= \$825 ;
   always @(posedge clk)
-    over0 <= \$727 ;
+    neg0 <= \$826 ;
   always @(posedge clk)
-    neg0 <= \$728 ;
+    rounded0 <= \$827 ;
   always @(posedge clk)
-    rounded0 <= \$729 ;
+    over2_0 <= \$828 ;
   always @(posedge clk)
-    over2_0 <= \$730 ;
+    neg2_0 <= \$829 ;
   always @(posedge clk)
-    neg2_0 <= \$731 ;
+    o__payload <= \$830 ;
   always @(posedge clk)
-    o__payload <= \$732 ;
+    y1 <= \$831 ;
   always @(posedge clk)
-    y1 <= \$733 ;
+    sticky1 <= \$832 ;
   always @(posedge clk)
-    sticky1 <= \$734 ;
+    over1 <= \$833 ;
   always @(posedge clk)
-    over1 <= \$735 ;
+    neg1 <= \$834 ;
   always @(posedge clk)
-    neg1 <= \$736 ;
+    rounded1 <= \$835 ;
   always @(posedge clk)
-    rounded1 <= \$737 ;
+    over2_1 <= \$836 ;
   always @(posedge clk)
-    over2_1 <= \$738 ;
+    neg2_1 <= \$837 ;
   always @(posedge clk)
-    neg2_1 <= \$739 ;
+    y2 <= \$838 ;
   always @(posedge clk)
-    y2 <= \$740 ;
+    sticky2 <= \$839 ;
   always @(posedge clk)
-    sticky2 <= \$741 ;
+    over2 <= \$840 ;
   always @(posedge clk)
-    over2 <= \$742 ;
+    neg2 <= \$841 ;
   always @(posedge clk)
-    neg2 <= \$743 ;
+    rounded2 <= \$842 ;
   always @(posedge clk)
-    rounded2 <= \$744 ;
+    over2_2 <= \$843 ;
   always @(posedge clk)
-    over2_2 <= \$745 ;
+    neg2_2 <= \$844 ;
   always @(posedge clk)
-    neg2_2 <= \$746 ;
+    y3 <= \$845 ;
   always @(posedge clk)
-    y3 <= \$747 ;
+    sticky3 <= \$846 ;
   always @(posedge clk)
-    sticky3 <= \$748 ;
+    over3 <= \$847 ;
   always @(posedge clk)
-    over3 <= \$749 ;
+    neg3 <= \$848 ;
   always @(posedge clk)
-    neg3 <= \$750 ;
+    rounded3 <= \$849 ;
   always @(posedge clk)
-    rounded3 <= \$751 ;
+    over2_3 <= \$850 ;
   always @(posedge clk)
-    over2_3 <= \$752 ;
-  always @(posedge clk)
-    neg2_3 <= \$753 ;
+    neg2_3 <= \$851 ;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
-  assign \$4  = $signed(\$2 ) + $signed(\$3 );
-  assign \$7  = $signed(\$5 ) + $signed(\$6 );
-  assign \$10  = $signed(\$8 ) + $signed(\$9 );
-  assign \$13  = $signed(\$11 ) + $signed(\$12 );
-  assign \$14  = \port$1286$54 [21:16] > 1'h0;
-  assign \$15  = \port$1286$54 [21:16] > 1'h1;
-  assign \$16  = \port$1286$54 [21:16] > 2'h2;
-  assign \$17  = \port$1286$54 [21:16] > 2'h3;
-  assign \$18  = \port$1286$54 [21:16] > 3'h4;
-  assign \$19  = \port$1286$54 [21:16] > 3'h5;
-  assign \$20  = \port$1286$54 [21:16] > 3'h6;
-  assign \$21  = \port$1286$54 [21:16] > 3'h7;
-  assign \$22  = \port$1286$54 [21:16] > 4'h8;
-  assign \$23  = \port$1286$54 [21:16] > 4'h9;
-  assign \$24  = \port$1286$54 [21:16] > 4'ha;
-  assign \$25  = \port$1286$54 [21:16] > 4'hb;
-  assign \$26  = \port$1286$54 [21:16] > 4'hc;
-  assign \$27  = \port$1286$54 [21:16] > 4'hd;
-  assign \$28  = \port$1286$54 [21:16] > 4'he;
-  assign \$29  = \port$1286$54 [21:16] > 4'hf;
-  assign \$30  = \port$1286$54 [21:16] > 5'h10;
-  assign \$31  = \port$1286$54 [21:16] > 5'h11;
-  assign \$32  = \port$1286$54 [21:16] > 5'h12;
-  assign \$33  = \port$1286$54 [21:16] > 5'h13;
-  assign \$34  = \port$1286$54 [21:16] > 5'h14;
-  assign \$35  = \port$1286$54 [21:16] > 5'h15;
-  assign \$36  = \port$1286$54 [21:16] > 5'h16;
-  assign \$37  = \port$1286$54 [21:16] > 5'h17;
-  assign \$38  = \port$1286$54 [21:16] > 5'h18;
-  assign \$39  = \port$1286$54 [21:16] > 5'h19;
-  assign \$40  = \port$1286$54 [21:16] > 5'h1a;
-  assign \$41  = \port$1286$54 [21:16] > 5'h1b;
-  assign \$42  = \port$1286$54 [21:16] > 5'h1c;
-  assign \$43  = \port$1286$54 [21:16] > 5'h1d;
-  assign \$44  = \port$1286$54 [21:16] > 5'h1e;
-  assign \$45  = \port$1286$54 [21:16] > 5'h1f;
-  assign \$46  = \port$1286$54 [21:16] > 6'h20;
-  assign \$47  = \port$1286$54 [21:16] > 6'h21;
-  assign \$48  = \port$1286$54 [21:16] > 6'h22;
-  assign \$49  = \port$1286$54 [21:16] > 6'h23;
-  assign \$50  = \port$1286$54 [21:16] > 6'h24;
-  assign \$51  = \port$1286$54 [21:16] > 6'h25;
-  assign \$52  = \port$1286$54 [21:16] > 6'h26;
-  assign \$53  = \port$1286$54 [21:16] > 6'h27;
-  assign \$54  = \port$1286$54 [21:16] > 6'h28;
-  assign \$55  = \port$1286$54 [21:16] > 6'h29;
-  assign \$56  = \port$1286$54 [21:16] > 6'h2a;
-  assign \$57  = \port$1286$54 [21:16] > 6'h2b;
-  assign \$58  = \port$1286$54 [21:16] > 6'h2c;
-  assign \$59  = \port$1286$54 [21:16] > 6'h2d;
-  assign \$60  = \port$1286$54 [21:16] > 6'h2e;
-  assign \$61  = \port$1286$54 [21:16] > 6'h2f;
-  assign \$62  = \port$1286$54 [21:16] > 6'h30;
-  assign \$63  = \port$1286$54 [21:16] + 4'h8;
-  assign \$64  = \$63  <= 1'h0;
-  assign \$65  = \port$1286$54 [21:16] + 4'h8;
-  assign \$66  = \$65  <= 1'h1;
-  assign \$67  = \port$1286$54 [21:16] + 4'h8;
-  assign \$68  = \$67  <= 2'h2;
-  assign \$69  = \port$1286$54 [21:16] + 4'h8;
-  assign \$70  = \$69  <= 2'h3;
-  assign \$71  = \port$1286$54 [21:16] + 4'h8;
-  assign \$72  = \$71  <= 3'h4;
-  assign \$73  = \port$1286$54 [21:16] + 4'h8;
-  assign \$74  = \$73  <= 3'h5;
-  assign \$75  = \port$1286$54 [21:16] + 4'h8;
-  assign \$76  = \$75  <= 3'h6;
-  assign \$77  = \port$1286$54 [21:16] + 4'h8;
-  assign \$78  = \$77  <= 3'h7;
-  assign \$79  = \port$1286$54 [21:16] + 4'h8;
-  assign \$80  = \$79  <= 4'h8;
-  assign \$81  = \port$1286$54 [21:16] + 4'h8;
-  assign \$82  = \$81  <= 4'h9;
-  assign \$83  = \port$1286$54 [21:16] + 4'h8;
-  assign \$84  = \$83  <= 4'ha;
-  assign \$85  = \port$1286$54 [21:16] + 4'h8;
-  assign \$86  = \$85  <= 4'hb;
-  assign \$87  = \port$1286$54 [21:16] + 4'h8;
-  assign \$88  = \$87  <= 4'hc;
-  assign \$89  = \port$1286$54 [21:16] + 4'h8;
-  assign \$90  = \$89  <= 4'hd;
-  assign \$91  = \port$1286$54 [21:16] + 4'h8;
-  assign \$92  = \$91  <= 4'he;
-  assign \$93  = \port$1286$54 [21:16] + 4'h8;
-  assign \$94  = \$93  <= 4'hf;
-  assign \$95  = \port$1286$54 [21:16] + 4'h8;
-  assign \$96  = \$95  <= 5'h10;
-  assign \$97  = \port$1286$54 [21:16] + 4'h8;
-  assign \$98  = \$97  <= 5'h11;
-  assign \$99  = \port$1286$54 [21:16] + 4'h8;
-  assign \$100  = \$99  <= 5'h12;
-  assign \$101  = \port$1286$54 [21:16] + 4'h8;
-  assign \$102  = \$101  <= 5'h13;
-  assign \$103  = \port$1286$54 [21:16] + 4'h8;
-  assign \$104  = \$103  <= 5'h14;
-  assign \$105  = \port$1286$54 [21:16] + 4'h8;
-  assign \$106  = \$105  <= 5'h15;
-  assign \$107  = \port$1286$54 [21:16] + 4'h8;
-  assign \$108  = \$107  <= 5'h16;
-  assign \$109  = \port$1286$54 [21:16] + 4'h8;
-  assign \$110  = \$109  <= 5'h17;
-  assign \$111  = \port$1286$54 [21:16] + 4'h8;
-  assign \$112  = \$111  <= 5'h18;
-  assign \$113  = \port$1286$54 [21:16] + 4'h8;
-  assign \$114  = \$113  <= 5'h19;
-  assign \$115  = \port$1286$54 [21:16] + 4'h8;
-  assign \$116  = \$115  <= 5'h1a;
-  assign \$117  = \port$1286$54 [21:16] + 4'h8;
-  assign \$118  = \$117  <= 5'h1b;
-  assign \$119  = \port$1286$54 [21:16] + 4'h8;
-  assign \$120  = \$119  <= 5'h1c;
-  assign \$121  = \port$1286$54 [21:16] + 4'h8;
-  assign \$122  = \$121  <= 5'h1d;
-  assign \$123  = \port$1286$54 [21:16] + 4'h8;
-  assign \$124  = \$123  <= 5'h1e;
-  assign \$125  = \port$1286$54 [21:16] + 4'h8;
-  assign \$126  = \$125  <= 5'h1f;
-  assign \$127  = \port$1286$54 [21:16] + 4'h8;
-  assign \$128  = \$127  <= 6'h20;
-  assign \$129  = \port$1286$54 [21:16] + 4'h8;
-  assign \$130  = \$129  <= 6'h21;
-  assign \$131  = \port$1286$54 [21:16] + 4'h8;
-  assign \$132  = \$131  <= 6'h22;
-  assign \$133  = \port$1286$54 [21:16] + 4'h8;
-  assign \$134  = \$133  <= 6'h23;
-  assign \$135  = \port$1286$54 [21:16] + 4'h8;
-  assign \$136  = \$135  <= 6'h24;
-  assign \$137  = \port$1286$54 [21:16] + 4'h8;
-  assign \$138  = \$137  <= 6'h25;
-  assign \$139  = \port$1286$54 [21:16] + 4'h8;
-  assign \$140  = \$139  <= 6'h26;
-  assign \$141  = \port$1286$54 [21:16] + 4'h8;
-  assign \$142  = \$141  <= 6'h27;
-  assign \$143  = \port$1286$54 [21:16] + 4'h8;
-  assign \$144  = \$143  <= 6'h28;
-  assign \$145  = \port$1286$54 [21:16] + 4'h8;
-  assign \$146  = \$145  <= 6'h29;
-  assign \$147  = \port$1286$54 [21:16] + 4'h8;
-  assign \$148  = \$147  <= 6'h2a;
-  assign \$149  = \port$1286$54 [21:16] + 4'h8;
-  assign \$150  = \$149  <= 6'h2b;
-  assign \$151  = \port$1286$54 [21:16] + 4'h8;
-  assign \$152  = \$151  <= 6'h2c;
-  assign \$153  = \port$1286$54 [21:16] + 4'h8;
-  assign \$154  = \$153  <= 6'h2d;
-  assign \$155  = \port$1286$54 [21:16] + 4'h8;
-  assign \$156  = \$155  <= 6'h2e;
-  assign \$157  = \port$1286$54 [21:16] + 4'h8;
-  assign \$158  = \$157  <= 6'h2f;
-  assign \$159  = \port$1286$54 [21:16] + 4'h8;
-  assign \$160  = \$159  <= 6'h30;
-  assign \$162  = \port$1286$54 [21] ? \$161  : { x0, 1'h0 };
-  assign \$165  = \port$1286$54 [21] ? \$164  : { x0, 1'h0 };
-  assign \$166  = \port$1286$54 [20] ? \$163  : \$165 [39:0];
-  assign \$169  = \port$1286$54 [21] ? \$168  : { x0, 1'h0 };
-  assign \$172  = \port$1286$54 [21] ? \$171  : { x0, 1'h0 };
-  assign \$173  = \port$1286$54 [20] ? \$170  : \$172 [39:0];
-  assign \$174  = \port$1286$54 [19] ? \$167  : \$173 [23:0];
-  assign \$177  = \port$1286$54 [21] ? \$176  : { x0, 1'h0 };
-  assign \$180  = \port$1286$54 [21] ? \$179  : { x0, 1'h0 };
-  assign \$181  = \port$1286$54 [20] ? \$178  : \$180 [39:0];
-  assign \$184  = \port$1286$54 [21] ? \$183  : { x0, 1'h0 };
-  assign \$187  = \port$1286$54 [21] ? \$186  : { x0, 1'h0 };
-  assign \$188  = \port$1286$54 [20] ? \$185  : \$187 [39:0];
-  assign \$189  = \port$1286$54 [19] ? \$182  : \$188 [23:0];
-  assign \$190  = \port$1286$54 [18] ? \$175  : \$189 [15:0];
-  assign \$193  = \port$1286$54 [21] ? \$192  : { x0, 1'h0 };
-  assign \$196  = \port$1286$54 [21] ? \$195  : { x0, 1'h0 };
-  assign \$197  = \port$1286$54 [20] ? \$194  : \$196 [39:0];
-  assign \$200  = \port$1286$54 [21] ? \$199  : { x0, 1'h0 };
-  assign \$203  = \port$1286$54 [21] ? \$202  : { x0, 1'h0 };
-  assign \$204  = \port$1286$54 [20] ? \$201  : \$203 [39:0];
-  assign \$205  = \port$1286$54 [19] ? \$198  : \$204 [23:0];
-  assign \$208  = \port$1286$54 [21] ? \$207  : { x0, 1'h0 };
-  assign \$211  = \port$1286$54 [21] ? \$210  : { x0, 1'h0 };
-  assign \$212  = \port$1286$54 [20] ? \$209  : \$211 [39:0];
-  assign \$215  = \port$1286$54 [21] ? \$214  : { x0, 1'h0 };
-  assign \$218  = \port$1286$54 [21] ? \$217  : { x0, 1'h0 };
-  assign \$219  = \port$1286$54 [20] ? \$216  : \$218 [39:0];
-  assign \$220  = \port$1286$54 [19] ? \$213  : \$219 [23:0];
-  assign \$221  = \port$1286$54 [18] ? \$206  : \$220 [15:0];
-  assign \$222  = \port$1286$54 [17] ? \$191  : \$221 [11:0];
-  assign \$225  = \port$1286$54 [21] ? \$224  : { x0, 1'h0 };
-  assign \$228  = \port$1286$54 [21] ? \$227  : { x0, 1'h0 };
-  assign \$229  = \port$1286$54 [20] ? \$226  : \$228 [39:0];
-  assign \$232  = \port$1286$54 [21] ? \$231  : { x0, 1'h0 };
-  assign \$235  = \port$1286$54 [21] ? \$234  : { x0, 1'h0 };
-  assign \$236  = \port$1286$54 [20] ? \$233  : \$235 [39:0];
-  assign \$237  = \port$1286$54 [19] ? \$230  : \$236 [23:0];
-  assign \$240  = \port$1286$54 [21] ? \$239  : { x0, 1'h0 };
-  assign \$243  = \port$1286$54 [21] ? \$242  : { x0, 1'h0 };
-  assign \$244  = \port$1286$54 [20] ? \$241  : \$243 [39:0];
+  assign \$2  = ~ below[40:0];
+  assign \$5  = $signed(\$3 ) + $signed(\$4 );
+  assign \$8  = $signed(\$6 ) + $signed(\$7 );
+  assign \$11  = $signed(\$9 ) + $signed(\$10 );
+  assign \$14  = $signed(\$12 ) + $signed(\$13 );
+  assign \$15  = \port$1402$54 [21:19] > 1'h0;
+  assign \$16  = ! \port$1402$54 [21:19];
+  assign \$17  = \port$1402$54 [18:16] > 1'h0;
+  assign \$18  = \$16  & \$17 ;
+  assign \$19  = \$15  | \$18 ;
+  assign \$20  = \port$1402$54 [21:19] > 1'h0;
+  assign \$21  = ! \port$1402$54 [21:19];
+  assign \$22  = \port$1402$54 [18:16] > 1'h1;
+  assign \$23  = \$21  & \$22 ;
+  assign \$24  = \$20  | \$23 ;
+  assign \$25  = \port$1402$54 [21:19] > 1'h0;
+  assign \$26  = ! \port$1402$54 [21:19];
+  assign \$27  = \port$1402$54 [18:16] > 2'h2;
+  assign \$28  = \$26  & \$27 ;
+  assign \$29  = \$25  | \$28 ;
+  assign \$30  = \port$1402$54 [21:19] > 1'h0;
+  assign \$31  = ! \port$1402$54 [21:19];
+  assign \$32  = \port$1402$54 [18:16] > 2'h3;
+  assign \$33  = \$31  & \$32 ;
+  assign \$34  = \$30  | \$33 ;
+  assign \$35  = \port$1402$54 [21:19] > 1'h0;
+  assign \$36  = ! \port$1402$54 [21:19];
+  assign \$37  = \port$1402$54 [18:16] > 3'h4;
+  assign \$38  = \$36  & \$37 ;
+  assign \$39  = \$35  | \$38 ;
+  assign \$40  = \port$1402$54 [21:19] > 1'h0;
+  assign \$41  = ! \port$1402$54 [21:19];
+  assign \$42  = \port$1402$54 [18:16] > 3'h5;
+  assign \$43  = \$41  & \$42 ;
+  assign \$44  = \$40  | \$43 ;
+  assign \$45  = \port$1402$54 [21:19] > 1'h0;
+  assign \$46  = ! \port$1402$54 [21:19];
+  assign \$47  = \port$1402$54 [18:16] > 3'h6;
+  assign \$48  = \$46  & \$47 ;
+  assign \$49  = \$45  | \$48 ;
+  assign \$50  = \port$1402$54 [21:19] > 1'h0;
+  assign \$51  = ! \port$1402$54 [21:19];
+  assign \$52  = \port$1402$54 [18:16] > 3'h7;
+  assign \$53  = \$51  & \$52 ;
+  assign \$54  = \$50  | \$53 ;
+  assign \$55  = \port$1402$54 [21:19] > 1'h1;
+  assign \$56  = \port$1402$54 [21:19] == 1'h1;
+  assign \$57  = \port$1402$54 [18:16] > 1'h0;
+  assign \$58  = \$56  & \$57 ;
+  assign \$59  = \$55  | \$58 ;
+  assign \$60  = \port$1402$54 [21:19] > 1'h1;
+  assign \$61  = \port$1402$54 [21:19] == 1'h1;
+  assign \$62  = \port$1402$54 [18:16] > 1'h1;
+  assign \$63  = \$61  & \$62 ;
+  assign \$64  = \$60  | \$63 ;
+  assign \$65  = \port$1402$54 [21:19] > 1'h1;
+  assign \$66  = \port$1402$54 [21:19] == 1'h1;
+  assign \$67  = \port$1402$54 [18:16] > 2'h2;
+  assign \$68  = \$66  & \$67 ;
+  assign \$69  = \$65  | \$68 ;
+  assign \$70  = \port$1402$54 [21:19] > 1'h1;
+  assign \$71  = \port$1402$54 [21:19] == 1'h1;
+  assign \$72  = \port$1402$54 [18:16] > 2'h3;
+  assign \$73  = \$71  & \$72 ;
+  assign \$74  = \$70  | \$73 ;
+  assign \$75  = \port$1402$54 [21:19] > 1'h1;
+  assign \$76  = \port$1402$54 [21:19] == 1'h1;
+  assign \$77  = \port$1402$54 [18:16] > 3'h4;
+  assign \$78  = \$76  & \$77 ;
+  assign \$79  = \$75  | \$78 ;
+  assign \$80  = \port$1402$54 [21:19] > 1'h1;
+  assign \$81  = \port$1402$54 [21:19] == 1'h1;
+  assign \$82  = \port$1402$54 [18:16] > 3'h5;
+  assign \$83  = \$81  & \$82 ;
+  assign \$84  = \$80  | \$83 ;
+  assign \$85  = \port$1402$54 [21:19] > 1'h1;
+  assign \$86  = \port$1402$54 [21:19] == 1'h1;
+  assign \$87  = \port$1402$54 [18:16] > 3'h6;
+  assign \$88  = \$86  & \$87 ;
+  assign \$89  = \$85  | \$88 ;
+  assign \$90  = \port$1402$54 [21:19] > 1'h1;
+  assign \$91  = \port$1402$54 [21:19] == 1'h1;
+  assign \$92  = \port$1402$54 [18:16] > 3'h7;
+  assign \$93  = \$91  & \$92 ;
+  assign \$94  = \$90  | \$93 ;
+  assign \$95  = \port$1402$54 [21:19] > 2'h2;
+  assign \$96  = \port$1402$54 [21:19] == 2'h2;
+  assign \$97  = \port$1402$54 [18:16] > 1'h0;
+  assign \$98  = \$96  & \$97 ;
+  assign \$99  = \$95  | \$98 ;
+  assign \$100  = \port$1402$54 [21:19] > 2'h2;
+  assign \$101  = \port$1402$54 [21:19] == 2'h2;
+  assign \$102  = \port$1402$54 [18:16] > 1'h1;
+  assign \$103  = \$101  & \$102 ;
+  assign \$104  = \$100  | \$103 ;
+  assign \$105  = \port$1402$54 [21:19] > 2'h2;
+  assign \$106  = \port$1402$54 [21:19] == 2'h2;
+  assign \$107  = \port$1402$54 [18:16] > 2'h2;
+  assign \$108  = \$106  & \$107 ;
+  assign \$109  = \$105  | \$108 ;
+  assign \$110  = \port$1402$54 [21:19] > 2'h2;
+  assign \$111  = \port$1402$54 [21:19] == 2'h2;
+  assign \$112  = \port$1402$54 [18:16] > 2'h3;
+  assign \$113  = \$111  & \$112 ;
+  assign \$114  = \$110  | \$113 ;
+  assign \$115  = \port$1402$54 [21:19] > 2'h2;
+  assign \$116  = \port$1402$54 [21:19] == 2'h2;
+  assign \$117  = \port$1402$54 [18:16] > 3'h4;
+  assign \$118  = \$116  & \$117 ;
+  assign \$119  = \$115  | \$118 ;
+  assign \$120  = \port$1402$54 [21:19] > 2'h2;
+  assign \$121  = \port$1402$54 [21:19] == 2'h2;
+  assign \$122  = \port$1402$54 [18:16] > 3'h5;
+  assign \$123  = \$121  & \$122 ;
+  assign \$124  = \$120  | \$123 ;
+  assign \$125  = \port$1402$54 [21:19] > 2'h2;
+  assign \$126  = \port$1402$54 [21:19] == 2'h2;
+  assign \$127  = \port$1402$54 [18:16] > 3'h6;
+  assign \$128  = \$126  & \$127 ;
+  assign \$129  = \$125  | \$128 ;
+  assign \$130  = \port$1402$54 [21:19] > 2'h2;
+  assign \$131  = \port$1402$54 [21:19] == 2'h2;
+  assign \$132  = \port$1402$54 [18:16] > 3'h7;
+  assign \$133  = \$131  & \$132 ;
+  assign \$134  = \$130  | \$133 ;
+  assign \$135  = \port$1402$54 [21:19] > 2'h3;
+  assign \$136  = \port$1402$54 [21:19] == 2'h3;
+  assign \$137  = \port$1402$54 [18:16] > 1'h0;
+  assign \$138  = \$136  & \$137 ;
+  assign \$139  = \$135  | \$138 ;
+  assign \$140  = \port$1402$54 [21:19] > 2'h3;
+  assign \$141  = \port$1402$54 [21:19] == 2'h3;
+  assign \$142  = \port$1402$54 [18:16] > 1'h1;
+  assign \$143  = \$141  & \$142 ;
+  assign \$144  = \$140  | \$143 ;
+  assign \$145  = \port$1402$54 [21:19] > 2'h3;
+  assign \$146  = \port$1402$54 [21:19] == 2'h3;
+  assign \$147  = \port$1402$54 [18:16] > 2'h2;
   \nanokpu_gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -8110,437 +8162,431 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1286$54 (\port$1286$54 [15:0]),
-    .\port$1304$0 (i__payload),
+    .\port$1402$54 (\port$1402$54 [15:0]),
+    .\port$1420$0 (i__payload),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$713  = \$signal ;
+    \$812  = \$signal ;
     if (advance) begin
-      \$713  = i__valid;
+      \$812  = i__valid;
     end
     if (rst) begin
-      \$713  = 1'h0;
+      \$812  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$714  = v2;
+    \$813  = v2;
     if (advance) begin
-      \$714  = \$signal ;
+      \$813  = \$signal ;
     end
     if (rst) begin
-      \$714  = 1'h0;
+      \$813  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$715  = x_valid;
+    \$814  = x_valid;
     if (advance) begin
-      \$715  = v2;
+      \$814  = v2;
     end
     if (rst) begin
-      \$715  = 1'h0;
+      \$814  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$716  = x0;
+    \$815  = x0;
     if (advance) begin
-      \$716  = \$4 [47:0];
+      \$815  = \$5 [47:0];
     end
     if (rst) begin
-      \$716  = 48'h000000000000;
+      \$815  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$717  = x1;
+    \$816  = x1;
     if (advance) begin
-      \$717  = \$7 [47:0];
+      \$816  = \$8 [47:0];
     end
     if (rst) begin
-      \$717  = 48'h000000000000;
+      \$816  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$718  = x2;
+    \$817  = x2;
     if (advance) begin
-      \$718  = \$10 [47:0];
+      \$817  = \$11 [47:0];
     end
     if (rst) begin
-      \$718  = 48'h000000000000;
+      \$817  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$719  = x3;
+    \$818  = x3;
     if (advance) begin
-      \$719  = \$13 [47:0];
+      \$818  = \$14 [47:0];
     end
     if (rst) begin
-      \$719  = 48'h000000000000;
+      \$818  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$720  = { \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14  };
+    \$819  = { \$259 , \$254 , \$249 , \$244 , \$239 , \$234 , \$229 , \$224 , \$219 , \$214 , \$209 , \$204 , \$199 , \$194 , \$189 , \$184 , \$179 , \$174 , \$169 , \$164 , \$159 , \$154 , \$149 , \$144 , \$139 , \$134 , \$129 , \$124 , \$119 , \$114 , \$109 , \$104 , \$99 , \$94 , \$89 , \$84 , \$79 , \$74 , \$69 , \$64 , \$59 , \$54 , \$49 , \$44 , \$39 , \$34 , \$29 , \$24 , \$19  };
     if (rst) begin
-      \$720  = 49'h0000000000000;
+      \$819  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$721  = { \$160 , \$158 , \$156 , \$154 , \$152 , \$150 , \$148 , \$146 , \$144 , \$142 , \$140 , \$138 , \$136 , \$134 , \$132 , \$130 , \$128 , \$126 , \$124 , \$122 , \$120 , \$118 , \$116 , \$114 , \$112 , \$110 , \$108 , \$106 , \$104 , \$102 , \$100 , \$98 , \$96 , \$94 , \$92 , \$90 , \$88 , \$86 , \$84 , \$82 , \$80 , \$78 , \$76 , \$74 , \$72 , \$70 , \$68 , \$66 , \$64  };
-    if (rst) begin
-      \$721  = 49'h0000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$722  = \$signal$44 ;
+    \$820  = \$signal$44 ;
     if (advance) begin
-      \$722  = x_valid;
+      \$820  = x_valid;
     end
     if (rst) begin
-      \$722  = 1'h0;
+      \$820  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$723  = v_round;
+    \$821  = v_round;
     if (advance) begin
-      \$723  = \$signal$44 ;
+      \$821  = \$signal$44 ;
     end
     if (rst) begin
-      \$723  = 1'h0;
+      \$821  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$724  = o__valid;
+    \$822  = o__valid;
     if (advance) begin
-      \$724  = v_round;
+      \$822  = v_round;
     end
     if (rst) begin
-      \$724  = 1'h0;
+      \$822  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$725  = y0;
+    \$823  = y0;
     if (advance) begin
-      \$725  = \$286 [8:0];
+      \$823  = \$385 [8:0];
     end
     if (rst) begin
-      \$725  = 9'h000;
+      \$823  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$726  = sticky0;
+    \$824  = sticky0;
     if (advance) begin
-      \$726  = \$288 ;
+      \$824  = \$387 ;
     end
     if (rst) begin
-      \$726  = 1'h0;
+      \$824  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$727  = over0;
+    \$825  = over0;
     if (advance) begin
-      \$727  = \$291 ;
+      \$825  = \$390 ;
     end
     if (rst) begin
-      \$727  = 1'h0;
+      \$825  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$728  = neg0;
+    \$826  = neg0;
     if (advance) begin
-      \$728  = x0[47];
+      \$826  = x0[47];
     end
     if (rst) begin
-      \$728  = 1'h0;
+      \$826  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$729  = rounded0;
+    \$827  = rounded0;
     if (advance) begin
-      \$729  = \$294 ;
+      \$827  = \$393 ;
     end
     if (rst) begin
-      \$729  = 9'h000;
+      \$827  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$730  = over2_0;
+    \$828  = over2_0;
     if (advance) begin
-      \$730  = over0;
+      \$828  = over0;
     end
     if (rst) begin
-      \$730  = 1'h0;
+      \$828  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$731  = neg2_0;
+    \$829  = neg2_0;
     if (advance) begin
-      \$731  = neg0;
+      \$829  = neg0;
     end
     if (rst) begin
-      \$731  = 1'h0;
+      \$829  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$732  = o__payload;
+    \$830  = o__payload;
     if (advance) begin
-      \$732 [7:0] = \$298 [7:0];
-      \$732 [15:8] = \$436 [7:0];
-      \$732 [23:16] = \$574 [7:0];
-      \$732 [31:24] = \$712 [7:0];
+      \$830 [7:0] = \$397 [7:0];
+      \$830 [15:8] = \$535 [7:0];
+      \$830 [23:16] = \$673 [7:0];
+      \$830 [31:24] = \$811 [7:0];
     end
     if (rst) begin
-      \$732  = 32'd0;
+      \$830  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$733  = y1;
+    \$831  = y1;
     if (advance) begin
-      \$733  = \$424 [8:0];
+      \$831  = \$523 [8:0];
     end
     if (rst) begin
-      \$733  = 9'h000;
+      \$831  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$734  = sticky1;
+    \$832  = sticky1;
     if (advance) begin
-      \$734  = \$426 ;
+      \$832  = \$525 ;
     end
     if (rst) begin
-      \$734  = 1'h0;
+      \$832  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$735  = over1;
+    \$833  = over1;
     if (advance) begin
-      \$735  = \$429 ;
+      \$833  = \$528 ;
     end
     if (rst) begin
-      \$735  = 1'h0;
+      \$833  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$736  = neg1;
+    \$834  = neg1;
     if (advance) begin
-      \$736  = x1[47];
+      \$834  = x1[47];
     end
     if (rst) begin
-      \$736  = 1'h0;
+      \$834  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$737  = rounded1;
+    \$835  = rounded1;
     if (advance) begin
-      \$737  = \$432 ;
+      \$835  = \$531 ;
     end
     if (rst) begin
-      \$737  = 9'h000;
+      \$835  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$738  = over2_1;
+    \$836  = over2_1;
     if (advance) begin
-      \$738  = over1;
+      \$836  = over1;
     end
     if (rst) begin
-      \$738  = 1'h0;
+      \$836  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$739  = neg2_1;
+    \$837  = neg2_1;
     if (advance) begin
-      \$739  = neg1;
+      \$837  = neg1;
     end
     if (rst) begin
-      \$739  = 1'h0;
+      \$837  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$740  = y2;
+    \$838  = y2;
     if (advance) begin
-      \$740  = \$562 [8:0];
+      \$838  = \$661 [8:0];
     end
     if (rst) begin
-      \$740  = 9'h000;
+      \$838  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$741  = sticky2;
+    \$839  = sticky2;
     if (advance) begin
-      \$741  = \$564 ;
+      \$839  = \$663 ;
     end
     if (rst) begin
-      \$741  = 1'h0;
+      \$839  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$742  = over2;
+    \$840  = over2;
     if (advance) begin
-      \$742  = \$567 ;
+      \$840  = \$666 ;
     end
     if (rst) begin
-      \$742  = 1'h0;
+      \$840  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$743  = neg2;
+    \$841  = neg2;
     if (advance) begin
-      \$743  = x2[47];
+      \$841  = x2[47];
     end
     if (rst) begin
-      \$743  = 1'h0;
+      \$841  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$744  = rounded2;
+    \$842  = rounded2;
     if (advance) begin
-      \$744  = \$570 ;
+      \$842  = \$669 ;
     end
     if (rst) begin
-      \$744  = 9'h000;
+      \$842  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$745  = over2_2;
+    \$843  = over2_2;
     if (advance) begin
-      \$745  = over2;
+      \$843  = over2;
     end
     if (rst) begin
-      \$745  = 1'h0;
+      \$843  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$746  = neg2_2;
+    \$844  = neg2_2;
     if (advance) begin
-      \$746  = neg2;
+      \$844  = neg2;
     end
     if (rst) begin
-      \$746  = 1'h0;
+      \$844  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$747  = y3;
+    \$845  = y3;
     if (advance) begin
-      \$747  = \$700 [8:0];
+      \$845  = \$799 [8:0];
     end
     if (rst) begin
-      \$747  = 9'h000;
+      \$845  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$748  = sticky3;
+    \$846  = sticky3;
     if (advance) begin
-      \$748  = \$702 ;
+      \$846  = \$801 ;
     end
     if (rst) begin
-      \$748  = 1'h0;
+      \$846  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$749  = over3;
+    \$847  = over3;
     if (advance) begin
-      \$749  = \$705 ;
+      \$847  = \$804 ;
     end
     if (rst) begin
-      \$749  = 1'h0;
+      \$847  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$750  = neg3;
+    \$848  = neg3;
     if (advance) begin
-      \$750  = x3[47];
+      \$848  = x3[47];
     end
     if (rst) begin
-      \$750  = 1'h0;
+      \$848  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$751  = rounded3;
+    \$849  = rounded3;
     if (advance) begin
-      \$751  = \$708 ;
+      \$849  = \$807 ;
     end
     if (rst) begin
-      \$751  = 9'h000;
+      \$849  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$752  = over2_3;
+    \$850  = over2_3;
     if (advance) begin
-      \$752  = over3;
+      \$850  = over3;
     end
     if (rst) begin
-      \$752  = 1'h0;
+      \$850  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$753  = neg2_3;
+    \$851  = neg2_3;
     if (advance) begin
-      \$753  = neg3;
+      \$851  = neg3;
     end
     if (rst) begin
-      \$753  = 1'h0;
+      \$851  = 1'h0;
     end
   end
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$1286$54 [15:0] };
-  assign mult = \port$1286$54 [15:0];
+  assign b__0 = { 2'h0, \port$1402$54 [15:0] };
+  assign mult = \port$1402$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$1286$54 [15:0] };
+  assign b__1 = { 2'h0, \port$1402$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$1286$54 [15:0] };
+  assign b__2 = { 2'h0, \port$1402$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$1286$54 [15:0] };
+  assign b__3 = { 2'h0, \port$1402$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$1286$54 [15:0] };
+  assign b__4 = { 2'h0, \port$1402$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$1286$54 [15:0] };
+  assign b__5 = { 2'h0, \port$1402$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$1286$54 [15:0] };
+  assign b__6 = { 2'h0, \port$1402$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$1286$54 [15:0] };
-  assign shift = \port$1286$54 [21:16];
+  assign b__7 = { 2'h0, \port$1402$54 [15:0] };
+  assign above = { \$2 , 8'h00 };
+  assign shift = \port$1402$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -8549,270 +8595,270 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1286$54 , i__pa
   assign \o__payload[1]  = o__payload[15:8];
   assign \o__payload[2]  = o__payload[23:16];
   assign \o__payload[3]  = o__payload[31:24];
-  assign \$2  = { p__0[35], p__0 };
-  assign \$3  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$5  = { p__2[35], p__2 };
-  assign \$6  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$8  = { p__4[35], p__4 };
-  assign \$9  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$11  = { p__6[35], p__6 };
-  assign \$12  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
-  assign \$161  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$163  = { \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39], \$162 [39:16] };
-  assign \$164  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$167  = { \$166 [23], \$166 [23], \$166 [23], \$166 [23], \$166 [23], \$166 [23], \$166 [23], \$166 [23], \$166 [23:8] };
-  assign \$168  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$170  = { \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39], \$169 [39:16] };
-  assign \$171  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$175  = { \$174 [15], \$174 [15], \$174 [15], \$174 [15], \$174 [15:4] };
-  assign \$176  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$178  = { \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39], \$177 [39:16] };
-  assign \$179  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$182  = { \$181 [23], \$181 [23], \$181 [23], \$181 [23], \$181 [23], \$181 [23], \$181 [23], \$181 [23], \$181 [23:8] };
-  assign \$183  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$185  = { \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39], \$184 [39:16] };
-  assign \$186  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$191  = { \$190 [11], \$190 [11], \$190 [11:2] };
-  assign \$192  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$194  = { \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39], \$193 [39:16] };
-  assign \$195  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$198  = { \$197 [23], \$197 [23], \$197 [23], \$197 [23], \$197 [23], \$197 [23], \$197 [23], \$197 [23], \$197 [23:8] };
-  assign \$199  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$201  = { \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39], \$200 [39:16] };
-  assign \$202  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$206  = { \$205 [15], \$205 [15], \$205 [15], \$205 [15], \$205 [15:4] };
-  assign \$207  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$209  = { \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39], \$208 [39:16] };
-  assign \$210  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$213  = { \$212 [23], \$212 [23], \$212 [23], \$212 [23], \$212 [23], \$212 [23], \$212 [23], \$212 [23], \$212 [23:8] };
-  assign \$214  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$216  = { \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39], \$215 [39:16] };
-  assign \$217  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$223  = { \$222 [9], \$222 [9:1] };
-  assign \$224  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$226  = { \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39], \$225 [39:16] };
-  assign \$227  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$230  = { \$229 [23], \$229 [23], \$229 [23], \$229 [23], \$229 [23], \$229 [23], \$229 [23], \$229 [23], \$229 [23:8] };
-  assign \$231  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$233  = { \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39], \$232 [39:16] };
-  assign \$234  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$238  = { \$237 [15], \$237 [15], \$237 [15], \$237 [15], \$237 [15:4] };
-  assign \$239  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$241  = { \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39], \$240 [39:16] };
-  assign \$242  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$245  = { \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23], \$244 [23:8] };
-  assign \$246  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$248  = { \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39], \$247 [39:16] };
-  assign \$249  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$254  = { \$253 [11], \$253 [11], \$253 [11:2] };
-  assign \$255  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$257  = { \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39], \$256 [39:16] };
-  assign \$258  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$261  = { \$260 [23], \$260 [23], \$260 [23], \$260 [23], \$260 [23], \$260 [23], \$260 [23], \$260 [23], \$260 [23:8] };
-  assign \$262  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$264  = { \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39], \$263 [39:16] };
-  assign \$265  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$269  = { \$268 [15], \$268 [15], \$268 [15], \$268 [15], \$268 [15:4] };
+  assign \$3  = { p__0[35], p__0 };
+  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$6  = { p__2[35], p__2 };
+  assign \$7  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$9  = { p__4[35], p__4 };
+  assign \$10  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$12  = { p__6[35], p__6 };
+  assign \$13  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$260  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$262  = { \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39:16] };
+  assign \$263  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$266  = { \$265 [23], \$265 [23], \$265 [23], \$265 [23], \$265 [23], \$265 [23], \$265 [23], \$265 [23], \$265 [23:8] };
+  assign \$267  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$269  = { \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39:16] };
   assign \$270  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$272  = { \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39], \$271 [39:16] };
-  assign \$273  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$276  = { \$275 [23], \$275 [23], \$275 [23], \$275 [23], \$275 [23], \$275 [23], \$275 [23], \$275 [23], \$275 [23:8] };
-  assign \$277  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$279  = { \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39:16] };
-  assign \$280  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$299  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$301  = { \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39], \$300 [39:16] };
-  assign \$302  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$305  = { \$304 [23], \$304 [23], \$304 [23], \$304 [23], \$304 [23], \$304 [23], \$304 [23], \$304 [23], \$304 [23:8] };
-  assign \$306  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$274  = { \$273 [15], \$273 [15], \$273 [15], \$273 [15], \$273 [15:4] };
+  assign \$275  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$277  = { \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39], \$276 [39:16] };
+  assign \$278  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$281  = { \$280 [23], \$280 [23], \$280 [23], \$280 [23], \$280 [23], \$280 [23], \$280 [23], \$280 [23], \$280 [23:8] };
+  assign \$282  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$284  = { \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39], \$283 [39:16] };
+  assign \$285  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$290  = { \$289 [11], \$289 [11], \$289 [11:2] };
+  assign \$291  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$293  = { \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39], \$292 [39:16] };
+  assign \$294  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$297  = { \$296 [23], \$296 [23], \$296 [23], \$296 [23], \$296 [23], \$296 [23], \$296 [23], \$296 [23], \$296 [23:8] };
+  assign \$298  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$300  = { \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39], \$299 [39:16] };
+  assign \$301  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$305  = { \$304 [15], \$304 [15], \$304 [15], \$304 [15], \$304 [15:4] };
+  assign \$306  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$308  = { \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39], \$307 [39:16] };
-  assign \$309  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$313  = { \$312 [15], \$312 [15], \$312 [15], \$312 [15], \$312 [15:4] };
-  assign \$314  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$316  = { \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39], \$315 [39:16] };
-  assign \$317  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$320  = { \$319 [23], \$319 [23], \$319 [23], \$319 [23], \$319 [23], \$319 [23], \$319 [23], \$319 [23], \$319 [23:8] };
-  assign \$321  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$323  = { \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39], \$322 [39:16] };
-  assign \$324  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$329  = { \$328 [11], \$328 [11], \$328 [11:2] };
-  assign \$330  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$309  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$312  = { \$311 [23], \$311 [23], \$311 [23], \$311 [23], \$311 [23], \$311 [23], \$311 [23], \$311 [23], \$311 [23:8] };
+  assign \$313  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$315  = { \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39], \$314 [39:16] };
+  assign \$316  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$322  = { \$321 [9], \$321 [9:1] };
+  assign \$323  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$325  = { \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39], \$324 [39:16] };
+  assign \$326  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$329  = { \$328 [23], \$328 [23], \$328 [23], \$328 [23], \$328 [23], \$328 [23], \$328 [23], \$328 [23], \$328 [23:8] };
+  assign \$330  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$332  = { \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39], \$331 [39:16] };
-  assign \$333  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$336  = { \$335 [23], \$335 [23], \$335 [23], \$335 [23], \$335 [23], \$335 [23], \$335 [23], \$335 [23], \$335 [23:8] };
-  assign \$337  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$339  = { \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39], \$338 [39:16] };
-  assign \$340  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$344  = { \$343 [15], \$343 [15], \$343 [15], \$343 [15], \$343 [15:4] };
-  assign \$345  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$333  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$337  = { \$336 [15], \$336 [15], \$336 [15], \$336 [15], \$336 [15:4] };
+  assign \$338  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$340  = { \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39], \$339 [39:16] };
+  assign \$341  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$344  = { \$343 [23], \$343 [23], \$343 [23], \$343 [23], \$343 [23], \$343 [23], \$343 [23], \$343 [23], \$343 [23:8] };
+  assign \$345  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$347  = { \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39], \$346 [39:16] };
-  assign \$348  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$351  = { \$350 [23], \$350 [23], \$350 [23], \$350 [23], \$350 [23], \$350 [23], \$350 [23], \$350 [23], \$350 [23:8] };
-  assign \$352  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$354  = { \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39], \$353 [39:16] };
-  assign \$355  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$361  = { \$360 [9], \$360 [9:1] };
-  assign \$362  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$364  = { \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39], \$363 [39:16] };
-  assign \$365  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$368  = { \$367 [23], \$367 [23], \$367 [23], \$367 [23], \$367 [23], \$367 [23], \$367 [23], \$367 [23], \$367 [23:8] };
-  assign \$369  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$348  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$353  = { \$352 [11], \$352 [11], \$352 [11:2] };
+  assign \$354  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$356  = { \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39], \$355 [39:16] };
+  assign \$357  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$360  = { \$359 [23], \$359 [23], \$359 [23], \$359 [23], \$359 [23], \$359 [23], \$359 [23], \$359 [23], \$359 [23:8] };
+  assign \$361  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$363  = { \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39], \$362 [39:16] };
+  assign \$364  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$368  = { \$367 [15], \$367 [15], \$367 [15], \$367 [15], \$367 [15:4] };
+  assign \$369  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$371  = { \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39], \$370 [39:16] };
-  assign \$372  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$376  = { \$375 [15], \$375 [15], \$375 [15], \$375 [15], \$375 [15:4] };
-  assign \$377  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$379  = { \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39], \$378 [39:16] };
-  assign \$380  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$383  = { \$382 [23], \$382 [23], \$382 [23], \$382 [23], \$382 [23], \$382 [23], \$382 [23], \$382 [23], \$382 [23:8] };
-  assign \$384  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$386  = { \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39], \$385 [39:16] };
-  assign \$387  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$392  = { \$391 [11], \$391 [11], \$391 [11:2] };
-  assign \$393  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$395  = { \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39], \$394 [39:16] };
-  assign \$396  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$399  = { \$398 [23], \$398 [23], \$398 [23], \$398 [23], \$398 [23], \$398 [23], \$398 [23], \$398 [23], \$398 [23:8] };
-  assign \$400  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$402  = { \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39], \$401 [39:16] };
-  assign \$403  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$407  = { \$406 [15], \$406 [15], \$406 [15], \$406 [15], \$406 [15:4] };
+  assign \$372  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$375  = { \$374 [23], \$374 [23], \$374 [23], \$374 [23], \$374 [23], \$374 [23], \$374 [23], \$374 [23], \$374 [23:8] };
+  assign \$376  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$378  = { \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39], \$377 [39:16] };
+  assign \$379  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$398  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$400  = { \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39], \$399 [39:16] };
+  assign \$401  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$404  = { \$403 [23], \$403 [23], \$403 [23], \$403 [23], \$403 [23], \$403 [23], \$403 [23], \$403 [23], \$403 [23:8] };
+  assign \$405  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$407  = { \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39:16] };
   assign \$408  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$410  = { \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39], \$409 [39:16] };
-  assign \$411  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$414  = { \$413 [23], \$413 [23], \$413 [23], \$413 [23], \$413 [23], \$413 [23], \$413 [23], \$413 [23], \$413 [23:8] };
-  assign \$415  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$417  = { \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39], \$416 [39:16] };
-  assign \$418  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$437  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$439  = { \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39], \$438 [39:16] };
-  assign \$440  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$443  = { \$442 [23], \$442 [23], \$442 [23], \$442 [23], \$442 [23], \$442 [23], \$442 [23], \$442 [23], \$442 [23:8] };
-  assign \$444  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$412  = { \$411 [15], \$411 [15], \$411 [15], \$411 [15], \$411 [15:4] };
+  assign \$413  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$415  = { \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39], \$414 [39:16] };
+  assign \$416  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$419  = { \$418 [23], \$418 [23], \$418 [23], \$418 [23], \$418 [23], \$418 [23], \$418 [23], \$418 [23], \$418 [23:8] };
+  assign \$420  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$422  = { \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39], \$421 [39:16] };
+  assign \$423  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$428  = { \$427 [11], \$427 [11], \$427 [11:2] };
+  assign \$429  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$431  = { \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39], \$430 [39:16] };
+  assign \$432  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$435  = { \$434 [23], \$434 [23], \$434 [23], \$434 [23], \$434 [23], \$434 [23], \$434 [23], \$434 [23], \$434 [23:8] };
+  assign \$436  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$438  = { \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39], \$437 [39:16] };
+  assign \$439  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$443  = { \$442 [15], \$442 [15], \$442 [15], \$442 [15], \$442 [15:4] };
+  assign \$444  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$446  = { \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39], \$445 [39:16] };
-  assign \$447  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$451  = { \$450 [15], \$450 [15], \$450 [15], \$450 [15], \$450 [15:4] };
-  assign \$452  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$454  = { \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39], \$453 [39:16] };
-  assign \$455  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$458  = { \$457 [23], \$457 [23], \$457 [23], \$457 [23], \$457 [23], \$457 [23], \$457 [23], \$457 [23], \$457 [23:8] };
-  assign \$459  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$461  = { \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39], \$460 [39:16] };
-  assign \$462  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$467  = { \$466 [11], \$466 [11], \$466 [11:2] };
-  assign \$468  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$447  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$450  = { \$449 [23], \$449 [23], \$449 [23], \$449 [23], \$449 [23], \$449 [23], \$449 [23], \$449 [23], \$449 [23:8] };
+  assign \$451  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$453  = { \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39], \$452 [39:16] };
+  assign \$454  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$460  = { \$459 [9], \$459 [9:1] };
+  assign \$461  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$463  = { \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39], \$462 [39:16] };
+  assign \$464  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$467  = { \$466 [23], \$466 [23], \$466 [23], \$466 [23], \$466 [23], \$466 [23], \$466 [23], \$466 [23], \$466 [23:8] };
+  assign \$468  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$470  = { \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39], \$469 [39:16] };
-  assign \$471  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$474  = { \$473 [23], \$473 [23], \$473 [23], \$473 [23], \$473 [23], \$473 [23], \$473 [23], \$473 [23], \$473 [23:8] };
-  assign \$475  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$477  = { \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39], \$476 [39:16] };
-  assign \$478  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$482  = { \$481 [15], \$481 [15], \$481 [15], \$481 [15], \$481 [15:4] };
-  assign \$483  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$471  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$475  = { \$474 [15], \$474 [15], \$474 [15], \$474 [15], \$474 [15:4] };
+  assign \$476  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$478  = { \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39], \$477 [39:16] };
+  assign \$479  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$482  = { \$481 [23], \$481 [23], \$481 [23], \$481 [23], \$481 [23], \$481 [23], \$481 [23], \$481 [23], \$481 [23:8] };
+  assign \$483  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$485  = { \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39], \$484 [39:16] };
-  assign \$486  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$489  = { \$488 [23], \$488 [23], \$488 [23], \$488 [23], \$488 [23], \$488 [23], \$488 [23], \$488 [23], \$488 [23:8] };
-  assign \$490  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$492  = { \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39], \$491 [39:16] };
-  assign \$493  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$499  = { \$498 [9], \$498 [9:1] };
-  assign \$500  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$502  = { \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39], \$501 [39:16] };
-  assign \$503  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$506  = { \$505 [23], \$505 [23], \$505 [23], \$505 [23], \$505 [23], \$505 [23], \$505 [23], \$505 [23], \$505 [23:8] };
-  assign \$507  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$486  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$491  = { \$490 [11], \$490 [11], \$490 [11:2] };
+  assign \$492  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$494  = { \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39], \$493 [39:16] };
+  assign \$495  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$498  = { \$497 [23], \$497 [23], \$497 [23], \$497 [23], \$497 [23], \$497 [23], \$497 [23], \$497 [23], \$497 [23:8] };
+  assign \$499  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$501  = { \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39], \$500 [39:16] };
+  assign \$502  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$506  = { \$505 [15], \$505 [15], \$505 [15], \$505 [15], \$505 [15:4] };
+  assign \$507  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$509  = { \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39], \$508 [39:16] };
-  assign \$510  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$514  = { \$513 [15], \$513 [15], \$513 [15], \$513 [15], \$513 [15:4] };
-  assign \$515  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$517  = { \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39], \$516 [39:16] };
-  assign \$518  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$521  = { \$520 [23], \$520 [23], \$520 [23], \$520 [23], \$520 [23], \$520 [23], \$520 [23], \$520 [23], \$520 [23:8] };
-  assign \$522  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$524  = { \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39], \$523 [39:16] };
-  assign \$525  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$530  = { \$529 [11], \$529 [11], \$529 [11:2] };
-  assign \$531  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$533  = { \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39], \$532 [39:16] };
-  assign \$534  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$537  = { \$536 [23], \$536 [23], \$536 [23], \$536 [23], \$536 [23], \$536 [23], \$536 [23], \$536 [23], \$536 [23:8] };
-  assign \$538  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$540  = { \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39], \$539 [39:16] };
-  assign \$541  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$545  = { \$544 [15], \$544 [15], \$544 [15], \$544 [15], \$544 [15:4] };
+  assign \$510  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$513  = { \$512 [23], \$512 [23], \$512 [23], \$512 [23], \$512 [23], \$512 [23], \$512 [23], \$512 [23], \$512 [23:8] };
+  assign \$514  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$516  = { \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39], \$515 [39:16] };
+  assign \$517  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$536  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$538  = { \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39], \$537 [39:16] };
+  assign \$539  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$542  = { \$541 [23], \$541 [23], \$541 [23], \$541 [23], \$541 [23], \$541 [23], \$541 [23], \$541 [23], \$541 [23:8] };
+  assign \$543  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$545  = { \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39:16] };
   assign \$546  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$548  = { \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39], \$547 [39:16] };
-  assign \$549  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$552  = { \$551 [23], \$551 [23], \$551 [23], \$551 [23], \$551 [23], \$551 [23], \$551 [23], \$551 [23], \$551 [23:8] };
-  assign \$553  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$555  = { \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39], \$554 [39:16] };
-  assign \$556  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$575  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$577  = { \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39], \$576 [39:16] };
-  assign \$578  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$581  = { \$580 [23], \$580 [23], \$580 [23], \$580 [23], \$580 [23], \$580 [23], \$580 [23], \$580 [23], \$580 [23:8] };
-  assign \$582  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$550  = { \$549 [15], \$549 [15], \$549 [15], \$549 [15], \$549 [15:4] };
+  assign \$551  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$553  = { \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39], \$552 [39:16] };
+  assign \$554  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$557  = { \$556 [23], \$556 [23], \$556 [23], \$556 [23], \$556 [23], \$556 [23], \$556 [23], \$556 [23], \$556 [23:8] };
+  assign \$558  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$560  = { \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39], \$559 [39:16] };
+  assign \$561  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$566  = { \$565 [11], \$565 [11], \$565 [11:2] };
+  assign \$567  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$569  = { \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39], \$568 [39:16] };
+  assign \$570  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$573  = { \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23:8] };
+  assign \$574  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$576  = { \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39], \$575 [39:16] };
+  assign \$577  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$581  = { \$580 [15], \$580 [15], \$580 [15], \$580 [15], \$580 [15:4] };
+  assign \$582  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$584  = { \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39], \$583 [39:16] };
-  assign \$585  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$589  = { \$588 [15], \$588 [15], \$588 [15], \$588 [15], \$588 [15:4] };
-  assign \$590  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$592  = { \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39], \$591 [39:16] };
-  assign \$593  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$596  = { \$595 [23], \$595 [23], \$595 [23], \$595 [23], \$595 [23], \$595 [23], \$595 [23], \$595 [23], \$595 [23:8] };
-  assign \$597  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$599  = { \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39], \$598 [39:16] };
-  assign \$600  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$605  = { \$604 [11], \$604 [11], \$604 [11:2] };
-  assign \$606  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$585  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$588  = { \$587 [23], \$587 [23], \$587 [23], \$587 [23], \$587 [23], \$587 [23], \$587 [23], \$587 [23], \$587 [23:8] };
+  assign \$589  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$591  = { \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39], \$590 [39:16] };
+  assign \$592  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$598  = { \$597 [9], \$597 [9:1] };
+  assign \$599  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$601  = { \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39], \$600 [39:16] };
+  assign \$602  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$605  = { \$604 [23], \$604 [23], \$604 [23], \$604 [23], \$604 [23], \$604 [23], \$604 [23], \$604 [23], \$604 [23:8] };
+  assign \$606  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$608  = { \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39], \$607 [39:16] };
-  assign \$609  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$612  = { \$611 [23], \$611 [23], \$611 [23], \$611 [23], \$611 [23], \$611 [23], \$611 [23], \$611 [23], \$611 [23:8] };
-  assign \$613  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$615  = { \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39], \$614 [39:16] };
-  assign \$616  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$620  = { \$619 [15], \$619 [15], \$619 [15], \$619 [15], \$619 [15:4] };
-  assign \$621  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$609  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$613  = { \$612 [15], \$612 [15], \$612 [15], \$612 [15], \$612 [15:4] };
+  assign \$614  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$616  = { \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39], \$615 [39:16] };
+  assign \$617  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$620  = { \$619 [23], \$619 [23], \$619 [23], \$619 [23], \$619 [23], \$619 [23], \$619 [23], \$619 [23], \$619 [23:8] };
+  assign \$621  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$623  = { \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39], \$622 [39:16] };
-  assign \$624  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$627  = { \$626 [23], \$626 [23], \$626 [23], \$626 [23], \$626 [23], \$626 [23], \$626 [23], \$626 [23], \$626 [23:8] };
-  assign \$628  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$630  = { \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39], \$629 [39:16] };
-  assign \$631  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$637  = { \$636 [9], \$636 [9:1] };
-  assign \$638  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$640  = { \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39], \$639 [39:16] };
-  assign \$641  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$644  = { \$643 [23], \$643 [23], \$643 [23], \$643 [23], \$643 [23], \$643 [23], \$643 [23], \$643 [23], \$643 [23:8] };
-  assign \$645  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$624  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$629  = { \$628 [11], \$628 [11], \$628 [11:2] };
+  assign \$630  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$632  = { \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39], \$631 [39:16] };
+  assign \$633  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$636  = { \$635 [23], \$635 [23], \$635 [23], \$635 [23], \$635 [23], \$635 [23], \$635 [23], \$635 [23], \$635 [23:8] };
+  assign \$637  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$639  = { \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39], \$638 [39:16] };
+  assign \$640  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$644  = { \$643 [15], \$643 [15], \$643 [15], \$643 [15], \$643 [15:4] };
+  assign \$645  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$647  = { \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39], \$646 [39:16] };
-  assign \$648  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$652  = { \$651 [15], \$651 [15], \$651 [15], \$651 [15], \$651 [15:4] };
-  assign \$653  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$655  = { \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39], \$654 [39:16] };
-  assign \$656  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$659  = { \$658 [23], \$658 [23], \$658 [23], \$658 [23], \$658 [23], \$658 [23], \$658 [23], \$658 [23], \$658 [23:8] };
-  assign \$660  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$662  = { \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39], \$661 [39:16] };
-  assign \$663  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$668  = { \$667 [11], \$667 [11], \$667 [11:2] };
-  assign \$669  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$671  = { \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39], \$670 [39:16] };
-  assign \$672  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$675  = { \$674 [23], \$674 [23], \$674 [23], \$674 [23], \$674 [23], \$674 [23], \$674 [23], \$674 [23], \$674 [23:8] };
-  assign \$676  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$678  = { \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39], \$677 [39:16] };
-  assign \$679  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$683  = { \$682 [15], \$682 [15], \$682 [15], \$682 [15], \$682 [15:4] };
+  assign \$648  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$651  = { \$650 [23], \$650 [23], \$650 [23], \$650 [23], \$650 [23], \$650 [23], \$650 [23], \$650 [23], \$650 [23:8] };
+  assign \$652  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$654  = { \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39], \$653 [39:16] };
+  assign \$655  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$674  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$676  = { \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39], \$675 [39:16] };
+  assign \$677  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$680  = { \$679 [23], \$679 [23], \$679 [23], \$679 [23], \$679 [23], \$679 [23], \$679 [23], \$679 [23], \$679 [23:8] };
+  assign \$681  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$683  = { \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39:16] };
   assign \$684  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$686  = { \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39], \$685 [39:16] };
-  assign \$687  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$690  = { \$689 [23], \$689 [23], \$689 [23], \$689 [23], \$689 [23], \$689 [23], \$689 [23], \$689 [23], \$689 [23:8] };
-  assign \$691  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$693  = { \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39], \$692 [39:16] };
-  assign \$694  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$688  = { \$687 [15], \$687 [15], \$687 [15], \$687 [15], \$687 [15:4] };
+  assign \$689  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$691  = { \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39], \$690 [39:16] };
+  assign \$692  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$695  = { \$694 [23], \$694 [23], \$694 [23], \$694 [23], \$694 [23], \$694 [23], \$694 [23], \$694 [23], \$694 [23:8] };
+  assign \$696  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$698  = { \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39], \$697 [39:16] };
+  assign \$699  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$704  = { \$703 [11], \$703 [11], \$703 [11:2] };
+  assign \$705  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$707  = { \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39], \$706 [39:16] };
+  assign \$708  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$711  = { \$710 [23], \$710 [23], \$710 [23], \$710 [23], \$710 [23], \$710 [23], \$710 [23], \$710 [23], \$710 [23:8] };
+  assign \$712  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$714  = { \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39], \$713 [39:16] };
+  assign \$715  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$719  = { \$718 [15], \$718 [15], \$718 [15], \$718 [15], \$718 [15:4] };
+  assign \$720  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$722  = { \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39], \$721 [39:16] };
+  assign \$723  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$726  = { \$725 [23], \$725 [23], \$725 [23], \$725 [23], \$725 [23], \$725 [23], \$725 [23], \$725 [23], \$725 [23:8] };
+  assign \$727  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$729  = { \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39], \$728 [39:16] };
+  assign \$730  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$736  = { \$735 [9], \$735 [9:1] };
+  assign \$737  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$739  = { \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39], \$738 [39:16] };
+  assign \$740  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$743  = { \$742 [23], \$742 [23], \$742 [23], \$742 [23], \$742 [23], \$742 [23], \$742 [23], \$742 [23], \$742 [23:8] };
+  assign \$744  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$746  = { \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39], \$745 [39:16] };
+  assign \$747  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$751  = { \$750 [15], \$750 [15], \$750 [15], \$750 [15], \$750 [15:4] };
+  assign \$752  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$754  = { \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39], \$753 [39:16] };
+  assign \$755  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$758  = { \$757 [23], \$757 [23], \$757 [23], \$757 [23], \$757 [23], \$757 [23], \$757 [23], \$757 [23], \$757 [23:8] };
+  assign \$759  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$761  = { \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39], \$760 [39:16] };
+  assign \$762  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$767  = { \$766 [11], \$766 [11], \$766 [11:2] };
+  assign \$768  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$770  = { \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39], \$769 [39:16] };
+  assign \$771  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$774  = { \$773 [23], \$773 [23], \$773 [23], \$773 [23], \$773 [23], \$773 [23], \$773 [23], \$773 [23], \$773 [23:8] };
+  assign \$775  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$777  = { \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39], \$776 [39:16] };
+  assign \$778  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$782  = { \$781 [15], \$781 [15], \$781 [15], \$781 [15], \$781 [15:4] };
+  assign \$783  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$785  = { \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39], \$784 [39:16] };
+  assign \$786  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$789  = { \$788 [23], \$788 [23], \$788 [23], \$788 [23], \$788 [23], \$788 [23], \$788 [23], \$788 [23], \$788 [23:8] };
+  assign \$790  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$792  = { \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39], \$791 [39:16] };
+  assign \$793  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -8898,10 +8944,10 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1286$54 ;
-  wire [15:0] \port$1286$54 ;
-  input [127:0] \port$1304$0 ;
-  wire [127:0] \port$1304$0 ;
+  input [15:0] \port$1402$54 ;
+  wire [15:0] \port$1402$54 ;
+  input [127:0] \port$1420$0 ;
+  wire [127:0] \port$1420$0 ;
   input rst;
   wire rst;
   assign \$1  = $signed(a0_r) * $signed(b0_r);
@@ -8964,7 +9010,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1304$0 [16:0] };
+      \$9  = { 1'h0, \port$1420$0 [16:0] };
     end
     if (rst) begin
       \$9  = 18'h00000;
@@ -8974,7 +9020,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1286$54  };
+      \$10  = { 2'h0, \port$1402$54  };
     end
     if (rst) begin
       \$10  = 18'h00000;
@@ -8994,7 +9040,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1304$0 [31], \port$1304$0 [31], \port$1304$0 [31], \port$1304$0 [31:17] };
+      \$12  = { \port$1420$0 [31], \port$1420$0 [31], \port$1420$0 [31], \port$1420$0 [31:17] };
     end
     if (rst) begin
       \$12  = 18'h00000;
@@ -9004,7 +9050,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1286$54  };
+      \$13  = { 2'h0, \port$1402$54  };
     end
     if (rst) begin
       \$13  = 18'h00000;
@@ -9024,7 +9070,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1304$0 [48:32] };
+      \$15  = { 1'h0, \port$1420$0 [48:32] };
     end
     if (rst) begin
       \$15  = 18'h00000;
@@ -9034,7 +9080,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1286$54  };
+      \$16  = { 2'h0, \port$1402$54  };
     end
     if (rst) begin
       \$16  = 18'h00000;
@@ -9054,7 +9100,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1304$0 [63], \port$1304$0 [63], \port$1304$0 [63], \port$1304$0 [63:49] };
+      \$18  = { \port$1420$0 [63], \port$1420$0 [63], \port$1420$0 [63], \port$1420$0 [63:49] };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -9064,7 +9110,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1286$54  };
+      \$19  = { 2'h0, \port$1402$54  };
     end
     if (rst) begin
       \$19  = 18'h00000;
@@ -9084,7 +9130,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1304$0 [80:64] };
+      \$21  = { 1'h0, \port$1420$0 [80:64] };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -9094,7 +9140,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1286$54  };
+      \$22  = { 2'h0, \port$1402$54  };
     end
     if (rst) begin
       \$22  = 18'h00000;
@@ -9114,7 +9160,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1304$0 [95], \port$1304$0 [95], \port$1304$0 [95], \port$1304$0 [95:81] };
+      \$24  = { \port$1420$0 [95], \port$1420$0 [95], \port$1420$0 [95], \port$1420$0 [95:81] };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -9124,7 +9170,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1286$54  };
+      \$25  = { 2'h0, \port$1402$54  };
     end
     if (rst) begin
       \$25  = 18'h00000;
@@ -9144,7 +9190,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1304$0 [112:96] };
+      \$27  = { 1'h0, \port$1420$0 [112:96] };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -9154,7 +9200,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1286$54  };
+      \$28  = { 2'h0, \port$1402$54  };
     end
     if (rst) begin
       \$28  = 18'h00000;
@@ -9174,7 +9220,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1304$0 [127], \port$1304$0 [127], \port$1304$0 [127], \port$1304$0 [127:113] };
+      \$30  = { \port$1420$0 [127], \port$1420$0 [127], \port$1420$0 [127], \port$1420$0 [127:113] };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -9184,7 +9230,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1286$54  };
+      \$31  = { 2'h0, \port$1402$54  };
     end
     if (rst) begin
       \$31  = 18'h00000;
@@ -9200,20 +9246,20 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1286$54 , \port$1304$0 , p__0, 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1304$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1286$54  };
-  assign a__1 = { \port$1304$0 [31], \port$1304$0 [31], \port$1304$0 [31], \port$1304$0 [31:17] };
-  assign b__1 = { 2'h0, \port$1286$54  };
-  assign a__2 = { 1'h0, \port$1304$0 [48:32] };
-  assign b__2 = { 2'h0, \port$1286$54  };
-  assign a__3 = { \port$1304$0 [63], \port$1304$0 [63], \port$1304$0 [63], \port$1304$0 [63:49] };
-  assign b__3 = { 2'h0, \port$1286$54  };
-  assign a__4 = { 1'h0, \port$1304$0 [80:64] };
-  assign b__4 = { 2'h0, \port$1286$54  };
-  assign a__5 = { \port$1304$0 [95], \port$1304$0 [95], \port$1304$0 [95], \port$1304$0 [95:81] };
-  assign b__5 = { 2'h0, \port$1286$54  };
-  assign a__6 = { 1'h0, \port$1304$0 [112:96] };
-  assign b__6 = { 2'h0, \port$1286$54  };
-  assign a__7 = { \port$1304$0 [127], \port$1304$0 [127], \port$1304$0 [127], \port$1304$0 [127:113] };
-  assign b__7 = { 2'h0, \port$1286$54  };
+  assign a__0 = { 1'h0, \port$1420$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1402$54  };
+  assign a__1 = { \port$1420$0 [31], \port$1420$0 [31], \port$1420$0 [31], \port$1420$0 [31:17] };
+  assign b__1 = { 2'h0, \port$1402$54  };
+  assign a__2 = { 1'h0, \port$1420$0 [48:32] };
+  assign b__2 = { 2'h0, \port$1402$54  };
+  assign a__3 = { \port$1420$0 [63], \port$1420$0 [63], \port$1420$0 [63], \port$1420$0 [63:49] };
+  assign b__3 = { 2'h0, \port$1402$54  };
+  assign a__4 = { 1'h0, \port$1420$0 [80:64] };
+  assign b__4 = { 2'h0, \port$1402$54  };
+  assign a__5 = { \port$1420$0 [95], \port$1420$0 [95], \port$1420$0 [95], \port$1420$0 [95:81] };
+  assign b__5 = { 2'h0, \port$1402$54  };
+  assign a__6 = { 1'h0, \port$1420$0 [112:96] };
+  assign b__6 = { 2'h0, \port$1402$54  };
+  assign a__7 = { \port$1420$0 [127], \port$1420$0 [127], \port$1420$0 [127], \port$1420$0 [127:113] };
+  assign b__7 = { 2'h0, \port$1402$54  };
 endmodule
