@@ -154,6 +154,10 @@ class NanoKPU(wiring.Component):
         nbk_max = -(-cfg.spad_c_depth // C) * (cfg.spad_b_depth // 2)
         SW = (max(D, cfg.spad_a_depth, cfg.spad_c_depth, nbk_max) + 1).bit_length()
         HW = 33   # host addresses: a window ends below 2**33 - 1, the saturated value
+        BW_LOG = BW.bit_length() - 1
+        # host bytes of a LOAD/STORE/GEMM plus BW - 1 (LOAD/STORE) that passed its shape and region
+        # checks, saturating like the sizes; wide enough for k * BW and n * width unsaturated
+        LBW = max((max(4 * D, nbk_max * BW) + BW).bit_length(), 16 + max(2, BW_LOG))
         running, done, err = Signal(), Signal(), Signal(8)
         pc = Signal(13)
         cycles, retired = Signal(32), Signal(32)
@@ -174,12 +178,14 @@ class NanoKPU(wiring.Component):
             soft_req.eq(ctrl_write & regs.wr_data[1]),
             router.load_clear.eq(ctrl_write & regs.wr_data[2]),
             im_wr.data.eq(Cat(*([regs.wr_data] * INSTR_WORDS))),
-            router.load_addr.eq((regs.rd_addr - LOADS_BASE)[2:]),
+            router.load_addr.eq(regs.rd_addr[2:]),      # LOADS_BASE is a multiple of 2**18
             self.irq.eq(~running & (done | (err != 0))),
         ]
-        in_imem = regs.wr_addr >= IMEM_BASE
-        with m.If(regs.wr_en & in_imem & ~running & (regs.wr_addr[5:] - (IMEM_BASE >> 5) < cfg.imem_depth)):
-            m.d.comb += [im_wr.addr.eq(regs.wr_addr[5:] - (IMEM_BASE >> 5)),
+        # the windows are aligned: IMEM_BASE to 2**19 > 32 * imem_depth, LOADS_BASE to 2**18 > 4 * n_experts
+        iw, lw = (32 * cfg.imem_depth - 1).bit_length(), (4 * E - 1).bit_length()
+        in_imem = (regs.wr_addr[iw:] == IMEM_BASE >> iw) & (regs.wr_addr[5:iw] < cfg.imem_depth)
+        with m.If(regs.wr_en & in_imem & ~running):
+            m.d.comb += [im_wr.addr.eq(regs.wr_addr[5:iw]),
                          im_wr.en.eq(Const(1, INSTR_WORDS) << regs.wr_addr[2:5])]
         with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_BASE)):
             m.d.sync += host_base.eq(regs.wr_data)
@@ -194,12 +200,12 @@ class NanoKPU(wiring.Component):
                     Reg.HOST_SIZE: host_size, Reg.INSTRS: retired, Reg.INFO: D,
                     Reg.INFO_IMEM: cfg.imem_depth}
         readable.update({Reg.BUSY + 4 * i: c for i, c in enumerate(busy_cnt)})
-        with m.If((rsel >= LOADS_BASE) & (rsel < LOADS_BASE + 4 * E)):
+        with m.If((rsel[lw:] == LOADS_BASE >> lw) & (rsel[:lw] < 4 * E)):
             m.d.comb += regs.rd_data.eq(router.load_data)
-        with m.Else():
-            with m.Switch(rsel):
+        with m.Elif((rsel[:2] == 0) & (rsel[7:] == 0)):     # the registers: words 0..31
+            with m.Switch(rsel[2:7]):
                 for addr, value in readable.items():
-                    with m.Case(int(addr)):
+                    with m.Case(int(addr) >> 2):
                         m.d.comb += regs.rd_data.eq(value)
 
         # -- decode: products of instruction fields, then combinational checks ---------------
@@ -232,11 +238,14 @@ class NanoKPU(wiring.Component):
         # per instruction, loaded at fetch: L0 = m*n (len); L1 = m*k (GEMM, COMBINE), count*n
         # (GATHER, SCATTER), 4*m*top_k (ROUTE); L2 = ceil(m/rows)*k (GEMM), k*n (COMBINE), then
         # row*n for each GATHER/SCATTER row; L3 = ceil(m/rows)*n (GEMM), m*(k*n) (COMBINE, after
-        # L2); L4 = ceil(n/cols)*k (GEMM beats); LH = host + expert*stride
-        mul = [lane(f"l{i}") for i in range(5)]
+        # L2); L4 = host bytes, in whole beats: ceil(n/cols)*(k*BW) (GEMM), BW-1 + m*(n*width)
+        # (LOAD, STORE: rounded down to a beat), LBW bits; LH = host + expert*stride
+        mul = [lane(f"l{i}", LBW if i == 4 else SW) for i in range(5)]
         LH = lane("lh", HW)
         lanes_busy = Cat(*(y for y, _, _ in mul), LH[0]).any()
-        ln, mk, p2, p3, p4, host_eff = mul[0][2], mul[1][2], mul[2][2], mul[3][2], mul[4][2], LH[2]
+        ln, mk, p2, p3, host_eff = mul[0][2], mul[1][2], mul[2][2], mul[3][2], LH[2]
+        beats = mul[4][2][BW_LOG:]
+        nbytes = Cat(Const(0, BW_LOG), beats)
         ph2 = Signal()       # COMBINE: L3 loaded with m*(k*n)
         settle = Signal(2)   # DECODE cycles since the lanes settled: 2 for the checks to register
 
@@ -260,7 +269,7 @@ class NanoKPU(wiring.Component):
                     load(mul[1], mx, sat(nx.k))
                     load(mul[2], mb, sat(nx.k))
                     load(mul[3], mb, sat(nx.n))
-                    load(mul[4], ceil_div(nx.n, C), sat(nx.k))
+                    load(mul[4], ceil_div(nx.n, C), sat(nx.k << BW_LOG, LBW))
                 with m.Case(Op.COMBINE):
                     load(mul[1], mx, sat(nx.k))
                     load(mul[2], nx.k, sat(nx.n))
@@ -268,19 +277,11 @@ class NanoKPU(wiring.Component):
                     load(mul[1], count, sat(nx.n))
                 with m.Case(Op.ROUTE):
                     load(mul[1], mx, sat(Const(4 * K)))
+                with m.Case(Op.LOAD):
+                    load(mul[4], mx, sat(nx.n << Mux(nx.width == 4, 2, Mux(nx.width == 2, 1, 0)), LBW), BW - 1)
+                with m.Case(Op.STORE):
+                    load(mul[4], mx, sat(nx.n << 2, LBW), BW - 1)
             load(LH, Mux((nx.flags & F_HOST_EXPERT) != 0, expert, 0), nx.stride, nx.host)
-
-        bw_log = BW.bit_length() - 1
-        beats = Signal(SW + 1)
-        with m.Switch(op):
-            with m.Case(Op.GEMM):
-                m.d.comb += beats.eq(p4)
-            with m.Case(Op.LOAD):
-                m.d.comb += beats.eq(((ln << Mux(ins.width == 4, 2, Mux(ins.width == 2, 1, 0))) + BW - 1)
-                                     >> bw_log)
-            with m.Default():
-                m.d.comb += beats.eq(((ln << 2) + BW - 1) >> bw_log)
-        nbytes = beats << bw_log
 
         needs_expert = ((ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT)) != 0) | \
             (op == Op.GATHER) | (op == Op.SCATTER)
@@ -345,7 +346,7 @@ class NanoKPU(wiring.Component):
         shape_q, spad_ok, host_ok = Signal(), Signal(), Signal()
         m.d.sync += [shape_q.eq(shape_ok),
                      spad_ok.eq(region_ok(ins.a, wa) & region_ok(ins.b, wb) & region_ok(ins.c, wc)),
-                     host_ok.eq((host_eff[:bw_log] == 0) & (host_eff >= host_base)
+                     host_ok.eq((host_eff[:BW_LOG] == 0) & (host_eff >= host_base)
                                 & (host_eff + nbytes <= host_base + host_size))]
         uses_host = (op == Op.LOAD) | (op == Op.STORE) | (op == Op.GEMM)
         target_ok = ins.target < cfg.imem_depth
@@ -370,11 +371,13 @@ class NanoKPU(wiring.Component):
 
         # -- streaming engine for element-wise ops --------------------------------------------
         # a 3-level walk (i0 innermost) over the a and b operands; one element per cycle
-        # (counts are sizes of checked regions: SW bits; addresses and strides modulo 2**AW)
-        cnt = [Signal(SW, name=f"cnt{j}") for j in range(3)]
-        idx = [Signal(SW, name=f"idx{j}") for j in range(3)]
-        sa = [Signal(AW, name=f"sa{j}") for j in range(3)]
-        sb = [Signal(AW, name=f"sb{j}") for j in range(3)]
+        # (counts are sizes of checked regions, >= 1: SW bits; addresses and strides modulo 2**AW);
+        # rem[j] counts the steps of level j left, this one included, down from cnt[j]
+        cnt = [Signal(SW, name=f"cnt{j}") for j in range(2)]
+        rem = [Signal(SW, name=f"rem{j}") for j in range(3)]
+        # strides: sa1, sb0 and sb1 are 0 or 1 in every walk
+        sa = [Signal(AW, name="sa0"), Signal(1, name="sa1"), Signal(AW, name="sa2")]
+        sb = [Signal(1, name="sb0"), Signal(1, name="sb1"), Signal(AW, name="sb2")]
         pa, ra1, ra2 = Signal(AW), Signal(AW), Signal(AW)
         pb, rb1, rb2 = Signal(AW), Signal(AW), Signal(AW)
         # two stages: g (the scratchpad reads in flight) and h (the operands registered, the
@@ -382,38 +385,41 @@ class NanoKPU(wiring.Component):
         issuing, g_valid, g_last = Signal(), Signal(), Signal()
         h_valid, h_last = Signal(), Signal()
         a_word, b_word = Signal(signed(ww)), Signal(signed(ww))
-        n_out, out_cnt = Signal(SW), Signal(SW)
+        # elements done, one counter for the engine's results, LOAD's writes and STORE's reads
+        # (each instruction clears it); every one of them handles len = L0 elements
+        el_i = Signal(SW)
+        el_more = el_i < ln
         eng_ready = Signal()         # the selected unit takes the current beat
         eng_run = Signal()
         h_free = ~h_valid | eng_ready
         advance = ~g_valid | h_free
 
-        def engine_setup(c0, c1, c2, a0, a1, a2, b0, b1, b2, outs):
-            return [cnt[0].eq(c0), cnt[1].eq(c1), cnt[2].eq(c2), sa[0].eq(a0), sa[1].eq(a1),
+        def engine_setup(c0, c1, c2, a0, a1, a2, b0, b1, b2):
+            return [cnt[0].eq(c0), cnt[1].eq(c1), sa[0].eq(a0), sa[1].eq(a1),
                     sa[2].eq(a2), sb[0].eq(b0), sb[1].eq(b1), sb[2].eq(b2),
-                    idx[0].eq(0), idx[1].eq(0), idx[2].eq(0),
+                    rem[0].eq(c0), rem[1].eq(c1), rem[2].eq(c2),
                     pa.eq(a_), ra1.eq(a_), ra2.eq(a_),
                     pb.eq(b_), rb1.eq(b_), rb2.eq(b_),
-                    issuing.eq(1), g_valid.eq(0), h_valid.eq(0), n_out.eq(outs), out_cnt.eq(0)]
+                    issuing.eq(1), g_valid.eq(0), h_valid.eq(0), el_i.eq(0)]
 
         with m.If(eng_run):
             m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(pb), rd0.en.eq(advance), rd1.en.eq(advance)]
             with m.If(h_free):
                 m.d.sync += [h_valid.eq(g_valid), h_last.eq(g_last), a_word.eq(rd0.data), b_word.eq(rd1.data)]
             with m.If(advance):
-                m.d.sync += [g_valid.eq(issuing), g_last.eq(idx[0] == cnt[0] - 1)]
+                m.d.sync += [g_valid.eq(issuing), g_last.eq(rem[0] == 1)]
                 with m.If(issuing):
-                    with m.If(idx[0] + 1 < cnt[0]):
-                        m.d.sync += [idx[0].eq(idx[0] + 1), pa.eq(pa + sa[0]), pb.eq(pb + sb[0])]
-                    with m.Elif(idx[1] + 1 < cnt[1]):
-                        m.d.sync += [idx[0].eq(0), idx[1].eq(idx[1] + 1),
+                    with m.If(rem[0][1:].any()):
+                        m.d.sync += [rem[0].eq(rem[0] - 1), pa.eq(pa + sa[0]), pb.eq(pb + sb[0])]
+                    with m.Elif(rem[1][1:].any()):
+                        m.d.sync += [rem[0].eq(cnt[0]), rem[1].eq(rem[1] - 1),
                                      ra1.eq(ra1 + sa[1]), pa.eq(ra1 + sa[1]),
                                      rb1.eq(rb1 + sb[1]), pb.eq(rb1 + sb[1])]
                     with m.Else():
-                        m.d.sync += [idx[0].eq(0), idx[1].eq(0), idx[2].eq(idx[2] + 1),
+                        m.d.sync += [rem[0].eq(cnt[0]), rem[1].eq(cnt[1]), rem[2].eq(rem[2] - 1),
                                      ra2.eq(ra2 + sa[2]), ra1.eq(ra2 + sa[2]), pa.eq(ra2 + sa[2]),
                                      rb2.eq(rb2 + sb[2]), rb1.eq(rb2 + sb[2]), pb.eq(rb2 + sb[2])]
-                        with m.If(idx[2] + 1 >= cnt[2]):
+                        with m.If(~rem[2][1:].any()):
                             m.d.sync += issuing.eq(0)
 
         # unit inputs and outputs of the engine
@@ -455,7 +461,7 @@ class NanoKPU(wiring.Component):
                 with m.Default():
                     m.d.comb += [vec.i.valid.eq(h_valid), eng_ready.eq(vec.i.ready),
                                  out_valid.eq(vec.o.valid), out_data.eq(vec.o.payload)]
-        eng_done = eng_run & (out_cnt == n_out)
+        eng_done = eng_run & ~el_more
 
         # -- GEMM operand packing ----------------------------------------------------------------
         # running scratchpad addresses: A word (mb, k) lane i at a + (mb*R + i)*k + k_idx, C word
@@ -463,18 +469,25 @@ class NanoKPU(wiring.Component):
         # next block starts one past the last lane's address
         KW, NW = (cfg.spad_b_depth // 2).bit_length(), cfg.spad_c_depth.bit_length()
         k_g, n_g = ins.k[:KW], ins.n[:NW]          # exact once the shape checks passed
-        gm_row0, gm_k, gm_lane = Signal(range((1 << SW) + R)), Signal(KW), Signal(range(R + 1))
+        # gm_left, gc_left: rows of A / C from the current row block on (m, m - R, ...)
+        gm_left, gm_k, gm_lane = Signal(SW), Signal(KW), Signal(range(R + 1))
         gm_addr, gm_wstart = Signal(AW), Signal(AW)
         gm_word = Signal(data.ArrayLayout(signed(8), R))
         gm_cap, gm_cap_lane = Signal(), Signal(range(R))
         gm_wvalid, gm_afeed_done = Signal(), Signal()
-        gc_row0, gc_n, gc_lane = Signal(range((1 << SW) + R)), Signal(NW), Signal(range(R))
+        gc_left, gc_n, gc_lane = Signal(SW), Signal(NW), Signal(range(R))
         gc_addr, gc_wstart = Signal(AW), Signal(AW)
         gc_last = Signal()     # registered: lane gc_lane is the word's last (c_out.ready off a flip-flop)
 
-        def gc_last_of(row0, lane):
-            """Lane ``lane`` of the word at row ``row0`` is its last: lane R-1 or row M-1."""
-            return (lane == R - 1) | (row0 + lane + 1 >= m_s)
+        LB = (R + 1).bit_length()
+
+        def reached(left, lanes):
+            """``lanes >= left`` for ``lanes <= R + 1``: a block of ``left`` rows ends within ``lanes``."""
+            return (left[LB:] == 0) & (lanes >= left[:LB])
+
+        def gc_last_of(left, lane):
+            """Lane ``lane`` of a word with ``left`` rows left is its last: lane R-1 or row M-1."""
+            return (lane == R - 1) | reached(left, lane + 1)
         gemm_run = Signal()
         m.d.comb += [
             gemm.cmd.payload.m.eq(m_eff), gemm.cmd.payload.k.eq(ins.k), gemm.cmd.payload.n.eq(ins.n),
@@ -491,7 +504,7 @@ class NanoKPU(wiring.Component):
             m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
             # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
             # (lanes of rows >= M are not read: the word was cleared, they stay 0)
-            word_full = (gm_lane == R) | (gm_row0 + gm_lane >= m_s)
+            word_full = (gm_lane == R) | reached(gm_left, gm_lane)
             with m.If(~gm_wvalid & ~gm_afeed_done & ~word_full):
                 m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1)]
                 m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_lane.eq(gm_lane + 1),
@@ -508,9 +521,9 @@ class NanoKPU(wiring.Component):
                     m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1)]
                 with m.Else():
                     next_block = gm_addr - k_g + 1
-                    m.d.sync += [gm_k.eq(0), gm_row0.eq(gm_row0 + R), gm_wstart.eq(next_block),
+                    m.d.sync += [gm_k.eq(0), gm_left.eq(gm_left - R), gm_wstart.eq(next_block),
                                  gm_addr.eq(next_block)]
-                    with m.If(gm_row0 + R >= m_s):
+                    with m.If(reached(gm_left, R)):
                         m.d.sync += gm_afeed_done.eq(1)
             # C: word (mb, n) -> rows mb*R + i of column n, one write per lane
             # (rows >= M are skipped: the word is taken after its last real row)
@@ -518,21 +531,22 @@ class NanoKPU(wiring.Component):
                 m.d.comb += [wr.addr.eq(gc_addr),
                              wr.data.eq(Mux(rq_width != 0, rq_sat, gemm.c_out.payload[gc_lane])), wr.en.eq(1)]
                 m.d.sync += [gc_lane.eq(gc_lane + 1), gc_addr.eq(gc_addr + n_g),
-                             gc_last.eq(gc_last_of(gc_row0, gc_lane + 1))]
+                             gc_last.eq(gc_last_of(gc_left, gc_lane + 1))]
                 with m.If(gc_last):
                     m.d.comb += gemm.c_out.ready.eq(1)
                     m.d.sync += gc_lane.eq(0)
                     with m.If(gc_n + 1 < n_g):
                         m.d.sync += [gc_n.eq(gc_n + 1), gc_wstart.eq(gc_wstart + 1), gc_addr.eq(gc_wstart + 1),
-                                     gc_last.eq(gc_last_of(gc_row0, 0))]
+                                     gc_last.eq(gc_last_of(gc_left, 0))]
                     with m.Else():
-                        m.d.sync += [gc_n.eq(0), gc_row0.eq(gc_row0 + R), gc_wstart.eq(gc_addr + 1),
-                                     gc_addr.eq(gc_addr + 1), gc_last.eq(gc_last_of(gc_row0 + R, 0))]
+                        next_left = (gc_left - R)[:SW]     # wraps after the last block: unused
+                        m.d.sync += [gc_n.eq(0), gc_left.eq(next_left), gc_wstart.eq(gc_addr + 1),
+                                     gc_addr.eq(gc_addr + 1), gc_last.eq(gc_last_of(next_left, 0))]
 
         # -- LOAD / STORE -------------------------------------------------------------------------
-        ld_beat, ld_full, ld_e, ld_i = Signal(8 * BW), Signal(), Signal(range(BW + 1)), Signal(SW)
+        ld_beat, ld_full, ld_e = Signal(8 * BW), Signal(), Signal(range(BW + 1))
         st_beat = Signal(dma.wr_layout)
-        st_full, st_e, st_i, st_rd, st_rd_e = Signal(), Signal(range(BW + 1)), Signal(SW), Signal(), \
+        st_full, st_e, st_rd, st_rd_e = Signal(), Signal(range(BW + 1)), Signal(), \
             Signal(range(BW))
         per_beat = Mux(ins.width == 1, BW, Mux(ins.width == 2, BW // 2, BW // 4))
         m.d.comb += dma.wr_data.payload.eq(st_beat)
@@ -557,8 +571,9 @@ class NanoKPU(wiring.Component):
             m.next = "DRAIN"
 
         # route / dispatch / expert / gather / scatter registers
-        rt_j, rt_t, rt_s = Signal(range(E + 1)), Signal(SW), Signal(range(K + 1))
-        rt_tb, rt_el, rt_lane = Signal(SW), Signal(range(E + L)), Signal(range(L + 1))
+        # rt_feed_left, rt_route_left: tokens whose scores are still to feed / routes to write
+        rt_j, rt_route_left, rt_s = Signal(range(E + 1)), Signal(SW), Signal(range(K + 1))
+        rt_feed_left, rt_el, rt_lane = Signal(SW), Signal(range(E + L)), Signal(range(L + 1))
         rt_tbase, rt_tslot, rt_cb, rt_lp = Signal(AW), Signal(AW), Signal(AW), Signal(AW)
         rt_word = Signal(data.ArrayLayout(unsigned(cfg.score_width), L))
         rt_cap, rt_cap_lane, rt_cap_ok, rt_wvalid, rt_feed_done = Signal(), Signal(range(L)), \
@@ -621,26 +636,26 @@ class NanoKPU(wiring.Component):
                         with m.Case(Op.REQUANT):
                             m.d.sync += [rq_width.eq(ins.width), rq_mult.eq(ins.mult),
                                          rq_shift.eq(ins.shift)]
-                            m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 0, 0, 0, ln)
+                            m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 0, 0, 0)
                             with m.If(ins.flags & F_RQ_EXPERT):
                                 m.next = "RQ_TABLE"
                             with m.Else():
                                 m.next = "ENGINE"
                         with m.Case(Op.SIGMOID, Op.SITU, Op.ADD):
-                            m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 1, 0, 0, ln)
+                            m.d.sync += engine_setup(ln, 1, 1, 1, 0, 0, 1, 0, 0)
                             m.next = "ENGINE"
                         with m.Case(Op.COMBINE):
                             m.d.sync += engine_setup(ins.k, ins.n, m_eff, ins.n, 1, p2,
-                                                     1, 0, ins.k, ln)
+                                                     1, 0, ins.k)
                             m.next = "ENGINE"
                         with m.Case(Op.NORM):
-                            m.d.sync += engine_setup(ins.n, 2, m_eff, 1, 0, ins.n, 0, 0, 0, ln)
+                            m.d.sync += engine_setup(ins.n, 2, m_eff, 1, 0, ins.n, 0, 0, 0)
                             m.next = "ENGINE"
                         with m.Case(Op.GEMM):
-                            m.d.sync += [gm_row0.eq(0), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
+                            m.d.sync += [gm_left.eq(m_s), gm_k.eq(0), gm_lane.eq(0), gm_wvalid.eq(0),
                                          gm_word.eq(0), gm_addr.eq(a_), gm_wstart.eq(a_),
-                                         gm_afeed_done.eq(0), gc_row0.eq(0), gc_n.eq(0), gc_lane.eq(0),
-                                         gc_last.eq(gc_last_of(0, 0)),
+                                         gm_afeed_done.eq(0), gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
+                                         gc_last.eq(gc_last_of(m_s, 0)),
                                          gc_addr.eq(c_), gc_wstart.eq(c_)]
                             m.d.sync += [rq_width.eq(ins.width), rq_mult.eq(ins.mult),
                                          rq_shift.eq(ins.shift)]
@@ -650,11 +665,11 @@ class NanoKPU(wiring.Component):
                                 m.next = "GEMM_CMD"
                         with m.Case(Op.LOAD):
                             m.d.comb += dma.rd_start.eq(1)
-                            m.d.sync += [ld_full.eq(0), ld_e.eq(0), ld_i.eq(0)]
+                            m.d.sync += [ld_full.eq(0), ld_e.eq(0), el_i.eq(0)]
                             m.next = "LOAD"
                         with m.Case(Op.STORE):
                             m.d.comb += dma.wr_start.eq(1)
-                            m.d.sync += [st_full.eq(0), st_e.eq(0), st_i.eq(0), st_rd.eq(0),
+                            m.d.sync += [st_full.eq(0), st_e.eq(0), el_i.eq(0), st_rd.eq(0),
                                          st_beat.strb.eq(0)]
                             m.next = "STORE"
                         with m.Case(Op.ROUTE):
@@ -680,8 +695,8 @@ class NanoKPU(wiring.Component):
             with state("ENGINE"):
                 m.d.comb += eng_run.eq(1)
                 with m.If(out_valid):
-                    m.d.comb += [wr.addr.eq(c_ + out_cnt), wr.data.eq(out_data), wr.en.eq(1)]
-                    m.d.sync += out_cnt.eq(out_cnt + 1)
+                    m.d.comb += [wr.addr.eq(c_ + el_i), wr.data.eq(out_data), wr.en.eq(1)]
+                    m.d.sync += el_i.eq(el_i + 1)
                 with m.If(eng_done):
                     with m.If(op == Op.SIGMOID):
                         m.d.sync += [scores_ok.eq(1), scores_a.eq(c_), scores_len.eq(ln)]
@@ -715,35 +730,35 @@ class NanoKPU(wiring.Component):
                     elem = Mux(ins.width == 1, ld_beat.word_select(ld_e, 8).as_signed(),
                                Mux(ins.width == 2, ld_beat.word_select(ld_e, 16).as_signed(),
                                    ld_beat.word_select(ld_e, 32).as_signed()))
-                    with m.If(ld_i < ln):
-                        m.d.comb += [wr.addr.eq(c_ + ld_i), wr.data.eq(elem), wr.en.eq(1)]
-                        m.d.sync += ld_i.eq(ld_i + 1)
+                    with m.If(el_more):
+                        m.d.comb += [wr.addr.eq(c_ + el_i), wr.data.eq(elem), wr.en.eq(1)]
+                        m.d.sync += el_i.eq(el_i + 1)
                     m.d.sync += ld_e.eq(ld_e + 1)
                     with m.If(ld_e + 1 >= per_beat):
                         m.d.sync += ld_full.eq(0)
                 with m.If(dma.error):
                     stop(Err.BUS_ERROR)
-                with m.Elif(~dma.rd_busy & ~ld_full & (ld_i >= ln)):
+                with m.Elif(~dma.rd_busy & ~ld_full & ~el_more):
                     goto_next()
 
             # ---- STORE: pack 4-byte elements into beats
             with state("STORE"):
                 epb = BW // 4
-                # read element st_i (one per cycle), place it in the next cycle
-                with m.If(~st_full & (st_e < epb) & (st_i < ln) & ~st_rd):
-                    m.d.comb += [rd0.addr.eq(a_ + st_i), rd0.en.eq(1)]
-                    m.d.sync += [st_rd.eq(1), st_rd_e.eq(st_e), st_i.eq(st_i + 1), st_e.eq(st_e + 1)]
+                # read element el_i (one per cycle), place it in the next cycle
+                with m.If(~st_full & (st_e < epb) & el_more & ~st_rd):
+                    m.d.comb += [rd0.addr.eq(a_ + el_i), rd0.en.eq(1)]
+                    m.d.sync += [st_rd.eq(1), st_rd_e.eq(st_e), el_i.eq(el_i + 1), st_e.eq(st_e + 1)]
                 with m.If(st_rd):
                     m.d.sync += [st_beat.data.word_select(st_rd_e, 32).eq(rd0.data[:32]),
                                  st_beat.strb.word_select(st_rd_e, 4).eq(0xF), st_rd.eq(0)]
-                with m.If(~st_full & ~st_rd & (st_e != 0) & ((st_e == epb) | (st_i >= ln))):
+                with m.If(~st_full & ~st_rd & (st_e != 0) & ((st_e == epb) | ~el_more)):
                     m.d.sync += st_full.eq(1)
                 m.d.comb += dma.wr_data.valid.eq(st_full)
                 with m.If(dma.wr_data.valid & dma.wr_data.ready):
                     m.d.sync += [st_full.eq(0), st_e.eq(0), st_beat.strb.eq(0)]
                 with m.If(dma.error):
                     stop(Err.BUS_ERROR)
-                with m.Elif(~dma.wr_busy & (st_i >= ln) & ~st_full & ~st_rd):
+                with m.Elif(~dma.wr_busy & ~el_more & ~st_full & ~st_rd):
                     goto_next()
 
             # ---- ROUTE: bias, scores -> routes, dispatch lists
@@ -754,9 +769,9 @@ class NanoKPU(wiring.Component):
                     m.d.comb += [router.bias_we.eq(1), router.bias_addr.eq(rt_j - 1),
                                  router.bias_data.eq(rd0.data[:cfg.bias_width])]
                 with m.If(rt_j == E):
-                    m.d.sync += [rt_tb.eq(0), rt_el.eq(0), rt_lane.eq(0), rt_wvalid.eq(0),
+                    m.d.sync += [rt_feed_left.eq(m_s), rt_el.eq(0), rt_lane.eq(0), rt_wvalid.eq(0),
                                  rt_tbase.eq(a_), rt_tslot.eq(c_),
-                                 rt_feed_done.eq(0), rt_cap.eq(0), rt_t.eq(0), rt_s.eq(0),
+                                 rt_feed_done.eq(0), rt_cap.eq(0), rt_route_left.eq(m_s), rt_s.eq(0),
                                  rt_hold.eq(0), rt_wphase.eq(0)]
                     m.next = "RT_SCORES"
             with state("RT_SCORES"):
@@ -776,8 +791,8 @@ class NanoKPU(wiring.Component):
                 with m.If(router.scores.valid & router.scores.ready):
                     m.d.sync += [rt_wvalid.eq(0), rt_lane.eq(0)]
                     with m.If(rt_el >= E):
-                        m.d.sync += [rt_el.eq(0), rt_tb.eq(rt_tb + 1), rt_tbase.eq(rt_tbase + E)]
-                        with m.If(rt_tb + 1 >= m_s):
+                        m.d.sync += [rt_el.eq(0), rt_feed_left.eq(rt_feed_left - 1), rt_tbase.eq(rt_tbase + E)]
+                        with m.If(~rt_feed_left[1:].any()):
                             m.d.sync += rt_feed_done.eq(1)
                 # routes: idx then weight, two writes per route
                 m.d.comb += router.routes.ready.eq(~rt_hold)
@@ -791,10 +806,11 @@ class NanoKPU(wiring.Component):
                     m.d.comb += [wr.addr.eq(slot + tk), wr.data.eq(rt_held.weight), wr.en.eq(1)]
                     m.d.sync += [rt_hold.eq(0), rt_wphase.eq(0)]
                     with m.If(rt_held.last | (rt_s == K - 1)):
-                        m.d.sync += [rt_s.eq(0), rt_t.eq(rt_t + 1), rt_tslot.eq(rt_tslot + K)]
+                        m.d.sync += [rt_s.eq(0), rt_route_left.eq(rt_route_left - 1),
+                                     rt_tslot.eq(rt_tslot + K)]
                     with m.Else():
                         m.d.sync += rt_s.eq(rt_s + 1)
-                with m.If(rt_t >= m_s):
+                with m.If(rt_route_left == 0):
                     m.d.sync += [rt_j.eq(0), rt_p.eq(0), rt_pt.eq(0), rt_ps.eq(0), rt_pos.eq(0),
                                  rt_off.eq(0)]
                     m.next = "RT_DREAD"
@@ -870,7 +886,7 @@ class NanoKPU(wiring.Component):
                 m.next = "MOVE_CHECK"
             with state("MOVE_CHECK"):
                 r = rd0_q
-                with m.If((r < 0) | (r >= m_eff)):
+                with m.If(r[16:].any() | (r[:16] >= m_eff)):     # r < 0 or r >= m
                     stop(Err.SPAD_RANGE)
                 with m.Else():
                     load(mul[2], r[:16], n_s)      # r * n, exact: r < m

@@ -8,38 +8,38 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg \$auto$verilog_backend.cc:2355:dump_module$1  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [4:0] \$100 ;
-  wire [9:0] \$101 ;
-  wire \$102 ;
-  wire [4:0] \$103 ;
-  wire \$104 ;
+  wire [16:0] \$100 ;
+  wire [13:0] \$101 ;
+  wire [16:0] \$102 ;
+  wire \$103 ;
+  wire [16:0] \$104 ;
   wire [13:0] \$105 ;
-  wire [14:0] \$106 ;
+  wire [16:0] \$106 ;
   wire \$107 ;
-  wire [14:0] \$108 ;
+  wire [16:0] \$108 ;
   wire [13:0] \$109 ;
-  wire [7:0] \$1090 ;
+  wire [7:0] \$1094 ;
   wire \$11 ;
-  wire [16:0] \$110 ;
-  wire [7:0] \$1104 ;
+  wire \$110 ;
+  wire [7:0] \$1109 ;
   wire \$111 ;
-  wire [16:0] \$112 ;
-  wire [6:0] \$1126 ;
-  wire [13:0] \$113 ;
-  wire [7:0] \$1130 ;
-  wire [8:0] \$1133 ;
-  wire [16:0] \$114 ;
+  wire [9:0] \$112 ;
+  wire \$113 ;
+  wire [6:0] \$1131 ;
+  wire [7:0] \$1135 ;
+  wire [8:0] \$1138 ;
+  wire \$114 ;
   wire \$115 ;
-  wire [16:0] \$116 ;
-  wire [13:0] \$117 ;
-  wire [16:0] \$118 ;
+  wire \$116 ;
+  wire \$117 ;
+  wire \$118 ;
   wire \$119 ;
   wire \$12 ;
-  wire [16:0] \$120 ;
-  wire [13:0] \$121 ;
-  wire \$122 ;
+  wire \$120 ;
+  wire \$121 ;
+  wire [9:0] \$122 ;
   wire \$123 ;
-  wire [9:0] \$124 ;
+  wire \$124 ;
   wire \$125 ;
   wire \$126 ;
   wire \$127 ;
@@ -50,7 +50,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$131 ;
   wire \$132 ;
   wire \$133 ;
-  wire [9:0] \$134 ;
+  wire \$134 ;
   wire \$135 ;
   wire \$136 ;
   wire \$137 ;
@@ -67,7 +67,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$147 ;
   wire \$148 ;
   wire \$149 ;
-  wire [15:0] \$15 ;
+  wire \$15 ;
   wire \$150 ;
   wire \$151 ;
   wire \$152 ;
@@ -78,7 +78,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire \$16 ;
+  wire [14:0] \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
@@ -87,9 +87,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
-  wire \$168 ;
+  wire [16:0] \$168 ;
   wire \$169 ;
-  wire \$17 ;
+  wire [1:0] \$17 ;
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
@@ -100,8 +100,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$177 ;
   wire \$178 ;
   wire \$179 ;
-  wire [15:0] \$18 ;
-  wire [16:0] \$180 ;
+  wire [1:0] \$18 ;
+  wire \$180 ;
   wire \$181 ;
   wire \$182 ;
   wire \$183 ;
@@ -111,7 +111,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$187 ;
   wire \$188 ;
   wire \$189 ;
-  wire [14:0] \$19 ;
+  wire \$19 ;
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
@@ -123,125 +123,125 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$198 ;
   wire \$199 ;
   wire \$2 ;
-  wire [1:0] \$20 ;
+  wire [3:0] \$20 ;
   wire \$200 ;
-  wire \$201 ;
+  wire [31:0] \$201 ;
   wire \$202 ;
-  wire \$203 ;
-  wire \$204 ;
+  wire [31:0] \$203 ;
+  wire [31:0] \$204 ;
   wire \$205 ;
-  wire \$206 ;
+  wire [31:0] \$206 ;
   wire \$207 ;
-  wire \$208 ;
+  wire [5:0] \$208 ;
   wire \$209 ;
-  wire [1:0] \$21 ;
-  wire \$210 ;
+  wire [3:0] \$21 ;
+  wire [31:0] \$210 ;
   wire \$211 ;
   wire \$212 ;
-  wire [31:0] \$213 ;
+  wire \$213 ;
   wire \$214 ;
-  wire [31:0] \$215 ;
-  wire [31:0] \$216 ;
+  wire \$215 ;
+  wire \$216 ;
   wire \$217 ;
-  wire [31:0] \$218 ;
+  wire \$218 ;
   wire \$219 ;
-  wire \$22 ;
-  wire [5:0] \$220 ;
+  wire [22:0] \$22 ;
+  wire \$220 ;
   wire \$221 ;
   wire [31:0] \$222 ;
-  wire \$223 ;
+  wire [31:0] \$223 ;
   wire \$224 ;
   wire \$225 ;
   wire \$226 ;
-  wire [15:0] \$227 ;
+  wire \$227 ;
   wire \$228 ;
   wire \$229 ;
-  wire [3:0] \$23 ;
+  wire [22:0] \$23 ;
   wire \$230 ;
   wire \$231 ;
-  wire \$232 ;
-  wire [31:0] \$233 ;
-  wire [31:0] \$234 ;
-  wire \$235 ;
-  wire \$236 ;
-  wire \$237 ;
+  wire [4:0] \$232 ;
+  wire [13:0] \$233 ;
+  wire [4:0] \$234 ;
+  wire [13:0] \$235 ;
+  wire [14:0] \$236 ;
+  wire [14:0] \$237 ;
   wire \$238 ;
   wire \$239 ;
-  wire [3:0] \$24 ;
-  wire \$240 ;
+  wire [43:0] \$24 ;
+  wire [14:0] \$240 ;
   wire \$241 ;
-  wire \$242 ;
-  wire [4:0] \$243 ;
-  wire [13:0] \$244 ;
-  wire [4:0] \$245 ;
-  wire [13:0] \$246 ;
-  wire [14:0] \$247 ;
-  wire [14:0] \$248 ;
+  wire [7:0] \$242 ;
+  wire \$243 ;
+  wire [15:0] \$244 ;
+  wire [31:0] \$245 ;
+  wire [31:0] \$246 ;
+  wire [31:0] \$247 ;
+  wire \$248 ;
   wire \$249 ;
-  wire [22:0] \$25 ;
+  wire [43:0] \$25 ;
   wire \$250 ;
-  wire [14:0] \$251 ;
+  wire \$251 ;
   wire \$252 ;
-  wire [7:0] \$253 ;
+  wire \$253 ;
   wire \$254 ;
-  wire [15:0] \$255 ;
-  wire [31:0] \$256 ;
-  wire [31:0] \$257 ;
-  wire [31:0] \$258 ;
+  wire [14:0] \$255 ;
+  wire [13:0] \$256 ;
+  wire \$257 ;
+  wire [4:0] \$258 ;
   wire \$259 ;
-  wire [22:0] \$26 ;
+  wire \$26 ;
   wire \$260 ;
   wire \$261 ;
   wire \$262 ;
   wire \$263 ;
-  wire \$264 ;
+  wire [13:0] \$264 ;
   wire \$265 ;
-  wire [14:0] \$266 ;
-  wire [13:0] \$267 ;
-  wire \$268 ;
-  wire [4:0] \$269 ;
-  wire [43:0] \$27 ;
-  wire \$270 ;
-  wire \$271 ;
-  wire \$272 ;
+  wire \$266 ;
+  wire \$267 ;
+  wire [13:0] \$268 ;
+  wire \$269 ;
+  wire \$27 ;
+  wire [13:0] \$270 ;
+  wire [14:0] \$271 ;
+  wire [14:0] \$272 ;
   wire \$273 ;
-  wire \$274 ;
+  wire [14:0] \$274 ;
   wire [13:0] \$275 ;
-  wire \$276 ;
-  wire \$277 ;
+  wire [14:0] \$276 ;
+  wire [14:0] \$277 ;
   wire \$278 ;
   wire [13:0] \$279 ;
-  wire [43:0] \$28 ;
-  wire \$280 ;
+  wire \$28 ;
+  wire [14:0] \$280 ;
   wire [13:0] \$281 ;
   wire [14:0] \$282 ;
-  wire [14:0] \$283 ;
-  wire \$284 ;
-  wire [14:0] \$285 ;
-  wire [13:0] \$286 ;
-  wire [14:0] \$287 ;
+  wire \$283 ;
+  wire [13:0] \$284 ;
+  wire [13:0] \$285 ;
+  wire [14:0] \$286 ;
+  wire \$287 ;
   wire [14:0] \$288 ;
-  wire \$289 ;
+  wire [16:0] \$289 ;
   wire \$29 ;
-  wire [13:0] \$290 ;
-  wire [14:0] \$291 ;
-  wire [13:0] \$292 ;
-  wire [14:0] \$293 ;
-  wire \$294 ;
-  wire [13:0] \$295 ;
-  wire [13:0] \$296 ;
-  wire [14:0] \$297 ;
+  wire \$290 ;
+  wire \$291 ;
+  wire \$292 ;
+  wire [13:0] \$293 ;
+  wire [14:0] \$294 ;
+  wire [15:0] \$295 ;
+  wire \$296 ;
+  wire \$297 ;
   wire \$298 ;
-  wire [14:0] \$299 ;
+  wire \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [16:0] \$300 ;
+  wire \$300 ;
   wire \$301 ;
   wire \$302 ;
   wire \$303 ;
-  wire [13:0] \$304 ;
-  wire [14:0] \$305 ;
-  wire [15:0] \$306 ;
+  wire \$304 ;
+  wire \$305 ;
+  wire \$306 ;
   wire \$307 ;
   wire \$308 ;
   wire \$309 ;
@@ -269,277 +269,277 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$329 ;
   wire \$33 ;
   wire \$330 ;
-  wire \$331 ;
+  wire [14:0] \$331 ;
   wire \$332 ;
-  wire \$333 ;
-  wire \$334 ;
-  wire \$335 ;
-  wire \$336 ;
-  wire \$337 ;
+  wire [14:0] \$333 ;
+  wire [13:0] \$334 ;
+  wire [14:0] \$335 ;
+  wire [14:0] \$336 ;
+  wire [15:0] \$337 ;
   wire \$338 ;
-  wire \$339 ;
+  wire [14:0] \$339 ;
   wire \$34 ;
   wire \$340 ;
-  wire \$341 ;
-  wire [14:0] \$342 ;
-  wire \$343 ;
+  wire [14:0] \$341 ;
+  wire [13:0] \$342 ;
+  wire [14:0] \$343 ;
   wire [14:0] \$344 ;
-  wire [13:0] \$345 ;
-  wire [14:0] \$346 ;
+  wire [15:0] \$345 ;
+  wire \$346 ;
   wire [14:0] \$347 ;
-  wire [15:0] \$348 ;
-  wire \$349 ;
+  wire \$348 ;
+  wire [14:0] \$349 ;
   wire \$35 ;
-  wire [14:0] \$350 ;
-  wire \$351 ;
+  wire [13:0] \$350 ;
+  wire [14:0] \$351 ;
   wire [14:0] \$352 ;
-  wire [13:0] \$353 ;
-  wire [14:0] \$354 ;
+  wire [15:0] \$353 ;
+  wire \$354 ;
   wire [14:0] \$355 ;
-  wire [15:0] \$356 ;
-  wire \$357 ;
-  wire [14:0] \$358 ;
-  wire \$359 ;
+  wire \$356 ;
+  wire [14:0] \$357 ;
+  wire [13:0] \$358 ;
+  wire [14:0] \$359 ;
   wire \$36 ;
   wire [14:0] \$360 ;
-  wire [13:0] \$361 ;
-  wire [14:0] \$362 ;
-  wire [14:0] \$363 ;
-  wire [15:0] \$364 ;
-  wire \$365 ;
-  wire [14:0] \$366 ;
-  wire \$367 ;
-  wire [14:0] \$368 ;
-  wire [13:0] \$369 ;
-  wire [1:0] \$37 ;
-  wire [14:0] \$370 ;
-  wire [14:0] \$371 ;
-  wire [15:0] \$372 ;
-  wire \$373 ;
-  wire [14:0] \$374 ;
-  wire \$375 ;
-  wire [14:0] \$376 ;
-  wire [13:0] \$377 ;
-  wire [14:0] \$378 ;
-  wire [14:0] \$379 ;
-  wire [16:0] \$38 ;
-  wire [15:0] \$380 ;
+  wire [15:0] \$361 ;
+  wire \$362 ;
+  wire [18:0] \$363 ;
+  wire \$364 ;
+  wire [18:0] \$365 ;
+  wire [17:0] \$366 ;
+  wire [18:0] \$367 ;
+  wire [18:0] \$368 ;
+  wire [15:0] \$369 ;
+  wire \$37 ;
+  wire \$370 ;
+  wire [33:0] \$371 ;
+  wire \$372 ;
+  wire [33:0] \$373 ;
+  wire [32:0] \$374 ;
+  wire [33:0] \$375 ;
+  wire [33:0] \$376 ;
+  wire [15:0] \$377 ;
+  wire \$378 ;
+  wire \$379 ;
+  wire \$38 ;
+  wire [14:0] \$380 ;
   wire \$381 ;
-  wire [33:0] \$382 ;
+  wire \$382 ;
   wire \$383 ;
-  wire [33:0] \$384 ;
-  wire [32:0] \$385 ;
-  wire [33:0] \$386 ;
-  wire [33:0] \$387 ;
-  wire [15:0] \$388 ;
+  wire \$384 ;
+  wire \$385 ;
+  wire [14:0] \$386 ;
+  wire \$387 ;
+  wire \$388 ;
   wire \$389 ;
-  wire [17:0] \$39 ;
+  wire \$39 ;
   wire \$390 ;
-  wire [14:0] \$391 ;
+  wire \$391 ;
   wire \$392 ;
-  wire \$393 ;
+  wire [14:0] \$393 ;
   wire \$394 ;
   wire \$395 ;
   wire \$396 ;
-  wire [14:0] \$397 ;
+  wire \$397 ;
   wire \$398 ;
   wire \$399 ;
   wire \$4 ;
-  wire [18:0] \$40 ;
+  wire \$40 ;
   wire \$400 ;
-  wire \$401 ;
-  wire \$402 ;
+  wire [33:0] \$401 ;
+  wire [32:0] \$402 ;
   wire \$403 ;
-  wire [14:0] \$404 ;
+  wire \$404 ;
   wire \$405 ;
   wire \$406 ;
   wire \$407 ;
   wire \$408 ;
   wire \$409 ;
-  wire [18:0] \$41 ;
+  wire \$41 ;
   wire \$410 ;
   wire \$411 ;
-  wire [17:0] \$412 ;
-  wire [33:0] \$413 ;
-  wire [32:0] \$414 ;
-  wire \$415 ;
-  wire \$416 ;
-  wire \$417 ;
-  wire \$418 ;
-  wire \$419 ;
-  wire [16:0] \$42 ;
-  wire \$420 ;
-  wire \$421 ;
-  wire \$422 ;
-  wire [14:0] \$423 ;
-  wire \$424 ;
-  wire [14:0] \$425 ;
-  wire \$426 ;
-  wire [14:0] \$427 ;
-  wire \$428 ;
-  wire [14:0] \$429 ;
-  wire [17:0] \$43 ;
-  wire [13:0] \$430 ;
-  wire [13:0] \$431 ;
-  wire [14:0] \$432 ;
-  wire [13:0] \$433 ;
-  wire [13:0] \$434 ;
-  wire [13:0] \$435 ;
-  wire [13:0] \$436 ;
-  wire [14:0] \$437 ;
-  wire [13:0] \$438 ;
-  wire [13:0] \$439 ;
-  wire [18:0] \$44 ;
-  wire [13:0] \$440 ;
-  wire [13:0] \$441 ;
-  wire [13:0] \$442 ;
-  wire [13:0] \$443 ;
-  wire [14:0] \$444 ;
-  wire \$445 ;
-  wire \$446 ;
+  wire \$412 ;
+  wire \$413 ;
+  wire [14:0] \$414 ;
+  wire [13:0] \$415 ;
+  wire [13:0] \$416 ;
+  wire [14:0] \$417 ;
+  wire [13:0] \$418 ;
+  wire [13:0] \$419 ;
+  wire \$42 ;
+  wire [13:0] \$420 ;
+  wire [13:0] \$421 ;
+  wire [14:0] \$422 ;
+  wire [13:0] \$423 ;
+  wire [13:0] \$424 ;
+  wire [13:0] \$425 ;
+  wire [13:0] \$426 ;
+  wire [13:0] \$427 ;
+  wire [13:0] \$428 ;
+  wire \$429 ;
+  wire \$43 ;
+  wire \$430 ;
+  wire \$431 ;
+  wire \$432 ;
+  wire [1:0] \$433 ;
+  wire [1:0] \$434 ;
+  wire \$435 ;
+  wire \$436 ;
+  wire \$437 ;
+  wire \$438 ;
+  wire \$439 ;
+  wire \$44 ;
+  wire \$440 ;
+  wire \$441 ;
+  wire \$442 ;
+  wire \$443 ;
+  wire \$444 ;
+  wire [3:0] \$445 ;
+  wire [13:0] \$446 ;
   wire \$447 ;
-  wire [1:0] \$448 ;
-  wire [1:0] \$449 ;
-  wire [18:0] \$45 ;
+  wire \$448 ;
+  wire \$449 ;
+  wire \$45 ;
   wire \$450 ;
   wire \$451 ;
   wire \$452 ;
   wire \$453 ;
-  wire [15:0] \$454 ;
+  wire \$454 ;
   wire \$455 ;
   wire \$456 ;
-  wire \$457 ;
+  wire [7:0] \$457 ;
   wire \$458 ;
-  wire [3:0] \$459 ;
+  wire [7:0] \$459 ;
   wire \$46 ;
   wire [13:0] \$460 ;
-  wire \$461 ;
-  wire \$462 ;
-  wire \$463 ;
-  wire \$464 ;
-  wire [15:0] \$465 ;
-  wire \$466 ;
+  wire [13:0] \$461 ;
+  wire [14:0] \$462 ;
+  wire [13:0] \$463 ;
+  wire [14:0] \$464 ;
+  wire [13:0] \$465 ;
+  wire [14:0] \$466 ;
   wire \$467 ;
   wire \$468 ;
   wire \$469 ;
   wire \$47 ;
-  wire [7:0] \$470 ;
-  wire \$471 ;
-  wire [7:0] \$472 ;
-  wire [13:0] \$473 ;
-  wire [13:0] \$474 ;
-  wire [15:0] \$475 ;
-  wire [13:0] \$476 ;
-  wire [14:0] \$477 ;
-  wire [13:0] \$478 ;
-  wire [14:0] \$479 ;
+  wire [2:0] \$470 ;
+  wire [13:0] \$471 ;
+  wire [2:0] \$472 ;
+  wire \$473 ;
+  wire \$474 ;
+  wire [2:0] \$475 ;
+  wire [3:0] \$476 ;
+  wire \$477 ;
+  wire \$478 ;
+  wire \$479 ;
   wire \$48 ;
-  wire [15:0] \$480 ;
+  wire [9:0] \$480 ;
   wire \$481 ;
-  wire [2:0] \$482 ;
+  wire [9:0] \$482 ;
   wire [13:0] \$483 ;
-  wire [2:0] \$484 ;
+  wire [13:0] \$484 ;
   wire \$485 ;
-  wire [2:0] \$486 ;
-  wire [15:0] \$487 ;
-  wire [16:0] \$488 ;
-  wire \$489 ;
+  wire \$486 ;
+  wire \$487 ;
+  wire \$488 ;
+  wire [14:0] \$489 ;
   wire \$49 ;
-  wire \$490 ;
-  wire [9:0] \$491 ;
-  wire \$492 ;
-  wire [9:0] \$493 ;
-  wire [13:0] \$494 ;
-  wire [13:0] \$495 ;
-  wire [15:0] \$496 ;
-  wire [16:0] \$497 ;
-  wire \$498 ;
-  wire \$499 ;
+  wire [13:0] \$490 ;
+  wire [13:0] \$491 ;
+  wire [14:0] \$492 ;
+  wire \$493 ;
+  wire [14:0] \$494 ;
+  wire \$495 ;
+  wire \$496 ;
+  wire \$497 ;
+  wire [32:0] \$498 ;
+  wire [32:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire [15:0] \$500 ;
-  wire [13:0] \$501 ;
-  wire [13:0] \$502 ;
-  wire [15:0] \$503 ;
-  wire [16:0] \$504 ;
-  wire [17:0] \$505 ;
-  wire \$506 ;
+  wire [32:0] \$500 ;
+  wire [32:0] \$501 ;
+  wire [32:0] \$502 ;
+  wire [32:0] \$503 ;
+  wire [32:0] \$504 ;
+  wire \$505 ;
+  wire [9:0] \$506 ;
   wire \$507 ;
-  wire [32:0] \$508 ;
-  wire [32:0] \$509 ;
+  wire [15:0] \$508 ;
+  wire \$509 ;
   wire \$51 ;
-  wire [32:0] \$510 ;
-  wire [32:0] \$511 ;
-  wire [32:0] \$512 ;
-  wire [32:0] \$513 ;
-  wire [32:0] \$514 ;
-  wire \$515 ;
+  wire [13:0] \$510 ;
+  wire [9:0] \$511 ;
+  wire \$512 ;
+  wire [15:0] \$513 ;
+  wire \$514 ;
+  wire [13:0] \$515 ;
   wire [9:0] \$516 ;
   wire \$517 ;
   wire [15:0] \$518 ;
-  wire \$519 ;
+  wire [16:0] \$519 ;
   wire \$52 ;
-  wire [13:0] \$520 ;
-  wire [9:0] \$521 ;
+  wire [17:0] \$520 ;
+  wire [17:0] \$521 ;
   wire \$522 ;
-  wire [15:0] \$523 ;
-  wire \$524 ;
-  wire [13:0] \$525 ;
-  wire [9:0] \$526 ;
-  wire \$527 ;
-  wire [15:0] \$528 ;
-  wire [16:0] \$529 ;
+  wire [13:0] \$523 ;
+  wire [9:0] \$524 ;
+  wire \$525 ;
+  wire [15:0] \$526 ;
+  wire [16:0] \$527 ;
+  wire [17:0] \$528 ;
+  wire [17:0] \$529 ;
   wire \$53 ;
-  wire [17:0] \$530 ;
-  wire [17:0] \$531 ;
-  wire \$532 ;
-  wire [13:0] \$533 ;
-  wire [9:0] \$534 ;
-  wire \$535 ;
-  wire [15:0] \$536 ;
-  wire [16:0] \$537 ;
+  wire \$530 ;
+  wire [13:0] \$531 ;
+  wire [16:0] \$532 ;
+  wire [17:0] \$533 ;
+  wire [17:0] \$534 ;
+  wire [18:0] \$535 ;
+  wire \$536 ;
+  wire [18:0] \$537 ;
   wire [17:0] \$538 ;
-  wire [17:0] \$539 ;
+  wire [9:0] \$539 ;
   wire \$54 ;
   wire \$540 ;
-  wire [13:0] \$541 ;
-  wire [16:0] \$542 ;
-  wire [17:0] \$543 ;
-  wire [17:0] \$544 ;
-  wire \$545 ;
-  wire [13:0] \$546 ;
-  wire [9:0] \$547 ;
-  wire \$548 ;
-  wire [15:0] \$549 ;
+  wire [15:0] \$541 ;
+  wire \$542 ;
+  wire [13:0] \$543 ;
+  wire \$544 ;
+  wire [13:0] \$545 ;
+  wire \$546 ;
+  wire [13:0] \$547 ;
+  wire [9:0] \$548 ;
+  wire \$549 ;
   wire \$55 ;
-  wire \$550 ;
-  wire [13:0] \$551 ;
+  wire [15:0] \$550 ;
+  wire [9:0] \$551 ;
   wire \$552 ;
-  wire [13:0] \$553 ;
+  wire [15:0] \$553 ;
   wire \$554 ;
-  wire [13:0] \$555 ;
-  wire [9:0] \$556 ;
-  wire \$557 ;
-  wire [15:0] \$558 ;
-  wire [9:0] \$559 ;
+  wire \$555 ;
+  wire \$556 ;
+  wire [1:0] \$557 ;
+  wire [18:0] \$558 ;
+  wire \$559 ;
   wire \$56 ;
   wire \$560 ;
-  wire [3:0] \$561 ;
+  wire \$561 ;
   wire \$562 ;
-  wire \$563 ;
-  wire \$564 ;
-  wire \$565 ;
-  wire \$566 ;
+  wire [1:0] \$563 ;
+  wire [18:0] \$564 ;
+  wire [17:0] \$565 ;
+  wire [9:0] \$566 ;
   wire \$567 ;
-  wire \$568 ;
-  wire [2:0] \$569 ;
+  wire [15:0] \$568 ;
+  wire [18:0] \$569 ;
   wire \$57 ;
   wire \$570 ;
-  wire \$571 ;
-  wire \$572 ;
-  wire \$573 ;
+  wire [18:0] \$571 ;
+  wire [17:0] \$572 ;
+  wire [9:0] \$573 ;
   wire \$574 ;
-  wire \$575 ;
+  wire [3:0] \$575 ;
   wire \$576 ;
   wire \$577 ;
   wire \$578 ;
@@ -547,61 +547,61 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$58 ;
   wire \$580 ;
   wire \$581 ;
-  wire [32:0] \$582 ;
-  wire [9:0] \$583 ;
+  wire \$582 ;
+  wire [2:0] \$583 ;
   wire \$584 ;
   wire \$585 ;
   wire \$586 ;
-  wire [9:0] \$587 ;
+  wire \$587 ;
   wire \$588 ;
-  wire [12:0] \$589 ;
+  wire \$589 ;
   wire \$59 ;
-  wire [13:0] \$590 ;
-  wire [12:0] \$591 ;
-  wire [13:0] \$592 ;
-  wire [14:0] \$593 ;
+  wire \$590 ;
+  wire \$591 ;
+  wire \$592 ;
+  wire \$593 ;
   wire \$594 ;
-  wire [14:0] \$595 ;
-  wire \$596 ;
-  wire \$597 ;
+  wire \$595 ;
+  wire [32:0] \$596 ;
+  wire [9:0] \$597 ;
   wire \$598 ;
-  wire [13:0] \$599 ;
+  wire \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire [32:0] \$600 ;
+  wire \$600 ;
   wire \$601 ;
-  wire [13:0] \$602 ;
-  wire [32:0] \$603 ;
+  wire \$602 ;
+  wire [9:0] \$603 ;
   wire \$604 ;
-  wire \$605 ;
-  wire \$606 ;
-  wire [14:0] \$607 ;
-  wire [3:0] \$608 ;
-  wire [3:0] \$609 ;
+  wire [12:0] \$605 ;
+  wire [13:0] \$606 ;
+  wire [12:0] \$607 ;
+  wire [13:0] \$608 ;
+  wire [14:0] \$609 ;
   wire \$61 ;
   wire \$610 ;
-  wire \$611 ;
-  wire [1:0] \$612 ;
-  wire [2:0] \$613 ;
+  wire [14:0] \$611 ;
+  wire \$612 ;
+  wire \$613 ;
   wire \$614 ;
   wire \$615 ;
-  wire \$616 ;
-  wire \$617 ;
+  wire [13:0] \$616 ;
+  wire [32:0] \$617 ;
   wire \$618 ;
-  wire \$619 ;
+  wire [13:0] \$619 ;
   wire \$62 ;
-  wire [13:0] \$620 ;
-  wire [32:0] \$621 ;
+  wire [32:0] \$620 ;
+  wire \$621 ;
   wire \$622 ;
   wire \$623 ;
-  wire \$624 ;
-  wire \$625 ;
-  wire \$626 ;
+  wire [14:0] \$624 ;
+  wire [3:0] \$625 ;
+  wire [3:0] \$626 ;
   wire \$627 ;
   wire \$628 ;
-  wire [14:0] \$629 ;
+  wire [1:0] \$629 ;
   wire \$63 ;
-  wire [3:0] \$630 ;
+  wire [2:0] \$630 ;
   wire \$631 ;
   wire \$632 ;
   wire \$633 ;
@@ -609,8 +609,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$635 ;
   wire \$636 ;
   wire \$637 ;
-  wire \$638 ;
-  wire \$639 ;
+  wire [13:0] \$638 ;
+  wire [32:0] \$639 ;
   wire \$64 ;
   wire \$640 ;
   wire \$641 ;
@@ -619,11 +619,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$644 ;
   wire \$645 ;
   wire \$646 ;
-  wire \$647 ;
-  wire [13:0] \$648 ;
-  wire [32:0] \$649 ;
+  wire [14:0] \$647 ;
+  wire [3:0] \$648 ;
+  wire \$649 ;
   wire \$65 ;
-  wire [4:0] \$650 ;
+  wire \$650 ;
   wire \$651 ;
   wire \$652 ;
   wire \$653 ;
@@ -631,247 +631,263 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$655 ;
   wire \$656 ;
   wire \$657 ;
-  wire [1:0] \$658 ;
-  wire [4:0] \$659 ;
+  wire \$658 ;
+  wire \$659 ;
   wire \$66 ;
-  wire [12:0] \$660 ;
+  wire \$660 ;
   wire \$661 ;
   wire \$662 ;
   wire \$663 ;
-  wire [14:0] \$664 ;
-  wire [13:0] \$665 ;
-  wire [14:0] \$666 ;
+  wire \$664 ;
+  wire \$665 ;
+  wire \$666 ;
   wire \$667 ;
-  wire \$668 ;
-  wire \$669 ;
+  wire [13:0] \$668 ;
+  wire [32:0] \$669 ;
   wire \$67 ;
-  wire \$670 ;
+  wire [4:0] \$670 ;
   wire \$671 ;
   wire \$672 ;
   wire \$673 ;
   wire \$674 ;
-  wire [14:0] \$675 ;
-  wire [13:0] \$676 ;
-  wire [2:0] \$677 ;
-  wire \$678 ;
-  wire \$679 ;
+  wire \$675 ;
+  wire \$676 ;
+  wire \$677 ;
+  wire [1:0] \$678 ;
+  wire [4:0] \$679 ;
   wire \$68 ;
-  wire [14:0] \$680 ;
-  wire [14:0] \$681 ;
+  wire [12:0] \$680 ;
+  wire \$681 ;
   wire \$682 ;
-  wire [14:0] \$683 ;
-  wire \$684 ;
-  wire [14:0] \$685 ;
-  wire [2:0] \$686 ;
-  wire [4:0] \$687 ;
-  wire [4:0] \$688 ;
+  wire \$683 ;
+  wire [14:0] \$684 ;
+  wire [13:0] \$685 ;
+  wire \$686 ;
+  wire \$687 ;
+  wire \$688 ;
   wire \$689 ;
   wire \$69 ;
-  wire [13:0] \$690 ;
-  wire [32:0] \$691 ;
+  wire \$690 ;
+  wire \$691 ;
   wire \$692 ;
-  wire [32:0] \$693 ;
-  wire [4:0] \$694 ;
-  wire \$695 ;
-  wire \$696 ;
-  wire [13:0] \$697 ;
-  wire [13:0] \$698 ;
-  wire [32:0] \$699 ;
-  wire [20:0] \$7 ;
+  wire \$693 ;
+  wire \$694 ;
+  wire [14:0] \$695 ;
+  wire [13:0] \$696 ;
+  wire [2:0] \$697 ;
+  wire \$698 ;
+  wire \$699 ;
+  wire \$7 ;
   wire \$70 ;
-  wire \$700 ;
-  wire [13:0] \$701 ;
-  wire [32:0] \$702 ;
-  wire \$703 ;
+  wire [14:0] \$700 ;
+  wire [14:0] \$701 ;
+  wire \$702 ;
+  wire [14:0] \$703 ;
   wire \$704 ;
-  wire \$705 ;
-  wire \$706 ;
-  wire \$707 ;
-  wire [15:0] \$708 ;
+  wire [14:0] \$705 ;
+  wire [2:0] \$706 ;
+  wire [4:0] \$707 ;
+  wire [4:0] \$708 ;
   wire \$709 ;
   wire \$71 ;
   wire [13:0] \$710 ;
-  wire [14:0] \$711 ;
-  wire [15:0] \$712 ;
-  wire \$713 ;
-  wire \$714 ;
-  wire [16:0] \$715 ;
-  wire [14:0] \$716 ;
-  wire \$717 ;
-  wire \$718 ;
-  wire \$719 ;
+  wire [32:0] \$711 ;
+  wire \$712 ;
+  wire [32:0] \$713 ;
+  wire [4:0] \$714 ;
+  wire \$715 ;
+  wire \$716 ;
+  wire [13:0] \$717 ;
+  wire [13:0] \$718 ;
+  wire [32:0] \$719 ;
   wire \$72 ;
   wire \$720 ;
-  wire \$721 ;
-  reg [31:0] \$722 ;
-  reg [31:0] \$723 ;
-  reg [19:0] \$724 ;
-  reg [13:0] \$725 ;
-  reg [13:0] \$726 ;
-  reg [15:0] \$727 ;
-  reg [13:0] \$728 ;
-  reg [13:0] \$729 ;
+  wire [13:0] \$721 ;
+  wire [32:0] \$722 ;
+  wire \$723 ;
+  wire \$724 ;
+  wire \$725 ;
+  wire \$726 ;
+  wire \$727 ;
+  wire [15:0] \$728 ;
+  wire \$729 ;
   wire \$73 ;
-  reg [15:0] \$730 ;
-  reg [13:0] \$731 ;
-  reg [13:0] \$732 ;
-  reg [15:0] \$733 ;
-  reg [13:0] \$734 ;
-  reg [13:0] \$735 ;
-  reg [15:0] \$736 ;
-  reg [13:0] \$737 ;
-  reg [13:0] \$738 ;
-  reg [15:0] \$739 ;
+  wire [13:0] \$730 ;
+  wire [14:0] \$731 ;
+  wire [15:0] \$732 ;
+  wire \$733 ;
+  wire \$734 ;
+  wire [16:0] \$735 ;
+  wire [14:0] \$736 ;
+  wire \$737 ;
+  wire \$738 ;
+  wire \$739 ;
   wire \$74 ;
-  reg [32:0] \$740 ;
-  reg [32:0] \$741 ;
-  reg [15:0] \$742 ;
-  reg \$743 ;
-  reg \$744 ;
-  reg \$745 ;
-  reg [7:0] \$746 ;
-  reg \$747 ;
-  reg \$748 ;
-  reg [31:0] \$749 ;
+  wire \$740 ;
+  wire \$741 ;
+  reg [31:0] \$742 ;
+  reg [31:0] \$743 ;
+  reg [19:0] \$744 ;
+  reg [13:0] \$745 ;
+  reg [13:0] \$746 ;
+  reg [15:0] \$747 ;
+  reg [13:0] \$748 ;
+  reg [13:0] \$749 ;
   wire \$75 ;
-  reg [31:0] \$750 ;
-  reg \$751 ;
-  reg \$752 ;
-  reg [13:0] \$753 ;
-  reg [12:0] \$754 ;
-  reg [12:0] \$755 ;
-  reg [13:0] \$756 ;
-  reg [12:0] \$757 ;
-  reg [12:0] \$758 ;
-  reg [13:0] \$759 ;
+  reg [15:0] \$750 ;
+  reg [13:0] \$751 ;
+  reg [13:0] \$752 ;
+  reg [15:0] \$753 ;
+  reg [13:0] \$754 ;
+  reg [13:0] \$755 ;
+  reg [15:0] \$756 ;
+  reg [17:0] \$757 ;
+  reg [17:0] \$758 ;
+  reg [15:0] \$759 ;
   wire \$76 ;
-  reg [12:0] \$760 ;
-  reg [12:0] \$761 ;
-  reg \$762 ;
-  reg [1:0] \$763 ;
+  reg [32:0] \$760 ;
+  reg [32:0] \$761 ;
+  reg [15:0] \$762 ;
+  reg \$763 ;
   reg \$764 ;
-  reg [1:0] \$765 ;
-  reg [2:0] \$766 ;
-  reg [12:0] \$767 ;
-  reg [31:0] \$768 ;
-  reg \$769 ;
+  reg \$765 ;
+  reg [7:0] \$766 ;
+  reg \$767 ;
+  reg \$768 ;
+  reg [31:0] \$769 ;
   wire \$77 ;
-  reg [6:0] \$770 ;
-  reg [12:0] \$771 ;
-  reg [14:0] \$772 ;
-  reg \$773 ;
-  reg [1:0] \$774 ;
+  reg [31:0] \$770 ;
+  reg \$771 ;
+  reg \$772 ;
+  reg [13:0] \$773 ;
+  reg [12:0] \$774 ;
   reg [12:0] \$775 ;
-  reg \$776 ;
-  reg [8:0] \$777 ;
+  reg [13:0] \$776 ;
+  reg [12:0] \$777 ;
   reg [12:0] \$778 ;
-  reg [14:0] \$779 ;
+  reg [13:0] \$779 ;
   wire \$78 ;
-  reg [31:0] \$780 ;
-  reg [31:0] \$781 ;
-  reg [31:0] \$782 ;
-  reg [31:0] \$783 ;
-  reg [31:0] \$784 ;
-  reg [31:0] \$785 ;
-  reg [31:0] \$786 ;
-  reg [31:0] \$787 ;
+  reg [12:0] \$780 ;
+  reg [12:0] \$781 ;
+  reg \$782 ;
+  reg [1:0] \$783 ;
+  reg \$784 ;
+  reg [1:0] \$785 ;
+  reg [2:0] \$786 ;
+  reg [12:0] \$787 ;
   reg [31:0] \$788 ;
   reg \$789 ;
   wire \$79 ;
-  reg \$790 ;
-  reg [7:0] \$791 ;
-  reg [12:0] \$792 ;
-  reg [31:0] \$793 ;
-  reg \$794 ;
-  reg \$795 ;
+  reg [6:0] \$790 ;
+  reg [12:0] \$791 ;
+  reg [13:0] \$792 ;
+  reg \$793 ;
+  reg [1:0] \$794 ;
+  reg [12:0] \$795 ;
   reg \$796 ;
-  reg [4:0] \$797 ;
-  reg [7:0] \$798 ;
-  reg [5:0] \$799 ;
+  reg [8:0] \$797 ;
+  reg [12:0] \$798 ;
+  reg [13:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg [255:0] \$800 ;
-  reg \$801 ;
-  reg [1:0] \$802 ;
-  reg [5:0] \$803 ;
+  reg [31:0] \$800 ;
+  reg [31:0] \$801 ;
+  reg [31:0] \$802 ;
+  reg [31:0] \$803 ;
   reg [31:0] \$804 ;
-  reg [5:0] \$805 ;
-  reg [13:0] \$806 ;
-  reg [13:0] \$807 ;
-  reg [13:0] \$808 ;
-  reg [12:0] \$809 ;
+  reg [31:0] \$805 ;
+  reg [31:0] \$806 ;
+  reg [31:0] \$807 ;
+  reg [31:0] \$808 ;
+  reg \$809 ;
   wire \$81 ;
-  reg [12:0] \$810 ;
-  reg [12:0] \$811 ;
+  reg \$810 ;
+  reg [7:0] \$811 ;
   reg [12:0] \$812 ;
-  reg [12:0] \$813 ;
-  reg [12:0] \$814 ;
-  reg [13:0] \$815 ;
-  reg [13:0] \$816 ;
-  reg \$817 ;
-  reg [2:0] \$818 ;
-  reg [13:0] \$819 ;
+  reg [31:0] \$813 ;
+  reg \$814 ;
+  reg \$815 ;
+  reg \$816 ;
+  reg [4:0] \$817 ;
+  reg [7:0] \$818 ;
+  reg [5:0] \$819 ;
   wire \$82 ;
-  reg \$820 ;
-  reg [2:0] \$821 ;
-  reg [13:0] \$822 ;
-  reg \$823 ;
-  reg [35:0] \$824 ;
-  reg [3:0] \$825 ;
-  reg [12:0] \$826 ;
-  reg [12:0] \$827 ;
-  reg [15:0] \$828 ;
-  reg [12:0] \$829 ;
+  reg [255:0] \$820 ;
+  reg \$821 ;
+  reg [1:0] \$822 ;
+  reg [5:0] \$823 ;
+  reg [31:0] \$824 ;
+  reg [5:0] \$825 ;
+  reg [13:0] \$826 ;
+  reg [13:0] \$827 ;
+  reg [12:0] \$828 ;
+  reg \$829 ;
   wire \$83 ;
   reg [12:0] \$830 ;
-  reg [13:0] \$831 ;
-  reg [31:0] \$832 ;
-  reg [1:0] \$833 ;
+  reg \$831 ;
+  reg \$832 ;
+  reg [12:0] \$833 ;
   reg [13:0] \$834 ;
-  reg [3:0] \$835 ;
-  reg \$836 ;
+  reg \$835 ;
+  reg [2:0] \$836 ;
   reg \$837 ;
-  reg [12:0] \$838 ;
-  reg [12:0] \$839 ;
+  reg [2:0] \$838 ;
+  reg \$839 ;
   wire \$84 ;
-  reg \$840 ;
-  reg \$841 ;
-  reg [13:0] \$842 ;
-  reg [1:0] \$843 ;
-  reg \$844 ;
-  reg \$845 ;
-  reg \$846 ;
-  reg [12:0] \$847 ;
-  reg [19:0] \$848 ;
-  reg [13:0] \$849 ;
+  reg [35:0] \$840 ;
+  reg [3:0] \$841 ;
+  reg [12:0] \$842 ;
+  reg [12:0] \$843 ;
+  reg [15:0] \$844 ;
+  reg [12:0] \$845 ;
+  reg [12:0] \$846 ;
+  reg [13:0] \$847 ;
+  reg [31:0] \$848 ;
+  reg [1:0] \$849 ;
   wire \$85 ;
   reg [13:0] \$850 ;
-  reg [1:0] \$851 ;
-  reg [13:0] \$852 ;
-  reg [13:0] \$853 ;
-  reg [3:0] \$854 ;
-  reg [3:0] \$855 ;
-  reg [15:0] \$856 ;
-  reg [13:0] \$857 ;
-  reg [14:0] \$858 ;
-  reg \$859 ;
-  wire \$86 ;
-  reg [12:0] \$860 ;
-  wire [5:0] \$861 ;
-  wire [5:0] \$862 ;
+  reg [3:0] \$851 ;
+  reg \$852 ;
+  reg \$853 ;
+  reg [12:0] \$854 ;
+  reg [12:0] \$855 ;
+  reg \$856 ;
+  reg \$857 ;
+  reg [13:0] \$858 ;
+  reg [1:0] \$859 ;
+  wire [9:0] \$86 ;
+  reg \$860 ;
+  reg \$861 ;
+  reg \$862 ;
+  reg [12:0] \$863 ;
+  reg [19:0] \$864 ;
+  reg [13:0] \$865 ;
+  reg [13:0] \$866 ;
+  reg [1:0] \$867 ;
+  reg [13:0] \$868 ;
+  reg [13:0] \$869 ;
   wire \$87 ;
-  wire \$88 ;
-  wire \$89 ;
+  reg [3:0] \$870 ;
+  reg [3:0] \$871 ;
+  reg [15:0] \$872 ;
+  reg [13:0] \$873 ;
+  reg [14:0] \$874 ;
+  reg \$875 ;
+  reg [12:0] \$876 ;
+  wire [5:0] \$877 ;
+  wire [5:0] \$878 ;
+  wire [4:0] \$88 ;
+  wire [9:0] \$89 ;
   wire \$9 ;
   wire \$90 ;
-  wire \$91 ;
+  wire [4:0] \$91 ;
   wire \$92 ;
-  wire \$93 ;
-  wire \$94 ;
+  wire [13:0] \$93 ;
+  wire [14:0] \$94 ;
   wire \$95 ;
-  wire \$96 ;
-  wire \$97 ;
-  wire [9:0] \$98 ;
+  wire [14:0] \$96 ;
+  wire [13:0] \$97 ;
+  wire [16:0] \$98 ;
   wire \$99 ;
   wire \$signal ;
   wire \$signal$103 ;
@@ -881,94 +897,89 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] \$signal$119  = 32'd0;
   reg [31:0] \$signal$121  = 32'd0;
   reg [15:0] \$signal$130  = 16'h0000;
+  reg [13:0] \$signal$136 ;
   reg [13:0] \$signal$138 ;
-  reg [13:0] \$signal$140 ;
-  reg [13:0] \$signal$141  = 14'h0000;
+  reg [13:0] \$signal$139  = 14'h0000;
+  reg \$signal$140  = 1'h0;
   reg \$signal$142  = 1'h0;
-  reg \$signal$144  = 1'h0;
-  reg \$signal$145  = 1'h0;
-  reg [12:0] \$signal$146  = 13'h0000;
-  reg \$signal$148  = 1'h0;
+  reg \$signal$143  = 1'h0;
+  reg [12:0] \$signal$144  = 13'h0000;
+  reg \$signal$146  = 1'h0;
+  reg [12:0] \$signal$151  = 13'h0000;
   reg [12:0] \$signal$153  = 13'h0000;
-  reg [12:0] \$signal$155  = 13'h0000;
-  reg \$signal$157  = 1'h0;
-  reg \$signal$158  = 1'h0;
-  reg [31:0] \$signal$162  = 32'd0;
+  reg \$signal$155  = 1'h0;
+  reg \$signal$156  = 1'h0;
+  reg [31:0] \$signal$160  = 32'd0;
   (* init = 6'h00 *)
-  wire [5:0] \$signal$164 ;
+  wire [5:0] \$signal$162 ;
   (* init = 32'd0 *)
-  wire [31:0] \$signal$166 ;
-  reg \$signal$171  = 1'h0;
-  wire [31:0] \$signal$179 ;
-  reg [5:0] \$signal$180  = 6'h00;
-  wire [31:0] \$signal$182 ;
-  reg \$signal$185 ;
+  wire [31:0] \$signal$164 ;
+  reg \$signal$169  = 1'h0;
+  wire [31:0] \$signal$177 ;
+  reg [5:0] \$signal$178  = 6'h00;
+  wire [31:0] \$signal$180 ;
+  reg \$signal$183 ;
   (* init = 1'h0 *)
-  wire \$signal$204 ;
-  reg [14:0] \$signal$217  = 15'h0000;
-  reg [12:0] \$signal$218  = 13'h0000;
-  reg [12:0] \$signal$221  = 13'h0000;
-  reg [3:0] \$signal$247  = 4'h0;
-  reg [13:0] \$signal$248  = 14'h0000;
-  reg \$signal$251  = 1'h0;
-  reg [13:0] \$signal$252  = 14'h0000;
-  reg [31:0] \$signal$253  = 32'd0;
+  wire \$signal$202 ;
+  reg [13:0] \$signal$215  = 14'h0000;
+  reg [12:0] \$signal$216  = 13'h0000;
+  reg [12:0] \$signal$219  = 13'h0000;
+  reg [3:0] \$signal$246  = 4'h0;
+  reg \$signal$250  = 1'h0;
+  reg [31:0] \$signal$251  = 32'd0;
+  reg \$signal$253  = 1'h0;
   reg [2:0] \$signal$254  = 3'h0;
   reg \$signal$255  = 1'h0;
-  reg [2:0] \$signal$256  = 3'h0;
-  reg [13:0] \$signal$257  = 14'h0000;
-  reg \$signal$258  = 1'h0;
-  reg [3:0] \$signal$260  = 4'h0;
-  reg \$signal$265  = 1'h0;
-  reg \$signal$266  = 1'h0;
-  reg [12:0] \$signal$268  = 13'h0000;
-  reg [3:0] \$signal$269  = 4'h0;
-  reg \$signal$274  = 1'h0;
-  reg [12:0] \$signal$276  = 13'h0000;
-  reg [19:0] \$signal$278  = 20'h00000;
-  wire [2:0] \$signal$278.index ;
-  wire \$signal$278.last ;
-  wire [15:0] \$signal$278.weight ;
+  reg [3:0] \$signal$257  = 4'h0;
+  reg \$signal$262  = 1'h0;
+  reg \$signal$263  = 1'h0;
+  reg [12:0] \$signal$265  = 13'h0000;
+  reg [3:0] \$signal$266  = 4'h0;
+  reg \$signal$271  = 1'h0;
+  reg [12:0] \$signal$273  = 13'h0000;
+  reg [19:0] \$signal$275  = 20'h00000;
+  wire [2:0] \$signal$275.index ;
+  wire \$signal$275.last ;
+  wire [15:0] \$signal$275.weight ;
+  reg [13:0] \$signal$276  = 14'h0000;
+  reg [31:0] \$signal$277  = 32'd0;
+  reg [12:0] \$signal$278  = 13'h0000;
   reg [13:0] \$signal$279  = 14'h0000;
-  reg [31:0] \$signal$280  = 32'd0;
+  reg [13:0] \$signal$280  = 14'h0000;
   reg [12:0] \$signal$281  = 13'h0000;
   reg [13:0] \$signal$282  = 14'h0000;
-  reg [13:0] \$signal$283  = 14'h0000;
-  reg [12:0] \$signal$284  = 13'h0000;
-  reg [13:0] \$signal$285  = 14'h0000;
-  reg [3:0] \$signal$286  = 4'h0;
-  reg [15:0] \$signal$287  = 16'h0000;
-  reg [14:0] \$signal$288  = 15'h0000;
-  reg [12:0] \$signal$289  = 13'h0000;
-  reg \$signal$290  = 1'h0;
-  reg [12:0] \$signal$291  = 13'h0000;
-  reg \$signal$301  = 1'h0;
-  reg \$signal$303  = 1'h0;
-  reg [12:0] \$signal$310  = 13'h0000;
+  reg [3:0] \$signal$283  = 4'h0;
+  reg [15:0] \$signal$284  = 16'h0000;
+  reg [14:0] \$signal$285  = 15'h0000;
+  reg [12:0] \$signal$286  = 13'h0000;
+  reg \$signal$287  = 1'h0;
+  reg [12:0] \$signal$288  = 13'h0000;
+  reg \$signal$298  = 1'h0;
+  reg \$signal$300  = 1'h0;
+  reg [12:0] \$signal$306  = 13'h0000;
+  reg [12:0] \$signal$308  = 13'h0000;
   reg [12:0] \$signal$312  = 13'h0000;
-  reg [12:0] \$signal$315  = 13'h0000;
-  reg [12:0] \$signal$317  = 13'h0000;
-  reg \$signal$320  = 1'h0;
-  reg [6:0] \$signal$323  = 7'h00;
-  reg [14:0] \$signal$325  = 15'h0000;
-  reg [8:0] \$signal$326  = 9'h000;
-  reg [13:0] \$signal$332  = 14'h0000;
-  reg [1:0] \$signal$337  = 2'h0;
-  reg [13:0] \$signal$340  = 14'h0000;
-  reg \$signal$341  = 1'h0;
-  reg [13:0] \$signal$342  = 14'h0000;
-  wire [-1:0] \$signal$343 ;
-  reg \$signal$344  = 1'h0;
-  reg [1:0] \$signal$348  = 2'h0;
+  reg [12:0] \$signal$314  = 13'h0000;
+  reg \$signal$316  = 1'h0;
+  reg [6:0] \$signal$319  = 7'h00;
+  reg [13:0] \$signal$321  = 14'h0000;
+  reg [8:0] \$signal$322  = 9'h000;
+  reg [1:0] \$signal$332  = 2'h0;
+  reg [13:0] \$signal$335  = 14'h0000;
+  reg \$signal$336  = 1'h0;
+  reg [13:0] \$signal$337  = 14'h0000;
+  wire [-1:0] \$signal$338 ;
+  reg \$signal$339  = 1'h0;
+  reg [1:0] \$signal$343  = 2'h0;
   reg [12:0] \$signature__addr ;
-  reg [12:0] \$signature__addr$154 ;
-  reg [5:0] \$signature__addr$234 ;
+  reg [12:0] \$signature__addr$152 ;
+  reg [5:0] \$signature__addr$233 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$302 ;
-  wire [255:0] \$signature__data$331 ;
+  wire [31:0] \$signature__data$299 ;
+  wire [255:0] \$signature__data$327 ;
   reg \$signature__en ;
-  reg \$signature__en$160 ;
-  reg \$signature__en$235 ;
+  reg \$signature__en$158 ;
+  reg \$signature__en$234 ;
   reg [31:0] a_in__payload = 32'd0;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -985,7 +996,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire b_in__ready;
   reg b_in__valid;
   reg [31:0] b_word = 32'd0;
-  reg [14:0] beats;
   reg [2:0] bias_addr;
   reg [15:0] bias_data;
   reg bias_we;
@@ -1068,17 +1078,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg cmd__valid;
   reg [13:0] cnt0 = 14'h0000;
   reg [13:0] cnt1 = 14'h0000;
-  reg [13:0] cnt2 = 14'h0000;
   reg [4:0] ctrl_state = 5'h00;
   reg [5:0] cur_unit = 6'h00;
   reg [7:0] decode_err;
   reg [7:0] decode_q = 8'h00;
   wire done;
+  reg [13:0] el_i = 14'h0000;
   reg eng_ready;
   reg eng_run;
   reg [7:0] err = 8'h00;
   wire error;
-  wire \error$335 ;
+  wire \error$330 ;
   reg exp_active = 1'h0;
   reg [1:0] gc_lane = 2'h0;
   reg gc_last = 1'h0;
@@ -1097,28 +1107,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg host_ok = 1'h0;
   reg [31:0] host_size = 32'd0;
   reg [31:0] i__payload = 32'd0;
-  wire [15:0] \i__payload$167 ;
-  wire [15:0] \i__payload$167[0] ;
-  wire [31:0] \i__payload$168 ;
-  wire [31:0] \i__payload$168[0] ;
-  wire [15:0] \i__payload$168[0].g ;
-  wire [15:0] \i__payload$168[0].u ;
-  wire [33:0] \i__payload$170 ;
-  wire [15:0] \i__payload$170.a ;
-  wire [16:0] \i__payload$170.b ;
-  wire \i__payload$170.last ;
+  wire [15:0] \i__payload$165 ;
+  wire [15:0] \i__payload$165[0] ;
+  wire [31:0] \i__payload$166 ;
+  wire [31:0] \i__payload$166[0] ;
+  wire [15:0] \i__payload$166[0].g ;
+  wire [15:0] \i__payload$166[0].u ;
+  wire [33:0] \i__payload$168 ;
+  wire [15:0] \i__payload$168.a ;
+  wire [16:0] \i__payload$168.b ;
+  wire \i__payload$168.last ;
   wire [31:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$189 ;
-  wire \i__ready$193 ;
-  wire \i__ready$197 ;
+  wire \i__ready$187 ;
+  wire \i__ready$191 ;
+  wire \i__ready$195 ;
   reg i__valid;
-  reg \i__valid$188 ;
-  reg \i__valid$192 ;
-  reg \i__valid$196 ;
-  reg [13:0] idx0 = 14'h0000;
-  reg [13:0] idx1 = 14'h0000;
-  reg [13:0] idx2 = 14'h0000;
+  reg \i__valid$186 ;
+  reg \i__valid$190 ;
+  reg \i__valid$194 ;
   reg [5:0] im_wr__addr;
   wire [255:0] im_wr__data;
   reg [7:0] im_wr__en;
@@ -1151,9 +1158,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [13:0] l3_acc = 14'h0000;
   reg [13:0] l3_x = 14'h0000;
   reg [15:0] l3_y = 16'h0000;
-  reg [13:0] l4_acc = 14'h0000;
-  reg [13:0] l4_x = 14'h0000;
+  reg [17:0] l4_acc = 18'h00000;
+  reg [17:0] l4_x = 18'h00000;
   reg [15:0] l4_y = 16'h0000;
+  reg [2:0] ld_e = 3'h0;
   reg [32:0] lh_acc = 33'h000000000;
   reg [32:0] lh_x = 33'h000000000;
   reg [15:0] lh_y = 16'h0000;
@@ -1222,20 +1230,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [15:0] mult;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$195 ;
-  wire [15:0] \o__payload$195[0] ;
-  wire [15:0] \o__payload$199 ;
-  wire [31:0] \o__payload$207 ;
-  wire [31:0] \o__payload$207[0] ;
+  wire [15:0] \o__payload$193 ;
+  wire [15:0] \o__payload$193[0] ;
+  wire [15:0] \o__payload$197 ;
+  wire [31:0] \o__payload$205 ;
+  wire [31:0] \o__payload$205[0] ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
+  wire \o__ready$174 ;
+  wire \o__ready$175 ;
   wire \o__ready$176 ;
-  wire \o__ready$177 ;
-  wire \o__ready$178 ;
   wire o__valid;
-  wire \o__valid$190 ;
-  wire \o__valid$194 ;
-  wire \o__valid$198 ;
+  wire \o__valid$188 ;
+  wire \o__valid$192 ;
+  wire \o__valid$196 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -1246,7 +1254,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg ph2 = 1'h0;
   reg [31:0] rd1_q = 32'd0;
   wire [19:0] rd_addr;
-  wire [31:0] \rd_addr$228 ;
+  wire [31:0] \rd_addr$226 ;
   wire [23:0] rd_beats;
   wire rd_busy;
   reg [31:0] rd_data;
@@ -1255,6 +1263,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire rd_data__valid;
   wire rd_en;
   reg rd_start;
+  reg [13:0] rem0 = 14'h0000;
+  reg [13:0] rem1 = 14'h0000;
+  reg [13:0] rem2 = 14'h0000;
   wire [19:0] routes__payload;
   wire [2:0] \routes__payload.index ;
   wire \routes__payload.last ;
@@ -1309,10 +1320,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   input s_axil__wvalid;
   wire s_axil__wvalid;
   reg [12:0] sa0 = 13'h0000;
-  reg [12:0] sa1 = 13'h0000;
+  reg sa1 = 1'h0;
   reg [12:0] sa2 = 13'h0000;
-  reg [12:0] sb0 = 13'h0000;
-  reg [12:0] sb1 = 13'h0000;
+  reg sb0 = 1'h0;
+  reg sb1 = 1'h0;
   reg [12:0] sb2 = 13'h0000;
   reg [12:0] scores__payload;
   wire [12:0] \scores__payload[0] ;
@@ -1340,7 +1351,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] wr__data;
   reg wr__en;
   wire [19:0] wr_addr;
-  wire [31:0] \wr_addr$230 ;
+  wire [31:0] \wr_addr$228 ;
   wire [23:0] wr_beats;
   wire wr_busy;
   wire [31:0] wr_data;
@@ -1438,11 +1449,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   reg [255:0] _0_;
   always @(posedge clk) begin
-    if (\$signature__en$235 ) begin
-      _0_ <= imem[\$signature__addr$234 ];
+    if (\$signature__en$234 ) begin
+      _0_ <= imem[\$signature__addr$233 ];
     end
   end
-  assign \$signature__data$331  = _0_;
+  assign \$signature__data$327  = _0_;
   reg [31:0] spad [8191:0];
   initial begin
     spad[0] = 32'd0;
@@ -9645,840 +9656,856 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] _1_;
   reg [31:0] _2_;
   always @(posedge clk) begin
-    if (\$signature__en$160 ) begin
-      _1_ <= spad[\$signature__addr$154 ];
+    if (\$signature__en$158 ) begin
+      _1_ <= spad[\$signature__addr$152 ];
     end
     if (\$signature__en ) begin
       _2_ <= spad[\$signature__addr ];
     end
   end
-  assign \$signature__data$302  = _1_;
+  assign \$signature__data$299  = _1_;
   assign \$signature__data  = _2_;
-  assign \$133  = \$131  & \$132 ;
-  assign \$135  = | \$134 ;
-  assign \$136  = ins[5:0] == 4'ha;
-  assign \$137  = \$135  | \$136 ;
-  assign \$138  = ins[5:0] == 4'hb;
-  assign \$139  = \$137  | \$138 ;
-  assign \$140  = ~ exp_active;
-  assign \$141  = \$139  & \$140 ;
-  assign \$142  = \$133  | \$141 ;
-  assign \$143  = ins[5:0] == 4'he;
-  assign \$144  = ins[5:0] == 4'h9;
-  assign \$145  = \$143  | \$144 ;
-  assign \$146  = ins[255:244] < 7'h40;
+  assign \$117  = \$115  | \$116 ;
+  assign \$118  = ins[5:0] == 4'h9;
+  assign \$119  = \$117  | \$118 ;
+  assign \$120  = ~ \$signal$140 ;
+  assign \$121  = \$119  & \$120 ;
+  assign \$123  = | \$122 ;
+  assign \$124  = ins[5:0] == 4'ha;
+  assign \$125  = \$123  | \$124 ;
+  assign \$126  = ins[5:0] == 4'hb;
+  assign \$127  = \$125  | \$126 ;
+  assign \$128  = ~ exp_active;
+  assign \$129  = \$127  & \$128 ;
+  assign \$130  = \$121  | \$129 ;
+  assign \$131  = ins[5:0] == 4'he;
+  assign \$132  = ins[5:0] == 4'h9;
+  assign \$133  = \$131  | \$132 ;
+  assign \$134  = ins[255:244] < 7'h40;
+  assign \$135  = ~ \$134 ;
+  assign \$136  = \$133  & \$135 ;
+  assign \$137  = ins[5:0] != 4'he;
+  assign \$138  = ~ \$signal$142 ;
+  assign \$139  = \$137  & \$138 ;
+  assign \$140  = ins[5:0] == 4'h8;
+  assign \$141  = ! ins[87:77];
+  assign \$142  = \$signal$143  & \$141 ;
+  assign \$143  = \$signal$144  == ins[76:64];
+  assign \$144  = \$142  & \$143 ;
+  assign \$145  = scores_len == l0_acc;
+  assign \$146  = \$144  & \$145 ;
   assign \$147  = ~ \$146 ;
-  assign \$148  = \$145  & \$147 ;
+  assign \$148  = \$140  & \$147 ;
   assign \$149  = ins[5:0] != 4'he;
-  assign \$150  = ~ \$signal$144 ;
+  assign \$150  = ~ \$signal$146 ;
   assign \$151  = \$149  & \$150 ;
-  assign \$152  = ins[5:0] == 4'h8;
-  assign \$153  = ! ins[87:77];
-  assign \$154  = \$signal$145  & \$153 ;
-  assign \$155  = \$signal$146  == ins[76:64];
-  assign \$156  = \$154  & \$155 ;
-  assign \$157  = scores_len == l0_acc;
+  assign \$152  = ins[5:0] == 1'h1;
+  assign \$153  = ins[5:0] == 2'h2;
+  assign \$154  = \$152  | \$153 ;
+  assign \$155  = ins[5:0] == 2'h3;
+  assign \$156  = \$154  | \$155 ;
+  assign \$157  = ~ host_ok;
   assign \$158  = \$156  & \$157 ;
-  assign \$159  = ~ \$158 ;
-  assign \$160  = \$152  & \$159 ;
-  assign \$161  = ins[5:0] != 4'he;
-  assign \$162  = ~ \$signal$148 ;
-  assign \$163  = \$161  & \$162 ;
-  assign \$164  = ins[5:0] == 1'h1;
-  assign \$165  = ins[5:0] == 2'h2;
-  assign \$166  = \$164  | \$165 ;
-  assign \$167  = ins[5:0] == 2'h3;
-  assign \$168  = \$166  | \$167 ;
-  assign \$169  = ~ host_ok;
-  assign \$170  = \$168  & \$169 ;
-  assign \$171  = ~ \$signal$157 ;
-  assign \$172  = ~ \$signal$158 ;
-  assign \$173  = \$172  | eng_ready;
-  assign \$174  = \$171  | \$173 ;
-  assign \$175  = ~ \$signal$157 ;
-  assign \$176  = ~ \$signal$158 ;
-  assign \$177  = \$176  | eng_ready;
-  assign \$178  = \$175  | \$177 ;
-  assign \$179  = ins[5:0] == 4'hc;
-  assign \$180  = \$179  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
-  assign \$181  = \$signal$180  > 1'h1;
-  assign \$182  = \$signal$180  > 2'h2;
-  assign \$183  = \$signal$180  > 2'h3;
-  assign \$184  = \$signal$180  > 3'h4;
-  assign \$185  = \$signal$180  > 3'h5;
-  assign \$186  = \$signal$180  > 3'h6;
-  assign \$187  = \$signal$180  > 3'h7;
-  assign \$188  = \$signal$180  > 4'h8;
-  assign \$189  = \$signal$180  > 4'h9;
-  assign \$190  = \$signal$180  > 4'ha;
-  assign \$191  = \$signal$180  > 4'hb;
-  assign \$192  = \$signal$180  > 4'hc;
-  assign \$193  = \$signal$180  > 4'hd;
-  assign \$194  = \$signal$180  > 4'he;
-  assign \$195  = \$signal$180  > 4'hf;
-  assign \$196  = \$signal$180  > 5'h10;
-  assign \$197  = \$signal$180  > 5'h11;
-  assign \$198  = \$signal$180  > 5'h12;
-  assign \$199  = \$signal$180  > 5'h13;
-  assign \$200  = \$signal$180  > 5'h14;
-  assign \$201  = \$signal$180  > 5'h15;
-  assign \$202  = \$signal$180  > 5'h16;
-  assign \$203  = \$signal$180  > 5'h17;
-  assign \$204  = \$signal$180  > 5'h18;
-  assign \$205  = \$signal$180  > 5'h19;
-  assign \$206  = \$signal$180  > 5'h1a;
-  assign \$207  = \$signal$180  > 5'h1b;
-  assign \$208  = \$signal$180  > 5'h1c;
-  assign \$209  = \$signal$180  > 5'h1d;
-  assign \$210  = \$signal$180  > 5'h1e;
-  assign \$211  = \$signal$180  > 5'h1f;
-  assign \$212  = $signed(\$signal$182 ) > $signed({ 1'h0, \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  });
-  assign \$213  = ~ { 1'h0, \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  };
-  assign \$214  = $signed(\$signal$182 ) < $signed(\$213 );
-  assign \$215  = ~ { 1'h0, \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  };
-  assign \$216  = \$214  ? \$215  : \$signal$182 ;
-  assign rq_sat = \$212  ? { 1'h0, \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  } : \$216 ;
-  assign \$217  = | \$signal$180 ;
-  assign \$218  = \$217  ? \$signal$162  : 32'd1;
-  assign \$219  = | \$signal$180 ;
-  assign \$220  = \$219  ? shift : 6'h00;
-  assign \$221  = ins[5:0] == 2'h3;
-  assign \$1090  = gc_lane * 6'h20;
-  assign \$222  = c_out__payload >> \$1090 ;
-  assign \$signal$182  = \$221  ? \$222  : \o__payload$207 ;
-  assign \$223  = ~ a_in__valid;
-  assign \$224  = ~ gm_afeed_done;
-  assign \$225  = \$223  & \$224 ;
-  assign \$226  = gm_lane == 3'h4;
-  assign \$227  = \$signal$217  + gm_lane;
-  assign \$228  = \$227  >= m_eff[13:0];
-  assign \$229  = \$226  | \$228 ;
-  assign \$230  = ~ \$229 ;
-  assign \$231  = \$225  & \$230 ;
-  assign \$232  = | \$signal$180 ;
-  assign \$1104  = gc_lane * 6'h20;
-  assign \$233  = c_out__payload >> \$1104 ;
-  assign \$234  = \$232  ? rq_sat : \$233 ;
-  assign \$235  = pc >= 7'h40;
-  assign \$236  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$237  = ins[5:0] == 4'hc;
-  assign \$238  = ~ ph2;
-  assign \$239  = \$237  & \$238 ;
-  assign \$240  = ! ins[5:0];
-  assign \$241  = settle != 2'h2;
-  assign \$242  = | decode_q;
-  assign \$244  = ins[100:88] + \$243 ;
-  assign \$246  = ins[100:88] + \$245 ;
-  assign \$247  = \$246  + 1'h1;
-  assign \$248  = ins[124:112] + \$signal$248 ;
-  assign \$249  = ~ \$signal$251 ;
-  assign \$250  = \$signal$252  < l0_acc;
-  assign \$251  = ins[124:112] + \$signal$252 ;
-  assign \$252  = ins[243:238] == 1'h1;
-  assign \$1126  = \$signal$254  * 4'h8;
-  assign \$253  = \$signal$253  >> \$1126 ;
-  assign \$254  = ins[243:238] == 2'h2;
-  assign \$1130  = \$signal$254  * 5'h10;
-  assign \$255  = \$signal$253  >> \$1130 ;
-  assign \$1133  = \$signal$254  * 6'h20;
-  assign \$256  = \$signal$253  >> \$1133 ;
-  assign \$257  = \$254  ? { \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255 [15], \$255  } : \$256 ;
-  assign \$258  = \$252  ? { \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253 [7], \$253  } : \$257 ;
-  assign \$259  = ~ \$signal$255 ;
-  assign \$260  = \$signal$256  < 1'h1;
+  assign \$159  = ~ \$signal$155 ;
+  assign \$160  = ~ \$signal$156 ;
+  assign \$161  = \$160  | eng_ready;
+  assign \$162  = \$159  | \$161 ;
+  assign \$163  = ~ \$signal$155 ;
+  assign \$164  = ~ \$signal$156 ;
+  assign \$165  = \$164  | eng_ready;
+  assign \$166  = \$163  | \$165 ;
+  assign \$167  = ins[5:0] == 4'hc;
+  assign \$168  = \$167  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
+  assign \$169  = \$signal$178  > 1'h1;
+  assign \$170  = \$signal$178  > 2'h2;
+  assign \$171  = \$signal$178  > 2'h3;
+  assign \$172  = \$signal$178  > 3'h4;
+  assign \$173  = \$signal$178  > 3'h5;
+  assign \$174  = \$signal$178  > 3'h6;
+  assign \$175  = \$signal$178  > 3'h7;
+  assign \$176  = \$signal$178  > 4'h8;
+  assign \$177  = \$signal$178  > 4'h9;
+  assign \$178  = \$signal$178  > 4'ha;
+  assign \$179  = \$signal$178  > 4'hb;
+  assign \$180  = \$signal$178  > 4'hc;
+  assign \$181  = \$signal$178  > 4'hd;
+  assign \$182  = \$signal$178  > 4'he;
+  assign \$183  = \$signal$178  > 4'hf;
+  assign \$184  = \$signal$178  > 5'h10;
+  assign \$185  = \$signal$178  > 5'h11;
+  assign \$186  = \$signal$178  > 5'h12;
+  assign \$187  = \$signal$178  > 5'h13;
+  assign \$188  = \$signal$178  > 5'h14;
+  assign \$189  = \$signal$178  > 5'h15;
+  assign \$190  = \$signal$178  > 5'h16;
+  assign \$191  = \$signal$178  > 5'h17;
+  assign \$192  = \$signal$178  > 5'h18;
+  assign \$193  = \$signal$178  > 5'h19;
+  assign \$194  = \$signal$178  > 5'h1a;
+  assign \$195  = \$signal$178  > 5'h1b;
+  assign \$196  = \$signal$178  > 5'h1c;
+  assign \$197  = \$signal$178  > 5'h1d;
+  assign \$198  = \$signal$178  > 5'h1e;
+  assign \$199  = \$signal$178  > 5'h1f;
+  assign \$200  = $signed(\$signal$180 ) > $signed({ 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  });
+  assign \$201  = ~ { 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
+  assign \$202  = $signed(\$signal$180 ) < $signed(\$201 );
+  assign \$203  = ~ { 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
+  assign \$204  = \$202  ? \$203  : \$signal$180 ;
+  assign rq_sat = \$200  ? { 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  } : \$204 ;
+  assign \$205  = | \$signal$178 ;
+  assign \$206  = \$205  ? \$signal$160  : 32'd1;
+  assign \$207  = | \$signal$178 ;
+  assign \$208  = \$207  ? shift : 6'h00;
+  assign \$209  = ins[5:0] == 2'h3;
+  assign \$1094  = gc_lane * 6'h20;
+  assign \$210  = c_out__payload >> \$1094 ;
+  assign \$signal$180  = \$209  ? \$210  : \o__payload$205 ;
+  assign \$211  = ~ a_in__valid;
+  assign \$212  = ~ gm_afeed_done;
+  assign \$213  = \$211  & \$212 ;
+  assign \$214  = gm_lane == 3'h4;
+  assign \$215  = ! \$signal$215 [13:3];
+  assign \$216  = gm_lane >= \$signal$215 [2:0];
+  assign \$217  = \$215  & \$216 ;
+  assign \$218  = \$214  | \$217 ;
+  assign \$219  = ~ \$218 ;
+  assign \$220  = \$213  & \$219 ;
+  assign \$221  = | \$signal$178 ;
+  assign \$1109  = gc_lane * 6'h20;
+  assign \$222  = c_out__payload >> \$1109 ;
+  assign \$223  = \$221  ? rq_sat : \$222 ;
+  assign \$224  = pc >= 7'h40;
+  assign \$225  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$226  = ins[5:0] == 4'hc;
+  assign \$227  = ~ ph2;
+  assign \$228  = \$226  & \$227 ;
+  assign \$229  = ! ins[5:0];
+  assign \$230  = settle != 2'h2;
+  assign \$231  = | decode_q;
+  assign \$233  = ins[100:88] + \$232 ;
+  assign \$235  = ins[100:88] + \$234 ;
+  assign \$236  = \$235  + 1'h1;
+  assign \$237  = ins[124:112] + el_i;
+  assign \$238  = ~ \$signal$250 ;
+  assign \$239  = el_i < l0_acc;
+  assign \$240  = ins[124:112] + el_i;
+  assign \$241  = ins[243:238] == 1'h1;
+  assign \$1131  = ld_e * 4'h8;
+  assign \$242  = \$signal$251  >> \$1131 ;
+  assign \$243  = ins[243:238] == 2'h2;
+  assign \$1135  = ld_e * 5'h10;
+  assign \$244  = \$signal$251  >> \$1135 ;
+  assign \$1138  = ld_e * 6'h20;
+  assign \$245  = \$signal$251  >> \$1138 ;
+  assign \$246  = \$243  ? { \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244  } : \$245 ;
+  assign \$247  = \$241  ? { \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242  } : \$246 ;
+  assign \$248  = ~ \$signal$253 ;
+  assign \$249  = \$signal$254  < 1'h1;
+  assign \$250  = \$248  & \$249 ;
+  assign \$251  = el_i < l0_acc;
+  assign \$252  = \$250  & \$251 ;
+  assign \$253  = ~ \$signal$255 ;
+  assign \$254  = \$252  & \$253 ;
+  assign \$255  = ins[76:64] + el_i;
+  assign \$256  = ins[100:88] + \$signal$257 ;
+  assign \$257  = | \$signal$257 ;
+  assign \$258  = \$signal$257  - 1'h1;
+  assign \$259  = ~ \$signal$262 ;
+  assign \$260  = ~ \$signal$263 ;
   assign \$261  = \$259  & \$260 ;
-  assign \$262  = \$signal$257  < l0_acc;
+  assign \$262  = rt_lane < 1'h1;
   assign \$263  = \$261  & \$262 ;
-  assign \$264  = ~ \$signal$258 ;
-  assign \$265  = \$263  & \$264 ;
-  assign \$266  = ins[76:64] + \$signal$257 ;
-  assign \$267  = ins[100:88] + \$signal$260 ;
-  assign \$268  = | \$signal$260 ;
-  assign \$269  = \$signal$260  - 1'h1;
-  assign \$270  = ~ \$signal$265 ;
-  assign \$271  = ~ \$signal$266 ;
-  assign \$272  = \$270  & \$271 ;
-  assign \$273  = rt_lane < 1'h1;
-  assign \$274  = \$272  & \$273 ;
-  assign \$275  = \$signal$268  + \$signal$269 ;
-  assign \$276  = ~ \$signal$274 ;
-  assign \$277  = ~ rt_wphase;
-  assign \$278  = \$signal$274  & \$277 ;
-  assign \$279  = \$signal$276  + rt_s;
-  assign \$280  = \$signal$274  & rt_wphase;
-  assign \$281  = \$signal$276  + rt_s;
-  assign \$282  = \$281  + l1_acc[13:2];
-  assign \$283  = ins[124:112] + \$signal$279 ;
-  assign \$284  = \$signal$280  == \$signal$260 ;
-  assign \$285  = \$signal$281  + \$signal$282 ;
-  assign \$286  = \$signal$281  + l1_acc[13:2];
-  assign \$287  = \$286  + \$signal$282 ;
-  assign \$288  = \$signal$279  + 1'h1;
-  assign \$289  = \$288  < l1_acc[13:2];
-  assign \$290  = \$signal$284  + \$signal$260 ;
-  assign \$291  = \$signal$282  - \$signal$285 ;
-  assign \$292  = \$signal$284  + 4'h8;
-  assign \$293  = \$292  + \$signal$260 ;
-  assign \$294  = \$signal$286  >= 4'h8;
-  assign \$295  = ins[76:64] + \$signal$286 ;
-  assign \$296  = ins[76:64] + 4'h8;
-  assign \$297  = \$296  + \$signal$286 ;
-  assign \$298  = \$signal$287  >= \$signal$130 ;
-  assign \$299  = ins[100:88] + \$signal$141 ;
-  assign \$300  = \$299  + \$signal$287 ;
-  assign \$301  = | l2_y;
-  assign \$302  = \$signal$288  < ins[61:48];
-  assign \$303  = ins[5:0] == 4'ha;
-  assign \$304  = \$303  ? l2_acc : { 1'h0, \$signal$289  };
-  assign \$305  = ins[76:64] + \$304 ;
-  assign \$306  = \$305  + \$signal$288 ;
-  assign \$307  = ~ \$signal$108 ;
-  assign \$308  = \$signal$103  & \$307 ;
-  assign \$309  = ! ctrl_state;
-  assign \$310  = ctrl_state == 1'h1;
-  assign \$311  = ctrl_state == 2'h2;
-  assign \$312  = ctrl_state == 2'h3;
-  assign \$313  = ctrl_state == 3'h4;
-  assign \$314  = ctrl_state == 3'h5;
-  assign \$315  = ctrl_state == 3'h6;
-  assign \$316  = ctrl_state == 3'h7;
-  assign \$317  = ctrl_state == 4'h8;
-  assign \$318  = ctrl_state == 4'h9;
-  assign \$319  = ctrl_state == 4'ha;
-  assign \$320  = ctrl_state == 4'hb;
-  assign \$321  = ctrl_state == 4'hc;
-  assign \$322  = ctrl_state == 4'hd;
-  assign \$323  = ctrl_state == 4'he;
-  assign \$324  = ctrl_state == 4'hf;
-  assign \$325  = ctrl_state == 5'h10;
-  assign \$326  = ctrl_state == 5'h11;
-  assign \$327  = ctrl_state == 5'h12;
-  assign \$328  = ctrl_state == 5'h13;
-  assign \$329  = ctrl_state == 5'h14;
-  assign \$330  = ctrl_state == 5'h15;
-  assign \$331  = ctrl_state == 5'h16;
-  assign \$332  = ctrl_state == 5'h17;
-  assign \$333  = ctrl_state == 5'h18;
-  assign \$334  = ctrl_state == 5'h19;
-  assign \$335  = ctrl_state == 5'h1a;
-  assign \$336  = ctrl_state == 5'h1b;
-  assign \$337  = wr_addr == 4'hc;
-  assign \$338  = wr_en & \$337 ;
-  assign \$339  = wr_addr == 5'h10;
-  assign \$340  = wr_en & \$339 ;
-  assign \$341  = | l0_y;
-  assign \$342  = l0_acc + l0_x;
-  assign \$344  = l0_acc + l0_x;
-  assign \$345  = \$343  ? 14'h3fff : \$344 [13:0];
-  assign \$347  = l0_x[13] ? 15'h3fff : \$346 ;
-  assign \$349  = | l1_y;
-  assign \$350  = l1_acc + l1_x;
-  assign \$352  = l1_acc + l1_x;
-  assign \$353  = \$351  ? 14'h3fff : \$352 [13:0];
-  assign \$355  = l1_x[13] ? 15'h3fff : \$354 ;
-  assign \$357  = | l2_y;
-  assign \$358  = l2_acc + l2_x;
-  assign \$360  = l2_acc + l2_x;
-  assign \$361  = \$359  ? 14'h3fff : \$360 [13:0];
-  assign \$363  = l2_x[13] ? 15'h3fff : \$362 ;
-  assign \$365  = | l3_y;
-  assign \$366  = l3_acc + l3_x;
-  assign \$368  = l3_acc + l3_x;
-  assign \$369  = \$367  ? 14'h3fff : \$368 [13:0];
-  assign \$371  = l3_x[13] ? 15'h3fff : \$370 ;
-  assign \$373  = | l4_y;
-  assign \$374  = l4_acc + l4_x;
-  assign \$376  = l4_acc + l4_x;
-  assign \$377  = \$375  ? 14'h3fff : \$376 [13:0];
-  assign \$379  = l4_x[13] ? 15'h3fff : \$378 ;
-  assign \$381  = | lh_y;
-  assign \$382  = lh_acc + lh_x;
-  assign \$384  = lh_acc + lh_x;
-  assign \$385  = \$383  ? 33'h1ffffffff : \$384 [32:0];
-  assign \$387  = lh_x[32] ? 34'h1ffffffff : \$386 ;
-  assign \$389  = ! \$signal$138 ;
-  assign \$390  = ! ins[87:78];
-  assign \$391  = ins[77:64] + \$signal$138 ;
-  assign \$392  = \$391  <= 14'h2000;
-  assign \$393  = \$390  & \$392 ;
-  assign \$394  = \$389  | \$393 ;
-  assign \$395  = ! \$signal$140 ;
-  assign \$396  = ! ins[111:102];
-  assign \$397  = ins[101:88] + \$signal$140 ;
-  assign \$398  = \$397  <= 14'h2000;
-  assign \$399  = \$396  & \$398 ;
-  assign \$400  = \$395  | \$399 ;
-  assign \$401  = \$394  & \$400 ;
-  assign \$402  = ! wc;
-  assign \$403  = ! ins[135:126];
-  assign \$404  = ins[125:112] + wc;
-  assign \$405  = \$404  <= 14'h2000;
-  assign \$406  = \$403  & \$405 ;
-  assign \$407  = \$402  | \$406 ;
-  assign \$408  = \$401  & \$407 ;
-  assign \$409  = ! lh_acc[1:0];
-  assign \$410  = lh_acc >= \$signal$119 ;
-  assign \$411  = \$409  & \$410 ;
-  assign \$413  = lh_acc + \$412 ;
-  assign \$414  = \$signal$119  + host_size;
-  assign \$415  = \$413  <= \$414 ;
-  assign \$416  = \$411  & \$415 ;
-  assign \$417  = ~ \$signal$158 ;
-  assign \$418  = \$417  | eng_ready;
-  assign \$419  = ~ \$signal$157 ;
-  assign \$420  = ~ \$signal$158 ;
-  assign \$421  = \$420  | eng_ready;
-  assign \$422  = \$419  | \$421 ;
-  assign \$423  = cnt0 - 1'h1;
-  assign \$424  = idx0 == \$423 ;
-  assign \$425  = idx0 + 1'h1;
-  assign \$426  = \$425  < cnt0;
-  assign \$427  = idx1 + 1'h1;
-  assign \$428  = \$427  < cnt1;
-  assign \$429  = idx0 + 1'h1;
-  assign \$430  = \$signal$153  + sa0;
-  assign \$431  = \$signal$155  + sb0;
-  assign \$432  = idx1 + 1'h1;
-  assign \$433  = \$signal$310  + sa1;
-  assign \$434  = \$signal$310  + sa1;
-  assign \$435  = \$signal$312  + sb1;
-  assign \$436  = \$signal$312  + sb1;
-  assign \$437  = idx2 + 1'h1;
-  assign \$438  = \$signal$315  + sa2;
-  assign \$439  = \$signal$315  + sa2;
-  assign \$440  = \$signal$315  + sa2;
-  assign \$441  = \$signal$317  + sb2;
-  assign \$442  = \$signal$317  + sb2;
-  assign \$443  = \$signal$317  + sb2;
-  assign \$444  = idx2 + 1'h1;
-  assign \$445  = \$444  >= cnt2;
-  assign \$446  = ins[5:0] == 4'hd;
-  assign \$447  = ins[5:0] == 4'hc;
-  assign \$448  = \$447  ? 2'h1 : 2'h0;
-  assign \$449  = \$446  ? 2'h2 : \$448 ;
-  assign \$450  = ~ a_in__valid;
-  assign \$451  = ~ gm_afeed_done;
-  assign \$452  = \$450  & \$451 ;
-  assign \$453  = gm_lane == 3'h4;
-  assign \$454  = \$signal$217  + gm_lane;
-  assign \$455  = \$454  >= m_eff[13:0];
-  assign \$456  = \$453  | \$455 ;
-  assign \$457  = ~ \$456 ;
-  assign \$458  = \$452  & \$457 ;
-  assign \$459  = gm_lane + 1'h1;
-  assign \$460  = \$signal$218  + ins[38:32];
-  assign \$461  = ~ a_in__valid;
-  assign \$462  = ~ gm_afeed_done;
-  assign \$463  = \$461  & \$462 ;
-  assign \$464  = gm_lane == 3'h4;
-  assign \$465  = \$signal$217  + gm_lane;
-  assign \$466  = \$465  >= m_eff[13:0];
-  assign \$467  = \$464  | \$466 ;
-  assign \$468  = \$463  & \$467 ;
-  assign \$469  = a_in__valid & a_in__ready;
-  assign \$470  = \$signal$323  + 1'h1;
-  assign \$471  = \$470  < ins[38:32];
-  assign \$472  = \$signal$323  + 1'h1;
-  assign \$473  = gm_wstart + 1'h1;
-  assign \$474  = gm_wstart + 1'h1;
-  assign \$475  = \$signal$217  + 3'h4;
-  assign \$476  = \$signal$218  - ins[38:32];
-  assign \$477  = $signed(\$476 ) + $signed(2'h1);
-  assign \$478  = \$signal$218  - ins[38:32];
-  assign \$479  = $signed(\$478 ) + $signed(2'h1);
-  assign \$480  = \$signal$217  + 3'h4;
-  assign \$481  = \$480  >= m_eff[13:0];
-  assign \$482  = gc_lane + 1'h1;
-  assign \$483  = \$signal$221  + ins[56:48];
-  assign \$484  = gc_lane + 1'h1;
-  assign \$485  = \$484  == 2'h3;
-  assign \$486  = gc_lane + 1'h1;
-  assign \$487  = \$signal$325  + \$486 ;
-  assign \$488  = \$487  + 1'h1;
-  assign \$489  = \$488  >= m_eff[13:0];
-  assign \$490  = \$485  | \$489 ;
-  assign \$491  = \$signal$326  + 1'h1;
-  assign \$492  = \$491  < ins[56:48];
-  assign \$493  = \$signal$326  + 1'h1;
-  assign \$494  = gc_wstart + 1'h1;
-  assign \$495  = gc_wstart + 1'h1;
-  assign \$496  = \$signal$325  + 1'h0;
-  assign \$497  = \$496  + 1'h1;
-  assign \$498  = \$497  >= m_eff[13:0];
-  assign \$500  = \$signal$325  + 3'h4;
-  assign \$501  = \$signal$221  + 1'h1;
-  assign \$502  = \$signal$221  + 1'h1;
-  assign \$503  = \$signal$325  + 3'h4;
-  assign \$504  = \$503  + 1'h0;
-  assign \$505  = \$504  + 1'h1;
-  assign \$506  = \$505  >= m_eff[13:0];
-  assign \$508  = \$signal$118  + 1'h1;
-  assign \$509  = busy_dma + 1'h1;
-  assign \$510  = busy_gemm + 1'h1;
-  assign \$511  = busy_act + 1'h1;
-  assign \$512  = busy_route + 1'h1;
-  assign \$513  = busy_vector + 1'h1;
-  assign \$514  = busy_move + 1'h1;
-  assign \$515  = pc >= 7'h40;
-  assign \$518  = \$517  ? \$signal$130  : \$signature__data$331 [31:16];
-  assign \$519  = | \$signature__data$331 [63:62];
-  assign \$520  = \$519  ? 14'h3fff : \$signature__data$331 [61:48];
-  assign \$523  = \$522  ? \$signal$130  : \$signature__data$331 [31:16];
-  assign \$524  = | \$signature__data$331 [47:46];
-  assign \$525  = \$524  ? 14'h3fff : \$signature__data$331 [45:32];
-  assign \$528  = \$527  ? \$signal$130  : \$signature__data$331 [31:16];
-  assign \$529  = \$528  + 3'h4;
-  assign \$530  = \$529  - 1'h1;
-  assign \$532  = | \$signature__data$331 [47:46];
-  assign \$533  = \$532  ? 14'h3fff : \$signature__data$331 [45:32];
-  assign \$536  = \$535  ? \$signal$130  : \$signature__data$331 [31:16];
-  assign \$537  = \$536  + 3'h4;
-  assign \$538  = \$537  - 1'h1;
-  assign \$540  = | \$signature__data$331 [63:62];
-  assign \$541  = \$540  ? 14'h3fff : \$signature__data$331 [61:48];
-  assign \$542  = \$signature__data$331 [63:48] + 3'h4;
-  assign \$543  = \$542  - 1'h1;
-  assign \$545  = | \$signature__data$331 [47:46];
-  assign \$546  = \$545  ? 14'h3fff : \$signature__data$331 [45:32];
-  assign \$549  = \$548  ? \$signal$130  : \$signature__data$331 [31:16];
-  assign \$550  = | \$signature__data$331 [47:46];
-  assign \$551  = \$550  ? 14'h3fff : \$signature__data$331 [45:32];
-  assign \$552  = | \$signature__data$331 [63:62];
-  assign \$553  = \$552  ? 14'h3fff : \$signature__data$331 [61:48];
-  assign \$554  = | \$signature__data$331 [63:62];
-  assign \$555  = \$554  ? 14'h3fff : \$signature__data$331 [61:48];
-  assign \$558  = \$557  ? \$signal$130  : \$signature__data$331 [31:16];
-  assign \$561  = \$560  ? \$signal$247  : 4'h0;
-  assign \$562  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$563  = ins[5:0] == 4'hc;
-  assign \$564  = ~ ph2;
-  assign \$565  = \$563  & \$564 ;
-  assign \$566  = ! ins[5:0];
-  assign \$567  = settle != 2'h2;
-  assign \$568  = | decode_q;
-  assign \$569  = settle + 1'h1;
-  assign \$570  = ins[5:0] == 1'h1;
-  assign \$571  = ins[5:0] == 2'h2;
-  assign \$572  = ins[5:0] == 2'h3;
-  assign \$573  = ins[5:0] == 3'h4;
-  assign \$574  = ins[5:0] == 3'h5;
-  assign \$575  = ins[5:0] == 3'h6;
-  assign \$576  = ins[5:0] == 4'h8;
-  assign \$577  = ins[5:0] == 3'h7;
-  assign \$578  = ins[5:0] == 4'hc;
-  assign \$579  = ins[5:0] == 4'hd;
-  assign \$580  = ins[5:0] == 4'ha;
-  assign \$581  = ins[5:0] == 4'hb;
-  assign \$582  = \$signal$121  + 1'h1;
-  assign \$585  = m_eff[13:0] <= 1'h1;
-  assign \$590  = ins[124:112] + \$589 ;
-  assign \$592  = ins[124:112] + \$591 ;
-  assign \$593  = \$592  + 5'h10;
-  assign \$594  = ins[5:0] == 2'h3;
-  assign \$595  = \$signal$248  + 1'h1;
-  assign \$596  = \$signal$248  == \$signal$332 ;
-  assign \$597  = eng_run & \$596 ;
-  assign \$598  = ins[5:0] == 3'h5;
-  assign \$599  = pc + 1'h1;
-  assign \$600  = \$signal$121  + 1'h1;
-  assign \$601  = ~ rd_busy;
-  assign \$602  = pc + 1'h1;
-  assign \$603  = \$signal$121  + 1'h1;
-  assign \$604  = ~ \$signal$251 ;
-  assign \$605  = rd_data__valid & \$604 ;
-  assign \$606  = \$signal$252  < l0_acc;
-  assign \$607  = \$signal$252  + 1'h1;
-  assign \$608  = \$signal$254  + 1'h1;
-  assign \$609  = \$signal$254  + 1'h1;
-  assign \$610  = ins[243:238] == 1'h1;
-  assign \$611  = ins[243:238] == 2'h2;
-  assign \$612  = \$611  ? 2'h2 : 2'h1;
-  assign \$613  = \$610  ? 3'h4 : { 1'h0, \$612  };
-  assign \$614  = \$609  >= \$613 ;
-  assign \$615  = ~ rd_busy;
-  assign \$616  = ~ \$signal$251 ;
-  assign \$617  = \$615  & \$616 ;
-  assign \$618  = \$signal$252  >= l0_acc;
-  assign \$619  = \$617  & \$618 ;
-  assign \$620  = pc + 1'h1;
-  assign \$621  = \$signal$121  + 1'h1;
-  assign \$622  = ~ \$signal$255 ;
-  assign \$623  = \$signal$256  < 1'h1;
-  assign \$624  = \$622  & \$623 ;
-  assign \$625  = \$signal$257  < l0_acc;
-  assign \$626  = \$624  & \$625 ;
-  assign \$627  = ~ \$signal$258 ;
-  assign \$628  = \$626  & \$627 ;
-  assign \$629  = \$signal$257  + 1'h1;
-  assign \$630  = \$signal$256  + 1'h1;
-  assign \$631  = ~ \$signal$255 ;
-  assign \$632  = ~ \$signal$258 ;
-  assign \$633  = \$631  & \$632 ;
-  assign \$634  = | \$signal$256 ;
-  assign \$635  = \$633  & \$634 ;
-  assign \$636  = \$signal$256  == 1'h1;
-  assign \$637  = \$signal$257  >= l0_acc;
-  assign \$638  = \$636  | \$637 ;
-  assign \$639  = \$635  & \$638 ;
-  assign \$640  = wr_data__valid & wr_data__ready;
-  assign \$641  = ~ wr_busy;
-  assign \$642  = \$signal$257  >= l0_acc;
-  assign \$643  = \$641  & \$642 ;
-  assign \$644  = ~ \$signal$255 ;
-  assign \$645  = \$643  & \$644 ;
-  assign \$646  = ~ \$signal$258 ;
-  assign \$647  = \$645  & \$646 ;
-  assign \$648  = pc + 1'h1;
-  assign \$649  = \$signal$121  + 1'h1;
-  assign \$650  = \$signal$260  + 1'h1;
-  assign \$651  = \$signal$260  == 4'h8;
-  assign \$652  = ~ \$signal$265 ;
-  assign \$653  = ~ \$signal$266 ;
-  assign \$654  = \$652  & \$653 ;
-  assign \$655  = rt_lane < 1'h1;
-  assign \$656  = \$654  & \$655 ;
-  assign \$657  = \$signal$269  < 4'h8;
-  assign \$658  = rt_lane + 1'h1;
-  assign \$659  = \$signal$269  + 1'h1;
-  assign \$660  = \$signal$344  ? \$signature__data [12:0] : 13'h0000;
-  assign \$662  = scores__valid & scores__ready;
-  assign \$663  = \$signal$269  >= 4'h8;
-  assign \$664  = \$signal$340  + 1'h1;
-  assign \$665  = \$signal$268  + 4'h8;
-  assign \$666  = \$signal$340  + 1'h1;
-  assign \$667  = \$666  >= m_eff[13:0];
-  assign \$668  = ~ \$signal$274 ;
-  assign \$669  = routes__valid & \$668 ;
-  assign \$670  = ~ rt_wphase;
-  assign \$671  = \$signal$274  & \$670 ;
-  assign \$672  = \$signal$274  & rt_wphase;
-  assign \$673  = rt_s == 1'h1;
-  assign \$674  = \$signal$278 [19] | \$673 ;
-  assign \$675  = \$signal$342  + 1'h1;
-  assign \$676  = \$signal$276  + 2'h2;
-  assign \$677  = rt_s + 1'h1;
-  assign \$678  = \$signal$342  >= m_eff[13:0];
-  assign \$679  = \$signal$280  == \$signal$260 ;
-  assign \$680  = \$signal$282  + 1'h1;
-  assign \$681  = \$signal$279  + 1'h1;
-  assign \$682  = \$681  < l1_acc[13:2];
-  assign \$683  = \$signal$279  + 1'h1;
-  assign \$684  = \$signal$348  == 1'h1;
-  assign \$685  = \$signal$283  + 1'h1;
-  assign \$686  = \$signal$348  + 1'h1;
-  assign \$687  = \$signal$260  + 1'h1;
-  assign \$688  = \$signal$260  + 1'h1;
-  assign \$689  = \$688  < 4'h8;
-  assign \$690  = pc + 1'h1;
-  assign \$691  = \$signal$121  + 1'h1;
-  assign \$692  = \$signal$286  >= 4'h8;
-  assign \$693  = \$signal$121  + 1'h1;
-  assign \$694  = \$signal$286  + 1'h1;
-  assign \$695  = | \$signal$280 ;
-  assign \$696  = | rd1_q[23:14];
-  assign \$697  = \$696  ? 14'h3fff : rd1_q[13:0];
-  assign \$698  = pc + 1'h1;
-  assign \$699  = \$signal$121  + 1'h1;
-  assign \$700  = \$signal$287  >= \$signal$130 ;
-  assign \$701  = pc + 1'h1;
-  assign \$702  = \$signal$121  + 1'h1;
-  assign \$703  = $signed(\$signal$280 ) < $signed(1'h0);
-  assign \$704  = $signed(\$signal$280 ) >= $signed({ 1'h0, m_eff });
-  assign \$705  = \$703  | \$704 ;
-  assign \$706  = | l2_y;
-  assign \$707  = \$signal$288  < ins[61:48];
-  assign \$708  = \$signal$288  + 1'h1;
-  assign \$709  = ins[5:0] == 4'ha;
-  assign \$710  = \$709  ? { 1'h0, \$signal$289  } : l2_acc;
-  assign \$711  = ins[124:112] + \$710 ;
-  assign \$712  = \$711  + \$signal$288 ;
-  assign \$713  = \$signal$288  >= ins[61:48];
-  assign \$714  = \$713  & \$signal$290 ;
-  assign \$715  = \$signal$287  + 1'h1;
-  assign \$716  = \$signal$289  + ins[61:48];
-  assign \$717  = ~ rd_busy;
-  assign \$718  = ~ wr_busy;
-  assign \$719  = \$717  & \$718 ;
-  assign \$720  = ~ \$signal$108 ;
-  assign \$721  = \$signal$103  & \$720 ;
-  always @(posedge clk)
-    \$signal$119  <= \$722 ;
-  always @(posedge clk)
-    host_size <= \$723 ;
-  always @(posedge clk)
-    rsel <= \$724 ;
-  always @(posedge clk)
-    l0_acc <= \$725 ;
-  always @(posedge clk)
-    l0_x <= \$726 ;
-  always @(posedge clk)
-    l0_y <= \$727 ;
-  always @(posedge clk)
-    l1_acc <= \$728 ;
-  always @(posedge clk)
-    l1_x <= \$729 ;
-  always @(posedge clk)
-    l1_y <= \$730 ;
-  always @(posedge clk)
-    l2_acc <= \$731 ;
-  always @(posedge clk)
-    l2_x <= \$732 ;
-  always @(posedge clk)
-    l2_y <= \$733 ;
-  always @(posedge clk)
-    l3_acc <= \$734 ;
-  always @(posedge clk)
-    l3_x <= \$735 ;
-  always @(posedge clk)
-    l3_y <= \$736 ;
-  always @(posedge clk)
-    l4_acc <= \$737 ;
-  always @(posedge clk)
-    l4_x <= \$738 ;
-  always @(posedge clk)
-    l4_y <= \$739 ;
-  always @(posedge clk)
-    lh_acc <= \$740 ;
-  always @(posedge clk)
-    lh_x <= \$741 ;
-  always @(posedge clk)
-    lh_y <= \$742 ;
-  always @(posedge clk)
-    \$signal$144  <= \$743 ;
-  always @(posedge clk)
-    \$signal$148  <= \$744 ;
-  always @(posedge clk)
-    host_ok <= \$745 ;
-  always @(posedge clk)
-    decode_q <= \$746 ;
-  always @(posedge clk)
-    \$signal$158  <= \$747 ;
-  always @(posedge clk)
-    \$signal$171  <= \$748 ;
-  always @(posedge clk)
-    i__payload <= \$749 ;
-  always @(posedge clk)
-    b_word <= \$750 ;
-  always @(posedge clk)
-    \$signal$157  <= \$751 ;
-  always @(posedge clk)
-    \$signal$301  <= \$752 ;
-  always @(posedge clk)
-    idx0 <= \$753 ;
-  always @(posedge clk)
-    \$signal$153  <= \$754 ;
-  always @(posedge clk)
-    \$signal$155  <= \$755 ;
-  always @(posedge clk)
-    idx1 <= \$756 ;
-  always @(posedge clk)
-    \$signal$310  <= \$757 ;
-  always @(posedge clk)
-    \$signal$312  <= \$758 ;
-  always @(posedge clk)
-    idx2 <= \$759 ;
-  always @(posedge clk)
-    \$signal$315  <= \$760 ;
-  always @(posedge clk)
-    \$signal$317  <= \$761 ;
-  always @(posedge clk)
-    \$signal$303  <= \$762 ;
-  always @(posedge clk)
-    op <= \$763 ;
-  always @(posedge clk)
-    \$signal$320  <= \$764 ;
-  always @(posedge clk)
-    gm_cap_lane <= \$765 ;
-  always @(posedge clk)
-    gm_lane <= \$766 ;
-  always @(posedge clk)
-    \$signal$218  <= \$767 ;
-  always @(posedge clk)
-    a_in__payload <= \$768 ;
-  always @(posedge clk)
-    a_in__valid <= \$769 ;
-  always @(posedge clk)
-    \$signal$323  <= \$770 ;
-  always @(posedge clk)
-    gm_wstart <= \$771 ;
-  always @(posedge clk)
-    \$signal$217  <= \$772 ;
-  always @(posedge clk)
-    gm_afeed_done <= \$773 ;
-  always @(posedge clk)
-    gc_lane <= \$774 ;
-  always @(posedge clk)
-    \$signal$221  <= \$775 ;
-  always @(posedge clk)
-    gc_last <= \$776 ;
-  always @(posedge clk)
-    \$signal$326  <= \$777 ;
-  always @(posedge clk)
-    gc_wstart <= \$778 ;
-  always @(posedge clk)
-    \$signal$325  <= \$779 ;
-  always @(posedge clk)
-    \$signal$118  <= \$780 ;
-  always @(posedge clk)
-    busy_dma <= \$781 ;
-  always @(posedge clk)
-    busy_gemm <= \$782 ;
-  always @(posedge clk)
-    busy_act <= \$783 ;
-  always @(posedge clk)
-    busy_route <= \$784 ;
-  always @(posedge clk)
-    busy_vector <= \$785 ;
-  always @(posedge clk)
-    busy_move <= \$786 ;
-  always @(posedge clk)
-    \$signal$280  <= \$787 ;
-  always @(posedge clk)
-    rd1_q <= \$788 ;
-  always @(posedge clk)
-    \$signal$108  <= \$789 ;
-  always @(posedge clk)
-    \$signal$109  <= \$790 ;
-  always @(posedge clk)
-    err <= \$791 ;
-  always @(posedge clk)
-    pc <= \$792 ;
-  always @(posedge clk)
-    \$signal$121  <= \$793 ;
-  always @(posedge clk)
-    \$signal$142  <= \$794 ;
-  always @(posedge clk)
-    exp_active <= \$795 ;
-  always @(posedge clk)
-    \$signal$145  <= \$796 ;
-  always @(posedge clk)
-    ctrl_state <= \$797 ;
-  always @(posedge clk)
-    stop_code <= \$798 ;
-  always @(posedge clk)
-    cur_unit <= \$799 ;
-  always @(posedge clk)
-    ins <= \$800 ;
-  always @(posedge clk)
-    ph2 <= \$801 ;
-  always @(posedge clk)
-    settle <= \$802 ;
-  always @(posedge clk)
-    \$signal$180  <= \$803 ;
-  always @(posedge clk)
-    \$signal$162  <= \$804 ;
-  always @(posedge clk)
-    shift <= \$805 ;
-  always @(posedge clk)
-    cnt0 <= \$806 ;
-  always @(posedge clk)
-    cnt1 <= \$807 ;
-  always @(posedge clk)
-    cnt2 <= \$808 ;
-  always @(posedge clk)
-    sa0 <= \$809 ;
-  always @(posedge clk)
-    sa1 <= \$810 ;
-  always @(posedge clk)
-    sa2 <= \$811 ;
-  always @(posedge clk)
-    sb0 <= \$812 ;
-  always @(posedge clk)
-    sb1 <= \$813 ;
-  always @(posedge clk)
-    sb2 <= \$814 ;
-  always @(posedge clk)
-    \$signal$332  <= \$815 ;
-  always @(posedge clk)
-    \$signal$248  <= \$816 ;
-  always @(posedge clk)
-    \$signal$251  <= \$817 ;
-  always @(posedge clk)
-    \$signal$254  <= \$818 ;
-  always @(posedge clk)
-    \$signal$252  <= \$819 ;
-  always @(posedge clk)
-    \$signal$255  <= \$820 ;
-  always @(posedge clk)
-    \$signal$256  <= \$821 ;
-  always @(posedge clk)
-    \$signal$257  <= \$822 ;
-  always @(posedge clk)
-    \$signal$258  <= \$823 ;
-  always @(posedge clk)
-    wr_data__payload <= \$824 ;
-  always @(posedge clk)
-    \$signal$260  <= \$825 ;
-  always @(posedge clk)
-    \$signal$284  <= \$826 ;
-  always @(posedge clk)
-    \$signal$281  <= \$827 ;
-  always @(posedge clk)
-    \$signal$287  <= \$828 ;
-  always @(posedge clk)
-    \$signal$289  <= \$829 ;
-  always @(posedge clk)
-    \$signal$146  <= \$830 ;
-  always @(posedge clk)
-    scores_len <= \$831 ;
-  always @(posedge clk)
-    \$signal$253  <= \$832 ;
-  always @(posedge clk)
-    \$signal$337  <= \$833 ;
-  always @(posedge clk)
-    \$signal$340  <= \$834 ;
-  always @(posedge clk)
-    \$signal$269  <= \$835 ;
-  always @(posedge clk)
-    rt_lane <= \$836 ;
-  always @(posedge clk)
-    \$signal$265  <= \$837 ;
-  always @(posedge clk)
-    \$signal$268  <= \$838 ;
-  always @(posedge clk)
-    \$signal$276  <= \$839 ;
-  always @(posedge clk)
-    \$signal$266  <= \$840 ;
-  always @(posedge clk)
-    \$signal$341  <= \$841 ;
-  always @(posedge clk)
-    \$signal$342  <= \$842 ;
-  always @(posedge clk)
-    rt_s <= \$843 ;
-  always @(posedge clk)
-    \$signal$274  <= \$844 ;
-  always @(posedge clk)
-    rt_wphase <= \$845 ;
-  always @(posedge clk)
-    \$signal$344  <= \$846 ;
-  always @(posedge clk)
-    rt_word <= \$847 ;
-  always @(posedge clk)
-    \$signal$278  <= \$848 ;
-  always @(posedge clk)
-    \$signal$279  <= \$849 ;
-  always @(posedge clk)
-    \$signal$283  <= \$850 ;
-  always @(posedge clk)
-    \$signal$348  <= \$851 ;
-  always @(posedge clk)
-    \$signal$282  <= \$852 ;
-  always @(posedge clk)
-    \$signal$285  <= \$853 ;
-  always @(posedge clk)
-    \$signal$286  <= \$854 ;
-  always @(posedge clk)
-    \$signal$247  <= \$855 ;
-  always @(posedge clk)
-    \$signal$130  <= \$856 ;
-  always @(posedge clk)
-    \$signal$141  <= \$857 ;
-  always @(posedge clk)
-    \$signal$288  <= \$858 ;
-  always @(posedge clk)
-    \$signal$290  <= \$859 ;
-  always @(posedge clk)
-    \$signal$291  <= \$860 ;
+  assign \$264  = \$signal$265  + \$signal$266 ;
+  assign \$265  = ~ \$signal$271 ;
+  assign \$266  = ~ rt_wphase;
+  assign \$267  = \$signal$271  & \$266 ;
+  assign \$268  = \$signal$273  + rt_s;
+  assign \$269  = \$signal$271  & rt_wphase;
+  assign \$270  = \$signal$273  + rt_s;
+  assign \$271  = \$270  + l1_acc[13:2];
+  assign \$272  = ins[124:112] + \$signal$276 ;
+  assign \$273  = \$signal$277  == \$signal$257 ;
+  assign \$274  = \$signal$278  + \$signal$279 ;
+  assign \$275  = \$signal$278  + l1_acc[13:2];
+  assign \$276  = \$275  + \$signal$279 ;
+  assign \$277  = \$signal$276  + 1'h1;
+  assign \$278  = \$277  < l1_acc[13:2];
+  assign \$279  = \$signal$281  + \$signal$257 ;
+  assign \$280  = \$signal$279  - \$signal$282 ;
+  assign \$281  = \$signal$281  + 4'h8;
+  assign \$282  = \$281  + \$signal$257 ;
+  assign \$283  = \$signal$283  >= 4'h8;
+  assign \$284  = ins[76:64] + \$signal$283 ;
+  assign \$285  = ins[76:64] + 4'h8;
+  assign \$286  = \$285  + \$signal$283 ;
+  assign \$287  = \$signal$284  >= \$signal$130 ;
+  assign \$288  = ins[100:88] + \$signal$139 ;
+  assign \$289  = \$288  + \$signal$284 ;
+  assign \$290  = | l2_y;
+  assign \$291  = \$signal$285  < ins[61:48];
+  assign \$292  = ins[5:0] == 4'ha;
+  assign \$293  = \$292  ? l2_acc : { 1'h0, \$signal$286  };
+  assign \$294  = ins[76:64] + \$293 ;
+  assign \$295  = \$294  + \$signal$285 ;
+  assign \$296  = ~ \$signal$108 ;
+  assign \$297  = \$signal$103  & \$296 ;
+  assign \$298  = ! ctrl_state;
+  assign \$299  = ctrl_state == 1'h1;
+  assign \$300  = ctrl_state == 2'h2;
+  assign \$301  = ctrl_state == 2'h3;
+  assign \$302  = ctrl_state == 3'h4;
+  assign \$303  = ctrl_state == 3'h5;
+  assign \$304  = ctrl_state == 3'h6;
+  assign \$305  = ctrl_state == 3'h7;
+  assign \$306  = ctrl_state == 4'h8;
+  assign \$307  = ctrl_state == 4'h9;
+  assign \$308  = ctrl_state == 4'ha;
+  assign \$309  = ctrl_state == 4'hb;
+  assign \$310  = ctrl_state == 4'hc;
+  assign \$311  = ctrl_state == 4'hd;
+  assign \$312  = ctrl_state == 4'he;
+  assign \$313  = ctrl_state == 4'hf;
+  assign \$314  = ctrl_state == 5'h10;
+  assign \$315  = ctrl_state == 5'h11;
+  assign \$316  = ctrl_state == 5'h12;
+  assign \$317  = ctrl_state == 5'h13;
+  assign \$318  = ctrl_state == 5'h14;
+  assign \$319  = ctrl_state == 5'h15;
+  assign \$320  = ctrl_state == 5'h16;
+  assign \$321  = ctrl_state == 5'h17;
+  assign \$322  = ctrl_state == 5'h18;
+  assign \$323  = ctrl_state == 5'h19;
+  assign \$324  = ctrl_state == 5'h1a;
+  assign \$325  = ctrl_state == 5'h1b;
+  assign \$326  = wr_addr == 4'hc;
+  assign \$327  = wr_en & \$326 ;
+  assign \$328  = wr_addr == 5'h10;
+  assign \$329  = wr_en & \$328 ;
+  assign \$330  = | l0_y;
+  assign \$331  = l0_acc + l0_x;
+  assign \$333  = l0_acc + l0_x;
+  assign \$334  = \$332  ? 14'h3fff : \$333 [13:0];
+  assign \$336  = l0_x[13] ? 15'h3fff : \$335 ;
+  assign \$338  = | l1_y;
+  assign \$339  = l1_acc + l1_x;
+  assign \$341  = l1_acc + l1_x;
+  assign \$342  = \$340  ? 14'h3fff : \$341 [13:0];
+  assign \$344  = l1_x[13] ? 15'h3fff : \$343 ;
+  assign \$346  = | l2_y;
+  assign \$347  = l2_acc + l2_x;
+  assign \$349  = l2_acc + l2_x;
+  assign \$350  = \$348  ? 14'h3fff : \$349 [13:0];
+  assign \$352  = l2_x[13] ? 15'h3fff : \$351 ;
+  assign \$354  = | l3_y;
+  assign \$355  = l3_acc + l3_x;
+  assign \$357  = l3_acc + l3_x;
+  assign \$358  = \$356  ? 14'h3fff : \$357 [13:0];
+  assign \$360  = l3_x[13] ? 15'h3fff : \$359 ;
+  assign \$362  = | l4_y;
+  assign \$363  = l4_acc + l4_x;
+  assign \$365  = l4_acc + l4_x;
+  assign \$366  = \$364  ? 18'h3ffff : \$365 [17:0];
+  assign \$368  = l4_x[17] ? 19'h3ffff : \$367 ;
+  assign \$370  = | lh_y;
+  assign \$371  = lh_acc + lh_x;
+  assign \$373  = lh_acc + lh_x;
+  assign \$374  = \$372  ? 33'h1ffffffff : \$373 [32:0];
+  assign \$376  = lh_x[32] ? 34'h1ffffffff : \$375 ;
+  assign \$378  = ! \$signal$136 ;
+  assign \$379  = ! ins[87:78];
+  assign \$380  = ins[77:64] + \$signal$136 ;
+  assign \$381  = \$380  <= 14'h2000;
+  assign \$382  = \$379  & \$381 ;
+  assign \$383  = \$378  | \$382 ;
+  assign \$384  = ! \$signal$138 ;
+  assign \$385  = ! ins[111:102];
+  assign \$386  = ins[101:88] + \$signal$138 ;
+  assign \$387  = \$386  <= 14'h2000;
+  assign \$388  = \$385  & \$387 ;
+  assign \$389  = \$384  | \$388 ;
+  assign \$390  = \$383  & \$389 ;
+  assign \$391  = ! wc;
+  assign \$392  = ! ins[135:126];
+  assign \$393  = ins[125:112] + wc;
+  assign \$394  = \$393  <= 14'h2000;
+  assign \$395  = \$392  & \$394 ;
+  assign \$396  = \$391  | \$395 ;
+  assign \$397  = \$390  & \$396 ;
+  assign \$398  = ! lh_acc[1:0];
+  assign \$399  = lh_acc >= \$signal$119 ;
+  assign \$400  = \$398  & \$399 ;
+  assign \$401  = lh_acc + { l4_acc[17:2], 2'h0 };
+  assign \$402  = \$signal$119  + host_size;
+  assign \$403  = \$401  <= \$402 ;
+  assign \$404  = \$400  & \$403 ;
+  assign \$405  = ~ \$signal$156 ;
+  assign \$406  = \$405  | eng_ready;
+  assign \$407  = ~ \$signal$155 ;
+  assign \$408  = ~ \$signal$156 ;
+  assign \$409  = \$408  | eng_ready;
+  assign \$410  = \$407  | \$409 ;
+  assign \$411  = rem0 == 1'h1;
+  assign \$412  = | rem0[13:1];
+  assign \$413  = | rem1[13:1];
+  assign \$414  = rem0 - 1'h1;
+  assign \$415  = \$signal$151  + sa0;
+  assign \$416  = \$signal$153  + sb0;
+  assign \$417  = rem1 - 1'h1;
+  assign \$418  = \$signal$306  + sa1;
+  assign \$419  = \$signal$306  + sa1;
+  assign \$420  = \$signal$308  + sb1;
+  assign \$421  = \$signal$308  + sb1;
+  assign \$422  = rem2 - 1'h1;
+  assign \$423  = \$signal$312  + sa2;
+  assign \$424  = \$signal$312  + sa2;
+  assign \$425  = \$signal$312  + sa2;
+  assign \$426  = \$signal$314  + sb2;
+  assign \$427  = \$signal$314  + sb2;
+  assign \$428  = \$signal$314  + sb2;
+  assign \$429  = | rem2[13:1];
+  assign \$430  = ~ \$429 ;
+  assign \$431  = ins[5:0] == 4'hd;
+  assign \$432  = ins[5:0] == 4'hc;
+  assign \$433  = \$432  ? 2'h1 : 2'h0;
+  assign \$434  = \$431  ? 2'h2 : \$433 ;
+  assign \$435  = ~ a_in__valid;
+  assign \$436  = ~ gm_afeed_done;
+  assign \$437  = \$435  & \$436 ;
+  assign \$438  = gm_lane == 3'h4;
+  assign \$439  = ! \$signal$215 [13:3];
+  assign \$440  = gm_lane >= \$signal$215 [2:0];
+  assign \$441  = \$439  & \$440 ;
+  assign \$442  = \$438  | \$441 ;
+  assign \$443  = ~ \$442 ;
+  assign \$444  = \$437  & \$443 ;
+  assign \$445  = gm_lane + 1'h1;
+  assign \$446  = \$signal$216  + ins[38:32];
+  assign \$447  = ~ a_in__valid;
+  assign \$448  = ~ gm_afeed_done;
+  assign \$449  = \$447  & \$448 ;
+  assign \$450  = gm_lane == 3'h4;
+  assign \$451  = ! \$signal$215 [13:3];
+  assign \$452  = gm_lane >= \$signal$215 [2:0];
+  assign \$453  = \$451  & \$452 ;
+  assign \$454  = \$450  | \$453 ;
+  assign \$455  = \$449  & \$454 ;
+  assign \$456  = a_in__valid & a_in__ready;
+  assign \$457  = \$signal$319  + 1'h1;
+  assign \$458  = \$457  < ins[38:32];
+  assign \$459  = \$signal$319  + 1'h1;
+  assign \$460  = gm_wstart + 1'h1;
+  assign \$461  = gm_wstart + 1'h1;
+  assign \$462  = \$signal$215  - 3'h4;
+  assign \$463  = \$signal$216  - ins[38:32];
+  assign \$464  = $signed(\$463 ) + $signed(2'h1);
+  assign \$465  = \$signal$216  - ins[38:32];
+  assign \$466  = $signed(\$465 ) + $signed(2'h1);
+  assign \$467  = ! \$signal$215 [13:3];
+  assign \$468  = \$signal$215 [2:0] <= 3'h4;
+  assign \$469  = \$467  & \$468 ;
+  assign \$470  = gc_lane + 1'h1;
+  assign \$471  = \$signal$219  + ins[56:48];
+  assign \$472  = gc_lane + 1'h1;
+  assign \$473  = \$472  == 2'h3;
+  assign \$474  = ! \$signal$321 [13:3];
+  assign \$475  = gc_lane + 1'h1;
+  assign \$476  = \$475  + 1'h1;
+  assign \$477  = \$476  >= \$signal$321 [2:0];
+  assign \$478  = \$474  & \$477 ;
+  assign \$479  = \$473  | \$478 ;
+  assign \$480  = \$signal$322  + 1'h1;
+  assign \$481  = \$480  < ins[56:48];
+  assign \$482  = \$signal$322  + 1'h1;
+  assign \$483  = gc_wstart + 1'h1;
+  assign \$484  = gc_wstart + 1'h1;
+  assign \$485  = ! \$signal$321 [13:3];
+  assign \$486  = \$signal$321 [2:0] <= 1'h1;
+  assign \$487  = \$485  & \$486 ;
+  assign \$489  = \$signal$321  - 3'h4;
+  assign \$490  = \$signal$219  + 1'h1;
+  assign \$491  = \$signal$219  + 1'h1;
+  assign \$492  = \$signal$321  - 3'h4;
+  assign \$493  = ! \$492 [13:3];
+  assign \$494  = \$signal$321  - 3'h4;
+  assign \$495  = \$494 [2:0] <= 1'h1;
+  assign \$496  = \$493  & \$495 ;
+  assign \$498  = \$signal$118  + 1'h1;
+  assign \$499  = busy_dma + 1'h1;
+  assign \$500  = busy_gemm + 1'h1;
+  assign \$501  = busy_act + 1'h1;
+  assign \$502  = busy_route + 1'h1;
+  assign \$503  = busy_vector + 1'h1;
+  assign \$504  = busy_move + 1'h1;
+  assign \$505  = pc >= 7'h40;
+  assign \$508  = \$507  ? \$signal$130  : \$signature__data$327 [31:16];
+  assign \$509  = | \$signature__data$327 [63:62];
+  assign \$510  = \$509  ? 14'h3fff : \$signature__data$327 [61:48];
+  assign \$513  = \$512  ? \$signal$130  : \$signature__data$327 [31:16];
+  assign \$514  = | \$signature__data$327 [47:46];
+  assign \$515  = \$514  ? 14'h3fff : \$signature__data$327 [45:32];
+  assign \$518  = \$517  ? \$signal$130  : \$signature__data$327 [31:16];
+  assign \$519  = \$518  + 3'h4;
+  assign \$520  = \$519  - 1'h1;
+  assign \$522  = | \$signature__data$327 [47:46];
+  assign \$523  = \$522  ? 14'h3fff : \$signature__data$327 [45:32];
+  assign \$526  = \$525  ? \$signal$130  : \$signature__data$327 [31:16];
+  assign \$527  = \$526  + 3'h4;
+  assign \$528  = \$527  - 1'h1;
+  assign \$530  = | \$signature__data$327 [63:62];
+  assign \$531  = \$530  ? 14'h3fff : \$signature__data$327 [61:48];
+  assign \$532  = \$signature__data$327 [63:48] + 3'h4;
+  assign \$533  = \$532  - 1'h1;
+  assign \$541  = \$540  ? \$signal$130  : \$signature__data$327 [31:16];
+  assign \$542  = | \$signature__data$327 [47:46];
+  assign \$543  = \$542  ? 14'h3fff : \$signature__data$327 [45:32];
+  assign \$544  = | \$signature__data$327 [63:62];
+  assign \$545  = \$544  ? 14'h3fff : \$signature__data$327 [61:48];
+  assign \$546  = | \$signature__data$327 [63:62];
+  assign \$547  = \$546  ? 14'h3fff : \$signature__data$327 [61:48];
+  assign \$550  = \$549  ? \$signal$130  : \$signature__data$327 [31:16];
+  assign \$553  = \$552  ? \$signal$130  : \$signature__data$327 [31:16];
+  assign \$554  = \$signature__data$327 [243:238] == 3'h4;
+  assign \$555  = \$signature__data$327 [243:238] == 2'h2;
+  assign \$556  = \$555  ? 1'h1 : 1'h0;
+  assign \$557  = \$554  ? 2'h2 : { 1'h0, \$556  };
+  assign \$558  = \$signature__data$327 [63:48] << \$557 ;
+  assign \$560  = \$signature__data$327 [243:238] == 3'h4;
+  assign \$561  = \$signature__data$327 [243:238] == 2'h2;
+  assign \$562  = \$561  ? 1'h1 : 1'h0;
+  assign \$563  = \$560  ? 2'h2 : { 1'h0, \$562  };
+  assign \$564  = \$signature__data$327 [63:48] << \$563 ;
+  assign \$565  = \$559  ? 18'h3ffff : \$564 [17:0];
+  assign \$568  = \$567  ? \$signal$130  : \$signature__data$327 [31:16];
+  assign \$575  = \$574  ? \$signal$246  : 4'h0;
+  assign \$576  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$577  = ins[5:0] == 4'hc;
+  assign \$578  = ~ ph2;
+  assign \$579  = \$577  & \$578 ;
+  assign \$580  = ! ins[5:0];
+  assign \$581  = settle != 2'h2;
+  assign \$582  = | decode_q;
+  assign \$583  = settle + 1'h1;
+  assign \$584  = ins[5:0] == 1'h1;
+  assign \$585  = ins[5:0] == 2'h2;
+  assign \$586  = ins[5:0] == 2'h3;
+  assign \$587  = ins[5:0] == 3'h4;
+  assign \$588  = ins[5:0] == 3'h5;
+  assign \$589  = ins[5:0] == 3'h6;
+  assign \$590  = ins[5:0] == 4'h8;
+  assign \$591  = ins[5:0] == 3'h7;
+  assign \$592  = ins[5:0] == 4'hc;
+  assign \$593  = ins[5:0] == 4'hd;
+  assign \$594  = ins[5:0] == 4'ha;
+  assign \$595  = ins[5:0] == 4'hb;
+  assign \$596  = \$signal$121  + 1'h1;
+  assign \$599  = ! m_eff[13:3];
+  assign \$600  = m_eff[2:0] <= 1'h1;
+  assign \$601  = \$599  & \$600 ;
+  assign \$606  = ins[124:112] + \$605 ;
+  assign \$608  = ins[124:112] + \$607 ;
+  assign \$609  = \$608  + 5'h10;
+  assign \$610  = ins[5:0] == 2'h3;
+  assign \$611  = el_i + 1'h1;
+  assign \$612  = el_i < l0_acc;
+  assign \$613  = ~ \$612 ;
+  assign \$614  = eng_run & \$613 ;
+  assign \$615  = ins[5:0] == 3'h5;
+  assign \$616  = pc + 1'h1;
+  assign \$617  = \$signal$121  + 1'h1;
+  assign \$618  = ~ rd_busy;
+  assign \$619  = pc + 1'h1;
+  assign \$620  = \$signal$121  + 1'h1;
+  assign \$621  = ~ \$signal$250 ;
+  assign \$622  = rd_data__valid & \$621 ;
+  assign \$623  = el_i < l0_acc;
+  assign \$624  = el_i + 1'h1;
+  assign \$625  = ld_e + 1'h1;
+  assign \$626  = ld_e + 1'h1;
+  assign \$627  = ins[243:238] == 1'h1;
+  assign \$628  = ins[243:238] == 2'h2;
+  assign \$629  = \$628  ? 2'h2 : 2'h1;
+  assign \$630  = \$627  ? 3'h4 : { 1'h0, \$629  };
+  assign \$631  = \$626  >= \$630 ;
+  assign \$632  = ~ rd_busy;
+  assign \$633  = ~ \$signal$250 ;
+  assign \$634  = \$632  & \$633 ;
+  assign \$635  = el_i < l0_acc;
+  assign \$636  = ~ \$635 ;
+  assign \$637  = \$634  & \$636 ;
+  assign \$638  = pc + 1'h1;
+  assign \$639  = \$signal$121  + 1'h1;
+  assign \$640  = ~ \$signal$253 ;
+  assign \$641  = \$signal$254  < 1'h1;
+  assign \$642  = \$640  & \$641 ;
+  assign \$643  = el_i < l0_acc;
+  assign \$644  = \$642  & \$643 ;
+  assign \$645  = ~ \$signal$255 ;
+  assign \$646  = \$644  & \$645 ;
+  assign \$647  = el_i + 1'h1;
+  assign \$648  = \$signal$254  + 1'h1;
+  assign \$649  = ~ \$signal$253 ;
+  assign \$650  = ~ \$signal$255 ;
+  assign \$651  = \$649  & \$650 ;
+  assign \$652  = | \$signal$254 ;
+  assign \$653  = \$651  & \$652 ;
+  assign \$654  = \$signal$254  == 1'h1;
+  assign \$655  = el_i < l0_acc;
+  assign \$656  = ~ \$655 ;
+  assign \$657  = \$654  | \$656 ;
+  assign \$658  = \$653  & \$657 ;
+  assign \$659  = wr_data__valid & wr_data__ready;
+  assign \$660  = ~ wr_busy;
+  assign \$661  = el_i < l0_acc;
+  assign \$662  = ~ \$661 ;
+  assign \$663  = \$660  & \$662 ;
+  assign \$664  = ~ \$signal$253 ;
+  assign \$665  = \$663  & \$664 ;
+  assign \$666  = ~ \$signal$255 ;
+  assign \$667  = \$665  & \$666 ;
+  assign \$668  = pc + 1'h1;
+  assign \$669  = \$signal$121  + 1'h1;
+  assign \$670  = \$signal$257  + 1'h1;
+  assign \$671  = \$signal$257  == 4'h8;
+  assign \$672  = ~ \$signal$262 ;
+  assign \$673  = ~ \$signal$263 ;
+  assign \$674  = \$672  & \$673 ;
+  assign \$675  = rt_lane < 1'h1;
+  assign \$676  = \$674  & \$675 ;
+  assign \$677  = \$signal$266  < 4'h8;
+  assign \$678  = rt_lane + 1'h1;
+  assign \$679  = \$signal$266  + 1'h1;
+  assign \$680  = \$signal$339  ? \$signature__data [12:0] : 13'h0000;
+  assign \$682  = scores__valid & scores__ready;
+  assign \$683  = \$signal$266  >= 4'h8;
+  assign \$684  = \$signal$335  - 1'h1;
+  assign \$685  = \$signal$265  + 4'h8;
+  assign \$686  = | \$signal$335 [13:1];
+  assign \$687  = ~ \$686 ;
+  assign \$688  = ~ \$signal$271 ;
+  assign \$689  = routes__valid & \$688 ;
+  assign \$690  = ~ rt_wphase;
+  assign \$691  = \$signal$271  & \$690 ;
+  assign \$692  = \$signal$271  & rt_wphase;
+  assign \$693  = rt_s == 1'h1;
+  assign \$694  = \$signal$275 [19] | \$693 ;
+  assign \$695  = \$signal$337  - 1'h1;
+  assign \$696  = \$signal$273  + 2'h2;
+  assign \$697  = rt_s + 1'h1;
+  assign \$698  = ! \$signal$337 ;
+  assign \$699  = \$signal$277  == \$signal$257 ;
+  assign \$700  = \$signal$279  + 1'h1;
+  assign \$701  = \$signal$276  + 1'h1;
+  assign \$702  = \$701  < l1_acc[13:2];
+  assign \$703  = \$signal$276  + 1'h1;
+  assign \$704  = \$signal$343  == 1'h1;
+  assign \$705  = \$signal$280  + 1'h1;
+  assign \$706  = \$signal$343  + 1'h1;
+  assign \$707  = \$signal$257  + 1'h1;
+  assign \$708  = \$signal$257  + 1'h1;
+  assign \$709  = \$708  < 4'h8;
+  assign \$710  = pc + 1'h1;
+  assign \$711  = \$signal$121  + 1'h1;
+  assign \$712  = \$signal$283  >= 4'h8;
+  assign \$713  = \$signal$121  + 1'h1;
+  assign \$714  = \$signal$283  + 1'h1;
+  assign \$715  = | \$signal$277 ;
+  assign \$716  = | rd1_q[23:14];
+  assign \$717  = \$716  ? 14'h3fff : rd1_q[13:0];
+  assign \$718  = pc + 1'h1;
+  assign \$719  = \$signal$121  + 1'h1;
+  assign \$720  = \$signal$284  >= \$signal$130 ;
+  assign \$721  = pc + 1'h1;
+  assign \$722  = \$signal$121  + 1'h1;
+  assign \$723  = | \$signal$277 [31:16];
+  assign \$724  = \$signal$277 [15:0] >= m_eff;
+  assign \$725  = \$723  | \$724 ;
+  assign \$726  = | l2_y;
+  assign \$727  = \$signal$285  < ins[61:48];
+  assign \$728  = \$signal$285  + 1'h1;
+  assign \$729  = ins[5:0] == 4'ha;
+  assign \$730  = \$729  ? { 1'h0, \$signal$286  } : l2_acc;
+  assign \$731  = ins[124:112] + \$730 ;
+  assign \$732  = \$731  + \$signal$285 ;
+  assign \$733  = \$signal$285  >= ins[61:48];
+  assign \$734  = \$733  & \$signal$287 ;
+  assign \$735  = \$signal$284  + 1'h1;
+  assign \$736  = \$signal$286  + ins[61:48];
+  assign \$737  = ~ rd_busy;
+  assign \$738  = ~ wr_busy;
+  assign \$739  = \$737  & \$738 ;
+  assign \$740  = ~ \$signal$108 ;
+  assign \$741  = \$signal$103  & \$740 ;
+  always @(posedge clk)
+    \$signal$119  <= \$742 ;
+  always @(posedge clk)
+    host_size <= \$743 ;
+  always @(posedge clk)
+    rsel <= \$744 ;
+  always @(posedge clk)
+    l0_acc <= \$745 ;
+  always @(posedge clk)
+    l0_x <= \$746 ;
+  always @(posedge clk)
+    l0_y <= \$747 ;
+  always @(posedge clk)
+    l1_acc <= \$748 ;
+  always @(posedge clk)
+    l1_x <= \$749 ;
+  always @(posedge clk)
+    l1_y <= \$750 ;
+  always @(posedge clk)
+    l2_acc <= \$751 ;
+  always @(posedge clk)
+    l2_x <= \$752 ;
+  always @(posedge clk)
+    l2_y <= \$753 ;
+  always @(posedge clk)
+    l3_acc <= \$754 ;
+  always @(posedge clk)
+    l3_x <= \$755 ;
+  always @(posedge clk)
+    l3_y <= \$756 ;
+  always @(posedge clk)
+    l4_acc <= \$757 ;
+  always @(posedge clk)
+    l4_x <= \$758 ;
+  always @(posedge clk)
+    l4_y <= \$759 ;
+  always @(posedge clk)
+    lh_acc <= \$760 ;
+  always @(posedge clk)
+    lh_x <= \$761 ;
+  always @(posedge clk)
+    lh_y <= \$762 ;
+  always @(posedge clk)
+    \$signal$142  <= \$763 ;
+  always @(posedge clk)
+    \$signal$146  <= \$764 ;
+  always @(posedge clk)
+    host_ok <= \$765 ;
+  always @(posedge clk)
+    decode_q <= \$766 ;
+  always @(posedge clk)
+    \$signal$156  <= \$767 ;
+  always @(posedge clk)
+    \$signal$169  <= \$768 ;
+  always @(posedge clk)
+    i__payload <= \$769 ;
+  always @(posedge clk)
+    b_word <= \$770 ;
+  always @(posedge clk)
+    \$signal$155  <= \$771 ;
+  always @(posedge clk)
+    \$signal$298  <= \$772 ;
+  always @(posedge clk)
+    rem0 <= \$773 ;
+  always @(posedge clk)
+    \$signal$151  <= \$774 ;
+  always @(posedge clk)
+    \$signal$153  <= \$775 ;
+  always @(posedge clk)
+    rem1 <= \$776 ;
+  always @(posedge clk)
+    \$signal$306  <= \$777 ;
+  always @(posedge clk)
+    \$signal$308  <= \$778 ;
+  always @(posedge clk)
+    rem2 <= \$779 ;
+  always @(posedge clk)
+    \$signal$312  <= \$780 ;
+  always @(posedge clk)
+    \$signal$314  <= \$781 ;
+  always @(posedge clk)
+    \$signal$300  <= \$782 ;
+  always @(posedge clk)
+    op <= \$783 ;
+  always @(posedge clk)
+    \$signal$316  <= \$784 ;
+  always @(posedge clk)
+    gm_cap_lane <= \$785 ;
+  always @(posedge clk)
+    gm_lane <= \$786 ;
+  always @(posedge clk)
+    \$signal$216  <= \$787 ;
+  always @(posedge clk)
+    a_in__payload <= \$788 ;
+  always @(posedge clk)
+    a_in__valid <= \$789 ;
+  always @(posedge clk)
+    \$signal$319  <= \$790 ;
+  always @(posedge clk)
+    gm_wstart <= \$791 ;
+  always @(posedge clk)
+    \$signal$215  <= \$792 ;
+  always @(posedge clk)
+    gm_afeed_done <= \$793 ;
+  always @(posedge clk)
+    gc_lane <= \$794 ;
+  always @(posedge clk)
+    \$signal$219  <= \$795 ;
+  always @(posedge clk)
+    gc_last <= \$796 ;
+  always @(posedge clk)
+    \$signal$322  <= \$797 ;
+  always @(posedge clk)
+    gc_wstart <= \$798 ;
+  always @(posedge clk)
+    \$signal$321  <= \$799 ;
+  always @(posedge clk)
+    \$signal$118  <= \$800 ;
+  always @(posedge clk)
+    busy_dma <= \$801 ;
+  always @(posedge clk)
+    busy_gemm <= \$802 ;
+  always @(posedge clk)
+    busy_act <= \$803 ;
+  always @(posedge clk)
+    busy_route <= \$804 ;
+  always @(posedge clk)
+    busy_vector <= \$805 ;
+  always @(posedge clk)
+    busy_move <= \$806 ;
+  always @(posedge clk)
+    \$signal$277  <= \$807 ;
+  always @(posedge clk)
+    rd1_q <= \$808 ;
+  always @(posedge clk)
+    \$signal$108  <= \$809 ;
+  always @(posedge clk)
+    \$signal$109  <= \$810 ;
+  always @(posedge clk)
+    err <= \$811 ;
+  always @(posedge clk)
+    pc <= \$812 ;
+  always @(posedge clk)
+    \$signal$121  <= \$813 ;
+  always @(posedge clk)
+    \$signal$140  <= \$814 ;
+  always @(posedge clk)
+    exp_active <= \$815 ;
+  always @(posedge clk)
+    \$signal$143  <= \$816 ;
+  always @(posedge clk)
+    ctrl_state <= \$817 ;
+  always @(posedge clk)
+    stop_code <= \$818 ;
+  always @(posedge clk)
+    cur_unit <= \$819 ;
+  always @(posedge clk)
+    ins <= \$820 ;
+  always @(posedge clk)
+    ph2 <= \$821 ;
+  always @(posedge clk)
+    settle <= \$822 ;
+  always @(posedge clk)
+    \$signal$178  <= \$823 ;
+  always @(posedge clk)
+    \$signal$160  <= \$824 ;
+  always @(posedge clk)
+    shift <= \$825 ;
+  always @(posedge clk)
+    cnt0 <= \$826 ;
+  always @(posedge clk)
+    cnt1 <= \$827 ;
+  always @(posedge clk)
+    sa0 <= \$828 ;
+  always @(posedge clk)
+    sa1 <= \$829 ;
+  always @(posedge clk)
+    sa2 <= \$830 ;
+  always @(posedge clk)
+    sb0 <= \$831 ;
+  always @(posedge clk)
+    sb1 <= \$832 ;
+  always @(posedge clk)
+    sb2 <= \$833 ;
+  always @(posedge clk)
+    el_i <= \$834 ;
+  always @(posedge clk)
+    \$signal$250  <= \$835 ;
+  always @(posedge clk)
+    ld_e <= \$836 ;
+  always @(posedge clk)
+    \$signal$253  <= \$837 ;
+  always @(posedge clk)
+    \$signal$254  <= \$838 ;
+  always @(posedge clk)
+    \$signal$255  <= \$839 ;
+  always @(posedge clk)
+    wr_data__payload <= \$840 ;
+  always @(posedge clk)
+    \$signal$257  <= \$841 ;
+  always @(posedge clk)
+    \$signal$281  <= \$842 ;
+  always @(posedge clk)
+    \$signal$278  <= \$843 ;
+  always @(posedge clk)
+    \$signal$284  <= \$844 ;
+  always @(posedge clk)
+    \$signal$286  <= \$845 ;
+  always @(posedge clk)
+    \$signal$144  <= \$846 ;
+  always @(posedge clk)
+    scores_len <= \$847 ;
+  always @(posedge clk)
+    \$signal$251  <= \$848 ;
+  always @(posedge clk)
+    \$signal$332  <= \$849 ;
+  always @(posedge clk)
+    \$signal$335  <= \$850 ;
+  always @(posedge clk)
+    \$signal$266  <= \$851 ;
+  always @(posedge clk)
+    rt_lane <= \$852 ;
+  always @(posedge clk)
+    \$signal$262  <= \$853 ;
+  always @(posedge clk)
+    \$signal$265  <= \$854 ;
+  always @(posedge clk)
+    \$signal$273  <= \$855 ;
+  always @(posedge clk)
+    \$signal$263  <= \$856 ;
+  always @(posedge clk)
+    \$signal$336  <= \$857 ;
+  always @(posedge clk)
+    \$signal$337  <= \$858 ;
+  always @(posedge clk)
+    rt_s <= \$859 ;
+  always @(posedge clk)
+    \$signal$271  <= \$860 ;
+  always @(posedge clk)
+    rt_wphase <= \$861 ;
+  always @(posedge clk)
+    \$signal$339  <= \$862 ;
+  always @(posedge clk)
+    rt_word <= \$863 ;
+  always @(posedge clk)
+    \$signal$275  <= \$864 ;
+  always @(posedge clk)
+    \$signal$276  <= \$865 ;
+  always @(posedge clk)
+    \$signal$280  <= \$866 ;
+  always @(posedge clk)
+    \$signal$343  <= \$867 ;
+  always @(posedge clk)
+    \$signal$279  <= \$868 ;
+  always @(posedge clk)
+    \$signal$282  <= \$869 ;
+  always @(posedge clk)
+    \$signal$283  <= \$870 ;
+  always @(posedge clk)
+    \$signal$246  <= \$871 ;
+  always @(posedge clk)
+    \$signal$130  <= \$872 ;
+  always @(posedge clk)
+    \$signal$139  <= \$873 ;
+  always @(posedge clk)
+    \$signal$285  <= \$874 ;
+  always @(posedge clk)
+    \$signal$287  <= \$875 ;
+  always @(posedge clk)
+    \$signal$288  <= \$876 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -10488,117 +10515,104 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$5  = ! wr_addr;
   assign \$6  = wr_en & \$5 ;
   assign load_clear = \$6  & wr_data[2];
-  assign \$7  = s_axil__araddr - 19'h40000;
-  assign \$8  = ~ \$signal$108 ;
-  assign \$9  = | err;
-  assign \$10  = \$signal$109  | \$9 ;
-  assign irq = \$8  & \$10 ;
-  assign \$11  = wr_addr >= 20'h80000;
-  assign \$12  = wr_en & \$11 ;
-  assign \$13  = ~ \$signal$108 ;
-  assign \$14  = \$12  & \$13 ;
-  assign \$15  = wr_addr[19:5] - 15'h4000;
-  assign \$16  = $signed(\$15 ) < $signed(8'h40);
-  assign \$17  = \$14  & \$16 ;
-  assign \$18  = wr_addr[19:5] - 15'h4000;
-  assign \$19  = 1'h1 << wr_addr[4:2];
-  assign \$21  = { 1'h0, \$signal$108  } | \$20 ;
-  assign \$22  = | err;
-  assign \$24  = { 2'h0, \$21  } | \$23 ;
-  assign \$26  = { 19'h00000, \$24  } | \$25 ;
-  assign \$28  = { 21'h000000, \$26  } | \$27 ;
-  assign \$29  = rsel >= 19'h40000;
-  assign \$30  = rsel < 19'h40020;
+  assign \$7  = ~ \$signal$108 ;
+  assign \$8  = | err;
+  assign \$9  = \$signal$109  | \$8 ;
+  assign irq = \$7  & \$9 ;
+  assign \$10  = wr_addr[19:11] == 9'h100;
+  assign \$11  = wr_addr[10:5] < 7'h40;
+  assign \$12  = \$10  & \$11 ;
+  assign \$13  = wr_en & \$12 ;
+  assign \$14  = ~ \$signal$108 ;
+  assign \$15  = \$13  & \$14 ;
+  assign \$16  = 1'h1 << wr_addr[4:2];
+  assign \$18  = { 1'h0, \$signal$108  } | \$17 ;
+  assign \$19  = | err;
+  assign \$21  = { 2'h0, \$18  } | \$20 ;
+  assign \$23  = { 19'h00000, \$21  } | \$22 ;
+  assign \$25  = { 21'h000000, \$23  } | \$24 ;
+  assign \$26  = rsel[19:5] == 14'h2000;
+  assign \$27  = rsel[4:0] < 6'h20;
+  assign \$28  = \$26  & \$27 ;
+  assign \$29  = ! rsel[1:0];
+  assign \$30  = ! rsel[19:7];
   assign \$31  = \$29  & \$30 ;
   assign m_eff = \$33  ? \$signal$130  : ins[31:16];
-  assign \$34  = ins[243:238] == 3'h4;
-  assign \$35  = ins[243:238] == 2'h2;
-  assign \$36  = \$35  ? 1'h1 : 1'h0;
-  assign \$37  = \$34  ? 2'h2 : { 1'h0, \$36  };
-  assign \$38  = l0_acc << \$37 ;
-  assign \$39  = \$38  + 3'h4;
-  assign \$40  = \$39  - 1'h1;
-  assign \$43  = \$42  + 3'h4;
-  assign \$44  = \$43  - 1'h1;
-  assign \$46  = m_eff >= 1'h1;
-  assign \$47  = ins[63:48] == 4'h8;
+  assign \$34  = m_eff >= 1'h1;
+  assign \$35  = ins[63:48] == 4'h8;
+  assign \$36  = \$34  & \$35 ;
+  assign \$37  = ins[47:32] == 2'h2;
+  assign \$38  = \$36  & \$37 ;
+  assign \$39  = ins[63:48] == 4'h8;
+  assign \$40  = m_eff >= 1'h1;
+  assign \$41  = ins[63:48] >= 1'h1;
+  assign \$42  = \$40  & \$41 ;
+  assign \$43  = ins[47:32] >= 1'h1;
+  assign \$44  = \$42  & \$43 ;
+  assign \$45  = ! ins[243:238];
+  assign \$46  = ins[243:238] >= 2'h2;
+  assign \$47  = ins[243:238] <= 6'h20;
   assign \$48  = \$46  & \$47 ;
-  assign \$49  = ins[47:32] == 2'h2;
-  assign \$50  = \$48  & \$49 ;
-  assign \$51  = ins[63:48] == 4'h8;
-  assign \$52  = m_eff >= 1'h1;
-  assign \$53  = ins[63:48] >= 1'h1;
+  assign \$49  = \$45  | \$48 ;
+  assign \$50  = \$44  & \$49 ;
+  assign \$51  = ins[47:32] <= 7'h40;
+  assign \$52  = \$50  & \$51 ;
+  assign \$53  = l2_acc <= 9'h100;
   assign \$54  = \$52  & \$53 ;
-  assign \$55  = ins[47:32] >= 1'h1;
+  assign \$55  = l3_acc <= 9'h100;
   assign \$56  = \$54  & \$55 ;
-  assign \$57  = ! ins[243:238];
-  assign \$58  = ins[243:238] >= 2'h2;
-  assign \$59  = ins[243:238] <= 6'h20;
-  assign \$60  = \$58  & \$59 ;
-  assign \$61  = \$57  | \$60 ;
-  assign \$62  = \$56  & \$61 ;
-  assign \$63  = ins[47:32] <= 7'h40;
+  assign \$57  = m_eff >= 1'h1;
+  assign \$58  = ins[63:48] >= 1'h1;
+  assign \$59  = \$57  & \$58 ;
+  assign \$60  = ins[47:32] >= 1'h1;
+  assign \$61  = \$59  & \$60 ;
+  assign \$62  = m_eff >= 1'h1;
+  assign \$63  = ins[63:48] >= 1'h1;
   assign \$64  = \$62  & \$63 ;
-  assign \$65  = l2_acc <= 9'h100;
-  assign \$66  = \$64  & \$65 ;
-  assign \$67  = l3_acc <= 9'h100;
-  assign \$68  = \$66  & \$67 ;
-  assign \$69  = m_eff >= 1'h1;
-  assign \$70  = ins[63:48] >= 1'h1;
-  assign \$71  = \$69  & \$70 ;
-  assign \$72  = ins[47:32] >= 1'h1;
+  assign \$65  = ins[243:238] == 1'h1;
+  assign \$66  = ins[243:238] == 2'h2;
+  assign \$67  = \$65  | \$66 ;
+  assign \$68  = ins[243:238] == 3'h4;
+  assign \$69  = \$67  | \$68 ;
+  assign \$70  = \$64  & \$69 ;
+  assign \$71  = m_eff >= 1'h1;
+  assign \$72  = ins[63:48] >= 1'h1;
   assign \$73  = \$71  & \$72 ;
-  assign \$74  = m_eff >= 1'h1;
-  assign \$75  = ins[63:48] >= 1'h1;
-  assign \$76  = \$74  & \$75 ;
-  assign \$77  = ins[243:238] == 1'h1;
-  assign \$78  = ins[243:238] == 2'h2;
-  assign \$79  = \$77  | \$78 ;
-  assign \$80  = ins[243:238] == 3'h4;
-  assign \$81  = \$79  | \$80 ;
-  assign \$82  = \$76  & \$81 ;
+  assign \$74  = ins[243:238] == 3'h4;
+  assign \$75  = \$73  & \$74 ;
+  assign \$76  = m_eff >= 1'h1;
+  assign \$77  = ins[63:48] >= 1'h1;
+  assign \$78  = \$76  & \$77 ;
+  assign \$79  = ins[243:238] >= 2'h2;
+  assign \$80  = \$78  & \$79 ;
+  assign \$81  = ins[243:238] <= 6'h20;
+  assign \$82  = \$80  & \$81 ;
   assign \$83  = m_eff >= 1'h1;
   assign \$84  = ins[63:48] >= 1'h1;
   assign \$85  = \$83  & \$84 ;
-  assign \$86  = ins[243:238] == 3'h4;
-  assign \$87  = \$85  & \$86 ;
-  assign \$88  = m_eff >= 1'h1;
-  assign \$89  = ins[63:48] >= 1'h1;
-  assign \$90  = \$88  & \$89 ;
-  assign \$91  = ins[243:238] >= 2'h2;
-  assign \$92  = \$90  & \$91 ;
-  assign \$93  = ins[243:238] <= 6'h20;
-  assign \$94  = \$92  & \$93 ;
-  assign \$95  = m_eff >= 1'h1;
-  assign \$96  = ins[63:48] >= 1'h1;
-  assign \$97  = \$95  & \$96 ;
-  assign \$100  = \$99  ? 5'h10 : 5'h00;
-  assign \$103  = \$102  ? 5'h10 : 5'h00;
-  assign \$104  = | ins[63:62];
-  assign \$105  = \$104  ? 14'h3fff : ins[61:48];
-  assign \$106  = l1_acc + 5'h10;
-  assign \$108  = l1_acc + 5'h10;
+  assign \$88  = \$87  ? 5'h10 : 5'h00;
+  assign \$91  = \$90  ? 5'h10 : 5'h00;
+  assign \$92  = | ins[63:62];
+  assign \$93  = \$92  ? 14'h3fff : ins[61:48];
+  assign \$94  = l1_acc + 5'h10;
+  assign \$96  = l1_acc + 5'h10;
+  assign \$97  = \$95  ? 14'h3fff : \$96 [13:0];
+  assign \$99  = | \$98 [16:14];
+  assign \$101  = \$99  ? 14'h3fff : \$100 [13:0];
+  assign \$102  = \$signal$139  + \$signal$130 ;
+  assign \$103  = | \$102 [16:14];
+  assign \$104  = \$signal$139  + \$signal$130 ;
+  assign \$105  = \$103  ? 14'h3fff : \$104 [13:0];
+  assign \$106  = \$signal$139  + \$signal$130 ;
+  assign \$107  = | \$106 [16:14];
+  assign \$108  = \$signal$139  + \$signal$130 ;
   assign \$109  = \$107  ? 14'h3fff : \$108 [13:0];
-  assign \$111  = | \$110 [16:14];
-  assign \$113  = \$111  ? 14'h3fff : \$112 [13:0];
-  assign \$114  = \$signal$141  + \$signal$130 ;
-  assign \$115  = | \$114 [16:14];
-  assign \$116  = \$signal$141  + \$signal$130 ;
-  assign \$117  = \$115  ? 14'h3fff : \$116 [13:0];
-  assign \$118  = \$signal$141  + \$signal$130 ;
-  assign \$119  = | \$118 [16:14];
-  assign \$120  = \$signal$141  + \$signal$130 ;
-  assign \$121  = \$119  ? 14'h3fff : \$120 [13:0];
-  assign \$122  = ins[5:0] <= 4'he;
-  assign \$123  = ~ \$122 ;
-  assign \$125  = | \$124 ;
-  assign \$126  = ins[5:0] == 4'ha;
-  assign \$127  = \$125  | \$126 ;
-  assign \$128  = ins[5:0] == 4'hb;
-  assign \$129  = \$127  | \$128 ;
-  assign \$130  = ins[5:0] == 4'h9;
-  assign \$131  = \$129  | \$130 ;
-  assign \$132  = ~ \$signal$142 ;
+  assign \$110  = ins[5:0] <= 4'he;
+  assign \$111  = ~ \$110 ;
+  assign \$113  = | \$112 ;
+  assign \$114  = ins[5:0] == 4'ha;
+  assign \$115  = \$113  | \$114 ;
+  assign \$116  = ins[5:0] == 4'hb;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -10618,9 +10632,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1146$0 (\$861 ),
-    .\port$1164$0 (\$862 ),
-    .\port$3263$0 (beats),
+    .\port$1166$0 (\$877 ),
+    .\port$1184$0 (\$878 ),
+    .\port$3572$2 (l4_acc[17:2]),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -10649,7 +10663,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
     .\done$79 (done),
-    .error(\error$335 ),
+    .error(\error$330 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -10682,8 +10696,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clk(clk),
     .i__payload(i__payload),
     .i__valid(i__valid),
-    .mult(\$signal$162 [15:0]),
-    .o__payload(\o__payload$207 ),
+    .mult(\$signal$160 [15:0]),
+    .o__payload(\o__payload$205 ),
     .o__valid(o__valid),
     .rst(rst),
     .shift(shift),
@@ -10694,7 +10708,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bias_we(bias_we),
     .clk(clk),
     .emitting(routes__valid),
-    .lh__addr(\$7 [4:2]),
+    .lh__addr(s_axil__araddr[4:2]),
     .load_clear(load_clear),
     .load_data(load_data),
     .routes__payload(routes__payload),
@@ -10707,33 +10721,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .wp__data(bias_data)
   );
   \nanokpu_kpu.sigmoid  sigmoid (
-    .advance(\i__ready$189 ),
+    .advance(\i__ready$187 ),
     .clk(clk),
-    .i__valid(\i__valid$188 ),
+    .i__valid(\i__valid$186 ),
     .o__payload(o__payload),
-    .o__valid(\o__valid$190 ),
+    .o__valid(\o__valid$188 ),
     .rst(rst),
     .unit_rst(unit_rst),
     .x(i__payload[15:0])
   );
   \nanokpu_kpu.situ  situ (
-    .advance(\i__ready$193 ),
+    .advance(\i__ready$191 ),
     .clk(clk),
-    .i__payload(\i__payload$168 ),
-    .i__valid(\i__valid$192 ),
-    .o__payload(\o__payload$195 ),
-    .o__valid(\o__valid$194 ),
+    .i__payload(\i__payload$166 ),
+    .i__valid(\i__valid$190 ),
+    .o__payload(\o__payload$193 ),
+    .o__valid(\o__valid$192 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$170 ),
-    .i__ready(\i__ready$197 ),
-    .i__valid(\i__valid$196 ),
+    .i__payload(\i__payload$168 ),
+    .i__ready(\i__ready$195 ),
+    .i__valid(\i__valid$194 ),
     .n(ins[63:48]),
-    .o__payload(\o__payload$199 ),
-    .o__valid(\o__valid$198 ),
+    .o__payload(\o__payload$197 ),
+    .o__valid(\o__valid$196 ),
     .op(op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -10741,50 +10755,49 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     im_wr__addr = 6'h00;
-    if (\$17 ) begin
-      im_wr__addr = \$18 [5:0];
+    if (\$15 ) begin
+      im_wr__addr = wr_addr[10:5];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     im_wr__en = 8'h00;
-    if (\$17 ) begin
-      im_wr__en = \$19 [7:0];
+    if (\$15 ) begin
+      im_wr__en = \$16 [7:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     rd_data = 32'd0;
-    (* full_case = 32'd1 *)
-    if (\$31 ) begin
+    if (\$28 ) begin
       rd_data = { 16'h0000, load_data };
-    end else begin
-      casez (rsel)
-        20'h00004:
-            rd_data = \$28 [31:0];
-        20'h00008:
+    end else if (\$31 ) begin
+      casez (rsel[6:2])
+        5'h01:
+            rd_data = \$25 [31:0];
+        5'h02:
             rd_data = \$signal$118 ;
-        20'h0000c:
+        5'h03:
             rd_data = \$signal$119 ;
-        20'h00010:
+        5'h04:
             rd_data = host_size;
-        20'h00014:
+        5'h05:
             rd_data = \$signal$121 ;
-        20'h00040:
+        5'h10:
             rd_data = 32'd8192;
-        20'h00044:
+        5'h11:
             rd_data = 32'd64;
-        20'h00020:
+        5'h08:
             rd_data = busy_dma;
-        20'h00024:
+        5'h09:
             rd_data = busy_gemm;
-        20'h00028:
+        5'h0a:
             rd_data = busy_act;
-        20'h0002c:
+        5'h0b:
             rd_data = busy_route;
-        20'h00030:
+        5'h0c:
             rd_data = busy_vector;
-        20'h00034:
+        5'h0d:
             rd_data = busy_move;
       endcase
     end
@@ -10793,34 +10806,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     (* full_case = 32'd1 *)
     casez (ins[5:0])
-      6'h03:
-          beats = { 1'h0, l4_acc };
-      6'h01:
-          beats = \$41 [14:0];
-      default:
-          beats = \$45 [14:0];
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    casez (ins[5:0])
       6'h08:
-          shape_ok = \$50 ;
+          shape_ok = \$38 ;
       6'h09:
-          shape_ok = \$51 ;
+          shape_ok = \$39 ;
       6'h03:
-          shape_ok = \$68 ;
+          shape_ok = \$56 ;
       6'h0c:
-          shape_ok = \$73 ;
+          shape_ok = \$61 ;
       6'h01:
-          shape_ok = \$82 ;
+          shape_ok = \$70 ;
       6'h02:
-          shape_ok = \$87 ;
+          shape_ok = \$75 ;
       6'h04:
-          shape_ok = \$94 ;
+          shape_ok = \$82 ;
       default:
-          shape_ok = \$97 ;
+          shape_ok = \$85 ;
     endcase
   end
   always @* begin
@@ -10840,7 +10841,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       6'h06, 6'h07:
           wc = l0_acc;
       6'h08:
-          wc = \$109 ;
+          wc = \$97 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -10853,76 +10854,76 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$signal$136  = 14'h0000;
+    casez (ins[5:0])
+      6'h01:
+          /* empty */;
+      6'h02:
+          \$signal$136  = l0_acc;
+      6'h03:
+          \$signal$136  = l1_acc;
+      6'h04:
+          \$signal$136  = l0_acc;
+      6'h05, 6'h0d:
+          \$signal$136  = l0_acc;
+      6'h06, 6'h07:
+          \$signal$136  = l0_acc;
+      6'h08:
+          \$signal$136  = l0_acc;
+      6'h09:
+          \$signal$136  = \$101 ;
+      6'h0a:
+          \$signal$136  = l0_acc;
+      6'h0b:
+          \$signal$136  = l1_acc;
+      6'h0c:
+          \$signal$136  = l3_acc;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signal$138  = 14'h0000;
     casez (ins[5:0])
       6'h01:
           /* empty */;
       6'h02:
-          \$signal$138  = l0_acc;
-      6'h03:
-          \$signal$138  = l1_acc;
-      6'h04:
-          \$signal$138  = l0_acc;
-      6'h05, 6'h0d:
-          \$signal$138  = l0_acc;
-      6'h06, 6'h07:
-          \$signal$138  = l0_acc;
-      6'h08:
-          \$signal$138  = l0_acc;
-      6'h09:
-          \$signal$138  = \$113 ;
-      6'h0a:
-          \$signal$138  = l0_acc;
-      6'h0b:
-          \$signal$138  = l1_acc;
-      6'h0c:
-          \$signal$138  = l3_acc;
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$140  = 14'h0000;
-    casez (ins[5:0])
-      6'h01:
-          /* empty */;
-      6'h02:
           /* empty */;
       6'h03:
-          \$signal$140  = { 9'h000, \$100  };
+          \$signal$138  = { 9'h000, \$88  };
       6'h04:
-          \$signal$140  = { 9'h000, \$103  };
+          \$signal$138  = { 9'h000, \$91  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
-          \$signal$140  = l0_acc;
+          \$signal$138  = l0_acc;
       6'h08:
-          \$signal$140  = \$105 ;
+          \$signal$138  = \$93 ;
       6'h09:
           /* empty */;
       6'h0a:
-          \$signal$140  = \$117 ;
+          \$signal$138  = \$105 ;
       6'h0b:
-          \$signal$140  = \$121 ;
+          \$signal$138  = \$109 ;
       6'h0c:
-          \$signal$140  = l1_acc;
+          \$signal$138  = l1_acc;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     decode_err = 8'h00;
-    if (\$123 ) begin
+    if (\$111 ) begin
       decode_err = 8'h01;
-    end else if (\$142 ) begin
+    end else if (\$130 ) begin
       decode_err = 8'h08;
-    end else if (\$148 ) begin
+    end else if (\$136 ) begin
       decode_err = 8'h06;
-    end else if (\$151 ) begin
+    end else if (\$139 ) begin
       decode_err = 8'h03;
-    end else if (\$160 ) begin
+    end else if (\$148 ) begin
       decode_err = 8'h04;
-    end else if (\$163 ) begin
+    end else if (\$151 ) begin
       decode_err = 8'h02;
-    end else if (\$170 ) begin
+    end else if (\$158 ) begin
       decode_err = 8'h05;
     end
   end
@@ -10930,11 +10931,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__addr  = 13'h0000;
     if (eng_run) begin
-      \$signature__addr  = \$signal$153 ;
+      \$signature__addr  = \$signal$151 ;
     end
     if (gemm_run) begin
-      if (\$231 ) begin
-        \$signature__addr  = \$signal$218 ;
+      if (\$220 ) begin
+        \$signature__addr  = \$signal$216 ;
       end
     end
     casez (ctrl_state)
@@ -10947,7 +10948,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr  = \$244 [12:0];
+          \$signature__addr  = \$233 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10961,17 +10962,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$265 ) begin
-            \$signature__addr  = \$266 [12:0];
+          if (\$254 ) begin
+            \$signature__addr  = \$255 [12:0];
           end
       5'h0a:
-          \$signature__addr  = \$267 [12:0];
+          \$signature__addr  = \$256 [12:0];
       5'h10:
-          if (\$274 ) begin
-            \$signature__addr  = \$275 [12:0];
+          if (\$263 ) begin
+            \$signature__addr  = \$264 [12:0];
           end
       5'h11:
-          \$signature__addr  = \$283 [12:0];
+          \$signature__addr  = \$272 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -10984,9 +10985,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$294 ) begin
+          if (\$283 ) begin
           end else begin
-            \$signature__addr  = \$295 [12:0];
+            \$signature__addr  = \$284 [12:0];
           end
       5'h17:
           /* empty */;
@@ -10994,26 +10995,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$298 ) begin
+          if (\$287 ) begin
           end else begin
-            \$signature__addr  = \$300 [12:0];
+            \$signature__addr  = \$289 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$301 ) begin
-          end else if (\$302 ) begin
-            \$signature__addr  = \$306 [12:0];
+          if (\$290 ) begin
+          end else if (\$291 ) begin
+            \$signature__addr  = \$295 [12:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__addr$154  = 13'h0000;
+    \$signature__addr$152  = 13'h0000;
     if (eng_run) begin
-      \$signature__addr$154  = \$signal$155 ;
+      \$signature__addr$152  = \$signal$153 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -11025,7 +11026,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr$154  = \$247 [12:0];
+          \$signature__addr$152  = \$236 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -11058,9 +11059,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$294 ) begin
+          if (\$283 ) begin
           end else begin
-            \$signature__addr$154  = \$297 [12:0];
+            \$signature__addr$152  = \$286 [12:0];
           end
     endcase
   end
@@ -11068,10 +11069,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     \$signature__en  = 1'h1;
     if (eng_run) begin
-      \$signature__en  = \$174 ;
+      \$signature__en  = \$162 ;
     end
     if (gemm_run) begin
-      if (\$231 ) begin
+      if (\$220 ) begin
         \$signature__en  = 1'h1;
       end
     end
@@ -11099,13 +11100,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$265 ) begin
+          if (\$254 ) begin
             \$signature__en  = 1'h1;
           end
       5'h0a:
           \$signature__en  = 1'h1;
       5'h10:
-          if (\$274 ) begin
+          if (\$263 ) begin
             \$signature__en  = 1'h1;
           end
       5'h11:
@@ -11122,7 +11123,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$294 ) begin
+          if (\$283 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -11132,7 +11133,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$298 ) begin
+          if (\$287 ) begin
           end else begin
             \$signature__en  = 1'h1;
           end
@@ -11141,17 +11142,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$301 ) begin
-          end else if (\$302 ) begin
+          if (\$290 ) begin
+          end else if (\$291 ) begin
             \$signature__en  = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en$160  = 1'h1;
+    \$signature__en$158  = 1'h1;
     if (eng_run) begin
-      \$signature__en$160  = \$178 ;
+      \$signature__en$158  = \$166 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -11163,7 +11164,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__en$160  = 1'h1;
+          \$signature__en$158  = 1'h1;
       5'h0d:
           /* empty */;
       5'h06:
@@ -11196,9 +11197,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$294 ) begin
+          if (\$283 ) begin
           end else begin
-            \$signature__en$160  = 1'h1;
+            \$signature__en$158  = 1'h1;
           end
     endcase
   end
@@ -11208,7 +11209,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
-            i__valid = \$signal$158 ;
+            i__valid = \$signal$156 ;
       endcase
     end
   end
@@ -11221,28 +11222,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h04:
             eng_ready = i__ready;
         6'h05:
-            eng_ready = \i__ready$189 ;
+            eng_ready = \i__ready$187 ;
         6'h06:
-            eng_ready = \i__ready$193 ;
+            eng_ready = \i__ready$191 ;
         default:
-            eng_ready = \i__ready$197 ;
+            eng_ready = \i__ready$195 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$185  = 1'h0;
+    \$signal$183  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
         6'h04:
-            \$signal$185  = o__valid;
+            \$signal$183  = o__valid;
         6'h05:
-            \$signal$185  = \o__valid$190 ;
+            \$signal$183  = \o__valid$188 ;
         6'h06:
-            \$signal$185  = \o__valid$194 ;
+            \$signal$183  = \o__valid$192 ;
         default:
-            \$signal$185  = \o__valid$198 ;
+            \$signal$183  = \o__valid$196 ;
       endcase
     end
   end
@@ -11257,27 +11258,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             out_data = { 19'h00000, o__payload };
         6'h06:
-            out_data = { \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195 [15], \o__payload$195  };
+            out_data = { \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193 [15], \o__payload$193  };
         default:
-            out_data = { \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199 [15], \o__payload$199  };
+            out_data = { \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197 [15], \o__payload$197  };
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$188  = 1'h0;
+    \i__valid$186  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
             /* empty */;
         6'h05:
-            \i__valid$188  = \$signal$158 ;
+            \i__valid$186  = \$signal$156 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$192  = 1'h0;
+    \i__valid$190  = 1'h0;
     if (eng_run) begin
       casez (ins[5:0])
         6'h04:
@@ -11285,13 +11286,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h05:
             /* empty */;
         6'h06:
-            \i__valid$192  = \$signal$158 ;
+            \i__valid$190  = \$signal$156 ;
       endcase
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \i__valid$196  = 1'h0;
+    \i__valid$194  = 1'h0;
     if (eng_run) begin
       (* full_case = 32'd1 *)
       casez (ins[5:0])
@@ -11302,7 +11303,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
         6'h06:
             /* empty */;
         default:
-            \i__valid$196  = \$signal$158 ;
+            \i__valid$194  = \$signal$156 ;
       endcase
     end
   end
@@ -11341,7 +11342,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$249 ;
+          rd_data__ready = \$238 ;
     endcase
   end
   always @* begin
@@ -11349,7 +11350,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__addr = 13'h0000;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__addr = \$signal$221 ;
+        wr__addr = \$signal$219 ;
       end
     end
     casez (ctrl_state)
@@ -11366,8 +11367,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$185 ) begin
-            wr__addr = \$248 [12:0];
+          if (\$signal$183 ) begin
+            wr__addr = \$237 [12:0];
           end
       5'h07:
           /* empty */;
@@ -11376,9 +11377,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
-            if (\$250 ) begin
-              wr__addr = \$251 [12:0];
+          if (\$signal$250 ) begin
+            if (\$239 ) begin
+              wr__addr = \$240 [12:0];
             end
           end
       5'h09:
@@ -11387,11 +11388,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$278 ) begin
-            wr__addr = \$279 [12:0];
+          if (\$267 ) begin
+            wr__addr = \$268 [12:0];
           end
-          if (\$280 ) begin
-            wr__addr = \$282 [12:0];
+          if (\$269 ) begin
+            wr__addr = \$271 [12:0];
           end
         end
       5'h11:
@@ -11399,19 +11400,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$284 ) begin
-            wr__addr = \$285 [12:0];
+          if (\$273 ) begin
+            wr__addr = \$274 [12:0];
           end
       5'h14:
-          wr__addr = \$287 [12:0];
+          wr__addr = \$276 [12:0];
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$289 ) begin
+          if (\$278 ) begin
           end else begin
-            wr__addr = \$290 [12:0];
+            wr__addr = \$279 [12:0];
           end
       5'h16:
-          wr__addr = \$293 [12:0];
+          wr__addr = \$282 [12:0];
       5'h0b:
           /* empty */;
       5'h17:
@@ -11425,8 +11426,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$290 ) begin
-            wr__addr = \$signal$291 ;
+          if (\$signal$287 ) begin
+            wr__addr = \$signal$288 ;
           end
     endcase
   end
@@ -11435,7 +11436,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = \$234 ;
+        wr__data = \$223 ;
       end
     end
     casez (ctrl_state)
@@ -11452,7 +11453,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$185 ) begin
+          if (\$signal$183 ) begin
             wr__data = out_data;
           end
       5'h07:
@@ -11462,9 +11463,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
-            if (\$250 ) begin
-              wr__data = \$258 ;
+          if (\$signal$250 ) begin
+            if (\$239 ) begin
+              wr__data = \$247 ;
             end
           end
       5'h09:
@@ -11473,11 +11474,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$278 ) begin
-            wr__data = { 29'h00000000, \$signal$278 [2:0] };
+          if (\$267 ) begin
+            wr__data = { 29'h00000000, \$signal$275 [2:0] };
           end
-          if (\$280 ) begin
-            wr__data = { 16'h0000, \$signal$278 [18:3] };
+          if (\$269 ) begin
+            wr__data = { 16'h0000, \$signal$275 [18:3] };
           end
         end
       5'h11:
@@ -11485,19 +11486,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$284 ) begin
-            wr__data = { 18'h00000, \$signal$279  };
+          if (\$273 ) begin
+            wr__data = { 18'h00000, \$signal$276  };
           end
       5'h14:
-          wr__data = { 18'h00000, \$signal$283  };
+          wr__data = { 18'h00000, \$signal$280  };
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$289 ) begin
+          if (\$278 ) begin
           end else begin
-            wr__data = { \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291 [14], \$291  };
+            wr__data = { \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280  };
           end
       5'h16:
-          wr__data = { 18'h00000, \$signal$285  };
+          wr__data = { 18'h00000, \$signal$282  };
       5'h0b:
           /* empty */;
       5'h17:
@@ -11511,7 +11512,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$290 ) begin
+          if (\$signal$287 ) begin
             wr__data = \$signature__data ;
           end
     endcase
@@ -11538,7 +11539,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$185 ) begin
+          if (\$signal$183 ) begin
             wr__en = 1'h1;
           end
       5'h07:
@@ -11548,8 +11549,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$251 ) begin
-            if (\$250 ) begin
+          if (\$signal$250 ) begin
+            if (\$239 ) begin
               wr__en = 1'h1;
             end
           end
@@ -11559,10 +11560,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$278 ) begin
+          if (\$267 ) begin
             wr__en = 1'h1;
           end
-          if (\$280 ) begin
+          if (\$269 ) begin
             wr__en = 1'h1;
           end
         end
@@ -11571,14 +11572,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$284 ) begin
+          if (\$273 ) begin
             wr__en = 1'h1;
           end
       5'h14:
           wr__en = 1'h1;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$289 ) begin
+          if (\$278 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -11597,7 +11598,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$signal$290 ) begin
+          if (\$signal$287 ) begin
             wr__en = 1'h1;
           end
     endcase
@@ -11615,29 +11616,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__addr$234  = 6'h00;
+    \$signature__addr$233  = 6'h00;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$235 ) begin
+          if (\$224 ) begin
           end else begin
-            \$signature__addr$234  = pc[5:0];
+            \$signature__addr$233  = pc[5:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en$235  = 1'h1;
+    \$signature__en$234  = 1'h1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$235 ) begin
+          if (\$224 ) begin
           end else begin
-            \$signature__en$235  = 1'h1;
+            \$signature__en$234  = 1'h1;
           end
     endcase
   end
@@ -11653,11 +11654,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$236 ) begin
-          end else if (\$239 ) begin
-          end else if (\$240 ) begin
-          end else if (\$241 ) begin
-          end else if (\$242 ) begin
+          if (\$225 ) begin
+          end else if (\$228 ) begin
+          end else if (\$229 ) begin
+          end else if (\$230 ) begin
+          end else if (\$231 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11700,11 +11701,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$236 ) begin
-          end else if (\$239 ) begin
-          end else if (\$240 ) begin
-          end else if (\$241 ) begin
-          end else if (\$242 ) begin
+          if (\$225 ) begin
+          end else if (\$228 ) begin
+          end else if (\$229 ) begin
+          end else if (\$230 ) begin
+          end else if (\$231 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11820,7 +11821,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          wr_data__valid = \$signal$255 ;
+          wr_data__valid = \$signal$253 ;
     endcase
   end
   always @* begin
@@ -11852,7 +11853,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$268 ) begin
+          if (\$257 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -11886,8 +11887,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$268 ) begin
-            bias_addr = \$269 [2:0];
+          if (\$257 ) begin
+            bias_addr = \$258 [2:0];
           end
     endcase
   end
@@ -11920,7 +11921,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$268 ) begin
+          if (\$257 ) begin
             bias_data = \$signature__data [15:0];
           end
     endcase
@@ -11990,7 +11991,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          scores__valid = \$signal$265 ;
+          scores__valid = \$signal$262 ;
     endcase
   end
   always @* begin
@@ -12024,7 +12025,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$276 ;
+          routes__ready = \$265 ;
     endcase
   end
   always @* begin
@@ -12150,46 +12151,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$308 ) begin
+    if (\$297 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$722  = \$signal$119 ;
-    if (\$338 ) begin
-      \$722  = wr_data;
+    \$742  = \$signal$119 ;
+    if (\$327 ) begin
+      \$742  = wr_data;
     end
     if (rst) begin
-      \$722  = 32'd0;
+      \$742  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$723  = host_size;
-    if (\$340 ) begin
-      \$723  = wr_data;
+    \$743  = host_size;
+    if (\$329 ) begin
+      \$743  = wr_data;
     end
     if (rst) begin
-      \$723  = 32'd0;
+      \$743  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$724  = rsel;
+    \$744  = rsel;
     if (rd_en) begin
-      \$724  = s_axil__araddr;
+      \$744  = s_axil__araddr;
     end
     if (rst) begin
-      \$724  = 20'h00000;
+      \$744  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$725  = l0_acc;
-    if (\$341 ) begin
+    \$745  = l0_acc;
+    if (\$330 ) begin
       if (l0_y[0]) begin
-        \$725  = \$345 ;
+        \$745  = \$334 ;
       end
     end
     casez (ctrl_state)
@@ -12198,20 +12199,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$331 [5:0])
+          casez (\$signature__data$327 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$725  = 14'h0000;
+                \$745  = 14'h0000;
           endcase
     endcase
     if (rst) begin
-      \$725  = 14'h0000;
+      \$745  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$726  = l0_x;
-    if (\$341 ) begin
-      \$726  = \$347 [13:0];
+    \$746  = l0_x;
+    if (\$330 ) begin
+      \$746  = \$336 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12219,20 +12220,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$331 [5:0])
+          casez (\$signature__data$327 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$726  = \$520 ;
+                \$746  = \$510 ;
           endcase
     endcase
     if (rst) begin
-      \$726  = 14'h0000;
+      \$746  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$727  = l0_y;
-    if (\$341 ) begin
-      \$727  = \$348 ;
+    \$747  = l0_y;
+    if (\$330 ) begin
+      \$747  = \$337 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12241,23 +12242,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$727  = 16'h0000;
-          casez (\$signature__data$331 [5:0])
+          \$747  = 16'h0000;
+          casez (\$signature__data$327 [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$727  = \$518 ;
+                \$747  = \$508 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$727  = 16'h0000;
+      \$747  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$728  = l1_acc;
-    if (\$349 ) begin
+    \$748  = l1_acc;
+    if (\$338 ) begin
       if (l1_y[0]) begin
-        \$728  = \$353 ;
+        \$748  = \$342 ;
       end
     end
     casez (ctrl_state)
@@ -12266,26 +12267,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$331 [5:0])
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$728  = 14'h0000;
+                \$748  = 14'h0000;
             6'h0c:
-                \$728  = 14'h0000;
+                \$748  = 14'h0000;
             6'h0a, 6'h0b:
-                \$728  = 14'h0000;
+                \$748  = 14'h0000;
             6'h08:
-                \$728  = 14'h0000;
+                \$748  = 14'h0000;
           endcase
     endcase
     if (rst) begin
-      \$728  = 14'h0000;
+      \$748  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$729  = l1_x;
-    if (\$349 ) begin
-      \$729  = \$355 [13:0];
+    \$749  = l1_x;
+    if (\$338 ) begin
+      \$749  = \$344 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12293,26 +12294,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$331 [5:0])
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$729  = \$525 ;
+                \$749  = \$515 ;
             6'h0c:
-                \$729  = \$551 ;
+                \$749  = \$543 ;
             6'h0a, 6'h0b:
-                \$729  = \$555 ;
+                \$749  = \$547 ;
             6'h08:
-                \$729  = 14'h0008;
+                \$749  = 14'h0008;
           endcase
     endcase
     if (rst) begin
-      \$729  = 14'h0000;
+      \$749  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$730  = l1_y;
-    if (\$349 ) begin
-      \$730  = \$356 ;
+    \$750  = l1_y;
+    if (\$338 ) begin
+      \$750  = \$345 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12321,29 +12322,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$730  = 16'h0000;
-          casez (\$signature__data$331 [5:0])
+          \$750  = 16'h0000;
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$730  = \$523 ;
+                \$750  = \$513 ;
             6'h0c:
-                \$730  = \$549 ;
+                \$750  = \$541 ;
             6'h0a, 6'h0b:
-                \$730  = \$signal$130 ;
+                \$750  = \$signal$130 ;
             6'h08:
-                \$730  = \$558 ;
+                \$750  = \$550 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$730  = 16'h0000;
+      \$750  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$731  = l2_acc;
-    if (\$357 ) begin
+    \$751  = l2_acc;
+    if (\$346 ) begin
       if (l2_y[0]) begin
-        \$731  = \$361 ;
+        \$751  = \$350 ;
       end
     end
     casez (ctrl_state)
@@ -12352,11 +12353,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$331 [5:0])
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$731  = 14'h0000;
+                \$751  = 14'h0000;
             6'h0c:
-                \$731  = 14'h0000;
+                \$751  = 14'h0000;
           endcase
       5'h04:
           /* empty */;
@@ -12404,20 +12405,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$705 ) begin
+          if (\$725 ) begin
           end else begin
-            \$731  = 14'h0000;
+            \$751  = 14'h0000;
           end
     endcase
     if (rst) begin
-      \$731  = 14'h0000;
+      \$751  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$732  = l2_x;
-    if (\$357 ) begin
-      \$732  = \$363 [13:0];
+    \$752  = l2_x;
+    if (\$346 ) begin
+      \$752  = \$352 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12425,11 +12426,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$331 [5:0])
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$732  = \$533 ;
+                \$752  = \$523 ;
             6'h0c:
-                \$732  = \$553 ;
+                \$752  = \$545 ;
           endcase
       5'h04:
           /* empty */;
@@ -12477,20 +12478,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$705 ) begin
+          if (\$725 ) begin
           end else begin
-            \$732  = ins[61:48];
+            \$752  = ins[61:48];
           end
     endcase
     if (rst) begin
-      \$732  = 14'h0000;
+      \$752  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$733  = l2_y;
-    if (\$357 ) begin
-      \$733  = \$364 ;
+    \$753  = l2_y;
+    if (\$346 ) begin
+      \$753  = \$353 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12499,12 +12500,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$733  = 16'h0000;
-          casez (\$signature__data$331 [5:0])
+          \$753  = 16'h0000;
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$733  = \$531 [15:0];
+                \$753  = \$521 [15:0];
             6'h0c:
-                \$733  = \$signature__data$331 [47:32];
+                \$753  = \$signature__data$327 [47:32];
           endcase
         end
       5'h04:
@@ -12553,21 +12554,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$705 ) begin
+          if (\$725 ) begin
           end else begin
-            \$733  = \$signal$280 [15:0];
+            \$753  = \$signal$277 [15:0];
           end
     endcase
     if (rst) begin
-      \$733  = 16'h0000;
+      \$753  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$734  = l3_acc;
-    if (\$365 ) begin
+    \$754  = l3_acc;
+    if (\$354 ) begin
       if (l3_y[0]) begin
-        \$734  = \$369 ;
+        \$754  = \$358 ;
       end
     end
     casez (ctrl_state)
@@ -12576,25 +12577,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$331 [5:0])
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$734  = 14'h0000;
+                \$754  = 14'h0000;
           endcase
       5'h04:
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-            \$734  = 14'h0000;
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+            \$754  = 14'h0000;
           end
     endcase
     if (rst) begin
-      \$734  = 14'h0000;
+      \$754  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$735  = l3_x;
-    if (\$365 ) begin
-      \$735  = \$371 [13:0];
+    \$755  = l3_x;
+    if (\$354 ) begin
+      \$755  = \$360 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12602,25 +12603,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$331 [5:0])
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$735  = \$541 ;
+                \$755  = \$531 ;
           endcase
       5'h04:
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-            \$735  = l2_acc;
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+            \$755  = l2_acc;
           end
     endcase
     if (rst) begin
-      \$735  = 14'h0000;
+      \$755  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$736  = l3_y;
-    if (\$365 ) begin
-      \$736  = \$372 ;
+    \$756  = l3_y;
+    if (\$354 ) begin
+      \$756  = \$361 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12629,28 +12630,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$736  = 16'h0000;
-          casez (\$signature__data$331 [5:0])
+          \$756  = 16'h0000;
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$736  = \$539 [15:0];
+                \$756  = \$529 [15:0];
           endcase
         end
       5'h04:
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-            \$736  = m_eff;
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+            \$756  = m_eff;
           end
     endcase
     if (rst) begin
-      \$736  = 16'h0000;
+      \$756  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$737  = l4_acc;
-    if (\$373 ) begin
+    \$757  = l4_acc;
+    if (\$362 ) begin
       if (l4_y[0]) begin
-        \$737  = \$377 ;
+        \$757  = \$366 ;
       end
     end
     casez (ctrl_state)
@@ -12659,20 +12660,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$331 [5:0])
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$737  = 14'h0000;
+                \$757  = 18'h00000;
+            6'h0c:
+                /* empty */;
+            6'h0a, 6'h0b:
+                /* empty */;
+            6'h08:
+                /* empty */;
+            6'h01:
+                \$757  = 18'h00003;
+            6'h02:
+                \$757  = 18'h00003;
           endcase
     endcase
     if (rst) begin
-      \$737  = 14'h0000;
+      \$757  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$738  = l4_x;
-    if (\$373 ) begin
-      \$738  = \$379 [13:0];
+    \$758  = l4_x;
+    if (\$362 ) begin
+      \$758  = \$368 [17:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12680,20 +12691,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$331 [5:0])
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$738  = \$546 ;
+                \$758  = \$538 ;
+            6'h0c:
+                /* empty */;
+            6'h0a, 6'h0b:
+                /* empty */;
+            6'h08:
+                /* empty */;
+            6'h01:
+                \$758  = \$565 ;
+            6'h02:
+                \$758  = \$572 ;
           endcase
     endcase
     if (rst) begin
-      \$738  = 14'h0000;
+      \$758  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$739  = l4_y;
-    if (\$373 ) begin
-      \$739  = \$380 ;
+    \$759  = l4_y;
+    if (\$362 ) begin
+      \$759  = \$369 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12702,23 +12723,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$739  = 16'h0000;
-          casez (\$signature__data$331 [5:0])
+          \$759  = 16'h0000;
+          casez (\$signature__data$327 [5:0])
             6'h03:
-                \$739  = \$544 [15:0];
+                \$759  = \$534 [15:0];
+            6'h0c:
+                /* empty */;
+            6'h0a, 6'h0b:
+                /* empty */;
+            6'h08:
+                /* empty */;
+            6'h01:
+                \$759  = \$553 ;
+            6'h02:
+                \$759  = \$568 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$739  = 16'h0000;
+      \$759  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$740  = lh_acc;
-    if (\$381 ) begin
+    \$760  = lh_acc;
+    if (\$370 ) begin
       if (lh_y[0]) begin
-        \$740  = \$385 ;
+        \$760  = \$374 ;
       end
     end
     casez (ctrl_state)
@@ -12727,17 +12758,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$740  = { 1'h0, \$signature__data$331 [167:136] };
+          \$760  = { 1'h0, \$signature__data$327 [167:136] };
     endcase
     if (rst) begin
-      \$740  = 33'h000000000;
+      \$760  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$741  = lh_x;
-    if (\$381 ) begin
-      \$741  = \$387 [32:0];
+    \$761  = lh_x;
+    if (\$370 ) begin
+      \$761  = \$376 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12745,17 +12776,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$741  = { 1'h0, \$signature__data$331 [199:168] };
+          \$761  = { 1'h0, \$signature__data$327 [199:168] };
     endcase
     if (rst) begin
-      \$741  = 33'h000000000;
+      \$761  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = lh_y;
-    if (\$381 ) begin
-      \$742  = \$388 ;
+    \$762  = lh_y;
+    if (\$370 ) begin
+      \$762  = \$377 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12763,704 +12794,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$742  = { 12'h000, \$561  };
+          \$762  = { 12'h000, \$575  };
     endcase
     if (rst) begin
-      \$742  = 16'h0000;
+      \$762  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = shape_ok;
+    \$763  = shape_ok;
     if (rst) begin
-      \$743  = 1'h0;
+      \$763  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = \$408 ;
-    if (rst) begin
-      \$744  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = \$416 ;
-    if (rst) begin
-      \$745  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = decode_err;
-    if (rst) begin
-      \$746  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = \$signal$158 ;
-    if (eng_run) begin
-      if (\$418 ) begin
-        \$747  = \$signal$157 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$747  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$747  = 1'h0;
-              6'h0c:
-                  \$747  = 1'h0;
-              6'h0d:
-                  \$747  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$747  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = \$signal$171 ;
-    if (eng_run) begin
-      if (\$418 ) begin
-        \$748  = \$signal$301 ;
-      end
-    end
-    if (rst) begin
-      \$748  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = i__payload;
-    if (eng_run) begin
-      if (\$418 ) begin
-        \$749  = \$signature__data ;
-      end
-    end
-    if (rst) begin
-      \$749  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = b_word;
-    if (eng_run) begin
-      if (\$418 ) begin
-        \$750  = \$signature__data$302 ;
-      end
-    end
-    if (rst) begin
-      \$750  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = \$signal$157 ;
-    if (eng_run) begin
-      if (\$422 ) begin
-        \$751  = \$signal$303 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$751  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$751  = 1'h0;
-              6'h0c:
-                  \$751  = 1'h0;
-              6'h0d:
-                  \$751  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$751  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = \$signal$301 ;
-    if (eng_run) begin
-      if (\$422 ) begin
-        \$752  = \$424 ;
-      end
-    end
-    if (rst) begin
-      \$752  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = idx0;
-    if (eng_run) begin
-      if (\$422 ) begin
-        if (\$signal$303 ) begin
-          (* full_case = 32'd1 *)
-          if (\$426 ) begin
-            \$753  = \$429 [13:0];
-          end else if (\$428 ) begin
-            \$753  = 14'h0000;
-          end else begin
-            \$753  = 14'h0000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$753  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$753  = 14'h0000;
-              6'h0c:
-                  \$753  = 14'h0000;
-              6'h0d:
-                  \$753  = 14'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$753  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = \$signal$153 ;
-    if (eng_run) begin
-      if (\$422 ) begin
-        if (\$signal$303 ) begin
-          (* full_case = 32'd1 *)
-          if (\$426 ) begin
-            \$754  = \$430 [12:0];
-          end else if (\$428 ) begin
-            \$754  = \$434 [12:0];
-          end else begin
-            \$754  = \$440 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$754  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$754  = ins[76:64];
-              6'h0c:
-                  \$754  = ins[76:64];
-              6'h0d:
-                  \$754  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$754  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = \$signal$155 ;
-    if (eng_run) begin
-      if (\$422 ) begin
-        if (\$signal$303 ) begin
-          (* full_case = 32'd1 *)
-          if (\$426 ) begin
-            \$755  = \$431 [12:0];
-          end else if (\$428 ) begin
-            \$755  = \$436 [12:0];
-          end else begin
-            \$755  = \$443 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$755  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$755  = ins[100:88];
-              6'h0c:
-                  \$755  = ins[100:88];
-              6'h0d:
-                  \$755  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$755  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = idx1;
-    if (eng_run) begin
-      if (\$422 ) begin
-        if (\$signal$303 ) begin
-          (* full_case = 32'd1 *)
-          if (\$426 ) begin
-          end else if (\$428 ) begin
-            \$756  = \$432 [13:0];
-          end else begin
-            \$756  = 14'h0000;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$756  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$756  = 14'h0000;
-              6'h0c:
-                  \$756  = 14'h0000;
-              6'h0d:
-                  \$756  = 14'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$756  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = \$signal$310 ;
-    if (eng_run) begin
-      if (\$422 ) begin
-        if (\$signal$303 ) begin
-          (* full_case = 32'd1 *)
-          if (\$426 ) begin
-          end else if (\$428 ) begin
-            \$757  = \$433 [12:0];
-          end else begin
-            \$757  = \$439 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$757  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$757  = ins[76:64];
-              6'h0c:
-                  \$757  = ins[76:64];
-              6'h0d:
-                  \$757  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$757  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = \$signal$312 ;
-    if (eng_run) begin
-      if (\$422 ) begin
-        if (\$signal$303 ) begin
-          (* full_case = 32'd1 *)
-          if (\$426 ) begin
-          end else if (\$428 ) begin
-            \$758  = \$435 [12:0];
-          end else begin
-            \$758  = \$442 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$758  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$758  = ins[100:88];
-              6'h0c:
-                  \$758  = ins[100:88];
-              6'h0d:
-                  \$758  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$758  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = idx2;
-    if (eng_run) begin
-      if (\$422 ) begin
-        if (\$signal$303 ) begin
-          (* full_case = 32'd1 *)
-          if (\$426 ) begin
-          end else if (\$428 ) begin
-          end else begin
-            \$759  = \$437 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$759  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$759  = 14'h0000;
-              6'h0c:
-                  \$759  = 14'h0000;
-              6'h0d:
-                  \$759  = 14'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$759  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = \$signal$315 ;
-    if (eng_run) begin
-      if (\$422 ) begin
-        if (\$signal$303 ) begin
-          (* full_case = 32'd1 *)
-          if (\$426 ) begin
-          end else if (\$428 ) begin
-          end else begin
-            \$760  = \$438 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$760  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$760  = ins[76:64];
-              6'h0c:
-                  \$760  = ins[76:64];
-              6'h0d:
-                  \$760  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$760  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = \$signal$317 ;
-    if (eng_run) begin
-      if (\$422 ) begin
-        if (\$signal$303 ) begin
-          (* full_case = 32'd1 *)
-          if (\$426 ) begin
-          end else if (\$428 ) begin
-          end else begin
-            \$761  = \$441 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$761  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$761  = ins[100:88];
-              6'h0c:
-                  \$761  = ins[100:88];
-              6'h0d:
-                  \$761  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$761  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = \$signal$303 ;
-    if (eng_run) begin
-      if (\$422 ) begin
-        if (\$signal$303 ) begin
-          (* full_case = 32'd1 *)
-          if (\$426 ) begin
-          end else if (\$428 ) begin
-          end else begin
-            if (\$445 ) begin
-              \$762  = 1'h0;
-            end
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$762  = 1'h1;
-              6'h05, 6'h06, 6'h07:
-                  \$762  = 1'h1;
-              6'h0c:
-                  \$762  = 1'h1;
-              6'h0d:
-                  \$762  = 1'h1;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$762  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = \$449 ;
-    if (rst) begin
-      \$763  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = \$signal$320 ;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$458 ) begin
-        \$764  = 1'h1;
-      end else begin
-        \$764  = 1'h0;
-      end
-    end
+    \$764  = \$397 ;
     if (rst) begin
       \$764  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$458 ) begin
-        \$765  = gm_lane[1:0];
-      end
-    end
+    \$765  = \$404 ;
     if (rst) begin
-      \$765  = 2'h0;
+      \$765  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = gm_lane;
-    if (gemm_run) begin
-      if (\$458 ) begin
-        \$766  = \$459 [2:0];
-      end
-      if (\$469 ) begin
-        \$766  = 3'h0;
+    \$766  = decode_err;
+    if (rst) begin
+      \$766  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$767  = \$signal$156 ;
+    if (eng_run) begin
+      if (\$406 ) begin
+        \$767  = \$signal$155 ;
       end
     end
     casez (ctrl_state)
@@ -13472,46 +12845,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$767  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$767  = 1'h0;
               6'h0c:
-                  /* empty */;
+                  \$767  = 1'h0;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$766  = 3'h0;
+                  \$767  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$766  = 3'h0;
+      \$767  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = \$signal$218 ;
-    if (gemm_run) begin
-      if (\$458 ) begin
-        \$767  = \$460 [12:0];
+    \$768  = \$signal$169 ;
+    if (eng_run) begin
+      if (\$406 ) begin
+        \$768  = \$signal$298 ;
       end
-      if (\$469 ) begin
-        (* full_case = 32'd1 *)
-        if (\$471 ) begin
-          \$767  = \$474 [12:0];
-        end else begin
-          \$767  = \$479 [12:0];
-        end
+    end
+    if (rst) begin
+      \$768  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$769  = i__payload;
+    if (eng_run) begin
+      if (\$406 ) begin
+        \$769  = \$signature__data ;
+      end
+    end
+    if (rst) begin
+      \$769  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$770  = b_word;
+    if (eng_run) begin
+      if (\$406 ) begin
+        \$770  = \$signature__data$299 ;
+      end
+    end
+    if (rst) begin
+      \$770  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$771  = \$signal$155 ;
+    if (eng_run) begin
+      if (\$410 ) begin
+        \$771  = \$signal$300 ;
       end
     end
     casez (ctrl_state)
@@ -13523,287 +12922,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$771  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$771  = 1'h0;
               6'h0c:
-                  /* empty */;
+                  \$771  = 1'h0;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$767  = ins[76:64];
+                  \$771  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$767  = 13'h0000;
+      \$771  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = a_in__payload;
-    if (gemm_run) begin
-      if (\$signal$320 ) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$768 [7:0] = \$signature__data [7:0];
-          2'h1:
-              \$768 [15:8] = \$signature__data [7:0];
-          2'h2:
-              \$768 [23:16] = \$signature__data [7:0];
-          2'h3:
-              \$768 [31:24] = \$signature__data [7:0];
-        endcase
-      end
-      if (\$469 ) begin
-        \$768  = 32'd0;
+    \$772  = \$signal$298 ;
+    if (eng_run) begin
+      if (\$410 ) begin
+        \$772  = \$411 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
+    if (rst) begin
+      \$772  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$773  = rem0;
+    if (eng_run) begin
+      if (\$410 ) begin
+        if (\$signal$300 ) begin
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$412 ) begin
+            \$773  = \$414 [13:0];
+          end else if (\$413 ) begin
+            \$773  = cnt0;
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$768  = 32'd0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$768  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = a_in__valid;
-    if (gemm_run) begin
-      if (\$468 ) begin
-        \$769  = 1'h1;
-      end
-      if (\$469 ) begin
-        \$769  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$769  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$769  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = \$signal$323 ;
-    if (gemm_run) begin
-      if (\$469 ) begin
-        (* full_case = 32'd1 *)
-        if (\$471 ) begin
-          \$770  = \$472 [6:0];
-        end else begin
-          \$770  = 7'h00;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$770  = 7'h00;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$770  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = gm_wstart;
-    if (gemm_run) begin
-      if (\$469 ) begin
-        (* full_case = 32'd1 *)
-        if (\$471 ) begin
-          \$771  = \$473 [12:0];
-        end else begin
-          \$771  = \$477 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$771  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$771  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = \$signal$217 ;
-    if (gemm_run) begin
-      if (\$469 ) begin
-        (* full_case = 32'd1 *)
-        if (\$471 ) begin
-        end else begin
-          \$772  = \$475 [14:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$772  = 15'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$772  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = gm_afeed_done;
-    if (gemm_run) begin
-      if (\$469 ) begin
-        (* full_case = 32'd1 *)
-        if (\$471 ) begin
-        end else begin
-          if (\$481 ) begin
-            \$773  = 1'h1;
+            \$773  = cnt0;
           end
         end
       end
@@ -13817,90 +12984,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$773  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$773  = l0_acc;
               6'h0c:
-                  /* empty */;
+                  \$773  = ins[45:32];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$773  = 1'h0;
+                  \$773  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$773  = 1'h0;
+      \$773  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = gc_lane;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$774  = \$482 [1:0];
-        if (gc_last) begin
-          \$774  = 2'h0;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
+    \$774  = \$signal$151 ;
+    if (eng_run) begin
+      if (\$410 ) begin
+        if (\$signal$300 ) begin
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$412 ) begin
+            \$774  = \$415 [12:0];
+          end else if (\$413 ) begin
+            \$774  = \$419 [12:0];
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$774  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$774  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = \$signal$221 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$775  = \$483 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$492 ) begin
-            \$775  = \$495 [12:0];
-          end else begin
-            \$775  = \$502 [12:0];
+            \$774  = \$425 [12:0];
           end
         end
       end
@@ -13914,25 +13034,73 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$774  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$774  = ins[76:64];
               6'h0c:
-                  /* empty */;
+                  \$774  = ins[76:64];
               6'h0d:
+                  \$774  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$774  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$775  = \$signal$153 ;
+    if (eng_run) begin
+      if (\$410 ) begin
+        if (\$signal$300 ) begin
+          (* full_case = 32'd1 *)
+          if (\$412 ) begin
+            \$775  = \$416 [12:0];
+          end else if (\$413 ) begin
+            \$775  = \$421 [12:0];
+          end else begin
+            \$775  = \$428 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
                   /* empty */;
-              6'h03:
-                  \$775  = ins[124:112];
+              6'h04:
+                  \$775  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$775  = ins[100:88];
+              6'h0c:
+                  \$775  = ins[100:88];
+              6'h0d:
+                  \$775  = ins[100:88];
             endcase
           end
     endcase
@@ -13942,16 +13110,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = gc_last;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$776  = \$490 ;
-        if (gc_last) begin
+    \$776  = rem1;
+    if (eng_run) begin
+      if (\$410 ) begin
+        if (\$signal$300 ) begin
           (* full_case = 32'd1 *)
-          if (\$492 ) begin
-            \$776  = \$499 ;
+          if (\$412 ) begin
+          end else if (\$413 ) begin
+            \$776  = \$417 [13:0];
           end else begin
-            \$776  = \$507 ;
+            \$776  = cnt1;
           end
         end
       end
@@ -13965,43 +13133,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$776  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$776  = 14'h0001;
               6'h0c:
-                  /* empty */;
+                  \$776  = ins[61:48];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$776  = \$586 ;
+                  \$776  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$776  = 1'h0;
+      \$776  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = \$signal$326 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
+    \$777  = \$signal$306 ;
+    if (eng_run) begin
+      if (\$410 ) begin
+        if (\$signal$300 ) begin
           (* full_case = 32'd1 *)
-          if (\$492 ) begin
-            \$777  = \$493 [8:0];
+          if (\$412 ) begin
+          end else if (\$413 ) begin
+            \$777  = \$418 [12:0];
           end else begin
-            \$777  = 9'h000;
+            \$777  = \$424 [12:0];
           end
         end
       end
@@ -14015,43 +13182,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$777  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$777  = ins[76:64];
               6'h0c:
-                  /* empty */;
+                  \$777  = ins[76:64];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$777  = 9'h000;
+                  \$777  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$777  = 9'h000;
+      \$777  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = gc_wstart;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
+    \$778  = \$signal$308 ;
+    if (eng_run) begin
+      if (\$410 ) begin
+        if (\$signal$300 ) begin
           (* full_case = 32'd1 *)
-          if (\$492 ) begin
-            \$778  = \$494 [12:0];
+          if (\$412 ) begin
+          end else if (\$413 ) begin
+            \$778  = \$420 [12:0];
           end else begin
-            \$778  = \$501 [12:0];
+            \$778  = \$427 [12:0];
           end
         end
       end
@@ -14065,25 +13231,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$778  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$778  = ins[100:88];
               6'h0c:
-                  /* empty */;
+                  \$778  = ins[100:88];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$778  = ins[124:112];
+                  \$778  = ins[100:88];
             endcase
           end
     endcase
@@ -14093,14 +13257,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = \$signal$325 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
+    \$779  = rem2;
+    if (eng_run) begin
+      if (\$410 ) begin
+        if (\$signal$300 ) begin
           (* full_case = 32'd1 *)
-          if (\$492 ) begin
+          if (\$412 ) begin
+          end else if (\$413 ) begin
           end else begin
-            \$779  = \$500 [14:0];
+            \$779  = \$422 [13:0];
           end
         end
       end
@@ -14114,11 +13279,235 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$779  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$779  = 14'h0001;
+              6'h0c:
+                  \$779  = m_eff[13:0];
+              6'h0d:
+                  \$779  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$779  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$780  = \$signal$312 ;
+    if (eng_run) begin
+      if (\$410 ) begin
+        if (\$signal$300 ) begin
+          (* full_case = 32'd1 *)
+          if (\$412 ) begin
+          end else if (\$413 ) begin
+          end else begin
+            \$780  = \$423 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$780  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$780  = ins[76:64];
+              6'h0c:
+                  \$780  = ins[76:64];
+              6'h0d:
+                  \$780  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$780  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$781  = \$signal$314 ;
+    if (eng_run) begin
+      if (\$410 ) begin
+        if (\$signal$300 ) begin
+          (* full_case = 32'd1 *)
+          if (\$412 ) begin
+          end else if (\$413 ) begin
+          end else begin
+            \$781  = \$426 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$781  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$781  = ins[100:88];
+              6'h0c:
+                  \$781  = ins[100:88];
+              6'h0d:
+                  \$781  = ins[100:88];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$781  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$782  = \$signal$300 ;
+    if (eng_run) begin
+      if (\$410 ) begin
+        if (\$signal$300 ) begin
+          (* full_case = 32'd1 *)
+          if (\$412 ) begin
+          end else if (\$413 ) begin
+          end else begin
+            if (\$430 ) begin
+              \$782  = 1'h0;
+            end
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$782  = 1'h1;
+              6'h05, 6'h06, 6'h07:
+                  \$782  = 1'h1;
+              6'h0c:
+                  \$782  = 1'h1;
+              6'h0d:
+                  \$782  = 1'h1;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$782  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$783  = \$434 ;
+    if (rst) begin
+      \$783  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$784  = \$signal$316 ;
+    if (gemm_run) begin
+      (* full_case = 32'd1 *)
+      if (\$444 ) begin
+        \$784  = 1'h1;
+      end else begin
+        \$784  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$784  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$785  = gm_cap_lane;
+    if (gemm_run) begin
+      if (\$444 ) begin
+        \$785  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$785  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$786  = gm_lane;
+    if (gemm_run) begin
+      if (\$444 ) begin
+        \$786  = \$445 [2:0];
+      end
+      if (\$456 ) begin
+        \$786  = 3'h0;
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -14132,219 +13521,161 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
               6'h0d:
                   /* empty */;
               6'h03:
-                  \$779  = 15'h0000;
+                  \$786  = 3'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$779  = 15'h0000;
+      \$786  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = \$signal$118 ;
-    if (\$signal$108 ) begin
-      \$780  = \$508 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$780  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$780  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = busy_dma;
-    if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$781  = \$509 [31:0];
+    \$787  = \$signal$216 ;
+    if (gemm_run) begin
+      if (\$444 ) begin
+        \$787  = \$446 [12:0];
+      end
+      if (\$456 ) begin
+        (* full_case = 32'd1 *)
+        if (\$458 ) begin
+          \$787  = \$461 [12:0];
+        end else begin
+          \$787  = \$466 [12:0];
+        end
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$781  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$787  = ins[76:64];
+            endcase
           end
     endcase
     if (rst) begin
-      \$781  = 32'd0;
+      \$787  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = busy_gemm;
-    if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$782  = \$510 [31:0];
+    \$788  = a_in__payload;
+    if (gemm_run) begin
+      if (\$signal$316 ) begin
+        (* full_case = 32'd1 *)
+        casez (gm_cap_lane)
+          2'h0:
+              \$788 [7:0] = \$signature__data [7:0];
+          2'h1:
+              \$788 [15:8] = \$signature__data [7:0];
+          2'h2:
+              \$788 [23:16] = \$signature__data [7:0];
+          2'h3:
+              \$788 [31:24] = \$signature__data [7:0];
+        endcase
+      end
+      if (\$456 ) begin
+        \$788  = 32'd0;
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$782  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$788  = 32'd0;
+            endcase
           end
     endcase
-    if (rst) begin
-      \$782  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = busy_act;
-    if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$783  = \$511 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$783  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$783  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = busy_route;
-    if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$784  = \$512 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$784  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$784  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = busy_vector;
-    if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$785  = \$513 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$785  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$785  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = busy_move;
-    if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$786  = \$514 [31:0];
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$786  = 32'd0;
-          end
-    endcase
-    if (rst) begin
-      \$786  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = \$signature__data ;
-    if (rst) begin
-      \$787  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = \$signature__data$302 ;
     if (rst) begin
       \$788  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = \$signal$108 ;
+    \$789  = a_in__valid;
+    if (gemm_run) begin
+      if (\$455 ) begin
+        \$789  = 1'h1;
+      end
+      if (\$456 ) begin
+        \$789  = 1'h0;
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$789  = 1'h1;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-            \$789  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$719 ) begin
-            \$789  = 1'h0;
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$789  = 1'h0;
+            endcase
           end
     endcase
     if (rst) begin
@@ -14353,475 +13684,338 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = \$signal$109 ;
+    \$790  = \$signal$319 ;
+    if (gemm_run) begin
+      if (\$456 ) begin
+        (* full_case = 32'd1 *)
+        if (\$458 ) begin
+          \$790  = \$459 [6:0];
+        end else begin
+          \$790  = 7'h00;
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$790  = 1'h0;
-          end
-      5'h01:
           /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-            \$790  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$719 ) begin
-            \$790  = 1'h0;
-          end
-    endcase
-    if (\$721 ) begin
-      \$790  = 1'h0;
-    end
-    if (rst) begin
-      \$790  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$791  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$719 ) begin
-            \$791  = stop_code;
-          end
-    endcase
-    if (\$721 ) begin
-      \$791  = 8'h00;
-    end
-    if (rst) begin
-      \$791  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$792  = 13'h0000;
-          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$792  = { 1'h0, ins[255:244] };
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$790  = 7'h00;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$597 ) begin
-            \$792  = \$599 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$601 ) begin
-            \$792  = \$602 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$619 ) begin
-            \$792  = \$620 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$647 ) begin
-            \$792  = \$648 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$689 ) begin
-          end else begin
-            \$792  = \$690 [12:0];
-          end
-      5'h0b:
-          if (\$692 ) begin
-            \$792  = { 1'h0, ins[255:244] };
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$695 ) begin
-            \$792  = \$698 [12:0];
-          end
-      5'h0c:
-          if (\$700 ) begin
-            \$792  = \$701 [12:0];
           end
     endcase
     if (rst) begin
-      \$792  = 13'h0000;
+      \$790  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = \$signal$121 ;
+    \$791  = gm_wstart;
+    if (gemm_run) begin
+      if (\$456 ) begin
+        (* full_case = 32'd1 *)
+        if (\$458 ) begin
+          \$791  = \$460 [12:0];
+        end else begin
+          \$791  = \$464 [12:0];
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$793  = 32'd0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$793  = \$582 [31:0];
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$791  = ins[76:64];
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$597 ) begin
-            \$793  = \$600 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$601 ) begin
-            \$793  = \$603 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$619 ) begin
-            \$793  = \$621 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$647 ) begin
-            \$793  = \$649 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$689 ) begin
-          end else begin
-            \$793  = \$691 [31:0];
-          end
-      5'h0b:
-          if (\$692 ) begin
-            \$793  = \$693 [31:0];
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$695 ) begin
-            \$793  = \$699 [31:0];
-          end
-      5'h0c:
-          if (\$700 ) begin
-            \$793  = \$702 [31:0];
-          end
     endcase
     if (rst) begin
-      \$793  = 32'd0;
+      \$791  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = \$signal$142 ;
+    \$792  = \$signal$215 ;
+    if (gemm_run) begin
+      if (\$456 ) begin
+        (* full_case = 32'd1 *)
+        if (\$458 ) begin
+        end else begin
+          \$792  = \$462 [13:0];
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$794  = 1'h0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
           (* full_case = 32'd1 *)
-          if (\$689 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
-            \$794  = 1'h1;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$792  = m_eff[13:0];
+            endcase
           end
     endcase
     if (rst) begin
-      \$794  = 1'h0;
+      \$792  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = exp_active;
+    \$793  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$456 ) begin
+        (* full_case = 32'd1 *)
+        if (\$458 ) begin
+        end else begin
+          if (\$469 ) begin
+            \$793  = 1'h1;
+          end
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$795  = 1'h0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
           (* full_case = 32'd1 *)
-          if (\$689 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
-            \$795  = 1'h0;
-          end
-      5'h0b:
-          if (\$692 ) begin
-            \$795  = 1'h0;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$695 ) begin
-            \$795  = 1'h1;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$793  = 1'h0;
+            endcase
           end
     endcase
     if (rst) begin
-      \$795  = 1'h0;
+      \$793  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = \$signal$145 ;
+    \$794  = gc_lane;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$794  = \$470 [1:0];
+        if (gc_last) begin
+          \$794  = 2'h0;
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$796  = 1'h0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$794  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$794  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$795  = \$signal$219 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$795  = \$471 [12:0];
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$481 ) begin
+            \$795  = \$484 [12:0];
+          end else begin
+            \$795  = \$491 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h05:
+      5'h01:
           /* empty */;
-      5'h0d:
+      5'h03:
           /* empty */;
-      5'h06:
-          if (\$597 ) begin
-            if (\$598 ) begin
-              \$796  = 1'h1;
-            end
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$795  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$795  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$796  = gc_last;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$796  = \$479 ;
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$481 ) begin
+            \$796  = \$488 ;
+          end else begin
+            \$796  = \$497 ;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$796  = \$602 ;
+            endcase
           end
     endcase
     if (rst) begin
@@ -14830,836 +14024,236 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = ctrl_state;
+    \$797  = \$signal$322 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$481 ) begin
+            \$797  = \$482 [8:0];
+          end else begin
+            \$797  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$797  = 9'h000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$797  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$798  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$481 ) begin
+            \$798  = \$483 [12:0];
+          end else begin
+            \$798  = \$490 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$798  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$798  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$799  = \$signal$321 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$481 ) begin
+          end else begin
+            \$799  = \$489 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$799  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$799  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$800  = \$signal$118 ;
+    if (\$signal$108 ) begin
+      \$800  = \$498 [31:0];
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$797  = 5'h01;
-          end
-      5'h01:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$515 ) begin
-            \$797  = 5'h02;
-          end else begin
-            \$797  = 5'h03;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h03:
-        begin
-          \$797  = 5'h04;
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-            \$797  = 5'h00;
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-            \$797  = 5'h02;
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$797  = 5'h01;
-              6'h04:
-                  (* full_case = 32'd1 *)
-                  if (\$584 ) begin
-                    \$797  = 5'h05;
-                  end else begin
-                    \$797  = 5'h06;
-                  end
-              6'h05, 6'h06, 6'h07:
-                  \$797  = 5'h06;
-              6'h0c:
-                  \$797  = 5'h06;
-              6'h0d:
-                  \$797  = 5'h06;
-              6'h03:
-                  (* full_case = 32'd1 *)
-                  if (\$588 ) begin
-                    \$797  = 5'h05;
-                  end else begin
-                    \$797  = 5'h07;
-                  end
-              6'h01:
-                  \$797  = 5'h08;
-              6'h02:
-                  \$797  = 5'h09;
-              6'h08:
-                  \$797  = 5'h0a;
-              6'h09:
-                  \$797  = 5'h0b;
-              6'h0a, 6'h0b:
-                  \$797  = 5'h0c;
-            endcase
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h05:
-        begin
-          \$797  = 5'h0d;
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h0d:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$594 ) begin
-            \$797  = 5'h07;
-          end else begin
-            \$797  = 5'h06;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h06:
-        begin
-          if (\$597 ) begin
-            \$797  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h07:
-        begin
-          if (cmd__ready) begin
-            \$797  = 5'h0e;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h0e:
-        begin
-          if (error) begin
-            \$797  = 5'h02;
-          end else if (done) begin
-            (* full_case = 32'd1 *)
-            if (\error$335 ) begin
-              \$797  = 5'h02;
-            end else begin
-              \$797  = 5'h0f;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$601 ) begin
-            \$797  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$797  = 5'h02;
-          end else if (\$619 ) begin
-            \$797  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$797  = 5'h02;
-          end else if (\$647 ) begin
-            \$797  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h0a:
-        begin
-          if (\$651 ) begin
-            \$797  = 5'h10;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h10:
-        begin
-          if (\$678 ) begin
-            \$797  = 5'h11;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h11:
-        begin
-          \$797  = 5'h12;
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h12:
-        begin
-          \$797  = 5'h13;
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h13:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$679 ) begin
-            \$797  = 5'h14;
-          end else begin
-            \$797  = 5'h15;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h14:
-        begin
-          \$797  = 5'h15;
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$682 ) begin
-            \$797  = 5'h11;
-          end else begin
-            \$797  = 5'h16;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$689 ) begin
-            \$797  = 5'h11;
-          end else begin
-            \$797  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h0b:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$692 ) begin
-            \$797  = 5'h01;
-          end else begin
-            \$797  = 5'h17;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h17:
-        begin
-          \$797  = 5'h18;
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h18:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$695 ) begin
-            \$797  = 5'h01;
-          end else begin
-            \$797  = 5'h0b;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h0c:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$700 ) begin
-            \$797  = 5'h01;
-          end else begin
-            \$797  = 5'h19;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h19:
-        begin
-          \$797  = 5'h1a;
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h1a:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$705 ) begin
-            \$797  = 5'h02;
-          end else begin
-            \$797  = 5'h1b;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h1b:
-        begin
-          if (\$714 ) begin
-            \$797  = 5'h0c;
-          end
-          if (\$signal$103 ) begin
-            \$797  = 5'h02;
-          end
-        end
-      5'h02:
-          if (\$719 ) begin
-            \$797  = 5'h00;
+            \$800  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$797  = 5'h00;
+      \$800  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = stop_code;
+    \$801  = busy_dma;
+    if (\$signal$108 ) begin
+      if (cur_unit[0]) begin
+        \$801  = \$499 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$515 ) begin
-            \$798  = 8'h06;
-          end
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h04:
-        begin
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-            \$798  = decode_q;
-          end
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h06:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$798  = 8'h07;
-          end else if (done) begin
-            if (\error$335 ) begin
-              \$798  = 8'h03;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-        end
-      5'h0f:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h08:
-        begin
-          if (error) begin
-            \$798  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$798  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h15:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h16:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h0b:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h17:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h18:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h0c:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h19:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-      5'h1a:
-        begin
-          if (\$705 ) begin
-            \$798  = 8'h02;
-          end
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
-          end
-        end
-      5'h1b:
-          if (\$signal$103 ) begin
-            \$798  = 8'h00;
+          if (\$signal ) begin
+            \$801  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$798  = 8'h00;
+      \$801  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = cur_unit;
+    \$802  = busy_gemm;
+    if (\$signal$108 ) begin
+      if (cur_unit[1]) begin
+        \$802  = \$500 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$515 ) begin
-            \$799  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-            \$799  = 6'h00;
-          end else begin
-            if (\$570 ) begin
-              \$799  = 6'h01;
-            end
-            if (\$571 ) begin
-              \$799  = 6'h01;
-            end
-            if (\$572 ) begin
-              \$799  = 6'h02;
-            end
-            if (\$573 ) begin
-              \$799  = 6'h04;
-            end
-            if (\$574 ) begin
-              \$799  = 6'h04;
-            end
-            if (\$575 ) begin
-              \$799  = 6'h04;
-            end
-            if (\$576 ) begin
-              \$799  = 6'h08;
-            end
-            if (\$577 ) begin
-              \$799  = 6'h10;
-            end
-            if (\$578 ) begin
-              \$799  = 6'h10;
-            end
-            if (\$579 ) begin
-              \$799  = 6'h10;
-            end
-            if (\$580 ) begin
-              \$799  = 6'h20;
-            end
-            if (\$581 ) begin
-              \$799  = 6'h20;
-            end
-            casez (ins[5:0])
-              6'h0e:
-                  \$799  = 6'h00;
-            endcase
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h06:
-        begin
-          if (\$597 ) begin
-            \$799  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$799  = 6'h00;
-          end else if (done) begin
-            if (\error$335 ) begin
-              \$799  = 6'h00;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$601 ) begin
-            \$799  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$799  = 6'h00;
-          end else if (\$619 ) begin
-            \$799  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$799  = 6'h00;
-          end else if (\$647 ) begin
-            \$799  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h15:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$689 ) begin
-          end else begin
-            \$799  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h0b:
-        begin
-          if (\$692 ) begin
-            \$799  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h17:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h18:
-        begin
-          if (\$695 ) begin
-            \$799  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h0c:
-        begin
-          if (\$700 ) begin
-            \$799  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h19:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-      5'h1a:
-        begin
-          if (\$705 ) begin
-            \$799  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
-          end
-        end
-      5'h1b:
-          if (\$signal$103 ) begin
-            \$799  = 6'h00;
+          if (\$signal ) begin
+            \$802  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$799  = 6'h00;
+      \$802  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = ins;
+    \$803  = busy_act;
+    if (\$signal$108 ) begin
+      if (cur_unit[2]) begin
+        \$803  = \$501 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$800  = \$signature__data$331 ;
+          if (\$signal ) begin
+            \$803  = 32'd0;
+          end
     endcase
     if (rst) begin
-      \$800  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$803  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = ph2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$801  = 1'h0;
-      5'h04:
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-            \$801  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$801  = 1'h0;
+    \$804  = busy_route;
+    if (\$signal$108 ) begin
+      if (cur_unit[3]) begin
+        \$804  = \$502 [31:0];
+      end
     end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = settle;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$802  = 2'h0;
-      5'h04:
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-            \$802  = \$569 [1:0];
+          if (\$signal ) begin
+            \$804  = 32'd0;
           end
-    endcase
-    if (rst) begin
-      \$802  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = \$signal$180 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$803  = ins[243:238];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$803  = ins[243:238];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$803  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = \$signal$162 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$804  = ins[231:200];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$804  = ins[231:200];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$804  = { 16'h0000, \$signature__data [15:0] };
     endcase
     if (rst) begin
       \$804  = 32'd0;
@@ -15667,292 +14261,359 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = shift;
+    \$805  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$805  = \$503 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
+          if (\$signal ) begin
+            \$805  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$805  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$806  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$806  = \$504 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$806  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$806  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$807  = \$signature__data ;
+    if (rst) begin
+      \$807  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$808  = \$signature__data$299 ;
+    if (rst) begin
+      \$808  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$809  = \$signal$108 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$809  = 1'h1;
+          end
+      5'h01:
           /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+            \$809  = 1'h0;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$739 ) begin
+            \$809  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$809  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$810  = \$signal$109 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$810  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+            \$810  = 1'h1;
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$739 ) begin
+            \$810  = 1'h0;
+          end
+    endcase
+    if (\$741 ) begin
+      \$810  = 1'h0;
+    end
+    if (rst) begin
+      \$810  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$811  = err;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$811  = 8'h00;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$739 ) begin
+            \$811  = stop_code;
+          end
+    endcase
+    if (\$741 ) begin
+      \$811  = 8'h00;
+    end
+    if (rst) begin
+      \$811  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$812  = pc;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$812  = 13'h0000;
+          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$805  = ins[237:232];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$805  = ins[237:232];
+                  \$812  = { 1'h0, ins[255:244] };
             endcase
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$805  = \$signature__data$302 [5:0];
-    endcase
-    if (rst) begin
-      \$805  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = cnt0;
-    casez (ctrl_state)
-      5'h00:
           /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$806  = l0_acc;
-              6'h05, 6'h06, 6'h07:
-                  \$806  = l0_acc;
-              6'h0c:
-                  \$806  = ins[45:32];
-              6'h0d:
-                  \$806  = ins[61:48];
-            endcase
+      5'h06:
+          if (\$614 ) begin
+            \$812  = \$616 [12:0];
           end
-    endcase
-    if (rst) begin
-      \$806  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = cnt1;
-    casez (ctrl_state)
-      5'h00:
+      5'h07:
           /* empty */;
-      5'h01:
+      5'h0e:
           /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$807  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$807  = 14'h0001;
-              6'h0c:
-                  \$807  = ins[61:48];
-              6'h0d:
-                  \$807  = 14'h0002;
-            endcase
+      5'h0f:
+          if (\$618 ) begin
+            \$812  = \$619 [12:0];
           end
-    endcase
-    if (rst) begin
-      \$807  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = cnt2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$808  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$808  = 14'h0001;
-              6'h0c:
-                  \$808  = m_eff[13:0];
-              6'h0d:
-                  \$808  = m_eff[13:0];
-            endcase
+      5'h08:
+          if (error) begin
+          end else if (\$637 ) begin
+            \$812  = \$638 [12:0];
           end
-    endcase
-    if (rst) begin
-      \$808  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = sa0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$809  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$809  = 13'h0001;
-              6'h0c:
-                  \$809  = ins[60:48];
-              6'h0d:
-                  \$809  = 13'h0001;
-            endcase
+      5'h09:
+          if (error) begin
+          end else if (\$667 ) begin
+            \$812  = \$668 [12:0];
           end
-    endcase
-    if (rst) begin
-      \$809  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = sa1;
-    casez (ctrl_state)
-      5'h00:
+      5'h0a:
           /* empty */;
-      5'h01:
+      5'h10:
           /* empty */;
-      5'h03:
+      5'h11:
           /* empty */;
-      5'h04:
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$709 ) begin
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$810  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$810  = 13'h0000;
-              6'h0c:
-                  \$810  = 13'h0001;
-              6'h0d:
-                  \$810  = 13'h0000;
-            endcase
+            \$812  = \$710 [12:0];
           end
-    endcase
-    if (rst) begin
-      \$810  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = sa2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$811  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$811  = 13'h0000;
-              6'h0c:
-                  \$811  = l2_acc[12:0];
-              6'h0d:
-                  \$811  = ins[60:48];
-            endcase
+      5'h0b:
+          if (\$712 ) begin
+            \$812  = { 1'h0, ins[255:244] };
           end
-    endcase
-    if (rst) begin
-      \$811  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = sb0;
-    casez (ctrl_state)
-      5'h00:
+      5'h17:
           /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$812  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$812  = 13'h0001;
-              6'h0c:
-                  \$812  = 13'h0001;
-              6'h0d:
-                  \$812  = 13'h0000;
-            endcase
+      5'h18:
+          if (\$715 ) begin
+            \$812  = \$718 [12:0];
+          end
+      5'h0c:
+          if (\$720 ) begin
+            \$812  = \$721 [12:0];
           end
     endcase
     if (rst) begin
@@ -15961,141 +14622,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = sb1;
+    \$813  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$813  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$813  = 13'h0000;
-              6'h0c:
-                  \$813  = 13'h0000;
-              6'h0d:
-                  \$813  = 13'h0000;
-            endcase
+          if (\$signal ) begin
+            \$813  = 32'd0;
           end
-    endcase
-    if (rst) begin
-      \$813  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = sb2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$814  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$814  = 13'h0000;
-              6'h0c:
-                  \$814  = ins[44:32];
-              6'h0d:
-                  \$814  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$814  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = \$signal$332 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$815  = l0_acc;
-              6'h05, 6'h06, 6'h07:
-                  \$815  = l0_acc;
-              6'h0c:
-                  \$815  = l0_acc;
-              6'h0d:
-                  \$815  = l0_acc;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$815  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = \$signal$248 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$816  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$816  = 14'h0000;
-              6'h0c:
-                  \$816  = 14'h0000;
-              6'h0d:
-                  \$816  = 14'h0000;
+                  \$813  = \$596 [31:0];
             endcase
           end
       5'h05:
@@ -16103,748 +14650,27 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$185 ) begin
-            \$816  = \$595 [13:0];
+          if (\$614 ) begin
+            \$813  = \$617 [31:0];
           end
-    endcase
-    if (rst) begin
-      \$816  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = \$signal$251 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$817  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
       5'h07:
           /* empty */;
       5'h0e:
           /* empty */;
       5'h0f:
-          /* empty */;
+          if (\$618 ) begin
+            \$813  = \$620 [31:0];
+          end
       5'h08:
-        begin
-          if (\$605 ) begin
-            \$817  = 1'h1;
+          if (error) begin
+          end else if (\$637 ) begin
+            \$813  = \$639 [31:0];
           end
-          if (\$signal$251 ) begin
-            if (\$614 ) begin
-              \$817  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$817  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = \$signal$254 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$818  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$605 ) begin
-            \$818  = 3'h0;
-          end
-          if (\$signal$251 ) begin
-            \$818  = \$608 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$818  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = \$signal$252 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$819  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$signal$251 ) begin
-            if (\$606 ) begin
-              \$819  = \$607 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$819  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = \$signal$255 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$820  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
       5'h09:
-        begin
-          if (\$639 ) begin
-            \$820  = 1'h1;
+          if (error) begin
+          end else if (\$667 ) begin
+            \$813  = \$669 [31:0];
           end
-          if (\$640 ) begin
-            \$820  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$820  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = \$signal$256 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$821  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$628 ) begin
-            \$821  = \$630 [2:0];
-          end
-          if (\$640 ) begin
-            \$821  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$821  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = \$signal$257 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$822  = 14'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$628 ) begin
-            \$822  = \$629 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$822  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = \$signal$258 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$823  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$628 ) begin
-            \$823  = 1'h1;
-          end
-          if (\$signal$258 ) begin
-            \$823  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$823  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = wr_data__payload;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$824 [35:32] = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$signal$258 ) begin
-            casez (\$signal$337 )
-              2'h0:
-                  \$824 [31:0] = \$signature__data ;
-            endcase
-            casez (\$signal$337 )
-              2'h0:
-                  \$824 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$640 ) begin
-            \$824 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$824  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = \$signal$260 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$825  = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          \$825  = \$650 [3:0];
-      5'h10:
-          if (\$678 ) begin
-            \$825  = 4'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$825  = \$687 [3:0];
-    endcase
-    if (rst) begin
-      \$825  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = \$signal$284 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$826  = \$590 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$826  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = \$signal$281 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$827  = \$593 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$827  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = \$signal$287 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$828  = 16'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
       5'h0a:
           /* empty */;
       5'h10:
@@ -16860,71 +14686,44 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$709 ) begin
+          end else begin
+            \$813  = \$711 [31:0];
+          end
       5'h0b:
-          /* empty */;
+          if (\$712 ) begin
+            \$813  = \$713 [31:0];
+          end
       5'h17:
           /* empty */;
       5'h18:
-          /* empty */;
+          if (\$715 ) begin
+            \$813  = \$719 [31:0];
+          end
       5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$714 ) begin
-            \$828  = \$715 [15:0];
+          if (\$720 ) begin
+            \$813  = \$722 [31:0];
           end
     endcase
     if (rst) begin
-      \$828  = 16'h0000;
+      \$813  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = \$signal$289 ;
+    \$814  = \$signal$140 ;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$814  = 1'h0;
+          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$562 ) begin
-          end else if (\$565 ) begin
-          end else if (\$566 ) begin
-          end else if (\$567 ) begin
-          end else if (\$568 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$829  = 13'h0000;
-            endcase
-          end
+          /* empty */;
       5'h05:
           /* empty */;
       5'h0d:
@@ -16956,34 +14755,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$714 ) begin
-            \$829  = \$716 [12:0];
+          (* full_case = 32'd1 *)
+          if (\$709 ) begin
+          end else begin
+            \$814  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$829  = 13'h0000;
+      \$814  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = \$signal$146 ;
+    \$815  = exp_active;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$815  = 1'h0;
+          end
       5'h01:
           /* empty */;
       5'h03:
@@ -16995,10 +14784,1134 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$597 ) begin
-            if (\$598 ) begin
-              \$830  = ins[124:112];
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$709 ) begin
+          end else begin
+            \$815  = 1'h0;
+          end
+      5'h0b:
+          if (\$712 ) begin
+            \$815  = 1'h0;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$715 ) begin
+            \$815  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$815  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$816  = \$signal$143 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$816  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$614 ) begin
+            if (\$615 ) begin
+              \$816  = 1'h1;
             end
+          end
+    endcase
+    if (rst) begin
+      \$816  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$817  = ctrl_state;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$817  = 5'h01;
+          end
+      5'h01:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$505 ) begin
+            \$817  = 5'h02;
+          end else begin
+            \$817  = 5'h03;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h03:
+        begin
+          \$817  = 5'h04;
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+            \$817  = 5'h00;
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+            \$817  = 5'h02;
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$817  = 5'h01;
+              6'h04:
+                  (* full_case = 32'd1 *)
+                  if (\$598 ) begin
+                    \$817  = 5'h05;
+                  end else begin
+                    \$817  = 5'h06;
+                  end
+              6'h05, 6'h06, 6'h07:
+                  \$817  = 5'h06;
+              6'h0c:
+                  \$817  = 5'h06;
+              6'h0d:
+                  \$817  = 5'h06;
+              6'h03:
+                  (* full_case = 32'd1 *)
+                  if (\$604 ) begin
+                    \$817  = 5'h05;
+                  end else begin
+                    \$817  = 5'h07;
+                  end
+              6'h01:
+                  \$817  = 5'h08;
+              6'h02:
+                  \$817  = 5'h09;
+              6'h08:
+                  \$817  = 5'h0a;
+              6'h09:
+                  \$817  = 5'h0b;
+              6'h0a, 6'h0b:
+                  \$817  = 5'h0c;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h05:
+        begin
+          \$817  = 5'h0d;
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h0d:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$610 ) begin
+            \$817  = 5'h07;
+          end else begin
+            \$817  = 5'h06;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h06:
+        begin
+          if (\$614 ) begin
+            \$817  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h07:
+        begin
+          if (cmd__ready) begin
+            \$817  = 5'h0e;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h0e:
+        begin
+          if (error) begin
+            \$817  = 5'h02;
+          end else if (done) begin
+            (* full_case = 32'd1 *)
+            if (\error$330 ) begin
+              \$817  = 5'h02;
+            end else begin
+              \$817  = 5'h0f;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$618 ) begin
+            \$817  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$817  = 5'h02;
+          end else if (\$637 ) begin
+            \$817  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$817  = 5'h02;
+          end else if (\$667 ) begin
+            \$817  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h0a:
+        begin
+          if (\$671 ) begin
+            \$817  = 5'h10;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h10:
+        begin
+          if (\$698 ) begin
+            \$817  = 5'h11;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h11:
+        begin
+          \$817  = 5'h12;
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h12:
+        begin
+          \$817  = 5'h13;
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h13:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$699 ) begin
+            \$817  = 5'h14;
+          end else begin
+            \$817  = 5'h15;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h14:
+        begin
+          \$817  = 5'h15;
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h15:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$702 ) begin
+            \$817  = 5'h11;
+          end else begin
+            \$817  = 5'h16;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$709 ) begin
+            \$817  = 5'h11;
+          end else begin
+            \$817  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h0b:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$712 ) begin
+            \$817  = 5'h01;
+          end else begin
+            \$817  = 5'h17;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h17:
+        begin
+          \$817  = 5'h18;
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h18:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$715 ) begin
+            \$817  = 5'h01;
+          end else begin
+            \$817  = 5'h0b;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h0c:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$720 ) begin
+            \$817  = 5'h01;
+          end else begin
+            \$817  = 5'h19;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h19:
+        begin
+          \$817  = 5'h1a;
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h1a:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$725 ) begin
+            \$817  = 5'h02;
+          end else begin
+            \$817  = 5'h1b;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h1b:
+        begin
+          if (\$734 ) begin
+            \$817  = 5'h0c;
+          end
+          if (\$signal$103 ) begin
+            \$817  = 5'h02;
+          end
+        end
+      5'h02:
+          if (\$739 ) begin
+            \$817  = 5'h00;
+          end
+    endcase
+    if (rst) begin
+      \$817  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$818  = stop_code;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$505 ) begin
+            \$818  = 8'h06;
+          end
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h04:
+        begin
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+            \$818  = decode_q;
+          end
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h06:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$818  = 8'h07;
+          end else if (done) begin
+            if (\error$330 ) begin
+              \$818  = 8'h03;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+        end
+      5'h0f:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h08:
+        begin
+          if (error) begin
+            \$818  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$818  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h16:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h0b:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h17:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h18:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h0c:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h19:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+      5'h1a:
+        begin
+          if (\$725 ) begin
+            \$818  = 8'h02;
+          end
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+        end
+      5'h1b:
+          if (\$signal$103 ) begin
+            \$818  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$818  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$819  = cur_unit;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$505 ) begin
+            \$819  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+            \$819  = 6'h00;
+          end else begin
+            if (\$584 ) begin
+              \$819  = 6'h01;
+            end
+            if (\$585 ) begin
+              \$819  = 6'h01;
+            end
+            if (\$586 ) begin
+              \$819  = 6'h02;
+            end
+            if (\$587 ) begin
+              \$819  = 6'h04;
+            end
+            if (\$588 ) begin
+              \$819  = 6'h04;
+            end
+            if (\$589 ) begin
+              \$819  = 6'h04;
+            end
+            if (\$590 ) begin
+              \$819  = 6'h08;
+            end
+            if (\$591 ) begin
+              \$819  = 6'h10;
+            end
+            if (\$592 ) begin
+              \$819  = 6'h10;
+            end
+            if (\$593 ) begin
+              \$819  = 6'h10;
+            end
+            if (\$594 ) begin
+              \$819  = 6'h20;
+            end
+            if (\$595 ) begin
+              \$819  = 6'h20;
+            end
+            casez (ins[5:0])
+              6'h0e:
+                  \$819  = 6'h00;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h06:
+        begin
+          if (\$614 ) begin
+            \$819  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$819  = 6'h00;
+          end else if (done) begin
+            if (\error$330 ) begin
+              \$819  = 6'h00;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$618 ) begin
+            \$819  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$819  = 6'h00;
+          end else if (\$637 ) begin
+            \$819  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$819  = 6'h00;
+          end else if (\$667 ) begin
+            \$819  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$709 ) begin
+          end else begin
+            \$819  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h0b:
+        begin
+          if (\$712 ) begin
+            \$819  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h17:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h18:
+        begin
+          if (\$715 ) begin
+            \$819  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h0c:
+        begin
+          if (\$720 ) begin
+            \$819  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h19:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+      5'h1a:
+        begin
+          if (\$725 ) begin
+            \$819  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+        end
+      5'h1b:
+          if (\$signal$103 ) begin
+            \$819  = 6'h00;
+          end
+    endcase
+    if (rst) begin
+      \$819  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$820  = ins;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$820  = \$signature__data$327 ;
+    endcase
+    if (rst) begin
+      \$820  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$821  = ph2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$821  = 1'h0;
+      5'h04:
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+            \$821  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$821  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$822  = settle;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$822  = 2'h0;
+      5'h04:
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+            \$822  = \$583 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$822  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$823  = \$signal$178 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$823  = ins[243:238];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$823  = ins[243:238];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$823  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$824  = \$signal$160 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$824  = ins[231:200];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$824  = ins[231:200];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$824  = { 16'h0000, \$signature__data [15:0] };
+    endcase
+    if (rst) begin
+      \$824  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$825  = shift;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$825  = ins[237:232];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$825  = ins[237:232];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$825  = \$signature__data$299 [5:0];
+    endcase
+    if (rst) begin
+      \$825  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$826  = cnt0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$826  = l0_acc;
+              6'h05, 6'h06, 6'h07:
+                  \$826  = l0_acc;
+              6'h0c:
+                  \$826  = ins[45:32];
+              6'h0d:
+                  \$826  = ins[61:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$826  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$827  = cnt1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$827  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$827  = 14'h0001;
+              6'h0c:
+                  \$827  = ins[61:48];
+              6'h0d:
+                  \$827  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$827  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$828  = sa0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$828  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$828  = 13'h0001;
+              6'h0c:
+                  \$828  = ins[60:48];
+              6'h0d:
+                  \$828  = 13'h0001;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$828  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$829  = sa1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$829  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$829  = 1'h0;
+              6'h0c:
+                  \$829  = 1'h1;
+              6'h0d:
+                  \$829  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$829  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$830  = sa2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$830  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$830  = 13'h0000;
+              6'h0c:
+                  \$830  = l2_acc[12:0];
+              6'h0d:
+                  \$830  = ins[60:48];
+            endcase
           end
     endcase
     if (rst) begin
@@ -17007,7 +15920,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = scores_len;
+    \$831  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17016,127 +15929,163 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$831  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$831  = 1'h1;
+              6'h0c:
+                  \$831  = 1'h1;
+              6'h0d:
+                  \$831  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$831  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$832  = sb1;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$832  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$832  = 1'h0;
+              6'h0c:
+                  \$832  = 1'h0;
+              6'h0d:
+                  \$832  = 1'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$832  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$833  = sb2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$833  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$833  = 13'h0000;
+              6'h0c:
+                  \$833  = ins[44:32];
+              6'h0d:
+                  \$833  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$833  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$834  = el_i;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$834  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$834  = 14'h0000;
+              6'h0c:
+                  \$834  = 14'h0000;
+              6'h0d:
+                  \$834  = 14'h0000;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$834  = 14'h0000;
+              6'h02:
+                  \$834  = 14'h0000;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$597 ) begin
-            if (\$598 ) begin
-              \$831  = l0_acc;
+          if (\$signal$183 ) begin
+            \$834  = \$611 [13:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$signal$250 ) begin
+            if (\$623 ) begin
+              \$834  = \$624 [13:0];
             end
           end
-    endcase
-    if (rst) begin
-      \$831  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = \$signal$253 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$605 ) begin
-            \$832  = m_axi__rdata;
-          end
-    endcase
-    if (rst) begin
-      \$832  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = \$signal$337 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
       5'h09:
-          if (\$628 ) begin
-            \$833  = \$signal$256 [1:0];
-          end
-    endcase
-    if (rst) begin
-      \$833  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = \$signal$340 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$834  = 14'h0000;
-          end
-      5'h10:
-          if (\$662 ) begin
-            if (\$663 ) begin
-              \$834  = \$664 [13:0];
-            end
+          if (\$646 ) begin
+            \$834  = \$647 [13:0];
           end
     endcase
     if (rst) begin
@@ -17145,7 +16094,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = \$signal$269 ;
+    \$835  = \$signal$250 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17154,7 +16103,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$835  = 1'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -17168,32 +16140,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$835  = 4'h0;
-          end
-      5'h10:
         begin
-          if (\$656 ) begin
-            \$835  = \$659 [3:0];
+          if (\$622 ) begin
+            \$835  = 1'h1;
           end
-          if (\$662 ) begin
-            if (\$663 ) begin
-              \$835  = 4'h0;
+          if (\$signal$250 ) begin
+            if (\$631 ) begin
+              \$835  = 1'h0;
             end
           end
         end
     endcase
     if (rst) begin
-      \$835  = 4'h0;
+      \$835  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = rt_lane;
+    \$836  = ld_e;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17202,7 +16166,30 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$836  = 3'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -17216,30 +16203,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$836  = 1'h0;
-          end
-      5'h10:
         begin
-          if (\$656 ) begin
-            \$836  = \$658 [0];
+          if (\$622 ) begin
+            \$836  = 3'h0;
           end
-          if (\$662 ) begin
-            \$836  = 1'h0;
+          if (\$signal$250 ) begin
+            \$836  = \$625 [2:0];
           end
         end
     endcase
     if (rst) begin
-      \$836  = 1'h0;
+      \$836  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = \$signal$265 ;
+    \$837  = \$signal$253 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17248,7 +16227,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$837  = 1'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -17264,19 +16268,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$837  = 1'h0;
-          end
-      5'h10:
         begin
-          if (\$signal$341 ) begin
-            if (\$661 ) begin
-              \$837  = 1'h1;
-            end
+          if (\$658 ) begin
+            \$837  = 1'h1;
           end
-          if (\$662 ) begin
+          if (\$659 ) begin
             \$837  = 1'h0;
           end
         end
@@ -17287,7 +16283,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = \$signal$268 ;
+    \$838  = \$signal$254 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17296,182 +16292,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$838  = ins[76:64];
-          end
-      5'h10:
-          if (\$662 ) begin
-            if (\$663 ) begin
-              \$838  = \$665 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$838  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = \$signal$276 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$839  = ins[124:112];
-          end
-      5'h10:
-          if (\$672 ) begin
-            if (\$674 ) begin
-              \$839  = \$676 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$839  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = \$signal$266 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$840  = 1'h0;
-          end
-      5'h10:
-          if (\$662 ) begin
-            if (\$663 ) begin
-              if (\$667 ) begin
-                \$840  = 1'h1;
-              end
-            end
-          end
-    endcase
-    if (rst) begin
-      \$840  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = \$signal$341 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$841  = 1'h0;
-          end
-      5'h10:
           (* full_case = 32'd1 *)
-          if (\$656 ) begin
-            \$841  = 1'h1;
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
           end else begin
-            \$841  = 1'h0;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$838  = 3'h0;
+            endcase
           end
-    endcase
-    if (rst) begin
-      \$841  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = \$signal$342 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
       5'h05:
           /* empty */;
       5'h0d:
@@ -17487,117 +16333,639 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$842  = 14'h0000;
-          end
-      5'h10:
-          if (\$672 ) begin
-            if (\$674 ) begin
-              \$842  = \$675 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$842  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = rt_s;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$843  = 2'h0;
-          end
-      5'h10:
-          if (\$672 ) begin
-            (* full_case = 32'd1 *)
-            if (\$674 ) begin
-              \$843  = 2'h0;
-            end else begin
-              \$843  = \$677 [1:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$843  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = \$signal$274 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$651 ) begin
-            \$844  = 1'h0;
-          end
-      5'h10:
         begin
-          if (\$669 ) begin
-            \$844  = 1'h1;
+          if (\$646 ) begin
+            \$838  = \$648 [2:0];
           end
-          if (\$672 ) begin
-            \$844  = 1'h0;
+          if (\$659 ) begin
+            \$838  = 3'h0;
           end
         end
     endcase
     if (rst) begin
-      \$844  = 1'h0;
+      \$838  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = rt_wphase;
+    \$839  = \$signal$255 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$839  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$646 ) begin
+            \$839  = 1'h1;
+          end
+          if (\$signal$255 ) begin
+            \$839  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$839  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$840  = wr_data__payload;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$840 [35:32] = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$signal$255 ) begin
+            casez (\$signal$332 )
+              2'h0:
+                  \$840 [31:0] = \$signature__data ;
+            endcase
+            casez (\$signal$332 )
+              2'h0:
+                  \$840 [35:32] = 4'hf;
+            endcase
+          end
+          if (\$659 ) begin
+            \$840 [35:32] = 4'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$840  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$841  = \$signal$257 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$841  = 4'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          \$841  = \$670 [3:0];
+      5'h10:
+          if (\$698 ) begin
+            \$841  = 4'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$841  = \$707 [3:0];
+    endcase
+    if (rst) begin
+      \$841  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$842  = \$signal$281 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$842  = \$606 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$842  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$843  = \$signal$278 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$843  = \$609 [12:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$843  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$844  = \$signal$284 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$844  = 16'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$734 ) begin
+            \$844  = \$735 [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$844  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$845  = \$signal$286 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$576 ) begin
+          end else if (\$579 ) begin
+          end else if (\$580 ) begin
+          end else if (\$581 ) begin
+          end else if (\$582 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$845  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$734 ) begin
+            \$845  = \$736 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$845  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$846  = \$signal$144 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$614 ) begin
+            if (\$615 ) begin
+              \$846  = ins[124:112];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$846  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$847  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$614 ) begin
+            if (\$615 ) begin
+              \$847  = l0_acc;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$847  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$848  = \$signal$251 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$622 ) begin
+            \$848  = m_axi__rdata;
+          end
+    endcase
+    if (rst) begin
+      \$848  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$849  = \$signal$332 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$646 ) begin
+            \$849  = \$signal$254 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$849  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$850  = \$signal$335 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17624,243 +16992,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$651 ) begin
-            \$845  = 1'h0;
-          end
-      5'h10:
-        begin
           if (\$671 ) begin
-            \$845  = 1'h1;
+            \$850  = m_eff[13:0];
           end
-          if (\$672 ) begin
-            \$845  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$845  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = \$signal$344 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
       5'h10:
-          if (\$656 ) begin
-            \$846  = \$657 ;
-          end
-    endcase
-    if (rst) begin
-      \$846  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = rt_word;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$signal$341 ) begin
-            \$847  = \$660 ;
-          end
-    endcase
-    if (rst) begin
-      \$847  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = \$signal$278 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$669 ) begin
-            \$848  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$848  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = \$signal$279 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$678 ) begin
-            \$849  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
           if (\$682 ) begin
-            \$849  = \$683 [13:0];
-          end
-      5'h16:
-          \$849  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$849  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = \$signal$283 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$678 ) begin
-            \$850  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$682 ) begin
-            if (\$684 ) begin
-              \$850  = \$685 [13:0];
+            if (\$683 ) begin
+              \$850  = \$684 [13:0];
             end
           end
-      5'h16:
-          \$850  = 14'h0000;
     endcase
     if (rst) begin
       \$850  = 14'h0000;
@@ -17868,7 +17008,505 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$851  = \$signal$348 ;
+    \$851  = \$signal$266 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$851  = 4'h0;
+          end
+      5'h10:
+        begin
+          if (\$676 ) begin
+            \$851  = \$679 [3:0];
+          end
+          if (\$682 ) begin
+            if (\$683 ) begin
+              \$851  = 4'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$851  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$852  = rt_lane;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$852  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$676 ) begin
+            \$852  = \$678 [0];
+          end
+          if (\$682 ) begin
+            \$852  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$852  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$853  = \$signal$262 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$853  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$signal$336 ) begin
+            if (\$681 ) begin
+              \$853  = 1'h1;
+            end
+          end
+          if (\$682 ) begin
+            \$853  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$853  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$854  = \$signal$265 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$854  = ins[76:64];
+          end
+      5'h10:
+          if (\$682 ) begin
+            if (\$683 ) begin
+              \$854  = \$685 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$854  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$855  = \$signal$273 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$855  = ins[124:112];
+          end
+      5'h10:
+          if (\$692 ) begin
+            if (\$694 ) begin
+              \$855  = \$696 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$855  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$856  = \$signal$263 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$856  = 1'h0;
+          end
+      5'h10:
+          if (\$682 ) begin
+            if (\$683 ) begin
+              if (\$687 ) begin
+                \$856  = 1'h1;
+              end
+            end
+          end
+    endcase
+    if (rst) begin
+      \$856  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$857  = \$signal$336 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$857  = 1'h0;
+          end
+      5'h10:
+          (* full_case = 32'd1 *)
+          if (\$676 ) begin
+            \$857  = 1'h1;
+          end else begin
+            \$857  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$857  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$858  = \$signal$337 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$858  = m_eff[13:0];
+          end
+      5'h10:
+          if (\$692 ) begin
+            if (\$694 ) begin
+              \$858  = \$695 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$858  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$859  = rt_s;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$859  = 2'h0;
+          end
+      5'h10:
+          if (\$692 ) begin
+            (* full_case = 32'd1 *)
+            if (\$694 ) begin
+              \$859  = 2'h0;
+            end else begin
+              \$859  = \$697 [1:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$859  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$860  = \$signal$271 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$860  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$689 ) begin
+            \$860  = 1'h1;
+          end
+          if (\$692 ) begin
+            \$860  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$860  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$861  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$671 ) begin
+            \$861  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$691 ) begin
+            \$861  = 1'h1;
+          end
+          if (\$692 ) begin
+            \$861  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$861  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$862  = \$signal$339 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17897,8 +17535,125 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$678 ) begin
-            \$851  = 2'h0;
+          if (\$676 ) begin
+            \$862  = \$677 ;
+          end
+    endcase
+    if (rst) begin
+      \$862  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$863  = rt_word;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$signal$336 ) begin
+            \$863  = \$680 ;
+          end
+    endcase
+    if (rst) begin
+      \$863  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$864  = \$signal$275 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$689 ) begin
+            \$864  = routes__payload;
+          end
+    endcase
+    if (rst) begin
+      \$864  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$865  = \$signal$276 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$698 ) begin
+            \$865  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -17909,24 +17664,74 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h14:
           /* empty */;
       5'h15:
-          if (\$682 ) begin
-            (* full_case = 32'd1 *)
-            if (\$684 ) begin
-              \$851  = 2'h0;
-            end else begin
-              \$851  = \$686 [1:0];
+          if (\$702 ) begin
+            \$865  = \$703 [13:0];
+          end
+      5'h16:
+          \$865  = 14'h0000;
+    endcase
+    if (rst) begin
+      \$865  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$866  = \$signal$280 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$698 ) begin
+            \$866  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$702 ) begin
+            if (\$704 ) begin
+              \$866  = \$705 [13:0];
             end
           end
       5'h16:
-          \$851  = 2'h0;
+          \$866  = 14'h0000;
     endcase
     if (rst) begin
-      \$851  = 2'h0;
+      \$866  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = \$signal$282 ;
+    \$867  = \$signal$343 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17955,8 +17760,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$678 ) begin
-            \$852  = 14'h0000;
+          if (\$698 ) begin
+            \$867  = 2'h0;
           end
       5'h11:
           /* empty */;
@@ -17965,15 +17770,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h13:
           /* empty */;
       5'h14:
-          \$852  = \$680 [13:0];
+          /* empty */;
+      5'h15:
+          if (\$702 ) begin
+            (* full_case = 32'd1 *)
+            if (\$704 ) begin
+              \$867  = 2'h0;
+            end else begin
+              \$867  = \$706 [1:0];
+            end
+          end
+      5'h16:
+          \$867  = 2'h0;
     endcase
     if (rst) begin
-      \$852  = 14'h0000;
+      \$867  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$853  = \$signal$285 ;
+    \$868  = \$signal$279 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18002,8 +17818,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          if (\$678 ) begin
-            \$853  = 14'h0000;
+          if (\$698 ) begin
+            \$868  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          \$868  = \$700 [13:0];
+    endcase
+    if (rst) begin
+      \$868  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$869  = \$signal$282 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$698 ) begin
+            \$869  = 14'h0000;
           end
       5'h11:
           /* empty */;
@@ -18016,15 +17879,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h15:
           /* empty */;
       5'h16:
-          \$853  = \$signal$282 ;
+          \$869  = \$signal$279 ;
     endcase
     if (rst) begin
-      \$853  = 14'h0000;
+      \$869  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = \$signal$286 ;
+    \$870  = \$signal$283 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18066,26 +17929,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h16:
           (* full_case = 32'd1 *)
-          if (\$689 ) begin
+          if (\$709 ) begin
           end else begin
-            \$854  = 4'h0;
+            \$870  = 4'h0;
           end
       5'h0b:
-          if (\$692 ) begin
-            \$854  = 4'h8;
+          if (\$712 ) begin
+            \$870  = 4'h8;
           end
       5'h17:
           /* empty */;
       5'h18:
-          \$854  = \$694 [3:0];
+          \$870  = \$714 [3:0];
     endcase
     if (rst) begin
-      \$854  = 4'h0;
+      \$870  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = \$signal$247 ;
+    \$871  = \$signal$246 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18132,17 +17995,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$695 ) begin
-            \$855  = \$signal$286 ;
+          if (\$715 ) begin
+            \$871  = \$signal$283 ;
           end
     endcase
     if (rst) begin
-      \$855  = 4'h0;
+      \$871  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = \$signal$130 ;
+    \$872  = \$signal$130 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18189,17 +18052,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$695 ) begin
-            \$856  = \$signal$280 [15:0];
+          if (\$715 ) begin
+            \$872  = \$signal$277 [15:0];
           end
     endcase
     if (rst) begin
-      \$856  = 16'h0000;
+      \$872  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = \$signal$141 ;
+    \$873  = \$signal$139 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18246,17 +18109,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$695 ) begin
-            \$857  = \$697 ;
+          if (\$715 ) begin
+            \$873  = \$717 ;
           end
     endcase
     if (rst) begin
-      \$857  = 14'h0000;
+      \$873  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = \$signal$288 ;
+    \$874  = \$signal$285 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18310,23 +18173,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$705 ) begin
+          if (\$725 ) begin
           end else begin
-            \$858  = 15'h0000;
+            \$874  = 15'h0000;
           end
       5'h1b:
-          if (\$706 ) begin
-          end else if (\$707 ) begin
-            \$858  = \$708 [14:0];
+          if (\$726 ) begin
+          end else if (\$727 ) begin
+            \$874  = \$728 [14:0];
           end
     endcase
     if (rst) begin
-      \$858  = 15'h0000;
+      \$874  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = \$signal$290 ;
+    \$875  = \$signal$287 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18380,26 +18243,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$705 ) begin
+          if (\$725 ) begin
           end else begin
-            \$859  = 1'h0;
+            \$875  = 1'h0;
           end
       5'h1b:
           (* full_case = 32'd1 *)
-          if (\$706 ) begin
-          end else if (\$707 ) begin
-            \$859  = 1'h1;
+          if (\$726 ) begin
+          end else if (\$727 ) begin
+            \$875  = 1'h1;
           end else begin
-            \$859  = 1'h0;
+            \$875  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$859  = 1'h0;
+      \$875  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = \$signal$291 ;
+    \$876  = \$signal$288 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18454,13 +18317,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$706 ) begin
-          end else if (\$707 ) begin
-            \$860  = \$712 [12:0];
+          if (\$726 ) begin
+          end else if (\$727 ) begin
+            \$876  = \$732 [12:0];
           end
     endcase
     if (rst) begin
-      \$860  = 13'h0000;
+      \$876  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -18485,14 +18348,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$861 [5], \$861 [5], \$861  };
+  assign bus__arlen = { \$877 [5], \$877 [5], \$877  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$862 [5], \$862 [5], \$862  };
+  assign bus__awlen = { \$878 [5], \$878 [5], \$878  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -18512,39 +18375,39 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__wstrb$97  = m_axi__wstrb;
   assign \bus__wvalid$98  = m_axi__wvalid;
   assign im_wr__data = { wr_data, wr_data, wr_data, wr_data, wr_data, wr_data, wr_data, wr_data };
-  assign load_addr = \$7 [4:2];
+  assign load_addr = s_axil__araddr[4:2];
   assign rd_addr = s_axil__araddr;
-  assign status = \$28 [31:0];
-  assign mult = \$signal$162 [15:0];
-  assign \$signal$164  = shift;
-  assign \$signal$166  = i__payload;
-  assign \i__payload$167  = i__payload[15:0];
+  assign status = \$25 [31:0];
+  assign mult = \$signal$160 [15:0];
+  assign \$signal$162  = shift;
+  assign \$signal$164  = i__payload;
+  assign \i__payload$165  = i__payload[15:0];
   assign n = ins[63:48];
   assign vec_op = op;
   assign o__ready = 1'h1;
+  assign \o__ready$174  = 1'h1;
+  assign \o__ready$175  = 1'h1;
   assign \o__ready$176  = 1'h1;
-  assign \o__ready$177  = 1'h1;
-  assign \o__ready$178  = 1'h1;
-  assign \$signal$179  = { 1'h0, \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  };
+  assign \$signal$177  = { 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
   assign gm_word = a_in__payload;
-  assign \$signal$204  = a_in__valid;
+  assign \$signal$202  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
   assign rd_data__payload = m_axi__rdata;
   assign st_beat = wr_data__payload;
-  assign \rd_addr$228  = lh_acc[31:0];
-  assign \wr_addr$230  = lh_acc[31:0];
-  assign rd_beats = { 9'h000, beats };
-  assign wr_beats = { 9'h000, beats };
+  assign \rd_addr$226  = lh_acc[31:0];
+  assign \wr_addr$228  = lh_acc[31:0];
+  assign rd_beats = { 8'h00, l4_acc[17:2] };
+  assign wr_beats = { 8'h00, l4_acc[17:2] };
   assign s_axil__bresp = 2'h0;
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$862 [5], \$862 [5], \$862  };
+  assign m_axi__awlen = { \$878 [5], \$878 [5], \$878  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$861 [5], \$861 [5], \$861  };
+  assign m_axi__arlen = { \$877 [5], \$877 [5], \$877  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -18562,15 +18425,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \ins.width  = ins[243:238];
   assign \ins.target  = ins[255:244];
   assign \i__payload[0]  = i__payload;
-  assign \i__payload$167[0]  = i__payload[15:0];
-  assign \i__payload$168[0]  = \i__payload$168 ;
-  assign \i__payload$168[0].g  = \i__payload$168 [15:0];
-  assign \i__payload$168[0].u  = \i__payload$168 [31:16];
-  assign \i__payload$170.a  = \i__payload$170 [15:0];
-  assign \i__payload$170.b  = \i__payload$170 [32:16];
-  assign \i__payload$170.last  = \i__payload$170 [33];
+  assign \i__payload$165[0]  = i__payload[15:0];
+  assign \i__payload$166[0]  = \i__payload$166 ;
+  assign \i__payload$166[0].g  = \i__payload$166 [15:0];
+  assign \i__payload$166[0].u  = \i__payload$166 [31:16];
+  assign \i__payload$168.a  = \i__payload$168 [15:0];
+  assign \i__payload$168.b  = \i__payload$168 [32:16];
+  assign \i__payload$168.last  = \i__payload$168 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$195[0]  = \o__payload$195 ;
+  assign \o__payload$193[0]  = \o__payload$193 ;
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -18594,7 +18457,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \b_in__payload[1]  = m_axi__rdata[15:8];
   assign \b_in__payload[2]  = m_axi__rdata[23:16];
   assign \b_in__payload[3]  = m_axi__rdata[31:24];
-  assign \o__payload$207[0]  = \o__payload$207 ;
+  assign \o__payload$205[0]  = \o__payload$205 ;
   assign \c_out__payload[0]  = c_out__payload[31:0];
   assign \c_out__payload[1]  = c_out__payload[63:32];
   assign \c_out__payload[2]  = c_out__payload[95:64];
@@ -18605,9 +18468,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \st_beat.strb  = wr_data__payload[35:32];
   assign \scores__payload[0]  = scores__payload;
   assign \rt_word[0]  = rt_word;
-  assign \$signal$278.index  = \$signal$278 [2:0];
-  assign \$signal$278.weight  = \$signal$278 [18:3];
-  assign \$signal$278.last  = \$signal$278 [19];
+  assign \$signal$275.index  = \$signal$275 [2:0];
+  assign \$signal$275.weight  = \$signal$275 [18:3];
+  assign \$signal$275.last  = \$signal$275 [19];
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
   assign \routes__payload.last  = routes__payload[19];
@@ -18615,103 +18478,114 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$220 ;
-  assign cmd__payload[69:54] = \$218 [15:0];
+  assign cmd__payload[75:70] = \$208 ;
+  assign cmd__payload[69:54] = \$206 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
-  assign \i__payload$170 [33] = \$signal$171 ;
-  assign \i__payload$170 [32:16] = \$180 ;
-  assign \i__payload$170 [15:0] = i__payload[15:0];
-  assign \i__payload$168 [31:16] = b_word[15:0];
+  assign \i__payload$168 [33] = \$signal$169 ;
+  assign \i__payload$168 [32:16] = \$168 ;
   assign \i__payload$168 [15:0] = i__payload[15:0];
-  assign \$20  = { \$signal$109 , 1'h0 };
-  assign \$23  = { 1'h0, \$22 , 2'h0 };
-  assign \$25  = { 7'h00, err, 8'h00 };
-  assign \$27  = { 15'h0000, pc, 16'h0000 };
+  assign \i__payload$166 [31:16] = b_word[15:0];
+  assign \i__payload$166 [15:0] = i__payload[15:0];
+  assign \$17  = { \$signal$109 , 1'h0 };
+  assign \$20  = { 1'h0, \$19 , 2'h0 };
+  assign \$22  = { 7'h00, err, 8'h00 };
+  assign \$24  = { 15'h0000, pc, 16'h0000 };
   assign \$32 [9:1] = 9'h000;
   assign \$32 [0] = ins[6];
   assign \$33  = ins[6];
-  assign \$41  = { \$40 [18], \$40 [18], \$40 [18:2] };
-  assign \$42  = { 1'h0, l0_acc, 2'h0 };
-  assign \$45  = { \$44 [18], \$44 [18], \$44 [18:2] };
-  assign { \$98 [9:3], \$98 [1:0] } = 9'h000;
-  assign \$98 [2] = ins[8];
-  assign \$99  = ins[8];
-  assign { \$101 [9:3], \$101 [1:0] } = 9'h000;
-  assign \$101 [2] = ins[8];
-  assign \$102  = ins[8];
-  assign \$107  = \$106 [14];
-  assign \$110  = { ins[63:48], 1'h0 };
-  assign \$112  = { ins[63:48], 1'h0 };
-  assign \$124 [9:3] = 7'h00;
-  assign \$124 [2:0] = ins[8:6];
-  assign \$134 [9:3] = 7'h00;
-  assign \$134 [2:0] = ins[8:6];
-  assign \$243  = { \$signal$247 , 1'h0 };
-  assign \$245  = { \$signal$247 , 1'h0 };
-  assign \$343  = \$342 [14];
-  assign \$346  = { l0_x, 1'h0 };
-  assign \$348  = { 1'h0, l0_y[15:1] };
-  assign \$351  = \$350 [14];
-  assign \$354  = { l1_x, 1'h0 };
-  assign \$356  = { 1'h0, l1_y[15:1] };
-  assign \$359  = \$358 [14];
-  assign \$362  = { l2_x, 1'h0 };
-  assign \$364  = { 1'h0, l2_y[15:1] };
-  assign \$367  = \$366 [14];
-  assign \$370  = { l3_x, 1'h0 };
-  assign \$372  = { 1'h0, l3_y[15:1] };
-  assign \$375  = \$374 [14];
-  assign \$378  = { l4_x, 1'h0 };
-  assign \$380  = { 1'h0, l4_y[15:1] };
-  assign \$383  = \$382 [33];
-  assign \$386  = { lh_x, 1'h0 };
-  assign \$388  = { 1'h0, lh_y[15:1] };
-  assign \$412  = { 1'h0, beats, 2'h0 };
-  assign \$499  = \$498 ;
-  assign \$507  = \$506 ;
+  assign { \$86 [9:3], \$86 [1:0] } = 9'h000;
+  assign \$86 [2] = ins[8];
+  assign \$87  = ins[8];
+  assign { \$89 [9:3], \$89 [1:0] } = 9'h000;
+  assign \$89 [2] = ins[8];
+  assign \$90  = ins[8];
+  assign \$95  = \$94 [14];
+  assign \$98  = { ins[63:48], 1'h0 };
+  assign \$100  = { ins[63:48], 1'h0 };
+  assign \$112 [9:3] = 7'h00;
+  assign \$112 [2:0] = ins[8:6];
+  assign \$122 [9:3] = 7'h00;
+  assign \$122 [2:0] = ins[8:6];
+  assign \$232  = { \$signal$246 , 1'h0 };
+  assign \$234  = { \$signal$246 , 1'h0 };
+  assign \$332  = \$331 [14];
+  assign \$335  = { l0_x, 1'h0 };
+  assign \$337  = { 1'h0, l0_y[15:1] };
+  assign \$340  = \$339 [14];
+  assign \$343  = { l1_x, 1'h0 };
+  assign \$345  = { 1'h0, l1_y[15:1] };
+  assign \$348  = \$347 [14];
+  assign \$351  = { l2_x, 1'h0 };
+  assign \$353  = { 1'h0, l2_y[15:1] };
+  assign \$356  = \$355 [14];
+  assign \$359  = { l3_x, 1'h0 };
+  assign \$361  = { 1'h0, l3_y[15:1] };
+  assign \$364  = \$363 [18];
+  assign \$367  = { l4_x, 1'h0 };
+  assign \$369  = { 1'h0, l4_y[15:1] };
+  assign \$372  = \$371 [33];
+  assign \$375  = { lh_x, 1'h0 };
+  assign \$377  = { 1'h0, lh_y[15:1] };
+  assign \$488  = \$487 ;
+  assign \$497  = \$496 ;
+  assign \$506 [9:1] = 9'h000;
+  assign \$506 [0] = \$signature__data$327 [6];
+  assign \$507  = \$signature__data$327 [6];
+  assign \$511 [9:1] = 9'h000;
+  assign \$511 [0] = \$signature__data$327 [6];
+  assign \$512  = \$signature__data$327 [6];
   assign \$516 [9:1] = 9'h000;
-  assign \$516 [0] = \$signature__data$331 [6];
-  assign \$517  = \$signature__data$331 [6];
-  assign \$521 [9:1] = 9'h000;
-  assign \$521 [0] = \$signature__data$331 [6];
-  assign \$522  = \$signature__data$331 [6];
-  assign \$526 [9:1] = 9'h000;
-  assign \$526 [0] = \$signature__data$331 [6];
-  assign \$527  = \$signature__data$331 [6];
-  assign \$531  = { \$530 [17], \$530 [17], \$530 [17:2] };
-  assign \$534 [9:1] = 9'h000;
-  assign \$534 [0] = \$signature__data$331 [6];
-  assign \$535  = \$signature__data$331 [6];
-  assign \$539  = { \$538 [17], \$538 [17], \$538 [17:2] };
-  assign \$544  = { \$543 [17], \$543 [17], \$543 [17:2] };
-  assign \$547 [9:1] = 9'h000;
-  assign \$547 [0] = \$signature__data$331 [6];
-  assign \$548  = \$signature__data$331 [6];
-  assign \$556 [9:1] = 9'h000;
-  assign \$556 [0] = \$signature__data$331 [6];
-  assign \$557  = \$signature__data$331 [6];
-  assign { \$559 [9:2], \$559 [0] } = 9'h000;
-  assign \$559 [1] = \$signature__data$331 [7];
-  assign { \$583 [9:3], \$583 [1:0] } = 9'h000;
-  assign \$583 [2] = ins[8];
-  assign \$584  = ins[8];
-  assign \$586  = \$585 ;
-  assign { \$587 [9:3], \$587 [1:0] } = 9'h000;
-  assign \$587 [2] = ins[8];
-  assign \$588  = ins[8];
-  assign \$589  = { l1_acc[13:2], 1'h0 };
-  assign \$591  = { l1_acc[13:2], 1'h0 };
-  assign \$661  = 1'h1;
-  assign \$560  = \$signature__data$331 [7];
+  assign \$516 [0] = \$signature__data$327 [6];
+  assign \$517  = \$signature__data$327 [6];
+  assign \$521  = { \$520 [17], \$520 [17], \$520 [17:2] };
+  assign \$524 [9:1] = 9'h000;
+  assign \$524 [0] = \$signature__data$327 [6];
+  assign \$525  = \$signature__data$327 [6];
+  assign \$529  = { \$528 [17], \$528 [17], \$528 [17:2] };
+  assign \$534  = { \$533 [17], \$533 [17], \$533 [17:2] };
+  assign \$535  = { 1'h0, \$signature__data$327 [47:32], 2'h0 };
+  assign \$536  = \$535 [18];
+  assign \$537  = { 1'h0, \$signature__data$327 [47:32], 2'h0 };
+  assign \$539 [9:1] = 9'h000;
+  assign \$539 [0] = \$signature__data$327 [6];
+  assign \$540  = \$signature__data$327 [6];
+  assign \$548 [9:1] = 9'h000;
+  assign \$548 [0] = \$signature__data$327 [6];
+  assign \$549  = \$signature__data$327 [6];
+  assign \$551 [9:1] = 9'h000;
+  assign \$551 [0] = \$signature__data$327 [6];
+  assign \$552  = \$signature__data$327 [6];
+  assign \$559  = \$558 [18];
+  assign \$566 [9:1] = 9'h000;
+  assign \$566 [0] = \$signature__data$327 [6];
+  assign \$567  = \$signature__data$327 [6];
+  assign \$569  = { 1'h0, \$signature__data$327 [63:48], 2'h0 };
+  assign \$570  = \$569 [18];
+  assign \$571  = { 1'h0, \$signature__data$327 [63:48], 2'h0 };
+  assign { \$573 [9:2], \$573 [0] } = 9'h000;
+  assign \$573 [1] = \$signature__data$327 [7];
+  assign { \$597 [9:3], \$597 [1:0] } = 9'h000;
+  assign \$597 [2] = ins[8];
+  assign \$598  = ins[8];
+  assign \$602  = \$601 ;
+  assign { \$603 [9:3], \$603 [1:0] } = 9'h000;
+  assign \$603 [2] = ins[8];
+  assign \$604  = ins[8];
+  assign \$605  = { l1_acc[13:2], 1'h0 };
+  assign \$607  = { l1_acc[13:2], 1'h0 };
+  assign \$681  = 1'h1;
+  assign \$538  = \$537 [17:0];
+  assign \$572  = \$571 [17:0];
+  assign \$574  = \$signature__data$327 [7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1146$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1164$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, \port$3263$0 , rd_data__ready, rd_start, wr_start, wr_data__valid, abort, rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1166$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1184$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3572$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -18850,12 +18724,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1146$0 ;
-  wire [5:0] \port$1146$0 ;
-  output [5:0] \port$1164$0 ;
-  wire [5:0] \port$1164$0 ;
-  input [14:0] \port$3263$0 ;
-  wire [14:0] \port$3263$0 ;
+  output [5:0] \port$1166$0 ;
+  wire [5:0] \port$1166$0 ;
+  output [5:0] \port$1184$0 ;
+  wire [5:0] \port$1184$0 ;
+  input [15:0] \port$3572$2 ;
+  wire [15:0] \port$3572$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -19020,7 +18894,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 9'h000, \port$3263$0  };
+      \$74  = { 8'h00, \port$3572$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -19056,7 +18930,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 9'h000, \port$3263$0  };
+      \$77  = { 8'h00, \port$3572$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -19101,11 +18975,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 9'h000, \port$3263$0  };
+  assign rd_beats = { 8'h00, \port$3572$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 9'h000, \port$3263$0  };
-  assign \port$1146$0  = \$9 ;
-  assign \port$1164$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3572$2  };
+  assign \port$1166$0  = \$9 ;
+  assign \port$1184$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -19128,11 +19002,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$102 ;
   wire \$103 ;
   wire \$104 ;
-  wire [6:0] \$105 ;
-  wire [12:0] \$106 ;
+  wire \$105 ;
+  wire \$106 ;
   wire \$107 ;
-  wire \$108 ;
-  wire \$109 ;
+  wire [6:0] \$108 ;
+  wire [12:0] \$109 ;
   wire \$11 ;
   wire \$110 ;
   wire \$111 ;
@@ -19148,26 +19022,26 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
-  wire [6:0] \$123 ;
-  wire [12:0] \$124 ;
+  wire \$123 ;
+  wire \$124 ;
   wire \$125 ;
-  wire \$126 ;
-  wire \$127 ;
-  wire [31:0] \$128 ;
-  wire [32:0] \$129 ;
+  wire [6:0] \$126 ;
+  wire [12:0] \$127 ;
+  wire \$128 ;
+  wire \$129 ;
   wire [12:0] \$13 ;
-  wire [31:0] \$130 ;
+  wire \$130 ;
   wire [32:0] \$131 ;
-  wire [31:0] \$132 ;
+  wire [32:0] \$132 ;
   wire [32:0] \$133 ;
-  wire [31:0] \$134 ;
-  wire [32:0] \$135 ;
+  wire [32:0] \$134 ;
+  wire [31:0] \$135 ;
   wire [31:0] \$136 ;
   wire [31:0] \$137 ;
   wire [31:0] \$138 ;
-  wire [31:0] \$139 ;
+  wire [13:0] \$139 ;
   wire \$14 ;
-  wire [13:0] \$140 ;
+  wire \$140 ;
   wire \$141 ;
   wire \$142 ;
   wire \$143 ;
@@ -19202,79 +19076,78 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
-  wire \$172 ;
-  reg [11:0] \$173 ;
-  reg \$174 ;
-  reg [13:0] \$175 ;
-  reg \$176 ;
-  reg [1:0] \$177 ;
+  reg [11:0] \$172 ;
+  reg \$173 ;
+  reg [13:0] \$174 ;
+  reg \$175 ;
+  reg [1:0] \$176 ;
+  reg \$177 ;
   reg \$178 ;
-  reg \$179 ;
+  reg [11:0] \$179 ;
   wire \$18 ;
   reg [11:0] \$180 ;
-  reg [11:0] \$181 ;
-  reg [3:0] \$182 ;
+  reg [3:0] \$181 ;
+  reg \$182 ;
   reg \$183 ;
   reg \$184 ;
-  reg \$185 ;
-  reg [3:0] \$186 ;
+  reg [3:0] \$185 ;
+  reg \$186 ;
   reg \$187 ;
   reg \$188 ;
-  reg \$189 ;
+  reg [31:0] \$189 ;
   wire \$19 ;
   reg [31:0] \$190 ;
-  reg [31:0] \$191 ;
+  reg \$191 ;
   reg \$192 ;
-  reg \$193 ;
-  reg [11:0] \$194 ;
-  reg [13:0] \$195 ;
+  reg [11:0] \$193 ;
+  reg [13:0] \$194 ;
+  reg [11:0] \$195 ;
   reg [11:0] \$196 ;
-  reg [11:0] \$197 ;
+  reg [13:0] \$197 ;
   reg [13:0] \$198 ;
   reg [13:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg [13:0] \$200 ;
+  reg [2:0] \$200 ;
   reg [2:0] \$201 ;
-  reg [2:0] \$202 ;
-  reg [13:0] \$203 ;
-  reg [2:0] \$204 ;
+  reg [13:0] \$202 ;
+  reg [2:0] \$203 ;
+  reg \$204 ;
   reg \$205 ;
   reg \$206 ;
-  reg \$207 ;
-  reg [13:0] \$208 ;
-  reg [127:0] \$209 ;
+  reg [13:0] \$207 ;
+  reg \$208 ;
+  reg \$209 ;
   wire \$21 ;
-  reg \$210 ;
+  reg [13:0] \$210 ;
   reg \$211 ;
-  reg [13:0] \$212 ;
-  reg [127:0] \$213 ;
-  reg \$214 ;
-  reg \$215 ;
-  reg [13:0] \$216 ;
-  reg [127:0] \$217 ;
-  reg [1:0] \$218 ;
-  reg [127:0] \$219 ;
+  reg \$212 ;
+  reg [13:0] \$213 ;
+  reg [127:0] \$214 ;
+  reg [127:0] \$215 ;
+  reg [127:0] \$216 ;
+  reg [1:0] \$217 ;
+  reg [127:0] \$218 ;
+  reg \$219 ;
   wire \$22 ;
-  reg \$220 ;
-  reg [3:0] \$221 ;
-  reg \$222 ;
-  reg [13:0] \$223 ;
+  reg [3:0] \$220 ;
+  reg \$221 ;
+  reg [13:0] \$222 ;
+  reg [11:0] \$223 ;
   reg [11:0] \$224 ;
-  reg [11:0] \$225 ;
+  reg [13:0] \$225 ;
   reg [13:0] \$226 ;
-  reg [13:0] \$227 ;
-  reg \$228 ;
-  reg [3:0] \$229 ;
+  reg \$227 ;
+  reg [3:0] \$228 ;
+  reg \$229 ;
   wire [7:0] \$23 ;
-  reg \$230 ;
-  reg [79:0] \$231 ;
-  reg \$232 ;
+  reg [79:0] \$230 ;
+  reg \$231 ;
+  reg [2:0] \$232 ;
   reg [2:0] \$233 ;
-  reg [2:0] \$234 ;
-  reg [11:0] \$235 ;
+  reg [11:0] \$234 ;
+  reg [13:0] \$235 ;
   reg [13:0] \$236 ;
-  reg [13:0] \$237 ;
   wire [7:0] \$24 ;
   wire [7:0] \$25 ;
   wire [7:0] \$26 ;
@@ -19312,30 +19185,30 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$55 ;
   wire \$56 ;
   wire \$57 ;
-  wire [14:0] \$58 ;
-  wire [14:0] \$59 ;
+  wire \$58 ;
+  wire \$59 ;
   wire [1:0] \$6 ;
   wire \$60 ;
-  wire \$61 ;
+  wire [14:0] \$61 ;
   wire [14:0] \$62 ;
-  wire [14:0] \$63 ;
-  wire [12:0] \$64 ;
-  wire \$65 ;
-  wire \$66 ;
-  wire \$67 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire [14:0] \$65 ;
+  wire [14:0] \$66 ;
+  wire [12:0] \$67 ;
   wire \$68 ;
-  wire [12:0] \$69 ;
+  wire \$69 ;
   wire [1:0] \$7 ;
   wire \$70 ;
-  wire [12:0] \$71 ;
-  wire \$72 ;
-  wire [14:0] \$73 ;
-  wire \$74 ;
-  wire [12:0] \$75 ;
-  wire [12:0] \$76 ;
+  wire \$71 ;
+  wire [12:0] \$72 ;
+  wire \$73 ;
+  wire [12:0] \$74 ;
+  wire \$75 ;
+  wire [14:0] \$76 ;
   wire \$77 ;
-  wire \$78 ;
-  wire \$79 ;
+  wire [12:0] \$78 ;
+  wire [12:0] \$79 ;
   wire [1:0] \$8 ;
   wire \$80 ;
   wire \$81 ;
@@ -19345,14 +19218,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$85 ;
   wire \$86 ;
   wire \$87 ;
-  wire [2:0] \$88 ;
-  wire [12:0] \$89 ;
+  wire \$88 ;
+  wire \$89 ;
   wire \$9 ;
-  wire [14:0] \$90 ;
-  wire [14:0] \$91 ;
-  wire \$92 ;
-  wire \$93 ;
-  wire \$94 ;
+  wire \$90 ;
+  wire [2:0] \$91 ;
+  wire [12:0] \$92 ;
+  wire [14:0] \$93 ;
+  wire [14:0] \$94 ;
   wire \$95 ;
   wire \$96 ;
   wire \$97 ;
@@ -20004,11 +19877,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @(posedge clk) begin
     if (\$signature__en$97 )
-      spad_b[\$106 [6:0]] <= b_in__payload;
+      spad_b[\$109 [6:0]] <= b_in__payload;
   end
   reg [31:0] _1_;
   always @(posedge clk) begin
-    _1_ <= spad_b[\$124 [6:0]];
+    _1_ <= spad_b[\$127 [6:0]];
   end
   assign b_rd__data = _1_;
   reg [127:0] spad_c [255:0];
@@ -20277,7 +20150,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg [127:0] _2_;
   always @(posedge clk) begin
     if (c_rd__en) begin
-      _2_ <= spad_c[\$140 [7:0]];
+      _2_ <= spad_c[\$139 [7:0]];
     end
   end
   assign c_rd__data = _2_;
@@ -20335,262 +20208,261 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \$52  = \$51  - tile_drained;
   assign \$53  = ~ q_valid;
   assign \$54  = \$53  | i__ready;
-  assign \$55  = ~ q_valid;
-  assign \$56  = \$55  | i__ready;
-  assign \$57  = storing & \$56 ;
-  assign \$58  = c_lim - cmd[53:45];
-  assign \$59  = c_lim - cmd[53:45];
-  assign \$60  = | s_left;
-  assign \$61  = | s_left;
-  assign \$62  = s_addr + 1'h1;
-  assign \$63  = s_left - 1'h1;
-  assign \$64  = s_n + 1'h1;
-  assign \$65  = s_rows > 1'h0;
-  assign \$66  = s_rows > 1'h1;
-  assign \$67  = s_rows > 2'h2;
-  assign \$68  = s_rows > 2'h3;
-  assign \$69  = cmd[35:24] - 1'h1;
-  assign \$70  = s_n == \$69 ;
-  assign \$71  = s_rows - 3'h4;
-  assign \$72  = c_out__valid & c_out__ready;
-  assign \$73  = out_left - 1'h1;
-  assign \$74  = | code;
-  assign \$75  = cmd[44:36] + cmd[23:12];
-  assign \$76  = cmd[53:45] + cmd[35:24];
-  assign \$77  = cmd[76] | cmd[77];
-  assign \$78  = a_lim > 9'h100;
-  assign \$79  = \$77  & \$78 ;
-  assign \$80  = cmd[77] | cmd[79];
-  assign \$81  = c_lim > 9'h100;
+  assign \$55  = ~ storing;
+  assign \$56  = ~ cmd[78];
+  assign \$57  = \$55  & \$56 ;
+  assign \$58  = ~ q_valid;
+  assign \$59  = \$58  | i__ready;
+  assign \$60  = storing & \$59 ;
+  assign \$61  = c_lim - cmd[53:45];
+  assign \$62  = c_lim - cmd[53:45];
+  assign \$63  = | s_left;
+  assign \$64  = | s_left;
+  assign \$65  = s_addr + 1'h1;
+  assign \$66  = s_left - 1'h1;
+  assign \$67  = s_n + 1'h1;
+  assign \$68  = s_rows > 1'h0;
+  assign \$69  = s_rows > 1'h1;
+  assign \$70  = s_rows > 2'h2;
+  assign \$71  = s_rows > 2'h3;
+  assign \$72  = cmd[35:24] - 1'h1;
+  assign \$73  = s_n == \$72 ;
+  assign \$74  = s_rows - 3'h4;
+  assign \$75  = c_out__valid & c_out__ready;
+  assign \$76  = out_left - 1'h1;
+  assign \$77  = | code;
+  assign \$78  = cmd[44:36] + cmd[23:12];
+  assign \$79  = cmd[53:45] + cmd[35:24];
+  assign \$80  = cmd[76] | cmd[77];
+  assign \$81  = a_lim > 9'h100;
   assign \$82  = \$80  & \$81 ;
-  assign \$83  = \$79  | \$82 ;
-  assign \$84  = rows_left <= 3'h4;
-  assign \$85  = cmd[76] | cmd[77];
-  assign \$86  = a_lim > 9'h100;
-  assign \$87  = \$85  & \$86 ;
-  assign \$88  = \$87  ? 3'h4 : 3'h5;
-  assign \$89  = rows_left - 3'h4;
-  assign \$90  = a_lim + cmd[23:12];
-  assign \$91  = c_lim + cmd[35:24];
-  assign \$92  = start | \$signal ;
-  assign \$93  = \$92  | \$signal$14 ;
-  assign \$94  = \$93  | issuing;
-  assign \$95  = \$94  | drain_busy;
-  assign \$96  = \$95  | col_busy0;
-  assign \$97  = \$96  | col_busy1;
-  assign \$98  = \$97  | w_busy;
-  assign \$99  = ~ \$98 ;
-  assign \$100  = ! pending;
-  assign \$101  = \$99  & \$100 ;
-  assign \$102  = ! out_left;
+  assign \$83  = cmd[77] | cmd[79];
+  assign \$84  = c_lim > 9'h100;
+  assign \$85  = \$83  & \$84 ;
+  assign \$86  = \$82  | \$85 ;
+  assign \$87  = rows_left <= 3'h4;
+  assign \$88  = cmd[76] | cmd[77];
+  assign \$89  = a_lim > 9'h100;
+  assign \$90  = \$88  & \$89 ;
+  assign \$91  = \$90  ? 3'h4 : 3'h5;
+  assign \$92  = rows_left - 3'h4;
+  assign \$93  = a_lim + cmd[23:12];
+  assign \$94  = c_lim + cmd[35:24];
+  assign \$95  = start | \$signal ;
+  assign \$96  = \$95  | \$signal$14 ;
+  assign \$97  = \$96  | issuing;
+  assign \$98  = \$97  | drain_busy;
+  assign \$99  = \$98  | col_busy0;
+  assign \$100  = \$99  | col_busy1;
+  assign \$101  = \$100  | w_busy;
+  assign \$102  = ~ \$101 ;
+  assign \$103  = ! pending;
+  assign \$104  = \$102  & \$103 ;
+  assign \$105  = ! out_left;
   assign \$signature__en  = a_in__valid & \$signal ;
-  assign \$103  = full >> wbuf;
-  assign \$104  = ~ \$103 ;
-  assign b_take = \$signal$14  & \$104 ;
-  assign \$105  = wbuf ? 7'h40 : 7'h00;
-  assign \$106  = \$105  + b_k;
+  assign \$106  = full >> wbuf;
+  assign \$107  = ~ \$106 ;
+  assign b_take = \$signal$14  & \$107 ;
+  assign \$108  = wbuf ? 7'h40 : 7'h00;
+  assign \$109  = \$108  + b_k;
   assign \$signature__en$97  = b_in__valid & b_take;
-  assign \$107  = b_in__valid & b_take;
-  assign \$108  = b_k == k_m1;
-  assign \$109  = full >> rbuf;
-  assign \$110  = wbuf == rbuf;
-  assign \$111  = b_take & \$110 ;
-  assign \$112  = b_k > k;
-  assign \$113  = \$111  & \$112 ;
-  assign panel_ready = \$109  | \$113 ;
-  assign \$114  = issuing & panel_ready;
-  assign \$115  = ~ cmd[76];
-  assign \$116  = a_ptr != a_wptr;
-  assign \$117  = \$115  | \$116 ;
-  assign \$118  = \$114  & \$117 ;
-  assign \$119  = k == k_m1;
-  assign \$120  = ~ \$119 ;
-  assign \$121  = gap >= 4'ha;
-  assign \$122  = \$120  | \$121 ;
-  assign step = \$118  & \$122 ;
-  assign \$123  = rbuf ? 7'h40 : 7'h00;
-  assign \$124  = \$123  + k;
-  assign \$125  = k == k_m1;
-  assign \$126  = rows_c <= 3'h4;
-  assign \$127  = d_col == 2'h3;
+  assign \$110  = b_in__valid & b_take;
+  assign \$111  = b_k == k_m1;
+  assign \$112  = full >> rbuf;
+  assign \$113  = wbuf == rbuf;
+  assign \$114  = b_take & \$113 ;
+  assign \$115  = b_k > k;
+  assign \$116  = \$114  & \$115 ;
+  assign panel_ready = \$112  | \$116 ;
+  assign \$117  = issuing & panel_ready;
+  assign \$118  = ~ cmd[76];
+  assign \$119  = a_ptr != a_wptr;
+  assign \$120  = \$118  | \$119 ;
+  assign \$121  = \$117  & \$120 ;
+  assign \$122  = k == k_m1;
+  assign \$123  = ~ \$122 ;
+  assign \$124  = gap >= 4'ha;
+  assign \$125  = \$123  | \$124 ;
+  assign step = \$121  & \$125 ;
+  assign \$126  = rbuf ? 7'h40 : 7'h00;
+  assign \$127  = \$126  + k;
+  assign \$128  = k == k_m1;
+  assign \$129  = rows_c <= 3'h4;
+  assign \$130  = d_col == 2'h3;
   assign shift = done | drain_busy;
-  assign \$128  = cmd[78] ? c_q[31:0] : 32'd0;
-  assign \$129  = $signed(w_word[31:0]) + $signed(\$128 );
-  assign \$130  = cmd[78] ? c_q[63:32] : 32'd0;
-  assign \$131  = $signed(w_word[63:32]) + $signed(\$130 );
-  assign \$132  = cmd[78] ? c_q[95:64] : 32'd0;
-  assign \$133  = $signed(w_word[95:64]) + $signed(\$132 );
-  assign \$134  = cmd[78] ? c_q[127:96] : 32'd0;
-  assign \$135  = $signed(w_word[127:96]) + $signed(\$134 );
-  assign \$136  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$137  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$138  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$139  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$140  = storing ? s_addr : col_addr0;
-  assign \$141  = ~ storing;
-  assign \$142  = ~ q_valid;
-  assign \$143  = \$142  | i__ready;
-  assign c_rd__en = \$141  | \$143 ;
+  assign \$131  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
+  assign \$132  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
+  assign \$133  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
+  assign \$134  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
+  assign \$135  = q_mask[0] ? c_q[31:0] : 32'd0;
+  assign \$136  = q_mask[1] ? c_q[63:32] : 32'd0;
+  assign \$137  = q_mask[2] ? c_q[95:64] : 32'd0;
+  assign \$138  = q_mask[3] ? c_q[127:96] : 32'd0;
+  assign \$139  = storing ? s_addr : col_addr0;
+  assign \$140  = ~ storing;
+  assign \$141  = ~ q_valid;
+  assign \$142  = \$141  | i__ready;
+  assign c_rd__en = \$140  | \$142 ;
   assign busy = ~ cmd__ready;
-  assign \$144  = cmd[76] | cmd[77];
-  assign \$145  = \$144  | cmd[79];
-  assign \$146  = ~ \$145 ;
-  assign \$147  = ! cmd[11:0];
-  assign \$148  = cmd[76] | cmd[77];
-  assign \$149  = ! cmd[23:12];
-  assign \$150  = \$148  & \$149 ;
-  assign \$151  = \$147  | \$150 ;
-  assign \$152  = cmd[77] | cmd[79];
-  assign \$153  = ! cmd[35:24];
-  assign \$154  = \$152  & \$153 ;
-  assign \$155  = \$151  | \$154 ;
-  assign \$156  = cmd[23:12] > 7'h40;
-  assign \$157  = cmd[77] & \$156 ;
-  assign \$158  = start | \$signal ;
-  assign \$159  = \$158  | \$signal$14 ;
-  assign \$160  = \$159  | issuing;
-  assign \$161  = \$160  | drain_busy;
-  assign \$162  = \$161  | col_busy0;
-  assign \$163  = \$162  | col_busy1;
-  assign \$164  = \$163  | w_busy;
-  assign \$165  = ~ \$164 ;
-  assign \$166  = ! pending;
-  assign \$167  = \$165  & \$166 ;
-  assign \$168  = ! fsm_state;
-  assign \$169  = fsm_state == 1'h1;
-  assign \$170  = fsm_state == 2'h2;
-  assign \$171  = fsm_state == 2'h3;
-  assign \$172  = fsm_state == 3'h4;
+  assign \$143  = cmd[76] | cmd[77];
+  assign \$144  = \$143  | cmd[79];
+  assign \$145  = ~ \$144 ;
+  assign \$146  = ! cmd[11:0];
+  assign \$147  = cmd[76] | cmd[77];
+  assign \$148  = ! cmd[23:12];
+  assign \$149  = \$147  & \$148 ;
+  assign \$150  = \$146  | \$149 ;
+  assign \$151  = cmd[77] | cmd[79];
+  assign \$152  = ! cmd[35:24];
+  assign \$153  = \$151  & \$152 ;
+  assign \$154  = \$150  | \$153 ;
+  assign \$155  = cmd[23:12] > 7'h40;
+  assign \$156  = cmd[77] & \$155 ;
+  assign \$157  = start | \$signal ;
+  assign \$158  = \$157  | \$signal$14 ;
+  assign \$159  = \$158  | issuing;
+  assign \$160  = \$159  | drain_busy;
+  assign \$161  = \$160  | col_busy0;
+  assign \$162  = \$161  | col_busy1;
+  assign \$163  = \$162  | w_busy;
+  assign \$164  = ~ \$163 ;
+  assign \$165  = ! pending;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = ! fsm_state;
+  assign \$168  = fsm_state == 1'h1;
+  assign \$169  = fsm_state == 2'h2;
+  assign \$170  = fsm_state == 2'h3;
+  assign \$171  = fsm_state == 3'h4;
   always @(posedge clk)
-    k_m1 <= \$173 ;
+    k_m1 <= \$172 ;
   always @(posedge clk)
-    start <= \$174 ;
+    start <= \$173 ;
   always @(posedge clk)
-    a_wptr <= \$175 ;
+    a_wptr <= \$174 ;
   always @(posedge clk)
-    \$signal  <= \$176 ;
+    \$signal  <= \$175 ;
   always @(posedge clk)
-    full <= \$177 ;
+    full <= \$176 ;
   always @(posedge clk)
-    \$signal$14  <= \$178 ;
+    \$signal$14  <= \$177 ;
   always @(posedge clk)
-    wbuf <= \$179 ;
+    wbuf <= \$178 ;
   always @(posedge clk)
-    b_k <= \$180 ;
+    b_k <= \$179 ;
   always @(posedge clk)
-    b_cols_left <= \$181 ;
+    b_cols_left <= \$180 ;
   always @(posedge clk)
-    gap <= \$182 ;
+    gap <= \$181 ;
   always @(posedge clk)
-    \$signal$19  <= \$183 ;
+    \$signal$19  <= \$182 ;
   always @(posedge clk)
-    \$signal$21  <= \$184 ;
+    \$signal$21  <= \$183 ;
   always @(posedge clk)
-    s_last <= \$185 ;
+    s_last <= \$184 ;
   always @(posedge clk)
-    s_mask <= \$186 ;
+    s_mask <= \$185 ;
   always @(posedge clk)
-    valid <= \$187 ;
+    valid <= \$186 ;
   always @(posedge clk)
-    first <= \$188 ;
+    first <= \$187 ;
   always @(posedge clk)
-    last <= \$189 ;
+    last <= \$188 ;
   always @(posedge clk)
-    b <= \$190 ;
+    b <= \$189 ;
   always @(posedge clk)
-    a <= \$191 ;
+    a <= \$190 ;
   always @(posedge clk)
-    issuing <= \$192 ;
+    issuing <= \$191 ;
   always @(posedge clk)
-    rbuf <= \$193 ;
+    rbuf <= \$192 ;
   always @(posedge clk)
-    k <= \$194 ;
+    k <= \$193 ;
   always @(posedge clk)
-    a_ptr <= \$195 ;
+    a_ptr <= \$194 ;
   always @(posedge clk)
-    rows_c <= \$196 ;
+    rows_c <= \$195 ;
   always @(posedge clk)
-    cols_c <= \$197 ;
+    cols_c <= \$196 ;
   always @(posedge clk)
-    c_panel <= \$198 ;
+    c_panel <= \$197 ;
   always @(posedge clk)
-    c_tile <= \$199 ;
+    c_tile <= \$198 ;
   always @(posedge clk)
-    t_base <= \$200 ;
+    t_base <= \$199 ;
   always @(posedge clk)
-    t_cols <= \$201 ;
+    t_cols <= \$200 ;
   always @(posedge clk)
-    d_col <= \$202 ;
+    d_col <= \$201 ;
   always @(posedge clk)
-    d_base <= \$203 ;
+    d_base <= \$202 ;
   always @(posedge clk)
-    d_cols <= \$204 ;
+    d_cols <= \$203 ;
   always @(posedge clk)
-    drain_busy <= \$205 ;
+    drain_busy <= \$204 ;
   always @(posedge clk)
-    col_valid0 <= \$206 ;
+    col_valid0 <= \$205 ;
   always @(posedge clk)
-    col_busy0 <= \$207 ;
+    col_busy0 <= \$206 ;
   always @(posedge clk)
-    col_addr0 <= \$208 ;
+    col_addr0 <= \$207 ;
   always @(posedge clk)
-    col_word0 <= \$209 ;
+    col_valid1 <= \$208 ;
   always @(posedge clk)
-    col_valid1 <= \$210 ;
+    col_busy1 <= \$209 ;
   always @(posedge clk)
-    col_busy1 <= \$211 ;
+    col_addr1 <= \$210 ;
   always @(posedge clk)
-    col_addr1 <= \$212 ;
+    w_valid <= \$211 ;
   always @(posedge clk)
-    col_word1 <= \$213 ;
+    w_busy <= \$212 ;
   always @(posedge clk)
-    w_valid <= \$214 ;
+    w_addr <= \$213 ;
   always @(posedge clk)
-    w_busy <= \$215 ;
+    col_word0 <= \$214 ;
   always @(posedge clk)
-    w_addr <= \$216 ;
+    col_word1 <= \$215 ;
   always @(posedge clk)
-    w_word <= \$217 ;
+    w_word <= \$216 ;
   always @(posedge clk)
-    pending <= \$218 ;
+    pending <= \$217 ;
   always @(posedge clk)
-    c_q <= \$219 ;
+    c_q <= \$218 ;
   always @(posedge clk)
-    q_valid <= \$220 ;
+    q_valid <= \$219 ;
   always @(posedge clk)
-    q_mask <= \$221 ;
+    q_mask <= \$220 ;
   always @(posedge clk)
-    storing <= \$222 ;
+    storing <= \$221 ;
   always @(posedge clk)
-    s_addr <= \$223 ;
+    s_addr <= \$222 ;
   always @(posedge clk)
-    s_n <= \$224 ;
+    s_n <= \$223 ;
   always @(posedge clk)
-    s_rows <= \$225 ;
+    s_rows <= \$224 ;
   always @(posedge clk)
-    s_left <= \$226 ;
+    s_left <= \$225 ;
   always @(posedge clk)
-    out_left <= \$227 ;
+    out_left <= \$226 ;
   always @(posedge clk)
-    r_valid <= \$228 ;
+    r_valid <= \$227 ;
   always @(posedge clk)
-    r_mask <= \$229 ;
+    r_mask <= \$228 ;
   always @(posedge clk)
-    \done$79  <= \$230 ;
+    \done$79  <= \$229 ;
   always @(posedge clk)
-    cmd <= \$231 ;
+    cmd <= \$230 ;
   always @(posedge clk)
-    error <= \$232 ;
+    error <= \$231 ;
   always @(posedge clk)
-    error_code <= \$233 ;
+    error_code <= \$232 ;
   always @(posedge clk)
-    fsm_state <= \$234 ;
+    fsm_state <= \$233 ;
   always @(posedge clk)
-    rows_left <= \$235 ;
+    rows_left <= \$234 ;
   always @(posedge clk)
-    a_lim <= \$236 ;
+    a_lim <= \$235 ;
   always @(posedge clk)
-    c_lim <= \$237 ;
+    c_lim <= \$236 ;
   \nanokpu_kpu.gemm.array  array (
     .a(a),
     .b(b),
@@ -20612,96 +20484,113 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$3742$54 (cmd[75:54]),
+    .\port$3968$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$173  = \$1 [11:0];
+    \$172  = \$1 [11:0];
     if (unit_rst) begin
-      \$173  = 12'h000;
+      \$172  = 12'h000;
     end
     if (rst) begin
-      \$173  = 12'h000;
+      \$172  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$174  = 1'h0;
+    \$173  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$83 ) begin
-          end else if (\$84 ) begin
-            \$174  = 1'h1;
+          if (\$86 ) begin
+          end else if (\$87 ) begin
+            \$173  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$174  = 1'h0;
+      \$173  = 1'h0;
     end
     if (rst) begin
-      \$174  = 1'h0;
+      \$173  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$175  = a_wptr;
+    \$174  = a_wptr;
     if (start) begin
-      \$175  = { 5'h00, cmd[44:36] };
+      \$174  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$175  = \$3 [13:0];
+      \$174  = \$3 [13:0];
     end
     if (unit_rst) begin
-      \$175  = 14'h0000;
+      \$174  = 14'h0000;
     end
     if (rst) begin
-      \$175  = 14'h0000;
+      \$174  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$176  = \$signal ;
+    \$175  = \$signal ;
     if (start) begin
-      \$176  = cmd[76];
+      \$175  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$176  = 1'h0;
+        \$175  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$176  = 1'h0;
+      \$175  = 1'h0;
     end
     if (rst) begin
-      \$176  = 1'h0;
+      \$175  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$177  = \$8 ;
+    \$176  = \$8 ;
     if (unit_rst) begin
-      \$177  = 2'h0;
+      \$176  = 2'h0;
     end
     if (rst) begin
-      \$177  = 2'h0;
+      \$176  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$178  = \$signal$14 ;
+    \$177  = \$signal$14 ;
     if (start) begin
-      \$178  = cmd[77];
+      \$177  = cmd[77];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$178  = 1'h0;
+          \$177  = 1'h0;
         end
       end
     end
     if (unit_rst) begin
+      \$177  = 1'h0;
+    end
+    if (rst) begin
+      \$177  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$178  = wbuf;
+    if (start) begin
+      \$178  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$178  = \$12 ;
+      end
+    end
+    if (unit_rst) begin
       \$178  = 1'h0;
     end
     if (rst) begin
@@ -20710,30 +20599,30 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$179  = wbuf;
+    \$179  = b_k;
     if (start) begin
-      \$179  = 1'h0;
+      \$179  = 12'h000;
     end else if (\$9 ) begin
+      \$179  = \$10 [11:0];
       if (\$11 ) begin
-        \$179  = \$12 ;
+        \$179  = 12'h000;
       end
     end
     if (unit_rst) begin
-      \$179  = 1'h0;
+      \$179  = 12'h000;
     end
     if (rst) begin
-      \$179  = 1'h0;
+      \$179  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$180  = b_k;
+    \$180  = b_cols_left;
     if (start) begin
-      \$180  = 12'h000;
+      \$180  = cmd[35:24];
     end else if (\$9 ) begin
-      \$180  = \$10 [11:0];
       if (\$11 ) begin
-        \$180  = 12'h000;
+        \$180  = \$13 [11:0];
       end
     end
     if (unit_rst) begin
@@ -20745,44 +20634,37 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$181  = b_cols_left;
-    if (start) begin
-      \$181  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$181  = \$13 [11:0];
-      end
-    end
-    if (unit_rst) begin
-      \$181  = 12'h000;
-    end
-    if (rst) begin
-      \$181  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$182  = gap;
+    \$181  = gap;
     if (\$15 ) begin
-      \$182  = \$16 [3:0];
+      \$181  = \$16 [3:0];
     end
     if (start) begin
-      \$182  = 4'hb;
+      \$181  = 4'hb;
     end else if (step) begin
       if (\$29 ) begin
-        \$182  = 4'h0;
+        \$181  = 4'h0;
       end
     end
     if (unit_rst) begin
-      \$182  = 4'h0;
+      \$181  = 4'h0;
     end
     if (rst) begin
-      \$182  = 4'h0;
+      \$181  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$183  = step;
+    \$182  = step;
+    if (unit_rst) begin
+      \$182  = 1'h0;
+    end
+    if (rst) begin
+      \$182  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$183  = \$17 ;
     if (unit_rst) begin
       \$183  = 1'h0;
     end
@@ -20792,7 +20674,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$184  = \$17 ;
+    \$184  = \$18 ;
     if (unit_rst) begin
       \$184  = 1'h0;
     end
@@ -20802,27 +20684,27 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$185  = \$18 ;
+    \$185  = { \$22 , \$21 , \$20 , \$19  };
     if (unit_rst) begin
-      \$185  = 1'h0;
+      \$185  = 4'h0;
     end
     if (rst) begin
-      \$185  = 1'h0;
+      \$185  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$186  = { \$22 , \$21 , \$20 , \$19  };
+    \$186  = \$signal$19 ;
     if (unit_rst) begin
-      \$186  = 4'h0;
+      \$186  = 1'h0;
     end
     if (rst) begin
-      \$186  = 4'h0;
+      \$186  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$187  = \$signal$19 ;
+    \$187  = \$signal$21 ;
     if (unit_rst) begin
       \$187  = 1'h0;
     end
@@ -20832,7 +20714,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$188  = \$signal$21 ;
+    \$188  = s_last;
     if (unit_rst) begin
       \$188  = 1'h0;
     end
@@ -20842,17 +20724,20 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$189  = s_last;
+    \$189  = b_rd__data;
     if (unit_rst) begin
-      \$189  = 1'h0;
+      \$189  = 32'd0;
     end
     if (rst) begin
-      \$189  = 1'h0;
+      \$189  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$190  = b_rd__data;
+    \$190 [7:0] = \$23 ;
+    \$190 [15:8] = \$24 ;
+    \$190 [23:16] = \$25 ;
+    \$190 [31:24] = \$26 ;
     if (unit_rst) begin
       \$190  = 32'd0;
     end
@@ -20862,32 +20747,38 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$191 [7:0] = \$23 ;
-    \$191 [15:8] = \$24 ;
-    \$191 [23:16] = \$25 ;
-    \$191 [31:24] = \$26 ;
-    if (unit_rst) begin
-      \$191  = 32'd0;
-    end
-    if (rst) begin
-      \$191  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$192  = issuing;
+    \$191  = issuing;
     if (start) begin
-      \$192  = cmd[77];
+      \$191  = cmd[77];
     end else if (step) begin
       if (\$29 ) begin
         if (\$34 ) begin
           if (\$39 ) begin
-            \$192  = 1'h0;
+            \$191  = 1'h0;
           end
         end
       end
     end
     if (unit_rst) begin
+      \$191  = 1'h0;
+    end
+    if (rst) begin
+      \$191  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$192  = rbuf;
+    if (start) begin
+      \$192  = 1'h0;
+    end else if (step) begin
+      if (\$29 ) begin
+        if (\$34 ) begin
+          \$192  = \$35 ;
+        end
+      end
+    end
+    if (unit_rst) begin
       \$192  = 1'h0;
     end
     if (rst) begin
@@ -20896,71 +20787,71 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$193  = rbuf;
+    \$193  = k;
     if (start) begin
-      \$193  = 1'h0;
+      \$193  = 12'h000;
     end else if (step) begin
+      \$193  = \$27 [11:0];
+      if (\$29 ) begin
+        \$193  = 12'h000;
+      end
+    end
+    if (unit_rst) begin
+      \$193  = 12'h000;
+    end
+    if (rst) begin
+      \$193  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$194  = a_ptr;
+    if (start) begin
+      \$194  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$194  = \$28 [13:0];
       if (\$29 ) begin
         if (\$34 ) begin
-          \$193  = \$35 ;
+          \$194  = { 5'h00, cmd[44:36] };
         end
       end
     end
     if (unit_rst) begin
-      \$193  = 1'h0;
+      \$194  = 14'h0000;
     end
     if (rst) begin
-      \$193  = 1'h0;
+      \$194  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$194  = k;
+    \$195  = rows_c;
     if (start) begin
-      \$194  = 12'h000;
+      \$195  = cmd[11:0];
     end else if (step) begin
-      \$194  = \$27 [11:0];
       if (\$29 ) begin
-        \$194  = 12'h000;
-      end
-    end
-    if (unit_rst) begin
-      \$194  = 12'h000;
-    end
-    if (rst) begin
-      \$194  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$195  = a_ptr;
-    if (start) begin
-      \$195  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$195  = \$28 [13:0];
-      if (\$29 ) begin
+        \$195  = \$32 [11:0];
         if (\$34 ) begin
-          \$195  = { 5'h00, cmd[44:36] };
+          \$195  = cmd[11:0];
         end
       end
     end
     if (unit_rst) begin
-      \$195  = 14'h0000;
+      \$195  = 12'h000;
     end
     if (rst) begin
-      \$195  = 14'h0000;
+      \$195  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$196  = rows_c;
+    \$196  = cols_c;
     if (start) begin
-      \$196  = cmd[11:0];
+      \$196  = cmd[35:24];
     end else if (step) begin
       if (\$29 ) begin
-        \$196  = \$32 [11:0];
         if (\$34 ) begin
-          \$196  = cmd[11:0];
+          \$196  = \$36 [11:0];
         end
       end
     end
@@ -20973,32 +20864,33 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$197  = cols_c;
+    \$197  = c_panel;
     if (start) begin
-      \$197  = cmd[35:24];
+      \$197  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
         if (\$34 ) begin
-          \$197  = \$36 [11:0];
+          \$197  = \$37 [13:0];
         end
       end
     end
     if (unit_rst) begin
-      \$197  = 12'h000;
+      \$197  = 14'h0000;
     end
     if (rst) begin
-      \$197  = 12'h000;
+      \$197  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$198  = c_panel;
+    \$198  = c_tile;
     if (start) begin
       \$198  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
+        \$198  = \$33 [13:0];
         if (\$34 ) begin
-          \$198  = \$37 [13:0];
+          \$198  = \$38 [13:0];
         end
       end
     end
@@ -21011,15 +20903,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$199  = c_tile;
+    \$199  = t_base;
     if (start) begin
-      \$199  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (\$29 ) begin
-        \$199  = \$33 [13:0];
-        if (\$34 ) begin
-          \$199  = \$38 [13:0];
-        end
+        \$199  = c_tile;
       end
     end
     if (unit_rst) begin
@@ -21031,88 +20919,82 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$200  = t_base;
+    \$200  = t_cols;
     if (start) begin
     end else if (step) begin
       if (\$29 ) begin
-        \$200  = c_tile;
+        \$200  = \$31 [2:0];
       end
     end
     if (unit_rst) begin
-      \$200  = 14'h0000;
+      \$200  = 3'h0;
     end
     if (rst) begin
-      \$200  = 14'h0000;
+      \$200  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$201  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$29 ) begin
-        \$201  = \$31 [2:0];
-      end
-    end
-    if (unit_rst) begin
-      \$201  = 3'h0;
-    end
-    if (rst) begin
-      \$201  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$202  = d_col;
+    \$201  = d_col;
     if (done) begin
-      \$202  = 3'h1;
+      \$201  = 3'h1;
     end else if (drain_busy) begin
-      \$202  = \$40 [2:0];
+      \$201  = \$40 [2:0];
     end
     if (unit_rst) begin
-      \$202  = 3'h0;
+      \$201  = 3'h0;
     end
     if (rst) begin
-      \$202  = 3'h0;
+      \$201  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$203  = d_base;
+    \$202  = d_base;
     if (done) begin
-      \$203  = t_base;
+      \$202  = t_base;
     end
     if (unit_rst) begin
-      \$203  = 14'h0000;
+      \$202  = 14'h0000;
     end
     if (rst) begin
-      \$203  = 14'h0000;
+      \$202  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$204  = d_cols;
+    \$203  = d_cols;
     if (done) begin
-      \$204  = t_cols;
+      \$203  = t_cols;
     end
     if (unit_rst) begin
-      \$204  = 3'h0;
+      \$203  = 3'h0;
     end
     if (rst) begin
-      \$204  = 3'h0;
+      \$203  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$205  = drain_busy;
+    \$204  = drain_busy;
     if (done) begin
-      \$205  = 1'h1;
+      \$204  = 1'h1;
     end else if (drain_busy) begin
       if (\$41 ) begin
-        \$205  = 1'h0;
+        \$204  = 1'h0;
       end
     end
     if (unit_rst) begin
+      \$204  = 1'h0;
+    end
+    if (rst) begin
+      \$204  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$205  = \$46 ;
+    if (unit_rst) begin
       \$205  = 1'h0;
     end
     if (rst) begin
@@ -21121,7 +21003,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$206  = \$46 ;
+    \$206  = \$47 ;
     if (unit_rst) begin
       \$206  = 1'h0;
     end
@@ -21131,47 +21013,47 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$207  = \$47 ;
+    \$207  = \$50 [13:0];
     if (unit_rst) begin
-      \$207  = 1'h0;
+      \$207  = 14'h0000;
     end
     if (rst) begin
-      \$207  = 1'h0;
+      \$207  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$208  = \$50 [13:0];
+    \$208  = col_valid0;
     if (unit_rst) begin
-      \$208  = 14'h0000;
+      \$208  = 1'h0;
     end
     if (rst) begin
-      \$208  = 14'h0000;
+      \$208  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$209  = out;
+    \$209  = col_busy0;
     if (unit_rst) begin
-      \$209  = 128'h00000000000000000000000000000000;
+      \$209  = 1'h0;
     end
     if (rst) begin
-      \$209  = 128'h00000000000000000000000000000000;
+      \$209  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$210  = col_valid0;
+    \$210  = col_addr0;
     if (unit_rst) begin
-      \$210  = 1'h0;
+      \$210  = 14'h0000;
     end
     if (rst) begin
-      \$210  = 1'h0;
+      \$210  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$211  = col_busy0;
+    \$211  = col_valid1;
     if (unit_rst) begin
       \$211  = 1'h0;
     end
@@ -21181,92 +21063,85 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$212  = col_addr0;
+    \$212  = col_busy1;
     if (unit_rst) begin
-      \$212  = 14'h0000;
+      \$212  = 1'h0;
     end
     if (rst) begin
-      \$212  = 14'h0000;
+      \$212  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$213  = col_word0;
+    \$213  = col_addr1;
     if (unit_rst) begin
-      \$213  = 128'h00000000000000000000000000000000;
+      \$213  = 14'h0000;
     end
     if (rst) begin
-      \$213  = 128'h00000000000000000000000000000000;
+      \$213  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$214  = col_valid1;
+    \$214  = out;
     if (unit_rst) begin
-      \$214  = 1'h0;
+      \$214  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$214  = 1'h0;
+      \$214  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$215  = col_busy1;
+    \$215  = col_word0;
     if (unit_rst) begin
-      \$215  = 1'h0;
+      \$215  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$215  = 1'h0;
+      \$215  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$216  = col_addr1;
+    \$216  = col_word1;
     if (unit_rst) begin
-      \$216  = 14'h0000;
+      \$216  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$216  = 14'h0000;
+      \$216  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$217  = col_word1;
+    \$217  = \$52 [1:0];
     if (unit_rst) begin
-      \$217  = 128'h00000000000000000000000000000000;
+      \$217  = 2'h0;
     end
     if (rst) begin
-      \$217  = 128'h00000000000000000000000000000000;
+      \$217  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$218  = \$52 [1:0];
-    if (unit_rst) begin
-      \$218  = 2'h0;
-    end
-    if (rst) begin
-      \$218  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$219  = c_q;
+    \$218  = c_q;
     if (\$54 ) begin
-      \$219  = c_rd__data;
+      \$218  = c_rd__data;
+      if (\$57 ) begin
+        \$218  = 128'h00000000000000000000000000000000;
+      end
     end
     if (unit_rst) begin
-      \$219  = 128'h00000000000000000000000000000000;
+      \$218  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$219  = 128'h00000000000000000000000000000000;
+      \$218  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$220  = q_valid;
+    \$219  = q_valid;
     if (\$54 ) begin
-      \$220  = r_valid;
+      \$219  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -21278,35 +21153,35 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h3:
           /* empty */;
       3'h4:
-          if (\$102 ) begin
-            \$220  = 1'h0;
+          if (\$105 ) begin
+            \$219  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$220  = 1'h0;
+      \$219  = 1'h0;
     end
     if (rst) begin
-      \$220  = 1'h0;
+      \$219  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$221  = q_mask;
+    \$220  = q_mask;
     if (\$54 ) begin
-      \$221  = r_mask;
+      \$220  = r_mask;
     end
     if (unit_rst) begin
-      \$221  = 4'h0;
+      \$220  = 4'h0;
     end
     if (rst) begin
-      \$221  = 4'h0;
+      \$220  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$222  = storing;
+    \$221  = storing;
     if (store_start) begin
-      \$222  = 1'h1;
+      \$221  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -21318,44 +21193,63 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h3:
           /* empty */;
       3'h4:
-          if (\$102 ) begin
-            \$222  = 1'h0;
+          if (\$105 ) begin
+            \$221  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$222  = 1'h0;
+      \$221  = 1'h0;
     end
     if (rst) begin
-      \$222  = 1'h0;
+      \$221  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$223  = s_addr;
+    \$222  = s_addr;
     if (store_start) begin
-      \$223  = { 5'h00, cmd[53:45] };
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$223  = \$62 [13:0];
+      \$222  = { 5'h00, cmd[53:45] };
+    end else if (\$60 ) begin
+      if (\$64 ) begin
+        \$222  = \$65 [13:0];
       end
     end
     if (unit_rst) begin
-      \$223  = 14'h0000;
+      \$222  = 14'h0000;
     end
     if (rst) begin
-      \$223  = 14'h0000;
+      \$222  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$224  = s_n;
+    \$223  = s_n;
     if (store_start) begin
-      \$224  = 12'h000;
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$224  = \$64 [11:0];
-        if (\$70 ) begin
-          \$224  = 12'h000;
+      \$223  = 12'h000;
+    end else if (\$60 ) begin
+      if (\$64 ) begin
+        \$223  = \$67 [11:0];
+        if (\$73 ) begin
+          \$223  = 12'h000;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$223  = 12'h000;
+    end
+    if (rst) begin
+      \$223  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$224  = s_rows;
+    if (store_start) begin
+      \$224  = cmd[11:0];
+    end else if (\$60 ) begin
+      if (\$64 ) begin
+        if (\$73 ) begin
+          \$224  = \$74 [11:0];
         end
       end
     end
@@ -21368,32 +21262,29 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$225  = s_rows;
+    \$225  = s_left;
     if (store_start) begin
-      \$225  = cmd[11:0];
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        if (\$70 ) begin
-          \$225  = \$71 [11:0];
-        end
+      \$225  = \$61 [13:0];
+    end else if (\$60 ) begin
+      if (\$64 ) begin
+        \$225  = \$66 [13:0];
       end
     end
     if (unit_rst) begin
-      \$225  = 12'h000;
+      \$225  = 14'h0000;
     end
     if (rst) begin
-      \$225  = 12'h000;
+      \$225  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$226  = s_left;
+    \$226  = out_left;
     if (store_start) begin
-      \$226  = \$58 [13:0];
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$226  = \$63 [13:0];
-      end
+      \$226  = \$62 [13:0];
+    end
+    if (\$75 ) begin
+      \$226  = \$76 [13:0];
     end
     if (unit_rst) begin
       \$226  = 14'h0000;
@@ -21404,26 +21295,10 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$227  = out_left;
+    \$227  = r_valid;
     if (store_start) begin
-      \$227  = \$59 [13:0];
-    end
-    if (\$72 ) begin
-      \$227  = \$73 [13:0];
-    end
-    if (unit_rst) begin
-      \$227  = 14'h0000;
-    end
-    if (rst) begin
-      \$227  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$228  = r_valid;
-    if (store_start) begin
-    end else if (\$57 ) begin
-      \$228  = \$60 ;
+    end else if (\$60 ) begin
+      \$227  = \$63 ;
     end
     casez (fsm_state)
       3'h0:
@@ -21435,123 +21310,165 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h3:
           /* empty */;
       3'h4:
-          if (\$102 ) begin
-            \$228  = 1'h0;
+          if (\$105 ) begin
+            \$227  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$228  = 1'h0;
+      \$227  = 1'h0;
     end
     if (rst) begin
-      \$228  = 1'h0;
+      \$227  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$229  = r_mask;
+    \$228  = r_mask;
     if (store_start) begin
-    end else if (\$57 ) begin
-      if (\$61 ) begin
-        \$229  = { \$68 , \$67 , \$66 , \$65  };
+    end else if (\$60 ) begin
+      if (\$64 ) begin
+        \$228  = { \$71 , \$70 , \$69 , \$68  };
       end
     end
     if (unit_rst) begin
-      \$229  = 4'h0;
+      \$228  = 4'h0;
     end
     if (rst) begin
-      \$229  = 4'h0;
+      \$228  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$230  = 1'h0;
+    \$229  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          if (\$74 ) begin
-            \$230  = 1'h1;
+          if (\$77 ) begin
+            \$229  = 1'h1;
           end
       3'h2:
-          if (\$83 ) begin
-            \$230  = 1'h1;
+          if (\$86 ) begin
+            \$229  = 1'h1;
           end
       3'h3:
-          if (\$101 ) begin
+          if (\$104 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
             end else begin
-              \$230  = 1'h1;
+              \$229  = 1'h1;
             end
           end
       3'h4:
-          if (\$102 ) begin
-            \$230  = 1'h1;
+          if (\$105 ) begin
+            \$229  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$230  = 1'h0;
+      \$229  = 1'h0;
     end
     if (rst) begin
-      \$230  = 1'h0;
+      \$229  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$231  = cmd;
+    \$230  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$231  = cmd__payload;
+            \$230  = cmd__payload;
           end
     endcase
     if (unit_rst) begin
-      \$231  = 80'h00000000000000000000;
+      \$230  = 80'h00000000000000000000;
     end
     if (rst) begin
-      \$231  = 80'h00000000000000000000;
+      \$230  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$232  = error;
+    \$231  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$232  = 1'h0;
+            \$231  = 1'h0;
           end
       3'h1:
-          if (\$74 ) begin
-            \$232  = 1'h1;
+          if (\$77 ) begin
+            \$231  = 1'h1;
           end
       3'h2:
-          if (\$83 ) begin
-            \$232  = 1'h1;
+          if (\$86 ) begin
+            \$231  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$232  = 1'h0;
+      \$231  = 1'h0;
     end
     if (rst) begin
-      \$232  = 1'h0;
+      \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$233  = error_code;
+    \$232  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
+            \$232  = 3'h0;
+          end
+      3'h1:
+          if (\$77 ) begin
+            \$232  = code;
+          end
+      3'h2:
+          if (\$86 ) begin
+            \$232  = \$91 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$232  = 3'h0;
+    end
+    if (rst) begin
+      \$232  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$233  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$233  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$77 ) begin
+            \$233  = 3'h0;
+          end else begin
+            \$233  = 3'h2;
+          end
+      3'h2:
+          if (\$86 ) begin
+            \$233  = 3'h0;
+          end else if (\$87 ) begin
+            \$233  = 3'h3;
+          end
+      3'h3:
+          if (\$104 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+              \$233  = 3'h4;
+            end else begin
+              \$233  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$105 ) begin
             \$233  = 3'h0;
           end
-      3'h1:
-          if (\$74 ) begin
-            \$233  = code;
-          end
-      3'h2:
-          if (\$83 ) begin
-            \$233  = \$88 ;
-          end
     endcase
     if (unit_rst) begin
       \$233  = 3'h0;
@@ -21562,91 +21479,76 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$234  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$234  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$74 ) begin
-            \$234  = 3'h0;
-          end else begin
-            \$234  = 3'h2;
-          end
-      3'h2:
-          if (\$83 ) begin
-            \$234  = 3'h0;
-          end else if (\$84 ) begin
-            \$234  = 3'h3;
-          end
-      3'h3:
-          if (\$101 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-              \$234  = 3'h4;
-            end else begin
-              \$234  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$102 ) begin
-            \$234  = 3'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$234  = 3'h0;
-    end
-    if (rst) begin
-      \$234  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$235  = rows_left;
+    \$234  = rows_left;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$74 ) begin
+          if (\$77 ) begin
           end else begin
-            \$235  = cmd[11:0];
+            \$234  = cmd[11:0];
           end
       3'h2:
           (* full_case = 32'd1 *)
-          if (\$83 ) begin
-          end else if (\$84 ) begin
+          if (\$86 ) begin
+          end else if (\$87 ) begin
           end else begin
-            \$235  = \$89 [11:0];
+            \$234  = \$92 [11:0];
           end
     endcase
     if (unit_rst) begin
-      \$235  = 12'h000;
+      \$234  = 12'h000;
     end
     if (rst) begin
-      \$235  = 12'h000;
+      \$234  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$236  = a_lim;
+    \$235  = a_lim;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$74 ) begin
+          if (\$77 ) begin
           end else begin
-            \$236  = { 1'h0, \$75  };
+            \$235  = { 1'h0, \$78  };
           end
       3'h2:
           (* full_case = 32'd1 *)
-          if (\$83 ) begin
-          end else if (\$84 ) begin
+          if (\$86 ) begin
+          end else if (\$87 ) begin
           end else begin
-            \$236  = \$90 [13:0];
+            \$235  = \$93 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$235  = 14'h0000;
+    end
+    if (rst) begin
+      \$235  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$236  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$77 ) begin
+          end else begin
+            \$236  = { 1'h0, \$79  };
+          end
+      3'h2:
+          (* full_case = 32'd1 *)
+          if (\$86 ) begin
+          end else if (\$87 ) begin
+          end else begin
+            \$236  = \$94 [13:0];
           end
     endcase
     if (unit_rst) begin
@@ -21654,41 +21556,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     end
     if (rst) begin
       \$236  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$237  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$74 ) begin
-          end else begin
-            \$237  = { 1'h0, \$76  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$83 ) begin
-          end else if (\$84 ) begin
-          end else begin
-            \$237  = \$91 [13:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$237  = 14'h0000;
-    end
-    if (rst) begin
-      \$237  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
     \$signal$10  = 2'h0;
     if (start) begin
-    end else if (\$107 ) begin
-      if (\$108 ) begin
+    end else if (\$110 ) begin
+      if (\$111 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -21704,7 +21579,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$125 ) begin
+      if (\$128 ) begin
         tile_issued = 1'h1;
       end
     end
@@ -21714,8 +21589,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$125 ) begin
-        if (\$126 ) begin
+      if (\$128 ) begin
+        if (\$129 ) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -21732,7 +21607,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
-      if (\$127 ) begin
+      if (\$130 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -21752,11 +21627,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h0:
           /* empty */;
       3'h1:
-          if (\$146 ) begin
+          if (\$145 ) begin
             code = 3'h1;
-          end else if (\$155 ) begin
+          end else if (\$154 ) begin
             code = 3'h2;
-          end else if (\$157 ) begin
+          end else if (\$156 ) begin
             code = 3'h3;
           end
     endcase
@@ -21772,7 +21647,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h2:
           /* empty */;
       3'h3:
-          if (\$167 ) begin
+          if (\$166 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
@@ -21782,10 +21657,10 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
   assign b_in__ready = b_take;
-  assign \$signature__addr$94  = \$106 [6:0];
+  assign \$signature__addr$94  = \$109 [6:0];
   assign \$signature__data$95  = b_in__payload;
   assign a_rd__addr = a_ptr[7:0];
-  assign b_rd__addr = \$124 [6:0];
+  assign b_rd__addr = \$127 [6:0];
   assign \$signature__addr$103  = w_addr[7:0];
   assign \$signature__en$104  = w_valid;
   assign mult = cmd[69:54];
@@ -21794,7 +21669,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$140 [7:0];
+  assign c_rd__addr = \$139 [7:0];
   assign a_in__ready = \$signal ;
   assign \cmd.m  = cmd[11:0];
   assign \cmd.k  = cmd[23:12];
@@ -21890,14 +21765,14 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \o__payload[1]  = c_out__payload[63:32];
   assign \o__payload[2]  = c_out__payload[95:64];
   assign \o__payload[3]  = c_out__payload[127:96];
-  assign i__payload[127:96] = \$139 ;
-  assign i__payload[95:64] = \$138 ;
-  assign i__payload[63:32] = \$137 ;
-  assign i__payload[31:0] = \$136 ;
-  assign \$signature__data$102 [127:96] = \$135 [31:0];
+  assign i__payload[127:96] = \$138 ;
+  assign i__payload[95:64] = \$137 ;
+  assign i__payload[63:32] = \$136 ;
+  assign i__payload[31:0] = \$135 ;
+  assign \$signature__data$102 [127:96] = \$134 [31:0];
   assign \$signature__data$102 [95:64] = \$133 [31:0];
-  assign \$signature__data$102 [63:32] = \$131 [31:0];
-  assign \$signature__data$102 [31:0] = \$129 [31:0];
+  assign \$signature__data$102 [63:32] = \$132 [31:0];
+  assign \$signature__data$102 [31:0] = \$131 [31:0];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -21984,17 +21859,17 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   wire [7:0] \a_in$70 ;
   wire [7:0] \a_in$85 ;
   wire [7:0] a_out;
-  wire [7:0] \a_out$107 ;
-  wire [7:0] \a_out$124 ;
-  wire [7:0] \a_out$157 ;
-  wire [7:0] \a_out$174 ;
-  wire [7:0] \a_out$191 ;
-  wire [7:0] \a_out$224 ;
-  wire [7:0] \a_out$241 ;
-  wire [7:0] \a_out$258 ;
-  wire [7:0] \a_out$39 ;
-  wire [7:0] \a_out$56 ;
-  wire [7:0] \a_out$90 ;
+  wire [7:0] \a_out$109 ;
+  wire [7:0] \a_out$126 ;
+  wire [7:0] \a_out$159 ;
+  wire [7:0] \a_out$176 ;
+  wire [7:0] \a_out$193 ;
+  wire [7:0] \a_out$226 ;
+  wire [7:0] \a_out$243 ;
+  wire [7:0] \a_out$260 ;
+  wire [7:0] \a_out$41 ;
+  wire [7:0] \a_out$58 ;
+  wire [7:0] \a_out$92 ;
   input [31:0] b;
   wire [31:0] b;
   (* init = 8'h00 *)
@@ -22074,33 +21949,33 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   wire first3_d2;
   input first_in;
   wire first_in;
-  wire \first_in$110 ;
-  wire \first_in$127 ;
+  wire \first_in$112 ;
+  wire \first_in$129 ;
   reg \first_in$145  = 1'h0;
-  wire \first_in$160 ;
-  wire \first_in$177 ;
-  wire \first_in$194 ;
+  wire \first_in$162 ;
+  wire \first_in$179 ;
+  wire \first_in$196 ;
   reg \first_in$212  = 1'h0;
-  wire \first_in$227 ;
-  wire \first_in$244 ;
-  wire \first_in$25 ;
-  wire \first_in$261 ;
-  wire \first_in$42 ;
-  wire \first_in$59 ;
+  wire \first_in$229 ;
+  wire \first_in$246 ;
+  wire \first_in$263 ;
+  wire \first_in$27 ;
+  wire \first_in$44 ;
+  wire \first_in$61 ;
   reg \first_in$78  = 1'h0;
-  wire \first_in$93 ;
+  wire \first_in$95 ;
   wire first_out;
-  wire \first_out$111 ;
-  wire \first_out$128 ;
-  wire \first_out$161 ;
-  wire \first_out$178 ;
-  wire \first_out$195 ;
-  wire \first_out$228 ;
-  wire \first_out$245 ;
-  wire \first_out$262 ;
-  wire \first_out$43 ;
-  wire \first_out$60 ;
-  wire \first_out$94 ;
+  wire \first_out$113 ;
+  wire \first_out$130 ;
+  wire \first_out$163 ;
+  wire \first_out$180 ;
+  wire \first_out$197 ;
+  wire \first_out$230 ;
+  wire \first_out$247 ;
+  wire \first_out$264 ;
+  wire \first_out$45 ;
+  wire \first_out$62 ;
+  wire \first_out$96 ;
   wire last;
   (* init = 1'h0 *)
   wire last1_d0;
@@ -22113,33 +21988,33 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   wire last3_d2;
   input last_in;
   wire last_in;
-  wire \last_in$112 ;
-  wire \last_in$129 ;
+  wire \last_in$114 ;
+  wire \last_in$131 ;
   reg \last_in$147  = 1'h0;
-  wire \last_in$162 ;
-  wire \last_in$179 ;
-  wire \last_in$196 ;
+  wire \last_in$164 ;
+  wire \last_in$181 ;
+  wire \last_in$198 ;
   reg \last_in$214  = 1'h0;
-  wire \last_in$229 ;
-  wire \last_in$246 ;
-  wire \last_in$263 ;
-  wire \last_in$27 ;
-  wire \last_in$44 ;
-  wire \last_in$61 ;
+  wire \last_in$231 ;
+  wire \last_in$248 ;
+  wire \last_in$265 ;
+  wire \last_in$29 ;
+  wire \last_in$46 ;
+  wire \last_in$63 ;
   reg \last_in$80  = 1'h0;
-  wire \last_in$95 ;
+  wire \last_in$97 ;
   wire last_out;
-  wire \last_out$113 ;
-  wire \last_out$130 ;
-  wire \last_out$163 ;
-  wire \last_out$180 ;
-  wire \last_out$197 ;
-  wire \last_out$230 ;
-  wire \last_out$247 ;
-  wire \last_out$264 ;
-  wire \last_out$45 ;
-  wire \last_out$62 ;
-  wire \last_out$96 ;
+  wire \last_out$115 ;
+  wire \last_out$132 ;
+  wire \last_out$165 ;
+  wire \last_out$182 ;
+  wire \last_out$199 ;
+  wire \last_out$232 ;
+  wire \last_out$249 ;
+  wire \last_out$266 ;
+  wire \last_out$47 ;
+  wire \last_out$64 ;
+  wire \last_out$98 ;
   output [127:0] out;
   wire [127:0] out;
   wire [31:0] \out[0] ;
@@ -22179,33 +22054,33 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   wire [15:0] \prod$73 ;
   wire [15:0] \prod$88 ;
   wire [31:0] res;
-  wire [31:0] \res$115 ;
-  wire [31:0] \res$132 ;
+  wire [31:0] \res$108 ;
+  wire [31:0] \res$125 ;
   wire [31:0] \res$135 ;
-  wire [31:0] \res$165 ;
-  wire [31:0] \res$182 ;
-  wire [31:0] \res$199 ;
+  wire [31:0] \res$158 ;
+  wire [31:0] \res$175 ;
+  wire [31:0] \res$192 ;
   wire [31:0] \res$202 ;
-  wire [31:0] \res$232 ;
-  wire [31:0] \res$249 ;
-  wire [31:0] \res$266 ;
+  wire [31:0] \res$225 ;
+  wire [31:0] \res$242 ;
+  wire [31:0] \res$259 ;
   wire [31:0] \res$269 ;
-  wire [31:0] \res$47 ;
-  wire [31:0] \res$64 ;
+  wire [31:0] \res$40 ;
+  wire [31:0] \res$57 ;
   wire [31:0] \res$68 ;
-  wire [31:0] \res$98 ;
+  wire [31:0] \res$91 ;
   wire [31:0] res_in;
-  wire [31:0] \res_in$114 ;
-  wire [31:0] \res_in$131 ;
-  wire [31:0] \res_in$164 ;
-  wire [31:0] \res_in$181 ;
-  wire [31:0] \res_in$198 ;
-  wire [31:0] \res_in$231 ;
-  wire [31:0] \res_in$248 ;
-  wire [31:0] \res_in$265 ;
-  wire [31:0] \res_in$46 ;
-  wire [31:0] \res_in$63 ;
-  wire [31:0] \res_in$97 ;
+  wire [31:0] \res_in$107 ;
+  wire [31:0] \res_in$124 ;
+  wire [31:0] \res_in$157 ;
+  wire [31:0] \res_in$174 ;
+  wire [31:0] \res_in$191 ;
+  wire [31:0] \res_in$224 ;
+  wire [31:0] \res_in$241 ;
+  wire [31:0] \res_in$258 ;
+  wire [31:0] \res_in$39 ;
+  wire [31:0] \res_in$56 ;
+  wire [31:0] \res_in$90 ;
   input rst;
   wire rst;
   input shift;
@@ -22240,33 +22115,33 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   wire valid3_d2;
   input valid_in;
   wire valid_in;
-  wire \valid_in$108 ;
-  wire \valid_in$125 ;
+  wire \valid_in$110 ;
+  wire \valid_in$127 ;
   reg \valid_in$143  = 1'h0;
-  wire \valid_in$158 ;
-  wire \valid_in$175 ;
-  wire \valid_in$192 ;
+  wire \valid_in$160 ;
+  wire \valid_in$177 ;
+  wire \valid_in$194 ;
   reg \valid_in$210  = 1'h0;
-  wire \valid_in$225 ;
-  wire \valid_in$23 ;
-  wire \valid_in$242 ;
-  wire \valid_in$259 ;
-  wire \valid_in$40 ;
-  wire \valid_in$57 ;
+  wire \valid_in$227 ;
+  wire \valid_in$244 ;
+  wire \valid_in$25 ;
+  wire \valid_in$261 ;
+  wire \valid_in$42 ;
+  wire \valid_in$59 ;
   reg \valid_in$76  = 1'h0;
-  wire \valid_in$91 ;
+  wire \valid_in$93 ;
   wire valid_out;
-  wire \valid_out$109 ;
-  wire \valid_out$126 ;
-  wire \valid_out$159 ;
-  wire \valid_out$176 ;
-  wire \valid_out$193 ;
-  wire \valid_out$226 ;
-  wire \valid_out$243 ;
-  wire \valid_out$260 ;
-  wire \valid_out$41 ;
-  wire \valid_out$58 ;
-  wire \valid_out$92 ;
+  wire \valid_out$111 ;
+  wire \valid_out$128 ;
+  wire \valid_out$161 ;
+  wire \valid_out$178 ;
+  wire \valid_out$195 ;
+  wire \valid_out$228 ;
+  wire \valid_out$245 ;
+  wire \valid_out$262 ;
+  wire \valid_out$43 ;
+  wire \valid_out$60 ;
+  wire \valid_out$94 ;
   always @(posedge clk)
     b__1 <= \$1 ;
   always @(posedge clk)
@@ -22387,9 +22262,9 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .b_out(b__4),
     .clk(clk),
     .first_in(first_in),
-    .first_out(\first_in$25 ),
+    .first_out(\first_in$27 ),
     .last_in(last_in),
-    .last_out(\last_in$27 ),
+    .last_out(\last_in$29 ),
     .prod(prod),
     .res(\res$68 ),
     .res_in(res_in),
@@ -22397,7 +22272,7 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .shift(shift),
     .unit_rst(unit_rst),
     .valid_in(valid_in),
-    .valid_out(\valid_in$23 )
+    .valid_out(\valid_in$25 )
   );
   \nanokpu_kpu.gemm.array.pe_0_1  pe_0_1 (
     .a_in(a__1),
@@ -22405,18 +22280,18 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .b_in(b__1),
     .b_out(b__5),
     .clk(clk),
-    .first_in(\first_in$25 ),
-    .first_out(\first_in$42 ),
-    .last_in(\last_in$27 ),
-    .last_out(\last_in$44 ),
+    .first_in(\first_in$27 ),
+    .first_out(\first_in$44 ),
+    .last_in(\last_in$29 ),
+    .last_out(\last_in$46 ),
     .prod(\prod$20 ),
     .res(res_in),
-    .res_in(\res_in$46 ),
+    .res_in(\res_in$39 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$23 ),
-    .valid_out(\valid_in$40 )
+    .valid_in(\valid_in$25 ),
+    .valid_out(\valid_in$42 )
   );
   \nanokpu_kpu.gemm.array.pe_0_2  pe_0_2 (
     .a_in(a__2),
@@ -22424,32 +22299,32 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .b_in(b__2),
     .b_out(b__6),
     .clk(clk),
-    .first_in(\first_in$42 ),
-    .first_out(\first_in$59 ),
-    .last_in(\last_in$44 ),
-    .last_out(\last_in$61 ),
+    .first_in(\first_in$44 ),
+    .first_out(\first_in$61 ),
+    .last_in(\last_in$46 ),
+    .last_out(\last_in$63 ),
     .prod(\prod$37 ),
-    .res(\res_in$46 ),
-    .res_in(\res_in$63 ),
+    .res(\res_in$39 ),
+    .res_in(\res_in$56 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$40 ),
-    .valid_out(\valid_in$57 )
+    .valid_in(\valid_in$42 ),
+    .valid_out(\valid_in$59 )
   );
   \nanokpu_kpu.gemm.array.pe_0_3  pe_0_3 (
     .a_in(a__3),
     .b_in(b__3),
     .b_out(b__7),
     .clk(clk),
-    .first_in(\first_in$59 ),
-    .last_in(\last_in$61 ),
+    .first_in(\first_in$61 ),
+    .last_in(\last_in$63 ),
     .prod(\prod$54 ),
-    .res(\res_in$63 ),
+    .res(\res_in$56 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$57 )
+    .valid_in(\valid_in$59 )
   );
   \nanokpu_kpu.gemm.array.pe_1_0  pe_1_0 (
     .a_in(a__4),
@@ -22458,17 +22333,17 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .b_out(b__8),
     .clk(clk),
     .first_in(\first_in$78 ),
-    .first_out(\first_in$93 ),
+    .first_out(\first_in$95 ),
     .last_in(\last_in$80 ),
-    .last_out(\last_in$95 ),
+    .last_out(\last_in$97 ),
     .prod(\prod$73 ),
     .res(\res$135 ),
-    .res_in(\res_in$97 ),
+    .res_in(\res_in$90 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
     .valid_in(\valid_in$76 ),
-    .valid_out(\valid_in$91 )
+    .valid_out(\valid_in$93 )
   );
   \nanokpu_kpu.gemm.array.pe_1_1  pe_1_1 (
     .a_in(a__5),
@@ -22476,18 +22351,18 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .b_in(b__5),
     .b_out(b__9),
     .clk(clk),
-    .first_in(\first_in$93 ),
-    .first_out(\first_in$110 ),
-    .last_in(\last_in$95 ),
-    .last_out(\last_in$112 ),
+    .first_in(\first_in$95 ),
+    .first_out(\first_in$112 ),
+    .last_in(\last_in$97 ),
+    .last_out(\last_in$114 ),
     .prod(\prod$88 ),
-    .res(\res_in$97 ),
-    .res_in(\res_in$114 ),
+    .res(\res_in$90 ),
+    .res_in(\res_in$107 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$91 ),
-    .valid_out(\valid_in$108 )
+    .valid_in(\valid_in$93 ),
+    .valid_out(\valid_in$110 )
   );
   \nanokpu_kpu.gemm.array.pe_1_2  pe_1_2 (
     .a_in(a__6),
@@ -22495,32 +22370,32 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .b_in(b__6),
     .b_out(b__10),
     .clk(clk),
-    .first_in(\first_in$110 ),
-    .first_out(\first_in$127 ),
-    .last_in(\last_in$112 ),
-    .last_out(\last_in$129 ),
+    .first_in(\first_in$112 ),
+    .first_out(\first_in$129 ),
+    .last_in(\last_in$114 ),
+    .last_out(\last_in$131 ),
     .prod(\prod$105 ),
-    .res(\res_in$114 ),
-    .res_in(\res_in$131 ),
+    .res(\res_in$107 ),
+    .res_in(\res_in$124 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$108 ),
-    .valid_out(\valid_in$125 )
+    .valid_in(\valid_in$110 ),
+    .valid_out(\valid_in$127 )
   );
   \nanokpu_kpu.gemm.array.pe_1_3  pe_1_3 (
     .a_in(a__7),
     .b_in(b__7),
     .b_out(b__11),
     .clk(clk),
-    .first_in(\first_in$127 ),
-    .last_in(\last_in$129 ),
+    .first_in(\first_in$129 ),
+    .last_in(\last_in$131 ),
     .prod(\prod$122 ),
-    .res(\res_in$131 ),
+    .res(\res_in$124 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$125 )
+    .valid_in(\valid_in$127 )
   );
   \nanokpu_kpu.gemm.array.pe_2_0  pe_2_0 (
     .a_in(a__8),
@@ -22529,17 +22404,17 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .b_out(b__12),
     .clk(clk),
     .first_in(\first_in$145 ),
-    .first_out(\first_in$160 ),
+    .first_out(\first_in$162 ),
     .last_in(\last_in$147 ),
-    .last_out(\last_in$162 ),
+    .last_out(\last_in$164 ),
     .prod(\prod$140 ),
     .res(\res$202 ),
-    .res_in(\res_in$164 ),
+    .res_in(\res_in$157 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
     .valid_in(\valid_in$143 ),
-    .valid_out(\valid_in$158 )
+    .valid_out(\valid_in$160 )
   );
   \nanokpu_kpu.gemm.array.pe_2_1  pe_2_1 (
     .a_in(a__9),
@@ -22547,18 +22422,18 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .b_in(b__9),
     .b_out(b__13),
     .clk(clk),
-    .first_in(\first_in$160 ),
-    .first_out(\first_in$177 ),
-    .last_in(\last_in$162 ),
-    .last_out(\last_in$179 ),
+    .first_in(\first_in$162 ),
+    .first_out(\first_in$179 ),
+    .last_in(\last_in$164 ),
+    .last_out(\last_in$181 ),
     .prod(\prod$155 ),
-    .res(\res_in$164 ),
-    .res_in(\res_in$181 ),
+    .res(\res_in$157 ),
+    .res_in(\res_in$174 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$158 ),
-    .valid_out(\valid_in$175 )
+    .valid_in(\valid_in$160 ),
+    .valid_out(\valid_in$177 )
   );
   \nanokpu_kpu.gemm.array.pe_2_2  pe_2_2 (
     .a_in(a__10),
@@ -22566,32 +22441,32 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .b_in(b__10),
     .b_out(b__14),
     .clk(clk),
-    .first_in(\first_in$177 ),
-    .first_out(\first_in$194 ),
-    .last_in(\last_in$179 ),
-    .last_out(\last_in$196 ),
+    .first_in(\first_in$179 ),
+    .first_out(\first_in$196 ),
+    .last_in(\last_in$181 ),
+    .last_out(\last_in$198 ),
     .prod(\prod$172 ),
-    .res(\res_in$181 ),
-    .res_in(\res_in$198 ),
+    .res(\res_in$174 ),
+    .res_in(\res_in$191 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$175 ),
-    .valid_out(\valid_in$192 )
+    .valid_in(\valid_in$177 ),
+    .valid_out(\valid_in$194 )
   );
   \nanokpu_kpu.gemm.array.pe_2_3  pe_2_3 (
     .a_in(a__11),
     .b_in(b__11),
     .b_out(b__15),
     .clk(clk),
-    .first_in(\first_in$194 ),
-    .last_in(\last_in$196 ),
+    .first_in(\first_in$196 ),
+    .last_in(\last_in$198 ),
     .prod(\prod$189 ),
-    .res(\res_in$198 ),
+    .res(\res_in$191 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$192 )
+    .valid_in(\valid_in$194 )
   );
   \nanokpu_kpu.gemm.array.pe_3_0  pe_3_0 (
     .a_in(a__12),
@@ -22599,67 +22474,67 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
     .b_in(b__12),
     .clk(clk),
     .first_in(\first_in$212 ),
-    .first_out(\first_in$227 ),
+    .first_out(\first_in$229 ),
     .last_in(\last_in$214 ),
-    .last_out(\last_in$229 ),
+    .last_out(\last_in$231 ),
     .prod(\prod$207 ),
     .res(\res$269 ),
-    .res_in(\res_in$231 ),
+    .res_in(\res_in$224 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
     .valid_in(\valid_in$210 ),
-    .valid_out(\valid_in$225 )
+    .valid_out(\valid_in$227 )
   );
   \nanokpu_kpu.gemm.array.pe_3_1  pe_3_1 (
     .a_in(a__13),
     .a_out(a__14),
     .b_in(b__13),
     .clk(clk),
-    .first_in(\first_in$227 ),
-    .first_out(\first_in$244 ),
-    .last_in(\last_in$229 ),
-    .last_out(\last_in$246 ),
+    .first_in(\first_in$229 ),
+    .first_out(\first_in$246 ),
+    .last_in(\last_in$231 ),
+    .last_out(\last_in$248 ),
     .prod(\prod$222 ),
-    .res(\res_in$231 ),
-    .res_in(\res_in$248 ),
+    .res(\res_in$224 ),
+    .res_in(\res_in$241 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$225 ),
-    .valid_out(\valid_in$242 )
+    .valid_in(\valid_in$227 ),
+    .valid_out(\valid_in$244 )
   );
   \nanokpu_kpu.gemm.array.pe_3_2  pe_3_2 (
     .a_in(a__14),
     .a_out(a__15),
     .b_in(b__14),
     .clk(clk),
-    .first_in(\first_in$244 ),
-    .first_out(\first_in$261 ),
-    .last_in(\last_in$246 ),
-    .last_out(\last_in$263 ),
+    .first_in(\first_in$246 ),
+    .first_out(\first_in$263 ),
+    .last_in(\last_in$248 ),
+    .last_out(\last_in$265 ),
     .prod(\prod$239 ),
-    .res(\res_in$248 ),
-    .res_in(\res_in$265 ),
+    .res(\res_in$241 ),
+    .res_in(\res_in$258 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$242 ),
-    .valid_out(\valid_in$259 )
+    .valid_in(\valid_in$244 ),
+    .valid_out(\valid_in$261 )
   );
   \nanokpu_kpu.gemm.array.pe_3_3  pe_3_3 (
     .a_in(a__15),
     .b_in(b__15),
     .clk(clk),
     .done(done),
-    .first_in(\first_in$261 ),
-    .last_in(\last_in$263 ),
+    .first_in(\first_in$263 ),
+    .last_in(\last_in$265 ),
     .prod(\prod$256 ),
-    .res(\res_in$265 ),
+    .res(\res_in$258 ),
     .rst(rst),
     .shift(shift),
     .unit_rst(unit_rst),
-    .valid_in(\valid_in$259 )
+    .valid_in(\valid_in$261 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
@@ -22973,31 +22848,31 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   assign \a_in$17  = a__1;
   assign \b_in$19  = b__1;
   assign p__1 = \prod$20 ;
-  assign a_out = a__1;
-  assign valid_out = \valid_in$23 ;
-  assign first_out = \first_in$25 ;
-  assign last_out = \last_in$27 ;
   assign res = res_in;
+  assign a_out = a__1;
+  assign valid_out = \valid_in$25 ;
+  assign first_out = \first_in$27 ;
+  assign last_out = \last_in$29 ;
   assign b1_d0 = b__1;
   assign \shift$32  = shift;
   assign \a_in$34  = a__2;
   assign \b_in$36  = b__2;
   assign p__2 = \prod$37 ;
-  assign \a_out$39  = a__2;
-  assign \valid_out$41  = \valid_in$40 ;
-  assign \first_out$43  = \first_in$42 ;
-  assign \last_out$45  = \last_in$44 ;
-  assign \res$47  = \res_in$46 ;
+  assign \res$40  = \res_in$39 ;
+  assign \a_out$41  = a__2;
+  assign \valid_out$43  = \valid_in$42 ;
+  assign \first_out$45  = \first_in$44 ;
+  assign \last_out$47  = \last_in$46 ;
   assign b2_d1 = b__2;
   assign \shift$49  = shift;
   assign \a_in$51  = a__3;
   assign \b_in$53  = b__3;
   assign p__3 = \prod$54 ;
-  assign \a_out$56  = a__3;
-  assign \valid_out$58  = \valid_in$57 ;
-  assign \first_out$60  = \first_in$59 ;
-  assign \last_out$62  = \last_in$61 ;
-  assign \res$64  = \res_in$63 ;
+  assign \res$57  = \res_in$56 ;
+  assign \a_out$58  = a__3;
+  assign \valid_out$60  = \valid_in$59 ;
+  assign \first_out$62  = \first_in$61 ;
+  assign \last_out$64  = \last_in$63 ;
   assign b3_d2 = b__3;
   assign \shift$66  = shift;
   assign \a_in$70  = a__4;
@@ -23012,31 +22887,31 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   assign \a_in$85  = a__5;
   assign \b_in$87  = b__5;
   assign p__5 = \prod$88 ;
-  assign \a_out$90  = a__5;
-  assign \valid_out$92  = \valid_in$91 ;
-  assign \first_out$94  = \first_in$93 ;
-  assign \last_out$96  = \last_in$95 ;
-  assign \res$98  = \res_in$97 ;
+  assign \res$91  = \res_in$90 ;
+  assign \a_out$92  = a__5;
+  assign \valid_out$94  = \valid_in$93 ;
+  assign \first_out$96  = \first_in$95 ;
+  assign \last_out$98  = \last_in$97 ;
   assign \b_out$99  = b__5;
   assign \shift$100  = shift;
   assign \a_in$102  = a__6;
   assign \b_in$104  = b__6;
   assign p__6 = \prod$105 ;
-  assign \a_out$107  = a__6;
-  assign \valid_out$109  = \valid_in$108 ;
-  assign \first_out$111  = \first_in$110 ;
-  assign \last_out$113  = \last_in$112 ;
-  assign \res$115  = \res_in$114 ;
+  assign \res$108  = \res_in$107 ;
+  assign \a_out$109  = a__6;
+  assign \valid_out$111  = \valid_in$110 ;
+  assign \first_out$113  = \first_in$112 ;
+  assign \last_out$115  = \last_in$114 ;
   assign \b_out$116  = b__6;
   assign \shift$117  = shift;
   assign \a_in$119  = a__7;
   assign \b_in$121  = b__7;
   assign p__7 = \prod$122 ;
-  assign \a_out$124  = a__7;
-  assign \valid_out$126  = \valid_in$125 ;
-  assign \first_out$128  = \first_in$127 ;
-  assign \last_out$130  = \last_in$129 ;
-  assign \res$132  = \res_in$131 ;
+  assign \res$125  = \res_in$124 ;
+  assign \a_out$126  = a__7;
+  assign \valid_out$128  = \valid_in$127 ;
+  assign \first_out$130  = \first_in$129 ;
+  assign \last_out$132  = \last_in$131 ;
   assign \b_out$133  = b__7;
   assign \shift$134  = shift;
   assign \a_in$137  = a__8;
@@ -23051,31 +22926,31 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   assign \a_in$152  = a__9;
   assign \b_in$154  = b__9;
   assign p__9 = \prod$155 ;
-  assign \a_out$157  = a__9;
-  assign \valid_out$159  = \valid_in$158 ;
-  assign \first_out$161  = \first_in$160 ;
-  assign \last_out$163  = \last_in$162 ;
-  assign \res$165  = \res_in$164 ;
+  assign \res$158  = \res_in$157 ;
+  assign \a_out$159  = a__9;
+  assign \valid_out$161  = \valid_in$160 ;
+  assign \first_out$163  = \first_in$162 ;
+  assign \last_out$165  = \last_in$164 ;
   assign \b_out$166  = b__9;
   assign \shift$167  = shift;
   assign \a_in$169  = a__10;
   assign \b_in$171  = b__10;
   assign p__10 = \prod$172 ;
-  assign \a_out$174  = a__10;
-  assign \valid_out$176  = \valid_in$175 ;
-  assign \first_out$178  = \first_in$177 ;
-  assign \last_out$180  = \last_in$179 ;
-  assign \res$182  = \res_in$181 ;
+  assign \res$175  = \res_in$174 ;
+  assign \a_out$176  = a__10;
+  assign \valid_out$178  = \valid_in$177 ;
+  assign \first_out$180  = \first_in$179 ;
+  assign \last_out$182  = \last_in$181 ;
   assign \b_out$183  = b__10;
   assign \shift$184  = shift;
   assign \a_in$186  = a__11;
   assign \b_in$188  = b__11;
   assign p__11 = \prod$189 ;
-  assign \a_out$191  = a__11;
-  assign \valid_out$193  = \valid_in$192 ;
-  assign \first_out$195  = \first_in$194 ;
-  assign \last_out$197  = \last_in$196 ;
-  assign \res$199  = \res_in$198 ;
+  assign \res$192  = \res_in$191 ;
+  assign \a_out$193  = a__11;
+  assign \valid_out$195  = \valid_in$194 ;
+  assign \first_out$197  = \first_in$196 ;
+  assign \last_out$199  = \last_in$198 ;
   assign \b_out$200  = b__11;
   assign \shift$201  = shift;
   assign \a_in$204  = a__12;
@@ -23090,31 +22965,31 @@ module \nanokpu_kpu.gemm.array (rst, shift, unit_rst, valid_in, first_in, last_i
   assign \a_in$219  = a__13;
   assign \b_in$221  = b__13;
   assign p__13 = \prod$222 ;
-  assign \a_out$224  = a__13;
-  assign \valid_out$226  = \valid_in$225 ;
-  assign \first_out$228  = \first_in$227 ;
-  assign \last_out$230  = \last_in$229 ;
-  assign \res$232  = \res_in$231 ;
+  assign \res$225  = \res_in$224 ;
+  assign \a_out$226  = a__13;
+  assign \valid_out$228  = \valid_in$227 ;
+  assign \first_out$230  = \first_in$229 ;
+  assign \last_out$232  = \last_in$231 ;
   assign \b_out$233  = b__13;
   assign \shift$234  = shift;
   assign \a_in$236  = a__14;
   assign \b_in$238  = b__14;
   assign p__14 = \prod$239 ;
-  assign \a_out$241  = a__14;
-  assign \valid_out$243  = \valid_in$242 ;
-  assign \first_out$245  = \first_in$244 ;
-  assign \last_out$247  = \last_in$246 ;
-  assign \res$249  = \res_in$248 ;
+  assign \res$242  = \res_in$241 ;
+  assign \a_out$243  = a__14;
+  assign \valid_out$245  = \valid_in$244 ;
+  assign \first_out$247  = \first_in$246 ;
+  assign \last_out$249  = \last_in$248 ;
   assign \b_out$250  = b__14;
   assign \shift$251  = shift;
   assign \a_in$253  = a__15;
   assign \b_in$255  = b__15;
   assign p__15 = \prod$256 ;
-  assign \a_out$258  = a__15;
-  assign \valid_out$260  = \valid_in$259 ;
-  assign \first_out$262  = \first_in$261 ;
-  assign \last_out$264  = \last_in$263 ;
-  assign \res$266  = \res_in$265 ;
+  assign \res$259  = \res_in$258 ;
+  assign \a_out$260  = a__15;
+  assign \valid_out$262  = \valid_in$261 ;
+  assign \first_out$264  = \first_in$263 ;
+  assign \last_out$266  = \last_in$265 ;
   assign \b_out$267  = b__15;
   assign \shift$268  = shift;
   assign \done$271  = done;
@@ -23493,12 +23368,11 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -23506,7 +23380,6 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23545,10 +23418,10 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -23562,15 +23435,13 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
     \$5  = a_in;
@@ -23633,7 +23504,7 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -23643,50 +23514,42 @@ module \nanokpu_kpu.gemm.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$6 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -23698,12 +23561,11 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -23711,7 +23573,6 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23750,10 +23611,10 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -23767,15 +23628,13 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     \$5  = a_in;
@@ -23838,7 +23697,7 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -23848,50 +23707,42 @@ module \nanokpu_kpu.gemm.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -23903,12 +23754,11 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -23916,7 +23766,6 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -23955,10 +23804,10 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -23972,15 +23821,13 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
     \$5  = a_in;
@@ -24043,7 +23890,7 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -24053,50 +23900,42 @@ module \nanokpu_kpu.gemm.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$8 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24108,12 +23947,11 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24121,7 +23959,6 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -24155,10 +23992,10 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24172,15 +24009,13 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
     \$5  = a_in;
@@ -24243,7 +24078,7 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -24253,50 +24088,42 @@ module \nanokpu_kpu.gemm.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$9 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24309,12 +24136,11 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24322,7 +24148,6 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24361,10 +24186,10 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24378,15 +24203,13 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
     \$5  = a_in;
@@ -24449,7 +24272,7 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -24459,50 +24282,42 @@ module \nanokpu_kpu.gemm.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$10 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24514,12 +24329,11 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24527,7 +24341,6 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24566,10 +24379,10 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24583,15 +24396,13 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
     \$5  = a_in;
@@ -24654,7 +24465,7 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -24664,50 +24475,42 @@ module \nanokpu_kpu.gemm.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$11 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24719,12 +24522,11 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24732,7 +24534,6 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -24771,10 +24572,10 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24788,15 +24589,13 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
     \$5  = a_in;
@@ -24859,7 +24658,7 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -24869,50 +24668,42 @@ module \nanokpu_kpu.gemm.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$12 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -24924,12 +24715,11 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -24937,7 +24727,6 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -24971,10 +24760,10 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -24988,15 +24777,13 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
     \$5  = a_in;
@@ -25059,7 +24846,7 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -25069,50 +24856,42 @@ module \nanokpu_kpu.gemm.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$13 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25125,12 +24904,11 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -25138,7 +24916,6 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25177,10 +24954,10 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -25194,15 +24971,13 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
     \$5  = a_in;
@@ -25265,7 +25040,7 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -25275,50 +25050,42 @@ module \nanokpu_kpu.gemm.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25330,12 +25097,11 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -25343,7 +25109,6 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25382,10 +25147,10 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -25399,15 +25164,13 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
     \$5  = a_in;
@@ -25470,7 +25233,7 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -25480,50 +25243,42 @@ module \nanokpu_kpu.gemm.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$15 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25535,12 +25290,11 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -25548,7 +25302,6 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25587,10 +25340,10 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -25604,15 +25357,13 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$5  = a_in;
@@ -25675,7 +25426,7 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -25685,50 +25436,42 @@ module \nanokpu_kpu.gemm.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25740,12 +25483,11 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -25753,7 +25495,6 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -25787,10 +25528,10 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -25804,15 +25545,13 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$5  = a_in;
@@ -25875,7 +25614,7 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -25885,50 +25624,42 @@ module \nanokpu_kpu.gemm.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -25941,12 +25672,11 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -25954,7 +25684,6 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -25992,10 +25721,10 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -26009,15 +25738,13 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$5  = a_in;
@@ -26080,7 +25807,7 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -26090,50 +25817,42 @@ module \nanokpu_kpu.gemm.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, fir
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -26145,12 +25864,11 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -26158,7 +25876,6 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -26196,10 +25913,10 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -26213,15 +25930,13 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$5  = a_in;
@@ -26284,7 +25999,7 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -26294,50 +26009,42 @@ module \nanokpu_kpu.gemm.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -26349,12 +26056,11 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -26362,7 +26068,6 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   output [7:0] a_out;
@@ -26400,10 +26105,10 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire valid_in;
   output valid_out;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -26417,15 +26122,13 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$5  = a_in;
@@ -26488,7 +26191,7 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -26498,50 +26201,42 @@ module \nanokpu_kpu.gemm.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = res_in;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -26553,12 +26248,11 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
-  reg \$12 ;
+  reg [31:0] \$12 ;
   reg [31:0] \$13 ;
-  reg [31:0] \$14 ;
-  reg \$15 ;
+  reg \$14 ;
   wire \$2 ;
-  wire [31:0] \$3 ;
+  wire \$3 ;
   wire [32:0] \$4 ;
   reg [7:0] \$5 ;
   reg [7:0] \$6 ;
@@ -26566,7 +26260,6 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   reg \$8 ;
   reg \$9 ;
   reg \$signal  = 1'h0;
-  reg \$signal$13  = 1'h0;
   input [7:0] a_in;
   wire [7:0] a_in;
   reg [7:0] a_out = 8'h00;
@@ -26600,10 +26293,10 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   input valid_in;
   wire valid_in;
   reg valid_out = 1'h0;
-  assign \$1  = \$signal  & p_last;
+  assign \$1  = valid_in & first_in;
   assign \$2  = \$signal  & p_last;
-  assign \$3  = \$signal$13  ? 32'd0 : acc;
-  assign \$4  = $signed(\$3 ) + $signed(prod);
+  assign \$3  = \$signal  & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
   always @(posedge clk)
     a_out <= \$5 ;
   always @(posedge clk)
@@ -26617,15 +26310,13 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   always @(posedge clk)
     \$signal  <= \$10 ;
   always @(posedge clk)
-    \$signal$13  <= \$11 ;
+    p_last <= \$11 ;
   always @(posedge clk)
-    p_last <= \$12 ;
+    acc <= \$12 ;
   always @(posedge clk)
-    acc <= \$13 ;
+    res <= \$13 ;
   always @(posedge clk)
-    res <= \$14 ;
-  always @(posedge clk)
-    done <= \$15 ;
+    done <= \$14 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$5  = a_in;
@@ -26688,7 +26379,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$11  = first_in;
+    \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
     end
@@ -26698,50 +26389,42 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$12  = last_in;
-    if (unit_rst) begin
-      \$12  = 1'h0;
-    end
-    if (rst) begin
-      \$12  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$13  = acc;
-    if (\$signal ) begin
-      \$13  = \$4 [31:0];
-    end
-    if (unit_rst) begin
-      \$13  = 32'd0;
-    end
-    if (rst) begin
-      \$13  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$14  = res;
+    \$12  = acc;
     if (\$1 ) begin
-      \$14  = \$4 [31:0];
-    end else if (shift) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
+    end else if (\$signal ) begin
+      \$12  = \$4 [31:0];
     end
     if (unit_rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
     if (rst) begin
-      \$14  = 32'd0;
+      \$12  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
-    \$15  = \$2 ;
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [31:0];
+    end else if (shift) begin
+      \$13  = 32'd0;
+    end
     if (unit_rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
     end
     if (rst) begin
-      \$15  = 1'h0;
+      \$13  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
     end
   end
   assign total = \$4 [31:0];
@@ -26749,238 +26432,238 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3742$54 , i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3968$54 , i__payload, o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
-  wire [67:0] \$10 ;
+  wire [66:0] \$10 ;
   wire \$100 ;
-  wire [6:0] \$101 ;
+  wire \$101 ;
   wire \$102 ;
-  wire [6:0] \$103 ;
+  wire \$103 ;
   wire \$104 ;
-  wire [6:0] \$105 ;
+  wire \$105 ;
   wire \$106 ;
-  wire [6:0] \$107 ;
+  wire \$107 ;
   wire \$108 ;
-  wire [6:0] \$109 ;
-  wire [36:0] \$11 ;
+  wire \$109 ;
+  wire [67:0] \$11 ;
   wire \$110 ;
-  wire [6:0] \$111 ;
+  wire \$111 ;
   wire \$112 ;
-  wire [6:0] \$113 ;
+  wire \$113 ;
   wire \$114 ;
-  wire [6:0] \$115 ;
+  wire \$115 ;
   wire \$116 ;
-  wire [6:0] \$117 ;
+  wire \$117 ;
   wire \$118 ;
-  wire [6:0] \$119 ;
-  wire [66:0] \$12 ;
+  wire \$119 ;
+  wire [36:0] \$12 ;
   wire \$120 ;
-  wire [6:0] \$121 ;
+  wire \$121 ;
   wire \$122 ;
-  wire [6:0] \$123 ;
+  wire \$123 ;
   wire \$124 ;
-  wire [6:0] \$125 ;
+  wire \$125 ;
   wire \$126 ;
-  wire [6:0] \$127 ;
+  wire \$127 ;
   wire \$128 ;
-  wire [6:0] \$129 ;
-  wire [67:0] \$13 ;
+  wire \$129 ;
+  wire [66:0] \$13 ;
   wire \$130 ;
-  wire [6:0] \$131 ;
+  wire \$131 ;
   wire \$132 ;
-  wire [6:0] \$133 ;
+  wire \$133 ;
   wire \$134 ;
-  wire [6:0] \$135 ;
+  wire \$135 ;
   wire \$136 ;
-  wire [6:0] \$137 ;
+  wire \$137 ;
   wire \$138 ;
-  wire [6:0] \$139 ;
-  wire \$14 ;
+  wire \$139 ;
+  wire [67:0] \$14 ;
   wire \$140 ;
-  wire [6:0] \$141 ;
+  wire \$141 ;
   wire \$142 ;
-  wire [6:0] \$143 ;
+  wire \$143 ;
   wire \$144 ;
-  wire [6:0] \$145 ;
+  wire \$145 ;
   wire \$146 ;
-  wire [6:0] \$147 ;
+  wire \$147 ;
   wire \$148 ;
-  wire [6:0] \$149 ;
+  wire \$149 ;
   wire \$15 ;
   wire \$150 ;
-  wire [6:0] \$151 ;
+  wire \$151 ;
   wire \$152 ;
-  wire [6:0] \$153 ;
+  wire \$153 ;
   wire \$154 ;
-  wire [6:0] \$155 ;
+  wire \$155 ;
   wire \$156 ;
-  wire [6:0] \$157 ;
+  wire \$157 ;
   wire \$158 ;
-  wire [6:0] \$159 ;
+  wire \$159 ;
   wire \$16 ;
   wire \$160 ;
-  wire [48:0] \$161 ;
-  wire [48:0] \$162 ;
-  wire [48:0] \$163 ;
-  wire [48:0] \$164 ;
-  wire [48:0] \$165 ;
-  wire [48:0] \$166 ;
-  wire [47:0] \$167 ;
-  wire [48:0] \$168 ;
-  wire [48:0] \$169 ;
+  wire \$161 ;
+  wire \$162 ;
+  wire \$163 ;
+  wire \$164 ;
+  wire \$165 ;
+  wire \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire \$169 ;
   wire \$17 ;
-  wire [48:0] \$170 ;
-  wire [48:0] \$171 ;
-  wire [48:0] \$172 ;
-  wire [48:0] \$173 ;
-  wire [47:0] \$174 ;
-  wire [39:0] \$175 ;
-  wire [48:0] \$176 ;
-  wire [48:0] \$177 ;
-  wire [48:0] \$178 ;
-  wire [48:0] \$179 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire \$179 ;
   wire \$18 ;
-  wire [48:0] \$180 ;
-  wire [48:0] \$181 ;
-  wire [47:0] \$182 ;
-  wire [48:0] \$183 ;
-  wire [48:0] \$184 ;
-  wire [48:0] \$185 ;
-  wire [48:0] \$186 ;
-  wire [48:0] \$187 ;
-  wire [48:0] \$188 ;
-  wire [47:0] \$189 ;
+  wire \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire \$185 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
   wire \$19 ;
-  wire [39:0] \$190 ;
-  wire [35:0] \$191 ;
-  wire [48:0] \$192 ;
-  wire [48:0] \$193 ;
-  wire [48:0] \$194 ;
-  wire [48:0] \$195 ;
-  wire [48:0] \$196 ;
-  wire [48:0] \$197 ;
-  wire [47:0] \$198 ;
-  wire [48:0] \$199 ;
-  wire [36:0] \$2 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire \$199 ;
+  wire [16:0] \$2 ;
   wire \$20 ;
-  wire [48:0] \$200 ;
-  wire [48:0] \$201 ;
-  wire [48:0] \$202 ;
-  wire [48:0] \$203 ;
-  wire [48:0] \$204 ;
-  wire [47:0] \$205 ;
-  wire [39:0] \$206 ;
-  wire [48:0] \$207 ;
-  wire [48:0] \$208 ;
-  wire [48:0] \$209 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire \$203 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
   wire \$21 ;
-  wire [48:0] \$210 ;
-  wire [48:0] \$211 ;
-  wire [48:0] \$212 ;
-  wire [47:0] \$213 ;
-  wire [48:0] \$214 ;
-  wire [48:0] \$215 ;
-  wire [48:0] \$216 ;
-  wire [48:0] \$217 ;
-  wire [48:0] \$218 ;
-  wire [48:0] \$219 ;
+  wire \$210 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
   wire \$22 ;
-  wire [47:0] \$220 ;
-  wire [39:0] \$221 ;
-  wire [35:0] \$222 ;
-  wire [33:0] \$223 ;
-  wire [48:0] \$224 ;
-  wire [48:0] \$225 ;
-  wire [48:0] \$226 ;
-  wire [48:0] \$227 ;
-  wire [48:0] \$228 ;
-  wire [48:0] \$229 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire \$223 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire \$229 ;
   wire \$23 ;
-  wire [47:0] \$230 ;
-  wire [48:0] \$231 ;
-  wire [48:0] \$232 ;
-  wire [48:0] \$233 ;
-  wire [48:0] \$234 ;
-  wire [48:0] \$235 ;
-  wire [48:0] \$236 ;
-  wire [47:0] \$237 ;
-  wire [39:0] \$238 ;
-  wire [48:0] \$239 ;
+  wire \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
   wire \$24 ;
-  wire [48:0] \$240 ;
-  wire [48:0] \$241 ;
-  wire [48:0] \$242 ;
-  wire [48:0] \$243 ;
-  wire [48:0] \$244 ;
-  wire [47:0] \$245 ;
-  wire [48:0] \$246 ;
-  wire [48:0] \$247 ;
-  wire [48:0] \$248 ;
-  wire [48:0] \$249 ;
+  wire \$240 ;
+  wire \$241 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire \$246 ;
+  wire \$247 ;
+  wire \$248 ;
+  wire \$249 ;
   wire \$25 ;
-  wire [48:0] \$250 ;
-  wire [48:0] \$251 ;
-  wire [47:0] \$252 ;
-  wire [39:0] \$253 ;
-  wire [35:0] \$254 ;
-  wire [48:0] \$255 ;
-  wire [48:0] \$256 ;
-  wire [48:0] \$257 ;
-  wire [48:0] \$258 ;
-  wire [48:0] \$259 ;
+  wire \$250 ;
+  wire \$251 ;
+  wire \$252 ;
+  wire \$253 ;
+  wire \$254 ;
+  wire \$255 ;
+  wire \$256 ;
+  wire \$257 ;
+  wire \$258 ;
+  wire \$259 ;
   wire \$26 ;
   wire [48:0] \$260 ;
-  wire [47:0] \$261 ;
+  wire [48:0] \$261 ;
   wire [48:0] \$262 ;
   wire [48:0] \$263 ;
   wire [48:0] \$264 ;
   wire [48:0] \$265 ;
-  wire [48:0] \$266 ;
+  wire [47:0] \$266 ;
   wire [48:0] \$267 ;
-  wire [47:0] \$268 ;
-  wire [39:0] \$269 ;
+  wire [48:0] \$268 ;
+  wire [48:0] \$269 ;
   wire \$27 ;
   wire [48:0] \$270 ;
   wire [48:0] \$271 ;
   wire [48:0] \$272 ;
-  wire [48:0] \$273 ;
-  wire [48:0] \$274 ;
+  wire [47:0] \$273 ;
+  wire [39:0] \$274 ;
   wire [48:0] \$275 ;
-  wire [47:0] \$276 ;
+  wire [48:0] \$276 ;
   wire [48:0] \$277 ;
   wire [48:0] \$278 ;
   wire [48:0] \$279 ;
   wire \$28 ;
   wire [48:0] \$280 ;
-  wire [48:0] \$281 ;
+  wire [47:0] \$281 ;
   wire [48:0] \$282 ;
-  wire [47:0] \$283 ;
-  wire [39:0] \$284 ;
-  wire [35:0] \$285 ;
-  wire [33:0] \$286 ;
+  wire [48:0] \$283 ;
+  wire [48:0] \$284 ;
+  wire [48:0] \$285 ;
+  wire [48:0] \$286 ;
   wire [48:0] \$287 ;
-  wire \$288 ;
-  wire [48:0] \$289 ;
+  wire [47:0] \$288 ;
+  wire [39:0] \$289 ;
   wire \$29 ;
-  wire [48:0] \$290 ;
-  wire \$291 ;
-  wire \$292 ;
-  wire \$293 ;
-  wire [32:0] \$294 ;
-  wire [31:0] \$295 ;
-  wire \$296 ;
-  wire [32:0] \$297 ;
-  wire [32:0] \$298 ;
+  wire [35:0] \$290 ;
+  wire [48:0] \$291 ;
+  wire [48:0] \$292 ;
+  wire [48:0] \$293 ;
+  wire [48:0] \$294 ;
+  wire [48:0] \$295 ;
+  wire [48:0] \$296 ;
+  wire [47:0] \$297 ;
+  wire [48:0] \$298 ;
   wire [48:0] \$299 ;
-  wire [66:0] \$3 ;
+  wire [36:0] \$3 ;
   wire \$30 ;
   wire [48:0] \$300 ;
   wire [48:0] \$301 ;
   wire [48:0] \$302 ;
   wire [48:0] \$303 ;
-  wire [48:0] \$304 ;
-  wire [47:0] \$305 ;
+  wire [47:0] \$304 ;
+  wire [39:0] \$305 ;
   wire [48:0] \$306 ;
   wire [48:0] \$307 ;
   wire [48:0] \$308 ;
@@ -26989,24 +26672,24 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$310 ;
   wire [48:0] \$311 ;
   wire [47:0] \$312 ;
-  wire [39:0] \$313 ;
+  wire [48:0] \$313 ;
   wire [48:0] \$314 ;
   wire [48:0] \$315 ;
   wire [48:0] \$316 ;
   wire [48:0] \$317 ;
   wire [48:0] \$318 ;
-  wire [48:0] \$319 ;
+  wire [47:0] \$319 ;
   wire \$32 ;
-  wire [47:0] \$320 ;
-  wire [48:0] \$321 ;
-  wire [48:0] \$322 ;
+  wire [39:0] \$320 ;
+  wire [35:0] \$321 ;
+  wire [33:0] \$322 ;
   wire [48:0] \$323 ;
   wire [48:0] \$324 ;
   wire [48:0] \$325 ;
   wire [48:0] \$326 ;
-  wire [47:0] \$327 ;
-  wire [39:0] \$328 ;
-  wire [35:0] \$329 ;
+  wire [48:0] \$327 ;
+  wire [48:0] \$328 ;
+  wire [47:0] \$329 ;
   wire \$33 ;
   wire [48:0] \$330 ;
   wire [48:0] \$331 ;
@@ -27015,15 +26698,15 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$334 ;
   wire [48:0] \$335 ;
   wire [47:0] \$336 ;
-  wire [48:0] \$337 ;
+  wire [39:0] \$337 ;
   wire [48:0] \$338 ;
   wire [48:0] \$339 ;
   wire \$34 ;
   wire [48:0] \$340 ;
   wire [48:0] \$341 ;
   wire [48:0] \$342 ;
-  wire [47:0] \$343 ;
-  wire [39:0] \$344 ;
+  wire [48:0] \$343 ;
+  wire [47:0] \$344 ;
   wire [48:0] \$345 ;
   wire [48:0] \$346 ;
   wire [48:0] \$347 ;
@@ -27032,24 +26715,24 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire \$35 ;
   wire [48:0] \$350 ;
   wire [47:0] \$351 ;
-  wire [48:0] \$352 ;
-  wire [48:0] \$353 ;
+  wire [39:0] \$352 ;
+  wire [35:0] \$353 ;
   wire [48:0] \$354 ;
   wire [48:0] \$355 ;
   wire [48:0] \$356 ;
   wire [48:0] \$357 ;
-  wire [47:0] \$358 ;
-  wire [39:0] \$359 ;
+  wire [48:0] \$358 ;
+  wire [48:0] \$359 ;
   wire \$36 ;
-  wire [35:0] \$360 ;
-  wire [33:0] \$361 ;
+  wire [47:0] \$360 ;
+  wire [48:0] \$361 ;
   wire [48:0] \$362 ;
   wire [48:0] \$363 ;
   wire [48:0] \$364 ;
   wire [48:0] \$365 ;
   wire [48:0] \$366 ;
-  wire [48:0] \$367 ;
-  wire [47:0] \$368 ;
+  wire [47:0] \$367 ;
+  wire [39:0] \$368 ;
   wire [48:0] \$369 ;
   wire \$37 ;
   wire [48:0] \$370 ;
@@ -27058,82 +26741,82 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$373 ;
   wire [48:0] \$374 ;
   wire [47:0] \$375 ;
-  wire [39:0] \$376 ;
+  wire [48:0] \$376 ;
   wire [48:0] \$377 ;
   wire [48:0] \$378 ;
   wire [48:0] \$379 ;
   wire \$38 ;
   wire [48:0] \$380 ;
   wire [48:0] \$381 ;
-  wire [48:0] \$382 ;
-  wire [47:0] \$383 ;
-  wire [48:0] \$384 ;
-  wire [48:0] \$385 ;
+  wire [47:0] \$382 ;
+  wire [39:0] \$383 ;
+  wire [35:0] \$384 ;
+  wire [33:0] \$385 ;
   wire [48:0] \$386 ;
-  wire [48:0] \$387 ;
+  wire \$387 ;
   wire [48:0] \$388 ;
   wire [48:0] \$389 ;
   wire \$39 ;
-  wire [47:0] \$390 ;
-  wire [39:0] \$391 ;
-  wire [35:0] \$392 ;
-  wire [48:0] \$393 ;
-  wire [48:0] \$394 ;
-  wire [48:0] \$395 ;
-  wire [48:0] \$396 ;
-  wire [48:0] \$397 ;
+  wire \$390 ;
+  wire \$391 ;
+  wire \$392 ;
+  wire [32:0] \$393 ;
+  wire [31:0] \$394 ;
+  wire \$395 ;
+  wire [32:0] \$396 ;
+  wire [32:0] \$397 ;
   wire [48:0] \$398 ;
-  wire [47:0] \$399 ;
-  wire [67:0] \$4 ;
+  wire [48:0] \$399 ;
+  wire [66:0] \$4 ;
   wire \$40 ;
   wire [48:0] \$400 ;
   wire [48:0] \$401 ;
   wire [48:0] \$402 ;
   wire [48:0] \$403 ;
-  wire [48:0] \$404 ;
+  wire [47:0] \$404 ;
   wire [48:0] \$405 ;
-  wire [47:0] \$406 ;
-  wire [39:0] \$407 ;
+  wire [48:0] \$406 ;
+  wire [48:0] \$407 ;
   wire [48:0] \$408 ;
   wire [48:0] \$409 ;
   wire \$41 ;
   wire [48:0] \$410 ;
-  wire [48:0] \$411 ;
-  wire [48:0] \$412 ;
+  wire [47:0] \$411 ;
+  wire [39:0] \$412 ;
   wire [48:0] \$413 ;
-  wire [47:0] \$414 ;
+  wire [48:0] \$414 ;
   wire [48:0] \$415 ;
   wire [48:0] \$416 ;
   wire [48:0] \$417 ;
   wire [48:0] \$418 ;
-  wire [48:0] \$419 ;
+  wire [47:0] \$419 ;
   wire \$42 ;
   wire [48:0] \$420 ;
-  wire [47:0] \$421 ;
-  wire [39:0] \$422 ;
-  wire [35:0] \$423 ;
-  wire [33:0] \$424 ;
+  wire [48:0] \$421 ;
+  wire [48:0] \$422 ;
+  wire [48:0] \$423 ;
+  wire [48:0] \$424 ;
   wire [48:0] \$425 ;
-  wire \$426 ;
-  wire [48:0] \$427 ;
-  wire [48:0] \$428 ;
-  wire \$429 ;
+  wire [47:0] \$426 ;
+  wire [39:0] \$427 ;
+  wire [35:0] \$428 ;
+  wire [48:0] \$429 ;
   wire \$43 ;
-  wire \$430 ;
-  wire \$431 ;
-  wire [32:0] \$432 ;
-  wire [31:0] \$433 ;
-  wire \$434 ;
-  wire [32:0] \$435 ;
-  wire [32:0] \$436 ;
+  wire [48:0] \$430 ;
+  wire [48:0] \$431 ;
+  wire [48:0] \$432 ;
+  wire [48:0] \$433 ;
+  wire [48:0] \$434 ;
+  wire [47:0] \$435 ;
+  wire [48:0] \$436 ;
   wire [48:0] \$437 ;
   wire [48:0] \$438 ;
   wire [48:0] \$439 ;
   wire \$44 ;
   wire [48:0] \$440 ;
   wire [48:0] \$441 ;
-  wire [48:0] \$442 ;
-  wire [47:0] \$443 ;
+  wire [47:0] \$442 ;
+  wire [39:0] \$443 ;
   wire [48:0] \$444 ;
   wire [48:0] \$445 ;
   wire [48:0] \$446 ;
@@ -27142,24 +26825,24 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$449 ;
   wire \$45 ;
   wire [47:0] \$450 ;
-  wire [39:0] \$451 ;
+  wire [48:0] \$451 ;
   wire [48:0] \$452 ;
   wire [48:0] \$453 ;
   wire [48:0] \$454 ;
   wire [48:0] \$455 ;
   wire [48:0] \$456 ;
-  wire [48:0] \$457 ;
-  wire [47:0] \$458 ;
-  wire [48:0] \$459 ;
+  wire [47:0] \$457 ;
+  wire [39:0] \$458 ;
+  wire [35:0] \$459 ;
   wire \$46 ;
-  wire [48:0] \$460 ;
+  wire [33:0] \$460 ;
   wire [48:0] \$461 ;
   wire [48:0] \$462 ;
   wire [48:0] \$463 ;
   wire [48:0] \$464 ;
-  wire [47:0] \$465 ;
-  wire [39:0] \$466 ;
-  wire [35:0] \$467 ;
+  wire [48:0] \$465 ;
+  wire [48:0] \$466 ;
+  wire [47:0] \$467 ;
   wire [48:0] \$468 ;
   wire [48:0] \$469 ;
   wire \$47 ;
@@ -27168,15 +26851,15 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$472 ;
   wire [48:0] \$473 ;
   wire [47:0] \$474 ;
-  wire [48:0] \$475 ;
+  wire [39:0] \$475 ;
   wire [48:0] \$476 ;
   wire [48:0] \$477 ;
   wire [48:0] \$478 ;
   wire [48:0] \$479 ;
   wire \$48 ;
   wire [48:0] \$480 ;
-  wire [47:0] \$481 ;
-  wire [39:0] \$482 ;
+  wire [48:0] \$481 ;
+  wire [47:0] \$482 ;
   wire [48:0] \$483 ;
   wire [48:0] \$484 ;
   wire [48:0] \$485 ;
@@ -27185,25 +26868,25 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$488 ;
   wire [47:0] \$489 ;
   wire \$49 ;
-  wire [48:0] \$490 ;
-  wire [48:0] \$491 ;
+  wire [39:0] \$490 ;
+  wire [35:0] \$491 ;
   wire [48:0] \$492 ;
   wire [48:0] \$493 ;
   wire [48:0] \$494 ;
   wire [48:0] \$495 ;
-  wire [47:0] \$496 ;
-  wire [39:0] \$497 ;
-  wire [35:0] \$498 ;
-  wire [33:0] \$499 ;
-  wire [36:0] \$5 ;
+  wire [48:0] \$496 ;
+  wire [48:0] \$497 ;
+  wire [47:0] \$498 ;
+  wire [48:0] \$499 ;
+  wire [67:0] \$5 ;
   wire \$50 ;
   wire [48:0] \$500 ;
   wire [48:0] \$501 ;
   wire [48:0] \$502 ;
   wire [48:0] \$503 ;
   wire [48:0] \$504 ;
-  wire [48:0] \$505 ;
-  wire [47:0] \$506 ;
+  wire [47:0] \$505 ;
+  wire [39:0] \$506 ;
   wire [48:0] \$507 ;
   wire [48:0] \$508 ;
   wire [48:0] \$509 ;
@@ -27212,81 +26895,81 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$511 ;
   wire [48:0] \$512 ;
   wire [47:0] \$513 ;
-  wire [39:0] \$514 ;
+  wire [48:0] \$514 ;
   wire [48:0] \$515 ;
   wire [48:0] \$516 ;
   wire [48:0] \$517 ;
   wire [48:0] \$518 ;
   wire [48:0] \$519 ;
   wire \$52 ;
-  wire [48:0] \$520 ;
-  wire [47:0] \$521 ;
-  wire [48:0] \$522 ;
-  wire [48:0] \$523 ;
+  wire [47:0] \$520 ;
+  wire [39:0] \$521 ;
+  wire [35:0] \$522 ;
+  wire [33:0] \$523 ;
   wire [48:0] \$524 ;
-  wire [48:0] \$525 ;
+  wire \$525 ;
   wire [48:0] \$526 ;
   wire [48:0] \$527 ;
-  wire [47:0] \$528 ;
-  wire [39:0] \$529 ;
+  wire \$528 ;
+  wire \$529 ;
   wire \$53 ;
-  wire [35:0] \$530 ;
-  wire [48:0] \$531 ;
-  wire [48:0] \$532 ;
-  wire [48:0] \$533 ;
-  wire [48:0] \$534 ;
-  wire [48:0] \$535 ;
+  wire \$530 ;
+  wire [32:0] \$531 ;
+  wire [31:0] \$532 ;
+  wire \$533 ;
+  wire [32:0] \$534 ;
+  wire [32:0] \$535 ;
   wire [48:0] \$536 ;
-  wire [47:0] \$537 ;
+  wire [48:0] \$537 ;
   wire [48:0] \$538 ;
   wire [48:0] \$539 ;
   wire \$54 ;
   wire [48:0] \$540 ;
   wire [48:0] \$541 ;
-  wire [48:0] \$542 ;
+  wire [47:0] \$542 ;
   wire [48:0] \$543 ;
-  wire [47:0] \$544 ;
-  wire [39:0] \$545 ;
+  wire [48:0] \$544 ;
+  wire [48:0] \$545 ;
   wire [48:0] \$546 ;
   wire [48:0] \$547 ;
   wire [48:0] \$548 ;
-  wire [48:0] \$549 ;
+  wire [47:0] \$549 ;
   wire \$55 ;
-  wire [48:0] \$550 ;
+  wire [39:0] \$550 ;
   wire [48:0] \$551 ;
-  wire [47:0] \$552 ;
+  wire [48:0] \$552 ;
   wire [48:0] \$553 ;
   wire [48:0] \$554 ;
   wire [48:0] \$555 ;
   wire [48:0] \$556 ;
-  wire [48:0] \$557 ;
+  wire [47:0] \$557 ;
   wire [48:0] \$558 ;
-  wire [47:0] \$559 ;
+  wire [48:0] \$559 ;
   wire \$56 ;
-  wire [39:0] \$560 ;
-  wire [35:0] \$561 ;
-  wire [33:0] \$562 ;
+  wire [48:0] \$560 ;
+  wire [48:0] \$561 ;
+  wire [48:0] \$562 ;
   wire [48:0] \$563 ;
-  wire \$564 ;
-  wire [48:0] \$565 ;
-  wire [48:0] \$566 ;
-  wire \$567 ;
-  wire \$568 ;
-  wire \$569 ;
+  wire [47:0] \$564 ;
+  wire [39:0] \$565 ;
+  wire [35:0] \$566 ;
+  wire [48:0] \$567 ;
+  wire [48:0] \$568 ;
+  wire [48:0] \$569 ;
   wire \$57 ;
-  wire [32:0] \$570 ;
-  wire [31:0] \$571 ;
-  wire \$572 ;
-  wire [32:0] \$573 ;
-  wire [32:0] \$574 ;
+  wire [48:0] \$570 ;
+  wire [48:0] \$571 ;
+  wire [48:0] \$572 ;
+  wire [47:0] \$573 ;
+  wire [48:0] \$574 ;
   wire [48:0] \$575 ;
   wire [48:0] \$576 ;
   wire [48:0] \$577 ;
   wire [48:0] \$578 ;
   wire [48:0] \$579 ;
   wire \$58 ;
-  wire [48:0] \$580 ;
-  wire [47:0] \$581 ;
+  wire [47:0] \$580 ;
+  wire [39:0] \$581 ;
   wire [48:0] \$582 ;
   wire [48:0] \$583 ;
   wire [48:0] \$584 ;
@@ -27294,26 +26977,26 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$586 ;
   wire [48:0] \$587 ;
   wire [47:0] \$588 ;
-  wire [39:0] \$589 ;
+  wire [48:0] \$589 ;
   wire \$59 ;
   wire [48:0] \$590 ;
   wire [48:0] \$591 ;
   wire [48:0] \$592 ;
   wire [48:0] \$593 ;
   wire [48:0] \$594 ;
-  wire [48:0] \$595 ;
-  wire [47:0] \$596 ;
-  wire [48:0] \$597 ;
-  wire [48:0] \$598 ;
+  wire [47:0] \$595 ;
+  wire [39:0] \$596 ;
+  wire [35:0] \$597 ;
+  wire [33:0] \$598 ;
   wire [48:0] \$599 ;
-  wire [66:0] \$6 ;
+  wire [36:0] \$6 ;
   wire \$60 ;
   wire [48:0] \$600 ;
   wire [48:0] \$601 ;
   wire [48:0] \$602 ;
-  wire [47:0] \$603 ;
-  wire [39:0] \$604 ;
-  wire [35:0] \$605 ;
+  wire [48:0] \$603 ;
+  wire [48:0] \$604 ;
+  wire [47:0] \$605 ;
   wire [48:0] \$606 ;
   wire [48:0] \$607 ;
   wire [48:0] \$608 ;
@@ -27322,15 +27005,15 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$610 ;
   wire [48:0] \$611 ;
   wire [47:0] \$612 ;
-  wire [48:0] \$613 ;
+  wire [39:0] \$613 ;
   wire [48:0] \$614 ;
   wire [48:0] \$615 ;
   wire [48:0] \$616 ;
   wire [48:0] \$617 ;
   wire [48:0] \$618 ;
-  wire [47:0] \$619 ;
+  wire [48:0] \$619 ;
   wire \$62 ;
-  wire [39:0] \$620 ;
+  wire [47:0] \$620 ;
   wire [48:0] \$621 ;
   wire [48:0] \$622 ;
   wire [48:0] \$623 ;
@@ -27338,172 +27021,270 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$625 ;
   wire [48:0] \$626 ;
   wire [47:0] \$627 ;
-  wire [48:0] \$628 ;
-  wire [48:0] \$629 ;
-  wire [6:0] \$63 ;
+  wire [39:0] \$628 ;
+  wire [35:0] \$629 ;
+  wire \$63 ;
   wire [48:0] \$630 ;
   wire [48:0] \$631 ;
   wire [48:0] \$632 ;
   wire [48:0] \$633 ;
-  wire [47:0] \$634 ;
-  wire [39:0] \$635 ;
-  wire [35:0] \$636 ;
-  wire [33:0] \$637 ;
+  wire [48:0] \$634 ;
+  wire [48:0] \$635 ;
+  wire [47:0] \$636 ;
+  wire [48:0] \$637 ;
   wire [48:0] \$638 ;
   wire [48:0] \$639 ;
   wire \$64 ;
   wire [48:0] \$640 ;
   wire [48:0] \$641 ;
   wire [48:0] \$642 ;
-  wire [48:0] \$643 ;
-  wire [47:0] \$644 ;
+  wire [47:0] \$643 ;
+  wire [39:0] \$644 ;
   wire [48:0] \$645 ;
   wire [48:0] \$646 ;
   wire [48:0] \$647 ;
   wire [48:0] \$648 ;
   wire [48:0] \$649 ;
-  wire [6:0] \$65 ;
+  wire \$65 ;
   wire [48:0] \$650 ;
   wire [47:0] \$651 ;
-  wire [39:0] \$652 ;
+  wire [48:0] \$652 ;
   wire [48:0] \$653 ;
   wire [48:0] \$654 ;
   wire [48:0] \$655 ;
   wire [48:0] \$656 ;
   wire [48:0] \$657 ;
-  wire [48:0] \$658 ;
-  wire [47:0] \$659 ;
+  wire [47:0] \$658 ;
+  wire [39:0] \$659 ;
   wire \$66 ;
-  wire [48:0] \$660 ;
-  wire [48:0] \$661 ;
+  wire [35:0] \$660 ;
+  wire [33:0] \$661 ;
   wire [48:0] \$662 ;
-  wire [48:0] \$663 ;
+  wire \$663 ;
   wire [48:0] \$664 ;
   wire [48:0] \$665 ;
-  wire [47:0] \$666 ;
-  wire [39:0] \$667 ;
-  wire [35:0] \$668 ;
-  wire [48:0] \$669 ;
-  wire [6:0] \$67 ;
-  wire [48:0] \$670 ;
-  wire [48:0] \$671 ;
-  wire [48:0] \$672 ;
-  wire [48:0] \$673 ;
+  wire \$666 ;
+  wire \$667 ;
+  wire \$668 ;
+  wire [32:0] \$669 ;
+  wire \$67 ;
+  wire [31:0] \$670 ;
+  wire \$671 ;
+  wire [32:0] \$672 ;
+  wire [32:0] \$673 ;
   wire [48:0] \$674 ;
-  wire [47:0] \$675 ;
+  wire [48:0] \$675 ;
   wire [48:0] \$676 ;
   wire [48:0] \$677 ;
   wire [48:0] \$678 ;
   wire [48:0] \$679 ;
   wire \$68 ;
-  wire [48:0] \$680 ;
+  wire [47:0] \$680 ;
   wire [48:0] \$681 ;
-  wire [47:0] \$682 ;
-  wire [39:0] \$683 ;
+  wire [48:0] \$682 ;
+  wire [48:0] \$683 ;
   wire [48:0] \$684 ;
   wire [48:0] \$685 ;
   wire [48:0] \$686 ;
-  wire [48:0] \$687 ;
-  wire [48:0] \$688 ;
+  wire [47:0] \$687 ;
+  wire [39:0] \$688 ;
   wire [48:0] \$689 ;
-  wire [6:0] \$69 ;
-  wire [47:0] \$690 ;
+  wire \$69 ;
+  wire [48:0] \$690 ;
   wire [48:0] \$691 ;
   wire [48:0] \$692 ;
   wire [48:0] \$693 ;
   wire [48:0] \$694 ;
-  wire [48:0] \$695 ;
+  wire [47:0] \$695 ;
   wire [48:0] \$696 ;
-  wire [47:0] \$697 ;
-  wire [39:0] \$698 ;
-  wire [35:0] \$699 ;
-  wire [67:0] \$7 ;
+  wire [48:0] \$697 ;
+  wire [48:0] \$698 ;
+  wire [48:0] \$699 ;
+  wire [66:0] \$7 ;
   wire \$70 ;
-  wire [33:0] \$700 ;
+  wire [48:0] \$700 ;
   wire [48:0] \$701 ;
-  wire \$702 ;
-  wire [48:0] \$703 ;
-  wire [48:0] \$704 ;
-  wire \$705 ;
-  wire \$706 ;
-  wire \$707 ;
-  wire [32:0] \$708 ;
-  wire [31:0] \$709 ;
-  wire [6:0] \$71 ;
-  wire \$710 ;
-  wire [32:0] \$711 ;
-  wire [32:0] \$712 ;
-  reg \$713 ;
-  reg \$714 ;
-  reg \$715 ;
-  reg [47:0] \$716 ;
-  reg [47:0] \$717 ;
-  reg [47:0] \$718 ;
-  reg [47:0] \$719 ;
+  wire [47:0] \$702 ;
+  wire [39:0] \$703 ;
+  wire [35:0] \$704 ;
+  wire [48:0] \$705 ;
+  wire [48:0] \$706 ;
+  wire [48:0] \$707 ;
+  wire [48:0] \$708 ;
+  wire [48:0] \$709 ;
+  wire \$71 ;
+  wire [48:0] \$710 ;
+  wire [47:0] \$711 ;
+  wire [48:0] \$712 ;
+  wire [48:0] \$713 ;
+  wire [48:0] \$714 ;
+  wire [48:0] \$715 ;
+  wire [48:0] \$716 ;
+  wire [48:0] \$717 ;
+  wire [47:0] \$718 ;
+  wire [39:0] \$719 ;
   wire \$72 ;
-  reg [48:0] \$720 ;
-  reg [48:0] \$721 ;
-  reg \$722 ;
-  reg \$723 ;
-  reg \$724 ;
-  reg [32:0] \$725 ;
-  reg \$726 ;
-  reg \$727 ;
-  reg \$728 ;
-  reg [32:0] \$729 ;
-  wire [6:0] \$73 ;
-  reg \$730 ;
-  reg \$731 ;
-  reg [127:0] \$732 ;
-  reg [32:0] \$733 ;
-  reg \$734 ;
-  reg \$735 ;
-  reg \$736 ;
-  reg [32:0] \$737 ;
-  reg \$738 ;
-  reg \$739 ;
+  wire [48:0] \$720 ;
+  wire [48:0] \$721 ;
+  wire [48:0] \$722 ;
+  wire [48:0] \$723 ;
+  wire [48:0] \$724 ;
+  wire [48:0] \$725 ;
+  wire [47:0] \$726 ;
+  wire [48:0] \$727 ;
+  wire [48:0] \$728 ;
+  wire [48:0] \$729 ;
+  wire \$73 ;
+  wire [48:0] \$730 ;
+  wire [48:0] \$731 ;
+  wire [48:0] \$732 ;
+  wire [47:0] \$733 ;
+  wire [39:0] \$734 ;
+  wire [35:0] \$735 ;
+  wire [33:0] \$736 ;
+  wire [48:0] \$737 ;
+  wire [48:0] \$738 ;
+  wire [48:0] \$739 ;
   wire \$74 ;
-  reg [32:0] \$740 ;
-  reg \$741 ;
-  reg \$742 ;
-  reg \$743 ;
-  reg [32:0] \$744 ;
-  reg \$745 ;
-  reg \$746 ;
-  reg [32:0] \$747 ;
-  reg \$748 ;
-  reg \$749 ;
-  wire [6:0] \$75 ;
-  reg \$750 ;
-  reg [32:0] \$751 ;
-  reg \$752 ;
-  reg \$753 ;
+  wire [48:0] \$740 ;
+  wire [48:0] \$741 ;
+  wire [48:0] \$742 ;
+  wire [47:0] \$743 ;
+  wire [48:0] \$744 ;
+  wire [48:0] \$745 ;
+  wire [48:0] \$746 ;
+  wire [48:0] \$747 ;
+  wire [48:0] \$748 ;
+  wire [48:0] \$749 ;
+  wire \$75 ;
+  wire [47:0] \$750 ;
+  wire [39:0] \$751 ;
+  wire [48:0] \$752 ;
+  wire [48:0] \$753 ;
+  wire [48:0] \$754 ;
+  wire [48:0] \$755 ;
+  wire [48:0] \$756 ;
+  wire [48:0] \$757 ;
+  wire [47:0] \$758 ;
+  wire [48:0] \$759 ;
   wire \$76 ;
-  wire [6:0] \$77 ;
+  wire [48:0] \$760 ;
+  wire [48:0] \$761 ;
+  wire [48:0] \$762 ;
+  wire [48:0] \$763 ;
+  wire [48:0] \$764 ;
+  wire [47:0] \$765 ;
+  wire [39:0] \$766 ;
+  wire [35:0] \$767 ;
+  wire [48:0] \$768 ;
+  wire [48:0] \$769 ;
+  wire \$77 ;
+  wire [48:0] \$770 ;
+  wire [48:0] \$771 ;
+  wire [48:0] \$772 ;
+  wire [48:0] \$773 ;
+  wire [47:0] \$774 ;
+  wire [48:0] \$775 ;
+  wire [48:0] \$776 ;
+  wire [48:0] \$777 ;
+  wire [48:0] \$778 ;
+  wire [48:0] \$779 ;
   wire \$78 ;
-  wire [6:0] \$79 ;
-  wire [36:0] \$8 ;
+  wire [48:0] \$780 ;
+  wire [47:0] \$781 ;
+  wire [39:0] \$782 ;
+  wire [48:0] \$783 ;
+  wire [48:0] \$784 ;
+  wire [48:0] \$785 ;
+  wire [48:0] \$786 ;
+  wire [48:0] \$787 ;
+  wire [48:0] \$788 ;
+  wire [47:0] \$789 ;
+  wire \$79 ;
+  wire [48:0] \$790 ;
+  wire [48:0] \$791 ;
+  wire [48:0] \$792 ;
+  wire [48:0] \$793 ;
+  wire [48:0] \$794 ;
+  wire [48:0] \$795 ;
+  wire [47:0] \$796 ;
+  wire [39:0] \$797 ;
+  wire [35:0] \$798 ;
+  wire [33:0] \$799 ;
+  wire [67:0] \$8 ;
   wire \$80 ;
-  wire [6:0] \$81 ;
+  wire [48:0] \$800 ;
+  wire \$801 ;
+  wire [48:0] \$802 ;
+  wire [48:0] \$803 ;
+  wire \$804 ;
+  wire \$805 ;
+  wire \$806 ;
+  wire [32:0] \$807 ;
+  wire [31:0] \$808 ;
+  wire \$809 ;
+  wire \$81 ;
+  wire [32:0] \$810 ;
+  wire [32:0] \$811 ;
+  reg \$812 ;
+  reg \$813 ;
+  reg \$814 ;
+  reg [47:0] \$815 ;
+  reg [47:0] \$816 ;
+  reg [47:0] \$817 ;
+  reg [47:0] \$818 ;
+  reg [48:0] \$819 ;
   wire \$82 ;
-  wire [6:0] \$83 ;
+  reg \$820 ;
+  reg \$821 ;
+  reg \$822 ;
+  reg [32:0] \$823 ;
+  reg \$824 ;
+  reg \$825 ;
+  reg \$826 ;
+  reg [32:0] \$827 ;
+  reg \$828 ;
+  reg \$829 ;
+  wire \$83 ;
+  reg [127:0] \$830 ;
+  reg [32:0] \$831 ;
+  reg \$832 ;
+  reg \$833 ;
+  reg \$834 ;
+  reg [32:0] \$835 ;
+  reg \$836 ;
+  reg \$837 ;
+  reg [32:0] \$838 ;
+  reg \$839 ;
   wire \$84 ;
-  wire [6:0] \$85 ;
+  reg \$840 ;
+  reg \$841 ;
+  reg [32:0] \$842 ;
+  reg \$843 ;
+  reg \$844 ;
+  reg [32:0] \$845 ;
+  reg \$846 ;
+  reg \$847 ;
+  reg \$848 ;
+  reg [32:0] \$849 ;
+  wire \$85 ;
+  reg \$850 ;
+  reg \$851 ;
   wire \$86 ;
-  wire [6:0] \$87 ;
+  wire \$87 ;
   wire \$88 ;
-  wire [6:0] \$89 ;
-  wire [66:0] \$9 ;
+  wire \$89 ;
+  wire [36:0] \$9 ;
   wire \$90 ;
-  wire [6:0] \$91 ;
+  wire \$91 ;
   wire \$92 ;
-  wire [6:0] \$93 ;
+  wire \$93 ;
   wire \$94 ;
-  wire [6:0] \$95 ;
+  wire \$95 ;
   wire \$96 ;
-  wire [6:0] \$97 ;
+  wire \$97 ;
   wire \$98 ;
-  wire [6:0] \$99 ;
+  wire \$99 ;
   reg \$signal  = 1'h0;
   reg \$signal$44  = 1'h0;
   wire [17:0] a__0;
@@ -27514,7 +27295,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [17:0] a__5;
   wire [17:0] a__6;
   wire [17:0] a__7;
-  reg [48:0] above = 49'h0000000000000;
+  wire [48:0] above;
   output advance;
   wire advance;
   wire [17:0] b__0;
@@ -27573,8 +27354,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$3742$54 ;
-  wire [21:0] \port$3742$54 ;
+  input [21:0] \port$3968$54 ;
+  wire [21:0] \port$3968$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
@@ -27599,541 +27380,638 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$247  = \port$3742$54 [21] ? \$246  : { x0, 1'h0 };
-  assign \$250  = \port$3742$54 [21] ? \$249  : { x0, 1'h0 };
-  assign \$251  = \port$3742$54 [20] ? \$248  : \$250 ;
-  assign \$252  = \port$3742$54 [19] ? \$245  : \$251 [47:0];
-  assign \$253  = \port$3742$54 [18] ? \$238  : \$252 [39:0];
-  assign \$256  = \port$3742$54 [21] ? \$255  : { x0, 1'h0 };
-  assign \$259  = \port$3742$54 [21] ? \$258  : { x0, 1'h0 };
-  assign \$260  = \port$3742$54 [20] ? \$257  : \$259 ;
-  assign \$263  = \port$3742$54 [21] ? \$262  : { x0, 1'h0 };
-  assign \$266  = \port$3742$54 [21] ? \$265  : { x0, 1'h0 };
-  assign \$267  = \port$3742$54 [20] ? \$264  : \$266 ;
-  assign \$268  = \port$3742$54 [19] ? \$261  : \$267 [47:0];
-  assign \$271  = \port$3742$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$274  = \port$3742$54 [21] ? \$273  : { x0, 1'h0 };
-  assign \$275  = \port$3742$54 [20] ? \$272  : \$274 ;
-  assign \$278  = \port$3742$54 [21] ? \$277  : { x0, 1'h0 };
-  assign \$281  = \port$3742$54 [21] ? \$280  : { x0, 1'h0 };
-  assign \$282  = \port$3742$54 [20] ? \$279  : \$281 ;
-  assign \$283  = \port$3742$54 [19] ? \$276  : \$282 [47:0];
-  assign \$284  = \port$3742$54 [18] ? \$269  : \$283 [39:0];
-  assign \$285  = \port$3742$54 [17] ? \$254  : \$284 [35:0];
-  assign \$286  = \port$3742$54 [16] ? \$223  : \$285 [33:0];
-  assign \$287  = { x0, 1'h0 } & below;
-  assign \$288  = | \$287 ;
-  assign \$289  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
-  assign \$290  = \$289  & above;
-  assign \$291  = | \$290 ;
-  assign \$292  = sticky0 | y0[1];
-  assign \$293  = y0[0] & \$292 ;
-  assign \$294  = $signed(y0[32:1]) + $signed({ 1'h0, \$293  });
-  assign \$295  = neg2_0 ? 32'd2147483648 : 32'd2147483647;
-  assign \$296  = $signed(rounded0) > $signed(32'd2147483647);
-  assign \$297  = \$296  ? 33'h07fffffff : rounded0;
-  assign \$298  = over2_0 ? { \$295 [31], \$295  } : \$297 ;
-  assign \$300  = \port$3742$54 [21] ? \$299  : { x1, 1'h0 };
-  assign \$303  = \port$3742$54 [21] ? \$302  : { x1, 1'h0 };
-  assign \$304  = \port$3742$54 [20] ? \$301  : \$303 ;
-  assign \$307  = \port$3742$54 [21] ? \$306  : { x1, 1'h0 };
-  assign \$310  = \port$3742$54 [21] ? \$309  : { x1, 1'h0 };
-  assign \$311  = \port$3742$54 [20] ? \$308  : \$310 ;
-  assign \$312  = \port$3742$54 [19] ? \$305  : \$311 [47:0];
-  assign \$315  = \port$3742$54 [21] ? \$314  : { x1, 1'h0 };
-  assign \$318  = \port$3742$54 [21] ? \$317  : { x1, 1'h0 };
-  assign \$319  = \port$3742$54 [20] ? \$316  : \$318 ;
-  assign \$322  = \port$3742$54 [21] ? \$321  : { x1, 1'h0 };
-  assign \$325  = \port$3742$54 [21] ? \$324  : { x1, 1'h0 };
-  assign \$326  = \port$3742$54 [20] ? \$323  : \$325 ;
-  assign \$327  = \port$3742$54 [19] ? \$320  : \$326 [47:0];
-  assign \$328  = \port$3742$54 [18] ? \$313  : \$327 [39:0];
-  assign \$331  = \port$3742$54 [21] ? \$330  : { x1, 1'h0 };
-  assign \$334  = \port$3742$54 [21] ? \$333  : { x1, 1'h0 };
-  assign \$335  = \port$3742$54 [20] ? \$332  : \$334 ;
-  assign \$338  = \port$3742$54 [21] ? \$337  : { x1, 1'h0 };
-  assign \$341  = \port$3742$54 [21] ? \$340  : { x1, 1'h0 };
-  assign \$342  = \port$3742$54 [20] ? \$339  : \$341 ;
-  assign \$343  = \port$3742$54 [19] ? \$336  : \$342 [47:0];
-  assign \$346  = \port$3742$54 [21] ? \$345  : { x1, 1'h0 };
-  assign \$349  = \port$3742$54 [21] ? \$348  : { x1, 1'h0 };
-  assign \$350  = \port$3742$54 [20] ? \$347  : \$349 ;
-  assign \$353  = \port$3742$54 [21] ? \$352  : { x1, 1'h0 };
-  assign \$356  = \port$3742$54 [21] ? \$355  : { x1, 1'h0 };
-  assign \$357  = \port$3742$54 [20] ? \$354  : \$356 ;
-  assign \$358  = \port$3742$54 [19] ? \$351  : \$357 [47:0];
-  assign \$359  = \port$3742$54 [18] ? \$344  : \$358 [39:0];
-  assign \$360  = \port$3742$54 [17] ? \$329  : \$359 [35:0];
-  assign \$363  = \port$3742$54 [21] ? \$362  : { x1, 1'h0 };
-  assign \$366  = \port$3742$54 [21] ? \$365  : { x1, 1'h0 };
-  assign \$367  = \port$3742$54 [20] ? \$364  : \$366 ;
-  assign \$370  = \port$3742$54 [21] ? \$369  : { x1, 1'h0 };
-  assign \$373  = \port$3742$54 [21] ? \$372  : { x1, 1'h0 };
-  assign \$374  = \port$3742$54 [20] ? \$371  : \$373 ;
-  assign \$375  = \port$3742$54 [19] ? \$368  : \$374 [47:0];
-  assign \$378  = \port$3742$54 [21] ? \$377  : { x1, 1'h0 };
-  assign \$381  = \port$3742$54 [21] ? \$380  : { x1, 1'h0 };
-  assign \$382  = \port$3742$54 [20] ? \$379  : \$381 ;
-  assign \$385  = \port$3742$54 [21] ? \$384  : { x1, 1'h0 };
-  assign \$388  = \port$3742$54 [21] ? \$387  : { x1, 1'h0 };
-  assign \$389  = \port$3742$54 [20] ? \$386  : \$388 ;
-  assign \$390  = \port$3742$54 [19] ? \$383  : \$389 [47:0];
-  assign \$391  = \port$3742$54 [18] ? \$376  : \$390 [39:0];
-  assign \$394  = \port$3742$54 [21] ? \$393  : { x1, 1'h0 };
-  assign \$397  = \port$3742$54 [21] ? \$396  : { x1, 1'h0 };
-  assign \$398  = \port$3742$54 [20] ? \$395  : \$397 ;
-  assign \$401  = \port$3742$54 [21] ? \$400  : { x1, 1'h0 };
-  assign \$404  = \port$3742$54 [21] ? \$403  : { x1, 1'h0 };
-  assign \$405  = \port$3742$54 [20] ? \$402  : \$404 ;
-  assign \$406  = \port$3742$54 [19] ? \$399  : \$405 [47:0];
-  assign \$409  = \port$3742$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$412  = \port$3742$54 [21] ? \$411  : { x1, 1'h0 };
-  assign \$413  = \port$3742$54 [20] ? \$410  : \$412 ;
-  assign \$416  = \port$3742$54 [21] ? \$415  : { x1, 1'h0 };
-  assign \$419  = \port$3742$54 [21] ? \$418  : { x1, 1'h0 };
-  assign \$420  = \port$3742$54 [20] ? \$417  : \$419 ;
-  assign \$421  = \port$3742$54 [19] ? \$414  : \$420 [47:0];
-  assign \$422  = \port$3742$54 [18] ? \$407  : \$421 [39:0];
-  assign \$423  = \port$3742$54 [17] ? \$392  : \$422 [35:0];
-  assign \$424  = \port$3742$54 [16] ? \$361  : \$423 [33:0];
-  assign \$425  = { x1, 1'h0 } & below;
-  assign \$426  = | \$425 ;
-  assign \$427  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
-  assign \$428  = \$427  & above;
-  assign \$429  = | \$428 ;
-  assign \$430  = sticky1 | y1[1];
-  assign \$431  = y1[0] & \$430 ;
-  assign \$432  = $signed(y1[32:1]) + $signed({ 1'h0, \$431  });
-  assign \$433  = neg2_1 ? 32'd2147483648 : 32'd2147483647;
-  assign \$434  = $signed(rounded1) > $signed(32'd2147483647);
-  assign \$435  = \$434  ? 33'h07fffffff : rounded1;
-  assign \$436  = over2_1 ? { \$433 [31], \$433  } : \$435 ;
-  assign \$438  = \port$3742$54 [21] ? \$437  : { x2, 1'h0 };
-  assign \$441  = \port$3742$54 [21] ? \$440  : { x2, 1'h0 };
-  assign \$442  = \port$3742$54 [20] ? \$439  : \$441 ;
-  assign \$445  = \port$3742$54 [21] ? \$444  : { x2, 1'h0 };
-  assign \$448  = \port$3742$54 [21] ? \$447  : { x2, 1'h0 };
-  assign \$449  = \port$3742$54 [20] ? \$446  : \$448 ;
-  assign \$450  = \port$3742$54 [19] ? \$443  : \$449 [47:0];
-  assign \$453  = \port$3742$54 [21] ? \$452  : { x2, 1'h0 };
-  assign \$456  = \port$3742$54 [21] ? \$455  : { x2, 1'h0 };
-  assign \$457  = \port$3742$54 [20] ? \$454  : \$456 ;
-  assign \$460  = \port$3742$54 [21] ? \$459  : { x2, 1'h0 };
-  assign \$463  = \port$3742$54 [21] ? \$462  : { x2, 1'h0 };
-  assign \$464  = \port$3742$54 [20] ? \$461  : \$463 ;
-  assign \$465  = \port$3742$54 [19] ? \$458  : \$464 [47:0];
-  assign \$466  = \port$3742$54 [18] ? \$451  : \$465 [39:0];
-  assign \$469  = \port$3742$54 [21] ? \$468  : { x2, 1'h0 };
-  assign \$472  = \port$3742$54 [21] ? \$471  : { x2, 1'h0 };
-  assign \$473  = \port$3742$54 [20] ? \$470  : \$472 ;
-  assign \$476  = \port$3742$54 [21] ? \$475  : { x2, 1'h0 };
-  assign \$479  = \port$3742$54 [21] ? \$478  : { x2, 1'h0 };
-  assign \$480  = \port$3742$54 [20] ? \$477  : \$479 ;
-  assign \$481  = \port$3742$54 [19] ? \$474  : \$480 [47:0];
-  assign \$484  = \port$3742$54 [21] ? \$483  : { x2, 1'h0 };
-  assign \$487  = \port$3742$54 [21] ? \$486  : { x2, 1'h0 };
-  assign \$488  = \port$3742$54 [20] ? \$485  : \$487 ;
-  assign \$491  = \port$3742$54 [21] ? \$490  : { x2, 1'h0 };
-  assign \$494  = \port$3742$54 [21] ? \$493  : { x2, 1'h0 };
-  assign \$495  = \port$3742$54 [20] ? \$492  : \$494 ;
-  assign \$496  = \port$3742$54 [19] ? \$489  : \$495 [47:0];
-  assign \$497  = \port$3742$54 [18] ? \$482  : \$496 [39:0];
-  assign \$498  = \port$3742$54 [17] ? \$467  : \$497 [35:0];
-  assign \$501  = \port$3742$54 [21] ? \$500  : { x2, 1'h0 };
-  assign \$504  = \port$3742$54 [21] ? \$503  : { x2, 1'h0 };
-  assign \$505  = \port$3742$54 [20] ? \$502  : \$504 ;
-  assign \$508  = \port$3742$54 [21] ? \$507  : { x2, 1'h0 };
-  assign \$511  = \port$3742$54 [21] ? \$510  : { x2, 1'h0 };
-  assign \$512  = \port$3742$54 [20] ? \$509  : \$511 ;
-  assign \$513  = \port$3742$54 [19] ? \$506  : \$512 [47:0];
-  assign \$516  = \port$3742$54 [21] ? \$515  : { x2, 1'h0 };
-  assign \$519  = \port$3742$54 [21] ? \$518  : { x2, 1'h0 };
-  assign \$520  = \port$3742$54 [20] ? \$517  : \$519 ;
-  assign \$523  = \port$3742$54 [21] ? \$522  : { x2, 1'h0 };
-  assign \$526  = \port$3742$54 [21] ? \$525  : { x2, 1'h0 };
-  assign \$527  = \port$3742$54 [20] ? \$524  : \$526 ;
-  assign \$528  = \port$3742$54 [19] ? \$521  : \$527 [47:0];
-  assign \$529  = \port$3742$54 [18] ? \$514  : \$528 [39:0];
-  assign \$532  = \port$3742$54 [21] ? \$531  : { x2, 1'h0 };
-  assign \$535  = \port$3742$54 [21] ? \$534  : { x2, 1'h0 };
-  assign \$536  = \port$3742$54 [20] ? \$533  : \$535 ;
-  assign \$539  = \port$3742$54 [21] ? \$538  : { x2, 1'h0 };
-  assign \$542  = \port$3742$54 [21] ? \$541  : { x2, 1'h0 };
-  assign \$543  = \port$3742$54 [20] ? \$540  : \$542 ;
-  assign \$544  = \port$3742$54 [19] ? \$537  : \$543 [47:0];
-  assign \$547  = \port$3742$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$550  = \port$3742$54 [21] ? \$549  : { x2, 1'h0 };
-  assign \$551  = \port$3742$54 [20] ? \$548  : \$550 ;
-  assign \$554  = \port$3742$54 [21] ? \$553  : { x2, 1'h0 };
-  assign \$557  = \port$3742$54 [21] ? \$556  : { x2, 1'h0 };
-  assign \$558  = \port$3742$54 [20] ? \$555  : \$557 ;
-  assign \$559  = \port$3742$54 [19] ? \$552  : \$558 [47:0];
-  assign \$560  = \port$3742$54 [18] ? \$545  : \$559 [39:0];
-  assign \$561  = \port$3742$54 [17] ? \$530  : \$560 [35:0];
-  assign \$562  = \port$3742$54 [16] ? \$499  : \$561 [33:0];
-  assign \$563  = { x2, 1'h0 } & below;
-  assign \$564  = | \$563 ;
-  assign \$565  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
-  assign \$566  = \$565  & above;
-  assign \$567  = | \$566 ;
-  assign \$568  = sticky2 | y2[1];
-  assign \$569  = y2[0] & \$568 ;
-  assign \$570  = $signed(y2[32:1]) + $signed({ 1'h0, \$569  });
-  assign \$571  = neg2_2 ? 32'd2147483648 : 32'd2147483647;
-  assign \$572  = $signed(rounded2) > $signed(32'd2147483647);
-  assign \$573  = \$572  ? 33'h07fffffff : rounded2;
-  assign \$574  = over2_2 ? { \$571 [31], \$571  } : \$573 ;
-  assign \$576  = \port$3742$54 [21] ? \$575  : { x3, 1'h0 };
-  assign \$579  = \port$3742$54 [21] ? \$578  : { x3, 1'h0 };
-  assign \$580  = \port$3742$54 [20] ? \$577  : \$579 ;
-  assign \$583  = \port$3742$54 [21] ? \$582  : { x3, 1'h0 };
-  assign \$586  = \port$3742$54 [21] ? \$585  : { x3, 1'h0 };
-  assign \$587  = \port$3742$54 [20] ? \$584  : \$586 ;
-  assign \$588  = \port$3742$54 [19] ? \$581  : \$587 [47:0];
-  assign \$591  = \port$3742$54 [21] ? \$590  : { x3, 1'h0 };
-  assign \$594  = \port$3742$54 [21] ? \$593  : { x3, 1'h0 };
-  assign \$595  = \port$3742$54 [20] ? \$592  : \$594 ;
-  assign \$598  = \port$3742$54 [21] ? \$597  : { x3, 1'h0 };
-  assign \$601  = \port$3742$54 [21] ? \$600  : { x3, 1'h0 };
-  assign \$602  = \port$3742$54 [20] ? \$599  : \$601 ;
-  assign \$603  = \port$3742$54 [19] ? \$596  : \$602 [47:0];
-  assign \$604  = \port$3742$54 [18] ? \$589  : \$603 [39:0];
-  assign \$607  = \port$3742$54 [21] ? \$606  : { x3, 1'h0 };
-  assign \$610  = \port$3742$54 [21] ? \$609  : { x3, 1'h0 };
-  assign \$611  = \port$3742$54 [20] ? \$608  : \$610 ;
-  assign \$614  = \port$3742$54 [21] ? \$613  : { x3, 1'h0 };
-  assign \$617  = \port$3742$54 [21] ? \$616  : { x3, 1'h0 };
-  assign \$618  = \port$3742$54 [20] ? \$615  : \$617 ;
-  assign \$619  = \port$3742$54 [19] ? \$612  : \$618 [47:0];
-  assign \$622  = \port$3742$54 [21] ? \$621  : { x3, 1'h0 };
-  assign \$625  = \port$3742$54 [21] ? \$624  : { x3, 1'h0 };
-  assign \$626  = \port$3742$54 [20] ? \$623  : \$625 ;
-  assign \$629  = \port$3742$54 [21] ? \$628  : { x3, 1'h0 };
-  assign \$632  = \port$3742$54 [21] ? \$631  : { x3, 1'h0 };
-  assign \$633  = \port$3742$54 [20] ? \$630  : \$632 ;
-  assign \$634  = \port$3742$54 [19] ? \$627  : \$633 [47:0];
-  assign \$635  = \port$3742$54 [18] ? \$620  : \$634 [39:0];
-  assign \$636  = \port$3742$54 [17] ? \$605  : \$635 [35:0];
-  assign \$639  = \port$3742$54 [21] ? \$638  : { x3, 1'h0 };
-  assign \$642  = \port$3742$54 [21] ? \$641  : { x3, 1'h0 };
-  assign \$643  = \port$3742$54 [20] ? \$640  : \$642 ;
-  assign \$646  = \port$3742$54 [21] ? \$645  : { x3, 1'h0 };
-  assign \$649  = \port$3742$54 [21] ? \$648  : { x3, 1'h0 };
-  assign \$650  = \port$3742$54 [20] ? \$647  : \$649 ;
-  assign \$651  = \port$3742$54 [19] ? \$644  : \$650 [47:0];
-  assign \$654  = \port$3742$54 [21] ? \$653  : { x3, 1'h0 };
-  assign \$657  = \port$3742$54 [21] ? \$656  : { x3, 1'h0 };
-  assign \$658  = \port$3742$54 [20] ? \$655  : \$657 ;
-  assign \$661  = \port$3742$54 [21] ? \$660  : { x3, 1'h0 };
-  assign \$664  = \port$3742$54 [21] ? \$663  : { x3, 1'h0 };
-  assign \$665  = \port$3742$54 [20] ? \$662  : \$664 ;
-  assign \$666  = \port$3742$54 [19] ? \$659  : \$665 [47:0];
-  assign \$667  = \port$3742$54 [18] ? \$652  : \$666 [39:0];
-  assign \$670  = \port$3742$54 [21] ? \$669  : { x3, 1'h0 };
-  assign \$673  = \port$3742$54 [21] ? \$672  : { x3, 1'h0 };
-  assign \$674  = \port$3742$54 [20] ? \$671  : \$673 ;
-  assign \$677  = \port$3742$54 [21] ? \$676  : { x3, 1'h0 };
-  assign \$680  = \port$3742$54 [21] ? \$679  : { x3, 1'h0 };
-  assign \$681  = \port$3742$54 [20] ? \$678  : \$680 ;
-  assign \$682  = \port$3742$54 [19] ? \$675  : \$681 [47:0];
-  assign \$685  = \port$3742$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$688  = \port$3742$54 [21] ? \$687  : { x3, 1'h0 };
-  assign \$689  = \port$3742$54 [20] ? \$686  : \$688 ;
-  assign \$692  = \port$3742$54 [21] ? \$691  : { x3, 1'h0 };
-  assign \$695  = \port$3742$54 [21] ? \$694  : { x3, 1'h0 };
-  assign \$696  = \port$3742$54 [20] ? \$693  : \$695 ;
-  assign \$697  = \port$3742$54 [19] ? \$690  : \$696 [47:0];
-  assign \$698  = \port$3742$54 [18] ? \$683  : \$697 [39:0];
-  assign \$699  = \port$3742$54 [17] ? \$668  : \$698 [35:0];
-  assign \$700  = \port$3742$54 [16] ? \$637  : \$699 [33:0];
-  assign \$701  = { x3, 1'h0 } & below;
-  assign \$702  = | \$701 ;
-  assign \$703  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
-  assign \$704  = \$703  & above;
-  assign \$705  = | \$704 ;
-  assign \$706  = sticky3 | y3[1];
-  assign \$707  = y3[0] & \$706 ;
-  assign \$708  = $signed(y3[32:1]) + $signed({ 1'h0, \$707  });
-  assign \$709  = neg2_3 ? 32'd2147483648 : 32'd2147483647;
-  assign \$710  = $signed(rounded3) > $signed(32'd2147483647);
-  assign \$711  = \$710  ? 33'h07fffffff : rounded3;
-  assign \$712  = over2_3 ? { \$709 [31], \$709  } : \$711 ;
+  assign \$148  = \$146  & \$147 ;
+  assign \$149  = \$145  | \$148 ;
+  assign \$150  = \port$3968$54 [21:19] > 2'h3;
+  assign \$151  = \port$3968$54 [21:19] == 2'h3;
+  assign \$152  = \port$3968$54 [18:16] > 2'h3;
+  assign \$153  = \$151  & \$152 ;
+  assign \$154  = \$150  | \$153 ;
+  assign \$155  = \port$3968$54 [21:19] > 2'h3;
+  assign \$156  = \port$3968$54 [21:19] == 2'h3;
+  assign \$157  = \port$3968$54 [18:16] > 3'h4;
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = \$155  | \$158 ;
+  assign \$160  = \port$3968$54 [21:19] > 2'h3;
+  assign \$161  = \port$3968$54 [21:19] == 2'h3;
+  assign \$162  = \port$3968$54 [18:16] > 3'h5;
+  assign \$163  = \$161  & \$162 ;
+  assign \$164  = \$160  | \$163 ;
+  assign \$165  = \port$3968$54 [21:19] > 2'h3;
+  assign \$166  = \port$3968$54 [21:19] == 2'h3;
+  assign \$167  = \port$3968$54 [18:16] > 3'h6;
+  assign \$168  = \$166  & \$167 ;
+  assign \$169  = \$165  | \$168 ;
+  assign \$170  = \port$3968$54 [21:19] > 2'h3;
+  assign \$171  = \port$3968$54 [21:19] == 2'h3;
+  assign \$172  = \port$3968$54 [18:16] > 3'h7;
+  assign \$173  = \$171  & \$172 ;
+  assign \$174  = \$170  | \$173 ;
+  assign \$175  = \port$3968$54 [21:19] > 3'h4;
+  assign \$176  = \port$3968$54 [21:19] == 3'h4;
+  assign \$177  = \port$3968$54 [18:16] > 1'h0;
+  assign \$178  = \$176  & \$177 ;
+  assign \$179  = \$175  | \$178 ;
+  assign \$180  = \port$3968$54 [21:19] > 3'h4;
+  assign \$181  = \port$3968$54 [21:19] == 3'h4;
+  assign \$182  = \port$3968$54 [18:16] > 1'h1;
+  assign \$183  = \$181  & \$182 ;
+  assign \$184  = \$180  | \$183 ;
+  assign \$185  = \port$3968$54 [21:19] > 3'h4;
+  assign \$186  = \port$3968$54 [21:19] == 3'h4;
+  assign \$187  = \port$3968$54 [18:16] > 2'h2;
+  assign \$188  = \$186  & \$187 ;
+  assign \$189  = \$185  | \$188 ;
+  assign \$190  = \port$3968$54 [21:19] > 3'h4;
+  assign \$191  = \port$3968$54 [21:19] == 3'h4;
+  assign \$192  = \port$3968$54 [18:16] > 2'h3;
+  assign \$193  = \$191  & \$192 ;
+  assign \$194  = \$190  | \$193 ;
+  assign \$195  = \port$3968$54 [21:19] > 3'h4;
+  assign \$196  = \port$3968$54 [21:19] == 3'h4;
+  assign \$197  = \port$3968$54 [18:16] > 3'h4;
+  assign \$198  = \$196  & \$197 ;
+  assign \$199  = \$195  | \$198 ;
+  assign \$200  = \port$3968$54 [21:19] > 3'h4;
+  assign \$201  = \port$3968$54 [21:19] == 3'h4;
+  assign \$202  = \port$3968$54 [18:16] > 3'h5;
+  assign \$203  = \$201  & \$202 ;
+  assign \$204  = \$200  | \$203 ;
+  assign \$205  = \port$3968$54 [21:19] > 3'h4;
+  assign \$206  = \port$3968$54 [21:19] == 3'h4;
+  assign \$207  = \port$3968$54 [18:16] > 3'h6;
+  assign \$208  = \$206  & \$207 ;
+  assign \$209  = \$205  | \$208 ;
+  assign \$210  = \port$3968$54 [21:19] > 3'h4;
+  assign \$211  = \port$3968$54 [21:19] == 3'h4;
+  assign \$212  = \port$3968$54 [18:16] > 3'h7;
+  assign \$213  = \$211  & \$212 ;
+  assign \$214  = \$210  | \$213 ;
+  assign \$215  = \port$3968$54 [21:19] > 3'h5;
+  assign \$216  = \port$3968$54 [21:19] == 3'h5;
+  assign \$217  = \port$3968$54 [18:16] > 1'h0;
+  assign \$218  = \$216  & \$217 ;
+  assign \$219  = \$215  | \$218 ;
+  assign \$220  = \port$3968$54 [21:19] > 3'h5;
+  assign \$221  = \port$3968$54 [21:19] == 3'h5;
+  assign \$222  = \port$3968$54 [18:16] > 1'h1;
+  assign \$223  = \$221  & \$222 ;
+  assign \$224  = \$220  | \$223 ;
+  assign \$225  = \port$3968$54 [21:19] > 3'h5;
+  assign \$226  = \port$3968$54 [21:19] == 3'h5;
+  assign \$227  = \port$3968$54 [18:16] > 2'h2;
+  assign \$228  = \$226  & \$227 ;
+  assign \$229  = \$225  | \$228 ;
+  assign \$230  = \port$3968$54 [21:19] > 3'h5;
+  assign \$231  = \port$3968$54 [21:19] == 3'h5;
+  assign \$232  = \port$3968$54 [18:16] > 2'h3;
+  assign \$233  = \$231  & \$232 ;
+  assign \$234  = \$230  | \$233 ;
+  assign \$235  = \port$3968$54 [21:19] > 3'h5;
+  assign \$236  = \port$3968$54 [21:19] == 3'h5;
+  assign \$237  = \port$3968$54 [18:16] > 3'h4;
+  assign \$238  = \$236  & \$237 ;
+  assign \$239  = \$235  | \$238 ;
+  assign \$240  = \port$3968$54 [21:19] > 3'h5;
+  assign \$241  = \port$3968$54 [21:19] == 3'h5;
+  assign \$242  = \port$3968$54 [18:16] > 3'h5;
+  assign \$243  = \$241  & \$242 ;
+  assign \$244  = \$240  | \$243 ;
+  assign \$245  = \port$3968$54 [21:19] > 3'h5;
+  assign \$246  = \port$3968$54 [21:19] == 3'h5;
+  assign \$247  = \port$3968$54 [18:16] > 3'h6;
+  assign \$248  = \$246  & \$247 ;
+  assign \$249  = \$245  | \$248 ;
+  assign \$250  = \port$3968$54 [21:19] > 3'h5;
+  assign \$251  = \port$3968$54 [21:19] == 3'h5;
+  assign \$252  = \port$3968$54 [18:16] > 3'h7;
+  assign \$253  = \$251  & \$252 ;
+  assign \$254  = \$250  | \$253 ;
+  assign \$255  = \port$3968$54 [21:19] > 3'h6;
+  assign \$256  = \port$3968$54 [21:19] == 3'h6;
+  assign \$257  = \port$3968$54 [18:16] > 1'h0;
+  assign \$258  = \$256  & \$257 ;
+  assign \$259  = \$255  | \$258 ;
+  assign \$261  = \port$3968$54 [21] ? \$260  : { x0, 1'h0 };
+  assign \$264  = \port$3968$54 [21] ? \$263  : { x0, 1'h0 };
+  assign \$265  = \port$3968$54 [20] ? \$262  : \$264 ;
+  assign \$268  = \port$3968$54 [21] ? \$267  : { x0, 1'h0 };
+  assign \$271  = \port$3968$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$272  = \port$3968$54 [20] ? \$269  : \$271 ;
+  assign \$273  = \port$3968$54 [19] ? \$266  : \$272 [47:0];
+  assign \$276  = \port$3968$54 [21] ? \$275  : { x0, 1'h0 };
+  assign \$279  = \port$3968$54 [21] ? \$278  : { x0, 1'h0 };
+  assign \$280  = \port$3968$54 [20] ? \$277  : \$279 ;
+  assign \$283  = \port$3968$54 [21] ? \$282  : { x0, 1'h0 };
+  assign \$286  = \port$3968$54 [21] ? \$285  : { x0, 1'h0 };
+  assign \$287  = \port$3968$54 [20] ? \$284  : \$286 ;
+  assign \$288  = \port$3968$54 [19] ? \$281  : \$287 [47:0];
+  assign \$289  = \port$3968$54 [18] ? \$274  : \$288 [39:0];
+  assign \$292  = \port$3968$54 [21] ? \$291  : { x0, 1'h0 };
+  assign \$295  = \port$3968$54 [21] ? \$294  : { x0, 1'h0 };
+  assign \$296  = \port$3968$54 [20] ? \$293  : \$295 ;
+  assign \$299  = \port$3968$54 [21] ? \$298  : { x0, 1'h0 };
+  assign \$302  = \port$3968$54 [21] ? \$301  : { x0, 1'h0 };
+  assign \$303  = \port$3968$54 [20] ? \$300  : \$302 ;
+  assign \$304  = \port$3968$54 [19] ? \$297  : \$303 [47:0];
+  assign \$307  = \port$3968$54 [21] ? \$306  : { x0, 1'h0 };
+  assign \$310  = \port$3968$54 [21] ? \$309  : { x0, 1'h0 };
+  assign \$311  = \port$3968$54 [20] ? \$308  : \$310 ;
+  assign \$314  = \port$3968$54 [21] ? \$313  : { x0, 1'h0 };
+  assign \$317  = \port$3968$54 [21] ? \$316  : { x0, 1'h0 };
+  assign \$318  = \port$3968$54 [20] ? \$315  : \$317 ;
+  assign \$319  = \port$3968$54 [19] ? \$312  : \$318 [47:0];
+  assign \$320  = \port$3968$54 [18] ? \$305  : \$319 [39:0];
+  assign \$321  = \port$3968$54 [17] ? \$290  : \$320 [35:0];
+  assign \$324  = \port$3968$54 [21] ? \$323  : { x0, 1'h0 };
+  assign \$327  = \port$3968$54 [21] ? \$326  : { x0, 1'h0 };
+  assign \$328  = \port$3968$54 [20] ? \$325  : \$327 ;
+  assign \$331  = \port$3968$54 [21] ? \$330  : { x0, 1'h0 };
+  assign \$334  = \port$3968$54 [21] ? \$333  : { x0, 1'h0 };
+  assign \$335  = \port$3968$54 [20] ? \$332  : \$334 ;
+  assign \$336  = \port$3968$54 [19] ? \$329  : \$335 [47:0];
+  assign \$339  = \port$3968$54 [21] ? \$338  : { x0, 1'h0 };
+  assign \$342  = \port$3968$54 [21] ? \$341  : { x0, 1'h0 };
+  assign \$343  = \port$3968$54 [20] ? \$340  : \$342 ;
+  assign \$346  = \port$3968$54 [21] ? \$345  : { x0, 1'h0 };
+  assign \$349  = \port$3968$54 [21] ? \$348  : { x0, 1'h0 };
+  assign \$350  = \port$3968$54 [20] ? \$347  : \$349 ;
+  assign \$351  = \port$3968$54 [19] ? \$344  : \$350 [47:0];
+  assign \$352  = \port$3968$54 [18] ? \$337  : \$351 [39:0];
+  assign \$355  = \port$3968$54 [21] ? \$354  : { x0, 1'h0 };
+  assign \$358  = \port$3968$54 [21] ? \$357  : { x0, 1'h0 };
+  assign \$359  = \port$3968$54 [20] ? \$356  : \$358 ;
+  assign \$362  = \port$3968$54 [21] ? \$361  : { x0, 1'h0 };
+  assign \$365  = \port$3968$54 [21] ? \$364  : { x0, 1'h0 };
+  assign \$366  = \port$3968$54 [20] ? \$363  : \$365 ;
+  assign \$367  = \port$3968$54 [19] ? \$360  : \$366 [47:0];
+  assign \$370  = \port$3968$54 [21] ? \$369  : { x0, 1'h0 };
+  assign \$373  = \port$3968$54 [21] ? \$372  : { x0, 1'h0 };
+  assign \$374  = \port$3968$54 [20] ? \$371  : \$373 ;
+  assign \$377  = \port$3968$54 [21] ? \$376  : { x0, 1'h0 };
+  assign \$380  = \port$3968$54 [21] ? \$379  : { x0, 1'h0 };
+  assign \$381  = \port$3968$54 [20] ? \$378  : \$380 ;
+  assign \$382  = \port$3968$54 [19] ? \$375  : \$381 [47:0];
+  assign \$383  = \port$3968$54 [18] ? \$368  : \$382 [39:0];
+  assign \$384  = \port$3968$54 [17] ? \$353  : \$383 [35:0];
+  assign \$385  = \port$3968$54 [16] ? \$322  : \$384 [33:0];
+  assign \$386  = { x0, 1'h0 } & below;
+  assign \$387  = | \$386 ;
+  assign \$388  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
+  assign \$389  = \$388  & { \$2 , 32'h00000000 };
+  assign \$390  = | \$389 ;
+  assign \$391  = sticky0 | y0[1];
+  assign \$392  = y0[0] & \$391 ;
+  assign \$393  = $signed(y0[32:1]) + $signed({ 1'h0, \$392  });
+  assign \$394  = neg2_0 ? 32'd2147483648 : 32'd2147483647;
+  assign \$395  = $signed(rounded0) > $signed(32'd2147483647);
+  assign \$396  = \$395  ? 33'h07fffffff : rounded0;
+  assign \$397  = over2_0 ? { \$394 [31], \$394  } : \$396 ;
+  assign \$399  = \port$3968$54 [21] ? \$398  : { x1, 1'h0 };
+  assign \$402  = \port$3968$54 [21] ? \$401  : { x1, 1'h0 };
+  assign \$403  = \port$3968$54 [20] ? \$400  : \$402 ;
+  assign \$406  = \port$3968$54 [21] ? \$405  : { x1, 1'h0 };
+  assign \$409  = \port$3968$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$410  = \port$3968$54 [20] ? \$407  : \$409 ;
+  assign \$411  = \port$3968$54 [19] ? \$404  : \$410 [47:0];
+  assign \$414  = \port$3968$54 [21] ? \$413  : { x1, 1'h0 };
+  assign \$417  = \port$3968$54 [21] ? \$416  : { x1, 1'h0 };
+  assign \$418  = \port$3968$54 [20] ? \$415  : \$417 ;
+  assign \$421  = \port$3968$54 [21] ? \$420  : { x1, 1'h0 };
+  assign \$424  = \port$3968$54 [21] ? \$423  : { x1, 1'h0 };
+  assign \$425  = \port$3968$54 [20] ? \$422  : \$424 ;
+  assign \$426  = \port$3968$54 [19] ? \$419  : \$425 [47:0];
+  assign \$427  = \port$3968$54 [18] ? \$412  : \$426 [39:0];
+  assign \$430  = \port$3968$54 [21] ? \$429  : { x1, 1'h0 };
+  assign \$433  = \port$3968$54 [21] ? \$432  : { x1, 1'h0 };
+  assign \$434  = \port$3968$54 [20] ? \$431  : \$433 ;
+  assign \$437  = \port$3968$54 [21] ? \$436  : { x1, 1'h0 };
+  assign \$440  = \port$3968$54 [21] ? \$439  : { x1, 1'h0 };
+  assign \$441  = \port$3968$54 [20] ? \$438  : \$440 ;
+  assign \$442  = \port$3968$54 [19] ? \$435  : \$441 [47:0];
+  assign \$445  = \port$3968$54 [21] ? \$444  : { x1, 1'h0 };
+  assign \$448  = \port$3968$54 [21] ? \$447  : { x1, 1'h0 };
+  assign \$449  = \port$3968$54 [20] ? \$446  : \$448 ;
+  assign \$452  = \port$3968$54 [21] ? \$451  : { x1, 1'h0 };
+  assign \$455  = \port$3968$54 [21] ? \$454  : { x1, 1'h0 };
+  assign \$456  = \port$3968$54 [20] ? \$453  : \$455 ;
+  assign \$457  = \port$3968$54 [19] ? \$450  : \$456 [47:0];
+  assign \$458  = \port$3968$54 [18] ? \$443  : \$457 [39:0];
+  assign \$459  = \port$3968$54 [17] ? \$428  : \$458 [35:0];
+  assign \$462  = \port$3968$54 [21] ? \$461  : { x1, 1'h0 };
+  assign \$465  = \port$3968$54 [21] ? \$464  : { x1, 1'h0 };
+  assign \$466  = \port$3968$54 [20] ? \$463  : \$465 ;
+  assign \$469  = \port$3968$54 [21] ? \$468  : { x1, 1'h0 };
+  assign \$472  = \port$3968$54 [21] ? \$471  : { x1, 1'h0 };
+  assign \$473  = \port$3968$54 [20] ? \$470  : \$472 ;
+  assign \$474  = \port$3968$54 [19] ? \$467  : \$473 [47:0];
+  assign \$477  = \port$3968$54 [21] ? \$476  : { x1, 1'h0 };
+  assign \$480  = \port$3968$54 [21] ? \$479  : { x1, 1'h0 };
+  assign \$481  = \port$3968$54 [20] ? \$478  : \$480 ;
+  assign \$484  = \port$3968$54 [21] ? \$483  : { x1, 1'h0 };
+  assign \$487  = \port$3968$54 [21] ? \$486  : { x1, 1'h0 };
+  assign \$488  = \port$3968$54 [20] ? \$485  : \$487 ;
+  assign \$489  = \port$3968$54 [19] ? \$482  : \$488 [47:0];
+  assign \$490  = \port$3968$54 [18] ? \$475  : \$489 [39:0];
+  assign \$493  = \port$3968$54 [21] ? \$492  : { x1, 1'h0 };
+  assign \$496  = \port$3968$54 [21] ? \$495  : { x1, 1'h0 };
+  assign \$497  = \port$3968$54 [20] ? \$494  : \$496 ;
+  assign \$500  = \port$3968$54 [21] ? \$499  : { x1, 1'h0 };
+  assign \$503  = \port$3968$54 [21] ? \$502  : { x1, 1'h0 };
+  assign \$504  = \port$3968$54 [20] ? \$501  : \$503 ;
+  assign \$505  = \port$3968$54 [19] ? \$498  : \$504 [47:0];
+  assign \$508  = \port$3968$54 [21] ? \$507  : { x1, 1'h0 };
+  assign \$511  = \port$3968$54 [21] ? \$510  : { x1, 1'h0 };
+  assign \$512  = \port$3968$54 [20] ? \$509  : \$511 ;
+  assign \$515  = \port$3968$54 [21] ? \$514  : { x1, 1'h0 };
+  assign \$518  = \port$3968$54 [21] ? \$517  : { x1, 1'h0 };
+  assign \$519  = \port$3968$54 [20] ? \$516  : \$518 ;
+  assign \$520  = \port$3968$54 [19] ? \$513  : \$519 [47:0];
+  assign \$521  = \port$3968$54 [18] ? \$506  : \$520 [39:0];
+  assign \$522  = \port$3968$54 [17] ? \$491  : \$521 [35:0];
+  assign \$523  = \port$3968$54 [16] ? \$460  : \$522 [33:0];
+  assign \$524  = { x1, 1'h0 } & below;
+  assign \$525  = | \$524 ;
+  assign \$526  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
+  assign \$527  = \$526  & { \$2 , 32'h00000000 };
+  assign \$528  = | \$527 ;
+  assign \$529  = sticky1 | y1[1];
+  assign \$530  = y1[0] & \$529 ;
+  assign \$531  = $signed(y1[32:1]) + $signed({ 1'h0, \$530  });
+  assign \$532  = neg2_1 ? 32'd2147483648 : 32'd2147483647;
+  assign \$533  = $signed(rounded1) > $signed(32'd2147483647);
+  assign \$534  = \$533  ? 33'h07fffffff : rounded1;
+  assign \$535  = over2_1 ? { \$532 [31], \$532  } : \$534 ;
+  assign \$537  = \port$3968$54 [21] ? \$536  : { x2, 1'h0 };
+  assign \$540  = \port$3968$54 [21] ? \$539  : { x2, 1'h0 };
+  assign \$541  = \port$3968$54 [20] ? \$538  : \$540 ;
+  assign \$544  = \port$3968$54 [21] ? \$543  : { x2, 1'h0 };
+  assign \$547  = \port$3968$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$548  = \port$3968$54 [20] ? \$545  : \$547 ;
+  assign \$549  = \port$3968$54 [19] ? \$542  : \$548 [47:0];
+  assign \$552  = \port$3968$54 [21] ? \$551  : { x2, 1'h0 };
+  assign \$555  = \port$3968$54 [21] ? \$554  : { x2, 1'h0 };
+  assign \$556  = \port$3968$54 [20] ? \$553  : \$555 ;
+  assign \$559  = \port$3968$54 [21] ? \$558  : { x2, 1'h0 };
+  assign \$562  = \port$3968$54 [21] ? \$561  : { x2, 1'h0 };
+  assign \$563  = \port$3968$54 [20] ? \$560  : \$562 ;
+  assign \$564  = \port$3968$54 [19] ? \$557  : \$563 [47:0];
+  assign \$565  = \port$3968$54 [18] ? \$550  : \$564 [39:0];
+  assign \$568  = \port$3968$54 [21] ? \$567  : { x2, 1'h0 };
+  assign \$571  = \port$3968$54 [21] ? \$570  : { x2, 1'h0 };
+  assign \$572  = \port$3968$54 [20] ? \$569  : \$571 ;
+  assign \$575  = \port$3968$54 [21] ? \$574  : { x2, 1'h0 };
+  assign \$578  = \port$3968$54 [21] ? \$577  : { x2, 1'h0 };
+  assign \$579  = \port$3968$54 [20] ? \$576  : \$578 ;
+  assign \$580  = \port$3968$54 [19] ? \$573  : \$579 [47:0];
+  assign \$583  = \port$3968$54 [21] ? \$582  : { x2, 1'h0 };
+  assign \$586  = \port$3968$54 [21] ? \$585  : { x2, 1'h0 };
+  assign \$587  = \port$3968$54 [20] ? \$584  : \$586 ;
+  assign \$590  = \port$3968$54 [21] ? \$589  : { x2, 1'h0 };
+  assign \$593  = \port$3968$54 [21] ? \$592  : { x2, 1'h0 };
+  assign \$594  = \port$3968$54 [20] ? \$591  : \$593 ;
+  assign \$595  = \port$3968$54 [19] ? \$588  : \$594 [47:0];
+  assign \$596  = \port$3968$54 [18] ? \$581  : \$595 [39:0];
+  assign \$597  = \port$3968$54 [17] ? \$566  : \$596 [35:0];
+  assign \$600  = \port$3968$54 [21] ? \$599  : { x2, 1'h0 };
+  assign \$603  = \port$3968$54 [21] ? \$602  : { x2, 1'h0 };
+  assign \$604  = \port$3968$54 [20] ? \$601  : \$603 ;
+  assign \$607  = \port$3968$54 [21] ? \$606  : { x2, 1'h0 };
+  assign \$610  = \port$3968$54 [21] ? \$609  : { x2, 1'h0 };
+  assign \$611  = \port$3968$54 [20] ? \$608  : \$610 ;
+  assign \$612  = \port$3968$54 [19] ? \$605  : \$611 [47:0];
+  assign \$615  = \port$3968$54 [21] ? \$614  : { x2, 1'h0 };
+  assign \$618  = \port$3968$54 [21] ? \$617  : { x2, 1'h0 };
+  assign \$619  = \port$3968$54 [20] ? \$616  : \$618 ;
+  assign \$622  = \port$3968$54 [21] ? \$621  : { x2, 1'h0 };
+  assign \$625  = \port$3968$54 [21] ? \$624  : { x2, 1'h0 };
+  assign \$626  = \port$3968$54 [20] ? \$623  : \$625 ;
+  assign \$627  = \port$3968$54 [19] ? \$620  : \$626 [47:0];
+  assign \$628  = \port$3968$54 [18] ? \$613  : \$627 [39:0];
+  assign \$631  = \port$3968$54 [21] ? \$630  : { x2, 1'h0 };
+  assign \$634  = \port$3968$54 [21] ? \$633  : { x2, 1'h0 };
+  assign \$635  = \port$3968$54 [20] ? \$632  : \$634 ;
+  assign \$638  = \port$3968$54 [21] ? \$637  : { x2, 1'h0 };
+  assign \$641  = \port$3968$54 [21] ? \$640  : { x2, 1'h0 };
+  assign \$642  = \port$3968$54 [20] ? \$639  : \$641 ;
+  assign \$643  = \port$3968$54 [19] ? \$636  : \$642 [47:0];
+  assign \$646  = \port$3968$54 [21] ? \$645  : { x2, 1'h0 };
+  assign \$649  = \port$3968$54 [21] ? \$648  : { x2, 1'h0 };
+  assign \$650  = \port$3968$54 [20] ? \$647  : \$649 ;
+  assign \$653  = \port$3968$54 [21] ? \$652  : { x2, 1'h0 };
+  assign \$656  = \port$3968$54 [21] ? \$655  : { x2, 1'h0 };
+  assign \$657  = \port$3968$54 [20] ? \$654  : \$656 ;
+  assign \$658  = \port$3968$54 [19] ? \$651  : \$657 [47:0];
+  assign \$659  = \port$3968$54 [18] ? \$644  : \$658 [39:0];
+  assign \$660  = \port$3968$54 [17] ? \$629  : \$659 [35:0];
+  assign \$661  = \port$3968$54 [16] ? \$598  : \$660 [33:0];
+  assign \$662  = { x2, 1'h0 } & below;
+  assign \$663  = | \$662 ;
+  assign \$664  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
+  assign \$665  = \$664  & { \$2 , 32'h00000000 };
+  assign \$666  = | \$665 ;
+  assign \$667  = sticky2 | y2[1];
+  assign \$668  = y2[0] & \$667 ;
+  assign \$669  = $signed(y2[32:1]) + $signed({ 1'h0, \$668  });
+  assign \$670  = neg2_2 ? 32'd2147483648 : 32'd2147483647;
+  assign \$671  = $signed(rounded2) > $signed(32'd2147483647);
+  assign \$672  = \$671  ? 33'h07fffffff : rounded2;
+  assign \$673  = over2_2 ? { \$670 [31], \$670  } : \$672 ;
+  assign \$675  = \port$3968$54 [21] ? \$674  : { x3, 1'h0 };
+  assign \$678  = \port$3968$54 [21] ? \$677  : { x3, 1'h0 };
+  assign \$679  = \port$3968$54 [20] ? \$676  : \$678 ;
+  assign \$682  = \port$3968$54 [21] ? \$681  : { x3, 1'h0 };
+  assign \$685  = \port$3968$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$686  = \port$3968$54 [20] ? \$683  : \$685 ;
+  assign \$687  = \port$3968$54 [19] ? \$680  : \$686 [47:0];
+  assign \$690  = \port$3968$54 [21] ? \$689  : { x3, 1'h0 };
+  assign \$693  = \port$3968$54 [21] ? \$692  : { x3, 1'h0 };
+  assign \$694  = \port$3968$54 [20] ? \$691  : \$693 ;
+  assign \$697  = \port$3968$54 [21] ? \$696  : { x3, 1'h0 };
+  assign \$700  = \port$3968$54 [21] ? \$699  : { x3, 1'h0 };
+  assign \$701  = \port$3968$54 [20] ? \$698  : \$700 ;
+  assign \$702  = \port$3968$54 [19] ? \$695  : \$701 [47:0];
+  assign \$703  = \port$3968$54 [18] ? \$688  : \$702 [39:0];
+  assign \$706  = \port$3968$54 [21] ? \$705  : { x3, 1'h0 };
+  assign \$709  = \port$3968$54 [21] ? \$708  : { x3, 1'h0 };
+  assign \$710  = \port$3968$54 [20] ? \$707  : \$709 ;
+  assign \$713  = \port$3968$54 [21] ? \$712  : { x3, 1'h0 };
+  assign \$716  = \port$3968$54 [21] ? \$715  : { x3, 1'h0 };
+  assign \$717  = \port$3968$54 [20] ? \$714  : \$716 ;
+  assign \$718  = \port$3968$54 [19] ? \$711  : \$717 [47:0];
+  assign \$721  = \port$3968$54 [21] ? \$720  : { x3, 1'h0 };
+  assign \$724  = \port$3968$54 [21] ? \$723  : { x3, 1'h0 };
+  assign \$725  = \port$3968$54 [20] ? \$722  : \$724 ;
+  assign \$728  = \port$3968$54 [21] ? \$727  : { x3, 1'h0 };
+  assign \$731  = \port$3968$54 [21] ? \$730  : { x3, 1'h0 };
+  assign \$732  = \port$3968$54 [20] ? \$729  : \$731 ;
+  assign \$733  = \port$3968$54 [19] ? \$726  : \$732 [47:0];
+  assign \$734  = \port$3968$54 [18] ? \$719  : \$733 [39:0];
+  assign \$735  = \port$3968$54 [17] ? \$704  : \$734 [35:0];
+  assign \$738  = \port$3968$54 [21] ? \$737  : { x3, 1'h0 };
+  assign \$741  = \port$3968$54 [21] ? \$740  : { x3, 1'h0 };
+  assign \$742  = \port$3968$54 [20] ? \$739  : \$741 ;
+  assign \$745  = \port$3968$54 [21] ? \$744  : { x3, 1'h0 };
+  assign \$748  = \port$3968$54 [21] ? \$747  : { x3, 1'h0 };
+  assign \$749  = \port$3968$54 [20] ? \$746  : \$748 ;
+  assign \$750  = \port$3968$54 [19] ? \$743  : \$749 [47:0];
+  assign \$753  = \port$3968$54 [21] ? \$752  : { x3, 1'h0 };
+  assign \$756  = \port$3968$54 [21] ? \$755  : { x3, 1'h0 };
+  assign \$757  = \port$3968$54 [20] ? \$754  : \$756 ;
+  assign \$760  = \port$3968$54 [21] ? \$759  : { x3, 1'h0 };
+  assign \$763  = \port$3968$54 [21] ? \$762  : { x3, 1'h0 };
+  assign \$764  = \port$3968$54 [20] ? \$761  : \$763 ;
+  assign \$765  = \port$3968$54 [19] ? \$758  : \$764 [47:0];
+  assign \$766  = \port$3968$54 [18] ? \$751  : \$765 [39:0];
+  assign \$769  = \port$3968$54 [21] ? \$768  : { x3, 1'h0 };
+  assign \$772  = \port$3968$54 [21] ? \$771  : { x3, 1'h0 };
+  assign \$773  = \port$3968$54 [20] ? \$770  : \$772 ;
+  assign \$776  = \port$3968$54 [21] ? \$775  : { x3, 1'h0 };
+  assign \$779  = \port$3968$54 [21] ? \$778  : { x3, 1'h0 };
+  assign \$780  = \port$3968$54 [20] ? \$777  : \$779 ;
+  assign \$781  = \port$3968$54 [19] ? \$774  : \$780 [47:0];
+  assign \$784  = \port$3968$54 [21] ? \$783  : { x3, 1'h0 };
+  assign \$787  = \port$3968$54 [21] ? \$786  : { x3, 1'h0 };
+  assign \$788  = \port$3968$54 [20] ? \$785  : \$787 ;
+  assign \$791  = \port$3968$54 [21] ? \$790  : { x3, 1'h0 };
+  assign \$794  = \port$3968$54 [21] ? \$793  : { x3, 1'h0 };
+  assign \$795  = \port$3968$54 [20] ? \$792  : \$794 ;
+  assign \$796  = \port$3968$54 [19] ? \$789  : \$795 [47:0];
+  assign \$797  = \port$3968$54 [18] ? \$782  : \$796 [39:0];
+  assign \$798  = \port$3968$54 [17] ? \$767  : \$797 [35:0];
+  assign \$799  = \port$3968$54 [16] ? \$736  : \$798 [33:0];
+  assign \$800  = { x3, 1'h0 } & below;
+  assign \$801  = | \$800 ;
+  assign \$802  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
+  assign \$803  = \$802  & { \$2 , 32'h00000000 };
+  assign \$804  = | \$803 ;
+  assign \$805  = sticky3 | y3[1];
+  assign \$806  = y3[0] & \$805 ;
+  assign \$807  = $signed(y3[32:1]) + $signed({ 1'h0, \$806  });
+  assign \$808  = neg2_3 ? 32'd2147483648 : 32'd2147483647;
+  assign \$809  = $signed(rounded3) > $signed(32'd2147483647);
+  assign \$810  = \$809  ? 33'h07fffffff : rounded3;
+  assign \$811  = over2_3 ? { \$808 [31], \$808  } : \$810 ;
   always @(posedge clk)
-    \$signal  <= \$713 ;
+    \$signal  <= \$812 ;
   always @(posedge clk)
-    v2 <= \$714 ;
+    v2 <= \$813 ;
   always @(posedge clk)
-    x_valid <= \$715 ;
+    x_valid <= \$814 ;
   always @(posedge clk)
-    x0 <= \$716 ;
+    x0 <= \$815 ;
   always @(posedge clk)
-    x1 <= \$717 ;
+    x1 <= \$816 ;
   always @(posedge clk)
-    x2 <= \$718 ;
+    x2 <= \$817 ;
   always @(posedge clk)
-    x3 <= \$719 ;
+    x3 <= \$818 ;
   always @(posedge clk)
-    below <= \$720 ;
+    below <= \$819 ;
   always @(posedge clk)
-    above <= \$721 ;
+    \$signal$44  <= \$820 ;
   always @(posedge clk)
-    \$signal$44  <= \$722 ;
+    v_round <= \$821 ;
   always @(posedge clk)
-    v_round <= \$723 ;
+    o__valid <= \$822 ;
   always @(posedge clk)
-    o__valid <= \$724 ;
+    y0 <= \$823 ;
   always @(posedge clk)
-    y0 <= \$725 ;
+    sticky0 <= \$824 ;
   always @(posedge clk)
-    sticky0 <= \$726 ;
+    over0 <= \$825 ;
   always @(posedge clk)
-    over0 <= \$727 ;
+    neg0 <= \$826 ;
   always @(posedge clk)
-    neg0 <= \$728 ;
+    rounded0 <= \$827 ;
   always @(posedge clk)
-    rounded0 <= \$729 ;
+    over2_0 <= \$828 ;
   always @(posedge clk)
-    over2_0 <= \$730 ;
+    neg2_0 <= \$829 ;
   always @(posedge clk)
-    neg2_0 <= \$731 ;
+    o__payload <= \$830 ;
   always @(posedge clk)
-    o__payload <= \$732 ;
+    y1 <= \$831 ;
   always @(posedge clk)
-    y1 <= \$733 ;
+    sticky1 <= \$832 ;
   always @(posedge clk)
-    sticky1 <= \$734 ;
+    over1 <= \$833 ;
   always @(posedge clk)
-    over1 <= \$735 ;
+    neg1 <= \$834 ;
   always @(posedge clk)
-    neg1 <= \$736 ;
+    rounded1 <= \$835 ;
   always @(posedge clk)
-    rounded1 <= \$737 ;
+    over2_1 <= \$836 ;
   always @(posedge clk)
-    over2_1 <= \$738 ;
+    neg2_1 <= \$837 ;
   always @(posedge clk)
-    neg2_1 <= \$739 ;
+    y2 <= \$838 ;
   always @(posedge clk)
-    y2 <= \$740 ;
+    sticky2 <= \$839 ;
   always @(posedge clk)
-    sticky2 <= \$741 ;
+    over2 <= \$840 ;
   always @(posedge clk)
-    over2 <= \$742 ;
+    neg2 <= \$841 ;
   always @(posedge clk)
-    neg2 <= \$743 ;
+    rounded2 <= \$842 ;
   always @(posedge clk)
-    rounded2 <= \$744 ;
+    over2_2 <= \$843 ;
   always @(posedge clk)
-    over2_2 <= \$745 ;
+    neg2_2 <= \$844 ;
   always @(posedge clk)
-    neg2_2 <= \$746 ;
+    y3 <= \$845 ;
   always @(posedge clk)
-    y3 <= \$747 ;
+    sticky3 <= \$846 ;
   always @(posedge clk)
-    sticky3 <= \$748 ;
+    over3 <= \$847 ;
   always @(posedge clk)
-    over3 <= \$749 ;
+    neg3 <= \$848 ;
   always @(posedge clk)
-    neg3 <= \$750 ;
+    rounded3 <= \$849 ;
   always @(posedge clk)
-    rounded3 <= \$751 ;
+    over2_3 <= \$850 ;
   always @(posedge clk)
-    over2_3 <= \$752 ;
-  always @(posedge clk)
-    neg2_3 <= \$753 ;
+    neg2_3 <= \$851 ;
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
-  assign \$4  = $signed(\$2 ) + $signed(\$3 );
-  assign \$7  = $signed(\$5 ) + $signed(\$6 );
-  assign \$10  = $signed(\$8 ) + $signed(\$9 );
-  assign \$13  = $signed(\$11 ) + $signed(\$12 );
-  assign \$14  = \port$3742$54 [21:16] > 1'h0;
-  assign \$15  = \port$3742$54 [21:16] > 1'h1;
-  assign \$16  = \port$3742$54 [21:16] > 2'h2;
-  assign \$17  = \port$3742$54 [21:16] > 2'h3;
-  assign \$18  = \port$3742$54 [21:16] > 3'h4;
-  assign \$19  = \port$3742$54 [21:16] > 3'h5;
-  assign \$20  = \port$3742$54 [21:16] > 3'h6;
-  assign \$21  = \port$3742$54 [21:16] > 3'h7;
-  assign \$22  = \port$3742$54 [21:16] > 4'h8;
-  assign \$23  = \port$3742$54 [21:16] > 4'h9;
-  assign \$24  = \port$3742$54 [21:16] > 4'ha;
-  assign \$25  = \port$3742$54 [21:16] > 4'hb;
-  assign \$26  = \port$3742$54 [21:16] > 4'hc;
-  assign \$27  = \port$3742$54 [21:16] > 4'hd;
-  assign \$28  = \port$3742$54 [21:16] > 4'he;
-  assign \$29  = \port$3742$54 [21:16] > 4'hf;
-  assign \$30  = \port$3742$54 [21:16] > 5'h10;
-  assign \$31  = \port$3742$54 [21:16] > 5'h11;
-  assign \$32  = \port$3742$54 [21:16] > 5'h12;
-  assign \$33  = \port$3742$54 [21:16] > 5'h13;
-  assign \$34  = \port$3742$54 [21:16] > 5'h14;
-  assign \$35  = \port$3742$54 [21:16] > 5'h15;
-  assign \$36  = \port$3742$54 [21:16] > 5'h16;
-  assign \$37  = \port$3742$54 [21:16] > 5'h17;
-  assign \$38  = \port$3742$54 [21:16] > 5'h18;
-  assign \$39  = \port$3742$54 [21:16] > 5'h19;
-  assign \$40  = \port$3742$54 [21:16] > 5'h1a;
-  assign \$41  = \port$3742$54 [21:16] > 5'h1b;
-  assign \$42  = \port$3742$54 [21:16] > 5'h1c;
-  assign \$43  = \port$3742$54 [21:16] > 5'h1d;
-  assign \$44  = \port$3742$54 [21:16] > 5'h1e;
-  assign \$45  = \port$3742$54 [21:16] > 5'h1f;
-  assign \$46  = \port$3742$54 [21:16] > 6'h20;
-  assign \$47  = \port$3742$54 [21:16] > 6'h21;
-  assign \$48  = \port$3742$54 [21:16] > 6'h22;
-  assign \$49  = \port$3742$54 [21:16] > 6'h23;
-  assign \$50  = \port$3742$54 [21:16] > 6'h24;
-  assign \$51  = \port$3742$54 [21:16] > 6'h25;
-  assign \$52  = \port$3742$54 [21:16] > 6'h26;
-  assign \$53  = \port$3742$54 [21:16] > 6'h27;
-  assign \$54  = \port$3742$54 [21:16] > 6'h28;
-  assign \$55  = \port$3742$54 [21:16] > 6'h29;
-  assign \$56  = \port$3742$54 [21:16] > 6'h2a;
-  assign \$57  = \port$3742$54 [21:16] > 6'h2b;
-  assign \$58  = \port$3742$54 [21:16] > 6'h2c;
-  assign \$59  = \port$3742$54 [21:16] > 6'h2d;
-  assign \$60  = \port$3742$54 [21:16] > 6'h2e;
-  assign \$61  = \port$3742$54 [21:16] > 6'h2f;
-  assign \$62  = \port$3742$54 [21:16] > 6'h30;
-  assign \$63  = \port$3742$54 [21:16] + 6'h20;
-  assign \$64  = \$63  <= 1'h0;
-  assign \$65  = \port$3742$54 [21:16] + 6'h20;
-  assign \$66  = \$65  <= 1'h1;
-  assign \$67  = \port$3742$54 [21:16] + 6'h20;
-  assign \$68  = \$67  <= 2'h2;
-  assign \$69  = \port$3742$54 [21:16] + 6'h20;
-  assign \$70  = \$69  <= 2'h3;
-  assign \$71  = \port$3742$54 [21:16] + 6'h20;
-  assign \$72  = \$71  <= 3'h4;
-  assign \$73  = \port$3742$54 [21:16] + 6'h20;
-  assign \$74  = \$73  <= 3'h5;
-  assign \$75  = \port$3742$54 [21:16] + 6'h20;
-  assign \$76  = \$75  <= 3'h6;
-  assign \$77  = \port$3742$54 [21:16] + 6'h20;
-  assign \$78  = \$77  <= 3'h7;
-  assign \$79  = \port$3742$54 [21:16] + 6'h20;
-  assign \$80  = \$79  <= 4'h8;
-  assign \$81  = \port$3742$54 [21:16] + 6'h20;
-  assign \$82  = \$81  <= 4'h9;
-  assign \$83  = \port$3742$54 [21:16] + 6'h20;
-  assign \$84  = \$83  <= 4'ha;
-  assign \$85  = \port$3742$54 [21:16] + 6'h20;
-  assign \$86  = \$85  <= 4'hb;
-  assign \$87  = \port$3742$54 [21:16] + 6'h20;
-  assign \$88  = \$87  <= 4'hc;
-  assign \$89  = \port$3742$54 [21:16] + 6'h20;
-  assign \$90  = \$89  <= 4'hd;
-  assign \$91  = \port$3742$54 [21:16] + 6'h20;
-  assign \$92  = \$91  <= 4'he;
-  assign \$93  = \port$3742$54 [21:16] + 6'h20;
-  assign \$94  = \$93  <= 4'hf;
-  assign \$95  = \port$3742$54 [21:16] + 6'h20;
-  assign \$96  = \$95  <= 5'h10;
-  assign \$97  = \port$3742$54 [21:16] + 6'h20;
-  assign \$98  = \$97  <= 5'h11;
-  assign \$99  = \port$3742$54 [21:16] + 6'h20;
-  assign \$100  = \$99  <= 5'h12;
-  assign \$101  = \port$3742$54 [21:16] + 6'h20;
-  assign \$102  = \$101  <= 5'h13;
-  assign \$103  = \port$3742$54 [21:16] + 6'h20;
-  assign \$104  = \$103  <= 5'h14;
-  assign \$105  = \port$3742$54 [21:16] + 6'h20;
-  assign \$106  = \$105  <= 5'h15;
-  assign \$107  = \port$3742$54 [21:16] + 6'h20;
-  assign \$108  = \$107  <= 5'h16;
-  assign \$109  = \port$3742$54 [21:16] + 6'h20;
-  assign \$110  = \$109  <= 5'h17;
-  assign \$111  = \port$3742$54 [21:16] + 6'h20;
-  assign \$112  = \$111  <= 5'h18;
-  assign \$113  = \port$3742$54 [21:16] + 6'h20;
-  assign \$114  = \$113  <= 5'h19;
-  assign \$115  = \port$3742$54 [21:16] + 6'h20;
-  assign \$116  = \$115  <= 5'h1a;
-  assign \$117  = \port$3742$54 [21:16] + 6'h20;
-  assign \$118  = \$117  <= 5'h1b;
-  assign \$119  = \port$3742$54 [21:16] + 6'h20;
-  assign \$120  = \$119  <= 5'h1c;
-  assign \$121  = \port$3742$54 [21:16] + 6'h20;
-  assign \$122  = \$121  <= 5'h1d;
-  assign \$123  = \port$3742$54 [21:16] + 6'h20;
-  assign \$124  = \$123  <= 5'h1e;
-  assign \$125  = \port$3742$54 [21:16] + 6'h20;
-  assign \$126  = \$125  <= 5'h1f;
-  assign \$127  = \port$3742$54 [21:16] + 6'h20;
-  assign \$128  = \$127  <= 6'h20;
-  assign \$129  = \port$3742$54 [21:16] + 6'h20;
-  assign \$130  = \$129  <= 6'h21;
-  assign \$131  = \port$3742$54 [21:16] + 6'h20;
-  assign \$132  = \$131  <= 6'h22;
-  assign \$133  = \port$3742$54 [21:16] + 6'h20;
-  assign \$134  = \$133  <= 6'h23;
-  assign \$135  = \port$3742$54 [21:16] + 6'h20;
-  assign \$136  = \$135  <= 6'h24;
-  assign \$137  = \port$3742$54 [21:16] + 6'h20;
-  assign \$138  = \$137  <= 6'h25;
-  assign \$139  = \port$3742$54 [21:16] + 6'h20;
-  assign \$140  = \$139  <= 6'h26;
-  assign \$141  = \port$3742$54 [21:16] + 6'h20;
-  assign \$142  = \$141  <= 6'h27;
-  assign \$143  = \port$3742$54 [21:16] + 6'h20;
-  assign \$144  = \$143  <= 6'h28;
-  assign \$145  = \port$3742$54 [21:16] + 6'h20;
-  assign \$146  = \$145  <= 6'h29;
-  assign \$147  = \port$3742$54 [21:16] + 6'h20;
-  assign \$148  = \$147  <= 6'h2a;
-  assign \$149  = \port$3742$54 [21:16] + 6'h20;
-  assign \$150  = \$149  <= 6'h2b;
-  assign \$151  = \port$3742$54 [21:16] + 6'h20;
-  assign \$152  = \$151  <= 6'h2c;
-  assign \$153  = \port$3742$54 [21:16] + 6'h20;
-  assign \$154  = \$153  <= 6'h2d;
-  assign \$155  = \port$3742$54 [21:16] + 6'h20;
-  assign \$156  = \$155  <= 6'h2e;
-  assign \$157  = \port$3742$54 [21:16] + 6'h20;
-  assign \$158  = \$157  <= 6'h2f;
-  assign \$159  = \port$3742$54 [21:16] + 6'h20;
-  assign \$160  = \$159  <= 6'h30;
-  assign \$162  = \port$3742$54 [21] ? \$161  : { x0, 1'h0 };
-  assign \$165  = \port$3742$54 [21] ? \$164  : { x0, 1'h0 };
-  assign \$166  = \port$3742$54 [20] ? \$163  : \$165 ;
-  assign \$169  = \port$3742$54 [21] ? \$168  : { x0, 1'h0 };
-  assign \$172  = \port$3742$54 [21] ? \$171  : { x0, 1'h0 };
-  assign \$173  = \port$3742$54 [20] ? \$170  : \$172 ;
-  assign \$174  = \port$3742$54 [19] ? \$167  : \$173 [47:0];
-  assign \$177  = \port$3742$54 [21] ? \$176  : { x0, 1'h0 };
-  assign \$180  = \port$3742$54 [21] ? \$179  : { x0, 1'h0 };
-  assign \$181  = \port$3742$54 [20] ? \$178  : \$180 ;
-  assign \$184  = \port$3742$54 [21] ? \$183  : { x0, 1'h0 };
-  assign \$187  = \port$3742$54 [21] ? \$186  : { x0, 1'h0 };
-  assign \$188  = \port$3742$54 [20] ? \$185  : \$187 ;
-  assign \$189  = \port$3742$54 [19] ? \$182  : \$188 [47:0];
-  assign \$190  = \port$3742$54 [18] ? \$175  : \$189 [39:0];
-  assign \$193  = \port$3742$54 [21] ? \$192  : { x0, 1'h0 };
-  assign \$196  = \port$3742$54 [21] ? \$195  : { x0, 1'h0 };
-  assign \$197  = \port$3742$54 [20] ? \$194  : \$196 ;
-  assign \$200  = \port$3742$54 [21] ? \$199  : { x0, 1'h0 };
-  assign \$203  = \port$3742$54 [21] ? \$202  : { x0, 1'h0 };
-  assign \$204  = \port$3742$54 [20] ? \$201  : \$203 ;
-  assign \$205  = \port$3742$54 [19] ? \$198  : \$204 [47:0];
-  assign \$208  = \port$3742$54 [21] ? \$207  : { x0, 1'h0 };
-  assign \$211  = \port$3742$54 [21] ? \$210  : { x0, 1'h0 };
-  assign \$212  = \port$3742$54 [20] ? \$209  : \$211 ;
-  assign \$215  = \port$3742$54 [21] ? \$214  : { x0, 1'h0 };
-  assign \$218  = \port$3742$54 [21] ? \$217  : { x0, 1'h0 };
-  assign \$219  = \port$3742$54 [20] ? \$216  : \$218 ;
-  assign \$220  = \port$3742$54 [19] ? \$213  : \$219 [47:0];
-  assign \$221  = \port$3742$54 [18] ? \$206  : \$220 [39:0];
-  assign \$222  = \port$3742$54 [17] ? \$191  : \$221 [35:0];
-  assign \$225  = \port$3742$54 [21] ? \$224  : { x0, 1'h0 };
-  assign \$228  = \port$3742$54 [21] ? \$227  : { x0, 1'h0 };
-  assign \$229  = \port$3742$54 [20] ? \$226  : \$228 ;
-  assign \$232  = \port$3742$54 [21] ? \$231  : { x0, 1'h0 };
-  assign \$235  = \port$3742$54 [21] ? \$234  : { x0, 1'h0 };
-  assign \$236  = \port$3742$54 [20] ? \$233  : \$235 ;
-  assign \$237  = \port$3742$54 [19] ? \$230  : \$236 [47:0];
-  assign \$240  = \port$3742$54 [21] ? \$239  : { x0, 1'h0 };
-  assign \$243  = \port$3742$54 [21] ? \$242  : { x0, 1'h0 };
-  assign \$244  = \port$3742$54 [20] ? \$241  : \$243 ;
+  assign \$2  = ~ below[16:0];
+  assign \$5  = $signed(\$3 ) + $signed(\$4 );
+  assign \$8  = $signed(\$6 ) + $signed(\$7 );
+  assign \$11  = $signed(\$9 ) + $signed(\$10 );
+  assign \$14  = $signed(\$12 ) + $signed(\$13 );
+  assign \$15  = \port$3968$54 [21:19] > 1'h0;
+  assign \$16  = ! \port$3968$54 [21:19];
+  assign \$17  = \port$3968$54 [18:16] > 1'h0;
+  assign \$18  = \$16  & \$17 ;
+  assign \$19  = \$15  | \$18 ;
+  assign \$20  = \port$3968$54 [21:19] > 1'h0;
+  assign \$21  = ! \port$3968$54 [21:19];
+  assign \$22  = \port$3968$54 [18:16] > 1'h1;
+  assign \$23  = \$21  & \$22 ;
+  assign \$24  = \$20  | \$23 ;
+  assign \$25  = \port$3968$54 [21:19] > 1'h0;
+  assign \$26  = ! \port$3968$54 [21:19];
+  assign \$27  = \port$3968$54 [18:16] > 2'h2;
+  assign \$28  = \$26  & \$27 ;
+  assign \$29  = \$25  | \$28 ;
+  assign \$30  = \port$3968$54 [21:19] > 1'h0;
+  assign \$31  = ! \port$3968$54 [21:19];
+  assign \$32  = \port$3968$54 [18:16] > 2'h3;
+  assign \$33  = \$31  & \$32 ;
+  assign \$34  = \$30  | \$33 ;
+  assign \$35  = \port$3968$54 [21:19] > 1'h0;
+  assign \$36  = ! \port$3968$54 [21:19];
+  assign \$37  = \port$3968$54 [18:16] > 3'h4;
+  assign \$38  = \$36  & \$37 ;
+  assign \$39  = \$35  | \$38 ;
+  assign \$40  = \port$3968$54 [21:19] > 1'h0;
+  assign \$41  = ! \port$3968$54 [21:19];
+  assign \$42  = \port$3968$54 [18:16] > 3'h5;
+  assign \$43  = \$41  & \$42 ;
+  assign \$44  = \$40  | \$43 ;
+  assign \$45  = \port$3968$54 [21:19] > 1'h0;
+  assign \$46  = ! \port$3968$54 [21:19];
+  assign \$47  = \port$3968$54 [18:16] > 3'h6;
+  assign \$48  = \$46  & \$47 ;
+  assign \$49  = \$45  | \$48 ;
+  assign \$50  = \port$3968$54 [21:19] > 1'h0;
+  assign \$51  = ! \port$3968$54 [21:19];
+  assign \$52  = \port$3968$54 [18:16] > 3'h7;
+  assign \$53  = \$51  & \$52 ;
+  assign \$54  = \$50  | \$53 ;
+  assign \$55  = \port$3968$54 [21:19] > 1'h1;
+  assign \$56  = \port$3968$54 [21:19] == 1'h1;
+  assign \$57  = \port$3968$54 [18:16] > 1'h0;
+  assign \$58  = \$56  & \$57 ;
+  assign \$59  = \$55  | \$58 ;
+  assign \$60  = \port$3968$54 [21:19] > 1'h1;
+  assign \$61  = \port$3968$54 [21:19] == 1'h1;
+  assign \$62  = \port$3968$54 [18:16] > 1'h1;
+  assign \$63  = \$61  & \$62 ;
+  assign \$64  = \$60  | \$63 ;
+  assign \$65  = \port$3968$54 [21:19] > 1'h1;
+  assign \$66  = \port$3968$54 [21:19] == 1'h1;
+  assign \$67  = \port$3968$54 [18:16] > 2'h2;
+  assign \$68  = \$66  & \$67 ;
+  assign \$69  = \$65  | \$68 ;
+  assign \$70  = \port$3968$54 [21:19] > 1'h1;
+  assign \$71  = \port$3968$54 [21:19] == 1'h1;
+  assign \$72  = \port$3968$54 [18:16] > 2'h3;
+  assign \$73  = \$71  & \$72 ;
+  assign \$74  = \$70  | \$73 ;
+  assign \$75  = \port$3968$54 [21:19] > 1'h1;
+  assign \$76  = \port$3968$54 [21:19] == 1'h1;
+  assign \$77  = \port$3968$54 [18:16] > 3'h4;
+  assign \$78  = \$76  & \$77 ;
+  assign \$79  = \$75  | \$78 ;
+  assign \$80  = \port$3968$54 [21:19] > 1'h1;
+  assign \$81  = \port$3968$54 [21:19] == 1'h1;
+  assign \$82  = \port$3968$54 [18:16] > 3'h5;
+  assign \$83  = \$81  & \$82 ;
+  assign \$84  = \$80  | \$83 ;
+  assign \$85  = \port$3968$54 [21:19] > 1'h1;
+  assign \$86  = \port$3968$54 [21:19] == 1'h1;
+  assign \$87  = \port$3968$54 [18:16] > 3'h6;
+  assign \$88  = \$86  & \$87 ;
+  assign \$89  = \$85  | \$88 ;
+  assign \$90  = \port$3968$54 [21:19] > 1'h1;
+  assign \$91  = \port$3968$54 [21:19] == 1'h1;
+  assign \$92  = \port$3968$54 [18:16] > 3'h7;
+  assign \$93  = \$91  & \$92 ;
+  assign \$94  = \$90  | \$93 ;
+  assign \$95  = \port$3968$54 [21:19] > 2'h2;
+  assign \$96  = \port$3968$54 [21:19] == 2'h2;
+  assign \$97  = \port$3968$54 [18:16] > 1'h0;
+  assign \$98  = \$96  & \$97 ;
+  assign \$99  = \$95  | \$98 ;
+  assign \$100  = \port$3968$54 [21:19] > 2'h2;
+  assign \$101  = \port$3968$54 [21:19] == 2'h2;
+  assign \$102  = \port$3968$54 [18:16] > 1'h1;
+  assign \$103  = \$101  & \$102 ;
+  assign \$104  = \$100  | \$103 ;
+  assign \$105  = \port$3968$54 [21:19] > 2'h2;
+  assign \$106  = \port$3968$54 [21:19] == 2'h2;
+  assign \$107  = \port$3968$54 [18:16] > 2'h2;
+  assign \$108  = \$106  & \$107 ;
+  assign \$109  = \$105  | \$108 ;
+  assign \$110  = \port$3968$54 [21:19] > 2'h2;
+  assign \$111  = \port$3968$54 [21:19] == 2'h2;
+  assign \$112  = \port$3968$54 [18:16] > 2'h3;
+  assign \$113  = \$111  & \$112 ;
+  assign \$114  = \$110  | \$113 ;
+  assign \$115  = \port$3968$54 [21:19] > 2'h2;
+  assign \$116  = \port$3968$54 [21:19] == 2'h2;
+  assign \$117  = \port$3968$54 [18:16] > 3'h4;
+  assign \$118  = \$116  & \$117 ;
+  assign \$119  = \$115  | \$118 ;
+  assign \$120  = \port$3968$54 [21:19] > 2'h2;
+  assign \$121  = \port$3968$54 [21:19] == 2'h2;
+  assign \$122  = \port$3968$54 [18:16] > 3'h5;
+  assign \$123  = \$121  & \$122 ;
+  assign \$124  = \$120  | \$123 ;
+  assign \$125  = \port$3968$54 [21:19] > 2'h2;
+  assign \$126  = \port$3968$54 [21:19] == 2'h2;
+  assign \$127  = \port$3968$54 [18:16] > 3'h6;
+  assign \$128  = \$126  & \$127 ;
+  assign \$129  = \$125  | \$128 ;
+  assign \$130  = \port$3968$54 [21:19] > 2'h2;
+  assign \$131  = \port$3968$54 [21:19] == 2'h2;
+  assign \$132  = \port$3968$54 [18:16] > 3'h7;
+  assign \$133  = \$131  & \$132 ;
+  assign \$134  = \$130  | \$133 ;
+  assign \$135  = \port$3968$54 [21:19] > 2'h3;
+  assign \$136  = \port$3968$54 [21:19] == 2'h3;
+  assign \$137  = \port$3968$54 [18:16] > 1'h0;
+  assign \$138  = \$136  & \$137 ;
+  assign \$139  = \$135  | \$138 ;
+  assign \$140  = \port$3968$54 [21:19] > 2'h3;
+  assign \$141  = \port$3968$54 [21:19] == 2'h3;
+  assign \$142  = \port$3968$54 [18:16] > 1'h1;
+  assign \$143  = \$141  & \$142 ;
+  assign \$144  = \$140  | \$143 ;
+  assign \$145  = \port$3968$54 [21:19] > 2'h3;
+  assign \$146  = \port$3968$54 [21:19] == 2'h3;
+  assign \$147  = \port$3968$54 [18:16] > 2'h2;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -28145,561 +28023,552 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$3742$54 (\port$3742$54 [15:0]),
-    .\port$3760$0 (i__payload),
+    .\port$3968$54 (\port$3968$54 [15:0]),
+    .\port$3986$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$713  = \$signal ;
+    \$812  = \$signal ;
     if (advance) begin
-      \$713  = i__valid;
+      \$812  = i__valid;
     end
     if (unit_rst) begin
-      \$713  = 1'h0;
+      \$812  = 1'h0;
     end
     if (rst) begin
-      \$713  = 1'h0;
+      \$812  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$714  = v2;
+    \$813  = v2;
     if (advance) begin
-      \$714  = \$signal ;
+      \$813  = \$signal ;
     end
     if (unit_rst) begin
-      \$714  = 1'h0;
+      \$813  = 1'h0;
     end
     if (rst) begin
-      \$714  = 1'h0;
+      \$813  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$715  = x_valid;
+    \$814  = x_valid;
     if (advance) begin
-      \$715  = v2;
+      \$814  = v2;
     end
     if (unit_rst) begin
-      \$715  = 1'h0;
+      \$814  = 1'h0;
     end
     if (rst) begin
-      \$715  = 1'h0;
+      \$814  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$716  = x0;
+    \$815  = x0;
     if (advance) begin
-      \$716  = \$4 [47:0];
+      \$815  = \$5 [47:0];
     end
     if (unit_rst) begin
-      \$716  = 48'h000000000000;
+      \$815  = 48'h000000000000;
     end
     if (rst) begin
-      \$716  = 48'h000000000000;
+      \$815  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$717  = x1;
+    \$816  = x1;
     if (advance) begin
-      \$717  = \$7 [47:0];
+      \$816  = \$8 [47:0];
     end
     if (unit_rst) begin
-      \$717  = 48'h000000000000;
+      \$816  = 48'h000000000000;
     end
     if (rst) begin
-      \$717  = 48'h000000000000;
+      \$816  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$718  = x2;
+    \$817  = x2;
     if (advance) begin
-      \$718  = \$10 [47:0];
+      \$817  = \$11 [47:0];
     end
     if (unit_rst) begin
-      \$718  = 48'h000000000000;
+      \$817  = 48'h000000000000;
     end
     if (rst) begin
-      \$718  = 48'h000000000000;
+      \$817  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$719  = x3;
+    \$818  = x3;
     if (advance) begin
-      \$719  = \$13 [47:0];
+      \$818  = \$14 [47:0];
     end
     if (unit_rst) begin
-      \$719  = 48'h000000000000;
+      \$818  = 48'h000000000000;
     end
     if (rst) begin
-      \$719  = 48'h000000000000;
+      \$818  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$720  = { \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14  };
+    \$819  = { \$259 , \$254 , \$249 , \$244 , \$239 , \$234 , \$229 , \$224 , \$219 , \$214 , \$209 , \$204 , \$199 , \$194 , \$189 , \$184 , \$179 , \$174 , \$169 , \$164 , \$159 , \$154 , \$149 , \$144 , \$139 , \$134 , \$129 , \$124 , \$119 , \$114 , \$109 , \$104 , \$99 , \$94 , \$89 , \$84 , \$79 , \$74 , \$69 , \$64 , \$59 , \$54 , \$49 , \$44 , \$39 , \$34 , \$29 , \$24 , \$19  };
     if (unit_rst) begin
-      \$720  = 49'h0000000000000;
+      \$819  = 49'h0000000000000;
     end
     if (rst) begin
-      \$720  = 49'h0000000000000;
+      \$819  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$721  = { \$160 , \$158 , \$156 , \$154 , \$152 , \$150 , \$148 , \$146 , \$144 , \$142 , \$140 , \$138 , \$136 , \$134 , \$132 , \$130 , \$128 , \$126 , \$124 , \$122 , \$120 , \$118 , \$116 , \$114 , \$112 , \$110 , \$108 , \$106 , \$104 , \$102 , \$100 , \$98 , \$96 , \$94 , \$92 , \$90 , \$88 , \$86 , \$84 , \$82 , \$80 , \$78 , \$76 , \$74 , \$72 , \$70 , \$68 , \$66 , \$64  };
-    if (unit_rst) begin
-      \$721  = 49'h0000000000000;
-    end
-    if (rst) begin
-      \$721  = 49'h0000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$722  = \$signal$44 ;
+    \$820  = \$signal$44 ;
     if (advance) begin
-      \$722  = x_valid;
+      \$820  = x_valid;
     end
     if (unit_rst) begin
-      \$722  = 1'h0;
+      \$820  = 1'h0;
     end
     if (rst) begin
-      \$722  = 1'h0;
+      \$820  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$723  = v_round;
+    \$821  = v_round;
     if (advance) begin
-      \$723  = \$signal$44 ;
+      \$821  = \$signal$44 ;
     end
     if (unit_rst) begin
-      \$723  = 1'h0;
+      \$821  = 1'h0;
     end
     if (rst) begin
-      \$723  = 1'h0;
+      \$821  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$724  = o__valid;
+    \$822  = o__valid;
     if (advance) begin
-      \$724  = v_round;
+      \$822  = v_round;
     end
     if (unit_rst) begin
-      \$724  = 1'h0;
+      \$822  = 1'h0;
     end
     if (rst) begin
-      \$724  = 1'h0;
+      \$822  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$725  = y0;
+    \$823  = y0;
     if (advance) begin
-      \$725  = \$286 [32:0];
+      \$823  = \$385 [32:0];
     end
     if (unit_rst) begin
-      \$725  = 33'h000000000;
+      \$823  = 33'h000000000;
     end
     if (rst) begin
-      \$725  = 33'h000000000;
+      \$823  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$726  = sticky0;
+    \$824  = sticky0;
     if (advance) begin
-      \$726  = \$288 ;
+      \$824  = \$387 ;
     end
     if (unit_rst) begin
-      \$726  = 1'h0;
+      \$824  = 1'h0;
     end
     if (rst) begin
-      \$726  = 1'h0;
+      \$824  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$727  = over0;
+    \$825  = over0;
     if (advance) begin
-      \$727  = \$291 ;
+      \$825  = \$390 ;
     end
     if (unit_rst) begin
-      \$727  = 1'h0;
+      \$825  = 1'h0;
     end
     if (rst) begin
-      \$727  = 1'h0;
+      \$825  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$728  = neg0;
+    \$826  = neg0;
     if (advance) begin
-      \$728  = x0[47];
+      \$826  = x0[47];
     end
     if (unit_rst) begin
-      \$728  = 1'h0;
+      \$826  = 1'h0;
     end
     if (rst) begin
-      \$728  = 1'h0;
+      \$826  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$729  = rounded0;
+    \$827  = rounded0;
     if (advance) begin
-      \$729  = \$294 ;
+      \$827  = \$393 ;
     end
     if (unit_rst) begin
-      \$729  = 33'h000000000;
+      \$827  = 33'h000000000;
     end
     if (rst) begin
-      \$729  = 33'h000000000;
+      \$827  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$730  = over2_0;
+    \$828  = over2_0;
     if (advance) begin
-      \$730  = over0;
+      \$828  = over0;
     end
     if (unit_rst) begin
-      \$730  = 1'h0;
+      \$828  = 1'h0;
     end
     if (rst) begin
-      \$730  = 1'h0;
+      \$828  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$731  = neg2_0;
+    \$829  = neg2_0;
     if (advance) begin
-      \$731  = neg0;
+      \$829  = neg0;
     end
     if (unit_rst) begin
-      \$731  = 1'h0;
+      \$829  = 1'h0;
     end
     if (rst) begin
-      \$731  = 1'h0;
+      \$829  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$732  = o__payload;
+    \$830  = o__payload;
     if (advance) begin
-      \$732 [31:0] = \$298 [31:0];
-      \$732 [63:32] = \$436 [31:0];
-      \$732 [95:64] = \$574 [31:0];
-      \$732 [127:96] = \$712 [31:0];
+      \$830 [31:0] = \$397 [31:0];
+      \$830 [63:32] = \$535 [31:0];
+      \$830 [95:64] = \$673 [31:0];
+      \$830 [127:96] = \$811 [31:0];
     end
     if (unit_rst) begin
-      \$732  = 128'h00000000000000000000000000000000;
+      \$830  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$732  = 128'h00000000000000000000000000000000;
+      \$830  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$733  = y1;
+    \$831  = y1;
     if (advance) begin
-      \$733  = \$424 [32:0];
+      \$831  = \$523 [32:0];
     end
     if (unit_rst) begin
-      \$733  = 33'h000000000;
+      \$831  = 33'h000000000;
     end
     if (rst) begin
-      \$733  = 33'h000000000;
+      \$831  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$734  = sticky1;
+    \$832  = sticky1;
     if (advance) begin
-      \$734  = \$426 ;
+      \$832  = \$525 ;
     end
     if (unit_rst) begin
-      \$734  = 1'h0;
+      \$832  = 1'h0;
     end
     if (rst) begin
-      \$734  = 1'h0;
+      \$832  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$735  = over1;
+    \$833  = over1;
     if (advance) begin
-      \$735  = \$429 ;
+      \$833  = \$528 ;
     end
     if (unit_rst) begin
-      \$735  = 1'h0;
+      \$833  = 1'h0;
     end
     if (rst) begin
-      \$735  = 1'h0;
+      \$833  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$736  = neg1;
+    \$834  = neg1;
     if (advance) begin
-      \$736  = x1[47];
+      \$834  = x1[47];
     end
     if (unit_rst) begin
-      \$736  = 1'h0;
+      \$834  = 1'h0;
     end
     if (rst) begin
-      \$736  = 1'h0;
+      \$834  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$737  = rounded1;
+    \$835  = rounded1;
     if (advance) begin
-      \$737  = \$432 ;
+      \$835  = \$531 ;
     end
     if (unit_rst) begin
-      \$737  = 33'h000000000;
+      \$835  = 33'h000000000;
     end
     if (rst) begin
-      \$737  = 33'h000000000;
+      \$835  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$738  = over2_1;
+    \$836  = over2_1;
     if (advance) begin
-      \$738  = over1;
+      \$836  = over1;
     end
     if (unit_rst) begin
-      \$738  = 1'h0;
+      \$836  = 1'h0;
     end
     if (rst) begin
-      \$738  = 1'h0;
+      \$836  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$739  = neg2_1;
+    \$837  = neg2_1;
     if (advance) begin
-      \$739  = neg1;
+      \$837  = neg1;
     end
     if (unit_rst) begin
-      \$739  = 1'h0;
+      \$837  = 1'h0;
     end
     if (rst) begin
-      \$739  = 1'h0;
+      \$837  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$740  = y2;
+    \$838  = y2;
     if (advance) begin
-      \$740  = \$562 [32:0];
+      \$838  = \$661 [32:0];
     end
     if (unit_rst) begin
-      \$740  = 33'h000000000;
+      \$838  = 33'h000000000;
     end
     if (rst) begin
-      \$740  = 33'h000000000;
+      \$838  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$741  = sticky2;
+    \$839  = sticky2;
     if (advance) begin
-      \$741  = \$564 ;
+      \$839  = \$663 ;
     end
     if (unit_rst) begin
-      \$741  = 1'h0;
+      \$839  = 1'h0;
     end
     if (rst) begin
-      \$741  = 1'h0;
+      \$839  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$742  = over2;
+    \$840  = over2;
     if (advance) begin
-      \$742  = \$567 ;
+      \$840  = \$666 ;
     end
     if (unit_rst) begin
-      \$742  = 1'h0;
+      \$840  = 1'h0;
     end
     if (rst) begin
-      \$742  = 1'h0;
+      \$840  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$743  = neg2;
+    \$841  = neg2;
     if (advance) begin
-      \$743  = x2[47];
+      \$841  = x2[47];
     end
     if (unit_rst) begin
-      \$743  = 1'h0;
+      \$841  = 1'h0;
     end
     if (rst) begin
-      \$743  = 1'h0;
+      \$841  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$744  = rounded2;
+    \$842  = rounded2;
     if (advance) begin
-      \$744  = \$570 ;
+      \$842  = \$669 ;
     end
     if (unit_rst) begin
-      \$744  = 33'h000000000;
+      \$842  = 33'h000000000;
     end
     if (rst) begin
-      \$744  = 33'h000000000;
+      \$842  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$745  = over2_2;
+    \$843  = over2_2;
     if (advance) begin
-      \$745  = over2;
+      \$843  = over2;
     end
     if (unit_rst) begin
-      \$745  = 1'h0;
+      \$843  = 1'h0;
     end
     if (rst) begin
-      \$745  = 1'h0;
+      \$843  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$746  = neg2_2;
+    \$844  = neg2_2;
     if (advance) begin
-      \$746  = neg2;
+      \$844  = neg2;
     end
     if (unit_rst) begin
-      \$746  = 1'h0;
+      \$844  = 1'h0;
     end
     if (rst) begin
-      \$746  = 1'h0;
+      \$844  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$747  = y3;
+    \$845  = y3;
     if (advance) begin
-      \$747  = \$700 [32:0];
+      \$845  = \$799 [32:0];
     end
     if (unit_rst) begin
-      \$747  = 33'h000000000;
+      \$845  = 33'h000000000;
     end
     if (rst) begin
-      \$747  = 33'h000000000;
+      \$845  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$748  = sticky3;
+    \$846  = sticky3;
     if (advance) begin
-      \$748  = \$702 ;
+      \$846  = \$801 ;
     end
     if (unit_rst) begin
-      \$748  = 1'h0;
+      \$846  = 1'h0;
     end
     if (rst) begin
-      \$748  = 1'h0;
+      \$846  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$749  = over3;
+    \$847  = over3;
     if (advance) begin
-      \$749  = \$705 ;
+      \$847  = \$804 ;
     end
     if (unit_rst) begin
-      \$749  = 1'h0;
+      \$847  = 1'h0;
     end
     if (rst) begin
-      \$749  = 1'h0;
+      \$847  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$750  = neg3;
+    \$848  = neg3;
     if (advance) begin
-      \$750  = x3[47];
+      \$848  = x3[47];
     end
     if (unit_rst) begin
-      \$750  = 1'h0;
+      \$848  = 1'h0;
     end
     if (rst) begin
-      \$750  = 1'h0;
+      \$848  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$751  = rounded3;
+    \$849  = rounded3;
     if (advance) begin
-      \$751  = \$708 ;
+      \$849  = \$807 ;
     end
     if (unit_rst) begin
-      \$751  = 33'h000000000;
+      \$849  = 33'h000000000;
     end
     if (rst) begin
-      \$751  = 33'h000000000;
+      \$849  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$752  = over2_3;
+    \$850  = over2_3;
     if (advance) begin
-      \$752  = over3;
+      \$850  = over3;
     end
     if (unit_rst) begin
-      \$752  = 1'h0;
+      \$850  = 1'h0;
     end
     if (rst) begin
-      \$752  = 1'h0;
+      \$850  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$753  = neg2_3;
+    \$851  = neg2_3;
     if (advance) begin
-      \$753  = neg3;
+      \$851  = neg3;
     end
     if (unit_rst) begin
-      \$753  = 1'h0;
+      \$851  = 1'h0;
     end
     if (rst) begin
-      \$753  = 1'h0;
+      \$851  = 1'h0;
     end
   end
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$3742$54 [15:0] };
-  assign mult = \port$3742$54 [15:0];
+  assign b__0 = { 2'h0, \port$3968$54 [15:0] };
+  assign mult = \port$3968$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$3742$54 [15:0] };
+  assign b__1 = { 2'h0, \port$3968$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$3742$54 [15:0] };
+  assign b__2 = { 2'h0, \port$3968$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$3742$54 [15:0] };
+  assign b__3 = { 2'h0, \port$3968$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$3742$54 [15:0] };
+  assign b__4 = { 2'h0, \port$3968$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$3742$54 [15:0] };
+  assign b__5 = { 2'h0, \port$3968$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$3742$54 [15:0] };
+  assign b__6 = { 2'h0, \port$3968$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$3742$54 [15:0] };
-  assign shift = \port$3742$54 [21:16];
+  assign b__7 = { 2'h0, \port$3968$54 [15:0] };
+  assign above = { \$2 , 32'h00000000 };
+  assign shift = \port$3968$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -28708,270 +28577,270 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \o__payload[1]  = o__payload[63:32];
   assign \o__payload[2]  = o__payload[95:64];
   assign \o__payload[3]  = o__payload[127:96];
-  assign \$2  = { p__0[35], p__0 };
-  assign \$3  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$5  = { p__2[35], p__2 };
-  assign \$6  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$8  = { p__4[35], p__4 };
-  assign \$9  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$11  = { p__6[35], p__6 };
-  assign \$12  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
-  assign \$161  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$163  = { \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48], \$162 [48:16] };
-  assign \$164  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$167  = { \$166 [47], \$166 [47], \$166 [47], \$166 [47], \$166 [47], \$166 [47], \$166 [47], \$166 [47], \$166 [47:8] };
-  assign \$168  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$170  = { \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48], \$169 [48:16] };
-  assign \$171  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$175  = { \$174 [39], \$174 [39], \$174 [39], \$174 [39], \$174 [39:4] };
-  assign \$176  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$178  = { \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48], \$177 [48:16] };
-  assign \$179  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$182  = { \$181 [47], \$181 [47], \$181 [47], \$181 [47], \$181 [47], \$181 [47], \$181 [47], \$181 [47], \$181 [47:8] };
-  assign \$183  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$185  = { \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48:16] };
-  assign \$186  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$191  = { \$190 [35], \$190 [35], \$190 [35:2] };
-  assign \$192  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$194  = { \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48], \$193 [48:16] };
-  assign \$195  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$198  = { \$197 [47], \$197 [47], \$197 [47], \$197 [47], \$197 [47], \$197 [47], \$197 [47], \$197 [47], \$197 [47:8] };
-  assign \$199  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$201  = { \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48], \$200 [48:16] };
-  assign \$202  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$206  = { \$205 [39], \$205 [39], \$205 [39], \$205 [39], \$205 [39:4] };
-  assign \$207  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$209  = { \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48], \$208 [48:16] };
-  assign \$210  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$213  = { \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47], \$212 [47:8] };
-  assign \$214  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$216  = { \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48], \$215 [48:16] };
-  assign \$217  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$223  = { \$222 [33], \$222 [33:1] };
-  assign \$224  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$226  = { \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48], \$225 [48:16] };
-  assign \$227  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$230  = { \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47], \$229 [47:8] };
-  assign \$231  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$233  = { \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48], \$232 [48:16] };
-  assign \$234  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$238  = { \$237 [39], \$237 [39], \$237 [39], \$237 [39], \$237 [39:4] };
-  assign \$239  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$241  = { \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48], \$240 [48:16] };
-  assign \$242  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$245  = { \$244 [47], \$244 [47], \$244 [47], \$244 [47], \$244 [47], \$244 [47], \$244 [47], \$244 [47], \$244 [47:8] };
-  assign \$246  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$248  = { \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48:16] };
-  assign \$249  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$254  = { \$253 [35], \$253 [35], \$253 [35:2] };
-  assign \$255  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$257  = { \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48], \$256 [48:16] };
-  assign \$258  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$261  = { \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47], \$260 [47:8] };
-  assign \$262  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$264  = { \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48], \$263 [48:16] };
-  assign \$265  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$269  = { \$268 [39], \$268 [39], \$268 [39], \$268 [39], \$268 [39:4] };
+  assign \$3  = { p__0[35], p__0 };
+  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$6  = { p__2[35], p__2 };
+  assign \$7  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$9  = { p__4[35], p__4 };
+  assign \$10  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$12  = { p__6[35], p__6 };
+  assign \$13  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$260  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$262  = { \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48:16] };
+  assign \$263  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$266  = { \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47:8] };
+  assign \$267  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$269  = { \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48:16] };
   assign \$270  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$272  = { \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48], \$271 [48:16] };
-  assign \$273  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$276  = { \$275 [47], \$275 [47], \$275 [47], \$275 [47], \$275 [47], \$275 [47], \$275 [47], \$275 [47], \$275 [47:8] };
-  assign \$277  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$279  = { \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48], \$278 [48:16] };
-  assign \$280  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$299  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$301  = { \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48], \$300 [48:16] };
-  assign \$302  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$305  = { \$304 [47], \$304 [47], \$304 [47], \$304 [47], \$304 [47], \$304 [47], \$304 [47], \$304 [47], \$304 [47:8] };
-  assign \$306  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$274  = { \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39:4] };
+  assign \$275  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$277  = { \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48], \$276 [48:16] };
+  assign \$278  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$281  = { \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47], \$280 [47:8] };
+  assign \$282  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$284  = { \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48:16] };
+  assign \$285  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$290  = { \$289 [35], \$289 [35], \$289 [35:2] };
+  assign \$291  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$293  = { \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48], \$292 [48:16] };
+  assign \$294  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$297  = { \$296 [47], \$296 [47], \$296 [47], \$296 [47], \$296 [47], \$296 [47], \$296 [47], \$296 [47], \$296 [47:8] };
+  assign \$298  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$300  = { \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48:16] };
+  assign \$301  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$305  = { \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39:4] };
+  assign \$306  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$308  = { \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48:16] };
-  assign \$309  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$313  = { \$312 [39], \$312 [39], \$312 [39], \$312 [39], \$312 [39:4] };
-  assign \$314  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$316  = { \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48:16] };
-  assign \$317  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$320  = { \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47:8] };
-  assign \$321  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$323  = { \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48:16] };
-  assign \$324  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$329  = { \$328 [35], \$328 [35], \$328 [35:2] };
-  assign \$330  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$309  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$312  = { \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47:8] };
+  assign \$313  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$315  = { \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48:16] };
+  assign \$316  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$322  = { \$321 [33], \$321 [33:1] };
+  assign \$323  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$325  = { \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48], \$324 [48:16] };
+  assign \$326  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$329  = { \$328 [47], \$328 [47], \$328 [47], \$328 [47], \$328 [47], \$328 [47], \$328 [47], \$328 [47], \$328 [47:8] };
+  assign \$330  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$332  = { \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48], \$331 [48:16] };
-  assign \$333  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$337  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$336  = { \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47], \$335 [47:8] };
-  assign \$339  = { \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48], \$338 [48:16] };
-  assign \$340  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$344  = { \$343 [39], \$343 [39], \$343 [39], \$343 [39], \$343 [39:4] };
-  assign \$345  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$333  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$337  = { \$336 [39], \$336 [39], \$336 [39], \$336 [39], \$336 [39:4] };
+  assign \$338  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$340  = { \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48], \$339 [48:16] };
+  assign \$341  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$344  = { \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47], \$343 [47:8] };
+  assign \$345  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$347  = { \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48:16] };
-  assign \$348  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$351  = { \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47:8] };
-  assign \$352  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$354  = { \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48:16] };
-  assign \$355  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$361  = { \$360 [33], \$360 [33:1] };
-  assign \$362  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$364  = { \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48], \$363 [48:16] };
-  assign \$365  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$368  = { \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47], \$367 [47:8] };
-  assign \$369  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$348  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$353  = { \$352 [35], \$352 [35], \$352 [35:2] };
+  assign \$354  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$356  = { \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48], \$355 [48:16] };
+  assign \$357  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$360  = { \$359 [47], \$359 [47], \$359 [47], \$359 [47], \$359 [47], \$359 [47], \$359 [47], \$359 [47], \$359 [47:8] };
+  assign \$361  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$363  = { \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48], \$362 [48:16] };
+  assign \$364  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$368  = { \$367 [39], \$367 [39], \$367 [39], \$367 [39], \$367 [39:4] };
+  assign \$369  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$371  = { \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48], \$370 [48:16] };
-  assign \$372  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$377  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$376  = { \$375 [39], \$375 [39], \$375 [39], \$375 [39], \$375 [39:4] };
-  assign \$380  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$379  = { \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48], \$378 [48:16] };
-  assign \$383  = { \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47], \$382 [47:8] };
-  assign \$384  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$386  = { \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48], \$385 [48:16] };
-  assign \$387  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$392  = { \$391 [35], \$391 [35], \$391 [35:2] };
-  assign \$393  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$395  = { \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48], \$394 [48:16] };
-  assign \$396  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$399  = { \$398 [47], \$398 [47], \$398 [47], \$398 [47], \$398 [47], \$398 [47], \$398 [47], \$398 [47], \$398 [47:8] };
-  assign \$400  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$402  = { \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48], \$401 [48:16] };
-  assign \$403  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$407  = { \$406 [39], \$406 [39], \$406 [39], \$406 [39], \$406 [39:4] };
+  assign \$372  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$375  = { \$374 [47], \$374 [47], \$374 [47], \$374 [47], \$374 [47], \$374 [47], \$374 [47], \$374 [47], \$374 [47:8] };
+  assign \$376  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$378  = { \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48], \$377 [48:16] };
+  assign \$379  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$398  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$400  = { \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48], \$399 [48:16] };
+  assign \$401  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$404  = { \$403 [47], \$403 [47], \$403 [47], \$403 [47], \$403 [47], \$403 [47], \$403 [47], \$403 [47], \$403 [47:8] };
+  assign \$405  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$407  = { \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48], \$406 [48:16] };
   assign \$408  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$410  = { \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48], \$409 [48:16] };
-  assign \$411  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$414  = { \$413 [47], \$413 [47], \$413 [47], \$413 [47], \$413 [47], \$413 [47], \$413 [47], \$413 [47], \$413 [47:8] };
-  assign \$415  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$417  = { \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48], \$416 [48:16] };
-  assign \$418  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
-  assign \$437  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$439  = { \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48], \$438 [48:16] };
-  assign \$440  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$443  = { \$442 [47], \$442 [47], \$442 [47], \$442 [47], \$442 [47], \$442 [47], \$442 [47], \$442 [47], \$442 [47:8] };
-  assign \$444  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$412  = { \$411 [39], \$411 [39], \$411 [39], \$411 [39], \$411 [39:4] };
+  assign \$413  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$415  = { \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48], \$414 [48:16] };
+  assign \$416  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$419  = { \$418 [47], \$418 [47], \$418 [47], \$418 [47], \$418 [47], \$418 [47], \$418 [47], \$418 [47], \$418 [47:8] };
+  assign \$420  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$422  = { \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48], \$421 [48:16] };
+  assign \$423  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$428  = { \$427 [35], \$427 [35], \$427 [35:2] };
+  assign \$429  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$431  = { \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48], \$430 [48:16] };
+  assign \$432  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$435  = { \$434 [47], \$434 [47], \$434 [47], \$434 [47], \$434 [47], \$434 [47], \$434 [47], \$434 [47], \$434 [47:8] };
+  assign \$436  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$438  = { \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48], \$437 [48:16] };
+  assign \$439  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$443  = { \$442 [39], \$442 [39], \$442 [39], \$442 [39], \$442 [39:4] };
+  assign \$444  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$446  = { \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48], \$445 [48:16] };
-  assign \$447  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$451  = { \$450 [39], \$450 [39], \$450 [39], \$450 [39], \$450 [39:4] };
-  assign \$452  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$454  = { \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48], \$453 [48:16] };
-  assign \$455  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$458  = { \$457 [47], \$457 [47], \$457 [47], \$457 [47], \$457 [47], \$457 [47], \$457 [47], \$457 [47], \$457 [47:8] };
-  assign \$459  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$461  = { \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48], \$460 [48:16] };
-  assign \$462  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$467  = { \$466 [35], \$466 [35], \$466 [35:2] };
-  assign \$468  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$447  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$450  = { \$449 [47], \$449 [47], \$449 [47], \$449 [47], \$449 [47], \$449 [47], \$449 [47], \$449 [47], \$449 [47:8] };
+  assign \$451  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$453  = { \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48], \$452 [48:16] };
+  assign \$454  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$460  = { \$459 [33], \$459 [33:1] };
+  assign \$461  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$463  = { \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48], \$462 [48:16] };
+  assign \$464  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$467  = { \$466 [47], \$466 [47], \$466 [47], \$466 [47], \$466 [47], \$466 [47], \$466 [47], \$466 [47], \$466 [47:8] };
+  assign \$468  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$470  = { \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48], \$469 [48:16] };
-  assign \$471  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$474  = { \$473 [47], \$473 [47], \$473 [47], \$473 [47], \$473 [47], \$473 [47], \$473 [47], \$473 [47], \$473 [47:8] };
-  assign \$475  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$477  = { \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48], \$476 [48:16] };
-  assign \$478  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$482  = { \$481 [39], \$481 [39], \$481 [39], \$481 [39], \$481 [39:4] };
-  assign \$483  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$471  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$475  = { \$474 [39], \$474 [39], \$474 [39], \$474 [39], \$474 [39:4] };
+  assign \$476  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$478  = { \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48], \$477 [48:16] };
+  assign \$479  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$482  = { \$481 [47], \$481 [47], \$481 [47], \$481 [47], \$481 [47], \$481 [47], \$481 [47], \$481 [47], \$481 [47:8] };
+  assign \$483  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$485  = { \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48], \$484 [48:16] };
-  assign \$486  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$489  = { \$488 [47], \$488 [47], \$488 [47], \$488 [47], \$488 [47], \$488 [47], \$488 [47], \$488 [47], \$488 [47:8] };
-  assign \$490  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$492  = { \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48], \$491 [48:16] };
-  assign \$493  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$499  = { \$498 [33], \$498 [33:1] };
-  assign \$500  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$502  = { \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48], \$501 [48:16] };
-  assign \$503  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$506  = { \$505 [47], \$505 [47], \$505 [47], \$505 [47], \$505 [47], \$505 [47], \$505 [47], \$505 [47], \$505 [47:8] };
-  assign \$507  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$486  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$491  = { \$490 [35], \$490 [35], \$490 [35:2] };
+  assign \$492  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$494  = { \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48], \$493 [48:16] };
+  assign \$495  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$498  = { \$497 [47], \$497 [47], \$497 [47], \$497 [47], \$497 [47], \$497 [47], \$497 [47], \$497 [47], \$497 [47:8] };
+  assign \$499  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$501  = { \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48], \$500 [48:16] };
+  assign \$502  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$506  = { \$505 [39], \$505 [39], \$505 [39], \$505 [39], \$505 [39:4] };
+  assign \$507  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
   assign \$509  = { \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48], \$508 [48:16] };
-  assign \$510  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$514  = { \$513 [39], \$513 [39], \$513 [39], \$513 [39], \$513 [39:4] };
-  assign \$515  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$517  = { \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48], \$516 [48:16] };
-  assign \$518  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$521  = { \$520 [47], \$520 [47], \$520 [47], \$520 [47], \$520 [47], \$520 [47], \$520 [47], \$520 [47], \$520 [47:8] };
-  assign \$522  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$524  = { \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48], \$523 [48:16] };
-  assign \$525  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$530  = { \$529 [35], \$529 [35], \$529 [35:2] };
-  assign \$531  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$533  = { \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48], \$532 [48:16] };
-  assign \$534  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$537  = { \$536 [47], \$536 [47], \$536 [47], \$536 [47], \$536 [47], \$536 [47], \$536 [47], \$536 [47], \$536 [47:8] };
-  assign \$538  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$540  = { \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48], \$539 [48:16] };
-  assign \$541  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$545  = { \$544 [39], \$544 [39], \$544 [39], \$544 [39], \$544 [39:4] };
+  assign \$510  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$513  = { \$512 [47], \$512 [47], \$512 [47], \$512 [47], \$512 [47], \$512 [47], \$512 [47], \$512 [47], \$512 [47:8] };
+  assign \$514  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$516  = { \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48], \$515 [48:16] };
+  assign \$517  = { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47:31] };
+  assign \$536  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$538  = { \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48], \$537 [48:16] };
+  assign \$539  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$542  = { \$541 [47], \$541 [47], \$541 [47], \$541 [47], \$541 [47], \$541 [47], \$541 [47], \$541 [47], \$541 [47:8] };
+  assign \$543  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$545  = { \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48], \$544 [48:16] };
   assign \$546  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$548  = { \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48], \$547 [48:16] };
-  assign \$549  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$552  = { \$551 [47], \$551 [47], \$551 [47], \$551 [47], \$551 [47], \$551 [47], \$551 [47], \$551 [47], \$551 [47:8] };
-  assign \$553  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$555  = { \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48], \$554 [48:16] };
-  assign \$556  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
-  assign \$575  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$577  = { \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48], \$576 [48:16] };
-  assign \$578  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$581  = { \$580 [47], \$580 [47], \$580 [47], \$580 [47], \$580 [47], \$580 [47], \$580 [47], \$580 [47], \$580 [47:8] };
-  assign \$582  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$550  = { \$549 [39], \$549 [39], \$549 [39], \$549 [39], \$549 [39:4] };
+  assign \$551  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$553  = { \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48], \$552 [48:16] };
+  assign \$554  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$557  = { \$556 [47], \$556 [47], \$556 [47], \$556 [47], \$556 [47], \$556 [47], \$556 [47], \$556 [47], \$556 [47:8] };
+  assign \$558  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$560  = { \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48], \$559 [48:16] };
+  assign \$561  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$566  = { \$565 [35], \$565 [35], \$565 [35:2] };
+  assign \$567  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$569  = { \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48], \$568 [48:16] };
+  assign \$570  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$573  = { \$572 [47], \$572 [47], \$572 [47], \$572 [47], \$572 [47], \$572 [47], \$572 [47], \$572 [47], \$572 [47:8] };
+  assign \$574  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$576  = { \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48], \$575 [48:16] };
+  assign \$577  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$581  = { \$580 [39], \$580 [39], \$580 [39], \$580 [39], \$580 [39:4] };
+  assign \$582  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$584  = { \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48], \$583 [48:16] };
-  assign \$585  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$589  = { \$588 [39], \$588 [39], \$588 [39], \$588 [39], \$588 [39:4] };
-  assign \$590  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$592  = { \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48], \$591 [48:16] };
-  assign \$593  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$596  = { \$595 [47], \$595 [47], \$595 [47], \$595 [47], \$595 [47], \$595 [47], \$595 [47], \$595 [47], \$595 [47:8] };
-  assign \$597  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$599  = { \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48], \$598 [48:16] };
-  assign \$600  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$605  = { \$604 [35], \$604 [35], \$604 [35:2] };
-  assign \$606  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$585  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$588  = { \$587 [47], \$587 [47], \$587 [47], \$587 [47], \$587 [47], \$587 [47], \$587 [47], \$587 [47], \$587 [47:8] };
+  assign \$589  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$591  = { \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48], \$590 [48:16] };
+  assign \$592  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$598  = { \$597 [33], \$597 [33:1] };
+  assign \$599  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$601  = { \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48], \$600 [48:16] };
+  assign \$602  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$605  = { \$604 [47], \$604 [47], \$604 [47], \$604 [47], \$604 [47], \$604 [47], \$604 [47], \$604 [47], \$604 [47:8] };
+  assign \$606  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$608  = { \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48], \$607 [48:16] };
-  assign \$609  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$612  = { \$611 [47], \$611 [47], \$611 [47], \$611 [47], \$611 [47], \$611 [47], \$611 [47], \$611 [47], \$611 [47:8] };
-  assign \$613  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$615  = { \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48], \$614 [48:16] };
-  assign \$616  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$620  = { \$619 [39], \$619 [39], \$619 [39], \$619 [39], \$619 [39:4] };
-  assign \$621  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$609  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$613  = { \$612 [39], \$612 [39], \$612 [39], \$612 [39], \$612 [39:4] };
+  assign \$614  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$616  = { \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48], \$615 [48:16] };
+  assign \$617  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$620  = { \$619 [47], \$619 [47], \$619 [47], \$619 [47], \$619 [47], \$619 [47], \$619 [47], \$619 [47], \$619 [47:8] };
+  assign \$621  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$623  = { \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48], \$622 [48:16] };
-  assign \$624  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$627  = { \$626 [47], \$626 [47], \$626 [47], \$626 [47], \$626 [47], \$626 [47], \$626 [47], \$626 [47], \$626 [47:8] };
-  assign \$628  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$630  = { \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48], \$629 [48:16] };
-  assign \$631  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$637  = { \$636 [33], \$636 [33:1] };
-  assign \$638  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$640  = { \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48], \$639 [48:16] };
-  assign \$641  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$644  = { \$643 [47], \$643 [47], \$643 [47], \$643 [47], \$643 [47], \$643 [47], \$643 [47], \$643 [47], \$643 [47:8] };
-  assign \$645  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$624  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$629  = { \$628 [35], \$628 [35], \$628 [35:2] };
+  assign \$630  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$632  = { \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48], \$631 [48:16] };
+  assign \$633  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$636  = { \$635 [47], \$635 [47], \$635 [47], \$635 [47], \$635 [47], \$635 [47], \$635 [47], \$635 [47], \$635 [47:8] };
+  assign \$637  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$639  = { \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48], \$638 [48:16] };
+  assign \$640  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$644  = { \$643 [39], \$643 [39], \$643 [39], \$643 [39], \$643 [39:4] };
+  assign \$645  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
   assign \$647  = { \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48], \$646 [48:16] };
-  assign \$648  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$652  = { \$651 [39], \$651 [39], \$651 [39], \$651 [39], \$651 [39:4] };
-  assign \$653  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$655  = { \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48], \$654 [48:16] };
-  assign \$656  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$659  = { \$658 [47], \$658 [47], \$658 [47], \$658 [47], \$658 [47], \$658 [47], \$658 [47], \$658 [47], \$658 [47:8] };
-  assign \$660  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$662  = { \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48], \$661 [48:16] };
-  assign \$663  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$668  = { \$667 [35], \$667 [35], \$667 [35:2] };
-  assign \$669  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$671  = { \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48], \$670 [48:16] };
-  assign \$672  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$675  = { \$674 [47], \$674 [47], \$674 [47], \$674 [47], \$674 [47], \$674 [47], \$674 [47], \$674 [47], \$674 [47:8] };
-  assign \$676  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$678  = { \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48], \$677 [48:16] };
-  assign \$679  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$683  = { \$682 [39], \$682 [39], \$682 [39], \$682 [39], \$682 [39:4] };
+  assign \$648  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$651  = { \$650 [47], \$650 [47], \$650 [47], \$650 [47], \$650 [47], \$650 [47], \$650 [47], \$650 [47], \$650 [47:8] };
+  assign \$652  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$654  = { \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48], \$653 [48:16] };
+  assign \$655  = { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47:31] };
+  assign \$674  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$676  = { \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48], \$675 [48:16] };
+  assign \$677  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$680  = { \$679 [47], \$679 [47], \$679 [47], \$679 [47], \$679 [47], \$679 [47], \$679 [47], \$679 [47], \$679 [47:8] };
+  assign \$681  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$683  = { \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48], \$682 [48:16] };
   assign \$684  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$686  = { \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48], \$685 [48:16] };
-  assign \$687  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$690  = { \$689 [47], \$689 [47], \$689 [47], \$689 [47], \$689 [47], \$689 [47], \$689 [47], \$689 [47], \$689 [47:8] };
-  assign \$691  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
-  assign \$693  = { \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48], \$692 [48:16] };
-  assign \$694  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$688  = { \$687 [39], \$687 [39], \$687 [39], \$687 [39], \$687 [39:4] };
+  assign \$689  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$691  = { \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48], \$690 [48:16] };
+  assign \$692  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$695  = { \$694 [47], \$694 [47], \$694 [47], \$694 [47], \$694 [47], \$694 [47], \$694 [47], \$694 [47], \$694 [47:8] };
+  assign \$696  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$698  = { \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48], \$697 [48:16] };
+  assign \$699  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$704  = { \$703 [35], \$703 [35], \$703 [35:2] };
+  assign \$705  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$707  = { \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48], \$706 [48:16] };
+  assign \$708  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$711  = { \$710 [47], \$710 [47], \$710 [47], \$710 [47], \$710 [47], \$710 [47], \$710 [47], \$710 [47], \$710 [47:8] };
+  assign \$712  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$714  = { \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48], \$713 [48:16] };
+  assign \$715  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$719  = { \$718 [39], \$718 [39], \$718 [39], \$718 [39], \$718 [39:4] };
+  assign \$720  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$722  = { \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48], \$721 [48:16] };
+  assign \$723  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$726  = { \$725 [47], \$725 [47], \$725 [47], \$725 [47], \$725 [47], \$725 [47], \$725 [47], \$725 [47], \$725 [47:8] };
+  assign \$727  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$729  = { \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48], \$728 [48:16] };
+  assign \$730  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$736  = { \$735 [33], \$735 [33:1] };
+  assign \$737  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$739  = { \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48], \$738 [48:16] };
+  assign \$740  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$743  = { \$742 [47], \$742 [47], \$742 [47], \$742 [47], \$742 [47], \$742 [47], \$742 [47], \$742 [47], \$742 [47:8] };
+  assign \$744  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$746  = { \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48], \$745 [48:16] };
+  assign \$747  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$751  = { \$750 [39], \$750 [39], \$750 [39], \$750 [39], \$750 [39:4] };
+  assign \$752  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$754  = { \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48], \$753 [48:16] };
+  assign \$755  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$758  = { \$757 [47], \$757 [47], \$757 [47], \$757 [47], \$757 [47], \$757 [47], \$757 [47], \$757 [47], \$757 [47:8] };
+  assign \$759  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$761  = { \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48], \$760 [48:16] };
+  assign \$762  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$767  = { \$766 [35], \$766 [35], \$766 [35:2] };
+  assign \$768  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$770  = { \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48], \$769 [48:16] };
+  assign \$771  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$774  = { \$773 [47], \$773 [47], \$773 [47], \$773 [47], \$773 [47], \$773 [47], \$773 [47], \$773 [47], \$773 [47:8] };
+  assign \$775  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$777  = { \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48], \$776 [48:16] };
+  assign \$778  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$782  = { \$781 [39], \$781 [39], \$781 [39], \$781 [39], \$781 [39:4] };
+  assign \$783  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$785  = { \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48], \$784 [48:16] };
+  assign \$786  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$789  = { \$788 [47], \$788 [47], \$788 [47], \$788 [47], \$788 [47], \$788 [47], \$788 [47], \$788 [47], \$788 [47:8] };
+  assign \$790  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
+  assign \$792  = { \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48], \$791 [48:16] };
+  assign \$793  = { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47:31] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3760$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3986$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -29057,10 +28926,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$3742$54 ;
-  wire [15:0] \port$3742$54 ;
-  input [127:0] \port$3760$0 ;
-  wire [127:0] \port$3760$0 ;
+  input [15:0] \port$3968$54 ;
+  wire [15:0] \port$3968$54 ;
+  input [127:0] \port$3986$0 ;
+  wire [127:0] \port$3986$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -29125,7 +28994,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$3760$0 [16:0] };
+      \$9  = { 1'h0, \port$3986$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -29138,7 +29007,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$3742$54  };
+      \$10  = { 2'h0, \port$3968$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -29164,7 +29033,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$3760$0 [31], \port$3760$0 [31], \port$3760$0 [31], \port$3760$0 [31:17] };
+      \$12  = { \port$3986$0 [31], \port$3986$0 [31], \port$3986$0 [31], \port$3986$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -29177,7 +29046,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$3742$54  };
+      \$13  = { 2'h0, \port$3968$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -29203,7 +29072,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$3760$0 [48:32] };
+      \$15  = { 1'h0, \port$3986$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -29216,7 +29085,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$3742$54  };
+      \$16  = { 2'h0, \port$3968$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -29242,7 +29111,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$3760$0 [63], \port$3760$0 [63], \port$3760$0 [63], \port$3760$0 [63:49] };
+      \$18  = { \port$3986$0 [63], \port$3986$0 [63], \port$3986$0 [63], \port$3986$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -29255,7 +29124,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$3742$54  };
+      \$19  = { 2'h0, \port$3968$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -29281,7 +29150,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$3760$0 [80:64] };
+      \$21  = { 1'h0, \port$3986$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -29294,7 +29163,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$3742$54  };
+      \$22  = { 2'h0, \port$3968$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -29320,7 +29189,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$3760$0 [95], \port$3760$0 [95], \port$3760$0 [95], \port$3760$0 [95:81] };
+      \$24  = { \port$3986$0 [95], \port$3986$0 [95], \port$3986$0 [95], \port$3986$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -29333,7 +29202,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$3742$54  };
+      \$25  = { 2'h0, \port$3968$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -29359,7 +29228,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$3760$0 [112:96] };
+      \$27  = { 1'h0, \port$3986$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -29372,7 +29241,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$3742$54  };
+      \$28  = { 2'h0, \port$3968$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -29398,7 +29267,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$3760$0 [127], \port$3760$0 [127], \port$3760$0 [127], \port$3760$0 [127:113] };
+      \$30  = { \port$3986$0 [127], \port$3986$0 [127], \port$3986$0 [127], \port$3986$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -29411,7 +29280,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$3742$54  };
+      \$31  = { 2'h0, \port$3968$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -29433,22 +29302,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3742$54 , \port$3
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3760$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3742$54  };
-  assign a__1 = { \port$3760$0 [31], \port$3760$0 [31], \port$3760$0 [31], \port$3760$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3742$54  };
-  assign a__2 = { 1'h0, \port$3760$0 [48:32] };
-  assign b__2 = { 2'h0, \port$3742$54  };
-  assign a__3 = { \port$3760$0 [63], \port$3760$0 [63], \port$3760$0 [63], \port$3760$0 [63:49] };
-  assign b__3 = { 2'h0, \port$3742$54  };
-  assign a__4 = { 1'h0, \port$3760$0 [80:64] };
-  assign b__4 = { 2'h0, \port$3742$54  };
-  assign a__5 = { \port$3760$0 [95], \port$3760$0 [95], \port$3760$0 [95], \port$3760$0 [95:81] };
-  assign b__5 = { 2'h0, \port$3742$54  };
-  assign a__6 = { 1'h0, \port$3760$0 [112:96] };
-  assign b__6 = { 2'h0, \port$3742$54  };
-  assign a__7 = { \port$3760$0 [127], \port$3760$0 [127], \port$3760$0 [127], \port$3760$0 [127:113] };
-  assign b__7 = { 2'h0, \port$3742$54  };
+  assign a__0 = { 1'h0, \port$3986$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3968$54  };
+  assign a__1 = { \port$3986$0 [31], \port$3986$0 [31], \port$3986$0 [31], \port$3986$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3968$54  };
+  assign a__2 = { 1'h0, \port$3986$0 [48:32] };
+  assign b__2 = { 2'h0, \port$3968$54  };
+  assign a__3 = { \port$3986$0 [63], \port$3986$0 [63], \port$3986$0 [63], \port$3986$0 [63:49] };
+  assign b__3 = { 2'h0, \port$3968$54  };
+  assign a__4 = { 1'h0, \port$3986$0 [80:64] };
+  assign b__4 = { 2'h0, \port$3968$54  };
+  assign a__5 = { \port$3986$0 [95], \port$3986$0 [95], \port$3986$0 [95], \port$3986$0 [95:81] };
+  assign b__5 = { 2'h0, \port$3968$54  };
+  assign a__6 = { 1'h0, \port$3986$0 [112:96] };
+  assign b__6 = { 2'h0, \port$3968$54  };
+  assign a__7 = { \port$3986$0 [127], \port$3986$0 [127], \port$3986$0 [127], \port$3986$0 [127:113] };
+  assign b__7 = { 2'h0, \port$3968$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -29670,246 +29539,344 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [6:0] \$100 ;
+  wire \$100 ;
   wire \$101 ;
-  wire [6:0] \$102 ;
+  wire \$102 ;
   wire \$103 ;
-  wire [6:0] \$104 ;
+  wire \$104 ;
   wire \$105 ;
-  wire [6:0] \$106 ;
+  wire \$106 ;
   wire \$107 ;
-  wire [6:0] \$108 ;
+  wire \$108 ;
   wire \$109 ;
   wire \$11 ;
-  wire [6:0] \$110 ;
+  wire \$110 ;
   wire \$111 ;
-  wire [6:0] \$112 ;
+  wire \$112 ;
   wire \$113 ;
-  wire [6:0] \$114 ;
+  wire \$114 ;
   wire \$115 ;
-  wire [6:0] \$116 ;
+  wire \$116 ;
   wire \$117 ;
-  wire [6:0] \$118 ;
+  wire \$118 ;
   wire \$119 ;
   wire \$12 ;
-  wire [6:0] \$120 ;
+  wire \$120 ;
   wire \$121 ;
-  wire [6:0] \$122 ;
+  wire \$122 ;
   wire \$123 ;
-  wire [6:0] \$124 ;
+  wire \$124 ;
   wire \$125 ;
-  wire [6:0] \$126 ;
+  wire \$126 ;
   wire \$127 ;
-  wire [6:0] \$128 ;
+  wire \$128 ;
   wire \$129 ;
   wire \$13 ;
-  wire [6:0] \$130 ;
+  wire \$130 ;
   wire \$131 ;
-  wire [6:0] \$132 ;
+  wire \$132 ;
   wire \$133 ;
-  wire [6:0] \$134 ;
+  wire \$134 ;
   wire \$135 ;
-  wire [6:0] \$136 ;
+  wire \$136 ;
   wire \$137 ;
-  wire [6:0] \$138 ;
+  wire \$138 ;
   wire \$139 ;
   wire \$14 ;
-  wire [6:0] \$140 ;
+  wire \$140 ;
   wire \$141 ;
-  wire [6:0] \$142 ;
+  wire \$142 ;
   wire \$143 ;
-  wire [6:0] \$144 ;
+  wire \$144 ;
   wire \$145 ;
-  wire [6:0] \$146 ;
+  wire \$146 ;
   wire \$147 ;
-  wire [6:0] \$148 ;
+  wire \$148 ;
   wire \$149 ;
   wire \$15 ;
-  wire [6:0] \$150 ;
+  wire \$150 ;
   wire \$151 ;
-  wire [48:0] \$152 ;
-  wire [48:0] \$153 ;
-  wire [48:0] \$154 ;
-  wire [48:0] \$155 ;
-  wire [48:0] \$156 ;
-  wire [48:0] \$157 ;
-  wire [47:0] \$158 ;
-  wire [48:0] \$159 ;
+  wire \$152 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire \$159 ;
   wire \$16 ;
-  wire [48:0] \$160 ;
-  wire [48:0] \$161 ;
-  wire [48:0] \$162 ;
-  wire [48:0] \$163 ;
-  wire [48:0] \$164 ;
-  wire [47:0] \$165 ;
-  wire [39:0] \$166 ;
-  wire [48:0] \$167 ;
-  wire [48:0] \$168 ;
-  wire [48:0] \$169 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire \$162 ;
+  wire \$163 ;
+  wire \$164 ;
+  wire \$165 ;
+  wire \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire \$169 ;
   wire \$17 ;
-  wire [48:0] \$170 ;
-  wire [48:0] \$171 ;
-  wire [48:0] \$172 ;
-  wire [47:0] \$173 ;
-  wire [48:0] \$174 ;
-  wire [48:0] \$175 ;
-  wire [48:0] \$176 ;
-  wire [48:0] \$177 ;
-  wire [48:0] \$178 ;
-  wire [48:0] \$179 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire \$179 ;
   wire \$18 ;
-  wire [47:0] \$180 ;
-  wire [39:0] \$181 ;
-  wire [35:0] \$182 ;
-  wire [48:0] \$183 ;
-  wire [48:0] \$184 ;
-  wire [48:0] \$185 ;
-  wire [48:0] \$186 ;
-  wire [48:0] \$187 ;
-  wire [48:0] \$188 ;
-  wire [47:0] \$189 ;
+  wire \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire \$185 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
   wire \$19 ;
-  wire [48:0] \$190 ;
-  wire [48:0] \$191 ;
-  wire [48:0] \$192 ;
-  wire [48:0] \$193 ;
-  wire [48:0] \$194 ;
-  wire [48:0] \$195 ;
-  wire [47:0] \$196 ;
-  wire [39:0] \$197 ;
-  wire [48:0] \$198 ;
-  wire [48:0] \$199 ;
-  wire [36:0] \$2 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire \$199 ;
+  wire [16:0] \$2 ;
   wire \$20 ;
-  wire [48:0] \$200 ;
-  wire [48:0] \$201 ;
-  wire [48:0] \$202 ;
-  wire [48:0] \$203 ;
-  wire [47:0] \$204 ;
-  wire [48:0] \$205 ;
-  wire [48:0] \$206 ;
-  wire [48:0] \$207 ;
-  wire [48:0] \$208 ;
-  wire [48:0] \$209 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire \$203 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
   wire \$21 ;
-  wire [48:0] \$210 ;
-  wire [47:0] \$211 ;
-  wire [39:0] \$212 ;
-  wire [35:0] \$213 ;
-  wire [33:0] \$214 ;
-  wire [48:0] \$215 ;
-  wire [48:0] \$216 ;
-  wire [48:0] \$217 ;
-  wire [48:0] \$218 ;
-  wire [48:0] \$219 ;
+  wire \$210 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
   wire \$22 ;
-  wire [48:0] \$220 ;
-  wire [47:0] \$221 ;
-  wire [48:0] \$222 ;
-  wire [48:0] \$223 ;
-  wire [48:0] \$224 ;
-  wire [48:0] \$225 ;
-  wire [48:0] \$226 ;
-  wire [48:0] \$227 ;
-  wire [47:0] \$228 ;
-  wire [39:0] \$229 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire \$223 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire \$229 ;
   wire \$23 ;
-  wire [48:0] \$230 ;
-  wire [48:0] \$231 ;
-  wire [48:0] \$232 ;
-  wire [48:0] \$233 ;
-  wire [48:0] \$234 ;
-  wire [48:0] \$235 ;
-  wire [47:0] \$236 ;
-  wire [48:0] \$237 ;
-  wire [48:0] \$238 ;
-  wire [48:0] \$239 ;
+  wire \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
   wire \$24 ;
-  wire [48:0] \$240 ;
-  wire [48:0] \$241 ;
-  wire [48:0] \$242 ;
-  wire [47:0] \$243 ;
-  wire [39:0] \$244 ;
-  wire [35:0] \$245 ;
-  wire [48:0] \$246 ;
-  wire [48:0] \$247 ;
-  wire [48:0] \$248 ;
-  wire [48:0] \$249 ;
+  wire \$240 ;
+  wire \$241 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire \$246 ;
+  wire \$247 ;
+  wire \$248 ;
+  wire \$249 ;
   wire \$25 ;
-  wire [48:0] \$250 ;
+  wire \$250 ;
   wire [48:0] \$251 ;
-  wire [47:0] \$252 ;
+  wire [48:0] \$252 ;
   wire [48:0] \$253 ;
   wire [48:0] \$254 ;
   wire [48:0] \$255 ;
   wire [48:0] \$256 ;
-  wire [48:0] \$257 ;
+  wire [47:0] \$257 ;
   wire [48:0] \$258 ;
-  wire [47:0] \$259 ;
+  wire [48:0] \$259 ;
   wire \$26 ;
-  wire [39:0] \$260 ;
+  wire [48:0] \$260 ;
   wire [48:0] \$261 ;
   wire [48:0] \$262 ;
   wire [48:0] \$263 ;
-  wire [48:0] \$264 ;
-  wire [48:0] \$265 ;
+  wire [47:0] \$264 ;
+  wire [39:0] \$265 ;
   wire [48:0] \$266 ;
-  wire [47:0] \$267 ;
+  wire [48:0] \$267 ;
   wire [48:0] \$268 ;
   wire [48:0] \$269 ;
   wire \$27 ;
   wire [48:0] \$270 ;
   wire [48:0] \$271 ;
-  wire [48:0] \$272 ;
+  wire [47:0] \$272 ;
   wire [48:0] \$273 ;
-  wire [47:0] \$274 ;
-  wire [39:0] \$275 ;
-  wire [35:0] \$276 ;
-  wire [33:0] \$277 ;
+  wire [48:0] \$274 ;
+  wire [48:0] \$275 ;
+  wire [48:0] \$276 ;
+  wire [48:0] \$277 ;
   wire [48:0] \$278 ;
-  wire \$279 ;
+  wire [47:0] \$279 ;
   wire \$28 ;
-  wire [48:0] \$280 ;
-  wire [48:0] \$281 ;
-  wire \$282 ;
-  wire \$283 ;
-  wire \$284 ;
-  wire [32:0] \$285 ;
-  wire [31:0] \$286 ;
-  wire \$287 ;
-  wire [32:0] \$288 ;
-  wire [32:0] \$289 ;
+  wire [39:0] \$280 ;
+  wire [35:0] \$281 ;
+  wire [48:0] \$282 ;
+  wire [48:0] \$283 ;
+  wire [48:0] \$284 ;
+  wire [48:0] \$285 ;
+  wire [48:0] \$286 ;
+  wire [48:0] \$287 ;
+  wire [47:0] \$288 ;
+  wire [48:0] \$289 ;
   wire \$29 ;
-  reg \$290 ;
-  reg \$291 ;
-  reg \$292 ;
-  reg [47:0] \$293 ;
-  reg [48:0] \$294 ;
-  reg [48:0] \$295 ;
-  reg \$296 ;
-  reg \$297 ;
-  reg \$298 ;
-  reg [32:0] \$299 ;
-  wire [66:0] \$3 ;
+  wire [48:0] \$290 ;
+  wire [48:0] \$291 ;
+  wire [48:0] \$292 ;
+  wire [48:0] \$293 ;
+  wire [48:0] \$294 ;
+  wire [47:0] \$295 ;
+  wire [39:0] \$296 ;
+  wire [48:0] \$297 ;
+  wire [48:0] \$298 ;
+  wire [48:0] \$299 ;
+  wire [36:0] \$3 ;
   wire \$30 ;
-  reg \$300 ;
-  reg \$301 ;
-  reg \$302 ;
-  reg [32:0] \$303 ;
-  reg \$304 ;
-  reg \$305 ;
-  reg [31:0] \$306 ;
+  wire [48:0] \$300 ;
+  wire [48:0] \$301 ;
+  wire [48:0] \$302 ;
+  wire [47:0] \$303 ;
+  wire [48:0] \$304 ;
+  wire [48:0] \$305 ;
+  wire [48:0] \$306 ;
+  wire [48:0] \$307 ;
+  wire [48:0] \$308 ;
+  wire [48:0] \$309 ;
   wire \$31 ;
+  wire [47:0] \$310 ;
+  wire [39:0] \$311 ;
+  wire [35:0] \$312 ;
+  wire [33:0] \$313 ;
+  wire [48:0] \$314 ;
+  wire [48:0] \$315 ;
+  wire [48:0] \$316 ;
+  wire [48:0] \$317 ;
+  wire [48:0] \$318 ;
+  wire [48:0] \$319 ;
   wire \$32 ;
+  wire [47:0] \$320 ;
+  wire [48:0] \$321 ;
+  wire [48:0] \$322 ;
+  wire [48:0] \$323 ;
+  wire [48:0] \$324 ;
+  wire [48:0] \$325 ;
+  wire [48:0] \$326 ;
+  wire [47:0] \$327 ;
+  wire [39:0] \$328 ;
+  wire [48:0] \$329 ;
   wire \$33 ;
+  wire [48:0] \$330 ;
+  wire [48:0] \$331 ;
+  wire [48:0] \$332 ;
+  wire [48:0] \$333 ;
+  wire [48:0] \$334 ;
+  wire [47:0] \$335 ;
+  wire [48:0] \$336 ;
+  wire [48:0] \$337 ;
+  wire [48:0] \$338 ;
+  wire [48:0] \$339 ;
   wire \$34 ;
+  wire [48:0] \$340 ;
+  wire [48:0] \$341 ;
+  wire [47:0] \$342 ;
+  wire [39:0] \$343 ;
+  wire [35:0] \$344 ;
+  wire [48:0] \$345 ;
+  wire [48:0] \$346 ;
+  wire [48:0] \$347 ;
+  wire [48:0] \$348 ;
+  wire [48:0] \$349 ;
   wire \$35 ;
+  wire [48:0] \$350 ;
+  wire [47:0] \$351 ;
+  wire [48:0] \$352 ;
+  wire [48:0] \$353 ;
+  wire [48:0] \$354 ;
+  wire [48:0] \$355 ;
+  wire [48:0] \$356 ;
+  wire [48:0] \$357 ;
+  wire [47:0] \$358 ;
+  wire [39:0] \$359 ;
   wire \$36 ;
+  wire [48:0] \$360 ;
+  wire [48:0] \$361 ;
+  wire [48:0] \$362 ;
+  wire [48:0] \$363 ;
+  wire [48:0] \$364 ;
+  wire [48:0] \$365 ;
+  wire [47:0] \$366 ;
+  wire [48:0] \$367 ;
+  wire [48:0] \$368 ;
+  wire [48:0] \$369 ;
   wire \$37 ;
+  wire [48:0] \$370 ;
+  wire [48:0] \$371 ;
+  wire [48:0] \$372 ;
+  wire [47:0] \$373 ;
+  wire [39:0] \$374 ;
+  wire [35:0] \$375 ;
+  wire [33:0] \$376 ;
+  wire [48:0] \$377 ;
+  wire \$378 ;
+  wire [48:0] \$379 ;
   wire \$38 ;
+  wire [48:0] \$380 ;
+  wire \$381 ;
+  wire \$382 ;
+  wire \$383 ;
+  wire [32:0] \$384 ;
+  wire [31:0] \$385 ;
+  wire \$386 ;
+  wire [32:0] \$387 ;
+  wire [32:0] \$388 ;
+  reg \$389 ;
   wire \$39 ;
-  wire [67:0] \$4 ;
+  reg \$390 ;
+  reg \$391 ;
+  reg [47:0] \$392 ;
+  reg [48:0] \$393 ;
+  reg \$394 ;
+  reg \$395 ;
+  reg \$396 ;
+  reg [32:0] \$397 ;
+  reg \$398 ;
+  reg \$399 ;
+  wire [66:0] \$4 ;
   wire \$40 ;
+  reg \$400 ;
+  reg [32:0] \$401 ;
+  reg \$402 ;
+  reg \$403 ;
+  reg [31:0] \$404 ;
   wire \$41 ;
   wire \$42 ;
   wire \$43 ;
@@ -29919,66 +29886,66 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   wire \$47 ;
   wire \$48 ;
   wire \$49 ;
-  wire \$5 ;
+  wire [67:0] \$5 ;
   wire \$50 ;
   wire \$51 ;
   wire \$52 ;
   wire \$53 ;
-  wire [6:0] \$54 ;
+  wire \$54 ;
   wire \$55 ;
-  wire [6:0] \$56 ;
+  wire \$56 ;
   wire \$57 ;
-  wire [6:0] \$58 ;
+  wire \$58 ;
   wire \$59 ;
   wire \$6 ;
-  wire [6:0] \$60 ;
+  wire \$60 ;
   wire \$61 ;
-  wire [6:0] \$62 ;
+  wire \$62 ;
   wire \$63 ;
-  wire [6:0] \$64 ;
+  wire \$64 ;
   wire \$65 ;
-  wire [6:0] \$66 ;
+  wire \$66 ;
   wire \$67 ;
-  wire [6:0] \$68 ;
+  wire \$68 ;
   wire \$69 ;
   wire \$7 ;
-  wire [6:0] \$70 ;
+  wire \$70 ;
   wire \$71 ;
-  wire [6:0] \$72 ;
+  wire \$72 ;
   wire \$73 ;
-  wire [6:0] \$74 ;
+  wire \$74 ;
   wire \$75 ;
-  wire [6:0] \$76 ;
+  wire \$76 ;
   wire \$77 ;
-  wire [6:0] \$78 ;
+  wire \$78 ;
   wire \$79 ;
   wire \$8 ;
-  wire [6:0] \$80 ;
+  wire \$80 ;
   wire \$81 ;
-  wire [6:0] \$82 ;
+  wire \$82 ;
   wire \$83 ;
-  wire [6:0] \$84 ;
+  wire \$84 ;
   wire \$85 ;
-  wire [6:0] \$86 ;
+  wire \$86 ;
   wire \$87 ;
-  wire [6:0] \$88 ;
+  wire \$88 ;
   wire \$89 ;
   wire \$9 ;
-  wire [6:0] \$90 ;
+  wire \$90 ;
   wire \$91 ;
-  wire [6:0] \$92 ;
+  wire \$92 ;
   wire \$93 ;
-  wire [6:0] \$94 ;
+  wire \$94 ;
   wire \$95 ;
-  wire [6:0] \$96 ;
+  wire \$96 ;
   wire \$97 ;
-  wire [6:0] \$98 ;
+  wire \$98 ;
   wire \$99 ;
   reg \$signal  = 1'h0;
   reg \$signal$23  = 1'h0;
   wire [17:0] a__0;
   wire [17:0] a__1;
-  reg [48:0] above = 49'h0000000000000;
+  wire [48:0] above;
   output advance;
   wire advance;
   wire [17:0] b__0;
@@ -30021,486 +29988,573 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   reg x_valid = 1'h0;
   reg [32:0] y0 = 33'h000000000;
   assign \$1  = ~ o__valid;
-  assign \$4  = $signed(\$2 ) + $signed(\$3 );
-  assign \$5  = shift > 1'h0;
-  assign \$6  = shift > 1'h1;
-  assign \$7  = shift > 2'h2;
-  assign \$8  = shift > 2'h3;
-  assign \$9  = shift > 3'h4;
-  assign \$10  = shift > 3'h5;
-  assign \$11  = shift > 3'h6;
-  assign \$12  = shift > 3'h7;
-  assign \$13  = shift > 4'h8;
-  assign \$14  = shift > 4'h9;
-  assign \$15  = shift > 4'ha;
-  assign \$16  = shift > 4'hb;
-  assign \$17  = shift > 4'hc;
-  assign \$18  = shift > 4'hd;
-  assign \$19  = shift > 4'he;
-  assign \$20  = shift > 4'hf;
-  assign \$21  = shift > 5'h10;
-  assign \$22  = shift > 5'h11;
-  assign \$23  = shift > 5'h12;
-  assign \$24  = shift > 5'h13;
-  assign \$25  = shift > 5'h14;
-  assign \$26  = shift > 5'h15;
-  assign \$27  = shift > 5'h16;
-  assign \$28  = shift > 5'h17;
-  assign \$29  = shift > 5'h18;
-  assign \$30  = shift > 5'h19;
-  assign \$31  = shift > 5'h1a;
-  assign \$32  = shift > 5'h1b;
-  assign \$33  = shift > 5'h1c;
-  assign \$34  = shift > 5'h1d;
-  assign \$35  = shift > 5'h1e;
-  assign \$36  = shift > 5'h1f;
-  assign \$37  = shift > 6'h20;
-  assign \$38  = shift > 6'h21;
-  assign \$39  = shift > 6'h22;
-  assign \$40  = shift > 6'h23;
-  assign \$41  = shift > 6'h24;
-  assign \$42  = shift > 6'h25;
-  assign \$43  = shift > 6'h26;
-  assign \$44  = shift > 6'h27;
-  assign \$45  = shift > 6'h28;
-  assign \$46  = shift > 6'h29;
-  assign \$47  = shift > 6'h2a;
-  assign \$48  = shift > 6'h2b;
-  assign \$49  = shift > 6'h2c;
-  assign \$50  = shift > 6'h2d;
-  assign \$51  = shift > 6'h2e;
-  assign \$52  = shift > 6'h2f;
-  assign \$53  = shift > 6'h30;
-  assign \$54  = shift + 6'h20;
-  assign \$55  = \$54  <= 1'h0;
-  assign \$56  = shift + 6'h20;
-  assign \$57  = \$56  <= 1'h1;
-  assign \$58  = shift + 6'h20;
-  assign \$59  = \$58  <= 2'h2;
-  assign \$60  = shift + 6'h20;
-  assign \$61  = \$60  <= 2'h3;
-  assign \$62  = shift + 6'h20;
-  assign \$63  = \$62  <= 3'h4;
-  assign \$64  = shift + 6'h20;
-  assign \$65  = \$64  <= 3'h5;
-  assign \$66  = shift + 6'h20;
-  assign \$67  = \$66  <= 3'h6;
-  assign \$68  = shift + 6'h20;
-  assign \$69  = \$68  <= 3'h7;
-  assign \$70  = shift + 6'h20;
-  assign \$71  = \$70  <= 4'h8;
-  assign \$72  = shift + 6'h20;
-  assign \$73  = \$72  <= 4'h9;
-  assign \$74  = shift + 6'h20;
-  assign \$75  = \$74  <= 4'ha;
-  assign \$76  = shift + 6'h20;
-  assign \$77  = \$76  <= 4'hb;
-  assign \$78  = shift + 6'h20;
-  assign \$79  = \$78  <= 4'hc;
-  assign \$80  = shift + 6'h20;
-  assign \$81  = \$80  <= 4'hd;
-  assign \$82  = shift + 6'h20;
-  assign \$83  = \$82  <= 4'he;
-  assign \$84  = shift + 6'h20;
-  assign \$85  = \$84  <= 4'hf;
-  assign \$86  = shift + 6'h20;
-  assign \$87  = \$86  <= 5'h10;
-  assign \$88  = shift + 6'h20;
-  assign \$89  = \$88  <= 5'h11;
-  assign \$90  = shift + 6'h20;
-  assign \$91  = \$90  <= 5'h12;
-  assign \$92  = shift + 6'h20;
-  assign \$93  = \$92  <= 5'h13;
-  assign \$94  = shift + 6'h20;
-  assign \$95  = \$94  <= 5'h14;
-  assign \$96  = shift + 6'h20;
-  assign \$97  = \$96  <= 5'h15;
-  assign \$98  = shift + 6'h20;
-  assign \$99  = \$98  <= 5'h16;
-  assign \$100  = shift + 6'h20;
-  assign \$101  = \$100  <= 5'h17;
-  assign \$102  = shift + 6'h20;
-  assign \$103  = \$102  <= 5'h18;
-  assign \$104  = shift + 6'h20;
-  assign \$105  = \$104  <= 5'h19;
-  assign \$106  = shift + 6'h20;
-  assign \$107  = \$106  <= 5'h1a;
-  assign \$108  = shift + 6'h20;
-  assign \$109  = \$108  <= 5'h1b;
-  assign \$110  = shift + 6'h20;
-  assign \$111  = \$110  <= 5'h1c;
-  assign \$112  = shift + 6'h20;
-  assign \$113  = \$112  <= 5'h1d;
-  assign \$114  = shift + 6'h20;
-  assign \$115  = \$114  <= 5'h1e;
-  assign \$116  = shift + 6'h20;
-  assign \$117  = \$116  <= 5'h1f;
-  assign \$118  = shift + 6'h20;
-  assign \$119  = \$118  <= 6'h20;
-  assign \$120  = shift + 6'h20;
-  assign \$121  = \$120  <= 6'h21;
-  assign \$122  = shift + 6'h20;
-  assign \$123  = \$122  <= 6'h22;
-  assign \$124  = shift + 6'h20;
-  assign \$125  = \$124  <= 6'h23;
-  assign \$126  = shift + 6'h20;
-  assign \$127  = \$126  <= 6'h24;
-  assign \$128  = shift + 6'h20;
-  assign \$129  = \$128  <= 6'h25;
-  assign \$130  = shift + 6'h20;
-  assign \$131  = \$130  <= 6'h26;
-  assign \$132  = shift + 6'h20;
-  assign \$133  = \$132  <= 6'h27;
-  assign \$134  = shift + 6'h20;
-  assign \$135  = \$134  <= 6'h28;
-  assign \$136  = shift + 6'h20;
-  assign \$137  = \$136  <= 6'h29;
-  assign \$138  = shift + 6'h20;
-  assign \$139  = \$138  <= 6'h2a;
-  assign \$140  = shift + 6'h20;
-  assign \$141  = \$140  <= 6'h2b;
-  assign \$142  = shift + 6'h20;
-  assign \$143  = \$142  <= 6'h2c;
-  assign \$144  = shift + 6'h20;
-  assign \$145  = \$144  <= 6'h2d;
-  assign \$146  = shift + 6'h20;
-  assign \$147  = \$146  <= 6'h2e;
-  assign \$148  = shift + 6'h20;
-  assign \$149  = \$148  <= 6'h2f;
-  assign \$150  = shift + 6'h20;
-  assign \$151  = \$150  <= 6'h30;
-  assign \$153  = shift[5] ? \$152  : { x0, 1'h0 };
-  assign \$156  = shift[5] ? \$155  : { x0, 1'h0 };
-  assign \$157  = shift[4] ? \$154  : \$156 ;
-  assign \$160  = shift[5] ? \$159  : { x0, 1'h0 };
-  assign \$163  = shift[5] ? \$162  : { x0, 1'h0 };
-  assign \$164  = shift[4] ? \$161  : \$163 ;
-  assign \$165  = shift[3] ? \$158  : \$164 [47:0];
-  assign \$168  = shift[5] ? \$167  : { x0, 1'h0 };
-  assign \$171  = shift[5] ? \$170  : { x0, 1'h0 };
-  assign \$172  = shift[4] ? \$169  : \$171 ;
-  assign \$175  = shift[5] ? \$174  : { x0, 1'h0 };
-  assign \$178  = shift[5] ? \$177  : { x0, 1'h0 };
-  assign \$179  = shift[4] ? \$176  : \$178 ;
-  assign \$180  = shift[3] ? \$173  : \$179 [47:0];
-  assign \$181  = shift[2] ? \$166  : \$180 [39:0];
-  assign \$184  = shift[5] ? \$183  : { x0, 1'h0 };
-  assign \$187  = shift[5] ? \$186  : { x0, 1'h0 };
-  assign \$188  = shift[4] ? \$185  : \$187 ;
-  assign \$191  = shift[5] ? \$190  : { x0, 1'h0 };
-  assign \$194  = shift[5] ? \$193  : { x0, 1'h0 };
-  assign \$195  = shift[4] ? \$192  : \$194 ;
-  assign \$196  = shift[3] ? \$189  : \$195 [47:0];
-  assign \$199  = shift[5] ? \$198  : { x0, 1'h0 };
-  assign \$202  = shift[5] ? \$201  : { x0, 1'h0 };
-  assign \$203  = shift[4] ? \$200  : \$202 ;
-  assign \$206  = shift[5] ? \$205  : { x0, 1'h0 };
-  assign \$209  = shift[5] ? \$208  : { x0, 1'h0 };
-  assign \$210  = shift[4] ? \$207  : \$209 ;
-  assign \$211  = shift[3] ? \$204  : \$210 [47:0];
-  assign \$212  = shift[2] ? \$197  : \$211 [39:0];
-  assign \$213  = shift[1] ? \$182  : \$212 [35:0];
-  assign \$216  = shift[5] ? \$215  : { x0, 1'h0 };
-  assign \$219  = shift[5] ? \$218  : { x0, 1'h0 };
-  assign \$220  = shift[4] ? \$217  : \$219 ;
-  assign \$223  = shift[5] ? \$222  : { x0, 1'h0 };
-  assign \$226  = shift[5] ? \$225  : { x0, 1'h0 };
-  assign \$227  = shift[4] ? \$224  : \$226 ;
-  assign \$228  = shift[3] ? \$221  : \$227 [47:0];
-  assign \$231  = shift[5] ? \$230  : { x0, 1'h0 };
-  assign \$234  = shift[5] ? \$233  : { x0, 1'h0 };
-  assign \$235  = shift[4] ? \$232  : \$234 ;
-  assign \$238  = shift[5] ? \$237  : { x0, 1'h0 };
-  assign \$241  = shift[5] ? \$240  : { x0, 1'h0 };
-  assign \$242  = shift[4] ? \$239  : \$241 ;
-  assign \$243  = shift[3] ? \$236  : \$242 [47:0];
-  assign \$244  = shift[2] ? \$229  : \$243 [39:0];
-  assign \$247  = shift[5] ? \$246  : { x0, 1'h0 };
-  assign \$250  = shift[5] ? \$249  : { x0, 1'h0 };
-  assign \$251  = shift[4] ? \$248  : \$250 ;
-  assign \$254  = shift[5] ? \$253  : { x0, 1'h0 };
-  assign \$257  = shift[5] ? \$256  : { x0, 1'h0 };
-  assign \$258  = shift[4] ? \$255  : \$257 ;
-  assign \$259  = shift[3] ? \$252  : \$258 [47:0];
+  assign \$2  = ~ below[16:0];
+  assign \$5  = $signed(\$3 ) + $signed(\$4 );
+  assign \$6  = shift[5:3] > 1'h0;
+  assign \$7  = ! shift[5:3];
+  assign \$8  = shift[2:0] > 1'h0;
+  assign \$9  = \$7  & \$8 ;
+  assign \$10  = \$6  | \$9 ;
+  assign \$11  = shift[5:3] > 1'h0;
+  assign \$12  = ! shift[5:3];
+  assign \$13  = shift[2:0] > 1'h1;
+  assign \$14  = \$12  & \$13 ;
+  assign \$15  = \$11  | \$14 ;
+  assign \$16  = shift[5:3] > 1'h0;
+  assign \$17  = ! shift[5:3];
+  assign \$18  = shift[2:0] > 2'h2;
+  assign \$19  = \$17  & \$18 ;
+  assign \$20  = \$16  | \$19 ;
+  assign \$21  = shift[5:3] > 1'h0;
+  assign \$22  = ! shift[5:3];
+  assign \$23  = shift[2:0] > 2'h3;
+  assign \$24  = \$22  & \$23 ;
+  assign \$25  = \$21  | \$24 ;
+  assign \$26  = shift[5:3] > 1'h0;
+  assign \$27  = ! shift[5:3];
+  assign \$28  = shift[2:0] > 3'h4;
+  assign \$29  = \$27  & \$28 ;
+  assign \$30  = \$26  | \$29 ;
+  assign \$31  = shift[5:3] > 1'h0;
+  assign \$32  = ! shift[5:3];
+  assign \$33  = shift[2:0] > 3'h5;
+  assign \$34  = \$32  & \$33 ;
+  assign \$35  = \$31  | \$34 ;
+  assign \$36  = shift[5:3] > 1'h0;
+  assign \$37  = ! shift[5:3];
+  assign \$38  = shift[2:0] > 3'h6;
+  assign \$39  = \$37  & \$38 ;
+  assign \$40  = \$36  | \$39 ;
+  assign \$41  = shift[5:3] > 1'h0;
+  assign \$42  = ! shift[5:3];
+  assign \$43  = shift[2:0] > 3'h7;
+  assign \$44  = \$42  & \$43 ;
+  assign \$45  = \$41  | \$44 ;
+  assign \$46  = shift[5:3] > 1'h1;
+  assign \$47  = shift[5:3] == 1'h1;
+  assign \$48  = shift[2:0] > 1'h0;
+  assign \$49  = \$47  & \$48 ;
+  assign \$50  = \$46  | \$49 ;
+  assign \$51  = shift[5:3] > 1'h1;
+  assign \$52  = shift[5:3] == 1'h1;
+  assign \$53  = shift[2:0] > 1'h1;
+  assign \$54  = \$52  & \$53 ;
+  assign \$55  = \$51  | \$54 ;
+  assign \$56  = shift[5:3] > 1'h1;
+  assign \$57  = shift[5:3] == 1'h1;
+  assign \$58  = shift[2:0] > 2'h2;
+  assign \$59  = \$57  & \$58 ;
+  assign \$60  = \$56  | \$59 ;
+  assign \$61  = shift[5:3] > 1'h1;
+  assign \$62  = shift[5:3] == 1'h1;
+  assign \$63  = shift[2:0] > 2'h3;
+  assign \$64  = \$62  & \$63 ;
+  assign \$65  = \$61  | \$64 ;
+  assign \$66  = shift[5:3] > 1'h1;
+  assign \$67  = shift[5:3] == 1'h1;
+  assign \$68  = shift[2:0] > 3'h4;
+  assign \$69  = \$67  & \$68 ;
+  assign \$70  = \$66  | \$69 ;
+  assign \$71  = shift[5:3] > 1'h1;
+  assign \$72  = shift[5:3] == 1'h1;
+  assign \$73  = shift[2:0] > 3'h5;
+  assign \$74  = \$72  & \$73 ;
+  assign \$75  = \$71  | \$74 ;
+  assign \$76  = shift[5:3] > 1'h1;
+  assign \$77  = shift[5:3] == 1'h1;
+  assign \$78  = shift[2:0] > 3'h6;
+  assign \$79  = \$77  & \$78 ;
+  assign \$80  = \$76  | \$79 ;
+  assign \$81  = shift[5:3] > 1'h1;
+  assign \$82  = shift[5:3] == 1'h1;
+  assign \$83  = shift[2:0] > 3'h7;
+  assign \$84  = \$82  & \$83 ;
+  assign \$85  = \$81  | \$84 ;
+  assign \$86  = shift[5:3] > 2'h2;
+  assign \$87  = shift[5:3] == 2'h2;
+  assign \$88  = shift[2:0] > 1'h0;
+  assign \$89  = \$87  & \$88 ;
+  assign \$90  = \$86  | \$89 ;
+  assign \$91  = shift[5:3] > 2'h2;
+  assign \$92  = shift[5:3] == 2'h2;
+  assign \$93  = shift[2:0] > 1'h1;
+  assign \$94  = \$92  & \$93 ;
+  assign \$95  = \$91  | \$94 ;
+  assign \$96  = shift[5:3] > 2'h2;
+  assign \$97  = shift[5:3] == 2'h2;
+  assign \$98  = shift[2:0] > 2'h2;
+  assign \$99  = \$97  & \$98 ;
+  assign \$100  = \$96  | \$99 ;
+  assign \$101  = shift[5:3] > 2'h2;
+  assign \$102  = shift[5:3] == 2'h2;
+  assign \$103  = shift[2:0] > 2'h3;
+  assign \$104  = \$102  & \$103 ;
+  assign \$105  = \$101  | \$104 ;
+  assign \$106  = shift[5:3] > 2'h2;
+  assign \$107  = shift[5:3] == 2'h2;
+  assign \$108  = shift[2:0] > 3'h4;
+  assign \$109  = \$107  & \$108 ;
+  assign \$110  = \$106  | \$109 ;
+  assign \$111  = shift[5:3] > 2'h2;
+  assign \$112  = shift[5:3] == 2'h2;
+  assign \$113  = shift[2:0] > 3'h5;
+  assign \$114  = \$112  & \$113 ;
+  assign \$115  = \$111  | \$114 ;
+  assign \$116  = shift[5:3] > 2'h2;
+  assign \$117  = shift[5:3] == 2'h2;
+  assign \$118  = shift[2:0] > 3'h6;
+  assign \$119  = \$117  & \$118 ;
+  assign \$120  = \$116  | \$119 ;
+  assign \$121  = shift[5:3] > 2'h2;
+  assign \$122  = shift[5:3] == 2'h2;
+  assign \$123  = shift[2:0] > 3'h7;
+  assign \$124  = \$122  & \$123 ;
+  assign \$125  = \$121  | \$124 ;
+  assign \$126  = shift[5:3] > 2'h3;
+  assign \$127  = shift[5:3] == 2'h3;
+  assign \$128  = shift[2:0] > 1'h0;
+  assign \$129  = \$127  & \$128 ;
+  assign \$130  = \$126  | \$129 ;
+  assign \$131  = shift[5:3] > 2'h3;
+  assign \$132  = shift[5:3] == 2'h3;
+  assign \$133  = shift[2:0] > 1'h1;
+  assign \$134  = \$132  & \$133 ;
+  assign \$135  = \$131  | \$134 ;
+  assign \$136  = shift[5:3] > 2'h3;
+  assign \$137  = shift[5:3] == 2'h3;
+  assign \$138  = shift[2:0] > 2'h2;
+  assign \$139  = \$137  & \$138 ;
+  assign \$140  = \$136  | \$139 ;
+  assign \$141  = shift[5:3] > 2'h3;
+  assign \$142  = shift[5:3] == 2'h3;
+  assign \$143  = shift[2:0] > 2'h3;
+  assign \$144  = \$142  & \$143 ;
+  assign \$145  = \$141  | \$144 ;
+  assign \$146  = shift[5:3] > 2'h3;
+  assign \$147  = shift[5:3] == 2'h3;
+  assign \$148  = shift[2:0] > 3'h4;
+  assign \$149  = \$147  & \$148 ;
+  assign \$150  = \$146  | \$149 ;
+  assign \$151  = shift[5:3] > 2'h3;
+  assign \$152  = shift[5:3] == 2'h3;
+  assign \$153  = shift[2:0] > 3'h5;
+  assign \$154  = \$152  & \$153 ;
+  assign \$155  = \$151  | \$154 ;
+  assign \$156  = shift[5:3] > 2'h3;
+  assign \$157  = shift[5:3] == 2'h3;
+  assign \$158  = shift[2:0] > 3'h6;
+  assign \$159  = \$157  & \$158 ;
+  assign \$160  = \$156  | \$159 ;
+  assign \$161  = shift[5:3] > 2'h3;
+  assign \$162  = shift[5:3] == 2'h3;
+  assign \$163  = shift[2:0] > 3'h7;
+  assign \$164  = \$162  & \$163 ;
+  assign \$165  = \$161  | \$164 ;
+  assign \$166  = shift[5:3] > 3'h4;
+  assign \$167  = shift[5:3] == 3'h4;
+  assign \$168  = shift[2:0] > 1'h0;
+  assign \$169  = \$167  & \$168 ;
+  assign \$170  = \$166  | \$169 ;
+  assign \$171  = shift[5:3] > 3'h4;
+  assign \$172  = shift[5:3] == 3'h4;
+  assign \$173  = shift[2:0] > 1'h1;
+  assign \$174  = \$172  & \$173 ;
+  assign \$175  = \$171  | \$174 ;
+  assign \$176  = shift[5:3] > 3'h4;
+  assign \$177  = shift[5:3] == 3'h4;
+  assign \$178  = shift[2:0] > 2'h2;
+  assign \$179  = \$177  & \$178 ;
+  assign \$180  = \$176  | \$179 ;
+  assign \$181  = shift[5:3] > 3'h4;
+  assign \$182  = shift[5:3] == 3'h4;
+  assign \$183  = shift[2:0] > 2'h3;
+  assign \$184  = \$182  & \$183 ;
+  assign \$185  = \$181  | \$184 ;
+  assign \$186  = shift[5:3] > 3'h4;
+  assign \$187  = shift[5:3] == 3'h4;
+  assign \$188  = shift[2:0] > 3'h4;
+  assign \$189  = \$187  & \$188 ;
+  assign \$190  = \$186  | \$189 ;
+  assign \$191  = shift[5:3] > 3'h4;
+  assign \$192  = shift[5:3] == 3'h4;
+  assign \$193  = shift[2:0] > 3'h5;
+  assign \$194  = \$192  & \$193 ;
+  assign \$195  = \$191  | \$194 ;
+  assign \$196  = shift[5:3] > 3'h4;
+  assign \$197  = shift[5:3] == 3'h4;
+  assign \$198  = shift[2:0] > 3'h6;
+  assign \$199  = \$197  & \$198 ;
+  assign \$200  = \$196  | \$199 ;
+  assign \$201  = shift[5:3] > 3'h4;
+  assign \$202  = shift[5:3] == 3'h4;
+  assign \$203  = shift[2:0] > 3'h7;
+  assign \$204  = \$202  & \$203 ;
+  assign \$205  = \$201  | \$204 ;
+  assign \$206  = shift[5:3] > 3'h5;
+  assign \$207  = shift[5:3] == 3'h5;
+  assign \$208  = shift[2:0] > 1'h0;
+  assign \$209  = \$207  & \$208 ;
+  assign \$210  = \$206  | \$209 ;
+  assign \$211  = shift[5:3] > 3'h5;
+  assign \$212  = shift[5:3] == 3'h5;
+  assign \$213  = shift[2:0] > 1'h1;
+  assign \$214  = \$212  & \$213 ;
+  assign \$215  = \$211  | \$214 ;
+  assign \$216  = shift[5:3] > 3'h5;
+  assign \$217  = shift[5:3] == 3'h5;
+  assign \$218  = shift[2:0] > 2'h2;
+  assign \$219  = \$217  & \$218 ;
+  assign \$220  = \$216  | \$219 ;
+  assign \$221  = shift[5:3] > 3'h5;
+  assign \$222  = shift[5:3] == 3'h5;
+  assign \$223  = shift[2:0] > 2'h3;
+  assign \$224  = \$222  & \$223 ;
+  assign \$225  = \$221  | \$224 ;
+  assign \$226  = shift[5:3] > 3'h5;
+  assign \$227  = shift[5:3] == 3'h5;
+  assign \$228  = shift[2:0] > 3'h4;
+  assign \$229  = \$227  & \$228 ;
+  assign \$230  = \$226  | \$229 ;
+  assign \$231  = shift[5:3] > 3'h5;
+  assign \$232  = shift[5:3] == 3'h5;
+  assign \$233  = shift[2:0] > 3'h5;
+  assign \$234  = \$232  & \$233 ;
+  assign \$235  = \$231  | \$234 ;
+  assign \$236  = shift[5:3] > 3'h5;
+  assign \$237  = shift[5:3] == 3'h5;
+  assign \$238  = shift[2:0] > 3'h6;
+  assign \$239  = \$237  & \$238 ;
+  assign \$240  = \$236  | \$239 ;
+  assign \$241  = shift[5:3] > 3'h5;
+  assign \$242  = shift[5:3] == 3'h5;
+  assign \$243  = shift[2:0] > 3'h7;
+  assign \$244  = \$242  & \$243 ;
+  assign \$245  = \$241  | \$244 ;
+  assign \$246  = shift[5:3] > 3'h6;
+  assign \$247  = shift[5:3] == 3'h6;
+  assign \$248  = shift[2:0] > 1'h0;
+  assign \$249  = \$247  & \$248 ;
+  assign \$250  = \$246  | \$249 ;
+  assign \$252  = shift[5] ? \$251  : { x0, 1'h0 };
+  assign \$255  = shift[5] ? \$254  : { x0, 1'h0 };
+  assign \$256  = shift[4] ? \$253  : \$255 ;
+  assign \$259  = shift[5] ? \$258  : { x0, 1'h0 };
   assign \$262  = shift[5] ? \$261  : { x0, 1'h0 };
-  assign \$265  = shift[5] ? \$264  : { x0, 1'h0 };
-  assign \$266  = shift[4] ? \$263  : \$265 ;
-  assign \$269  = shift[5] ? \$268  : { x0, 1'h0 };
-  assign \$272  = shift[5] ? \$271  : { x0, 1'h0 };
-  assign \$273  = shift[4] ? \$270  : \$272 ;
-  assign \$274  = shift[3] ? \$267  : \$273 [47:0];
-  assign \$275  = shift[2] ? \$260  : \$274 [39:0];
-  assign \$276  = shift[1] ? \$245  : \$275 [35:0];
-  assign \$277  = shift[0] ? \$214  : \$276 [33:0];
-  assign \$278  = { x0, 1'h0 } & below;
-  assign \$279  = | \$278 ;
-  assign \$280  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
-  assign \$281  = \$280  & above;
-  assign \$282  = | \$281 ;
-  assign \$283  = sticky0 | y0[1];
-  assign \$284  = y0[0] & \$283 ;
-  assign \$285  = $signed(y0[32:1]) + $signed({ 1'h0, \$284  });
-  assign \$286  = neg2_0 ? 32'd2147483648 : 32'd2147483647;
-  assign \$287  = $signed(rounded0) > $signed(32'd2147483647);
-  assign \$288  = \$287  ? 33'h07fffffff : rounded0;
-  assign \$289  = over2_0 ? { \$286 [31], \$286  } : \$288 ;
+  assign \$263  = shift[4] ? \$260  : \$262 ;
+  assign \$264  = shift[3] ? \$257  : \$263 [47:0];
+  assign \$267  = shift[5] ? \$266  : { x0, 1'h0 };
+  assign \$270  = shift[5] ? \$269  : { x0, 1'h0 };
+  assign \$271  = shift[4] ? \$268  : \$270 ;
+  assign \$274  = shift[5] ? \$273  : { x0, 1'h0 };
+  assign \$277  = shift[5] ? \$276  : { x0, 1'h0 };
+  assign \$278  = shift[4] ? \$275  : \$277 ;
+  assign \$279  = shift[3] ? \$272  : \$278 [47:0];
+  assign \$280  = shift[2] ? \$265  : \$279 [39:0];
+  assign \$283  = shift[5] ? \$282  : { x0, 1'h0 };
+  assign \$286  = shift[5] ? \$285  : { x0, 1'h0 };
+  assign \$287  = shift[4] ? \$284  : \$286 ;
+  assign \$290  = shift[5] ? \$289  : { x0, 1'h0 };
+  assign \$293  = shift[5] ? \$292  : { x0, 1'h0 };
+  assign \$294  = shift[4] ? \$291  : \$293 ;
+  assign \$295  = shift[3] ? \$288  : \$294 [47:0];
+  assign \$298  = shift[5] ? \$297  : { x0, 1'h0 };
+  assign \$301  = shift[5] ? \$300  : { x0, 1'h0 };
+  assign \$302  = shift[4] ? \$299  : \$301 ;
+  assign \$305  = shift[5] ? \$304  : { x0, 1'h0 };
+  assign \$308  = shift[5] ? \$307  : { x0, 1'h0 };
+  assign \$309  = shift[4] ? \$306  : \$308 ;
+  assign \$310  = shift[3] ? \$303  : \$309 [47:0];
+  assign \$311  = shift[2] ? \$296  : \$310 [39:0];
+  assign \$312  = shift[1] ? \$281  : \$311 [35:0];
+  assign \$315  = shift[5] ? \$314  : { x0, 1'h0 };
+  assign \$318  = shift[5] ? \$317  : { x0, 1'h0 };
+  assign \$319  = shift[4] ? \$316  : \$318 ;
+  assign \$322  = shift[5] ? \$321  : { x0, 1'h0 };
+  assign \$325  = shift[5] ? \$324  : { x0, 1'h0 };
+  assign \$326  = shift[4] ? \$323  : \$325 ;
+  assign \$327  = shift[3] ? \$320  : \$326 [47:0];
+  assign \$330  = shift[5] ? \$329  : { x0, 1'h0 };
+  assign \$333  = shift[5] ? \$332  : { x0, 1'h0 };
+  assign \$334  = shift[4] ? \$331  : \$333 ;
+  assign \$337  = shift[5] ? \$336  : { x0, 1'h0 };
+  assign \$340  = shift[5] ? \$339  : { x0, 1'h0 };
+  assign \$341  = shift[4] ? \$338  : \$340 ;
+  assign \$342  = shift[3] ? \$335  : \$341 [47:0];
+  assign \$343  = shift[2] ? \$328  : \$342 [39:0];
+  assign \$346  = shift[5] ? \$345  : { x0, 1'h0 };
+  assign \$349  = shift[5] ? \$348  : { x0, 1'h0 };
+  assign \$350  = shift[4] ? \$347  : \$349 ;
+  assign \$353  = shift[5] ? \$352  : { x0, 1'h0 };
+  assign \$356  = shift[5] ? \$355  : { x0, 1'h0 };
+  assign \$357  = shift[4] ? \$354  : \$356 ;
+  assign \$358  = shift[3] ? \$351  : \$357 [47:0];
+  assign \$361  = shift[5] ? \$360  : { x0, 1'h0 };
+  assign \$364  = shift[5] ? \$363  : { x0, 1'h0 };
+  assign \$365  = shift[4] ? \$362  : \$364 ;
+  assign \$368  = shift[5] ? \$367  : { x0, 1'h0 };
+  assign \$371  = shift[5] ? \$370  : { x0, 1'h0 };
+  assign \$372  = shift[4] ? \$369  : \$371 ;
+  assign \$373  = shift[3] ? \$366  : \$372 [47:0];
+  assign \$374  = shift[2] ? \$359  : \$373 [39:0];
+  assign \$375  = shift[1] ? \$344  : \$374 [35:0];
+  assign \$376  = shift[0] ? \$313  : \$375 [33:0];
+  assign \$377  = { x0, 1'h0 } & below;
+  assign \$378  = | \$377 ;
+  assign \$379  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
+  assign \$380  = \$379  & { \$2 , 32'h00000000 };
+  assign \$381  = | \$380 ;
+  assign \$382  = sticky0 | y0[1];
+  assign \$383  = y0[0] & \$382 ;
+  assign \$384  = $signed(y0[32:1]) + $signed({ 1'h0, \$383  });
+  assign \$385  = neg2_0 ? 32'd2147483648 : 32'd2147483647;
+  assign \$386  = $signed(rounded0) > $signed(32'd2147483647);
+  assign \$387  = \$386  ? 33'h07fffffff : rounded0;
+  assign \$388  = over2_0 ? { \$385 [31], \$385  } : \$387 ;
   always @(posedge clk)
-    \$signal  <= \$290 ;
+    \$signal  <= \$389 ;
   always @(posedge clk)
-    v2 <= \$291 ;
+    v2 <= \$390 ;
   always @(posedge clk)
-    x_valid <= \$292 ;
+    x_valid <= \$391 ;
   always @(posedge clk)
-    x0 <= \$293 ;
+    x0 <= \$392 ;
   always @(posedge clk)
-    below <= \$294 ;
+    below <= \$393 ;
   always @(posedge clk)
-    above <= \$295 ;
+    \$signal$23  <= \$394 ;
   always @(posedge clk)
-    \$signal$23  <= \$296 ;
+    v_round <= \$395 ;
   always @(posedge clk)
-    v_round <= \$297 ;
+    o__valid <= \$396 ;
   always @(posedge clk)
-    o__valid <= \$298 ;
+    y0 <= \$397 ;
   always @(posedge clk)
-    y0 <= \$299 ;
+    sticky0 <= \$398 ;
   always @(posedge clk)
-    sticky0 <= \$300 ;
+    over0 <= \$399 ;
   always @(posedge clk)
-    over0 <= \$301 ;
+    neg0 <= \$400 ;
   always @(posedge clk)
-    neg0 <= \$302 ;
+    rounded0 <= \$401 ;
   always @(posedge clk)
-    rounded0 <= \$303 ;
+    over2_0 <= \$402 ;
   always @(posedge clk)
-    over2_0 <= \$304 ;
+    neg2_0 <= \$403 ;
   always @(posedge clk)
-    neg2_0 <= \$305 ;
-  always @(posedge clk)
-    o__payload <= \$306 ;
+    o__payload <= \$404 ;
   \nanokpu_kpu.requant.mul  mul (
     .clk(clk),
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$3362$0 (i__payload),
-    .\port$3472$0 (mult),
+    .\port$3596$0 (i__payload),
+    .\port$3706$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$290  = \$signal ;
+    \$389  = \$signal ;
     if (advance) begin
-      \$290  = i__valid;
+      \$389  = i__valid;
     end
     if (unit_rst) begin
-      \$290  = 1'h0;
+      \$389  = 1'h0;
     end
     if (rst) begin
-      \$290  = 1'h0;
+      \$389  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$291  = v2;
+    \$390  = v2;
     if (advance) begin
-      \$291  = \$signal ;
+      \$390  = \$signal ;
     end
     if (unit_rst) begin
-      \$291  = 1'h0;
+      \$390  = 1'h0;
     end
     if (rst) begin
-      \$291  = 1'h0;
+      \$390  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$292  = x_valid;
+    \$391  = x_valid;
     if (advance) begin
-      \$292  = v2;
+      \$391  = v2;
     end
     if (unit_rst) begin
-      \$292  = 1'h0;
+      \$391  = 1'h0;
     end
     if (rst) begin
-      \$292  = 1'h0;
+      \$391  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$293  = x0;
+    \$392  = x0;
     if (advance) begin
-      \$293  = \$4 [47:0];
+      \$392  = \$5 [47:0];
     end
     if (unit_rst) begin
-      \$293  = 48'h000000000000;
+      \$392  = 48'h000000000000;
     end
     if (rst) begin
-      \$293  = 48'h000000000000;
+      \$392  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$294  = { \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9 , \$8 , \$7 , \$6 , \$5  };
+    \$393  = { \$250 , \$245 , \$240 , \$235 , \$230 , \$225 , \$220 , \$215 , \$210 , \$205 , \$200 , \$195 , \$190 , \$185 , \$180 , \$175 , \$170 , \$165 , \$160 , \$155 , \$150 , \$145 , \$140 , \$135 , \$130 , \$125 , \$120 , \$115 , \$110 , \$105 , \$100 , \$95 , \$90 , \$85 , \$80 , \$75 , \$70 , \$65 , \$60 , \$55 , \$50 , \$45 , \$40 , \$35 , \$30 , \$25 , \$20 , \$15 , \$10  };
     if (unit_rst) begin
-      \$294  = 49'h0000000000000;
+      \$393  = 49'h0000000000000;
     end
     if (rst) begin
-      \$294  = 49'h0000000000000;
+      \$393  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$295  = { \$151 , \$149 , \$147 , \$145 , \$143 , \$141 , \$139 , \$137 , \$135 , \$133 , \$131 , \$129 , \$127 , \$125 , \$123 , \$121 , \$119 , \$117 , \$115 , \$113 , \$111 , \$109 , \$107 , \$105 , \$103 , \$101 , \$99 , \$97 , \$95 , \$93 , \$91 , \$89 , \$87 , \$85 , \$83 , \$81 , \$79 , \$77 , \$75 , \$73 , \$71 , \$69 , \$67 , \$65 , \$63 , \$61 , \$59 , \$57 , \$55  };
-    if (unit_rst) begin
-      \$295  = 49'h0000000000000;
-    end
-    if (rst) begin
-      \$295  = 49'h0000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$296  = \$signal$23 ;
+    \$394  = \$signal$23 ;
     if (advance) begin
-      \$296  = x_valid;
+      \$394  = x_valid;
     end
     if (unit_rst) begin
-      \$296  = 1'h0;
+      \$394  = 1'h0;
     end
     if (rst) begin
-      \$296  = 1'h0;
+      \$394  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$297  = v_round;
+    \$395  = v_round;
     if (advance) begin
-      \$297  = \$signal$23 ;
+      \$395  = \$signal$23 ;
     end
     if (unit_rst) begin
-      \$297  = 1'h0;
+      \$395  = 1'h0;
     end
     if (rst) begin
-      \$297  = 1'h0;
+      \$395  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$298  = o__valid;
+    \$396  = o__valid;
     if (advance) begin
-      \$298  = v_round;
+      \$396  = v_round;
     end
     if (unit_rst) begin
-      \$298  = 1'h0;
+      \$396  = 1'h0;
     end
     if (rst) begin
-      \$298  = 1'h0;
+      \$396  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$299  = y0;
+    \$397  = y0;
     if (advance) begin
-      \$299  = \$277 [32:0];
+      \$397  = \$376 [32:0];
     end
     if (unit_rst) begin
-      \$299  = 33'h000000000;
+      \$397  = 33'h000000000;
     end
     if (rst) begin
-      \$299  = 33'h000000000;
+      \$397  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$300  = sticky0;
+    \$398  = sticky0;
     if (advance) begin
-      \$300  = \$279 ;
+      \$398  = \$378 ;
     end
     if (unit_rst) begin
-      \$300  = 1'h0;
+      \$398  = 1'h0;
     end
     if (rst) begin
-      \$300  = 1'h0;
+      \$398  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$301  = over0;
+    \$399  = over0;
     if (advance) begin
-      \$301  = \$282 ;
+      \$399  = \$381 ;
     end
     if (unit_rst) begin
-      \$301  = 1'h0;
+      \$399  = 1'h0;
     end
     if (rst) begin
-      \$301  = 1'h0;
+      \$399  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$302  = neg0;
+    \$400  = neg0;
     if (advance) begin
-      \$302  = x0[47];
+      \$400  = x0[47];
     end
     if (unit_rst) begin
-      \$302  = 1'h0;
+      \$400  = 1'h0;
     end
     if (rst) begin
-      \$302  = 1'h0;
+      \$400  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$303  = rounded0;
+    \$401  = rounded0;
     if (advance) begin
-      \$303  = \$285 ;
+      \$401  = \$384 ;
     end
     if (unit_rst) begin
-      \$303  = 33'h000000000;
+      \$401  = 33'h000000000;
     end
     if (rst) begin
-      \$303  = 33'h000000000;
+      \$401  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$304  = over2_0;
+    \$402  = over2_0;
     if (advance) begin
-      \$304  = over0;
+      \$402  = over0;
     end
     if (unit_rst) begin
-      \$304  = 1'h0;
+      \$402  = 1'h0;
     end
     if (rst) begin
-      \$304  = 1'h0;
+      \$402  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$305  = neg2_0;
+    \$403  = neg2_0;
     if (advance) begin
-      \$305  = neg0;
+      \$403  = neg0;
     end
     if (unit_rst) begin
-      \$305  = 1'h0;
+      \$403  = 1'h0;
     end
     if (rst) begin
-      \$305  = 1'h0;
+      \$403  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$306  = o__payload;
+    \$404  = o__payload;
     if (advance) begin
-      \$306  = \$289 [31:0];
+      \$404  = \$388 [31:0];
     end
     if (unit_rst) begin
-      \$306  = 32'd0;
+      \$404  = 32'd0;
     end
     if (rst) begin
-      \$306  = 32'd0;
+      \$404  = 32'd0;
     end
   end
   assign o__ready = 1'h1;
@@ -30510,78 +30564,79 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   assign b__0 = { 2'h0, mult };
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
   assign b__1 = { 2'h0, mult };
+  assign above = { \$2 , 32'h00000000 };
   assign \i__payload[0]  = i__payload;
   assign \o__payload[0]  = o__payload;
   assign advance = 1'h1;
-  assign \$2  = { p__0[35], p__0 };
-  assign \$3  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$152  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$154  = { \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48], \$153 [48:16] };
-  assign \$155  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$158  = { \$157 [47], \$157 [47], \$157 [47], \$157 [47], \$157 [47], \$157 [47], \$157 [47], \$157 [47], \$157 [47:8] };
-  assign \$159  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$161  = { \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48], \$160 [48:16] };
-  assign \$162  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$166  = { \$165 [39], \$165 [39], \$165 [39], \$165 [39], \$165 [39:4] };
-  assign \$167  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$169  = { \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48], \$168 [48:16] };
-  assign \$170  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$173  = { \$172 [47], \$172 [47], \$172 [47], \$172 [47], \$172 [47], \$172 [47], \$172 [47], \$172 [47], \$172 [47:8] };
-  assign \$174  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$176  = { \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48], \$175 [48:16] };
-  assign \$177  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$182  = { \$181 [35], \$181 [35], \$181 [35:2] };
-  assign \$183  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$185  = { \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48], \$184 [48:16] };
-  assign \$186  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$189  = { \$188 [47], \$188 [47], \$188 [47], \$188 [47], \$188 [47], \$188 [47], \$188 [47], \$188 [47], \$188 [47:8] };
-  assign \$190  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$192  = { \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48], \$191 [48:16] };
-  assign \$193  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$197  = { \$196 [39], \$196 [39], \$196 [39], \$196 [39], \$196 [39:4] };
-  assign \$198  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$200  = { \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48], \$199 [48:16] };
-  assign \$201  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$204  = { \$203 [47], \$203 [47], \$203 [47], \$203 [47], \$203 [47], \$203 [47], \$203 [47], \$203 [47], \$203 [47:8] };
-  assign \$205  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$207  = { \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48], \$206 [48:16] };
-  assign \$208  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$214  = { \$213 [33], \$213 [33:1] };
-  assign \$215  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$217  = { \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48], \$216 [48:16] };
-  assign \$218  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$221  = { \$220 [47], \$220 [47], \$220 [47], \$220 [47], \$220 [47], \$220 [47], \$220 [47], \$220 [47], \$220 [47:8] };
-  assign \$222  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$224  = { \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48], \$223 [48:16] };
-  assign \$225  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$229  = { \$228 [39], \$228 [39], \$228 [39], \$228 [39], \$228 [39:4] };
-  assign \$230  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$232  = { \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48], \$231 [48:16] };
-  assign \$233  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$236  = { \$235 [47], \$235 [47], \$235 [47], \$235 [47], \$235 [47], \$235 [47], \$235 [47], \$235 [47], \$235 [47:8] };
-  assign \$237  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$239  = { \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48], \$238 [48:16] };
-  assign \$240  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$245  = { \$244 [35], \$244 [35], \$244 [35:2] };
-  assign \$246  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$248  = { \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48], \$247 [48:16] };
-  assign \$249  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$252  = { \$251 [47], \$251 [47], \$251 [47], \$251 [47], \$251 [47], \$251 [47], \$251 [47], \$251 [47], \$251 [47:8] };
-  assign \$253  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$255  = { \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48], \$254 [48:16] };
-  assign \$256  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$260  = { \$259 [39], \$259 [39], \$259 [39], \$259 [39], \$259 [39:4] };
+  assign \$3  = { p__0[35], p__0 };
+  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$251  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$253  = { \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48:16] };
+  assign \$254  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$257  = { \$256 [47], \$256 [47], \$256 [47], \$256 [47], \$256 [47], \$256 [47], \$256 [47], \$256 [47], \$256 [47:8] };
+  assign \$258  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$260  = { \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48], \$259 [48:16] };
   assign \$261  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$263  = { \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48], \$262 [48:16] };
-  assign \$264  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$267  = { \$266 [47], \$266 [47], \$266 [47], \$266 [47], \$266 [47], \$266 [47], \$266 [47], \$266 [47], \$266 [47:8] };
-  assign \$268  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$270  = { \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48], \$269 [48:16] };
-  assign \$271  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$265  = { \$264 [39], \$264 [39], \$264 [39], \$264 [39], \$264 [39:4] };
+  assign \$266  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$268  = { \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48], \$267 [48:16] };
+  assign \$269  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$272  = { \$271 [47], \$271 [47], \$271 [47], \$271 [47], \$271 [47], \$271 [47], \$271 [47], \$271 [47], \$271 [47:8] };
+  assign \$273  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$275  = { \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48], \$274 [48:16] };
+  assign \$276  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$281  = { \$280 [35], \$280 [35], \$280 [35:2] };
+  assign \$282  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$284  = { \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48], \$283 [48:16] };
+  assign \$285  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$288  = { \$287 [47], \$287 [47], \$287 [47], \$287 [47], \$287 [47], \$287 [47], \$287 [47], \$287 [47], \$287 [47:8] };
+  assign \$289  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$291  = { \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48], \$290 [48:16] };
+  assign \$292  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$296  = { \$295 [39], \$295 [39], \$295 [39], \$295 [39], \$295 [39:4] };
+  assign \$297  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$299  = { \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48], \$298 [48:16] };
+  assign \$300  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$303  = { \$302 [47], \$302 [47], \$302 [47], \$302 [47], \$302 [47], \$302 [47], \$302 [47], \$302 [47], \$302 [47:8] };
+  assign \$304  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$306  = { \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48], \$305 [48:16] };
+  assign \$307  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$313  = { \$312 [33], \$312 [33:1] };
+  assign \$314  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$316  = { \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48], \$315 [48:16] };
+  assign \$317  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$320  = { \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47], \$319 [47:8] };
+  assign \$321  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$323  = { \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48], \$322 [48:16] };
+  assign \$324  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$328  = { \$327 [39], \$327 [39], \$327 [39], \$327 [39], \$327 [39:4] };
+  assign \$329  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$331  = { \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48], \$330 [48:16] };
+  assign \$332  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$335  = { \$334 [47], \$334 [47], \$334 [47], \$334 [47], \$334 [47], \$334 [47], \$334 [47], \$334 [47], \$334 [47:8] };
+  assign \$336  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$338  = { \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48], \$337 [48:16] };
+  assign \$339  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$344  = { \$343 [35], \$343 [35], \$343 [35:2] };
+  assign \$345  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$347  = { \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48], \$346 [48:16] };
+  assign \$348  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$351  = { \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47], \$350 [47:8] };
+  assign \$352  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$354  = { \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48], \$353 [48:16] };
+  assign \$355  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$359  = { \$358 [39], \$358 [39], \$358 [39], \$358 [39], \$358 [39:4] };
+  assign \$360  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$362  = { \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48], \$361 [48:16] };
+  assign \$363  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$366  = { \$365 [47], \$365 [47], \$365 [47], \$365 [47], \$365 [47], \$365 [47], \$365 [47], \$365 [47], \$365 [47:8] };
+  assign \$367  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$369  = { \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48], \$368 [48:16] };
+  assign \$370  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3472$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3596$0 , \port$3706$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -30607,10 +30662,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3472$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$3362$0 ;
-  wire [31:0] \port$3362$0 ;
-  input [15:0] \port$3472$0 ;
-  wire [15:0] \port$3472$0 ;
+  input [31:0] \port$3596$0 ;
+  wire [31:0] \port$3596$0 ;
+  input [15:0] \port$3706$0 ;
+  wire [15:0] \port$3706$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30633,7 +30688,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3472$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$3362$0 [16:0] };
+      \$3  = { 1'h0, \port$3596$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -30646,7 +30701,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3472$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$3472$0  };
+      \$4  = { 2'h0, \port$3706$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -30672,7 +30727,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3472$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$3362$0 [31], \port$3362$0 [31], \port$3362$0 [31], \port$3362$0 [31:17] };
+      \$6  = { \port$3596$0 [31], \port$3596$0 [31], \port$3596$0 [31], \port$3596$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -30685,7 +30740,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3472$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$3472$0  };
+      \$7  = { 2'h0, \port$3706$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -30707,14 +30762,14 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3362$0 , \port$3472$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3362$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3472$0  };
-  assign a__1 = { \port$3362$0 [31], \port$3362$0 [31], \port$3362$0 [31], \port$3362$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3472$0  };
+  assign a__0 = { 1'h0, \port$3596$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3706$0  };
+  assign a__1 = { \port$3596$0 [31], \port$3596$0 [31], \port$3596$0 [31], \port$3596$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3706$0  };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.router (rst, load_clear, lh__addr, scores__ready, load_data, bias_we, bias_addr, wp__data, scores__payload, scores__valid, routes__ready, unit_rst, routes__payload, emitting, clk);
+module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, bias_we, bias_addr, wp__data, scores__payload, scores__valid, routes__ready, unit_rst, routes__payload, emitting, lh__addr);
   reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
