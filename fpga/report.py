@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["total_row", "markdown_table", "write_reports", "write_chart"]
+__all__ = ["total_row", "markdown_table", "peak_macs", "write_reports", "write_chart"]
 
 _KINDS = ("lut", "ff", "dsp", "bram")
 _XMAX = 125  # % of the device shown; longer bars are cut
@@ -37,11 +37,26 @@ def _path(p: dict | None) -> str:
             f"{p['logic_ns']:.1f} logic, {p['routing_ns']:.1f} routing)")
 
 
+def peak_macs(report: dict) -> float | None:
+    """Peak multiply-accumulates per second of a placed and routed unit with a systolic array:
+    its ``macs_per_cycle`` (exact) times the measured Fmax; ``None`` for other units."""
+    fmax = (report.get("pnr") or {}).get("fmax_mhz")
+    macs = report.get("macs_per_cycle")
+    return macs * fmax * 1e6 if macs and fmax else None
+
+
+def _rate(per_s: float | None) -> str:
+    if per_s is None:
+        return "-"
+    return f"{per_s / 1e9:.2f} G" if per_s >= 1e9 else f"{per_s / 1e6:.0f} M"
+
+
 def markdown_table(reports: list[dict]) -> str:
-    """One row per report: resources against the part, Fmax against the goal, critical path."""
+    """One row per report: resources against the part, Fmax against the goal, peak MAC/s (units
+    with an array), critical path."""
     lines = ["| unit | profile | target | LUT4 | FF | DSP | BRAM | SPRAM | latches | unmapped | Fmax (MHz) "
-             "| goal | timing flow | critical path |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| goal | peak MAC/s | timing flow | critical path |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         res, tot = r["resources"], r["totals"]
         pnr = r.get("pnr") or {}
@@ -53,7 +68,7 @@ def markdown_table(reports: list[dict]) -> str:
             f"{_frac(res['ff'], tot['ff'])} | {_frac(res['dsp'], tot['dsp'])} | "
             f"{_frac(res['bram'], tot['bram'])} | {spram} | {r['latches']} | "
             f"{sum(r['unmapped'].values())} | {fmax if fmax is not None else '-'} | "
-            f"{pnr.get('goal_mhz', '-')} {met} | {pnr.get('flow', '-')} | "
+            f"{pnr.get('goal_mhz', '-')} {met} | {_rate(peak_macs(r))} | {pnr.get('flow', '-')} | "
             f"{_path(pnr.get('critical_path')) or pnr.get('error', '').replace('|', '&#124;')} |")
     return "\n".join(lines) + "\n"
 

@@ -181,6 +181,11 @@ class GemmEngine(wiring.Component):
         })
 
     @property
+    def macs_per_cycle(self) -> int:
+        """Multiply-accumulates per cycle at peak: one per PE, ``rows * cols``."""
+        return self.cfg.rows * self.cfg.cols
+
+    @property
     def tile_gap(self) -> int:
         """:func:`tile_gap` of this engine's config."""
         return tile_gap(self.cfg)

@@ -62,6 +62,7 @@ def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = T
                             progress=lambda line: print(line, flush=True))
         report["name"] = name
         report["profile"] = profile_name
+        report["macs_per_cycle"] = getattr(component, "macs_per_cycle", None)  # units with an array
         reports.append(report)
     return reports
 

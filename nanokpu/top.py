@@ -112,6 +112,11 @@ class NanoKPU(wiring.Component):
             "irq": Out(1),
         })
 
+    @property
+    def macs_per_cycle(self) -> int:
+        """Multiply-accumulates per cycle at peak: the GEMM engine's ``rows * cols``."""
+        return self.cfg.rows * self.cfg.cols
+
     # ------------------------------------------------------------------------------------
     def elaborate(self, platform):  # noqa: C901 - one controller, one place
         m = Module()

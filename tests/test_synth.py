@@ -17,7 +17,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from fpga.flow import BUILD_DIR, TARGETS, ToolError, has_toolchain, synthesize
-from fpga.report import markdown_table, total_row
+from fpga.report import markdown_table, peak_macs, total_row
 
 pytestmark = pytest.mark.skipif(not (has_toolchain("ice40") and has_toolchain("ecp5")),
                                 reason="YoWASP Yosys/nextpnr not installed")
@@ -120,6 +120,16 @@ def test_total_row_sums_units():
     total = total_row(rows)
     assert total["resources"] == {"bram": 0, "dsp": 4, "ff": 2, "lut": 42}
     assert "| all units (sum) | - | up5k | 42/5280 (1%) |" in markdown_table([total])
+
+
+def test_peak_macs_from_array_size_and_fmax():
+    report = {"name": "gemm", "target": "up5k", "family": "ice40", "totals": TARGETS["up5k"].totals,
+              "resources": {"lut": 1, "ff": 1, "dsp": 8, "bram": 0}, "latches": 0, "unmapped": {},
+              "macs_per_cycle": 16, "pnr": {"fmax_mhz": 29.67, "goal_mhz": 30.0, "met": False}}
+    assert peak_macs(report) == pytest.approx(16 * 29.67e6)
+    assert "| 475 M |" in markdown_table([report])
+    assert peak_macs({**report, "macs_per_cycle": None}) is None
+    assert peak_macs({**report, "pnr": {"fmax_mhz": None}}) is None
 
 
 def test_unknown_unit_names_the_field():
