@@ -25,7 +25,16 @@ from dataclasses import dataclass
 from amaranth import Elaboratable, Module
 from amaranth.lib import io
 
-from fpga.flow import BUILD_DIR, REPORT_DIR, TARGETS, parse_nextpnr_report, read_stat_cells, run_tool
+from fpga.flow import (
+    BUILD_DIR,
+    PNR_TIMEOUT_MIN,
+    REPORT_DIR,
+    SEED_TRIES,
+    TARGETS,
+    place_and_route,
+    read_stat_cells,
+    run_tool,
+)
 from nanokpu.uart_axil import DEFAULT_HOST_BYTES, UartKpu
 from nanokpu.uart_bridge import UartBridge
 
@@ -109,12 +118,16 @@ def prepare_board(board: str, *, profile_name: str | None = None, unit: str | No
 
 
 def build_board(board: str, *, profile_name: str | None = None, unit: str | None = None,
-                seed: int = 1, progress: Callable[[str], None] | None = None) -> dict:
+                seed: int = 1, seed_tries: int = SEED_TRIES, pnr_timeout: float | None = PNR_TIMEOUT_MIN,
+                progress: Callable[[str], None] | None = None) -> dict:
     """Synthesize, place, route and pack ``unit`` (behind the UART bridge) for ``board``.
 
+    nextpnr runs with seeds ``seed``, ``seed + 1``, ... until one meets the board clock within
+    ``pnr_timeout`` minutes, at most ``seed_tries`` (:func:`fpga.flow.place_and_route`).
     Returns the report dict (also written to ``fpga/reports/board-<board>.json`` and ``.md``):
-    resources, Fmax against the board clock, and the bitstream path. Raises ``ValueError`` on
-    an unknown board and :class:`fpga.flow.ToolError` when a tool fails (e.g. timing missed).
+    resources, Fmax against the board clock, the seed and every attempt, and the bitstream
+    path. Raises ``ValueError`` on an unknown board and :class:`fpga.flow.ToolError` when a
+    tool fails (e.g. timing missed with every seed).
     """
     spec, platform, plan = prepare_board(board, profile_name=profile_name, unit=unit)
     target = TARGETS[spec.target]
@@ -126,22 +139,22 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
     plan.extract(cwd)
     run_tool(["yosys", "-q", "-l", "top.yosys.log", "top.ys"], cwd, "top.yosys.out",
              f"yosys ({board}: {profile_name}/{unit} behind its UART bridge)", progress, t0)
-    common = ["--json", "top.json", "--report", "top.nextpnr.json", "--freq", f"{clk_mhz:g}",
-              "--seed", str(seed), "-l", "top.nextpnr.log", "-q", *target.nextpnr_args]
+    common = ["--json", "top.json", "--freq", f"{clk_mhz:g}", "-q", *target.nextpnr_args]
+    retries = {"seed": seed, "seed_tries": seed_tries, "pnr_timeout": pnr_timeout, "progress": progress, "t0": t0}
     if target.family == "ice40":
-        run_tool(["nextpnr-ice40", *common, "--pcf", "top.pcf", "--asc", "top.asc"], cwd,
-                 "top.nextpnr.out", f"nextpnr-ice40 ({clk_mhz:g} MHz board clock)", progress, t0)
+        timing = place_and_route(["nextpnr-ice40", *common, "--pcf", "top.pcf", "--asc", "top.asc"], cwd, "top",
+                                 f"nextpnr-ice40 ({clk_mhz:g} MHz board clock)", **retries)
         run_tool(["icepack", "top.asc", spec.bitstream], cwd, "top.pack.log", "icepack", progress, t0)
     else:
-        run_tool(["nextpnr-ecp5", *common, "--lpf", "top.lpf", "--textcfg", "top.config"], cwd,
-                 "top.nextpnr.out", f"nextpnr-ecp5 ({clk_mhz:g} MHz board clock)", progress, t0)
+        timing = place_and_route(["nextpnr-ecp5", *common, "--lpf", "top.lpf", "--textcfg", "top.config"], cwd,
+                                 "top", f"nextpnr-ecp5 ({clk_mhz:g} MHz board clock)", **retries)
         run_tool(["ecppack", "--compress", "--input", "top.config", "--bit", spec.bitstream], cwd,
                  "top.pack.log", "ecppack", progress, t0)
-    timing = parse_nextpnr_report(cwd / "top.nextpnr.json")
     cells = read_stat_cells(cwd / "stat.json")
     bitstream = cwd / spec.bitstream
     report = {"board": board, "platform": spec.platform, "target": target.name, "profile": profile_name,
-              "unit": unit, "clock_mhz": clk_mhz, "fmax_mhz": timing["fmax_mhz"],
+              "unit": unit, "clock_mhz": clk_mhz, "fmax_mhz": timing["fmax_mhz"], "seed": timing["seed"],
+              "attempts": timing["attempts"],
               "utilization": timing["utilization"], "critical_path": timing["critical_path"],
               "cells": cells, "bitstream": str(bitstream.relative_to(BUILD_DIR.parent.parent)),
               "bitstream_bytes": bitstream.stat().st_size, "elapsed_s": round(time.monotonic() - t0, 1)}
@@ -159,7 +172,8 @@ def build_board(board: str, *, profile_name: str | None = None, unit: str | None
         f"{'' if unit == spec.unit else f' --unit {unit}'}"
         f"{'' if profile_name == spec.profile else f' --profile {profile_name}'}.\n\n"
         f"{bridge_text} ({BAUD} baud 8N1) on {spec.platform.split(':')[1]}.\n\n"
-        f"Clock {clk_mhz:g} MHz, Fmax {timing['fmax_mhz']} MHz. Bitstream `{report['bitstream']}` "
+        f"Clock {clk_mhz:g} MHz, Fmax {timing['fmax_mhz']} MHz (nextpnr seed {timing['seed']}). "
+        f"Bitstream `{report['bitstream']}` "
         f"({report['bitstream_bytes']} bytes, not committed: rebuild it with the command above).\n\n"
         f"| resource | used | available |\n|---|---|---|\n{util}\n")
     if progress:

@@ -17,6 +17,9 @@ One call, :func:`synthesize`, takes an Amaranth component to a report dict:
      flip-flops and the wrapped design needs five pins. Its extra flip-flops and muxes show up
      in ``pnr.utilization`` only; ``resources`` always counts the bare unit.
 
+   Each nextpnr run has a time limit (``pnr_timeout`` minutes); a run that exceeds it or fails
+   is retried with the next placer seed, up to ``seed_tries`` seeds (:func:`place_and_route`).
+
 YoWASP tools cannot see ``/tmp``: everything runs inside ``fpga/build/<...>/`` (gitignored)
 with relative paths, and the tools' own logs stay there next to the report.
 """
@@ -39,16 +42,38 @@ from amaranth.back import rtlil
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["TARGETS", "Target", "ToolError", "RegisterWrapper", "synthesize", "run_tool",
-           "parse_nextpnr_report", "vendor_sim_model", "has_toolchain", "BUILD_DIR", "REPORT_DIR"]
+__all__ = ["TARGETS", "Target", "ToolError", "ToolTimeout", "PlaceAndRouteError", "RegisterWrapper", "synthesize",
+           "made_from", "run_tool", "place_and_route", "check_retries", "parse_nextpnr_report", "vendor_sim_model",
+           "has_toolchain", "BUILD_DIR", "REPORT_DIR", "PNR_TIMEOUT_MIN", "SEED_TRIES"]
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_DIR = ROOT / "fpga" / "build"
 REPORT_DIR = ROOT / "fpga" / "reports"
 
 
+#: Default time limit of one nextpnr run, in minutes (``nanokpu synth --pnr-timeout``). The
+#: longest runs that finish take about 6 minutes here (the ULX3S board build; the tiny GEMM on
+#: the UP5K about 4); a run past 15 minutes has been one that never finished.
+PNR_TIMEOUT_MIN = 15.0
+#: Default number of placer seeds tried, ``seed``, ``seed + 1``, ... (``nanokpu synth --seed-tries``).
+SEED_TRIES = 3
+
+
 class ToolError(RuntimeError):
     """A YoWASP tool is missing or failed; the message names the log to read."""
+
+
+class ToolTimeout(ToolError):
+    """A tool ran past its time limit and was stopped; the message names the log."""
+
+
+class PlaceAndRouteError(ToolError):
+    """No seed placed and routed the design; ``attempts`` lists each seed's outcome (the
+    ``attempts`` of :func:`place_and_route`)."""
+
+    def __init__(self, message: str, attempts: list[dict]):
+        super().__init__(message)
+        self.attempts = attempts
 
 
 @dataclass(frozen=True)
@@ -164,20 +189,37 @@ def _stamp(t0: float) -> str:
     return f"[{time.monotonic() - t0:7.1f}s]"
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the repository when it is below it."""
+    return str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.3g} min"
+
+
 def run_tool(argv: list[str], cwd: Path, log: str, stage: str, progress: Callable | None,
-             t0: float) -> None:
-    """Run a YoWASP tool in ``cwd``; its output goes to ``cwd/log``. Raises :class:`ToolError`."""
+             t0: float, timeout_s: float | None = None) -> None:
+    """Run a YoWASP tool in ``cwd``; its output goes to ``cwd/log``. Raises :class:`ToolError`,
+    or :class:`ToolTimeout` after killing the tool when it runs longer than ``timeout_s``
+    seconds (``None``: no limit)."""
     if progress:
         progress(f"{_stamp(t0)} {stage} ...")
     watch = cwd / argv[argv.index("-l") + 1] if "-l" in argv else cwd / log
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     with open(cwd / log, "w") as out:
         proc = subprocess.Popen([_tool(argv[0]), *argv[1:]], cwd=cwd, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         while True:
+            left = HEARTBEAT_S if deadline is None else min(HEARTBEAT_S, deadline - time.monotonic())
             try:
-                proc.wait(timeout=HEARTBEAT_S)
+                proc.wait(timeout=max(left, 0))
                 break
             except subprocess.TimeoutExpired:
+                if deadline is not None and time.monotonic() >= deadline:
+                    proc.kill()
+                    proc.wait()
+                    raise ToolTimeout(f"{stage} timed out after {_minutes(timeout_s)}; log: {cwd / log}") from None
                 if progress:
                     progress(f"{_stamp(t0)} {stage} still running: {_last_line(watch)}")
     if proc.returncode != 0:
@@ -324,24 +366,103 @@ def parse_nextpnr_report(path: Path) -> dict:
             "utilization": util, "critical_path": worst}
 
 
-def _nextpnr(top: str, target: Target, cwd: Path, freq: float, seed: int, progress, t0, *,
-             ooc: bool, asc: bool = False) -> dict:
+def check_retries(seed_tries: int, pnr_timeout: float | None) -> None:
+    """Raise ``ValueError`` naming ``seed_tries`` (< 1) or ``pnr_timeout`` (< 0 minutes)."""
+    if seed_tries < 1:
+        raise ValueError(f"seed_tries = {seed_tries}: must be at least 1")
+    if pnr_timeout is not None and pnr_timeout < 0:
+        raise ValueError(f"pnr_timeout = {pnr_timeout}: must be minutes > 0, or 0 / None for no limit")
+
+
+def place_and_route(argv: list[str], cwd: Path, top: str, stage: str, *, seed: int = 1,
+                    seed_tries: int = SEED_TRIES, pnr_timeout: float | None = PNR_TIMEOUT_MIN,
+                    progress: Callable[[str], None] | None = None, t0: float | None = None) -> dict:
+    """Run nextpnr in ``cwd`` with seeds ``seed``, ``seed + 1``, ... until one finishes.
+
+    ``argv`` is the nextpnr command without ``--seed``, ``-l`` and ``--report``: each attempt
+    adds them, and its log, tool output and report are ``<top>.seed<N>.nextpnr.{log,out,json}``
+    in ``cwd`` (those of earlier runs are deleted first). An attempt that runs longer than
+    ``pnr_timeout`` minutes (``None`` or 0: no limit) is killed; one that times out or exits
+    with an error is followed by the next seed, at most ``seed_tries`` seeds in all, each
+    change announced through ``progress``.
+
+    Returns
+    -------
+    dict
+        :func:`parse_nextpnr_report` of the finished attempt, plus ``seed`` (its seed) and
+        ``attempts``: per seed tried, ``seed``, ``outcome`` (``routed``, ``timed out`` or
+        ``failed``), ``minutes``, ``log`` (file name in ``cwd``) and, unless routed, ``error``.
+
+    Raises
+    ------
+    PlaceAndRouteError
+        When no seed finishes; its message starts with ``ERROR:`` and names every seed's outcome.
+    """
+    check_retries(seed_tries, pnr_timeout)
+    t0 = time.monotonic() if t0 is None else t0
+    for old in cwd.glob(f"{top}.seed*.nextpnr.*"):
+        old.unlink()
+    seeds = range(seed, seed + seed_tries)
+    attempts = []
+    for s in seeds:
+        stem = f"{top}.seed{s}.nextpnr"
+        start = time.monotonic()
+        attempt = {"seed": s}
+        try:
+            run_tool([*argv, "--seed", str(s), "-l", f"{stem}.log", "--report", f"{stem}.json"], cwd, f"{stem}.out",
+                     f"{stage}, seed {s}", progress, t0, timeout_s=pnr_timeout * 60 if pnr_timeout else None)
+        except ToolError as exc:
+            # a run killed early may not have opened its log yet: then its output stands in
+            attempt["log"] = f"{stem}.log" if (cwd / f"{stem}.log").exists() else f"{stem}.out"
+            if isinstance(exc, ToolTimeout):
+                attempt["outcome"], attempt["error"] = "timed out", f"timed out after {pnr_timeout:g} min"
+            else:
+                errors = [ln for ln in str(exc).splitlines() if ln.startswith("ERROR")]
+                attempt["outcome"], attempt["error"] = "failed", (errors or [str(exc).splitlines()[0]])[-1]
+            attempt["minutes"] = round((time.monotonic() - start) / 60, 2)
+            attempts.append(attempt)
+            if progress:
+                then = f", trying seed {s + 1}" if s + 1 in seeds else ""
+                what = attempt["error"] if attempt["outcome"] == "timed out" else f"failed: {attempt['error']}"
+                progress(f"{_stamp(t0)} seed {s} {what}{then} (log: {_shown(cwd / attempt['log'])})")
+            continue
+        attempt["log"], attempt["outcome"] = f"{stem}.log", "routed"
+        attempt["minutes"] = round((time.monotonic() - start) / 60, 2)
+        attempts.append(attempt)
+        return {**parse_nextpnr_report(cwd / f"{stem}.json"), "seed": s, "attempts": attempts}
+    raise PlaceAndRouteError("ERROR: no seed placed and routed: "
+                             + "; ".join(f"seed {a['seed']} {a['error']}" for a in attempts), attempts)
+
+
+def _nextpnr(top: str, target: Target, cwd: Path, freq: float, progress, t0, *, ooc: bool, seed: int,
+             seed_tries: int, pnr_timeout: float | None) -> dict:
     argv = [f"nextpnr-{target.family}", *target.nextpnr_args, "--json", f"{top}.json",
-            "--freq", f"{freq:g}", "--report", f"{top}.nextpnr.json", "--timing-allow-fail",
-            "--seed", str(seed), "-l", f"{top}.nextpnr.log", "-q"]
+            "--freq", f"{freq:g}", "--timing-allow-fail", "-q"]
     if ooc:
         argv.append("--out-of-context")
     if target.family == "ice40":
         argv.append("--pcf-allow-unconstrained")
-        if asc:
-            argv += ["--asc", f"{top}.asc"]
-    run_tool(argv, cwd, f"{top}.nextpnr.out", f"nextpnr-{target.family} ({top}, {freq:g} MHz goal)",
-             progress, t0)
-    return parse_nextpnr_report(cwd / f"{top}.nextpnr.json")
+    return place_and_route(argv, cwd, top, f"nextpnr-{target.family} ({top}, {freq:g} MHz goal)", seed=seed,
+                           seed_tries=seed_tries, pnr_timeout=pnr_timeout, progress=progress, t0=t0)
+
+
+def _key(text: str, target: Target, pnr: bool, goal: float, seed: int) -> str:
+    return hashlib.sha256(json.dumps([text, target.name, pnr, goal, seed]).encode()).hexdigest()[:16]
+
+
+def made_from(report: dict, component: wiring.Component, top: str) -> bool:
+    """True when ``report`` (of :func:`synthesize`, placed and routed) was made from the RTLIL of
+    ``component`` as module ``top`` with the options and the seed it records (its ``key``)."""
+    pnr = report.get("pnr") or {}
+    if pnr.get("seed") is None:
+        return False
+    text = rtlil.convert(component, name=top, emit_src=False)
+    return report.get("key") == _key(text, TARGETS[report["target"]], True, pnr["goal_mhz"], pnr["seed"])
 
 
 def synthesize(component: wiring.Component | str, name: str, target: str | Target, *, pnr: bool = False,
                freq: float | None = None, build_dir: Path | None = None, seed: int = 1,
+               seed_tries: int = SEED_TRIES, pnr_timeout: float | None = PNR_TIMEOUT_MIN,
                progress: Callable[[str], None] | None = None, reuse: bool = False) -> dict:
     """Synthesize ``component`` for ``target``; optionally place and route it for timing.
 
@@ -362,12 +483,18 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
         Where the netlists, reports and logs go; must be below the repository (YoWASP cannot
         see ``/tmp``).
     seed : int
-        nextpnr placer seed.
+        First nextpnr placer seed.
+    seed_tries : int
+        Seeds to try, ``seed``, ``seed + 1``, ...: the next follows when a run times out or
+        fails (:func:`place_and_route`).
+    pnr_timeout : float or None
+        Time limit of each nextpnr run in minutes (``None`` or 0: none).
     progress : callable, optional
         Called with one line per stage (elapsed time included), e.g. ``print``.
     reuse : bool
         Return the ``report.json`` of ``build_dir`` instead of running the tools when it was
-        made from the same RTLIL with the same options (its ``key``).
+        made from the same RTLIL with the same options (its ``key``) by one of the seeds this
+        call would try, unless its place and route failed after a timeout.
 
     Returns
     -------
@@ -375,9 +502,11 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
         ``name``, ``target``, ``family``, ``resources`` (lut, ff, carry, dsp, bram, ...),
         ``totals`` (the part's), ``cells`` (Yosys cell types), ``inferred`` (``$mul``,
         ``$mem_v2``... before mapping), ``latches``, ``unmapped``, ``check_warnings``,
-        ``build_dir``, ``elapsed_s``, ``key`` (hash of the RTLIL and options) and, with
-        ``pnr``, ``pnr`` = {``flow``, ``fmax_mhz``, ``goal_mhz``, ``met``, ``clocks``,
-        ``utilization``, ``critical_path``, ``extra_ffs``} (or ``error`` when it failed).
+        ``build_dir``, ``elapsed_s``, ``key`` (hash of the RTLIL, the options and the seed of
+        the result) and, with ``pnr``, ``pnr`` = {``flow``, ``fmax_mhz``, ``goal_mhz``, ``met``,
+        ``clocks``, ``utilization``, ``critical_path``, ``extra_ffs``, ``seed`` (the seed of the
+        result), ``attempts`` (see :func:`place_and_route`)} (or ``error``, ``seed`` ``None``,
+        when it failed).
     """
     if isinstance(target, str):
         if target not in TARGETS:
@@ -389,24 +518,29 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
     goal = freq or target.goal_mhz
     if isinstance(component, str) and pnr and target.family == "ice40":
         raise ValueError("component: RTLIL text cannot be register-wrapped for iCE40 timing")
+    check_retries(seed_tries, pnr_timeout)
     text = component if isinstance(component, str) else rtlil.convert(component, name=name, emit_src=False)
-    key = hashlib.sha256(json.dumps([text, target.name, pnr, goal, seed]).encode()).hexdigest()[:16]
+    keys = {_key(text, target, pnr, goal, s): s for s in range(seed, seed + seed_tries)}
     if reuse and (cwd / "report.json").exists():
         cached = json.loads((cwd / "report.json").read_text())
-        if cached.get("key") == key:
+        timing = cached.get("pnr") or {}
+        timed_out = any(a["outcome"] == "timed out" for a in timing.get("attempts", []))
+        if cached.get("key") in keys and not (timed_out and timing.get("seed") is None):
+            if timing:  # reports from before the seed was recorded: the key says which
+                timing.setdefault("seed", keys[cached["key"]] if timing.get("fmax_mhz") is not None else None)
             if progress:
                 progress(f"{_stamp(t0)} {name} on {target.name} (unchanged, reused): {summary_line(cached)}")
             return cached
     wrapped = pnr and target.family == "ice40"
     report = {"name": name, "target": target.name, "family": target.family,
-              "totals": dict(target.totals), "build_dir": str(cwd.relative_to(ROOT))
-              if cwd.resolve().is_relative_to(ROOT) else str(cwd), "key": key}
+              "totals": dict(target.totals), "build_dir": _shown(cwd), "key": _key(text, target, pnr, goal, seed)}
     report.update(_yosys(text, name, target, cwd, progress, t0))
     report["over"] = [kind for kind, total in target.totals.items() if report["resources"].get(kind, 0) > total]
     over = [f"{kind.upper()} {report['resources'][kind]}/{target.totals[kind]}" for kind in report["over"]]
     if pnr:
         flow = "register-wrapper" if wrapped else "out-of-context"
         extra_ffs = 0
+        retries = {"seed": seed, "seed_tries": seed_tries, "pnr_timeout": pnr_timeout}
         try:
             if over:  # nextpnr would only say the same after minutes
                 raise ToolError(f"ERROR: does not fit {target.name}: {', '.join(over)}")
@@ -414,12 +548,14 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
                 wrapper = RegisterWrapper(component)
                 extra_ffs = wrapper.extra_ffs
                 _yosys(wrapper, f"{name}_wrap", target, cwd, progress, t0)
-                timing = _nextpnr(f"{name}_wrap", target, cwd, goal, seed, progress, t0, ooc=False)
+                timing = _nextpnr(f"{name}_wrap", target, cwd, goal, progress, t0, ooc=False, **retries)
             else:
-                timing = _nextpnr(name, target, cwd, goal, seed, progress, t0, ooc=True)
+                timing = _nextpnr(name, target, cwd, goal, progress, t0, ooc=True, **retries)
+            report["key"] = _key(text, target, pnr, goal, timing["seed"])
         except ToolError as exc:  # typically: does not fit; keep the synthesis report
             errors = [ln for ln in str(exc).splitlines() if ln.startswith("ERROR")]
-            timing = {"fmax_mhz": None, "error": (errors or [str(exc).splitlines()[0]])[-1]}
+            timing = {"fmax_mhz": None, "error": (errors or [str(exc).splitlines()[0]])[-1], "seed": None,
+                      "attempts": getattr(exc, "attempts", [])}
             if progress and not report["over"]:  # the summary line below says "does not fit"
                 progress(f"{_stamp(t0)} place and route failed: {timing['error']}")
         timing["flow"] = flow
@@ -447,5 +583,6 @@ def summary_line(report: dict) -> str:
         parts.append(f"place and route failed: {report['pnr']['error']}")
     elif "pnr" in report:
         p = report["pnr"]
-        parts.append(f"Fmax {p['fmax_mhz']} MHz (goal {p['goal_mhz']:g}: {'met' if p['met'] else 'MISSED'})")
+        seed = f", seed {p['seed']}" if p.get("seed") is not None else ""
+        parts.append(f"Fmax {p['fmax_mhz']} MHz (goal {p['goal_mhz']:g}: {'met' if p['met'] else 'MISSED'}{seed})")
     return ", ".join(parts)

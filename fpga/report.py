@@ -53,10 +53,10 @@ def _rate(per_s: float | None) -> str:
 
 def markdown_table(reports: list[dict]) -> str:
     """One row per report: resources against the part, Fmax against the goal, peak MAC/s (units
-    with an array), critical path."""
+    with an array), the timing flow and the nextpnr seed of the result, critical path."""
     lines = ["| unit | profile | target | LUT4 | FF | DSP | BRAM | SPRAM | latches | unmapped | Fmax (MHz) "
-             "| goal | peak MAC/s | timing flow | critical path |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| goal | peak MAC/s | timing flow | seed | critical path |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in reports:
         res, tot = r["resources"], r["totals"]
         pnr = r.get("pnr") or {}
@@ -69,6 +69,7 @@ def markdown_table(reports: list[dict]) -> str:
             f"{_frac(res['bram'], tot['bram'])} | {spram} | {r['latches']} | "
             f"{sum(r['unmapped'].values())} | {fmax if fmax is not None else '-'} | "
             f"{pnr.get('goal_mhz', '-')} {met} | {_rate(peak_macs(r))} | {pnr.get('flow', '-')} | "
+            f"{pnr['seed'] if pnr.get('seed') is not None else '-'} | "
             f"{_path(pnr.get('critical_path')) or pnr.get('error', '').replace('|', '&#124;')} |")
     return "\n".join(lines) + "\n"
 
@@ -124,5 +125,5 @@ def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str,
     png = write_chart(rows, out_dir / f"{stem}.png", stem)
     md.write_text(f"# Synthesis: {stem}\n\nMade by `{command}`.\n\n" + markdown_table(rows)
                   + f"\n![resource use]({png.name})\n\nLogs: `fpga/build/<profile>-<target>-<unit>/`"
-                  " (Yosys `*.yosys.log`, nextpnr `*.nextpnr.log`, `report.json`).\n")
+                  " (Yosys `*.yosys.log`, nextpnr `*.nextpnr.log`, one per seed tried, `report.json`).\n")
     return [js, md, png]

@@ -10,6 +10,9 @@ Examples
 ``nanokpu synth --board ulx3s``
     A bitstream of a board build (:mod:`fpga.boards`): the whole nano-KPU behind the UART host
     bridge on the ULX3S, one unit behind the UART register bridge on the iCEBreaker.
+``nanokpu synth --all --seed 2 --seed-tries 3 --pnr-timeout 15``
+    Every nextpnr run starts with seed 2; a run that takes longer than 15 minutes or fails is
+    stopped and retried with seed 3, then 4. The reports record the seed of each result.
 
 A unit is a name of :data:`nanokpu.generate.UNITS` or a ``module:factory`` path whose factory
 takes a :class:`~nanokpu.config.KpuConfig`.
@@ -21,6 +24,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from fpga.flow import PNR_TIMEOUT_MIN, SEED_TRIES
 from nanokpu.config import PROFILES, profile
 
 #: The unit that is the whole design (the nano-KPU top level).
@@ -44,20 +48,33 @@ def resolve_unit(unit: str):
     return getattr(importlib.import_module(module), attr)
 
 
+def top_name(unit: str) -> str:
+    """The module name a unit's netlist gets (``nanokpu_<unit>``)."""
+    return f"nanokpu_{unit.split(':')[-1].lower()}"
+
+
 def run_units(profile_name: str, target: str, units: list[str], *, pnr: bool = True,
-              freq: float | None = None, seed: int = 1, reuse: bool = False) -> list[dict]:
+              freq: float | None = None, seed: int = 1, seed_tries: int | None = None,
+              pnr_timeout: float | None = None, reuse: bool = False) -> list[dict]:
     """Synthesize each unit of ``profile_name`` on ``target``; returns the report dicts.
+
+    ``seed``, ``seed_tries`` and ``pnr_timeout`` (minutes) are those of
+    :func:`fpga.flow.synthesize` (``None``: its defaults).
 
     The units are built with ``dsp`` set to the target's family (``ice40`` or ``ecp5``), so
     the reports measure the hand-instantiated DSP blocks of :class:`nanokpu.dsp.Multiplier`
     (simulation and the committed Verilog use ``generic``)."""
-    from fpga.flow import BUILD_DIR, TARGETS, synthesize
+    from fpga.flow import BUILD_DIR, PNR_TIMEOUT_MIN, SEED_TRIES, TARGETS, check_retries, synthesize
     cfg = profile(profile_name, dsp=TARGETS[target].family)  # the hand-mapped DSP blocks
+    seed_tries = SEED_TRIES if seed_tries is None else seed_tries
+    pnr_timeout = PNR_TIMEOUT_MIN if pnr_timeout is None else pnr_timeout
+    check_retries(seed_tries, pnr_timeout)  # before a unit is built: an unused one warns
     reports = []
     for unit in units:
         name = unit.split(":")[-1].lower()
         component = resolve_unit(unit)(cfg)
-        report = synthesize(component, f"nanokpu_{name}", target, pnr=pnr, freq=freq, seed=seed,
+        report = synthesize(component, top_name(unit), target, pnr=pnr, freq=freq, seed=seed,
+                            seed_tries=seed_tries, pnr_timeout=pnr_timeout,
                             build_dir=BUILD_DIR / f"{profile_name}-{target}-{name}", reuse=reuse,
                             progress=lambda line: print(line, flush=True))
         report["name"] = name
@@ -79,7 +96,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--board", default=None, help="board build with a bitstream (icebreaker, ulx3s)")
     parser.add_argument("--no-pnr", action="store_true", help="Yosys only (resource counts, no Fmax)")
     parser.add_argument("--freq", type=float, default=None, help="nextpnr target in MHz (default: the goal)")
-    parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
+    parser.add_argument("--seed", type=int, default=1,
+                        help="first nextpnr placer seed (the next ones follow a timeout or failure: --seed-tries)")
+    parser.add_argument("--seed-tries", type=int, default=SEED_TRIES,
+                        help=f"seeds to try per nextpnr run: --seed, --seed + 1, ... (default {SEED_TRIES})")
+    parser.add_argument("--pnr-timeout", type=float, default=PNR_TIMEOUT_MIN, metavar="MINUTES",
+                        help=f"time limit of one nextpnr run; past it the run is stopped and the next seed "
+                             f"tried (default {PNR_TIMEOUT_MIN:g}; 0: no limit)")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse a unit's last report when its RTLIL and the options are unchanged")
     parser.add_argument("--out", type=Path, default=None, help="report directory (default: fpga/reports)")
@@ -94,7 +117,8 @@ def run(args) -> int:
     command = "nanokpu synth " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "nanokpu synth"
     if args.board:
         from fpga.boards import build_board
-        build_board(args.board, profile_name=args.profile, unit=(args.unit or [None])[0],
+        build_board(args.board, profile_name=args.profile, unit=(args.unit or [None])[0], seed=args.seed,
+                    seed_tries=args.seed_tries, pnr_timeout=args.pnr_timeout,
                     progress=lambda line: print(line, flush=True))
         return 0
     if args.all:
@@ -117,7 +141,8 @@ def run(args) -> int:
                 if only is not None and unit not in only:
                     continue
                 reports += run_units(profile_name, target, [unit], pnr=not args.no_pnr, freq=args.freq,
-                                     seed=args.seed, reuse=args.reuse)
+                                     seed=args.seed, seed_tries=args.seed_tries, pnr_timeout=args.pnr_timeout,
+                                     reuse=args.reuse)
                 paths = write_reports(reports, out, stem, command)
     except ToolError as exc:
         print(f"nanokpu synth: {exc}", file=sys.stderr)

@@ -16,7 +16,7 @@ from amaranth import Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from fpga.flow import BUILD_DIR, TARGETS, ToolError, has_toolchain, synthesize
+from fpga.flow import BUILD_DIR, TARGETS, ToolError, has_toolchain, made_from, synthesize
 from fpga.report import markdown_table, peak_macs, total_row
 
 pytestmark = pytest.mark.skipif(not (has_toolchain("ice40") and has_toolchain("ecp5")),
@@ -82,6 +82,7 @@ def test_mac_maps_to_one_dsp_and_closes_timing(target):
     path = pnr["critical_path"]
     assert path["start"] and path["end"] and path["delay_ns"] > 0
     assert abs(path["logic_ns"] + path["routing_ns"] - path["delay_ns"]) < 0.01
+    assert pnr["seed"] == 1 and [a["outcome"] for a in pnr["attempts"]] == ["routed"]
     if target == "up5k":  # the wrapper: 16 input bits + 32 output bits of flip-flops, 5 pins
         assert pnr["extra_ffs"] == 48
         assert pnr["utilization"]["SB_IO"]["used"] == 5
@@ -111,6 +112,77 @@ def test_cli_writes_json_markdown_and_chart():
     table = (out / "tiny-ecp5-25f.md").read_text()
     assert "| mac_unit | tiny | ecp5-25f |" in table and "1/28 (4%)" in table
     assert (out / "tiny-ecp5-25f.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_timed_out_seed_is_retried_with_the_next(monkeypatch, capsys):
+    """``--pnr-timeout`` kills the seed-1 run of nextpnr; seed 2 (given no limit here, standing
+    in for a seed that routes in time) produces the result, and the report records it."""
+    import fpga.flow as flow
+    real = flow.run_tool
+
+    def run_tool(argv, cwd, log, stage, progress, t0, timeout_s=None):
+        if argv[0].startswith("nextpnr") and argv[argv.index("--seed") + 1] != "1":
+            timeout_s = None
+        return real(argv, cwd, log, stage, progress, t0, timeout_s)
+
+    monkeypatch.setattr(flow, "run_tool", run_tool)
+    from nanokpu.cli import main
+    out = BUILD_DIR / "test-cli-retry"
+    argv = ["synth", "--profile", "tiny", "--target", "up5k", "--unit", "tests.test_synth:mac_unit",
+            "--seed-tries", "2", "--pnr-timeout", "0.001", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "seed 1 timed out after 0.001 min, trying seed 2" in printed
+    assert "Fmax" in printed and "seed 2)" in printed
+    (report,) = json.loads((out / "tiny-up5k.json").read_text())["reports"]
+    pnr = report["pnr"]
+    assert pnr["seed"] == 2 and pnr["fmax_mhz"] > 0
+    assert [(a["seed"], a["outcome"]) for a in pnr["attempts"]] == [(1, "timed out"), (2, "routed")]
+    assert pnr["attempts"][0]["error"] == "timed out after 0.001 min"
+    build = BUILD_DIR.parent.parent / report["build_dir"]
+    assert pnr["attempts"][0]["log"].startswith("nanokpu_mac_unit_wrap.seed1.nextpnr.")  # .out if killed early
+    assert (build / pnr["attempts"][0]["log"]).exists()
+    assert "Program finished normally" in (build / pnr["attempts"][1]["log"]).read_text()
+    assert "| register-wrapper | 2 |" in (out / "tiny-up5k.md").read_text()
+    assert made_from(report, RegisteredMac(), "nanokpu_mac_unit")  # the key: this RTLIL with seed 2
+    assert not made_from(report, RegisteredMac(4), "nanokpu_mac_unit")
+    assert main([*argv, "--reuse"]) == 0  # seed 2 is one of the seeds this run tries: reused
+    assert "(unchanged, reused)" in capsys.readouterr().out
+    assert json.loads((out / "tiny-up5k.json").read_text())["reports"][0]["pnr"]["seed"] == 2
+
+
+def test_every_seed_failing_is_reported(monkeypatch):
+    """nextpnr failing with every seed (faked: no nextpnr runs) leaves the synthesis report
+    with each seed's error and no Fmax."""
+    import fpga.flow as flow
+    real = flow.run_tool
+    tried = []
+
+    def run_tool(argv, cwd, log, stage, progress, t0, timeout_s=None):
+        if not argv[0].startswith("nextpnr"):
+            return real(argv, cwd, log, stage, progress, t0, timeout_s)
+        tried.append((int(argv[argv.index("--seed") + 1]), timeout_s))
+        raise ToolError(f"{stage} failed (exit 1); log: {cwd / log}\nInfo: routing\nERROR: Failed to route design")
+
+    monkeypatch.setattr(flow, "run_tool", run_tool)
+    lines = []
+    report = synthesize(RegisteredMac(), "test_pnr_fail", "ecp5-25f", pnr=True, seed=5, seed_tries=2,
+                        pnr_timeout=2, build_dir=BUILD_DIR / "test-pnr-fail", progress=lines.append)
+    assert tried == [(5, 120), (6, 120)]
+    assert any("seed 5 failed: ERROR: Failed to route design, trying seed 6" in ln for ln in lines), lines
+    pnr = report["pnr"]
+    assert pnr["fmax_mhz"] is None and pnr["seed"] is None and not pnr["met"]
+    assert pnr["error"] == ("ERROR: no seed placed and routed: seed 5 ERROR: Failed to route design; "
+                            "seed 6 ERROR: Failed to route design")
+    assert [(a["seed"], a["outcome"]) for a in pnr["attempts"]] == [(5, "failed"), (6, "failed")]
+    assert report["resources"]["dsp"] == 1  # the synthesis report stays
+
+
+@pytest.mark.parametrize("flag,value", [("--seed-tries", "0"), ("--pnr-timeout", "-1")])
+def test_bad_retry_flags_name_the_field(flag, value, capsys):
+    from nanokpu.cli import main
+    assert main(["synth", "--unit", "tests.test_synth:mac_unit", flag, value]) == 2
+    assert flag[2:].replace("-", "_") + " = " in capsys.readouterr().err
 
 
 def test_total_row_sums_units():
