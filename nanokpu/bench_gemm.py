@@ -8,6 +8,12 @@ result is checked bit for bit against :mod:`golden.intops` and every cycle count
 to ``done``, loading A and B and storing the results included), ideal cycles
 ``M*K*N / (rows*cols)``, utilisation = ideal / cycles (Gemmini's definition) and the
 simulation speed in cycles per wall-clock second, and writes ``docs/bench/gemm.md``.
+
+The profiles of :data:`ICE40` are timed a second time as built for the iCE40 UP5K (``dsp =
+"ice40"``: the array's products in SB_MAC16 blocks, simulated with Yosys' own model, and the
+bit-serial requantiser), each shape also without its store; that table gives MAC/cycle and,
+when ``fpga/reports/<profile>-up5k.json`` holds a placed and routed GEMM engine, MAC/s at its
+measured Fmax (:func:`up5k_fmax`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ from nanokpu.config import KpuConfig, profile
 
 #: Tokens per block for each benchmarked profile.
 TOKENS = {"tiny": 16, "small": 64}
+
+#: Profiles also timed with ``dsp = "ice40"`` (their UP5K build).
+ICE40 = ("tiny",)
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "bench" / "gemm.md"
 
@@ -60,17 +69,24 @@ def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
     }
 
 
-def run_profile(name: str, seed: int) -> tuple[KpuConfig, list[dict]]:
+def run_profile(name: str, seed: int, dsp: str = "generic") -> tuple[KpuConfig, list[dict]]:
+    """Time the block's GEMMs of profile ``name`` built with ``dsp`` on Verilator (``ice40``:
+    with Yosys' SB_MAC16 model, and each shape also without store, ``cycles_compute``)."""
+    from fpga.flow import vendor_sim_model
     from nanokpu.gemm import GemmEngine
     from sim.runner import run_bench
 
-    cfg = profile(name)
+    cfg = profile(name, dsp=dsp)
     gemms = block_gemms(cfg, TOKENS[name])
+    params = {"profile": name, "seed": seed, "timing": [[m, k, n] for _, m, k, n in gemms]}
+    build_args = ()
+    if dsp == "ice40":
+        params |= {"overrides": {"dsp": dsp}, "compute_only": True}
+        build_args = (str(vendor_sim_model("SB_MAC16", "ice40")), "-Wno-MULTIDRIVEN", "-Wno-PINMISSING")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         run_bench(GemmEngine(cfg), "gemm", "bench_gemm", testcase="test_exact_cycles", seed=seed,
-                  params={"profile": name, "seed": seed, "report": str(report),
-                          "timing": [[m, k, n] for _, m, k, n in gemms]})
+                  params={**params, "report": str(report)}, build_args=build_args)
         rows = json.loads(report.read_text())
     for (label, *_), row in zip(gemms, rows, strict=True):
         row["name"] = label
@@ -79,6 +95,68 @@ def run_profile(name: str, seed: int) -> tuple[KpuConfig, list[dict]]:
         row["rate"] = row["cycles"] / row["wall"]
         row["parts"] = breakdown(cfg, row["m"], row["k"], row["n"])
     return cfg, rows
+
+
+def up5k_fmax(name: str) -> dict | None:
+    """The measured Fmax of profile ``name``'s GEMM engine placed and routed on the UP5K, from
+    ``fpga/reports/<name>-up5k.json`` (``nanokpu synth --profile <name> --target up5k --unit
+    gemm``): ``mhz``, ``seed`` (nextpnr's, ``None`` if not recorded), ``flow``, ``command``,
+    ``path`` and ``current`` (the report was made from the RTL benchmarked here,
+    :func:`fpga.flow.made_from`); ``None`` when the report has no such result."""
+    from fpga.flow import REPORT_DIR, ROOT, TARGETS, made_from
+    from nanokpu.synth import resolve_unit, top_name
+
+    path = REPORT_DIR / f"{name}-up5k.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    for r in data["reports"]:
+        pnr = r.get("pnr") or {}
+        if r["name"] == "gemm" and r.get("profile") == name and pnr.get("fmax_mhz"):
+            engine = resolve_unit("gemm")(profile(name, dsp=TARGETS["up5k"].family))  # as nanokpu synth builds it
+            return {"mhz": pnr["fmax_mhz"], "seed": pnr.get("seed"), "flow": pnr["flow"], "command": data["command"],
+                    "path": str(path.relative_to(ROOT)), "current": made_from(r, engine, top_name("gemm"))}
+    return None
+
+
+def _mega(per_s: float) -> str:
+    return f"{per_s / 1e6:.0f} M"
+
+
+def ice40_table(name: str, cfg: KpuConfig, rows: list[dict], fmax: dict | None) -> str:
+    """The ``dsp = "ice40"`` timings: cycles, utilisation, MAC/cycle and MAC/s at the measured
+    Fmax, with and without store."""
+    peak = cfg.rows * cfg.cols
+    if fmax is None:
+        source = (f"No MAC/s: `fpga/reports/{name}-up5k.json` has no placed and routed GEMM engine "
+                  f"(`nanokpu synth --profile {name} --target up5k --unit gemm` makes one).")
+    else:
+        seed = f"nextpnr seed {fmax['seed']}" if fmax["seed"] is not None else "nextpnr seed not recorded"
+        made = ("made from the RTL timed here" if fmax["current"] else
+                "**made from an earlier RTL than the one timed here**: rerun that command")
+        source = (f"MAC/s at **{fmax['mhz']} MHz**, the Fmax of this engine placed and routed on the UP5K, from "
+                  f"`{fmax['path']}` (`{fmax['command']}`, {seed}, {fmax['flow']} flow; {made}). "
+                  f"Peak: {peak} MAC/cycle, {_mega(peak * fmax['mhz'] * 1e6)} MAC/s.")
+    lines = [f"### `{name}` as built for the UP5K (`dsp = \"ice40\"`): {cfg.rows}x{cfg.cols} array on "
+             f"{peak // 2} SB_MAC16, {TOKENS[name]} tokens",
+             "",
+             "The array's products in SB_MAC16 blocks (Yosys' simulation model), the requantiser bit-serial "
+             "(`store` takes 16 cycles per result word). *Compute only*: the same command without store, "
+             "timed too (a GEMM that accumulates over several commands stores once, with the last). "
+             + source,
+             "",
+             "| GEMM | M x K x N | cycles | utilisation | MAC/cycle | MAC/s | store | compute only: cycles "
+             "| utilisation | MAC/cycle | MAC/s | sim cycles/s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        macs = r["m"] * r["k"] * r["n"]
+        cells = []
+        for cycles in (r["cycles"], r["cycles_compute"]):
+            rate = _mega(macs / cycles * fmax["mhz"] * 1e6) if fmax else "-"
+            cells.append(f"{cycles} | {100 * macs / (peak * cycles):.1f}% | {macs / cycles:.2f} | {rate}")
+        lines.append(f"| {r['name']} | {r['m']} x {r['k']} x {r['n']} | {cells[0]} | {r['parts']['store']} "
+                     f"| {cells[1]} | {r['rate']:.0f} |")
+    return "\n".join(lines)
 
 
 def table(name: str, cfg: KpuConfig, rows: list[dict]) -> str:
@@ -129,7 +207,7 @@ compute still runs (saves most of `store`).
 """
 
 
-def render(results) -> str:
+def render(results, ice40_results=()) -> str:
     parts = ["# GEMM engine benchmark (RTL on Verilator)",
              "",
              "Generated by `nanokpu bench-gemm` (`nanokpu/bench_gemm.py`). Utilisation = ideal /",
@@ -140,6 +218,8 @@ def render(results) -> str:
              ""]
     for name, cfg, rows in results:
         parts += [table(name, cfg, rows), ""]
+    for name, cfg, rows, fmax in ice40_results:
+        parts += [ice40_table(name, cfg, rows, fmax), ""]
     headline = ""
     for name, cfg, rows in results:
         for r in rows:
@@ -160,7 +240,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    results = []
+    results, ice40_results = [], []
     for name in args.profile or sorted(TOKENS, key=list(TOKENS).index):
         start = time.perf_counter()
         cfg, rows = run_profile(name, args.seed)
@@ -169,7 +249,23 @@ def run(args) -> int:
         for r in rows:
             print(f"  {r['name']:28s} {r['m']:4d} x {r['k']:4d} x {r['n']:4d}: {r['cycles']:7d} cycles, "
                   f"ideal {r['ideal']:8.0f}, utilisation {100 * r['util']:5.1f}%, {r['rate']:7.0f} cycles/s")
+        if name not in ICE40:
+            continue
+        start = time.perf_counter()
+        cfg, rows = run_profile(name, args.seed, dsp="ice40")
+        fmax = up5k_fmax(name)
+        ice40_results.append((name, cfg, rows, fmax))
+        at = (f"MAC/s at {fmax['mhz']} MHz, {fmax['path']}{'' if fmax['current'] else ' (earlier RTL)'}"
+              if fmax else "no UP5K Fmax")
+        print(f"{name}, dsp=ice40 ({time.perf_counter() - start:.0f} s with the build; {at}):")
+        for r in rows:
+            macs = r["m"] * r["k"] * r["n"]
+            line = " / ".join(
+                f"{what} {c:6d} cycles, {macs / c:5.2f} MAC/cycle"
+                + (f", {_mega(macs / c * fmax['mhz'] * 1e6)} MAC/s" if fmax else "")
+                for what, c in (("with store", r["cycles"]), ("compute only", r["cycles_compute"])))
+            print(f"  {r['name']:28s} {r['m']:4d} x {r['k']:4d} x {r['n']:4d}: {line}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(results))
+    args.out.write_text(render(results, ice40_results))
     print(f"wrote {args.out}")
     return 0

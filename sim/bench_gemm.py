@@ -3,8 +3,9 @@
 Parameters (``NANOKPU_PARAMS``): ``profile`` and ``overrides`` (the KpuConfig the design was
 built from), ``seed``, ``idle`` (probability that a source skips a cycle), ``backpressure``
 (probability that the sink is not ready), ``out_width`` (the engine's, default
-``cfg.out_width``), and for :func:`test_exact_cycles` the shapes to time. Every failure
-message carries the seed.
+``cfg.out_width``), and for :func:`test_exact_cycles` the shapes to time (``timing``), whether
+to time each also without its store (``compute_only``) and the JSON file to write the cycle
+counts to (``report``). Every failure message carries the seed.
 """
 
 from __future__ import annotations
@@ -351,7 +352,9 @@ async def test_bad_commands(dut):
 @cocotb.test()
 async def test_exact_cycles(dut):
     """With sources that never idle and a sink that never stalls, a command takes exactly
-    ``nanokpu.gemm.gemm_cycles``; prints utilisation for the shapes in ``timing``."""
+    ``nanokpu.gemm.gemm_cycles``, for the shapes in ``timing``; with ``compute_only``, each
+    shape also as a command without store (timed, ``gemm_cycles(..., store=False)``) whose
+    results a store-only command then reads and checks."""
     tb = TB(dut, 6)
     await tb.reset()
     cfg = tb.cfg
@@ -369,6 +372,15 @@ async def test_exact_cycles(dut):
         report.append({"m": m, "k": k, "n": n, "cycles": cycles, "ideal": want, "wall": wall})
         assert cycles == want or bench_params().get("explore"), (
             f"M={m} K={k} N={n}: {cycles} cycles, documented {want} {tb.where()}")
+        if bench_params().get("compute_only"):
+            _, cycles = await tb.gemm(a, b, m=m, k=k, n=n, store=False, idle=0, backpressure=0)
+            want = gemm_cycles(cfg, m, k, n, store=False)
+            assert cycles == want or bench_params().get("explore"), (
+                f"M={m} K={k} N={n} without store: {cycles} cycles, documented {want} {tb.where()}")
+            report[-1]["cycles_compute"] = cycles
+            got, _ = await tb.gemm(m=m, k=k, n=n, mult=1, shift=7, load_a=False, compute=False,
+                                   idle=0, backpressure=0)
+            tb.check(got, tb.expect(matmul_int(a, b, cfg.acc_width), 1, 7), f"timed M={m} K={k} N={n}, stored apart")
     out = bench_params().get("report")
     if out:
         with open(out, "w") as f:
