@@ -128,7 +128,8 @@ class Multiplier(wiring.Component):
 
     def _ecp5(self, m):
         rst = ResetSignal(allow_reset_less=True)
-        regs = {"OUTPUT"} | ({"INPUTA", "INPUTB"} if self.latency == 2 else set())
+        # a tuple, not a set: the parameter order, hence the netlist and its cache key, is fixed
+        regs = ("OUTPUT",) + (("INPUTB", "INPUTA") if self.latency == 2 else ())
         params = {f"p_REG_{r}_{sig}": val for r in regs
                   for sig, val in (("CLK", "CLK0"), ("CE", "CE0"), ("RST", "RST0"))}
         for i in range(self.lanes):
