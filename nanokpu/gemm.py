@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from types import SimpleNamespace
 
 from amaranth import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
@@ -87,6 +88,23 @@ def store_cycles(cfg: KpuConfig, words: int) -> int:
     """Cycles of the store phase of ``words`` result words (the sink never stalls): the
     requantiser's interval per word, its latency, the scratchpad read and its register."""
     return (words - 1) * requant_interval(cfg) + requant_latency(cfg) + 5
+
+
+def _read_port(m: Module, memory: Memory, name: str) -> SimpleNamespace:
+    """A synchronous read port of ``memory`` (``addr``, ``en``, ``data``: the row read at the
+    last edge where ``en`` was high) whose data is undefined when the row is written in the
+    same cycle: an asynchronous read into a register, which Yosys merges into the block RAM
+    without soft logic for the collision (the memory's ``no_rw_check``; on iCE40 that logic
+    delays every write by a cycle and bypasses the read data: a register and a LUT per data
+    bit). The engine never uses a read of a row written in the same cycle: a step reads the A
+    and B words it found written (``a_ok``, ``b_ok``), the drain reads each result word once
+    per command, and the store reads after the last write."""
+    port = memory.read_port(domain="comb")
+    en = Signal(name=f"{name}_rd_en", init=1)
+    rd_data = Signal.like(port.data, name=f"{name}_rd_data", reset_less=True)
+    with m.If(en):
+        m.d.sync += rd_data.eq(port.data)
+    return SimpleNamespace(addr=port.addr, en=en, data=rd_data)
 
 
 class GemmEngine(wiring.Component):
@@ -200,15 +218,14 @@ class GemmEngine(wiring.Component):
 
         m.submodules.array = array = self._array
         m.submodules.requant = requant = self._requant
-        m.submodules.spad_a = spad_a = Memory(
-            shape=data.ArrayLayout(signed(cfg.in_width), R), depth=cfg.spad_a_depth, init=[])
-        m.submodules.spad_b = spad_b = Memory(
-            shape=data.ArrayLayout(signed(cfg.in_width), C), depth=cfg.spad_b_depth, init=[])
-        m.submodules.spad_c = spad_c = Memory(
-            shape=data.ArrayLayout(signed(cfg.acc_width), R), depth=cfg.spad_c_depth, init=[])
-        a_wr, a_rd = spad_a.write_port(), spad_a.read_port()
-        b_wr, b_rd = spad_b.write_port(), spad_b.read_port()
-        c_wr, c_rd = spad_c.write_port(), spad_c.read_port()
+        spads = {}
+        for name, width, lanes, depth in [("spad_a", cfg.in_width, R, cfg.spad_a_depth),
+                                          ("spad_b", cfg.in_width, C, cfg.spad_b_depth),
+                                          ("spad_c", cfg.acc_width, R, cfg.spad_c_depth)]:
+            m.submodules[name] = spad = Memory(shape=data.ArrayLayout(signed(width), lanes), depth=depth, init=[],
+                                               attrs={"no_rw_check": 1})
+            spads[name] = spad.write_port(), _read_port(m, spad, name)
+        (a_wr, a_rd), (b_wr, b_rd), (c_wr, c_rd) = spads.values()
 
         # -- the latched command -------------------------------------------------------
         cmd = Signal(command_layout(cfg))
@@ -277,13 +294,30 @@ class GemmEngine(wiring.Component):
         c_panel = Signal(wide)      # c_addr + nb*C
         c_tile = Signal(wide)       # c_addr + mb*N + nb*C
         gap = Signal(range(self.tile_gap + 1))
-        last_k = k == k_m1
+        # The tests of a step, each a flip-flop loaded with its next-cycle value (a step is an
+        # AND of registers): last_k = (k == K - 1), last_row = (rows_c <= R: the last row block),
+        # a_ok = A word a_ptr is in scratchpad A, b_ok = B word k of panel rbuf is in scratchpad B.
+        last_k, last_row, a_ok, b_ok = (Signal(name=n) for n in ("last_k", "last_row", "a_ok", "b_ok"))
         step = Signal()
-        panel_ready = Signal()  # B word k of the panel is in: the panel is full, or loading past k
-        m.d.comb += panel_ready.eq(full.bit_select(rbuf, 1) | (b_take & (wbuf == rbuf) & (b_k > k)))
-        m.d.comb += step.eq(issuing & panel_ready
-                            & (~cmd.load_a | (a_ptr != a_wptr))  # a_ptr <= a_wptr while A streams in
-                            & (~last_k | (gap >= self.tile_gap - 1)))
+        m.d.comb += step.eq(issuing & a_ok & b_ok & (~last_k | (gap >= self.tile_gap - 1)))
+        # a_ptr never passes a_wptr while A streams in (a_ok), and every word is in once A is
+        # loaded (a_loading low; the last step of the first panel reads the last word)
+        with m.If(start):
+            m.d.sync += a_ok.eq(~cmd.load_a)
+        with m.Else():
+            m.d.sync += a_ok.eq(~a_loading | a_wr.en | Mux(step, a_ptr + 1 != a_wptr, a_ok))
+        # While issuing, panel rbuf is full or being loaded (wbuf == rbuf), b_k >= k, and B word
+        # k is in when b_k > k; a panel whose last step issues is full.
+        with m.If(start):
+            m.d.sync += b_ok.eq(0)
+        with m.Elif(step & last_k & last_row):  # word 0 of the next panel
+            m.d.sync += b_ok.eq(full.bit_select(~rbuf, 1) | ((wbuf != rbuf) & (b_wr.en | (b_k != 0))))
+        with m.Elif(step & last_k):
+            m.d.sync += b_ok.eq(1)
+        with m.Elif(step):  # word k + 1
+            m.d.sync += b_ok.eq(full.bit_select(rbuf, 1) | ((wbuf == rbuf) & (b_wr.en | (b_k != k + 1))))
+        with m.Else():
+            m.d.sync += b_ok.eq(b_ok | ((wbuf == rbuf) & b_wr.en))
         m.d.comb += [a_rd.addr.eq(a_ptr), b_rd.addr.eq(Mux(rbuf, half, 0) + k)]
         with m.If(gap < self.tile_gap):
             m.d.sync += gap.eq(gap + 1)
@@ -304,19 +338,21 @@ class GemmEngine(wiring.Component):
         with m.If(start):
             m.d.sync += [issuing.eq(cmd.compute), rbuf.eq(0), k.eq(0), a_ptr.eq(cmd.a_addr),
                          rows_c.eq(cmd.m), cols_c.eq(cmd.n), c_panel.eq(cmd.c_addr),
-                         c_tile.eq(cmd.c_addr), gap.eq(self.tile_gap)]
+                         c_tile.eq(cmd.c_addr), gap.eq(self.tile_gap),
+                         last_k.eq(k_m1 == 0), last_row.eq(cmd.m <= R)]
         with m.Elif(step):
-            m.d.sync += [k.eq(k + 1), a_ptr.eq(a_ptr + 1)]
+            m.d.sync += [k.eq(k + 1), a_ptr.eq(a_ptr + 1), last_k.eq(k + 1 == k_m1)]
             with m.If(last_k):
                 m.d.comb += tile_issued.eq(1)
                 m.d.sync += [k.eq(0), gap.eq(0), t_base.eq(c_tile),
                              t_cols.eq(Mux(cols_c < C, cols_c, C)),
-                             rows_c.eq(rows_c - R), c_tile.eq(c_tile + cmd.n)]
-                with m.If(rows_c <= R):  # last row block: the panel is done
+                             rows_c.eq(rows_c - R), c_tile.eq(c_tile + cmd.n),
+                             last_k.eq(k_m1 == 0), last_row.eq(rows_c <= 2 * R)]
+                with m.If(last_row):  # the panel is done
                     m.d.comb += full_clr.bit_select(rbuf, 1).eq(1)
                     m.d.sync += [rbuf.eq(~rbuf), a_ptr.eq(cmd.a_addr), rows_c.eq(cmd.m),
                                  cols_c.eq(cols_c - C), c_panel.eq(c_panel + C),
-                                 c_tile.eq(c_panel + C)]
+                                 c_tile.eq(c_panel + C), last_row.eq(cmd.m <= R)]
                     with m.If(cols_c <= C):
                         m.d.sync += issuing.eq(0)
 
@@ -373,20 +409,20 @@ class GemmEngine(wiring.Component):
         r_valid = Signal()          # c_rd.data holds a word read for the store
         r_mask = Signal(R)
         q_valid = Signal()          # c_q holds it
-        q_mask = Signal(R)
         out_left = Signal(wide)     # words not yet sent
         advance = ~q_valid | requant.i.ready
         m.d.comb += [requant.mult.eq(cmd.mult), requant.shift.eq(cmd.shift),
-                     requant.i.valid.eq(q_valid)]
-        for i in range(R):
-            m.d.comb += requant.i.payload[i].eq(Mux(q_mask[i], c_q[i], 0))
+                     requant.i.valid.eq(q_valid), requant.i.payload.eq(c_q)]
         wiring.connect(m, requant.o, wiring.flipped(self.c_out))
         m.d.comb += [c_rd.addr.eq(Mux(storing, s_addr, col_addr[0])),
                      c_rd.en.eq(~storing | advance)]
         with m.If(advance):
-            m.d.sync += [c_q.eq(c_rd.data), q_valid.eq(r_valid), q_mask.eq(r_mask)]
-            with m.If(~storing & ~cmd.accumulate):  # the drain adds 0: a reset, not a mux before its adder
-                m.d.sync += c_q.eq(0)
+            m.d.sync += [c_q.eq(c_rd.data), q_valid.eq(r_valid)]
+            # c_q lane i is 0 for the drain without accumulate (it adds 0) and for a row >= M in
+            # the store: a reset of its flip-flops, not a mux before the adder or the requantiser
+            for i in range(R):
+                with m.If(Mux(storing, ~r_mask[i], ~cmd.accumulate)):
+                    m.d.sync += c_q[i].eq(0)
         with m.If(store_start):
             m.d.sync += [storing.eq(1), s_addr.eq(cmd.c_addr), s_n.eq(0), s_rows.eq(cmd.m),
                          s_left.eq(c_lim - cmd.c_addr), out_left.eq(c_lim - cmd.c_addr)]
@@ -418,16 +454,20 @@ class GemmEngine(wiring.Component):
                     m.d.comb += code.eq(GemmError.ZERO_SHAPE)
                 with m.Elif(cmd.compute & (cmd.k > half)):
                     m.d.comb += code.eq(GemmError.K_TOO_LARGE)
+                # the walk's registers load whether or not the command is refused (their enables
+                # do not wait for the checks)
+                m.d.sync += [rows_left.eq(cmd.m), a_lim.eq(cmd.a_addr + cmd.k), c_lim.eq(cmd.c_addr + cmd.n)]
                 with m.If(code != GemmError.NONE):
                     m.d.sync += [self.error.eq(1), self.error_code.eq(code), self.done.eq(1)]
                     m.next = "IDLE"
                 with m.Else():
-                    m.d.sync += [rows_left.eq(cmd.m), a_lim.eq(cmd.a_addr + cmd.k),
-                                 c_lim.eq(cmd.c_addr + cmd.n)]
                     m.next = "WALK"
             with m.State("WALK"):  # one row block per cycle: a_lim, c_lim and their ranges
                 a_over = uses_a & (a_lim > cfg.spad_a_depth)
                 c_over = uses_c & (c_lim > cfg.spad_c_depth)
+                with m.If(rows_left > R):
+                    m.d.sync += [rows_left.eq(rows_left - R), a_lim.eq(a_lim + cmd.k),
+                                 c_lim.eq(c_lim + cmd.n)]
                 with m.If(a_over | c_over):
                     m.d.sync += [self.error.eq(1), self.done.eq(1),
                                  self.error_code.eq(Mux(a_over, GemmError.A_RANGE, GemmError.C_RANGE))]
@@ -435,9 +475,6 @@ class GemmEngine(wiring.Component):
                 with m.Elif(rows_left <= R):
                     m.d.sync += start.eq(1)
                     m.next = "RUN"
-                with m.Else():
-                    m.d.sync += [rows_left.eq(rows_left - R), a_lim.eq(a_lim + cmd.k),
-                                 c_lim.eq(c_lim + cmd.n)]
             with m.State("RUN"):
                 quiet = (~(start | a_loading | b_loading | issuing | drain_busy | col_busy[0] | col_busy[1]
                            | w_busy) & (pending == 0))

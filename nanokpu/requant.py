@@ -26,13 +26,14 @@ PIPELINED_LATENCY = 6
 
 def requant_latency(cfg: KpuConfig) -> int:
     """Cycles from a transfer on ``i`` to ``o.valid`` of :class:`Requantiser` (``o`` ready):
-    :data:`PIPELINED_LATENCY`, or ``mult_width + 3`` with the bit-serial product of ``ice40``."""
-    return cfg.mult_width + 3 if cfg.dsp == "ice40" else PIPELINED_LATENCY
+    :data:`PIPELINED_LATENCY`, or ``max(mult_width, 3) + 3`` with the bit-serial product of
+    ``ice40``."""
+    return max(cfg.mult_width, 3) + 3 if cfg.dsp == "ice40" else PIPELINED_LATENCY
 
 
 def requant_interval(cfg: KpuConfig) -> int:
-    """Cycles per word of :class:`Requantiser`: 1, or ``mult_width`` on ``ice40``."""
-    return cfg.mult_width if cfg.dsp == "ice40" else 1
+    """Cycles per word of :class:`Requantiser`: 1, or ``max(mult_width, 3)`` on ``ice40``."""
+    return max(cfg.mult_width, 3) if cfg.dsp == "ice40" else 1
 
 
 def _chunks(width: int, signed_top: bool) -> list[tuple[int, int]]:
@@ -58,14 +59,17 @@ class Requantiser(wiring.Component):
       input and output registers inside the MULT18X18D on ``ecp5``; 2 blocks per lane for
       32 x 16 bits) and are summed in a third stage.
     * ``ice40``: bit-serial in the fabric (no SB_MAC16: the array takes all of the UP5K's),
-      one word every ``mult_width`` cycles: ``p = 2p + (mult[j] ? i : 0)`` from the top bit of
-      ``mult`` down, one adder of ``acc_width + mult_width`` bits per lane.
+      one word every ``max(mult_width, 3)`` cycles: ``p = 2p + (mult[j] ? i : 0)`` from the top
+      bit of ``mult`` down, one adder of ``acc_width + mult_width`` bits per lane.
 
-    Then three registered stages: (1) the low ``out_width + 1`` bits of ``2 * product >>
-    shift`` (the half bit and ``product >> shift``, from a barrel shifter that keeps only
-    the bits it needs), the sticky bit of the bits below the half bit, and whether
-    ``product >> shift`` overflows ``out_width`` bits (per-command masks of ``shift``), (2)
-    the rounding increment, (3) the saturation.
+    Then three stages: (1) the low ``out_width + 1`` bits of ``2 * product >> shift`` (the
+    half bit and ``product >> shift``, from a barrel shifter that keeps only the bits it
+    needs), the sticky bit of the bits below the half bit, and whether ``product >> shift``
+    overflows ``out_width`` bits (per-command masks of ``shift``), (2) the rounding increment,
+    (3) the saturation. Pipelined, each stage is registered and serves every lane. On
+    ``ice40`` stage (1) is registered and serves two lanes, one after the other, and (2) and
+    (3) are one stage (:meth:`_serial`): half the barrel shifters and overflow checks, the
+    same latency.
 
     Parameters
     ----------
@@ -85,11 +89,11 @@ class Requantiser(wiring.Component):
     shift : In(unsigned(6))
         Held stable while words are in flight (the GEMM engine latches them per command).
 
-    Latency: :attr:`latency` cycles (:func:`requant_latency`: 6, or ``mult_width + 3`` on
-    ``ice40``) from a transfer on ``i`` to ``o.valid``, one word per :attr:`interval`
-    cycles. The pipeline after the product stalls as a whole while ``o`` is not ready
-    (``i.ready = ~o.valid | o.ready`` when pipelined; on ``ice40`` ``i.ready`` is high
-    when the serial multiplier is free or hands its product on in this cycle).
+    Latency: :attr:`latency` cycles (:func:`requant_latency`: 6, or ``max(mult_width, 3) + 3``
+    on ``ice40``) from a transfer on ``i`` to ``o.valid``, one word per :attr:`interval`
+    cycles. When pipelined, everything stalls as a whole while ``o`` is not ready (``i.ready
+    = ~o.valid | o.ready``); on ``ice40`` the product waits for ``o`` instead, and ``i.ready``
+    is high when the serial multiplier is free or hands its product on in this cycle.
     """
 
     def __init__(self, cfg: KpuConfig, lanes: int, out_width: int | None = None):
@@ -129,11 +133,6 @@ class Requantiser(wiring.Component):
         m.d.comb += advance.eq(~self.o.valid | self.o.ready)
 
         x = [Signal(signed(width), name=f"x{lane}") for lane in range(lanes)]
-        x_valid = Signal()
-        if cfg.dsp == "ice40":
-            self._serial_product(m, x, x_valid, advance)
-        else:
-            self._pipelined_product(m, x, x_valid, advance)
 
         # Per-command masks of the shift, registered (shift is stable while words are in flight).
         # x2 = 2x: x2 >> shift holds the half bit (bit 0, 0 when shift = 0) and x >> shift above.
@@ -146,43 +145,64 @@ class Requantiser(wiring.Component):
         m.d.sync += below.eq(Cat(*((hi_s > (b >> 3)) | ((hi_s == (b >> 3)) & (lo_s > (b & 7)))
                                    for b in range(width + 1))))
         m.d.comb += above.eq(Cat(Const(0, ow), ~below[:width + 1 - ow]))
-        hi = (1 << (ow - 1)) - 1
 
+        if cfg.dsp == "ice40":
+            self._serial(m, x, below, above, advance)
+            return m
+        x_valid = Signal()
+        self._pipelined_product(m, x, x_valid, advance)
         v_shift, v_round = Signal(), Signal()
         with m.If(advance):
             m.d.sync += [v_shift.eq(x_valid), v_round.eq(v_shift), self.o.valid.eq(v_round)]
         for lane in range(lanes):
-            x2 = Cat(0, x[lane]).as_signed()
-            # Stage 1: the out_width + 1 low bits of x2 >> shift only (a barrel shifter that
-            # shifts by 32 first keeps out_width + 2**k bits after the shift by 2**k), the
-            # sticky bit, and whether x >> shift overflows out_width bits (from the masks).
-            y = Signal(ow + 1, name=f"y{lane}")
-            v = x2
-            for k in reversed(range(SHIFT_WIDTH)):
-                v = Mux(self.shift[k], v >> (1 << k), v)
-                if ow + (1 << k) < len(v):  # the bits above are never needed (and not the sign)
-                    v = v[:ow + (1 << k)].as_signed()
-            sticky, over, neg = Signal(name=f"sticky{lane}"), Signal(name=f"over{lane}"), Signal(name=f"neg{lane}")
-            # Stage 2: x >> shift (out_width bits when it does not overflow) plus the increment.
+            y, sticky, over, neg = self._stage_registers(str(lane))
             rounded = Signal(signed(ow + 1), name=f"rounded{lane}")
-            q = y[1:].as_signed()
-            half = y[0]
-            if cfg.rounding == "floor":
-                inc = 0
-            elif cfg.rounding == "half_up":
-                inc = half
-            else:  # half_even
-                inc = half & (sticky | q[0])
             over2, neg2 = Signal(name=f"over2_{lane}"), Signal(name=f"neg2_{lane}")
             with m.If(advance):
-                m.d.sync += [y.eq(v), sticky.eq((x2.as_unsigned() & below).any()),
-                             over.eq(((x2.as_unsigned() ^ x2[-1].replicate(width + 1)) & above).any()),
-                             neg.eq(x2[-1]),
-                             rounded.eq(q + inc), over2.eq(over), neg2.eq(neg)]
-                # Stage 3: saturation (q + inc exceeds hi only by one).
-                m.d.sync += self.o.payload[lane].eq(
-                    Mux(over2, Mux(neg2, -hi - 1, hi), Mux(rounded > hi, hi, rounded)))
+                m.d.sync += [Cat(y, sticky, over, neg).eq(Cat(*self._shift_stage(x[lane], below, above))),
+                             rounded.eq(self._rounded(y, sticky)), over2.eq(over), neg2.eq(neg),
+                             self.o.payload[lane].eq(self._saturated(rounded, over2, neg2))]
         return m
+
+    def _stage_registers(self, name):
+        """The registers after stage (1): ``y``, ``sticky``, ``over``, ``neg``."""
+        return (Signal(self.out_width + 1, name=f"y{name}"), Signal(name=f"sticky{name}"),
+                Signal(name=f"over{name}"), Signal(name=f"neg{name}"))
+
+    def _shift_stage(self, x, below, above):
+        """Stage (1) of the product ``x``, combinational: the ``out_width + 1`` low bits of ``2x >>
+        shift`` (a barrel shifter that shifts by 32 first keeps ``out_width + 2**k`` bits after the
+        shift by ``2**k``), the sticky bit, whether ``x >> shift`` overflows ``out_width`` bits
+        (from the masks), and the sign."""
+        ow = self.out_width
+        x2 = Cat(0, x).as_signed()
+        v = x2
+        for k in reversed(range(SHIFT_WIDTH)):
+            v = Mux(self.shift[k], v >> (1 << k), v)
+            if ow + (1 << k) < len(v):  # the bits above are never needed (and not the sign)
+                v = v[:ow + (1 << k)].as_signed()
+        sticky = (x2.as_unsigned() & below).any()
+        over = ((x2.as_unsigned() ^ x2[-1].replicate(len(x2))) & above).any()
+        return v[:ow + 1], sticky, over, x2[-1]
+
+    def _rounded(self, y, sticky):
+        """Stage (2), combinational: ``x >> shift`` (``out_width`` bits when it does not overflow)
+        plus the rounding increment, ``out_width + 1`` bits signed."""
+        q = y[1:].as_signed()
+        half = y[0]
+        if self.cfg.rounding == "floor":
+            inc = 0
+        elif self.cfg.rounding == "half_up":
+            inc = half
+        else:  # half_even
+            inc = half & (sticky | q[0])
+        return q + inc
+
+    def _saturated(self, rounded, over, neg):
+        """Stage (3), combinational: saturation to ``out_width`` bits (``rounded`` exceeds the
+        largest value only by one)."""
+        hi = (1 << (self.out_width - 1)) - 1
+        return Mux(over, Mux(neg, -hi - 1, hi), Mux(rounded > hi, hi, rounded))
 
     def _pipelined_product(self, m, x, x_valid, advance):
         """``x = i * mult`` from DSP partial products, 3 stages, one word per cycle."""
@@ -208,24 +228,53 @@ class Requantiser(wiring.Component):
             with m.If(advance):
                 m.d.sync += x[lane].eq(sum(terms[1:], terms[0]))
 
-    def _serial_product(self, m, x, x_valid, advance):
-        """``x = i * mult`` bit-serially, one word per ``mult_width`` cycles, no DSP."""
+    def _serial(self, m, x, below, above, advance):
+        """``ice40``: ``x = i * mult`` bit-serially, then stages (1) and (2)+(3) shared by two lanes.
+
+        Product (``mult`` zero-extended to ``w = max(mult_width, 3)`` bits; one word per ``w``
+        cycles, no DSP): ``p = 2p + (mult[j] ? i : 0)`` from the top bit of ``mult`` down, one
+        adder of ``acc_width + mult_width`` bits per lane. Its first step, in the cycle after the
+        transfer on ``i``, adds in the top two bits at once (``(mult[w-1] ? 2i : 0) + (mult[w-2]
+        ? i : 0)``), so that the product of a word is complete ``w`` cycles after its transfer
+        (``take``) and stays in ``x`` for one more cycle, even when the next word is taken at
+        once. Lane pair ``2u, 2u + 1`` shares one stage (1): lane ``2u`` in the ``take`` cycle,
+        lane ``2u + 1`` in the next; stages (2) and (3) follow as one stage, whose result goes to
+        the lane's output register. ``o.valid`` rises 3 cycles after ``take``. Nothing after the
+        product stalls: ``take`` waits until ``o`` is free (``advance``), and the next ``take``
+        is ``w >= 3`` cycles later, when the word has left the stages.
+        """
         cfg, lanes = self.cfg, self.lanes
-        w = cfg.mult_width
-        busy = Signal()
-        count = Signal(range(w))  # product bits still to add in
+        w = max(cfg.mult_width, 3)
+        mult = Cat(self.mult, Const(0, w - cfg.mult_width))
+        busy, first = Signal(name="busy"), Signal(name="first")
+        count = Signal(range(w))  # product steps still to do
         held = Signal(data.ArrayLayout(signed(cfg.acc_width), lanes))
-        take = Signal()
-        m.d.comb += [x_valid.eq(busy & (count == 0)), take.eq(x_valid & advance),
-                     self.i.ready.eq(~busy | take)]
         bits = Signal(w)  # mult shifted left once per step: bit w - 1 is the next one to add in
-        with m.If(self.i.valid & self.i.ready):  # the top bit of mult at once
-            m.d.sync += [busy.eq(1), count.eq(w - 1), held.eq(self.i.payload), bits.eq(self.mult << 1)]
-            for lane in range(lanes):
-                m.d.sync += x[lane].eq(Mux(self.mult[w - 1], self.i.payload[lane], 0))
+        # the cycles of a word after its product: take (stage 1 on lanes 2u), odd (stage 1 on
+        # lanes 2u + 1, stage 2+3 on lanes 2u), last (stage 2+3 on lanes 2u + 1)
+        take, odd, last = (Signal(name=n) for n in ("take", "odd", "last"))
+        m.d.comb += [take.eq(busy & (count == 0) & advance),
+                     self.i.ready.eq(~busy | take)]
+        m.d.sync += [odd.eq(take), last.eq(odd)]
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [busy.eq(1), first.eq(1), count.eq(w - 1), held.eq(self.i.payload), bits.eq(mult << 1)]
         with m.Elif(take):
             m.d.sync += busy.eq(0)
         with m.Elif(busy & (count != 0)):
-            m.d.sync += [count.eq(count - 1), bits.eq(bits << 1)]
+            m.d.sync += [first.eq(0), count.eq(count - 1), bits.eq(bits << 1)]
             for lane in range(lanes):
-                m.d.sync += x[lane].eq((x[lane] << 1) + Mux(bits[w - 1], held[lane], 0))
+                p = Mux(first, Mux(mult[w - 1], held[lane], 0), x[lane])
+                m.d.sync += x[lane].eq((p << 1) + Mux(bits[w - 1], held[lane], 0))
+        with m.If(last):
+            m.d.sync += self.o.valid.eq(1)
+        with m.Elif(self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        for u in range(0, lanes, 2):
+            pair = x[u:u + 2]
+            y, sticky, over, neg = self._stage_registers(str(u // 2))
+            m.d.sync += Cat(y, sticky, over, neg).eq(Cat(*self._shift_stage(Mux(odd, pair[-1], pair[0]), below, above)))
+            result = self._saturated(self._rounded(y, sticky), over, neg)
+            for lane, when in zip(range(u, u + 2), (odd, last), strict=True):
+                if lane < lanes:
+                    with m.If(when):
+                        m.d.sync += self.o.payload[lane].eq(result)

@@ -38,9 +38,9 @@ def corner_cases(cfg, out_width):
     return cases
 
 
-def run_requant(cfg, out_width, cases, seed):
+def run_requant(cfg, out_width, cases, seed, lanes=LANES):
     """Drive ``cases`` through the RTL with random idle/backpressure; returns the outputs."""
-    dut = Requantiser(cfg, LANES, out_width)
+    dut = Requantiser(cfg, lanes, out_width)
     rng = np.random.default_rng(seed)
     # Group cases by (mult, shift): the configuration is held per burst, like the engine does.
     groups = {}
@@ -52,8 +52,8 @@ def run_requant(cfg, out_width, cases, seed):
         for (mult, shift), accs in groups.items():
             ctx.set(dut.mult, mult)
             ctx.set(dut.shift, shift)
-            words = [accs[k:k + LANES] + [0] * (LANES - len(accs[k:k + LANES]))
-                     for k in range(0, len(accs), LANES)]
+            words = [accs[k:k + lanes] + [0] * (lanes - len(accs[k:k + lanes]))
+                     for k in range(0, len(accs), lanes)]
             got = []
             sent = 0
             while len(got) < len(words):
@@ -98,30 +98,50 @@ def test_requant_matches_golden(rounding, out_width, dsp):
             f"seed {seed}: mult={mult} shift={shift} acc={accs}")
 
 
-@pytest.mark.parametrize("dsp, latency, interval", [("generic", 6, 1), ("ice40", 19, 16)])
-def test_requant_latency_and_interval(dsp, latency, interval):
+@pytest.mark.parametrize("mult_width, lanes", [(1, 1), (2, 3), (3, 3), (5, 4)])
+def test_serial_requant_matches_golden(mult_width, lanes):
+    """``ice40`` with short multipliers (zero-extended to 3 bits; the first product step adds in
+    two bits) and odd lane counts (a lane pair with one lane): every corner and random case."""
+    seed = 2000 + 10 * mult_width + lanes
+    cfg = profile("tiny", dsp="ice40", mult_width=mult_width)
+    rng = np.random.default_rng(seed)
+    cases = corner_cases(cfg, 8)
+    for _ in range(40):
+        cases.append((int(rng.integers(-(1 << 31), 1 << 31)), int(rng.integers(0, 1 << mult_width)),
+                      int(rng.integers(0, 64))))
+    groups, results = run_requant(cfg, 8, cases, seed, lanes)
+    for (mult, shift), accs in groups.items():
+        want = requantize(np.array(accs), mult, shift, 8, cfg.rounding).tolist()
+        assert results[(mult, shift)] == want, f"seed {seed}: mult={mult} shift={shift} acc={accs}"
+
+
+@pytest.mark.parametrize("dsp, mult_width, lanes, latency, interval", [
+    ("generic", 16, 1, 6, 1), ("ice40", 16, 1, 19, 16), ("ice40", 16, 4, 19, 16), ("ice40", 3, 3, 6, 3),
+    ("ice40", 2, 2, 6, 3), ("ice40", 1, 1, 6, 3)])
+def test_requant_latency_and_interval(dsp, mult_width, lanes, latency, interval):
     """Three words offered back to back: the first ``o.valid`` after ``latency`` cycles, the
-    words ``interval`` cycles apart."""
-    cfg = profile("tiny", dsp=dsp, mult_width=16)
-    dut = Requantiser(cfg, 1)
+    words ``interval`` cycles apart (``ice40``: ``max(mult_width, 3) + 3`` and ``max(mult_width,
+    3)``, any number of lanes)."""
+    cfg = profile("tiny", dsp=dsp, mult_width=mult_width)
+    dut = Requantiser(cfg, lanes)
     assert (dut.latency, dut.interval) == (latency, interval)
+    mult = min(3, (1 << mult_width) - 1)
 
     async def tb(ctx):
         ctx.set(dut.o.ready, 1)
-        ctx.set(dut.mult, 3)
-        ctx.set(dut.i.valid, 1)
+        ctx.set(dut.mult, mult)
         taken, outs = [], []
         for cycle in range(latency + 3 * interval + 2):
-            ctx.set(dut.i.payload, [5 + len(taken)])
+            ctx.set(dut.i.payload, [5 + len(taken) + lane for lane in range(lanes)])
             ctx.set(dut.i.valid, len(taken) < 3)
             await ctx.delay(1e-9)
             if ctx.get(dut.i.valid) and ctx.get(dut.i.ready):
                 taken.append(cycle)
             if ctx.get(dut.o.valid):
-                outs.append((cycle, int(ctx.get(dut.o.payload)[0])))
+                outs.append((cycle, [int(v) for v in ctx.get(dut.o.payload)]))
             await ctx.tick()
         assert taken == [0, interval, 2 * interval]
-        assert outs == [(latency + t, 3 * (5 + n)) for n, t in enumerate(taken)]
+        assert outs == [(latency + t, [mult * (5 + n + lane) for lane in range(lanes)]) for n, t in enumerate(taken)]
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)

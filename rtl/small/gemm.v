@@ -9,10 +9,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$100 ;
   wire \$101 ;
   wire \$102 ;
-  wire [2:0] \$103 ;
-  wire [17:0] \$104 ;
-  wire [19:0] \$105 ;
-  wire [19:0] \$106 ;
+  wire \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire \$106 ;
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
@@ -28,14 +28,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$118 ;
   wire \$119 ;
   wire \$12 ;
-  wire [9:0] \$120 ;
-  wire [17:0] \$121 ;
-  wire \$122 ;
+  wire \$120 ;
+  wire [19:0] \$121 ;
+  wire [19:0] \$122 ;
   wire \$123 ;
   wire \$124 ;
-  wire \$125 ;
-  wire \$126 ;
-  wire \$127 ;
+  wire [19:0] \$125 ;
+  wire [19:0] \$126 ;
+  wire [17:0] \$127 ;
   wire \$128 ;
   wire \$129 ;
   wire [17:0] \$13 ;
@@ -45,33 +45,33 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$133 ;
   wire \$134 ;
   wire \$135 ;
-  wire \$136 ;
+  wire [17:0] \$136 ;
   wire \$137 ;
-  wire [9:0] \$138 ;
-  wire [17:0] \$139 ;
+  wire [17:0] \$138 ;
+  wire \$139 ;
   wire \$14 ;
-  wire \$140 ;
-  wire \$141 ;
-  wire \$142 ;
-  wire [32:0] \$143 ;
-  wire [32:0] \$144 ;
-  wire [32:0] \$145 ;
-  wire [32:0] \$146 ;
-  wire [32:0] \$147 ;
-  wire [32:0] \$148 ;
-  wire [32:0] \$149 ;
+  wire [19:0] \$140 ;
+  wire [17:0] \$141 ;
+  wire [17:0] \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire [17:0] \$145 ;
+  wire [19:0] \$146 ;
+  wire [19:0] \$147 ;
+  wire \$148 ;
+  wire \$149 ;
   wire \$15 ;
-  wire [32:0] \$150 ;
-  wire [31:0] \$151 ;
-  wire [31:0] \$152 ;
-  wire [31:0] \$153 ;
-  wire [31:0] \$154 ;
-  wire [31:0] \$155 ;
-  wire [31:0] \$156 ;
-  wire [31:0] \$157 ;
-  wire [31:0] \$158 ;
-  wire [18:0] \$159 ;
-  wire [5:0] \$16 ;
+  wire \$150 ;
+  wire \$151 ;
+  wire \$152 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire [2:0] \$159 ;
+  wire \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
@@ -86,172 +86,212 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
-  wire \$173 ;
-  wire \$174 ;
+  wire [9:0] \$173 ;
+  wire [17:0] \$174 ;
   wire \$175 ;
   wire \$176 ;
   wire \$177 ;
   wire \$178 ;
   wire \$179 ;
-  wire \$18 ;
+  wire [19:0] \$18 ;
   wire \$180 ;
   wire \$181 ;
-  wire \$182 ;
-  wire \$183 ;
+  wire [9:0] \$182 ;
+  wire [17:0] \$183 ;
   wire \$184 ;
-  wire \$185 ;
-  wire \$186 ;
-  wire \$187 ;
-  wire \$188 ;
-  wire \$189 ;
+  wire [32:0] \$185 ;
+  wire [32:0] \$186 ;
+  wire [32:0] \$187 ;
+  wire [32:0] \$188 ;
+  wire [32:0] \$189 ;
   wire \$19 ;
-  wire \$190 ;
-  wire \$191 ;
-  reg [16:0] \$192 ;
-  reg \$193 ;
-  reg [18:0] \$194 ;
-  reg \$195 ;
-  reg [1:0] \$196 ;
-  reg \$197 ;
-  reg \$198 ;
-  reg [16:0] \$199 ;
+  wire [32:0] \$190 ;
+  wire [32:0] \$191 ;
+  wire [32:0] \$192 ;
+  wire [18:0] \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg [16:0] \$200 ;
-  reg [4:0] \$201 ;
-  reg \$202 ;
-  reg \$203 ;
-  reg \$204 ;
-  reg [7:0] \$205 ;
-  reg \$206 ;
-  reg \$207 ;
-  reg \$208 ;
-  reg [63:0] \$209 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire \$203 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
   wire \$21 ;
-  reg [63:0] \$210 ;
-  reg \$211 ;
-  reg \$212 ;
-  reg [16:0] \$213 ;
-  reg [18:0] \$214 ;
-  reg [16:0] \$215 ;
-  reg [16:0] \$216 ;
-  reg [18:0] \$217 ;
-  reg [18:0] \$218 ;
-  reg [18:0] \$219 ;
+  wire \$210 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
   wire \$22 ;
-  reg [3:0] \$220 ;
-  reg [3:0] \$221 ;
-  reg [18:0] \$222 ;
-  reg [3:0] \$223 ;
-  reg \$224 ;
-  reg \$225 ;
-  reg \$226 ;
-  reg [18:0] \$227 ;
-  reg \$228 ;
-  reg \$229 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire \$223 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire [63:0] \$226 ;
+  wire [63:0] \$227 ;
+  reg [255:0] \$228 ;
+  reg [16:0] \$229 ;
   wire \$23 ;
-  reg [18:0] \$230 ;
-  reg \$231 ;
+  reg \$230 ;
+  reg [18:0] \$231 ;
   reg \$232 ;
-  reg [18:0] \$233 ;
-  reg [255:0] \$234 ;
-  reg [255:0] \$235 ;
-  reg [255:0] \$236 ;
-  reg [1:0] \$237 ;
-  reg [255:0] \$238 ;
+  reg [1:0] \$233 ;
+  reg \$234 ;
+  reg \$235 ;
+  reg [16:0] \$236 ;
+  reg [16:0] \$237 ;
+  reg \$238 ;
   reg \$239 ;
   wire \$24 ;
-  reg [7:0] \$240 ;
+  reg [4:0] \$240 ;
   reg \$241 ;
-  reg [18:0] \$242 ;
-  reg [16:0] \$243 ;
-  reg [16:0] \$244 ;
-  reg [18:0] \$245 ;
-  reg [18:0] \$246 ;
+  reg \$242 ;
+  reg \$243 ;
+  reg [7:0] \$244 ;
+  reg \$245 ;
+  reg \$246 ;
   reg \$247 ;
-  reg [7:0] \$248 ;
-  reg \$249 ;
+  reg [63:0] \$248 ;
+  reg [63:0] \$249 ;
   wire \$25 ;
-  reg [101:0] \$250 ;
+  reg \$250 ;
   reg \$251 ;
-  reg [2:0] \$252 ;
-  reg [2:0] \$253 ;
+  reg [16:0] \$252 ;
+  reg [18:0] \$253 ;
   reg [16:0] \$254 ;
-  reg [18:0] \$255 ;
+  reg [16:0] \$255 ;
   reg [18:0] \$256 ;
+  reg [18:0] \$257 ;
+  reg \$258 ;
+  reg \$259 ;
   wire \$26 ;
-  wire [7:0] \$27 ;
-  wire [7:0] \$28 ;
-  wire [7:0] \$29 ;
+  reg [18:0] \$260 ;
+  reg [3:0] \$261 ;
+  reg [3:0] \$262 ;
+  reg [18:0] \$263 ;
+  reg [3:0] \$264 ;
+  reg \$265 ;
+  reg \$266 ;
+  reg \$267 ;
+  reg [18:0] \$268 ;
+  reg \$269 ;
+  wire \$27 ;
+  reg \$270 ;
+  reg [18:0] \$271 ;
+  reg \$272 ;
+  reg \$273 ;
+  reg [18:0] \$274 ;
+  reg [255:0] \$275 ;
+  reg [255:0] \$276 ;
+  reg [255:0] \$277 ;
+  reg [1:0] \$278 ;
+  reg [255:0] \$279 ;
+  wire \$28 ;
+  reg \$280 ;
+  reg \$281 ;
+  reg [18:0] \$282 ;
+  reg [16:0] \$283 ;
+  reg [16:0] \$284 ;
+  reg [18:0] \$285 ;
+  reg [18:0] \$286 ;
+  reg \$287 ;
+  reg [7:0] \$288 ;
+  reg \$289 ;
+  wire \$29 ;
+  reg [101:0] \$290 ;
+  reg \$291 ;
+  reg [2:0] \$292 ;
+  reg [2:0] \$293 ;
+  reg [16:0] \$294 ;
+  reg [18:0] \$295 ;
+  reg [18:0] \$296 ;
   wire [19:0] \$3 ;
-  wire [7:0] \$30 ;
-  wire [7:0] \$31 ;
-  wire [7:0] \$32 ;
-  wire [7:0] \$33 ;
-  wire [7:0] \$34 ;
-  wire [17:0] \$35 ;
-  wire [19:0] \$36 ;
+  wire \$30 ;
+  wire \$31 ;
+  wire \$32 ;
+  wire \$33 ;
+  wire [17:0] \$34 ;
+  wire \$35 ;
+  wire \$36 ;
   wire \$37 ;
   wire \$38 ;
-  wire [16:0] \$39 ;
+  wire \$39 ;
   wire [19:0] \$4 ;
-  wire [17:0] \$40 ;
-  wire [19:0] \$41 ;
+  wire \$40 ;
+  wire \$41 ;
   wire \$42 ;
-  wire \$43 ;
-  wire [17:0] \$44 ;
-  wire [19:0] \$45 ;
-  wire [19:0] \$46 ;
+  wire [5:0] \$43 ;
+  wire \$44 ;
+  wire \$45 ;
+  wire \$46 ;
   wire \$47 ;
-  wire [4:0] \$48 ;
+  wire \$48 ;
   wire \$49 ;
   wire \$5 ;
   wire \$50 ;
-  wire [3:0] \$51 ;
-  wire [3:0] \$52 ;
-  wire \$53 ;
-  wire \$54 ;
-  wire \$55 ;
-  wire [18:0] \$56 ;
-  wire [3:0] \$57 ;
-  wire [19:0] \$58 ;
-  wire [2:0] \$59 ;
+  wire \$51 ;
+  wire \$52 ;
+  wire [7:0] \$53 ;
+  wire [7:0] \$54 ;
+  wire [7:0] \$55 ;
+  wire [7:0] \$56 ;
+  wire [7:0] \$57 ;
+  wire [7:0] \$58 ;
+  wire [7:0] \$59 ;
   wire [1:0] \$6 ;
-  wire [3:0] \$60 ;
+  wire [7:0] \$60 ;
   wire \$61 ;
   wire \$62 ;
-  wire \$63 ;
-  wire \$64 ;
-  wire \$65 ;
+  wire [17:0] \$63 ;
+  wire [19:0] \$64 ;
+  wire [17:0] \$65 ;
   wire \$66 ;
   wire \$67 ;
-  wire \$68 ;
-  wire [19:0] \$69 ;
+  wire [16:0] \$68 ;
+  wire [17:0] \$69 ;
   wire [1:0] \$7 ;
   wire [19:0] \$70 ;
   wire \$71 ;
   wire \$72 ;
-  wire [19:0] \$73 ;
-  wire [19:0] \$74 ;
-  wire [17:0] \$75 ;
-  wire \$76 ;
+  wire \$73 ;
+  wire [17:0] \$74 ;
+  wire [19:0] \$75 ;
+  wire [19:0] \$76 ;
   wire \$77 ;
   wire \$78 ;
-  wire \$79 ;
+  wire [4:0] \$79 ;
   wire [1:0] \$8 ;
   wire \$80 ;
   wire \$81 ;
-  wire \$82 ;
-  wire \$83 ;
-  wire [17:0] \$84 ;
+  wire [3:0] \$82 ;
+  wire [3:0] \$83 ;
+  wire \$84 ;
   wire \$85 ;
-  wire [17:0] \$86 ;
-  wire \$87 ;
-  wire [19:0] \$88 ;
-  wire \$89 ;
+  wire \$86 ;
+  wire [18:0] \$87 ;
+  wire [3:0] \$88 ;
+  wire [19:0] \$89 ;
   wire \$9 ;
-  wire [17:0] \$90 ;
-  wire [17:0] \$91 ;
+  wire [2:0] \$90 ;
+  wire [3:0] \$91 ;
   wire \$92 ;
   wire \$93 ;
   wire \$94 ;
@@ -262,32 +302,32 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$99 ;
   (* init = 1'h0 *)
   wire \$signal ;
-  reg [1:0] \$signal$25 ;
-  reg \$signal$28  = 1'h0;
-  reg \$signal$33  = 1'h0;
-  reg \$signal$35  = 1'h0;
+  reg [1:0] \$signal$34 ;
+  reg \$signal$37  = 1'h0;
+  reg \$signal$52  = 1'h0;
+  reg \$signal$53  = 1'h0;
   wire [11:0] \$signature__addr ;
-  wire [10:0] \$signature__addr$105 ;
-  wire [9:0] \$signature__addr$97 ;
+  wire [9:0] \$signature__addr$107 ;
+  wire [10:0] \$signature__addr$113 ;
   wire [63:0] \$signature__data ;
-  wire [255:0] \$signature__data$104 ;
-  wire [31:0] \$signature__data$104[0] ;
-  wire [31:0] \$signature__data$104[1] ;
-  wire [31:0] \$signature__data$104[2] ;
-  wire [31:0] \$signature__data$104[3] ;
-  wire [31:0] \$signature__data$104[4] ;
-  wire [31:0] \$signature__data$104[5] ;
-  wire [31:0] \$signature__data$104[6] ;
-  wire [31:0] \$signature__data$104[7] ;
-  wire [63:0] \$signature__data$98 ;
-  wire [7:0] \$signature__data$98[0] ;
-  wire [7:0] \$signature__data$98[1] ;
-  wire [7:0] \$signature__data$98[2] ;
-  wire [7:0] \$signature__data$98[3] ;
-  wire [7:0] \$signature__data$98[4] ;
-  wire [7:0] \$signature__data$98[5] ;
-  wire [7:0] \$signature__data$98[6] ;
-  wire [7:0] \$signature__data$98[7] ;
+  wire [63:0] \$signature__data$108 ;
+  wire [7:0] \$signature__data$108[0] ;
+  wire [7:0] \$signature__data$108[1] ;
+  wire [7:0] \$signature__data$108[2] ;
+  wire [7:0] \$signature__data$108[3] ;
+  wire [7:0] \$signature__data$108[4] ;
+  wire [7:0] \$signature__data$108[5] ;
+  wire [7:0] \$signature__data$108[6] ;
+  wire [7:0] \$signature__data$108[7] ;
+  wire [255:0] \$signature__data$112 ;
+  wire [31:0] \$signature__data$112[0] ;
+  wire [31:0] \$signature__data$112[1] ;
+  wire [31:0] \$signature__data$112[2] ;
+  wire [31:0] \$signature__data$112[3] ;
+  wire [31:0] \$signature__data$112[4] ;
+  wire [31:0] \$signature__data$112[5] ;
+  wire [31:0] \$signature__data$112[6] ;
+  wire [31:0] \$signature__data$112[7] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
@@ -298,8 +338,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [7:0] \$signature__data[7] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$106 ;
-  wire \$signature__en$99 ;
+  wire \$signature__en$114 ;
+  wire \$signature__en$49 ;
   reg [63:0] a = 64'h0000000000000000;
   wire [7:0] \a[0] ;
   wire [7:0] \a[1] ;
@@ -324,17 +364,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input a_in__valid;
   wire a_in__valid;
   reg [18:0] a_lim = 19'h00000;
+  reg a_ok = 1'h0;
   reg [18:0] a_ptr = 19'h00000;
-  wire [11:0] a_rd__addr;
-  wire [63:0] a_rd__data;
-  wire [7:0] \a_rd__data[0] ;
-  wire [7:0] \a_rd__data[1] ;
-  wire [7:0] \a_rd__data[2] ;
-  wire [7:0] \a_rd__data[3] ;
-  wire [7:0] \a_rd__data[4] ;
-  wire [7:0] \a_rd__data[5] ;
-  wire [7:0] \a_rd__data[6] ;
-  wire [7:0] \a_rd__data[7] ;
   reg [18:0] a_wptr = 19'h00000;
   reg [63:0] b = 64'h0000000000000000;
   wire [7:0] \b[0] ;
@@ -361,16 +392,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input b_in__valid;
   wire b_in__valid;
   reg [16:0] b_k = 17'h00000;
-  wire [9:0] b_rd__addr;
-  wire [63:0] b_rd__data;
-  wire [7:0] \b_rd__data[0] ;
-  wire [7:0] \b_rd__data[1] ;
-  wire [7:0] \b_rd__data[2] ;
-  wire [7:0] \b_rd__data[3] ;
-  wire [7:0] \b_rd__data[4] ;
-  wire [7:0] \b_rd__data[5] ;
-  wire [7:0] \b_rd__data[6] ;
-  wire [7:0] \b_rd__data[7] ;
+  reg b_ok = 1'h0;
   wire b_take;
   output busy;
   wire busy;
@@ -399,17 +421,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [31:0] \c_q[5] ;
   wire [31:0] \c_q[6] ;
   wire [31:0] \c_q[7] ;
-  wire [10:0] c_rd__addr;
-  wire [255:0] c_rd__data;
-  wire [31:0] \c_rd__data[0] ;
-  wire [31:0] \c_rd__data[1] ;
-  wire [31:0] \c_rd__data[2] ;
-  wire [31:0] \c_rd__data[3] ;
-  wire [31:0] \c_rd__data[4] ;
-  wire [31:0] \c_rd__data[5] ;
-  wire [31:0] \c_rd__data[6] ;
-  wire [31:0] \c_rd__data[7] ;
-  wire c_rd__en;
   reg [18:0] c_tile = 19'h00000;
   input clk;
   wire clk;
@@ -480,7 +491,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [3:0] d_cols = 4'h0;
   output done;
   reg done = 1'h0;
-  wire \done$55 ;
+  wire \done$68 ;
   reg drain_busy = 1'h0;
   output error;
   reg error = 1'h0;
@@ -498,6 +509,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [1:0] full = 2'h0;
   reg [1:0] full_clr;
   reg [4:0] gap = 5'h00;
+  (* init = 256'h0000000000000000000000000000000000000000000000000000000000000000 *)
   wire [255:0] i__payload;
   wire [31:0] \i__payload[0] ;
   wire [31:0] \i__payload[1] ;
@@ -514,6 +526,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [16:0] k = 17'h00000;
   reg [16:0] k_m1 = 17'h00000;
   reg last = 1'h0;
+  reg last_k = 1'h0;
+  reg last_row = 1'h0;
   wire [15:0] mult;
   wire [63:0] o__payload;
   wire [7:0] \o__payload[0] ;
@@ -536,9 +550,37 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [31:0] \out[6] ;
   wire [31:0] \out[7] ;
   reg [18:0] out_left = 19'h00000;
-  wire panel_ready;
   reg [1:0] pending = 2'h0;
-  reg [7:0] q_mask = 8'h00;
+  wire [11:0] port__addr;
+  wire [9:0] \port__addr$110 ;
+  wire [10:0] \port__addr$122 ;
+  wire [63:0] port__data;
+  wire [63:0] \port__data$23 ;
+  wire [7:0] \port__data$23[0] ;
+  wire [7:0] \port__data$23[1] ;
+  wire [7:0] \port__data$23[2] ;
+  wire [7:0] \port__data$23[3] ;
+  wire [7:0] \port__data$23[4] ;
+  wire [7:0] \port__data$23[5] ;
+  wire [7:0] \port__data$23[6] ;
+  wire [7:0] \port__data$23[7] ;
+  wire [255:0] \port__data$26 ;
+  wire [31:0] \port__data$26[0] ;
+  wire [31:0] \port__data$26[1] ;
+  wire [31:0] \port__data$26[2] ;
+  wire [31:0] \port__data$26[3] ;
+  wire [31:0] \port__data$26[4] ;
+  wire [31:0] \port__data$26[5] ;
+  wire [31:0] \port__data$26[6] ;
+  wire [31:0] \port__data$26[7] ;
+  wire [7:0] \port__data[0] ;
+  wire [7:0] \port__data[1] ;
+  wire [7:0] \port__data[2] ;
+  wire [7:0] \port__data[3] ;
+  wire [7:0] \port__data[4] ;
+  wire [7:0] \port__data[5] ;
+  wire [7:0] \port__data[6] ;
+  wire [7:0] \port__data[7] ;
   reg q_valid = 1'h0;
   reg [7:0] r_mask = 8'h00;
   reg r_valid = 1'h0;
@@ -554,7 +596,37 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [16:0] s_n = 17'h00000;
   reg [16:0] s_rows = 17'h00000;
   wire shift;
-  wire [5:0] \shift$108 ;
+  wire [5:0] \shift$116 ;
+  reg [63:0] spad_a_rd_data = 64'h0000000000000000;
+  wire [7:0] \spad_a_rd_data[0] ;
+  wire [7:0] \spad_a_rd_data[1] ;
+  wire [7:0] \spad_a_rd_data[2] ;
+  wire [7:0] \spad_a_rd_data[3] ;
+  wire [7:0] \spad_a_rd_data[4] ;
+  wire [7:0] \spad_a_rd_data[5] ;
+  wire [7:0] \spad_a_rd_data[6] ;
+  wire [7:0] \spad_a_rd_data[7] ;
+  wire spad_a_rd_en;
+  reg [63:0] spad_b_rd_data = 64'h0000000000000000;
+  wire [7:0] \spad_b_rd_data[0] ;
+  wire [7:0] \spad_b_rd_data[1] ;
+  wire [7:0] \spad_b_rd_data[2] ;
+  wire [7:0] \spad_b_rd_data[3] ;
+  wire [7:0] \spad_b_rd_data[4] ;
+  wire [7:0] \spad_b_rd_data[5] ;
+  wire [7:0] \spad_b_rd_data[6] ;
+  wire [7:0] \spad_b_rd_data[7] ;
+  wire spad_b_rd_en;
+  reg [255:0] spad_c_rd_data = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+  wire [31:0] \spad_c_rd_data[0] ;
+  wire [31:0] \spad_c_rd_data[1] ;
+  wire [31:0] \spad_c_rd_data[2] ;
+  wire [31:0] \spad_c_rd_data[3] ;
+  wire [31:0] \spad_c_rd_data[4] ;
+  wire [31:0] \spad_c_rd_data[5] ;
+  wire [31:0] \spad_c_rd_data[6] ;
+  wire [31:0] \spad_c_rd_data[7] ;
+  wire spad_c_rd_en;
   reg start = 1'h0;
   wire step;
   reg store_start;
@@ -577,6 +649,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [31:0] \w_word[6] ;
   wire [31:0] \w_word[7] ;
   reg wbuf = 1'h0;
+  (* no_rw_check = 32'd1 *)
   reg [63:0] spad_a [4095:0];
   initial begin
     spad_a[0] = 64'h0000000000000000;
@@ -4680,11 +4753,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     if (\$signature__en )
       spad_a[a_wptr[11:0]] <= a_in__payload;
   end
-  reg [63:0] _0_;
-  always @(posedge clk) begin
-    _0_ <= spad_a[a_ptr[11:0]];
-  end
-  assign a_rd__data = _0_;
+  assign port__data = spad_a[a_ptr[11:0]];
+  (* no_rw_check = 32'd1 *)
   reg [63:0] spad_b [1023:0];
   initial begin
     spad_b[0] = 64'h0000000000000000;
@@ -5713,14 +5783,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     spad_b[1023] = 64'h0000000000000000;
   end
   always @(posedge clk) begin
-    if (\$signature__en$99 )
-      spad_b[\$121 [9:0]] <= b_in__payload;
+    if (\$signature__en$49 )
+      spad_b[\$174 [9:0]] <= b_in__payload;
   end
-  reg [63:0] _1_;
-  always @(posedge clk) begin
-    _1_ <= spad_b[\$139 [9:0]];
-  end
-  assign b_rd__data = _1_;
+  assign \port__data$23  = spad_b[\$183 [9:0]];
+  (* no_rw_check = 32'd1 *)
   reg [255:0] spad_c [2047:0];
   initial begin
     spad_c[0] = 256'h0000000000000000000000000000000000000000000000000000000000000000;
@@ -7774,21 +7841,15 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[10:0]] <= \$signature__data$104 ;
+      spad_c[w_addr[10:0]] <= \$signature__data$112 ;
   end
-  reg [255:0] _2_;
-  always @(posedge clk) begin
-    if (c_rd__en) begin
-      _2_ <= spad_c[\$159 [10:0]];
-    end
-  end
-  assign c_rd__data = _2_;
+  assign \port__data$26  = spad_c[\$193 [10:0]];
   assign \$1  = cmd[33:17] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
   assign \$4  = a_wptr + 1'h1;
   assign \$5  = \$4  == a_lim;
-  assign \$6  = full | \$signal$25 ;
+  assign \$6  = full | \$signal$34 ;
   assign \$7  = ~ full_clr;
   assign \$8  = \$6  & \$7 ;
   assign \$9  = b_in__valid & b_in__ready;
@@ -7797,326 +7858,371 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$12  = ~ wbuf;
   assign \$13  = b_cols_left - 4'h8;
   assign \$14  = b_cols_left <= 4'h8;
-  assign \$15  = gap < 5'h17;
-  assign \$16  = gap + 1'h1;
-  assign \$17  = ! k;
-  assign \$18  = k == k_m1;
-  assign \$19  = rows_c > 1'h0;
-  assign \$20  = rows_c > 1'h1;
-  assign \$21  = rows_c > 2'h2;
-  assign \$22  = rows_c > 2'h3;
-  assign \$23  = rows_c > 3'h4;
-  assign \$24  = rows_c > 3'h5;
-  assign \$25  = rows_c > 3'h6;
-  assign \$26  = rows_c > 3'h7;
-  assign \$27  = s_mask[0] ? a_rd__data[7:0] : 8'h00;
-  assign \$28  = s_mask[1] ? a_rd__data[15:8] : 8'h00;
-  assign \$29  = s_mask[2] ? a_rd__data[23:16] : 8'h00;
-  assign \$30  = s_mask[3] ? a_rd__data[31:24] : 8'h00;
-  assign \$31  = s_mask[4] ? a_rd__data[39:32] : 8'h00;
-  assign \$32  = s_mask[5] ? a_rd__data[47:40] : 8'h00;
-  assign \$33  = s_mask[6] ? a_rd__data[55:48] : 8'h00;
-  assign \$34  = s_mask[7] ? a_rd__data[63:56] : 8'h00;
-  assign \$35  = k + 1'h1;
-  assign \$36  = a_ptr + 1'h1;
-  assign \$37  = k == k_m1;
-  assign \$38  = cols_c < 4'h8;
-  assign \$39  = \$38  ? cols_c : 17'h00008;
-  assign \$40  = rows_c - 4'h8;
-  assign \$41  = c_tile + cmd[50:34];
-  assign \$42  = rows_c <= 4'h8;
-  assign \$43  = ~ rbuf;
-  assign \$44  = cols_c - 4'h8;
-  assign \$45  = c_panel + 4'h8;
-  assign \$46  = c_panel + 4'h8;
-  assign \$47  = cols_c <= 4'h8;
-  assign \$48  = d_col + 1'h1;
-  assign \$49  = d_col == 3'h7;
-  assign \$50  = \done$55  | drain_busy;
-  assign \$51  = \done$55  ? 4'h0 : d_col;
-  assign \$52  = \done$55  ? t_cols : d_cols;
-  assign \$53  = \$51  < \$52 ;
-  assign \$54  = \$50  & \$53 ;
-  assign \$55  = \done$55  | drain_busy;
-  assign \$56  = \done$55  ? t_base : d_base;
-  assign \$57  = \done$55  ? 4'h0 : d_col;
-  assign \$58  = \$56  + \$57 ;
-  assign \$59  = pending + tile_issued;
-  assign \$60  = \$59  - tile_drained;
-  assign \$61  = ~ q_valid;
-  assign \$62  = \$61  | i__ready;
-  assign \$63  = ~ storing;
-  assign \$64  = ~ cmd[100];
-  assign \$65  = \$63  & \$64 ;
-  assign \$66  = ~ q_valid;
-  assign \$67  = \$66  | i__ready;
-  assign \$68  = storing & \$67 ;
-  assign \$69  = c_lim - cmd[75:64];
-  assign \$70  = c_lim - cmd[75:64];
-  assign \$71  = | s_left;
-  assign \$72  = | s_left;
-  assign \$73  = s_addr + 1'h1;
-  assign \$74  = s_left - 1'h1;
-  assign \$75  = s_n + 1'h1;
-  assign \$76  = s_rows > 1'h0;
-  assign \$77  = s_rows > 1'h1;
-  assign \$78  = s_rows > 2'h2;
-  assign \$79  = s_rows > 2'h3;
-  assign \$80  = s_rows > 3'h4;
-  assign \$81  = s_rows > 3'h5;
-  assign \$82  = s_rows > 3'h6;
-  assign \$83  = s_rows > 3'h7;
-  assign \$84  = cmd[50:34] - 1'h1;
-  assign \$85  = s_n == \$84 ;
-  assign \$86  = s_rows - 4'h8;
-  assign \$87  = c_out__valid & c_out__ready;
-  assign \$88  = out_left - 1'h1;
-  assign \$89  = | code;
-  assign \$90  = cmd[63:51] + cmd[33:17];
-  assign \$91  = cmd[75:64] + cmd[50:34];
-  assign \$92  = cmd[98] | cmd[99];
-  assign \$93  = a_lim > 13'h1000;
-  assign \$94  = \$92  & \$93 ;
-  assign \$95  = cmd[99] | cmd[101];
-  assign \$96  = c_lim > 12'h800;
-  assign \$97  = \$95  & \$96 ;
-  assign \$98  = \$94  | \$97 ;
-  assign \$99  = rows_left <= 4'h8;
-  assign \$100  = cmd[98] | cmd[99];
-  assign \$101  = a_lim > 13'h1000;
-  assign \$102  = \$100  & \$101 ;
-  assign \$103  = \$102  ? 3'h4 : 3'h5;
-  assign \$104  = rows_left - 4'h8;
-  assign \$105  = a_lim + cmd[33:17];
-  assign \$106  = c_lim + cmd[50:34];
-  assign \$107  = start | a_in__ready;
-  assign \$108  = \$107  | \$signal$28 ;
-  assign \$109  = \$108  | issuing;
-  assign \$110  = \$109  | drain_busy;
-  assign \$111  = \$110  | col_busy0;
-  assign \$112  = \$111  | col_busy1;
-  assign \$113  = \$112  | w_busy;
-  assign \$114  = ~ \$113 ;
-  assign \$115  = ! pending;
-  assign \$116  = \$114  & \$115 ;
-  assign \$117  = ! out_left;
-  assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$118  = full >> wbuf;
-  assign \$119  = ~ \$118 ;
-  assign b_in__ready = \$signal$28  & \$119 ;
-  assign \$120  = wbuf ? 10'h200 : 10'h000;
-  assign \$121  = \$120  + b_k;
-  assign \$signature__en$99  = b_in__valid & b_in__ready;
-  assign \$122  = b_in__valid & b_in__ready;
-  assign \$123  = b_k == k_m1;
-  assign \$124  = full >> rbuf;
-  assign \$125  = wbuf == rbuf;
-  assign \$126  = b_in__ready & \$125 ;
-  assign \$127  = b_k > k;
-  assign \$128  = \$126  & \$127 ;
-  assign panel_ready = \$124  | \$128 ;
-  assign \$129  = issuing & panel_ready;
-  assign \$130  = ~ cmd[98];
-  assign \$131  = a_ptr != a_wptr;
-  assign \$132  = \$130  | \$131 ;
-  assign \$133  = \$129  & \$132 ;
-  assign \$134  = k == k_m1;
-  assign \$135  = ~ \$134 ;
-  assign \$136  = gap >= 5'h16;
-  assign \$137  = \$135  | \$136 ;
-  assign step = \$133  & \$137 ;
-  assign \$138  = rbuf ? 10'h200 : 10'h000;
-  assign \$139  = \$138  + k;
-  assign \$140  = k == k_m1;
-  assign \$141  = rows_c <= 4'h8;
-  assign \$142  = d_col == 3'h7;
-  assign shift = \done$55  | drain_busy;
-  assign \$143  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
-  assign \$144  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
-  assign \$145  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
-  assign \$146  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
-  assign \$147  = $signed(w_word[159:128]) + $signed(c_q[159:128]);
-  assign \$148  = $signed(w_word[191:160]) + $signed(c_q[191:160]);
-  assign \$149  = $signed(w_word[223:192]) + $signed(c_q[223:192]);
-  assign \$150  = $signed(w_word[255:224]) + $signed(c_q[255:224]);
-  assign \$151  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$152  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$153  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$154  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$155  = q_mask[4] ? c_q[159:128] : 32'd0;
-  assign \$156  = q_mask[5] ? c_q[191:160] : 32'd0;
-  assign \$157  = q_mask[6] ? c_q[223:192] : 32'd0;
-  assign \$158  = q_mask[7] ? c_q[255:224] : 32'd0;
-  assign \$159  = storing ? s_addr : col_addr0;
-  assign \$160  = ~ storing;
-  assign \$161  = ~ q_valid;
-  assign \$162  = \$161  | i__ready;
-  assign c_rd__en = \$160  | \$162 ;
-  assign busy = ~ cmd__ready;
-  assign \$163  = cmd[98] | cmd[99];
-  assign \$164  = \$163  | cmd[101];
-  assign \$165  = ~ \$164 ;
-  assign \$166  = ! cmd[16:0];
-  assign \$167  = cmd[98] | cmd[99];
-  assign \$168  = ! cmd[33:17];
+  assign \$15  = ~ cmd[98];
+  assign \$16  = ~ a_in__ready;
+  assign \$17  = \$16  | \$signature__en ;
+  assign \$18  = a_ptr + 1'h1;
+  assign \$19  = \$18  != a_wptr;
+  assign \$20  = step ? \$19  : a_ok;
+  assign \$21  = \$17  | \$20 ;
+  assign \$22  = step & last_k;
+  assign \$23  = \$22  & last_row;
+  assign \$24  = step & last_k;
+  assign \$25  = ~ rbuf;
+  assign \$26  = full >> \$25 ;
+  assign \$27  = wbuf != rbuf;
+  assign \$28  = | b_k;
+  assign \$29  = \$signature__en$49  | \$28 ;
+  assign \$30  = \$27  & \$29 ;
+  assign \$31  = \$26  | \$30 ;
+  assign \$32  = full >> rbuf;
+  assign \$33  = wbuf == rbuf;
+  assign \$34  = k + 1'h1;
+  assign \$35  = b_k != \$34 ;
+  assign \$36  = \$signature__en$49  | \$35 ;
+  assign \$37  = \$33  & \$36 ;
+  assign \$38  = \$32  | \$37 ;
+  assign \$39  = wbuf == rbuf;
+  assign \$40  = \$39  & \$signature__en$49 ;
+  assign \$41  = b_ok | \$40 ;
+  assign \$42  = gap < 5'h17;
+  assign \$43  = gap + 1'h1;
+  assign \$44  = ! k;
+  assign \$45  = rows_c > 1'h0;
+  assign \$46  = rows_c > 1'h1;
+  assign \$47  = rows_c > 2'h2;
+  assign \$48  = rows_c > 2'h3;
+  assign \$49  = rows_c > 3'h4;
+  assign \$50  = rows_c > 3'h5;
+  assign \$51  = rows_c > 3'h6;
+  assign \$52  = rows_c > 3'h7;
+  assign \$53  = s_mask[0] ? spad_a_rd_data[7:0] : 8'h00;
+  assign \$54  = s_mask[1] ? spad_a_rd_data[15:8] : 8'h00;
+  assign \$55  = s_mask[2] ? spad_a_rd_data[23:16] : 8'h00;
+  assign \$56  = s_mask[3] ? spad_a_rd_data[31:24] : 8'h00;
+  assign \$57  = s_mask[4] ? spad_a_rd_data[39:32] : 8'h00;
+  assign \$58  = s_mask[5] ? spad_a_rd_data[47:40] : 8'h00;
+  assign \$59  = s_mask[6] ? spad_a_rd_data[55:48] : 8'h00;
+  assign \$60  = s_mask[7] ? spad_a_rd_data[63:56] : 8'h00;
+  assign \$61  = ! k_m1;
+  assign \$62  = cmd[16:0] <= 4'h8;
+  assign \$63  = k + 1'h1;
+  assign \$64  = a_ptr + 1'h1;
+  assign \$65  = k + 1'h1;
+  assign \$66  = \$65  == k_m1;
+  assign \$67  = cols_c < 4'h8;
+  assign \$68  = \$67  ? cols_c : 17'h00008;
+  assign \$69  = rows_c - 4'h8;
+  assign \$70  = c_tile + cmd[50:34];
+  assign \$71  = ! k_m1;
+  assign \$72  = rows_c <= 5'h10;
+  assign \$73  = ~ rbuf;
+  assign \$74  = cols_c - 4'h8;
+  assign \$75  = c_panel + 4'h8;
+  assign \$76  = c_panel + 4'h8;
+  assign \$77  = cmd[16:0] <= 4'h8;
+  assign \$78  = cols_c <= 4'h8;
+  assign \$79  = d_col + 1'h1;
+  assign \$80  = d_col == 3'h7;
+  assign \$81  = \done$68  | drain_busy;
+  assign \$82  = \done$68  ? 4'h0 : d_col;
+  assign \$83  = \done$68  ? t_cols : d_cols;
+  assign \$84  = \$82  < \$83 ;
+  assign \$85  = \$81  & \$84 ;
+  assign \$86  = \done$68  | drain_busy;
+  assign \$87  = \done$68  ? t_base : d_base;
+  assign \$88  = \done$68  ? 4'h0 : d_col;
+  assign \$89  = \$87  + \$88 ;
+  assign \$90  = pending + tile_issued;
+  assign \$91  = \$90  - tile_drained;
+  assign \$92  = ~ q_valid;
+  assign \$93  = \$92  | i__ready;
+  assign \$94  = ~ r_mask[0];
+  assign \$95  = ~ cmd[100];
+  assign \$96  = storing ? \$94  : \$95 ;
+  assign \$97  = ~ r_mask[1];
+  assign \$98  = ~ cmd[100];
+  assign \$99  = storing ? \$97  : \$98 ;
+  assign \$100  = ~ r_mask[2];
+  assign \$101  = ~ cmd[100];
+  assign \$102  = storing ? \$100  : \$101 ;
+  assign \$103  = ~ r_mask[3];
+  assign \$104  = ~ cmd[100];
+  assign \$105  = storing ? \$103  : \$104 ;
+  assign \$106  = ~ r_mask[4];
+  assign \$107  = ~ cmd[100];
+  assign \$108  = storing ? \$106  : \$107 ;
+  assign \$109  = ~ r_mask[5];
+  assign \$110  = ~ cmd[100];
+  assign \$111  = storing ? \$109  : \$110 ;
+  assign \$112  = ~ r_mask[6];
+  assign \$113  = ~ cmd[100];
+  assign \$114  = storing ? \$112  : \$113 ;
+  assign \$115  = ~ r_mask[7];
+  assign \$116  = ~ cmd[100];
+  assign \$117  = storing ? \$115  : \$116 ;
+  assign \$118  = ~ q_valid;
+  assign \$119  = \$118  | i__ready;
+  assign \$120  = storing & \$119 ;
+  assign \$121  = c_lim - cmd[75:64];
+  assign \$122  = c_lim - cmd[75:64];
+  assign \$123  = | s_left;
+  assign \$124  = | s_left;
+  assign \$125  = s_addr + 1'h1;
+  assign \$126  = s_left - 1'h1;
+  assign \$127  = s_n + 1'h1;
+  assign \$128  = s_rows > 1'h0;
+  assign \$129  = s_rows > 1'h1;
+  assign \$130  = s_rows > 2'h2;
+  assign \$131  = s_rows > 2'h3;
+  assign \$132  = s_rows > 3'h4;
+  assign \$133  = s_rows > 3'h5;
+  assign \$134  = s_rows > 3'h6;
+  assign \$135  = s_rows > 3'h7;
+  assign \$136  = cmd[50:34] - 1'h1;
+  assign \$137  = s_n == \$136 ;
+  assign \$138  = s_rows - 4'h8;
+  assign \$139  = c_out__valid & c_out__ready;
+  assign \$140  = out_left - 1'h1;
+  assign \$141  = cmd[63:51] + cmd[33:17];
+  assign \$142  = cmd[75:64] + cmd[50:34];
+  assign \$143  = | code;
+  assign \$144  = rows_left > 4'h8;
+  assign \$145  = rows_left - 4'h8;
+  assign \$146  = a_lim + cmd[33:17];
+  assign \$147  = c_lim + cmd[50:34];
+  assign \$148  = cmd[98] | cmd[99];
+  assign \$149  = a_lim > 13'h1000;
+  assign \$150  = \$148  & \$149 ;
+  assign \$151  = cmd[99] | cmd[101];
+  assign \$152  = c_lim > 12'h800;
+  assign \$153  = \$151  & \$152 ;
+  assign \$154  = \$150  | \$153 ;
+  assign \$155  = rows_left <= 4'h8;
+  assign \$156  = cmd[98] | cmd[99];
+  assign \$157  = a_lim > 13'h1000;
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = \$158  ? 3'h4 : 3'h5;
+  assign \$160  = start | a_in__ready;
+  assign \$161  = \$160  | \$signal$37 ;
+  assign \$162  = \$161  | issuing;
+  assign \$163  = \$162  | drain_busy;
+  assign \$164  = \$163  | col_busy0;
+  assign \$165  = \$164  | col_busy1;
+  assign \$166  = \$165  | w_busy;
+  assign \$167  = ~ \$166 ;
+  assign \$168  = ! pending;
   assign \$169  = \$167  & \$168 ;
-  assign \$170  = \$166  | \$169 ;
-  assign \$171  = cmd[99] | cmd[101];
-  assign \$172  = ! cmd[50:34];
-  assign \$173  = \$171  & \$172 ;
-  assign \$174  = \$170  | \$173 ;
-  assign \$175  = cmd[33:17] > 10'h200;
-  assign \$176  = cmd[99] & \$175 ;
-  assign \$177  = start | a_in__ready;
-  assign \$178  = \$177  | \$signal$28 ;
-  assign \$179  = \$178  | issuing;
-  assign \$180  = \$179  | drain_busy;
-  assign \$181  = \$180  | col_busy0;
-  assign \$182  = \$181  | col_busy1;
-  assign \$183  = \$182  | w_busy;
-  assign \$184  = ~ \$183 ;
-  assign \$185  = ! pending;
-  assign \$186  = \$184  & \$185 ;
-  assign \$187  = ! fsm_state;
-  assign \$188  = fsm_state == 1'h1;
-  assign \$189  = fsm_state == 2'h2;
-  assign \$190  = fsm_state == 2'h3;
-  assign \$191  = fsm_state == 3'h4;
+  assign \$170  = ! out_left;
+  assign \$signature__en  = a_in__valid & a_in__ready;
+  assign \$171  = full >> wbuf;
+  assign \$172  = ~ \$171 ;
+  assign b_in__ready = \$signal$37  & \$172 ;
+  assign \$173  = wbuf ? 10'h200 : 10'h000;
+  assign \$174  = \$173  + b_k;
+  assign \$signature__en$49  = b_in__valid & b_in__ready;
+  assign \$175  = b_in__valid & b_in__ready;
+  assign \$176  = b_k == k_m1;
+  assign \$177  = issuing & a_ok;
+  assign \$178  = \$177  & b_ok;
+  assign \$179  = ~ last_k;
+  assign \$180  = gap >= 5'h16;
+  assign \$181  = \$179  | \$180 ;
+  assign step = \$178  & \$181 ;
+  assign \$182  = rbuf ? 10'h200 : 10'h000;
+  assign \$183  = \$182  + k;
+  assign \$184  = d_col == 3'h7;
+  assign shift = \done$68  | drain_busy;
+  assign \$185  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
+  assign \$186  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
+  assign \$187  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
+  assign \$188  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
+  assign \$189  = $signed(w_word[159:128]) + $signed(c_q[159:128]);
+  assign \$190  = $signed(w_word[191:160]) + $signed(c_q[191:160]);
+  assign \$191  = $signed(w_word[223:192]) + $signed(c_q[223:192]);
+  assign \$192  = $signed(w_word[255:224]) + $signed(c_q[255:224]);
+  assign \$193  = storing ? s_addr : col_addr0;
+  assign \$194  = ~ storing;
+  assign \$195  = ~ q_valid;
+  assign \$196  = \$195  | i__ready;
+  assign spad_c_rd_en = \$194  | \$196 ;
+  assign busy = ~ cmd__ready;
+  assign \$197  = cmd[98] | cmd[99];
+  assign \$198  = \$197  | cmd[101];
+  assign \$199  = ~ \$198 ;
+  assign \$200  = ! cmd[16:0];
+  assign \$201  = cmd[98] | cmd[99];
+  assign \$202  = ! cmd[33:17];
+  assign \$203  = \$201  & \$202 ;
+  assign \$204  = \$200  | \$203 ;
+  assign \$205  = cmd[99] | cmd[101];
+  assign \$206  = ! cmd[50:34];
+  assign \$207  = \$205  & \$206 ;
+  assign \$208  = \$204  | \$207 ;
+  assign \$209  = cmd[33:17] > 10'h200;
+  assign \$210  = cmd[99] & \$209 ;
+  assign \$211  = start | a_in__ready;
+  assign \$212  = \$211  | \$signal$37 ;
+  assign \$213  = \$212  | issuing;
+  assign \$214  = \$213  | drain_busy;
+  assign \$215  = \$214  | col_busy0;
+  assign \$216  = \$215  | col_busy1;
+  assign \$217  = \$216  | w_busy;
+  assign \$218  = ~ \$217 ;
+  assign \$219  = ! pending;
+  assign \$220  = \$218  & \$219 ;
+  assign \$221  = ! fsm_state;
+  assign \$222  = fsm_state == 1'h1;
+  assign \$223  = fsm_state == 2'h2;
+  assign \$224  = fsm_state == 2'h3;
+  assign \$225  = fsm_state == 3'h4;
   always @(posedge clk)
-    k_m1 <= \$192 ;
+    spad_a_rd_data <= \$226 ;
   always @(posedge clk)
-    start <= \$193 ;
+    spad_b_rd_data <= \$227 ;
   always @(posedge clk)
-    a_wptr <= \$194 ;
+    spad_c_rd_data <= \$228 ;
   always @(posedge clk)
-    a_in__ready <= \$195 ;
+    k_m1 <= \$229 ;
   always @(posedge clk)
-    full <= \$196 ;
+    start <= \$230 ;
   always @(posedge clk)
-    \$signal$28  <= \$197 ;
+    a_wptr <= \$231 ;
   always @(posedge clk)
-    wbuf <= \$198 ;
+    a_in__ready <= \$232 ;
   always @(posedge clk)
-    b_k <= \$199 ;
+    full <= \$233 ;
   always @(posedge clk)
-    b_cols_left <= \$200 ;
+    \$signal$37  <= \$234 ;
   always @(posedge clk)
-    gap <= \$201 ;
+    wbuf <= \$235 ;
   always @(posedge clk)
-    \$signal$33  <= \$202 ;
+    b_k <= \$236 ;
   always @(posedge clk)
-    \$signal$35  <= \$203 ;
+    b_cols_left <= \$237 ;
   always @(posedge clk)
-    s_last <= \$204 ;
+    a_ok <= \$238 ;
   always @(posedge clk)
-    s_mask <= \$205 ;
+    b_ok <= \$239 ;
   always @(posedge clk)
-    valid <= \$206 ;
+    gap <= \$240 ;
   always @(posedge clk)
-    first <= \$207 ;
+    \$signal$52  <= \$241 ;
   always @(posedge clk)
-    last <= \$208 ;
+    \$signal$53  <= \$242 ;
   always @(posedge clk)
-    b <= \$209 ;
+    s_last <= \$243 ;
   always @(posedge clk)
-    a <= \$210 ;
+    s_mask <= \$244 ;
   always @(posedge clk)
-    issuing <= \$211 ;
+    valid <= \$245 ;
   always @(posedge clk)
-    rbuf <= \$212 ;
+    first <= \$246 ;
   always @(posedge clk)
-    k <= \$213 ;
+    last <= \$247 ;
   always @(posedge clk)
-    a_ptr <= \$214 ;
+    b <= \$248 ;
   always @(posedge clk)
-    rows_c <= \$215 ;
+    a <= \$249 ;
   always @(posedge clk)
-    cols_c <= \$216 ;
+    issuing <= \$250 ;
   always @(posedge clk)
-    c_panel <= \$217 ;
+    rbuf <= \$251 ;
   always @(posedge clk)
-    c_tile <= \$218 ;
+    k <= \$252 ;
   always @(posedge clk)
-    t_base <= \$219 ;
+    a_ptr <= \$253 ;
   always @(posedge clk)
-    t_cols <= \$220 ;
+    rows_c <= \$254 ;
   always @(posedge clk)
-    d_col <= \$221 ;
+    cols_c <= \$255 ;
   always @(posedge clk)
-    d_base <= \$222 ;
+    c_panel <= \$256 ;
   always @(posedge clk)
-    d_cols <= \$223 ;
+    c_tile <= \$257 ;
   always @(posedge clk)
-    drain_busy <= \$224 ;
+    last_k <= \$258 ;
   always @(posedge clk)
-    col_valid0 <= \$225 ;
+    last_row <= \$259 ;
   always @(posedge clk)
-    col_busy0 <= \$226 ;
+    t_base <= \$260 ;
   always @(posedge clk)
-    col_addr0 <= \$227 ;
+    t_cols <= \$261 ;
   always @(posedge clk)
-    col_valid1 <= \$228 ;
+    d_col <= \$262 ;
   always @(posedge clk)
-    col_busy1 <= \$229 ;
+    d_base <= \$263 ;
   always @(posedge clk)
-    col_addr1 <= \$230 ;
+    d_cols <= \$264 ;
   always @(posedge clk)
-    w_valid <= \$231 ;
+    drain_busy <= \$265 ;
   always @(posedge clk)
-    w_busy <= \$232 ;
+    col_valid0 <= \$266 ;
   always @(posedge clk)
-    w_addr <= \$233 ;
+    col_busy0 <= \$267 ;
   always @(posedge clk)
-    col_word0 <= \$234 ;
+    col_addr0 <= \$268 ;
   always @(posedge clk)
-    col_word1 <= \$235 ;
+    col_valid1 <= \$269 ;
   always @(posedge clk)
-    w_word <= \$236 ;
+    col_busy1 <= \$270 ;
   always @(posedge clk)
-    pending <= \$237 ;
+    col_addr1 <= \$271 ;
   always @(posedge clk)
-    c_q <= \$238 ;
+    w_valid <= \$272 ;
   always @(posedge clk)
-    q_valid <= \$239 ;
+    w_busy <= \$273 ;
   always @(posedge clk)
-    q_mask <= \$240 ;
+    w_addr <= \$274 ;
   always @(posedge clk)
-    storing <= \$241 ;
+    col_word0 <= \$275 ;
   always @(posedge clk)
-    s_addr <= \$242 ;
+    col_word1 <= \$276 ;
   always @(posedge clk)
-    s_n <= \$243 ;
+    w_word <= \$277 ;
   always @(posedge clk)
-    s_rows <= \$244 ;
+    pending <= \$278 ;
   always @(posedge clk)
-    s_left <= \$245 ;
+    c_q <= \$279 ;
   always @(posedge clk)
-    out_left <= \$246 ;
+    q_valid <= \$280 ;
   always @(posedge clk)
-    r_valid <= \$247 ;
+    storing <= \$281 ;
   always @(posedge clk)
-    r_mask <= \$248 ;
+    s_addr <= \$282 ;
   always @(posedge clk)
-    done <= \$249 ;
+    s_n <= \$283 ;
   always @(posedge clk)
-    cmd <= \$250 ;
+    s_rows <= \$284 ;
   always @(posedge clk)
-    error <= \$251 ;
+    s_left <= \$285 ;
   always @(posedge clk)
-    error_code <= \$252 ;
+    out_left <= \$286 ;
   always @(posedge clk)
-    fsm_state <= \$253 ;
+    r_valid <= \$287 ;
   always @(posedge clk)
-    rows_left <= \$254 ;
+    r_mask <= \$288 ;
   always @(posedge clk)
-    a_lim <= \$255 ;
+    done <= \$289 ;
   always @(posedge clk)
-    c_lim <= \$256 ;
+    cmd <= \$290 ;
+  always @(posedge clk)
+    error <= \$291 ;
+  always @(posedge clk)
+    error_code <= \$292 ;
+  always @(posedge clk)
+    fsm_state <= \$293 ;
+  always @(posedge clk)
+    rows_left <= \$294 ;
+  always @(posedge clk)
+    a_lim <= \$295 ;
+  always @(posedge clk)
+    c_lim <= \$296 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
     .clk(clk),
-    .done(\done$55 ),
+    .done(\done$68 ),
     .first_in(first),
     .last_in(last),
     .out(out),
@@ -8127,905 +8233,964 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   \nanokpu_gemm.requant  requant (
     .advance(i__ready),
     .clk(clk),
-    .i__payload(i__payload),
+    .i__payload(c_q),
     .i__valid(q_valid),
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$2522$76 (cmd[97:76]),
+    .\port$2592$76 (cmd[97:76]),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$192  = \$1 [16:0];
-    if (rst) begin
-      \$192  = 17'h00000;
+    \$228  = spad_c_rd_data;
+    if (spad_c_rd_en) begin
+      \$228  = \port__data$26 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$193  = 1'h0;
+    \$229  = \$1 [16:0];
+    if (rst) begin
+      \$229  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$230  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$98 ) begin
-          end else if (\$99 ) begin
-            \$193  = 1'h1;
+          if (\$154 ) begin
+          end else if (\$155 ) begin
+            \$230  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$193  = 1'h0;
+      \$230  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$194  = a_wptr;
+    \$231  = a_wptr;
     if (start) begin
-      \$194  = { 6'h00, cmd[63:51] };
+      \$231  = { 6'h00, cmd[63:51] };
     end else if (\$2 ) begin
-      \$194  = \$3 [18:0];
+      \$231  = \$3 [18:0];
     end
     if (rst) begin
-      \$194  = 19'h00000;
+      \$231  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$195  = a_in__ready;
+    \$232  = a_in__ready;
     if (start) begin
-      \$195  = cmd[98];
+      \$232  = cmd[98];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$195  = 1'h0;
+        \$232  = 1'h0;
       end
     end
-    if (rst) begin
-      \$195  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$196  = \$8 ;
-    if (rst) begin
-      \$196  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$197  = \$signal$28 ;
-    if (start) begin
-      \$197  = cmd[99];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        if (\$14 ) begin
-          \$197  = 1'h0;
-        end
-      end
-    end
-    if (rst) begin
-      \$197  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$198  = wbuf;
-    if (start) begin
-      \$198  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$198  = \$12 ;
-      end
-    end
-    if (rst) begin
-      \$198  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$199  = b_k;
-    if (start) begin
-      \$199  = 17'h00000;
-    end else if (\$9 ) begin
-      \$199  = \$10 [16:0];
-      if (\$11 ) begin
-        \$199  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$199  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$200  = b_cols_left;
-    if (start) begin
-      \$200  = cmd[50:34];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$200  = \$13 [16:0];
-      end
-    end
-    if (rst) begin
-      \$200  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$201  = gap;
-    if (\$15 ) begin
-      \$201  = \$16 [4:0];
-    end
-    if (start) begin
-      \$201  = 5'h17;
-    end else if (step) begin
-      if (\$37 ) begin
-        \$201  = 5'h00;
-      end
-    end
-    if (rst) begin
-      \$201  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = step;
-    if (rst) begin
-      \$202  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = \$17 ;
-    if (rst) begin
-      \$203  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = \$18 ;
-    if (rst) begin
-      \$204  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = { \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19  };
-    if (rst) begin
-      \$205  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = \$signal$33 ;
-    if (rst) begin
-      \$206  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = \$signal$35 ;
-    if (rst) begin
-      \$207  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = s_last;
-    if (rst) begin
-      \$208  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = b_rd__data;
-    if (rst) begin
-      \$209  = 64'h0000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210 [7:0] = \$27 ;
-    \$210 [15:8] = \$28 ;
-    \$210 [23:16] = \$29 ;
-    \$210 [31:24] = \$30 ;
-    \$210 [39:32] = \$31 ;
-    \$210 [47:40] = \$32 ;
-    \$210 [55:48] = \$33 ;
-    \$210 [63:56] = \$34 ;
-    if (rst) begin
-      \$210  = 64'h0000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = issuing;
-    if (start) begin
-      \$211  = cmd[99];
-    end else if (step) begin
-      if (\$37 ) begin
-        if (\$42 ) begin
-          if (\$47 ) begin
-            \$211  = 1'h0;
-          end
-        end
-      end
-    end
-    if (rst) begin
-      \$211  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = rbuf;
-    if (start) begin
-      \$212  = 1'h0;
-    end else if (step) begin
-      if (\$37 ) begin
-        if (\$42 ) begin
-          \$212  = \$43 ;
-        end
-      end
-    end
-    if (rst) begin
-      \$212  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = k;
-    if (start) begin
-      \$213  = 17'h00000;
-    end else if (step) begin
-      \$213  = \$35 [16:0];
-      if (\$37 ) begin
-        \$213  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$213  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = a_ptr;
-    if (start) begin
-      \$214  = { 6'h00, cmd[63:51] };
-    end else if (step) begin
-      \$214  = \$36 [18:0];
-      if (\$37 ) begin
-        if (\$42 ) begin
-          \$214  = { 6'h00, cmd[63:51] };
-        end
-      end
-    end
-    if (rst) begin
-      \$214  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = rows_c;
-    if (start) begin
-      \$215  = cmd[16:0];
-    end else if (step) begin
-      if (\$37 ) begin
-        \$215  = \$40 [16:0];
-        if (\$42 ) begin
-          \$215  = cmd[16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$215  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = cols_c;
-    if (start) begin
-      \$216  = cmd[50:34];
-    end else if (step) begin
-      if (\$37 ) begin
-        if (\$42 ) begin
-          \$216  = \$44 [16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$216  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = c_panel;
-    if (start) begin
-      \$217  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (\$37 ) begin
-        if (\$42 ) begin
-          \$217  = \$45 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$217  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = c_tile;
-    if (start) begin
-      \$218  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (\$37 ) begin
-        \$218  = \$41 [18:0];
-        if (\$42 ) begin
-          \$218  = \$46 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$218  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = t_base;
-    if (start) begin
-    end else if (step) begin
-      if (\$37 ) begin
-        \$219  = c_tile;
-      end
-    end
-    if (rst) begin
-      \$219  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$37 ) begin
-        \$220  = \$39 [3:0];
-      end
-    end
-    if (rst) begin
-      \$220  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = d_col;
-    if (\done$55 ) begin
-      \$221  = 4'h1;
-    end else if (drain_busy) begin
-      \$221  = \$48 [3:0];
-    end
-    if (rst) begin
-      \$221  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = d_base;
-    if (\done$55 ) begin
-      \$222  = t_base;
-    end
-    if (rst) begin
-      \$222  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = d_cols;
-    if (\done$55 ) begin
-      \$223  = t_cols;
-    end
-    if (rst) begin
-      \$223  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = drain_busy;
-    if (\done$55 ) begin
-      \$224  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$49 ) begin
-        \$224  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$224  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = \$54 ;
-    if (rst) begin
-      \$225  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = \$55 ;
-    if (rst) begin
-      \$226  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = \$58 [18:0];
-    if (rst) begin
-      \$227  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = col_valid0;
-    if (rst) begin
-      \$228  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = col_busy0;
-    if (rst) begin
-      \$229  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = col_addr0;
-    if (rst) begin
-      \$230  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = col_valid1;
-    if (rst) begin
-      \$231  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = col_busy1;
     if (rst) begin
       \$232  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = col_addr1;
+    \$233  = \$8 ;
     if (rst) begin
-      \$233  = 19'h00000;
+      \$233  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = out;
-    if (rst) begin
-      \$234  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = col_word0;
-    if (rst) begin
-      \$235  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = col_word1;
-    if (rst) begin
-      \$236  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = \$60 [1:0];
-    if (rst) begin
-      \$237  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238  = c_q;
-    if (\$62 ) begin
-      \$238  = c_rd__data;
-      if (\$65 ) begin
-        \$238  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    \$234  = \$signal$37 ;
+    if (start) begin
+      \$234  = cmd[99];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        if (\$14 ) begin
+          \$234  = 1'h0;
+        end
       end
     end
     if (rst) begin
-      \$238  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$234  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = q_valid;
-    if (\$62 ) begin
-      \$239  = r_valid;
+    \$235  = wbuf;
+    if (start) begin
+      \$235  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$235  = \$12 ;
+      end
     end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$117 ) begin
-            \$239  = 1'h0;
-          end
-    endcase
+    if (rst) begin
+      \$235  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$236  = b_k;
+    if (start) begin
+      \$236  = 17'h00000;
+    end else if (\$9 ) begin
+      \$236  = \$10 [16:0];
+      if (\$11 ) begin
+        \$236  = 17'h00000;
+      end
+    end
+    if (rst) begin
+      \$236  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$237  = b_cols_left;
+    if (start) begin
+      \$237  = cmd[50:34];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$237  = \$13 [16:0];
+      end
+    end
+    if (rst) begin
+      \$237  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$238  = \$15 ;
+    end else begin
+      \$238  = \$21 ;
+    end
+    if (rst) begin
+      \$238  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$239  = 1'h0;
+    end else if (\$23 ) begin
+      \$239  = \$31 ;
+    end else if (\$24 ) begin
+      \$239  = 1'h1;
+    end else if (step) begin
+      \$239  = \$38 ;
+    end else begin
+      \$239  = \$41 ;
+    end
     if (rst) begin
       \$239  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = q_mask;
-    if (\$62 ) begin
-      \$240  = r_mask;
+    \$240  = gap;
+    if (\$42 ) begin
+      \$240  = \$43 [4:0];
+    end
+    if (start) begin
+      \$240  = 5'h17;
+    end else if (step) begin
+      if (last_k) begin
+        \$240  = 5'h00;
+      end
     end
     if (rst) begin
-      \$240  = 8'h00;
+      \$240  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = storing;
-    if (store_start) begin
-      \$241  = 1'h1;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$117 ) begin
-            \$241  = 1'h0;
-          end
-    endcase
+    \$241  = step;
     if (rst) begin
       \$241  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = s_addr;
-    if (store_start) begin
-      \$242  = { 7'h00, cmd[75:64] };
-    end else if (\$68 ) begin
-      if (\$72 ) begin
-        \$242  = \$73 [18:0];
-      end
-    end
+    \$242  = \$44 ;
     if (rst) begin
-      \$242  = 19'h00000;
+      \$242  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = s_n;
-    if (store_start) begin
-      \$243  = 17'h00000;
-    end else if (\$68 ) begin
-      if (\$72 ) begin
-        \$243  = \$75 [16:0];
-        if (\$85 ) begin
-          \$243  = 17'h00000;
-        end
-      end
-    end
+    \$243  = last_k;
     if (rst) begin
-      \$243  = 17'h00000;
+      \$243  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = s_rows;
-    if (store_start) begin
-      \$244  = cmd[16:0];
-    end else if (\$68 ) begin
-      if (\$72 ) begin
-        if (\$85 ) begin
-          \$244  = \$86 [16:0];
-        end
-      end
-    end
+    \$244  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$244  = 17'h00000;
+      \$244  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = s_left;
-    if (store_start) begin
-      \$245  = \$69 [18:0];
-    end else if (\$68 ) begin
-      if (\$72 ) begin
-        \$245  = \$74 [18:0];
-      end
-    end
+    \$245  = \$signal$52 ;
     if (rst) begin
-      \$245  = 19'h00000;
+      \$245  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = out_left;
-    if (store_start) begin
-      \$246  = \$70 [18:0];
-    end
-    if (\$87 ) begin
-      \$246  = \$88 [18:0];
-    end
+    \$246  = \$signal$53 ;
     if (rst) begin
-      \$246  = 19'h00000;
+      \$246  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = r_valid;
-    if (store_start) begin
-    end else if (\$68 ) begin
-      \$247  = \$71 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$117 ) begin
-            \$247  = 1'h0;
-          end
-    endcase
+    \$247  = s_last;
     if (rst) begin
       \$247  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = r_mask;
-    if (store_start) begin
-    end else if (\$68 ) begin
-      if (\$72 ) begin
-        \$248  = { \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76  };
+    \$248  = spad_b_rd_data;
+    if (rst) begin
+      \$248  = 64'h0000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$249 [7:0] = \$53 ;
+    \$249 [15:8] = \$54 ;
+    \$249 [23:16] = \$55 ;
+    \$249 [31:24] = \$56 ;
+    \$249 [39:32] = \$57 ;
+    \$249 [47:40] = \$58 ;
+    \$249 [55:48] = \$59 ;
+    \$249 [63:56] = \$60 ;
+    if (rst) begin
+      \$249  = 64'h0000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$250  = issuing;
+    if (start) begin
+      \$250  = cmd[99];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          if (\$78 ) begin
+            \$250  = 1'h0;
+          end
+        end
       end
     end
     if (rst) begin
-      \$248  = 8'h00;
+      \$250  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$89 ) begin
-            \$249  = 1'h1;
-          end
-      3'h2:
-          if (\$98 ) begin
-            \$249  = 1'h1;
-          end
-      3'h3:
-          if (\$116 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-            end else begin
-              \$249  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$117 ) begin
-            \$249  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$249  = 1'h0;
+    \$251  = rbuf;
+    if (start) begin
+      \$251  = 1'h0;
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$251  = \$73 ;
+        end
+      end
     end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$250  = cmd__payload;
-          end
-    endcase
-    if (rst) begin
-      \$250  = 102'h00000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$251  = 1'h0;
-          end
-      3'h1:
-          if (\$89 ) begin
-            \$251  = 1'h1;
-          end
-      3'h2:
-          if (\$98 ) begin
-            \$251  = 1'h1;
-          end
-    endcase
     if (rst) begin
       \$251  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$252  = 3'h0;
-          end
-      3'h1:
-          if (\$89 ) begin
-            \$252  = code;
-          end
-      3'h2:
-          if (\$98 ) begin
-            \$252  = \$103 ;
-          end
-    endcase
+    \$252  = k;
+    if (start) begin
+      \$252  = 17'h00000;
+    end else if (step) begin
+      \$252  = \$63 [16:0];
+      if (last_k) begin
+        \$252  = 17'h00000;
+      end
+    end
     if (rst) begin
-      \$252  = 3'h0;
+      \$252  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$253  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$89 ) begin
-            \$253  = 3'h0;
-          end else begin
-            \$253  = 3'h2;
-          end
-      3'h2:
-          if (\$98 ) begin
-            \$253  = 3'h0;
-          end else if (\$99 ) begin
-            \$253  = 3'h3;
-          end
-      3'h3:
-          if (\$116 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-              \$253  = 3'h4;
-            end else begin
-              \$253  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$117 ) begin
-            \$253  = 3'h0;
-          end
-    endcase
+    \$253  = a_ptr;
+    if (start) begin
+      \$253  = { 6'h00, cmd[63:51] };
+    end else if (step) begin
+      \$253  = \$64 [18:0];
+      if (last_k) begin
+        if (last_row) begin
+          \$253  = { 6'h00, cmd[63:51] };
+        end
+      end
+    end
     if (rst) begin
-      \$253  = 3'h0;
+      \$253  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$89 ) begin
-          end else begin
-            \$254  = cmd[16:0];
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$98 ) begin
-          end else if (\$99 ) begin
-          end else begin
-            \$254  = \$104 [16:0];
-          end
-    endcase
+    \$254  = rows_c;
+    if (start) begin
+      \$254  = cmd[16:0];
+    end else if (step) begin
+      if (last_k) begin
+        \$254  = \$69 [16:0];
+        if (last_row) begin
+          \$254  = cmd[16:0];
+        end
+      end
+    end
     if (rst) begin
       \$254  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$89 ) begin
-          end else begin
-            \$255  = { 1'h0, \$90  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$98 ) begin
-          end else if (\$99 ) begin
-          end else begin
-            \$255  = \$105 [18:0];
-          end
-    endcase
+    \$255  = cols_c;
+    if (start) begin
+      \$255  = cmd[50:34];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$255  = \$74 [16:0];
+        end
+      end
+    end
     if (rst) begin
-      \$255  = 19'h00000;
+      \$255  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$89 ) begin
-          end else begin
-            \$256  = { 1'h0, \$91  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$98 ) begin
-          end else if (\$99 ) begin
-          end else begin
-            \$256  = \$106 [18:0];
-          end
-    endcase
+    \$256  = c_panel;
+    if (start) begin
+      \$256  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$256  = \$75 [18:0];
+        end
+      end
+    end
     if (rst) begin
       \$256  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$25  = 2'h0;
+    \$257  = c_tile;
     if (start) begin
-    end else if (\$122 ) begin
-      if (\$123 ) begin
+      \$257  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (last_k) begin
+        \$257  = \$70 [18:0];
+        if (last_row) begin
+          \$257  = \$76 [18:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$257  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$258  = last_k;
+    if (start) begin
+      \$258  = \$61 ;
+    end else if (step) begin
+      \$258  = \$66 ;
+      if (last_k) begin
+        \$258  = \$71 ;
+      end
+    end
+    if (rst) begin
+      \$258  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$259  = last_row;
+    if (start) begin
+      \$259  = \$62 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$259  = \$72 ;
+        if (last_row) begin
+          \$259  = \$77 ;
+        end
+      end
+    end
+    if (rst) begin
+      \$259  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$260  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$260  = c_tile;
+      end
+    end
+    if (rst) begin
+      \$260  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$261  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$261  = \$68 [3:0];
+      end
+    end
+    if (rst) begin
+      \$261  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$262  = d_col;
+    if (\done$68 ) begin
+      \$262  = 4'h1;
+    end else if (drain_busy) begin
+      \$262  = \$79 [3:0];
+    end
+    if (rst) begin
+      \$262  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$263  = d_base;
+    if (\done$68 ) begin
+      \$263  = t_base;
+    end
+    if (rst) begin
+      \$263  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$264  = d_cols;
+    if (\done$68 ) begin
+      \$264  = t_cols;
+    end
+    if (rst) begin
+      \$264  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$265  = drain_busy;
+    if (\done$68 ) begin
+      \$265  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$80 ) begin
+        \$265  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$265  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$266  = \$85 ;
+    if (rst) begin
+      \$266  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$267  = \$86 ;
+    if (rst) begin
+      \$267  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$268  = \$89 [18:0];
+    if (rst) begin
+      \$268  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$269  = col_valid0;
+    if (rst) begin
+      \$269  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$270  = col_busy0;
+    if (rst) begin
+      \$270  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$271  = col_addr0;
+    if (rst) begin
+      \$271  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$272  = col_valid1;
+    if (rst) begin
+      \$272  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$273  = col_busy1;
+    if (rst) begin
+      \$273  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$274  = col_addr1;
+    if (rst) begin
+      \$274  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$275  = out;
+    if (rst) begin
+      \$275  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$276  = col_word0;
+    if (rst) begin
+      \$276  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$277  = col_word1;
+    if (rst) begin
+      \$277  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$278  = \$91 [1:0];
+    if (rst) begin
+      \$278  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$279  = c_q;
+    if (\$93 ) begin
+      \$279  = spad_c_rd_data;
+      if (\$96 ) begin
+        \$279 [31:0] = 32'd0;
+      end
+      if (\$99 ) begin
+        \$279 [63:32] = 32'd0;
+      end
+      if (\$102 ) begin
+        \$279 [95:64] = 32'd0;
+      end
+      if (\$105 ) begin
+        \$279 [127:96] = 32'd0;
+      end
+      if (\$108 ) begin
+        \$279 [159:128] = 32'd0;
+      end
+      if (\$111 ) begin
+        \$279 [191:160] = 32'd0;
+      end
+      if (\$114 ) begin
+        \$279 [223:192] = 32'd0;
+      end
+      if (\$117 ) begin
+        \$279 [255:224] = 32'd0;
+      end
+    end
+    if (rst) begin
+      \$279  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$280  = q_valid;
+    if (\$93 ) begin
+      \$280  = r_valid;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$170 ) begin
+            \$280  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$280  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$281  = storing;
+    if (store_start) begin
+      \$281  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$170 ) begin
+            \$281  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$281  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$282  = s_addr;
+    if (store_start) begin
+      \$282  = { 7'h00, cmd[75:64] };
+    end else if (\$120 ) begin
+      if (\$124 ) begin
+        \$282  = \$125 [18:0];
+      end
+    end
+    if (rst) begin
+      \$282  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$283  = s_n;
+    if (store_start) begin
+      \$283  = 17'h00000;
+    end else if (\$120 ) begin
+      if (\$124 ) begin
+        \$283  = \$127 [16:0];
+        if (\$137 ) begin
+          \$283  = 17'h00000;
+        end
+      end
+    end
+    if (rst) begin
+      \$283  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$284  = s_rows;
+    if (store_start) begin
+      \$284  = cmd[16:0];
+    end else if (\$120 ) begin
+      if (\$124 ) begin
+        if (\$137 ) begin
+          \$284  = \$138 [16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$284  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$285  = s_left;
+    if (store_start) begin
+      \$285  = \$121 [18:0];
+    end else if (\$120 ) begin
+      if (\$124 ) begin
+        \$285  = \$126 [18:0];
+      end
+    end
+    if (rst) begin
+      \$285  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$286  = out_left;
+    if (store_start) begin
+      \$286  = \$122 [18:0];
+    end
+    if (\$139 ) begin
+      \$286  = \$140 [18:0];
+    end
+    if (rst) begin
+      \$286  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$287  = r_valid;
+    if (store_start) begin
+    end else if (\$120 ) begin
+      \$287  = \$123 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$170 ) begin
+            \$287  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$287  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$288  = r_mask;
+    if (store_start) begin
+    end else if (\$120 ) begin
+      if (\$124 ) begin
+        \$288  = { \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128  };
+      end
+    end
+    if (rst) begin
+      \$288  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$289  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$143 ) begin
+            \$289  = 1'h1;
+          end
+      3'h2:
+          if (\$154 ) begin
+            \$289  = 1'h1;
+          end
+      3'h3:
+          if (\$169 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+            end else begin
+              \$289  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$170 ) begin
+            \$289  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$289  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$290  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$290  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$290  = 102'h00000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$291  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$291  = 1'h0;
+          end
+      3'h1:
+          if (\$143 ) begin
+            \$291  = 1'h1;
+          end
+      3'h2:
+          if (\$154 ) begin
+            \$291  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$291  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$292  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$292  = 3'h0;
+          end
+      3'h1:
+          if (\$143 ) begin
+            \$292  = code;
+          end
+      3'h2:
+          if (\$154 ) begin
+            \$292  = \$159 ;
+          end
+    endcase
+    if (rst) begin
+      \$292  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$293  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$293  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$143 ) begin
+            \$293  = 3'h0;
+          end else begin
+            \$293  = 3'h2;
+          end
+      3'h2:
+          if (\$154 ) begin
+            \$293  = 3'h0;
+          end else if (\$155 ) begin
+            \$293  = 3'h3;
+          end
+      3'h3:
+          if (\$169 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+              \$293  = 3'h4;
+            end else begin
+              \$293  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$170 ) begin
+            \$293  = 3'h0;
+          end
+    endcase
+    if (rst) begin
+      \$293  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$294  = rows_left;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$294  = cmd[16:0];
+      3'h2:
+          if (\$144 ) begin
+            \$294  = \$145 [16:0];
+          end
+    endcase
+    if (rst) begin
+      \$294  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$295  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$295  = { 1'h0, \$141  };
+      3'h2:
+          if (\$144 ) begin
+            \$295  = \$146 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$295  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$296  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$296  = { 1'h0, \$142  };
+      3'h2:
+          if (\$144 ) begin
+            \$296  = \$147 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$296  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$signal$34  = 2'h0;
+    if (start) begin
+    end else if (\$175 ) begin
+      if (\$176 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
-              \$signal$25 [0] = 1'h1;
+              \$signal$34 [0] = 1'h1;
           1'h1:
-              \$signal$25 [1] = 1'h1;
+              \$signal$34 [1] = 1'h1;
         endcase
       end
     end
@@ -9035,7 +9200,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$140 ) begin
+      if (last_k) begin
         tile_issued = 1'h1;
       end
     end
@@ -9045,8 +9210,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$140 ) begin
-        if (\$141 ) begin
+      if (last_k) begin
+        if (last_row) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -9061,9 +9226,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     tile_drained = 1'h0;
-    if (\done$55 ) begin
+    if (\done$68 ) begin
     end else if (drain_busy) begin
-      if (\$142 ) begin
+      if (\$184 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -9083,11 +9248,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$165 ) begin
+          if (\$199 ) begin
             code = 3'h1;
-          end else if (\$174 ) begin
+          end else if (\$208 ) begin
             code = 3'h2;
-          end else if (\$176 ) begin
+          end else if (\$210 ) begin
             code = 3'h3;
           end
     endcase
@@ -9103,30 +9268,33 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$186 ) begin
+          if (\$220 ) begin
             if (cmd[101]) begin
               store_start = 1'h1;
             end
           end
     endcase
   end
+  assign spad_a_rd_en = 1'h1;
+  assign spad_b_rd_en = 1'h1;
   assign \$signal  = a_in__ready;
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[11:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$97  = \$121 [9:0];
-  assign \$signature__data$98  = b_in__payload;
-  assign a_rd__addr = a_ptr[11:0];
-  assign b_rd__addr = \$139 [9:0];
-  assign \$signature__addr$105  = w_addr[10:0];
-  assign \$signature__en$106  = w_valid;
+  assign \$signature__addr$107  = \$174 [9:0];
+  assign \$signature__data$108  = b_in__payload;
+  assign port__addr = a_ptr[11:0];
+  assign \port__addr$110  = \$183 [9:0];
+  assign \$signature__addr$113  = w_addr[10:0];
+  assign \$signature__en$114  = w_valid;
   assign mult = cmd[91:76];
-  assign \shift$108  = cmd[97:92];
+  assign \shift$116  = cmd[97:92];
   assign i__valid = q_valid;
+  assign i__payload = c_q;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$159 [10:0];
+  assign \port__addr$122  = \$193 [10:0];
   assign \cmd__payload.m  = cmd__payload[16:0];
   assign \cmd__payload.k  = cmd__payload[33:17];
   assign \cmd__payload.n  = cmd__payload[50:34];
@@ -9162,6 +9330,54 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \c_out__payload[5]  = c_out__payload[47:40];
   assign \c_out__payload[6]  = c_out__payload[55:48];
   assign \c_out__payload[7]  = c_out__payload[63:56];
+  assign \spad_a_rd_data[0]  = spad_a_rd_data[7:0];
+  assign \spad_a_rd_data[1]  = spad_a_rd_data[15:8];
+  assign \spad_a_rd_data[2]  = spad_a_rd_data[23:16];
+  assign \spad_a_rd_data[3]  = spad_a_rd_data[31:24];
+  assign \spad_a_rd_data[4]  = spad_a_rd_data[39:32];
+  assign \spad_a_rd_data[5]  = spad_a_rd_data[47:40];
+  assign \spad_a_rd_data[6]  = spad_a_rd_data[55:48];
+  assign \spad_a_rd_data[7]  = spad_a_rd_data[63:56];
+  assign \port__data[0]  = port__data[7:0];
+  assign \port__data[1]  = port__data[15:8];
+  assign \port__data[2]  = port__data[23:16];
+  assign \port__data[3]  = port__data[31:24];
+  assign \port__data[4]  = port__data[39:32];
+  assign \port__data[5]  = port__data[47:40];
+  assign \port__data[6]  = port__data[55:48];
+  assign \port__data[7]  = port__data[63:56];
+  assign \spad_b_rd_data[0]  = spad_b_rd_data[7:0];
+  assign \spad_b_rd_data[1]  = spad_b_rd_data[15:8];
+  assign \spad_b_rd_data[2]  = spad_b_rd_data[23:16];
+  assign \spad_b_rd_data[3]  = spad_b_rd_data[31:24];
+  assign \spad_b_rd_data[4]  = spad_b_rd_data[39:32];
+  assign \spad_b_rd_data[5]  = spad_b_rd_data[47:40];
+  assign \spad_b_rd_data[6]  = spad_b_rd_data[55:48];
+  assign \spad_b_rd_data[7]  = spad_b_rd_data[63:56];
+  assign \port__data$23[0]  = \port__data$23 [7:0];
+  assign \port__data$23[1]  = \port__data$23 [15:8];
+  assign \port__data$23[2]  = \port__data$23 [23:16];
+  assign \port__data$23[3]  = \port__data$23 [31:24];
+  assign \port__data$23[4]  = \port__data$23 [39:32];
+  assign \port__data$23[5]  = \port__data$23 [47:40];
+  assign \port__data$23[6]  = \port__data$23 [55:48];
+  assign \port__data$23[7]  = \port__data$23 [63:56];
+  assign \spad_c_rd_data[0]  = spad_c_rd_data[31:0];
+  assign \spad_c_rd_data[1]  = spad_c_rd_data[63:32];
+  assign \spad_c_rd_data[2]  = spad_c_rd_data[95:64];
+  assign \spad_c_rd_data[3]  = spad_c_rd_data[127:96];
+  assign \spad_c_rd_data[4]  = spad_c_rd_data[159:128];
+  assign \spad_c_rd_data[5]  = spad_c_rd_data[191:160];
+  assign \spad_c_rd_data[6]  = spad_c_rd_data[223:192];
+  assign \spad_c_rd_data[7]  = spad_c_rd_data[255:224];
+  assign \port__data$26[0]  = \port__data$26 [31:0];
+  assign \port__data$26[1]  = \port__data$26 [63:32];
+  assign \port__data$26[2]  = \port__data$26 [95:64];
+  assign \port__data$26[3]  = \port__data$26 [127:96];
+  assign \port__data$26[4]  = \port__data$26 [159:128];
+  assign \port__data$26[5]  = \port__data$26 [191:160];
+  assign \port__data$26[6]  = \port__data$26 [223:192];
+  assign \port__data$26[7]  = \port__data$26 [255:224];
   assign \cmd.m  = cmd[16:0];
   assign \cmd.k  = cmd[33:17];
   assign \cmd.n  = cmd[50:34];
@@ -9181,14 +9397,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \b[5]  = b[47:40];
   assign \b[6]  = b[55:48];
   assign \b[7]  = b[63:56];
-  assign \b_rd__data[0]  = b_rd__data[7:0];
-  assign \b_rd__data[1]  = b_rd__data[15:8];
-  assign \b_rd__data[2]  = b_rd__data[23:16];
-  assign \b_rd__data[3]  = b_rd__data[31:24];
-  assign \b_rd__data[4]  = b_rd__data[39:32];
-  assign \b_rd__data[5]  = b_rd__data[47:40];
-  assign \b_rd__data[6]  = b_rd__data[55:48];
-  assign \b_rd__data[7]  = b_rd__data[63:56];
   assign \a[0]  = a[7:0];
   assign \a[1]  = a[15:8];
   assign \a[2]  = a[23:16];
@@ -9197,14 +9405,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \a[5]  = a[47:40];
   assign \a[6]  = a[55:48];
   assign \a[7]  = a[63:56];
-  assign \a_rd__data[0]  = a_rd__data[7:0];
-  assign \a_rd__data[1]  = a_rd__data[15:8];
-  assign \a_rd__data[2]  = a_rd__data[23:16];
-  assign \a_rd__data[3]  = a_rd__data[31:24];
-  assign \a_rd__data[4]  = a_rd__data[39:32];
-  assign \a_rd__data[5]  = a_rd__data[47:40];
-  assign \a_rd__data[6]  = a_rd__data[55:48];
-  assign \a_rd__data[7]  = a_rd__data[63:56];
   assign \col_word0[0]  = col_word0[31:0];
   assign \col_word0[1]  = col_word0[63:32];
   assign \col_word0[2]  = col_word0[95:64];
@@ -9245,14 +9445,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \c_q[5]  = c_q[191:160];
   assign \c_q[6]  = c_q[223:192];
   assign \c_q[7]  = c_q[255:224];
-  assign \c_rd__data[0]  = c_rd__data[31:0];
-  assign \c_rd__data[1]  = c_rd__data[63:32];
-  assign \c_rd__data[2]  = c_rd__data[95:64];
-  assign \c_rd__data[3]  = c_rd__data[127:96];
-  assign \c_rd__data[4]  = c_rd__data[159:128];
-  assign \c_rd__data[5]  = c_rd__data[191:160];
-  assign \c_rd__data[6]  = c_rd__data[223:192];
-  assign \c_rd__data[7]  = c_rd__data[255:224];
   assign \$signature__data[0]  = a_in__payload[7:0];
   assign \$signature__data[1]  = a_in__payload[15:8];
   assign \$signature__data[2]  = a_in__payload[23:16];
@@ -9261,30 +9453,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__data[5]  = a_in__payload[47:40];
   assign \$signature__data[6]  = a_in__payload[55:48];
   assign \$signature__data[7]  = a_in__payload[63:56];
-  assign \$signature__data$98[0]  = b_in__payload[7:0];
-  assign \$signature__data$98[1]  = b_in__payload[15:8];
-  assign \$signature__data$98[2]  = b_in__payload[23:16];
-  assign \$signature__data$98[3]  = b_in__payload[31:24];
-  assign \$signature__data$98[4]  = b_in__payload[39:32];
-  assign \$signature__data$98[5]  = b_in__payload[47:40];
-  assign \$signature__data$98[6]  = b_in__payload[55:48];
-  assign \$signature__data$98[7]  = b_in__payload[63:56];
-  assign \$signature__data$104[0]  = \$signature__data$104 [31:0];
-  assign \$signature__data$104[1]  = \$signature__data$104 [63:32];
-  assign \$signature__data$104[2]  = \$signature__data$104 [95:64];
-  assign \$signature__data$104[3]  = \$signature__data$104 [127:96];
-  assign \$signature__data$104[4]  = \$signature__data$104 [159:128];
-  assign \$signature__data$104[5]  = \$signature__data$104 [191:160];
-  assign \$signature__data$104[6]  = \$signature__data$104 [223:192];
-  assign \$signature__data$104[7]  = \$signature__data$104 [255:224];
-  assign \i__payload[0]  = i__payload[31:0];
-  assign \i__payload[1]  = i__payload[63:32];
-  assign \i__payload[2]  = i__payload[95:64];
-  assign \i__payload[3]  = i__payload[127:96];
-  assign \i__payload[4]  = i__payload[159:128];
-  assign \i__payload[5]  = i__payload[191:160];
-  assign \i__payload[6]  = i__payload[223:192];
-  assign \i__payload[7]  = i__payload[255:224];
+  assign \$signature__data$108[0]  = b_in__payload[7:0];
+  assign \$signature__data$108[1]  = b_in__payload[15:8];
+  assign \$signature__data$108[2]  = b_in__payload[23:16];
+  assign \$signature__data$108[3]  = b_in__payload[31:24];
+  assign \$signature__data$108[4]  = b_in__payload[39:32];
+  assign \$signature__data$108[5]  = b_in__payload[47:40];
+  assign \$signature__data$108[6]  = b_in__payload[55:48];
+  assign \$signature__data$108[7]  = b_in__payload[63:56];
+  assign \$signature__data$112[0]  = \$signature__data$112 [31:0];
+  assign \$signature__data$112[1]  = \$signature__data$112 [63:32];
+  assign \$signature__data$112[2]  = \$signature__data$112 [95:64];
+  assign \$signature__data$112[3]  = \$signature__data$112 [127:96];
+  assign \$signature__data$112[4]  = \$signature__data$112 [159:128];
+  assign \$signature__data$112[5]  = \$signature__data$112 [191:160];
+  assign \$signature__data$112[6]  = \$signature__data$112 [223:192];
+  assign \$signature__data$112[7]  = \$signature__data$112 [255:224];
+  assign \i__payload[0]  = c_q[31:0];
+  assign \i__payload[1]  = c_q[63:32];
+  assign \i__payload[2]  = c_q[95:64];
+  assign \i__payload[3]  = c_q[127:96];
+  assign \i__payload[4]  = c_q[159:128];
+  assign \i__payload[5]  = c_q[191:160];
+  assign \i__payload[6]  = c_q[223:192];
+  assign \i__payload[7]  = c_q[255:224];
   assign \o__payload[0]  = c_out__payload[7:0];
   assign \o__payload[1]  = c_out__payload[15:8];
   assign \o__payload[2]  = c_out__payload[23:16];
@@ -9293,22 +9485,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[5]  = c_out__payload[47:40];
   assign \o__payload[6]  = c_out__payload[55:48];
   assign \o__payload[7]  = c_out__payload[63:56];
-  assign i__payload[255:224] = \$158 ;
-  assign i__payload[223:192] = \$157 ;
-  assign i__payload[191:160] = \$156 ;
-  assign i__payload[159:128] = \$155 ;
-  assign i__payload[127:96] = \$154 ;
-  assign i__payload[95:64] = \$153 ;
-  assign i__payload[63:32] = \$152 ;
-  assign i__payload[31:0] = \$151 ;
-  assign \$signature__data$104 [255:224] = \$150 [31:0];
-  assign \$signature__data$104 [223:192] = \$149 [31:0];
-  assign \$signature__data$104 [191:160] = \$148 [31:0];
-  assign \$signature__data$104 [159:128] = \$147 [31:0];
-  assign \$signature__data$104 [127:96] = \$146 [31:0];
-  assign \$signature__data$104 [95:64] = \$145 [31:0];
-  assign \$signature__data$104 [63:32] = \$144 [31:0];
-  assign \$signature__data$104 [31:0] = \$143 [31:0];
+  assign \$signature__data$112 [255:224] = \$192 [31:0];
+  assign \$signature__data$112 [223:192] = \$191 [31:0];
+  assign \$signature__data$112 [191:160] = \$190 [31:0];
+  assign \$signature__data$112 [159:128] = \$189 [31:0];
+  assign \$signature__data$112 [127:96] = \$188 [31:0];
+  assign \$signature__data$112 [95:64] = \$187 [31:0];
+  assign \$signature__data$112 [63:32] = \$186 [31:0];
+  assign \$signature__data$112 [31:0] = \$185 [31:0];
+  assign \$227  = \port__data$23 ;
+  assign \$226  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -25394,10 +25580,10 @@ module \nanokpu_gemm.array.pe_7_7 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__payload, o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$2592$76 , o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$68  = 0;
   wire \$1 ;
-  wire [66:0] \$10 ;
+  wire \$10 ;
   wire \$100 ;
   wire [48:0] \$1000 ;
   wire [48:0] \$1001 ;
@@ -25508,7 +25694,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$1097 ;
   wire [8:0] \$1098 ;
   wire [8:0] \$1099 ;
-  wire [67:0] \$11 ;
+  wire \$11 ;
   wire \$110 ;
   wire [48:0] \$1100 ;
   wire [48:0] \$1101 ;
@@ -25619,7 +25805,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire [48:0] \$1197 ;
   wire [48:0] \$1198 ;
   wire [39:0] \$1199 ;
-  wire [36:0] \$12 ;
+  wire \$12 ;
   wire \$120 ;
   wire [23:0] \$1200 ;
   wire [48:0] \$1201 ;
@@ -25730,7 +25916,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire [23:0] \$1297 ;
   wire [15:0] \$1298 ;
   wire [11:0] \$1299 ;
-  wire [66:0] \$13 ;
+  wire \$13 ;
   wire \$130 ;
   wire [9:0] \$1300 ;
   wire [48:0] \$1301 ;
@@ -25815,10 +26001,10 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$1373 ;
   wire [8:0] \$1374 ;
   wire [8:0] \$1375 ;
-  reg \$1376 ;
+  reg [48:0] \$1376 ;
   reg \$1377 ;
   reg \$1378 ;
-  reg [47:0] \$1379 ;
+  reg \$1379 ;
   wire \$138 ;
   reg [47:0] \$1380 ;
   reg [47:0] \$1381 ;
@@ -25827,7 +26013,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   reg [47:0] \$1384 ;
   reg [47:0] \$1385 ;
   reg [47:0] \$1386 ;
-  reg [48:0] \$1387 ;
+  reg [47:0] \$1387 ;
   reg \$1388 ;
   reg \$1389 ;
   wire \$139 ;
@@ -25841,7 +26027,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   reg \$1397 ;
   reg [63:0] \$1398 ;
   reg [8:0] \$1399 ;
-  wire [67:0] \$14 ;
+  wire \$14 ;
   wire \$140 ;
   reg \$1400 ;
   reg \$1401 ;
@@ -25900,7 +26086,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$147 ;
   wire \$148 ;
   wire \$149 ;
-  wire [36:0] \$15 ;
+  wire \$15 ;
   wire \$150 ;
   wire \$151 ;
   wire \$152 ;
@@ -25911,7 +26097,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire [66:0] \$16 ;
+  wire \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
@@ -25922,7 +26108,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$167 ;
   wire \$168 ;
   wire \$169 ;
-  wire [67:0] \$17 ;
+  wire \$17 ;
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
@@ -25933,7 +26119,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$177 ;
   wire \$178 ;
   wire \$179 ;
-  wire [36:0] \$18 ;
+  wire \$18 ;
   wire \$180 ;
   wire \$181 ;
   wire \$182 ;
@@ -25944,7 +26130,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$187 ;
   wire \$188 ;
   wire \$189 ;
-  wire [66:0] \$19 ;
+  wire \$19 ;
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
@@ -25956,7 +26142,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$198 ;
   wire \$199 ;
   wire [40:0] \$2 ;
-  wire [67:0] \$20 ;
+  wire \$20 ;
   wire \$200 ;
   wire \$201 ;
   wire \$202 ;
@@ -25967,7 +26153,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$207 ;
   wire \$208 ;
   wire \$209 ;
-  wire [36:0] \$21 ;
+  wire \$21 ;
   wire \$210 ;
   wire \$211 ;
   wire \$212 ;
@@ -25978,7 +26164,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$217 ;
   wire \$218 ;
   wire \$219 ;
-  wire [66:0] \$22 ;
+  wire \$22 ;
   wire \$220 ;
   wire \$221 ;
   wire \$222 ;
@@ -25989,7 +26175,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$227 ;
   wire \$228 ;
   wire \$229 ;
-  wire [67:0] \$23 ;
+  wire \$23 ;
   wire \$230 ;
   wire \$231 ;
   wire \$232 ;
@@ -26000,7 +26186,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$237 ;
   wire \$238 ;
   wire \$239 ;
-  wire [36:0] \$24 ;
+  wire \$24 ;
   wire \$240 ;
   wire \$241 ;
   wire \$242 ;
@@ -26009,33 +26195,33 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire \$245 ;
   wire \$246 ;
   wire \$247 ;
-  wire \$248 ;
-  wire \$249 ;
-  wire [66:0] \$25 ;
-  wire \$250 ;
-  wire \$251 ;
-  wire \$252 ;
-  wire \$253 ;
-  wire \$254 ;
-  wire \$255 ;
-  wire \$256 ;
-  wire \$257 ;
-  wire \$258 ;
-  wire \$259 ;
-  wire [67:0] \$26 ;
-  wire \$260 ;
-  wire \$261 ;
-  wire \$262 ;
-  wire \$263 ;
-  wire \$264 ;
-  wire \$265 ;
-  wire \$266 ;
-  wire \$267 ;
-  wire \$268 ;
-  wire \$269 ;
+  wire [36:0] \$248 ;
+  wire [66:0] \$249 ;
+  wire \$25 ;
+  wire [67:0] \$250 ;
+  wire [36:0] \$251 ;
+  wire [66:0] \$252 ;
+  wire [67:0] \$253 ;
+  wire [36:0] \$254 ;
+  wire [66:0] \$255 ;
+  wire [67:0] \$256 ;
+  wire [36:0] \$257 ;
+  wire [66:0] \$258 ;
+  wire [67:0] \$259 ;
+  wire \$26 ;
+  wire [36:0] \$260 ;
+  wire [66:0] \$261 ;
+  wire [67:0] \$262 ;
+  wire [36:0] \$263 ;
+  wire [66:0] \$264 ;
+  wire [67:0] \$265 ;
+  wire [36:0] \$266 ;
+  wire [66:0] \$267 ;
+  wire [67:0] \$268 ;
+  wire [36:0] \$269 ;
   wire \$27 ;
-  wire \$270 ;
-  wire \$271 ;
+  wire [66:0] \$270 ;
+  wire [67:0] \$271 ;
   wire [48:0] \$272 ;
   wire [48:0] \$273 ;
   wire [39:0] \$274 ;
@@ -26066,7 +26252,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire [48:0] \$297 ;
   wire [48:0] \$298 ;
   wire [39:0] \$299 ;
-  wire [36:0] \$3 ;
+  wire \$3 ;
   wire \$30 ;
   wire [23:0] \$300 ;
   wire [15:0] \$301 ;
@@ -26177,7 +26363,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire [9:0] \$397 ;
   wire [48:0] \$398 ;
   wire \$399 ;
-  wire [66:0] \$4 ;
+  wire \$4 ;
   wire \$40 ;
   wire [48:0] \$400 ;
   wire [48:0] \$401 ;
@@ -26288,7 +26474,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire [39:0] \$497 ;
   wire [48:0] \$498 ;
   wire [48:0] \$499 ;
-  wire [67:0] \$5 ;
+  wire \$5 ;
   wire \$50 ;
   wire [39:0] \$500 ;
   wire [23:0] \$501 ;
@@ -26399,7 +26585,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire [48:0] \$597 ;
   wire [48:0] \$598 ;
   wire [39:0] \$599 ;
-  wire [36:0] \$6 ;
+  wire \$6 ;
   wire \$60 ;
   wire [23:0] \$600 ;
   wire [48:0] \$601 ;
@@ -26510,7 +26696,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire [48:0] \$697 ;
   wire [39:0] \$698 ;
   wire [23:0] \$699 ;
-  wire [66:0] \$7 ;
+  wire \$7 ;
   wire \$70 ;
   wire [15:0] \$700 ;
   wire [48:0] \$701 ;
@@ -26621,7 +26807,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire [39:0] \$797 ;
   wire [48:0] \$798 ;
   wire [48:0] \$799 ;
-  wire [67:0] \$8 ;
+  wire \$8 ;
   wire \$80 ;
   wire [39:0] \$800 ;
   wire [23:0] \$801 ;
@@ -26732,7 +26918,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire [48:0] \$897 ;
   wire [48:0] \$898 ;
   wire [39:0] \$899 ;
-  wire [36:0] \$9 ;
+  wire \$9 ;
   wire \$90 ;
   wire [23:0] \$900 ;
   wire [15:0] \$901 ;
@@ -26960,8 +27146,8 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   wire [35:0] p__7;
   wire [35:0] p__8;
   wire [35:0] p__9;
-  input [21:0] \port$2522$76 ;
-  wire [21:0] \port$2522$76 ;
+  input [21:0] \port$2592$76 ;
+  wire [21:0] \port$2592$76 ;
   reg [8:0] rounded0 = 9'h000;
   reg [8:0] rounded1 = 9'h000;
   reg [8:0] rounded2 = 9'h000;
@@ -27003,322 +27189,322 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[40:0];
-  assign \$5  = $signed(\$3 ) + $signed(\$4 );
-  assign \$8  = $signed(\$6 ) + $signed(\$7 );
-  assign \$11  = $signed(\$9 ) + $signed(\$10 );
-  assign \$14  = $signed(\$12 ) + $signed(\$13 );
-  assign \$17  = $signed(\$15 ) + $signed(\$16 );
-  assign \$20  = $signed(\$18 ) + $signed(\$19 );
-  assign \$23  = $signed(\$21 ) + $signed(\$22 );
-  assign \$26  = $signed(\$24 ) + $signed(\$25 );
-  assign \$27  = \port$2522$76 [21:19] > 1'h0;
-  assign \$28  = ! \port$2522$76 [21:19];
-  assign \$29  = \port$2522$76 [18:16] > 1'h0;
-  assign \$30  = \$28  & \$29 ;
-  assign \$31  = \$27  | \$30 ;
-  assign \$32  = \port$2522$76 [21:19] > 1'h0;
-  assign \$33  = ! \port$2522$76 [21:19];
-  assign \$34  = \port$2522$76 [18:16] > 1'h1;
-  assign \$35  = \$33  & \$34 ;
-  assign \$36  = \$32  | \$35 ;
-  assign \$37  = \port$2522$76 [21:19] > 1'h0;
-  assign \$38  = ! \port$2522$76 [21:19];
-  assign \$39  = \port$2522$76 [18:16] > 2'h2;
-  assign \$40  = \$38  & \$39 ;
-  assign \$41  = \$37  | \$40 ;
-  assign \$42  = \port$2522$76 [21:19] > 1'h0;
-  assign \$43  = ! \port$2522$76 [21:19];
-  assign \$44  = \port$2522$76 [18:16] > 2'h3;
-  assign \$45  = \$43  & \$44 ;
-  assign \$46  = \$42  | \$45 ;
-  assign \$47  = \port$2522$76 [21:19] > 1'h0;
-  assign \$48  = ! \port$2522$76 [21:19];
-  assign \$49  = \port$2522$76 [18:16] > 3'h4;
-  assign \$50  = \$48  & \$49 ;
-  assign \$51  = \$47  | \$50 ;
-  assign \$52  = \port$2522$76 [21:19] > 1'h0;
-  assign \$53  = ! \port$2522$76 [21:19];
-  assign \$54  = \port$2522$76 [18:16] > 3'h5;
-  assign \$55  = \$53  & \$54 ;
-  assign \$56  = \$52  | \$55 ;
-  assign \$57  = \port$2522$76 [21:19] > 1'h0;
-  assign \$58  = ! \port$2522$76 [21:19];
-  assign \$59  = \port$2522$76 [18:16] > 3'h6;
-  assign \$60  = \$58  & \$59 ;
-  assign \$61  = \$57  | \$60 ;
-  assign \$62  = \port$2522$76 [21:19] > 1'h0;
-  assign \$63  = ! \port$2522$76 [21:19];
-  assign \$64  = \port$2522$76 [18:16] > 3'h7;
-  assign \$65  = \$63  & \$64 ;
-  assign \$66  = \$62  | \$65 ;
-  assign \$67  = \port$2522$76 [21:19] > 1'h1;
-  assign \$68  = \port$2522$76 [21:19] == 1'h1;
-  assign \$69  = \port$2522$76 [18:16] > 1'h0;
-  assign \$70  = \$68  & \$69 ;
-  assign \$71  = \$67  | \$70 ;
-  assign \$72  = \port$2522$76 [21:19] > 1'h1;
-  assign \$73  = \port$2522$76 [21:19] == 1'h1;
-  assign \$74  = \port$2522$76 [18:16] > 1'h1;
-  assign \$75  = \$73  & \$74 ;
-  assign \$76  = \$72  | \$75 ;
-  assign \$77  = \port$2522$76 [21:19] > 1'h1;
-  assign \$78  = \port$2522$76 [21:19] == 1'h1;
-  assign \$79  = \port$2522$76 [18:16] > 2'h2;
-  assign \$80  = \$78  & \$79 ;
-  assign \$81  = \$77  | \$80 ;
-  assign \$82  = \port$2522$76 [21:19] > 1'h1;
-  assign \$83  = \port$2522$76 [21:19] == 1'h1;
-  assign \$84  = \port$2522$76 [18:16] > 2'h3;
-  assign \$85  = \$83  & \$84 ;
-  assign \$86  = \$82  | \$85 ;
-  assign \$87  = \port$2522$76 [21:19] > 1'h1;
-  assign \$88  = \port$2522$76 [21:19] == 1'h1;
-  assign \$89  = \port$2522$76 [18:16] > 3'h4;
-  assign \$90  = \$88  & \$89 ;
-  assign \$91  = \$87  | \$90 ;
-  assign \$92  = \port$2522$76 [21:19] > 1'h1;
-  assign \$93  = \port$2522$76 [21:19] == 1'h1;
-  assign \$94  = \port$2522$76 [18:16] > 3'h5;
-  assign \$95  = \$93  & \$94 ;
-  assign \$96  = \$92  | \$95 ;
-  assign \$97  = \port$2522$76 [21:19] > 1'h1;
-  assign \$98  = \port$2522$76 [21:19] == 1'h1;
-  assign \$99  = \port$2522$76 [18:16] > 3'h6;
-  assign \$100  = \$98  & \$99 ;
-  assign \$101  = \$97  | \$100 ;
-  assign \$102  = \port$2522$76 [21:19] > 1'h1;
-  assign \$103  = \port$2522$76 [21:19] == 1'h1;
-  assign \$104  = \port$2522$76 [18:16] > 3'h7;
-  assign \$105  = \$103  & \$104 ;
-  assign \$106  = \$102  | \$105 ;
-  assign \$107  = \port$2522$76 [21:19] > 2'h2;
-  assign \$108  = \port$2522$76 [21:19] == 2'h2;
-  assign \$109  = \port$2522$76 [18:16] > 1'h0;
-  assign \$110  = \$108  & \$109 ;
-  assign \$111  = \$107  | \$110 ;
-  assign \$112  = \port$2522$76 [21:19] > 2'h2;
-  assign \$113  = \port$2522$76 [21:19] == 2'h2;
-  assign \$114  = \port$2522$76 [18:16] > 1'h1;
-  assign \$115  = \$113  & \$114 ;
-  assign \$116  = \$112  | \$115 ;
-  assign \$117  = \port$2522$76 [21:19] > 2'h2;
-  assign \$118  = \port$2522$76 [21:19] == 2'h2;
-  assign \$119  = \port$2522$76 [18:16] > 2'h2;
-  assign \$120  = \$118  & \$119 ;
-  assign \$121  = \$117  | \$120 ;
-  assign \$122  = \port$2522$76 [21:19] > 2'h2;
-  assign \$123  = \port$2522$76 [21:19] == 2'h2;
-  assign \$124  = \port$2522$76 [18:16] > 2'h3;
-  assign \$125  = \$123  & \$124 ;
-  assign \$126  = \$122  | \$125 ;
-  assign \$127  = \port$2522$76 [21:19] > 2'h2;
-  assign \$128  = \port$2522$76 [21:19] == 2'h2;
-  assign \$129  = \port$2522$76 [18:16] > 3'h4;
-  assign \$130  = \$128  & \$129 ;
-  assign \$131  = \$127  | \$130 ;
-  assign \$132  = \port$2522$76 [21:19] > 2'h2;
-  assign \$133  = \port$2522$76 [21:19] == 2'h2;
-  assign \$134  = \port$2522$76 [18:16] > 3'h5;
-  assign \$135  = \$133  & \$134 ;
-  assign \$136  = \$132  | \$135 ;
-  assign \$137  = \port$2522$76 [21:19] > 2'h2;
-  assign \$138  = \port$2522$76 [21:19] == 2'h2;
-  assign \$139  = \port$2522$76 [18:16] > 3'h6;
-  assign \$140  = \$138  & \$139 ;
-  assign \$141  = \$137  | \$140 ;
-  assign \$142  = \port$2522$76 [21:19] > 2'h2;
-  assign \$143  = \port$2522$76 [21:19] == 2'h2;
-  assign \$144  = \port$2522$76 [18:16] > 3'h7;
-  assign \$145  = \$143  & \$144 ;
-  assign \$146  = \$142  | \$145 ;
-  assign \$147  = \port$2522$76 [21:19] > 2'h3;
-  assign \$148  = \port$2522$76 [21:19] == 2'h3;
-  assign \$149  = \port$2522$76 [18:16] > 1'h0;
-  assign \$150  = \$148  & \$149 ;
-  assign \$151  = \$147  | \$150 ;
-  assign \$152  = \port$2522$76 [21:19] > 2'h3;
-  assign \$153  = \port$2522$76 [21:19] == 2'h3;
-  assign \$154  = \port$2522$76 [18:16] > 1'h1;
-  assign \$155  = \$153  & \$154 ;
-  assign \$156  = \$152  | \$155 ;
-  assign \$157  = \port$2522$76 [21:19] > 2'h3;
-  assign \$158  = \port$2522$76 [21:19] == 2'h3;
-  assign \$159  = \port$2522$76 [18:16] > 2'h2;
-  assign \$160  = \$158  & \$159 ;
-  assign \$161  = \$157  | \$160 ;
-  assign \$162  = \port$2522$76 [21:19] > 2'h3;
-  assign \$163  = \port$2522$76 [21:19] == 2'h3;
-  assign \$164  = \port$2522$76 [18:16] > 2'h3;
-  assign \$165  = \$163  & \$164 ;
-  assign \$166  = \$162  | \$165 ;
-  assign \$167  = \port$2522$76 [21:19] > 2'h3;
-  assign \$168  = \port$2522$76 [21:19] == 2'h3;
-  assign \$169  = \port$2522$76 [18:16] > 3'h4;
-  assign \$170  = \$168  & \$169 ;
-  assign \$171  = \$167  | \$170 ;
-  assign \$172  = \port$2522$76 [21:19] > 2'h3;
-  assign \$173  = \port$2522$76 [21:19] == 2'h3;
-  assign \$174  = \port$2522$76 [18:16] > 3'h5;
-  assign \$175  = \$173  & \$174 ;
-  assign \$176  = \$172  | \$175 ;
-  assign \$177  = \port$2522$76 [21:19] > 2'h3;
-  assign \$178  = \port$2522$76 [21:19] == 2'h3;
-  assign \$179  = \port$2522$76 [18:16] > 3'h6;
-  assign \$180  = \$178  & \$179 ;
-  assign \$181  = \$177  | \$180 ;
-  assign \$182  = \port$2522$76 [21:19] > 2'h3;
-  assign \$183  = \port$2522$76 [21:19] == 2'h3;
-  assign \$184  = \port$2522$76 [18:16] > 3'h7;
-  assign \$185  = \$183  & \$184 ;
-  assign \$186  = \$182  | \$185 ;
-  assign \$187  = \port$2522$76 [21:19] > 3'h4;
-  assign \$188  = \port$2522$76 [21:19] == 3'h4;
-  assign \$189  = \port$2522$76 [18:16] > 1'h0;
-  assign \$190  = \$188  & \$189 ;
-  assign \$191  = \$187  | \$190 ;
-  assign \$192  = \port$2522$76 [21:19] > 3'h4;
-  assign \$193  = \port$2522$76 [21:19] == 3'h4;
-  assign \$194  = \port$2522$76 [18:16] > 1'h1;
-  assign \$195  = \$193  & \$194 ;
-  assign \$196  = \$192  | \$195 ;
-  assign \$197  = \port$2522$76 [21:19] > 3'h4;
-  assign \$198  = \port$2522$76 [21:19] == 3'h4;
-  assign \$199  = \port$2522$76 [18:16] > 2'h2;
-  assign \$200  = \$198  & \$199 ;
-  assign \$201  = \$197  | \$200 ;
-  assign \$202  = \port$2522$76 [21:19] > 3'h4;
-  assign \$203  = \port$2522$76 [21:19] == 3'h4;
-  assign \$204  = \port$2522$76 [18:16] > 2'h3;
-  assign \$205  = \$203  & \$204 ;
-  assign \$206  = \$202  | \$205 ;
-  assign \$207  = \port$2522$76 [21:19] > 3'h4;
-  assign \$208  = \port$2522$76 [21:19] == 3'h4;
-  assign \$209  = \port$2522$76 [18:16] > 3'h4;
-  assign \$210  = \$208  & \$209 ;
-  assign \$211  = \$207  | \$210 ;
-  assign \$212  = \port$2522$76 [21:19] > 3'h4;
-  assign \$213  = \port$2522$76 [21:19] == 3'h4;
-  assign \$214  = \port$2522$76 [18:16] > 3'h5;
-  assign \$215  = \$213  & \$214 ;
-  assign \$216  = \$212  | \$215 ;
-  assign \$217  = \port$2522$76 [21:19] > 3'h4;
-  assign \$218  = \port$2522$76 [21:19] == 3'h4;
-  assign \$219  = \port$2522$76 [18:16] > 3'h6;
-  assign \$220  = \$218  & \$219 ;
-  assign \$221  = \$217  | \$220 ;
-  assign \$222  = \port$2522$76 [21:19] > 3'h4;
-  assign \$223  = \port$2522$76 [21:19] == 3'h4;
-  assign \$224  = \port$2522$76 [18:16] > 3'h7;
-  assign \$225  = \$223  & \$224 ;
-  assign \$226  = \$222  | \$225 ;
-  assign \$227  = \port$2522$76 [21:19] > 3'h5;
-  assign \$228  = \port$2522$76 [21:19] == 3'h5;
-  assign \$229  = \port$2522$76 [18:16] > 1'h0;
-  assign \$230  = \$228  & \$229 ;
-  assign \$231  = \$227  | \$230 ;
-  assign \$232  = \port$2522$76 [21:19] > 3'h5;
-  assign \$233  = \port$2522$76 [21:19] == 3'h5;
-  assign \$234  = \port$2522$76 [18:16] > 1'h1;
-  assign \$235  = \$233  & \$234 ;
-  assign \$236  = \$232  | \$235 ;
-  assign \$237  = \port$2522$76 [21:19] > 3'h5;
-  assign \$238  = \port$2522$76 [21:19] == 3'h5;
-  assign \$239  = \port$2522$76 [18:16] > 2'h2;
-  assign \$240  = \$238  & \$239 ;
-  assign \$241  = \$237  | \$240 ;
-  assign \$242  = \port$2522$76 [21:19] > 3'h5;
-  assign \$243  = \port$2522$76 [21:19] == 3'h5;
-  assign \$244  = \port$2522$76 [18:16] > 2'h3;
-  assign \$245  = \$243  & \$244 ;
-  assign \$246  = \$242  | \$245 ;
-  assign \$247  = \port$2522$76 [21:19] > 3'h5;
-  assign \$248  = \port$2522$76 [21:19] == 3'h5;
-  assign \$249  = \port$2522$76 [18:16] > 3'h4;
-  assign \$250  = \$248  & \$249 ;
-  assign \$251  = \$247  | \$250 ;
-  assign \$252  = \port$2522$76 [21:19] > 3'h5;
-  assign \$253  = \port$2522$76 [21:19] == 3'h5;
-  assign \$254  = \port$2522$76 [18:16] > 3'h5;
-  assign \$255  = \$253  & \$254 ;
-  assign \$256  = \$252  | \$255 ;
-  assign \$257  = \port$2522$76 [21:19] > 3'h5;
-  assign \$258  = \port$2522$76 [21:19] == 3'h5;
-  assign \$259  = \port$2522$76 [18:16] > 3'h6;
-  assign \$260  = \$258  & \$259 ;
-  assign \$261  = \$257  | \$260 ;
-  assign \$262  = \port$2522$76 [21:19] > 3'h5;
-  assign \$263  = \port$2522$76 [21:19] == 3'h5;
-  assign \$264  = \port$2522$76 [18:16] > 3'h7;
-  assign \$265  = \$263  & \$264 ;
-  assign \$266  = \$262  | \$265 ;
-  assign \$267  = \port$2522$76 [21:19] > 3'h6;
-  assign \$268  = \port$2522$76 [21:19] == 3'h6;
-  assign \$269  = \port$2522$76 [18:16] > 1'h0;
-  assign \$270  = \$268  & \$269 ;
-  assign \$271  = \$267  | \$270 ;
-  assign \$273  = \port$2522$76 [21] ? \$272  : { x0, 1'h0 };
-  assign \$276  = \port$2522$76 [21] ? \$275  : { x0, 1'h0 };
-  assign \$277  = \port$2522$76 [20] ? \$274  : \$276 [39:0];
-  assign \$280  = \port$2522$76 [21] ? \$279  : { x0, 1'h0 };
-  assign \$283  = \port$2522$76 [21] ? \$282  : { x0, 1'h0 };
-  assign \$284  = \port$2522$76 [20] ? \$281  : \$283 [39:0];
-  assign \$285  = \port$2522$76 [19] ? \$278  : \$284 [23:0];
-  assign \$288  = \port$2522$76 [21] ? \$287  : { x0, 1'h0 };
-  assign \$291  = \port$2522$76 [21] ? \$290  : { x0, 1'h0 };
-  assign \$292  = \port$2522$76 [20] ? \$289  : \$291 [39:0];
-  assign \$295  = \port$2522$76 [21] ? \$294  : { x0, 1'h0 };
-  assign \$298  = \port$2522$76 [21] ? \$297  : { x0, 1'h0 };
-  assign \$299  = \port$2522$76 [20] ? \$296  : \$298 [39:0];
-  assign \$300  = \port$2522$76 [19] ? \$293  : \$299 [23:0];
-  assign \$301  = \port$2522$76 [18] ? \$286  : \$300 [15:0];
-  assign \$304  = \port$2522$76 [21] ? \$303  : { x0, 1'h0 };
-  assign \$307  = \port$2522$76 [21] ? \$306  : { x0, 1'h0 };
-  assign \$308  = \port$2522$76 [20] ? \$305  : \$307 [39:0];
-  assign \$311  = \port$2522$76 [21] ? \$310  : { x0, 1'h0 };
-  assign \$314  = \port$2522$76 [21] ? \$313  : { x0, 1'h0 };
-  assign \$315  = \port$2522$76 [20] ? \$312  : \$314 [39:0];
-  assign \$316  = \port$2522$76 [19] ? \$309  : \$315 [23:0];
-  assign \$319  = \port$2522$76 [21] ? \$318  : { x0, 1'h0 };
-  assign \$322  = \port$2522$76 [21] ? \$321  : { x0, 1'h0 };
-  assign \$323  = \port$2522$76 [20] ? \$320  : \$322 [39:0];
-  assign \$326  = \port$2522$76 [21] ? \$325  : { x0, 1'h0 };
-  assign \$329  = \port$2522$76 [21] ? \$328  : { x0, 1'h0 };
-  assign \$330  = \port$2522$76 [20] ? \$327  : \$329 [39:0];
-  assign \$331  = \port$2522$76 [19] ? \$324  : \$330 [23:0];
-  assign \$332  = \port$2522$76 [18] ? \$317  : \$331 [15:0];
-  assign \$333  = \port$2522$76 [17] ? \$302  : \$332 [11:0];
-  assign \$336  = \port$2522$76 [21] ? \$335  : { x0, 1'h0 };
-  assign \$339  = \port$2522$76 [21] ? \$338  : { x0, 1'h0 };
-  assign \$340  = \port$2522$76 [20] ? \$337  : \$339 [39:0];
-  assign \$343  = \port$2522$76 [21] ? \$342  : { x0, 1'h0 };
-  assign \$346  = \port$2522$76 [21] ? \$345  : { x0, 1'h0 };
-  assign \$347  = \port$2522$76 [20] ? \$344  : \$346 [39:0];
-  assign \$348  = \port$2522$76 [19] ? \$341  : \$347 [23:0];
-  assign \$351  = \port$2522$76 [21] ? \$350  : { x0, 1'h0 };
-  assign \$354  = \port$2522$76 [21] ? \$353  : { x0, 1'h0 };
-  assign \$355  = \port$2522$76 [20] ? \$352  : \$354 [39:0];
-  assign \$358  = \port$2522$76 [21] ? \$357  : { x0, 1'h0 };
-  assign \$361  = \port$2522$76 [21] ? \$360  : { x0, 1'h0 };
-  assign \$362  = \port$2522$76 [20] ? \$359  : \$361 [39:0];
-  assign \$363  = \port$2522$76 [19] ? \$356  : \$362 [23:0];
-  assign \$364  = \port$2522$76 [18] ? \$349  : \$363 [15:0];
-  assign \$367  = \port$2522$76 [21] ? \$366  : { x0, 1'h0 };
-  assign \$370  = \port$2522$76 [21] ? \$369  : { x0, 1'h0 };
-  assign \$371  = \port$2522$76 [20] ? \$368  : \$370 [39:0];
-  assign \$374  = \port$2522$76 [21] ? \$373  : { x0, 1'h0 };
-  assign \$377  = \port$2522$76 [21] ? \$376  : { x0, 1'h0 };
-  assign \$378  = \port$2522$76 [20] ? \$375  : \$377 [39:0];
-  assign \$379  = \port$2522$76 [19] ? \$372  : \$378 [23:0];
-  assign \$382  = \port$2522$76 [21] ? \$381  : { x0, 1'h0 };
-  assign \$385  = \port$2522$76 [21] ? \$384  : { x0, 1'h0 };
-  assign \$386  = \port$2522$76 [20] ? \$383  : \$385 [39:0];
-  assign \$389  = \port$2522$76 [21] ? \$388  : { x0, 1'h0 };
-  assign \$392  = \port$2522$76 [21] ? \$391  : { x0, 1'h0 };
-  assign \$393  = \port$2522$76 [20] ? \$390  : \$392 [39:0];
-  assign \$394  = \port$2522$76 [19] ? \$387  : \$393 [23:0];
-  assign \$395  = \port$2522$76 [18] ? \$380  : \$394 [15:0];
-  assign \$396  = \port$2522$76 [17] ? \$365  : \$395 [11:0];
-  assign \$397  = \port$2522$76 [16] ? \$334  : \$396 [9:0];
+  assign \$3  = \port$2592$76 [21:19] > 1'h0;
+  assign \$4  = ! \port$2592$76 [21:19];
+  assign \$5  = \port$2592$76 [18:16] > 1'h0;
+  assign \$6  = \$4  & \$5 ;
+  assign \$7  = \$3  | \$6 ;
+  assign \$8  = \port$2592$76 [21:19] > 1'h0;
+  assign \$9  = ! \port$2592$76 [21:19];
+  assign \$10  = \port$2592$76 [18:16] > 1'h1;
+  assign \$11  = \$9  & \$10 ;
+  assign \$12  = \$8  | \$11 ;
+  assign \$13  = \port$2592$76 [21:19] > 1'h0;
+  assign \$14  = ! \port$2592$76 [21:19];
+  assign \$15  = \port$2592$76 [18:16] > 2'h2;
+  assign \$16  = \$14  & \$15 ;
+  assign \$17  = \$13  | \$16 ;
+  assign \$18  = \port$2592$76 [21:19] > 1'h0;
+  assign \$19  = ! \port$2592$76 [21:19];
+  assign \$20  = \port$2592$76 [18:16] > 2'h3;
+  assign \$21  = \$19  & \$20 ;
+  assign \$22  = \$18  | \$21 ;
+  assign \$23  = \port$2592$76 [21:19] > 1'h0;
+  assign \$24  = ! \port$2592$76 [21:19];
+  assign \$25  = \port$2592$76 [18:16] > 3'h4;
+  assign \$26  = \$24  & \$25 ;
+  assign \$27  = \$23  | \$26 ;
+  assign \$28  = \port$2592$76 [21:19] > 1'h0;
+  assign \$29  = ! \port$2592$76 [21:19];
+  assign \$30  = \port$2592$76 [18:16] > 3'h5;
+  assign \$31  = \$29  & \$30 ;
+  assign \$32  = \$28  | \$31 ;
+  assign \$33  = \port$2592$76 [21:19] > 1'h0;
+  assign \$34  = ! \port$2592$76 [21:19];
+  assign \$35  = \port$2592$76 [18:16] > 3'h6;
+  assign \$36  = \$34  & \$35 ;
+  assign \$37  = \$33  | \$36 ;
+  assign \$38  = \port$2592$76 [21:19] > 1'h0;
+  assign \$39  = ! \port$2592$76 [21:19];
+  assign \$40  = \port$2592$76 [18:16] > 3'h7;
+  assign \$41  = \$39  & \$40 ;
+  assign \$42  = \$38  | \$41 ;
+  assign \$43  = \port$2592$76 [21:19] > 1'h1;
+  assign \$44  = \port$2592$76 [21:19] == 1'h1;
+  assign \$45  = \port$2592$76 [18:16] > 1'h0;
+  assign \$46  = \$44  & \$45 ;
+  assign \$47  = \$43  | \$46 ;
+  assign \$48  = \port$2592$76 [21:19] > 1'h1;
+  assign \$49  = \port$2592$76 [21:19] == 1'h1;
+  assign \$50  = \port$2592$76 [18:16] > 1'h1;
+  assign \$51  = \$49  & \$50 ;
+  assign \$52  = \$48  | \$51 ;
+  assign \$53  = \port$2592$76 [21:19] > 1'h1;
+  assign \$54  = \port$2592$76 [21:19] == 1'h1;
+  assign \$55  = \port$2592$76 [18:16] > 2'h2;
+  assign \$56  = \$54  & \$55 ;
+  assign \$57  = \$53  | \$56 ;
+  assign \$58  = \port$2592$76 [21:19] > 1'h1;
+  assign \$59  = \port$2592$76 [21:19] == 1'h1;
+  assign \$60  = \port$2592$76 [18:16] > 2'h3;
+  assign \$61  = \$59  & \$60 ;
+  assign \$62  = \$58  | \$61 ;
+  assign \$63  = \port$2592$76 [21:19] > 1'h1;
+  assign \$64  = \port$2592$76 [21:19] == 1'h1;
+  assign \$65  = \port$2592$76 [18:16] > 3'h4;
+  assign \$66  = \$64  & \$65 ;
+  assign \$67  = \$63  | \$66 ;
+  assign \$68  = \port$2592$76 [21:19] > 1'h1;
+  assign \$69  = \port$2592$76 [21:19] == 1'h1;
+  assign \$70  = \port$2592$76 [18:16] > 3'h5;
+  assign \$71  = \$69  & \$70 ;
+  assign \$72  = \$68  | \$71 ;
+  assign \$73  = \port$2592$76 [21:19] > 1'h1;
+  assign \$74  = \port$2592$76 [21:19] == 1'h1;
+  assign \$75  = \port$2592$76 [18:16] > 3'h6;
+  assign \$76  = \$74  & \$75 ;
+  assign \$77  = \$73  | \$76 ;
+  assign \$78  = \port$2592$76 [21:19] > 1'h1;
+  assign \$79  = \port$2592$76 [21:19] == 1'h1;
+  assign \$80  = \port$2592$76 [18:16] > 3'h7;
+  assign \$81  = \$79  & \$80 ;
+  assign \$82  = \$78  | \$81 ;
+  assign \$83  = \port$2592$76 [21:19] > 2'h2;
+  assign \$84  = \port$2592$76 [21:19] == 2'h2;
+  assign \$85  = \port$2592$76 [18:16] > 1'h0;
+  assign \$86  = \$84  & \$85 ;
+  assign \$87  = \$83  | \$86 ;
+  assign \$88  = \port$2592$76 [21:19] > 2'h2;
+  assign \$89  = \port$2592$76 [21:19] == 2'h2;
+  assign \$90  = \port$2592$76 [18:16] > 1'h1;
+  assign \$91  = \$89  & \$90 ;
+  assign \$92  = \$88  | \$91 ;
+  assign \$93  = \port$2592$76 [21:19] > 2'h2;
+  assign \$94  = \port$2592$76 [21:19] == 2'h2;
+  assign \$95  = \port$2592$76 [18:16] > 2'h2;
+  assign \$96  = \$94  & \$95 ;
+  assign \$97  = \$93  | \$96 ;
+  assign \$98  = \port$2592$76 [21:19] > 2'h2;
+  assign \$99  = \port$2592$76 [21:19] == 2'h2;
+  assign \$100  = \port$2592$76 [18:16] > 2'h3;
+  assign \$101  = \$99  & \$100 ;
+  assign \$102  = \$98  | \$101 ;
+  assign \$103  = \port$2592$76 [21:19] > 2'h2;
+  assign \$104  = \port$2592$76 [21:19] == 2'h2;
+  assign \$105  = \port$2592$76 [18:16] > 3'h4;
+  assign \$106  = \$104  & \$105 ;
+  assign \$107  = \$103  | \$106 ;
+  assign \$108  = \port$2592$76 [21:19] > 2'h2;
+  assign \$109  = \port$2592$76 [21:19] == 2'h2;
+  assign \$110  = \port$2592$76 [18:16] > 3'h5;
+  assign \$111  = \$109  & \$110 ;
+  assign \$112  = \$108  | \$111 ;
+  assign \$113  = \port$2592$76 [21:19] > 2'h2;
+  assign \$114  = \port$2592$76 [21:19] == 2'h2;
+  assign \$115  = \port$2592$76 [18:16] > 3'h6;
+  assign \$116  = \$114  & \$115 ;
+  assign \$117  = \$113  | \$116 ;
+  assign \$118  = \port$2592$76 [21:19] > 2'h2;
+  assign \$119  = \port$2592$76 [21:19] == 2'h2;
+  assign \$120  = \port$2592$76 [18:16] > 3'h7;
+  assign \$121  = \$119  & \$120 ;
+  assign \$122  = \$118  | \$121 ;
+  assign \$123  = \port$2592$76 [21:19] > 2'h3;
+  assign \$124  = \port$2592$76 [21:19] == 2'h3;
+  assign \$125  = \port$2592$76 [18:16] > 1'h0;
+  assign \$126  = \$124  & \$125 ;
+  assign \$127  = \$123  | \$126 ;
+  assign \$128  = \port$2592$76 [21:19] > 2'h3;
+  assign \$129  = \port$2592$76 [21:19] == 2'h3;
+  assign \$130  = \port$2592$76 [18:16] > 1'h1;
+  assign \$131  = \$129  & \$130 ;
+  assign \$132  = \$128  | \$131 ;
+  assign \$133  = \port$2592$76 [21:19] > 2'h3;
+  assign \$134  = \port$2592$76 [21:19] == 2'h3;
+  assign \$135  = \port$2592$76 [18:16] > 2'h2;
+  assign \$136  = \$134  & \$135 ;
+  assign \$137  = \$133  | \$136 ;
+  assign \$138  = \port$2592$76 [21:19] > 2'h3;
+  assign \$139  = \port$2592$76 [21:19] == 2'h3;
+  assign \$140  = \port$2592$76 [18:16] > 2'h3;
+  assign \$141  = \$139  & \$140 ;
+  assign \$142  = \$138  | \$141 ;
+  assign \$143  = \port$2592$76 [21:19] > 2'h3;
+  assign \$144  = \port$2592$76 [21:19] == 2'h3;
+  assign \$145  = \port$2592$76 [18:16] > 3'h4;
+  assign \$146  = \$144  & \$145 ;
+  assign \$147  = \$143  | \$146 ;
+  assign \$148  = \port$2592$76 [21:19] > 2'h3;
+  assign \$149  = \port$2592$76 [21:19] == 2'h3;
+  assign \$150  = \port$2592$76 [18:16] > 3'h5;
+  assign \$151  = \$149  & \$150 ;
+  assign \$152  = \$148  | \$151 ;
+  assign \$153  = \port$2592$76 [21:19] > 2'h3;
+  assign \$154  = \port$2592$76 [21:19] == 2'h3;
+  assign \$155  = \port$2592$76 [18:16] > 3'h6;
+  assign \$156  = \$154  & \$155 ;
+  assign \$157  = \$153  | \$156 ;
+  assign \$158  = \port$2592$76 [21:19] > 2'h3;
+  assign \$159  = \port$2592$76 [21:19] == 2'h3;
+  assign \$160  = \port$2592$76 [18:16] > 3'h7;
+  assign \$161  = \$159  & \$160 ;
+  assign \$162  = \$158  | \$161 ;
+  assign \$163  = \port$2592$76 [21:19] > 3'h4;
+  assign \$164  = \port$2592$76 [21:19] == 3'h4;
+  assign \$165  = \port$2592$76 [18:16] > 1'h0;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = \$163  | \$166 ;
+  assign \$168  = \port$2592$76 [21:19] > 3'h4;
+  assign \$169  = \port$2592$76 [21:19] == 3'h4;
+  assign \$170  = \port$2592$76 [18:16] > 1'h1;
+  assign \$171  = \$169  & \$170 ;
+  assign \$172  = \$168  | \$171 ;
+  assign \$173  = \port$2592$76 [21:19] > 3'h4;
+  assign \$174  = \port$2592$76 [21:19] == 3'h4;
+  assign \$175  = \port$2592$76 [18:16] > 2'h2;
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = \$173  | \$176 ;
+  assign \$178  = \port$2592$76 [21:19] > 3'h4;
+  assign \$179  = \port$2592$76 [21:19] == 3'h4;
+  assign \$180  = \port$2592$76 [18:16] > 2'h3;
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = \$178  | \$181 ;
+  assign \$183  = \port$2592$76 [21:19] > 3'h4;
+  assign \$184  = \port$2592$76 [21:19] == 3'h4;
+  assign \$185  = \port$2592$76 [18:16] > 3'h4;
+  assign \$186  = \$184  & \$185 ;
+  assign \$187  = \$183  | \$186 ;
+  assign \$188  = \port$2592$76 [21:19] > 3'h4;
+  assign \$189  = \port$2592$76 [21:19] == 3'h4;
+  assign \$190  = \port$2592$76 [18:16] > 3'h5;
+  assign \$191  = \$189  & \$190 ;
+  assign \$192  = \$188  | \$191 ;
+  assign \$193  = \port$2592$76 [21:19] > 3'h4;
+  assign \$194  = \port$2592$76 [21:19] == 3'h4;
+  assign \$195  = \port$2592$76 [18:16] > 3'h6;
+  assign \$196  = \$194  & \$195 ;
+  assign \$197  = \$193  | \$196 ;
+  assign \$198  = \port$2592$76 [21:19] > 3'h4;
+  assign \$199  = \port$2592$76 [21:19] == 3'h4;
+  assign \$200  = \port$2592$76 [18:16] > 3'h7;
+  assign \$201  = \$199  & \$200 ;
+  assign \$202  = \$198  | \$201 ;
+  assign \$203  = \port$2592$76 [21:19] > 3'h5;
+  assign \$204  = \port$2592$76 [21:19] == 3'h5;
+  assign \$205  = \port$2592$76 [18:16] > 1'h0;
+  assign \$206  = \$204  & \$205 ;
+  assign \$207  = \$203  | \$206 ;
+  assign \$208  = \port$2592$76 [21:19] > 3'h5;
+  assign \$209  = \port$2592$76 [21:19] == 3'h5;
+  assign \$210  = \port$2592$76 [18:16] > 1'h1;
+  assign \$211  = \$209  & \$210 ;
+  assign \$212  = \$208  | \$211 ;
+  assign \$213  = \port$2592$76 [21:19] > 3'h5;
+  assign \$214  = \port$2592$76 [21:19] == 3'h5;
+  assign \$215  = \port$2592$76 [18:16] > 2'h2;
+  assign \$216  = \$214  & \$215 ;
+  assign \$217  = \$213  | \$216 ;
+  assign \$218  = \port$2592$76 [21:19] > 3'h5;
+  assign \$219  = \port$2592$76 [21:19] == 3'h5;
+  assign \$220  = \port$2592$76 [18:16] > 2'h3;
+  assign \$221  = \$219  & \$220 ;
+  assign \$222  = \$218  | \$221 ;
+  assign \$223  = \port$2592$76 [21:19] > 3'h5;
+  assign \$224  = \port$2592$76 [21:19] == 3'h5;
+  assign \$225  = \port$2592$76 [18:16] > 3'h4;
+  assign \$226  = \$224  & \$225 ;
+  assign \$227  = \$223  | \$226 ;
+  assign \$228  = \port$2592$76 [21:19] > 3'h5;
+  assign \$229  = \port$2592$76 [21:19] == 3'h5;
+  assign \$230  = \port$2592$76 [18:16] > 3'h5;
+  assign \$231  = \$229  & \$230 ;
+  assign \$232  = \$228  | \$231 ;
+  assign \$233  = \port$2592$76 [21:19] > 3'h5;
+  assign \$234  = \port$2592$76 [21:19] == 3'h5;
+  assign \$235  = \port$2592$76 [18:16] > 3'h6;
+  assign \$236  = \$234  & \$235 ;
+  assign \$237  = \$233  | \$236 ;
+  assign \$238  = \port$2592$76 [21:19] > 3'h5;
+  assign \$239  = \port$2592$76 [21:19] == 3'h5;
+  assign \$240  = \port$2592$76 [18:16] > 3'h7;
+  assign \$241  = \$239  & \$240 ;
+  assign \$242  = \$238  | \$241 ;
+  assign \$243  = \port$2592$76 [21:19] > 3'h6;
+  assign \$244  = \port$2592$76 [21:19] == 3'h6;
+  assign \$245  = \port$2592$76 [18:16] > 1'h0;
+  assign \$246  = \$244  & \$245 ;
+  assign \$247  = \$243  | \$246 ;
+  assign \$250  = $signed(\$248 ) + $signed(\$249 );
+  assign \$253  = $signed(\$251 ) + $signed(\$252 );
+  assign \$256  = $signed(\$254 ) + $signed(\$255 );
+  assign \$259  = $signed(\$257 ) + $signed(\$258 );
+  assign \$262  = $signed(\$260 ) + $signed(\$261 );
+  assign \$265  = $signed(\$263 ) + $signed(\$264 );
+  assign \$268  = $signed(\$266 ) + $signed(\$267 );
+  assign \$271  = $signed(\$269 ) + $signed(\$270 );
+  assign \$273  = \port$2592$76 [21] ? \$272  : { x0, 1'h0 };
+  assign \$276  = \port$2592$76 [21] ? \$275  : { x0, 1'h0 };
+  assign \$277  = \port$2592$76 [20] ? \$274  : \$276 [39:0];
+  assign \$280  = \port$2592$76 [21] ? \$279  : { x0, 1'h0 };
+  assign \$283  = \port$2592$76 [21] ? \$282  : { x0, 1'h0 };
+  assign \$284  = \port$2592$76 [20] ? \$281  : \$283 [39:0];
+  assign \$285  = \port$2592$76 [19] ? \$278  : \$284 [23:0];
+  assign \$288  = \port$2592$76 [21] ? \$287  : { x0, 1'h0 };
+  assign \$291  = \port$2592$76 [21] ? \$290  : { x0, 1'h0 };
+  assign \$292  = \port$2592$76 [20] ? \$289  : \$291 [39:0];
+  assign \$295  = \port$2592$76 [21] ? \$294  : { x0, 1'h0 };
+  assign \$298  = \port$2592$76 [21] ? \$297  : { x0, 1'h0 };
+  assign \$299  = \port$2592$76 [20] ? \$296  : \$298 [39:0];
+  assign \$300  = \port$2592$76 [19] ? \$293  : \$299 [23:0];
+  assign \$301  = \port$2592$76 [18] ? \$286  : \$300 [15:0];
+  assign \$304  = \port$2592$76 [21] ? \$303  : { x0, 1'h0 };
+  assign \$307  = \port$2592$76 [21] ? \$306  : { x0, 1'h0 };
+  assign \$308  = \port$2592$76 [20] ? \$305  : \$307 [39:0];
+  assign \$311  = \port$2592$76 [21] ? \$310  : { x0, 1'h0 };
+  assign \$314  = \port$2592$76 [21] ? \$313  : { x0, 1'h0 };
+  assign \$315  = \port$2592$76 [20] ? \$312  : \$314 [39:0];
+  assign \$316  = \port$2592$76 [19] ? \$309  : \$315 [23:0];
+  assign \$319  = \port$2592$76 [21] ? \$318  : { x0, 1'h0 };
+  assign \$322  = \port$2592$76 [21] ? \$321  : { x0, 1'h0 };
+  assign \$323  = \port$2592$76 [20] ? \$320  : \$322 [39:0];
+  assign \$326  = \port$2592$76 [21] ? \$325  : { x0, 1'h0 };
+  assign \$329  = \port$2592$76 [21] ? \$328  : { x0, 1'h0 };
+  assign \$330  = \port$2592$76 [20] ? \$327  : \$329 [39:0];
+  assign \$331  = \port$2592$76 [19] ? \$324  : \$330 [23:0];
+  assign \$332  = \port$2592$76 [18] ? \$317  : \$331 [15:0];
+  assign \$333  = \port$2592$76 [17] ? \$302  : \$332 [11:0];
+  assign \$336  = \port$2592$76 [21] ? \$335  : { x0, 1'h0 };
+  assign \$339  = \port$2592$76 [21] ? \$338  : { x0, 1'h0 };
+  assign \$340  = \port$2592$76 [20] ? \$337  : \$339 [39:0];
+  assign \$343  = \port$2592$76 [21] ? \$342  : { x0, 1'h0 };
+  assign \$346  = \port$2592$76 [21] ? \$345  : { x0, 1'h0 };
+  assign \$347  = \port$2592$76 [20] ? \$344  : \$346 [39:0];
+  assign \$348  = \port$2592$76 [19] ? \$341  : \$347 [23:0];
+  assign \$351  = \port$2592$76 [21] ? \$350  : { x0, 1'h0 };
+  assign \$354  = \port$2592$76 [21] ? \$353  : { x0, 1'h0 };
+  assign \$355  = \port$2592$76 [20] ? \$352  : \$354 [39:0];
+  assign \$358  = \port$2592$76 [21] ? \$357  : { x0, 1'h0 };
+  assign \$361  = \port$2592$76 [21] ? \$360  : { x0, 1'h0 };
+  assign \$362  = \port$2592$76 [20] ? \$359  : \$361 [39:0];
+  assign \$363  = \port$2592$76 [19] ? \$356  : \$362 [23:0];
+  assign \$364  = \port$2592$76 [18] ? \$349  : \$363 [15:0];
+  assign \$367  = \port$2592$76 [21] ? \$366  : { x0, 1'h0 };
+  assign \$370  = \port$2592$76 [21] ? \$369  : { x0, 1'h0 };
+  assign \$371  = \port$2592$76 [20] ? \$368  : \$370 [39:0];
+  assign \$374  = \port$2592$76 [21] ? \$373  : { x0, 1'h0 };
+  assign \$377  = \port$2592$76 [21] ? \$376  : { x0, 1'h0 };
+  assign \$378  = \port$2592$76 [20] ? \$375  : \$377 [39:0];
+  assign \$379  = \port$2592$76 [19] ? \$372  : \$378 [23:0];
+  assign \$382  = \port$2592$76 [21] ? \$381  : { x0, 1'h0 };
+  assign \$385  = \port$2592$76 [21] ? \$384  : { x0, 1'h0 };
+  assign \$386  = \port$2592$76 [20] ? \$383  : \$385 [39:0];
+  assign \$389  = \port$2592$76 [21] ? \$388  : { x0, 1'h0 };
+  assign \$392  = \port$2592$76 [21] ? \$391  : { x0, 1'h0 };
+  assign \$393  = \port$2592$76 [20] ? \$390  : \$392 [39:0];
+  assign \$394  = \port$2592$76 [19] ? \$387  : \$393 [23:0];
+  assign \$395  = \port$2592$76 [18] ? \$380  : \$394 [15:0];
+  assign \$396  = \port$2592$76 [17] ? \$365  : \$395 [11:0];
+  assign \$397  = \port$2592$76 [16] ? \$334  : \$396 [9:0];
   assign \$398  = { x0, 1'h0 } & below;
   assign \$399  = | \$398 ;
   assign \$400  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27331,69 +27517,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   assign \$407  = $signed(rounded0) > $signed(8'h7f);
   assign \$408  = \$407  ? 9'h07f : rounded0;
   assign \$409  = over2_0 ? { \$406 [7], \$406  } : \$408 ;
-  assign \$411  = \port$2522$76 [21] ? \$410  : { x1, 1'h0 };
-  assign \$414  = \port$2522$76 [21] ? \$413  : { x1, 1'h0 };
-  assign \$415  = \port$2522$76 [20] ? \$412  : \$414 [39:0];
-  assign \$418  = \port$2522$76 [21] ? \$417  : { x1, 1'h0 };
-  assign \$421  = \port$2522$76 [21] ? \$420  : { x1, 1'h0 };
-  assign \$422  = \port$2522$76 [20] ? \$419  : \$421 [39:0];
-  assign \$423  = \port$2522$76 [19] ? \$416  : \$422 [23:0];
-  assign \$426  = \port$2522$76 [21] ? \$425  : { x1, 1'h0 };
-  assign \$429  = \port$2522$76 [21] ? \$428  : { x1, 1'h0 };
-  assign \$430  = \port$2522$76 [20] ? \$427  : \$429 [39:0];
-  assign \$433  = \port$2522$76 [21] ? \$432  : { x1, 1'h0 };
-  assign \$436  = \port$2522$76 [21] ? \$435  : { x1, 1'h0 };
-  assign \$437  = \port$2522$76 [20] ? \$434  : \$436 [39:0];
-  assign \$438  = \port$2522$76 [19] ? \$431  : \$437 [23:0];
-  assign \$439  = \port$2522$76 [18] ? \$424  : \$438 [15:0];
-  assign \$442  = \port$2522$76 [21] ? \$441  : { x1, 1'h0 };
-  assign \$445  = \port$2522$76 [21] ? \$444  : { x1, 1'h0 };
-  assign \$446  = \port$2522$76 [20] ? \$443  : \$445 [39:0];
-  assign \$449  = \port$2522$76 [21] ? \$448  : { x1, 1'h0 };
-  assign \$452  = \port$2522$76 [21] ? \$451  : { x1, 1'h0 };
-  assign \$453  = \port$2522$76 [20] ? \$450  : \$452 [39:0];
-  assign \$454  = \port$2522$76 [19] ? \$447  : \$453 [23:0];
-  assign \$457  = \port$2522$76 [21] ? \$456  : { x1, 1'h0 };
-  assign \$460  = \port$2522$76 [21] ? \$459  : { x1, 1'h0 };
-  assign \$461  = \port$2522$76 [20] ? \$458  : \$460 [39:0];
-  assign \$464  = \port$2522$76 [21] ? \$463  : { x1, 1'h0 };
-  assign \$467  = \port$2522$76 [21] ? \$466  : { x1, 1'h0 };
-  assign \$468  = \port$2522$76 [20] ? \$465  : \$467 [39:0];
-  assign \$469  = \port$2522$76 [19] ? \$462  : \$468 [23:0];
-  assign \$470  = \port$2522$76 [18] ? \$455  : \$469 [15:0];
-  assign \$471  = \port$2522$76 [17] ? \$440  : \$470 [11:0];
-  assign \$474  = \port$2522$76 [21] ? \$473  : { x1, 1'h0 };
-  assign \$477  = \port$2522$76 [21] ? \$476  : { x1, 1'h0 };
-  assign \$478  = \port$2522$76 [20] ? \$475  : \$477 [39:0];
-  assign \$481  = \port$2522$76 [21] ? \$480  : { x1, 1'h0 };
-  assign \$484  = \port$2522$76 [21] ? \$483  : { x1, 1'h0 };
-  assign \$485  = \port$2522$76 [20] ? \$482  : \$484 [39:0];
-  assign \$486  = \port$2522$76 [19] ? \$479  : \$485 [23:0];
-  assign \$489  = \port$2522$76 [21] ? \$488  : { x1, 1'h0 };
-  assign \$492  = \port$2522$76 [21] ? \$491  : { x1, 1'h0 };
-  assign \$493  = \port$2522$76 [20] ? \$490  : \$492 [39:0];
-  assign \$496  = \port$2522$76 [21] ? \$495  : { x1, 1'h0 };
-  assign \$499  = \port$2522$76 [21] ? \$498  : { x1, 1'h0 };
-  assign \$500  = \port$2522$76 [20] ? \$497  : \$499 [39:0];
-  assign \$501  = \port$2522$76 [19] ? \$494  : \$500 [23:0];
-  assign \$502  = \port$2522$76 [18] ? \$487  : \$501 [15:0];
-  assign \$505  = \port$2522$76 [21] ? \$504  : { x1, 1'h0 };
-  assign \$508  = \port$2522$76 [21] ? \$507  : { x1, 1'h0 };
-  assign \$509  = \port$2522$76 [20] ? \$506  : \$508 [39:0];
-  assign \$512  = \port$2522$76 [21] ? \$511  : { x1, 1'h0 };
-  assign \$515  = \port$2522$76 [21] ? \$514  : { x1, 1'h0 };
-  assign \$516  = \port$2522$76 [20] ? \$513  : \$515 [39:0];
-  assign \$517  = \port$2522$76 [19] ? \$510  : \$516 [23:0];
-  assign \$520  = \port$2522$76 [21] ? \$519  : { x1, 1'h0 };
-  assign \$523  = \port$2522$76 [21] ? \$522  : { x1, 1'h0 };
-  assign \$524  = \port$2522$76 [20] ? \$521  : \$523 [39:0];
-  assign \$527  = \port$2522$76 [21] ? \$526  : { x1, 1'h0 };
-  assign \$530  = \port$2522$76 [21] ? \$529  : { x1, 1'h0 };
-  assign \$531  = \port$2522$76 [20] ? \$528  : \$530 [39:0];
-  assign \$532  = \port$2522$76 [19] ? \$525  : \$531 [23:0];
-  assign \$533  = \port$2522$76 [18] ? \$518  : \$532 [15:0];
-  assign \$534  = \port$2522$76 [17] ? \$503  : \$533 [11:0];
-  assign \$535  = \port$2522$76 [16] ? \$472  : \$534 [9:0];
+  assign \$411  = \port$2592$76 [21] ? \$410  : { x1, 1'h0 };
+  assign \$414  = \port$2592$76 [21] ? \$413  : { x1, 1'h0 };
+  assign \$415  = \port$2592$76 [20] ? \$412  : \$414 [39:0];
+  assign \$418  = \port$2592$76 [21] ? \$417  : { x1, 1'h0 };
+  assign \$421  = \port$2592$76 [21] ? \$420  : { x1, 1'h0 };
+  assign \$422  = \port$2592$76 [20] ? \$419  : \$421 [39:0];
+  assign \$423  = \port$2592$76 [19] ? \$416  : \$422 [23:0];
+  assign \$426  = \port$2592$76 [21] ? \$425  : { x1, 1'h0 };
+  assign \$429  = \port$2592$76 [21] ? \$428  : { x1, 1'h0 };
+  assign \$430  = \port$2592$76 [20] ? \$427  : \$429 [39:0];
+  assign \$433  = \port$2592$76 [21] ? \$432  : { x1, 1'h0 };
+  assign \$436  = \port$2592$76 [21] ? \$435  : { x1, 1'h0 };
+  assign \$437  = \port$2592$76 [20] ? \$434  : \$436 [39:0];
+  assign \$438  = \port$2592$76 [19] ? \$431  : \$437 [23:0];
+  assign \$439  = \port$2592$76 [18] ? \$424  : \$438 [15:0];
+  assign \$442  = \port$2592$76 [21] ? \$441  : { x1, 1'h0 };
+  assign \$445  = \port$2592$76 [21] ? \$444  : { x1, 1'h0 };
+  assign \$446  = \port$2592$76 [20] ? \$443  : \$445 [39:0];
+  assign \$449  = \port$2592$76 [21] ? \$448  : { x1, 1'h0 };
+  assign \$452  = \port$2592$76 [21] ? \$451  : { x1, 1'h0 };
+  assign \$453  = \port$2592$76 [20] ? \$450  : \$452 [39:0];
+  assign \$454  = \port$2592$76 [19] ? \$447  : \$453 [23:0];
+  assign \$457  = \port$2592$76 [21] ? \$456  : { x1, 1'h0 };
+  assign \$460  = \port$2592$76 [21] ? \$459  : { x1, 1'h0 };
+  assign \$461  = \port$2592$76 [20] ? \$458  : \$460 [39:0];
+  assign \$464  = \port$2592$76 [21] ? \$463  : { x1, 1'h0 };
+  assign \$467  = \port$2592$76 [21] ? \$466  : { x1, 1'h0 };
+  assign \$468  = \port$2592$76 [20] ? \$465  : \$467 [39:0];
+  assign \$469  = \port$2592$76 [19] ? \$462  : \$468 [23:0];
+  assign \$470  = \port$2592$76 [18] ? \$455  : \$469 [15:0];
+  assign \$471  = \port$2592$76 [17] ? \$440  : \$470 [11:0];
+  assign \$474  = \port$2592$76 [21] ? \$473  : { x1, 1'h0 };
+  assign \$477  = \port$2592$76 [21] ? \$476  : { x1, 1'h0 };
+  assign \$478  = \port$2592$76 [20] ? \$475  : \$477 [39:0];
+  assign \$481  = \port$2592$76 [21] ? \$480  : { x1, 1'h0 };
+  assign \$484  = \port$2592$76 [21] ? \$483  : { x1, 1'h0 };
+  assign \$485  = \port$2592$76 [20] ? \$482  : \$484 [39:0];
+  assign \$486  = \port$2592$76 [19] ? \$479  : \$485 [23:0];
+  assign \$489  = \port$2592$76 [21] ? \$488  : { x1, 1'h0 };
+  assign \$492  = \port$2592$76 [21] ? \$491  : { x1, 1'h0 };
+  assign \$493  = \port$2592$76 [20] ? \$490  : \$492 [39:0];
+  assign \$496  = \port$2592$76 [21] ? \$495  : { x1, 1'h0 };
+  assign \$499  = \port$2592$76 [21] ? \$498  : { x1, 1'h0 };
+  assign \$500  = \port$2592$76 [20] ? \$497  : \$499 [39:0];
+  assign \$501  = \port$2592$76 [19] ? \$494  : \$500 [23:0];
+  assign \$502  = \port$2592$76 [18] ? \$487  : \$501 [15:0];
+  assign \$505  = \port$2592$76 [21] ? \$504  : { x1, 1'h0 };
+  assign \$508  = \port$2592$76 [21] ? \$507  : { x1, 1'h0 };
+  assign \$509  = \port$2592$76 [20] ? \$506  : \$508 [39:0];
+  assign \$512  = \port$2592$76 [21] ? \$511  : { x1, 1'h0 };
+  assign \$515  = \port$2592$76 [21] ? \$514  : { x1, 1'h0 };
+  assign \$516  = \port$2592$76 [20] ? \$513  : \$515 [39:0];
+  assign \$517  = \port$2592$76 [19] ? \$510  : \$516 [23:0];
+  assign \$520  = \port$2592$76 [21] ? \$519  : { x1, 1'h0 };
+  assign \$523  = \port$2592$76 [21] ? \$522  : { x1, 1'h0 };
+  assign \$524  = \port$2592$76 [20] ? \$521  : \$523 [39:0];
+  assign \$527  = \port$2592$76 [21] ? \$526  : { x1, 1'h0 };
+  assign \$530  = \port$2592$76 [21] ? \$529  : { x1, 1'h0 };
+  assign \$531  = \port$2592$76 [20] ? \$528  : \$530 [39:0];
+  assign \$532  = \port$2592$76 [19] ? \$525  : \$531 [23:0];
+  assign \$533  = \port$2592$76 [18] ? \$518  : \$532 [15:0];
+  assign \$534  = \port$2592$76 [17] ? \$503  : \$533 [11:0];
+  assign \$535  = \port$2592$76 [16] ? \$472  : \$534 [9:0];
   assign \$536  = { x1, 1'h0 } & below;
   assign \$537  = | \$536 ;
   assign \$538  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27406,69 +27592,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   assign \$545  = $signed(rounded1) > $signed(8'h7f);
   assign \$546  = \$545  ? 9'h07f : rounded1;
   assign \$547  = over2_1 ? { \$544 [7], \$544  } : \$546 ;
-  assign \$549  = \port$2522$76 [21] ? \$548  : { x2, 1'h0 };
-  assign \$552  = \port$2522$76 [21] ? \$551  : { x2, 1'h0 };
-  assign \$553  = \port$2522$76 [20] ? \$550  : \$552 [39:0];
-  assign \$556  = \port$2522$76 [21] ? \$555  : { x2, 1'h0 };
-  assign \$559  = \port$2522$76 [21] ? \$558  : { x2, 1'h0 };
-  assign \$560  = \port$2522$76 [20] ? \$557  : \$559 [39:0];
-  assign \$561  = \port$2522$76 [19] ? \$554  : \$560 [23:0];
-  assign \$564  = \port$2522$76 [21] ? \$563  : { x2, 1'h0 };
-  assign \$567  = \port$2522$76 [21] ? \$566  : { x2, 1'h0 };
-  assign \$568  = \port$2522$76 [20] ? \$565  : \$567 [39:0];
-  assign \$571  = \port$2522$76 [21] ? \$570  : { x2, 1'h0 };
-  assign \$574  = \port$2522$76 [21] ? \$573  : { x2, 1'h0 };
-  assign \$575  = \port$2522$76 [20] ? \$572  : \$574 [39:0];
-  assign \$576  = \port$2522$76 [19] ? \$569  : \$575 [23:0];
-  assign \$577  = \port$2522$76 [18] ? \$562  : \$576 [15:0];
-  assign \$580  = \port$2522$76 [21] ? \$579  : { x2, 1'h0 };
-  assign \$583  = \port$2522$76 [21] ? \$582  : { x2, 1'h0 };
-  assign \$584  = \port$2522$76 [20] ? \$581  : \$583 [39:0];
-  assign \$587  = \port$2522$76 [21] ? \$586  : { x2, 1'h0 };
-  assign \$590  = \port$2522$76 [21] ? \$589  : { x2, 1'h0 };
-  assign \$591  = \port$2522$76 [20] ? \$588  : \$590 [39:0];
-  assign \$592  = \port$2522$76 [19] ? \$585  : \$591 [23:0];
-  assign \$595  = \port$2522$76 [21] ? \$594  : { x2, 1'h0 };
-  assign \$598  = \port$2522$76 [21] ? \$597  : { x2, 1'h0 };
-  assign \$599  = \port$2522$76 [20] ? \$596  : \$598 [39:0];
-  assign \$602  = \port$2522$76 [21] ? \$601  : { x2, 1'h0 };
-  assign \$605  = \port$2522$76 [21] ? \$604  : { x2, 1'h0 };
-  assign \$606  = \port$2522$76 [20] ? \$603  : \$605 [39:0];
-  assign \$607  = \port$2522$76 [19] ? \$600  : \$606 [23:0];
-  assign \$608  = \port$2522$76 [18] ? \$593  : \$607 [15:0];
-  assign \$609  = \port$2522$76 [17] ? \$578  : \$608 [11:0];
-  assign \$612  = \port$2522$76 [21] ? \$611  : { x2, 1'h0 };
-  assign \$615  = \port$2522$76 [21] ? \$614  : { x2, 1'h0 };
-  assign \$616  = \port$2522$76 [20] ? \$613  : \$615 [39:0];
-  assign \$619  = \port$2522$76 [21] ? \$618  : { x2, 1'h0 };
-  assign \$622  = \port$2522$76 [21] ? \$621  : { x2, 1'h0 };
-  assign \$623  = \port$2522$76 [20] ? \$620  : \$622 [39:0];
-  assign \$624  = \port$2522$76 [19] ? \$617  : \$623 [23:0];
-  assign \$627  = \port$2522$76 [21] ? \$626  : { x2, 1'h0 };
-  assign \$630  = \port$2522$76 [21] ? \$629  : { x2, 1'h0 };
-  assign \$631  = \port$2522$76 [20] ? \$628  : \$630 [39:0];
-  assign \$634  = \port$2522$76 [21] ? \$633  : { x2, 1'h0 };
-  assign \$637  = \port$2522$76 [21] ? \$636  : { x2, 1'h0 };
-  assign \$638  = \port$2522$76 [20] ? \$635  : \$637 [39:0];
-  assign \$639  = \port$2522$76 [19] ? \$632  : \$638 [23:0];
-  assign \$640  = \port$2522$76 [18] ? \$625  : \$639 [15:0];
-  assign \$643  = \port$2522$76 [21] ? \$642  : { x2, 1'h0 };
-  assign \$646  = \port$2522$76 [21] ? \$645  : { x2, 1'h0 };
-  assign \$647  = \port$2522$76 [20] ? \$644  : \$646 [39:0];
-  assign \$650  = \port$2522$76 [21] ? \$649  : { x2, 1'h0 };
-  assign \$653  = \port$2522$76 [21] ? \$652  : { x2, 1'h0 };
-  assign \$654  = \port$2522$76 [20] ? \$651  : \$653 [39:0];
-  assign \$655  = \port$2522$76 [19] ? \$648  : \$654 [23:0];
-  assign \$658  = \port$2522$76 [21] ? \$657  : { x2, 1'h0 };
-  assign \$661  = \port$2522$76 [21] ? \$660  : { x2, 1'h0 };
-  assign \$662  = \port$2522$76 [20] ? \$659  : \$661 [39:0];
-  assign \$665  = \port$2522$76 [21] ? \$664  : { x2, 1'h0 };
-  assign \$668  = \port$2522$76 [21] ? \$667  : { x2, 1'h0 };
-  assign \$669  = \port$2522$76 [20] ? \$666  : \$668 [39:0];
-  assign \$670  = \port$2522$76 [19] ? \$663  : \$669 [23:0];
-  assign \$671  = \port$2522$76 [18] ? \$656  : \$670 [15:0];
-  assign \$672  = \port$2522$76 [17] ? \$641  : \$671 [11:0];
-  assign \$673  = \port$2522$76 [16] ? \$610  : \$672 [9:0];
+  assign \$549  = \port$2592$76 [21] ? \$548  : { x2, 1'h0 };
+  assign \$552  = \port$2592$76 [21] ? \$551  : { x2, 1'h0 };
+  assign \$553  = \port$2592$76 [20] ? \$550  : \$552 [39:0];
+  assign \$556  = \port$2592$76 [21] ? \$555  : { x2, 1'h0 };
+  assign \$559  = \port$2592$76 [21] ? \$558  : { x2, 1'h0 };
+  assign \$560  = \port$2592$76 [20] ? \$557  : \$559 [39:0];
+  assign \$561  = \port$2592$76 [19] ? \$554  : \$560 [23:0];
+  assign \$564  = \port$2592$76 [21] ? \$563  : { x2, 1'h0 };
+  assign \$567  = \port$2592$76 [21] ? \$566  : { x2, 1'h0 };
+  assign \$568  = \port$2592$76 [20] ? \$565  : \$567 [39:0];
+  assign \$571  = \port$2592$76 [21] ? \$570  : { x2, 1'h0 };
+  assign \$574  = \port$2592$76 [21] ? \$573  : { x2, 1'h0 };
+  assign \$575  = \port$2592$76 [20] ? \$572  : \$574 [39:0];
+  assign \$576  = \port$2592$76 [19] ? \$569  : \$575 [23:0];
+  assign \$577  = \port$2592$76 [18] ? \$562  : \$576 [15:0];
+  assign \$580  = \port$2592$76 [21] ? \$579  : { x2, 1'h0 };
+  assign \$583  = \port$2592$76 [21] ? \$582  : { x2, 1'h0 };
+  assign \$584  = \port$2592$76 [20] ? \$581  : \$583 [39:0];
+  assign \$587  = \port$2592$76 [21] ? \$586  : { x2, 1'h0 };
+  assign \$590  = \port$2592$76 [21] ? \$589  : { x2, 1'h0 };
+  assign \$591  = \port$2592$76 [20] ? \$588  : \$590 [39:0];
+  assign \$592  = \port$2592$76 [19] ? \$585  : \$591 [23:0];
+  assign \$595  = \port$2592$76 [21] ? \$594  : { x2, 1'h0 };
+  assign \$598  = \port$2592$76 [21] ? \$597  : { x2, 1'h0 };
+  assign \$599  = \port$2592$76 [20] ? \$596  : \$598 [39:0];
+  assign \$602  = \port$2592$76 [21] ? \$601  : { x2, 1'h0 };
+  assign \$605  = \port$2592$76 [21] ? \$604  : { x2, 1'h0 };
+  assign \$606  = \port$2592$76 [20] ? \$603  : \$605 [39:0];
+  assign \$607  = \port$2592$76 [19] ? \$600  : \$606 [23:0];
+  assign \$608  = \port$2592$76 [18] ? \$593  : \$607 [15:0];
+  assign \$609  = \port$2592$76 [17] ? \$578  : \$608 [11:0];
+  assign \$612  = \port$2592$76 [21] ? \$611  : { x2, 1'h0 };
+  assign \$615  = \port$2592$76 [21] ? \$614  : { x2, 1'h0 };
+  assign \$616  = \port$2592$76 [20] ? \$613  : \$615 [39:0];
+  assign \$619  = \port$2592$76 [21] ? \$618  : { x2, 1'h0 };
+  assign \$622  = \port$2592$76 [21] ? \$621  : { x2, 1'h0 };
+  assign \$623  = \port$2592$76 [20] ? \$620  : \$622 [39:0];
+  assign \$624  = \port$2592$76 [19] ? \$617  : \$623 [23:0];
+  assign \$627  = \port$2592$76 [21] ? \$626  : { x2, 1'h0 };
+  assign \$630  = \port$2592$76 [21] ? \$629  : { x2, 1'h0 };
+  assign \$631  = \port$2592$76 [20] ? \$628  : \$630 [39:0];
+  assign \$634  = \port$2592$76 [21] ? \$633  : { x2, 1'h0 };
+  assign \$637  = \port$2592$76 [21] ? \$636  : { x2, 1'h0 };
+  assign \$638  = \port$2592$76 [20] ? \$635  : \$637 [39:0];
+  assign \$639  = \port$2592$76 [19] ? \$632  : \$638 [23:0];
+  assign \$640  = \port$2592$76 [18] ? \$625  : \$639 [15:0];
+  assign \$643  = \port$2592$76 [21] ? \$642  : { x2, 1'h0 };
+  assign \$646  = \port$2592$76 [21] ? \$645  : { x2, 1'h0 };
+  assign \$647  = \port$2592$76 [20] ? \$644  : \$646 [39:0];
+  assign \$650  = \port$2592$76 [21] ? \$649  : { x2, 1'h0 };
+  assign \$653  = \port$2592$76 [21] ? \$652  : { x2, 1'h0 };
+  assign \$654  = \port$2592$76 [20] ? \$651  : \$653 [39:0];
+  assign \$655  = \port$2592$76 [19] ? \$648  : \$654 [23:0];
+  assign \$658  = \port$2592$76 [21] ? \$657  : { x2, 1'h0 };
+  assign \$661  = \port$2592$76 [21] ? \$660  : { x2, 1'h0 };
+  assign \$662  = \port$2592$76 [20] ? \$659  : \$661 [39:0];
+  assign \$665  = \port$2592$76 [21] ? \$664  : { x2, 1'h0 };
+  assign \$668  = \port$2592$76 [21] ? \$667  : { x2, 1'h0 };
+  assign \$669  = \port$2592$76 [20] ? \$666  : \$668 [39:0];
+  assign \$670  = \port$2592$76 [19] ? \$663  : \$669 [23:0];
+  assign \$671  = \port$2592$76 [18] ? \$656  : \$670 [15:0];
+  assign \$672  = \port$2592$76 [17] ? \$641  : \$671 [11:0];
+  assign \$673  = \port$2592$76 [16] ? \$610  : \$672 [9:0];
   assign \$674  = { x2, 1'h0 } & below;
   assign \$675  = | \$674 ;
   assign \$676  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27481,69 +27667,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   assign \$683  = $signed(rounded2) > $signed(8'h7f);
   assign \$684  = \$683  ? 9'h07f : rounded2;
   assign \$685  = over2_2 ? { \$682 [7], \$682  } : \$684 ;
-  assign \$687  = \port$2522$76 [21] ? \$686  : { x3, 1'h0 };
-  assign \$690  = \port$2522$76 [21] ? \$689  : { x3, 1'h0 };
-  assign \$691  = \port$2522$76 [20] ? \$688  : \$690 [39:0];
-  assign \$694  = \port$2522$76 [21] ? \$693  : { x3, 1'h0 };
-  assign \$697  = \port$2522$76 [21] ? \$696  : { x3, 1'h0 };
-  assign \$698  = \port$2522$76 [20] ? \$695  : \$697 [39:0];
-  assign \$699  = \port$2522$76 [19] ? \$692  : \$698 [23:0];
-  assign \$702  = \port$2522$76 [21] ? \$701  : { x3, 1'h0 };
-  assign \$705  = \port$2522$76 [21] ? \$704  : { x3, 1'h0 };
-  assign \$706  = \port$2522$76 [20] ? \$703  : \$705 [39:0];
-  assign \$709  = \port$2522$76 [21] ? \$708  : { x3, 1'h0 };
-  assign \$712  = \port$2522$76 [21] ? \$711  : { x3, 1'h0 };
-  assign \$713  = \port$2522$76 [20] ? \$710  : \$712 [39:0];
-  assign \$714  = \port$2522$76 [19] ? \$707  : \$713 [23:0];
-  assign \$715  = \port$2522$76 [18] ? \$700  : \$714 [15:0];
-  assign \$718  = \port$2522$76 [21] ? \$717  : { x3, 1'h0 };
-  assign \$721  = \port$2522$76 [21] ? \$720  : { x3, 1'h0 };
-  assign \$722  = \port$2522$76 [20] ? \$719  : \$721 [39:0];
-  assign \$725  = \port$2522$76 [21] ? \$724  : { x3, 1'h0 };
-  assign \$728  = \port$2522$76 [21] ? \$727  : { x3, 1'h0 };
-  assign \$729  = \port$2522$76 [20] ? \$726  : \$728 [39:0];
-  assign \$730  = \port$2522$76 [19] ? \$723  : \$729 [23:0];
-  assign \$733  = \port$2522$76 [21] ? \$732  : { x3, 1'h0 };
-  assign \$736  = \port$2522$76 [21] ? \$735  : { x3, 1'h0 };
-  assign \$737  = \port$2522$76 [20] ? \$734  : \$736 [39:0];
-  assign \$740  = \port$2522$76 [21] ? \$739  : { x3, 1'h0 };
-  assign \$743  = \port$2522$76 [21] ? \$742  : { x3, 1'h0 };
-  assign \$744  = \port$2522$76 [20] ? \$741  : \$743 [39:0];
-  assign \$745  = \port$2522$76 [19] ? \$738  : \$744 [23:0];
-  assign \$746  = \port$2522$76 [18] ? \$731  : \$745 [15:0];
-  assign \$747  = \port$2522$76 [17] ? \$716  : \$746 [11:0];
-  assign \$750  = \port$2522$76 [21] ? \$749  : { x3, 1'h0 };
-  assign \$753  = \port$2522$76 [21] ? \$752  : { x3, 1'h0 };
-  assign \$754  = \port$2522$76 [20] ? \$751  : \$753 [39:0];
-  assign \$757  = \port$2522$76 [21] ? \$756  : { x3, 1'h0 };
-  assign \$760  = \port$2522$76 [21] ? \$759  : { x3, 1'h0 };
-  assign \$761  = \port$2522$76 [20] ? \$758  : \$760 [39:0];
-  assign \$762  = \port$2522$76 [19] ? \$755  : \$761 [23:0];
-  assign \$765  = \port$2522$76 [21] ? \$764  : { x3, 1'h0 };
-  assign \$768  = \port$2522$76 [21] ? \$767  : { x3, 1'h0 };
-  assign \$769  = \port$2522$76 [20] ? \$766  : \$768 [39:0];
-  assign \$772  = \port$2522$76 [21] ? \$771  : { x3, 1'h0 };
-  assign \$775  = \port$2522$76 [21] ? \$774  : { x3, 1'h0 };
-  assign \$776  = \port$2522$76 [20] ? \$773  : \$775 [39:0];
-  assign \$777  = \port$2522$76 [19] ? \$770  : \$776 [23:0];
-  assign \$778  = \port$2522$76 [18] ? \$763  : \$777 [15:0];
-  assign \$781  = \port$2522$76 [21] ? \$780  : { x3, 1'h0 };
-  assign \$784  = \port$2522$76 [21] ? \$783  : { x3, 1'h0 };
-  assign \$785  = \port$2522$76 [20] ? \$782  : \$784 [39:0];
-  assign \$788  = \port$2522$76 [21] ? \$787  : { x3, 1'h0 };
-  assign \$791  = \port$2522$76 [21] ? \$790  : { x3, 1'h0 };
-  assign \$792  = \port$2522$76 [20] ? \$789  : \$791 [39:0];
-  assign \$793  = \port$2522$76 [19] ? \$786  : \$792 [23:0];
-  assign \$796  = \port$2522$76 [21] ? \$795  : { x3, 1'h0 };
-  assign \$799  = \port$2522$76 [21] ? \$798  : { x3, 1'h0 };
-  assign \$800  = \port$2522$76 [20] ? \$797  : \$799 [39:0];
-  assign \$803  = \port$2522$76 [21] ? \$802  : { x3, 1'h0 };
-  assign \$806  = \port$2522$76 [21] ? \$805  : { x3, 1'h0 };
-  assign \$807  = \port$2522$76 [20] ? \$804  : \$806 [39:0];
-  assign \$808  = \port$2522$76 [19] ? \$801  : \$807 [23:0];
-  assign \$809  = \port$2522$76 [18] ? \$794  : \$808 [15:0];
-  assign \$810  = \port$2522$76 [17] ? \$779  : \$809 [11:0];
-  assign \$811  = \port$2522$76 [16] ? \$748  : \$810 [9:0];
+  assign \$687  = \port$2592$76 [21] ? \$686  : { x3, 1'h0 };
+  assign \$690  = \port$2592$76 [21] ? \$689  : { x3, 1'h0 };
+  assign \$691  = \port$2592$76 [20] ? \$688  : \$690 [39:0];
+  assign \$694  = \port$2592$76 [21] ? \$693  : { x3, 1'h0 };
+  assign \$697  = \port$2592$76 [21] ? \$696  : { x3, 1'h0 };
+  assign \$698  = \port$2592$76 [20] ? \$695  : \$697 [39:0];
+  assign \$699  = \port$2592$76 [19] ? \$692  : \$698 [23:0];
+  assign \$702  = \port$2592$76 [21] ? \$701  : { x3, 1'h0 };
+  assign \$705  = \port$2592$76 [21] ? \$704  : { x3, 1'h0 };
+  assign \$706  = \port$2592$76 [20] ? \$703  : \$705 [39:0];
+  assign \$709  = \port$2592$76 [21] ? \$708  : { x3, 1'h0 };
+  assign \$712  = \port$2592$76 [21] ? \$711  : { x3, 1'h0 };
+  assign \$713  = \port$2592$76 [20] ? \$710  : \$712 [39:0];
+  assign \$714  = \port$2592$76 [19] ? \$707  : \$713 [23:0];
+  assign \$715  = \port$2592$76 [18] ? \$700  : \$714 [15:0];
+  assign \$718  = \port$2592$76 [21] ? \$717  : { x3, 1'h0 };
+  assign \$721  = \port$2592$76 [21] ? \$720  : { x3, 1'h0 };
+  assign \$722  = \port$2592$76 [20] ? \$719  : \$721 [39:0];
+  assign \$725  = \port$2592$76 [21] ? \$724  : { x3, 1'h0 };
+  assign \$728  = \port$2592$76 [21] ? \$727  : { x3, 1'h0 };
+  assign \$729  = \port$2592$76 [20] ? \$726  : \$728 [39:0];
+  assign \$730  = \port$2592$76 [19] ? \$723  : \$729 [23:0];
+  assign \$733  = \port$2592$76 [21] ? \$732  : { x3, 1'h0 };
+  assign \$736  = \port$2592$76 [21] ? \$735  : { x3, 1'h0 };
+  assign \$737  = \port$2592$76 [20] ? \$734  : \$736 [39:0];
+  assign \$740  = \port$2592$76 [21] ? \$739  : { x3, 1'h0 };
+  assign \$743  = \port$2592$76 [21] ? \$742  : { x3, 1'h0 };
+  assign \$744  = \port$2592$76 [20] ? \$741  : \$743 [39:0];
+  assign \$745  = \port$2592$76 [19] ? \$738  : \$744 [23:0];
+  assign \$746  = \port$2592$76 [18] ? \$731  : \$745 [15:0];
+  assign \$747  = \port$2592$76 [17] ? \$716  : \$746 [11:0];
+  assign \$750  = \port$2592$76 [21] ? \$749  : { x3, 1'h0 };
+  assign \$753  = \port$2592$76 [21] ? \$752  : { x3, 1'h0 };
+  assign \$754  = \port$2592$76 [20] ? \$751  : \$753 [39:0];
+  assign \$757  = \port$2592$76 [21] ? \$756  : { x3, 1'h0 };
+  assign \$760  = \port$2592$76 [21] ? \$759  : { x3, 1'h0 };
+  assign \$761  = \port$2592$76 [20] ? \$758  : \$760 [39:0];
+  assign \$762  = \port$2592$76 [19] ? \$755  : \$761 [23:0];
+  assign \$765  = \port$2592$76 [21] ? \$764  : { x3, 1'h0 };
+  assign \$768  = \port$2592$76 [21] ? \$767  : { x3, 1'h0 };
+  assign \$769  = \port$2592$76 [20] ? \$766  : \$768 [39:0];
+  assign \$772  = \port$2592$76 [21] ? \$771  : { x3, 1'h0 };
+  assign \$775  = \port$2592$76 [21] ? \$774  : { x3, 1'h0 };
+  assign \$776  = \port$2592$76 [20] ? \$773  : \$775 [39:0];
+  assign \$777  = \port$2592$76 [19] ? \$770  : \$776 [23:0];
+  assign \$778  = \port$2592$76 [18] ? \$763  : \$777 [15:0];
+  assign \$781  = \port$2592$76 [21] ? \$780  : { x3, 1'h0 };
+  assign \$784  = \port$2592$76 [21] ? \$783  : { x3, 1'h0 };
+  assign \$785  = \port$2592$76 [20] ? \$782  : \$784 [39:0];
+  assign \$788  = \port$2592$76 [21] ? \$787  : { x3, 1'h0 };
+  assign \$791  = \port$2592$76 [21] ? \$790  : { x3, 1'h0 };
+  assign \$792  = \port$2592$76 [20] ? \$789  : \$791 [39:0];
+  assign \$793  = \port$2592$76 [19] ? \$786  : \$792 [23:0];
+  assign \$796  = \port$2592$76 [21] ? \$795  : { x3, 1'h0 };
+  assign \$799  = \port$2592$76 [21] ? \$798  : { x3, 1'h0 };
+  assign \$800  = \port$2592$76 [20] ? \$797  : \$799 [39:0];
+  assign \$803  = \port$2592$76 [21] ? \$802  : { x3, 1'h0 };
+  assign \$806  = \port$2592$76 [21] ? \$805  : { x3, 1'h0 };
+  assign \$807  = \port$2592$76 [20] ? \$804  : \$806 [39:0];
+  assign \$808  = \port$2592$76 [19] ? \$801  : \$807 [23:0];
+  assign \$809  = \port$2592$76 [18] ? \$794  : \$808 [15:0];
+  assign \$810  = \port$2592$76 [17] ? \$779  : \$809 [11:0];
+  assign \$811  = \port$2592$76 [16] ? \$748  : \$810 [9:0];
   assign \$812  = { x3, 1'h0 } & below;
   assign \$813  = | \$812 ;
   assign \$814  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -27556,69 +27742,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   assign \$821  = $signed(rounded3) > $signed(8'h7f);
   assign \$822  = \$821  ? 9'h07f : rounded3;
   assign \$823  = over2_3 ? { \$820 [7], \$820  } : \$822 ;
-  assign \$825  = \port$2522$76 [21] ? \$824  : { x4, 1'h0 };
-  assign \$828  = \port$2522$76 [21] ? \$827  : { x4, 1'h0 };
-  assign \$829  = \port$2522$76 [20] ? \$826  : \$828 [39:0];
-  assign \$832  = \port$2522$76 [21] ? \$831  : { x4, 1'h0 };
-  assign \$835  = \port$2522$76 [21] ? \$834  : { x4, 1'h0 };
-  assign \$836  = \port$2522$76 [20] ? \$833  : \$835 [39:0];
-  assign \$837  = \port$2522$76 [19] ? \$830  : \$836 [23:0];
-  assign \$840  = \port$2522$76 [21] ? \$839  : { x4, 1'h0 };
-  assign \$843  = \port$2522$76 [21] ? \$842  : { x4, 1'h0 };
-  assign \$844  = \port$2522$76 [20] ? \$841  : \$843 [39:0];
-  assign \$847  = \port$2522$76 [21] ? \$846  : { x4, 1'h0 };
-  assign \$850  = \port$2522$76 [21] ? \$849  : { x4, 1'h0 };
-  assign \$851  = \port$2522$76 [20] ? \$848  : \$850 [39:0];
-  assign \$852  = \port$2522$76 [19] ? \$845  : \$851 [23:0];
-  assign \$853  = \port$2522$76 [18] ? \$838  : \$852 [15:0];
-  assign \$856  = \port$2522$76 [21] ? \$855  : { x4, 1'h0 };
-  assign \$859  = \port$2522$76 [21] ? \$858  : { x4, 1'h0 };
-  assign \$860  = \port$2522$76 [20] ? \$857  : \$859 [39:0];
-  assign \$863  = \port$2522$76 [21] ? \$862  : { x4, 1'h0 };
-  assign \$866  = \port$2522$76 [21] ? \$865  : { x4, 1'h0 };
-  assign \$867  = \port$2522$76 [20] ? \$864  : \$866 [39:0];
-  assign \$868  = \port$2522$76 [19] ? \$861  : \$867 [23:0];
-  assign \$871  = \port$2522$76 [21] ? \$870  : { x4, 1'h0 };
-  assign \$874  = \port$2522$76 [21] ? \$873  : { x4, 1'h0 };
-  assign \$875  = \port$2522$76 [20] ? \$872  : \$874 [39:0];
-  assign \$878  = \port$2522$76 [21] ? \$877  : { x4, 1'h0 };
-  assign \$881  = \port$2522$76 [21] ? \$880  : { x4, 1'h0 };
-  assign \$882  = \port$2522$76 [20] ? \$879  : \$881 [39:0];
-  assign \$883  = \port$2522$76 [19] ? \$876  : \$882 [23:0];
-  assign \$884  = \port$2522$76 [18] ? \$869  : \$883 [15:0];
-  assign \$885  = \port$2522$76 [17] ? \$854  : \$884 [11:0];
-  assign \$888  = \port$2522$76 [21] ? \$887  : { x4, 1'h0 };
-  assign \$891  = \port$2522$76 [21] ? \$890  : { x4, 1'h0 };
-  assign \$892  = \port$2522$76 [20] ? \$889  : \$891 [39:0];
-  assign \$895  = \port$2522$76 [21] ? \$894  : { x4, 1'h0 };
-  assign \$898  = \port$2522$76 [21] ? \$897  : { x4, 1'h0 };
-  assign \$899  = \port$2522$76 [20] ? \$896  : \$898 [39:0];
-  assign \$900  = \port$2522$76 [19] ? \$893  : \$899 [23:0];
-  assign \$903  = \port$2522$76 [21] ? \$902  : { x4, 1'h0 };
-  assign \$906  = \port$2522$76 [21] ? \$905  : { x4, 1'h0 };
-  assign \$907  = \port$2522$76 [20] ? \$904  : \$906 [39:0];
-  assign \$910  = \port$2522$76 [21] ? \$909  : { x4, 1'h0 };
-  assign \$913  = \port$2522$76 [21] ? \$912  : { x4, 1'h0 };
-  assign \$914  = \port$2522$76 [20] ? \$911  : \$913 [39:0];
-  assign \$915  = \port$2522$76 [19] ? \$908  : \$914 [23:0];
-  assign \$916  = \port$2522$76 [18] ? \$901  : \$915 [15:0];
-  assign \$919  = \port$2522$76 [21] ? \$918  : { x4, 1'h0 };
-  assign \$922  = \port$2522$76 [21] ? \$921  : { x4, 1'h0 };
-  assign \$923  = \port$2522$76 [20] ? \$920  : \$922 [39:0];
-  assign \$926  = \port$2522$76 [21] ? \$925  : { x4, 1'h0 };
-  assign \$929  = \port$2522$76 [21] ? \$928  : { x4, 1'h0 };
-  assign \$930  = \port$2522$76 [20] ? \$927  : \$929 [39:0];
-  assign \$931  = \port$2522$76 [19] ? \$924  : \$930 [23:0];
-  assign \$934  = \port$2522$76 [21] ? \$933  : { x4, 1'h0 };
-  assign \$937  = \port$2522$76 [21] ? \$936  : { x4, 1'h0 };
-  assign \$938  = \port$2522$76 [20] ? \$935  : \$937 [39:0];
-  assign \$941  = \port$2522$76 [21] ? \$940  : { x4, 1'h0 };
-  assign \$944  = \port$2522$76 [21] ? \$943  : { x4, 1'h0 };
-  assign \$945  = \port$2522$76 [20] ? \$942  : \$944 [39:0];
-  assign \$946  = \port$2522$76 [19] ? \$939  : \$945 [23:0];
-  assign \$947  = \port$2522$76 [18] ? \$932  : \$946 [15:0];
-  assign \$948  = \port$2522$76 [17] ? \$917  : \$947 [11:0];
-  assign \$949  = \port$2522$76 [16] ? \$886  : \$948 [9:0];
+  assign \$825  = \port$2592$76 [21] ? \$824  : { x4, 1'h0 };
+  assign \$828  = \port$2592$76 [21] ? \$827  : { x4, 1'h0 };
+  assign \$829  = \port$2592$76 [20] ? \$826  : \$828 [39:0];
+  assign \$832  = \port$2592$76 [21] ? \$831  : { x4, 1'h0 };
+  assign \$835  = \port$2592$76 [21] ? \$834  : { x4, 1'h0 };
+  assign \$836  = \port$2592$76 [20] ? \$833  : \$835 [39:0];
+  assign \$837  = \port$2592$76 [19] ? \$830  : \$836 [23:0];
+  assign \$840  = \port$2592$76 [21] ? \$839  : { x4, 1'h0 };
+  assign \$843  = \port$2592$76 [21] ? \$842  : { x4, 1'h0 };
+  assign \$844  = \port$2592$76 [20] ? \$841  : \$843 [39:0];
+  assign \$847  = \port$2592$76 [21] ? \$846  : { x4, 1'h0 };
+  assign \$850  = \port$2592$76 [21] ? \$849  : { x4, 1'h0 };
+  assign \$851  = \port$2592$76 [20] ? \$848  : \$850 [39:0];
+  assign \$852  = \port$2592$76 [19] ? \$845  : \$851 [23:0];
+  assign \$853  = \port$2592$76 [18] ? \$838  : \$852 [15:0];
+  assign \$856  = \port$2592$76 [21] ? \$855  : { x4, 1'h0 };
+  assign \$859  = \port$2592$76 [21] ? \$858  : { x4, 1'h0 };
+  assign \$860  = \port$2592$76 [20] ? \$857  : \$859 [39:0];
+  assign \$863  = \port$2592$76 [21] ? \$862  : { x4, 1'h0 };
+  assign \$866  = \port$2592$76 [21] ? \$865  : { x4, 1'h0 };
+  assign \$867  = \port$2592$76 [20] ? \$864  : \$866 [39:0];
+  assign \$868  = \port$2592$76 [19] ? \$861  : \$867 [23:0];
+  assign \$871  = \port$2592$76 [21] ? \$870  : { x4, 1'h0 };
+  assign \$874  = \port$2592$76 [21] ? \$873  : { x4, 1'h0 };
+  assign \$875  = \port$2592$76 [20] ? \$872  : \$874 [39:0];
+  assign \$878  = \port$2592$76 [21] ? \$877  : { x4, 1'h0 };
+  assign \$881  = \port$2592$76 [21] ? \$880  : { x4, 1'h0 };
+  assign \$882  = \port$2592$76 [20] ? \$879  : \$881 [39:0];
+  assign \$883  = \port$2592$76 [19] ? \$876  : \$882 [23:0];
+  assign \$884  = \port$2592$76 [18] ? \$869  : \$883 [15:0];
+  assign \$885  = \port$2592$76 [17] ? \$854  : \$884 [11:0];
+  assign \$888  = \port$2592$76 [21] ? \$887  : { x4, 1'h0 };
+  assign \$891  = \port$2592$76 [21] ? \$890  : { x4, 1'h0 };
+  assign \$892  = \port$2592$76 [20] ? \$889  : \$891 [39:0];
+  assign \$895  = \port$2592$76 [21] ? \$894  : { x4, 1'h0 };
+  assign \$898  = \port$2592$76 [21] ? \$897  : { x4, 1'h0 };
+  assign \$899  = \port$2592$76 [20] ? \$896  : \$898 [39:0];
+  assign \$900  = \port$2592$76 [19] ? \$893  : \$899 [23:0];
+  assign \$903  = \port$2592$76 [21] ? \$902  : { x4, 1'h0 };
+  assign \$906  = \port$2592$76 [21] ? \$905  : { x4, 1'h0 };
+  assign \$907  = \port$2592$76 [20] ? \$904  : \$906 [39:0];
+  assign \$910  = \port$2592$76 [21] ? \$909  : { x4, 1'h0 };
+  assign \$913  = \port$2592$76 [21] ? \$912  : { x4, 1'h0 };
+  assign \$914  = \port$2592$76 [20] ? \$911  : \$913 [39:0];
+  assign \$915  = \port$2592$76 [19] ? \$908  : \$914 [23:0];
+  assign \$916  = \port$2592$76 [18] ? \$901  : \$915 [15:0];
+  assign \$919  = \port$2592$76 [21] ? \$918  : { x4, 1'h0 };
+  assign \$922  = \port$2592$76 [21] ? \$921  : { x4, 1'h0 };
+  assign \$923  = \port$2592$76 [20] ? \$920  : \$922 [39:0];
+  assign \$926  = \port$2592$76 [21] ? \$925  : { x4, 1'h0 };
+  assign \$929  = \port$2592$76 [21] ? \$928  : { x4, 1'h0 };
+  assign \$930  = \port$2592$76 [20] ? \$927  : \$929 [39:0];
+  assign \$931  = \port$2592$76 [19] ? \$924  : \$930 [23:0];
+  assign \$934  = \port$2592$76 [21] ? \$933  : { x4, 1'h0 };
+  assign \$937  = \port$2592$76 [21] ? \$936  : { x4, 1'h0 };
+  assign \$938  = \port$2592$76 [20] ? \$935  : \$937 [39:0];
+  assign \$941  = \port$2592$76 [21] ? \$940  : { x4, 1'h0 };
+  assign \$944  = \port$2592$76 [21] ? \$943  : { x4, 1'h0 };
+  assign \$945  = \port$2592$76 [20] ? \$942  : \$944 [39:0];
+  assign \$946  = \port$2592$76 [19] ? \$939  : \$945 [23:0];
+  assign \$947  = \port$2592$76 [18] ? \$932  : \$946 [15:0];
+  assign \$948  = \port$2592$76 [17] ? \$917  : \$947 [11:0];
+  assign \$949  = \port$2592$76 [16] ? \$886  : \$948 [9:0];
   assign \$950  = { x4, 1'h0 } & below;
   assign \$951  = | \$950 ;
   assign \$952  = { x4, 1'h0 } ^ { x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47], x4[47] };
@@ -27631,69 +27817,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   assign \$959  = $signed(rounded4) > $signed(8'h7f);
   assign \$960  = \$959  ? 9'h07f : rounded4;
   assign \$961  = over2_4 ? { \$958 [7], \$958  } : \$960 ;
-  assign \$963  = \port$2522$76 [21] ? \$962  : { x5, 1'h0 };
-  assign \$966  = \port$2522$76 [21] ? \$965  : { x5, 1'h0 };
-  assign \$967  = \port$2522$76 [20] ? \$964  : \$966 [39:0];
-  assign \$970  = \port$2522$76 [21] ? \$969  : { x5, 1'h0 };
-  assign \$973  = \port$2522$76 [21] ? \$972  : { x5, 1'h0 };
-  assign \$974  = \port$2522$76 [20] ? \$971  : \$973 [39:0];
-  assign \$975  = \port$2522$76 [19] ? \$968  : \$974 [23:0];
-  assign \$978  = \port$2522$76 [21] ? \$977  : { x5, 1'h0 };
-  assign \$981  = \port$2522$76 [21] ? \$980  : { x5, 1'h0 };
-  assign \$982  = \port$2522$76 [20] ? \$979  : \$981 [39:0];
-  assign \$985  = \port$2522$76 [21] ? \$984  : { x5, 1'h0 };
-  assign \$988  = \port$2522$76 [21] ? \$987  : { x5, 1'h0 };
-  assign \$989  = \port$2522$76 [20] ? \$986  : \$988 [39:0];
-  assign \$990  = \port$2522$76 [19] ? \$983  : \$989 [23:0];
-  assign \$991  = \port$2522$76 [18] ? \$976  : \$990 [15:0];
-  assign \$994  = \port$2522$76 [21] ? \$993  : { x5, 1'h0 };
-  assign \$997  = \port$2522$76 [21] ? \$996  : { x5, 1'h0 };
-  assign \$998  = \port$2522$76 [20] ? \$995  : \$997 [39:0];
-  assign \$1001  = \port$2522$76 [21] ? \$1000  : { x5, 1'h0 };
-  assign \$1004  = \port$2522$76 [21] ? \$1003  : { x5, 1'h0 };
-  assign \$1005  = \port$2522$76 [20] ? \$1002  : \$1004 [39:0];
-  assign \$1006  = \port$2522$76 [19] ? \$999  : \$1005 [23:0];
-  assign \$1009  = \port$2522$76 [21] ? \$1008  : { x5, 1'h0 };
-  assign \$1012  = \port$2522$76 [21] ? \$1011  : { x5, 1'h0 };
-  assign \$1013  = \port$2522$76 [20] ? \$1010  : \$1012 [39:0];
-  assign \$1016  = \port$2522$76 [21] ? \$1015  : { x5, 1'h0 };
-  assign \$1019  = \port$2522$76 [21] ? \$1018  : { x5, 1'h0 };
-  assign \$1020  = \port$2522$76 [20] ? \$1017  : \$1019 [39:0];
-  assign \$1021  = \port$2522$76 [19] ? \$1014  : \$1020 [23:0];
-  assign \$1022  = \port$2522$76 [18] ? \$1007  : \$1021 [15:0];
-  assign \$1023  = \port$2522$76 [17] ? \$992  : \$1022 [11:0];
-  assign \$1026  = \port$2522$76 [21] ? \$1025  : { x5, 1'h0 };
-  assign \$1029  = \port$2522$76 [21] ? \$1028  : { x5, 1'h0 };
-  assign \$1030  = \port$2522$76 [20] ? \$1027  : \$1029 [39:0];
-  assign \$1033  = \port$2522$76 [21] ? \$1032  : { x5, 1'h0 };
-  assign \$1036  = \port$2522$76 [21] ? \$1035  : { x5, 1'h0 };
-  assign \$1037  = \port$2522$76 [20] ? \$1034  : \$1036 [39:0];
-  assign \$1038  = \port$2522$76 [19] ? \$1031  : \$1037 [23:0];
-  assign \$1041  = \port$2522$76 [21] ? \$1040  : { x5, 1'h0 };
-  assign \$1044  = \port$2522$76 [21] ? \$1043  : { x5, 1'h0 };
-  assign \$1045  = \port$2522$76 [20] ? \$1042  : \$1044 [39:0];
-  assign \$1048  = \port$2522$76 [21] ? \$1047  : { x5, 1'h0 };
-  assign \$1051  = \port$2522$76 [21] ? \$1050  : { x5, 1'h0 };
-  assign \$1052  = \port$2522$76 [20] ? \$1049  : \$1051 [39:0];
-  assign \$1053  = \port$2522$76 [19] ? \$1046  : \$1052 [23:0];
-  assign \$1054  = \port$2522$76 [18] ? \$1039  : \$1053 [15:0];
-  assign \$1057  = \port$2522$76 [21] ? \$1056  : { x5, 1'h0 };
-  assign \$1060  = \port$2522$76 [21] ? \$1059  : { x5, 1'h0 };
-  assign \$1061  = \port$2522$76 [20] ? \$1058  : \$1060 [39:0];
-  assign \$1064  = \port$2522$76 [21] ? \$1063  : { x5, 1'h0 };
-  assign \$1067  = \port$2522$76 [21] ? \$1066  : { x5, 1'h0 };
-  assign \$1068  = \port$2522$76 [20] ? \$1065  : \$1067 [39:0];
-  assign \$1069  = \port$2522$76 [19] ? \$1062  : \$1068 [23:0];
-  assign \$1072  = \port$2522$76 [21] ? \$1071  : { x5, 1'h0 };
-  assign \$1075  = \port$2522$76 [21] ? \$1074  : { x5, 1'h0 };
-  assign \$1076  = \port$2522$76 [20] ? \$1073  : \$1075 [39:0];
-  assign \$1079  = \port$2522$76 [21] ? \$1078  : { x5, 1'h0 };
-  assign \$1082  = \port$2522$76 [21] ? \$1081  : { x5, 1'h0 };
-  assign \$1083  = \port$2522$76 [20] ? \$1080  : \$1082 [39:0];
-  assign \$1084  = \port$2522$76 [19] ? \$1077  : \$1083 [23:0];
-  assign \$1085  = \port$2522$76 [18] ? \$1070  : \$1084 [15:0];
-  assign \$1086  = \port$2522$76 [17] ? \$1055  : \$1085 [11:0];
-  assign \$1087  = \port$2522$76 [16] ? \$1024  : \$1086 [9:0];
+  assign \$963  = \port$2592$76 [21] ? \$962  : { x5, 1'h0 };
+  assign \$966  = \port$2592$76 [21] ? \$965  : { x5, 1'h0 };
+  assign \$967  = \port$2592$76 [20] ? \$964  : \$966 [39:0];
+  assign \$970  = \port$2592$76 [21] ? \$969  : { x5, 1'h0 };
+  assign \$973  = \port$2592$76 [21] ? \$972  : { x5, 1'h0 };
+  assign \$974  = \port$2592$76 [20] ? \$971  : \$973 [39:0];
+  assign \$975  = \port$2592$76 [19] ? \$968  : \$974 [23:0];
+  assign \$978  = \port$2592$76 [21] ? \$977  : { x5, 1'h0 };
+  assign \$981  = \port$2592$76 [21] ? \$980  : { x5, 1'h0 };
+  assign \$982  = \port$2592$76 [20] ? \$979  : \$981 [39:0];
+  assign \$985  = \port$2592$76 [21] ? \$984  : { x5, 1'h0 };
+  assign \$988  = \port$2592$76 [21] ? \$987  : { x5, 1'h0 };
+  assign \$989  = \port$2592$76 [20] ? \$986  : \$988 [39:0];
+  assign \$990  = \port$2592$76 [19] ? \$983  : \$989 [23:0];
+  assign \$991  = \port$2592$76 [18] ? \$976  : \$990 [15:0];
+  assign \$994  = \port$2592$76 [21] ? \$993  : { x5, 1'h0 };
+  assign \$997  = \port$2592$76 [21] ? \$996  : { x5, 1'h0 };
+  assign \$998  = \port$2592$76 [20] ? \$995  : \$997 [39:0];
+  assign \$1001  = \port$2592$76 [21] ? \$1000  : { x5, 1'h0 };
+  assign \$1004  = \port$2592$76 [21] ? \$1003  : { x5, 1'h0 };
+  assign \$1005  = \port$2592$76 [20] ? \$1002  : \$1004 [39:0];
+  assign \$1006  = \port$2592$76 [19] ? \$999  : \$1005 [23:0];
+  assign \$1009  = \port$2592$76 [21] ? \$1008  : { x5, 1'h0 };
+  assign \$1012  = \port$2592$76 [21] ? \$1011  : { x5, 1'h0 };
+  assign \$1013  = \port$2592$76 [20] ? \$1010  : \$1012 [39:0];
+  assign \$1016  = \port$2592$76 [21] ? \$1015  : { x5, 1'h0 };
+  assign \$1019  = \port$2592$76 [21] ? \$1018  : { x5, 1'h0 };
+  assign \$1020  = \port$2592$76 [20] ? \$1017  : \$1019 [39:0];
+  assign \$1021  = \port$2592$76 [19] ? \$1014  : \$1020 [23:0];
+  assign \$1022  = \port$2592$76 [18] ? \$1007  : \$1021 [15:0];
+  assign \$1023  = \port$2592$76 [17] ? \$992  : \$1022 [11:0];
+  assign \$1026  = \port$2592$76 [21] ? \$1025  : { x5, 1'h0 };
+  assign \$1029  = \port$2592$76 [21] ? \$1028  : { x5, 1'h0 };
+  assign \$1030  = \port$2592$76 [20] ? \$1027  : \$1029 [39:0];
+  assign \$1033  = \port$2592$76 [21] ? \$1032  : { x5, 1'h0 };
+  assign \$1036  = \port$2592$76 [21] ? \$1035  : { x5, 1'h0 };
+  assign \$1037  = \port$2592$76 [20] ? \$1034  : \$1036 [39:0];
+  assign \$1038  = \port$2592$76 [19] ? \$1031  : \$1037 [23:0];
+  assign \$1041  = \port$2592$76 [21] ? \$1040  : { x5, 1'h0 };
+  assign \$1044  = \port$2592$76 [21] ? \$1043  : { x5, 1'h0 };
+  assign \$1045  = \port$2592$76 [20] ? \$1042  : \$1044 [39:0];
+  assign \$1048  = \port$2592$76 [21] ? \$1047  : { x5, 1'h0 };
+  assign \$1051  = \port$2592$76 [21] ? \$1050  : { x5, 1'h0 };
+  assign \$1052  = \port$2592$76 [20] ? \$1049  : \$1051 [39:0];
+  assign \$1053  = \port$2592$76 [19] ? \$1046  : \$1052 [23:0];
+  assign \$1054  = \port$2592$76 [18] ? \$1039  : \$1053 [15:0];
+  assign \$1057  = \port$2592$76 [21] ? \$1056  : { x5, 1'h0 };
+  assign \$1060  = \port$2592$76 [21] ? \$1059  : { x5, 1'h0 };
+  assign \$1061  = \port$2592$76 [20] ? \$1058  : \$1060 [39:0];
+  assign \$1064  = \port$2592$76 [21] ? \$1063  : { x5, 1'h0 };
+  assign \$1067  = \port$2592$76 [21] ? \$1066  : { x5, 1'h0 };
+  assign \$1068  = \port$2592$76 [20] ? \$1065  : \$1067 [39:0];
+  assign \$1069  = \port$2592$76 [19] ? \$1062  : \$1068 [23:0];
+  assign \$1072  = \port$2592$76 [21] ? \$1071  : { x5, 1'h0 };
+  assign \$1075  = \port$2592$76 [21] ? \$1074  : { x5, 1'h0 };
+  assign \$1076  = \port$2592$76 [20] ? \$1073  : \$1075 [39:0];
+  assign \$1079  = \port$2592$76 [21] ? \$1078  : { x5, 1'h0 };
+  assign \$1082  = \port$2592$76 [21] ? \$1081  : { x5, 1'h0 };
+  assign \$1083  = \port$2592$76 [20] ? \$1080  : \$1082 [39:0];
+  assign \$1084  = \port$2592$76 [19] ? \$1077  : \$1083 [23:0];
+  assign \$1085  = \port$2592$76 [18] ? \$1070  : \$1084 [15:0];
+  assign \$1086  = \port$2592$76 [17] ? \$1055  : \$1085 [11:0];
+  assign \$1087  = \port$2592$76 [16] ? \$1024  : \$1086 [9:0];
   assign \$1088  = { x5, 1'h0 } & below;
   assign \$1089  = | \$1088 ;
   assign \$1090  = { x5, 1'h0 } ^ { x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47], x5[47] };
@@ -27706,69 +27892,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   assign \$1097  = $signed(rounded5) > $signed(8'h7f);
   assign \$1098  = \$1097  ? 9'h07f : rounded5;
   assign \$1099  = over2_5 ? { \$1096 [7], \$1096  } : \$1098 ;
-  assign \$1101  = \port$2522$76 [21] ? \$1100  : { x6, 1'h0 };
-  assign \$1104  = \port$2522$76 [21] ? \$1103  : { x6, 1'h0 };
-  assign \$1105  = \port$2522$76 [20] ? \$1102  : \$1104 [39:0];
-  assign \$1108  = \port$2522$76 [21] ? \$1107  : { x6, 1'h0 };
-  assign \$1111  = \port$2522$76 [21] ? \$1110  : { x6, 1'h0 };
-  assign \$1112  = \port$2522$76 [20] ? \$1109  : \$1111 [39:0];
-  assign \$1113  = \port$2522$76 [19] ? \$1106  : \$1112 [23:0];
-  assign \$1116  = \port$2522$76 [21] ? \$1115  : { x6, 1'h0 };
-  assign \$1119  = \port$2522$76 [21] ? \$1118  : { x6, 1'h0 };
-  assign \$1120  = \port$2522$76 [20] ? \$1117  : \$1119 [39:0];
-  assign \$1123  = \port$2522$76 [21] ? \$1122  : { x6, 1'h0 };
-  assign \$1126  = \port$2522$76 [21] ? \$1125  : { x6, 1'h0 };
-  assign \$1127  = \port$2522$76 [20] ? \$1124  : \$1126 [39:0];
-  assign \$1128  = \port$2522$76 [19] ? \$1121  : \$1127 [23:0];
-  assign \$1129  = \port$2522$76 [18] ? \$1114  : \$1128 [15:0];
-  assign \$1132  = \port$2522$76 [21] ? \$1131  : { x6, 1'h0 };
-  assign \$1135  = \port$2522$76 [21] ? \$1134  : { x6, 1'h0 };
-  assign \$1136  = \port$2522$76 [20] ? \$1133  : \$1135 [39:0];
-  assign \$1139  = \port$2522$76 [21] ? \$1138  : { x6, 1'h0 };
-  assign \$1142  = \port$2522$76 [21] ? \$1141  : { x6, 1'h0 };
-  assign \$1143  = \port$2522$76 [20] ? \$1140  : \$1142 [39:0];
-  assign \$1144  = \port$2522$76 [19] ? \$1137  : \$1143 [23:0];
-  assign \$1147  = \port$2522$76 [21] ? \$1146  : { x6, 1'h0 };
-  assign \$1150  = \port$2522$76 [21] ? \$1149  : { x6, 1'h0 };
-  assign \$1151  = \port$2522$76 [20] ? \$1148  : \$1150 [39:0];
-  assign \$1154  = \port$2522$76 [21] ? \$1153  : { x6, 1'h0 };
-  assign \$1157  = \port$2522$76 [21] ? \$1156  : { x6, 1'h0 };
-  assign \$1158  = \port$2522$76 [20] ? \$1155  : \$1157 [39:0];
-  assign \$1159  = \port$2522$76 [19] ? \$1152  : \$1158 [23:0];
-  assign \$1160  = \port$2522$76 [18] ? \$1145  : \$1159 [15:0];
-  assign \$1161  = \port$2522$76 [17] ? \$1130  : \$1160 [11:0];
-  assign \$1164  = \port$2522$76 [21] ? \$1163  : { x6, 1'h0 };
-  assign \$1167  = \port$2522$76 [21] ? \$1166  : { x6, 1'h0 };
-  assign \$1168  = \port$2522$76 [20] ? \$1165  : \$1167 [39:0];
-  assign \$1171  = \port$2522$76 [21] ? \$1170  : { x6, 1'h0 };
-  assign \$1174  = \port$2522$76 [21] ? \$1173  : { x6, 1'h0 };
-  assign \$1175  = \port$2522$76 [20] ? \$1172  : \$1174 [39:0];
-  assign \$1176  = \port$2522$76 [19] ? \$1169  : \$1175 [23:0];
-  assign \$1179  = \port$2522$76 [21] ? \$1178  : { x6, 1'h0 };
-  assign \$1182  = \port$2522$76 [21] ? \$1181  : { x6, 1'h0 };
-  assign \$1183  = \port$2522$76 [20] ? \$1180  : \$1182 [39:0];
-  assign \$1186  = \port$2522$76 [21] ? \$1185  : { x6, 1'h0 };
-  assign \$1189  = \port$2522$76 [21] ? \$1188  : { x6, 1'h0 };
-  assign \$1190  = \port$2522$76 [20] ? \$1187  : \$1189 [39:0];
-  assign \$1191  = \port$2522$76 [19] ? \$1184  : \$1190 [23:0];
-  assign \$1192  = \port$2522$76 [18] ? \$1177  : \$1191 [15:0];
-  assign \$1195  = \port$2522$76 [21] ? \$1194  : { x6, 1'h0 };
-  assign \$1198  = \port$2522$76 [21] ? \$1197  : { x6, 1'h0 };
-  assign \$1199  = \port$2522$76 [20] ? \$1196  : \$1198 [39:0];
-  assign \$1202  = \port$2522$76 [21] ? \$1201  : { x6, 1'h0 };
-  assign \$1205  = \port$2522$76 [21] ? \$1204  : { x6, 1'h0 };
-  assign \$1206  = \port$2522$76 [20] ? \$1203  : \$1205 [39:0];
-  assign \$1207  = \port$2522$76 [19] ? \$1200  : \$1206 [23:0];
-  assign \$1210  = \port$2522$76 [21] ? \$1209  : { x6, 1'h0 };
-  assign \$1213  = \port$2522$76 [21] ? \$1212  : { x6, 1'h0 };
-  assign \$1214  = \port$2522$76 [20] ? \$1211  : \$1213 [39:0];
-  assign \$1217  = \port$2522$76 [21] ? \$1216  : { x6, 1'h0 };
-  assign \$1220  = \port$2522$76 [21] ? \$1219  : { x6, 1'h0 };
-  assign \$1221  = \port$2522$76 [20] ? \$1218  : \$1220 [39:0];
-  assign \$1222  = \port$2522$76 [19] ? \$1215  : \$1221 [23:0];
-  assign \$1223  = \port$2522$76 [18] ? \$1208  : \$1222 [15:0];
-  assign \$1224  = \port$2522$76 [17] ? \$1193  : \$1223 [11:0];
-  assign \$1225  = \port$2522$76 [16] ? \$1162  : \$1224 [9:0];
+  assign \$1101  = \port$2592$76 [21] ? \$1100  : { x6, 1'h0 };
+  assign \$1104  = \port$2592$76 [21] ? \$1103  : { x6, 1'h0 };
+  assign \$1105  = \port$2592$76 [20] ? \$1102  : \$1104 [39:0];
+  assign \$1108  = \port$2592$76 [21] ? \$1107  : { x6, 1'h0 };
+  assign \$1111  = \port$2592$76 [21] ? \$1110  : { x6, 1'h0 };
+  assign \$1112  = \port$2592$76 [20] ? \$1109  : \$1111 [39:0];
+  assign \$1113  = \port$2592$76 [19] ? \$1106  : \$1112 [23:0];
+  assign \$1116  = \port$2592$76 [21] ? \$1115  : { x6, 1'h0 };
+  assign \$1119  = \port$2592$76 [21] ? \$1118  : { x6, 1'h0 };
+  assign \$1120  = \port$2592$76 [20] ? \$1117  : \$1119 [39:0];
+  assign \$1123  = \port$2592$76 [21] ? \$1122  : { x6, 1'h0 };
+  assign \$1126  = \port$2592$76 [21] ? \$1125  : { x6, 1'h0 };
+  assign \$1127  = \port$2592$76 [20] ? \$1124  : \$1126 [39:0];
+  assign \$1128  = \port$2592$76 [19] ? \$1121  : \$1127 [23:0];
+  assign \$1129  = \port$2592$76 [18] ? \$1114  : \$1128 [15:0];
+  assign \$1132  = \port$2592$76 [21] ? \$1131  : { x6, 1'h0 };
+  assign \$1135  = \port$2592$76 [21] ? \$1134  : { x6, 1'h0 };
+  assign \$1136  = \port$2592$76 [20] ? \$1133  : \$1135 [39:0];
+  assign \$1139  = \port$2592$76 [21] ? \$1138  : { x6, 1'h0 };
+  assign \$1142  = \port$2592$76 [21] ? \$1141  : { x6, 1'h0 };
+  assign \$1143  = \port$2592$76 [20] ? \$1140  : \$1142 [39:0];
+  assign \$1144  = \port$2592$76 [19] ? \$1137  : \$1143 [23:0];
+  assign \$1147  = \port$2592$76 [21] ? \$1146  : { x6, 1'h0 };
+  assign \$1150  = \port$2592$76 [21] ? \$1149  : { x6, 1'h0 };
+  assign \$1151  = \port$2592$76 [20] ? \$1148  : \$1150 [39:0];
+  assign \$1154  = \port$2592$76 [21] ? \$1153  : { x6, 1'h0 };
+  assign \$1157  = \port$2592$76 [21] ? \$1156  : { x6, 1'h0 };
+  assign \$1158  = \port$2592$76 [20] ? \$1155  : \$1157 [39:0];
+  assign \$1159  = \port$2592$76 [19] ? \$1152  : \$1158 [23:0];
+  assign \$1160  = \port$2592$76 [18] ? \$1145  : \$1159 [15:0];
+  assign \$1161  = \port$2592$76 [17] ? \$1130  : \$1160 [11:0];
+  assign \$1164  = \port$2592$76 [21] ? \$1163  : { x6, 1'h0 };
+  assign \$1167  = \port$2592$76 [21] ? \$1166  : { x6, 1'h0 };
+  assign \$1168  = \port$2592$76 [20] ? \$1165  : \$1167 [39:0];
+  assign \$1171  = \port$2592$76 [21] ? \$1170  : { x6, 1'h0 };
+  assign \$1174  = \port$2592$76 [21] ? \$1173  : { x6, 1'h0 };
+  assign \$1175  = \port$2592$76 [20] ? \$1172  : \$1174 [39:0];
+  assign \$1176  = \port$2592$76 [19] ? \$1169  : \$1175 [23:0];
+  assign \$1179  = \port$2592$76 [21] ? \$1178  : { x6, 1'h0 };
+  assign \$1182  = \port$2592$76 [21] ? \$1181  : { x6, 1'h0 };
+  assign \$1183  = \port$2592$76 [20] ? \$1180  : \$1182 [39:0];
+  assign \$1186  = \port$2592$76 [21] ? \$1185  : { x6, 1'h0 };
+  assign \$1189  = \port$2592$76 [21] ? \$1188  : { x6, 1'h0 };
+  assign \$1190  = \port$2592$76 [20] ? \$1187  : \$1189 [39:0];
+  assign \$1191  = \port$2592$76 [19] ? \$1184  : \$1190 [23:0];
+  assign \$1192  = \port$2592$76 [18] ? \$1177  : \$1191 [15:0];
+  assign \$1195  = \port$2592$76 [21] ? \$1194  : { x6, 1'h0 };
+  assign \$1198  = \port$2592$76 [21] ? \$1197  : { x6, 1'h0 };
+  assign \$1199  = \port$2592$76 [20] ? \$1196  : \$1198 [39:0];
+  assign \$1202  = \port$2592$76 [21] ? \$1201  : { x6, 1'h0 };
+  assign \$1205  = \port$2592$76 [21] ? \$1204  : { x6, 1'h0 };
+  assign \$1206  = \port$2592$76 [20] ? \$1203  : \$1205 [39:0];
+  assign \$1207  = \port$2592$76 [19] ? \$1200  : \$1206 [23:0];
+  assign \$1210  = \port$2592$76 [21] ? \$1209  : { x6, 1'h0 };
+  assign \$1213  = \port$2592$76 [21] ? \$1212  : { x6, 1'h0 };
+  assign \$1214  = \port$2592$76 [20] ? \$1211  : \$1213 [39:0];
+  assign \$1217  = \port$2592$76 [21] ? \$1216  : { x6, 1'h0 };
+  assign \$1220  = \port$2592$76 [21] ? \$1219  : { x6, 1'h0 };
+  assign \$1221  = \port$2592$76 [20] ? \$1218  : \$1220 [39:0];
+  assign \$1222  = \port$2592$76 [19] ? \$1215  : \$1221 [23:0];
+  assign \$1223  = \port$2592$76 [18] ? \$1208  : \$1222 [15:0];
+  assign \$1224  = \port$2592$76 [17] ? \$1193  : \$1223 [11:0];
+  assign \$1225  = \port$2592$76 [16] ? \$1162  : \$1224 [9:0];
   assign \$1226  = { x6, 1'h0 } & below;
   assign \$1227  = | \$1226 ;
   assign \$1228  = { x6, 1'h0 } ^ { x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47], x6[47] };
@@ -27781,69 +27967,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   assign \$1235  = $signed(rounded6) > $signed(8'h7f);
   assign \$1236  = \$1235  ? 9'h07f : rounded6;
   assign \$1237  = over2_6 ? { \$1234 [7], \$1234  } : \$1236 ;
-  assign \$1239  = \port$2522$76 [21] ? \$1238  : { x7, 1'h0 };
-  assign \$1242  = \port$2522$76 [21] ? \$1241  : { x7, 1'h0 };
-  assign \$1243  = \port$2522$76 [20] ? \$1240  : \$1242 [39:0];
-  assign \$1246  = \port$2522$76 [21] ? \$1245  : { x7, 1'h0 };
-  assign \$1249  = \port$2522$76 [21] ? \$1248  : { x7, 1'h0 };
-  assign \$1250  = \port$2522$76 [20] ? \$1247  : \$1249 [39:0];
-  assign \$1251  = \port$2522$76 [19] ? \$1244  : \$1250 [23:0];
-  assign \$1254  = \port$2522$76 [21] ? \$1253  : { x7, 1'h0 };
-  assign \$1257  = \port$2522$76 [21] ? \$1256  : { x7, 1'h0 };
-  assign \$1258  = \port$2522$76 [20] ? \$1255  : \$1257 [39:0];
-  assign \$1261  = \port$2522$76 [21] ? \$1260  : { x7, 1'h0 };
-  assign \$1264  = \port$2522$76 [21] ? \$1263  : { x7, 1'h0 };
-  assign \$1265  = \port$2522$76 [20] ? \$1262  : \$1264 [39:0];
-  assign \$1266  = \port$2522$76 [19] ? \$1259  : \$1265 [23:0];
-  assign \$1267  = \port$2522$76 [18] ? \$1252  : \$1266 [15:0];
-  assign \$1270  = \port$2522$76 [21] ? \$1269  : { x7, 1'h0 };
-  assign \$1273  = \port$2522$76 [21] ? \$1272  : { x7, 1'h0 };
-  assign \$1274  = \port$2522$76 [20] ? \$1271  : \$1273 [39:0];
-  assign \$1277  = \port$2522$76 [21] ? \$1276  : { x7, 1'h0 };
-  assign \$1280  = \port$2522$76 [21] ? \$1279  : { x7, 1'h0 };
-  assign \$1281  = \port$2522$76 [20] ? \$1278  : \$1280 [39:0];
-  assign \$1282  = \port$2522$76 [19] ? \$1275  : \$1281 [23:0];
-  assign \$1285  = \port$2522$76 [21] ? \$1284  : { x7, 1'h0 };
-  assign \$1288  = \port$2522$76 [21] ? \$1287  : { x7, 1'h0 };
-  assign \$1289  = \port$2522$76 [20] ? \$1286  : \$1288 [39:0];
-  assign \$1292  = \port$2522$76 [21] ? \$1291  : { x7, 1'h0 };
-  assign \$1295  = \port$2522$76 [21] ? \$1294  : { x7, 1'h0 };
-  assign \$1296  = \port$2522$76 [20] ? \$1293  : \$1295 [39:0];
-  assign \$1297  = \port$2522$76 [19] ? \$1290  : \$1296 [23:0];
-  assign \$1298  = \port$2522$76 [18] ? \$1283  : \$1297 [15:0];
-  assign \$1299  = \port$2522$76 [17] ? \$1268  : \$1298 [11:0];
-  assign \$1302  = \port$2522$76 [21] ? \$1301  : { x7, 1'h0 };
-  assign \$1305  = \port$2522$76 [21] ? \$1304  : { x7, 1'h0 };
-  assign \$1306  = \port$2522$76 [20] ? \$1303  : \$1305 [39:0];
-  assign \$1309  = \port$2522$76 [21] ? \$1308  : { x7, 1'h0 };
-  assign \$1312  = \port$2522$76 [21] ? \$1311  : { x7, 1'h0 };
-  assign \$1313  = \port$2522$76 [20] ? \$1310  : \$1312 [39:0];
-  assign \$1314  = \port$2522$76 [19] ? \$1307  : \$1313 [23:0];
-  assign \$1317  = \port$2522$76 [21] ? \$1316  : { x7, 1'h0 };
-  assign \$1320  = \port$2522$76 [21] ? \$1319  : { x7, 1'h0 };
-  assign \$1321  = \port$2522$76 [20] ? \$1318  : \$1320 [39:0];
-  assign \$1324  = \port$2522$76 [21] ? \$1323  : { x7, 1'h0 };
-  assign \$1327  = \port$2522$76 [21] ? \$1326  : { x7, 1'h0 };
-  assign \$1328  = \port$2522$76 [20] ? \$1325  : \$1327 [39:0];
-  assign \$1329  = \port$2522$76 [19] ? \$1322  : \$1328 [23:0];
-  assign \$1330  = \port$2522$76 [18] ? \$1315  : \$1329 [15:0];
-  assign \$1333  = \port$2522$76 [21] ? \$1332  : { x7, 1'h0 };
-  assign \$1336  = \port$2522$76 [21] ? \$1335  : { x7, 1'h0 };
-  assign \$1337  = \port$2522$76 [20] ? \$1334  : \$1336 [39:0];
-  assign \$1340  = \port$2522$76 [21] ? \$1339  : { x7, 1'h0 };
-  assign \$1343  = \port$2522$76 [21] ? \$1342  : { x7, 1'h0 };
-  assign \$1344  = \port$2522$76 [20] ? \$1341  : \$1343 [39:0];
-  assign \$1345  = \port$2522$76 [19] ? \$1338  : \$1344 [23:0];
-  assign \$1348  = \port$2522$76 [21] ? \$1347  : { x7, 1'h0 };
-  assign \$1351  = \port$2522$76 [21] ? \$1350  : { x7, 1'h0 };
-  assign \$1352  = \port$2522$76 [20] ? \$1349  : \$1351 [39:0];
-  assign \$1355  = \port$2522$76 [21] ? \$1354  : { x7, 1'h0 };
-  assign \$1358  = \port$2522$76 [21] ? \$1357  : { x7, 1'h0 };
-  assign \$1359  = \port$2522$76 [20] ? \$1356  : \$1358 [39:0];
-  assign \$1360  = \port$2522$76 [19] ? \$1353  : \$1359 [23:0];
-  assign \$1361  = \port$2522$76 [18] ? \$1346  : \$1360 [15:0];
-  assign \$1362  = \port$2522$76 [17] ? \$1331  : \$1361 [11:0];
-  assign \$1363  = \port$2522$76 [16] ? \$1300  : \$1362 [9:0];
+  assign \$1239  = \port$2592$76 [21] ? \$1238  : { x7, 1'h0 };
+  assign \$1242  = \port$2592$76 [21] ? \$1241  : { x7, 1'h0 };
+  assign \$1243  = \port$2592$76 [20] ? \$1240  : \$1242 [39:0];
+  assign \$1246  = \port$2592$76 [21] ? \$1245  : { x7, 1'h0 };
+  assign \$1249  = \port$2592$76 [21] ? \$1248  : { x7, 1'h0 };
+  assign \$1250  = \port$2592$76 [20] ? \$1247  : \$1249 [39:0];
+  assign \$1251  = \port$2592$76 [19] ? \$1244  : \$1250 [23:0];
+  assign \$1254  = \port$2592$76 [21] ? \$1253  : { x7, 1'h0 };
+  assign \$1257  = \port$2592$76 [21] ? \$1256  : { x7, 1'h0 };
+  assign \$1258  = \port$2592$76 [20] ? \$1255  : \$1257 [39:0];
+  assign \$1261  = \port$2592$76 [21] ? \$1260  : { x7, 1'h0 };
+  assign \$1264  = \port$2592$76 [21] ? \$1263  : { x7, 1'h0 };
+  assign \$1265  = \port$2592$76 [20] ? \$1262  : \$1264 [39:0];
+  assign \$1266  = \port$2592$76 [19] ? \$1259  : \$1265 [23:0];
+  assign \$1267  = \port$2592$76 [18] ? \$1252  : \$1266 [15:0];
+  assign \$1270  = \port$2592$76 [21] ? \$1269  : { x7, 1'h0 };
+  assign \$1273  = \port$2592$76 [21] ? \$1272  : { x7, 1'h0 };
+  assign \$1274  = \port$2592$76 [20] ? \$1271  : \$1273 [39:0];
+  assign \$1277  = \port$2592$76 [21] ? \$1276  : { x7, 1'h0 };
+  assign \$1280  = \port$2592$76 [21] ? \$1279  : { x7, 1'h0 };
+  assign \$1281  = \port$2592$76 [20] ? \$1278  : \$1280 [39:0];
+  assign \$1282  = \port$2592$76 [19] ? \$1275  : \$1281 [23:0];
+  assign \$1285  = \port$2592$76 [21] ? \$1284  : { x7, 1'h0 };
+  assign \$1288  = \port$2592$76 [21] ? \$1287  : { x7, 1'h0 };
+  assign \$1289  = \port$2592$76 [20] ? \$1286  : \$1288 [39:0];
+  assign \$1292  = \port$2592$76 [21] ? \$1291  : { x7, 1'h0 };
+  assign \$1295  = \port$2592$76 [21] ? \$1294  : { x7, 1'h0 };
+  assign \$1296  = \port$2592$76 [20] ? \$1293  : \$1295 [39:0];
+  assign \$1297  = \port$2592$76 [19] ? \$1290  : \$1296 [23:0];
+  assign \$1298  = \port$2592$76 [18] ? \$1283  : \$1297 [15:0];
+  assign \$1299  = \port$2592$76 [17] ? \$1268  : \$1298 [11:0];
+  assign \$1302  = \port$2592$76 [21] ? \$1301  : { x7, 1'h0 };
+  assign \$1305  = \port$2592$76 [21] ? \$1304  : { x7, 1'h0 };
+  assign \$1306  = \port$2592$76 [20] ? \$1303  : \$1305 [39:0];
+  assign \$1309  = \port$2592$76 [21] ? \$1308  : { x7, 1'h0 };
+  assign \$1312  = \port$2592$76 [21] ? \$1311  : { x7, 1'h0 };
+  assign \$1313  = \port$2592$76 [20] ? \$1310  : \$1312 [39:0];
+  assign \$1314  = \port$2592$76 [19] ? \$1307  : \$1313 [23:0];
+  assign \$1317  = \port$2592$76 [21] ? \$1316  : { x7, 1'h0 };
+  assign \$1320  = \port$2592$76 [21] ? \$1319  : { x7, 1'h0 };
+  assign \$1321  = \port$2592$76 [20] ? \$1318  : \$1320 [39:0];
+  assign \$1324  = \port$2592$76 [21] ? \$1323  : { x7, 1'h0 };
+  assign \$1327  = \port$2592$76 [21] ? \$1326  : { x7, 1'h0 };
+  assign \$1328  = \port$2592$76 [20] ? \$1325  : \$1327 [39:0];
+  assign \$1329  = \port$2592$76 [19] ? \$1322  : \$1328 [23:0];
+  assign \$1330  = \port$2592$76 [18] ? \$1315  : \$1329 [15:0];
+  assign \$1333  = \port$2592$76 [21] ? \$1332  : { x7, 1'h0 };
+  assign \$1336  = \port$2592$76 [21] ? \$1335  : { x7, 1'h0 };
+  assign \$1337  = \port$2592$76 [20] ? \$1334  : \$1336 [39:0];
+  assign \$1340  = \port$2592$76 [21] ? \$1339  : { x7, 1'h0 };
+  assign \$1343  = \port$2592$76 [21] ? \$1342  : { x7, 1'h0 };
+  assign \$1344  = \port$2592$76 [20] ? \$1341  : \$1343 [39:0];
+  assign \$1345  = \port$2592$76 [19] ? \$1338  : \$1344 [23:0];
+  assign \$1348  = \port$2592$76 [21] ? \$1347  : { x7, 1'h0 };
+  assign \$1351  = \port$2592$76 [21] ? \$1350  : { x7, 1'h0 };
+  assign \$1352  = \port$2592$76 [20] ? \$1349  : \$1351 [39:0];
+  assign \$1355  = \port$2592$76 [21] ? \$1354  : { x7, 1'h0 };
+  assign \$1358  = \port$2592$76 [21] ? \$1357  : { x7, 1'h0 };
+  assign \$1359  = \port$2592$76 [20] ? \$1356  : \$1358 [39:0];
+  assign \$1360  = \port$2592$76 [19] ? \$1353  : \$1359 [23:0];
+  assign \$1361  = \port$2592$76 [18] ? \$1346  : \$1360 [15:0];
+  assign \$1362  = \port$2592$76 [17] ? \$1331  : \$1361 [11:0];
+  assign \$1363  = \port$2592$76 [16] ? \$1300  : \$1362 [9:0];
   assign \$1364  = { x7, 1'h0 } & below;
   assign \$1365  = | \$1364 ;
   assign \$1366  = { x7, 1'h0 } ^ { x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47], x7[47] };
@@ -27857,29 +28043,29 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   assign \$1374  = \$1373  ? 9'h07f : rounded7;
   assign \$1375  = over2_7 ? { \$1372 [7], \$1372  } : \$1374 ;
   always @(posedge clk)
-    \$signal  <= \$1376 ;
+    below <= \$1376 ;
   always @(posedge clk)
-    v2 <= \$1377 ;
+    \$signal  <= \$1377 ;
   always @(posedge clk)
-    x_valid <= \$1378 ;
+    v2 <= \$1378 ;
   always @(posedge clk)
-    x0 <= \$1379 ;
+    x_valid <= \$1379 ;
   always @(posedge clk)
-    x1 <= \$1380 ;
+    x0 <= \$1380 ;
   always @(posedge clk)
-    x2 <= \$1381 ;
+    x1 <= \$1381 ;
   always @(posedge clk)
-    x3 <= \$1382 ;
+    x2 <= \$1382 ;
   always @(posedge clk)
-    x4 <= \$1383 ;
+    x3 <= \$1383 ;
   always @(posedge clk)
-    x5 <= \$1384 ;
+    x4 <= \$1384 ;
   always @(posedge clk)
-    x6 <= \$1385 ;
+    x5 <= \$1385 ;
   always @(posedge clk)
-    x7 <= \$1386 ;
+    x6 <= \$1386 ;
   always @(posedge clk)
-    below <= \$1387 ;
+    x7 <= \$1387 ;
   always @(posedge clk)
     \$signal$72  <= \$1388 ;
   always @(posedge clk)
@@ -28019,25 +28205,22 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
     .p__7(p__7),
     .p__8(p__8),
     .p__9(p__9),
-    .\port$2522$76 (\port$2522$76 [15:0]),
-    .\port$2540$0 (i__payload),
+    .\port$2570$0 (i__payload),
+    .\port$2592$76 (\port$2592$76 [15:0]),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1376  = \$signal ;
-    if (advance) begin
-      \$1376  = i__valid;
-    end
+    \$1376  = { \$247 , \$242 , \$237 , \$232 , \$227 , \$222 , \$217 , \$212 , \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
     if (rst) begin
-      \$1376  = 1'h0;
+      \$1376  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1377  = v2;
+    \$1377  = \$signal ;
     if (advance) begin
-      \$1377  = \$signal ;
+      \$1377  = i__valid;
     end
     if (rst) begin
       \$1377  = 1'h0;
@@ -28045,9 +28228,9 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1378  = x_valid;
+    \$1378  = v2;
     if (advance) begin
-      \$1378  = v2;
+      \$1378  = \$signal ;
     end
     if (rst) begin
       \$1378  = 1'h0;
@@ -28055,19 +28238,19 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1379  = x0;
+    \$1379  = x_valid;
     if (advance) begin
-      \$1379  = \$5 [47:0];
+      \$1379  = v2;
     end
     if (rst) begin
-      \$1379  = 48'h000000000000;
+      \$1379  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1380  = x1;
+    \$1380  = x0;
     if (advance) begin
-      \$1380  = \$8 [47:0];
+      \$1380  = \$250 [47:0];
     end
     if (rst) begin
       \$1380  = 48'h000000000000;
@@ -28075,9 +28258,9 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1381  = x2;
+    \$1381  = x1;
     if (advance) begin
-      \$1381  = \$11 [47:0];
+      \$1381  = \$253 [47:0];
     end
     if (rst) begin
       \$1381  = 48'h000000000000;
@@ -28085,9 +28268,9 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1382  = x3;
+    \$1382  = x2;
     if (advance) begin
-      \$1382  = \$14 [47:0];
+      \$1382  = \$256 [47:0];
     end
     if (rst) begin
       \$1382  = 48'h000000000000;
@@ -28095,9 +28278,9 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1383  = x4;
+    \$1383  = x3;
     if (advance) begin
-      \$1383  = \$17 [47:0];
+      \$1383  = \$259 [47:0];
     end
     if (rst) begin
       \$1383  = 48'h000000000000;
@@ -28105,9 +28288,9 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1384  = x5;
+    \$1384  = x4;
     if (advance) begin
-      \$1384  = \$20 [47:0];
+      \$1384  = \$262 [47:0];
     end
     if (rst) begin
       \$1384  = 48'h000000000000;
@@ -28115,9 +28298,9 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1385  = x6;
+    \$1385  = x5;
     if (advance) begin
-      \$1385  = \$23 [47:0];
+      \$1385  = \$265 [47:0];
     end
     if (rst) begin
       \$1385  = 48'h000000000000;
@@ -28125,9 +28308,9 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1386  = x7;
+    \$1386  = x6;
     if (advance) begin
-      \$1386  = \$26 [47:0];
+      \$1386  = \$268 [47:0];
     end
     if (rst) begin
       \$1386  = 48'h000000000000;
@@ -28135,9 +28318,12 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$68 ) begin end
-    \$1387  = { \$271 , \$266 , \$261 , \$256 , \$251 , \$246 , \$241 , \$236 , \$231 , \$226 , \$221 , \$216 , \$211 , \$206 , \$201 , \$196 , \$191 , \$186 , \$181 , \$176 , \$171 , \$166 , \$161 , \$156 , \$151 , \$146 , \$141 , \$136 , \$131 , \$126 , \$121 , \$116 , \$111 , \$106 , \$101 , \$96 , \$91 , \$86 , \$81 , \$76 , \$71 , \$66 , \$61 , \$56 , \$51 , \$46 , \$41 , \$36 , \$31  };
+    \$1387  = x7;
+    if (advance) begin
+      \$1387  = \$271 [47:0];
+    end
     if (rst) begin
-      \$1387  = 49'h0000000000000;
+      \$1387  = 48'h000000000000;
     end
   end
   always @* begin
@@ -28747,43 +28933,43 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
       \$1447  = 1'h0;
     end
   end
+  assign above = { \$2 , 8'h00 };
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$2522$76 [15:0] };
-  assign mult = \port$2522$76 [15:0];
+  assign b__0 = { 2'h0, \port$2592$76 [15:0] };
+  assign mult = \port$2592$76 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__1 = { 2'h0, \port$2592$76 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__2 = { 2'h0, \port$2592$76 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__3 = { 2'h0, \port$2592$76 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__4 = { 2'h0, \port$2592$76 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__5 = { 2'h0, \port$2592$76 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__6 = { 2'h0, \port$2592$76 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__7 = { 2'h0, \port$2592$76 [15:0] };
   assign a__8 = { 1'h0, i__payload[144:128] };
-  assign b__8 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__8 = { 2'h0, \port$2592$76 [15:0] };
   assign a__9 = { i__payload[159], i__payload[159], i__payload[159], i__payload[159:145] };
-  assign b__9 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__9 = { 2'h0, \port$2592$76 [15:0] };
   assign a__10 = { 1'h0, i__payload[176:160] };
-  assign b__10 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__10 = { 2'h0, \port$2592$76 [15:0] };
   assign a__11 = { i__payload[191], i__payload[191], i__payload[191], i__payload[191:177] };
-  assign b__11 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__11 = { 2'h0, \port$2592$76 [15:0] };
   assign a__12 = { 1'h0, i__payload[208:192] };
-  assign b__12 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__12 = { 2'h0, \port$2592$76 [15:0] };
   assign a__13 = { i__payload[223], i__payload[223], i__payload[223], i__payload[223:209] };
-  assign b__13 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__13 = { 2'h0, \port$2592$76 [15:0] };
   assign a__14 = { 1'h0, i__payload[240:224] };
-  assign b__14 = { 2'h0, \port$2522$76 [15:0] };
+  assign b__14 = { 2'h0, \port$2592$76 [15:0] };
   assign a__15 = { i__payload[255], i__payload[255], i__payload[255], i__payload[255:241] };
-  assign b__15 = { 2'h0, \port$2522$76 [15:0] };
-  assign above = { \$2 , 8'h00 };
-  assign shift = \port$2522$76 [21:16];
+  assign b__15 = { 2'h0, \port$2592$76 [15:0] };
+  assign shift = \port$2592$76 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -28800,22 +28986,22 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
   assign \o__payload[5]  = o__payload[47:40];
   assign \o__payload[6]  = o__payload[55:48];
   assign \o__payload[7]  = o__payload[63:56];
-  assign \$3  = { p__0[35], p__0 };
-  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$6  = { p__2[35], p__2 };
-  assign \$7  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$9  = { p__4[35], p__4 };
-  assign \$10  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$12  = { p__6[35], p__6 };
-  assign \$13  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
-  assign \$15  = { p__8[35], p__8 };
-  assign \$16  = { p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9, 17'h00000 };
-  assign \$18  = { p__10[35], p__10 };
-  assign \$19  = { p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11, 17'h00000 };
-  assign \$21  = { p__12[35], p__12 };
-  assign \$22  = { p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13, 17'h00000 };
-  assign \$24  = { p__14[35], p__14 };
-  assign \$25  = { p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15, 17'h00000 };
+  assign \$248  = { p__0[35], p__0 };
+  assign \$249  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$251  = { p__2[35], p__2 };
+  assign \$252  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$254  = { p__4[35], p__4 };
+  assign \$255  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$257  = { p__6[35], p__6 };
+  assign \$258  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$260  = { p__8[35], p__8 };
+  assign \$261  = { p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9[35], p__9, 17'h00000 };
+  assign \$263  = { p__10[35], p__10 };
+  assign \$264  = { p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11[35], p__11, 17'h00000 };
+  assign \$266  = { p__12[35], p__12 };
+  assign \$267  = { p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13[35], p__13, 17'h00000 };
+  assign \$269  = { p__14[35], p__14 };
+  assign \$270  = { p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15[35], p__15, 17'h00000 };
   assign \$272  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$274  = { \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39:16] };
   assign \$275  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
@@ -29323,7 +29509,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$2522$76 , i__pa
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
+module \nanokpu_gemm.requant.mul (rst, en, \port$2570$0 , \port$2592$76 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
 );
   reg \$auto$verilog_backend.cc:2355:dump_module$69  = 0;
   wire [35:0] \$1 ;
@@ -29490,10 +29676,10 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
   reg [35:0] p__8 = 36'h000000000;
   output [35:0] p__9;
   reg [35:0] p__9 = 36'h000000000;
-  input [15:0] \port$2522$76 ;
-  wire [15:0] \port$2522$76 ;
-  input [255:0] \port$2540$0 ;
-  wire [255:0] \port$2540$0 ;
+  input [255:0] \port$2570$0 ;
+  wire [255:0] \port$2570$0 ;
+  input [15:0] \port$2592$76 ;
+  wire [15:0] \port$2592$76 ;
   input rst;
   wire rst;
   always @(posedge clk)
@@ -29612,7 +29798,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$27  = b3_r;
     if (en) begin
-      \$27  = { 2'h0, \port$2522$76  };
+      \$27  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -29632,7 +29818,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$29  = a4_r;
     if (en) begin
-      \$29  = { 1'h0, \port$2540$0 [80:64] };
+      \$29  = { 1'h0, \port$2570$0 [80:64] };
     end
     if (rst) begin
       \$29  = 18'h00000;
@@ -29642,7 +29828,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$30  = b4_r;
     if (en) begin
-      \$30  = { 2'h0, \port$2522$76  };
+      \$30  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -29662,7 +29848,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$32  = a5_r;
     if (en) begin
-      \$32  = { \port$2540$0 [95], \port$2540$0 [95], \port$2540$0 [95], \port$2540$0 [95:81] };
+      \$32  = { \port$2570$0 [95], \port$2570$0 [95], \port$2570$0 [95], \port$2570$0 [95:81] };
     end
     if (rst) begin
       \$32  = 18'h00000;
@@ -29672,7 +29858,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$33  = b5_r;
     if (en) begin
-      \$33  = { 2'h0, \port$2522$76  };
+      \$33  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$33  = 18'h00000;
@@ -29692,7 +29878,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$35  = a6_r;
     if (en) begin
-      \$35  = { 1'h0, \port$2540$0 [112:96] };
+      \$35  = { 1'h0, \port$2570$0 [112:96] };
     end
     if (rst) begin
       \$35  = 18'h00000;
@@ -29702,7 +29888,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$36  = b6_r;
     if (en) begin
-      \$36  = { 2'h0, \port$2522$76  };
+      \$36  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$36  = 18'h00000;
@@ -29722,7 +29908,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$38  = a7_r;
     if (en) begin
-      \$38  = { \port$2540$0 [127], \port$2540$0 [127], \port$2540$0 [127], \port$2540$0 [127:113] };
+      \$38  = { \port$2570$0 [127], \port$2570$0 [127], \port$2570$0 [127], \port$2570$0 [127:113] };
     end
     if (rst) begin
       \$38  = 18'h00000;
@@ -29732,7 +29918,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$39  = b7_r;
     if (en) begin
-      \$39  = { 2'h0, \port$2522$76  };
+      \$39  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$39  = 18'h00000;
@@ -29752,7 +29938,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$41  = a8_r;
     if (en) begin
-      \$41  = { 1'h0, \port$2540$0 [144:128] };
+      \$41  = { 1'h0, \port$2570$0 [144:128] };
     end
     if (rst) begin
       \$41  = 18'h00000;
@@ -29762,7 +29948,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$42  = b8_r;
     if (en) begin
-      \$42  = { 2'h0, \port$2522$76  };
+      \$42  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$42  = 18'h00000;
@@ -29782,7 +29968,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$44  = a9_r;
     if (en) begin
-      \$44  = { \port$2540$0 [159], \port$2540$0 [159], \port$2540$0 [159], \port$2540$0 [159:145] };
+      \$44  = { \port$2570$0 [159], \port$2570$0 [159], \port$2570$0 [159], \port$2570$0 [159:145] };
     end
     if (rst) begin
       \$44  = 18'h00000;
@@ -29792,7 +29978,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$45  = b9_r;
     if (en) begin
-      \$45  = { 2'h0, \port$2522$76  };
+      \$45  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$45  = 18'h00000;
@@ -29812,7 +29998,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$47  = a10_r;
     if (en) begin
-      \$47  = { 1'h0, \port$2540$0 [176:160] };
+      \$47  = { 1'h0, \port$2570$0 [176:160] };
     end
     if (rst) begin
       \$47  = 18'h00000;
@@ -29822,7 +30008,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$48  = b10_r;
     if (en) begin
-      \$48  = { 2'h0, \port$2522$76  };
+      \$48  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$48  = 18'h00000;
@@ -29842,7 +30028,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$50  = a11_r;
     if (en) begin
-      \$50  = { \port$2540$0 [191], \port$2540$0 [191], \port$2540$0 [191], \port$2540$0 [191:177] };
+      \$50  = { \port$2570$0 [191], \port$2570$0 [191], \port$2570$0 [191], \port$2570$0 [191:177] };
     end
     if (rst) begin
       \$50  = 18'h00000;
@@ -29852,7 +30038,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$51  = b11_r;
     if (en) begin
-      \$51  = { 2'h0, \port$2522$76  };
+      \$51  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$51  = 18'h00000;
@@ -29872,7 +30058,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$53  = a12_r;
     if (en) begin
-      \$53  = { 1'h0, \port$2540$0 [208:192] };
+      \$53  = { 1'h0, \port$2570$0 [208:192] };
     end
     if (rst) begin
       \$53  = 18'h00000;
@@ -29882,7 +30068,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$54  = b12_r;
     if (en) begin
-      \$54  = { 2'h0, \port$2522$76  };
+      \$54  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$54  = 18'h00000;
@@ -29902,7 +30088,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$56  = a13_r;
     if (en) begin
-      \$56  = { \port$2540$0 [223], \port$2540$0 [223], \port$2540$0 [223], \port$2540$0 [223:209] };
+      \$56  = { \port$2570$0 [223], \port$2570$0 [223], \port$2570$0 [223], \port$2570$0 [223:209] };
     end
     if (rst) begin
       \$56  = 18'h00000;
@@ -29912,7 +30098,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$57  = b13_r;
     if (en) begin
-      \$57  = { 2'h0, \port$2522$76  };
+      \$57  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$57  = 18'h00000;
@@ -29932,7 +30118,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$59  = a14_r;
     if (en) begin
-      \$59  = { 1'h0, \port$2540$0 [240:224] };
+      \$59  = { 1'h0, \port$2570$0 [240:224] };
     end
     if (rst) begin
       \$59  = 18'h00000;
@@ -29942,7 +30128,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$60  = b14_r;
     if (en) begin
-      \$60  = { 2'h0, \port$2522$76  };
+      \$60  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$60  = 18'h00000;
@@ -29962,7 +30148,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$62  = a15_r;
     if (en) begin
-      \$62  = { \port$2540$0 [255], \port$2540$0 [255], \port$2540$0 [255], \port$2540$0 [255:241] };
+      \$62  = { \port$2570$0 [255], \port$2570$0 [255], \port$2570$0 [255], \port$2570$0 [255:241] };
     end
     if (rst) begin
       \$62  = 18'h00000;
@@ -29972,7 +30158,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$63  = b15_r;
     if (en) begin
-      \$63  = { 2'h0, \port$2522$76  };
+      \$63  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$63  = 18'h00000;
@@ -29992,7 +30178,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$17  = a0_r;
     if (en) begin
-      \$17  = { 1'h0, \port$2540$0 [16:0] };
+      \$17  = { 1'h0, \port$2570$0 [16:0] };
     end
     if (rst) begin
       \$17  = 18'h00000;
@@ -30002,7 +30188,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$18  = b0_r;
     if (en) begin
-      \$18  = { 2'h0, \port$2522$76  };
+      \$18  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -30022,7 +30208,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$20  = a1_r;
     if (en) begin
-      \$20  = { \port$2540$0 [31], \port$2540$0 [31], \port$2540$0 [31], \port$2540$0 [31:17] };
+      \$20  = { \port$2570$0 [31], \port$2570$0 [31], \port$2570$0 [31], \port$2570$0 [31:17] };
     end
     if (rst) begin
       \$20  = 18'h00000;
@@ -30032,7 +30218,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$21  = b1_r;
     if (en) begin
-      \$21  = { 2'h0, \port$2522$76  };
+      \$21  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -30052,7 +30238,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$23  = a2_r;
     if (en) begin
-      \$23  = { 1'h0, \port$2540$0 [48:32] };
+      \$23  = { 1'h0, \port$2570$0 [48:32] };
     end
     if (rst) begin
       \$23  = 18'h00000;
@@ -30062,7 +30248,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$24  = b2_r;
     if (en) begin
-      \$24  = { 2'h0, \port$2522$76  };
+      \$24  = { 2'h0, \port$2592$76  };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -30082,42 +30268,42 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$2522$76 , \port$2540$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$26  = a3_r;
     if (en) begin
-      \$26  = { \port$2540$0 [63], \port$2540$0 [63], \port$2540$0 [63], \port$2540$0 [63:49] };
+      \$26  = { \port$2570$0 [63], \port$2570$0 [63], \port$2570$0 [63], \port$2570$0 [63:49] };
     end
     if (rst) begin
       \$26  = 18'h00000;
     end
   end
-  assign a__0 = { 1'h0, \port$2540$0 [16:0] };
-  assign b__0 = { 2'h0, \port$2522$76  };
-  assign a__1 = { \port$2540$0 [31], \port$2540$0 [31], \port$2540$0 [31], \port$2540$0 [31:17] };
-  assign b__1 = { 2'h0, \port$2522$76  };
-  assign a__2 = { 1'h0, \port$2540$0 [48:32] };
-  assign b__2 = { 2'h0, \port$2522$76  };
-  assign a__3 = { \port$2540$0 [63], \port$2540$0 [63], \port$2540$0 [63], \port$2540$0 [63:49] };
-  assign b__3 = { 2'h0, \port$2522$76  };
-  assign a__4 = { 1'h0, \port$2540$0 [80:64] };
-  assign b__4 = { 2'h0, \port$2522$76  };
-  assign a__5 = { \port$2540$0 [95], \port$2540$0 [95], \port$2540$0 [95], \port$2540$0 [95:81] };
-  assign b__5 = { 2'h0, \port$2522$76  };
-  assign a__6 = { 1'h0, \port$2540$0 [112:96] };
-  assign b__6 = { 2'h0, \port$2522$76  };
-  assign a__7 = { \port$2540$0 [127], \port$2540$0 [127], \port$2540$0 [127], \port$2540$0 [127:113] };
-  assign b__7 = { 2'h0, \port$2522$76  };
-  assign a__8 = { 1'h0, \port$2540$0 [144:128] };
-  assign b__8 = { 2'h0, \port$2522$76  };
-  assign a__9 = { \port$2540$0 [159], \port$2540$0 [159], \port$2540$0 [159], \port$2540$0 [159:145] };
-  assign b__9 = { 2'h0, \port$2522$76  };
-  assign a__10 = { 1'h0, \port$2540$0 [176:160] };
-  assign b__10 = { 2'h0, \port$2522$76  };
-  assign a__11 = { \port$2540$0 [191], \port$2540$0 [191], \port$2540$0 [191], \port$2540$0 [191:177] };
-  assign b__11 = { 2'h0, \port$2522$76  };
-  assign a__12 = { 1'h0, \port$2540$0 [208:192] };
-  assign b__12 = { 2'h0, \port$2522$76  };
-  assign a__13 = { \port$2540$0 [223], \port$2540$0 [223], \port$2540$0 [223], \port$2540$0 [223:209] };
-  assign b__13 = { 2'h0, \port$2522$76  };
-  assign a__14 = { 1'h0, \port$2540$0 [240:224] };
-  assign b__14 = { 2'h0, \port$2522$76  };
-  assign a__15 = { \port$2540$0 [255], \port$2540$0 [255], \port$2540$0 [255], \port$2540$0 [255:241] };
-  assign b__15 = { 2'h0, \port$2522$76  };
+  assign a__0 = { 1'h0, \port$2570$0 [16:0] };
+  assign b__0 = { 2'h0, \port$2592$76  };
+  assign a__1 = { \port$2570$0 [31], \port$2570$0 [31], \port$2570$0 [31], \port$2570$0 [31:17] };
+  assign b__1 = { 2'h0, \port$2592$76  };
+  assign a__2 = { 1'h0, \port$2570$0 [48:32] };
+  assign b__2 = { 2'h0, \port$2592$76  };
+  assign a__3 = { \port$2570$0 [63], \port$2570$0 [63], \port$2570$0 [63], \port$2570$0 [63:49] };
+  assign b__3 = { 2'h0, \port$2592$76  };
+  assign a__4 = { 1'h0, \port$2570$0 [80:64] };
+  assign b__4 = { 2'h0, \port$2592$76  };
+  assign a__5 = { \port$2570$0 [95], \port$2570$0 [95], \port$2570$0 [95], \port$2570$0 [95:81] };
+  assign b__5 = { 2'h0, \port$2592$76  };
+  assign a__6 = { 1'h0, \port$2570$0 [112:96] };
+  assign b__6 = { 2'h0, \port$2592$76  };
+  assign a__7 = { \port$2570$0 [127], \port$2570$0 [127], \port$2570$0 [127], \port$2570$0 [127:113] };
+  assign b__7 = { 2'h0, \port$2592$76  };
+  assign a__8 = { 1'h0, \port$2570$0 [144:128] };
+  assign b__8 = { 2'h0, \port$2592$76  };
+  assign a__9 = { \port$2570$0 [159], \port$2570$0 [159], \port$2570$0 [159], \port$2570$0 [159:145] };
+  assign b__9 = { 2'h0, \port$2592$76  };
+  assign a__10 = { 1'h0, \port$2570$0 [176:160] };
+  assign b__10 = { 2'h0, \port$2592$76  };
+  assign a__11 = { \port$2570$0 [191], \port$2570$0 [191], \port$2570$0 [191], \port$2570$0 [191:177] };
+  assign b__11 = { 2'h0, \port$2592$76  };
+  assign a__12 = { 1'h0, \port$2570$0 [208:192] };
+  assign b__12 = { 2'h0, \port$2592$76  };
+  assign a__13 = { \port$2570$0 [223], \port$2570$0 [223], \port$2570$0 [223], \port$2570$0 [223:209] };
+  assign b__13 = { 2'h0, \port$2592$76  };
+  assign a__14 = { 1'h0, \port$2570$0 [240:224] };
+  assign b__14 = { 2'h0, \port$2592$76  };
+  assign a__15 = { \port$2570$0 [255], \port$2570$0 [255], \port$2570$0 [255], \port$2570$0 [255:241] };
+  assign b__15 = { 2'h0, \port$2592$76  };
 endmodule

@@ -7,48 +7,48 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
   wire \$100 ;
-  wire \$101 ;
-  wire \$102 ;
+  wire [14:0] \$101 ;
+  wire [14:0] \$102 ;
   wire \$103 ;
   wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
-  wire \$107 ;
-  wire [6:0] \$108 ;
-  wire [12:0] \$109 ;
+  wire [14:0] \$105 ;
+  wire [14:0] \$106 ;
+  wire [12:0] \$107 ;
+  wire \$108 ;
+  wire \$109 ;
   wire \$11 ;
   wire \$110 ;
   wire \$111 ;
-  wire \$112 ;
+  wire [12:0] \$112 ;
   wire \$113 ;
-  wire \$114 ;
+  wire [12:0] \$114 ;
   wire \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
+  wire [14:0] \$116 ;
+  wire [12:0] \$117 ;
+  wire [12:0] \$118 ;
   wire \$119 ;
   wire \$12 ;
   wire \$120 ;
-  wire \$121 ;
-  wire \$122 ;
-  wire \$123 ;
+  wire [12:0] \$121 ;
+  wire [14:0] \$122 ;
+  wire [14:0] \$123 ;
   wire \$124 ;
   wire \$125 ;
-  wire [6:0] \$126 ;
-  wire [12:0] \$127 ;
+  wire \$126 ;
+  wire \$127 ;
   wire \$128 ;
   wire \$129 ;
   wire [12:0] \$13 ;
   wire \$130 ;
-  wire [32:0] \$131 ;
-  wire [32:0] \$132 ;
-  wire [32:0] \$133 ;
-  wire [32:0] \$134 ;
-  wire [31:0] \$135 ;
-  wire [31:0] \$136 ;
-  wire [31:0] \$137 ;
-  wire [31:0] \$138 ;
-  wire [13:0] \$139 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire [2:0] \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire \$138 ;
+  wire \$139 ;
   wire \$14 ;
   wire \$140 ;
   wire \$141 ;
@@ -59,9 +59,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$146 ;
   wire \$147 ;
   wire \$148 ;
-  wire \$149 ;
+  wire [6:0] \$149 ;
   wire \$15 ;
-  wire \$150 ;
+  wire [12:0] \$150 ;
   wire \$151 ;
   wire \$152 ;
   wire \$153 ;
@@ -69,15 +69,15 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$155 ;
   wire \$156 ;
   wire \$157 ;
-  wire \$158 ;
-  wire \$159 ;
-  wire [4:0] \$16 ;
+  wire [6:0] \$158 ;
+  wire [12:0] \$159 ;
+  wire \$16 ;
   wire \$160 ;
-  wire \$161 ;
-  wire \$162 ;
-  wire \$163 ;
-  wire \$164 ;
-  wire \$165 ;
+  wire [32:0] \$161 ;
+  wire [32:0] \$162 ;
+  wire [32:0] \$163 ;
+  wire [32:0] \$164 ;
+  wire [13:0] \$165 ;
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
@@ -85,144 +85,176 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
-  reg [11:0] \$172 ;
-  reg \$173 ;
-  reg [13:0] \$174 ;
-  reg \$175 ;
-  reg [1:0] \$176 ;
-  reg \$177 ;
-  reg \$178 ;
-  reg [11:0] \$179 ;
-  wire \$18 ;
-  reg [11:0] \$180 ;
-  reg [3:0] \$181 ;
-  reg \$182 ;
-  reg \$183 ;
-  reg \$184 ;
-  reg [3:0] \$185 ;
-  reg \$186 ;
-  reg \$187 ;
-  reg \$188 ;
-  reg [31:0] \$189 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire \$179 ;
+  wire [14:0] \$18 ;
+  wire \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire \$185 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
   wire \$19 ;
-  reg [31:0] \$190 ;
-  reg \$191 ;
-  reg \$192 ;
-  reg [11:0] \$193 ;
-  reg [13:0] \$194 ;
-  reg [11:0] \$195 ;
-  reg [11:0] \$196 ;
-  reg [13:0] \$197 ;
-  reg [13:0] \$198 ;
-  reg [13:0] \$199 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire [31:0] \$198 ;
+  wire [31:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg [2:0] \$200 ;
-  reg [2:0] \$201 ;
-  reg [13:0] \$202 ;
-  reg [2:0] \$203 ;
+  reg [127:0] \$200 ;
+  reg [11:0] \$201 ;
+  reg \$202 ;
+  reg [13:0] \$203 ;
   reg \$204 ;
-  reg \$205 ;
+  reg [1:0] \$205 ;
   reg \$206 ;
-  reg [13:0] \$207 ;
-  reg \$208 ;
-  reg \$209 ;
+  reg \$207 ;
+  reg [11:0] \$208 ;
+  reg [11:0] \$209 ;
   wire \$21 ;
-  reg [13:0] \$210 ;
+  reg \$210 ;
   reg \$211 ;
-  reg \$212 ;
-  reg [13:0] \$213 ;
-  reg [127:0] \$214 ;
-  reg [127:0] \$215 ;
-  reg [127:0] \$216 ;
-  reg [1:0] \$217 ;
-  reg [127:0] \$218 ;
+  reg [3:0] \$212 ;
+  reg \$213 ;
+  reg \$214 ;
+  reg \$215 ;
+  reg [3:0] \$216 ;
+  reg \$217 ;
+  reg \$218 ;
   reg \$219 ;
   wire \$22 ;
-  reg [3:0] \$220 ;
-  reg \$221 ;
-  reg [13:0] \$222 ;
-  reg [11:0] \$223 ;
+  reg [31:0] \$220 ;
+  reg [31:0] \$221 ;
+  reg \$222 ;
+  reg \$223 ;
   reg [11:0] \$224 ;
   reg [13:0] \$225 ;
-  reg [13:0] \$226 ;
-  reg \$227 ;
-  reg [3:0] \$228 ;
-  reg \$229 ;
-  wire [7:0] \$23 ;
-  reg [79:0] \$230 ;
+  reg [11:0] \$226 ;
+  reg [11:0] \$227 ;
+  reg [13:0] \$228 ;
+  reg [13:0] \$229 ;
+  wire \$23 ;
+  reg \$230 ;
   reg \$231 ;
-  reg [2:0] \$232 ;
+  reg [13:0] \$232 ;
   reg [2:0] \$233 ;
-  reg [11:0] \$234 ;
+  reg [2:0] \$234 ;
   reg [13:0] \$235 ;
-  reg [13:0] \$236 ;
-  wire [7:0] \$24 ;
-  wire [7:0] \$25 ;
-  wire [7:0] \$26 ;
-  wire [12:0] \$27 ;
-  wire [14:0] \$28 ;
+  reg [2:0] \$236 ;
+  reg \$237 ;
+  reg \$238 ;
+  reg \$239 ;
+  wire \$24 ;
+  reg [13:0] \$240 ;
+  reg \$241 ;
+  reg \$242 ;
+  reg [13:0] \$243 ;
+  reg \$244 ;
+  reg \$245 ;
+  reg [13:0] \$246 ;
+  reg [127:0] \$247 ;
+  reg [127:0] \$248 ;
+  reg [127:0] \$249 ;
+  wire \$25 ;
+  reg [1:0] \$250 ;
+  reg [127:0] \$251 ;
+  reg \$252 ;
+  reg \$253 ;
+  reg [13:0] \$254 ;
+  reg [11:0] \$255 ;
+  reg [11:0] \$256 ;
+  reg [13:0] \$257 ;
+  reg [13:0] \$258 ;
+  reg \$259 ;
+  wire \$26 ;
+  reg [3:0] \$260 ;
+  reg \$261 ;
+  reg [79:0] \$262 ;
+  reg \$263 ;
+  reg [2:0] \$264 ;
+  reg [2:0] \$265 ;
+  reg [11:0] \$266 ;
+  reg [13:0] \$267 ;
+  reg [13:0] \$268 ;
+  wire \$27 ;
+  wire \$28 ;
   wire \$29 ;
   wire [14:0] \$3 ;
   wire \$30 ;
-  wire [11:0] \$31 ;
-  wire [12:0] \$32 ;
-  wire [14:0] \$33 ;
-  wire \$34 ;
+  wire \$31 ;
+  wire \$32 ;
+  wire \$33 ;
+  wire [12:0] \$34 ;
   wire \$35 ;
-  wire [12:0] \$36 ;
-  wire [14:0] \$37 ;
-  wire [14:0] \$38 ;
+  wire \$36 ;
+  wire \$37 ;
+  wire \$38 ;
   wire \$39 ;
   wire [14:0] \$4 ;
-  wire [3:0] \$40 ;
+  wire \$40 ;
   wire \$41 ;
   wire \$42 ;
-  wire [2:0] \$43 ;
-  wire [2:0] \$44 ;
+  wire [4:0] \$43 ;
+  wire \$44 ;
   wire \$45 ;
   wire \$46 ;
   wire \$47 ;
-  wire [13:0] \$48 ;
-  wire [2:0] \$49 ;
+  wire \$48 ;
+  wire [7:0] \$49 ;
   wire \$5 ;
-  wire [14:0] \$50 ;
-  wire [2:0] \$51 ;
-  wire [3:0] \$52 ;
+  wire [7:0] \$50 ;
+  wire [7:0] \$51 ;
+  wire [7:0] \$52 ;
   wire \$53 ;
   wire \$54 ;
-  wire \$55 ;
-  wire \$56 ;
-  wire \$57 ;
+  wire [12:0] \$55 ;
+  wire [14:0] \$56 ;
+  wire [12:0] \$57 ;
   wire \$58 ;
   wire \$59 ;
   wire [1:0] \$6 ;
-  wire \$60 ;
-  wire [14:0] \$61 ;
+  wire [11:0] \$60 ;
+  wire [12:0] \$61 ;
   wire [14:0] \$62 ;
   wire \$63 ;
   wire \$64 ;
-  wire [14:0] \$65 ;
-  wire [14:0] \$66 ;
-  wire [12:0] \$67 ;
-  wire \$68 ;
+  wire \$65 ;
+  wire [12:0] \$66 ;
+  wire [14:0] \$67 ;
+  wire [14:0] \$68 ;
   wire \$69 ;
   wire [1:0] \$7 ;
   wire \$70 ;
-  wire \$71 ;
-  wire [12:0] \$72 ;
+  wire [3:0] \$71 ;
+  wire \$72 ;
   wire \$73 ;
-  wire [12:0] \$74 ;
-  wire \$75 ;
-  wire [14:0] \$76 ;
+  wire [2:0] \$74 ;
+  wire [2:0] \$75 ;
+  wire \$76 ;
   wire \$77 ;
-  wire [12:0] \$78 ;
-  wire [12:0] \$79 ;
+  wire \$78 ;
+  wire [13:0] \$79 ;
   wire [1:0] \$8 ;
-  wire \$80 ;
-  wire \$81 ;
-  wire \$82 ;
-  wire \$83 ;
+  wire [2:0] \$80 ;
+  wire [14:0] \$81 ;
+  wire [2:0] \$82 ;
+  wire [3:0] \$83 ;
   wire \$84 ;
   wire \$85 ;
   wire \$86 ;
@@ -231,10 +263,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$89 ;
   wire \$9 ;
   wire \$90 ;
-  wire [2:0] \$91 ;
-  wire [12:0] \$92 ;
-  wire [14:0] \$93 ;
-  wire [14:0] \$94 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire \$94 ;
   wire \$95 ;
   wire \$96 ;
   wire \$97 ;
@@ -242,32 +274,32 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$99 ;
   (* init = 1'h0 *)
   wire \$signal ;
-  reg [1:0] \$signal$25 ;
-  reg \$signal$28  = 1'h0;
-  reg \$signal$33  = 1'h0;
-  reg \$signal$35  = 1'h0;
+  reg [1:0] \$signal$34 ;
+  reg \$signal$37  = 1'h0;
+  reg \$signal$52  = 1'h0;
+  reg \$signal$53  = 1'h0;
   wire [7:0] \$signature__addr ;
-  wire [7:0] \$signature__addr$105 ;
-  wire [6:0] \$signature__addr$97 ;
+  wire [6:0] \$signature__addr$107 ;
+  wire [7:0] \$signature__addr$113 ;
   wire [31:0] \$signature__data ;
-  wire [127:0] \$signature__data$104 ;
-  wire [31:0] \$signature__data$104[0] ;
-  wire [31:0] \$signature__data$104[1] ;
-  wire [31:0] \$signature__data$104[2] ;
-  wire [31:0] \$signature__data$104[3] ;
-  wire [31:0] \$signature__data$98 ;
-  wire [7:0] \$signature__data$98[0] ;
-  wire [7:0] \$signature__data$98[1] ;
-  wire [7:0] \$signature__data$98[2] ;
-  wire [7:0] \$signature__data$98[3] ;
+  wire [31:0] \$signature__data$108 ;
+  wire [7:0] \$signature__data$108[0] ;
+  wire [7:0] \$signature__data$108[1] ;
+  wire [7:0] \$signature__data$108[2] ;
+  wire [7:0] \$signature__data$108[3] ;
+  wire [127:0] \$signature__data$112 ;
+  wire [31:0] \$signature__data$112[0] ;
+  wire [31:0] \$signature__data$112[1] ;
+  wire [31:0] \$signature__data$112[2] ;
+  wire [31:0] \$signature__data$112[3] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
   wire [7:0] \$signature__data[3] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$106 ;
-  wire \$signature__en$99 ;
+  wire \$signature__en$114 ;
+  wire \$signature__en$49 ;
   reg [31:0] a = 32'd0;
   wire [7:0] \a[0] ;
   wire [7:0] \a[1] ;
@@ -284,13 +316,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input a_in__valid;
   wire a_in__valid;
   reg [13:0] a_lim = 14'h0000;
+  reg a_ok = 1'h0;
   reg [13:0] a_ptr = 14'h0000;
-  wire [7:0] a_rd__addr;
-  wire [31:0] a_rd__data;
-  wire [7:0] \a_rd__data[0] ;
-  wire [7:0] \a_rd__data[1] ;
-  wire [7:0] \a_rd__data[2] ;
-  wire [7:0] \a_rd__data[3] ;
   reg [13:0] a_wptr = 14'h0000;
   reg [31:0] b = 32'd0;
   wire [7:0] \b[0] ;
@@ -309,12 +336,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input b_in__valid;
   wire b_in__valid;
   reg [11:0] b_k = 12'h000;
-  wire [6:0] b_rd__addr;
-  wire [31:0] b_rd__data;
-  wire [7:0] \b_rd__data[0] ;
-  wire [7:0] \b_rd__data[1] ;
-  wire [7:0] \b_rd__data[2] ;
-  wire [7:0] \b_rd__data[3] ;
+  reg b_ok = 1'h0;
   wire b_take;
   output busy;
   wire busy;
@@ -335,13 +357,6 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [31:0] \c_q[1] ;
   wire [31:0] \c_q[2] ;
   wire [31:0] \c_q[3] ;
-  wire [7:0] c_rd__addr;
-  wire [127:0] c_rd__data;
-  wire [31:0] \c_rd__data[0] ;
-  wire [31:0] \c_rd__data[1] ;
-  wire [31:0] \c_rd__data[2] ;
-  wire [31:0] \c_rd__data[3] ;
-  wire c_rd__en;
   reg [13:0] c_tile = 14'h0000;
   input clk;
   wire clk;
@@ -404,7 +419,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [2:0] d_cols = 3'h0;
   output done;
   reg done = 1'h0;
-  wire \done$55 ;
+  wire \done$68 ;
   reg drain_busy = 1'h0;
   output error;
   reg error = 1'h0;
@@ -422,6 +437,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [1:0] full = 2'h0;
   reg [1:0] full_clr;
   reg [3:0] gap = 4'h0;
+  (* init = 128'h00000000000000000000000000000000 *)
   wire [127:0] i__payload;
   wire [31:0] \i__payload[0] ;
   wire [31:0] \i__payload[1] ;
@@ -434,6 +450,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [11:0] k = 12'h000;
   reg [11:0] k_m1 = 12'h000;
   reg last = 1'h0;
+  reg last_k = 1'h0;
+  reg last_row = 1'h0;
   wire [15:0] mult;
   wire [31:0] o__payload;
   wire [7:0] \o__payload[0] ;
@@ -448,9 +466,25 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [31:0] \out[2] ;
   wire [31:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
-  wire panel_ready;
   reg [1:0] pending = 2'h0;
-  reg [3:0] q_mask = 4'h0;
+  wire [7:0] port__addr;
+  wire [6:0] \port__addr$110 ;
+  wire [7:0] \port__addr$122 ;
+  wire [31:0] port__data;
+  wire [31:0] \port__data$23 ;
+  wire [7:0] \port__data$23[0] ;
+  wire [7:0] \port__data$23[1] ;
+  wire [7:0] \port__data$23[2] ;
+  wire [7:0] \port__data$23[3] ;
+  wire [127:0] \port__data$26 ;
+  wire [31:0] \port__data$26[0] ;
+  wire [31:0] \port__data$26[1] ;
+  wire [31:0] \port__data$26[2] ;
+  wire [31:0] \port__data$26[3] ;
+  wire [7:0] \port__data[0] ;
+  wire [7:0] \port__data[1] ;
+  wire [7:0] \port__data[2] ;
+  wire [7:0] \port__data[3] ;
   reg q_valid = 1'h0;
   reg [3:0] r_mask = 4'h0;
   reg r_valid = 1'h0;
@@ -466,7 +500,25 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [11:0] s_n = 12'h000;
   reg [11:0] s_rows = 12'h000;
   wire shift;
-  wire [5:0] \shift$108 ;
+  wire [5:0] \shift$116 ;
+  reg [31:0] spad_a_rd_data = 32'd0;
+  wire [7:0] \spad_a_rd_data[0] ;
+  wire [7:0] \spad_a_rd_data[1] ;
+  wire [7:0] \spad_a_rd_data[2] ;
+  wire [7:0] \spad_a_rd_data[3] ;
+  wire spad_a_rd_en;
+  reg [31:0] spad_b_rd_data = 32'd0;
+  wire [7:0] \spad_b_rd_data[0] ;
+  wire [7:0] \spad_b_rd_data[1] ;
+  wire [7:0] \spad_b_rd_data[2] ;
+  wire [7:0] \spad_b_rd_data[3] ;
+  wire spad_b_rd_en;
+  reg [127:0] spad_c_rd_data = 128'h00000000000000000000000000000000;
+  wire [31:0] \spad_c_rd_data[0] ;
+  wire [31:0] \spad_c_rd_data[1] ;
+  wire [31:0] \spad_c_rd_data[2] ;
+  wire [31:0] \spad_c_rd_data[3] ;
+  wire spad_c_rd_en;
   reg start = 1'h0;
   wire step;
   reg store_start;
@@ -485,6 +537,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [31:0] \w_word[2] ;
   wire [31:0] \w_word[3] ;
   reg wbuf = 1'h0;
+  (* no_rw_check = 32'd1 *)
   reg [31:0] spad_a [255:0];
   initial begin
     spad_a[0] = 32'd0;
@@ -748,11 +801,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     if (\$signature__en )
       spad_a[a_wptr[7:0]] <= a_in__payload;
   end
-  reg [31:0] _0_;
-  always @(posedge clk) begin
-    _0_ <= spad_a[a_ptr[7:0]];
-  end
-  assign a_rd__data = _0_;
+  assign port__data = spad_a[a_ptr[7:0]];
+  (* no_rw_check = 32'd1 *)
   reg [31:0] spad_b [127:0];
   initial begin
     spad_b[0] = 32'd0;
@@ -885,14 +935,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     spad_b[127] = 32'd0;
   end
   always @(posedge clk) begin
-    if (\$signature__en$99 )
-      spad_b[\$109 [6:0]] <= b_in__payload;
+    if (\$signature__en$49 )
+      spad_b[\$150 [6:0]] <= b_in__payload;
   end
-  reg [31:0] _1_;
-  always @(posedge clk) begin
-    _1_ <= spad_b[\$127 [6:0]];
-  end
-  assign b_rd__data = _1_;
+  assign \port__data$23  = spad_b[\$159 [6:0]];
+  (* no_rw_check = 32'd1 *)
   reg [127:0] spad_c [255:0];
   initial begin
     spad_c[0] = 128'h00000000000000000000000000000000;
@@ -1154,21 +1201,15 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[7:0]] <= \$signature__data$104 ;
+      spad_c[w_addr[7:0]] <= \$signature__data$112 ;
   end
-  reg [127:0] _2_;
-  always @(posedge clk) begin
-    if (c_rd__en) begin
-      _2_ <= spad_c[\$139 [7:0]];
-    end
-  end
-  assign c_rd__data = _2_;
+  assign \port__data$26  = spad_c[\$165 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
   assign \$4  = a_wptr + 1'h1;
   assign \$5  = \$4  == a_lim;
-  assign \$6  = full | \$signal$25 ;
+  assign \$6  = full | \$signal$34 ;
   assign \$7  = ~ full_clr;
   assign \$8  = \$6  & \$7 ;
   assign \$9  = b_in__valid & b_in__ready;
@@ -1177,306 +1218,343 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$12  = ~ wbuf;
   assign \$13  = b_cols_left - 3'h4;
   assign \$14  = b_cols_left <= 3'h4;
-  assign \$15  = gap < 4'hb;
-  assign \$16  = gap + 1'h1;
-  assign \$17  = ! k;
-  assign \$18  = k == k_m1;
-  assign \$19  = rows_c > 1'h0;
-  assign \$20  = rows_c > 1'h1;
-  assign \$21  = rows_c > 2'h2;
-  assign \$22  = rows_c > 2'h3;
-  assign \$23  = s_mask[0] ? a_rd__data[7:0] : 8'h00;
-  assign \$24  = s_mask[1] ? a_rd__data[15:8] : 8'h00;
-  assign \$25  = s_mask[2] ? a_rd__data[23:16] : 8'h00;
-  assign \$26  = s_mask[3] ? a_rd__data[31:24] : 8'h00;
-  assign \$27  = k + 1'h1;
-  assign \$28  = a_ptr + 1'h1;
-  assign \$29  = k == k_m1;
-  assign \$30  = cols_c < 3'h4;
-  assign \$31  = \$30  ? cols_c : 12'h004;
-  assign \$32  = rows_c - 3'h4;
-  assign \$33  = c_tile + cmd[35:24];
-  assign \$34  = rows_c <= 3'h4;
-  assign \$35  = ~ rbuf;
-  assign \$36  = cols_c - 3'h4;
-  assign \$37  = c_panel + 3'h4;
-  assign \$38  = c_panel + 3'h4;
-  assign \$39  = cols_c <= 3'h4;
-  assign \$40  = d_col + 1'h1;
-  assign \$41  = d_col == 2'h3;
-  assign \$42  = \done$55  | drain_busy;
-  assign \$43  = \done$55  ? 3'h0 : d_col;
-  assign \$44  = \done$55  ? t_cols : d_cols;
-  assign \$45  = \$43  < \$44 ;
-  assign \$46  = \$42  & \$45 ;
-  assign \$47  = \done$55  | drain_busy;
-  assign \$48  = \done$55  ? t_base : d_base;
-  assign \$49  = \done$55  ? 3'h0 : d_col;
-  assign \$50  = \$48  + \$49 ;
-  assign \$51  = pending + tile_issued;
-  assign \$52  = \$51  - tile_drained;
-  assign \$53  = ~ q_valid;
-  assign \$54  = \$53  | i__ready;
-  assign \$55  = ~ storing;
-  assign \$56  = ~ cmd[78];
-  assign \$57  = \$55  & \$56 ;
-  assign \$58  = ~ q_valid;
-  assign \$59  = \$58  | i__ready;
-  assign \$60  = storing & \$59 ;
-  assign \$61  = c_lim - cmd[53:45];
-  assign \$62  = c_lim - cmd[53:45];
-  assign \$63  = | s_left;
-  assign \$64  = | s_left;
-  assign \$65  = s_addr + 1'h1;
-  assign \$66  = s_left - 1'h1;
-  assign \$67  = s_n + 1'h1;
-  assign \$68  = s_rows > 1'h0;
-  assign \$69  = s_rows > 1'h1;
-  assign \$70  = s_rows > 2'h2;
-  assign \$71  = s_rows > 2'h3;
-  assign \$72  = cmd[35:24] - 1'h1;
-  assign \$73  = s_n == \$72 ;
-  assign \$74  = s_rows - 3'h4;
-  assign \$75  = c_out__valid & c_out__ready;
-  assign \$76  = out_left - 1'h1;
-  assign \$77  = | code;
-  assign \$78  = cmd[44:36] + cmd[23:12];
-  assign \$79  = cmd[53:45] + cmd[35:24];
-  assign \$80  = cmd[76] | cmd[77];
-  assign \$81  = a_lim > 9'h100;
-  assign \$82  = \$80  & \$81 ;
-  assign \$83  = cmd[77] | cmd[79];
-  assign \$84  = c_lim > 9'h100;
-  assign \$85  = \$83  & \$84 ;
-  assign \$86  = \$82  | \$85 ;
-  assign \$87  = rows_left <= 3'h4;
-  assign \$88  = cmd[76] | cmd[77];
-  assign \$89  = a_lim > 9'h100;
-  assign \$90  = \$88  & \$89 ;
-  assign \$91  = \$90  ? 3'h4 : 3'h5;
-  assign \$92  = rows_left - 3'h4;
-  assign \$93  = a_lim + cmd[23:12];
-  assign \$94  = c_lim + cmd[35:24];
-  assign \$95  = start | a_in__ready;
-  assign \$96  = \$95  | \$signal$28 ;
-  assign \$97  = \$96  | issuing;
-  assign \$98  = \$97  | drain_busy;
-  assign \$99  = \$98  | col_busy0;
-  assign \$100  = \$99  | col_busy1;
-  assign \$101  = \$100  | w_busy;
-  assign \$102  = ~ \$101 ;
-  assign \$103  = ! pending;
-  assign \$104  = \$102  & \$103 ;
-  assign \$105  = ! out_left;
+  assign \$15  = ~ cmd[76];
+  assign \$16  = ~ a_in__ready;
+  assign \$17  = \$16  | \$signature__en ;
+  assign \$18  = a_ptr + 1'h1;
+  assign \$19  = \$18  != a_wptr;
+  assign \$20  = step ? \$19  : a_ok;
+  assign \$21  = \$17  | \$20 ;
+  assign \$22  = step & last_k;
+  assign \$23  = \$22  & last_row;
+  assign \$24  = step & last_k;
+  assign \$25  = ~ rbuf;
+  assign \$26  = full >> \$25 ;
+  assign \$27  = wbuf != rbuf;
+  assign \$28  = | b_k;
+  assign \$29  = \$signature__en$49  | \$28 ;
+  assign \$30  = \$27  & \$29 ;
+  assign \$31  = \$26  | \$30 ;
+  assign \$32  = full >> rbuf;
+  assign \$33  = wbuf == rbuf;
+  assign \$34  = k + 1'h1;
+  assign \$35  = b_k != \$34 ;
+  assign \$36  = \$signature__en$49  | \$35 ;
+  assign \$37  = \$33  & \$36 ;
+  assign \$38  = \$32  | \$37 ;
+  assign \$39  = wbuf == rbuf;
+  assign \$40  = \$39  & \$signature__en$49 ;
+  assign \$41  = b_ok | \$40 ;
+  assign \$42  = gap < 4'hb;
+  assign \$43  = gap + 1'h1;
+  assign \$44  = ! k;
+  assign \$45  = rows_c > 1'h0;
+  assign \$46  = rows_c > 1'h1;
+  assign \$47  = rows_c > 2'h2;
+  assign \$48  = rows_c > 2'h3;
+  assign \$49  = s_mask[0] ? spad_a_rd_data[7:0] : 8'h00;
+  assign \$50  = s_mask[1] ? spad_a_rd_data[15:8] : 8'h00;
+  assign \$51  = s_mask[2] ? spad_a_rd_data[23:16] : 8'h00;
+  assign \$52  = s_mask[3] ? spad_a_rd_data[31:24] : 8'h00;
+  assign \$53  = ! k_m1;
+  assign \$54  = cmd[11:0] <= 3'h4;
+  assign \$55  = k + 1'h1;
+  assign \$56  = a_ptr + 1'h1;
+  assign \$57  = k + 1'h1;
+  assign \$58  = \$57  == k_m1;
+  assign \$59  = cols_c < 3'h4;
+  assign \$60  = \$59  ? cols_c : 12'h004;
+  assign \$61  = rows_c - 3'h4;
+  assign \$62  = c_tile + cmd[35:24];
+  assign \$63  = ! k_m1;
+  assign \$64  = rows_c <= 4'h8;
+  assign \$65  = ~ rbuf;
+  assign \$66  = cols_c - 3'h4;
+  assign \$67  = c_panel + 3'h4;
+  assign \$68  = c_panel + 3'h4;
+  assign \$69  = cmd[11:0] <= 3'h4;
+  assign \$70  = cols_c <= 3'h4;
+  assign \$71  = d_col + 1'h1;
+  assign \$72  = d_col == 2'h3;
+  assign \$73  = \done$68  | drain_busy;
+  assign \$74  = \done$68  ? 3'h0 : d_col;
+  assign \$75  = \done$68  ? t_cols : d_cols;
+  assign \$76  = \$74  < \$75 ;
+  assign \$77  = \$73  & \$76 ;
+  assign \$78  = \done$68  | drain_busy;
+  assign \$79  = \done$68  ? t_base : d_base;
+  assign \$80  = \done$68  ? 3'h0 : d_col;
+  assign \$81  = \$79  + \$80 ;
+  assign \$82  = pending + tile_issued;
+  assign \$83  = \$82  - tile_drained;
+  assign \$84  = ~ q_valid;
+  assign \$85  = \$84  | i__ready;
+  assign \$86  = ~ r_mask[0];
+  assign \$87  = ~ cmd[78];
+  assign \$88  = storing ? \$86  : \$87 ;
+  assign \$89  = ~ r_mask[1];
+  assign \$90  = ~ cmd[78];
+  assign \$91  = storing ? \$89  : \$90 ;
+  assign \$92  = ~ r_mask[2];
+  assign \$93  = ~ cmd[78];
+  assign \$94  = storing ? \$92  : \$93 ;
+  assign \$95  = ~ r_mask[3];
+  assign \$96  = ~ cmd[78];
+  assign \$97  = storing ? \$95  : \$96 ;
+  assign \$98  = ~ q_valid;
+  assign \$99  = \$98  | i__ready;
+  assign \$100  = storing & \$99 ;
+  assign \$101  = c_lim - cmd[53:45];
+  assign \$102  = c_lim - cmd[53:45];
+  assign \$103  = | s_left;
+  assign \$104  = | s_left;
+  assign \$105  = s_addr + 1'h1;
+  assign \$106  = s_left - 1'h1;
+  assign \$107  = s_n + 1'h1;
+  assign \$108  = s_rows > 1'h0;
+  assign \$109  = s_rows > 1'h1;
+  assign \$110  = s_rows > 2'h2;
+  assign \$111  = s_rows > 2'h3;
+  assign \$112  = cmd[35:24] - 1'h1;
+  assign \$113  = s_n == \$112 ;
+  assign \$114  = s_rows - 3'h4;
+  assign \$115  = c_out__valid & c_out__ready;
+  assign \$116  = out_left - 1'h1;
+  assign \$117  = cmd[44:36] + cmd[23:12];
+  assign \$118  = cmd[53:45] + cmd[35:24];
+  assign \$119  = | code;
+  assign \$120  = rows_left > 3'h4;
+  assign \$121  = rows_left - 3'h4;
+  assign \$122  = a_lim + cmd[23:12];
+  assign \$123  = c_lim + cmd[35:24];
+  assign \$124  = cmd[76] | cmd[77];
+  assign \$125  = a_lim > 9'h100;
+  assign \$126  = \$124  & \$125 ;
+  assign \$127  = cmd[77] | cmd[79];
+  assign \$128  = c_lim > 9'h100;
+  assign \$129  = \$127  & \$128 ;
+  assign \$130  = \$126  | \$129 ;
+  assign \$131  = rows_left <= 3'h4;
+  assign \$132  = cmd[76] | cmd[77];
+  assign \$133  = a_lim > 9'h100;
+  assign \$134  = \$132  & \$133 ;
+  assign \$135  = \$134  ? 3'h4 : 3'h5;
+  assign \$136  = start | a_in__ready;
+  assign \$137  = \$136  | \$signal$37 ;
+  assign \$138  = \$137  | issuing;
+  assign \$139  = \$138  | drain_busy;
+  assign \$140  = \$139  | col_busy0;
+  assign \$141  = \$140  | col_busy1;
+  assign \$142  = \$141  | w_busy;
+  assign \$143  = ~ \$142 ;
+  assign \$144  = ! pending;
+  assign \$145  = \$143  & \$144 ;
+  assign \$146  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$106  = full >> wbuf;
-  assign \$107  = ~ \$106 ;
-  assign b_in__ready = \$signal$28  & \$107 ;
-  assign \$108  = wbuf ? 7'h40 : 7'h00;
-  assign \$109  = \$108  + b_k;
-  assign \$signature__en$99  = b_in__valid & b_in__ready;
-  assign \$110  = b_in__valid & b_in__ready;
-  assign \$111  = b_k == k_m1;
-  assign \$112  = full >> rbuf;
-  assign \$113  = wbuf == rbuf;
-  assign \$114  = b_in__ready & \$113 ;
-  assign \$115  = b_k > k;
-  assign \$116  = \$114  & \$115 ;
-  assign panel_ready = \$112  | \$116 ;
-  assign \$117  = issuing & panel_ready;
-  assign \$118  = ~ cmd[76];
-  assign \$119  = a_ptr != a_wptr;
-  assign \$120  = \$118  | \$119 ;
-  assign \$121  = \$117  & \$120 ;
-  assign \$122  = k == k_m1;
-  assign \$123  = ~ \$122 ;
-  assign \$124  = gap >= 4'ha;
-  assign \$125  = \$123  | \$124 ;
-  assign step = \$121  & \$125 ;
-  assign \$126  = rbuf ? 7'h40 : 7'h00;
-  assign \$127  = \$126  + k;
-  assign \$128  = k == k_m1;
-  assign \$129  = rows_c <= 3'h4;
-  assign \$130  = d_col == 2'h3;
-  assign shift = \done$55  | drain_busy;
-  assign \$131  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
-  assign \$132  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
-  assign \$133  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
-  assign \$134  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
-  assign \$135  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$136  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$137  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$138  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$139  = storing ? s_addr : col_addr0;
-  assign \$140  = ~ storing;
-  assign \$141  = ~ q_valid;
-  assign \$142  = \$141  | i__ready;
-  assign c_rd__en = \$140  | \$142 ;
+  assign \$147  = full >> wbuf;
+  assign \$148  = ~ \$147 ;
+  assign b_in__ready = \$signal$37  & \$148 ;
+  assign \$149  = wbuf ? 7'h40 : 7'h00;
+  assign \$150  = \$149  + b_k;
+  assign \$signature__en$49  = b_in__valid & b_in__ready;
+  assign \$151  = b_in__valid & b_in__ready;
+  assign \$152  = b_k == k_m1;
+  assign \$153  = issuing & a_ok;
+  assign \$154  = \$153  & b_ok;
+  assign \$155  = ~ last_k;
+  assign \$156  = gap >= 4'ha;
+  assign \$157  = \$155  | \$156 ;
+  assign step = \$154  & \$157 ;
+  assign \$158  = rbuf ? 7'h40 : 7'h00;
+  assign \$159  = \$158  + k;
+  assign \$160  = d_col == 2'h3;
+  assign shift = \done$68  | drain_busy;
+  assign \$161  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
+  assign \$162  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
+  assign \$163  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
+  assign \$164  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
+  assign \$165  = storing ? s_addr : col_addr0;
+  assign \$166  = ~ storing;
+  assign \$167  = ~ q_valid;
+  assign \$168  = \$167  | i__ready;
+  assign spad_c_rd_en = \$166  | \$168 ;
   assign busy = ~ cmd__ready;
-  assign \$143  = cmd[76] | cmd[77];
-  assign \$144  = \$143  | cmd[79];
-  assign \$145  = ~ \$144 ;
-  assign \$146  = ! cmd[11:0];
-  assign \$147  = cmd[76] | cmd[77];
-  assign \$148  = ! cmd[23:12];
-  assign \$149  = \$147  & \$148 ;
-  assign \$150  = \$146  | \$149 ;
-  assign \$151  = cmd[77] | cmd[79];
-  assign \$152  = ! cmd[35:24];
-  assign \$153  = \$151  & \$152 ;
-  assign \$154  = \$150  | \$153 ;
-  assign \$155  = cmd[23:12] > 7'h40;
-  assign \$156  = cmd[77] & \$155 ;
-  assign \$157  = start | a_in__ready;
-  assign \$158  = \$157  | \$signal$28 ;
-  assign \$159  = \$158  | issuing;
-  assign \$160  = \$159  | drain_busy;
-  assign \$161  = \$160  | col_busy0;
-  assign \$162  = \$161  | col_busy1;
-  assign \$163  = \$162  | w_busy;
-  assign \$164  = ~ \$163 ;
-  assign \$165  = ! pending;
-  assign \$166  = \$164  & \$165 ;
-  assign \$167  = ! fsm_state;
-  assign \$168  = fsm_state == 1'h1;
-  assign \$169  = fsm_state == 2'h2;
-  assign \$170  = fsm_state == 2'h3;
-  assign \$171  = fsm_state == 3'h4;
+  assign \$169  = cmd[76] | cmd[77];
+  assign \$170  = \$169  | cmd[79];
+  assign \$171  = ~ \$170 ;
+  assign \$172  = ! cmd[11:0];
+  assign \$173  = cmd[76] | cmd[77];
+  assign \$174  = ! cmd[23:12];
+  assign \$175  = \$173  & \$174 ;
+  assign \$176  = \$172  | \$175 ;
+  assign \$177  = cmd[77] | cmd[79];
+  assign \$178  = ! cmd[35:24];
+  assign \$179  = \$177  & \$178 ;
+  assign \$180  = \$176  | \$179 ;
+  assign \$181  = cmd[23:12] > 7'h40;
+  assign \$182  = cmd[77] & \$181 ;
+  assign \$183  = start | a_in__ready;
+  assign \$184  = \$183  | \$signal$37 ;
+  assign \$185  = \$184  | issuing;
+  assign \$186  = \$185  | drain_busy;
+  assign \$187  = \$186  | col_busy0;
+  assign \$188  = \$187  | col_busy1;
+  assign \$189  = \$188  | w_busy;
+  assign \$190  = ~ \$189 ;
+  assign \$191  = ! pending;
+  assign \$192  = \$190  & \$191 ;
+  assign \$193  = ! fsm_state;
+  assign \$194  = fsm_state == 1'h1;
+  assign \$195  = fsm_state == 2'h2;
+  assign \$196  = fsm_state == 2'h3;
+  assign \$197  = fsm_state == 3'h4;
   always @(posedge clk)
-    k_m1 <= \$172 ;
+    spad_a_rd_data <= \$198 ;
   always @(posedge clk)
-    start <= \$173 ;
+    spad_b_rd_data <= \$199 ;
   always @(posedge clk)
-    a_wptr <= \$174 ;
+    spad_c_rd_data <= \$200 ;
   always @(posedge clk)
-    a_in__ready <= \$175 ;
+    k_m1 <= \$201 ;
   always @(posedge clk)
-    full <= \$176 ;
+    start <= \$202 ;
   always @(posedge clk)
-    \$signal$28  <= \$177 ;
+    a_wptr <= \$203 ;
   always @(posedge clk)
-    wbuf <= \$178 ;
+    a_in__ready <= \$204 ;
   always @(posedge clk)
-    b_k <= \$179 ;
+    full <= \$205 ;
   always @(posedge clk)
-    b_cols_left <= \$180 ;
+    \$signal$37  <= \$206 ;
   always @(posedge clk)
-    gap <= \$181 ;
+    wbuf <= \$207 ;
   always @(posedge clk)
-    \$signal$33  <= \$182 ;
+    b_k <= \$208 ;
   always @(posedge clk)
-    \$signal$35  <= \$183 ;
+    b_cols_left <= \$209 ;
   always @(posedge clk)
-    s_last <= \$184 ;
+    a_ok <= \$210 ;
   always @(posedge clk)
-    s_mask <= \$185 ;
+    b_ok <= \$211 ;
   always @(posedge clk)
-    valid <= \$186 ;
+    gap <= \$212 ;
   always @(posedge clk)
-    first <= \$187 ;
+    \$signal$52  <= \$213 ;
   always @(posedge clk)
-    last <= \$188 ;
+    \$signal$53  <= \$214 ;
   always @(posedge clk)
-    b <= \$189 ;
+    s_last <= \$215 ;
   always @(posedge clk)
-    a <= \$190 ;
+    s_mask <= \$216 ;
   always @(posedge clk)
-    issuing <= \$191 ;
+    valid <= \$217 ;
   always @(posedge clk)
-    rbuf <= \$192 ;
+    first <= \$218 ;
   always @(posedge clk)
-    k <= \$193 ;
+    last <= \$219 ;
   always @(posedge clk)
-    a_ptr <= \$194 ;
+    b <= \$220 ;
   always @(posedge clk)
-    rows_c <= \$195 ;
+    a <= \$221 ;
   always @(posedge clk)
-    cols_c <= \$196 ;
+    issuing <= \$222 ;
   always @(posedge clk)
-    c_panel <= \$197 ;
+    rbuf <= \$223 ;
   always @(posedge clk)
-    c_tile <= \$198 ;
+    k <= \$224 ;
   always @(posedge clk)
-    t_base <= \$199 ;
+    a_ptr <= \$225 ;
   always @(posedge clk)
-    t_cols <= \$200 ;
+    rows_c <= \$226 ;
   always @(posedge clk)
-    d_col <= \$201 ;
+    cols_c <= \$227 ;
   always @(posedge clk)
-    d_base <= \$202 ;
+    c_panel <= \$228 ;
   always @(posedge clk)
-    d_cols <= \$203 ;
+    c_tile <= \$229 ;
   always @(posedge clk)
-    drain_busy <= \$204 ;
+    last_k <= \$230 ;
   always @(posedge clk)
-    col_valid0 <= \$205 ;
+    last_row <= \$231 ;
   always @(posedge clk)
-    col_busy0 <= \$206 ;
+    t_base <= \$232 ;
   always @(posedge clk)
-    col_addr0 <= \$207 ;
+    t_cols <= \$233 ;
   always @(posedge clk)
-    col_valid1 <= \$208 ;
+    d_col <= \$234 ;
   always @(posedge clk)
-    col_busy1 <= \$209 ;
+    d_base <= \$235 ;
   always @(posedge clk)
-    col_addr1 <= \$210 ;
+    d_cols <= \$236 ;
   always @(posedge clk)
-    w_valid <= \$211 ;
+    drain_busy <= \$237 ;
   always @(posedge clk)
-    w_busy <= \$212 ;
+    col_valid0 <= \$238 ;
   always @(posedge clk)
-    w_addr <= \$213 ;
+    col_busy0 <= \$239 ;
   always @(posedge clk)
-    col_word0 <= \$214 ;
+    col_addr0 <= \$240 ;
   always @(posedge clk)
-    col_word1 <= \$215 ;
+    col_valid1 <= \$241 ;
   always @(posedge clk)
-    w_word <= \$216 ;
+    col_busy1 <= \$242 ;
   always @(posedge clk)
-    pending <= \$217 ;
+    col_addr1 <= \$243 ;
   always @(posedge clk)
-    c_q <= \$218 ;
+    w_valid <= \$244 ;
   always @(posedge clk)
-    q_valid <= \$219 ;
+    w_busy <= \$245 ;
   always @(posedge clk)
-    q_mask <= \$220 ;
+    w_addr <= \$246 ;
   always @(posedge clk)
-    storing <= \$221 ;
+    col_word0 <= \$247 ;
   always @(posedge clk)
-    s_addr <= \$222 ;
+    col_word1 <= \$248 ;
   always @(posedge clk)
-    s_n <= \$223 ;
+    w_word <= \$249 ;
   always @(posedge clk)
-    s_rows <= \$224 ;
+    pending <= \$250 ;
   always @(posedge clk)
-    s_left <= \$225 ;
+    c_q <= \$251 ;
   always @(posedge clk)
-    out_left <= \$226 ;
+    q_valid <= \$252 ;
   always @(posedge clk)
-    r_valid <= \$227 ;
+    storing <= \$253 ;
   always @(posedge clk)
-    r_mask <= \$228 ;
+    s_addr <= \$254 ;
   always @(posedge clk)
-    done <= \$229 ;
+    s_n <= \$255 ;
   always @(posedge clk)
-    cmd <= \$230 ;
+    s_rows <= \$256 ;
   always @(posedge clk)
-    error <= \$231 ;
+    s_left <= \$257 ;
   always @(posedge clk)
-    error_code <= \$232 ;
+    out_left <= \$258 ;
   always @(posedge clk)
-    fsm_state <= \$233 ;
+    r_valid <= \$259 ;
   always @(posedge clk)
-    rows_left <= \$234 ;
+    r_mask <= \$260 ;
   always @(posedge clk)
-    a_lim <= \$235 ;
+    done <= \$261 ;
   always @(posedge clk)
-    c_lim <= \$236 ;
+    cmd <= \$262 ;
+  always @(posedge clk)
+    error <= \$263 ;
+  always @(posedge clk)
+    error_code <= \$264 ;
+  always @(posedge clk)
+    fsm_state <= \$265 ;
+  always @(posedge clk)
+    rows_left <= \$266 ;
+  always @(posedge clk)
+    a_lim <= \$267 ;
+  always @(posedge clk)
+    c_lim <= \$268 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
     .clk(clk),
-    .done(\done$55 ),
+    .done(\done$68 ),
     .first_in(first),
     .last_in(last),
     .out(out),
@@ -1487,411 +1565,65 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   \nanokpu_gemm.requant  requant (
     .advance(i__ready),
     .clk(clk),
-    .i__payload(i__payload),
+    .i__payload(c_q),
     .i__valid(q_valid),
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$1402$54 (cmd[75:54]),
+    .\port$1456$54 (cmd[75:54]),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$172  = \$1 [11:0];
-    if (rst) begin
-      \$172  = 12'h000;
+    \$200  = spad_c_rd_data;
+    if (spad_c_rd_en) begin
+      \$200  = \port__data$26 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$173  = 1'h0;
+    \$201  = \$1 [11:0];
+    if (rst) begin
+      \$201  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$202  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$86 ) begin
-          end else if (\$87 ) begin
-            \$173  = 1'h1;
+          if (\$130 ) begin
+          end else if (\$131 ) begin
+            \$202  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$173  = 1'h0;
+      \$202  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$174  = a_wptr;
+    \$203  = a_wptr;
     if (start) begin
-      \$174  = { 5'h00, cmd[44:36] };
+      \$203  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$174  = \$3 [13:0];
+      \$203  = \$3 [13:0];
     end
     if (rst) begin
-      \$174  = 14'h0000;
+      \$203  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$175  = a_in__ready;
+    \$204  = a_in__ready;
     if (start) begin
-      \$175  = cmd[76];
+      \$204  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$175  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$175  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$176  = \$8 ;
-    if (rst) begin
-      \$176  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$177  = \$signal$28 ;
-    if (start) begin
-      \$177  = cmd[77];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        if (\$14 ) begin
-          \$177  = 1'h0;
-        end
-      end
-    end
-    if (rst) begin
-      \$177  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$178  = wbuf;
-    if (start) begin
-      \$178  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$178  = \$12 ;
-      end
-    end
-    if (rst) begin
-      \$178  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$179  = b_k;
-    if (start) begin
-      \$179  = 12'h000;
-    end else if (\$9 ) begin
-      \$179  = \$10 [11:0];
-      if (\$11 ) begin
-        \$179  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$179  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$180  = b_cols_left;
-    if (start) begin
-      \$180  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$180  = \$13 [11:0];
-      end
-    end
-    if (rst) begin
-      \$180  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$181  = gap;
-    if (\$15 ) begin
-      \$181  = \$16 [3:0];
-    end
-    if (start) begin
-      \$181  = 4'hb;
-    end else if (step) begin
-      if (\$29 ) begin
-        \$181  = 4'h0;
-      end
-    end
-    if (rst) begin
-      \$181  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$182  = step;
-    if (rst) begin
-      \$182  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$183  = \$17 ;
-    if (rst) begin
-      \$183  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$184  = \$18 ;
-    if (rst) begin
-      \$184  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$185  = { \$22 , \$21 , \$20 , \$19  };
-    if (rst) begin
-      \$185  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$186  = \$signal$33 ;
-    if (rst) begin
-      \$186  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$187  = \$signal$35 ;
-    if (rst) begin
-      \$187  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$188  = s_last;
-    if (rst) begin
-      \$188  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$189  = b_rd__data;
-    if (rst) begin
-      \$189  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$190 [7:0] = \$23 ;
-    \$190 [15:8] = \$24 ;
-    \$190 [23:16] = \$25 ;
-    \$190 [31:24] = \$26 ;
-    if (rst) begin
-      \$190  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$191  = issuing;
-    if (start) begin
-      \$191  = cmd[77];
-    end else if (step) begin
-      if (\$29 ) begin
-        if (\$34 ) begin
-          if (\$39 ) begin
-            \$191  = 1'h0;
-          end
-        end
-      end
-    end
-    if (rst) begin
-      \$191  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$192  = rbuf;
-    if (start) begin
-      \$192  = 1'h0;
-    end else if (step) begin
-      if (\$29 ) begin
-        if (\$34 ) begin
-          \$192  = \$35 ;
-        end
-      end
-    end
-    if (rst) begin
-      \$192  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$193  = k;
-    if (start) begin
-      \$193  = 12'h000;
-    end else if (step) begin
-      \$193  = \$27 [11:0];
-      if (\$29 ) begin
-        \$193  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$193  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$194  = a_ptr;
-    if (start) begin
-      \$194  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$194  = \$28 [13:0];
-      if (\$29 ) begin
-        if (\$34 ) begin
-          \$194  = { 5'h00, cmd[44:36] };
-        end
-      end
-    end
-    if (rst) begin
-      \$194  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$195  = rows_c;
-    if (start) begin
-      \$195  = cmd[11:0];
-    end else if (step) begin
-      if (\$29 ) begin
-        \$195  = \$32 [11:0];
-        if (\$34 ) begin
-          \$195  = cmd[11:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$195  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$196  = cols_c;
-    if (start) begin
-      \$196  = cmd[35:24];
-    end else if (step) begin
-      if (\$29 ) begin
-        if (\$34 ) begin
-          \$196  = \$36 [11:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$196  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$197  = c_panel;
-    if (start) begin
-      \$197  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (\$29 ) begin
-        if (\$34 ) begin
-          \$197  = \$37 [13:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$197  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$198  = c_tile;
-    if (start) begin
-      \$198  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (\$29 ) begin
-        \$198  = \$33 [13:0];
-        if (\$34 ) begin
-          \$198  = \$38 [13:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$198  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$199  = t_base;
-    if (start) begin
-    end else if (step) begin
-      if (\$29 ) begin
-        \$199  = c_tile;
-      end
-    end
-    if (rst) begin
-      \$199  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$200  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$29 ) begin
-        \$200  = \$31 [2:0];
-      end
-    end
-    if (rst) begin
-      \$200  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$201  = d_col;
-    if (\done$55 ) begin
-      \$201  = 3'h1;
-    end else if (drain_busy) begin
-      \$201  = \$40 [2:0];
-    end
-    if (rst) begin
-      \$201  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$202  = d_base;
-    if (\done$55 ) begin
-      \$202  = t_base;
-    end
-    if (rst) begin
-      \$202  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$203  = d_cols;
-    if (\done$55 ) begin
-      \$203  = t_cols;
-    end
-    if (rst) begin
-      \$203  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$204  = drain_busy;
-    if (\done$55 ) begin
-      \$204  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$41 ) begin
         \$204  = 1'h0;
       end
     end
@@ -1901,207 +1633,226 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$205  = \$46 ;
+    \$205  = \$8 ;
     if (rst) begin
-      \$205  = 1'h0;
+      \$205  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$206  = \$47 ;
+    \$206  = \$signal$37 ;
+    if (start) begin
+      \$206  = cmd[77];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        if (\$14 ) begin
+          \$206  = 1'h0;
+        end
+      end
+    end
     if (rst) begin
       \$206  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$207  = \$50 [13:0];
+    \$207  = wbuf;
+    if (start) begin
+      \$207  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$207  = \$12 ;
+      end
+    end
     if (rst) begin
-      \$207  = 14'h0000;
+      \$207  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$208  = col_valid0;
+    \$208  = b_k;
+    if (start) begin
+      \$208  = 12'h000;
+    end else if (\$9 ) begin
+      \$208  = \$10 [11:0];
+      if (\$11 ) begin
+        \$208  = 12'h000;
+      end
+    end
     if (rst) begin
-      \$208  = 1'h0;
+      \$208  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$209  = col_busy0;
+    \$209  = b_cols_left;
+    if (start) begin
+      \$209  = cmd[35:24];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$209  = \$13 [11:0];
+      end
+    end
     if (rst) begin
-      \$209  = 1'h0;
+      \$209  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$210  = col_addr0;
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$210  = \$15 ;
+    end else begin
+      \$210  = \$21 ;
+    end
     if (rst) begin
-      \$210  = 14'h0000;
+      \$210  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$211  = col_valid1;
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$211  = 1'h0;
+    end else if (\$23 ) begin
+      \$211  = \$31 ;
+    end else if (\$24 ) begin
+      \$211  = 1'h1;
+    end else if (step) begin
+      \$211  = \$38 ;
+    end else begin
+      \$211  = \$41 ;
+    end
     if (rst) begin
       \$211  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$212  = col_busy1;
-    if (rst) begin
-      \$212  = 1'h0;
+    \$212  = gap;
+    if (\$42 ) begin
+      \$212  = \$43 [3:0];
     end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$213  = col_addr1;
-    if (rst) begin
-      \$213  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$214  = out;
-    if (rst) begin
-      \$214  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$215  = col_word0;
-    if (rst) begin
-      \$215  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$216  = col_word1;
-    if (rst) begin
-      \$216  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = \$52 [1:0];
-    if (rst) begin
-      \$217  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = c_q;
-    if (\$54 ) begin
-      \$218  = c_rd__data;
-      if (\$57 ) begin
-        \$218  = 128'h00000000000000000000000000000000;
+    if (start) begin
+      \$212  = 4'hb;
+    end else if (step) begin
+      if (last_k) begin
+        \$212  = 4'h0;
       end
     end
     if (rst) begin
-      \$218  = 128'h00000000000000000000000000000000;
+      \$212  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = q_valid;
-    if (\$54 ) begin
-      \$219  = r_valid;
+    \$213  = step;
+    if (rst) begin
+      \$213  = 1'h0;
     end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$105 ) begin
-            \$219  = 1'h0;
-          end
-    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$214  = \$44 ;
+    if (rst) begin
+      \$214  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$215  = last_k;
+    if (rst) begin
+      \$215  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$216  = { \$48 , \$47 , \$46 , \$45  };
+    if (rst) begin
+      \$216  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$217  = \$signal$52 ;
+    if (rst) begin
+      \$217  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$218  = \$signal$53 ;
+    if (rst) begin
+      \$218  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$219  = s_last;
     if (rst) begin
       \$219  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = q_mask;
-    if (\$54 ) begin
-      \$220  = r_mask;
-    end
+    \$220  = spad_b_rd_data;
     if (rst) begin
-      \$220  = 4'h0;
+      \$220  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = storing;
-    if (store_start) begin
-      \$221  = 1'h1;
+    \$221 [7:0] = \$49 ;
+    \$221 [15:8] = \$50 ;
+    \$221 [23:16] = \$51 ;
+    \$221 [31:24] = \$52 ;
+    if (rst) begin
+      \$221  = 32'd0;
     end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$105 ) begin
-            \$221  = 1'h0;
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$222  = issuing;
+    if (start) begin
+      \$222  = cmd[77];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          if (\$70 ) begin
+            \$222  = 1'h0;
           end
-    endcase
-    if (rst) begin
-      \$221  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = s_addr;
-    if (store_start) begin
-      \$222  = { 5'h00, cmd[53:45] };
-    end else if (\$60 ) begin
-      if (\$64 ) begin
-        \$222  = \$65 [13:0];
-      end
-    end
-    if (rst) begin
-      \$222  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = s_n;
-    if (store_start) begin
-      \$223  = 12'h000;
-    end else if (\$60 ) begin
-      if (\$64 ) begin
-        \$223  = \$67 [11:0];
-        if (\$73 ) begin
-          \$223  = 12'h000;
         end
       end
     end
     if (rst) begin
-      \$223  = 12'h000;
+      \$222  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = s_rows;
-    if (store_start) begin
-      \$224  = cmd[11:0];
-    end else if (\$60 ) begin
-      if (\$64 ) begin
-        if (\$73 ) begin
-          \$224  = \$74 [11:0];
+    \$223  = rbuf;
+    if (start) begin
+      \$223  = 1'h0;
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$223  = \$65 ;
         end
+      end
+    end
+    if (rst) begin
+      \$223  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$224  = k;
+    if (start) begin
+      \$224  = 12'h000;
+    end else if (step) begin
+      \$224  = \$55 [11:0];
+      if (last_k) begin
+        \$224  = 12'h000;
       end
     end
     if (rst) begin
@@ -2110,12 +1861,15 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = s_left;
-    if (store_start) begin
-      \$225  = \$61 [13:0];
-    end else if (\$60 ) begin
-      if (\$64 ) begin
-        \$225  = \$66 [13:0];
+    \$225  = a_ptr;
+    if (start) begin
+      \$225  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$225  = \$56 [13:0];
+      if (last_k) begin
+        if (last_row) begin
+          \$225  = { 5'h00, cmd[44:36] };
+        end
       end
     end
     if (rst) begin
@@ -2124,264 +1878,635 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = out_left;
-    if (store_start) begin
-      \$226  = \$62 [13:0];
-    end
-    if (\$75 ) begin
-      \$226  = \$76 [13:0];
-    end
-    if (rst) begin
-      \$226  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$227  = r_valid;
-    if (store_start) begin
-    end else if (\$60 ) begin
-      \$227  = \$63 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$105 ) begin
-            \$227  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$227  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$228  = r_mask;
-    if (store_start) begin
-    end else if (\$60 ) begin
-      if (\$64 ) begin
-        \$228  = { \$71 , \$70 , \$69 , \$68  };
+    \$226  = rows_c;
+    if (start) begin
+      \$226  = cmd[11:0];
+    end else if (step) begin
+      if (last_k) begin
+        \$226  = \$61 [11:0];
+        if (last_row) begin
+          \$226  = cmd[11:0];
+        end
       end
     end
     if (rst) begin
-      \$228  = 4'h0;
+      \$226  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$77 ) begin
-            \$229  = 1'h1;
-          end
-      3'h2:
-          if (\$86 ) begin
-            \$229  = 1'h1;
-          end
-      3'h3:
-          if (\$104 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-            end else begin
-              \$229  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$105 ) begin
-            \$229  = 1'h1;
-          end
-    endcase
+    \$227  = cols_c;
+    if (start) begin
+      \$227  = cmd[35:24];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$227  = \$66 [11:0];
+        end
+      end
+    end
     if (rst) begin
-      \$229  = 1'h0;
+      \$227  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$230  = cmd__payload;
-          end
-    endcase
+    \$228  = c_panel;
+    if (start) begin
+      \$228  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$228  = \$67 [13:0];
+        end
+      end
+    end
     if (rst) begin
-      \$230  = 80'h00000000000000000000;
+      \$228  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$231  = 1'h0;
-          end
-      3'h1:
-          if (\$77 ) begin
-            \$231  = 1'h1;
-          end
-      3'h2:
-          if (\$86 ) begin
-            \$231  = 1'h1;
-          end
-    endcase
+    \$229  = c_tile;
+    if (start) begin
+      \$229  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        \$229  = \$62 [13:0];
+        if (last_row) begin
+          \$229  = \$68 [13:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$229  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$230  = last_k;
+    if (start) begin
+      \$230  = \$53 ;
+    end else if (step) begin
+      \$230  = \$58 ;
+      if (last_k) begin
+        \$230  = \$63 ;
+      end
+    end
+    if (rst) begin
+      \$230  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$231  = last_row;
+    if (start) begin
+      \$231  = \$54 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$231  = \$64 ;
+        if (last_row) begin
+          \$231  = \$69 ;
+        end
+      end
+    end
     if (rst) begin
       \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$232  = 3'h0;
-          end
-      3'h1:
-          if (\$77 ) begin
-            \$232  = code;
-          end
-      3'h2:
-          if (\$86 ) begin
-            \$232  = \$91 ;
-          end
-    endcase
+    \$232  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$232  = c_tile;
+      end
+    end
     if (rst) begin
-      \$232  = 3'h0;
+      \$232  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$233  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$77 ) begin
-            \$233  = 3'h0;
-          end else begin
-            \$233  = 3'h2;
-          end
-      3'h2:
-          if (\$86 ) begin
-            \$233  = 3'h0;
-          end else if (\$87 ) begin
-            \$233  = 3'h3;
-          end
-      3'h3:
-          if (\$104 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-              \$233  = 3'h4;
-            end else begin
-              \$233  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$105 ) begin
-            \$233  = 3'h0;
-          end
-    endcase
+    \$233  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$233  = \$60 [2:0];
+      end
+    end
     if (rst) begin
       \$233  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$77 ) begin
-          end else begin
-            \$234  = cmd[11:0];
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$86 ) begin
-          end else if (\$87 ) begin
-          end else begin
-            \$234  = \$92 [11:0];
-          end
-    endcase
+    \$234  = d_col;
+    if (\done$68 ) begin
+      \$234  = 3'h1;
+    end else if (drain_busy) begin
+      \$234  = \$71 [2:0];
+    end
     if (rst) begin
-      \$234  = 12'h000;
+      \$234  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$77 ) begin
-          end else begin
-            \$235  = { 1'h0, \$78  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$86 ) begin
-          end else if (\$87 ) begin
-          end else begin
-            \$235  = \$93 [13:0];
-          end
-    endcase
+    \$235  = d_base;
+    if (\done$68 ) begin
+      \$235  = t_base;
+    end
     if (rst) begin
       \$235  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$77 ) begin
-          end else begin
-            \$236  = { 1'h0, \$79  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$86 ) begin
-          end else if (\$87 ) begin
-          end else begin
-            \$236  = \$94 [13:0];
-          end
-    endcase
+    \$236  = d_cols;
+    if (\done$68 ) begin
+      \$236  = t_cols;
+    end
     if (rst) begin
-      \$236  = 14'h0000;
+      \$236  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signal$25  = 2'h0;
+    \$237  = drain_busy;
+    if (\done$68 ) begin
+      \$237  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$72 ) begin
+        \$237  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$237  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$238  = \$77 ;
+    if (rst) begin
+      \$238  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$239  = \$78 ;
+    if (rst) begin
+      \$239  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$240  = \$81 [13:0];
+    if (rst) begin
+      \$240  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$241  = col_valid0;
+    if (rst) begin
+      \$241  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$242  = col_busy0;
+    if (rst) begin
+      \$242  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$243  = col_addr0;
+    if (rst) begin
+      \$243  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$244  = col_valid1;
+    if (rst) begin
+      \$244  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$245  = col_busy1;
+    if (rst) begin
+      \$245  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$246  = col_addr1;
+    if (rst) begin
+      \$246  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$247  = out;
+    if (rst) begin
+      \$247  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$248  = col_word0;
+    if (rst) begin
+      \$248  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$249  = col_word1;
+    if (rst) begin
+      \$249  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$250  = \$83 [1:0];
+    if (rst) begin
+      \$250  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$251  = c_q;
+    if (\$85 ) begin
+      \$251  = spad_c_rd_data;
+      if (\$88 ) begin
+        \$251 [31:0] = 32'd0;
+      end
+      if (\$91 ) begin
+        \$251 [63:32] = 32'd0;
+      end
+      if (\$94 ) begin
+        \$251 [95:64] = 32'd0;
+      end
+      if (\$97 ) begin
+        \$251 [127:96] = 32'd0;
+      end
+    end
+    if (rst) begin
+      \$251  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$252  = q_valid;
+    if (\$85 ) begin
+      \$252  = r_valid;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$146 ) begin
+            \$252  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$252  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$253  = storing;
+    if (store_start) begin
+      \$253  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$146 ) begin
+            \$253  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$253  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$254  = s_addr;
+    if (store_start) begin
+      \$254  = { 5'h00, cmd[53:45] };
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        \$254  = \$105 [13:0];
+      end
+    end
+    if (rst) begin
+      \$254  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$255  = s_n;
+    if (store_start) begin
+      \$255  = 12'h000;
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        \$255  = \$107 [11:0];
+        if (\$113 ) begin
+          \$255  = 12'h000;
+        end
+      end
+    end
+    if (rst) begin
+      \$255  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$256  = s_rows;
+    if (store_start) begin
+      \$256  = cmd[11:0];
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        if (\$113 ) begin
+          \$256  = \$114 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$256  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$257  = s_left;
+    if (store_start) begin
+      \$257  = \$101 [13:0];
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        \$257  = \$106 [13:0];
+      end
+    end
+    if (rst) begin
+      \$257  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$258  = out_left;
+    if (store_start) begin
+      \$258  = \$102 [13:0];
+    end
+    if (\$115 ) begin
+      \$258  = \$116 [13:0];
+    end
+    if (rst) begin
+      \$258  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$259  = r_valid;
+    if (store_start) begin
+    end else if (\$100 ) begin
+      \$259  = \$103 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$146 ) begin
+            \$259  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$259  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$260  = r_mask;
+    if (store_start) begin
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        \$260  = { \$111 , \$110 , \$109 , \$108  };
+      end
+    end
+    if (rst) begin
+      \$260  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$261  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$119 ) begin
+            \$261  = 1'h1;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$261  = 1'h1;
+          end
+      3'h3:
+          if (\$145 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+            end else begin
+              \$261  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$146 ) begin
+            \$261  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$261  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$262  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$262  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$262  = 80'h00000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$263  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$263  = 1'h0;
+          end
+      3'h1:
+          if (\$119 ) begin
+            \$263  = 1'h1;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$263  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$263  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$264  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$264  = 3'h0;
+          end
+      3'h1:
+          if (\$119 ) begin
+            \$264  = code;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$264  = \$135 ;
+          end
+    endcase
+    if (rst) begin
+      \$264  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$265  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$265  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$119 ) begin
+            \$265  = 3'h0;
+          end else begin
+            \$265  = 3'h2;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$265  = 3'h0;
+          end else if (\$131 ) begin
+            \$265  = 3'h3;
+          end
+      3'h3:
+          if (\$145 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+              \$265  = 3'h4;
+            end else begin
+              \$265  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$146 ) begin
+            \$265  = 3'h0;
+          end
+    endcase
+    if (rst) begin
+      \$265  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$266  = rows_left;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$266  = cmd[11:0];
+      3'h2:
+          if (\$120 ) begin
+            \$266  = \$121 [11:0];
+          end
+    endcase
+    if (rst) begin
+      \$266  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$267  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$267  = { 1'h0, \$117  };
+      3'h2:
+          if (\$120 ) begin
+            \$267  = \$122 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$267  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$268  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$268  = { 1'h0, \$118  };
+      3'h2:
+          if (\$120 ) begin
+            \$268  = \$123 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$268  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$signal$34  = 2'h0;
     if (start) begin
-    end else if (\$110 ) begin
-      if (\$111 ) begin
+    end else if (\$151 ) begin
+      if (\$152 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
-              \$signal$25 [0] = 1'h1;
+              \$signal$34 [0] = 1'h1;
           1'h1:
-              \$signal$25 [1] = 1'h1;
+              \$signal$34 [1] = 1'h1;
         endcase
       end
     end
@@ -2391,7 +2516,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$128 ) begin
+      if (last_k) begin
         tile_issued = 1'h1;
       end
     end
@@ -2401,8 +2526,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$128 ) begin
-        if (\$129 ) begin
+      if (last_k) begin
+        if (last_row) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -2417,9 +2542,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     tile_drained = 1'h0;
-    if (\done$55 ) begin
+    if (\done$68 ) begin
     end else if (drain_busy) begin
-      if (\$130 ) begin
+      if (\$160 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -2439,11 +2564,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$145 ) begin
+          if (\$171 ) begin
             code = 3'h1;
-          end else if (\$154 ) begin
+          end else if (\$180 ) begin
             code = 3'h2;
-          end else if (\$156 ) begin
+          end else if (\$182 ) begin
             code = 3'h3;
           end
     endcase
@@ -2459,30 +2584,33 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$166 ) begin
+          if (\$192 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
           end
     endcase
   end
+  assign spad_a_rd_en = 1'h1;
+  assign spad_b_rd_en = 1'h1;
   assign \$signal  = a_in__ready;
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$97  = \$109 [6:0];
-  assign \$signature__data$98  = b_in__payload;
-  assign a_rd__addr = a_ptr[7:0];
-  assign b_rd__addr = \$127 [6:0];
-  assign \$signature__addr$105  = w_addr[7:0];
-  assign \$signature__en$106  = w_valid;
+  assign \$signature__addr$107  = \$150 [6:0];
+  assign \$signature__data$108  = b_in__payload;
+  assign port__addr = a_ptr[7:0];
+  assign \port__addr$110  = \$159 [6:0];
+  assign \$signature__addr$113  = w_addr[7:0];
+  assign \$signature__en$114  = w_valid;
   assign mult = cmd[69:54];
-  assign \shift$108  = cmd[75:70];
+  assign \shift$116  = cmd[75:70];
   assign i__valid = q_valid;
+  assign i__payload = c_q;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$139 [7:0];
+  assign \port__addr$122  = \$165 [7:0];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -2506,6 +2634,30 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \c_out__payload[1]  = c_out__payload[15:8];
   assign \c_out__payload[2]  = c_out__payload[23:16];
   assign \c_out__payload[3]  = c_out__payload[31:24];
+  assign \spad_a_rd_data[0]  = spad_a_rd_data[7:0];
+  assign \spad_a_rd_data[1]  = spad_a_rd_data[15:8];
+  assign \spad_a_rd_data[2]  = spad_a_rd_data[23:16];
+  assign \spad_a_rd_data[3]  = spad_a_rd_data[31:24];
+  assign \port__data[0]  = port__data[7:0];
+  assign \port__data[1]  = port__data[15:8];
+  assign \port__data[2]  = port__data[23:16];
+  assign \port__data[3]  = port__data[31:24];
+  assign \spad_b_rd_data[0]  = spad_b_rd_data[7:0];
+  assign \spad_b_rd_data[1]  = spad_b_rd_data[15:8];
+  assign \spad_b_rd_data[2]  = spad_b_rd_data[23:16];
+  assign \spad_b_rd_data[3]  = spad_b_rd_data[31:24];
+  assign \port__data$23[0]  = \port__data$23 [7:0];
+  assign \port__data$23[1]  = \port__data$23 [15:8];
+  assign \port__data$23[2]  = \port__data$23 [23:16];
+  assign \port__data$23[3]  = \port__data$23 [31:24];
+  assign \spad_c_rd_data[0]  = spad_c_rd_data[31:0];
+  assign \spad_c_rd_data[1]  = spad_c_rd_data[63:32];
+  assign \spad_c_rd_data[2]  = spad_c_rd_data[95:64];
+  assign \spad_c_rd_data[3]  = spad_c_rd_data[127:96];
+  assign \port__data$26[0]  = \port__data$26 [31:0];
+  assign \port__data$26[1]  = \port__data$26 [63:32];
+  assign \port__data$26[2]  = \port__data$26 [95:64];
+  assign \port__data$26[3]  = \port__data$26 [127:96];
   assign \cmd.m  = cmd[11:0];
   assign \cmd.k  = cmd[23:12];
   assign \cmd.n  = cmd[35:24];
@@ -2521,18 +2673,10 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \b[1]  = b[15:8];
   assign \b[2]  = b[23:16];
   assign \b[3]  = b[31:24];
-  assign \b_rd__data[0]  = b_rd__data[7:0];
-  assign \b_rd__data[1]  = b_rd__data[15:8];
-  assign \b_rd__data[2]  = b_rd__data[23:16];
-  assign \b_rd__data[3]  = b_rd__data[31:24];
   assign \a[0]  = a[7:0];
   assign \a[1]  = a[15:8];
   assign \a[2]  = a[23:16];
   assign \a[3]  = a[31:24];
-  assign \a_rd__data[0]  = a_rd__data[7:0];
-  assign \a_rd__data[1]  = a_rd__data[15:8];
-  assign \a_rd__data[2]  = a_rd__data[23:16];
-  assign \a_rd__data[3]  = a_rd__data[31:24];
   assign \col_word0[0]  = col_word0[31:0];
   assign \col_word0[1]  = col_word0[63:32];
   assign \col_word0[2]  = col_word0[95:64];
@@ -2553,38 +2697,32 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \c_q[1]  = c_q[63:32];
   assign \c_q[2]  = c_q[95:64];
   assign \c_q[3]  = c_q[127:96];
-  assign \c_rd__data[0]  = c_rd__data[31:0];
-  assign \c_rd__data[1]  = c_rd__data[63:32];
-  assign \c_rd__data[2]  = c_rd__data[95:64];
-  assign \c_rd__data[3]  = c_rd__data[127:96];
   assign \$signature__data[0]  = a_in__payload[7:0];
   assign \$signature__data[1]  = a_in__payload[15:8];
   assign \$signature__data[2]  = a_in__payload[23:16];
   assign \$signature__data[3]  = a_in__payload[31:24];
-  assign \$signature__data$98[0]  = b_in__payload[7:0];
-  assign \$signature__data$98[1]  = b_in__payload[15:8];
-  assign \$signature__data$98[2]  = b_in__payload[23:16];
-  assign \$signature__data$98[3]  = b_in__payload[31:24];
-  assign \$signature__data$104[0]  = \$signature__data$104 [31:0];
-  assign \$signature__data$104[1]  = \$signature__data$104 [63:32];
-  assign \$signature__data$104[2]  = \$signature__data$104 [95:64];
-  assign \$signature__data$104[3]  = \$signature__data$104 [127:96];
-  assign \i__payload[0]  = i__payload[31:0];
-  assign \i__payload[1]  = i__payload[63:32];
-  assign \i__payload[2]  = i__payload[95:64];
-  assign \i__payload[3]  = i__payload[127:96];
+  assign \$signature__data$108[0]  = b_in__payload[7:0];
+  assign \$signature__data$108[1]  = b_in__payload[15:8];
+  assign \$signature__data$108[2]  = b_in__payload[23:16];
+  assign \$signature__data$108[3]  = b_in__payload[31:24];
+  assign \$signature__data$112[0]  = \$signature__data$112 [31:0];
+  assign \$signature__data$112[1]  = \$signature__data$112 [63:32];
+  assign \$signature__data$112[2]  = \$signature__data$112 [95:64];
+  assign \$signature__data$112[3]  = \$signature__data$112 [127:96];
+  assign \i__payload[0]  = c_q[31:0];
+  assign \i__payload[1]  = c_q[63:32];
+  assign \i__payload[2]  = c_q[95:64];
+  assign \i__payload[3]  = c_q[127:96];
   assign \o__payload[0]  = c_out__payload[7:0];
   assign \o__payload[1]  = c_out__payload[15:8];
   assign \o__payload[2]  = c_out__payload[23:16];
   assign \o__payload[3]  = c_out__payload[31:24];
-  assign i__payload[127:96] = \$138 ;
-  assign i__payload[95:64] = \$137 ;
-  assign i__payload[63:32] = \$136 ;
-  assign i__payload[31:0] = \$135 ;
-  assign \$signature__data$104 [127:96] = \$134 [31:0];
-  assign \$signature__data$104 [95:64] = \$133 [31:0];
-  assign \$signature__data$104 [63:32] = \$132 [31:0];
-  assign \$signature__data$104 [31:0] = \$131 [31:0];
+  assign \$signature__data$112 [127:96] = \$164 [31:0];
+  assign \$signature__data$112 [95:64] = \$163 [31:0];
+  assign \$signature__data$112 [63:32] = \$162 [31:0];
+  assign \$signature__data$112 [31:0] = \$161 [31:0];
+  assign \$199  = \port__data$23 ;
+  assign \$198  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -6573,10 +6711,10 @@ module \nanokpu_gemm.array.pe_3_3 (rst, shift, prod, b_in, a_in, valid_in, first
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__payload, o__valid, o__payload, o__ready);
+module \nanokpu_gemm.requant (clk, rst, advance, i__payload, i__valid, \port$1456$54 , o__valid, o__payload, o__ready);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   wire \$1 ;
-  wire [66:0] \$10 ;
+  wire \$10 ;
   wire \$100 ;
   wire \$101 ;
   wire \$102 ;
@@ -6587,7 +6725,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
-  wire [67:0] \$11 ;
+  wire \$11 ;
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
@@ -6598,7 +6736,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire \$117 ;
   wire \$118 ;
   wire \$119 ;
-  wire [36:0] \$12 ;
+  wire \$12 ;
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
@@ -6609,7 +6747,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
-  wire [66:0] \$13 ;
+  wire \$13 ;
   wire \$130 ;
   wire \$131 ;
   wire \$132 ;
@@ -6620,7 +6758,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire [67:0] \$14 ;
+  wire \$14 ;
   wire \$140 ;
   wire \$141 ;
   wire \$142 ;
@@ -6740,19 +6878,19 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire \$245 ;
   wire \$246 ;
   wire \$247 ;
-  wire \$248 ;
-  wire \$249 ;
+  wire [36:0] \$248 ;
+  wire [66:0] \$249 ;
   wire \$25 ;
-  wire \$250 ;
-  wire \$251 ;
-  wire \$252 ;
-  wire \$253 ;
-  wire \$254 ;
-  wire \$255 ;
-  wire \$256 ;
-  wire \$257 ;
-  wire \$258 ;
-  wire \$259 ;
+  wire [67:0] \$250 ;
+  wire [36:0] \$251 ;
+  wire [66:0] \$252 ;
+  wire [67:0] \$253 ;
+  wire [36:0] \$254 ;
+  wire [66:0] \$255 ;
+  wire [67:0] \$256 ;
+  wire [36:0] \$257 ;
+  wire [66:0] \$258 ;
+  wire [67:0] \$259 ;
   wire \$26 ;
   wire [48:0] \$260 ;
   wire [48:0] \$261 ;
@@ -6797,7 +6935,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire [23:0] \$297 ;
   wire [48:0] \$298 ;
   wire [48:0] \$299 ;
-  wire [36:0] \$3 ;
+  wire \$3 ;
   wire \$30 ;
   wire [39:0] \$300 ;
   wire [48:0] \$301 ;
@@ -6908,7 +7046,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire [8:0] \$397 ;
   wire [48:0] \$398 ;
   wire [48:0] \$399 ;
-  wire [66:0] \$4 ;
+  wire \$4 ;
   wire \$40 ;
   wire [39:0] \$400 ;
   wire [48:0] \$401 ;
@@ -7019,7 +7157,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire [39:0] \$497 ;
   wire [23:0] \$498 ;
   wire [48:0] \$499 ;
-  wire [67:0] \$5 ;
+  wire \$5 ;
   wire \$50 ;
   wire [48:0] \$500 ;
   wire [39:0] \$501 ;
@@ -7130,7 +7268,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire [11:0] \$597 ;
   wire [9:0] \$598 ;
   wire [48:0] \$599 ;
-  wire [36:0] \$6 ;
+  wire \$6 ;
   wire \$60 ;
   wire [48:0] \$600 ;
   wire [39:0] \$601 ;
@@ -7241,7 +7379,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire [48:0] \$697 ;
   wire [39:0] \$698 ;
   wire [48:0] \$699 ;
-  wire [66:0] \$7 ;
+  wire \$7 ;
   wire \$70 ;
   wire [48:0] \$700 ;
   wire [39:0] \$701 ;
@@ -7352,7 +7490,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire [15:0] \$797 ;
   wire [11:0] \$798 ;
   wire [9:0] \$799 ;
-  wire [67:0] \$8 ;
+  wire \$8 ;
   wire \$80 ;
   wire [48:0] \$800 ;
   wire \$801 ;
@@ -7367,14 +7505,14 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire \$81 ;
   wire [8:0] \$810 ;
   wire [8:0] \$811 ;
-  reg \$812 ;
+  reg [48:0] \$812 ;
   reg \$813 ;
   reg \$814 ;
-  reg [47:0] \$815 ;
+  reg \$815 ;
   reg [47:0] \$816 ;
   reg [47:0] \$817 ;
   reg [47:0] \$818 ;
-  reg [48:0] \$819 ;
+  reg [47:0] \$819 ;
   wire \$82 ;
   reg \$820 ;
   reg \$821 ;
@@ -7415,7 +7553,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
-  wire [36:0] \$9 ;
+  wire \$9 ;
   wire \$90 ;
   wire \$91 ;
   wire \$92 ;
@@ -7495,8 +7633,8 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$1402$54 ;
-  wire [21:0] \port$1402$54 ;
+  input [21:0] \port$1456$54 ;
+  wire [21:0] \port$1456$54 ;
   reg [8:0] rounded0 = 9'h000;
   reg [8:0] rounded1 = 9'h000;
   reg [8:0] rounded2 = 9'h000;
@@ -7519,181 +7657,173 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   reg [8:0] y1 = 9'h000;
   reg [8:0] y2 = 9'h000;
   reg [8:0] y3 = 9'h000;
-  assign \$148  = \$146  & \$147 ;
-  assign \$149  = \$145  | \$148 ;
-  assign \$150  = \port$1402$54 [21:19] > 2'h3;
-  assign \$151  = \port$1402$54 [21:19] == 2'h3;
-  assign \$152  = \port$1402$54 [18:16] > 2'h3;
-  assign \$153  = \$151  & \$152 ;
-  assign \$154  = \$150  | \$153 ;
-  assign \$155  = \port$1402$54 [21:19] > 2'h3;
-  assign \$156  = \port$1402$54 [21:19] == 2'h3;
-  assign \$157  = \port$1402$54 [18:16] > 3'h4;
-  assign \$158  = \$156  & \$157 ;
-  assign \$159  = \$155  | \$158 ;
-  assign \$160  = \port$1402$54 [21:19] > 2'h3;
-  assign \$161  = \port$1402$54 [21:19] == 2'h3;
-  assign \$162  = \port$1402$54 [18:16] > 3'h5;
-  assign \$163  = \$161  & \$162 ;
-  assign \$164  = \$160  | \$163 ;
-  assign \$165  = \port$1402$54 [21:19] > 2'h3;
-  assign \$166  = \port$1402$54 [21:19] == 2'h3;
-  assign \$167  = \port$1402$54 [18:16] > 3'h6;
-  assign \$168  = \$166  & \$167 ;
-  assign \$169  = \$165  | \$168 ;
-  assign \$170  = \port$1402$54 [21:19] > 2'h3;
-  assign \$171  = \port$1402$54 [21:19] == 2'h3;
-  assign \$172  = \port$1402$54 [18:16] > 3'h7;
-  assign \$173  = \$171  & \$172 ;
-  assign \$174  = \$170  | \$173 ;
-  assign \$175  = \port$1402$54 [21:19] > 3'h4;
-  assign \$176  = \port$1402$54 [21:19] == 3'h4;
-  assign \$177  = \port$1402$54 [18:16] > 1'h0;
-  assign \$178  = \$176  & \$177 ;
-  assign \$179  = \$175  | \$178 ;
-  assign \$180  = \port$1402$54 [21:19] > 3'h4;
-  assign \$181  = \port$1402$54 [21:19] == 3'h4;
-  assign \$182  = \port$1402$54 [18:16] > 1'h1;
-  assign \$183  = \$181  & \$182 ;
-  assign \$184  = \$180  | \$183 ;
-  assign \$185  = \port$1402$54 [21:19] > 3'h4;
-  assign \$186  = \port$1402$54 [21:19] == 3'h4;
-  assign \$187  = \port$1402$54 [18:16] > 2'h2;
-  assign \$188  = \$186  & \$187 ;
-  assign \$189  = \$185  | \$188 ;
-  assign \$190  = \port$1402$54 [21:19] > 3'h4;
-  assign \$191  = \port$1402$54 [21:19] == 3'h4;
-  assign \$192  = \port$1402$54 [18:16] > 2'h3;
-  assign \$193  = \$191  & \$192 ;
-  assign \$194  = \$190  | \$193 ;
-  assign \$195  = \port$1402$54 [21:19] > 3'h4;
-  assign \$196  = \port$1402$54 [21:19] == 3'h4;
-  assign \$197  = \port$1402$54 [18:16] > 3'h4;
-  assign \$198  = \$196  & \$197 ;
-  assign \$199  = \$195  | \$198 ;
-  assign \$200  = \port$1402$54 [21:19] > 3'h4;
-  assign \$201  = \port$1402$54 [21:19] == 3'h4;
-  assign \$202  = \port$1402$54 [18:16] > 3'h5;
-  assign \$203  = \$201  & \$202 ;
-  assign \$204  = \$200  | \$203 ;
-  assign \$205  = \port$1402$54 [21:19] > 3'h4;
-  assign \$206  = \port$1402$54 [21:19] == 3'h4;
-  assign \$207  = \port$1402$54 [18:16] > 3'h6;
-  assign \$208  = \$206  & \$207 ;
-  assign \$209  = \$205  | \$208 ;
-  assign \$210  = \port$1402$54 [21:19] > 3'h4;
-  assign \$211  = \port$1402$54 [21:19] == 3'h4;
-  assign \$212  = \port$1402$54 [18:16] > 3'h7;
-  assign \$213  = \$211  & \$212 ;
-  assign \$214  = \$210  | \$213 ;
-  assign \$215  = \port$1402$54 [21:19] > 3'h5;
-  assign \$216  = \port$1402$54 [21:19] == 3'h5;
-  assign \$217  = \port$1402$54 [18:16] > 1'h0;
-  assign \$218  = \$216  & \$217 ;
-  assign \$219  = \$215  | \$218 ;
-  assign \$220  = \port$1402$54 [21:19] > 3'h5;
-  assign \$221  = \port$1402$54 [21:19] == 3'h5;
-  assign \$222  = \port$1402$54 [18:16] > 1'h1;
-  assign \$223  = \$221  & \$222 ;
-  assign \$224  = \$220  | \$223 ;
-  assign \$225  = \port$1402$54 [21:19] > 3'h5;
-  assign \$226  = \port$1402$54 [21:19] == 3'h5;
-  assign \$227  = \port$1402$54 [18:16] > 2'h2;
-  assign \$228  = \$226  & \$227 ;
-  assign \$229  = \$225  | \$228 ;
-  assign \$230  = \port$1402$54 [21:19] > 3'h5;
-  assign \$231  = \port$1402$54 [21:19] == 3'h5;
-  assign \$232  = \port$1402$54 [18:16] > 2'h3;
-  assign \$233  = \$231  & \$232 ;
-  assign \$234  = \$230  | \$233 ;
-  assign \$235  = \port$1402$54 [21:19] > 3'h5;
-  assign \$236  = \port$1402$54 [21:19] == 3'h5;
-  assign \$237  = \port$1402$54 [18:16] > 3'h4;
-  assign \$238  = \$236  & \$237 ;
-  assign \$239  = \$235  | \$238 ;
-  assign \$240  = \port$1402$54 [21:19] > 3'h5;
-  assign \$241  = \port$1402$54 [21:19] == 3'h5;
-  assign \$242  = \port$1402$54 [18:16] > 3'h5;
-  assign \$243  = \$241  & \$242 ;
-  assign \$244  = \$240  | \$243 ;
-  assign \$245  = \port$1402$54 [21:19] > 3'h5;
-  assign \$246  = \port$1402$54 [21:19] == 3'h5;
-  assign \$247  = \port$1402$54 [18:16] > 3'h6;
-  assign \$248  = \$246  & \$247 ;
-  assign \$249  = \$245  | \$248 ;
-  assign \$250  = \port$1402$54 [21:19] > 3'h5;
-  assign \$251  = \port$1402$54 [21:19] == 3'h5;
-  assign \$252  = \port$1402$54 [18:16] > 3'h7;
-  assign \$253  = \$251  & \$252 ;
-  assign \$254  = \$250  | \$253 ;
-  assign \$255  = \port$1402$54 [21:19] > 3'h6;
-  assign \$256  = \port$1402$54 [21:19] == 3'h6;
-  assign \$257  = \port$1402$54 [18:16] > 1'h0;
-  assign \$258  = \$256  & \$257 ;
-  assign \$259  = \$255  | \$258 ;
-  assign \$261  = \port$1402$54 [21] ? \$260  : { x0, 1'h0 };
-  assign \$264  = \port$1402$54 [21] ? \$263  : { x0, 1'h0 };
-  assign \$265  = \port$1402$54 [20] ? \$262  : \$264 [39:0];
-  assign \$268  = \port$1402$54 [21] ? \$267  : { x0, 1'h0 };
-  assign \$271  = \port$1402$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$272  = \port$1402$54 [20] ? \$269  : \$271 [39:0];
-  assign \$273  = \port$1402$54 [19] ? \$266  : \$272 [23:0];
-  assign \$276  = \port$1402$54 [21] ? \$275  : { x0, 1'h0 };
-  assign \$279  = \port$1402$54 [21] ? \$278  : { x0, 1'h0 };
-  assign \$280  = \port$1402$54 [20] ? \$277  : \$279 [39:0];
-  assign \$283  = \port$1402$54 [21] ? \$282  : { x0, 1'h0 };
-  assign \$286  = \port$1402$54 [21] ? \$285  : { x0, 1'h0 };
-  assign \$287  = \port$1402$54 [20] ? \$284  : \$286 [39:0];
-  assign \$288  = \port$1402$54 [19] ? \$281  : \$287 [23:0];
-  assign \$289  = \port$1402$54 [18] ? \$274  : \$288 [15:0];
-  assign \$292  = \port$1402$54 [21] ? \$291  : { x0, 1'h0 };
-  assign \$295  = \port$1402$54 [21] ? \$294  : { x0, 1'h0 };
-  assign \$296  = \port$1402$54 [20] ? \$293  : \$295 [39:0];
-  assign \$299  = \port$1402$54 [21] ? \$298  : { x0, 1'h0 };
-  assign \$302  = \port$1402$54 [21] ? \$301  : { x0, 1'h0 };
-  assign \$303  = \port$1402$54 [20] ? \$300  : \$302 [39:0];
-  assign \$304  = \port$1402$54 [19] ? \$297  : \$303 [23:0];
-  assign \$307  = \port$1402$54 [21] ? \$306  : { x0, 1'h0 };
-  assign \$310  = \port$1402$54 [21] ? \$309  : { x0, 1'h0 };
-  assign \$311  = \port$1402$54 [20] ? \$308  : \$310 [39:0];
-  assign \$314  = \port$1402$54 [21] ? \$313  : { x0, 1'h0 };
-  assign \$317  = \port$1402$54 [21] ? \$316  : { x0, 1'h0 };
-  assign \$318  = \port$1402$54 [20] ? \$315  : \$317 [39:0];
-  assign \$319  = \port$1402$54 [19] ? \$312  : \$318 [23:0];
-  assign \$320  = \port$1402$54 [18] ? \$305  : \$319 [15:0];
-  assign \$321  = \port$1402$54 [17] ? \$290  : \$320 [11:0];
-  assign \$324  = \port$1402$54 [21] ? \$323  : { x0, 1'h0 };
-  assign \$327  = \port$1402$54 [21] ? \$326  : { x0, 1'h0 };
-  assign \$328  = \port$1402$54 [20] ? \$325  : \$327 [39:0];
-  assign \$331  = \port$1402$54 [21] ? \$330  : { x0, 1'h0 };
-  assign \$334  = \port$1402$54 [21] ? \$333  : { x0, 1'h0 };
-  assign \$335  = \port$1402$54 [20] ? \$332  : \$334 [39:0];
-  assign \$336  = \port$1402$54 [19] ? \$329  : \$335 [23:0];
-  assign \$339  = \port$1402$54 [21] ? \$338  : { x0, 1'h0 };
-  assign \$342  = \port$1402$54 [21] ? \$341  : { x0, 1'h0 };
-  assign \$343  = \port$1402$54 [20] ? \$340  : \$342 [39:0];
-  assign \$346  = \port$1402$54 [21] ? \$345  : { x0, 1'h0 };
-  assign \$349  = \port$1402$54 [21] ? \$348  : { x0, 1'h0 };
-  assign \$350  = \port$1402$54 [20] ? \$347  : \$349 [39:0];
-  assign \$351  = \port$1402$54 [19] ? \$344  : \$350 [23:0];
-  assign \$352  = \port$1402$54 [18] ? \$337  : \$351 [15:0];
-  assign \$355  = \port$1402$54 [21] ? \$354  : { x0, 1'h0 };
-  assign \$358  = \port$1402$54 [21] ? \$357  : { x0, 1'h0 };
-  assign \$359  = \port$1402$54 [20] ? \$356  : \$358 [39:0];
-  assign \$362  = \port$1402$54 [21] ? \$361  : { x0, 1'h0 };
-  assign \$365  = \port$1402$54 [21] ? \$364  : { x0, 1'h0 };
-  assign \$366  = \port$1402$54 [20] ? \$363  : \$365 [39:0];
-  assign \$367  = \port$1402$54 [19] ? \$360  : \$366 [23:0];
-  assign \$370  = \port$1402$54 [21] ? \$369  : { x0, 1'h0 };
-  assign \$373  = \port$1402$54 [21] ? \$372  : { x0, 1'h0 };
-  assign \$374  = \port$1402$54 [20] ? \$371  : \$373 [39:0];
-  assign \$377  = \port$1402$54 [21] ? \$376  : { x0, 1'h0 };
-  assign \$380  = \port$1402$54 [21] ? \$379  : { x0, 1'h0 };
-  assign \$381  = \port$1402$54 [20] ? \$378  : \$380 [39:0];
-  assign \$382  = \port$1402$54 [19] ? \$375  : \$381 [23:0];
-  assign \$383  = \port$1402$54 [18] ? \$368  : \$382 [15:0];
-  assign \$384  = \port$1402$54 [17] ? \$353  : \$383 [11:0];
-  assign \$385  = \port$1402$54 [16] ? \$322  : \$384 [9:0];
+  assign \$148  = \port$1456$54 [21:19] > 2'h3;
+  assign \$149  = \port$1456$54 [21:19] == 2'h3;
+  assign \$150  = \port$1456$54 [18:16] > 3'h5;
+  assign \$151  = \$149  & \$150 ;
+  assign \$152  = \$148  | \$151 ;
+  assign \$153  = \port$1456$54 [21:19] > 2'h3;
+  assign \$154  = \port$1456$54 [21:19] == 2'h3;
+  assign \$155  = \port$1456$54 [18:16] > 3'h6;
+  assign \$156  = \$154  & \$155 ;
+  assign \$157  = \$153  | \$156 ;
+  assign \$158  = \port$1456$54 [21:19] > 2'h3;
+  assign \$159  = \port$1456$54 [21:19] == 2'h3;
+  assign \$160  = \port$1456$54 [18:16] > 3'h7;
+  assign \$161  = \$159  & \$160 ;
+  assign \$162  = \$158  | \$161 ;
+  assign \$163  = \port$1456$54 [21:19] > 3'h4;
+  assign \$164  = \port$1456$54 [21:19] == 3'h4;
+  assign \$165  = \port$1456$54 [18:16] > 1'h0;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = \$163  | \$166 ;
+  assign \$168  = \port$1456$54 [21:19] > 3'h4;
+  assign \$169  = \port$1456$54 [21:19] == 3'h4;
+  assign \$170  = \port$1456$54 [18:16] > 1'h1;
+  assign \$171  = \$169  & \$170 ;
+  assign \$172  = \$168  | \$171 ;
+  assign \$173  = \port$1456$54 [21:19] > 3'h4;
+  assign \$174  = \port$1456$54 [21:19] == 3'h4;
+  assign \$175  = \port$1456$54 [18:16] > 2'h2;
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = \$173  | \$176 ;
+  assign \$178  = \port$1456$54 [21:19] > 3'h4;
+  assign \$179  = \port$1456$54 [21:19] == 3'h4;
+  assign \$180  = \port$1456$54 [18:16] > 2'h3;
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = \$178  | \$181 ;
+  assign \$183  = \port$1456$54 [21:19] > 3'h4;
+  assign \$184  = \port$1456$54 [21:19] == 3'h4;
+  assign \$185  = \port$1456$54 [18:16] > 3'h4;
+  assign \$186  = \$184  & \$185 ;
+  assign \$187  = \$183  | \$186 ;
+  assign \$188  = \port$1456$54 [21:19] > 3'h4;
+  assign \$189  = \port$1456$54 [21:19] == 3'h4;
+  assign \$190  = \port$1456$54 [18:16] > 3'h5;
+  assign \$191  = \$189  & \$190 ;
+  assign \$192  = \$188  | \$191 ;
+  assign \$193  = \port$1456$54 [21:19] > 3'h4;
+  assign \$194  = \port$1456$54 [21:19] == 3'h4;
+  assign \$195  = \port$1456$54 [18:16] > 3'h6;
+  assign \$196  = \$194  & \$195 ;
+  assign \$197  = \$193  | \$196 ;
+  assign \$198  = \port$1456$54 [21:19] > 3'h4;
+  assign \$199  = \port$1456$54 [21:19] == 3'h4;
+  assign \$200  = \port$1456$54 [18:16] > 3'h7;
+  assign \$201  = \$199  & \$200 ;
+  assign \$202  = \$198  | \$201 ;
+  assign \$203  = \port$1456$54 [21:19] > 3'h5;
+  assign \$204  = \port$1456$54 [21:19] == 3'h5;
+  assign \$205  = \port$1456$54 [18:16] > 1'h0;
+  assign \$206  = \$204  & \$205 ;
+  assign \$207  = \$203  | \$206 ;
+  assign \$208  = \port$1456$54 [21:19] > 3'h5;
+  assign \$209  = \port$1456$54 [21:19] == 3'h5;
+  assign \$210  = \port$1456$54 [18:16] > 1'h1;
+  assign \$211  = \$209  & \$210 ;
+  assign \$212  = \$208  | \$211 ;
+  assign \$213  = \port$1456$54 [21:19] > 3'h5;
+  assign \$214  = \port$1456$54 [21:19] == 3'h5;
+  assign \$215  = \port$1456$54 [18:16] > 2'h2;
+  assign \$216  = \$214  & \$215 ;
+  assign \$217  = \$213  | \$216 ;
+  assign \$218  = \port$1456$54 [21:19] > 3'h5;
+  assign \$219  = \port$1456$54 [21:19] == 3'h5;
+  assign \$220  = \port$1456$54 [18:16] > 2'h3;
+  assign \$221  = \$219  & \$220 ;
+  assign \$222  = \$218  | \$221 ;
+  assign \$223  = \port$1456$54 [21:19] > 3'h5;
+  assign \$224  = \port$1456$54 [21:19] == 3'h5;
+  assign \$225  = \port$1456$54 [18:16] > 3'h4;
+  assign \$226  = \$224  & \$225 ;
+  assign \$227  = \$223  | \$226 ;
+  assign \$228  = \port$1456$54 [21:19] > 3'h5;
+  assign \$229  = \port$1456$54 [21:19] == 3'h5;
+  assign \$230  = \port$1456$54 [18:16] > 3'h5;
+  assign \$231  = \$229  & \$230 ;
+  assign \$232  = \$228  | \$231 ;
+  assign \$233  = \port$1456$54 [21:19] > 3'h5;
+  assign \$234  = \port$1456$54 [21:19] == 3'h5;
+  assign \$235  = \port$1456$54 [18:16] > 3'h6;
+  assign \$236  = \$234  & \$235 ;
+  assign \$237  = \$233  | \$236 ;
+  assign \$238  = \port$1456$54 [21:19] > 3'h5;
+  assign \$239  = \port$1456$54 [21:19] == 3'h5;
+  assign \$240  = \port$1456$54 [18:16] > 3'h7;
+  assign \$241  = \$239  & \$240 ;
+  assign \$242  = \$238  | \$241 ;
+  assign \$243  = \port$1456$54 [21:19] > 3'h6;
+  assign \$244  = \port$1456$54 [21:19] == 3'h6;
+  assign \$245  = \port$1456$54 [18:16] > 1'h0;
+  assign \$246  = \$244  & \$245 ;
+  assign \$247  = \$243  | \$246 ;
+  assign \$250  = $signed(\$248 ) + $signed(\$249 );
+  assign \$253  = $signed(\$251 ) + $signed(\$252 );
+  assign \$256  = $signed(\$254 ) + $signed(\$255 );
+  assign \$259  = $signed(\$257 ) + $signed(\$258 );
+  assign \$261  = \port$1456$54 [21] ? \$260  : { x0, 1'h0 };
+  assign \$264  = \port$1456$54 [21] ? \$263  : { x0, 1'h0 };
+  assign \$265  = \port$1456$54 [20] ? \$262  : \$264 [39:0];
+  assign \$268  = \port$1456$54 [21] ? \$267  : { x0, 1'h0 };
+  assign \$271  = \port$1456$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$272  = \port$1456$54 [20] ? \$269  : \$271 [39:0];
+  assign \$273  = \port$1456$54 [19] ? \$266  : \$272 [23:0];
+  assign \$276  = \port$1456$54 [21] ? \$275  : { x0, 1'h0 };
+  assign \$279  = \port$1456$54 [21] ? \$278  : { x0, 1'h0 };
+  assign \$280  = \port$1456$54 [20] ? \$277  : \$279 [39:0];
+  assign \$283  = \port$1456$54 [21] ? \$282  : { x0, 1'h0 };
+  assign \$286  = \port$1456$54 [21] ? \$285  : { x0, 1'h0 };
+  assign \$287  = \port$1456$54 [20] ? \$284  : \$286 [39:0];
+  assign \$288  = \port$1456$54 [19] ? \$281  : \$287 [23:0];
+  assign \$289  = \port$1456$54 [18] ? \$274  : \$288 [15:0];
+  assign \$292  = \port$1456$54 [21] ? \$291  : { x0, 1'h0 };
+  assign \$295  = \port$1456$54 [21] ? \$294  : { x0, 1'h0 };
+  assign \$296  = \port$1456$54 [20] ? \$293  : \$295 [39:0];
+  assign \$299  = \port$1456$54 [21] ? \$298  : { x0, 1'h0 };
+  assign \$302  = \port$1456$54 [21] ? \$301  : { x0, 1'h0 };
+  assign \$303  = \port$1456$54 [20] ? \$300  : \$302 [39:0];
+  assign \$304  = \port$1456$54 [19] ? \$297  : \$303 [23:0];
+  assign \$307  = \port$1456$54 [21] ? \$306  : { x0, 1'h0 };
+  assign \$310  = \port$1456$54 [21] ? \$309  : { x0, 1'h0 };
+  assign \$311  = \port$1456$54 [20] ? \$308  : \$310 [39:0];
+  assign \$314  = \port$1456$54 [21] ? \$313  : { x0, 1'h0 };
+  assign \$317  = \port$1456$54 [21] ? \$316  : { x0, 1'h0 };
+  assign \$318  = \port$1456$54 [20] ? \$315  : \$317 [39:0];
+  assign \$319  = \port$1456$54 [19] ? \$312  : \$318 [23:0];
+  assign \$320  = \port$1456$54 [18] ? \$305  : \$319 [15:0];
+  assign \$321  = \port$1456$54 [17] ? \$290  : \$320 [11:0];
+  assign \$324  = \port$1456$54 [21] ? \$323  : { x0, 1'h0 };
+  assign \$327  = \port$1456$54 [21] ? \$326  : { x0, 1'h0 };
+  assign \$328  = \port$1456$54 [20] ? \$325  : \$327 [39:0];
+  assign \$331  = \port$1456$54 [21] ? \$330  : { x0, 1'h0 };
+  assign \$334  = \port$1456$54 [21] ? \$333  : { x0, 1'h0 };
+  assign \$335  = \port$1456$54 [20] ? \$332  : \$334 [39:0];
+  assign \$336  = \port$1456$54 [19] ? \$329  : \$335 [23:0];
+  assign \$339  = \port$1456$54 [21] ? \$338  : { x0, 1'h0 };
+  assign \$342  = \port$1456$54 [21] ? \$341  : { x0, 1'h0 };
+  assign \$343  = \port$1456$54 [20] ? \$340  : \$342 [39:0];
+  assign \$346  = \port$1456$54 [21] ? \$345  : { x0, 1'h0 };
+  assign \$349  = \port$1456$54 [21] ? \$348  : { x0, 1'h0 };
+  assign \$350  = \port$1456$54 [20] ? \$347  : \$349 [39:0];
+  assign \$351  = \port$1456$54 [19] ? \$344  : \$350 [23:0];
+  assign \$352  = \port$1456$54 [18] ? \$337  : \$351 [15:0];
+  assign \$355  = \port$1456$54 [21] ? \$354  : { x0, 1'h0 };
+  assign \$358  = \port$1456$54 [21] ? \$357  : { x0, 1'h0 };
+  assign \$359  = \port$1456$54 [20] ? \$356  : \$358 [39:0];
+  assign \$362  = \port$1456$54 [21] ? \$361  : { x0, 1'h0 };
+  assign \$365  = \port$1456$54 [21] ? \$364  : { x0, 1'h0 };
+  assign \$366  = \port$1456$54 [20] ? \$363  : \$365 [39:0];
+  assign \$367  = \port$1456$54 [19] ? \$360  : \$366 [23:0];
+  assign \$370  = \port$1456$54 [21] ? \$369  : { x0, 1'h0 };
+  assign \$373  = \port$1456$54 [21] ? \$372  : { x0, 1'h0 };
+  assign \$374  = \port$1456$54 [20] ? \$371  : \$373 [39:0];
+  assign \$377  = \port$1456$54 [21] ? \$376  : { x0, 1'h0 };
+  assign \$380  = \port$1456$54 [21] ? \$379  : { x0, 1'h0 };
+  assign \$381  = \port$1456$54 [20] ? \$378  : \$380 [39:0];
+  assign \$382  = \port$1456$54 [19] ? \$375  : \$381 [23:0];
+  assign \$383  = \port$1456$54 [18] ? \$368  : \$382 [15:0];
+  assign \$384  = \port$1456$54 [17] ? \$353  : \$383 [11:0];
+  assign \$385  = \port$1456$54 [16] ? \$322  : \$384 [9:0];
   assign \$386  = { x0, 1'h0 } & below;
   assign \$387  = | \$386 ;
   assign \$388  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -7706,69 +7836,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   assign \$395  = $signed(rounded0) > $signed(8'h7f);
   assign \$396  = \$395  ? 9'h07f : rounded0;
   assign \$397  = over2_0 ? { \$394 [7], \$394  } : \$396 ;
-  assign \$399  = \port$1402$54 [21] ? \$398  : { x1, 1'h0 };
-  assign \$402  = \port$1402$54 [21] ? \$401  : { x1, 1'h0 };
-  assign \$403  = \port$1402$54 [20] ? \$400  : \$402 [39:0];
-  assign \$406  = \port$1402$54 [21] ? \$405  : { x1, 1'h0 };
-  assign \$409  = \port$1402$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$410  = \port$1402$54 [20] ? \$407  : \$409 [39:0];
-  assign \$411  = \port$1402$54 [19] ? \$404  : \$410 [23:0];
-  assign \$414  = \port$1402$54 [21] ? \$413  : { x1, 1'h0 };
-  assign \$417  = \port$1402$54 [21] ? \$416  : { x1, 1'h0 };
-  assign \$418  = \port$1402$54 [20] ? \$415  : \$417 [39:0];
-  assign \$421  = \port$1402$54 [21] ? \$420  : { x1, 1'h0 };
-  assign \$424  = \port$1402$54 [21] ? \$423  : { x1, 1'h0 };
-  assign \$425  = \port$1402$54 [20] ? \$422  : \$424 [39:0];
-  assign \$426  = \port$1402$54 [19] ? \$419  : \$425 [23:0];
-  assign \$427  = \port$1402$54 [18] ? \$412  : \$426 [15:0];
-  assign \$430  = \port$1402$54 [21] ? \$429  : { x1, 1'h0 };
-  assign \$433  = \port$1402$54 [21] ? \$432  : { x1, 1'h0 };
-  assign \$434  = \port$1402$54 [20] ? \$431  : \$433 [39:0];
-  assign \$437  = \port$1402$54 [21] ? \$436  : { x1, 1'h0 };
-  assign \$440  = \port$1402$54 [21] ? \$439  : { x1, 1'h0 };
-  assign \$441  = \port$1402$54 [20] ? \$438  : \$440 [39:0];
-  assign \$442  = \port$1402$54 [19] ? \$435  : \$441 [23:0];
-  assign \$445  = \port$1402$54 [21] ? \$444  : { x1, 1'h0 };
-  assign \$448  = \port$1402$54 [21] ? \$447  : { x1, 1'h0 };
-  assign \$449  = \port$1402$54 [20] ? \$446  : \$448 [39:0];
-  assign \$452  = \port$1402$54 [21] ? \$451  : { x1, 1'h0 };
-  assign \$455  = \port$1402$54 [21] ? \$454  : { x1, 1'h0 };
-  assign \$456  = \port$1402$54 [20] ? \$453  : \$455 [39:0];
-  assign \$457  = \port$1402$54 [19] ? \$450  : \$456 [23:0];
-  assign \$458  = \port$1402$54 [18] ? \$443  : \$457 [15:0];
-  assign \$459  = \port$1402$54 [17] ? \$428  : \$458 [11:0];
-  assign \$462  = \port$1402$54 [21] ? \$461  : { x1, 1'h0 };
-  assign \$465  = \port$1402$54 [21] ? \$464  : { x1, 1'h0 };
-  assign \$466  = \port$1402$54 [20] ? \$463  : \$465 [39:0];
-  assign \$469  = \port$1402$54 [21] ? \$468  : { x1, 1'h0 };
-  assign \$472  = \port$1402$54 [21] ? \$471  : { x1, 1'h0 };
-  assign \$473  = \port$1402$54 [20] ? \$470  : \$472 [39:0];
-  assign \$474  = \port$1402$54 [19] ? \$467  : \$473 [23:0];
-  assign \$477  = \port$1402$54 [21] ? \$476  : { x1, 1'h0 };
-  assign \$480  = \port$1402$54 [21] ? \$479  : { x1, 1'h0 };
-  assign \$481  = \port$1402$54 [20] ? \$478  : \$480 [39:0];
-  assign \$484  = \port$1402$54 [21] ? \$483  : { x1, 1'h0 };
-  assign \$487  = \port$1402$54 [21] ? \$486  : { x1, 1'h0 };
-  assign \$488  = \port$1402$54 [20] ? \$485  : \$487 [39:0];
-  assign \$489  = \port$1402$54 [19] ? \$482  : \$488 [23:0];
-  assign \$490  = \port$1402$54 [18] ? \$475  : \$489 [15:0];
-  assign \$493  = \port$1402$54 [21] ? \$492  : { x1, 1'h0 };
-  assign \$496  = \port$1402$54 [21] ? \$495  : { x1, 1'h0 };
-  assign \$497  = \port$1402$54 [20] ? \$494  : \$496 [39:0];
-  assign \$500  = \port$1402$54 [21] ? \$499  : { x1, 1'h0 };
-  assign \$503  = \port$1402$54 [21] ? \$502  : { x1, 1'h0 };
-  assign \$504  = \port$1402$54 [20] ? \$501  : \$503 [39:0];
-  assign \$505  = \port$1402$54 [19] ? \$498  : \$504 [23:0];
-  assign \$508  = \port$1402$54 [21] ? \$507  : { x1, 1'h0 };
-  assign \$511  = \port$1402$54 [21] ? \$510  : { x1, 1'h0 };
-  assign \$512  = \port$1402$54 [20] ? \$509  : \$511 [39:0];
-  assign \$515  = \port$1402$54 [21] ? \$514  : { x1, 1'h0 };
-  assign \$518  = \port$1402$54 [21] ? \$517  : { x1, 1'h0 };
-  assign \$519  = \port$1402$54 [20] ? \$516  : \$518 [39:0];
-  assign \$520  = \port$1402$54 [19] ? \$513  : \$519 [23:0];
-  assign \$521  = \port$1402$54 [18] ? \$506  : \$520 [15:0];
-  assign \$522  = \port$1402$54 [17] ? \$491  : \$521 [11:0];
-  assign \$523  = \port$1402$54 [16] ? \$460  : \$522 [9:0];
+  assign \$399  = \port$1456$54 [21] ? \$398  : { x1, 1'h0 };
+  assign \$402  = \port$1456$54 [21] ? \$401  : { x1, 1'h0 };
+  assign \$403  = \port$1456$54 [20] ? \$400  : \$402 [39:0];
+  assign \$406  = \port$1456$54 [21] ? \$405  : { x1, 1'h0 };
+  assign \$409  = \port$1456$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$410  = \port$1456$54 [20] ? \$407  : \$409 [39:0];
+  assign \$411  = \port$1456$54 [19] ? \$404  : \$410 [23:0];
+  assign \$414  = \port$1456$54 [21] ? \$413  : { x1, 1'h0 };
+  assign \$417  = \port$1456$54 [21] ? \$416  : { x1, 1'h0 };
+  assign \$418  = \port$1456$54 [20] ? \$415  : \$417 [39:0];
+  assign \$421  = \port$1456$54 [21] ? \$420  : { x1, 1'h0 };
+  assign \$424  = \port$1456$54 [21] ? \$423  : { x1, 1'h0 };
+  assign \$425  = \port$1456$54 [20] ? \$422  : \$424 [39:0];
+  assign \$426  = \port$1456$54 [19] ? \$419  : \$425 [23:0];
+  assign \$427  = \port$1456$54 [18] ? \$412  : \$426 [15:0];
+  assign \$430  = \port$1456$54 [21] ? \$429  : { x1, 1'h0 };
+  assign \$433  = \port$1456$54 [21] ? \$432  : { x1, 1'h0 };
+  assign \$434  = \port$1456$54 [20] ? \$431  : \$433 [39:0];
+  assign \$437  = \port$1456$54 [21] ? \$436  : { x1, 1'h0 };
+  assign \$440  = \port$1456$54 [21] ? \$439  : { x1, 1'h0 };
+  assign \$441  = \port$1456$54 [20] ? \$438  : \$440 [39:0];
+  assign \$442  = \port$1456$54 [19] ? \$435  : \$441 [23:0];
+  assign \$445  = \port$1456$54 [21] ? \$444  : { x1, 1'h0 };
+  assign \$448  = \port$1456$54 [21] ? \$447  : { x1, 1'h0 };
+  assign \$449  = \port$1456$54 [20] ? \$446  : \$448 [39:0];
+  assign \$452  = \port$1456$54 [21] ? \$451  : { x1, 1'h0 };
+  assign \$455  = \port$1456$54 [21] ? \$454  : { x1, 1'h0 };
+  assign \$456  = \port$1456$54 [20] ? \$453  : \$455 [39:0];
+  assign \$457  = \port$1456$54 [19] ? \$450  : \$456 [23:0];
+  assign \$458  = \port$1456$54 [18] ? \$443  : \$457 [15:0];
+  assign \$459  = \port$1456$54 [17] ? \$428  : \$458 [11:0];
+  assign \$462  = \port$1456$54 [21] ? \$461  : { x1, 1'h0 };
+  assign \$465  = \port$1456$54 [21] ? \$464  : { x1, 1'h0 };
+  assign \$466  = \port$1456$54 [20] ? \$463  : \$465 [39:0];
+  assign \$469  = \port$1456$54 [21] ? \$468  : { x1, 1'h0 };
+  assign \$472  = \port$1456$54 [21] ? \$471  : { x1, 1'h0 };
+  assign \$473  = \port$1456$54 [20] ? \$470  : \$472 [39:0];
+  assign \$474  = \port$1456$54 [19] ? \$467  : \$473 [23:0];
+  assign \$477  = \port$1456$54 [21] ? \$476  : { x1, 1'h0 };
+  assign \$480  = \port$1456$54 [21] ? \$479  : { x1, 1'h0 };
+  assign \$481  = \port$1456$54 [20] ? \$478  : \$480 [39:0];
+  assign \$484  = \port$1456$54 [21] ? \$483  : { x1, 1'h0 };
+  assign \$487  = \port$1456$54 [21] ? \$486  : { x1, 1'h0 };
+  assign \$488  = \port$1456$54 [20] ? \$485  : \$487 [39:0];
+  assign \$489  = \port$1456$54 [19] ? \$482  : \$488 [23:0];
+  assign \$490  = \port$1456$54 [18] ? \$475  : \$489 [15:0];
+  assign \$493  = \port$1456$54 [21] ? \$492  : { x1, 1'h0 };
+  assign \$496  = \port$1456$54 [21] ? \$495  : { x1, 1'h0 };
+  assign \$497  = \port$1456$54 [20] ? \$494  : \$496 [39:0];
+  assign \$500  = \port$1456$54 [21] ? \$499  : { x1, 1'h0 };
+  assign \$503  = \port$1456$54 [21] ? \$502  : { x1, 1'h0 };
+  assign \$504  = \port$1456$54 [20] ? \$501  : \$503 [39:0];
+  assign \$505  = \port$1456$54 [19] ? \$498  : \$504 [23:0];
+  assign \$508  = \port$1456$54 [21] ? \$507  : { x1, 1'h0 };
+  assign \$511  = \port$1456$54 [21] ? \$510  : { x1, 1'h0 };
+  assign \$512  = \port$1456$54 [20] ? \$509  : \$511 [39:0];
+  assign \$515  = \port$1456$54 [21] ? \$514  : { x1, 1'h0 };
+  assign \$518  = \port$1456$54 [21] ? \$517  : { x1, 1'h0 };
+  assign \$519  = \port$1456$54 [20] ? \$516  : \$518 [39:0];
+  assign \$520  = \port$1456$54 [19] ? \$513  : \$519 [23:0];
+  assign \$521  = \port$1456$54 [18] ? \$506  : \$520 [15:0];
+  assign \$522  = \port$1456$54 [17] ? \$491  : \$521 [11:0];
+  assign \$523  = \port$1456$54 [16] ? \$460  : \$522 [9:0];
   assign \$524  = { x1, 1'h0 } & below;
   assign \$525  = | \$524 ;
   assign \$526  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -7781,69 +7911,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   assign \$533  = $signed(rounded1) > $signed(8'h7f);
   assign \$534  = \$533  ? 9'h07f : rounded1;
   assign \$535  = over2_1 ? { \$532 [7], \$532  } : \$534 ;
-  assign \$537  = \port$1402$54 [21] ? \$536  : { x2, 1'h0 };
-  assign \$540  = \port$1402$54 [21] ? \$539  : { x2, 1'h0 };
-  assign \$541  = \port$1402$54 [20] ? \$538  : \$540 [39:0];
-  assign \$544  = \port$1402$54 [21] ? \$543  : { x2, 1'h0 };
-  assign \$547  = \port$1402$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$548  = \port$1402$54 [20] ? \$545  : \$547 [39:0];
-  assign \$549  = \port$1402$54 [19] ? \$542  : \$548 [23:0];
-  assign \$552  = \port$1402$54 [21] ? \$551  : { x2, 1'h0 };
-  assign \$555  = \port$1402$54 [21] ? \$554  : { x2, 1'h0 };
-  assign \$556  = \port$1402$54 [20] ? \$553  : \$555 [39:0];
-  assign \$559  = \port$1402$54 [21] ? \$558  : { x2, 1'h0 };
-  assign \$562  = \port$1402$54 [21] ? \$561  : { x2, 1'h0 };
-  assign \$563  = \port$1402$54 [20] ? \$560  : \$562 [39:0];
-  assign \$564  = \port$1402$54 [19] ? \$557  : \$563 [23:0];
-  assign \$565  = \port$1402$54 [18] ? \$550  : \$564 [15:0];
-  assign \$568  = \port$1402$54 [21] ? \$567  : { x2, 1'h0 };
-  assign \$571  = \port$1402$54 [21] ? \$570  : { x2, 1'h0 };
-  assign \$572  = \port$1402$54 [20] ? \$569  : \$571 [39:0];
-  assign \$575  = \port$1402$54 [21] ? \$574  : { x2, 1'h0 };
-  assign \$578  = \port$1402$54 [21] ? \$577  : { x2, 1'h0 };
-  assign \$579  = \port$1402$54 [20] ? \$576  : \$578 [39:0];
-  assign \$580  = \port$1402$54 [19] ? \$573  : \$579 [23:0];
-  assign \$583  = \port$1402$54 [21] ? \$582  : { x2, 1'h0 };
-  assign \$586  = \port$1402$54 [21] ? \$585  : { x2, 1'h0 };
-  assign \$587  = \port$1402$54 [20] ? \$584  : \$586 [39:0];
-  assign \$590  = \port$1402$54 [21] ? \$589  : { x2, 1'h0 };
-  assign \$593  = \port$1402$54 [21] ? \$592  : { x2, 1'h0 };
-  assign \$594  = \port$1402$54 [20] ? \$591  : \$593 [39:0];
-  assign \$595  = \port$1402$54 [19] ? \$588  : \$594 [23:0];
-  assign \$596  = \port$1402$54 [18] ? \$581  : \$595 [15:0];
-  assign \$597  = \port$1402$54 [17] ? \$566  : \$596 [11:0];
-  assign \$600  = \port$1402$54 [21] ? \$599  : { x2, 1'h0 };
-  assign \$603  = \port$1402$54 [21] ? \$602  : { x2, 1'h0 };
-  assign \$604  = \port$1402$54 [20] ? \$601  : \$603 [39:0];
-  assign \$607  = \port$1402$54 [21] ? \$606  : { x2, 1'h0 };
-  assign \$610  = \port$1402$54 [21] ? \$609  : { x2, 1'h0 };
-  assign \$611  = \port$1402$54 [20] ? \$608  : \$610 [39:0];
-  assign \$612  = \port$1402$54 [19] ? \$605  : \$611 [23:0];
-  assign \$615  = \port$1402$54 [21] ? \$614  : { x2, 1'h0 };
-  assign \$618  = \port$1402$54 [21] ? \$617  : { x2, 1'h0 };
-  assign \$619  = \port$1402$54 [20] ? \$616  : \$618 [39:0];
-  assign \$622  = \port$1402$54 [21] ? \$621  : { x2, 1'h0 };
-  assign \$625  = \port$1402$54 [21] ? \$624  : { x2, 1'h0 };
-  assign \$626  = \port$1402$54 [20] ? \$623  : \$625 [39:0];
-  assign \$627  = \port$1402$54 [19] ? \$620  : \$626 [23:0];
-  assign \$628  = \port$1402$54 [18] ? \$613  : \$627 [15:0];
-  assign \$631  = \port$1402$54 [21] ? \$630  : { x2, 1'h0 };
-  assign \$634  = \port$1402$54 [21] ? \$633  : { x2, 1'h0 };
-  assign \$635  = \port$1402$54 [20] ? \$632  : \$634 [39:0];
-  assign \$638  = \port$1402$54 [21] ? \$637  : { x2, 1'h0 };
-  assign \$641  = \port$1402$54 [21] ? \$640  : { x2, 1'h0 };
-  assign \$642  = \port$1402$54 [20] ? \$639  : \$641 [39:0];
-  assign \$643  = \port$1402$54 [19] ? \$636  : \$642 [23:0];
-  assign \$646  = \port$1402$54 [21] ? \$645  : { x2, 1'h0 };
-  assign \$649  = \port$1402$54 [21] ? \$648  : { x2, 1'h0 };
-  assign \$650  = \port$1402$54 [20] ? \$647  : \$649 [39:0];
-  assign \$653  = \port$1402$54 [21] ? \$652  : { x2, 1'h0 };
-  assign \$656  = \port$1402$54 [21] ? \$655  : { x2, 1'h0 };
-  assign \$657  = \port$1402$54 [20] ? \$654  : \$656 [39:0];
-  assign \$658  = \port$1402$54 [19] ? \$651  : \$657 [23:0];
-  assign \$659  = \port$1402$54 [18] ? \$644  : \$658 [15:0];
-  assign \$660  = \port$1402$54 [17] ? \$629  : \$659 [11:0];
-  assign \$661  = \port$1402$54 [16] ? \$598  : \$660 [9:0];
+  assign \$537  = \port$1456$54 [21] ? \$536  : { x2, 1'h0 };
+  assign \$540  = \port$1456$54 [21] ? \$539  : { x2, 1'h0 };
+  assign \$541  = \port$1456$54 [20] ? \$538  : \$540 [39:0];
+  assign \$544  = \port$1456$54 [21] ? \$543  : { x2, 1'h0 };
+  assign \$547  = \port$1456$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$548  = \port$1456$54 [20] ? \$545  : \$547 [39:0];
+  assign \$549  = \port$1456$54 [19] ? \$542  : \$548 [23:0];
+  assign \$552  = \port$1456$54 [21] ? \$551  : { x2, 1'h0 };
+  assign \$555  = \port$1456$54 [21] ? \$554  : { x2, 1'h0 };
+  assign \$556  = \port$1456$54 [20] ? \$553  : \$555 [39:0];
+  assign \$559  = \port$1456$54 [21] ? \$558  : { x2, 1'h0 };
+  assign \$562  = \port$1456$54 [21] ? \$561  : { x2, 1'h0 };
+  assign \$563  = \port$1456$54 [20] ? \$560  : \$562 [39:0];
+  assign \$564  = \port$1456$54 [19] ? \$557  : \$563 [23:0];
+  assign \$565  = \port$1456$54 [18] ? \$550  : \$564 [15:0];
+  assign \$568  = \port$1456$54 [21] ? \$567  : { x2, 1'h0 };
+  assign \$571  = \port$1456$54 [21] ? \$570  : { x2, 1'h0 };
+  assign \$572  = \port$1456$54 [20] ? \$569  : \$571 [39:0];
+  assign \$575  = \port$1456$54 [21] ? \$574  : { x2, 1'h0 };
+  assign \$578  = \port$1456$54 [21] ? \$577  : { x2, 1'h0 };
+  assign \$579  = \port$1456$54 [20] ? \$576  : \$578 [39:0];
+  assign \$580  = \port$1456$54 [19] ? \$573  : \$579 [23:0];
+  assign \$583  = \port$1456$54 [21] ? \$582  : { x2, 1'h0 };
+  assign \$586  = \port$1456$54 [21] ? \$585  : { x2, 1'h0 };
+  assign \$587  = \port$1456$54 [20] ? \$584  : \$586 [39:0];
+  assign \$590  = \port$1456$54 [21] ? \$589  : { x2, 1'h0 };
+  assign \$593  = \port$1456$54 [21] ? \$592  : { x2, 1'h0 };
+  assign \$594  = \port$1456$54 [20] ? \$591  : \$593 [39:0];
+  assign \$595  = \port$1456$54 [19] ? \$588  : \$594 [23:0];
+  assign \$596  = \port$1456$54 [18] ? \$581  : \$595 [15:0];
+  assign \$597  = \port$1456$54 [17] ? \$566  : \$596 [11:0];
+  assign \$600  = \port$1456$54 [21] ? \$599  : { x2, 1'h0 };
+  assign \$603  = \port$1456$54 [21] ? \$602  : { x2, 1'h0 };
+  assign \$604  = \port$1456$54 [20] ? \$601  : \$603 [39:0];
+  assign \$607  = \port$1456$54 [21] ? \$606  : { x2, 1'h0 };
+  assign \$610  = \port$1456$54 [21] ? \$609  : { x2, 1'h0 };
+  assign \$611  = \port$1456$54 [20] ? \$608  : \$610 [39:0];
+  assign \$612  = \port$1456$54 [19] ? \$605  : \$611 [23:0];
+  assign \$615  = \port$1456$54 [21] ? \$614  : { x2, 1'h0 };
+  assign \$618  = \port$1456$54 [21] ? \$617  : { x2, 1'h0 };
+  assign \$619  = \port$1456$54 [20] ? \$616  : \$618 [39:0];
+  assign \$622  = \port$1456$54 [21] ? \$621  : { x2, 1'h0 };
+  assign \$625  = \port$1456$54 [21] ? \$624  : { x2, 1'h0 };
+  assign \$626  = \port$1456$54 [20] ? \$623  : \$625 [39:0];
+  assign \$627  = \port$1456$54 [19] ? \$620  : \$626 [23:0];
+  assign \$628  = \port$1456$54 [18] ? \$613  : \$627 [15:0];
+  assign \$631  = \port$1456$54 [21] ? \$630  : { x2, 1'h0 };
+  assign \$634  = \port$1456$54 [21] ? \$633  : { x2, 1'h0 };
+  assign \$635  = \port$1456$54 [20] ? \$632  : \$634 [39:0];
+  assign \$638  = \port$1456$54 [21] ? \$637  : { x2, 1'h0 };
+  assign \$641  = \port$1456$54 [21] ? \$640  : { x2, 1'h0 };
+  assign \$642  = \port$1456$54 [20] ? \$639  : \$641 [39:0];
+  assign \$643  = \port$1456$54 [19] ? \$636  : \$642 [23:0];
+  assign \$646  = \port$1456$54 [21] ? \$645  : { x2, 1'h0 };
+  assign \$649  = \port$1456$54 [21] ? \$648  : { x2, 1'h0 };
+  assign \$650  = \port$1456$54 [20] ? \$647  : \$649 [39:0];
+  assign \$653  = \port$1456$54 [21] ? \$652  : { x2, 1'h0 };
+  assign \$656  = \port$1456$54 [21] ? \$655  : { x2, 1'h0 };
+  assign \$657  = \port$1456$54 [20] ? \$654  : \$656 [39:0];
+  assign \$658  = \port$1456$54 [19] ? \$651  : \$657 [23:0];
+  assign \$659  = \port$1456$54 [18] ? \$644  : \$658 [15:0];
+  assign \$660  = \port$1456$54 [17] ? \$629  : \$659 [11:0];
+  assign \$661  = \port$1456$54 [16] ? \$598  : \$660 [9:0];
   assign \$662  = { x2, 1'h0 } & below;
   assign \$663  = | \$662 ;
   assign \$664  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -7856,69 +7986,69 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   assign \$671  = $signed(rounded2) > $signed(8'h7f);
   assign \$672  = \$671  ? 9'h07f : rounded2;
   assign \$673  = over2_2 ? { \$670 [7], \$670  } : \$672 ;
-  assign \$675  = \port$1402$54 [21] ? \$674  : { x3, 1'h0 };
-  assign \$678  = \port$1402$54 [21] ? \$677  : { x3, 1'h0 };
-  assign \$679  = \port$1402$54 [20] ? \$676  : \$678 [39:0];
-  assign \$682  = \port$1402$54 [21] ? \$681  : { x3, 1'h0 };
-  assign \$685  = \port$1402$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$686  = \port$1402$54 [20] ? \$683  : \$685 [39:0];
-  assign \$687  = \port$1402$54 [19] ? \$680  : \$686 [23:0];
-  assign \$690  = \port$1402$54 [21] ? \$689  : { x3, 1'h0 };
-  assign \$693  = \port$1402$54 [21] ? \$692  : { x3, 1'h0 };
-  assign \$694  = \port$1402$54 [20] ? \$691  : \$693 [39:0];
-  assign \$697  = \port$1402$54 [21] ? \$696  : { x3, 1'h0 };
-  assign \$700  = \port$1402$54 [21] ? \$699  : { x3, 1'h0 };
-  assign \$701  = \port$1402$54 [20] ? \$698  : \$700 [39:0];
-  assign \$702  = \port$1402$54 [19] ? \$695  : \$701 [23:0];
-  assign \$703  = \port$1402$54 [18] ? \$688  : \$702 [15:0];
-  assign \$706  = \port$1402$54 [21] ? \$705  : { x3, 1'h0 };
-  assign \$709  = \port$1402$54 [21] ? \$708  : { x3, 1'h0 };
-  assign \$710  = \port$1402$54 [20] ? \$707  : \$709 [39:0];
-  assign \$713  = \port$1402$54 [21] ? \$712  : { x3, 1'h0 };
-  assign \$716  = \port$1402$54 [21] ? \$715  : { x3, 1'h0 };
-  assign \$717  = \port$1402$54 [20] ? \$714  : \$716 [39:0];
-  assign \$718  = \port$1402$54 [19] ? \$711  : \$717 [23:0];
-  assign \$721  = \port$1402$54 [21] ? \$720  : { x3, 1'h0 };
-  assign \$724  = \port$1402$54 [21] ? \$723  : { x3, 1'h0 };
-  assign \$725  = \port$1402$54 [20] ? \$722  : \$724 [39:0];
-  assign \$728  = \port$1402$54 [21] ? \$727  : { x3, 1'h0 };
-  assign \$731  = \port$1402$54 [21] ? \$730  : { x3, 1'h0 };
-  assign \$732  = \port$1402$54 [20] ? \$729  : \$731 [39:0];
-  assign \$733  = \port$1402$54 [19] ? \$726  : \$732 [23:0];
-  assign \$734  = \port$1402$54 [18] ? \$719  : \$733 [15:0];
-  assign \$735  = \port$1402$54 [17] ? \$704  : \$734 [11:0];
-  assign \$738  = \port$1402$54 [21] ? \$737  : { x3, 1'h0 };
-  assign \$741  = \port$1402$54 [21] ? \$740  : { x3, 1'h0 };
-  assign \$742  = \port$1402$54 [20] ? \$739  : \$741 [39:0];
-  assign \$745  = \port$1402$54 [21] ? \$744  : { x3, 1'h0 };
-  assign \$748  = \port$1402$54 [21] ? \$747  : { x3, 1'h0 };
-  assign \$749  = \port$1402$54 [20] ? \$746  : \$748 [39:0];
-  assign \$750  = \port$1402$54 [19] ? \$743  : \$749 [23:0];
-  assign \$753  = \port$1402$54 [21] ? \$752  : { x3, 1'h0 };
-  assign \$756  = \port$1402$54 [21] ? \$755  : { x3, 1'h0 };
-  assign \$757  = \port$1402$54 [20] ? \$754  : \$756 [39:0];
-  assign \$760  = \port$1402$54 [21] ? \$759  : { x3, 1'h0 };
-  assign \$763  = \port$1402$54 [21] ? \$762  : { x3, 1'h0 };
-  assign \$764  = \port$1402$54 [20] ? \$761  : \$763 [39:0];
-  assign \$765  = \port$1402$54 [19] ? \$758  : \$764 [23:0];
-  assign \$766  = \port$1402$54 [18] ? \$751  : \$765 [15:0];
-  assign \$769  = \port$1402$54 [21] ? \$768  : { x3, 1'h0 };
-  assign \$772  = \port$1402$54 [21] ? \$771  : { x3, 1'h0 };
-  assign \$773  = \port$1402$54 [20] ? \$770  : \$772 [39:0];
-  assign \$776  = \port$1402$54 [21] ? \$775  : { x3, 1'h0 };
-  assign \$779  = \port$1402$54 [21] ? \$778  : { x3, 1'h0 };
-  assign \$780  = \port$1402$54 [20] ? \$777  : \$779 [39:0];
-  assign \$781  = \port$1402$54 [19] ? \$774  : \$780 [23:0];
-  assign \$784  = \port$1402$54 [21] ? \$783  : { x3, 1'h0 };
-  assign \$787  = \port$1402$54 [21] ? \$786  : { x3, 1'h0 };
-  assign \$788  = \port$1402$54 [20] ? \$785  : \$787 [39:0];
-  assign \$791  = \port$1402$54 [21] ? \$790  : { x3, 1'h0 };
-  assign \$794  = \port$1402$54 [21] ? \$793  : { x3, 1'h0 };
-  assign \$795  = \port$1402$54 [20] ? \$792  : \$794 [39:0];
-  assign \$796  = \port$1402$54 [19] ? \$789  : \$795 [23:0];
-  assign \$797  = \port$1402$54 [18] ? \$782  : \$796 [15:0];
-  assign \$798  = \port$1402$54 [17] ? \$767  : \$797 [11:0];
-  assign \$799  = \port$1402$54 [16] ? \$736  : \$798 [9:0];
+  assign \$675  = \port$1456$54 [21] ? \$674  : { x3, 1'h0 };
+  assign \$678  = \port$1456$54 [21] ? \$677  : { x3, 1'h0 };
+  assign \$679  = \port$1456$54 [20] ? \$676  : \$678 [39:0];
+  assign \$682  = \port$1456$54 [21] ? \$681  : { x3, 1'h0 };
+  assign \$685  = \port$1456$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$686  = \port$1456$54 [20] ? \$683  : \$685 [39:0];
+  assign \$687  = \port$1456$54 [19] ? \$680  : \$686 [23:0];
+  assign \$690  = \port$1456$54 [21] ? \$689  : { x3, 1'h0 };
+  assign \$693  = \port$1456$54 [21] ? \$692  : { x3, 1'h0 };
+  assign \$694  = \port$1456$54 [20] ? \$691  : \$693 [39:0];
+  assign \$697  = \port$1456$54 [21] ? \$696  : { x3, 1'h0 };
+  assign \$700  = \port$1456$54 [21] ? \$699  : { x3, 1'h0 };
+  assign \$701  = \port$1456$54 [20] ? \$698  : \$700 [39:0];
+  assign \$702  = \port$1456$54 [19] ? \$695  : \$701 [23:0];
+  assign \$703  = \port$1456$54 [18] ? \$688  : \$702 [15:0];
+  assign \$706  = \port$1456$54 [21] ? \$705  : { x3, 1'h0 };
+  assign \$709  = \port$1456$54 [21] ? \$708  : { x3, 1'h0 };
+  assign \$710  = \port$1456$54 [20] ? \$707  : \$709 [39:0];
+  assign \$713  = \port$1456$54 [21] ? \$712  : { x3, 1'h0 };
+  assign \$716  = \port$1456$54 [21] ? \$715  : { x3, 1'h0 };
+  assign \$717  = \port$1456$54 [20] ? \$714  : \$716 [39:0];
+  assign \$718  = \port$1456$54 [19] ? \$711  : \$717 [23:0];
+  assign \$721  = \port$1456$54 [21] ? \$720  : { x3, 1'h0 };
+  assign \$724  = \port$1456$54 [21] ? \$723  : { x3, 1'h0 };
+  assign \$725  = \port$1456$54 [20] ? \$722  : \$724 [39:0];
+  assign \$728  = \port$1456$54 [21] ? \$727  : { x3, 1'h0 };
+  assign \$731  = \port$1456$54 [21] ? \$730  : { x3, 1'h0 };
+  assign \$732  = \port$1456$54 [20] ? \$729  : \$731 [39:0];
+  assign \$733  = \port$1456$54 [19] ? \$726  : \$732 [23:0];
+  assign \$734  = \port$1456$54 [18] ? \$719  : \$733 [15:0];
+  assign \$735  = \port$1456$54 [17] ? \$704  : \$734 [11:0];
+  assign \$738  = \port$1456$54 [21] ? \$737  : { x3, 1'h0 };
+  assign \$741  = \port$1456$54 [21] ? \$740  : { x3, 1'h0 };
+  assign \$742  = \port$1456$54 [20] ? \$739  : \$741 [39:0];
+  assign \$745  = \port$1456$54 [21] ? \$744  : { x3, 1'h0 };
+  assign \$748  = \port$1456$54 [21] ? \$747  : { x3, 1'h0 };
+  assign \$749  = \port$1456$54 [20] ? \$746  : \$748 [39:0];
+  assign \$750  = \port$1456$54 [19] ? \$743  : \$749 [23:0];
+  assign \$753  = \port$1456$54 [21] ? \$752  : { x3, 1'h0 };
+  assign \$756  = \port$1456$54 [21] ? \$755  : { x3, 1'h0 };
+  assign \$757  = \port$1456$54 [20] ? \$754  : \$756 [39:0];
+  assign \$760  = \port$1456$54 [21] ? \$759  : { x3, 1'h0 };
+  assign \$763  = \port$1456$54 [21] ? \$762  : { x3, 1'h0 };
+  assign \$764  = \port$1456$54 [20] ? \$761  : \$763 [39:0];
+  assign \$765  = \port$1456$54 [19] ? \$758  : \$764 [23:0];
+  assign \$766  = \port$1456$54 [18] ? \$751  : \$765 [15:0];
+  assign \$769  = \port$1456$54 [21] ? \$768  : { x3, 1'h0 };
+  assign \$772  = \port$1456$54 [21] ? \$771  : { x3, 1'h0 };
+  assign \$773  = \port$1456$54 [20] ? \$770  : \$772 [39:0];
+  assign \$776  = \port$1456$54 [21] ? \$775  : { x3, 1'h0 };
+  assign \$779  = \port$1456$54 [21] ? \$778  : { x3, 1'h0 };
+  assign \$780  = \port$1456$54 [20] ? \$777  : \$779 [39:0];
+  assign \$781  = \port$1456$54 [19] ? \$774  : \$780 [23:0];
+  assign \$784  = \port$1456$54 [21] ? \$783  : { x3, 1'h0 };
+  assign \$787  = \port$1456$54 [21] ? \$786  : { x3, 1'h0 };
+  assign \$788  = \port$1456$54 [20] ? \$785  : \$787 [39:0];
+  assign \$791  = \port$1456$54 [21] ? \$790  : { x3, 1'h0 };
+  assign \$794  = \port$1456$54 [21] ? \$793  : { x3, 1'h0 };
+  assign \$795  = \port$1456$54 [20] ? \$792  : \$794 [39:0];
+  assign \$796  = \port$1456$54 [19] ? \$789  : \$795 [23:0];
+  assign \$797  = \port$1456$54 [18] ? \$782  : \$796 [15:0];
+  assign \$798  = \port$1456$54 [17] ? \$767  : \$797 [11:0];
+  assign \$799  = \port$1456$54 [16] ? \$736  : \$798 [9:0];
   assign \$800  = { x3, 1'h0 } & below;
   assign \$801  = | \$800 ;
   assign \$802  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -7932,21 +8062,21 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   assign \$810  = \$809  ? 9'h07f : rounded3;
   assign \$811  = over2_3 ? { \$808 [7], \$808  } : \$810 ;
   always @(posedge clk)
-    \$signal  <= \$812 ;
+    below <= \$812 ;
   always @(posedge clk)
-    v2 <= \$813 ;
+    \$signal  <= \$813 ;
   always @(posedge clk)
-    x_valid <= \$814 ;
+    v2 <= \$814 ;
   always @(posedge clk)
-    x0 <= \$815 ;
+    x_valid <= \$815 ;
   always @(posedge clk)
-    x1 <= \$816 ;
+    x0 <= \$816 ;
   always @(posedge clk)
-    x2 <= \$817 ;
+    x1 <= \$817 ;
   always @(posedge clk)
-    x3 <= \$818 ;
+    x2 <= \$818 ;
   always @(posedge clk)
-    below <= \$819 ;
+    x3 <= \$819 ;
   always @(posedge clk)
     \$signal$44  <= \$820 ;
   always @(posedge clk)
@@ -8014,143 +8144,151 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[40:0];
-  assign \$5  = $signed(\$3 ) + $signed(\$4 );
-  assign \$8  = $signed(\$6 ) + $signed(\$7 );
-  assign \$11  = $signed(\$9 ) + $signed(\$10 );
-  assign \$14  = $signed(\$12 ) + $signed(\$13 );
-  assign \$15  = \port$1402$54 [21:19] > 1'h0;
-  assign \$16  = ! \port$1402$54 [21:19];
-  assign \$17  = \port$1402$54 [18:16] > 1'h0;
-  assign \$18  = \$16  & \$17 ;
-  assign \$19  = \$15  | \$18 ;
-  assign \$20  = \port$1402$54 [21:19] > 1'h0;
-  assign \$21  = ! \port$1402$54 [21:19];
-  assign \$22  = \port$1402$54 [18:16] > 1'h1;
-  assign \$23  = \$21  & \$22 ;
-  assign \$24  = \$20  | \$23 ;
-  assign \$25  = \port$1402$54 [21:19] > 1'h0;
-  assign \$26  = ! \port$1402$54 [21:19];
-  assign \$27  = \port$1402$54 [18:16] > 2'h2;
-  assign \$28  = \$26  & \$27 ;
-  assign \$29  = \$25  | \$28 ;
-  assign \$30  = \port$1402$54 [21:19] > 1'h0;
-  assign \$31  = ! \port$1402$54 [21:19];
-  assign \$32  = \port$1402$54 [18:16] > 2'h3;
-  assign \$33  = \$31  & \$32 ;
-  assign \$34  = \$30  | \$33 ;
-  assign \$35  = \port$1402$54 [21:19] > 1'h0;
-  assign \$36  = ! \port$1402$54 [21:19];
-  assign \$37  = \port$1402$54 [18:16] > 3'h4;
-  assign \$38  = \$36  & \$37 ;
-  assign \$39  = \$35  | \$38 ;
-  assign \$40  = \port$1402$54 [21:19] > 1'h0;
-  assign \$41  = ! \port$1402$54 [21:19];
-  assign \$42  = \port$1402$54 [18:16] > 3'h5;
-  assign \$43  = \$41  & \$42 ;
-  assign \$44  = \$40  | \$43 ;
-  assign \$45  = \port$1402$54 [21:19] > 1'h0;
-  assign \$46  = ! \port$1402$54 [21:19];
-  assign \$47  = \port$1402$54 [18:16] > 3'h6;
-  assign \$48  = \$46  & \$47 ;
-  assign \$49  = \$45  | \$48 ;
-  assign \$50  = \port$1402$54 [21:19] > 1'h0;
-  assign \$51  = ! \port$1402$54 [21:19];
-  assign \$52  = \port$1402$54 [18:16] > 3'h7;
-  assign \$53  = \$51  & \$52 ;
-  assign \$54  = \$50  | \$53 ;
-  assign \$55  = \port$1402$54 [21:19] > 1'h1;
-  assign \$56  = \port$1402$54 [21:19] == 1'h1;
-  assign \$57  = \port$1402$54 [18:16] > 1'h0;
-  assign \$58  = \$56  & \$57 ;
-  assign \$59  = \$55  | \$58 ;
-  assign \$60  = \port$1402$54 [21:19] > 1'h1;
-  assign \$61  = \port$1402$54 [21:19] == 1'h1;
-  assign \$62  = \port$1402$54 [18:16] > 1'h1;
-  assign \$63  = \$61  & \$62 ;
-  assign \$64  = \$60  | \$63 ;
-  assign \$65  = \port$1402$54 [21:19] > 1'h1;
-  assign \$66  = \port$1402$54 [21:19] == 1'h1;
-  assign \$67  = \port$1402$54 [18:16] > 2'h2;
-  assign \$68  = \$66  & \$67 ;
-  assign \$69  = \$65  | \$68 ;
-  assign \$70  = \port$1402$54 [21:19] > 1'h1;
-  assign \$71  = \port$1402$54 [21:19] == 1'h1;
-  assign \$72  = \port$1402$54 [18:16] > 2'h3;
-  assign \$73  = \$71  & \$72 ;
-  assign \$74  = \$70  | \$73 ;
-  assign \$75  = \port$1402$54 [21:19] > 1'h1;
-  assign \$76  = \port$1402$54 [21:19] == 1'h1;
-  assign \$77  = \port$1402$54 [18:16] > 3'h4;
-  assign \$78  = \$76  & \$77 ;
-  assign \$79  = \$75  | \$78 ;
-  assign \$80  = \port$1402$54 [21:19] > 1'h1;
-  assign \$81  = \port$1402$54 [21:19] == 1'h1;
-  assign \$82  = \port$1402$54 [18:16] > 3'h5;
-  assign \$83  = \$81  & \$82 ;
-  assign \$84  = \$80  | \$83 ;
-  assign \$85  = \port$1402$54 [21:19] > 1'h1;
-  assign \$86  = \port$1402$54 [21:19] == 1'h1;
-  assign \$87  = \port$1402$54 [18:16] > 3'h6;
-  assign \$88  = \$86  & \$87 ;
-  assign \$89  = \$85  | \$88 ;
-  assign \$90  = \port$1402$54 [21:19] > 1'h1;
-  assign \$91  = \port$1402$54 [21:19] == 1'h1;
-  assign \$92  = \port$1402$54 [18:16] > 3'h7;
-  assign \$93  = \$91  & \$92 ;
-  assign \$94  = \$90  | \$93 ;
-  assign \$95  = \port$1402$54 [21:19] > 2'h2;
-  assign \$96  = \port$1402$54 [21:19] == 2'h2;
-  assign \$97  = \port$1402$54 [18:16] > 1'h0;
-  assign \$98  = \$96  & \$97 ;
-  assign \$99  = \$95  | \$98 ;
-  assign \$100  = \port$1402$54 [21:19] > 2'h2;
-  assign \$101  = \port$1402$54 [21:19] == 2'h2;
-  assign \$102  = \port$1402$54 [18:16] > 1'h1;
-  assign \$103  = \$101  & \$102 ;
-  assign \$104  = \$100  | \$103 ;
-  assign \$105  = \port$1402$54 [21:19] > 2'h2;
-  assign \$106  = \port$1402$54 [21:19] == 2'h2;
-  assign \$107  = \port$1402$54 [18:16] > 2'h2;
-  assign \$108  = \$106  & \$107 ;
-  assign \$109  = \$105  | \$108 ;
-  assign \$110  = \port$1402$54 [21:19] > 2'h2;
-  assign \$111  = \port$1402$54 [21:19] == 2'h2;
-  assign \$112  = \port$1402$54 [18:16] > 2'h3;
-  assign \$113  = \$111  & \$112 ;
-  assign \$114  = \$110  | \$113 ;
-  assign \$115  = \port$1402$54 [21:19] > 2'h2;
-  assign \$116  = \port$1402$54 [21:19] == 2'h2;
-  assign \$117  = \port$1402$54 [18:16] > 3'h4;
-  assign \$118  = \$116  & \$117 ;
-  assign \$119  = \$115  | \$118 ;
-  assign \$120  = \port$1402$54 [21:19] > 2'h2;
-  assign \$121  = \port$1402$54 [21:19] == 2'h2;
-  assign \$122  = \port$1402$54 [18:16] > 3'h5;
-  assign \$123  = \$121  & \$122 ;
-  assign \$124  = \$120  | \$123 ;
-  assign \$125  = \port$1402$54 [21:19] > 2'h2;
-  assign \$126  = \port$1402$54 [21:19] == 2'h2;
-  assign \$127  = \port$1402$54 [18:16] > 3'h6;
-  assign \$128  = \$126  & \$127 ;
-  assign \$129  = \$125  | \$128 ;
-  assign \$130  = \port$1402$54 [21:19] > 2'h2;
-  assign \$131  = \port$1402$54 [21:19] == 2'h2;
-  assign \$132  = \port$1402$54 [18:16] > 3'h7;
-  assign \$133  = \$131  & \$132 ;
-  assign \$134  = \$130  | \$133 ;
-  assign \$135  = \port$1402$54 [21:19] > 2'h3;
-  assign \$136  = \port$1402$54 [21:19] == 2'h3;
-  assign \$137  = \port$1402$54 [18:16] > 1'h0;
-  assign \$138  = \$136  & \$137 ;
-  assign \$139  = \$135  | \$138 ;
-  assign \$140  = \port$1402$54 [21:19] > 2'h3;
-  assign \$141  = \port$1402$54 [21:19] == 2'h3;
-  assign \$142  = \port$1402$54 [18:16] > 1'h1;
-  assign \$143  = \$141  & \$142 ;
-  assign \$144  = \$140  | \$143 ;
-  assign \$145  = \port$1402$54 [21:19] > 2'h3;
-  assign \$146  = \port$1402$54 [21:19] == 2'h3;
-  assign \$147  = \port$1402$54 [18:16] > 2'h2;
+  assign \$3  = \port$1456$54 [21:19] > 1'h0;
+  assign \$4  = ! \port$1456$54 [21:19];
+  assign \$5  = \port$1456$54 [18:16] > 1'h0;
+  assign \$6  = \$4  & \$5 ;
+  assign \$7  = \$3  | \$6 ;
+  assign \$8  = \port$1456$54 [21:19] > 1'h0;
+  assign \$9  = ! \port$1456$54 [21:19];
+  assign \$10  = \port$1456$54 [18:16] > 1'h1;
+  assign \$11  = \$9  & \$10 ;
+  assign \$12  = \$8  | \$11 ;
+  assign \$13  = \port$1456$54 [21:19] > 1'h0;
+  assign \$14  = ! \port$1456$54 [21:19];
+  assign \$15  = \port$1456$54 [18:16] > 2'h2;
+  assign \$16  = \$14  & \$15 ;
+  assign \$17  = \$13  | \$16 ;
+  assign \$18  = \port$1456$54 [21:19] > 1'h0;
+  assign \$19  = ! \port$1456$54 [21:19];
+  assign \$20  = \port$1456$54 [18:16] > 2'h3;
+  assign \$21  = \$19  & \$20 ;
+  assign \$22  = \$18  | \$21 ;
+  assign \$23  = \port$1456$54 [21:19] > 1'h0;
+  assign \$24  = ! \port$1456$54 [21:19];
+  assign \$25  = \port$1456$54 [18:16] > 3'h4;
+  assign \$26  = \$24  & \$25 ;
+  assign \$27  = \$23  | \$26 ;
+  assign \$28  = \port$1456$54 [21:19] > 1'h0;
+  assign \$29  = ! \port$1456$54 [21:19];
+  assign \$30  = \port$1456$54 [18:16] > 3'h5;
+  assign \$31  = \$29  & \$30 ;
+  assign \$32  = \$28  | \$31 ;
+  assign \$33  = \port$1456$54 [21:19] > 1'h0;
+  assign \$34  = ! \port$1456$54 [21:19];
+  assign \$35  = \port$1456$54 [18:16] > 3'h6;
+  assign \$36  = \$34  & \$35 ;
+  assign \$37  = \$33  | \$36 ;
+  assign \$38  = \port$1456$54 [21:19] > 1'h0;
+  assign \$39  = ! \port$1456$54 [21:19];
+  assign \$40  = \port$1456$54 [18:16] > 3'h7;
+  assign \$41  = \$39  & \$40 ;
+  assign \$42  = \$38  | \$41 ;
+  assign \$43  = \port$1456$54 [21:19] > 1'h1;
+  assign \$44  = \port$1456$54 [21:19] == 1'h1;
+  assign \$45  = \port$1456$54 [18:16] > 1'h0;
+  assign \$46  = \$44  & \$45 ;
+  assign \$47  = \$43  | \$46 ;
+  assign \$48  = \port$1456$54 [21:19] > 1'h1;
+  assign \$49  = \port$1456$54 [21:19] == 1'h1;
+  assign \$50  = \port$1456$54 [18:16] > 1'h1;
+  assign \$51  = \$49  & \$50 ;
+  assign \$52  = \$48  | \$51 ;
+  assign \$53  = \port$1456$54 [21:19] > 1'h1;
+  assign \$54  = \port$1456$54 [21:19] == 1'h1;
+  assign \$55  = \port$1456$54 [18:16] > 2'h2;
+  assign \$56  = \$54  & \$55 ;
+  assign \$57  = \$53  | \$56 ;
+  assign \$58  = \port$1456$54 [21:19] > 1'h1;
+  assign \$59  = \port$1456$54 [21:19] == 1'h1;
+  assign \$60  = \port$1456$54 [18:16] > 2'h3;
+  assign \$61  = \$59  & \$60 ;
+  assign \$62  = \$58  | \$61 ;
+  assign \$63  = \port$1456$54 [21:19] > 1'h1;
+  assign \$64  = \port$1456$54 [21:19] == 1'h1;
+  assign \$65  = \port$1456$54 [18:16] > 3'h4;
+  assign \$66  = \$64  & \$65 ;
+  assign \$67  = \$63  | \$66 ;
+  assign \$68  = \port$1456$54 [21:19] > 1'h1;
+  assign \$69  = \port$1456$54 [21:19] == 1'h1;
+  assign \$70  = \port$1456$54 [18:16] > 3'h5;
+  assign \$71  = \$69  & \$70 ;
+  assign \$72  = \$68  | \$71 ;
+  assign \$73  = \port$1456$54 [21:19] > 1'h1;
+  assign \$74  = \port$1456$54 [21:19] == 1'h1;
+  assign \$75  = \port$1456$54 [18:16] > 3'h6;
+  assign \$76  = \$74  & \$75 ;
+  assign \$77  = \$73  | \$76 ;
+  assign \$78  = \port$1456$54 [21:19] > 1'h1;
+  assign \$79  = \port$1456$54 [21:19] == 1'h1;
+  assign \$80  = \port$1456$54 [18:16] > 3'h7;
+  assign \$81  = \$79  & \$80 ;
+  assign \$82  = \$78  | \$81 ;
+  assign \$83  = \port$1456$54 [21:19] > 2'h2;
+  assign \$84  = \port$1456$54 [21:19] == 2'h2;
+  assign \$85  = \port$1456$54 [18:16] > 1'h0;
+  assign \$86  = \$84  & \$85 ;
+  assign \$87  = \$83  | \$86 ;
+  assign \$88  = \port$1456$54 [21:19] > 2'h2;
+  assign \$89  = \port$1456$54 [21:19] == 2'h2;
+  assign \$90  = \port$1456$54 [18:16] > 1'h1;
+  assign \$91  = \$89  & \$90 ;
+  assign \$92  = \$88  | \$91 ;
+  assign \$93  = \port$1456$54 [21:19] > 2'h2;
+  assign \$94  = \port$1456$54 [21:19] == 2'h2;
+  assign \$95  = \port$1456$54 [18:16] > 2'h2;
+  assign \$96  = \$94  & \$95 ;
+  assign \$97  = \$93  | \$96 ;
+  assign \$98  = \port$1456$54 [21:19] > 2'h2;
+  assign \$99  = \port$1456$54 [21:19] == 2'h2;
+  assign \$100  = \port$1456$54 [18:16] > 2'h3;
+  assign \$101  = \$99  & \$100 ;
+  assign \$102  = \$98  | \$101 ;
+  assign \$103  = \port$1456$54 [21:19] > 2'h2;
+  assign \$104  = \port$1456$54 [21:19] == 2'h2;
+  assign \$105  = \port$1456$54 [18:16] > 3'h4;
+  assign \$106  = \$104  & \$105 ;
+  assign \$107  = \$103  | \$106 ;
+  assign \$108  = \port$1456$54 [21:19] > 2'h2;
+  assign \$109  = \port$1456$54 [21:19] == 2'h2;
+  assign \$110  = \port$1456$54 [18:16] > 3'h5;
+  assign \$111  = \$109  & \$110 ;
+  assign \$112  = \$108  | \$111 ;
+  assign \$113  = \port$1456$54 [21:19] > 2'h2;
+  assign \$114  = \port$1456$54 [21:19] == 2'h2;
+  assign \$115  = \port$1456$54 [18:16] > 3'h6;
+  assign \$116  = \$114  & \$115 ;
+  assign \$117  = \$113  | \$116 ;
+  assign \$118  = \port$1456$54 [21:19] > 2'h2;
+  assign \$119  = \port$1456$54 [21:19] == 2'h2;
+  assign \$120  = \port$1456$54 [18:16] > 3'h7;
+  assign \$121  = \$119  & \$120 ;
+  assign \$122  = \$118  | \$121 ;
+  assign \$123  = \port$1456$54 [21:19] > 2'h3;
+  assign \$124  = \port$1456$54 [21:19] == 2'h3;
+  assign \$125  = \port$1456$54 [18:16] > 1'h0;
+  assign \$126  = \$124  & \$125 ;
+  assign \$127  = \$123  | \$126 ;
+  assign \$128  = \port$1456$54 [21:19] > 2'h3;
+  assign \$129  = \port$1456$54 [21:19] == 2'h3;
+  assign \$130  = \port$1456$54 [18:16] > 1'h1;
+  assign \$131  = \$129  & \$130 ;
+  assign \$132  = \$128  | \$131 ;
+  assign \$133  = \port$1456$54 [21:19] > 2'h3;
+  assign \$134  = \port$1456$54 [21:19] == 2'h3;
+  assign \$135  = \port$1456$54 [18:16] > 2'h2;
+  assign \$136  = \$134  & \$135 ;
+  assign \$137  = \$133  | \$136 ;
+  assign \$138  = \port$1456$54 [21:19] > 2'h3;
+  assign \$139  = \port$1456$54 [21:19] == 2'h3;
+  assign \$140  = \port$1456$54 [18:16] > 2'h3;
+  assign \$141  = \$139  & \$140 ;
+  assign \$142  = \$138  | \$141 ;
+  assign \$143  = \port$1456$54 [21:19] > 2'h3;
+  assign \$144  = \port$1456$54 [21:19] == 2'h3;
+  assign \$145  = \port$1456$54 [18:16] > 3'h4;
+  assign \$146  = \$144  & \$145 ;
+  assign \$147  = \$143  | \$146 ;
   \nanokpu_gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -8162,25 +8300,22 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1402$54 (\port$1402$54 [15:0]),
-    .\port$1420$0 (i__payload),
+    .\port$1434$0 (i__payload),
+    .\port$1456$54 (\port$1456$54 [15:0]),
     .rst(rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$812  = \$signal ;
-    if (advance) begin
-      \$812  = i__valid;
-    end
+    \$812  = { \$247 , \$242 , \$237 , \$232 , \$227 , \$222 , \$217 , \$212 , \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
     if (rst) begin
-      \$812  = 1'h0;
+      \$812  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$813  = v2;
+    \$813  = \$signal ;
     if (advance) begin
-      \$813  = \$signal ;
+      \$813  = i__valid;
     end
     if (rst) begin
       \$813  = 1'h0;
@@ -8188,9 +8323,9 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$814  = x_valid;
+    \$814  = v2;
     if (advance) begin
-      \$814  = v2;
+      \$814  = \$signal ;
     end
     if (rst) begin
       \$814  = 1'h0;
@@ -8198,19 +8333,19 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$815  = x0;
+    \$815  = x_valid;
     if (advance) begin
-      \$815  = \$5 [47:0];
+      \$815  = v2;
     end
     if (rst) begin
-      \$815  = 48'h000000000000;
+      \$815  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$816  = x1;
+    \$816  = x0;
     if (advance) begin
-      \$816  = \$8 [47:0];
+      \$816  = \$250 [47:0];
     end
     if (rst) begin
       \$816  = 48'h000000000000;
@@ -8218,9 +8353,9 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$817  = x2;
+    \$817  = x1;
     if (advance) begin
-      \$817  = \$11 [47:0];
+      \$817  = \$253 [47:0];
     end
     if (rst) begin
       \$817  = 48'h000000000000;
@@ -8228,9 +8363,9 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$818  = x3;
+    \$818  = x2;
     if (advance) begin
-      \$818  = \$14 [47:0];
+      \$818  = \$256 [47:0];
     end
     if (rst) begin
       \$818  = 48'h000000000000;
@@ -8238,9 +8373,12 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
-    \$819  = { \$259 , \$254 , \$249 , \$244 , \$239 , \$234 , \$229 , \$224 , \$219 , \$214 , \$209 , \$204 , \$199 , \$194 , \$189 , \$184 , \$179 , \$174 , \$169 , \$164 , \$159 , \$154 , \$149 , \$144 , \$139 , \$134 , \$129 , \$124 , \$119 , \$114 , \$109 , \$104 , \$99 , \$94 , \$89 , \$84 , \$79 , \$74 , \$69 , \$64 , \$59 , \$54 , \$49 , \$44 , \$39 , \$34 , \$29 , \$24 , \$19  };
+    \$819  = x3;
+    if (advance) begin
+      \$819  = \$259 [47:0];
+    end
     if (rst) begin
-      \$819  = 49'h0000000000000;
+      \$819  = 48'h000000000000;
     end
   end
   always @* begin
@@ -8566,27 +8704,27 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
       \$851  = 1'h0;
     end
   end
+  assign above = { \$2 , 8'h00 };
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$1402$54 [15:0] };
-  assign mult = \port$1402$54 [15:0];
+  assign b__0 = { 2'h0, \port$1456$54 [15:0] };
+  assign mult = \port$1456$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$1402$54 [15:0] };
+  assign b__1 = { 2'h0, \port$1456$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$1402$54 [15:0] };
+  assign b__2 = { 2'h0, \port$1456$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$1402$54 [15:0] };
+  assign b__3 = { 2'h0, \port$1456$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$1402$54 [15:0] };
+  assign b__4 = { 2'h0, \port$1456$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$1402$54 [15:0] };
+  assign b__5 = { 2'h0, \port$1456$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$1402$54 [15:0] };
+  assign b__6 = { 2'h0, \port$1456$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$1402$54 [15:0] };
-  assign above = { \$2 , 8'h00 };
-  assign shift = \port$1402$54 [21:16];
+  assign b__7 = { 2'h0, \port$1456$54 [15:0] };
+  assign shift = \port$1456$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -8595,14 +8733,14 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
   assign \o__payload[1]  = o__payload[15:8];
   assign \o__payload[2]  = o__payload[23:16];
   assign \o__payload[3]  = o__payload[31:24];
-  assign \$3  = { p__0[35], p__0 };
-  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$6  = { p__2[35], p__2 };
-  assign \$7  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$9  = { p__4[35], p__4 };
-  assign \$10  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$12  = { p__6[35], p__6 };
-  assign \$13  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$248  = { p__0[35], p__0 };
+  assign \$249  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$251  = { p__2[35], p__2 };
+  assign \$252  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$254  = { p__4[35], p__4 };
+  assign \$255  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$257  = { p__6[35], p__6 };
+  assign \$258  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
   assign \$260  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$262  = { \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39], \$261 [39:16] };
   assign \$263  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
@@ -8858,7 +8996,7 @@ module \nanokpu_gemm.requant (clk, rst, advance, i__valid, \port$1402$54 , i__pa
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_gemm.requant.mul (rst, en, \port$1434$0 , \port$1456$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -8944,10 +9082,10 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1402$54 ;
-  wire [15:0] \port$1402$54 ;
-  input [127:0] \port$1420$0 ;
-  wire [127:0] \port$1420$0 ;
+  input [127:0] \port$1434$0 ;
+  wire [127:0] \port$1434$0 ;
+  input [15:0] \port$1456$54 ;
+  wire [15:0] \port$1456$54 ;
   input rst;
   wire rst;
   assign \$1  = $signed(a0_r) * $signed(b0_r);
@@ -9010,7 +9148,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1420$0 [16:0] };
+      \$9  = { 1'h0, \port$1434$0 [16:0] };
     end
     if (rst) begin
       \$9  = 18'h00000;
@@ -9020,7 +9158,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1402$54  };
+      \$10  = { 2'h0, \port$1456$54  };
     end
     if (rst) begin
       \$10  = 18'h00000;
@@ -9040,7 +9178,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1420$0 [31], \port$1420$0 [31], \port$1420$0 [31], \port$1420$0 [31:17] };
+      \$12  = { \port$1434$0 [31], \port$1434$0 [31], \port$1434$0 [31], \port$1434$0 [31:17] };
     end
     if (rst) begin
       \$12  = 18'h00000;
@@ -9050,7 +9188,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1402$54  };
+      \$13  = { 2'h0, \port$1456$54  };
     end
     if (rst) begin
       \$13  = 18'h00000;
@@ -9070,7 +9208,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1420$0 [48:32] };
+      \$15  = { 1'h0, \port$1434$0 [48:32] };
     end
     if (rst) begin
       \$15  = 18'h00000;
@@ -9080,7 +9218,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1402$54  };
+      \$16  = { 2'h0, \port$1456$54  };
     end
     if (rst) begin
       \$16  = 18'h00000;
@@ -9100,7 +9238,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1420$0 [63], \port$1420$0 [63], \port$1420$0 [63], \port$1420$0 [63:49] };
+      \$18  = { \port$1434$0 [63], \port$1434$0 [63], \port$1434$0 [63], \port$1434$0 [63:49] };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -9110,7 +9248,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1402$54  };
+      \$19  = { 2'h0, \port$1456$54  };
     end
     if (rst) begin
       \$19  = 18'h00000;
@@ -9130,7 +9268,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1420$0 [80:64] };
+      \$21  = { 1'h0, \port$1434$0 [80:64] };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -9140,7 +9278,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1402$54  };
+      \$22  = { 2'h0, \port$1456$54  };
     end
     if (rst) begin
       \$22  = 18'h00000;
@@ -9160,7 +9298,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1420$0 [95], \port$1420$0 [95], \port$1420$0 [95], \port$1420$0 [95:81] };
+      \$24  = { \port$1434$0 [95], \port$1434$0 [95], \port$1434$0 [95], \port$1434$0 [95:81] };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -9170,7 +9308,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1402$54  };
+      \$25  = { 2'h0, \port$1456$54  };
     end
     if (rst) begin
       \$25  = 18'h00000;
@@ -9190,7 +9328,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1420$0 [112:96] };
+      \$27  = { 1'h0, \port$1434$0 [112:96] };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -9200,7 +9338,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1402$54  };
+      \$28  = { 2'h0, \port$1456$54  };
     end
     if (rst) begin
       \$28  = 18'h00000;
@@ -9220,7 +9358,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1420$0 [127], \port$1420$0 [127], \port$1420$0 [127], \port$1420$0 [127:113] };
+      \$30  = { \port$1434$0 [127], \port$1434$0 [127], \port$1434$0 [127], \port$1434$0 [127:113] };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -9230,7 +9368,7 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1402$54  };
+      \$31  = { 2'h0, \port$1456$54  };
     end
     if (rst) begin
       \$31  = 18'h00000;
@@ -9246,20 +9384,20 @@ module \nanokpu_gemm.requant.mul (rst, en, \port$1402$54 , \port$1420$0 , p__0, 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1420$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1402$54  };
-  assign a__1 = { \port$1420$0 [31], \port$1420$0 [31], \port$1420$0 [31], \port$1420$0 [31:17] };
-  assign b__1 = { 2'h0, \port$1402$54  };
-  assign a__2 = { 1'h0, \port$1420$0 [48:32] };
-  assign b__2 = { 2'h0, \port$1402$54  };
-  assign a__3 = { \port$1420$0 [63], \port$1420$0 [63], \port$1420$0 [63], \port$1420$0 [63:49] };
-  assign b__3 = { 2'h0, \port$1402$54  };
-  assign a__4 = { 1'h0, \port$1420$0 [80:64] };
-  assign b__4 = { 2'h0, \port$1402$54  };
-  assign a__5 = { \port$1420$0 [95], \port$1420$0 [95], \port$1420$0 [95], \port$1420$0 [95:81] };
-  assign b__5 = { 2'h0, \port$1402$54  };
-  assign a__6 = { 1'h0, \port$1420$0 [112:96] };
-  assign b__6 = { 2'h0, \port$1402$54  };
-  assign a__7 = { \port$1420$0 [127], \port$1420$0 [127], \port$1420$0 [127], \port$1420$0 [127:113] };
-  assign b__7 = { 2'h0, \port$1402$54  };
+  assign a__0 = { 1'h0, \port$1434$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1456$54  };
+  assign a__1 = { \port$1434$0 [31], \port$1434$0 [31], \port$1434$0 [31], \port$1434$0 [31:17] };
+  assign b__1 = { 2'h0, \port$1456$54  };
+  assign a__2 = { 1'h0, \port$1434$0 [48:32] };
+  assign b__2 = { 2'h0, \port$1456$54  };
+  assign a__3 = { \port$1434$0 [63], \port$1434$0 [63], \port$1434$0 [63], \port$1434$0 [63:49] };
+  assign b__3 = { 2'h0, \port$1456$54  };
+  assign a__4 = { 1'h0, \port$1434$0 [80:64] };
+  assign b__4 = { 2'h0, \port$1456$54  };
+  assign a__5 = { \port$1434$0 [95], \port$1434$0 [95], \port$1434$0 [95], \port$1434$0 [95:81] };
+  assign b__5 = { 2'h0, \port$1456$54  };
+  assign a__6 = { 1'h0, \port$1434$0 [112:96] };
+  assign b__6 = { 2'h0, \port$1456$54  };
+  assign a__7 = { \port$1434$0 [127], \port$1434$0 [127], \port$1434$0 [127], \port$1434$0 [127:113] };
+  assign b__7 = { 2'h0, \port$1456$54  };
 endmodule

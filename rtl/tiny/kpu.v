@@ -10634,7 +10634,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(error),
     .\port$1166$0 (\$877 ),
     .\port$1184$0 (\$878 ),
-    .\port$3572$2 (l4_acc[17:2]),
+    .\port$3614$2 (l4_acc[17:2]),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -10662,7 +10662,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .cmd__payload(cmd__payload),
     .cmd__ready(cmd__ready),
     .cmd__valid(cmd__valid),
-    .\done$79 (done),
+    .\done$90 (done),
     .error(\error$330 ),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -18585,7 +18585,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1166$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1184$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3572$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3614$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -18728,8 +18728,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$1166$0 ;
   output [5:0] \port$1184$0 ;
   wire [5:0] \port$1184$0 ;
-  input [15:0] \port$3572$2 ;
-  wire [15:0] \port$3572$2 ;
+  input [15:0] \port$3614$2 ;
+  wire [15:0] \port$3614$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -18894,7 +18894,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3572$2  };
+      \$74  = { 8'h00, \port$3614$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -18930,7 +18930,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3572$2  };
+      \$77  = { 8'h00, \port$3614$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -18975,9 +18975,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3572$2  };
+  assign rd_beats = { 8'h00, \port$3614$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3572$2  };
+  assign wr_beats = { 8'h00, \port$3614$2  };
   assign \port$1166$0  = \$9 ;
   assign \port$1184$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -18993,53 +18993,53 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__ready, cmd__valid, unit_rst, a_in__payload, a_in__valid, a_in__ready, \done$79 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__ready, cmd__valid, unit_rst, a_in__payload, a_in__valid, a_in__ready, \done$90 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$3  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
   wire \$100 ;
-  wire \$101 ;
-  wire \$102 ;
+  wire [14:0] \$101 ;
+  wire [14:0] \$102 ;
   wire \$103 ;
   wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
-  wire \$107 ;
-  wire [6:0] \$108 ;
-  wire [12:0] \$109 ;
+  wire [14:0] \$105 ;
+  wire [14:0] \$106 ;
+  wire [12:0] \$107 ;
+  wire \$108 ;
+  wire \$109 ;
   wire \$11 ;
   wire \$110 ;
   wire \$111 ;
-  wire \$112 ;
+  wire [12:0] \$112 ;
   wire \$113 ;
-  wire \$114 ;
+  wire [12:0] \$114 ;
   wire \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
+  wire [14:0] \$116 ;
+  wire [12:0] \$117 ;
+  wire [12:0] \$118 ;
   wire \$119 ;
   wire \$12 ;
   wire \$120 ;
-  wire \$121 ;
-  wire \$122 ;
-  wire \$123 ;
+  wire [12:0] \$121 ;
+  wire [14:0] \$122 ;
+  wire [14:0] \$123 ;
   wire \$124 ;
   wire \$125 ;
-  wire [6:0] \$126 ;
-  wire [12:0] \$127 ;
+  wire \$126 ;
+  wire \$127 ;
   wire \$128 ;
   wire \$129 ;
   wire [12:0] \$13 ;
   wire \$130 ;
-  wire [32:0] \$131 ;
-  wire [32:0] \$132 ;
-  wire [32:0] \$133 ;
-  wire [32:0] \$134 ;
-  wire [31:0] \$135 ;
-  wire [31:0] \$136 ;
-  wire [31:0] \$137 ;
-  wire [31:0] \$138 ;
-  wire [13:0] \$139 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire [2:0] \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire \$138 ;
+  wire \$139 ;
   wire \$14 ;
   wire \$140 ;
   wire \$141 ;
@@ -19050,9 +19050,9 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$146 ;
   wire \$147 ;
   wire \$148 ;
-  wire \$149 ;
+  wire [6:0] \$149 ;
   wire \$15 ;
-  wire \$150 ;
+  wire [12:0] \$150 ;
   wire \$151 ;
   wire \$152 ;
   wire \$153 ;
@@ -19060,15 +19060,15 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$155 ;
   wire \$156 ;
   wire \$157 ;
-  wire \$158 ;
-  wire \$159 ;
-  wire [4:0] \$16 ;
+  wire [6:0] \$158 ;
+  wire [12:0] \$159 ;
+  wire \$16 ;
   wire \$160 ;
-  wire \$161 ;
-  wire \$162 ;
-  wire \$163 ;
-  wire \$164 ;
-  wire \$165 ;
+  wire [32:0] \$161 ;
+  wire [32:0] \$162 ;
+  wire [32:0] \$163 ;
+  wire [32:0] \$164 ;
+  wire [13:0] \$165 ;
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
@@ -19076,144 +19076,176 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
-  reg [11:0] \$172 ;
-  reg \$173 ;
-  reg [13:0] \$174 ;
-  reg \$175 ;
-  reg [1:0] \$176 ;
-  reg \$177 ;
-  reg \$178 ;
-  reg [11:0] \$179 ;
-  wire \$18 ;
-  reg [11:0] \$180 ;
-  reg [3:0] \$181 ;
-  reg \$182 ;
-  reg \$183 ;
-  reg \$184 ;
-  reg [3:0] \$185 ;
-  reg \$186 ;
-  reg \$187 ;
-  reg \$188 ;
-  reg [31:0] \$189 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire \$179 ;
+  wire [14:0] \$18 ;
+  wire \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire \$185 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
   wire \$19 ;
-  reg [31:0] \$190 ;
-  reg \$191 ;
-  reg \$192 ;
-  reg [11:0] \$193 ;
-  reg [13:0] \$194 ;
-  reg [11:0] \$195 ;
-  reg [11:0] \$196 ;
-  reg [13:0] \$197 ;
-  reg [13:0] \$198 ;
-  reg [13:0] \$199 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire [31:0] \$198 ;
+  wire [31:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg [2:0] \$200 ;
-  reg [2:0] \$201 ;
-  reg [13:0] \$202 ;
-  reg [2:0] \$203 ;
+  reg [127:0] \$200 ;
+  reg [11:0] \$201 ;
+  reg \$202 ;
+  reg [13:0] \$203 ;
   reg \$204 ;
-  reg \$205 ;
+  reg [1:0] \$205 ;
   reg \$206 ;
-  reg [13:0] \$207 ;
-  reg \$208 ;
-  reg \$209 ;
+  reg \$207 ;
+  reg [11:0] \$208 ;
+  reg [11:0] \$209 ;
   wire \$21 ;
-  reg [13:0] \$210 ;
+  reg \$210 ;
   reg \$211 ;
-  reg \$212 ;
-  reg [13:0] \$213 ;
-  reg [127:0] \$214 ;
-  reg [127:0] \$215 ;
-  reg [127:0] \$216 ;
-  reg [1:0] \$217 ;
-  reg [127:0] \$218 ;
+  reg [3:0] \$212 ;
+  reg \$213 ;
+  reg \$214 ;
+  reg \$215 ;
+  reg [3:0] \$216 ;
+  reg \$217 ;
+  reg \$218 ;
   reg \$219 ;
   wire \$22 ;
-  reg [3:0] \$220 ;
-  reg \$221 ;
-  reg [13:0] \$222 ;
-  reg [11:0] \$223 ;
+  reg [31:0] \$220 ;
+  reg [31:0] \$221 ;
+  reg \$222 ;
+  reg \$223 ;
   reg [11:0] \$224 ;
   reg [13:0] \$225 ;
-  reg [13:0] \$226 ;
-  reg \$227 ;
-  reg [3:0] \$228 ;
-  reg \$229 ;
-  wire [7:0] \$23 ;
-  reg [79:0] \$230 ;
+  reg [11:0] \$226 ;
+  reg [11:0] \$227 ;
+  reg [13:0] \$228 ;
+  reg [13:0] \$229 ;
+  wire \$23 ;
+  reg \$230 ;
   reg \$231 ;
-  reg [2:0] \$232 ;
+  reg [13:0] \$232 ;
   reg [2:0] \$233 ;
-  reg [11:0] \$234 ;
+  reg [2:0] \$234 ;
   reg [13:0] \$235 ;
-  reg [13:0] \$236 ;
-  wire [7:0] \$24 ;
-  wire [7:0] \$25 ;
-  wire [7:0] \$26 ;
-  wire [12:0] \$27 ;
-  wire [14:0] \$28 ;
+  reg [2:0] \$236 ;
+  reg \$237 ;
+  reg \$238 ;
+  reg \$239 ;
+  wire \$24 ;
+  reg [13:0] \$240 ;
+  reg \$241 ;
+  reg \$242 ;
+  reg [13:0] \$243 ;
+  reg \$244 ;
+  reg \$245 ;
+  reg [13:0] \$246 ;
+  reg [127:0] \$247 ;
+  reg [127:0] \$248 ;
+  reg [127:0] \$249 ;
+  wire \$25 ;
+  reg [1:0] \$250 ;
+  reg [127:0] \$251 ;
+  reg \$252 ;
+  reg \$253 ;
+  reg [13:0] \$254 ;
+  reg [11:0] \$255 ;
+  reg [11:0] \$256 ;
+  reg [13:0] \$257 ;
+  reg [13:0] \$258 ;
+  reg \$259 ;
+  wire \$26 ;
+  reg [3:0] \$260 ;
+  reg \$261 ;
+  reg [79:0] \$262 ;
+  reg \$263 ;
+  reg [2:0] \$264 ;
+  reg [2:0] \$265 ;
+  reg [11:0] \$266 ;
+  reg [13:0] \$267 ;
+  reg [13:0] \$268 ;
+  wire \$27 ;
+  wire \$28 ;
   wire \$29 ;
   wire [14:0] \$3 ;
   wire \$30 ;
-  wire [11:0] \$31 ;
-  wire [12:0] \$32 ;
-  wire [14:0] \$33 ;
-  wire \$34 ;
+  wire \$31 ;
+  wire \$32 ;
+  wire \$33 ;
+  wire [12:0] \$34 ;
   wire \$35 ;
-  wire [12:0] \$36 ;
-  wire [14:0] \$37 ;
-  wire [14:0] \$38 ;
+  wire \$36 ;
+  wire \$37 ;
+  wire \$38 ;
   wire \$39 ;
   wire [14:0] \$4 ;
-  wire [3:0] \$40 ;
+  wire \$40 ;
   wire \$41 ;
   wire \$42 ;
-  wire [2:0] \$43 ;
-  wire [2:0] \$44 ;
+  wire [4:0] \$43 ;
+  wire \$44 ;
   wire \$45 ;
   wire \$46 ;
   wire \$47 ;
-  wire [13:0] \$48 ;
-  wire [2:0] \$49 ;
+  wire \$48 ;
+  wire [7:0] \$49 ;
   wire \$5 ;
-  wire [14:0] \$50 ;
-  wire [2:0] \$51 ;
-  wire [3:0] \$52 ;
+  wire [7:0] \$50 ;
+  wire [7:0] \$51 ;
+  wire [7:0] \$52 ;
   wire \$53 ;
   wire \$54 ;
-  wire \$55 ;
-  wire \$56 ;
-  wire \$57 ;
+  wire [12:0] \$55 ;
+  wire [14:0] \$56 ;
+  wire [12:0] \$57 ;
   wire \$58 ;
   wire \$59 ;
   wire [1:0] \$6 ;
-  wire \$60 ;
-  wire [14:0] \$61 ;
+  wire [11:0] \$60 ;
+  wire [12:0] \$61 ;
   wire [14:0] \$62 ;
   wire \$63 ;
   wire \$64 ;
-  wire [14:0] \$65 ;
-  wire [14:0] \$66 ;
-  wire [12:0] \$67 ;
-  wire \$68 ;
+  wire \$65 ;
+  wire [12:0] \$66 ;
+  wire [14:0] \$67 ;
+  wire [14:0] \$68 ;
   wire \$69 ;
   wire [1:0] \$7 ;
   wire \$70 ;
-  wire \$71 ;
-  wire [12:0] \$72 ;
+  wire [3:0] \$71 ;
+  wire \$72 ;
   wire \$73 ;
-  wire [12:0] \$74 ;
-  wire \$75 ;
-  wire [14:0] \$76 ;
+  wire [2:0] \$74 ;
+  wire [2:0] \$75 ;
+  wire \$76 ;
   wire \$77 ;
-  wire [12:0] \$78 ;
-  wire [12:0] \$79 ;
+  wire \$78 ;
+  wire [13:0] \$79 ;
   wire [1:0] \$8 ;
-  wire \$80 ;
-  wire \$81 ;
-  wire \$82 ;
-  wire \$83 ;
+  wire [2:0] \$80 ;
+  wire [14:0] \$81 ;
+  wire [2:0] \$82 ;
+  wire [3:0] \$83 ;
   wire \$84 ;
   wire \$85 ;
   wire \$86 ;
@@ -19222,42 +19254,42 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire \$89 ;
   wire \$9 ;
   wire \$90 ;
-  wire [2:0] \$91 ;
-  wire [12:0] \$92 ;
-  wire [14:0] \$93 ;
-  wire [14:0] \$94 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire \$94 ;
   wire \$95 ;
   wire \$96 ;
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
   reg \$signal  = 1'h0;
-  reg [1:0] \$signal$10 ;
-  reg \$signal$14  = 1'h0;
-  reg \$signal$19  = 1'h0;
-  reg \$signal$21  = 1'h0;
+  reg [1:0] \$signal$19 ;
+  reg \$signal$23  = 1'h0;
+  reg \$signal$38  = 1'h0;
+  reg \$signal$39  = 1'h0;
   wire [7:0] \$signature__addr ;
-  wire [7:0] \$signature__addr$103 ;
-  wire [6:0] \$signature__addr$94 ;
+  wire [6:0] \$signature__addr$104 ;
+  wire [7:0] \$signature__addr$111 ;
   wire [31:0] \$signature__data ;
-  wire [127:0] \$signature__data$102 ;
-  wire [31:0] \$signature__data$102[0] ;
-  wire [31:0] \$signature__data$102[1] ;
-  wire [31:0] \$signature__data$102[2] ;
-  wire [31:0] \$signature__data$102[3] ;
-  wire [31:0] \$signature__data$95 ;
-  wire [7:0] \$signature__data$95[0] ;
-  wire [7:0] \$signature__data$95[1] ;
-  wire [7:0] \$signature__data$95[2] ;
-  wire [7:0] \$signature__data$95[3] ;
+  wire [31:0] \$signature__data$105 ;
+  wire [7:0] \$signature__data$105[0] ;
+  wire [7:0] \$signature__data$105[1] ;
+  wire [7:0] \$signature__data$105[2] ;
+  wire [7:0] \$signature__data$105[3] ;
+  wire [127:0] \$signature__data$110 ;
+  wire [31:0] \$signature__data$110[0] ;
+  wire [31:0] \$signature__data$110[1] ;
+  wire [31:0] \$signature__data$110[2] ;
+  wire [31:0] \$signature__data$110[3] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
   wire [7:0] \$signature__data[3] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$104 ;
-  wire \$signature__en$97 ;
+  wire \$signature__en$112 ;
+  wire \$signature__en$35 ;
   reg [31:0] a = 32'd0;
   wire [7:0] \a[0] ;
   wire [7:0] \a[1] ;
@@ -19275,13 +19307,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   input a_in__valid;
   wire a_in__valid;
   reg [13:0] a_lim = 14'h0000;
+  reg a_ok = 1'h0;
   reg [13:0] a_ptr = 14'h0000;
-  wire [7:0] a_rd__addr;
-  wire [31:0] a_rd__data;
-  wire [7:0] \a_rd__data[0] ;
-  wire [7:0] \a_rd__data[1] ;
-  wire [7:0] \a_rd__data[2] ;
-  wire [7:0] \a_rd__data[3] ;
   reg [13:0] a_wptr = 14'h0000;
   reg [31:0] b = 32'd0;
   wire [7:0] \b[0] ;
@@ -19299,12 +19326,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   input b_in__valid;
   wire b_in__valid;
   reg [11:0] b_k = 12'h000;
-  wire [6:0] b_rd__addr;
-  wire [31:0] b_rd__data;
-  wire [7:0] \b_rd__data[0] ;
-  wire [7:0] \b_rd__data[1] ;
-  wire [7:0] \b_rd__data[2] ;
-  wire [7:0] \b_rd__data[3] ;
+  reg b_ok = 1'h0;
   output b_take;
   wire b_take;
   wire busy;
@@ -19325,13 +19347,6 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire [31:0] \c_q[1] ;
   wire [31:0] \c_q[2] ;
   wire [31:0] \c_q[3] ;
-  wire [7:0] c_rd__addr;
-  wire [127:0] c_rd__data;
-  wire [31:0] \c_rd__data[0] ;
-  wire [31:0] \c_rd__data[1] ;
-  wire [31:0] \c_rd__data[2] ;
-  wire [31:0] \c_rd__data[3] ;
-  wire c_rd__en;
   reg [13:0] c_tile = 14'h0000;
   input clk;
   wire clk;
@@ -19393,8 +19408,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg [2:0] d_col = 3'h0;
   reg [2:0] d_cols = 3'h0;
   wire done;
-  output \done$79 ;
-  reg \done$79  = 1'h0;
+  output \done$90 ;
+  reg \done$90  = 1'h0;
   reg drain_busy = 1'h0;
   output error;
   reg error = 1'h0;
@@ -19411,6 +19426,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg [1:0] full = 2'h0;
   reg [1:0] full_clr;
   reg [3:0] gap = 4'h0;
+  (* init = 128'h00000000000000000000000000000000 *)
   wire [127:0] i__payload;
   wire [31:0] \i__payload[0] ;
   wire [31:0] \i__payload[1] ;
@@ -19423,6 +19439,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg [11:0] k = 12'h000;
   reg [11:0] k_m1 = 12'h000;
   reg last = 1'h0;
+  reg last_k = 1'h0;
+  reg last_row = 1'h0;
   wire [15:0] mult;
   wire [127:0] o__payload;
   wire [31:0] \o__payload[0] ;
@@ -19437,9 +19455,25 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire [31:0] \out[2] ;
   wire [31:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
-  wire panel_ready;
   reg [1:0] pending = 2'h0;
-  reg [3:0] q_mask = 4'h0;
+  wire [7:0] port__addr;
+  wire [6:0] \port__addr$108 ;
+  wire [7:0] \port__addr$121 ;
+  wire [31:0] port__data;
+  wire [127:0] \port__data$10 ;
+  wire [31:0] \port__data$10[0] ;
+  wire [31:0] \port__data$10[1] ;
+  wire [31:0] \port__data$10[2] ;
+  wire [31:0] \port__data$10[3] ;
+  wire [31:0] \port__data$7 ;
+  wire [7:0] \port__data$7[0] ;
+  wire [7:0] \port__data$7[1] ;
+  wire [7:0] \port__data$7[2] ;
+  wire [7:0] \port__data$7[3] ;
+  wire [7:0] \port__data[0] ;
+  wire [7:0] \port__data[1] ;
+  wire [7:0] \port__data[2] ;
+  wire [7:0] \port__data[3] ;
   reg q_valid = 1'h0;
   reg [3:0] r_mask = 4'h0;
   reg r_valid = 1'h0;
@@ -19455,7 +19489,25 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   reg [11:0] s_n = 12'h000;
   reg [11:0] s_rows = 12'h000;
   wire shift;
-  wire [5:0] \shift$106 ;
+  wire [5:0] \shift$114 ;
+  reg [31:0] spad_a_rd_data = 32'd0;
+  wire [7:0] \spad_a_rd_data[0] ;
+  wire [7:0] \spad_a_rd_data[1] ;
+  wire [7:0] \spad_a_rd_data[2] ;
+  wire [7:0] \spad_a_rd_data[3] ;
+  wire spad_a_rd_en;
+  reg [31:0] spad_b_rd_data = 32'd0;
+  wire [7:0] \spad_b_rd_data[0] ;
+  wire [7:0] \spad_b_rd_data[1] ;
+  wire [7:0] \spad_b_rd_data[2] ;
+  wire [7:0] \spad_b_rd_data[3] ;
+  wire spad_b_rd_en;
+  reg [127:0] spad_c_rd_data = 128'h00000000000000000000000000000000;
+  wire [31:0] \spad_c_rd_data[0] ;
+  wire [31:0] \spad_c_rd_data[1] ;
+  wire [31:0] \spad_c_rd_data[2] ;
+  wire [31:0] \spad_c_rd_data[3] ;
+  wire spad_c_rd_en;
   reg start = 1'h0;
   wire step;
   reg store_start;
@@ -19476,6 +19528,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   wire [31:0] \w_word[2] ;
   wire [31:0] \w_word[3] ;
   reg wbuf = 1'h0;
+  (* no_rw_check = 32'd1 *)
   reg [31:0] spad_a [255:0];
   initial begin
     spad_a[0] = 32'd0;
@@ -19739,11 +19792,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     if (\$signature__en )
       spad_a[a_wptr[7:0]] <= a_in__payload;
   end
-  reg [31:0] _0_;
-  always @(posedge clk) begin
-    _0_ <= spad_a[a_ptr[7:0]];
-  end
-  assign a_rd__data = _0_;
+  assign port__data = spad_a[a_ptr[7:0]];
+  (* no_rw_check = 32'd1 *)
   reg [31:0] spad_b [127:0];
   initial begin
     spad_b[0] = 32'd0;
@@ -19876,14 +19926,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     spad_b[127] = 32'd0;
   end
   always @(posedge clk) begin
-    if (\$signature__en$97 )
-      spad_b[\$109 [6:0]] <= b_in__payload;
+    if (\$signature__en$35 )
+      spad_b[\$150 [6:0]] <= b_in__payload;
   end
-  reg [31:0] _1_;
-  always @(posedge clk) begin
-    _1_ <= spad_b[\$127 [6:0]];
-  end
-  assign b_rd__data = _1_;
+  assign \port__data$7  = spad_b[\$159 [6:0]];
+  (* no_rw_check = 32'd1 *)
   reg [127:0] spad_c [255:0];
   initial begin
     spad_c[0] = 128'h00000000000000000000000000000000;
@@ -20145,21 +20192,15 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[7:0]] <= \$signature__data$102 ;
+      spad_c[w_addr[7:0]] <= \$signature__data$110 ;
   end
-  reg [127:0] _2_;
-  always @(posedge clk) begin
-    if (c_rd__en) begin
-      _2_ <= spad_c[\$139 [7:0]];
-    end
-  end
-  assign c_rd__data = _2_;
+  assign \port__data$10  = spad_c[\$165 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & \$signal ;
   assign \$3  = a_wptr + 1'h1;
   assign \$4  = a_wptr + 1'h1;
   assign \$5  = \$4  == a_lim;
-  assign \$6  = full | \$signal$10 ;
+  assign \$6  = full | \$signal$19 ;
   assign \$7  = ~ full_clr;
   assign \$8  = \$6  & \$7 ;
   assign \$9  = b_in__valid & b_take;
@@ -20168,301 +20209,338 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \$12  = ~ wbuf;
   assign \$13  = b_cols_left - 3'h4;
   assign \$14  = b_cols_left <= 3'h4;
-  assign \$15  = gap < 4'hb;
-  assign \$16  = gap + 1'h1;
-  assign \$17  = ! k;
-  assign \$18  = k == k_m1;
-  assign \$19  = rows_c > 1'h0;
-  assign \$20  = rows_c > 1'h1;
-  assign \$21  = rows_c > 2'h2;
-  assign \$22  = rows_c > 2'h3;
-  assign \$23  = s_mask[0] ? a_rd__data[7:0] : 8'h00;
-  assign \$24  = s_mask[1] ? a_rd__data[15:8] : 8'h00;
-  assign \$25  = s_mask[2] ? a_rd__data[23:16] : 8'h00;
-  assign \$26  = s_mask[3] ? a_rd__data[31:24] : 8'h00;
-  assign \$27  = k + 1'h1;
-  assign \$28  = a_ptr + 1'h1;
-  assign \$29  = k == k_m1;
-  assign \$30  = cols_c < 3'h4;
-  assign \$31  = \$30  ? cols_c : 12'h004;
-  assign \$32  = rows_c - 3'h4;
-  assign \$33  = c_tile + cmd[35:24];
-  assign \$34  = rows_c <= 3'h4;
-  assign \$35  = ~ rbuf;
-  assign \$36  = cols_c - 3'h4;
-  assign \$37  = c_panel + 3'h4;
-  assign \$38  = c_panel + 3'h4;
-  assign \$39  = cols_c <= 3'h4;
-  assign \$40  = d_col + 1'h1;
-  assign \$41  = d_col == 2'h3;
-  assign \$42  = done | drain_busy;
-  assign \$43  = done ? 3'h0 : d_col;
-  assign \$44  = done ? t_cols : d_cols;
-  assign \$45  = \$43  < \$44 ;
-  assign \$46  = \$42  & \$45 ;
-  assign \$47  = done | drain_busy;
-  assign \$48  = done ? t_base : d_base;
-  assign \$49  = done ? 3'h0 : d_col;
-  assign \$50  = \$48  + \$49 ;
-  assign \$51  = pending + tile_issued;
-  assign \$52  = \$51  - tile_drained;
-  assign \$53  = ~ q_valid;
-  assign \$54  = \$53  | i__ready;
-  assign \$55  = ~ storing;
-  assign \$56  = ~ cmd[78];
-  assign \$57  = \$55  & \$56 ;
-  assign \$58  = ~ q_valid;
-  assign \$59  = \$58  | i__ready;
-  assign \$60  = storing & \$59 ;
-  assign \$61  = c_lim - cmd[53:45];
-  assign \$62  = c_lim - cmd[53:45];
-  assign \$63  = | s_left;
-  assign \$64  = | s_left;
-  assign \$65  = s_addr + 1'h1;
-  assign \$66  = s_left - 1'h1;
-  assign \$67  = s_n + 1'h1;
-  assign \$68  = s_rows > 1'h0;
-  assign \$69  = s_rows > 1'h1;
-  assign \$70  = s_rows > 2'h2;
-  assign \$71  = s_rows > 2'h3;
-  assign \$72  = cmd[35:24] - 1'h1;
-  assign \$73  = s_n == \$72 ;
-  assign \$74  = s_rows - 3'h4;
-  assign \$75  = c_out__valid & c_out__ready;
-  assign \$76  = out_left - 1'h1;
-  assign \$77  = | code;
-  assign \$78  = cmd[44:36] + cmd[23:12];
-  assign \$79  = cmd[53:45] + cmd[35:24];
-  assign \$80  = cmd[76] | cmd[77];
-  assign \$81  = a_lim > 9'h100;
-  assign \$82  = \$80  & \$81 ;
-  assign \$83  = cmd[77] | cmd[79];
-  assign \$84  = c_lim > 9'h100;
-  assign \$85  = \$83  & \$84 ;
-  assign \$86  = \$82  | \$85 ;
-  assign \$87  = rows_left <= 3'h4;
-  assign \$88  = cmd[76] | cmd[77];
-  assign \$89  = a_lim > 9'h100;
-  assign \$90  = \$88  & \$89 ;
-  assign \$91  = \$90  ? 3'h4 : 3'h5;
-  assign \$92  = rows_left - 3'h4;
-  assign \$93  = a_lim + cmd[23:12];
-  assign \$94  = c_lim + cmd[35:24];
-  assign \$95  = start | \$signal ;
-  assign \$96  = \$95  | \$signal$14 ;
-  assign \$97  = \$96  | issuing;
-  assign \$98  = \$97  | drain_busy;
-  assign \$99  = \$98  | col_busy0;
-  assign \$100  = \$99  | col_busy1;
-  assign \$101  = \$100  | w_busy;
-  assign \$102  = ~ \$101 ;
-  assign \$103  = ! pending;
-  assign \$104  = \$102  & \$103 ;
-  assign \$105  = ! out_left;
+  assign \$15  = ~ cmd[76];
+  assign \$16  = ~ \$signal ;
+  assign \$17  = \$16  | \$signature__en ;
+  assign \$18  = a_ptr + 1'h1;
+  assign \$19  = \$18  != a_wptr;
+  assign \$20  = step ? \$19  : a_ok;
+  assign \$21  = \$17  | \$20 ;
+  assign \$22  = step & last_k;
+  assign \$23  = \$22  & last_row;
+  assign \$24  = step & last_k;
+  assign \$25  = ~ rbuf;
+  assign \$26  = full >> \$25 ;
+  assign \$27  = wbuf != rbuf;
+  assign \$28  = | b_k;
+  assign \$29  = \$signature__en$35  | \$28 ;
+  assign \$30  = \$27  & \$29 ;
+  assign \$31  = \$26  | \$30 ;
+  assign \$32  = full >> rbuf;
+  assign \$33  = wbuf == rbuf;
+  assign \$34  = k + 1'h1;
+  assign \$35  = b_k != \$34 ;
+  assign \$36  = \$signature__en$35  | \$35 ;
+  assign \$37  = \$33  & \$36 ;
+  assign \$38  = \$32  | \$37 ;
+  assign \$39  = wbuf == rbuf;
+  assign \$40  = \$39  & \$signature__en$35 ;
+  assign \$41  = b_ok | \$40 ;
+  assign \$42  = gap < 4'hb;
+  assign \$43  = gap + 1'h1;
+  assign \$44  = ! k;
+  assign \$45  = rows_c > 1'h0;
+  assign \$46  = rows_c > 1'h1;
+  assign \$47  = rows_c > 2'h2;
+  assign \$48  = rows_c > 2'h3;
+  assign \$49  = s_mask[0] ? spad_a_rd_data[7:0] : 8'h00;
+  assign \$50  = s_mask[1] ? spad_a_rd_data[15:8] : 8'h00;
+  assign \$51  = s_mask[2] ? spad_a_rd_data[23:16] : 8'h00;
+  assign \$52  = s_mask[3] ? spad_a_rd_data[31:24] : 8'h00;
+  assign \$53  = ! k_m1;
+  assign \$54  = cmd[11:0] <= 3'h4;
+  assign \$55  = k + 1'h1;
+  assign \$56  = a_ptr + 1'h1;
+  assign \$57  = k + 1'h1;
+  assign \$58  = \$57  == k_m1;
+  assign \$59  = cols_c < 3'h4;
+  assign \$60  = \$59  ? cols_c : 12'h004;
+  assign \$61  = rows_c - 3'h4;
+  assign \$62  = c_tile + cmd[35:24];
+  assign \$63  = ! k_m1;
+  assign \$64  = rows_c <= 4'h8;
+  assign \$65  = ~ rbuf;
+  assign \$66  = cols_c - 3'h4;
+  assign \$67  = c_panel + 3'h4;
+  assign \$68  = c_panel + 3'h4;
+  assign \$69  = cmd[11:0] <= 3'h4;
+  assign \$70  = cols_c <= 3'h4;
+  assign \$71  = d_col + 1'h1;
+  assign \$72  = d_col == 2'h3;
+  assign \$73  = done | drain_busy;
+  assign \$74  = done ? 3'h0 : d_col;
+  assign \$75  = done ? t_cols : d_cols;
+  assign \$76  = \$74  < \$75 ;
+  assign \$77  = \$73  & \$76 ;
+  assign \$78  = done | drain_busy;
+  assign \$79  = done ? t_base : d_base;
+  assign \$80  = done ? 3'h0 : d_col;
+  assign \$81  = \$79  + \$80 ;
+  assign \$82  = pending + tile_issued;
+  assign \$83  = \$82  - tile_drained;
+  assign \$84  = ~ q_valid;
+  assign \$85  = \$84  | i__ready;
+  assign \$86  = ~ r_mask[0];
+  assign \$87  = ~ cmd[78];
+  assign \$88  = storing ? \$86  : \$87 ;
+  assign \$89  = ~ r_mask[1];
+  assign \$90  = ~ cmd[78];
+  assign \$91  = storing ? \$89  : \$90 ;
+  assign \$92  = ~ r_mask[2];
+  assign \$93  = ~ cmd[78];
+  assign \$94  = storing ? \$92  : \$93 ;
+  assign \$95  = ~ r_mask[3];
+  assign \$96  = ~ cmd[78];
+  assign \$97  = storing ? \$95  : \$96 ;
+  assign \$98  = ~ q_valid;
+  assign \$99  = \$98  | i__ready;
+  assign \$100  = storing & \$99 ;
+  assign \$101  = c_lim - cmd[53:45];
+  assign \$102  = c_lim - cmd[53:45];
+  assign \$103  = | s_left;
+  assign \$104  = | s_left;
+  assign \$105  = s_addr + 1'h1;
+  assign \$106  = s_left - 1'h1;
+  assign \$107  = s_n + 1'h1;
+  assign \$108  = s_rows > 1'h0;
+  assign \$109  = s_rows > 1'h1;
+  assign \$110  = s_rows > 2'h2;
+  assign \$111  = s_rows > 2'h3;
+  assign \$112  = cmd[35:24] - 1'h1;
+  assign \$113  = s_n == \$112 ;
+  assign \$114  = s_rows - 3'h4;
+  assign \$115  = c_out__valid & c_out__ready;
+  assign \$116  = out_left - 1'h1;
+  assign \$117  = cmd[44:36] + cmd[23:12];
+  assign \$118  = cmd[53:45] + cmd[35:24];
+  assign \$119  = | code;
+  assign \$120  = rows_left > 3'h4;
+  assign \$121  = rows_left - 3'h4;
+  assign \$122  = a_lim + cmd[23:12];
+  assign \$123  = c_lim + cmd[35:24];
+  assign \$124  = cmd[76] | cmd[77];
+  assign \$125  = a_lim > 9'h100;
+  assign \$126  = \$124  & \$125 ;
+  assign \$127  = cmd[77] | cmd[79];
+  assign \$128  = c_lim > 9'h100;
+  assign \$129  = \$127  & \$128 ;
+  assign \$130  = \$126  | \$129 ;
+  assign \$131  = rows_left <= 3'h4;
+  assign \$132  = cmd[76] | cmd[77];
+  assign \$133  = a_lim > 9'h100;
+  assign \$134  = \$132  & \$133 ;
+  assign \$135  = \$134  ? 3'h4 : 3'h5;
+  assign \$136  = start | \$signal ;
+  assign \$137  = \$136  | \$signal$23 ;
+  assign \$138  = \$137  | issuing;
+  assign \$139  = \$138  | drain_busy;
+  assign \$140  = \$139  | col_busy0;
+  assign \$141  = \$140  | col_busy1;
+  assign \$142  = \$141  | w_busy;
+  assign \$143  = ~ \$142 ;
+  assign \$144  = ! pending;
+  assign \$145  = \$143  & \$144 ;
+  assign \$146  = ! out_left;
   assign \$signature__en  = a_in__valid & \$signal ;
-  assign \$106  = full >> wbuf;
-  assign \$107  = ~ \$106 ;
-  assign b_take = \$signal$14  & \$107 ;
-  assign \$108  = wbuf ? 7'h40 : 7'h00;
-  assign \$109  = \$108  + b_k;
-  assign \$signature__en$97  = b_in__valid & b_take;
-  assign \$110  = b_in__valid & b_take;
-  assign \$111  = b_k == k_m1;
-  assign \$112  = full >> rbuf;
-  assign \$113  = wbuf == rbuf;
-  assign \$114  = b_take & \$113 ;
-  assign \$115  = b_k > k;
-  assign \$116  = \$114  & \$115 ;
-  assign panel_ready = \$112  | \$116 ;
-  assign \$117  = issuing & panel_ready;
-  assign \$118  = ~ cmd[76];
-  assign \$119  = a_ptr != a_wptr;
-  assign \$120  = \$118  | \$119 ;
-  assign \$121  = \$117  & \$120 ;
-  assign \$122  = k == k_m1;
-  assign \$123  = ~ \$122 ;
-  assign \$124  = gap >= 4'ha;
-  assign \$125  = \$123  | \$124 ;
-  assign step = \$121  & \$125 ;
-  assign \$126  = rbuf ? 7'h40 : 7'h00;
-  assign \$127  = \$126  + k;
-  assign \$128  = k == k_m1;
-  assign \$129  = rows_c <= 3'h4;
-  assign \$130  = d_col == 2'h3;
+  assign \$147  = full >> wbuf;
+  assign \$148  = ~ \$147 ;
+  assign b_take = \$signal$23  & \$148 ;
+  assign \$149  = wbuf ? 7'h40 : 7'h00;
+  assign \$150  = \$149  + b_k;
+  assign \$signature__en$35  = b_in__valid & b_take;
+  assign \$151  = b_in__valid & b_take;
+  assign \$152  = b_k == k_m1;
+  assign \$153  = issuing & a_ok;
+  assign \$154  = \$153  & b_ok;
+  assign \$155  = ~ last_k;
+  assign \$156  = gap >= 4'ha;
+  assign \$157  = \$155  | \$156 ;
+  assign step = \$154  & \$157 ;
+  assign \$158  = rbuf ? 7'h40 : 7'h00;
+  assign \$159  = \$158  + k;
+  assign \$160  = d_col == 2'h3;
   assign shift = done | drain_busy;
-  assign \$131  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
-  assign \$132  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
-  assign \$133  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
-  assign \$134  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
-  assign \$135  = q_mask[0] ? c_q[31:0] : 32'd0;
-  assign \$136  = q_mask[1] ? c_q[63:32] : 32'd0;
-  assign \$137  = q_mask[2] ? c_q[95:64] : 32'd0;
-  assign \$138  = q_mask[3] ? c_q[127:96] : 32'd0;
-  assign \$139  = storing ? s_addr : col_addr0;
-  assign \$140  = ~ storing;
-  assign \$141  = ~ q_valid;
-  assign \$142  = \$141  | i__ready;
-  assign c_rd__en = \$140  | \$142 ;
+  assign \$161  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
+  assign \$162  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
+  assign \$163  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
+  assign \$164  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
+  assign \$165  = storing ? s_addr : col_addr0;
+  assign \$166  = ~ storing;
+  assign \$167  = ~ q_valid;
+  assign \$168  = \$167  | i__ready;
+  assign spad_c_rd_en = \$166  | \$168 ;
   assign busy = ~ cmd__ready;
-  assign \$143  = cmd[76] | cmd[77];
-  assign \$144  = \$143  | cmd[79];
-  assign \$145  = ~ \$144 ;
-  assign \$146  = ! cmd[11:0];
-  assign \$147  = cmd[76] | cmd[77];
-  assign \$148  = ! cmd[23:12];
-  assign \$149  = \$147  & \$148 ;
-  assign \$150  = \$146  | \$149 ;
-  assign \$151  = cmd[77] | cmd[79];
-  assign \$152  = ! cmd[35:24];
-  assign \$153  = \$151  & \$152 ;
-  assign \$154  = \$150  | \$153 ;
-  assign \$155  = cmd[23:12] > 7'h40;
-  assign \$156  = cmd[77] & \$155 ;
-  assign \$157  = start | \$signal ;
-  assign \$158  = \$157  | \$signal$14 ;
-  assign \$159  = \$158  | issuing;
-  assign \$160  = \$159  | drain_busy;
-  assign \$161  = \$160  | col_busy0;
-  assign \$162  = \$161  | col_busy1;
-  assign \$163  = \$162  | w_busy;
-  assign \$164  = ~ \$163 ;
-  assign \$165  = ! pending;
-  assign \$166  = \$164  & \$165 ;
-  assign \$167  = ! fsm_state;
-  assign \$168  = fsm_state == 1'h1;
-  assign \$169  = fsm_state == 2'h2;
-  assign \$170  = fsm_state == 2'h3;
-  assign \$171  = fsm_state == 3'h4;
+  assign \$169  = cmd[76] | cmd[77];
+  assign \$170  = \$169  | cmd[79];
+  assign \$171  = ~ \$170 ;
+  assign \$172  = ! cmd[11:0];
+  assign \$173  = cmd[76] | cmd[77];
+  assign \$174  = ! cmd[23:12];
+  assign \$175  = \$173  & \$174 ;
+  assign \$176  = \$172  | \$175 ;
+  assign \$177  = cmd[77] | cmd[79];
+  assign \$178  = ! cmd[35:24];
+  assign \$179  = \$177  & \$178 ;
+  assign \$180  = \$176  | \$179 ;
+  assign \$181  = cmd[23:12] > 7'h40;
+  assign \$182  = cmd[77] & \$181 ;
+  assign \$183  = start | \$signal ;
+  assign \$184  = \$183  | \$signal$23 ;
+  assign \$185  = \$184  | issuing;
+  assign \$186  = \$185  | drain_busy;
+  assign \$187  = \$186  | col_busy0;
+  assign \$188  = \$187  | col_busy1;
+  assign \$189  = \$188  | w_busy;
+  assign \$190  = ~ \$189 ;
+  assign \$191  = ! pending;
+  assign \$192  = \$190  & \$191 ;
+  assign \$193  = ! fsm_state;
+  assign \$194  = fsm_state == 1'h1;
+  assign \$195  = fsm_state == 2'h2;
+  assign \$196  = fsm_state == 2'h3;
+  assign \$197  = fsm_state == 3'h4;
   always @(posedge clk)
-    k_m1 <= \$172 ;
+    spad_a_rd_data <= \$198 ;
   always @(posedge clk)
-    start <= \$173 ;
+    spad_b_rd_data <= \$199 ;
   always @(posedge clk)
-    a_wptr <= \$174 ;
+    spad_c_rd_data <= \$200 ;
   always @(posedge clk)
-    \$signal  <= \$175 ;
+    k_m1 <= \$201 ;
   always @(posedge clk)
-    full <= \$176 ;
+    start <= \$202 ;
   always @(posedge clk)
-    \$signal$14  <= \$177 ;
+    a_wptr <= \$203 ;
   always @(posedge clk)
-    wbuf <= \$178 ;
+    \$signal  <= \$204 ;
   always @(posedge clk)
-    b_k <= \$179 ;
+    full <= \$205 ;
   always @(posedge clk)
-    b_cols_left <= \$180 ;
+    \$signal$23  <= \$206 ;
   always @(posedge clk)
-    gap <= \$181 ;
+    wbuf <= \$207 ;
   always @(posedge clk)
-    \$signal$19  <= \$182 ;
+    b_k <= \$208 ;
   always @(posedge clk)
-    \$signal$21  <= \$183 ;
+    b_cols_left <= \$209 ;
   always @(posedge clk)
-    s_last <= \$184 ;
+    a_ok <= \$210 ;
   always @(posedge clk)
-    s_mask <= \$185 ;
+    b_ok <= \$211 ;
   always @(posedge clk)
-    valid <= \$186 ;
+    gap <= \$212 ;
   always @(posedge clk)
-    first <= \$187 ;
+    \$signal$38  <= \$213 ;
   always @(posedge clk)
-    last <= \$188 ;
+    \$signal$39  <= \$214 ;
   always @(posedge clk)
-    b <= \$189 ;
+    s_last <= \$215 ;
   always @(posedge clk)
-    a <= \$190 ;
+    s_mask <= \$216 ;
   always @(posedge clk)
-    issuing <= \$191 ;
+    valid <= \$217 ;
   always @(posedge clk)
-    rbuf <= \$192 ;
+    first <= \$218 ;
   always @(posedge clk)
-    k <= \$193 ;
+    last <= \$219 ;
   always @(posedge clk)
-    a_ptr <= \$194 ;
+    b <= \$220 ;
   always @(posedge clk)
-    rows_c <= \$195 ;
+    a <= \$221 ;
   always @(posedge clk)
-    cols_c <= \$196 ;
+    issuing <= \$222 ;
   always @(posedge clk)
-    c_panel <= \$197 ;
+    rbuf <= \$223 ;
   always @(posedge clk)
-    c_tile <= \$198 ;
+    k <= \$224 ;
   always @(posedge clk)
-    t_base <= \$199 ;
+    a_ptr <= \$225 ;
   always @(posedge clk)
-    t_cols <= \$200 ;
+    rows_c <= \$226 ;
   always @(posedge clk)
-    d_col <= \$201 ;
+    cols_c <= \$227 ;
   always @(posedge clk)
-    d_base <= \$202 ;
+    c_panel <= \$228 ;
   always @(posedge clk)
-    d_cols <= \$203 ;
+    c_tile <= \$229 ;
   always @(posedge clk)
-    drain_busy <= \$204 ;
+    last_k <= \$230 ;
   always @(posedge clk)
-    col_valid0 <= \$205 ;
+    last_row <= \$231 ;
   always @(posedge clk)
-    col_busy0 <= \$206 ;
+    t_base <= \$232 ;
   always @(posedge clk)
-    col_addr0 <= \$207 ;
+    t_cols <= \$233 ;
   always @(posedge clk)
-    col_valid1 <= \$208 ;
+    d_col <= \$234 ;
   always @(posedge clk)
-    col_busy1 <= \$209 ;
+    d_base <= \$235 ;
   always @(posedge clk)
-    col_addr1 <= \$210 ;
+    d_cols <= \$236 ;
   always @(posedge clk)
-    w_valid <= \$211 ;
+    drain_busy <= \$237 ;
   always @(posedge clk)
-    w_busy <= \$212 ;
+    col_valid0 <= \$238 ;
   always @(posedge clk)
-    w_addr <= \$213 ;
+    col_busy0 <= \$239 ;
   always @(posedge clk)
-    col_word0 <= \$214 ;
+    col_addr0 <= \$240 ;
   always @(posedge clk)
-    col_word1 <= \$215 ;
+    col_valid1 <= \$241 ;
   always @(posedge clk)
-    w_word <= \$216 ;
+    col_busy1 <= \$242 ;
   always @(posedge clk)
-    pending <= \$217 ;
+    col_addr1 <= \$243 ;
   always @(posedge clk)
-    c_q <= \$218 ;
+    w_valid <= \$244 ;
   always @(posedge clk)
-    q_valid <= \$219 ;
+    w_busy <= \$245 ;
   always @(posedge clk)
-    q_mask <= \$220 ;
+    w_addr <= \$246 ;
   always @(posedge clk)
-    storing <= \$221 ;
+    col_word0 <= \$247 ;
   always @(posedge clk)
-    s_addr <= \$222 ;
+    col_word1 <= \$248 ;
   always @(posedge clk)
-    s_n <= \$223 ;
+    w_word <= \$249 ;
   always @(posedge clk)
-    s_rows <= \$224 ;
+    pending <= \$250 ;
   always @(posedge clk)
-    s_left <= \$225 ;
+    c_q <= \$251 ;
   always @(posedge clk)
-    out_left <= \$226 ;
+    q_valid <= \$252 ;
   always @(posedge clk)
-    r_valid <= \$227 ;
+    storing <= \$253 ;
   always @(posedge clk)
-    r_mask <= \$228 ;
+    s_addr <= \$254 ;
   always @(posedge clk)
-    \done$79  <= \$229 ;
+    s_n <= \$255 ;
   always @(posedge clk)
-    cmd <= \$230 ;
+    s_rows <= \$256 ;
   always @(posedge clk)
-    error <= \$231 ;
+    s_left <= \$257 ;
   always @(posedge clk)
-    error_code <= \$232 ;
+    out_left <= \$258 ;
   always @(posedge clk)
-    fsm_state <= \$233 ;
+    r_valid <= \$259 ;
   always @(posedge clk)
-    rows_left <= \$234 ;
+    r_mask <= \$260 ;
   always @(posedge clk)
-    a_lim <= \$235 ;
+    \done$90  <= \$261 ;
   always @(posedge clk)
-    c_lim <= \$236 ;
+    cmd <= \$262 ;
+  always @(posedge clk)
+    error <= \$263 ;
+  always @(posedge clk)
+    error_code <= \$264 ;
+  always @(posedge clk)
+    fsm_state <= \$265 ;
+  always @(posedge clk)
+    rows_left <= \$266 ;
+  always @(posedge clk)
+    a_lim <= \$267 ;
+  always @(posedge clk)
+    c_lim <= \$268 ;
   \nanokpu_kpu.gemm.array  array (
     .a(a),
     .b(b),
@@ -20479,508 +20557,75 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   \nanokpu_kpu.gemm.requant  requant (
     .advance(i__ready),
     .clk(clk),
-    .i__payload(i__payload),
+    .i__payload(c_q),
     .i__valid(q_valid),
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$3968$54 (cmd[75:54]),
+    .\port$4022$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$172  = \$1 [11:0];
-    if (unit_rst) begin
-      \$172  = 12'h000;
-    end
-    if (rst) begin
-      \$172  = 12'h000;
+    \$200  = spad_c_rd_data;
+    if (spad_c_rd_en) begin
+      \$200  = \port__data$10 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$173  = 1'h0;
+    \$201  = \$1 [11:0];
+    if (unit_rst) begin
+      \$201  = 12'h000;
+    end
+    if (rst) begin
+      \$201  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$202  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$86 ) begin
-          end else if (\$87 ) begin
-            \$173  = 1'h1;
+          if (\$130 ) begin
+          end else if (\$131 ) begin
+            \$202  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$173  = 1'h0;
+      \$202  = 1'h0;
     end
     if (rst) begin
-      \$173  = 1'h0;
+      \$202  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$174  = a_wptr;
+    \$203  = a_wptr;
     if (start) begin
-      \$174  = { 5'h00, cmd[44:36] };
+      \$203  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$174  = \$3 [13:0];
+      \$203  = \$3 [13:0];
     end
     if (unit_rst) begin
-      \$174  = 14'h0000;
+      \$203  = 14'h0000;
     end
     if (rst) begin
-      \$174  = 14'h0000;
+      \$203  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$175  = \$signal ;
+    \$204  = \$signal ;
     if (start) begin
-      \$175  = cmd[76];
+      \$204  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$175  = 1'h0;
-      end
-    end
-    if (unit_rst) begin
-      \$175  = 1'h0;
-    end
-    if (rst) begin
-      \$175  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$176  = \$8 ;
-    if (unit_rst) begin
-      \$176  = 2'h0;
-    end
-    if (rst) begin
-      \$176  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$177  = \$signal$14 ;
-    if (start) begin
-      \$177  = cmd[77];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        if (\$14 ) begin
-          \$177  = 1'h0;
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$177  = 1'h0;
-    end
-    if (rst) begin
-      \$177  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$178  = wbuf;
-    if (start) begin
-      \$178  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$178  = \$12 ;
-      end
-    end
-    if (unit_rst) begin
-      \$178  = 1'h0;
-    end
-    if (rst) begin
-      \$178  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$179  = b_k;
-    if (start) begin
-      \$179  = 12'h000;
-    end else if (\$9 ) begin
-      \$179  = \$10 [11:0];
-      if (\$11 ) begin
-        \$179  = 12'h000;
-      end
-    end
-    if (unit_rst) begin
-      \$179  = 12'h000;
-    end
-    if (rst) begin
-      \$179  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$180  = b_cols_left;
-    if (start) begin
-      \$180  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$180  = \$13 [11:0];
-      end
-    end
-    if (unit_rst) begin
-      \$180  = 12'h000;
-    end
-    if (rst) begin
-      \$180  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$181  = gap;
-    if (\$15 ) begin
-      \$181  = \$16 [3:0];
-    end
-    if (start) begin
-      \$181  = 4'hb;
-    end else if (step) begin
-      if (\$29 ) begin
-        \$181  = 4'h0;
-      end
-    end
-    if (unit_rst) begin
-      \$181  = 4'h0;
-    end
-    if (rst) begin
-      \$181  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$182  = step;
-    if (unit_rst) begin
-      \$182  = 1'h0;
-    end
-    if (rst) begin
-      \$182  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$183  = \$17 ;
-    if (unit_rst) begin
-      \$183  = 1'h0;
-    end
-    if (rst) begin
-      \$183  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$184  = \$18 ;
-    if (unit_rst) begin
-      \$184  = 1'h0;
-    end
-    if (rst) begin
-      \$184  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$185  = { \$22 , \$21 , \$20 , \$19  };
-    if (unit_rst) begin
-      \$185  = 4'h0;
-    end
-    if (rst) begin
-      \$185  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$186  = \$signal$19 ;
-    if (unit_rst) begin
-      \$186  = 1'h0;
-    end
-    if (rst) begin
-      \$186  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$187  = \$signal$21 ;
-    if (unit_rst) begin
-      \$187  = 1'h0;
-    end
-    if (rst) begin
-      \$187  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$188  = s_last;
-    if (unit_rst) begin
-      \$188  = 1'h0;
-    end
-    if (rst) begin
-      \$188  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$189  = b_rd__data;
-    if (unit_rst) begin
-      \$189  = 32'd0;
-    end
-    if (rst) begin
-      \$189  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$190 [7:0] = \$23 ;
-    \$190 [15:8] = \$24 ;
-    \$190 [23:16] = \$25 ;
-    \$190 [31:24] = \$26 ;
-    if (unit_rst) begin
-      \$190  = 32'd0;
-    end
-    if (rst) begin
-      \$190  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$191  = issuing;
-    if (start) begin
-      \$191  = cmd[77];
-    end else if (step) begin
-      if (\$29 ) begin
-        if (\$34 ) begin
-          if (\$39 ) begin
-            \$191  = 1'h0;
-          end
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$191  = 1'h0;
-    end
-    if (rst) begin
-      \$191  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$192  = rbuf;
-    if (start) begin
-      \$192  = 1'h0;
-    end else if (step) begin
-      if (\$29 ) begin
-        if (\$34 ) begin
-          \$192  = \$35 ;
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$192  = 1'h0;
-    end
-    if (rst) begin
-      \$192  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$193  = k;
-    if (start) begin
-      \$193  = 12'h000;
-    end else if (step) begin
-      \$193  = \$27 [11:0];
-      if (\$29 ) begin
-        \$193  = 12'h000;
-      end
-    end
-    if (unit_rst) begin
-      \$193  = 12'h000;
-    end
-    if (rst) begin
-      \$193  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$194  = a_ptr;
-    if (start) begin
-      \$194  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$194  = \$28 [13:0];
-      if (\$29 ) begin
-        if (\$34 ) begin
-          \$194  = { 5'h00, cmd[44:36] };
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$194  = 14'h0000;
-    end
-    if (rst) begin
-      \$194  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$195  = rows_c;
-    if (start) begin
-      \$195  = cmd[11:0];
-    end else if (step) begin
-      if (\$29 ) begin
-        \$195  = \$32 [11:0];
-        if (\$34 ) begin
-          \$195  = cmd[11:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$195  = 12'h000;
-    end
-    if (rst) begin
-      \$195  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$196  = cols_c;
-    if (start) begin
-      \$196  = cmd[35:24];
-    end else if (step) begin
-      if (\$29 ) begin
-        if (\$34 ) begin
-          \$196  = \$36 [11:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$196  = 12'h000;
-    end
-    if (rst) begin
-      \$196  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$197  = c_panel;
-    if (start) begin
-      \$197  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (\$29 ) begin
-        if (\$34 ) begin
-          \$197  = \$37 [13:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$197  = 14'h0000;
-    end
-    if (rst) begin
-      \$197  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$198  = c_tile;
-    if (start) begin
-      \$198  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (\$29 ) begin
-        \$198  = \$33 [13:0];
-        if (\$34 ) begin
-          \$198  = \$38 [13:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$198  = 14'h0000;
-    end
-    if (rst) begin
-      \$198  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$199  = t_base;
-    if (start) begin
-    end else if (step) begin
-      if (\$29 ) begin
-        \$199  = c_tile;
-      end
-    end
-    if (unit_rst) begin
-      \$199  = 14'h0000;
-    end
-    if (rst) begin
-      \$199  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$200  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (\$29 ) begin
-        \$200  = \$31 [2:0];
-      end
-    end
-    if (unit_rst) begin
-      \$200  = 3'h0;
-    end
-    if (rst) begin
-      \$200  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$201  = d_col;
-    if (done) begin
-      \$201  = 3'h1;
-    end else if (drain_busy) begin
-      \$201  = \$40 [2:0];
-    end
-    if (unit_rst) begin
-      \$201  = 3'h0;
-    end
-    if (rst) begin
-      \$201  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$202  = d_base;
-    if (done) begin
-      \$202  = t_base;
-    end
-    if (unit_rst) begin
-      \$202  = 14'h0000;
-    end
-    if (rst) begin
-      \$202  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$203  = d_cols;
-    if (done) begin
-      \$203  = t_cols;
-    end
-    if (unit_rst) begin
-      \$203  = 3'h0;
-    end
-    if (rst) begin
-      \$203  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$204  = drain_busy;
-    if (done) begin
-      \$204  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$41 ) begin
         \$204  = 1'h0;
       end
     end
@@ -20993,583 +20638,1072 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$205  = \$46 ;
+    \$205  = \$8 ;
     if (unit_rst) begin
-      \$205  = 1'h0;
+      \$205  = 2'h0;
     end
     if (rst) begin
-      \$205  = 1'h0;
+      \$205  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$206  = \$47 ;
-    if (unit_rst) begin
-      \$206  = 1'h0;
-    end
-    if (rst) begin
-      \$206  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$207  = \$50 [13:0];
-    if (unit_rst) begin
-      \$207  = 14'h0000;
-    end
-    if (rst) begin
-      \$207  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$208  = col_valid0;
-    if (unit_rst) begin
-      \$208  = 1'h0;
-    end
-    if (rst) begin
-      \$208  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$209  = col_busy0;
-    if (unit_rst) begin
-      \$209  = 1'h0;
-    end
-    if (rst) begin
-      \$209  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$210  = col_addr0;
-    if (unit_rst) begin
-      \$210  = 14'h0000;
-    end
-    if (rst) begin
-      \$210  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$211  = col_valid1;
-    if (unit_rst) begin
-      \$211  = 1'h0;
-    end
-    if (rst) begin
-      \$211  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$212  = col_busy1;
-    if (unit_rst) begin
-      \$212  = 1'h0;
-    end
-    if (rst) begin
-      \$212  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$213  = col_addr1;
-    if (unit_rst) begin
-      \$213  = 14'h0000;
-    end
-    if (rst) begin
-      \$213  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$214  = out;
-    if (unit_rst) begin
-      \$214  = 128'h00000000000000000000000000000000;
-    end
-    if (rst) begin
-      \$214  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$215  = col_word0;
-    if (unit_rst) begin
-      \$215  = 128'h00000000000000000000000000000000;
-    end
-    if (rst) begin
-      \$215  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$216  = col_word1;
-    if (unit_rst) begin
-      \$216  = 128'h00000000000000000000000000000000;
-    end
-    if (rst) begin
-      \$216  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$217  = \$52 [1:0];
-    if (unit_rst) begin
-      \$217  = 2'h0;
-    end
-    if (rst) begin
-      \$217  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$218  = c_q;
-    if (\$54 ) begin
-      \$218  = c_rd__data;
-      if (\$57 ) begin
-        \$218  = 128'h00000000000000000000000000000000;
-      end
-    end
-    if (unit_rst) begin
-      \$218  = 128'h00000000000000000000000000000000;
-    end
-    if (rst) begin
-      \$218  = 128'h00000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$219  = q_valid;
-    if (\$54 ) begin
-      \$219  = r_valid;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$105 ) begin
-            \$219  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$219  = 1'h0;
-    end
-    if (rst) begin
-      \$219  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$220  = q_mask;
-    if (\$54 ) begin
-      \$220  = r_mask;
-    end
-    if (unit_rst) begin
-      \$220  = 4'h0;
-    end
-    if (rst) begin
-      \$220  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$221  = storing;
-    if (store_start) begin
-      \$221  = 1'h1;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$105 ) begin
-            \$221  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$221  = 1'h0;
-    end
-    if (rst) begin
-      \$221  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$222  = s_addr;
-    if (store_start) begin
-      \$222  = { 5'h00, cmd[53:45] };
-    end else if (\$60 ) begin
-      if (\$64 ) begin
-        \$222  = \$65 [13:0];
-      end
-    end
-    if (unit_rst) begin
-      \$222  = 14'h0000;
-    end
-    if (rst) begin
-      \$222  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$223  = s_n;
-    if (store_start) begin
-      \$223  = 12'h000;
-    end else if (\$60 ) begin
-      if (\$64 ) begin
-        \$223  = \$67 [11:0];
-        if (\$73 ) begin
-          \$223  = 12'h000;
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$223  = 12'h000;
-    end
-    if (rst) begin
-      \$223  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$224  = s_rows;
-    if (store_start) begin
-      \$224  = cmd[11:0];
-    end else if (\$60 ) begin
-      if (\$64 ) begin
-        if (\$73 ) begin
-          \$224  = \$74 [11:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$224  = 12'h000;
-    end
-    if (rst) begin
-      \$224  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$225  = s_left;
-    if (store_start) begin
-      \$225  = \$61 [13:0];
-    end else if (\$60 ) begin
-      if (\$64 ) begin
-        \$225  = \$66 [13:0];
-      end
-    end
-    if (unit_rst) begin
-      \$225  = 14'h0000;
-    end
-    if (rst) begin
-      \$225  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$226  = out_left;
-    if (store_start) begin
-      \$226  = \$62 [13:0];
-    end
-    if (\$75 ) begin
-      \$226  = \$76 [13:0];
-    end
-    if (unit_rst) begin
-      \$226  = 14'h0000;
-    end
-    if (rst) begin
-      \$226  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$227  = r_valid;
-    if (store_start) begin
-    end else if (\$60 ) begin
-      \$227  = \$63 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$105 ) begin
-            \$227  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$227  = 1'h0;
-    end
-    if (rst) begin
-      \$227  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$228  = r_mask;
-    if (store_start) begin
-    end else if (\$60 ) begin
-      if (\$64 ) begin
-        \$228  = { \$71 , \$70 , \$69 , \$68  };
-      end
-    end
-    if (unit_rst) begin
-      \$228  = 4'h0;
-    end
-    if (rst) begin
-      \$228  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$229  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$77 ) begin
-            \$229  = 1'h1;
-          end
-      3'h2:
-          if (\$86 ) begin
-            \$229  = 1'h1;
-          end
-      3'h3:
-          if (\$104 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-            end else begin
-              \$229  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$105 ) begin
-            \$229  = 1'h1;
-          end
-    endcase
-    if (unit_rst) begin
-      \$229  = 1'h0;
-    end
-    if (rst) begin
-      \$229  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$230  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$230  = cmd__payload;
-          end
-    endcase
-    if (unit_rst) begin
-      \$230  = 80'h00000000000000000000;
-    end
-    if (rst) begin
-      \$230  = 80'h00000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$231  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$231  = 1'h0;
-          end
-      3'h1:
-          if (\$77 ) begin
-            \$231  = 1'h1;
-          end
-      3'h2:
-          if (\$86 ) begin
-            \$231  = 1'h1;
-          end
-    endcase
-    if (unit_rst) begin
-      \$231  = 1'h0;
-    end
-    if (rst) begin
-      \$231  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$232  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$232  = 3'h0;
-          end
-      3'h1:
-          if (\$77 ) begin
-            \$232  = code;
-          end
-      3'h2:
-          if (\$86 ) begin
-            \$232  = \$91 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$232  = 3'h0;
-    end
-    if (rst) begin
-      \$232  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$233  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$233  = 3'h1;
-          end
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$77 ) begin
-            \$233  = 3'h0;
-          end else begin
-            \$233  = 3'h2;
-          end
-      3'h2:
-          if (\$86 ) begin
-            \$233  = 3'h0;
-          end else if (\$87 ) begin
-            \$233  = 3'h3;
-          end
-      3'h3:
-          if (\$104 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-              \$233  = 3'h4;
-            end else begin
-              \$233  = 3'h0;
-            end
-          end
-      3'h4:
-          if (\$105 ) begin
-            \$233  = 3'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$233  = 3'h0;
-    end
-    if (rst) begin
-      \$233  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$234  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$77 ) begin
-          end else begin
-            \$234  = cmd[11:0];
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$86 ) begin
-          end else if (\$87 ) begin
-          end else begin
-            \$234  = \$92 [11:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$234  = 12'h000;
-    end
-    if (rst) begin
-      \$234  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$235  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$77 ) begin
-          end else begin
-            \$235  = { 1'h0, \$78  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$86 ) begin
-          end else if (\$87 ) begin
-          end else begin
-            \$235  = \$93 [13:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$235  = 14'h0000;
-    end
-    if (rst) begin
-      \$235  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$236  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          (* full_case = 32'd1 *)
-          if (\$77 ) begin
-          end else begin
-            \$236  = { 1'h0, \$79  };
-          end
-      3'h2:
-          (* full_case = 32'd1 *)
-          if (\$86 ) begin
-          end else if (\$87 ) begin
-          end else begin
-            \$236  = \$94 [13:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$236  = 14'h0000;
-    end
-    if (rst) begin
-      \$236  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
-    \$signal$10  = 2'h0;
+    \$206  = \$signal$23 ;
     if (start) begin
-    end else if (\$110 ) begin
-      if (\$111 ) begin
+      \$206  = cmd[77];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        if (\$14 ) begin
+          \$206  = 1'h0;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$206  = 1'h0;
+    end
+    if (rst) begin
+      \$206  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$207  = wbuf;
+    if (start) begin
+      \$207  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$207  = \$12 ;
+      end
+    end
+    if (unit_rst) begin
+      \$207  = 1'h0;
+    end
+    if (rst) begin
+      \$207  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$208  = b_k;
+    if (start) begin
+      \$208  = 12'h000;
+    end else if (\$9 ) begin
+      \$208  = \$10 [11:0];
+      if (\$11 ) begin
+        \$208  = 12'h000;
+      end
+    end
+    if (unit_rst) begin
+      \$208  = 12'h000;
+    end
+    if (rst) begin
+      \$208  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$209  = b_cols_left;
+    if (start) begin
+      \$209  = cmd[35:24];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$209  = \$13 [11:0];
+      end
+    end
+    if (unit_rst) begin
+      \$209  = 12'h000;
+    end
+    if (rst) begin
+      \$209  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$210  = \$15 ;
+    end else begin
+      \$210  = \$21 ;
+    end
+    if (unit_rst) begin
+      \$210  = 1'h0;
+    end
+    if (rst) begin
+      \$210  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$211  = 1'h0;
+    end else if (\$23 ) begin
+      \$211  = \$31 ;
+    end else if (\$24 ) begin
+      \$211  = 1'h1;
+    end else if (step) begin
+      \$211  = \$38 ;
+    end else begin
+      \$211  = \$41 ;
+    end
+    if (unit_rst) begin
+      \$211  = 1'h0;
+    end
+    if (rst) begin
+      \$211  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$212  = gap;
+    if (\$42 ) begin
+      \$212  = \$43 [3:0];
+    end
+    if (start) begin
+      \$212  = 4'hb;
+    end else if (step) begin
+      if (last_k) begin
+        \$212  = 4'h0;
+      end
+    end
+    if (unit_rst) begin
+      \$212  = 4'h0;
+    end
+    if (rst) begin
+      \$212  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$213  = step;
+    if (unit_rst) begin
+      \$213  = 1'h0;
+    end
+    if (rst) begin
+      \$213  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$214  = \$44 ;
+    if (unit_rst) begin
+      \$214  = 1'h0;
+    end
+    if (rst) begin
+      \$214  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$215  = last_k;
+    if (unit_rst) begin
+      \$215  = 1'h0;
+    end
+    if (rst) begin
+      \$215  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$216  = { \$48 , \$47 , \$46 , \$45  };
+    if (unit_rst) begin
+      \$216  = 4'h0;
+    end
+    if (rst) begin
+      \$216  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$217  = \$signal$38 ;
+    if (unit_rst) begin
+      \$217  = 1'h0;
+    end
+    if (rst) begin
+      \$217  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$218  = \$signal$39 ;
+    if (unit_rst) begin
+      \$218  = 1'h0;
+    end
+    if (rst) begin
+      \$218  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$219  = s_last;
+    if (unit_rst) begin
+      \$219  = 1'h0;
+    end
+    if (rst) begin
+      \$219  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$220  = spad_b_rd_data;
+    if (unit_rst) begin
+      \$220  = 32'd0;
+    end
+    if (rst) begin
+      \$220  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$221 [7:0] = \$49 ;
+    \$221 [15:8] = \$50 ;
+    \$221 [23:16] = \$51 ;
+    \$221 [31:24] = \$52 ;
+    if (unit_rst) begin
+      \$221  = 32'd0;
+    end
+    if (rst) begin
+      \$221  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$222  = issuing;
+    if (start) begin
+      \$222  = cmd[77];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          if (\$70 ) begin
+            \$222  = 1'h0;
+          end
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$222  = 1'h0;
+    end
+    if (rst) begin
+      \$222  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$223  = rbuf;
+    if (start) begin
+      \$223  = 1'h0;
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$223  = \$65 ;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$223  = 1'h0;
+    end
+    if (rst) begin
+      \$223  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$224  = k;
+    if (start) begin
+      \$224  = 12'h000;
+    end else if (step) begin
+      \$224  = \$55 [11:0];
+      if (last_k) begin
+        \$224  = 12'h000;
+      end
+    end
+    if (unit_rst) begin
+      \$224  = 12'h000;
+    end
+    if (rst) begin
+      \$224  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$225  = a_ptr;
+    if (start) begin
+      \$225  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$225  = \$56 [13:0];
+      if (last_k) begin
+        if (last_row) begin
+          \$225  = { 5'h00, cmd[44:36] };
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$225  = 14'h0000;
+    end
+    if (rst) begin
+      \$225  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$226  = rows_c;
+    if (start) begin
+      \$226  = cmd[11:0];
+    end else if (step) begin
+      if (last_k) begin
+        \$226  = \$61 [11:0];
+        if (last_row) begin
+          \$226  = cmd[11:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$226  = 12'h000;
+    end
+    if (rst) begin
+      \$226  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$227  = cols_c;
+    if (start) begin
+      \$227  = cmd[35:24];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$227  = \$66 [11:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$227  = 12'h000;
+    end
+    if (rst) begin
+      \$227  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$228  = c_panel;
+    if (start) begin
+      \$228  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$228  = \$67 [13:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$228  = 14'h0000;
+    end
+    if (rst) begin
+      \$228  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$229  = c_tile;
+    if (start) begin
+      \$229  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        \$229  = \$62 [13:0];
+        if (last_row) begin
+          \$229  = \$68 [13:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$229  = 14'h0000;
+    end
+    if (rst) begin
+      \$229  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$230  = last_k;
+    if (start) begin
+      \$230  = \$53 ;
+    end else if (step) begin
+      \$230  = \$58 ;
+      if (last_k) begin
+        \$230  = \$63 ;
+      end
+    end
+    if (unit_rst) begin
+      \$230  = 1'h0;
+    end
+    if (rst) begin
+      \$230  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$231  = last_row;
+    if (start) begin
+      \$231  = \$54 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$231  = \$64 ;
+        if (last_row) begin
+          \$231  = \$69 ;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$231  = 1'h0;
+    end
+    if (rst) begin
+      \$231  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$232  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$232  = c_tile;
+      end
+    end
+    if (unit_rst) begin
+      \$232  = 14'h0000;
+    end
+    if (rst) begin
+      \$232  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$233  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$233  = \$60 [2:0];
+      end
+    end
+    if (unit_rst) begin
+      \$233  = 3'h0;
+    end
+    if (rst) begin
+      \$233  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$234  = d_col;
+    if (done) begin
+      \$234  = 3'h1;
+    end else if (drain_busy) begin
+      \$234  = \$71 [2:0];
+    end
+    if (unit_rst) begin
+      \$234  = 3'h0;
+    end
+    if (rst) begin
+      \$234  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$235  = d_base;
+    if (done) begin
+      \$235  = t_base;
+    end
+    if (unit_rst) begin
+      \$235  = 14'h0000;
+    end
+    if (rst) begin
+      \$235  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$236  = d_cols;
+    if (done) begin
+      \$236  = t_cols;
+    end
+    if (unit_rst) begin
+      \$236  = 3'h0;
+    end
+    if (rst) begin
+      \$236  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$237  = drain_busy;
+    if (done) begin
+      \$237  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$72 ) begin
+        \$237  = 1'h0;
+      end
+    end
+    if (unit_rst) begin
+      \$237  = 1'h0;
+    end
+    if (rst) begin
+      \$237  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$238  = \$77 ;
+    if (unit_rst) begin
+      \$238  = 1'h0;
+    end
+    if (rst) begin
+      \$238  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$239  = \$78 ;
+    if (unit_rst) begin
+      \$239  = 1'h0;
+    end
+    if (rst) begin
+      \$239  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$240  = \$81 [13:0];
+    if (unit_rst) begin
+      \$240  = 14'h0000;
+    end
+    if (rst) begin
+      \$240  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$241  = col_valid0;
+    if (unit_rst) begin
+      \$241  = 1'h0;
+    end
+    if (rst) begin
+      \$241  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$242  = col_busy0;
+    if (unit_rst) begin
+      \$242  = 1'h0;
+    end
+    if (rst) begin
+      \$242  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$243  = col_addr0;
+    if (unit_rst) begin
+      \$243  = 14'h0000;
+    end
+    if (rst) begin
+      \$243  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$244  = col_valid1;
+    if (unit_rst) begin
+      \$244  = 1'h0;
+    end
+    if (rst) begin
+      \$244  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$245  = col_busy1;
+    if (unit_rst) begin
+      \$245  = 1'h0;
+    end
+    if (rst) begin
+      \$245  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$246  = col_addr1;
+    if (unit_rst) begin
+      \$246  = 14'h0000;
+    end
+    if (rst) begin
+      \$246  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$247  = out;
+    if (unit_rst) begin
+      \$247  = 128'h00000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$247  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$248  = col_word0;
+    if (unit_rst) begin
+      \$248  = 128'h00000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$248  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$249  = col_word1;
+    if (unit_rst) begin
+      \$249  = 128'h00000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$249  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$250  = \$83 [1:0];
+    if (unit_rst) begin
+      \$250  = 2'h0;
+    end
+    if (rst) begin
+      \$250  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$251  = c_q;
+    if (\$85 ) begin
+      \$251  = spad_c_rd_data;
+      if (\$88 ) begin
+        \$251 [31:0] = 32'd0;
+      end
+      if (\$91 ) begin
+        \$251 [63:32] = 32'd0;
+      end
+      if (\$94 ) begin
+        \$251 [95:64] = 32'd0;
+      end
+      if (\$97 ) begin
+        \$251 [127:96] = 32'd0;
+      end
+    end
+    if (unit_rst) begin
+      \$251  = 128'h00000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$251  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$252  = q_valid;
+    if (\$85 ) begin
+      \$252  = r_valid;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$146 ) begin
+            \$252  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$252  = 1'h0;
+    end
+    if (rst) begin
+      \$252  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$253  = storing;
+    if (store_start) begin
+      \$253  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$146 ) begin
+            \$253  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$253  = 1'h0;
+    end
+    if (rst) begin
+      \$253  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$254  = s_addr;
+    if (store_start) begin
+      \$254  = { 5'h00, cmd[53:45] };
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        \$254  = \$105 [13:0];
+      end
+    end
+    if (unit_rst) begin
+      \$254  = 14'h0000;
+    end
+    if (rst) begin
+      \$254  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$255  = s_n;
+    if (store_start) begin
+      \$255  = 12'h000;
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        \$255  = \$107 [11:0];
+        if (\$113 ) begin
+          \$255  = 12'h000;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$255  = 12'h000;
+    end
+    if (rst) begin
+      \$255  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$256  = s_rows;
+    if (store_start) begin
+      \$256  = cmd[11:0];
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        if (\$113 ) begin
+          \$256  = \$114 [11:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$256  = 12'h000;
+    end
+    if (rst) begin
+      \$256  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$257  = s_left;
+    if (store_start) begin
+      \$257  = \$101 [13:0];
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        \$257  = \$106 [13:0];
+      end
+    end
+    if (unit_rst) begin
+      \$257  = 14'h0000;
+    end
+    if (rst) begin
+      \$257  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$258  = out_left;
+    if (store_start) begin
+      \$258  = \$102 [13:0];
+    end
+    if (\$115 ) begin
+      \$258  = \$116 [13:0];
+    end
+    if (unit_rst) begin
+      \$258  = 14'h0000;
+    end
+    if (rst) begin
+      \$258  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$259  = r_valid;
+    if (store_start) begin
+    end else if (\$100 ) begin
+      \$259  = \$103 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$146 ) begin
+            \$259  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$259  = 1'h0;
+    end
+    if (rst) begin
+      \$259  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$260  = r_mask;
+    if (store_start) begin
+    end else if (\$100 ) begin
+      if (\$104 ) begin
+        \$260  = { \$111 , \$110 , \$109 , \$108  };
+      end
+    end
+    if (unit_rst) begin
+      \$260  = 4'h0;
+    end
+    if (rst) begin
+      \$260  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$261  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$119 ) begin
+            \$261  = 1'h1;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$261  = 1'h1;
+          end
+      3'h3:
+          if (\$145 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+            end else begin
+              \$261  = 1'h1;
+            end
+          end
+      3'h4:
+          if (\$146 ) begin
+            \$261  = 1'h1;
+          end
+    endcase
+    if (unit_rst) begin
+      \$261  = 1'h0;
+    end
+    if (rst) begin
+      \$261  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$262  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$262  = cmd__payload;
+          end
+    endcase
+    if (unit_rst) begin
+      \$262  = 80'h00000000000000000000;
+    end
+    if (rst) begin
+      \$262  = 80'h00000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$263  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$263  = 1'h0;
+          end
+      3'h1:
+          if (\$119 ) begin
+            \$263  = 1'h1;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$263  = 1'h1;
+          end
+    endcase
+    if (unit_rst) begin
+      \$263  = 1'h0;
+    end
+    if (rst) begin
+      \$263  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$264  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$264  = 3'h0;
+          end
+      3'h1:
+          if (\$119 ) begin
+            \$264  = code;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$264  = \$135 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$264  = 3'h0;
+    end
+    if (rst) begin
+      \$264  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$265  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$265  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$119 ) begin
+            \$265  = 3'h0;
+          end else begin
+            \$265  = 3'h2;
+          end
+      3'h2:
+          if (\$130 ) begin
+            \$265  = 3'h0;
+          end else if (\$131 ) begin
+            \$265  = 3'h3;
+          end
+      3'h3:
+          if (\$145 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+              \$265  = 3'h4;
+            end else begin
+              \$265  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$146 ) begin
+            \$265  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$265  = 3'h0;
+    end
+    if (rst) begin
+      \$265  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$266  = rows_left;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$266  = cmd[11:0];
+      3'h2:
+          if (\$120 ) begin
+            \$266  = \$121 [11:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$266  = 12'h000;
+    end
+    if (rst) begin
+      \$266  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$267  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$267  = { 1'h0, \$117  };
+      3'h2:
+          if (\$120 ) begin
+            \$267  = \$122 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$267  = 14'h0000;
+    end
+    if (rst) begin
+      \$267  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$268  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$268  = { 1'h0, \$118  };
+      3'h2:
+          if (\$120 ) begin
+            \$268  = \$123 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$268  = 14'h0000;
+    end
+    if (rst) begin
+      \$268  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$3 ) begin end
+    \$signal$19  = 2'h0;
+    if (start) begin
+    end else if (\$151 ) begin
+      if (\$152 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
-              \$signal$10 [0] = 1'h1;
+              \$signal$19 [0] = 1'h1;
           1'h1:
-              \$signal$10 [1] = 1'h1;
+              \$signal$19 [1] = 1'h1;
         endcase
       end
     end
@@ -21579,7 +21713,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
-      if (\$128 ) begin
+      if (last_k) begin
         tile_issued = 1'h1;
       end
     end
@@ -21589,8 +21723,8 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
-      if (\$128 ) begin
-        if (\$129 ) begin
+      if (last_k) begin
+        if (last_row) begin
           (* full_case = 32'd1 *)
           casez (rbuf)
             1'h0:
@@ -21607,7 +21741,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
-      if (\$130 ) begin
+      if (\$160 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -21627,11 +21761,11 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h0:
           /* empty */;
       3'h1:
-          if (\$145 ) begin
+          if (\$171 ) begin
             code = 3'h1;
-          end else if (\$154 ) begin
+          end else if (\$180 ) begin
             code = 3'h2;
-          end else if (\$156 ) begin
+          end else if (\$182 ) begin
             code = 3'h3;
           end
     endcase
@@ -21647,30 +21781,57 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
       3'h2:
           /* empty */;
       3'h3:
-          if (\$166 ) begin
+          if (\$192 ) begin
             if (cmd[79]) begin
               store_start = 1'h1;
             end
           end
     endcase
   end
+  assign spad_a_rd_en = 1'h1;
+  assign spad_b_rd_en = 1'h1;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
   assign b_in__ready = b_take;
-  assign \$signature__addr$94  = \$109 [6:0];
-  assign \$signature__data$95  = b_in__payload;
-  assign a_rd__addr = a_ptr[7:0];
-  assign b_rd__addr = \$127 [6:0];
-  assign \$signature__addr$103  = w_addr[7:0];
-  assign \$signature__en$104  = w_valid;
+  assign \$signature__addr$104  = \$150 [6:0];
+  assign \$signature__data$105  = b_in__payload;
+  assign port__addr = a_ptr[7:0];
+  assign \port__addr$108  = \$159 [6:0];
+  assign \$signature__addr$111  = w_addr[7:0];
+  assign \$signature__en$112  = w_valid;
   assign mult = cmd[69:54];
-  assign \shift$106  = cmd[75:70];
+  assign \shift$114  = cmd[75:70];
   assign i__valid = q_valid;
+  assign i__payload = c_q;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign c_rd__addr = \$139 [7:0];
+  assign \port__addr$121  = \$165 [7:0];
   assign a_in__ready = \$signal ;
+  assign \spad_a_rd_data[0]  = spad_a_rd_data[7:0];
+  assign \spad_a_rd_data[1]  = spad_a_rd_data[15:8];
+  assign \spad_a_rd_data[2]  = spad_a_rd_data[23:16];
+  assign \spad_a_rd_data[3]  = spad_a_rd_data[31:24];
+  assign \port__data[0]  = port__data[7:0];
+  assign \port__data[1]  = port__data[15:8];
+  assign \port__data[2]  = port__data[23:16];
+  assign \port__data[3]  = port__data[31:24];
+  assign \spad_b_rd_data[0]  = spad_b_rd_data[7:0];
+  assign \spad_b_rd_data[1]  = spad_b_rd_data[15:8];
+  assign \spad_b_rd_data[2]  = spad_b_rd_data[23:16];
+  assign \spad_b_rd_data[3]  = spad_b_rd_data[31:24];
+  assign \port__data$7[0]  = \port__data$7 [7:0];
+  assign \port__data$7[1]  = \port__data$7 [15:8];
+  assign \port__data$7[2]  = \port__data$7 [23:16];
+  assign \port__data$7[3]  = \port__data$7 [31:24];
+  assign \spad_c_rd_data[0]  = spad_c_rd_data[31:0];
+  assign \spad_c_rd_data[1]  = spad_c_rd_data[63:32];
+  assign \spad_c_rd_data[2]  = spad_c_rd_data[95:64];
+  assign \spad_c_rd_data[3]  = spad_c_rd_data[127:96];
+  assign \port__data$10[0]  = \port__data$10 [31:0];
+  assign \port__data$10[1]  = \port__data$10 [63:32];
+  assign \port__data$10[2]  = \port__data$10 [95:64];
+  assign \port__data$10[3]  = \port__data$10 [127:96];
   assign \cmd.m  = cmd[11:0];
   assign \cmd.k  = cmd[23:12];
   assign \cmd.n  = cmd[35:24];
@@ -21686,18 +21847,10 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \b[1]  = b[15:8];
   assign \b[2]  = b[23:16];
   assign \b[3]  = b[31:24];
-  assign \b_rd__data[0]  = b_rd__data[7:0];
-  assign \b_rd__data[1]  = b_rd__data[15:8];
-  assign \b_rd__data[2]  = b_rd__data[23:16];
-  assign \b_rd__data[3]  = b_rd__data[31:24];
   assign \a[0]  = a[7:0];
   assign \a[1]  = a[15:8];
   assign \a[2]  = a[23:16];
   assign \a[3]  = a[31:24];
-  assign \a_rd__data[0]  = a_rd__data[7:0];
-  assign \a_rd__data[1]  = a_rd__data[15:8];
-  assign \a_rd__data[2]  = a_rd__data[23:16];
-  assign \a_rd__data[3]  = a_rd__data[31:24];
   assign \col_word0[0]  = col_word0[31:0];
   assign \col_word0[1]  = col_word0[63:32];
   assign \col_word0[2]  = col_word0[95:64];
@@ -21718,10 +21871,6 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \c_q[1]  = c_q[63:32];
   assign \c_q[2]  = c_q[95:64];
   assign \c_q[3]  = c_q[127:96];
-  assign \c_rd__data[0]  = c_rd__data[31:0];
-  assign \c_rd__data[1]  = c_rd__data[63:32];
-  assign \c_rd__data[2]  = c_rd__data[95:64];
-  assign \c_rd__data[3]  = c_rd__data[127:96];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -21741,22 +21890,22 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \a_in__payload[1]  = a_in__payload[15:8];
   assign \a_in__payload[2]  = a_in__payload[23:16];
   assign \a_in__payload[3]  = a_in__payload[31:24];
-  assign \$signature__data$95[0]  = b_in__payload[7:0];
-  assign \$signature__data$95[1]  = b_in__payload[15:8];
-  assign \$signature__data$95[2]  = b_in__payload[23:16];
-  assign \$signature__data$95[3]  = b_in__payload[31:24];
+  assign \$signature__data$105[0]  = b_in__payload[7:0];
+  assign \$signature__data$105[1]  = b_in__payload[15:8];
+  assign \$signature__data$105[2]  = b_in__payload[23:16];
+  assign \$signature__data$105[3]  = b_in__payload[31:24];
   assign \b_in__payload[0]  = b_in__payload[7:0];
   assign \b_in__payload[1]  = b_in__payload[15:8];
   assign \b_in__payload[2]  = b_in__payload[23:16];
   assign \b_in__payload[3]  = b_in__payload[31:24];
-  assign \$signature__data$102[0]  = \$signature__data$102 [31:0];
-  assign \$signature__data$102[1]  = \$signature__data$102 [63:32];
-  assign \$signature__data$102[2]  = \$signature__data$102 [95:64];
-  assign \$signature__data$102[3]  = \$signature__data$102 [127:96];
-  assign \i__payload[0]  = i__payload[31:0];
-  assign \i__payload[1]  = i__payload[63:32];
-  assign \i__payload[2]  = i__payload[95:64];
-  assign \i__payload[3]  = i__payload[127:96];
+  assign \$signature__data$110[0]  = \$signature__data$110 [31:0];
+  assign \$signature__data$110[1]  = \$signature__data$110 [63:32];
+  assign \$signature__data$110[2]  = \$signature__data$110 [95:64];
+  assign \$signature__data$110[3]  = \$signature__data$110 [127:96];
+  assign \i__payload[0]  = c_q[31:0];
+  assign \i__payload[1]  = c_q[63:32];
+  assign \i__payload[2]  = c_q[95:64];
+  assign \i__payload[3]  = c_q[127:96];
   assign \c_out__payload[0]  = c_out__payload[31:0];
   assign \c_out__payload[1]  = c_out__payload[63:32];
   assign \c_out__payload[2]  = c_out__payload[95:64];
@@ -21765,14 +21914,12 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
   assign \o__payload[1]  = c_out__payload[63:32];
   assign \o__payload[2]  = c_out__payload[95:64];
   assign \o__payload[3]  = c_out__payload[127:96];
-  assign i__payload[127:96] = \$138 ;
-  assign i__payload[95:64] = \$137 ;
-  assign i__payload[63:32] = \$136 ;
-  assign i__payload[31:0] = \$135 ;
-  assign \$signature__data$102 [127:96] = \$134 [31:0];
-  assign \$signature__data$102 [95:64] = \$133 [31:0];
-  assign \$signature__data$102 [63:32] = \$132 [31:0];
-  assign \$signature__data$102 [31:0] = \$131 [31:0];
+  assign \$signature__data$110 [127:96] = \$164 [31:0];
+  assign \$signature__data$110 [95:64] = \$163 [31:0];
+  assign \$signature__data$110 [63:32] = \$162 [31:0];
+  assign \$signature__data$110 [31:0] = \$161 [31:0];
+  assign \$199  = \port__data$7 ;
+  assign \$198  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -26432,10 +26579,10 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \port$3968$54 , i__payload, o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, i__valid, \port$4022$54 , o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
-  wire [66:0] \$10 ;
+  wire \$10 ;
   wire \$100 ;
   wire \$101 ;
   wire \$102 ;
@@ -26446,7 +26593,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
-  wire [67:0] \$11 ;
+  wire \$11 ;
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
@@ -26457,7 +26604,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire \$117 ;
   wire \$118 ;
   wire \$119 ;
-  wire [36:0] \$12 ;
+  wire \$12 ;
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
@@ -26468,7 +26615,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
-  wire [66:0] \$13 ;
+  wire \$13 ;
   wire \$130 ;
   wire \$131 ;
   wire \$132 ;
@@ -26479,7 +26626,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire [67:0] \$14 ;
+  wire \$14 ;
   wire \$140 ;
   wire \$141 ;
   wire \$142 ;
@@ -26599,19 +26746,19 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire \$245 ;
   wire \$246 ;
   wire \$247 ;
-  wire \$248 ;
-  wire \$249 ;
+  wire [36:0] \$248 ;
+  wire [66:0] \$249 ;
   wire \$25 ;
-  wire \$250 ;
-  wire \$251 ;
-  wire \$252 ;
-  wire \$253 ;
-  wire \$254 ;
-  wire \$255 ;
-  wire \$256 ;
-  wire \$257 ;
-  wire \$258 ;
-  wire \$259 ;
+  wire [67:0] \$250 ;
+  wire [36:0] \$251 ;
+  wire [66:0] \$252 ;
+  wire [67:0] \$253 ;
+  wire [36:0] \$254 ;
+  wire [66:0] \$255 ;
+  wire [67:0] \$256 ;
+  wire [36:0] \$257 ;
+  wire [66:0] \$258 ;
+  wire [67:0] \$259 ;
   wire \$26 ;
   wire [48:0] \$260 ;
   wire [48:0] \$261 ;
@@ -26656,7 +26803,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [47:0] \$297 ;
   wire [48:0] \$298 ;
   wire [48:0] \$299 ;
-  wire [36:0] \$3 ;
+  wire \$3 ;
   wire \$30 ;
   wire [48:0] \$300 ;
   wire [48:0] \$301 ;
@@ -26767,7 +26914,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [32:0] \$397 ;
   wire [48:0] \$398 ;
   wire [48:0] \$399 ;
-  wire [66:0] \$4 ;
+  wire \$4 ;
   wire \$40 ;
   wire [48:0] \$400 ;
   wire [48:0] \$401 ;
@@ -26878,7 +27025,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$497 ;
   wire [47:0] \$498 ;
   wire [48:0] \$499 ;
-  wire [67:0] \$5 ;
+  wire \$5 ;
   wire \$50 ;
   wire [48:0] \$500 ;
   wire [48:0] \$501 ;
@@ -26989,7 +27136,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] \$597 ;
   wire [33:0] \$598 ;
   wire [48:0] \$599 ;
-  wire [36:0] \$6 ;
+  wire \$6 ;
   wire \$60 ;
   wire [48:0] \$600 ;
   wire [48:0] \$601 ;
@@ -27100,7 +27247,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [48:0] \$697 ;
   wire [48:0] \$698 ;
   wire [48:0] \$699 ;
-  wire [66:0] \$7 ;
+  wire \$7 ;
   wire \$70 ;
   wire [48:0] \$700 ;
   wire [48:0] \$701 ;
@@ -27211,7 +27358,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [39:0] \$797 ;
   wire [35:0] \$798 ;
   wire [33:0] \$799 ;
-  wire [67:0] \$8 ;
+  wire \$8 ;
   wire \$80 ;
   wire [48:0] \$800 ;
   wire \$801 ;
@@ -27226,14 +27373,14 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire \$81 ;
   wire [32:0] \$810 ;
   wire [32:0] \$811 ;
-  reg \$812 ;
+  reg [48:0] \$812 ;
   reg \$813 ;
   reg \$814 ;
-  reg [47:0] \$815 ;
+  reg \$815 ;
   reg [47:0] \$816 ;
   reg [47:0] \$817 ;
   reg [47:0] \$818 ;
-  reg [48:0] \$819 ;
+  reg [47:0] \$819 ;
   wire \$82 ;
   reg \$820 ;
   reg \$821 ;
@@ -27274,7 +27421,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
-  wire [36:0] \$9 ;
+  wire \$9 ;
   wire \$90 ;
   wire \$91 ;
   wire \$92 ;
@@ -27354,8 +27501,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$3968$54 ;
-  wire [21:0] \port$3968$54 ;
+  input [21:0] \port$4022$54 ;
+  wire [21:0] \port$4022$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
@@ -27380,181 +27527,173 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$148  = \$146  & \$147 ;
-  assign \$149  = \$145  | \$148 ;
-  assign \$150  = \port$3968$54 [21:19] > 2'h3;
-  assign \$151  = \port$3968$54 [21:19] == 2'h3;
-  assign \$152  = \port$3968$54 [18:16] > 2'h3;
-  assign \$153  = \$151  & \$152 ;
-  assign \$154  = \$150  | \$153 ;
-  assign \$155  = \port$3968$54 [21:19] > 2'h3;
-  assign \$156  = \port$3968$54 [21:19] == 2'h3;
-  assign \$157  = \port$3968$54 [18:16] > 3'h4;
-  assign \$158  = \$156  & \$157 ;
-  assign \$159  = \$155  | \$158 ;
-  assign \$160  = \port$3968$54 [21:19] > 2'h3;
-  assign \$161  = \port$3968$54 [21:19] == 2'h3;
-  assign \$162  = \port$3968$54 [18:16] > 3'h5;
-  assign \$163  = \$161  & \$162 ;
-  assign \$164  = \$160  | \$163 ;
-  assign \$165  = \port$3968$54 [21:19] > 2'h3;
-  assign \$166  = \port$3968$54 [21:19] == 2'h3;
-  assign \$167  = \port$3968$54 [18:16] > 3'h6;
-  assign \$168  = \$166  & \$167 ;
-  assign \$169  = \$165  | \$168 ;
-  assign \$170  = \port$3968$54 [21:19] > 2'h3;
-  assign \$171  = \port$3968$54 [21:19] == 2'h3;
-  assign \$172  = \port$3968$54 [18:16] > 3'h7;
-  assign \$173  = \$171  & \$172 ;
-  assign \$174  = \$170  | \$173 ;
-  assign \$175  = \port$3968$54 [21:19] > 3'h4;
-  assign \$176  = \port$3968$54 [21:19] == 3'h4;
-  assign \$177  = \port$3968$54 [18:16] > 1'h0;
-  assign \$178  = \$176  & \$177 ;
-  assign \$179  = \$175  | \$178 ;
-  assign \$180  = \port$3968$54 [21:19] > 3'h4;
-  assign \$181  = \port$3968$54 [21:19] == 3'h4;
-  assign \$182  = \port$3968$54 [18:16] > 1'h1;
-  assign \$183  = \$181  & \$182 ;
-  assign \$184  = \$180  | \$183 ;
-  assign \$185  = \port$3968$54 [21:19] > 3'h4;
-  assign \$186  = \port$3968$54 [21:19] == 3'h4;
-  assign \$187  = \port$3968$54 [18:16] > 2'h2;
-  assign \$188  = \$186  & \$187 ;
-  assign \$189  = \$185  | \$188 ;
-  assign \$190  = \port$3968$54 [21:19] > 3'h4;
-  assign \$191  = \port$3968$54 [21:19] == 3'h4;
-  assign \$192  = \port$3968$54 [18:16] > 2'h3;
-  assign \$193  = \$191  & \$192 ;
-  assign \$194  = \$190  | \$193 ;
-  assign \$195  = \port$3968$54 [21:19] > 3'h4;
-  assign \$196  = \port$3968$54 [21:19] == 3'h4;
-  assign \$197  = \port$3968$54 [18:16] > 3'h4;
-  assign \$198  = \$196  & \$197 ;
-  assign \$199  = \$195  | \$198 ;
-  assign \$200  = \port$3968$54 [21:19] > 3'h4;
-  assign \$201  = \port$3968$54 [21:19] == 3'h4;
-  assign \$202  = \port$3968$54 [18:16] > 3'h5;
-  assign \$203  = \$201  & \$202 ;
-  assign \$204  = \$200  | \$203 ;
-  assign \$205  = \port$3968$54 [21:19] > 3'h4;
-  assign \$206  = \port$3968$54 [21:19] == 3'h4;
-  assign \$207  = \port$3968$54 [18:16] > 3'h6;
-  assign \$208  = \$206  & \$207 ;
-  assign \$209  = \$205  | \$208 ;
-  assign \$210  = \port$3968$54 [21:19] > 3'h4;
-  assign \$211  = \port$3968$54 [21:19] == 3'h4;
-  assign \$212  = \port$3968$54 [18:16] > 3'h7;
-  assign \$213  = \$211  & \$212 ;
-  assign \$214  = \$210  | \$213 ;
-  assign \$215  = \port$3968$54 [21:19] > 3'h5;
-  assign \$216  = \port$3968$54 [21:19] == 3'h5;
-  assign \$217  = \port$3968$54 [18:16] > 1'h0;
-  assign \$218  = \$216  & \$217 ;
-  assign \$219  = \$215  | \$218 ;
-  assign \$220  = \port$3968$54 [21:19] > 3'h5;
-  assign \$221  = \port$3968$54 [21:19] == 3'h5;
-  assign \$222  = \port$3968$54 [18:16] > 1'h1;
-  assign \$223  = \$221  & \$222 ;
-  assign \$224  = \$220  | \$223 ;
-  assign \$225  = \port$3968$54 [21:19] > 3'h5;
-  assign \$226  = \port$3968$54 [21:19] == 3'h5;
-  assign \$227  = \port$3968$54 [18:16] > 2'h2;
-  assign \$228  = \$226  & \$227 ;
-  assign \$229  = \$225  | \$228 ;
-  assign \$230  = \port$3968$54 [21:19] > 3'h5;
-  assign \$231  = \port$3968$54 [21:19] == 3'h5;
-  assign \$232  = \port$3968$54 [18:16] > 2'h3;
-  assign \$233  = \$231  & \$232 ;
-  assign \$234  = \$230  | \$233 ;
-  assign \$235  = \port$3968$54 [21:19] > 3'h5;
-  assign \$236  = \port$3968$54 [21:19] == 3'h5;
-  assign \$237  = \port$3968$54 [18:16] > 3'h4;
-  assign \$238  = \$236  & \$237 ;
-  assign \$239  = \$235  | \$238 ;
-  assign \$240  = \port$3968$54 [21:19] > 3'h5;
-  assign \$241  = \port$3968$54 [21:19] == 3'h5;
-  assign \$242  = \port$3968$54 [18:16] > 3'h5;
-  assign \$243  = \$241  & \$242 ;
-  assign \$244  = \$240  | \$243 ;
-  assign \$245  = \port$3968$54 [21:19] > 3'h5;
-  assign \$246  = \port$3968$54 [21:19] == 3'h5;
-  assign \$247  = \port$3968$54 [18:16] > 3'h6;
-  assign \$248  = \$246  & \$247 ;
-  assign \$249  = \$245  | \$248 ;
-  assign \$250  = \port$3968$54 [21:19] > 3'h5;
-  assign \$251  = \port$3968$54 [21:19] == 3'h5;
-  assign \$252  = \port$3968$54 [18:16] > 3'h7;
-  assign \$253  = \$251  & \$252 ;
-  assign \$254  = \$250  | \$253 ;
-  assign \$255  = \port$3968$54 [21:19] > 3'h6;
-  assign \$256  = \port$3968$54 [21:19] == 3'h6;
-  assign \$257  = \port$3968$54 [18:16] > 1'h0;
-  assign \$258  = \$256  & \$257 ;
-  assign \$259  = \$255  | \$258 ;
-  assign \$261  = \port$3968$54 [21] ? \$260  : { x0, 1'h0 };
-  assign \$264  = \port$3968$54 [21] ? \$263  : { x0, 1'h0 };
-  assign \$265  = \port$3968$54 [20] ? \$262  : \$264 ;
-  assign \$268  = \port$3968$54 [21] ? \$267  : { x0, 1'h0 };
-  assign \$271  = \port$3968$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$272  = \port$3968$54 [20] ? \$269  : \$271 ;
-  assign \$273  = \port$3968$54 [19] ? \$266  : \$272 [47:0];
-  assign \$276  = \port$3968$54 [21] ? \$275  : { x0, 1'h0 };
-  assign \$279  = \port$3968$54 [21] ? \$278  : { x0, 1'h0 };
-  assign \$280  = \port$3968$54 [20] ? \$277  : \$279 ;
-  assign \$283  = \port$3968$54 [21] ? \$282  : { x0, 1'h0 };
-  assign \$286  = \port$3968$54 [21] ? \$285  : { x0, 1'h0 };
-  assign \$287  = \port$3968$54 [20] ? \$284  : \$286 ;
-  assign \$288  = \port$3968$54 [19] ? \$281  : \$287 [47:0];
-  assign \$289  = \port$3968$54 [18] ? \$274  : \$288 [39:0];
-  assign \$292  = \port$3968$54 [21] ? \$291  : { x0, 1'h0 };
-  assign \$295  = \port$3968$54 [21] ? \$294  : { x0, 1'h0 };
-  assign \$296  = \port$3968$54 [20] ? \$293  : \$295 ;
-  assign \$299  = \port$3968$54 [21] ? \$298  : { x0, 1'h0 };
-  assign \$302  = \port$3968$54 [21] ? \$301  : { x0, 1'h0 };
-  assign \$303  = \port$3968$54 [20] ? \$300  : \$302 ;
-  assign \$304  = \port$3968$54 [19] ? \$297  : \$303 [47:0];
-  assign \$307  = \port$3968$54 [21] ? \$306  : { x0, 1'h0 };
-  assign \$310  = \port$3968$54 [21] ? \$309  : { x0, 1'h0 };
-  assign \$311  = \port$3968$54 [20] ? \$308  : \$310 ;
-  assign \$314  = \port$3968$54 [21] ? \$313  : { x0, 1'h0 };
-  assign \$317  = \port$3968$54 [21] ? \$316  : { x0, 1'h0 };
-  assign \$318  = \port$3968$54 [20] ? \$315  : \$317 ;
-  assign \$319  = \port$3968$54 [19] ? \$312  : \$318 [47:0];
-  assign \$320  = \port$3968$54 [18] ? \$305  : \$319 [39:0];
-  assign \$321  = \port$3968$54 [17] ? \$290  : \$320 [35:0];
-  assign \$324  = \port$3968$54 [21] ? \$323  : { x0, 1'h0 };
-  assign \$327  = \port$3968$54 [21] ? \$326  : { x0, 1'h0 };
-  assign \$328  = \port$3968$54 [20] ? \$325  : \$327 ;
-  assign \$331  = \port$3968$54 [21] ? \$330  : { x0, 1'h0 };
-  assign \$334  = \port$3968$54 [21] ? \$333  : { x0, 1'h0 };
-  assign \$335  = \port$3968$54 [20] ? \$332  : \$334 ;
-  assign \$336  = \port$3968$54 [19] ? \$329  : \$335 [47:0];
-  assign \$339  = \port$3968$54 [21] ? \$338  : { x0, 1'h0 };
-  assign \$342  = \port$3968$54 [21] ? \$341  : { x0, 1'h0 };
-  assign \$343  = \port$3968$54 [20] ? \$340  : \$342 ;
-  assign \$346  = \port$3968$54 [21] ? \$345  : { x0, 1'h0 };
-  assign \$349  = \port$3968$54 [21] ? \$348  : { x0, 1'h0 };
-  assign \$350  = \port$3968$54 [20] ? \$347  : \$349 ;
-  assign \$351  = \port$3968$54 [19] ? \$344  : \$350 [47:0];
-  assign \$352  = \port$3968$54 [18] ? \$337  : \$351 [39:0];
-  assign \$355  = \port$3968$54 [21] ? \$354  : { x0, 1'h0 };
-  assign \$358  = \port$3968$54 [21] ? \$357  : { x0, 1'h0 };
-  assign \$359  = \port$3968$54 [20] ? \$356  : \$358 ;
-  assign \$362  = \port$3968$54 [21] ? \$361  : { x0, 1'h0 };
-  assign \$365  = \port$3968$54 [21] ? \$364  : { x0, 1'h0 };
-  assign \$366  = \port$3968$54 [20] ? \$363  : \$365 ;
-  assign \$367  = \port$3968$54 [19] ? \$360  : \$366 [47:0];
-  assign \$370  = \port$3968$54 [21] ? \$369  : { x0, 1'h0 };
-  assign \$373  = \port$3968$54 [21] ? \$372  : { x0, 1'h0 };
-  assign \$374  = \port$3968$54 [20] ? \$371  : \$373 ;
-  assign \$377  = \port$3968$54 [21] ? \$376  : { x0, 1'h0 };
-  assign \$380  = \port$3968$54 [21] ? \$379  : { x0, 1'h0 };
-  assign \$381  = \port$3968$54 [20] ? \$378  : \$380 ;
-  assign \$382  = \port$3968$54 [19] ? \$375  : \$381 [47:0];
-  assign \$383  = \port$3968$54 [18] ? \$368  : \$382 [39:0];
-  assign \$384  = \port$3968$54 [17] ? \$353  : \$383 [35:0];
-  assign \$385  = \port$3968$54 [16] ? \$322  : \$384 [33:0];
+  assign \$148  = \port$4022$54 [21:19] > 2'h3;
+  assign \$149  = \port$4022$54 [21:19] == 2'h3;
+  assign \$150  = \port$4022$54 [18:16] > 3'h5;
+  assign \$151  = \$149  & \$150 ;
+  assign \$152  = \$148  | \$151 ;
+  assign \$153  = \port$4022$54 [21:19] > 2'h3;
+  assign \$154  = \port$4022$54 [21:19] == 2'h3;
+  assign \$155  = \port$4022$54 [18:16] > 3'h6;
+  assign \$156  = \$154  & \$155 ;
+  assign \$157  = \$153  | \$156 ;
+  assign \$158  = \port$4022$54 [21:19] > 2'h3;
+  assign \$159  = \port$4022$54 [21:19] == 2'h3;
+  assign \$160  = \port$4022$54 [18:16] > 3'h7;
+  assign \$161  = \$159  & \$160 ;
+  assign \$162  = \$158  | \$161 ;
+  assign \$163  = \port$4022$54 [21:19] > 3'h4;
+  assign \$164  = \port$4022$54 [21:19] == 3'h4;
+  assign \$165  = \port$4022$54 [18:16] > 1'h0;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = \$163  | \$166 ;
+  assign \$168  = \port$4022$54 [21:19] > 3'h4;
+  assign \$169  = \port$4022$54 [21:19] == 3'h4;
+  assign \$170  = \port$4022$54 [18:16] > 1'h1;
+  assign \$171  = \$169  & \$170 ;
+  assign \$172  = \$168  | \$171 ;
+  assign \$173  = \port$4022$54 [21:19] > 3'h4;
+  assign \$174  = \port$4022$54 [21:19] == 3'h4;
+  assign \$175  = \port$4022$54 [18:16] > 2'h2;
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = \$173  | \$176 ;
+  assign \$178  = \port$4022$54 [21:19] > 3'h4;
+  assign \$179  = \port$4022$54 [21:19] == 3'h4;
+  assign \$180  = \port$4022$54 [18:16] > 2'h3;
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = \$178  | \$181 ;
+  assign \$183  = \port$4022$54 [21:19] > 3'h4;
+  assign \$184  = \port$4022$54 [21:19] == 3'h4;
+  assign \$185  = \port$4022$54 [18:16] > 3'h4;
+  assign \$186  = \$184  & \$185 ;
+  assign \$187  = \$183  | \$186 ;
+  assign \$188  = \port$4022$54 [21:19] > 3'h4;
+  assign \$189  = \port$4022$54 [21:19] == 3'h4;
+  assign \$190  = \port$4022$54 [18:16] > 3'h5;
+  assign \$191  = \$189  & \$190 ;
+  assign \$192  = \$188  | \$191 ;
+  assign \$193  = \port$4022$54 [21:19] > 3'h4;
+  assign \$194  = \port$4022$54 [21:19] == 3'h4;
+  assign \$195  = \port$4022$54 [18:16] > 3'h6;
+  assign \$196  = \$194  & \$195 ;
+  assign \$197  = \$193  | \$196 ;
+  assign \$198  = \port$4022$54 [21:19] > 3'h4;
+  assign \$199  = \port$4022$54 [21:19] == 3'h4;
+  assign \$200  = \port$4022$54 [18:16] > 3'h7;
+  assign \$201  = \$199  & \$200 ;
+  assign \$202  = \$198  | \$201 ;
+  assign \$203  = \port$4022$54 [21:19] > 3'h5;
+  assign \$204  = \port$4022$54 [21:19] == 3'h5;
+  assign \$205  = \port$4022$54 [18:16] > 1'h0;
+  assign \$206  = \$204  & \$205 ;
+  assign \$207  = \$203  | \$206 ;
+  assign \$208  = \port$4022$54 [21:19] > 3'h5;
+  assign \$209  = \port$4022$54 [21:19] == 3'h5;
+  assign \$210  = \port$4022$54 [18:16] > 1'h1;
+  assign \$211  = \$209  & \$210 ;
+  assign \$212  = \$208  | \$211 ;
+  assign \$213  = \port$4022$54 [21:19] > 3'h5;
+  assign \$214  = \port$4022$54 [21:19] == 3'h5;
+  assign \$215  = \port$4022$54 [18:16] > 2'h2;
+  assign \$216  = \$214  & \$215 ;
+  assign \$217  = \$213  | \$216 ;
+  assign \$218  = \port$4022$54 [21:19] > 3'h5;
+  assign \$219  = \port$4022$54 [21:19] == 3'h5;
+  assign \$220  = \port$4022$54 [18:16] > 2'h3;
+  assign \$221  = \$219  & \$220 ;
+  assign \$222  = \$218  | \$221 ;
+  assign \$223  = \port$4022$54 [21:19] > 3'h5;
+  assign \$224  = \port$4022$54 [21:19] == 3'h5;
+  assign \$225  = \port$4022$54 [18:16] > 3'h4;
+  assign \$226  = \$224  & \$225 ;
+  assign \$227  = \$223  | \$226 ;
+  assign \$228  = \port$4022$54 [21:19] > 3'h5;
+  assign \$229  = \port$4022$54 [21:19] == 3'h5;
+  assign \$230  = \port$4022$54 [18:16] > 3'h5;
+  assign \$231  = \$229  & \$230 ;
+  assign \$232  = \$228  | \$231 ;
+  assign \$233  = \port$4022$54 [21:19] > 3'h5;
+  assign \$234  = \port$4022$54 [21:19] == 3'h5;
+  assign \$235  = \port$4022$54 [18:16] > 3'h6;
+  assign \$236  = \$234  & \$235 ;
+  assign \$237  = \$233  | \$236 ;
+  assign \$238  = \port$4022$54 [21:19] > 3'h5;
+  assign \$239  = \port$4022$54 [21:19] == 3'h5;
+  assign \$240  = \port$4022$54 [18:16] > 3'h7;
+  assign \$241  = \$239  & \$240 ;
+  assign \$242  = \$238  | \$241 ;
+  assign \$243  = \port$4022$54 [21:19] > 3'h6;
+  assign \$244  = \port$4022$54 [21:19] == 3'h6;
+  assign \$245  = \port$4022$54 [18:16] > 1'h0;
+  assign \$246  = \$244  & \$245 ;
+  assign \$247  = \$243  | \$246 ;
+  assign \$250  = $signed(\$248 ) + $signed(\$249 );
+  assign \$253  = $signed(\$251 ) + $signed(\$252 );
+  assign \$256  = $signed(\$254 ) + $signed(\$255 );
+  assign \$259  = $signed(\$257 ) + $signed(\$258 );
+  assign \$261  = \port$4022$54 [21] ? \$260  : { x0, 1'h0 };
+  assign \$264  = \port$4022$54 [21] ? \$263  : { x0, 1'h0 };
+  assign \$265  = \port$4022$54 [20] ? \$262  : \$264 ;
+  assign \$268  = \port$4022$54 [21] ? \$267  : { x0, 1'h0 };
+  assign \$271  = \port$4022$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$272  = \port$4022$54 [20] ? \$269  : \$271 ;
+  assign \$273  = \port$4022$54 [19] ? \$266  : \$272 [47:0];
+  assign \$276  = \port$4022$54 [21] ? \$275  : { x0, 1'h0 };
+  assign \$279  = \port$4022$54 [21] ? \$278  : { x0, 1'h0 };
+  assign \$280  = \port$4022$54 [20] ? \$277  : \$279 ;
+  assign \$283  = \port$4022$54 [21] ? \$282  : { x0, 1'h0 };
+  assign \$286  = \port$4022$54 [21] ? \$285  : { x0, 1'h0 };
+  assign \$287  = \port$4022$54 [20] ? \$284  : \$286 ;
+  assign \$288  = \port$4022$54 [19] ? \$281  : \$287 [47:0];
+  assign \$289  = \port$4022$54 [18] ? \$274  : \$288 [39:0];
+  assign \$292  = \port$4022$54 [21] ? \$291  : { x0, 1'h0 };
+  assign \$295  = \port$4022$54 [21] ? \$294  : { x0, 1'h0 };
+  assign \$296  = \port$4022$54 [20] ? \$293  : \$295 ;
+  assign \$299  = \port$4022$54 [21] ? \$298  : { x0, 1'h0 };
+  assign \$302  = \port$4022$54 [21] ? \$301  : { x0, 1'h0 };
+  assign \$303  = \port$4022$54 [20] ? \$300  : \$302 ;
+  assign \$304  = \port$4022$54 [19] ? \$297  : \$303 [47:0];
+  assign \$307  = \port$4022$54 [21] ? \$306  : { x0, 1'h0 };
+  assign \$310  = \port$4022$54 [21] ? \$309  : { x0, 1'h0 };
+  assign \$311  = \port$4022$54 [20] ? \$308  : \$310 ;
+  assign \$314  = \port$4022$54 [21] ? \$313  : { x0, 1'h0 };
+  assign \$317  = \port$4022$54 [21] ? \$316  : { x0, 1'h0 };
+  assign \$318  = \port$4022$54 [20] ? \$315  : \$317 ;
+  assign \$319  = \port$4022$54 [19] ? \$312  : \$318 [47:0];
+  assign \$320  = \port$4022$54 [18] ? \$305  : \$319 [39:0];
+  assign \$321  = \port$4022$54 [17] ? \$290  : \$320 [35:0];
+  assign \$324  = \port$4022$54 [21] ? \$323  : { x0, 1'h0 };
+  assign \$327  = \port$4022$54 [21] ? \$326  : { x0, 1'h0 };
+  assign \$328  = \port$4022$54 [20] ? \$325  : \$327 ;
+  assign \$331  = \port$4022$54 [21] ? \$330  : { x0, 1'h0 };
+  assign \$334  = \port$4022$54 [21] ? \$333  : { x0, 1'h0 };
+  assign \$335  = \port$4022$54 [20] ? \$332  : \$334 ;
+  assign \$336  = \port$4022$54 [19] ? \$329  : \$335 [47:0];
+  assign \$339  = \port$4022$54 [21] ? \$338  : { x0, 1'h0 };
+  assign \$342  = \port$4022$54 [21] ? \$341  : { x0, 1'h0 };
+  assign \$343  = \port$4022$54 [20] ? \$340  : \$342 ;
+  assign \$346  = \port$4022$54 [21] ? \$345  : { x0, 1'h0 };
+  assign \$349  = \port$4022$54 [21] ? \$348  : { x0, 1'h0 };
+  assign \$350  = \port$4022$54 [20] ? \$347  : \$349 ;
+  assign \$351  = \port$4022$54 [19] ? \$344  : \$350 [47:0];
+  assign \$352  = \port$4022$54 [18] ? \$337  : \$351 [39:0];
+  assign \$355  = \port$4022$54 [21] ? \$354  : { x0, 1'h0 };
+  assign \$358  = \port$4022$54 [21] ? \$357  : { x0, 1'h0 };
+  assign \$359  = \port$4022$54 [20] ? \$356  : \$358 ;
+  assign \$362  = \port$4022$54 [21] ? \$361  : { x0, 1'h0 };
+  assign \$365  = \port$4022$54 [21] ? \$364  : { x0, 1'h0 };
+  assign \$366  = \port$4022$54 [20] ? \$363  : \$365 ;
+  assign \$367  = \port$4022$54 [19] ? \$360  : \$366 [47:0];
+  assign \$370  = \port$4022$54 [21] ? \$369  : { x0, 1'h0 };
+  assign \$373  = \port$4022$54 [21] ? \$372  : { x0, 1'h0 };
+  assign \$374  = \port$4022$54 [20] ? \$371  : \$373 ;
+  assign \$377  = \port$4022$54 [21] ? \$376  : { x0, 1'h0 };
+  assign \$380  = \port$4022$54 [21] ? \$379  : { x0, 1'h0 };
+  assign \$381  = \port$4022$54 [20] ? \$378  : \$380 ;
+  assign \$382  = \port$4022$54 [19] ? \$375  : \$381 [47:0];
+  assign \$383  = \port$4022$54 [18] ? \$368  : \$382 [39:0];
+  assign \$384  = \port$4022$54 [17] ? \$353  : \$383 [35:0];
+  assign \$385  = \port$4022$54 [16] ? \$322  : \$384 [33:0];
   assign \$386  = { x0, 1'h0 } & below;
   assign \$387  = | \$386 ;
   assign \$388  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27567,69 +27706,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$395  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$396  = \$395  ? 33'h07fffffff : rounded0;
   assign \$397  = over2_0 ? { \$394 [31], \$394  } : \$396 ;
-  assign \$399  = \port$3968$54 [21] ? \$398  : { x1, 1'h0 };
-  assign \$402  = \port$3968$54 [21] ? \$401  : { x1, 1'h0 };
-  assign \$403  = \port$3968$54 [20] ? \$400  : \$402 ;
-  assign \$406  = \port$3968$54 [21] ? \$405  : { x1, 1'h0 };
-  assign \$409  = \port$3968$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$410  = \port$3968$54 [20] ? \$407  : \$409 ;
-  assign \$411  = \port$3968$54 [19] ? \$404  : \$410 [47:0];
-  assign \$414  = \port$3968$54 [21] ? \$413  : { x1, 1'h0 };
-  assign \$417  = \port$3968$54 [21] ? \$416  : { x1, 1'h0 };
-  assign \$418  = \port$3968$54 [20] ? \$415  : \$417 ;
-  assign \$421  = \port$3968$54 [21] ? \$420  : { x1, 1'h0 };
-  assign \$424  = \port$3968$54 [21] ? \$423  : { x1, 1'h0 };
-  assign \$425  = \port$3968$54 [20] ? \$422  : \$424 ;
-  assign \$426  = \port$3968$54 [19] ? \$419  : \$425 [47:0];
-  assign \$427  = \port$3968$54 [18] ? \$412  : \$426 [39:0];
-  assign \$430  = \port$3968$54 [21] ? \$429  : { x1, 1'h0 };
-  assign \$433  = \port$3968$54 [21] ? \$432  : { x1, 1'h0 };
-  assign \$434  = \port$3968$54 [20] ? \$431  : \$433 ;
-  assign \$437  = \port$3968$54 [21] ? \$436  : { x1, 1'h0 };
-  assign \$440  = \port$3968$54 [21] ? \$439  : { x1, 1'h0 };
-  assign \$441  = \port$3968$54 [20] ? \$438  : \$440 ;
-  assign \$442  = \port$3968$54 [19] ? \$435  : \$441 [47:0];
-  assign \$445  = \port$3968$54 [21] ? \$444  : { x1, 1'h0 };
-  assign \$448  = \port$3968$54 [21] ? \$447  : { x1, 1'h0 };
-  assign \$449  = \port$3968$54 [20] ? \$446  : \$448 ;
-  assign \$452  = \port$3968$54 [21] ? \$451  : { x1, 1'h0 };
-  assign \$455  = \port$3968$54 [21] ? \$454  : { x1, 1'h0 };
-  assign \$456  = \port$3968$54 [20] ? \$453  : \$455 ;
-  assign \$457  = \port$3968$54 [19] ? \$450  : \$456 [47:0];
-  assign \$458  = \port$3968$54 [18] ? \$443  : \$457 [39:0];
-  assign \$459  = \port$3968$54 [17] ? \$428  : \$458 [35:0];
-  assign \$462  = \port$3968$54 [21] ? \$461  : { x1, 1'h0 };
-  assign \$465  = \port$3968$54 [21] ? \$464  : { x1, 1'h0 };
-  assign \$466  = \port$3968$54 [20] ? \$463  : \$465 ;
-  assign \$469  = \port$3968$54 [21] ? \$468  : { x1, 1'h0 };
-  assign \$472  = \port$3968$54 [21] ? \$471  : { x1, 1'h0 };
-  assign \$473  = \port$3968$54 [20] ? \$470  : \$472 ;
-  assign \$474  = \port$3968$54 [19] ? \$467  : \$473 [47:0];
-  assign \$477  = \port$3968$54 [21] ? \$476  : { x1, 1'h0 };
-  assign \$480  = \port$3968$54 [21] ? \$479  : { x1, 1'h0 };
-  assign \$481  = \port$3968$54 [20] ? \$478  : \$480 ;
-  assign \$484  = \port$3968$54 [21] ? \$483  : { x1, 1'h0 };
-  assign \$487  = \port$3968$54 [21] ? \$486  : { x1, 1'h0 };
-  assign \$488  = \port$3968$54 [20] ? \$485  : \$487 ;
-  assign \$489  = \port$3968$54 [19] ? \$482  : \$488 [47:0];
-  assign \$490  = \port$3968$54 [18] ? \$475  : \$489 [39:0];
-  assign \$493  = \port$3968$54 [21] ? \$492  : { x1, 1'h0 };
-  assign \$496  = \port$3968$54 [21] ? \$495  : { x1, 1'h0 };
-  assign \$497  = \port$3968$54 [20] ? \$494  : \$496 ;
-  assign \$500  = \port$3968$54 [21] ? \$499  : { x1, 1'h0 };
-  assign \$503  = \port$3968$54 [21] ? \$502  : { x1, 1'h0 };
-  assign \$504  = \port$3968$54 [20] ? \$501  : \$503 ;
-  assign \$505  = \port$3968$54 [19] ? \$498  : \$504 [47:0];
-  assign \$508  = \port$3968$54 [21] ? \$507  : { x1, 1'h0 };
-  assign \$511  = \port$3968$54 [21] ? \$510  : { x1, 1'h0 };
-  assign \$512  = \port$3968$54 [20] ? \$509  : \$511 ;
-  assign \$515  = \port$3968$54 [21] ? \$514  : { x1, 1'h0 };
-  assign \$518  = \port$3968$54 [21] ? \$517  : { x1, 1'h0 };
-  assign \$519  = \port$3968$54 [20] ? \$516  : \$518 ;
-  assign \$520  = \port$3968$54 [19] ? \$513  : \$519 [47:0];
-  assign \$521  = \port$3968$54 [18] ? \$506  : \$520 [39:0];
-  assign \$522  = \port$3968$54 [17] ? \$491  : \$521 [35:0];
-  assign \$523  = \port$3968$54 [16] ? \$460  : \$522 [33:0];
+  assign \$399  = \port$4022$54 [21] ? \$398  : { x1, 1'h0 };
+  assign \$402  = \port$4022$54 [21] ? \$401  : { x1, 1'h0 };
+  assign \$403  = \port$4022$54 [20] ? \$400  : \$402 ;
+  assign \$406  = \port$4022$54 [21] ? \$405  : { x1, 1'h0 };
+  assign \$409  = \port$4022$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$410  = \port$4022$54 [20] ? \$407  : \$409 ;
+  assign \$411  = \port$4022$54 [19] ? \$404  : \$410 [47:0];
+  assign \$414  = \port$4022$54 [21] ? \$413  : { x1, 1'h0 };
+  assign \$417  = \port$4022$54 [21] ? \$416  : { x1, 1'h0 };
+  assign \$418  = \port$4022$54 [20] ? \$415  : \$417 ;
+  assign \$421  = \port$4022$54 [21] ? \$420  : { x1, 1'h0 };
+  assign \$424  = \port$4022$54 [21] ? \$423  : { x1, 1'h0 };
+  assign \$425  = \port$4022$54 [20] ? \$422  : \$424 ;
+  assign \$426  = \port$4022$54 [19] ? \$419  : \$425 [47:0];
+  assign \$427  = \port$4022$54 [18] ? \$412  : \$426 [39:0];
+  assign \$430  = \port$4022$54 [21] ? \$429  : { x1, 1'h0 };
+  assign \$433  = \port$4022$54 [21] ? \$432  : { x1, 1'h0 };
+  assign \$434  = \port$4022$54 [20] ? \$431  : \$433 ;
+  assign \$437  = \port$4022$54 [21] ? \$436  : { x1, 1'h0 };
+  assign \$440  = \port$4022$54 [21] ? \$439  : { x1, 1'h0 };
+  assign \$441  = \port$4022$54 [20] ? \$438  : \$440 ;
+  assign \$442  = \port$4022$54 [19] ? \$435  : \$441 [47:0];
+  assign \$445  = \port$4022$54 [21] ? \$444  : { x1, 1'h0 };
+  assign \$448  = \port$4022$54 [21] ? \$447  : { x1, 1'h0 };
+  assign \$449  = \port$4022$54 [20] ? \$446  : \$448 ;
+  assign \$452  = \port$4022$54 [21] ? \$451  : { x1, 1'h0 };
+  assign \$455  = \port$4022$54 [21] ? \$454  : { x1, 1'h0 };
+  assign \$456  = \port$4022$54 [20] ? \$453  : \$455 ;
+  assign \$457  = \port$4022$54 [19] ? \$450  : \$456 [47:0];
+  assign \$458  = \port$4022$54 [18] ? \$443  : \$457 [39:0];
+  assign \$459  = \port$4022$54 [17] ? \$428  : \$458 [35:0];
+  assign \$462  = \port$4022$54 [21] ? \$461  : { x1, 1'h0 };
+  assign \$465  = \port$4022$54 [21] ? \$464  : { x1, 1'h0 };
+  assign \$466  = \port$4022$54 [20] ? \$463  : \$465 ;
+  assign \$469  = \port$4022$54 [21] ? \$468  : { x1, 1'h0 };
+  assign \$472  = \port$4022$54 [21] ? \$471  : { x1, 1'h0 };
+  assign \$473  = \port$4022$54 [20] ? \$470  : \$472 ;
+  assign \$474  = \port$4022$54 [19] ? \$467  : \$473 [47:0];
+  assign \$477  = \port$4022$54 [21] ? \$476  : { x1, 1'h0 };
+  assign \$480  = \port$4022$54 [21] ? \$479  : { x1, 1'h0 };
+  assign \$481  = \port$4022$54 [20] ? \$478  : \$480 ;
+  assign \$484  = \port$4022$54 [21] ? \$483  : { x1, 1'h0 };
+  assign \$487  = \port$4022$54 [21] ? \$486  : { x1, 1'h0 };
+  assign \$488  = \port$4022$54 [20] ? \$485  : \$487 ;
+  assign \$489  = \port$4022$54 [19] ? \$482  : \$488 [47:0];
+  assign \$490  = \port$4022$54 [18] ? \$475  : \$489 [39:0];
+  assign \$493  = \port$4022$54 [21] ? \$492  : { x1, 1'h0 };
+  assign \$496  = \port$4022$54 [21] ? \$495  : { x1, 1'h0 };
+  assign \$497  = \port$4022$54 [20] ? \$494  : \$496 ;
+  assign \$500  = \port$4022$54 [21] ? \$499  : { x1, 1'h0 };
+  assign \$503  = \port$4022$54 [21] ? \$502  : { x1, 1'h0 };
+  assign \$504  = \port$4022$54 [20] ? \$501  : \$503 ;
+  assign \$505  = \port$4022$54 [19] ? \$498  : \$504 [47:0];
+  assign \$508  = \port$4022$54 [21] ? \$507  : { x1, 1'h0 };
+  assign \$511  = \port$4022$54 [21] ? \$510  : { x1, 1'h0 };
+  assign \$512  = \port$4022$54 [20] ? \$509  : \$511 ;
+  assign \$515  = \port$4022$54 [21] ? \$514  : { x1, 1'h0 };
+  assign \$518  = \port$4022$54 [21] ? \$517  : { x1, 1'h0 };
+  assign \$519  = \port$4022$54 [20] ? \$516  : \$518 ;
+  assign \$520  = \port$4022$54 [19] ? \$513  : \$519 [47:0];
+  assign \$521  = \port$4022$54 [18] ? \$506  : \$520 [39:0];
+  assign \$522  = \port$4022$54 [17] ? \$491  : \$521 [35:0];
+  assign \$523  = \port$4022$54 [16] ? \$460  : \$522 [33:0];
   assign \$524  = { x1, 1'h0 } & below;
   assign \$525  = | \$524 ;
   assign \$526  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27642,69 +27781,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$533  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$534  = \$533  ? 33'h07fffffff : rounded1;
   assign \$535  = over2_1 ? { \$532 [31], \$532  } : \$534 ;
-  assign \$537  = \port$3968$54 [21] ? \$536  : { x2, 1'h0 };
-  assign \$540  = \port$3968$54 [21] ? \$539  : { x2, 1'h0 };
-  assign \$541  = \port$3968$54 [20] ? \$538  : \$540 ;
-  assign \$544  = \port$3968$54 [21] ? \$543  : { x2, 1'h0 };
-  assign \$547  = \port$3968$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$548  = \port$3968$54 [20] ? \$545  : \$547 ;
-  assign \$549  = \port$3968$54 [19] ? \$542  : \$548 [47:0];
-  assign \$552  = \port$3968$54 [21] ? \$551  : { x2, 1'h0 };
-  assign \$555  = \port$3968$54 [21] ? \$554  : { x2, 1'h0 };
-  assign \$556  = \port$3968$54 [20] ? \$553  : \$555 ;
-  assign \$559  = \port$3968$54 [21] ? \$558  : { x2, 1'h0 };
-  assign \$562  = \port$3968$54 [21] ? \$561  : { x2, 1'h0 };
-  assign \$563  = \port$3968$54 [20] ? \$560  : \$562 ;
-  assign \$564  = \port$3968$54 [19] ? \$557  : \$563 [47:0];
-  assign \$565  = \port$3968$54 [18] ? \$550  : \$564 [39:0];
-  assign \$568  = \port$3968$54 [21] ? \$567  : { x2, 1'h0 };
-  assign \$571  = \port$3968$54 [21] ? \$570  : { x2, 1'h0 };
-  assign \$572  = \port$3968$54 [20] ? \$569  : \$571 ;
-  assign \$575  = \port$3968$54 [21] ? \$574  : { x2, 1'h0 };
-  assign \$578  = \port$3968$54 [21] ? \$577  : { x2, 1'h0 };
-  assign \$579  = \port$3968$54 [20] ? \$576  : \$578 ;
-  assign \$580  = \port$3968$54 [19] ? \$573  : \$579 [47:0];
-  assign \$583  = \port$3968$54 [21] ? \$582  : { x2, 1'h0 };
-  assign \$586  = \port$3968$54 [21] ? \$585  : { x2, 1'h0 };
-  assign \$587  = \port$3968$54 [20] ? \$584  : \$586 ;
-  assign \$590  = \port$3968$54 [21] ? \$589  : { x2, 1'h0 };
-  assign \$593  = \port$3968$54 [21] ? \$592  : { x2, 1'h0 };
-  assign \$594  = \port$3968$54 [20] ? \$591  : \$593 ;
-  assign \$595  = \port$3968$54 [19] ? \$588  : \$594 [47:0];
-  assign \$596  = \port$3968$54 [18] ? \$581  : \$595 [39:0];
-  assign \$597  = \port$3968$54 [17] ? \$566  : \$596 [35:0];
-  assign \$600  = \port$3968$54 [21] ? \$599  : { x2, 1'h0 };
-  assign \$603  = \port$3968$54 [21] ? \$602  : { x2, 1'h0 };
-  assign \$604  = \port$3968$54 [20] ? \$601  : \$603 ;
-  assign \$607  = \port$3968$54 [21] ? \$606  : { x2, 1'h0 };
-  assign \$610  = \port$3968$54 [21] ? \$609  : { x2, 1'h0 };
-  assign \$611  = \port$3968$54 [20] ? \$608  : \$610 ;
-  assign \$612  = \port$3968$54 [19] ? \$605  : \$611 [47:0];
-  assign \$615  = \port$3968$54 [21] ? \$614  : { x2, 1'h0 };
-  assign \$618  = \port$3968$54 [21] ? \$617  : { x2, 1'h0 };
-  assign \$619  = \port$3968$54 [20] ? \$616  : \$618 ;
-  assign \$622  = \port$3968$54 [21] ? \$621  : { x2, 1'h0 };
-  assign \$625  = \port$3968$54 [21] ? \$624  : { x2, 1'h0 };
-  assign \$626  = \port$3968$54 [20] ? \$623  : \$625 ;
-  assign \$627  = \port$3968$54 [19] ? \$620  : \$626 [47:0];
-  assign \$628  = \port$3968$54 [18] ? \$613  : \$627 [39:0];
-  assign \$631  = \port$3968$54 [21] ? \$630  : { x2, 1'h0 };
-  assign \$634  = \port$3968$54 [21] ? \$633  : { x2, 1'h0 };
-  assign \$635  = \port$3968$54 [20] ? \$632  : \$634 ;
-  assign \$638  = \port$3968$54 [21] ? \$637  : { x2, 1'h0 };
-  assign \$641  = \port$3968$54 [21] ? \$640  : { x2, 1'h0 };
-  assign \$642  = \port$3968$54 [20] ? \$639  : \$641 ;
-  assign \$643  = \port$3968$54 [19] ? \$636  : \$642 [47:0];
-  assign \$646  = \port$3968$54 [21] ? \$645  : { x2, 1'h0 };
-  assign \$649  = \port$3968$54 [21] ? \$648  : { x2, 1'h0 };
-  assign \$650  = \port$3968$54 [20] ? \$647  : \$649 ;
-  assign \$653  = \port$3968$54 [21] ? \$652  : { x2, 1'h0 };
-  assign \$656  = \port$3968$54 [21] ? \$655  : { x2, 1'h0 };
-  assign \$657  = \port$3968$54 [20] ? \$654  : \$656 ;
-  assign \$658  = \port$3968$54 [19] ? \$651  : \$657 [47:0];
-  assign \$659  = \port$3968$54 [18] ? \$644  : \$658 [39:0];
-  assign \$660  = \port$3968$54 [17] ? \$629  : \$659 [35:0];
-  assign \$661  = \port$3968$54 [16] ? \$598  : \$660 [33:0];
+  assign \$537  = \port$4022$54 [21] ? \$536  : { x2, 1'h0 };
+  assign \$540  = \port$4022$54 [21] ? \$539  : { x2, 1'h0 };
+  assign \$541  = \port$4022$54 [20] ? \$538  : \$540 ;
+  assign \$544  = \port$4022$54 [21] ? \$543  : { x2, 1'h0 };
+  assign \$547  = \port$4022$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$548  = \port$4022$54 [20] ? \$545  : \$547 ;
+  assign \$549  = \port$4022$54 [19] ? \$542  : \$548 [47:0];
+  assign \$552  = \port$4022$54 [21] ? \$551  : { x2, 1'h0 };
+  assign \$555  = \port$4022$54 [21] ? \$554  : { x2, 1'h0 };
+  assign \$556  = \port$4022$54 [20] ? \$553  : \$555 ;
+  assign \$559  = \port$4022$54 [21] ? \$558  : { x2, 1'h0 };
+  assign \$562  = \port$4022$54 [21] ? \$561  : { x2, 1'h0 };
+  assign \$563  = \port$4022$54 [20] ? \$560  : \$562 ;
+  assign \$564  = \port$4022$54 [19] ? \$557  : \$563 [47:0];
+  assign \$565  = \port$4022$54 [18] ? \$550  : \$564 [39:0];
+  assign \$568  = \port$4022$54 [21] ? \$567  : { x2, 1'h0 };
+  assign \$571  = \port$4022$54 [21] ? \$570  : { x2, 1'h0 };
+  assign \$572  = \port$4022$54 [20] ? \$569  : \$571 ;
+  assign \$575  = \port$4022$54 [21] ? \$574  : { x2, 1'h0 };
+  assign \$578  = \port$4022$54 [21] ? \$577  : { x2, 1'h0 };
+  assign \$579  = \port$4022$54 [20] ? \$576  : \$578 ;
+  assign \$580  = \port$4022$54 [19] ? \$573  : \$579 [47:0];
+  assign \$583  = \port$4022$54 [21] ? \$582  : { x2, 1'h0 };
+  assign \$586  = \port$4022$54 [21] ? \$585  : { x2, 1'h0 };
+  assign \$587  = \port$4022$54 [20] ? \$584  : \$586 ;
+  assign \$590  = \port$4022$54 [21] ? \$589  : { x2, 1'h0 };
+  assign \$593  = \port$4022$54 [21] ? \$592  : { x2, 1'h0 };
+  assign \$594  = \port$4022$54 [20] ? \$591  : \$593 ;
+  assign \$595  = \port$4022$54 [19] ? \$588  : \$594 [47:0];
+  assign \$596  = \port$4022$54 [18] ? \$581  : \$595 [39:0];
+  assign \$597  = \port$4022$54 [17] ? \$566  : \$596 [35:0];
+  assign \$600  = \port$4022$54 [21] ? \$599  : { x2, 1'h0 };
+  assign \$603  = \port$4022$54 [21] ? \$602  : { x2, 1'h0 };
+  assign \$604  = \port$4022$54 [20] ? \$601  : \$603 ;
+  assign \$607  = \port$4022$54 [21] ? \$606  : { x2, 1'h0 };
+  assign \$610  = \port$4022$54 [21] ? \$609  : { x2, 1'h0 };
+  assign \$611  = \port$4022$54 [20] ? \$608  : \$610 ;
+  assign \$612  = \port$4022$54 [19] ? \$605  : \$611 [47:0];
+  assign \$615  = \port$4022$54 [21] ? \$614  : { x2, 1'h0 };
+  assign \$618  = \port$4022$54 [21] ? \$617  : { x2, 1'h0 };
+  assign \$619  = \port$4022$54 [20] ? \$616  : \$618 ;
+  assign \$622  = \port$4022$54 [21] ? \$621  : { x2, 1'h0 };
+  assign \$625  = \port$4022$54 [21] ? \$624  : { x2, 1'h0 };
+  assign \$626  = \port$4022$54 [20] ? \$623  : \$625 ;
+  assign \$627  = \port$4022$54 [19] ? \$620  : \$626 [47:0];
+  assign \$628  = \port$4022$54 [18] ? \$613  : \$627 [39:0];
+  assign \$631  = \port$4022$54 [21] ? \$630  : { x2, 1'h0 };
+  assign \$634  = \port$4022$54 [21] ? \$633  : { x2, 1'h0 };
+  assign \$635  = \port$4022$54 [20] ? \$632  : \$634 ;
+  assign \$638  = \port$4022$54 [21] ? \$637  : { x2, 1'h0 };
+  assign \$641  = \port$4022$54 [21] ? \$640  : { x2, 1'h0 };
+  assign \$642  = \port$4022$54 [20] ? \$639  : \$641 ;
+  assign \$643  = \port$4022$54 [19] ? \$636  : \$642 [47:0];
+  assign \$646  = \port$4022$54 [21] ? \$645  : { x2, 1'h0 };
+  assign \$649  = \port$4022$54 [21] ? \$648  : { x2, 1'h0 };
+  assign \$650  = \port$4022$54 [20] ? \$647  : \$649 ;
+  assign \$653  = \port$4022$54 [21] ? \$652  : { x2, 1'h0 };
+  assign \$656  = \port$4022$54 [21] ? \$655  : { x2, 1'h0 };
+  assign \$657  = \port$4022$54 [20] ? \$654  : \$656 ;
+  assign \$658  = \port$4022$54 [19] ? \$651  : \$657 [47:0];
+  assign \$659  = \port$4022$54 [18] ? \$644  : \$658 [39:0];
+  assign \$660  = \port$4022$54 [17] ? \$629  : \$659 [35:0];
+  assign \$661  = \port$4022$54 [16] ? \$598  : \$660 [33:0];
   assign \$662  = { x2, 1'h0 } & below;
   assign \$663  = | \$662 ;
   assign \$664  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27717,69 +27856,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$671  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$672  = \$671  ? 33'h07fffffff : rounded2;
   assign \$673  = over2_2 ? { \$670 [31], \$670  } : \$672 ;
-  assign \$675  = \port$3968$54 [21] ? \$674  : { x3, 1'h0 };
-  assign \$678  = \port$3968$54 [21] ? \$677  : { x3, 1'h0 };
-  assign \$679  = \port$3968$54 [20] ? \$676  : \$678 ;
-  assign \$682  = \port$3968$54 [21] ? \$681  : { x3, 1'h0 };
-  assign \$685  = \port$3968$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$686  = \port$3968$54 [20] ? \$683  : \$685 ;
-  assign \$687  = \port$3968$54 [19] ? \$680  : \$686 [47:0];
-  assign \$690  = \port$3968$54 [21] ? \$689  : { x3, 1'h0 };
-  assign \$693  = \port$3968$54 [21] ? \$692  : { x3, 1'h0 };
-  assign \$694  = \port$3968$54 [20] ? \$691  : \$693 ;
-  assign \$697  = \port$3968$54 [21] ? \$696  : { x3, 1'h0 };
-  assign \$700  = \port$3968$54 [21] ? \$699  : { x3, 1'h0 };
-  assign \$701  = \port$3968$54 [20] ? \$698  : \$700 ;
-  assign \$702  = \port$3968$54 [19] ? \$695  : \$701 [47:0];
-  assign \$703  = \port$3968$54 [18] ? \$688  : \$702 [39:0];
-  assign \$706  = \port$3968$54 [21] ? \$705  : { x3, 1'h0 };
-  assign \$709  = \port$3968$54 [21] ? \$708  : { x3, 1'h0 };
-  assign \$710  = \port$3968$54 [20] ? \$707  : \$709 ;
-  assign \$713  = \port$3968$54 [21] ? \$712  : { x3, 1'h0 };
-  assign \$716  = \port$3968$54 [21] ? \$715  : { x3, 1'h0 };
-  assign \$717  = \port$3968$54 [20] ? \$714  : \$716 ;
-  assign \$718  = \port$3968$54 [19] ? \$711  : \$717 [47:0];
-  assign \$721  = \port$3968$54 [21] ? \$720  : { x3, 1'h0 };
-  assign \$724  = \port$3968$54 [21] ? \$723  : { x3, 1'h0 };
-  assign \$725  = \port$3968$54 [20] ? \$722  : \$724 ;
-  assign \$728  = \port$3968$54 [21] ? \$727  : { x3, 1'h0 };
-  assign \$731  = \port$3968$54 [21] ? \$730  : { x3, 1'h0 };
-  assign \$732  = \port$3968$54 [20] ? \$729  : \$731 ;
-  assign \$733  = \port$3968$54 [19] ? \$726  : \$732 [47:0];
-  assign \$734  = \port$3968$54 [18] ? \$719  : \$733 [39:0];
-  assign \$735  = \port$3968$54 [17] ? \$704  : \$734 [35:0];
-  assign \$738  = \port$3968$54 [21] ? \$737  : { x3, 1'h0 };
-  assign \$741  = \port$3968$54 [21] ? \$740  : { x3, 1'h0 };
-  assign \$742  = \port$3968$54 [20] ? \$739  : \$741 ;
-  assign \$745  = \port$3968$54 [21] ? \$744  : { x3, 1'h0 };
-  assign \$748  = \port$3968$54 [21] ? \$747  : { x3, 1'h0 };
-  assign \$749  = \port$3968$54 [20] ? \$746  : \$748 ;
-  assign \$750  = \port$3968$54 [19] ? \$743  : \$749 [47:0];
-  assign \$753  = \port$3968$54 [21] ? \$752  : { x3, 1'h0 };
-  assign \$756  = \port$3968$54 [21] ? \$755  : { x3, 1'h0 };
-  assign \$757  = \port$3968$54 [20] ? \$754  : \$756 ;
-  assign \$760  = \port$3968$54 [21] ? \$759  : { x3, 1'h0 };
-  assign \$763  = \port$3968$54 [21] ? \$762  : { x3, 1'h0 };
-  assign \$764  = \port$3968$54 [20] ? \$761  : \$763 ;
-  assign \$765  = \port$3968$54 [19] ? \$758  : \$764 [47:0];
-  assign \$766  = \port$3968$54 [18] ? \$751  : \$765 [39:0];
-  assign \$769  = \port$3968$54 [21] ? \$768  : { x3, 1'h0 };
-  assign \$772  = \port$3968$54 [21] ? \$771  : { x3, 1'h0 };
-  assign \$773  = \port$3968$54 [20] ? \$770  : \$772 ;
-  assign \$776  = \port$3968$54 [21] ? \$775  : { x3, 1'h0 };
-  assign \$779  = \port$3968$54 [21] ? \$778  : { x3, 1'h0 };
-  assign \$780  = \port$3968$54 [20] ? \$777  : \$779 ;
-  assign \$781  = \port$3968$54 [19] ? \$774  : \$780 [47:0];
-  assign \$784  = \port$3968$54 [21] ? \$783  : { x3, 1'h0 };
-  assign \$787  = \port$3968$54 [21] ? \$786  : { x3, 1'h0 };
-  assign \$788  = \port$3968$54 [20] ? \$785  : \$787 ;
-  assign \$791  = \port$3968$54 [21] ? \$790  : { x3, 1'h0 };
-  assign \$794  = \port$3968$54 [21] ? \$793  : { x3, 1'h0 };
-  assign \$795  = \port$3968$54 [20] ? \$792  : \$794 ;
-  assign \$796  = \port$3968$54 [19] ? \$789  : \$795 [47:0];
-  assign \$797  = \port$3968$54 [18] ? \$782  : \$796 [39:0];
-  assign \$798  = \port$3968$54 [17] ? \$767  : \$797 [35:0];
-  assign \$799  = \port$3968$54 [16] ? \$736  : \$798 [33:0];
+  assign \$675  = \port$4022$54 [21] ? \$674  : { x3, 1'h0 };
+  assign \$678  = \port$4022$54 [21] ? \$677  : { x3, 1'h0 };
+  assign \$679  = \port$4022$54 [20] ? \$676  : \$678 ;
+  assign \$682  = \port$4022$54 [21] ? \$681  : { x3, 1'h0 };
+  assign \$685  = \port$4022$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$686  = \port$4022$54 [20] ? \$683  : \$685 ;
+  assign \$687  = \port$4022$54 [19] ? \$680  : \$686 [47:0];
+  assign \$690  = \port$4022$54 [21] ? \$689  : { x3, 1'h0 };
+  assign \$693  = \port$4022$54 [21] ? \$692  : { x3, 1'h0 };
+  assign \$694  = \port$4022$54 [20] ? \$691  : \$693 ;
+  assign \$697  = \port$4022$54 [21] ? \$696  : { x3, 1'h0 };
+  assign \$700  = \port$4022$54 [21] ? \$699  : { x3, 1'h0 };
+  assign \$701  = \port$4022$54 [20] ? \$698  : \$700 ;
+  assign \$702  = \port$4022$54 [19] ? \$695  : \$701 [47:0];
+  assign \$703  = \port$4022$54 [18] ? \$688  : \$702 [39:0];
+  assign \$706  = \port$4022$54 [21] ? \$705  : { x3, 1'h0 };
+  assign \$709  = \port$4022$54 [21] ? \$708  : { x3, 1'h0 };
+  assign \$710  = \port$4022$54 [20] ? \$707  : \$709 ;
+  assign \$713  = \port$4022$54 [21] ? \$712  : { x3, 1'h0 };
+  assign \$716  = \port$4022$54 [21] ? \$715  : { x3, 1'h0 };
+  assign \$717  = \port$4022$54 [20] ? \$714  : \$716 ;
+  assign \$718  = \port$4022$54 [19] ? \$711  : \$717 [47:0];
+  assign \$721  = \port$4022$54 [21] ? \$720  : { x3, 1'h0 };
+  assign \$724  = \port$4022$54 [21] ? \$723  : { x3, 1'h0 };
+  assign \$725  = \port$4022$54 [20] ? \$722  : \$724 ;
+  assign \$728  = \port$4022$54 [21] ? \$727  : { x3, 1'h0 };
+  assign \$731  = \port$4022$54 [21] ? \$730  : { x3, 1'h0 };
+  assign \$732  = \port$4022$54 [20] ? \$729  : \$731 ;
+  assign \$733  = \port$4022$54 [19] ? \$726  : \$732 [47:0];
+  assign \$734  = \port$4022$54 [18] ? \$719  : \$733 [39:0];
+  assign \$735  = \port$4022$54 [17] ? \$704  : \$734 [35:0];
+  assign \$738  = \port$4022$54 [21] ? \$737  : { x3, 1'h0 };
+  assign \$741  = \port$4022$54 [21] ? \$740  : { x3, 1'h0 };
+  assign \$742  = \port$4022$54 [20] ? \$739  : \$741 ;
+  assign \$745  = \port$4022$54 [21] ? \$744  : { x3, 1'h0 };
+  assign \$748  = \port$4022$54 [21] ? \$747  : { x3, 1'h0 };
+  assign \$749  = \port$4022$54 [20] ? \$746  : \$748 ;
+  assign \$750  = \port$4022$54 [19] ? \$743  : \$749 [47:0];
+  assign \$753  = \port$4022$54 [21] ? \$752  : { x3, 1'h0 };
+  assign \$756  = \port$4022$54 [21] ? \$755  : { x3, 1'h0 };
+  assign \$757  = \port$4022$54 [20] ? \$754  : \$756 ;
+  assign \$760  = \port$4022$54 [21] ? \$759  : { x3, 1'h0 };
+  assign \$763  = \port$4022$54 [21] ? \$762  : { x3, 1'h0 };
+  assign \$764  = \port$4022$54 [20] ? \$761  : \$763 ;
+  assign \$765  = \port$4022$54 [19] ? \$758  : \$764 [47:0];
+  assign \$766  = \port$4022$54 [18] ? \$751  : \$765 [39:0];
+  assign \$769  = \port$4022$54 [21] ? \$768  : { x3, 1'h0 };
+  assign \$772  = \port$4022$54 [21] ? \$771  : { x3, 1'h0 };
+  assign \$773  = \port$4022$54 [20] ? \$770  : \$772 ;
+  assign \$776  = \port$4022$54 [21] ? \$775  : { x3, 1'h0 };
+  assign \$779  = \port$4022$54 [21] ? \$778  : { x3, 1'h0 };
+  assign \$780  = \port$4022$54 [20] ? \$777  : \$779 ;
+  assign \$781  = \port$4022$54 [19] ? \$774  : \$780 [47:0];
+  assign \$784  = \port$4022$54 [21] ? \$783  : { x3, 1'h0 };
+  assign \$787  = \port$4022$54 [21] ? \$786  : { x3, 1'h0 };
+  assign \$788  = \port$4022$54 [20] ? \$785  : \$787 ;
+  assign \$791  = \port$4022$54 [21] ? \$790  : { x3, 1'h0 };
+  assign \$794  = \port$4022$54 [21] ? \$793  : { x3, 1'h0 };
+  assign \$795  = \port$4022$54 [20] ? \$792  : \$794 ;
+  assign \$796  = \port$4022$54 [19] ? \$789  : \$795 [47:0];
+  assign \$797  = \port$4022$54 [18] ? \$782  : \$796 [39:0];
+  assign \$798  = \port$4022$54 [17] ? \$767  : \$797 [35:0];
+  assign \$799  = \port$4022$54 [16] ? \$736  : \$798 [33:0];
   assign \$800  = { x3, 1'h0 } & below;
   assign \$801  = | \$800 ;
   assign \$802  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -27793,21 +27932,21 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$810  = \$809  ? 33'h07fffffff : rounded3;
   assign \$811  = over2_3 ? { \$808 [31], \$808  } : \$810 ;
   always @(posedge clk)
-    \$signal  <= \$812 ;
+    below <= \$812 ;
   always @(posedge clk)
-    v2 <= \$813 ;
+    \$signal  <= \$813 ;
   always @(posedge clk)
-    x_valid <= \$814 ;
+    v2 <= \$814 ;
   always @(posedge clk)
-    x0 <= \$815 ;
+    x_valid <= \$815 ;
   always @(posedge clk)
-    x1 <= \$816 ;
+    x0 <= \$816 ;
   always @(posedge clk)
-    x2 <= \$817 ;
+    x1 <= \$817 ;
   always @(posedge clk)
-    x3 <= \$818 ;
+    x2 <= \$818 ;
   always @(posedge clk)
-    below <= \$819 ;
+    x3 <= \$819 ;
   always @(posedge clk)
     \$signal$44  <= \$820 ;
   always @(posedge clk)
@@ -27875,143 +28014,151 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[16:0];
-  assign \$5  = $signed(\$3 ) + $signed(\$4 );
-  assign \$8  = $signed(\$6 ) + $signed(\$7 );
-  assign \$11  = $signed(\$9 ) + $signed(\$10 );
-  assign \$14  = $signed(\$12 ) + $signed(\$13 );
-  assign \$15  = \port$3968$54 [21:19] > 1'h0;
-  assign \$16  = ! \port$3968$54 [21:19];
-  assign \$17  = \port$3968$54 [18:16] > 1'h0;
-  assign \$18  = \$16  & \$17 ;
-  assign \$19  = \$15  | \$18 ;
-  assign \$20  = \port$3968$54 [21:19] > 1'h0;
-  assign \$21  = ! \port$3968$54 [21:19];
-  assign \$22  = \port$3968$54 [18:16] > 1'h1;
-  assign \$23  = \$21  & \$22 ;
-  assign \$24  = \$20  | \$23 ;
-  assign \$25  = \port$3968$54 [21:19] > 1'h0;
-  assign \$26  = ! \port$3968$54 [21:19];
-  assign \$27  = \port$3968$54 [18:16] > 2'h2;
-  assign \$28  = \$26  & \$27 ;
-  assign \$29  = \$25  | \$28 ;
-  assign \$30  = \port$3968$54 [21:19] > 1'h0;
-  assign \$31  = ! \port$3968$54 [21:19];
-  assign \$32  = \port$3968$54 [18:16] > 2'h3;
-  assign \$33  = \$31  & \$32 ;
-  assign \$34  = \$30  | \$33 ;
-  assign \$35  = \port$3968$54 [21:19] > 1'h0;
-  assign \$36  = ! \port$3968$54 [21:19];
-  assign \$37  = \port$3968$54 [18:16] > 3'h4;
-  assign \$38  = \$36  & \$37 ;
-  assign \$39  = \$35  | \$38 ;
-  assign \$40  = \port$3968$54 [21:19] > 1'h0;
-  assign \$41  = ! \port$3968$54 [21:19];
-  assign \$42  = \port$3968$54 [18:16] > 3'h5;
-  assign \$43  = \$41  & \$42 ;
-  assign \$44  = \$40  | \$43 ;
-  assign \$45  = \port$3968$54 [21:19] > 1'h0;
-  assign \$46  = ! \port$3968$54 [21:19];
-  assign \$47  = \port$3968$54 [18:16] > 3'h6;
-  assign \$48  = \$46  & \$47 ;
-  assign \$49  = \$45  | \$48 ;
-  assign \$50  = \port$3968$54 [21:19] > 1'h0;
-  assign \$51  = ! \port$3968$54 [21:19];
-  assign \$52  = \port$3968$54 [18:16] > 3'h7;
-  assign \$53  = \$51  & \$52 ;
-  assign \$54  = \$50  | \$53 ;
-  assign \$55  = \port$3968$54 [21:19] > 1'h1;
-  assign \$56  = \port$3968$54 [21:19] == 1'h1;
-  assign \$57  = \port$3968$54 [18:16] > 1'h0;
-  assign \$58  = \$56  & \$57 ;
-  assign \$59  = \$55  | \$58 ;
-  assign \$60  = \port$3968$54 [21:19] > 1'h1;
-  assign \$61  = \port$3968$54 [21:19] == 1'h1;
-  assign \$62  = \port$3968$54 [18:16] > 1'h1;
-  assign \$63  = \$61  & \$62 ;
-  assign \$64  = \$60  | \$63 ;
-  assign \$65  = \port$3968$54 [21:19] > 1'h1;
-  assign \$66  = \port$3968$54 [21:19] == 1'h1;
-  assign \$67  = \port$3968$54 [18:16] > 2'h2;
-  assign \$68  = \$66  & \$67 ;
-  assign \$69  = \$65  | \$68 ;
-  assign \$70  = \port$3968$54 [21:19] > 1'h1;
-  assign \$71  = \port$3968$54 [21:19] == 1'h1;
-  assign \$72  = \port$3968$54 [18:16] > 2'h3;
-  assign \$73  = \$71  & \$72 ;
-  assign \$74  = \$70  | \$73 ;
-  assign \$75  = \port$3968$54 [21:19] > 1'h1;
-  assign \$76  = \port$3968$54 [21:19] == 1'h1;
-  assign \$77  = \port$3968$54 [18:16] > 3'h4;
-  assign \$78  = \$76  & \$77 ;
-  assign \$79  = \$75  | \$78 ;
-  assign \$80  = \port$3968$54 [21:19] > 1'h1;
-  assign \$81  = \port$3968$54 [21:19] == 1'h1;
-  assign \$82  = \port$3968$54 [18:16] > 3'h5;
-  assign \$83  = \$81  & \$82 ;
-  assign \$84  = \$80  | \$83 ;
-  assign \$85  = \port$3968$54 [21:19] > 1'h1;
-  assign \$86  = \port$3968$54 [21:19] == 1'h1;
-  assign \$87  = \port$3968$54 [18:16] > 3'h6;
-  assign \$88  = \$86  & \$87 ;
-  assign \$89  = \$85  | \$88 ;
-  assign \$90  = \port$3968$54 [21:19] > 1'h1;
-  assign \$91  = \port$3968$54 [21:19] == 1'h1;
-  assign \$92  = \port$3968$54 [18:16] > 3'h7;
-  assign \$93  = \$91  & \$92 ;
-  assign \$94  = \$90  | \$93 ;
-  assign \$95  = \port$3968$54 [21:19] > 2'h2;
-  assign \$96  = \port$3968$54 [21:19] == 2'h2;
-  assign \$97  = \port$3968$54 [18:16] > 1'h0;
-  assign \$98  = \$96  & \$97 ;
-  assign \$99  = \$95  | \$98 ;
-  assign \$100  = \port$3968$54 [21:19] > 2'h2;
-  assign \$101  = \port$3968$54 [21:19] == 2'h2;
-  assign \$102  = \port$3968$54 [18:16] > 1'h1;
-  assign \$103  = \$101  & \$102 ;
-  assign \$104  = \$100  | \$103 ;
-  assign \$105  = \port$3968$54 [21:19] > 2'h2;
-  assign \$106  = \port$3968$54 [21:19] == 2'h2;
-  assign \$107  = \port$3968$54 [18:16] > 2'h2;
-  assign \$108  = \$106  & \$107 ;
-  assign \$109  = \$105  | \$108 ;
-  assign \$110  = \port$3968$54 [21:19] > 2'h2;
-  assign \$111  = \port$3968$54 [21:19] == 2'h2;
-  assign \$112  = \port$3968$54 [18:16] > 2'h3;
-  assign \$113  = \$111  & \$112 ;
-  assign \$114  = \$110  | \$113 ;
-  assign \$115  = \port$3968$54 [21:19] > 2'h2;
-  assign \$116  = \port$3968$54 [21:19] == 2'h2;
-  assign \$117  = \port$3968$54 [18:16] > 3'h4;
-  assign \$118  = \$116  & \$117 ;
-  assign \$119  = \$115  | \$118 ;
-  assign \$120  = \port$3968$54 [21:19] > 2'h2;
-  assign \$121  = \port$3968$54 [21:19] == 2'h2;
-  assign \$122  = \port$3968$54 [18:16] > 3'h5;
-  assign \$123  = \$121  & \$122 ;
-  assign \$124  = \$120  | \$123 ;
-  assign \$125  = \port$3968$54 [21:19] > 2'h2;
-  assign \$126  = \port$3968$54 [21:19] == 2'h2;
-  assign \$127  = \port$3968$54 [18:16] > 3'h6;
-  assign \$128  = \$126  & \$127 ;
-  assign \$129  = \$125  | \$128 ;
-  assign \$130  = \port$3968$54 [21:19] > 2'h2;
-  assign \$131  = \port$3968$54 [21:19] == 2'h2;
-  assign \$132  = \port$3968$54 [18:16] > 3'h7;
-  assign \$133  = \$131  & \$132 ;
-  assign \$134  = \$130  | \$133 ;
-  assign \$135  = \port$3968$54 [21:19] > 2'h3;
-  assign \$136  = \port$3968$54 [21:19] == 2'h3;
-  assign \$137  = \port$3968$54 [18:16] > 1'h0;
-  assign \$138  = \$136  & \$137 ;
-  assign \$139  = \$135  | \$138 ;
-  assign \$140  = \port$3968$54 [21:19] > 2'h3;
-  assign \$141  = \port$3968$54 [21:19] == 2'h3;
-  assign \$142  = \port$3968$54 [18:16] > 1'h1;
-  assign \$143  = \$141  & \$142 ;
-  assign \$144  = \$140  | \$143 ;
-  assign \$145  = \port$3968$54 [21:19] > 2'h3;
-  assign \$146  = \port$3968$54 [21:19] == 2'h3;
-  assign \$147  = \port$3968$54 [18:16] > 2'h2;
+  assign \$3  = \port$4022$54 [21:19] > 1'h0;
+  assign \$4  = ! \port$4022$54 [21:19];
+  assign \$5  = \port$4022$54 [18:16] > 1'h0;
+  assign \$6  = \$4  & \$5 ;
+  assign \$7  = \$3  | \$6 ;
+  assign \$8  = \port$4022$54 [21:19] > 1'h0;
+  assign \$9  = ! \port$4022$54 [21:19];
+  assign \$10  = \port$4022$54 [18:16] > 1'h1;
+  assign \$11  = \$9  & \$10 ;
+  assign \$12  = \$8  | \$11 ;
+  assign \$13  = \port$4022$54 [21:19] > 1'h0;
+  assign \$14  = ! \port$4022$54 [21:19];
+  assign \$15  = \port$4022$54 [18:16] > 2'h2;
+  assign \$16  = \$14  & \$15 ;
+  assign \$17  = \$13  | \$16 ;
+  assign \$18  = \port$4022$54 [21:19] > 1'h0;
+  assign \$19  = ! \port$4022$54 [21:19];
+  assign \$20  = \port$4022$54 [18:16] > 2'h3;
+  assign \$21  = \$19  & \$20 ;
+  assign \$22  = \$18  | \$21 ;
+  assign \$23  = \port$4022$54 [21:19] > 1'h0;
+  assign \$24  = ! \port$4022$54 [21:19];
+  assign \$25  = \port$4022$54 [18:16] > 3'h4;
+  assign \$26  = \$24  & \$25 ;
+  assign \$27  = \$23  | \$26 ;
+  assign \$28  = \port$4022$54 [21:19] > 1'h0;
+  assign \$29  = ! \port$4022$54 [21:19];
+  assign \$30  = \port$4022$54 [18:16] > 3'h5;
+  assign \$31  = \$29  & \$30 ;
+  assign \$32  = \$28  | \$31 ;
+  assign \$33  = \port$4022$54 [21:19] > 1'h0;
+  assign \$34  = ! \port$4022$54 [21:19];
+  assign \$35  = \port$4022$54 [18:16] > 3'h6;
+  assign \$36  = \$34  & \$35 ;
+  assign \$37  = \$33  | \$36 ;
+  assign \$38  = \port$4022$54 [21:19] > 1'h0;
+  assign \$39  = ! \port$4022$54 [21:19];
+  assign \$40  = \port$4022$54 [18:16] > 3'h7;
+  assign \$41  = \$39  & \$40 ;
+  assign \$42  = \$38  | \$41 ;
+  assign \$43  = \port$4022$54 [21:19] > 1'h1;
+  assign \$44  = \port$4022$54 [21:19] == 1'h1;
+  assign \$45  = \port$4022$54 [18:16] > 1'h0;
+  assign \$46  = \$44  & \$45 ;
+  assign \$47  = \$43  | \$46 ;
+  assign \$48  = \port$4022$54 [21:19] > 1'h1;
+  assign \$49  = \port$4022$54 [21:19] == 1'h1;
+  assign \$50  = \port$4022$54 [18:16] > 1'h1;
+  assign \$51  = \$49  & \$50 ;
+  assign \$52  = \$48  | \$51 ;
+  assign \$53  = \port$4022$54 [21:19] > 1'h1;
+  assign \$54  = \port$4022$54 [21:19] == 1'h1;
+  assign \$55  = \port$4022$54 [18:16] > 2'h2;
+  assign \$56  = \$54  & \$55 ;
+  assign \$57  = \$53  | \$56 ;
+  assign \$58  = \port$4022$54 [21:19] > 1'h1;
+  assign \$59  = \port$4022$54 [21:19] == 1'h1;
+  assign \$60  = \port$4022$54 [18:16] > 2'h3;
+  assign \$61  = \$59  & \$60 ;
+  assign \$62  = \$58  | \$61 ;
+  assign \$63  = \port$4022$54 [21:19] > 1'h1;
+  assign \$64  = \port$4022$54 [21:19] == 1'h1;
+  assign \$65  = \port$4022$54 [18:16] > 3'h4;
+  assign \$66  = \$64  & \$65 ;
+  assign \$67  = \$63  | \$66 ;
+  assign \$68  = \port$4022$54 [21:19] > 1'h1;
+  assign \$69  = \port$4022$54 [21:19] == 1'h1;
+  assign \$70  = \port$4022$54 [18:16] > 3'h5;
+  assign \$71  = \$69  & \$70 ;
+  assign \$72  = \$68  | \$71 ;
+  assign \$73  = \port$4022$54 [21:19] > 1'h1;
+  assign \$74  = \port$4022$54 [21:19] == 1'h1;
+  assign \$75  = \port$4022$54 [18:16] > 3'h6;
+  assign \$76  = \$74  & \$75 ;
+  assign \$77  = \$73  | \$76 ;
+  assign \$78  = \port$4022$54 [21:19] > 1'h1;
+  assign \$79  = \port$4022$54 [21:19] == 1'h1;
+  assign \$80  = \port$4022$54 [18:16] > 3'h7;
+  assign \$81  = \$79  & \$80 ;
+  assign \$82  = \$78  | \$81 ;
+  assign \$83  = \port$4022$54 [21:19] > 2'h2;
+  assign \$84  = \port$4022$54 [21:19] == 2'h2;
+  assign \$85  = \port$4022$54 [18:16] > 1'h0;
+  assign \$86  = \$84  & \$85 ;
+  assign \$87  = \$83  | \$86 ;
+  assign \$88  = \port$4022$54 [21:19] > 2'h2;
+  assign \$89  = \port$4022$54 [21:19] == 2'h2;
+  assign \$90  = \port$4022$54 [18:16] > 1'h1;
+  assign \$91  = \$89  & \$90 ;
+  assign \$92  = \$88  | \$91 ;
+  assign \$93  = \port$4022$54 [21:19] > 2'h2;
+  assign \$94  = \port$4022$54 [21:19] == 2'h2;
+  assign \$95  = \port$4022$54 [18:16] > 2'h2;
+  assign \$96  = \$94  & \$95 ;
+  assign \$97  = \$93  | \$96 ;
+  assign \$98  = \port$4022$54 [21:19] > 2'h2;
+  assign \$99  = \port$4022$54 [21:19] == 2'h2;
+  assign \$100  = \port$4022$54 [18:16] > 2'h3;
+  assign \$101  = \$99  & \$100 ;
+  assign \$102  = \$98  | \$101 ;
+  assign \$103  = \port$4022$54 [21:19] > 2'h2;
+  assign \$104  = \port$4022$54 [21:19] == 2'h2;
+  assign \$105  = \port$4022$54 [18:16] > 3'h4;
+  assign \$106  = \$104  & \$105 ;
+  assign \$107  = \$103  | \$106 ;
+  assign \$108  = \port$4022$54 [21:19] > 2'h2;
+  assign \$109  = \port$4022$54 [21:19] == 2'h2;
+  assign \$110  = \port$4022$54 [18:16] > 3'h5;
+  assign \$111  = \$109  & \$110 ;
+  assign \$112  = \$108  | \$111 ;
+  assign \$113  = \port$4022$54 [21:19] > 2'h2;
+  assign \$114  = \port$4022$54 [21:19] == 2'h2;
+  assign \$115  = \port$4022$54 [18:16] > 3'h6;
+  assign \$116  = \$114  & \$115 ;
+  assign \$117  = \$113  | \$116 ;
+  assign \$118  = \port$4022$54 [21:19] > 2'h2;
+  assign \$119  = \port$4022$54 [21:19] == 2'h2;
+  assign \$120  = \port$4022$54 [18:16] > 3'h7;
+  assign \$121  = \$119  & \$120 ;
+  assign \$122  = \$118  | \$121 ;
+  assign \$123  = \port$4022$54 [21:19] > 2'h3;
+  assign \$124  = \port$4022$54 [21:19] == 2'h3;
+  assign \$125  = \port$4022$54 [18:16] > 1'h0;
+  assign \$126  = \$124  & \$125 ;
+  assign \$127  = \$123  | \$126 ;
+  assign \$128  = \port$4022$54 [21:19] > 2'h3;
+  assign \$129  = \port$4022$54 [21:19] == 2'h3;
+  assign \$130  = \port$4022$54 [18:16] > 1'h1;
+  assign \$131  = \$129  & \$130 ;
+  assign \$132  = \$128  | \$131 ;
+  assign \$133  = \port$4022$54 [21:19] > 2'h3;
+  assign \$134  = \port$4022$54 [21:19] == 2'h3;
+  assign \$135  = \port$4022$54 [18:16] > 2'h2;
+  assign \$136  = \$134  & \$135 ;
+  assign \$137  = \$133  | \$136 ;
+  assign \$138  = \port$4022$54 [21:19] > 2'h3;
+  assign \$139  = \port$4022$54 [21:19] == 2'h3;
+  assign \$140  = \port$4022$54 [18:16] > 2'h3;
+  assign \$141  = \$139  & \$140 ;
+  assign \$142  = \$138  | \$141 ;
+  assign \$143  = \port$4022$54 [21:19] > 2'h3;
+  assign \$144  = \port$4022$54 [21:19] == 2'h3;
+  assign \$145  = \port$4022$54 [18:16] > 3'h4;
+  assign \$146  = \$144  & \$145 ;
+  assign \$147  = \$143  | \$146 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
     .clk(clk),
     .en(advance),
@@ -28023,29 +28170,26 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$3968$54 (\port$3968$54 [15:0]),
-    .\port$3986$0 (i__payload),
+    .\port$4000$0 (i__payload),
+    .\port$4022$54 (\port$4022$54 [15:0]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$812  = \$signal ;
-    if (advance) begin
-      \$812  = i__valid;
-    end
+    \$812  = { \$247 , \$242 , \$237 , \$232 , \$227 , \$222 , \$217 , \$212 , \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
     if (unit_rst) begin
-      \$812  = 1'h0;
+      \$812  = 49'h0000000000000;
     end
     if (rst) begin
-      \$812  = 1'h0;
+      \$812  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$813  = v2;
+    \$813  = \$signal ;
     if (advance) begin
-      \$813  = \$signal ;
+      \$813  = i__valid;
     end
     if (unit_rst) begin
       \$813  = 1'h0;
@@ -28056,9 +28200,9 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$814  = x_valid;
+    \$814  = v2;
     if (advance) begin
-      \$814  = v2;
+      \$814  = \$signal ;
     end
     if (unit_rst) begin
       \$814  = 1'h0;
@@ -28069,22 +28213,22 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$815  = x0;
+    \$815  = x_valid;
     if (advance) begin
-      \$815  = \$5 [47:0];
+      \$815  = v2;
     end
     if (unit_rst) begin
-      \$815  = 48'h000000000000;
+      \$815  = 1'h0;
     end
     if (rst) begin
-      \$815  = 48'h000000000000;
+      \$815  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$816  = x1;
+    \$816  = x0;
     if (advance) begin
-      \$816  = \$8 [47:0];
+      \$816  = \$250 [47:0];
     end
     if (unit_rst) begin
       \$816  = 48'h000000000000;
@@ -28095,9 +28239,9 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$817  = x2;
+    \$817  = x1;
     if (advance) begin
-      \$817  = \$11 [47:0];
+      \$817  = \$253 [47:0];
     end
     if (unit_rst) begin
       \$817  = 48'h000000000000;
@@ -28108,9 +28252,9 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$818  = x3;
+    \$818  = x2;
     if (advance) begin
-      \$818  = \$14 [47:0];
+      \$818  = \$256 [47:0];
     end
     if (unit_rst) begin
       \$818  = 48'h000000000000;
@@ -28121,12 +28265,15 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
-    \$819  = { \$259 , \$254 , \$249 , \$244 , \$239 , \$234 , \$229 , \$224 , \$219 , \$214 , \$209 , \$204 , \$199 , \$194 , \$189 , \$184 , \$179 , \$174 , \$169 , \$164 , \$159 , \$154 , \$149 , \$144 , \$139 , \$134 , \$129 , \$124 , \$119 , \$114 , \$109 , \$104 , \$99 , \$94 , \$89 , \$84 , \$79 , \$74 , \$69 , \$64 , \$59 , \$54 , \$49 , \$44 , \$39 , \$34 , \$29 , \$24 , \$19  };
+    \$819  = x3;
+    if (advance) begin
+      \$819  = \$259 [47:0];
+    end
     if (unit_rst) begin
-      \$819  = 49'h0000000000000;
+      \$819  = 48'h000000000000;
     end
     if (rst) begin
-      \$819  = 49'h0000000000000;
+      \$819  = 48'h000000000000;
     end
   end
   always @* begin
@@ -28548,27 +28695,27 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
       \$851  = 1'h0;
     end
   end
+  assign above = { \$2 , 32'h00000000 };
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$3968$54 [15:0] };
-  assign mult = \port$3968$54 [15:0];
+  assign b__0 = { 2'h0, \port$4022$54 [15:0] };
+  assign mult = \port$4022$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$3968$54 [15:0] };
+  assign b__1 = { 2'h0, \port$4022$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$3968$54 [15:0] };
+  assign b__2 = { 2'h0, \port$4022$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$3968$54 [15:0] };
+  assign b__3 = { 2'h0, \port$4022$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$3968$54 [15:0] };
+  assign b__4 = { 2'h0, \port$4022$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$3968$54 [15:0] };
+  assign b__5 = { 2'h0, \port$4022$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$3968$54 [15:0] };
+  assign b__6 = { 2'h0, \port$4022$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$3968$54 [15:0] };
-  assign above = { \$2 , 32'h00000000 };
-  assign shift = \port$3968$54 [21:16];
+  assign b__7 = { 2'h0, \port$4022$54 [15:0] };
+  assign shift = \port$4022$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -28577,14 +28724,14 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
   assign \o__payload[1]  = o__payload[63:32];
   assign \o__payload[2]  = o__payload[95:64];
   assign \o__payload[3]  = o__payload[127:96];
-  assign \$3  = { p__0[35], p__0 };
-  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
-  assign \$6  = { p__2[35], p__2 };
-  assign \$7  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
-  assign \$9  = { p__4[35], p__4 };
-  assign \$10  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$12  = { p__6[35], p__6 };
-  assign \$13  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$248  = { p__0[35], p__0 };
+  assign \$249  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$251  = { p__2[35], p__2 };
+  assign \$252  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
+  assign \$254  = { p__4[35], p__4 };
+  assign \$255  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
+  assign \$258  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
+  assign \$257  = { p__6[35], p__6 };
   assign \$260  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$262  = { \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48:16] };
   assign \$263  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
@@ -28840,7 +28987,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__valid, \p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3986$0 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$4022$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -28926,10 +29073,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$3968$54 ;
-  wire [15:0] \port$3968$54 ;
-  input [127:0] \port$3986$0 ;
-  wire [127:0] \port$3986$0 ;
+  input [127:0] \port$4000$0 ;
+  wire [127:0] \port$4000$0 ;
+  input [15:0] \port$4022$54 ;
+  wire [15:0] \port$4022$54 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -28994,7 +29141,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$3986$0 [16:0] };
+      \$9  = { 1'h0, \port$4000$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -29007,7 +29154,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$3968$54  };
+      \$10  = { 2'h0, \port$4022$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -29033,7 +29180,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$3986$0 [31], \port$3986$0 [31], \port$3986$0 [31], \port$3986$0 [31:17] };
+      \$12  = { \port$4000$0 [31], \port$4000$0 [31], \port$4000$0 [31], \port$4000$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -29046,7 +29193,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$3968$54  };
+      \$13  = { 2'h0, \port$4022$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -29072,7 +29219,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$3986$0 [48:32] };
+      \$15  = { 1'h0, \port$4000$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -29085,7 +29232,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$3968$54  };
+      \$16  = { 2'h0, \port$4022$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -29111,7 +29258,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$3986$0 [63], \port$3986$0 [63], \port$3986$0 [63], \port$3986$0 [63:49] };
+      \$18  = { \port$4000$0 [63], \port$4000$0 [63], \port$4000$0 [63], \port$4000$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -29124,7 +29271,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$3968$54  };
+      \$19  = { 2'h0, \port$4022$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -29150,7 +29297,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$3986$0 [80:64] };
+      \$21  = { 1'h0, \port$4000$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -29163,7 +29310,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$3968$54  };
+      \$22  = { 2'h0, \port$4022$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -29189,7 +29336,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$3986$0 [95], \port$3986$0 [95], \port$3986$0 [95], \port$3986$0 [95:81] };
+      \$24  = { \port$4000$0 [95], \port$4000$0 [95], \port$4000$0 [95], \port$4000$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -29202,7 +29349,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$3968$54  };
+      \$25  = { 2'h0, \port$4022$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -29228,7 +29375,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$3986$0 [112:96] };
+      \$27  = { 1'h0, \port$4000$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -29241,7 +29388,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$3968$54  };
+      \$28  = { 2'h0, \port$4022$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -29267,7 +29414,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$3986$0 [127], \port$3986$0 [127], \port$3986$0 [127], \port$3986$0 [127:113] };
+      \$30  = { \port$4000$0 [127], \port$4000$0 [127], \port$4000$0 [127], \port$4000$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -29280,7 +29427,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$3968$54  };
+      \$31  = { 2'h0, \port$4022$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -29302,22 +29449,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$3968$54 , \port$3
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3986$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3968$54  };
-  assign a__1 = { \port$3986$0 [31], \port$3986$0 [31], \port$3986$0 [31], \port$3986$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3968$54  };
-  assign a__2 = { 1'h0, \port$3986$0 [48:32] };
-  assign b__2 = { 2'h0, \port$3968$54  };
-  assign a__3 = { \port$3986$0 [63], \port$3986$0 [63], \port$3986$0 [63], \port$3986$0 [63:49] };
-  assign b__3 = { 2'h0, \port$3968$54  };
-  assign a__4 = { 1'h0, \port$3986$0 [80:64] };
-  assign b__4 = { 2'h0, \port$3968$54  };
-  assign a__5 = { \port$3986$0 [95], \port$3986$0 [95], \port$3986$0 [95], \port$3986$0 [95:81] };
-  assign b__5 = { 2'h0, \port$3968$54  };
-  assign a__6 = { 1'h0, \port$3986$0 [112:96] };
-  assign b__6 = { 2'h0, \port$3968$54  };
-  assign a__7 = { \port$3986$0 [127], \port$3986$0 [127], \port$3986$0 [127], \port$3986$0 [127:113] };
-  assign b__7 = { 2'h0, \port$3968$54  };
+  assign a__0 = { 1'h0, \port$4000$0 [16:0] };
+  assign b__0 = { 2'h0, \port$4022$54  };
+  assign a__1 = { \port$4000$0 [31], \port$4000$0 [31], \port$4000$0 [31], \port$4000$0 [31:17] };
+  assign b__1 = { 2'h0, \port$4022$54  };
+  assign a__2 = { 1'h0, \port$4000$0 [48:32] };
+  assign b__2 = { 2'h0, \port$4022$54  };
+  assign a__3 = { \port$4000$0 [63], \port$4000$0 [63], \port$4000$0 [63], \port$4000$0 [63:49] };
+  assign b__3 = { 2'h0, \port$4022$54  };
+  assign a__4 = { 1'h0, \port$4000$0 [80:64] };
+  assign b__4 = { 2'h0, \port$4022$54  };
+  assign a__5 = { \port$4000$0 [95], \port$4000$0 [95], \port$4000$0 [95], \port$4000$0 [95:81] };
+  assign b__5 = { 2'h0, \port$4022$54  };
+  assign a__6 = { 1'h0, \port$4000$0 [112:96] };
+  assign b__6 = { 2'h0, \port$4022$54  };
+  assign a__7 = { \port$4000$0 [127], \port$4000$0 [127], \port$4000$0 [127], \port$4000$0 [127:113] };
+  assign b__7 = { 2'h0, \port$4022$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -29702,10 +29849,10 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   wire \$245 ;
   wire \$246 ;
   wire \$247 ;
-  wire \$248 ;
-  wire \$249 ;
+  wire [36:0] \$248 ;
+  wire [66:0] \$249 ;
   wire \$25 ;
-  wire \$250 ;
+  wire [67:0] \$250 ;
   wire [48:0] \$251 ;
   wire [48:0] \$252 ;
   wire [48:0] \$253 ;
@@ -29759,7 +29906,7 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   wire [48:0] \$297 ;
   wire [48:0] \$298 ;
   wire [48:0] \$299 ;
-  wire [36:0] \$3 ;
+  wire \$3 ;
   wire \$30 ;
   wire [48:0] \$300 ;
   wire [48:0] \$301 ;
@@ -29858,19 +30005,19 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   wire \$386 ;
   wire [32:0] \$387 ;
   wire [32:0] \$388 ;
-  reg \$389 ;
+  reg [48:0] \$389 ;
   wire \$39 ;
   reg \$390 ;
   reg \$391 ;
-  reg [47:0] \$392 ;
-  reg [48:0] \$393 ;
+  reg \$392 ;
+  reg [47:0] \$393 ;
   reg \$394 ;
   reg \$395 ;
   reg \$396 ;
   reg [32:0] \$397 ;
   reg \$398 ;
   reg \$399 ;
-  wire [66:0] \$4 ;
+  wire \$4 ;
   wire \$40 ;
   reg \$400 ;
   reg [32:0] \$401 ;
@@ -29886,7 +30033,7 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   wire \$47 ;
   wire \$48 ;
   wire \$49 ;
-  wire [67:0] \$5 ;
+  wire \$5 ;
   wire \$50 ;
   wire \$51 ;
   wire \$52 ;
@@ -29989,252 +30136,252 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   reg [32:0] y0 = 33'h000000000;
   assign \$1  = ~ o__valid;
   assign \$2  = ~ below[16:0];
-  assign \$5  = $signed(\$3 ) + $signed(\$4 );
-  assign \$6  = shift[5:3] > 1'h0;
-  assign \$7  = ! shift[5:3];
-  assign \$8  = shift[2:0] > 1'h0;
-  assign \$9  = \$7  & \$8 ;
-  assign \$10  = \$6  | \$9 ;
-  assign \$11  = shift[5:3] > 1'h0;
-  assign \$12  = ! shift[5:3];
-  assign \$13  = shift[2:0] > 1'h1;
-  assign \$14  = \$12  & \$13 ;
-  assign \$15  = \$11  | \$14 ;
-  assign \$16  = shift[5:3] > 1'h0;
-  assign \$17  = ! shift[5:3];
-  assign \$18  = shift[2:0] > 2'h2;
-  assign \$19  = \$17  & \$18 ;
-  assign \$20  = \$16  | \$19 ;
-  assign \$21  = shift[5:3] > 1'h0;
-  assign \$22  = ! shift[5:3];
-  assign \$23  = shift[2:0] > 2'h3;
-  assign \$24  = \$22  & \$23 ;
-  assign \$25  = \$21  | \$24 ;
-  assign \$26  = shift[5:3] > 1'h0;
-  assign \$27  = ! shift[5:3];
-  assign \$28  = shift[2:0] > 3'h4;
-  assign \$29  = \$27  & \$28 ;
-  assign \$30  = \$26  | \$29 ;
-  assign \$31  = shift[5:3] > 1'h0;
-  assign \$32  = ! shift[5:3];
-  assign \$33  = shift[2:0] > 3'h5;
-  assign \$34  = \$32  & \$33 ;
-  assign \$35  = \$31  | \$34 ;
-  assign \$36  = shift[5:3] > 1'h0;
-  assign \$37  = ! shift[5:3];
-  assign \$38  = shift[2:0] > 3'h6;
-  assign \$39  = \$37  & \$38 ;
-  assign \$40  = \$36  | \$39 ;
-  assign \$41  = shift[5:3] > 1'h0;
-  assign \$42  = ! shift[5:3];
-  assign \$43  = shift[2:0] > 3'h7;
-  assign \$44  = \$42  & \$43 ;
-  assign \$45  = \$41  | \$44 ;
-  assign \$46  = shift[5:3] > 1'h1;
-  assign \$47  = shift[5:3] == 1'h1;
-  assign \$48  = shift[2:0] > 1'h0;
-  assign \$49  = \$47  & \$48 ;
-  assign \$50  = \$46  | \$49 ;
-  assign \$51  = shift[5:3] > 1'h1;
-  assign \$52  = shift[5:3] == 1'h1;
-  assign \$53  = shift[2:0] > 1'h1;
-  assign \$54  = \$52  & \$53 ;
-  assign \$55  = \$51  | \$54 ;
-  assign \$56  = shift[5:3] > 1'h1;
-  assign \$57  = shift[5:3] == 1'h1;
-  assign \$58  = shift[2:0] > 2'h2;
-  assign \$59  = \$57  & \$58 ;
-  assign \$60  = \$56  | \$59 ;
-  assign \$61  = shift[5:3] > 1'h1;
-  assign \$62  = shift[5:3] == 1'h1;
-  assign \$63  = shift[2:0] > 2'h3;
-  assign \$64  = \$62  & \$63 ;
-  assign \$65  = \$61  | \$64 ;
-  assign \$66  = shift[5:3] > 1'h1;
-  assign \$67  = shift[5:3] == 1'h1;
-  assign \$68  = shift[2:0] > 3'h4;
-  assign \$69  = \$67  & \$68 ;
-  assign \$70  = \$66  | \$69 ;
-  assign \$71  = shift[5:3] > 1'h1;
-  assign \$72  = shift[5:3] == 1'h1;
-  assign \$73  = shift[2:0] > 3'h5;
-  assign \$74  = \$72  & \$73 ;
-  assign \$75  = \$71  | \$74 ;
-  assign \$76  = shift[5:3] > 1'h1;
-  assign \$77  = shift[5:3] == 1'h1;
-  assign \$78  = shift[2:0] > 3'h6;
-  assign \$79  = \$77  & \$78 ;
-  assign \$80  = \$76  | \$79 ;
-  assign \$81  = shift[5:3] > 1'h1;
-  assign \$82  = shift[5:3] == 1'h1;
-  assign \$83  = shift[2:0] > 3'h7;
-  assign \$84  = \$82  & \$83 ;
-  assign \$85  = \$81  | \$84 ;
-  assign \$86  = shift[5:3] > 2'h2;
-  assign \$87  = shift[5:3] == 2'h2;
-  assign \$88  = shift[2:0] > 1'h0;
-  assign \$89  = \$87  & \$88 ;
-  assign \$90  = \$86  | \$89 ;
-  assign \$91  = shift[5:3] > 2'h2;
-  assign \$92  = shift[5:3] == 2'h2;
-  assign \$93  = shift[2:0] > 1'h1;
-  assign \$94  = \$92  & \$93 ;
-  assign \$95  = \$91  | \$94 ;
-  assign \$96  = shift[5:3] > 2'h2;
-  assign \$97  = shift[5:3] == 2'h2;
-  assign \$98  = shift[2:0] > 2'h2;
-  assign \$99  = \$97  & \$98 ;
-  assign \$100  = \$96  | \$99 ;
-  assign \$101  = shift[5:3] > 2'h2;
-  assign \$102  = shift[5:3] == 2'h2;
-  assign \$103  = shift[2:0] > 2'h3;
-  assign \$104  = \$102  & \$103 ;
-  assign \$105  = \$101  | \$104 ;
-  assign \$106  = shift[5:3] > 2'h2;
-  assign \$107  = shift[5:3] == 2'h2;
-  assign \$108  = shift[2:0] > 3'h4;
-  assign \$109  = \$107  & \$108 ;
-  assign \$110  = \$106  | \$109 ;
-  assign \$111  = shift[5:3] > 2'h2;
-  assign \$112  = shift[5:3] == 2'h2;
-  assign \$113  = shift[2:0] > 3'h5;
-  assign \$114  = \$112  & \$113 ;
-  assign \$115  = \$111  | \$114 ;
-  assign \$116  = shift[5:3] > 2'h2;
-  assign \$117  = shift[5:3] == 2'h2;
-  assign \$118  = shift[2:0] > 3'h6;
-  assign \$119  = \$117  & \$118 ;
-  assign \$120  = \$116  | \$119 ;
-  assign \$121  = shift[5:3] > 2'h2;
-  assign \$122  = shift[5:3] == 2'h2;
-  assign \$123  = shift[2:0] > 3'h7;
-  assign \$124  = \$122  & \$123 ;
-  assign \$125  = \$121  | \$124 ;
-  assign \$126  = shift[5:3] > 2'h3;
-  assign \$127  = shift[5:3] == 2'h3;
-  assign \$128  = shift[2:0] > 1'h0;
-  assign \$129  = \$127  & \$128 ;
-  assign \$130  = \$126  | \$129 ;
-  assign \$131  = shift[5:3] > 2'h3;
-  assign \$132  = shift[5:3] == 2'h3;
-  assign \$133  = shift[2:0] > 1'h1;
-  assign \$134  = \$132  & \$133 ;
-  assign \$135  = \$131  | \$134 ;
-  assign \$136  = shift[5:3] > 2'h3;
-  assign \$137  = shift[5:3] == 2'h3;
-  assign \$138  = shift[2:0] > 2'h2;
-  assign \$139  = \$137  & \$138 ;
-  assign \$140  = \$136  | \$139 ;
-  assign \$141  = shift[5:3] > 2'h3;
-  assign \$142  = shift[5:3] == 2'h3;
-  assign \$143  = shift[2:0] > 2'h3;
-  assign \$144  = \$142  & \$143 ;
-  assign \$145  = \$141  | \$144 ;
-  assign \$146  = shift[5:3] > 2'h3;
-  assign \$147  = shift[5:3] == 2'h3;
-  assign \$148  = shift[2:0] > 3'h4;
-  assign \$149  = \$147  & \$148 ;
-  assign \$150  = \$146  | \$149 ;
-  assign \$151  = shift[5:3] > 2'h3;
-  assign \$152  = shift[5:3] == 2'h3;
-  assign \$153  = shift[2:0] > 3'h5;
-  assign \$154  = \$152  & \$153 ;
-  assign \$155  = \$151  | \$154 ;
-  assign \$156  = shift[5:3] > 2'h3;
-  assign \$157  = shift[5:3] == 2'h3;
-  assign \$158  = shift[2:0] > 3'h6;
-  assign \$159  = \$157  & \$158 ;
-  assign \$160  = \$156  | \$159 ;
-  assign \$161  = shift[5:3] > 2'h3;
-  assign \$162  = shift[5:3] == 2'h3;
-  assign \$163  = shift[2:0] > 3'h7;
-  assign \$164  = \$162  & \$163 ;
-  assign \$165  = \$161  | \$164 ;
-  assign \$166  = shift[5:3] > 3'h4;
-  assign \$167  = shift[5:3] == 3'h4;
-  assign \$168  = shift[2:0] > 1'h0;
-  assign \$169  = \$167  & \$168 ;
-  assign \$170  = \$166  | \$169 ;
-  assign \$171  = shift[5:3] > 3'h4;
-  assign \$172  = shift[5:3] == 3'h4;
-  assign \$173  = shift[2:0] > 1'h1;
-  assign \$174  = \$172  & \$173 ;
-  assign \$175  = \$171  | \$174 ;
-  assign \$176  = shift[5:3] > 3'h4;
-  assign \$177  = shift[5:3] == 3'h4;
-  assign \$178  = shift[2:0] > 2'h2;
-  assign \$179  = \$177  & \$178 ;
-  assign \$180  = \$176  | \$179 ;
-  assign \$181  = shift[5:3] > 3'h4;
-  assign \$182  = shift[5:3] == 3'h4;
-  assign \$183  = shift[2:0] > 2'h3;
-  assign \$184  = \$182  & \$183 ;
-  assign \$185  = \$181  | \$184 ;
-  assign \$186  = shift[5:3] > 3'h4;
-  assign \$187  = shift[5:3] == 3'h4;
-  assign \$188  = shift[2:0] > 3'h4;
-  assign \$189  = \$187  & \$188 ;
-  assign \$190  = \$186  | \$189 ;
-  assign \$191  = shift[5:3] > 3'h4;
-  assign \$192  = shift[5:3] == 3'h4;
-  assign \$193  = shift[2:0] > 3'h5;
-  assign \$194  = \$192  & \$193 ;
-  assign \$195  = \$191  | \$194 ;
-  assign \$196  = shift[5:3] > 3'h4;
-  assign \$197  = shift[5:3] == 3'h4;
-  assign \$198  = shift[2:0] > 3'h6;
-  assign \$199  = \$197  & \$198 ;
-  assign \$200  = \$196  | \$199 ;
-  assign \$201  = shift[5:3] > 3'h4;
-  assign \$202  = shift[5:3] == 3'h4;
-  assign \$203  = shift[2:0] > 3'h7;
-  assign \$204  = \$202  & \$203 ;
-  assign \$205  = \$201  | \$204 ;
-  assign \$206  = shift[5:3] > 3'h5;
-  assign \$207  = shift[5:3] == 3'h5;
-  assign \$208  = shift[2:0] > 1'h0;
-  assign \$209  = \$207  & \$208 ;
-  assign \$210  = \$206  | \$209 ;
-  assign \$211  = shift[5:3] > 3'h5;
-  assign \$212  = shift[5:3] == 3'h5;
-  assign \$213  = shift[2:0] > 1'h1;
-  assign \$214  = \$212  & \$213 ;
-  assign \$215  = \$211  | \$214 ;
-  assign \$216  = shift[5:3] > 3'h5;
-  assign \$217  = shift[5:3] == 3'h5;
-  assign \$218  = shift[2:0] > 2'h2;
-  assign \$219  = \$217  & \$218 ;
-  assign \$220  = \$216  | \$219 ;
-  assign \$221  = shift[5:3] > 3'h5;
-  assign \$222  = shift[5:3] == 3'h5;
-  assign \$223  = shift[2:0] > 2'h3;
-  assign \$224  = \$222  & \$223 ;
-  assign \$225  = \$221  | \$224 ;
-  assign \$226  = shift[5:3] > 3'h5;
-  assign \$227  = shift[5:3] == 3'h5;
-  assign \$228  = shift[2:0] > 3'h4;
-  assign \$229  = \$227  & \$228 ;
-  assign \$230  = \$226  | \$229 ;
-  assign \$231  = shift[5:3] > 3'h5;
-  assign \$232  = shift[5:3] == 3'h5;
-  assign \$233  = shift[2:0] > 3'h5;
-  assign \$234  = \$232  & \$233 ;
-  assign \$235  = \$231  | \$234 ;
-  assign \$236  = shift[5:3] > 3'h5;
-  assign \$237  = shift[5:3] == 3'h5;
-  assign \$238  = shift[2:0] > 3'h6;
-  assign \$239  = \$237  & \$238 ;
-  assign \$240  = \$236  | \$239 ;
-  assign \$241  = shift[5:3] > 3'h5;
-  assign \$242  = shift[5:3] == 3'h5;
-  assign \$243  = shift[2:0] > 3'h7;
-  assign \$244  = \$242  & \$243 ;
-  assign \$245  = \$241  | \$244 ;
-  assign \$246  = shift[5:3] > 3'h6;
-  assign \$247  = shift[5:3] == 3'h6;
-  assign \$248  = shift[2:0] > 1'h0;
-  assign \$249  = \$247  & \$248 ;
-  assign \$250  = \$246  | \$249 ;
+  assign \$3  = shift[5:3] > 1'h0;
+  assign \$4  = ! shift[5:3];
+  assign \$5  = shift[2:0] > 1'h0;
+  assign \$6  = \$4  & \$5 ;
+  assign \$7  = \$3  | \$6 ;
+  assign \$8  = shift[5:3] > 1'h0;
+  assign \$9  = ! shift[5:3];
+  assign \$10  = shift[2:0] > 1'h1;
+  assign \$11  = \$9  & \$10 ;
+  assign \$12  = \$8  | \$11 ;
+  assign \$13  = shift[5:3] > 1'h0;
+  assign \$14  = ! shift[5:3];
+  assign \$15  = shift[2:0] > 2'h2;
+  assign \$16  = \$14  & \$15 ;
+  assign \$17  = \$13  | \$16 ;
+  assign \$18  = shift[5:3] > 1'h0;
+  assign \$19  = ! shift[5:3];
+  assign \$20  = shift[2:0] > 2'h3;
+  assign \$21  = \$19  & \$20 ;
+  assign \$22  = \$18  | \$21 ;
+  assign \$23  = shift[5:3] > 1'h0;
+  assign \$24  = ! shift[5:3];
+  assign \$25  = shift[2:0] > 3'h4;
+  assign \$26  = \$24  & \$25 ;
+  assign \$27  = \$23  | \$26 ;
+  assign \$28  = shift[5:3] > 1'h0;
+  assign \$29  = ! shift[5:3];
+  assign \$30  = shift[2:0] > 3'h5;
+  assign \$31  = \$29  & \$30 ;
+  assign \$32  = \$28  | \$31 ;
+  assign \$33  = shift[5:3] > 1'h0;
+  assign \$34  = ! shift[5:3];
+  assign \$35  = shift[2:0] > 3'h6;
+  assign \$36  = \$34  & \$35 ;
+  assign \$37  = \$33  | \$36 ;
+  assign \$38  = shift[5:3] > 1'h0;
+  assign \$39  = ! shift[5:3];
+  assign \$40  = shift[2:0] > 3'h7;
+  assign \$41  = \$39  & \$40 ;
+  assign \$42  = \$38  | \$41 ;
+  assign \$43  = shift[5:3] > 1'h1;
+  assign \$44  = shift[5:3] == 1'h1;
+  assign \$45  = shift[2:0] > 1'h0;
+  assign \$46  = \$44  & \$45 ;
+  assign \$47  = \$43  | \$46 ;
+  assign \$48  = shift[5:3] > 1'h1;
+  assign \$49  = shift[5:3] == 1'h1;
+  assign \$50  = shift[2:0] > 1'h1;
+  assign \$51  = \$49  & \$50 ;
+  assign \$52  = \$48  | \$51 ;
+  assign \$53  = shift[5:3] > 1'h1;
+  assign \$54  = shift[5:3] == 1'h1;
+  assign \$55  = shift[2:0] > 2'h2;
+  assign \$56  = \$54  & \$55 ;
+  assign \$57  = \$53  | \$56 ;
+  assign \$58  = shift[5:3] > 1'h1;
+  assign \$59  = shift[5:3] == 1'h1;
+  assign \$60  = shift[2:0] > 2'h3;
+  assign \$61  = \$59  & \$60 ;
+  assign \$62  = \$58  | \$61 ;
+  assign \$63  = shift[5:3] > 1'h1;
+  assign \$64  = shift[5:3] == 1'h1;
+  assign \$65  = shift[2:0] > 3'h4;
+  assign \$66  = \$64  & \$65 ;
+  assign \$67  = \$63  | \$66 ;
+  assign \$68  = shift[5:3] > 1'h1;
+  assign \$69  = shift[5:3] == 1'h1;
+  assign \$70  = shift[2:0] > 3'h5;
+  assign \$71  = \$69  & \$70 ;
+  assign \$72  = \$68  | \$71 ;
+  assign \$73  = shift[5:3] > 1'h1;
+  assign \$74  = shift[5:3] == 1'h1;
+  assign \$75  = shift[2:0] > 3'h6;
+  assign \$76  = \$74  & \$75 ;
+  assign \$77  = \$73  | \$76 ;
+  assign \$78  = shift[5:3] > 1'h1;
+  assign \$79  = shift[5:3] == 1'h1;
+  assign \$80  = shift[2:0] > 3'h7;
+  assign \$81  = \$79  & \$80 ;
+  assign \$82  = \$78  | \$81 ;
+  assign \$83  = shift[5:3] > 2'h2;
+  assign \$84  = shift[5:3] == 2'h2;
+  assign \$85  = shift[2:0] > 1'h0;
+  assign \$86  = \$84  & \$85 ;
+  assign \$87  = \$83  | \$86 ;
+  assign \$88  = shift[5:3] > 2'h2;
+  assign \$89  = shift[5:3] == 2'h2;
+  assign \$90  = shift[2:0] > 1'h1;
+  assign \$91  = \$89  & \$90 ;
+  assign \$92  = \$88  | \$91 ;
+  assign \$93  = shift[5:3] > 2'h2;
+  assign \$94  = shift[5:3] == 2'h2;
+  assign \$95  = shift[2:0] > 2'h2;
+  assign \$96  = \$94  & \$95 ;
+  assign \$97  = \$93  | \$96 ;
+  assign \$98  = shift[5:3] > 2'h2;
+  assign \$99  = shift[5:3] == 2'h2;
+  assign \$100  = shift[2:0] > 2'h3;
+  assign \$101  = \$99  & \$100 ;
+  assign \$102  = \$98  | \$101 ;
+  assign \$103  = shift[5:3] > 2'h2;
+  assign \$104  = shift[5:3] == 2'h2;
+  assign \$105  = shift[2:0] > 3'h4;
+  assign \$106  = \$104  & \$105 ;
+  assign \$107  = \$103  | \$106 ;
+  assign \$108  = shift[5:3] > 2'h2;
+  assign \$109  = shift[5:3] == 2'h2;
+  assign \$110  = shift[2:0] > 3'h5;
+  assign \$111  = \$109  & \$110 ;
+  assign \$112  = \$108  | \$111 ;
+  assign \$113  = shift[5:3] > 2'h2;
+  assign \$114  = shift[5:3] == 2'h2;
+  assign \$115  = shift[2:0] > 3'h6;
+  assign \$116  = \$114  & \$115 ;
+  assign \$117  = \$113  | \$116 ;
+  assign \$118  = shift[5:3] > 2'h2;
+  assign \$119  = shift[5:3] == 2'h2;
+  assign \$120  = shift[2:0] > 3'h7;
+  assign \$121  = \$119  & \$120 ;
+  assign \$122  = \$118  | \$121 ;
+  assign \$123  = shift[5:3] > 2'h3;
+  assign \$124  = shift[5:3] == 2'h3;
+  assign \$125  = shift[2:0] > 1'h0;
+  assign \$126  = \$124  & \$125 ;
+  assign \$127  = \$123  | \$126 ;
+  assign \$128  = shift[5:3] > 2'h3;
+  assign \$129  = shift[5:3] == 2'h3;
+  assign \$130  = shift[2:0] > 1'h1;
+  assign \$131  = \$129  & \$130 ;
+  assign \$132  = \$128  | \$131 ;
+  assign \$133  = shift[5:3] > 2'h3;
+  assign \$134  = shift[5:3] == 2'h3;
+  assign \$135  = shift[2:0] > 2'h2;
+  assign \$136  = \$134  & \$135 ;
+  assign \$137  = \$133  | \$136 ;
+  assign \$138  = shift[5:3] > 2'h3;
+  assign \$139  = shift[5:3] == 2'h3;
+  assign \$140  = shift[2:0] > 2'h3;
+  assign \$141  = \$139  & \$140 ;
+  assign \$142  = \$138  | \$141 ;
+  assign \$143  = shift[5:3] > 2'h3;
+  assign \$144  = shift[5:3] == 2'h3;
+  assign \$145  = shift[2:0] > 3'h4;
+  assign \$146  = \$144  & \$145 ;
+  assign \$147  = \$143  | \$146 ;
+  assign \$148  = shift[5:3] > 2'h3;
+  assign \$149  = shift[5:3] == 2'h3;
+  assign \$150  = shift[2:0] > 3'h5;
+  assign \$151  = \$149  & \$150 ;
+  assign \$152  = \$148  | \$151 ;
+  assign \$153  = shift[5:3] > 2'h3;
+  assign \$154  = shift[5:3] == 2'h3;
+  assign \$155  = shift[2:0] > 3'h6;
+  assign \$156  = \$154  & \$155 ;
+  assign \$157  = \$153  | \$156 ;
+  assign \$158  = shift[5:3] > 2'h3;
+  assign \$159  = shift[5:3] == 2'h3;
+  assign \$160  = shift[2:0] > 3'h7;
+  assign \$161  = \$159  & \$160 ;
+  assign \$162  = \$158  | \$161 ;
+  assign \$163  = shift[5:3] > 3'h4;
+  assign \$164  = shift[5:3] == 3'h4;
+  assign \$165  = shift[2:0] > 1'h0;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = \$163  | \$166 ;
+  assign \$168  = shift[5:3] > 3'h4;
+  assign \$169  = shift[5:3] == 3'h4;
+  assign \$170  = shift[2:0] > 1'h1;
+  assign \$171  = \$169  & \$170 ;
+  assign \$172  = \$168  | \$171 ;
+  assign \$173  = shift[5:3] > 3'h4;
+  assign \$174  = shift[5:3] == 3'h4;
+  assign \$175  = shift[2:0] > 2'h2;
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = \$173  | \$176 ;
+  assign \$178  = shift[5:3] > 3'h4;
+  assign \$179  = shift[5:3] == 3'h4;
+  assign \$180  = shift[2:0] > 2'h3;
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = \$178  | \$181 ;
+  assign \$183  = shift[5:3] > 3'h4;
+  assign \$184  = shift[5:3] == 3'h4;
+  assign \$185  = shift[2:0] > 3'h4;
+  assign \$186  = \$184  & \$185 ;
+  assign \$187  = \$183  | \$186 ;
+  assign \$188  = shift[5:3] > 3'h4;
+  assign \$189  = shift[5:3] == 3'h4;
+  assign \$190  = shift[2:0] > 3'h5;
+  assign \$191  = \$189  & \$190 ;
+  assign \$192  = \$188  | \$191 ;
+  assign \$193  = shift[5:3] > 3'h4;
+  assign \$194  = shift[5:3] == 3'h4;
+  assign \$195  = shift[2:0] > 3'h6;
+  assign \$196  = \$194  & \$195 ;
+  assign \$197  = \$193  | \$196 ;
+  assign \$198  = shift[5:3] > 3'h4;
+  assign \$199  = shift[5:3] == 3'h4;
+  assign \$200  = shift[2:0] > 3'h7;
+  assign \$201  = \$199  & \$200 ;
+  assign \$202  = \$198  | \$201 ;
+  assign \$203  = shift[5:3] > 3'h5;
+  assign \$204  = shift[5:3] == 3'h5;
+  assign \$205  = shift[2:0] > 1'h0;
+  assign \$206  = \$204  & \$205 ;
+  assign \$207  = \$203  | \$206 ;
+  assign \$208  = shift[5:3] > 3'h5;
+  assign \$209  = shift[5:3] == 3'h5;
+  assign \$210  = shift[2:0] > 1'h1;
+  assign \$211  = \$209  & \$210 ;
+  assign \$212  = \$208  | \$211 ;
+  assign \$213  = shift[5:3] > 3'h5;
+  assign \$214  = shift[5:3] == 3'h5;
+  assign \$215  = shift[2:0] > 2'h2;
+  assign \$216  = \$214  & \$215 ;
+  assign \$217  = \$213  | \$216 ;
+  assign \$218  = shift[5:3] > 3'h5;
+  assign \$219  = shift[5:3] == 3'h5;
+  assign \$220  = shift[2:0] > 2'h3;
+  assign \$221  = \$219  & \$220 ;
+  assign \$222  = \$218  | \$221 ;
+  assign \$223  = shift[5:3] > 3'h5;
+  assign \$224  = shift[5:3] == 3'h5;
+  assign \$225  = shift[2:0] > 3'h4;
+  assign \$226  = \$224  & \$225 ;
+  assign \$227  = \$223  | \$226 ;
+  assign \$228  = shift[5:3] > 3'h5;
+  assign \$229  = shift[5:3] == 3'h5;
+  assign \$230  = shift[2:0] > 3'h5;
+  assign \$231  = \$229  & \$230 ;
+  assign \$232  = \$228  | \$231 ;
+  assign \$233  = shift[5:3] > 3'h5;
+  assign \$234  = shift[5:3] == 3'h5;
+  assign \$235  = shift[2:0] > 3'h6;
+  assign \$236  = \$234  & \$235 ;
+  assign \$237  = \$233  | \$236 ;
+  assign \$238  = shift[5:3] > 3'h5;
+  assign \$239  = shift[5:3] == 3'h5;
+  assign \$240  = shift[2:0] > 3'h7;
+  assign \$241  = \$239  & \$240 ;
+  assign \$242  = \$238  | \$241 ;
+  assign \$243  = shift[5:3] > 3'h6;
+  assign \$244  = shift[5:3] == 3'h6;
+  assign \$245  = shift[2:0] > 1'h0;
+  assign \$246  = \$244  & \$245 ;
+  assign \$247  = \$243  | \$246 ;
+  assign \$250  = $signed(\$248 ) + $signed(\$249 );
   assign \$252  = shift[5] ? \$251  : { x0, 1'h0 };
   assign \$255  = shift[5] ? \$254  : { x0, 1'h0 };
   assign \$256  = shift[4] ? \$253  : \$255 ;
@@ -30311,15 +30458,15 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   assign \$387  = \$386  ? 33'h07fffffff : rounded0;
   assign \$388  = over2_0 ? { \$385 [31], \$385  } : \$387 ;
   always @(posedge clk)
-    \$signal  <= \$389 ;
+    below <= \$389 ;
   always @(posedge clk)
-    v2 <= \$390 ;
+    \$signal  <= \$390 ;
   always @(posedge clk)
-    x_valid <= \$391 ;
+    v2 <= \$391 ;
   always @(posedge clk)
-    x0 <= \$392 ;
+    x_valid <= \$392 ;
   always @(posedge clk)
-    below <= \$393 ;
+    x0 <= \$393 ;
   always @(posedge clk)
     \$signal$23  <= \$394 ;
   always @(posedge clk)
@@ -30347,29 +30494,26 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$3596$0 (i__payload),
-    .\port$3706$0 (mult),
+    .\port$3638$0 (i__payload),
+    .\port$3748$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$389  = \$signal ;
-    if (advance) begin
-      \$389  = i__valid;
-    end
+    \$389  = { \$247 , \$242 , \$237 , \$232 , \$227 , \$222 , \$217 , \$212 , \$207 , \$202 , \$197 , \$192 , \$187 , \$182 , \$177 , \$172 , \$167 , \$162 , \$157 , \$152 , \$147 , \$142 , \$137 , \$132 , \$127 , \$122 , \$117 , \$112 , \$107 , \$102 , \$97 , \$92 , \$87 , \$82 , \$77 , \$72 , \$67 , \$62 , \$57 , \$52 , \$47 , \$42 , \$37 , \$32 , \$27 , \$22 , \$17 , \$12 , \$7  };
     if (unit_rst) begin
-      \$389  = 1'h0;
+      \$389  = 49'h0000000000000;
     end
     if (rst) begin
-      \$389  = 1'h0;
+      \$389  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$390  = v2;
+    \$390  = \$signal ;
     if (advance) begin
-      \$390  = \$signal ;
+      \$390  = i__valid;
     end
     if (unit_rst) begin
       \$390  = 1'h0;
@@ -30380,9 +30524,9 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$391  = x_valid;
+    \$391  = v2;
     if (advance) begin
-      \$391  = v2;
+      \$391  = \$signal ;
     end
     if (unit_rst) begin
       \$391  = 1'h0;
@@ -30393,25 +30537,28 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$392  = x0;
+    \$392  = x_valid;
     if (advance) begin
-      \$392  = \$5 [47:0];
+      \$392  = v2;
     end
     if (unit_rst) begin
-      \$392  = 48'h000000000000;
+      \$392  = 1'h0;
     end
     if (rst) begin
-      \$392  = 48'h000000000000;
+      \$392  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$25 ) begin end
-    \$393  = { \$250 , \$245 , \$240 , \$235 , \$230 , \$225 , \$220 , \$215 , \$210 , \$205 , \$200 , \$195 , \$190 , \$185 , \$180 , \$175 , \$170 , \$165 , \$160 , \$155 , \$150 , \$145 , \$140 , \$135 , \$130 , \$125 , \$120 , \$115 , \$110 , \$105 , \$100 , \$95 , \$90 , \$85 , \$80 , \$75 , \$70 , \$65 , \$60 , \$55 , \$50 , \$45 , \$40 , \$35 , \$30 , \$25 , \$20 , \$15 , \$10  };
+    \$393  = x0;
+    if (advance) begin
+      \$393  = \$250 [47:0];
+    end
     if (unit_rst) begin
-      \$393  = 49'h0000000000000;
+      \$393  = 48'h000000000000;
     end
     if (rst) begin
-      \$393  = 49'h0000000000000;
+      \$393  = 48'h000000000000;
     end
   end
   always @* begin
@@ -30558,18 +30705,18 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
     end
   end
   assign o__ready = 1'h1;
+  assign above = { \$2 , 32'h00000000 };
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
   assign b__0 = { 2'h0, mult };
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
   assign b__1 = { 2'h0, mult };
-  assign above = { \$2 , 32'h00000000 };
   assign \i__payload[0]  = i__payload;
   assign \o__payload[0]  = o__payload;
   assign advance = 1'h1;
-  assign \$3  = { p__0[35], p__0 };
-  assign \$4  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
+  assign \$248  = { p__0[35], p__0 };
+  assign \$249  = { p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1[35], p__1, 17'h00000 };
   assign \$251  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$253  = { \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48], \$252 [48:16] };
   assign \$254  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
@@ -30636,7 +30783,7 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3596$0 , \port$3706$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3638$0 , \port$3748$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -30662,10 +30809,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3596$0 , \port$3706$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$3596$0 ;
-  wire [31:0] \port$3596$0 ;
-  input [15:0] \port$3706$0 ;
-  wire [15:0] \port$3706$0 ;
+  input [31:0] \port$3638$0 ;
+  wire [31:0] \port$3638$0 ;
+  input [15:0] \port$3748$0 ;
+  wire [15:0] \port$3748$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30688,7 +30835,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3596$0 , \port$3706$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$3596$0 [16:0] };
+      \$3  = { 1'h0, \port$3638$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -30701,7 +30848,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3596$0 , \port$3706$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$3706$0  };
+      \$4  = { 2'h0, \port$3748$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -30727,7 +30874,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3596$0 , \port$3706$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$3596$0 [31], \port$3596$0 [31], \port$3596$0 [31], \port$3596$0 [31:17] };
+      \$6  = { \port$3638$0 [31], \port$3638$0 [31], \port$3638$0 [31], \port$3638$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -30740,7 +30887,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3596$0 , \port$3706$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$3706$0  };
+      \$7  = { 2'h0, \port$3748$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -30762,10 +30909,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3596$0 , \port$3706$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3596$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3706$0  };
-  assign a__1 = { \port$3596$0 [31], \port$3596$0 [31], \port$3596$0 [31], \port$3596$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3706$0  };
+  assign a__0 = { 1'h0, \port$3638$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3748$0  };
+  assign a__1 = { \port$3638$0 [31], \port$3638$0 [31], \port$3638$0 [31], \port$3638$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3748$0  };
 endmodule
 
 (* generator = "Amaranth" *)
