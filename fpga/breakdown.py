@@ -21,12 +21,14 @@ TOP = "(top level)"
 _PART = re.compile(r"\\?([A-Za-z_][A-Za-z0-9_]*)\.")
 
 
-def breakdown(netlist: Path, top: str, cells: dict[str, tuple[str, ...]]) -> dict[str, dict[str, int]]:
+def breakdown(netlist: Path, top: str, cells: dict[str, tuple[str, ...]],
+              carry_luts: int = 0) -> dict[str, dict[str, int]]:
     """Resources per part of the Yosys JSON ``netlist`` of module ``top`` (the unit, synthesized
     alone).
 
     ``cells`` maps a resource kind to the cell types counted as it (``fpga.flow._CELLS`` of the
-    family); flip-flops (``ff``) are the SB_DFF* / TRELLIS_FF cells. Returns ``{part: {kind:
+    family); flip-flops (``ff``) are the SB_DFF* / TRELLIS_FF cells; a ``carry`` cell also
+    counts as ``carry_luts`` LUTs (2 for ECP5's CCU2C, which nextpnr packs as two LUT4s). Returns ``{part: {kind:
     count}}`` for every part with at least one counted cell, the top level's under :data:`TOP`,
     largest LUT count first. A kind a part does not use is absent from its dict.
     """
@@ -41,6 +43,8 @@ def breakdown(netlist: Path, top: str, cells: dict[str, tuple[str, ...]]) -> dic
         match = _PART.match(name)
         counts = parts.setdefault(match.group(1) if match else TOP, {})
         counts[kind] = counts.get(kind, 0) + 1
+        if kind == "carry" and carry_luts:
+            counts["lut"] = counts.get("lut", 0) + carry_luts
     return dict(sorted(parts.items(), key=lambda kv: -kv[1].get("lut", 0)))
 
 

@@ -130,6 +130,8 @@ _CELLS = {
         "bram": ("DP16KD",), "lutram": ("TRELLIS_DPR16X4",),
     },
 }
+#: LUT4s a carry cell takes besides its own (ECP5: a CCU2C is two LUT4s, nextpnr's TRELLIS_COMB).
+_CARRY_LUTS = {"ice40": 0, "ecp5": 2}
 #: Yosys cells that are no logic (flatten's record of the hierarchy).
 _BOOKKEEPING = ("$scopeinfo",)
 _LATCHES = ("$dlatch", "$adlatch", "$dlatchsr", "$sr", "$_DLATCH_P_", "$_DLATCH_N_")
@@ -308,6 +310,12 @@ def read_stat_cells(stat_path: Path) -> dict[str, int]:
     return {k: int(v) for k, v in stat["design"].get("num_cells_by_type", {}).items()}
 
 
+def _parts(cwd: Path, top: str, target: Target) -> dict[str, dict[str, int]]:
+    """:func:`~fpga.breakdown.breakdown` of the netlist ``cwd/<top>.json``, LUTs counted as in
+    ``resources``: on ECP5 a CCU2C is two LUT4s (nextpnr's TRELLIS_COMB)."""
+    return breakdown(cwd / f"{top}.json", top, _CELLS[target.family], _CARRY_LUTS[target.family])
+
+
 def _yosys(component, top: str, target: Target, cwd: Path, progress, t0) -> dict:
     cwd.mkdir(parents=True, exist_ok=True)
     text = component if isinstance(component, str) else rtlil.convert(component, name=top, emit_src=False)
@@ -332,13 +340,10 @@ def _yosys(component, top: str, target: Target, cwd: Path, progress, t0) -> dict
         resources["ff"] = sum(n for t, n in post.items() if t.startswith("SB_DFF"))
     else:
         resources["ff"] = post.get("TRELLIS_FF", 0)
-    parts = breakdown(cwd / f"{top}.json", top, families)
-    if target.family == "ecp5":  # a CCU2C is two LUT4s (nextpnr TRELLIS_COMB)
-        for counts in (resources, *parts.values()):
-            counts["lut"] = counts.get("lut", 0) + 2 * counts.get("carry", 0)
+    resources["lut"] += _CARRY_LUTS[target.family] * resources["carry"]
     return {
         "resources": resources,
-        "parts": parts,
+        "parts": _parts(cwd, top, target),
         "cells": post,
         "inferred": {t: n for t, n in pre.items() if t in ("$mul", "$mem_v2", "$macc", "$alu")},
         "latches": sum(pre.get(t, 0) + post.get(t, 0) for t in _LATCHES),
@@ -535,6 +540,8 @@ def synthesize(component: wiring.Component | str, name: str, target: str | Targe
         if cached.get("key") in keys and not (timed_out and timing.get("seed") is None):
             if timing:  # reports from before the seed was recorded: the key says which
                 timing.setdefault("seed", keys[cached["key"]] if timing.get("fmax_mhz") is not None else None)
+            if "parts" not in cached and (cwd / f"{name}.json").exists():  # reports from before the parts
+                cached["parts"] = _parts(cwd, name, target)
             if progress:
                 progress(f"{_stamp(t0)} {name} on {target.name} (unchanged, reused): {summary_line(cached)}")
             return cached

