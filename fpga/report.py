@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fpga.breakdown import markdown_parts
 
-__all__ = ["total_row", "markdown_table", "peak_macs", "write_reports", "write_chart"]
+__all__ = ["total_row", "markdown_table", "peak_macs", "format_rate", "write_reports", "write_chart"]
 
 _KINDS = ("lut", "ff", "dsp", "bram")
 _XMAX = 125  # % of the device shown; longer bars are cut
@@ -47,7 +47,8 @@ def peak_macs(report: dict) -> float | None:
     return macs * fmax * 1e6 if macs and fmax else None
 
 
-def _rate(per_s: float | None) -> str:
+def format_rate(per_s: float | None) -> str:
+    """Operations per second as ``"524 M"`` or ``"6.53 G"``; ``"-"`` for ``None``."""
     if per_s is None:
         return "-"
     return f"{per_s / 1e9:.2f} G" if per_s >= 1e9 else f"{per_s / 1e6:.0f} M"
@@ -70,7 +71,7 @@ def markdown_table(reports: list[dict]) -> str:
             f"{_frac(res['ff'], tot['ff'])} | {_frac(res['dsp'], tot['dsp'])} | "
             f"{_frac(res['bram'], tot['bram'])} | {spram} | {r['latches']} | "
             f"{sum(r['unmapped'].values())} | {fmax if fmax is not None else '-'} | "
-            f"{pnr.get('goal_mhz', '-')} {met} | {_rate(peak_macs(r))} | {pnr.get('flow', '-')} | "
+            f"{pnr.get('goal_mhz', '-')} {met} | {format_rate(peak_macs(r))} | {pnr.get('flow', '-')} | "
             f"{pnr['seed'] if pnr.get('seed') is not None else '-'} | "
             f"{_path(pnr.get('critical_path')) or pnr.get('error', '').replace('|', '&#124;')} |")
     return "\n".join(lines) + "\n"

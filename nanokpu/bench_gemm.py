@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from nanokpu.config import KpuConfig, profile
+from nanokpu.requant import requant_interval
 
 #: Tokens per block for each benchmarked profile.
 TOKENS = {"tiny": 16, "small": 64}
@@ -119,8 +120,10 @@ def up5k_fmax(name: str) -> dict | None:
     return None
 
 
-def _mega(per_s: float) -> str:
-    return f"{per_s / 1e6:.0f} M"
+def _rate(macs: int, cycles: int, fmax: dict) -> str:
+    """MAC/s of ``macs`` in ``cycles`` at the measured Fmax ``fmax`` (:func:`up5k_fmax`)."""
+    from fpga.report import format_rate
+    return format_rate(macs / cycles * fmax["mhz"] * 1e6)
 
 
 def ice40_table(name: str, cfg: KpuConfig, rows: list[dict], fmax: dict | None) -> str:
@@ -136,13 +139,13 @@ def ice40_table(name: str, cfg: KpuConfig, rows: list[dict], fmax: dict | None) 
                 "**made from an earlier RTL than the one timed here**: rerun that command")
         source = (f"MAC/s at **{fmax['mhz']} MHz**, the Fmax of this engine placed and routed on the UP5K, from "
                   f"`{fmax['path']}` (`{fmax['command']}`, {seed}, {fmax['flow']} flow; {made}). "
-                  f"Peak: {peak} MAC/cycle, {_mega(peak * fmax['mhz'] * 1e6)} MAC/s.")
+                  f"Peak: {peak} MAC/cycle, {_rate(peak, 1, fmax)} MAC/s.")
     lines = [f"### `{name}` as built for the UP5K (`dsp = \"ice40\"`): {cfg.rows}x{cfg.cols} array on "
              f"{peak // 2} SB_MAC16, {TOKENS[name]} tokens",
              "",
              "The array's products in SB_MAC16 blocks (Yosys' simulation model), the requantiser bit-serial "
-             "(`store` takes 16 cycles per result word). *Compute only*: the same command without store, "
-             "timed too (a GEMM that accumulates over several commands stores once, with the last). "
+             f"(`store` takes {requant_interval(cfg)} cycles per result word). *Compute only*: the same command "
+             "without store, timed too (a GEMM that accumulates over several commands stores once, with the last). "
              + source,
              "",
              "| GEMM | M x K x N | cycles | utilisation | MAC/cycle | MAC/s | store | compute only: cycles "
@@ -152,7 +155,7 @@ def ice40_table(name: str, cfg: KpuConfig, rows: list[dict], fmax: dict | None) 
         macs = r["m"] * r["k"] * r["n"]
         cells = []
         for cycles in (r["cycles"], r["cycles_compute"]):
-            rate = _mega(macs / cycles * fmax["mhz"] * 1e6) if fmax else "-"
+            rate = _rate(macs, cycles, fmax) if fmax else "-"
             cells.append(f"{cycles} | {100 * macs / (peak * cycles):.1f}% | {macs / cycles:.2f} | {rate}")
         lines.append(f"| {r['name']} | {r['m']} x {r['k']} x {r['n']} | {cells[0]} | {r['parts']['store']} "
                      f"| {cells[1]} | {r['rate']:.0f} |")
@@ -262,7 +265,7 @@ def run(args) -> int:
             macs = r["m"] * r["k"] * r["n"]
             line = " / ".join(
                 f"{what} {c:6d} cycles, {macs / c:5.2f} MAC/cycle"
-                + (f", {_mega(macs / c * fmax['mhz'] * 1e6)} MAC/s" if fmax else "")
+                + (f", {_rate(macs, c, fmax)} MAC/s" if fmax else "")
                 for what, c in (("with store", r["cycles"]), ("compute only", r["cycles_compute"])))
             print(f"  {r['name']:28s} {r['m']:4d} x {r['k']:4d} x {r['n']:4d}: {line}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
