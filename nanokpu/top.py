@@ -15,8 +15,11 @@ Host interfaces
 
 Datapath
 --------
-One scratchpad (``dmem_depth`` words, 2 read ports, 1 write port) holds every activation;
-instructions run one at a time (:mod:`nanokpu.isa` gives the semantics):
+One scratchpad (:class:`~nanokpu.dmem.DataMemory`: ``dmem_depth`` words, 2 read ports, 1 write
+port; single-port SPRAM with ``dsp = "ice40"``, where a cycle that writes reads nothing, so
+an element-wise op with both a read and a write per element takes 2 cycles per element)
+holds every activation; instructions run one at a time (:mod:`nanokpu.isa` gives the
+semantics):
 
 * ``GEMM``: :class:`~nanokpu.gemm.GemmEngine` (``out_width = acc_width``; its requantiser
   applies the instruction's ``mult``/``shift``, then the top level saturates to ``width``, or
@@ -49,6 +52,7 @@ from amaranth.lib.wiring import In, Out
 from nanokpu.axi_lite import AxiLiteRegisters, axi_lite_signature
 from nanokpu.axi_master import AxiMaster, axi4_signature
 from nanokpu.config import KpuConfig
+from nanokpu.dmem import DataMemory, check_dmem, dmem_single_port
 from nanokpu.gemm import GemmEngine
 from nanokpu.isa import (
     ADDR_WIDTH,
@@ -105,7 +109,9 @@ class NanoKPU(wiring.Component):
         if bits < 32 or bits & (bits - 1):
             raise ValueError(f"KpuConfig.cols = {cfg.cols}: cols * in_width must be a power of two "
                              ">= 32 (the AXI data width)")
+        check_dmem(cfg)
         self.cfg = cfg
+        self._spad = DataMemory(cfg)
         super().__init__({
             "s_axil": In(axi_lite_signature(ADDR_WIDTH)),
             "m_axi": Out(axi4_signature(32, bits)),
@@ -144,8 +150,10 @@ class NanoKPU(wiring.Component):
         vec = unit("vector", VectorUnit(cfg))
         router = unit("router", TopKRouter(cfg))
 
-        m.submodules.spad = spad = Memory(shape=signed(ww), depth=D, init=[])
-        rd0, rd1, wr = spad.read_port(), spad.read_port(), spad.write_port()
+        m.submodules.spad = spad = self._spad
+        rd0, rd1, wr = spad.rd0, spad.rd1, spad.wr
+        # single-port scratchpad: a cycle that writes performs no read (every read site waits)
+        blocked = wr.en if dmem_single_port(cfg) else Const(0)
         m.submodules.imem = imem = Memory(shape=unsigned(32 * INSTR_WORDS), depth=cfg.imem_depth,
                                           init=[])
         im_rd, im_wr = imem.read_port(), imem.write_port(granularity=32)
@@ -398,6 +406,7 @@ class NanoKPU(wiring.Component):
         eng_run = Signal()
         h_free = ~h_valid | eng_ready
         advance = ~g_valid | h_free
+        issue = advance & ~blocked
 
         def engine_setup(c0, c1, c2, a0, a1, a2, b0, b1, b2):
             return [cnt[0].eq(c0), cnt[1].eq(c1), sa[0].eq(a0), sa[1].eq(a1),
@@ -408,12 +417,12 @@ class NanoKPU(wiring.Component):
                     issuing.eq(1), g_valid.eq(0), h_valid.eq(0), el_i.eq(0)]
 
         with m.If(eng_run):
-            m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(pb), rd0.en.eq(advance), rd1.en.eq(advance)]
+            m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(pb), rd0.en.eq(issue), rd1.en.eq(issue)]
             with m.If(h_free):
                 m.d.sync += [h_valid.eq(g_valid), h_last.eq(g_last), a_word.eq(rd0.data), b_word.eq(rd1.data)]
             with m.If(advance):
-                m.d.sync += [g_valid.eq(issuing), g_last.eq(rem[0] == 1)]
-                with m.If(issuing):
+                m.d.sync += [g_valid.eq(issuing & ~blocked), g_last.eq(rem[0] == 1)]
+                with m.If(issuing & ~blocked):
                     with m.If(rem[0][1:].any()):
                         m.d.sync += [rem[0].eq(rem[0] - 1), pa.eq(pa + sa[0]), pb.eq(pb + sb[0])]
                     with m.Elif(rem[1][1:].any()):
@@ -510,7 +519,7 @@ class NanoKPU(wiring.Component):
             # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
             # (lanes of rows >= M are not read: the word was cleared, they stay 0)
             word_full = (gm_lane == R) | reached(gm_left, gm_lane)
-            with m.If(~gm_wvalid & ~gm_afeed_done & ~word_full):
+            with m.If(~gm_wvalid & ~gm_afeed_done & ~word_full & ~blocked):
                 m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1)]
                 m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_lane.eq(gm_lane + 1),
                              gm_addr.eq(gm_addr + k_g)]
@@ -782,7 +791,7 @@ class NanoKPU(wiring.Component):
             with state("RT_SCORES"):
                 # scores: beat (t, b), lane l = expert rt_el = b*L + l of token t, at rt_tbase =
                 # a + t*E
-                with m.If(~rt_wvalid & ~rt_feed_done & (rt_lane < L)):
+                with m.If(~rt_wvalid & ~rt_feed_done & (rt_lane < L) & ~blocked):
                     m.d.comb += [rd0.addr.eq(rt_tbase + rt_el), rd0.en.eq(1)]
                     m.d.sync += [rt_cap.eq(1), rt_cap_lane.eq(rt_lane), rt_cap_ok.eq(rt_el < E),
                                  rt_lane.eq(rt_lane + 1), rt_el.eq(rt_el + 1)]
@@ -903,7 +912,7 @@ class NanoKPU(wiring.Component):
                 dst = c_ + Mux(gather, g_in, p2)
                 with m.If(mul[2][0] != 0):
                     pass
-                with m.Elif(g_j < n_s):
+                with m.Elif((g_j < n_s) & ~blocked):
                     m.d.comb += [rd0.addr.eq(src + g_j), rd0.en.eq(1)]
                     m.d.sync += [g_j.eq(g_j + 1), g_wv.eq(1), g_wa.eq(dst + g_j)]
                 with m.Else():

@@ -5,7 +5,8 @@ memory, load counters) and an ``AxiRam`` on ``m_axi`` (host memory holding the c
 Random idle on the master's channels and random backpressure/idle on the RAM's. Amaranth's
 flattened names (``s_axil__awaddr``) are matched with ``bus_separator="__"``.
 
-Parameters (``NANOKPU_PARAMS``): ``profile``, ``tokens``, ``seed``, ``seeds`` (blocks to run in
+Parameters (``NANOKPU_PARAMS``): ``profile``, ``overrides`` (KpuConfig fields, e.g. ``{"dsp":
+"ice40"}``), ``tokens``, ``seed``, ``seeds`` (blocks to run in
 ``test_block``, seeds ``seed .. seed + seeds - 1``), ``vary_tokens`` (batches of 1 .. tokens),
 ``progress`` (print the pc while running), ``pause`` (probability of an idle/backpressure cycle
 on every AXI channel), ``summary`` (a JSON path: cycles, busy counters and errors are written there).
@@ -42,7 +43,7 @@ class TB:
         p = bench_params()
         self.dut = dut
         self.p = p
-        self.cfg = profile(p.get("profile", "tiny"))
+        self.cfg = profile(p.get("profile", "tiny"), **p.get("overrides", {}))
         self.seed = int(p.get("seed", 1))
         self.pause = float(p.get("pause", 0.2))
         random.seed(self.seed)

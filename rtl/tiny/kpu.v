@@ -18,19 +18,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$107 ;
   wire [16:0] \$108 ;
   wire [13:0] \$109 ;
-  wire [7:0] \$1094 ;
   wire \$11 ;
   wire \$110 ;
-  wire [7:0] \$1109 ;
   wire \$111 ;
+  wire [7:0] \$1118 ;
   wire [9:0] \$112 ;
   wire \$113 ;
-  wire [6:0] \$1131 ;
   wire [7:0] \$1135 ;
-  wire [8:0] \$1138 ;
   wire \$114 ;
   wire \$115 ;
+  wire [6:0] \$1157 ;
   wire \$116 ;
+  wire [7:0] \$1161 ;
+  wire [8:0] \$1164 ;
   wire \$117 ;
   wire \$118 ;
   wire \$119 ;
@@ -87,12 +87,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
-  wire [16:0] \$168 ;
+  wire \$168 ;
   wire \$169 ;
   wire [1:0] \$17 ;
   wire \$170 ;
   wire \$171 ;
-  wire \$172 ;
+  wire [16:0] \$172 ;
   wire \$173 ;
   wire \$174 ;
   wire \$175 ;
@@ -125,21 +125,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$2 ;
   wire [3:0] \$20 ;
   wire \$200 ;
-  wire [31:0] \$201 ;
+  wire \$201 ;
   wire \$202 ;
-  wire [31:0] \$203 ;
-  wire [31:0] \$204 ;
-  wire \$205 ;
-  wire [31:0] \$206 ;
-  wire \$207 ;
-  wire [5:0] \$208 ;
+  wire \$203 ;
+  wire \$204 ;
+  wire [31:0] \$205 ;
+  wire \$206 ;
+  wire [31:0] \$207 ;
+  wire [31:0] \$208 ;
   wire \$209 ;
   wire [3:0] \$21 ;
   wire [31:0] \$210 ;
   wire \$211 ;
-  wire \$212 ;
+  wire [5:0] \$212 ;
   wire \$213 ;
-  wire \$214 ;
+  wire [31:0] \$214 ;
   wire \$215 ;
   wire \$216 ;
   wire \$217 ;
@@ -148,89 +148,89 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [22:0] \$22 ;
   wire \$220 ;
   wire \$221 ;
-  wire [31:0] \$222 ;
-  wire [31:0] \$223 ;
+  wire \$222 ;
+  wire \$223 ;
   wire \$224 ;
   wire \$225 ;
   wire \$226 ;
   wire \$227 ;
-  wire \$228 ;
-  wire \$229 ;
+  wire [31:0] \$228 ;
+  wire [31:0] \$229 ;
   wire [22:0] \$23 ;
   wire \$230 ;
   wire \$231 ;
-  wire [4:0] \$232 ;
-  wire [13:0] \$233 ;
-  wire [4:0] \$234 ;
-  wire [13:0] \$235 ;
-  wire [14:0] \$236 ;
-  wire [14:0] \$237 ;
-  wire \$238 ;
-  wire \$239 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire [4:0] \$238 ;
+  wire [13:0] \$239 ;
   wire [43:0] \$24 ;
-  wire [14:0] \$240 ;
-  wire \$241 ;
-  wire [7:0] \$242 ;
-  wire \$243 ;
-  wire [15:0] \$244 ;
-  wire [31:0] \$245 ;
-  wire [31:0] \$246 ;
-  wire [31:0] \$247 ;
-  wire \$248 ;
+  wire [4:0] \$240 ;
+  wire [13:0] \$241 ;
+  wire [14:0] \$242 ;
+  wire [14:0] \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire [14:0] \$246 ;
+  wire \$247 ;
+  wire [7:0] \$248 ;
   wire \$249 ;
   wire [43:0] \$25 ;
-  wire \$250 ;
-  wire \$251 ;
-  wire \$252 ;
-  wire \$253 ;
+  wire [15:0] \$250 ;
+  wire [31:0] \$251 ;
+  wire [31:0] \$252 ;
+  wire [31:0] \$253 ;
   wire \$254 ;
-  wire [14:0] \$255 ;
-  wire [13:0] \$256 ;
+  wire \$255 ;
+  wire \$256 ;
   wire \$257 ;
-  wire [4:0] \$258 ;
+  wire \$258 ;
   wire \$259 ;
   wire \$26 ;
   wire \$260 ;
-  wire \$261 ;
-  wire \$262 ;
+  wire [14:0] \$261 ;
+  wire [13:0] \$262 ;
   wire \$263 ;
-  wire [13:0] \$264 ;
+  wire [4:0] \$264 ;
   wire \$265 ;
   wire \$266 ;
   wire \$267 ;
-  wire [13:0] \$268 ;
+  wire \$268 ;
   wire \$269 ;
   wire \$27 ;
-  wire [13:0] \$270 ;
-  wire [14:0] \$271 ;
-  wire [14:0] \$272 ;
+  wire \$270 ;
+  wire \$271 ;
+  wire [13:0] \$272 ;
   wire \$273 ;
-  wire [14:0] \$274 ;
-  wire [13:0] \$275 ;
-  wire [14:0] \$276 ;
-  wire [14:0] \$277 ;
-  wire \$278 ;
-  wire [13:0] \$279 ;
+  wire \$274 ;
+  wire \$275 ;
+  wire [13:0] \$276 ;
+  wire \$277 ;
+  wire [13:0] \$278 ;
+  wire [14:0] \$279 ;
   wire \$28 ;
   wire [14:0] \$280 ;
-  wire [13:0] \$281 ;
+  wire \$281 ;
   wire [14:0] \$282 ;
-  wire \$283 ;
-  wire [13:0] \$284 ;
-  wire [13:0] \$285 ;
-  wire [14:0] \$286 ;
-  wire \$287 ;
+  wire [13:0] \$283 ;
+  wire [14:0] \$284 ;
+  wire [14:0] \$285 ;
+  wire \$286 ;
+  wire [13:0] \$287 ;
   wire [14:0] \$288 ;
-  wire [16:0] \$289 ;
+  wire [13:0] \$289 ;
   wire \$29 ;
-  wire \$290 ;
+  wire [14:0] \$290 ;
   wire \$291 ;
-  wire \$292 ;
+  wire [13:0] \$292 ;
   wire [13:0] \$293 ;
   wire [14:0] \$294 ;
-  wire [15:0] \$295 ;
-  wire \$296 ;
-  wire \$297 ;
+  wire \$295 ;
+  wire [14:0] \$296 ;
+  wire [16:0] \$297 ;
   wire \$298 ;
   wire \$299 ;
   wire \$3 ;
@@ -238,9 +238,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$300 ;
   wire \$301 ;
   wire \$302 ;
-  wire \$303 ;
-  wire \$304 ;
-  wire \$305 ;
+  wire [13:0] \$303 ;
+  wire [14:0] \$304 ;
+  wire [15:0] \$305 ;
   wire \$306 ;
   wire \$307 ;
   wire \$308 ;
@@ -269,87 +269,87 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$329 ;
   wire \$33 ;
   wire \$330 ;
-  wire [14:0] \$331 ;
+  wire \$331 ;
   wire \$332 ;
-  wire [14:0] \$333 ;
-  wire [13:0] \$334 ;
-  wire [14:0] \$335 ;
-  wire [14:0] \$336 ;
-  wire [15:0] \$337 ;
+  wire \$333 ;
+  wire \$334 ;
+  wire \$335 ;
+  wire \$336 ;
+  wire \$337 ;
   wire \$338 ;
-  wire [14:0] \$339 ;
+  wire \$339 ;
   wire \$34 ;
   wire \$340 ;
   wire [14:0] \$341 ;
-  wire [13:0] \$342 ;
+  wire \$342 ;
   wire [14:0] \$343 ;
-  wire [14:0] \$344 ;
-  wire [15:0] \$345 ;
-  wire \$346 ;
-  wire [14:0] \$347 ;
+  wire [13:0] \$344 ;
+  wire [14:0] \$345 ;
+  wire [14:0] \$346 ;
+  wire [15:0] \$347 ;
   wire \$348 ;
   wire [14:0] \$349 ;
   wire \$35 ;
-  wire [13:0] \$350 ;
+  wire \$350 ;
   wire [14:0] \$351 ;
-  wire [14:0] \$352 ;
-  wire [15:0] \$353 ;
-  wire \$354 ;
-  wire [14:0] \$355 ;
+  wire [13:0] \$352 ;
+  wire [14:0] \$353 ;
+  wire [14:0] \$354 ;
+  wire [15:0] \$355 ;
   wire \$356 ;
   wire [14:0] \$357 ;
-  wire [13:0] \$358 ;
+  wire \$358 ;
   wire [14:0] \$359 ;
   wire \$36 ;
-  wire [14:0] \$360 ;
-  wire [15:0] \$361 ;
-  wire \$362 ;
-  wire [18:0] \$363 ;
+  wire [13:0] \$360 ;
+  wire [14:0] \$361 ;
+  wire [14:0] \$362 ;
+  wire [15:0] \$363 ;
   wire \$364 ;
-  wire [18:0] \$365 ;
-  wire [17:0] \$366 ;
-  wire [18:0] \$367 ;
-  wire [18:0] \$368 ;
-  wire [15:0] \$369 ;
+  wire [14:0] \$365 ;
+  wire \$366 ;
+  wire [14:0] \$367 ;
+  wire [13:0] \$368 ;
+  wire [14:0] \$369 ;
   wire \$37 ;
-  wire \$370 ;
-  wire [33:0] \$371 ;
+  wire [14:0] \$370 ;
+  wire [15:0] \$371 ;
   wire \$372 ;
-  wire [33:0] \$373 ;
-  wire [32:0] \$374 ;
-  wire [33:0] \$375 ;
-  wire [33:0] \$376 ;
-  wire [15:0] \$377 ;
-  wire \$378 ;
-  wire \$379 ;
+  wire [18:0] \$373 ;
+  wire \$374 ;
+  wire [18:0] \$375 ;
+  wire [17:0] \$376 ;
+  wire [18:0] \$377 ;
+  wire [18:0] \$378 ;
+  wire [15:0] \$379 ;
   wire \$38 ;
-  wire [14:0] \$380 ;
-  wire \$381 ;
+  wire \$380 ;
+  wire [33:0] \$381 ;
   wire \$382 ;
-  wire \$383 ;
-  wire \$384 ;
-  wire \$385 ;
-  wire [14:0] \$386 ;
-  wire \$387 ;
+  wire [33:0] \$383 ;
+  wire [32:0] \$384 ;
+  wire [33:0] \$385 ;
+  wire [33:0] \$386 ;
+  wire [15:0] \$387 ;
   wire \$388 ;
   wire \$389 ;
   wire \$39 ;
-  wire \$390 ;
+  wire [14:0] \$390 ;
   wire \$391 ;
   wire \$392 ;
-  wire [14:0] \$393 ;
+  wire \$393 ;
   wire \$394 ;
   wire \$395 ;
-  wire \$396 ;
+  wire [14:0] \$396 ;
   wire \$397 ;
   wire \$398 ;
   wire \$399 ;
   wire \$4 ;
   wire \$40 ;
   wire \$400 ;
-  wire [33:0] \$401 ;
-  wire [32:0] \$402 ;
-  wire \$403 ;
+  wire \$401 ;
+  wire \$402 ;
+  wire [14:0] \$403 ;
   wire \$404 ;
   wire \$405 ;
   wire \$406 ;
@@ -358,47 +358,47 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$409 ;
   wire \$41 ;
   wire \$410 ;
-  wire \$411 ;
-  wire \$412 ;
+  wire [33:0] \$411 ;
+  wire [32:0] \$412 ;
   wire \$413 ;
-  wire [14:0] \$414 ;
-  wire [13:0] \$415 ;
-  wire [13:0] \$416 ;
-  wire [14:0] \$417 ;
-  wire [13:0] \$418 ;
-  wire [13:0] \$419 ;
+  wire \$414 ;
+  wire \$415 ;
+  wire \$416 ;
+  wire \$417 ;
+  wire \$418 ;
+  wire \$419 ;
   wire \$42 ;
-  wire [13:0] \$420 ;
-  wire [13:0] \$421 ;
-  wire [14:0] \$422 ;
-  wire [13:0] \$423 ;
-  wire [13:0] \$424 ;
-  wire [13:0] \$425 ;
-  wire [13:0] \$426 ;
-  wire [13:0] \$427 ;
-  wire [13:0] \$428 ;
-  wire \$429 ;
+  wire \$420 ;
+  wire \$421 ;
+  wire \$422 ;
+  wire \$423 ;
+  wire \$424 ;
+  wire \$425 ;
+  wire \$426 ;
+  wire \$427 ;
+  wire [14:0] \$428 ;
+  wire [13:0] \$429 ;
   wire \$43 ;
-  wire \$430 ;
-  wire \$431 ;
-  wire \$432 ;
-  wire [1:0] \$433 ;
-  wire [1:0] \$434 ;
-  wire \$435 ;
-  wire \$436 ;
-  wire \$437 ;
-  wire \$438 ;
-  wire \$439 ;
+  wire [13:0] \$430 ;
+  wire [14:0] \$431 ;
+  wire [13:0] \$432 ;
+  wire [13:0] \$433 ;
+  wire [13:0] \$434 ;
+  wire [13:0] \$435 ;
+  wire [14:0] \$436 ;
+  wire [13:0] \$437 ;
+  wire [13:0] \$438 ;
+  wire [13:0] \$439 ;
   wire \$44 ;
-  wire \$440 ;
-  wire \$441 ;
-  wire \$442 ;
+  wire [13:0] \$440 ;
+  wire [13:0] \$441 ;
+  wire [13:0] \$442 ;
   wire \$443 ;
   wire \$444 ;
-  wire [3:0] \$445 ;
-  wire [13:0] \$446 ;
-  wire \$447 ;
-  wire \$448 ;
+  wire \$445 ;
+  wire \$446 ;
+  wire [1:0] \$447 ;
+  wire [1:0] \$448 ;
   wire \$449 ;
   wire \$45 ;
   wire \$450 ;
@@ -408,227 +408,227 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$454 ;
   wire \$455 ;
   wire \$456 ;
-  wire [7:0] \$457 ;
+  wire \$457 ;
   wire \$458 ;
-  wire [7:0] \$459 ;
+  wire \$459 ;
   wire \$46 ;
-  wire [13:0] \$460 ;
-  wire [13:0] \$461 ;
-  wire [14:0] \$462 ;
-  wire [13:0] \$463 ;
-  wire [14:0] \$464 ;
-  wire [13:0] \$465 ;
-  wire [14:0] \$466 ;
+  wire \$460 ;
+  wire [3:0] \$461 ;
+  wire [13:0] \$462 ;
+  wire \$463 ;
+  wire \$464 ;
+  wire \$465 ;
+  wire \$466 ;
   wire \$467 ;
   wire \$468 ;
   wire \$469 ;
   wire \$47 ;
-  wire [2:0] \$470 ;
-  wire [13:0] \$471 ;
-  wire [2:0] \$472 ;
-  wire \$473 ;
+  wire \$470 ;
+  wire \$471 ;
+  wire \$472 ;
+  wire [7:0] \$473 ;
   wire \$474 ;
-  wire [2:0] \$475 ;
-  wire [3:0] \$476 ;
-  wire \$477 ;
-  wire \$478 ;
-  wire \$479 ;
+  wire [7:0] \$475 ;
+  wire [13:0] \$476 ;
+  wire [13:0] \$477 ;
+  wire [14:0] \$478 ;
+  wire [13:0] \$479 ;
   wire \$48 ;
-  wire [9:0] \$480 ;
-  wire \$481 ;
-  wire [9:0] \$482 ;
-  wire [13:0] \$483 ;
-  wire [13:0] \$484 ;
+  wire [14:0] \$480 ;
+  wire [13:0] \$481 ;
+  wire [14:0] \$482 ;
+  wire \$483 ;
+  wire \$484 ;
   wire \$485 ;
-  wire \$486 ;
-  wire \$487 ;
-  wire \$488 ;
-  wire [14:0] \$489 ;
+  wire [2:0] \$486 ;
+  wire [13:0] \$487 ;
+  wire [2:0] \$488 ;
+  wire \$489 ;
   wire \$49 ;
-  wire [13:0] \$490 ;
-  wire [13:0] \$491 ;
-  wire [14:0] \$492 ;
+  wire \$490 ;
+  wire [2:0] \$491 ;
+  wire [3:0] \$492 ;
   wire \$493 ;
-  wire [14:0] \$494 ;
+  wire \$494 ;
   wire \$495 ;
-  wire \$496 ;
+  wire [9:0] \$496 ;
   wire \$497 ;
-  wire [32:0] \$498 ;
-  wire [32:0] \$499 ;
+  wire [9:0] \$498 ;
+  wire [13:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire [32:0] \$500 ;
-  wire [32:0] \$501 ;
-  wire [32:0] \$502 ;
-  wire [32:0] \$503 ;
-  wire [32:0] \$504 ;
-  wire \$505 ;
-  wire [9:0] \$506 ;
-  wire \$507 ;
-  wire [15:0] \$508 ;
+  wire [13:0] \$500 ;
+  wire \$501 ;
+  wire \$502 ;
+  wire \$503 ;
+  wire \$504 ;
+  wire [14:0] \$505 ;
+  wire [13:0] \$506 ;
+  wire [13:0] \$507 ;
+  wire [14:0] \$508 ;
   wire \$509 ;
   wire \$51 ;
-  wire [13:0] \$510 ;
-  wire [9:0] \$511 ;
+  wire [14:0] \$510 ;
+  wire \$511 ;
   wire \$512 ;
-  wire [15:0] \$513 ;
-  wire \$514 ;
-  wire [13:0] \$515 ;
-  wire [9:0] \$516 ;
-  wire \$517 ;
-  wire [15:0] \$518 ;
-  wire [16:0] \$519 ;
+  wire \$513 ;
+  wire [32:0] \$514 ;
+  wire [32:0] \$515 ;
+  wire [32:0] \$516 ;
+  wire [32:0] \$517 ;
+  wire [32:0] \$518 ;
+  wire [32:0] \$519 ;
   wire \$52 ;
-  wire [17:0] \$520 ;
-  wire [17:0] \$521 ;
-  wire \$522 ;
-  wire [13:0] \$523 ;
-  wire [9:0] \$524 ;
+  wire [32:0] \$520 ;
+  wire \$521 ;
+  wire [9:0] \$522 ;
+  wire \$523 ;
+  wire [15:0] \$524 ;
   wire \$525 ;
-  wire [15:0] \$526 ;
-  wire [16:0] \$527 ;
-  wire [17:0] \$528 ;
-  wire [17:0] \$529 ;
+  wire [13:0] \$526 ;
+  wire [9:0] \$527 ;
+  wire \$528 ;
+  wire [15:0] \$529 ;
   wire \$53 ;
   wire \$530 ;
   wire [13:0] \$531 ;
-  wire [16:0] \$532 ;
-  wire [17:0] \$533 ;
-  wire [17:0] \$534 ;
-  wire [18:0] \$535 ;
-  wire \$536 ;
-  wire [18:0] \$537 ;
-  wire [17:0] \$538 ;
-  wire [9:0] \$539 ;
+  wire [9:0] \$532 ;
+  wire \$533 ;
+  wire [15:0] \$534 ;
+  wire [16:0] \$535 ;
+  wire [17:0] \$536 ;
+  wire [17:0] \$537 ;
+  wire \$538 ;
+  wire [13:0] \$539 ;
   wire \$54 ;
-  wire \$540 ;
-  wire [15:0] \$541 ;
-  wire \$542 ;
-  wire [13:0] \$543 ;
-  wire \$544 ;
-  wire [13:0] \$545 ;
+  wire [9:0] \$540 ;
+  wire \$541 ;
+  wire [15:0] \$542 ;
+  wire [16:0] \$543 ;
+  wire [17:0] \$544 ;
+  wire [17:0] \$545 ;
   wire \$546 ;
   wire [13:0] \$547 ;
-  wire [9:0] \$548 ;
-  wire \$549 ;
+  wire [16:0] \$548 ;
+  wire [17:0] \$549 ;
   wire \$55 ;
-  wire [15:0] \$550 ;
-  wire [9:0] \$551 ;
+  wire [17:0] \$550 ;
+  wire [18:0] \$551 ;
   wire \$552 ;
-  wire [15:0] \$553 ;
-  wire \$554 ;
-  wire \$555 ;
+  wire [18:0] \$553 ;
+  wire [17:0] \$554 ;
+  wire [9:0] \$555 ;
   wire \$556 ;
-  wire [1:0] \$557 ;
-  wire [18:0] \$558 ;
-  wire \$559 ;
+  wire [15:0] \$557 ;
+  wire \$558 ;
+  wire [13:0] \$559 ;
   wire \$56 ;
   wire \$560 ;
-  wire \$561 ;
+  wire [13:0] \$561 ;
   wire \$562 ;
-  wire [1:0] \$563 ;
-  wire [18:0] \$564 ;
-  wire [17:0] \$565 ;
-  wire [9:0] \$566 ;
-  wire \$567 ;
-  wire [15:0] \$568 ;
-  wire [18:0] \$569 ;
+  wire [13:0] \$563 ;
+  wire [9:0] \$564 ;
+  wire \$565 ;
+  wire [15:0] \$566 ;
+  wire [9:0] \$567 ;
+  wire \$568 ;
+  wire [15:0] \$569 ;
   wire \$57 ;
   wire \$570 ;
-  wire [18:0] \$571 ;
-  wire [17:0] \$572 ;
-  wire [9:0] \$573 ;
-  wire \$574 ;
-  wire [3:0] \$575 ;
+  wire \$571 ;
+  wire \$572 ;
+  wire [1:0] \$573 ;
+  wire [18:0] \$574 ;
+  wire \$575 ;
   wire \$576 ;
   wire \$577 ;
   wire \$578 ;
-  wire \$579 ;
+  wire [1:0] \$579 ;
   wire \$58 ;
-  wire \$580 ;
-  wire \$581 ;
-  wire \$582 ;
-  wire [2:0] \$583 ;
-  wire \$584 ;
-  wire \$585 ;
+  wire [18:0] \$580 ;
+  wire [17:0] \$581 ;
+  wire [9:0] \$582 ;
+  wire \$583 ;
+  wire [15:0] \$584 ;
+  wire [18:0] \$585 ;
   wire \$586 ;
-  wire \$587 ;
-  wire \$588 ;
-  wire \$589 ;
+  wire [18:0] \$587 ;
+  wire [17:0] \$588 ;
+  wire [9:0] \$589 ;
   wire \$59 ;
   wire \$590 ;
-  wire \$591 ;
+  wire [3:0] \$591 ;
   wire \$592 ;
   wire \$593 ;
   wire \$594 ;
   wire \$595 ;
-  wire [32:0] \$596 ;
-  wire [9:0] \$597 ;
+  wire \$596 ;
+  wire \$597 ;
   wire \$598 ;
-  wire \$599 ;
+  wire [2:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
   wire \$600 ;
   wire \$601 ;
   wire \$602 ;
-  wire [9:0] \$603 ;
+  wire \$603 ;
   wire \$604 ;
-  wire [12:0] \$605 ;
-  wire [13:0] \$606 ;
-  wire [12:0] \$607 ;
-  wire [13:0] \$608 ;
-  wire [14:0] \$609 ;
+  wire \$605 ;
+  wire \$606 ;
+  wire \$607 ;
+  wire \$608 ;
+  wire \$609 ;
   wire \$61 ;
   wire \$610 ;
-  wire [14:0] \$611 ;
-  wire \$612 ;
-  wire \$613 ;
+  wire \$611 ;
+  wire [32:0] \$612 ;
+  wire [9:0] \$613 ;
   wire \$614 ;
   wire \$615 ;
-  wire [13:0] \$616 ;
-  wire [32:0] \$617 ;
+  wire \$616 ;
+  wire \$617 ;
   wire \$618 ;
-  wire [13:0] \$619 ;
+  wire [9:0] \$619 ;
   wire \$62 ;
-  wire [32:0] \$620 ;
-  wire \$621 ;
-  wire \$622 ;
-  wire \$623 ;
-  wire [14:0] \$624 ;
-  wire [3:0] \$625 ;
-  wire [3:0] \$626 ;
-  wire \$627 ;
+  wire \$620 ;
+  wire [12:0] \$621 ;
+  wire [13:0] \$622 ;
+  wire [12:0] \$623 ;
+  wire [13:0] \$624 ;
+  wire [14:0] \$625 ;
+  wire \$626 ;
+  wire [14:0] \$627 ;
   wire \$628 ;
-  wire [1:0] \$629 ;
+  wire \$629 ;
   wire \$63 ;
-  wire [2:0] \$630 ;
+  wire \$630 ;
   wire \$631 ;
-  wire \$632 ;
-  wire \$633 ;
+  wire [13:0] \$632 ;
+  wire [32:0] \$633 ;
   wire \$634 ;
-  wire \$635 ;
-  wire \$636 ;
+  wire [13:0] \$635 ;
+  wire [32:0] \$636 ;
   wire \$637 ;
-  wire [13:0] \$638 ;
-  wire [32:0] \$639 ;
+  wire \$638 ;
+  wire \$639 ;
   wire \$64 ;
-  wire \$640 ;
-  wire \$641 ;
-  wire \$642 ;
+  wire [14:0] \$640 ;
+  wire [3:0] \$641 ;
+  wire [3:0] \$642 ;
   wire \$643 ;
   wire \$644 ;
-  wire \$645 ;
-  wire \$646 ;
-  wire [14:0] \$647 ;
-  wire [3:0] \$648 ;
+  wire [1:0] \$645 ;
+  wire [2:0] \$646 ;
+  wire \$647 ;
+  wire \$648 ;
   wire \$649 ;
   wire \$65 ;
   wire \$650 ;
   wire \$651 ;
   wire \$652 ;
   wire \$653 ;
-  wire \$654 ;
-  wire \$655 ;
+  wire [13:0] \$654 ;
+  wire [32:0] \$655 ;
   wire \$656 ;
   wire \$657 ;
   wire \$658 ;
@@ -637,15 +637,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$660 ;
   wire \$661 ;
   wire \$662 ;
-  wire \$663 ;
-  wire \$664 ;
+  wire [14:0] \$663 ;
+  wire [3:0] \$664 ;
   wire \$665 ;
   wire \$666 ;
   wire \$667 ;
-  wire [13:0] \$668 ;
-  wire [32:0] \$669 ;
+  wire \$668 ;
+  wire \$669 ;
   wire \$67 ;
-  wire [4:0] \$670 ;
+  wire \$670 ;
   wire \$671 ;
   wire \$672 ;
   wire \$673 ;
@@ -653,16 +653,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$675 ;
   wire \$676 ;
   wire \$677 ;
-  wire [1:0] \$678 ;
-  wire [4:0] \$679 ;
+  wire \$678 ;
+  wire \$679 ;
   wire \$68 ;
-  wire [12:0] \$680 ;
+  wire \$680 ;
   wire \$681 ;
   wire \$682 ;
   wire \$683 ;
-  wire [14:0] \$684 ;
-  wire [13:0] \$685 ;
-  wire \$686 ;
+  wire [13:0] \$684 ;
+  wire [32:0] \$685 ;
+  wire [4:0] \$686 ;
   wire \$687 ;
   wire \$688 ;
   wire \$689 ;
@@ -672,212 +672,232 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$692 ;
   wire \$693 ;
   wire \$694 ;
-  wire [14:0] \$695 ;
-  wire [13:0] \$696 ;
-  wire [2:0] \$697 ;
-  wire \$698 ;
+  wire \$695 ;
+  wire [1:0] \$696 ;
+  wire [4:0] \$697 ;
+  wire [12:0] \$698 ;
   wire \$699 ;
   wire \$7 ;
   wire \$70 ;
-  wire [14:0] \$700 ;
-  wire [14:0] \$701 ;
-  wire \$702 ;
-  wire [14:0] \$703 ;
+  wire \$700 ;
+  wire \$701 ;
+  wire [14:0] \$702 ;
+  wire [13:0] \$703 ;
   wire \$704 ;
-  wire [14:0] \$705 ;
-  wire [2:0] \$706 ;
-  wire [4:0] \$707 ;
-  wire [4:0] \$708 ;
+  wire \$705 ;
+  wire \$706 ;
+  wire \$707 ;
+  wire \$708 ;
   wire \$709 ;
   wire \$71 ;
-  wire [13:0] \$710 ;
-  wire [32:0] \$711 ;
+  wire \$710 ;
+  wire \$711 ;
   wire \$712 ;
-  wire [32:0] \$713 ;
-  wire [4:0] \$714 ;
-  wire \$715 ;
+  wire [14:0] \$713 ;
+  wire [13:0] \$714 ;
+  wire [2:0] \$715 ;
   wire \$716 ;
-  wire [13:0] \$717 ;
-  wire [13:0] \$718 ;
-  wire [32:0] \$719 ;
+  wire \$717 ;
+  wire [14:0] \$718 ;
+  wire [14:0] \$719 ;
   wire \$72 ;
   wire \$720 ;
-  wire [13:0] \$721 ;
-  wire [32:0] \$722 ;
-  wire \$723 ;
-  wire \$724 ;
-  wire \$725 ;
-  wire \$726 ;
+  wire [14:0] \$721 ;
+  wire \$722 ;
+  wire [14:0] \$723 ;
+  wire [2:0] \$724 ;
+  wire [4:0] \$725 ;
+  wire [4:0] \$726 ;
   wire \$727 ;
-  wire [15:0] \$728 ;
-  wire \$729 ;
+  wire [13:0] \$728 ;
+  wire [32:0] \$729 ;
   wire \$73 ;
-  wire [13:0] \$730 ;
-  wire [14:0] \$731 ;
-  wire [15:0] \$732 ;
+  wire \$730 ;
+  wire [32:0] \$731 ;
+  wire [4:0] \$732 ;
   wire \$733 ;
   wire \$734 ;
-  wire [16:0] \$735 ;
-  wire [14:0] \$736 ;
-  wire \$737 ;
+  wire [13:0] \$735 ;
+  wire [13:0] \$736 ;
+  wire [32:0] \$737 ;
   wire \$738 ;
-  wire \$739 ;
+  wire [13:0] \$739 ;
   wire \$74 ;
-  wire \$740 ;
+  wire [32:0] \$740 ;
   wire \$741 ;
-  reg [31:0] \$742 ;
-  reg [31:0] \$743 ;
-  reg [19:0] \$744 ;
-  reg [13:0] \$745 ;
-  reg [13:0] \$746 ;
-  reg [15:0] \$747 ;
-  reg [13:0] \$748 ;
-  reg [13:0] \$749 ;
+  wire \$742 ;
+  wire \$743 ;
+  wire \$744 ;
+  wire \$745 ;
+  wire \$746 ;
+  wire \$747 ;
+  wire [15:0] \$748 ;
+  wire \$749 ;
   wire \$75 ;
-  reg [15:0] \$750 ;
-  reg [13:0] \$751 ;
-  reg [13:0] \$752 ;
-  reg [15:0] \$753 ;
-  reg [13:0] \$754 ;
-  reg [13:0] \$755 ;
-  reg [15:0] \$756 ;
-  reg [17:0] \$757 ;
-  reg [17:0] \$758 ;
-  reg [15:0] \$759 ;
+  wire [13:0] \$750 ;
+  wire [14:0] \$751 ;
+  wire [15:0] \$752 ;
+  wire \$753 ;
+  wire \$754 ;
+  wire [16:0] \$755 ;
+  wire [14:0] \$756 ;
+  wire \$757 ;
+  wire \$758 ;
+  wire \$759 ;
   wire \$76 ;
-  reg [32:0] \$760 ;
-  reg [32:0] \$761 ;
-  reg [15:0] \$762 ;
-  reg \$763 ;
-  reg \$764 ;
-  reg \$765 ;
-  reg [7:0] \$766 ;
-  reg \$767 ;
-  reg \$768 ;
-  reg [31:0] \$769 ;
+  wire \$760 ;
+  wire \$761 ;
+  reg [31:0] \$762 ;
+  reg [31:0] \$763 ;
+  reg [19:0] \$764 ;
+  reg [13:0] \$765 ;
+  reg [13:0] \$766 ;
+  reg [15:0] \$767 ;
+  reg [13:0] \$768 ;
+  reg [13:0] \$769 ;
   wire \$77 ;
-  reg [31:0] \$770 ;
-  reg \$771 ;
-  reg \$772 ;
-  reg [13:0] \$773 ;
-  reg [12:0] \$774 ;
-  reg [12:0] \$775 ;
-  reg [13:0] \$776 ;
-  reg [12:0] \$777 ;
-  reg [12:0] \$778 ;
-  reg [13:0] \$779 ;
+  reg [15:0] \$770 ;
+  reg [13:0] \$771 ;
+  reg [13:0] \$772 ;
+  reg [15:0] \$773 ;
+  reg [13:0] \$774 ;
+  reg [13:0] \$775 ;
+  reg [15:0] \$776 ;
+  reg [17:0] \$777 ;
+  reg [17:0] \$778 ;
+  reg [15:0] \$779 ;
   wire \$78 ;
-  reg [12:0] \$780 ;
-  reg [12:0] \$781 ;
-  reg \$782 ;
-  reg [1:0] \$783 ;
+  reg [32:0] \$780 ;
+  reg [32:0] \$781 ;
+  reg [15:0] \$782 ;
+  reg \$783 ;
   reg \$784 ;
-  reg [1:0] \$785 ;
-  reg [2:0] \$786 ;
-  reg [12:0] \$787 ;
-  reg [31:0] \$788 ;
-  reg \$789 ;
+  reg \$785 ;
+  reg [7:0] \$786 ;
+  reg \$787 ;
+  reg \$788 ;
+  reg [31:0] \$789 ;
   wire \$79 ;
-  reg [6:0] \$790 ;
-  reg [12:0] \$791 ;
-  reg [13:0] \$792 ;
-  reg \$793 ;
-  reg [1:0] \$794 ;
+  reg [31:0] \$790 ;
+  reg \$791 ;
+  reg \$792 ;
+  reg [13:0] \$793 ;
+  reg [12:0] \$794 ;
   reg [12:0] \$795 ;
-  reg \$796 ;
-  reg [8:0] \$797 ;
+  reg [13:0] \$796 ;
+  reg [12:0] \$797 ;
   reg [12:0] \$798 ;
   reg [13:0] \$799 ;
   wire \$8 ;
   wire \$80 ;
-  reg [31:0] \$800 ;
-  reg [31:0] \$801 ;
-  reg [31:0] \$802 ;
-  reg [31:0] \$803 ;
-  reg [31:0] \$804 ;
-  reg [31:0] \$805 ;
-  reg [31:0] \$806 ;
-  reg [31:0] \$807 ;
+  reg [12:0] \$800 ;
+  reg [12:0] \$801 ;
+  reg \$802 ;
+  reg [1:0] \$803 ;
+  reg \$804 ;
+  reg [1:0] \$805 ;
+  reg [2:0] \$806 ;
+  reg [12:0] \$807 ;
   reg [31:0] \$808 ;
   reg \$809 ;
   wire \$81 ;
-  reg \$810 ;
-  reg [7:0] \$811 ;
-  reg [12:0] \$812 ;
-  reg [31:0] \$813 ;
-  reg \$814 ;
-  reg \$815 ;
+  reg [6:0] \$810 ;
+  reg [12:0] \$811 ;
+  reg [13:0] \$812 ;
+  reg \$813 ;
+  reg [1:0] \$814 ;
+  reg [12:0] \$815 ;
   reg \$816 ;
-  reg [4:0] \$817 ;
-  reg [7:0] \$818 ;
-  reg [5:0] \$819 ;
+  reg [8:0] \$817 ;
+  reg [12:0] \$818 ;
+  reg [13:0] \$819 ;
   wire \$82 ;
-  reg [255:0] \$820 ;
-  reg \$821 ;
-  reg [1:0] \$822 ;
-  reg [5:0] \$823 ;
+  reg [31:0] \$820 ;
+  reg [31:0] \$821 ;
+  reg [31:0] \$822 ;
+  reg [31:0] \$823 ;
   reg [31:0] \$824 ;
-  reg [5:0] \$825 ;
-  reg [13:0] \$826 ;
-  reg [13:0] \$827 ;
-  reg [12:0] \$828 ;
+  reg [31:0] \$825 ;
+  reg [31:0] \$826 ;
+  reg [31:0] \$827 ;
+  reg [31:0] \$828 ;
   reg \$829 ;
   wire \$83 ;
-  reg [12:0] \$830 ;
-  reg \$831 ;
-  reg \$832 ;
-  reg [12:0] \$833 ;
-  reg [13:0] \$834 ;
+  reg \$830 ;
+  reg [7:0] \$831 ;
+  reg [12:0] \$832 ;
+  reg [31:0] \$833 ;
+  reg \$834 ;
   reg \$835 ;
-  reg [2:0] \$836 ;
-  reg \$837 ;
-  reg [2:0] \$838 ;
-  reg \$839 ;
+  reg \$836 ;
+  reg [4:0] \$837 ;
+  reg [7:0] \$838 ;
+  reg [5:0] \$839 ;
   wire \$84 ;
-  reg [35:0] \$840 ;
-  reg [3:0] \$841 ;
-  reg [12:0] \$842 ;
-  reg [12:0] \$843 ;
-  reg [15:0] \$844 ;
-  reg [12:0] \$845 ;
-  reg [12:0] \$846 ;
+  reg [255:0] \$840 ;
+  reg \$841 ;
+  reg [1:0] \$842 ;
+  reg [5:0] \$843 ;
+  reg [31:0] \$844 ;
+  reg [5:0] \$845 ;
+  reg [13:0] \$846 ;
   reg [13:0] \$847 ;
-  reg [31:0] \$848 ;
-  reg [1:0] \$849 ;
+  reg [12:0] \$848 ;
+  reg \$849 ;
   wire \$85 ;
-  reg [13:0] \$850 ;
-  reg [3:0] \$851 ;
+  reg [12:0] \$850 ;
+  reg \$851 ;
   reg \$852 ;
-  reg \$853 ;
-  reg [12:0] \$854 ;
-  reg [12:0] \$855 ;
-  reg \$856 ;
+  reg [12:0] \$853 ;
+  reg [13:0] \$854 ;
+  reg \$855 ;
+  reg [2:0] \$856 ;
   reg \$857 ;
-  reg [13:0] \$858 ;
-  reg [1:0] \$859 ;
+  reg [2:0] \$858 ;
+  reg \$859 ;
   wire [9:0] \$86 ;
-  reg \$860 ;
-  reg \$861 ;
-  reg \$862 ;
+  reg [35:0] \$860 ;
+  reg [3:0] \$861 ;
+  reg [12:0] \$862 ;
   reg [12:0] \$863 ;
-  reg [19:0] \$864 ;
-  reg [13:0] \$865 ;
-  reg [13:0] \$866 ;
-  reg [1:0] \$867 ;
-  reg [13:0] \$868 ;
-  reg [13:0] \$869 ;
+  reg [15:0] \$864 ;
+  reg [12:0] \$865 ;
+  reg [12:0] \$866 ;
+  reg [13:0] \$867 ;
+  reg [31:0] \$868 ;
+  reg [1:0] \$869 ;
   wire \$87 ;
-  reg [3:0] \$870 ;
+  reg [13:0] \$870 ;
   reg [3:0] \$871 ;
-  reg [15:0] \$872 ;
-  reg [13:0] \$873 ;
-  reg [14:0] \$874 ;
-  reg \$875 ;
-  reg [12:0] \$876 ;
-  wire [5:0] \$877 ;
-  wire [5:0] \$878 ;
+  reg \$872 ;
+  reg \$873 ;
+  reg [12:0] \$874 ;
+  reg [12:0] \$875 ;
+  reg \$876 ;
+  reg \$877 ;
+  reg [13:0] \$878 ;
+  reg [1:0] \$879 ;
   wire [4:0] \$88 ;
+  reg \$880 ;
+  reg \$881 ;
+  reg \$882 ;
+  reg [12:0] \$883 ;
+  reg [19:0] \$884 ;
+  reg [13:0] \$885 ;
+  reg [13:0] \$886 ;
+  reg [1:0] \$887 ;
+  reg [13:0] \$888 ;
+  reg [13:0] \$889 ;
   wire [9:0] \$89 ;
+  reg [3:0] \$890 ;
+  reg [3:0] \$891 ;
+  reg [15:0] \$892 ;
+  reg [13:0] \$893 ;
+  reg [14:0] \$894 ;
+  reg \$895 ;
+  reg [12:0] \$896 ;
+  wire [5:0] \$897 ;
+  wire [5:0] \$898 ;
   wire \$9 ;
   wire \$90 ;
   wire [4:0] \$91 ;
@@ -971,15 +991,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire [-1:0] \$signal$338 ;
   reg \$signal$339  = 1'h0;
   reg [1:0] \$signal$343  = 2'h0;
-  reg [12:0] \$signature__addr ;
-  reg [12:0] \$signature__addr$152 ;
-  reg [5:0] \$signature__addr$233 ;
-  wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$299 ;
-  wire [255:0] \$signature__data$327 ;
+  reg [5:0] \$signature__addr ;
+  wire [255:0] \$signature__data ;
   reg \$signature__en ;
-  reg \$signature__en$158 ;
-  reg \$signature__en$234 ;
   reg [31:0] a_in__payload = 32'd0;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -1252,6 +1266,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   reg [31:0] out_data;
   reg [12:0] pc = 13'h0000;
   reg ph2 = 1'h0;
+  reg [12:0] rd0__addr;
+  wire [31:0] rd0__data;
+  reg rd0__en;
+  reg [12:0] rd1__addr;
+  wire [31:0] rd1__data;
+  reg rd1__en;
   reg [31:0] rd1_q = 32'd0;
   wire [19:0] rd_addr;
   wire [31:0] \rd_addr$226 ;
@@ -1449,8222 +1469,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   reg [255:0] _0_;
   always @(posedge clk) begin
-    if (\$signature__en$234 ) begin
-      _0_ <= imem[\$signature__addr$233 ];
-    end
-  end
-  assign \$signature__data$327  = _0_;
-  reg [31:0] spad [8191:0];
-  initial begin
-    spad[0] = 32'd0;
-    spad[1] = 32'd0;
-    spad[2] = 32'd0;
-    spad[3] = 32'd0;
-    spad[4] = 32'd0;
-    spad[5] = 32'd0;
-    spad[6] = 32'd0;
-    spad[7] = 32'd0;
-    spad[8] = 32'd0;
-    spad[9] = 32'd0;
-    spad[10] = 32'd0;
-    spad[11] = 32'd0;
-    spad[12] = 32'd0;
-    spad[13] = 32'd0;
-    spad[14] = 32'd0;
-    spad[15] = 32'd0;
-    spad[16] = 32'd0;
-    spad[17] = 32'd0;
-    spad[18] = 32'd0;
-    spad[19] = 32'd0;
-    spad[20] = 32'd0;
-    spad[21] = 32'd0;
-    spad[22] = 32'd0;
-    spad[23] = 32'd0;
-    spad[24] = 32'd0;
-    spad[25] = 32'd0;
-    spad[26] = 32'd0;
-    spad[27] = 32'd0;
-    spad[28] = 32'd0;
-    spad[29] = 32'd0;
-    spad[30] = 32'd0;
-    spad[31] = 32'd0;
-    spad[32] = 32'd0;
-    spad[33] = 32'd0;
-    spad[34] = 32'd0;
-    spad[35] = 32'd0;
-    spad[36] = 32'd0;
-    spad[37] = 32'd0;
-    spad[38] = 32'd0;
-    spad[39] = 32'd0;
-    spad[40] = 32'd0;
-    spad[41] = 32'd0;
-    spad[42] = 32'd0;
-    spad[43] = 32'd0;
-    spad[44] = 32'd0;
-    spad[45] = 32'd0;
-    spad[46] = 32'd0;
-    spad[47] = 32'd0;
-    spad[48] = 32'd0;
-    spad[49] = 32'd0;
-    spad[50] = 32'd0;
-    spad[51] = 32'd0;
-    spad[52] = 32'd0;
-    spad[53] = 32'd0;
-    spad[54] = 32'd0;
-    spad[55] = 32'd0;
-    spad[56] = 32'd0;
-    spad[57] = 32'd0;
-    spad[58] = 32'd0;
-    spad[59] = 32'd0;
-    spad[60] = 32'd0;
-    spad[61] = 32'd0;
-    spad[62] = 32'd0;
-    spad[63] = 32'd0;
-    spad[64] = 32'd0;
-    spad[65] = 32'd0;
-    spad[66] = 32'd0;
-    spad[67] = 32'd0;
-    spad[68] = 32'd0;
-    spad[69] = 32'd0;
-    spad[70] = 32'd0;
-    spad[71] = 32'd0;
-    spad[72] = 32'd0;
-    spad[73] = 32'd0;
-    spad[74] = 32'd0;
-    spad[75] = 32'd0;
-    spad[76] = 32'd0;
-    spad[77] = 32'd0;
-    spad[78] = 32'd0;
-    spad[79] = 32'd0;
-    spad[80] = 32'd0;
-    spad[81] = 32'd0;
-    spad[82] = 32'd0;
-    spad[83] = 32'd0;
-    spad[84] = 32'd0;
-    spad[85] = 32'd0;
-    spad[86] = 32'd0;
-    spad[87] = 32'd0;
-    spad[88] = 32'd0;
-    spad[89] = 32'd0;
-    spad[90] = 32'd0;
-    spad[91] = 32'd0;
-    spad[92] = 32'd0;
-    spad[93] = 32'd0;
-    spad[94] = 32'd0;
-    spad[95] = 32'd0;
-    spad[96] = 32'd0;
-    spad[97] = 32'd0;
-    spad[98] = 32'd0;
-    spad[99] = 32'd0;
-    spad[100] = 32'd0;
-    spad[101] = 32'd0;
-    spad[102] = 32'd0;
-    spad[103] = 32'd0;
-    spad[104] = 32'd0;
-    spad[105] = 32'd0;
-    spad[106] = 32'd0;
-    spad[107] = 32'd0;
-    spad[108] = 32'd0;
-    spad[109] = 32'd0;
-    spad[110] = 32'd0;
-    spad[111] = 32'd0;
-    spad[112] = 32'd0;
-    spad[113] = 32'd0;
-    spad[114] = 32'd0;
-    spad[115] = 32'd0;
-    spad[116] = 32'd0;
-    spad[117] = 32'd0;
-    spad[118] = 32'd0;
-    spad[119] = 32'd0;
-    spad[120] = 32'd0;
-    spad[121] = 32'd0;
-    spad[122] = 32'd0;
-    spad[123] = 32'd0;
-    spad[124] = 32'd0;
-    spad[125] = 32'd0;
-    spad[126] = 32'd0;
-    spad[127] = 32'd0;
-    spad[128] = 32'd0;
-    spad[129] = 32'd0;
-    spad[130] = 32'd0;
-    spad[131] = 32'd0;
-    spad[132] = 32'd0;
-    spad[133] = 32'd0;
-    spad[134] = 32'd0;
-    spad[135] = 32'd0;
-    spad[136] = 32'd0;
-    spad[137] = 32'd0;
-    spad[138] = 32'd0;
-    spad[139] = 32'd0;
-    spad[140] = 32'd0;
-    spad[141] = 32'd0;
-    spad[142] = 32'd0;
-    spad[143] = 32'd0;
-    spad[144] = 32'd0;
-    spad[145] = 32'd0;
-    spad[146] = 32'd0;
-    spad[147] = 32'd0;
-    spad[148] = 32'd0;
-    spad[149] = 32'd0;
-    spad[150] = 32'd0;
-    spad[151] = 32'd0;
-    spad[152] = 32'd0;
-    spad[153] = 32'd0;
-    spad[154] = 32'd0;
-    spad[155] = 32'd0;
-    spad[156] = 32'd0;
-    spad[157] = 32'd0;
-    spad[158] = 32'd0;
-    spad[159] = 32'd0;
-    spad[160] = 32'd0;
-    spad[161] = 32'd0;
-    spad[162] = 32'd0;
-    spad[163] = 32'd0;
-    spad[164] = 32'd0;
-    spad[165] = 32'd0;
-    spad[166] = 32'd0;
-    spad[167] = 32'd0;
-    spad[168] = 32'd0;
-    spad[169] = 32'd0;
-    spad[170] = 32'd0;
-    spad[171] = 32'd0;
-    spad[172] = 32'd0;
-    spad[173] = 32'd0;
-    spad[174] = 32'd0;
-    spad[175] = 32'd0;
-    spad[176] = 32'd0;
-    spad[177] = 32'd0;
-    spad[178] = 32'd0;
-    spad[179] = 32'd0;
-    spad[180] = 32'd0;
-    spad[181] = 32'd0;
-    spad[182] = 32'd0;
-    spad[183] = 32'd0;
-    spad[184] = 32'd0;
-    spad[185] = 32'd0;
-    spad[186] = 32'd0;
-    spad[187] = 32'd0;
-    spad[188] = 32'd0;
-    spad[189] = 32'd0;
-    spad[190] = 32'd0;
-    spad[191] = 32'd0;
-    spad[192] = 32'd0;
-    spad[193] = 32'd0;
-    spad[194] = 32'd0;
-    spad[195] = 32'd0;
-    spad[196] = 32'd0;
-    spad[197] = 32'd0;
-    spad[198] = 32'd0;
-    spad[199] = 32'd0;
-    spad[200] = 32'd0;
-    spad[201] = 32'd0;
-    spad[202] = 32'd0;
-    spad[203] = 32'd0;
-    spad[204] = 32'd0;
-    spad[205] = 32'd0;
-    spad[206] = 32'd0;
-    spad[207] = 32'd0;
-    spad[208] = 32'd0;
-    spad[209] = 32'd0;
-    spad[210] = 32'd0;
-    spad[211] = 32'd0;
-    spad[212] = 32'd0;
-    spad[213] = 32'd0;
-    spad[214] = 32'd0;
-    spad[215] = 32'd0;
-    spad[216] = 32'd0;
-    spad[217] = 32'd0;
-    spad[218] = 32'd0;
-    spad[219] = 32'd0;
-    spad[220] = 32'd0;
-    spad[221] = 32'd0;
-    spad[222] = 32'd0;
-    spad[223] = 32'd0;
-    spad[224] = 32'd0;
-    spad[225] = 32'd0;
-    spad[226] = 32'd0;
-    spad[227] = 32'd0;
-    spad[228] = 32'd0;
-    spad[229] = 32'd0;
-    spad[230] = 32'd0;
-    spad[231] = 32'd0;
-    spad[232] = 32'd0;
-    spad[233] = 32'd0;
-    spad[234] = 32'd0;
-    spad[235] = 32'd0;
-    spad[236] = 32'd0;
-    spad[237] = 32'd0;
-    spad[238] = 32'd0;
-    spad[239] = 32'd0;
-    spad[240] = 32'd0;
-    spad[241] = 32'd0;
-    spad[242] = 32'd0;
-    spad[243] = 32'd0;
-    spad[244] = 32'd0;
-    spad[245] = 32'd0;
-    spad[246] = 32'd0;
-    spad[247] = 32'd0;
-    spad[248] = 32'd0;
-    spad[249] = 32'd0;
-    spad[250] = 32'd0;
-    spad[251] = 32'd0;
-    spad[252] = 32'd0;
-    spad[253] = 32'd0;
-    spad[254] = 32'd0;
-    spad[255] = 32'd0;
-    spad[256] = 32'd0;
-    spad[257] = 32'd0;
-    spad[258] = 32'd0;
-    spad[259] = 32'd0;
-    spad[260] = 32'd0;
-    spad[261] = 32'd0;
-    spad[262] = 32'd0;
-    spad[263] = 32'd0;
-    spad[264] = 32'd0;
-    spad[265] = 32'd0;
-    spad[266] = 32'd0;
-    spad[267] = 32'd0;
-    spad[268] = 32'd0;
-    spad[269] = 32'd0;
-    spad[270] = 32'd0;
-    spad[271] = 32'd0;
-    spad[272] = 32'd0;
-    spad[273] = 32'd0;
-    spad[274] = 32'd0;
-    spad[275] = 32'd0;
-    spad[276] = 32'd0;
-    spad[277] = 32'd0;
-    spad[278] = 32'd0;
-    spad[279] = 32'd0;
-    spad[280] = 32'd0;
-    spad[281] = 32'd0;
-    spad[282] = 32'd0;
-    spad[283] = 32'd0;
-    spad[284] = 32'd0;
-    spad[285] = 32'd0;
-    spad[286] = 32'd0;
-    spad[287] = 32'd0;
-    spad[288] = 32'd0;
-    spad[289] = 32'd0;
-    spad[290] = 32'd0;
-    spad[291] = 32'd0;
-    spad[292] = 32'd0;
-    spad[293] = 32'd0;
-    spad[294] = 32'd0;
-    spad[295] = 32'd0;
-    spad[296] = 32'd0;
-    spad[297] = 32'd0;
-    spad[298] = 32'd0;
-    spad[299] = 32'd0;
-    spad[300] = 32'd0;
-    spad[301] = 32'd0;
-    spad[302] = 32'd0;
-    spad[303] = 32'd0;
-    spad[304] = 32'd0;
-    spad[305] = 32'd0;
-    spad[306] = 32'd0;
-    spad[307] = 32'd0;
-    spad[308] = 32'd0;
-    spad[309] = 32'd0;
-    spad[310] = 32'd0;
-    spad[311] = 32'd0;
-    spad[312] = 32'd0;
-    spad[313] = 32'd0;
-    spad[314] = 32'd0;
-    spad[315] = 32'd0;
-    spad[316] = 32'd0;
-    spad[317] = 32'd0;
-    spad[318] = 32'd0;
-    spad[319] = 32'd0;
-    spad[320] = 32'd0;
-    spad[321] = 32'd0;
-    spad[322] = 32'd0;
-    spad[323] = 32'd0;
-    spad[324] = 32'd0;
-    spad[325] = 32'd0;
-    spad[326] = 32'd0;
-    spad[327] = 32'd0;
-    spad[328] = 32'd0;
-    spad[329] = 32'd0;
-    spad[330] = 32'd0;
-    spad[331] = 32'd0;
-    spad[332] = 32'd0;
-    spad[333] = 32'd0;
-    spad[334] = 32'd0;
-    spad[335] = 32'd0;
-    spad[336] = 32'd0;
-    spad[337] = 32'd0;
-    spad[338] = 32'd0;
-    spad[339] = 32'd0;
-    spad[340] = 32'd0;
-    spad[341] = 32'd0;
-    spad[342] = 32'd0;
-    spad[343] = 32'd0;
-    spad[344] = 32'd0;
-    spad[345] = 32'd0;
-    spad[346] = 32'd0;
-    spad[347] = 32'd0;
-    spad[348] = 32'd0;
-    spad[349] = 32'd0;
-    spad[350] = 32'd0;
-    spad[351] = 32'd0;
-    spad[352] = 32'd0;
-    spad[353] = 32'd0;
-    spad[354] = 32'd0;
-    spad[355] = 32'd0;
-    spad[356] = 32'd0;
-    spad[357] = 32'd0;
-    spad[358] = 32'd0;
-    spad[359] = 32'd0;
-    spad[360] = 32'd0;
-    spad[361] = 32'd0;
-    spad[362] = 32'd0;
-    spad[363] = 32'd0;
-    spad[364] = 32'd0;
-    spad[365] = 32'd0;
-    spad[366] = 32'd0;
-    spad[367] = 32'd0;
-    spad[368] = 32'd0;
-    spad[369] = 32'd0;
-    spad[370] = 32'd0;
-    spad[371] = 32'd0;
-    spad[372] = 32'd0;
-    spad[373] = 32'd0;
-    spad[374] = 32'd0;
-    spad[375] = 32'd0;
-    spad[376] = 32'd0;
-    spad[377] = 32'd0;
-    spad[378] = 32'd0;
-    spad[379] = 32'd0;
-    spad[380] = 32'd0;
-    spad[381] = 32'd0;
-    spad[382] = 32'd0;
-    spad[383] = 32'd0;
-    spad[384] = 32'd0;
-    spad[385] = 32'd0;
-    spad[386] = 32'd0;
-    spad[387] = 32'd0;
-    spad[388] = 32'd0;
-    spad[389] = 32'd0;
-    spad[390] = 32'd0;
-    spad[391] = 32'd0;
-    spad[392] = 32'd0;
-    spad[393] = 32'd0;
-    spad[394] = 32'd0;
-    spad[395] = 32'd0;
-    spad[396] = 32'd0;
-    spad[397] = 32'd0;
-    spad[398] = 32'd0;
-    spad[399] = 32'd0;
-    spad[400] = 32'd0;
-    spad[401] = 32'd0;
-    spad[402] = 32'd0;
-    spad[403] = 32'd0;
-    spad[404] = 32'd0;
-    spad[405] = 32'd0;
-    spad[406] = 32'd0;
-    spad[407] = 32'd0;
-    spad[408] = 32'd0;
-    spad[409] = 32'd0;
-    spad[410] = 32'd0;
-    spad[411] = 32'd0;
-    spad[412] = 32'd0;
-    spad[413] = 32'd0;
-    spad[414] = 32'd0;
-    spad[415] = 32'd0;
-    spad[416] = 32'd0;
-    spad[417] = 32'd0;
-    spad[418] = 32'd0;
-    spad[419] = 32'd0;
-    spad[420] = 32'd0;
-    spad[421] = 32'd0;
-    spad[422] = 32'd0;
-    spad[423] = 32'd0;
-    spad[424] = 32'd0;
-    spad[425] = 32'd0;
-    spad[426] = 32'd0;
-    spad[427] = 32'd0;
-    spad[428] = 32'd0;
-    spad[429] = 32'd0;
-    spad[430] = 32'd0;
-    spad[431] = 32'd0;
-    spad[432] = 32'd0;
-    spad[433] = 32'd0;
-    spad[434] = 32'd0;
-    spad[435] = 32'd0;
-    spad[436] = 32'd0;
-    spad[437] = 32'd0;
-    spad[438] = 32'd0;
-    spad[439] = 32'd0;
-    spad[440] = 32'd0;
-    spad[441] = 32'd0;
-    spad[442] = 32'd0;
-    spad[443] = 32'd0;
-    spad[444] = 32'd0;
-    spad[445] = 32'd0;
-    spad[446] = 32'd0;
-    spad[447] = 32'd0;
-    spad[448] = 32'd0;
-    spad[449] = 32'd0;
-    spad[450] = 32'd0;
-    spad[451] = 32'd0;
-    spad[452] = 32'd0;
-    spad[453] = 32'd0;
-    spad[454] = 32'd0;
-    spad[455] = 32'd0;
-    spad[456] = 32'd0;
-    spad[457] = 32'd0;
-    spad[458] = 32'd0;
-    spad[459] = 32'd0;
-    spad[460] = 32'd0;
-    spad[461] = 32'd0;
-    spad[462] = 32'd0;
-    spad[463] = 32'd0;
-    spad[464] = 32'd0;
-    spad[465] = 32'd0;
-    spad[466] = 32'd0;
-    spad[467] = 32'd0;
-    spad[468] = 32'd0;
-    spad[469] = 32'd0;
-    spad[470] = 32'd0;
-    spad[471] = 32'd0;
-    spad[472] = 32'd0;
-    spad[473] = 32'd0;
-    spad[474] = 32'd0;
-    spad[475] = 32'd0;
-    spad[476] = 32'd0;
-    spad[477] = 32'd0;
-    spad[478] = 32'd0;
-    spad[479] = 32'd0;
-    spad[480] = 32'd0;
-    spad[481] = 32'd0;
-    spad[482] = 32'd0;
-    spad[483] = 32'd0;
-    spad[484] = 32'd0;
-    spad[485] = 32'd0;
-    spad[486] = 32'd0;
-    spad[487] = 32'd0;
-    spad[488] = 32'd0;
-    spad[489] = 32'd0;
-    spad[490] = 32'd0;
-    spad[491] = 32'd0;
-    spad[492] = 32'd0;
-    spad[493] = 32'd0;
-    spad[494] = 32'd0;
-    spad[495] = 32'd0;
-    spad[496] = 32'd0;
-    spad[497] = 32'd0;
-    spad[498] = 32'd0;
-    spad[499] = 32'd0;
-    spad[500] = 32'd0;
-    spad[501] = 32'd0;
-    spad[502] = 32'd0;
-    spad[503] = 32'd0;
-    spad[504] = 32'd0;
-    spad[505] = 32'd0;
-    spad[506] = 32'd0;
-    spad[507] = 32'd0;
-    spad[508] = 32'd0;
-    spad[509] = 32'd0;
-    spad[510] = 32'd0;
-    spad[511] = 32'd0;
-    spad[512] = 32'd0;
-    spad[513] = 32'd0;
-    spad[514] = 32'd0;
-    spad[515] = 32'd0;
-    spad[516] = 32'd0;
-    spad[517] = 32'd0;
-    spad[518] = 32'd0;
-    spad[519] = 32'd0;
-    spad[520] = 32'd0;
-    spad[521] = 32'd0;
-    spad[522] = 32'd0;
-    spad[523] = 32'd0;
-    spad[524] = 32'd0;
-    spad[525] = 32'd0;
-    spad[526] = 32'd0;
-    spad[527] = 32'd0;
-    spad[528] = 32'd0;
-    spad[529] = 32'd0;
-    spad[530] = 32'd0;
-    spad[531] = 32'd0;
-    spad[532] = 32'd0;
-    spad[533] = 32'd0;
-    spad[534] = 32'd0;
-    spad[535] = 32'd0;
-    spad[536] = 32'd0;
-    spad[537] = 32'd0;
-    spad[538] = 32'd0;
-    spad[539] = 32'd0;
-    spad[540] = 32'd0;
-    spad[541] = 32'd0;
-    spad[542] = 32'd0;
-    spad[543] = 32'd0;
-    spad[544] = 32'd0;
-    spad[545] = 32'd0;
-    spad[546] = 32'd0;
-    spad[547] = 32'd0;
-    spad[548] = 32'd0;
-    spad[549] = 32'd0;
-    spad[550] = 32'd0;
-    spad[551] = 32'd0;
-    spad[552] = 32'd0;
-    spad[553] = 32'd0;
-    spad[554] = 32'd0;
-    spad[555] = 32'd0;
-    spad[556] = 32'd0;
-    spad[557] = 32'd0;
-    spad[558] = 32'd0;
-    spad[559] = 32'd0;
-    spad[560] = 32'd0;
-    spad[561] = 32'd0;
-    spad[562] = 32'd0;
-    spad[563] = 32'd0;
-    spad[564] = 32'd0;
-    spad[565] = 32'd0;
-    spad[566] = 32'd0;
-    spad[567] = 32'd0;
-    spad[568] = 32'd0;
-    spad[569] = 32'd0;
-    spad[570] = 32'd0;
-    spad[571] = 32'd0;
-    spad[572] = 32'd0;
-    spad[573] = 32'd0;
-    spad[574] = 32'd0;
-    spad[575] = 32'd0;
-    spad[576] = 32'd0;
-    spad[577] = 32'd0;
-    spad[578] = 32'd0;
-    spad[579] = 32'd0;
-    spad[580] = 32'd0;
-    spad[581] = 32'd0;
-    spad[582] = 32'd0;
-    spad[583] = 32'd0;
-    spad[584] = 32'd0;
-    spad[585] = 32'd0;
-    spad[586] = 32'd0;
-    spad[587] = 32'd0;
-    spad[588] = 32'd0;
-    spad[589] = 32'd0;
-    spad[590] = 32'd0;
-    spad[591] = 32'd0;
-    spad[592] = 32'd0;
-    spad[593] = 32'd0;
-    spad[594] = 32'd0;
-    spad[595] = 32'd0;
-    spad[596] = 32'd0;
-    spad[597] = 32'd0;
-    spad[598] = 32'd0;
-    spad[599] = 32'd0;
-    spad[600] = 32'd0;
-    spad[601] = 32'd0;
-    spad[602] = 32'd0;
-    spad[603] = 32'd0;
-    spad[604] = 32'd0;
-    spad[605] = 32'd0;
-    spad[606] = 32'd0;
-    spad[607] = 32'd0;
-    spad[608] = 32'd0;
-    spad[609] = 32'd0;
-    spad[610] = 32'd0;
-    spad[611] = 32'd0;
-    spad[612] = 32'd0;
-    spad[613] = 32'd0;
-    spad[614] = 32'd0;
-    spad[615] = 32'd0;
-    spad[616] = 32'd0;
-    spad[617] = 32'd0;
-    spad[618] = 32'd0;
-    spad[619] = 32'd0;
-    spad[620] = 32'd0;
-    spad[621] = 32'd0;
-    spad[622] = 32'd0;
-    spad[623] = 32'd0;
-    spad[624] = 32'd0;
-    spad[625] = 32'd0;
-    spad[626] = 32'd0;
-    spad[627] = 32'd0;
-    spad[628] = 32'd0;
-    spad[629] = 32'd0;
-    spad[630] = 32'd0;
-    spad[631] = 32'd0;
-    spad[632] = 32'd0;
-    spad[633] = 32'd0;
-    spad[634] = 32'd0;
-    spad[635] = 32'd0;
-    spad[636] = 32'd0;
-    spad[637] = 32'd0;
-    spad[638] = 32'd0;
-    spad[639] = 32'd0;
-    spad[640] = 32'd0;
-    spad[641] = 32'd0;
-    spad[642] = 32'd0;
-    spad[643] = 32'd0;
-    spad[644] = 32'd0;
-    spad[645] = 32'd0;
-    spad[646] = 32'd0;
-    spad[647] = 32'd0;
-    spad[648] = 32'd0;
-    spad[649] = 32'd0;
-    spad[650] = 32'd0;
-    spad[651] = 32'd0;
-    spad[652] = 32'd0;
-    spad[653] = 32'd0;
-    spad[654] = 32'd0;
-    spad[655] = 32'd0;
-    spad[656] = 32'd0;
-    spad[657] = 32'd0;
-    spad[658] = 32'd0;
-    spad[659] = 32'd0;
-    spad[660] = 32'd0;
-    spad[661] = 32'd0;
-    spad[662] = 32'd0;
-    spad[663] = 32'd0;
-    spad[664] = 32'd0;
-    spad[665] = 32'd0;
-    spad[666] = 32'd0;
-    spad[667] = 32'd0;
-    spad[668] = 32'd0;
-    spad[669] = 32'd0;
-    spad[670] = 32'd0;
-    spad[671] = 32'd0;
-    spad[672] = 32'd0;
-    spad[673] = 32'd0;
-    spad[674] = 32'd0;
-    spad[675] = 32'd0;
-    spad[676] = 32'd0;
-    spad[677] = 32'd0;
-    spad[678] = 32'd0;
-    spad[679] = 32'd0;
-    spad[680] = 32'd0;
-    spad[681] = 32'd0;
-    spad[682] = 32'd0;
-    spad[683] = 32'd0;
-    spad[684] = 32'd0;
-    spad[685] = 32'd0;
-    spad[686] = 32'd0;
-    spad[687] = 32'd0;
-    spad[688] = 32'd0;
-    spad[689] = 32'd0;
-    spad[690] = 32'd0;
-    spad[691] = 32'd0;
-    spad[692] = 32'd0;
-    spad[693] = 32'd0;
-    spad[694] = 32'd0;
-    spad[695] = 32'd0;
-    spad[696] = 32'd0;
-    spad[697] = 32'd0;
-    spad[698] = 32'd0;
-    spad[699] = 32'd0;
-    spad[700] = 32'd0;
-    spad[701] = 32'd0;
-    spad[702] = 32'd0;
-    spad[703] = 32'd0;
-    spad[704] = 32'd0;
-    spad[705] = 32'd0;
-    spad[706] = 32'd0;
-    spad[707] = 32'd0;
-    spad[708] = 32'd0;
-    spad[709] = 32'd0;
-    spad[710] = 32'd0;
-    spad[711] = 32'd0;
-    spad[712] = 32'd0;
-    spad[713] = 32'd0;
-    spad[714] = 32'd0;
-    spad[715] = 32'd0;
-    spad[716] = 32'd0;
-    spad[717] = 32'd0;
-    spad[718] = 32'd0;
-    spad[719] = 32'd0;
-    spad[720] = 32'd0;
-    spad[721] = 32'd0;
-    spad[722] = 32'd0;
-    spad[723] = 32'd0;
-    spad[724] = 32'd0;
-    spad[725] = 32'd0;
-    spad[726] = 32'd0;
-    spad[727] = 32'd0;
-    spad[728] = 32'd0;
-    spad[729] = 32'd0;
-    spad[730] = 32'd0;
-    spad[731] = 32'd0;
-    spad[732] = 32'd0;
-    spad[733] = 32'd0;
-    spad[734] = 32'd0;
-    spad[735] = 32'd0;
-    spad[736] = 32'd0;
-    spad[737] = 32'd0;
-    spad[738] = 32'd0;
-    spad[739] = 32'd0;
-    spad[740] = 32'd0;
-    spad[741] = 32'd0;
-    spad[742] = 32'd0;
-    spad[743] = 32'd0;
-    spad[744] = 32'd0;
-    spad[745] = 32'd0;
-    spad[746] = 32'd0;
-    spad[747] = 32'd0;
-    spad[748] = 32'd0;
-    spad[749] = 32'd0;
-    spad[750] = 32'd0;
-    spad[751] = 32'd0;
-    spad[752] = 32'd0;
-    spad[753] = 32'd0;
-    spad[754] = 32'd0;
-    spad[755] = 32'd0;
-    spad[756] = 32'd0;
-    spad[757] = 32'd0;
-    spad[758] = 32'd0;
-    spad[759] = 32'd0;
-    spad[760] = 32'd0;
-    spad[761] = 32'd0;
-    spad[762] = 32'd0;
-    spad[763] = 32'd0;
-    spad[764] = 32'd0;
-    spad[765] = 32'd0;
-    spad[766] = 32'd0;
-    spad[767] = 32'd0;
-    spad[768] = 32'd0;
-    spad[769] = 32'd0;
-    spad[770] = 32'd0;
-    spad[771] = 32'd0;
-    spad[772] = 32'd0;
-    spad[773] = 32'd0;
-    spad[774] = 32'd0;
-    spad[775] = 32'd0;
-    spad[776] = 32'd0;
-    spad[777] = 32'd0;
-    spad[778] = 32'd0;
-    spad[779] = 32'd0;
-    spad[780] = 32'd0;
-    spad[781] = 32'd0;
-    spad[782] = 32'd0;
-    spad[783] = 32'd0;
-    spad[784] = 32'd0;
-    spad[785] = 32'd0;
-    spad[786] = 32'd0;
-    spad[787] = 32'd0;
-    spad[788] = 32'd0;
-    spad[789] = 32'd0;
-    spad[790] = 32'd0;
-    spad[791] = 32'd0;
-    spad[792] = 32'd0;
-    spad[793] = 32'd0;
-    spad[794] = 32'd0;
-    spad[795] = 32'd0;
-    spad[796] = 32'd0;
-    spad[797] = 32'd0;
-    spad[798] = 32'd0;
-    spad[799] = 32'd0;
-    spad[800] = 32'd0;
-    spad[801] = 32'd0;
-    spad[802] = 32'd0;
-    spad[803] = 32'd0;
-    spad[804] = 32'd0;
-    spad[805] = 32'd0;
-    spad[806] = 32'd0;
-    spad[807] = 32'd0;
-    spad[808] = 32'd0;
-    spad[809] = 32'd0;
-    spad[810] = 32'd0;
-    spad[811] = 32'd0;
-    spad[812] = 32'd0;
-    spad[813] = 32'd0;
-    spad[814] = 32'd0;
-    spad[815] = 32'd0;
-    spad[816] = 32'd0;
-    spad[817] = 32'd0;
-    spad[818] = 32'd0;
-    spad[819] = 32'd0;
-    spad[820] = 32'd0;
-    spad[821] = 32'd0;
-    spad[822] = 32'd0;
-    spad[823] = 32'd0;
-    spad[824] = 32'd0;
-    spad[825] = 32'd0;
-    spad[826] = 32'd0;
-    spad[827] = 32'd0;
-    spad[828] = 32'd0;
-    spad[829] = 32'd0;
-    spad[830] = 32'd0;
-    spad[831] = 32'd0;
-    spad[832] = 32'd0;
-    spad[833] = 32'd0;
-    spad[834] = 32'd0;
-    spad[835] = 32'd0;
-    spad[836] = 32'd0;
-    spad[837] = 32'd0;
-    spad[838] = 32'd0;
-    spad[839] = 32'd0;
-    spad[840] = 32'd0;
-    spad[841] = 32'd0;
-    spad[842] = 32'd0;
-    spad[843] = 32'd0;
-    spad[844] = 32'd0;
-    spad[845] = 32'd0;
-    spad[846] = 32'd0;
-    spad[847] = 32'd0;
-    spad[848] = 32'd0;
-    spad[849] = 32'd0;
-    spad[850] = 32'd0;
-    spad[851] = 32'd0;
-    spad[852] = 32'd0;
-    spad[853] = 32'd0;
-    spad[854] = 32'd0;
-    spad[855] = 32'd0;
-    spad[856] = 32'd0;
-    spad[857] = 32'd0;
-    spad[858] = 32'd0;
-    spad[859] = 32'd0;
-    spad[860] = 32'd0;
-    spad[861] = 32'd0;
-    spad[862] = 32'd0;
-    spad[863] = 32'd0;
-    spad[864] = 32'd0;
-    spad[865] = 32'd0;
-    spad[866] = 32'd0;
-    spad[867] = 32'd0;
-    spad[868] = 32'd0;
-    spad[869] = 32'd0;
-    spad[870] = 32'd0;
-    spad[871] = 32'd0;
-    spad[872] = 32'd0;
-    spad[873] = 32'd0;
-    spad[874] = 32'd0;
-    spad[875] = 32'd0;
-    spad[876] = 32'd0;
-    spad[877] = 32'd0;
-    spad[878] = 32'd0;
-    spad[879] = 32'd0;
-    spad[880] = 32'd0;
-    spad[881] = 32'd0;
-    spad[882] = 32'd0;
-    spad[883] = 32'd0;
-    spad[884] = 32'd0;
-    spad[885] = 32'd0;
-    spad[886] = 32'd0;
-    spad[887] = 32'd0;
-    spad[888] = 32'd0;
-    spad[889] = 32'd0;
-    spad[890] = 32'd0;
-    spad[891] = 32'd0;
-    spad[892] = 32'd0;
-    spad[893] = 32'd0;
-    spad[894] = 32'd0;
-    spad[895] = 32'd0;
-    spad[896] = 32'd0;
-    spad[897] = 32'd0;
-    spad[898] = 32'd0;
-    spad[899] = 32'd0;
-    spad[900] = 32'd0;
-    spad[901] = 32'd0;
-    spad[902] = 32'd0;
-    spad[903] = 32'd0;
-    spad[904] = 32'd0;
-    spad[905] = 32'd0;
-    spad[906] = 32'd0;
-    spad[907] = 32'd0;
-    spad[908] = 32'd0;
-    spad[909] = 32'd0;
-    spad[910] = 32'd0;
-    spad[911] = 32'd0;
-    spad[912] = 32'd0;
-    spad[913] = 32'd0;
-    spad[914] = 32'd0;
-    spad[915] = 32'd0;
-    spad[916] = 32'd0;
-    spad[917] = 32'd0;
-    spad[918] = 32'd0;
-    spad[919] = 32'd0;
-    spad[920] = 32'd0;
-    spad[921] = 32'd0;
-    spad[922] = 32'd0;
-    spad[923] = 32'd0;
-    spad[924] = 32'd0;
-    spad[925] = 32'd0;
-    spad[926] = 32'd0;
-    spad[927] = 32'd0;
-    spad[928] = 32'd0;
-    spad[929] = 32'd0;
-    spad[930] = 32'd0;
-    spad[931] = 32'd0;
-    spad[932] = 32'd0;
-    spad[933] = 32'd0;
-    spad[934] = 32'd0;
-    spad[935] = 32'd0;
-    spad[936] = 32'd0;
-    spad[937] = 32'd0;
-    spad[938] = 32'd0;
-    spad[939] = 32'd0;
-    spad[940] = 32'd0;
-    spad[941] = 32'd0;
-    spad[942] = 32'd0;
-    spad[943] = 32'd0;
-    spad[944] = 32'd0;
-    spad[945] = 32'd0;
-    spad[946] = 32'd0;
-    spad[947] = 32'd0;
-    spad[948] = 32'd0;
-    spad[949] = 32'd0;
-    spad[950] = 32'd0;
-    spad[951] = 32'd0;
-    spad[952] = 32'd0;
-    spad[953] = 32'd0;
-    spad[954] = 32'd0;
-    spad[955] = 32'd0;
-    spad[956] = 32'd0;
-    spad[957] = 32'd0;
-    spad[958] = 32'd0;
-    spad[959] = 32'd0;
-    spad[960] = 32'd0;
-    spad[961] = 32'd0;
-    spad[962] = 32'd0;
-    spad[963] = 32'd0;
-    spad[964] = 32'd0;
-    spad[965] = 32'd0;
-    spad[966] = 32'd0;
-    spad[967] = 32'd0;
-    spad[968] = 32'd0;
-    spad[969] = 32'd0;
-    spad[970] = 32'd0;
-    spad[971] = 32'd0;
-    spad[972] = 32'd0;
-    spad[973] = 32'd0;
-    spad[974] = 32'd0;
-    spad[975] = 32'd0;
-    spad[976] = 32'd0;
-    spad[977] = 32'd0;
-    spad[978] = 32'd0;
-    spad[979] = 32'd0;
-    spad[980] = 32'd0;
-    spad[981] = 32'd0;
-    spad[982] = 32'd0;
-    spad[983] = 32'd0;
-    spad[984] = 32'd0;
-    spad[985] = 32'd0;
-    spad[986] = 32'd0;
-    spad[987] = 32'd0;
-    spad[988] = 32'd0;
-    spad[989] = 32'd0;
-    spad[990] = 32'd0;
-    spad[991] = 32'd0;
-    spad[992] = 32'd0;
-    spad[993] = 32'd0;
-    spad[994] = 32'd0;
-    spad[995] = 32'd0;
-    spad[996] = 32'd0;
-    spad[997] = 32'd0;
-    spad[998] = 32'd0;
-    spad[999] = 32'd0;
-    spad[1000] = 32'd0;
-    spad[1001] = 32'd0;
-    spad[1002] = 32'd0;
-    spad[1003] = 32'd0;
-    spad[1004] = 32'd0;
-    spad[1005] = 32'd0;
-    spad[1006] = 32'd0;
-    spad[1007] = 32'd0;
-    spad[1008] = 32'd0;
-    spad[1009] = 32'd0;
-    spad[1010] = 32'd0;
-    spad[1011] = 32'd0;
-    spad[1012] = 32'd0;
-    spad[1013] = 32'd0;
-    spad[1014] = 32'd0;
-    spad[1015] = 32'd0;
-    spad[1016] = 32'd0;
-    spad[1017] = 32'd0;
-    spad[1018] = 32'd0;
-    spad[1019] = 32'd0;
-    spad[1020] = 32'd0;
-    spad[1021] = 32'd0;
-    spad[1022] = 32'd0;
-    spad[1023] = 32'd0;
-    spad[1024] = 32'd0;
-    spad[1025] = 32'd0;
-    spad[1026] = 32'd0;
-    spad[1027] = 32'd0;
-    spad[1028] = 32'd0;
-    spad[1029] = 32'd0;
-    spad[1030] = 32'd0;
-    spad[1031] = 32'd0;
-    spad[1032] = 32'd0;
-    spad[1033] = 32'd0;
-    spad[1034] = 32'd0;
-    spad[1035] = 32'd0;
-    spad[1036] = 32'd0;
-    spad[1037] = 32'd0;
-    spad[1038] = 32'd0;
-    spad[1039] = 32'd0;
-    spad[1040] = 32'd0;
-    spad[1041] = 32'd0;
-    spad[1042] = 32'd0;
-    spad[1043] = 32'd0;
-    spad[1044] = 32'd0;
-    spad[1045] = 32'd0;
-    spad[1046] = 32'd0;
-    spad[1047] = 32'd0;
-    spad[1048] = 32'd0;
-    spad[1049] = 32'd0;
-    spad[1050] = 32'd0;
-    spad[1051] = 32'd0;
-    spad[1052] = 32'd0;
-    spad[1053] = 32'd0;
-    spad[1054] = 32'd0;
-    spad[1055] = 32'd0;
-    spad[1056] = 32'd0;
-    spad[1057] = 32'd0;
-    spad[1058] = 32'd0;
-    spad[1059] = 32'd0;
-    spad[1060] = 32'd0;
-    spad[1061] = 32'd0;
-    spad[1062] = 32'd0;
-    spad[1063] = 32'd0;
-    spad[1064] = 32'd0;
-    spad[1065] = 32'd0;
-    spad[1066] = 32'd0;
-    spad[1067] = 32'd0;
-    spad[1068] = 32'd0;
-    spad[1069] = 32'd0;
-    spad[1070] = 32'd0;
-    spad[1071] = 32'd0;
-    spad[1072] = 32'd0;
-    spad[1073] = 32'd0;
-    spad[1074] = 32'd0;
-    spad[1075] = 32'd0;
-    spad[1076] = 32'd0;
-    spad[1077] = 32'd0;
-    spad[1078] = 32'd0;
-    spad[1079] = 32'd0;
-    spad[1080] = 32'd0;
-    spad[1081] = 32'd0;
-    spad[1082] = 32'd0;
-    spad[1083] = 32'd0;
-    spad[1084] = 32'd0;
-    spad[1085] = 32'd0;
-    spad[1086] = 32'd0;
-    spad[1087] = 32'd0;
-    spad[1088] = 32'd0;
-    spad[1089] = 32'd0;
-    spad[1090] = 32'd0;
-    spad[1091] = 32'd0;
-    spad[1092] = 32'd0;
-    spad[1093] = 32'd0;
-    spad[1094] = 32'd0;
-    spad[1095] = 32'd0;
-    spad[1096] = 32'd0;
-    spad[1097] = 32'd0;
-    spad[1098] = 32'd0;
-    spad[1099] = 32'd0;
-    spad[1100] = 32'd0;
-    spad[1101] = 32'd0;
-    spad[1102] = 32'd0;
-    spad[1103] = 32'd0;
-    spad[1104] = 32'd0;
-    spad[1105] = 32'd0;
-    spad[1106] = 32'd0;
-    spad[1107] = 32'd0;
-    spad[1108] = 32'd0;
-    spad[1109] = 32'd0;
-    spad[1110] = 32'd0;
-    spad[1111] = 32'd0;
-    spad[1112] = 32'd0;
-    spad[1113] = 32'd0;
-    spad[1114] = 32'd0;
-    spad[1115] = 32'd0;
-    spad[1116] = 32'd0;
-    spad[1117] = 32'd0;
-    spad[1118] = 32'd0;
-    spad[1119] = 32'd0;
-    spad[1120] = 32'd0;
-    spad[1121] = 32'd0;
-    spad[1122] = 32'd0;
-    spad[1123] = 32'd0;
-    spad[1124] = 32'd0;
-    spad[1125] = 32'd0;
-    spad[1126] = 32'd0;
-    spad[1127] = 32'd0;
-    spad[1128] = 32'd0;
-    spad[1129] = 32'd0;
-    spad[1130] = 32'd0;
-    spad[1131] = 32'd0;
-    spad[1132] = 32'd0;
-    spad[1133] = 32'd0;
-    spad[1134] = 32'd0;
-    spad[1135] = 32'd0;
-    spad[1136] = 32'd0;
-    spad[1137] = 32'd0;
-    spad[1138] = 32'd0;
-    spad[1139] = 32'd0;
-    spad[1140] = 32'd0;
-    spad[1141] = 32'd0;
-    spad[1142] = 32'd0;
-    spad[1143] = 32'd0;
-    spad[1144] = 32'd0;
-    spad[1145] = 32'd0;
-    spad[1146] = 32'd0;
-    spad[1147] = 32'd0;
-    spad[1148] = 32'd0;
-    spad[1149] = 32'd0;
-    spad[1150] = 32'd0;
-    spad[1151] = 32'd0;
-    spad[1152] = 32'd0;
-    spad[1153] = 32'd0;
-    spad[1154] = 32'd0;
-    spad[1155] = 32'd0;
-    spad[1156] = 32'd0;
-    spad[1157] = 32'd0;
-    spad[1158] = 32'd0;
-    spad[1159] = 32'd0;
-    spad[1160] = 32'd0;
-    spad[1161] = 32'd0;
-    spad[1162] = 32'd0;
-    spad[1163] = 32'd0;
-    spad[1164] = 32'd0;
-    spad[1165] = 32'd0;
-    spad[1166] = 32'd0;
-    spad[1167] = 32'd0;
-    spad[1168] = 32'd0;
-    spad[1169] = 32'd0;
-    spad[1170] = 32'd0;
-    spad[1171] = 32'd0;
-    spad[1172] = 32'd0;
-    spad[1173] = 32'd0;
-    spad[1174] = 32'd0;
-    spad[1175] = 32'd0;
-    spad[1176] = 32'd0;
-    spad[1177] = 32'd0;
-    spad[1178] = 32'd0;
-    spad[1179] = 32'd0;
-    spad[1180] = 32'd0;
-    spad[1181] = 32'd0;
-    spad[1182] = 32'd0;
-    spad[1183] = 32'd0;
-    spad[1184] = 32'd0;
-    spad[1185] = 32'd0;
-    spad[1186] = 32'd0;
-    spad[1187] = 32'd0;
-    spad[1188] = 32'd0;
-    spad[1189] = 32'd0;
-    spad[1190] = 32'd0;
-    spad[1191] = 32'd0;
-    spad[1192] = 32'd0;
-    spad[1193] = 32'd0;
-    spad[1194] = 32'd0;
-    spad[1195] = 32'd0;
-    spad[1196] = 32'd0;
-    spad[1197] = 32'd0;
-    spad[1198] = 32'd0;
-    spad[1199] = 32'd0;
-    spad[1200] = 32'd0;
-    spad[1201] = 32'd0;
-    spad[1202] = 32'd0;
-    spad[1203] = 32'd0;
-    spad[1204] = 32'd0;
-    spad[1205] = 32'd0;
-    spad[1206] = 32'd0;
-    spad[1207] = 32'd0;
-    spad[1208] = 32'd0;
-    spad[1209] = 32'd0;
-    spad[1210] = 32'd0;
-    spad[1211] = 32'd0;
-    spad[1212] = 32'd0;
-    spad[1213] = 32'd0;
-    spad[1214] = 32'd0;
-    spad[1215] = 32'd0;
-    spad[1216] = 32'd0;
-    spad[1217] = 32'd0;
-    spad[1218] = 32'd0;
-    spad[1219] = 32'd0;
-    spad[1220] = 32'd0;
-    spad[1221] = 32'd0;
-    spad[1222] = 32'd0;
-    spad[1223] = 32'd0;
-    spad[1224] = 32'd0;
-    spad[1225] = 32'd0;
-    spad[1226] = 32'd0;
-    spad[1227] = 32'd0;
-    spad[1228] = 32'd0;
-    spad[1229] = 32'd0;
-    spad[1230] = 32'd0;
-    spad[1231] = 32'd0;
-    spad[1232] = 32'd0;
-    spad[1233] = 32'd0;
-    spad[1234] = 32'd0;
-    spad[1235] = 32'd0;
-    spad[1236] = 32'd0;
-    spad[1237] = 32'd0;
-    spad[1238] = 32'd0;
-    spad[1239] = 32'd0;
-    spad[1240] = 32'd0;
-    spad[1241] = 32'd0;
-    spad[1242] = 32'd0;
-    spad[1243] = 32'd0;
-    spad[1244] = 32'd0;
-    spad[1245] = 32'd0;
-    spad[1246] = 32'd0;
-    spad[1247] = 32'd0;
-    spad[1248] = 32'd0;
-    spad[1249] = 32'd0;
-    spad[1250] = 32'd0;
-    spad[1251] = 32'd0;
-    spad[1252] = 32'd0;
-    spad[1253] = 32'd0;
-    spad[1254] = 32'd0;
-    spad[1255] = 32'd0;
-    spad[1256] = 32'd0;
-    spad[1257] = 32'd0;
-    spad[1258] = 32'd0;
-    spad[1259] = 32'd0;
-    spad[1260] = 32'd0;
-    spad[1261] = 32'd0;
-    spad[1262] = 32'd0;
-    spad[1263] = 32'd0;
-    spad[1264] = 32'd0;
-    spad[1265] = 32'd0;
-    spad[1266] = 32'd0;
-    spad[1267] = 32'd0;
-    spad[1268] = 32'd0;
-    spad[1269] = 32'd0;
-    spad[1270] = 32'd0;
-    spad[1271] = 32'd0;
-    spad[1272] = 32'd0;
-    spad[1273] = 32'd0;
-    spad[1274] = 32'd0;
-    spad[1275] = 32'd0;
-    spad[1276] = 32'd0;
-    spad[1277] = 32'd0;
-    spad[1278] = 32'd0;
-    spad[1279] = 32'd0;
-    spad[1280] = 32'd0;
-    spad[1281] = 32'd0;
-    spad[1282] = 32'd0;
-    spad[1283] = 32'd0;
-    spad[1284] = 32'd0;
-    spad[1285] = 32'd0;
-    spad[1286] = 32'd0;
-    spad[1287] = 32'd0;
-    spad[1288] = 32'd0;
-    spad[1289] = 32'd0;
-    spad[1290] = 32'd0;
-    spad[1291] = 32'd0;
-    spad[1292] = 32'd0;
-    spad[1293] = 32'd0;
-    spad[1294] = 32'd0;
-    spad[1295] = 32'd0;
-    spad[1296] = 32'd0;
-    spad[1297] = 32'd0;
-    spad[1298] = 32'd0;
-    spad[1299] = 32'd0;
-    spad[1300] = 32'd0;
-    spad[1301] = 32'd0;
-    spad[1302] = 32'd0;
-    spad[1303] = 32'd0;
-    spad[1304] = 32'd0;
-    spad[1305] = 32'd0;
-    spad[1306] = 32'd0;
-    spad[1307] = 32'd0;
-    spad[1308] = 32'd0;
-    spad[1309] = 32'd0;
-    spad[1310] = 32'd0;
-    spad[1311] = 32'd0;
-    spad[1312] = 32'd0;
-    spad[1313] = 32'd0;
-    spad[1314] = 32'd0;
-    spad[1315] = 32'd0;
-    spad[1316] = 32'd0;
-    spad[1317] = 32'd0;
-    spad[1318] = 32'd0;
-    spad[1319] = 32'd0;
-    spad[1320] = 32'd0;
-    spad[1321] = 32'd0;
-    spad[1322] = 32'd0;
-    spad[1323] = 32'd0;
-    spad[1324] = 32'd0;
-    spad[1325] = 32'd0;
-    spad[1326] = 32'd0;
-    spad[1327] = 32'd0;
-    spad[1328] = 32'd0;
-    spad[1329] = 32'd0;
-    spad[1330] = 32'd0;
-    spad[1331] = 32'd0;
-    spad[1332] = 32'd0;
-    spad[1333] = 32'd0;
-    spad[1334] = 32'd0;
-    spad[1335] = 32'd0;
-    spad[1336] = 32'd0;
-    spad[1337] = 32'd0;
-    spad[1338] = 32'd0;
-    spad[1339] = 32'd0;
-    spad[1340] = 32'd0;
-    spad[1341] = 32'd0;
-    spad[1342] = 32'd0;
-    spad[1343] = 32'd0;
-    spad[1344] = 32'd0;
-    spad[1345] = 32'd0;
-    spad[1346] = 32'd0;
-    spad[1347] = 32'd0;
-    spad[1348] = 32'd0;
-    spad[1349] = 32'd0;
-    spad[1350] = 32'd0;
-    spad[1351] = 32'd0;
-    spad[1352] = 32'd0;
-    spad[1353] = 32'd0;
-    spad[1354] = 32'd0;
-    spad[1355] = 32'd0;
-    spad[1356] = 32'd0;
-    spad[1357] = 32'd0;
-    spad[1358] = 32'd0;
-    spad[1359] = 32'd0;
-    spad[1360] = 32'd0;
-    spad[1361] = 32'd0;
-    spad[1362] = 32'd0;
-    spad[1363] = 32'd0;
-    spad[1364] = 32'd0;
-    spad[1365] = 32'd0;
-    spad[1366] = 32'd0;
-    spad[1367] = 32'd0;
-    spad[1368] = 32'd0;
-    spad[1369] = 32'd0;
-    spad[1370] = 32'd0;
-    spad[1371] = 32'd0;
-    spad[1372] = 32'd0;
-    spad[1373] = 32'd0;
-    spad[1374] = 32'd0;
-    spad[1375] = 32'd0;
-    spad[1376] = 32'd0;
-    spad[1377] = 32'd0;
-    spad[1378] = 32'd0;
-    spad[1379] = 32'd0;
-    spad[1380] = 32'd0;
-    spad[1381] = 32'd0;
-    spad[1382] = 32'd0;
-    spad[1383] = 32'd0;
-    spad[1384] = 32'd0;
-    spad[1385] = 32'd0;
-    spad[1386] = 32'd0;
-    spad[1387] = 32'd0;
-    spad[1388] = 32'd0;
-    spad[1389] = 32'd0;
-    spad[1390] = 32'd0;
-    spad[1391] = 32'd0;
-    spad[1392] = 32'd0;
-    spad[1393] = 32'd0;
-    spad[1394] = 32'd0;
-    spad[1395] = 32'd0;
-    spad[1396] = 32'd0;
-    spad[1397] = 32'd0;
-    spad[1398] = 32'd0;
-    spad[1399] = 32'd0;
-    spad[1400] = 32'd0;
-    spad[1401] = 32'd0;
-    spad[1402] = 32'd0;
-    spad[1403] = 32'd0;
-    spad[1404] = 32'd0;
-    spad[1405] = 32'd0;
-    spad[1406] = 32'd0;
-    spad[1407] = 32'd0;
-    spad[1408] = 32'd0;
-    spad[1409] = 32'd0;
-    spad[1410] = 32'd0;
-    spad[1411] = 32'd0;
-    spad[1412] = 32'd0;
-    spad[1413] = 32'd0;
-    spad[1414] = 32'd0;
-    spad[1415] = 32'd0;
-    spad[1416] = 32'd0;
-    spad[1417] = 32'd0;
-    spad[1418] = 32'd0;
-    spad[1419] = 32'd0;
-    spad[1420] = 32'd0;
-    spad[1421] = 32'd0;
-    spad[1422] = 32'd0;
-    spad[1423] = 32'd0;
-    spad[1424] = 32'd0;
-    spad[1425] = 32'd0;
-    spad[1426] = 32'd0;
-    spad[1427] = 32'd0;
-    spad[1428] = 32'd0;
-    spad[1429] = 32'd0;
-    spad[1430] = 32'd0;
-    spad[1431] = 32'd0;
-    spad[1432] = 32'd0;
-    spad[1433] = 32'd0;
-    spad[1434] = 32'd0;
-    spad[1435] = 32'd0;
-    spad[1436] = 32'd0;
-    spad[1437] = 32'd0;
-    spad[1438] = 32'd0;
-    spad[1439] = 32'd0;
-    spad[1440] = 32'd0;
-    spad[1441] = 32'd0;
-    spad[1442] = 32'd0;
-    spad[1443] = 32'd0;
-    spad[1444] = 32'd0;
-    spad[1445] = 32'd0;
-    spad[1446] = 32'd0;
-    spad[1447] = 32'd0;
-    spad[1448] = 32'd0;
-    spad[1449] = 32'd0;
-    spad[1450] = 32'd0;
-    spad[1451] = 32'd0;
-    spad[1452] = 32'd0;
-    spad[1453] = 32'd0;
-    spad[1454] = 32'd0;
-    spad[1455] = 32'd0;
-    spad[1456] = 32'd0;
-    spad[1457] = 32'd0;
-    spad[1458] = 32'd0;
-    spad[1459] = 32'd0;
-    spad[1460] = 32'd0;
-    spad[1461] = 32'd0;
-    spad[1462] = 32'd0;
-    spad[1463] = 32'd0;
-    spad[1464] = 32'd0;
-    spad[1465] = 32'd0;
-    spad[1466] = 32'd0;
-    spad[1467] = 32'd0;
-    spad[1468] = 32'd0;
-    spad[1469] = 32'd0;
-    spad[1470] = 32'd0;
-    spad[1471] = 32'd0;
-    spad[1472] = 32'd0;
-    spad[1473] = 32'd0;
-    spad[1474] = 32'd0;
-    spad[1475] = 32'd0;
-    spad[1476] = 32'd0;
-    spad[1477] = 32'd0;
-    spad[1478] = 32'd0;
-    spad[1479] = 32'd0;
-    spad[1480] = 32'd0;
-    spad[1481] = 32'd0;
-    spad[1482] = 32'd0;
-    spad[1483] = 32'd0;
-    spad[1484] = 32'd0;
-    spad[1485] = 32'd0;
-    spad[1486] = 32'd0;
-    spad[1487] = 32'd0;
-    spad[1488] = 32'd0;
-    spad[1489] = 32'd0;
-    spad[1490] = 32'd0;
-    spad[1491] = 32'd0;
-    spad[1492] = 32'd0;
-    spad[1493] = 32'd0;
-    spad[1494] = 32'd0;
-    spad[1495] = 32'd0;
-    spad[1496] = 32'd0;
-    spad[1497] = 32'd0;
-    spad[1498] = 32'd0;
-    spad[1499] = 32'd0;
-    spad[1500] = 32'd0;
-    spad[1501] = 32'd0;
-    spad[1502] = 32'd0;
-    spad[1503] = 32'd0;
-    spad[1504] = 32'd0;
-    spad[1505] = 32'd0;
-    spad[1506] = 32'd0;
-    spad[1507] = 32'd0;
-    spad[1508] = 32'd0;
-    spad[1509] = 32'd0;
-    spad[1510] = 32'd0;
-    spad[1511] = 32'd0;
-    spad[1512] = 32'd0;
-    spad[1513] = 32'd0;
-    spad[1514] = 32'd0;
-    spad[1515] = 32'd0;
-    spad[1516] = 32'd0;
-    spad[1517] = 32'd0;
-    spad[1518] = 32'd0;
-    spad[1519] = 32'd0;
-    spad[1520] = 32'd0;
-    spad[1521] = 32'd0;
-    spad[1522] = 32'd0;
-    spad[1523] = 32'd0;
-    spad[1524] = 32'd0;
-    spad[1525] = 32'd0;
-    spad[1526] = 32'd0;
-    spad[1527] = 32'd0;
-    spad[1528] = 32'd0;
-    spad[1529] = 32'd0;
-    spad[1530] = 32'd0;
-    spad[1531] = 32'd0;
-    spad[1532] = 32'd0;
-    spad[1533] = 32'd0;
-    spad[1534] = 32'd0;
-    spad[1535] = 32'd0;
-    spad[1536] = 32'd0;
-    spad[1537] = 32'd0;
-    spad[1538] = 32'd0;
-    spad[1539] = 32'd0;
-    spad[1540] = 32'd0;
-    spad[1541] = 32'd0;
-    spad[1542] = 32'd0;
-    spad[1543] = 32'd0;
-    spad[1544] = 32'd0;
-    spad[1545] = 32'd0;
-    spad[1546] = 32'd0;
-    spad[1547] = 32'd0;
-    spad[1548] = 32'd0;
-    spad[1549] = 32'd0;
-    spad[1550] = 32'd0;
-    spad[1551] = 32'd0;
-    spad[1552] = 32'd0;
-    spad[1553] = 32'd0;
-    spad[1554] = 32'd0;
-    spad[1555] = 32'd0;
-    spad[1556] = 32'd0;
-    spad[1557] = 32'd0;
-    spad[1558] = 32'd0;
-    spad[1559] = 32'd0;
-    spad[1560] = 32'd0;
-    spad[1561] = 32'd0;
-    spad[1562] = 32'd0;
-    spad[1563] = 32'd0;
-    spad[1564] = 32'd0;
-    spad[1565] = 32'd0;
-    spad[1566] = 32'd0;
-    spad[1567] = 32'd0;
-    spad[1568] = 32'd0;
-    spad[1569] = 32'd0;
-    spad[1570] = 32'd0;
-    spad[1571] = 32'd0;
-    spad[1572] = 32'd0;
-    spad[1573] = 32'd0;
-    spad[1574] = 32'd0;
-    spad[1575] = 32'd0;
-    spad[1576] = 32'd0;
-    spad[1577] = 32'd0;
-    spad[1578] = 32'd0;
-    spad[1579] = 32'd0;
-    spad[1580] = 32'd0;
-    spad[1581] = 32'd0;
-    spad[1582] = 32'd0;
-    spad[1583] = 32'd0;
-    spad[1584] = 32'd0;
-    spad[1585] = 32'd0;
-    spad[1586] = 32'd0;
-    spad[1587] = 32'd0;
-    spad[1588] = 32'd0;
-    spad[1589] = 32'd0;
-    spad[1590] = 32'd0;
-    spad[1591] = 32'd0;
-    spad[1592] = 32'd0;
-    spad[1593] = 32'd0;
-    spad[1594] = 32'd0;
-    spad[1595] = 32'd0;
-    spad[1596] = 32'd0;
-    spad[1597] = 32'd0;
-    spad[1598] = 32'd0;
-    spad[1599] = 32'd0;
-    spad[1600] = 32'd0;
-    spad[1601] = 32'd0;
-    spad[1602] = 32'd0;
-    spad[1603] = 32'd0;
-    spad[1604] = 32'd0;
-    spad[1605] = 32'd0;
-    spad[1606] = 32'd0;
-    spad[1607] = 32'd0;
-    spad[1608] = 32'd0;
-    spad[1609] = 32'd0;
-    spad[1610] = 32'd0;
-    spad[1611] = 32'd0;
-    spad[1612] = 32'd0;
-    spad[1613] = 32'd0;
-    spad[1614] = 32'd0;
-    spad[1615] = 32'd0;
-    spad[1616] = 32'd0;
-    spad[1617] = 32'd0;
-    spad[1618] = 32'd0;
-    spad[1619] = 32'd0;
-    spad[1620] = 32'd0;
-    spad[1621] = 32'd0;
-    spad[1622] = 32'd0;
-    spad[1623] = 32'd0;
-    spad[1624] = 32'd0;
-    spad[1625] = 32'd0;
-    spad[1626] = 32'd0;
-    spad[1627] = 32'd0;
-    spad[1628] = 32'd0;
-    spad[1629] = 32'd0;
-    spad[1630] = 32'd0;
-    spad[1631] = 32'd0;
-    spad[1632] = 32'd0;
-    spad[1633] = 32'd0;
-    spad[1634] = 32'd0;
-    spad[1635] = 32'd0;
-    spad[1636] = 32'd0;
-    spad[1637] = 32'd0;
-    spad[1638] = 32'd0;
-    spad[1639] = 32'd0;
-    spad[1640] = 32'd0;
-    spad[1641] = 32'd0;
-    spad[1642] = 32'd0;
-    spad[1643] = 32'd0;
-    spad[1644] = 32'd0;
-    spad[1645] = 32'd0;
-    spad[1646] = 32'd0;
-    spad[1647] = 32'd0;
-    spad[1648] = 32'd0;
-    spad[1649] = 32'd0;
-    spad[1650] = 32'd0;
-    spad[1651] = 32'd0;
-    spad[1652] = 32'd0;
-    spad[1653] = 32'd0;
-    spad[1654] = 32'd0;
-    spad[1655] = 32'd0;
-    spad[1656] = 32'd0;
-    spad[1657] = 32'd0;
-    spad[1658] = 32'd0;
-    spad[1659] = 32'd0;
-    spad[1660] = 32'd0;
-    spad[1661] = 32'd0;
-    spad[1662] = 32'd0;
-    spad[1663] = 32'd0;
-    spad[1664] = 32'd0;
-    spad[1665] = 32'd0;
-    spad[1666] = 32'd0;
-    spad[1667] = 32'd0;
-    spad[1668] = 32'd0;
-    spad[1669] = 32'd0;
-    spad[1670] = 32'd0;
-    spad[1671] = 32'd0;
-    spad[1672] = 32'd0;
-    spad[1673] = 32'd0;
-    spad[1674] = 32'd0;
-    spad[1675] = 32'd0;
-    spad[1676] = 32'd0;
-    spad[1677] = 32'd0;
-    spad[1678] = 32'd0;
-    spad[1679] = 32'd0;
-    spad[1680] = 32'd0;
-    spad[1681] = 32'd0;
-    spad[1682] = 32'd0;
-    spad[1683] = 32'd0;
-    spad[1684] = 32'd0;
-    spad[1685] = 32'd0;
-    spad[1686] = 32'd0;
-    spad[1687] = 32'd0;
-    spad[1688] = 32'd0;
-    spad[1689] = 32'd0;
-    spad[1690] = 32'd0;
-    spad[1691] = 32'd0;
-    spad[1692] = 32'd0;
-    spad[1693] = 32'd0;
-    spad[1694] = 32'd0;
-    spad[1695] = 32'd0;
-    spad[1696] = 32'd0;
-    spad[1697] = 32'd0;
-    spad[1698] = 32'd0;
-    spad[1699] = 32'd0;
-    spad[1700] = 32'd0;
-    spad[1701] = 32'd0;
-    spad[1702] = 32'd0;
-    spad[1703] = 32'd0;
-    spad[1704] = 32'd0;
-    spad[1705] = 32'd0;
-    spad[1706] = 32'd0;
-    spad[1707] = 32'd0;
-    spad[1708] = 32'd0;
-    spad[1709] = 32'd0;
-    spad[1710] = 32'd0;
-    spad[1711] = 32'd0;
-    spad[1712] = 32'd0;
-    spad[1713] = 32'd0;
-    spad[1714] = 32'd0;
-    spad[1715] = 32'd0;
-    spad[1716] = 32'd0;
-    spad[1717] = 32'd0;
-    spad[1718] = 32'd0;
-    spad[1719] = 32'd0;
-    spad[1720] = 32'd0;
-    spad[1721] = 32'd0;
-    spad[1722] = 32'd0;
-    spad[1723] = 32'd0;
-    spad[1724] = 32'd0;
-    spad[1725] = 32'd0;
-    spad[1726] = 32'd0;
-    spad[1727] = 32'd0;
-    spad[1728] = 32'd0;
-    spad[1729] = 32'd0;
-    spad[1730] = 32'd0;
-    spad[1731] = 32'd0;
-    spad[1732] = 32'd0;
-    spad[1733] = 32'd0;
-    spad[1734] = 32'd0;
-    spad[1735] = 32'd0;
-    spad[1736] = 32'd0;
-    spad[1737] = 32'd0;
-    spad[1738] = 32'd0;
-    spad[1739] = 32'd0;
-    spad[1740] = 32'd0;
-    spad[1741] = 32'd0;
-    spad[1742] = 32'd0;
-    spad[1743] = 32'd0;
-    spad[1744] = 32'd0;
-    spad[1745] = 32'd0;
-    spad[1746] = 32'd0;
-    spad[1747] = 32'd0;
-    spad[1748] = 32'd0;
-    spad[1749] = 32'd0;
-    spad[1750] = 32'd0;
-    spad[1751] = 32'd0;
-    spad[1752] = 32'd0;
-    spad[1753] = 32'd0;
-    spad[1754] = 32'd0;
-    spad[1755] = 32'd0;
-    spad[1756] = 32'd0;
-    spad[1757] = 32'd0;
-    spad[1758] = 32'd0;
-    spad[1759] = 32'd0;
-    spad[1760] = 32'd0;
-    spad[1761] = 32'd0;
-    spad[1762] = 32'd0;
-    spad[1763] = 32'd0;
-    spad[1764] = 32'd0;
-    spad[1765] = 32'd0;
-    spad[1766] = 32'd0;
-    spad[1767] = 32'd0;
-    spad[1768] = 32'd0;
-    spad[1769] = 32'd0;
-    spad[1770] = 32'd0;
-    spad[1771] = 32'd0;
-    spad[1772] = 32'd0;
-    spad[1773] = 32'd0;
-    spad[1774] = 32'd0;
-    spad[1775] = 32'd0;
-    spad[1776] = 32'd0;
-    spad[1777] = 32'd0;
-    spad[1778] = 32'd0;
-    spad[1779] = 32'd0;
-    spad[1780] = 32'd0;
-    spad[1781] = 32'd0;
-    spad[1782] = 32'd0;
-    spad[1783] = 32'd0;
-    spad[1784] = 32'd0;
-    spad[1785] = 32'd0;
-    spad[1786] = 32'd0;
-    spad[1787] = 32'd0;
-    spad[1788] = 32'd0;
-    spad[1789] = 32'd0;
-    spad[1790] = 32'd0;
-    spad[1791] = 32'd0;
-    spad[1792] = 32'd0;
-    spad[1793] = 32'd0;
-    spad[1794] = 32'd0;
-    spad[1795] = 32'd0;
-    spad[1796] = 32'd0;
-    spad[1797] = 32'd0;
-    spad[1798] = 32'd0;
-    spad[1799] = 32'd0;
-    spad[1800] = 32'd0;
-    spad[1801] = 32'd0;
-    spad[1802] = 32'd0;
-    spad[1803] = 32'd0;
-    spad[1804] = 32'd0;
-    spad[1805] = 32'd0;
-    spad[1806] = 32'd0;
-    spad[1807] = 32'd0;
-    spad[1808] = 32'd0;
-    spad[1809] = 32'd0;
-    spad[1810] = 32'd0;
-    spad[1811] = 32'd0;
-    spad[1812] = 32'd0;
-    spad[1813] = 32'd0;
-    spad[1814] = 32'd0;
-    spad[1815] = 32'd0;
-    spad[1816] = 32'd0;
-    spad[1817] = 32'd0;
-    spad[1818] = 32'd0;
-    spad[1819] = 32'd0;
-    spad[1820] = 32'd0;
-    spad[1821] = 32'd0;
-    spad[1822] = 32'd0;
-    spad[1823] = 32'd0;
-    spad[1824] = 32'd0;
-    spad[1825] = 32'd0;
-    spad[1826] = 32'd0;
-    spad[1827] = 32'd0;
-    spad[1828] = 32'd0;
-    spad[1829] = 32'd0;
-    spad[1830] = 32'd0;
-    spad[1831] = 32'd0;
-    spad[1832] = 32'd0;
-    spad[1833] = 32'd0;
-    spad[1834] = 32'd0;
-    spad[1835] = 32'd0;
-    spad[1836] = 32'd0;
-    spad[1837] = 32'd0;
-    spad[1838] = 32'd0;
-    spad[1839] = 32'd0;
-    spad[1840] = 32'd0;
-    spad[1841] = 32'd0;
-    spad[1842] = 32'd0;
-    spad[1843] = 32'd0;
-    spad[1844] = 32'd0;
-    spad[1845] = 32'd0;
-    spad[1846] = 32'd0;
-    spad[1847] = 32'd0;
-    spad[1848] = 32'd0;
-    spad[1849] = 32'd0;
-    spad[1850] = 32'd0;
-    spad[1851] = 32'd0;
-    spad[1852] = 32'd0;
-    spad[1853] = 32'd0;
-    spad[1854] = 32'd0;
-    spad[1855] = 32'd0;
-    spad[1856] = 32'd0;
-    spad[1857] = 32'd0;
-    spad[1858] = 32'd0;
-    spad[1859] = 32'd0;
-    spad[1860] = 32'd0;
-    spad[1861] = 32'd0;
-    spad[1862] = 32'd0;
-    spad[1863] = 32'd0;
-    spad[1864] = 32'd0;
-    spad[1865] = 32'd0;
-    spad[1866] = 32'd0;
-    spad[1867] = 32'd0;
-    spad[1868] = 32'd0;
-    spad[1869] = 32'd0;
-    spad[1870] = 32'd0;
-    spad[1871] = 32'd0;
-    spad[1872] = 32'd0;
-    spad[1873] = 32'd0;
-    spad[1874] = 32'd0;
-    spad[1875] = 32'd0;
-    spad[1876] = 32'd0;
-    spad[1877] = 32'd0;
-    spad[1878] = 32'd0;
-    spad[1879] = 32'd0;
-    spad[1880] = 32'd0;
-    spad[1881] = 32'd0;
-    spad[1882] = 32'd0;
-    spad[1883] = 32'd0;
-    spad[1884] = 32'd0;
-    spad[1885] = 32'd0;
-    spad[1886] = 32'd0;
-    spad[1887] = 32'd0;
-    spad[1888] = 32'd0;
-    spad[1889] = 32'd0;
-    spad[1890] = 32'd0;
-    spad[1891] = 32'd0;
-    spad[1892] = 32'd0;
-    spad[1893] = 32'd0;
-    spad[1894] = 32'd0;
-    spad[1895] = 32'd0;
-    spad[1896] = 32'd0;
-    spad[1897] = 32'd0;
-    spad[1898] = 32'd0;
-    spad[1899] = 32'd0;
-    spad[1900] = 32'd0;
-    spad[1901] = 32'd0;
-    spad[1902] = 32'd0;
-    spad[1903] = 32'd0;
-    spad[1904] = 32'd0;
-    spad[1905] = 32'd0;
-    spad[1906] = 32'd0;
-    spad[1907] = 32'd0;
-    spad[1908] = 32'd0;
-    spad[1909] = 32'd0;
-    spad[1910] = 32'd0;
-    spad[1911] = 32'd0;
-    spad[1912] = 32'd0;
-    spad[1913] = 32'd0;
-    spad[1914] = 32'd0;
-    spad[1915] = 32'd0;
-    spad[1916] = 32'd0;
-    spad[1917] = 32'd0;
-    spad[1918] = 32'd0;
-    spad[1919] = 32'd0;
-    spad[1920] = 32'd0;
-    spad[1921] = 32'd0;
-    spad[1922] = 32'd0;
-    spad[1923] = 32'd0;
-    spad[1924] = 32'd0;
-    spad[1925] = 32'd0;
-    spad[1926] = 32'd0;
-    spad[1927] = 32'd0;
-    spad[1928] = 32'd0;
-    spad[1929] = 32'd0;
-    spad[1930] = 32'd0;
-    spad[1931] = 32'd0;
-    spad[1932] = 32'd0;
-    spad[1933] = 32'd0;
-    spad[1934] = 32'd0;
-    spad[1935] = 32'd0;
-    spad[1936] = 32'd0;
-    spad[1937] = 32'd0;
-    spad[1938] = 32'd0;
-    spad[1939] = 32'd0;
-    spad[1940] = 32'd0;
-    spad[1941] = 32'd0;
-    spad[1942] = 32'd0;
-    spad[1943] = 32'd0;
-    spad[1944] = 32'd0;
-    spad[1945] = 32'd0;
-    spad[1946] = 32'd0;
-    spad[1947] = 32'd0;
-    spad[1948] = 32'd0;
-    spad[1949] = 32'd0;
-    spad[1950] = 32'd0;
-    spad[1951] = 32'd0;
-    spad[1952] = 32'd0;
-    spad[1953] = 32'd0;
-    spad[1954] = 32'd0;
-    spad[1955] = 32'd0;
-    spad[1956] = 32'd0;
-    spad[1957] = 32'd0;
-    spad[1958] = 32'd0;
-    spad[1959] = 32'd0;
-    spad[1960] = 32'd0;
-    spad[1961] = 32'd0;
-    spad[1962] = 32'd0;
-    spad[1963] = 32'd0;
-    spad[1964] = 32'd0;
-    spad[1965] = 32'd0;
-    spad[1966] = 32'd0;
-    spad[1967] = 32'd0;
-    spad[1968] = 32'd0;
-    spad[1969] = 32'd0;
-    spad[1970] = 32'd0;
-    spad[1971] = 32'd0;
-    spad[1972] = 32'd0;
-    spad[1973] = 32'd0;
-    spad[1974] = 32'd0;
-    spad[1975] = 32'd0;
-    spad[1976] = 32'd0;
-    spad[1977] = 32'd0;
-    spad[1978] = 32'd0;
-    spad[1979] = 32'd0;
-    spad[1980] = 32'd0;
-    spad[1981] = 32'd0;
-    spad[1982] = 32'd0;
-    spad[1983] = 32'd0;
-    spad[1984] = 32'd0;
-    spad[1985] = 32'd0;
-    spad[1986] = 32'd0;
-    spad[1987] = 32'd0;
-    spad[1988] = 32'd0;
-    spad[1989] = 32'd0;
-    spad[1990] = 32'd0;
-    spad[1991] = 32'd0;
-    spad[1992] = 32'd0;
-    spad[1993] = 32'd0;
-    spad[1994] = 32'd0;
-    spad[1995] = 32'd0;
-    spad[1996] = 32'd0;
-    spad[1997] = 32'd0;
-    spad[1998] = 32'd0;
-    spad[1999] = 32'd0;
-    spad[2000] = 32'd0;
-    spad[2001] = 32'd0;
-    spad[2002] = 32'd0;
-    spad[2003] = 32'd0;
-    spad[2004] = 32'd0;
-    spad[2005] = 32'd0;
-    spad[2006] = 32'd0;
-    spad[2007] = 32'd0;
-    spad[2008] = 32'd0;
-    spad[2009] = 32'd0;
-    spad[2010] = 32'd0;
-    spad[2011] = 32'd0;
-    spad[2012] = 32'd0;
-    spad[2013] = 32'd0;
-    spad[2014] = 32'd0;
-    spad[2015] = 32'd0;
-    spad[2016] = 32'd0;
-    spad[2017] = 32'd0;
-    spad[2018] = 32'd0;
-    spad[2019] = 32'd0;
-    spad[2020] = 32'd0;
-    spad[2021] = 32'd0;
-    spad[2022] = 32'd0;
-    spad[2023] = 32'd0;
-    spad[2024] = 32'd0;
-    spad[2025] = 32'd0;
-    spad[2026] = 32'd0;
-    spad[2027] = 32'd0;
-    spad[2028] = 32'd0;
-    spad[2029] = 32'd0;
-    spad[2030] = 32'd0;
-    spad[2031] = 32'd0;
-    spad[2032] = 32'd0;
-    spad[2033] = 32'd0;
-    spad[2034] = 32'd0;
-    spad[2035] = 32'd0;
-    spad[2036] = 32'd0;
-    spad[2037] = 32'd0;
-    spad[2038] = 32'd0;
-    spad[2039] = 32'd0;
-    spad[2040] = 32'd0;
-    spad[2041] = 32'd0;
-    spad[2042] = 32'd0;
-    spad[2043] = 32'd0;
-    spad[2044] = 32'd0;
-    spad[2045] = 32'd0;
-    spad[2046] = 32'd0;
-    spad[2047] = 32'd0;
-    spad[2048] = 32'd0;
-    spad[2049] = 32'd0;
-    spad[2050] = 32'd0;
-    spad[2051] = 32'd0;
-    spad[2052] = 32'd0;
-    spad[2053] = 32'd0;
-    spad[2054] = 32'd0;
-    spad[2055] = 32'd0;
-    spad[2056] = 32'd0;
-    spad[2057] = 32'd0;
-    spad[2058] = 32'd0;
-    spad[2059] = 32'd0;
-    spad[2060] = 32'd0;
-    spad[2061] = 32'd0;
-    spad[2062] = 32'd0;
-    spad[2063] = 32'd0;
-    spad[2064] = 32'd0;
-    spad[2065] = 32'd0;
-    spad[2066] = 32'd0;
-    spad[2067] = 32'd0;
-    spad[2068] = 32'd0;
-    spad[2069] = 32'd0;
-    spad[2070] = 32'd0;
-    spad[2071] = 32'd0;
-    spad[2072] = 32'd0;
-    spad[2073] = 32'd0;
-    spad[2074] = 32'd0;
-    spad[2075] = 32'd0;
-    spad[2076] = 32'd0;
-    spad[2077] = 32'd0;
-    spad[2078] = 32'd0;
-    spad[2079] = 32'd0;
-    spad[2080] = 32'd0;
-    spad[2081] = 32'd0;
-    spad[2082] = 32'd0;
-    spad[2083] = 32'd0;
-    spad[2084] = 32'd0;
-    spad[2085] = 32'd0;
-    spad[2086] = 32'd0;
-    spad[2087] = 32'd0;
-    spad[2088] = 32'd0;
-    spad[2089] = 32'd0;
-    spad[2090] = 32'd0;
-    spad[2091] = 32'd0;
-    spad[2092] = 32'd0;
-    spad[2093] = 32'd0;
-    spad[2094] = 32'd0;
-    spad[2095] = 32'd0;
-    spad[2096] = 32'd0;
-    spad[2097] = 32'd0;
-    spad[2098] = 32'd0;
-    spad[2099] = 32'd0;
-    spad[2100] = 32'd0;
-    spad[2101] = 32'd0;
-    spad[2102] = 32'd0;
-    spad[2103] = 32'd0;
-    spad[2104] = 32'd0;
-    spad[2105] = 32'd0;
-    spad[2106] = 32'd0;
-    spad[2107] = 32'd0;
-    spad[2108] = 32'd0;
-    spad[2109] = 32'd0;
-    spad[2110] = 32'd0;
-    spad[2111] = 32'd0;
-    spad[2112] = 32'd0;
-    spad[2113] = 32'd0;
-    spad[2114] = 32'd0;
-    spad[2115] = 32'd0;
-    spad[2116] = 32'd0;
-    spad[2117] = 32'd0;
-    spad[2118] = 32'd0;
-    spad[2119] = 32'd0;
-    spad[2120] = 32'd0;
-    spad[2121] = 32'd0;
-    spad[2122] = 32'd0;
-    spad[2123] = 32'd0;
-    spad[2124] = 32'd0;
-    spad[2125] = 32'd0;
-    spad[2126] = 32'd0;
-    spad[2127] = 32'd0;
-    spad[2128] = 32'd0;
-    spad[2129] = 32'd0;
-    spad[2130] = 32'd0;
-    spad[2131] = 32'd0;
-    spad[2132] = 32'd0;
-    spad[2133] = 32'd0;
-    spad[2134] = 32'd0;
-    spad[2135] = 32'd0;
-    spad[2136] = 32'd0;
-    spad[2137] = 32'd0;
-    spad[2138] = 32'd0;
-    spad[2139] = 32'd0;
-    spad[2140] = 32'd0;
-    spad[2141] = 32'd0;
-    spad[2142] = 32'd0;
-    spad[2143] = 32'd0;
-    spad[2144] = 32'd0;
-    spad[2145] = 32'd0;
-    spad[2146] = 32'd0;
-    spad[2147] = 32'd0;
-    spad[2148] = 32'd0;
-    spad[2149] = 32'd0;
-    spad[2150] = 32'd0;
-    spad[2151] = 32'd0;
-    spad[2152] = 32'd0;
-    spad[2153] = 32'd0;
-    spad[2154] = 32'd0;
-    spad[2155] = 32'd0;
-    spad[2156] = 32'd0;
-    spad[2157] = 32'd0;
-    spad[2158] = 32'd0;
-    spad[2159] = 32'd0;
-    spad[2160] = 32'd0;
-    spad[2161] = 32'd0;
-    spad[2162] = 32'd0;
-    spad[2163] = 32'd0;
-    spad[2164] = 32'd0;
-    spad[2165] = 32'd0;
-    spad[2166] = 32'd0;
-    spad[2167] = 32'd0;
-    spad[2168] = 32'd0;
-    spad[2169] = 32'd0;
-    spad[2170] = 32'd0;
-    spad[2171] = 32'd0;
-    spad[2172] = 32'd0;
-    spad[2173] = 32'd0;
-    spad[2174] = 32'd0;
-    spad[2175] = 32'd0;
-    spad[2176] = 32'd0;
-    spad[2177] = 32'd0;
-    spad[2178] = 32'd0;
-    spad[2179] = 32'd0;
-    spad[2180] = 32'd0;
-    spad[2181] = 32'd0;
-    spad[2182] = 32'd0;
-    spad[2183] = 32'd0;
-    spad[2184] = 32'd0;
-    spad[2185] = 32'd0;
-    spad[2186] = 32'd0;
-    spad[2187] = 32'd0;
-    spad[2188] = 32'd0;
-    spad[2189] = 32'd0;
-    spad[2190] = 32'd0;
-    spad[2191] = 32'd0;
-    spad[2192] = 32'd0;
-    spad[2193] = 32'd0;
-    spad[2194] = 32'd0;
-    spad[2195] = 32'd0;
-    spad[2196] = 32'd0;
-    spad[2197] = 32'd0;
-    spad[2198] = 32'd0;
-    spad[2199] = 32'd0;
-    spad[2200] = 32'd0;
-    spad[2201] = 32'd0;
-    spad[2202] = 32'd0;
-    spad[2203] = 32'd0;
-    spad[2204] = 32'd0;
-    spad[2205] = 32'd0;
-    spad[2206] = 32'd0;
-    spad[2207] = 32'd0;
-    spad[2208] = 32'd0;
-    spad[2209] = 32'd0;
-    spad[2210] = 32'd0;
-    spad[2211] = 32'd0;
-    spad[2212] = 32'd0;
-    spad[2213] = 32'd0;
-    spad[2214] = 32'd0;
-    spad[2215] = 32'd0;
-    spad[2216] = 32'd0;
-    spad[2217] = 32'd0;
-    spad[2218] = 32'd0;
-    spad[2219] = 32'd0;
-    spad[2220] = 32'd0;
-    spad[2221] = 32'd0;
-    spad[2222] = 32'd0;
-    spad[2223] = 32'd0;
-    spad[2224] = 32'd0;
-    spad[2225] = 32'd0;
-    spad[2226] = 32'd0;
-    spad[2227] = 32'd0;
-    spad[2228] = 32'd0;
-    spad[2229] = 32'd0;
-    spad[2230] = 32'd0;
-    spad[2231] = 32'd0;
-    spad[2232] = 32'd0;
-    spad[2233] = 32'd0;
-    spad[2234] = 32'd0;
-    spad[2235] = 32'd0;
-    spad[2236] = 32'd0;
-    spad[2237] = 32'd0;
-    spad[2238] = 32'd0;
-    spad[2239] = 32'd0;
-    spad[2240] = 32'd0;
-    spad[2241] = 32'd0;
-    spad[2242] = 32'd0;
-    spad[2243] = 32'd0;
-    spad[2244] = 32'd0;
-    spad[2245] = 32'd0;
-    spad[2246] = 32'd0;
-    spad[2247] = 32'd0;
-    spad[2248] = 32'd0;
-    spad[2249] = 32'd0;
-    spad[2250] = 32'd0;
-    spad[2251] = 32'd0;
-    spad[2252] = 32'd0;
-    spad[2253] = 32'd0;
-    spad[2254] = 32'd0;
-    spad[2255] = 32'd0;
-    spad[2256] = 32'd0;
-    spad[2257] = 32'd0;
-    spad[2258] = 32'd0;
-    spad[2259] = 32'd0;
-    spad[2260] = 32'd0;
-    spad[2261] = 32'd0;
-    spad[2262] = 32'd0;
-    spad[2263] = 32'd0;
-    spad[2264] = 32'd0;
-    spad[2265] = 32'd0;
-    spad[2266] = 32'd0;
-    spad[2267] = 32'd0;
-    spad[2268] = 32'd0;
-    spad[2269] = 32'd0;
-    spad[2270] = 32'd0;
-    spad[2271] = 32'd0;
-    spad[2272] = 32'd0;
-    spad[2273] = 32'd0;
-    spad[2274] = 32'd0;
-    spad[2275] = 32'd0;
-    spad[2276] = 32'd0;
-    spad[2277] = 32'd0;
-    spad[2278] = 32'd0;
-    spad[2279] = 32'd0;
-    spad[2280] = 32'd0;
-    spad[2281] = 32'd0;
-    spad[2282] = 32'd0;
-    spad[2283] = 32'd0;
-    spad[2284] = 32'd0;
-    spad[2285] = 32'd0;
-    spad[2286] = 32'd0;
-    spad[2287] = 32'd0;
-    spad[2288] = 32'd0;
-    spad[2289] = 32'd0;
-    spad[2290] = 32'd0;
-    spad[2291] = 32'd0;
-    spad[2292] = 32'd0;
-    spad[2293] = 32'd0;
-    spad[2294] = 32'd0;
-    spad[2295] = 32'd0;
-    spad[2296] = 32'd0;
-    spad[2297] = 32'd0;
-    spad[2298] = 32'd0;
-    spad[2299] = 32'd0;
-    spad[2300] = 32'd0;
-    spad[2301] = 32'd0;
-    spad[2302] = 32'd0;
-    spad[2303] = 32'd0;
-    spad[2304] = 32'd0;
-    spad[2305] = 32'd0;
-    spad[2306] = 32'd0;
-    spad[2307] = 32'd0;
-    spad[2308] = 32'd0;
-    spad[2309] = 32'd0;
-    spad[2310] = 32'd0;
-    spad[2311] = 32'd0;
-    spad[2312] = 32'd0;
-    spad[2313] = 32'd0;
-    spad[2314] = 32'd0;
-    spad[2315] = 32'd0;
-    spad[2316] = 32'd0;
-    spad[2317] = 32'd0;
-    spad[2318] = 32'd0;
-    spad[2319] = 32'd0;
-    spad[2320] = 32'd0;
-    spad[2321] = 32'd0;
-    spad[2322] = 32'd0;
-    spad[2323] = 32'd0;
-    spad[2324] = 32'd0;
-    spad[2325] = 32'd0;
-    spad[2326] = 32'd0;
-    spad[2327] = 32'd0;
-    spad[2328] = 32'd0;
-    spad[2329] = 32'd0;
-    spad[2330] = 32'd0;
-    spad[2331] = 32'd0;
-    spad[2332] = 32'd0;
-    spad[2333] = 32'd0;
-    spad[2334] = 32'd0;
-    spad[2335] = 32'd0;
-    spad[2336] = 32'd0;
-    spad[2337] = 32'd0;
-    spad[2338] = 32'd0;
-    spad[2339] = 32'd0;
-    spad[2340] = 32'd0;
-    spad[2341] = 32'd0;
-    spad[2342] = 32'd0;
-    spad[2343] = 32'd0;
-    spad[2344] = 32'd0;
-    spad[2345] = 32'd0;
-    spad[2346] = 32'd0;
-    spad[2347] = 32'd0;
-    spad[2348] = 32'd0;
-    spad[2349] = 32'd0;
-    spad[2350] = 32'd0;
-    spad[2351] = 32'd0;
-    spad[2352] = 32'd0;
-    spad[2353] = 32'd0;
-    spad[2354] = 32'd0;
-    spad[2355] = 32'd0;
-    spad[2356] = 32'd0;
-    spad[2357] = 32'd0;
-    spad[2358] = 32'd0;
-    spad[2359] = 32'd0;
-    spad[2360] = 32'd0;
-    spad[2361] = 32'd0;
-    spad[2362] = 32'd0;
-    spad[2363] = 32'd0;
-    spad[2364] = 32'd0;
-    spad[2365] = 32'd0;
-    spad[2366] = 32'd0;
-    spad[2367] = 32'd0;
-    spad[2368] = 32'd0;
-    spad[2369] = 32'd0;
-    spad[2370] = 32'd0;
-    spad[2371] = 32'd0;
-    spad[2372] = 32'd0;
-    spad[2373] = 32'd0;
-    spad[2374] = 32'd0;
-    spad[2375] = 32'd0;
-    spad[2376] = 32'd0;
-    spad[2377] = 32'd0;
-    spad[2378] = 32'd0;
-    spad[2379] = 32'd0;
-    spad[2380] = 32'd0;
-    spad[2381] = 32'd0;
-    spad[2382] = 32'd0;
-    spad[2383] = 32'd0;
-    spad[2384] = 32'd0;
-    spad[2385] = 32'd0;
-    spad[2386] = 32'd0;
-    spad[2387] = 32'd0;
-    spad[2388] = 32'd0;
-    spad[2389] = 32'd0;
-    spad[2390] = 32'd0;
-    spad[2391] = 32'd0;
-    spad[2392] = 32'd0;
-    spad[2393] = 32'd0;
-    spad[2394] = 32'd0;
-    spad[2395] = 32'd0;
-    spad[2396] = 32'd0;
-    spad[2397] = 32'd0;
-    spad[2398] = 32'd0;
-    spad[2399] = 32'd0;
-    spad[2400] = 32'd0;
-    spad[2401] = 32'd0;
-    spad[2402] = 32'd0;
-    spad[2403] = 32'd0;
-    spad[2404] = 32'd0;
-    spad[2405] = 32'd0;
-    spad[2406] = 32'd0;
-    spad[2407] = 32'd0;
-    spad[2408] = 32'd0;
-    spad[2409] = 32'd0;
-    spad[2410] = 32'd0;
-    spad[2411] = 32'd0;
-    spad[2412] = 32'd0;
-    spad[2413] = 32'd0;
-    spad[2414] = 32'd0;
-    spad[2415] = 32'd0;
-    spad[2416] = 32'd0;
-    spad[2417] = 32'd0;
-    spad[2418] = 32'd0;
-    spad[2419] = 32'd0;
-    spad[2420] = 32'd0;
-    spad[2421] = 32'd0;
-    spad[2422] = 32'd0;
-    spad[2423] = 32'd0;
-    spad[2424] = 32'd0;
-    spad[2425] = 32'd0;
-    spad[2426] = 32'd0;
-    spad[2427] = 32'd0;
-    spad[2428] = 32'd0;
-    spad[2429] = 32'd0;
-    spad[2430] = 32'd0;
-    spad[2431] = 32'd0;
-    spad[2432] = 32'd0;
-    spad[2433] = 32'd0;
-    spad[2434] = 32'd0;
-    spad[2435] = 32'd0;
-    spad[2436] = 32'd0;
-    spad[2437] = 32'd0;
-    spad[2438] = 32'd0;
-    spad[2439] = 32'd0;
-    spad[2440] = 32'd0;
-    spad[2441] = 32'd0;
-    spad[2442] = 32'd0;
-    spad[2443] = 32'd0;
-    spad[2444] = 32'd0;
-    spad[2445] = 32'd0;
-    spad[2446] = 32'd0;
-    spad[2447] = 32'd0;
-    spad[2448] = 32'd0;
-    spad[2449] = 32'd0;
-    spad[2450] = 32'd0;
-    spad[2451] = 32'd0;
-    spad[2452] = 32'd0;
-    spad[2453] = 32'd0;
-    spad[2454] = 32'd0;
-    spad[2455] = 32'd0;
-    spad[2456] = 32'd0;
-    spad[2457] = 32'd0;
-    spad[2458] = 32'd0;
-    spad[2459] = 32'd0;
-    spad[2460] = 32'd0;
-    spad[2461] = 32'd0;
-    spad[2462] = 32'd0;
-    spad[2463] = 32'd0;
-    spad[2464] = 32'd0;
-    spad[2465] = 32'd0;
-    spad[2466] = 32'd0;
-    spad[2467] = 32'd0;
-    spad[2468] = 32'd0;
-    spad[2469] = 32'd0;
-    spad[2470] = 32'd0;
-    spad[2471] = 32'd0;
-    spad[2472] = 32'd0;
-    spad[2473] = 32'd0;
-    spad[2474] = 32'd0;
-    spad[2475] = 32'd0;
-    spad[2476] = 32'd0;
-    spad[2477] = 32'd0;
-    spad[2478] = 32'd0;
-    spad[2479] = 32'd0;
-    spad[2480] = 32'd0;
-    spad[2481] = 32'd0;
-    spad[2482] = 32'd0;
-    spad[2483] = 32'd0;
-    spad[2484] = 32'd0;
-    spad[2485] = 32'd0;
-    spad[2486] = 32'd0;
-    spad[2487] = 32'd0;
-    spad[2488] = 32'd0;
-    spad[2489] = 32'd0;
-    spad[2490] = 32'd0;
-    spad[2491] = 32'd0;
-    spad[2492] = 32'd0;
-    spad[2493] = 32'd0;
-    spad[2494] = 32'd0;
-    spad[2495] = 32'd0;
-    spad[2496] = 32'd0;
-    spad[2497] = 32'd0;
-    spad[2498] = 32'd0;
-    spad[2499] = 32'd0;
-    spad[2500] = 32'd0;
-    spad[2501] = 32'd0;
-    spad[2502] = 32'd0;
-    spad[2503] = 32'd0;
-    spad[2504] = 32'd0;
-    spad[2505] = 32'd0;
-    spad[2506] = 32'd0;
-    spad[2507] = 32'd0;
-    spad[2508] = 32'd0;
-    spad[2509] = 32'd0;
-    spad[2510] = 32'd0;
-    spad[2511] = 32'd0;
-    spad[2512] = 32'd0;
-    spad[2513] = 32'd0;
-    spad[2514] = 32'd0;
-    spad[2515] = 32'd0;
-    spad[2516] = 32'd0;
-    spad[2517] = 32'd0;
-    spad[2518] = 32'd0;
-    spad[2519] = 32'd0;
-    spad[2520] = 32'd0;
-    spad[2521] = 32'd0;
-    spad[2522] = 32'd0;
-    spad[2523] = 32'd0;
-    spad[2524] = 32'd0;
-    spad[2525] = 32'd0;
-    spad[2526] = 32'd0;
-    spad[2527] = 32'd0;
-    spad[2528] = 32'd0;
-    spad[2529] = 32'd0;
-    spad[2530] = 32'd0;
-    spad[2531] = 32'd0;
-    spad[2532] = 32'd0;
-    spad[2533] = 32'd0;
-    spad[2534] = 32'd0;
-    spad[2535] = 32'd0;
-    spad[2536] = 32'd0;
-    spad[2537] = 32'd0;
-    spad[2538] = 32'd0;
-    spad[2539] = 32'd0;
-    spad[2540] = 32'd0;
-    spad[2541] = 32'd0;
-    spad[2542] = 32'd0;
-    spad[2543] = 32'd0;
-    spad[2544] = 32'd0;
-    spad[2545] = 32'd0;
-    spad[2546] = 32'd0;
-    spad[2547] = 32'd0;
-    spad[2548] = 32'd0;
-    spad[2549] = 32'd0;
-    spad[2550] = 32'd0;
-    spad[2551] = 32'd0;
-    spad[2552] = 32'd0;
-    spad[2553] = 32'd0;
-    spad[2554] = 32'd0;
-    spad[2555] = 32'd0;
-    spad[2556] = 32'd0;
-    spad[2557] = 32'd0;
-    spad[2558] = 32'd0;
-    spad[2559] = 32'd0;
-    spad[2560] = 32'd0;
-    spad[2561] = 32'd0;
-    spad[2562] = 32'd0;
-    spad[2563] = 32'd0;
-    spad[2564] = 32'd0;
-    spad[2565] = 32'd0;
-    spad[2566] = 32'd0;
-    spad[2567] = 32'd0;
-    spad[2568] = 32'd0;
-    spad[2569] = 32'd0;
-    spad[2570] = 32'd0;
-    spad[2571] = 32'd0;
-    spad[2572] = 32'd0;
-    spad[2573] = 32'd0;
-    spad[2574] = 32'd0;
-    spad[2575] = 32'd0;
-    spad[2576] = 32'd0;
-    spad[2577] = 32'd0;
-    spad[2578] = 32'd0;
-    spad[2579] = 32'd0;
-    spad[2580] = 32'd0;
-    spad[2581] = 32'd0;
-    spad[2582] = 32'd0;
-    spad[2583] = 32'd0;
-    spad[2584] = 32'd0;
-    spad[2585] = 32'd0;
-    spad[2586] = 32'd0;
-    spad[2587] = 32'd0;
-    spad[2588] = 32'd0;
-    spad[2589] = 32'd0;
-    spad[2590] = 32'd0;
-    spad[2591] = 32'd0;
-    spad[2592] = 32'd0;
-    spad[2593] = 32'd0;
-    spad[2594] = 32'd0;
-    spad[2595] = 32'd0;
-    spad[2596] = 32'd0;
-    spad[2597] = 32'd0;
-    spad[2598] = 32'd0;
-    spad[2599] = 32'd0;
-    spad[2600] = 32'd0;
-    spad[2601] = 32'd0;
-    spad[2602] = 32'd0;
-    spad[2603] = 32'd0;
-    spad[2604] = 32'd0;
-    spad[2605] = 32'd0;
-    spad[2606] = 32'd0;
-    spad[2607] = 32'd0;
-    spad[2608] = 32'd0;
-    spad[2609] = 32'd0;
-    spad[2610] = 32'd0;
-    spad[2611] = 32'd0;
-    spad[2612] = 32'd0;
-    spad[2613] = 32'd0;
-    spad[2614] = 32'd0;
-    spad[2615] = 32'd0;
-    spad[2616] = 32'd0;
-    spad[2617] = 32'd0;
-    spad[2618] = 32'd0;
-    spad[2619] = 32'd0;
-    spad[2620] = 32'd0;
-    spad[2621] = 32'd0;
-    spad[2622] = 32'd0;
-    spad[2623] = 32'd0;
-    spad[2624] = 32'd0;
-    spad[2625] = 32'd0;
-    spad[2626] = 32'd0;
-    spad[2627] = 32'd0;
-    spad[2628] = 32'd0;
-    spad[2629] = 32'd0;
-    spad[2630] = 32'd0;
-    spad[2631] = 32'd0;
-    spad[2632] = 32'd0;
-    spad[2633] = 32'd0;
-    spad[2634] = 32'd0;
-    spad[2635] = 32'd0;
-    spad[2636] = 32'd0;
-    spad[2637] = 32'd0;
-    spad[2638] = 32'd0;
-    spad[2639] = 32'd0;
-    spad[2640] = 32'd0;
-    spad[2641] = 32'd0;
-    spad[2642] = 32'd0;
-    spad[2643] = 32'd0;
-    spad[2644] = 32'd0;
-    spad[2645] = 32'd0;
-    spad[2646] = 32'd0;
-    spad[2647] = 32'd0;
-    spad[2648] = 32'd0;
-    spad[2649] = 32'd0;
-    spad[2650] = 32'd0;
-    spad[2651] = 32'd0;
-    spad[2652] = 32'd0;
-    spad[2653] = 32'd0;
-    spad[2654] = 32'd0;
-    spad[2655] = 32'd0;
-    spad[2656] = 32'd0;
-    spad[2657] = 32'd0;
-    spad[2658] = 32'd0;
-    spad[2659] = 32'd0;
-    spad[2660] = 32'd0;
-    spad[2661] = 32'd0;
-    spad[2662] = 32'd0;
-    spad[2663] = 32'd0;
-    spad[2664] = 32'd0;
-    spad[2665] = 32'd0;
-    spad[2666] = 32'd0;
-    spad[2667] = 32'd0;
-    spad[2668] = 32'd0;
-    spad[2669] = 32'd0;
-    spad[2670] = 32'd0;
-    spad[2671] = 32'd0;
-    spad[2672] = 32'd0;
-    spad[2673] = 32'd0;
-    spad[2674] = 32'd0;
-    spad[2675] = 32'd0;
-    spad[2676] = 32'd0;
-    spad[2677] = 32'd0;
-    spad[2678] = 32'd0;
-    spad[2679] = 32'd0;
-    spad[2680] = 32'd0;
-    spad[2681] = 32'd0;
-    spad[2682] = 32'd0;
-    spad[2683] = 32'd0;
-    spad[2684] = 32'd0;
-    spad[2685] = 32'd0;
-    spad[2686] = 32'd0;
-    spad[2687] = 32'd0;
-    spad[2688] = 32'd0;
-    spad[2689] = 32'd0;
-    spad[2690] = 32'd0;
-    spad[2691] = 32'd0;
-    spad[2692] = 32'd0;
-    spad[2693] = 32'd0;
-    spad[2694] = 32'd0;
-    spad[2695] = 32'd0;
-    spad[2696] = 32'd0;
-    spad[2697] = 32'd0;
-    spad[2698] = 32'd0;
-    spad[2699] = 32'd0;
-    spad[2700] = 32'd0;
-    spad[2701] = 32'd0;
-    spad[2702] = 32'd0;
-    spad[2703] = 32'd0;
-    spad[2704] = 32'd0;
-    spad[2705] = 32'd0;
-    spad[2706] = 32'd0;
-    spad[2707] = 32'd0;
-    spad[2708] = 32'd0;
-    spad[2709] = 32'd0;
-    spad[2710] = 32'd0;
-    spad[2711] = 32'd0;
-    spad[2712] = 32'd0;
-    spad[2713] = 32'd0;
-    spad[2714] = 32'd0;
-    spad[2715] = 32'd0;
-    spad[2716] = 32'd0;
-    spad[2717] = 32'd0;
-    spad[2718] = 32'd0;
-    spad[2719] = 32'd0;
-    spad[2720] = 32'd0;
-    spad[2721] = 32'd0;
-    spad[2722] = 32'd0;
-    spad[2723] = 32'd0;
-    spad[2724] = 32'd0;
-    spad[2725] = 32'd0;
-    spad[2726] = 32'd0;
-    spad[2727] = 32'd0;
-    spad[2728] = 32'd0;
-    spad[2729] = 32'd0;
-    spad[2730] = 32'd0;
-    spad[2731] = 32'd0;
-    spad[2732] = 32'd0;
-    spad[2733] = 32'd0;
-    spad[2734] = 32'd0;
-    spad[2735] = 32'd0;
-    spad[2736] = 32'd0;
-    spad[2737] = 32'd0;
-    spad[2738] = 32'd0;
-    spad[2739] = 32'd0;
-    spad[2740] = 32'd0;
-    spad[2741] = 32'd0;
-    spad[2742] = 32'd0;
-    spad[2743] = 32'd0;
-    spad[2744] = 32'd0;
-    spad[2745] = 32'd0;
-    spad[2746] = 32'd0;
-    spad[2747] = 32'd0;
-    spad[2748] = 32'd0;
-    spad[2749] = 32'd0;
-    spad[2750] = 32'd0;
-    spad[2751] = 32'd0;
-    spad[2752] = 32'd0;
-    spad[2753] = 32'd0;
-    spad[2754] = 32'd0;
-    spad[2755] = 32'd0;
-    spad[2756] = 32'd0;
-    spad[2757] = 32'd0;
-    spad[2758] = 32'd0;
-    spad[2759] = 32'd0;
-    spad[2760] = 32'd0;
-    spad[2761] = 32'd0;
-    spad[2762] = 32'd0;
-    spad[2763] = 32'd0;
-    spad[2764] = 32'd0;
-    spad[2765] = 32'd0;
-    spad[2766] = 32'd0;
-    spad[2767] = 32'd0;
-    spad[2768] = 32'd0;
-    spad[2769] = 32'd0;
-    spad[2770] = 32'd0;
-    spad[2771] = 32'd0;
-    spad[2772] = 32'd0;
-    spad[2773] = 32'd0;
-    spad[2774] = 32'd0;
-    spad[2775] = 32'd0;
-    spad[2776] = 32'd0;
-    spad[2777] = 32'd0;
-    spad[2778] = 32'd0;
-    spad[2779] = 32'd0;
-    spad[2780] = 32'd0;
-    spad[2781] = 32'd0;
-    spad[2782] = 32'd0;
-    spad[2783] = 32'd0;
-    spad[2784] = 32'd0;
-    spad[2785] = 32'd0;
-    spad[2786] = 32'd0;
-    spad[2787] = 32'd0;
-    spad[2788] = 32'd0;
-    spad[2789] = 32'd0;
-    spad[2790] = 32'd0;
-    spad[2791] = 32'd0;
-    spad[2792] = 32'd0;
-    spad[2793] = 32'd0;
-    spad[2794] = 32'd0;
-    spad[2795] = 32'd0;
-    spad[2796] = 32'd0;
-    spad[2797] = 32'd0;
-    spad[2798] = 32'd0;
-    spad[2799] = 32'd0;
-    spad[2800] = 32'd0;
-    spad[2801] = 32'd0;
-    spad[2802] = 32'd0;
-    spad[2803] = 32'd0;
-    spad[2804] = 32'd0;
-    spad[2805] = 32'd0;
-    spad[2806] = 32'd0;
-    spad[2807] = 32'd0;
-    spad[2808] = 32'd0;
-    spad[2809] = 32'd0;
-    spad[2810] = 32'd0;
-    spad[2811] = 32'd0;
-    spad[2812] = 32'd0;
-    spad[2813] = 32'd0;
-    spad[2814] = 32'd0;
-    spad[2815] = 32'd0;
-    spad[2816] = 32'd0;
-    spad[2817] = 32'd0;
-    spad[2818] = 32'd0;
-    spad[2819] = 32'd0;
-    spad[2820] = 32'd0;
-    spad[2821] = 32'd0;
-    spad[2822] = 32'd0;
-    spad[2823] = 32'd0;
-    spad[2824] = 32'd0;
-    spad[2825] = 32'd0;
-    spad[2826] = 32'd0;
-    spad[2827] = 32'd0;
-    spad[2828] = 32'd0;
-    spad[2829] = 32'd0;
-    spad[2830] = 32'd0;
-    spad[2831] = 32'd0;
-    spad[2832] = 32'd0;
-    spad[2833] = 32'd0;
-    spad[2834] = 32'd0;
-    spad[2835] = 32'd0;
-    spad[2836] = 32'd0;
-    spad[2837] = 32'd0;
-    spad[2838] = 32'd0;
-    spad[2839] = 32'd0;
-    spad[2840] = 32'd0;
-    spad[2841] = 32'd0;
-    spad[2842] = 32'd0;
-    spad[2843] = 32'd0;
-    spad[2844] = 32'd0;
-    spad[2845] = 32'd0;
-    spad[2846] = 32'd0;
-    spad[2847] = 32'd0;
-    spad[2848] = 32'd0;
-    spad[2849] = 32'd0;
-    spad[2850] = 32'd0;
-    spad[2851] = 32'd0;
-    spad[2852] = 32'd0;
-    spad[2853] = 32'd0;
-    spad[2854] = 32'd0;
-    spad[2855] = 32'd0;
-    spad[2856] = 32'd0;
-    spad[2857] = 32'd0;
-    spad[2858] = 32'd0;
-    spad[2859] = 32'd0;
-    spad[2860] = 32'd0;
-    spad[2861] = 32'd0;
-    spad[2862] = 32'd0;
-    spad[2863] = 32'd0;
-    spad[2864] = 32'd0;
-    spad[2865] = 32'd0;
-    spad[2866] = 32'd0;
-    spad[2867] = 32'd0;
-    spad[2868] = 32'd0;
-    spad[2869] = 32'd0;
-    spad[2870] = 32'd0;
-    spad[2871] = 32'd0;
-    spad[2872] = 32'd0;
-    spad[2873] = 32'd0;
-    spad[2874] = 32'd0;
-    spad[2875] = 32'd0;
-    spad[2876] = 32'd0;
-    spad[2877] = 32'd0;
-    spad[2878] = 32'd0;
-    spad[2879] = 32'd0;
-    spad[2880] = 32'd0;
-    spad[2881] = 32'd0;
-    spad[2882] = 32'd0;
-    spad[2883] = 32'd0;
-    spad[2884] = 32'd0;
-    spad[2885] = 32'd0;
-    spad[2886] = 32'd0;
-    spad[2887] = 32'd0;
-    spad[2888] = 32'd0;
-    spad[2889] = 32'd0;
-    spad[2890] = 32'd0;
-    spad[2891] = 32'd0;
-    spad[2892] = 32'd0;
-    spad[2893] = 32'd0;
-    spad[2894] = 32'd0;
-    spad[2895] = 32'd0;
-    spad[2896] = 32'd0;
-    spad[2897] = 32'd0;
-    spad[2898] = 32'd0;
-    spad[2899] = 32'd0;
-    spad[2900] = 32'd0;
-    spad[2901] = 32'd0;
-    spad[2902] = 32'd0;
-    spad[2903] = 32'd0;
-    spad[2904] = 32'd0;
-    spad[2905] = 32'd0;
-    spad[2906] = 32'd0;
-    spad[2907] = 32'd0;
-    spad[2908] = 32'd0;
-    spad[2909] = 32'd0;
-    spad[2910] = 32'd0;
-    spad[2911] = 32'd0;
-    spad[2912] = 32'd0;
-    spad[2913] = 32'd0;
-    spad[2914] = 32'd0;
-    spad[2915] = 32'd0;
-    spad[2916] = 32'd0;
-    spad[2917] = 32'd0;
-    spad[2918] = 32'd0;
-    spad[2919] = 32'd0;
-    spad[2920] = 32'd0;
-    spad[2921] = 32'd0;
-    spad[2922] = 32'd0;
-    spad[2923] = 32'd0;
-    spad[2924] = 32'd0;
-    spad[2925] = 32'd0;
-    spad[2926] = 32'd0;
-    spad[2927] = 32'd0;
-    spad[2928] = 32'd0;
-    spad[2929] = 32'd0;
-    spad[2930] = 32'd0;
-    spad[2931] = 32'd0;
-    spad[2932] = 32'd0;
-    spad[2933] = 32'd0;
-    spad[2934] = 32'd0;
-    spad[2935] = 32'd0;
-    spad[2936] = 32'd0;
-    spad[2937] = 32'd0;
-    spad[2938] = 32'd0;
-    spad[2939] = 32'd0;
-    spad[2940] = 32'd0;
-    spad[2941] = 32'd0;
-    spad[2942] = 32'd0;
-    spad[2943] = 32'd0;
-    spad[2944] = 32'd0;
-    spad[2945] = 32'd0;
-    spad[2946] = 32'd0;
-    spad[2947] = 32'd0;
-    spad[2948] = 32'd0;
-    spad[2949] = 32'd0;
-    spad[2950] = 32'd0;
-    spad[2951] = 32'd0;
-    spad[2952] = 32'd0;
-    spad[2953] = 32'd0;
-    spad[2954] = 32'd0;
-    spad[2955] = 32'd0;
-    spad[2956] = 32'd0;
-    spad[2957] = 32'd0;
-    spad[2958] = 32'd0;
-    spad[2959] = 32'd0;
-    spad[2960] = 32'd0;
-    spad[2961] = 32'd0;
-    spad[2962] = 32'd0;
-    spad[2963] = 32'd0;
-    spad[2964] = 32'd0;
-    spad[2965] = 32'd0;
-    spad[2966] = 32'd0;
-    spad[2967] = 32'd0;
-    spad[2968] = 32'd0;
-    spad[2969] = 32'd0;
-    spad[2970] = 32'd0;
-    spad[2971] = 32'd0;
-    spad[2972] = 32'd0;
-    spad[2973] = 32'd0;
-    spad[2974] = 32'd0;
-    spad[2975] = 32'd0;
-    spad[2976] = 32'd0;
-    spad[2977] = 32'd0;
-    spad[2978] = 32'd0;
-    spad[2979] = 32'd0;
-    spad[2980] = 32'd0;
-    spad[2981] = 32'd0;
-    spad[2982] = 32'd0;
-    spad[2983] = 32'd0;
-    spad[2984] = 32'd0;
-    spad[2985] = 32'd0;
-    spad[2986] = 32'd0;
-    spad[2987] = 32'd0;
-    spad[2988] = 32'd0;
-    spad[2989] = 32'd0;
-    spad[2990] = 32'd0;
-    spad[2991] = 32'd0;
-    spad[2992] = 32'd0;
-    spad[2993] = 32'd0;
-    spad[2994] = 32'd0;
-    spad[2995] = 32'd0;
-    spad[2996] = 32'd0;
-    spad[2997] = 32'd0;
-    spad[2998] = 32'd0;
-    spad[2999] = 32'd0;
-    spad[3000] = 32'd0;
-    spad[3001] = 32'd0;
-    spad[3002] = 32'd0;
-    spad[3003] = 32'd0;
-    spad[3004] = 32'd0;
-    spad[3005] = 32'd0;
-    spad[3006] = 32'd0;
-    spad[3007] = 32'd0;
-    spad[3008] = 32'd0;
-    spad[3009] = 32'd0;
-    spad[3010] = 32'd0;
-    spad[3011] = 32'd0;
-    spad[3012] = 32'd0;
-    spad[3013] = 32'd0;
-    spad[3014] = 32'd0;
-    spad[3015] = 32'd0;
-    spad[3016] = 32'd0;
-    spad[3017] = 32'd0;
-    spad[3018] = 32'd0;
-    spad[3019] = 32'd0;
-    spad[3020] = 32'd0;
-    spad[3021] = 32'd0;
-    spad[3022] = 32'd0;
-    spad[3023] = 32'd0;
-    spad[3024] = 32'd0;
-    spad[3025] = 32'd0;
-    spad[3026] = 32'd0;
-    spad[3027] = 32'd0;
-    spad[3028] = 32'd0;
-    spad[3029] = 32'd0;
-    spad[3030] = 32'd0;
-    spad[3031] = 32'd0;
-    spad[3032] = 32'd0;
-    spad[3033] = 32'd0;
-    spad[3034] = 32'd0;
-    spad[3035] = 32'd0;
-    spad[3036] = 32'd0;
-    spad[3037] = 32'd0;
-    spad[3038] = 32'd0;
-    spad[3039] = 32'd0;
-    spad[3040] = 32'd0;
-    spad[3041] = 32'd0;
-    spad[3042] = 32'd0;
-    spad[3043] = 32'd0;
-    spad[3044] = 32'd0;
-    spad[3045] = 32'd0;
-    spad[3046] = 32'd0;
-    spad[3047] = 32'd0;
-    spad[3048] = 32'd0;
-    spad[3049] = 32'd0;
-    spad[3050] = 32'd0;
-    spad[3051] = 32'd0;
-    spad[3052] = 32'd0;
-    spad[3053] = 32'd0;
-    spad[3054] = 32'd0;
-    spad[3055] = 32'd0;
-    spad[3056] = 32'd0;
-    spad[3057] = 32'd0;
-    spad[3058] = 32'd0;
-    spad[3059] = 32'd0;
-    spad[3060] = 32'd0;
-    spad[3061] = 32'd0;
-    spad[3062] = 32'd0;
-    spad[3063] = 32'd0;
-    spad[3064] = 32'd0;
-    spad[3065] = 32'd0;
-    spad[3066] = 32'd0;
-    spad[3067] = 32'd0;
-    spad[3068] = 32'd0;
-    spad[3069] = 32'd0;
-    spad[3070] = 32'd0;
-    spad[3071] = 32'd0;
-    spad[3072] = 32'd0;
-    spad[3073] = 32'd0;
-    spad[3074] = 32'd0;
-    spad[3075] = 32'd0;
-    spad[3076] = 32'd0;
-    spad[3077] = 32'd0;
-    spad[3078] = 32'd0;
-    spad[3079] = 32'd0;
-    spad[3080] = 32'd0;
-    spad[3081] = 32'd0;
-    spad[3082] = 32'd0;
-    spad[3083] = 32'd0;
-    spad[3084] = 32'd0;
-    spad[3085] = 32'd0;
-    spad[3086] = 32'd0;
-    spad[3087] = 32'd0;
-    spad[3088] = 32'd0;
-    spad[3089] = 32'd0;
-    spad[3090] = 32'd0;
-    spad[3091] = 32'd0;
-    spad[3092] = 32'd0;
-    spad[3093] = 32'd0;
-    spad[3094] = 32'd0;
-    spad[3095] = 32'd0;
-    spad[3096] = 32'd0;
-    spad[3097] = 32'd0;
-    spad[3098] = 32'd0;
-    spad[3099] = 32'd0;
-    spad[3100] = 32'd0;
-    spad[3101] = 32'd0;
-    spad[3102] = 32'd0;
-    spad[3103] = 32'd0;
-    spad[3104] = 32'd0;
-    spad[3105] = 32'd0;
-    spad[3106] = 32'd0;
-    spad[3107] = 32'd0;
-    spad[3108] = 32'd0;
-    spad[3109] = 32'd0;
-    spad[3110] = 32'd0;
-    spad[3111] = 32'd0;
-    spad[3112] = 32'd0;
-    spad[3113] = 32'd0;
-    spad[3114] = 32'd0;
-    spad[3115] = 32'd0;
-    spad[3116] = 32'd0;
-    spad[3117] = 32'd0;
-    spad[3118] = 32'd0;
-    spad[3119] = 32'd0;
-    spad[3120] = 32'd0;
-    spad[3121] = 32'd0;
-    spad[3122] = 32'd0;
-    spad[3123] = 32'd0;
-    spad[3124] = 32'd0;
-    spad[3125] = 32'd0;
-    spad[3126] = 32'd0;
-    spad[3127] = 32'd0;
-    spad[3128] = 32'd0;
-    spad[3129] = 32'd0;
-    spad[3130] = 32'd0;
-    spad[3131] = 32'd0;
-    spad[3132] = 32'd0;
-    spad[3133] = 32'd0;
-    spad[3134] = 32'd0;
-    spad[3135] = 32'd0;
-    spad[3136] = 32'd0;
-    spad[3137] = 32'd0;
-    spad[3138] = 32'd0;
-    spad[3139] = 32'd0;
-    spad[3140] = 32'd0;
-    spad[3141] = 32'd0;
-    spad[3142] = 32'd0;
-    spad[3143] = 32'd0;
-    spad[3144] = 32'd0;
-    spad[3145] = 32'd0;
-    spad[3146] = 32'd0;
-    spad[3147] = 32'd0;
-    spad[3148] = 32'd0;
-    spad[3149] = 32'd0;
-    spad[3150] = 32'd0;
-    spad[3151] = 32'd0;
-    spad[3152] = 32'd0;
-    spad[3153] = 32'd0;
-    spad[3154] = 32'd0;
-    spad[3155] = 32'd0;
-    spad[3156] = 32'd0;
-    spad[3157] = 32'd0;
-    spad[3158] = 32'd0;
-    spad[3159] = 32'd0;
-    spad[3160] = 32'd0;
-    spad[3161] = 32'd0;
-    spad[3162] = 32'd0;
-    spad[3163] = 32'd0;
-    spad[3164] = 32'd0;
-    spad[3165] = 32'd0;
-    spad[3166] = 32'd0;
-    spad[3167] = 32'd0;
-    spad[3168] = 32'd0;
-    spad[3169] = 32'd0;
-    spad[3170] = 32'd0;
-    spad[3171] = 32'd0;
-    spad[3172] = 32'd0;
-    spad[3173] = 32'd0;
-    spad[3174] = 32'd0;
-    spad[3175] = 32'd0;
-    spad[3176] = 32'd0;
-    spad[3177] = 32'd0;
-    spad[3178] = 32'd0;
-    spad[3179] = 32'd0;
-    spad[3180] = 32'd0;
-    spad[3181] = 32'd0;
-    spad[3182] = 32'd0;
-    spad[3183] = 32'd0;
-    spad[3184] = 32'd0;
-    spad[3185] = 32'd0;
-    spad[3186] = 32'd0;
-    spad[3187] = 32'd0;
-    spad[3188] = 32'd0;
-    spad[3189] = 32'd0;
-    spad[3190] = 32'd0;
-    spad[3191] = 32'd0;
-    spad[3192] = 32'd0;
-    spad[3193] = 32'd0;
-    spad[3194] = 32'd0;
-    spad[3195] = 32'd0;
-    spad[3196] = 32'd0;
-    spad[3197] = 32'd0;
-    spad[3198] = 32'd0;
-    spad[3199] = 32'd0;
-    spad[3200] = 32'd0;
-    spad[3201] = 32'd0;
-    spad[3202] = 32'd0;
-    spad[3203] = 32'd0;
-    spad[3204] = 32'd0;
-    spad[3205] = 32'd0;
-    spad[3206] = 32'd0;
-    spad[3207] = 32'd0;
-    spad[3208] = 32'd0;
-    spad[3209] = 32'd0;
-    spad[3210] = 32'd0;
-    spad[3211] = 32'd0;
-    spad[3212] = 32'd0;
-    spad[3213] = 32'd0;
-    spad[3214] = 32'd0;
-    spad[3215] = 32'd0;
-    spad[3216] = 32'd0;
-    spad[3217] = 32'd0;
-    spad[3218] = 32'd0;
-    spad[3219] = 32'd0;
-    spad[3220] = 32'd0;
-    spad[3221] = 32'd0;
-    spad[3222] = 32'd0;
-    spad[3223] = 32'd0;
-    spad[3224] = 32'd0;
-    spad[3225] = 32'd0;
-    spad[3226] = 32'd0;
-    spad[3227] = 32'd0;
-    spad[3228] = 32'd0;
-    spad[3229] = 32'd0;
-    spad[3230] = 32'd0;
-    spad[3231] = 32'd0;
-    spad[3232] = 32'd0;
-    spad[3233] = 32'd0;
-    spad[3234] = 32'd0;
-    spad[3235] = 32'd0;
-    spad[3236] = 32'd0;
-    spad[3237] = 32'd0;
-    spad[3238] = 32'd0;
-    spad[3239] = 32'd0;
-    spad[3240] = 32'd0;
-    spad[3241] = 32'd0;
-    spad[3242] = 32'd0;
-    spad[3243] = 32'd0;
-    spad[3244] = 32'd0;
-    spad[3245] = 32'd0;
-    spad[3246] = 32'd0;
-    spad[3247] = 32'd0;
-    spad[3248] = 32'd0;
-    spad[3249] = 32'd0;
-    spad[3250] = 32'd0;
-    spad[3251] = 32'd0;
-    spad[3252] = 32'd0;
-    spad[3253] = 32'd0;
-    spad[3254] = 32'd0;
-    spad[3255] = 32'd0;
-    spad[3256] = 32'd0;
-    spad[3257] = 32'd0;
-    spad[3258] = 32'd0;
-    spad[3259] = 32'd0;
-    spad[3260] = 32'd0;
-    spad[3261] = 32'd0;
-    spad[3262] = 32'd0;
-    spad[3263] = 32'd0;
-    spad[3264] = 32'd0;
-    spad[3265] = 32'd0;
-    spad[3266] = 32'd0;
-    spad[3267] = 32'd0;
-    spad[3268] = 32'd0;
-    spad[3269] = 32'd0;
-    spad[3270] = 32'd0;
-    spad[3271] = 32'd0;
-    spad[3272] = 32'd0;
-    spad[3273] = 32'd0;
-    spad[3274] = 32'd0;
-    spad[3275] = 32'd0;
-    spad[3276] = 32'd0;
-    spad[3277] = 32'd0;
-    spad[3278] = 32'd0;
-    spad[3279] = 32'd0;
-    spad[3280] = 32'd0;
-    spad[3281] = 32'd0;
-    spad[3282] = 32'd0;
-    spad[3283] = 32'd0;
-    spad[3284] = 32'd0;
-    spad[3285] = 32'd0;
-    spad[3286] = 32'd0;
-    spad[3287] = 32'd0;
-    spad[3288] = 32'd0;
-    spad[3289] = 32'd0;
-    spad[3290] = 32'd0;
-    spad[3291] = 32'd0;
-    spad[3292] = 32'd0;
-    spad[3293] = 32'd0;
-    spad[3294] = 32'd0;
-    spad[3295] = 32'd0;
-    spad[3296] = 32'd0;
-    spad[3297] = 32'd0;
-    spad[3298] = 32'd0;
-    spad[3299] = 32'd0;
-    spad[3300] = 32'd0;
-    spad[3301] = 32'd0;
-    spad[3302] = 32'd0;
-    spad[3303] = 32'd0;
-    spad[3304] = 32'd0;
-    spad[3305] = 32'd0;
-    spad[3306] = 32'd0;
-    spad[3307] = 32'd0;
-    spad[3308] = 32'd0;
-    spad[3309] = 32'd0;
-    spad[3310] = 32'd0;
-    spad[3311] = 32'd0;
-    spad[3312] = 32'd0;
-    spad[3313] = 32'd0;
-    spad[3314] = 32'd0;
-    spad[3315] = 32'd0;
-    spad[3316] = 32'd0;
-    spad[3317] = 32'd0;
-    spad[3318] = 32'd0;
-    spad[3319] = 32'd0;
-    spad[3320] = 32'd0;
-    spad[3321] = 32'd0;
-    spad[3322] = 32'd0;
-    spad[3323] = 32'd0;
-    spad[3324] = 32'd0;
-    spad[3325] = 32'd0;
-    spad[3326] = 32'd0;
-    spad[3327] = 32'd0;
-    spad[3328] = 32'd0;
-    spad[3329] = 32'd0;
-    spad[3330] = 32'd0;
-    spad[3331] = 32'd0;
-    spad[3332] = 32'd0;
-    spad[3333] = 32'd0;
-    spad[3334] = 32'd0;
-    spad[3335] = 32'd0;
-    spad[3336] = 32'd0;
-    spad[3337] = 32'd0;
-    spad[3338] = 32'd0;
-    spad[3339] = 32'd0;
-    spad[3340] = 32'd0;
-    spad[3341] = 32'd0;
-    spad[3342] = 32'd0;
-    spad[3343] = 32'd0;
-    spad[3344] = 32'd0;
-    spad[3345] = 32'd0;
-    spad[3346] = 32'd0;
-    spad[3347] = 32'd0;
-    spad[3348] = 32'd0;
-    spad[3349] = 32'd0;
-    spad[3350] = 32'd0;
-    spad[3351] = 32'd0;
-    spad[3352] = 32'd0;
-    spad[3353] = 32'd0;
-    spad[3354] = 32'd0;
-    spad[3355] = 32'd0;
-    spad[3356] = 32'd0;
-    spad[3357] = 32'd0;
-    spad[3358] = 32'd0;
-    spad[3359] = 32'd0;
-    spad[3360] = 32'd0;
-    spad[3361] = 32'd0;
-    spad[3362] = 32'd0;
-    spad[3363] = 32'd0;
-    spad[3364] = 32'd0;
-    spad[3365] = 32'd0;
-    spad[3366] = 32'd0;
-    spad[3367] = 32'd0;
-    spad[3368] = 32'd0;
-    spad[3369] = 32'd0;
-    spad[3370] = 32'd0;
-    spad[3371] = 32'd0;
-    spad[3372] = 32'd0;
-    spad[3373] = 32'd0;
-    spad[3374] = 32'd0;
-    spad[3375] = 32'd0;
-    spad[3376] = 32'd0;
-    spad[3377] = 32'd0;
-    spad[3378] = 32'd0;
-    spad[3379] = 32'd0;
-    spad[3380] = 32'd0;
-    spad[3381] = 32'd0;
-    spad[3382] = 32'd0;
-    spad[3383] = 32'd0;
-    spad[3384] = 32'd0;
-    spad[3385] = 32'd0;
-    spad[3386] = 32'd0;
-    spad[3387] = 32'd0;
-    spad[3388] = 32'd0;
-    spad[3389] = 32'd0;
-    spad[3390] = 32'd0;
-    spad[3391] = 32'd0;
-    spad[3392] = 32'd0;
-    spad[3393] = 32'd0;
-    spad[3394] = 32'd0;
-    spad[3395] = 32'd0;
-    spad[3396] = 32'd0;
-    spad[3397] = 32'd0;
-    spad[3398] = 32'd0;
-    spad[3399] = 32'd0;
-    spad[3400] = 32'd0;
-    spad[3401] = 32'd0;
-    spad[3402] = 32'd0;
-    spad[3403] = 32'd0;
-    spad[3404] = 32'd0;
-    spad[3405] = 32'd0;
-    spad[3406] = 32'd0;
-    spad[3407] = 32'd0;
-    spad[3408] = 32'd0;
-    spad[3409] = 32'd0;
-    spad[3410] = 32'd0;
-    spad[3411] = 32'd0;
-    spad[3412] = 32'd0;
-    spad[3413] = 32'd0;
-    spad[3414] = 32'd0;
-    spad[3415] = 32'd0;
-    spad[3416] = 32'd0;
-    spad[3417] = 32'd0;
-    spad[3418] = 32'd0;
-    spad[3419] = 32'd0;
-    spad[3420] = 32'd0;
-    spad[3421] = 32'd0;
-    spad[3422] = 32'd0;
-    spad[3423] = 32'd0;
-    spad[3424] = 32'd0;
-    spad[3425] = 32'd0;
-    spad[3426] = 32'd0;
-    spad[3427] = 32'd0;
-    spad[3428] = 32'd0;
-    spad[3429] = 32'd0;
-    spad[3430] = 32'd0;
-    spad[3431] = 32'd0;
-    spad[3432] = 32'd0;
-    spad[3433] = 32'd0;
-    spad[3434] = 32'd0;
-    spad[3435] = 32'd0;
-    spad[3436] = 32'd0;
-    spad[3437] = 32'd0;
-    spad[3438] = 32'd0;
-    spad[3439] = 32'd0;
-    spad[3440] = 32'd0;
-    spad[3441] = 32'd0;
-    spad[3442] = 32'd0;
-    spad[3443] = 32'd0;
-    spad[3444] = 32'd0;
-    spad[3445] = 32'd0;
-    spad[3446] = 32'd0;
-    spad[3447] = 32'd0;
-    spad[3448] = 32'd0;
-    spad[3449] = 32'd0;
-    spad[3450] = 32'd0;
-    spad[3451] = 32'd0;
-    spad[3452] = 32'd0;
-    spad[3453] = 32'd0;
-    spad[3454] = 32'd0;
-    spad[3455] = 32'd0;
-    spad[3456] = 32'd0;
-    spad[3457] = 32'd0;
-    spad[3458] = 32'd0;
-    spad[3459] = 32'd0;
-    spad[3460] = 32'd0;
-    spad[3461] = 32'd0;
-    spad[3462] = 32'd0;
-    spad[3463] = 32'd0;
-    spad[3464] = 32'd0;
-    spad[3465] = 32'd0;
-    spad[3466] = 32'd0;
-    spad[3467] = 32'd0;
-    spad[3468] = 32'd0;
-    spad[3469] = 32'd0;
-    spad[3470] = 32'd0;
-    spad[3471] = 32'd0;
-    spad[3472] = 32'd0;
-    spad[3473] = 32'd0;
-    spad[3474] = 32'd0;
-    spad[3475] = 32'd0;
-    spad[3476] = 32'd0;
-    spad[3477] = 32'd0;
-    spad[3478] = 32'd0;
-    spad[3479] = 32'd0;
-    spad[3480] = 32'd0;
-    spad[3481] = 32'd0;
-    spad[3482] = 32'd0;
-    spad[3483] = 32'd0;
-    spad[3484] = 32'd0;
-    spad[3485] = 32'd0;
-    spad[3486] = 32'd0;
-    spad[3487] = 32'd0;
-    spad[3488] = 32'd0;
-    spad[3489] = 32'd0;
-    spad[3490] = 32'd0;
-    spad[3491] = 32'd0;
-    spad[3492] = 32'd0;
-    spad[3493] = 32'd0;
-    spad[3494] = 32'd0;
-    spad[3495] = 32'd0;
-    spad[3496] = 32'd0;
-    spad[3497] = 32'd0;
-    spad[3498] = 32'd0;
-    spad[3499] = 32'd0;
-    spad[3500] = 32'd0;
-    spad[3501] = 32'd0;
-    spad[3502] = 32'd0;
-    spad[3503] = 32'd0;
-    spad[3504] = 32'd0;
-    spad[3505] = 32'd0;
-    spad[3506] = 32'd0;
-    spad[3507] = 32'd0;
-    spad[3508] = 32'd0;
-    spad[3509] = 32'd0;
-    spad[3510] = 32'd0;
-    spad[3511] = 32'd0;
-    spad[3512] = 32'd0;
-    spad[3513] = 32'd0;
-    spad[3514] = 32'd0;
-    spad[3515] = 32'd0;
-    spad[3516] = 32'd0;
-    spad[3517] = 32'd0;
-    spad[3518] = 32'd0;
-    spad[3519] = 32'd0;
-    spad[3520] = 32'd0;
-    spad[3521] = 32'd0;
-    spad[3522] = 32'd0;
-    spad[3523] = 32'd0;
-    spad[3524] = 32'd0;
-    spad[3525] = 32'd0;
-    spad[3526] = 32'd0;
-    spad[3527] = 32'd0;
-    spad[3528] = 32'd0;
-    spad[3529] = 32'd0;
-    spad[3530] = 32'd0;
-    spad[3531] = 32'd0;
-    spad[3532] = 32'd0;
-    spad[3533] = 32'd0;
-    spad[3534] = 32'd0;
-    spad[3535] = 32'd0;
-    spad[3536] = 32'd0;
-    spad[3537] = 32'd0;
-    spad[3538] = 32'd0;
-    spad[3539] = 32'd0;
-    spad[3540] = 32'd0;
-    spad[3541] = 32'd0;
-    spad[3542] = 32'd0;
-    spad[3543] = 32'd0;
-    spad[3544] = 32'd0;
-    spad[3545] = 32'd0;
-    spad[3546] = 32'd0;
-    spad[3547] = 32'd0;
-    spad[3548] = 32'd0;
-    spad[3549] = 32'd0;
-    spad[3550] = 32'd0;
-    spad[3551] = 32'd0;
-    spad[3552] = 32'd0;
-    spad[3553] = 32'd0;
-    spad[3554] = 32'd0;
-    spad[3555] = 32'd0;
-    spad[3556] = 32'd0;
-    spad[3557] = 32'd0;
-    spad[3558] = 32'd0;
-    spad[3559] = 32'd0;
-    spad[3560] = 32'd0;
-    spad[3561] = 32'd0;
-    spad[3562] = 32'd0;
-    spad[3563] = 32'd0;
-    spad[3564] = 32'd0;
-    spad[3565] = 32'd0;
-    spad[3566] = 32'd0;
-    spad[3567] = 32'd0;
-    spad[3568] = 32'd0;
-    spad[3569] = 32'd0;
-    spad[3570] = 32'd0;
-    spad[3571] = 32'd0;
-    spad[3572] = 32'd0;
-    spad[3573] = 32'd0;
-    spad[3574] = 32'd0;
-    spad[3575] = 32'd0;
-    spad[3576] = 32'd0;
-    spad[3577] = 32'd0;
-    spad[3578] = 32'd0;
-    spad[3579] = 32'd0;
-    spad[3580] = 32'd0;
-    spad[3581] = 32'd0;
-    spad[3582] = 32'd0;
-    spad[3583] = 32'd0;
-    spad[3584] = 32'd0;
-    spad[3585] = 32'd0;
-    spad[3586] = 32'd0;
-    spad[3587] = 32'd0;
-    spad[3588] = 32'd0;
-    spad[3589] = 32'd0;
-    spad[3590] = 32'd0;
-    spad[3591] = 32'd0;
-    spad[3592] = 32'd0;
-    spad[3593] = 32'd0;
-    spad[3594] = 32'd0;
-    spad[3595] = 32'd0;
-    spad[3596] = 32'd0;
-    spad[3597] = 32'd0;
-    spad[3598] = 32'd0;
-    spad[3599] = 32'd0;
-    spad[3600] = 32'd0;
-    spad[3601] = 32'd0;
-    spad[3602] = 32'd0;
-    spad[3603] = 32'd0;
-    spad[3604] = 32'd0;
-    spad[3605] = 32'd0;
-    spad[3606] = 32'd0;
-    spad[3607] = 32'd0;
-    spad[3608] = 32'd0;
-    spad[3609] = 32'd0;
-    spad[3610] = 32'd0;
-    spad[3611] = 32'd0;
-    spad[3612] = 32'd0;
-    spad[3613] = 32'd0;
-    spad[3614] = 32'd0;
-    spad[3615] = 32'd0;
-    spad[3616] = 32'd0;
-    spad[3617] = 32'd0;
-    spad[3618] = 32'd0;
-    spad[3619] = 32'd0;
-    spad[3620] = 32'd0;
-    spad[3621] = 32'd0;
-    spad[3622] = 32'd0;
-    spad[3623] = 32'd0;
-    spad[3624] = 32'd0;
-    spad[3625] = 32'd0;
-    spad[3626] = 32'd0;
-    spad[3627] = 32'd0;
-    spad[3628] = 32'd0;
-    spad[3629] = 32'd0;
-    spad[3630] = 32'd0;
-    spad[3631] = 32'd0;
-    spad[3632] = 32'd0;
-    spad[3633] = 32'd0;
-    spad[3634] = 32'd0;
-    spad[3635] = 32'd0;
-    spad[3636] = 32'd0;
-    spad[3637] = 32'd0;
-    spad[3638] = 32'd0;
-    spad[3639] = 32'd0;
-    spad[3640] = 32'd0;
-    spad[3641] = 32'd0;
-    spad[3642] = 32'd0;
-    spad[3643] = 32'd0;
-    spad[3644] = 32'd0;
-    spad[3645] = 32'd0;
-    spad[3646] = 32'd0;
-    spad[3647] = 32'd0;
-    spad[3648] = 32'd0;
-    spad[3649] = 32'd0;
-    spad[3650] = 32'd0;
-    spad[3651] = 32'd0;
-    spad[3652] = 32'd0;
-    spad[3653] = 32'd0;
-    spad[3654] = 32'd0;
-    spad[3655] = 32'd0;
-    spad[3656] = 32'd0;
-    spad[3657] = 32'd0;
-    spad[3658] = 32'd0;
-    spad[3659] = 32'd0;
-    spad[3660] = 32'd0;
-    spad[3661] = 32'd0;
-    spad[3662] = 32'd0;
-    spad[3663] = 32'd0;
-    spad[3664] = 32'd0;
-    spad[3665] = 32'd0;
-    spad[3666] = 32'd0;
-    spad[3667] = 32'd0;
-    spad[3668] = 32'd0;
-    spad[3669] = 32'd0;
-    spad[3670] = 32'd0;
-    spad[3671] = 32'd0;
-    spad[3672] = 32'd0;
-    spad[3673] = 32'd0;
-    spad[3674] = 32'd0;
-    spad[3675] = 32'd0;
-    spad[3676] = 32'd0;
-    spad[3677] = 32'd0;
-    spad[3678] = 32'd0;
-    spad[3679] = 32'd0;
-    spad[3680] = 32'd0;
-    spad[3681] = 32'd0;
-    spad[3682] = 32'd0;
-    spad[3683] = 32'd0;
-    spad[3684] = 32'd0;
-    spad[3685] = 32'd0;
-    spad[3686] = 32'd0;
-    spad[3687] = 32'd0;
-    spad[3688] = 32'd0;
-    spad[3689] = 32'd0;
-    spad[3690] = 32'd0;
-    spad[3691] = 32'd0;
-    spad[3692] = 32'd0;
-    spad[3693] = 32'd0;
-    spad[3694] = 32'd0;
-    spad[3695] = 32'd0;
-    spad[3696] = 32'd0;
-    spad[3697] = 32'd0;
-    spad[3698] = 32'd0;
-    spad[3699] = 32'd0;
-    spad[3700] = 32'd0;
-    spad[3701] = 32'd0;
-    spad[3702] = 32'd0;
-    spad[3703] = 32'd0;
-    spad[3704] = 32'd0;
-    spad[3705] = 32'd0;
-    spad[3706] = 32'd0;
-    spad[3707] = 32'd0;
-    spad[3708] = 32'd0;
-    spad[3709] = 32'd0;
-    spad[3710] = 32'd0;
-    spad[3711] = 32'd0;
-    spad[3712] = 32'd0;
-    spad[3713] = 32'd0;
-    spad[3714] = 32'd0;
-    spad[3715] = 32'd0;
-    spad[3716] = 32'd0;
-    spad[3717] = 32'd0;
-    spad[3718] = 32'd0;
-    spad[3719] = 32'd0;
-    spad[3720] = 32'd0;
-    spad[3721] = 32'd0;
-    spad[3722] = 32'd0;
-    spad[3723] = 32'd0;
-    spad[3724] = 32'd0;
-    spad[3725] = 32'd0;
-    spad[3726] = 32'd0;
-    spad[3727] = 32'd0;
-    spad[3728] = 32'd0;
-    spad[3729] = 32'd0;
-    spad[3730] = 32'd0;
-    spad[3731] = 32'd0;
-    spad[3732] = 32'd0;
-    spad[3733] = 32'd0;
-    spad[3734] = 32'd0;
-    spad[3735] = 32'd0;
-    spad[3736] = 32'd0;
-    spad[3737] = 32'd0;
-    spad[3738] = 32'd0;
-    spad[3739] = 32'd0;
-    spad[3740] = 32'd0;
-    spad[3741] = 32'd0;
-    spad[3742] = 32'd0;
-    spad[3743] = 32'd0;
-    spad[3744] = 32'd0;
-    spad[3745] = 32'd0;
-    spad[3746] = 32'd0;
-    spad[3747] = 32'd0;
-    spad[3748] = 32'd0;
-    spad[3749] = 32'd0;
-    spad[3750] = 32'd0;
-    spad[3751] = 32'd0;
-    spad[3752] = 32'd0;
-    spad[3753] = 32'd0;
-    spad[3754] = 32'd0;
-    spad[3755] = 32'd0;
-    spad[3756] = 32'd0;
-    spad[3757] = 32'd0;
-    spad[3758] = 32'd0;
-    spad[3759] = 32'd0;
-    spad[3760] = 32'd0;
-    spad[3761] = 32'd0;
-    spad[3762] = 32'd0;
-    spad[3763] = 32'd0;
-    spad[3764] = 32'd0;
-    spad[3765] = 32'd0;
-    spad[3766] = 32'd0;
-    spad[3767] = 32'd0;
-    spad[3768] = 32'd0;
-    spad[3769] = 32'd0;
-    spad[3770] = 32'd0;
-    spad[3771] = 32'd0;
-    spad[3772] = 32'd0;
-    spad[3773] = 32'd0;
-    spad[3774] = 32'd0;
-    spad[3775] = 32'd0;
-    spad[3776] = 32'd0;
-    spad[3777] = 32'd0;
-    spad[3778] = 32'd0;
-    spad[3779] = 32'd0;
-    spad[3780] = 32'd0;
-    spad[3781] = 32'd0;
-    spad[3782] = 32'd0;
-    spad[3783] = 32'd0;
-    spad[3784] = 32'd0;
-    spad[3785] = 32'd0;
-    spad[3786] = 32'd0;
-    spad[3787] = 32'd0;
-    spad[3788] = 32'd0;
-    spad[3789] = 32'd0;
-    spad[3790] = 32'd0;
-    spad[3791] = 32'd0;
-    spad[3792] = 32'd0;
-    spad[3793] = 32'd0;
-    spad[3794] = 32'd0;
-    spad[3795] = 32'd0;
-    spad[3796] = 32'd0;
-    spad[3797] = 32'd0;
-    spad[3798] = 32'd0;
-    spad[3799] = 32'd0;
-    spad[3800] = 32'd0;
-    spad[3801] = 32'd0;
-    spad[3802] = 32'd0;
-    spad[3803] = 32'd0;
-    spad[3804] = 32'd0;
-    spad[3805] = 32'd0;
-    spad[3806] = 32'd0;
-    spad[3807] = 32'd0;
-    spad[3808] = 32'd0;
-    spad[3809] = 32'd0;
-    spad[3810] = 32'd0;
-    spad[3811] = 32'd0;
-    spad[3812] = 32'd0;
-    spad[3813] = 32'd0;
-    spad[3814] = 32'd0;
-    spad[3815] = 32'd0;
-    spad[3816] = 32'd0;
-    spad[3817] = 32'd0;
-    spad[3818] = 32'd0;
-    spad[3819] = 32'd0;
-    spad[3820] = 32'd0;
-    spad[3821] = 32'd0;
-    spad[3822] = 32'd0;
-    spad[3823] = 32'd0;
-    spad[3824] = 32'd0;
-    spad[3825] = 32'd0;
-    spad[3826] = 32'd0;
-    spad[3827] = 32'd0;
-    spad[3828] = 32'd0;
-    spad[3829] = 32'd0;
-    spad[3830] = 32'd0;
-    spad[3831] = 32'd0;
-    spad[3832] = 32'd0;
-    spad[3833] = 32'd0;
-    spad[3834] = 32'd0;
-    spad[3835] = 32'd0;
-    spad[3836] = 32'd0;
-    spad[3837] = 32'd0;
-    spad[3838] = 32'd0;
-    spad[3839] = 32'd0;
-    spad[3840] = 32'd0;
-    spad[3841] = 32'd0;
-    spad[3842] = 32'd0;
-    spad[3843] = 32'd0;
-    spad[3844] = 32'd0;
-    spad[3845] = 32'd0;
-    spad[3846] = 32'd0;
-    spad[3847] = 32'd0;
-    spad[3848] = 32'd0;
-    spad[3849] = 32'd0;
-    spad[3850] = 32'd0;
-    spad[3851] = 32'd0;
-    spad[3852] = 32'd0;
-    spad[3853] = 32'd0;
-    spad[3854] = 32'd0;
-    spad[3855] = 32'd0;
-    spad[3856] = 32'd0;
-    spad[3857] = 32'd0;
-    spad[3858] = 32'd0;
-    spad[3859] = 32'd0;
-    spad[3860] = 32'd0;
-    spad[3861] = 32'd0;
-    spad[3862] = 32'd0;
-    spad[3863] = 32'd0;
-    spad[3864] = 32'd0;
-    spad[3865] = 32'd0;
-    spad[3866] = 32'd0;
-    spad[3867] = 32'd0;
-    spad[3868] = 32'd0;
-    spad[3869] = 32'd0;
-    spad[3870] = 32'd0;
-    spad[3871] = 32'd0;
-    spad[3872] = 32'd0;
-    spad[3873] = 32'd0;
-    spad[3874] = 32'd0;
-    spad[3875] = 32'd0;
-    spad[3876] = 32'd0;
-    spad[3877] = 32'd0;
-    spad[3878] = 32'd0;
-    spad[3879] = 32'd0;
-    spad[3880] = 32'd0;
-    spad[3881] = 32'd0;
-    spad[3882] = 32'd0;
-    spad[3883] = 32'd0;
-    spad[3884] = 32'd0;
-    spad[3885] = 32'd0;
-    spad[3886] = 32'd0;
-    spad[3887] = 32'd0;
-    spad[3888] = 32'd0;
-    spad[3889] = 32'd0;
-    spad[3890] = 32'd0;
-    spad[3891] = 32'd0;
-    spad[3892] = 32'd0;
-    spad[3893] = 32'd0;
-    spad[3894] = 32'd0;
-    spad[3895] = 32'd0;
-    spad[3896] = 32'd0;
-    spad[3897] = 32'd0;
-    spad[3898] = 32'd0;
-    spad[3899] = 32'd0;
-    spad[3900] = 32'd0;
-    spad[3901] = 32'd0;
-    spad[3902] = 32'd0;
-    spad[3903] = 32'd0;
-    spad[3904] = 32'd0;
-    spad[3905] = 32'd0;
-    spad[3906] = 32'd0;
-    spad[3907] = 32'd0;
-    spad[3908] = 32'd0;
-    spad[3909] = 32'd0;
-    spad[3910] = 32'd0;
-    spad[3911] = 32'd0;
-    spad[3912] = 32'd0;
-    spad[3913] = 32'd0;
-    spad[3914] = 32'd0;
-    spad[3915] = 32'd0;
-    spad[3916] = 32'd0;
-    spad[3917] = 32'd0;
-    spad[3918] = 32'd0;
-    spad[3919] = 32'd0;
-    spad[3920] = 32'd0;
-    spad[3921] = 32'd0;
-    spad[3922] = 32'd0;
-    spad[3923] = 32'd0;
-    spad[3924] = 32'd0;
-    spad[3925] = 32'd0;
-    spad[3926] = 32'd0;
-    spad[3927] = 32'd0;
-    spad[3928] = 32'd0;
-    spad[3929] = 32'd0;
-    spad[3930] = 32'd0;
-    spad[3931] = 32'd0;
-    spad[3932] = 32'd0;
-    spad[3933] = 32'd0;
-    spad[3934] = 32'd0;
-    spad[3935] = 32'd0;
-    spad[3936] = 32'd0;
-    spad[3937] = 32'd0;
-    spad[3938] = 32'd0;
-    spad[3939] = 32'd0;
-    spad[3940] = 32'd0;
-    spad[3941] = 32'd0;
-    spad[3942] = 32'd0;
-    spad[3943] = 32'd0;
-    spad[3944] = 32'd0;
-    spad[3945] = 32'd0;
-    spad[3946] = 32'd0;
-    spad[3947] = 32'd0;
-    spad[3948] = 32'd0;
-    spad[3949] = 32'd0;
-    spad[3950] = 32'd0;
-    spad[3951] = 32'd0;
-    spad[3952] = 32'd0;
-    spad[3953] = 32'd0;
-    spad[3954] = 32'd0;
-    spad[3955] = 32'd0;
-    spad[3956] = 32'd0;
-    spad[3957] = 32'd0;
-    spad[3958] = 32'd0;
-    spad[3959] = 32'd0;
-    spad[3960] = 32'd0;
-    spad[3961] = 32'd0;
-    spad[3962] = 32'd0;
-    spad[3963] = 32'd0;
-    spad[3964] = 32'd0;
-    spad[3965] = 32'd0;
-    spad[3966] = 32'd0;
-    spad[3967] = 32'd0;
-    spad[3968] = 32'd0;
-    spad[3969] = 32'd0;
-    spad[3970] = 32'd0;
-    spad[3971] = 32'd0;
-    spad[3972] = 32'd0;
-    spad[3973] = 32'd0;
-    spad[3974] = 32'd0;
-    spad[3975] = 32'd0;
-    spad[3976] = 32'd0;
-    spad[3977] = 32'd0;
-    spad[3978] = 32'd0;
-    spad[3979] = 32'd0;
-    spad[3980] = 32'd0;
-    spad[3981] = 32'd0;
-    spad[3982] = 32'd0;
-    spad[3983] = 32'd0;
-    spad[3984] = 32'd0;
-    spad[3985] = 32'd0;
-    spad[3986] = 32'd0;
-    spad[3987] = 32'd0;
-    spad[3988] = 32'd0;
-    spad[3989] = 32'd0;
-    spad[3990] = 32'd0;
-    spad[3991] = 32'd0;
-    spad[3992] = 32'd0;
-    spad[3993] = 32'd0;
-    spad[3994] = 32'd0;
-    spad[3995] = 32'd0;
-    spad[3996] = 32'd0;
-    spad[3997] = 32'd0;
-    spad[3998] = 32'd0;
-    spad[3999] = 32'd0;
-    spad[4000] = 32'd0;
-    spad[4001] = 32'd0;
-    spad[4002] = 32'd0;
-    spad[4003] = 32'd0;
-    spad[4004] = 32'd0;
-    spad[4005] = 32'd0;
-    spad[4006] = 32'd0;
-    spad[4007] = 32'd0;
-    spad[4008] = 32'd0;
-    spad[4009] = 32'd0;
-    spad[4010] = 32'd0;
-    spad[4011] = 32'd0;
-    spad[4012] = 32'd0;
-    spad[4013] = 32'd0;
-    spad[4014] = 32'd0;
-    spad[4015] = 32'd0;
-    spad[4016] = 32'd0;
-    spad[4017] = 32'd0;
-    spad[4018] = 32'd0;
-    spad[4019] = 32'd0;
-    spad[4020] = 32'd0;
-    spad[4021] = 32'd0;
-    spad[4022] = 32'd0;
-    spad[4023] = 32'd0;
-    spad[4024] = 32'd0;
-    spad[4025] = 32'd0;
-    spad[4026] = 32'd0;
-    spad[4027] = 32'd0;
-    spad[4028] = 32'd0;
-    spad[4029] = 32'd0;
-    spad[4030] = 32'd0;
-    spad[4031] = 32'd0;
-    spad[4032] = 32'd0;
-    spad[4033] = 32'd0;
-    spad[4034] = 32'd0;
-    spad[4035] = 32'd0;
-    spad[4036] = 32'd0;
-    spad[4037] = 32'd0;
-    spad[4038] = 32'd0;
-    spad[4039] = 32'd0;
-    spad[4040] = 32'd0;
-    spad[4041] = 32'd0;
-    spad[4042] = 32'd0;
-    spad[4043] = 32'd0;
-    spad[4044] = 32'd0;
-    spad[4045] = 32'd0;
-    spad[4046] = 32'd0;
-    spad[4047] = 32'd0;
-    spad[4048] = 32'd0;
-    spad[4049] = 32'd0;
-    spad[4050] = 32'd0;
-    spad[4051] = 32'd0;
-    spad[4052] = 32'd0;
-    spad[4053] = 32'd0;
-    spad[4054] = 32'd0;
-    spad[4055] = 32'd0;
-    spad[4056] = 32'd0;
-    spad[4057] = 32'd0;
-    spad[4058] = 32'd0;
-    spad[4059] = 32'd0;
-    spad[4060] = 32'd0;
-    spad[4061] = 32'd0;
-    spad[4062] = 32'd0;
-    spad[4063] = 32'd0;
-    spad[4064] = 32'd0;
-    spad[4065] = 32'd0;
-    spad[4066] = 32'd0;
-    spad[4067] = 32'd0;
-    spad[4068] = 32'd0;
-    spad[4069] = 32'd0;
-    spad[4070] = 32'd0;
-    spad[4071] = 32'd0;
-    spad[4072] = 32'd0;
-    spad[4073] = 32'd0;
-    spad[4074] = 32'd0;
-    spad[4075] = 32'd0;
-    spad[4076] = 32'd0;
-    spad[4077] = 32'd0;
-    spad[4078] = 32'd0;
-    spad[4079] = 32'd0;
-    spad[4080] = 32'd0;
-    spad[4081] = 32'd0;
-    spad[4082] = 32'd0;
-    spad[4083] = 32'd0;
-    spad[4084] = 32'd0;
-    spad[4085] = 32'd0;
-    spad[4086] = 32'd0;
-    spad[4087] = 32'd0;
-    spad[4088] = 32'd0;
-    spad[4089] = 32'd0;
-    spad[4090] = 32'd0;
-    spad[4091] = 32'd0;
-    spad[4092] = 32'd0;
-    spad[4093] = 32'd0;
-    spad[4094] = 32'd0;
-    spad[4095] = 32'd0;
-    spad[4096] = 32'd0;
-    spad[4097] = 32'd0;
-    spad[4098] = 32'd0;
-    spad[4099] = 32'd0;
-    spad[4100] = 32'd0;
-    spad[4101] = 32'd0;
-    spad[4102] = 32'd0;
-    spad[4103] = 32'd0;
-    spad[4104] = 32'd0;
-    spad[4105] = 32'd0;
-    spad[4106] = 32'd0;
-    spad[4107] = 32'd0;
-    spad[4108] = 32'd0;
-    spad[4109] = 32'd0;
-    spad[4110] = 32'd0;
-    spad[4111] = 32'd0;
-    spad[4112] = 32'd0;
-    spad[4113] = 32'd0;
-    spad[4114] = 32'd0;
-    spad[4115] = 32'd0;
-    spad[4116] = 32'd0;
-    spad[4117] = 32'd0;
-    spad[4118] = 32'd0;
-    spad[4119] = 32'd0;
-    spad[4120] = 32'd0;
-    spad[4121] = 32'd0;
-    spad[4122] = 32'd0;
-    spad[4123] = 32'd0;
-    spad[4124] = 32'd0;
-    spad[4125] = 32'd0;
-    spad[4126] = 32'd0;
-    spad[4127] = 32'd0;
-    spad[4128] = 32'd0;
-    spad[4129] = 32'd0;
-    spad[4130] = 32'd0;
-    spad[4131] = 32'd0;
-    spad[4132] = 32'd0;
-    spad[4133] = 32'd0;
-    spad[4134] = 32'd0;
-    spad[4135] = 32'd0;
-    spad[4136] = 32'd0;
-    spad[4137] = 32'd0;
-    spad[4138] = 32'd0;
-    spad[4139] = 32'd0;
-    spad[4140] = 32'd0;
-    spad[4141] = 32'd0;
-    spad[4142] = 32'd0;
-    spad[4143] = 32'd0;
-    spad[4144] = 32'd0;
-    spad[4145] = 32'd0;
-    spad[4146] = 32'd0;
-    spad[4147] = 32'd0;
-    spad[4148] = 32'd0;
-    spad[4149] = 32'd0;
-    spad[4150] = 32'd0;
-    spad[4151] = 32'd0;
-    spad[4152] = 32'd0;
-    spad[4153] = 32'd0;
-    spad[4154] = 32'd0;
-    spad[4155] = 32'd0;
-    spad[4156] = 32'd0;
-    spad[4157] = 32'd0;
-    spad[4158] = 32'd0;
-    spad[4159] = 32'd0;
-    spad[4160] = 32'd0;
-    spad[4161] = 32'd0;
-    spad[4162] = 32'd0;
-    spad[4163] = 32'd0;
-    spad[4164] = 32'd0;
-    spad[4165] = 32'd0;
-    spad[4166] = 32'd0;
-    spad[4167] = 32'd0;
-    spad[4168] = 32'd0;
-    spad[4169] = 32'd0;
-    spad[4170] = 32'd0;
-    spad[4171] = 32'd0;
-    spad[4172] = 32'd0;
-    spad[4173] = 32'd0;
-    spad[4174] = 32'd0;
-    spad[4175] = 32'd0;
-    spad[4176] = 32'd0;
-    spad[4177] = 32'd0;
-    spad[4178] = 32'd0;
-    spad[4179] = 32'd0;
-    spad[4180] = 32'd0;
-    spad[4181] = 32'd0;
-    spad[4182] = 32'd0;
-    spad[4183] = 32'd0;
-    spad[4184] = 32'd0;
-    spad[4185] = 32'd0;
-    spad[4186] = 32'd0;
-    spad[4187] = 32'd0;
-    spad[4188] = 32'd0;
-    spad[4189] = 32'd0;
-    spad[4190] = 32'd0;
-    spad[4191] = 32'd0;
-    spad[4192] = 32'd0;
-    spad[4193] = 32'd0;
-    spad[4194] = 32'd0;
-    spad[4195] = 32'd0;
-    spad[4196] = 32'd0;
-    spad[4197] = 32'd0;
-    spad[4198] = 32'd0;
-    spad[4199] = 32'd0;
-    spad[4200] = 32'd0;
-    spad[4201] = 32'd0;
-    spad[4202] = 32'd0;
-    spad[4203] = 32'd0;
-    spad[4204] = 32'd0;
-    spad[4205] = 32'd0;
-    spad[4206] = 32'd0;
-    spad[4207] = 32'd0;
-    spad[4208] = 32'd0;
-    spad[4209] = 32'd0;
-    spad[4210] = 32'd0;
-    spad[4211] = 32'd0;
-    spad[4212] = 32'd0;
-    spad[4213] = 32'd0;
-    spad[4214] = 32'd0;
-    spad[4215] = 32'd0;
-    spad[4216] = 32'd0;
-    spad[4217] = 32'd0;
-    spad[4218] = 32'd0;
-    spad[4219] = 32'd0;
-    spad[4220] = 32'd0;
-    spad[4221] = 32'd0;
-    spad[4222] = 32'd0;
-    spad[4223] = 32'd0;
-    spad[4224] = 32'd0;
-    spad[4225] = 32'd0;
-    spad[4226] = 32'd0;
-    spad[4227] = 32'd0;
-    spad[4228] = 32'd0;
-    spad[4229] = 32'd0;
-    spad[4230] = 32'd0;
-    spad[4231] = 32'd0;
-    spad[4232] = 32'd0;
-    spad[4233] = 32'd0;
-    spad[4234] = 32'd0;
-    spad[4235] = 32'd0;
-    spad[4236] = 32'd0;
-    spad[4237] = 32'd0;
-    spad[4238] = 32'd0;
-    spad[4239] = 32'd0;
-    spad[4240] = 32'd0;
-    spad[4241] = 32'd0;
-    spad[4242] = 32'd0;
-    spad[4243] = 32'd0;
-    spad[4244] = 32'd0;
-    spad[4245] = 32'd0;
-    spad[4246] = 32'd0;
-    spad[4247] = 32'd0;
-    spad[4248] = 32'd0;
-    spad[4249] = 32'd0;
-    spad[4250] = 32'd0;
-    spad[4251] = 32'd0;
-    spad[4252] = 32'd0;
-    spad[4253] = 32'd0;
-    spad[4254] = 32'd0;
-    spad[4255] = 32'd0;
-    spad[4256] = 32'd0;
-    spad[4257] = 32'd0;
-    spad[4258] = 32'd0;
-    spad[4259] = 32'd0;
-    spad[4260] = 32'd0;
-    spad[4261] = 32'd0;
-    spad[4262] = 32'd0;
-    spad[4263] = 32'd0;
-    spad[4264] = 32'd0;
-    spad[4265] = 32'd0;
-    spad[4266] = 32'd0;
-    spad[4267] = 32'd0;
-    spad[4268] = 32'd0;
-    spad[4269] = 32'd0;
-    spad[4270] = 32'd0;
-    spad[4271] = 32'd0;
-    spad[4272] = 32'd0;
-    spad[4273] = 32'd0;
-    spad[4274] = 32'd0;
-    spad[4275] = 32'd0;
-    spad[4276] = 32'd0;
-    spad[4277] = 32'd0;
-    spad[4278] = 32'd0;
-    spad[4279] = 32'd0;
-    spad[4280] = 32'd0;
-    spad[4281] = 32'd0;
-    spad[4282] = 32'd0;
-    spad[4283] = 32'd0;
-    spad[4284] = 32'd0;
-    spad[4285] = 32'd0;
-    spad[4286] = 32'd0;
-    spad[4287] = 32'd0;
-    spad[4288] = 32'd0;
-    spad[4289] = 32'd0;
-    spad[4290] = 32'd0;
-    spad[4291] = 32'd0;
-    spad[4292] = 32'd0;
-    spad[4293] = 32'd0;
-    spad[4294] = 32'd0;
-    spad[4295] = 32'd0;
-    spad[4296] = 32'd0;
-    spad[4297] = 32'd0;
-    spad[4298] = 32'd0;
-    spad[4299] = 32'd0;
-    spad[4300] = 32'd0;
-    spad[4301] = 32'd0;
-    spad[4302] = 32'd0;
-    spad[4303] = 32'd0;
-    spad[4304] = 32'd0;
-    spad[4305] = 32'd0;
-    spad[4306] = 32'd0;
-    spad[4307] = 32'd0;
-    spad[4308] = 32'd0;
-    spad[4309] = 32'd0;
-    spad[4310] = 32'd0;
-    spad[4311] = 32'd0;
-    spad[4312] = 32'd0;
-    spad[4313] = 32'd0;
-    spad[4314] = 32'd0;
-    spad[4315] = 32'd0;
-    spad[4316] = 32'd0;
-    spad[4317] = 32'd0;
-    spad[4318] = 32'd0;
-    spad[4319] = 32'd0;
-    spad[4320] = 32'd0;
-    spad[4321] = 32'd0;
-    spad[4322] = 32'd0;
-    spad[4323] = 32'd0;
-    spad[4324] = 32'd0;
-    spad[4325] = 32'd0;
-    spad[4326] = 32'd0;
-    spad[4327] = 32'd0;
-    spad[4328] = 32'd0;
-    spad[4329] = 32'd0;
-    spad[4330] = 32'd0;
-    spad[4331] = 32'd0;
-    spad[4332] = 32'd0;
-    spad[4333] = 32'd0;
-    spad[4334] = 32'd0;
-    spad[4335] = 32'd0;
-    spad[4336] = 32'd0;
-    spad[4337] = 32'd0;
-    spad[4338] = 32'd0;
-    spad[4339] = 32'd0;
-    spad[4340] = 32'd0;
-    spad[4341] = 32'd0;
-    spad[4342] = 32'd0;
-    spad[4343] = 32'd0;
-    spad[4344] = 32'd0;
-    spad[4345] = 32'd0;
-    spad[4346] = 32'd0;
-    spad[4347] = 32'd0;
-    spad[4348] = 32'd0;
-    spad[4349] = 32'd0;
-    spad[4350] = 32'd0;
-    spad[4351] = 32'd0;
-    spad[4352] = 32'd0;
-    spad[4353] = 32'd0;
-    spad[4354] = 32'd0;
-    spad[4355] = 32'd0;
-    spad[4356] = 32'd0;
-    spad[4357] = 32'd0;
-    spad[4358] = 32'd0;
-    spad[4359] = 32'd0;
-    spad[4360] = 32'd0;
-    spad[4361] = 32'd0;
-    spad[4362] = 32'd0;
-    spad[4363] = 32'd0;
-    spad[4364] = 32'd0;
-    spad[4365] = 32'd0;
-    spad[4366] = 32'd0;
-    spad[4367] = 32'd0;
-    spad[4368] = 32'd0;
-    spad[4369] = 32'd0;
-    spad[4370] = 32'd0;
-    spad[4371] = 32'd0;
-    spad[4372] = 32'd0;
-    spad[4373] = 32'd0;
-    spad[4374] = 32'd0;
-    spad[4375] = 32'd0;
-    spad[4376] = 32'd0;
-    spad[4377] = 32'd0;
-    spad[4378] = 32'd0;
-    spad[4379] = 32'd0;
-    spad[4380] = 32'd0;
-    spad[4381] = 32'd0;
-    spad[4382] = 32'd0;
-    spad[4383] = 32'd0;
-    spad[4384] = 32'd0;
-    spad[4385] = 32'd0;
-    spad[4386] = 32'd0;
-    spad[4387] = 32'd0;
-    spad[4388] = 32'd0;
-    spad[4389] = 32'd0;
-    spad[4390] = 32'd0;
-    spad[4391] = 32'd0;
-    spad[4392] = 32'd0;
-    spad[4393] = 32'd0;
-    spad[4394] = 32'd0;
-    spad[4395] = 32'd0;
-    spad[4396] = 32'd0;
-    spad[4397] = 32'd0;
-    spad[4398] = 32'd0;
-    spad[4399] = 32'd0;
-    spad[4400] = 32'd0;
-    spad[4401] = 32'd0;
-    spad[4402] = 32'd0;
-    spad[4403] = 32'd0;
-    spad[4404] = 32'd0;
-    spad[4405] = 32'd0;
-    spad[4406] = 32'd0;
-    spad[4407] = 32'd0;
-    spad[4408] = 32'd0;
-    spad[4409] = 32'd0;
-    spad[4410] = 32'd0;
-    spad[4411] = 32'd0;
-    spad[4412] = 32'd0;
-    spad[4413] = 32'd0;
-    spad[4414] = 32'd0;
-    spad[4415] = 32'd0;
-    spad[4416] = 32'd0;
-    spad[4417] = 32'd0;
-    spad[4418] = 32'd0;
-    spad[4419] = 32'd0;
-    spad[4420] = 32'd0;
-    spad[4421] = 32'd0;
-    spad[4422] = 32'd0;
-    spad[4423] = 32'd0;
-    spad[4424] = 32'd0;
-    spad[4425] = 32'd0;
-    spad[4426] = 32'd0;
-    spad[4427] = 32'd0;
-    spad[4428] = 32'd0;
-    spad[4429] = 32'd0;
-    spad[4430] = 32'd0;
-    spad[4431] = 32'd0;
-    spad[4432] = 32'd0;
-    spad[4433] = 32'd0;
-    spad[4434] = 32'd0;
-    spad[4435] = 32'd0;
-    spad[4436] = 32'd0;
-    spad[4437] = 32'd0;
-    spad[4438] = 32'd0;
-    spad[4439] = 32'd0;
-    spad[4440] = 32'd0;
-    spad[4441] = 32'd0;
-    spad[4442] = 32'd0;
-    spad[4443] = 32'd0;
-    spad[4444] = 32'd0;
-    spad[4445] = 32'd0;
-    spad[4446] = 32'd0;
-    spad[4447] = 32'd0;
-    spad[4448] = 32'd0;
-    spad[4449] = 32'd0;
-    spad[4450] = 32'd0;
-    spad[4451] = 32'd0;
-    spad[4452] = 32'd0;
-    spad[4453] = 32'd0;
-    spad[4454] = 32'd0;
-    spad[4455] = 32'd0;
-    spad[4456] = 32'd0;
-    spad[4457] = 32'd0;
-    spad[4458] = 32'd0;
-    spad[4459] = 32'd0;
-    spad[4460] = 32'd0;
-    spad[4461] = 32'd0;
-    spad[4462] = 32'd0;
-    spad[4463] = 32'd0;
-    spad[4464] = 32'd0;
-    spad[4465] = 32'd0;
-    spad[4466] = 32'd0;
-    spad[4467] = 32'd0;
-    spad[4468] = 32'd0;
-    spad[4469] = 32'd0;
-    spad[4470] = 32'd0;
-    spad[4471] = 32'd0;
-    spad[4472] = 32'd0;
-    spad[4473] = 32'd0;
-    spad[4474] = 32'd0;
-    spad[4475] = 32'd0;
-    spad[4476] = 32'd0;
-    spad[4477] = 32'd0;
-    spad[4478] = 32'd0;
-    spad[4479] = 32'd0;
-    spad[4480] = 32'd0;
-    spad[4481] = 32'd0;
-    spad[4482] = 32'd0;
-    spad[4483] = 32'd0;
-    spad[4484] = 32'd0;
-    spad[4485] = 32'd0;
-    spad[4486] = 32'd0;
-    spad[4487] = 32'd0;
-    spad[4488] = 32'd0;
-    spad[4489] = 32'd0;
-    spad[4490] = 32'd0;
-    spad[4491] = 32'd0;
-    spad[4492] = 32'd0;
-    spad[4493] = 32'd0;
-    spad[4494] = 32'd0;
-    spad[4495] = 32'd0;
-    spad[4496] = 32'd0;
-    spad[4497] = 32'd0;
-    spad[4498] = 32'd0;
-    spad[4499] = 32'd0;
-    spad[4500] = 32'd0;
-    spad[4501] = 32'd0;
-    spad[4502] = 32'd0;
-    spad[4503] = 32'd0;
-    spad[4504] = 32'd0;
-    spad[4505] = 32'd0;
-    spad[4506] = 32'd0;
-    spad[4507] = 32'd0;
-    spad[4508] = 32'd0;
-    spad[4509] = 32'd0;
-    spad[4510] = 32'd0;
-    spad[4511] = 32'd0;
-    spad[4512] = 32'd0;
-    spad[4513] = 32'd0;
-    spad[4514] = 32'd0;
-    spad[4515] = 32'd0;
-    spad[4516] = 32'd0;
-    spad[4517] = 32'd0;
-    spad[4518] = 32'd0;
-    spad[4519] = 32'd0;
-    spad[4520] = 32'd0;
-    spad[4521] = 32'd0;
-    spad[4522] = 32'd0;
-    spad[4523] = 32'd0;
-    spad[4524] = 32'd0;
-    spad[4525] = 32'd0;
-    spad[4526] = 32'd0;
-    spad[4527] = 32'd0;
-    spad[4528] = 32'd0;
-    spad[4529] = 32'd0;
-    spad[4530] = 32'd0;
-    spad[4531] = 32'd0;
-    spad[4532] = 32'd0;
-    spad[4533] = 32'd0;
-    spad[4534] = 32'd0;
-    spad[4535] = 32'd0;
-    spad[4536] = 32'd0;
-    spad[4537] = 32'd0;
-    spad[4538] = 32'd0;
-    spad[4539] = 32'd0;
-    spad[4540] = 32'd0;
-    spad[4541] = 32'd0;
-    spad[4542] = 32'd0;
-    spad[4543] = 32'd0;
-    spad[4544] = 32'd0;
-    spad[4545] = 32'd0;
-    spad[4546] = 32'd0;
-    spad[4547] = 32'd0;
-    spad[4548] = 32'd0;
-    spad[4549] = 32'd0;
-    spad[4550] = 32'd0;
-    spad[4551] = 32'd0;
-    spad[4552] = 32'd0;
-    spad[4553] = 32'd0;
-    spad[4554] = 32'd0;
-    spad[4555] = 32'd0;
-    spad[4556] = 32'd0;
-    spad[4557] = 32'd0;
-    spad[4558] = 32'd0;
-    spad[4559] = 32'd0;
-    spad[4560] = 32'd0;
-    spad[4561] = 32'd0;
-    spad[4562] = 32'd0;
-    spad[4563] = 32'd0;
-    spad[4564] = 32'd0;
-    spad[4565] = 32'd0;
-    spad[4566] = 32'd0;
-    spad[4567] = 32'd0;
-    spad[4568] = 32'd0;
-    spad[4569] = 32'd0;
-    spad[4570] = 32'd0;
-    spad[4571] = 32'd0;
-    spad[4572] = 32'd0;
-    spad[4573] = 32'd0;
-    spad[4574] = 32'd0;
-    spad[4575] = 32'd0;
-    spad[4576] = 32'd0;
-    spad[4577] = 32'd0;
-    spad[4578] = 32'd0;
-    spad[4579] = 32'd0;
-    spad[4580] = 32'd0;
-    spad[4581] = 32'd0;
-    spad[4582] = 32'd0;
-    spad[4583] = 32'd0;
-    spad[4584] = 32'd0;
-    spad[4585] = 32'd0;
-    spad[4586] = 32'd0;
-    spad[4587] = 32'd0;
-    spad[4588] = 32'd0;
-    spad[4589] = 32'd0;
-    spad[4590] = 32'd0;
-    spad[4591] = 32'd0;
-    spad[4592] = 32'd0;
-    spad[4593] = 32'd0;
-    spad[4594] = 32'd0;
-    spad[4595] = 32'd0;
-    spad[4596] = 32'd0;
-    spad[4597] = 32'd0;
-    spad[4598] = 32'd0;
-    spad[4599] = 32'd0;
-    spad[4600] = 32'd0;
-    spad[4601] = 32'd0;
-    spad[4602] = 32'd0;
-    spad[4603] = 32'd0;
-    spad[4604] = 32'd0;
-    spad[4605] = 32'd0;
-    spad[4606] = 32'd0;
-    spad[4607] = 32'd0;
-    spad[4608] = 32'd0;
-    spad[4609] = 32'd0;
-    spad[4610] = 32'd0;
-    spad[4611] = 32'd0;
-    spad[4612] = 32'd0;
-    spad[4613] = 32'd0;
-    spad[4614] = 32'd0;
-    spad[4615] = 32'd0;
-    spad[4616] = 32'd0;
-    spad[4617] = 32'd0;
-    spad[4618] = 32'd0;
-    spad[4619] = 32'd0;
-    spad[4620] = 32'd0;
-    spad[4621] = 32'd0;
-    spad[4622] = 32'd0;
-    spad[4623] = 32'd0;
-    spad[4624] = 32'd0;
-    spad[4625] = 32'd0;
-    spad[4626] = 32'd0;
-    spad[4627] = 32'd0;
-    spad[4628] = 32'd0;
-    spad[4629] = 32'd0;
-    spad[4630] = 32'd0;
-    spad[4631] = 32'd0;
-    spad[4632] = 32'd0;
-    spad[4633] = 32'd0;
-    spad[4634] = 32'd0;
-    spad[4635] = 32'd0;
-    spad[4636] = 32'd0;
-    spad[4637] = 32'd0;
-    spad[4638] = 32'd0;
-    spad[4639] = 32'd0;
-    spad[4640] = 32'd0;
-    spad[4641] = 32'd0;
-    spad[4642] = 32'd0;
-    spad[4643] = 32'd0;
-    spad[4644] = 32'd0;
-    spad[4645] = 32'd0;
-    spad[4646] = 32'd0;
-    spad[4647] = 32'd0;
-    spad[4648] = 32'd0;
-    spad[4649] = 32'd0;
-    spad[4650] = 32'd0;
-    spad[4651] = 32'd0;
-    spad[4652] = 32'd0;
-    spad[4653] = 32'd0;
-    spad[4654] = 32'd0;
-    spad[4655] = 32'd0;
-    spad[4656] = 32'd0;
-    spad[4657] = 32'd0;
-    spad[4658] = 32'd0;
-    spad[4659] = 32'd0;
-    spad[4660] = 32'd0;
-    spad[4661] = 32'd0;
-    spad[4662] = 32'd0;
-    spad[4663] = 32'd0;
-    spad[4664] = 32'd0;
-    spad[4665] = 32'd0;
-    spad[4666] = 32'd0;
-    spad[4667] = 32'd0;
-    spad[4668] = 32'd0;
-    spad[4669] = 32'd0;
-    spad[4670] = 32'd0;
-    spad[4671] = 32'd0;
-    spad[4672] = 32'd0;
-    spad[4673] = 32'd0;
-    spad[4674] = 32'd0;
-    spad[4675] = 32'd0;
-    spad[4676] = 32'd0;
-    spad[4677] = 32'd0;
-    spad[4678] = 32'd0;
-    spad[4679] = 32'd0;
-    spad[4680] = 32'd0;
-    spad[4681] = 32'd0;
-    spad[4682] = 32'd0;
-    spad[4683] = 32'd0;
-    spad[4684] = 32'd0;
-    spad[4685] = 32'd0;
-    spad[4686] = 32'd0;
-    spad[4687] = 32'd0;
-    spad[4688] = 32'd0;
-    spad[4689] = 32'd0;
-    spad[4690] = 32'd0;
-    spad[4691] = 32'd0;
-    spad[4692] = 32'd0;
-    spad[4693] = 32'd0;
-    spad[4694] = 32'd0;
-    spad[4695] = 32'd0;
-    spad[4696] = 32'd0;
-    spad[4697] = 32'd0;
-    spad[4698] = 32'd0;
-    spad[4699] = 32'd0;
-    spad[4700] = 32'd0;
-    spad[4701] = 32'd0;
-    spad[4702] = 32'd0;
-    spad[4703] = 32'd0;
-    spad[4704] = 32'd0;
-    spad[4705] = 32'd0;
-    spad[4706] = 32'd0;
-    spad[4707] = 32'd0;
-    spad[4708] = 32'd0;
-    spad[4709] = 32'd0;
-    spad[4710] = 32'd0;
-    spad[4711] = 32'd0;
-    spad[4712] = 32'd0;
-    spad[4713] = 32'd0;
-    spad[4714] = 32'd0;
-    spad[4715] = 32'd0;
-    spad[4716] = 32'd0;
-    spad[4717] = 32'd0;
-    spad[4718] = 32'd0;
-    spad[4719] = 32'd0;
-    spad[4720] = 32'd0;
-    spad[4721] = 32'd0;
-    spad[4722] = 32'd0;
-    spad[4723] = 32'd0;
-    spad[4724] = 32'd0;
-    spad[4725] = 32'd0;
-    spad[4726] = 32'd0;
-    spad[4727] = 32'd0;
-    spad[4728] = 32'd0;
-    spad[4729] = 32'd0;
-    spad[4730] = 32'd0;
-    spad[4731] = 32'd0;
-    spad[4732] = 32'd0;
-    spad[4733] = 32'd0;
-    spad[4734] = 32'd0;
-    spad[4735] = 32'd0;
-    spad[4736] = 32'd0;
-    spad[4737] = 32'd0;
-    spad[4738] = 32'd0;
-    spad[4739] = 32'd0;
-    spad[4740] = 32'd0;
-    spad[4741] = 32'd0;
-    spad[4742] = 32'd0;
-    spad[4743] = 32'd0;
-    spad[4744] = 32'd0;
-    spad[4745] = 32'd0;
-    spad[4746] = 32'd0;
-    spad[4747] = 32'd0;
-    spad[4748] = 32'd0;
-    spad[4749] = 32'd0;
-    spad[4750] = 32'd0;
-    spad[4751] = 32'd0;
-    spad[4752] = 32'd0;
-    spad[4753] = 32'd0;
-    spad[4754] = 32'd0;
-    spad[4755] = 32'd0;
-    spad[4756] = 32'd0;
-    spad[4757] = 32'd0;
-    spad[4758] = 32'd0;
-    spad[4759] = 32'd0;
-    spad[4760] = 32'd0;
-    spad[4761] = 32'd0;
-    spad[4762] = 32'd0;
-    spad[4763] = 32'd0;
-    spad[4764] = 32'd0;
-    spad[4765] = 32'd0;
-    spad[4766] = 32'd0;
-    spad[4767] = 32'd0;
-    spad[4768] = 32'd0;
-    spad[4769] = 32'd0;
-    spad[4770] = 32'd0;
-    spad[4771] = 32'd0;
-    spad[4772] = 32'd0;
-    spad[4773] = 32'd0;
-    spad[4774] = 32'd0;
-    spad[4775] = 32'd0;
-    spad[4776] = 32'd0;
-    spad[4777] = 32'd0;
-    spad[4778] = 32'd0;
-    spad[4779] = 32'd0;
-    spad[4780] = 32'd0;
-    spad[4781] = 32'd0;
-    spad[4782] = 32'd0;
-    spad[4783] = 32'd0;
-    spad[4784] = 32'd0;
-    spad[4785] = 32'd0;
-    spad[4786] = 32'd0;
-    spad[4787] = 32'd0;
-    spad[4788] = 32'd0;
-    spad[4789] = 32'd0;
-    spad[4790] = 32'd0;
-    spad[4791] = 32'd0;
-    spad[4792] = 32'd0;
-    spad[4793] = 32'd0;
-    spad[4794] = 32'd0;
-    spad[4795] = 32'd0;
-    spad[4796] = 32'd0;
-    spad[4797] = 32'd0;
-    spad[4798] = 32'd0;
-    spad[4799] = 32'd0;
-    spad[4800] = 32'd0;
-    spad[4801] = 32'd0;
-    spad[4802] = 32'd0;
-    spad[4803] = 32'd0;
-    spad[4804] = 32'd0;
-    spad[4805] = 32'd0;
-    spad[4806] = 32'd0;
-    spad[4807] = 32'd0;
-    spad[4808] = 32'd0;
-    spad[4809] = 32'd0;
-    spad[4810] = 32'd0;
-    spad[4811] = 32'd0;
-    spad[4812] = 32'd0;
-    spad[4813] = 32'd0;
-    spad[4814] = 32'd0;
-    spad[4815] = 32'd0;
-    spad[4816] = 32'd0;
-    spad[4817] = 32'd0;
-    spad[4818] = 32'd0;
-    spad[4819] = 32'd0;
-    spad[4820] = 32'd0;
-    spad[4821] = 32'd0;
-    spad[4822] = 32'd0;
-    spad[4823] = 32'd0;
-    spad[4824] = 32'd0;
-    spad[4825] = 32'd0;
-    spad[4826] = 32'd0;
-    spad[4827] = 32'd0;
-    spad[4828] = 32'd0;
-    spad[4829] = 32'd0;
-    spad[4830] = 32'd0;
-    spad[4831] = 32'd0;
-    spad[4832] = 32'd0;
-    spad[4833] = 32'd0;
-    spad[4834] = 32'd0;
-    spad[4835] = 32'd0;
-    spad[4836] = 32'd0;
-    spad[4837] = 32'd0;
-    spad[4838] = 32'd0;
-    spad[4839] = 32'd0;
-    spad[4840] = 32'd0;
-    spad[4841] = 32'd0;
-    spad[4842] = 32'd0;
-    spad[4843] = 32'd0;
-    spad[4844] = 32'd0;
-    spad[4845] = 32'd0;
-    spad[4846] = 32'd0;
-    spad[4847] = 32'd0;
-    spad[4848] = 32'd0;
-    spad[4849] = 32'd0;
-    spad[4850] = 32'd0;
-    spad[4851] = 32'd0;
-    spad[4852] = 32'd0;
-    spad[4853] = 32'd0;
-    spad[4854] = 32'd0;
-    spad[4855] = 32'd0;
-    spad[4856] = 32'd0;
-    spad[4857] = 32'd0;
-    spad[4858] = 32'd0;
-    spad[4859] = 32'd0;
-    spad[4860] = 32'd0;
-    spad[4861] = 32'd0;
-    spad[4862] = 32'd0;
-    spad[4863] = 32'd0;
-    spad[4864] = 32'd0;
-    spad[4865] = 32'd0;
-    spad[4866] = 32'd0;
-    spad[4867] = 32'd0;
-    spad[4868] = 32'd0;
-    spad[4869] = 32'd0;
-    spad[4870] = 32'd0;
-    spad[4871] = 32'd0;
-    spad[4872] = 32'd0;
-    spad[4873] = 32'd0;
-    spad[4874] = 32'd0;
-    spad[4875] = 32'd0;
-    spad[4876] = 32'd0;
-    spad[4877] = 32'd0;
-    spad[4878] = 32'd0;
-    spad[4879] = 32'd0;
-    spad[4880] = 32'd0;
-    spad[4881] = 32'd0;
-    spad[4882] = 32'd0;
-    spad[4883] = 32'd0;
-    spad[4884] = 32'd0;
-    spad[4885] = 32'd0;
-    spad[4886] = 32'd0;
-    spad[4887] = 32'd0;
-    spad[4888] = 32'd0;
-    spad[4889] = 32'd0;
-    spad[4890] = 32'd0;
-    spad[4891] = 32'd0;
-    spad[4892] = 32'd0;
-    spad[4893] = 32'd0;
-    spad[4894] = 32'd0;
-    spad[4895] = 32'd0;
-    spad[4896] = 32'd0;
-    spad[4897] = 32'd0;
-    spad[4898] = 32'd0;
-    spad[4899] = 32'd0;
-    spad[4900] = 32'd0;
-    spad[4901] = 32'd0;
-    spad[4902] = 32'd0;
-    spad[4903] = 32'd0;
-    spad[4904] = 32'd0;
-    spad[4905] = 32'd0;
-    spad[4906] = 32'd0;
-    spad[4907] = 32'd0;
-    spad[4908] = 32'd0;
-    spad[4909] = 32'd0;
-    spad[4910] = 32'd0;
-    spad[4911] = 32'd0;
-    spad[4912] = 32'd0;
-    spad[4913] = 32'd0;
-    spad[4914] = 32'd0;
-    spad[4915] = 32'd0;
-    spad[4916] = 32'd0;
-    spad[4917] = 32'd0;
-    spad[4918] = 32'd0;
-    spad[4919] = 32'd0;
-    spad[4920] = 32'd0;
-    spad[4921] = 32'd0;
-    spad[4922] = 32'd0;
-    spad[4923] = 32'd0;
-    spad[4924] = 32'd0;
-    spad[4925] = 32'd0;
-    spad[4926] = 32'd0;
-    spad[4927] = 32'd0;
-    spad[4928] = 32'd0;
-    spad[4929] = 32'd0;
-    spad[4930] = 32'd0;
-    spad[4931] = 32'd0;
-    spad[4932] = 32'd0;
-    spad[4933] = 32'd0;
-    spad[4934] = 32'd0;
-    spad[4935] = 32'd0;
-    spad[4936] = 32'd0;
-    spad[4937] = 32'd0;
-    spad[4938] = 32'd0;
-    spad[4939] = 32'd0;
-    spad[4940] = 32'd0;
-    spad[4941] = 32'd0;
-    spad[4942] = 32'd0;
-    spad[4943] = 32'd0;
-    spad[4944] = 32'd0;
-    spad[4945] = 32'd0;
-    spad[4946] = 32'd0;
-    spad[4947] = 32'd0;
-    spad[4948] = 32'd0;
-    spad[4949] = 32'd0;
-    spad[4950] = 32'd0;
-    spad[4951] = 32'd0;
-    spad[4952] = 32'd0;
-    spad[4953] = 32'd0;
-    spad[4954] = 32'd0;
-    spad[4955] = 32'd0;
-    spad[4956] = 32'd0;
-    spad[4957] = 32'd0;
-    spad[4958] = 32'd0;
-    spad[4959] = 32'd0;
-    spad[4960] = 32'd0;
-    spad[4961] = 32'd0;
-    spad[4962] = 32'd0;
-    spad[4963] = 32'd0;
-    spad[4964] = 32'd0;
-    spad[4965] = 32'd0;
-    spad[4966] = 32'd0;
-    spad[4967] = 32'd0;
-    spad[4968] = 32'd0;
-    spad[4969] = 32'd0;
-    spad[4970] = 32'd0;
-    spad[4971] = 32'd0;
-    spad[4972] = 32'd0;
-    spad[4973] = 32'd0;
-    spad[4974] = 32'd0;
-    spad[4975] = 32'd0;
-    spad[4976] = 32'd0;
-    spad[4977] = 32'd0;
-    spad[4978] = 32'd0;
-    spad[4979] = 32'd0;
-    spad[4980] = 32'd0;
-    spad[4981] = 32'd0;
-    spad[4982] = 32'd0;
-    spad[4983] = 32'd0;
-    spad[4984] = 32'd0;
-    spad[4985] = 32'd0;
-    spad[4986] = 32'd0;
-    spad[4987] = 32'd0;
-    spad[4988] = 32'd0;
-    spad[4989] = 32'd0;
-    spad[4990] = 32'd0;
-    spad[4991] = 32'd0;
-    spad[4992] = 32'd0;
-    spad[4993] = 32'd0;
-    spad[4994] = 32'd0;
-    spad[4995] = 32'd0;
-    spad[4996] = 32'd0;
-    spad[4997] = 32'd0;
-    spad[4998] = 32'd0;
-    spad[4999] = 32'd0;
-    spad[5000] = 32'd0;
-    spad[5001] = 32'd0;
-    spad[5002] = 32'd0;
-    spad[5003] = 32'd0;
-    spad[5004] = 32'd0;
-    spad[5005] = 32'd0;
-    spad[5006] = 32'd0;
-    spad[5007] = 32'd0;
-    spad[5008] = 32'd0;
-    spad[5009] = 32'd0;
-    spad[5010] = 32'd0;
-    spad[5011] = 32'd0;
-    spad[5012] = 32'd0;
-    spad[5013] = 32'd0;
-    spad[5014] = 32'd0;
-    spad[5015] = 32'd0;
-    spad[5016] = 32'd0;
-    spad[5017] = 32'd0;
-    spad[5018] = 32'd0;
-    spad[5019] = 32'd0;
-    spad[5020] = 32'd0;
-    spad[5021] = 32'd0;
-    spad[5022] = 32'd0;
-    spad[5023] = 32'd0;
-    spad[5024] = 32'd0;
-    spad[5025] = 32'd0;
-    spad[5026] = 32'd0;
-    spad[5027] = 32'd0;
-    spad[5028] = 32'd0;
-    spad[5029] = 32'd0;
-    spad[5030] = 32'd0;
-    spad[5031] = 32'd0;
-    spad[5032] = 32'd0;
-    spad[5033] = 32'd0;
-    spad[5034] = 32'd0;
-    spad[5035] = 32'd0;
-    spad[5036] = 32'd0;
-    spad[5037] = 32'd0;
-    spad[5038] = 32'd0;
-    spad[5039] = 32'd0;
-    spad[5040] = 32'd0;
-    spad[5041] = 32'd0;
-    spad[5042] = 32'd0;
-    spad[5043] = 32'd0;
-    spad[5044] = 32'd0;
-    spad[5045] = 32'd0;
-    spad[5046] = 32'd0;
-    spad[5047] = 32'd0;
-    spad[5048] = 32'd0;
-    spad[5049] = 32'd0;
-    spad[5050] = 32'd0;
-    spad[5051] = 32'd0;
-    spad[5052] = 32'd0;
-    spad[5053] = 32'd0;
-    spad[5054] = 32'd0;
-    spad[5055] = 32'd0;
-    spad[5056] = 32'd0;
-    spad[5057] = 32'd0;
-    spad[5058] = 32'd0;
-    spad[5059] = 32'd0;
-    spad[5060] = 32'd0;
-    spad[5061] = 32'd0;
-    spad[5062] = 32'd0;
-    spad[5063] = 32'd0;
-    spad[5064] = 32'd0;
-    spad[5065] = 32'd0;
-    spad[5066] = 32'd0;
-    spad[5067] = 32'd0;
-    spad[5068] = 32'd0;
-    spad[5069] = 32'd0;
-    spad[5070] = 32'd0;
-    spad[5071] = 32'd0;
-    spad[5072] = 32'd0;
-    spad[5073] = 32'd0;
-    spad[5074] = 32'd0;
-    spad[5075] = 32'd0;
-    spad[5076] = 32'd0;
-    spad[5077] = 32'd0;
-    spad[5078] = 32'd0;
-    spad[5079] = 32'd0;
-    spad[5080] = 32'd0;
-    spad[5081] = 32'd0;
-    spad[5082] = 32'd0;
-    spad[5083] = 32'd0;
-    spad[5084] = 32'd0;
-    spad[5085] = 32'd0;
-    spad[5086] = 32'd0;
-    spad[5087] = 32'd0;
-    spad[5088] = 32'd0;
-    spad[5089] = 32'd0;
-    spad[5090] = 32'd0;
-    spad[5091] = 32'd0;
-    spad[5092] = 32'd0;
-    spad[5093] = 32'd0;
-    spad[5094] = 32'd0;
-    spad[5095] = 32'd0;
-    spad[5096] = 32'd0;
-    spad[5097] = 32'd0;
-    spad[5098] = 32'd0;
-    spad[5099] = 32'd0;
-    spad[5100] = 32'd0;
-    spad[5101] = 32'd0;
-    spad[5102] = 32'd0;
-    spad[5103] = 32'd0;
-    spad[5104] = 32'd0;
-    spad[5105] = 32'd0;
-    spad[5106] = 32'd0;
-    spad[5107] = 32'd0;
-    spad[5108] = 32'd0;
-    spad[5109] = 32'd0;
-    spad[5110] = 32'd0;
-    spad[5111] = 32'd0;
-    spad[5112] = 32'd0;
-    spad[5113] = 32'd0;
-    spad[5114] = 32'd0;
-    spad[5115] = 32'd0;
-    spad[5116] = 32'd0;
-    spad[5117] = 32'd0;
-    spad[5118] = 32'd0;
-    spad[5119] = 32'd0;
-    spad[5120] = 32'd0;
-    spad[5121] = 32'd0;
-    spad[5122] = 32'd0;
-    spad[5123] = 32'd0;
-    spad[5124] = 32'd0;
-    spad[5125] = 32'd0;
-    spad[5126] = 32'd0;
-    spad[5127] = 32'd0;
-    spad[5128] = 32'd0;
-    spad[5129] = 32'd0;
-    spad[5130] = 32'd0;
-    spad[5131] = 32'd0;
-    spad[5132] = 32'd0;
-    spad[5133] = 32'd0;
-    spad[5134] = 32'd0;
-    spad[5135] = 32'd0;
-    spad[5136] = 32'd0;
-    spad[5137] = 32'd0;
-    spad[5138] = 32'd0;
-    spad[5139] = 32'd0;
-    spad[5140] = 32'd0;
-    spad[5141] = 32'd0;
-    spad[5142] = 32'd0;
-    spad[5143] = 32'd0;
-    spad[5144] = 32'd0;
-    spad[5145] = 32'd0;
-    spad[5146] = 32'd0;
-    spad[5147] = 32'd0;
-    spad[5148] = 32'd0;
-    spad[5149] = 32'd0;
-    spad[5150] = 32'd0;
-    spad[5151] = 32'd0;
-    spad[5152] = 32'd0;
-    spad[5153] = 32'd0;
-    spad[5154] = 32'd0;
-    spad[5155] = 32'd0;
-    spad[5156] = 32'd0;
-    spad[5157] = 32'd0;
-    spad[5158] = 32'd0;
-    spad[5159] = 32'd0;
-    spad[5160] = 32'd0;
-    spad[5161] = 32'd0;
-    spad[5162] = 32'd0;
-    spad[5163] = 32'd0;
-    spad[5164] = 32'd0;
-    spad[5165] = 32'd0;
-    spad[5166] = 32'd0;
-    spad[5167] = 32'd0;
-    spad[5168] = 32'd0;
-    spad[5169] = 32'd0;
-    spad[5170] = 32'd0;
-    spad[5171] = 32'd0;
-    spad[5172] = 32'd0;
-    spad[5173] = 32'd0;
-    spad[5174] = 32'd0;
-    spad[5175] = 32'd0;
-    spad[5176] = 32'd0;
-    spad[5177] = 32'd0;
-    spad[5178] = 32'd0;
-    spad[5179] = 32'd0;
-    spad[5180] = 32'd0;
-    spad[5181] = 32'd0;
-    spad[5182] = 32'd0;
-    spad[5183] = 32'd0;
-    spad[5184] = 32'd0;
-    spad[5185] = 32'd0;
-    spad[5186] = 32'd0;
-    spad[5187] = 32'd0;
-    spad[5188] = 32'd0;
-    spad[5189] = 32'd0;
-    spad[5190] = 32'd0;
-    spad[5191] = 32'd0;
-    spad[5192] = 32'd0;
-    spad[5193] = 32'd0;
-    spad[5194] = 32'd0;
-    spad[5195] = 32'd0;
-    spad[5196] = 32'd0;
-    spad[5197] = 32'd0;
-    spad[5198] = 32'd0;
-    spad[5199] = 32'd0;
-    spad[5200] = 32'd0;
-    spad[5201] = 32'd0;
-    spad[5202] = 32'd0;
-    spad[5203] = 32'd0;
-    spad[5204] = 32'd0;
-    spad[5205] = 32'd0;
-    spad[5206] = 32'd0;
-    spad[5207] = 32'd0;
-    spad[5208] = 32'd0;
-    spad[5209] = 32'd0;
-    spad[5210] = 32'd0;
-    spad[5211] = 32'd0;
-    spad[5212] = 32'd0;
-    spad[5213] = 32'd0;
-    spad[5214] = 32'd0;
-    spad[5215] = 32'd0;
-    spad[5216] = 32'd0;
-    spad[5217] = 32'd0;
-    spad[5218] = 32'd0;
-    spad[5219] = 32'd0;
-    spad[5220] = 32'd0;
-    spad[5221] = 32'd0;
-    spad[5222] = 32'd0;
-    spad[5223] = 32'd0;
-    spad[5224] = 32'd0;
-    spad[5225] = 32'd0;
-    spad[5226] = 32'd0;
-    spad[5227] = 32'd0;
-    spad[5228] = 32'd0;
-    spad[5229] = 32'd0;
-    spad[5230] = 32'd0;
-    spad[5231] = 32'd0;
-    spad[5232] = 32'd0;
-    spad[5233] = 32'd0;
-    spad[5234] = 32'd0;
-    spad[5235] = 32'd0;
-    spad[5236] = 32'd0;
-    spad[5237] = 32'd0;
-    spad[5238] = 32'd0;
-    spad[5239] = 32'd0;
-    spad[5240] = 32'd0;
-    spad[5241] = 32'd0;
-    spad[5242] = 32'd0;
-    spad[5243] = 32'd0;
-    spad[5244] = 32'd0;
-    spad[5245] = 32'd0;
-    spad[5246] = 32'd0;
-    spad[5247] = 32'd0;
-    spad[5248] = 32'd0;
-    spad[5249] = 32'd0;
-    spad[5250] = 32'd0;
-    spad[5251] = 32'd0;
-    spad[5252] = 32'd0;
-    spad[5253] = 32'd0;
-    spad[5254] = 32'd0;
-    spad[5255] = 32'd0;
-    spad[5256] = 32'd0;
-    spad[5257] = 32'd0;
-    spad[5258] = 32'd0;
-    spad[5259] = 32'd0;
-    spad[5260] = 32'd0;
-    spad[5261] = 32'd0;
-    spad[5262] = 32'd0;
-    spad[5263] = 32'd0;
-    spad[5264] = 32'd0;
-    spad[5265] = 32'd0;
-    spad[5266] = 32'd0;
-    spad[5267] = 32'd0;
-    spad[5268] = 32'd0;
-    spad[5269] = 32'd0;
-    spad[5270] = 32'd0;
-    spad[5271] = 32'd0;
-    spad[5272] = 32'd0;
-    spad[5273] = 32'd0;
-    spad[5274] = 32'd0;
-    spad[5275] = 32'd0;
-    spad[5276] = 32'd0;
-    spad[5277] = 32'd0;
-    spad[5278] = 32'd0;
-    spad[5279] = 32'd0;
-    spad[5280] = 32'd0;
-    spad[5281] = 32'd0;
-    spad[5282] = 32'd0;
-    spad[5283] = 32'd0;
-    spad[5284] = 32'd0;
-    spad[5285] = 32'd0;
-    spad[5286] = 32'd0;
-    spad[5287] = 32'd0;
-    spad[5288] = 32'd0;
-    spad[5289] = 32'd0;
-    spad[5290] = 32'd0;
-    spad[5291] = 32'd0;
-    spad[5292] = 32'd0;
-    spad[5293] = 32'd0;
-    spad[5294] = 32'd0;
-    spad[5295] = 32'd0;
-    spad[5296] = 32'd0;
-    spad[5297] = 32'd0;
-    spad[5298] = 32'd0;
-    spad[5299] = 32'd0;
-    spad[5300] = 32'd0;
-    spad[5301] = 32'd0;
-    spad[5302] = 32'd0;
-    spad[5303] = 32'd0;
-    spad[5304] = 32'd0;
-    spad[5305] = 32'd0;
-    spad[5306] = 32'd0;
-    spad[5307] = 32'd0;
-    spad[5308] = 32'd0;
-    spad[5309] = 32'd0;
-    spad[5310] = 32'd0;
-    spad[5311] = 32'd0;
-    spad[5312] = 32'd0;
-    spad[5313] = 32'd0;
-    spad[5314] = 32'd0;
-    spad[5315] = 32'd0;
-    spad[5316] = 32'd0;
-    spad[5317] = 32'd0;
-    spad[5318] = 32'd0;
-    spad[5319] = 32'd0;
-    spad[5320] = 32'd0;
-    spad[5321] = 32'd0;
-    spad[5322] = 32'd0;
-    spad[5323] = 32'd0;
-    spad[5324] = 32'd0;
-    spad[5325] = 32'd0;
-    spad[5326] = 32'd0;
-    spad[5327] = 32'd0;
-    spad[5328] = 32'd0;
-    spad[5329] = 32'd0;
-    spad[5330] = 32'd0;
-    spad[5331] = 32'd0;
-    spad[5332] = 32'd0;
-    spad[5333] = 32'd0;
-    spad[5334] = 32'd0;
-    spad[5335] = 32'd0;
-    spad[5336] = 32'd0;
-    spad[5337] = 32'd0;
-    spad[5338] = 32'd0;
-    spad[5339] = 32'd0;
-    spad[5340] = 32'd0;
-    spad[5341] = 32'd0;
-    spad[5342] = 32'd0;
-    spad[5343] = 32'd0;
-    spad[5344] = 32'd0;
-    spad[5345] = 32'd0;
-    spad[5346] = 32'd0;
-    spad[5347] = 32'd0;
-    spad[5348] = 32'd0;
-    spad[5349] = 32'd0;
-    spad[5350] = 32'd0;
-    spad[5351] = 32'd0;
-    spad[5352] = 32'd0;
-    spad[5353] = 32'd0;
-    spad[5354] = 32'd0;
-    spad[5355] = 32'd0;
-    spad[5356] = 32'd0;
-    spad[5357] = 32'd0;
-    spad[5358] = 32'd0;
-    spad[5359] = 32'd0;
-    spad[5360] = 32'd0;
-    spad[5361] = 32'd0;
-    spad[5362] = 32'd0;
-    spad[5363] = 32'd0;
-    spad[5364] = 32'd0;
-    spad[5365] = 32'd0;
-    spad[5366] = 32'd0;
-    spad[5367] = 32'd0;
-    spad[5368] = 32'd0;
-    spad[5369] = 32'd0;
-    spad[5370] = 32'd0;
-    spad[5371] = 32'd0;
-    spad[5372] = 32'd0;
-    spad[5373] = 32'd0;
-    spad[5374] = 32'd0;
-    spad[5375] = 32'd0;
-    spad[5376] = 32'd0;
-    spad[5377] = 32'd0;
-    spad[5378] = 32'd0;
-    spad[5379] = 32'd0;
-    spad[5380] = 32'd0;
-    spad[5381] = 32'd0;
-    spad[5382] = 32'd0;
-    spad[5383] = 32'd0;
-    spad[5384] = 32'd0;
-    spad[5385] = 32'd0;
-    spad[5386] = 32'd0;
-    spad[5387] = 32'd0;
-    spad[5388] = 32'd0;
-    spad[5389] = 32'd0;
-    spad[5390] = 32'd0;
-    spad[5391] = 32'd0;
-    spad[5392] = 32'd0;
-    spad[5393] = 32'd0;
-    spad[5394] = 32'd0;
-    spad[5395] = 32'd0;
-    spad[5396] = 32'd0;
-    spad[5397] = 32'd0;
-    spad[5398] = 32'd0;
-    spad[5399] = 32'd0;
-    spad[5400] = 32'd0;
-    spad[5401] = 32'd0;
-    spad[5402] = 32'd0;
-    spad[5403] = 32'd0;
-    spad[5404] = 32'd0;
-    spad[5405] = 32'd0;
-    spad[5406] = 32'd0;
-    spad[5407] = 32'd0;
-    spad[5408] = 32'd0;
-    spad[5409] = 32'd0;
-    spad[5410] = 32'd0;
-    spad[5411] = 32'd0;
-    spad[5412] = 32'd0;
-    spad[5413] = 32'd0;
-    spad[5414] = 32'd0;
-    spad[5415] = 32'd0;
-    spad[5416] = 32'd0;
-    spad[5417] = 32'd0;
-    spad[5418] = 32'd0;
-    spad[5419] = 32'd0;
-    spad[5420] = 32'd0;
-    spad[5421] = 32'd0;
-    spad[5422] = 32'd0;
-    spad[5423] = 32'd0;
-    spad[5424] = 32'd0;
-    spad[5425] = 32'd0;
-    spad[5426] = 32'd0;
-    spad[5427] = 32'd0;
-    spad[5428] = 32'd0;
-    spad[5429] = 32'd0;
-    spad[5430] = 32'd0;
-    spad[5431] = 32'd0;
-    spad[5432] = 32'd0;
-    spad[5433] = 32'd0;
-    spad[5434] = 32'd0;
-    spad[5435] = 32'd0;
-    spad[5436] = 32'd0;
-    spad[5437] = 32'd0;
-    spad[5438] = 32'd0;
-    spad[5439] = 32'd0;
-    spad[5440] = 32'd0;
-    spad[5441] = 32'd0;
-    spad[5442] = 32'd0;
-    spad[5443] = 32'd0;
-    spad[5444] = 32'd0;
-    spad[5445] = 32'd0;
-    spad[5446] = 32'd0;
-    spad[5447] = 32'd0;
-    spad[5448] = 32'd0;
-    spad[5449] = 32'd0;
-    spad[5450] = 32'd0;
-    spad[5451] = 32'd0;
-    spad[5452] = 32'd0;
-    spad[5453] = 32'd0;
-    spad[5454] = 32'd0;
-    spad[5455] = 32'd0;
-    spad[5456] = 32'd0;
-    spad[5457] = 32'd0;
-    spad[5458] = 32'd0;
-    spad[5459] = 32'd0;
-    spad[5460] = 32'd0;
-    spad[5461] = 32'd0;
-    spad[5462] = 32'd0;
-    spad[5463] = 32'd0;
-    spad[5464] = 32'd0;
-    spad[5465] = 32'd0;
-    spad[5466] = 32'd0;
-    spad[5467] = 32'd0;
-    spad[5468] = 32'd0;
-    spad[5469] = 32'd0;
-    spad[5470] = 32'd0;
-    spad[5471] = 32'd0;
-    spad[5472] = 32'd0;
-    spad[5473] = 32'd0;
-    spad[5474] = 32'd0;
-    spad[5475] = 32'd0;
-    spad[5476] = 32'd0;
-    spad[5477] = 32'd0;
-    spad[5478] = 32'd0;
-    spad[5479] = 32'd0;
-    spad[5480] = 32'd0;
-    spad[5481] = 32'd0;
-    spad[5482] = 32'd0;
-    spad[5483] = 32'd0;
-    spad[5484] = 32'd0;
-    spad[5485] = 32'd0;
-    spad[5486] = 32'd0;
-    spad[5487] = 32'd0;
-    spad[5488] = 32'd0;
-    spad[5489] = 32'd0;
-    spad[5490] = 32'd0;
-    spad[5491] = 32'd0;
-    spad[5492] = 32'd0;
-    spad[5493] = 32'd0;
-    spad[5494] = 32'd0;
-    spad[5495] = 32'd0;
-    spad[5496] = 32'd0;
-    spad[5497] = 32'd0;
-    spad[5498] = 32'd0;
-    spad[5499] = 32'd0;
-    spad[5500] = 32'd0;
-    spad[5501] = 32'd0;
-    spad[5502] = 32'd0;
-    spad[5503] = 32'd0;
-    spad[5504] = 32'd0;
-    spad[5505] = 32'd0;
-    spad[5506] = 32'd0;
-    spad[5507] = 32'd0;
-    spad[5508] = 32'd0;
-    spad[5509] = 32'd0;
-    spad[5510] = 32'd0;
-    spad[5511] = 32'd0;
-    spad[5512] = 32'd0;
-    spad[5513] = 32'd0;
-    spad[5514] = 32'd0;
-    spad[5515] = 32'd0;
-    spad[5516] = 32'd0;
-    spad[5517] = 32'd0;
-    spad[5518] = 32'd0;
-    spad[5519] = 32'd0;
-    spad[5520] = 32'd0;
-    spad[5521] = 32'd0;
-    spad[5522] = 32'd0;
-    spad[5523] = 32'd0;
-    spad[5524] = 32'd0;
-    spad[5525] = 32'd0;
-    spad[5526] = 32'd0;
-    spad[5527] = 32'd0;
-    spad[5528] = 32'd0;
-    spad[5529] = 32'd0;
-    spad[5530] = 32'd0;
-    spad[5531] = 32'd0;
-    spad[5532] = 32'd0;
-    spad[5533] = 32'd0;
-    spad[5534] = 32'd0;
-    spad[5535] = 32'd0;
-    spad[5536] = 32'd0;
-    spad[5537] = 32'd0;
-    spad[5538] = 32'd0;
-    spad[5539] = 32'd0;
-    spad[5540] = 32'd0;
-    spad[5541] = 32'd0;
-    spad[5542] = 32'd0;
-    spad[5543] = 32'd0;
-    spad[5544] = 32'd0;
-    spad[5545] = 32'd0;
-    spad[5546] = 32'd0;
-    spad[5547] = 32'd0;
-    spad[5548] = 32'd0;
-    spad[5549] = 32'd0;
-    spad[5550] = 32'd0;
-    spad[5551] = 32'd0;
-    spad[5552] = 32'd0;
-    spad[5553] = 32'd0;
-    spad[5554] = 32'd0;
-    spad[5555] = 32'd0;
-    spad[5556] = 32'd0;
-    spad[5557] = 32'd0;
-    spad[5558] = 32'd0;
-    spad[5559] = 32'd0;
-    spad[5560] = 32'd0;
-    spad[5561] = 32'd0;
-    spad[5562] = 32'd0;
-    spad[5563] = 32'd0;
-    spad[5564] = 32'd0;
-    spad[5565] = 32'd0;
-    spad[5566] = 32'd0;
-    spad[5567] = 32'd0;
-    spad[5568] = 32'd0;
-    spad[5569] = 32'd0;
-    spad[5570] = 32'd0;
-    spad[5571] = 32'd0;
-    spad[5572] = 32'd0;
-    spad[5573] = 32'd0;
-    spad[5574] = 32'd0;
-    spad[5575] = 32'd0;
-    spad[5576] = 32'd0;
-    spad[5577] = 32'd0;
-    spad[5578] = 32'd0;
-    spad[5579] = 32'd0;
-    spad[5580] = 32'd0;
-    spad[5581] = 32'd0;
-    spad[5582] = 32'd0;
-    spad[5583] = 32'd0;
-    spad[5584] = 32'd0;
-    spad[5585] = 32'd0;
-    spad[5586] = 32'd0;
-    spad[5587] = 32'd0;
-    spad[5588] = 32'd0;
-    spad[5589] = 32'd0;
-    spad[5590] = 32'd0;
-    spad[5591] = 32'd0;
-    spad[5592] = 32'd0;
-    spad[5593] = 32'd0;
-    spad[5594] = 32'd0;
-    spad[5595] = 32'd0;
-    spad[5596] = 32'd0;
-    spad[5597] = 32'd0;
-    spad[5598] = 32'd0;
-    spad[5599] = 32'd0;
-    spad[5600] = 32'd0;
-    spad[5601] = 32'd0;
-    spad[5602] = 32'd0;
-    spad[5603] = 32'd0;
-    spad[5604] = 32'd0;
-    spad[5605] = 32'd0;
-    spad[5606] = 32'd0;
-    spad[5607] = 32'd0;
-    spad[5608] = 32'd0;
-    spad[5609] = 32'd0;
-    spad[5610] = 32'd0;
-    spad[5611] = 32'd0;
-    spad[5612] = 32'd0;
-    spad[5613] = 32'd0;
-    spad[5614] = 32'd0;
-    spad[5615] = 32'd0;
-    spad[5616] = 32'd0;
-    spad[5617] = 32'd0;
-    spad[5618] = 32'd0;
-    spad[5619] = 32'd0;
-    spad[5620] = 32'd0;
-    spad[5621] = 32'd0;
-    spad[5622] = 32'd0;
-    spad[5623] = 32'd0;
-    spad[5624] = 32'd0;
-    spad[5625] = 32'd0;
-    spad[5626] = 32'd0;
-    spad[5627] = 32'd0;
-    spad[5628] = 32'd0;
-    spad[5629] = 32'd0;
-    spad[5630] = 32'd0;
-    spad[5631] = 32'd0;
-    spad[5632] = 32'd0;
-    spad[5633] = 32'd0;
-    spad[5634] = 32'd0;
-    spad[5635] = 32'd0;
-    spad[5636] = 32'd0;
-    spad[5637] = 32'd0;
-    spad[5638] = 32'd0;
-    spad[5639] = 32'd0;
-    spad[5640] = 32'd0;
-    spad[5641] = 32'd0;
-    spad[5642] = 32'd0;
-    spad[5643] = 32'd0;
-    spad[5644] = 32'd0;
-    spad[5645] = 32'd0;
-    spad[5646] = 32'd0;
-    spad[5647] = 32'd0;
-    spad[5648] = 32'd0;
-    spad[5649] = 32'd0;
-    spad[5650] = 32'd0;
-    spad[5651] = 32'd0;
-    spad[5652] = 32'd0;
-    spad[5653] = 32'd0;
-    spad[5654] = 32'd0;
-    spad[5655] = 32'd0;
-    spad[5656] = 32'd0;
-    spad[5657] = 32'd0;
-    spad[5658] = 32'd0;
-    spad[5659] = 32'd0;
-    spad[5660] = 32'd0;
-    spad[5661] = 32'd0;
-    spad[5662] = 32'd0;
-    spad[5663] = 32'd0;
-    spad[5664] = 32'd0;
-    spad[5665] = 32'd0;
-    spad[5666] = 32'd0;
-    spad[5667] = 32'd0;
-    spad[5668] = 32'd0;
-    spad[5669] = 32'd0;
-    spad[5670] = 32'd0;
-    spad[5671] = 32'd0;
-    spad[5672] = 32'd0;
-    spad[5673] = 32'd0;
-    spad[5674] = 32'd0;
-    spad[5675] = 32'd0;
-    spad[5676] = 32'd0;
-    spad[5677] = 32'd0;
-    spad[5678] = 32'd0;
-    spad[5679] = 32'd0;
-    spad[5680] = 32'd0;
-    spad[5681] = 32'd0;
-    spad[5682] = 32'd0;
-    spad[5683] = 32'd0;
-    spad[5684] = 32'd0;
-    spad[5685] = 32'd0;
-    spad[5686] = 32'd0;
-    spad[5687] = 32'd0;
-    spad[5688] = 32'd0;
-    spad[5689] = 32'd0;
-    spad[5690] = 32'd0;
-    spad[5691] = 32'd0;
-    spad[5692] = 32'd0;
-    spad[5693] = 32'd0;
-    spad[5694] = 32'd0;
-    spad[5695] = 32'd0;
-    spad[5696] = 32'd0;
-    spad[5697] = 32'd0;
-    spad[5698] = 32'd0;
-    spad[5699] = 32'd0;
-    spad[5700] = 32'd0;
-    spad[5701] = 32'd0;
-    spad[5702] = 32'd0;
-    spad[5703] = 32'd0;
-    spad[5704] = 32'd0;
-    spad[5705] = 32'd0;
-    spad[5706] = 32'd0;
-    spad[5707] = 32'd0;
-    spad[5708] = 32'd0;
-    spad[5709] = 32'd0;
-    spad[5710] = 32'd0;
-    spad[5711] = 32'd0;
-    spad[5712] = 32'd0;
-    spad[5713] = 32'd0;
-    spad[5714] = 32'd0;
-    spad[5715] = 32'd0;
-    spad[5716] = 32'd0;
-    spad[5717] = 32'd0;
-    spad[5718] = 32'd0;
-    spad[5719] = 32'd0;
-    spad[5720] = 32'd0;
-    spad[5721] = 32'd0;
-    spad[5722] = 32'd0;
-    spad[5723] = 32'd0;
-    spad[5724] = 32'd0;
-    spad[5725] = 32'd0;
-    spad[5726] = 32'd0;
-    spad[5727] = 32'd0;
-    spad[5728] = 32'd0;
-    spad[5729] = 32'd0;
-    spad[5730] = 32'd0;
-    spad[5731] = 32'd0;
-    spad[5732] = 32'd0;
-    spad[5733] = 32'd0;
-    spad[5734] = 32'd0;
-    spad[5735] = 32'd0;
-    spad[5736] = 32'd0;
-    spad[5737] = 32'd0;
-    spad[5738] = 32'd0;
-    spad[5739] = 32'd0;
-    spad[5740] = 32'd0;
-    spad[5741] = 32'd0;
-    spad[5742] = 32'd0;
-    spad[5743] = 32'd0;
-    spad[5744] = 32'd0;
-    spad[5745] = 32'd0;
-    spad[5746] = 32'd0;
-    spad[5747] = 32'd0;
-    spad[5748] = 32'd0;
-    spad[5749] = 32'd0;
-    spad[5750] = 32'd0;
-    spad[5751] = 32'd0;
-    spad[5752] = 32'd0;
-    spad[5753] = 32'd0;
-    spad[5754] = 32'd0;
-    spad[5755] = 32'd0;
-    spad[5756] = 32'd0;
-    spad[5757] = 32'd0;
-    spad[5758] = 32'd0;
-    spad[5759] = 32'd0;
-    spad[5760] = 32'd0;
-    spad[5761] = 32'd0;
-    spad[5762] = 32'd0;
-    spad[5763] = 32'd0;
-    spad[5764] = 32'd0;
-    spad[5765] = 32'd0;
-    spad[5766] = 32'd0;
-    spad[5767] = 32'd0;
-    spad[5768] = 32'd0;
-    spad[5769] = 32'd0;
-    spad[5770] = 32'd0;
-    spad[5771] = 32'd0;
-    spad[5772] = 32'd0;
-    spad[5773] = 32'd0;
-    spad[5774] = 32'd0;
-    spad[5775] = 32'd0;
-    spad[5776] = 32'd0;
-    spad[5777] = 32'd0;
-    spad[5778] = 32'd0;
-    spad[5779] = 32'd0;
-    spad[5780] = 32'd0;
-    spad[5781] = 32'd0;
-    spad[5782] = 32'd0;
-    spad[5783] = 32'd0;
-    spad[5784] = 32'd0;
-    spad[5785] = 32'd0;
-    spad[5786] = 32'd0;
-    spad[5787] = 32'd0;
-    spad[5788] = 32'd0;
-    spad[5789] = 32'd0;
-    spad[5790] = 32'd0;
-    spad[5791] = 32'd0;
-    spad[5792] = 32'd0;
-    spad[5793] = 32'd0;
-    spad[5794] = 32'd0;
-    spad[5795] = 32'd0;
-    spad[5796] = 32'd0;
-    spad[5797] = 32'd0;
-    spad[5798] = 32'd0;
-    spad[5799] = 32'd0;
-    spad[5800] = 32'd0;
-    spad[5801] = 32'd0;
-    spad[5802] = 32'd0;
-    spad[5803] = 32'd0;
-    spad[5804] = 32'd0;
-    spad[5805] = 32'd0;
-    spad[5806] = 32'd0;
-    spad[5807] = 32'd0;
-    spad[5808] = 32'd0;
-    spad[5809] = 32'd0;
-    spad[5810] = 32'd0;
-    spad[5811] = 32'd0;
-    spad[5812] = 32'd0;
-    spad[5813] = 32'd0;
-    spad[5814] = 32'd0;
-    spad[5815] = 32'd0;
-    spad[5816] = 32'd0;
-    spad[5817] = 32'd0;
-    spad[5818] = 32'd0;
-    spad[5819] = 32'd0;
-    spad[5820] = 32'd0;
-    spad[5821] = 32'd0;
-    spad[5822] = 32'd0;
-    spad[5823] = 32'd0;
-    spad[5824] = 32'd0;
-    spad[5825] = 32'd0;
-    spad[5826] = 32'd0;
-    spad[5827] = 32'd0;
-    spad[5828] = 32'd0;
-    spad[5829] = 32'd0;
-    spad[5830] = 32'd0;
-    spad[5831] = 32'd0;
-    spad[5832] = 32'd0;
-    spad[5833] = 32'd0;
-    spad[5834] = 32'd0;
-    spad[5835] = 32'd0;
-    spad[5836] = 32'd0;
-    spad[5837] = 32'd0;
-    spad[5838] = 32'd0;
-    spad[5839] = 32'd0;
-    spad[5840] = 32'd0;
-    spad[5841] = 32'd0;
-    spad[5842] = 32'd0;
-    spad[5843] = 32'd0;
-    spad[5844] = 32'd0;
-    spad[5845] = 32'd0;
-    spad[5846] = 32'd0;
-    spad[5847] = 32'd0;
-    spad[5848] = 32'd0;
-    spad[5849] = 32'd0;
-    spad[5850] = 32'd0;
-    spad[5851] = 32'd0;
-    spad[5852] = 32'd0;
-    spad[5853] = 32'd0;
-    spad[5854] = 32'd0;
-    spad[5855] = 32'd0;
-    spad[5856] = 32'd0;
-    spad[5857] = 32'd0;
-    spad[5858] = 32'd0;
-    spad[5859] = 32'd0;
-    spad[5860] = 32'd0;
-    spad[5861] = 32'd0;
-    spad[5862] = 32'd0;
-    spad[5863] = 32'd0;
-    spad[5864] = 32'd0;
-    spad[5865] = 32'd0;
-    spad[5866] = 32'd0;
-    spad[5867] = 32'd0;
-    spad[5868] = 32'd0;
-    spad[5869] = 32'd0;
-    spad[5870] = 32'd0;
-    spad[5871] = 32'd0;
-    spad[5872] = 32'd0;
-    spad[5873] = 32'd0;
-    spad[5874] = 32'd0;
-    spad[5875] = 32'd0;
-    spad[5876] = 32'd0;
-    spad[5877] = 32'd0;
-    spad[5878] = 32'd0;
-    spad[5879] = 32'd0;
-    spad[5880] = 32'd0;
-    spad[5881] = 32'd0;
-    spad[5882] = 32'd0;
-    spad[5883] = 32'd0;
-    spad[5884] = 32'd0;
-    spad[5885] = 32'd0;
-    spad[5886] = 32'd0;
-    spad[5887] = 32'd0;
-    spad[5888] = 32'd0;
-    spad[5889] = 32'd0;
-    spad[5890] = 32'd0;
-    spad[5891] = 32'd0;
-    spad[5892] = 32'd0;
-    spad[5893] = 32'd0;
-    spad[5894] = 32'd0;
-    spad[5895] = 32'd0;
-    spad[5896] = 32'd0;
-    spad[5897] = 32'd0;
-    spad[5898] = 32'd0;
-    spad[5899] = 32'd0;
-    spad[5900] = 32'd0;
-    spad[5901] = 32'd0;
-    spad[5902] = 32'd0;
-    spad[5903] = 32'd0;
-    spad[5904] = 32'd0;
-    spad[5905] = 32'd0;
-    spad[5906] = 32'd0;
-    spad[5907] = 32'd0;
-    spad[5908] = 32'd0;
-    spad[5909] = 32'd0;
-    spad[5910] = 32'd0;
-    spad[5911] = 32'd0;
-    spad[5912] = 32'd0;
-    spad[5913] = 32'd0;
-    spad[5914] = 32'd0;
-    spad[5915] = 32'd0;
-    spad[5916] = 32'd0;
-    spad[5917] = 32'd0;
-    spad[5918] = 32'd0;
-    spad[5919] = 32'd0;
-    spad[5920] = 32'd0;
-    spad[5921] = 32'd0;
-    spad[5922] = 32'd0;
-    spad[5923] = 32'd0;
-    spad[5924] = 32'd0;
-    spad[5925] = 32'd0;
-    spad[5926] = 32'd0;
-    spad[5927] = 32'd0;
-    spad[5928] = 32'd0;
-    spad[5929] = 32'd0;
-    spad[5930] = 32'd0;
-    spad[5931] = 32'd0;
-    spad[5932] = 32'd0;
-    spad[5933] = 32'd0;
-    spad[5934] = 32'd0;
-    spad[5935] = 32'd0;
-    spad[5936] = 32'd0;
-    spad[5937] = 32'd0;
-    spad[5938] = 32'd0;
-    spad[5939] = 32'd0;
-    spad[5940] = 32'd0;
-    spad[5941] = 32'd0;
-    spad[5942] = 32'd0;
-    spad[5943] = 32'd0;
-    spad[5944] = 32'd0;
-    spad[5945] = 32'd0;
-    spad[5946] = 32'd0;
-    spad[5947] = 32'd0;
-    spad[5948] = 32'd0;
-    spad[5949] = 32'd0;
-    spad[5950] = 32'd0;
-    spad[5951] = 32'd0;
-    spad[5952] = 32'd0;
-    spad[5953] = 32'd0;
-    spad[5954] = 32'd0;
-    spad[5955] = 32'd0;
-    spad[5956] = 32'd0;
-    spad[5957] = 32'd0;
-    spad[5958] = 32'd0;
-    spad[5959] = 32'd0;
-    spad[5960] = 32'd0;
-    spad[5961] = 32'd0;
-    spad[5962] = 32'd0;
-    spad[5963] = 32'd0;
-    spad[5964] = 32'd0;
-    spad[5965] = 32'd0;
-    spad[5966] = 32'd0;
-    spad[5967] = 32'd0;
-    spad[5968] = 32'd0;
-    spad[5969] = 32'd0;
-    spad[5970] = 32'd0;
-    spad[5971] = 32'd0;
-    spad[5972] = 32'd0;
-    spad[5973] = 32'd0;
-    spad[5974] = 32'd0;
-    spad[5975] = 32'd0;
-    spad[5976] = 32'd0;
-    spad[5977] = 32'd0;
-    spad[5978] = 32'd0;
-    spad[5979] = 32'd0;
-    spad[5980] = 32'd0;
-    spad[5981] = 32'd0;
-    spad[5982] = 32'd0;
-    spad[5983] = 32'd0;
-    spad[5984] = 32'd0;
-    spad[5985] = 32'd0;
-    spad[5986] = 32'd0;
-    spad[5987] = 32'd0;
-    spad[5988] = 32'd0;
-    spad[5989] = 32'd0;
-    spad[5990] = 32'd0;
-    spad[5991] = 32'd0;
-    spad[5992] = 32'd0;
-    spad[5993] = 32'd0;
-    spad[5994] = 32'd0;
-    spad[5995] = 32'd0;
-    spad[5996] = 32'd0;
-    spad[5997] = 32'd0;
-    spad[5998] = 32'd0;
-    spad[5999] = 32'd0;
-    spad[6000] = 32'd0;
-    spad[6001] = 32'd0;
-    spad[6002] = 32'd0;
-    spad[6003] = 32'd0;
-    spad[6004] = 32'd0;
-    spad[6005] = 32'd0;
-    spad[6006] = 32'd0;
-    spad[6007] = 32'd0;
-    spad[6008] = 32'd0;
-    spad[6009] = 32'd0;
-    spad[6010] = 32'd0;
-    spad[6011] = 32'd0;
-    spad[6012] = 32'd0;
-    spad[6013] = 32'd0;
-    spad[6014] = 32'd0;
-    spad[6015] = 32'd0;
-    spad[6016] = 32'd0;
-    spad[6017] = 32'd0;
-    spad[6018] = 32'd0;
-    spad[6019] = 32'd0;
-    spad[6020] = 32'd0;
-    spad[6021] = 32'd0;
-    spad[6022] = 32'd0;
-    spad[6023] = 32'd0;
-    spad[6024] = 32'd0;
-    spad[6025] = 32'd0;
-    spad[6026] = 32'd0;
-    spad[6027] = 32'd0;
-    spad[6028] = 32'd0;
-    spad[6029] = 32'd0;
-    spad[6030] = 32'd0;
-    spad[6031] = 32'd0;
-    spad[6032] = 32'd0;
-    spad[6033] = 32'd0;
-    spad[6034] = 32'd0;
-    spad[6035] = 32'd0;
-    spad[6036] = 32'd0;
-    spad[6037] = 32'd0;
-    spad[6038] = 32'd0;
-    spad[6039] = 32'd0;
-    spad[6040] = 32'd0;
-    spad[6041] = 32'd0;
-    spad[6042] = 32'd0;
-    spad[6043] = 32'd0;
-    spad[6044] = 32'd0;
-    spad[6045] = 32'd0;
-    spad[6046] = 32'd0;
-    spad[6047] = 32'd0;
-    spad[6048] = 32'd0;
-    spad[6049] = 32'd0;
-    spad[6050] = 32'd0;
-    spad[6051] = 32'd0;
-    spad[6052] = 32'd0;
-    spad[6053] = 32'd0;
-    spad[6054] = 32'd0;
-    spad[6055] = 32'd0;
-    spad[6056] = 32'd0;
-    spad[6057] = 32'd0;
-    spad[6058] = 32'd0;
-    spad[6059] = 32'd0;
-    spad[6060] = 32'd0;
-    spad[6061] = 32'd0;
-    spad[6062] = 32'd0;
-    spad[6063] = 32'd0;
-    spad[6064] = 32'd0;
-    spad[6065] = 32'd0;
-    spad[6066] = 32'd0;
-    spad[6067] = 32'd0;
-    spad[6068] = 32'd0;
-    spad[6069] = 32'd0;
-    spad[6070] = 32'd0;
-    spad[6071] = 32'd0;
-    spad[6072] = 32'd0;
-    spad[6073] = 32'd0;
-    spad[6074] = 32'd0;
-    spad[6075] = 32'd0;
-    spad[6076] = 32'd0;
-    spad[6077] = 32'd0;
-    spad[6078] = 32'd0;
-    spad[6079] = 32'd0;
-    spad[6080] = 32'd0;
-    spad[6081] = 32'd0;
-    spad[6082] = 32'd0;
-    spad[6083] = 32'd0;
-    spad[6084] = 32'd0;
-    spad[6085] = 32'd0;
-    spad[6086] = 32'd0;
-    spad[6087] = 32'd0;
-    spad[6088] = 32'd0;
-    spad[6089] = 32'd0;
-    spad[6090] = 32'd0;
-    spad[6091] = 32'd0;
-    spad[6092] = 32'd0;
-    spad[6093] = 32'd0;
-    spad[6094] = 32'd0;
-    spad[6095] = 32'd0;
-    spad[6096] = 32'd0;
-    spad[6097] = 32'd0;
-    spad[6098] = 32'd0;
-    spad[6099] = 32'd0;
-    spad[6100] = 32'd0;
-    spad[6101] = 32'd0;
-    spad[6102] = 32'd0;
-    spad[6103] = 32'd0;
-    spad[6104] = 32'd0;
-    spad[6105] = 32'd0;
-    spad[6106] = 32'd0;
-    spad[6107] = 32'd0;
-    spad[6108] = 32'd0;
-    spad[6109] = 32'd0;
-    spad[6110] = 32'd0;
-    spad[6111] = 32'd0;
-    spad[6112] = 32'd0;
-    spad[6113] = 32'd0;
-    spad[6114] = 32'd0;
-    spad[6115] = 32'd0;
-    spad[6116] = 32'd0;
-    spad[6117] = 32'd0;
-    spad[6118] = 32'd0;
-    spad[6119] = 32'd0;
-    spad[6120] = 32'd0;
-    spad[6121] = 32'd0;
-    spad[6122] = 32'd0;
-    spad[6123] = 32'd0;
-    spad[6124] = 32'd0;
-    spad[6125] = 32'd0;
-    spad[6126] = 32'd0;
-    spad[6127] = 32'd0;
-    spad[6128] = 32'd0;
-    spad[6129] = 32'd0;
-    spad[6130] = 32'd0;
-    spad[6131] = 32'd0;
-    spad[6132] = 32'd0;
-    spad[6133] = 32'd0;
-    spad[6134] = 32'd0;
-    spad[6135] = 32'd0;
-    spad[6136] = 32'd0;
-    spad[6137] = 32'd0;
-    spad[6138] = 32'd0;
-    spad[6139] = 32'd0;
-    spad[6140] = 32'd0;
-    spad[6141] = 32'd0;
-    spad[6142] = 32'd0;
-    spad[6143] = 32'd0;
-    spad[6144] = 32'd0;
-    spad[6145] = 32'd0;
-    spad[6146] = 32'd0;
-    spad[6147] = 32'd0;
-    spad[6148] = 32'd0;
-    spad[6149] = 32'd0;
-    spad[6150] = 32'd0;
-    spad[6151] = 32'd0;
-    spad[6152] = 32'd0;
-    spad[6153] = 32'd0;
-    spad[6154] = 32'd0;
-    spad[6155] = 32'd0;
-    spad[6156] = 32'd0;
-    spad[6157] = 32'd0;
-    spad[6158] = 32'd0;
-    spad[6159] = 32'd0;
-    spad[6160] = 32'd0;
-    spad[6161] = 32'd0;
-    spad[6162] = 32'd0;
-    spad[6163] = 32'd0;
-    spad[6164] = 32'd0;
-    spad[6165] = 32'd0;
-    spad[6166] = 32'd0;
-    spad[6167] = 32'd0;
-    spad[6168] = 32'd0;
-    spad[6169] = 32'd0;
-    spad[6170] = 32'd0;
-    spad[6171] = 32'd0;
-    spad[6172] = 32'd0;
-    spad[6173] = 32'd0;
-    spad[6174] = 32'd0;
-    spad[6175] = 32'd0;
-    spad[6176] = 32'd0;
-    spad[6177] = 32'd0;
-    spad[6178] = 32'd0;
-    spad[6179] = 32'd0;
-    spad[6180] = 32'd0;
-    spad[6181] = 32'd0;
-    spad[6182] = 32'd0;
-    spad[6183] = 32'd0;
-    spad[6184] = 32'd0;
-    spad[6185] = 32'd0;
-    spad[6186] = 32'd0;
-    spad[6187] = 32'd0;
-    spad[6188] = 32'd0;
-    spad[6189] = 32'd0;
-    spad[6190] = 32'd0;
-    spad[6191] = 32'd0;
-    spad[6192] = 32'd0;
-    spad[6193] = 32'd0;
-    spad[6194] = 32'd0;
-    spad[6195] = 32'd0;
-    spad[6196] = 32'd0;
-    spad[6197] = 32'd0;
-    spad[6198] = 32'd0;
-    spad[6199] = 32'd0;
-    spad[6200] = 32'd0;
-    spad[6201] = 32'd0;
-    spad[6202] = 32'd0;
-    spad[6203] = 32'd0;
-    spad[6204] = 32'd0;
-    spad[6205] = 32'd0;
-    spad[6206] = 32'd0;
-    spad[6207] = 32'd0;
-    spad[6208] = 32'd0;
-    spad[6209] = 32'd0;
-    spad[6210] = 32'd0;
-    spad[6211] = 32'd0;
-    spad[6212] = 32'd0;
-    spad[6213] = 32'd0;
-    spad[6214] = 32'd0;
-    spad[6215] = 32'd0;
-    spad[6216] = 32'd0;
-    spad[6217] = 32'd0;
-    spad[6218] = 32'd0;
-    spad[6219] = 32'd0;
-    spad[6220] = 32'd0;
-    spad[6221] = 32'd0;
-    spad[6222] = 32'd0;
-    spad[6223] = 32'd0;
-    spad[6224] = 32'd0;
-    spad[6225] = 32'd0;
-    spad[6226] = 32'd0;
-    spad[6227] = 32'd0;
-    spad[6228] = 32'd0;
-    spad[6229] = 32'd0;
-    spad[6230] = 32'd0;
-    spad[6231] = 32'd0;
-    spad[6232] = 32'd0;
-    spad[6233] = 32'd0;
-    spad[6234] = 32'd0;
-    spad[6235] = 32'd0;
-    spad[6236] = 32'd0;
-    spad[6237] = 32'd0;
-    spad[6238] = 32'd0;
-    spad[6239] = 32'd0;
-    spad[6240] = 32'd0;
-    spad[6241] = 32'd0;
-    spad[6242] = 32'd0;
-    spad[6243] = 32'd0;
-    spad[6244] = 32'd0;
-    spad[6245] = 32'd0;
-    spad[6246] = 32'd0;
-    spad[6247] = 32'd0;
-    spad[6248] = 32'd0;
-    spad[6249] = 32'd0;
-    spad[6250] = 32'd0;
-    spad[6251] = 32'd0;
-    spad[6252] = 32'd0;
-    spad[6253] = 32'd0;
-    spad[6254] = 32'd0;
-    spad[6255] = 32'd0;
-    spad[6256] = 32'd0;
-    spad[6257] = 32'd0;
-    spad[6258] = 32'd0;
-    spad[6259] = 32'd0;
-    spad[6260] = 32'd0;
-    spad[6261] = 32'd0;
-    spad[6262] = 32'd0;
-    spad[6263] = 32'd0;
-    spad[6264] = 32'd0;
-    spad[6265] = 32'd0;
-    spad[6266] = 32'd0;
-    spad[6267] = 32'd0;
-    spad[6268] = 32'd0;
-    spad[6269] = 32'd0;
-    spad[6270] = 32'd0;
-    spad[6271] = 32'd0;
-    spad[6272] = 32'd0;
-    spad[6273] = 32'd0;
-    spad[6274] = 32'd0;
-    spad[6275] = 32'd0;
-    spad[6276] = 32'd0;
-    spad[6277] = 32'd0;
-    spad[6278] = 32'd0;
-    spad[6279] = 32'd0;
-    spad[6280] = 32'd0;
-    spad[6281] = 32'd0;
-    spad[6282] = 32'd0;
-    spad[6283] = 32'd0;
-    spad[6284] = 32'd0;
-    spad[6285] = 32'd0;
-    spad[6286] = 32'd0;
-    spad[6287] = 32'd0;
-    spad[6288] = 32'd0;
-    spad[6289] = 32'd0;
-    spad[6290] = 32'd0;
-    spad[6291] = 32'd0;
-    spad[6292] = 32'd0;
-    spad[6293] = 32'd0;
-    spad[6294] = 32'd0;
-    spad[6295] = 32'd0;
-    spad[6296] = 32'd0;
-    spad[6297] = 32'd0;
-    spad[6298] = 32'd0;
-    spad[6299] = 32'd0;
-    spad[6300] = 32'd0;
-    spad[6301] = 32'd0;
-    spad[6302] = 32'd0;
-    spad[6303] = 32'd0;
-    spad[6304] = 32'd0;
-    spad[6305] = 32'd0;
-    spad[6306] = 32'd0;
-    spad[6307] = 32'd0;
-    spad[6308] = 32'd0;
-    spad[6309] = 32'd0;
-    spad[6310] = 32'd0;
-    spad[6311] = 32'd0;
-    spad[6312] = 32'd0;
-    spad[6313] = 32'd0;
-    spad[6314] = 32'd0;
-    spad[6315] = 32'd0;
-    spad[6316] = 32'd0;
-    spad[6317] = 32'd0;
-    spad[6318] = 32'd0;
-    spad[6319] = 32'd0;
-    spad[6320] = 32'd0;
-    spad[6321] = 32'd0;
-    spad[6322] = 32'd0;
-    spad[6323] = 32'd0;
-    spad[6324] = 32'd0;
-    spad[6325] = 32'd0;
-    spad[6326] = 32'd0;
-    spad[6327] = 32'd0;
-    spad[6328] = 32'd0;
-    spad[6329] = 32'd0;
-    spad[6330] = 32'd0;
-    spad[6331] = 32'd0;
-    spad[6332] = 32'd0;
-    spad[6333] = 32'd0;
-    spad[6334] = 32'd0;
-    spad[6335] = 32'd0;
-    spad[6336] = 32'd0;
-    spad[6337] = 32'd0;
-    spad[6338] = 32'd0;
-    spad[6339] = 32'd0;
-    spad[6340] = 32'd0;
-    spad[6341] = 32'd0;
-    spad[6342] = 32'd0;
-    spad[6343] = 32'd0;
-    spad[6344] = 32'd0;
-    spad[6345] = 32'd0;
-    spad[6346] = 32'd0;
-    spad[6347] = 32'd0;
-    spad[6348] = 32'd0;
-    spad[6349] = 32'd0;
-    spad[6350] = 32'd0;
-    spad[6351] = 32'd0;
-    spad[6352] = 32'd0;
-    spad[6353] = 32'd0;
-    spad[6354] = 32'd0;
-    spad[6355] = 32'd0;
-    spad[6356] = 32'd0;
-    spad[6357] = 32'd0;
-    spad[6358] = 32'd0;
-    spad[6359] = 32'd0;
-    spad[6360] = 32'd0;
-    spad[6361] = 32'd0;
-    spad[6362] = 32'd0;
-    spad[6363] = 32'd0;
-    spad[6364] = 32'd0;
-    spad[6365] = 32'd0;
-    spad[6366] = 32'd0;
-    spad[6367] = 32'd0;
-    spad[6368] = 32'd0;
-    spad[6369] = 32'd0;
-    spad[6370] = 32'd0;
-    spad[6371] = 32'd0;
-    spad[6372] = 32'd0;
-    spad[6373] = 32'd0;
-    spad[6374] = 32'd0;
-    spad[6375] = 32'd0;
-    spad[6376] = 32'd0;
-    spad[6377] = 32'd0;
-    spad[6378] = 32'd0;
-    spad[6379] = 32'd0;
-    spad[6380] = 32'd0;
-    spad[6381] = 32'd0;
-    spad[6382] = 32'd0;
-    spad[6383] = 32'd0;
-    spad[6384] = 32'd0;
-    spad[6385] = 32'd0;
-    spad[6386] = 32'd0;
-    spad[6387] = 32'd0;
-    spad[6388] = 32'd0;
-    spad[6389] = 32'd0;
-    spad[6390] = 32'd0;
-    spad[6391] = 32'd0;
-    spad[6392] = 32'd0;
-    spad[6393] = 32'd0;
-    spad[6394] = 32'd0;
-    spad[6395] = 32'd0;
-    spad[6396] = 32'd0;
-    spad[6397] = 32'd0;
-    spad[6398] = 32'd0;
-    spad[6399] = 32'd0;
-    spad[6400] = 32'd0;
-    spad[6401] = 32'd0;
-    spad[6402] = 32'd0;
-    spad[6403] = 32'd0;
-    spad[6404] = 32'd0;
-    spad[6405] = 32'd0;
-    spad[6406] = 32'd0;
-    spad[6407] = 32'd0;
-    spad[6408] = 32'd0;
-    spad[6409] = 32'd0;
-    spad[6410] = 32'd0;
-    spad[6411] = 32'd0;
-    spad[6412] = 32'd0;
-    spad[6413] = 32'd0;
-    spad[6414] = 32'd0;
-    spad[6415] = 32'd0;
-    spad[6416] = 32'd0;
-    spad[6417] = 32'd0;
-    spad[6418] = 32'd0;
-    spad[6419] = 32'd0;
-    spad[6420] = 32'd0;
-    spad[6421] = 32'd0;
-    spad[6422] = 32'd0;
-    spad[6423] = 32'd0;
-    spad[6424] = 32'd0;
-    spad[6425] = 32'd0;
-    spad[6426] = 32'd0;
-    spad[6427] = 32'd0;
-    spad[6428] = 32'd0;
-    spad[6429] = 32'd0;
-    spad[6430] = 32'd0;
-    spad[6431] = 32'd0;
-    spad[6432] = 32'd0;
-    spad[6433] = 32'd0;
-    spad[6434] = 32'd0;
-    spad[6435] = 32'd0;
-    spad[6436] = 32'd0;
-    spad[6437] = 32'd0;
-    spad[6438] = 32'd0;
-    spad[6439] = 32'd0;
-    spad[6440] = 32'd0;
-    spad[6441] = 32'd0;
-    spad[6442] = 32'd0;
-    spad[6443] = 32'd0;
-    spad[6444] = 32'd0;
-    spad[6445] = 32'd0;
-    spad[6446] = 32'd0;
-    spad[6447] = 32'd0;
-    spad[6448] = 32'd0;
-    spad[6449] = 32'd0;
-    spad[6450] = 32'd0;
-    spad[6451] = 32'd0;
-    spad[6452] = 32'd0;
-    spad[6453] = 32'd0;
-    spad[6454] = 32'd0;
-    spad[6455] = 32'd0;
-    spad[6456] = 32'd0;
-    spad[6457] = 32'd0;
-    spad[6458] = 32'd0;
-    spad[6459] = 32'd0;
-    spad[6460] = 32'd0;
-    spad[6461] = 32'd0;
-    spad[6462] = 32'd0;
-    spad[6463] = 32'd0;
-    spad[6464] = 32'd0;
-    spad[6465] = 32'd0;
-    spad[6466] = 32'd0;
-    spad[6467] = 32'd0;
-    spad[6468] = 32'd0;
-    spad[6469] = 32'd0;
-    spad[6470] = 32'd0;
-    spad[6471] = 32'd0;
-    spad[6472] = 32'd0;
-    spad[6473] = 32'd0;
-    spad[6474] = 32'd0;
-    spad[6475] = 32'd0;
-    spad[6476] = 32'd0;
-    spad[6477] = 32'd0;
-    spad[6478] = 32'd0;
-    spad[6479] = 32'd0;
-    spad[6480] = 32'd0;
-    spad[6481] = 32'd0;
-    spad[6482] = 32'd0;
-    spad[6483] = 32'd0;
-    spad[6484] = 32'd0;
-    spad[6485] = 32'd0;
-    spad[6486] = 32'd0;
-    spad[6487] = 32'd0;
-    spad[6488] = 32'd0;
-    spad[6489] = 32'd0;
-    spad[6490] = 32'd0;
-    spad[6491] = 32'd0;
-    spad[6492] = 32'd0;
-    spad[6493] = 32'd0;
-    spad[6494] = 32'd0;
-    spad[6495] = 32'd0;
-    spad[6496] = 32'd0;
-    spad[6497] = 32'd0;
-    spad[6498] = 32'd0;
-    spad[6499] = 32'd0;
-    spad[6500] = 32'd0;
-    spad[6501] = 32'd0;
-    spad[6502] = 32'd0;
-    spad[6503] = 32'd0;
-    spad[6504] = 32'd0;
-    spad[6505] = 32'd0;
-    spad[6506] = 32'd0;
-    spad[6507] = 32'd0;
-    spad[6508] = 32'd0;
-    spad[6509] = 32'd0;
-    spad[6510] = 32'd0;
-    spad[6511] = 32'd0;
-    spad[6512] = 32'd0;
-    spad[6513] = 32'd0;
-    spad[6514] = 32'd0;
-    spad[6515] = 32'd0;
-    spad[6516] = 32'd0;
-    spad[6517] = 32'd0;
-    spad[6518] = 32'd0;
-    spad[6519] = 32'd0;
-    spad[6520] = 32'd0;
-    spad[6521] = 32'd0;
-    spad[6522] = 32'd0;
-    spad[6523] = 32'd0;
-    spad[6524] = 32'd0;
-    spad[6525] = 32'd0;
-    spad[6526] = 32'd0;
-    spad[6527] = 32'd0;
-    spad[6528] = 32'd0;
-    spad[6529] = 32'd0;
-    spad[6530] = 32'd0;
-    spad[6531] = 32'd0;
-    spad[6532] = 32'd0;
-    spad[6533] = 32'd0;
-    spad[6534] = 32'd0;
-    spad[6535] = 32'd0;
-    spad[6536] = 32'd0;
-    spad[6537] = 32'd0;
-    spad[6538] = 32'd0;
-    spad[6539] = 32'd0;
-    spad[6540] = 32'd0;
-    spad[6541] = 32'd0;
-    spad[6542] = 32'd0;
-    spad[6543] = 32'd0;
-    spad[6544] = 32'd0;
-    spad[6545] = 32'd0;
-    spad[6546] = 32'd0;
-    spad[6547] = 32'd0;
-    spad[6548] = 32'd0;
-    spad[6549] = 32'd0;
-    spad[6550] = 32'd0;
-    spad[6551] = 32'd0;
-    spad[6552] = 32'd0;
-    spad[6553] = 32'd0;
-    spad[6554] = 32'd0;
-    spad[6555] = 32'd0;
-    spad[6556] = 32'd0;
-    spad[6557] = 32'd0;
-    spad[6558] = 32'd0;
-    spad[6559] = 32'd0;
-    spad[6560] = 32'd0;
-    spad[6561] = 32'd0;
-    spad[6562] = 32'd0;
-    spad[6563] = 32'd0;
-    spad[6564] = 32'd0;
-    spad[6565] = 32'd0;
-    spad[6566] = 32'd0;
-    spad[6567] = 32'd0;
-    spad[6568] = 32'd0;
-    spad[6569] = 32'd0;
-    spad[6570] = 32'd0;
-    spad[6571] = 32'd0;
-    spad[6572] = 32'd0;
-    spad[6573] = 32'd0;
-    spad[6574] = 32'd0;
-    spad[6575] = 32'd0;
-    spad[6576] = 32'd0;
-    spad[6577] = 32'd0;
-    spad[6578] = 32'd0;
-    spad[6579] = 32'd0;
-    spad[6580] = 32'd0;
-    spad[6581] = 32'd0;
-    spad[6582] = 32'd0;
-    spad[6583] = 32'd0;
-    spad[6584] = 32'd0;
-    spad[6585] = 32'd0;
-    spad[6586] = 32'd0;
-    spad[6587] = 32'd0;
-    spad[6588] = 32'd0;
-    spad[6589] = 32'd0;
-    spad[6590] = 32'd0;
-    spad[6591] = 32'd0;
-    spad[6592] = 32'd0;
-    spad[6593] = 32'd0;
-    spad[6594] = 32'd0;
-    spad[6595] = 32'd0;
-    spad[6596] = 32'd0;
-    spad[6597] = 32'd0;
-    spad[6598] = 32'd0;
-    spad[6599] = 32'd0;
-    spad[6600] = 32'd0;
-    spad[6601] = 32'd0;
-    spad[6602] = 32'd0;
-    spad[6603] = 32'd0;
-    spad[6604] = 32'd0;
-    spad[6605] = 32'd0;
-    spad[6606] = 32'd0;
-    spad[6607] = 32'd0;
-    spad[6608] = 32'd0;
-    spad[6609] = 32'd0;
-    spad[6610] = 32'd0;
-    spad[6611] = 32'd0;
-    spad[6612] = 32'd0;
-    spad[6613] = 32'd0;
-    spad[6614] = 32'd0;
-    spad[6615] = 32'd0;
-    spad[6616] = 32'd0;
-    spad[6617] = 32'd0;
-    spad[6618] = 32'd0;
-    spad[6619] = 32'd0;
-    spad[6620] = 32'd0;
-    spad[6621] = 32'd0;
-    spad[6622] = 32'd0;
-    spad[6623] = 32'd0;
-    spad[6624] = 32'd0;
-    spad[6625] = 32'd0;
-    spad[6626] = 32'd0;
-    spad[6627] = 32'd0;
-    spad[6628] = 32'd0;
-    spad[6629] = 32'd0;
-    spad[6630] = 32'd0;
-    spad[6631] = 32'd0;
-    spad[6632] = 32'd0;
-    spad[6633] = 32'd0;
-    spad[6634] = 32'd0;
-    spad[6635] = 32'd0;
-    spad[6636] = 32'd0;
-    spad[6637] = 32'd0;
-    spad[6638] = 32'd0;
-    spad[6639] = 32'd0;
-    spad[6640] = 32'd0;
-    spad[6641] = 32'd0;
-    spad[6642] = 32'd0;
-    spad[6643] = 32'd0;
-    spad[6644] = 32'd0;
-    spad[6645] = 32'd0;
-    spad[6646] = 32'd0;
-    spad[6647] = 32'd0;
-    spad[6648] = 32'd0;
-    spad[6649] = 32'd0;
-    spad[6650] = 32'd0;
-    spad[6651] = 32'd0;
-    spad[6652] = 32'd0;
-    spad[6653] = 32'd0;
-    spad[6654] = 32'd0;
-    spad[6655] = 32'd0;
-    spad[6656] = 32'd0;
-    spad[6657] = 32'd0;
-    spad[6658] = 32'd0;
-    spad[6659] = 32'd0;
-    spad[6660] = 32'd0;
-    spad[6661] = 32'd0;
-    spad[6662] = 32'd0;
-    spad[6663] = 32'd0;
-    spad[6664] = 32'd0;
-    spad[6665] = 32'd0;
-    spad[6666] = 32'd0;
-    spad[6667] = 32'd0;
-    spad[6668] = 32'd0;
-    spad[6669] = 32'd0;
-    spad[6670] = 32'd0;
-    spad[6671] = 32'd0;
-    spad[6672] = 32'd0;
-    spad[6673] = 32'd0;
-    spad[6674] = 32'd0;
-    spad[6675] = 32'd0;
-    spad[6676] = 32'd0;
-    spad[6677] = 32'd0;
-    spad[6678] = 32'd0;
-    spad[6679] = 32'd0;
-    spad[6680] = 32'd0;
-    spad[6681] = 32'd0;
-    spad[6682] = 32'd0;
-    spad[6683] = 32'd0;
-    spad[6684] = 32'd0;
-    spad[6685] = 32'd0;
-    spad[6686] = 32'd0;
-    spad[6687] = 32'd0;
-    spad[6688] = 32'd0;
-    spad[6689] = 32'd0;
-    spad[6690] = 32'd0;
-    spad[6691] = 32'd0;
-    spad[6692] = 32'd0;
-    spad[6693] = 32'd0;
-    spad[6694] = 32'd0;
-    spad[6695] = 32'd0;
-    spad[6696] = 32'd0;
-    spad[6697] = 32'd0;
-    spad[6698] = 32'd0;
-    spad[6699] = 32'd0;
-    spad[6700] = 32'd0;
-    spad[6701] = 32'd0;
-    spad[6702] = 32'd0;
-    spad[6703] = 32'd0;
-    spad[6704] = 32'd0;
-    spad[6705] = 32'd0;
-    spad[6706] = 32'd0;
-    spad[6707] = 32'd0;
-    spad[6708] = 32'd0;
-    spad[6709] = 32'd0;
-    spad[6710] = 32'd0;
-    spad[6711] = 32'd0;
-    spad[6712] = 32'd0;
-    spad[6713] = 32'd0;
-    spad[6714] = 32'd0;
-    spad[6715] = 32'd0;
-    spad[6716] = 32'd0;
-    spad[6717] = 32'd0;
-    spad[6718] = 32'd0;
-    spad[6719] = 32'd0;
-    spad[6720] = 32'd0;
-    spad[6721] = 32'd0;
-    spad[6722] = 32'd0;
-    spad[6723] = 32'd0;
-    spad[6724] = 32'd0;
-    spad[6725] = 32'd0;
-    spad[6726] = 32'd0;
-    spad[6727] = 32'd0;
-    spad[6728] = 32'd0;
-    spad[6729] = 32'd0;
-    spad[6730] = 32'd0;
-    spad[6731] = 32'd0;
-    spad[6732] = 32'd0;
-    spad[6733] = 32'd0;
-    spad[6734] = 32'd0;
-    spad[6735] = 32'd0;
-    spad[6736] = 32'd0;
-    spad[6737] = 32'd0;
-    spad[6738] = 32'd0;
-    spad[6739] = 32'd0;
-    spad[6740] = 32'd0;
-    spad[6741] = 32'd0;
-    spad[6742] = 32'd0;
-    spad[6743] = 32'd0;
-    spad[6744] = 32'd0;
-    spad[6745] = 32'd0;
-    spad[6746] = 32'd0;
-    spad[6747] = 32'd0;
-    spad[6748] = 32'd0;
-    spad[6749] = 32'd0;
-    spad[6750] = 32'd0;
-    spad[6751] = 32'd0;
-    spad[6752] = 32'd0;
-    spad[6753] = 32'd0;
-    spad[6754] = 32'd0;
-    spad[6755] = 32'd0;
-    spad[6756] = 32'd0;
-    spad[6757] = 32'd0;
-    spad[6758] = 32'd0;
-    spad[6759] = 32'd0;
-    spad[6760] = 32'd0;
-    spad[6761] = 32'd0;
-    spad[6762] = 32'd0;
-    spad[6763] = 32'd0;
-    spad[6764] = 32'd0;
-    spad[6765] = 32'd0;
-    spad[6766] = 32'd0;
-    spad[6767] = 32'd0;
-    spad[6768] = 32'd0;
-    spad[6769] = 32'd0;
-    spad[6770] = 32'd0;
-    spad[6771] = 32'd0;
-    spad[6772] = 32'd0;
-    spad[6773] = 32'd0;
-    spad[6774] = 32'd0;
-    spad[6775] = 32'd0;
-    spad[6776] = 32'd0;
-    spad[6777] = 32'd0;
-    spad[6778] = 32'd0;
-    spad[6779] = 32'd0;
-    spad[6780] = 32'd0;
-    spad[6781] = 32'd0;
-    spad[6782] = 32'd0;
-    spad[6783] = 32'd0;
-    spad[6784] = 32'd0;
-    spad[6785] = 32'd0;
-    spad[6786] = 32'd0;
-    spad[6787] = 32'd0;
-    spad[6788] = 32'd0;
-    spad[6789] = 32'd0;
-    spad[6790] = 32'd0;
-    spad[6791] = 32'd0;
-    spad[6792] = 32'd0;
-    spad[6793] = 32'd0;
-    spad[6794] = 32'd0;
-    spad[6795] = 32'd0;
-    spad[6796] = 32'd0;
-    spad[6797] = 32'd0;
-    spad[6798] = 32'd0;
-    spad[6799] = 32'd0;
-    spad[6800] = 32'd0;
-    spad[6801] = 32'd0;
-    spad[6802] = 32'd0;
-    spad[6803] = 32'd0;
-    spad[6804] = 32'd0;
-    spad[6805] = 32'd0;
-    spad[6806] = 32'd0;
-    spad[6807] = 32'd0;
-    spad[6808] = 32'd0;
-    spad[6809] = 32'd0;
-    spad[6810] = 32'd0;
-    spad[6811] = 32'd0;
-    spad[6812] = 32'd0;
-    spad[6813] = 32'd0;
-    spad[6814] = 32'd0;
-    spad[6815] = 32'd0;
-    spad[6816] = 32'd0;
-    spad[6817] = 32'd0;
-    spad[6818] = 32'd0;
-    spad[6819] = 32'd0;
-    spad[6820] = 32'd0;
-    spad[6821] = 32'd0;
-    spad[6822] = 32'd0;
-    spad[6823] = 32'd0;
-    spad[6824] = 32'd0;
-    spad[6825] = 32'd0;
-    spad[6826] = 32'd0;
-    spad[6827] = 32'd0;
-    spad[6828] = 32'd0;
-    spad[6829] = 32'd0;
-    spad[6830] = 32'd0;
-    spad[6831] = 32'd0;
-    spad[6832] = 32'd0;
-    spad[6833] = 32'd0;
-    spad[6834] = 32'd0;
-    spad[6835] = 32'd0;
-    spad[6836] = 32'd0;
-    spad[6837] = 32'd0;
-    spad[6838] = 32'd0;
-    spad[6839] = 32'd0;
-    spad[6840] = 32'd0;
-    spad[6841] = 32'd0;
-    spad[6842] = 32'd0;
-    spad[6843] = 32'd0;
-    spad[6844] = 32'd0;
-    spad[6845] = 32'd0;
-    spad[6846] = 32'd0;
-    spad[6847] = 32'd0;
-    spad[6848] = 32'd0;
-    spad[6849] = 32'd0;
-    spad[6850] = 32'd0;
-    spad[6851] = 32'd0;
-    spad[6852] = 32'd0;
-    spad[6853] = 32'd0;
-    spad[6854] = 32'd0;
-    spad[6855] = 32'd0;
-    spad[6856] = 32'd0;
-    spad[6857] = 32'd0;
-    spad[6858] = 32'd0;
-    spad[6859] = 32'd0;
-    spad[6860] = 32'd0;
-    spad[6861] = 32'd0;
-    spad[6862] = 32'd0;
-    spad[6863] = 32'd0;
-    spad[6864] = 32'd0;
-    spad[6865] = 32'd0;
-    spad[6866] = 32'd0;
-    spad[6867] = 32'd0;
-    spad[6868] = 32'd0;
-    spad[6869] = 32'd0;
-    spad[6870] = 32'd0;
-    spad[6871] = 32'd0;
-    spad[6872] = 32'd0;
-    spad[6873] = 32'd0;
-    spad[6874] = 32'd0;
-    spad[6875] = 32'd0;
-    spad[6876] = 32'd0;
-    spad[6877] = 32'd0;
-    spad[6878] = 32'd0;
-    spad[6879] = 32'd0;
-    spad[6880] = 32'd0;
-    spad[6881] = 32'd0;
-    spad[6882] = 32'd0;
-    spad[6883] = 32'd0;
-    spad[6884] = 32'd0;
-    spad[6885] = 32'd0;
-    spad[6886] = 32'd0;
-    spad[6887] = 32'd0;
-    spad[6888] = 32'd0;
-    spad[6889] = 32'd0;
-    spad[6890] = 32'd0;
-    spad[6891] = 32'd0;
-    spad[6892] = 32'd0;
-    spad[6893] = 32'd0;
-    spad[6894] = 32'd0;
-    spad[6895] = 32'd0;
-    spad[6896] = 32'd0;
-    spad[6897] = 32'd0;
-    spad[6898] = 32'd0;
-    spad[6899] = 32'd0;
-    spad[6900] = 32'd0;
-    spad[6901] = 32'd0;
-    spad[6902] = 32'd0;
-    spad[6903] = 32'd0;
-    spad[6904] = 32'd0;
-    spad[6905] = 32'd0;
-    spad[6906] = 32'd0;
-    spad[6907] = 32'd0;
-    spad[6908] = 32'd0;
-    spad[6909] = 32'd0;
-    spad[6910] = 32'd0;
-    spad[6911] = 32'd0;
-    spad[6912] = 32'd0;
-    spad[6913] = 32'd0;
-    spad[6914] = 32'd0;
-    spad[6915] = 32'd0;
-    spad[6916] = 32'd0;
-    spad[6917] = 32'd0;
-    spad[6918] = 32'd0;
-    spad[6919] = 32'd0;
-    spad[6920] = 32'd0;
-    spad[6921] = 32'd0;
-    spad[6922] = 32'd0;
-    spad[6923] = 32'd0;
-    spad[6924] = 32'd0;
-    spad[6925] = 32'd0;
-    spad[6926] = 32'd0;
-    spad[6927] = 32'd0;
-    spad[6928] = 32'd0;
-    spad[6929] = 32'd0;
-    spad[6930] = 32'd0;
-    spad[6931] = 32'd0;
-    spad[6932] = 32'd0;
-    spad[6933] = 32'd0;
-    spad[6934] = 32'd0;
-    spad[6935] = 32'd0;
-    spad[6936] = 32'd0;
-    spad[6937] = 32'd0;
-    spad[6938] = 32'd0;
-    spad[6939] = 32'd0;
-    spad[6940] = 32'd0;
-    spad[6941] = 32'd0;
-    spad[6942] = 32'd0;
-    spad[6943] = 32'd0;
-    spad[6944] = 32'd0;
-    spad[6945] = 32'd0;
-    spad[6946] = 32'd0;
-    spad[6947] = 32'd0;
-    spad[6948] = 32'd0;
-    spad[6949] = 32'd0;
-    spad[6950] = 32'd0;
-    spad[6951] = 32'd0;
-    spad[6952] = 32'd0;
-    spad[6953] = 32'd0;
-    spad[6954] = 32'd0;
-    spad[6955] = 32'd0;
-    spad[6956] = 32'd0;
-    spad[6957] = 32'd0;
-    spad[6958] = 32'd0;
-    spad[6959] = 32'd0;
-    spad[6960] = 32'd0;
-    spad[6961] = 32'd0;
-    spad[6962] = 32'd0;
-    spad[6963] = 32'd0;
-    spad[6964] = 32'd0;
-    spad[6965] = 32'd0;
-    spad[6966] = 32'd0;
-    spad[6967] = 32'd0;
-    spad[6968] = 32'd0;
-    spad[6969] = 32'd0;
-    spad[6970] = 32'd0;
-    spad[6971] = 32'd0;
-    spad[6972] = 32'd0;
-    spad[6973] = 32'd0;
-    spad[6974] = 32'd0;
-    spad[6975] = 32'd0;
-    spad[6976] = 32'd0;
-    spad[6977] = 32'd0;
-    spad[6978] = 32'd0;
-    spad[6979] = 32'd0;
-    spad[6980] = 32'd0;
-    spad[6981] = 32'd0;
-    spad[6982] = 32'd0;
-    spad[6983] = 32'd0;
-    spad[6984] = 32'd0;
-    spad[6985] = 32'd0;
-    spad[6986] = 32'd0;
-    spad[6987] = 32'd0;
-    spad[6988] = 32'd0;
-    spad[6989] = 32'd0;
-    spad[6990] = 32'd0;
-    spad[6991] = 32'd0;
-    spad[6992] = 32'd0;
-    spad[6993] = 32'd0;
-    spad[6994] = 32'd0;
-    spad[6995] = 32'd0;
-    spad[6996] = 32'd0;
-    spad[6997] = 32'd0;
-    spad[6998] = 32'd0;
-    spad[6999] = 32'd0;
-    spad[7000] = 32'd0;
-    spad[7001] = 32'd0;
-    spad[7002] = 32'd0;
-    spad[7003] = 32'd0;
-    spad[7004] = 32'd0;
-    spad[7005] = 32'd0;
-    spad[7006] = 32'd0;
-    spad[7007] = 32'd0;
-    spad[7008] = 32'd0;
-    spad[7009] = 32'd0;
-    spad[7010] = 32'd0;
-    spad[7011] = 32'd0;
-    spad[7012] = 32'd0;
-    spad[7013] = 32'd0;
-    spad[7014] = 32'd0;
-    spad[7015] = 32'd0;
-    spad[7016] = 32'd0;
-    spad[7017] = 32'd0;
-    spad[7018] = 32'd0;
-    spad[7019] = 32'd0;
-    spad[7020] = 32'd0;
-    spad[7021] = 32'd0;
-    spad[7022] = 32'd0;
-    spad[7023] = 32'd0;
-    spad[7024] = 32'd0;
-    spad[7025] = 32'd0;
-    spad[7026] = 32'd0;
-    spad[7027] = 32'd0;
-    spad[7028] = 32'd0;
-    spad[7029] = 32'd0;
-    spad[7030] = 32'd0;
-    spad[7031] = 32'd0;
-    spad[7032] = 32'd0;
-    spad[7033] = 32'd0;
-    spad[7034] = 32'd0;
-    spad[7035] = 32'd0;
-    spad[7036] = 32'd0;
-    spad[7037] = 32'd0;
-    spad[7038] = 32'd0;
-    spad[7039] = 32'd0;
-    spad[7040] = 32'd0;
-    spad[7041] = 32'd0;
-    spad[7042] = 32'd0;
-    spad[7043] = 32'd0;
-    spad[7044] = 32'd0;
-    spad[7045] = 32'd0;
-    spad[7046] = 32'd0;
-    spad[7047] = 32'd0;
-    spad[7048] = 32'd0;
-    spad[7049] = 32'd0;
-    spad[7050] = 32'd0;
-    spad[7051] = 32'd0;
-    spad[7052] = 32'd0;
-    spad[7053] = 32'd0;
-    spad[7054] = 32'd0;
-    spad[7055] = 32'd0;
-    spad[7056] = 32'd0;
-    spad[7057] = 32'd0;
-    spad[7058] = 32'd0;
-    spad[7059] = 32'd0;
-    spad[7060] = 32'd0;
-    spad[7061] = 32'd0;
-    spad[7062] = 32'd0;
-    spad[7063] = 32'd0;
-    spad[7064] = 32'd0;
-    spad[7065] = 32'd0;
-    spad[7066] = 32'd0;
-    spad[7067] = 32'd0;
-    spad[7068] = 32'd0;
-    spad[7069] = 32'd0;
-    spad[7070] = 32'd0;
-    spad[7071] = 32'd0;
-    spad[7072] = 32'd0;
-    spad[7073] = 32'd0;
-    spad[7074] = 32'd0;
-    spad[7075] = 32'd0;
-    spad[7076] = 32'd0;
-    spad[7077] = 32'd0;
-    spad[7078] = 32'd0;
-    spad[7079] = 32'd0;
-    spad[7080] = 32'd0;
-    spad[7081] = 32'd0;
-    spad[7082] = 32'd0;
-    spad[7083] = 32'd0;
-    spad[7084] = 32'd0;
-    spad[7085] = 32'd0;
-    spad[7086] = 32'd0;
-    spad[7087] = 32'd0;
-    spad[7088] = 32'd0;
-    spad[7089] = 32'd0;
-    spad[7090] = 32'd0;
-    spad[7091] = 32'd0;
-    spad[7092] = 32'd0;
-    spad[7093] = 32'd0;
-    spad[7094] = 32'd0;
-    spad[7095] = 32'd0;
-    spad[7096] = 32'd0;
-    spad[7097] = 32'd0;
-    spad[7098] = 32'd0;
-    spad[7099] = 32'd0;
-    spad[7100] = 32'd0;
-    spad[7101] = 32'd0;
-    spad[7102] = 32'd0;
-    spad[7103] = 32'd0;
-    spad[7104] = 32'd0;
-    spad[7105] = 32'd0;
-    spad[7106] = 32'd0;
-    spad[7107] = 32'd0;
-    spad[7108] = 32'd0;
-    spad[7109] = 32'd0;
-    spad[7110] = 32'd0;
-    spad[7111] = 32'd0;
-    spad[7112] = 32'd0;
-    spad[7113] = 32'd0;
-    spad[7114] = 32'd0;
-    spad[7115] = 32'd0;
-    spad[7116] = 32'd0;
-    spad[7117] = 32'd0;
-    spad[7118] = 32'd0;
-    spad[7119] = 32'd0;
-    spad[7120] = 32'd0;
-    spad[7121] = 32'd0;
-    spad[7122] = 32'd0;
-    spad[7123] = 32'd0;
-    spad[7124] = 32'd0;
-    spad[7125] = 32'd0;
-    spad[7126] = 32'd0;
-    spad[7127] = 32'd0;
-    spad[7128] = 32'd0;
-    spad[7129] = 32'd0;
-    spad[7130] = 32'd0;
-    spad[7131] = 32'd0;
-    spad[7132] = 32'd0;
-    spad[7133] = 32'd0;
-    spad[7134] = 32'd0;
-    spad[7135] = 32'd0;
-    spad[7136] = 32'd0;
-    spad[7137] = 32'd0;
-    spad[7138] = 32'd0;
-    spad[7139] = 32'd0;
-    spad[7140] = 32'd0;
-    spad[7141] = 32'd0;
-    spad[7142] = 32'd0;
-    spad[7143] = 32'd0;
-    spad[7144] = 32'd0;
-    spad[7145] = 32'd0;
-    spad[7146] = 32'd0;
-    spad[7147] = 32'd0;
-    spad[7148] = 32'd0;
-    spad[7149] = 32'd0;
-    spad[7150] = 32'd0;
-    spad[7151] = 32'd0;
-    spad[7152] = 32'd0;
-    spad[7153] = 32'd0;
-    spad[7154] = 32'd0;
-    spad[7155] = 32'd0;
-    spad[7156] = 32'd0;
-    spad[7157] = 32'd0;
-    spad[7158] = 32'd0;
-    spad[7159] = 32'd0;
-    spad[7160] = 32'd0;
-    spad[7161] = 32'd0;
-    spad[7162] = 32'd0;
-    spad[7163] = 32'd0;
-    spad[7164] = 32'd0;
-    spad[7165] = 32'd0;
-    spad[7166] = 32'd0;
-    spad[7167] = 32'd0;
-    spad[7168] = 32'd0;
-    spad[7169] = 32'd0;
-    spad[7170] = 32'd0;
-    spad[7171] = 32'd0;
-    spad[7172] = 32'd0;
-    spad[7173] = 32'd0;
-    spad[7174] = 32'd0;
-    spad[7175] = 32'd0;
-    spad[7176] = 32'd0;
-    spad[7177] = 32'd0;
-    spad[7178] = 32'd0;
-    spad[7179] = 32'd0;
-    spad[7180] = 32'd0;
-    spad[7181] = 32'd0;
-    spad[7182] = 32'd0;
-    spad[7183] = 32'd0;
-    spad[7184] = 32'd0;
-    spad[7185] = 32'd0;
-    spad[7186] = 32'd0;
-    spad[7187] = 32'd0;
-    spad[7188] = 32'd0;
-    spad[7189] = 32'd0;
-    spad[7190] = 32'd0;
-    spad[7191] = 32'd0;
-    spad[7192] = 32'd0;
-    spad[7193] = 32'd0;
-    spad[7194] = 32'd0;
-    spad[7195] = 32'd0;
-    spad[7196] = 32'd0;
-    spad[7197] = 32'd0;
-    spad[7198] = 32'd0;
-    spad[7199] = 32'd0;
-    spad[7200] = 32'd0;
-    spad[7201] = 32'd0;
-    spad[7202] = 32'd0;
-    spad[7203] = 32'd0;
-    spad[7204] = 32'd0;
-    spad[7205] = 32'd0;
-    spad[7206] = 32'd0;
-    spad[7207] = 32'd0;
-    spad[7208] = 32'd0;
-    spad[7209] = 32'd0;
-    spad[7210] = 32'd0;
-    spad[7211] = 32'd0;
-    spad[7212] = 32'd0;
-    spad[7213] = 32'd0;
-    spad[7214] = 32'd0;
-    spad[7215] = 32'd0;
-    spad[7216] = 32'd0;
-    spad[7217] = 32'd0;
-    spad[7218] = 32'd0;
-    spad[7219] = 32'd0;
-    spad[7220] = 32'd0;
-    spad[7221] = 32'd0;
-    spad[7222] = 32'd0;
-    spad[7223] = 32'd0;
-    spad[7224] = 32'd0;
-    spad[7225] = 32'd0;
-    spad[7226] = 32'd0;
-    spad[7227] = 32'd0;
-    spad[7228] = 32'd0;
-    spad[7229] = 32'd0;
-    spad[7230] = 32'd0;
-    spad[7231] = 32'd0;
-    spad[7232] = 32'd0;
-    spad[7233] = 32'd0;
-    spad[7234] = 32'd0;
-    spad[7235] = 32'd0;
-    spad[7236] = 32'd0;
-    spad[7237] = 32'd0;
-    spad[7238] = 32'd0;
-    spad[7239] = 32'd0;
-    spad[7240] = 32'd0;
-    spad[7241] = 32'd0;
-    spad[7242] = 32'd0;
-    spad[7243] = 32'd0;
-    spad[7244] = 32'd0;
-    spad[7245] = 32'd0;
-    spad[7246] = 32'd0;
-    spad[7247] = 32'd0;
-    spad[7248] = 32'd0;
-    spad[7249] = 32'd0;
-    spad[7250] = 32'd0;
-    spad[7251] = 32'd0;
-    spad[7252] = 32'd0;
-    spad[7253] = 32'd0;
-    spad[7254] = 32'd0;
-    spad[7255] = 32'd0;
-    spad[7256] = 32'd0;
-    spad[7257] = 32'd0;
-    spad[7258] = 32'd0;
-    spad[7259] = 32'd0;
-    spad[7260] = 32'd0;
-    spad[7261] = 32'd0;
-    spad[7262] = 32'd0;
-    spad[7263] = 32'd0;
-    spad[7264] = 32'd0;
-    spad[7265] = 32'd0;
-    spad[7266] = 32'd0;
-    spad[7267] = 32'd0;
-    spad[7268] = 32'd0;
-    spad[7269] = 32'd0;
-    spad[7270] = 32'd0;
-    spad[7271] = 32'd0;
-    spad[7272] = 32'd0;
-    spad[7273] = 32'd0;
-    spad[7274] = 32'd0;
-    spad[7275] = 32'd0;
-    spad[7276] = 32'd0;
-    spad[7277] = 32'd0;
-    spad[7278] = 32'd0;
-    spad[7279] = 32'd0;
-    spad[7280] = 32'd0;
-    spad[7281] = 32'd0;
-    spad[7282] = 32'd0;
-    spad[7283] = 32'd0;
-    spad[7284] = 32'd0;
-    spad[7285] = 32'd0;
-    spad[7286] = 32'd0;
-    spad[7287] = 32'd0;
-    spad[7288] = 32'd0;
-    spad[7289] = 32'd0;
-    spad[7290] = 32'd0;
-    spad[7291] = 32'd0;
-    spad[7292] = 32'd0;
-    spad[7293] = 32'd0;
-    spad[7294] = 32'd0;
-    spad[7295] = 32'd0;
-    spad[7296] = 32'd0;
-    spad[7297] = 32'd0;
-    spad[7298] = 32'd0;
-    spad[7299] = 32'd0;
-    spad[7300] = 32'd0;
-    spad[7301] = 32'd0;
-    spad[7302] = 32'd0;
-    spad[7303] = 32'd0;
-    spad[7304] = 32'd0;
-    spad[7305] = 32'd0;
-    spad[7306] = 32'd0;
-    spad[7307] = 32'd0;
-    spad[7308] = 32'd0;
-    spad[7309] = 32'd0;
-    spad[7310] = 32'd0;
-    spad[7311] = 32'd0;
-    spad[7312] = 32'd0;
-    spad[7313] = 32'd0;
-    spad[7314] = 32'd0;
-    spad[7315] = 32'd0;
-    spad[7316] = 32'd0;
-    spad[7317] = 32'd0;
-    spad[7318] = 32'd0;
-    spad[7319] = 32'd0;
-    spad[7320] = 32'd0;
-    spad[7321] = 32'd0;
-    spad[7322] = 32'd0;
-    spad[7323] = 32'd0;
-    spad[7324] = 32'd0;
-    spad[7325] = 32'd0;
-    spad[7326] = 32'd0;
-    spad[7327] = 32'd0;
-    spad[7328] = 32'd0;
-    spad[7329] = 32'd0;
-    spad[7330] = 32'd0;
-    spad[7331] = 32'd0;
-    spad[7332] = 32'd0;
-    spad[7333] = 32'd0;
-    spad[7334] = 32'd0;
-    spad[7335] = 32'd0;
-    spad[7336] = 32'd0;
-    spad[7337] = 32'd0;
-    spad[7338] = 32'd0;
-    spad[7339] = 32'd0;
-    spad[7340] = 32'd0;
-    spad[7341] = 32'd0;
-    spad[7342] = 32'd0;
-    spad[7343] = 32'd0;
-    spad[7344] = 32'd0;
-    spad[7345] = 32'd0;
-    spad[7346] = 32'd0;
-    spad[7347] = 32'd0;
-    spad[7348] = 32'd0;
-    spad[7349] = 32'd0;
-    spad[7350] = 32'd0;
-    spad[7351] = 32'd0;
-    spad[7352] = 32'd0;
-    spad[7353] = 32'd0;
-    spad[7354] = 32'd0;
-    spad[7355] = 32'd0;
-    spad[7356] = 32'd0;
-    spad[7357] = 32'd0;
-    spad[7358] = 32'd0;
-    spad[7359] = 32'd0;
-    spad[7360] = 32'd0;
-    spad[7361] = 32'd0;
-    spad[7362] = 32'd0;
-    spad[7363] = 32'd0;
-    spad[7364] = 32'd0;
-    spad[7365] = 32'd0;
-    spad[7366] = 32'd0;
-    spad[7367] = 32'd0;
-    spad[7368] = 32'd0;
-    spad[7369] = 32'd0;
-    spad[7370] = 32'd0;
-    spad[7371] = 32'd0;
-    spad[7372] = 32'd0;
-    spad[7373] = 32'd0;
-    spad[7374] = 32'd0;
-    spad[7375] = 32'd0;
-    spad[7376] = 32'd0;
-    spad[7377] = 32'd0;
-    spad[7378] = 32'd0;
-    spad[7379] = 32'd0;
-    spad[7380] = 32'd0;
-    spad[7381] = 32'd0;
-    spad[7382] = 32'd0;
-    spad[7383] = 32'd0;
-    spad[7384] = 32'd0;
-    spad[7385] = 32'd0;
-    spad[7386] = 32'd0;
-    spad[7387] = 32'd0;
-    spad[7388] = 32'd0;
-    spad[7389] = 32'd0;
-    spad[7390] = 32'd0;
-    spad[7391] = 32'd0;
-    spad[7392] = 32'd0;
-    spad[7393] = 32'd0;
-    spad[7394] = 32'd0;
-    spad[7395] = 32'd0;
-    spad[7396] = 32'd0;
-    spad[7397] = 32'd0;
-    spad[7398] = 32'd0;
-    spad[7399] = 32'd0;
-    spad[7400] = 32'd0;
-    spad[7401] = 32'd0;
-    spad[7402] = 32'd0;
-    spad[7403] = 32'd0;
-    spad[7404] = 32'd0;
-    spad[7405] = 32'd0;
-    spad[7406] = 32'd0;
-    spad[7407] = 32'd0;
-    spad[7408] = 32'd0;
-    spad[7409] = 32'd0;
-    spad[7410] = 32'd0;
-    spad[7411] = 32'd0;
-    spad[7412] = 32'd0;
-    spad[7413] = 32'd0;
-    spad[7414] = 32'd0;
-    spad[7415] = 32'd0;
-    spad[7416] = 32'd0;
-    spad[7417] = 32'd0;
-    spad[7418] = 32'd0;
-    spad[7419] = 32'd0;
-    spad[7420] = 32'd0;
-    spad[7421] = 32'd0;
-    spad[7422] = 32'd0;
-    spad[7423] = 32'd0;
-    spad[7424] = 32'd0;
-    spad[7425] = 32'd0;
-    spad[7426] = 32'd0;
-    spad[7427] = 32'd0;
-    spad[7428] = 32'd0;
-    spad[7429] = 32'd0;
-    spad[7430] = 32'd0;
-    spad[7431] = 32'd0;
-    spad[7432] = 32'd0;
-    spad[7433] = 32'd0;
-    spad[7434] = 32'd0;
-    spad[7435] = 32'd0;
-    spad[7436] = 32'd0;
-    spad[7437] = 32'd0;
-    spad[7438] = 32'd0;
-    spad[7439] = 32'd0;
-    spad[7440] = 32'd0;
-    spad[7441] = 32'd0;
-    spad[7442] = 32'd0;
-    spad[7443] = 32'd0;
-    spad[7444] = 32'd0;
-    spad[7445] = 32'd0;
-    spad[7446] = 32'd0;
-    spad[7447] = 32'd0;
-    spad[7448] = 32'd0;
-    spad[7449] = 32'd0;
-    spad[7450] = 32'd0;
-    spad[7451] = 32'd0;
-    spad[7452] = 32'd0;
-    spad[7453] = 32'd0;
-    spad[7454] = 32'd0;
-    spad[7455] = 32'd0;
-    spad[7456] = 32'd0;
-    spad[7457] = 32'd0;
-    spad[7458] = 32'd0;
-    spad[7459] = 32'd0;
-    spad[7460] = 32'd0;
-    spad[7461] = 32'd0;
-    spad[7462] = 32'd0;
-    spad[7463] = 32'd0;
-    spad[7464] = 32'd0;
-    spad[7465] = 32'd0;
-    spad[7466] = 32'd0;
-    spad[7467] = 32'd0;
-    spad[7468] = 32'd0;
-    spad[7469] = 32'd0;
-    spad[7470] = 32'd0;
-    spad[7471] = 32'd0;
-    spad[7472] = 32'd0;
-    spad[7473] = 32'd0;
-    spad[7474] = 32'd0;
-    spad[7475] = 32'd0;
-    spad[7476] = 32'd0;
-    spad[7477] = 32'd0;
-    spad[7478] = 32'd0;
-    spad[7479] = 32'd0;
-    spad[7480] = 32'd0;
-    spad[7481] = 32'd0;
-    spad[7482] = 32'd0;
-    spad[7483] = 32'd0;
-    spad[7484] = 32'd0;
-    spad[7485] = 32'd0;
-    spad[7486] = 32'd0;
-    spad[7487] = 32'd0;
-    spad[7488] = 32'd0;
-    spad[7489] = 32'd0;
-    spad[7490] = 32'd0;
-    spad[7491] = 32'd0;
-    spad[7492] = 32'd0;
-    spad[7493] = 32'd0;
-    spad[7494] = 32'd0;
-    spad[7495] = 32'd0;
-    spad[7496] = 32'd0;
-    spad[7497] = 32'd0;
-    spad[7498] = 32'd0;
-    spad[7499] = 32'd0;
-    spad[7500] = 32'd0;
-    spad[7501] = 32'd0;
-    spad[7502] = 32'd0;
-    spad[7503] = 32'd0;
-    spad[7504] = 32'd0;
-    spad[7505] = 32'd0;
-    spad[7506] = 32'd0;
-    spad[7507] = 32'd0;
-    spad[7508] = 32'd0;
-    spad[7509] = 32'd0;
-    spad[7510] = 32'd0;
-    spad[7511] = 32'd0;
-    spad[7512] = 32'd0;
-    spad[7513] = 32'd0;
-    spad[7514] = 32'd0;
-    spad[7515] = 32'd0;
-    spad[7516] = 32'd0;
-    spad[7517] = 32'd0;
-    spad[7518] = 32'd0;
-    spad[7519] = 32'd0;
-    spad[7520] = 32'd0;
-    spad[7521] = 32'd0;
-    spad[7522] = 32'd0;
-    spad[7523] = 32'd0;
-    spad[7524] = 32'd0;
-    spad[7525] = 32'd0;
-    spad[7526] = 32'd0;
-    spad[7527] = 32'd0;
-    spad[7528] = 32'd0;
-    spad[7529] = 32'd0;
-    spad[7530] = 32'd0;
-    spad[7531] = 32'd0;
-    spad[7532] = 32'd0;
-    spad[7533] = 32'd0;
-    spad[7534] = 32'd0;
-    spad[7535] = 32'd0;
-    spad[7536] = 32'd0;
-    spad[7537] = 32'd0;
-    spad[7538] = 32'd0;
-    spad[7539] = 32'd0;
-    spad[7540] = 32'd0;
-    spad[7541] = 32'd0;
-    spad[7542] = 32'd0;
-    spad[7543] = 32'd0;
-    spad[7544] = 32'd0;
-    spad[7545] = 32'd0;
-    spad[7546] = 32'd0;
-    spad[7547] = 32'd0;
-    spad[7548] = 32'd0;
-    spad[7549] = 32'd0;
-    spad[7550] = 32'd0;
-    spad[7551] = 32'd0;
-    spad[7552] = 32'd0;
-    spad[7553] = 32'd0;
-    spad[7554] = 32'd0;
-    spad[7555] = 32'd0;
-    spad[7556] = 32'd0;
-    spad[7557] = 32'd0;
-    spad[7558] = 32'd0;
-    spad[7559] = 32'd0;
-    spad[7560] = 32'd0;
-    spad[7561] = 32'd0;
-    spad[7562] = 32'd0;
-    spad[7563] = 32'd0;
-    spad[7564] = 32'd0;
-    spad[7565] = 32'd0;
-    spad[7566] = 32'd0;
-    spad[7567] = 32'd0;
-    spad[7568] = 32'd0;
-    spad[7569] = 32'd0;
-    spad[7570] = 32'd0;
-    spad[7571] = 32'd0;
-    spad[7572] = 32'd0;
-    spad[7573] = 32'd0;
-    spad[7574] = 32'd0;
-    spad[7575] = 32'd0;
-    spad[7576] = 32'd0;
-    spad[7577] = 32'd0;
-    spad[7578] = 32'd0;
-    spad[7579] = 32'd0;
-    spad[7580] = 32'd0;
-    spad[7581] = 32'd0;
-    spad[7582] = 32'd0;
-    spad[7583] = 32'd0;
-    spad[7584] = 32'd0;
-    spad[7585] = 32'd0;
-    spad[7586] = 32'd0;
-    spad[7587] = 32'd0;
-    spad[7588] = 32'd0;
-    spad[7589] = 32'd0;
-    spad[7590] = 32'd0;
-    spad[7591] = 32'd0;
-    spad[7592] = 32'd0;
-    spad[7593] = 32'd0;
-    spad[7594] = 32'd0;
-    spad[7595] = 32'd0;
-    spad[7596] = 32'd0;
-    spad[7597] = 32'd0;
-    spad[7598] = 32'd0;
-    spad[7599] = 32'd0;
-    spad[7600] = 32'd0;
-    spad[7601] = 32'd0;
-    spad[7602] = 32'd0;
-    spad[7603] = 32'd0;
-    spad[7604] = 32'd0;
-    spad[7605] = 32'd0;
-    spad[7606] = 32'd0;
-    spad[7607] = 32'd0;
-    spad[7608] = 32'd0;
-    spad[7609] = 32'd0;
-    spad[7610] = 32'd0;
-    spad[7611] = 32'd0;
-    spad[7612] = 32'd0;
-    spad[7613] = 32'd0;
-    spad[7614] = 32'd0;
-    spad[7615] = 32'd0;
-    spad[7616] = 32'd0;
-    spad[7617] = 32'd0;
-    spad[7618] = 32'd0;
-    spad[7619] = 32'd0;
-    spad[7620] = 32'd0;
-    spad[7621] = 32'd0;
-    spad[7622] = 32'd0;
-    spad[7623] = 32'd0;
-    spad[7624] = 32'd0;
-    spad[7625] = 32'd0;
-    spad[7626] = 32'd0;
-    spad[7627] = 32'd0;
-    spad[7628] = 32'd0;
-    spad[7629] = 32'd0;
-    spad[7630] = 32'd0;
-    spad[7631] = 32'd0;
-    spad[7632] = 32'd0;
-    spad[7633] = 32'd0;
-    spad[7634] = 32'd0;
-    spad[7635] = 32'd0;
-    spad[7636] = 32'd0;
-    spad[7637] = 32'd0;
-    spad[7638] = 32'd0;
-    spad[7639] = 32'd0;
-    spad[7640] = 32'd0;
-    spad[7641] = 32'd0;
-    spad[7642] = 32'd0;
-    spad[7643] = 32'd0;
-    spad[7644] = 32'd0;
-    spad[7645] = 32'd0;
-    spad[7646] = 32'd0;
-    spad[7647] = 32'd0;
-    spad[7648] = 32'd0;
-    spad[7649] = 32'd0;
-    spad[7650] = 32'd0;
-    spad[7651] = 32'd0;
-    spad[7652] = 32'd0;
-    spad[7653] = 32'd0;
-    spad[7654] = 32'd0;
-    spad[7655] = 32'd0;
-    spad[7656] = 32'd0;
-    spad[7657] = 32'd0;
-    spad[7658] = 32'd0;
-    spad[7659] = 32'd0;
-    spad[7660] = 32'd0;
-    spad[7661] = 32'd0;
-    spad[7662] = 32'd0;
-    spad[7663] = 32'd0;
-    spad[7664] = 32'd0;
-    spad[7665] = 32'd0;
-    spad[7666] = 32'd0;
-    spad[7667] = 32'd0;
-    spad[7668] = 32'd0;
-    spad[7669] = 32'd0;
-    spad[7670] = 32'd0;
-    spad[7671] = 32'd0;
-    spad[7672] = 32'd0;
-    spad[7673] = 32'd0;
-    spad[7674] = 32'd0;
-    spad[7675] = 32'd0;
-    spad[7676] = 32'd0;
-    spad[7677] = 32'd0;
-    spad[7678] = 32'd0;
-    spad[7679] = 32'd0;
-    spad[7680] = 32'd0;
-    spad[7681] = 32'd0;
-    spad[7682] = 32'd0;
-    spad[7683] = 32'd0;
-    spad[7684] = 32'd0;
-    spad[7685] = 32'd0;
-    spad[7686] = 32'd0;
-    spad[7687] = 32'd0;
-    spad[7688] = 32'd0;
-    spad[7689] = 32'd0;
-    spad[7690] = 32'd0;
-    spad[7691] = 32'd0;
-    spad[7692] = 32'd0;
-    spad[7693] = 32'd0;
-    spad[7694] = 32'd0;
-    spad[7695] = 32'd0;
-    spad[7696] = 32'd0;
-    spad[7697] = 32'd0;
-    spad[7698] = 32'd0;
-    spad[7699] = 32'd0;
-    spad[7700] = 32'd0;
-    spad[7701] = 32'd0;
-    spad[7702] = 32'd0;
-    spad[7703] = 32'd0;
-    spad[7704] = 32'd0;
-    spad[7705] = 32'd0;
-    spad[7706] = 32'd0;
-    spad[7707] = 32'd0;
-    spad[7708] = 32'd0;
-    spad[7709] = 32'd0;
-    spad[7710] = 32'd0;
-    spad[7711] = 32'd0;
-    spad[7712] = 32'd0;
-    spad[7713] = 32'd0;
-    spad[7714] = 32'd0;
-    spad[7715] = 32'd0;
-    spad[7716] = 32'd0;
-    spad[7717] = 32'd0;
-    spad[7718] = 32'd0;
-    spad[7719] = 32'd0;
-    spad[7720] = 32'd0;
-    spad[7721] = 32'd0;
-    spad[7722] = 32'd0;
-    spad[7723] = 32'd0;
-    spad[7724] = 32'd0;
-    spad[7725] = 32'd0;
-    spad[7726] = 32'd0;
-    spad[7727] = 32'd0;
-    spad[7728] = 32'd0;
-    spad[7729] = 32'd0;
-    spad[7730] = 32'd0;
-    spad[7731] = 32'd0;
-    spad[7732] = 32'd0;
-    spad[7733] = 32'd0;
-    spad[7734] = 32'd0;
-    spad[7735] = 32'd0;
-    spad[7736] = 32'd0;
-    spad[7737] = 32'd0;
-    spad[7738] = 32'd0;
-    spad[7739] = 32'd0;
-    spad[7740] = 32'd0;
-    spad[7741] = 32'd0;
-    spad[7742] = 32'd0;
-    spad[7743] = 32'd0;
-    spad[7744] = 32'd0;
-    spad[7745] = 32'd0;
-    spad[7746] = 32'd0;
-    spad[7747] = 32'd0;
-    spad[7748] = 32'd0;
-    spad[7749] = 32'd0;
-    spad[7750] = 32'd0;
-    spad[7751] = 32'd0;
-    spad[7752] = 32'd0;
-    spad[7753] = 32'd0;
-    spad[7754] = 32'd0;
-    spad[7755] = 32'd0;
-    spad[7756] = 32'd0;
-    spad[7757] = 32'd0;
-    spad[7758] = 32'd0;
-    spad[7759] = 32'd0;
-    spad[7760] = 32'd0;
-    spad[7761] = 32'd0;
-    spad[7762] = 32'd0;
-    spad[7763] = 32'd0;
-    spad[7764] = 32'd0;
-    spad[7765] = 32'd0;
-    spad[7766] = 32'd0;
-    spad[7767] = 32'd0;
-    spad[7768] = 32'd0;
-    spad[7769] = 32'd0;
-    spad[7770] = 32'd0;
-    spad[7771] = 32'd0;
-    spad[7772] = 32'd0;
-    spad[7773] = 32'd0;
-    spad[7774] = 32'd0;
-    spad[7775] = 32'd0;
-    spad[7776] = 32'd0;
-    spad[7777] = 32'd0;
-    spad[7778] = 32'd0;
-    spad[7779] = 32'd0;
-    spad[7780] = 32'd0;
-    spad[7781] = 32'd0;
-    spad[7782] = 32'd0;
-    spad[7783] = 32'd0;
-    spad[7784] = 32'd0;
-    spad[7785] = 32'd0;
-    spad[7786] = 32'd0;
-    spad[7787] = 32'd0;
-    spad[7788] = 32'd0;
-    spad[7789] = 32'd0;
-    spad[7790] = 32'd0;
-    spad[7791] = 32'd0;
-    spad[7792] = 32'd0;
-    spad[7793] = 32'd0;
-    spad[7794] = 32'd0;
-    spad[7795] = 32'd0;
-    spad[7796] = 32'd0;
-    spad[7797] = 32'd0;
-    spad[7798] = 32'd0;
-    spad[7799] = 32'd0;
-    spad[7800] = 32'd0;
-    spad[7801] = 32'd0;
-    spad[7802] = 32'd0;
-    spad[7803] = 32'd0;
-    spad[7804] = 32'd0;
-    spad[7805] = 32'd0;
-    spad[7806] = 32'd0;
-    spad[7807] = 32'd0;
-    spad[7808] = 32'd0;
-    spad[7809] = 32'd0;
-    spad[7810] = 32'd0;
-    spad[7811] = 32'd0;
-    spad[7812] = 32'd0;
-    spad[7813] = 32'd0;
-    spad[7814] = 32'd0;
-    spad[7815] = 32'd0;
-    spad[7816] = 32'd0;
-    spad[7817] = 32'd0;
-    spad[7818] = 32'd0;
-    spad[7819] = 32'd0;
-    spad[7820] = 32'd0;
-    spad[7821] = 32'd0;
-    spad[7822] = 32'd0;
-    spad[7823] = 32'd0;
-    spad[7824] = 32'd0;
-    spad[7825] = 32'd0;
-    spad[7826] = 32'd0;
-    spad[7827] = 32'd0;
-    spad[7828] = 32'd0;
-    spad[7829] = 32'd0;
-    spad[7830] = 32'd0;
-    spad[7831] = 32'd0;
-    spad[7832] = 32'd0;
-    spad[7833] = 32'd0;
-    spad[7834] = 32'd0;
-    spad[7835] = 32'd0;
-    spad[7836] = 32'd0;
-    spad[7837] = 32'd0;
-    spad[7838] = 32'd0;
-    spad[7839] = 32'd0;
-    spad[7840] = 32'd0;
-    spad[7841] = 32'd0;
-    spad[7842] = 32'd0;
-    spad[7843] = 32'd0;
-    spad[7844] = 32'd0;
-    spad[7845] = 32'd0;
-    spad[7846] = 32'd0;
-    spad[7847] = 32'd0;
-    spad[7848] = 32'd0;
-    spad[7849] = 32'd0;
-    spad[7850] = 32'd0;
-    spad[7851] = 32'd0;
-    spad[7852] = 32'd0;
-    spad[7853] = 32'd0;
-    spad[7854] = 32'd0;
-    spad[7855] = 32'd0;
-    spad[7856] = 32'd0;
-    spad[7857] = 32'd0;
-    spad[7858] = 32'd0;
-    spad[7859] = 32'd0;
-    spad[7860] = 32'd0;
-    spad[7861] = 32'd0;
-    spad[7862] = 32'd0;
-    spad[7863] = 32'd0;
-    spad[7864] = 32'd0;
-    spad[7865] = 32'd0;
-    spad[7866] = 32'd0;
-    spad[7867] = 32'd0;
-    spad[7868] = 32'd0;
-    spad[7869] = 32'd0;
-    spad[7870] = 32'd0;
-    spad[7871] = 32'd0;
-    spad[7872] = 32'd0;
-    spad[7873] = 32'd0;
-    spad[7874] = 32'd0;
-    spad[7875] = 32'd0;
-    spad[7876] = 32'd0;
-    spad[7877] = 32'd0;
-    spad[7878] = 32'd0;
-    spad[7879] = 32'd0;
-    spad[7880] = 32'd0;
-    spad[7881] = 32'd0;
-    spad[7882] = 32'd0;
-    spad[7883] = 32'd0;
-    spad[7884] = 32'd0;
-    spad[7885] = 32'd0;
-    spad[7886] = 32'd0;
-    spad[7887] = 32'd0;
-    spad[7888] = 32'd0;
-    spad[7889] = 32'd0;
-    spad[7890] = 32'd0;
-    spad[7891] = 32'd0;
-    spad[7892] = 32'd0;
-    spad[7893] = 32'd0;
-    spad[7894] = 32'd0;
-    spad[7895] = 32'd0;
-    spad[7896] = 32'd0;
-    spad[7897] = 32'd0;
-    spad[7898] = 32'd0;
-    spad[7899] = 32'd0;
-    spad[7900] = 32'd0;
-    spad[7901] = 32'd0;
-    spad[7902] = 32'd0;
-    spad[7903] = 32'd0;
-    spad[7904] = 32'd0;
-    spad[7905] = 32'd0;
-    spad[7906] = 32'd0;
-    spad[7907] = 32'd0;
-    spad[7908] = 32'd0;
-    spad[7909] = 32'd0;
-    spad[7910] = 32'd0;
-    spad[7911] = 32'd0;
-    spad[7912] = 32'd0;
-    spad[7913] = 32'd0;
-    spad[7914] = 32'd0;
-    spad[7915] = 32'd0;
-    spad[7916] = 32'd0;
-    spad[7917] = 32'd0;
-    spad[7918] = 32'd0;
-    spad[7919] = 32'd0;
-    spad[7920] = 32'd0;
-    spad[7921] = 32'd0;
-    spad[7922] = 32'd0;
-    spad[7923] = 32'd0;
-    spad[7924] = 32'd0;
-    spad[7925] = 32'd0;
-    spad[7926] = 32'd0;
-    spad[7927] = 32'd0;
-    spad[7928] = 32'd0;
-    spad[7929] = 32'd0;
-    spad[7930] = 32'd0;
-    spad[7931] = 32'd0;
-    spad[7932] = 32'd0;
-    spad[7933] = 32'd0;
-    spad[7934] = 32'd0;
-    spad[7935] = 32'd0;
-    spad[7936] = 32'd0;
-    spad[7937] = 32'd0;
-    spad[7938] = 32'd0;
-    spad[7939] = 32'd0;
-    spad[7940] = 32'd0;
-    spad[7941] = 32'd0;
-    spad[7942] = 32'd0;
-    spad[7943] = 32'd0;
-    spad[7944] = 32'd0;
-    spad[7945] = 32'd0;
-    spad[7946] = 32'd0;
-    spad[7947] = 32'd0;
-    spad[7948] = 32'd0;
-    spad[7949] = 32'd0;
-    spad[7950] = 32'd0;
-    spad[7951] = 32'd0;
-    spad[7952] = 32'd0;
-    spad[7953] = 32'd0;
-    spad[7954] = 32'd0;
-    spad[7955] = 32'd0;
-    spad[7956] = 32'd0;
-    spad[7957] = 32'd0;
-    spad[7958] = 32'd0;
-    spad[7959] = 32'd0;
-    spad[7960] = 32'd0;
-    spad[7961] = 32'd0;
-    spad[7962] = 32'd0;
-    spad[7963] = 32'd0;
-    spad[7964] = 32'd0;
-    spad[7965] = 32'd0;
-    spad[7966] = 32'd0;
-    spad[7967] = 32'd0;
-    spad[7968] = 32'd0;
-    spad[7969] = 32'd0;
-    spad[7970] = 32'd0;
-    spad[7971] = 32'd0;
-    spad[7972] = 32'd0;
-    spad[7973] = 32'd0;
-    spad[7974] = 32'd0;
-    spad[7975] = 32'd0;
-    spad[7976] = 32'd0;
-    spad[7977] = 32'd0;
-    spad[7978] = 32'd0;
-    spad[7979] = 32'd0;
-    spad[7980] = 32'd0;
-    spad[7981] = 32'd0;
-    spad[7982] = 32'd0;
-    spad[7983] = 32'd0;
-    spad[7984] = 32'd0;
-    spad[7985] = 32'd0;
-    spad[7986] = 32'd0;
-    spad[7987] = 32'd0;
-    spad[7988] = 32'd0;
-    spad[7989] = 32'd0;
-    spad[7990] = 32'd0;
-    spad[7991] = 32'd0;
-    spad[7992] = 32'd0;
-    spad[7993] = 32'd0;
-    spad[7994] = 32'd0;
-    spad[7995] = 32'd0;
-    spad[7996] = 32'd0;
-    spad[7997] = 32'd0;
-    spad[7998] = 32'd0;
-    spad[7999] = 32'd0;
-    spad[8000] = 32'd0;
-    spad[8001] = 32'd0;
-    spad[8002] = 32'd0;
-    spad[8003] = 32'd0;
-    spad[8004] = 32'd0;
-    spad[8005] = 32'd0;
-    spad[8006] = 32'd0;
-    spad[8007] = 32'd0;
-    spad[8008] = 32'd0;
-    spad[8009] = 32'd0;
-    spad[8010] = 32'd0;
-    spad[8011] = 32'd0;
-    spad[8012] = 32'd0;
-    spad[8013] = 32'd0;
-    spad[8014] = 32'd0;
-    spad[8015] = 32'd0;
-    spad[8016] = 32'd0;
-    spad[8017] = 32'd0;
-    spad[8018] = 32'd0;
-    spad[8019] = 32'd0;
-    spad[8020] = 32'd0;
-    spad[8021] = 32'd0;
-    spad[8022] = 32'd0;
-    spad[8023] = 32'd0;
-    spad[8024] = 32'd0;
-    spad[8025] = 32'd0;
-    spad[8026] = 32'd0;
-    spad[8027] = 32'd0;
-    spad[8028] = 32'd0;
-    spad[8029] = 32'd0;
-    spad[8030] = 32'd0;
-    spad[8031] = 32'd0;
-    spad[8032] = 32'd0;
-    spad[8033] = 32'd0;
-    spad[8034] = 32'd0;
-    spad[8035] = 32'd0;
-    spad[8036] = 32'd0;
-    spad[8037] = 32'd0;
-    spad[8038] = 32'd0;
-    spad[8039] = 32'd0;
-    spad[8040] = 32'd0;
-    spad[8041] = 32'd0;
-    spad[8042] = 32'd0;
-    spad[8043] = 32'd0;
-    spad[8044] = 32'd0;
-    spad[8045] = 32'd0;
-    spad[8046] = 32'd0;
-    spad[8047] = 32'd0;
-    spad[8048] = 32'd0;
-    spad[8049] = 32'd0;
-    spad[8050] = 32'd0;
-    spad[8051] = 32'd0;
-    spad[8052] = 32'd0;
-    spad[8053] = 32'd0;
-    spad[8054] = 32'd0;
-    spad[8055] = 32'd0;
-    spad[8056] = 32'd0;
-    spad[8057] = 32'd0;
-    spad[8058] = 32'd0;
-    spad[8059] = 32'd0;
-    spad[8060] = 32'd0;
-    spad[8061] = 32'd0;
-    spad[8062] = 32'd0;
-    spad[8063] = 32'd0;
-    spad[8064] = 32'd0;
-    spad[8065] = 32'd0;
-    spad[8066] = 32'd0;
-    spad[8067] = 32'd0;
-    spad[8068] = 32'd0;
-    spad[8069] = 32'd0;
-    spad[8070] = 32'd0;
-    spad[8071] = 32'd0;
-    spad[8072] = 32'd0;
-    spad[8073] = 32'd0;
-    spad[8074] = 32'd0;
-    spad[8075] = 32'd0;
-    spad[8076] = 32'd0;
-    spad[8077] = 32'd0;
-    spad[8078] = 32'd0;
-    spad[8079] = 32'd0;
-    spad[8080] = 32'd0;
-    spad[8081] = 32'd0;
-    spad[8082] = 32'd0;
-    spad[8083] = 32'd0;
-    spad[8084] = 32'd0;
-    spad[8085] = 32'd0;
-    spad[8086] = 32'd0;
-    spad[8087] = 32'd0;
-    spad[8088] = 32'd0;
-    spad[8089] = 32'd0;
-    spad[8090] = 32'd0;
-    spad[8091] = 32'd0;
-    spad[8092] = 32'd0;
-    spad[8093] = 32'd0;
-    spad[8094] = 32'd0;
-    spad[8095] = 32'd0;
-    spad[8096] = 32'd0;
-    spad[8097] = 32'd0;
-    spad[8098] = 32'd0;
-    spad[8099] = 32'd0;
-    spad[8100] = 32'd0;
-    spad[8101] = 32'd0;
-    spad[8102] = 32'd0;
-    spad[8103] = 32'd0;
-    spad[8104] = 32'd0;
-    spad[8105] = 32'd0;
-    spad[8106] = 32'd0;
-    spad[8107] = 32'd0;
-    spad[8108] = 32'd0;
-    spad[8109] = 32'd0;
-    spad[8110] = 32'd0;
-    spad[8111] = 32'd0;
-    spad[8112] = 32'd0;
-    spad[8113] = 32'd0;
-    spad[8114] = 32'd0;
-    spad[8115] = 32'd0;
-    spad[8116] = 32'd0;
-    spad[8117] = 32'd0;
-    spad[8118] = 32'd0;
-    spad[8119] = 32'd0;
-    spad[8120] = 32'd0;
-    spad[8121] = 32'd0;
-    spad[8122] = 32'd0;
-    spad[8123] = 32'd0;
-    spad[8124] = 32'd0;
-    spad[8125] = 32'd0;
-    spad[8126] = 32'd0;
-    spad[8127] = 32'd0;
-    spad[8128] = 32'd0;
-    spad[8129] = 32'd0;
-    spad[8130] = 32'd0;
-    spad[8131] = 32'd0;
-    spad[8132] = 32'd0;
-    spad[8133] = 32'd0;
-    spad[8134] = 32'd0;
-    spad[8135] = 32'd0;
-    spad[8136] = 32'd0;
-    spad[8137] = 32'd0;
-    spad[8138] = 32'd0;
-    spad[8139] = 32'd0;
-    spad[8140] = 32'd0;
-    spad[8141] = 32'd0;
-    spad[8142] = 32'd0;
-    spad[8143] = 32'd0;
-    spad[8144] = 32'd0;
-    spad[8145] = 32'd0;
-    spad[8146] = 32'd0;
-    spad[8147] = 32'd0;
-    spad[8148] = 32'd0;
-    spad[8149] = 32'd0;
-    spad[8150] = 32'd0;
-    spad[8151] = 32'd0;
-    spad[8152] = 32'd0;
-    spad[8153] = 32'd0;
-    spad[8154] = 32'd0;
-    spad[8155] = 32'd0;
-    spad[8156] = 32'd0;
-    spad[8157] = 32'd0;
-    spad[8158] = 32'd0;
-    spad[8159] = 32'd0;
-    spad[8160] = 32'd0;
-    spad[8161] = 32'd0;
-    spad[8162] = 32'd0;
-    spad[8163] = 32'd0;
-    spad[8164] = 32'd0;
-    spad[8165] = 32'd0;
-    spad[8166] = 32'd0;
-    spad[8167] = 32'd0;
-    spad[8168] = 32'd0;
-    spad[8169] = 32'd0;
-    spad[8170] = 32'd0;
-    spad[8171] = 32'd0;
-    spad[8172] = 32'd0;
-    spad[8173] = 32'd0;
-    spad[8174] = 32'd0;
-    spad[8175] = 32'd0;
-    spad[8176] = 32'd0;
-    spad[8177] = 32'd0;
-    spad[8178] = 32'd0;
-    spad[8179] = 32'd0;
-    spad[8180] = 32'd0;
-    spad[8181] = 32'd0;
-    spad[8182] = 32'd0;
-    spad[8183] = 32'd0;
-    spad[8184] = 32'd0;
-    spad[8185] = 32'd0;
-    spad[8186] = 32'd0;
-    spad[8187] = 32'd0;
-    spad[8188] = 32'd0;
-    spad[8189] = 32'd0;
-    spad[8190] = 32'd0;
-    spad[8191] = 32'd0;
-  end
-  always @(posedge clk) begin
-    if (wr__en)
-      spad[wr__addr] <= wr__data;
-  end
-  reg [31:0] _1_;
-  reg [31:0] _2_;
-  always @(posedge clk) begin
-    if (\$signature__en$158 ) begin
-      _1_ <= spad[\$signature__addr$152 ];
-    end
     if (\$signature__en ) begin
-      _2_ <= spad[\$signature__addr ];
+      _0_ <= imem[\$signature__addr ];
     end
   end
-  assign \$signature__data$299  = _1_;
-  assign \$signature__data  = _2_;
+  assign \$signature__data  = _0_;
+  assign \$97  = \$95  ? 14'h3fff : \$96 [13:0];
+  assign \$99  = | \$98 [16:14];
+  assign \$101  = \$99  ? 14'h3fff : \$100 [13:0];
+  assign \$102  = \$signal$139  + \$signal$130 ;
+  assign \$103  = | \$102 [16:14];
+  assign \$104  = \$signal$139  + \$signal$130 ;
+  assign \$105  = \$103  ? 14'h3fff : \$104 [13:0];
+  assign \$106  = \$signal$139  + \$signal$130 ;
+  assign \$107  = | \$106 [16:14];
+  assign \$108  = \$signal$139  + \$signal$130 ;
+  assign \$109  = \$107  ? 14'h3fff : \$108 [13:0];
+  assign \$110  = ins[5:0] <= 4'he;
+  assign \$111  = ~ \$110 ;
+  assign \$113  = | \$112 ;
+  assign \$114  = ins[5:0] == 4'ha;
+  assign \$115  = \$113  | \$114 ;
+  assign \$116  = ins[5:0] == 4'hb;
   assign \$117  = \$115  | \$116 ;
   assign \$118  = ins[5:0] == 4'h9;
   assign \$119  = \$117  | \$118 ;
@@ -9710,802 +1536,802 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$160  = ~ \$signal$156 ;
   assign \$161  = \$160  | eng_ready;
   assign \$162  = \$159  | \$161 ;
-  assign \$163  = ~ \$signal$155 ;
-  assign \$164  = ~ \$signal$156 ;
-  assign \$165  = \$164  | eng_ready;
-  assign \$166  = \$163  | \$165 ;
-  assign \$167  = ins[5:0] == 4'hc;
-  assign \$168  = \$167  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
-  assign \$169  = \$signal$178  > 1'h1;
-  assign \$170  = \$signal$178  > 2'h2;
-  assign \$171  = \$signal$178  > 2'h3;
-  assign \$172  = \$signal$178  > 3'h4;
-  assign \$173  = \$signal$178  > 3'h5;
-  assign \$174  = \$signal$178  > 3'h6;
-  assign \$175  = \$signal$178  > 3'h7;
-  assign \$176  = \$signal$178  > 4'h8;
-  assign \$177  = \$signal$178  > 4'h9;
-  assign \$178  = \$signal$178  > 4'ha;
-  assign \$179  = \$signal$178  > 4'hb;
-  assign \$180  = \$signal$178  > 4'hc;
-  assign \$181  = \$signal$178  > 4'hd;
-  assign \$182  = \$signal$178  > 4'he;
-  assign \$183  = \$signal$178  > 4'hf;
-  assign \$184  = \$signal$178  > 5'h10;
-  assign \$185  = \$signal$178  > 5'h11;
-  assign \$186  = \$signal$178  > 5'h12;
-  assign \$187  = \$signal$178  > 5'h13;
-  assign \$188  = \$signal$178  > 5'h14;
-  assign \$189  = \$signal$178  > 5'h15;
-  assign \$190  = \$signal$178  > 5'h16;
-  assign \$191  = \$signal$178  > 5'h17;
-  assign \$192  = \$signal$178  > 5'h18;
-  assign \$193  = \$signal$178  > 5'h19;
-  assign \$194  = \$signal$178  > 5'h1a;
-  assign \$195  = \$signal$178  > 5'h1b;
-  assign \$196  = \$signal$178  > 5'h1c;
-  assign \$197  = \$signal$178  > 5'h1d;
-  assign \$198  = \$signal$178  > 5'h1e;
-  assign \$199  = \$signal$178  > 5'h1f;
-  assign \$200  = $signed(\$signal$180 ) > $signed({ 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  });
-  assign \$201  = ~ { 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
-  assign \$202  = $signed(\$signal$180 ) < $signed(\$201 );
-  assign \$203  = ~ { 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
-  assign \$204  = \$202  ? \$203  : \$signal$180 ;
-  assign rq_sat = \$200  ? { 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  } : \$204 ;
-  assign \$205  = | \$signal$178 ;
-  assign \$206  = \$205  ? \$signal$160  : 32'd1;
-  assign \$207  = | \$signal$178 ;
-  assign \$208  = \$207  ? shift : 6'h00;
-  assign \$209  = ins[5:0] == 2'h3;
-  assign \$1094  = gc_lane * 6'h20;
-  assign \$210  = c_out__payload >> \$1094 ;
-  assign \$signal$180  = \$209  ? \$210  : \o__payload$205 ;
-  assign \$211  = ~ a_in__valid;
-  assign \$212  = ~ gm_afeed_done;
-  assign \$213  = \$211  & \$212 ;
-  assign \$214  = gm_lane == 3'h4;
-  assign \$215  = ! \$signal$215 [13:3];
-  assign \$216  = gm_lane >= \$signal$215 [2:0];
+  assign \$165  = ~ \$signal$155 ;
+  assign \$166  = ~ \$signal$156 ;
+  assign \$167  = \$166  | eng_ready;
+  assign \$168  = \$165  | \$167 ;
+  assign \$171  = ins[5:0] == 4'hc;
+  assign \$172  = \$171  ? { 1'h0, b_word[15:0] } : { b_word[15], b_word[15:0] };
+  assign \$173  = \$signal$178  > 1'h1;
+  assign \$174  = \$signal$178  > 2'h2;
+  assign \$175  = \$signal$178  > 2'h3;
+  assign \$176  = \$signal$178  > 3'h4;
+  assign \$177  = \$signal$178  > 3'h5;
+  assign \$178  = \$signal$178  > 3'h6;
+  assign \$179  = \$signal$178  > 3'h7;
+  assign \$180  = \$signal$178  > 4'h8;
+  assign \$181  = \$signal$178  > 4'h9;
+  assign \$182  = \$signal$178  > 4'ha;
+  assign \$183  = \$signal$178  > 4'hb;
+  assign \$184  = \$signal$178  > 4'hc;
+  assign \$185  = \$signal$178  > 4'hd;
+  assign \$186  = \$signal$178  > 4'he;
+  assign \$187  = \$signal$178  > 4'hf;
+  assign \$188  = \$signal$178  > 5'h10;
+  assign \$189  = \$signal$178  > 5'h11;
+  assign \$190  = \$signal$178  > 5'h12;
+  assign \$191  = \$signal$178  > 5'h13;
+  assign \$192  = \$signal$178  > 5'h14;
+  assign \$193  = \$signal$178  > 5'h15;
+  assign \$194  = \$signal$178  > 5'h16;
+  assign \$195  = \$signal$178  > 5'h17;
+  assign \$196  = \$signal$178  > 5'h18;
+  assign \$197  = \$signal$178  > 5'h19;
+  assign \$198  = \$signal$178  > 5'h1a;
+  assign \$199  = \$signal$178  > 5'h1b;
+  assign \$200  = \$signal$178  > 5'h1c;
+  assign \$201  = \$signal$178  > 5'h1d;
+  assign \$202  = \$signal$178  > 5'h1e;
+  assign \$203  = \$signal$178  > 5'h1f;
+  assign \$204  = $signed(\$signal$180 ) > $signed({ 1'h0, \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173  });
+  assign \$205  = ~ { 1'h0, \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173  };
+  assign \$206  = $signed(\$signal$180 ) < $signed(\$205 );
+  assign \$207  = ~ { 1'h0, \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173  };
+  assign \$208  = \$206  ? \$207  : \$signal$180 ;
+  assign rq_sat = \$204  ? { 1'h0, \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173  } : \$208 ;
+  assign \$209  = | \$signal$178 ;
+  assign \$210  = \$209  ? \$signal$160  : 32'd1;
+  assign \$211  = | \$signal$178 ;
+  assign \$212  = \$211  ? shift : 6'h00;
+  assign \$213  = ins[5:0] == 2'h3;
+  assign \$1118  = gc_lane * 6'h20;
+  assign \$214  = c_out__payload >> \$1118 ;
+  assign \$signal$180  = \$213  ? \$214  : \o__payload$205 ;
+  assign \$215  = ~ a_in__valid;
+  assign \$216  = ~ gm_afeed_done;
   assign \$217  = \$215  & \$216 ;
-  assign \$218  = \$214  | \$217 ;
-  assign \$219  = ~ \$218 ;
-  assign \$220  = \$213  & \$219 ;
-  assign \$221  = | \$signal$178 ;
-  assign \$1109  = gc_lane * 6'h20;
-  assign \$222  = c_out__payload >> \$1109 ;
-  assign \$223  = \$221  ? rq_sat : \$222 ;
-  assign \$224  = pc >= 7'h40;
-  assign \$225  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$226  = ins[5:0] == 4'hc;
-  assign \$227  = ~ ph2;
-  assign \$228  = \$226  & \$227 ;
-  assign \$229  = ! ins[5:0];
-  assign \$230  = settle != 2'h2;
-  assign \$231  = | decode_q;
-  assign \$233  = ins[100:88] + \$232 ;
-  assign \$235  = ins[100:88] + \$234 ;
-  assign \$236  = \$235  + 1'h1;
-  assign \$237  = ins[124:112] + el_i;
-  assign \$238  = ~ \$signal$250 ;
-  assign \$239  = el_i < l0_acc;
-  assign \$240  = ins[124:112] + el_i;
-  assign \$241  = ins[243:238] == 1'h1;
-  assign \$1131  = ld_e * 4'h8;
-  assign \$242  = \$signal$251  >> \$1131 ;
-  assign \$243  = ins[243:238] == 2'h2;
-  assign \$1135  = ld_e * 5'h10;
-  assign \$244  = \$signal$251  >> \$1135 ;
-  assign \$1138  = ld_e * 6'h20;
-  assign \$245  = \$signal$251  >> \$1138 ;
-  assign \$246  = \$243  ? { \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244 [15], \$244  } : \$245 ;
-  assign \$247  = \$241  ? { \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242 [7], \$242  } : \$246 ;
-  assign \$248  = ~ \$signal$253 ;
-  assign \$249  = \$signal$254  < 1'h1;
-  assign \$250  = \$248  & \$249 ;
-  assign \$251  = el_i < l0_acc;
-  assign \$252  = \$250  & \$251 ;
-  assign \$253  = ~ \$signal$255 ;
-  assign \$254  = \$252  & \$253 ;
-  assign \$255  = ins[76:64] + el_i;
-  assign \$256  = ins[100:88] + \$signal$257 ;
-  assign \$257  = | \$signal$257 ;
-  assign \$258  = \$signal$257  - 1'h1;
-  assign \$259  = ~ \$signal$262 ;
-  assign \$260  = ~ \$signal$263 ;
-  assign \$261  = \$259  & \$260 ;
-  assign \$262  = rt_lane < 1'h1;
-  assign \$263  = \$261  & \$262 ;
-  assign \$264  = \$signal$265  + \$signal$266 ;
-  assign \$265  = ~ \$signal$271 ;
-  assign \$266  = ~ rt_wphase;
-  assign \$267  = \$signal$271  & \$266 ;
-  assign \$268  = \$signal$273  + rt_s;
-  assign \$269  = \$signal$271  & rt_wphase;
-  assign \$270  = \$signal$273  + rt_s;
-  assign \$271  = \$270  + l1_acc[13:2];
-  assign \$272  = ins[124:112] + \$signal$276 ;
-  assign \$273  = \$signal$277  == \$signal$257 ;
-  assign \$274  = \$signal$278  + \$signal$279 ;
-  assign \$275  = \$signal$278  + l1_acc[13:2];
-  assign \$276  = \$275  + \$signal$279 ;
-  assign \$277  = \$signal$276  + 1'h1;
-  assign \$278  = \$277  < l1_acc[13:2];
-  assign \$279  = \$signal$281  + \$signal$257 ;
-  assign \$280  = \$signal$279  - \$signal$282 ;
-  assign \$281  = \$signal$281  + 4'h8;
-  assign \$282  = \$281  + \$signal$257 ;
-  assign \$283  = \$signal$283  >= 4'h8;
-  assign \$284  = ins[76:64] + \$signal$283 ;
-  assign \$285  = ins[76:64] + 4'h8;
-  assign \$286  = \$285  + \$signal$283 ;
-  assign \$287  = \$signal$284  >= \$signal$130 ;
-  assign \$288  = ins[100:88] + \$signal$139 ;
-  assign \$289  = \$288  + \$signal$284 ;
-  assign \$290  = | l2_y;
-  assign \$291  = \$signal$285  < ins[61:48];
-  assign \$292  = ins[5:0] == 4'ha;
-  assign \$293  = \$292  ? l2_acc : { 1'h0, \$signal$286  };
-  assign \$294  = ins[76:64] + \$293 ;
-  assign \$295  = \$294  + \$signal$285 ;
-  assign \$296  = ~ \$signal$108 ;
-  assign \$297  = \$signal$103  & \$296 ;
-  assign \$298  = ! ctrl_state;
-  assign \$299  = ctrl_state == 1'h1;
-  assign \$300  = ctrl_state == 2'h2;
-  assign \$301  = ctrl_state == 2'h3;
-  assign \$302  = ctrl_state == 3'h4;
-  assign \$303  = ctrl_state == 3'h5;
-  assign \$304  = ctrl_state == 3'h6;
-  assign \$305  = ctrl_state == 3'h7;
-  assign \$306  = ctrl_state == 4'h8;
-  assign \$307  = ctrl_state == 4'h9;
-  assign \$308  = ctrl_state == 4'ha;
-  assign \$309  = ctrl_state == 4'hb;
-  assign \$310  = ctrl_state == 4'hc;
-  assign \$311  = ctrl_state == 4'hd;
-  assign \$312  = ctrl_state == 4'he;
-  assign \$313  = ctrl_state == 4'hf;
-  assign \$314  = ctrl_state == 5'h10;
-  assign \$315  = ctrl_state == 5'h11;
-  assign \$316  = ctrl_state == 5'h12;
-  assign \$317  = ctrl_state == 5'h13;
-  assign \$318  = ctrl_state == 5'h14;
-  assign \$319  = ctrl_state == 5'h15;
-  assign \$320  = ctrl_state == 5'h16;
-  assign \$321  = ctrl_state == 5'h17;
-  assign \$322  = ctrl_state == 5'h18;
-  assign \$323  = ctrl_state == 5'h19;
-  assign \$324  = ctrl_state == 5'h1a;
-  assign \$325  = ctrl_state == 5'h1b;
-  assign \$326  = wr_addr == 4'hc;
-  assign \$327  = wr_en & \$326 ;
-  assign \$328  = wr_addr == 5'h10;
-  assign \$329  = wr_en & \$328 ;
-  assign \$330  = | l0_y;
-  assign \$331  = l0_acc + l0_x;
-  assign \$333  = l0_acc + l0_x;
-  assign \$334  = \$332  ? 14'h3fff : \$333 [13:0];
-  assign \$336  = l0_x[13] ? 15'h3fff : \$335 ;
-  assign \$338  = | l1_y;
-  assign \$339  = l1_acc + l1_x;
-  assign \$341  = l1_acc + l1_x;
-  assign \$342  = \$340  ? 14'h3fff : \$341 [13:0];
-  assign \$344  = l1_x[13] ? 15'h3fff : \$343 ;
-  assign \$346  = | l2_y;
-  assign \$347  = l2_acc + l2_x;
-  assign \$349  = l2_acc + l2_x;
-  assign \$350  = \$348  ? 14'h3fff : \$349 [13:0];
-  assign \$352  = l2_x[13] ? 15'h3fff : \$351 ;
-  assign \$354  = | l3_y;
-  assign \$355  = l3_acc + l3_x;
-  assign \$357  = l3_acc + l3_x;
-  assign \$358  = \$356  ? 14'h3fff : \$357 [13:0];
-  assign \$360  = l3_x[13] ? 15'h3fff : \$359 ;
-  assign \$362  = | l4_y;
-  assign \$363  = l4_acc + l4_x;
-  assign \$365  = l4_acc + l4_x;
-  assign \$366  = \$364  ? 18'h3ffff : \$365 [17:0];
-  assign \$368  = l4_x[17] ? 19'h3ffff : \$367 ;
-  assign \$370  = | lh_y;
-  assign \$371  = lh_acc + lh_x;
-  assign \$373  = lh_acc + lh_x;
-  assign \$374  = \$372  ? 33'h1ffffffff : \$373 [32:0];
-  assign \$376  = lh_x[32] ? 34'h1ffffffff : \$375 ;
-  assign \$378  = ! \$signal$136 ;
-  assign \$379  = ! ins[87:78];
-  assign \$380  = ins[77:64] + \$signal$136 ;
-  assign \$381  = \$380  <= 14'h2000;
-  assign \$382  = \$379  & \$381 ;
-  assign \$383  = \$378  | \$382 ;
-  assign \$384  = ! \$signal$138 ;
-  assign \$385  = ! ins[111:102];
-  assign \$386  = ins[101:88] + \$signal$138 ;
-  assign \$387  = \$386  <= 14'h2000;
-  assign \$388  = \$385  & \$387 ;
-  assign \$389  = \$384  | \$388 ;
-  assign \$390  = \$383  & \$389 ;
-  assign \$391  = ! wc;
-  assign \$392  = ! ins[135:126];
-  assign \$393  = ins[125:112] + wc;
-  assign \$394  = \$393  <= 14'h2000;
-  assign \$395  = \$392  & \$394 ;
-  assign \$396  = \$391  | \$395 ;
-  assign \$397  = \$390  & \$396 ;
-  assign \$398  = ! lh_acc[1:0];
-  assign \$399  = lh_acc >= \$signal$119 ;
-  assign \$400  = \$398  & \$399 ;
-  assign \$401  = lh_acc + { l4_acc[17:2], 2'h0 };
-  assign \$402  = \$signal$119  + host_size;
-  assign \$403  = \$401  <= \$402 ;
-  assign \$404  = \$400  & \$403 ;
-  assign \$405  = ~ \$signal$156 ;
-  assign \$406  = \$405  | eng_ready;
-  assign \$407  = ~ \$signal$155 ;
-  assign \$408  = ~ \$signal$156 ;
-  assign \$409  = \$408  | eng_ready;
-  assign \$410  = \$407  | \$409 ;
-  assign \$411  = rem0 == 1'h1;
-  assign \$412  = | rem0[13:1];
-  assign \$413  = | rem1[13:1];
-  assign \$414  = rem0 - 1'h1;
-  assign \$415  = \$signal$151  + sa0;
-  assign \$416  = \$signal$153  + sb0;
-  assign \$417  = rem1 - 1'h1;
-  assign \$418  = \$signal$306  + sa1;
-  assign \$419  = \$signal$306  + sa1;
-  assign \$420  = \$signal$308  + sb1;
-  assign \$421  = \$signal$308  + sb1;
-  assign \$422  = rem2 - 1'h1;
-  assign \$423  = \$signal$312  + sa2;
-  assign \$424  = \$signal$312  + sa2;
-  assign \$425  = \$signal$312  + sa2;
-  assign \$426  = \$signal$314  + sb2;
-  assign \$427  = \$signal$314  + sb2;
-  assign \$428  = \$signal$314  + sb2;
-  assign \$429  = | rem2[13:1];
-  assign \$430  = ~ \$429 ;
-  assign \$431  = ins[5:0] == 4'hd;
-  assign \$432  = ins[5:0] == 4'hc;
-  assign \$433  = \$432  ? 2'h1 : 2'h0;
-  assign \$434  = \$431  ? 2'h2 : \$433 ;
-  assign \$435  = ~ a_in__valid;
-  assign \$436  = ~ gm_afeed_done;
-  assign \$437  = \$435  & \$436 ;
-  assign \$438  = gm_lane == 3'h4;
-  assign \$439  = ! \$signal$215 [13:3];
-  assign \$440  = gm_lane >= \$signal$215 [2:0];
-  assign \$441  = \$439  & \$440 ;
-  assign \$442  = \$438  | \$441 ;
-  assign \$443  = ~ \$442 ;
-  assign \$444  = \$437  & \$443 ;
-  assign \$445  = gm_lane + 1'h1;
-  assign \$446  = \$signal$216  + ins[38:32];
-  assign \$447  = ~ a_in__valid;
-  assign \$448  = ~ gm_afeed_done;
-  assign \$449  = \$447  & \$448 ;
-  assign \$450  = gm_lane == 3'h4;
-  assign \$451  = ! \$signal$215 [13:3];
-  assign \$452  = gm_lane >= \$signal$215 [2:0];
-  assign \$453  = \$451  & \$452 ;
-  assign \$454  = \$450  | \$453 ;
-  assign \$455  = \$449  & \$454 ;
-  assign \$456  = a_in__valid & a_in__ready;
-  assign \$457  = \$signal$319  + 1'h1;
-  assign \$458  = \$457  < ins[38:32];
-  assign \$459  = \$signal$319  + 1'h1;
-  assign \$460  = gm_wstart + 1'h1;
-  assign \$461  = gm_wstart + 1'h1;
-  assign \$462  = \$signal$215  - 3'h4;
-  assign \$463  = \$signal$216  - ins[38:32];
-  assign \$464  = $signed(\$463 ) + $signed(2'h1);
-  assign \$465  = \$signal$216  - ins[38:32];
-  assign \$466  = $signed(\$465 ) + $signed(2'h1);
+  assign \$218  = gm_lane == 3'h4;
+  assign \$219  = ! \$signal$215 [13:3];
+  assign \$220  = gm_lane >= \$signal$215 [2:0];
+  assign \$221  = \$219  & \$220 ;
+  assign \$222  = \$218  | \$221 ;
+  assign \$223  = ~ \$222 ;
+  assign \$224  = \$217  & \$223 ;
+  assign \$227  = | \$signal$178 ;
+  assign \$1135  = gc_lane * 6'h20;
+  assign \$228  = c_out__payload >> \$1135 ;
+  assign \$229  = \$227  ? rq_sat : \$228 ;
+  assign \$230  = pc >= 7'h40;
+  assign \$231  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$232  = ins[5:0] == 4'hc;
+  assign \$233  = ~ ph2;
+  assign \$234  = \$232  & \$233 ;
+  assign \$235  = ! ins[5:0];
+  assign \$236  = settle != 2'h2;
+  assign \$237  = | decode_q;
+  assign \$239  = ins[100:88] + \$238 ;
+  assign \$241  = ins[100:88] + \$240 ;
+  assign \$242  = \$241  + 1'h1;
+  assign \$243  = ins[124:112] + el_i;
+  assign \$244  = ~ \$signal$250 ;
+  assign \$245  = el_i < l0_acc;
+  assign \$246  = ins[124:112] + el_i;
+  assign \$247  = ins[243:238] == 1'h1;
+  assign \$1157  = ld_e * 4'h8;
+  assign \$248  = \$signal$251  >> \$1157 ;
+  assign \$249  = ins[243:238] == 2'h2;
+  assign \$1161  = ld_e * 5'h10;
+  assign \$250  = \$signal$251  >> \$1161 ;
+  assign \$1164  = ld_e * 6'h20;
+  assign \$251  = \$signal$251  >> \$1164 ;
+  assign \$252  = \$249  ? { \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250 [15], \$250  } : \$251 ;
+  assign \$253  = \$247  ? { \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248 [7], \$248  } : \$252 ;
+  assign \$254  = ~ \$signal$253 ;
+  assign \$255  = \$signal$254  < 1'h1;
+  assign \$256  = \$254  & \$255 ;
+  assign \$257  = el_i < l0_acc;
+  assign \$258  = \$256  & \$257 ;
+  assign \$259  = ~ \$signal$255 ;
+  assign \$260  = \$258  & \$259 ;
+  assign \$261  = ins[76:64] + el_i;
+  assign \$262  = ins[100:88] + \$signal$257 ;
+  assign \$263  = | \$signal$257 ;
+  assign \$264  = \$signal$257  - 1'h1;
+  assign \$265  = ~ \$signal$262 ;
+  assign \$266  = ~ \$signal$263 ;
+  assign \$267  = \$265  & \$266 ;
+  assign \$268  = rt_lane < 1'h1;
+  assign \$269  = \$267  & \$268 ;
+  assign \$272  = \$signal$265  + \$signal$266 ;
+  assign \$273  = ~ \$signal$271 ;
+  assign \$274  = ~ rt_wphase;
+  assign \$275  = \$signal$271  & \$274 ;
+  assign \$276  = \$signal$273  + rt_s;
+  assign \$277  = \$signal$271  & rt_wphase;
+  assign \$278  = \$signal$273  + rt_s;
+  assign \$279  = \$278  + l1_acc[13:2];
+  assign \$280  = ins[124:112] + \$signal$276 ;
+  assign \$281  = \$signal$277  == \$signal$257 ;
+  assign \$282  = \$signal$278  + \$signal$279 ;
+  assign \$283  = \$signal$278  + l1_acc[13:2];
+  assign \$284  = \$283  + \$signal$279 ;
+  assign \$285  = \$signal$276  + 1'h1;
+  assign \$286  = \$285  < l1_acc[13:2];
+  assign \$287  = \$signal$281  + \$signal$257 ;
+  assign \$288  = \$signal$279  - \$signal$282 ;
+  assign \$289  = \$signal$281  + 4'h8;
+  assign \$290  = \$289  + \$signal$257 ;
+  assign \$291  = \$signal$283  >= 4'h8;
+  assign \$292  = ins[76:64] + \$signal$283 ;
+  assign \$293  = ins[76:64] + 4'h8;
+  assign \$294  = \$293  + \$signal$283 ;
+  assign \$295  = \$signal$284  >= \$signal$130 ;
+  assign \$296  = ins[100:88] + \$signal$139 ;
+  assign \$297  = \$296  + \$signal$284 ;
+  assign \$298  = | l2_y;
+  assign \$299  = \$signal$285  < ins[61:48];
+  assign \$302  = ins[5:0] == 4'ha;
+  assign \$303  = \$302  ? l2_acc : { 1'h0, \$signal$286  };
+  assign \$304  = ins[76:64] + \$303 ;
+  assign \$305  = \$304  + \$signal$285 ;
+  assign \$306  = ~ \$signal$108 ;
+  assign \$307  = \$signal$103  & \$306 ;
+  assign \$308  = ! ctrl_state;
+  assign \$309  = ctrl_state == 1'h1;
+  assign \$310  = ctrl_state == 2'h2;
+  assign \$311  = ctrl_state == 2'h3;
+  assign \$312  = ctrl_state == 3'h4;
+  assign \$313  = ctrl_state == 3'h5;
+  assign \$314  = ctrl_state == 3'h6;
+  assign \$315  = ctrl_state == 3'h7;
+  assign \$316  = ctrl_state == 4'h8;
+  assign \$317  = ctrl_state == 4'h9;
+  assign \$318  = ctrl_state == 4'ha;
+  assign \$319  = ctrl_state == 4'hb;
+  assign \$320  = ctrl_state == 4'hc;
+  assign \$321  = ctrl_state == 4'hd;
+  assign \$322  = ctrl_state == 4'he;
+  assign \$323  = ctrl_state == 4'hf;
+  assign \$324  = ctrl_state == 5'h10;
+  assign \$325  = ctrl_state == 5'h11;
+  assign \$326  = ctrl_state == 5'h12;
+  assign \$327  = ctrl_state == 5'h13;
+  assign \$328  = ctrl_state == 5'h14;
+  assign \$329  = ctrl_state == 5'h15;
+  assign \$330  = ctrl_state == 5'h16;
+  assign \$331  = ctrl_state == 5'h17;
+  assign \$332  = ctrl_state == 5'h18;
+  assign \$333  = ctrl_state == 5'h19;
+  assign \$334  = ctrl_state == 5'h1a;
+  assign \$335  = ctrl_state == 5'h1b;
+  assign \$336  = wr_addr == 4'hc;
+  assign \$337  = wr_en & \$336 ;
+  assign \$338  = wr_addr == 5'h10;
+  assign \$339  = wr_en & \$338 ;
+  assign \$340  = | l0_y;
+  assign \$341  = l0_acc + l0_x;
+  assign \$343  = l0_acc + l0_x;
+  assign \$344  = \$342  ? 14'h3fff : \$343 [13:0];
+  assign \$346  = l0_x[13] ? 15'h3fff : \$345 ;
+  assign \$348  = | l1_y;
+  assign \$349  = l1_acc + l1_x;
+  assign \$351  = l1_acc + l1_x;
+  assign \$352  = \$350  ? 14'h3fff : \$351 [13:0];
+  assign \$354  = l1_x[13] ? 15'h3fff : \$353 ;
+  assign \$356  = | l2_y;
+  assign \$357  = l2_acc + l2_x;
+  assign \$359  = l2_acc + l2_x;
+  assign \$360  = \$358  ? 14'h3fff : \$359 [13:0];
+  assign \$362  = l2_x[13] ? 15'h3fff : \$361 ;
+  assign \$364  = | l3_y;
+  assign \$365  = l3_acc + l3_x;
+  assign \$367  = l3_acc + l3_x;
+  assign \$368  = \$366  ? 14'h3fff : \$367 [13:0];
+  assign \$370  = l3_x[13] ? 15'h3fff : \$369 ;
+  assign \$372  = | l4_y;
+  assign \$373  = l4_acc + l4_x;
+  assign \$375  = l4_acc + l4_x;
+  assign \$376  = \$374  ? 18'h3ffff : \$375 [17:0];
+  assign \$378  = l4_x[17] ? 19'h3ffff : \$377 ;
+  assign \$380  = | lh_y;
+  assign \$381  = lh_acc + lh_x;
+  assign \$383  = lh_acc + lh_x;
+  assign \$384  = \$382  ? 33'h1ffffffff : \$383 [32:0];
+  assign \$386  = lh_x[32] ? 34'h1ffffffff : \$385 ;
+  assign \$388  = ! \$signal$136 ;
+  assign \$389  = ! ins[87:78];
+  assign \$390  = ins[77:64] + \$signal$136 ;
+  assign \$391  = \$390  <= 14'h2000;
+  assign \$392  = \$389  & \$391 ;
+  assign \$393  = \$388  | \$392 ;
+  assign \$394  = ! \$signal$138 ;
+  assign \$395  = ! ins[111:102];
+  assign \$396  = ins[101:88] + \$signal$138 ;
+  assign \$397  = \$396  <= 14'h2000;
+  assign \$398  = \$395  & \$397 ;
+  assign \$399  = \$394  | \$398 ;
+  assign \$400  = \$393  & \$399 ;
+  assign \$401  = ! wc;
+  assign \$402  = ! ins[135:126];
+  assign \$403  = ins[125:112] + wc;
+  assign \$404  = \$403  <= 14'h2000;
+  assign \$405  = \$402  & \$404 ;
+  assign \$406  = \$401  | \$405 ;
+  assign \$407  = \$400  & \$406 ;
+  assign \$408  = ! lh_acc[1:0];
+  assign \$409  = lh_acc >= \$signal$119 ;
+  assign \$410  = \$408  & \$409 ;
+  assign \$411  = lh_acc + { l4_acc[17:2], 2'h0 };
+  assign \$412  = \$signal$119  + host_size;
+  assign \$413  = \$411  <= \$412 ;
+  assign \$414  = \$410  & \$413 ;
+  assign \$415  = ~ \$signal$156 ;
+  assign \$416  = \$415  | eng_ready;
+  assign \$417  = ~ \$signal$155 ;
+  assign \$418  = ~ \$signal$156 ;
+  assign \$419  = \$418  | eng_ready;
+  assign \$420  = \$417  | \$419 ;
+  assign \$423  = rem0 == 1'h1;
+  assign \$426  = | rem0[13:1];
+  assign \$427  = | rem1[13:1];
+  assign \$428  = rem0 - 1'h1;
+  assign \$429  = \$signal$151  + sa0;
+  assign \$430  = \$signal$153  + sb0;
+  assign \$431  = rem1 - 1'h1;
+  assign \$432  = \$signal$306  + sa1;
+  assign \$433  = \$signal$306  + sa1;
+  assign \$434  = \$signal$308  + sb1;
+  assign \$435  = \$signal$308  + sb1;
+  assign \$436  = rem2 - 1'h1;
+  assign \$437  = \$signal$312  + sa2;
+  assign \$438  = \$signal$312  + sa2;
+  assign \$439  = \$signal$312  + sa2;
+  assign \$440  = \$signal$314  + sb2;
+  assign \$441  = \$signal$314  + sb2;
+  assign \$442  = \$signal$314  + sb2;
+  assign \$443  = | rem2[13:1];
+  assign \$444  = ~ \$443 ;
+  assign \$445  = ins[5:0] == 4'hd;
+  assign \$446  = ins[5:0] == 4'hc;
+  assign \$447  = \$446  ? 2'h1 : 2'h0;
+  assign \$448  = \$445  ? 2'h2 : \$447 ;
+  assign \$449  = ~ a_in__valid;
+  assign \$450  = ~ gm_afeed_done;
+  assign \$451  = \$449  & \$450 ;
+  assign \$452  = gm_lane == 3'h4;
+  assign \$453  = ! \$signal$215 [13:3];
+  assign \$454  = gm_lane >= \$signal$215 [2:0];
+  assign \$455  = \$453  & \$454 ;
+  assign \$456  = \$452  | \$455 ;
+  assign \$457  = ~ \$456 ;
+  assign \$458  = \$451  & \$457 ;
+  assign \$461  = gm_lane + 1'h1;
+  assign \$462  = \$signal$216  + ins[38:32];
+  assign \$463  = ~ a_in__valid;
+  assign \$464  = ~ gm_afeed_done;
+  assign \$465  = \$463  & \$464 ;
+  assign \$466  = gm_lane == 3'h4;
   assign \$467  = ! \$signal$215 [13:3];
-  assign \$468  = \$signal$215 [2:0] <= 3'h4;
+  assign \$468  = gm_lane >= \$signal$215 [2:0];
   assign \$469  = \$467  & \$468 ;
-  assign \$470  = gc_lane + 1'h1;
-  assign \$471  = \$signal$219  + ins[56:48];
-  assign \$472  = gc_lane + 1'h1;
-  assign \$473  = \$472  == 2'h3;
-  assign \$474  = ! \$signal$321 [13:3];
-  assign \$475  = gc_lane + 1'h1;
-  assign \$476  = \$475  + 1'h1;
-  assign \$477  = \$476  >= \$signal$321 [2:0];
-  assign \$478  = \$474  & \$477 ;
-  assign \$479  = \$473  | \$478 ;
-  assign \$480  = \$signal$322  + 1'h1;
-  assign \$481  = \$480  < ins[56:48];
-  assign \$482  = \$signal$322  + 1'h1;
-  assign \$483  = gc_wstart + 1'h1;
-  assign \$484  = gc_wstart + 1'h1;
-  assign \$485  = ! \$signal$321 [13:3];
-  assign \$486  = \$signal$321 [2:0] <= 1'h1;
-  assign \$487  = \$485  & \$486 ;
-  assign \$489  = \$signal$321  - 3'h4;
-  assign \$490  = \$signal$219  + 1'h1;
-  assign \$491  = \$signal$219  + 1'h1;
-  assign \$492  = \$signal$321  - 3'h4;
-  assign \$493  = ! \$492 [13:3];
-  assign \$494  = \$signal$321  - 3'h4;
-  assign \$495  = \$494 [2:0] <= 1'h1;
-  assign \$496  = \$493  & \$495 ;
-  assign \$498  = \$signal$118  + 1'h1;
-  assign \$499  = busy_dma + 1'h1;
-  assign \$500  = busy_gemm + 1'h1;
-  assign \$501  = busy_act + 1'h1;
-  assign \$502  = busy_route + 1'h1;
-  assign \$503  = busy_vector + 1'h1;
-  assign \$504  = busy_move + 1'h1;
-  assign \$505  = pc >= 7'h40;
-  assign \$508  = \$507  ? \$signal$130  : \$signature__data$327 [31:16];
-  assign \$509  = | \$signature__data$327 [63:62];
-  assign \$510  = \$509  ? 14'h3fff : \$signature__data$327 [61:48];
-  assign \$513  = \$512  ? \$signal$130  : \$signature__data$327 [31:16];
-  assign \$514  = | \$signature__data$327 [47:46];
-  assign \$515  = \$514  ? 14'h3fff : \$signature__data$327 [45:32];
-  assign \$518  = \$517  ? \$signal$130  : \$signature__data$327 [31:16];
-  assign \$519  = \$518  + 3'h4;
-  assign \$520  = \$519  - 1'h1;
-  assign \$522  = | \$signature__data$327 [47:46];
-  assign \$523  = \$522  ? 14'h3fff : \$signature__data$327 [45:32];
-  assign \$526  = \$525  ? \$signal$130  : \$signature__data$327 [31:16];
-  assign \$527  = \$526  + 3'h4;
-  assign \$528  = \$527  - 1'h1;
-  assign \$530  = | \$signature__data$327 [63:62];
-  assign \$531  = \$530  ? 14'h3fff : \$signature__data$327 [61:48];
-  assign \$532  = \$signature__data$327 [63:48] + 3'h4;
-  assign \$533  = \$532  - 1'h1;
-  assign \$541  = \$540  ? \$signal$130  : \$signature__data$327 [31:16];
-  assign \$542  = | \$signature__data$327 [47:46];
-  assign \$543  = \$542  ? 14'h3fff : \$signature__data$327 [45:32];
-  assign \$544  = | \$signature__data$327 [63:62];
-  assign \$545  = \$544  ? 14'h3fff : \$signature__data$327 [61:48];
-  assign \$546  = | \$signature__data$327 [63:62];
-  assign \$547  = \$546  ? 14'h3fff : \$signature__data$327 [61:48];
-  assign \$550  = \$549  ? \$signal$130  : \$signature__data$327 [31:16];
-  assign \$553  = \$552  ? \$signal$130  : \$signature__data$327 [31:16];
-  assign \$554  = \$signature__data$327 [243:238] == 3'h4;
-  assign \$555  = \$signature__data$327 [243:238] == 2'h2;
-  assign \$556  = \$555  ? 1'h1 : 1'h0;
-  assign \$557  = \$554  ? 2'h2 : { 1'h0, \$556  };
-  assign \$558  = \$signature__data$327 [63:48] << \$557 ;
-  assign \$560  = \$signature__data$327 [243:238] == 3'h4;
-  assign \$561  = \$signature__data$327 [243:238] == 2'h2;
-  assign \$562  = \$561  ? 1'h1 : 1'h0;
-  assign \$563  = \$560  ? 2'h2 : { 1'h0, \$562  };
-  assign \$564  = \$signature__data$327 [63:48] << \$563 ;
-  assign \$565  = \$559  ? 18'h3ffff : \$564 [17:0];
-  assign \$568  = \$567  ? \$signal$130  : \$signature__data$327 [31:16];
-  assign \$575  = \$574  ? \$signal$246  : 4'h0;
-  assign \$576  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
-  assign \$577  = ins[5:0] == 4'hc;
-  assign \$578  = ~ ph2;
-  assign \$579  = \$577  & \$578 ;
-  assign \$580  = ! ins[5:0];
-  assign \$581  = settle != 2'h2;
-  assign \$582  = | decode_q;
-  assign \$583  = settle + 1'h1;
-  assign \$584  = ins[5:0] == 1'h1;
-  assign \$585  = ins[5:0] == 2'h2;
-  assign \$586  = ins[5:0] == 2'h3;
-  assign \$587  = ins[5:0] == 3'h4;
-  assign \$588  = ins[5:0] == 3'h5;
-  assign \$589  = ins[5:0] == 3'h6;
-  assign \$590  = ins[5:0] == 4'h8;
-  assign \$591  = ins[5:0] == 3'h7;
-  assign \$592  = ins[5:0] == 4'hc;
-  assign \$593  = ins[5:0] == 4'hd;
-  assign \$594  = ins[5:0] == 4'ha;
-  assign \$595  = ins[5:0] == 4'hb;
-  assign \$596  = \$signal$121  + 1'h1;
-  assign \$599  = ! m_eff[13:3];
-  assign \$600  = m_eff[2:0] <= 1'h1;
-  assign \$601  = \$599  & \$600 ;
-  assign \$606  = ins[124:112] + \$605 ;
-  assign \$608  = ins[124:112] + \$607 ;
-  assign \$609  = \$608  + 5'h10;
-  assign \$610  = ins[5:0] == 2'h3;
-  assign \$611  = el_i + 1'h1;
-  assign \$612  = el_i < l0_acc;
-  assign \$613  = ~ \$612 ;
-  assign \$614  = eng_run & \$613 ;
-  assign \$615  = ins[5:0] == 3'h5;
-  assign \$616  = pc + 1'h1;
-  assign \$617  = \$signal$121  + 1'h1;
-  assign \$618  = ~ rd_busy;
-  assign \$619  = pc + 1'h1;
-  assign \$620  = \$signal$121  + 1'h1;
-  assign \$621  = ~ \$signal$250 ;
-  assign \$622  = rd_data__valid & \$621 ;
-  assign \$623  = el_i < l0_acc;
-  assign \$624  = el_i + 1'h1;
-  assign \$625  = ld_e + 1'h1;
-  assign \$626  = ld_e + 1'h1;
-  assign \$627  = ins[243:238] == 1'h1;
-  assign \$628  = ins[243:238] == 2'h2;
-  assign \$629  = \$628  ? 2'h2 : 2'h1;
-  assign \$630  = \$627  ? 3'h4 : { 1'h0, \$629  };
-  assign \$631  = \$626  >= \$630 ;
-  assign \$632  = ~ rd_busy;
-  assign \$633  = ~ \$signal$250 ;
-  assign \$634  = \$632  & \$633 ;
-  assign \$635  = el_i < l0_acc;
-  assign \$636  = ~ \$635 ;
-  assign \$637  = \$634  & \$636 ;
-  assign \$638  = pc + 1'h1;
-  assign \$639  = \$signal$121  + 1'h1;
-  assign \$640  = ~ \$signal$253 ;
-  assign \$641  = \$signal$254  < 1'h1;
-  assign \$642  = \$640  & \$641 ;
-  assign \$643  = el_i < l0_acc;
-  assign \$644  = \$642  & \$643 ;
-  assign \$645  = ~ \$signal$255 ;
-  assign \$646  = \$644  & \$645 ;
-  assign \$647  = el_i + 1'h1;
-  assign \$648  = \$signal$254  + 1'h1;
-  assign \$649  = ~ \$signal$253 ;
-  assign \$650  = ~ \$signal$255 ;
-  assign \$651  = \$649  & \$650 ;
-  assign \$652  = | \$signal$254 ;
-  assign \$653  = \$651  & \$652 ;
-  assign \$654  = \$signal$254  == 1'h1;
-  assign \$655  = el_i < l0_acc;
-  assign \$656  = ~ \$655 ;
-  assign \$657  = \$654  | \$656 ;
-  assign \$658  = \$653  & \$657 ;
-  assign \$659  = wr_data__valid & wr_data__ready;
-  assign \$660  = ~ wr_busy;
-  assign \$661  = el_i < l0_acc;
-  assign \$662  = ~ \$661 ;
-  assign \$663  = \$660  & \$662 ;
-  assign \$664  = ~ \$signal$253 ;
-  assign \$665  = \$663  & \$664 ;
+  assign \$470  = \$466  | \$469 ;
+  assign \$471  = \$465  & \$470 ;
+  assign \$472  = a_in__valid & a_in__ready;
+  assign \$473  = \$signal$319  + 1'h1;
+  assign \$474  = \$473  < ins[38:32];
+  assign \$475  = \$signal$319  + 1'h1;
+  assign \$476  = gm_wstart + 1'h1;
+  assign \$477  = gm_wstart + 1'h1;
+  assign \$478  = \$signal$215  - 3'h4;
+  assign \$479  = \$signal$216  - ins[38:32];
+  assign \$480  = $signed(\$479 ) + $signed(2'h1);
+  assign \$481  = \$signal$216  - ins[38:32];
+  assign \$482  = $signed(\$481 ) + $signed(2'h1);
+  assign \$483  = ! \$signal$215 [13:3];
+  assign \$484  = \$signal$215 [2:0] <= 3'h4;
+  assign \$485  = \$483  & \$484 ;
+  assign \$486  = gc_lane + 1'h1;
+  assign \$487  = \$signal$219  + ins[56:48];
+  assign \$488  = gc_lane + 1'h1;
+  assign \$489  = \$488  == 2'h3;
+  assign \$490  = ! \$signal$321 [13:3];
+  assign \$491  = gc_lane + 1'h1;
+  assign \$492  = \$491  + 1'h1;
+  assign \$493  = \$492  >= \$signal$321 [2:0];
+  assign \$494  = \$490  & \$493 ;
+  assign \$495  = \$489  | \$494 ;
+  assign \$496  = \$signal$322  + 1'h1;
+  assign \$497  = \$496  < ins[56:48];
+  assign \$498  = \$signal$322  + 1'h1;
+  assign \$499  = gc_wstart + 1'h1;
+  assign \$500  = gc_wstart + 1'h1;
+  assign \$501  = ! \$signal$321 [13:3];
+  assign \$502  = \$signal$321 [2:0] <= 1'h1;
+  assign \$503  = \$501  & \$502 ;
+  assign \$505  = \$signal$321  - 3'h4;
+  assign \$506  = \$signal$219  + 1'h1;
+  assign \$507  = \$signal$219  + 1'h1;
+  assign \$508  = \$signal$321  - 3'h4;
+  assign \$509  = ! \$508 [13:3];
+  assign \$510  = \$signal$321  - 3'h4;
+  assign \$511  = \$510 [2:0] <= 1'h1;
+  assign \$512  = \$509  & \$511 ;
+  assign \$514  = \$signal$118  + 1'h1;
+  assign \$515  = busy_dma + 1'h1;
+  assign \$516  = busy_gemm + 1'h1;
+  assign \$517  = busy_act + 1'h1;
+  assign \$518  = busy_route + 1'h1;
+  assign \$519  = busy_vector + 1'h1;
+  assign \$520  = busy_move + 1'h1;
+  assign \$521  = pc >= 7'h40;
+  assign \$524  = \$523  ? \$signal$130  : \$signature__data [31:16];
+  assign \$525  = | \$signature__data [63:62];
+  assign \$526  = \$525  ? 14'h3fff : \$signature__data [61:48];
+  assign \$529  = \$528  ? \$signal$130  : \$signature__data [31:16];
+  assign \$530  = | \$signature__data [47:46];
+  assign \$531  = \$530  ? 14'h3fff : \$signature__data [45:32];
+  assign \$534  = \$533  ? \$signal$130  : \$signature__data [31:16];
+  assign \$535  = \$534  + 3'h4;
+  assign \$536  = \$535  - 1'h1;
+  assign \$538  = | \$signature__data [47:46];
+  assign \$539  = \$538  ? 14'h3fff : \$signature__data [45:32];
+  assign \$542  = \$541  ? \$signal$130  : \$signature__data [31:16];
+  assign \$543  = \$542  + 3'h4;
+  assign \$544  = \$543  - 1'h1;
+  assign \$546  = | \$signature__data [63:62];
+  assign \$547  = \$546  ? 14'h3fff : \$signature__data [61:48];
+  assign \$548  = \$signature__data [63:48] + 3'h4;
+  assign \$549  = \$548  - 1'h1;
+  assign \$557  = \$556  ? \$signal$130  : \$signature__data [31:16];
+  assign \$558  = | \$signature__data [47:46];
+  assign \$559  = \$558  ? 14'h3fff : \$signature__data [45:32];
+  assign \$560  = | \$signature__data [63:62];
+  assign \$561  = \$560  ? 14'h3fff : \$signature__data [61:48];
+  assign \$562  = | \$signature__data [63:62];
+  assign \$563  = \$562  ? 14'h3fff : \$signature__data [61:48];
+  assign \$566  = \$565  ? \$signal$130  : \$signature__data [31:16];
+  assign \$569  = \$568  ? \$signal$130  : \$signature__data [31:16];
+  assign \$570  = \$signature__data [243:238] == 3'h4;
+  assign \$571  = \$signature__data [243:238] == 2'h2;
+  assign \$572  = \$571  ? 1'h1 : 1'h0;
+  assign \$573  = \$570  ? 2'h2 : { 1'h0, \$572  };
+  assign \$574  = \$signature__data [63:48] << \$573 ;
+  assign \$576  = \$signature__data [243:238] == 3'h4;
+  assign \$577  = \$signature__data [243:238] == 2'h2;
+  assign \$578  = \$577  ? 1'h1 : 1'h0;
+  assign \$579  = \$576  ? 2'h2 : { 1'h0, \$578  };
+  assign \$580  = \$signature__data [63:48] << \$579 ;
+  assign \$581  = \$575  ? 18'h3ffff : \$580 [17:0];
+  assign \$584  = \$583  ? \$signal$130  : \$signature__data [31:16];
+  assign \$591  = \$590  ? \$signal$246  : 4'h0;
+  assign \$592  = | { lh_y, l4_y, l3_y, l2_y, l1_y, l0_y };
+  assign \$593  = ins[5:0] == 4'hc;
+  assign \$594  = ~ ph2;
+  assign \$595  = \$593  & \$594 ;
+  assign \$596  = ! ins[5:0];
+  assign \$597  = settle != 2'h2;
+  assign \$598  = | decode_q;
+  assign \$599  = settle + 1'h1;
+  assign \$600  = ins[5:0] == 1'h1;
+  assign \$601  = ins[5:0] == 2'h2;
+  assign \$602  = ins[5:0] == 2'h3;
+  assign \$603  = ins[5:0] == 3'h4;
+  assign \$604  = ins[5:0] == 3'h5;
+  assign \$605  = ins[5:0] == 3'h6;
+  assign \$606  = ins[5:0] == 4'h8;
+  assign \$607  = ins[5:0] == 3'h7;
+  assign \$608  = ins[5:0] == 4'hc;
+  assign \$609  = ins[5:0] == 4'hd;
+  assign \$610  = ins[5:0] == 4'ha;
+  assign \$611  = ins[5:0] == 4'hb;
+  assign \$612  = \$signal$121  + 1'h1;
+  assign \$615  = ! m_eff[13:3];
+  assign \$616  = m_eff[2:0] <= 1'h1;
+  assign \$617  = \$615  & \$616 ;
+  assign \$622  = ins[124:112] + \$621 ;
+  assign \$624  = ins[124:112] + \$623 ;
+  assign \$625  = \$624  + 5'h10;
+  assign \$626  = ins[5:0] == 2'h3;
+  assign \$627  = el_i + 1'h1;
+  assign \$628  = el_i < l0_acc;
+  assign \$629  = ~ \$628 ;
+  assign \$630  = eng_run & \$629 ;
+  assign \$631  = ins[5:0] == 3'h5;
+  assign \$632  = pc + 1'h1;
+  assign \$633  = \$signal$121  + 1'h1;
+  assign \$634  = ~ rd_busy;
+  assign \$635  = pc + 1'h1;
+  assign \$636  = \$signal$121  + 1'h1;
+  assign \$637  = ~ \$signal$250 ;
+  assign \$638  = rd_data__valid & \$637 ;
+  assign \$639  = el_i < l0_acc;
+  assign \$640  = el_i + 1'h1;
+  assign \$641  = ld_e + 1'h1;
+  assign \$642  = ld_e + 1'h1;
+  assign \$643  = ins[243:238] == 1'h1;
+  assign \$644  = ins[243:238] == 2'h2;
+  assign \$645  = \$644  ? 2'h2 : 2'h1;
+  assign \$646  = \$643  ? 3'h4 : { 1'h0, \$645  };
+  assign \$647  = \$642  >= \$646 ;
+  assign \$648  = ~ rd_busy;
+  assign \$649  = ~ \$signal$250 ;
+  assign \$650  = \$648  & \$649 ;
+  assign \$651  = el_i < l0_acc;
+  assign \$652  = ~ \$651 ;
+  assign \$653  = \$650  & \$652 ;
+  assign \$654  = pc + 1'h1;
+  assign \$655  = \$signal$121  + 1'h1;
+  assign \$656  = ~ \$signal$253 ;
+  assign \$657  = \$signal$254  < 1'h1;
+  assign \$658  = \$656  & \$657 ;
+  assign \$659  = el_i < l0_acc;
+  assign \$660  = \$658  & \$659 ;
+  assign \$661  = ~ \$signal$255 ;
+  assign \$662  = \$660  & \$661 ;
+  assign \$663  = el_i + 1'h1;
+  assign \$664  = \$signal$254  + 1'h1;
+  assign \$665  = ~ \$signal$253 ;
   assign \$666  = ~ \$signal$255 ;
   assign \$667  = \$665  & \$666 ;
-  assign \$668  = pc + 1'h1;
-  assign \$669  = \$signal$121  + 1'h1;
-  assign \$670  = \$signal$257  + 1'h1;
-  assign \$671  = \$signal$257  == 4'h8;
-  assign \$672  = ~ \$signal$262 ;
-  assign \$673  = ~ \$signal$263 ;
-  assign \$674  = \$672  & \$673 ;
-  assign \$675  = rt_lane < 1'h1;
-  assign \$676  = \$674  & \$675 ;
-  assign \$677  = \$signal$266  < 4'h8;
-  assign \$678  = rt_lane + 1'h1;
-  assign \$679  = \$signal$266  + 1'h1;
-  assign \$680  = \$signal$339  ? \$signature__data [12:0] : 13'h0000;
-  assign \$682  = scores__valid & scores__ready;
-  assign \$683  = \$signal$266  >= 4'h8;
-  assign \$684  = \$signal$335  - 1'h1;
-  assign \$685  = \$signal$265  + 4'h8;
-  assign \$686  = | \$signal$335 [13:1];
-  assign \$687  = ~ \$686 ;
-  assign \$688  = ~ \$signal$271 ;
-  assign \$689  = routes__valid & \$688 ;
-  assign \$690  = ~ rt_wphase;
-  assign \$691  = \$signal$271  & \$690 ;
-  assign \$692  = \$signal$271  & rt_wphase;
-  assign \$693  = rt_s == 1'h1;
-  assign \$694  = \$signal$275 [19] | \$693 ;
-  assign \$695  = \$signal$337  - 1'h1;
-  assign \$696  = \$signal$273  + 2'h2;
-  assign \$697  = rt_s + 1'h1;
-  assign \$698  = ! \$signal$337 ;
-  assign \$699  = \$signal$277  == \$signal$257 ;
-  assign \$700  = \$signal$279  + 1'h1;
-  assign \$701  = \$signal$276  + 1'h1;
-  assign \$702  = \$701  < l1_acc[13:2];
-  assign \$703  = \$signal$276  + 1'h1;
-  assign \$704  = \$signal$343  == 1'h1;
-  assign \$705  = \$signal$280  + 1'h1;
-  assign \$706  = \$signal$343  + 1'h1;
-  assign \$707  = \$signal$257  + 1'h1;
-  assign \$708  = \$signal$257  + 1'h1;
-  assign \$709  = \$708  < 4'h8;
-  assign \$710  = pc + 1'h1;
-  assign \$711  = \$signal$121  + 1'h1;
-  assign \$712  = \$signal$283  >= 4'h8;
-  assign \$713  = \$signal$121  + 1'h1;
-  assign \$714  = \$signal$283  + 1'h1;
-  assign \$715  = | \$signal$277 ;
-  assign \$716  = | rd1_q[23:14];
-  assign \$717  = \$716  ? 14'h3fff : rd1_q[13:0];
-  assign \$718  = pc + 1'h1;
-  assign \$719  = \$signal$121  + 1'h1;
-  assign \$720  = \$signal$284  >= \$signal$130 ;
-  assign \$721  = pc + 1'h1;
-  assign \$722  = \$signal$121  + 1'h1;
-  assign \$723  = | \$signal$277 [31:16];
-  assign \$724  = \$signal$277 [15:0] >= m_eff;
-  assign \$725  = \$723  | \$724 ;
-  assign \$726  = | l2_y;
-  assign \$727  = \$signal$285  < ins[61:48];
-  assign \$728  = \$signal$285  + 1'h1;
-  assign \$729  = ins[5:0] == 4'ha;
-  assign \$730  = \$729  ? { 1'h0, \$signal$286  } : l2_acc;
-  assign \$731  = ins[124:112] + \$730 ;
-  assign \$732  = \$731  + \$signal$285 ;
-  assign \$733  = \$signal$285  >= ins[61:48];
-  assign \$734  = \$733  & \$signal$287 ;
-  assign \$735  = \$signal$284  + 1'h1;
-  assign \$736  = \$signal$286  + ins[61:48];
-  assign \$737  = ~ rd_busy;
-  assign \$738  = ~ wr_busy;
-  assign \$739  = \$737  & \$738 ;
-  assign \$740  = ~ \$signal$108 ;
-  assign \$741  = \$signal$103  & \$740 ;
+  assign \$668  = | \$signal$254 ;
+  assign \$669  = \$667  & \$668 ;
+  assign \$670  = \$signal$254  == 1'h1;
+  assign \$671  = el_i < l0_acc;
+  assign \$672  = ~ \$671 ;
+  assign \$673  = \$670  | \$672 ;
+  assign \$674  = \$669  & \$673 ;
+  assign \$675  = wr_data__valid & wr_data__ready;
+  assign \$676  = ~ wr_busy;
+  assign \$677  = el_i < l0_acc;
+  assign \$678  = ~ \$677 ;
+  assign \$679  = \$676  & \$678 ;
+  assign \$680  = ~ \$signal$253 ;
+  assign \$681  = \$679  & \$680 ;
+  assign \$682  = ~ \$signal$255 ;
+  assign \$683  = \$681  & \$682 ;
+  assign \$684  = pc + 1'h1;
+  assign \$685  = \$signal$121  + 1'h1;
+  assign \$686  = \$signal$257  + 1'h1;
+  assign \$687  = \$signal$257  == 4'h8;
+  assign \$688  = ~ \$signal$262 ;
+  assign \$689  = ~ \$signal$263 ;
+  assign \$690  = \$688  & \$689 ;
+  assign \$691  = rt_lane < 1'h1;
+  assign \$692  = \$690  & \$691 ;
+  assign \$695  = \$signal$266  < 4'h8;
+  assign \$696  = rt_lane + 1'h1;
+  assign \$697  = \$signal$266  + 1'h1;
+  assign \$698  = \$signal$339  ? rd0__data[12:0] : 13'h0000;
+  assign \$700  = scores__valid & scores__ready;
+  assign \$701  = \$signal$266  >= 4'h8;
+  assign \$702  = \$signal$335  - 1'h1;
+  assign \$703  = \$signal$265  + 4'h8;
+  assign \$704  = | \$signal$335 [13:1];
+  assign \$705  = ~ \$704 ;
+  assign \$706  = ~ \$signal$271 ;
+  assign \$707  = routes__valid & \$706 ;
+  assign \$708  = ~ rt_wphase;
+  assign \$709  = \$signal$271  & \$708 ;
+  assign \$710  = \$signal$271  & rt_wphase;
+  assign \$711  = rt_s == 1'h1;
+  assign \$712  = \$signal$275 [19] | \$711 ;
+  assign \$713  = \$signal$337  - 1'h1;
+  assign \$714  = \$signal$273  + 2'h2;
+  assign \$715  = rt_s + 1'h1;
+  assign \$716  = ! \$signal$337 ;
+  assign \$717  = \$signal$277  == \$signal$257 ;
+  assign \$718  = \$signal$279  + 1'h1;
+  assign \$719  = \$signal$276  + 1'h1;
+  assign \$720  = \$719  < l1_acc[13:2];
+  assign \$721  = \$signal$276  + 1'h1;
+  assign \$722  = \$signal$343  == 1'h1;
+  assign \$723  = \$signal$280  + 1'h1;
+  assign \$724  = \$signal$343  + 1'h1;
+  assign \$725  = \$signal$257  + 1'h1;
+  assign \$726  = \$signal$257  + 1'h1;
+  assign \$727  = \$726  < 4'h8;
+  assign \$728  = pc + 1'h1;
+  assign \$729  = \$signal$121  + 1'h1;
+  assign \$730  = \$signal$283  >= 4'h8;
+  assign \$731  = \$signal$121  + 1'h1;
+  assign \$732  = \$signal$283  + 1'h1;
+  assign \$733  = | \$signal$277 ;
+  assign \$734  = | rd1_q[23:14];
+  assign \$735  = \$734  ? 14'h3fff : rd1_q[13:0];
+  assign \$736  = pc + 1'h1;
+  assign \$737  = \$signal$121  + 1'h1;
+  assign \$738  = \$signal$284  >= \$signal$130 ;
+  assign \$739  = pc + 1'h1;
+  assign \$740  = \$signal$121  + 1'h1;
+  assign \$741  = | \$signal$277 [31:16];
+  assign \$742  = \$signal$277 [15:0] >= m_eff;
+  assign \$743  = \$741  | \$742 ;
+  assign \$744  = | l2_y;
+  assign \$745  = \$signal$285  < ins[61:48];
+  assign \$748  = \$signal$285  + 1'h1;
+  assign \$749  = ins[5:0] == 4'ha;
+  assign \$750  = \$749  ? { 1'h0, \$signal$286  } : l2_acc;
+  assign \$751  = ins[124:112] + \$750 ;
+  assign \$752  = \$751  + \$signal$285 ;
+  assign \$753  = \$signal$285  >= ins[61:48];
+  assign \$754  = \$753  & \$signal$287 ;
+  assign \$755  = \$signal$284  + 1'h1;
+  assign \$756  = \$signal$286  + ins[61:48];
+  assign \$757  = ~ rd_busy;
+  assign \$758  = ~ wr_busy;
+  assign \$759  = \$757  & \$758 ;
+  assign \$760  = ~ \$signal$108 ;
+  assign \$761  = \$signal$103  & \$760 ;
   always @(posedge clk)
-    \$signal$119  <= \$742 ;
+    \$signal$119  <= \$762 ;
   always @(posedge clk)
-    host_size <= \$743 ;
+    host_size <= \$763 ;
   always @(posedge clk)
-    rsel <= \$744 ;
+    rsel <= \$764 ;
   always @(posedge clk)
-    l0_acc <= \$745 ;
+    l0_acc <= \$765 ;
   always @(posedge clk)
-    l0_x <= \$746 ;
+    l0_x <= \$766 ;
   always @(posedge clk)
-    l0_y <= \$747 ;
+    l0_y <= \$767 ;
   always @(posedge clk)
-    l1_acc <= \$748 ;
+    l1_acc <= \$768 ;
   always @(posedge clk)
-    l1_x <= \$749 ;
+    l1_x <= \$769 ;
   always @(posedge clk)
-    l1_y <= \$750 ;
+    l1_y <= \$770 ;
   always @(posedge clk)
-    l2_acc <= \$751 ;
+    l2_acc <= \$771 ;
   always @(posedge clk)
-    l2_x <= \$752 ;
+    l2_x <= \$772 ;
   always @(posedge clk)
-    l2_y <= \$753 ;
+    l2_y <= \$773 ;
   always @(posedge clk)
-    l3_acc <= \$754 ;
+    l3_acc <= \$774 ;
   always @(posedge clk)
-    l3_x <= \$755 ;
+    l3_x <= \$775 ;
   always @(posedge clk)
-    l3_y <= \$756 ;
+    l3_y <= \$776 ;
   always @(posedge clk)
-    l4_acc <= \$757 ;
+    l4_acc <= \$777 ;
   always @(posedge clk)
-    l4_x <= \$758 ;
+    l4_x <= \$778 ;
   always @(posedge clk)
-    l4_y <= \$759 ;
+    l4_y <= \$779 ;
   always @(posedge clk)
-    lh_acc <= \$760 ;
+    lh_acc <= \$780 ;
   always @(posedge clk)
-    lh_x <= \$761 ;
+    lh_x <= \$781 ;
   always @(posedge clk)
-    lh_y <= \$762 ;
+    lh_y <= \$782 ;
   always @(posedge clk)
-    \$signal$142  <= \$763 ;
+    \$signal$142  <= \$783 ;
   always @(posedge clk)
-    \$signal$146  <= \$764 ;
+    \$signal$146  <= \$784 ;
   always @(posedge clk)
-    host_ok <= \$765 ;
+    host_ok <= \$785 ;
   always @(posedge clk)
-    decode_q <= \$766 ;
+    decode_q <= \$786 ;
   always @(posedge clk)
-    \$signal$156  <= \$767 ;
+    \$signal$156  <= \$787 ;
   always @(posedge clk)
-    \$signal$169  <= \$768 ;
+    \$signal$169  <= \$788 ;
   always @(posedge clk)
-    i__payload <= \$769 ;
+    i__payload <= \$789 ;
   always @(posedge clk)
-    b_word <= \$770 ;
+    b_word <= \$790 ;
   always @(posedge clk)
-    \$signal$155  <= \$771 ;
+    \$signal$155  <= \$791 ;
   always @(posedge clk)
-    \$signal$298  <= \$772 ;
+    \$signal$298  <= \$792 ;
   always @(posedge clk)
-    rem0 <= \$773 ;
+    rem0 <= \$793 ;
   always @(posedge clk)
-    \$signal$151  <= \$774 ;
+    \$signal$151  <= \$794 ;
   always @(posedge clk)
-    \$signal$153  <= \$775 ;
+    \$signal$153  <= \$795 ;
   always @(posedge clk)
-    rem1 <= \$776 ;
+    rem1 <= \$796 ;
   always @(posedge clk)
-    \$signal$306  <= \$777 ;
+    \$signal$306  <= \$797 ;
   always @(posedge clk)
-    \$signal$308  <= \$778 ;
+    \$signal$308  <= \$798 ;
   always @(posedge clk)
-    rem2 <= \$779 ;
+    rem2 <= \$799 ;
   always @(posedge clk)
-    \$signal$312  <= \$780 ;
+    \$signal$312  <= \$800 ;
   always @(posedge clk)
-    \$signal$314  <= \$781 ;
+    \$signal$314  <= \$801 ;
   always @(posedge clk)
-    \$signal$300  <= \$782 ;
+    \$signal$300  <= \$802 ;
   always @(posedge clk)
-    op <= \$783 ;
+    op <= \$803 ;
   always @(posedge clk)
-    \$signal$316  <= \$784 ;
+    \$signal$316  <= \$804 ;
   always @(posedge clk)
-    gm_cap_lane <= \$785 ;
+    gm_cap_lane <= \$805 ;
   always @(posedge clk)
-    gm_lane <= \$786 ;
+    gm_lane <= \$806 ;
   always @(posedge clk)
-    \$signal$216  <= \$787 ;
+    \$signal$216  <= \$807 ;
   always @(posedge clk)
-    a_in__payload <= \$788 ;
+    a_in__payload <= \$808 ;
   always @(posedge clk)
-    a_in__valid <= \$789 ;
+    a_in__valid <= \$809 ;
   always @(posedge clk)
-    \$signal$319  <= \$790 ;
+    \$signal$319  <= \$810 ;
   always @(posedge clk)
-    gm_wstart <= \$791 ;
+    gm_wstart <= \$811 ;
   always @(posedge clk)
-    \$signal$215  <= \$792 ;
+    \$signal$215  <= \$812 ;
   always @(posedge clk)
-    gm_afeed_done <= \$793 ;
+    gm_afeed_done <= \$813 ;
   always @(posedge clk)
-    gc_lane <= \$794 ;
+    gc_lane <= \$814 ;
   always @(posedge clk)
-    \$signal$219  <= \$795 ;
+    \$signal$219  <= \$815 ;
   always @(posedge clk)
-    gc_last <= \$796 ;
+    gc_last <= \$816 ;
   always @(posedge clk)
-    \$signal$322  <= \$797 ;
+    \$signal$322  <= \$817 ;
   always @(posedge clk)
-    gc_wstart <= \$798 ;
+    gc_wstart <= \$818 ;
   always @(posedge clk)
-    \$signal$321  <= \$799 ;
+    \$signal$321  <= \$819 ;
   always @(posedge clk)
-    \$signal$118  <= \$800 ;
+    \$signal$118  <= \$820 ;
   always @(posedge clk)
-    busy_dma <= \$801 ;
+    busy_dma <= \$821 ;
   always @(posedge clk)
-    busy_gemm <= \$802 ;
+    busy_gemm <= \$822 ;
   always @(posedge clk)
-    busy_act <= \$803 ;
+    busy_act <= \$823 ;
   always @(posedge clk)
-    busy_route <= \$804 ;
+    busy_route <= \$824 ;
   always @(posedge clk)
-    busy_vector <= \$805 ;
+    busy_vector <= \$825 ;
   always @(posedge clk)
-    busy_move <= \$806 ;
+    busy_move <= \$826 ;
   always @(posedge clk)
-    \$signal$277  <= \$807 ;
+    \$signal$277  <= \$827 ;
   always @(posedge clk)
-    rd1_q <= \$808 ;
+    rd1_q <= \$828 ;
   always @(posedge clk)
-    \$signal$108  <= \$809 ;
+    \$signal$108  <= \$829 ;
   always @(posedge clk)
-    \$signal$109  <= \$810 ;
+    \$signal$109  <= \$830 ;
   always @(posedge clk)
-    err <= \$811 ;
+    err <= \$831 ;
   always @(posedge clk)
-    pc <= \$812 ;
+    pc <= \$832 ;
   always @(posedge clk)
-    \$signal$121  <= \$813 ;
+    \$signal$121  <= \$833 ;
   always @(posedge clk)
-    \$signal$140  <= \$814 ;
+    \$signal$140  <= \$834 ;
   always @(posedge clk)
-    exp_active <= \$815 ;
+    exp_active <= \$835 ;
   always @(posedge clk)
-    \$signal$143  <= \$816 ;
+    \$signal$143  <= \$836 ;
   always @(posedge clk)
-    ctrl_state <= \$817 ;
+    ctrl_state <= \$837 ;
   always @(posedge clk)
-    stop_code <= \$818 ;
+    stop_code <= \$838 ;
   always @(posedge clk)
-    cur_unit <= \$819 ;
+    cur_unit <= \$839 ;
   always @(posedge clk)
-    ins <= \$820 ;
+    ins <= \$840 ;
   always @(posedge clk)
-    ph2 <= \$821 ;
+    ph2 <= \$841 ;
   always @(posedge clk)
-    settle <= \$822 ;
+    settle <= \$842 ;
   always @(posedge clk)
-    \$signal$178  <= \$823 ;
+    \$signal$178  <= \$843 ;
   always @(posedge clk)
-    \$signal$160  <= \$824 ;
+    \$signal$160  <= \$844 ;
   always @(posedge clk)
-    shift <= \$825 ;
+    shift <= \$845 ;
   always @(posedge clk)
-    cnt0 <= \$826 ;
+    cnt0 <= \$846 ;
   always @(posedge clk)
-    cnt1 <= \$827 ;
+    cnt1 <= \$847 ;
   always @(posedge clk)
-    sa0 <= \$828 ;
+    sa0 <= \$848 ;
   always @(posedge clk)
-    sa1 <= \$829 ;
+    sa1 <= \$849 ;
   always @(posedge clk)
-    sa2 <= \$830 ;
+    sa2 <= \$850 ;
   always @(posedge clk)
-    sb0 <= \$831 ;
+    sb0 <= \$851 ;
   always @(posedge clk)
-    sb1 <= \$832 ;
+    sb1 <= \$852 ;
   always @(posedge clk)
-    sb2 <= \$833 ;
+    sb2 <= \$853 ;
   always @(posedge clk)
-    el_i <= \$834 ;
+    el_i <= \$854 ;
   always @(posedge clk)
-    \$signal$250  <= \$835 ;
+    \$signal$250  <= \$855 ;
   always @(posedge clk)
-    ld_e <= \$836 ;
+    ld_e <= \$856 ;
   always @(posedge clk)
-    \$signal$253  <= \$837 ;
+    \$signal$253  <= \$857 ;
   always @(posedge clk)
-    \$signal$254  <= \$838 ;
+    \$signal$254  <= \$858 ;
   always @(posedge clk)
-    \$signal$255  <= \$839 ;
+    \$signal$255  <= \$859 ;
   always @(posedge clk)
-    wr_data__payload <= \$840 ;
+    wr_data__payload <= \$860 ;
   always @(posedge clk)
-    \$signal$257  <= \$841 ;
+    \$signal$257  <= \$861 ;
   always @(posedge clk)
-    \$signal$281  <= \$842 ;
+    \$signal$281  <= \$862 ;
   always @(posedge clk)
-    \$signal$278  <= \$843 ;
+    \$signal$278  <= \$863 ;
   always @(posedge clk)
-    \$signal$284  <= \$844 ;
+    \$signal$284  <= \$864 ;
   always @(posedge clk)
-    \$signal$286  <= \$845 ;
+    \$signal$286  <= \$865 ;
   always @(posedge clk)
-    \$signal$144  <= \$846 ;
+    \$signal$144  <= \$866 ;
   always @(posedge clk)
-    scores_len <= \$847 ;
+    scores_len <= \$867 ;
   always @(posedge clk)
-    \$signal$251  <= \$848 ;
+    \$signal$251  <= \$868 ;
   always @(posedge clk)
-    \$signal$332  <= \$849 ;
+    \$signal$332  <= \$869 ;
   always @(posedge clk)
-    \$signal$335  <= \$850 ;
+    \$signal$335  <= \$870 ;
   always @(posedge clk)
-    \$signal$266  <= \$851 ;
+    \$signal$266  <= \$871 ;
   always @(posedge clk)
-    rt_lane <= \$852 ;
+    rt_lane <= \$872 ;
   always @(posedge clk)
-    \$signal$262  <= \$853 ;
+    \$signal$262  <= \$873 ;
   always @(posedge clk)
-    \$signal$265  <= \$854 ;
+    \$signal$265  <= \$874 ;
   always @(posedge clk)
-    \$signal$273  <= \$855 ;
+    \$signal$273  <= \$875 ;
   always @(posedge clk)
-    \$signal$263  <= \$856 ;
+    \$signal$263  <= \$876 ;
   always @(posedge clk)
-    \$signal$336  <= \$857 ;
+    \$signal$336  <= \$877 ;
   always @(posedge clk)
-    \$signal$337  <= \$858 ;
+    \$signal$337  <= \$878 ;
   always @(posedge clk)
-    rt_s <= \$859 ;
+    rt_s <= \$879 ;
   always @(posedge clk)
-    \$signal$271  <= \$860 ;
+    \$signal$271  <= \$880 ;
   always @(posedge clk)
-    rt_wphase <= \$861 ;
+    rt_wphase <= \$881 ;
   always @(posedge clk)
-    \$signal$339  <= \$862 ;
+    \$signal$339  <= \$882 ;
   always @(posedge clk)
-    rt_word <= \$863 ;
+    rt_word <= \$883 ;
   always @(posedge clk)
-    \$signal$275  <= \$864 ;
+    \$signal$275  <= \$884 ;
   always @(posedge clk)
-    \$signal$276  <= \$865 ;
+    \$signal$276  <= \$885 ;
   always @(posedge clk)
-    \$signal$280  <= \$866 ;
+    \$signal$280  <= \$886 ;
   always @(posedge clk)
-    \$signal$343  <= \$867 ;
+    \$signal$343  <= \$887 ;
   always @(posedge clk)
-    \$signal$279  <= \$868 ;
+    \$signal$279  <= \$888 ;
   always @(posedge clk)
-    \$signal$282  <= \$869 ;
+    \$signal$282  <= \$889 ;
   always @(posedge clk)
-    \$signal$283  <= \$870 ;
+    \$signal$283  <= \$890 ;
   always @(posedge clk)
-    \$signal$246  <= \$871 ;
+    \$signal$246  <= \$891 ;
   always @(posedge clk)
-    \$signal$130  <= \$872 ;
+    \$signal$130  <= \$892 ;
   always @(posedge clk)
-    \$signal$139  <= \$873 ;
+    \$signal$139  <= \$893 ;
   always @(posedge clk)
-    \$signal$285  <= \$874 ;
+    \$signal$285  <= \$894 ;
   always @(posedge clk)
-    \$signal$287  <= \$875 ;
+    \$signal$287  <= \$895 ;
   always @(posedge clk)
-    \$signal$288  <= \$876 ;
+    \$signal$288  <= \$896 ;
   assign \$1  = ! wr_addr;
   assign \$2  = wr_en & \$1 ;
   assign \$signal  = \$2  & wr_data[0];
@@ -10596,23 +2422,6 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$93  = \$92  ? 14'h3fff : ins[61:48];
   assign \$94  = l1_acc + 5'h10;
   assign \$96  = l1_acc + 5'h10;
-  assign \$97  = \$95  ? 14'h3fff : \$96 [13:0];
-  assign \$99  = | \$98 [16:14];
-  assign \$101  = \$99  ? 14'h3fff : \$100 [13:0];
-  assign \$102  = \$signal$139  + \$signal$130 ;
-  assign \$103  = | \$102 [16:14];
-  assign \$104  = \$signal$139  + \$signal$130 ;
-  assign \$105  = \$103  ? 14'h3fff : \$104 [13:0];
-  assign \$106  = \$signal$139  + \$signal$130 ;
-  assign \$107  = | \$106 [16:14];
-  assign \$108  = \$signal$139  + \$signal$130 ;
-  assign \$109  = \$107  ? 14'h3fff : \$108 [13:0];
-  assign \$110  = ins[5:0] <= 4'he;
-  assign \$111  = ~ \$110 ;
-  assign \$113  = | \$112 ;
-  assign \$114  = ins[5:0] == 4'ha;
-  assign \$115  = \$113  | \$114 ;
-  assign \$116  = ins[5:0] == 4'hb;
   \nanokpu_kpu.dma  dma (
     .abort(abort),
     .ar_addr(m_axi__araddr),
@@ -10632,9 +2441,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(error),
-    .\port$1166$0 (\$877 ),
-    .\port$1184$0 (\$878 ),
-    .\port$3614$2 (l4_acc[17:2]),
+    .\port$1186$0 (\$897 ),
+    .\port$1204$0 (\$898 ),
+    .\port$3634$2 (l4_acc[17:2]),
     .rd_addr(lh_acc[31:0]),
     .rd_busy(rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -10739,6 +2548,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .o__valid(\o__valid$192 ),
     .rst(rst),
     .unit_rst(unit_rst)
+  );
+  \nanokpu_kpu.spad  spad (
+    .clk(clk),
+    .port__addr(rd0__addr),
+    .\port__addr$12 (wr__addr),
+    .\port__addr$6 (rd1__addr),
+    .\port__data$16 (wr__data),
+    .port__en(rd0__en),
+    .\port__en$14 (wr__en),
+    .\port__en$8 (rd1__en),
+    .rd0__data(rd0__data),
+    .rd1__data(rd1__data),
+    .rst(rst)
   );
   \nanokpu_kpu.vector  vector (
     .clk(clk),
@@ -10929,13 +2751,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__addr  = 13'h0000;
+    rd0__addr = 13'h0000;
     if (eng_run) begin
-      \$signature__addr  = \$signal$151 ;
+      rd0__addr = \$signal$151 ;
     end
     if (gemm_run) begin
-      if (\$220 ) begin
-        \$signature__addr  = \$signal$216 ;
+      if (\$226 ) begin
+        rd0__addr = \$signal$216 ;
       end
     end
     casez (ctrl_state)
@@ -10948,7 +2770,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr  = \$233 [12:0];
+          rd0__addr = \$239 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -10962,17 +2784,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$254 ) begin
-            \$signature__addr  = \$255 [12:0];
+          if (\$260 ) begin
+            rd0__addr = \$261 [12:0];
           end
       5'h0a:
-          \$signature__addr  = \$256 [12:0];
+          rd0__addr = \$262 [12:0];
       5'h10:
-          if (\$263 ) begin
-            \$signature__addr  = \$264 [12:0];
+          if (\$271 ) begin
+            rd0__addr = \$272 [12:0];
           end
       5'h11:
-          \$signature__addr  = \$272 [12:0];
+          rd0__addr = \$280 [12:0];
       5'h12:
           /* empty */;
       5'h13:
@@ -10985,9 +2807,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$283 ) begin
+          if (\$291 ) begin
           end else begin
-            \$signature__addr  = \$284 [12:0];
+            rd0__addr = \$292 [12:0];
           end
       5'h17:
           /* empty */;
@@ -10995,26 +2817,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$287 ) begin
+          if (\$295 ) begin
           end else begin
-            \$signature__addr  = \$289 [12:0];
+            rd0__addr = \$297 [12:0];
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$290 ) begin
-          end else if (\$291 ) begin
-            \$signature__addr  = \$295 [12:0];
+          if (\$298 ) begin
+          end else if (\$301 ) begin
+            rd0__addr = \$305 [12:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__addr$152  = 13'h0000;
+    rd1__addr = 13'h0000;
     if (eng_run) begin
-      \$signature__addr$152  = \$signal$153 ;
+      rd1__addr = \$signal$153 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -11026,7 +2848,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__addr$152  = \$236 [12:0];
+          rd1__addr = \$242 [12:0];
       5'h0d:
           /* empty */;
       5'h06:
@@ -11059,21 +2881,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$283 ) begin
+          if (\$291 ) begin
           end else begin
-            \$signature__addr$152  = \$286 [12:0];
+            rd1__addr = \$294 [12:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en  = 1'h1;
+    rd0__en = 1'h1;
     if (eng_run) begin
-      \$signature__en  = \$162 ;
+      rd0__en = \$164 ;
     end
     if (gemm_run) begin
-      if (\$220 ) begin
-        \$signature__en  = 1'h1;
+      if (\$226 ) begin
+        rd0__en = 1'h1;
       end
     end
     casez (ctrl_state)
@@ -11086,7 +2908,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__en  = 1'h1;
+          rd0__en = 1'h1;
       5'h0d:
           /* empty */;
       5'h06:
@@ -11100,17 +2922,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          if (\$254 ) begin
-            \$signature__en  = 1'h1;
+          if (\$260 ) begin
+            rd0__en = 1'h1;
           end
       5'h0a:
-          \$signature__en  = 1'h1;
+          rd0__en = 1'h1;
       5'h10:
-          if (\$263 ) begin
-            \$signature__en  = 1'h1;
+          if (\$271 ) begin
+            rd0__en = 1'h1;
           end
       5'h11:
-          \$signature__en  = 1'h1;
+          rd0__en = 1'h1;
       5'h12:
           /* empty */;
       5'h13:
@@ -11123,9 +2945,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$283 ) begin
+          if (\$291 ) begin
           end else begin
-            \$signature__en  = 1'h1;
+            rd0__en = 1'h1;
           end
       5'h17:
           /* empty */;
@@ -11133,26 +2955,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0c:
           (* full_case = 32'd1 *)
-          if (\$287 ) begin
+          if (\$295 ) begin
           end else begin
-            \$signature__en  = 1'h1;
+            rd0__en = 1'h1;
           end
       5'h19:
           /* empty */;
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$290 ) begin
-          end else if (\$291 ) begin
-            \$signature__en  = 1'h1;
+          if (\$298 ) begin
+          end else if (\$301 ) begin
+            rd0__en = 1'h1;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en$158  = 1'h1;
+    rd1__en = 1'h1;
     if (eng_run) begin
-      \$signature__en$158  = \$166 ;
+      rd1__en = \$170 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -11164,7 +2986,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h04:
           /* empty */;
       5'h05:
-          \$signature__en$158  = 1'h1;
+          rd1__en = 1'h1;
       5'h0d:
           /* empty */;
       5'h06:
@@ -11197,9 +3019,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h0b:
           (* full_case = 32'd1 *)
-          if (\$283 ) begin
+          if (\$291 ) begin
           end else begin
-            \$signature__en$158  = 1'h1;
+            rd1__en = 1'h1;
           end
     endcase
   end
@@ -11342,7 +3164,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          rd_data__ready = \$238 ;
+          rd_data__ready = \$244 ;
     endcase
   end
   always @* begin
@@ -11368,7 +3190,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h06:
           if (\$signal$183 ) begin
-            wr__addr = \$237 [12:0];
+            wr__addr = \$243 [12:0];
           end
       5'h07:
           /* empty */;
@@ -11378,8 +3200,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (\$signal$250 ) begin
-            if (\$239 ) begin
-              wr__addr = \$240 [12:0];
+            if (\$245 ) begin
+              wr__addr = \$246 [12:0];
             end
           end
       5'h09:
@@ -11388,11 +3210,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$267 ) begin
-            wr__addr = \$268 [12:0];
+          if (\$275 ) begin
+            wr__addr = \$276 [12:0];
           end
-          if (\$269 ) begin
-            wr__addr = \$271 [12:0];
+          if (\$277 ) begin
+            wr__addr = \$279 [12:0];
           end
         end
       5'h11:
@@ -11400,19 +3222,19 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$273 ) begin
-            wr__addr = \$274 [12:0];
+          if (\$281 ) begin
+            wr__addr = \$282 [12:0];
           end
       5'h14:
-          wr__addr = \$276 [12:0];
+          wr__addr = \$284 [12:0];
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$278 ) begin
+          if (\$286 ) begin
           end else begin
-            wr__addr = \$279 [12:0];
+            wr__addr = \$287 [12:0];
           end
       5'h16:
-          wr__addr = \$282 [12:0];
+          wr__addr = \$290 [12:0];
       5'h0b:
           /* empty */;
       5'h17:
@@ -11436,7 +3258,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     wr__data = 32'd0;
     if (gemm_run) begin
       if (c_out__valid) begin
-        wr__data = \$223 ;
+        wr__data = \$229 ;
       end
     end
     casez (ctrl_state)
@@ -11464,8 +3286,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (\$signal$250 ) begin
-            if (\$239 ) begin
-              wr__data = \$247 ;
+            if (\$245 ) begin
+              wr__data = \$253 ;
             end
           end
       5'h09:
@@ -11474,10 +3296,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$267 ) begin
+          if (\$275 ) begin
             wr__data = { 29'h00000000, \$signal$275 [2:0] };
           end
-          if (\$269 ) begin
+          if (\$277 ) begin
             wr__data = { 16'h0000, \$signal$275 [18:3] };
           end
         end
@@ -11486,16 +3308,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$273 ) begin
+          if (\$281 ) begin
             wr__data = { 18'h00000, \$signal$276  };
           end
       5'h14:
           wr__data = { 18'h00000, \$signal$280  };
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$278 ) begin
+          if (\$286 ) begin
           end else begin
-            wr__data = { \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280 [14], \$280  };
+            wr__data = { \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288 [14], \$288  };
           end
       5'h16:
           wr__data = { 18'h00000, \$signal$282  };
@@ -11513,7 +3335,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1b:
           if (\$signal$287 ) begin
-            wr__data = \$signature__data ;
+            wr__data = rd0__data;
           end
     endcase
   end
@@ -11550,7 +3372,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h08:
           if (\$signal$250 ) begin
-            if (\$239 ) begin
+            if (\$245 ) begin
               wr__en = 1'h1;
             end
           end
@@ -11560,10 +3382,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h10:
         begin
-          if (\$267 ) begin
+          if (\$275 ) begin
             wr__en = 1'h1;
           end
-          if (\$269 ) begin
+          if (\$277 ) begin
             wr__en = 1'h1;
           end
         end
@@ -11572,14 +3394,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h12:
           /* empty */;
       5'h13:
-          if (\$273 ) begin
+          if (\$281 ) begin
             wr__en = 1'h1;
           end
       5'h14:
           wr__en = 1'h1;
       5'h15:
           (* full_case = 32'd1 *)
-          if (\$278 ) begin
+          if (\$286 ) begin
           end else begin
             wr__en = 1'h1;
           end
@@ -11616,29 +3438,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__addr$233  = 6'h00;
+    \$signature__addr  = 6'h00;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$224 ) begin
+          if (\$230 ) begin
           end else begin
-            \$signature__addr$233  = pc[5:0];
+            \$signature__addr  = pc[5:0];
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$signature__en$234  = 1'h1;
+    \$signature__en  = 1'h1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
       5'h01:
           (* full_case = 32'd1 *)
-          if (\$224 ) begin
+          if (\$230 ) begin
           end else begin
-            \$signature__en$234  = 1'h1;
+            \$signature__en  = 1'h1;
           end
     endcase
   end
@@ -11654,11 +3476,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$225 ) begin
-          end else if (\$228 ) begin
-          end else if (\$229 ) begin
-          end else if (\$230 ) begin
-          end else if (\$231 ) begin
+          if (\$231 ) begin
+          end else if (\$234 ) begin
+          end else if (\$235 ) begin
+          end else if (\$236 ) begin
+          end else if (\$237 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11701,11 +3523,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$225 ) begin
-          end else if (\$228 ) begin
-          end else if (\$229 ) begin
-          end else if (\$230 ) begin
-          end else if (\$231 ) begin
+          if (\$231 ) begin
+          end else if (\$234 ) begin
+          end else if (\$235 ) begin
+          end else if (\$236 ) begin
+          end else if (\$237 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
@@ -11853,7 +3675,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$257 ) begin
+          if (\$263 ) begin
             bias_we = 1'h1;
           end
     endcase
@@ -11887,8 +3709,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$257 ) begin
-            bias_addr = \$258 [2:0];
+          if (\$263 ) begin
+            bias_addr = \$264 [2:0];
           end
     endcase
   end
@@ -11921,8 +3743,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          if (\$257 ) begin
-            bias_data = \$signature__data [15:0];
+          if (\$263 ) begin
+            bias_data = rd0__data[15:0];
           end
     endcase
   end
@@ -12025,7 +3847,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0a:
           /* empty */;
       5'h10:
-          routes__ready = \$265 ;
+          routes__ready = \$273 ;
     endcase
   end
   always @* begin
@@ -12151,46 +3973,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h02:
           unit_rst = 1'h1;
     endcase
-    if (\$297 ) begin
+    if (\$307 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$742  = \$signal$119 ;
-    if (\$327 ) begin
-      \$742  = wr_data;
+    \$762  = \$signal$119 ;
+    if (\$337 ) begin
+      \$762  = wr_data;
     end
     if (rst) begin
-      \$742  = 32'd0;
+      \$762  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$743  = host_size;
-    if (\$329 ) begin
-      \$743  = wr_data;
+    \$763  = host_size;
+    if (\$339 ) begin
+      \$763  = wr_data;
     end
     if (rst) begin
-      \$743  = 32'd0;
+      \$763  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$744  = rsel;
+    \$764  = rsel;
     if (rd_en) begin
-      \$744  = s_axil__araddr;
+      \$764  = s_axil__araddr;
     end
     if (rst) begin
-      \$744  = 20'h00000;
+      \$764  = 20'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$745  = l0_acc;
-    if (\$330 ) begin
+    \$765  = l0_acc;
+    if (\$340 ) begin
       if (l0_y[0]) begin
-        \$745  = \$334 ;
+        \$765  = \$344 ;
       end
     end
     casez (ctrl_state)
@@ -12199,20 +4021,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$327 [5:0])
+          casez (\$signature__data [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$745  = 14'h0000;
+                \$765  = 14'h0000;
           endcase
     endcase
     if (rst) begin
-      \$745  = 14'h0000;
+      \$765  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$746  = l0_x;
-    if (\$330 ) begin
-      \$746  = \$336 [13:0];
+    \$766  = l0_x;
+    if (\$340 ) begin
+      \$766  = \$346 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12220,20 +4042,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$327 [5:0])
+          casez (\$signature__data [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$746  = \$510 ;
+                \$766  = \$526 ;
           endcase
     endcase
     if (rst) begin
-      \$746  = 14'h0000;
+      \$766  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$747  = l0_y;
-    if (\$330 ) begin
-      \$747  = \$337 ;
+    \$767  = l0_y;
+    if (\$340 ) begin
+      \$767  = \$347 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12242,23 +4064,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$747  = 16'h0000;
-          casez (\$signature__data$327 [5:0])
+          \$767  = 16'h0000;
+          casez (\$signature__data [5:0])
             6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
-                \$747  = \$508 ;
+                \$767  = \$524 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$747  = 16'h0000;
+      \$767  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$748  = l1_acc;
-    if (\$338 ) begin
+    \$768  = l1_acc;
+    if (\$348 ) begin
       if (l1_y[0]) begin
-        \$748  = \$342 ;
+        \$768  = \$352 ;
       end
     end
     casez (ctrl_state)
@@ -12267,26 +4089,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$327 [5:0])
+          casez (\$signature__data [5:0])
             6'h03:
-                \$748  = 14'h0000;
+                \$768  = 14'h0000;
             6'h0c:
-                \$748  = 14'h0000;
+                \$768  = 14'h0000;
             6'h0a, 6'h0b:
-                \$748  = 14'h0000;
+                \$768  = 14'h0000;
             6'h08:
-                \$748  = 14'h0000;
+                \$768  = 14'h0000;
           endcase
     endcase
     if (rst) begin
-      \$748  = 14'h0000;
+      \$768  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$749  = l1_x;
-    if (\$338 ) begin
-      \$749  = \$344 [13:0];
+    \$769  = l1_x;
+    if (\$348 ) begin
+      \$769  = \$354 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12294,26 +4116,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$327 [5:0])
+          casez (\$signature__data [5:0])
             6'h03:
-                \$749  = \$515 ;
+                \$769  = \$531 ;
             6'h0c:
-                \$749  = \$543 ;
+                \$769  = \$559 ;
             6'h0a, 6'h0b:
-                \$749  = \$547 ;
+                \$769  = \$563 ;
             6'h08:
-                \$749  = 14'h0008;
+                \$769  = 14'h0008;
           endcase
     endcase
     if (rst) begin
-      \$749  = 14'h0000;
+      \$769  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$750  = l1_y;
-    if (\$338 ) begin
-      \$750  = \$345 ;
+    \$770  = l1_y;
+    if (\$348 ) begin
+      \$770  = \$355 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12322,29 +4144,29 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$750  = 16'h0000;
-          casez (\$signature__data$327 [5:0])
+          \$770  = 16'h0000;
+          casez (\$signature__data [5:0])
             6'h03:
-                \$750  = \$513 ;
+                \$770  = \$529 ;
             6'h0c:
-                \$750  = \$541 ;
+                \$770  = \$557 ;
             6'h0a, 6'h0b:
-                \$750  = \$signal$130 ;
+                \$770  = \$signal$130 ;
             6'h08:
-                \$750  = \$550 ;
+                \$770  = \$566 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$750  = 16'h0000;
+      \$770  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$751  = l2_acc;
-    if (\$346 ) begin
+    \$771  = l2_acc;
+    if (\$356 ) begin
       if (l2_y[0]) begin
-        \$751  = \$350 ;
+        \$771  = \$360 ;
       end
     end
     casez (ctrl_state)
@@ -12353,11 +4175,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$327 [5:0])
+          casez (\$signature__data [5:0])
             6'h03:
-                \$751  = 14'h0000;
+                \$771  = 14'h0000;
             6'h0c:
-                \$751  = 14'h0000;
+                \$771  = 14'h0000;
           endcase
       5'h04:
           /* empty */;
@@ -12405,20 +4227,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$725 ) begin
+          if (\$743 ) begin
           end else begin
-            \$751  = 14'h0000;
+            \$771  = 14'h0000;
           end
     endcase
     if (rst) begin
-      \$751  = 14'h0000;
+      \$771  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$752  = l2_x;
-    if (\$346 ) begin
-      \$752  = \$352 [13:0];
+    \$772  = l2_x;
+    if (\$356 ) begin
+      \$772  = \$362 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12426,11 +4248,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$327 [5:0])
+          casez (\$signature__data [5:0])
             6'h03:
-                \$752  = \$523 ;
+                \$772  = \$539 ;
             6'h0c:
-                \$752  = \$545 ;
+                \$772  = \$561 ;
           endcase
       5'h04:
           /* empty */;
@@ -12478,20 +4300,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$725 ) begin
+          if (\$743 ) begin
           end else begin
-            \$752  = ins[61:48];
+            \$772  = ins[61:48];
           end
     endcase
     if (rst) begin
-      \$752  = 14'h0000;
+      \$772  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$753  = l2_y;
-    if (\$346 ) begin
-      \$753  = \$353 ;
+    \$773  = l2_y;
+    if (\$356 ) begin
+      \$773  = \$363 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12500,12 +4322,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$753  = 16'h0000;
-          casez (\$signature__data$327 [5:0])
+          \$773  = 16'h0000;
+          casez (\$signature__data [5:0])
             6'h03:
-                \$753  = \$521 [15:0];
+                \$773  = \$537 [15:0];
             6'h0c:
-                \$753  = \$signature__data$327 [47:32];
+                \$773  = \$signature__data [47:32];
           endcase
         end
       5'h04:
@@ -12554,21 +4376,21 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$725 ) begin
+          if (\$743 ) begin
           end else begin
-            \$753  = \$signal$277 [15:0];
+            \$773  = \$signal$277 [15:0];
           end
     endcase
     if (rst) begin
-      \$753  = 16'h0000;
+      \$773  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$754  = l3_acc;
-    if (\$354 ) begin
+    \$774  = l3_acc;
+    if (\$364 ) begin
       if (l3_y[0]) begin
-        \$754  = \$358 ;
+        \$774  = \$368 ;
       end
     end
     casez (ctrl_state)
@@ -12577,25 +4399,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$327 [5:0])
+          casez (\$signature__data [5:0])
             6'h03:
-                \$754  = 14'h0000;
+                \$774  = 14'h0000;
           endcase
       5'h04:
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-            \$754  = 14'h0000;
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+            \$774  = 14'h0000;
           end
     endcase
     if (rst) begin
-      \$754  = 14'h0000;
+      \$774  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$755  = l3_x;
-    if (\$354 ) begin
-      \$755  = \$360 [13:0];
+    \$775  = l3_x;
+    if (\$364 ) begin
+      \$775  = \$370 [13:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12603,25 +4425,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$327 [5:0])
+          casez (\$signature__data [5:0])
             6'h03:
-                \$755  = \$531 ;
+                \$775  = \$547 ;
           endcase
       5'h04:
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-            \$755  = l2_acc;
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+            \$775  = l2_acc;
           end
     endcase
     if (rst) begin
-      \$755  = 14'h0000;
+      \$775  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$756  = l3_y;
-    if (\$354 ) begin
-      \$756  = \$361 ;
+    \$776  = l3_y;
+    if (\$364 ) begin
+      \$776  = \$371 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12630,28 +4452,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$756  = 16'h0000;
-          casez (\$signature__data$327 [5:0])
+          \$776  = 16'h0000;
+          casez (\$signature__data [5:0])
             6'h03:
-                \$756  = \$529 [15:0];
+                \$776  = \$545 [15:0];
           endcase
         end
       5'h04:
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-            \$756  = m_eff;
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+            \$776  = m_eff;
           end
     endcase
     if (rst) begin
-      \$756  = 16'h0000;
+      \$776  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$757  = l4_acc;
-    if (\$362 ) begin
+    \$777  = l4_acc;
+    if (\$372 ) begin
       if (l4_y[0]) begin
-        \$757  = \$366 ;
+        \$777  = \$376 ;
       end
     end
     casez (ctrl_state)
@@ -12660,9 +4482,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$327 [5:0])
+          casez (\$signature__data [5:0])
             6'h03:
-                \$757  = 18'h00000;
+                \$777  = 18'h00000;
             6'h0c:
                 /* empty */;
             6'h0a, 6'h0b:
@@ -12670,20 +4492,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             6'h08:
                 /* empty */;
             6'h01:
-                \$757  = 18'h00003;
+                \$777  = 18'h00003;
             6'h02:
-                \$757  = 18'h00003;
+                \$777  = 18'h00003;
           endcase
     endcase
     if (rst) begin
-      \$757  = 18'h00000;
+      \$777  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$758  = l4_x;
-    if (\$362 ) begin
-      \$758  = \$368 [17:0];
+    \$778  = l4_x;
+    if (\$372 ) begin
+      \$778  = \$378 [17:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12691,9 +4513,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          casez (\$signature__data$327 [5:0])
+          casez (\$signature__data [5:0])
             6'h03:
-                \$758  = \$538 ;
+                \$778  = \$554 ;
             6'h0c:
                 /* empty */;
             6'h0a, 6'h0b:
@@ -12701,20 +4523,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             6'h08:
                 /* empty */;
             6'h01:
-                \$758  = \$565 ;
+                \$778  = \$581 ;
             6'h02:
-                \$758  = \$572 ;
+                \$778  = \$588 ;
           endcase
     endcase
     if (rst) begin
-      \$758  = 18'h00000;
+      \$778  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$759  = l4_y;
-    if (\$362 ) begin
-      \$759  = \$369 ;
+    \$779  = l4_y;
+    if (\$372 ) begin
+      \$779  = \$379 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12723,10 +4545,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h03:
         begin
-          \$759  = 16'h0000;
-          casez (\$signature__data$327 [5:0])
+          \$779  = 16'h0000;
+          casez (\$signature__data [5:0])
             6'h03:
-                \$759  = \$534 [15:0];
+                \$779  = \$550 [15:0];
             6'h0c:
                 /* empty */;
             6'h0a, 6'h0b:
@@ -12734,22 +4556,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             6'h08:
                 /* empty */;
             6'h01:
-                \$759  = \$553 ;
+                \$779  = \$569 ;
             6'h02:
-                \$759  = \$568 ;
+                \$779  = \$584 ;
           endcase
         end
     endcase
     if (rst) begin
-      \$759  = 16'h0000;
+      \$779  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$760  = lh_acc;
-    if (\$370 ) begin
+    \$780  = lh_acc;
+    if (\$380 ) begin
       if (lh_y[0]) begin
-        \$760  = \$374 ;
+        \$780  = \$384 ;
       end
     end
     casez (ctrl_state)
@@ -12758,17 +4580,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$760  = { 1'h0, \$signature__data$327 [167:136] };
+          \$780  = { 1'h0, \$signature__data [167:136] };
     endcase
     if (rst) begin
-      \$760  = 33'h000000000;
+      \$780  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$761  = lh_x;
-    if (\$370 ) begin
-      \$761  = \$376 [32:0];
+    \$781  = lh_x;
+    if (\$380 ) begin
+      \$781  = \$386 [32:0];
     end
     casez (ctrl_state)
       5'h00:
@@ -12776,17 +4598,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$761  = { 1'h0, \$signature__data$327 [199:168] };
+          \$781  = { 1'h0, \$signature__data [199:168] };
     endcase
     if (rst) begin
-      \$761  = 33'h000000000;
+      \$781  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$762  = lh_y;
-    if (\$370 ) begin
-      \$762  = \$377 ;
+    \$782  = lh_y;
+    if (\$380 ) begin
+      \$782  = \$387 ;
     end
     casez (ctrl_state)
       5'h00:
@@ -12794,704 +4616,46 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h01:
           /* empty */;
       5'h03:
-          \$762  = { 12'h000, \$575  };
+          \$782  = { 12'h000, \$591  };
     endcase
     if (rst) begin
-      \$762  = 16'h0000;
+      \$782  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$763  = shape_ok;
+    \$783  = shape_ok;
     if (rst) begin
-      \$763  = 1'h0;
+      \$783  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$764  = \$397 ;
-    if (rst) begin
-      \$764  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$765  = \$404 ;
-    if (rst) begin
-      \$765  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$766  = decode_err;
-    if (rst) begin
-      \$766  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$767  = \$signal$156 ;
-    if (eng_run) begin
-      if (\$406 ) begin
-        \$767  = \$signal$155 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$767  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$767  = 1'h0;
-              6'h0c:
-                  \$767  = 1'h0;
-              6'h0d:
-                  \$767  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$767  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$768  = \$signal$169 ;
-    if (eng_run) begin
-      if (\$406 ) begin
-        \$768  = \$signal$298 ;
-      end
-    end
-    if (rst) begin
-      \$768  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$769  = i__payload;
-    if (eng_run) begin
-      if (\$406 ) begin
-        \$769  = \$signature__data ;
-      end
-    end
-    if (rst) begin
-      \$769  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$770  = b_word;
-    if (eng_run) begin
-      if (\$406 ) begin
-        \$770  = \$signature__data$299 ;
-      end
-    end
-    if (rst) begin
-      \$770  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$771  = \$signal$155 ;
-    if (eng_run) begin
-      if (\$410 ) begin
-        \$771  = \$signal$300 ;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$771  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$771  = 1'h0;
-              6'h0c:
-                  \$771  = 1'h0;
-              6'h0d:
-                  \$771  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$771  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$772  = \$signal$298 ;
-    if (eng_run) begin
-      if (\$410 ) begin
-        \$772  = \$411 ;
-      end
-    end
-    if (rst) begin
-      \$772  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$773  = rem0;
-    if (eng_run) begin
-      if (\$410 ) begin
-        if (\$signal$300 ) begin
-          (* full_case = 32'd1 *)
-          if (\$412 ) begin
-            \$773  = \$414 [13:0];
-          end else if (\$413 ) begin
-            \$773  = cnt0;
-          end else begin
-            \$773  = cnt0;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$773  = l0_acc;
-              6'h05, 6'h06, 6'h07:
-                  \$773  = l0_acc;
-              6'h0c:
-                  \$773  = ins[45:32];
-              6'h0d:
-                  \$773  = ins[61:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$773  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$774  = \$signal$151 ;
-    if (eng_run) begin
-      if (\$410 ) begin
-        if (\$signal$300 ) begin
-          (* full_case = 32'd1 *)
-          if (\$412 ) begin
-            \$774  = \$415 [12:0];
-          end else if (\$413 ) begin
-            \$774  = \$419 [12:0];
-          end else begin
-            \$774  = \$425 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$774  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$774  = ins[76:64];
-              6'h0c:
-                  \$774  = ins[76:64];
-              6'h0d:
-                  \$774  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$774  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$775  = \$signal$153 ;
-    if (eng_run) begin
-      if (\$410 ) begin
-        if (\$signal$300 ) begin
-          (* full_case = 32'd1 *)
-          if (\$412 ) begin
-            \$775  = \$416 [12:0];
-          end else if (\$413 ) begin
-            \$775  = \$421 [12:0];
-          end else begin
-            \$775  = \$428 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$775  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$775  = ins[100:88];
-              6'h0c:
-                  \$775  = ins[100:88];
-              6'h0d:
-                  \$775  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$775  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$776  = rem1;
-    if (eng_run) begin
-      if (\$410 ) begin
-        if (\$signal$300 ) begin
-          (* full_case = 32'd1 *)
-          if (\$412 ) begin
-          end else if (\$413 ) begin
-            \$776  = \$417 [13:0];
-          end else begin
-            \$776  = cnt1;
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$776  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$776  = 14'h0001;
-              6'h0c:
-                  \$776  = ins[61:48];
-              6'h0d:
-                  \$776  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$776  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$777  = \$signal$306 ;
-    if (eng_run) begin
-      if (\$410 ) begin
-        if (\$signal$300 ) begin
-          (* full_case = 32'd1 *)
-          if (\$412 ) begin
-          end else if (\$413 ) begin
-            \$777  = \$418 [12:0];
-          end else begin
-            \$777  = \$424 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$777  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$777  = ins[76:64];
-              6'h0c:
-                  \$777  = ins[76:64];
-              6'h0d:
-                  \$777  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$777  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$778  = \$signal$308 ;
-    if (eng_run) begin
-      if (\$410 ) begin
-        if (\$signal$300 ) begin
-          (* full_case = 32'd1 *)
-          if (\$412 ) begin
-          end else if (\$413 ) begin
-            \$778  = \$420 [12:0];
-          end else begin
-            \$778  = \$427 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$778  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$778  = ins[100:88];
-              6'h0c:
-                  \$778  = ins[100:88];
-              6'h0d:
-                  \$778  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$778  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$779  = rem2;
-    if (eng_run) begin
-      if (\$410 ) begin
-        if (\$signal$300 ) begin
-          (* full_case = 32'd1 *)
-          if (\$412 ) begin
-          end else if (\$413 ) begin
-          end else begin
-            \$779  = \$422 [13:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$779  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$779  = 14'h0001;
-              6'h0c:
-                  \$779  = m_eff[13:0];
-              6'h0d:
-                  \$779  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$779  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$780  = \$signal$312 ;
-    if (eng_run) begin
-      if (\$410 ) begin
-        if (\$signal$300 ) begin
-          (* full_case = 32'd1 *)
-          if (\$412 ) begin
-          end else if (\$413 ) begin
-          end else begin
-            \$780  = \$423 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$780  = ins[76:64];
-              6'h05, 6'h06, 6'h07:
-                  \$780  = ins[76:64];
-              6'h0c:
-                  \$780  = ins[76:64];
-              6'h0d:
-                  \$780  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$780  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$781  = \$signal$314 ;
-    if (eng_run) begin
-      if (\$410 ) begin
-        if (\$signal$300 ) begin
-          (* full_case = 32'd1 *)
-          if (\$412 ) begin
-          end else if (\$413 ) begin
-          end else begin
-            \$781  = \$426 [12:0];
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$781  = ins[100:88];
-              6'h05, 6'h06, 6'h07:
-                  \$781  = ins[100:88];
-              6'h0c:
-                  \$781  = ins[100:88];
-              6'h0d:
-                  \$781  = ins[100:88];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$781  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$782  = \$signal$300 ;
-    if (eng_run) begin
-      if (\$410 ) begin
-        if (\$signal$300 ) begin
-          (* full_case = 32'd1 *)
-          if (\$412 ) begin
-          end else if (\$413 ) begin
-          end else begin
-            if (\$430 ) begin
-              \$782  = 1'h0;
-            end
-          end
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$782  = 1'h1;
-              6'h05, 6'h06, 6'h07:
-                  \$782  = 1'h1;
-              6'h0c:
-                  \$782  = 1'h1;
-              6'h0d:
-                  \$782  = 1'h1;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$782  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$783  = \$434 ;
-    if (rst) begin
-      \$783  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$784  = \$signal$316 ;
-    if (gemm_run) begin
-      (* full_case = 32'd1 *)
-      if (\$444 ) begin
-        \$784  = 1'h1;
-      end else begin
-        \$784  = 1'h0;
-      end
-    end
+    \$784  = \$407 ;
     if (rst) begin
       \$784  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$785  = gm_cap_lane;
-    if (gemm_run) begin
-      if (\$444 ) begin
-        \$785  = gm_lane[1:0];
-      end
-    end
+    \$785  = \$414 ;
     if (rst) begin
-      \$785  = 2'h0;
+      \$785  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$786  = gm_lane;
-    if (gemm_run) begin
-      if (\$444 ) begin
-        \$786  = \$445 [2:0];
-      end
-      if (\$456 ) begin
-        \$786  = 3'h0;
+    \$786  = decode_err;
+    if (rst) begin
+      \$786  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$787  = \$signal$156 ;
+    if (eng_run) begin
+      if (\$416 ) begin
+        \$787  = \$signal$155 ;
       end
     end
     casez (ctrl_state)
@@ -13503,46 +4667,72 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$787  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$787  = 1'h0;
               6'h0c:
-                  /* empty */;
+                  \$787  = 1'h0;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$786  = 3'h0;
+                  \$787  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$786  = 3'h0;
+      \$787  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$787  = \$signal$216 ;
-    if (gemm_run) begin
-      if (\$444 ) begin
-        \$787  = \$446 [12:0];
+    \$788  = \$signal$169 ;
+    if (eng_run) begin
+      if (\$416 ) begin
+        \$788  = \$signal$298 ;
       end
-      if (\$456 ) begin
-        (* full_case = 32'd1 *)
-        if (\$458 ) begin
-          \$787  = \$461 [12:0];
-        end else begin
-          \$787  = \$466 [12:0];
-        end
+    end
+    if (rst) begin
+      \$788  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$789  = i__payload;
+    if (eng_run) begin
+      if (\$416 ) begin
+        \$789  = rd0__data;
+      end
+    end
+    if (rst) begin
+      \$789  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$790  = b_word;
+    if (eng_run) begin
+      if (\$416 ) begin
+        \$790  = rd1__data;
+      end
+    end
+    if (rst) begin
+      \$790  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$791  = \$signal$155 ;
+    if (eng_run) begin
+      if (\$420 ) begin
+        \$791  = \$422 ;
       end
     end
     casez (ctrl_state)
@@ -13554,287 +4744,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$791  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$791  = 1'h0;
               6'h0c:
-                  /* empty */;
+                  \$791  = 1'h0;
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$787  = ins[76:64];
+                  \$791  = 1'h0;
             endcase
           end
     endcase
     if (rst) begin
-      \$787  = 13'h0000;
+      \$791  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$788  = a_in__payload;
-    if (gemm_run) begin
-      if (\$signal$316 ) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$788 [7:0] = \$signature__data [7:0];
-          2'h1:
-              \$788 [15:8] = \$signature__data [7:0];
-          2'h2:
-              \$788 [23:16] = \$signature__data [7:0];
-          2'h3:
-              \$788 [31:24] = \$signature__data [7:0];
-        endcase
-      end
-      if (\$456 ) begin
-        \$788  = 32'd0;
+    \$792  = \$signal$298 ;
+    if (eng_run) begin
+      if (\$420 ) begin
+        \$792  = \$423 ;
       end
     end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
+    if (rst) begin
+      \$792  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$793  = rem0;
+    if (eng_run) begin
+      if (\$420 ) begin
+        if (\$425 ) begin
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$426 ) begin
+            \$793  = \$428 [13:0];
+          end else if (\$427 ) begin
+            \$793  = cnt0;
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$788  = 32'd0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$788  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$789  = a_in__valid;
-    if (gemm_run) begin
-      if (\$455 ) begin
-        \$789  = 1'h1;
-      end
-      if (\$456 ) begin
-        \$789  = 1'h0;
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$789  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$789  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$790  = \$signal$319 ;
-    if (gemm_run) begin
-      if (\$456 ) begin
-        (* full_case = 32'd1 *)
-        if (\$458 ) begin
-          \$790  = \$459 [6:0];
-        end else begin
-          \$790  = 7'h00;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$790  = 7'h00;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$790  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$791  = gm_wstart;
-    if (gemm_run) begin
-      if (\$456 ) begin
-        (* full_case = 32'd1 *)
-        if (\$458 ) begin
-          \$791  = \$460 [12:0];
-        end else begin
-          \$791  = \$464 [12:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$791  = ins[76:64];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$791  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$792  = \$signal$215 ;
-    if (gemm_run) begin
-      if (\$456 ) begin
-        (* full_case = 32'd1 *)
-        if (\$458 ) begin
-        end else begin
-          \$792  = \$462 [13:0];
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$792  = m_eff[13:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$792  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$793  = gm_afeed_done;
-    if (gemm_run) begin
-      if (\$456 ) begin
-        (* full_case = 32'd1 *)
-        if (\$458 ) begin
-        end else begin
-          if (\$469 ) begin
-            \$793  = 1'h1;
+            \$793  = cnt0;
           end
         end
       end
@@ -13848,90 +4806,43 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$793  = l0_acc;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$793  = l0_acc;
               6'h0c:
-                  /* empty */;
+                  \$793  = ins[45:32];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$793  = 1'h0;
+                  \$793  = ins[61:48];
             endcase
           end
     endcase
     if (rst) begin
-      \$793  = 1'h0;
+      \$793  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$794  = gc_lane;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$794  = \$470 [1:0];
-        if (gc_last) begin
-          \$794  = 2'h0;
-        end
-      end
-    end
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
+    \$794  = \$signal$151 ;
+    if (eng_run) begin
+      if (\$420 ) begin
+        if (\$425 ) begin
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$426 ) begin
+            \$794  = \$429 [12:0];
+          end else if (\$427 ) begin
+            \$794  = \$433 [12:0];
           end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$794  = 2'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$794  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$795  = \$signal$219 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$795  = \$471 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$481 ) begin
-            \$795  = \$484 [12:0];
-          end else begin
-            \$795  = \$491 [12:0];
+            \$794  = \$439 [12:0];
           end
         end
       end
@@ -13945,25 +4856,73 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$794  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$794  = ins[76:64];
               6'h0c:
-                  /* empty */;
+                  \$794  = ins[76:64];
               6'h0d:
+                  \$794  = ins[76:64];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$794  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$795  = \$signal$153 ;
+    if (eng_run) begin
+      if (\$420 ) begin
+        if (\$425 ) begin
+          (* full_case = 32'd1 *)
+          if (\$426 ) begin
+            \$795  = \$430 [12:0];
+          end else if (\$427 ) begin
+            \$795  = \$435 [12:0];
+          end else begin
+            \$795  = \$442 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
                   /* empty */;
-              6'h03:
-                  \$795  = ins[124:112];
+              6'h04:
+                  \$795  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$795  = ins[100:88];
+              6'h0c:
+                  \$795  = ins[100:88];
+              6'h0d:
+                  \$795  = ins[100:88];
             endcase
           end
     endcase
@@ -13973,16 +4932,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$796  = gc_last;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        \$796  = \$479 ;
-        if (gc_last) begin
+    \$796  = rem1;
+    if (eng_run) begin
+      if (\$420 ) begin
+        if (\$425 ) begin
           (* full_case = 32'd1 *)
-          if (\$481 ) begin
-            \$796  = \$488 ;
+          if (\$426 ) begin
+          end else if (\$427 ) begin
+            \$796  = \$431 [13:0];
           end else begin
-            \$796  = \$497 ;
+            \$796  = cnt1;
           end
         end
       end
@@ -13996,43 +4955,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$796  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$796  = 14'h0001;
               6'h0c:
-                  /* empty */;
+                  \$796  = ins[61:48];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$796  = \$602 ;
+                  \$796  = 14'h0002;
             endcase
           end
     endcase
     if (rst) begin
-      \$796  = 1'h0;
+      \$796  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$797  = \$signal$322 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
+    \$797  = \$signal$306 ;
+    if (eng_run) begin
+      if (\$420 ) begin
+        if (\$425 ) begin
           (* full_case = 32'd1 *)
-          if (\$481 ) begin
-            \$797  = \$482 [8:0];
+          if (\$426 ) begin
+          end else if (\$427 ) begin
+            \$797  = \$432 [12:0];
           end else begin
-            \$797  = 9'h000;
+            \$797  = \$438 [12:0];
           end
         end
       end
@@ -14046,43 +5004,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$797  = ins[76:64];
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$797  = ins[76:64];
               6'h0c:
-                  /* empty */;
+                  \$797  = ins[76:64];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$797  = 9'h000;
+                  \$797  = ins[76:64];
             endcase
           end
     endcase
     if (rst) begin
-      \$797  = 9'h000;
+      \$797  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$798  = gc_wstart;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
+    \$798  = \$signal$308 ;
+    if (eng_run) begin
+      if (\$420 ) begin
+        if (\$425 ) begin
           (* full_case = 32'd1 *)
-          if (\$481 ) begin
-            \$798  = \$483 [12:0];
+          if (\$426 ) begin
+          end else if (\$427 ) begin
+            \$798  = \$434 [12:0];
           end else begin
-            \$798  = \$490 [12:0];
+            \$798  = \$441 [12:0];
           end
         end
       end
@@ -14096,25 +5053,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$798  = ins[100:88];
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$798  = ins[100:88];
               6'h0c:
-                  /* empty */;
+                  \$798  = ins[100:88];
               6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$798  = ins[124:112];
+                  \$798  = ins[100:88];
             endcase
           end
     endcase
@@ -14124,14 +5079,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$799  = \$signal$321 ;
-    if (gemm_run) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
+    \$799  = rem2;
+    if (eng_run) begin
+      if (\$420 ) begin
+        if (\$425 ) begin
           (* full_case = 32'd1 *)
-          if (\$481 ) begin
+          if (\$426 ) begin
+          end else if (\$427 ) begin
           end else begin
-            \$799  = \$489 [13:0];
+            \$799  = \$436 [13:0];
           end
         end
       end
@@ -14145,24 +5101,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
                   /* empty */;
               6'h04:
-                  /* empty */;
+                  \$799  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  /* empty */;
+                  \$799  = 14'h0001;
               6'h0c:
-                  /* empty */;
+                  \$799  = m_eff[13:0];
               6'h0d:
-                  /* empty */;
-              6'h03:
                   \$799  = m_eff[13:0];
             endcase
           end
@@ -14173,209 +5127,377 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$800  = \$signal$118 ;
-    if (\$signal$108 ) begin
-      \$800  = \$498 [31:0];
-    end
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$800  = 32'd0;
+    \$800  = \$signal$312 ;
+    if (eng_run) begin
+      if (\$420 ) begin
+        if (\$425 ) begin
+          (* full_case = 32'd1 *)
+          if (\$426 ) begin
+          end else if (\$427 ) begin
+          end else begin
+            \$800  = \$437 [12:0];
           end
-    endcase
-    if (rst) begin
-      \$800  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$801  = busy_dma;
-    if (\$signal$108 ) begin
-      if (cur_unit[0]) begin
-        \$801  = \$499 [31:0];
+        end
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$801  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$800  = ins[76:64];
+              6'h05, 6'h06, 6'h07:
+                  \$800  = ins[76:64];
+              6'h0c:
+                  \$800  = ins[76:64];
+              6'h0d:
+                  \$800  = ins[76:64];
+            endcase
           end
     endcase
     if (rst) begin
-      \$801  = 32'd0;
+      \$800  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$802  = busy_gemm;
-    if (\$signal$108 ) begin
-      if (cur_unit[1]) begin
-        \$802  = \$500 [31:0];
+    \$801  = \$signal$314 ;
+    if (eng_run) begin
+      if (\$420 ) begin
+        if (\$425 ) begin
+          (* full_case = 32'd1 *)
+          if (\$426 ) begin
+          end else if (\$427 ) begin
+          end else begin
+            \$801  = \$440 [12:0];
+          end
+        end
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$802  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$801  = ins[100:88];
+              6'h05, 6'h06, 6'h07:
+                  \$801  = ins[100:88];
+              6'h0c:
+                  \$801  = ins[100:88];
+              6'h0d:
+                  \$801  = ins[100:88];
+            endcase
           end
     endcase
     if (rst) begin
-      \$802  = 32'd0;
+      \$801  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$803  = busy_act;
-    if (\$signal$108 ) begin
-      if (cur_unit[2]) begin
-        \$803  = \$501 [31:0];
+    \$802  = \$signal$300 ;
+    if (eng_run) begin
+      if (\$420 ) begin
+        if (\$425 ) begin
+          (* full_case = 32'd1 *)
+          if (\$426 ) begin
+          end else if (\$427 ) begin
+          end else begin
+            if (\$444 ) begin
+              \$802  = 1'h0;
+            end
+          end
+        end
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$803  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$802  = 1'h1;
+              6'h05, 6'h06, 6'h07:
+                  \$802  = 1'h1;
+              6'h0c:
+                  \$802  = 1'h1;
+              6'h0d:
+                  \$802  = 1'h1;
+            endcase
           end
     endcase
     if (rst) begin
-      \$803  = 32'd0;
+      \$802  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$804  = busy_route;
-    if (\$signal$108 ) begin
-      if (cur_unit[3]) begin
-        \$804  = \$502 [31:0];
+    \$803  = \$448 ;
+    if (rst) begin
+      \$803  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$804  = \$signal$316 ;
+    if (gemm_run) begin
+      (* full_case = 32'd1 *)
+      if (\$460 ) begin
+        \$804  = 1'h1;
+      end else begin
+        \$804  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$804  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$805  = gm_cap_lane;
+    if (gemm_run) begin
+      if (\$460 ) begin
+        \$805  = gm_lane[1:0];
+      end
+    end
+    if (rst) begin
+      \$805  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$806  = gm_lane;
+    if (gemm_run) begin
+      if (\$460 ) begin
+        \$806  = \$461 [2:0];
+      end
+      if (\$472 ) begin
+        \$806  = 3'h0;
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$804  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$806  = 3'h0;
+            endcase
           end
     endcase
     if (rst) begin
-      \$804  = 32'd0;
+      \$806  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$805  = busy_vector;
-    if (\$signal$108 ) begin
-      if (cur_unit[4]) begin
-        \$805  = \$503 [31:0];
+    \$807  = \$signal$216 ;
+    if (gemm_run) begin
+      if (\$460 ) begin
+        \$807  = \$462 [12:0];
+      end
+      if (\$472 ) begin
+        (* full_case = 32'd1 *)
+        if (\$474 ) begin
+          \$807  = \$477 [12:0];
+        end else begin
+          \$807  = \$482 [12:0];
+        end
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$805  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$807  = ins[76:64];
+            endcase
           end
     endcase
     if (rst) begin
-      \$805  = 32'd0;
+      \$807  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$806  = busy_move;
-    if (\$signal$108 ) begin
-      if (cur_unit[5]) begin
-        \$806  = \$504 [31:0];
+    \$808  = a_in__payload;
+    if (gemm_run) begin
+      if (\$signal$316 ) begin
+        (* full_case = 32'd1 *)
+        casez (gm_cap_lane)
+          2'h0:
+              \$808 [7:0] = rd0__data[7:0];
+          2'h1:
+              \$808 [15:8] = rd0__data[7:0];
+          2'h2:
+              \$808 [23:16] = rd0__data[7:0];
+          2'h3:
+              \$808 [31:24] = rd0__data[7:0];
+        endcase
+      end
+      if (\$472 ) begin
+        \$808  = 32'd0;
       end
     end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$806  = 32'd0;
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$808  = 32'd0;
+            endcase
           end
     endcase
-    if (rst) begin
-      \$806  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$807  = \$signature__data ;
-    if (rst) begin
-      \$807  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$808  = \$signature__data$299 ;
     if (rst) begin
       \$808  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$809  = \$signal$108 ;
+    \$809  = a_in__valid;
+    if (gemm_run) begin
+      if (\$471 ) begin
+        \$809  = 1'h1;
+      end
+      if (\$472 ) begin
+        \$809  = 1'h0;
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$809  = 1'h1;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-            \$809  = 1'h0;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$739 ) begin
-            \$809  = 1'h0;
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$809  = 1'h0;
+            endcase
           end
     endcase
     if (rst) begin
@@ -14384,475 +5506,338 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$810  = \$signal$109 ;
+    \$810  = \$signal$319 ;
+    if (gemm_run) begin
+      if (\$472 ) begin
+        (* full_case = 32'd1 *)
+        if (\$474 ) begin
+          \$810  = \$475 [6:0];
+        end else begin
+          \$810  = 7'h00;
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$810  = 1'h0;
-          end
-      5'h01:
           /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-            \$810  = 1'h1;
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$739 ) begin
-            \$810  = 1'h0;
-          end
-    endcase
-    if (\$741 ) begin
-      \$810  = 1'h0;
-    end
-    if (rst) begin
-      \$810  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$811  = err;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$811  = 8'h00;
-          end
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          /* empty */;
-      5'h02:
-          if (\$739 ) begin
-            \$811  = stop_code;
-          end
-    endcase
-    if (\$741 ) begin
-      \$811  = 8'h00;
-    end
-    if (rst) begin
-      \$811  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$812  = pc;
-    casez (ctrl_state)
-      5'h00:
-          if (\$signal ) begin
-            \$812  = 13'h0000;
-          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$812  = { 1'h0, ins[255:244] };
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$810  = 7'h00;
             endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$614 ) begin
-            \$812  = \$616 [12:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$618 ) begin
-            \$812  = \$619 [12:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$637 ) begin
-            \$812  = \$638 [12:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$667 ) begin
-            \$812  = \$668 [12:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$709 ) begin
-          end else begin
-            \$812  = \$710 [12:0];
-          end
-      5'h0b:
-          if (\$712 ) begin
-            \$812  = { 1'h0, ins[255:244] };
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$715 ) begin
-            \$812  = \$718 [12:0];
-          end
-      5'h0c:
-          if (\$720 ) begin
-            \$812  = \$721 [12:0];
           end
     endcase
     if (rst) begin
-      \$812  = 13'h0000;
+      \$810  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$813  = \$signal$121 ;
+    \$811  = gm_wstart;
+    if (gemm_run) begin
+      if (\$472 ) begin
+        (* full_case = 32'd1 *)
+        if (\$474 ) begin
+          \$811  = \$476 [12:0];
+        end else begin
+          \$811  = \$480 [12:0];
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$813  = 32'd0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  \$813  = \$596 [31:0];
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$811  = ins[76:64];
             endcase
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          if (\$614 ) begin
-            \$813  = \$617 [31:0];
-          end
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          if (\$618 ) begin
-            \$813  = \$620 [31:0];
-          end
-      5'h08:
-          if (error) begin
-          end else if (\$637 ) begin
-            \$813  = \$639 [31:0];
-          end
-      5'h09:
-          if (error) begin
-          end else if (\$667 ) begin
-            \$813  = \$669 [31:0];
-          end
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          (* full_case = 32'd1 *)
-          if (\$709 ) begin
-          end else begin
-            \$813  = \$711 [31:0];
-          end
-      5'h0b:
-          if (\$712 ) begin
-            \$813  = \$713 [31:0];
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$715 ) begin
-            \$813  = \$719 [31:0];
-          end
-      5'h0c:
-          if (\$720 ) begin
-            \$813  = \$722 [31:0];
-          end
     endcase
     if (rst) begin
-      \$813  = 32'd0;
+      \$811  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$814  = \$signal$140 ;
+    \$812  = \$signal$215 ;
+    if (gemm_run) begin
+      if (\$472 ) begin
+        (* full_case = 32'd1 *)
+        if (\$474 ) begin
+        end else begin
+          \$812  = \$478 [13:0];
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$814  = 1'h0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
           (* full_case = 32'd1 *)
-          if (\$709 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
-            \$814  = 1'h1;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$812  = m_eff[13:0];
+            endcase
           end
     endcase
     if (rst) begin
-      \$814  = 1'h0;
+      \$812  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$815  = exp_active;
+    \$813  = gm_afeed_done;
+    if (gemm_run) begin
+      if (\$472 ) begin
+        (* full_case = 32'd1 *)
+        if (\$474 ) begin
+        end else begin
+          if (\$485 ) begin
+            \$813  = 1'h1;
+          end
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$815  = 1'h0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
           (* full_case = 32'd1 *)
-          if (\$709 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
-            \$815  = 1'h0;
-          end
-      5'h0b:
-          if (\$712 ) begin
-            \$815  = 1'h0;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          if (\$715 ) begin
-            \$815  = 1'h1;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$813  = 1'h0;
+            endcase
           end
     endcase
     if (rst) begin
-      \$815  = 1'h0;
+      \$813  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$816  = \$signal$143 ;
+    \$814  = gc_lane;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$814  = \$486 [1:0];
+        if (gc_last) begin
+          \$814  = 2'h0;
+        end
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          if (\$signal ) begin
-            \$816  = 1'h0;
-          end
+          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$814  = 2'h0;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$814  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$815  = \$signal$219 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$815  = \$487 [12:0];
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$497 ) begin
+            \$815  = \$500 [12:0];
+          end else begin
+            \$815  = \$507 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h05:
+      5'h01:
           /* empty */;
-      5'h0d:
+      5'h03:
           /* empty */;
-      5'h06:
-          if (\$614 ) begin
-            if (\$615 ) begin
-              \$816  = 1'h1;
-            end
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$815  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$815  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$816  = gc_last;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        \$816  = \$495 ;
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$497 ) begin
+            \$816  = \$504 ;
+          end else begin
+            \$816  = \$513 ;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$816  = \$618 ;
+            endcase
           end
     endcase
     if (rst) begin
@@ -14861,836 +5846,236 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$817  = ctrl_state;
+    \$817  = \$signal$322 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$497 ) begin
+            \$817  = \$498 [8:0];
+          end else begin
+            \$817  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$817  = 9'h000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$817  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$818  = gc_wstart;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$497 ) begin
+            \$818  = \$499 [12:0];
+          end else begin
+            \$818  = \$506 [12:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$818  = ins[124:112];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$818  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$819  = \$signal$321 ;
+    if (gemm_run) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$497 ) begin
+          end else begin
+            \$819  = \$505 [13:0];
+          end
+        end
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$819  = m_eff[13:0];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$819  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$820  = \$signal$118 ;
+    if (\$signal$108 ) begin
+      \$820  = \$514 [31:0];
+    end
     casez (ctrl_state)
       5'h00:
           if (\$signal ) begin
-            \$817  = 5'h01;
-          end
-      5'h01:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$505 ) begin
-            \$817  = 5'h02;
-          end else begin
-            \$817  = 5'h03;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h03:
-        begin
-          \$817  = 5'h04;
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-            \$817  = 5'h00;
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-            \$817  = 5'h02;
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  \$817  = 5'h01;
-              6'h04:
-                  (* full_case = 32'd1 *)
-                  if (\$598 ) begin
-                    \$817  = 5'h05;
-                  end else begin
-                    \$817  = 5'h06;
-                  end
-              6'h05, 6'h06, 6'h07:
-                  \$817  = 5'h06;
-              6'h0c:
-                  \$817  = 5'h06;
-              6'h0d:
-                  \$817  = 5'h06;
-              6'h03:
-                  (* full_case = 32'd1 *)
-                  if (\$604 ) begin
-                    \$817  = 5'h05;
-                  end else begin
-                    \$817  = 5'h07;
-                  end
-              6'h01:
-                  \$817  = 5'h08;
-              6'h02:
-                  \$817  = 5'h09;
-              6'h08:
-                  \$817  = 5'h0a;
-              6'h09:
-                  \$817  = 5'h0b;
-              6'h0a, 6'h0b:
-                  \$817  = 5'h0c;
-            endcase
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h05:
-        begin
-          \$817  = 5'h0d;
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h0d:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$610 ) begin
-            \$817  = 5'h07;
-          end else begin
-            \$817  = 5'h06;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h06:
-        begin
-          if (\$614 ) begin
-            \$817  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h07:
-        begin
-          if (cmd__ready) begin
-            \$817  = 5'h0e;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h0e:
-        begin
-          if (error) begin
-            \$817  = 5'h02;
-          end else if (done) begin
-            (* full_case = 32'd1 *)
-            if (\error$330 ) begin
-              \$817  = 5'h02;
-            end else begin
-              \$817  = 5'h0f;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$618 ) begin
-            \$817  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$817  = 5'h02;
-          end else if (\$637 ) begin
-            \$817  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$817  = 5'h02;
-          end else if (\$667 ) begin
-            \$817  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h0a:
-        begin
-          if (\$671 ) begin
-            \$817  = 5'h10;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h10:
-        begin
-          if (\$698 ) begin
-            \$817  = 5'h11;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h11:
-        begin
-          \$817  = 5'h12;
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h12:
-        begin
-          \$817  = 5'h13;
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h13:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$699 ) begin
-            \$817  = 5'h14;
-          end else begin
-            \$817  = 5'h15;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h14:
-        begin
-          \$817  = 5'h15;
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h15:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$702 ) begin
-            \$817  = 5'h11;
-          end else begin
-            \$817  = 5'h16;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$709 ) begin
-            \$817  = 5'h11;
-          end else begin
-            \$817  = 5'h01;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h0b:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$712 ) begin
-            \$817  = 5'h01;
-          end else begin
-            \$817  = 5'h17;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h17:
-        begin
-          \$817  = 5'h18;
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h18:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$715 ) begin
-            \$817  = 5'h01;
-          end else begin
-            \$817  = 5'h0b;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h0c:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$720 ) begin
-            \$817  = 5'h01;
-          end else begin
-            \$817  = 5'h19;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h19:
-        begin
-          \$817  = 5'h1a;
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h1a:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$725 ) begin
-            \$817  = 5'h02;
-          end else begin
-            \$817  = 5'h1b;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h1b:
-        begin
-          if (\$734 ) begin
-            \$817  = 5'h0c;
-          end
-          if (\$signal$103 ) begin
-            \$817  = 5'h02;
-          end
-        end
-      5'h02:
-          if (\$739 ) begin
-            \$817  = 5'h00;
+            \$820  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$817  = 5'h00;
+      \$820  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$818  = stop_code;
+    \$821  = busy_dma;
+    if (\$signal$108 ) begin
+      if (cur_unit[0]) begin
+        \$821  = \$515 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$505 ) begin
-            \$818  = 8'h06;
-          end
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h04:
-        begin
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-            \$818  = decode_q;
-          end
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h06:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$818  = 8'h07;
-          end else if (done) begin
-            if (\error$330 ) begin
-              \$818  = 8'h03;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-        end
-      5'h0f:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h08:
-        begin
-          if (error) begin
-            \$818  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$818  = 8'h07;
-          end
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h15:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h16:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h0b:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h17:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h18:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h0c:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h19:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-      5'h1a:
-        begin
-          if (\$725 ) begin
-            \$818  = 8'h02;
-          end
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
-          end
-        end
-      5'h1b:
-          if (\$signal$103 ) begin
-            \$818  = 8'h00;
+          if (\$signal ) begin
+            \$821  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$818  = 8'h00;
+      \$821  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$819  = cur_unit;
+    \$822  = busy_gemm;
+    if (\$signal$108 ) begin
+      if (cur_unit[1]) begin
+        \$822  = \$516 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-        begin
-          if (\$505 ) begin
-            \$819  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h03:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h04:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-            \$819  = 6'h00;
-          end else begin
-            if (\$584 ) begin
-              \$819  = 6'h01;
-            end
-            if (\$585 ) begin
-              \$819  = 6'h01;
-            end
-            if (\$586 ) begin
-              \$819  = 6'h02;
-            end
-            if (\$587 ) begin
-              \$819  = 6'h04;
-            end
-            if (\$588 ) begin
-              \$819  = 6'h04;
-            end
-            if (\$589 ) begin
-              \$819  = 6'h04;
-            end
-            if (\$590 ) begin
-              \$819  = 6'h08;
-            end
-            if (\$591 ) begin
-              \$819  = 6'h10;
-            end
-            if (\$592 ) begin
-              \$819  = 6'h10;
-            end
-            if (\$593 ) begin
-              \$819  = 6'h10;
-            end
-            if (\$594 ) begin
-              \$819  = 6'h20;
-            end
-            if (\$595 ) begin
-              \$819  = 6'h20;
-            end
-            casez (ins[5:0])
-              6'h0e:
-                  \$819  = 6'h00;
-            endcase
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h05:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h0d:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h06:
-        begin
-          if (\$614 ) begin
-            \$819  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h07:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h0e:
-        begin
-          if (error) begin
-            \$819  = 6'h00;
-          end else if (done) begin
-            if (\error$330 ) begin
-              \$819  = 6'h00;
-            end
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h0f:
-        begin
-          if (\$618 ) begin
-            \$819  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h08:
-        begin
-          if (error) begin
-            \$819  = 6'h00;
-          end else if (\$637 ) begin
-            \$819  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h09:
-        begin
-          if (error) begin
-            \$819  = 6'h00;
-          end else if (\$667 ) begin
-            \$819  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h0a:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h10:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h11:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h12:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h13:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h14:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h15:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h16:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$709 ) begin
-          end else begin
-            \$819  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h0b:
-        begin
-          if (\$712 ) begin
-            \$819  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h17:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h18:
-        begin
-          if (\$715 ) begin
-            \$819  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h0c:
-        begin
-          if (\$720 ) begin
-            \$819  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h19:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-      5'h1a:
-        begin
-          if (\$725 ) begin
-            \$819  = 6'h00;
-          end
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
-          end
-        end
-      5'h1b:
-          if (\$signal$103 ) begin
-            \$819  = 6'h00;
+          if (\$signal ) begin
+            \$822  = 32'd0;
           end
     endcase
     if (rst) begin
-      \$819  = 6'h00;
+      \$822  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$820  = ins;
+    \$823  = busy_act;
+    if (\$signal$108 ) begin
+      if (cur_unit[2]) begin
+        \$823  = \$517 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$820  = \$signature__data$327 ;
+          if (\$signal ) begin
+            \$823  = 32'd0;
+          end
     endcase
     if (rst) begin
-      \$820  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$823  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$821  = ph2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$821  = 1'h0;
-      5'h04:
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-            \$821  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$821  = 1'h0;
+    \$824  = busy_route;
+    if (\$signal$108 ) begin
+      if (cur_unit[3]) begin
+        \$824  = \$518 [31:0];
+      end
     end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$822  = settle;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          \$822  = 2'h0;
-      5'h04:
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-            \$822  = \$583 [1:0];
+          if (\$signal ) begin
+            \$824  = 32'd0;
           end
-    endcase
-    if (rst) begin
-      \$822  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$823  = \$signal$178 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$823  = ins[243:238];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$823  = ins[243:238];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$823  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$824  = \$signal$160 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$824  = ins[231:200];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$824  = ins[231:200];
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          \$824  = { 16'h0000, \$signature__data [15:0] };
     endcase
     if (rst) begin
       \$824  = 32'd0;
@@ -15698,184 +6083,121 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$825  = shift;
+    \$825  = busy_vector;
+    if (\$signal$108 ) begin
+      if (cur_unit[4]) begin
+        \$825  = \$519 [31:0];
+      end
+    end
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$825  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$825  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$826  = busy_move;
+    if (\$signal$108 ) begin
+      if (cur_unit[5]) begin
+        \$826  = \$520 [31:0];
+      end
+    end
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$826  = 32'd0;
+          end
+    endcase
+    if (rst) begin
+      \$826  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$827  = rd0__data;
+    if (rst) begin
+      \$827  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$828  = rd1__data;
+    if (rst) begin
+      \$828  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$829  = \$signal$108 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$829  = 1'h1;
+          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$825  = ins[237:232];
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  \$825  = ins[237:232];
-            endcase
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+            \$829  = 1'h0;
           end
       5'h05:
           /* empty */;
       5'h0d:
-          \$825  = \$signature__data$299 [5:0];
-    endcase
-    if (rst) begin
-      \$825  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$826  = cnt0;
-    casez (ctrl_state)
-      5'h00:
           /* empty */;
-      5'h01:
+      5'h06:
           /* empty */;
-      5'h03:
+      5'h07:
           /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$826  = l0_acc;
-              6'h05, 6'h06, 6'h07:
-                  \$826  = l0_acc;
-              6'h0c:
-                  \$826  = ins[45:32];
-              6'h0d:
-                  \$826  = ins[61:48];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$826  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$827  = cnt1;
-    casez (ctrl_state)
-      5'h00:
+      5'h0e:
           /* empty */;
-      5'h01:
+      5'h0f:
           /* empty */;
-      5'h03:
+      5'h08:
           /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$827  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$827  = 14'h0001;
-              6'h0c:
-                  \$827  = ins[61:48];
-              6'h0d:
-                  \$827  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$827  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$828  = sa0;
-    casez (ctrl_state)
-      5'h00:
+      5'h09:
           /* empty */;
-      5'h01:
+      5'h0a:
           /* empty */;
-      5'h03:
+      5'h10:
           /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$828  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$828  = 13'h0001;
-              6'h0c:
-                  \$828  = ins[60:48];
-              6'h0d:
-                  \$828  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$828  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$829  = sa1;
-    casez (ctrl_state)
-      5'h00:
+      5'h11:
           /* empty */;
-      5'h01:
+      5'h12:
           /* empty */;
-      5'h03:
+      5'h13:
           /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$829  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$829  = 1'h0;
-              6'h0c:
-                  \$829  = 1'h1;
-              6'h0d:
-                  \$829  = 1'h0;
-            endcase
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$759 ) begin
+            \$829  = 1'h0;
           end
     endcase
     if (rst) begin
@@ -15884,193 +6206,28 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$830  = sa2;
+    \$830  = \$signal$109 ;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$830  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$830  = 13'h0000;
-              6'h0c:
-                  \$830  = l2_acc[12:0];
-              6'h0d:
-                  \$830  = ins[60:48];
-            endcase
+          if (\$signal ) begin
+            \$830  = 1'h0;
           end
-    endcase
-    if (rst) begin
-      \$830  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$831  = sb0;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$831  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$831  = 1'h1;
-              6'h0c:
-                  \$831  = 1'h1;
-              6'h0d:
-                  \$831  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$831  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$832  = sb1;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$832  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$832  = 1'h0;
-              6'h0c:
-                  \$832  = 1'h0;
-              6'h0d:
-                  \$832  = 1'h0;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$832  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$833  = sb2;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$833  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$833  = 13'h0000;
-              6'h0c:
-                  \$833  = ins[44:32];
-              6'h0d:
-                  \$833  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$833  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$834  = el_i;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  \$834  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$834  = 14'h0000;
-              6'h0c:
-                  \$834  = 14'h0000;
-              6'h0d:
-                  \$834  = 14'h0000;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$834  = 14'h0000;
-              6'h02:
-                  \$834  = 14'h0000;
-            endcase
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+            \$830  = 1'h1;
           end
       5'h05:
           /* empty */;
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$signal$183 ) begin
-            \$834  = \$611 [13:0];
-          end
+          /* empty */;
       5'h07:
           /* empty */;
       5'h0e:
@@ -16078,55 +6235,317 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          if (\$signal$250 ) begin
-            if (\$623 ) begin
-              \$834  = \$624 [13:0];
-            end
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$759 ) begin
+            \$830  = 1'h0;
+          end
+    endcase
+    if (\$761 ) begin
+      \$830  = 1'h0;
+    end
+    if (rst) begin
+      \$830  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$831  = err;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$831  = 8'h00;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          /* empty */;
+      5'h02:
+          if (\$759 ) begin
+            \$831  = stop_code;
+          end
+    endcase
+    if (\$761 ) begin
+      \$831  = 8'h00;
+    end
+    if (rst) begin
+      \$831  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$832  = pc;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$832  = 13'h0000;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$832  = { 1'h0, ins[255:244] };
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$630 ) begin
+            \$832  = \$632 [12:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$634 ) begin
+            \$832  = \$635 [12:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$653 ) begin
+            \$832  = \$654 [12:0];
           end
       5'h09:
-          if (\$646 ) begin
-            \$834  = \$647 [13:0];
+          if (error) begin
+          end else if (\$683 ) begin
+            \$832  = \$684 [12:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$727 ) begin
+          end else begin
+            \$832  = \$728 [12:0];
+          end
+      5'h0b:
+          if (\$730 ) begin
+            \$832  = { 1'h0, ins[255:244] };
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$733 ) begin
+            \$832  = \$736 [12:0];
+          end
+      5'h0c:
+          if (\$738 ) begin
+            \$832  = \$739 [12:0];
           end
     endcase
     if (rst) begin
-      \$834  = 14'h0000;
+      \$832  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$835  = \$signal$250 ;
+    \$833  = \$signal$121 ;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
+          if (\$signal ) begin
+            \$833  = 32'd0;
+          end
       5'h01:
           /* empty */;
       5'h03:
           /* empty */;
       5'h04:
           (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
             casez (ins[5:0])
               6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$835  = 1'h0;
+                  \$833  = \$612 [31:0];
             endcase
           end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$630 ) begin
+            \$833  = \$633 [31:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          if (\$634 ) begin
+            \$833  = \$636 [31:0];
+          end
+      5'h08:
+          if (error) begin
+          end else if (\$653 ) begin
+            \$833  = \$655 [31:0];
+          end
+      5'h09:
+          if (error) begin
+          end else if (\$683 ) begin
+            \$833  = \$685 [31:0];
+          end
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$727 ) begin
+          end else begin
+            \$833  = \$729 [31:0];
+          end
+      5'h0b:
+          if (\$730 ) begin
+            \$833  = \$731 [31:0];
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$733 ) begin
+            \$833  = \$737 [31:0];
+          end
+      5'h0c:
+          if (\$738 ) begin
+            \$833  = \$740 [31:0];
+          end
+    endcase
+    if (rst) begin
+      \$833  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$834  = \$signal$140 ;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$834  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
       5'h05:
           /* empty */;
       5'h0d:
@@ -16140,16 +6559,94 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-        begin
-          if (\$622 ) begin
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$727 ) begin
+          end else begin
+            \$834  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$834  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$835  = exp_active;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$835  = 1'h0;
+          end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$727 ) begin
+          end else begin
+            \$835  = 1'h0;
+          end
+      5'h0b:
+          if (\$730 ) begin
+            \$835  = 1'h0;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$733 ) begin
             \$835  = 1'h1;
           end
-          if (\$signal$250 ) begin
-            if (\$631 ) begin
-              \$835  = 1'h0;
-            end
-          end
-        end
     endcase
     if (rst) begin
       \$835  = 1'h0;
@@ -16157,696 +6654,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$836  = ld_e;
+    \$836  = \$signal$143 ;
     casez (ctrl_state)
       5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  \$836  = 3'h0;
-            endcase
+          if (\$signal ) begin
+            \$836  = 1'h0;
           end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-        begin
-          if (\$622 ) begin
-            \$836  = 3'h0;
-          end
-          if (\$signal$250 ) begin
-            \$836  = \$625 [2:0];
-          end
-        end
-    endcase
-    if (rst) begin
-      \$836  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$837  = \$signal$253 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$837  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$658 ) begin
-            \$837  = 1'h1;
-          end
-          if (\$659 ) begin
-            \$837  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$837  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$838  = \$signal$254 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$838  = 3'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$646 ) begin
-            \$838  = \$648 [2:0];
-          end
-          if (\$659 ) begin
-            \$838  = 3'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$838  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$839  = \$signal$255 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$839  = 1'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$646 ) begin
-            \$839  = 1'h1;
-          end
-          if (\$signal$255 ) begin
-            \$839  = 1'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$839  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$840  = wr_data__payload;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  \$840 [35:32] = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-        begin
-          if (\$signal$255 ) begin
-            casez (\$signal$332 )
-              2'h0:
-                  \$840 [31:0] = \$signature__data ;
-            endcase
-            casez (\$signal$332 )
-              2'h0:
-                  \$840 [35:32] = 4'hf;
-            endcase
-          end
-          if (\$659 ) begin
-            \$840 [35:32] = 4'h0;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$840  = 36'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$841  = \$signal$257 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$841  = 4'h0;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          \$841  = \$670 [3:0];
-      5'h10:
-          if (\$698 ) begin
-            \$841  = 4'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$841  = \$707 [3:0];
-    endcase
-    if (rst) begin
-      \$841  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$842  = \$signal$281 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$842  = \$606 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$842  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$843  = \$signal$278 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  \$843  = \$609 [12:0];
-            endcase
-          end
-    endcase
-    if (rst) begin
-      \$843  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$844  = \$signal$284 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$844  = 16'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$734 ) begin
-            \$844  = \$735 [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$844  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$845  = \$signal$286 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          (* full_case = 32'd1 *)
-          if (\$576 ) begin
-          end else if (\$579 ) begin
-          end else if (\$580 ) begin
-          end else if (\$581 ) begin
-          end else if (\$582 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h0e:
-                  /* empty */;
-              6'h04:
-                  /* empty */;
-              6'h05, 6'h06, 6'h07:
-                  /* empty */;
-              6'h0c:
-                  /* empty */;
-              6'h0d:
-                  /* empty */;
-              6'h03:
-                  /* empty */;
-              6'h01:
-                  /* empty */;
-              6'h02:
-                  /* empty */;
-              6'h08:
-                  /* empty */;
-              6'h09:
-                  /* empty */;
-              6'h0a, 6'h0b:
-                  \$845  = 13'h0000;
-            endcase
-          end
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          /* empty */;
-      5'h0b:
-          /* empty */;
-      5'h17:
-          /* empty */;
-      5'h18:
-          /* empty */;
-      5'h0c:
-          /* empty */;
-      5'h19:
-          /* empty */;
-      5'h1a:
-          /* empty */;
-      5'h1b:
-          if (\$734 ) begin
-            \$845  = \$736 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$845  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$846  = \$signal$144 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
       5'h01:
           /* empty */;
       5'h03:
@@ -16858,19 +6671,776 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0d:
           /* empty */;
       5'h06:
-          if (\$614 ) begin
-            if (\$615 ) begin
-              \$846  = ins[124:112];
+          if (\$630 ) begin
+            if (\$631 ) begin
+              \$836  = 1'h1;
             end
           end
     endcase
     if (rst) begin
-      \$846  = 13'h0000;
+      \$836  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$847  = scores_len;
+    \$837  = ctrl_state;
+    casez (ctrl_state)
+      5'h00:
+          if (\$signal ) begin
+            \$837  = 5'h01;
+          end
+      5'h01:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$521 ) begin
+            \$837  = 5'h02;
+          end else begin
+            \$837  = 5'h03;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h03:
+        begin
+          \$837  = 5'h04;
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+            \$837  = 5'h00;
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+            \$837  = 5'h02;
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  \$837  = 5'h01;
+              6'h04:
+                  (* full_case = 32'd1 *)
+                  if (\$614 ) begin
+                    \$837  = 5'h05;
+                  end else begin
+                    \$837  = 5'h06;
+                  end
+              6'h05, 6'h06, 6'h07:
+                  \$837  = 5'h06;
+              6'h0c:
+                  \$837  = 5'h06;
+              6'h0d:
+                  \$837  = 5'h06;
+              6'h03:
+                  (* full_case = 32'd1 *)
+                  if (\$620 ) begin
+                    \$837  = 5'h05;
+                  end else begin
+                    \$837  = 5'h07;
+                  end
+              6'h01:
+                  \$837  = 5'h08;
+              6'h02:
+                  \$837  = 5'h09;
+              6'h08:
+                  \$837  = 5'h0a;
+              6'h09:
+                  \$837  = 5'h0b;
+              6'h0a, 6'h0b:
+                  \$837  = 5'h0c;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h05:
+        begin
+          \$837  = 5'h0d;
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h0d:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$626 ) begin
+            \$837  = 5'h07;
+          end else begin
+            \$837  = 5'h06;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h06:
+        begin
+          if (\$630 ) begin
+            \$837  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h07:
+        begin
+          if (cmd__ready) begin
+            \$837  = 5'h0e;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h0e:
+        begin
+          if (error) begin
+            \$837  = 5'h02;
+          end else if (done) begin
+            (* full_case = 32'd1 *)
+            if (\error$330 ) begin
+              \$837  = 5'h02;
+            end else begin
+              \$837  = 5'h0f;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$634 ) begin
+            \$837  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$837  = 5'h02;
+          end else if (\$653 ) begin
+            \$837  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$837  = 5'h02;
+          end else if (\$683 ) begin
+            \$837  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h0a:
+        begin
+          if (\$687 ) begin
+            \$837  = 5'h10;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h10:
+        begin
+          if (\$716 ) begin
+            \$837  = 5'h11;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h11:
+        begin
+          \$837  = 5'h12;
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h12:
+        begin
+          \$837  = 5'h13;
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h13:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$717 ) begin
+            \$837  = 5'h14;
+          end else begin
+            \$837  = 5'h15;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h14:
+        begin
+          \$837  = 5'h15;
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h15:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$720 ) begin
+            \$837  = 5'h11;
+          end else begin
+            \$837  = 5'h16;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$727 ) begin
+            \$837  = 5'h11;
+          end else begin
+            \$837  = 5'h01;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h0b:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$730 ) begin
+            \$837  = 5'h01;
+          end else begin
+            \$837  = 5'h17;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h17:
+        begin
+          \$837  = 5'h18;
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h18:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$733 ) begin
+            \$837  = 5'h01;
+          end else begin
+            \$837  = 5'h0b;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h0c:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$738 ) begin
+            \$837  = 5'h01;
+          end else begin
+            \$837  = 5'h19;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h19:
+        begin
+          \$837  = 5'h1a;
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h1a:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$743 ) begin
+            \$837  = 5'h02;
+          end else begin
+            \$837  = 5'h1b;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h1b:
+        begin
+          if (\$754 ) begin
+            \$837  = 5'h0c;
+          end
+          if (\$signal$103 ) begin
+            \$837  = 5'h02;
+          end
+        end
+      5'h02:
+          if (\$759 ) begin
+            \$837  = 5'h00;
+          end
+    endcase
+    if (rst) begin
+      \$837  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$838  = stop_code;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$521 ) begin
+            \$838  = 8'h06;
+          end
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h04:
+        begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+            \$838  = decode_q;
+          end
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h06:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$838  = 8'h07;
+          end else if (done) begin
+            if (\error$330 ) begin
+              \$838  = 8'h03;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+        end
+      5'h0f:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h08:
+        begin
+          if (error) begin
+            \$838  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$838  = 8'h07;
+          end
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h16:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h0b:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h17:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h18:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h0c:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h19:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+      5'h1a:
+        begin
+          if (\$743 ) begin
+            \$838  = 8'h02;
+          end
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+        end
+      5'h1b:
+          if (\$signal$103 ) begin
+            \$838  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$838  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$839  = cur_unit;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+        begin
+          if (\$521 ) begin
+            \$839  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h03:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h04:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+            \$839  = 6'h00;
+          end else begin
+            if (\$600 ) begin
+              \$839  = 6'h01;
+            end
+            if (\$601 ) begin
+              \$839  = 6'h01;
+            end
+            if (\$602 ) begin
+              \$839  = 6'h02;
+            end
+            if (\$603 ) begin
+              \$839  = 6'h04;
+            end
+            if (\$604 ) begin
+              \$839  = 6'h04;
+            end
+            if (\$605 ) begin
+              \$839  = 6'h04;
+            end
+            if (\$606 ) begin
+              \$839  = 6'h08;
+            end
+            if (\$607 ) begin
+              \$839  = 6'h10;
+            end
+            if (\$608 ) begin
+              \$839  = 6'h10;
+            end
+            if (\$609 ) begin
+              \$839  = 6'h10;
+            end
+            if (\$610 ) begin
+              \$839  = 6'h20;
+            end
+            if (\$611 ) begin
+              \$839  = 6'h20;
+            end
+            casez (ins[5:0])
+              6'h0e:
+                  \$839  = 6'h00;
+            endcase
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h05:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h0d:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h06:
+        begin
+          if (\$630 ) begin
+            \$839  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h07:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h0e:
+        begin
+          if (error) begin
+            \$839  = 6'h00;
+          end else if (done) begin
+            if (\error$330 ) begin
+              \$839  = 6'h00;
+            end
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h0f:
+        begin
+          if (\$634 ) begin
+            \$839  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h08:
+        begin
+          if (error) begin
+            \$839  = 6'h00;
+          end else if (\$653 ) begin
+            \$839  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h09:
+        begin
+          if (error) begin
+            \$839  = 6'h00;
+          end else if (\$683 ) begin
+            \$839  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h0a:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h10:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h11:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h12:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h13:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h14:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h15:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h16:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$727 ) begin
+          end else begin
+            \$839  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h0b:
+        begin
+          if (\$730 ) begin
+            \$839  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h17:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h18:
+        begin
+          if (\$733 ) begin
+            \$839  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h0c:
+        begin
+          if (\$738 ) begin
+            \$839  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h19:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+      5'h1a:
+        begin
+          if (\$743 ) begin
+            \$839  = 6'h00;
+          end
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+        end
+      5'h1b:
+          if (\$signal$103 ) begin
+            \$839  = 6'h00;
+          end
+    endcase
+    if (rst) begin
+      \$839  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$840  = ins;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$840  = \$signature__data ;
+    endcase
+    if (rst) begin
+      \$840  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$841  = ph2;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$841  = 1'h0;
+      5'h04:
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+            \$841  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$841  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$842  = settle;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          \$842  = 2'h0;
+      5'h04:
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+            \$842  = \$599 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$842  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$843  = \$signal$178 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16879,16 +7449,183 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$843  = ins[243:238];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$843  = ins[243:238];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$843  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$844  = \$signal$160 ;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$844  = ins[231:200];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$844  = ins[231:200];
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
+          \$844  = { 16'h0000, rd0__data[15:0] };
+    endcase
+    if (rst) begin
+      \$844  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$845  = shift;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
-      5'h06:
-          if (\$614 ) begin
-            if (\$615 ) begin
-              \$847  = l0_acc;
-            end
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$845  = ins[237:232];
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  \$845  = ins[237:232];
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          \$845  = rd1__data[5:0];
+    endcase
+    if (rst) begin
+      \$845  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$846  = cnt0;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$846  = l0_acc;
+              6'h05, 6'h06, 6'h07:
+                  \$846  = l0_acc;
+              6'h0c:
+                  \$846  = ins[45:32];
+              6'h0d:
+                  \$846  = ins[61:48];
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$846  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$847  = cnt1;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$847  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$847  = 14'h0001;
+              6'h0c:
+                  \$847  = ins[61:48];
+              6'h0d:
+                  \$847  = 14'h0002;
+            endcase
           end
     endcase
     if (rst) begin
@@ -16897,7 +7634,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$848  = \$signal$251 ;
+    \$848  = sa0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16906,31 +7643,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          if (\$622 ) begin
-            \$848  = m_axi__rdata;
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$848  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$848  = 13'h0001;
+              6'h0c:
+                  \$848  = ins[60:48];
+              6'h0d:
+                  \$848  = 13'h0001;
+            endcase
           end
     endcase
     if (rst) begin
-      \$848  = 32'd0;
+      \$848  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$849  = \$signal$332 ;
+    \$849  = sa1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16939,33 +7679,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          if (\$646 ) begin
-            \$849  = \$signal$254 [1:0];
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$849  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$849  = 1'h0;
+              6'h0c:
+                  \$849  = 1'h1;
+              6'h0d:
+                  \$849  = 1'h0;
+            endcase
           end
     endcase
     if (rst) begin
-      \$849  = 2'h0;
+      \$849  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$850  = \$signal$335 ;
+    \$850  = sa2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -16974,41 +7715,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$850  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$682 ) begin
-            if (\$683 ) begin
-              \$850  = \$684 [13:0];
-            end
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$850  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$850  = 13'h0000;
+              6'h0c:
+                  \$850  = l2_acc[12:0];
+              6'h0d:
+                  \$850  = ins[60:48];
+            endcase
           end
     endcase
     if (rst) begin
-      \$850  = 14'h0000;
+      \$850  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$851  = \$signal$266 ;
+    \$851  = sb0;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17017,46 +7751,34 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$851  = 4'h0;
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$851  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$851  = 1'h1;
+              6'h0c:
+                  \$851  = 1'h1;
+              6'h0d:
+                  \$851  = 1'h0;
+            endcase
           end
-      5'h10:
-        begin
-          if (\$676 ) begin
-            \$851  = \$679 [3:0];
-          end
-          if (\$682 ) begin
-            if (\$683 ) begin
-              \$851  = 4'h0;
-            end
-          end
-        end
     endcase
     if (rst) begin
-      \$851  = 4'h0;
+      \$851  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$852  = rt_lane;
+    \$852  = sb1;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17065,36 +7787,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$852  = 1'h0;
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$852  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$852  = 1'h0;
+              6'h0c:
+                  \$852  = 1'h0;
+              6'h0d:
+                  \$852  = 1'h0;
+            endcase
           end
-      5'h10:
-        begin
-          if (\$676 ) begin
-            \$852  = \$678 [0];
-          end
-          if (\$682 ) begin
-            \$852  = 1'h0;
-          end
-        end
     endcase
     if (rst) begin
       \$852  = 1'h0;
@@ -17102,7 +7814,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$853  = \$signal$262 ;
+    \$853  = sb2;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17111,7 +7823,132 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$853  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$853  = 13'h0000;
+              6'h0c:
+                  \$853  = ins[44:32];
+              6'h0d:
+                  \$853  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (rst) begin
+      \$853  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$854  = el_i;
+    casez (ctrl_state)
+      5'h00:
           /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  \$854  = 14'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$854  = 14'h0000;
+              6'h0c:
+                  \$854  = 14'h0000;
+              6'h0d:
+                  \$854  = 14'h0000;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$854  = 14'h0000;
+              6'h02:
+                  \$854  = 14'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$signal$183 ) begin
+            \$854  = \$627 [13:0];
+          end
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$signal$250 ) begin
+            if (\$639 ) begin
+              \$854  = \$640 [13:0];
+            end
+          end
+      5'h09:
+          if (\$662 ) begin
+            \$854  = \$663 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$854  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$855  = \$signal$250 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$855  = 1'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -17125,32 +7962,24 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h0f:
           /* empty */;
       5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$853  = 1'h0;
-          end
-      5'h10:
         begin
-          if (\$signal$336 ) begin
-            if (\$681 ) begin
-              \$853  = 1'h1;
-            end
+          if (\$638 ) begin
+            \$855  = 1'h1;
           end
-          if (\$682 ) begin
-            \$853  = 1'h0;
+          if (\$signal$250 ) begin
+            if (\$647 ) begin
+              \$855  = 1'h0;
+            end
           end
         end
     endcase
     if (rst) begin
-      \$853  = 1'h0;
+      \$855  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$854  = \$signal$265 ;
+    \$856  = ld_e;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17159,165 +7988,116 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$854  = ins[76:64];
-          end
-      5'h10:
-          if (\$682 ) begin
-            if (\$683 ) begin
-              \$854  = \$685 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$854  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$855  = \$signal$273 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$855  = ins[124:112];
-          end
-      5'h10:
-          if (\$692 ) begin
-            if (\$694 ) begin
-              \$855  = \$696 [12:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$855  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$856  = \$signal$263 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$856  = 1'h0;
-          end
-      5'h10:
-          if (\$682 ) begin
-            if (\$683 ) begin
-              if (\$687 ) begin
-                \$856  = 1'h1;
-              end
-            end
-          end
-    endcase
-    if (rst) begin
-      \$856  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$857  = \$signal$336 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$857  = 1'h0;
-          end
-      5'h10:
           (* full_case = 32'd1 *)
-          if (\$676 ) begin
-            \$857  = 1'h1;
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  \$856  = 3'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+        begin
+          if (\$638 ) begin
+            \$856  = 3'h0;
+          end
+          if (\$signal$250 ) begin
+            \$856  = \$641 [2:0];
+          end
+        end
+    endcase
+    if (rst) begin
+      \$856  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$857  = \$signal$253 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$857  = 1'h0;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$674 ) begin
+            \$857  = 1'h1;
+          end
+          if (\$675 ) begin
             \$857  = 1'h0;
           end
+        end
     endcase
     if (rst) begin
       \$857  = 1'h0;
@@ -17325,7 +8105,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$858  = \$signal$337 ;
+    \$858  = \$signal$254 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17334,7 +8114,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$858  = 3'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -17350,117 +8155,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$858  = m_eff[13:0];
-          end
-      5'h10:
-          if (\$692 ) begin
-            if (\$694 ) begin
-              \$858  = \$695 [13:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$858  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$859  = rt_s;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$859  = 2'h0;
-          end
-      5'h10:
-          if (\$692 ) begin
-            (* full_case = 32'd1 *)
-            if (\$694 ) begin
-              \$859  = 2'h0;
-            end else begin
-              \$859  = \$697 [1:0];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$859  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$860  = \$signal$271 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$860  = 1'h0;
-          end
-      5'h10:
         begin
-          if (\$689 ) begin
-            \$860  = 1'h1;
+          if (\$662 ) begin
+            \$858  = \$664 [2:0];
           end
-          if (\$692 ) begin
-            \$860  = 1'h0;
+          if (\$675 ) begin
+            \$858  = 3'h0;
           end
         end
     endcase
     if (rst) begin
-      \$860  = 1'h0;
+      \$858  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$861  = rt_wphase;
+    \$859  = \$signal$255 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17469,7 +8179,32 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$859  = 1'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -17485,28 +8220,22 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h08:
           /* empty */;
       5'h09:
-          /* empty */;
-      5'h0a:
-          if (\$671 ) begin
-            \$861  = 1'h0;
-          end
-      5'h10:
         begin
-          if (\$691 ) begin
-            \$861  = 1'h1;
+          if (\$662 ) begin
+            \$859  = 1'h1;
           end
-          if (\$692 ) begin
-            \$861  = 1'h0;
+          if (\$signal$255 ) begin
+            \$859  = 1'h0;
           end
         end
     endcase
     if (rst) begin
-      \$861  = 1'h0;
+      \$859  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$862  = \$signal$339 ;
+    \$860  = wr_data__payload;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17515,7 +8244,106 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  \$860 [35:32] = 4'h0;
+            endcase
+          end
+      5'h05:
           /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+        begin
+          if (\$signal$255 ) begin
+            casez (\$signal$332 )
+              2'h0:
+                  \$860 [31:0] = rd0__data;
+            endcase
+            casez (\$signal$332 )
+              2'h0:
+                  \$860 [35:32] = 4'hf;
+            endcase
+          end
+          if (\$675 ) begin
+            \$860 [35:32] = 4'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$860  = 36'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$861  = \$signal$257 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$861  = 4'h0;
+            endcase
+          end
       5'h05:
           /* empty */;
       5'h0d:
@@ -17533,19 +8361,75 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h09:
           /* empty */;
       5'h0a:
-          /* empty */;
+          \$861  = \$686 [3:0];
       5'h10:
-          if (\$676 ) begin
-            \$862  = \$677 ;
+          if (\$716 ) begin
+            \$861  = 4'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$861  = \$725 [3:0];
+    endcase
+    if (rst) begin
+      \$861  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$862  = \$signal$281 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$862  = \$622 [12:0];
+            endcase
           end
     endcase
     if (rst) begin
-      \$862  = 1'h0;
+      \$862  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$863  = rt_word;
+    \$863  = \$signal$278 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17554,28 +8438,33 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$signal$336 ) begin
-            \$863  = \$680 ;
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  \$863  = \$625 [12:0];
+            endcase
           end
     endcase
     if (rst) begin
@@ -17584,7 +8473,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$864  = \$signal$275 ;
+    \$864  = \$signal$284 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -17593,371 +8482,38 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h03:
           /* empty */;
       5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$689 ) begin
-            \$864  = routes__payload;
-          end
-    endcase
-    if (rst) begin
-      \$864  = 20'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$865  = \$signal$276 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$698 ) begin
-            \$865  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$702 ) begin
-            \$865  = \$703 [13:0];
-          end
-      5'h16:
-          \$865  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$865  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$866  = \$signal$280 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$698 ) begin
-            \$866  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$702 ) begin
-            if (\$704 ) begin
-              \$866  = \$705 [13:0];
-            end
-          end
-      5'h16:
-          \$866  = 14'h0000;
-    endcase
-    if (rst) begin
-      \$866  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$867  = \$signal$343 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$698 ) begin
-            \$867  = 2'h0;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          if (\$702 ) begin
-            (* full_case = 32'd1 *)
-            if (\$704 ) begin
-              \$867  = 2'h0;
-            end else begin
-              \$867  = \$706 [1:0];
-            end
-          end
-      5'h16:
-          \$867  = 2'h0;
-    endcase
-    if (rst) begin
-      \$867  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$868  = \$signal$279 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$698 ) begin
-            \$868  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          \$868  = \$700 [13:0];
-    endcase
-    if (rst) begin
-      \$868  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$869  = \$signal$282 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          if (\$698 ) begin
-            \$869  = 14'h0000;
-          end
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
-          \$869  = \$signal$279 ;
-    endcase
-    if (rst) begin
-      \$869  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$870  = \$signal$283 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
-      5'h05:
-          /* empty */;
-      5'h0d:
-          /* empty */;
-      5'h06:
-          /* empty */;
-      5'h07:
-          /* empty */;
-      5'h0e:
-          /* empty */;
-      5'h0f:
-          /* empty */;
-      5'h08:
-          /* empty */;
-      5'h09:
-          /* empty */;
-      5'h0a:
-          /* empty */;
-      5'h10:
-          /* empty */;
-      5'h11:
-          /* empty */;
-      5'h12:
-          /* empty */;
-      5'h13:
-          /* empty */;
-      5'h14:
-          /* empty */;
-      5'h15:
-          /* empty */;
-      5'h16:
           (* full_case = 32'd1 *)
-          if (\$709 ) begin
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
           end else begin
-            \$870  = 4'h0;
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$864  = 16'h0000;
+            endcase
           end
-      5'h0b:
-          if (\$712 ) begin
-            \$870  = 4'h8;
-          end
-      5'h17:
-          /* empty */;
-      5'h18:
-          \$870  = \$714 [3:0];
-    endcase
-    if (rst) begin
-      \$870  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$871  = \$signal$246 ;
-    casez (ctrl_state)
-      5'h00:
-          /* empty */;
-      5'h01:
-          /* empty */;
-      5'h03:
-          /* empty */;
-      5'h04:
-          /* empty */;
       5'h05:
           /* empty */;
       5'h0d:
@@ -17995,9 +8551,326 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$715 ) begin
-            \$871  = \$signal$283 ;
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$754 ) begin
+            \$864  = \$755 [15:0];
           end
+    endcase
+    if (rst) begin
+      \$864  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$865  = \$signal$286 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          (* full_case = 32'd1 *)
+          if (\$592 ) begin
+          end else if (\$595 ) begin
+          end else if (\$596 ) begin
+          end else if (\$597 ) begin
+          end else if (\$598 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h0e:
+                  /* empty */;
+              6'h04:
+                  /* empty */;
+              6'h05, 6'h06, 6'h07:
+                  /* empty */;
+              6'h0c:
+                  /* empty */;
+              6'h0d:
+                  /* empty */;
+              6'h03:
+                  /* empty */;
+              6'h01:
+                  /* empty */;
+              6'h02:
+                  /* empty */;
+              6'h08:
+                  /* empty */;
+              6'h09:
+                  /* empty */;
+              6'h0a, 6'h0b:
+                  \$865  = 13'h0000;
+            endcase
+          end
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          /* empty */;
+      5'h0c:
+          /* empty */;
+      5'h19:
+          /* empty */;
+      5'h1a:
+          /* empty */;
+      5'h1b:
+          if (\$754 ) begin
+            \$865  = \$756 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$865  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$866  = \$signal$144 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$630 ) begin
+            if (\$631 ) begin
+              \$866  = ins[124:112];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$866  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$867  = scores_len;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          if (\$630 ) begin
+            if (\$631 ) begin
+              \$867  = l0_acc;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$867  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$868  = \$signal$251 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          if (\$638 ) begin
+            \$868  = m_axi__rdata;
+          end
+    endcase
+    if (rst) begin
+      \$868  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$869  = \$signal$332 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          if (\$662 ) begin
+            \$869  = \$signal$254 [1:0];
+          end
+    endcase
+    if (rst) begin
+      \$869  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$870  = \$signal$335 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$870  = m_eff[13:0];
+          end
+      5'h10:
+          if (\$700 ) begin
+            if (\$701 ) begin
+              \$870  = \$702 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$870  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$871  = \$signal$266 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$871  = 4'h0;
+          end
+      5'h10:
+        begin
+          if (\$694 ) begin
+            \$871  = \$697 [3:0];
+          end
+          if (\$700 ) begin
+            if (\$701 ) begin
+              \$871  = 4'h0;
+            end
+          end
+        end
     endcase
     if (rst) begin
       \$871  = 4'h0;
@@ -18005,7 +8878,899 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$872  = \$signal$130 ;
+    \$872  = rt_lane;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$872  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$694 ) begin
+            \$872  = \$696 [0];
+          end
+          if (\$700 ) begin
+            \$872  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$872  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$873  = \$signal$262 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$873  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$signal$336 ) begin
+            if (\$699 ) begin
+              \$873  = 1'h1;
+            end
+          end
+          if (\$700 ) begin
+            \$873  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$873  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$874  = \$signal$265 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$874  = ins[76:64];
+          end
+      5'h10:
+          if (\$700 ) begin
+            if (\$701 ) begin
+              \$874  = \$703 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$874  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$875  = \$signal$273 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$875  = ins[124:112];
+          end
+      5'h10:
+          if (\$710 ) begin
+            if (\$712 ) begin
+              \$875  = \$714 [12:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$875  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$876  = \$signal$263 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$876  = 1'h0;
+          end
+      5'h10:
+          if (\$700 ) begin
+            if (\$701 ) begin
+              if (\$705 ) begin
+                \$876  = 1'h1;
+              end
+            end
+          end
+    endcase
+    if (rst) begin
+      \$876  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$877  = \$signal$336 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$877  = 1'h0;
+          end
+      5'h10:
+          (* full_case = 32'd1 *)
+          if (\$694 ) begin
+            \$877  = 1'h1;
+          end else begin
+            \$877  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$877  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$878  = \$signal$337 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$878  = m_eff[13:0];
+          end
+      5'h10:
+          if (\$710 ) begin
+            if (\$712 ) begin
+              \$878  = \$713 [13:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$878  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$879  = rt_s;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$879  = 2'h0;
+          end
+      5'h10:
+          if (\$710 ) begin
+            (* full_case = 32'd1 *)
+            if (\$712 ) begin
+              \$879  = 2'h0;
+            end else begin
+              \$879  = \$715 [1:0];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$879  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$880  = \$signal$271 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$880  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$707 ) begin
+            \$880  = 1'h1;
+          end
+          if (\$710 ) begin
+            \$880  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$880  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$881  = rt_wphase;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          if (\$687 ) begin
+            \$881  = 1'h0;
+          end
+      5'h10:
+        begin
+          if (\$709 ) begin
+            \$881  = 1'h1;
+          end
+          if (\$710 ) begin
+            \$881  = 1'h0;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$881  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$882  = \$signal$339 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$694 ) begin
+            \$882  = \$695 ;
+          end
+    endcase
+    if (rst) begin
+      \$882  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$883  = rt_word;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$signal$336 ) begin
+            \$883  = \$698 ;
+          end
+    endcase
+    if (rst) begin
+      \$883  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$884  = \$signal$275 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$707 ) begin
+            \$884  = routes__payload;
+          end
+    endcase
+    if (rst) begin
+      \$884  = 20'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$885  = \$signal$276 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$716 ) begin
+            \$885  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$720 ) begin
+            \$885  = \$721 [13:0];
+          end
+      5'h16:
+          \$885  = 14'h0000;
+    endcase
+    if (rst) begin
+      \$885  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$886  = \$signal$280 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$716 ) begin
+            \$886  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$720 ) begin
+            if (\$722 ) begin
+              \$886  = \$723 [13:0];
+            end
+          end
+      5'h16:
+          \$886  = 14'h0000;
+    endcase
+    if (rst) begin
+      \$886  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$887  = \$signal$343 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$716 ) begin
+            \$887  = 2'h0;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          if (\$720 ) begin
+            (* full_case = 32'd1 *)
+            if (\$722 ) begin
+              \$887  = 2'h0;
+            end else begin
+              \$887  = \$724 [1:0];
+            end
+          end
+      5'h16:
+          \$887  = 2'h0;
+    endcase
+    if (rst) begin
+      \$887  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$888  = \$signal$279 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$716 ) begin
+            \$888  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          \$888  = \$718 [13:0];
+    endcase
+    if (rst) begin
+      \$888  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$889  = \$signal$282 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          if (\$716 ) begin
+            \$889  = 14'h0000;
+          end
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          \$889  = \$signal$279 ;
+    endcase
+    if (rst) begin
+      \$889  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$890  = \$signal$283 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          (* full_case = 32'd1 *)
+          if (\$727 ) begin
+          end else begin
+            \$890  = 4'h0;
+          end
+      5'h0b:
+          if (\$730 ) begin
+            \$890  = 4'h8;
+          end
+      5'h17:
+          /* empty */;
+      5'h18:
+          \$890  = \$732 [3:0];
+    endcase
+    if (rst) begin
+      \$890  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$891  = \$signal$246 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18052,17 +9817,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$715 ) begin
-            \$872  = \$signal$277 [15:0];
+          if (\$733 ) begin
+            \$891  = \$signal$283 ;
           end
     endcase
     if (rst) begin
-      \$872  = 16'h0000;
+      \$891  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$873  = \$signal$139 ;
+    \$892  = \$signal$130 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18109,17 +9874,74 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h17:
           /* empty */;
       5'h18:
-          if (\$715 ) begin
-            \$873  = \$717 ;
+          if (\$733 ) begin
+            \$892  = \$signal$277 [15:0];
           end
     endcase
     if (rst) begin
-      \$873  = 14'h0000;
+      \$892  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$874  = \$signal$285 ;
+    \$893  = \$signal$139 ;
+    casez (ctrl_state)
+      5'h00:
+          /* empty */;
+      5'h01:
+          /* empty */;
+      5'h03:
+          /* empty */;
+      5'h04:
+          /* empty */;
+      5'h05:
+          /* empty */;
+      5'h0d:
+          /* empty */;
+      5'h06:
+          /* empty */;
+      5'h07:
+          /* empty */;
+      5'h0e:
+          /* empty */;
+      5'h0f:
+          /* empty */;
+      5'h08:
+          /* empty */;
+      5'h09:
+          /* empty */;
+      5'h0a:
+          /* empty */;
+      5'h10:
+          /* empty */;
+      5'h11:
+          /* empty */;
+      5'h12:
+          /* empty */;
+      5'h13:
+          /* empty */;
+      5'h14:
+          /* empty */;
+      5'h15:
+          /* empty */;
+      5'h16:
+          /* empty */;
+      5'h0b:
+          /* empty */;
+      5'h17:
+          /* empty */;
+      5'h18:
+          if (\$733 ) begin
+            \$893  = \$735 ;
+          end
+    endcase
+    if (rst) begin
+      \$893  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$894  = \$signal$285 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18173,23 +9995,23 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$725 ) begin
+          if (\$743 ) begin
           end else begin
-            \$874  = 15'h0000;
+            \$894  = 15'h0000;
           end
       5'h1b:
-          if (\$726 ) begin
-          end else if (\$727 ) begin
-            \$874  = \$728 [14:0];
+          if (\$744 ) begin
+          end else if (\$747 ) begin
+            \$894  = \$748 [14:0];
           end
     endcase
     if (rst) begin
-      \$874  = 15'h0000;
+      \$894  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$875  = \$signal$287 ;
+    \$895  = \$signal$287 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18243,26 +10065,26 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       5'h1a:
           (* full_case = 32'd1 *)
-          if (\$725 ) begin
+          if (\$743 ) begin
           end else begin
-            \$875  = 1'h0;
+            \$895  = 1'h0;
           end
       5'h1b:
           (* full_case = 32'd1 *)
-          if (\$726 ) begin
-          end else if (\$727 ) begin
-            \$875  = 1'h1;
+          if (\$744 ) begin
+          end else if (\$747 ) begin
+            \$895  = 1'h1;
           end else begin
-            \$875  = 1'h0;
+            \$895  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$875  = 1'h0;
+      \$895  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$876  = \$signal$288 ;
+    \$896  = \$signal$288 ;
     casez (ctrl_state)
       5'h00:
           /* empty */;
@@ -18317,13 +10139,13 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       5'h1a:
           /* empty */;
       5'h1b:
-          if (\$726 ) begin
-          end else if (\$727 ) begin
-            \$876  = \$732 [12:0];
+          if (\$744 ) begin
+          end else if (\$747 ) begin
+            \$896  = \$752 [12:0];
           end
     endcase
     if (rst) begin
-      \$876  = 13'h0000;
+      \$896  = 13'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -18348,14 +10170,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$70  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$877 [5], \$877 [5], \$877  };
+  assign bus__arlen = { \$897 [5], \$897 [5], \$897  };
   assign \bus__arready$74  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$76  = m_axi__arvalid;
   assign \bus__awaddr$77  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$878 [5], \$878 [5], \$878  };
+  assign bus__awlen = { \$898 [5], \$898 [5], \$898  };
   assign \bus__awready$81  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$83  = m_axi__awvalid;
@@ -18388,7 +10210,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \o__ready$174  = 1'h1;
   assign \o__ready$175  = 1'h1;
   assign \o__ready$176  = 1'h1;
-  assign \$signal$177  = { 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169  };
+  assign \$signal$177  = { 1'h0, \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173  };
   assign gm_word = a_in__payload;
   assign \$signal$202  = a_in__valid;
   assign b_in__payload = m_axi__rdata;
@@ -18402,12 +10224,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$878 [5], \$878 [5], \$878  };
+  assign m_axi__awlen = { \$898 [5], \$898 [5], \$898  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$877 [5], \$877 [5], \$877  };
+  assign m_axi__arlen = { \$897 [5], \$897 [5], \$897  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \ins.op  = ins[5:0];
@@ -18478,15 +10300,15 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$208 ;
-  assign cmd__payload[69:54] = \$206 [15:0];
+  assign cmd__payload[75:70] = \$212 ;
+  assign cmd__payload[69:54] = \$210 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[59:48];
   assign cmd__payload[23:12] = ins[43:32];
   assign cmd__payload[11:0] = m_eff[11:0];
   assign \i__payload$168 [33] = \$signal$169 ;
-  assign \i__payload$168 [32:16] = \$168 ;
+  assign \i__payload$168 [32:16] = \$172 ;
   assign \i__payload$168 [15:0] = i__payload[15:0];
   assign \i__payload$166 [31:16] = b_word[15:0];
   assign \i__payload$166 [15:0] = i__payload[15:0];
@@ -18510,82 +10332,102 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$112 [2:0] = ins[8:6];
   assign \$122 [9:3] = 7'h00;
   assign \$122 [2:0] = ins[8:6];
-  assign \$232  = { \$signal$246 , 1'h0 };
-  assign \$234  = { \$signal$246 , 1'h0 };
-  assign \$332  = \$331 [14];
-  assign \$335  = { l0_x, 1'h0 };
-  assign \$337  = { 1'h0, l0_y[15:1] };
-  assign \$340  = \$339 [14];
-  assign \$343  = { l1_x, 1'h0 };
-  assign \$345  = { 1'h0, l1_y[15:1] };
-  assign \$348  = \$347 [14];
-  assign \$351  = { l2_x, 1'h0 };
-  assign \$353  = { 1'h0, l2_y[15:1] };
-  assign \$356  = \$355 [14];
-  assign \$359  = { l3_x, 1'h0 };
-  assign \$361  = { 1'h0, l3_y[15:1] };
-  assign \$364  = \$363 [18];
-  assign \$367  = { l4_x, 1'h0 };
-  assign \$369  = { 1'h0, l4_y[15:1] };
-  assign \$372  = \$371 [33];
-  assign \$375  = { lh_x, 1'h0 };
-  assign \$377  = { 1'h0, lh_y[15:1] };
-  assign \$488  = \$487 ;
-  assign \$497  = \$496 ;
-  assign \$506 [9:1] = 9'h000;
-  assign \$506 [0] = \$signature__data$327 [6];
-  assign \$507  = \$signature__data$327 [6];
-  assign \$511 [9:1] = 9'h000;
-  assign \$511 [0] = \$signature__data$327 [6];
-  assign \$512  = \$signature__data$327 [6];
-  assign \$516 [9:1] = 9'h000;
-  assign \$516 [0] = \$signature__data$327 [6];
-  assign \$517  = \$signature__data$327 [6];
-  assign \$521  = { \$520 [17], \$520 [17], \$520 [17:2] };
-  assign \$524 [9:1] = 9'h000;
-  assign \$524 [0] = \$signature__data$327 [6];
-  assign \$525  = \$signature__data$327 [6];
-  assign \$529  = { \$528 [17], \$528 [17], \$528 [17:2] };
-  assign \$534  = { \$533 [17], \$533 [17], \$533 [17:2] };
-  assign \$535  = { 1'h0, \$signature__data$327 [47:32], 2'h0 };
-  assign \$536  = \$535 [18];
-  assign \$537  = { 1'h0, \$signature__data$327 [47:32], 2'h0 };
-  assign \$539 [9:1] = 9'h000;
-  assign \$539 [0] = \$signature__data$327 [6];
-  assign \$540  = \$signature__data$327 [6];
-  assign \$548 [9:1] = 9'h000;
-  assign \$548 [0] = \$signature__data$327 [6];
-  assign \$549  = \$signature__data$327 [6];
-  assign \$551 [9:1] = 9'h000;
-  assign \$551 [0] = \$signature__data$327 [6];
-  assign \$552  = \$signature__data$327 [6];
-  assign \$559  = \$558 [18];
-  assign \$566 [9:1] = 9'h000;
-  assign \$566 [0] = \$signature__data$327 [6];
-  assign \$567  = \$signature__data$327 [6];
-  assign \$569  = { 1'h0, \$signature__data$327 [63:48], 2'h0 };
-  assign \$570  = \$569 [18];
-  assign \$571  = { 1'h0, \$signature__data$327 [63:48], 2'h0 };
-  assign { \$573 [9:2], \$573 [0] } = 9'h000;
-  assign \$573 [1] = \$signature__data$327 [7];
-  assign { \$597 [9:3], \$597 [1:0] } = 9'h000;
-  assign \$597 [2] = ins[8];
-  assign \$598  = ins[8];
-  assign \$602  = \$601 ;
-  assign { \$603 [9:3], \$603 [1:0] } = 9'h000;
-  assign \$603 [2] = ins[8];
-  assign \$604  = ins[8];
-  assign \$605  = { l1_acc[13:2], 1'h0 };
-  assign \$607  = { l1_acc[13:2], 1'h0 };
-  assign \$681  = 1'h1;
-  assign \$538  = \$537 [17:0];
-  assign \$572  = \$571 [17:0];
-  assign \$574  = \$signature__data$327 [7];
+  assign \$163  = 1'h1;
+  assign \$164  = \$162 ;
+  assign \$169  = 1'h1;
+  assign \$170  = \$168 ;
+  assign \$225  = 1'h1;
+  assign \$226  = \$224 ;
+  assign \$238  = { \$signal$246 , 1'h0 };
+  assign \$240  = { \$signal$246 , 1'h0 };
+  assign \$270  = 1'h1;
+  assign \$271  = \$269 ;
+  assign \$300  = 1'h1;
+  assign \$301  = \$299 ;
+  assign \$342  = \$341 [14];
+  assign \$345  = { l0_x, 1'h0 };
+  assign \$347  = { 1'h0, l0_y[15:1] };
+  assign \$350  = \$349 [14];
+  assign \$353  = { l1_x, 1'h0 };
+  assign \$355  = { 1'h0, l1_y[15:1] };
+  assign \$358  = \$357 [14];
+  assign \$361  = { l2_x, 1'h0 };
+  assign \$363  = { 1'h0, l2_y[15:1] };
+  assign \$366  = \$365 [14];
+  assign \$369  = { l3_x, 1'h0 };
+  assign \$371  = { 1'h0, l3_y[15:1] };
+  assign \$374  = \$373 [18];
+  assign \$377  = { l4_x, 1'h0 };
+  assign \$379  = { 1'h0, l4_y[15:1] };
+  assign \$382  = \$381 [33];
+  assign \$385  = { lh_x, 1'h0 };
+  assign \$387  = { 1'h0, lh_y[15:1] };
+  assign \$421  = 1'h1;
+  assign \$422  = \$signal$300 ;
+  assign \$424  = 1'h1;
+  assign \$425  = \$signal$300 ;
+  assign \$459  = 1'h1;
+  assign \$460  = \$458 ;
+  assign \$504  = \$503 ;
+  assign \$513  = \$512 ;
+  assign \$522 [9:1] = 9'h000;
+  assign \$522 [0] = \$signature__data [6];
+  assign \$523  = \$signature__data [6];
+  assign \$527 [9:1] = 9'h000;
+  assign \$527 [0] = \$signature__data [6];
+  assign \$528  = \$signature__data [6];
+  assign \$532 [9:1] = 9'h000;
+  assign \$532 [0] = \$signature__data [6];
+  assign \$533  = \$signature__data [6];
+  assign \$537  = { \$536 [17], \$536 [17], \$536 [17:2] };
+  assign \$540 [9:1] = 9'h000;
+  assign \$540 [0] = \$signature__data [6];
+  assign \$541  = \$signature__data [6];
+  assign \$545  = { \$544 [17], \$544 [17], \$544 [17:2] };
+  assign \$550  = { \$549 [17], \$549 [17], \$549 [17:2] };
+  assign \$551  = { 1'h0, \$signature__data [47:32], 2'h0 };
+  assign \$552  = \$551 [18];
+  assign \$553  = { 1'h0, \$signature__data [47:32], 2'h0 };
+  assign \$555 [9:1] = 9'h000;
+  assign \$555 [0] = \$signature__data [6];
+  assign \$556  = \$signature__data [6];
+  assign \$564 [9:1] = 9'h000;
+  assign \$564 [0] = \$signature__data [6];
+  assign \$565  = \$signature__data [6];
+  assign \$567 [9:1] = 9'h000;
+  assign \$567 [0] = \$signature__data [6];
+  assign \$568  = \$signature__data [6];
+  assign \$575  = \$574 [18];
+  assign \$582 [9:1] = 9'h000;
+  assign \$582 [0] = \$signature__data [6];
+  assign \$583  = \$signature__data [6];
+  assign \$585  = { 1'h0, \$signature__data [63:48], 2'h0 };
+  assign \$586  = \$585 [18];
+  assign \$587  = { 1'h0, \$signature__data [63:48], 2'h0 };
+  assign { \$589 [9:2], \$589 [0] } = 9'h000;
+  assign \$589 [1] = \$signature__data [7];
+  assign { \$613 [9:3], \$613 [1:0] } = 9'h000;
+  assign \$613 [2] = ins[8];
+  assign \$614  = ins[8];
+  assign \$618  = \$617 ;
+  assign { \$619 [9:3], \$619 [1:0] } = 9'h000;
+  assign \$619 [2] = ins[8];
+  assign \$620  = ins[8];
+  assign \$621  = { l1_acc[13:2], 1'h0 };
+  assign \$623  = { l1_acc[13:2], 1'h0 };
+  assign \$693  = 1'h1;
+  assign \$694  = \$692 ;
+  assign \$699  = 1'h1;
+  assign \$746  = 1'h1;
+  assign \$747  = \$745 ;
+  assign \$554  = \$553 [17:0];
+  assign \$588  = \$587 [17:0];
+  assign \$590  = \$signature__data [7];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1166$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1184$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
-, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3614$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, \port$1186$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$1204$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast, wr_data__ready, wr_busy
+, rd_data__ready, rd_start, wr_start, wr_data__valid, abort, \port$3634$2 , rd_addr, wr_data__payload, ar_addr, aw_addr, error, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -18724,12 +10566,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$1166$0 ;
-  wire [5:0] \port$1166$0 ;
-  output [5:0] \port$1184$0 ;
-  wire [5:0] \port$1184$0 ;
-  input [15:0] \port$3614$2 ;
-  wire [15:0] \port$3614$2 ;
+  output [5:0] \port$1186$0 ;
+  wire [5:0] \port$1186$0 ;
+  output [5:0] \port$1204$0 ;
+  wire [5:0] \port$1204$0 ;
+  input [15:0] \port$3634$2 ;
+  wire [15:0] \port$3634$2 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -18894,7 +10736,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$3614$2  };
+      \$74  = { 8'h00, \port$3634$2  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -18930,7 +10772,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$3614$2  };
+      \$77  = { 8'h00, \port$3634$2  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -18975,11 +10817,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$3614$2  };
+  assign rd_beats = { 8'h00, \port$3634$2  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$3614$2  };
-  assign \port$1166$0  = \$9 ;
-  assign \port$1184$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$3634$2  };
+  assign \port$1186$0  = \$9 ;
+  assign \port$1204$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -20562,7 +12404,7 @@ module \nanokpu_kpu.gemm (clk, rst, b_take, cmd__payload, b_in__valid, c_out__re
     .o__payload(c_out__payload),
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
-    .\port$4022$54 (cmd[75:54]),
+    .\port$4042$54 (cmd[75:54]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -26579,7 +18421,7 @@ module \nanokpu_kpu.gemm.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, v
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, i__valid, \port$4022$54 , o__valid, o__payload, clk);
+module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, i__valid, \port$4042$54 , o__valid, o__payload, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -27501,8 +19343,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   wire [35:0] p__5;
   wire [35:0] p__6;
   wire [35:0] p__7;
-  input [21:0] \port$4022$54 ;
-  wire [21:0] \port$4022$54 ;
+  input [21:0] \port$4042$54 ;
+  wire [21:0] \port$4042$54 ;
   reg [32:0] rounded0 = 33'h000000000;
   reg [32:0] rounded1 = 33'h000000000;
   reg [32:0] rounded2 = 33'h000000000;
@@ -27527,173 +19369,173 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   reg [32:0] y1 = 33'h000000000;
   reg [32:0] y2 = 33'h000000000;
   reg [32:0] y3 = 33'h000000000;
-  assign \$148  = \port$4022$54 [21:19] > 2'h3;
-  assign \$149  = \port$4022$54 [21:19] == 2'h3;
-  assign \$150  = \port$4022$54 [18:16] > 3'h5;
+  assign \$148  = \port$4042$54 [21:19] > 2'h3;
+  assign \$149  = \port$4042$54 [21:19] == 2'h3;
+  assign \$150  = \port$4042$54 [18:16] > 3'h5;
   assign \$151  = \$149  & \$150 ;
   assign \$152  = \$148  | \$151 ;
-  assign \$153  = \port$4022$54 [21:19] > 2'h3;
-  assign \$154  = \port$4022$54 [21:19] == 2'h3;
-  assign \$155  = \port$4022$54 [18:16] > 3'h6;
+  assign \$153  = \port$4042$54 [21:19] > 2'h3;
+  assign \$154  = \port$4042$54 [21:19] == 2'h3;
+  assign \$155  = \port$4042$54 [18:16] > 3'h6;
   assign \$156  = \$154  & \$155 ;
   assign \$157  = \$153  | \$156 ;
-  assign \$158  = \port$4022$54 [21:19] > 2'h3;
-  assign \$159  = \port$4022$54 [21:19] == 2'h3;
-  assign \$160  = \port$4022$54 [18:16] > 3'h7;
+  assign \$158  = \port$4042$54 [21:19] > 2'h3;
+  assign \$159  = \port$4042$54 [21:19] == 2'h3;
+  assign \$160  = \port$4042$54 [18:16] > 3'h7;
   assign \$161  = \$159  & \$160 ;
   assign \$162  = \$158  | \$161 ;
-  assign \$163  = \port$4022$54 [21:19] > 3'h4;
-  assign \$164  = \port$4022$54 [21:19] == 3'h4;
-  assign \$165  = \port$4022$54 [18:16] > 1'h0;
+  assign \$163  = \port$4042$54 [21:19] > 3'h4;
+  assign \$164  = \port$4042$54 [21:19] == 3'h4;
+  assign \$165  = \port$4042$54 [18:16] > 1'h0;
   assign \$166  = \$164  & \$165 ;
   assign \$167  = \$163  | \$166 ;
-  assign \$168  = \port$4022$54 [21:19] > 3'h4;
-  assign \$169  = \port$4022$54 [21:19] == 3'h4;
-  assign \$170  = \port$4022$54 [18:16] > 1'h1;
+  assign \$168  = \port$4042$54 [21:19] > 3'h4;
+  assign \$169  = \port$4042$54 [21:19] == 3'h4;
+  assign \$170  = \port$4042$54 [18:16] > 1'h1;
   assign \$171  = \$169  & \$170 ;
   assign \$172  = \$168  | \$171 ;
-  assign \$173  = \port$4022$54 [21:19] > 3'h4;
-  assign \$174  = \port$4022$54 [21:19] == 3'h4;
-  assign \$175  = \port$4022$54 [18:16] > 2'h2;
+  assign \$173  = \port$4042$54 [21:19] > 3'h4;
+  assign \$174  = \port$4042$54 [21:19] == 3'h4;
+  assign \$175  = \port$4042$54 [18:16] > 2'h2;
   assign \$176  = \$174  & \$175 ;
   assign \$177  = \$173  | \$176 ;
-  assign \$178  = \port$4022$54 [21:19] > 3'h4;
-  assign \$179  = \port$4022$54 [21:19] == 3'h4;
-  assign \$180  = \port$4022$54 [18:16] > 2'h3;
+  assign \$178  = \port$4042$54 [21:19] > 3'h4;
+  assign \$179  = \port$4042$54 [21:19] == 3'h4;
+  assign \$180  = \port$4042$54 [18:16] > 2'h3;
   assign \$181  = \$179  & \$180 ;
   assign \$182  = \$178  | \$181 ;
-  assign \$183  = \port$4022$54 [21:19] > 3'h4;
-  assign \$184  = \port$4022$54 [21:19] == 3'h4;
-  assign \$185  = \port$4022$54 [18:16] > 3'h4;
+  assign \$183  = \port$4042$54 [21:19] > 3'h4;
+  assign \$184  = \port$4042$54 [21:19] == 3'h4;
+  assign \$185  = \port$4042$54 [18:16] > 3'h4;
   assign \$186  = \$184  & \$185 ;
   assign \$187  = \$183  | \$186 ;
-  assign \$188  = \port$4022$54 [21:19] > 3'h4;
-  assign \$189  = \port$4022$54 [21:19] == 3'h4;
-  assign \$190  = \port$4022$54 [18:16] > 3'h5;
+  assign \$188  = \port$4042$54 [21:19] > 3'h4;
+  assign \$189  = \port$4042$54 [21:19] == 3'h4;
+  assign \$190  = \port$4042$54 [18:16] > 3'h5;
   assign \$191  = \$189  & \$190 ;
   assign \$192  = \$188  | \$191 ;
-  assign \$193  = \port$4022$54 [21:19] > 3'h4;
-  assign \$194  = \port$4022$54 [21:19] == 3'h4;
-  assign \$195  = \port$4022$54 [18:16] > 3'h6;
+  assign \$193  = \port$4042$54 [21:19] > 3'h4;
+  assign \$194  = \port$4042$54 [21:19] == 3'h4;
+  assign \$195  = \port$4042$54 [18:16] > 3'h6;
   assign \$196  = \$194  & \$195 ;
   assign \$197  = \$193  | \$196 ;
-  assign \$198  = \port$4022$54 [21:19] > 3'h4;
-  assign \$199  = \port$4022$54 [21:19] == 3'h4;
-  assign \$200  = \port$4022$54 [18:16] > 3'h7;
+  assign \$198  = \port$4042$54 [21:19] > 3'h4;
+  assign \$199  = \port$4042$54 [21:19] == 3'h4;
+  assign \$200  = \port$4042$54 [18:16] > 3'h7;
   assign \$201  = \$199  & \$200 ;
   assign \$202  = \$198  | \$201 ;
-  assign \$203  = \port$4022$54 [21:19] > 3'h5;
-  assign \$204  = \port$4022$54 [21:19] == 3'h5;
-  assign \$205  = \port$4022$54 [18:16] > 1'h0;
+  assign \$203  = \port$4042$54 [21:19] > 3'h5;
+  assign \$204  = \port$4042$54 [21:19] == 3'h5;
+  assign \$205  = \port$4042$54 [18:16] > 1'h0;
   assign \$206  = \$204  & \$205 ;
   assign \$207  = \$203  | \$206 ;
-  assign \$208  = \port$4022$54 [21:19] > 3'h5;
-  assign \$209  = \port$4022$54 [21:19] == 3'h5;
-  assign \$210  = \port$4022$54 [18:16] > 1'h1;
+  assign \$208  = \port$4042$54 [21:19] > 3'h5;
+  assign \$209  = \port$4042$54 [21:19] == 3'h5;
+  assign \$210  = \port$4042$54 [18:16] > 1'h1;
   assign \$211  = \$209  & \$210 ;
   assign \$212  = \$208  | \$211 ;
-  assign \$213  = \port$4022$54 [21:19] > 3'h5;
-  assign \$214  = \port$4022$54 [21:19] == 3'h5;
-  assign \$215  = \port$4022$54 [18:16] > 2'h2;
+  assign \$213  = \port$4042$54 [21:19] > 3'h5;
+  assign \$214  = \port$4042$54 [21:19] == 3'h5;
+  assign \$215  = \port$4042$54 [18:16] > 2'h2;
   assign \$216  = \$214  & \$215 ;
   assign \$217  = \$213  | \$216 ;
-  assign \$218  = \port$4022$54 [21:19] > 3'h5;
-  assign \$219  = \port$4022$54 [21:19] == 3'h5;
-  assign \$220  = \port$4022$54 [18:16] > 2'h3;
+  assign \$218  = \port$4042$54 [21:19] > 3'h5;
+  assign \$219  = \port$4042$54 [21:19] == 3'h5;
+  assign \$220  = \port$4042$54 [18:16] > 2'h3;
   assign \$221  = \$219  & \$220 ;
   assign \$222  = \$218  | \$221 ;
-  assign \$223  = \port$4022$54 [21:19] > 3'h5;
-  assign \$224  = \port$4022$54 [21:19] == 3'h5;
-  assign \$225  = \port$4022$54 [18:16] > 3'h4;
+  assign \$223  = \port$4042$54 [21:19] > 3'h5;
+  assign \$224  = \port$4042$54 [21:19] == 3'h5;
+  assign \$225  = \port$4042$54 [18:16] > 3'h4;
   assign \$226  = \$224  & \$225 ;
   assign \$227  = \$223  | \$226 ;
-  assign \$228  = \port$4022$54 [21:19] > 3'h5;
-  assign \$229  = \port$4022$54 [21:19] == 3'h5;
-  assign \$230  = \port$4022$54 [18:16] > 3'h5;
+  assign \$228  = \port$4042$54 [21:19] > 3'h5;
+  assign \$229  = \port$4042$54 [21:19] == 3'h5;
+  assign \$230  = \port$4042$54 [18:16] > 3'h5;
   assign \$231  = \$229  & \$230 ;
   assign \$232  = \$228  | \$231 ;
-  assign \$233  = \port$4022$54 [21:19] > 3'h5;
-  assign \$234  = \port$4022$54 [21:19] == 3'h5;
-  assign \$235  = \port$4022$54 [18:16] > 3'h6;
+  assign \$233  = \port$4042$54 [21:19] > 3'h5;
+  assign \$234  = \port$4042$54 [21:19] == 3'h5;
+  assign \$235  = \port$4042$54 [18:16] > 3'h6;
   assign \$236  = \$234  & \$235 ;
   assign \$237  = \$233  | \$236 ;
-  assign \$238  = \port$4022$54 [21:19] > 3'h5;
-  assign \$239  = \port$4022$54 [21:19] == 3'h5;
-  assign \$240  = \port$4022$54 [18:16] > 3'h7;
+  assign \$238  = \port$4042$54 [21:19] > 3'h5;
+  assign \$239  = \port$4042$54 [21:19] == 3'h5;
+  assign \$240  = \port$4042$54 [18:16] > 3'h7;
   assign \$241  = \$239  & \$240 ;
   assign \$242  = \$238  | \$241 ;
-  assign \$243  = \port$4022$54 [21:19] > 3'h6;
-  assign \$244  = \port$4022$54 [21:19] == 3'h6;
-  assign \$245  = \port$4022$54 [18:16] > 1'h0;
+  assign \$243  = \port$4042$54 [21:19] > 3'h6;
+  assign \$244  = \port$4042$54 [21:19] == 3'h6;
+  assign \$245  = \port$4042$54 [18:16] > 1'h0;
   assign \$246  = \$244  & \$245 ;
   assign \$247  = \$243  | \$246 ;
   assign \$250  = $signed(\$248 ) + $signed(\$249 );
   assign \$253  = $signed(\$251 ) + $signed(\$252 );
   assign \$256  = $signed(\$254 ) + $signed(\$255 );
   assign \$259  = $signed(\$257 ) + $signed(\$258 );
-  assign \$261  = \port$4022$54 [21] ? \$260  : { x0, 1'h0 };
-  assign \$264  = \port$4022$54 [21] ? \$263  : { x0, 1'h0 };
-  assign \$265  = \port$4022$54 [20] ? \$262  : \$264 ;
-  assign \$268  = \port$4022$54 [21] ? \$267  : { x0, 1'h0 };
-  assign \$271  = \port$4022$54 [21] ? \$270  : { x0, 1'h0 };
-  assign \$272  = \port$4022$54 [20] ? \$269  : \$271 ;
-  assign \$273  = \port$4022$54 [19] ? \$266  : \$272 [47:0];
-  assign \$276  = \port$4022$54 [21] ? \$275  : { x0, 1'h0 };
-  assign \$279  = \port$4022$54 [21] ? \$278  : { x0, 1'h0 };
-  assign \$280  = \port$4022$54 [20] ? \$277  : \$279 ;
-  assign \$283  = \port$4022$54 [21] ? \$282  : { x0, 1'h0 };
-  assign \$286  = \port$4022$54 [21] ? \$285  : { x0, 1'h0 };
-  assign \$287  = \port$4022$54 [20] ? \$284  : \$286 ;
-  assign \$288  = \port$4022$54 [19] ? \$281  : \$287 [47:0];
-  assign \$289  = \port$4022$54 [18] ? \$274  : \$288 [39:0];
-  assign \$292  = \port$4022$54 [21] ? \$291  : { x0, 1'h0 };
-  assign \$295  = \port$4022$54 [21] ? \$294  : { x0, 1'h0 };
-  assign \$296  = \port$4022$54 [20] ? \$293  : \$295 ;
-  assign \$299  = \port$4022$54 [21] ? \$298  : { x0, 1'h0 };
-  assign \$302  = \port$4022$54 [21] ? \$301  : { x0, 1'h0 };
-  assign \$303  = \port$4022$54 [20] ? \$300  : \$302 ;
-  assign \$304  = \port$4022$54 [19] ? \$297  : \$303 [47:0];
-  assign \$307  = \port$4022$54 [21] ? \$306  : { x0, 1'h0 };
-  assign \$310  = \port$4022$54 [21] ? \$309  : { x0, 1'h0 };
-  assign \$311  = \port$4022$54 [20] ? \$308  : \$310 ;
-  assign \$314  = \port$4022$54 [21] ? \$313  : { x0, 1'h0 };
-  assign \$317  = \port$4022$54 [21] ? \$316  : { x0, 1'h0 };
-  assign \$318  = \port$4022$54 [20] ? \$315  : \$317 ;
-  assign \$319  = \port$4022$54 [19] ? \$312  : \$318 [47:0];
-  assign \$320  = \port$4022$54 [18] ? \$305  : \$319 [39:0];
-  assign \$321  = \port$4022$54 [17] ? \$290  : \$320 [35:0];
-  assign \$324  = \port$4022$54 [21] ? \$323  : { x0, 1'h0 };
-  assign \$327  = \port$4022$54 [21] ? \$326  : { x0, 1'h0 };
-  assign \$328  = \port$4022$54 [20] ? \$325  : \$327 ;
-  assign \$331  = \port$4022$54 [21] ? \$330  : { x0, 1'h0 };
-  assign \$334  = \port$4022$54 [21] ? \$333  : { x0, 1'h0 };
-  assign \$335  = \port$4022$54 [20] ? \$332  : \$334 ;
-  assign \$336  = \port$4022$54 [19] ? \$329  : \$335 [47:0];
-  assign \$339  = \port$4022$54 [21] ? \$338  : { x0, 1'h0 };
-  assign \$342  = \port$4022$54 [21] ? \$341  : { x0, 1'h0 };
-  assign \$343  = \port$4022$54 [20] ? \$340  : \$342 ;
-  assign \$346  = \port$4022$54 [21] ? \$345  : { x0, 1'h0 };
-  assign \$349  = \port$4022$54 [21] ? \$348  : { x0, 1'h0 };
-  assign \$350  = \port$4022$54 [20] ? \$347  : \$349 ;
-  assign \$351  = \port$4022$54 [19] ? \$344  : \$350 [47:0];
-  assign \$352  = \port$4022$54 [18] ? \$337  : \$351 [39:0];
-  assign \$355  = \port$4022$54 [21] ? \$354  : { x0, 1'h0 };
-  assign \$358  = \port$4022$54 [21] ? \$357  : { x0, 1'h0 };
-  assign \$359  = \port$4022$54 [20] ? \$356  : \$358 ;
-  assign \$362  = \port$4022$54 [21] ? \$361  : { x0, 1'h0 };
-  assign \$365  = \port$4022$54 [21] ? \$364  : { x0, 1'h0 };
-  assign \$366  = \port$4022$54 [20] ? \$363  : \$365 ;
-  assign \$367  = \port$4022$54 [19] ? \$360  : \$366 [47:0];
-  assign \$370  = \port$4022$54 [21] ? \$369  : { x0, 1'h0 };
-  assign \$373  = \port$4022$54 [21] ? \$372  : { x0, 1'h0 };
-  assign \$374  = \port$4022$54 [20] ? \$371  : \$373 ;
-  assign \$377  = \port$4022$54 [21] ? \$376  : { x0, 1'h0 };
-  assign \$380  = \port$4022$54 [21] ? \$379  : { x0, 1'h0 };
-  assign \$381  = \port$4022$54 [20] ? \$378  : \$380 ;
-  assign \$382  = \port$4022$54 [19] ? \$375  : \$381 [47:0];
-  assign \$383  = \port$4022$54 [18] ? \$368  : \$382 [39:0];
-  assign \$384  = \port$4022$54 [17] ? \$353  : \$383 [35:0];
-  assign \$385  = \port$4022$54 [16] ? \$322  : \$384 [33:0];
+  assign \$261  = \port$4042$54 [21] ? \$260  : { x0, 1'h0 };
+  assign \$264  = \port$4042$54 [21] ? \$263  : { x0, 1'h0 };
+  assign \$265  = \port$4042$54 [20] ? \$262  : \$264 ;
+  assign \$268  = \port$4042$54 [21] ? \$267  : { x0, 1'h0 };
+  assign \$271  = \port$4042$54 [21] ? \$270  : { x0, 1'h0 };
+  assign \$272  = \port$4042$54 [20] ? \$269  : \$271 ;
+  assign \$273  = \port$4042$54 [19] ? \$266  : \$272 [47:0];
+  assign \$276  = \port$4042$54 [21] ? \$275  : { x0, 1'h0 };
+  assign \$279  = \port$4042$54 [21] ? \$278  : { x0, 1'h0 };
+  assign \$280  = \port$4042$54 [20] ? \$277  : \$279 ;
+  assign \$283  = \port$4042$54 [21] ? \$282  : { x0, 1'h0 };
+  assign \$286  = \port$4042$54 [21] ? \$285  : { x0, 1'h0 };
+  assign \$287  = \port$4042$54 [20] ? \$284  : \$286 ;
+  assign \$288  = \port$4042$54 [19] ? \$281  : \$287 [47:0];
+  assign \$289  = \port$4042$54 [18] ? \$274  : \$288 [39:0];
+  assign \$292  = \port$4042$54 [21] ? \$291  : { x0, 1'h0 };
+  assign \$295  = \port$4042$54 [21] ? \$294  : { x0, 1'h0 };
+  assign \$296  = \port$4042$54 [20] ? \$293  : \$295 ;
+  assign \$299  = \port$4042$54 [21] ? \$298  : { x0, 1'h0 };
+  assign \$302  = \port$4042$54 [21] ? \$301  : { x0, 1'h0 };
+  assign \$303  = \port$4042$54 [20] ? \$300  : \$302 ;
+  assign \$304  = \port$4042$54 [19] ? \$297  : \$303 [47:0];
+  assign \$307  = \port$4042$54 [21] ? \$306  : { x0, 1'h0 };
+  assign \$310  = \port$4042$54 [21] ? \$309  : { x0, 1'h0 };
+  assign \$311  = \port$4042$54 [20] ? \$308  : \$310 ;
+  assign \$314  = \port$4042$54 [21] ? \$313  : { x0, 1'h0 };
+  assign \$317  = \port$4042$54 [21] ? \$316  : { x0, 1'h0 };
+  assign \$318  = \port$4042$54 [20] ? \$315  : \$317 ;
+  assign \$319  = \port$4042$54 [19] ? \$312  : \$318 [47:0];
+  assign \$320  = \port$4042$54 [18] ? \$305  : \$319 [39:0];
+  assign \$321  = \port$4042$54 [17] ? \$290  : \$320 [35:0];
+  assign \$324  = \port$4042$54 [21] ? \$323  : { x0, 1'h0 };
+  assign \$327  = \port$4042$54 [21] ? \$326  : { x0, 1'h0 };
+  assign \$328  = \port$4042$54 [20] ? \$325  : \$327 ;
+  assign \$331  = \port$4042$54 [21] ? \$330  : { x0, 1'h0 };
+  assign \$334  = \port$4042$54 [21] ? \$333  : { x0, 1'h0 };
+  assign \$335  = \port$4042$54 [20] ? \$332  : \$334 ;
+  assign \$336  = \port$4042$54 [19] ? \$329  : \$335 [47:0];
+  assign \$339  = \port$4042$54 [21] ? \$338  : { x0, 1'h0 };
+  assign \$342  = \port$4042$54 [21] ? \$341  : { x0, 1'h0 };
+  assign \$343  = \port$4042$54 [20] ? \$340  : \$342 ;
+  assign \$346  = \port$4042$54 [21] ? \$345  : { x0, 1'h0 };
+  assign \$349  = \port$4042$54 [21] ? \$348  : { x0, 1'h0 };
+  assign \$350  = \port$4042$54 [20] ? \$347  : \$349 ;
+  assign \$351  = \port$4042$54 [19] ? \$344  : \$350 [47:0];
+  assign \$352  = \port$4042$54 [18] ? \$337  : \$351 [39:0];
+  assign \$355  = \port$4042$54 [21] ? \$354  : { x0, 1'h0 };
+  assign \$358  = \port$4042$54 [21] ? \$357  : { x0, 1'h0 };
+  assign \$359  = \port$4042$54 [20] ? \$356  : \$358 ;
+  assign \$362  = \port$4042$54 [21] ? \$361  : { x0, 1'h0 };
+  assign \$365  = \port$4042$54 [21] ? \$364  : { x0, 1'h0 };
+  assign \$366  = \port$4042$54 [20] ? \$363  : \$365 ;
+  assign \$367  = \port$4042$54 [19] ? \$360  : \$366 [47:0];
+  assign \$370  = \port$4042$54 [21] ? \$369  : { x0, 1'h0 };
+  assign \$373  = \port$4042$54 [21] ? \$372  : { x0, 1'h0 };
+  assign \$374  = \port$4042$54 [20] ? \$371  : \$373 ;
+  assign \$377  = \port$4042$54 [21] ? \$376  : { x0, 1'h0 };
+  assign \$380  = \port$4042$54 [21] ? \$379  : { x0, 1'h0 };
+  assign \$381  = \port$4042$54 [20] ? \$378  : \$380 ;
+  assign \$382  = \port$4042$54 [19] ? \$375  : \$381 [47:0];
+  assign \$383  = \port$4042$54 [18] ? \$368  : \$382 [39:0];
+  assign \$384  = \port$4042$54 [17] ? \$353  : \$383 [35:0];
+  assign \$385  = \port$4042$54 [16] ? \$322  : \$384 [33:0];
   assign \$386  = { x0, 1'h0 } & below;
   assign \$387  = | \$386 ;
   assign \$388  = { x0, 1'h0 } ^ { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47] };
@@ -27706,69 +19548,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$395  = $signed(rounded0) > $signed(32'd2147483647);
   assign \$396  = \$395  ? 33'h07fffffff : rounded0;
   assign \$397  = over2_0 ? { \$394 [31], \$394  } : \$396 ;
-  assign \$399  = \port$4022$54 [21] ? \$398  : { x1, 1'h0 };
-  assign \$402  = \port$4022$54 [21] ? \$401  : { x1, 1'h0 };
-  assign \$403  = \port$4022$54 [20] ? \$400  : \$402 ;
-  assign \$406  = \port$4022$54 [21] ? \$405  : { x1, 1'h0 };
-  assign \$409  = \port$4022$54 [21] ? \$408  : { x1, 1'h0 };
-  assign \$410  = \port$4022$54 [20] ? \$407  : \$409 ;
-  assign \$411  = \port$4022$54 [19] ? \$404  : \$410 [47:0];
-  assign \$414  = \port$4022$54 [21] ? \$413  : { x1, 1'h0 };
-  assign \$417  = \port$4022$54 [21] ? \$416  : { x1, 1'h0 };
-  assign \$418  = \port$4022$54 [20] ? \$415  : \$417 ;
-  assign \$421  = \port$4022$54 [21] ? \$420  : { x1, 1'h0 };
-  assign \$424  = \port$4022$54 [21] ? \$423  : { x1, 1'h0 };
-  assign \$425  = \port$4022$54 [20] ? \$422  : \$424 ;
-  assign \$426  = \port$4022$54 [19] ? \$419  : \$425 [47:0];
-  assign \$427  = \port$4022$54 [18] ? \$412  : \$426 [39:0];
-  assign \$430  = \port$4022$54 [21] ? \$429  : { x1, 1'h0 };
-  assign \$433  = \port$4022$54 [21] ? \$432  : { x1, 1'h0 };
-  assign \$434  = \port$4022$54 [20] ? \$431  : \$433 ;
-  assign \$437  = \port$4022$54 [21] ? \$436  : { x1, 1'h0 };
-  assign \$440  = \port$4022$54 [21] ? \$439  : { x1, 1'h0 };
-  assign \$441  = \port$4022$54 [20] ? \$438  : \$440 ;
-  assign \$442  = \port$4022$54 [19] ? \$435  : \$441 [47:0];
-  assign \$445  = \port$4022$54 [21] ? \$444  : { x1, 1'h0 };
-  assign \$448  = \port$4022$54 [21] ? \$447  : { x1, 1'h0 };
-  assign \$449  = \port$4022$54 [20] ? \$446  : \$448 ;
-  assign \$452  = \port$4022$54 [21] ? \$451  : { x1, 1'h0 };
-  assign \$455  = \port$4022$54 [21] ? \$454  : { x1, 1'h0 };
-  assign \$456  = \port$4022$54 [20] ? \$453  : \$455 ;
-  assign \$457  = \port$4022$54 [19] ? \$450  : \$456 [47:0];
-  assign \$458  = \port$4022$54 [18] ? \$443  : \$457 [39:0];
-  assign \$459  = \port$4022$54 [17] ? \$428  : \$458 [35:0];
-  assign \$462  = \port$4022$54 [21] ? \$461  : { x1, 1'h0 };
-  assign \$465  = \port$4022$54 [21] ? \$464  : { x1, 1'h0 };
-  assign \$466  = \port$4022$54 [20] ? \$463  : \$465 ;
-  assign \$469  = \port$4022$54 [21] ? \$468  : { x1, 1'h0 };
-  assign \$472  = \port$4022$54 [21] ? \$471  : { x1, 1'h0 };
-  assign \$473  = \port$4022$54 [20] ? \$470  : \$472 ;
-  assign \$474  = \port$4022$54 [19] ? \$467  : \$473 [47:0];
-  assign \$477  = \port$4022$54 [21] ? \$476  : { x1, 1'h0 };
-  assign \$480  = \port$4022$54 [21] ? \$479  : { x1, 1'h0 };
-  assign \$481  = \port$4022$54 [20] ? \$478  : \$480 ;
-  assign \$484  = \port$4022$54 [21] ? \$483  : { x1, 1'h0 };
-  assign \$487  = \port$4022$54 [21] ? \$486  : { x1, 1'h0 };
-  assign \$488  = \port$4022$54 [20] ? \$485  : \$487 ;
-  assign \$489  = \port$4022$54 [19] ? \$482  : \$488 [47:0];
-  assign \$490  = \port$4022$54 [18] ? \$475  : \$489 [39:0];
-  assign \$493  = \port$4022$54 [21] ? \$492  : { x1, 1'h0 };
-  assign \$496  = \port$4022$54 [21] ? \$495  : { x1, 1'h0 };
-  assign \$497  = \port$4022$54 [20] ? \$494  : \$496 ;
-  assign \$500  = \port$4022$54 [21] ? \$499  : { x1, 1'h0 };
-  assign \$503  = \port$4022$54 [21] ? \$502  : { x1, 1'h0 };
-  assign \$504  = \port$4022$54 [20] ? \$501  : \$503 ;
-  assign \$505  = \port$4022$54 [19] ? \$498  : \$504 [47:0];
-  assign \$508  = \port$4022$54 [21] ? \$507  : { x1, 1'h0 };
-  assign \$511  = \port$4022$54 [21] ? \$510  : { x1, 1'h0 };
-  assign \$512  = \port$4022$54 [20] ? \$509  : \$511 ;
-  assign \$515  = \port$4022$54 [21] ? \$514  : { x1, 1'h0 };
-  assign \$518  = \port$4022$54 [21] ? \$517  : { x1, 1'h0 };
-  assign \$519  = \port$4022$54 [20] ? \$516  : \$518 ;
-  assign \$520  = \port$4022$54 [19] ? \$513  : \$519 [47:0];
-  assign \$521  = \port$4022$54 [18] ? \$506  : \$520 [39:0];
-  assign \$522  = \port$4022$54 [17] ? \$491  : \$521 [35:0];
-  assign \$523  = \port$4022$54 [16] ? \$460  : \$522 [33:0];
+  assign \$399  = \port$4042$54 [21] ? \$398  : { x1, 1'h0 };
+  assign \$402  = \port$4042$54 [21] ? \$401  : { x1, 1'h0 };
+  assign \$403  = \port$4042$54 [20] ? \$400  : \$402 ;
+  assign \$406  = \port$4042$54 [21] ? \$405  : { x1, 1'h0 };
+  assign \$409  = \port$4042$54 [21] ? \$408  : { x1, 1'h0 };
+  assign \$410  = \port$4042$54 [20] ? \$407  : \$409 ;
+  assign \$411  = \port$4042$54 [19] ? \$404  : \$410 [47:0];
+  assign \$414  = \port$4042$54 [21] ? \$413  : { x1, 1'h0 };
+  assign \$417  = \port$4042$54 [21] ? \$416  : { x1, 1'h0 };
+  assign \$418  = \port$4042$54 [20] ? \$415  : \$417 ;
+  assign \$421  = \port$4042$54 [21] ? \$420  : { x1, 1'h0 };
+  assign \$424  = \port$4042$54 [21] ? \$423  : { x1, 1'h0 };
+  assign \$425  = \port$4042$54 [20] ? \$422  : \$424 ;
+  assign \$426  = \port$4042$54 [19] ? \$419  : \$425 [47:0];
+  assign \$427  = \port$4042$54 [18] ? \$412  : \$426 [39:0];
+  assign \$430  = \port$4042$54 [21] ? \$429  : { x1, 1'h0 };
+  assign \$433  = \port$4042$54 [21] ? \$432  : { x1, 1'h0 };
+  assign \$434  = \port$4042$54 [20] ? \$431  : \$433 ;
+  assign \$437  = \port$4042$54 [21] ? \$436  : { x1, 1'h0 };
+  assign \$440  = \port$4042$54 [21] ? \$439  : { x1, 1'h0 };
+  assign \$441  = \port$4042$54 [20] ? \$438  : \$440 ;
+  assign \$442  = \port$4042$54 [19] ? \$435  : \$441 [47:0];
+  assign \$445  = \port$4042$54 [21] ? \$444  : { x1, 1'h0 };
+  assign \$448  = \port$4042$54 [21] ? \$447  : { x1, 1'h0 };
+  assign \$449  = \port$4042$54 [20] ? \$446  : \$448 ;
+  assign \$452  = \port$4042$54 [21] ? \$451  : { x1, 1'h0 };
+  assign \$455  = \port$4042$54 [21] ? \$454  : { x1, 1'h0 };
+  assign \$456  = \port$4042$54 [20] ? \$453  : \$455 ;
+  assign \$457  = \port$4042$54 [19] ? \$450  : \$456 [47:0];
+  assign \$458  = \port$4042$54 [18] ? \$443  : \$457 [39:0];
+  assign \$459  = \port$4042$54 [17] ? \$428  : \$458 [35:0];
+  assign \$462  = \port$4042$54 [21] ? \$461  : { x1, 1'h0 };
+  assign \$465  = \port$4042$54 [21] ? \$464  : { x1, 1'h0 };
+  assign \$466  = \port$4042$54 [20] ? \$463  : \$465 ;
+  assign \$469  = \port$4042$54 [21] ? \$468  : { x1, 1'h0 };
+  assign \$472  = \port$4042$54 [21] ? \$471  : { x1, 1'h0 };
+  assign \$473  = \port$4042$54 [20] ? \$470  : \$472 ;
+  assign \$474  = \port$4042$54 [19] ? \$467  : \$473 [47:0];
+  assign \$477  = \port$4042$54 [21] ? \$476  : { x1, 1'h0 };
+  assign \$480  = \port$4042$54 [21] ? \$479  : { x1, 1'h0 };
+  assign \$481  = \port$4042$54 [20] ? \$478  : \$480 ;
+  assign \$484  = \port$4042$54 [21] ? \$483  : { x1, 1'h0 };
+  assign \$487  = \port$4042$54 [21] ? \$486  : { x1, 1'h0 };
+  assign \$488  = \port$4042$54 [20] ? \$485  : \$487 ;
+  assign \$489  = \port$4042$54 [19] ? \$482  : \$488 [47:0];
+  assign \$490  = \port$4042$54 [18] ? \$475  : \$489 [39:0];
+  assign \$493  = \port$4042$54 [21] ? \$492  : { x1, 1'h0 };
+  assign \$496  = \port$4042$54 [21] ? \$495  : { x1, 1'h0 };
+  assign \$497  = \port$4042$54 [20] ? \$494  : \$496 ;
+  assign \$500  = \port$4042$54 [21] ? \$499  : { x1, 1'h0 };
+  assign \$503  = \port$4042$54 [21] ? \$502  : { x1, 1'h0 };
+  assign \$504  = \port$4042$54 [20] ? \$501  : \$503 ;
+  assign \$505  = \port$4042$54 [19] ? \$498  : \$504 [47:0];
+  assign \$508  = \port$4042$54 [21] ? \$507  : { x1, 1'h0 };
+  assign \$511  = \port$4042$54 [21] ? \$510  : { x1, 1'h0 };
+  assign \$512  = \port$4042$54 [20] ? \$509  : \$511 ;
+  assign \$515  = \port$4042$54 [21] ? \$514  : { x1, 1'h0 };
+  assign \$518  = \port$4042$54 [21] ? \$517  : { x1, 1'h0 };
+  assign \$519  = \port$4042$54 [20] ? \$516  : \$518 ;
+  assign \$520  = \port$4042$54 [19] ? \$513  : \$519 [47:0];
+  assign \$521  = \port$4042$54 [18] ? \$506  : \$520 [39:0];
+  assign \$522  = \port$4042$54 [17] ? \$491  : \$521 [35:0];
+  assign \$523  = \port$4042$54 [16] ? \$460  : \$522 [33:0];
   assign \$524  = { x1, 1'h0 } & below;
   assign \$525  = | \$524 ;
   assign \$526  = { x1, 1'h0 } ^ { x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47], x1[47] };
@@ -27781,69 +19623,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$533  = $signed(rounded1) > $signed(32'd2147483647);
   assign \$534  = \$533  ? 33'h07fffffff : rounded1;
   assign \$535  = over2_1 ? { \$532 [31], \$532  } : \$534 ;
-  assign \$537  = \port$4022$54 [21] ? \$536  : { x2, 1'h0 };
-  assign \$540  = \port$4022$54 [21] ? \$539  : { x2, 1'h0 };
-  assign \$541  = \port$4022$54 [20] ? \$538  : \$540 ;
-  assign \$544  = \port$4022$54 [21] ? \$543  : { x2, 1'h0 };
-  assign \$547  = \port$4022$54 [21] ? \$546  : { x2, 1'h0 };
-  assign \$548  = \port$4022$54 [20] ? \$545  : \$547 ;
-  assign \$549  = \port$4022$54 [19] ? \$542  : \$548 [47:0];
-  assign \$552  = \port$4022$54 [21] ? \$551  : { x2, 1'h0 };
-  assign \$555  = \port$4022$54 [21] ? \$554  : { x2, 1'h0 };
-  assign \$556  = \port$4022$54 [20] ? \$553  : \$555 ;
-  assign \$559  = \port$4022$54 [21] ? \$558  : { x2, 1'h0 };
-  assign \$562  = \port$4022$54 [21] ? \$561  : { x2, 1'h0 };
-  assign \$563  = \port$4022$54 [20] ? \$560  : \$562 ;
-  assign \$564  = \port$4022$54 [19] ? \$557  : \$563 [47:0];
-  assign \$565  = \port$4022$54 [18] ? \$550  : \$564 [39:0];
-  assign \$568  = \port$4022$54 [21] ? \$567  : { x2, 1'h0 };
-  assign \$571  = \port$4022$54 [21] ? \$570  : { x2, 1'h0 };
-  assign \$572  = \port$4022$54 [20] ? \$569  : \$571 ;
-  assign \$575  = \port$4022$54 [21] ? \$574  : { x2, 1'h0 };
-  assign \$578  = \port$4022$54 [21] ? \$577  : { x2, 1'h0 };
-  assign \$579  = \port$4022$54 [20] ? \$576  : \$578 ;
-  assign \$580  = \port$4022$54 [19] ? \$573  : \$579 [47:0];
-  assign \$583  = \port$4022$54 [21] ? \$582  : { x2, 1'h0 };
-  assign \$586  = \port$4022$54 [21] ? \$585  : { x2, 1'h0 };
-  assign \$587  = \port$4022$54 [20] ? \$584  : \$586 ;
-  assign \$590  = \port$4022$54 [21] ? \$589  : { x2, 1'h0 };
-  assign \$593  = \port$4022$54 [21] ? \$592  : { x2, 1'h0 };
-  assign \$594  = \port$4022$54 [20] ? \$591  : \$593 ;
-  assign \$595  = \port$4022$54 [19] ? \$588  : \$594 [47:0];
-  assign \$596  = \port$4022$54 [18] ? \$581  : \$595 [39:0];
-  assign \$597  = \port$4022$54 [17] ? \$566  : \$596 [35:0];
-  assign \$600  = \port$4022$54 [21] ? \$599  : { x2, 1'h0 };
-  assign \$603  = \port$4022$54 [21] ? \$602  : { x2, 1'h0 };
-  assign \$604  = \port$4022$54 [20] ? \$601  : \$603 ;
-  assign \$607  = \port$4022$54 [21] ? \$606  : { x2, 1'h0 };
-  assign \$610  = \port$4022$54 [21] ? \$609  : { x2, 1'h0 };
-  assign \$611  = \port$4022$54 [20] ? \$608  : \$610 ;
-  assign \$612  = \port$4022$54 [19] ? \$605  : \$611 [47:0];
-  assign \$615  = \port$4022$54 [21] ? \$614  : { x2, 1'h0 };
-  assign \$618  = \port$4022$54 [21] ? \$617  : { x2, 1'h0 };
-  assign \$619  = \port$4022$54 [20] ? \$616  : \$618 ;
-  assign \$622  = \port$4022$54 [21] ? \$621  : { x2, 1'h0 };
-  assign \$625  = \port$4022$54 [21] ? \$624  : { x2, 1'h0 };
-  assign \$626  = \port$4022$54 [20] ? \$623  : \$625 ;
-  assign \$627  = \port$4022$54 [19] ? \$620  : \$626 [47:0];
-  assign \$628  = \port$4022$54 [18] ? \$613  : \$627 [39:0];
-  assign \$631  = \port$4022$54 [21] ? \$630  : { x2, 1'h0 };
-  assign \$634  = \port$4022$54 [21] ? \$633  : { x2, 1'h0 };
-  assign \$635  = \port$4022$54 [20] ? \$632  : \$634 ;
-  assign \$638  = \port$4022$54 [21] ? \$637  : { x2, 1'h0 };
-  assign \$641  = \port$4022$54 [21] ? \$640  : { x2, 1'h0 };
-  assign \$642  = \port$4022$54 [20] ? \$639  : \$641 ;
-  assign \$643  = \port$4022$54 [19] ? \$636  : \$642 [47:0];
-  assign \$646  = \port$4022$54 [21] ? \$645  : { x2, 1'h0 };
-  assign \$649  = \port$4022$54 [21] ? \$648  : { x2, 1'h0 };
-  assign \$650  = \port$4022$54 [20] ? \$647  : \$649 ;
-  assign \$653  = \port$4022$54 [21] ? \$652  : { x2, 1'h0 };
-  assign \$656  = \port$4022$54 [21] ? \$655  : { x2, 1'h0 };
-  assign \$657  = \port$4022$54 [20] ? \$654  : \$656 ;
-  assign \$658  = \port$4022$54 [19] ? \$651  : \$657 [47:0];
-  assign \$659  = \port$4022$54 [18] ? \$644  : \$658 [39:0];
-  assign \$660  = \port$4022$54 [17] ? \$629  : \$659 [35:0];
-  assign \$661  = \port$4022$54 [16] ? \$598  : \$660 [33:0];
+  assign \$537  = \port$4042$54 [21] ? \$536  : { x2, 1'h0 };
+  assign \$540  = \port$4042$54 [21] ? \$539  : { x2, 1'h0 };
+  assign \$541  = \port$4042$54 [20] ? \$538  : \$540 ;
+  assign \$544  = \port$4042$54 [21] ? \$543  : { x2, 1'h0 };
+  assign \$547  = \port$4042$54 [21] ? \$546  : { x2, 1'h0 };
+  assign \$548  = \port$4042$54 [20] ? \$545  : \$547 ;
+  assign \$549  = \port$4042$54 [19] ? \$542  : \$548 [47:0];
+  assign \$552  = \port$4042$54 [21] ? \$551  : { x2, 1'h0 };
+  assign \$555  = \port$4042$54 [21] ? \$554  : { x2, 1'h0 };
+  assign \$556  = \port$4042$54 [20] ? \$553  : \$555 ;
+  assign \$559  = \port$4042$54 [21] ? \$558  : { x2, 1'h0 };
+  assign \$562  = \port$4042$54 [21] ? \$561  : { x2, 1'h0 };
+  assign \$563  = \port$4042$54 [20] ? \$560  : \$562 ;
+  assign \$564  = \port$4042$54 [19] ? \$557  : \$563 [47:0];
+  assign \$565  = \port$4042$54 [18] ? \$550  : \$564 [39:0];
+  assign \$568  = \port$4042$54 [21] ? \$567  : { x2, 1'h0 };
+  assign \$571  = \port$4042$54 [21] ? \$570  : { x2, 1'h0 };
+  assign \$572  = \port$4042$54 [20] ? \$569  : \$571 ;
+  assign \$575  = \port$4042$54 [21] ? \$574  : { x2, 1'h0 };
+  assign \$578  = \port$4042$54 [21] ? \$577  : { x2, 1'h0 };
+  assign \$579  = \port$4042$54 [20] ? \$576  : \$578 ;
+  assign \$580  = \port$4042$54 [19] ? \$573  : \$579 [47:0];
+  assign \$583  = \port$4042$54 [21] ? \$582  : { x2, 1'h0 };
+  assign \$586  = \port$4042$54 [21] ? \$585  : { x2, 1'h0 };
+  assign \$587  = \port$4042$54 [20] ? \$584  : \$586 ;
+  assign \$590  = \port$4042$54 [21] ? \$589  : { x2, 1'h0 };
+  assign \$593  = \port$4042$54 [21] ? \$592  : { x2, 1'h0 };
+  assign \$594  = \port$4042$54 [20] ? \$591  : \$593 ;
+  assign \$595  = \port$4042$54 [19] ? \$588  : \$594 [47:0];
+  assign \$596  = \port$4042$54 [18] ? \$581  : \$595 [39:0];
+  assign \$597  = \port$4042$54 [17] ? \$566  : \$596 [35:0];
+  assign \$600  = \port$4042$54 [21] ? \$599  : { x2, 1'h0 };
+  assign \$603  = \port$4042$54 [21] ? \$602  : { x2, 1'h0 };
+  assign \$604  = \port$4042$54 [20] ? \$601  : \$603 ;
+  assign \$607  = \port$4042$54 [21] ? \$606  : { x2, 1'h0 };
+  assign \$610  = \port$4042$54 [21] ? \$609  : { x2, 1'h0 };
+  assign \$611  = \port$4042$54 [20] ? \$608  : \$610 ;
+  assign \$612  = \port$4042$54 [19] ? \$605  : \$611 [47:0];
+  assign \$615  = \port$4042$54 [21] ? \$614  : { x2, 1'h0 };
+  assign \$618  = \port$4042$54 [21] ? \$617  : { x2, 1'h0 };
+  assign \$619  = \port$4042$54 [20] ? \$616  : \$618 ;
+  assign \$622  = \port$4042$54 [21] ? \$621  : { x2, 1'h0 };
+  assign \$625  = \port$4042$54 [21] ? \$624  : { x2, 1'h0 };
+  assign \$626  = \port$4042$54 [20] ? \$623  : \$625 ;
+  assign \$627  = \port$4042$54 [19] ? \$620  : \$626 [47:0];
+  assign \$628  = \port$4042$54 [18] ? \$613  : \$627 [39:0];
+  assign \$631  = \port$4042$54 [21] ? \$630  : { x2, 1'h0 };
+  assign \$634  = \port$4042$54 [21] ? \$633  : { x2, 1'h0 };
+  assign \$635  = \port$4042$54 [20] ? \$632  : \$634 ;
+  assign \$638  = \port$4042$54 [21] ? \$637  : { x2, 1'h0 };
+  assign \$641  = \port$4042$54 [21] ? \$640  : { x2, 1'h0 };
+  assign \$642  = \port$4042$54 [20] ? \$639  : \$641 ;
+  assign \$643  = \port$4042$54 [19] ? \$636  : \$642 [47:0];
+  assign \$646  = \port$4042$54 [21] ? \$645  : { x2, 1'h0 };
+  assign \$649  = \port$4042$54 [21] ? \$648  : { x2, 1'h0 };
+  assign \$650  = \port$4042$54 [20] ? \$647  : \$649 ;
+  assign \$653  = \port$4042$54 [21] ? \$652  : { x2, 1'h0 };
+  assign \$656  = \port$4042$54 [21] ? \$655  : { x2, 1'h0 };
+  assign \$657  = \port$4042$54 [20] ? \$654  : \$656 ;
+  assign \$658  = \port$4042$54 [19] ? \$651  : \$657 [47:0];
+  assign \$659  = \port$4042$54 [18] ? \$644  : \$658 [39:0];
+  assign \$660  = \port$4042$54 [17] ? \$629  : \$659 [35:0];
+  assign \$661  = \port$4042$54 [16] ? \$598  : \$660 [33:0];
   assign \$662  = { x2, 1'h0 } & below;
   assign \$663  = | \$662 ;
   assign \$664  = { x2, 1'h0 } ^ { x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47], x2[47] };
@@ -27856,69 +19698,69 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$671  = $signed(rounded2) > $signed(32'd2147483647);
   assign \$672  = \$671  ? 33'h07fffffff : rounded2;
   assign \$673  = over2_2 ? { \$670 [31], \$670  } : \$672 ;
-  assign \$675  = \port$4022$54 [21] ? \$674  : { x3, 1'h0 };
-  assign \$678  = \port$4022$54 [21] ? \$677  : { x3, 1'h0 };
-  assign \$679  = \port$4022$54 [20] ? \$676  : \$678 ;
-  assign \$682  = \port$4022$54 [21] ? \$681  : { x3, 1'h0 };
-  assign \$685  = \port$4022$54 [21] ? \$684  : { x3, 1'h0 };
-  assign \$686  = \port$4022$54 [20] ? \$683  : \$685 ;
-  assign \$687  = \port$4022$54 [19] ? \$680  : \$686 [47:0];
-  assign \$690  = \port$4022$54 [21] ? \$689  : { x3, 1'h0 };
-  assign \$693  = \port$4022$54 [21] ? \$692  : { x3, 1'h0 };
-  assign \$694  = \port$4022$54 [20] ? \$691  : \$693 ;
-  assign \$697  = \port$4022$54 [21] ? \$696  : { x3, 1'h0 };
-  assign \$700  = \port$4022$54 [21] ? \$699  : { x3, 1'h0 };
-  assign \$701  = \port$4022$54 [20] ? \$698  : \$700 ;
-  assign \$702  = \port$4022$54 [19] ? \$695  : \$701 [47:0];
-  assign \$703  = \port$4022$54 [18] ? \$688  : \$702 [39:0];
-  assign \$706  = \port$4022$54 [21] ? \$705  : { x3, 1'h0 };
-  assign \$709  = \port$4022$54 [21] ? \$708  : { x3, 1'h0 };
-  assign \$710  = \port$4022$54 [20] ? \$707  : \$709 ;
-  assign \$713  = \port$4022$54 [21] ? \$712  : { x3, 1'h0 };
-  assign \$716  = \port$4022$54 [21] ? \$715  : { x3, 1'h0 };
-  assign \$717  = \port$4022$54 [20] ? \$714  : \$716 ;
-  assign \$718  = \port$4022$54 [19] ? \$711  : \$717 [47:0];
-  assign \$721  = \port$4022$54 [21] ? \$720  : { x3, 1'h0 };
-  assign \$724  = \port$4022$54 [21] ? \$723  : { x3, 1'h0 };
-  assign \$725  = \port$4022$54 [20] ? \$722  : \$724 ;
-  assign \$728  = \port$4022$54 [21] ? \$727  : { x3, 1'h0 };
-  assign \$731  = \port$4022$54 [21] ? \$730  : { x3, 1'h0 };
-  assign \$732  = \port$4022$54 [20] ? \$729  : \$731 ;
-  assign \$733  = \port$4022$54 [19] ? \$726  : \$732 [47:0];
-  assign \$734  = \port$4022$54 [18] ? \$719  : \$733 [39:0];
-  assign \$735  = \port$4022$54 [17] ? \$704  : \$734 [35:0];
-  assign \$738  = \port$4022$54 [21] ? \$737  : { x3, 1'h0 };
-  assign \$741  = \port$4022$54 [21] ? \$740  : { x3, 1'h0 };
-  assign \$742  = \port$4022$54 [20] ? \$739  : \$741 ;
-  assign \$745  = \port$4022$54 [21] ? \$744  : { x3, 1'h0 };
-  assign \$748  = \port$4022$54 [21] ? \$747  : { x3, 1'h0 };
-  assign \$749  = \port$4022$54 [20] ? \$746  : \$748 ;
-  assign \$750  = \port$4022$54 [19] ? \$743  : \$749 [47:0];
-  assign \$753  = \port$4022$54 [21] ? \$752  : { x3, 1'h0 };
-  assign \$756  = \port$4022$54 [21] ? \$755  : { x3, 1'h0 };
-  assign \$757  = \port$4022$54 [20] ? \$754  : \$756 ;
-  assign \$760  = \port$4022$54 [21] ? \$759  : { x3, 1'h0 };
-  assign \$763  = \port$4022$54 [21] ? \$762  : { x3, 1'h0 };
-  assign \$764  = \port$4022$54 [20] ? \$761  : \$763 ;
-  assign \$765  = \port$4022$54 [19] ? \$758  : \$764 [47:0];
-  assign \$766  = \port$4022$54 [18] ? \$751  : \$765 [39:0];
-  assign \$769  = \port$4022$54 [21] ? \$768  : { x3, 1'h0 };
-  assign \$772  = \port$4022$54 [21] ? \$771  : { x3, 1'h0 };
-  assign \$773  = \port$4022$54 [20] ? \$770  : \$772 ;
-  assign \$776  = \port$4022$54 [21] ? \$775  : { x3, 1'h0 };
-  assign \$779  = \port$4022$54 [21] ? \$778  : { x3, 1'h0 };
-  assign \$780  = \port$4022$54 [20] ? \$777  : \$779 ;
-  assign \$781  = \port$4022$54 [19] ? \$774  : \$780 [47:0];
-  assign \$784  = \port$4022$54 [21] ? \$783  : { x3, 1'h0 };
-  assign \$787  = \port$4022$54 [21] ? \$786  : { x3, 1'h0 };
-  assign \$788  = \port$4022$54 [20] ? \$785  : \$787 ;
-  assign \$791  = \port$4022$54 [21] ? \$790  : { x3, 1'h0 };
-  assign \$794  = \port$4022$54 [21] ? \$793  : { x3, 1'h0 };
-  assign \$795  = \port$4022$54 [20] ? \$792  : \$794 ;
-  assign \$796  = \port$4022$54 [19] ? \$789  : \$795 [47:0];
-  assign \$797  = \port$4022$54 [18] ? \$782  : \$796 [39:0];
-  assign \$798  = \port$4022$54 [17] ? \$767  : \$797 [35:0];
-  assign \$799  = \port$4022$54 [16] ? \$736  : \$798 [33:0];
+  assign \$675  = \port$4042$54 [21] ? \$674  : { x3, 1'h0 };
+  assign \$678  = \port$4042$54 [21] ? \$677  : { x3, 1'h0 };
+  assign \$679  = \port$4042$54 [20] ? \$676  : \$678 ;
+  assign \$682  = \port$4042$54 [21] ? \$681  : { x3, 1'h0 };
+  assign \$685  = \port$4042$54 [21] ? \$684  : { x3, 1'h0 };
+  assign \$686  = \port$4042$54 [20] ? \$683  : \$685 ;
+  assign \$687  = \port$4042$54 [19] ? \$680  : \$686 [47:0];
+  assign \$690  = \port$4042$54 [21] ? \$689  : { x3, 1'h0 };
+  assign \$693  = \port$4042$54 [21] ? \$692  : { x3, 1'h0 };
+  assign \$694  = \port$4042$54 [20] ? \$691  : \$693 ;
+  assign \$697  = \port$4042$54 [21] ? \$696  : { x3, 1'h0 };
+  assign \$700  = \port$4042$54 [21] ? \$699  : { x3, 1'h0 };
+  assign \$701  = \port$4042$54 [20] ? \$698  : \$700 ;
+  assign \$702  = \port$4042$54 [19] ? \$695  : \$701 [47:0];
+  assign \$703  = \port$4042$54 [18] ? \$688  : \$702 [39:0];
+  assign \$706  = \port$4042$54 [21] ? \$705  : { x3, 1'h0 };
+  assign \$709  = \port$4042$54 [21] ? \$708  : { x3, 1'h0 };
+  assign \$710  = \port$4042$54 [20] ? \$707  : \$709 ;
+  assign \$713  = \port$4042$54 [21] ? \$712  : { x3, 1'h0 };
+  assign \$716  = \port$4042$54 [21] ? \$715  : { x3, 1'h0 };
+  assign \$717  = \port$4042$54 [20] ? \$714  : \$716 ;
+  assign \$718  = \port$4042$54 [19] ? \$711  : \$717 [47:0];
+  assign \$721  = \port$4042$54 [21] ? \$720  : { x3, 1'h0 };
+  assign \$724  = \port$4042$54 [21] ? \$723  : { x3, 1'h0 };
+  assign \$725  = \port$4042$54 [20] ? \$722  : \$724 ;
+  assign \$728  = \port$4042$54 [21] ? \$727  : { x3, 1'h0 };
+  assign \$731  = \port$4042$54 [21] ? \$730  : { x3, 1'h0 };
+  assign \$732  = \port$4042$54 [20] ? \$729  : \$731 ;
+  assign \$733  = \port$4042$54 [19] ? \$726  : \$732 [47:0];
+  assign \$734  = \port$4042$54 [18] ? \$719  : \$733 [39:0];
+  assign \$735  = \port$4042$54 [17] ? \$704  : \$734 [35:0];
+  assign \$738  = \port$4042$54 [21] ? \$737  : { x3, 1'h0 };
+  assign \$741  = \port$4042$54 [21] ? \$740  : { x3, 1'h0 };
+  assign \$742  = \port$4042$54 [20] ? \$739  : \$741 ;
+  assign \$745  = \port$4042$54 [21] ? \$744  : { x3, 1'h0 };
+  assign \$748  = \port$4042$54 [21] ? \$747  : { x3, 1'h0 };
+  assign \$749  = \port$4042$54 [20] ? \$746  : \$748 ;
+  assign \$750  = \port$4042$54 [19] ? \$743  : \$749 [47:0];
+  assign \$753  = \port$4042$54 [21] ? \$752  : { x3, 1'h0 };
+  assign \$756  = \port$4042$54 [21] ? \$755  : { x3, 1'h0 };
+  assign \$757  = \port$4042$54 [20] ? \$754  : \$756 ;
+  assign \$760  = \port$4042$54 [21] ? \$759  : { x3, 1'h0 };
+  assign \$763  = \port$4042$54 [21] ? \$762  : { x3, 1'h0 };
+  assign \$764  = \port$4042$54 [20] ? \$761  : \$763 ;
+  assign \$765  = \port$4042$54 [19] ? \$758  : \$764 [47:0];
+  assign \$766  = \port$4042$54 [18] ? \$751  : \$765 [39:0];
+  assign \$769  = \port$4042$54 [21] ? \$768  : { x3, 1'h0 };
+  assign \$772  = \port$4042$54 [21] ? \$771  : { x3, 1'h0 };
+  assign \$773  = \port$4042$54 [20] ? \$770  : \$772 ;
+  assign \$776  = \port$4042$54 [21] ? \$775  : { x3, 1'h0 };
+  assign \$779  = \port$4042$54 [21] ? \$778  : { x3, 1'h0 };
+  assign \$780  = \port$4042$54 [20] ? \$777  : \$779 ;
+  assign \$781  = \port$4042$54 [19] ? \$774  : \$780 [47:0];
+  assign \$784  = \port$4042$54 [21] ? \$783  : { x3, 1'h0 };
+  assign \$787  = \port$4042$54 [21] ? \$786  : { x3, 1'h0 };
+  assign \$788  = \port$4042$54 [20] ? \$785  : \$787 ;
+  assign \$791  = \port$4042$54 [21] ? \$790  : { x3, 1'h0 };
+  assign \$794  = \port$4042$54 [21] ? \$793  : { x3, 1'h0 };
+  assign \$795  = \port$4042$54 [20] ? \$792  : \$794 ;
+  assign \$796  = \port$4042$54 [19] ? \$789  : \$795 [47:0];
+  assign \$797  = \port$4042$54 [18] ? \$782  : \$796 [39:0];
+  assign \$798  = \port$4042$54 [17] ? \$767  : \$797 [35:0];
+  assign \$799  = \port$4042$54 [16] ? \$736  : \$798 [33:0];
   assign \$800  = { x3, 1'h0 } & below;
   assign \$801  = | \$800 ;
   assign \$802  = { x3, 1'h0 } ^ { x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47], x3[47] };
@@ -28014,149 +19856,149 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$1  = ~ o__valid;
   assign advance = \$1  | o__ready;
   assign \$2  = ~ below[16:0];
-  assign \$3  = \port$4022$54 [21:19] > 1'h0;
-  assign \$4  = ! \port$4022$54 [21:19];
-  assign \$5  = \port$4022$54 [18:16] > 1'h0;
+  assign \$3  = \port$4042$54 [21:19] > 1'h0;
+  assign \$4  = ! \port$4042$54 [21:19];
+  assign \$5  = \port$4042$54 [18:16] > 1'h0;
   assign \$6  = \$4  & \$5 ;
   assign \$7  = \$3  | \$6 ;
-  assign \$8  = \port$4022$54 [21:19] > 1'h0;
-  assign \$9  = ! \port$4022$54 [21:19];
-  assign \$10  = \port$4022$54 [18:16] > 1'h1;
+  assign \$8  = \port$4042$54 [21:19] > 1'h0;
+  assign \$9  = ! \port$4042$54 [21:19];
+  assign \$10  = \port$4042$54 [18:16] > 1'h1;
   assign \$11  = \$9  & \$10 ;
   assign \$12  = \$8  | \$11 ;
-  assign \$13  = \port$4022$54 [21:19] > 1'h0;
-  assign \$14  = ! \port$4022$54 [21:19];
-  assign \$15  = \port$4022$54 [18:16] > 2'h2;
+  assign \$13  = \port$4042$54 [21:19] > 1'h0;
+  assign \$14  = ! \port$4042$54 [21:19];
+  assign \$15  = \port$4042$54 [18:16] > 2'h2;
   assign \$16  = \$14  & \$15 ;
   assign \$17  = \$13  | \$16 ;
-  assign \$18  = \port$4022$54 [21:19] > 1'h0;
-  assign \$19  = ! \port$4022$54 [21:19];
-  assign \$20  = \port$4022$54 [18:16] > 2'h3;
+  assign \$18  = \port$4042$54 [21:19] > 1'h0;
+  assign \$19  = ! \port$4042$54 [21:19];
+  assign \$20  = \port$4042$54 [18:16] > 2'h3;
   assign \$21  = \$19  & \$20 ;
   assign \$22  = \$18  | \$21 ;
-  assign \$23  = \port$4022$54 [21:19] > 1'h0;
-  assign \$24  = ! \port$4022$54 [21:19];
-  assign \$25  = \port$4022$54 [18:16] > 3'h4;
+  assign \$23  = \port$4042$54 [21:19] > 1'h0;
+  assign \$24  = ! \port$4042$54 [21:19];
+  assign \$25  = \port$4042$54 [18:16] > 3'h4;
   assign \$26  = \$24  & \$25 ;
   assign \$27  = \$23  | \$26 ;
-  assign \$28  = \port$4022$54 [21:19] > 1'h0;
-  assign \$29  = ! \port$4022$54 [21:19];
-  assign \$30  = \port$4022$54 [18:16] > 3'h5;
+  assign \$28  = \port$4042$54 [21:19] > 1'h0;
+  assign \$29  = ! \port$4042$54 [21:19];
+  assign \$30  = \port$4042$54 [18:16] > 3'h5;
   assign \$31  = \$29  & \$30 ;
   assign \$32  = \$28  | \$31 ;
-  assign \$33  = \port$4022$54 [21:19] > 1'h0;
-  assign \$34  = ! \port$4022$54 [21:19];
-  assign \$35  = \port$4022$54 [18:16] > 3'h6;
+  assign \$33  = \port$4042$54 [21:19] > 1'h0;
+  assign \$34  = ! \port$4042$54 [21:19];
+  assign \$35  = \port$4042$54 [18:16] > 3'h6;
   assign \$36  = \$34  & \$35 ;
   assign \$37  = \$33  | \$36 ;
-  assign \$38  = \port$4022$54 [21:19] > 1'h0;
-  assign \$39  = ! \port$4022$54 [21:19];
-  assign \$40  = \port$4022$54 [18:16] > 3'h7;
+  assign \$38  = \port$4042$54 [21:19] > 1'h0;
+  assign \$39  = ! \port$4042$54 [21:19];
+  assign \$40  = \port$4042$54 [18:16] > 3'h7;
   assign \$41  = \$39  & \$40 ;
   assign \$42  = \$38  | \$41 ;
-  assign \$43  = \port$4022$54 [21:19] > 1'h1;
-  assign \$44  = \port$4022$54 [21:19] == 1'h1;
-  assign \$45  = \port$4022$54 [18:16] > 1'h0;
+  assign \$43  = \port$4042$54 [21:19] > 1'h1;
+  assign \$44  = \port$4042$54 [21:19] == 1'h1;
+  assign \$45  = \port$4042$54 [18:16] > 1'h0;
   assign \$46  = \$44  & \$45 ;
   assign \$47  = \$43  | \$46 ;
-  assign \$48  = \port$4022$54 [21:19] > 1'h1;
-  assign \$49  = \port$4022$54 [21:19] == 1'h1;
-  assign \$50  = \port$4022$54 [18:16] > 1'h1;
+  assign \$48  = \port$4042$54 [21:19] > 1'h1;
+  assign \$49  = \port$4042$54 [21:19] == 1'h1;
+  assign \$50  = \port$4042$54 [18:16] > 1'h1;
   assign \$51  = \$49  & \$50 ;
   assign \$52  = \$48  | \$51 ;
-  assign \$53  = \port$4022$54 [21:19] > 1'h1;
-  assign \$54  = \port$4022$54 [21:19] == 1'h1;
-  assign \$55  = \port$4022$54 [18:16] > 2'h2;
+  assign \$53  = \port$4042$54 [21:19] > 1'h1;
+  assign \$54  = \port$4042$54 [21:19] == 1'h1;
+  assign \$55  = \port$4042$54 [18:16] > 2'h2;
   assign \$56  = \$54  & \$55 ;
   assign \$57  = \$53  | \$56 ;
-  assign \$58  = \port$4022$54 [21:19] > 1'h1;
-  assign \$59  = \port$4022$54 [21:19] == 1'h1;
-  assign \$60  = \port$4022$54 [18:16] > 2'h3;
+  assign \$58  = \port$4042$54 [21:19] > 1'h1;
+  assign \$59  = \port$4042$54 [21:19] == 1'h1;
+  assign \$60  = \port$4042$54 [18:16] > 2'h3;
   assign \$61  = \$59  & \$60 ;
   assign \$62  = \$58  | \$61 ;
-  assign \$63  = \port$4022$54 [21:19] > 1'h1;
-  assign \$64  = \port$4022$54 [21:19] == 1'h1;
-  assign \$65  = \port$4022$54 [18:16] > 3'h4;
+  assign \$63  = \port$4042$54 [21:19] > 1'h1;
+  assign \$64  = \port$4042$54 [21:19] == 1'h1;
+  assign \$65  = \port$4042$54 [18:16] > 3'h4;
   assign \$66  = \$64  & \$65 ;
   assign \$67  = \$63  | \$66 ;
-  assign \$68  = \port$4022$54 [21:19] > 1'h1;
-  assign \$69  = \port$4022$54 [21:19] == 1'h1;
-  assign \$70  = \port$4022$54 [18:16] > 3'h5;
+  assign \$68  = \port$4042$54 [21:19] > 1'h1;
+  assign \$69  = \port$4042$54 [21:19] == 1'h1;
+  assign \$70  = \port$4042$54 [18:16] > 3'h5;
   assign \$71  = \$69  & \$70 ;
   assign \$72  = \$68  | \$71 ;
-  assign \$73  = \port$4022$54 [21:19] > 1'h1;
-  assign \$74  = \port$4022$54 [21:19] == 1'h1;
-  assign \$75  = \port$4022$54 [18:16] > 3'h6;
+  assign \$73  = \port$4042$54 [21:19] > 1'h1;
+  assign \$74  = \port$4042$54 [21:19] == 1'h1;
+  assign \$75  = \port$4042$54 [18:16] > 3'h6;
   assign \$76  = \$74  & \$75 ;
   assign \$77  = \$73  | \$76 ;
-  assign \$78  = \port$4022$54 [21:19] > 1'h1;
-  assign \$79  = \port$4022$54 [21:19] == 1'h1;
-  assign \$80  = \port$4022$54 [18:16] > 3'h7;
+  assign \$78  = \port$4042$54 [21:19] > 1'h1;
+  assign \$79  = \port$4042$54 [21:19] == 1'h1;
+  assign \$80  = \port$4042$54 [18:16] > 3'h7;
   assign \$81  = \$79  & \$80 ;
   assign \$82  = \$78  | \$81 ;
-  assign \$83  = \port$4022$54 [21:19] > 2'h2;
-  assign \$84  = \port$4022$54 [21:19] == 2'h2;
-  assign \$85  = \port$4022$54 [18:16] > 1'h0;
+  assign \$83  = \port$4042$54 [21:19] > 2'h2;
+  assign \$84  = \port$4042$54 [21:19] == 2'h2;
+  assign \$85  = \port$4042$54 [18:16] > 1'h0;
   assign \$86  = \$84  & \$85 ;
   assign \$87  = \$83  | \$86 ;
-  assign \$88  = \port$4022$54 [21:19] > 2'h2;
-  assign \$89  = \port$4022$54 [21:19] == 2'h2;
-  assign \$90  = \port$4022$54 [18:16] > 1'h1;
+  assign \$88  = \port$4042$54 [21:19] > 2'h2;
+  assign \$89  = \port$4042$54 [21:19] == 2'h2;
+  assign \$90  = \port$4042$54 [18:16] > 1'h1;
   assign \$91  = \$89  & \$90 ;
   assign \$92  = \$88  | \$91 ;
-  assign \$93  = \port$4022$54 [21:19] > 2'h2;
-  assign \$94  = \port$4022$54 [21:19] == 2'h2;
-  assign \$95  = \port$4022$54 [18:16] > 2'h2;
+  assign \$93  = \port$4042$54 [21:19] > 2'h2;
+  assign \$94  = \port$4042$54 [21:19] == 2'h2;
+  assign \$95  = \port$4042$54 [18:16] > 2'h2;
   assign \$96  = \$94  & \$95 ;
   assign \$97  = \$93  | \$96 ;
-  assign \$98  = \port$4022$54 [21:19] > 2'h2;
-  assign \$99  = \port$4022$54 [21:19] == 2'h2;
-  assign \$100  = \port$4022$54 [18:16] > 2'h3;
+  assign \$98  = \port$4042$54 [21:19] > 2'h2;
+  assign \$99  = \port$4042$54 [21:19] == 2'h2;
+  assign \$100  = \port$4042$54 [18:16] > 2'h3;
   assign \$101  = \$99  & \$100 ;
   assign \$102  = \$98  | \$101 ;
-  assign \$103  = \port$4022$54 [21:19] > 2'h2;
-  assign \$104  = \port$4022$54 [21:19] == 2'h2;
-  assign \$105  = \port$4022$54 [18:16] > 3'h4;
+  assign \$103  = \port$4042$54 [21:19] > 2'h2;
+  assign \$104  = \port$4042$54 [21:19] == 2'h2;
+  assign \$105  = \port$4042$54 [18:16] > 3'h4;
   assign \$106  = \$104  & \$105 ;
   assign \$107  = \$103  | \$106 ;
-  assign \$108  = \port$4022$54 [21:19] > 2'h2;
-  assign \$109  = \port$4022$54 [21:19] == 2'h2;
-  assign \$110  = \port$4022$54 [18:16] > 3'h5;
+  assign \$108  = \port$4042$54 [21:19] > 2'h2;
+  assign \$109  = \port$4042$54 [21:19] == 2'h2;
+  assign \$110  = \port$4042$54 [18:16] > 3'h5;
   assign \$111  = \$109  & \$110 ;
   assign \$112  = \$108  | \$111 ;
-  assign \$113  = \port$4022$54 [21:19] > 2'h2;
-  assign \$114  = \port$4022$54 [21:19] == 2'h2;
-  assign \$115  = \port$4022$54 [18:16] > 3'h6;
+  assign \$113  = \port$4042$54 [21:19] > 2'h2;
+  assign \$114  = \port$4042$54 [21:19] == 2'h2;
+  assign \$115  = \port$4042$54 [18:16] > 3'h6;
   assign \$116  = \$114  & \$115 ;
   assign \$117  = \$113  | \$116 ;
-  assign \$118  = \port$4022$54 [21:19] > 2'h2;
-  assign \$119  = \port$4022$54 [21:19] == 2'h2;
-  assign \$120  = \port$4022$54 [18:16] > 3'h7;
+  assign \$118  = \port$4042$54 [21:19] > 2'h2;
+  assign \$119  = \port$4042$54 [21:19] == 2'h2;
+  assign \$120  = \port$4042$54 [18:16] > 3'h7;
   assign \$121  = \$119  & \$120 ;
   assign \$122  = \$118  | \$121 ;
-  assign \$123  = \port$4022$54 [21:19] > 2'h3;
-  assign \$124  = \port$4022$54 [21:19] == 2'h3;
-  assign \$125  = \port$4022$54 [18:16] > 1'h0;
+  assign \$123  = \port$4042$54 [21:19] > 2'h3;
+  assign \$124  = \port$4042$54 [21:19] == 2'h3;
+  assign \$125  = \port$4042$54 [18:16] > 1'h0;
   assign \$126  = \$124  & \$125 ;
   assign \$127  = \$123  | \$126 ;
-  assign \$128  = \port$4022$54 [21:19] > 2'h3;
-  assign \$129  = \port$4022$54 [21:19] == 2'h3;
-  assign \$130  = \port$4022$54 [18:16] > 1'h1;
+  assign \$128  = \port$4042$54 [21:19] > 2'h3;
+  assign \$129  = \port$4042$54 [21:19] == 2'h3;
+  assign \$130  = \port$4042$54 [18:16] > 1'h1;
   assign \$131  = \$129  & \$130 ;
   assign \$132  = \$128  | \$131 ;
-  assign \$133  = \port$4022$54 [21:19] > 2'h3;
-  assign \$134  = \port$4022$54 [21:19] == 2'h3;
-  assign \$135  = \port$4022$54 [18:16] > 2'h2;
+  assign \$133  = \port$4042$54 [21:19] > 2'h3;
+  assign \$134  = \port$4042$54 [21:19] == 2'h3;
+  assign \$135  = \port$4042$54 [18:16] > 2'h2;
   assign \$136  = \$134  & \$135 ;
   assign \$137  = \$133  | \$136 ;
-  assign \$138  = \port$4022$54 [21:19] > 2'h3;
-  assign \$139  = \port$4022$54 [21:19] == 2'h3;
-  assign \$140  = \port$4022$54 [18:16] > 2'h3;
+  assign \$138  = \port$4042$54 [21:19] > 2'h3;
+  assign \$139  = \port$4042$54 [21:19] == 2'h3;
+  assign \$140  = \port$4042$54 [18:16] > 2'h3;
   assign \$141  = \$139  & \$140 ;
   assign \$142  = \$138  | \$141 ;
-  assign \$143  = \port$4022$54 [21:19] > 2'h3;
-  assign \$144  = \port$4022$54 [21:19] == 2'h3;
-  assign \$145  = \port$4022$54 [18:16] > 3'h4;
+  assign \$143  = \port$4042$54 [21:19] > 2'h3;
+  assign \$144  = \port$4042$54 [21:19] == 2'h3;
+  assign \$145  = \port$4042$54 [18:16] > 3'h4;
   assign \$146  = \$144  & \$145 ;
   assign \$147  = \$143  | \$146 ;
   \nanokpu_kpu.gemm.requant.mul  mul (
@@ -28170,8 +20012,8 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$4000$0 (i__payload),
-    .\port$4022$54 (\port$4022$54 [15:0]),
+    .\port$4020$0 (i__payload),
+    .\port$4042$54 (\port$4042$54 [15:0]),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -28699,23 +20541,23 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign en = advance;
   assign i__ready = advance;
   assign a__0 = { 1'h0, i__payload[16:0] };
-  assign b__0 = { 2'h0, \port$4022$54 [15:0] };
-  assign mult = \port$4022$54 [15:0];
+  assign b__0 = { 2'h0, \port$4042$54 [15:0] };
+  assign mult = \port$4042$54 [15:0];
   assign a__1 = { i__payload[31], i__payload[31], i__payload[31], i__payload[31:17] };
-  assign b__1 = { 2'h0, \port$4022$54 [15:0] };
+  assign b__1 = { 2'h0, \port$4042$54 [15:0] };
   assign a__2 = { 1'h0, i__payload[48:32] };
-  assign b__2 = { 2'h0, \port$4022$54 [15:0] };
+  assign b__2 = { 2'h0, \port$4042$54 [15:0] };
   assign a__3 = { i__payload[63], i__payload[63], i__payload[63], i__payload[63:49] };
-  assign b__3 = { 2'h0, \port$4022$54 [15:0] };
+  assign b__3 = { 2'h0, \port$4042$54 [15:0] };
   assign a__4 = { 1'h0, i__payload[80:64] };
-  assign b__4 = { 2'h0, \port$4022$54 [15:0] };
+  assign b__4 = { 2'h0, \port$4042$54 [15:0] };
   assign a__5 = { i__payload[95], i__payload[95], i__payload[95], i__payload[95:81] };
-  assign b__5 = { 2'h0, \port$4022$54 [15:0] };
+  assign b__5 = { 2'h0, \port$4042$54 [15:0] };
   assign a__6 = { 1'h0, i__payload[112:96] };
-  assign b__6 = { 2'h0, \port$4022$54 [15:0] };
+  assign b__6 = { 2'h0, \port$4042$54 [15:0] };
   assign a__7 = { i__payload[127], i__payload[127], i__payload[127], i__payload[127:113] };
-  assign b__7 = { 2'h0, \port$4022$54 [15:0] };
-  assign shift = \port$4022$54 [21:16];
+  assign b__7 = { 2'h0, \port$4042$54 [15:0] };
+  assign shift = \port$4042$54 [21:16];
   assign \i__payload[0]  = i__payload[31:0];
   assign \i__payload[1]  = i__payload[63:32];
   assign \i__payload[2]  = i__payload[95:64];
@@ -28730,13 +20572,13 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$252  = { p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3[35], p__3, 17'h00000 };
   assign \$254  = { p__4[35], p__4 };
   assign \$255  = { p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5[35], p__5, 17'h00000 };
-  assign \$258  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
   assign \$257  = { p__6[35], p__6 };
+  assign \$258  = { p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7[35], p__7, 17'h00000 };
   assign \$260  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$262  = { \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48], \$261 [48:16] };
   assign \$263  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$266  = { \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47:8] };
   assign \$267  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$266  = { \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47], \$265 [47:8] };
   assign \$269  = { \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48], \$268 [48:16] };
   assign \$270  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$274  = { \$273 [39], \$273 [39], \$273 [39], \$273 [39], \$273 [39:4] };
@@ -28755,12 +20597,12 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
   assign \$298  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$300  = { \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48], \$299 [48:16] };
   assign \$301  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$305  = { \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39:4] };
   assign \$306  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$305  = { \$304 [39], \$304 [39], \$304 [39], \$304 [39], \$304 [39:4] };
   assign \$308  = { \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48], \$307 [48:16] };
   assign \$309  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
-  assign \$312  = { \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47:8] };
   assign \$313  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
+  assign \$312  = { \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47], \$311 [47:8] };
   assign \$315  = { \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48], \$314 [48:16] };
   assign \$316  = { x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47], x0[47:31] };
   assign \$322  = { \$321 [33], \$321 [33:1] };
@@ -28987,7 +20829,7 @@ module \nanokpu_kpu.gemm.requant (rst, advance, o__ready, unit_rst, i__payload, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$4022$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4020$0 , \port$4042$54 , p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -29073,10 +20915,10 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [127:0] \port$4000$0 ;
-  wire [127:0] \port$4000$0 ;
-  input [15:0] \port$4022$54 ;
-  wire [15:0] \port$4022$54 ;
+  input [127:0] \port$4020$0 ;
+  wire [127:0] \port$4020$0 ;
+  input [15:0] \port$4042$54 ;
+  wire [15:0] \port$4042$54 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -29141,7 +20983,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$4000$0 [16:0] };
+      \$9  = { 1'h0, \port$4020$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -29154,7 +20996,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$4022$54  };
+      \$10  = { 2'h0, \port$4042$54  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -29180,7 +21022,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$4000$0 [31], \port$4000$0 [31], \port$4000$0 [31], \port$4000$0 [31:17] };
+      \$12  = { \port$4020$0 [31], \port$4020$0 [31], \port$4020$0 [31], \port$4020$0 [31:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -29193,7 +21035,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$4022$54  };
+      \$13  = { 2'h0, \port$4042$54  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -29219,7 +21061,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$4000$0 [48:32] };
+      \$15  = { 1'h0, \port$4020$0 [48:32] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -29232,7 +21074,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$4022$54  };
+      \$16  = { 2'h0, \port$4042$54  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -29258,7 +21100,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$4000$0 [63], \port$4000$0 [63], \port$4000$0 [63], \port$4000$0 [63:49] };
+      \$18  = { \port$4020$0 [63], \port$4020$0 [63], \port$4020$0 [63], \port$4020$0 [63:49] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -29271,7 +21113,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$4022$54  };
+      \$19  = { 2'h0, \port$4042$54  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -29297,7 +21139,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$4000$0 [80:64] };
+      \$21  = { 1'h0, \port$4020$0 [80:64] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -29310,7 +21152,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$4022$54  };
+      \$22  = { 2'h0, \port$4042$54  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -29336,7 +21178,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$4000$0 [95], \port$4000$0 [95], \port$4000$0 [95], \port$4000$0 [95:81] };
+      \$24  = { \port$4020$0 [95], \port$4020$0 [95], \port$4020$0 [95], \port$4020$0 [95:81] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -29349,7 +21191,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$4022$54  };
+      \$25  = { 2'h0, \port$4042$54  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -29375,7 +21217,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$4000$0 [112:96] };
+      \$27  = { 1'h0, \port$4020$0 [112:96] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -29388,7 +21230,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$4022$54  };
+      \$28  = { 2'h0, \port$4042$54  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -29414,7 +21256,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$4000$0 [127], \port$4000$0 [127], \port$4000$0 [127], \port$4000$0 [127:113] };
+      \$30  = { \port$4020$0 [127], \port$4020$0 [127], \port$4020$0 [127], \port$4020$0 [127:113] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -29427,7 +21269,7 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
     if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$4022$54  };
+      \$31  = { 2'h0, \port$4042$54  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -29449,22 +21291,22 @@ module \nanokpu_kpu.gemm.requant.mul (rst, en, unit_rst, \port$4000$0 , \port$40
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$4000$0 [16:0] };
-  assign b__0 = { 2'h0, \port$4022$54  };
-  assign a__1 = { \port$4000$0 [31], \port$4000$0 [31], \port$4000$0 [31], \port$4000$0 [31:17] };
-  assign b__1 = { 2'h0, \port$4022$54  };
-  assign a__2 = { 1'h0, \port$4000$0 [48:32] };
-  assign b__2 = { 2'h0, \port$4022$54  };
-  assign a__3 = { \port$4000$0 [63], \port$4000$0 [63], \port$4000$0 [63], \port$4000$0 [63:49] };
-  assign b__3 = { 2'h0, \port$4022$54  };
-  assign a__4 = { 1'h0, \port$4000$0 [80:64] };
-  assign b__4 = { 2'h0, \port$4022$54  };
-  assign a__5 = { \port$4000$0 [95], \port$4000$0 [95], \port$4000$0 [95], \port$4000$0 [95:81] };
-  assign b__5 = { 2'h0, \port$4022$54  };
-  assign a__6 = { 1'h0, \port$4000$0 [112:96] };
-  assign b__6 = { 2'h0, \port$4022$54  };
-  assign a__7 = { \port$4000$0 [127], \port$4000$0 [127], \port$4000$0 [127], \port$4000$0 [127:113] };
-  assign b__7 = { 2'h0, \port$4022$54  };
+  assign a__0 = { 1'h0, \port$4020$0 [16:0] };
+  assign b__0 = { 2'h0, \port$4042$54  };
+  assign a__1 = { \port$4020$0 [31], \port$4020$0 [31], \port$4020$0 [31], \port$4020$0 [31:17] };
+  assign b__1 = { 2'h0, \port$4042$54  };
+  assign a__2 = { 1'h0, \port$4020$0 [48:32] };
+  assign b__2 = { 2'h0, \port$4042$54  };
+  assign a__3 = { \port$4020$0 [63], \port$4020$0 [63], \port$4020$0 [63], \port$4020$0 [63:49] };
+  assign b__3 = { 2'h0, \port$4042$54  };
+  assign a__4 = { 1'h0, \port$4020$0 [80:64] };
+  assign b__4 = { 2'h0, \port$4042$54  };
+  assign a__5 = { \port$4020$0 [95], \port$4020$0 [95], \port$4020$0 [95], \port$4020$0 [95:81] };
+  assign b__5 = { 2'h0, \port$4042$54  };
+  assign a__6 = { 1'h0, \port$4020$0 [112:96] };
+  assign b__6 = { 2'h0, \port$4042$54  };
+  assign a__7 = { \port$4020$0 [127], \port$4020$0 [127], \port$4020$0 [127], \port$4020$0 [127:113] };
+  assign b__7 = { 2'h0, \port$4042$54  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -30494,8 +22336,8 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
     .en(1'h1),
     .p__0(p__0),
     .p__1(p__1),
-    .\port$3638$0 (i__payload),
-    .\port$3748$0 (mult),
+    .\port$3658$0 (i__payload),
+    .\port$3768$0 (mult),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30783,7 +22625,7 @@ module \nanokpu_kpu.requant (rst, advance, i__valid, unit_rst, i__payload, mult,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3638$0 , \port$3748$0 , p__0, p__1, clk);
+module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3658$0 , \port$3768$0 , p__0, p__1, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire [35:0] \$1 ;
   wire [35:0] \$2 ;
@@ -30809,10 +22651,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3638$0 , \port$3748$0 
   reg [35:0] p__0 = 36'h000000000;
   output [35:0] p__1;
   reg [35:0] p__1 = 36'h000000000;
-  input [31:0] \port$3638$0 ;
-  wire [31:0] \port$3638$0 ;
-  input [15:0] \port$3748$0 ;
-  wire [15:0] \port$3748$0 ;
+  input [31:0] \port$3658$0 ;
+  wire [31:0] \port$3658$0 ;
+  input [15:0] \port$3768$0 ;
+  wire [15:0] \port$3768$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30835,7 +22677,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3638$0 , \port$3748$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$3  = a0_r;
     if (en) begin
-      \$3  = { 1'h0, \port$3638$0 [16:0] };
+      \$3  = { 1'h0, \port$3658$0 [16:0] };
     end
     if (unit_rst) begin
       \$3  = 18'h00000;
@@ -30848,7 +22690,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3638$0 , \port$3748$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$4  = b0_r;
     if (en) begin
-      \$4  = { 2'h0, \port$3748$0  };
+      \$4  = { 2'h0, \port$3768$0  };
     end
     if (unit_rst) begin
       \$4  = 18'h00000;
@@ -30874,7 +22716,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3638$0 , \port$3748$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$6  = a1_r;
     if (en) begin
-      \$6  = { \port$3638$0 [31], \port$3638$0 [31], \port$3638$0 [31], \port$3638$0 [31:17] };
+      \$6  = { \port$3658$0 [31], \port$3658$0 [31], \port$3658$0 [31], \port$3658$0 [31:17] };
     end
     if (unit_rst) begin
       \$6  = 18'h00000;
@@ -30887,7 +22729,7 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3638$0 , \port$3748$0 
     if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
     \$7  = b1_r;
     if (en) begin
-      \$7  = { 2'h0, \port$3748$0  };
+      \$7  = { 2'h0, \port$3768$0  };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -30909,10 +22751,10 @@ module \nanokpu_kpu.requant.mul (rst, en, unit_rst, \port$3638$0 , \port$3748$0 
       \$8  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$3638$0 [16:0] };
-  assign b__0 = { 2'h0, \port$3748$0  };
-  assign a__1 = { \port$3638$0 [31], \port$3638$0 [31], \port$3638$0 [31], \port$3638$0 [31:17] };
-  assign b__1 = { 2'h0, \port$3748$0  };
+  assign a__0 = { 1'h0, \port$3658$0 [16:0] };
+  assign b__0 = { 2'h0, \port$3768$0  };
+  assign a__1 = { \port$3658$0 [31], \port$3658$0 [31], \port$3658$0 [31], \port$3658$0 [31:17] };
+  assign b__1 = { 2'h0, \port$3768$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -34513,6 +26355,8261 @@ module \nanokpu_kpu.situ.up (rst, port__en, x, unit_rst, y, clk);
   assign \$13  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
   assign \$16  = { product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19], product3_0[19:6] };
   assign \$18  = { \$17 [20], \$17 [20], \$17 [20], \$17 [20], \$17 [20:4] };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.spad (rst, rd0__data, rd1__data, port__addr, \port__addr$6 , port__en, \port__en$8 , \port__addr$12 , \port__data$16 , \port__en$14 , clk);
+  input clk;
+  wire clk;
+  input [12:0] port__addr;
+  wire [12:0] port__addr;
+  input [12:0] \port__addr$12 ;
+  wire [12:0] \port__addr$12 ;
+  input [12:0] \port__addr$6 ;
+  wire [12:0] \port__addr$6 ;
+  wire [31:0] port__data;
+  wire [31:0] \port__data$11 ;
+  input [31:0] \port__data$16 ;
+  wire [31:0] \port__data$16 ;
+  input port__en;
+  wire port__en;
+  input \port__en$14 ;
+  wire \port__en$14 ;
+  input \port__en$8 ;
+  wire \port__en$8 ;
+  wire [12:0] rd0__addr;
+  output [31:0] rd0__data;
+  wire [31:0] rd0__data;
+  wire rd0__en;
+  wire [12:0] rd1__addr;
+  output [31:0] rd1__data;
+  wire [31:0] rd1__data;
+  wire rd1__en;
+  input rst;
+  wire rst;
+  wire [12:0] wr__addr;
+  wire [31:0] wr__data;
+  wire wr__en;
+  reg [31:0] mem [8191:0];
+  initial begin
+    mem[0] = 32'd0;
+    mem[1] = 32'd0;
+    mem[2] = 32'd0;
+    mem[3] = 32'd0;
+    mem[4] = 32'd0;
+    mem[5] = 32'd0;
+    mem[6] = 32'd0;
+    mem[7] = 32'd0;
+    mem[8] = 32'd0;
+    mem[9] = 32'd0;
+    mem[10] = 32'd0;
+    mem[11] = 32'd0;
+    mem[12] = 32'd0;
+    mem[13] = 32'd0;
+    mem[14] = 32'd0;
+    mem[15] = 32'd0;
+    mem[16] = 32'd0;
+    mem[17] = 32'd0;
+    mem[18] = 32'd0;
+    mem[19] = 32'd0;
+    mem[20] = 32'd0;
+    mem[21] = 32'd0;
+    mem[22] = 32'd0;
+    mem[23] = 32'd0;
+    mem[24] = 32'd0;
+    mem[25] = 32'd0;
+    mem[26] = 32'd0;
+    mem[27] = 32'd0;
+    mem[28] = 32'd0;
+    mem[29] = 32'd0;
+    mem[30] = 32'd0;
+    mem[31] = 32'd0;
+    mem[32] = 32'd0;
+    mem[33] = 32'd0;
+    mem[34] = 32'd0;
+    mem[35] = 32'd0;
+    mem[36] = 32'd0;
+    mem[37] = 32'd0;
+    mem[38] = 32'd0;
+    mem[39] = 32'd0;
+    mem[40] = 32'd0;
+    mem[41] = 32'd0;
+    mem[42] = 32'd0;
+    mem[43] = 32'd0;
+    mem[44] = 32'd0;
+    mem[45] = 32'd0;
+    mem[46] = 32'd0;
+    mem[47] = 32'd0;
+    mem[48] = 32'd0;
+    mem[49] = 32'd0;
+    mem[50] = 32'd0;
+    mem[51] = 32'd0;
+    mem[52] = 32'd0;
+    mem[53] = 32'd0;
+    mem[54] = 32'd0;
+    mem[55] = 32'd0;
+    mem[56] = 32'd0;
+    mem[57] = 32'd0;
+    mem[58] = 32'd0;
+    mem[59] = 32'd0;
+    mem[60] = 32'd0;
+    mem[61] = 32'd0;
+    mem[62] = 32'd0;
+    mem[63] = 32'd0;
+    mem[64] = 32'd0;
+    mem[65] = 32'd0;
+    mem[66] = 32'd0;
+    mem[67] = 32'd0;
+    mem[68] = 32'd0;
+    mem[69] = 32'd0;
+    mem[70] = 32'd0;
+    mem[71] = 32'd0;
+    mem[72] = 32'd0;
+    mem[73] = 32'd0;
+    mem[74] = 32'd0;
+    mem[75] = 32'd0;
+    mem[76] = 32'd0;
+    mem[77] = 32'd0;
+    mem[78] = 32'd0;
+    mem[79] = 32'd0;
+    mem[80] = 32'd0;
+    mem[81] = 32'd0;
+    mem[82] = 32'd0;
+    mem[83] = 32'd0;
+    mem[84] = 32'd0;
+    mem[85] = 32'd0;
+    mem[86] = 32'd0;
+    mem[87] = 32'd0;
+    mem[88] = 32'd0;
+    mem[89] = 32'd0;
+    mem[90] = 32'd0;
+    mem[91] = 32'd0;
+    mem[92] = 32'd0;
+    mem[93] = 32'd0;
+    mem[94] = 32'd0;
+    mem[95] = 32'd0;
+    mem[96] = 32'd0;
+    mem[97] = 32'd0;
+    mem[98] = 32'd0;
+    mem[99] = 32'd0;
+    mem[100] = 32'd0;
+    mem[101] = 32'd0;
+    mem[102] = 32'd0;
+    mem[103] = 32'd0;
+    mem[104] = 32'd0;
+    mem[105] = 32'd0;
+    mem[106] = 32'd0;
+    mem[107] = 32'd0;
+    mem[108] = 32'd0;
+    mem[109] = 32'd0;
+    mem[110] = 32'd0;
+    mem[111] = 32'd0;
+    mem[112] = 32'd0;
+    mem[113] = 32'd0;
+    mem[114] = 32'd0;
+    mem[115] = 32'd0;
+    mem[116] = 32'd0;
+    mem[117] = 32'd0;
+    mem[118] = 32'd0;
+    mem[119] = 32'd0;
+    mem[120] = 32'd0;
+    mem[121] = 32'd0;
+    mem[122] = 32'd0;
+    mem[123] = 32'd0;
+    mem[124] = 32'd0;
+    mem[125] = 32'd0;
+    mem[126] = 32'd0;
+    mem[127] = 32'd0;
+    mem[128] = 32'd0;
+    mem[129] = 32'd0;
+    mem[130] = 32'd0;
+    mem[131] = 32'd0;
+    mem[132] = 32'd0;
+    mem[133] = 32'd0;
+    mem[134] = 32'd0;
+    mem[135] = 32'd0;
+    mem[136] = 32'd0;
+    mem[137] = 32'd0;
+    mem[138] = 32'd0;
+    mem[139] = 32'd0;
+    mem[140] = 32'd0;
+    mem[141] = 32'd0;
+    mem[142] = 32'd0;
+    mem[143] = 32'd0;
+    mem[144] = 32'd0;
+    mem[145] = 32'd0;
+    mem[146] = 32'd0;
+    mem[147] = 32'd0;
+    mem[148] = 32'd0;
+    mem[149] = 32'd0;
+    mem[150] = 32'd0;
+    mem[151] = 32'd0;
+    mem[152] = 32'd0;
+    mem[153] = 32'd0;
+    mem[154] = 32'd0;
+    mem[155] = 32'd0;
+    mem[156] = 32'd0;
+    mem[157] = 32'd0;
+    mem[158] = 32'd0;
+    mem[159] = 32'd0;
+    mem[160] = 32'd0;
+    mem[161] = 32'd0;
+    mem[162] = 32'd0;
+    mem[163] = 32'd0;
+    mem[164] = 32'd0;
+    mem[165] = 32'd0;
+    mem[166] = 32'd0;
+    mem[167] = 32'd0;
+    mem[168] = 32'd0;
+    mem[169] = 32'd0;
+    mem[170] = 32'd0;
+    mem[171] = 32'd0;
+    mem[172] = 32'd0;
+    mem[173] = 32'd0;
+    mem[174] = 32'd0;
+    mem[175] = 32'd0;
+    mem[176] = 32'd0;
+    mem[177] = 32'd0;
+    mem[178] = 32'd0;
+    mem[179] = 32'd0;
+    mem[180] = 32'd0;
+    mem[181] = 32'd0;
+    mem[182] = 32'd0;
+    mem[183] = 32'd0;
+    mem[184] = 32'd0;
+    mem[185] = 32'd0;
+    mem[186] = 32'd0;
+    mem[187] = 32'd0;
+    mem[188] = 32'd0;
+    mem[189] = 32'd0;
+    mem[190] = 32'd0;
+    mem[191] = 32'd0;
+    mem[192] = 32'd0;
+    mem[193] = 32'd0;
+    mem[194] = 32'd0;
+    mem[195] = 32'd0;
+    mem[196] = 32'd0;
+    mem[197] = 32'd0;
+    mem[198] = 32'd0;
+    mem[199] = 32'd0;
+    mem[200] = 32'd0;
+    mem[201] = 32'd0;
+    mem[202] = 32'd0;
+    mem[203] = 32'd0;
+    mem[204] = 32'd0;
+    mem[205] = 32'd0;
+    mem[206] = 32'd0;
+    mem[207] = 32'd0;
+    mem[208] = 32'd0;
+    mem[209] = 32'd0;
+    mem[210] = 32'd0;
+    mem[211] = 32'd0;
+    mem[212] = 32'd0;
+    mem[213] = 32'd0;
+    mem[214] = 32'd0;
+    mem[215] = 32'd0;
+    mem[216] = 32'd0;
+    mem[217] = 32'd0;
+    mem[218] = 32'd0;
+    mem[219] = 32'd0;
+    mem[220] = 32'd0;
+    mem[221] = 32'd0;
+    mem[222] = 32'd0;
+    mem[223] = 32'd0;
+    mem[224] = 32'd0;
+    mem[225] = 32'd0;
+    mem[226] = 32'd0;
+    mem[227] = 32'd0;
+    mem[228] = 32'd0;
+    mem[229] = 32'd0;
+    mem[230] = 32'd0;
+    mem[231] = 32'd0;
+    mem[232] = 32'd0;
+    mem[233] = 32'd0;
+    mem[234] = 32'd0;
+    mem[235] = 32'd0;
+    mem[236] = 32'd0;
+    mem[237] = 32'd0;
+    mem[238] = 32'd0;
+    mem[239] = 32'd0;
+    mem[240] = 32'd0;
+    mem[241] = 32'd0;
+    mem[242] = 32'd0;
+    mem[243] = 32'd0;
+    mem[244] = 32'd0;
+    mem[245] = 32'd0;
+    mem[246] = 32'd0;
+    mem[247] = 32'd0;
+    mem[248] = 32'd0;
+    mem[249] = 32'd0;
+    mem[250] = 32'd0;
+    mem[251] = 32'd0;
+    mem[252] = 32'd0;
+    mem[253] = 32'd0;
+    mem[254] = 32'd0;
+    mem[255] = 32'd0;
+    mem[256] = 32'd0;
+    mem[257] = 32'd0;
+    mem[258] = 32'd0;
+    mem[259] = 32'd0;
+    mem[260] = 32'd0;
+    mem[261] = 32'd0;
+    mem[262] = 32'd0;
+    mem[263] = 32'd0;
+    mem[264] = 32'd0;
+    mem[265] = 32'd0;
+    mem[266] = 32'd0;
+    mem[267] = 32'd0;
+    mem[268] = 32'd0;
+    mem[269] = 32'd0;
+    mem[270] = 32'd0;
+    mem[271] = 32'd0;
+    mem[272] = 32'd0;
+    mem[273] = 32'd0;
+    mem[274] = 32'd0;
+    mem[275] = 32'd0;
+    mem[276] = 32'd0;
+    mem[277] = 32'd0;
+    mem[278] = 32'd0;
+    mem[279] = 32'd0;
+    mem[280] = 32'd0;
+    mem[281] = 32'd0;
+    mem[282] = 32'd0;
+    mem[283] = 32'd0;
+    mem[284] = 32'd0;
+    mem[285] = 32'd0;
+    mem[286] = 32'd0;
+    mem[287] = 32'd0;
+    mem[288] = 32'd0;
+    mem[289] = 32'd0;
+    mem[290] = 32'd0;
+    mem[291] = 32'd0;
+    mem[292] = 32'd0;
+    mem[293] = 32'd0;
+    mem[294] = 32'd0;
+    mem[295] = 32'd0;
+    mem[296] = 32'd0;
+    mem[297] = 32'd0;
+    mem[298] = 32'd0;
+    mem[299] = 32'd0;
+    mem[300] = 32'd0;
+    mem[301] = 32'd0;
+    mem[302] = 32'd0;
+    mem[303] = 32'd0;
+    mem[304] = 32'd0;
+    mem[305] = 32'd0;
+    mem[306] = 32'd0;
+    mem[307] = 32'd0;
+    mem[308] = 32'd0;
+    mem[309] = 32'd0;
+    mem[310] = 32'd0;
+    mem[311] = 32'd0;
+    mem[312] = 32'd0;
+    mem[313] = 32'd0;
+    mem[314] = 32'd0;
+    mem[315] = 32'd0;
+    mem[316] = 32'd0;
+    mem[317] = 32'd0;
+    mem[318] = 32'd0;
+    mem[319] = 32'd0;
+    mem[320] = 32'd0;
+    mem[321] = 32'd0;
+    mem[322] = 32'd0;
+    mem[323] = 32'd0;
+    mem[324] = 32'd0;
+    mem[325] = 32'd0;
+    mem[326] = 32'd0;
+    mem[327] = 32'd0;
+    mem[328] = 32'd0;
+    mem[329] = 32'd0;
+    mem[330] = 32'd0;
+    mem[331] = 32'd0;
+    mem[332] = 32'd0;
+    mem[333] = 32'd0;
+    mem[334] = 32'd0;
+    mem[335] = 32'd0;
+    mem[336] = 32'd0;
+    mem[337] = 32'd0;
+    mem[338] = 32'd0;
+    mem[339] = 32'd0;
+    mem[340] = 32'd0;
+    mem[341] = 32'd0;
+    mem[342] = 32'd0;
+    mem[343] = 32'd0;
+    mem[344] = 32'd0;
+    mem[345] = 32'd0;
+    mem[346] = 32'd0;
+    mem[347] = 32'd0;
+    mem[348] = 32'd0;
+    mem[349] = 32'd0;
+    mem[350] = 32'd0;
+    mem[351] = 32'd0;
+    mem[352] = 32'd0;
+    mem[353] = 32'd0;
+    mem[354] = 32'd0;
+    mem[355] = 32'd0;
+    mem[356] = 32'd0;
+    mem[357] = 32'd0;
+    mem[358] = 32'd0;
+    mem[359] = 32'd0;
+    mem[360] = 32'd0;
+    mem[361] = 32'd0;
+    mem[362] = 32'd0;
+    mem[363] = 32'd0;
+    mem[364] = 32'd0;
+    mem[365] = 32'd0;
+    mem[366] = 32'd0;
+    mem[367] = 32'd0;
+    mem[368] = 32'd0;
+    mem[369] = 32'd0;
+    mem[370] = 32'd0;
+    mem[371] = 32'd0;
+    mem[372] = 32'd0;
+    mem[373] = 32'd0;
+    mem[374] = 32'd0;
+    mem[375] = 32'd0;
+    mem[376] = 32'd0;
+    mem[377] = 32'd0;
+    mem[378] = 32'd0;
+    mem[379] = 32'd0;
+    mem[380] = 32'd0;
+    mem[381] = 32'd0;
+    mem[382] = 32'd0;
+    mem[383] = 32'd0;
+    mem[384] = 32'd0;
+    mem[385] = 32'd0;
+    mem[386] = 32'd0;
+    mem[387] = 32'd0;
+    mem[388] = 32'd0;
+    mem[389] = 32'd0;
+    mem[390] = 32'd0;
+    mem[391] = 32'd0;
+    mem[392] = 32'd0;
+    mem[393] = 32'd0;
+    mem[394] = 32'd0;
+    mem[395] = 32'd0;
+    mem[396] = 32'd0;
+    mem[397] = 32'd0;
+    mem[398] = 32'd0;
+    mem[399] = 32'd0;
+    mem[400] = 32'd0;
+    mem[401] = 32'd0;
+    mem[402] = 32'd0;
+    mem[403] = 32'd0;
+    mem[404] = 32'd0;
+    mem[405] = 32'd0;
+    mem[406] = 32'd0;
+    mem[407] = 32'd0;
+    mem[408] = 32'd0;
+    mem[409] = 32'd0;
+    mem[410] = 32'd0;
+    mem[411] = 32'd0;
+    mem[412] = 32'd0;
+    mem[413] = 32'd0;
+    mem[414] = 32'd0;
+    mem[415] = 32'd0;
+    mem[416] = 32'd0;
+    mem[417] = 32'd0;
+    mem[418] = 32'd0;
+    mem[419] = 32'd0;
+    mem[420] = 32'd0;
+    mem[421] = 32'd0;
+    mem[422] = 32'd0;
+    mem[423] = 32'd0;
+    mem[424] = 32'd0;
+    mem[425] = 32'd0;
+    mem[426] = 32'd0;
+    mem[427] = 32'd0;
+    mem[428] = 32'd0;
+    mem[429] = 32'd0;
+    mem[430] = 32'd0;
+    mem[431] = 32'd0;
+    mem[432] = 32'd0;
+    mem[433] = 32'd0;
+    mem[434] = 32'd0;
+    mem[435] = 32'd0;
+    mem[436] = 32'd0;
+    mem[437] = 32'd0;
+    mem[438] = 32'd0;
+    mem[439] = 32'd0;
+    mem[440] = 32'd0;
+    mem[441] = 32'd0;
+    mem[442] = 32'd0;
+    mem[443] = 32'd0;
+    mem[444] = 32'd0;
+    mem[445] = 32'd0;
+    mem[446] = 32'd0;
+    mem[447] = 32'd0;
+    mem[448] = 32'd0;
+    mem[449] = 32'd0;
+    mem[450] = 32'd0;
+    mem[451] = 32'd0;
+    mem[452] = 32'd0;
+    mem[453] = 32'd0;
+    mem[454] = 32'd0;
+    mem[455] = 32'd0;
+    mem[456] = 32'd0;
+    mem[457] = 32'd0;
+    mem[458] = 32'd0;
+    mem[459] = 32'd0;
+    mem[460] = 32'd0;
+    mem[461] = 32'd0;
+    mem[462] = 32'd0;
+    mem[463] = 32'd0;
+    mem[464] = 32'd0;
+    mem[465] = 32'd0;
+    mem[466] = 32'd0;
+    mem[467] = 32'd0;
+    mem[468] = 32'd0;
+    mem[469] = 32'd0;
+    mem[470] = 32'd0;
+    mem[471] = 32'd0;
+    mem[472] = 32'd0;
+    mem[473] = 32'd0;
+    mem[474] = 32'd0;
+    mem[475] = 32'd0;
+    mem[476] = 32'd0;
+    mem[477] = 32'd0;
+    mem[478] = 32'd0;
+    mem[479] = 32'd0;
+    mem[480] = 32'd0;
+    mem[481] = 32'd0;
+    mem[482] = 32'd0;
+    mem[483] = 32'd0;
+    mem[484] = 32'd0;
+    mem[485] = 32'd0;
+    mem[486] = 32'd0;
+    mem[487] = 32'd0;
+    mem[488] = 32'd0;
+    mem[489] = 32'd0;
+    mem[490] = 32'd0;
+    mem[491] = 32'd0;
+    mem[492] = 32'd0;
+    mem[493] = 32'd0;
+    mem[494] = 32'd0;
+    mem[495] = 32'd0;
+    mem[496] = 32'd0;
+    mem[497] = 32'd0;
+    mem[498] = 32'd0;
+    mem[499] = 32'd0;
+    mem[500] = 32'd0;
+    mem[501] = 32'd0;
+    mem[502] = 32'd0;
+    mem[503] = 32'd0;
+    mem[504] = 32'd0;
+    mem[505] = 32'd0;
+    mem[506] = 32'd0;
+    mem[507] = 32'd0;
+    mem[508] = 32'd0;
+    mem[509] = 32'd0;
+    mem[510] = 32'd0;
+    mem[511] = 32'd0;
+    mem[512] = 32'd0;
+    mem[513] = 32'd0;
+    mem[514] = 32'd0;
+    mem[515] = 32'd0;
+    mem[516] = 32'd0;
+    mem[517] = 32'd0;
+    mem[518] = 32'd0;
+    mem[519] = 32'd0;
+    mem[520] = 32'd0;
+    mem[521] = 32'd0;
+    mem[522] = 32'd0;
+    mem[523] = 32'd0;
+    mem[524] = 32'd0;
+    mem[525] = 32'd0;
+    mem[526] = 32'd0;
+    mem[527] = 32'd0;
+    mem[528] = 32'd0;
+    mem[529] = 32'd0;
+    mem[530] = 32'd0;
+    mem[531] = 32'd0;
+    mem[532] = 32'd0;
+    mem[533] = 32'd0;
+    mem[534] = 32'd0;
+    mem[535] = 32'd0;
+    mem[536] = 32'd0;
+    mem[537] = 32'd0;
+    mem[538] = 32'd0;
+    mem[539] = 32'd0;
+    mem[540] = 32'd0;
+    mem[541] = 32'd0;
+    mem[542] = 32'd0;
+    mem[543] = 32'd0;
+    mem[544] = 32'd0;
+    mem[545] = 32'd0;
+    mem[546] = 32'd0;
+    mem[547] = 32'd0;
+    mem[548] = 32'd0;
+    mem[549] = 32'd0;
+    mem[550] = 32'd0;
+    mem[551] = 32'd0;
+    mem[552] = 32'd0;
+    mem[553] = 32'd0;
+    mem[554] = 32'd0;
+    mem[555] = 32'd0;
+    mem[556] = 32'd0;
+    mem[557] = 32'd0;
+    mem[558] = 32'd0;
+    mem[559] = 32'd0;
+    mem[560] = 32'd0;
+    mem[561] = 32'd0;
+    mem[562] = 32'd0;
+    mem[563] = 32'd0;
+    mem[564] = 32'd0;
+    mem[565] = 32'd0;
+    mem[566] = 32'd0;
+    mem[567] = 32'd0;
+    mem[568] = 32'd0;
+    mem[569] = 32'd0;
+    mem[570] = 32'd0;
+    mem[571] = 32'd0;
+    mem[572] = 32'd0;
+    mem[573] = 32'd0;
+    mem[574] = 32'd0;
+    mem[575] = 32'd0;
+    mem[576] = 32'd0;
+    mem[577] = 32'd0;
+    mem[578] = 32'd0;
+    mem[579] = 32'd0;
+    mem[580] = 32'd0;
+    mem[581] = 32'd0;
+    mem[582] = 32'd0;
+    mem[583] = 32'd0;
+    mem[584] = 32'd0;
+    mem[585] = 32'd0;
+    mem[586] = 32'd0;
+    mem[587] = 32'd0;
+    mem[588] = 32'd0;
+    mem[589] = 32'd0;
+    mem[590] = 32'd0;
+    mem[591] = 32'd0;
+    mem[592] = 32'd0;
+    mem[593] = 32'd0;
+    mem[594] = 32'd0;
+    mem[595] = 32'd0;
+    mem[596] = 32'd0;
+    mem[597] = 32'd0;
+    mem[598] = 32'd0;
+    mem[599] = 32'd0;
+    mem[600] = 32'd0;
+    mem[601] = 32'd0;
+    mem[602] = 32'd0;
+    mem[603] = 32'd0;
+    mem[604] = 32'd0;
+    mem[605] = 32'd0;
+    mem[606] = 32'd0;
+    mem[607] = 32'd0;
+    mem[608] = 32'd0;
+    mem[609] = 32'd0;
+    mem[610] = 32'd0;
+    mem[611] = 32'd0;
+    mem[612] = 32'd0;
+    mem[613] = 32'd0;
+    mem[614] = 32'd0;
+    mem[615] = 32'd0;
+    mem[616] = 32'd0;
+    mem[617] = 32'd0;
+    mem[618] = 32'd0;
+    mem[619] = 32'd0;
+    mem[620] = 32'd0;
+    mem[621] = 32'd0;
+    mem[622] = 32'd0;
+    mem[623] = 32'd0;
+    mem[624] = 32'd0;
+    mem[625] = 32'd0;
+    mem[626] = 32'd0;
+    mem[627] = 32'd0;
+    mem[628] = 32'd0;
+    mem[629] = 32'd0;
+    mem[630] = 32'd0;
+    mem[631] = 32'd0;
+    mem[632] = 32'd0;
+    mem[633] = 32'd0;
+    mem[634] = 32'd0;
+    mem[635] = 32'd0;
+    mem[636] = 32'd0;
+    mem[637] = 32'd0;
+    mem[638] = 32'd0;
+    mem[639] = 32'd0;
+    mem[640] = 32'd0;
+    mem[641] = 32'd0;
+    mem[642] = 32'd0;
+    mem[643] = 32'd0;
+    mem[644] = 32'd0;
+    mem[645] = 32'd0;
+    mem[646] = 32'd0;
+    mem[647] = 32'd0;
+    mem[648] = 32'd0;
+    mem[649] = 32'd0;
+    mem[650] = 32'd0;
+    mem[651] = 32'd0;
+    mem[652] = 32'd0;
+    mem[653] = 32'd0;
+    mem[654] = 32'd0;
+    mem[655] = 32'd0;
+    mem[656] = 32'd0;
+    mem[657] = 32'd0;
+    mem[658] = 32'd0;
+    mem[659] = 32'd0;
+    mem[660] = 32'd0;
+    mem[661] = 32'd0;
+    mem[662] = 32'd0;
+    mem[663] = 32'd0;
+    mem[664] = 32'd0;
+    mem[665] = 32'd0;
+    mem[666] = 32'd0;
+    mem[667] = 32'd0;
+    mem[668] = 32'd0;
+    mem[669] = 32'd0;
+    mem[670] = 32'd0;
+    mem[671] = 32'd0;
+    mem[672] = 32'd0;
+    mem[673] = 32'd0;
+    mem[674] = 32'd0;
+    mem[675] = 32'd0;
+    mem[676] = 32'd0;
+    mem[677] = 32'd0;
+    mem[678] = 32'd0;
+    mem[679] = 32'd0;
+    mem[680] = 32'd0;
+    mem[681] = 32'd0;
+    mem[682] = 32'd0;
+    mem[683] = 32'd0;
+    mem[684] = 32'd0;
+    mem[685] = 32'd0;
+    mem[686] = 32'd0;
+    mem[687] = 32'd0;
+    mem[688] = 32'd0;
+    mem[689] = 32'd0;
+    mem[690] = 32'd0;
+    mem[691] = 32'd0;
+    mem[692] = 32'd0;
+    mem[693] = 32'd0;
+    mem[694] = 32'd0;
+    mem[695] = 32'd0;
+    mem[696] = 32'd0;
+    mem[697] = 32'd0;
+    mem[698] = 32'd0;
+    mem[699] = 32'd0;
+    mem[700] = 32'd0;
+    mem[701] = 32'd0;
+    mem[702] = 32'd0;
+    mem[703] = 32'd0;
+    mem[704] = 32'd0;
+    mem[705] = 32'd0;
+    mem[706] = 32'd0;
+    mem[707] = 32'd0;
+    mem[708] = 32'd0;
+    mem[709] = 32'd0;
+    mem[710] = 32'd0;
+    mem[711] = 32'd0;
+    mem[712] = 32'd0;
+    mem[713] = 32'd0;
+    mem[714] = 32'd0;
+    mem[715] = 32'd0;
+    mem[716] = 32'd0;
+    mem[717] = 32'd0;
+    mem[718] = 32'd0;
+    mem[719] = 32'd0;
+    mem[720] = 32'd0;
+    mem[721] = 32'd0;
+    mem[722] = 32'd0;
+    mem[723] = 32'd0;
+    mem[724] = 32'd0;
+    mem[725] = 32'd0;
+    mem[726] = 32'd0;
+    mem[727] = 32'd0;
+    mem[728] = 32'd0;
+    mem[729] = 32'd0;
+    mem[730] = 32'd0;
+    mem[731] = 32'd0;
+    mem[732] = 32'd0;
+    mem[733] = 32'd0;
+    mem[734] = 32'd0;
+    mem[735] = 32'd0;
+    mem[736] = 32'd0;
+    mem[737] = 32'd0;
+    mem[738] = 32'd0;
+    mem[739] = 32'd0;
+    mem[740] = 32'd0;
+    mem[741] = 32'd0;
+    mem[742] = 32'd0;
+    mem[743] = 32'd0;
+    mem[744] = 32'd0;
+    mem[745] = 32'd0;
+    mem[746] = 32'd0;
+    mem[747] = 32'd0;
+    mem[748] = 32'd0;
+    mem[749] = 32'd0;
+    mem[750] = 32'd0;
+    mem[751] = 32'd0;
+    mem[752] = 32'd0;
+    mem[753] = 32'd0;
+    mem[754] = 32'd0;
+    mem[755] = 32'd0;
+    mem[756] = 32'd0;
+    mem[757] = 32'd0;
+    mem[758] = 32'd0;
+    mem[759] = 32'd0;
+    mem[760] = 32'd0;
+    mem[761] = 32'd0;
+    mem[762] = 32'd0;
+    mem[763] = 32'd0;
+    mem[764] = 32'd0;
+    mem[765] = 32'd0;
+    mem[766] = 32'd0;
+    mem[767] = 32'd0;
+    mem[768] = 32'd0;
+    mem[769] = 32'd0;
+    mem[770] = 32'd0;
+    mem[771] = 32'd0;
+    mem[772] = 32'd0;
+    mem[773] = 32'd0;
+    mem[774] = 32'd0;
+    mem[775] = 32'd0;
+    mem[776] = 32'd0;
+    mem[777] = 32'd0;
+    mem[778] = 32'd0;
+    mem[779] = 32'd0;
+    mem[780] = 32'd0;
+    mem[781] = 32'd0;
+    mem[782] = 32'd0;
+    mem[783] = 32'd0;
+    mem[784] = 32'd0;
+    mem[785] = 32'd0;
+    mem[786] = 32'd0;
+    mem[787] = 32'd0;
+    mem[788] = 32'd0;
+    mem[789] = 32'd0;
+    mem[790] = 32'd0;
+    mem[791] = 32'd0;
+    mem[792] = 32'd0;
+    mem[793] = 32'd0;
+    mem[794] = 32'd0;
+    mem[795] = 32'd0;
+    mem[796] = 32'd0;
+    mem[797] = 32'd0;
+    mem[798] = 32'd0;
+    mem[799] = 32'd0;
+    mem[800] = 32'd0;
+    mem[801] = 32'd0;
+    mem[802] = 32'd0;
+    mem[803] = 32'd0;
+    mem[804] = 32'd0;
+    mem[805] = 32'd0;
+    mem[806] = 32'd0;
+    mem[807] = 32'd0;
+    mem[808] = 32'd0;
+    mem[809] = 32'd0;
+    mem[810] = 32'd0;
+    mem[811] = 32'd0;
+    mem[812] = 32'd0;
+    mem[813] = 32'd0;
+    mem[814] = 32'd0;
+    mem[815] = 32'd0;
+    mem[816] = 32'd0;
+    mem[817] = 32'd0;
+    mem[818] = 32'd0;
+    mem[819] = 32'd0;
+    mem[820] = 32'd0;
+    mem[821] = 32'd0;
+    mem[822] = 32'd0;
+    mem[823] = 32'd0;
+    mem[824] = 32'd0;
+    mem[825] = 32'd0;
+    mem[826] = 32'd0;
+    mem[827] = 32'd0;
+    mem[828] = 32'd0;
+    mem[829] = 32'd0;
+    mem[830] = 32'd0;
+    mem[831] = 32'd0;
+    mem[832] = 32'd0;
+    mem[833] = 32'd0;
+    mem[834] = 32'd0;
+    mem[835] = 32'd0;
+    mem[836] = 32'd0;
+    mem[837] = 32'd0;
+    mem[838] = 32'd0;
+    mem[839] = 32'd0;
+    mem[840] = 32'd0;
+    mem[841] = 32'd0;
+    mem[842] = 32'd0;
+    mem[843] = 32'd0;
+    mem[844] = 32'd0;
+    mem[845] = 32'd0;
+    mem[846] = 32'd0;
+    mem[847] = 32'd0;
+    mem[848] = 32'd0;
+    mem[849] = 32'd0;
+    mem[850] = 32'd0;
+    mem[851] = 32'd0;
+    mem[852] = 32'd0;
+    mem[853] = 32'd0;
+    mem[854] = 32'd0;
+    mem[855] = 32'd0;
+    mem[856] = 32'd0;
+    mem[857] = 32'd0;
+    mem[858] = 32'd0;
+    mem[859] = 32'd0;
+    mem[860] = 32'd0;
+    mem[861] = 32'd0;
+    mem[862] = 32'd0;
+    mem[863] = 32'd0;
+    mem[864] = 32'd0;
+    mem[865] = 32'd0;
+    mem[866] = 32'd0;
+    mem[867] = 32'd0;
+    mem[868] = 32'd0;
+    mem[869] = 32'd0;
+    mem[870] = 32'd0;
+    mem[871] = 32'd0;
+    mem[872] = 32'd0;
+    mem[873] = 32'd0;
+    mem[874] = 32'd0;
+    mem[875] = 32'd0;
+    mem[876] = 32'd0;
+    mem[877] = 32'd0;
+    mem[878] = 32'd0;
+    mem[879] = 32'd0;
+    mem[880] = 32'd0;
+    mem[881] = 32'd0;
+    mem[882] = 32'd0;
+    mem[883] = 32'd0;
+    mem[884] = 32'd0;
+    mem[885] = 32'd0;
+    mem[886] = 32'd0;
+    mem[887] = 32'd0;
+    mem[888] = 32'd0;
+    mem[889] = 32'd0;
+    mem[890] = 32'd0;
+    mem[891] = 32'd0;
+    mem[892] = 32'd0;
+    mem[893] = 32'd0;
+    mem[894] = 32'd0;
+    mem[895] = 32'd0;
+    mem[896] = 32'd0;
+    mem[897] = 32'd0;
+    mem[898] = 32'd0;
+    mem[899] = 32'd0;
+    mem[900] = 32'd0;
+    mem[901] = 32'd0;
+    mem[902] = 32'd0;
+    mem[903] = 32'd0;
+    mem[904] = 32'd0;
+    mem[905] = 32'd0;
+    mem[906] = 32'd0;
+    mem[907] = 32'd0;
+    mem[908] = 32'd0;
+    mem[909] = 32'd0;
+    mem[910] = 32'd0;
+    mem[911] = 32'd0;
+    mem[912] = 32'd0;
+    mem[913] = 32'd0;
+    mem[914] = 32'd0;
+    mem[915] = 32'd0;
+    mem[916] = 32'd0;
+    mem[917] = 32'd0;
+    mem[918] = 32'd0;
+    mem[919] = 32'd0;
+    mem[920] = 32'd0;
+    mem[921] = 32'd0;
+    mem[922] = 32'd0;
+    mem[923] = 32'd0;
+    mem[924] = 32'd0;
+    mem[925] = 32'd0;
+    mem[926] = 32'd0;
+    mem[927] = 32'd0;
+    mem[928] = 32'd0;
+    mem[929] = 32'd0;
+    mem[930] = 32'd0;
+    mem[931] = 32'd0;
+    mem[932] = 32'd0;
+    mem[933] = 32'd0;
+    mem[934] = 32'd0;
+    mem[935] = 32'd0;
+    mem[936] = 32'd0;
+    mem[937] = 32'd0;
+    mem[938] = 32'd0;
+    mem[939] = 32'd0;
+    mem[940] = 32'd0;
+    mem[941] = 32'd0;
+    mem[942] = 32'd0;
+    mem[943] = 32'd0;
+    mem[944] = 32'd0;
+    mem[945] = 32'd0;
+    mem[946] = 32'd0;
+    mem[947] = 32'd0;
+    mem[948] = 32'd0;
+    mem[949] = 32'd0;
+    mem[950] = 32'd0;
+    mem[951] = 32'd0;
+    mem[952] = 32'd0;
+    mem[953] = 32'd0;
+    mem[954] = 32'd0;
+    mem[955] = 32'd0;
+    mem[956] = 32'd0;
+    mem[957] = 32'd0;
+    mem[958] = 32'd0;
+    mem[959] = 32'd0;
+    mem[960] = 32'd0;
+    mem[961] = 32'd0;
+    mem[962] = 32'd0;
+    mem[963] = 32'd0;
+    mem[964] = 32'd0;
+    mem[965] = 32'd0;
+    mem[966] = 32'd0;
+    mem[967] = 32'd0;
+    mem[968] = 32'd0;
+    mem[969] = 32'd0;
+    mem[970] = 32'd0;
+    mem[971] = 32'd0;
+    mem[972] = 32'd0;
+    mem[973] = 32'd0;
+    mem[974] = 32'd0;
+    mem[975] = 32'd0;
+    mem[976] = 32'd0;
+    mem[977] = 32'd0;
+    mem[978] = 32'd0;
+    mem[979] = 32'd0;
+    mem[980] = 32'd0;
+    mem[981] = 32'd0;
+    mem[982] = 32'd0;
+    mem[983] = 32'd0;
+    mem[984] = 32'd0;
+    mem[985] = 32'd0;
+    mem[986] = 32'd0;
+    mem[987] = 32'd0;
+    mem[988] = 32'd0;
+    mem[989] = 32'd0;
+    mem[990] = 32'd0;
+    mem[991] = 32'd0;
+    mem[992] = 32'd0;
+    mem[993] = 32'd0;
+    mem[994] = 32'd0;
+    mem[995] = 32'd0;
+    mem[996] = 32'd0;
+    mem[997] = 32'd0;
+    mem[998] = 32'd0;
+    mem[999] = 32'd0;
+    mem[1000] = 32'd0;
+    mem[1001] = 32'd0;
+    mem[1002] = 32'd0;
+    mem[1003] = 32'd0;
+    mem[1004] = 32'd0;
+    mem[1005] = 32'd0;
+    mem[1006] = 32'd0;
+    mem[1007] = 32'd0;
+    mem[1008] = 32'd0;
+    mem[1009] = 32'd0;
+    mem[1010] = 32'd0;
+    mem[1011] = 32'd0;
+    mem[1012] = 32'd0;
+    mem[1013] = 32'd0;
+    mem[1014] = 32'd0;
+    mem[1015] = 32'd0;
+    mem[1016] = 32'd0;
+    mem[1017] = 32'd0;
+    mem[1018] = 32'd0;
+    mem[1019] = 32'd0;
+    mem[1020] = 32'd0;
+    mem[1021] = 32'd0;
+    mem[1022] = 32'd0;
+    mem[1023] = 32'd0;
+    mem[1024] = 32'd0;
+    mem[1025] = 32'd0;
+    mem[1026] = 32'd0;
+    mem[1027] = 32'd0;
+    mem[1028] = 32'd0;
+    mem[1029] = 32'd0;
+    mem[1030] = 32'd0;
+    mem[1031] = 32'd0;
+    mem[1032] = 32'd0;
+    mem[1033] = 32'd0;
+    mem[1034] = 32'd0;
+    mem[1035] = 32'd0;
+    mem[1036] = 32'd0;
+    mem[1037] = 32'd0;
+    mem[1038] = 32'd0;
+    mem[1039] = 32'd0;
+    mem[1040] = 32'd0;
+    mem[1041] = 32'd0;
+    mem[1042] = 32'd0;
+    mem[1043] = 32'd0;
+    mem[1044] = 32'd0;
+    mem[1045] = 32'd0;
+    mem[1046] = 32'd0;
+    mem[1047] = 32'd0;
+    mem[1048] = 32'd0;
+    mem[1049] = 32'd0;
+    mem[1050] = 32'd0;
+    mem[1051] = 32'd0;
+    mem[1052] = 32'd0;
+    mem[1053] = 32'd0;
+    mem[1054] = 32'd0;
+    mem[1055] = 32'd0;
+    mem[1056] = 32'd0;
+    mem[1057] = 32'd0;
+    mem[1058] = 32'd0;
+    mem[1059] = 32'd0;
+    mem[1060] = 32'd0;
+    mem[1061] = 32'd0;
+    mem[1062] = 32'd0;
+    mem[1063] = 32'd0;
+    mem[1064] = 32'd0;
+    mem[1065] = 32'd0;
+    mem[1066] = 32'd0;
+    mem[1067] = 32'd0;
+    mem[1068] = 32'd0;
+    mem[1069] = 32'd0;
+    mem[1070] = 32'd0;
+    mem[1071] = 32'd0;
+    mem[1072] = 32'd0;
+    mem[1073] = 32'd0;
+    mem[1074] = 32'd0;
+    mem[1075] = 32'd0;
+    mem[1076] = 32'd0;
+    mem[1077] = 32'd0;
+    mem[1078] = 32'd0;
+    mem[1079] = 32'd0;
+    mem[1080] = 32'd0;
+    mem[1081] = 32'd0;
+    mem[1082] = 32'd0;
+    mem[1083] = 32'd0;
+    mem[1084] = 32'd0;
+    mem[1085] = 32'd0;
+    mem[1086] = 32'd0;
+    mem[1087] = 32'd0;
+    mem[1088] = 32'd0;
+    mem[1089] = 32'd0;
+    mem[1090] = 32'd0;
+    mem[1091] = 32'd0;
+    mem[1092] = 32'd0;
+    mem[1093] = 32'd0;
+    mem[1094] = 32'd0;
+    mem[1095] = 32'd0;
+    mem[1096] = 32'd0;
+    mem[1097] = 32'd0;
+    mem[1098] = 32'd0;
+    mem[1099] = 32'd0;
+    mem[1100] = 32'd0;
+    mem[1101] = 32'd0;
+    mem[1102] = 32'd0;
+    mem[1103] = 32'd0;
+    mem[1104] = 32'd0;
+    mem[1105] = 32'd0;
+    mem[1106] = 32'd0;
+    mem[1107] = 32'd0;
+    mem[1108] = 32'd0;
+    mem[1109] = 32'd0;
+    mem[1110] = 32'd0;
+    mem[1111] = 32'd0;
+    mem[1112] = 32'd0;
+    mem[1113] = 32'd0;
+    mem[1114] = 32'd0;
+    mem[1115] = 32'd0;
+    mem[1116] = 32'd0;
+    mem[1117] = 32'd0;
+    mem[1118] = 32'd0;
+    mem[1119] = 32'd0;
+    mem[1120] = 32'd0;
+    mem[1121] = 32'd0;
+    mem[1122] = 32'd0;
+    mem[1123] = 32'd0;
+    mem[1124] = 32'd0;
+    mem[1125] = 32'd0;
+    mem[1126] = 32'd0;
+    mem[1127] = 32'd0;
+    mem[1128] = 32'd0;
+    mem[1129] = 32'd0;
+    mem[1130] = 32'd0;
+    mem[1131] = 32'd0;
+    mem[1132] = 32'd0;
+    mem[1133] = 32'd0;
+    mem[1134] = 32'd0;
+    mem[1135] = 32'd0;
+    mem[1136] = 32'd0;
+    mem[1137] = 32'd0;
+    mem[1138] = 32'd0;
+    mem[1139] = 32'd0;
+    mem[1140] = 32'd0;
+    mem[1141] = 32'd0;
+    mem[1142] = 32'd0;
+    mem[1143] = 32'd0;
+    mem[1144] = 32'd0;
+    mem[1145] = 32'd0;
+    mem[1146] = 32'd0;
+    mem[1147] = 32'd0;
+    mem[1148] = 32'd0;
+    mem[1149] = 32'd0;
+    mem[1150] = 32'd0;
+    mem[1151] = 32'd0;
+    mem[1152] = 32'd0;
+    mem[1153] = 32'd0;
+    mem[1154] = 32'd0;
+    mem[1155] = 32'd0;
+    mem[1156] = 32'd0;
+    mem[1157] = 32'd0;
+    mem[1158] = 32'd0;
+    mem[1159] = 32'd0;
+    mem[1160] = 32'd0;
+    mem[1161] = 32'd0;
+    mem[1162] = 32'd0;
+    mem[1163] = 32'd0;
+    mem[1164] = 32'd0;
+    mem[1165] = 32'd0;
+    mem[1166] = 32'd0;
+    mem[1167] = 32'd0;
+    mem[1168] = 32'd0;
+    mem[1169] = 32'd0;
+    mem[1170] = 32'd0;
+    mem[1171] = 32'd0;
+    mem[1172] = 32'd0;
+    mem[1173] = 32'd0;
+    mem[1174] = 32'd0;
+    mem[1175] = 32'd0;
+    mem[1176] = 32'd0;
+    mem[1177] = 32'd0;
+    mem[1178] = 32'd0;
+    mem[1179] = 32'd0;
+    mem[1180] = 32'd0;
+    mem[1181] = 32'd0;
+    mem[1182] = 32'd0;
+    mem[1183] = 32'd0;
+    mem[1184] = 32'd0;
+    mem[1185] = 32'd0;
+    mem[1186] = 32'd0;
+    mem[1187] = 32'd0;
+    mem[1188] = 32'd0;
+    mem[1189] = 32'd0;
+    mem[1190] = 32'd0;
+    mem[1191] = 32'd0;
+    mem[1192] = 32'd0;
+    mem[1193] = 32'd0;
+    mem[1194] = 32'd0;
+    mem[1195] = 32'd0;
+    mem[1196] = 32'd0;
+    mem[1197] = 32'd0;
+    mem[1198] = 32'd0;
+    mem[1199] = 32'd0;
+    mem[1200] = 32'd0;
+    mem[1201] = 32'd0;
+    mem[1202] = 32'd0;
+    mem[1203] = 32'd0;
+    mem[1204] = 32'd0;
+    mem[1205] = 32'd0;
+    mem[1206] = 32'd0;
+    mem[1207] = 32'd0;
+    mem[1208] = 32'd0;
+    mem[1209] = 32'd0;
+    mem[1210] = 32'd0;
+    mem[1211] = 32'd0;
+    mem[1212] = 32'd0;
+    mem[1213] = 32'd0;
+    mem[1214] = 32'd0;
+    mem[1215] = 32'd0;
+    mem[1216] = 32'd0;
+    mem[1217] = 32'd0;
+    mem[1218] = 32'd0;
+    mem[1219] = 32'd0;
+    mem[1220] = 32'd0;
+    mem[1221] = 32'd0;
+    mem[1222] = 32'd0;
+    mem[1223] = 32'd0;
+    mem[1224] = 32'd0;
+    mem[1225] = 32'd0;
+    mem[1226] = 32'd0;
+    mem[1227] = 32'd0;
+    mem[1228] = 32'd0;
+    mem[1229] = 32'd0;
+    mem[1230] = 32'd0;
+    mem[1231] = 32'd0;
+    mem[1232] = 32'd0;
+    mem[1233] = 32'd0;
+    mem[1234] = 32'd0;
+    mem[1235] = 32'd0;
+    mem[1236] = 32'd0;
+    mem[1237] = 32'd0;
+    mem[1238] = 32'd0;
+    mem[1239] = 32'd0;
+    mem[1240] = 32'd0;
+    mem[1241] = 32'd0;
+    mem[1242] = 32'd0;
+    mem[1243] = 32'd0;
+    mem[1244] = 32'd0;
+    mem[1245] = 32'd0;
+    mem[1246] = 32'd0;
+    mem[1247] = 32'd0;
+    mem[1248] = 32'd0;
+    mem[1249] = 32'd0;
+    mem[1250] = 32'd0;
+    mem[1251] = 32'd0;
+    mem[1252] = 32'd0;
+    mem[1253] = 32'd0;
+    mem[1254] = 32'd0;
+    mem[1255] = 32'd0;
+    mem[1256] = 32'd0;
+    mem[1257] = 32'd0;
+    mem[1258] = 32'd0;
+    mem[1259] = 32'd0;
+    mem[1260] = 32'd0;
+    mem[1261] = 32'd0;
+    mem[1262] = 32'd0;
+    mem[1263] = 32'd0;
+    mem[1264] = 32'd0;
+    mem[1265] = 32'd0;
+    mem[1266] = 32'd0;
+    mem[1267] = 32'd0;
+    mem[1268] = 32'd0;
+    mem[1269] = 32'd0;
+    mem[1270] = 32'd0;
+    mem[1271] = 32'd0;
+    mem[1272] = 32'd0;
+    mem[1273] = 32'd0;
+    mem[1274] = 32'd0;
+    mem[1275] = 32'd0;
+    mem[1276] = 32'd0;
+    mem[1277] = 32'd0;
+    mem[1278] = 32'd0;
+    mem[1279] = 32'd0;
+    mem[1280] = 32'd0;
+    mem[1281] = 32'd0;
+    mem[1282] = 32'd0;
+    mem[1283] = 32'd0;
+    mem[1284] = 32'd0;
+    mem[1285] = 32'd0;
+    mem[1286] = 32'd0;
+    mem[1287] = 32'd0;
+    mem[1288] = 32'd0;
+    mem[1289] = 32'd0;
+    mem[1290] = 32'd0;
+    mem[1291] = 32'd0;
+    mem[1292] = 32'd0;
+    mem[1293] = 32'd0;
+    mem[1294] = 32'd0;
+    mem[1295] = 32'd0;
+    mem[1296] = 32'd0;
+    mem[1297] = 32'd0;
+    mem[1298] = 32'd0;
+    mem[1299] = 32'd0;
+    mem[1300] = 32'd0;
+    mem[1301] = 32'd0;
+    mem[1302] = 32'd0;
+    mem[1303] = 32'd0;
+    mem[1304] = 32'd0;
+    mem[1305] = 32'd0;
+    mem[1306] = 32'd0;
+    mem[1307] = 32'd0;
+    mem[1308] = 32'd0;
+    mem[1309] = 32'd0;
+    mem[1310] = 32'd0;
+    mem[1311] = 32'd0;
+    mem[1312] = 32'd0;
+    mem[1313] = 32'd0;
+    mem[1314] = 32'd0;
+    mem[1315] = 32'd0;
+    mem[1316] = 32'd0;
+    mem[1317] = 32'd0;
+    mem[1318] = 32'd0;
+    mem[1319] = 32'd0;
+    mem[1320] = 32'd0;
+    mem[1321] = 32'd0;
+    mem[1322] = 32'd0;
+    mem[1323] = 32'd0;
+    mem[1324] = 32'd0;
+    mem[1325] = 32'd0;
+    mem[1326] = 32'd0;
+    mem[1327] = 32'd0;
+    mem[1328] = 32'd0;
+    mem[1329] = 32'd0;
+    mem[1330] = 32'd0;
+    mem[1331] = 32'd0;
+    mem[1332] = 32'd0;
+    mem[1333] = 32'd0;
+    mem[1334] = 32'd0;
+    mem[1335] = 32'd0;
+    mem[1336] = 32'd0;
+    mem[1337] = 32'd0;
+    mem[1338] = 32'd0;
+    mem[1339] = 32'd0;
+    mem[1340] = 32'd0;
+    mem[1341] = 32'd0;
+    mem[1342] = 32'd0;
+    mem[1343] = 32'd0;
+    mem[1344] = 32'd0;
+    mem[1345] = 32'd0;
+    mem[1346] = 32'd0;
+    mem[1347] = 32'd0;
+    mem[1348] = 32'd0;
+    mem[1349] = 32'd0;
+    mem[1350] = 32'd0;
+    mem[1351] = 32'd0;
+    mem[1352] = 32'd0;
+    mem[1353] = 32'd0;
+    mem[1354] = 32'd0;
+    mem[1355] = 32'd0;
+    mem[1356] = 32'd0;
+    mem[1357] = 32'd0;
+    mem[1358] = 32'd0;
+    mem[1359] = 32'd0;
+    mem[1360] = 32'd0;
+    mem[1361] = 32'd0;
+    mem[1362] = 32'd0;
+    mem[1363] = 32'd0;
+    mem[1364] = 32'd0;
+    mem[1365] = 32'd0;
+    mem[1366] = 32'd0;
+    mem[1367] = 32'd0;
+    mem[1368] = 32'd0;
+    mem[1369] = 32'd0;
+    mem[1370] = 32'd0;
+    mem[1371] = 32'd0;
+    mem[1372] = 32'd0;
+    mem[1373] = 32'd0;
+    mem[1374] = 32'd0;
+    mem[1375] = 32'd0;
+    mem[1376] = 32'd0;
+    mem[1377] = 32'd0;
+    mem[1378] = 32'd0;
+    mem[1379] = 32'd0;
+    mem[1380] = 32'd0;
+    mem[1381] = 32'd0;
+    mem[1382] = 32'd0;
+    mem[1383] = 32'd0;
+    mem[1384] = 32'd0;
+    mem[1385] = 32'd0;
+    mem[1386] = 32'd0;
+    mem[1387] = 32'd0;
+    mem[1388] = 32'd0;
+    mem[1389] = 32'd0;
+    mem[1390] = 32'd0;
+    mem[1391] = 32'd0;
+    mem[1392] = 32'd0;
+    mem[1393] = 32'd0;
+    mem[1394] = 32'd0;
+    mem[1395] = 32'd0;
+    mem[1396] = 32'd0;
+    mem[1397] = 32'd0;
+    mem[1398] = 32'd0;
+    mem[1399] = 32'd0;
+    mem[1400] = 32'd0;
+    mem[1401] = 32'd0;
+    mem[1402] = 32'd0;
+    mem[1403] = 32'd0;
+    mem[1404] = 32'd0;
+    mem[1405] = 32'd0;
+    mem[1406] = 32'd0;
+    mem[1407] = 32'd0;
+    mem[1408] = 32'd0;
+    mem[1409] = 32'd0;
+    mem[1410] = 32'd0;
+    mem[1411] = 32'd0;
+    mem[1412] = 32'd0;
+    mem[1413] = 32'd0;
+    mem[1414] = 32'd0;
+    mem[1415] = 32'd0;
+    mem[1416] = 32'd0;
+    mem[1417] = 32'd0;
+    mem[1418] = 32'd0;
+    mem[1419] = 32'd0;
+    mem[1420] = 32'd0;
+    mem[1421] = 32'd0;
+    mem[1422] = 32'd0;
+    mem[1423] = 32'd0;
+    mem[1424] = 32'd0;
+    mem[1425] = 32'd0;
+    mem[1426] = 32'd0;
+    mem[1427] = 32'd0;
+    mem[1428] = 32'd0;
+    mem[1429] = 32'd0;
+    mem[1430] = 32'd0;
+    mem[1431] = 32'd0;
+    mem[1432] = 32'd0;
+    mem[1433] = 32'd0;
+    mem[1434] = 32'd0;
+    mem[1435] = 32'd0;
+    mem[1436] = 32'd0;
+    mem[1437] = 32'd0;
+    mem[1438] = 32'd0;
+    mem[1439] = 32'd0;
+    mem[1440] = 32'd0;
+    mem[1441] = 32'd0;
+    mem[1442] = 32'd0;
+    mem[1443] = 32'd0;
+    mem[1444] = 32'd0;
+    mem[1445] = 32'd0;
+    mem[1446] = 32'd0;
+    mem[1447] = 32'd0;
+    mem[1448] = 32'd0;
+    mem[1449] = 32'd0;
+    mem[1450] = 32'd0;
+    mem[1451] = 32'd0;
+    mem[1452] = 32'd0;
+    mem[1453] = 32'd0;
+    mem[1454] = 32'd0;
+    mem[1455] = 32'd0;
+    mem[1456] = 32'd0;
+    mem[1457] = 32'd0;
+    mem[1458] = 32'd0;
+    mem[1459] = 32'd0;
+    mem[1460] = 32'd0;
+    mem[1461] = 32'd0;
+    mem[1462] = 32'd0;
+    mem[1463] = 32'd0;
+    mem[1464] = 32'd0;
+    mem[1465] = 32'd0;
+    mem[1466] = 32'd0;
+    mem[1467] = 32'd0;
+    mem[1468] = 32'd0;
+    mem[1469] = 32'd0;
+    mem[1470] = 32'd0;
+    mem[1471] = 32'd0;
+    mem[1472] = 32'd0;
+    mem[1473] = 32'd0;
+    mem[1474] = 32'd0;
+    mem[1475] = 32'd0;
+    mem[1476] = 32'd0;
+    mem[1477] = 32'd0;
+    mem[1478] = 32'd0;
+    mem[1479] = 32'd0;
+    mem[1480] = 32'd0;
+    mem[1481] = 32'd0;
+    mem[1482] = 32'd0;
+    mem[1483] = 32'd0;
+    mem[1484] = 32'd0;
+    mem[1485] = 32'd0;
+    mem[1486] = 32'd0;
+    mem[1487] = 32'd0;
+    mem[1488] = 32'd0;
+    mem[1489] = 32'd0;
+    mem[1490] = 32'd0;
+    mem[1491] = 32'd0;
+    mem[1492] = 32'd0;
+    mem[1493] = 32'd0;
+    mem[1494] = 32'd0;
+    mem[1495] = 32'd0;
+    mem[1496] = 32'd0;
+    mem[1497] = 32'd0;
+    mem[1498] = 32'd0;
+    mem[1499] = 32'd0;
+    mem[1500] = 32'd0;
+    mem[1501] = 32'd0;
+    mem[1502] = 32'd0;
+    mem[1503] = 32'd0;
+    mem[1504] = 32'd0;
+    mem[1505] = 32'd0;
+    mem[1506] = 32'd0;
+    mem[1507] = 32'd0;
+    mem[1508] = 32'd0;
+    mem[1509] = 32'd0;
+    mem[1510] = 32'd0;
+    mem[1511] = 32'd0;
+    mem[1512] = 32'd0;
+    mem[1513] = 32'd0;
+    mem[1514] = 32'd0;
+    mem[1515] = 32'd0;
+    mem[1516] = 32'd0;
+    mem[1517] = 32'd0;
+    mem[1518] = 32'd0;
+    mem[1519] = 32'd0;
+    mem[1520] = 32'd0;
+    mem[1521] = 32'd0;
+    mem[1522] = 32'd0;
+    mem[1523] = 32'd0;
+    mem[1524] = 32'd0;
+    mem[1525] = 32'd0;
+    mem[1526] = 32'd0;
+    mem[1527] = 32'd0;
+    mem[1528] = 32'd0;
+    mem[1529] = 32'd0;
+    mem[1530] = 32'd0;
+    mem[1531] = 32'd0;
+    mem[1532] = 32'd0;
+    mem[1533] = 32'd0;
+    mem[1534] = 32'd0;
+    mem[1535] = 32'd0;
+    mem[1536] = 32'd0;
+    mem[1537] = 32'd0;
+    mem[1538] = 32'd0;
+    mem[1539] = 32'd0;
+    mem[1540] = 32'd0;
+    mem[1541] = 32'd0;
+    mem[1542] = 32'd0;
+    mem[1543] = 32'd0;
+    mem[1544] = 32'd0;
+    mem[1545] = 32'd0;
+    mem[1546] = 32'd0;
+    mem[1547] = 32'd0;
+    mem[1548] = 32'd0;
+    mem[1549] = 32'd0;
+    mem[1550] = 32'd0;
+    mem[1551] = 32'd0;
+    mem[1552] = 32'd0;
+    mem[1553] = 32'd0;
+    mem[1554] = 32'd0;
+    mem[1555] = 32'd0;
+    mem[1556] = 32'd0;
+    mem[1557] = 32'd0;
+    mem[1558] = 32'd0;
+    mem[1559] = 32'd0;
+    mem[1560] = 32'd0;
+    mem[1561] = 32'd0;
+    mem[1562] = 32'd0;
+    mem[1563] = 32'd0;
+    mem[1564] = 32'd0;
+    mem[1565] = 32'd0;
+    mem[1566] = 32'd0;
+    mem[1567] = 32'd0;
+    mem[1568] = 32'd0;
+    mem[1569] = 32'd0;
+    mem[1570] = 32'd0;
+    mem[1571] = 32'd0;
+    mem[1572] = 32'd0;
+    mem[1573] = 32'd0;
+    mem[1574] = 32'd0;
+    mem[1575] = 32'd0;
+    mem[1576] = 32'd0;
+    mem[1577] = 32'd0;
+    mem[1578] = 32'd0;
+    mem[1579] = 32'd0;
+    mem[1580] = 32'd0;
+    mem[1581] = 32'd0;
+    mem[1582] = 32'd0;
+    mem[1583] = 32'd0;
+    mem[1584] = 32'd0;
+    mem[1585] = 32'd0;
+    mem[1586] = 32'd0;
+    mem[1587] = 32'd0;
+    mem[1588] = 32'd0;
+    mem[1589] = 32'd0;
+    mem[1590] = 32'd0;
+    mem[1591] = 32'd0;
+    mem[1592] = 32'd0;
+    mem[1593] = 32'd0;
+    mem[1594] = 32'd0;
+    mem[1595] = 32'd0;
+    mem[1596] = 32'd0;
+    mem[1597] = 32'd0;
+    mem[1598] = 32'd0;
+    mem[1599] = 32'd0;
+    mem[1600] = 32'd0;
+    mem[1601] = 32'd0;
+    mem[1602] = 32'd0;
+    mem[1603] = 32'd0;
+    mem[1604] = 32'd0;
+    mem[1605] = 32'd0;
+    mem[1606] = 32'd0;
+    mem[1607] = 32'd0;
+    mem[1608] = 32'd0;
+    mem[1609] = 32'd0;
+    mem[1610] = 32'd0;
+    mem[1611] = 32'd0;
+    mem[1612] = 32'd0;
+    mem[1613] = 32'd0;
+    mem[1614] = 32'd0;
+    mem[1615] = 32'd0;
+    mem[1616] = 32'd0;
+    mem[1617] = 32'd0;
+    mem[1618] = 32'd0;
+    mem[1619] = 32'd0;
+    mem[1620] = 32'd0;
+    mem[1621] = 32'd0;
+    mem[1622] = 32'd0;
+    mem[1623] = 32'd0;
+    mem[1624] = 32'd0;
+    mem[1625] = 32'd0;
+    mem[1626] = 32'd0;
+    mem[1627] = 32'd0;
+    mem[1628] = 32'd0;
+    mem[1629] = 32'd0;
+    mem[1630] = 32'd0;
+    mem[1631] = 32'd0;
+    mem[1632] = 32'd0;
+    mem[1633] = 32'd0;
+    mem[1634] = 32'd0;
+    mem[1635] = 32'd0;
+    mem[1636] = 32'd0;
+    mem[1637] = 32'd0;
+    mem[1638] = 32'd0;
+    mem[1639] = 32'd0;
+    mem[1640] = 32'd0;
+    mem[1641] = 32'd0;
+    mem[1642] = 32'd0;
+    mem[1643] = 32'd0;
+    mem[1644] = 32'd0;
+    mem[1645] = 32'd0;
+    mem[1646] = 32'd0;
+    mem[1647] = 32'd0;
+    mem[1648] = 32'd0;
+    mem[1649] = 32'd0;
+    mem[1650] = 32'd0;
+    mem[1651] = 32'd0;
+    mem[1652] = 32'd0;
+    mem[1653] = 32'd0;
+    mem[1654] = 32'd0;
+    mem[1655] = 32'd0;
+    mem[1656] = 32'd0;
+    mem[1657] = 32'd0;
+    mem[1658] = 32'd0;
+    mem[1659] = 32'd0;
+    mem[1660] = 32'd0;
+    mem[1661] = 32'd0;
+    mem[1662] = 32'd0;
+    mem[1663] = 32'd0;
+    mem[1664] = 32'd0;
+    mem[1665] = 32'd0;
+    mem[1666] = 32'd0;
+    mem[1667] = 32'd0;
+    mem[1668] = 32'd0;
+    mem[1669] = 32'd0;
+    mem[1670] = 32'd0;
+    mem[1671] = 32'd0;
+    mem[1672] = 32'd0;
+    mem[1673] = 32'd0;
+    mem[1674] = 32'd0;
+    mem[1675] = 32'd0;
+    mem[1676] = 32'd0;
+    mem[1677] = 32'd0;
+    mem[1678] = 32'd0;
+    mem[1679] = 32'd0;
+    mem[1680] = 32'd0;
+    mem[1681] = 32'd0;
+    mem[1682] = 32'd0;
+    mem[1683] = 32'd0;
+    mem[1684] = 32'd0;
+    mem[1685] = 32'd0;
+    mem[1686] = 32'd0;
+    mem[1687] = 32'd0;
+    mem[1688] = 32'd0;
+    mem[1689] = 32'd0;
+    mem[1690] = 32'd0;
+    mem[1691] = 32'd0;
+    mem[1692] = 32'd0;
+    mem[1693] = 32'd0;
+    mem[1694] = 32'd0;
+    mem[1695] = 32'd0;
+    mem[1696] = 32'd0;
+    mem[1697] = 32'd0;
+    mem[1698] = 32'd0;
+    mem[1699] = 32'd0;
+    mem[1700] = 32'd0;
+    mem[1701] = 32'd0;
+    mem[1702] = 32'd0;
+    mem[1703] = 32'd0;
+    mem[1704] = 32'd0;
+    mem[1705] = 32'd0;
+    mem[1706] = 32'd0;
+    mem[1707] = 32'd0;
+    mem[1708] = 32'd0;
+    mem[1709] = 32'd0;
+    mem[1710] = 32'd0;
+    mem[1711] = 32'd0;
+    mem[1712] = 32'd0;
+    mem[1713] = 32'd0;
+    mem[1714] = 32'd0;
+    mem[1715] = 32'd0;
+    mem[1716] = 32'd0;
+    mem[1717] = 32'd0;
+    mem[1718] = 32'd0;
+    mem[1719] = 32'd0;
+    mem[1720] = 32'd0;
+    mem[1721] = 32'd0;
+    mem[1722] = 32'd0;
+    mem[1723] = 32'd0;
+    mem[1724] = 32'd0;
+    mem[1725] = 32'd0;
+    mem[1726] = 32'd0;
+    mem[1727] = 32'd0;
+    mem[1728] = 32'd0;
+    mem[1729] = 32'd0;
+    mem[1730] = 32'd0;
+    mem[1731] = 32'd0;
+    mem[1732] = 32'd0;
+    mem[1733] = 32'd0;
+    mem[1734] = 32'd0;
+    mem[1735] = 32'd0;
+    mem[1736] = 32'd0;
+    mem[1737] = 32'd0;
+    mem[1738] = 32'd0;
+    mem[1739] = 32'd0;
+    mem[1740] = 32'd0;
+    mem[1741] = 32'd0;
+    mem[1742] = 32'd0;
+    mem[1743] = 32'd0;
+    mem[1744] = 32'd0;
+    mem[1745] = 32'd0;
+    mem[1746] = 32'd0;
+    mem[1747] = 32'd0;
+    mem[1748] = 32'd0;
+    mem[1749] = 32'd0;
+    mem[1750] = 32'd0;
+    mem[1751] = 32'd0;
+    mem[1752] = 32'd0;
+    mem[1753] = 32'd0;
+    mem[1754] = 32'd0;
+    mem[1755] = 32'd0;
+    mem[1756] = 32'd0;
+    mem[1757] = 32'd0;
+    mem[1758] = 32'd0;
+    mem[1759] = 32'd0;
+    mem[1760] = 32'd0;
+    mem[1761] = 32'd0;
+    mem[1762] = 32'd0;
+    mem[1763] = 32'd0;
+    mem[1764] = 32'd0;
+    mem[1765] = 32'd0;
+    mem[1766] = 32'd0;
+    mem[1767] = 32'd0;
+    mem[1768] = 32'd0;
+    mem[1769] = 32'd0;
+    mem[1770] = 32'd0;
+    mem[1771] = 32'd0;
+    mem[1772] = 32'd0;
+    mem[1773] = 32'd0;
+    mem[1774] = 32'd0;
+    mem[1775] = 32'd0;
+    mem[1776] = 32'd0;
+    mem[1777] = 32'd0;
+    mem[1778] = 32'd0;
+    mem[1779] = 32'd0;
+    mem[1780] = 32'd0;
+    mem[1781] = 32'd0;
+    mem[1782] = 32'd0;
+    mem[1783] = 32'd0;
+    mem[1784] = 32'd0;
+    mem[1785] = 32'd0;
+    mem[1786] = 32'd0;
+    mem[1787] = 32'd0;
+    mem[1788] = 32'd0;
+    mem[1789] = 32'd0;
+    mem[1790] = 32'd0;
+    mem[1791] = 32'd0;
+    mem[1792] = 32'd0;
+    mem[1793] = 32'd0;
+    mem[1794] = 32'd0;
+    mem[1795] = 32'd0;
+    mem[1796] = 32'd0;
+    mem[1797] = 32'd0;
+    mem[1798] = 32'd0;
+    mem[1799] = 32'd0;
+    mem[1800] = 32'd0;
+    mem[1801] = 32'd0;
+    mem[1802] = 32'd0;
+    mem[1803] = 32'd0;
+    mem[1804] = 32'd0;
+    mem[1805] = 32'd0;
+    mem[1806] = 32'd0;
+    mem[1807] = 32'd0;
+    mem[1808] = 32'd0;
+    mem[1809] = 32'd0;
+    mem[1810] = 32'd0;
+    mem[1811] = 32'd0;
+    mem[1812] = 32'd0;
+    mem[1813] = 32'd0;
+    mem[1814] = 32'd0;
+    mem[1815] = 32'd0;
+    mem[1816] = 32'd0;
+    mem[1817] = 32'd0;
+    mem[1818] = 32'd0;
+    mem[1819] = 32'd0;
+    mem[1820] = 32'd0;
+    mem[1821] = 32'd0;
+    mem[1822] = 32'd0;
+    mem[1823] = 32'd0;
+    mem[1824] = 32'd0;
+    mem[1825] = 32'd0;
+    mem[1826] = 32'd0;
+    mem[1827] = 32'd0;
+    mem[1828] = 32'd0;
+    mem[1829] = 32'd0;
+    mem[1830] = 32'd0;
+    mem[1831] = 32'd0;
+    mem[1832] = 32'd0;
+    mem[1833] = 32'd0;
+    mem[1834] = 32'd0;
+    mem[1835] = 32'd0;
+    mem[1836] = 32'd0;
+    mem[1837] = 32'd0;
+    mem[1838] = 32'd0;
+    mem[1839] = 32'd0;
+    mem[1840] = 32'd0;
+    mem[1841] = 32'd0;
+    mem[1842] = 32'd0;
+    mem[1843] = 32'd0;
+    mem[1844] = 32'd0;
+    mem[1845] = 32'd0;
+    mem[1846] = 32'd0;
+    mem[1847] = 32'd0;
+    mem[1848] = 32'd0;
+    mem[1849] = 32'd0;
+    mem[1850] = 32'd0;
+    mem[1851] = 32'd0;
+    mem[1852] = 32'd0;
+    mem[1853] = 32'd0;
+    mem[1854] = 32'd0;
+    mem[1855] = 32'd0;
+    mem[1856] = 32'd0;
+    mem[1857] = 32'd0;
+    mem[1858] = 32'd0;
+    mem[1859] = 32'd0;
+    mem[1860] = 32'd0;
+    mem[1861] = 32'd0;
+    mem[1862] = 32'd0;
+    mem[1863] = 32'd0;
+    mem[1864] = 32'd0;
+    mem[1865] = 32'd0;
+    mem[1866] = 32'd0;
+    mem[1867] = 32'd0;
+    mem[1868] = 32'd0;
+    mem[1869] = 32'd0;
+    mem[1870] = 32'd0;
+    mem[1871] = 32'd0;
+    mem[1872] = 32'd0;
+    mem[1873] = 32'd0;
+    mem[1874] = 32'd0;
+    mem[1875] = 32'd0;
+    mem[1876] = 32'd0;
+    mem[1877] = 32'd0;
+    mem[1878] = 32'd0;
+    mem[1879] = 32'd0;
+    mem[1880] = 32'd0;
+    mem[1881] = 32'd0;
+    mem[1882] = 32'd0;
+    mem[1883] = 32'd0;
+    mem[1884] = 32'd0;
+    mem[1885] = 32'd0;
+    mem[1886] = 32'd0;
+    mem[1887] = 32'd0;
+    mem[1888] = 32'd0;
+    mem[1889] = 32'd0;
+    mem[1890] = 32'd0;
+    mem[1891] = 32'd0;
+    mem[1892] = 32'd0;
+    mem[1893] = 32'd0;
+    mem[1894] = 32'd0;
+    mem[1895] = 32'd0;
+    mem[1896] = 32'd0;
+    mem[1897] = 32'd0;
+    mem[1898] = 32'd0;
+    mem[1899] = 32'd0;
+    mem[1900] = 32'd0;
+    mem[1901] = 32'd0;
+    mem[1902] = 32'd0;
+    mem[1903] = 32'd0;
+    mem[1904] = 32'd0;
+    mem[1905] = 32'd0;
+    mem[1906] = 32'd0;
+    mem[1907] = 32'd0;
+    mem[1908] = 32'd0;
+    mem[1909] = 32'd0;
+    mem[1910] = 32'd0;
+    mem[1911] = 32'd0;
+    mem[1912] = 32'd0;
+    mem[1913] = 32'd0;
+    mem[1914] = 32'd0;
+    mem[1915] = 32'd0;
+    mem[1916] = 32'd0;
+    mem[1917] = 32'd0;
+    mem[1918] = 32'd0;
+    mem[1919] = 32'd0;
+    mem[1920] = 32'd0;
+    mem[1921] = 32'd0;
+    mem[1922] = 32'd0;
+    mem[1923] = 32'd0;
+    mem[1924] = 32'd0;
+    mem[1925] = 32'd0;
+    mem[1926] = 32'd0;
+    mem[1927] = 32'd0;
+    mem[1928] = 32'd0;
+    mem[1929] = 32'd0;
+    mem[1930] = 32'd0;
+    mem[1931] = 32'd0;
+    mem[1932] = 32'd0;
+    mem[1933] = 32'd0;
+    mem[1934] = 32'd0;
+    mem[1935] = 32'd0;
+    mem[1936] = 32'd0;
+    mem[1937] = 32'd0;
+    mem[1938] = 32'd0;
+    mem[1939] = 32'd0;
+    mem[1940] = 32'd0;
+    mem[1941] = 32'd0;
+    mem[1942] = 32'd0;
+    mem[1943] = 32'd0;
+    mem[1944] = 32'd0;
+    mem[1945] = 32'd0;
+    mem[1946] = 32'd0;
+    mem[1947] = 32'd0;
+    mem[1948] = 32'd0;
+    mem[1949] = 32'd0;
+    mem[1950] = 32'd0;
+    mem[1951] = 32'd0;
+    mem[1952] = 32'd0;
+    mem[1953] = 32'd0;
+    mem[1954] = 32'd0;
+    mem[1955] = 32'd0;
+    mem[1956] = 32'd0;
+    mem[1957] = 32'd0;
+    mem[1958] = 32'd0;
+    mem[1959] = 32'd0;
+    mem[1960] = 32'd0;
+    mem[1961] = 32'd0;
+    mem[1962] = 32'd0;
+    mem[1963] = 32'd0;
+    mem[1964] = 32'd0;
+    mem[1965] = 32'd0;
+    mem[1966] = 32'd0;
+    mem[1967] = 32'd0;
+    mem[1968] = 32'd0;
+    mem[1969] = 32'd0;
+    mem[1970] = 32'd0;
+    mem[1971] = 32'd0;
+    mem[1972] = 32'd0;
+    mem[1973] = 32'd0;
+    mem[1974] = 32'd0;
+    mem[1975] = 32'd0;
+    mem[1976] = 32'd0;
+    mem[1977] = 32'd0;
+    mem[1978] = 32'd0;
+    mem[1979] = 32'd0;
+    mem[1980] = 32'd0;
+    mem[1981] = 32'd0;
+    mem[1982] = 32'd0;
+    mem[1983] = 32'd0;
+    mem[1984] = 32'd0;
+    mem[1985] = 32'd0;
+    mem[1986] = 32'd0;
+    mem[1987] = 32'd0;
+    mem[1988] = 32'd0;
+    mem[1989] = 32'd0;
+    mem[1990] = 32'd0;
+    mem[1991] = 32'd0;
+    mem[1992] = 32'd0;
+    mem[1993] = 32'd0;
+    mem[1994] = 32'd0;
+    mem[1995] = 32'd0;
+    mem[1996] = 32'd0;
+    mem[1997] = 32'd0;
+    mem[1998] = 32'd0;
+    mem[1999] = 32'd0;
+    mem[2000] = 32'd0;
+    mem[2001] = 32'd0;
+    mem[2002] = 32'd0;
+    mem[2003] = 32'd0;
+    mem[2004] = 32'd0;
+    mem[2005] = 32'd0;
+    mem[2006] = 32'd0;
+    mem[2007] = 32'd0;
+    mem[2008] = 32'd0;
+    mem[2009] = 32'd0;
+    mem[2010] = 32'd0;
+    mem[2011] = 32'd0;
+    mem[2012] = 32'd0;
+    mem[2013] = 32'd0;
+    mem[2014] = 32'd0;
+    mem[2015] = 32'd0;
+    mem[2016] = 32'd0;
+    mem[2017] = 32'd0;
+    mem[2018] = 32'd0;
+    mem[2019] = 32'd0;
+    mem[2020] = 32'd0;
+    mem[2021] = 32'd0;
+    mem[2022] = 32'd0;
+    mem[2023] = 32'd0;
+    mem[2024] = 32'd0;
+    mem[2025] = 32'd0;
+    mem[2026] = 32'd0;
+    mem[2027] = 32'd0;
+    mem[2028] = 32'd0;
+    mem[2029] = 32'd0;
+    mem[2030] = 32'd0;
+    mem[2031] = 32'd0;
+    mem[2032] = 32'd0;
+    mem[2033] = 32'd0;
+    mem[2034] = 32'd0;
+    mem[2035] = 32'd0;
+    mem[2036] = 32'd0;
+    mem[2037] = 32'd0;
+    mem[2038] = 32'd0;
+    mem[2039] = 32'd0;
+    mem[2040] = 32'd0;
+    mem[2041] = 32'd0;
+    mem[2042] = 32'd0;
+    mem[2043] = 32'd0;
+    mem[2044] = 32'd0;
+    mem[2045] = 32'd0;
+    mem[2046] = 32'd0;
+    mem[2047] = 32'd0;
+    mem[2048] = 32'd0;
+    mem[2049] = 32'd0;
+    mem[2050] = 32'd0;
+    mem[2051] = 32'd0;
+    mem[2052] = 32'd0;
+    mem[2053] = 32'd0;
+    mem[2054] = 32'd0;
+    mem[2055] = 32'd0;
+    mem[2056] = 32'd0;
+    mem[2057] = 32'd0;
+    mem[2058] = 32'd0;
+    mem[2059] = 32'd0;
+    mem[2060] = 32'd0;
+    mem[2061] = 32'd0;
+    mem[2062] = 32'd0;
+    mem[2063] = 32'd0;
+    mem[2064] = 32'd0;
+    mem[2065] = 32'd0;
+    mem[2066] = 32'd0;
+    mem[2067] = 32'd0;
+    mem[2068] = 32'd0;
+    mem[2069] = 32'd0;
+    mem[2070] = 32'd0;
+    mem[2071] = 32'd0;
+    mem[2072] = 32'd0;
+    mem[2073] = 32'd0;
+    mem[2074] = 32'd0;
+    mem[2075] = 32'd0;
+    mem[2076] = 32'd0;
+    mem[2077] = 32'd0;
+    mem[2078] = 32'd0;
+    mem[2079] = 32'd0;
+    mem[2080] = 32'd0;
+    mem[2081] = 32'd0;
+    mem[2082] = 32'd0;
+    mem[2083] = 32'd0;
+    mem[2084] = 32'd0;
+    mem[2085] = 32'd0;
+    mem[2086] = 32'd0;
+    mem[2087] = 32'd0;
+    mem[2088] = 32'd0;
+    mem[2089] = 32'd0;
+    mem[2090] = 32'd0;
+    mem[2091] = 32'd0;
+    mem[2092] = 32'd0;
+    mem[2093] = 32'd0;
+    mem[2094] = 32'd0;
+    mem[2095] = 32'd0;
+    mem[2096] = 32'd0;
+    mem[2097] = 32'd0;
+    mem[2098] = 32'd0;
+    mem[2099] = 32'd0;
+    mem[2100] = 32'd0;
+    mem[2101] = 32'd0;
+    mem[2102] = 32'd0;
+    mem[2103] = 32'd0;
+    mem[2104] = 32'd0;
+    mem[2105] = 32'd0;
+    mem[2106] = 32'd0;
+    mem[2107] = 32'd0;
+    mem[2108] = 32'd0;
+    mem[2109] = 32'd0;
+    mem[2110] = 32'd0;
+    mem[2111] = 32'd0;
+    mem[2112] = 32'd0;
+    mem[2113] = 32'd0;
+    mem[2114] = 32'd0;
+    mem[2115] = 32'd0;
+    mem[2116] = 32'd0;
+    mem[2117] = 32'd0;
+    mem[2118] = 32'd0;
+    mem[2119] = 32'd0;
+    mem[2120] = 32'd0;
+    mem[2121] = 32'd0;
+    mem[2122] = 32'd0;
+    mem[2123] = 32'd0;
+    mem[2124] = 32'd0;
+    mem[2125] = 32'd0;
+    mem[2126] = 32'd0;
+    mem[2127] = 32'd0;
+    mem[2128] = 32'd0;
+    mem[2129] = 32'd0;
+    mem[2130] = 32'd0;
+    mem[2131] = 32'd0;
+    mem[2132] = 32'd0;
+    mem[2133] = 32'd0;
+    mem[2134] = 32'd0;
+    mem[2135] = 32'd0;
+    mem[2136] = 32'd0;
+    mem[2137] = 32'd0;
+    mem[2138] = 32'd0;
+    mem[2139] = 32'd0;
+    mem[2140] = 32'd0;
+    mem[2141] = 32'd0;
+    mem[2142] = 32'd0;
+    mem[2143] = 32'd0;
+    mem[2144] = 32'd0;
+    mem[2145] = 32'd0;
+    mem[2146] = 32'd0;
+    mem[2147] = 32'd0;
+    mem[2148] = 32'd0;
+    mem[2149] = 32'd0;
+    mem[2150] = 32'd0;
+    mem[2151] = 32'd0;
+    mem[2152] = 32'd0;
+    mem[2153] = 32'd0;
+    mem[2154] = 32'd0;
+    mem[2155] = 32'd0;
+    mem[2156] = 32'd0;
+    mem[2157] = 32'd0;
+    mem[2158] = 32'd0;
+    mem[2159] = 32'd0;
+    mem[2160] = 32'd0;
+    mem[2161] = 32'd0;
+    mem[2162] = 32'd0;
+    mem[2163] = 32'd0;
+    mem[2164] = 32'd0;
+    mem[2165] = 32'd0;
+    mem[2166] = 32'd0;
+    mem[2167] = 32'd0;
+    mem[2168] = 32'd0;
+    mem[2169] = 32'd0;
+    mem[2170] = 32'd0;
+    mem[2171] = 32'd0;
+    mem[2172] = 32'd0;
+    mem[2173] = 32'd0;
+    mem[2174] = 32'd0;
+    mem[2175] = 32'd0;
+    mem[2176] = 32'd0;
+    mem[2177] = 32'd0;
+    mem[2178] = 32'd0;
+    mem[2179] = 32'd0;
+    mem[2180] = 32'd0;
+    mem[2181] = 32'd0;
+    mem[2182] = 32'd0;
+    mem[2183] = 32'd0;
+    mem[2184] = 32'd0;
+    mem[2185] = 32'd0;
+    mem[2186] = 32'd0;
+    mem[2187] = 32'd0;
+    mem[2188] = 32'd0;
+    mem[2189] = 32'd0;
+    mem[2190] = 32'd0;
+    mem[2191] = 32'd0;
+    mem[2192] = 32'd0;
+    mem[2193] = 32'd0;
+    mem[2194] = 32'd0;
+    mem[2195] = 32'd0;
+    mem[2196] = 32'd0;
+    mem[2197] = 32'd0;
+    mem[2198] = 32'd0;
+    mem[2199] = 32'd0;
+    mem[2200] = 32'd0;
+    mem[2201] = 32'd0;
+    mem[2202] = 32'd0;
+    mem[2203] = 32'd0;
+    mem[2204] = 32'd0;
+    mem[2205] = 32'd0;
+    mem[2206] = 32'd0;
+    mem[2207] = 32'd0;
+    mem[2208] = 32'd0;
+    mem[2209] = 32'd0;
+    mem[2210] = 32'd0;
+    mem[2211] = 32'd0;
+    mem[2212] = 32'd0;
+    mem[2213] = 32'd0;
+    mem[2214] = 32'd0;
+    mem[2215] = 32'd0;
+    mem[2216] = 32'd0;
+    mem[2217] = 32'd0;
+    mem[2218] = 32'd0;
+    mem[2219] = 32'd0;
+    mem[2220] = 32'd0;
+    mem[2221] = 32'd0;
+    mem[2222] = 32'd0;
+    mem[2223] = 32'd0;
+    mem[2224] = 32'd0;
+    mem[2225] = 32'd0;
+    mem[2226] = 32'd0;
+    mem[2227] = 32'd0;
+    mem[2228] = 32'd0;
+    mem[2229] = 32'd0;
+    mem[2230] = 32'd0;
+    mem[2231] = 32'd0;
+    mem[2232] = 32'd0;
+    mem[2233] = 32'd0;
+    mem[2234] = 32'd0;
+    mem[2235] = 32'd0;
+    mem[2236] = 32'd0;
+    mem[2237] = 32'd0;
+    mem[2238] = 32'd0;
+    mem[2239] = 32'd0;
+    mem[2240] = 32'd0;
+    mem[2241] = 32'd0;
+    mem[2242] = 32'd0;
+    mem[2243] = 32'd0;
+    mem[2244] = 32'd0;
+    mem[2245] = 32'd0;
+    mem[2246] = 32'd0;
+    mem[2247] = 32'd0;
+    mem[2248] = 32'd0;
+    mem[2249] = 32'd0;
+    mem[2250] = 32'd0;
+    mem[2251] = 32'd0;
+    mem[2252] = 32'd0;
+    mem[2253] = 32'd0;
+    mem[2254] = 32'd0;
+    mem[2255] = 32'd0;
+    mem[2256] = 32'd0;
+    mem[2257] = 32'd0;
+    mem[2258] = 32'd0;
+    mem[2259] = 32'd0;
+    mem[2260] = 32'd0;
+    mem[2261] = 32'd0;
+    mem[2262] = 32'd0;
+    mem[2263] = 32'd0;
+    mem[2264] = 32'd0;
+    mem[2265] = 32'd0;
+    mem[2266] = 32'd0;
+    mem[2267] = 32'd0;
+    mem[2268] = 32'd0;
+    mem[2269] = 32'd0;
+    mem[2270] = 32'd0;
+    mem[2271] = 32'd0;
+    mem[2272] = 32'd0;
+    mem[2273] = 32'd0;
+    mem[2274] = 32'd0;
+    mem[2275] = 32'd0;
+    mem[2276] = 32'd0;
+    mem[2277] = 32'd0;
+    mem[2278] = 32'd0;
+    mem[2279] = 32'd0;
+    mem[2280] = 32'd0;
+    mem[2281] = 32'd0;
+    mem[2282] = 32'd0;
+    mem[2283] = 32'd0;
+    mem[2284] = 32'd0;
+    mem[2285] = 32'd0;
+    mem[2286] = 32'd0;
+    mem[2287] = 32'd0;
+    mem[2288] = 32'd0;
+    mem[2289] = 32'd0;
+    mem[2290] = 32'd0;
+    mem[2291] = 32'd0;
+    mem[2292] = 32'd0;
+    mem[2293] = 32'd0;
+    mem[2294] = 32'd0;
+    mem[2295] = 32'd0;
+    mem[2296] = 32'd0;
+    mem[2297] = 32'd0;
+    mem[2298] = 32'd0;
+    mem[2299] = 32'd0;
+    mem[2300] = 32'd0;
+    mem[2301] = 32'd0;
+    mem[2302] = 32'd0;
+    mem[2303] = 32'd0;
+    mem[2304] = 32'd0;
+    mem[2305] = 32'd0;
+    mem[2306] = 32'd0;
+    mem[2307] = 32'd0;
+    mem[2308] = 32'd0;
+    mem[2309] = 32'd0;
+    mem[2310] = 32'd0;
+    mem[2311] = 32'd0;
+    mem[2312] = 32'd0;
+    mem[2313] = 32'd0;
+    mem[2314] = 32'd0;
+    mem[2315] = 32'd0;
+    mem[2316] = 32'd0;
+    mem[2317] = 32'd0;
+    mem[2318] = 32'd0;
+    mem[2319] = 32'd0;
+    mem[2320] = 32'd0;
+    mem[2321] = 32'd0;
+    mem[2322] = 32'd0;
+    mem[2323] = 32'd0;
+    mem[2324] = 32'd0;
+    mem[2325] = 32'd0;
+    mem[2326] = 32'd0;
+    mem[2327] = 32'd0;
+    mem[2328] = 32'd0;
+    mem[2329] = 32'd0;
+    mem[2330] = 32'd0;
+    mem[2331] = 32'd0;
+    mem[2332] = 32'd0;
+    mem[2333] = 32'd0;
+    mem[2334] = 32'd0;
+    mem[2335] = 32'd0;
+    mem[2336] = 32'd0;
+    mem[2337] = 32'd0;
+    mem[2338] = 32'd0;
+    mem[2339] = 32'd0;
+    mem[2340] = 32'd0;
+    mem[2341] = 32'd0;
+    mem[2342] = 32'd0;
+    mem[2343] = 32'd0;
+    mem[2344] = 32'd0;
+    mem[2345] = 32'd0;
+    mem[2346] = 32'd0;
+    mem[2347] = 32'd0;
+    mem[2348] = 32'd0;
+    mem[2349] = 32'd0;
+    mem[2350] = 32'd0;
+    mem[2351] = 32'd0;
+    mem[2352] = 32'd0;
+    mem[2353] = 32'd0;
+    mem[2354] = 32'd0;
+    mem[2355] = 32'd0;
+    mem[2356] = 32'd0;
+    mem[2357] = 32'd0;
+    mem[2358] = 32'd0;
+    mem[2359] = 32'd0;
+    mem[2360] = 32'd0;
+    mem[2361] = 32'd0;
+    mem[2362] = 32'd0;
+    mem[2363] = 32'd0;
+    mem[2364] = 32'd0;
+    mem[2365] = 32'd0;
+    mem[2366] = 32'd0;
+    mem[2367] = 32'd0;
+    mem[2368] = 32'd0;
+    mem[2369] = 32'd0;
+    mem[2370] = 32'd0;
+    mem[2371] = 32'd0;
+    mem[2372] = 32'd0;
+    mem[2373] = 32'd0;
+    mem[2374] = 32'd0;
+    mem[2375] = 32'd0;
+    mem[2376] = 32'd0;
+    mem[2377] = 32'd0;
+    mem[2378] = 32'd0;
+    mem[2379] = 32'd0;
+    mem[2380] = 32'd0;
+    mem[2381] = 32'd0;
+    mem[2382] = 32'd0;
+    mem[2383] = 32'd0;
+    mem[2384] = 32'd0;
+    mem[2385] = 32'd0;
+    mem[2386] = 32'd0;
+    mem[2387] = 32'd0;
+    mem[2388] = 32'd0;
+    mem[2389] = 32'd0;
+    mem[2390] = 32'd0;
+    mem[2391] = 32'd0;
+    mem[2392] = 32'd0;
+    mem[2393] = 32'd0;
+    mem[2394] = 32'd0;
+    mem[2395] = 32'd0;
+    mem[2396] = 32'd0;
+    mem[2397] = 32'd0;
+    mem[2398] = 32'd0;
+    mem[2399] = 32'd0;
+    mem[2400] = 32'd0;
+    mem[2401] = 32'd0;
+    mem[2402] = 32'd0;
+    mem[2403] = 32'd0;
+    mem[2404] = 32'd0;
+    mem[2405] = 32'd0;
+    mem[2406] = 32'd0;
+    mem[2407] = 32'd0;
+    mem[2408] = 32'd0;
+    mem[2409] = 32'd0;
+    mem[2410] = 32'd0;
+    mem[2411] = 32'd0;
+    mem[2412] = 32'd0;
+    mem[2413] = 32'd0;
+    mem[2414] = 32'd0;
+    mem[2415] = 32'd0;
+    mem[2416] = 32'd0;
+    mem[2417] = 32'd0;
+    mem[2418] = 32'd0;
+    mem[2419] = 32'd0;
+    mem[2420] = 32'd0;
+    mem[2421] = 32'd0;
+    mem[2422] = 32'd0;
+    mem[2423] = 32'd0;
+    mem[2424] = 32'd0;
+    mem[2425] = 32'd0;
+    mem[2426] = 32'd0;
+    mem[2427] = 32'd0;
+    mem[2428] = 32'd0;
+    mem[2429] = 32'd0;
+    mem[2430] = 32'd0;
+    mem[2431] = 32'd0;
+    mem[2432] = 32'd0;
+    mem[2433] = 32'd0;
+    mem[2434] = 32'd0;
+    mem[2435] = 32'd0;
+    mem[2436] = 32'd0;
+    mem[2437] = 32'd0;
+    mem[2438] = 32'd0;
+    mem[2439] = 32'd0;
+    mem[2440] = 32'd0;
+    mem[2441] = 32'd0;
+    mem[2442] = 32'd0;
+    mem[2443] = 32'd0;
+    mem[2444] = 32'd0;
+    mem[2445] = 32'd0;
+    mem[2446] = 32'd0;
+    mem[2447] = 32'd0;
+    mem[2448] = 32'd0;
+    mem[2449] = 32'd0;
+    mem[2450] = 32'd0;
+    mem[2451] = 32'd0;
+    mem[2452] = 32'd0;
+    mem[2453] = 32'd0;
+    mem[2454] = 32'd0;
+    mem[2455] = 32'd0;
+    mem[2456] = 32'd0;
+    mem[2457] = 32'd0;
+    mem[2458] = 32'd0;
+    mem[2459] = 32'd0;
+    mem[2460] = 32'd0;
+    mem[2461] = 32'd0;
+    mem[2462] = 32'd0;
+    mem[2463] = 32'd0;
+    mem[2464] = 32'd0;
+    mem[2465] = 32'd0;
+    mem[2466] = 32'd0;
+    mem[2467] = 32'd0;
+    mem[2468] = 32'd0;
+    mem[2469] = 32'd0;
+    mem[2470] = 32'd0;
+    mem[2471] = 32'd0;
+    mem[2472] = 32'd0;
+    mem[2473] = 32'd0;
+    mem[2474] = 32'd0;
+    mem[2475] = 32'd0;
+    mem[2476] = 32'd0;
+    mem[2477] = 32'd0;
+    mem[2478] = 32'd0;
+    mem[2479] = 32'd0;
+    mem[2480] = 32'd0;
+    mem[2481] = 32'd0;
+    mem[2482] = 32'd0;
+    mem[2483] = 32'd0;
+    mem[2484] = 32'd0;
+    mem[2485] = 32'd0;
+    mem[2486] = 32'd0;
+    mem[2487] = 32'd0;
+    mem[2488] = 32'd0;
+    mem[2489] = 32'd0;
+    mem[2490] = 32'd0;
+    mem[2491] = 32'd0;
+    mem[2492] = 32'd0;
+    mem[2493] = 32'd0;
+    mem[2494] = 32'd0;
+    mem[2495] = 32'd0;
+    mem[2496] = 32'd0;
+    mem[2497] = 32'd0;
+    mem[2498] = 32'd0;
+    mem[2499] = 32'd0;
+    mem[2500] = 32'd0;
+    mem[2501] = 32'd0;
+    mem[2502] = 32'd0;
+    mem[2503] = 32'd0;
+    mem[2504] = 32'd0;
+    mem[2505] = 32'd0;
+    mem[2506] = 32'd0;
+    mem[2507] = 32'd0;
+    mem[2508] = 32'd0;
+    mem[2509] = 32'd0;
+    mem[2510] = 32'd0;
+    mem[2511] = 32'd0;
+    mem[2512] = 32'd0;
+    mem[2513] = 32'd0;
+    mem[2514] = 32'd0;
+    mem[2515] = 32'd0;
+    mem[2516] = 32'd0;
+    mem[2517] = 32'd0;
+    mem[2518] = 32'd0;
+    mem[2519] = 32'd0;
+    mem[2520] = 32'd0;
+    mem[2521] = 32'd0;
+    mem[2522] = 32'd0;
+    mem[2523] = 32'd0;
+    mem[2524] = 32'd0;
+    mem[2525] = 32'd0;
+    mem[2526] = 32'd0;
+    mem[2527] = 32'd0;
+    mem[2528] = 32'd0;
+    mem[2529] = 32'd0;
+    mem[2530] = 32'd0;
+    mem[2531] = 32'd0;
+    mem[2532] = 32'd0;
+    mem[2533] = 32'd0;
+    mem[2534] = 32'd0;
+    mem[2535] = 32'd0;
+    mem[2536] = 32'd0;
+    mem[2537] = 32'd0;
+    mem[2538] = 32'd0;
+    mem[2539] = 32'd0;
+    mem[2540] = 32'd0;
+    mem[2541] = 32'd0;
+    mem[2542] = 32'd0;
+    mem[2543] = 32'd0;
+    mem[2544] = 32'd0;
+    mem[2545] = 32'd0;
+    mem[2546] = 32'd0;
+    mem[2547] = 32'd0;
+    mem[2548] = 32'd0;
+    mem[2549] = 32'd0;
+    mem[2550] = 32'd0;
+    mem[2551] = 32'd0;
+    mem[2552] = 32'd0;
+    mem[2553] = 32'd0;
+    mem[2554] = 32'd0;
+    mem[2555] = 32'd0;
+    mem[2556] = 32'd0;
+    mem[2557] = 32'd0;
+    mem[2558] = 32'd0;
+    mem[2559] = 32'd0;
+    mem[2560] = 32'd0;
+    mem[2561] = 32'd0;
+    mem[2562] = 32'd0;
+    mem[2563] = 32'd0;
+    mem[2564] = 32'd0;
+    mem[2565] = 32'd0;
+    mem[2566] = 32'd0;
+    mem[2567] = 32'd0;
+    mem[2568] = 32'd0;
+    mem[2569] = 32'd0;
+    mem[2570] = 32'd0;
+    mem[2571] = 32'd0;
+    mem[2572] = 32'd0;
+    mem[2573] = 32'd0;
+    mem[2574] = 32'd0;
+    mem[2575] = 32'd0;
+    mem[2576] = 32'd0;
+    mem[2577] = 32'd0;
+    mem[2578] = 32'd0;
+    mem[2579] = 32'd0;
+    mem[2580] = 32'd0;
+    mem[2581] = 32'd0;
+    mem[2582] = 32'd0;
+    mem[2583] = 32'd0;
+    mem[2584] = 32'd0;
+    mem[2585] = 32'd0;
+    mem[2586] = 32'd0;
+    mem[2587] = 32'd0;
+    mem[2588] = 32'd0;
+    mem[2589] = 32'd0;
+    mem[2590] = 32'd0;
+    mem[2591] = 32'd0;
+    mem[2592] = 32'd0;
+    mem[2593] = 32'd0;
+    mem[2594] = 32'd0;
+    mem[2595] = 32'd0;
+    mem[2596] = 32'd0;
+    mem[2597] = 32'd0;
+    mem[2598] = 32'd0;
+    mem[2599] = 32'd0;
+    mem[2600] = 32'd0;
+    mem[2601] = 32'd0;
+    mem[2602] = 32'd0;
+    mem[2603] = 32'd0;
+    mem[2604] = 32'd0;
+    mem[2605] = 32'd0;
+    mem[2606] = 32'd0;
+    mem[2607] = 32'd0;
+    mem[2608] = 32'd0;
+    mem[2609] = 32'd0;
+    mem[2610] = 32'd0;
+    mem[2611] = 32'd0;
+    mem[2612] = 32'd0;
+    mem[2613] = 32'd0;
+    mem[2614] = 32'd0;
+    mem[2615] = 32'd0;
+    mem[2616] = 32'd0;
+    mem[2617] = 32'd0;
+    mem[2618] = 32'd0;
+    mem[2619] = 32'd0;
+    mem[2620] = 32'd0;
+    mem[2621] = 32'd0;
+    mem[2622] = 32'd0;
+    mem[2623] = 32'd0;
+    mem[2624] = 32'd0;
+    mem[2625] = 32'd0;
+    mem[2626] = 32'd0;
+    mem[2627] = 32'd0;
+    mem[2628] = 32'd0;
+    mem[2629] = 32'd0;
+    mem[2630] = 32'd0;
+    mem[2631] = 32'd0;
+    mem[2632] = 32'd0;
+    mem[2633] = 32'd0;
+    mem[2634] = 32'd0;
+    mem[2635] = 32'd0;
+    mem[2636] = 32'd0;
+    mem[2637] = 32'd0;
+    mem[2638] = 32'd0;
+    mem[2639] = 32'd0;
+    mem[2640] = 32'd0;
+    mem[2641] = 32'd0;
+    mem[2642] = 32'd0;
+    mem[2643] = 32'd0;
+    mem[2644] = 32'd0;
+    mem[2645] = 32'd0;
+    mem[2646] = 32'd0;
+    mem[2647] = 32'd0;
+    mem[2648] = 32'd0;
+    mem[2649] = 32'd0;
+    mem[2650] = 32'd0;
+    mem[2651] = 32'd0;
+    mem[2652] = 32'd0;
+    mem[2653] = 32'd0;
+    mem[2654] = 32'd0;
+    mem[2655] = 32'd0;
+    mem[2656] = 32'd0;
+    mem[2657] = 32'd0;
+    mem[2658] = 32'd0;
+    mem[2659] = 32'd0;
+    mem[2660] = 32'd0;
+    mem[2661] = 32'd0;
+    mem[2662] = 32'd0;
+    mem[2663] = 32'd0;
+    mem[2664] = 32'd0;
+    mem[2665] = 32'd0;
+    mem[2666] = 32'd0;
+    mem[2667] = 32'd0;
+    mem[2668] = 32'd0;
+    mem[2669] = 32'd0;
+    mem[2670] = 32'd0;
+    mem[2671] = 32'd0;
+    mem[2672] = 32'd0;
+    mem[2673] = 32'd0;
+    mem[2674] = 32'd0;
+    mem[2675] = 32'd0;
+    mem[2676] = 32'd0;
+    mem[2677] = 32'd0;
+    mem[2678] = 32'd0;
+    mem[2679] = 32'd0;
+    mem[2680] = 32'd0;
+    mem[2681] = 32'd0;
+    mem[2682] = 32'd0;
+    mem[2683] = 32'd0;
+    mem[2684] = 32'd0;
+    mem[2685] = 32'd0;
+    mem[2686] = 32'd0;
+    mem[2687] = 32'd0;
+    mem[2688] = 32'd0;
+    mem[2689] = 32'd0;
+    mem[2690] = 32'd0;
+    mem[2691] = 32'd0;
+    mem[2692] = 32'd0;
+    mem[2693] = 32'd0;
+    mem[2694] = 32'd0;
+    mem[2695] = 32'd0;
+    mem[2696] = 32'd0;
+    mem[2697] = 32'd0;
+    mem[2698] = 32'd0;
+    mem[2699] = 32'd0;
+    mem[2700] = 32'd0;
+    mem[2701] = 32'd0;
+    mem[2702] = 32'd0;
+    mem[2703] = 32'd0;
+    mem[2704] = 32'd0;
+    mem[2705] = 32'd0;
+    mem[2706] = 32'd0;
+    mem[2707] = 32'd0;
+    mem[2708] = 32'd0;
+    mem[2709] = 32'd0;
+    mem[2710] = 32'd0;
+    mem[2711] = 32'd0;
+    mem[2712] = 32'd0;
+    mem[2713] = 32'd0;
+    mem[2714] = 32'd0;
+    mem[2715] = 32'd0;
+    mem[2716] = 32'd0;
+    mem[2717] = 32'd0;
+    mem[2718] = 32'd0;
+    mem[2719] = 32'd0;
+    mem[2720] = 32'd0;
+    mem[2721] = 32'd0;
+    mem[2722] = 32'd0;
+    mem[2723] = 32'd0;
+    mem[2724] = 32'd0;
+    mem[2725] = 32'd0;
+    mem[2726] = 32'd0;
+    mem[2727] = 32'd0;
+    mem[2728] = 32'd0;
+    mem[2729] = 32'd0;
+    mem[2730] = 32'd0;
+    mem[2731] = 32'd0;
+    mem[2732] = 32'd0;
+    mem[2733] = 32'd0;
+    mem[2734] = 32'd0;
+    mem[2735] = 32'd0;
+    mem[2736] = 32'd0;
+    mem[2737] = 32'd0;
+    mem[2738] = 32'd0;
+    mem[2739] = 32'd0;
+    mem[2740] = 32'd0;
+    mem[2741] = 32'd0;
+    mem[2742] = 32'd0;
+    mem[2743] = 32'd0;
+    mem[2744] = 32'd0;
+    mem[2745] = 32'd0;
+    mem[2746] = 32'd0;
+    mem[2747] = 32'd0;
+    mem[2748] = 32'd0;
+    mem[2749] = 32'd0;
+    mem[2750] = 32'd0;
+    mem[2751] = 32'd0;
+    mem[2752] = 32'd0;
+    mem[2753] = 32'd0;
+    mem[2754] = 32'd0;
+    mem[2755] = 32'd0;
+    mem[2756] = 32'd0;
+    mem[2757] = 32'd0;
+    mem[2758] = 32'd0;
+    mem[2759] = 32'd0;
+    mem[2760] = 32'd0;
+    mem[2761] = 32'd0;
+    mem[2762] = 32'd0;
+    mem[2763] = 32'd0;
+    mem[2764] = 32'd0;
+    mem[2765] = 32'd0;
+    mem[2766] = 32'd0;
+    mem[2767] = 32'd0;
+    mem[2768] = 32'd0;
+    mem[2769] = 32'd0;
+    mem[2770] = 32'd0;
+    mem[2771] = 32'd0;
+    mem[2772] = 32'd0;
+    mem[2773] = 32'd0;
+    mem[2774] = 32'd0;
+    mem[2775] = 32'd0;
+    mem[2776] = 32'd0;
+    mem[2777] = 32'd0;
+    mem[2778] = 32'd0;
+    mem[2779] = 32'd0;
+    mem[2780] = 32'd0;
+    mem[2781] = 32'd0;
+    mem[2782] = 32'd0;
+    mem[2783] = 32'd0;
+    mem[2784] = 32'd0;
+    mem[2785] = 32'd0;
+    mem[2786] = 32'd0;
+    mem[2787] = 32'd0;
+    mem[2788] = 32'd0;
+    mem[2789] = 32'd0;
+    mem[2790] = 32'd0;
+    mem[2791] = 32'd0;
+    mem[2792] = 32'd0;
+    mem[2793] = 32'd0;
+    mem[2794] = 32'd0;
+    mem[2795] = 32'd0;
+    mem[2796] = 32'd0;
+    mem[2797] = 32'd0;
+    mem[2798] = 32'd0;
+    mem[2799] = 32'd0;
+    mem[2800] = 32'd0;
+    mem[2801] = 32'd0;
+    mem[2802] = 32'd0;
+    mem[2803] = 32'd0;
+    mem[2804] = 32'd0;
+    mem[2805] = 32'd0;
+    mem[2806] = 32'd0;
+    mem[2807] = 32'd0;
+    mem[2808] = 32'd0;
+    mem[2809] = 32'd0;
+    mem[2810] = 32'd0;
+    mem[2811] = 32'd0;
+    mem[2812] = 32'd0;
+    mem[2813] = 32'd0;
+    mem[2814] = 32'd0;
+    mem[2815] = 32'd0;
+    mem[2816] = 32'd0;
+    mem[2817] = 32'd0;
+    mem[2818] = 32'd0;
+    mem[2819] = 32'd0;
+    mem[2820] = 32'd0;
+    mem[2821] = 32'd0;
+    mem[2822] = 32'd0;
+    mem[2823] = 32'd0;
+    mem[2824] = 32'd0;
+    mem[2825] = 32'd0;
+    mem[2826] = 32'd0;
+    mem[2827] = 32'd0;
+    mem[2828] = 32'd0;
+    mem[2829] = 32'd0;
+    mem[2830] = 32'd0;
+    mem[2831] = 32'd0;
+    mem[2832] = 32'd0;
+    mem[2833] = 32'd0;
+    mem[2834] = 32'd0;
+    mem[2835] = 32'd0;
+    mem[2836] = 32'd0;
+    mem[2837] = 32'd0;
+    mem[2838] = 32'd0;
+    mem[2839] = 32'd0;
+    mem[2840] = 32'd0;
+    mem[2841] = 32'd0;
+    mem[2842] = 32'd0;
+    mem[2843] = 32'd0;
+    mem[2844] = 32'd0;
+    mem[2845] = 32'd0;
+    mem[2846] = 32'd0;
+    mem[2847] = 32'd0;
+    mem[2848] = 32'd0;
+    mem[2849] = 32'd0;
+    mem[2850] = 32'd0;
+    mem[2851] = 32'd0;
+    mem[2852] = 32'd0;
+    mem[2853] = 32'd0;
+    mem[2854] = 32'd0;
+    mem[2855] = 32'd0;
+    mem[2856] = 32'd0;
+    mem[2857] = 32'd0;
+    mem[2858] = 32'd0;
+    mem[2859] = 32'd0;
+    mem[2860] = 32'd0;
+    mem[2861] = 32'd0;
+    mem[2862] = 32'd0;
+    mem[2863] = 32'd0;
+    mem[2864] = 32'd0;
+    mem[2865] = 32'd0;
+    mem[2866] = 32'd0;
+    mem[2867] = 32'd0;
+    mem[2868] = 32'd0;
+    mem[2869] = 32'd0;
+    mem[2870] = 32'd0;
+    mem[2871] = 32'd0;
+    mem[2872] = 32'd0;
+    mem[2873] = 32'd0;
+    mem[2874] = 32'd0;
+    mem[2875] = 32'd0;
+    mem[2876] = 32'd0;
+    mem[2877] = 32'd0;
+    mem[2878] = 32'd0;
+    mem[2879] = 32'd0;
+    mem[2880] = 32'd0;
+    mem[2881] = 32'd0;
+    mem[2882] = 32'd0;
+    mem[2883] = 32'd0;
+    mem[2884] = 32'd0;
+    mem[2885] = 32'd0;
+    mem[2886] = 32'd0;
+    mem[2887] = 32'd0;
+    mem[2888] = 32'd0;
+    mem[2889] = 32'd0;
+    mem[2890] = 32'd0;
+    mem[2891] = 32'd0;
+    mem[2892] = 32'd0;
+    mem[2893] = 32'd0;
+    mem[2894] = 32'd0;
+    mem[2895] = 32'd0;
+    mem[2896] = 32'd0;
+    mem[2897] = 32'd0;
+    mem[2898] = 32'd0;
+    mem[2899] = 32'd0;
+    mem[2900] = 32'd0;
+    mem[2901] = 32'd0;
+    mem[2902] = 32'd0;
+    mem[2903] = 32'd0;
+    mem[2904] = 32'd0;
+    mem[2905] = 32'd0;
+    mem[2906] = 32'd0;
+    mem[2907] = 32'd0;
+    mem[2908] = 32'd0;
+    mem[2909] = 32'd0;
+    mem[2910] = 32'd0;
+    mem[2911] = 32'd0;
+    mem[2912] = 32'd0;
+    mem[2913] = 32'd0;
+    mem[2914] = 32'd0;
+    mem[2915] = 32'd0;
+    mem[2916] = 32'd0;
+    mem[2917] = 32'd0;
+    mem[2918] = 32'd0;
+    mem[2919] = 32'd0;
+    mem[2920] = 32'd0;
+    mem[2921] = 32'd0;
+    mem[2922] = 32'd0;
+    mem[2923] = 32'd0;
+    mem[2924] = 32'd0;
+    mem[2925] = 32'd0;
+    mem[2926] = 32'd0;
+    mem[2927] = 32'd0;
+    mem[2928] = 32'd0;
+    mem[2929] = 32'd0;
+    mem[2930] = 32'd0;
+    mem[2931] = 32'd0;
+    mem[2932] = 32'd0;
+    mem[2933] = 32'd0;
+    mem[2934] = 32'd0;
+    mem[2935] = 32'd0;
+    mem[2936] = 32'd0;
+    mem[2937] = 32'd0;
+    mem[2938] = 32'd0;
+    mem[2939] = 32'd0;
+    mem[2940] = 32'd0;
+    mem[2941] = 32'd0;
+    mem[2942] = 32'd0;
+    mem[2943] = 32'd0;
+    mem[2944] = 32'd0;
+    mem[2945] = 32'd0;
+    mem[2946] = 32'd0;
+    mem[2947] = 32'd0;
+    mem[2948] = 32'd0;
+    mem[2949] = 32'd0;
+    mem[2950] = 32'd0;
+    mem[2951] = 32'd0;
+    mem[2952] = 32'd0;
+    mem[2953] = 32'd0;
+    mem[2954] = 32'd0;
+    mem[2955] = 32'd0;
+    mem[2956] = 32'd0;
+    mem[2957] = 32'd0;
+    mem[2958] = 32'd0;
+    mem[2959] = 32'd0;
+    mem[2960] = 32'd0;
+    mem[2961] = 32'd0;
+    mem[2962] = 32'd0;
+    mem[2963] = 32'd0;
+    mem[2964] = 32'd0;
+    mem[2965] = 32'd0;
+    mem[2966] = 32'd0;
+    mem[2967] = 32'd0;
+    mem[2968] = 32'd0;
+    mem[2969] = 32'd0;
+    mem[2970] = 32'd0;
+    mem[2971] = 32'd0;
+    mem[2972] = 32'd0;
+    mem[2973] = 32'd0;
+    mem[2974] = 32'd0;
+    mem[2975] = 32'd0;
+    mem[2976] = 32'd0;
+    mem[2977] = 32'd0;
+    mem[2978] = 32'd0;
+    mem[2979] = 32'd0;
+    mem[2980] = 32'd0;
+    mem[2981] = 32'd0;
+    mem[2982] = 32'd0;
+    mem[2983] = 32'd0;
+    mem[2984] = 32'd0;
+    mem[2985] = 32'd0;
+    mem[2986] = 32'd0;
+    mem[2987] = 32'd0;
+    mem[2988] = 32'd0;
+    mem[2989] = 32'd0;
+    mem[2990] = 32'd0;
+    mem[2991] = 32'd0;
+    mem[2992] = 32'd0;
+    mem[2993] = 32'd0;
+    mem[2994] = 32'd0;
+    mem[2995] = 32'd0;
+    mem[2996] = 32'd0;
+    mem[2997] = 32'd0;
+    mem[2998] = 32'd0;
+    mem[2999] = 32'd0;
+    mem[3000] = 32'd0;
+    mem[3001] = 32'd0;
+    mem[3002] = 32'd0;
+    mem[3003] = 32'd0;
+    mem[3004] = 32'd0;
+    mem[3005] = 32'd0;
+    mem[3006] = 32'd0;
+    mem[3007] = 32'd0;
+    mem[3008] = 32'd0;
+    mem[3009] = 32'd0;
+    mem[3010] = 32'd0;
+    mem[3011] = 32'd0;
+    mem[3012] = 32'd0;
+    mem[3013] = 32'd0;
+    mem[3014] = 32'd0;
+    mem[3015] = 32'd0;
+    mem[3016] = 32'd0;
+    mem[3017] = 32'd0;
+    mem[3018] = 32'd0;
+    mem[3019] = 32'd0;
+    mem[3020] = 32'd0;
+    mem[3021] = 32'd0;
+    mem[3022] = 32'd0;
+    mem[3023] = 32'd0;
+    mem[3024] = 32'd0;
+    mem[3025] = 32'd0;
+    mem[3026] = 32'd0;
+    mem[3027] = 32'd0;
+    mem[3028] = 32'd0;
+    mem[3029] = 32'd0;
+    mem[3030] = 32'd0;
+    mem[3031] = 32'd0;
+    mem[3032] = 32'd0;
+    mem[3033] = 32'd0;
+    mem[3034] = 32'd0;
+    mem[3035] = 32'd0;
+    mem[3036] = 32'd0;
+    mem[3037] = 32'd0;
+    mem[3038] = 32'd0;
+    mem[3039] = 32'd0;
+    mem[3040] = 32'd0;
+    mem[3041] = 32'd0;
+    mem[3042] = 32'd0;
+    mem[3043] = 32'd0;
+    mem[3044] = 32'd0;
+    mem[3045] = 32'd0;
+    mem[3046] = 32'd0;
+    mem[3047] = 32'd0;
+    mem[3048] = 32'd0;
+    mem[3049] = 32'd0;
+    mem[3050] = 32'd0;
+    mem[3051] = 32'd0;
+    mem[3052] = 32'd0;
+    mem[3053] = 32'd0;
+    mem[3054] = 32'd0;
+    mem[3055] = 32'd0;
+    mem[3056] = 32'd0;
+    mem[3057] = 32'd0;
+    mem[3058] = 32'd0;
+    mem[3059] = 32'd0;
+    mem[3060] = 32'd0;
+    mem[3061] = 32'd0;
+    mem[3062] = 32'd0;
+    mem[3063] = 32'd0;
+    mem[3064] = 32'd0;
+    mem[3065] = 32'd0;
+    mem[3066] = 32'd0;
+    mem[3067] = 32'd0;
+    mem[3068] = 32'd0;
+    mem[3069] = 32'd0;
+    mem[3070] = 32'd0;
+    mem[3071] = 32'd0;
+    mem[3072] = 32'd0;
+    mem[3073] = 32'd0;
+    mem[3074] = 32'd0;
+    mem[3075] = 32'd0;
+    mem[3076] = 32'd0;
+    mem[3077] = 32'd0;
+    mem[3078] = 32'd0;
+    mem[3079] = 32'd0;
+    mem[3080] = 32'd0;
+    mem[3081] = 32'd0;
+    mem[3082] = 32'd0;
+    mem[3083] = 32'd0;
+    mem[3084] = 32'd0;
+    mem[3085] = 32'd0;
+    mem[3086] = 32'd0;
+    mem[3087] = 32'd0;
+    mem[3088] = 32'd0;
+    mem[3089] = 32'd0;
+    mem[3090] = 32'd0;
+    mem[3091] = 32'd0;
+    mem[3092] = 32'd0;
+    mem[3093] = 32'd0;
+    mem[3094] = 32'd0;
+    mem[3095] = 32'd0;
+    mem[3096] = 32'd0;
+    mem[3097] = 32'd0;
+    mem[3098] = 32'd0;
+    mem[3099] = 32'd0;
+    mem[3100] = 32'd0;
+    mem[3101] = 32'd0;
+    mem[3102] = 32'd0;
+    mem[3103] = 32'd0;
+    mem[3104] = 32'd0;
+    mem[3105] = 32'd0;
+    mem[3106] = 32'd0;
+    mem[3107] = 32'd0;
+    mem[3108] = 32'd0;
+    mem[3109] = 32'd0;
+    mem[3110] = 32'd0;
+    mem[3111] = 32'd0;
+    mem[3112] = 32'd0;
+    mem[3113] = 32'd0;
+    mem[3114] = 32'd0;
+    mem[3115] = 32'd0;
+    mem[3116] = 32'd0;
+    mem[3117] = 32'd0;
+    mem[3118] = 32'd0;
+    mem[3119] = 32'd0;
+    mem[3120] = 32'd0;
+    mem[3121] = 32'd0;
+    mem[3122] = 32'd0;
+    mem[3123] = 32'd0;
+    mem[3124] = 32'd0;
+    mem[3125] = 32'd0;
+    mem[3126] = 32'd0;
+    mem[3127] = 32'd0;
+    mem[3128] = 32'd0;
+    mem[3129] = 32'd0;
+    mem[3130] = 32'd0;
+    mem[3131] = 32'd0;
+    mem[3132] = 32'd0;
+    mem[3133] = 32'd0;
+    mem[3134] = 32'd0;
+    mem[3135] = 32'd0;
+    mem[3136] = 32'd0;
+    mem[3137] = 32'd0;
+    mem[3138] = 32'd0;
+    mem[3139] = 32'd0;
+    mem[3140] = 32'd0;
+    mem[3141] = 32'd0;
+    mem[3142] = 32'd0;
+    mem[3143] = 32'd0;
+    mem[3144] = 32'd0;
+    mem[3145] = 32'd0;
+    mem[3146] = 32'd0;
+    mem[3147] = 32'd0;
+    mem[3148] = 32'd0;
+    mem[3149] = 32'd0;
+    mem[3150] = 32'd0;
+    mem[3151] = 32'd0;
+    mem[3152] = 32'd0;
+    mem[3153] = 32'd0;
+    mem[3154] = 32'd0;
+    mem[3155] = 32'd0;
+    mem[3156] = 32'd0;
+    mem[3157] = 32'd0;
+    mem[3158] = 32'd0;
+    mem[3159] = 32'd0;
+    mem[3160] = 32'd0;
+    mem[3161] = 32'd0;
+    mem[3162] = 32'd0;
+    mem[3163] = 32'd0;
+    mem[3164] = 32'd0;
+    mem[3165] = 32'd0;
+    mem[3166] = 32'd0;
+    mem[3167] = 32'd0;
+    mem[3168] = 32'd0;
+    mem[3169] = 32'd0;
+    mem[3170] = 32'd0;
+    mem[3171] = 32'd0;
+    mem[3172] = 32'd0;
+    mem[3173] = 32'd0;
+    mem[3174] = 32'd0;
+    mem[3175] = 32'd0;
+    mem[3176] = 32'd0;
+    mem[3177] = 32'd0;
+    mem[3178] = 32'd0;
+    mem[3179] = 32'd0;
+    mem[3180] = 32'd0;
+    mem[3181] = 32'd0;
+    mem[3182] = 32'd0;
+    mem[3183] = 32'd0;
+    mem[3184] = 32'd0;
+    mem[3185] = 32'd0;
+    mem[3186] = 32'd0;
+    mem[3187] = 32'd0;
+    mem[3188] = 32'd0;
+    mem[3189] = 32'd0;
+    mem[3190] = 32'd0;
+    mem[3191] = 32'd0;
+    mem[3192] = 32'd0;
+    mem[3193] = 32'd0;
+    mem[3194] = 32'd0;
+    mem[3195] = 32'd0;
+    mem[3196] = 32'd0;
+    mem[3197] = 32'd0;
+    mem[3198] = 32'd0;
+    mem[3199] = 32'd0;
+    mem[3200] = 32'd0;
+    mem[3201] = 32'd0;
+    mem[3202] = 32'd0;
+    mem[3203] = 32'd0;
+    mem[3204] = 32'd0;
+    mem[3205] = 32'd0;
+    mem[3206] = 32'd0;
+    mem[3207] = 32'd0;
+    mem[3208] = 32'd0;
+    mem[3209] = 32'd0;
+    mem[3210] = 32'd0;
+    mem[3211] = 32'd0;
+    mem[3212] = 32'd0;
+    mem[3213] = 32'd0;
+    mem[3214] = 32'd0;
+    mem[3215] = 32'd0;
+    mem[3216] = 32'd0;
+    mem[3217] = 32'd0;
+    mem[3218] = 32'd0;
+    mem[3219] = 32'd0;
+    mem[3220] = 32'd0;
+    mem[3221] = 32'd0;
+    mem[3222] = 32'd0;
+    mem[3223] = 32'd0;
+    mem[3224] = 32'd0;
+    mem[3225] = 32'd0;
+    mem[3226] = 32'd0;
+    mem[3227] = 32'd0;
+    mem[3228] = 32'd0;
+    mem[3229] = 32'd0;
+    mem[3230] = 32'd0;
+    mem[3231] = 32'd0;
+    mem[3232] = 32'd0;
+    mem[3233] = 32'd0;
+    mem[3234] = 32'd0;
+    mem[3235] = 32'd0;
+    mem[3236] = 32'd0;
+    mem[3237] = 32'd0;
+    mem[3238] = 32'd0;
+    mem[3239] = 32'd0;
+    mem[3240] = 32'd0;
+    mem[3241] = 32'd0;
+    mem[3242] = 32'd0;
+    mem[3243] = 32'd0;
+    mem[3244] = 32'd0;
+    mem[3245] = 32'd0;
+    mem[3246] = 32'd0;
+    mem[3247] = 32'd0;
+    mem[3248] = 32'd0;
+    mem[3249] = 32'd0;
+    mem[3250] = 32'd0;
+    mem[3251] = 32'd0;
+    mem[3252] = 32'd0;
+    mem[3253] = 32'd0;
+    mem[3254] = 32'd0;
+    mem[3255] = 32'd0;
+    mem[3256] = 32'd0;
+    mem[3257] = 32'd0;
+    mem[3258] = 32'd0;
+    mem[3259] = 32'd0;
+    mem[3260] = 32'd0;
+    mem[3261] = 32'd0;
+    mem[3262] = 32'd0;
+    mem[3263] = 32'd0;
+    mem[3264] = 32'd0;
+    mem[3265] = 32'd0;
+    mem[3266] = 32'd0;
+    mem[3267] = 32'd0;
+    mem[3268] = 32'd0;
+    mem[3269] = 32'd0;
+    mem[3270] = 32'd0;
+    mem[3271] = 32'd0;
+    mem[3272] = 32'd0;
+    mem[3273] = 32'd0;
+    mem[3274] = 32'd0;
+    mem[3275] = 32'd0;
+    mem[3276] = 32'd0;
+    mem[3277] = 32'd0;
+    mem[3278] = 32'd0;
+    mem[3279] = 32'd0;
+    mem[3280] = 32'd0;
+    mem[3281] = 32'd0;
+    mem[3282] = 32'd0;
+    mem[3283] = 32'd0;
+    mem[3284] = 32'd0;
+    mem[3285] = 32'd0;
+    mem[3286] = 32'd0;
+    mem[3287] = 32'd0;
+    mem[3288] = 32'd0;
+    mem[3289] = 32'd0;
+    mem[3290] = 32'd0;
+    mem[3291] = 32'd0;
+    mem[3292] = 32'd0;
+    mem[3293] = 32'd0;
+    mem[3294] = 32'd0;
+    mem[3295] = 32'd0;
+    mem[3296] = 32'd0;
+    mem[3297] = 32'd0;
+    mem[3298] = 32'd0;
+    mem[3299] = 32'd0;
+    mem[3300] = 32'd0;
+    mem[3301] = 32'd0;
+    mem[3302] = 32'd0;
+    mem[3303] = 32'd0;
+    mem[3304] = 32'd0;
+    mem[3305] = 32'd0;
+    mem[3306] = 32'd0;
+    mem[3307] = 32'd0;
+    mem[3308] = 32'd0;
+    mem[3309] = 32'd0;
+    mem[3310] = 32'd0;
+    mem[3311] = 32'd0;
+    mem[3312] = 32'd0;
+    mem[3313] = 32'd0;
+    mem[3314] = 32'd0;
+    mem[3315] = 32'd0;
+    mem[3316] = 32'd0;
+    mem[3317] = 32'd0;
+    mem[3318] = 32'd0;
+    mem[3319] = 32'd0;
+    mem[3320] = 32'd0;
+    mem[3321] = 32'd0;
+    mem[3322] = 32'd0;
+    mem[3323] = 32'd0;
+    mem[3324] = 32'd0;
+    mem[3325] = 32'd0;
+    mem[3326] = 32'd0;
+    mem[3327] = 32'd0;
+    mem[3328] = 32'd0;
+    mem[3329] = 32'd0;
+    mem[3330] = 32'd0;
+    mem[3331] = 32'd0;
+    mem[3332] = 32'd0;
+    mem[3333] = 32'd0;
+    mem[3334] = 32'd0;
+    mem[3335] = 32'd0;
+    mem[3336] = 32'd0;
+    mem[3337] = 32'd0;
+    mem[3338] = 32'd0;
+    mem[3339] = 32'd0;
+    mem[3340] = 32'd0;
+    mem[3341] = 32'd0;
+    mem[3342] = 32'd0;
+    mem[3343] = 32'd0;
+    mem[3344] = 32'd0;
+    mem[3345] = 32'd0;
+    mem[3346] = 32'd0;
+    mem[3347] = 32'd0;
+    mem[3348] = 32'd0;
+    mem[3349] = 32'd0;
+    mem[3350] = 32'd0;
+    mem[3351] = 32'd0;
+    mem[3352] = 32'd0;
+    mem[3353] = 32'd0;
+    mem[3354] = 32'd0;
+    mem[3355] = 32'd0;
+    mem[3356] = 32'd0;
+    mem[3357] = 32'd0;
+    mem[3358] = 32'd0;
+    mem[3359] = 32'd0;
+    mem[3360] = 32'd0;
+    mem[3361] = 32'd0;
+    mem[3362] = 32'd0;
+    mem[3363] = 32'd0;
+    mem[3364] = 32'd0;
+    mem[3365] = 32'd0;
+    mem[3366] = 32'd0;
+    mem[3367] = 32'd0;
+    mem[3368] = 32'd0;
+    mem[3369] = 32'd0;
+    mem[3370] = 32'd0;
+    mem[3371] = 32'd0;
+    mem[3372] = 32'd0;
+    mem[3373] = 32'd0;
+    mem[3374] = 32'd0;
+    mem[3375] = 32'd0;
+    mem[3376] = 32'd0;
+    mem[3377] = 32'd0;
+    mem[3378] = 32'd0;
+    mem[3379] = 32'd0;
+    mem[3380] = 32'd0;
+    mem[3381] = 32'd0;
+    mem[3382] = 32'd0;
+    mem[3383] = 32'd0;
+    mem[3384] = 32'd0;
+    mem[3385] = 32'd0;
+    mem[3386] = 32'd0;
+    mem[3387] = 32'd0;
+    mem[3388] = 32'd0;
+    mem[3389] = 32'd0;
+    mem[3390] = 32'd0;
+    mem[3391] = 32'd0;
+    mem[3392] = 32'd0;
+    mem[3393] = 32'd0;
+    mem[3394] = 32'd0;
+    mem[3395] = 32'd0;
+    mem[3396] = 32'd0;
+    mem[3397] = 32'd0;
+    mem[3398] = 32'd0;
+    mem[3399] = 32'd0;
+    mem[3400] = 32'd0;
+    mem[3401] = 32'd0;
+    mem[3402] = 32'd0;
+    mem[3403] = 32'd0;
+    mem[3404] = 32'd0;
+    mem[3405] = 32'd0;
+    mem[3406] = 32'd0;
+    mem[3407] = 32'd0;
+    mem[3408] = 32'd0;
+    mem[3409] = 32'd0;
+    mem[3410] = 32'd0;
+    mem[3411] = 32'd0;
+    mem[3412] = 32'd0;
+    mem[3413] = 32'd0;
+    mem[3414] = 32'd0;
+    mem[3415] = 32'd0;
+    mem[3416] = 32'd0;
+    mem[3417] = 32'd0;
+    mem[3418] = 32'd0;
+    mem[3419] = 32'd0;
+    mem[3420] = 32'd0;
+    mem[3421] = 32'd0;
+    mem[3422] = 32'd0;
+    mem[3423] = 32'd0;
+    mem[3424] = 32'd0;
+    mem[3425] = 32'd0;
+    mem[3426] = 32'd0;
+    mem[3427] = 32'd0;
+    mem[3428] = 32'd0;
+    mem[3429] = 32'd0;
+    mem[3430] = 32'd0;
+    mem[3431] = 32'd0;
+    mem[3432] = 32'd0;
+    mem[3433] = 32'd0;
+    mem[3434] = 32'd0;
+    mem[3435] = 32'd0;
+    mem[3436] = 32'd0;
+    mem[3437] = 32'd0;
+    mem[3438] = 32'd0;
+    mem[3439] = 32'd0;
+    mem[3440] = 32'd0;
+    mem[3441] = 32'd0;
+    mem[3442] = 32'd0;
+    mem[3443] = 32'd0;
+    mem[3444] = 32'd0;
+    mem[3445] = 32'd0;
+    mem[3446] = 32'd0;
+    mem[3447] = 32'd0;
+    mem[3448] = 32'd0;
+    mem[3449] = 32'd0;
+    mem[3450] = 32'd0;
+    mem[3451] = 32'd0;
+    mem[3452] = 32'd0;
+    mem[3453] = 32'd0;
+    mem[3454] = 32'd0;
+    mem[3455] = 32'd0;
+    mem[3456] = 32'd0;
+    mem[3457] = 32'd0;
+    mem[3458] = 32'd0;
+    mem[3459] = 32'd0;
+    mem[3460] = 32'd0;
+    mem[3461] = 32'd0;
+    mem[3462] = 32'd0;
+    mem[3463] = 32'd0;
+    mem[3464] = 32'd0;
+    mem[3465] = 32'd0;
+    mem[3466] = 32'd0;
+    mem[3467] = 32'd0;
+    mem[3468] = 32'd0;
+    mem[3469] = 32'd0;
+    mem[3470] = 32'd0;
+    mem[3471] = 32'd0;
+    mem[3472] = 32'd0;
+    mem[3473] = 32'd0;
+    mem[3474] = 32'd0;
+    mem[3475] = 32'd0;
+    mem[3476] = 32'd0;
+    mem[3477] = 32'd0;
+    mem[3478] = 32'd0;
+    mem[3479] = 32'd0;
+    mem[3480] = 32'd0;
+    mem[3481] = 32'd0;
+    mem[3482] = 32'd0;
+    mem[3483] = 32'd0;
+    mem[3484] = 32'd0;
+    mem[3485] = 32'd0;
+    mem[3486] = 32'd0;
+    mem[3487] = 32'd0;
+    mem[3488] = 32'd0;
+    mem[3489] = 32'd0;
+    mem[3490] = 32'd0;
+    mem[3491] = 32'd0;
+    mem[3492] = 32'd0;
+    mem[3493] = 32'd0;
+    mem[3494] = 32'd0;
+    mem[3495] = 32'd0;
+    mem[3496] = 32'd0;
+    mem[3497] = 32'd0;
+    mem[3498] = 32'd0;
+    mem[3499] = 32'd0;
+    mem[3500] = 32'd0;
+    mem[3501] = 32'd0;
+    mem[3502] = 32'd0;
+    mem[3503] = 32'd0;
+    mem[3504] = 32'd0;
+    mem[3505] = 32'd0;
+    mem[3506] = 32'd0;
+    mem[3507] = 32'd0;
+    mem[3508] = 32'd0;
+    mem[3509] = 32'd0;
+    mem[3510] = 32'd0;
+    mem[3511] = 32'd0;
+    mem[3512] = 32'd0;
+    mem[3513] = 32'd0;
+    mem[3514] = 32'd0;
+    mem[3515] = 32'd0;
+    mem[3516] = 32'd0;
+    mem[3517] = 32'd0;
+    mem[3518] = 32'd0;
+    mem[3519] = 32'd0;
+    mem[3520] = 32'd0;
+    mem[3521] = 32'd0;
+    mem[3522] = 32'd0;
+    mem[3523] = 32'd0;
+    mem[3524] = 32'd0;
+    mem[3525] = 32'd0;
+    mem[3526] = 32'd0;
+    mem[3527] = 32'd0;
+    mem[3528] = 32'd0;
+    mem[3529] = 32'd0;
+    mem[3530] = 32'd0;
+    mem[3531] = 32'd0;
+    mem[3532] = 32'd0;
+    mem[3533] = 32'd0;
+    mem[3534] = 32'd0;
+    mem[3535] = 32'd0;
+    mem[3536] = 32'd0;
+    mem[3537] = 32'd0;
+    mem[3538] = 32'd0;
+    mem[3539] = 32'd0;
+    mem[3540] = 32'd0;
+    mem[3541] = 32'd0;
+    mem[3542] = 32'd0;
+    mem[3543] = 32'd0;
+    mem[3544] = 32'd0;
+    mem[3545] = 32'd0;
+    mem[3546] = 32'd0;
+    mem[3547] = 32'd0;
+    mem[3548] = 32'd0;
+    mem[3549] = 32'd0;
+    mem[3550] = 32'd0;
+    mem[3551] = 32'd0;
+    mem[3552] = 32'd0;
+    mem[3553] = 32'd0;
+    mem[3554] = 32'd0;
+    mem[3555] = 32'd0;
+    mem[3556] = 32'd0;
+    mem[3557] = 32'd0;
+    mem[3558] = 32'd0;
+    mem[3559] = 32'd0;
+    mem[3560] = 32'd0;
+    mem[3561] = 32'd0;
+    mem[3562] = 32'd0;
+    mem[3563] = 32'd0;
+    mem[3564] = 32'd0;
+    mem[3565] = 32'd0;
+    mem[3566] = 32'd0;
+    mem[3567] = 32'd0;
+    mem[3568] = 32'd0;
+    mem[3569] = 32'd0;
+    mem[3570] = 32'd0;
+    mem[3571] = 32'd0;
+    mem[3572] = 32'd0;
+    mem[3573] = 32'd0;
+    mem[3574] = 32'd0;
+    mem[3575] = 32'd0;
+    mem[3576] = 32'd0;
+    mem[3577] = 32'd0;
+    mem[3578] = 32'd0;
+    mem[3579] = 32'd0;
+    mem[3580] = 32'd0;
+    mem[3581] = 32'd0;
+    mem[3582] = 32'd0;
+    mem[3583] = 32'd0;
+    mem[3584] = 32'd0;
+    mem[3585] = 32'd0;
+    mem[3586] = 32'd0;
+    mem[3587] = 32'd0;
+    mem[3588] = 32'd0;
+    mem[3589] = 32'd0;
+    mem[3590] = 32'd0;
+    mem[3591] = 32'd0;
+    mem[3592] = 32'd0;
+    mem[3593] = 32'd0;
+    mem[3594] = 32'd0;
+    mem[3595] = 32'd0;
+    mem[3596] = 32'd0;
+    mem[3597] = 32'd0;
+    mem[3598] = 32'd0;
+    mem[3599] = 32'd0;
+    mem[3600] = 32'd0;
+    mem[3601] = 32'd0;
+    mem[3602] = 32'd0;
+    mem[3603] = 32'd0;
+    mem[3604] = 32'd0;
+    mem[3605] = 32'd0;
+    mem[3606] = 32'd0;
+    mem[3607] = 32'd0;
+    mem[3608] = 32'd0;
+    mem[3609] = 32'd0;
+    mem[3610] = 32'd0;
+    mem[3611] = 32'd0;
+    mem[3612] = 32'd0;
+    mem[3613] = 32'd0;
+    mem[3614] = 32'd0;
+    mem[3615] = 32'd0;
+    mem[3616] = 32'd0;
+    mem[3617] = 32'd0;
+    mem[3618] = 32'd0;
+    mem[3619] = 32'd0;
+    mem[3620] = 32'd0;
+    mem[3621] = 32'd0;
+    mem[3622] = 32'd0;
+    mem[3623] = 32'd0;
+    mem[3624] = 32'd0;
+    mem[3625] = 32'd0;
+    mem[3626] = 32'd0;
+    mem[3627] = 32'd0;
+    mem[3628] = 32'd0;
+    mem[3629] = 32'd0;
+    mem[3630] = 32'd0;
+    mem[3631] = 32'd0;
+    mem[3632] = 32'd0;
+    mem[3633] = 32'd0;
+    mem[3634] = 32'd0;
+    mem[3635] = 32'd0;
+    mem[3636] = 32'd0;
+    mem[3637] = 32'd0;
+    mem[3638] = 32'd0;
+    mem[3639] = 32'd0;
+    mem[3640] = 32'd0;
+    mem[3641] = 32'd0;
+    mem[3642] = 32'd0;
+    mem[3643] = 32'd0;
+    mem[3644] = 32'd0;
+    mem[3645] = 32'd0;
+    mem[3646] = 32'd0;
+    mem[3647] = 32'd0;
+    mem[3648] = 32'd0;
+    mem[3649] = 32'd0;
+    mem[3650] = 32'd0;
+    mem[3651] = 32'd0;
+    mem[3652] = 32'd0;
+    mem[3653] = 32'd0;
+    mem[3654] = 32'd0;
+    mem[3655] = 32'd0;
+    mem[3656] = 32'd0;
+    mem[3657] = 32'd0;
+    mem[3658] = 32'd0;
+    mem[3659] = 32'd0;
+    mem[3660] = 32'd0;
+    mem[3661] = 32'd0;
+    mem[3662] = 32'd0;
+    mem[3663] = 32'd0;
+    mem[3664] = 32'd0;
+    mem[3665] = 32'd0;
+    mem[3666] = 32'd0;
+    mem[3667] = 32'd0;
+    mem[3668] = 32'd0;
+    mem[3669] = 32'd0;
+    mem[3670] = 32'd0;
+    mem[3671] = 32'd0;
+    mem[3672] = 32'd0;
+    mem[3673] = 32'd0;
+    mem[3674] = 32'd0;
+    mem[3675] = 32'd0;
+    mem[3676] = 32'd0;
+    mem[3677] = 32'd0;
+    mem[3678] = 32'd0;
+    mem[3679] = 32'd0;
+    mem[3680] = 32'd0;
+    mem[3681] = 32'd0;
+    mem[3682] = 32'd0;
+    mem[3683] = 32'd0;
+    mem[3684] = 32'd0;
+    mem[3685] = 32'd0;
+    mem[3686] = 32'd0;
+    mem[3687] = 32'd0;
+    mem[3688] = 32'd0;
+    mem[3689] = 32'd0;
+    mem[3690] = 32'd0;
+    mem[3691] = 32'd0;
+    mem[3692] = 32'd0;
+    mem[3693] = 32'd0;
+    mem[3694] = 32'd0;
+    mem[3695] = 32'd0;
+    mem[3696] = 32'd0;
+    mem[3697] = 32'd0;
+    mem[3698] = 32'd0;
+    mem[3699] = 32'd0;
+    mem[3700] = 32'd0;
+    mem[3701] = 32'd0;
+    mem[3702] = 32'd0;
+    mem[3703] = 32'd0;
+    mem[3704] = 32'd0;
+    mem[3705] = 32'd0;
+    mem[3706] = 32'd0;
+    mem[3707] = 32'd0;
+    mem[3708] = 32'd0;
+    mem[3709] = 32'd0;
+    mem[3710] = 32'd0;
+    mem[3711] = 32'd0;
+    mem[3712] = 32'd0;
+    mem[3713] = 32'd0;
+    mem[3714] = 32'd0;
+    mem[3715] = 32'd0;
+    mem[3716] = 32'd0;
+    mem[3717] = 32'd0;
+    mem[3718] = 32'd0;
+    mem[3719] = 32'd0;
+    mem[3720] = 32'd0;
+    mem[3721] = 32'd0;
+    mem[3722] = 32'd0;
+    mem[3723] = 32'd0;
+    mem[3724] = 32'd0;
+    mem[3725] = 32'd0;
+    mem[3726] = 32'd0;
+    mem[3727] = 32'd0;
+    mem[3728] = 32'd0;
+    mem[3729] = 32'd0;
+    mem[3730] = 32'd0;
+    mem[3731] = 32'd0;
+    mem[3732] = 32'd0;
+    mem[3733] = 32'd0;
+    mem[3734] = 32'd0;
+    mem[3735] = 32'd0;
+    mem[3736] = 32'd0;
+    mem[3737] = 32'd0;
+    mem[3738] = 32'd0;
+    mem[3739] = 32'd0;
+    mem[3740] = 32'd0;
+    mem[3741] = 32'd0;
+    mem[3742] = 32'd0;
+    mem[3743] = 32'd0;
+    mem[3744] = 32'd0;
+    mem[3745] = 32'd0;
+    mem[3746] = 32'd0;
+    mem[3747] = 32'd0;
+    mem[3748] = 32'd0;
+    mem[3749] = 32'd0;
+    mem[3750] = 32'd0;
+    mem[3751] = 32'd0;
+    mem[3752] = 32'd0;
+    mem[3753] = 32'd0;
+    mem[3754] = 32'd0;
+    mem[3755] = 32'd0;
+    mem[3756] = 32'd0;
+    mem[3757] = 32'd0;
+    mem[3758] = 32'd0;
+    mem[3759] = 32'd0;
+    mem[3760] = 32'd0;
+    mem[3761] = 32'd0;
+    mem[3762] = 32'd0;
+    mem[3763] = 32'd0;
+    mem[3764] = 32'd0;
+    mem[3765] = 32'd0;
+    mem[3766] = 32'd0;
+    mem[3767] = 32'd0;
+    mem[3768] = 32'd0;
+    mem[3769] = 32'd0;
+    mem[3770] = 32'd0;
+    mem[3771] = 32'd0;
+    mem[3772] = 32'd0;
+    mem[3773] = 32'd0;
+    mem[3774] = 32'd0;
+    mem[3775] = 32'd0;
+    mem[3776] = 32'd0;
+    mem[3777] = 32'd0;
+    mem[3778] = 32'd0;
+    mem[3779] = 32'd0;
+    mem[3780] = 32'd0;
+    mem[3781] = 32'd0;
+    mem[3782] = 32'd0;
+    mem[3783] = 32'd0;
+    mem[3784] = 32'd0;
+    mem[3785] = 32'd0;
+    mem[3786] = 32'd0;
+    mem[3787] = 32'd0;
+    mem[3788] = 32'd0;
+    mem[3789] = 32'd0;
+    mem[3790] = 32'd0;
+    mem[3791] = 32'd0;
+    mem[3792] = 32'd0;
+    mem[3793] = 32'd0;
+    mem[3794] = 32'd0;
+    mem[3795] = 32'd0;
+    mem[3796] = 32'd0;
+    mem[3797] = 32'd0;
+    mem[3798] = 32'd0;
+    mem[3799] = 32'd0;
+    mem[3800] = 32'd0;
+    mem[3801] = 32'd0;
+    mem[3802] = 32'd0;
+    mem[3803] = 32'd0;
+    mem[3804] = 32'd0;
+    mem[3805] = 32'd0;
+    mem[3806] = 32'd0;
+    mem[3807] = 32'd0;
+    mem[3808] = 32'd0;
+    mem[3809] = 32'd0;
+    mem[3810] = 32'd0;
+    mem[3811] = 32'd0;
+    mem[3812] = 32'd0;
+    mem[3813] = 32'd0;
+    mem[3814] = 32'd0;
+    mem[3815] = 32'd0;
+    mem[3816] = 32'd0;
+    mem[3817] = 32'd0;
+    mem[3818] = 32'd0;
+    mem[3819] = 32'd0;
+    mem[3820] = 32'd0;
+    mem[3821] = 32'd0;
+    mem[3822] = 32'd0;
+    mem[3823] = 32'd0;
+    mem[3824] = 32'd0;
+    mem[3825] = 32'd0;
+    mem[3826] = 32'd0;
+    mem[3827] = 32'd0;
+    mem[3828] = 32'd0;
+    mem[3829] = 32'd0;
+    mem[3830] = 32'd0;
+    mem[3831] = 32'd0;
+    mem[3832] = 32'd0;
+    mem[3833] = 32'd0;
+    mem[3834] = 32'd0;
+    mem[3835] = 32'd0;
+    mem[3836] = 32'd0;
+    mem[3837] = 32'd0;
+    mem[3838] = 32'd0;
+    mem[3839] = 32'd0;
+    mem[3840] = 32'd0;
+    mem[3841] = 32'd0;
+    mem[3842] = 32'd0;
+    mem[3843] = 32'd0;
+    mem[3844] = 32'd0;
+    mem[3845] = 32'd0;
+    mem[3846] = 32'd0;
+    mem[3847] = 32'd0;
+    mem[3848] = 32'd0;
+    mem[3849] = 32'd0;
+    mem[3850] = 32'd0;
+    mem[3851] = 32'd0;
+    mem[3852] = 32'd0;
+    mem[3853] = 32'd0;
+    mem[3854] = 32'd0;
+    mem[3855] = 32'd0;
+    mem[3856] = 32'd0;
+    mem[3857] = 32'd0;
+    mem[3858] = 32'd0;
+    mem[3859] = 32'd0;
+    mem[3860] = 32'd0;
+    mem[3861] = 32'd0;
+    mem[3862] = 32'd0;
+    mem[3863] = 32'd0;
+    mem[3864] = 32'd0;
+    mem[3865] = 32'd0;
+    mem[3866] = 32'd0;
+    mem[3867] = 32'd0;
+    mem[3868] = 32'd0;
+    mem[3869] = 32'd0;
+    mem[3870] = 32'd0;
+    mem[3871] = 32'd0;
+    mem[3872] = 32'd0;
+    mem[3873] = 32'd0;
+    mem[3874] = 32'd0;
+    mem[3875] = 32'd0;
+    mem[3876] = 32'd0;
+    mem[3877] = 32'd0;
+    mem[3878] = 32'd0;
+    mem[3879] = 32'd0;
+    mem[3880] = 32'd0;
+    mem[3881] = 32'd0;
+    mem[3882] = 32'd0;
+    mem[3883] = 32'd0;
+    mem[3884] = 32'd0;
+    mem[3885] = 32'd0;
+    mem[3886] = 32'd0;
+    mem[3887] = 32'd0;
+    mem[3888] = 32'd0;
+    mem[3889] = 32'd0;
+    mem[3890] = 32'd0;
+    mem[3891] = 32'd0;
+    mem[3892] = 32'd0;
+    mem[3893] = 32'd0;
+    mem[3894] = 32'd0;
+    mem[3895] = 32'd0;
+    mem[3896] = 32'd0;
+    mem[3897] = 32'd0;
+    mem[3898] = 32'd0;
+    mem[3899] = 32'd0;
+    mem[3900] = 32'd0;
+    mem[3901] = 32'd0;
+    mem[3902] = 32'd0;
+    mem[3903] = 32'd0;
+    mem[3904] = 32'd0;
+    mem[3905] = 32'd0;
+    mem[3906] = 32'd0;
+    mem[3907] = 32'd0;
+    mem[3908] = 32'd0;
+    mem[3909] = 32'd0;
+    mem[3910] = 32'd0;
+    mem[3911] = 32'd0;
+    mem[3912] = 32'd0;
+    mem[3913] = 32'd0;
+    mem[3914] = 32'd0;
+    mem[3915] = 32'd0;
+    mem[3916] = 32'd0;
+    mem[3917] = 32'd0;
+    mem[3918] = 32'd0;
+    mem[3919] = 32'd0;
+    mem[3920] = 32'd0;
+    mem[3921] = 32'd0;
+    mem[3922] = 32'd0;
+    mem[3923] = 32'd0;
+    mem[3924] = 32'd0;
+    mem[3925] = 32'd0;
+    mem[3926] = 32'd0;
+    mem[3927] = 32'd0;
+    mem[3928] = 32'd0;
+    mem[3929] = 32'd0;
+    mem[3930] = 32'd0;
+    mem[3931] = 32'd0;
+    mem[3932] = 32'd0;
+    mem[3933] = 32'd0;
+    mem[3934] = 32'd0;
+    mem[3935] = 32'd0;
+    mem[3936] = 32'd0;
+    mem[3937] = 32'd0;
+    mem[3938] = 32'd0;
+    mem[3939] = 32'd0;
+    mem[3940] = 32'd0;
+    mem[3941] = 32'd0;
+    mem[3942] = 32'd0;
+    mem[3943] = 32'd0;
+    mem[3944] = 32'd0;
+    mem[3945] = 32'd0;
+    mem[3946] = 32'd0;
+    mem[3947] = 32'd0;
+    mem[3948] = 32'd0;
+    mem[3949] = 32'd0;
+    mem[3950] = 32'd0;
+    mem[3951] = 32'd0;
+    mem[3952] = 32'd0;
+    mem[3953] = 32'd0;
+    mem[3954] = 32'd0;
+    mem[3955] = 32'd0;
+    mem[3956] = 32'd0;
+    mem[3957] = 32'd0;
+    mem[3958] = 32'd0;
+    mem[3959] = 32'd0;
+    mem[3960] = 32'd0;
+    mem[3961] = 32'd0;
+    mem[3962] = 32'd0;
+    mem[3963] = 32'd0;
+    mem[3964] = 32'd0;
+    mem[3965] = 32'd0;
+    mem[3966] = 32'd0;
+    mem[3967] = 32'd0;
+    mem[3968] = 32'd0;
+    mem[3969] = 32'd0;
+    mem[3970] = 32'd0;
+    mem[3971] = 32'd0;
+    mem[3972] = 32'd0;
+    mem[3973] = 32'd0;
+    mem[3974] = 32'd0;
+    mem[3975] = 32'd0;
+    mem[3976] = 32'd0;
+    mem[3977] = 32'd0;
+    mem[3978] = 32'd0;
+    mem[3979] = 32'd0;
+    mem[3980] = 32'd0;
+    mem[3981] = 32'd0;
+    mem[3982] = 32'd0;
+    mem[3983] = 32'd0;
+    mem[3984] = 32'd0;
+    mem[3985] = 32'd0;
+    mem[3986] = 32'd0;
+    mem[3987] = 32'd0;
+    mem[3988] = 32'd0;
+    mem[3989] = 32'd0;
+    mem[3990] = 32'd0;
+    mem[3991] = 32'd0;
+    mem[3992] = 32'd0;
+    mem[3993] = 32'd0;
+    mem[3994] = 32'd0;
+    mem[3995] = 32'd0;
+    mem[3996] = 32'd0;
+    mem[3997] = 32'd0;
+    mem[3998] = 32'd0;
+    mem[3999] = 32'd0;
+    mem[4000] = 32'd0;
+    mem[4001] = 32'd0;
+    mem[4002] = 32'd0;
+    mem[4003] = 32'd0;
+    mem[4004] = 32'd0;
+    mem[4005] = 32'd0;
+    mem[4006] = 32'd0;
+    mem[4007] = 32'd0;
+    mem[4008] = 32'd0;
+    mem[4009] = 32'd0;
+    mem[4010] = 32'd0;
+    mem[4011] = 32'd0;
+    mem[4012] = 32'd0;
+    mem[4013] = 32'd0;
+    mem[4014] = 32'd0;
+    mem[4015] = 32'd0;
+    mem[4016] = 32'd0;
+    mem[4017] = 32'd0;
+    mem[4018] = 32'd0;
+    mem[4019] = 32'd0;
+    mem[4020] = 32'd0;
+    mem[4021] = 32'd0;
+    mem[4022] = 32'd0;
+    mem[4023] = 32'd0;
+    mem[4024] = 32'd0;
+    mem[4025] = 32'd0;
+    mem[4026] = 32'd0;
+    mem[4027] = 32'd0;
+    mem[4028] = 32'd0;
+    mem[4029] = 32'd0;
+    mem[4030] = 32'd0;
+    mem[4031] = 32'd0;
+    mem[4032] = 32'd0;
+    mem[4033] = 32'd0;
+    mem[4034] = 32'd0;
+    mem[4035] = 32'd0;
+    mem[4036] = 32'd0;
+    mem[4037] = 32'd0;
+    mem[4038] = 32'd0;
+    mem[4039] = 32'd0;
+    mem[4040] = 32'd0;
+    mem[4041] = 32'd0;
+    mem[4042] = 32'd0;
+    mem[4043] = 32'd0;
+    mem[4044] = 32'd0;
+    mem[4045] = 32'd0;
+    mem[4046] = 32'd0;
+    mem[4047] = 32'd0;
+    mem[4048] = 32'd0;
+    mem[4049] = 32'd0;
+    mem[4050] = 32'd0;
+    mem[4051] = 32'd0;
+    mem[4052] = 32'd0;
+    mem[4053] = 32'd0;
+    mem[4054] = 32'd0;
+    mem[4055] = 32'd0;
+    mem[4056] = 32'd0;
+    mem[4057] = 32'd0;
+    mem[4058] = 32'd0;
+    mem[4059] = 32'd0;
+    mem[4060] = 32'd0;
+    mem[4061] = 32'd0;
+    mem[4062] = 32'd0;
+    mem[4063] = 32'd0;
+    mem[4064] = 32'd0;
+    mem[4065] = 32'd0;
+    mem[4066] = 32'd0;
+    mem[4067] = 32'd0;
+    mem[4068] = 32'd0;
+    mem[4069] = 32'd0;
+    mem[4070] = 32'd0;
+    mem[4071] = 32'd0;
+    mem[4072] = 32'd0;
+    mem[4073] = 32'd0;
+    mem[4074] = 32'd0;
+    mem[4075] = 32'd0;
+    mem[4076] = 32'd0;
+    mem[4077] = 32'd0;
+    mem[4078] = 32'd0;
+    mem[4079] = 32'd0;
+    mem[4080] = 32'd0;
+    mem[4081] = 32'd0;
+    mem[4082] = 32'd0;
+    mem[4083] = 32'd0;
+    mem[4084] = 32'd0;
+    mem[4085] = 32'd0;
+    mem[4086] = 32'd0;
+    mem[4087] = 32'd0;
+    mem[4088] = 32'd0;
+    mem[4089] = 32'd0;
+    mem[4090] = 32'd0;
+    mem[4091] = 32'd0;
+    mem[4092] = 32'd0;
+    mem[4093] = 32'd0;
+    mem[4094] = 32'd0;
+    mem[4095] = 32'd0;
+    mem[4096] = 32'd0;
+    mem[4097] = 32'd0;
+    mem[4098] = 32'd0;
+    mem[4099] = 32'd0;
+    mem[4100] = 32'd0;
+    mem[4101] = 32'd0;
+    mem[4102] = 32'd0;
+    mem[4103] = 32'd0;
+    mem[4104] = 32'd0;
+    mem[4105] = 32'd0;
+    mem[4106] = 32'd0;
+    mem[4107] = 32'd0;
+    mem[4108] = 32'd0;
+    mem[4109] = 32'd0;
+    mem[4110] = 32'd0;
+    mem[4111] = 32'd0;
+    mem[4112] = 32'd0;
+    mem[4113] = 32'd0;
+    mem[4114] = 32'd0;
+    mem[4115] = 32'd0;
+    mem[4116] = 32'd0;
+    mem[4117] = 32'd0;
+    mem[4118] = 32'd0;
+    mem[4119] = 32'd0;
+    mem[4120] = 32'd0;
+    mem[4121] = 32'd0;
+    mem[4122] = 32'd0;
+    mem[4123] = 32'd0;
+    mem[4124] = 32'd0;
+    mem[4125] = 32'd0;
+    mem[4126] = 32'd0;
+    mem[4127] = 32'd0;
+    mem[4128] = 32'd0;
+    mem[4129] = 32'd0;
+    mem[4130] = 32'd0;
+    mem[4131] = 32'd0;
+    mem[4132] = 32'd0;
+    mem[4133] = 32'd0;
+    mem[4134] = 32'd0;
+    mem[4135] = 32'd0;
+    mem[4136] = 32'd0;
+    mem[4137] = 32'd0;
+    mem[4138] = 32'd0;
+    mem[4139] = 32'd0;
+    mem[4140] = 32'd0;
+    mem[4141] = 32'd0;
+    mem[4142] = 32'd0;
+    mem[4143] = 32'd0;
+    mem[4144] = 32'd0;
+    mem[4145] = 32'd0;
+    mem[4146] = 32'd0;
+    mem[4147] = 32'd0;
+    mem[4148] = 32'd0;
+    mem[4149] = 32'd0;
+    mem[4150] = 32'd0;
+    mem[4151] = 32'd0;
+    mem[4152] = 32'd0;
+    mem[4153] = 32'd0;
+    mem[4154] = 32'd0;
+    mem[4155] = 32'd0;
+    mem[4156] = 32'd0;
+    mem[4157] = 32'd0;
+    mem[4158] = 32'd0;
+    mem[4159] = 32'd0;
+    mem[4160] = 32'd0;
+    mem[4161] = 32'd0;
+    mem[4162] = 32'd0;
+    mem[4163] = 32'd0;
+    mem[4164] = 32'd0;
+    mem[4165] = 32'd0;
+    mem[4166] = 32'd0;
+    mem[4167] = 32'd0;
+    mem[4168] = 32'd0;
+    mem[4169] = 32'd0;
+    mem[4170] = 32'd0;
+    mem[4171] = 32'd0;
+    mem[4172] = 32'd0;
+    mem[4173] = 32'd0;
+    mem[4174] = 32'd0;
+    mem[4175] = 32'd0;
+    mem[4176] = 32'd0;
+    mem[4177] = 32'd0;
+    mem[4178] = 32'd0;
+    mem[4179] = 32'd0;
+    mem[4180] = 32'd0;
+    mem[4181] = 32'd0;
+    mem[4182] = 32'd0;
+    mem[4183] = 32'd0;
+    mem[4184] = 32'd0;
+    mem[4185] = 32'd0;
+    mem[4186] = 32'd0;
+    mem[4187] = 32'd0;
+    mem[4188] = 32'd0;
+    mem[4189] = 32'd0;
+    mem[4190] = 32'd0;
+    mem[4191] = 32'd0;
+    mem[4192] = 32'd0;
+    mem[4193] = 32'd0;
+    mem[4194] = 32'd0;
+    mem[4195] = 32'd0;
+    mem[4196] = 32'd0;
+    mem[4197] = 32'd0;
+    mem[4198] = 32'd0;
+    mem[4199] = 32'd0;
+    mem[4200] = 32'd0;
+    mem[4201] = 32'd0;
+    mem[4202] = 32'd0;
+    mem[4203] = 32'd0;
+    mem[4204] = 32'd0;
+    mem[4205] = 32'd0;
+    mem[4206] = 32'd0;
+    mem[4207] = 32'd0;
+    mem[4208] = 32'd0;
+    mem[4209] = 32'd0;
+    mem[4210] = 32'd0;
+    mem[4211] = 32'd0;
+    mem[4212] = 32'd0;
+    mem[4213] = 32'd0;
+    mem[4214] = 32'd0;
+    mem[4215] = 32'd0;
+    mem[4216] = 32'd0;
+    mem[4217] = 32'd0;
+    mem[4218] = 32'd0;
+    mem[4219] = 32'd0;
+    mem[4220] = 32'd0;
+    mem[4221] = 32'd0;
+    mem[4222] = 32'd0;
+    mem[4223] = 32'd0;
+    mem[4224] = 32'd0;
+    mem[4225] = 32'd0;
+    mem[4226] = 32'd0;
+    mem[4227] = 32'd0;
+    mem[4228] = 32'd0;
+    mem[4229] = 32'd0;
+    mem[4230] = 32'd0;
+    mem[4231] = 32'd0;
+    mem[4232] = 32'd0;
+    mem[4233] = 32'd0;
+    mem[4234] = 32'd0;
+    mem[4235] = 32'd0;
+    mem[4236] = 32'd0;
+    mem[4237] = 32'd0;
+    mem[4238] = 32'd0;
+    mem[4239] = 32'd0;
+    mem[4240] = 32'd0;
+    mem[4241] = 32'd0;
+    mem[4242] = 32'd0;
+    mem[4243] = 32'd0;
+    mem[4244] = 32'd0;
+    mem[4245] = 32'd0;
+    mem[4246] = 32'd0;
+    mem[4247] = 32'd0;
+    mem[4248] = 32'd0;
+    mem[4249] = 32'd0;
+    mem[4250] = 32'd0;
+    mem[4251] = 32'd0;
+    mem[4252] = 32'd0;
+    mem[4253] = 32'd0;
+    mem[4254] = 32'd0;
+    mem[4255] = 32'd0;
+    mem[4256] = 32'd0;
+    mem[4257] = 32'd0;
+    mem[4258] = 32'd0;
+    mem[4259] = 32'd0;
+    mem[4260] = 32'd0;
+    mem[4261] = 32'd0;
+    mem[4262] = 32'd0;
+    mem[4263] = 32'd0;
+    mem[4264] = 32'd0;
+    mem[4265] = 32'd0;
+    mem[4266] = 32'd0;
+    mem[4267] = 32'd0;
+    mem[4268] = 32'd0;
+    mem[4269] = 32'd0;
+    mem[4270] = 32'd0;
+    mem[4271] = 32'd0;
+    mem[4272] = 32'd0;
+    mem[4273] = 32'd0;
+    mem[4274] = 32'd0;
+    mem[4275] = 32'd0;
+    mem[4276] = 32'd0;
+    mem[4277] = 32'd0;
+    mem[4278] = 32'd0;
+    mem[4279] = 32'd0;
+    mem[4280] = 32'd0;
+    mem[4281] = 32'd0;
+    mem[4282] = 32'd0;
+    mem[4283] = 32'd0;
+    mem[4284] = 32'd0;
+    mem[4285] = 32'd0;
+    mem[4286] = 32'd0;
+    mem[4287] = 32'd0;
+    mem[4288] = 32'd0;
+    mem[4289] = 32'd0;
+    mem[4290] = 32'd0;
+    mem[4291] = 32'd0;
+    mem[4292] = 32'd0;
+    mem[4293] = 32'd0;
+    mem[4294] = 32'd0;
+    mem[4295] = 32'd0;
+    mem[4296] = 32'd0;
+    mem[4297] = 32'd0;
+    mem[4298] = 32'd0;
+    mem[4299] = 32'd0;
+    mem[4300] = 32'd0;
+    mem[4301] = 32'd0;
+    mem[4302] = 32'd0;
+    mem[4303] = 32'd0;
+    mem[4304] = 32'd0;
+    mem[4305] = 32'd0;
+    mem[4306] = 32'd0;
+    mem[4307] = 32'd0;
+    mem[4308] = 32'd0;
+    mem[4309] = 32'd0;
+    mem[4310] = 32'd0;
+    mem[4311] = 32'd0;
+    mem[4312] = 32'd0;
+    mem[4313] = 32'd0;
+    mem[4314] = 32'd0;
+    mem[4315] = 32'd0;
+    mem[4316] = 32'd0;
+    mem[4317] = 32'd0;
+    mem[4318] = 32'd0;
+    mem[4319] = 32'd0;
+    mem[4320] = 32'd0;
+    mem[4321] = 32'd0;
+    mem[4322] = 32'd0;
+    mem[4323] = 32'd0;
+    mem[4324] = 32'd0;
+    mem[4325] = 32'd0;
+    mem[4326] = 32'd0;
+    mem[4327] = 32'd0;
+    mem[4328] = 32'd0;
+    mem[4329] = 32'd0;
+    mem[4330] = 32'd0;
+    mem[4331] = 32'd0;
+    mem[4332] = 32'd0;
+    mem[4333] = 32'd0;
+    mem[4334] = 32'd0;
+    mem[4335] = 32'd0;
+    mem[4336] = 32'd0;
+    mem[4337] = 32'd0;
+    mem[4338] = 32'd0;
+    mem[4339] = 32'd0;
+    mem[4340] = 32'd0;
+    mem[4341] = 32'd0;
+    mem[4342] = 32'd0;
+    mem[4343] = 32'd0;
+    mem[4344] = 32'd0;
+    mem[4345] = 32'd0;
+    mem[4346] = 32'd0;
+    mem[4347] = 32'd0;
+    mem[4348] = 32'd0;
+    mem[4349] = 32'd0;
+    mem[4350] = 32'd0;
+    mem[4351] = 32'd0;
+    mem[4352] = 32'd0;
+    mem[4353] = 32'd0;
+    mem[4354] = 32'd0;
+    mem[4355] = 32'd0;
+    mem[4356] = 32'd0;
+    mem[4357] = 32'd0;
+    mem[4358] = 32'd0;
+    mem[4359] = 32'd0;
+    mem[4360] = 32'd0;
+    mem[4361] = 32'd0;
+    mem[4362] = 32'd0;
+    mem[4363] = 32'd0;
+    mem[4364] = 32'd0;
+    mem[4365] = 32'd0;
+    mem[4366] = 32'd0;
+    mem[4367] = 32'd0;
+    mem[4368] = 32'd0;
+    mem[4369] = 32'd0;
+    mem[4370] = 32'd0;
+    mem[4371] = 32'd0;
+    mem[4372] = 32'd0;
+    mem[4373] = 32'd0;
+    mem[4374] = 32'd0;
+    mem[4375] = 32'd0;
+    mem[4376] = 32'd0;
+    mem[4377] = 32'd0;
+    mem[4378] = 32'd0;
+    mem[4379] = 32'd0;
+    mem[4380] = 32'd0;
+    mem[4381] = 32'd0;
+    mem[4382] = 32'd0;
+    mem[4383] = 32'd0;
+    mem[4384] = 32'd0;
+    mem[4385] = 32'd0;
+    mem[4386] = 32'd0;
+    mem[4387] = 32'd0;
+    mem[4388] = 32'd0;
+    mem[4389] = 32'd0;
+    mem[4390] = 32'd0;
+    mem[4391] = 32'd0;
+    mem[4392] = 32'd0;
+    mem[4393] = 32'd0;
+    mem[4394] = 32'd0;
+    mem[4395] = 32'd0;
+    mem[4396] = 32'd0;
+    mem[4397] = 32'd0;
+    mem[4398] = 32'd0;
+    mem[4399] = 32'd0;
+    mem[4400] = 32'd0;
+    mem[4401] = 32'd0;
+    mem[4402] = 32'd0;
+    mem[4403] = 32'd0;
+    mem[4404] = 32'd0;
+    mem[4405] = 32'd0;
+    mem[4406] = 32'd0;
+    mem[4407] = 32'd0;
+    mem[4408] = 32'd0;
+    mem[4409] = 32'd0;
+    mem[4410] = 32'd0;
+    mem[4411] = 32'd0;
+    mem[4412] = 32'd0;
+    mem[4413] = 32'd0;
+    mem[4414] = 32'd0;
+    mem[4415] = 32'd0;
+    mem[4416] = 32'd0;
+    mem[4417] = 32'd0;
+    mem[4418] = 32'd0;
+    mem[4419] = 32'd0;
+    mem[4420] = 32'd0;
+    mem[4421] = 32'd0;
+    mem[4422] = 32'd0;
+    mem[4423] = 32'd0;
+    mem[4424] = 32'd0;
+    mem[4425] = 32'd0;
+    mem[4426] = 32'd0;
+    mem[4427] = 32'd0;
+    mem[4428] = 32'd0;
+    mem[4429] = 32'd0;
+    mem[4430] = 32'd0;
+    mem[4431] = 32'd0;
+    mem[4432] = 32'd0;
+    mem[4433] = 32'd0;
+    mem[4434] = 32'd0;
+    mem[4435] = 32'd0;
+    mem[4436] = 32'd0;
+    mem[4437] = 32'd0;
+    mem[4438] = 32'd0;
+    mem[4439] = 32'd0;
+    mem[4440] = 32'd0;
+    mem[4441] = 32'd0;
+    mem[4442] = 32'd0;
+    mem[4443] = 32'd0;
+    mem[4444] = 32'd0;
+    mem[4445] = 32'd0;
+    mem[4446] = 32'd0;
+    mem[4447] = 32'd0;
+    mem[4448] = 32'd0;
+    mem[4449] = 32'd0;
+    mem[4450] = 32'd0;
+    mem[4451] = 32'd0;
+    mem[4452] = 32'd0;
+    mem[4453] = 32'd0;
+    mem[4454] = 32'd0;
+    mem[4455] = 32'd0;
+    mem[4456] = 32'd0;
+    mem[4457] = 32'd0;
+    mem[4458] = 32'd0;
+    mem[4459] = 32'd0;
+    mem[4460] = 32'd0;
+    mem[4461] = 32'd0;
+    mem[4462] = 32'd0;
+    mem[4463] = 32'd0;
+    mem[4464] = 32'd0;
+    mem[4465] = 32'd0;
+    mem[4466] = 32'd0;
+    mem[4467] = 32'd0;
+    mem[4468] = 32'd0;
+    mem[4469] = 32'd0;
+    mem[4470] = 32'd0;
+    mem[4471] = 32'd0;
+    mem[4472] = 32'd0;
+    mem[4473] = 32'd0;
+    mem[4474] = 32'd0;
+    mem[4475] = 32'd0;
+    mem[4476] = 32'd0;
+    mem[4477] = 32'd0;
+    mem[4478] = 32'd0;
+    mem[4479] = 32'd0;
+    mem[4480] = 32'd0;
+    mem[4481] = 32'd0;
+    mem[4482] = 32'd0;
+    mem[4483] = 32'd0;
+    mem[4484] = 32'd0;
+    mem[4485] = 32'd0;
+    mem[4486] = 32'd0;
+    mem[4487] = 32'd0;
+    mem[4488] = 32'd0;
+    mem[4489] = 32'd0;
+    mem[4490] = 32'd0;
+    mem[4491] = 32'd0;
+    mem[4492] = 32'd0;
+    mem[4493] = 32'd0;
+    mem[4494] = 32'd0;
+    mem[4495] = 32'd0;
+    mem[4496] = 32'd0;
+    mem[4497] = 32'd0;
+    mem[4498] = 32'd0;
+    mem[4499] = 32'd0;
+    mem[4500] = 32'd0;
+    mem[4501] = 32'd0;
+    mem[4502] = 32'd0;
+    mem[4503] = 32'd0;
+    mem[4504] = 32'd0;
+    mem[4505] = 32'd0;
+    mem[4506] = 32'd0;
+    mem[4507] = 32'd0;
+    mem[4508] = 32'd0;
+    mem[4509] = 32'd0;
+    mem[4510] = 32'd0;
+    mem[4511] = 32'd0;
+    mem[4512] = 32'd0;
+    mem[4513] = 32'd0;
+    mem[4514] = 32'd0;
+    mem[4515] = 32'd0;
+    mem[4516] = 32'd0;
+    mem[4517] = 32'd0;
+    mem[4518] = 32'd0;
+    mem[4519] = 32'd0;
+    mem[4520] = 32'd0;
+    mem[4521] = 32'd0;
+    mem[4522] = 32'd0;
+    mem[4523] = 32'd0;
+    mem[4524] = 32'd0;
+    mem[4525] = 32'd0;
+    mem[4526] = 32'd0;
+    mem[4527] = 32'd0;
+    mem[4528] = 32'd0;
+    mem[4529] = 32'd0;
+    mem[4530] = 32'd0;
+    mem[4531] = 32'd0;
+    mem[4532] = 32'd0;
+    mem[4533] = 32'd0;
+    mem[4534] = 32'd0;
+    mem[4535] = 32'd0;
+    mem[4536] = 32'd0;
+    mem[4537] = 32'd0;
+    mem[4538] = 32'd0;
+    mem[4539] = 32'd0;
+    mem[4540] = 32'd0;
+    mem[4541] = 32'd0;
+    mem[4542] = 32'd0;
+    mem[4543] = 32'd0;
+    mem[4544] = 32'd0;
+    mem[4545] = 32'd0;
+    mem[4546] = 32'd0;
+    mem[4547] = 32'd0;
+    mem[4548] = 32'd0;
+    mem[4549] = 32'd0;
+    mem[4550] = 32'd0;
+    mem[4551] = 32'd0;
+    mem[4552] = 32'd0;
+    mem[4553] = 32'd0;
+    mem[4554] = 32'd0;
+    mem[4555] = 32'd0;
+    mem[4556] = 32'd0;
+    mem[4557] = 32'd0;
+    mem[4558] = 32'd0;
+    mem[4559] = 32'd0;
+    mem[4560] = 32'd0;
+    mem[4561] = 32'd0;
+    mem[4562] = 32'd0;
+    mem[4563] = 32'd0;
+    mem[4564] = 32'd0;
+    mem[4565] = 32'd0;
+    mem[4566] = 32'd0;
+    mem[4567] = 32'd0;
+    mem[4568] = 32'd0;
+    mem[4569] = 32'd0;
+    mem[4570] = 32'd0;
+    mem[4571] = 32'd0;
+    mem[4572] = 32'd0;
+    mem[4573] = 32'd0;
+    mem[4574] = 32'd0;
+    mem[4575] = 32'd0;
+    mem[4576] = 32'd0;
+    mem[4577] = 32'd0;
+    mem[4578] = 32'd0;
+    mem[4579] = 32'd0;
+    mem[4580] = 32'd0;
+    mem[4581] = 32'd0;
+    mem[4582] = 32'd0;
+    mem[4583] = 32'd0;
+    mem[4584] = 32'd0;
+    mem[4585] = 32'd0;
+    mem[4586] = 32'd0;
+    mem[4587] = 32'd0;
+    mem[4588] = 32'd0;
+    mem[4589] = 32'd0;
+    mem[4590] = 32'd0;
+    mem[4591] = 32'd0;
+    mem[4592] = 32'd0;
+    mem[4593] = 32'd0;
+    mem[4594] = 32'd0;
+    mem[4595] = 32'd0;
+    mem[4596] = 32'd0;
+    mem[4597] = 32'd0;
+    mem[4598] = 32'd0;
+    mem[4599] = 32'd0;
+    mem[4600] = 32'd0;
+    mem[4601] = 32'd0;
+    mem[4602] = 32'd0;
+    mem[4603] = 32'd0;
+    mem[4604] = 32'd0;
+    mem[4605] = 32'd0;
+    mem[4606] = 32'd0;
+    mem[4607] = 32'd0;
+    mem[4608] = 32'd0;
+    mem[4609] = 32'd0;
+    mem[4610] = 32'd0;
+    mem[4611] = 32'd0;
+    mem[4612] = 32'd0;
+    mem[4613] = 32'd0;
+    mem[4614] = 32'd0;
+    mem[4615] = 32'd0;
+    mem[4616] = 32'd0;
+    mem[4617] = 32'd0;
+    mem[4618] = 32'd0;
+    mem[4619] = 32'd0;
+    mem[4620] = 32'd0;
+    mem[4621] = 32'd0;
+    mem[4622] = 32'd0;
+    mem[4623] = 32'd0;
+    mem[4624] = 32'd0;
+    mem[4625] = 32'd0;
+    mem[4626] = 32'd0;
+    mem[4627] = 32'd0;
+    mem[4628] = 32'd0;
+    mem[4629] = 32'd0;
+    mem[4630] = 32'd0;
+    mem[4631] = 32'd0;
+    mem[4632] = 32'd0;
+    mem[4633] = 32'd0;
+    mem[4634] = 32'd0;
+    mem[4635] = 32'd0;
+    mem[4636] = 32'd0;
+    mem[4637] = 32'd0;
+    mem[4638] = 32'd0;
+    mem[4639] = 32'd0;
+    mem[4640] = 32'd0;
+    mem[4641] = 32'd0;
+    mem[4642] = 32'd0;
+    mem[4643] = 32'd0;
+    mem[4644] = 32'd0;
+    mem[4645] = 32'd0;
+    mem[4646] = 32'd0;
+    mem[4647] = 32'd0;
+    mem[4648] = 32'd0;
+    mem[4649] = 32'd0;
+    mem[4650] = 32'd0;
+    mem[4651] = 32'd0;
+    mem[4652] = 32'd0;
+    mem[4653] = 32'd0;
+    mem[4654] = 32'd0;
+    mem[4655] = 32'd0;
+    mem[4656] = 32'd0;
+    mem[4657] = 32'd0;
+    mem[4658] = 32'd0;
+    mem[4659] = 32'd0;
+    mem[4660] = 32'd0;
+    mem[4661] = 32'd0;
+    mem[4662] = 32'd0;
+    mem[4663] = 32'd0;
+    mem[4664] = 32'd0;
+    mem[4665] = 32'd0;
+    mem[4666] = 32'd0;
+    mem[4667] = 32'd0;
+    mem[4668] = 32'd0;
+    mem[4669] = 32'd0;
+    mem[4670] = 32'd0;
+    mem[4671] = 32'd0;
+    mem[4672] = 32'd0;
+    mem[4673] = 32'd0;
+    mem[4674] = 32'd0;
+    mem[4675] = 32'd0;
+    mem[4676] = 32'd0;
+    mem[4677] = 32'd0;
+    mem[4678] = 32'd0;
+    mem[4679] = 32'd0;
+    mem[4680] = 32'd0;
+    mem[4681] = 32'd0;
+    mem[4682] = 32'd0;
+    mem[4683] = 32'd0;
+    mem[4684] = 32'd0;
+    mem[4685] = 32'd0;
+    mem[4686] = 32'd0;
+    mem[4687] = 32'd0;
+    mem[4688] = 32'd0;
+    mem[4689] = 32'd0;
+    mem[4690] = 32'd0;
+    mem[4691] = 32'd0;
+    mem[4692] = 32'd0;
+    mem[4693] = 32'd0;
+    mem[4694] = 32'd0;
+    mem[4695] = 32'd0;
+    mem[4696] = 32'd0;
+    mem[4697] = 32'd0;
+    mem[4698] = 32'd0;
+    mem[4699] = 32'd0;
+    mem[4700] = 32'd0;
+    mem[4701] = 32'd0;
+    mem[4702] = 32'd0;
+    mem[4703] = 32'd0;
+    mem[4704] = 32'd0;
+    mem[4705] = 32'd0;
+    mem[4706] = 32'd0;
+    mem[4707] = 32'd0;
+    mem[4708] = 32'd0;
+    mem[4709] = 32'd0;
+    mem[4710] = 32'd0;
+    mem[4711] = 32'd0;
+    mem[4712] = 32'd0;
+    mem[4713] = 32'd0;
+    mem[4714] = 32'd0;
+    mem[4715] = 32'd0;
+    mem[4716] = 32'd0;
+    mem[4717] = 32'd0;
+    mem[4718] = 32'd0;
+    mem[4719] = 32'd0;
+    mem[4720] = 32'd0;
+    mem[4721] = 32'd0;
+    mem[4722] = 32'd0;
+    mem[4723] = 32'd0;
+    mem[4724] = 32'd0;
+    mem[4725] = 32'd0;
+    mem[4726] = 32'd0;
+    mem[4727] = 32'd0;
+    mem[4728] = 32'd0;
+    mem[4729] = 32'd0;
+    mem[4730] = 32'd0;
+    mem[4731] = 32'd0;
+    mem[4732] = 32'd0;
+    mem[4733] = 32'd0;
+    mem[4734] = 32'd0;
+    mem[4735] = 32'd0;
+    mem[4736] = 32'd0;
+    mem[4737] = 32'd0;
+    mem[4738] = 32'd0;
+    mem[4739] = 32'd0;
+    mem[4740] = 32'd0;
+    mem[4741] = 32'd0;
+    mem[4742] = 32'd0;
+    mem[4743] = 32'd0;
+    mem[4744] = 32'd0;
+    mem[4745] = 32'd0;
+    mem[4746] = 32'd0;
+    mem[4747] = 32'd0;
+    mem[4748] = 32'd0;
+    mem[4749] = 32'd0;
+    mem[4750] = 32'd0;
+    mem[4751] = 32'd0;
+    mem[4752] = 32'd0;
+    mem[4753] = 32'd0;
+    mem[4754] = 32'd0;
+    mem[4755] = 32'd0;
+    mem[4756] = 32'd0;
+    mem[4757] = 32'd0;
+    mem[4758] = 32'd0;
+    mem[4759] = 32'd0;
+    mem[4760] = 32'd0;
+    mem[4761] = 32'd0;
+    mem[4762] = 32'd0;
+    mem[4763] = 32'd0;
+    mem[4764] = 32'd0;
+    mem[4765] = 32'd0;
+    mem[4766] = 32'd0;
+    mem[4767] = 32'd0;
+    mem[4768] = 32'd0;
+    mem[4769] = 32'd0;
+    mem[4770] = 32'd0;
+    mem[4771] = 32'd0;
+    mem[4772] = 32'd0;
+    mem[4773] = 32'd0;
+    mem[4774] = 32'd0;
+    mem[4775] = 32'd0;
+    mem[4776] = 32'd0;
+    mem[4777] = 32'd0;
+    mem[4778] = 32'd0;
+    mem[4779] = 32'd0;
+    mem[4780] = 32'd0;
+    mem[4781] = 32'd0;
+    mem[4782] = 32'd0;
+    mem[4783] = 32'd0;
+    mem[4784] = 32'd0;
+    mem[4785] = 32'd0;
+    mem[4786] = 32'd0;
+    mem[4787] = 32'd0;
+    mem[4788] = 32'd0;
+    mem[4789] = 32'd0;
+    mem[4790] = 32'd0;
+    mem[4791] = 32'd0;
+    mem[4792] = 32'd0;
+    mem[4793] = 32'd0;
+    mem[4794] = 32'd0;
+    mem[4795] = 32'd0;
+    mem[4796] = 32'd0;
+    mem[4797] = 32'd0;
+    mem[4798] = 32'd0;
+    mem[4799] = 32'd0;
+    mem[4800] = 32'd0;
+    mem[4801] = 32'd0;
+    mem[4802] = 32'd0;
+    mem[4803] = 32'd0;
+    mem[4804] = 32'd0;
+    mem[4805] = 32'd0;
+    mem[4806] = 32'd0;
+    mem[4807] = 32'd0;
+    mem[4808] = 32'd0;
+    mem[4809] = 32'd0;
+    mem[4810] = 32'd0;
+    mem[4811] = 32'd0;
+    mem[4812] = 32'd0;
+    mem[4813] = 32'd0;
+    mem[4814] = 32'd0;
+    mem[4815] = 32'd0;
+    mem[4816] = 32'd0;
+    mem[4817] = 32'd0;
+    mem[4818] = 32'd0;
+    mem[4819] = 32'd0;
+    mem[4820] = 32'd0;
+    mem[4821] = 32'd0;
+    mem[4822] = 32'd0;
+    mem[4823] = 32'd0;
+    mem[4824] = 32'd0;
+    mem[4825] = 32'd0;
+    mem[4826] = 32'd0;
+    mem[4827] = 32'd0;
+    mem[4828] = 32'd0;
+    mem[4829] = 32'd0;
+    mem[4830] = 32'd0;
+    mem[4831] = 32'd0;
+    mem[4832] = 32'd0;
+    mem[4833] = 32'd0;
+    mem[4834] = 32'd0;
+    mem[4835] = 32'd0;
+    mem[4836] = 32'd0;
+    mem[4837] = 32'd0;
+    mem[4838] = 32'd0;
+    mem[4839] = 32'd0;
+    mem[4840] = 32'd0;
+    mem[4841] = 32'd0;
+    mem[4842] = 32'd0;
+    mem[4843] = 32'd0;
+    mem[4844] = 32'd0;
+    mem[4845] = 32'd0;
+    mem[4846] = 32'd0;
+    mem[4847] = 32'd0;
+    mem[4848] = 32'd0;
+    mem[4849] = 32'd0;
+    mem[4850] = 32'd0;
+    mem[4851] = 32'd0;
+    mem[4852] = 32'd0;
+    mem[4853] = 32'd0;
+    mem[4854] = 32'd0;
+    mem[4855] = 32'd0;
+    mem[4856] = 32'd0;
+    mem[4857] = 32'd0;
+    mem[4858] = 32'd0;
+    mem[4859] = 32'd0;
+    mem[4860] = 32'd0;
+    mem[4861] = 32'd0;
+    mem[4862] = 32'd0;
+    mem[4863] = 32'd0;
+    mem[4864] = 32'd0;
+    mem[4865] = 32'd0;
+    mem[4866] = 32'd0;
+    mem[4867] = 32'd0;
+    mem[4868] = 32'd0;
+    mem[4869] = 32'd0;
+    mem[4870] = 32'd0;
+    mem[4871] = 32'd0;
+    mem[4872] = 32'd0;
+    mem[4873] = 32'd0;
+    mem[4874] = 32'd0;
+    mem[4875] = 32'd0;
+    mem[4876] = 32'd0;
+    mem[4877] = 32'd0;
+    mem[4878] = 32'd0;
+    mem[4879] = 32'd0;
+    mem[4880] = 32'd0;
+    mem[4881] = 32'd0;
+    mem[4882] = 32'd0;
+    mem[4883] = 32'd0;
+    mem[4884] = 32'd0;
+    mem[4885] = 32'd0;
+    mem[4886] = 32'd0;
+    mem[4887] = 32'd0;
+    mem[4888] = 32'd0;
+    mem[4889] = 32'd0;
+    mem[4890] = 32'd0;
+    mem[4891] = 32'd0;
+    mem[4892] = 32'd0;
+    mem[4893] = 32'd0;
+    mem[4894] = 32'd0;
+    mem[4895] = 32'd0;
+    mem[4896] = 32'd0;
+    mem[4897] = 32'd0;
+    mem[4898] = 32'd0;
+    mem[4899] = 32'd0;
+    mem[4900] = 32'd0;
+    mem[4901] = 32'd0;
+    mem[4902] = 32'd0;
+    mem[4903] = 32'd0;
+    mem[4904] = 32'd0;
+    mem[4905] = 32'd0;
+    mem[4906] = 32'd0;
+    mem[4907] = 32'd0;
+    mem[4908] = 32'd0;
+    mem[4909] = 32'd0;
+    mem[4910] = 32'd0;
+    mem[4911] = 32'd0;
+    mem[4912] = 32'd0;
+    mem[4913] = 32'd0;
+    mem[4914] = 32'd0;
+    mem[4915] = 32'd0;
+    mem[4916] = 32'd0;
+    mem[4917] = 32'd0;
+    mem[4918] = 32'd0;
+    mem[4919] = 32'd0;
+    mem[4920] = 32'd0;
+    mem[4921] = 32'd0;
+    mem[4922] = 32'd0;
+    mem[4923] = 32'd0;
+    mem[4924] = 32'd0;
+    mem[4925] = 32'd0;
+    mem[4926] = 32'd0;
+    mem[4927] = 32'd0;
+    mem[4928] = 32'd0;
+    mem[4929] = 32'd0;
+    mem[4930] = 32'd0;
+    mem[4931] = 32'd0;
+    mem[4932] = 32'd0;
+    mem[4933] = 32'd0;
+    mem[4934] = 32'd0;
+    mem[4935] = 32'd0;
+    mem[4936] = 32'd0;
+    mem[4937] = 32'd0;
+    mem[4938] = 32'd0;
+    mem[4939] = 32'd0;
+    mem[4940] = 32'd0;
+    mem[4941] = 32'd0;
+    mem[4942] = 32'd0;
+    mem[4943] = 32'd0;
+    mem[4944] = 32'd0;
+    mem[4945] = 32'd0;
+    mem[4946] = 32'd0;
+    mem[4947] = 32'd0;
+    mem[4948] = 32'd0;
+    mem[4949] = 32'd0;
+    mem[4950] = 32'd0;
+    mem[4951] = 32'd0;
+    mem[4952] = 32'd0;
+    mem[4953] = 32'd0;
+    mem[4954] = 32'd0;
+    mem[4955] = 32'd0;
+    mem[4956] = 32'd0;
+    mem[4957] = 32'd0;
+    mem[4958] = 32'd0;
+    mem[4959] = 32'd0;
+    mem[4960] = 32'd0;
+    mem[4961] = 32'd0;
+    mem[4962] = 32'd0;
+    mem[4963] = 32'd0;
+    mem[4964] = 32'd0;
+    mem[4965] = 32'd0;
+    mem[4966] = 32'd0;
+    mem[4967] = 32'd0;
+    mem[4968] = 32'd0;
+    mem[4969] = 32'd0;
+    mem[4970] = 32'd0;
+    mem[4971] = 32'd0;
+    mem[4972] = 32'd0;
+    mem[4973] = 32'd0;
+    mem[4974] = 32'd0;
+    mem[4975] = 32'd0;
+    mem[4976] = 32'd0;
+    mem[4977] = 32'd0;
+    mem[4978] = 32'd0;
+    mem[4979] = 32'd0;
+    mem[4980] = 32'd0;
+    mem[4981] = 32'd0;
+    mem[4982] = 32'd0;
+    mem[4983] = 32'd0;
+    mem[4984] = 32'd0;
+    mem[4985] = 32'd0;
+    mem[4986] = 32'd0;
+    mem[4987] = 32'd0;
+    mem[4988] = 32'd0;
+    mem[4989] = 32'd0;
+    mem[4990] = 32'd0;
+    mem[4991] = 32'd0;
+    mem[4992] = 32'd0;
+    mem[4993] = 32'd0;
+    mem[4994] = 32'd0;
+    mem[4995] = 32'd0;
+    mem[4996] = 32'd0;
+    mem[4997] = 32'd0;
+    mem[4998] = 32'd0;
+    mem[4999] = 32'd0;
+    mem[5000] = 32'd0;
+    mem[5001] = 32'd0;
+    mem[5002] = 32'd0;
+    mem[5003] = 32'd0;
+    mem[5004] = 32'd0;
+    mem[5005] = 32'd0;
+    mem[5006] = 32'd0;
+    mem[5007] = 32'd0;
+    mem[5008] = 32'd0;
+    mem[5009] = 32'd0;
+    mem[5010] = 32'd0;
+    mem[5011] = 32'd0;
+    mem[5012] = 32'd0;
+    mem[5013] = 32'd0;
+    mem[5014] = 32'd0;
+    mem[5015] = 32'd0;
+    mem[5016] = 32'd0;
+    mem[5017] = 32'd0;
+    mem[5018] = 32'd0;
+    mem[5019] = 32'd0;
+    mem[5020] = 32'd0;
+    mem[5021] = 32'd0;
+    mem[5022] = 32'd0;
+    mem[5023] = 32'd0;
+    mem[5024] = 32'd0;
+    mem[5025] = 32'd0;
+    mem[5026] = 32'd0;
+    mem[5027] = 32'd0;
+    mem[5028] = 32'd0;
+    mem[5029] = 32'd0;
+    mem[5030] = 32'd0;
+    mem[5031] = 32'd0;
+    mem[5032] = 32'd0;
+    mem[5033] = 32'd0;
+    mem[5034] = 32'd0;
+    mem[5035] = 32'd0;
+    mem[5036] = 32'd0;
+    mem[5037] = 32'd0;
+    mem[5038] = 32'd0;
+    mem[5039] = 32'd0;
+    mem[5040] = 32'd0;
+    mem[5041] = 32'd0;
+    mem[5042] = 32'd0;
+    mem[5043] = 32'd0;
+    mem[5044] = 32'd0;
+    mem[5045] = 32'd0;
+    mem[5046] = 32'd0;
+    mem[5047] = 32'd0;
+    mem[5048] = 32'd0;
+    mem[5049] = 32'd0;
+    mem[5050] = 32'd0;
+    mem[5051] = 32'd0;
+    mem[5052] = 32'd0;
+    mem[5053] = 32'd0;
+    mem[5054] = 32'd0;
+    mem[5055] = 32'd0;
+    mem[5056] = 32'd0;
+    mem[5057] = 32'd0;
+    mem[5058] = 32'd0;
+    mem[5059] = 32'd0;
+    mem[5060] = 32'd0;
+    mem[5061] = 32'd0;
+    mem[5062] = 32'd0;
+    mem[5063] = 32'd0;
+    mem[5064] = 32'd0;
+    mem[5065] = 32'd0;
+    mem[5066] = 32'd0;
+    mem[5067] = 32'd0;
+    mem[5068] = 32'd0;
+    mem[5069] = 32'd0;
+    mem[5070] = 32'd0;
+    mem[5071] = 32'd0;
+    mem[5072] = 32'd0;
+    mem[5073] = 32'd0;
+    mem[5074] = 32'd0;
+    mem[5075] = 32'd0;
+    mem[5076] = 32'd0;
+    mem[5077] = 32'd0;
+    mem[5078] = 32'd0;
+    mem[5079] = 32'd0;
+    mem[5080] = 32'd0;
+    mem[5081] = 32'd0;
+    mem[5082] = 32'd0;
+    mem[5083] = 32'd0;
+    mem[5084] = 32'd0;
+    mem[5085] = 32'd0;
+    mem[5086] = 32'd0;
+    mem[5087] = 32'd0;
+    mem[5088] = 32'd0;
+    mem[5089] = 32'd0;
+    mem[5090] = 32'd0;
+    mem[5091] = 32'd0;
+    mem[5092] = 32'd0;
+    mem[5093] = 32'd0;
+    mem[5094] = 32'd0;
+    mem[5095] = 32'd0;
+    mem[5096] = 32'd0;
+    mem[5097] = 32'd0;
+    mem[5098] = 32'd0;
+    mem[5099] = 32'd0;
+    mem[5100] = 32'd0;
+    mem[5101] = 32'd0;
+    mem[5102] = 32'd0;
+    mem[5103] = 32'd0;
+    mem[5104] = 32'd0;
+    mem[5105] = 32'd0;
+    mem[5106] = 32'd0;
+    mem[5107] = 32'd0;
+    mem[5108] = 32'd0;
+    mem[5109] = 32'd0;
+    mem[5110] = 32'd0;
+    mem[5111] = 32'd0;
+    mem[5112] = 32'd0;
+    mem[5113] = 32'd0;
+    mem[5114] = 32'd0;
+    mem[5115] = 32'd0;
+    mem[5116] = 32'd0;
+    mem[5117] = 32'd0;
+    mem[5118] = 32'd0;
+    mem[5119] = 32'd0;
+    mem[5120] = 32'd0;
+    mem[5121] = 32'd0;
+    mem[5122] = 32'd0;
+    mem[5123] = 32'd0;
+    mem[5124] = 32'd0;
+    mem[5125] = 32'd0;
+    mem[5126] = 32'd0;
+    mem[5127] = 32'd0;
+    mem[5128] = 32'd0;
+    mem[5129] = 32'd0;
+    mem[5130] = 32'd0;
+    mem[5131] = 32'd0;
+    mem[5132] = 32'd0;
+    mem[5133] = 32'd0;
+    mem[5134] = 32'd0;
+    mem[5135] = 32'd0;
+    mem[5136] = 32'd0;
+    mem[5137] = 32'd0;
+    mem[5138] = 32'd0;
+    mem[5139] = 32'd0;
+    mem[5140] = 32'd0;
+    mem[5141] = 32'd0;
+    mem[5142] = 32'd0;
+    mem[5143] = 32'd0;
+    mem[5144] = 32'd0;
+    mem[5145] = 32'd0;
+    mem[5146] = 32'd0;
+    mem[5147] = 32'd0;
+    mem[5148] = 32'd0;
+    mem[5149] = 32'd0;
+    mem[5150] = 32'd0;
+    mem[5151] = 32'd0;
+    mem[5152] = 32'd0;
+    mem[5153] = 32'd0;
+    mem[5154] = 32'd0;
+    mem[5155] = 32'd0;
+    mem[5156] = 32'd0;
+    mem[5157] = 32'd0;
+    mem[5158] = 32'd0;
+    mem[5159] = 32'd0;
+    mem[5160] = 32'd0;
+    mem[5161] = 32'd0;
+    mem[5162] = 32'd0;
+    mem[5163] = 32'd0;
+    mem[5164] = 32'd0;
+    mem[5165] = 32'd0;
+    mem[5166] = 32'd0;
+    mem[5167] = 32'd0;
+    mem[5168] = 32'd0;
+    mem[5169] = 32'd0;
+    mem[5170] = 32'd0;
+    mem[5171] = 32'd0;
+    mem[5172] = 32'd0;
+    mem[5173] = 32'd0;
+    mem[5174] = 32'd0;
+    mem[5175] = 32'd0;
+    mem[5176] = 32'd0;
+    mem[5177] = 32'd0;
+    mem[5178] = 32'd0;
+    mem[5179] = 32'd0;
+    mem[5180] = 32'd0;
+    mem[5181] = 32'd0;
+    mem[5182] = 32'd0;
+    mem[5183] = 32'd0;
+    mem[5184] = 32'd0;
+    mem[5185] = 32'd0;
+    mem[5186] = 32'd0;
+    mem[5187] = 32'd0;
+    mem[5188] = 32'd0;
+    mem[5189] = 32'd0;
+    mem[5190] = 32'd0;
+    mem[5191] = 32'd0;
+    mem[5192] = 32'd0;
+    mem[5193] = 32'd0;
+    mem[5194] = 32'd0;
+    mem[5195] = 32'd0;
+    mem[5196] = 32'd0;
+    mem[5197] = 32'd0;
+    mem[5198] = 32'd0;
+    mem[5199] = 32'd0;
+    mem[5200] = 32'd0;
+    mem[5201] = 32'd0;
+    mem[5202] = 32'd0;
+    mem[5203] = 32'd0;
+    mem[5204] = 32'd0;
+    mem[5205] = 32'd0;
+    mem[5206] = 32'd0;
+    mem[5207] = 32'd0;
+    mem[5208] = 32'd0;
+    mem[5209] = 32'd0;
+    mem[5210] = 32'd0;
+    mem[5211] = 32'd0;
+    mem[5212] = 32'd0;
+    mem[5213] = 32'd0;
+    mem[5214] = 32'd0;
+    mem[5215] = 32'd0;
+    mem[5216] = 32'd0;
+    mem[5217] = 32'd0;
+    mem[5218] = 32'd0;
+    mem[5219] = 32'd0;
+    mem[5220] = 32'd0;
+    mem[5221] = 32'd0;
+    mem[5222] = 32'd0;
+    mem[5223] = 32'd0;
+    mem[5224] = 32'd0;
+    mem[5225] = 32'd0;
+    mem[5226] = 32'd0;
+    mem[5227] = 32'd0;
+    mem[5228] = 32'd0;
+    mem[5229] = 32'd0;
+    mem[5230] = 32'd0;
+    mem[5231] = 32'd0;
+    mem[5232] = 32'd0;
+    mem[5233] = 32'd0;
+    mem[5234] = 32'd0;
+    mem[5235] = 32'd0;
+    mem[5236] = 32'd0;
+    mem[5237] = 32'd0;
+    mem[5238] = 32'd0;
+    mem[5239] = 32'd0;
+    mem[5240] = 32'd0;
+    mem[5241] = 32'd0;
+    mem[5242] = 32'd0;
+    mem[5243] = 32'd0;
+    mem[5244] = 32'd0;
+    mem[5245] = 32'd0;
+    mem[5246] = 32'd0;
+    mem[5247] = 32'd0;
+    mem[5248] = 32'd0;
+    mem[5249] = 32'd0;
+    mem[5250] = 32'd0;
+    mem[5251] = 32'd0;
+    mem[5252] = 32'd0;
+    mem[5253] = 32'd0;
+    mem[5254] = 32'd0;
+    mem[5255] = 32'd0;
+    mem[5256] = 32'd0;
+    mem[5257] = 32'd0;
+    mem[5258] = 32'd0;
+    mem[5259] = 32'd0;
+    mem[5260] = 32'd0;
+    mem[5261] = 32'd0;
+    mem[5262] = 32'd0;
+    mem[5263] = 32'd0;
+    mem[5264] = 32'd0;
+    mem[5265] = 32'd0;
+    mem[5266] = 32'd0;
+    mem[5267] = 32'd0;
+    mem[5268] = 32'd0;
+    mem[5269] = 32'd0;
+    mem[5270] = 32'd0;
+    mem[5271] = 32'd0;
+    mem[5272] = 32'd0;
+    mem[5273] = 32'd0;
+    mem[5274] = 32'd0;
+    mem[5275] = 32'd0;
+    mem[5276] = 32'd0;
+    mem[5277] = 32'd0;
+    mem[5278] = 32'd0;
+    mem[5279] = 32'd0;
+    mem[5280] = 32'd0;
+    mem[5281] = 32'd0;
+    mem[5282] = 32'd0;
+    mem[5283] = 32'd0;
+    mem[5284] = 32'd0;
+    mem[5285] = 32'd0;
+    mem[5286] = 32'd0;
+    mem[5287] = 32'd0;
+    mem[5288] = 32'd0;
+    mem[5289] = 32'd0;
+    mem[5290] = 32'd0;
+    mem[5291] = 32'd0;
+    mem[5292] = 32'd0;
+    mem[5293] = 32'd0;
+    mem[5294] = 32'd0;
+    mem[5295] = 32'd0;
+    mem[5296] = 32'd0;
+    mem[5297] = 32'd0;
+    mem[5298] = 32'd0;
+    mem[5299] = 32'd0;
+    mem[5300] = 32'd0;
+    mem[5301] = 32'd0;
+    mem[5302] = 32'd0;
+    mem[5303] = 32'd0;
+    mem[5304] = 32'd0;
+    mem[5305] = 32'd0;
+    mem[5306] = 32'd0;
+    mem[5307] = 32'd0;
+    mem[5308] = 32'd0;
+    mem[5309] = 32'd0;
+    mem[5310] = 32'd0;
+    mem[5311] = 32'd0;
+    mem[5312] = 32'd0;
+    mem[5313] = 32'd0;
+    mem[5314] = 32'd0;
+    mem[5315] = 32'd0;
+    mem[5316] = 32'd0;
+    mem[5317] = 32'd0;
+    mem[5318] = 32'd0;
+    mem[5319] = 32'd0;
+    mem[5320] = 32'd0;
+    mem[5321] = 32'd0;
+    mem[5322] = 32'd0;
+    mem[5323] = 32'd0;
+    mem[5324] = 32'd0;
+    mem[5325] = 32'd0;
+    mem[5326] = 32'd0;
+    mem[5327] = 32'd0;
+    mem[5328] = 32'd0;
+    mem[5329] = 32'd0;
+    mem[5330] = 32'd0;
+    mem[5331] = 32'd0;
+    mem[5332] = 32'd0;
+    mem[5333] = 32'd0;
+    mem[5334] = 32'd0;
+    mem[5335] = 32'd0;
+    mem[5336] = 32'd0;
+    mem[5337] = 32'd0;
+    mem[5338] = 32'd0;
+    mem[5339] = 32'd0;
+    mem[5340] = 32'd0;
+    mem[5341] = 32'd0;
+    mem[5342] = 32'd0;
+    mem[5343] = 32'd0;
+    mem[5344] = 32'd0;
+    mem[5345] = 32'd0;
+    mem[5346] = 32'd0;
+    mem[5347] = 32'd0;
+    mem[5348] = 32'd0;
+    mem[5349] = 32'd0;
+    mem[5350] = 32'd0;
+    mem[5351] = 32'd0;
+    mem[5352] = 32'd0;
+    mem[5353] = 32'd0;
+    mem[5354] = 32'd0;
+    mem[5355] = 32'd0;
+    mem[5356] = 32'd0;
+    mem[5357] = 32'd0;
+    mem[5358] = 32'd0;
+    mem[5359] = 32'd0;
+    mem[5360] = 32'd0;
+    mem[5361] = 32'd0;
+    mem[5362] = 32'd0;
+    mem[5363] = 32'd0;
+    mem[5364] = 32'd0;
+    mem[5365] = 32'd0;
+    mem[5366] = 32'd0;
+    mem[5367] = 32'd0;
+    mem[5368] = 32'd0;
+    mem[5369] = 32'd0;
+    mem[5370] = 32'd0;
+    mem[5371] = 32'd0;
+    mem[5372] = 32'd0;
+    mem[5373] = 32'd0;
+    mem[5374] = 32'd0;
+    mem[5375] = 32'd0;
+    mem[5376] = 32'd0;
+    mem[5377] = 32'd0;
+    mem[5378] = 32'd0;
+    mem[5379] = 32'd0;
+    mem[5380] = 32'd0;
+    mem[5381] = 32'd0;
+    mem[5382] = 32'd0;
+    mem[5383] = 32'd0;
+    mem[5384] = 32'd0;
+    mem[5385] = 32'd0;
+    mem[5386] = 32'd0;
+    mem[5387] = 32'd0;
+    mem[5388] = 32'd0;
+    mem[5389] = 32'd0;
+    mem[5390] = 32'd0;
+    mem[5391] = 32'd0;
+    mem[5392] = 32'd0;
+    mem[5393] = 32'd0;
+    mem[5394] = 32'd0;
+    mem[5395] = 32'd0;
+    mem[5396] = 32'd0;
+    mem[5397] = 32'd0;
+    mem[5398] = 32'd0;
+    mem[5399] = 32'd0;
+    mem[5400] = 32'd0;
+    mem[5401] = 32'd0;
+    mem[5402] = 32'd0;
+    mem[5403] = 32'd0;
+    mem[5404] = 32'd0;
+    mem[5405] = 32'd0;
+    mem[5406] = 32'd0;
+    mem[5407] = 32'd0;
+    mem[5408] = 32'd0;
+    mem[5409] = 32'd0;
+    mem[5410] = 32'd0;
+    mem[5411] = 32'd0;
+    mem[5412] = 32'd0;
+    mem[5413] = 32'd0;
+    mem[5414] = 32'd0;
+    mem[5415] = 32'd0;
+    mem[5416] = 32'd0;
+    mem[5417] = 32'd0;
+    mem[5418] = 32'd0;
+    mem[5419] = 32'd0;
+    mem[5420] = 32'd0;
+    mem[5421] = 32'd0;
+    mem[5422] = 32'd0;
+    mem[5423] = 32'd0;
+    mem[5424] = 32'd0;
+    mem[5425] = 32'd0;
+    mem[5426] = 32'd0;
+    mem[5427] = 32'd0;
+    mem[5428] = 32'd0;
+    mem[5429] = 32'd0;
+    mem[5430] = 32'd0;
+    mem[5431] = 32'd0;
+    mem[5432] = 32'd0;
+    mem[5433] = 32'd0;
+    mem[5434] = 32'd0;
+    mem[5435] = 32'd0;
+    mem[5436] = 32'd0;
+    mem[5437] = 32'd0;
+    mem[5438] = 32'd0;
+    mem[5439] = 32'd0;
+    mem[5440] = 32'd0;
+    mem[5441] = 32'd0;
+    mem[5442] = 32'd0;
+    mem[5443] = 32'd0;
+    mem[5444] = 32'd0;
+    mem[5445] = 32'd0;
+    mem[5446] = 32'd0;
+    mem[5447] = 32'd0;
+    mem[5448] = 32'd0;
+    mem[5449] = 32'd0;
+    mem[5450] = 32'd0;
+    mem[5451] = 32'd0;
+    mem[5452] = 32'd0;
+    mem[5453] = 32'd0;
+    mem[5454] = 32'd0;
+    mem[5455] = 32'd0;
+    mem[5456] = 32'd0;
+    mem[5457] = 32'd0;
+    mem[5458] = 32'd0;
+    mem[5459] = 32'd0;
+    mem[5460] = 32'd0;
+    mem[5461] = 32'd0;
+    mem[5462] = 32'd0;
+    mem[5463] = 32'd0;
+    mem[5464] = 32'd0;
+    mem[5465] = 32'd0;
+    mem[5466] = 32'd0;
+    mem[5467] = 32'd0;
+    mem[5468] = 32'd0;
+    mem[5469] = 32'd0;
+    mem[5470] = 32'd0;
+    mem[5471] = 32'd0;
+    mem[5472] = 32'd0;
+    mem[5473] = 32'd0;
+    mem[5474] = 32'd0;
+    mem[5475] = 32'd0;
+    mem[5476] = 32'd0;
+    mem[5477] = 32'd0;
+    mem[5478] = 32'd0;
+    mem[5479] = 32'd0;
+    mem[5480] = 32'd0;
+    mem[5481] = 32'd0;
+    mem[5482] = 32'd0;
+    mem[5483] = 32'd0;
+    mem[5484] = 32'd0;
+    mem[5485] = 32'd0;
+    mem[5486] = 32'd0;
+    mem[5487] = 32'd0;
+    mem[5488] = 32'd0;
+    mem[5489] = 32'd0;
+    mem[5490] = 32'd0;
+    mem[5491] = 32'd0;
+    mem[5492] = 32'd0;
+    mem[5493] = 32'd0;
+    mem[5494] = 32'd0;
+    mem[5495] = 32'd0;
+    mem[5496] = 32'd0;
+    mem[5497] = 32'd0;
+    mem[5498] = 32'd0;
+    mem[5499] = 32'd0;
+    mem[5500] = 32'd0;
+    mem[5501] = 32'd0;
+    mem[5502] = 32'd0;
+    mem[5503] = 32'd0;
+    mem[5504] = 32'd0;
+    mem[5505] = 32'd0;
+    mem[5506] = 32'd0;
+    mem[5507] = 32'd0;
+    mem[5508] = 32'd0;
+    mem[5509] = 32'd0;
+    mem[5510] = 32'd0;
+    mem[5511] = 32'd0;
+    mem[5512] = 32'd0;
+    mem[5513] = 32'd0;
+    mem[5514] = 32'd0;
+    mem[5515] = 32'd0;
+    mem[5516] = 32'd0;
+    mem[5517] = 32'd0;
+    mem[5518] = 32'd0;
+    mem[5519] = 32'd0;
+    mem[5520] = 32'd0;
+    mem[5521] = 32'd0;
+    mem[5522] = 32'd0;
+    mem[5523] = 32'd0;
+    mem[5524] = 32'd0;
+    mem[5525] = 32'd0;
+    mem[5526] = 32'd0;
+    mem[5527] = 32'd0;
+    mem[5528] = 32'd0;
+    mem[5529] = 32'd0;
+    mem[5530] = 32'd0;
+    mem[5531] = 32'd0;
+    mem[5532] = 32'd0;
+    mem[5533] = 32'd0;
+    mem[5534] = 32'd0;
+    mem[5535] = 32'd0;
+    mem[5536] = 32'd0;
+    mem[5537] = 32'd0;
+    mem[5538] = 32'd0;
+    mem[5539] = 32'd0;
+    mem[5540] = 32'd0;
+    mem[5541] = 32'd0;
+    mem[5542] = 32'd0;
+    mem[5543] = 32'd0;
+    mem[5544] = 32'd0;
+    mem[5545] = 32'd0;
+    mem[5546] = 32'd0;
+    mem[5547] = 32'd0;
+    mem[5548] = 32'd0;
+    mem[5549] = 32'd0;
+    mem[5550] = 32'd0;
+    mem[5551] = 32'd0;
+    mem[5552] = 32'd0;
+    mem[5553] = 32'd0;
+    mem[5554] = 32'd0;
+    mem[5555] = 32'd0;
+    mem[5556] = 32'd0;
+    mem[5557] = 32'd0;
+    mem[5558] = 32'd0;
+    mem[5559] = 32'd0;
+    mem[5560] = 32'd0;
+    mem[5561] = 32'd0;
+    mem[5562] = 32'd0;
+    mem[5563] = 32'd0;
+    mem[5564] = 32'd0;
+    mem[5565] = 32'd0;
+    mem[5566] = 32'd0;
+    mem[5567] = 32'd0;
+    mem[5568] = 32'd0;
+    mem[5569] = 32'd0;
+    mem[5570] = 32'd0;
+    mem[5571] = 32'd0;
+    mem[5572] = 32'd0;
+    mem[5573] = 32'd0;
+    mem[5574] = 32'd0;
+    mem[5575] = 32'd0;
+    mem[5576] = 32'd0;
+    mem[5577] = 32'd0;
+    mem[5578] = 32'd0;
+    mem[5579] = 32'd0;
+    mem[5580] = 32'd0;
+    mem[5581] = 32'd0;
+    mem[5582] = 32'd0;
+    mem[5583] = 32'd0;
+    mem[5584] = 32'd0;
+    mem[5585] = 32'd0;
+    mem[5586] = 32'd0;
+    mem[5587] = 32'd0;
+    mem[5588] = 32'd0;
+    mem[5589] = 32'd0;
+    mem[5590] = 32'd0;
+    mem[5591] = 32'd0;
+    mem[5592] = 32'd0;
+    mem[5593] = 32'd0;
+    mem[5594] = 32'd0;
+    mem[5595] = 32'd0;
+    mem[5596] = 32'd0;
+    mem[5597] = 32'd0;
+    mem[5598] = 32'd0;
+    mem[5599] = 32'd0;
+    mem[5600] = 32'd0;
+    mem[5601] = 32'd0;
+    mem[5602] = 32'd0;
+    mem[5603] = 32'd0;
+    mem[5604] = 32'd0;
+    mem[5605] = 32'd0;
+    mem[5606] = 32'd0;
+    mem[5607] = 32'd0;
+    mem[5608] = 32'd0;
+    mem[5609] = 32'd0;
+    mem[5610] = 32'd0;
+    mem[5611] = 32'd0;
+    mem[5612] = 32'd0;
+    mem[5613] = 32'd0;
+    mem[5614] = 32'd0;
+    mem[5615] = 32'd0;
+    mem[5616] = 32'd0;
+    mem[5617] = 32'd0;
+    mem[5618] = 32'd0;
+    mem[5619] = 32'd0;
+    mem[5620] = 32'd0;
+    mem[5621] = 32'd0;
+    mem[5622] = 32'd0;
+    mem[5623] = 32'd0;
+    mem[5624] = 32'd0;
+    mem[5625] = 32'd0;
+    mem[5626] = 32'd0;
+    mem[5627] = 32'd0;
+    mem[5628] = 32'd0;
+    mem[5629] = 32'd0;
+    mem[5630] = 32'd0;
+    mem[5631] = 32'd0;
+    mem[5632] = 32'd0;
+    mem[5633] = 32'd0;
+    mem[5634] = 32'd0;
+    mem[5635] = 32'd0;
+    mem[5636] = 32'd0;
+    mem[5637] = 32'd0;
+    mem[5638] = 32'd0;
+    mem[5639] = 32'd0;
+    mem[5640] = 32'd0;
+    mem[5641] = 32'd0;
+    mem[5642] = 32'd0;
+    mem[5643] = 32'd0;
+    mem[5644] = 32'd0;
+    mem[5645] = 32'd0;
+    mem[5646] = 32'd0;
+    mem[5647] = 32'd0;
+    mem[5648] = 32'd0;
+    mem[5649] = 32'd0;
+    mem[5650] = 32'd0;
+    mem[5651] = 32'd0;
+    mem[5652] = 32'd0;
+    mem[5653] = 32'd0;
+    mem[5654] = 32'd0;
+    mem[5655] = 32'd0;
+    mem[5656] = 32'd0;
+    mem[5657] = 32'd0;
+    mem[5658] = 32'd0;
+    mem[5659] = 32'd0;
+    mem[5660] = 32'd0;
+    mem[5661] = 32'd0;
+    mem[5662] = 32'd0;
+    mem[5663] = 32'd0;
+    mem[5664] = 32'd0;
+    mem[5665] = 32'd0;
+    mem[5666] = 32'd0;
+    mem[5667] = 32'd0;
+    mem[5668] = 32'd0;
+    mem[5669] = 32'd0;
+    mem[5670] = 32'd0;
+    mem[5671] = 32'd0;
+    mem[5672] = 32'd0;
+    mem[5673] = 32'd0;
+    mem[5674] = 32'd0;
+    mem[5675] = 32'd0;
+    mem[5676] = 32'd0;
+    mem[5677] = 32'd0;
+    mem[5678] = 32'd0;
+    mem[5679] = 32'd0;
+    mem[5680] = 32'd0;
+    mem[5681] = 32'd0;
+    mem[5682] = 32'd0;
+    mem[5683] = 32'd0;
+    mem[5684] = 32'd0;
+    mem[5685] = 32'd0;
+    mem[5686] = 32'd0;
+    mem[5687] = 32'd0;
+    mem[5688] = 32'd0;
+    mem[5689] = 32'd0;
+    mem[5690] = 32'd0;
+    mem[5691] = 32'd0;
+    mem[5692] = 32'd0;
+    mem[5693] = 32'd0;
+    mem[5694] = 32'd0;
+    mem[5695] = 32'd0;
+    mem[5696] = 32'd0;
+    mem[5697] = 32'd0;
+    mem[5698] = 32'd0;
+    mem[5699] = 32'd0;
+    mem[5700] = 32'd0;
+    mem[5701] = 32'd0;
+    mem[5702] = 32'd0;
+    mem[5703] = 32'd0;
+    mem[5704] = 32'd0;
+    mem[5705] = 32'd0;
+    mem[5706] = 32'd0;
+    mem[5707] = 32'd0;
+    mem[5708] = 32'd0;
+    mem[5709] = 32'd0;
+    mem[5710] = 32'd0;
+    mem[5711] = 32'd0;
+    mem[5712] = 32'd0;
+    mem[5713] = 32'd0;
+    mem[5714] = 32'd0;
+    mem[5715] = 32'd0;
+    mem[5716] = 32'd0;
+    mem[5717] = 32'd0;
+    mem[5718] = 32'd0;
+    mem[5719] = 32'd0;
+    mem[5720] = 32'd0;
+    mem[5721] = 32'd0;
+    mem[5722] = 32'd0;
+    mem[5723] = 32'd0;
+    mem[5724] = 32'd0;
+    mem[5725] = 32'd0;
+    mem[5726] = 32'd0;
+    mem[5727] = 32'd0;
+    mem[5728] = 32'd0;
+    mem[5729] = 32'd0;
+    mem[5730] = 32'd0;
+    mem[5731] = 32'd0;
+    mem[5732] = 32'd0;
+    mem[5733] = 32'd0;
+    mem[5734] = 32'd0;
+    mem[5735] = 32'd0;
+    mem[5736] = 32'd0;
+    mem[5737] = 32'd0;
+    mem[5738] = 32'd0;
+    mem[5739] = 32'd0;
+    mem[5740] = 32'd0;
+    mem[5741] = 32'd0;
+    mem[5742] = 32'd0;
+    mem[5743] = 32'd0;
+    mem[5744] = 32'd0;
+    mem[5745] = 32'd0;
+    mem[5746] = 32'd0;
+    mem[5747] = 32'd0;
+    mem[5748] = 32'd0;
+    mem[5749] = 32'd0;
+    mem[5750] = 32'd0;
+    mem[5751] = 32'd0;
+    mem[5752] = 32'd0;
+    mem[5753] = 32'd0;
+    mem[5754] = 32'd0;
+    mem[5755] = 32'd0;
+    mem[5756] = 32'd0;
+    mem[5757] = 32'd0;
+    mem[5758] = 32'd0;
+    mem[5759] = 32'd0;
+    mem[5760] = 32'd0;
+    mem[5761] = 32'd0;
+    mem[5762] = 32'd0;
+    mem[5763] = 32'd0;
+    mem[5764] = 32'd0;
+    mem[5765] = 32'd0;
+    mem[5766] = 32'd0;
+    mem[5767] = 32'd0;
+    mem[5768] = 32'd0;
+    mem[5769] = 32'd0;
+    mem[5770] = 32'd0;
+    mem[5771] = 32'd0;
+    mem[5772] = 32'd0;
+    mem[5773] = 32'd0;
+    mem[5774] = 32'd0;
+    mem[5775] = 32'd0;
+    mem[5776] = 32'd0;
+    mem[5777] = 32'd0;
+    mem[5778] = 32'd0;
+    mem[5779] = 32'd0;
+    mem[5780] = 32'd0;
+    mem[5781] = 32'd0;
+    mem[5782] = 32'd0;
+    mem[5783] = 32'd0;
+    mem[5784] = 32'd0;
+    mem[5785] = 32'd0;
+    mem[5786] = 32'd0;
+    mem[5787] = 32'd0;
+    mem[5788] = 32'd0;
+    mem[5789] = 32'd0;
+    mem[5790] = 32'd0;
+    mem[5791] = 32'd0;
+    mem[5792] = 32'd0;
+    mem[5793] = 32'd0;
+    mem[5794] = 32'd0;
+    mem[5795] = 32'd0;
+    mem[5796] = 32'd0;
+    mem[5797] = 32'd0;
+    mem[5798] = 32'd0;
+    mem[5799] = 32'd0;
+    mem[5800] = 32'd0;
+    mem[5801] = 32'd0;
+    mem[5802] = 32'd0;
+    mem[5803] = 32'd0;
+    mem[5804] = 32'd0;
+    mem[5805] = 32'd0;
+    mem[5806] = 32'd0;
+    mem[5807] = 32'd0;
+    mem[5808] = 32'd0;
+    mem[5809] = 32'd0;
+    mem[5810] = 32'd0;
+    mem[5811] = 32'd0;
+    mem[5812] = 32'd0;
+    mem[5813] = 32'd0;
+    mem[5814] = 32'd0;
+    mem[5815] = 32'd0;
+    mem[5816] = 32'd0;
+    mem[5817] = 32'd0;
+    mem[5818] = 32'd0;
+    mem[5819] = 32'd0;
+    mem[5820] = 32'd0;
+    mem[5821] = 32'd0;
+    mem[5822] = 32'd0;
+    mem[5823] = 32'd0;
+    mem[5824] = 32'd0;
+    mem[5825] = 32'd0;
+    mem[5826] = 32'd0;
+    mem[5827] = 32'd0;
+    mem[5828] = 32'd0;
+    mem[5829] = 32'd0;
+    mem[5830] = 32'd0;
+    mem[5831] = 32'd0;
+    mem[5832] = 32'd0;
+    mem[5833] = 32'd0;
+    mem[5834] = 32'd0;
+    mem[5835] = 32'd0;
+    mem[5836] = 32'd0;
+    mem[5837] = 32'd0;
+    mem[5838] = 32'd0;
+    mem[5839] = 32'd0;
+    mem[5840] = 32'd0;
+    mem[5841] = 32'd0;
+    mem[5842] = 32'd0;
+    mem[5843] = 32'd0;
+    mem[5844] = 32'd0;
+    mem[5845] = 32'd0;
+    mem[5846] = 32'd0;
+    mem[5847] = 32'd0;
+    mem[5848] = 32'd0;
+    mem[5849] = 32'd0;
+    mem[5850] = 32'd0;
+    mem[5851] = 32'd0;
+    mem[5852] = 32'd0;
+    mem[5853] = 32'd0;
+    mem[5854] = 32'd0;
+    mem[5855] = 32'd0;
+    mem[5856] = 32'd0;
+    mem[5857] = 32'd0;
+    mem[5858] = 32'd0;
+    mem[5859] = 32'd0;
+    mem[5860] = 32'd0;
+    mem[5861] = 32'd0;
+    mem[5862] = 32'd0;
+    mem[5863] = 32'd0;
+    mem[5864] = 32'd0;
+    mem[5865] = 32'd0;
+    mem[5866] = 32'd0;
+    mem[5867] = 32'd0;
+    mem[5868] = 32'd0;
+    mem[5869] = 32'd0;
+    mem[5870] = 32'd0;
+    mem[5871] = 32'd0;
+    mem[5872] = 32'd0;
+    mem[5873] = 32'd0;
+    mem[5874] = 32'd0;
+    mem[5875] = 32'd0;
+    mem[5876] = 32'd0;
+    mem[5877] = 32'd0;
+    mem[5878] = 32'd0;
+    mem[5879] = 32'd0;
+    mem[5880] = 32'd0;
+    mem[5881] = 32'd0;
+    mem[5882] = 32'd0;
+    mem[5883] = 32'd0;
+    mem[5884] = 32'd0;
+    mem[5885] = 32'd0;
+    mem[5886] = 32'd0;
+    mem[5887] = 32'd0;
+    mem[5888] = 32'd0;
+    mem[5889] = 32'd0;
+    mem[5890] = 32'd0;
+    mem[5891] = 32'd0;
+    mem[5892] = 32'd0;
+    mem[5893] = 32'd0;
+    mem[5894] = 32'd0;
+    mem[5895] = 32'd0;
+    mem[5896] = 32'd0;
+    mem[5897] = 32'd0;
+    mem[5898] = 32'd0;
+    mem[5899] = 32'd0;
+    mem[5900] = 32'd0;
+    mem[5901] = 32'd0;
+    mem[5902] = 32'd0;
+    mem[5903] = 32'd0;
+    mem[5904] = 32'd0;
+    mem[5905] = 32'd0;
+    mem[5906] = 32'd0;
+    mem[5907] = 32'd0;
+    mem[5908] = 32'd0;
+    mem[5909] = 32'd0;
+    mem[5910] = 32'd0;
+    mem[5911] = 32'd0;
+    mem[5912] = 32'd0;
+    mem[5913] = 32'd0;
+    mem[5914] = 32'd0;
+    mem[5915] = 32'd0;
+    mem[5916] = 32'd0;
+    mem[5917] = 32'd0;
+    mem[5918] = 32'd0;
+    mem[5919] = 32'd0;
+    mem[5920] = 32'd0;
+    mem[5921] = 32'd0;
+    mem[5922] = 32'd0;
+    mem[5923] = 32'd0;
+    mem[5924] = 32'd0;
+    mem[5925] = 32'd0;
+    mem[5926] = 32'd0;
+    mem[5927] = 32'd0;
+    mem[5928] = 32'd0;
+    mem[5929] = 32'd0;
+    mem[5930] = 32'd0;
+    mem[5931] = 32'd0;
+    mem[5932] = 32'd0;
+    mem[5933] = 32'd0;
+    mem[5934] = 32'd0;
+    mem[5935] = 32'd0;
+    mem[5936] = 32'd0;
+    mem[5937] = 32'd0;
+    mem[5938] = 32'd0;
+    mem[5939] = 32'd0;
+    mem[5940] = 32'd0;
+    mem[5941] = 32'd0;
+    mem[5942] = 32'd0;
+    mem[5943] = 32'd0;
+    mem[5944] = 32'd0;
+    mem[5945] = 32'd0;
+    mem[5946] = 32'd0;
+    mem[5947] = 32'd0;
+    mem[5948] = 32'd0;
+    mem[5949] = 32'd0;
+    mem[5950] = 32'd0;
+    mem[5951] = 32'd0;
+    mem[5952] = 32'd0;
+    mem[5953] = 32'd0;
+    mem[5954] = 32'd0;
+    mem[5955] = 32'd0;
+    mem[5956] = 32'd0;
+    mem[5957] = 32'd0;
+    mem[5958] = 32'd0;
+    mem[5959] = 32'd0;
+    mem[5960] = 32'd0;
+    mem[5961] = 32'd0;
+    mem[5962] = 32'd0;
+    mem[5963] = 32'd0;
+    mem[5964] = 32'd0;
+    mem[5965] = 32'd0;
+    mem[5966] = 32'd0;
+    mem[5967] = 32'd0;
+    mem[5968] = 32'd0;
+    mem[5969] = 32'd0;
+    mem[5970] = 32'd0;
+    mem[5971] = 32'd0;
+    mem[5972] = 32'd0;
+    mem[5973] = 32'd0;
+    mem[5974] = 32'd0;
+    mem[5975] = 32'd0;
+    mem[5976] = 32'd0;
+    mem[5977] = 32'd0;
+    mem[5978] = 32'd0;
+    mem[5979] = 32'd0;
+    mem[5980] = 32'd0;
+    mem[5981] = 32'd0;
+    mem[5982] = 32'd0;
+    mem[5983] = 32'd0;
+    mem[5984] = 32'd0;
+    mem[5985] = 32'd0;
+    mem[5986] = 32'd0;
+    mem[5987] = 32'd0;
+    mem[5988] = 32'd0;
+    mem[5989] = 32'd0;
+    mem[5990] = 32'd0;
+    mem[5991] = 32'd0;
+    mem[5992] = 32'd0;
+    mem[5993] = 32'd0;
+    mem[5994] = 32'd0;
+    mem[5995] = 32'd0;
+    mem[5996] = 32'd0;
+    mem[5997] = 32'd0;
+    mem[5998] = 32'd0;
+    mem[5999] = 32'd0;
+    mem[6000] = 32'd0;
+    mem[6001] = 32'd0;
+    mem[6002] = 32'd0;
+    mem[6003] = 32'd0;
+    mem[6004] = 32'd0;
+    mem[6005] = 32'd0;
+    mem[6006] = 32'd0;
+    mem[6007] = 32'd0;
+    mem[6008] = 32'd0;
+    mem[6009] = 32'd0;
+    mem[6010] = 32'd0;
+    mem[6011] = 32'd0;
+    mem[6012] = 32'd0;
+    mem[6013] = 32'd0;
+    mem[6014] = 32'd0;
+    mem[6015] = 32'd0;
+    mem[6016] = 32'd0;
+    mem[6017] = 32'd0;
+    mem[6018] = 32'd0;
+    mem[6019] = 32'd0;
+    mem[6020] = 32'd0;
+    mem[6021] = 32'd0;
+    mem[6022] = 32'd0;
+    mem[6023] = 32'd0;
+    mem[6024] = 32'd0;
+    mem[6025] = 32'd0;
+    mem[6026] = 32'd0;
+    mem[6027] = 32'd0;
+    mem[6028] = 32'd0;
+    mem[6029] = 32'd0;
+    mem[6030] = 32'd0;
+    mem[6031] = 32'd0;
+    mem[6032] = 32'd0;
+    mem[6033] = 32'd0;
+    mem[6034] = 32'd0;
+    mem[6035] = 32'd0;
+    mem[6036] = 32'd0;
+    mem[6037] = 32'd0;
+    mem[6038] = 32'd0;
+    mem[6039] = 32'd0;
+    mem[6040] = 32'd0;
+    mem[6041] = 32'd0;
+    mem[6042] = 32'd0;
+    mem[6043] = 32'd0;
+    mem[6044] = 32'd0;
+    mem[6045] = 32'd0;
+    mem[6046] = 32'd0;
+    mem[6047] = 32'd0;
+    mem[6048] = 32'd0;
+    mem[6049] = 32'd0;
+    mem[6050] = 32'd0;
+    mem[6051] = 32'd0;
+    mem[6052] = 32'd0;
+    mem[6053] = 32'd0;
+    mem[6054] = 32'd0;
+    mem[6055] = 32'd0;
+    mem[6056] = 32'd0;
+    mem[6057] = 32'd0;
+    mem[6058] = 32'd0;
+    mem[6059] = 32'd0;
+    mem[6060] = 32'd0;
+    mem[6061] = 32'd0;
+    mem[6062] = 32'd0;
+    mem[6063] = 32'd0;
+    mem[6064] = 32'd0;
+    mem[6065] = 32'd0;
+    mem[6066] = 32'd0;
+    mem[6067] = 32'd0;
+    mem[6068] = 32'd0;
+    mem[6069] = 32'd0;
+    mem[6070] = 32'd0;
+    mem[6071] = 32'd0;
+    mem[6072] = 32'd0;
+    mem[6073] = 32'd0;
+    mem[6074] = 32'd0;
+    mem[6075] = 32'd0;
+    mem[6076] = 32'd0;
+    mem[6077] = 32'd0;
+    mem[6078] = 32'd0;
+    mem[6079] = 32'd0;
+    mem[6080] = 32'd0;
+    mem[6081] = 32'd0;
+    mem[6082] = 32'd0;
+    mem[6083] = 32'd0;
+    mem[6084] = 32'd0;
+    mem[6085] = 32'd0;
+    mem[6086] = 32'd0;
+    mem[6087] = 32'd0;
+    mem[6088] = 32'd0;
+    mem[6089] = 32'd0;
+    mem[6090] = 32'd0;
+    mem[6091] = 32'd0;
+    mem[6092] = 32'd0;
+    mem[6093] = 32'd0;
+    mem[6094] = 32'd0;
+    mem[6095] = 32'd0;
+    mem[6096] = 32'd0;
+    mem[6097] = 32'd0;
+    mem[6098] = 32'd0;
+    mem[6099] = 32'd0;
+    mem[6100] = 32'd0;
+    mem[6101] = 32'd0;
+    mem[6102] = 32'd0;
+    mem[6103] = 32'd0;
+    mem[6104] = 32'd0;
+    mem[6105] = 32'd0;
+    mem[6106] = 32'd0;
+    mem[6107] = 32'd0;
+    mem[6108] = 32'd0;
+    mem[6109] = 32'd0;
+    mem[6110] = 32'd0;
+    mem[6111] = 32'd0;
+    mem[6112] = 32'd0;
+    mem[6113] = 32'd0;
+    mem[6114] = 32'd0;
+    mem[6115] = 32'd0;
+    mem[6116] = 32'd0;
+    mem[6117] = 32'd0;
+    mem[6118] = 32'd0;
+    mem[6119] = 32'd0;
+    mem[6120] = 32'd0;
+    mem[6121] = 32'd0;
+    mem[6122] = 32'd0;
+    mem[6123] = 32'd0;
+    mem[6124] = 32'd0;
+    mem[6125] = 32'd0;
+    mem[6126] = 32'd0;
+    mem[6127] = 32'd0;
+    mem[6128] = 32'd0;
+    mem[6129] = 32'd0;
+    mem[6130] = 32'd0;
+    mem[6131] = 32'd0;
+    mem[6132] = 32'd0;
+    mem[6133] = 32'd0;
+    mem[6134] = 32'd0;
+    mem[6135] = 32'd0;
+    mem[6136] = 32'd0;
+    mem[6137] = 32'd0;
+    mem[6138] = 32'd0;
+    mem[6139] = 32'd0;
+    mem[6140] = 32'd0;
+    mem[6141] = 32'd0;
+    mem[6142] = 32'd0;
+    mem[6143] = 32'd0;
+    mem[6144] = 32'd0;
+    mem[6145] = 32'd0;
+    mem[6146] = 32'd0;
+    mem[6147] = 32'd0;
+    mem[6148] = 32'd0;
+    mem[6149] = 32'd0;
+    mem[6150] = 32'd0;
+    mem[6151] = 32'd0;
+    mem[6152] = 32'd0;
+    mem[6153] = 32'd0;
+    mem[6154] = 32'd0;
+    mem[6155] = 32'd0;
+    mem[6156] = 32'd0;
+    mem[6157] = 32'd0;
+    mem[6158] = 32'd0;
+    mem[6159] = 32'd0;
+    mem[6160] = 32'd0;
+    mem[6161] = 32'd0;
+    mem[6162] = 32'd0;
+    mem[6163] = 32'd0;
+    mem[6164] = 32'd0;
+    mem[6165] = 32'd0;
+    mem[6166] = 32'd0;
+    mem[6167] = 32'd0;
+    mem[6168] = 32'd0;
+    mem[6169] = 32'd0;
+    mem[6170] = 32'd0;
+    mem[6171] = 32'd0;
+    mem[6172] = 32'd0;
+    mem[6173] = 32'd0;
+    mem[6174] = 32'd0;
+    mem[6175] = 32'd0;
+    mem[6176] = 32'd0;
+    mem[6177] = 32'd0;
+    mem[6178] = 32'd0;
+    mem[6179] = 32'd0;
+    mem[6180] = 32'd0;
+    mem[6181] = 32'd0;
+    mem[6182] = 32'd0;
+    mem[6183] = 32'd0;
+    mem[6184] = 32'd0;
+    mem[6185] = 32'd0;
+    mem[6186] = 32'd0;
+    mem[6187] = 32'd0;
+    mem[6188] = 32'd0;
+    mem[6189] = 32'd0;
+    mem[6190] = 32'd0;
+    mem[6191] = 32'd0;
+    mem[6192] = 32'd0;
+    mem[6193] = 32'd0;
+    mem[6194] = 32'd0;
+    mem[6195] = 32'd0;
+    mem[6196] = 32'd0;
+    mem[6197] = 32'd0;
+    mem[6198] = 32'd0;
+    mem[6199] = 32'd0;
+    mem[6200] = 32'd0;
+    mem[6201] = 32'd0;
+    mem[6202] = 32'd0;
+    mem[6203] = 32'd0;
+    mem[6204] = 32'd0;
+    mem[6205] = 32'd0;
+    mem[6206] = 32'd0;
+    mem[6207] = 32'd0;
+    mem[6208] = 32'd0;
+    mem[6209] = 32'd0;
+    mem[6210] = 32'd0;
+    mem[6211] = 32'd0;
+    mem[6212] = 32'd0;
+    mem[6213] = 32'd0;
+    mem[6214] = 32'd0;
+    mem[6215] = 32'd0;
+    mem[6216] = 32'd0;
+    mem[6217] = 32'd0;
+    mem[6218] = 32'd0;
+    mem[6219] = 32'd0;
+    mem[6220] = 32'd0;
+    mem[6221] = 32'd0;
+    mem[6222] = 32'd0;
+    mem[6223] = 32'd0;
+    mem[6224] = 32'd0;
+    mem[6225] = 32'd0;
+    mem[6226] = 32'd0;
+    mem[6227] = 32'd0;
+    mem[6228] = 32'd0;
+    mem[6229] = 32'd0;
+    mem[6230] = 32'd0;
+    mem[6231] = 32'd0;
+    mem[6232] = 32'd0;
+    mem[6233] = 32'd0;
+    mem[6234] = 32'd0;
+    mem[6235] = 32'd0;
+    mem[6236] = 32'd0;
+    mem[6237] = 32'd0;
+    mem[6238] = 32'd0;
+    mem[6239] = 32'd0;
+    mem[6240] = 32'd0;
+    mem[6241] = 32'd0;
+    mem[6242] = 32'd0;
+    mem[6243] = 32'd0;
+    mem[6244] = 32'd0;
+    mem[6245] = 32'd0;
+    mem[6246] = 32'd0;
+    mem[6247] = 32'd0;
+    mem[6248] = 32'd0;
+    mem[6249] = 32'd0;
+    mem[6250] = 32'd0;
+    mem[6251] = 32'd0;
+    mem[6252] = 32'd0;
+    mem[6253] = 32'd0;
+    mem[6254] = 32'd0;
+    mem[6255] = 32'd0;
+    mem[6256] = 32'd0;
+    mem[6257] = 32'd0;
+    mem[6258] = 32'd0;
+    mem[6259] = 32'd0;
+    mem[6260] = 32'd0;
+    mem[6261] = 32'd0;
+    mem[6262] = 32'd0;
+    mem[6263] = 32'd0;
+    mem[6264] = 32'd0;
+    mem[6265] = 32'd0;
+    mem[6266] = 32'd0;
+    mem[6267] = 32'd0;
+    mem[6268] = 32'd0;
+    mem[6269] = 32'd0;
+    mem[6270] = 32'd0;
+    mem[6271] = 32'd0;
+    mem[6272] = 32'd0;
+    mem[6273] = 32'd0;
+    mem[6274] = 32'd0;
+    mem[6275] = 32'd0;
+    mem[6276] = 32'd0;
+    mem[6277] = 32'd0;
+    mem[6278] = 32'd0;
+    mem[6279] = 32'd0;
+    mem[6280] = 32'd0;
+    mem[6281] = 32'd0;
+    mem[6282] = 32'd0;
+    mem[6283] = 32'd0;
+    mem[6284] = 32'd0;
+    mem[6285] = 32'd0;
+    mem[6286] = 32'd0;
+    mem[6287] = 32'd0;
+    mem[6288] = 32'd0;
+    mem[6289] = 32'd0;
+    mem[6290] = 32'd0;
+    mem[6291] = 32'd0;
+    mem[6292] = 32'd0;
+    mem[6293] = 32'd0;
+    mem[6294] = 32'd0;
+    mem[6295] = 32'd0;
+    mem[6296] = 32'd0;
+    mem[6297] = 32'd0;
+    mem[6298] = 32'd0;
+    mem[6299] = 32'd0;
+    mem[6300] = 32'd0;
+    mem[6301] = 32'd0;
+    mem[6302] = 32'd0;
+    mem[6303] = 32'd0;
+    mem[6304] = 32'd0;
+    mem[6305] = 32'd0;
+    mem[6306] = 32'd0;
+    mem[6307] = 32'd0;
+    mem[6308] = 32'd0;
+    mem[6309] = 32'd0;
+    mem[6310] = 32'd0;
+    mem[6311] = 32'd0;
+    mem[6312] = 32'd0;
+    mem[6313] = 32'd0;
+    mem[6314] = 32'd0;
+    mem[6315] = 32'd0;
+    mem[6316] = 32'd0;
+    mem[6317] = 32'd0;
+    mem[6318] = 32'd0;
+    mem[6319] = 32'd0;
+    mem[6320] = 32'd0;
+    mem[6321] = 32'd0;
+    mem[6322] = 32'd0;
+    mem[6323] = 32'd0;
+    mem[6324] = 32'd0;
+    mem[6325] = 32'd0;
+    mem[6326] = 32'd0;
+    mem[6327] = 32'd0;
+    mem[6328] = 32'd0;
+    mem[6329] = 32'd0;
+    mem[6330] = 32'd0;
+    mem[6331] = 32'd0;
+    mem[6332] = 32'd0;
+    mem[6333] = 32'd0;
+    mem[6334] = 32'd0;
+    mem[6335] = 32'd0;
+    mem[6336] = 32'd0;
+    mem[6337] = 32'd0;
+    mem[6338] = 32'd0;
+    mem[6339] = 32'd0;
+    mem[6340] = 32'd0;
+    mem[6341] = 32'd0;
+    mem[6342] = 32'd0;
+    mem[6343] = 32'd0;
+    mem[6344] = 32'd0;
+    mem[6345] = 32'd0;
+    mem[6346] = 32'd0;
+    mem[6347] = 32'd0;
+    mem[6348] = 32'd0;
+    mem[6349] = 32'd0;
+    mem[6350] = 32'd0;
+    mem[6351] = 32'd0;
+    mem[6352] = 32'd0;
+    mem[6353] = 32'd0;
+    mem[6354] = 32'd0;
+    mem[6355] = 32'd0;
+    mem[6356] = 32'd0;
+    mem[6357] = 32'd0;
+    mem[6358] = 32'd0;
+    mem[6359] = 32'd0;
+    mem[6360] = 32'd0;
+    mem[6361] = 32'd0;
+    mem[6362] = 32'd0;
+    mem[6363] = 32'd0;
+    mem[6364] = 32'd0;
+    mem[6365] = 32'd0;
+    mem[6366] = 32'd0;
+    mem[6367] = 32'd0;
+    mem[6368] = 32'd0;
+    mem[6369] = 32'd0;
+    mem[6370] = 32'd0;
+    mem[6371] = 32'd0;
+    mem[6372] = 32'd0;
+    mem[6373] = 32'd0;
+    mem[6374] = 32'd0;
+    mem[6375] = 32'd0;
+    mem[6376] = 32'd0;
+    mem[6377] = 32'd0;
+    mem[6378] = 32'd0;
+    mem[6379] = 32'd0;
+    mem[6380] = 32'd0;
+    mem[6381] = 32'd0;
+    mem[6382] = 32'd0;
+    mem[6383] = 32'd0;
+    mem[6384] = 32'd0;
+    mem[6385] = 32'd0;
+    mem[6386] = 32'd0;
+    mem[6387] = 32'd0;
+    mem[6388] = 32'd0;
+    mem[6389] = 32'd0;
+    mem[6390] = 32'd0;
+    mem[6391] = 32'd0;
+    mem[6392] = 32'd0;
+    mem[6393] = 32'd0;
+    mem[6394] = 32'd0;
+    mem[6395] = 32'd0;
+    mem[6396] = 32'd0;
+    mem[6397] = 32'd0;
+    mem[6398] = 32'd0;
+    mem[6399] = 32'd0;
+    mem[6400] = 32'd0;
+    mem[6401] = 32'd0;
+    mem[6402] = 32'd0;
+    mem[6403] = 32'd0;
+    mem[6404] = 32'd0;
+    mem[6405] = 32'd0;
+    mem[6406] = 32'd0;
+    mem[6407] = 32'd0;
+    mem[6408] = 32'd0;
+    mem[6409] = 32'd0;
+    mem[6410] = 32'd0;
+    mem[6411] = 32'd0;
+    mem[6412] = 32'd0;
+    mem[6413] = 32'd0;
+    mem[6414] = 32'd0;
+    mem[6415] = 32'd0;
+    mem[6416] = 32'd0;
+    mem[6417] = 32'd0;
+    mem[6418] = 32'd0;
+    mem[6419] = 32'd0;
+    mem[6420] = 32'd0;
+    mem[6421] = 32'd0;
+    mem[6422] = 32'd0;
+    mem[6423] = 32'd0;
+    mem[6424] = 32'd0;
+    mem[6425] = 32'd0;
+    mem[6426] = 32'd0;
+    mem[6427] = 32'd0;
+    mem[6428] = 32'd0;
+    mem[6429] = 32'd0;
+    mem[6430] = 32'd0;
+    mem[6431] = 32'd0;
+    mem[6432] = 32'd0;
+    mem[6433] = 32'd0;
+    mem[6434] = 32'd0;
+    mem[6435] = 32'd0;
+    mem[6436] = 32'd0;
+    mem[6437] = 32'd0;
+    mem[6438] = 32'd0;
+    mem[6439] = 32'd0;
+    mem[6440] = 32'd0;
+    mem[6441] = 32'd0;
+    mem[6442] = 32'd0;
+    mem[6443] = 32'd0;
+    mem[6444] = 32'd0;
+    mem[6445] = 32'd0;
+    mem[6446] = 32'd0;
+    mem[6447] = 32'd0;
+    mem[6448] = 32'd0;
+    mem[6449] = 32'd0;
+    mem[6450] = 32'd0;
+    mem[6451] = 32'd0;
+    mem[6452] = 32'd0;
+    mem[6453] = 32'd0;
+    mem[6454] = 32'd0;
+    mem[6455] = 32'd0;
+    mem[6456] = 32'd0;
+    mem[6457] = 32'd0;
+    mem[6458] = 32'd0;
+    mem[6459] = 32'd0;
+    mem[6460] = 32'd0;
+    mem[6461] = 32'd0;
+    mem[6462] = 32'd0;
+    mem[6463] = 32'd0;
+    mem[6464] = 32'd0;
+    mem[6465] = 32'd0;
+    mem[6466] = 32'd0;
+    mem[6467] = 32'd0;
+    mem[6468] = 32'd0;
+    mem[6469] = 32'd0;
+    mem[6470] = 32'd0;
+    mem[6471] = 32'd0;
+    mem[6472] = 32'd0;
+    mem[6473] = 32'd0;
+    mem[6474] = 32'd0;
+    mem[6475] = 32'd0;
+    mem[6476] = 32'd0;
+    mem[6477] = 32'd0;
+    mem[6478] = 32'd0;
+    mem[6479] = 32'd0;
+    mem[6480] = 32'd0;
+    mem[6481] = 32'd0;
+    mem[6482] = 32'd0;
+    mem[6483] = 32'd0;
+    mem[6484] = 32'd0;
+    mem[6485] = 32'd0;
+    mem[6486] = 32'd0;
+    mem[6487] = 32'd0;
+    mem[6488] = 32'd0;
+    mem[6489] = 32'd0;
+    mem[6490] = 32'd0;
+    mem[6491] = 32'd0;
+    mem[6492] = 32'd0;
+    mem[6493] = 32'd0;
+    mem[6494] = 32'd0;
+    mem[6495] = 32'd0;
+    mem[6496] = 32'd0;
+    mem[6497] = 32'd0;
+    mem[6498] = 32'd0;
+    mem[6499] = 32'd0;
+    mem[6500] = 32'd0;
+    mem[6501] = 32'd0;
+    mem[6502] = 32'd0;
+    mem[6503] = 32'd0;
+    mem[6504] = 32'd0;
+    mem[6505] = 32'd0;
+    mem[6506] = 32'd0;
+    mem[6507] = 32'd0;
+    mem[6508] = 32'd0;
+    mem[6509] = 32'd0;
+    mem[6510] = 32'd0;
+    mem[6511] = 32'd0;
+    mem[6512] = 32'd0;
+    mem[6513] = 32'd0;
+    mem[6514] = 32'd0;
+    mem[6515] = 32'd0;
+    mem[6516] = 32'd0;
+    mem[6517] = 32'd0;
+    mem[6518] = 32'd0;
+    mem[6519] = 32'd0;
+    mem[6520] = 32'd0;
+    mem[6521] = 32'd0;
+    mem[6522] = 32'd0;
+    mem[6523] = 32'd0;
+    mem[6524] = 32'd0;
+    mem[6525] = 32'd0;
+    mem[6526] = 32'd0;
+    mem[6527] = 32'd0;
+    mem[6528] = 32'd0;
+    mem[6529] = 32'd0;
+    mem[6530] = 32'd0;
+    mem[6531] = 32'd0;
+    mem[6532] = 32'd0;
+    mem[6533] = 32'd0;
+    mem[6534] = 32'd0;
+    mem[6535] = 32'd0;
+    mem[6536] = 32'd0;
+    mem[6537] = 32'd0;
+    mem[6538] = 32'd0;
+    mem[6539] = 32'd0;
+    mem[6540] = 32'd0;
+    mem[6541] = 32'd0;
+    mem[6542] = 32'd0;
+    mem[6543] = 32'd0;
+    mem[6544] = 32'd0;
+    mem[6545] = 32'd0;
+    mem[6546] = 32'd0;
+    mem[6547] = 32'd0;
+    mem[6548] = 32'd0;
+    mem[6549] = 32'd0;
+    mem[6550] = 32'd0;
+    mem[6551] = 32'd0;
+    mem[6552] = 32'd0;
+    mem[6553] = 32'd0;
+    mem[6554] = 32'd0;
+    mem[6555] = 32'd0;
+    mem[6556] = 32'd0;
+    mem[6557] = 32'd0;
+    mem[6558] = 32'd0;
+    mem[6559] = 32'd0;
+    mem[6560] = 32'd0;
+    mem[6561] = 32'd0;
+    mem[6562] = 32'd0;
+    mem[6563] = 32'd0;
+    mem[6564] = 32'd0;
+    mem[6565] = 32'd0;
+    mem[6566] = 32'd0;
+    mem[6567] = 32'd0;
+    mem[6568] = 32'd0;
+    mem[6569] = 32'd0;
+    mem[6570] = 32'd0;
+    mem[6571] = 32'd0;
+    mem[6572] = 32'd0;
+    mem[6573] = 32'd0;
+    mem[6574] = 32'd0;
+    mem[6575] = 32'd0;
+    mem[6576] = 32'd0;
+    mem[6577] = 32'd0;
+    mem[6578] = 32'd0;
+    mem[6579] = 32'd0;
+    mem[6580] = 32'd0;
+    mem[6581] = 32'd0;
+    mem[6582] = 32'd0;
+    mem[6583] = 32'd0;
+    mem[6584] = 32'd0;
+    mem[6585] = 32'd0;
+    mem[6586] = 32'd0;
+    mem[6587] = 32'd0;
+    mem[6588] = 32'd0;
+    mem[6589] = 32'd0;
+    mem[6590] = 32'd0;
+    mem[6591] = 32'd0;
+    mem[6592] = 32'd0;
+    mem[6593] = 32'd0;
+    mem[6594] = 32'd0;
+    mem[6595] = 32'd0;
+    mem[6596] = 32'd0;
+    mem[6597] = 32'd0;
+    mem[6598] = 32'd0;
+    mem[6599] = 32'd0;
+    mem[6600] = 32'd0;
+    mem[6601] = 32'd0;
+    mem[6602] = 32'd0;
+    mem[6603] = 32'd0;
+    mem[6604] = 32'd0;
+    mem[6605] = 32'd0;
+    mem[6606] = 32'd0;
+    mem[6607] = 32'd0;
+    mem[6608] = 32'd0;
+    mem[6609] = 32'd0;
+    mem[6610] = 32'd0;
+    mem[6611] = 32'd0;
+    mem[6612] = 32'd0;
+    mem[6613] = 32'd0;
+    mem[6614] = 32'd0;
+    mem[6615] = 32'd0;
+    mem[6616] = 32'd0;
+    mem[6617] = 32'd0;
+    mem[6618] = 32'd0;
+    mem[6619] = 32'd0;
+    mem[6620] = 32'd0;
+    mem[6621] = 32'd0;
+    mem[6622] = 32'd0;
+    mem[6623] = 32'd0;
+    mem[6624] = 32'd0;
+    mem[6625] = 32'd0;
+    mem[6626] = 32'd0;
+    mem[6627] = 32'd0;
+    mem[6628] = 32'd0;
+    mem[6629] = 32'd0;
+    mem[6630] = 32'd0;
+    mem[6631] = 32'd0;
+    mem[6632] = 32'd0;
+    mem[6633] = 32'd0;
+    mem[6634] = 32'd0;
+    mem[6635] = 32'd0;
+    mem[6636] = 32'd0;
+    mem[6637] = 32'd0;
+    mem[6638] = 32'd0;
+    mem[6639] = 32'd0;
+    mem[6640] = 32'd0;
+    mem[6641] = 32'd0;
+    mem[6642] = 32'd0;
+    mem[6643] = 32'd0;
+    mem[6644] = 32'd0;
+    mem[6645] = 32'd0;
+    mem[6646] = 32'd0;
+    mem[6647] = 32'd0;
+    mem[6648] = 32'd0;
+    mem[6649] = 32'd0;
+    mem[6650] = 32'd0;
+    mem[6651] = 32'd0;
+    mem[6652] = 32'd0;
+    mem[6653] = 32'd0;
+    mem[6654] = 32'd0;
+    mem[6655] = 32'd0;
+    mem[6656] = 32'd0;
+    mem[6657] = 32'd0;
+    mem[6658] = 32'd0;
+    mem[6659] = 32'd0;
+    mem[6660] = 32'd0;
+    mem[6661] = 32'd0;
+    mem[6662] = 32'd0;
+    mem[6663] = 32'd0;
+    mem[6664] = 32'd0;
+    mem[6665] = 32'd0;
+    mem[6666] = 32'd0;
+    mem[6667] = 32'd0;
+    mem[6668] = 32'd0;
+    mem[6669] = 32'd0;
+    mem[6670] = 32'd0;
+    mem[6671] = 32'd0;
+    mem[6672] = 32'd0;
+    mem[6673] = 32'd0;
+    mem[6674] = 32'd0;
+    mem[6675] = 32'd0;
+    mem[6676] = 32'd0;
+    mem[6677] = 32'd0;
+    mem[6678] = 32'd0;
+    mem[6679] = 32'd0;
+    mem[6680] = 32'd0;
+    mem[6681] = 32'd0;
+    mem[6682] = 32'd0;
+    mem[6683] = 32'd0;
+    mem[6684] = 32'd0;
+    mem[6685] = 32'd0;
+    mem[6686] = 32'd0;
+    mem[6687] = 32'd0;
+    mem[6688] = 32'd0;
+    mem[6689] = 32'd0;
+    mem[6690] = 32'd0;
+    mem[6691] = 32'd0;
+    mem[6692] = 32'd0;
+    mem[6693] = 32'd0;
+    mem[6694] = 32'd0;
+    mem[6695] = 32'd0;
+    mem[6696] = 32'd0;
+    mem[6697] = 32'd0;
+    mem[6698] = 32'd0;
+    mem[6699] = 32'd0;
+    mem[6700] = 32'd0;
+    mem[6701] = 32'd0;
+    mem[6702] = 32'd0;
+    mem[6703] = 32'd0;
+    mem[6704] = 32'd0;
+    mem[6705] = 32'd0;
+    mem[6706] = 32'd0;
+    mem[6707] = 32'd0;
+    mem[6708] = 32'd0;
+    mem[6709] = 32'd0;
+    mem[6710] = 32'd0;
+    mem[6711] = 32'd0;
+    mem[6712] = 32'd0;
+    mem[6713] = 32'd0;
+    mem[6714] = 32'd0;
+    mem[6715] = 32'd0;
+    mem[6716] = 32'd0;
+    mem[6717] = 32'd0;
+    mem[6718] = 32'd0;
+    mem[6719] = 32'd0;
+    mem[6720] = 32'd0;
+    mem[6721] = 32'd0;
+    mem[6722] = 32'd0;
+    mem[6723] = 32'd0;
+    mem[6724] = 32'd0;
+    mem[6725] = 32'd0;
+    mem[6726] = 32'd0;
+    mem[6727] = 32'd0;
+    mem[6728] = 32'd0;
+    mem[6729] = 32'd0;
+    mem[6730] = 32'd0;
+    mem[6731] = 32'd0;
+    mem[6732] = 32'd0;
+    mem[6733] = 32'd0;
+    mem[6734] = 32'd0;
+    mem[6735] = 32'd0;
+    mem[6736] = 32'd0;
+    mem[6737] = 32'd0;
+    mem[6738] = 32'd0;
+    mem[6739] = 32'd0;
+    mem[6740] = 32'd0;
+    mem[6741] = 32'd0;
+    mem[6742] = 32'd0;
+    mem[6743] = 32'd0;
+    mem[6744] = 32'd0;
+    mem[6745] = 32'd0;
+    mem[6746] = 32'd0;
+    mem[6747] = 32'd0;
+    mem[6748] = 32'd0;
+    mem[6749] = 32'd0;
+    mem[6750] = 32'd0;
+    mem[6751] = 32'd0;
+    mem[6752] = 32'd0;
+    mem[6753] = 32'd0;
+    mem[6754] = 32'd0;
+    mem[6755] = 32'd0;
+    mem[6756] = 32'd0;
+    mem[6757] = 32'd0;
+    mem[6758] = 32'd0;
+    mem[6759] = 32'd0;
+    mem[6760] = 32'd0;
+    mem[6761] = 32'd0;
+    mem[6762] = 32'd0;
+    mem[6763] = 32'd0;
+    mem[6764] = 32'd0;
+    mem[6765] = 32'd0;
+    mem[6766] = 32'd0;
+    mem[6767] = 32'd0;
+    mem[6768] = 32'd0;
+    mem[6769] = 32'd0;
+    mem[6770] = 32'd0;
+    mem[6771] = 32'd0;
+    mem[6772] = 32'd0;
+    mem[6773] = 32'd0;
+    mem[6774] = 32'd0;
+    mem[6775] = 32'd0;
+    mem[6776] = 32'd0;
+    mem[6777] = 32'd0;
+    mem[6778] = 32'd0;
+    mem[6779] = 32'd0;
+    mem[6780] = 32'd0;
+    mem[6781] = 32'd0;
+    mem[6782] = 32'd0;
+    mem[6783] = 32'd0;
+    mem[6784] = 32'd0;
+    mem[6785] = 32'd0;
+    mem[6786] = 32'd0;
+    mem[6787] = 32'd0;
+    mem[6788] = 32'd0;
+    mem[6789] = 32'd0;
+    mem[6790] = 32'd0;
+    mem[6791] = 32'd0;
+    mem[6792] = 32'd0;
+    mem[6793] = 32'd0;
+    mem[6794] = 32'd0;
+    mem[6795] = 32'd0;
+    mem[6796] = 32'd0;
+    mem[6797] = 32'd0;
+    mem[6798] = 32'd0;
+    mem[6799] = 32'd0;
+    mem[6800] = 32'd0;
+    mem[6801] = 32'd0;
+    mem[6802] = 32'd0;
+    mem[6803] = 32'd0;
+    mem[6804] = 32'd0;
+    mem[6805] = 32'd0;
+    mem[6806] = 32'd0;
+    mem[6807] = 32'd0;
+    mem[6808] = 32'd0;
+    mem[6809] = 32'd0;
+    mem[6810] = 32'd0;
+    mem[6811] = 32'd0;
+    mem[6812] = 32'd0;
+    mem[6813] = 32'd0;
+    mem[6814] = 32'd0;
+    mem[6815] = 32'd0;
+    mem[6816] = 32'd0;
+    mem[6817] = 32'd0;
+    mem[6818] = 32'd0;
+    mem[6819] = 32'd0;
+    mem[6820] = 32'd0;
+    mem[6821] = 32'd0;
+    mem[6822] = 32'd0;
+    mem[6823] = 32'd0;
+    mem[6824] = 32'd0;
+    mem[6825] = 32'd0;
+    mem[6826] = 32'd0;
+    mem[6827] = 32'd0;
+    mem[6828] = 32'd0;
+    mem[6829] = 32'd0;
+    mem[6830] = 32'd0;
+    mem[6831] = 32'd0;
+    mem[6832] = 32'd0;
+    mem[6833] = 32'd0;
+    mem[6834] = 32'd0;
+    mem[6835] = 32'd0;
+    mem[6836] = 32'd0;
+    mem[6837] = 32'd0;
+    mem[6838] = 32'd0;
+    mem[6839] = 32'd0;
+    mem[6840] = 32'd0;
+    mem[6841] = 32'd0;
+    mem[6842] = 32'd0;
+    mem[6843] = 32'd0;
+    mem[6844] = 32'd0;
+    mem[6845] = 32'd0;
+    mem[6846] = 32'd0;
+    mem[6847] = 32'd0;
+    mem[6848] = 32'd0;
+    mem[6849] = 32'd0;
+    mem[6850] = 32'd0;
+    mem[6851] = 32'd0;
+    mem[6852] = 32'd0;
+    mem[6853] = 32'd0;
+    mem[6854] = 32'd0;
+    mem[6855] = 32'd0;
+    mem[6856] = 32'd0;
+    mem[6857] = 32'd0;
+    mem[6858] = 32'd0;
+    mem[6859] = 32'd0;
+    mem[6860] = 32'd0;
+    mem[6861] = 32'd0;
+    mem[6862] = 32'd0;
+    mem[6863] = 32'd0;
+    mem[6864] = 32'd0;
+    mem[6865] = 32'd0;
+    mem[6866] = 32'd0;
+    mem[6867] = 32'd0;
+    mem[6868] = 32'd0;
+    mem[6869] = 32'd0;
+    mem[6870] = 32'd0;
+    mem[6871] = 32'd0;
+    mem[6872] = 32'd0;
+    mem[6873] = 32'd0;
+    mem[6874] = 32'd0;
+    mem[6875] = 32'd0;
+    mem[6876] = 32'd0;
+    mem[6877] = 32'd0;
+    mem[6878] = 32'd0;
+    mem[6879] = 32'd0;
+    mem[6880] = 32'd0;
+    mem[6881] = 32'd0;
+    mem[6882] = 32'd0;
+    mem[6883] = 32'd0;
+    mem[6884] = 32'd0;
+    mem[6885] = 32'd0;
+    mem[6886] = 32'd0;
+    mem[6887] = 32'd0;
+    mem[6888] = 32'd0;
+    mem[6889] = 32'd0;
+    mem[6890] = 32'd0;
+    mem[6891] = 32'd0;
+    mem[6892] = 32'd0;
+    mem[6893] = 32'd0;
+    mem[6894] = 32'd0;
+    mem[6895] = 32'd0;
+    mem[6896] = 32'd0;
+    mem[6897] = 32'd0;
+    mem[6898] = 32'd0;
+    mem[6899] = 32'd0;
+    mem[6900] = 32'd0;
+    mem[6901] = 32'd0;
+    mem[6902] = 32'd0;
+    mem[6903] = 32'd0;
+    mem[6904] = 32'd0;
+    mem[6905] = 32'd0;
+    mem[6906] = 32'd0;
+    mem[6907] = 32'd0;
+    mem[6908] = 32'd0;
+    mem[6909] = 32'd0;
+    mem[6910] = 32'd0;
+    mem[6911] = 32'd0;
+    mem[6912] = 32'd0;
+    mem[6913] = 32'd0;
+    mem[6914] = 32'd0;
+    mem[6915] = 32'd0;
+    mem[6916] = 32'd0;
+    mem[6917] = 32'd0;
+    mem[6918] = 32'd0;
+    mem[6919] = 32'd0;
+    mem[6920] = 32'd0;
+    mem[6921] = 32'd0;
+    mem[6922] = 32'd0;
+    mem[6923] = 32'd0;
+    mem[6924] = 32'd0;
+    mem[6925] = 32'd0;
+    mem[6926] = 32'd0;
+    mem[6927] = 32'd0;
+    mem[6928] = 32'd0;
+    mem[6929] = 32'd0;
+    mem[6930] = 32'd0;
+    mem[6931] = 32'd0;
+    mem[6932] = 32'd0;
+    mem[6933] = 32'd0;
+    mem[6934] = 32'd0;
+    mem[6935] = 32'd0;
+    mem[6936] = 32'd0;
+    mem[6937] = 32'd0;
+    mem[6938] = 32'd0;
+    mem[6939] = 32'd0;
+    mem[6940] = 32'd0;
+    mem[6941] = 32'd0;
+    mem[6942] = 32'd0;
+    mem[6943] = 32'd0;
+    mem[6944] = 32'd0;
+    mem[6945] = 32'd0;
+    mem[6946] = 32'd0;
+    mem[6947] = 32'd0;
+    mem[6948] = 32'd0;
+    mem[6949] = 32'd0;
+    mem[6950] = 32'd0;
+    mem[6951] = 32'd0;
+    mem[6952] = 32'd0;
+    mem[6953] = 32'd0;
+    mem[6954] = 32'd0;
+    mem[6955] = 32'd0;
+    mem[6956] = 32'd0;
+    mem[6957] = 32'd0;
+    mem[6958] = 32'd0;
+    mem[6959] = 32'd0;
+    mem[6960] = 32'd0;
+    mem[6961] = 32'd0;
+    mem[6962] = 32'd0;
+    mem[6963] = 32'd0;
+    mem[6964] = 32'd0;
+    mem[6965] = 32'd0;
+    mem[6966] = 32'd0;
+    mem[6967] = 32'd0;
+    mem[6968] = 32'd0;
+    mem[6969] = 32'd0;
+    mem[6970] = 32'd0;
+    mem[6971] = 32'd0;
+    mem[6972] = 32'd0;
+    mem[6973] = 32'd0;
+    mem[6974] = 32'd0;
+    mem[6975] = 32'd0;
+    mem[6976] = 32'd0;
+    mem[6977] = 32'd0;
+    mem[6978] = 32'd0;
+    mem[6979] = 32'd0;
+    mem[6980] = 32'd0;
+    mem[6981] = 32'd0;
+    mem[6982] = 32'd0;
+    mem[6983] = 32'd0;
+    mem[6984] = 32'd0;
+    mem[6985] = 32'd0;
+    mem[6986] = 32'd0;
+    mem[6987] = 32'd0;
+    mem[6988] = 32'd0;
+    mem[6989] = 32'd0;
+    mem[6990] = 32'd0;
+    mem[6991] = 32'd0;
+    mem[6992] = 32'd0;
+    mem[6993] = 32'd0;
+    mem[6994] = 32'd0;
+    mem[6995] = 32'd0;
+    mem[6996] = 32'd0;
+    mem[6997] = 32'd0;
+    mem[6998] = 32'd0;
+    mem[6999] = 32'd0;
+    mem[7000] = 32'd0;
+    mem[7001] = 32'd0;
+    mem[7002] = 32'd0;
+    mem[7003] = 32'd0;
+    mem[7004] = 32'd0;
+    mem[7005] = 32'd0;
+    mem[7006] = 32'd0;
+    mem[7007] = 32'd0;
+    mem[7008] = 32'd0;
+    mem[7009] = 32'd0;
+    mem[7010] = 32'd0;
+    mem[7011] = 32'd0;
+    mem[7012] = 32'd0;
+    mem[7013] = 32'd0;
+    mem[7014] = 32'd0;
+    mem[7015] = 32'd0;
+    mem[7016] = 32'd0;
+    mem[7017] = 32'd0;
+    mem[7018] = 32'd0;
+    mem[7019] = 32'd0;
+    mem[7020] = 32'd0;
+    mem[7021] = 32'd0;
+    mem[7022] = 32'd0;
+    mem[7023] = 32'd0;
+    mem[7024] = 32'd0;
+    mem[7025] = 32'd0;
+    mem[7026] = 32'd0;
+    mem[7027] = 32'd0;
+    mem[7028] = 32'd0;
+    mem[7029] = 32'd0;
+    mem[7030] = 32'd0;
+    mem[7031] = 32'd0;
+    mem[7032] = 32'd0;
+    mem[7033] = 32'd0;
+    mem[7034] = 32'd0;
+    mem[7035] = 32'd0;
+    mem[7036] = 32'd0;
+    mem[7037] = 32'd0;
+    mem[7038] = 32'd0;
+    mem[7039] = 32'd0;
+    mem[7040] = 32'd0;
+    mem[7041] = 32'd0;
+    mem[7042] = 32'd0;
+    mem[7043] = 32'd0;
+    mem[7044] = 32'd0;
+    mem[7045] = 32'd0;
+    mem[7046] = 32'd0;
+    mem[7047] = 32'd0;
+    mem[7048] = 32'd0;
+    mem[7049] = 32'd0;
+    mem[7050] = 32'd0;
+    mem[7051] = 32'd0;
+    mem[7052] = 32'd0;
+    mem[7053] = 32'd0;
+    mem[7054] = 32'd0;
+    mem[7055] = 32'd0;
+    mem[7056] = 32'd0;
+    mem[7057] = 32'd0;
+    mem[7058] = 32'd0;
+    mem[7059] = 32'd0;
+    mem[7060] = 32'd0;
+    mem[7061] = 32'd0;
+    mem[7062] = 32'd0;
+    mem[7063] = 32'd0;
+    mem[7064] = 32'd0;
+    mem[7065] = 32'd0;
+    mem[7066] = 32'd0;
+    mem[7067] = 32'd0;
+    mem[7068] = 32'd0;
+    mem[7069] = 32'd0;
+    mem[7070] = 32'd0;
+    mem[7071] = 32'd0;
+    mem[7072] = 32'd0;
+    mem[7073] = 32'd0;
+    mem[7074] = 32'd0;
+    mem[7075] = 32'd0;
+    mem[7076] = 32'd0;
+    mem[7077] = 32'd0;
+    mem[7078] = 32'd0;
+    mem[7079] = 32'd0;
+    mem[7080] = 32'd0;
+    mem[7081] = 32'd0;
+    mem[7082] = 32'd0;
+    mem[7083] = 32'd0;
+    mem[7084] = 32'd0;
+    mem[7085] = 32'd0;
+    mem[7086] = 32'd0;
+    mem[7087] = 32'd0;
+    mem[7088] = 32'd0;
+    mem[7089] = 32'd0;
+    mem[7090] = 32'd0;
+    mem[7091] = 32'd0;
+    mem[7092] = 32'd0;
+    mem[7093] = 32'd0;
+    mem[7094] = 32'd0;
+    mem[7095] = 32'd0;
+    mem[7096] = 32'd0;
+    mem[7097] = 32'd0;
+    mem[7098] = 32'd0;
+    mem[7099] = 32'd0;
+    mem[7100] = 32'd0;
+    mem[7101] = 32'd0;
+    mem[7102] = 32'd0;
+    mem[7103] = 32'd0;
+    mem[7104] = 32'd0;
+    mem[7105] = 32'd0;
+    mem[7106] = 32'd0;
+    mem[7107] = 32'd0;
+    mem[7108] = 32'd0;
+    mem[7109] = 32'd0;
+    mem[7110] = 32'd0;
+    mem[7111] = 32'd0;
+    mem[7112] = 32'd0;
+    mem[7113] = 32'd0;
+    mem[7114] = 32'd0;
+    mem[7115] = 32'd0;
+    mem[7116] = 32'd0;
+    mem[7117] = 32'd0;
+    mem[7118] = 32'd0;
+    mem[7119] = 32'd0;
+    mem[7120] = 32'd0;
+    mem[7121] = 32'd0;
+    mem[7122] = 32'd0;
+    mem[7123] = 32'd0;
+    mem[7124] = 32'd0;
+    mem[7125] = 32'd0;
+    mem[7126] = 32'd0;
+    mem[7127] = 32'd0;
+    mem[7128] = 32'd0;
+    mem[7129] = 32'd0;
+    mem[7130] = 32'd0;
+    mem[7131] = 32'd0;
+    mem[7132] = 32'd0;
+    mem[7133] = 32'd0;
+    mem[7134] = 32'd0;
+    mem[7135] = 32'd0;
+    mem[7136] = 32'd0;
+    mem[7137] = 32'd0;
+    mem[7138] = 32'd0;
+    mem[7139] = 32'd0;
+    mem[7140] = 32'd0;
+    mem[7141] = 32'd0;
+    mem[7142] = 32'd0;
+    mem[7143] = 32'd0;
+    mem[7144] = 32'd0;
+    mem[7145] = 32'd0;
+    mem[7146] = 32'd0;
+    mem[7147] = 32'd0;
+    mem[7148] = 32'd0;
+    mem[7149] = 32'd0;
+    mem[7150] = 32'd0;
+    mem[7151] = 32'd0;
+    mem[7152] = 32'd0;
+    mem[7153] = 32'd0;
+    mem[7154] = 32'd0;
+    mem[7155] = 32'd0;
+    mem[7156] = 32'd0;
+    mem[7157] = 32'd0;
+    mem[7158] = 32'd0;
+    mem[7159] = 32'd0;
+    mem[7160] = 32'd0;
+    mem[7161] = 32'd0;
+    mem[7162] = 32'd0;
+    mem[7163] = 32'd0;
+    mem[7164] = 32'd0;
+    mem[7165] = 32'd0;
+    mem[7166] = 32'd0;
+    mem[7167] = 32'd0;
+    mem[7168] = 32'd0;
+    mem[7169] = 32'd0;
+    mem[7170] = 32'd0;
+    mem[7171] = 32'd0;
+    mem[7172] = 32'd0;
+    mem[7173] = 32'd0;
+    mem[7174] = 32'd0;
+    mem[7175] = 32'd0;
+    mem[7176] = 32'd0;
+    mem[7177] = 32'd0;
+    mem[7178] = 32'd0;
+    mem[7179] = 32'd0;
+    mem[7180] = 32'd0;
+    mem[7181] = 32'd0;
+    mem[7182] = 32'd0;
+    mem[7183] = 32'd0;
+    mem[7184] = 32'd0;
+    mem[7185] = 32'd0;
+    mem[7186] = 32'd0;
+    mem[7187] = 32'd0;
+    mem[7188] = 32'd0;
+    mem[7189] = 32'd0;
+    mem[7190] = 32'd0;
+    mem[7191] = 32'd0;
+    mem[7192] = 32'd0;
+    mem[7193] = 32'd0;
+    mem[7194] = 32'd0;
+    mem[7195] = 32'd0;
+    mem[7196] = 32'd0;
+    mem[7197] = 32'd0;
+    mem[7198] = 32'd0;
+    mem[7199] = 32'd0;
+    mem[7200] = 32'd0;
+    mem[7201] = 32'd0;
+    mem[7202] = 32'd0;
+    mem[7203] = 32'd0;
+    mem[7204] = 32'd0;
+    mem[7205] = 32'd0;
+    mem[7206] = 32'd0;
+    mem[7207] = 32'd0;
+    mem[7208] = 32'd0;
+    mem[7209] = 32'd0;
+    mem[7210] = 32'd0;
+    mem[7211] = 32'd0;
+    mem[7212] = 32'd0;
+    mem[7213] = 32'd0;
+    mem[7214] = 32'd0;
+    mem[7215] = 32'd0;
+    mem[7216] = 32'd0;
+    mem[7217] = 32'd0;
+    mem[7218] = 32'd0;
+    mem[7219] = 32'd0;
+    mem[7220] = 32'd0;
+    mem[7221] = 32'd0;
+    mem[7222] = 32'd0;
+    mem[7223] = 32'd0;
+    mem[7224] = 32'd0;
+    mem[7225] = 32'd0;
+    mem[7226] = 32'd0;
+    mem[7227] = 32'd0;
+    mem[7228] = 32'd0;
+    mem[7229] = 32'd0;
+    mem[7230] = 32'd0;
+    mem[7231] = 32'd0;
+    mem[7232] = 32'd0;
+    mem[7233] = 32'd0;
+    mem[7234] = 32'd0;
+    mem[7235] = 32'd0;
+    mem[7236] = 32'd0;
+    mem[7237] = 32'd0;
+    mem[7238] = 32'd0;
+    mem[7239] = 32'd0;
+    mem[7240] = 32'd0;
+    mem[7241] = 32'd0;
+    mem[7242] = 32'd0;
+    mem[7243] = 32'd0;
+    mem[7244] = 32'd0;
+    mem[7245] = 32'd0;
+    mem[7246] = 32'd0;
+    mem[7247] = 32'd0;
+    mem[7248] = 32'd0;
+    mem[7249] = 32'd0;
+    mem[7250] = 32'd0;
+    mem[7251] = 32'd0;
+    mem[7252] = 32'd0;
+    mem[7253] = 32'd0;
+    mem[7254] = 32'd0;
+    mem[7255] = 32'd0;
+    mem[7256] = 32'd0;
+    mem[7257] = 32'd0;
+    mem[7258] = 32'd0;
+    mem[7259] = 32'd0;
+    mem[7260] = 32'd0;
+    mem[7261] = 32'd0;
+    mem[7262] = 32'd0;
+    mem[7263] = 32'd0;
+    mem[7264] = 32'd0;
+    mem[7265] = 32'd0;
+    mem[7266] = 32'd0;
+    mem[7267] = 32'd0;
+    mem[7268] = 32'd0;
+    mem[7269] = 32'd0;
+    mem[7270] = 32'd0;
+    mem[7271] = 32'd0;
+    mem[7272] = 32'd0;
+    mem[7273] = 32'd0;
+    mem[7274] = 32'd0;
+    mem[7275] = 32'd0;
+    mem[7276] = 32'd0;
+    mem[7277] = 32'd0;
+    mem[7278] = 32'd0;
+    mem[7279] = 32'd0;
+    mem[7280] = 32'd0;
+    mem[7281] = 32'd0;
+    mem[7282] = 32'd0;
+    mem[7283] = 32'd0;
+    mem[7284] = 32'd0;
+    mem[7285] = 32'd0;
+    mem[7286] = 32'd0;
+    mem[7287] = 32'd0;
+    mem[7288] = 32'd0;
+    mem[7289] = 32'd0;
+    mem[7290] = 32'd0;
+    mem[7291] = 32'd0;
+    mem[7292] = 32'd0;
+    mem[7293] = 32'd0;
+    mem[7294] = 32'd0;
+    mem[7295] = 32'd0;
+    mem[7296] = 32'd0;
+    mem[7297] = 32'd0;
+    mem[7298] = 32'd0;
+    mem[7299] = 32'd0;
+    mem[7300] = 32'd0;
+    mem[7301] = 32'd0;
+    mem[7302] = 32'd0;
+    mem[7303] = 32'd0;
+    mem[7304] = 32'd0;
+    mem[7305] = 32'd0;
+    mem[7306] = 32'd0;
+    mem[7307] = 32'd0;
+    mem[7308] = 32'd0;
+    mem[7309] = 32'd0;
+    mem[7310] = 32'd0;
+    mem[7311] = 32'd0;
+    mem[7312] = 32'd0;
+    mem[7313] = 32'd0;
+    mem[7314] = 32'd0;
+    mem[7315] = 32'd0;
+    mem[7316] = 32'd0;
+    mem[7317] = 32'd0;
+    mem[7318] = 32'd0;
+    mem[7319] = 32'd0;
+    mem[7320] = 32'd0;
+    mem[7321] = 32'd0;
+    mem[7322] = 32'd0;
+    mem[7323] = 32'd0;
+    mem[7324] = 32'd0;
+    mem[7325] = 32'd0;
+    mem[7326] = 32'd0;
+    mem[7327] = 32'd0;
+    mem[7328] = 32'd0;
+    mem[7329] = 32'd0;
+    mem[7330] = 32'd0;
+    mem[7331] = 32'd0;
+    mem[7332] = 32'd0;
+    mem[7333] = 32'd0;
+    mem[7334] = 32'd0;
+    mem[7335] = 32'd0;
+    mem[7336] = 32'd0;
+    mem[7337] = 32'd0;
+    mem[7338] = 32'd0;
+    mem[7339] = 32'd0;
+    mem[7340] = 32'd0;
+    mem[7341] = 32'd0;
+    mem[7342] = 32'd0;
+    mem[7343] = 32'd0;
+    mem[7344] = 32'd0;
+    mem[7345] = 32'd0;
+    mem[7346] = 32'd0;
+    mem[7347] = 32'd0;
+    mem[7348] = 32'd0;
+    mem[7349] = 32'd0;
+    mem[7350] = 32'd0;
+    mem[7351] = 32'd0;
+    mem[7352] = 32'd0;
+    mem[7353] = 32'd0;
+    mem[7354] = 32'd0;
+    mem[7355] = 32'd0;
+    mem[7356] = 32'd0;
+    mem[7357] = 32'd0;
+    mem[7358] = 32'd0;
+    mem[7359] = 32'd0;
+    mem[7360] = 32'd0;
+    mem[7361] = 32'd0;
+    mem[7362] = 32'd0;
+    mem[7363] = 32'd0;
+    mem[7364] = 32'd0;
+    mem[7365] = 32'd0;
+    mem[7366] = 32'd0;
+    mem[7367] = 32'd0;
+    mem[7368] = 32'd0;
+    mem[7369] = 32'd0;
+    mem[7370] = 32'd0;
+    mem[7371] = 32'd0;
+    mem[7372] = 32'd0;
+    mem[7373] = 32'd0;
+    mem[7374] = 32'd0;
+    mem[7375] = 32'd0;
+    mem[7376] = 32'd0;
+    mem[7377] = 32'd0;
+    mem[7378] = 32'd0;
+    mem[7379] = 32'd0;
+    mem[7380] = 32'd0;
+    mem[7381] = 32'd0;
+    mem[7382] = 32'd0;
+    mem[7383] = 32'd0;
+    mem[7384] = 32'd0;
+    mem[7385] = 32'd0;
+    mem[7386] = 32'd0;
+    mem[7387] = 32'd0;
+    mem[7388] = 32'd0;
+    mem[7389] = 32'd0;
+    mem[7390] = 32'd0;
+    mem[7391] = 32'd0;
+    mem[7392] = 32'd0;
+    mem[7393] = 32'd0;
+    mem[7394] = 32'd0;
+    mem[7395] = 32'd0;
+    mem[7396] = 32'd0;
+    mem[7397] = 32'd0;
+    mem[7398] = 32'd0;
+    mem[7399] = 32'd0;
+    mem[7400] = 32'd0;
+    mem[7401] = 32'd0;
+    mem[7402] = 32'd0;
+    mem[7403] = 32'd0;
+    mem[7404] = 32'd0;
+    mem[7405] = 32'd0;
+    mem[7406] = 32'd0;
+    mem[7407] = 32'd0;
+    mem[7408] = 32'd0;
+    mem[7409] = 32'd0;
+    mem[7410] = 32'd0;
+    mem[7411] = 32'd0;
+    mem[7412] = 32'd0;
+    mem[7413] = 32'd0;
+    mem[7414] = 32'd0;
+    mem[7415] = 32'd0;
+    mem[7416] = 32'd0;
+    mem[7417] = 32'd0;
+    mem[7418] = 32'd0;
+    mem[7419] = 32'd0;
+    mem[7420] = 32'd0;
+    mem[7421] = 32'd0;
+    mem[7422] = 32'd0;
+    mem[7423] = 32'd0;
+    mem[7424] = 32'd0;
+    mem[7425] = 32'd0;
+    mem[7426] = 32'd0;
+    mem[7427] = 32'd0;
+    mem[7428] = 32'd0;
+    mem[7429] = 32'd0;
+    mem[7430] = 32'd0;
+    mem[7431] = 32'd0;
+    mem[7432] = 32'd0;
+    mem[7433] = 32'd0;
+    mem[7434] = 32'd0;
+    mem[7435] = 32'd0;
+    mem[7436] = 32'd0;
+    mem[7437] = 32'd0;
+    mem[7438] = 32'd0;
+    mem[7439] = 32'd0;
+    mem[7440] = 32'd0;
+    mem[7441] = 32'd0;
+    mem[7442] = 32'd0;
+    mem[7443] = 32'd0;
+    mem[7444] = 32'd0;
+    mem[7445] = 32'd0;
+    mem[7446] = 32'd0;
+    mem[7447] = 32'd0;
+    mem[7448] = 32'd0;
+    mem[7449] = 32'd0;
+    mem[7450] = 32'd0;
+    mem[7451] = 32'd0;
+    mem[7452] = 32'd0;
+    mem[7453] = 32'd0;
+    mem[7454] = 32'd0;
+    mem[7455] = 32'd0;
+    mem[7456] = 32'd0;
+    mem[7457] = 32'd0;
+    mem[7458] = 32'd0;
+    mem[7459] = 32'd0;
+    mem[7460] = 32'd0;
+    mem[7461] = 32'd0;
+    mem[7462] = 32'd0;
+    mem[7463] = 32'd0;
+    mem[7464] = 32'd0;
+    mem[7465] = 32'd0;
+    mem[7466] = 32'd0;
+    mem[7467] = 32'd0;
+    mem[7468] = 32'd0;
+    mem[7469] = 32'd0;
+    mem[7470] = 32'd0;
+    mem[7471] = 32'd0;
+    mem[7472] = 32'd0;
+    mem[7473] = 32'd0;
+    mem[7474] = 32'd0;
+    mem[7475] = 32'd0;
+    mem[7476] = 32'd0;
+    mem[7477] = 32'd0;
+    mem[7478] = 32'd0;
+    mem[7479] = 32'd0;
+    mem[7480] = 32'd0;
+    mem[7481] = 32'd0;
+    mem[7482] = 32'd0;
+    mem[7483] = 32'd0;
+    mem[7484] = 32'd0;
+    mem[7485] = 32'd0;
+    mem[7486] = 32'd0;
+    mem[7487] = 32'd0;
+    mem[7488] = 32'd0;
+    mem[7489] = 32'd0;
+    mem[7490] = 32'd0;
+    mem[7491] = 32'd0;
+    mem[7492] = 32'd0;
+    mem[7493] = 32'd0;
+    mem[7494] = 32'd0;
+    mem[7495] = 32'd0;
+    mem[7496] = 32'd0;
+    mem[7497] = 32'd0;
+    mem[7498] = 32'd0;
+    mem[7499] = 32'd0;
+    mem[7500] = 32'd0;
+    mem[7501] = 32'd0;
+    mem[7502] = 32'd0;
+    mem[7503] = 32'd0;
+    mem[7504] = 32'd0;
+    mem[7505] = 32'd0;
+    mem[7506] = 32'd0;
+    mem[7507] = 32'd0;
+    mem[7508] = 32'd0;
+    mem[7509] = 32'd0;
+    mem[7510] = 32'd0;
+    mem[7511] = 32'd0;
+    mem[7512] = 32'd0;
+    mem[7513] = 32'd0;
+    mem[7514] = 32'd0;
+    mem[7515] = 32'd0;
+    mem[7516] = 32'd0;
+    mem[7517] = 32'd0;
+    mem[7518] = 32'd0;
+    mem[7519] = 32'd0;
+    mem[7520] = 32'd0;
+    mem[7521] = 32'd0;
+    mem[7522] = 32'd0;
+    mem[7523] = 32'd0;
+    mem[7524] = 32'd0;
+    mem[7525] = 32'd0;
+    mem[7526] = 32'd0;
+    mem[7527] = 32'd0;
+    mem[7528] = 32'd0;
+    mem[7529] = 32'd0;
+    mem[7530] = 32'd0;
+    mem[7531] = 32'd0;
+    mem[7532] = 32'd0;
+    mem[7533] = 32'd0;
+    mem[7534] = 32'd0;
+    mem[7535] = 32'd0;
+    mem[7536] = 32'd0;
+    mem[7537] = 32'd0;
+    mem[7538] = 32'd0;
+    mem[7539] = 32'd0;
+    mem[7540] = 32'd0;
+    mem[7541] = 32'd0;
+    mem[7542] = 32'd0;
+    mem[7543] = 32'd0;
+    mem[7544] = 32'd0;
+    mem[7545] = 32'd0;
+    mem[7546] = 32'd0;
+    mem[7547] = 32'd0;
+    mem[7548] = 32'd0;
+    mem[7549] = 32'd0;
+    mem[7550] = 32'd0;
+    mem[7551] = 32'd0;
+    mem[7552] = 32'd0;
+    mem[7553] = 32'd0;
+    mem[7554] = 32'd0;
+    mem[7555] = 32'd0;
+    mem[7556] = 32'd0;
+    mem[7557] = 32'd0;
+    mem[7558] = 32'd0;
+    mem[7559] = 32'd0;
+    mem[7560] = 32'd0;
+    mem[7561] = 32'd0;
+    mem[7562] = 32'd0;
+    mem[7563] = 32'd0;
+    mem[7564] = 32'd0;
+    mem[7565] = 32'd0;
+    mem[7566] = 32'd0;
+    mem[7567] = 32'd0;
+    mem[7568] = 32'd0;
+    mem[7569] = 32'd0;
+    mem[7570] = 32'd0;
+    mem[7571] = 32'd0;
+    mem[7572] = 32'd0;
+    mem[7573] = 32'd0;
+    mem[7574] = 32'd0;
+    mem[7575] = 32'd0;
+    mem[7576] = 32'd0;
+    mem[7577] = 32'd0;
+    mem[7578] = 32'd0;
+    mem[7579] = 32'd0;
+    mem[7580] = 32'd0;
+    mem[7581] = 32'd0;
+    mem[7582] = 32'd0;
+    mem[7583] = 32'd0;
+    mem[7584] = 32'd0;
+    mem[7585] = 32'd0;
+    mem[7586] = 32'd0;
+    mem[7587] = 32'd0;
+    mem[7588] = 32'd0;
+    mem[7589] = 32'd0;
+    mem[7590] = 32'd0;
+    mem[7591] = 32'd0;
+    mem[7592] = 32'd0;
+    mem[7593] = 32'd0;
+    mem[7594] = 32'd0;
+    mem[7595] = 32'd0;
+    mem[7596] = 32'd0;
+    mem[7597] = 32'd0;
+    mem[7598] = 32'd0;
+    mem[7599] = 32'd0;
+    mem[7600] = 32'd0;
+    mem[7601] = 32'd0;
+    mem[7602] = 32'd0;
+    mem[7603] = 32'd0;
+    mem[7604] = 32'd0;
+    mem[7605] = 32'd0;
+    mem[7606] = 32'd0;
+    mem[7607] = 32'd0;
+    mem[7608] = 32'd0;
+    mem[7609] = 32'd0;
+    mem[7610] = 32'd0;
+    mem[7611] = 32'd0;
+    mem[7612] = 32'd0;
+    mem[7613] = 32'd0;
+    mem[7614] = 32'd0;
+    mem[7615] = 32'd0;
+    mem[7616] = 32'd0;
+    mem[7617] = 32'd0;
+    mem[7618] = 32'd0;
+    mem[7619] = 32'd0;
+    mem[7620] = 32'd0;
+    mem[7621] = 32'd0;
+    mem[7622] = 32'd0;
+    mem[7623] = 32'd0;
+    mem[7624] = 32'd0;
+    mem[7625] = 32'd0;
+    mem[7626] = 32'd0;
+    mem[7627] = 32'd0;
+    mem[7628] = 32'd0;
+    mem[7629] = 32'd0;
+    mem[7630] = 32'd0;
+    mem[7631] = 32'd0;
+    mem[7632] = 32'd0;
+    mem[7633] = 32'd0;
+    mem[7634] = 32'd0;
+    mem[7635] = 32'd0;
+    mem[7636] = 32'd0;
+    mem[7637] = 32'd0;
+    mem[7638] = 32'd0;
+    mem[7639] = 32'd0;
+    mem[7640] = 32'd0;
+    mem[7641] = 32'd0;
+    mem[7642] = 32'd0;
+    mem[7643] = 32'd0;
+    mem[7644] = 32'd0;
+    mem[7645] = 32'd0;
+    mem[7646] = 32'd0;
+    mem[7647] = 32'd0;
+    mem[7648] = 32'd0;
+    mem[7649] = 32'd0;
+    mem[7650] = 32'd0;
+    mem[7651] = 32'd0;
+    mem[7652] = 32'd0;
+    mem[7653] = 32'd0;
+    mem[7654] = 32'd0;
+    mem[7655] = 32'd0;
+    mem[7656] = 32'd0;
+    mem[7657] = 32'd0;
+    mem[7658] = 32'd0;
+    mem[7659] = 32'd0;
+    mem[7660] = 32'd0;
+    mem[7661] = 32'd0;
+    mem[7662] = 32'd0;
+    mem[7663] = 32'd0;
+    mem[7664] = 32'd0;
+    mem[7665] = 32'd0;
+    mem[7666] = 32'd0;
+    mem[7667] = 32'd0;
+    mem[7668] = 32'd0;
+    mem[7669] = 32'd0;
+    mem[7670] = 32'd0;
+    mem[7671] = 32'd0;
+    mem[7672] = 32'd0;
+    mem[7673] = 32'd0;
+    mem[7674] = 32'd0;
+    mem[7675] = 32'd0;
+    mem[7676] = 32'd0;
+    mem[7677] = 32'd0;
+    mem[7678] = 32'd0;
+    mem[7679] = 32'd0;
+    mem[7680] = 32'd0;
+    mem[7681] = 32'd0;
+    mem[7682] = 32'd0;
+    mem[7683] = 32'd0;
+    mem[7684] = 32'd0;
+    mem[7685] = 32'd0;
+    mem[7686] = 32'd0;
+    mem[7687] = 32'd0;
+    mem[7688] = 32'd0;
+    mem[7689] = 32'd0;
+    mem[7690] = 32'd0;
+    mem[7691] = 32'd0;
+    mem[7692] = 32'd0;
+    mem[7693] = 32'd0;
+    mem[7694] = 32'd0;
+    mem[7695] = 32'd0;
+    mem[7696] = 32'd0;
+    mem[7697] = 32'd0;
+    mem[7698] = 32'd0;
+    mem[7699] = 32'd0;
+    mem[7700] = 32'd0;
+    mem[7701] = 32'd0;
+    mem[7702] = 32'd0;
+    mem[7703] = 32'd0;
+    mem[7704] = 32'd0;
+    mem[7705] = 32'd0;
+    mem[7706] = 32'd0;
+    mem[7707] = 32'd0;
+    mem[7708] = 32'd0;
+    mem[7709] = 32'd0;
+    mem[7710] = 32'd0;
+    mem[7711] = 32'd0;
+    mem[7712] = 32'd0;
+    mem[7713] = 32'd0;
+    mem[7714] = 32'd0;
+    mem[7715] = 32'd0;
+    mem[7716] = 32'd0;
+    mem[7717] = 32'd0;
+    mem[7718] = 32'd0;
+    mem[7719] = 32'd0;
+    mem[7720] = 32'd0;
+    mem[7721] = 32'd0;
+    mem[7722] = 32'd0;
+    mem[7723] = 32'd0;
+    mem[7724] = 32'd0;
+    mem[7725] = 32'd0;
+    mem[7726] = 32'd0;
+    mem[7727] = 32'd0;
+    mem[7728] = 32'd0;
+    mem[7729] = 32'd0;
+    mem[7730] = 32'd0;
+    mem[7731] = 32'd0;
+    mem[7732] = 32'd0;
+    mem[7733] = 32'd0;
+    mem[7734] = 32'd0;
+    mem[7735] = 32'd0;
+    mem[7736] = 32'd0;
+    mem[7737] = 32'd0;
+    mem[7738] = 32'd0;
+    mem[7739] = 32'd0;
+    mem[7740] = 32'd0;
+    mem[7741] = 32'd0;
+    mem[7742] = 32'd0;
+    mem[7743] = 32'd0;
+    mem[7744] = 32'd0;
+    mem[7745] = 32'd0;
+    mem[7746] = 32'd0;
+    mem[7747] = 32'd0;
+    mem[7748] = 32'd0;
+    mem[7749] = 32'd0;
+    mem[7750] = 32'd0;
+    mem[7751] = 32'd0;
+    mem[7752] = 32'd0;
+    mem[7753] = 32'd0;
+    mem[7754] = 32'd0;
+    mem[7755] = 32'd0;
+    mem[7756] = 32'd0;
+    mem[7757] = 32'd0;
+    mem[7758] = 32'd0;
+    mem[7759] = 32'd0;
+    mem[7760] = 32'd0;
+    mem[7761] = 32'd0;
+    mem[7762] = 32'd0;
+    mem[7763] = 32'd0;
+    mem[7764] = 32'd0;
+    mem[7765] = 32'd0;
+    mem[7766] = 32'd0;
+    mem[7767] = 32'd0;
+    mem[7768] = 32'd0;
+    mem[7769] = 32'd0;
+    mem[7770] = 32'd0;
+    mem[7771] = 32'd0;
+    mem[7772] = 32'd0;
+    mem[7773] = 32'd0;
+    mem[7774] = 32'd0;
+    mem[7775] = 32'd0;
+    mem[7776] = 32'd0;
+    mem[7777] = 32'd0;
+    mem[7778] = 32'd0;
+    mem[7779] = 32'd0;
+    mem[7780] = 32'd0;
+    mem[7781] = 32'd0;
+    mem[7782] = 32'd0;
+    mem[7783] = 32'd0;
+    mem[7784] = 32'd0;
+    mem[7785] = 32'd0;
+    mem[7786] = 32'd0;
+    mem[7787] = 32'd0;
+    mem[7788] = 32'd0;
+    mem[7789] = 32'd0;
+    mem[7790] = 32'd0;
+    mem[7791] = 32'd0;
+    mem[7792] = 32'd0;
+    mem[7793] = 32'd0;
+    mem[7794] = 32'd0;
+    mem[7795] = 32'd0;
+    mem[7796] = 32'd0;
+    mem[7797] = 32'd0;
+    mem[7798] = 32'd0;
+    mem[7799] = 32'd0;
+    mem[7800] = 32'd0;
+    mem[7801] = 32'd0;
+    mem[7802] = 32'd0;
+    mem[7803] = 32'd0;
+    mem[7804] = 32'd0;
+    mem[7805] = 32'd0;
+    mem[7806] = 32'd0;
+    mem[7807] = 32'd0;
+    mem[7808] = 32'd0;
+    mem[7809] = 32'd0;
+    mem[7810] = 32'd0;
+    mem[7811] = 32'd0;
+    mem[7812] = 32'd0;
+    mem[7813] = 32'd0;
+    mem[7814] = 32'd0;
+    mem[7815] = 32'd0;
+    mem[7816] = 32'd0;
+    mem[7817] = 32'd0;
+    mem[7818] = 32'd0;
+    mem[7819] = 32'd0;
+    mem[7820] = 32'd0;
+    mem[7821] = 32'd0;
+    mem[7822] = 32'd0;
+    mem[7823] = 32'd0;
+    mem[7824] = 32'd0;
+    mem[7825] = 32'd0;
+    mem[7826] = 32'd0;
+    mem[7827] = 32'd0;
+    mem[7828] = 32'd0;
+    mem[7829] = 32'd0;
+    mem[7830] = 32'd0;
+    mem[7831] = 32'd0;
+    mem[7832] = 32'd0;
+    mem[7833] = 32'd0;
+    mem[7834] = 32'd0;
+    mem[7835] = 32'd0;
+    mem[7836] = 32'd0;
+    mem[7837] = 32'd0;
+    mem[7838] = 32'd0;
+    mem[7839] = 32'd0;
+    mem[7840] = 32'd0;
+    mem[7841] = 32'd0;
+    mem[7842] = 32'd0;
+    mem[7843] = 32'd0;
+    mem[7844] = 32'd0;
+    mem[7845] = 32'd0;
+    mem[7846] = 32'd0;
+    mem[7847] = 32'd0;
+    mem[7848] = 32'd0;
+    mem[7849] = 32'd0;
+    mem[7850] = 32'd0;
+    mem[7851] = 32'd0;
+    mem[7852] = 32'd0;
+    mem[7853] = 32'd0;
+    mem[7854] = 32'd0;
+    mem[7855] = 32'd0;
+    mem[7856] = 32'd0;
+    mem[7857] = 32'd0;
+    mem[7858] = 32'd0;
+    mem[7859] = 32'd0;
+    mem[7860] = 32'd0;
+    mem[7861] = 32'd0;
+    mem[7862] = 32'd0;
+    mem[7863] = 32'd0;
+    mem[7864] = 32'd0;
+    mem[7865] = 32'd0;
+    mem[7866] = 32'd0;
+    mem[7867] = 32'd0;
+    mem[7868] = 32'd0;
+    mem[7869] = 32'd0;
+    mem[7870] = 32'd0;
+    mem[7871] = 32'd0;
+    mem[7872] = 32'd0;
+    mem[7873] = 32'd0;
+    mem[7874] = 32'd0;
+    mem[7875] = 32'd0;
+    mem[7876] = 32'd0;
+    mem[7877] = 32'd0;
+    mem[7878] = 32'd0;
+    mem[7879] = 32'd0;
+    mem[7880] = 32'd0;
+    mem[7881] = 32'd0;
+    mem[7882] = 32'd0;
+    mem[7883] = 32'd0;
+    mem[7884] = 32'd0;
+    mem[7885] = 32'd0;
+    mem[7886] = 32'd0;
+    mem[7887] = 32'd0;
+    mem[7888] = 32'd0;
+    mem[7889] = 32'd0;
+    mem[7890] = 32'd0;
+    mem[7891] = 32'd0;
+    mem[7892] = 32'd0;
+    mem[7893] = 32'd0;
+    mem[7894] = 32'd0;
+    mem[7895] = 32'd0;
+    mem[7896] = 32'd0;
+    mem[7897] = 32'd0;
+    mem[7898] = 32'd0;
+    mem[7899] = 32'd0;
+    mem[7900] = 32'd0;
+    mem[7901] = 32'd0;
+    mem[7902] = 32'd0;
+    mem[7903] = 32'd0;
+    mem[7904] = 32'd0;
+    mem[7905] = 32'd0;
+    mem[7906] = 32'd0;
+    mem[7907] = 32'd0;
+    mem[7908] = 32'd0;
+    mem[7909] = 32'd0;
+    mem[7910] = 32'd0;
+    mem[7911] = 32'd0;
+    mem[7912] = 32'd0;
+    mem[7913] = 32'd0;
+    mem[7914] = 32'd0;
+    mem[7915] = 32'd0;
+    mem[7916] = 32'd0;
+    mem[7917] = 32'd0;
+    mem[7918] = 32'd0;
+    mem[7919] = 32'd0;
+    mem[7920] = 32'd0;
+    mem[7921] = 32'd0;
+    mem[7922] = 32'd0;
+    mem[7923] = 32'd0;
+    mem[7924] = 32'd0;
+    mem[7925] = 32'd0;
+    mem[7926] = 32'd0;
+    mem[7927] = 32'd0;
+    mem[7928] = 32'd0;
+    mem[7929] = 32'd0;
+    mem[7930] = 32'd0;
+    mem[7931] = 32'd0;
+    mem[7932] = 32'd0;
+    mem[7933] = 32'd0;
+    mem[7934] = 32'd0;
+    mem[7935] = 32'd0;
+    mem[7936] = 32'd0;
+    mem[7937] = 32'd0;
+    mem[7938] = 32'd0;
+    mem[7939] = 32'd0;
+    mem[7940] = 32'd0;
+    mem[7941] = 32'd0;
+    mem[7942] = 32'd0;
+    mem[7943] = 32'd0;
+    mem[7944] = 32'd0;
+    mem[7945] = 32'd0;
+    mem[7946] = 32'd0;
+    mem[7947] = 32'd0;
+    mem[7948] = 32'd0;
+    mem[7949] = 32'd0;
+    mem[7950] = 32'd0;
+    mem[7951] = 32'd0;
+    mem[7952] = 32'd0;
+    mem[7953] = 32'd0;
+    mem[7954] = 32'd0;
+    mem[7955] = 32'd0;
+    mem[7956] = 32'd0;
+    mem[7957] = 32'd0;
+    mem[7958] = 32'd0;
+    mem[7959] = 32'd0;
+    mem[7960] = 32'd0;
+    mem[7961] = 32'd0;
+    mem[7962] = 32'd0;
+    mem[7963] = 32'd0;
+    mem[7964] = 32'd0;
+    mem[7965] = 32'd0;
+    mem[7966] = 32'd0;
+    mem[7967] = 32'd0;
+    mem[7968] = 32'd0;
+    mem[7969] = 32'd0;
+    mem[7970] = 32'd0;
+    mem[7971] = 32'd0;
+    mem[7972] = 32'd0;
+    mem[7973] = 32'd0;
+    mem[7974] = 32'd0;
+    mem[7975] = 32'd0;
+    mem[7976] = 32'd0;
+    mem[7977] = 32'd0;
+    mem[7978] = 32'd0;
+    mem[7979] = 32'd0;
+    mem[7980] = 32'd0;
+    mem[7981] = 32'd0;
+    mem[7982] = 32'd0;
+    mem[7983] = 32'd0;
+    mem[7984] = 32'd0;
+    mem[7985] = 32'd0;
+    mem[7986] = 32'd0;
+    mem[7987] = 32'd0;
+    mem[7988] = 32'd0;
+    mem[7989] = 32'd0;
+    mem[7990] = 32'd0;
+    mem[7991] = 32'd0;
+    mem[7992] = 32'd0;
+    mem[7993] = 32'd0;
+    mem[7994] = 32'd0;
+    mem[7995] = 32'd0;
+    mem[7996] = 32'd0;
+    mem[7997] = 32'd0;
+    mem[7998] = 32'd0;
+    mem[7999] = 32'd0;
+    mem[8000] = 32'd0;
+    mem[8001] = 32'd0;
+    mem[8002] = 32'd0;
+    mem[8003] = 32'd0;
+    mem[8004] = 32'd0;
+    mem[8005] = 32'd0;
+    mem[8006] = 32'd0;
+    mem[8007] = 32'd0;
+    mem[8008] = 32'd0;
+    mem[8009] = 32'd0;
+    mem[8010] = 32'd0;
+    mem[8011] = 32'd0;
+    mem[8012] = 32'd0;
+    mem[8013] = 32'd0;
+    mem[8014] = 32'd0;
+    mem[8015] = 32'd0;
+    mem[8016] = 32'd0;
+    mem[8017] = 32'd0;
+    mem[8018] = 32'd0;
+    mem[8019] = 32'd0;
+    mem[8020] = 32'd0;
+    mem[8021] = 32'd0;
+    mem[8022] = 32'd0;
+    mem[8023] = 32'd0;
+    mem[8024] = 32'd0;
+    mem[8025] = 32'd0;
+    mem[8026] = 32'd0;
+    mem[8027] = 32'd0;
+    mem[8028] = 32'd0;
+    mem[8029] = 32'd0;
+    mem[8030] = 32'd0;
+    mem[8031] = 32'd0;
+    mem[8032] = 32'd0;
+    mem[8033] = 32'd0;
+    mem[8034] = 32'd0;
+    mem[8035] = 32'd0;
+    mem[8036] = 32'd0;
+    mem[8037] = 32'd0;
+    mem[8038] = 32'd0;
+    mem[8039] = 32'd0;
+    mem[8040] = 32'd0;
+    mem[8041] = 32'd0;
+    mem[8042] = 32'd0;
+    mem[8043] = 32'd0;
+    mem[8044] = 32'd0;
+    mem[8045] = 32'd0;
+    mem[8046] = 32'd0;
+    mem[8047] = 32'd0;
+    mem[8048] = 32'd0;
+    mem[8049] = 32'd0;
+    mem[8050] = 32'd0;
+    mem[8051] = 32'd0;
+    mem[8052] = 32'd0;
+    mem[8053] = 32'd0;
+    mem[8054] = 32'd0;
+    mem[8055] = 32'd0;
+    mem[8056] = 32'd0;
+    mem[8057] = 32'd0;
+    mem[8058] = 32'd0;
+    mem[8059] = 32'd0;
+    mem[8060] = 32'd0;
+    mem[8061] = 32'd0;
+    mem[8062] = 32'd0;
+    mem[8063] = 32'd0;
+    mem[8064] = 32'd0;
+    mem[8065] = 32'd0;
+    mem[8066] = 32'd0;
+    mem[8067] = 32'd0;
+    mem[8068] = 32'd0;
+    mem[8069] = 32'd0;
+    mem[8070] = 32'd0;
+    mem[8071] = 32'd0;
+    mem[8072] = 32'd0;
+    mem[8073] = 32'd0;
+    mem[8074] = 32'd0;
+    mem[8075] = 32'd0;
+    mem[8076] = 32'd0;
+    mem[8077] = 32'd0;
+    mem[8078] = 32'd0;
+    mem[8079] = 32'd0;
+    mem[8080] = 32'd0;
+    mem[8081] = 32'd0;
+    mem[8082] = 32'd0;
+    mem[8083] = 32'd0;
+    mem[8084] = 32'd0;
+    mem[8085] = 32'd0;
+    mem[8086] = 32'd0;
+    mem[8087] = 32'd0;
+    mem[8088] = 32'd0;
+    mem[8089] = 32'd0;
+    mem[8090] = 32'd0;
+    mem[8091] = 32'd0;
+    mem[8092] = 32'd0;
+    mem[8093] = 32'd0;
+    mem[8094] = 32'd0;
+    mem[8095] = 32'd0;
+    mem[8096] = 32'd0;
+    mem[8097] = 32'd0;
+    mem[8098] = 32'd0;
+    mem[8099] = 32'd0;
+    mem[8100] = 32'd0;
+    mem[8101] = 32'd0;
+    mem[8102] = 32'd0;
+    mem[8103] = 32'd0;
+    mem[8104] = 32'd0;
+    mem[8105] = 32'd0;
+    mem[8106] = 32'd0;
+    mem[8107] = 32'd0;
+    mem[8108] = 32'd0;
+    mem[8109] = 32'd0;
+    mem[8110] = 32'd0;
+    mem[8111] = 32'd0;
+    mem[8112] = 32'd0;
+    mem[8113] = 32'd0;
+    mem[8114] = 32'd0;
+    mem[8115] = 32'd0;
+    mem[8116] = 32'd0;
+    mem[8117] = 32'd0;
+    mem[8118] = 32'd0;
+    mem[8119] = 32'd0;
+    mem[8120] = 32'd0;
+    mem[8121] = 32'd0;
+    mem[8122] = 32'd0;
+    mem[8123] = 32'd0;
+    mem[8124] = 32'd0;
+    mem[8125] = 32'd0;
+    mem[8126] = 32'd0;
+    mem[8127] = 32'd0;
+    mem[8128] = 32'd0;
+    mem[8129] = 32'd0;
+    mem[8130] = 32'd0;
+    mem[8131] = 32'd0;
+    mem[8132] = 32'd0;
+    mem[8133] = 32'd0;
+    mem[8134] = 32'd0;
+    mem[8135] = 32'd0;
+    mem[8136] = 32'd0;
+    mem[8137] = 32'd0;
+    mem[8138] = 32'd0;
+    mem[8139] = 32'd0;
+    mem[8140] = 32'd0;
+    mem[8141] = 32'd0;
+    mem[8142] = 32'd0;
+    mem[8143] = 32'd0;
+    mem[8144] = 32'd0;
+    mem[8145] = 32'd0;
+    mem[8146] = 32'd0;
+    mem[8147] = 32'd0;
+    mem[8148] = 32'd0;
+    mem[8149] = 32'd0;
+    mem[8150] = 32'd0;
+    mem[8151] = 32'd0;
+    mem[8152] = 32'd0;
+    mem[8153] = 32'd0;
+    mem[8154] = 32'd0;
+    mem[8155] = 32'd0;
+    mem[8156] = 32'd0;
+    mem[8157] = 32'd0;
+    mem[8158] = 32'd0;
+    mem[8159] = 32'd0;
+    mem[8160] = 32'd0;
+    mem[8161] = 32'd0;
+    mem[8162] = 32'd0;
+    mem[8163] = 32'd0;
+    mem[8164] = 32'd0;
+    mem[8165] = 32'd0;
+    mem[8166] = 32'd0;
+    mem[8167] = 32'd0;
+    mem[8168] = 32'd0;
+    mem[8169] = 32'd0;
+    mem[8170] = 32'd0;
+    mem[8171] = 32'd0;
+    mem[8172] = 32'd0;
+    mem[8173] = 32'd0;
+    mem[8174] = 32'd0;
+    mem[8175] = 32'd0;
+    mem[8176] = 32'd0;
+    mem[8177] = 32'd0;
+    mem[8178] = 32'd0;
+    mem[8179] = 32'd0;
+    mem[8180] = 32'd0;
+    mem[8181] = 32'd0;
+    mem[8182] = 32'd0;
+    mem[8183] = 32'd0;
+    mem[8184] = 32'd0;
+    mem[8185] = 32'd0;
+    mem[8186] = 32'd0;
+    mem[8187] = 32'd0;
+    mem[8188] = 32'd0;
+    mem[8189] = 32'd0;
+    mem[8190] = 32'd0;
+    mem[8191] = 32'd0;
+  end
+  always @(posedge clk) begin
+    if (\port__en$14 )
+      mem[\port__addr$12 ] <= \port__data$16 ;
+  end
+  reg [31:0] _0_;
+  reg [31:0] _1_;
+  always @(posedge clk) begin
+    if (port__en) begin
+      _0_ <= mem[port__addr];
+    end
+    if (\port__en$8 ) begin
+      _1_ <= mem[\port__addr$6 ];
+    end
+  end
+  assign rd0__data = _0_;
+  assign rd1__data = _1_;
+  assign rd0__addr = port__addr;
+  assign rd0__en = port__en;
+  assign port__data = rd0__data;
+  assign rd1__addr = \port__addr$6 ;
+  assign rd1__en = \port__en$8 ;
+  assign \port__data$11  = rd1__data;
+  assign wr__addr = \port__addr$12 ;
+  assign wr__en = \port__en$14 ;
+  assign wr__data = \port__data$16 ;
 endmodule
 
 (* generator = "Amaranth" *)

