@@ -72,7 +72,7 @@ async def test_contract(dut):
     await FallingEdge(dut.clk)
     for n, (reads, write) in enumerate(random_ops(depth, width, int(p.get("cycles", 3000)),
                                                   np.random.default_rng(seed))):
-        for (en, addr), (en_s, addr_s, _) in zip(reads, ports):
+        for (en, addr), (en_s, addr_s, _) in zip(reads, ports, strict=True):
             en_s.value, addr_s.value = en, addr
         dut.wr__en.value, dut.wr__addr.value, dut.wr__data.value = write
         await RisingEdge(dut.clk)

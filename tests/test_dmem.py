@@ -29,7 +29,7 @@ def test_generic_contract(seed):
     async def tb(ctx):
         ports = (dut.rd0, dut.rd1)
         for n, (reads, write) in enumerate(ops):
-            for (en, addr), port in zip(reads, ports):
+            for (en, addr), port in zip(reads, ports, strict=True):
                 ctx.set(port.en, en)
                 ctx.set(port.addr, addr)
             ctx.set(dut.wr.en, write[0])
