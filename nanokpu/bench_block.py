@@ -63,8 +63,9 @@ EXPLANATION = """
 ## Where the cycles go
 
 One instruction runs at a time; the busy counters (registers ``BUSY+4u``) count the cycles of
-each unit's instructions, the rest is fetch and decode (5 cycles, plus the shift-add products of
-the instruction's fields, a few cycles more; measured below). Utilization factors exactly into
+each unit's instructions, the rest is fetch and decode (12 cycles: the fetch reads the 8 words of an
+instruction one per cycle, plus the shift-add products of the instruction's fields, a few cycles
+more; measured below). Utilization factors exactly into
 three measured terms:
 
     utilization = MACs / (rows*cols * cycles)

@@ -287,13 +287,14 @@ class KpuConfig:
 PROFILES: dict[str, KpuConfig] = {
     # Fits an iCE40 UP5K: a 4x4 int8 array (16 MACs; the SB_MAC16 blocks in dual 8x8 mode).
     "tiny": KpuConfig(name="tiny"),
-    # ECP5-85F: an 8x8 array on 64 of its 156 multipliers.
+    # ECP5-85F: an 8x8 array on 64 of its 156 multipliers; the data scratchpad (2 Mbit, a
+    # 16-token block takes 54,208 words) in 128 of its 208 block RAMs.
     "small": KpuConfig(
         name="small", d_model=256, d_latent=128, n_experts=64, top_k=4, d_expert=128,
         d_shared=256, d_dense=512, n_heads=4, q_lora_rank=64, kv_lora_rank=32,
         qk_nope_dim=16, qk_rope_dim=8, v_head_dim=16, kda_head_dim=16, n_layers=12,
         attnres_block=4, rows=8, cols=8, act_lanes=4, route_lanes=4,
-        spad_a_depth=4096, spad_b_depth=1024, spad_c_depth=2048, dmem_depth=1 << 17,
+        spad_a_depth=4096, spad_b_depth=1024, spad_c_depth=2048, dmem_depth=1 << 16,
     ),
     # The real K3 shapes (the full layer does not fit in memory; the router, top-k,
     # Quantile Balancing and one expert do).

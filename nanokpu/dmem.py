@@ -11,24 +11,25 @@ from amaranth.utils import ceil_log2
 from nanokpu.config import KpuConfig
 from nanokpu.isa import word_width
 
-__all__ = ["DataMemory", "check_dmem", "dmem_single_port", "read_signature"]
+__all__ = ["DataMemory", "check_dmem", "read_signature", "writes_block_reads"]
 
 #: One UP5K SPRAM block (SB_SPRAM256KA): 16K words of 16 bits; the part has 4.
 SPRAM_DEPTH, SPRAM_WIDTH, SPRAM_BLOCKS = 1 << 14, 16, 4
 
 
-def dmem_single_port(cfg: KpuConfig) -> bool:
-    """Whether the data scratchpad is built from single-port RAM: with ``dsp = "ice40"``, two
-    copies in the UP5K's SPRAM (its block RAM holds 120 kbit in all, ``8192 x 32`` bits is 256).
-    Then a cycle either writes or reads (on both read ports): the controller issues no read in
-    a cycle that writes."""
-    return cfg.dsp == "ice40"
+def writes_block_reads(cfg: KpuConfig) -> bool:
+    """Whether a cycle that writes the data scratchpad performs no read (the controller then
+    issues none): with ``dsp = "ice40"`` (two copies in the UP5K's single-port SPRAM: its block
+    RAM holds 120 kbit in all, ``8192 x 32`` bits is 256) and ``dsp = "ecp5"`` (one copy in
+    true-dual-port block RAM, the write sharing port A with ``rd0``: half the blocks of two
+    copies). Otherwise (``generic``) two copies of 1-read 1-write block RAM, no restriction."""
+    return cfg.dsp in ("ice40", "ecp5")
 
 
 def check_dmem(cfg: KpuConfig) -> None:
-    """Raise ValueError, naming the field, if :func:`dmem_single_port` and ``dmem_depth`` or the
-    word width needs more than the UP5K's SPRAM (call it before building a component)."""
-    if not dmem_single_port(cfg):
+    """Raise ValueError, naming the field, if ``dsp = "ice40"`` and ``dmem_depth`` or the word
+    width needs more than the UP5K's SPRAM (call it before building a component)."""
+    if cfg.dsp != "ice40":
         return
     if cfg.dmem_depth > SPRAM_DEPTH:
         raise ValueError(f"KpuConfig.dmem_depth = {cfg.dmem_depth}: with dsp = 'ice40' the data "
@@ -56,11 +57,11 @@ class DataMemory(wiring.Component):
     wr : In(Signature({"en": Out(1), "addr": Out(addr_width), "data": Out(signed(word_width))}))
         Writes ``data`` at ``addr`` on the edge where ``en`` is high.
 
-    With :func:`dmem_single_port` (hand-instantiated SB_SPRAM256KA, two copies of
-    ``word_width / 16`` blocks each, ``dmem_depth <= 16384``): the copies take the write's
-    address when ``wr.en`` is high, and a read issued in that cycle is not performed (its
-    ``data`` holds, as with ``en`` low; a register per copy keeps it, since the block's output
-    is undefined after a write). The caller never issues one. Power-up contents are undefined.
+    With :func:`writes_block_reads` a read issued in a cycle that writes is not performed (its
+    ``data`` holds, as with ``en`` low); the caller never issues one. On ``ice40`` the words
+    are in hand-instantiated SB_SPRAM256KA (two copies of ``word_width / 16`` blocks, sharing
+    the write's address when ``wr.en`` is high, each with a register that holds its data: the
+    block's output is undefined after a write), and their power-up contents are undefined.
 
     Raises
     ------
@@ -81,30 +82,43 @@ class DataMemory(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg, wr = self.cfg, self.wr
+        cfg, wr, reads = self.cfg, self.wr, (self.rd0, self.rd1)
         ww = word_width(cfg)
-        shape = signed(ww)
-        if not dmem_single_port(cfg):
-            m.submodules.mem = mem = Memory(shape=shape, depth=cfg.dmem_depth, init=[])
-            for rd in (self.rd0, self.rd1):
-                port = mem.read_port()
-                m.d.comb += [port.addr.eq(rd.addr), port.en.eq(rd.en), rd.data.eq(port.data)]
-            port = mem.write_port()
-            m.d.comb += [port.addr.eq(wr.addr), port.en.eq(wr.en), port.data.eq(wr.data)]
+        if cfg.dsp == "ice40":
+            for i, rd in enumerate(reads):
+                m.d.comb += rd.data.eq(self._spram_copy(m, i, rd))
             return m
-        for i, rd in enumerate((self.rd0, self.rd1)):
-            addr = Mux(wr.en, wr.addr, rd.addr)
-            out = []
-            for j in range(0, ww, SPRAM_WIDTH):
-                dataout = Signal(SPRAM_WIDTH, name=f"copy{i}_out{j // SPRAM_WIDTH}")
-                m.submodules[f"copy{i}_{j // SPRAM_WIDTH}"] = Instance(
-                    "SB_SPRAM256KA",
-                    i_ADDRESS=addr, i_DATAIN=wr.data[j:j + SPRAM_WIDTH], i_MASKWREN=0xF,
-                    i_WREN=wr.en, i_CHIPSELECT=wr.en | rd.en, i_CLOCK=ClockSignal(),
-                    i_STANDBY=0, i_SLEEP=0, i_POWEROFF=1, o_DATAOUT=dataout)
-                out.append(dataout)
-            read_q, held = Signal(name=f"copy{i}_read"), Signal(shape, name=f"copy{i}_held")
-            m.d.sync += read_q.eq(rd.en & ~wr.en)
-            m.d.comb += rd.data.eq(Mux(read_q, Cat(*out)[:ww], held))
-            m.d.sync += held.eq(rd.data)
+        m.submodules.mem = mem = Memory(shape=signed(ww), depth=cfg.dmem_depth, init=[])
+        port_w = mem.write_port()
+        if writes_block_reads(cfg):
+            # port A: the write's address or rd0's; the read ports' behaviour on a collision
+            # with the write is moot (no read in a write cycle), transparent maps to the block
+            shared = Mux(wr.en, wr.addr, self.rd0.addr)
+            ports = [mem.read_port(transparent_for=(port_w,)) for _ in reads]
+            addrs, ens = (shared, self.rd1.addr), [rd.en & ~wr.en for rd in reads]
+        else:
+            shared = wr.addr
+            ports = [mem.read_port() for _ in reads]
+            addrs, ens = [rd.addr for rd in reads], [rd.en for rd in reads]
+        m.d.comb += [port_w.addr.eq(shared), port_w.en.eq(wr.en), port_w.data.eq(wr.data)]
+        for rd, port, addr, en in zip(reads, ports, addrs, ens, strict=True):
+            m.d.comb += [port.addr.eq(addr), port.en.eq(en), rd.data.eq(port.data)]
         return m
+
+    def _spram_copy(self, m: Module, i: int, rd):
+        """Copy ``i`` of the words in SB_SPRAM256KA blocks, read by ``rd``: its data."""
+        wr, ww = self.wr, word_width(self.cfg)
+        addr = Mux(wr.en, wr.addr, rd.addr)
+        out = []
+        for j in range(0, ww, SPRAM_WIDTH):
+            dataout = Signal(SPRAM_WIDTH, name=f"copy{i}_out{j // SPRAM_WIDTH}")
+            m.submodules[f"copy{i}_{j // SPRAM_WIDTH}"] = Instance(
+                "SB_SPRAM256KA",
+                i_ADDRESS=addr, i_DATAIN=wr.data[j:j + SPRAM_WIDTH], i_MASKWREN=0xF,
+                i_WREN=wr.en, i_CHIPSELECT=wr.en | rd.en, i_CLOCK=ClockSignal(),
+                i_STANDBY=0, i_SLEEP=0, i_POWEROFF=1, o_DATAOUT=dataout)
+            out.append(dataout)
+        read_q, held = Signal(name=f"copy{i}_read"), Signal(signed(ww), name=f"copy{i}_held")
+        data = Mux(read_q, Cat(*out)[:ww], held)
+        m.d.sync += [read_q.eq(rd.en & ~wr.en), held.eq(data)]
+        return data

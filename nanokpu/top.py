@@ -52,7 +52,7 @@ from amaranth.lib.wiring import In, Out
 from nanokpu.axi_lite import AxiLiteRegisters, axi_lite_signature
 from nanokpu.axi_master import AxiMaster, axi4_signature
 from nanokpu.config import KpuConfig
-from nanokpu.dmem import DataMemory, check_dmem, dmem_single_port
+from nanokpu.dmem import DataMemory, check_dmem, writes_block_reads
 from nanokpu.gemm import GemmEngine
 from nanokpu.isa import (
     ADDR_WIDTH,
@@ -153,10 +153,15 @@ class NanoKPU(wiring.Component):
         m.submodules.spad = spad = self._spad
         rd0, rd1, wr = spad.rd0, spad.rd1, spad.wr
         # single-port scratchpad: a cycle that writes performs no read (every read site waits)
-        blocked = wr.en if dmem_single_port(cfg) else Const(0)
-        m.submodules.imem = imem = Memory(shape=unsigned(32 * INSTR_WORDS), depth=cfg.imem_depth,
+        blocked = wr.en if writes_block_reads(cfg) else Const(0)
+        # the instruction memory holds words (word w of instruction i at i * INSTR_WORDS + w),
+        # fetched one per cycle: a block RAM row is 16 (iCE40) or 36 (ECP5) bits at most, so a
+        # whole instruction per row would take INSTR_WORDS times the blocks
+        m.submodules.imem = imem = Memory(shape=unsigned(32), depth=cfg.imem_depth * INSTR_WORDS,
                                           init=[])
-        im_rd, im_wr = imem.read_port(), imem.write_port(granularity=32)
+        im_rd, im_wr = imem.read_port(), imem.write_port()
+        fetch_word = Signal(range(INSTR_WORDS + 1))
+        WB = INSTR_WORDS.bit_length() - 1     # word bits of an imem address (32-byte instructions)
 
         # -- architectural state ------------------------------------------------------------
         # Sizes and scratchpad addresses: addresses are AW bits (the scratchpad port's, so
@@ -190,7 +195,7 @@ class NanoKPU(wiring.Component):
             start_req.eq(ctrl_write & regs.wr_data[0]),
             soft_req.eq(ctrl_write & regs.wr_data[1]),
             router.load_clear.eq(ctrl_write & regs.wr_data[2]),
-            im_wr.data.eq(Cat(*([regs.wr_data] * INSTR_WORDS))),
+            im_wr.data.eq(regs.wr_data),
             router.load_addr.eq(regs.rd_addr[2:]),      # LOADS_BASE is a multiple of 2**18
             self.irq.eq(~running & (done | (err != 0))),
         ]
@@ -198,8 +203,7 @@ class NanoKPU(wiring.Component):
         iw, lw = (32 * cfg.imem_depth - 1).bit_length(), (4 * E - 1).bit_length()
         in_imem = (regs.wr_addr[iw:] == IMEM_BASE >> iw) & (regs.wr_addr[5:iw] < cfg.imem_depth)
         with m.If(regs.wr_en & in_imem & ~running):
-            m.d.comb += [im_wr.addr.eq(regs.wr_addr[5:iw]),
-                         im_wr.en.eq(Const(1, INSTR_WORDS) << regs.wr_addr[2:5])]
+            m.d.comb += [im_wr.addr.eq(regs.wr_addr[2:iw]), im_wr.en.eq(1)]
         with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_BASE)):
             m.d.sync += host_base.eq(regs.wr_data)
         with m.If(regs.wr_en & (regs.wr_addr == Reg.HOST_SIZE)):
@@ -621,12 +625,18 @@ class NanoKPU(wiring.Component):
                 with m.If(pc >= cfg.imem_depth):
                     stop(Err.PC_RANGE)
                 with m.Else():
-                    m.d.comb += [im_rd.addr.eq(pc), im_rd.en.eq(1)]
+                    m.d.comb += [im_rd.addr.eq(Cat(Const(0, WB), pc)), im_rd.en.eq(1)]
+                    m.d.sync += fetch_word.eq(1)
                     m.next = "FETCH2"
             with state("FETCH2"):
-                m.d.sync += [ins.eq(im_rd.data), ph2.eq(0), settle.eq(0)]
-                load_lanes(data.View(INSTR_LAYOUT, im_rd.data))
-                m.next = "DECODE"
+                # word fetch_word - 1 arrives (shifted in from the top), word fetch_word is read
+                word = Cat(ins.as_value()[32:], im_rd.data)
+                m.d.comb += [im_rd.addr.eq(Cat(fetch_word[:WB], pc)), im_rd.en.eq(1)]
+                m.d.sync += [ins.eq(word), fetch_word.eq(fetch_word + 1)]
+                with m.If(fetch_word == INSTR_WORDS):
+                    m.d.sync += [ph2.eq(0), settle.eq(0)]
+                    load_lanes(data.View(INSTR_LAYOUT, word))
+                    m.next = "DECODE"
             with state("DECODE"):
                 with m.If(lanes_busy):
                     pass                      # the lanes multiply (bit_length cycles)

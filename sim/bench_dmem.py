@@ -20,12 +20,12 @@ from sim.runner import bench_params
 class DmemModel:
     """The contract of :class:`nanokpu.dmem.DataMemory`, one clock edge per :meth:`edge`.
 
-    ``data[p]`` is what read port ``p`` shows after the edge. With ``single_port`` a read
-    issued in a write cycle is not performed; otherwise it returns the word before the write.
+    ``data[p]`` is what read port ``p`` shows after the edge. With ``writes_block_reads`` a
+    read issued in a write cycle is not performed; otherwise it returns the word before the write.
     """
 
-    def __init__(self, single_port: bool):
-        self.single_port = single_port
+    def __init__(self, writes_block_reads: bool):
+        self.writes_block_reads = writes_block_reads
         self.mem: dict[int, int] = {}
         self.data = [0, 0]
 
@@ -33,7 +33,7 @@ class DmemModel:
         """``reads``: ``[(en, addr)] * 2``; ``write``: ``(en, addr, data)``."""
         wr_en, wr_addr, wr_data = write
         for p, (en, addr) in enumerate(reads):
-            if en and not (self.single_port and wr_en):
+            if en and not (self.writes_block_reads and wr_en):
                 self.data[p] = self.mem.get(addr, 0)
         if wr_en:
             self.mem[wr_addr] = wr_data
@@ -67,7 +67,7 @@ async def test_contract(dut):
     dut.rst.value = 1
     await RisingEdge(dut.clk)
     dut.rst.value = 0
-    model = DmemModel(single_port=True)
+    model = DmemModel(writes_block_reads=True)
     ports = [(dut.rd0__en, dut.rd0__addr, dut.rd0__data), (dut.rd1__en, dut.rd1__addr, dut.rd1__data)]
     await FallingEdge(dut.clk)
     for n, (reads, write) in enumerate(random_ops(depth, width, int(p.get("cycles", 3000)),

